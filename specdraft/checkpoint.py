@@ -1,0 +1,401 @@
+"""Draft checkpoints: the three layouts as key tables, strict load and save, the manifest.
+
+Layouts (DESIGN.md §2 "Checkpoint layouts"):
+- ``sglang`` (the official EAGLE-3 layout, which SGLang loads): config ``architectures:
+  ["LlamaForCausalLMEagle3"]``, aux ids under ``eagle_config``; tensors ``fc.weight``,
+  ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``; ``embed_tokens.weight``
+  only when the drafter owns its embedding.
+- ``speculators`` (read by vLLM): ``speculators_model_type: "eagle3"``,
+  ``transformer_layer_config``, top-level aux ids; the decoder layer under ``layers.0.*``.
+- ``specdraft``: the ``sglang`` files plus ``specdraft_manifest.json``.
+
+Every loader in the field drops unknown keys silently. Here a key that matches nothing, a
+parameter that nothing fills, a tensor of the wrong shape, or a config flag specdraft does not
+implement is an error naming them (cases S1, FC-01).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdraft import __version__
+from specdraft.conventions import from_engine_ids, to_engine_ids, validate_vocab_map
+from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
+
+LAYOUTS = ("specdraft", "sglang", "speculators")
+MANIFEST_FILE = "specdraft_manifest.json"
+WEIGHTS_FILE = "model.safetensors"
+OFFICIAL_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
+# Decoder-layer prefix of each layout (the only name that differs between them).
+LAYER_PREFIX = {"specdraft": "midlayer.", "sglang": "midlayer.", "speculators": "layers.0."}
+# Config flags of EAGLE-3 variants that specdraft's drafter does not implement: if set, refuse.
+UNIMPLEMENTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "embed_norm", "attention_bias",
+                       "mlp_bias", "norm_before_residual")
+
+
+class CheckpointError(ValueError):
+    """A draft checkpoint that cannot be loaded exactly as written; the message names the file."""
+
+
+@dataclass
+class Manifest:
+    """What a drafter was trained against, stored as ``specdraft_manifest.json``.
+
+    `aux_layers` are specdraft indices (DESIGN.md §2). `target` holds architecture, config_hash,
+    num_layers, hidden_size, vocab_size, rope_theta, rope_scaling, max_position_embeddings,
+    name_or_path. `tokenizer` holds vocab_hash, bos_id, eos_ids, pad_id, length.
+    `chat_template` holds hash and kwargs. `training` holds the final metrics.
+    """
+
+    draft: dict[str, Any]
+    target: dict[str, Any]
+    aux_layers: list[int]
+    tokenizer: dict[str, Any] | None = None
+    chat_template: dict[str, Any] | None = None
+    data_hash: str | None = None
+    draft_vocab_hash: str | None = None
+    training: dict[str, Any] | None = None
+    training_command: str | None = None
+    specdraft_version: str = __version__
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Pretty JSON with sorted keys."""
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest:
+        """Read a manifest file; bad JSON or unknown keys raise CheckpointError naming the file."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{path}: not valid JSON ({e}); re-export the drafter") from e
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise CheckpointError(f"{path}: unknown manifest keys {unknown}")
+        return cls(**data)
+
+
+@dataclass
+class LoadedDraft:
+    """A drafter read from disk: the model, its manifest (None outside specdraft layout), its layout."""
+
+    model: Eagle3Draft
+    manifest: Manifest | None
+    layout: str
+    path: Path
+
+
+def state_dict_for_layout(model: Eagle3Draft, layout: str) -> dict[str, torch.Tensor]:
+    """The tensors one layout stores, under that layout's names (contiguous, detached).
+
+    The shared embedding is left out unless the drafter owns it (SGLang and vLLM take the
+    target's embedding when the widths match).
+    """
+    check_layout(layout)
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if name == "embed_tokens.weight" and not model.cfg.owns_embedding:
+            continue
+        if name.startswith("midlayer."):
+            name = LAYER_PREFIX[layout] + name[len("midlayer."):]
+        out[name] = tensor.detach().contiguous()
+    return out
+
+
+def check_layout(layout: str) -> None:
+    """Raise ValueError unless `layout` is one of LAYOUTS."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+
+
+def official_config(cfg: DraftConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """config.json of the official/SGLang layout.
+
+    Aux ids: nested `eagle_config` key in SGLang's convention when SGLang can express the layers,
+    top-level key in vLLM's convention (vLLM reads the top-level key first, SGLang only the nested
+    one, so one file serves both). rope_theta/rope_scaling are written explicitly.
+    """
+    config = base_llama_config(cfg, dtype)
+    config.update(architectures=list(OFFICIAL_ARCHITECTURES), draft_vocab_size=cfg.draft_vocab_size,
+                  target_hidden_size=cfg.target_hidden_size, norm_before_residual=False,
+                  eagle_aux_hidden_state_layer_ids=vllm_ids(cfg))
+    sglang = sglang_ids_or_none(cfg)
+    if sglang is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": sglang, "use_aux_hidden_state": True}
+    return config
+
+
+def speculators_config(cfg: DraftConfig, dtype: torch.dtype, verifier: str | None,
+                       num_speculative_tokens: int = 3) -> dict[str, Any]:
+    """config.json of the speculators layout (read by vLLM).
+
+    `norm_before_residual` is written explicitly: vLLM assumes true when a speculators config
+    omits it (vllm `transformers_utils/configs/speculators/algos.py`).
+    """
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.3.0",
+        "transformer_layer_config": base_llama_config(cfg, dtype),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": vllm_ids(cfg),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens}],
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+
+
+def base_llama_config(cfg: DraftConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """The Llama-shaped part shared by both config files (one decoder layer)."""
+    return {
+        "model_type": "llama", "hidden_act": "silu", "num_hidden_layers": 1,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling, "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def vllm_ids(cfg: DraftConfig) -> list[int]:
+    """The aux layers in vLLM's (as-is) convention."""
+    return to_engine_ids(list(cfg.aux_layers), "vllm", cfg.target_num_layers)
+
+
+def sglang_ids_or_none(cfg: DraftConfig) -> list[int] | None:
+    """The aux layers in SGLang's convention (Llama class), or None when SGLang cannot express them."""
+    try:
+        return to_engine_ids(list(cfg.aux_layers), "sglang", cfg.target_num_layers)
+    except ValueError:
+        return None
+
+
+def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdraft",
+               manifest: Manifest | None = None, verifier: str | None = None) -> Path:
+    """Write `model` in `layout` under `out_dir`, atomically (temp dir, then rename).
+
+    Writes model.safetensors and config.json, and specdraft_manifest.json for the specdraft
+    layout (required there). `verifier` is the speculators `verifier.name_or_path`.
+    Raises ValueError for an unknown layout or a specdraft layout without manifest.
+    """
+    check_layout(layout)
+    if layout == "specdraft" and manifest is None:
+        raise ValueError("the specdraft layout needs a manifest (what the drafter was trained on)")
+    out_dir = Path(out_dir)
+    dtype = model.fc.weight.dtype
+    config = (speculators_config(model.cfg, dtype, verifier) if layout == "speculators"
+              else official_config(model.cfg, dtype))
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(state_dict_for_layout(model, layout), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    if layout == "specdraft":
+        (tmp / MANIFEST_FILE).write_text(manifest.to_json())
+    replace_dir(tmp, out_dir)
+    return out_dir
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move directory `src` to `dst`, replacing an existing `dst` only once `src` is complete."""
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old)
+    else:
+        os.replace(src, dst)
+
+
+def detect_layout(path: Path) -> str:
+    """Layout of a checkpoint directory, from its files; CheckpointError when none matches."""
+    config = read_config(path)
+    if (path / MANIFEST_FILE).exists():
+        return "specdraft"
+    if config.get("speculators_model_type") is not None:
+        if config["speculators_model_type"] != "eagle3":
+            raise CheckpointError(f"{path}/config.json: speculators_model_type "
+                                  f"{config['speculators_model_type']!r} is not an EAGLE-3 drafter")
+        return "speculators"
+    if any(a in OFFICIAL_ARCHITECTURES for a in config.get("architectures") or []):
+        return "sglang"
+    raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
+                          f"{config.get('architectures')}, no speculators_model_type, no manifest)")
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """config.json of a checkpoint dir; a missing file or bad JSON is a CheckpointError."""
+    file = Path(path) / "config.json"
+    if not file.exists():
+        raise CheckpointError(f"{file}: missing; a draft checkpoint directory needs config.json")
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from e
+
+
+def config_from_files(path: Path, layout: str, config: dict[str, Any],
+                      manifest: Manifest | None, target_num_layers: int | None) -> DraftConfig:
+    """Rebuild the DraftConfig a checkpoint declares, refusing flags specdraft does not implement."""
+    if manifest is not None:
+        return DraftConfig.from_dict(manifest.draft)
+    layer = config["transformer_layer_config"] if layout == "speculators" else config
+    flagged = [k for k in UNIMPLEMENTED_FLAGS if config.get(k) or layer.get(k)]
+    if flagged:
+        raise CheckpointError(f"{path}/config.json: sets {flagged}, which specdraft's drafter does "
+                              "not implement (it would compute something else than was trained)")
+    if layer.get("num_hidden_layers", 1) != 1:
+        raise CheckpointError(f"{path}/config.json: num_hidden_layers = {layer['num_hidden_layers']}; "
+                              "specdraft implements the one-layer EAGLE-3 drafter")
+    if target_num_layers is None:
+        raise CheckpointError(f"{path}: no specdraft manifest, so the aux layer ids cannot be read "
+                              "without the target's layer count: pass the target (--target DIR)")
+    rope_theta, rope_scaling = rope_from_hf_config(layer.get)
+    return DraftConfig.from_target(
+        layer, aux_layers_of_config(path, config, target_num_layers),
+        draft_vocab_size=config.get("draft_vocab_size") or layer.get("draft_vocab_size"),
+        target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
+        target_num_layers=target_num_layers, rope_theta=rope_theta, rope_scaling=rope_scaling)
+
+
+def aux_layers_of_config(path: Path, config: dict[str, Any], num_layers: int) -> list[int]:
+    """Specdraft indices named by a config: nested ids in SGLang's convention, top-level as-is.
+
+    When both keys exist they must name the same layers (DESIGN.md §2, case FC-03).
+    """
+    top = config.get("eagle_aux_hidden_state_layer_ids")
+    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    try:
+        from_top = from_engine_ids(top, "vllm", num_layers) if top else None
+        from_nested = from_engine_ids(nested, "sglang", num_layers) if nested else None
+    except ValueError as e:
+        raise CheckpointError(f"{path}/config.json: {e}") from e
+    if from_top and from_nested and from_top != from_nested:
+        raise CheckpointError(
+            f"{path}/config.json: top-level ids {top} (vLLM: layers {from_top}) and eagle_config ids "
+            f"{nested} (SGLang: layers {from_nested}) name different layers; fix one of them")
+    layers = from_top or from_nested
+    if not layers:
+        raise CheckpointError(f"{path}/config.json: no eagle_aux_hidden_state_layer_ids; write the "
+                              "training layers explicitly (engine defaults differ)")
+    return layers
+
+
+def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               target_num_layers: int | None = None) -> LoadedDraft:
+    """Load a draft checkpoint strictly, detecting its layout.
+
+    Raises CheckpointError naming the file and every unmatched key, unfilled parameter or
+    mis-shaped tensor (cases S1, FC-01). The shared embedding is not in the file: call
+    `model.load_target_embedding` before use. `target_num_layers` is needed to read aux ids
+    from a checkpoint without a specdraft manifest.
+    """
+    path = Path(path)
+    layout = detect_layout(path)
+    config = read_config(path)
+    manifest = Manifest.read(path / MANIFEST_FILE) if layout == "specdraft" else None
+    cfg = config_from_files(path, layout, config, manifest, target_num_layers)
+    weights = path / WEIGHTS_FILE
+    if not weights.exists():
+        raise CheckpointError(f"{weights}: missing")
+    try:
+        tensors = load_file(str(weights))
+    except Exception as e:  # safetensors raises several types for a corrupt header
+        raise CheckpointError(f"{weights}: cannot be read as safetensors ({e}); re-export it") from e
+    model = Eagle3Draft(cfg).to(dtype=tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
+    fill_model(model, tensors, layout, weights)
+    model.to(device=device, dtype=dtype)
+    return LoadedDraft(model=model, manifest=manifest, layout=layout, path=path)
+
+
+def fill_model(model: Eagle3Draft, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> None:
+    """Copy `tensors` (named in `layout`) into `model`, refusing any mismatch (names the keys)."""
+    expected = state_dict_for_layout(model, layout)
+    unmatched = sorted(set(tensors) - set(expected))
+    missing = sorted(set(expected) - set(tensors))
+    if unmatched or missing:
+        raise CheckpointError(key_mismatch_message(file, layout, unmatched, missing))
+    bad = [f"{k} {tuple(tensors[k].shape)} (expected {tuple(expected[k].shape)})"
+           for k in expected if tensors[k].shape != expected[k].shape]
+    if bad:
+        raise CheckpointError(f"{file}: tensors of the wrong shape: {'; '.join(bad)}")
+    renamed = {("midlayer." + k[len(LAYER_PREFIX[layout]):] if k.startswith(LAYER_PREFIX[layout]) else k): v
+               for k, v in tensors.items()}
+    if "embed_tokens.weight" not in renamed:
+        renamed["embed_tokens.weight"] = model.embed_tokens.weight.detach()
+    model.load_state_dict(renamed, strict=True)
+    model.embedding_loaded = model.cfg.owns_embedding
+
+
+def key_mismatch_message(file: Path, layout: str, unmatched: list[str], missing: list[str]) -> str:
+    """One line naming the keys; suggests the rename when they sit under another layout's prefix (S1)."""
+    parts = [f"{file}: {layout} layout"]
+    if unmatched:
+        parts.append(f"{len(unmatched)} tensors match no parameter: {', '.join(unmatched[:24])}"
+                     + (" ..." if len(unmatched) > 24 else ""))
+    if missing:
+        parts.append(f"{len(missing)} parameters not in the file: {', '.join(missing[:24])}"
+                     + (" ..." if len(missing) > 24 else ""))
+    want = LAYER_PREFIX[layout]
+    for other in set(LAYER_PREFIX.values()) - {want}:
+        if any(k.startswith(other) for k in unmatched):
+            parts.append(f"the decoder layer is stored under '{other}*' but this layout reads "
+                         f"'{want}*': rename them (specdraft convert --layout {layout})")
+    return "; ".join(parts)
+
+
+def audit(model: Eagle3Draft) -> list[str]:
+    """Problems in a loaded drafter's tensors: NaN/Inf values and an invalid d2t/t2d map (FC-02)."""
+    problems = [f"{name} holds NaN or Inf" for name, t in model.state_dict().items()
+                if t.is_floating_point() and not torch.isfinite(t).all()]
+    problems += validate_vocab_map(model.d2t, model.t2d, model.cfg.vocab_size, model.cfg.draft_vocab_size)
+    return problems
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's raw bytes (dtype and shape included), for bit-exact comparisons."""
+    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
+                  target_num_layers: int | None = None) -> int:
+    """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical.
+
+    A specdraft-layout destination needs the source's manifest. Returns the number of tensors
+    compared; raises CheckpointError when a tensor differs or is missing (case FC-01).
+    """
+    source = load_draft(src, target_num_layers=target_num_layers)
+    if layout == "specdraft" and source.manifest is None:
+        raise CheckpointError(f"{src}: no specdraft manifest to carry into the specdraft layout; "
+                              "convert to sglang or speculators instead")
+    save_draft(source.model, dst, layout=layout, manifest=source.manifest)
+    written = load_draft(dst, target_num_layers=source.model.cfg.target_num_layers)
+    return verify_same_tensors(source.model, written.model, dst)
+
+
+def verify_same_tensors(expected: Eagle3Draft, actual: Eagle3Draft, where: str | Path) -> int:
+    """Compare every saved tensor of two drafters bit for bit; CheckpointError names the first that differs."""
+    want = state_dict_for_layout(expected, "sglang")
+    have = state_dict_for_layout(actual, "sglang")
+    for name, tensor in want.items():
+        if name not in have or tensor_digest(have[name]) != tensor_digest(tensor):
+            raise CheckpointError(f"{where}: tensor {name} is missing or differs after writing")
+    return len(want)

@@ -1,0 +1,438 @@
+"""Conventions every stage shares: aux hidden-state layers and the draft vocabulary map.
+
+Aux layers are named by *specdraft index* (= transformers ``hidden_states`` index): 0 = the
+embedding output, k in 1..L-1 = output of decoder layer k (1-based), L = output of the last
+decoder layer *before* the final norm. Engines write other ids; how each one reads them lives
+in ``ENGINE_RULES``, one row per (engine, target class, SGLang version range), with the source
+it was read from. Re-check the rows when bumping an engine.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+ENGINES = ("sglang", "vllm", "speculators")
+TARGET_CLASSES = ("llama", "deepseek")  # llama: Llama/Qwen2/Qwen3/Mistral; deepseek: V2/V3/Kimi
+_CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek"}
+AUX_KEY = "eagle_aux_hidden_state_layer_ids"
+# Aux states an engine's fc takes (fc input = 3 x target hidden). SGLang >= 0.5.12 sizes fc from
+# len(eagle_config ids) (read in its llama_eagle3.py); 3 stays the contract both engines accept.
+NUM_AUX_FIXED = {"sglang": 3, "vllm": 3}
+
+
+class ConventionError(ValueError):
+    """An engine cannot express a list of aux layers, or its reading cannot be pinned down."""
+
+
+@dataclass(frozen=True)
+class EngineRule:
+    """How one engine reads explicit aux ids for one target class (and SGLang version range).
+
+    offset: "plus1" (id k = index k+1), "as_is" (id k = index k) or "plus1_if_first_is_1".
+    Capturable specdraft indices are lowest..L-top. Versions are [since, until); None = open.
+    """
+
+    engine: str
+    target_class: str
+    offset: str
+    lowest: int
+    top: int
+    since: tuple[int, ...] | None
+    until: tuple[int, ...] | None
+    source: str
+    evidence: str
+
+
+_VLLM_LLAMA = (
+    "vllm model_executor/models/llama.py + interfaces.py EagleModelMixin",
+    "EagleModelMixin (vLLM PR #36063, merged 2026-03-04): id 0 = embeddings, id k = hidden + "
+    "residual after layer k, so id L = last output before the norm; earlier vLLM read id k "
+    "before layer k (0 and L not capturable). Read from stored source; release not pinned.",
+)
+_VLLM_DEEPSEEK = (
+    "vllm model_executor/models/deepseek_v2.py",
+    "captures hidden + residual before layer k: id 0 fails (no residual yet), id L matches no "
+    "layer (vLLM PR #46788 describes this); a move to the mixin (PR #46973) is unverified.",
+)
+_SPECULATORS = (
+    "speculators config.json top-level key, served by vLLM "
+    "(vllm transformers_utils/configs/speculators/algos.py update_eagle3, PR #25961)",
+    "copied as-is into vLLM's config, so read as vLLM reads it; speculators' trainer unread.",
+)
+# Fields: engine, target_class, offset, lowest, top, since, until, source, evidence.
+ENGINE_RULES: tuple[EngineRule, ...] = (
+    EngineRule(
+        "sglang", "llama", "plus1", 1, 1, None, (0, 5, 22),
+        "sglang srt/models/llama.py (qwen2.py, qwen3.py alike; mistral.py reuses Llama)",
+        "read 0.5.12-0.5.21 wheels (older: same +1 in stored source): layers_to_capture = "
+        "[id + 1]; hidden + residual is taken "
+        "before layer i, residual is None before layer 0 (id -1 raises) and the loop ends "
+        "before the final norm (index L never captured); no ids -> [2, L//2, L-3], no +1.",
+    ),
+    EngineRule(
+        "sglang", "llama", "plus1", 0, 1, (0, 5, 22), None,
+        "sglang srt/models/llama.py + srt/layers/layer_boundary/stage.py",
+        "read 0.5.22/0.5.23 wheels: +1 kept; _prepare_attention captures the bare embeddings "
+        "when no residual exists yet (id -1 works; read, not run); index L still not captured.",
+    ),
+    EngineRule(
+        "sglang", "deepseek", "plus1", 1, 1, None, (0, 5, 13),
+        "sglang srt/models/deepseek_v2.py",
+        "read 0.5.12/0.5.12.post1 wheels: [id + 1], hidden + residual before layer i.",
+    ),
+    EngineRule(
+        "sglang", "deepseek", "plus1_if_first_is_1", 1, 1, (0, 5, 13), (0, 5, 14),
+        "sglang srt/models/deepseek_v2.py",
+        "read 0.5.13 wheel: +1 only when layer_ids[0] == 1, else as-is (PR #25454, merged "
+        "2026-05-18; absent from 0.5.12.post1); capture still fails before layer 0.",
+    ),
+    EngineRule(
+        "sglang", "deepseek", "plus1_if_first_is_1", 0, 1, (0, 5, 14), None,
+        "sglang srt/models/deepseek_v2.py + srt/layers/communicator.py",
+        "read 0.5.14/0.5.17/0.5.23 wheels: first-id rule kept; captures the residual after "
+        "prepare_attn, which is the embeddings before layer 0 (read, not run).",
+    ),
+    EngineRule("vllm", "llama", "as_is", 0, 0, None, None, *_VLLM_LLAMA),
+    EngineRule("vllm", "deepseek", "as_is", 1, 1, None, None, *_VLLM_DEEPSEEK),
+    EngineRule("speculators", "llama", "as_is", 0, 0, None, None, *_SPECULATORS),
+    EngineRule("speculators", "deepseek", "as_is", 1, 1, None, None, *_SPECULATORS),
+)
+
+
+def _parse_version(version: str) -> tuple[int, ...]:
+    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(version))
+    if match is None:
+        raise ConventionError(f"cannot parse SGLang version {version!r}; write e.g. '0.5.13'")
+    return tuple(int(part or 0) for part in match.groups())
+
+
+def _version_label(rule: EngineRule) -> str:
+    name = {"sglang": "SGLang", "vllm": "vLLM", "speculators": "speculators"}[rule.engine]
+    fmt = lambda v: ".".join(map(str, v))  # noqa: E731
+    if rule.since and rule.until:
+        return f"{name} >= {fmt(rule.since)}, < {fmt(rule.until)}"
+    if rule.until:
+        return f"{name} < {fmt(rule.until)}"
+    return f"{name} >= {fmt(rule.since)}" if rule.since else name
+
+
+def _rules(engine: str, target_class: str, sglang_version: str | None) -> list[EngineRule]:
+    if engine not in ENGINES:
+        raise ConventionError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+    if target_class not in TARGET_CLASSES:
+        raise ConventionError(f"unknown target class {target_class!r}; expected {TARGET_CLASSES}")
+    rules = [r for r in ENGINE_RULES if r.engine == engine and r.target_class == target_class]
+    if engine == "sglang" and sglang_version is not None:
+        v = _parse_version(sglang_version)
+        rules = [r for r in rules
+                 if (r.since is None or v >= r.since) and (r.until is None or v < r.until)]
+    return rules
+
+
+def _index_problem(rule: EngineRule, index: int, num_layers: int, engine_id: int) -> str | None:
+    where = f"{_CLASS_NAMES[rule.target_class]}-class targets in {_version_label(rule)}"
+    if not 0 <= index <= num_layers:
+        return f"id {engine_id} names index {index}, outside 0..{num_layers}"
+    if index < rule.lowest:
+        return f"id {engine_id} (embeddings) is not capturable on {where}"
+    if index > num_layers - rule.top:
+        return (f"index {index} (last layer's output, before the final norm) is not capturable "
+                f"on {where}: its capture loop ends before the final norm")
+    return None
+
+
+def _check_capturable(rule: EngineRule, layers: list[int], ids: list[int], num_layers: int):
+    for index, engine_id in zip(layers, ids):
+        if (problem := _index_problem(rule, index, num_layers, engine_id)) is not None:
+            raise ConventionError(problem)
+
+
+def _encode(rule: EngineRule, layers: list[int], num_layers: int) -> list[int]:
+    plus1 = rule.offset == "plus1" or (rule.offset == "plus1_if_first_is_1" and layers[0] == 2)
+    if rule.offset == "plus1_if_first_is_1" and layers[0] == 1:
+        raise ConventionError(f"index 1 cannot be the first aux layer on DeepSeek-class targets "
+                              f"in {_version_label(rule)}: first id 1 reads as index 2, 0 as 0")
+    ids = [i - 1 if plus1 else i for i in layers]
+    _check_capturable(rule, layers, ids, num_layers)
+    return ids
+
+
+def _decode(rule: EngineRule, ids: list[int], num_layers: int) -> list[int]:
+    plus1 = rule.offset == "plus1" or (rule.offset == "plus1_if_first_is_1" and ids[0] == 1)
+    layers = [i + 1 if plus1 else i for i in ids]
+    _check_capturable(rule, layers, ids, num_layers)
+    if len(set(layers)) != len(layers):
+        raise ConventionError(f"ids {ids} name a layer twice; the engine captures it once")
+    return sorted(layers)  # engines append aux states in layer order, whatever the list order
+
+
+def _check_ids(values, engine: str, num_layers: int, what: str) -> list[int]:
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ConventionError(f"num_layers must be a positive int, got {num_layers!r}")
+    values = list(values)
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ConventionError(f"{what} must be a non-empty list of ints, got {values!r}")
+    count = NUM_AUX_FIXED.get(engine)
+    if count is not None and len(values) != count:
+        raise ConventionError(f"{engine} hard-codes {count} aux states (fc input = {count} x "
+                              f"target hidden size); got {len(values)} {what}: {values}")
+    return values
+
+
+def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[int]:
+    results, errors = [], []
+    for rule in _rules(engine, target_class, sglang_version):
+        try:
+            results.append((rule, convert(rule)))
+        except ConventionError as err:
+            errors.append(str(err))
+    if errors:  # with the version unknown, every version's rule must accept the list
+        hint = "; pass sglang_version if you serve a version that can" if results else ""
+        raise ConventionError(f"{errors[0]}{hint}")
+    if len({tuple(out) for _, out in results}) > 1:
+        readings = ", ".join(f"{_version_label(r)}: {out}" for r, out in results)
+        raise ConventionError(f"{what} are read differently by SGLang version on "
+                              f"{_CLASS_NAMES[target_class]}-class targets ({readings}); "
+                              "pass sglang_version")
+    return list(results[0][1])
+
+
+def to_engine_ids(layers, engine: str, num_layers: int, target_class: str = "llama",
+                  sglang_version: str | None = None) -> list[int]:
+    """Return the ids ``engine`` must be given to capture specdraft indices ``layers``.
+
+    ``layers`` must be strictly increasing (engines concatenate aux states in layer order);
+    exactly 3 for sglang/vllm. With ``sglang_version`` None every SGLang row of the class must
+    accept the layers and agree on the ids (e.g. DeepSeek with first index 2 -> first id 1,
+    read alike by all versions). Raises ConventionError with a one-line reason otherwise.
+    Rules and sources: ``ENGINE_RULES``.
+    """
+    layers = _check_ids(layers, engine, num_layers, "aux layers")
+    increasing = all(a < b for a, b in zip(layers, layers[1:]))
+    if not increasing or not 0 <= layers[0] <= layers[-1] <= num_layers:
+        raise ConventionError(f"aux layers {layers} must increase strictly within 0..{num_layers}")
+    convert = lambda rule: _encode(rule, layers, num_layers)  # noqa: E731
+    return _resolve(engine, target_class, sglang_version, convert, f"aux layers {layers}")
+
+
+def from_engine_ids(ids, engine: str, num_layers: int, target_class: str = "llama",
+                    sglang_version: str | None = None) -> list[int]:
+    """Return the specdraft indices ``engine`` captures for explicit ``ids``, in capture order.
+
+    Raises ConventionError when an id matches no capturable layer, two ids name one layer,
+    the count is not 3 (sglang/vllm), or the reading depends on an unknown SGLang version.
+    """
+    ids = _check_ids(ids, engine, num_layers, "aux ids")
+    convert = lambda rule: _decode(rule, ids, num_layers)  # noqa: E731
+    return _resolve(engine, target_class, sglang_version, convert, f"{engine} aux ids {ids}")
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """specdraft's default aux layers for an L-layer target: [2, L//2, L-3] when distinct.
+
+    For 5 <= L < 7 the trio [2, clamp(L//2, 3, L-2), L-1] (L = 5: [2, 3, 4]), which every
+    engine, class and version can express. For L = 4, [1, 2, 3] (the only trio without the
+    embeddings or index L); SGLang >= 0.5.13 cannot write it on DeepSeek-class targets.
+    Raises ConventionError for L < 4 (no three distinct decoder-layer outputs).
+    """
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 4:
+        raise ConventionError(f"3 aux layers need at least 4 decoder layers, got {num_layers!r}")
+    if num_layers >= 7:
+        return [2, num_layers // 2, num_layers - 3]
+    if num_layers == 4:
+        return [1, 2, 3]
+    return [2, min(max(num_layers // 2, 3), num_layers - 2), num_layers - 1]
+
+
+def engine_default_ids(engine: str, num_layers: int) -> list[int]:
+    """Ids (in ``engine``'s explicit convention) that mean the engine's no-ids default.
+
+    SGLang [1, L//2-1, L-4], vLLM/speculators [2, L//2, L-3]: both capture specdraft
+    [2, L//2, L-3] (sglang models/llama.py, vllm get_eagle3_aux_hidden_state_layers).
+    They collapse for L < 7; see ``default_layers_captured``.
+    """
+    if engine not in ENGINES:
+        raise ConventionError(f"unknown engine {engine!r}; expected one of {ENGINES}")
+    shift = 1 if engine == "sglang" else 0
+    return [2 - shift, num_layers // 2 - shift, num_layers - 3 - shift]
+
+
+def default_layers_captured(num_layers: int) -> list[int]:
+    """Specdraft indices an engine captures with no ids: the distinct valid ones of the default."""
+    return sorted({i for i in (2, num_layers // 2, num_layers - 3) if 0 <= i < num_layers})
+
+
+@dataclass(frozen=True)
+class AuxReading:
+    """What each engine captures from one draft config, in specdraft indices.
+
+    sglang / vllm: from the explicit ids, or None when that engine falls back to ``default``
+    (the same tensors for both engines: ``default_layers_captured``).
+    """
+
+    sglang: list[int] | None
+    vllm: list[int] | None
+    default: list[int]
+
+    def captured(self, engine: str) -> list[int]:
+        explicit = self.sglang if engine == "sglang" else self.vllm
+        return self.default if explicit is None else explicit
+
+    @property
+    def differs(self) -> bool:
+        return self.captured("sglang") != self.captured("vllm")
+
+    def problems(self) -> list[str]:
+        """FC-03: the file is read differently by SGLang and vLLM."""
+        if not self.differs:
+            return []
+        sglang, vllm = self.captured("sglang"), self.captured("vllm")
+        return [f"read differently by the two engines: SGLang captures {sglang}, vLLM {vllm} "
+                "(specdraft indices); write the top-level "
+                f"{AUX_KEY} in vLLM's convention and eagle_config.{AUX_KEY} in SGLang's"]
+
+
+def aux_layers_from_config(config: dict, num_layers: int, target_class: str = "llama",
+                           sglang_version: str | None = None) -> AuxReading:
+    """Read a draft config.json dict as each engine does (DESIGN.md section 2).
+
+    SGLang reads only ``eagle_config.eagle_aux_hidden_state_layer_ids`` and falls back to its
+    default only when the key is absent (sglang 0.5.23 model_runner_components/
+    spec_aux_hidden_state.py); vLLM reads the top-level key, then the nested one, as-is,
+    skipping empty lists (gpu_model_runner.py). Raises ConventionError when an engine cannot
+    read the ids it finds (an empty nested list makes SGLang capture nothing).
+    """
+    eagle_config = config.get("eagle_config")
+    nested = eagle_config.get(AUX_KEY) if isinstance(eagle_config, dict) else None
+    if nested is not None and len(nested) == 0:
+        raise ConventionError(f"eagle_config.{AUX_KEY} is empty: SGLang captures no aux states; "
+                              "drop the key for the default or write the ids")
+    vllm_ids = config.get(AUX_KEY) or nested
+    read = lambda ids, engine: None if not ids else from_engine_ids(  # noqa: E731
+        ids, engine, num_layers, target_class, sglang_version)
+    return AuxReading(read(nested, "sglang"), read(vllm_ids, "vllm"),
+                      default_layers_captured(num_layers))
+
+
+def lint_sglang_ids(ids) -> list[str]:
+    """Problems with an explicit SGLang id list (FC-03); empty when none."""
+    ids = list(ids or [])
+    if not ids or ids[0] == 1:
+        return []
+    return [f"SGLang aux ids {ids} start with {ids[0]}, not 1: SGLang >= 0.5.13 reads such a "
+            "list as-is on DeepSeek-class targets while older versions and Llama/Qwen classes "
+            "add 1, so it captures different layers by version; write ids whose first is 1 "
+            "(specdraft index 2) or pin the SGLang version"]
+
+
+# ----------------------------------------------------------------------------- vocabulary map
+
+
+@dataclass(frozen=True)
+class VocabMap:
+    """d2t: int64 [Vd], target id = i + d2t[i]; t2d: bool [V], True on the draft's target ids."""
+
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+
+
+def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int,
+                    vocab_limit: int | None = None) -> VocabMap:
+    """Draft vocabulary = the ``draft_vocab_size`` most frequent target ids, ids ascending.
+
+    token_counts: integer [V] counts of loss-masked target tokens. Ties go to the lower id;
+    ids >= ``vocab_limit`` (tokenizer length; embedding padding rows) are never chosen. When
+    fewer ids have a nonzero count, the lowest-id unused tokens fill the rest. Raises
+    ValueError on bad counts or when draft_vocab_size exceeds the usable vocabulary.
+    """
+    integer = not token_counts.dtype.is_floating_point and token_counts.dtype != torch.bool
+    if token_counts.dim() != 1 or not integer:
+        raise ValueError(f"token_counts must be an integer [V] tensor, got {token_counts.dtype} "
+                         f"{tuple(token_counts.shape)}")
+    if bool((token_counts < 0).any()):
+        raise ValueError("token_counts has negative entries")
+    vocab_size = token_counts.numel()
+    usable = vocab_size if vocab_limit is None else vocab_limit
+    if not 0 < usable <= vocab_size:
+        raise ValueError(f"vocab_limit {vocab_limit} must be in 1..{vocab_size}")
+    if not 0 < draft_vocab_size <= usable:
+        raise ValueError(f"draft_vocab_size {draft_vocab_size} must be in 1..{usable} "
+                         "(usable target vocabulary)")
+    counts = token_counts[:usable].to(torch.int64)
+    order = torch.sort(-counts, stable=True).indices  # stable: ties (and zeros) by lower id
+    target_ids = order[:draft_vocab_size].sort().values
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[target_ids] = True
+    return VocabMap(target_ids - torch.arange(draft_vocab_size), t2d)
+
+
+def target_ids_of_draft_vocab(d2t: torch.Tensor) -> torch.Tensor:
+    """int64 [Vd] target id of every draft id: arange(Vd) + d2t."""
+    return torch.arange(d2t.numel(), dtype=torch.int64) + d2t.to(torch.int64)
+
+
+def draft_to_target_ids(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    """Map draft token ids (any shape, integer) to target ids: id + d2t[id]."""
+    draft_ids = draft_ids.to(torch.int64)
+    return draft_ids + d2t.to(torch.int64)[draft_ids]
+
+
+def _is_id_list(values: torch.Tensor, vocab_size: int) -> bool:
+    in_range = bool(((values >= 0) & (values < vocab_size)).all())
+    return in_range and bool((values.diff() > 0).all())
+
+
+_FIX = "rebuild it with build_vocab_map and export d2t as offsets (target id - draft id)"
+
+
+def _d2t_cause(d2t, t2d_ids, target, vocab_size: int) -> str | None:
+    """The specific fault behind a d2t that t2d or the range check rejects, when it is sound."""
+    if t2d_ids is not None and torch.equal(t2d_ids, target):
+        return None
+    direct = t2d_ids is not None and torch.equal(t2d_ids, d2t)
+    if direct or (not _is_id_list(target, vocab_size) and _is_id_list(d2t, vocab_size)):
+        return f"d2t holds direct target ids, not offsets; store d2t = ids - arange({d2t.numel()})"
+    if t2d_ids is not None and d2t.numel() < vocab_size and not bool(d2t.any()):
+        return f"d2t is all zeros (draft id i = target id i) but t2d marks other ids: d2t was " \
+               f"dropped or zero-initialised; {_FIX}"
+    return None
+
+
+def validate_vocab_map(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vocab_size: int,
+                       draft_vocab_size: int) -> list[str]:
+    """Problems with a draft checkpoint's vocabulary map (FC-02); an empty list means valid.
+
+    d2t: int64 [Vd] offsets; t2d: bool [V] or None. Engines read only d2t (vLLM treats a
+    missing one as zeros = identity), so a missing, zeroed or direct-id d2t silently emits
+    wrong target tokens. Causes are named only when sound: all zeros only when t2d disagrees;
+    direct ids when d2t equals t2d's ids, or is a valid id list while arange + d2t is not.
+    """
+    if draft_vocab_size > vocab_size:
+        return [f"draft_vocab_size {draft_vocab_size} exceeds the target vocabulary {vocab_size}"]
+    if d2t is None:
+        return [] if draft_vocab_size == vocab_size else [
+            f"d2t missing: draft vocab {draft_vocab_size} < target vocab {vocab_size}, so "
+            f"engines map draft id i to target id i; {_FIX}"]
+    if d2t.dtype != torch.int64 or tuple(d2t.shape) != (draft_vocab_size,):
+        return [f"d2t must be int64 [{draft_vocab_size}], got {d2t.dtype} {tuple(d2t.shape)}"]
+    problems = []
+    if t2d is not None and (t2d.dtype != torch.bool or tuple(t2d.shape) != (vocab_size,)):
+        problems.append(f"t2d must be bool [{vocab_size}], got {t2d.dtype} {tuple(t2d.shape)}")
+        t2d = None
+    target = target_ids_of_draft_vocab(d2t)
+    t2d_ids = None if t2d is None else t2d.nonzero().flatten()
+    if (cause := _d2t_cause(d2t, t2d_ids, target, vocab_size)) is not None:
+        return problems + [cause]
+    valid = _is_id_list(target, vocab_size)
+    if not valid:
+        problems.append(f"arange + d2t must be strictly increasing ids in [0, {vocab_size}); "
+                        + _FIX)
+    if t2d is not None and int(t2d.sum()) != draft_vocab_size:
+        problems.append(f"t2d marks {int(t2d.sum())} ids, expected {draft_vocab_size}; {_FIX}")
+    if t2d is not None and valid and not bool(t2d[target].all()):
+        problems.append(f"t2d disagrees with d2t: {int((~t2d[target]).sum())} draft tokens map "
+                        f"to target ids t2d does not mark; {_FIX}")
+    return problems

@@ -1,0 +1,395 @@
+"""The EAGLE-3 draft model: config, one decoder layer, one forward path.
+
+What SGLang (`srt/models/llama_eagle3.py`) and vLLM (`model_executor/models/llama_eagle3.py`)
+compute, written out once (DESIGN.md §2):
+
+    first step after the target:  h = fc(cat(aux_1, ..., aux_n))        (n·H_target -> H, no bias)
+    later draft steps:            h = the previous step's pre-norm output (H wide, no fc)
+    x        = cat(input_layernorm(embed(ids)), hidden_norm(h))         (2H wide; embeddings first)
+    a        = o_proj(attention(q(x), k(x), v(x)))                      (RoPE, causal or tree mask)
+    r        = a + h                                                    (residual = h before its norm)
+    out      = r + mlp(post_attention_layernorm(r))                     (SwiGLU)
+    logits   = lm_head(norm(out))                                       (draft vocabulary)
+
+The drafter always knows which step it is in (`first_step`), so it never guesses from widths
+whether to apply `fc` (case S2): a first-step input whose width is not n_aux·H_target is an
+error that names the aux layers it expected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Rope scaling types this drafter implements; anything else is refused, never approximated.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """Shape and wiring of an EAGLE-3 drafter.
+
+    Sizes are counts; `aux_layers` are specdraft indices of the target's residual stream
+    (0 = embeddings, k = output of decoder layer k, L = last layer before the final norm).
+    `vocab_size` is the target's vocabulary, `draft_vocab_size` the drafter's head.
+    """
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    target_hidden_size: int
+    vocab_size: int
+    draft_vocab_size: int
+    aux_layers: tuple[int, ...]
+    target_num_layers: int
+    max_position_embeddings: int
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    rms_norm_eps: float = 1e-6
+    norm_before_residual: bool = False
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "intermediate_size", "target_hidden_size", "vocab_size", "draft_vocab_size",
+                     "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"DraftConfig.{name} = {getattr(self, name)}: must be positive")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"DraftConfig: num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}")
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(f"DraftConfig.draft_vocab_size {self.draft_vocab_size} exceeds the "
+                             f"target vocab_size {self.vocab_size}")
+        if len(set(self.aux_layers)) != len(self.aux_layers) or not self.aux_layers:
+            raise ValueError(f"DraftConfig.aux_layers {list(self.aux_layers)}: need distinct layers")
+        if not all(0 <= k <= self.target_num_layers for k in self.aux_layers):
+            raise ValueError(f"DraftConfig.aux_layers {list(self.aux_layers)}: each index must be in "
+                             f"0..{self.target_num_layers} (the target's residual streams)")
+        if self.norm_before_residual:
+            raise ValueError("DraftConfig.norm_before_residual = true is not implemented: specdraft "
+                             "trains the SGLang/vLLM default (false)")
+        if self.tie_word_embeddings:
+            raise ValueError("DraftConfig.tie_word_embeddings must be false: SGLang replaces a tied "
+                             "drafter's trained lm_head with the embedding")
+        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"DraftConfig.rope_scaling type {rope_type!r} is not implemented "
+                             f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+
+    @property
+    def n_aux(self) -> int:
+        """Number of aux hidden states the first step fuses (3 for SGLang and vLLM)."""
+        return len(self.aux_layers)
+
+    @property
+    def owns_embedding(self) -> bool:
+        """True when the drafter cannot share the target's embedding (different width).
+
+        SGLang and vLLM share the target's `embed_tokens` only when the widths match, so a
+        drafter of another width must carry its own `embed_tokens` in the checkpoint.
+        """
+        return self.hidden_size != self.target_hidden_size
+
+    @classmethod
+    def from_target(cls, target_config: Any, aux_layers: tuple[int, ...] | list[int] = (),
+                    draft_vocab_size: int | None = None, **overrides: Any) -> DraftConfig:
+        """Derive a drafter config from a transformers target config.
+
+        Hidden size, heads, intermediate size, rope and max positions default to the target's
+        (the drafter then shares the target's embedding); `overrides` replace any field.
+        """
+        get = target_config.get if isinstance(target_config, dict) else (
+            lambda k, d=None: getattr(target_config, k, d))
+        heads = get("num_attention_heads")
+        rope_theta, rope_scaling = rope_from_hf_config(get)
+        values: dict[str, Any] = dict(
+            hidden_size=get("hidden_size"),
+            num_attention_heads=heads,
+            num_key_value_heads=get("num_key_value_heads") or heads,
+            head_dim=get("head_dim") or get("hidden_size") // heads,
+            intermediate_size=get("intermediate_size"),
+            target_hidden_size=get("hidden_size"),
+            vocab_size=get("vocab_size"),
+            draft_vocab_size=draft_vocab_size or get("vocab_size"),
+            aux_layers=tuple(aux_layers),
+            target_num_layers=get("num_hidden_layers"),
+            max_position_embeddings=get("max_position_embeddings"),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            rms_norm_eps=get("rms_norm_eps", 1e-6),
+        )
+        values.update(overrides)
+        values["aux_layers"] = tuple(values["aux_layers"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field (aux_layers as a list)."""
+        d = asdict(self)
+        d["aux_layers"] = list(self.aux_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DraftConfig:
+        """Inverse of `to_dict`; an unknown key is an error naming it."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"DraftConfig: unknown keys {unknown}")
+        return cls(**{**d, "aux_layers": tuple(d["aux_layers"])})
+
+
+def rope_from_hf_config(get: Any) -> tuple[float, dict[str, Any] | None]:
+    """Read (rope_theta, rope_scaling) from a transformers config accessor `get(key, default)`.
+
+    transformers 5 stores both in `rope_parameters`; older configs use the two top-level keys.
+    """
+    params = get("rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta = float(params["rope_theta"])
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        if scaling.get("rope_type", "default") == "default":
+            return theta, None
+        return theta, scaling
+    scaling = get("rope_scaling", None)
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    if scaling and "rope_type" not in scaling:
+        scaling = {**scaling, "rope_type": scaling["type"]}
+    return float(get("rope_theta", 10000.0)), scaling
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """RoPE inverse frequencies [head_dim/2], float64, for default / linear / llama3 scaling.
+
+    llama3 scaling follows Meta's Llama 3.1 reference (`apply_scaling`), as transformers does.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    rope_type = (scaling or {}).get("rope_type", "default")
+    if rope_type == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif rope_type == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = torch.where(wavelen > old_len / low, inv_freq / factor,
+                               torch.where(wavelen < old_len / high, inv_freq, smoothed))
+    return inv_freq
+
+
+def apply_rope(x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate halves of each head (Hugging Face / SGLang "neox" layout).
+
+    x: [B, heads, T, head_dim]; position_ids: [B, T] long; inv_freq: [head_dim/2] float64.
+    Computed in float32 (float64 for a float64 x), returned in x's dtype.
+    """
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    angles = position_ids[:, None, :, None].to(dtype) * inv_freq.to(dtype)  # [B, 1, T, hd/2]
+    angles = torch.cat([angles, angles], -1)
+    x1, x2 = x.to(dtype).chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.to(dtype) * angles.cos() + rotated * angles.sin()).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim, computed in float32 (float64 for float64 inputs), as Llama."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.double() if x.dtype == torch.float64 else x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention whose q/k/v read the 2H-wide [embedding ; hidden] input."""
+
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.q_proj = nn.Linear(2 * cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tensor,
+                attn_mask: torch.Tensor | None, past_kv: KV | None) -> tuple[torch.Tensor, KV]:
+        b, t, _ = x.shape
+        c = self.cfg
+        q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, position_ids, inv_freq), apply_rope(k, position_ids, inv_freq)
+        new_kv = KV(k, v)
+        if past_kv is not None:
+            k, v = torch.cat([past_kv.k, k], dim=2), torch.cat([past_kv.v, v], dim=2)
+        if attn_mask is None:  # causal among the new tokens, every past entry visible
+            s = k.shape[2]
+            attn_mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril(s - t)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                             enable_gqa=c.num_attention_heads != c.num_key_value_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new_kv
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """The drafter's single layer (`midlayer` in SGLang and the official checkpoints)."""
+
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+
+@dataclass
+class KV:
+    """Keys and values of some draft positions, post-RoPE: each [B, kv_heads, S, head_dim]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @staticmethod
+    def cat(parts: list[KV]) -> KV:
+        """Concatenate along the sequence dim."""
+        return KV(torch.cat([p.k for p in parts], 2), torch.cat([p.v for p in parts], 2))
+
+
+@dataclass
+class DraftOutput:
+    """One draft forward.
+
+    logits: [B, T, draft_vocab_size] over the draft vocabulary (map with `d2t`).
+    hidden: [B, T, H] pre-norm output, fed back as the next draft step's `hidden`.
+    kv:     keys/values of these T positions, for the caller's cache.
+    """
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    kv: KV
+
+
+class Eagle3Draft(nn.Module):
+    """EAGLE-3 drafter. Parameter names are the official/SGLang checkpoint names.
+
+    `embed_tokens` is the target's embedding (frozen, not saved) unless the drafter owns it
+    (`cfg.owns_embedding`). Buffers: `d2t` [draft_vocab] int64 offsets (target id = i + d2t[i]),
+    `t2d` [vocab] bool mask of target ids in the draft vocabulary.
+    """
+
+    def __init__(self, cfg: DraftConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(cfg.owns_embedding)
+        # A shared embedding must come from the target before the first forward (never random).
+        self.embedding_loaded = cfg.owns_embedding
+        self.fc = nn.Linear(cfg.n_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = DecoderLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.arange(cfg.vocab_size) < cfg.draft_vocab_size)
+        # A plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies.
+        self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Normal(0, 0.02) linears and embedding, unit norms (Llama's initialisation)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def expected_input_width(self, first_step: bool) -> int:
+        """Width of `hidden`: n_aux·H_target on the first step, H on later steps."""
+        return self.cfg.n_aux * self.cfg.target_hidden_size if first_step else self.cfg.hidden_size
+
+    def check_hidden(self, hidden: torch.Tensor, first_step: bool) -> None:
+        """Raise ValueError unless `hidden` has the width this step needs (case S2)."""
+        width, expected = hidden.shape[-1], self.expected_input_width(first_step)
+        if width == expected:
+            return
+        if first_step:
+            raise ValueError(
+                f"draft first step needs the target's {self.cfg.n_aux} aux hidden states "
+                f"concatenated (layers {list(self.cfg.aux_layers)}, width {self.cfg.n_aux} x "
+                f"{self.cfg.target_hidden_size} = {expected}), got width {width}: the target side "
+                f"is not capturing the aux layers")
+        raise ValueError(f"draft later step needs the drafter's own hidden state (width {expected}), "
+                         f"got width {width}")
+
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, *,
+                first_step: bool, attn_mask: torch.Tensor | None = None,
+                past_kv: KV | None = None) -> DraftOutput:
+        """One draft step over T positions.
+
+        input_ids:    [B, T] long, target-vocabulary ids; position t holds token t+1 (the token
+                      that follows the position whose hidden state is given).
+        hidden:       [B, T, n_aux·H_target] (first_step) or [B, T, H] (own pre-norm output).
+        position_ids: [B, T] long RoPE positions.
+        attn_mask:    bool [B or 1, 1 or heads, T, S_past + T], True = attend; default causal
+                      among the new tokens with every past entry visible.
+        past_kv:      keys/values already cached, [B, kv_heads, S_past, head_dim] each.
+        Raises ValueError when `hidden` has the wrong width for this step (case S2), and
+        RuntimeError when the shared embedding was never loaded from the target.
+        """
+        self.check_hidden(hidden, first_step)
+        if not self.embedding_loaded:
+            raise RuntimeError("the drafter shares the target's embedding: call "
+                               "load_target_embedding(target_embedding_weight) first")
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
+        h = self.fc(hidden) if first_step else hidden
+        layer = self.midlayer
+        emb = self.embed_tokens(input_ids).to(h.dtype)
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], dim=-1)
+        if self.inv_freq.device != x.device:
+            self.inv_freq = self.inv_freq.to(x.device)
+        attn, kv = layer.self_attn(x, position_ids, self.inv_freq, attn_mask, past_kv)
+        r = attn + h
+        out = r + layer.mlp(layer.post_attention_layernorm(r))
+        return DraftOutput(logits=self.lm_head(self.norm(out)), hidden=out, kv=kv)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Map draft-vocabulary ids (any shape, long) to target ids: i + d2t[i]."""
+        return draft_ids + self.d2t[draft_ids]
+
+    @torch.no_grad()
+    def load_target_embedding(self, weight: torch.Tensor) -> None:
+        """Copy the target's input embedding [vocab, H] into the (frozen) shared embedding."""
+        if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
+            raise ValueError(f"target embedding shape {tuple(weight.shape)} != drafter's "
+                             f"{tuple(self.embed_tokens.weight.shape)}")
+        self.embed_tokens.weight.copy_(weight)
+        self.embedding_loaded = True
+

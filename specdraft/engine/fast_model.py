@@ -1,0 +1,490 @@
+"""The target on the engine's hot path: a compact Llama / Qwen2 / Qwen3 / Mistral (gpt-fast style).
+
+Reads top to bottom: config, static KV cache, transformer, block, attention, MLP, norm, rope,
+loading. Computes what transformers' `LlamaForCausalLM` (and the Qwen2/Qwen3/Mistral classes)
+compute, on the same checkpoint directory; tests/test_fast_model.py holds the parity checks.
+
+Cache protocol. Each layer owns a preallocated K/V cache [B, n_kv, max_seq_len, head_dim]. A
+forward writes the K/V of its T new tokens at `cache_slots` and attends wherever `attn_mask`
+says. The cache keeps no length: the caller owns it. RoPE positions and cache slots are
+separate because a verified draft tree has depth-based positions (siblings share one) while
+its nodes sit in sequential slots. K is stored after RoPE, at the node's position. After
+verification, `compact_cache(accepted_slots, dst_start=prefix_len)` moves the accepted path
+to contiguous slots; on that path position = prefix_len + depth = its final slot, so moved
+entries stay valid. Rejected nodes need no undo: the caller sets its length pointer back,
+the mask hides slots at or past it, and the next forward overwrites them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import Tensor, nn
+
+# model_type -> transformers architecture; anything else is refused (DeepSeek, MoE, VLMs ...).
+SUPPORTED_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Shape of a Llama-family target, read from its transformers config by `from_hf_config`.
+
+    Sizes are counts. `qkv_bias` / `o_bias`: biases on q,k,v / o projections (Qwen2: qkv only;
+    Llama/Qwen3 `attention_bias`: all four). `qk_norm`: per-head RMSNorm on q and k before
+    RoPE (Qwen3). `sliding_window`: tokens a query may see in sliding layers, or None.
+    """
+
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"ModelArgs: num_heads {self.num_heads} is not a multiple of "
+                             f"num_kv_heads {self.num_kv_heads}")
+        if self.rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"ModelArgs.rope_type {self.rope_type!r} is not implemented; specdraft's "
+                             f"engine supports {', '.join(SUPPORTED_ROPE_TYPES)}")
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> ModelArgs:
+        """Build from a transformers `config.json` dict (transformers 4 or 5 layout).
+
+        Raises ValueError for an architecture other than Llama/Qwen2/Qwen3/Mistral, a rope type
+        other than default/linear/llama3, partial rotary, a non-SiLU MLP, MLP biases, or a
+        missing key (named).
+        """
+        model_type = _check_architecture(config)
+        try:
+            return cls._from_supported_config(config, model_type)
+        except KeyError as missing:
+            raise ValueError(f"{model_type} config: missing key {missing}") from None
+
+    @classmethod
+    def _from_supported_config(cls, config: dict[str, Any], model_type: str) -> ModelArgs:
+        if config.get("hidden_act", "silu") != "silu" or config.get("mlp_bias", False):
+            raise ValueError(f"{model_type} config: hidden_act {config.get('hidden_act')!r} / mlp_bias "
+                             f"{config.get('mlp_bias')} not implemented (SiLU, no MLP bias only)")
+        hidden, heads = config["hidden_size"], config["num_attention_heads"]
+        attention_bias = bool(config.get("attention_bias") or False) and model_type != "mistral"
+        return cls(
+            model_type=model_type, hidden_size=hidden, num_layers=config["num_hidden_layers"],
+            num_heads=heads, num_kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or hidden // heads,
+            intermediate_size=config["intermediate_size"], vocab_size=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=attention_bias or model_type == "qwen2", o_bias=attention_bias,
+            qk_norm=model_type == "qwen3", sliding_window=_sliding_window(config, model_type),
+            **_rope_fields(config))
+
+
+def _check_architecture(config: dict[str, Any]) -> str:
+    model_type = config.get("model_type")
+    architectures = config.get("architectures") or [SUPPORTED_ARCHITECTURES.get(model_type)]
+    if (model_type not in SUPPORTED_ARCHITECTURES
+            or architectures != [SUPPORTED_ARCHITECTURES[model_type]]):
+        arch = (config.get("architectures") or [model_type])[0]
+        raise ValueError(f"specdraft's engine serves Llama/Qwen2/Qwen3/Mistral targets; {arch} targets "
+                         f"are captured and trained with specdraft and served by SGLang/vLLM")
+    return model_type
+
+
+def _sliding_window(config: dict[str, Any], model_type: str) -> int | None:
+    """Window of the sliding-attention layers, or None when every layer attends fully."""
+    if model_type == "mistral" or "sliding_attention" in (config.get("layer_types") or []):
+        return config.get("sliding_window")
+    if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window"):
+        if config.get("max_window_layers", config["num_hidden_layers"]) < config["num_hidden_layers"]:
+            return config.get("sliding_window")
+    return None
+
+
+def _rope_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """rope_* fields from transformers 5 `rope_parameters` or the older rope_theta/rope_scaling."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"rope type {rope_type!r} is not implemented; specdraft's engine supports "
+                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+    if params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError("partial_rotary_factor != 1 is not implemented by specdraft's engine")
+    fields = {"rope_theta": float(params.get("rope_theta", config.get("rope_theta", 10000.0))),
+              "rope_type": rope_type}
+    if rope_type in ("linear", "llama3"):
+        fields["rope_factor"] = float(params["factor"])
+    if rope_type == "llama3":
+        fields["rope_low_freq_factor"] = float(params["low_freq_factor"])
+        fields["rope_high_freq_factor"] = float(params["high_freq_factor"])
+        fields["rope_original_max_positions"] = int(params.get(
+            "original_max_position_embeddings", config.get("max_position_embeddings", 8192)))
+    return fields
+
+
+@dataclass(frozen=True)
+class FastOutput:
+    """logits [B, T, V] float32; aux_hidden [B, T, len(aux_layers)*H] in the model dtype, in the
+    order the layers were asked for, or None when none were."""
+
+    logits: Tensor
+    aux_hidden: Tensor | None
+
+
+class KVCache(nn.Module):
+    """One layer's static K/V cache, [max_batch_size, n_kv, max_seq_len, head_dim]."""
+
+    def __init__(self, max_batch_size: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        shape = (max_batch_size, num_kv_heads, max_seq_len, head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, cache_slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k, v [B, n_kv, T, D] at cache_slots [T]; return this batch's full caches."""
+        k_out, v_out = self.k_cache[: k.shape[0]], self.v_cache[: k.shape[0]]
+        k_out.index_copy_(2, cache_slots, k)
+        v_out.index_copy_(2, cache_slots, v)
+        return k_out, v_out
+
+    def compact(self, src_slots: Tensor, dst_start: int) -> None:
+        """Copy slots src_slots [n] to dst_start..dst_start+n-1 (overlap-safe: gathered first)."""
+        dst = slice(dst_start, dst_start + src_slots.numel())
+        self.k_cache[:, :, dst] = self.k_cache.index_select(2, src_slots)
+        self.v_cache[:, :, dst] = self.v_cache.index_select(2, src_slots)
+
+
+class FastTarget(nn.Module):
+    """Llama-family decoder with static KV caches; see the module docstring for the cache protocol.
+
+    Call `setup_cache` before `forward`. Load weights with `load_fast_target`.
+    """
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(TransformerBlock(args) for _ in range(args.num_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.output = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.tie_weights()
+        self.register_buffer("inv_freq", None, persistent=False)  # float32 [head_dim/2], setup_cache
+        self.max_batch_size = 0
+        self.max_seq_len = 0
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the head when the config ties them (no-op otherwise)."""
+        if self.args.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def setup_cache(self, max_batch_size: int, max_seq_len: int, dtype: torch.dtype | None = None,
+                    device: torch.device | str | None = None) -> None:
+        """(Re)allocate zeroed KV caches [max_batch_size, n_kv, max_seq_len, head_dim] per layer.
+
+        dtype/device default to the weights' (call it after moving the model; the float32 RoPE
+        frequencies are built here too). Raises ValueError when max_seq_len exceeds the model's
+        max positions, or a sliding window is shorter (full attention only).
+        """
+        args, weight = self.args, self.output.weight
+        if args.sliding_window is not None and args.sliding_window < max_seq_len:
+            raise ValueError(f"{args.model_type} target: sliding window {args.sliding_window} < "
+                             f"max_seq_len {max_seq_len}; specdraft's engine implements full attention "
+                             f"only: use max_seq_len <= {args.sliding_window}")
+        if max_seq_len > args.max_position_embeddings:
+            raise ValueError(f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
+                             f"{args.max_position_embeddings}")
+        dtype, device = dtype or weight.dtype, device or weight.device
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(max_batch_size, args.num_kv_heads, max_seq_len,
+                                               args.head_dim, dtype, device)
+        self.inv_freq = rope_inv_freq(args).to(device)
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
+                aux_layers: tuple[int, ...] = ()) -> FastOutput:
+        """Run T new tokens per row against the cache.
+
+        input_ids [B, T] long; position_ids [B, T] long (RoPE positions); cache_slots [T] long
+        (where each token's K/V is written, shared by the batch); attn_mask [B, 1, T, S] bool
+        (True = attend, S = max_seq_len; every row must attend somewhere, e.g. to itself);
+        aux_layers: specdraft indices (0 = embeddings, k = output of layer k, L = last layer
+        before the final norm). Shapes are static per (B, T), so the step can be compiled.
+        Raises RuntimeError before `setup_cache`, ValueError for aux_layers outside 0..L.
+        """
+        if self.inv_freq is None:
+            raise RuntimeError("FastTarget.forward before setup_cache(max_batch_size, max_seq_len)")
+        if any(not 0 <= k <= self.args.num_layers for k in aux_layers):
+            raise ValueError(f"aux_layers {list(aux_layers)}: each must be in 0..{self.args.num_layers}")
+        x = self.tok_embeddings(input_ids)
+        cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)
+        streams = {0: x}
+        for k, layer in enumerate(self.layers, start=1):
+            x = layer(x, cos, sin, cache_slots, attn_mask)
+            if k in aux_layers:
+                streams[k] = x
+        logits = self.output(self.norm(x)).float()
+        aux_hidden = torch.cat([streams[k] for k in aux_layers], dim=-1) if aux_layers else None
+        return FastOutput(logits=logits, aux_hidden=aux_hidden)
+
+    @torch.no_grad()
+    def compact_cache(self, src_slots: Tensor, dst_start: int) -> None:
+        """Move the K/V at src_slots [n] long, on the cache's device (e.g. a verified tree's
+        accepted path, in order), to slots dst_start..dst_start+n-1 in every layer and batch row.
+
+        Raises ValueError when the destination runs past max_seq_len."""
+        if self.inv_freq is None:
+            raise RuntimeError("FastTarget.compact_cache before setup_cache")
+        if dst_start + src_slots.numel() > self.max_seq_len:
+            raise ValueError(f"compact_cache: slots {dst_start}..{dst_start + src_slots.numel() - 1} "
+                             f"exceed max_seq_len {self.max_seq_len}")
+        for layer in self.layers:
+            layer.attention.kv_cache.compact(src_slots, dst_start)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args)
+        self.attention_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.ffn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache_slots: Tensor, attn_mask: Tensor) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, cache_slots, attn_mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.wq = nn.Linear(args.hidden_size, args.num_heads * args.head_dim, bias=args.qkv_bias)
+        self.wk = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.wv = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
+        self.wo = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=args.o_bias)
+        self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache_slots: Tensor, attn_mask: Tensor) -> Tensor:
+        bsz, seqlen, _ = x.shape
+        q = self.wq(x).view(bsz, seqlen, self.num_heads, self.head_dim)
+        k = self.wk(x).view(bsz, seqlen, self.num_kv_heads, self.head_dim)
+        v = self.wv(x).view(bsz, seqlen, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, T, D]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k, v = self.kv_cache.update(cache_slots, k, v)  # [B, n_kv, S, D]
+        # Query head h reads KV head h // (num_heads // num_kv_heads), as transformers' repeat_kv.
+        k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
+        v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        return self.wo(y.transpose(1, 2).reshape(bsz, seqlen, self.num_heads * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)  # gate
+        self.w3 = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)  # up
+        self.w2 = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)  # down
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in float32, scale in the input dtype, as transformers does (bf16 parity).
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(args: ModelArgs) -> Tensor:
+    """Inverse RoPE frequencies, float32 [head_dim/2], as transformers' ROPE_INIT_FUNCTIONS."""
+    dim = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    if args.rope_type == "linear":
+        return inv_freq / args.rope_factor
+    if args.rope_type == "llama3":
+        old_len = args.rope_original_max_positions
+        low, high = args.rope_low_freq_factor, args.rope_high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / args.rope_factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / args.rope_factor + smooth * scaled
+        is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(is_medium, smoothed, scaled)
+    return inv_freq
+
+
+def rope_cos_sin(inv_freq: Tensor, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos, sin [B, 1, T, head_dim] in dtype for position_ids [B, T] (computed in float32)."""
+    freqs = position_ids[..., None].float() * inv_freq  # [B, T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the two halves of each head (transformers' layout, not llama2.c's interleaved)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def causal_mask(start: int | Tensor, num_tokens: int, max_seq_len: int, batch_size: int = 1,
+                device: torch.device | str | None = None) -> Tensor:
+    """Bool mask [batch_size, 1, num_tokens, max_seq_len] for tokens at slots [start, start+T).
+
+    Row i attends to slots 0..start+i (True = attend). Prefill: start = cached length (0 for a
+    fresh prompt), T = prompt length. Decode: T = 1, start = the token's slot. `start` may be a
+    0-d long tensor on `device`, which keeps the mask build free of Python-side values.
+    """
+    rows = start + torch.arange(num_tokens, device=device)
+    mask = torch.arange(max_seq_len, device=device)[None, :] <= rows[:, None]
+    return mask.expand(batch_size, 1, num_tokens, max_seq_len)
+
+
+# transformers name -> FastTarget name: the one table of the checkpoint layout.
+HF_TO_FAST_GLOBAL = {
+    "model.embed_tokens.weight": "tok_embeddings.weight",
+    "model.norm.weight": "norm.weight",
+    "lm_head.weight": "output.weight",
+}
+HF_TO_FAST_LAYER = {  # under model.layers.N. -> layers.N.
+    "input_layernorm.weight": "attention_norm.weight",
+    "self_attn.q_proj.weight": "attention.wq.weight",
+    "self_attn.q_proj.bias": "attention.wq.bias",
+    "self_attn.k_proj.weight": "attention.wk.weight",
+    "self_attn.k_proj.bias": "attention.wk.bias",
+    "self_attn.v_proj.weight": "attention.wv.weight",
+    "self_attn.v_proj.bias": "attention.wv.bias",
+    "self_attn.o_proj.weight": "attention.wo.weight",
+    "self_attn.o_proj.bias": "attention.wo.bias",
+    "self_attn.q_norm.weight": "attention.q_norm.weight",
+    "self_attn.k_norm.weight": "attention.k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "feed_forward.w1.weight",
+    "mlp.up_proj.weight": "feed_forward.w3.weight",
+    "mlp.down_proj.weight": "feed_forward.w2.weight",
+}
+_FAST_TO_HF_GLOBAL = {fast: hf for hf, fast in HF_TO_FAST_GLOBAL.items()}
+_FAST_TO_HF_LAYER = {fast: hf for hf, fast in HF_TO_FAST_LAYER.items()}
+
+
+def hf_name(fast_name: str) -> str:
+    """The transformers checkpoint key of a FastTarget parameter name (via the tables above)."""
+    if fast_name in _FAST_TO_HF_GLOBAL:
+        return _FAST_TO_HF_GLOBAL[fast_name]
+    index, suffix = re.fullmatch(r"layers\.(\d+)\.(.+)", fast_name).groups()
+    return f"model.layers.{index}.{_FAST_TO_HF_LAYER[suffix]}"
+
+
+def load_fast_target(model_dir: str | Path, dtype: torch.dtype = torch.float32,
+                     device: torch.device | str = "cpu") -> FastTarget:
+    """Load a transformers Llama/Qwen2/Qwen3/Mistral directory (config.json + safetensors,
+    single or sharded with model.safetensors.index.json) strictly, in `dtype` on `device`.
+
+    Parameters are frozen (an inference target). Call `setup_cache` before `forward`.
+    Raises FileNotFoundError for a missing config or checkpoint file; ValueError for an
+    unsupported config (see `ModelArgs.from_hf_config`), for checkpoint tensors that match no
+    parameter and parameters no tensor fills (one error naming every key and its file), for a
+    shape mismatch, or for a stored lm_head.weight that differs from a tied embedding.
+    """
+    model_dir = Path(model_dir)
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: not found (expected a transformers model directory)")
+    args = ModelArgs.from_hf_config(json.loads(config_path.read_text()))
+    with torch.device("meta"):
+        model = FastTarget(args).to(dtype)
+    model = model.to_empty(device=device)
+    model.tie_weights()  # to_empty may give the tied pair separate tensors
+    _load_checkpoint(model, model_dir)
+    return model.requires_grad_(False).eval()
+
+
+def _checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shard_names = set(json.loads(index.read_text())["weight_map"].values())
+        files = [model_dir / name for name in sorted(shard_names)]
+    else:
+        files = [model_dir / "model.safetensors"]
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: not found (specdraft loads model.safetensors or the shards "
+                                    f"named by model.safetensors.index.json)")
+    return files
+
+
+@torch.no_grad()
+def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
+    params = dict(model.named_parameters())  # a tied head appears once, as tok_embeddings.weight
+    expected = {hf_name(name): name for name in params}
+    filled, unmatched, stored_head = set(), [], None
+    for file in _checkpoint_files(model_dir):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if key == "lm_head.weight" and key not in expected:
+                    stored_head = (f.get_tensor(key), file.name)
+                elif key not in expected:
+                    unmatched.append(f"{key} ({file.name})")
+                else:
+                    _copy_tensor(params[expected[key]], f.get_tensor(key), key, file)
+                    filled.add(key)
+    missing = sorted(set(expected) - filled)
+    if unmatched or missing:
+        raise ValueError(f"strict load of {model_dir}: checkpoint tensors that match no parameter: "
+                         f"{', '.join(unmatched) or 'none'}; parameters no tensor fills: "
+                         f"{', '.join(missing) or 'none'}")
+    if stored_head is not None and not torch.equal(stored_head[0].to(model.output.weight),
+                                                   model.output.weight):
+        raise ValueError(f"{model_dir / stored_head[1]}: lm_head.weight differs from "
+                         f"model.embed_tokens.weight but config.json says tie_word_embeddings: true")
+
+
+def _copy_tensor(param: Tensor, tensor: Tensor, key: str, file: Path) -> None:
+    if tensor.shape != param.shape:
+        raise ValueError(f"{file}: {key} has shape {list(tensor.shape)}, the config implies "
+                         f"{list(param.shape)}")
+    param.copy_(tensor)

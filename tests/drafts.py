@@ -1,0 +1,36 @@
+"""Tiny seeded drafters for tests."""
+
+from __future__ import annotations
+
+import torch
+
+from specdraft.checkpoint import Manifest
+from specdraft.draft import DraftConfig, Eagle3Draft
+from tests.tiny_models import tiny_config
+
+
+def tiny_draft(num_layers: int = 5, aux_layers=(2, 3, 4), draft_vocab_size: int = 64, seed: int = 0,
+               dtype: torch.dtype = torch.float32, **overrides) -> Eagle3Draft:
+    """A drafter for a tiny Llama target (vocab 128), every tensor seeded and non-trivial.
+
+    The draft vocabulary is the even target ids (d2t[i] = i), so d2t is not the identity.
+    """
+    cfg = DraftConfig.from_target(tiny_config("llama", num_layers=num_layers), aux_layers,
+                                  draft_vocab_size=draft_vocab_size, **overrides)
+    torch.manual_seed(seed)
+    model = Eagle3Draft(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+        model.d2t.copy_(torch.arange(draft_vocab_size))
+        model.t2d.zero_()
+        model.t2d[torch.arange(draft_vocab_size) * 2] = True
+    model.embedding_loaded = True
+    return model.to(dtype)
+
+
+def tiny_manifest(model: Eagle3Draft) -> Manifest:
+    """A manifest naming the drafter's config and aux layers."""
+    return Manifest(draft=model.cfg.to_dict(), target={"num_layers": model.cfg.target_num_layers},
+                    aux_layers=list(model.cfg.aux_layers))
