@@ -46,7 +46,7 @@ def capture(
     dtype: str = typer.Option("bf16", help="Storage dtype of hidden states: bf16|fp16|fp32."),
     target_dtype: str = typer.Option("fp32", help="Dtype the target runs in."),
     max_length: int = typer.Option(2048, help="Truncate samples to this many tokens."),
-    shard_samples: int = typer.Option(1024, help="Samples per shard."),
+    shard_tokens: int = typer.Option(65536, help="Tokens per shard (bounds memory)."),
     batch_tokens: int = typer.Option(16384, help="Padded tokens per target forward."),
     no_chat: bool = typer.Option(False, "--no-chat", help="Plain text (base models)."),
     template_kwargs: str = typer.Option("{}", help="JSON kwargs for the chat template."),
@@ -64,7 +64,7 @@ def capture(
         target, data, out,
         aux_layers=tuple(int(x) for x in aux_layers.split(",")) if aux_layers else None,
         dtype=dtype, target_dtype=target_dtype, max_length=max_length,
-        shard_samples=shard_samples, batch_tokens=batch_tokens, chat=not no_chat,
+        shard_tokens=shard_tokens, batch_tokens=batch_tokens, chat=not no_chat,
         template_kwargs=_json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
         tokenizer=tokenizer or None, device=device)
     try:
@@ -189,3 +189,188 @@ def convert(
         raise typer.Exit(1) from e
     console.print(f"wrote {dst} ({layout} layout): {written} tensors, each bit-identical to {src}",
                   markup=False)
+
+
+@app.command()
+def generate(
+    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer)."),
+    prompt: str = typer.Option(..., help="Prompt text (tokenized as is, no chat template)."),
+    draft: str = typer.Option("", help="Draft checkpoint directory (omit for plain decoding)."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (output = the target's greedy output)."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass (1 = off)."),
+    sampling_top_k: int = typer.Option(0, help="Sample from the k most likely tokens (0 = off)."),
+    topk: int = typer.Option(1, help="Draft tree: children per node (SGLang --speculative-eagle-topk)."),
+    num_steps: int = typer.Option(3, help="Draft depth (SGLang --speculative-num-steps)."),
+    num_draft_tokens: int = typer.Option(0, help="Verified nodes incl. the root (0 = num_steps + 1, "
+                                         "chains only)."),
+    max_new_tokens: int = typer.Option(128),
+    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the tokenizer's EOS."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
+) -> None:
+    """Generate with specdraft's engine (speculative with --draft), streaming text, then metrics."""
+    import torch
+    from rich.console import Console
+    from transformers import AutoTokenizer
+
+    from specdraft.checkpoint import CheckpointError
+    from specdraft.engine.metrics import metrics_table
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.engine.speculate import load_engine
+
+    console = Console()
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    try:
+        if dtype not in dtypes:
+            raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(dtypes)}")
+        if not no_spec and not draft:
+            raise ValueError("--draft CKPT is required for speculative decoding (or pass --no-spec)")
+        spec = None if no_spec else SpecConfig(num_steps, topk, num_draft_tokens or (
+            num_steps + 1 if topk == 1 else 0))
+        tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
+        engine = load_engine(target, None if no_spec else draft, spec, device, dtypes[dtype],
+                             max_seq_len or None, tokenizer)
+        ids = tokenizer(prompt)["input_ids"]
+        eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+        output: list[int] = []
+        shown = 0
+
+        def stream(new_ids: list[int]) -> None:  # print the text the new ids add
+            nonlocal shown
+            output.extend(new_ids)
+            text = tokenizer.decode(output)
+            console.print(text[shown:], end="", markup=False, highlight=False, soft_wrap=True)
+            shown = len(text)
+
+        result = engine.generate(ids, max_new_tokens, temperature, top_p, sampling_top_k, eos_ids=eos,
+                                 seed=seed, on_tokens=stream)
+    except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    console.print()
+    console.print(metrics_table(result.metrics, "plain decoding" if no_spec else
+                                f"speculative decoding (steps {num_steps}, topk {topk}, "
+                                f"draft tokens {spec.num_draft_tokens})"))
+
+
+@app.command()
+def train(
+    store: str = typer.Argument(..., help="Capture store directory (`specdraft capture`)."),
+    out: str = typer.Argument(..., help="Run directory: checkpoints/, metrics.jsonl, tensorboard/, draft/."),
+    config: str = typer.Option("", help="TrainConfig JSON file; the options below override it."),
+    steps: int | None = typer.Option(None, help="Total optimizer steps (instead of --epochs)."),
+    epochs: int | None = typer.Option(None, help="Passes over the training split."),
+    lr: float | None = typer.Option(None),
+    batch_size: int | None = typer.Option(None, help="Sequences per step, over all ranks."),
+    max_length: int | None = typer.Option(None),
+    ttt_steps: int | None = typer.Option(None, help="Training-time-test unroll steps (7)."),
+    draft_vocab_size: int | None = typer.Option(None, help="Default: the target's vocabulary."),
+    precision: str | None = typer.Option(None, help="fp32 | bf16 (CUDA autocast)."),
+    target: str = typer.Option("", help="Target directory, when the store's recorded path moved."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint."),
+) -> None:
+    """Train an EAGLE-3 drafter on STORE into OUT (multi-GPU: torchrun ... $(which specdraft) train)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from specdraft.train.loop import TrainConfig, TrainingError, train as run_training
+
+    console = Console()
+    options = dict(total_steps=steps, epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
+                   ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size, precision=precision)
+    try:
+        values = json.loads(Path(config).read_text()) if config else {}
+        if steps is not None or epochs is not None:  # the options replace the file's run length
+            values.update(total_steps=None, epochs=None)
+        values.update({k: v for k, v in options.items() if v is not None})
+        result = run_training(TrainConfig.from_dict(values), store, out, resume=resume,
+                              command=" ".join(["specdraft", *sys.argv[1:]]), target_config=target or None)
+    except (ValueError, FileNotFoundError, FileExistsError, TrainingError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    if result.draft_dir is None:
+        return  # not rank 0
+    console.print(f"{result.steps} steps, last train loss {result.train_loss:.4f}; draft "
+                  f"{result.draft_dir}; metrics {result.metrics_path}", markup=False)
+    if result.validation:
+        acc = " ".join(f"{a:.3f}" for a in result.validation["accuracy"])
+        alpha = " ".join(f"{a:.3f}" for a in result.validation["alpha"])
+        console.print(f"validation accuracy per step {acc}; alpha {alpha}; simulated tau "
+                      f"{result.validation['tau']:.3f}", markup=False)
+
+
+@app.command()
+def export(
+    checkpoint: str = typer.Argument(..., help="Trained draft checkpoint directory."),
+    out: str = typer.Argument(..., help="Output directory (replaced atomically)."),
+    engine: str = typer.Option(..., help="sglang | vllm | speculators"),
+    target: str = typer.Option("", help="Target directory (default: the manifest's record)."),
+    verifier: str = typer.Option("", help="speculators verifier.name_or_path (must resolve where "
+                                 "the server runs; default: the target's absolute path)."),
+    sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids, e.g. 0.5.14."),
+    num_steps: int = typer.Option(3, help="Draft depth in the launch command."),
+    topk: int = typer.Option(1, help="Children per node (SGLang only; 1 = chain)."),
+    num_draft_tokens: int = typer.Option(0, help="Verified nodes incl. the root (0 = num_steps + 1)."),
+) -> None:
+    """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
+    from rich.console import Console
+
+    from specdraft.checkpoint import CheckpointError
+    from specdraft.export import export_draft
+
+    console = Console()
+    try:
+        result = export_draft(checkpoint, out, engine=engine, target=target or None,
+                              verifier=verifier or None, sglang_version=sglang_version or None,
+                              num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None)
+    except (CheckpointError, ValueError, FileNotFoundError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    console.print(f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
+                  "bit-identical to the checkpoint", style="green", markup=False)
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
+    console.print("launch:", markup=False)
+    console.print(result.launch_command, markup=False, soft_wrap=True, highlight=False)
+
+
+@app.command()
+def doctor(
+    checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout)."),
+    target: str = typer.Option("", help="Target directory: capture parity, acceptance, tokenizer."),
+    engine: str = typer.Option("", help="sglang | vllm (default: from --engine-args, else all)."),
+    engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
+    samples: str = typer.Option("", help="Capture store or JSONL (token ids, chats or texts)."),
+    server: str = typer.Option("", help="Live server URL (online acceptance)."),
+    sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids."),
+    template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),
+    max_samples: int = typer.Option(32, help="Samples for the offline run."),
+    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check a drafter against its training record, target and deployment (exit 1 on a fail)."""
+    from rich.console import Console
+
+    from specdraft.doctor import report_json, report_table, run_doctor
+
+    console = Console()
+    try:
+        report = run_doctor(
+            checkpoint, target=target or None, engine=engine or None,
+            engine_args=engine_args or None, samples=samples or None, server=server or None,
+            sglang_version=sglang_version or None, max_samples=max_samples,
+            template_kwargs=_json_kwargs(template_kwargs, "--template-kwargs") if template_kwargs else None)
+    except ValueError as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from e
+    if json_output:
+        typer.echo(report_json(report))
+    else:
+        console.print(report_table(report, f"specdraft doctor {checkpoint}"))
+    if not report.ok:
+        raise typer.Exit(1)

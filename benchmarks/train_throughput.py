@@ -1,0 +1,154 @@
+"""Training throughput and MFU of an EAGLE-3 drafter on synthetic aux states.
+
+Default shape: a Llama-3.1-8B drafter (hidden 4096, 32 heads, 8 kv heads, intermediate 14336,
+target vocab 128256, draft vocab 32000), sequences of 2048 tokens, TTT unroll 7, bf16 autocast.
+It runs specdraft's own training step (`Trainer.train_step`: TTT loss, backward, clipping,
+AdamW, schedule) on inputs already on the device; the target-head recompute that an offline
+store needs (lm_head(norm(last_hidden)), V x H per token) is timed on its own.
+
+    python benchmarks/train_throughput.py                 # GPU, 8B shapes
+    python benchmarks/train_throughput.py --tiny          # CPU smoke test, tiny shapes
+
+Prints one JSON line. Definitions:
+  tokens_per_s = base positions per second (sequences x length / step time; each is unrolled
+                 ttt_steps times).
+  mfu = (6 · trainable params (fc and lm_head included) · tokens · ttt_steps + attention FLOPs)
+        / (step time · peak), peak = 989e12 (H100/H200 dense bf16). The formula charges fc at
+        every step although only step 0 applies it; `mfu_fc_once` charges it once.
+  attention FLOPs = 3 (fwd + bwd) · 4 · heads · head_dim · useful query-key pairs, where step k
+        attends T(T+1)/2 causal + k·T diagonal pairs per sequence (the dense masked kernel
+        computes more; those FLOPs are not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from specdraft.train.loop import Batch, TargetInfo, Trainer, TrainConfig
+from specdraft.train.loss import target_logits
+
+PEAK_FLOPS = 989e12
+
+SHAPES = {
+    "8b": dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+               intermediate_size=14336, vocab_size=128256, num_hidden_layers=32,
+               max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+               draft_vocab_size=32000, aux_layers=(2, 16, 29), seq_len=2048),
+    "tiny": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 intermediate_size=128, vocab_size=1024, num_hidden_layers=8,
+                 max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
+                 draft_vocab_size=256, aux_layers=(2, 4, 5), seq_len=128),
+}
+
+
+class SyntheticData:
+    """A TrainData whose batches are fixed random tensors already on the device."""
+
+    def __init__(self, shape: dict, batch_size: int, device: torch.device, dtype: torch.dtype) -> None:
+        g = torch.Generator().manual_seed(0)
+        v, h, t = shape["vocab_size"], shape["hidden_size"], shape["seq_len"]
+        n_aux = len(shape["aux_layers"])
+        config = {k: shape[k] for k in shape if k not in ("draft_vocab_size", "aux_layers", "seq_len")}
+        self.info = TargetInfo(config=config, aux_layers=shape["aux_layers"],
+                               embed_weight=torch.randn(v, h, generator=g) * 0.02, manifest_fields={})
+        self.counts = torch.randint(0, 1000, (v,), generator=g)
+        self.input_ids = torch.randint(0, v, (batch_size, t), generator=g).to(device)
+        self.loss_mask = torch.ones(batch_size, t, dtype=torch.bool, device=device)
+        self.aux_hidden = torch.randn(batch_size, t, n_aux * h, generator=g).to(device, dtype)
+        self.last_hidden = torch.randn(batch_size, t, h, generator=g).to(device, dtype)
+        self.norm_weight = torch.ones(h, device=device, dtype=dtype)
+        self.lm_head = (torch.randn(v, h, generator=g) * 0.02).to(device, dtype)
+        self.target_logits = self.recompute_logits()
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return 1 << 20
+
+    def token_counts(self) -> torch.Tensor:
+        return self.counts
+
+    def recompute_logits(self) -> torch.Tensor:
+        """What StoreData does per batch: the target's logits from last_hidden."""
+        return target_logits(self.last_hidden, self.norm_weight, self.lm_head, 1e-5)
+
+    def batch(self, sample_ids, max_length, device) -> Batch:
+        return Batch(list(sample_ids), self.input_ids, self.loss_mask, self.aux_hidden,
+                     self.target_logits)
+
+
+def timed(fn, iters: int, device: torch.device) -> float:
+    """Mean seconds per call of fn() over `iters` calls (CUDA synchronised)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / iters
+
+
+def flops_per_step(shape: dict, model: torch.nn.Module, batch: int, ttt: int) -> tuple[float, float, float]:
+    """(dense FLOPs per the formula, the same with fc charged once, attention FLOPs)."""
+    t = shape["seq_len"]
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    fc = model.fc.weight.numel()
+    tokens = batch * t
+    pairs = sum(t * (t + 1) / 2 + k * t for k in range(ttt)) * batch
+    attention = 3 * 4 * shape["num_attention_heads"] * shape["head_dim"] * pairs
+    dense = 6 * trainable * tokens * ttt
+    return dense + attention, dense - 6 * fc * tokens * (ttt - 1) + attention, attention
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test)")
+    parser.add_argument("--batch-size", type=int, default=1, help="sequences per step")
+    parser.add_argument("--seq-len", type=int, default=0, help="default: 2048 (tiny: 128)")
+    parser.add_argument("--ttt-steps", type=int, default=7)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--precision", default="", help="bf16 | fp32 (default: bf16 on CUDA)")
+    args = parser.parse_args()
+
+    shape = dict(SHAPES["tiny" if args.tiny else "8b"])
+    shape["seq_len"] = args.seq_len or shape["seq_len"]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    data = SyntheticData(shape, args.batch_size, device, dtype)
+    config = TrainConfig(lr=1e-5, warmup_steps=0, total_steps=args.warmup + args.iters + 1,
+                         batch_size=args.batch_size, max_length=shape["seq_len"],
+                         ttt_steps=args.ttt_steps, draft_vocab_size=shape["draft_vocab_size"],
+                         val_fraction=0.0, precision=precision, device=device.type)
+    trainer = Trainer(config, data)
+    ids = list(range(args.batch_size))
+    timed(lambda: trainer.train_step(ids), args.warmup, device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    step_s = timed(lambda: trainer.train_step(ids), args.iters, device)
+    head_s = timed(data.recompute_logits, args.iters, device)
+    draft = trainer.model.draft
+    flops, flops_fc_once, attention = flops_per_step(shape, draft, args.batch_size, args.ttt_steps)
+    tokens = args.batch_size * shape["seq_len"]
+    v, h = shape["vocab_size"], shape["hidden_size"]
+    print(json.dumps({
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "shape": "tiny" if args.tiny else "8b", "precision": precision,
+        "batch_size": args.batch_size, "seq_len": shape["seq_len"], "ttt_steps": args.ttt_steps,
+        "trainable_params": sum(p.numel() for p in draft.parameters() if p.requires_grad),
+        "step_s": step_s, "tokens_per_s": tokens / step_s,
+        "tflops_per_s": flops / step_s / 1e12, "mfu": flops / step_s / PEAK_FLOPS,
+        "mfu_fc_once": flops_fc_once / step_s / PEAK_FLOPS,
+        "attention_flops_fraction": attention / flops,
+        "target_head_s": head_s, "target_head_tflops_per_s": 2 * tokens * v * h / head_s / 1e12,
+        "target_head_fraction_of_step": head_s / (head_s + step_s),
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,432 @@
+"""stories260K, the bundled default target: read its llama2.c files, convert it to transformers.
+
+The package ships Karpathy's stories260K (a 260K-parameter TinyStories Llama, MIT) and its
+512-piece tokenizer in llama2.c's binary formats (`specdraft/assets/stories260K/`, README
+there for provenance). `convert_stories260k` writes a float32 `LlamaForCausalLM` directory
+with a matching tokenizer, which the rest of specdraft loads like any transformers target.
+Formats: shared/models/README.md and llama2.c's `run.c` (`read_checkpoint`, `encode`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
+from tokenizers.models import BPE
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHECKPOINT_FILE = "stories260K.bin"
+TOKENIZER_FILE = "tok512.bin"
+SAMPLE_FILE = "tinystories_sample.txt"
+EXPECTED_TOKENS_FILE = "expected_tokens.json"
+LICENSE_FILE = "LICENSE"
+SOURCE_SHA256 = {
+    CHECKPOINT_FILE: "b0a507e7ad0f626624f17112325e66691f9076d622e1d3274d103d00299f2696",
+    TOKENIZER_FILE: "037cb335abb25d1fa9e8ecae30ed2a3a8ace9302862ebcdc05d51a6bbb10c312",
+}
+# Written into a converted directory; a directory whose record matches is not converted again.
+SOURCE_RECORD_FILE = "specdraft_source.json"
+CONVERTER_VERSION = 1
+CONVERTED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
+
+UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
+SPECIAL_PIECES = ("<unk>", "<s>", "</s>")
+BYTE_OFFSET = 3  # byte b is id 3 + b, piece "<0xBB>"
+SPACE_PIECE = "\u2581"  # "▁", SentencePiece's visible space
+ROPE_THETA = 10000.0
+RMS_NORM_EPS = 1e-5
+
+HEADER = struct.Struct("<7i")
+
+
+@dataclass(frozen=True)
+class Llama2cHeader:
+    """The 7-int32 header of a llama2.c legacy checkpoint (`Config` in llama2.c's run.c)."""
+
+    dim: int
+    hidden_dim: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    seq_len: int
+    shared_classifier: bool  # stored as the sign of vocab_size: positive = classifier is the embedding
+
+    @property
+    def head_size(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_size
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of the stored float32 arrays, in file order (rows = out, columns = in)."""
+        num_layers, dim, hidden, kv_dim = self.num_layers, self.dim, self.hidden_dim, self.kv_dim
+        shapes = {
+            "token_embedding": (self.vocab_size, dim),
+            "rms_att": (num_layers, dim),
+            "wq": (num_layers, dim, dim),
+            "wk": (num_layers, kv_dim, dim),
+            "wv": (num_layers, kv_dim, dim),
+            "wo": (num_layers, dim, dim),
+            "rms_ffn": (num_layers, dim),
+            "w1": (num_layers, hidden, dim),
+            "w2": (num_layers, dim, hidden),
+            "w3": (num_layers, hidden, dim),
+            "rms_final": (dim,),
+            # Precomputed RoPE tables, unused: the rotation is recomputed from theta.
+            "freq_cis_real": (self.seq_len, self.head_size // 2),
+            "freq_cis_imag": (self.seq_len, self.head_size // 2),
+        }
+        if not self.shared_classifier:
+            shapes["wcls"] = (self.vocab_size, dim)
+        return shapes
+
+    def num_file_bytes(self) -> int:
+        """The exact size of a file with this header."""
+        return HEADER.size + 4 * sum(int(np.prod(shape)) for shape in self.tensor_shapes().values())
+
+
+def bundled_dir() -> Path:
+    """The folder of the packaged stories260K files (weights, tokenizer, sample text, license)."""
+    folder = resources.files("specdraft.assets") / "stories260K"
+    if not isinstance(folder, Path):
+        raise RuntimeError(f"specdraft's assets are not on the file system ({folder}); install it unzipped")
+    return folder
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 digest of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_sha256(path: Path, expected: str) -> str:
+    """Return the file's sha256 if it equals `expected`, else raise a one-line ValueError.
+
+    The error names the file and both digests. A modified stories260K.bin with the original
+    size and header circulates in public repositories (it generates gibberish), hence a hash
+    rather than a size check.
+    """
+    actual = sha256_of(path)
+    if actual != expected:
+        raise ValueError(
+            f"{path}: sha256 {actual}, expected {expected}: corrupted or a different file (a modified "
+            f"copy of stories260K.bin with the same size and header circulates and generates gibberish); "
+            f"use the files bundled in specdraft/assets/stories260K"
+        )
+    return actual
+
+
+def read_llama2c_checkpoint(path: Path) -> tuple[Llama2cHeader, dict[str, torch.Tensor]]:
+    """Read a llama2.c legacy checkpoint: its header and float32 tensors in llama2.c's layout.
+
+    Tensors are named as in llama2.c (`token_embedding` [V, D], `wq` [L, D, D], `w1` [L, H, D],
+    ..., `rms_final` [D], `wcls` [V, D] only when the classifier is not shared); the unused
+    RoPE tables are dropped. Raises ValueError naming the file when the header is implausible
+    or the size differs from what the header implies (truncated or not this format).
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    if len(data) < HEADER.size:
+        raise ValueError(f"{path}: {len(data)} bytes, too short for a llama2.c checkpoint header")
+    header = _parse_header(path, HEADER.unpack_from(data, 0))
+    expected = header.num_file_bytes()
+    if len(data) != expected:
+        raise ValueError(
+            f"{path}: {len(data):,} bytes, but its header {header} implies {expected:,}: "
+            f"truncated, or not a llama2.c legacy checkpoint"
+        )
+    values = np.frombuffer(data, dtype="<f4", offset=HEADER.size)
+    tensors, start = {}, 0
+    for name, shape in header.tensor_shapes().items():
+        count = int(np.prod(shape))
+        if not name.startswith("freq_cis"):
+            tensors[name] = torch.from_numpy(values[start : start + count].reshape(shape).copy())
+        start += count
+    if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
+        raise ValueError(f"{path}: contains NaN or infinite weights: corrupted checkpoint")
+    return header, tensors
+
+
+def _parse_header(path: Path, fields: tuple[int, ...]) -> Llama2cHeader:
+    dim, hidden_dim, num_layers, num_heads, num_kv_heads, vocab_size, seq_len = fields
+    plausible = (
+        min(dim, hidden_dim, num_layers, num_heads, num_kv_heads, seq_len, abs(vocab_size)) > 0
+        and max(dim, hidden_dim, abs(vocab_size), seq_len) <= 1 << 20
+        and dim % num_heads == 0
+        and num_heads % num_kv_heads == 0
+        and (dim // num_heads) % 2 == 0
+    )
+    if not plausible:
+        raise ValueError(f"{path}: implausible llama2.c header {fields}: corrupted or not a llama2.c file")
+    return Llama2cHeader(
+        dim, hidden_dim, num_layers, num_heads, num_kv_heads, abs(vocab_size), seq_len, vocab_size > 0
+    )
+
+
+def read_llama2c_tokenizer(path: Path) -> list[tuple[bytes, float]]:
+    """Read a llama2.c tokenizer file: (piece bytes, score) per id, in id order.
+
+    Layout: int32 max_token_length, then per piece float32 score, int32 length, bytes. Spaces
+    are stored as " " (not "▁"); llama2.c stores BOS/EOS as "\\n<s>\\n" and "\\n</s>\\n".
+    Raises ValueError naming the file when it is truncated or malformed.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    if len(data) < 4:
+        raise ValueError(f"{path}: {len(data)} bytes, too short for a llama2.c tokenizer")
+    (max_length,) = struct.unpack_from("<i", data, 0)
+    pieces, offset = [], 4
+    while offset < len(data):
+        if offset + 8 > len(data):
+            raise ValueError(f"{path}: truncated in the entry of token {len(pieces)}")
+        score, length = struct.unpack_from("<fi", data, offset)
+        offset += 8
+        if not 0 < length <= max_length or offset + length > len(data):
+            raise ValueError(
+                f"{path}: token {len(pieces)} has length {length} (max {max_length}): truncated or corrupt"
+            )
+        pieces.append((data[offset : offset + length], score))
+        offset += length
+    return pieces
+
+
+def build_tokenizer(
+    pieces: list[tuple[bytes, float]], *, model_max_length: int = 512
+) -> PreTrainedTokenizerFast:
+    """A transformers tokenizer that encodes exactly as llama2.c's `encode` (with BOS) does.
+
+    llama2.c's encoder: prepend " " to non-empty text, start from one piece per code point
+    (bytes absent from the vocabulary fall back to ids 3 + byte), then repeatedly merge the
+    adjacent pair whose concatenation is the highest-scoring piece. Here that is a
+    `tokenizers` BPE with byte fallback, "▁" for spaces, a Prepend("▁") normalizer (which
+    leaves empty text alone) and every (left, right) split of every piece as a merge, ranked
+    by the merged piece's score. BOS (`<s>` = 1) is added, never EOS (`</s>` = 2). Known
+    differences from llama2.c, both on text it never sees in practice: a literal "▁" encodes
+    as a space (llama2.c: 3 bytes), and "<s>", "</s>", "<unk>" as their special ids (as every
+    transformers Llama tokenizer does; llama2.c spells them out).
+    """
+    vocab, scores = _vocab_and_scores(pieces)
+    model = BPE(
+        vocab=vocab,
+        merges=_merges_by_score(vocab, scores),
+        unk_token=SPECIAL_PIECES[UNK_ID],
+        fuse_unk=True,
+        byte_fallback=True,
+    )
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Prepend(SPACE_PIECE), normalizers.Replace(" ", SPACE_PIECE)]
+    )
+    tokenizer.decoder = decoders.Sequence(  # the Strip drops the space that Prepend added
+        [
+            decoders.Replace(SPACE_PIECE, " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    tokenizer.add_special_tokens([AddedToken(p, special=True, normalized=False) for p in SPECIAL_PIECES])
+    bos = SPECIAL_PIECES[BOS_ID]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, BOS_ID)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token=SPECIAL_PIECES[UNK_ID],
+        bos_token=bos,
+        eos_token=SPECIAL_PIECES[EOS_ID],
+        add_bos_token=True,
+        add_eos_token=False,
+        clean_up_tokenization_spaces=False,
+        model_max_length=model_max_length,
+    )
+
+
+def _vocab_and_scores(pieces: list[tuple[bytes, float]]) -> tuple[dict[str, int], list[float]]:
+    """Piece strings in the "▁" convention, checking llama2.c's fixed ids for specials and bytes."""
+    first_regular = BYTE_OFFSET + 256
+    if len(pieces) <= first_regular:
+        raise ValueError(f"tokenizer has {len(pieces)} pieces; llama2.c's layout needs over {first_regular}")
+    vocab = {}
+    for token_id, (raw, _) in enumerate(pieces):
+        if token_id < BYTE_OFFSET:
+            piece = SPECIAL_PIECES[token_id]
+            if raw.strip() != piece.encode():
+                raise ValueError(f"tokenizer piece {token_id} is {raw!r}, expected {piece!r}")
+        elif token_id < first_regular:
+            piece = f"<0x{token_id - BYTE_OFFSET:02X}>"
+            if raw != piece.encode():
+                raise ValueError(f"tokenizer piece {token_id} is {raw!r}, expected byte piece {piece!r}")
+        else:
+            piece = raw.decode("utf-8").replace(" ", SPACE_PIECE)
+        if piece in vocab:
+            raise ValueError(f"tokenizer piece {piece!r} appears twice (ids {vocab[piece]} and {token_id})")
+        vocab[piece] = token_id
+    return vocab, [score for _, score in pieces]
+
+
+def _merges_by_score(vocab: dict[str, int], scores: list[float]) -> list[tuple[str, str]]:
+    """Every split of every regular piece into two regular pieces, best merged score first."""
+    regular = {piece for piece, token_id in vocab.items() if token_id >= BYTE_OFFSET + 256}
+    ranked = []
+    for piece in regular:
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in regular and right in regular:
+                ranked.append((-scores[vocab[piece]], vocab[piece], cut, left, right))
+    return [(left, right) for *_, left, right in sorted(ranked)]
+
+
+def llama_state_dict(header: Llama2cHeader, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map llama2.c tensors to transformers `LlamaForCausalLM` names (float32, tied head).
+
+    llama2.c rotates interleaved (even, odd) pairs of a head, transformers the two halves, so
+    the rows of wq and wk are permuted per head: (head_size/2, 2) pairs -> (2, head_size/2).
+    """
+    embedding = tensors["token_embedding"]
+    state = {"model.embed_tokens.weight": embedding, "model.norm.weight": tensors["rms_final"]}
+    state["lm_head.weight"] = embedding if header.shared_classifier else tensors["wcls"]
+    for layer in range(header.num_layers):
+        prefix = f"model.layers.{layer}."
+        state |= {
+            prefix + "input_layernorm.weight": tensors["rms_att"][layer],
+            prefix + "self_attn.q_proj.weight": _halves_from_pairs(tensors["wq"][layer], header.num_heads),
+            prefix + "self_attn.k_proj.weight": _halves_from_pairs(tensors["wk"][layer], header.num_kv_heads),
+            prefix + "self_attn.v_proj.weight": tensors["wv"][layer],
+            prefix + "self_attn.o_proj.weight": tensors["wo"][layer],
+            prefix + "post_attention_layernorm.weight": tensors["rms_ffn"][layer],
+            prefix + "mlp.gate_proj.weight": tensors["w1"][layer],
+            prefix + "mlp.up_proj.weight": tensors["w3"][layer],
+            prefix + "mlp.down_proj.weight": tensors["w2"][layer],
+        }
+    return {name: tensor.contiguous() for name, tensor in state.items()}
+
+
+def _halves_from_pairs(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    # weight: [num_heads * head_size, dim], rows (r0, i0, r1, i1, ...) per head -> (r0, r1, ..., i0, i1, ...)
+    rows, dim = weight.shape
+    return weight.view(num_heads, rows // num_heads // 2, 2, dim).transpose(1, 2).reshape(rows, dim)
+
+
+def llama_config(header: Llama2cHeader) -> LlamaConfig:
+    """The transformers `LlamaConfig` of a llama2.c checkpoint (theta 10000, eps 1e-5, float32)."""
+    return LlamaConfig(
+        vocab_size=header.vocab_size,
+        hidden_size=header.dim,
+        intermediate_size=header.hidden_dim,
+        num_hidden_layers=header.num_layers,
+        num_attention_heads=header.num_heads,
+        num_key_value_heads=header.num_kv_heads,
+        head_dim=header.head_size,
+        max_position_embeddings=header.seq_len,
+        rms_norm_eps=RMS_NORM_EPS,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+        tie_word_embeddings=header.shared_classifier,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        dtype="float32",
+    )
+
+
+def convert_stories260k(out_dir: Path, *, source_dir: Path | None = None) -> Path:
+    """Write stories260K as a transformers `LlamaForCausalLM` directory; return `out_dir`.
+
+    Reads `stories260K.bin` and `tok512.bin` from `source_dir` (default: the bundled files),
+    checks their sha256, and writes config.json, generation_config.json, model.safetensors
+    (float32, tied embeddings), the tokenizer files, the MIT LICENSE and a record of the
+    source hashes. Written to a temporary sibling folder, then renamed into place. Returns at
+    once when `out_dir` already holds a conversion of the same files by this converter.
+    Raises ValueError for a bad source file, or when `out_dir` is a non-empty folder that is
+    not a stories260K conversion (it is never overwritten).
+    """
+    out_dir = Path(out_dir)
+    source_dir = bundled_dir() if source_dir is None else Path(source_dir)
+    record = {
+        "converter": f"specdraft.stories260k v{CONVERTER_VERSION}",
+        "sha256": {name: verify_sha256(source_dir / name, digest) for name, digest in SOURCE_SHA256.items()},
+    }
+    if _read_record(out_dir) == record and all((out_dir / name).is_file() for name in CONVERTED_FILES):
+        return out_dir
+    _check_replaceable(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary model folder
+    try:
+        _write_conversion(staging, source_dir, record)
+        _replace_dir(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def _write_conversion(folder: Path, source_dir: Path, record: dict) -> None:
+    header, tensors = read_llama2c_checkpoint(source_dir / CHECKPOINT_FILE)
+    pieces = read_llama2c_tokenizer(source_dir / TOKENIZER_FILE)
+    if len(pieces) != header.vocab_size:
+        raise ValueError(
+            f"{source_dir / TOKENIZER_FILE}: {len(pieces)} pieces, "
+            f"but {CHECKPOINT_FILE} has vocab {header.vocab_size}"
+        )
+    model = LlamaForCausalLM(llama_config(header))
+    model.load_state_dict(llama_state_dict(header, tensors), strict=True)
+    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+    model.save_pretrained(folder)
+    _add_legacy_rope_theta(folder / "config.json")
+    build_tokenizer(pieces, model_max_length=header.seq_len).save_pretrained(folder)
+    shutil.copyfile(bundled_dir() / LICENSE_FILE, folder / LICENSE_FILE)
+    (folder / SOURCE_RECORD_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _add_legacy_rope_theta(config_path: Path) -> None:
+    # transformers 5 keeps theta in `rope_parameters`; loaders written for 4.x read only the
+    # top-level key and silently fall back to 10000, so write both (transformers 5 accepts it).
+    config = json.loads(config_path.read_text())
+    config["rope_theta"] = config["rope_parameters"]["rope_theta"]
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _read_record(out_dir: Path) -> dict | None:
+    path = out_dir / SOURCE_RECORD_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{out_dir}: exists and is not a folder; choose another output folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / SOURCE_RECORD_FILE).exists():
+        raise ValueError(
+            f"{out_dir}: not empty and not a stories260K conversion (no {SOURCE_RECORD_FILE}); "
+            f"choose an empty or new folder"
+        )
+
+
+def _replace_dir(staging: Path, out_dir: Path) -> None:
+    # A rename cannot replace a non-empty folder: move the old one aside first, delete it last.
+    if not out_dir.exists():
+        os.rename(staging, out_dir)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+    os.rename(out_dir, old / out_dir.name)
+    os.rename(staging, out_dir)
+    shutil.rmtree(old, ignore_errors=True)

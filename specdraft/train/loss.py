@@ -1,0 +1,252 @@
+"""Training-time test (TTT): the unrolled draft, its loss and its per-step metrics.
+
+Pure functions over tensors; nothing here knows about epochs, optimizers or files.
+
+Alignment (DESIGN.md §2, "Token alignment"), for a sequence x_0 .. x_{T-1}:
+draft step k at base position t reads token x_{t+1+k}, the target's aux states at t (k = 0)
+or its own step-(k-1) pre-norm output at t (k >= 1), RoPE position t+k, and predicts
+x_{t+2+k}; it is trained to match the target's distribution at position t+1+k and is
+supervised iff loss_mask[t+2+k] (the label is an assistant token) and the target's argmax
+there is inside the draft vocabulary.
+
+Attention is what the engine's cache holds when it drafts step k from base position t:
+step-0 keys at positions <= t (causal) and the step-j keys (j = 1..k) of the same base
+position t only (one diagonal per step). All T base positions run at once: step k passes
+the keys of steps 0..k-1 as `past_kv` and the mask [causal | diag | ... | diag].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specdraft.data import draft_loss_mask
+from specdraft.draft import KV, DraftOutput, Eagle3Draft
+
+
+@dataclass
+class TTTOutput:
+    """Loss and raw metric counts of one TTT unroll over a batch (K = unroll steps).
+
+    loss:            scalar float32, differentiable: sum_k w_k * step_loss_sums[k] / total[k].
+    step_loss_sums:  [K] float32, differentiable: per-step KL(p_target || q_draft) summed over
+                     supervised positions (a distributed trainer normalises by global counts).
+    step_losses:     [K] float32, detached: per-step mean KL over supervised positions (0 if none).
+    correct, total:  [K] int64: supervised positions whose draft argmax (mapped through d2t)
+                     equals the target argmax, and all supervised positions, per step.
+    cond_correct, cond_total: [K] int64: the same restricted to base positions supervised at
+                     steps 0..k whose steps 0..k-1 were all correct (alpha_k's numerator and
+                     denominator).
+    """
+
+    loss: torch.Tensor
+    step_loss_sums: torch.Tensor
+    step_losses: torch.Tensor
+    correct: torch.Tensor
+    total: torch.Tensor
+    cond_correct: torch.Tensor
+    cond_total: torch.Tensor
+
+
+def target_logits(last_hidden: torch.Tensor, norm_weight: torch.Tensor, lm_head_weight: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """The target's logits from its last pre-norm hidden state (Llama-style RMSNorm + lm_head).
+
+    last_hidden: [..., H] (specdraft index L, before the final norm), any float dtype.
+    norm_weight: [H]; lm_head_weight: [V, H]; eps: the target's rms_norm_eps.
+    Returns [..., V] float32, computed as transformers does: the norm in float32, cast back
+    to the hidden dtype, scaled by the weight, then the head in the weights' dtype.
+    Raises ValueError when the widths disagree.
+    """
+    h = last_hidden.shape[-1]
+    if norm_weight.shape != (h,) or lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != h:
+        raise ValueError(f"target head shapes norm {tuple(norm_weight.shape)}, lm_head "
+                         f"{tuple(lm_head_weight.shape)} do not fit hidden width {h}")
+    x = last_hidden.float()
+    x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(last_hidden.dtype)
+    x = norm_weight * x
+    return F.linear(x.to(lm_head_weight.dtype), lm_head_weight).float()
+
+
+def step_weights(ttt_steps: int, step_weight: float) -> list[float]:
+    """Loss weight of each unroll step: step_weight ** k for k = 0..ttt_steps-1."""
+    return [step_weight ** k for k in range(ttt_steps)]
+
+
+def ttt_attention_mask(seq_len: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Bool mask [1, 1, T, (step+1)·T] for draft step `step` (True = attend).
+
+    Columns are the keys of steps 0..step in order: step 0 causal (key position <= query's
+    base position), every later step diagonal (the query's own base position only).
+    """
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+    diag = torch.eye(seq_len, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [diag] * step, dim=1)[None, None]
+
+
+def shift_left(x: torch.Tensor, n: int, fill: int | float | bool = 0) -> torch.Tensor:
+    """x[:, t + n] at index t along dim 1, `fill` past the end. x: [B, T, ...]."""
+    if n == 0:
+        return x
+    pad = x.new_full((x.shape[0], min(n, x.shape[1]), *x.shape[2:]), fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def ttt_unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tensor,
+               ttt_steps: int) -> list[DraftOutput]:
+    """Run the draft `ttt_steps` times over every base position of a batch (vectorized).
+
+    input_ids:  [B, T] long target ids x_0..x_{T-1} (right-padded; padding never reaches a
+                supervised position because later positions only see earlier ones).
+    aux_hidden: [B, T, n_aux·H_target] the target's aux states at each position.
+    Returns one DraftOutput per step; step k's logits at t predict x_{t+2+k}.
+    """
+    b, t = input_ids.shape
+    positions = torch.arange(t, device=input_ids.device)
+    outputs: list[DraftOutput] = []
+    for k in range(ttt_steps):
+        out = draft(shift_left(input_ids, 1 + k),
+                    aux_hidden if k == 0 else outputs[-1].hidden,
+                    (positions + k).expand(b, t),
+                    first_step=k == 0,
+                    attn_mask=ttt_attention_mask(t, k, input_ids.device),
+                    past_kv=KV.cat([o.kv for o in outputs]) if outputs else None)
+        outputs.append(out)
+    return outputs
+
+
+def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tensor,
+             target_logits: torch.Tensor, loss_mask: torch.Tensor, *, ttt_steps: int = 7,
+             step_weight: float = 0.8) -> TTTOutput:
+    """TTT loss and metrics of one batch.
+
+    input_ids:     [B, T] long; loss_mask: [B, T] (nonzero = assistant token, the label).
+    aux_hidden:    [B, T, n_aux·H_target] aux states (offline store or online target).
+    target_logits: [B, T, V] the target's logits (any float dtype; used in float32).
+    Step k at base t is supervised iff t+2+k < T, loss_mask[t+2+k] and the target's argmax at
+    t+1+k is in the draft vocabulary; its loss is KL(p || q) over the draft vocabulary, p the
+    target's softmax renormalised over the draft vocabulary (ids arange(Vd) + d2t).
+    Raises ValueError when ttt_steps < 1 or the shapes disagree.
+    """
+    if ttt_steps < 1:
+        raise ValueError(f"ttt_steps = {ttt_steps}: need at least 1")
+    if target_logits.shape[:2] != input_ids.shape or loss_mask.shape != input_ids.shape:
+        raise ValueError(f"shapes disagree: input_ids {tuple(input_ids.shape)}, target_logits "
+                         f"{tuple(target_logits.shape)}, loss_mask {tuple(loss_mask.shape)}")
+    target = _target_side(draft, target_logits)
+    outputs = ttt_unroll(draft, input_ids, aux_hidden, ttt_steps)
+    sums, correct, total, cond_correct, cond_total = [], [], [], [], []
+    chain_ok = torch.ones_like(target.in_vocab)  # supervised and correct at every earlier step
+    for k, out in enumerate(outputs):
+        mask = draft_loss_mask(loss_mask, k) & shift_left(target.in_vocab, 1 + k, False)
+        q_log = out.logits.float().log_softmax(-1)
+        cross = (shift_left(target.p, 1 + k) * q_log).sum(-1)
+        kl = shift_left(target.neg_entropy, 1 + k) - cross                  # [B, T]
+        sums.append(torch.where(mask, kl, 0.0).sum())
+        with torch.no_grad():
+            hit = draft.draft_to_target(out.logits.argmax(-1)) == shift_left(target.argmax, 1 + k)
+            hit &= mask
+            cond = chain_ok & mask
+            correct.append(hit.sum())
+            total.append(mask.sum())
+            cond_correct.append((hit & cond).sum())
+            cond_total.append(cond.sum())
+            chain_ok = cond & hit
+    step_loss_sums, total_t = torch.stack(sums), torch.stack(total)
+    return TTTOutput(
+        loss=weighted_loss(step_loss_sums, total_t, step_weight),
+        step_loss_sums=step_loss_sums,
+        step_losses=(step_loss_sums.detach() / total_t.clamp(min=1)),
+        correct=torch.stack(correct), total=total_t,
+        cond_correct=torch.stack(cond_correct), cond_total=torch.stack(cond_total))
+
+
+@dataclass
+class _TargetSide:
+    """Per target position j (all [B, T, ...], no grad): what the draft must match there."""
+
+    p: torch.Tensor            # [B, T, Vd] float32 softmax over the draft vocabulary
+    neg_entropy: torch.Tensor  # [B, T] float32 sum p log p
+    argmax: torch.Tensor       # [B, T] long target id of the target's argmax
+    in_vocab: torch.Tensor     # [B, T] bool: the target's argmax is in the draft vocabulary
+
+
+@torch.no_grad()
+def _target_side(draft: Eagle3Draft, target_logits: torch.Tensor) -> _TargetSide:
+    target_ids = torch.arange(draft.cfg.draft_vocab_size, device=draft.d2t.device) + draft.d2t
+    logits = target_logits.float()
+    argmax = logits.argmax(-1)
+    p = logits[..., target_ids].softmax(-1)
+    return _TargetSide(p, torch.special.xlogy(p, p).sum(-1), argmax, draft.t2d[argmax])
+
+
+def weighted_loss(step_loss_sums: torch.Tensor, counts: torch.Tensor, step_weight: float) -> torch.Tensor:
+    """sum_k step_weight**k * step_loss_sums[k] / max(counts[k], 1); scalar, differentiable.
+
+    step_loss_sums: [K] float; counts: [K] the number of positions each sum runs over (a
+    distributed trainer passes counts summed over ranks, times the world size, so that the
+    averaged gradients equal one process's).
+    """
+    weights = torch.tensor(step_weights(len(step_loss_sums), step_weight),
+                           dtype=step_loss_sums.dtype, device=step_loss_sums.device)
+    return (weights * step_loss_sums / counts.to(step_loss_sums.dtype).clamp(min=1)).sum()
+
+
+@dataclass
+class TTTMetrics:
+    """Raw counts aggregated over batches; every rate is computed from them (never averaged).
+
+    Each field is [K] int64 (see TTTOutput). `loss_sums` [K] float64 sums of per-position KL.
+    """
+
+    correct: torch.Tensor
+    total: torch.Tensor
+    cond_correct: torch.Tensor
+    cond_total: torch.Tensor
+    loss_sums: torch.Tensor
+
+    @classmethod
+    def zeros(cls, ttt_steps: int) -> TTTMetrics:
+        z = torch.zeros(ttt_steps, dtype=torch.long)
+        return cls(z.clone(), z.clone(), z.clone(), z.clone(), torch.zeros(ttt_steps, dtype=torch.float64))
+
+    def add(self, out: TTTOutput) -> None:
+        """Accumulate one batch's counts (moved to the CPU)."""
+        self.correct += out.correct.cpu()
+        self.total += out.total.cpu()
+        self.cond_correct += out.cond_correct.cpu()
+        self.cond_total += out.cond_total.cpu()
+        self.loss_sums += out.step_loss_sums.detach().double().cpu()
+
+    def accuracy(self) -> list[float]:
+        """Per-step accuracy over supervised positions (0.0 where a step had none)."""
+        return _rates(self.correct, self.total)
+
+    def alpha(self) -> list[float]:
+        """Conditional acceptance alpha_k = P(step k correct | steps < k all correct)."""
+        return _rates(self.cond_correct, self.cond_total)
+
+    def tau(self) -> float:
+        """Simulated accept length 1 + sum_k prod_{i<=k} alpha_i (tokens per verification)."""
+        tau, prod = 1.0, 1.0
+        for a in self.alpha():
+            prod *= a
+            tau += prod
+        return tau
+
+    def step_losses(self) -> list[float]:
+        """Per-step mean KL over supervised positions."""
+        return [float(s) / max(int(n), 1) for s, n in zip(self.loss_sums, self.total)]
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready summary: rates and the raw counts they come from."""
+        return {"accuracy": self.accuracy(), "alpha": self.alpha(), "tau": self.tau(),
+                "step_losses": self.step_losses(), "correct": self.correct.tolist(),
+                "total": self.total.tolist(), "cond_correct": self.cond_correct.tolist(),
+                "cond_total": self.cond_total.tolist()}
+
+
+def _rates(num: torch.Tensor, den: torch.Tensor) -> list[float]:
+    return [int(a) / int(b) if int(b) else 0.0 for a, b in zip(num, den)]
