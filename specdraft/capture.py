@@ -246,13 +246,15 @@ def target_head_tensors(target) -> dict[str, torch.Tensor]:
 # Writing
 
 def _target_meta(target, name_or_path: str | None) -> dict[str, Any]:
+    from specdraft.draft import rope_from_hf_config
     from specdraft.target import config_hash
 
     cfg = target.config
+    rope_theta, rope_scaling = rope_from_hf_config(lambda k, d=None: getattr(cfg, k, d))
     return {"architecture": target.architecture, "target_class": target.target_class,
             "config_hash": config_hash(cfg), "hidden_size": target.hidden_size,
             "vocab_size": target.vocab_size, "num_layers": target.num_layers,
-            "rope_theta": getattr(cfg, "rope_theta", None),
+            "rope_theta": rope_theta, "rope_scaling": rope_scaling,
             "max_position_embeddings": getattr(cfg, "max_position_embeddings", None),
             "name_or_path": name_or_path}
 

@@ -226,15 +226,13 @@ def replace_dir(src: Path, dst: Path) -> None:
 def detect_layout(path: Path) -> str:
     """Layout of a checkpoint directory, from its files; CheckpointError when none matches."""
     config = read_config(path)
-    if (path / MANIFEST_FILE).exists():
-        return "specdraft"
     if config.get("speculators_model_type") is not None:
         if config["speculators_model_type"] != "eagle3":
             raise CheckpointError(f"{path}/config.json: speculators_model_type "
                                   f"{config['speculators_model_type']!r} is not an EAGLE-3 drafter")
         return "speculators"
     if any(a in OFFICIAL_ARCHITECTURES for a in config.get("architectures") or []):
-        return "sglang"
+        return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
     raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
                           f"{config.get('architectures')}, no speculators_model_type, no manifest)")
 
@@ -309,7 +307,7 @@ def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     path = Path(path)
     layout = detect_layout(path)
     config = read_config(path)
-    manifest = Manifest.read(path / MANIFEST_FILE) if layout == "specdraft" else None
+    manifest = Manifest.read(path / MANIFEST_FILE) if (path / MANIFEST_FILE).exists() else None
     cfg = config_from_files(path, layout, config, manifest, target_num_layers)
     weights = path / WEIGHTS_FILE
     if not weights.exists():

@@ -374,3 +374,162 @@ def doctor(
         console.print(report_table(report, f"specdraft doctor {checkpoint}"))
     if not report.ok:
         raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    out: str = typer.Option("specdraft-demo", help="Working directory; a re-run resumes from it."),
+    device: str = typer.Option("cpu", help="cpu | cuda"),
+    target: str = typer.Option("", help="A local transformers model (default: the bundled stories260K)."),
+    data: str = typer.Option("", help="Documents separated by blank lines (default: the TinyStories sample)."),
+    train_steps: int = typer.Option(400, help="Drafter optimizer steps."),
+    num_train: int = typer.Option(400, help="Training documents."),
+) -> None:
+    """Run the whole pipeline on a real target and write report.md with plots."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from specdraft.demo import DemoConfig, run_demo
+
+    console = Console()
+    cfg = DemoConfig(out=Path(out), device=device, target=Path(target) if target else None,
+                     data=Path(data) if data else None, train_steps=train_steps, num_train=num_train)
+    report = run_demo(cfg, console)
+    console.print((Path(out) / "report.md").read_text(), markup=False)
+    console.print(f"report: {Path(out) / 'report.md'}; plots: {', '.join(report.plots)}", markup=False)
+
+
+def _spec_from_flags(no_spec: bool, draft: str, num_steps: int, topk: int, num_draft_tokens: int):
+    """The SpecConfig of the speculative flags (None with --no-spec); ValueError names the rule."""
+    from specdraft.engine.spec_config import SpecConfig
+
+    if no_spec:
+        return None
+    if not draft:
+        raise ValueError("--draft CKPT is required for speculative decoding (or pass --no-spec)")
+    return SpecConfig(num_steps, topk, num_draft_tokens or (num_steps + 1 if topk == 1 else 0))
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"--dtype {name!r}: choose one of {', '.join(dtypes)}")
+    return dtypes[name]
+
+
+@app.command()
+def serve(
+    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer)."),
+    draft: str = typer.Option("", help="Draft checkpoint directory (omit with --no-spec)."),
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8000),
+    topk: int = typer.Option(1, help="Draft tree: children per node (SGLang --speculative-eagle-topk)."),
+    num_steps: int = typer.Option(3, help="Draft depth (SGLang --speculative-num-steps)."),
+    num_draft_tokens: int = typer.Option(0, help="Verified nodes incl. the root (0 = num_steps + 1, "
+                                         "chains only)."),
+    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine (a baseline)."),
+    max_queue: int = typer.Option(64, help="Requests waiting besides the running one (429 beyond)."),
+    log_every: int = typer.Option(100, help="Log accept length and tokens/s every N verification steps "
+                                  "(0 = off)."),
+    model_name: str = typer.Option("", help="Served model name (default: the target directory's name)."),
+    max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
+) -> None:
+    """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
+    from rich.console import Console
+
+    from specdraft.checkpoint import CheckpointError
+    from specdraft.serve import build_app, serve as run_server
+
+    console = Console()
+    try:
+        spec = _spec_from_flags(no_spec, draft, num_steps, topk, num_draft_tokens)
+        server_app = build_app(target, draft or None, spec, device, _torch_dtype(dtype), max_seq_len or None,
+                               model_name or None, max_queue, log_every)
+    except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    run_server(server_app, host, port)
+
+
+@app.command()
+def bench(
+    url: str = typer.Option(..., help="Server with speculation (specdraft, vLLM, SGLang), e.g. "
+                            "http://127.0.0.1:8000."),
+    baseline_url: str = typer.Option("", help="The same engine without speculation (needed for a speedup)."),
+    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}."),
+    concurrency: str = typer.Option("1,4,16", help="Requests in flight, one level each."),
+    max_tokens: int = typer.Option(128, help="Tokens per request (ignore_eos)."),
+    num_prompts: int = typer.Option(32, help="Requests per level (prompts cycled)."),
+    temperature: float = typer.Option(0.0),
+    out: str = typer.Option("bench-out", help="Directory for bench.json, bench.md and plots."),
+    timeout: float = typer.Option(600.0, help="Seconds per request."),
+) -> None:
+    """Benchmark a server against its no-speculation baseline over a concurrency sweep."""
+    import httpx
+    from rich.console import Console
+
+    from specdraft.bench import BenchConfig, markdown, run_bench, write_report
+
+    console = Console()
+    try:
+        levels = tuple(int(c) for c in concurrency.split(","))
+        cfg = BenchConfig(url, baseline_url or None, prompts, levels, max_tokens, num_prompts, temperature,
+                          timeout_s=timeout)
+        report = run_bench(cfg, progress=lambda text: console.print(text, markup=False))
+        paths = write_report(report, out)
+    except (ValueError, RuntimeError, httpx.HTTPError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    console.print(markdown(report), markup=False, highlight=False)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
+
+
+@app.command()
+def tune(
+    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer)."),
+    draft: str = typer.Option(..., help="Draft checkpoint directory."),
+    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}."),
+    max_tokens: int = typer.Option(64, help="New tokens per prompt (temperature 0)."),
+    num_steps: int = typer.Option(0, help="Current setting to evaluate too (0 = none): draft depth."),
+    topk: int = typer.Option(1, help="Current setting: children per node."),
+    num_draft_tokens: int = typer.Option(0, help="Current setting: verified nodes (0 = num_steps + 1)."),
+    probe_steps: int = typer.Option(8, help="Depth of the acceptance probes."),
+    topks: str = typer.Option("1,2,4", help="Children per node to consider."),
+    max_tree_tokens: int = typer.Option(16, help="Cap on a tree's verified nodes."),
+    num_measure: int = typer.Option(3, help="Best predictions to measure for real."),
+    min_speedup: float = typer.Option(1.05, help="Measured speedup speculation must exceed."),
+    json_out: str = typer.Option("", help="Also write the report as JSON here."),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
+) -> None:
+    """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from specdraft.checkpoint import CheckpointError
+    from specdraft.tune import TuneConfig, render, tune_paths
+
+    console = Console()
+    try:
+        current = _spec_from_flags(False, draft, num_steps, topk, num_draft_tokens) if num_steps else None
+        cfg = TuneConfig(max_tokens, probe_steps, tuple(int(k) for k in topks.split(",")), max_tree_tokens,
+                         num_measure, min_speedup, current)
+        report = tune_paths(target, draft, prompts, cfg, device, _torch_dtype(dtype),
+                            progress=lambda text: console.print(text, markup=False))
+    except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    console.print(render(report), markup=False, highlight=False)
+    if json_out:
+        Path(json_out).write_text(json.dumps(report.to_dict(), indent=2))
+
+
+if __name__ == "__main__":  # `torchrun -m specdraft.cli train ...`, `python -m specdraft.cli`
+    app()

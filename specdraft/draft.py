@@ -187,18 +187,27 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
     return inv_freq
 
 
-def apply_rope(x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the RoPE angles, each [B, 1, T, head_dim], in float32 (float64 for float64).
+
+    position_ids: [B, T] long; inv_freq: [head_dim/2] float64. Computed once per forward and
+    shared by q and k.
+    """
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    angles = position_ids[:, None, :, None].to(compute) * inv_freq.to(compute)  # [B, 1, T, hd/2]
+    angles = torch.cat([angles, angles], -1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate halves of each head (Hugging Face / SGLang "neox" layout).
 
-    x: [B, heads, T, head_dim]; position_ids: [B, T] long; inv_freq: [head_dim/2] float64.
-    Computed in float32 (float64 for a float64 x), returned in x's dtype.
+    x: [B, heads, T, head_dim]; cos, sin from `rope_cos_sin`. Returned in x's dtype.
     """
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    angles = position_ids[:, None, :, None].to(dtype) * inv_freq.to(dtype)  # [B, 1, T, hd/2]
-    angles = torch.cat([angles, angles], -1)
-    x1, x2 = x.to(dtype).chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.to(dtype) * angles.cos() + rotated * angles.sin()).to(x.dtype)
+    xc = x.to(cos.dtype)
+    x1, x2 = xc.chunk(2, dim=-1)
+    return (xc * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -210,9 +219,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.double() if x.dtype == torch.float64 else x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        if x.dtype in (torch.float32, torch.float64):
+            return F.rms_norm(x, self.weight.shape, self.weight.to(x.dtype), self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -226,21 +235,22 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, inv_freq: torch.Tensor,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 attn_mask: torch.Tensor | None, past_kv: KV | None) -> tuple[torch.Tensor, KV]:
         b, t, _ = x.shape
         c = self.cfg
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, position_ids, inv_freq), apply_rope(k, position_ids, inv_freq)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         new_kv = KV(k, v)
         if past_kv is not None:
             k, v = torch.cat([past_kv.k, k], dim=2), torch.cat([past_kv.v, v], dim=2)
-        if attn_mask is None:  # causal among the new tokens, every past entry visible
+        causal = attn_mask is None and t > 1 and past_kv is None
+        if attn_mask is None and t > 1 and past_kv is not None:  # causal; every past entry visible
             s = k.shape[2]
             attn_mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril(s - t)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
                                              enable_gqa=c.num_attention_heads != c.num_key_value_heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new_kv
 
@@ -375,7 +385,8 @@ class Eagle3Draft(nn.Module):
         x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], dim=-1)
         if self.inv_freq.device != x.device:
             self.inv_freq = self.inv_freq.to(x.device)
-        attn, kv = layer.self_attn(x, position_ids, self.inv_freq, attn_mask, past_kv)
+        rope = rope_cos_sin(position_ids, self.inv_freq, x.dtype)
+        attn, kv = layer.self_attn(x, rope, attn_mask, past_kv)
         r = attn + h
         out = r + layer.mlp(layer.post_attention_layernorm(r))
         return DraftOutput(logits=self.lm_head(self.norm(out)), hidden=out, kv=kv)

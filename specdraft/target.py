@@ -67,7 +67,7 @@ _DEFAULT_CLASSES: dict[str, str] = {
 
 # Text config model_type -> target class, the key of the engines' aux-id rules (DESIGN.md:
 # SGLang's DeepSeek class reads explicit ids differently from its Llama/Qwen classes).
-_TARGET_CLASSES: dict[str, str] = {
+TARGET_CLASSES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "llama",
     "qwen3": "llama",
@@ -119,10 +119,10 @@ class Target:
         if name not in _LAYOUTS:
             raise ValueError(f"unsupported target class {name}; supported: {', '.join(_LAYOUTS)}")
         text_config = model.config.get_text_config()
-        if text_config.model_type not in _TARGET_CLASSES:
+        if text_config.model_type not in TARGET_CLASSES:
             raise ValueError(
                 f"unsupported text model_type {text_config.model_type!r} in {name}; "
-                f"supported: {', '.join(_TARGET_CLASSES)}"
+                f"supported: {', '.join(TARGET_CLASSES)}"
             )
         layout = _LAYOUTS[name]
         self.model = model
@@ -164,7 +164,7 @@ class Target:
     @property
     def target_class(self) -> str:
         """"llama" (Llama, Qwen2, Qwen3, Mistral) or "deepseek" (DeepSeek-V2/V3)."""
-        return _TARGET_CLASSES[self._config.model_type]
+        return TARGET_CLASSES[self._config.model_type]
 
     @property
     def embed_tokens(self) -> nn.Module:

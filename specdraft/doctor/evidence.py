@@ -1,0 +1,412 @@
+"""What the doctor looks at, gathered once and lazily: files, target, tokenizer, samples, runs.
+
+Every piece is computed on first use and cached, value or failure alike. A piece that cannot be
+had raises `Unavailable` with the reason and what would provide it; a check turns that into a
+skip (or, where the missing piece is itself the fault, a fail).
+
+How each engine reads the weight names (re-check when bumping an engine):
+- SGLang (`srt/models/llama_eagle3.py` load_weights): `midlayer.*`, `fc`, `norm`, `lm_head`,
+  `embed_tokens` (if present), `d2t` (as hot token ids); skips `t2d` and, silently, any name it
+  has no parameter for.
+- vLLM (`model_executor/models/llama_eagle3.py` load_weights): renames `midlayer.` to
+  `layers.0.` and loads either; a missing `d2t` is the identity; unknown names are dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from specdraft.checkpoint import (
+    LAYER_PREFIX,
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    Manifest,
+    config_from_files,
+    fill_model,
+    read_config,
+    state_dict_for_layout,
+)
+from specdraft.conventions import AuxReading, ConventionError, aux_layers_from_config
+from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
+from specdraft.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
+from specdraft.export import TargetFacts
+
+DOCTOR_ENGINES = ("sglang", "vllm")
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", None: "specdraft"}
+# Decoder-layer prefixes each engine loads, and names it treats as optional (see module doc).
+ENGINE_LAYER_PREFIXES = {"sglang": ("midlayer.",), "vllm": ("midlayer.", "layers.0.")}
+ENGINE_OPTIONAL = ("d2t", "t2d", "embed_tokens.weight")
+
+
+class Unavailable(Exception):
+    """Evidence that cannot be had: `reason` (why) and `fix` (what would provide it)."""
+
+    def __init__(self, reason: str, fix: str = "") -> None:
+        super().__init__(reason)
+        self.reason, self.fix = reason, fix
+
+
+class Broken(Unavailable):
+    """The checkpoint's own files are at fault (unreadable, inconsistent): a fail, not a skip."""
+
+
+class Unreadable(Broken):
+    """An engine cannot read the config's aux ids."""
+
+
+@dataclass(frozen=True)
+class DoctorInputs:
+    """What the user gave `specdraft doctor` (paths as given; None = not given).
+
+    engine: "sglang" | "vllm" (None: guessed from engine_args, else every engine the layout
+    serves). engine_args: the engine's command line. samples: a capture store directory or a
+    JSONL of token ids ({"input_ids", "loss_mask"}), chats or texts. template_kwargs: the chat
+    template kwargs the server uses (default: vLLM's --default-chat-template-kwargs, else {}).
+    max_samples / max_length bound the offline run.
+    """
+
+    checkpoint: Path
+    target: Path | None = None
+    engine: str | None = None
+    engine_args: str | None = None
+    samples: Path | None = None
+    server: str | None = None
+    sglang_version: str | None = None
+    template_kwargs: dict[str, Any] | None = None
+    max_samples: int = 32
+    max_length: int = 512
+
+    def __post_init__(self) -> None:
+        if self.engine is not None and self.engine not in DOCTOR_ENGINES:
+            raise ValueError(f"engine {self.engine!r}: choose one of {', '.join(DOCTOR_ENGINES)}")
+        if self.max_samples < 1 or self.max_length < 3:
+            raise ValueError("max_samples must be >= 1 and max_length >= 3")
+
+
+@dataclass
+class KeyMap:
+    """How an engine maps a weights file onto the drafter's parameters (official names).
+
+    mapping: file name -> parameter name, for names it loads with the right shape.
+    unmatched: file names it skips; missing: parameters it leaves at their initial values;
+    misshaped: "name (file shape vs expected)".
+    """
+
+    mapping: dict[str, str]
+    unmatched: list[str]
+    missing: list[str]
+    misshaped: list[str]
+
+
+def memo(fn: Callable) -> property:
+    """A property computed once per instance (`Evidence.cached`, keyed by the function's name)."""
+    prop = property(lambda self: self.cached(fn.__name__, lambda: fn(self)))
+    prop.__doc__ = fn.__doc__
+    return prop
+
+
+@dataclass
+class Evidence:
+    """Lazily gathered evidence for one doctor run (see module doc)."""
+
+    inputs: DoctorInputs
+    findings: list = field(default_factory=list)  # findings so far, in check order (run.py)
+    _cache: dict[str, tuple[bool, Any]] = field(default_factory=dict)
+
+    def cached(self, key: str, compute: Callable[[], Any]) -> Any:
+        """compute() once per key; an Unavailable it raises is cached and re-raised too."""
+        if key not in self._cache:
+            try:
+                self._cache[key] = (True, compute())
+            except Unavailable as e:
+                self._cache[key] = (False, e)
+        ok, value = self._cache[key]
+        if not ok:
+            raise value
+        return value
+
+    @property
+    def path(self) -> Path:
+        """The checkpoint directory."""
+        return Path(self.inputs.checkpoint)
+
+    @memo
+    def config(self) -> dict[str, Any]:
+        """config.json as written."""
+        try:
+            return read_config(self.path)
+        except CheckpointError as e:
+            raise Broken(str(e), "point doctor at a draft checkpoint directory") from None
+
+    @memo
+    def layout(self) -> str:
+        """"speculators" when config.json is a speculators config, else "sglang" (official)."""
+        return "speculators" if self.config.get("speculators_model_type") else "sglang"
+
+    @memo
+    def layer_config(self) -> dict[str, Any]:
+        """The Llama-shaped part of the config (speculators: transformer_layer_config)."""
+        if self.layout == "speculators":
+            return self.config.get("transformer_layer_config") or {}
+        return self.config
+
+    @memo
+    def manifest(self) -> Manifest | None:
+        """specdraft_manifest.json, or None when the directory has none."""
+        file = self.path / MANIFEST_FILE
+        if not file.exists():
+            return None
+        try:
+            return Manifest.read(file)
+        except (CheckpointError, TypeError) as e:
+            raise Broken(f"{file}: unreadable ({e})", "re-export the drafter") from None
+
+    def need_manifest(self) -> Manifest:
+        """The manifest, or Unavailable naming what it would have told."""
+        if self.manifest is None:
+            raise Unavailable(f"{self.path} has no {MANIFEST_FILE}: what the drafter was trained on "
+                              "is unknown", "export with `specdraft export`, which copies it")
+        return self.manifest
+
+    @memo
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of model.safetensors, by its name in the file."""
+        file = self.path / WEIGHTS_FILE
+        if not file.exists():
+            raise Broken(f"{file}: missing", "a draft checkpoint needs model.safetensors")
+        try:
+            return load_file(str(file))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise Broken(f"{file}: unreadable as safetensors ({e})", "re-export it") from None
+
+    @memo
+    def facts(self) -> TargetFacts:
+        """The target: its directory's config (--target) or the manifest's record."""
+        try:
+            if self.inputs.target is not None:
+                return TargetFacts.from_target_dir(self.inputs.target)
+            if self.manifest is not None:
+                return TargetFacts.from_manifest(self.manifest)
+        except (FileNotFoundError, OSError, ValueError) as e:
+            raise Unavailable(str(e), "pass the target's transformers directory (--target DIR)") from None
+        raise Unavailable("no --target and no manifest: the target is unknown",
+                          "pass the target's transformers directory (--target DIR)")
+
+    def need_target_dir(self) -> Path:
+        """The --target directory, or Unavailable."""
+        if self.inputs.target is None:
+            raise Unavailable("needs the target", "pass the target's transformers directory (--target DIR)")
+        return Path(self.inputs.target)
+
+    @memo
+    def draft_config(self) -> DraftConfig:
+        """The DraftConfig the drafter was trained with (manifest) or its config declares."""
+        if self.manifest is not None:
+            return DraftConfig.from_dict(self.manifest.draft)
+        try:
+            return config_from_files(self.path, self.layout, self.config, None, self.facts.num_layers)
+        except (CheckpointError, ValueError) as e:
+            raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
+
+    @memo
+    def engine_args(self) -> EngineArgs | None:
+        """The parsed --engine-args (None when not given)."""
+        text = self.inputs.engine_args
+        if not text:
+            return None
+        engine = self.engine
+        if engine is None:
+            raise Unavailable("cannot tell which engine --engine-args are for", "pass --engine")
+        try:
+            return parse_engine_args(text, engine)
+        except ValueError as e:
+            raise Unavailable(f"--engine-args: {e}", "fix the command line") from None
+
+    @property
+    def engine(self) -> str | None:
+        """The named engine, or the one the command line names, or None."""
+        if self.inputs.engine is not None:
+            return self.inputs.engine
+        return detect_engine(self.inputs.engine_args) if self.inputs.engine_args else None
+
+    @property
+    def engines(self) -> list[str]:
+        """Engines to check: the named one, else every engine that serves this layout."""
+        if self.engine is not None:
+            return [self.engine]
+        return ["vllm"] if self.layout == "speculators" else list(DOCTOR_ENGINES)
+
+    @memo
+    def reading(self) -> AuxReading:
+        """How each engine reads the config's aux ids, in specdraft indices."""
+        facts = self.facts
+        if facts.target_class is None:
+            raise Unavailable("the target class is unknown (engines read ids by class)",
+                              "pass the target (--target DIR)")
+        try:
+            return aux_layers_from_config(self.config, facts.num_layers, facts.target_class,
+                                          self.inputs.sglang_version)
+        except ConventionError as e:
+            raise Unreadable(f"an engine cannot read the config's aux ids: {e}",
+                             "re-export with `specdraft export`, which writes each engine's ids") from None
+
+    def aux_capture(self, engine: str) -> tuple[bool, str]:
+        """Whether `engine` captures aux states at all, and why (engine_args.aux_capture)."""
+        try:
+            args = self.engine_args
+        except Unavailable:
+            args = None
+        return aux_capture(args if args is not None and args.engine == engine else None,
+                           self.config, engine)
+
+    def key_map(self, engine: str | None) -> KeyMap:
+        """How `engine` (None: specdraft's strict loader) maps the file onto the parameters."""
+        tensors, cfg = self.tensors, self.draft_config
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in
+                        state_dict_for_layout(Eagle3Draft(cfg), "sglang").items()}
+        return key_map(tensors, expected, engine, cfg.owns_embedding)
+
+    @memo
+    def target(self) -> Any:
+        """The target model (specdraft.target.Target, float32, CPU)."""
+        from specdraft.target import load_target
+
+        try:
+            return load_target(self.need_target_dir())
+        except (FileNotFoundError, ValueError, OSError) as e:
+            raise Unavailable(f"cannot load the target: {e}", "pass a transformers directory") from None
+
+    @memo
+    def tokenizer(self) -> Any:
+        """The target directory's tokenizer."""
+        from transformers import AutoTokenizer
+
+        target = self.need_target_dir()
+        try:
+            return AutoTokenizer.from_pretrained(target, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise Unavailable(f"no tokenizer in {target} ({type(e).__name__})",
+                              "save the target's tokenizer into its directory") from None
+
+    @memo
+    def samples(self) -> list:
+        """Up to max_samples `data.Sample`s (tokenized with the manifest's template kwargs)."""
+        from specdraft.doctor.samples import read_samples
+
+        if self.inputs.samples is None:
+            raise Unavailable("needs samples", "pass --samples FILE (a capture store or JSONL)")
+        kwargs = ((self.manifest.chat_template or {}).get("kwargs") if self.manifest else None) or {}
+        # the tokenizer is loaded only for texts and chats
+        return read_samples(Path(self.inputs.samples), lambda: self.tokenizer, kwargs,
+                            self.inputs.max_samples, self.inputs.max_length)
+
+    @memo
+    def chats(self) -> list:
+        """Chats (lists of messages) in --samples, for render parity; [] for other samples."""
+        from specdraft.doctor.samples import read_chats
+
+        if self.inputs.samples is None:
+            raise Unavailable("no sample chats", "pass --samples chats.jsonl")
+        return read_chats(Path(self.inputs.samples), self.inputs.max_samples)
+
+    def engine_draft(self, engine: str | None) -> tuple[Eagle3Draft, str]:
+        """The drafter as `engine` loads the files (unloaded parameters keep a seeded
+        initialisation, as in the engine), or as specdraft loads them (engine None)."""
+        return self.cached(f"engine_draft:{engine}", lambda: self._build_draft(engine))
+
+    def _build_draft(self, engine: str | None) -> tuple[Eagle3Draft, str]:
+        cfg, tensors = self.draft_config, self.tensors
+        if engine is None:
+            layout = "speculators" if any(k.startswith("layers.0.") for k in tensors) else "sglang"
+            model = Eagle3Draft(cfg)
+            try:
+                fill_model(model, tensors, layout, self.path / WEIGHTS_FILE)
+            except CheckpointError as e:
+                raise Unavailable(f"the checkpoint does not load: {e}", "see keys_match_engine") from None
+            model.float()
+            how = "as specdraft loads it"
+        else:
+            keys = self.key_map(engine)
+            cfg = _served_rope_config(cfg, self.layer_config)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)
+                model = Eagle3Draft(cfg)
+            params = model.state_dict()
+            with torch.no_grad():
+                for name, param in keys.mapping.items():
+                    params[param].copy_(tensors[name])
+            how = (f"as {ENGINE_NAMES[engine]} loads it" + (
+                f" ({len(keys.missing)} parameters left at their initial values)" if keys.missing else ""))
+        if not cfg.owns_embedding:
+            model.load_target_embedding(self.target.embed_tokens.weight.detach().float())
+        return model.eval(), how
+
+
+def _served_rope_config(cfg: DraftConfig, layer_config: dict[str, Any]) -> DraftConfig:
+    """`cfg` with the rope theta / scaling an engine reads from config.json (FC-09)."""
+    theta, scaling = rope_from_hf_config(layer_config.get)
+    if "rope_theta" not in layer_config and "rope_parameters" not in layer_config:
+        theta = 10000.0  # what loaders fall back to
+    try:
+        return dataclasses.replace(cfg, rope_theta=theta, rope_scaling=scaling)
+    except ValueError:  # a rope type specdraft does not implement: keep the trained one
+        return cfg
+
+
+def key_map(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], engine: str | None,
+            owns_embedding: bool) -> KeyMap:
+    """Map file names onto official parameter names the way `engine` loads them.
+
+    expected: official name -> shape (`midlayer.*`). engine None: specdraft's strict reading
+    in the file's own layout (every name must match). Engines: see the module doc.
+    """
+    if engine is None:
+        layout = "speculators" if any(k.startswith("layers.0.") for k in tensors) else "sglang"
+        prefixes, optional = (LAYER_PREFIX[layout],), ()
+    else:
+        prefixes, optional = ENGINE_LAYER_PREFIXES[engine], ENGINE_OPTIONAL
+    accepted = dict(expected)
+    if engine is not None and not owns_embedding:
+        accepted["embed_tokens.weight"] = None  # engines load it when present (any width check is theirs)
+    mapping, unmatched, misshaped, bad_params = {}, [], [], set()
+    for name, tensor in tensors.items():
+        param = _official_name(name, prefixes)
+        if param not in accepted:
+            unmatched.append(name)
+        elif accepted[param] is not None and tuple(tensor.shape) != accepted[param]:
+            misshaped.append(f"{name} {tuple(tensor.shape)} (expected {accepted[param]})")
+            bad_params.add(param)
+        else:
+            mapping[name] = param
+    optional = set(optional) - ({"embed_tokens.weight"} if owns_embedding else set())
+    missing = [_display(p, prefixes) for p in expected
+               if p not in optional and p not in bad_params and p not in mapping.values()]
+    return KeyMap(mapping, sorted(unmatched), sorted(missing), misshaped)
+
+
+def _official_name(name: str, prefixes: tuple[str, ...]) -> str:
+    for prefix in prefixes:
+        if name.startswith(prefix):
+            return "midlayer." + name[len(prefix):]
+    return "" if name.startswith(("midlayer.", "layers.0.")) else name
+
+
+def _display(param: str, prefixes: tuple[str, ...]) -> str:
+    """A parameter under the first prefix the reader accepts (how the file should name it)."""
+    return prefixes[0] + param[len("midlayer."):] if param.startswith("midlayer.") else param
+
+
+def describe(value: Any) -> str:
+    """Compact JSON-ish rendering of a config value for evidence text."""
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else repr(value)

@@ -1,0 +1,81 @@
+"""The seed's method, offline: the drafter alone on samples, teacher-forced with the target's aux
+states, its own states fed back for later steps (train.loss.ttt_loss: the one TTT unroll),
+as the named engine would load and feed it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specdraft.checkpoint import Manifest
+from specdraft.doctor.evidence import ENGINE_NAMES, Evidence, Unavailable
+
+DEFAULT_TTT_STEPS = 5
+
+
+@dataclass
+class OfflineRun:
+    """The drafter alone on samples, teacher-forced, own states fed back (train.loss metrics).
+
+    metrics: TTTMetrics over the samples. aux_layers: the specdraft indices fed (what the
+    engine would capture). fed_from / loaded_as: where those came from, in words.
+    """
+
+    metrics: Any
+    aux_layers: list[int]
+    fed_from: str
+    loaded_as: str
+    num_samples: int
+
+
+def offline_run(ev: Evidence, engine: str | None, ttt_steps: int) -> OfflineRun:
+    """`run_offline`, computed once per (engine, steps) and cached on `ev`."""
+    return ev.cached(f"offline:{engine}:{ttt_steps}", lambda: run_offline(ev, engine, ttt_steps))
+
+
+def run_offline(ev: Evidence, engine: str | None, ttt_steps: int) -> OfflineRun:
+    """The drafter (as `engine` loads it) on the samples, fed the aux layers `engine` captures.
+
+    Aux layers: the engine's reading of the config (engine given) or the training layers
+    (manifest; else the config's). Uses train.loss.ttt_loss for the unroll and the counts.
+    """
+    from specdraft.train.loss import TTTMetrics, ttt_loss
+
+    layers, fed_from = _layers_fed(ev, engine)
+    draft, loaded_as = ev.engine_draft(engine)
+    target, samples = ev.target, ev.samples
+    metrics = TTTMetrics.zeros(ttt_steps)
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s.input_ids])
+            mask = torch.tensor([s.loss_mask], dtype=torch.bool)
+            out = target.forward(ids, aux_layers=layers)
+            metrics.add(ttt_loss(draft, ids, out.aux_hidden.float().clone(), out.logits.clone(),
+                                 mask, ttt_steps=ttt_steps))
+    return OfflineRun(metrics, layers, fed_from, loaded_as, len(samples))
+
+
+def _layers_fed(ev: Evidence, engine: str | None) -> tuple[list[int], str]:
+    if engine is None:
+        if ev.manifest is not None:
+            return list(ev.manifest.aux_layers), "the training layers (manifest)"
+        return list(ev.draft_config.aux_layers), "the config's layers"
+    on, why = ev.aux_capture(engine)
+    if not on:
+        raise Unavailable(f"{ENGINE_NAMES[engine]} feeds no aux states: {why}",
+                          "see aux_width_on_target")
+    return ev.reading.captured(engine), f"the layers {ENGINE_NAMES[engine]} captures under this config"
+
+
+def training_accuracy(manifest: Manifest | None) -> tuple[list[float], str] | None:
+    """Per-step accuracy recorded at training (validation split preferred), with its name."""
+    training = (manifest.training or {}) if manifest is not None else {}
+    for split in ("validation", "train"):
+        record = training.get(split) or {}
+        if record.get("accuracy"):
+            return [float(a) for a in record["accuracy"]], f"training ({split} split)"
+    return None
+
+

@@ -1,0 +1,118 @@
+"""Run every check the inputs allow and render the report (rich table or JSON).
+
+Checks run in `checks.CHECKS` order; one that lacks an input is a skip that says why (never a
+pass). The report fails when any check fails; `specdraft doctor` then exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from specdraft.doctor.checks import CHECKS, VERDICTS, Result
+from specdraft.doctor.evidence import DoctorInputs, Evidence, Unavailable
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check's conclusion: check (the function's name), verdict ("pass" | "fail" |
+    "skip"), evidence (what was seen; for a skip, why it could not run), fix."""
+
+    check: str
+    verdict: str
+    evidence: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    """Every finding of one doctor run, in check order."""
+
+    findings: list[Finding]
+
+    @property
+    def failed(self) -> list[Finding]:
+        """The failing findings."""
+        return [f for f in self.findings if f.verdict == "fail"]
+
+    @property
+    def ok(self) -> bool:
+        """True when no check failed (skips do not count as passes, nor as failures)."""
+        return not self.failed
+
+    def counts(self) -> dict[str, int]:
+        """Findings per verdict."""
+        return {v: sum(f.verdict == v for f in self.findings) for v in VERDICTS}
+
+    def finding(self, check: str) -> Finding:
+        """The finding of the check named `check` (KeyError when it did not run)."""
+        for f in self.findings:
+            if f.check == check:
+                return f
+        raise KeyError(check)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: findings and counts."""
+        return {"ok": self.ok, "counts": self.counts(), "findings": [asdict(f) for f in self.findings]}
+
+
+def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engine: str | None = None,
+               engine_args: str | None = None, samples: str | Path | None = None,
+               server: str | None = None, sglang_version: str | None = None,
+               template_kwargs: dict[str, Any] | None = None, max_samples: int = 32,
+               max_length: int = 512) -> Report:
+    """Check a draft checkpoint against its training record, its target and its deployment.
+
+    checkpoint: a draft directory (any layout). target: the target's transformers directory
+    (capture parity, acceptance, tokenizer). engine: "sglang" | "vllm" (default: the engine
+    engine_args names, else every engine the layout serves). engine_args: the serving command
+    line. samples: capture store or JSONL (offline acceptance, render parity). server: a live
+    server (online acceptance: not implemented yet). sglang_version pins SGLang's id reading;
+    template_kwargs: the server's chat template kwargs. Returns a Report; raises ValueError
+    only for invalid arguments (a bad checkpoint is a failing finding).
+    """
+    inputs = DoctorInputs(
+        Path(checkpoint), target=Path(target) if target else None, engine=engine,
+        engine_args=engine_args, samples=Path(samples) if samples else None, server=server,
+        sglang_version=sglang_version, template_kwargs=template_kwargs,
+        max_samples=max_samples, max_length=max_length)
+    ev = Evidence(inputs)
+    for check in CHECKS:
+        ev.findings.append(_run_one(check, ev))
+    return Report(list(ev.findings))
+
+
+def _run_one(check, ev: Evidence) -> Finding:
+    try:
+        result: Result = check(ev)
+    except Unavailable as e:
+        result = Result("skip", e.reason, e.fix)
+    return Finding(check.__name__, result.verdict, result.evidence, result.fix)
+
+
+STYLES = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+
+
+def report_table(report: Report, title: str = "specdraft doctor"):
+    """A rich Table: check, verdict, evidence, fix."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, show_lines=True, expand=True)
+    table.add_column("check", no_wrap=True, min_width=max(len(f.check) for f in report.findings))
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("evidence", ratio=3)
+    table.add_column("fix", ratio=2)
+    for f in report.findings:
+        table.add_row(f.check, Text(f.verdict.upper(), style=STYLES[f.verdict]), Text(f.evidence),
+                      Text(f.fix))
+    counts = report.counts()
+    table.caption = f"{counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skipped"
+    return table
+
+
+def report_json(report: Report) -> str:
+    """The report as indented JSON."""
+    return json.dumps(report.to_dict(), indent=2)

@@ -1,0 +1,399 @@
+"""Speculative decoding, batch 1: prefill, draft, verify, accept, commit (gpt-fast style loop).
+
+One round (`SpeculativeEngine.step`):
+1. draft: the drafter's first step extends its cache over the positions the target accepted
+   last round, from the target's aux states there (position t gets token t+1; the last one
+   gets the bonus token), then num_steps - 1 steps feed back its own hidden state and grow
+   the tree (`tree.TreeExpansion`);
+2. verify: ONE target forward over the root + drafts with a tree mask and depth positions;
+3. accept: `sampling.verify_*` picks the accepted path and the bonus token;
+4. commit: the accepted path's target K/V move to contiguous slots (`compact_cache`), the
+   aux states of the accepted positions wait for the next round's first draft step.
+`draft=None` or `spec=None` runs plain decoding through the same loop (the baseline).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from specdraft.draft import Eagle3Draft
+from specdraft.engine import sampling
+from specdraft.engine.draft_cache import DraftCache
+from specdraft.engine.fast_model import FastTarget, causal_mask, load_fast_target
+from specdraft.engine.metrics import SpecMetrics
+from specdraft.engine.sampling import SamplingParams, Verdict, logits_to_probs, sample
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.engine.tree import DraftTree, TreeExpansion, verify_mask
+
+TokenCallback = Callable[[list[int]], None]
+# Attention kernels for the drafter. Not cuDNN: it builds an execution plan for every new
+# shape, and the drafter's past grows every round (H200, torch 2.11: ~13 ms per draft forward
+# instead of ~0.5 ms). The target keeps every kernel: its decode / verify shapes are static,
+# and cuDNN is the fastest there (10 us vs 50 us per layer for memory-efficient attention).
+DRAFT_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@dataclass
+class GenerationResult:
+    """token_ids: generated ids (EOS / the token completing a stop string included); text: their
+    decoding, cut before a stop string (None without tokenizer); finish_reason: "length",
+    "eos" or "stop"; metrics: this request's SpecMetrics."""
+
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str
+    metrics: SpecMetrics
+
+
+@dataclass
+class Request:
+    """State of one generation: sampling settings, output so far, cache lengths."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    eos_ids: frozenset[int]
+    stop: tuple[str, ...]
+    generator: torch.Generator | None
+    on_tokens: TokenCallback | None
+    metrics: SpecMetrics
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    length: int = 0  # target cache entries = position of the root (last emitted token)
+    pending_ids: Tensor | None = None  # [m] tokens following the m positions not yet drafted
+    pending_aux: Tensor | None = None  # [m, n_aux*H] the target's aux states at those positions
+
+
+class SpeculativeEngine:
+    """Batch-1 EAGLE-3 speculative decoding over a FastTarget (plain decoding without a draft).
+
+    target: FastTarget (its cache is (re)allocated here for max_seq_len). draft: Eagle3Draft
+    with its embedding loaded, or None. spec: SpecConfig, or None for plain decoding.
+    aux_layers: the target layers the drafter reads (specdraft indices); None = the drafter's.
+    max_seq_len: cache size = prompt + max_new_tokens + num_draft_tokens at most.
+    tokenizer: anything with decode(list[int]) -> str; needed for stop strings and text.
+    compile (CUDA only): compile each target layer (torch.compile, in place) and replay the
+    decode / verify forwards as CUDA graphs (`GraphedTarget`). The drafter runs eagerly (its
+    first and later steps differ in width and mask, which torch.compile re-specialises).
+    Raises ValueError when the drafter does not fit the target (hidden size, vocab, layers,
+    aux layers) or topk exceeds the draft vocabulary.
+    """
+
+    def __init__(self, target: FastTarget, draft: Eagle3Draft | None, spec: SpecConfig | None,
+                 aux_layers: Sequence[int] | None, max_seq_len: int, device: torch.device | str,
+                 tokenizer: Any = None, compile: bool = False) -> None:
+        self.target, self.device, self.tokenizer = target, torch.device(device), tokenizer
+        self.draft = draft if spec is not None else None
+        self.spec = spec if draft is not None else None
+        self.max_seq_len = max_seq_len
+        self.aux_layers: tuple[int, ...] = ()
+        self.total = SpecMetrics()
+        target.setup_cache(1, max_seq_len, device=self.device)
+        if self.draft is not None:
+            self.aux_layers = tuple(aux_layers if aux_layers is not None else draft.cfg.aux_layers)
+            check_pairing(target, draft, self.aux_layers, self.spec)
+            cfg = draft.cfg
+            scratch = (self.spec.num_steps - 1) * self.spec.topk
+            self.draft_cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim, max_seq_len + scratch,
+                                          draft.fc.weight.dtype, self.device)
+            self.draft_vocab = draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=self.device))
+        self.graphed: GraphedTarget | None = None
+        if compile and self.device.type == "cuda":
+            for layer in target.layers:
+                layer.compile()
+            self.graphed = GraphedTarget(target, self.aux_layers)
+
+    # ---- public -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, eos_ids: Sequence[int] = (),
+                 stop: Sequence[str] | None = None, seed: int | None = None,
+                 on_tokens: TokenCallback | None = None) -> GenerationResult:
+        """Generate up to max_new_tokens after prompt_ids (target vocabulary ids).
+
+        temperature 0 = greedy (output = the target's greedy output); > 0 samples losslessly
+        from the target's distribution after temperature / top_k / top_p. Stops at an id in
+        eos_ids or when the decoded output contains a string of `stop` (needs a tokenizer).
+        seed: the sampling generator's seed (None = random). on_tokens: called with each batch
+        of newly emitted ids. Raises ValueError for an empty prompt, max_new_tokens < 1, stop
+        strings without tokenizer, or a length beyond the caches / max positions (with numbers).
+        """
+        req = self.new_request(list(prompt_ids), max_new_tokens, SamplingParams(temperature, top_p, top_k),
+                               eos_ids, stop, seed, on_tokens)
+        start = time.perf_counter()
+        self.emit(req, [self.prefill(req)])
+        while req.finish_reason is None:
+            self.step(req)
+        m = req.metrics
+        m.time_other_s = max(0.0, time.perf_counter() - start - m.time_prefill_s - m.time_draft_s
+                             - m.time_verify_s)
+        m.num_output_tokens = len(req.output_ids)
+        m.check()
+        self.total = self.total.merge(m)
+        return GenerationResult(req.output_ids, self.text_of(req), req.finish_reason, m)
+
+    def check_limits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise ValueError, with the numbers, when prompt + max_new_tokens exceeds the target's
+        or the drafter's max positions, or the cache (which also holds one round's tree)."""
+        total = num_prompt_tokens + max_new_tokens
+        limits = [("the target's max_position_embeddings", self.target.args.max_position_embeddings)]
+        if self.draft is not None:
+            limits.append(("the drafter's max_position_embeddings", self.draft.cfg.max_position_embeddings))
+        for name, limit in limits:
+            if total > limit:
+                raise ValueError(f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} = {total} "
+                                 f"tokens exceeds {name} {limit}")
+        tree = self.spec.num_draft_tokens if self.spec else 1
+        if total + tree > self.max_seq_len:
+            raise ValueError(f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} + "
+                             f"{tree} verified nodes = {total + tree} exceeds the engine's max_seq_len "
+                             f"{self.max_seq_len}: shorten the request or build the engine with "
+                             f"max_seq_len >= {total + tree}")
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def step(self, req: Request) -> None:
+        """One speculative round: draft a tree, verify it in one target forward, commit."""
+        t0 = time.perf_counter()
+        tree = self.draft_tree(req) if self.draft is not None else DraftTree.root_only(
+            req.output_ids[-1], self.device)
+        t1 = time.perf_counter()
+        logits, aux = self.forward_target(tree.tokens, req.length + tree.depths, req.length,
+                                          verify_mask(tree, req.length, self.max_seq_len), graphed=True)
+        verdict = self.accept(req, tree, logits)
+        self.commit(req, tree, verdict, aux)
+        t2 = time.perf_counter()
+        req.metrics.time_draft_s += t1 - t0
+        req.metrics.time_verify_s += t2 - t1
+        req.metrics.record_step(tree.num_nodes - 1, len(verdict.accepted))
+        self.emit(req, tree.tokens[verdict.accepted].tolist() + [verdict.bonus])
+
+    def prefill(self, req: Request) -> int:
+        """Run the prompt through the target; return the first generated token."""
+        t0 = time.perf_counter()
+        if (self.target.max_batch_size, self.target.max_seq_len) != (1, self.max_seq_len):
+            self.target.setup_cache(1, self.max_seq_len, device=self.device)  # shared with another user
+        n = len(req.prompt_ids)
+        ids = torch.tensor(req.prompt_ids, device=self.device)
+        logits, aux = self.forward_target(ids, torch.arange(n, device=self.device), 0,
+                                          causal_mask(0, n, self.max_seq_len, device=self.device))
+        token = int(sample(logits_to_probs(logits[-1], req.params), req.generator))
+        req.length = n
+        if self.draft is not None:
+            self.draft_cache.rollback(0)
+            req.pending_ids = torch.cat([ids[1:], ids.new_tensor([token])])
+            req.pending_aux = aux
+        req.metrics.time_prefill_s += time.perf_counter() - t0
+        return token
+
+    def draft_tree(self, req: Request) -> DraftTree:
+        """The drafter's first step over the pending positions, then num_steps - 1 tree steps."""
+        draft, cache, spec = self.draft, self.draft_cache, self.spec
+        start, m = cache.length, req.pending_ids.numel()
+        expansion = TreeExpansion(req.output_ids[-1], spec.topk, spec.is_chain and not req.params.greedy,
+                                  req.params, self.draft_vocab, self.target.args.vocab_size, req.generator)
+        with sdpa_kernel(DRAFT_SDPA_BACKENDS):
+            out = draft(req.pending_ids[None], req.pending_aux[None].to(draft.fc.weight.dtype),
+                        torch.arange(start, start + m, device=self.device)[None], first_step=True,
+                        past_kv=cache.view(start))
+            cache.append(out.kv)
+            tokens, hidden = expansion.expand(out.logits[0, -1:], out.hidden[0, -1:], written=False)
+            for step in range(1, spec.num_steps):  # frontier at depth `step`, RoPE position t + step
+                past = cache.length + expansion.num_scratch
+                position = torch.full((1, tokens.numel()), cache.length - 1 + step, device=self.device)
+                out = draft(tokens[None], hidden[None], position, first_step=False,
+                            attn_mask=expansion.draft_mask(cache.length), past_kv=cache.view(past))
+                cache.write(out.kv, past)
+                tokens, hidden = expansion.expand(out.logits[0], out.hidden[0], written=True)
+        return expansion.tree(spec.num_draft_tokens)
+
+    def accept(self, req: Request, tree: DraftTree, logits: Tensor) -> Verdict:
+        """Apply the acceptance rule that keeps this tree lossless (see `sampling`)."""
+        tokens = tree.tokens.tolist()
+        if req.params.greedy:
+            return sampling.verify_greedy(tree.parents, tokens, logits)
+        probs = logits_to_probs(logits, req.params)
+        if tree.draft_probs is not None:
+            return sampling.verify_chain(probs, tree.draft_probs, tree.tokens[1:], req.generator)
+        return sampling.verify_tree(tree.parents, tokens, probs, req.generator)
+
+    def commit(self, req: Request, tree: DraftTree, verdict: Verdict, aux: Tensor | None) -> None:
+        """Keep the accepted path in the target cache; queue its aux states for the drafter."""
+        path = [0] + verdict.accepted
+        if path != list(range(len(path))):
+            self.target.compact_cache(torch.tensor(path, device=self.device) + req.length, req.length)
+        req.length += len(path)
+        if self.draft is not None:
+            index = torch.tensor(path, device=self.device)
+            req.pending_ids = torch.cat([tree.tokens[index[1:]], tree.tokens.new_tensor([verdict.bonus])])
+            req.pending_aux = aux[index]
+
+    def forward_target(self, tokens: Tensor, positions: Tensor, start: int, mask: Tensor,
+                       graphed: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Target forward of T tokens written at slots start..start+T-1: logits [T, V] float32,
+        aux states [T, n_aux*H] (None in plain decoding). graphed: replay a CUDA graph when
+        the engine was built with compile (decode and verify: few distinct T)."""
+        slots = torch.arange(start, start + tokens.numel(), device=self.device)
+        forward = self.graphed if graphed and self.graphed is not None else self.target
+        out = forward(tokens[None], positions[None], slots, mask, self.aux_layers)
+        return out.logits[0], None if out.aux_hidden is None else out.aux_hidden[0]
+
+    # ---- requests and output ------------------------------------------------------------------
+    def new_request(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
+                    eos_ids: Sequence[int], stop: Sequence[str] | None, seed: int | None,
+                    on_tokens: TokenCallback | None) -> Request:
+        """Validate a request and build its state (checks lengths before any compute)."""
+        if not prompt_ids:
+            raise ValueError("empty prompt: need at least one token id")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens {max_new_tokens}: must be >= 1")
+        if stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: build the engine with tokenizer=...")
+        self.check_limits(len(prompt_ids), max_new_tokens)
+        generator = None
+        if not params.greedy:
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(seed) if seed is not None else generator.seed()
+        steps = self.spec.num_steps if self.spec else 0
+        metrics = SpecMetrics(num_requests=1, num_prompt_tokens=len(prompt_ids),
+                              accepted_per_position=[0] * steps)
+        return Request(prompt_ids, params, max_new_tokens, frozenset(eos_ids), tuple(stop or ()),
+                       generator, on_tokens, metrics)
+
+    def emit(self, req: Request, tokens: list[int]) -> None:
+        """Append tokens until a stop condition; call the stream callback with the kept ones."""
+        kept = 0
+        for token in tokens:
+            req.output_ids.append(token)
+            kept += 1
+            if token in req.eos_ids:
+                req.finish_reason = "eos"
+            elif req.stop and any(s in self.tokenizer.decode(req.output_ids) for s in req.stop):
+                req.finish_reason = "stop"
+            elif len(req.output_ids) >= req.max_new_tokens:
+                req.finish_reason = "length"
+            if req.finish_reason is not None:
+                break
+        if req.on_tokens is not None and kept:
+            req.on_tokens(tokens[:kept])
+
+    def text_of(self, req: Request) -> str | None:
+        """Decoded output, cut before the first stop string (None without tokenizer)."""
+        if self.tokenizer is None:
+            return None
+        text = self.tokenizer.decode(req.output_ids)
+        cuts = [text.find(s) for s in req.stop if s in text]
+        return text[:min(cuts)] if cuts else text
+
+
+class GraphedTarget:
+    """CUDA-graph replays of `FastTarget.forward`, one graph per token count T and KV cache
+    (captured on first use). Inputs are copied into static buffers, so outputs are valid until
+    the next call with the same T. Capture warms up with writes to the last T cache slots: requests never
+    commit them (the engine keeps one round of tree scratch free at the end of the cache).
+    """
+
+    def __init__(self, target: FastTarget, aux_layers: tuple[int, ...]) -> None:
+        self.target, self.aux_layers = target, aux_layers
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...], Any]] = {}
+
+    def __call__(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
+                 aux_layers: tuple[int, ...] = ()) -> Any:
+        """Same arguments and output as FastTarget.forward (aux_layers fixed at construction)."""
+        # a new cache (setup_cache) invalidates the graphs: key them by its address too
+        key = (input_ids.shape[1], self.target.layers[0].attention.kv_cache.k_cache.data_ptr())
+        if key not in self.graphs:
+            self.graphs[key] = self.capture(key[0], attn_mask.shape[-1], input_ids.device)
+        graph, inputs, output = self.graphs[key]
+        for static, value in zip(inputs, (input_ids, position_ids, cache_slots, attn_mask)):
+            static.copy_(value)
+        graph.replay()
+        return output
+
+    def capture(self, t: int, max_seq_len: int, device: torch.device) -> tuple:
+        """Warm up (compiles), then capture the forward for T = t tokens."""
+        slots = torch.arange(max_seq_len - t, max_seq_len, device=device)
+        inputs = (torch.zeros(1, t, dtype=torch.long, device=device), slots[None].clone(), slots,
+                  torch.ones(1, 1, t, max_seq_len, dtype=torch.bool, device=device))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                self.target(*inputs, self.aux_layers)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = self.target(*inputs, self.aux_layers)
+        return graph, inputs, output
+
+
+def check_pairing(target: FastTarget, draft: Eagle3Draft, aux_layers: tuple[int, ...],
+                  spec: SpecConfig) -> None:
+    """Raise ValueError naming the mismatch when `draft` was not built for `target` / `aux_layers`."""
+    cfg, args = draft.cfg, target.args
+    problems = []
+    if cfg.target_hidden_size != args.hidden_size:
+        problems.append(f"drafter target_hidden_size {cfg.target_hidden_size} != target hidden_size "
+                        f"{args.hidden_size}")
+    if cfg.vocab_size != args.vocab_size:
+        problems.append(f"drafter vocab_size {cfg.vocab_size} != target vocab_size {args.vocab_size}")
+    if cfg.target_num_layers != args.num_layers:
+        problems.append(f"drafter target_num_layers {cfg.target_num_layers} != target num_layers "
+                        f"{args.num_layers}")
+    if tuple(aux_layers) != tuple(cfg.aux_layers):
+        problems.append(f"aux layers {list(aux_layers)} != the drafter's training layers "
+                        f"{list(cfg.aux_layers)}")
+    if spec.topk > cfg.draft_vocab_size:
+        problems.append(f"topk {spec.topk} > draft vocabulary {cfg.draft_vocab_size}")
+    if not draft.embedding_loaded:
+        problems.append("the drafter's shared embedding is not loaded (call "
+                        "draft.load_target_embedding(target.tok_embeddings.weight))")
+    if problems:
+        raise ValueError("drafter does not fit the target: " + "; ".join(problems))
+
+
+def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: SpecConfig | None,
+                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                max_seq_len: int | None = None, tokenizer: Any = None,
+                compile: bool = False) -> SpeculativeEngine:
+    """Load a FastTarget and (optionally) a draft checkpoint and pair them.
+
+    The drafter gets the target's embedding unless it owns one. Its manifest (specdraft layout)
+    must name the drafter's aux layers and the target's hidden size / layer count / vocab.
+    max_seq_len defaults to min(target max positions, 4096). Raises ValueError on a mismatch,
+    and the loaders' errors for unreadable checkpoints. draft_dir None or spec None = plain.
+    """
+    from specdraft.checkpoint import load_draft
+
+    target = load_fast_target(target_dir, dtype=dtype, device=device)
+    max_seq_len = max_seq_len or min(target.args.max_position_embeddings, 4096)
+    draft = None
+    if draft_dir is not None and spec is not None:
+        loaded = load_draft(draft_dir, device=device, dtype=dtype, target_num_layers=target.args.num_layers)
+        draft = loaded.model.eval()
+        if not draft.cfg.owns_embedding:
+            draft.load_target_embedding(target.tok_embeddings.weight)
+        check_manifest(loaded.manifest, draft, target, Path(draft_dir))
+    return SpeculativeEngine(target, draft, spec, None, max_seq_len, device, tokenizer, compile)
+
+
+def check_manifest(manifest: Any, draft: Eagle3Draft, target: FastTarget, path: Path) -> None:
+    """Raise ValueError when a specdraft manifest disagrees with the drafter or the target."""
+    if manifest is None:
+        return
+    problems = []
+    if list(manifest.aux_layers) != list(draft.cfg.aux_layers):
+        problems.append(f"manifest aux_layers {manifest.aux_layers} != drafter config "
+                        f"{list(draft.cfg.aux_layers)}")
+    for key, value in (("hidden_size", target.args.hidden_size), ("num_layers", target.args.num_layers),
+                       ("vocab_size", target.args.vocab_size)):
+        if key in manifest.target and manifest.target[key] != value:
+            problems.append(f"manifest target {key} {manifest.target[key]} != the target's {value}")
+    if problems:
+        raise ValueError(f"{path}: drafter was trained for another target: " + "; ".join(problems))

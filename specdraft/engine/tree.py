@@ -1,0 +1,174 @@
+"""Draft tree expansion (EAGLE-2 / SGLang) and the attention masks of drafting and verifying.
+
+Expansion, one round (SGLang `eagle_worker.py` draft + `eagle_utils.py` organize_draft_results):
+- the drafter's first step gives the root's children: the top-k draft tokens, scored by their
+  draft log-probability; they form the first frontier;
+- each later step runs the frontier (topk nodes) through the drafter, expands the top-k
+  children of every frontier node (score = parent score + child log-prob, topk² candidates)
+  and keeps the topk best as the next frontier;
+- finally the best num_draft_tokens - 1 candidates by score, plus the root, are verified.
+A child's score never exceeds its parent's (log-probs <= 0), and ties are broken by creation
+order (parents first), so the kept set always contains every kept node's ancestors; `select`
+checks it anyway. A chain (topk 1) is the special case; at T > 0 its drafts are sampled from
+the draft's q instead of taken as the argmax (lossless chain verification needs q).
+
+Nodes of a `DraftTree` are ordered root first, parents before children.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specdraft.engine.sampling import SamplingParams, logits_to_probs, sample
+
+
+@dataclass
+class DraftTree:
+    """The nodes one verification checks.
+
+    tokens:      [N] long target ids on the engine device; tokens[0] = the root (the last
+                 emitted token, not yet in the target's cache).
+    parents:     N ints, parents[0] = -1, parents[i] < i.
+    depths:      [N] long, 0 for the root (RoPE position = root position + depth).
+    scores:      [N] float32 cumulative draft log-prob of each node's path (root 0).
+    draft_probs: [N-1, V] float32, the q each draft was sampled from (chain at T > 0), else None.
+    """
+
+    tokens: Tensor
+    parents: list[int]
+    depths: Tensor
+    scores: Tensor
+    draft_probs: Tensor | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        """N, root included."""
+        return len(self.parents)
+
+    @classmethod
+    def root_only(cls, token: int, device: torch.device | str) -> DraftTree:
+        """A tree with no drafts: verification = one plain decode step."""
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        return cls(torch.tensor([token], device=device), [-1], zero, zero.float())
+
+    def ancestor_mask(self) -> Tensor:
+        """[N, N] bool on the tokens' device: [i, j] True iff j is i or an ancestor of i."""
+        rows: list[list[bool]] = []
+        for i, parent in enumerate(self.parents):
+            row = rows[parent].copy() if parent >= 0 else [False] * self.num_nodes
+            row[i] = True
+            rows.append(row)
+        return torch.tensor(rows, device=self.tokens.device)
+
+
+def verify_mask(tree: DraftTree, prefix_len: int, max_seq_len: int) -> Tensor:
+    """Target attention mask [1, 1, N, max_seq_len] bool for a tree written at slots
+    prefix_len..prefix_len+N-1: every node sees the whole prefix, then its ancestors and itself."""
+    n = tree.num_nodes
+    mask = torch.zeros(n, max_seq_len, dtype=torch.bool, device=tree.tokens.device)
+    mask[:, :prefix_len] = True
+    mask[:, prefix_len:prefix_len + n] = tree.ancestor_mask()
+    return mask[None, None]
+
+
+def select(parents: list[int], scores: Tensor, num_keep: int) -> list[int]:
+    """Indices (ascending, 0 = root first) of the root plus the num_keep - 1 best candidates.
+
+    parents: M+1 ints (node 0 = root, parents[i] < i); scores: [M+1] cumulative draft
+    log-probs, non-increasing along every path. Ties keep the earlier node (stable sort), so
+    ancestors precede descendants. Raises RuntimeError if a kept node's parent was dropped.
+    """
+    order = torch.sort(-scores[1:].float(), stable=True).indices[: num_keep - 1] + 1
+    keep = sorted([0] + order.tolist())
+    kept = set(keep)
+    orphans = [i for i in keep[1:] if parents[i] not in kept]
+    if orphans:
+        raise RuntimeError(f"draft tree selection kept nodes {orphans} without their parents: "
+                           "scores are not monotone along paths")
+    return keep
+
+
+class TreeExpansion:
+    """Candidates of one draft round, built step by step (see the module docstring).
+
+    root_token: the last emitted token. topk: children per node. sampled: draw each child from
+    q (chain at T > 0) instead of taking the top-k. draft_to_target: [Vd] long, the target id
+    of every draft id. vocab_size: the target's V (for draft_probs).
+    """
+
+    def __init__(self, root_token: int, topk: int, sampled: bool, params: SamplingParams,
+                 draft_to_target: Tensor, vocab_size: int, generator: torch.Generator | None) -> None:
+        device = draft_to_target.device
+        self.topk, self.sampled, self.params, self.generator = topk, sampled, params, generator
+        self.draft_to_target, self.vocab_size = draft_to_target, vocab_size
+        self.tokens = [torch.tensor([root_token], device=device)]
+        self.parents = [torch.tensor([-1], device=device)]
+        self.scores = [torch.zeros(1, device=device)]
+        self.probs: list[Tensor] = []
+        self.num_nodes = 1
+        self.frontier = torch.zeros(1, dtype=torch.long, device=device)  # node ids [F]
+        self.frontier_scores = torch.zeros(1, device=device)
+        self.frontier_ancestors = torch.zeros(1, 0, dtype=torch.bool, device=device)  # [F, C]
+
+    @property
+    def num_scratch(self) -> int:
+        """Draft-cache scratch entries written so far this round (frontier rows of steps >= 1)."""
+        return self.frontier_ancestors.shape[1]
+
+    def draft_mask(self, committed: int) -> Tensor:
+        """Drafter mask [1, 1, F, committed + C + F] bool for running the frontier: all committed
+        draft entries, the scratch entries of each row's ancestors, then the row itself."""
+        f, device = self.frontier.numel(), self.frontier.device
+        return torch.cat([torch.ones(f, committed, dtype=torch.bool, device=device),
+                          self.frontier_ancestors,
+                          torch.eye(f, dtype=torch.bool, device=device)], dim=1)[None, None]
+
+    def expand(self, logits: Tensor, hidden: Tensor, written: bool) -> tuple[Tensor, Tensor]:
+        """Add the children of the frontier and move the frontier to the best topk of them.
+
+        logits: [F, Vd] draft logits after each frontier node; hidden: [F, H] its pre-norm
+        output; written: whether these rows were written to the draft-cache scratch (false for
+        the first step, whose row is the committed last position). Returns the new frontier's
+        (target token ids [topk], hidden inputs [topk, H]).
+        """
+        logp = logits.float().log_softmax(-1).clamp(max=0.0)
+        if self.sampled:
+            q = logits_to_probs(logits, self.params)  # [1, Vd]
+            child = sample(q, self.generator)[:, None]
+            self.probs.append(q.new_zeros(1, self.vocab_size).index_copy_(1, self.draft_to_target, q))
+            values = logp.gather(1, child)
+        else:
+            values, child = logp.topk(self.topk, dim=-1)  # [F, k]
+        f, k = child.shape
+        scores = (self.frontier_scores[:, None] + values).reshape(-1)
+        node_ids = torch.arange(self.num_nodes, self.num_nodes + f * k, device=child.device)
+        self.tokens.append(self.draft_to_target[child].reshape(-1))
+        self.parents.append(self.frontier[:, None].expand(f, k).reshape(-1))
+        self.scores.append(scores)
+        self.num_nodes += f * k
+        ancestors = self.frontier_ancestors
+        if written:
+            ancestors = torch.cat([ancestors, torch.eye(f, dtype=torch.bool, device=child.device)], 1)
+        best = scores.topk(min(self.topk, f * k)).indices
+        rows = best // k
+        self.frontier, self.frontier_scores = node_ids[best], scores[best]
+        self.frontier_ancestors = ancestors[rows]
+        return self.tokens[-1][best], hidden[rows]
+
+    def tree(self, num_draft_tokens: int) -> DraftTree:
+        """The root plus the best num_draft_tokens - 1 candidates, as a DraftTree."""
+        parents = torch.cat(self.parents).tolist()
+        keep = select(parents, torch.cat(self.scores), num_draft_tokens)
+        index = {node: i for i, node in enumerate(keep)}
+        new_parents = [-1] + [index[parents[node]] for node in keep[1:]]
+        depths = [0] * len(keep)
+        for i, parent in enumerate(new_parents[1:], start=1):
+            depths[i] = depths[parent] + 1
+        device = self.frontier.device
+        keep_t = torch.tensor(keep, device=device)
+        probs = torch.cat(self.probs)[keep_t[1:] - 1] if self.probs else None
+        return DraftTree(torch.cat(self.tokens)[keep_t], new_parents, torch.tensor(depths, device=device),
+                         torch.cat(self.scores)[keep_t], probs)

@@ -1,0 +1,219 @@
+"""Read the speculative settings out of an SGLang or vLLM launch command line.
+
+Only the flags that decide how an EAGLE-3 drafter is fed and verified are read; every other
+flag is passed over. How each engine reads them (re-check when bumping an engine):
+
+- SGLang (`srt/server_args.py`, `srt/speculative/eagle_worker.py`): `--speculative-algorithm`
+  (EAGLE3 captures aux hidden states; EAGLE is EAGLE-2 and feeds one hidden state),
+  `--speculative-num-steps`, `--speculative-eagle-topk`, `--speculative-num-draft-tokens`
+  (with all three unset it picks them itself), `--speculative-draft-model-path`,
+  `--model-path`.
+- vLLM (`config/speculative.py`, `v1/worker/gpu_model_runner.py`): `--speculative-config
+  JSON` (or dotted `--speculative-config.KEY VALUE`) with `method` ("eagle3" captures aux
+  states; without a method vLLM guesses it from the draft path: "eagle-" -> eagle, "eagle3"
+  -> eagle3), `model`, `num_speculative_tokens` (chain length = num_steps);
+  `--default-chat-template-kwargs JSON`; the target is `vllm serve MODEL` or `--model`.
+- Both engines capture aux states only for EAGLE-3 and only when the draft config's
+  `eagle_config.use_aux_hidden_state` is not false (default true).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdraft.engine.spec_config import SpecConfig
+
+ENGINES = ("sglang", "vllm")
+# The algorithm value each engine needs to run an EAGLE-3 drafter with aux capture.
+EAGLE3_ALGORITHM = {"sglang": "EAGLE3", "vllm": "eagle3"}
+ALGORITHM_FLAG = {"sglang": "--speculative-algorithm", "vllm": '--speculative-config "method"'}
+SOURCES = {
+    "sglang": "sglang srt/server_args.py, srt/speculative/eagle_worker.py",
+    "vllm": "vllm config/speculative.py, v1/worker/gpu_model_runner.py",
+}
+_SGLANG_INTS = {"--speculative-num-steps": "num_steps", "--speculative-eagle-topk": "topk",
+                "--speculative-num-draft-tokens": "num_draft_tokens"}
+_SGLANG_STRINGS = {"--speculative-algorithm": "algorithm",
+                   "--speculative-draft-model-path": "draft_model",
+                   "--speculative-draft": "draft_model", "--model-path": "target_model",
+                   "--model": "target_model"}
+_VLLM_JSON = ("--speculative-config", "--default-chat-template-kwargs")
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """The speculative part of one engine's command line (None = not given).
+
+    engine: "sglang" | "vllm". algorithm: SGLang `--speculative-algorithm` or vLLM's
+    speculative-config `method`, as written. num_steps: draft depth (vLLM
+    num_speculative_tokens). topk / num_draft_tokens: SGLang only (vLLM drafts a chain).
+    draft_model / target_model: paths or names as written. template_kwargs: vLLM
+    `--default-chat-template-kwargs`. flags: every flag read, as written (for evidence).
+    """
+
+    engine: str
+    algorithm: str | None = None
+    num_steps: int | None = None
+    topk: int | None = None
+    num_draft_tokens: int | None = None
+    draft_model: str | None = None
+    target_model: str | None = None
+    template_kwargs: dict[str, Any] | None = None
+    flags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def uses_eagle3(self) -> bool:
+        """True when the algorithm asks the engine for EAGLE-3 (aux hidden-state capture)."""
+        return self.algorithm is not None and self.algorithm.lower() == "eagle3"
+
+    def spec_config(self) -> SpecConfig | None:
+        """The speculative triple as a validated SpecConfig; None when the engine picks it.
+
+        SGLang: all three of steps / topk / draft tokens, or none (SGLang then chooses).
+        vLLM: a chain of num_speculative_tokens. Raises ValueError naming the rule a triple
+        breaks (SpecConfig's message: the corrected values), or the missing flags.
+        """
+        if self.engine == "vllm":
+            return None if self.num_steps is None else SpecConfig.chain(self.num_steps)
+        given = {"--speculative-num-steps": self.num_steps, "--speculative-eagle-topk": self.topk,
+                 "--speculative-num-draft-tokens": self.num_draft_tokens}
+        missing = [flag for flag, value in given.items() if value is None]
+        if len(missing) == 3:
+            return None
+        if missing:
+            raise ValueError(f"SGLang speculative settings are incomplete: {', '.join(missing)} "
+                             "not given; pass all three (or none to let SGLang choose)")
+        return SpecConfig(self.num_steps, self.topk, self.num_draft_tokens)
+
+
+def detect_engine(command: str | Sequence[str]) -> str | None:
+    """'sglang' or 'vllm' from the flags of a command line; None when it names neither."""
+    tokens = _tokens(command)
+    text = " ".join(tokens)
+    if "sglang" in text or any(t.startswith("--speculative-algorithm") for t in tokens):
+        return "sglang"
+    if "vllm" in text or any(_flag(t).startswith("--speculative-config") for t in tokens):
+        return "vllm"
+    return None
+
+
+def parse_engine_args(command: str | Sequence[str], engine: str) -> EngineArgs:
+    """Read the speculative flags of an SGLang or vLLM command line (a string or argv list).
+
+    Accepts `--flag value` and `--flag=value`, underscores or hyphens. Raises ValueError
+    naming the flag for a number that is not an integer or a JSON value that does not parse.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+    pairs = _flag_values(_tokens(command))
+    if engine == "sglang":
+        return _sglang_args(pairs)
+    return _vllm_args(pairs, _tokens(command))
+
+
+def _tokens(command: str | Sequence[str]) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def _flag(token: str) -> str:
+    """A flag's name with hyphens (argparse accepts both spellings in these engines)."""
+    name = token.split("=", 1)[0]
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def _flag_values(tokens: list[str]) -> list[tuple[str, str | None]]:
+    """(flag, value) pairs in order; a flag followed by another flag has value None."""
+    pairs: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("--"):
+            i += 1
+            continue
+        if "=" in token:
+            pairs.append((_flag(token), token.split("=", 1)[1]))
+            i += 1
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            pairs.append((_flag(token), tokens[i + 1]))
+            i += 2
+        else:
+            pairs.append((_flag(token), None))
+            i += 1
+    return pairs
+
+
+def _int(flag: str, value: str | None) -> int:
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag} {value!r} is not an integer") from None
+
+
+def _json(flag: str, value: str | None) -> Any:
+    try:
+        return json.loads(value)  # type: ignore[arg-type]
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{flag} {value!r} is not JSON ({e}); write e.g. "
+                         '\'{"method": "eagle3", "num_speculative_tokens": 3}\'') from None
+
+
+def _sglang_args(pairs: list[tuple[str, str | None]]) -> EngineArgs:
+    values: dict[str, Any] = {}
+    flags: dict[str, str] = {}
+    for flag, value in pairs:
+        if flag in _SGLANG_INTS:
+            values[_SGLANG_INTS[flag]] = _int(flag, value)
+        elif flag in _SGLANG_STRINGS:
+            values[_SGLANG_STRINGS[flag]] = value
+        else:
+            continue
+        flags[flag] = str(value)
+    return EngineArgs("sglang", flags=flags, **values)
+
+
+def _vllm_args(pairs: list[tuple[str, str | None]], tokens: list[str]) -> EngineArgs:
+    spec: dict[str, Any] = {}
+    flags: dict[str, str] = {}
+    template_kwargs = None
+    target = tokens[tokens.index("serve") + 1] if "serve" in tokens[:-1] else None
+    for flag, value in pairs:
+        if flag == "--speculative-config":
+            parsed = _json(flag, value)
+            if not isinstance(parsed, dict):
+                raise ValueError(f"{flag} must be a JSON object, got {parsed!r}")
+            spec.update(parsed)
+        elif flag.startswith("--speculative-config."):
+            key = flag.removeprefix("--speculative-config.").replace("-", "_")
+            spec[key] = _int(flag, value) if key == "num_speculative_tokens" else value
+        elif flag == "--default-chat-template-kwargs":
+            template_kwargs = _json(flag, value)
+        elif flag == "--model":
+            target = value
+        else:
+            continue
+        flags[flag] = str(value)
+    steps = spec.get("num_speculative_tokens")
+    return EngineArgs("vllm", algorithm=spec.get("method"),
+                      num_steps=None if steps is None else _int("num_speculative_tokens", steps),
+                      draft_model=spec.get("model"), target_model=target,
+                      template_kwargs=template_kwargs, flags=flags)
+
+
+def aux_capture(args: EngineArgs | None, draft_config: dict[str, Any], engine: str) -> tuple[bool, str]:
+    """Whether `engine` captures aux hidden states for this drafter, and why.
+
+    Off when the algorithm is not EAGLE-3 (the engine then feeds one H-wide hidden state) or
+    the draft config says `eagle_config.use_aux_hidden_state: false`. With no command line
+    the algorithm is assumed to be EAGLE-3.
+    """
+    if args is not None and args.algorithm is not None and not args.uses_eagle3:
+        return False, (f"{ALGORITHM_FLAG[engine]} {args.algorithm!r} is not "
+                       f"{EAGLE3_ALGORITHM[engine]!r}, so {engine} captures no aux states")
+    eagle_config = draft_config.get("eagle_config")
+    if isinstance(eagle_config, dict) and eagle_config.get("use_aux_hidden_state", True) is False:
+        return False, "the draft config sets eagle_config.use_aux_hidden_state: false"
+    return True, "EAGLE-3 with aux capture"

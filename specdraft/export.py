@@ -1,0 +1,317 @@
+"""Export a trained drafter for one serving engine: layout, config rules, refusals, launch command.
+
+`export = convert + one engine's config rules + refusals + launch command` (DESIGN.md §2):
+- sglang: the official layout (`midlayer.*`); SGLang reads only the nested
+  `eagle_config.eagle_aux_hidden_state_layer_ids`, in its convention (id k = index k+1).
+- vllm: the official layout (vLLM renames `midlayer.` to `layers.0.`); the top-level ids, as-is.
+- speculators: `layers.0.*` with a speculators config (served by vLLM) whose
+  `verifier.name_or_path` must resolve on the serving host.
+Each config gets both id keys when both engines can express the layers (one file serves both),
+`draft_vocab_size`, `norm_before_residual: false`, `tie_word_embeddings: false` and the
+drafter's rope/max positions (taken from the target at training). The manifest is copied
+alongside. An engine that would read the files differently from training is refused with the
+reason. After writing, every tensor is re-read and proven bit-identical under its new name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdraft.checkpoint import (
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    LoadedDraft,
+    Manifest,
+    config_from_files,
+    fill_model,
+    load_draft,
+    official_config,
+    read_config,
+    replace_dir,
+    speculators_config,
+    state_dict_for_layout,
+    verify_same_tensors,
+)
+from specdraft.conventions import AUX_KEY, ConventionError, aux_layers_from_config, to_engine_ids
+from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
+from specdraft.engine.spec_config import SpecConfig
+
+EXPORT_ENGINES = ("sglang", "vllm", "speculators")
+LAYOUT_OF_ENGINE = {"sglang": "sglang", "vllm": "sglang", "speculators": "speculators"}
+# Which engine's reading of the written config must give back the training layers.
+READER_OF_ENGINE = {"sglang": "sglang", "vllm": "vllm", "speculators": "vllm"}
+NUM_AUX = 3  # SGLang and vLLM (which serves speculators files) hard-code three aux states
+
+
+class ExportError(ValueError):
+    """An export that the engine would read differently from training; names the reason."""
+
+
+@dataclass(frozen=True)
+class TargetFacts:
+    """What export and doctor need to know about the target, and where it came from.
+
+    source: "target DIR" (its config.json) or "manifest". target_class: "llama" | "deepseek"
+    | None (unknown). rope_* / max_position_embeddings: None when the source does not say.
+    """
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    target_class: str | None
+    architecture: str | None
+    rope_theta: float | None
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int | None
+    name_or_path: str | None
+    source: str
+
+    @classmethod
+    def from_target_dir(cls, path: str | Path) -> TargetFacts:
+        """Read a transformers target directory's config.json (nothing else is loaded)."""
+        from transformers import AutoConfig
+
+        from specdraft.target import TARGET_CLASSES  # the engines' class table, keyed by model_type
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: no config.json; pass the target's transformers directory")
+        full = AutoConfig.from_pretrained(path, local_files_only=True)
+        text = full.get_text_config()
+        theta, scaling = rope_from_hf_config(lambda k, d=None: getattr(text, k, d))
+        return cls(text.num_hidden_layers, text.hidden_size, text.vocab_size,
+                   TARGET_CLASSES.get(text.model_type), (full.architectures or [None])[0],
+                   theta, scaling, getattr(text, "max_position_embeddings", None),
+                   str(path.resolve()), f"target {path}")
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest) -> TargetFacts:
+        """The target as the manifest recorded it at training (CheckpointError when too thin)."""
+        t, draft = manifest.target or {}, manifest.draft or {}
+        num_layers = t.get("num_layers") or draft.get("target_num_layers")
+        hidden = t.get("hidden_size") or draft.get("target_hidden_size")
+        vocab = t.get("vocab_size") or draft.get("vocab_size")
+        if not (num_layers and hidden and vocab):
+            raise CheckpointError("the manifest does not record the target's layer count, hidden "
+                                  "size and vocabulary; pass the target (--target DIR)")
+        return cls(num_layers, hidden, vocab, t.get("target_class"), t.get("architecture"),
+                   t.get("rope_theta"), t.get("rope_scaling"), t.get("max_position_embeddings"),
+                   t.get("name_or_path"), "manifest")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What `export_draft` wrote: directory, engine, config.json as written, the command to
+    serve it, notes for the user, and how many tensors were proven bit-identical."""
+
+    out_dir: Path
+    engine: str
+    config: dict[str, Any]
+    launch_command: str
+    notes: list[str]
+    num_tensors: int
+
+
+def reread_weights(path: Path, cfg: DraftConfig, layout: str) -> Eagle3Draft:
+    """A drafter filled strictly from `path`/model.safetensors named in `layout` (fill_model)."""
+    weights = Path(path) / WEIGHTS_FILE
+    tensors = load_file(str(weights))
+    model = Eagle3Draft(cfg).to(tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
+    fill_model(model, tensors, layout, weights)
+    return model
+
+
+def resolve_target(target: str | Path | None, manifest: Manifest | None) -> TargetFacts | None:
+    """TargetFacts from the target directory when given, else from the manifest, else None."""
+    if target is not None:
+        return TargetFacts.from_target_dir(target)
+    return TargetFacts.from_manifest(manifest) if manifest is not None else None
+
+
+def spec_for_export(engine: str, num_steps: int | None, topk: int | None,
+                    num_draft_tokens: int | None) -> SpecConfig:
+    """The speculative triple of the launch command (SpecConfig's rule; default a 3-step chain).
+
+    topk 1 defaults num_draft_tokens to num_steps + 1; a tree needs it given. vLLM and
+    speculators drafts are chains here. Raises ExportError naming the rule.
+    """
+    steps, k = num_steps or 3, topk or 1
+    if engine != "sglang" and k != 1:
+        raise ExportError(f"--topk {k}: the {engine} launch command drafts a chain "
+                          "(num_speculative_tokens); use --topk 1")
+    if k > 1 and num_draft_tokens is None:
+        raise ExportError(f"--topk {k} (a tree) needs --num-draft-tokens in 2.."
+                          f"{SpecConfig(steps, k, 2).max_draft_tokens}")
+    try:
+        return SpecConfig(steps, k, num_draft_tokens or steps + 1)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
+
+
+def engine_ids(layers: list[int], engine: str, facts: TargetFacts,
+               sglang_version: str | None) -> tuple[list[int] | None, list[int] | None, list[str]]:
+    """(top-level ids, nested eagle_config ids, notes) that make `engine` capture `layers`.
+
+    The key the engine reads is required (ExportError with the reason when it cannot express
+    the layers); the other key is written when its engine can express them too.
+    """
+    if len(layers) != NUM_AUX:
+        raise ExportError(f"cannot export for {engine}: SGLang and vLLM hard-code {NUM_AUX} aux "
+                          f"states (fc input = {NUM_AUX} x target hidden); this drafter fuses "
+                          f"{len(layers)} (layers {layers})")
+    if facts.target_class is None:
+        raise ExportError("the target class (Llama/Qwen vs DeepSeek) is unknown, and engines read "
+                          "aux ids by class: pass the target (--target DIR)")
+    def convert(eng: str) -> list[int]:
+        return to_engine_ids(layers, eng, facts.num_layers, facts.target_class, sglang_version)
+
+    try:
+        ids = convert(engine)
+    except ConventionError as e:
+        raise ExportError(f"cannot export aux layers {layers} for {engine}: {e}") from None
+    if engine == "speculators":
+        return ids, None, []
+    other = "vllm" if engine == "sglang" else "sglang"
+    try:
+        other_ids, notes = convert(other), []
+    except ConventionError as e:
+        other_ids = None
+        key = "top-level" if other == "vllm" else "eagle_config"
+        notes = [(f"no {key} ids: {other} cannot capture layers {layers} ({e}); serve this "
+                  f"export with {engine} only")]
+    return (other_ids, ids, notes) if engine == "sglang" else (ids, other_ids, notes)
+
+
+def _config_for(engine: str, cfg: DraftConfig, dtype: torch.dtype, ids: tuple, facts: TargetFacts,
+                verifier: str | None, spec: SpecConfig) -> dict[str, Any]:
+    top, nested = ids
+    if engine == "speculators":
+        config = speculators_config(cfg, dtype, verifier, num_speculative_tokens=spec.num_steps)
+        if facts.architecture:
+            config["speculators_config"]["verifier"]["architectures"] = [facts.architecture]
+        config[AUX_KEY] = top
+        return config
+    config = official_config(cfg, dtype)
+    config.pop(AUX_KEY, None)
+    config.pop("eagle_config", None)
+    if top is not None:
+        config[AUX_KEY] = top
+    if nested is not None:
+        config["eagle_config"] = {AUX_KEY: nested, "use_aux_hidden_state": True}
+    return config
+
+
+def _check_target(cfg: DraftConfig, facts: TargetFacts) -> list[str]:
+    """Refuse a target of other sizes; note rope / positions that differ from training."""
+    sizes = {"num_layers": (cfg.target_num_layers, facts.num_layers),
+             "hidden_size": (cfg.target_hidden_size, facts.hidden_size),
+             "vocab_size": (cfg.vocab_size, facts.vocab_size)}
+    bad = [f"{k} {a} (trained) vs {b} ({facts.source})" for k, (a, b) in sizes.items() if a != b]
+    if bad:
+        raise ExportError(f"the drafter was trained on another target: {'; '.join(bad)}")
+    notes = []
+    served = {"rope_theta": (cfg.rope_theta, facts.rope_theta),
+              "rope_scaling": (cfg.rope_scaling, facts.rope_scaling),
+              "max_position_embeddings": (cfg.max_position_embeddings, facts.max_position_embeddings)}
+    for key, (trained, target) in served.items():
+        if target is not None and trained != target and facts.source != "manifest":
+            notes.append(f"{key}: the drafter was trained with {trained}, {facts.source} says "
+                         f"{target}; the export keeps {trained} (run specdraft doctor)")
+    return notes
+
+
+def launch_command(engine: str, target: str, out_dir: Path, spec: SpecConfig) -> str:
+    """The serving command line for an export, with the engine's flags (DESIGN.md §2)."""
+    if engine == "sglang":
+        return " ".join(["python -m sglang.launch_server --model-path", shlex.quote(target),
+                         "--speculative-algorithm EAGLE3 --speculative-draft-model-path",
+                         shlex.quote(str(out_dir)), *spec.sglang_args()])
+    if engine == "vllm":
+        config = {"method": "eagle3", "model": str(out_dir),
+                  "num_speculative_tokens": spec.num_speculative_tokens}
+        return f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(json.dumps(config))}"
+    return f"vllm serve {shlex.quote(str(out_dir))}"
+
+
+def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
+                 target: str | Path | None = None, verifier: str | None = None,
+                 sglang_version: str | None = None, num_steps: int | None = None,
+                 topk: int | None = None, num_draft_tokens: int | None = None) -> ExportResult:
+    """Write `checkpoint` for `engine` ("sglang" | "vllm" | "speculators") under `out_dir`.
+
+    target: the target's transformers directory (its config gives layer count, class, rope;
+    else the manifest's record). verifier: the speculators `verifier.name_or_path` (default:
+    the target directory's absolute path, else the manifest's name_or_path). sglang_version:
+    pins how SGLang reads explicit ids where versions differ (DeepSeek class, embeddings).
+    num_steps / topk / num_draft_tokens: the launch command's settings, validated like
+    SpecConfig (default a 3-step chain). Writes to a temp directory, re-reads it strictly and
+    proves every tensor bit-identical, then renames. Raises ExportError with the reason for
+    anything the engine would read differently from training; CheckpointError for a bad source.
+    """
+    if engine not in EXPORT_ENGINES:
+        raise ExportError(f"unknown engine {engine!r}; choose one of {', '.join(EXPORT_ENGINES)}")
+    spec = spec_for_export(engine, num_steps, topk, num_draft_tokens)
+    given = TargetFacts.from_target_dir(target) if target is not None else None
+    source = load_draft(checkpoint, target_num_layers=given.num_layers if given else None)
+    facts = given or resolve_target(None, source.manifest)
+    if facts is None:
+        raise ExportError(f"{checkpoint}: no manifest to say what the target is; pass --target DIR")
+    cfg, layers = source.model.cfg, list(source.model.cfg.aux_layers)
+    notes = _check_target(cfg, facts)
+    top, nested, id_notes = engine_ids(layers, engine, facts, sglang_version)
+    notes.append(f"aux layers {layers} (specdraft indices): top-level ids {top} (vLLM), "
+                 f"eagle_config ids {nested} (SGLang)")
+    notes += id_notes
+    verifier = verifier or facts.name_or_path
+    if engine == "speculators":
+        if not verifier:
+            raise ExportError("speculators needs verifier.name_or_path: pass --target DIR or --verifier NAME")
+        notes.append(f"verifier.name_or_path = {verifier!r} must resolve on the serving host "
+                     "(a path there or a hub name); pass --verifier NAME to change it")
+    config = _config_for(engine, cfg, source.model.fc.weight.dtype, (top, nested), facts, verifier, spec)
+    out_dir = Path(out_dir)
+    num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
+    if source.manifest is None:
+        notes.append("the source has no specdraft manifest: doctor cannot compare with training")
+    return ExportResult(out_dir, engine, config, launch_command(engine, verifier or "TARGET",
+                                                                out_dir.resolve(), spec),
+                        notes, num_tensors)
+
+
+def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any], engine: str,
+                      facts: TargetFacts, sglang_version: str | None, layers: list[int]) -> int:
+    """Write to a temp dir, prove tensors and aux reading, then rename onto `out_dir`."""
+    layout = LAYOUT_OF_ENGINE[engine]
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        save_file(state_dict_for_layout(source.model, layout), str(tmp / WEIGHTS_FILE),
+                  metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        if source.manifest is not None:
+            shutil.copyfile(source.path / MANIFEST_FILE, tmp / MANIFEST_FILE)
+            written = load_draft(tmp, target_num_layers=facts.num_layers).model
+        else:
+            written = reread_weights(tmp, source.model.cfg, layout)
+        num_tensors = verify_same_tensors(source.model, written, out_dir)
+        reader = READER_OF_ENGINE[engine]
+        reading = aux_layers_from_config(config, facts.num_layers, facts.target_class, sglang_version)
+        if reading.captured(reader) != layers:
+            raise ExportError(f"internal: {reader} would read layers {reading.captured(reader)} "
+                              f"from the written config, not {layers}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_dir(tmp, out_dir)
+    return num_tensors

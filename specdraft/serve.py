@@ -1,0 +1,717 @@
+"""OpenAI-compatible server over specdraft's engine, one sequence at a time.
+
+Endpoints: `/v1/completions` and `/v1/chat/completions` (SSE streaming or not; chat through
+the tokenizer's chat template), `/v1/models`, `/health`, `/metrics` (Prometheus, own registry).
+
+- One worker thread runs the engine; requests wait in a bounded queue (`max_queue` waiting
+  requests besides the running one; 429 beyond). No batching: concurrency only queues.
+- A malformed request (bad JSON, missing field, wrong type, unsupported option) gets 400 with
+  OpenAI's error body `{"error": {"message", "type", "param", "code"}}`; an unknown model 404;
+  a prompt that does not fit the context 400 (`engine.check_limits`) before any compute.
+- A client that disconnects stops its generation at the next verification step: the engine's
+  `on_tokens` callback raises `GenerationCancelled` (the engine restarts from a prefill on
+  every request, so an interrupted `generate` leaves nothing behind).
+- `usage` carries the raw speculative counts and `accept_length` = 1 + accepted / drafts.
+  `/metrics` names the speculative counters after vLLM's (`vllm:spec_decode_*` in
+  `vllm/v1/spec_decode/metrics.py`) with the `specdraft:` prefix; prometheus_client exposes a
+  counter with the suffix `_total`, as vLLM does; `position` is 0-based (0 = first draft).
+  The spec counters move only on a speculative engine, for finished requests.
+- Every `log_every` verification steps the worker logs accept length, acceptance rate and
+  tokens/s over the steps since the last line (like SGLang's decode log; counts kept tokens).
+FastAPI, uvicorn and prometheus_client are imported only when a server is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from specdraft.engine.speculate import GenerationResult, SpeculativeEngine
+
+log = logging.getLogger("specdraft.serve")
+DEFAULT_MAX_QUEUE = 64
+DISCONNECT_POLL_S = 0.25
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -> OpenAI
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP `status` with OpenAI's error body."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None,
+                 status: int = 400, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+
+    def body(self) -> dict[str, Any]:
+        """`{"error": {"message", "type", "param", "code"}}`."""
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+class GenerationCancelled(Exception):
+    """Raised from the engine's token callback to stop a request whose client went away."""
+
+
+# ---- request parsing --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated completion or chat request (target token ids and sampling settings)."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    stop: tuple[str, ...]
+    seed: int | None
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+
+
+_TYPES = {"int": (int,), "number": (int, float), "bool": (bool,), "str": (str,), "object": (dict,),
+          "array": (list,)}
+
+
+def get_field(body: dict, name: str, kind: str, default: Any = None, required: bool = False) -> Any:
+    """body[name] checked against a JSON type ("int", "number", "bool", "str", "object",
+    "array"); default when absent or null. Raises RequestError naming the field."""
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise RequestError(f"'{name}' is a required property", param=name, code="missing_field")
+        return default
+    is_bool = isinstance(value, bool)
+    if not isinstance(value, _TYPES[kind]) or (is_bool and kind in ("int", "number")):
+        raise RequestError(f"'{name}' must be of type {kind}, got {type(value).__name__} {value!r}",
+                           param=name, code="invalid_type")
+    return value
+
+
+def parse_common(body: dict, prompt_ids: list[int], default_max_tokens: int) -> GenerationRequest:
+    """The sampling and streaming fields shared by completions and chat (OpenAI names, vLLM's
+    top_k / ignore_eos extensions); raises RequestError for a bad value or unsupported option."""
+    for name, ok in (("n", 1), ("best_of", 1)):
+        if get_field(body, name, "int", ok) != ok:
+            raise RequestError(f"'{name}' must be 1: the server returns one completion",
+                               param=name, code="unsupported")
+    if get_field(body, "echo", "bool", False) or body.get("logprobs") not in (None, False, 0):
+        param = "echo" if body.get("echo") else "logprobs"
+        raise RequestError(f"'{param}' is not supported", param=param, code="unsupported")
+    stop = body.get("stop")
+    stop = (stop,) if isinstance(stop, str) else stop or ()
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("'stop' must be a non-empty string or a list of them", param="stop")
+    max_tokens = get_field(body, "max_tokens", "int", default_max_tokens)
+    temperature = get_field(body, "temperature", "number", 1.0)
+    top_p = get_field(body, "top_p", "number", 1.0)
+    top_k = get_field(body, "top_k", "int", 0)
+    checks = [("max_tokens", max_tokens >= 1, ">= 1"), ("temperature", temperature >= 0, ">= 0"),
+              ("top_p", 0 < top_p <= 1, "in (0, 1]"), ("top_k", top_k >= -1, ">= 0 (-1 or 0 = off)")]
+    for name, ok, rule in checks:
+        if not ok:
+            raise RequestError(f"'{name}' = {body.get(name)!r}: must be {rule}", param=name)
+    options = get_field(body, "stream_options", "object", {})
+    return GenerationRequest(prompt_ids, max_tokens, float(temperature), float(top_p), max(top_k, 0),
+                             tuple(stop), get_field(body, "seed", "int"),
+                             get_field(body, "ignore_eos", "bool", False),
+                             get_field(body, "stream", "bool", False),
+                             bool(get_field(options, "include_usage", "bool", False)))
+
+
+def prompt_ids_of(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
+    """Token ids of a completion prompt: a string, a list of ids, or a one-element list of
+    either (one prompt per request). Raises RequestError otherwise."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = list(tokenizer(prompt)["input_ids"])
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        ids = prompt
+        if any(not 0 <= t < vocab_size for t in ids):
+            raise RequestError(f"'prompt' token ids must be in 0..{vocab_size - 1}", param="prompt")
+    else:
+        raise RequestError("'prompt' must be a string or a list of token ids (one prompt per "
+                           "request)", param="prompt", code="invalid_type")
+    if not ids:
+        raise RequestError("'prompt' is empty", param="prompt")
+    return ids
+
+
+def chat_prompt_ids(body: dict, tokenizer: Any) -> list[int]:
+    """Render `messages` with the tokenizer's chat template (generation prompt added, the
+    request's `chat_template_kwargs` passed on) and tokenize without extra special tokens."""
+    messages = get_field(body, "messages", "array", required=True)
+    if not messages:
+        raise RequestError("'messages' is empty", param="messages")
+    rendered = [message_of(m, i) for i, m in enumerate(messages)]
+    if not getattr(tokenizer, "chat_template", None):
+        raise RequestError("this model's tokenizer has no chat template: use /v1/completions",
+                           param="messages", code="no_chat_template")
+    kwargs = get_field(body, "chat_template_kwargs", "object", {})
+    try:
+        text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True,
+                                             **kwargs)
+    except Exception as e:  # jinja errors raised by the template itself (e.g. raise_exception)
+        raise RequestError(f"the chat template failed on these messages: {e}",
+                           param="messages") from None
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def message_of(message: Any, index: int) -> dict[str, str]:
+    """One chat message as {"role", "content"} (text content parts are joined)."""
+    param = f"messages[{index}]"
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise RequestError(f"{param} must be an object with a string 'role'", param=param)
+    content = message.get("content")
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
+            raise RequestError(f"{param}.content: only text parts are supported", param=param)
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise RequestError(f"{param}.content must be a string", param=param, code="invalid_type")
+    return {"role": message["role"], "content": content}
+
+
+def context_room(engine: SpeculativeEngine, num_prompt_tokens: int) -> int:
+    """New tokens that fit after the prompt (target / drafter positions, cache minus one tree)."""
+    tree = engine.spec.num_draft_tokens if engine.spec else 1
+    limits = [engine.target.args.max_position_embeddings, engine.max_seq_len - tree]
+    if engine.draft is not None:
+        limits.append(engine.draft.cfg.max_position_embeddings)
+    return min(limits) - num_prompt_tokens
+
+
+# ---- streaming text ---------------------------------------------------------------------------
+class TextStream:
+    """Incremental detokenization with stop strings: text is released only when no stop string
+    can still begin in it (and not inside an unfinished UTF-8 character)."""
+
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
+        self.tokenizer, self.stop = tokenizer, stop
+        self.ids: list[int] = []
+        self.sent = 0
+
+    def text(self) -> tuple[str, bool]:
+        """(decoded output cut before the first stop string, whether a stop string was found)."""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        cuts = [text.find(s) for s in self.stop if s in text]
+        return (text[:min(cuts)], True) if cuts else (text, False)
+
+    def push(self, ids: list[int]) -> str:
+        """Add new ids; return the newly releasable text."""
+        self.ids += ids
+        text, stopped = self.text()
+        safe = len(text)
+        if not stopped:
+            hold = max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+            safe -= hold
+            while safe > self.sent and text[safe - 1] == "\ufffd":
+                safe -= 1
+        out = text[self.sent:safe] if safe > self.sent else ""
+        self.sent = max(self.sent, safe)
+        return out
+
+    def finish(self) -> str:
+        """The rest of the text at the end of generation."""
+        text, _ = self.text()
+        out, self.sent = text[self.sent:], len(text)
+        return out
+
+
+# ---- metrics ----------------------------------------------------------------------------------
+class ServerMetrics:
+    """Prometheus metrics in their own CollectorRegistry (names: see the module docstring)."""
+
+    def __init__(self, num_positions: int) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = r = CollectorRegistry()
+        spec = "specdraft:spec_decode_"
+        self.num_drafts = Counter(spec + "num_drafts", "Verification steps (speculative rounds)",
+                                  registry=r)
+        self.num_draft_tokens = Counter(spec + "num_draft_tokens", "Draft tokens verified", registry=r)
+        self.num_accepted_tokens = Counter(spec + "num_accepted_tokens", "Draft tokens accepted",
+                                           registry=r)
+        self.accepted_per_pos = Counter(spec + "num_accepted_tokens_per_pos",
+                                        "Accepted drafts at each depth (position 0 = first draft)",
+                                        ["position"], registry=r)
+        for k in range(num_positions):
+            self.accepted_per_pos.labels(position=str(k))
+        self.requests = Counter("specdraft:request_success", "Finished requests", ["finished_reason"],
+                                registry=r)
+        self.rejected = Counter("specdraft:request_rejected", "Requests refused: queue full (429)",
+                                registry=r)
+        self.cancelled = Counter("specdraft:request_cancelled", "Requests stopped by a disconnect",
+                                 registry=r)
+        self.prompt_tokens = Counter("specdraft:prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("specdraft:generation_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram("specdraft:time_to_first_token_seconds", "Arrival to first token",
+                              registry=r)
+        self.tpot = Histogram("specdraft:time_per_output_token_seconds",
+                              "(last - first token time) / (tokens - 1), per request",
+                              buckets=TPOT_BUCKETS, registry=r)
+        self.waiting = Gauge("specdraft:num_requests_waiting", "Requests in the queue", registry=r)
+        self.running = Gauge("specdraft:num_requests_running", "Requests running (0 or 1)", registry=r)
+
+    def record(self, result: GenerationResult, speculative: bool, arrival: float, first: float,
+               end: float) -> None:
+        """Count one finished request (spec counters only on a speculative engine)."""
+        m = result.metrics
+        if speculative:
+            self.num_drafts.inc(m.num_verify_steps)
+            self.num_draft_tokens.inc(m.num_drafted_tokens)
+            self.num_accepted_tokens.inc(m.num_accepted_tokens)
+            for k, count in enumerate(m.accepted_per_position):
+                self.accepted_per_pos.labels(position=str(k)).inc(count)
+        self.requests.labels(finished_reason=FINISH_REASONS[result.finish_reason]).inc()
+        self.prompt_tokens.inc(m.num_prompt_tokens)
+        self.generation_tokens.inc(len(result.token_ids))
+        self.ttft.observe(first - arrival)
+        if len(result.token_ids) > 1:
+            self.tpot.observe((end - first) / (len(result.token_ids) - 1))
+
+
+def usage_of(result: GenerationResult) -> dict[str, Any]:
+    """OpenAI usage plus the raw speculative counts and accept length (1 + accepted / drafts)."""
+    m = result.metrics
+    m.check()
+    prompt, completion = m.num_prompt_tokens, len(result.token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "num_drafts": m.num_verify_steps, "num_draft_tokens": m.num_drafted_tokens,
+            "num_accepted_tokens": m.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(m.accepted_per_position),
+            "accept_length": m.accept_length, "acceptance_per_position": m.acceptance_per_position}
+
+
+# ---- the worker -------------------------------------------------------------------------------
+@dataclass
+class Job:
+    """One queued request. post(event) hands an event to the request's event loop (thread-safe);
+    events: ("tokens", ids), ("done", GenerationResult), ("error", message), ("cancelled", None)."""
+
+    request: GenerationRequest
+    post: Callable[[tuple[str, Any]], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    arrival: float = field(default_factory=time.perf_counter)
+
+
+class StepLog:
+    """Verification steps since the last log line; logs every `every` steps (0 = never)."""
+
+    def __init__(self, every: int, drafts_per_step: int) -> None:
+        self.every, self.drafts_per_step = every, drafts_per_step
+        self.steps, self.tokens, self.busy_s = 0, 0, 0.0
+
+    def record(self, num_tokens: int, elapsed_s: float, num_waiting: int) -> None:
+        """Count one verification step that kept `num_tokens` tokens in `elapsed_s`."""
+        self.steps, self.tokens, self.busy_s = self.steps + 1, self.tokens + num_tokens, self.busy_s + elapsed_s
+        if not self.every or self.steps < self.every:
+            return
+        rate = (self.tokens - self.steps) / (self.steps * self.drafts_per_step) if self.drafts_per_step else 0.0
+        log.info("decode: %d verification steps, accept len %.2f, accept rate %.2f, gen throughput "
+                 "(token/s) %.1f, #queue-req %d", self.steps, self.tokens / self.steps, rate,
+                 self.tokens / self.busy_s if self.busy_s > 0 else 0.0, num_waiting)
+        self.steps, self.tokens, self.busy_s = 0, 0, 0.0
+
+
+class EngineWorker:
+    """Runs queued jobs on one thread, one at a time (the engine is batch 1)."""
+
+    def __init__(self, engine: SpeculativeEngine, tokenizer: Any, metrics: ServerMetrics,
+                 max_queue: int, log_every: int) -> None:
+        if max_queue < 1:
+            raise ValueError(f"max_queue {max_queue}: must be >= 1 (requests waiting besides the running one)")
+        self.engine, self.metrics = engine, metrics
+        self.eos_ids = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+        self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.running: Job | None = None
+        self.step_log = StepLog(log_every, engine.spec.num_draft_tokens - 1 if engine.spec else 0)
+        self.thread = threading.Thread(target=self.loop, name="specdraft-engine", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; raises RequestError 429 when the queue is full."""
+        try:
+            self.jobs.put_nowait(job)
+        except queue.Full:
+            self.metrics.rejected.inc()
+            raise RequestError(f"server busy: {self.jobs.maxsize} requests already waiting; retry later",
+                               code="queue_full", status=429, kind="server_busy") from None
+        self.metrics.waiting.set(self.jobs.qsize())
+
+    def loop(self) -> None:
+        """Take jobs until the stop sentinel (None)."""
+        while (job := self.jobs.get()) is not None:
+            self.metrics.waiting.set(self.jobs.qsize())
+            if job.cancelled.is_set():
+                job.post(("cancelled", None))
+                continue
+            self.running = job
+            self.metrics.running.set(1)
+            try:
+                self.run(job)
+            finally:
+                self.running = None
+                self.metrics.running.set(0)
+
+    def run(self, job: Job) -> None:
+        """Generate one request, streaming its tokens through job.post."""
+        req, times = job.request, []
+
+        def on_tokens(ids: list[int]) -> None:
+            if job.cancelled.is_set():
+                raise GenerationCancelled()
+            times.append(time.perf_counter())
+            if len(times) > 1:  # the first call is the prefill's token, not a verification step
+                self.step_log.record(len(ids), times[-1] - times[-2], self.jobs.qsize())
+            job.post(("tokens", ids))
+
+        try:
+            result = self.engine.generate(req.prompt_ids, req.max_tokens, req.temperature, req.top_p,
+                                          req.top_k, () if req.ignore_eos else self.eos_ids,
+                                          req.stop or None, req.seed, on_tokens)
+        except GenerationCancelled:
+            self.metrics.cancelled.inc()
+            job.post(("cancelled", None))
+            return
+        except Exception as e:  # reported to this request's client; the server keeps serving
+            log.exception("generation failed")
+            job.post(("error", f"generation failed: {type(e).__name__}: {e}"))
+            return
+        self.metrics.record(result, self.engine.spec is not None, job.arrival, times[0], times[-1])
+        job.post(("done", result))
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Cancel the running and waiting jobs and stop the thread."""
+        if self.running is not None:
+            self.running.cancelled.set()
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.post(("cancelled", None))
+        self.jobs.put(None)
+        self.thread.join(timeout_s)
+
+
+# ---- the app ----------------------------------------------------------------------------------
+@dataclass
+class ServerState:
+    """What the route handlers share: engine, tokenizer, served name, metrics, worker."""
+
+    engine: SpeculativeEngine
+    tokenizer: Any
+    model_name: str
+    metrics: ServerMetrics
+    worker: EngineWorker
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def create_app(engine: SpeculativeEngine, tokenizer: Any, model_name: str,
+               max_queue: int = DEFAULT_MAX_QUEUE, log_every: int = 0) -> Any:
+    """A FastAPI app serving `engine` under `model_name`; its worker thread starts now.
+
+    tokenizer: the target's (transformers) tokenizer: prompts, chat template, EOS, text.
+    max_queue: requests that may wait besides the running one (429 beyond); log_every:
+    verification steps between log lines (0 = off). The engine gets the tokenizer when it has
+    none (stop strings). Raises ValueError for max_queue < 1.
+    """
+    from fastapi import FastAPI
+
+    if engine.tokenizer is None:
+        engine.tokenizer = tokenizer
+    steps = engine.spec.num_steps if engine.spec else 0
+    metrics = ServerMetrics(steps)
+    state = ServerState(engine, tokenizer, model_name, metrics,
+                        EngineWorker(engine, tokenizer, metrics, max_queue, log_every))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        yield
+        state.worker.close()
+
+    app = FastAPI(title="specdraft", lifespan=lifespan)
+    app.state.server = state
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_route("/v1/models", models, methods=["GET"])
+    app.add_route("/health", health, methods=["GET"])
+    app.add_route("/metrics", prometheus_metrics, methods=["GET"])
+    app.add_exception_handler(RequestError, request_error_response)
+    return app
+
+
+async def request_error_response(request: Any, error: RequestError) -> Any:
+    """The OpenAI error body with the error's status."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def read_body(request: Any, state: ServerState) -> dict:
+    """The request's JSON object; RequestError for bad JSON, a non-object or another model."""
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object", code="invalid_json")
+    model = get_field(body, "model", "str")
+    if model is not None and model != state.model_name:
+        raise RequestError(f"model '{model}' does not exist; this server serves '{state.model_name}'",
+                           param="model", code="model_not_found", status=404, kind="NotFoundError")
+    return body
+
+
+def checked(state: ServerState, body: dict, prompt_ids: list[int], default_max: int) -> GenerationRequest:
+    """parse_common + the context check (400 context_length_exceeded before any compute)."""
+    req = parse_common(body, prompt_ids, default_max)
+    try:
+        state.engine.check_limits(len(prompt_ids), req.max_tokens)
+    except ValueError as e:
+        raise RequestError(str(e), param="max_tokens", code="context_length_exceeded") from None
+    return req
+
+
+async def completions(request: Any) -> Any:
+    """POST /v1/completions."""
+    state: ServerState = request.app.state.server
+    body = await read_body(request, state)
+    if body.get("prompt") is None:
+        raise RequestError("'prompt' is a required property", param="prompt", code="missing_field")
+    ids = prompt_ids_of(body["prompt"], state.tokenizer, state.engine.target.args.vocab_size)
+    return await respond(request, state, checked(state, body, ids, 16), chat=False)
+
+
+async def chat_completions(request: Any) -> Any:
+    """POST /v1/chat/completions (max_completion_tokens or max_tokens; default: the room left)."""
+    state: ServerState = request.app.state.server
+    body = await read_body(request, state)
+    ids = chat_prompt_ids(body, state.tokenizer)
+    if body.get("max_completion_tokens") is not None:
+        body = {**body, "max_tokens": get_field(body, "max_completion_tokens", "int")}
+    return await respond(request, state, checked(state, body, ids, max(1, context_room(state.engine, len(ids)))),
+                         chat=True)
+
+
+async def models(request: Any) -> Any:
+    """GET /v1/models: the one served model."""
+    from starlette.responses import JSONResponse
+
+    state: ServerState = request.app.state.server
+    room = context_room(state.engine, 0)
+    return JSONResponse({"object": "list", "data": [
+        {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdraft",
+         "max_model_len": room}]})
+
+
+async def health(request: Any) -> Any:
+    """GET /health: 200 while the worker thread lives (503 otherwise), with queue state."""
+    from starlette.responses import JSONResponse
+
+    worker = request.app.state.server.worker
+    alive = worker.thread.is_alive()
+    return JSONResponse({"status": "ok" if alive else "dead", "running": int(worker.running is not None),
+                         "waiting": worker.jobs.qsize()}, status_code=200 if alive else 503)
+
+
+async def prometheus_metrics(request: Any) -> Any:
+    """GET /metrics: Prometheus text exposition of the server's registry."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from starlette.responses import Response
+
+    return Response(generate_latest(request.app.state.server.metrics.registry),
+                    media_type=CONTENT_TYPE_LATEST)
+
+
+# ---- responses --------------------------------------------------------------------------------
+async def respond(request: Any, state: ServerState, req: GenerationRequest, chat: bool) -> Any:
+    """Queue the request; answer with SSE chunks (stream) or one JSON body."""
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+    def post(event: tuple[str, Any]) -> None:
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+        except RuntimeError:  # the request's loop is gone (server shutting down)
+            pass
+
+    job = Job(req, post)
+    state.worker.submit(job)
+    shape = ResponseShape(state.model_name, chat)
+    if req.stream:
+        return StreamingResponse(stream_chunks(state, job, events, shape), media_type="text/event-stream")
+    kind, value = await wait_for_end(request, job, events)
+    if kind != "done":
+        return JSONResponse(RequestError(value or "request cancelled", code=kind, status=500,
+                                         kind="server_error").body(), status_code=500)
+    text = TextStream(state.tokenizer, req.stop)
+    return JSONResponse(shape.full(text.push(value.token_ids) + text.finish(), value))
+
+
+async def wait_for_end(request: Any, job: Job, events: asyncio.Queue) -> tuple[str, Any]:
+    """Wait for the job's final event; cancel it when the client disconnects."""
+    try:
+        while True:
+            try:
+                kind, value = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    return "cancelled", None
+                continue
+            if kind != "tokens":
+                return kind, value
+    finally:
+        job.cancelled.set()  # no-op once finished
+
+
+async def stream_chunks(state: ServerState, job: Job, events: asyncio.Queue,
+                        shape: ResponseShape) -> AsyncIterator[str]:
+    """SSE: text chunks, a final chunk with finish_reason, the usage chunk when asked, [DONE].
+    Closing the stream (client disconnect) cancels the job."""
+    text = TextStream(state.tokenizer, job.request.stop)
+    try:
+        if shape.chat:
+            yield sse(shape.chunk({"role": "assistant", "content": ""}, None))
+        while True:
+            kind, value = await events.get()
+            if kind == "tokens":
+                if piece := text.push(value):
+                    yield sse(shape.chunk(piece, None))
+                continue
+            if kind == "done":
+                yield sse(shape.chunk(text.finish(), FINISH_REASONS[value.finish_reason]))
+                if job.request.include_usage:
+                    yield sse({**shape.chunk("", None), "choices": [], "usage": usage_of(value)})
+            else:
+                yield sse(RequestError(value or "request cancelled", code=kind, kind="server_error").body())
+            yield "data: [DONE]\n\n"
+            return
+    finally:
+        job.cancelled.set()
+
+
+def sse(payload: dict) -> str:
+    """One server-sent event."""
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+@dataclass
+class ResponseShape:
+    """OpenAI's completion / chat.completion bodies and chunks for one request."""
+
+    model: str
+    chat: bool
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def head(self, stream: bool) -> dict[str, Any]:
+        """id, object, created, model."""
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if stream and self.chat else "")
+        return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind,
+                "created": self.created, "model": self.model}
+
+    def chunk(self, piece: str | dict, finish_reason: str | None) -> dict[str, Any]:
+        """A streamed chunk carrying `piece` (text, or a chat delta dict)."""
+        if self.chat:
+            delta = piece if isinstance(piece, dict) else ({"content": piece} if piece else {})
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason}
+        return {**self.head(stream=True), "choices": [choice]}
+
+    def full(self, text: str, result: GenerationResult) -> dict[str, Any]:
+        """The non-streamed body with usage."""
+        reason = FINISH_REASONS[result.finish_reason]
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                   "finish_reason": reason} if self.chat else
+                  {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+        return {**self.head(stream=False), "choices": [choice], "usage": usage_of(result)}
+
+
+# ---- running ----------------------------------------------------------------------------------
+@dataclass
+class RunningServer:
+    """A uvicorn server on a background thread (tests, benchmarks); `stop()` shuts it down."""
+
+    url: str
+    server: Any
+    thread: threading.Thread
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Ask uvicorn to exit (runs the app's shutdown: the worker stops) and join the thread."""
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+
+    def __enter__(self) -> RunningServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 20.0) -> RunningServer:
+    """Start uvicorn for `app` on a thread, bound to host:port (0 = a free port); return once
+    it accepts connections. Raises RuntimeError when it has not started within timeout_s."""
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it (Linux)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
+                              name="specdraft-uvicorn")
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            server.should_exit = True
+            raise RuntimeError(f"uvicorn did not start on {host}:{sock.getsockname()[1]} within {timeout_s} s")
+        time.sleep(0.01)
+    return RunningServer(f"http://{host}:{sock.getsockname()[1]}", server, thread)
+
+
+def serve(app: Any, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run uvicorn in the foreground until interrupted (binds loopback by default)."""
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+def build_app(target_dir: str, draft_dir: str | None, spec: Any, device: str = "cpu", dtype: Any = None,
+              max_seq_len: int | None = None, model_name: str | None = None,
+              max_queue: int = DEFAULT_MAX_QUEUE, log_every: int = 0) -> Any:
+    """Load the target (with its tokenizer) and the drafter, and `create_app` for them.
+
+    spec: SpecConfig, or None for plain decoding (draft_dir is then ignored). model_name
+    defaults to the target directory's name. Raises what `load_engine` raises (mismatched
+    drafter, unreadable checkpoints) and OSError for a missing tokenizer."""
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from specdraft.engine.speculate import load_engine
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    engine = load_engine(target_dir, draft_dir if spec is not None else None, spec, device,
+                         dtype or torch.float32, max_seq_len, tokenizer)
+    return create_app(engine, tokenizer, model_name or Path(target_dir).resolve().name, max_queue, log_every)

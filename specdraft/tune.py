@@ -1,0 +1,389 @@
+"""Choose speculative settings from measured acceptance and costs, or none (case S5).
+
+Model, per speculative round with n draft steps, topk k and m verified nodes (root included):
+    E[tokens per round] = 1 + sum_{j<=n} p_j           (p_j: acceptance at depth j, T = 0)
+    time per round      = n * t_draft(k) + t_verify(m) + t_round(k)
+    predicted tokens/s  = E[tokens per round] / time per round
+and plain decoding emits 1 token per t_verify(1) + t_plain. For a chain (k = 1, m = n + 1)
+p_j comes from a deep chain probe (`probe_steps` drafts; at T = 0 a chain's first n drafts do
+not depend on its depth). For a tree, p_j comes from a probe with the same topk at the deepest
+depth and m = min(the tree's nodes, max_tree_tokens); a depth-n candidate reuses its first n
+values, an approximation (pruning to m nodes selects differently at each depth), which is why
+the best candidates are then measured.
+Costs, on this machine and engine: t_verify(T) = median time of one target forward over T
+tokens after a prefix, timed directly for every T a candidate needs; t_draft(k) = a probe's
+drafting time / (rounds * steps); t_round(k) = the rest of a probe's round time beyond
+t_verify (acceptance, cache commit, output); t_plain likewise from the plain run.
+Tokens/s are decode tokens/s: tokens after the first / time after the prefill.
+The `num_measure` best predictions, the best chain and the current setting are run for real;
+the recommendation is the best measured setting when it beats plain decoding by more than
+`min_speedup`, else no speculation. vLLM drafts chains: its recommendation is the best chain.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from specdraft.draft import Eagle3Draft
+from specdraft.engine.fast_model import FastTarget, causal_mask
+from specdraft.engine.metrics import SpecMetrics
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.engine.speculate import SpeculativeEngine
+
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """What to try. max_new_tokens: per prompt (T = 0); probe_steps: depth of the acceptance
+    probes (raised to the current setting's depth); topks: children per node to consider (1 =
+    chains, always included); max_tree_tokens: cap on a tree's verified nodes; num_measure:
+    best predictions run for real; min_speedup: measured speedup speculation must exceed (5 %
+    by default: closer than that is within run-to-run noise);
+    current: the setting in use, measured and reported too. Raises ValueError for bad values."""
+
+    max_new_tokens: int = 64
+    probe_steps: int = 8
+    topks: tuple[int, ...] = (1, 2, 4)
+    max_tree_tokens: int = 16
+    num_measure: int = 3
+    min_speedup: float = 1.05
+    current: SpecConfig | None = None
+    verify_repeats: int = 7
+
+    def __post_init__(self) -> None:
+        checks = [("max_new_tokens", self.max_new_tokens >= 1), ("probe_steps", self.probe_steps >= 1),
+                  ("topks", bool(self.topks) and all(k >= 1 for k in self.topks)),
+                  ("max_tree_tokens", self.max_tree_tokens >= 2), ("num_measure", self.num_measure >= 1),
+                  ("min_speedup", self.min_speedup > 0), ("verify_repeats", self.verify_repeats >= 1)]
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"TuneConfig.{name} = {getattr(self, name)!r} is out of range")
+
+    @property
+    def depth(self) -> int:
+        """Probe depth: probe_steps, or the current setting's steps when deeper."""
+        return max(self.probe_steps, self.current.num_steps if self.current else 0)
+
+    @property
+    def all_topks(self) -> list[int]:
+        """topks plus 1 (chains) and the current setting's topk."""
+        return sorted({1, *self.topks, *([self.current.topk] if self.current else [])})
+
+
+def tree_tokens(num_steps: int, topk: int, cap: int) -> int:
+    """Verified nodes of the candidate (num_steps, topk): num_steps + 1 for a chain, else the
+    whole tree 1 + topk + (num_steps - 1) * topk^2 capped at `cap`."""
+    if topk == 1:
+        return num_steps + 1
+    return max(2, min(SpecConfig(num_steps, topk, 2).max_draft_tokens, cap))
+
+
+def decode_tokens_per_s(m: SpecMetrics) -> float:
+    """Tokens after each request's first / time after its prefill."""
+    busy = m.time_total_s - m.time_prefill_s
+    return (m.num_output_tokens - m.num_requests) / busy if busy > 0 else 0.0
+
+
+# ---- measuring --------------------------------------------------------------------------------
+@dataclass
+class Measured:
+    """One setting run for real over the prompts (merged metrics)."""
+
+    spec: SpecConfig | None
+    metrics: SpecMetrics
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode tokens/s."""
+        return decode_tokens_per_s(self.metrics)
+
+    @property
+    def rounds(self) -> int:
+        """Verification steps."""
+        return max(1, self.metrics.num_verify_steps)
+
+
+class Bench:
+    """Builds engines over one target + drafter and runs them on the prompts (T = 0)."""
+
+    def __init__(self, target: FastTarget, draft: Eagle3Draft, prompts: Sequence[Sequence[int]],
+                 cfg: TuneConfig) -> None:
+        self.target, self.draft, self.prompts, self.cfg = target, draft, [list(p) for p in prompts], cfg
+        self.device = target.output.weight.device
+        longest_tree = max(cfg.max_tree_tokens, cfg.depth + 1,
+                           cfg.current.num_draft_tokens if cfg.current else 0)
+        self.max_seq_len = max(map(len, self.prompts)) + cfg.max_new_tokens + longest_tree
+        if not self.prompts or self.max_seq_len > target.args.max_position_embeddings:
+            raise ValueError(f"longest prompt + max_new_tokens {cfg.max_new_tokens} + tree {longest_tree} = "
+                             f"{self.max_seq_len} exceeds the target's max_position_embeddings "
+                             f"{target.args.max_position_embeddings}: use shorter prompts or fewer tokens")
+
+    def engine(self, spec: SpecConfig | None) -> SpeculativeEngine:
+        """A fresh engine (plain decoding for spec None)."""
+        return SpeculativeEngine(self.target, self.draft if spec else None, spec, None, self.max_seq_len,
+                                 self.device)
+
+    def run(self, spec: SpecConfig | None) -> Measured:
+        """Generate max_new_tokens for every prompt (after a short warm-up)."""
+        engine = self.engine(spec)
+        engine.generate(self.prompts[0], min(WARMUP_TOKENS, self.cfg.max_new_tokens))
+        total = SpecMetrics()
+        for prompt in self.prompts:
+            total = total.merge(engine.generate(prompt, self.cfg.max_new_tokens).metrics)
+        total.check()
+        return Measured(spec, total)
+
+    @torch.inference_mode()
+    def time_verify(self, sizes: Sequence[int]) -> dict[int, float]:
+        """Median seconds of one target forward (aux states included) over T tokens after a
+        prefix of typical length, for each T in sizes."""
+        engine = self.engine(SpecConfig.chain(1))
+        prefix = min(len(self.prompts[0]) + self.cfg.max_new_tokens // 2, self.max_seq_len - max(sizes))
+        vocab = self.target.args.vocab_size
+        ids = torch.arange(prefix, device=self.device) % vocab
+        engine.forward_target(ids, torch.arange(prefix, device=self.device), 0,
+                              causal_mask(0, prefix, self.max_seq_len, device=self.device))
+        times = {}
+        for size in sorted(set(sizes)):
+            tokens = torch.arange(size, device=self.device) % vocab
+            positions = prefix + torch.arange(size, device=self.device)
+            mask = causal_mask(prefix, size, self.max_seq_len, device=self.device)
+            samples = []
+            for _ in range(self.cfg.verify_repeats + 1):  # the first run warms up
+                synchronize(self.device)
+                start = time.perf_counter()
+                engine.forward_target(tokens, positions, prefix, mask)
+                synchronize(self.device)
+                samples.append(time.perf_counter() - start)
+            times[size] = statistics.median(samples[1:])
+        return times
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work (timing)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---- the model --------------------------------------------------------------------------------
+@dataclass
+class Costs:
+    """Seconds: target forward per token count, drafter step / round overhead per topk, plain
+    decoding overhead per token."""
+
+    t_verify: dict[int, float]
+    t_draft: dict[int, float] = field(default_factory=dict)
+    t_round: dict[int, float] = field(default_factory=dict)
+    t_plain: float = 0.0
+
+
+def calibrate(costs: Costs, probe: Measured) -> None:
+    """t_draft and t_round of the probe's topk from its run."""
+    m, spec = probe.metrics, probe.spec
+    costs.t_draft[spec.topk] = m.time_draft_s / (probe.rounds * spec.num_steps)
+    costs.t_round[spec.topk] = max(0.0, (m.time_verify_s + m.time_other_s) / probe.rounds
+                                   - costs.t_verify[spec.num_draft_tokens])
+
+
+def predict(spec: SpecConfig, probe: Measured, costs: Costs) -> tuple[float, float]:
+    """(predicted accept length, predicted decode tokens/s) of `spec` (module docstring)."""
+    p = probe.metrics.acceptance_per_position
+    tau = 1.0 + sum(p[:spec.num_steps])
+    seconds = (spec.num_steps * costs.t_draft[spec.topk] + costs.t_verify[spec.num_draft_tokens]
+               + costs.t_round[spec.topk])
+    return tau, tau / seconds
+
+
+@dataclass
+class Candidate:
+    """A setting with its prediction and, when run, its measurement (speedup vs plain)."""
+
+    spec: SpecConfig
+    predicted_tau: float
+    predicted_tps: float
+    measured_tau: float | None = None
+    measured_tps: float | None = None
+    speedup: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"num_steps": self.spec.num_steps, "topk": self.spec.topk,
+                "num_draft_tokens": self.spec.num_draft_tokens, "predicted_tau": self.predicted_tau,
+                "predicted_tokens_per_s": self.predicted_tps, "measured_tau": self.measured_tau,
+                "measured_tokens_per_s": self.measured_tps, "speedup": self.speedup}
+
+
+# ---- the tuner --------------------------------------------------------------------------------
+@dataclass
+class TuneReport:
+    """Probes, costs, plain decoding, candidates (best predicted first), the current setting and
+    the recommendations (None = no speculation)."""
+
+    config: TuneConfig
+    num_prompts: int
+    probes: dict[int, Measured]
+    costs: Costs
+    plain_predicted_tps: float
+    plain_measured_tps: float
+    candidates: list[Candidate]
+    current: Candidate | None
+    recommendation: Candidate | None
+    vllm_recommendation: Candidate | None
+    draft_path: str = "DRAFT"
+
+    def sglang_flags(self) -> str:
+        """SGLang launch flags of the recommendation (or the advice to launch without)."""
+        rec = self.recommendation
+        if rec is None:
+            return "launch without --speculative-* flags (no speculation)"
+        return " ".join(["--speculative-algorithm EAGLE3 --speculative-draft-model-path",
+                         shlex.quote(self.draft_path), *rec.spec.sglang_args()])
+
+    def vllm_flags(self) -> str:
+        """vLLM's --speculative-config of the best chain (or the advice to launch without)."""
+        rec = self.vllm_recommendation
+        if rec is None:
+            return "launch without --speculative-config (no speculation)"
+        config = {"method": "eagle3", "model": self.draft_path, "num_speculative_tokens": rec.spec.num_steps}
+        return f"--speculative-config {shlex.quote(json.dumps(config))}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        def one(c: Candidate | None) -> dict | None:
+            return c.to_dict() if c else None
+        return {"num_prompts": self.num_prompts, "max_new_tokens": self.config.max_new_tokens,
+                "probes": {str(k): p.metrics.to_dict() for k, p in self.probes.items()},
+                "costs_s": {"t_verify": self.costs.t_verify, "t_draft": self.costs.t_draft,
+                            "t_round": self.costs.t_round, "t_plain": self.costs.t_plain},
+                "plain": {"predicted_tokens_per_s": self.plain_predicted_tps,
+                          "measured_tokens_per_s": self.plain_measured_tps},
+                "candidates": [c.to_dict() for c in self.candidates], "current": one(self.current),
+                "recommendation": one(self.recommendation), "vllm_recommendation": one(self.vllm_recommendation),
+                "sglang_flags": self.sglang_flags(), "vllm_flags": self.vllm_flags()}
+
+
+def tune(target: FastTarget, draft: Eagle3Draft, prompts: Sequence[Sequence[int]], cfg: TuneConfig,
+         draft_path: str = "DRAFT", progress: Callable[[str], None] | None = None) -> TuneReport:
+    """Probe acceptance, time the engine, predict every candidate, measure the best, recommend.
+
+    prompts: target token ids. Raises ValueError when prompts + tokens exceed the target's
+    positions, or (from the engine) when the drafter does not fit the target."""
+    say = progress or (lambda text: None)
+    bench = Bench(target, draft, prompts, cfg)
+    depth = cfg.depth
+    probe_specs = {k: SpecConfig(depth, k, tree_tokens(depth, k, cfg.max_tree_tokens)) for k in cfg.all_topks}
+    specs = [SpecConfig(n, k, tree_tokens(n, k, cfg.max_tree_tokens)) for k in cfg.all_topks
+             for n in range(1, depth + 1)]
+    if cfg.current:
+        specs.append(cfg.current)
+    costs = Costs(bench.time_verify([1] + [s.num_draft_tokens for s in specs + list(probe_specs.values())]))
+    plain = bench.run(None)
+    costs.t_plain = max(0.0, plain.metrics.time_total_s - plain.metrics.time_prefill_s) / plain.rounds - costs.t_verify[1]
+    say(f"plain decoding: {plain.tokens_per_s:.1f} tok/s")
+    probes = {}
+    for k, spec in probe_specs.items():
+        probes[k] = bench.run(spec)
+        calibrate(costs, probes[k])
+        say(f"probe topk {k}, {depth} steps: tau {probes[k].metrics.accept_length:.3f}")
+    candidates = {s: Candidate(s, *predict(s, probes[s.topk], costs)) for s in specs}
+    ranked = sorted(candidates.values(), key=lambda c: -c.predicted_tps)
+    chains = [c for c in ranked if c.spec.is_chain]
+    to_measure = {c.spec: c for c in ranked[:cfg.num_measure] + chains[:1]}
+    if cfg.current:
+        to_measure[cfg.current] = candidates[cfg.current]
+    for c in to_measure.values():
+        run = bench.run(c.spec)
+        c.measured_tau, c.measured_tps = run.metrics.accept_length, run.tokens_per_s
+        c.speedup = c.measured_tps / plain.tokens_per_s
+        say(f"measured steps {c.spec.num_steps} topk {c.spec.topk} tokens {c.spec.num_draft_tokens}: "
+            f"{c.measured_tps:.1f} tok/s ({c.speedup:.2f}x)")
+    return TuneReport(cfg, len(bench.prompts), probes, costs, 1.0 / (costs.t_verify[1] + costs.t_plain),
+                      plain.tokens_per_s, ranked, candidates.get(cfg.current) if cfg.current else None,
+                      best(to_measure.values(), cfg.min_speedup),
+                      best([c for c in to_measure.values() if c.spec.is_chain], cfg.min_speedup), draft_path)
+
+
+def best(measured: Any, min_speedup: float) -> Candidate | None:
+    """The fastest measured candidate if its speedup exceeds min_speedup, else None."""
+    top = max(measured, key=lambda c: c.measured_tps, default=None)
+    return top if top is not None and top.speedup > min_speedup else None
+
+
+def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg: TuneConfig,
+               device: str = "cpu", dtype: torch.dtype = torch.float32,
+               progress: Callable[[str], None] | None = None) -> TuneReport:
+    """`tune` for a target directory (with its tokenizer), a draft checkpoint and a prompt source
+    ("builtin" or a file, as `bench.load_prompts` reads it)."""
+    from transformers import AutoTokenizer
+
+    from specdraft.bench import load_prompts
+    from specdraft.engine.speculate import load_engine
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    engine = load_engine(target_dir, draft_dir, SpecConfig.chain(cfg.depth), device, dtype)
+    ids = [list(tokenizer(p)["input_ids"]) for p in load_prompts(prompts)]
+    return tune(engine.target, engine.draft, ids, cfg, str(draft_dir), progress)
+
+
+# ---- rendering --------------------------------------------------------------------------------
+def spec_text(spec: SpecConfig) -> str:
+    """'steps n, topk k, draft tokens m'."""
+    return f"steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens}"
+
+
+def render(report: TuneReport, max_rows: int = 12) -> str:
+    """The report as text: probes (with tau = 1 + sum p_k), costs, model, candidates with
+    predicted and measured tokens/s, the current setting and the recommendation as flags."""
+    cfg, costs = report.config, report.costs
+    lines = [f"specdraft tune: {report.num_prompts} prompts x {cfg.max_new_tokens} new tokens, temperature 0",
+             "acceptance probes:"]
+    for k, probe in report.probes.items():
+        m = probe.metrics
+        p = " ".join(f"{x:.2f}" for x in m.acceptance_per_position)
+        lines.append(f"  {spec_text(probe.spec)}: p_k = {p}; tau {m.accept_length:.3f} = 1 + sum p_k "
+                     f"{1 + sum(m.acceptance_per_position):.3f}")
+    ms = lambda d: ", ".join(f"{k}: {v * 1e3:.3f}" for k, v in sorted(d.items()))  # noqa: E731
+    lines += [f"costs (ms): target forward over T tokens {{{ms(costs.t_verify)}}}",
+              f"  drafter step per topk {{{ms(costs.t_draft)}}}; round overhead per topk {{{ms(costs.t_round)}}}; "
+              f"plain overhead {costs.t_plain * 1e3:.3f}",
+              "model: tokens/s = (1 + sum_{j<=steps} p_j) / (steps * t_draft + t_verify(draft tokens) + overhead)",
+              f"plain decoding: predicted {report.plain_predicted_tps:.1f} tok/s, measured "
+              f"{report.plain_measured_tps:.1f} tok/s",
+              f"{'setting':<38} {'pred tau':>8} {'pred tok/s':>10} {'meas tau':>8} {'meas tok/s':>10} {'speedup':>8}"]
+    shown = [c for i, c in enumerate(report.candidates) if i < max_rows or c.measured_tps is not None]
+    for c in shown:
+        lines.append(row(spec_text(c.spec), c))
+    if report.current:
+        lines.append(row("current: " + spec_text(report.current.spec), report.current))
+    lines += recommendation_lines(report)
+    return "\n".join(lines)
+
+
+def row(name: str, c: Candidate) -> str:
+    """One table row ('-' where not measured)."""
+    measured = (f"{c.measured_tau:>8.3f} {c.measured_tps:>10.1f} {c.speedup:>7.2f}x" if c.measured_tps is not None
+                else f"{'-':>8} {'-':>10} {'-':>8}")
+    return f"{name:<38} {c.predicted_tau:>8.3f} {c.predicted_tps:>10.1f} {measured}"
+
+
+def recommendation_lines(report: TuneReport) -> list[str]:
+    """The verdict and the engine flags."""
+    rec = report.recommendation
+    if rec is None:
+        measured = [c for c in report.candidates if c.measured_tps is not None]
+        top = max(measured, key=lambda c: c.measured_tps)
+        head = (f"recommendation: no speculation: the best measured setting ({spec_text(top.spec)}) reaches "
+                f"{top.speedup:.2f}x of plain decoding (needs > {report.config.min_speedup:.2f}x)")
+    else:
+        head = (f"recommendation: {spec_text(rec.spec)}: {rec.measured_tps:.1f} tok/s measured "
+                f"({rec.speedup:.2f}x plain decoding; predicted {rec.predicted_tps:.1f})")
+    return [head, f"  SGLang: {report.sglang_flags()}", f"  vLLM: {report.vllm_flags()}"]

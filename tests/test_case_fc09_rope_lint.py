@@ -1,0 +1,69 @@
+"""FC-09: training accuracy high, serving acceptance collapsing at later positions (rope settings
+differing between trainer and engine). Doctor lints rope theta / scaling, partial rotary and max
+positions against training and the target, and its offline multi-step run (own states fed back)
+flags the positions that fall far below training."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdraft.doctor import run_doctor
+from specdraft.export import export_draft
+from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread, trained_world  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fc09")
+    draft, target = draft_checkpoint(root)
+    return draft, target
+
+
+def rope(draft, target, tmp_path, edit):
+    export_draft(draft, tmp_path / "out", engine="vllm", target=target)
+    edit_config(tmp_path / "out", edit)
+    return run_doctor(tmp_path / "out", target=target, engine="vllm").finding("rope_matches_training")
+
+
+def test_case_fc09_rope_theta_differs(ckpt, tmp_path):
+    finding = rope(*ckpt, tmp_path, lambda c: c.update(rope_theta=500000.0))
+    assert finding.verdict == "fail"
+    assert "rope_theta 500000.0 (config) vs 10000.0 (training)" in finding.evidence
+    assert "vs 10000.0 (target" in finding.evidence
+
+
+def test_case_fc09_only_rope_parameters_is_flagged(ckpt, tmp_path):
+    finding = rope(*ckpt, tmp_path, lambda c: (c.pop("rope_theta"), c.pop("rope_scaling"), c.update(
+        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})))
+    assert finding.verdict == "fail" and "older loaders fall back to 10000" in finding.evidence
+
+
+def test_case_fc09_scaling_positions_and_partial_rotary(ckpt, tmp_path):
+    finding = rope(*ckpt, tmp_path, lambda c: c.update(
+        rope_scaling={"rope_type": "linear", "factor": 4.0}, max_position_embeddings=1024,
+        partial_rotary_factor=0.5))
+    assert finding.verdict == "fail"
+    assert 'rope_scaling {"factor": 4.0, "rope_type": "linear"} (config) vs None (training)' in finding.evidence
+    assert "max_position_embeddings 1024 (config) vs 256 (training)" in finding.evidence
+    assert "partial_rotary_factor 0.5" in finding.evidence
+
+
+def test_case_fc09_matching_rope_passes(ckpt, tmp_path):
+    assert rope(*ckpt, tmp_path, lambda c: None).verdict == "pass"
+
+
+def test_case_fc09_offline_run_flags_later_positions(tmp_path_factory, tmp_path):
+    world = trained_world(tmp_path_factory)
+    export_draft(world.draft, tmp_path / "out", engine="vllm", target=world.target)
+    file = tmp_path / "out" / "specdraft_manifest.json"
+    manifest = json.loads(file.read_text())
+    first = manifest["training"]["validation"]["accuracy"][0]
+    # training reported (as with a trainer whose attention differs from the engine's) near-perfect
+    # later steps: the offline run, which feeds back the drafter's own states, does not reach them
+    manifest["training"]["validation"]["accuracy"] = [first, 0.98, 0.98]
+    file.write_text(json.dumps(manifest))
+    finding = run_doctor(tmp_path / "out", target=world.target, engine="vllm",
+                         samples=world.samples).finding("offline_acceptance_matches_training")
+    assert finding.verdict == "fail" and "far below training at positions [2, 3]" in finding.evidence

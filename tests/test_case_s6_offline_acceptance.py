@@ -1,0 +1,112 @@
+"""Case S6, the seed's method: the drafter alone on samples, teacher-forced with the target's aux
+states and its own states fed back, per position side by side with the training metrics. A
+wiring fault (S1, S3) shows as a large gap, a quality problem as none. S5: the same per-position
+acceptance says how many chain steps pay."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from specdraft.cli import app
+from specdraft.doctor import run_doctor
+from specdraft.export import export_draft
+from tests.doctor_helpers import (
+    edit_config,
+    edit_weights,
+    one_thread,  # noqa: F401
+    rename_layer,
+    trained_world,
+)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return trained_world(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def healthy(world, tmp_path_factory):
+    out = tmp_path_factory.mktemp("s6") / "vllm"
+    export_draft(world.draft, out, engine="vllm", target=world.target)
+    return out
+
+
+def side_by_side(evidence: str) -> list[tuple[float, float]]:
+    return [(float(t), float(o)) for t, o in re.findall(r"\d: ([\d.]+) / ([\d.]+)", evidence)]
+
+
+def test_case_s6_healthy_wiring_matches_training(world, healthy):
+    report = run_doctor(healthy, target=world.target, engine="vllm", samples=world.samples)
+    finding = report.finding("offline_acceptance_matches_training")
+    assert finding.verdict == "pass", finding
+    assert "per position training (validation split) / offline" in finding.evidence
+    rows = side_by_side(finding.evidence)
+    assert len(rows) == 3 and all(abs(t - o) < 0.15 for t, o in rows), rows
+    assert rows[0][0] > 0.6
+
+
+def test_case_s6_s1_wiring_shows_as_a_large_gap(world, tmp_path):
+    # SGLang >= 0.5.22 captures the embeddings on Llama-class targets, so it can serve [0, 3, 7]
+    export_draft(world.draft, tmp_path / "s", engine="sglang", target=world.target, sglang_version="0.5.22")
+    edit_weights(tmp_path / "s", lambda t: rename_layer(t, "midlayer.", "layers.0."))
+    report = run_doctor(tmp_path / "s", target=world.target, engine="sglang", sglang_version="0.5.22",
+                        samples=world.samples)
+    finding = report.finding("offline_acceptance_matches_training")
+    assert finding.verdict == "fail"
+    assert "10 parameters left at their initial values" in finding.evidence
+    # fc and the head still carry the first step; the random layer collapses the later ones
+    (_, first), *later = side_by_side(finding.evidence)
+    assert all(t >= 0.5 and o < 0.2 for t, o in later) and first < 0.6, finding.evidence
+    assert "keys (keys_match_engine failed)" in finding.fix
+    assert report.finding("engine_captures_training_layers").verdict == "pass"
+
+
+def test_case_s6_s3_wiring_shows_as_a_large_gap(world, healthy, tmp_path):
+    export_draft(healthy, tmp_path / "w", engine="vllm", target=world.target)
+    edit_config(tmp_path / "w", lambda c: c.update(eagle_aux_hidden_state_layer_ids=[3, 7, 10]))
+    finding = run_doctor(tmp_path / "w", target=world.target, engine="vllm",
+                         samples=world.samples).finding("offline_acceptance_matches_training")
+    assert finding.verdict == "fail" and "offline far below training at positions [1" in finding.evidence
+    assert "layers (engine_captures_training_layers failed)" in finding.fix
+
+
+def test_case_s6_held_out_samples_show_no_gap(world, healthy, tmp_path):
+    import json
+
+    from tests.doctor_helpers import random_samples
+
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps({"input_ids": s.input_ids, "loss_mask": s.loss_mask}) + "\n"
+                                for s in random_samples(24, seed=7)))
+    finding = run_doctor(healthy, target=world.target, engine="vllm",
+                         samples=held_out).finding("offline_acceptance_matches_training")
+    assert finding.verdict == "pass", finding
+
+
+def test_case_s6_capture_store_as_samples(world, healthy):
+    finding = run_doctor(healthy, target=world.target, engine="vllm", samples=world.store,
+                         max_samples=16).finding("offline_acceptance_matches_training")
+    assert finding.verdict == "pass" and "16 samples" in finding.evidence
+
+
+def test_case_s5_depth_past_useful_acceptance_fails(world, healthy):
+    args = "vllm serve T --speculative-config '{\"method\": \"eagle3\", \"num_speculative_tokens\": 15}'"
+    finding = run_doctor(healthy, target=world.target, engine="vllm", engine_args=args,
+                         samples=world.samples).finding("draft_depth_pays_off")
+    assert finding.verdict == "fail" and "add < 0.1 expected tokens each" in finding.evidence
+    assert re.search(r"use \d steps \(expected accept length [\d.]+\)", finding.fix)
+    assert "specdraft bench" in finding.fix
+    short = run_doctor(healthy, target=world.target, engine="vllm", samples=world.samples,
+                       engine_args=args.replace("15", "2")).finding("draft_depth_pays_off")
+    assert short.verdict == "pass"
+
+
+def test_case_s6_cli_prints_both_side_by_side(world, healthy):
+    result = CliRunner().invoke(app, ["doctor", str(healthy), "--target", str(world.target), "--engine",
+                                      "vllm", "--samples", str(world.samples)], env={"COLUMNS": "240"})
+    assert result.exit_code == 0, result.output
+    assert "offline_acceptance_matches_training" in result.output
+    assert "training (validation split) / offline" in result.output

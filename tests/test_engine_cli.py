@@ -1,0 +1,47 @@
+"""`specdraft generate`: loads the tokenizer from the target dir, streams the text, prints the
+metrics table; speculative and --no-spec runs print the target's greedy text."""
+
+from __future__ import annotations
+
+import shutil
+
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+from typer.testing import CliRunner
+
+from specdraft.checkpoint import Manifest, save_draft
+from specdraft.cli import app
+from tests.engine_helpers import VOCAB, AUX_LAYERS, greedy_sequences, one_thread, tiny_setup  # noqa: F401
+
+
+def _target_with_tokenizer(setup, path):
+    shutil.copytree(setup.target_dir, path)
+    words = models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0")
+    tok = Tokenizer(words)
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(path)
+    return PreTrainedTokenizerFast.from_pretrained(path)
+
+
+def test_generate_streams_text_and_prints_metrics(tmp_path):
+    setup = tiny_setup("llama")
+    tokenizer = _target_with_tokenizer(setup, tmp_path / "target")
+    args = setup.target.args
+    manifest = Manifest(draft=setup.trained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
+                        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers})
+    draft_dir = save_draft(setup.trained, tmp_path / "draft", manifest=manifest)
+    prompt = "w1 w5 w9 w13 w2 w7"
+    ids = tokenizer(prompt)["input_ids"]
+    expected = tokenizer.decode(greedy_sequences(setup.target, [ids], 12)[0, len(ids):].tolist())
+    common = ["generate", "--target", str(tmp_path / "target"), "--prompt", prompt,
+              "--max-new-tokens", "12", "--max-seq-len", "64"]
+    spec = CliRunner().invoke(app, common + ["--draft", str(draft_dir), "--topk", "2", "--num-steps",
+                                             "3", "--num-draft-tokens", "6"])
+    assert spec.exit_code == 0, spec.output
+    assert expected in spec.output.replace("\n", "")
+    assert "accept length tau" in spec.output and "steps 3, topk 2, draft tokens 6" in spec.output
+    plain = CliRunner().invoke(app, common + ["--no-spec"])
+    assert plain.exit_code == 0, plain.output
+    assert expected in plain.output.replace("\n", "") and "plain decoding" in plain.output
+    missing = CliRunner().invoke(app, common)
+    assert missing.exit_code == 1 and "--draft CKPT is required" in missing.output

@@ -1,0 +1,176 @@
+"""specdraft.engine.speculate end to end on tiny seeded Llama and Qwen3 targets.
+
+T = 0 output equals the target's greedy output (chain and trees, untrained and briefly trained
+drafters, 20 prompts each); the caches the engine leaves equal a fresh prefill's; limits are
+refused before generation; EOS, stop strings and streaming; loading a saved drafter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import transformers
+
+from specdraft.checkpoint import Manifest, save_draft
+from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.engine.speculate import SpeculativeEngine, load_engine
+from tests.engine_helpers import (AUX_LAYERS, MAX_SEQ, greedy_sequences, one_thread,  # noqa: F401
+                                  random_prompts, target_pass, tiny_setup)
+
+NUM_PROMPTS, PROMPT_LEN, NUM_NEW = 20, 8, 24
+SPECS = {"chain3": SpecConfig.chain(3), "tree3x2": SpecConfig(3, 2, 6), "tree4x4": SpecConfig(4, 4, 16)}
+
+
+def _greedy_reference(setup, prompts):
+    return greedy_sequences(setup.target, prompts, NUM_NEW)[:, PROMPT_LEN:].tolist()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_greedy_output_equals_target_greedy(arch):
+    """Every spec x drafter reproduces the target's greedy tokens; the trained drafter is
+    accepted (> 0) and more often than the untrained one."""
+    setup = tiny_setup(arch)
+    prompts = random_prompts(NUM_PROMPTS, PROMPT_LEN, seed=10)
+    reference = _greedy_reference(setup, prompts)
+    for name, spec in SPECS.items():
+        tau = {}
+        for kind in ("untrained", "trained"):
+            engine = setup.engine(getattr(setup, kind), spec)
+            outputs = [engine.generate(p, NUM_NEW).token_ids for p in prompts]
+            assert outputs == reference, (name, kind)
+            tau[kind] = engine.total.accept_length
+        assert tau["trained"] > 1.0 and tau["trained"] > tau["untrained"], (name, tau)
+
+
+def test_greedy_output_equals_target_greedy_on_a_context_heavy_target():
+    """A target whose next token depends on the whole context (weights std 0.4)."""
+    setup = tiny_setup("llama", "chaotic")
+    prompts = random_prompts(NUM_PROMPTS, PROMPT_LEN, seed=11)
+    reference = _greedy_reference(setup, prompts)
+    for spec in (SPECS["chain3"], SPECS["tree4x4"]):
+        engine = setup.engine(setup.trained, spec)
+        assert [engine.generate(p, NUM_NEW).token_ids for p in prompts] == reference
+
+
+def test_plain_decoding_equals_transformers_greedy():
+    setup = tiny_setup("llama")
+    prompts = random_prompts(NUM_PROMPTS, PROMPT_LEN, seed=12)
+    model = transformers.AutoModelForCausalLM.from_pretrained(setup.target_dir, dtype=torch.float32).eval()
+    ids = torch.tensor(prompts)
+    with torch.no_grad():
+        for _ in range(NUM_NEW):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], 1)
+    engine = setup.engine(None, None)
+    results = [engine.generate(p, NUM_NEW) for p in prompts]
+    assert [r.token_ids for r in results] == ids[:, PROMPT_LEN:].tolist()
+    assert all(r.metrics.accept_length == 1.0 and r.metrics.num_drafted_tokens == 0 for r in results)
+
+
+@torch.no_grad()
+def test_caches_after_generation_equal_a_fresh_prefill():
+    """Compaction of accepted tree paths and the drafter's shifted extend leave exactly the K/V
+    a from-scratch pass over the same tokens computes (target and drafter)."""
+    setup = tiny_setup("qwen3")
+    engine = setup.engine(setup.trained, SPECS["tree4x4"])
+    prompt = random_prompts(1, PROMPT_LEN, seed=13)[0]
+    result = engine.generate(prompt, 40)
+    assert result.metrics.accepted_per_position[1] > 0  # some depth-2 acceptances happened
+    tokens = torch.tensor([prompt + result.token_ids])
+    num_target = tokens.shape[1] - 1  # every output token but the last is in the target cache
+    engine_k = [layer.attention.kv_cache.k_cache[:, :, :num_target].clone() for layer in setup.target.layers]
+    num_draft = engine.draft_cache.length
+    draft_k = engine.draft_cache.k[:, :, :num_draft].clone()
+    _, aux = target_pass(setup.target, tokens[:, :num_target])
+    for layer, cached in zip(setup.target.layers, engine_k):
+        torch.testing.assert_close(layer.attention.kv_cache.k_cache[:, :, :num_target], cached,
+                                   rtol=1e-5, atol=1e-5)
+    fresh = setup.trained(tokens[:, 1:num_draft + 1], aux[:, :num_draft], torch.arange(num_draft)[None],
+                          first_step=True)
+    torch.testing.assert_close(fresh.kv.k, draft_k, rtol=1e-5, atol=1e-5)
+
+
+def test_limits_are_refused_before_generation_with_numbers():
+    setup = tiny_setup("llama")
+    engine = setup.engine(setup.untrained, SPECS["tree4x4"])  # max_seq_len 128, max positions 256
+    with pytest.raises(ValueError, match=r"prompt 100 \+ max_new_tokens 20 \+ 16 verified nodes = 136 "
+                                         r"exceeds the engine's max_seq_len 128"):
+        engine.generate([1] * 100, 20)
+    wide = SpeculativeEngine(setup.target, None, None, None, 256, "cpu")
+    with pytest.raises(ValueError, match="= 300 tokens exceeds the target's max_position_embeddings 256"):
+        wide.generate([1] * 200, 100)
+    cfg = dataclasses.replace(setup.untrained.cfg, max_position_embeddings=64)
+    short = Eagle3Draft(cfg).eval()
+    short.load_target_embedding(setup.target.tok_embeddings.weight)
+    engine = setup.engine(short, SPECS["chain3"])
+    with pytest.raises(ValueError, match="= 70 tokens exceeds the drafter's max_position_embeddings 64"):
+        engine.generate([1] * 50, 20)
+    assert len(engine.generate([1] * 40, 20).token_ids) == 20  # the engine still serves valid requests
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.generate([], 5)
+
+
+class CharTokenizer:
+    """decode(ids) = one letter per id (a-z, then A-Z ...)."""
+
+    @staticmethod
+    def decode(ids):
+        return "".join(chr(ord("A") + i) for i in ids)
+
+
+def test_eos_stop_strings_and_streaming():
+    setup = tiny_setup("llama")
+    prompt = random_prompts(1, PROMPT_LEN, seed=14)[0]
+    reference = _greedy_reference(setup, [prompt])[0]
+    engine = setup.engine(setup.trained, SPECS["tree3x2"], tokenizer=CharTokenizer())
+    chunks = []
+    full = engine.generate(prompt, NUM_NEW, on_tokens=chunks.append)
+    assert full.token_ids == reference and sum(chunks, []) == reference and full.finish_reason == "length"
+    eos = reference[6]
+    cut = reference.index(eos) + 1
+    result = engine.generate(prompt, NUM_NEW, eos_ids=(eos,))
+    assert (result.token_ids, result.finish_reason) == (reference[:cut], "eos")
+    stop = CharTokenizer.decode(reference[4:6])
+    first = CharTokenizer.decode(reference).find(stop)
+    result = engine.generate(prompt, NUM_NEW, stop=[stop])
+    assert result.finish_reason == "stop" and result.text == CharTokenizer.decode(reference)[:first]
+    assert result.token_ids == reference[:first + 2]
+    plain = setup.engine(None, None)
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        plain.generate(prompt, 4, stop=["x"])
+
+
+def _manifest(draft, setup, aux_layers):
+    args = setup.target.args
+    return Manifest(draft=draft.cfg.to_dict(), aux_layers=list(aux_layers),
+                    target={"hidden_size": args.hidden_size, "num_layers": args.num_layers,
+                            "vocab_size": args.vocab_size})
+
+
+def test_load_engine_pairs_a_saved_drafter(tmp_path):
+    setup = tiny_setup("llama")
+    draft_dir = save_draft(setup.trained, tmp_path / "draft", manifest=_manifest(setup.trained, setup, AUX_LAYERS))
+    engine = load_engine(setup.target_dir, draft_dir, SPECS["chain3"], max_seq_len=MAX_SEQ)
+    prompts = random_prompts(3, PROMPT_LEN, seed=15)
+    assert [engine.generate(p, NUM_NEW).token_ids for p in prompts] == _greedy_reference(setup, prompts)
+    assert engine.total.num_requests == 3 and engine.total.accept_length > 1.0
+    bad = save_draft(setup.trained, tmp_path / "bad", manifest=_manifest(setup.trained, setup, (1, 2, 3)))
+    with pytest.raises(ValueError, match=r"manifest aux_layers \[1, 2, 3\] != drafter config \[1, 2, 4\]"):
+        load_engine(setup.target_dir, bad, SPECS["chain3"], max_seq_len=MAX_SEQ)
+    assert load_engine(setup.target_dir, None, None, max_seq_len=MAX_SEQ).draft is None
+
+
+def test_a_drafter_for_another_target_is_refused():
+    setup = tiny_setup("llama")
+    cfg = DraftConfig.from_target(dict(hidden_size=16, num_attention_heads=2, intermediate_size=32,
+                                       vocab_size=80, num_hidden_layers=5, max_position_embeddings=256),
+                                  (1, 2, 3))
+    other = Eagle3Draft(cfg)
+    with pytest.raises(ValueError, match="target_hidden_size 16 != target hidden_size 32.*vocab_size 80 "
+                                         "!= target vocab_size 64.*target_num_layers 5 != target num_layers"
+                                         " 4.*embedding is not loaded"):
+        setup.engine(other, SPECS["chain3"])
+    with pytest.raises(ValueError, match=r"aux layers \[1, 2, 3\] != the drafter's training layers"):
+        SpeculativeEngine(setup.target, setup.trained, SPECS["chain3"], (1, 2, 3), MAX_SEQ, "cpu")

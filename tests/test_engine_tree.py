@@ -1,0 +1,90 @@
+"""specdraft.engine.tree: node selection keeps ancestors, masks, SGLang's expansion counts, and
+every tree node's draft score equals an independent chain run along its path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdraft.engine.sampling import SamplingParams
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.engine.tree import DraftTree, TreeExpansion, select, verify_mask
+from tests.engine_helpers import one_thread, random_prompts, target_pass, tiny_setup  # noqa: F401
+
+
+def test_select_breaks_ties_towards_ancestors():
+    # node 3 (child of 1) ties with its parent; a stable order keeps node 1 first
+    assert select([-1, 0, 0, 1], torch.tensor([0.0, -1.0, -0.5, -1.0]), 3) == [0, 1, 2]
+    assert select([-1, 0, 1, 2], torch.zeros(4), 3) == [0, 1, 2]  # all tied: a chain prefix
+    assert select([-1, 0, 1, 2], torch.zeros(4), 1) == [0]
+
+
+def test_select_refuses_orphans():
+    with pytest.raises(RuntimeError, match="without their parents"):
+        select([-1, 0, 1], torch.tensor([0.0, -2.0, -1.0]), 2)
+
+
+def test_ancestor_and_verify_masks():
+    tree = DraftTree(torch.tensor([9, 3, 5, 7]), [-1, 0, 0, 1], torch.tensor([0, 1, 1, 2]), torch.zeros(4))
+    assert tree.ancestor_mask().int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+    mask = verify_mask(tree, prefix_len=2, max_seq_len=8)
+    assert mask.shape == (1, 1, 4, 8)
+    assert mask[0, 0].int().tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0],
+                                         [1, 1, 1, 0, 1, 0, 0, 0], [1, 1, 1, 1, 0, 1, 0, 0]]
+
+
+def test_expansion_counts_and_draft_masks_follow_sglang():
+    """topk 2, 3 steps: 2 + 2·4 = 10 candidates; frontier rows see their own ancestors only."""
+    torch.manual_seed(0)
+    vocab, topk = 16, 2
+    exp = TreeExpansion(1, topk, False, SamplingParams(), torch.arange(vocab), vocab, None)
+    tokens, hidden = exp.expand(torch.randn(1, vocab), torch.randn(1, 4), written=False)
+    assert tokens.shape == (2,) and hidden.shape == (2, 4) and exp.num_scratch == 0
+    assert exp.draft_mask(3)[0, 0].int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
+    exp.expand(torch.randn(2, vocab), torch.randn(2, 4), written=True)
+    mask = exp.draft_mask(3)[0, 0]  # committed 3, scratch 2 (depth-1 rows), self 2
+    assert mask.shape == (2, 7)
+    assert mask[:, 3:5].sum(1).tolist() == [1, 1]  # one depth-1 ancestor each
+    assert mask[:, 5:].int().tolist() == [[1, 0], [0, 1]]
+    exp.expand(torch.randn(2, vocab), torch.randn(2, 4), written=True)
+    assert exp.num_nodes == 1 + SpecConfig(3, 2, 6).max_draft_tokens - 1
+    tree = exp.tree(6)
+    assert tree.num_nodes == 6 and tree.parents[0] == -1
+    assert all(p < i for i, p in enumerate(tree.parents) if i)
+    for i, p in enumerate(tree.parents[1:], start=1):
+        assert tree.depths[i] == tree.depths[p] + 1 and tree.scores[i] <= tree.scores[p]
+
+
+@torch.no_grad()
+def test_tree_scores_equal_chain_runs_along_each_path():
+    """The tree steps (scratch cache + tree masks) give every kept node the same cumulative
+    log-prob as running the drafter as a plain chain along that node's path, from scratch."""
+    setup = tiny_setup("llama")
+    draft, spec = setup.trained, SpecConfig(3, 3, 12)
+    engine = setup.engine(draft, spec)
+    prompt = random_prompts(1, 10, seed=5)[0]
+    req = engine.new_request(prompt, 8, SamplingParams(), (), None, None, None)
+    engine.emit(req, [engine.prefill(req)])
+    tree = engine.draft_tree(req)
+    assert tree.num_nodes == 12 and int(tree.depths.max()) >= 2
+    ids = torch.tensor([prompt + req.output_ids])
+    _, aux = target_pass(setup.target, ids[:, :-1])
+    n = len(prompt)
+    base = draft(ids[:, 1:], aux, torch.arange(n)[None], first_step=True)
+    vocab = draft.draft_to_target(torch.arange(draft.cfg.draft_vocab_size)).tolist()
+    draft_id = {token: i for i, token in enumerate(vocab)}
+    for node in range(1, tree.num_nodes):
+        path = [node]
+        while tree.parents[path[-1]] > 0:
+            path.append(tree.parents[path[-1]])
+        path.reverse()
+        logits, hidden, kv, score = base.logits[0, -1], base.hidden[:, -1:], base.kv, 0.0
+        for depth, step_node in enumerate(path, start=1):
+            token = int(tree.tokens[step_node])
+            score += logits.log_softmax(-1)[draft_id[token]].item()
+            if depth == len(path):
+                break
+            out = draft(torch.tensor([[token]]), hidden, torch.tensor([[n - 1 + depth]]),
+                        first_step=False, past_kv=kv)
+            logits, hidden, kv = out.logits[0, -1], out.hidden, type(kv).cat([kv, out.kv])
+        assert abs(score - float(tree.scores[node])) < 1e-4, (node, path)
