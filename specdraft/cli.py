@@ -272,7 +272,7 @@ def train(
     target: str = typer.Option("", help="Target directory, when the store's recorded path moved."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint."),
 ) -> None:
-    """Train an EAGLE-3 drafter on STORE into OUT (multi-GPU: torchrun ... $(which specdraft) train)."""
+    """Train an EAGLE-3 drafter on STORE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...)."""
     import json
     import sys
     from pathlib import Path

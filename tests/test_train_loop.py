@@ -234,9 +234,8 @@ def test_two_process_run_matches_one_process(world, tmp_path):
     cfg = small_config(total_steps=6, save_every=3, eval_every=3, lr=1e-3)
     (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
     single = train(cfg, store, tmp_path / "one", progress=False)
-    proc = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "2", "-m",
-                           "specdraft.train.loop", "--config", str(tmp_path / "cfg.json"),
-                           "--store", str(store), "--out", str(tmp_path / "two")],
+    proc = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "specdraft.cli",
+                           "train", str(store), str(tmp_path / "two"), "--config", str(tmp_path / "cfg.json")],
                           cwd=REPO, env=ONE_THREAD_ENV, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")

@@ -1,7 +1,6 @@
 """Training: the TTT loss (`loss.py`, pure functions) and the trainer (`loop.py`).
 
-`loop` is not imported here so that `python -m specdraft.train.loop` (torchrun) runs it once;
-import it as `from specdraft.train.loop import TrainConfig, train`.
+Import the trainer as `from specdraft.train.loop import TrainConfig, train`.
 """
 
 from specdraft.train.loss import TTTMetrics, TTTOutput, target_logits, ttt_loss, ttt_unroll

@@ -10,19 +10,17 @@ Resume is exact: a checkpoint holds the draft, optimizer, scheduler, RNG states 
 position; the data order is a function of (seed, epoch), so a resumed run repeats the same
 batches and, on the CPU in fp32, ends with the same weights bit for bit.
 
-    python -m specdraft.train.loop --config cfg.json --store STORE --out RUN [--resume]
-    torchrun --nproc-per-node 2 -m specdraft.train.loop ...
+    specdraft train STORE RUN [--config cfg.json] [--resume]
+    torchrun --nproc-per-node 2 -m specdraft.cli train STORE RUN ...
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
 import os
 import random
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -776,23 +774,3 @@ def _progress(enabled: bool, total: int, start: int):
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("train", total=total, completed=start, loss="-")
         yield lambda loss: bar.update(task, advance=1, loss=f"{loss:.4f}")
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m specdraft.train.loop` / torchrun entry: --config JSON --store DIR --out DIR."""
-    parser = argparse.ArgumentParser(prog="specdraft.train.loop", description=main.__doc__)
-    parser.add_argument("--config", type=Path, help="TrainConfig as JSON (default: defaults)")
-    parser.add_argument("--store", type=Path, required=True, help="capture store directory")
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--resume", action="store_true")
-    args = parser.parse_args(argv)
-    config = TrainConfig.from_dict(json.loads(args.config.read_text())) if args.config else TrainConfig()
-    result = train(config, args.store, args.out, resume=args.resume,
-                   command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({"steps": result.steps, "train_loss": result.train_loss,
-                          "validation": result.validation, "draft_dir": str(result.draft_dir)}))
-
-
-if __name__ == "__main__":
-    main()
