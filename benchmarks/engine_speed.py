@@ -43,6 +43,7 @@ from torch.nn.attention import sdpa_kernel
 
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.draft_cache import DraftCache
+from specdraft.engine.fast_draft import FastDraft
 from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.sampling import SamplingParams
@@ -144,20 +145,20 @@ def bench_target(target: FastTarget, device: str, prefix: int, max_seq_len: int,
 
 
 def bench_draft(draft: Eagle3Draft, device: str, prefix: int, topk: int, iters: int) -> dict:
-    """Drafter first step (4 positions) and tree step (topk rows) on a `prefix`-entry cache."""
-    cfg = draft.cfg
+    """Drafter first step (4 positions) and tree step (topk rows) on a `prefix`-entry cache, as
+    the engine runs them (`FastDraft`, writing its K/V into the cache)."""
+    cfg, fast = draft.cfg, FastDraft(draft)
     cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim, prefix + 64, draft.fc.weight.dtype, device)
     dtype = draft.fc.weight.dtype
 
     def run(t: int, first: bool, mask: torch.Tensor | None):
-        ids = torch.randint(0, cfg.vocab_size, (1, t), device=device)
+        ids = torch.randint(0, cfg.vocab_size, (t,), device=device)
         width = cfg.n_aux * cfg.target_hidden_size if first else cfg.hidden_size
-        hidden = torch.randn(1, t, width, device=device, dtype=dtype)
-        positions = torch.full((1, t), prefix, device=device)
-        return lambda: draft(ids, hidden, positions, first_step=first, attn_mask=mask,
-                             past_kv=cache.view(prefix))
+        hidden = torch.randn(t, width, device=device, dtype=dtype)
+        positions = torch.full((t,), prefix, device=device)
+        return lambda: fast(ids, hidden, positions, first, cache, prefix, mask)
 
-    tree_mask = torch.ones(1, 1, topk, prefix + topk, dtype=torch.bool, device=device)
+    tree_mask = torch.ones(topk, prefix + topk, dtype=torch.bool, device=device)
     fns = {"first_step_4_ms": run(4, True, None), f"tree_step_{topk}_ms": run(topk, False, tree_mask),
            "chain_step_1_ms": run(1, False, None)}
     with sdpa_kernel(DRAFT_SDPA_BACKENDS):  # as the engine runs the drafter

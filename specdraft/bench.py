@@ -25,10 +25,11 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -44,7 +45,8 @@ class BenchConfig:
     """What to benchmark. url / baseline_url: server base URLs (http://host:port); prompts:
     "builtin" or a file (JSONL rows {"prompt": text} or JSON strings; other files: one prompt
     per line); concurrency: requests in flight, one level each; num_prompts: requests per
-    level (prompts cycled); max_tokens: per request. Raises ValueError for a bad value."""
+    level (prompts cycled); max_tokens: per request; tie_band: speedups within 1 +- tie_band
+    are ties, not wins (the crossover). Raises ValueError for a bad value."""
 
     url: str
     baseline_url: str | None = None
@@ -56,6 +58,7 @@ class BenchConfig:
     ignore_eos: bool = True
     warmup: int = 1
     timeout_s: float = 600.0
+    tie_band: float = 0.05
 
     def __post_init__(self) -> None:
         for name in ("url", "baseline_url"):
@@ -67,8 +70,8 @@ class BenchConfig:
         for name in ("max_tokens", "num_prompts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)}: must be >= 1")
-        if self.temperature < 0 or self.warmup < 0 or self.timeout_s <= 0:
-            raise ValueError("temperature and warmup must be >= 0, timeout_s > 0")
+        if self.temperature < 0 or self.warmup < 0 or self.timeout_s <= 0 or not 0 <= self.tie_band < 1:
+            raise ValueError("temperature and warmup must be >= 0, timeout_s > 0, tie_band in [0, 1)")
 
 
 def load_prompts(source: str) -> list[str]:
@@ -401,21 +404,26 @@ class Crossover:
     text: str
 
 
-def find_crossover(points: list[tuple[int, float]]) -> Crossover:
-    """Crossover of (concurrency, speedup) points (sorted here by concurrency)."""
+def find_crossover(points: list[tuple[int, float]], tie_band: float = 0.0) -> Crossover:
+    """Crossover of (concurrency, speedup) points (sorted here by concurrency). Speculation
+    wins where speedup > 1 + tie_band and loses where speedup < 1 - tie_band (a tie between:
+    run-to-run noise); it stops winning at the first point after a win that is no win."""
     points = sorted(points)
     if not points:
         return Crossover(None, NO_BASELINE)
-    wins = [s > 1.0 for _, s in points]
+    wins = [s > 1.0 + tie_band for _, s in points]
+    band = f" by more than {tie_band:.0%}" if tie_band else ""
     if all(wins):
-        return Crossover(None, f"no crossover: speculation wins at every concurrency measured "
+        return Crossover(None, f"no crossover: speculation wins{band} at every concurrency measured "
                                f"(up to {points[-1][0]}, speedup {points[-1][1]:.2f}x there)")
     if not any(wins):
-        return Crossover(None, f"no crossover: speculation loses at every concurrency measured "
-                               f"(speedup {points[0][1]:.2f}x at concurrency {points[0][0]})")
+        c, s = max(points, key=lambda p: p[1])
+        verdict = "loses at" if all(s < 1.0 - tie_band for _, s in points) else f"never wins{band} at"
+        return Crossover(None, f"no crossover: speculation {verdict} every concurrency measured "
+                               f"(best speedup {s:.2f}x at concurrency {c})")
     i = next(i for i in range(1, len(points)) if wins[i - 1] and not wins[i])
     (c0, s0), (c1, s1) = points[i - 1], points[i]
-    return Crossover(c1, f"crossover: speculation stops winning between concurrency {c0} "
+    return Crossover(c1, f"crossover: speculation stops winning{band} between concurrency {c0} "
                          f"(speedup {s0:.2f}x) and {c1} (speedup {s1:.2f}x)")
 
 
@@ -445,7 +453,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
     speedups = None
     if baseline is not None:
         speedups = [(a.concurrency, a.tokens_per_s / b.tokens_per_s) for a, b in zip(spec.levels, baseline.levels)]
-    return BenchReport(cfg, spec, baseline, speedups, find_crossover(speedups or []))
+    return BenchReport(cfg, spec, baseline, speedups, find_crossover(speedups or [], cfg.tie_band))
 
 
 def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -469,9 +477,9 @@ def spec_cell(level: LevelResult) -> tuple[str, str]:
 def markdown(report: BenchReport) -> str:
     """The report as markdown: one table per server, then speedups and the crossover."""
     cfg = report.config
-    lines = ["# specdraft bench", "",
-             f"{cfg.num_prompts} requests per level, max_tokens {cfg.max_tokens}, temperature "
-             f"{cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}", ""]
+    settings = (f"{cfg.num_prompts} requests per level, max_tokens {cfg.max_tokens}, temperature "
+                f"{cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}")
+    lines = ["# specdraft bench", "", settings, ""]
     for title, run in (("speculative", report.spec), ("baseline", report.baseline)):
         if run is None:
             continue
@@ -519,8 +527,11 @@ def plot(report: BenchReport, out_dir: Path) -> list[Path]:
 
 
 def save_figure(fig: Any, ax: Any, ylabel: str, path: Path) -> Path:
-    """Label, log-x, legend, save atomically."""
+    """Label, log-x with the measured concurrencies as ticks, legend, save atomically."""
+    ticks = sorted({int(x) for line in ax.get_lines() for x in line.get_xdata()})
     ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("concurrency")
     ax.set_ylabel(ylabel)
     ax.legend()

@@ -485,7 +485,7 @@ def bench(
     except (ValueError, RuntimeError, httpx.HTTPError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
-    console.print(markdown(report), markup=False, highlight=False)
+    console.print(markdown(report), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
 
 
@@ -503,6 +503,7 @@ def tune(
     max_tree_tokens: int = typer.Option(16, help="Cap on a tree's verified nodes."),
     num_measure: int = typer.Option(3, help="Best predictions to measure for real."),
     min_speedup: float = typer.Option(1.05, help="Measured speedup speculation must exceed."),
+    repeats: int = typer.Option(3, help="Runs of each measured setting (the fastest is kept)."),
     json_out: str = typer.Option("", help="Also write the report as JSON here."),
     device: str = typer.Option("cpu"),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
@@ -520,13 +521,13 @@ def tune(
     try:
         current = _spec_from_flags(False, draft, num_steps, topk, num_draft_tokens) if num_steps else None
         cfg = TuneConfig(max_tokens, probe_steps, tuple(int(k) for k in topks.split(",")), max_tree_tokens,
-                         num_measure, min_speedup, current)
+                         num_measure, min_speedup, current, repeats=repeats)
         report = tune_paths(target, draft, prompts, cfg, device, _torch_dtype(dtype),
                             progress=lambda text: console.print(text, markup=False))
     except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
-    console.print(render(report), markup=False, highlight=False)
+    console.print(render(report), markup=False, highlight=False, soft_wrap=True)
     if json_out:
         Path(json_out).write_text(json.dumps(report.to_dict(), indent=2))
 

@@ -31,8 +31,9 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from specdraft.engine.speculate import GenerationResult, SpeculativeEngine
 
@@ -158,10 +159,12 @@ def chat_prompt_ids(body: dict, tokenizer: Any) -> list[int]:
         raise RequestError("this model's tokenizer has no chat template: use /v1/completions",
                            param="messages", code="no_chat_template")
     kwargs = get_field(body, "chat_template_kwargs", "object", {})
+    from jinja2 import TemplateError
+
     try:
         text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True,
                                              **kwargs)
-    except Exception as e:  # jinja errors raised by the template itself (e.g. raise_exception)
+    except (TemplateError, ValueError, TypeError) as e:  # the template refuses these messages
         raise RequestError(f"the chat template failed on these messages: {e}",
                            param="messages") from None
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -569,7 +572,7 @@ async def wait_for_end(request: Any, job: Job, events: asyncio.Queue) -> tuple[s
         while True:
             try:
                 kind, value = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if await request.is_disconnected():
                     return "cancelled", None
                 continue
@@ -660,7 +663,7 @@ class RunningServer:
     def __enter__(self) -> RunningServer:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

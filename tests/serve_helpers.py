@@ -7,10 +7,9 @@ import contextlib
 import copy
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -28,7 +27,7 @@ def word_tokenizer(eos: str | None = None) -> PreTrainedTokenizerFast:
     """Word-level tokenizer over the tiny vocabulary: "w<i>" = id i, whitespace separated."""
     backend = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", eos_token=eos)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos)  # no special ids: all text
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
@@ -79,5 +78,94 @@ def own_target(setup) -> FastTarget:
     return copy.deepcopy(setup.target)
 
 
-def threads_one() -> None:
-    torch.set_num_threads(1)
+def fake_vllm_app(step_s, tokens_per_step: int, num_spec: int):
+    """A vLLM-like batched server for bench tests: every in-flight request emits
+    `tokens_per_step` tokens per step of `step_s(active requests)` seconds (asyncio.sleep), and
+    /metrics exposes vLLM's spec-decode counters (each step: 1 draft of `num_spec` tokens, the
+    step's tokens - 1 accepted at the first positions); num_spec 0 = no speculation."""
+    import asyncio
+
+    from fastapi import FastAPI
+    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+    state = {"active": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0] * num_spec}
+    app = FastAPI()
+    labels = 'engine="0",model_name="fake"'
+
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+    async def metrics(request):
+        lines = ["# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} {state['active']}"]
+        if num_spec:
+            for name, key in (("num_drafts", "drafts"), ("num_draft_tokens", "draft_tokens"),
+                              ("num_accepted_tokens", "accepted")):
+                lines += [f"# TYPE vllm:spec_decode_{name} counter",
+                          f"vllm:spec_decode_{name}_total{{{labels}}} {float(state[key])}",
+                          f"vllm:spec_decode_{name}_created{{{labels}}} 1.7e9"]
+            lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
+            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{k}"}} {float(v)}'
+                      for k, v in enumerate(state["per_pos"])]
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    async def completions(request):
+        body = await request.json()
+
+        async def chunks():
+            state["active"] += 1
+            try:
+                done = 0
+                while done < body["max_tokens"]:
+                    await asyncio.sleep(step_s(state["active"]))
+                    n = min(tokens_per_step, body["max_tokens"] - done)
+                    done += n
+                    if num_spec:
+                        state["drafts"] += 1
+                        state["draft_tokens"] += num_spec
+                        state["accepted"] += n - 1
+                        for k in range(n - 1):
+                            state["per_pos"][k] += 1
+                    yield "data: " + json.dumps({"choices": [{"index": 0, "text": " x" * n, "finish_reason": None}]}) + "\n\n"
+                usage = {"prompt_tokens": 4, "completion_tokens": done, "total_tokens": 4 + done}
+                yield "data: " + json.dumps({"choices": [], "usage": usage}) + "\n\ndata: [DONE]\n\n"
+            finally:
+                state["active"] -= 1
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    app.add_route("/v1/models", models, methods=["GET"])
+    app.add_route("/metrics", metrics, methods=["GET"])
+    app.add_route("/v1/completions", completions, methods=["POST"])
+    return app
+
+
+def fake_sglang_app(tokens_per_verify: int):
+    """An SGLang-like server: native streaming /generate with cumulative text and meta_info
+    (completion_tokens, spec_verify_ct = completion_tokens / tokens_per_verify), no /metrics."""
+    from fastapi import FastAPI
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    app = FastAPI()
+
+    async def models(request):
+        return JSONResponse({"object": "list", "data": [{"id": "fake-sglang", "object": "model"}]})
+
+    async def model_info(request):
+        return JSONResponse({"model_path": "fake-sglang"})
+
+    async def generate(request):
+        body = await request.json()
+        total = body["sampling_params"]["max_new_tokens"]
+
+        async def chunks():
+            for done in range(tokens_per_verify, total + 1, tokens_per_verify):
+                meta = {"prompt_tokens": 4, "completion_tokens": done, "spec_verify_ct": done // tokens_per_verify}
+                yield "data: " + json.dumps({"text": " x" * done, "meta_info": meta}) + "\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    app.add_route("/v1/models", models, methods=["GET"])
+    app.add_route("/get_model_info", model_info, methods=["GET"])
+    app.add_route("/generate", generate, methods=["POST"])
+    return app

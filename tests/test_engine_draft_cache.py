@@ -37,3 +37,14 @@ def test_bounds_are_errors():
         cache.view(5)
     with pytest.raises(ValueError, match=r"must be in 0\.\.3"):
         cache.rollback(4)
+    with pytest.raises(ValueError, match="commit of 2 entries at 3 exceeds its size 4"):
+        cache.commit(2)
+
+
+def test_commit_keeps_entries_written_past_the_committed_ones():
+    """A first draft step writes its K/V in place (FastDraft), then commits them."""
+    cache = DraftCache(2, 4, 10, torch.float32, "cpu")
+    cache.append(_kv(2, 1.0))
+    cache.write(_kv(3, 5.0), cache.length)
+    cache.commit(3)
+    assert cache.length == 5 and cache.view(5).k[0, 0, :, 0].tolist() == [1, 1, 5, 5, 5]

@@ -27,7 +27,7 @@ def test_select_refuses_orphans():
 def test_ancestor_and_verify_masks():
     tree = DraftTree(torch.tensor([9, 3, 5, 7]), [-1, 0, 0, 1], torch.tensor([0, 1, 1, 2]), torch.zeros(4))
     assert tree.ancestor_mask().int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
-    mask = verify_mask(tree, prefix_len=2, max_seq_len=8)
+    mask = verify_mask(tree, prefix_len=2, num_slots=8)
     assert mask.shape == (1, 1, 4, 8)
     assert mask[0, 0].int().tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0],
                                          [1, 1, 1, 0, 1, 0, 0, 0], [1, 1, 1, 1, 0, 1, 0, 0]]

@@ -92,6 +92,20 @@ def test_decode_token_by_token_matches_full_forward(pair):
 
 
 @torch.no_grad()
+def test_a_mask_over_the_slots_in_use_matches_a_full_width_one(pair):
+    """The forward attends over the slots the mask's width covers: width = the slots written so
+    far gives the full-width (max_seq_len) result."""
+    hf, fast = pair
+    ids = _ids(2, 12, seed=8)
+    _prefill(fast, ids[:, :9])
+    step = (ids[:, 9:], torch.arange(9, 12).expand(2, 3), torch.arange(9, 12))
+    full = fast(*step, causal_mask(9, 3, MAX_SEQ, 2)).logits
+    narrow = fast(*step, causal_mask(9, 3, 12, 2)).logits
+    torch.testing.assert_close(narrow, full, rtol=1e-6, atol=1e-6)
+    assert (narrow[:, -1] - hf(ids).logits[:, -1]).abs().max() < TOL
+
+
+@torch.no_grad()
 def test_aux_hidden_matches_transformers_streams(pair):
     hf, fast = pair
     ids = _ids(2, 10, seed=2)

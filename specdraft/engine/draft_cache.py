@@ -45,7 +45,16 @@ class DraftCache:
     def append(self, kv: KV) -> None:
         """Write kv at the end of the committed entries and commit them."""
         self.write(kv, self.length)
-        self.length += kv.k.shape[2]
+        self.commit(kv.k.shape[2])
+
+    def commit(self, num: int) -> None:
+        """Commit the num entries written right after the committed ones (a first draft step's).
+
+        Raises ValueError past the end of the buffers."""
+        if self.length + num > self.max_len:
+            raise ValueError(f"draft cache commit of {num} entries at {self.length} exceeds its size "
+                             f"{self.max_len}")
+        self.length += num
 
     def rollback(self, length: int) -> None:
         """Keep only the first `length` committed entries (0 resets the cache).

@@ -6,13 +6,17 @@ compute, on the same checkpoint directory; tests/test_fast_model.py holds the pa
 
 Cache protocol. Each layer owns a preallocated K/V cache [B, n_kv, max_seq_len, head_dim]. A
 forward writes the K/V of its T new tokens at `cache_slots` and attends wherever `attn_mask`
-says. The cache keeps no length: the caller owns it. RoPE positions and cache slots are
-separate because a verified draft tree has depth-based positions (siblings share one) while
-its nodes sit in sequential slots. K is stored after RoPE, at the node's position. After
-verification, `compact_cache(accepted_slots, dst_start=prefix_len)` moves the accepted path
-to contiguous slots; on that path position = prefix_len + depth = its final slot, so moved
-entries stay valid. Rejected nodes need no undo: the caller sets its length pointer back,
-the mask hides slots at or past it, and the next forward overwrites them.
+says, over the slots its width covers. The cache keeps no length: the caller owns it. RoPE
+positions and cache slots are separate because a verified draft tree has depth-based positions
+(siblings share one) while its nodes sit in sequential slots. K is stored after RoPE, at the
+node's position. After verification, `compact_cache(accepted_slots, dst_start=prefix_len)`
+moves the accepted path to contiguous slots; on that path position = prefix_len + depth = its
+final slot, so moved entries stay valid. Rejected nodes need no undo: the caller sets its
+length pointer back, the mask hides slots at or past it, and the next forward overwrites them.
+
+Fused projections. q/k/v run as one matmul (`wqkv`) and gate/up as another (`w13`): the
+checkpoint's separate tensors fill row blocks of them at load (`HF_TO_FAST_LAYER`): 4 matmuls
+per layer instead of 7, so fewer kernel launches, and on the CPU less per-call overhead.
 """
 
 from __future__ import annotations
@@ -173,9 +177,10 @@ class KVCache(nn.Module):
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def update(self, cache_slots: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write k, v [B, n_kv, T, D] at cache_slots [T]; return this batch's full caches."""
-        k_out, v_out = self.k_cache[: k.shape[0]], self.v_cache[: k.shape[0]]
+    def update(self, cache_slots: Tensor, k: Tensor, v: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
+        """Write k, v [B, n_kv, T, D] at cache_slots [T] (each < num_slots); return this batch's
+        caches over slots 0..num_slots-1, [B, n_kv, num_slots, D]."""
+        k_out, v_out = self.k_cache[: k.shape[0], :, :num_slots], self.v_cache[: k.shape[0], :, :num_slots]
         k_out.index_copy_(2, cache_slots, k)
         v_out.index_copy_(2, cache_slots, v)
         return k_out, v_out
@@ -239,7 +244,9 @@ class FastTarget(nn.Module):
 
         input_ids [B, T] long; position_ids [B, T] long (RoPE positions); cache_slots [T] long
         (where each token's K/V is written, shared by the batch); attn_mask [B, 1, T, S] bool
-        (True = attend, S = max_seq_len; every row must attend somewhere, e.g. to itself);
+        over cache slots 0..S-1 (True = attend; every row must attend somewhere, e.g. to itself,
+        so every slot written is < S <= max_seq_len; S = max_seq_len keeps shapes static for
+        graphs, the slots in use only are cheaper eagerly);
         aux_layers: specdraft indices (0 = embeddings, k = output of layer k, L = last layer
         before the final norm). Shapes are static per (B, T), so the step can be compiled.
         Raises RuntimeError before `setup_cache`, ValueError for aux_layers outside 0..L.
@@ -250,9 +257,11 @@ class FastTarget(nn.Module):
             raise ValueError(f"aux_layers {list(aux_layers)}: each must be in 0..{self.args.num_layers}")
         x = self.tok_embeddings(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)
+        # SDPA turns a bool mask into an additive one in every layer: once per forward here
+        bias = torch.zeros_like(attn_mask, dtype=x.dtype).masked_fill_(~attn_mask, float("-inf"))
         streams = {0: x}
         for k, layer in enumerate(self.layers, start=1):
-            x = layer(x, cos, sin, cache_slots, attn_mask)
+            x = layer(x, cos, sin, cache_slots, bias)
             if k in aux_layers:
                 streams[k] = x
         logits = self.output(self.norm(x)).float()
@@ -291,9 +300,8 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.wq = nn.Linear(args.hidden_size, args.num_heads * args.head_dim, bias=args.qkv_bias)
-        self.wk = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
-        self.wv = nn.Linear(args.hidden_size, args.num_kv_heads * args.head_dim, bias=args.qkv_bias)
+        q, kv = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        self.wqkv = FusedLinear(args.hidden_size, (q, kv, kv), bias=args.qkv_bias)  # q_proj|k_proj|v_proj
         self.wo = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=args.o_bias)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
@@ -301,14 +309,13 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache_slots: Tensor, attn_mask: Tensor) -> Tensor:
         bsz, seqlen, _ = x.shape
-        q = self.wq(x).view(bsz, seqlen, self.num_heads, self.head_dim)
-        k = self.wk(x).view(bsz, seqlen, self.num_kv_heads, self.head_dim)
-        v = self.wv(x).view(bsz, seqlen, self.num_kv_heads, self.head_dim)
+        qkv = self.wqkv(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)  # [B, q+k+v heads, T, D]
+        qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=1)
         if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, heads, T, D]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = self.kv_cache.update(cache_slots, k, v)  # [B, n_kv, S, D]
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
+        q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        k, v = self.kv_cache.update(cache_slots, k, v, attn_mask.shape[-1])  # [B, n_kv, S, D]
         # Query head h reads KV head h // (num_heads // num_kv_heads), as transformers' repeat_kv.
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                            enable_gqa=self.num_heads != self.num_kv_heads)
@@ -318,12 +325,21 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.w1 = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)  # gate
-        self.w3 = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)  # up
+        self.w13 = FusedLinear(args.hidden_size, (args.intermediate_size,) * 2, bias=False)  # gate|up
         self.w2 = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)  # down
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class FusedLinear(nn.Linear):
+    """Several projections of one input in one matmul: the weight stacks the parts' rows in order
+    (`parts` = rows per part), as the checkpoint's separate projections fill them at load."""
+
+    def __init__(self, in_features: int, parts: tuple[int, ...], bias: bool) -> None:
+        super().__init__(in_features, sum(parts), bias=bias)
+        self.parts = parts
 
 
 class RMSNorm(nn.Module):
@@ -383,39 +399,55 @@ def causal_mask(start: int | Tensor, num_tokens: int, max_seq_len: int, batch_si
     return mask.expand(batch_size, 1, num_tokens, max_seq_len)
 
 
-# transformers name -> FastTarget name: the one table of the checkpoint layout.
+# transformers name -> FastTarget name: the one table of the checkpoint layout. Under a layer, the
+# name comes with a part: q/k/v fill parts 0/1/2 of the fused wqkv, gate/up parts 0/1 of w13 (rows
+# stacked in part order, see `FusedLinear`); 0 for a parameter that is not fused.
 HF_TO_FAST_GLOBAL = {
     "model.embed_tokens.weight": "tok_embeddings.weight",
     "model.norm.weight": "norm.weight",
     "lm_head.weight": "output.weight",
 }
 HF_TO_FAST_LAYER = {  # under model.layers.N. -> layers.N.
-    "input_layernorm.weight": "attention_norm.weight",
-    "self_attn.q_proj.weight": "attention.wq.weight",
-    "self_attn.q_proj.bias": "attention.wq.bias",
-    "self_attn.k_proj.weight": "attention.wk.weight",
-    "self_attn.k_proj.bias": "attention.wk.bias",
-    "self_attn.v_proj.weight": "attention.wv.weight",
-    "self_attn.v_proj.bias": "attention.wv.bias",
-    "self_attn.o_proj.weight": "attention.wo.weight",
-    "self_attn.o_proj.bias": "attention.wo.bias",
-    "self_attn.q_norm.weight": "attention.q_norm.weight",
-    "self_attn.k_norm.weight": "attention.k_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "feed_forward.w1.weight",
-    "mlp.up_proj.weight": "feed_forward.w3.weight",
-    "mlp.down_proj.weight": "feed_forward.w2.weight",
+    "input_layernorm.weight": ("attention_norm.weight", 0),
+    "self_attn.q_proj.weight": ("attention.wqkv.weight", 0),
+    "self_attn.q_proj.bias": ("attention.wqkv.bias", 0),
+    "self_attn.k_proj.weight": ("attention.wqkv.weight", 1),
+    "self_attn.k_proj.bias": ("attention.wqkv.bias", 1),
+    "self_attn.v_proj.weight": ("attention.wqkv.weight", 2),
+    "self_attn.v_proj.bias": ("attention.wqkv.bias", 2),
+    "self_attn.o_proj.weight": ("attention.wo.weight", 0),
+    "self_attn.o_proj.bias": ("attention.wo.bias", 0),
+    "self_attn.q_norm.weight": ("attention.q_norm.weight", 0),
+    "self_attn.k_norm.weight": ("attention.k_norm.weight", 0),
+    "post_attention_layernorm.weight": ("ffn_norm.weight", 0),
+    "mlp.gate_proj.weight": ("feed_forward.w13.weight", 0),
+    "mlp.up_proj.weight": ("feed_forward.w13.weight", 1),
+    "mlp.down_proj.weight": ("feed_forward.w2.weight", 0),
 }
+
+
 _FAST_TO_HF_GLOBAL = {fast: hf for hf, fast in HF_TO_FAST_GLOBAL.items()}
-_FAST_TO_HF_LAYER = {fast: hf for hf, fast in HF_TO_FAST_LAYER.items()}
+_FAST_TO_HF_LAYER = {fast_part: hf for hf, fast_part in HF_TO_FAST_LAYER.items()}
 
 
-def hf_name(fast_name: str) -> str:
-    """The transformers checkpoint key of a FastTarget parameter name (via the tables above)."""
+def hf_name(fast_name: str, part: int = 0) -> str:
+    """The transformers checkpoint key of a FastTarget parameter, or of one part of a fused one
+    (via the tables above)."""
     if fast_name in _FAST_TO_HF_GLOBAL:
         return _FAST_TO_HF_GLOBAL[fast_name]
     index, suffix = re.fullmatch(r"layers\.(\d+)\.(.+)", fast_name).groups()
-    return f"model.layers.{index}.{_FAST_TO_HF_LAYER[suffix]}"
+    return f"model.layers.{index}.{_FAST_TO_HF_LAYER[suffix, part]}"
+
+
+def checkpoint_destinations(model: FastTarget) -> dict[str, Tensor]:
+    """Every transformers key the model loads -> the tensor it fills: a parameter, or the rows
+    (a view) of one part of a fused one. A tied head appears once, as the embedding."""
+    destinations = {}
+    for name, param in model.named_parameters():
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+        parts = param.split(module.parts) if isinstance(module, FusedLinear) else (param,)
+        destinations.update((hf_name(name, part), rows) for part, rows in enumerate(parts))
+    return destinations
 
 
 def load_fast_target(model_dir: str | Path, dtype: torch.dtype = torch.float32,
@@ -458,8 +490,7 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
 
 @torch.no_grad()
 def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
-    params = dict(model.named_parameters())  # a tied head appears once, as tok_embeddings.weight
-    expected = {hf_name(name): name for name in params}
+    expected = checkpoint_destinations(model)
     filled, unmatched, stored_head = set(), [], None
     for file in _checkpoint_files(model_dir):
         with safe_open(file, framework="pt", device="cpu") as f:
@@ -469,7 +500,7 @@ def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
                 elif key not in expected:
                     unmatched.append(f"{key} ({file.name})")
                 else:
-                    _copy_tensor(params[expected[key]], f.get_tensor(key), key, file)
+                    _copy_tensor(expected[key], f.get_tensor(key), key, file)
                     filled.add(key)
     missing = sorted(set(expected) - filled)
     if unmatched or missing:

@@ -1,19 +1,21 @@
 """Speculative decoding, batch 1: prefill, draft, verify, accept, commit (gpt-fast style loop).
 
 One round (`SpeculativeEngine.step`):
-1. draft: the drafter's first step extends its cache over the positions the target accepted
-   last round, from the target's aux states there (position t gets token t+1; the last one
-   gets the bonus token), then num_steps - 1 steps feed back its own hidden state and grow
-   the tree (`tree.TreeExpansion`);
+1. draft (`FastDraft`: the drafter's weights packed for this loop): the drafter's first step
+   extends its cache over the positions the target accepted last round, from the target's aux
+   states there (position t gets token t+1; the last one gets the bonus token), then
+   num_steps - 1 steps feed back its own hidden state and grow the tree (`tree.TreeExpansion`);
 2. verify: ONE target forward over the root + drafts with a tree mask and depth positions;
 3. accept: `sampling.verify_*` picks the accepted path and the bonus token;
-4. commit: the accepted path's target K/V move to contiguous slots (`compact_cache`), the
-   aux states of the accepted positions wait for the next round's first draft step.
+4. commit: the accepted path's target K/V move to contiguous slots (`compact_cache`, unless the
+   path is contiguous already, as a chain's always is), the aux states of the accepted
+   positions wait for the next round's first draft step.
 `draft=None` or `spec=None` runs plain decoding through the same loop (the baseline).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from specdraft.draft import Eagle3Draft
 from specdraft.engine import sampling
 from specdraft.engine.draft_cache import DraftCache
+from specdraft.engine.fast_draft import FastDraft
 from specdraft.engine.fast_model import FastTarget, causal_mask, load_fast_target
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.sampling import SamplingParams, Verdict, logits_to_probs, sample
@@ -104,6 +107,7 @@ class SpeculativeEngine:
             self.draft_cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim, max_seq_len + scratch,
                                           draft.fc.weight.dtype, self.device)
             self.draft_vocab = draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=self.device))
+            self.fast_draft = FastDraft(draft)
         self.graphed: GraphedTarget | None = None
         if compile and self.device.type == "cuda":
             for layer in target.layers:
@@ -164,15 +168,18 @@ class SpeculativeEngine:
         tree = self.draft_tree(req) if self.draft is not None else DraftTree.root_only(
             req.output_ids[-1], self.device)
         t1 = time.perf_counter()
-        logits, aux = self.forward_target(tree.tokens, req.length + tree.depths, req.length,
-                                          verify_mask(tree, req.length, self.max_seq_len), graphed=True)
-        verdict = self.accept(req, tree, logits)
-        self.commit(req, tree, verdict, aux)
+        mask = verify_mask(tree, req.length, self.mask_width(req.length + tree.num_nodes))
+        logits, aux = self.forward_target(tree.tokens, req.length + tree.depths, req.length, mask,
+                                          graphed=True)
+        tokens = tree.tokens.tolist()
+        verdict = self.accept(req, tree, tokens, logits)
+        emitted = [tokens[node] for node in verdict.accepted] + [verdict.bonus]
+        self.commit(req, verdict, emitted, aux)
         t2 = time.perf_counter()
         req.metrics.time_draft_s += t1 - t0
         req.metrics.time_verify_s += t2 - t1
         req.metrics.record_step(tree.num_nodes - 1, len(verdict.accepted))
-        self.emit(req, tree.tokens[verdict.accepted].tolist() + [verdict.bonus])
+        self.emit(req, emitted)
 
     def prefill(self, req: Request) -> int:
         """Run the prompt through the target; return the first generated token."""
@@ -182,40 +189,44 @@ class SpeculativeEngine:
         n = len(req.prompt_ids)
         ids = torch.tensor(req.prompt_ids, device=self.device)
         logits, aux = self.forward_target(ids, torch.arange(n, device=self.device), 0,
-                                          causal_mask(0, n, self.max_seq_len, device=self.device))
+                                          causal_mask(0, n, self.mask_width(n), device=self.device))
         token = int(sample(logits_to_probs(logits[-1], req.params), req.generator))
         req.length = n
         if self.draft is not None:
             self.draft_cache.rollback(0)
             req.pending_ids = torch.cat([ids[1:], ids.new_tensor([token])])
-            req.pending_aux = aux
+            req.pending_aux = aux.to(self.fast_draft.fc.dtype)
         req.metrics.time_prefill_s += time.perf_counter() - t0
         return token
 
     def draft_tree(self, req: Request) -> DraftTree:
         """The drafter's first step over the pending positions, then num_steps - 1 tree steps."""
-        draft, cache, spec = self.draft, self.draft_cache, self.spec
+        draft, cache, spec = self.fast_draft, self.draft_cache, self.spec
         start, m = cache.length, req.pending_ids.numel()
         expansion = TreeExpansion(req.output_ids[-1], spec.topk, spec.is_chain and not req.params.greedy,
                                   req.params, self.draft_vocab, self.target.args.vocab_size, req.generator)
-        with sdpa_kernel(DRAFT_SDPA_BACKENDS):
-            out = draft(req.pending_ids[None], req.pending_aux[None].to(draft.fc.weight.dtype),
-                        torch.arange(start, start + m, device=self.device)[None], first_step=True,
-                        past_kv=cache.view(start))
-            cache.append(out.kv)
-            tokens, hidden = expansion.expand(out.logits[0, -1:], out.hidden[0, -1:], written=False)
+        with self.draft_attention():
+            positions = torch.arange(start, start + m, device=self.device)
+            logits, hidden = draft(req.pending_ids, req.pending_aux, positions, first_step=True, cache=cache,
+                                   start=start)
+            cache.commit(m)
+            tokens, hidden = expansion.expand(logits[-1:], hidden[-1:], written=False)
             for step in range(1, spec.num_steps):  # frontier at depth `step`, RoPE position t + step
                 past = cache.length + expansion.num_scratch
-                position = torch.full((1, tokens.numel()), cache.length - 1 + step, device=self.device)
-                out = draft(tokens[None], hidden[None], position, first_step=False,
-                            attn_mask=expansion.draft_mask(cache.length), past_kv=cache.view(past))
-                cache.write(out.kv, past)
-                tokens, hidden = expansion.expand(out.logits[0], out.hidden[0], written=True)
+                position = torch.full((tokens.numel(),), cache.length - 1 + step, device=self.device)
+                logits, hidden = draft(tokens, hidden, position, first_step=False, cache=cache, start=past,
+                                       attn_mask=expansion.draft_mask(cache.length))
+                tokens, hidden = expansion.expand(logits, hidden, written=True)
         return expansion.tree(spec.num_draft_tokens)
 
-    def accept(self, req: Request, tree: DraftTree, logits: Tensor) -> Verdict:
-        """Apply the acceptance rule that keeps this tree lossless (see `sampling`)."""
-        tokens = tree.tokens.tolist()
+    def draft_attention(self) -> contextlib.AbstractContextManager:
+        """The drafter's attention kernels (CUDA: not cuDNN, see DRAFT_SDPA_BACKENDS); on the CPU
+        nothing to choose, and entering sdpa_kernel costs more than a drafter matmul."""
+        return sdpa_kernel(DRAFT_SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext()
+
+    def accept(self, req: Request, tree: DraftTree, tokens: list[int], logits: Tensor) -> Verdict:
+        """Apply the acceptance rule that keeps this tree lossless (see `sampling`); tokens =
+        tree.tokens as a list."""
         if req.params.greedy:
             return sampling.verify_greedy(tree.parents, tokens, logits)
         probs = logits_to_probs(logits, req.params)
@@ -223,16 +234,24 @@ class SpeculativeEngine:
             return sampling.verify_chain(probs, tree.draft_probs, tree.tokens[1:], req.generator)
         return sampling.verify_tree(tree.parents, tokens, probs, req.generator)
 
-    def commit(self, req: Request, tree: DraftTree, verdict: Verdict, aux: Tensor | None) -> None:
-        """Keep the accepted path in the target cache; queue its aux states for the drafter."""
+    def commit(self, req: Request, verdict: Verdict, emitted: list[int], aux: Tensor | None) -> None:
+        """Keep the accepted path in the target cache; queue its aux states for the drafter
+        (emitted: the accepted tokens and the bonus, which follow the path's positions)."""
         path = [0] + verdict.accepted
-        if path != list(range(len(path))):
+        contiguous = path[-1] == len(path) - 1  # a path is increasing: 0..n-1 is the only one ending at n-1
+        if not contiguous:
             self.target.compact_cache(torch.tensor(path, device=self.device) + req.length, req.length)
         req.length += len(path)
         if self.draft is not None:
-            index = torch.tensor(path, device=self.device)
-            req.pending_ids = torch.cat([tree.tokens[index[1:]], tree.tokens.new_tensor([verdict.bonus])])
-            req.pending_aux = aux[index]
+            req.pending_ids = torch.tensor(emitted, device=self.device)
+            kept = aux[:len(path)] if contiguous else aux[torch.tensor(path, device=self.device)]
+            req.pending_aux = kept.to(self.fast_draft.fc.dtype)
+
+    def mask_width(self, num_slots: int) -> int:
+        """Columns of a target mask whose tokens use cache slots 0..num_slots-1: just those (the
+        target attends over no more), or max_seq_len when compiled (static shapes for the
+        compiled layers and CUDA graphs)."""
+        return self.max_seq_len if self.graphed is not None else num_slots
 
     def forward_target(self, tokens: Tensor, positions: Tensor, start: int, mask: Tensor,
                        graphed: bool = False) -> tuple[Tensor, Tensor | None]:

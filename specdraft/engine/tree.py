@@ -48,6 +48,11 @@ class DraftTree:
         """N, root included."""
         return len(self.parents)
 
+    @property
+    def is_chain(self) -> bool:
+        """True when node i's parent is i - 1 (a chain, or the root alone)."""
+        return all(parent == i - 1 for i, parent in enumerate(self.parents))
+
     @classmethod
     def root_only(cls, token: int, device: torch.device | str) -> DraftTree:
         """A tree with no drafts: verification = one plain decode step."""
@@ -64,11 +69,14 @@ class DraftTree:
         return torch.tensor(rows, device=self.tokens.device)
 
 
-def verify_mask(tree: DraftTree, prefix_len: int, max_seq_len: int) -> Tensor:
-    """Target attention mask [1, 1, N, max_seq_len] bool for a tree written at slots
-    prefix_len..prefix_len+N-1: every node sees the whole prefix, then its ancestors and itself."""
-    n = tree.num_nodes
-    mask = torch.zeros(n, max_seq_len, dtype=torch.bool, device=tree.tokens.device)
+def verify_mask(tree: DraftTree, prefix_len: int, num_slots: int) -> Tensor:
+    """Target attention mask [1, 1, N, num_slots] bool over cache slots 0..num_slots-1 (at least
+    prefix_len + N) for a tree written at slots prefix_len..prefix_len+N-1: every node sees the
+    whole prefix, then its ancestors and itself (for a chain: causal)."""
+    n, device = tree.num_nodes, tree.tokens.device
+    if tree.is_chain:  # node i sees slots 0..prefix_len+i
+        return torch.ones(n, num_slots, dtype=torch.bool, device=device).tril(prefix_len)[None, None]
+    mask = torch.zeros(n, num_slots, dtype=torch.bool, device=device)
     mask[:, :prefix_len] = True
     mask[:, prefix_len:prefix_len + n] = tree.ancestor_mask()
     return mask[None, None]
@@ -97,6 +105,8 @@ class TreeExpansion:
     root_token: the last emitted token. topk: children per node. sampled: draw each child from
     q (chain at T > 0) instead of taking the top-k. draft_to_target: [Vd] long, the target id
     of every draft id. vocab_size: the target's V (for draft_probs).
+    A chain (topk 1) keeps no frontier bookkeeping: its one child is the next frontier, every
+    scratch entry is an ancestor of the next row (no draft mask) and every node is verified.
     """
 
     def __init__(self, root_token: int, topk: int, sampled: bool, params: SamplingParams,
@@ -104,23 +114,23 @@ class TreeExpansion:
         device = draft_to_target.device
         self.topk, self.sampled, self.params, self.generator = topk, sampled, params, generator
         self.draft_to_target, self.vocab_size = draft_to_target, vocab_size
-        self.tokens = [torch.tensor([root_token], device=device)]
-        self.parents = [torch.tensor([-1], device=device)]
+        self.tokens = [draft_to_target.new_tensor([root_token])]
         self.scores = [torch.zeros(1, device=device)]
         self.probs: list[Tensor] = []
         self.num_nodes = 1
-        self.frontier = torch.zeros(1, dtype=torch.long, device=device)  # node ids [F]
-        self.frontier_scores = torch.zeros(1, device=device)
-        self.frontier_ancestors = torch.zeros(1, 0, dtype=torch.bool, device=device)  # [F, C]
+        self.num_scratch = 0  # draft-cache scratch entries written so far (frontier rows of steps >= 1)
+        self.frontier_scores = self.scores[0]
+        if topk > 1:  # a tree's bookkeeping: which nodes the frontier holds, and their ancestors
+            self.parents = [torch.tensor([-1], device=device)]
+            self.frontier = torch.zeros(1, dtype=torch.long, device=device)  # node ids [F]
+            self.frontier_ancestors = torch.zeros(1, 0, dtype=torch.bool, device=device)  # [F, C]
 
-    @property
-    def num_scratch(self) -> int:
-        """Draft-cache scratch entries written so far this round (frontier rows of steps >= 1)."""
-        return self.frontier_ancestors.shape[1]
-
-    def draft_mask(self, committed: int) -> Tensor:
+    def draft_mask(self, committed: int) -> Tensor | None:
         """Drafter mask [1, 1, F, committed + C + F] bool for running the frontier: all committed
-        draft entries, the scratch entries of each row's ancestors, then the row itself."""
+        draft entries, the scratch entries of each row's ancestors, then the row itself; None for
+        a chain (every entry is visible)."""
+        if self.topk == 1:
+            return None
         f, device = self.frontier.numel(), self.frontier.device
         return torch.cat([torch.ones(f, committed, dtype=torch.bool, device=device),
                           self.frontier_ancestors,
@@ -144,10 +154,16 @@ class TreeExpansion:
             values, child = logp.topk(self.topk, dim=-1)  # [F, k]
         f, k = child.shape
         scores = (self.frontier_scores[:, None] + values).reshape(-1)
-        node_ids = torch.arange(self.num_nodes, self.num_nodes + f * k, device=child.device)
-        self.tokens.append(self.draft_to_target[child].reshape(-1))
-        self.parents.append(self.frontier[:, None].expand(f, k).reshape(-1))
+        tokens = self.draft_to_target[child].reshape(-1)
+        self.tokens.append(tokens)
         self.scores.append(scores)
+        self.num_scratch += f if written else 0
+        if self.topk == 1:
+            self.num_nodes += 1
+            self.frontier_scores = scores
+            return tokens, hidden
+        node_ids = torch.arange(self.num_nodes, self.num_nodes + f * k, device=child.device)
+        self.parents.append(self.frontier[:, None].expand(f, k).reshape(-1))
         self.num_nodes += f * k
         ancestors = self.frontier_ancestors
         if written:
@@ -156,19 +172,23 @@ class TreeExpansion:
         rows = best // k
         self.frontier, self.frontier_scores = node_ids[best], scores[best]
         self.frontier_ancestors = ancestors[rows]
-        return self.tokens[-1][best], hidden[rows]
+        return tokens[best], hidden[rows]
 
     def tree(self, num_draft_tokens: int) -> DraftTree:
         """The root plus the best num_draft_tokens - 1 candidates, as a DraftTree."""
+        tokens, scores = torch.cat(self.tokens), torch.cat(self.scores)
+        probs = torch.cat(self.probs) if self.probs else None
+        device = tokens.device
+        if self.topk == 1:  # a chain: every node, in order
+            parents = list(range(-1, self.num_nodes - 1))
+            return DraftTree(tokens, parents, torch.arange(self.num_nodes, device=device), scores, probs)
         parents = torch.cat(self.parents).tolist()
-        keep = select(parents, torch.cat(self.scores), num_draft_tokens)
+        keep = select(parents, scores, num_draft_tokens)
         index = {node: i for i, node in enumerate(keep)}
         new_parents = [-1] + [index[parents[node]] for node in keep[1:]]
         depths = [0] * len(keep)
         for i, parent in enumerate(new_parents[1:], start=1):
             depths[i] = depths[parent] + 1
-        device = self.frontier.device
         keep_t = torch.tensor(keep, device=device)
-        probs = torch.cat(self.probs)[keep_t[1:] - 1] if self.probs else None
-        return DraftTree(torch.cat(self.tokens)[keep_t], new_parents, torch.tensor(depths, device=device),
-                         torch.cat(self.scores)[keep_t], probs)
+        return DraftTree(tokens[keep_t], new_parents, torch.tensor(depths, device=device), scores[keep_t],
+                         None if probs is None else probs[keep_t[1:] - 1])

@@ -1,0 +1,163 @@
+"""specdraft.bench: prompts, Prometheus counter deltas (specdraft and vLLM names), SGLang's
+meta_info, the crossover rule, and end-to-end runs against specdraft servers on loopback
+(with and without a baseline) producing bench.json, bench.md and the plots."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specdraft.bench import (
+    NO_BASELINE,
+    BenchConfig,
+    counter_delta,
+    find_crossover,
+    load_prompts,
+    markdown,
+    run_bench,
+    scrape_counters,
+    write_report,
+)
+from specdraft.cli import app
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.serve import serve_in_thread
+from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
+from tests.serve_helpers import (
+    engine,
+    fake_sglang_app,
+    own_target,
+    running,
+    text_prompts,
+    word_tokenizer,
+    write_prompts,
+)
+
+
+def vllm_exposition(drafts: float, draft_tokens: float, accepted: float, per_pos: list[float]) -> str:
+    """vLLM's /metrics text for its spec-decode counters (labels as vLLM v1 writes them)."""
+    labels = 'engine="0",model_name="m"'
+    lines = ["# TYPE vllm:spec_decode_num_drafts counter",
+             f"vllm:spec_decode_num_drafts_total{{{labels}}} {drafts}",
+             f"vllm:spec_decode_num_drafts_created{{{labels}}} 1.7e9",
+             f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {draft_tokens}",
+             f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {accepted}",
+             f"vllm:generation_tokens_total{{{labels}}} 99.0"]
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{k}"}} {v}'
+              for k, v in enumerate(per_pos)]
+    return "\n".join(lines) + "\n"
+
+
+def test_load_prompts_builtin_and_files(tmp_path):
+    builtin = load_prompts("builtin")
+    assert len(builtin) >= 8 and any(p.startswith("def ") for p in builtin)
+    assert load_prompts(str(write_prompts(tmp_path / "p.jsonl", ["a b", "c"]))) == ["a b", "c"]
+    (tmp_path / "lines.txt").write_text("one\n\ntwo\n")
+    assert load_prompts(str(tmp_path / "lines.txt")) == ["one", "two"]
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{"text": 1}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: expected"):
+        load_prompts(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(ValueError, match="not found"):
+        load_prompts(str(tmp_path / "missing.jsonl"))
+
+
+def test_vllm_counter_delta_gives_tau_and_pk():
+    before = scrape_counters(vllm_exposition(10.0, 30.0, 12.0, [7.0, 4.0, 1.0]), "vllm:")
+    now = scrape_counters(vllm_exposition(30.0, 90.0, 40.0, [22.0, 13.0, 5.0]), "vllm:")
+    assert before["num_drafts"] == 10 and before["per_pos"] == {0: 7, 1: 4, 2: 1}
+    spec = counter_delta(before, now, "vllm /metrics")
+    assert (spec.num_drafts, spec.num_draft_tokens, spec.num_accepted_tokens) == (20, 60, 28)
+    assert spec.accepted_per_pos == [15, 9, 4]
+    assert spec.accept_length == pytest.approx(2.4)
+    assert spec.acceptance_per_position == pytest.approx([0.75, 0.45, 0.2])
+    assert spec.tau_from_positions == pytest.approx(spec.accept_length)  # M1
+    assert counter_delta(now, now, "vllm /metrics") is None  # no verification step: no tau
+
+
+def test_crossover_rule():
+    assert find_crossover([]).text == NO_BASELINE
+    wins = find_crossover([(1, 1.8), (4, 1.3), (16, 1.1)])
+    assert wins.concurrency is None and "wins at every concurrency" in wins.text
+    loses = find_crossover([(4, 0.9), (1, 0.5)])
+    assert loses.concurrency is None and "loses at every concurrency" in loses.text and "0.90x at concurrency 4" in loses.text
+    cross = find_crossover([(16, 0.8), (1, 1.9), (4, 1.2), (8, 0.95)])
+    assert cross.concurrency == 8 and "between concurrency 4 (speedup 1.20x) and 8 (speedup 0.95x)" in cross.text
+    # within the tie band (noise) nothing wins or loses
+    noise = [(1, 0.93), (4, 1.02), (16, 0.98)]
+    assert find_crossover(noise).concurrency == 16
+    tie = find_crossover(noise, tie_band=0.05)
+    assert tie.concurrency is None and "never wins by more than 5% at every concurrency" in tie.text
+    late = find_crossover([(1, 1.5), (4, 1.03), (16, 0.7)], tie_band=0.05)
+    assert late.concurrency == 4 and "stops winning by more than 5% between concurrency 1" in late.text
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """A speculative specdraft server (trained drafter, 3-step chain) and a plain one."""
+    setup = tiny_setup("llama")
+    tok = word_tokenizer()
+    with running(engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok), tok) as spec, \
+            running(engine(own_target(setup), None, None, tok), tok) as plain:
+        yield spec, plain
+
+
+def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path):
+    spec, plain = servers
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(6, 8, seed=20))
+    cfg = BenchConfig(spec.url, plain.url, str(prompts), (1, 3), max_tokens=12, num_prompts=6)
+    report = run_bench(cfg)
+    assert (report.spec.kind, report.baseline.kind) == ("specdraft", "specdraft")
+    for level in report.spec.levels:
+        assert level.num_errors == 0 and level.num_output_tokens == 6 * 12 and level.tokens_per_s > 0
+        assert level.ttft_s.p50 > 0 and level.tpot_s.p99 >= level.tpot_s.p50 > 0
+        s = level.spec
+        assert s.source == "specdraft /metrics" and s.num_draft_tokens == 3 * s.num_drafts
+        assert s.accept_length == pytest.approx(level.usage_accept_length)  # counters = usage (M1)
+        assert s.accept_length == pytest.approx(s.tau_from_positions)
+    assert all(level.spec is None for level in report.baseline.levels)
+    assert [c for c, _ in report.speedups] == [1, 3]
+    assert report.speedups[0][1] == pytest.approx(report.spec.levels[0].tokens_per_s
+                                                  / report.baseline.levels[0].tokens_per_s)
+    paths = write_report(report, tmp_path / "out")
+    assert sorted(p.name for p in paths) == ["bench.json", "bench.md", "speedup.png", "throughput.png", "tpot.png"]
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert data["speedups"][1]["concurrency"] == 3 and data["crossover"]["text"] == report.crossover.text
+    assert data["spec"]["levels"][0]["spec"]["accept_length"] == report.spec.levels[0].spec.accept_length
+    text = (tmp_path / "out" / "bench.md").read_text()
+    assert "| 1 | " in text and "= 1 + sum p_k" in text and "(ok)" in text and NO_BASELINE not in text
+
+
+def test_bench_without_baseline_never_reports_a_speedup(servers, tmp_path):
+    spec, _ = servers
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=21))
+    report = run_bench(BenchConfig(spec.url, None, str(prompts), (2,), max_tokens=8, num_prompts=2))
+    assert report.speedups is None and report.crossover.text == NO_BASELINE
+    text = markdown(report)
+    assert NO_BASELINE in text and "x |" not in text
+    paths = write_report(report, tmp_path / "out")
+    assert "speedup.png" not in [p.name for p in paths]
+
+
+def test_bench_cli(servers, tmp_path):
+    spec, plain = servers
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=22))
+    common = ["bench", "--url", spec.url, "--prompts", str(prompts), "--concurrency", "1,2", "--max-tokens", "6",
+              "--num-prompts", "2"]
+    result = CliRunner().invoke(app, common + ["--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert NO_BASELINE in result.output and (tmp_path / "a" / "bench.md").is_file()
+    result = CliRunner().invoke(app, common + ["--baseline-url", plain.url, "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0 and "speedup" in result.output and "x |" in result.output
+    bad = CliRunner().invoke(app, ["bench", "--url", "localhost:1", "--out", str(tmp_path / "c")])
+    assert bad.exit_code == 1 and "must start with http://" in bad.output
+
+
+def test_bench_reads_sglang_meta_info(tmp_path):
+    prompts = write_prompts(tmp_path / "prompts.jsonl", ["w1 w2"])
+    with serve_in_thread(fake_sglang_app(tokens_per_verify=2)) as server:
+        report = run_bench(BenchConfig(server.url, None, str(prompts), (1, 2), max_tokens=8, num_prompts=3))
+    level = report.spec.levels[0]
+    assert report.spec.kind == "sglang" and level.num_output_tokens == 3 * 8
+    assert level.spec.accept_length == 2.0 and level.spec.acceptance_per_position is None
+    assert "not exposed" in markdown(report)

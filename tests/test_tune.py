@@ -1,0 +1,83 @@
+"""specdraft.tune: the cost model, and end-to-end tuning on the tiny target (a copy that sleeps
+per forward stands in for a memory-bound GPU target, where speculation can win)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from specdraft.checkpoint import Manifest, save_draft
+from specdraft.cli import app
+from specdraft.engine.metrics import SpecMetrics
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.tune import Costs, Measured, TuneConfig, predict, render, tree_tokens, tune
+from tests.engine_helpers import AUX_LAYERS, one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.serve_helpers import slow_target, text_prompts, word_tokenizer, write_prompts
+
+
+def test_tree_tokens_and_config_checks():
+    assert [tree_tokens(n, 1, 16) for n in (1, 3, 8)] == [2, 4, 9]
+    assert [tree_tokens(n, 2, 16) for n in (1, 2, 3, 4, 5)] == [3, 7, 11, 15, 16]  # 1 + k + (n-1) k^2, capped
+    cfg = TuneConfig(probe_steps=4, topks=(2,), current=SpecConfig(6, 4, 10))
+    assert cfg.depth == 6 and cfg.all_topks == [1, 2, 4]
+    with pytest.raises(ValueError, match="num_measure"):
+        TuneConfig(num_measure=0)
+
+
+def test_predict_follows_the_round_model():
+    """tokens/s = (1 + sum_{j<=n} p_j) / (n t_draft + t_verify(m) + t_round)."""
+    probe = Measured(SpecConfig.chain(4), SpecMetrics(num_verify_steps=100, accepted_per_position=[60, 30, 10, 5]))
+    costs = Costs({3: 0.010, 5: 0.011}, t_draft={1: 0.001}, t_round={1: 0.0005})
+    tau, tps = predict(SpecConfig.chain(2), probe, costs)
+    assert tau == pytest.approx(1.9) and tps == pytest.approx(1.9 / (2 * 0.001 + 0.010 + 0.0005))
+    tau, tps = predict(SpecConfig.chain(4), probe, costs)
+    assert tau == pytest.approx(2.05) and tps == pytest.approx(2.05 / (0.004 + 0.011 + 0.0005))
+
+
+def test_tune_recommends_speculation_on_a_memory_bound_target():
+    setup = tiny_setup("llama")
+    target = slow_target(setup.target, 0.01)
+    cfg = TuneConfig(max_new_tokens=16, probe_steps=3, topks=(1,), num_measure=2, repeats=2)
+    report = tune(target, setup.trained, random_prompts(3, 8, seed=30), cfg, draft_path="/ckpt/draft")
+    probe = report.probes[1].metrics
+    assert probe.accept_length == pytest.approx(1 + sum(probe.acceptance_per_position))  # M1
+    measured = [c for c in report.candidates if c.measured_tps is not None]
+    assert len(measured) == 2 and report.plain_measured_tps > 0
+    for c in measured:
+        assert c.predicted_tps == pytest.approx(c.measured_tps, rel=0.3)
+        assert c.measured_tau == pytest.approx(c.predicted_tau, abs=0.15)
+    rec = report.recommendation
+    assert rec is not None and rec.speedup > cfg.min_speedup and rec.spec.is_chain
+    assert rec is report.vllm_recommendation
+    assert report.sglang_flags().endswith(" ".join(rec.spec.sglang_args()))
+    config = json.loads(report.vllm_flags().removeprefix("--speculative-config ").strip("'"))
+    assert config == {"method": "eagle3", "model": "/ckpt/draft", "num_speculative_tokens": rec.spec.num_steps}
+    text = render(report)
+    assert f"recommendation: steps {rec.spec.num_steps}, topk 1" in text and "pred tok/s" in text
+    assert json.loads(json.dumps(report.to_dict()))["recommendation"]["speedup"] == rec.speedup
+
+
+def test_tune_cli(tmp_path):
+    setup = tiny_setup("llama")
+    target = tmp_path / "target"
+    shutil.copytree(setup.target_dir, target)
+    word_tokenizer().save_pretrained(target)
+    args = setup.target.args
+    manifest = Manifest(draft=setup.untrained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
+                        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers})
+    draft = save_draft(setup.untrained, tmp_path / "draft", manifest=manifest)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
+    result = CliRunner().invoke(app, ["tune", "--target", str(target), "--draft", str(draft), "--prompts",
+                                      str(prompts), "--max-tokens", "8", "--probe-steps", "2", "--topks", "1,2",
+                                      "--num-measure", "1", "--num-steps", "3", "--json-out",
+                                      str(tmp_path / "tune.json")])
+    assert result.exit_code == 0, result.output
+    assert "current: steps 3, topk 1, draft tokens 4" in result.output and "SGLang:" in result.output
+    data = json.loads((tmp_path / "tune.json").read_text())
+    assert data["current"]["num_steps"] == 3 and set(data["probes"]) == {"1", "2"}
+    bad = CliRunner().invoke(app, ["tune", "--target", str(target), "--draft", str(draft), "--num-steps", "3",
+                                   "--num-draft-tokens", "9"])
+    assert bad.exit_code == 1 and "num_draft_tokens must be num_steps + 1" in bad.output
