@@ -382,8 +382,8 @@ def demo(
     device: str = typer.Option("cpu", help="cpu | cuda"),
     target: str = typer.Option("", help="A local transformers model (default: the bundled stories260K)."),
     data: str = typer.Option("", help="Documents separated by blank lines (default: the TinyStories sample)."),
-    train_steps: int = typer.Option(400, help="Drafter optimizer steps."),
-    num_train: int = typer.Option(400, help="Training documents."),
+    train_steps: int = typer.Option(1000, help="Drafter optimizer steps."),
+    num_train: int = typer.Option(800, help="Training documents."),
 ) -> None:
     """Run the whole pipeline on a real target and write report.md with plots."""
     from pathlib import Path

@@ -40,9 +40,9 @@ class DemoConfig:
     device: str = "cpu"
     prompt_tokens: int = 8
     max_new_tokens: int = 96
-    num_train: int = 400
+    num_train: int = 800
     num_heldout: int = 16
-    train_steps: int = 400
+    train_steps: int = 1000
     batch_size: int = 8
     lr: float = 3e-3
     ttt_steps: int = 4
