@@ -12,7 +12,6 @@ from typer.testing import CliRunner
 
 from specdraft.checkpoint import load_draft
 from specdraft.cli import app
-from specdraft.checkpoint import load_draft
 from specdraft.export import ExportError, export_draft
 from tests.doctor_helpers import draft_checkpoint, edit_weights, one_thread  # noqa: F401
 

@@ -22,7 +22,6 @@ per layer instead of 7, so fewer kernel launches, and on the CPU less per-call o
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,9 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor, nn
+
+from specdraft.draft import RMSNorm, apply_rope
+from specdraft.draft import rope_inv_freq as draft_rope_inv_freq
 
 # model_type -> transformers architecture; anything else is refused (DeepSeek, MoE, VLMs ...).
 SUPPORTED_ARCHITECTURES = {
@@ -342,35 +344,17 @@ class FusedLinear(nn.Linear):
         self.parts = parts
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        # Normalise in float32, scale in the input dtype, as transformers does (bf16 parity).
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
-
-
 def rope_inv_freq(args: ModelArgs) -> Tensor:
-    """Inverse RoPE frequencies, float32 [head_dim/2], as transformers' ROPE_INIT_FUNCTIONS."""
-    dim = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    """Inverse RoPE frequencies, float32 [head_dim/2] (the drafter's formula, `draft.rope_inv_freq`)."""
+    scaling = None
     if args.rope_type == "linear":
-        return inv_freq / args.rope_factor
-    if args.rope_type == "llama3":
-        old_len = args.rope_original_max_positions
-        low, high = args.rope_low_freq_factor, args.rope_high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > old_len / low, inv_freq / args.rope_factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / args.rope_factor + smooth * scaled
-        is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        return torch.where(is_medium, smoothed, scaled)
-    return inv_freq
+        scaling = {"rope_type": "linear", "factor": args.rope_factor}
+    elif args.rope_type == "llama3":
+        scaling = {"rope_type": "llama3", "factor": args.rope_factor,
+                   "low_freq_factor": args.rope_low_freq_factor,
+                   "high_freq_factor": args.rope_high_freq_factor,
+                   "original_max_position_embeddings": args.rope_original_max_positions}
+    return draft_rope_inv_freq(args.head_dim, args.rope_theta, scaling).float()
 
 
 def rope_cos_sin(inv_freq: Tensor, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -378,12 +362,6 @@ def rope_cos_sin(inv_freq: Tensor, position_ids: Tensor, dtype: torch.dtype) -> 
     freqs = position_ids[..., None].float() * inv_freq  # [B, T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the two halves of each head (transformers' layout, not llama2.c's interleaved)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def causal_mask(start: int | Tensor, num_tokens: int, max_seq_len: int, batch_size: int = 1,
