@@ -190,8 +190,10 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
                manifest: Manifest | None = None, verifier: str | None = None) -> Path:
     """Write `model` in `layout` under `out_dir`, atomically (temp dir, then rename).
 
-    Writes model.safetensors and config.json, and specdraft_manifest.json for the specdraft
-    layout (required there). `verifier` is the speculators `verifier.name_or_path`.
+    Writes model.safetensors and config.json, and specdraft_manifest.json whenever a manifest
+    is given (required for the specdraft layout), so converting between layouts keeps what
+    the drafter was trained on. `verifier` is the speculators `verifier.name_or_path`
+    (default: the target path the manifest records).
     Raises ValueError for an unknown layout or a specdraft layout without manifest.
     """
     check_layout(layout)
@@ -199,6 +201,8 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
         raise ValueError("the specdraft layout needs a manifest (what the drafter was trained on)")
     out_dir = Path(out_dir)
     dtype = model.fc.weight.dtype
+    if verifier is None and manifest is not None:
+        verifier = manifest.target.get("name_or_path")
     config = (speculators_config(model.cfg, dtype, verifier) if layout == "speculators"
               else official_config(model.cfg, dtype))
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
@@ -206,7 +210,7 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
     tmp.mkdir(parents=True)
     save_file(state_dict_for_layout(model, layout), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    if layout == "specdraft":
+    if manifest is not None:
         (tmp / MANIFEST_FILE).write_text(manifest.to_json())
     replace_dir(tmp, out_dir)
     return out_dir

@@ -10,6 +10,20 @@ import typer
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
+def _check_device(value: str) -> str:
+    """--device: a torch device this install can use (one line instead of a traceback)."""
+    import torch
+
+    try:
+        device = torch.device(value)
+    except RuntimeError as e:
+        raise typer.BadParameter(f"{value!r} is not a torch device (use cpu or cuda[:N])") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter(f"{value!r}: this torch build ({torch.__version__}) sees no CUDA GPU; "
+                                 "use --device cpu or install a CUDA build of torch")
+    return value
+
+
 @app.callback()
 def main() -> None:
     """Train, export, verify and serve EAGLE-3 speculative-decoding drafters."""
@@ -52,7 +66,7 @@ def capture(
     template_kwargs: str = typer.Option("{}", help="JSON kwargs for the chat template."),
     tokenizer: str = typer.Option("", help="Tokenizer directory (default: the target's)."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip and count bad records."),
-    device: str = typer.Option("cpu", help="Device for the target."),
+    device: str = typer.Option("cpu", help="Device for the target.", callback=_check_device),
 ) -> None:
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
     from rich.console import Console
@@ -97,7 +111,7 @@ def regenerate(
     batch_size: int = typer.Option(8, help="Prompts per generate call (local target)."),
     max_retries: int = typer.Option(5, help="Retries on 5xx / timeouts (endpoint)."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip and count bad records."),
-    device: str = typer.Option("cpu", help="Device for a local target."),
+    device: str = typer.Option("cpu", help="Device for a local target.", callback=_check_device),
 ) -> None:
     """Replace the answers in DATA with the target's own outputs, written to OUT."""
     import os
@@ -208,7 +222,7 @@ def generate(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the tokenizer's EOS."),
     seed: int = typer.Option(0, help="Sampling seed."),
     max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
-    device: str = typer.Option("cpu"),
+    device: str = typer.Option("cpu", callback=_check_device),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
 ) -> None:
     """Generate with specdraft's engine (speculative with --draft), streaming text, then metrics."""
@@ -379,7 +393,7 @@ def doctor(
 @app.command()
 def demo(
     out: str = typer.Option("specdraft-demo", help="Working directory; a re-run resumes from it."),
-    device: str = typer.Option("cpu", help="cpu | cuda"),
+    device: str = typer.Option("cpu", help="cpu | cuda", callback=_check_device),
     target: str = typer.Option("", help="A local transformers model (default: the bundled stories260K)."),
     data: str = typer.Option("", help="Documents separated by blank lines (default: the TinyStories sample)."),
     train_steps: int = typer.Option(1000, help="Drafter optimizer steps."),
@@ -436,7 +450,7 @@ def serve(
                                   "(0 = off)."),
     model_name: str = typer.Option("", help="Served model name (default: the target directory's name)."),
     max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
-    device: str = typer.Option("cpu"),
+    device: str = typer.Option("cpu", callback=_check_device),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
@@ -505,7 +519,7 @@ def tune(
     min_speedup: float = typer.Option(1.05, help="Measured speedup speculation must exceed."),
     repeats: int = typer.Option(3, help="Runs of each measured setting (the fastest is kept)."),
     json_out: str = typer.Option("", help="Also write the report as JSON here."),
-    device: str = typer.Option("cpu"),
+    device: str = typer.Option("cpu", callback=_check_device),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""

@@ -19,7 +19,8 @@ def saved_tensors(model):
 @pytest.mark.parametrize("dst", LAYOUTS)
 def test_round_trip_between_layouts_is_bit_exact(tmp_path, src, dst):
     model = tiny_draft(dtype=torch.bfloat16)
-    save_draft(model, tmp_path / "a", layout=src, manifest=tiny_manifest(model))
+    manifest = tiny_manifest(model) if src == "specdraft" else None  # sglang + manifest = specdraft
+    save_draft(model, tmp_path / "a", layout=src, manifest=manifest)
     loaded = load_draft(tmp_path / "a", target_num_layers=5)
     assert loaded.layout == src
     save_draft(loaded.model, tmp_path / "b", layout=dst, manifest=tiny_manifest(model))
@@ -162,3 +163,19 @@ def test_manifest_unknown_key(tmp_path):
     path.write_text(json.dumps({"draft": {}, "target": {}, "aux_layers": [], "bogus": 1}))
     with pytest.raises(CheckpointError, match="unknown manifest keys"):
         Manifest.read(path)
+
+
+def test_convert_keeps_the_manifest_both_ways(tmp_path):
+    from specdraft.checkpoint import convert_draft
+
+    model = tiny_draft()
+    manifest = tiny_manifest(model)
+    manifest.target["name_or_path"] = "/models/target"
+    save_draft(model, tmp_path / "a", layout="specdraft", manifest=manifest)
+    assert convert_draft(tmp_path / "a", tmp_path / "spec", layout="speculators") == 15
+    spec = load_draft(tmp_path / "spec")
+    assert spec.layout == "speculators" and spec.manifest == manifest
+    config = json.loads((tmp_path / "spec" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "/models/target"
+    assert convert_draft(tmp_path / "spec", tmp_path / "back", layout="specdraft") == 15
+    assert load_draft(tmp_path / "back").manifest == manifest

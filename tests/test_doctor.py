@@ -161,3 +161,16 @@ def test_doctor_refuses_unknown_engine(exported):
     with pytest.raises(ValueError, match="choose one of sglang, vllm"):
         run_doctor(exported[0], engine="trt")
     assert torch.get_num_threads() == 1  # the module fixture is active
+
+
+def test_paths_that_do_not_exist_are_errors_not_skips(tmp_path):
+    from specdraft.doctor import run_doctor
+
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    with pytest.raises(ValueError, match="nope: no such directory"):
+        run_doctor(tmp_path / "nope")
+    with pytest.raises(ValueError, match="no config.json; pass the target"):
+        run_doctor(draft, target=tmp_path / "missing-target")
+    with pytest.raises(ValueError, match="missing.jsonl: no such file"):
+        run_doctor(draft, samples=tmp_path / "missing.jsonl")

@@ -91,6 +91,13 @@ class DoctorInputs:
             raise ValueError(f"engine {self.engine!r}: choose one of {', '.join(DOCTOR_ENGINES)}")
         if self.max_samples < 1 or self.max_length < 3:
             raise ValueError("max_samples must be >= 1 and max_length >= 3")
+        # A path the user typed that does not exist is an error, never a row of skips.
+        if not self.checkpoint.is_dir():
+            raise ValueError(f"{self.checkpoint}: no such directory; pass a draft checkpoint directory")
+        if self.target is not None and not (self.target / "config.json").is_file():
+            raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
+        if self.samples is not None and not self.samples.exists():
+            raise ValueError(f"{self.samples}: no such file or directory; pass a capture store or a JSONL file")
 
 
 @dataclass
