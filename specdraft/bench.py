@@ -507,6 +507,7 @@ def plot(report: BenchReport, out_dir: Path) -> list[Path]:
     from matplotlib.figure import Figure
 
     runs = [("speculative", report.spec), ("baseline", report.baseline)]
+    ticks = sorted({lv.concurrency for _, run in runs if run is not None for lv in run.levels})
     series = {"throughput.png": ("output tokens/s", lambda lv: lv.tokens_per_s),
               "tpot.png": ("TPOT p50 (ms)", lambda lv: (lv.tpot_s.p50 or 0.0) * 1e3)}
     paths = []
@@ -516,19 +517,18 @@ def plot(report: BenchReport, out_dir: Path) -> list[Path]:
         for title, run in runs:
             if run is not None:
                 ax.plot([lv.concurrency for lv in run.levels], [value(lv) for lv in run.levels], "o-", label=title)
-        paths.append(save_figure(fig, ax, label, out_dir / name))
+        paths.append(save_figure(fig, ax, label, out_dir / name, ticks))
     if report.speedups:
         fig = Figure(figsize=(5, 3.5))
         ax = fig.add_subplot()
         ax.plot(*zip(*report.speedups), "o-", label="speedup")
         ax.axhline(1.0, color="gray", linestyle="--", label="no speculation")
-        paths.append(save_figure(fig, ax, "speedup (x)", out_dir / "speedup.png"))
+        paths.append(save_figure(fig, ax, "speedup (x)", out_dir / "speedup.png", ticks))
     return paths
 
 
-def save_figure(fig: Any, ax: Any, ylabel: str, path: Path) -> Path:
-    """Label, log-x with the measured concurrencies as ticks, legend, save atomically."""
-    ticks = sorted({int(x) for line in ax.get_lines() for x in line.get_xdata()})
+def save_figure(fig: Any, ax: Any, ylabel: str, path: Path, ticks: list[int]) -> Path:
+    """Label, log-x with the measured concurrencies `ticks`, legend, save atomically."""
     ax.set_xscale("log", base=2)
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.minorticks_off()
