@@ -24,6 +24,15 @@ def _check_device(value: str) -> str:
     return value
 
 
+def _check_model_dir(value: str) -> str:
+    """--target: empty (not given) or a directory holding config.json."""
+    from pathlib import Path
+
+    if value and not (Path(value) / "config.json").is_file():
+        raise typer.BadParameter(f"{value}: no config.json here; pass a transformers model directory")
+    return value
+
+
 @app.callback()
 def main() -> None:
     """Train, export, verify and serve EAGLE-3 speculative-decoding drafters."""
@@ -52,7 +61,7 @@ def _json_kwargs(text: str, option: str) -> dict:
 
 @app.command()
 def capture(
-    target: str = typer.Argument(..., help="Target model directory (transformers)."),
+    target: str = typer.Argument(..., help="Target model directory (transformers).", callback=_check_model_dir),
     data: str = typer.Argument(..., help="JSONL chats/texts, save_to_disk dir or text file."),
     out: str = typer.Argument(..., help="Output store directory (resumed if it exists)."),
     aux_layers: str = typer.Option("", help="Specdraft indices, e.g. '2,3,4' (default: "
@@ -95,7 +104,7 @@ def capture(
 def regenerate(
     data: str = typer.Argument(..., help="JSONL chats (or texts with --no-chat) to regenerate."),
     out: str = typer.Argument(..., help="Output JSONL (resumed if it exists)."),
-    target: str = typer.Option("", help="Local target model directory (transformers)."),
+    target: str = typer.Option("", help="Local target model directory (transformers).", callback=_check_model_dir),
     endpoint: str = typer.Option("", help="OpenAI-compatible base URL, e.g. http://host:8000."),
     model: str = typer.Option("", help="Served model name (with --endpoint)."),
     api: str = typer.Option("chat", help="Endpoint API: chat | completions."),
@@ -149,7 +158,7 @@ def _num_layers_of_target(target: str | None) -> int | None:
 @app.command()
 def inspect(
     checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout)."),
-    target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest."),
+    target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=_check_model_dir),
 ) -> None:
     """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit)."""
     from rich.console import Console
@@ -188,7 +197,7 @@ def convert(
     src: str = typer.Argument(..., help="Draft checkpoint directory (layout detected)."),
     dst: str = typer.Argument(..., help="Output directory."),
     layout: str = typer.Option(..., help="sglang | speculators | specdraft"),
-    target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest."),
+    target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=_check_model_dir),
 ) -> None:
     """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
     from rich.console import Console
@@ -207,7 +216,7 @@ def convert(
 
 @app.command()
 def generate(
-    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer)."),
+    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
     prompt: str = typer.Option(..., help="Prompt text (tokenized as is, no chat template)."),
     draft: str = typer.Option("", help="Draft checkpoint directory (omit for plain decoding)."),
     temperature: float = typer.Option(0.0, help="0 = greedy (output = the target's greedy output)."),
@@ -283,7 +292,7 @@ def train(
     ttt_steps: int | None = typer.Option(None, help="Training-time-test unroll steps (7)."),
     draft_vocab_size: int | None = typer.Option(None, help="Default: the target's vocabulary."),
     precision: str | None = typer.Option(None, help="fp32 | bf16 (CUDA autocast)."),
-    target: str = typer.Option("", help="Target directory, when the store's recorded path moved."),
+    target: str = typer.Option("", help="Target directory, when the store's recorded path moved.", callback=_check_model_dir),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint."),
 ) -> None:
     """Train an EAGLE-3 drafter on STORE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...)."""
@@ -324,7 +333,7 @@ def export(
     checkpoint: str = typer.Argument(..., help="Trained draft checkpoint directory."),
     out: str = typer.Argument(..., help="Output directory (replaced atomically)."),
     engine: str = typer.Option(..., help="sglang | vllm | speculators"),
-    target: str = typer.Option("", help="Target directory (default: the manifest's record)."),
+    target: str = typer.Option("", help="Target directory (default: the manifest's record).", callback=_check_model_dir),
     verifier: str = typer.Option("", help="speculators verifier.name_or_path (must resolve where "
                                  "the server runs; default: the target's absolute path)."),
     sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids, e.g. 0.5.14."),
@@ -357,7 +366,7 @@ def export(
 @app.command()
 def doctor(
     checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout)."),
-    target: str = typer.Option("", help="Target directory: capture parity, acceptance, tokenizer."),
+    target: str = typer.Option("", help="Target directory: capture parity, acceptance, tokenizer.", callback=_check_model_dir),
     engine: str = typer.Option("", help="sglang | vllm (default: from --engine-args, else all)."),
     engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
     samples: str = typer.Option("", help="Capture store or JSONL (token ids, chats or texts)."),
@@ -394,7 +403,7 @@ def doctor(
 def demo(
     out: str = typer.Option("specdraft-demo", help="Working directory; a re-run resumes from it."),
     device: str = typer.Option("cpu", help="cpu | cuda", callback=_check_device),
-    target: str = typer.Option("", help="A local transformers model (default: the bundled stories260K)."),
+    target: str = typer.Option("", help="A local transformers model (default: the bundled stories260K).", callback=_check_model_dir),
     data: str = typer.Option("", help="Documents separated by blank lines (default: the TinyStories sample)."),
     train_steps: int = typer.Option(1000, help="Drafter optimizer steps."),
     num_train: int = typer.Option(800, help="Training documents."),
@@ -436,7 +445,7 @@ def _torch_dtype(name: str):
 
 @app.command()
 def serve(
-    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer)."),
+    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
     draft: str = typer.Option("", help="Draft checkpoint directory (omit with --no-spec)."),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
     port: int = typer.Option(8000),
@@ -505,7 +514,7 @@ def bench(
 
 @app.command()
 def tune(
-    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer)."),
+    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
     draft: str = typer.Option(..., help="Draft checkpoint directory."),
     prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}."),
     max_tokens: int = typer.Option(64, help="New tokens per prompt (temperature 0)."),

@@ -24,7 +24,7 @@ from specdraft.capture import (
 from specdraft.cli import app
 from specdraft.data import Sample, data_hash, load_dataset, template_hash, tokenizer_fingerprint
 from specdraft.target import load_target
-from tests.test_data import CHAT, save_tiny_tokenizer, tiny_chat_tokenizer
+from tests.tiny_tokenizer import CHAT, save_tiny_tokenizer, tiny_chat_tokenizer
 from tests.tiny_models import save_tiny_model
 
 CHATS = [CHAT, CHAT[:3], CHAT[1:3], [CHAT[1], {"role": "assistant", "content": "no ."}], CHAT[3:],

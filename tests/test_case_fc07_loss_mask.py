@@ -18,7 +18,7 @@ from specdraft.data import (
     render_chat,
     target_logit_position,
 )
-from tests.test_data import tiny_chat_tokenizer
+from tests.tiny_tokenizer import tiny_chat_tokenizer
 
 TWO_TURNS = [{"role": "user", "content": "hello"},
              {"role": "assistant", "content": "hi ."},

@@ -12,7 +12,7 @@ from specdraft.data import template_hash, tokenizer_fingerprint
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
 from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.test_data import CHAT, tiny_chat_tokenizer
+from tests.tiny_tokenizer import CHAT, tiny_chat_tokenizer
 
 
 @pytest.fixture(scope="module")

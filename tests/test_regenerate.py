@@ -20,7 +20,7 @@ from specdraft.regenerate import (
     regenerate,
     settings_path,
 )
-from tests.test_data import save_tiny_tokenizer, tiny_chat_tokenizer
+from tests.tiny_tokenizer import save_tiny_tokenizer, tiny_chat_tokenizer
 from tests.tiny_models import save_tiny_model
 
 CHATS = [
