@@ -134,12 +134,9 @@ def _human(num_bytes: float) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    """sha256 (hex) of a file's bytes, read in 4 MiB blocks."""
-    h = hashlib.sha256()
+    """sha256 (hex) of a file's bytes."""
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _atomic_save(tensors: dict[str, torch.Tensor], path: Path) -> str:

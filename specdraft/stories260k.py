@@ -108,11 +108,8 @@ def bundled_dir() -> Path:
 
 def sha256_of(path: Path) -> str:
     """Hex sha256 digest of a file's bytes."""
-    digest = hashlib.sha256()
     with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 def verify_sha256(path: Path, expected: str) -> str:

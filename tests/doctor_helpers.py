@@ -14,9 +14,10 @@ from safetensors.torch import load_file, save_file
 from specdraft.capture import StoreSettings, write_store
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.data import Sample
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import DraftConfig
 from specdraft.target import load_target
 from specdraft.train.loop import OnlineData, TrainConfig, train
+from tests.drafts import seeded_draft
 from tests.tiny_models import save_tiny_model, tiny_config
 
 
@@ -43,17 +44,7 @@ def draft_checkpoint(root: Path, *, arch: str = "llama", num_layers: int = 5, au
     target_dir = save_tiny_model(arch, root / "target", num_layers=num_layers, **target_kw)
     config = tiny_config(arch, num_layers=num_layers, **target_kw)
     cfg = DraftConfig.from_target(config.get_text_config(), aux, draft_vocab_size=draft_vocab_size)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Eagle3Draft(cfg)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.add_(0.1 * torch.randn_like(p))
-    model.d2t.copy_(torch.arange(draft_vocab_size))
-    model.t2d.zero_()
-    model.t2d[torch.arange(draft_vocab_size) * 2] = True
-    model.embedding_loaded = True
+    model = seeded_draft(cfg, seed)
     manifest = Manifest(draft=cfg.to_dict(), aux_layers=list(aux), training=training,
                         **target_fields(target_dir, aux))
     save_draft(model, root / "draft", layout=layout, manifest=manifest)

@@ -9,25 +9,30 @@ from specdraft.draft import DraftConfig, Eagle3Draft
 from tests.tiny_models import tiny_config
 
 
+def seeded_draft(cfg: DraftConfig, seed: int = 0) -> Eagle3Draft:
+    """A drafter with every tensor seeded and non-trivial (norms perturbed) and the even target
+    ids as its draft vocabulary (d2t[i] = i, so d2t is not the identity). RNG state is kept."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Eagle3Draft(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.add_(0.1 * torch.randn_like(p))
+    vocab = cfg.draft_vocab_size
+    model.d2t.copy_(torch.arange(vocab))
+    model.t2d.zero_()
+    model.t2d[torch.arange(vocab) * 2] = True
+    model.embedding_loaded = True
+    return model
+
+
 def tiny_draft(num_layers: int = 5, aux_layers=(2, 3, 4), draft_vocab_size: int = 64, seed: int = 0,
                dtype: torch.dtype = torch.float32, **overrides) -> Eagle3Draft:
-    """A drafter for a tiny Llama target (vocab 128), every tensor seeded and non-trivial.
-
-    The draft vocabulary is the even target ids (d2t[i] = i), so d2t is not the identity.
-    """
+    """`seeded_draft` for a tiny Llama target (vocab 128)."""
     cfg = DraftConfig.from_target(tiny_config("llama", num_layers=num_layers), aux_layers,
                                   draft_vocab_size=draft_vocab_size, **overrides)
-    torch.manual_seed(seed)
-    model = Eagle3Draft(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(0.1 * torch.randn_like(p))
-        model.d2t.copy_(torch.arange(draft_vocab_size))
-        model.t2d.zero_()
-        model.t2d[torch.arange(draft_vocab_size) * 2] = True
-    model.embedding_loaded = True
-    return model.to(dtype)
+    return seeded_draft(cfg, seed).to(dtype)
 
 
 def tiny_manifest(model: Eagle3Draft) -> Manifest:
