@@ -137,10 +137,10 @@ def test_nan_weight_fails(exported, tmp_path):
     assert finding.verdict == "fail" and "norm.weight" in finding.evidence
 
 
-def test_online_acceptance_is_a_skip_with_reason(exported):
+def test_unreachable_server_fails_naming_it(exported):
     out, target = exported
     finding = run_doctor(out, target=target, server="http://localhost:1").finding("online_acceptance")
-    assert finding.verdict == "skip" and "not implemented yet" in finding.evidence
+    assert finding.verdict == "fail" and "http://localhost:1" in finding.evidence
 
 
 def test_cli_doctor_json_and_exit_codes(exported):

@@ -35,6 +35,9 @@ NUM_AUX = 3  # fc input = 3 x target hidden in SGLang and vLLM
 MIN_GAP, COLLAPSE_RATIO = 0.2, 0.25
 # A draft step is worth running while it adds at least this many expected tokens.
 MIN_STEP_GAIN = 0.1
+# Online vs offline on the same (server-produced) sequences: fail when online p_1 is more than
+# ONLINE_P1_GAP below offline, or online tau under ONLINE_TAU_RATIO x offline tau.
+ONLINE_P1_GAP, ONLINE_TAU_RATIO = 0.15, 0.7
 # The checks that test each likely cause of an acceptance gap.
 GAP_CAUSES = {"keys": ("keys_match_engine",), "layers": ("engine_captures_training_layers",),
               "fc": ("fc_width_matches_aux", "aux_width_on_target", "algorithm_is_eagle3"),
@@ -527,12 +530,72 @@ def draft_depth_pays_off(ev: Evidence) -> Result:
 
 
 def online_acceptance(ev: Evidence) -> Result:
-    """Acceptance measured on a live server agrees with offline (not implemented yet)."""
-    if ev.inputs.server is None:
+    """Acceptance measured on a live server (--server; specdraft, vLLM or SGLang counters around
+    the sample prompts at T = 0) agrees with offline acceptance on the sequences the server
+    produced: fails when online p_1 < offline p_1 - ONLINE_P1_GAP or online tau <
+    ONLINE_TAU_RATIO x offline tau (S6), naming the likely causes; an unreachable server fails."""
+    from specdraft.doctor.online import (
+        MAX_TOKENS,
+        ServerError,
+        connect,
+        offline_on_served,
+        reach,
+        run_online,
+    )
+
+    url = ev.inputs.server
+    if url is None:
         raise Unavailable("no --server", "pass a live server URL")
-    raise Unavailable(f"online acceptance against {ev.inputs.server} is not implemented yet "
-                      "(vLLM /metrics spec_decode counters, SGLang meta_info.spec_verify_ct)",
-                      "compare offline acceptance with the server's own metrics by hand")
+    try:
+        server = connect(url)  # an unreachable server fails even without samples
+        online = run_online(server, ev.samples, _text_to_ids(ev))
+    except ServerError as e:
+        return fail(f"server unreachable or failing: {e}", f"start the server at {url} or fix --server")
+    kind = online.server.kind
+    counts = online.counts
+    sent = f"{online.num_prompts} prompts x {MAX_TOKENS} tokens at T = 0 to {url} ({kind})"
+    if counts is None:
+        if kind == "openai":
+            raise Unavailable(f"{url} exposes no speculative counters (not specdraft, vLLM or SGLang "
+                              "/metrics / meta_info)", "measure acceptance on the server by hand")
+        return fail(f"{sent}: the server verified no drafts (speculation is off on it)",
+                    "serve with the drafter (EAGLE-3 speculative settings)")
+    online_p = counts.acceptance_per_position
+    steps = (len(online_p) if online_p else
+             round(counts.num_draft_tokens / counts.num_drafts) if counts.num_draft_tokens else
+             (ev.engine_args.spec_config().num_steps if ev.engine_args is not None
+              and ev.engine_args.spec_config() is not None else _ttt_steps(ev)))
+    engine = ev.engine or (kind if kind in ENGINE_NAMES else None)
+    try:
+        offline = offline_on_served(ev, engine, steps, online)
+    except ValueError as e:
+        return fail(f"the drafter refuses what the engine feeds it: {e}", "see aux_width_on_target")
+    offline_p = reach(offline.metrics.alpha(), steps)
+    tau_on, tau_off = counts.accept_length, 1 + sum(offline_p)
+    on_row = (f"online p_k {_rates(online_p)}, tau {tau_on:.2f}" if online_p else
+              f"online tau {tau_on:.2f} ({counts.source}; no per-position counts)")
+    off_row = f"offline p_k {_rates(offline_p)}, tau {tau_off:.2f}"
+    where = (f"{sent}; offline on the {offline.num_samples} sequences it produced, {steps} draft "
+             f"steps, aux layers {offline.aux_layers} ({offline.fed_from}), drafter {offline.loaded_as}")
+    gaps = []
+    if online_p and online_p[0] < offline_p[0] - ONLINE_P1_GAP:
+        gaps.append(f"online p_1 {online_p[0]:.2f} < offline p_1 {offline_p[0]:.2f} - {ONLINE_P1_GAP}")
+    if tau_on < ONLINE_TAU_RATIO * tau_off:
+        gaps.append(f"online tau {tau_on:.2f} < {ONLINE_TAU_RATIO} x offline tau {tau_off:.2f}")
+    text = f"{on_row}; {off_row}; {where}"
+    if gaps:
+        return fail(f"the server accepts far less than this checkpoint offline ({'; '.join(gaps)}): {text}",
+                    "the server is not running this drafter as doctored: check it serves this "
+                    "checkpoint (not another or a stale copy), its loader's keys, the aux layers it "
+                    "captures, fc, the vocab map (d2t), the chat template; " + _likely_causes(ev))
+    return ok(text)
+
+
+def _text_to_ids(ev: Evidence):
+    """Ids of a text with the target's tokenizer (loaded only when a server returns text only)."""
+    def ids(text: str) -> list[int]:
+        return list(ev.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return ids
 
 
 CHECKS = (keys_match_engine, shapes_and_dtypes, values_finite, vocab_map_valid,

@@ -41,11 +41,16 @@ def run_offline(ev: Evidence, engine: str | None, ttt_steps: int) -> OfflineRun:
     Aux layers: the engine's reading of the config (engine given) or the training layers
     (manifest; else the config's). Uses train.loss.ttt_loss for the unroll and the counts.
     """
+    return run_on(ev, engine, ttt_steps, ev.samples)
+
+
+def run_on(ev: Evidence, engine: str | None, ttt_steps: int, samples: list) -> OfflineRun:
+    """`run_offline` on the given `data.Sample`s (e.g. the sequences a server produced)."""
     from specdraft.train.loss import TTTMetrics, ttt_loss
 
     layers, fed_from = _layers_fed(ev, engine)
     draft, loaded_as = ev.engine_draft(engine)
-    target, samples = ev.target, ev.samples
+    target = ev.target
     metrics = TTTMetrics.zeros(ttt_steps)
     with torch.no_grad():
         for s in samples:

@@ -69,9 +69,10 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     (capture parity, acceptance, tokenizer). engine: "sglang" | "vllm" (default: the engine
     engine_args names, else every engine the layout serves). engine_args: the serving command
     line. samples: capture store or JSONL (offline acceptance, render parity). server: a live
-    server (online acceptance: not implemented yet). sglang_version pins SGLang's id reading;
-    template_kwargs: the server's chat template kwargs. Returns a Report; raises ValueError
-    only for invalid arguments (a bad checkpoint is a failing finding).
+    server's URL (online acceptance: the sample prompts at T = 0, its counters vs offline on
+    the sequences it produced). sglang_version pins SGLang's id reading; template_kwargs: the
+    server's chat template kwargs. Returns a Report; raises ValueError only for invalid
+    arguments (a bad checkpoint is a failing finding).
     """
     inputs = DoctorInputs(
         Path(checkpoint), target=Path(target) if target else None, engine=engine,

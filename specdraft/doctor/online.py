@@ -1,0 +1,133 @@
+"""Online acceptance: the sample prompts sent to a live server (specdraft, vLLM, SGLang) at
+temperature 0, its speculative counters read before and after (specdraft.bench), and offline
+acceptance computed on the sequences the server produced (prompt + its greedy output,
+teacher-forced with the target's aux states), so both sides see the same text.
+
+Online p_k = accepted drafts at depth k / verification steps, tau = 1 + accepted / steps
+(SGLang: completion_tokens / spec_verify_ct, no per-position counts). Offline p_k = P(draft k
+accepted) = prod_{i<=k} alpha_i over the same depth; tau = 1 + sum p_k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from specdraft.bench import (
+    RequestRecord,
+    Server,
+    SpecCounts,
+    counter_delta,
+    detect_server,
+    scrape,
+    sglang_counts,
+)
+from specdraft.data import Sample
+from specdraft.doctor.evidence import Evidence
+from specdraft.doctor.offline import OfflineRun, run_on
+
+MAX_TOKENS = 32          # tokens generated per prompt
+PROMPT_TOKENS = 8        # prompt length when a sample's supervision starts before its 4th token
+TIMEOUT_S = 60.0
+
+
+class ServerError(RuntimeError):
+    """The server did not answer (or answered an error) at its URL."""
+
+
+@dataclass
+class OnlineRun:
+    """What the server did: its kind, counter deltas, the sequences it produced (prompt masked
+    out, output supervised), how many prompts were sent."""
+
+    server: Server
+    counts: SpecCounts | None
+    sequences: list[Sample]
+    num_prompts: int
+
+
+def prompt_of(sample: Sample) -> list[int]:
+    """The first tokens of a sample: those before its first supervised token (its prompt turn),
+    or the first PROMPT_TOKENS when supervision starts earlier than the fourth token."""
+    ids = list(sample.input_ids)
+    first = next((i for i, m in enumerate(sample.loss_mask) if m), len(ids))
+    n = first if first >= 4 else PROMPT_TOKENS
+    return ids[:max(1, min(n, len(ids) - 1))]
+
+
+def connect(url: str, timeout_s: float = TIMEOUT_S) -> Server:
+    """The server at `url` (bench.detect_server); raises ServerError when it does not answer."""
+    try:
+        return detect_server(url, timeout_s)
+    except (RuntimeError, httpx.HTTPError) as e:
+        raise ServerError(f"{url} does not answer: {e}") from None
+
+
+def run_online(server: Server, samples: list[Sample], tokenizer: Any, max_tokens: int = MAX_TOKENS,
+               timeout_s: float = TIMEOUT_S) -> OnlineRun:
+    """Send each sample's prompt (token ids, temperature 0, ignore_eos) one at a time and read the
+    speculative counters around them. tokenizer: a callable returning the ids of a text
+    (used when the server does not return token ids). Raises ServerError."""
+    url = server.url
+    sequences, records = [], []
+    try:
+        before = scrape(server, timeout_s)
+        with httpx.Client(base_url=server.url, timeout=timeout_s) as client:
+            for sample in samples:
+                prompt = prompt_of(sample)
+                output, usage = _generate(client, server, prompt, max_tokens, tokenizer)
+                records.append(RequestRecord(None, 0.0, len(output), usage))
+                if output:
+                    sequences.append(Sample(prompt + output, [0] * len(prompt) + [1] * len(output)))
+        after = scrape(server, timeout_s)
+    except httpx.HTTPError as e:
+        raise ServerError(f"{url}: {type(e).__name__}: {e}") from None
+    if server.kind == "sglang":
+        counts = sglang_counts(records)
+    elif before is not None:
+        counts = counter_delta(before, after, f"{server.kind} /metrics")
+    else:
+        counts = None
+    return OnlineRun(server, counts, sequences, len(samples))
+
+
+def _generate(client: httpx.Client, server: Server, prompt: list[int], max_tokens: int,
+              tokenizer: Any) -> tuple[list[int], dict[str, Any] | None]:
+    """(output token ids, usage or meta_info) of one non-streamed greedy request."""
+    if server.kind == "sglang":
+        params = {"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": True}
+        body = _post(client, "/generate", {"input_ids": prompt, "sampling_params": params})
+        ids = body.get("output_ids")
+        return (list(ids) if ids is not None else tokenizer(body.get("text", "")))[:max_tokens], body.get("meta_info")
+    req = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+    if server.kind != "openai":
+        req["ignore_eos"] = True
+    if server.kind == "vllm":
+        req["return_token_ids"] = True
+    body = _post(client, "/v1/completions", req)
+    choice = (body.get("choices") or [{}])[0]
+    ids = choice.get("token_ids")
+    return (list(ids) if ids is not None else tokenizer(choice.get("text") or ""))[:max_tokens], body.get("usage")
+
+
+def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post(path, json=body)
+    if response.status_code != 200:
+        raise ServerError(f"{client.base_url}{path}: HTTP {response.status_code}: {response.text[:300]}")
+    return response.json()
+
+
+def offline_on_served(ev: Evidence, engine: str | None, steps: int, run: OnlineRun) -> OfflineRun:
+    """Offline acceptance (teacher-forced, `steps` deep) on the sequences the server produced."""
+    return run_on(ev, engine, steps, run.sequences)
+
+
+def reach(alpha: list[float], steps: int) -> list[float]:
+    """P(draft k accepted) = prod_{i<=k} alpha_i for k < steps (past the run: the last alpha)."""
+    out, p = [], 1.0
+    for k in range(steps):
+        p *= alpha[min(k, len(alpha) - 1)] if alpha else 0.0
+        out.append(p)
+    return out

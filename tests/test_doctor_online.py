@@ -1,0 +1,106 @@
+"""doctor's online_acceptance against a specdraft server on loopback (the trained tiny world):
+the healthy drafter passes with both rows, a server running a drafter with a wrong d2t fails
+naming the gap, an unreachable URL fails naming it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+
+import pytest
+import torch
+
+from specdraft.checkpoint import Manifest, save_draft
+from specdraft.doctor import run_doctor
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.serve import build_app, serve_in_thread
+from tests.doctor_helpers import edit_weights, target_fields
+from tests.engine_helpers import AUX_LAYERS, one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.serve_helpers import word_tokenizer
+
+SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(draft dir, target dir with a word tokenizer, samples.jsonl): the engine tests' tiny
+    smooth Llama and its briefly trained drafter (accepted ~50 %), saved with a manifest."""
+    setup = tiny_setup("llama", "smooth")
+    root = tmp_path_factory.mktemp("online")
+    target = root / "target"
+    shutil.copytree(setup.target_dir, target)
+    word_tokenizer().save_pretrained(target)
+    manifest = Manifest(draft=setup.trained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
+                        **target_fields(target, AUX_LAYERS))
+    save_draft(setup.trained, root / "draft", manifest=manifest)
+    samples = root / "samples.jsonl"
+    samples.write_text("".join(json.dumps({"input_ids": p, "loss_mask": [1] * len(p)}) + "\n"
+                               for p in random_prompts(8, 16, seed=5)))
+    return root / "draft", target, samples
+
+
+def serve(target, draft):
+    return serve_in_thread(build_app(str(target), str(draft), SPEC, max_seq_len=128))
+
+
+def doctor(draft, target, samples, url):
+    return run_doctor(draft, target=target, samples=samples, server=url, max_samples=8).finding(
+        "online_acceptance")
+
+
+def test_online_acceptance_healthy_server_passes(world):
+    draft, target, samples = world
+    server = serve(target, draft)
+    try:
+        finding = doctor(draft, target, samples, server.url)
+    finally:
+        server.stop()
+    print(finding)
+    assert finding.verdict == "pass", finding
+    assert "online p_k [" in finding.evidence and "offline p_k [" in finding.evidence
+    assert "(specdraft)" in finding.evidence
+
+
+def test_online_acceptance_server_with_wrong_d2t_fails(world, tmp_path):
+    draft, target, samples = world
+    wrong = tmp_path / "wrong"
+    shutil.copytree(draft, wrong)
+
+    def shift(tensors):
+        key = next(k for k in tensors if k.endswith("d2t"))
+        d2t = tensors[key]
+        tensors[key] = torch.roll(d2t + torch.arange(len(d2t)), 7) - torch.arange(len(d2t))
+
+    edit_weights(wrong, shift)
+    server = serve(target, wrong)
+    try:
+        finding = doctor(draft, target, samples, server.url)
+    finally:
+        server.stop()
+    print(finding)
+    assert finding.verdict == "fail", finding
+    assert "online p_1" in finding.evidence and "offline p_1" in finding.evidence
+    assert "vocab map (d2t)" in finding.fix
+
+
+def test_online_acceptance_unreachable_server_fails(world):
+    draft, target, samples = world
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    finding = doctor(draft, target, samples, url)
+    assert finding.verdict == "fail"
+    assert url in finding.evidence
+
+
+def test_online_acceptance_without_server_skips(world):
+    draft, target, samples = world
+    assert run_doctor(draft, target=target, samples=samples).finding("online_acceptance").verdict == "skip"
+
+
+def test_online_acceptance_unreachable_server_fails_without_samples(world):
+    draft, target, _ = world
+    finding = run_doctor(draft, target=target, server="http://127.0.0.1:1").finding("online_acceptance")
+    assert finding.verdict == "fail" and "http://127.0.0.1:1" in finding.evidence
