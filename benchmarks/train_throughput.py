@@ -28,8 +28,9 @@ import time
 
 import torch
 
-from specdraft.train.loop import Batch, TargetInfo, Trainer, TrainConfig
+from specdraft.train.loop import Trainer, TrainConfig
 from specdraft.train.loss import target_logits
+from specdraft.train.sources import Batch, TargetInfo
 
 PEAK_FLOPS = 989e12
 

@@ -18,6 +18,7 @@ the tokenizer's chat template), `/v1/models`, `/health`, `/metrics` (Prometheus,
   The spec counters move only on a speculative engine, for finished requests.
 - Every `log_every` verification steps the worker logs accept length, acceptance rate and
   tokens/s over the steps since the last line (like SGLang's decode log; counts kept tokens).
+Request parsing and response shapes live in `specdraft.openai_protocol`.
 FastAPI, uvicorn and prometheus_client are imported only when a server is built.
 """
 
@@ -30,206 +31,23 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from specdraft.engine.speculate import GenerationResult, SpeculativeEngine
+from specdraft.openai_protocol import (FINISH_REASONS, GenerationRequest, RequestError, ResponseShape, TextStream,
+                                       chat_prompt_ids, context_room, get_field, parse_common, prompt_ids_of,
+                                       sse, usage_of)
 
 log = logging.getLogger("specdraft.serve")
 DEFAULT_MAX_QUEUE = 64
 DISCONNECT_POLL_S = 0.25
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -> OpenAI
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
-
-
-class RequestError(Exception):
-    """A request the server refuses: HTTP `status` with OpenAI's error body."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None,
-                 status: int = 400, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
-
-    def body(self) -> dict[str, Any]:
-        """`{"error": {"message", "type", "param", "code"}}`."""
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
 
 
 class GenerationCancelled(Exception):
     """Raised from the engine's token callback to stop a request whose client went away."""
-
-
-# ---- request parsing --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class GenerationRequest:
-    """A validated completion or chat request (target token ids and sampling settings)."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    stop: tuple[str, ...]
-    seed: int | None
-    ignore_eos: bool
-    stream: bool
-    include_usage: bool
-
-
-_TYPES = {"int": (int,), "number": (int, float), "bool": (bool,), "str": (str,), "object": (dict,),
-          "array": (list,)}
-
-
-def get_field(body: dict, name: str, kind: str, default: Any = None, required: bool = False) -> Any:
-    """body[name] checked against a JSON type ("int", "number", "bool", "str", "object",
-    "array"); default when absent or null. Raises RequestError naming the field."""
-    value = body.get(name)
-    if value is None:
-        if required:
-            raise RequestError(f"'{name}' is a required property", param=name, code="missing_field")
-        return default
-    is_bool = isinstance(value, bool)
-    if not isinstance(value, _TYPES[kind]) or (is_bool and kind in ("int", "number")):
-        raise RequestError(f"'{name}' must be of type {kind}, got {type(value).__name__} {value!r}",
-                           param=name, code="invalid_type")
-    return value
-
-
-def parse_common(body: dict, prompt_ids: list[int], default_max_tokens: int) -> GenerationRequest:
-    """The sampling and streaming fields shared by completions and chat (OpenAI names, vLLM's
-    top_k / ignore_eos extensions); raises RequestError for a bad value or unsupported option."""
-    for name, ok in (("n", 1), ("best_of", 1)):
-        if get_field(body, name, "int", ok) != ok:
-            raise RequestError(f"'{name}' must be 1: the server returns one completion",
-                               param=name, code="unsupported")
-    if get_field(body, "echo", "bool", False) or body.get("logprobs") not in (None, False, 0):
-        param = "echo" if body.get("echo") else "logprobs"
-        raise RequestError(f"'{param}' is not supported", param=param, code="unsupported")
-    stop = body.get("stop")
-    stop = (stop,) if isinstance(stop, str) else stop or ()
-    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
-        raise RequestError("'stop' must be a non-empty string or a list of them", param="stop")
-    max_tokens = get_field(body, "max_tokens", "int", default_max_tokens)
-    temperature = get_field(body, "temperature", "number", 1.0)
-    top_p = get_field(body, "top_p", "number", 1.0)
-    top_k = get_field(body, "top_k", "int", 0)
-    checks = [("max_tokens", max_tokens >= 1, ">= 1"), ("temperature", temperature >= 0, ">= 0"),
-              ("top_p", 0 < top_p <= 1, "in (0, 1]"), ("top_k", top_k >= -1, ">= 0 (-1 or 0 = off)")]
-    for name, ok, rule in checks:
-        if not ok:
-            raise RequestError(f"'{name}' = {body.get(name)!r}: must be {rule}", param=name)
-    options = get_field(body, "stream_options", "object", {})
-    return GenerationRequest(prompt_ids, max_tokens, float(temperature), float(top_p), max(top_k, 0),
-                             tuple(stop), get_field(body, "seed", "int"),
-                             get_field(body, "ignore_eos", "bool", False),
-                             get_field(body, "stream", "bool", False),
-                             bool(get_field(options, "include_usage", "bool", False)))
-
-
-def prompt_ids_of(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
-    """Token ids of a completion prompt: a string, a list of ids, or a one-element list of
-    either (one prompt per request). Raises RequestError otherwise."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        ids = list(tokenizer(prompt)["input_ids"])
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = prompt
-        if any(not 0 <= t < vocab_size for t in ids):
-            raise RequestError(f"'prompt' token ids must be in 0..{vocab_size - 1}", param="prompt")
-    else:
-        raise RequestError("'prompt' must be a string or a list of token ids (one prompt per "
-                           "request)", param="prompt", code="invalid_type")
-    if not ids:
-        raise RequestError("'prompt' is empty", param="prompt")
-    return ids
-
-
-def chat_prompt_ids(body: dict, tokenizer: Any) -> list[int]:
-    """Render `messages` with the tokenizer's chat template (generation prompt added, the
-    request's `chat_template_kwargs` passed on) and tokenize without extra special tokens."""
-    messages = get_field(body, "messages", "array", required=True)
-    if not messages:
-        raise RequestError("'messages' is empty", param="messages")
-    rendered = [message_of(m, i) for i, m in enumerate(messages)]
-    if not getattr(tokenizer, "chat_template", None):
-        raise RequestError("this model's tokenizer has no chat template: use /v1/completions",
-                           param="messages", code="no_chat_template")
-    kwargs = get_field(body, "chat_template_kwargs", "object", {})
-    from jinja2 import TemplateError
-
-    try:
-        text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True,
-                                             **kwargs)
-    except (TemplateError, ValueError, TypeError) as e:  # the template refuses these messages
-        raise RequestError(f"the chat template failed on these messages: {e}",
-                           param="messages") from None
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def message_of(message: Any, index: int) -> dict[str, str]:
-    """One chat message as {"role", "content"} (text content parts are joined)."""
-    param = f"messages[{index}]"
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise RequestError(f"{param} must be an object with a string 'role'", param=param)
-    content = message.get("content")
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
-            raise RequestError(f"{param}.content: only text parts are supported", param=param)
-        content = "".join(parts)
-    if not isinstance(content, str):
-        raise RequestError(f"{param}.content must be a string", param=param, code="invalid_type")
-    return {"role": message["role"], "content": content}
-
-
-def context_room(engine: SpeculativeEngine, num_prompt_tokens: int) -> int:
-    """New tokens that fit after the prompt (target / drafter positions, cache minus one tree)."""
-    tree = engine.spec.num_draft_tokens if engine.spec else 1
-    limits = [engine.target.args.max_position_embeddings, engine.max_seq_len - tree]
-    if engine.draft is not None:
-        limits.append(engine.draft.cfg.max_position_embeddings)
-    return min(limits) - num_prompt_tokens
-
-
-# ---- streaming text ---------------------------------------------------------------------------
-class TextStream:
-    """Incremental detokenization with stop strings: text is released only when no stop string
-    can still begin in it (and not inside an unfinished UTF-8 character)."""
-
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
-        self.tokenizer, self.stop = tokenizer, stop
-        self.ids: list[int] = []
-        self.sent = 0
-
-    def text(self) -> tuple[str, bool]:
-        """(decoded output cut before the first stop string, whether a stop string was found)."""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        cuts = [text.find(s) for s in self.stop if s in text]
-        return (text[:min(cuts)], True) if cuts else (text, False)
-
-    def push(self, ids: list[int]) -> str:
-        """Add new ids; return the newly releasable text."""
-        self.ids += ids
-        text, stopped = self.text()
-        safe = len(text)
-        if not stopped:
-            hold = max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
-            safe -= hold
-            while safe > self.sent and text[safe - 1] == "\ufffd":
-                safe -= 1
-        out = text[self.sent:safe] if safe > self.sent else ""
-        self.sent = max(self.sent, safe)
-        return out
-
-    def finish(self) -> str:
-        """The rest of the text at the end of generation."""
-        text, _ = self.text()
-        out, self.sent = text[self.sent:], len(text)
-        return out
 
 
 # ---- metrics ----------------------------------------------------------------------------------
@@ -283,18 +101,6 @@ class ServerMetrics:
         self.ttft.observe(first - arrival)
         if len(result.token_ids) > 1:
             self.tpot.observe((end - first) / (len(result.token_ids) - 1))
-
-
-def usage_of(result: GenerationResult) -> dict[str, Any]:
-    """OpenAI usage plus the raw speculative counts and accept length (1 + accepted / drafts)."""
-    m = result.metrics
-    m.check()
-    prompt, completion = m.num_prompt_tokens, len(result.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "num_drafts": m.num_verify_steps, "num_draft_tokens": m.num_drafted_tokens,
-            "num_accepted_tokens": m.num_accepted_tokens,
-            "num_accepted_tokens_per_pos": list(m.accepted_per_position),
-            "accept_length": m.accept_length, "acceptance_per_position": m.acceptance_per_position}
 
 
 # ---- the worker -------------------------------------------------------------------------------
@@ -606,44 +412,6 @@ async def stream_chunks(state: ServerState, job: Job, events: asyncio.Queue,
             return
     finally:
         job.cancelled.set()
-
-
-def sse(payload: dict) -> str:
-    """One server-sent event."""
-    return f"data: {json.dumps(payload)}\n\n"
-
-
-@dataclass
-class ResponseShape:
-    """OpenAI's completion / chat.completion bodies and chunks for one request."""
-
-    model: str
-    chat: bool
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def head(self, stream: bool) -> dict[str, Any]:
-        """id, object, created, model."""
-        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if stream and self.chat else "")
-        return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind,
-                "created": self.created, "model": self.model}
-
-    def chunk(self, piece: str | dict, finish_reason: str | None) -> dict[str, Any]:
-        """A streamed chunk carrying `piece` (text, or a chat delta dict)."""
-        if self.chat:
-            delta = piece if isinstance(piece, dict) else ({"content": piece} if piece else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason}
-        return {**self.head(stream=True), "choices": [choice]}
-
-    def full(self, text: str, result: GenerationResult) -> dict[str, Any]:
-        """The non-streamed body with usage."""
-        reason = FINISH_REASONS[result.finish_reason]
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                   "finish_reason": reason} if self.chat else
-                  {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
-        return {**self.head(stream=False), "choices": [choice], "usage": usage_of(result)}
 
 
 # ---- running ----------------------------------------------------------------------------------

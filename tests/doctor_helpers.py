@@ -16,7 +16,8 @@ from specdraft.checkpoint import Manifest, save_draft
 from specdraft.data import Sample
 from specdraft.draft import DraftConfig
 from specdraft.target import load_target
-from specdraft.train.loop import OnlineData, TrainConfig, train
+from specdraft.train.loop import TrainConfig, train
+from specdraft.train.sources import OnlineData
 from tests.drafts import seeded_draft
 from tests.tiny_models import save_tiny_model, tiny_config
 
@@ -31,7 +32,7 @@ def one_thread():
 
 
 def target_fields(target_dir: Path, aux_layers) -> dict:
-    """The manifest fields training records about a target (train.loop.OnlineData's)."""
+    """The manifest fields training records about a target (train.sources.OnlineData's)."""
     target = load_target(target_dir)
     return OnlineData(target, [Sample([1, 2, 3], [0, 1, 1])], tuple(aux_layers)).info.manifest_fields
 

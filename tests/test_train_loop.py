@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 from specdraft.capture import StoreSettings, write_store
 from specdraft.data import Sample
 from specdraft.target import load_target
-from specdraft.train.loop import (OnlineData, StoreData, TrainConfig, TrainingError, checkpoint_paths,
-                                  pad_samples, split_samples, train)
+from specdraft.train.loop import TrainConfig, TrainingError, checkpoint_paths, split_samples, train
+from specdraft.train.sources import OnlineData, StoreData, pad_samples
 from tests.tiny_models import tiny_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,16 +24,16 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from specdraft import data as data_mod
-from specdraft.conventions import build_vocab_map, default_aux_layers
-from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
-from specdraft.train.loss import TTTMetrics, TTTOutput, target_logits, ttt_loss, weighted_loss
+from specdraft.conventions import build_vocab_map
+from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.train.loss import TTTMetrics, TTTOutput, ttt_loss, weighted_loss
+from specdraft.train.sources import Batch, TargetInfo, TrainData, open_data
 
 PRECISIONS = ("fp32", "bf16")
 CHECKPOINT_DIR = "checkpoints"
@@ -122,198 +122,6 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"TrainConfig: unknown keys {unknown}")
         return cls(**d)
-
-
-# ---------------------------------------------------------------------------------------------
-# Data: what a training source must provide
-
-@dataclass
-class Batch:
-    """One rank's share of a global batch, right-padded (pad id 0, loss_mask 0).
-
-    sample_ids: the source's sample indices; input_ids/loss_mask: [B, T] long/bool;
-    aux_hidden: [B, T, n_aux·H_target]; target_logits: [B, T, V] float32.
-    """
-
-    sample_ids: list[int]
-    input_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    aux_hidden: torch.Tensor
-    target_logits: torch.Tensor
-
-
-@dataclass
-class TargetInfo:
-    """What the drafter takes from its target, and what its manifest records about it.
-
-    config: transformers text config or its dict (sizes, rope, rms_norm_eps).
-    manifest_fields: Manifest fields known from the source: target, tokenizer, chat_template,
-    data_hash. vocab_limit: tokenizer length (draft vocabulary never past it), or None.
-    """
-
-    config: Any
-    aux_layers: tuple[int, ...]
-    embed_weight: torch.Tensor  # [V, H_target]
-    manifest_fields: dict[str, Any]
-    vocab_limit: int | None = None
-
-
-class TrainData(Protocol):
-    """A training source: offline capture store (StoreData) or online target (OnlineData)."""
-
-    info: TargetInfo
-
-    def __len__(self) -> int: ...
-
-    def token_counts(self) -> torch.Tensor: ...
-
-    def batch(self, sample_ids: Sequence[int], max_length: int, device: torch.device) -> Batch: ...
-
-
-def pad_samples(samples: Sequence[data_mod.Sample], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Truncate to `max_length` and right-pad: (input_ids [B, T] long, loss_mask [B, T] bool)."""
-    samples = [s.truncated(max_length) for s in samples]
-    t_len = max(len(s.input_ids) for s in samples)
-    ids = torch.zeros(len(samples), t_len, dtype=torch.long)
-    mask = torch.zeros(len(samples), t_len, dtype=torch.bool)
-    for i, s in enumerate(samples):
-        ids[i, :len(s.input_ids)] = torch.tensor(s.input_ids)
-        mask[i, :len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.bool)
-    return ids, mask
-
-
-def _right_pad(rows: Sequence[torch.Tensor], t_len: int) -> torch.Tensor:
-    """Stack [T_i, ...] tensors into [B, t_len, ...], zero-padded on the right."""
-    out = rows[0].new_zeros(len(rows), t_len, *rows[0].shape[1:])
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = r[:t_len]
-    return out
-
-
-class OnlineData:
-    """Token sequences run through a live target at every batch (no store on disk).
-
-    target: a `specdraft.target.Target`; samples: `specdraft.data.Sample`s; aux_layers:
-    specdraft indices (default: `conventions.default_aux_layers(L)`).
-    """
-
-    def __init__(self, target: Any, samples: Sequence[data_mod.Sample],
-                 aux_layers: Sequence[int] | None = None) -> None:
-        from specdraft.target import config_hash
-
-        self.target, self.samples = target, list(samples)
-        cfg = target.config
-        rope_theta, rope_scaling = rope_from_hf_config(lambda k, d=None: getattr(cfg, k, d))
-        meta = dict(architecture=target.architecture, target_class=target.target_class,
-                    config_hash=config_hash(cfg), num_layers=target.num_layers,
-                    hidden_size=target.hidden_size, vocab_size=target.vocab_size,
-                    rope_theta=rope_theta, rope_scaling=rope_scaling,
-                    max_position_embeddings=getattr(cfg, "max_position_embeddings", None),
-                    name_or_path=getattr(cfg, "_name_or_path", None))
-        self.info = TargetInfo(
-            config=cfg, aux_layers=tuple(aux_layers or default_aux_layers(target.num_layers)),
-            embed_weight=target.embed_tokens.weight.detach(),
-            manifest_fields={"target": meta, "data_hash": data_mod.data_hash(self.samples)})
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def token_counts(self) -> torch.Tensor:
-        return data_mod.token_counts(self.samples, self.target.vocab_size)
-
-    def batch(self, sample_ids: Sequence[int], max_length: int, device: torch.device) -> Batch:
-        ids, mask = pad_samples([self.samples[i] for i in sample_ids], max_length)
-        lengths = torch.tensor([min(len(self.samples[i].input_ids), max_length) for i in sample_ids])
-        attention = (torch.arange(ids.shape[1]) < lengths[:, None]).long()
-        t_device = self.target.embed_tokens.weight.device
-        out = self.target.forward(ids.to(t_device), attention.to(t_device),
-                                  aux_layers=self.info.aux_layers)
-        # clone: the target runs in inference mode, and autograd cannot save inference tensors
-        return Batch(list(sample_ids), ids.to(device), mask.to(device),
-                     out.aux_hidden.clone().to(device, torch.float32), out.logits.clone().to(device))
-
-
-class StoreData:
-    """An offline capture store (`specdraft.capture.CaptureStore`) as training data.
-
-    Target logits are recomputed per batch as lm_head(final_norm(last_hidden)) with the store's
-    `target_head.safetensors`. The target's full config (heads, intermediate size, rms_norm_eps,
-    rope) comes from `target_config` (a config, its dict or the target directory) or else from
-    config.json under the store's recorded target path.
-    Raises CaptureError for a missing/unfinished store, FileNotFoundError for an unresolvable
-    target config.
-    """
-
-    def __init__(self, path: str | Path, target_config: Any = None) -> None:
-        from specdraft.capture import CaptureStore
-
-        self.store = CaptureStore(path)
-        meta = self.store.meta
-        self.config = _store_target_config(self.store, target_config)
-        head = self.store.target_head()
-        self._norm, self._lm_head = head["norm.weight"], head["lm_head.weight"]
-        self._head_device = torch.device("cpu")
-        tokenizer = meta.get("tokenizer") or {}
-        self.info = TargetInfo(
-            config=self.config, aux_layers=tuple(self.store.aux_layers),
-            embed_weight=head["embed_tokens.weight"],
-            manifest_fields={"target": {k: v for k, v in meta["target"].items()},
-                             "tokenizer": meta.get("tokenizer"),
-                             "chat_template": meta.get("chat_template"),
-                             "data_hash": meta.get("data_hash")},
-            vocab_limit=tokenizer.get("length"))
-
-    def __len__(self) -> int:
-        return len(self.store)
-
-    def token_counts(self) -> torch.Tensor:
-        """Loss-masked target-token counts [V] over the whole store; reads only input_ids and
-        loss_mask of each shard (capture.py's layout), never the hidden states."""
-        from safetensors import safe_open
-
-        counts = torch.zeros(self.store.meta["target"]["vocab_size"], dtype=torch.long)
-        for entry in self.store.meta["shards"]:
-            with safe_open(str(self.store.path / entry["file"]), framework="pt") as f:
-                ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool()]
-            counts += torch.bincount(ids, minlength=counts.numel())
-        return counts
-
-    def batch(self, sample_ids: Sequence[int], max_length: int, device: torch.device) -> Batch:
-        rows = [self.store[i] for i in sample_ids]
-        t_len = min(max_length, max(len(r["input_ids"]) for r in rows))
-        pad = lambda key: _right_pad([r[key] for r in rows], t_len).to(device)  # noqa: E731
-        if self._head_device != device:
-            self._norm, self._lm_head = self._norm.to(device), self._lm_head.to(device)
-            self._head_device = device
-        eps = _config_get(self.config, "rms_norm_eps", 1e-6)
-        logits = target_logits(pad("last_hidden"), self._norm, self._lm_head, eps)
-        return Batch(list(sample_ids), pad("input_ids"), pad("loss_mask"),
-                     pad("aux_hidden").float(), logits)
-
-
-def _config_get(config: Any, key: str, default: Any = None) -> Any:
-    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
-
-
-def _store_target_config(store: Any, override: Any = None) -> Any:
-    """The target's transformers text config: `override` (a config, its dict, or a target
-    directory), else config.json under the target path the capture store recorded."""
-    from transformers import AutoConfig
-
-    if override is not None and not isinstance(override, (str, Path)):
-        return override
-    path = override or store.meta["target"].get("name_or_path")
-    if not path or not (Path(path) / "config.json").is_file():
-        raise FileNotFoundError(f"{store.path / 'index.json'}: target path {path!r} has no "
-                                f"config.json; pass the target directory (train --target DIR)")
-    return AutoConfig.from_pretrained(path, local_files_only=True).get_text_config()
-
-
-def open_data(source: str | Path | TrainData, target_config: Any = None) -> TrainData:
-    """A TrainData for `source`: a capture store directory, or a TrainData as is."""
-    if isinstance(source, (str, Path)):
-        return StoreData(source, target_config)
-    return source
 
 
 # ---------------------------------------------------------------------------------------------
