@@ -421,7 +421,11 @@ def find_crossover(points: list[tuple[int, float]], tie_band: float = 0.0) -> Cr
         verdict = "loses at" if all(s < 1.0 - tie_band for _, s in points) else f"never wins{band} at"
         return Crossover(None, f"no crossover: speculation {verdict} every concurrency measured "
                                f"(best speedup {s:.2f}x at concurrency {c})")
-    i = next(i for i in range(1, len(points)) if wins[i - 1] and not wins[i])
+    i = next((i for i in range(1, len(points)) if wins[i - 1] and not wins[i]), None)
+    if i is None:  # no win is followed by a loss: speculation only starts winning at some point
+        c, s = next(p for p, won in zip(points, wins) if won)
+        return Crossover(None, f"no crossover: speculation does not win{band} below concurrency {c}, "
+                               f"then wins (speedup {s:.2f}x there)")
     (c0, s0), (c1, s1) = points[i - 1], points[i]
     return Crossover(c1, f"crossover: speculation stops winning{band} between concurrency {c0} "
                          f"(speedup {s0:.2f}x) and {c1} (speedup {s1:.2f}x)")

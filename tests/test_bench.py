@@ -90,6 +90,9 @@ def test_crossover_rule():
     assert tie.concurrency is None and "never wins by more than 5% at every concurrency" in tie.text
     late = find_crossover([(1, 1.5), (4, 1.03), (16, 0.7)], tie_band=0.05)
     assert late.concurrency == 4 and "stops winning by more than 5% between concurrency 1" in late.text
+    # a loss followed by a win (CPU noise at low concurrency) is no crossover, and no crash
+    rising = find_crossover([(1, 0.97), (2, 1.2)])
+    assert rising.concurrency is None and "does not win below concurrency 2, then wins (speedup 1.20x" in rising.text
 
 
 @pytest.fixture(scope="module")
