@@ -242,7 +242,8 @@ def target_head_tensors(target) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------
 # Writing
 
-def _target_meta(target, name_or_path: str | None) -> dict[str, Any]:
+def target_meta(target, name_or_path: str | None) -> dict[str, Any]:
+    """What a store index and a manifest record about a loaded target (`Target`)."""
     from specdraft.draft import rope_from_hf_config
     from specdraft.target import config_hash
 
@@ -261,7 +262,7 @@ def _new_index(target, samples: list[Sample], settings: StoreSettings, extra: di
     H = target.hidden_size
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, **settings.identity(),
-        "target": _target_meta(target, extra.get("target_path")),
+        "target": target_meta(target, extra.get("target_path")),
         "tokenizer": extra.get("tokenizer"), "chat_template": extra.get("chat_template"),
         "data": extra.get("data"), "data_hash": data_hash(samples),
         "num_samples": len(samples), "num_tokens": sum(len(s.input_ids) for s in samples),
@@ -423,24 +424,43 @@ class CaptureConfig:
         parse_dtype(self.target_dtype)
 
 
+def load_inputs(target: str | Path, data: str | Path, *, tokenizer: str | None = None,
+                chat: bool = True, template_kwargs: dict[str, Any] | None = None,
+                skip_bad: bool = False, target_dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu"):
+    """The target, its tokenizer and `data` rendered with it: what capture and online training read.
+
+    target: transformers model directory (its tokenizer too unless `tokenizer` is given); data,
+    chat, template_kwargs, skip_bad: as `specdraft.data.load_dataset`.
+    Returns (Target, tokenizer, SampleSet). Raises DataError (bad data, naming the file) and
+    ValueError (a tokenizer longer than the target's vocabulary: it belongs to another model).
+    """
+    from transformers import AutoTokenizer
+
+    from specdraft.data import load_dataset
+    from specdraft.target import load_target
+
+    model = load_target(target, dtype=target_dtype, device=device)
+    tok = AutoTokenizer.from_pretrained(tokenizer or target)
+    if len(tok) > model.vocab_size:
+        raise ValueError(f"tokenizer has {len(tok)} tokens but the target's vocabulary is "
+                         f"{model.vocab_size}: pass the target's own tokenizer (--tokenizer)")
+    samples = load_dataset(data, tok, chat=chat, template_kwargs=template_kwargs, skip_bad=skip_bad)
+    return model, tok, samples
+
+
 def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
     """Load the target, its tokenizer and the data; render; `write_store` into cfg.out_dir.
 
     Raises DataError (bad data), CaptureError (store of other settings), ValueError (a token id
     outside the target's vocabulary: the tokenizer belongs to another model)."""
-    from transformers import AutoTokenizer
-
     from specdraft.conventions import default_aux_layers
-    from specdraft.data import load_dataset, tokenizer_fingerprint
-    from specdraft.target import load_target
+    from specdraft.data import tokenizer_fingerprint
 
-    target = load_target(cfg.target, dtype=parse_dtype(cfg.target_dtype), device=cfg.device)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.target)
-    if len(tokenizer) > target.vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the target's vocabulary is "
-                         f"{target.vocab_size}: pass the target's own tokenizer (--tokenizer)")
-    data = load_dataset(cfg.data, tokenizer, chat=cfg.chat, template_kwargs=cfg.template_kwargs,
-                        skip_bad=cfg.skip_bad)
+    target, tokenizer, data = load_inputs(
+        cfg.target, cfg.data, tokenizer=cfg.tokenizer, chat=cfg.chat,
+        template_kwargs=cfg.template_kwargs, skip_bad=cfg.skip_bad,
+        target_dtype=parse_dtype(cfg.target_dtype), device=cfg.device)
     aux = tuple(cfg.aux_layers or default_aux_layers(target.num_layers))
     settings = StoreSettings(aux, parse_dtype(cfg.dtype), cfg.max_length, cfg.shard_tokens,
                              cfg.batch_tokens)

@@ -33,6 +33,32 @@ def _check_model_dir(value: str) -> str:
     return value
 
 
+def _check_checkpoint_dir(value: str) -> str:
+    """CKPT: an existing directory (a file path, e.g. its model.safetensors, names the directory)."""
+    from pathlib import Path
+
+    path = Path(value)
+    if path.is_file():
+        raise typer.BadParameter(f"{value} is a file; pass the checkpoint directory that holds config.json "
+                                 f"and model.safetensors (here: {path.parent}), not the file")
+    if not path.is_dir():
+        raise typer.BadParameter(f"{value}: no such directory; pass a draft checkpoint directory "
+                                 "(config.json and model.safetensors)")
+    return value
+
+
+def _int_list(value: str) -> tuple[int, ...]:
+    """A comma-separated integer option ("1,4,16") as the tuple the command receives; "" = ()."""
+    numbers = []
+    for item in value.split(",") if value.strip() else []:
+        try:
+            numbers.append(int(item))
+        except ValueError:
+            raise typer.BadParameter(f"{value!r}: {item.strip()!r} is not an integer; give comma-separated "
+                                     "integers, e.g. 1,4,16") from None
+    return tuple(numbers)
+
+
 @app.callback()
 def main() -> None:
     """Train, export, verify and serve EAGLE-3 speculative-decoding drafters."""
@@ -65,7 +91,7 @@ def capture(
     data: str = typer.Argument(..., help="JSONL chats/texts, save_to_disk dir or text file."),
     out: str = typer.Argument(..., help="Output store directory (resumed if it exists)."),
     aux_layers: str = typer.Option("", help="Specdraft indices, e.g. '2,3,4' (default: "
-                                   "conventions.default_aux_layers)."),
+                                   "conventions.default_aux_layers).", callback=_int_list),
     dtype: str = typer.Option("bf16", help="Storage dtype of hidden states: bf16|fp16|fp32."),
     target_dtype: str = typer.Option("fp32", help="Dtype the target runs in."),
     max_length: int = typer.Option(2048, help="Truncate samples to this many tokens."),
@@ -85,7 +111,7 @@ def capture(
     console = Console()
     cfg = CaptureConfig(
         target, data, out,
-        aux_layers=tuple(int(x) for x in aux_layers.split(",")) if aux_layers else None,
+        aux_layers=aux_layers or None,
         dtype=dtype, target_dtype=target_dtype, max_length=max_length,
         shard_tokens=shard_tokens, batch_tokens=batch_tokens, chat=not no_chat,
         template_kwargs=_json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
@@ -157,7 +183,8 @@ def _num_layers_of_target(target: str | None) -> int | None:
 
 @app.command()
 def inspect(
-    checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout)."),
+    checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout).",
+                                     callback=_check_checkpoint_dir),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=_check_model_dir),
 ) -> None:
     """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit)."""
@@ -194,7 +221,8 @@ def inspect(
 
 @app.command()
 def convert(
-    src: str = typer.Argument(..., help="Draft checkpoint directory (layout detected)."),
+    src: str = typer.Argument(..., help="Draft checkpoint directory (layout detected).",
+                              callback=_check_checkpoint_dir),
     dst: str = typer.Argument(..., help="Output directory."),
     layout: str = typer.Option(..., help="sglang | speculators | specdraft"),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=_check_model_dir),
@@ -279,23 +307,47 @@ def generate(
                                 f"draft tokens {spec.num_draft_tokens})"))
 
 
+def _train_source(source: str, online: bool, target: str, no_chat: bool, template_kwargs: dict):
+    """`train`'s SOURCE: a store directory, or with --online an OnlineSource running --target.
+    Raises ValueError for an option that does not fit the mode."""
+    from specdraft.train.sources import OnlineSource
+
+    if not online:
+        if no_chat or template_kwargs:
+            raise ValueError("--no-chat and --template-kwargs apply with --online only (a store "
+                             "was rendered at capture)")
+        return source
+    if not target:
+        raise ValueError("--online needs --target: the target model directory to run in the loop")
+    return OnlineSource(target, source, chat=not no_chat, template_kwargs=template_kwargs)
+
+
 @app.command()
 def train(
-    store: str = typer.Argument(..., help="Capture store directory (`specdraft capture`)."),
+    source: str = typer.Argument(..., help="Capture store directory (`specdraft capture`); with --online, "
+                                 "JSONL chats/texts, save_to_disk dir or text file."),
     out: str = typer.Argument(..., help="Run directory: checkpoints/, metrics.jsonl, tensorboard/, draft/."),
     config: str = typer.Option("", help="TrainConfig JSON file; the options below override it."),
     steps: int | None = typer.Option(None, help="Total optimizer steps (instead of --epochs)."),
     epochs: int | None = typer.Option(None, help="Passes over the training split."),
     lr: float | None = typer.Option(None),
     batch_size: int | None = typer.Option(None, help="Sequences per step, over all ranks."),
+    grad_accum_steps: int | None = typer.Option(None, help="Micro-batches per step on each rank (1)."),
     max_length: int | None = typer.Option(None),
     ttt_steps: int | None = typer.Option(None, help="Training-time-test unroll steps (7)."),
     draft_vocab_size: int | None = typer.Option(None, help="Default: the target's vocabulary."),
     precision: str | None = typer.Option(None, help="fp32 | bf16 (CUDA autocast)."),
-    target: str = typer.Option("", help="Target directory, when the store's recorded path moved.", callback=_check_model_dir),
+    target: str = typer.Option("", help="Target directory: the live target with --online; offline only when "
+                               "the store's recorded path moved.", callback=_check_model_dir),
+    online: bool = typer.Option(False, "--online", help="Run --target on SOURCE's records at every step "
+                                "(no capture store)."),
+    aux_layers: str = typer.Option("", help="Specdraft indices, e.g. '2,3,4' (online default: "
+                                   "conventions.default_aux_layers; a store's must match)."),
+    no_chat: bool = typer.Option(False, "--no-chat", help="With --online: plain text (base models)."),
+    template_kwargs: str = typer.Option("{}", help="With --online: JSON kwargs for the chat template."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint."),
 ) -> None:
-    """Train an EAGLE-3 drafter on STORE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...)."""
+    """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...)."""
     import json
     import sys
     from pathlib import Path
@@ -305,14 +357,18 @@ def train(
     from specdraft.train.loop import TrainConfig, TrainingError, train as run_training
 
     console = Console()
-    options = dict(total_steps=steps, epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
-                   ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size, precision=precision)
+    kwargs = _json_kwargs(template_kwargs, "--template-kwargs")
     try:
+        options = dict(total_steps=steps, epochs=epochs, lr=lr, batch_size=batch_size,
+                       grad_accum_steps=grad_accum_steps, max_length=max_length, ttt_steps=ttt_steps,
+                       draft_vocab_size=draft_vocab_size, precision=precision,
+                       aux_layers=tuple(int(x) for x in aux_layers.split(",")) if aux_layers else None)
+        data = _train_source(source, online, target, no_chat, kwargs)
         values = json.loads(Path(config).read_text()) if config else {}
         if steps is not None or epochs is not None:  # the options replace the file's run length
             values.update(total_steps=None, epochs=None)
         values.update({k: v for k, v in options.items() if v is not None})
-        result = run_training(TrainConfig.from_dict(values), store, out, resume=resume,
+        result = run_training(TrainConfig.from_dict(values), data, out, resume=resume,
                               command=" ".join(["specdraft", *sys.argv[1:]]), target_config=target or None)
     except (ValueError, FileNotFoundError, FileExistsError, TrainingError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
@@ -330,7 +386,8 @@ def train(
 
 @app.command()
 def export(
-    checkpoint: str = typer.Argument(..., help="Trained draft checkpoint directory."),
+    checkpoint: str = typer.Argument(..., help="Trained draft checkpoint directory.",
+                                     callback=_check_checkpoint_dir),
     out: str = typer.Argument(..., help="Output directory (replaced atomically)."),
     engine: str = typer.Option(..., help="sglang | vllm | speculators"),
     target: str = typer.Option("", help="Target directory (default: the manifest's record).", callback=_check_model_dir),
@@ -340,6 +397,7 @@ def export(
     num_steps: int = typer.Option(3, help="Draft depth in the launch command."),
     topk: int = typer.Option(1, help="Children per node (SGLang only; 1 = chain)."),
     num_draft_tokens: int = typer.Option(0, help="Verified nodes incl. the root (0 = num_steps + 1)."),
+    dtype: str = typer.Option("", help="Cast floating tensors: bf16 | fp16 | fp32 (default: keep)."),
 ) -> None:
     """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
     from rich.console import Console
@@ -351,12 +409,14 @@ def export(
     try:
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
                               verifier=verifier or None, sglang_version=sglang_version or None,
-                              num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None)
+                              num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None,
+                              dtype=dtype or None)
     except (CheckpointError, ValueError, FileNotFoundError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
     console.print(f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
-                  "bit-identical to the checkpoint", style="green", markup=False)
+                  f"bit-identical to the checkpoint{' cast to ' + dtype if dtype else ''}",
+                  style="green", markup=False)
     for note in result.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     console.print("launch:", markup=False)
@@ -365,7 +425,8 @@ def export(
 
 @app.command()
 def doctor(
-    checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout)."),
+    checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout).",
+                                     callback=_check_checkpoint_dir),
     target: str = typer.Option("", help="Target directory: capture parity, acceptance, tokenizer.", callback=_check_model_dir),
     engine: str = typer.Option("", help="sglang | vllm (default: from --engine-args, else all)."),
     engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
@@ -485,12 +546,14 @@ def bench(
                             "http://127.0.0.1:8000."),
     baseline_url: str = typer.Option("", help="The same engine without speculation (needed for a speedup)."),
     prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}."),
-    concurrency: str = typer.Option("1,4,16", help="Requests in flight, one level each."),
+    concurrency: str = typer.Option("1,4,16", help="Requests in flight, one level each.", callback=_int_list),
     max_tokens: int = typer.Option(128, help="Tokens per request (ignore_eos)."),
-    num_prompts: int = typer.Option(32, help="Requests per level (prompts cycled)."),
+    num_prompts: int = typer.Option(32, help="Requests per run of a level (prompts cycled)."),
     temperature: float = typer.Option(0.0),
     out: str = typer.Option("bench-out", help="Directory for bench.json, bench.md and plots."),
     timeout: float = typer.Option(600.0, help="Seconds per request."),
+    repeats: int = typer.Option(3, help="Runs per level: tokens/s and speedup are reported as mean and "
+                                "standard deviation, and a level is a win or a loss only beyond that noise."),
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep."""
     import httpx
@@ -500,9 +563,8 @@ def bench(
 
     console = Console()
     try:
-        levels = tuple(int(c) for c in concurrency.split(","))
-        cfg = BenchConfig(url, baseline_url or None, prompts, levels, max_tokens, num_prompts, temperature,
-                          timeout_s=timeout)
+        cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
+                          timeout_s=timeout, repeats=repeats)
         report = run_bench(cfg, progress=lambda text: console.print(text, markup=False))
         paths = write_report(report, out)
     except (ValueError, RuntimeError, httpx.HTTPError) as e:
@@ -522,7 +584,7 @@ def tune(
     topk: int = typer.Option(1, help="Current setting: children per node."),
     num_draft_tokens: int = typer.Option(0, help="Current setting: verified nodes (0 = num_steps + 1)."),
     probe_steps: int = typer.Option(8, help="Depth of the acceptance probes."),
-    topks: str = typer.Option("1,2,4", help="Children per node to consider."),
+    topks: str = typer.Option("1,2,4", help="Children per node to consider.", callback=_int_list),
     max_tree_tokens: int = typer.Option(16, help="Cap on a tree's verified nodes."),
     num_measure: int = typer.Option(3, help="Best predictions to measure for real."),
     min_speedup: float = typer.Option(1.05, help="Measured speedup speculation must exceed."),
@@ -543,7 +605,7 @@ def tune(
     console = Console()
     try:
         current = _spec_from_flags(False, draft, num_steps, topk, num_draft_tokens) if num_steps else None
-        cfg = TuneConfig(max_tokens, probe_steps, tuple(int(k) for k in topks.split(",")), max_tree_tokens,
+        cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,
                          num_measure, min_speedup, current, repeats=repeats)
         report = tune_paths(target, draft, prompts, cfg, device, _torch_dtype(dtype),
                             progress=lambda text: console.print(text, markup=False))

@@ -18,6 +18,7 @@ error that names the aux layers it expected.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 # Rope scaling types this drafter implements; anything else is refused, never approximated.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -247,7 +249,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                attn_mask: torch.Tensor | None, past_kv: KV | None) -> tuple[torch.Tensor, KV]:
+                attn_mask: torch.Tensor | BlockMask | None, past_kv: KV | None) -> tuple[torch.Tensor, KV]:
         b, t, _ = x.shape
         c = self.cfg
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
@@ -257,13 +259,24 @@ class Attention(nn.Module):
         new_kv = KV(k, v)
         if past_kv is not None:
             k, v = torch.cat([past_kv.k, k], dim=2), torch.cat([past_kv.v, v], dim=2)
+        gqa = c.num_attention_heads != c.num_key_value_heads
+        if isinstance(attn_mask, BlockMask):
+            flex = compiled_flex_attention() if q.is_cuda else flex_attention
+            out = flex(q, k, v, block_mask=attn_mask, enable_gqa=gqa)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new_kv
         causal = attn_mask is None and t > 1 and past_kv is None
         if attn_mask is None and t > 1 and past_kv is not None:  # causal; every past entry visible
             s = k.shape[2]
             attn_mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril(s - t)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
-                                             enable_gqa=c.num_attention_heads != c.num_key_value_heads)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new_kv
+
+
+@functools.cache
+def compiled_flex_attention():
+    """torch.compile'd `flex_attention` for CUDA (compiled once per process; eager flex, used on
+    the CPU, is an unfused reference implementation)."""
+    return torch.compile(flex_attention, dynamic=False)
 
 
 class MLP(nn.Module):
@@ -370,7 +383,7 @@ class Eagle3Draft(nn.Module):
                          f"got width {width}")
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, *,
-                first_step: bool, attn_mask: torch.Tensor | None = None,
+                first_step: bool, attn_mask: torch.Tensor | BlockMask | None = None,
                 past_kv: KV | None = None) -> DraftOutput:
         """One draft step over T positions.
 
@@ -379,7 +392,9 @@ class Eagle3Draft(nn.Module):
         hidden:       [B, T, n_aux·H_target] (first_step) or [B, T, H] (own pre-norm output).
         position_ids: [B, T] long RoPE positions.
         attn_mask:    bool [B or 1, 1 or heads, T, S_past + T], True = attend; default causal
-                      among the new tokens with every past entry visible.
+                      among the new tokens with every past entry visible. Or a flex-attention
+                      `BlockMask` over the same [T, S_past + T] (training: computes only the
+                      blocks it keeps; compiled on CUDA).
         past_kv:      keys/values already cached, [B, kv_heads, S_past, head_dim] each.
         Raises ValueError when `hidden` has the wrong width for this step (case S2), and
         RuntimeError when the shared embedding was never loaded from the target.

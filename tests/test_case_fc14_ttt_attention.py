@@ -60,12 +60,15 @@ def inputs(seed: int, t_len: int = 9, vocab: int = 48):
     return ids, aux
 
 
+@pytest.mark.parametrize("flex", [False, True], ids=["sdpa", "flex"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_case_fc14_vectorized_ttt_equals_naive_recursion(seed):
+def test_case_fc14_vectorized_ttt_equals_naive_recursion(seed, flex):
+    """Both attention paths of the unroll: SDPA with the dense mask, flex with the block mask
+    (the CUDA default; eager here)."""
     draft = tiny_draft(seed)
     ids, aux = inputs(seed)
     with torch.no_grad():
-        fast = [o.logits for o in ttt_unroll(draft, ids, aux, STEPS)]
+        fast = [o.logits for o in ttt_unroll(draft, ids, aux, STEPS, flex=flex)]
         slow = naive_unroll(draft, ids, aux, STEPS)
     for k in range(STEPS):
         torch.testing.assert_close(fast[k], slow[k], rtol=0, atol=1e-10, msg=f"step {k}")

@@ -203,6 +203,13 @@ def test_case_fc07_batch_without_supervision_stops_training(world, tmp_path):
         train(cfg, data, tmp_path / "run", progress=False)
 
 
+def test_aux_layers_other_than_the_stores_are_refused(world, tmp_path):
+    _, _, store = world
+    with pytest.raises(ValueError, match=r"aux_layers \[1, 2\] asked for, but the training data holds "
+                                         r"layers \[1, 2, 3\]"):
+        train(small_config(aux_layers=(1, 2)), store, tmp_path / "run", progress=False)
+
+
 def test_train_config_is_validated():
     with pytest.raises(ValueError, match="total_steps or epochs"):
         TrainConfig(total_steps=3, epochs=1)
@@ -224,31 +231,81 @@ def test_checkpoints_are_atomic_and_pruned(world, tmp_path):
     assert set(state["rng"]) == {"torch", "cuda", "python"}
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
-def test_two_process_run_matches_one_process(world, tmp_path):
-    """torchrun --nproc-per-node 2 (gloo, FSDP2) gives the same losses as one process (~15 s).
+needs_torchrun = pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+
+
+def torchrun(*args: str) -> subprocess.CompletedProcess:
+    """torchrun --standalone --nproc-per-node 2 ARGS in the repository (gloo on the CPU)."""
+    return subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "2", *args], cwd=REPO,
+                          env={**ONE_THREAD_ENV, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=110)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(world, tmp_path_factory):
+    """(config file, run dir) of an uninterrupted 2-rank run: 6 steps of batch 8, each rank's 4
+    sequences as 2 micro-batches, sharded checkpoints at steps 3 and 6 (~6 s)."""
+    _, _, store = world
+    root = tmp_path_factory.mktemp("two_ranks")
+    cfg = small_config(total_steps=6, save_every=3, eval_every=3, lr=1e-3, grad_accum_steps=2)
+    (root / "cfg.json").write_text(json.dumps(cfg.to_dict()))
+    proc = torchrun("-m", "specdraft.cli", "train", str(store), str(root / "run"), "--config",
+                    str(root / "cfg.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root / "cfg.json", root / "run"
+
+
+@needs_torchrun
+def test_two_process_run_matches_one_process(world, two_ranks, tmp_path):
+    """torchrun --nproc-per-node 2 (gloo, FSDP2, 2 micro-batches per rank) gives the same losses
+    as one process running each batch at once.
 
     On the CPU FSDP2 does not free gathered parameters, so this cannot catch a parameter
     freed too early; the same comparison was run on 2 H200s (nccl), fp32 and bf16."""
     _, _, store = world
-    cfg = small_config(total_steps=6, save_every=3, eval_every=3, lr=1e-3)
-    (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
+    cfg_file, two = two_ranks
+    cfg = TrainConfig.from_dict({**json.loads(cfg_file.read_text()), "grad_accum_steps": 1})
     single = train(cfg, store, tmp_path / "one", progress=False)
-    proc = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "specdraft.cli",
-                           "train", str(store), str(tmp_path / "two"), "--config", str(tmp_path / "cfg.json")],
-                          cwd=REPO, env=ONE_THREAD_ENV, capture_output=True, text=True, timeout=110)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    one, two = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
-    assert [r["split"] for r in one] == [r["split"] for r in two]
-    for a, b in zip(one, two):
+    assert [p.name for p in checkpoint_paths(two)] == ["step-00000003", "step-00000006"]
+    one, two_records = read_metrics(tmp_path / "one"), read_metrics(two)
+    assert [r["split"] for r in one] == [r["split"] for r in two_records]
+    for a, b in zip(one, two_records):
         assert a["total"] == b["total"] and a["cond_total"] == b["cond_total"]
         if a["split"] == "train":
             assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
         assert b["step_losses"] == pytest.approx(a["step_losses"], rel=1e-4, abs=1e-6)
     w1 = load_file(str(single.draft_dir / "model.safetensors"))
-    w2 = load_file(str(tmp_path / "two" / "draft" / "model.safetensors"))
+    w2 = load_file(str(two / "draft" / "model.safetensors"))
     for key in w1:
         torch.testing.assert_close(w1[key], w2[key], rtol=1e-3, atol=1e-4)
+
+
+@needs_torchrun
+def test_two_rank_run_killed_and_resumed_from_a_sharded_checkpoint_ends_bit_identical(world, two_ranks,
+                                                                                        tmp_path):
+    """Both ranks SIGKILLed at step 4 (last checkpoint: step 3, written with
+    torch.distributed.checkpoint, one shard file per rank), resumed with --resume: the same
+    weights, bit for bit, and the same losses as the uninterrupted 2-rank run (~12 s)."""
+    _, _, store = world
+    cfg_file, straight = two_ranks
+    (tmp_path / "kill.py").write_text(KILL_SCRIPT)
+    run = tmp_path / "killed"
+    proc = torchrun(str(tmp_path / "kill.py"), cfg_file.read_text(), str(store), str(run), "4")
+    assert proc.returncode != 0
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-00000003"]  # no temp left
+    checkpoint = run / "checkpoints" / "step-00000003"
+    assert (checkpoint / ".metadata").is_file() and (checkpoint / "trainer.pt").is_file()
+    assert len(list(checkpoint.glob("*.distcp"))) == 2
+    assert not (run / "draft").exists()
+    proc = torchrun("-m", "specdraft.cli", "train", str(store), str(run), "--config", str(cfg_file), "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a = load_file(str(straight / "draft" / "model.safetensors"))
+    b = load_file(str(run / "draft" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert [r["loss"] for r in read_metrics(run) if r["split"] == "train"] == \
+        [r["loss"] for r in read_metrics(straight) if r["split"] == "train"]
 
 
 def test_pad_samples_truncates_and_pads():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specdraft.target import load_target
-from specdraft.train.loss import (TTTMetrics, shift_left, step_weights, target_logits, ttt_attention_mask,
-                                  ttt_loss, ttt_unroll, weighted_loss)
+from specdraft.train.loss import (TTTMetrics, shift_left, step_weights, supervised_counts, target_logits,
+                                  ttt_attention_mask, ttt_loss, ttt_unroll, weighted_loss)
 from tests.test_case_fc14_ttt_attention import tiny_draft
 from tests.tiny_models import tiny_config
 
@@ -83,6 +83,7 @@ def test_counts_match_a_position_loop():
                 cond_correct[k] += chain and hit
                 chain = chain and hit
     assert out.total.tolist() == total and out.correct.tolist() == correct
+    assert supervised_counts(draft, logits, loss_mask, STEPS).tolist() == total  # without the draft
     assert out.cond_total.tolist() == cond_total and out.cond_correct.tolist() == cond_correct
     assert sum(correct) > 0 and sum(cond_total[1:]) > 0  # the test exercises every branch
 

@@ -3,14 +3,18 @@
 The only file that knows about epochs. One entry point, `train`, runs on one process or under
 `torchrun` (torch.distributed: gloo on the CPU, nccl on GPUs; the draft sharded with FSDP2).
 A global batch of `batch_size` sequences is split across ranks (rank r takes every world-th
-sequence) and the loss is normalised by the global count of supervised positions, so N
-processes compute the same loss and gradients as one. Rank 0 writes checkpoints and metrics.
+sequence), each rank's share into `grad_accum_steps` micro-batches, and every micro-batch's
+loss is normalised by the whole step's global count of supervised positions, so N processes
+and M micro-batches compute the same loss and gradients as one batch on one process.
 
 Resume is exact: a checkpoint holds the draft, optimizer, scheduler, RNG states and the data
 position; the data order is a function of (seed, epoch), so a resumed run repeats the same
-batches and, on the CPU in fp32, ends with the same weights bit for bit.
+batches and, on the CPU in fp32, ends with the same weights bit for bit. One process writes a
+checkpoint as one file; several ranks write a torch.distributed.checkpoint directory, each rank
+its own shards. Rank 0 writes metrics and the final drafter.
 
     specdraft train STORE RUN [--config cfg.json] [--resume]
+    specdraft train DATA RUN --online --target TARGET_DIR ...
     torchrun --nproc-per-node 2 -m specdraft.cli train STORE RUN ...
 """
 
@@ -21,6 +25,7 @@ import json
 import math
 import os
 import random
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -32,11 +37,12 @@ from torch import nn
 
 from specdraft.conventions import build_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.train.loss import TTTMetrics, TTTOutput, ttt_loss, weighted_loss
-from specdraft.train.sources import Batch, TargetInfo, TrainData, open_data
+from specdraft.train.loss import TTTMetrics, TTTOutput, supervised_counts, ttt_loss, weighted_loss
+from specdraft.train.sources import Batch, OnlineSource, TargetInfo, TrainData, open_data
 
 PRECISIONS = ("fp32", "bf16")
 CHECKPOINT_DIR = "checkpoints"
+PROGRESS_FILE = "trainer.pt"  # inside a sharded checkpoint directory: Trainer.progress_state()
 METRICS_FILE = "metrics.jsonl"
 # TrainConfig fields a resumed run may change: they do not change the weights it ends with.
 BOOKKEEPING_FIELDS = frozenset({"eval_every", "save_every", "keep_checkpoints", "device"})
@@ -52,9 +58,12 @@ class TrainConfig:
 
     Length of the run: exactly one of `total_steps` (optimizer steps) or `epochs` (passes over
     the training split; the last partial global batch of an epoch is dropped); neither = 1 epoch.
-    `batch_size` counts sequences per optimizer step over all ranks (a multiple of the world
-    size). `precision` "bf16" autocasts on CUDA only (fp32 master weights); on the CPU it is an
-    error. `draft_overrides` replace DraftConfig fields derived from the target.
+    `batch_size` counts sequences per optimizer step over all ranks; each rank runs its share as
+    `grad_accum_steps` micro-batches of batch_size / (world size · grad_accum_steps) sequences,
+    which must divide exactly. `aux_layers` picks an online target's layers (a store or TrainData
+    holding other layers is an error). `precision` "bf16" autocasts on CUDA only (fp32 master
+    weights); on the CPU it is an error. `draft_overrides` replace DraftConfig fields derived
+    from the target.
     """
 
     # optimisation
@@ -63,6 +72,7 @@ class TrainConfig:
     total_steps: int | None = None
     epochs: int | None = None
     batch_size: int = 8
+    grad_accum_steps: int = 1
     max_length: int = 2048
     grad_clip: float = 1.0
     weight_decay: float = 0.0
@@ -72,7 +82,7 @@ class TrainConfig:
     step_weight: float = 0.8
     # drafter
     draft_vocab_size: int | None = None
-    aux_layers: tuple[int, ...] | None = None  # online targets only; a store fixes its layers
+    aux_layers: tuple[int, ...] | None = None
     draft_overrides: dict[str, Any] = field(default_factory=dict)
     # data and bookkeeping
     val_fraction: float = 0.05
@@ -84,8 +94,8 @@ class TrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        positive = ("lr", "batch_size", "max_length", "ttt_steps", "eval_every", "save_every",
-                    "keep_checkpoints")
+        positive = ("lr", "batch_size", "grad_accum_steps", "max_length", "ttt_steps", "eval_every",
+                    "save_every", "keep_checkpoints")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrainConfig.{name} = {getattr(self, name)}: must be positive")
@@ -135,6 +145,7 @@ class _Dist:
     world: int
     device: torch.device
     owns_group: bool
+    last_barrier: list[Any] = field(default_factory=list, repr=False)  # see barrier()
 
     @property
     def main(self) -> bool:
@@ -149,8 +160,17 @@ class _Dist:
         return t
 
     def barrier(self) -> None:
+        """Wait for every rank (no-op on one process).
+
+        The barrier's Work is kept until the next barrier, so that this thread frees it: a
+        gloo barrier holds the collectives before it, and freeing their tensors takes the GIL,
+        which a gloo worker thread cannot get once Python is exiting (the process then aborts:
+        "terminate called without an active exception", after a 2-rank CPU run's last barrier).
+        """
         if self.world > 1:
-            dist.barrier()
+            work = dist.barrier(async_op=True)
+            work.wait()
+            self.last_barrier[:] = [work]
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
@@ -228,7 +248,7 @@ class TTTModel(nn.Module):
     FSDP2 gathers parameters around a module's forward and may free them after its backward
     part; the unroll calls the drafter ttt_steps times, so sharding the drafter itself would
     free parameters that later steps' backward still needs. Sharding this wrapper gathers them
-    once per optimizer step. Returns TTTOutput's fields as a dict (FSDP hooks the tensors).
+    once per micro-batch. Returns TTTOutput's fields as a dict (FSDP hooks the tensors).
     """
 
     def __init__(self, draft: Eagle3Draft) -> None:
@@ -246,15 +266,19 @@ class Trainer:
     """Drafter, optimizer and schedule of one run on one rank, with verb methods.
 
     ranks: this process's place in a torchrun job (default: one process on config.device).
-    Raises ValueError for a batch size that ranks cannot share, bf16 off CUDA, or too little data.
+    Raises ValueError for a batch size that ranks and micro-batches cannot share, bf16 off CUDA,
+    or too little data.
     """
 
     def __init__(self, config: TrainConfig, data: TrainData, ranks: _Dist | None = None) -> None:
         ranks = ranks or _Dist(0, 1, resolve_device(config.device), False)
         self.config, self.data, self.ranks = config, data, ranks
-        if config.batch_size % ranks.world:
-            raise ValueError(f"TrainConfig.batch_size {config.batch_size} is not a multiple of the "
-                             f"world size {ranks.world}")
+        parts = ranks.world * config.grad_accum_steps
+        if config.batch_size % parts:
+            raise ValueError(f"TrainConfig.batch_size {config.batch_size} does not split into {ranks.world} "
+                             f"rank(s) x {config.grad_accum_steps} micro-batches (grad_accum_steps): "
+                             f"use a multiple of {parts}")
+        self.micro_batch_size = config.batch_size // parts  # sequences per forward on one rank
         if config.precision == "bf16" and ranks.device.type != "cuda":
             raise ValueError("TrainConfig.precision 'bf16' autocasts on CUDA only; use 'fp32' on the CPU")
         self.train_ids, self.val_ids = split_samples(len(data), config)
@@ -281,96 +305,157 @@ class Trainer:
         return {"epoch": epoch, "batch_index": step % self.batches_per_epoch,
                 "permutation_seed": permutation_seed(self.config.seed, epoch)}
 
-    def forward(self, sample_ids: Sequence[int]) -> tuple[TTTOutput, Batch]:
-        """TTT loss of this rank's share of `sample_ids` (every world-th, from this rank)."""
-        batch = self.data.batch(sample_ids, self.config.max_length, self.ranks.device)
+    def micro_batches(self, sample_ids: Sequence[int]) -> list[list[int]]:
+        """This rank's share of a global batch (every world-th sample, from this rank) as
+        consecutive micro-batches of `micro_batch_size` sample ids (grad_accum_steps of them
+        for a full batch)."""
+        mine = list(sample_ids[self.ranks.rank::self.ranks.world])
+        m = self.micro_batch_size
+        return [mine[i:i + m] for i in range(0, len(mine), m)]
+
+    def forward(self, batch: Batch) -> TTTOutput:
+        """TTT loss and counts of one batch on this rank (counts local to the rank)."""
         bf16 = self.config.precision == "bf16"
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             out = self.model(batch.input_ids, batch.aux_hidden, batch.target_logits, batch.loss_mask,
                              self.config.ttt_steps, self.config.step_weight)
-        return TTTOutput(**out), batch
+        return TTTOutput(**out)
 
     def train_step(self, sample_ids: list[int]) -> dict[str, Any]:
         """One optimizer step on a global batch; returns its metrics record (global counts).
 
+        The step's micro-batches are loaded first and their supervised positions per TTT step
+        counted over all ranks; every micro-batch's loss is then normalised by these whole-step
+        counts (`accumulate`), so the summed gradient is the gradient of one batch. The inputs
+        (target logits, aux states) of all micro-batches are held for the step; the drafter's
+        activations for one micro-batch at a time.
         Raises TrainingError naming the batch's sample ids when the loss is NaN/Inf or the
         batch has no supervised position (FC-07).
         """
         c, ranks = self.config, self.ranks
-        out, _ = self.forward(sample_ids[ranks.rank::ranks.world])
-        totals, sums = ranks.sum(out.total), ranks.sum(out.step_loss_sums)
-        loss_value = float(weighted_loss(sums, totals, c.step_weight))
+        batches = [self.data.batch(ids, c.max_length, ranks.device) for ids in self.micro_batches(sample_ids)]
+        totals = ranks.sum(sum(supervised_counts(self.model.draft, b.target_logits, b.loss_mask, c.ttt_steps)
+                               for b in batches))
         if int(totals[0]) == 0:
             raise TrainingError(f"step {self.step}: batch of samples {sample_ids} has no supervised "
                                 f"position (no label in an assistant turn inside the draft vocabulary); "
                                 f"check the loss mask / chat template or drop these samples")
+        self.optimizer.zero_grad(set_to_none=True)
+        local = TTTMetrics.zeros(c.ttt_steps)
+        for i, batch in enumerate(batches):
+            local.add(self.accumulate(batch, totals, sync=i == len(batches) - 1))
+        metrics = _global(local, ranks)
+        loss_value = float(weighted_loss(metrics.loss_sums, metrics.total, c.step_weight))
         if not math.isfinite(loss_value):
             raise TrainingError(f"step {self.step}: loss is {loss_value} on the batch of samples "
                                 f"{sample_ids}; check these samples' captured states for NaN/Inf")
-        # global normalisation x world: FSDP averages gradients over ranks
-        loss = weighted_loss(out.step_loss_sums, totals.to(out.step_loss_sums.device), c.step_weight)
-        self.optimizer.zero_grad(set_to_none=True)
-        (loss * ranks.world).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], c.grad_clip or float("inf"))
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
-        metrics = TTTMetrics.zeros(c.ttt_steps)
-        metrics.add(_global(out, ranks))
         return {"step": self.step, "split": "train", "loss": loss_value, "lr": lr,
                 "grad_norm": float(_full(grad_norm)), **metrics.to_dict()}
 
+    def accumulate(self, batch: Batch, totals: torch.Tensor, sync: bool) -> TTTOutput:
+        """Forward and backward of one micro-batch; adds its share to the parameters' gradients.
+
+        totals: [K] supervised positions per TTT step of the whole optimizer step (all
+        micro-batches, all ranks). The loss is sum_k w_k · (this micro-batch's KL sum at step k)
+        / totals[k], times the world size since FSDP averages gradients over ranks.
+        sync=False (every micro-batch but the step's last) keeps FSDP2 from reduce-scattering:
+        gradients accumulate unsharded on each rank and are reduced once, after the last.
+        Returns the micro-batch's output (counts local to this rank).
+        """
+        if self.ranks.world > 1:
+            self.model.set_requires_gradient_sync(sync)
+        out = self.forward(batch)
+        loss = weighted_loss(out.step_loss_sums, totals, self.config.step_weight)
+        (loss * self.ranks.world).backward()
+        return out
+
     @torch.no_grad()
     def evaluate(self) -> TTTMetrics:
-        """Per-step counts over the validation split (all ranks; a rank without a sample in the
-        last chunk runs a duplicate whose counts are dropped, so collectives stay matched)."""
-        metrics = TTTMetrics.zeros(self.config.ttt_steps)
-        b, ranks = self.config.batch_size, self.ranks
-        for i in range(0, len(self.val_ids), b):
-            chunk = self.val_ids[i:i + b]
+        """Per-step counts over the validation split, summed over ranks, in chunks of one
+        micro-batch per rank (a rank without a sample in the last chunk runs a duplicate whose
+        counts are dropped, so FSDP's collectives stay matched)."""
+        c, ranks = self.config, self.ranks
+        metrics = TTTMetrics.zeros(c.ttt_steps)
+        size = self.micro_batch_size * ranks.world
+        for i in range(0, len(self.val_ids), size):
+            chunk = self.val_ids[i:i + size]
             mine = chunk[ranks.rank::ranks.world]
-            out, _ = self.forward(mine or chunk[:1])
-            if not mine:
-                out = _zero_counts(out)
-            metrics.add(_global(out, ranks))
-        return metrics
+            out = self.forward(self.data.batch(mine or chunk[:1], c.max_length, ranks.device))
+            if mine:
+                metrics.add(out)
+        return _global(metrics, ranks)
 
-    def state(self) -> dict[str, Any]:
-        """Full (unsharded, CPU) training state; a collective: every rank must call it."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    def progress_state(self) -> dict[str, Any]:
+        """The state besides weights and optimizer: step, config, scheduler, RNG, data position."""
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
         return {"step": self.step, "config": self.config.to_dict(),
-                "model": get_model_state_dict(self.model, options=opts),
-                "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=opts),
-                "scheduler": self.scheduler.state_dict(), "rng": rng,
-                "data": self.position(self.step)}
+                "scheduler": self.scheduler.state_dict(), "rng": rng, "data": self.position(self.step)}
+
+    def state(self) -> dict[str, Any]:
+        """Full (unsharded, CPU) training state: `progress_state()` plus "model" and "optimizer";
+        a collective: every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {**self.progress_state(), "model": get_model_state_dict(self.model, options=opts),
+                "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=opts)}
+
+    def sharded_state(self) -> dict[str, Any]:
+        """{"model", "optimizer"}: this rank's shards (DTensors) of the draft and the optimizer
+        state, which torch.distributed.checkpoint saves, and loads into in place."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
 
     def load_state(self, state: dict[str, Any], source: Path) -> None:
         """Restore `state()`. A checkpoint whose settings differ in anything that shapes the
         weights (all but BOOKKEEPING_FIELDS) is a ValueError naming the fields."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
-        differ = sorted(k for k, v in self.config.to_dict().items()
-                        if k not in BOOKKEEPING_FIELDS and state["config"].get(k) != v)
-        if differ:
-            raise ValueError(f"{source}: checkpoint was written with other settings {differ}; "
-                             f"resume with the same config or train into a new out_dir")
+        self._check_config(state["config"], source)
         opts = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, state["model"], options=opts)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=opts)
-        self.scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if state["rng"]["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        self.step = state["step"]
-        if state["data"] != self.position(self.step):
-            raise ValueError(f"{source}: data position {state['data']} does not match step {self.step}")
+        self._restore_progress(state, source)
+
+    def load_sharded_state(self, path: Path) -> None:
+        """Restore a directory written by `write_sharded_checkpoint`; a collective. Raises as
+        `load_state`."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        progress = torch.load(path / PROGRESS_FILE, map_location="cpu", weights_only=False)
+        self._check_config(progress["config"], path)
+        state = self.sharded_state()
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        self._restore_progress(progress, path)
+
+    def _check_config(self, saved: dict[str, Any], source: Path) -> None:
+        differ = sorted(k for k, v in self.config.to_dict().items()
+                        if k not in BOOKKEEPING_FIELDS and saved.get(k) != v)
+        if differ:
+            raise ValueError(f"{source}: checkpoint was written with other settings {differ}; "
+                             f"resume with the same config or train into a new out_dir")
+
+    def _restore_progress(self, progress: dict[str, Any], source: Path) -> None:
+        self.scheduler.load_state_dict(progress["scheduler"])
+        torch.set_rng_state(progress["rng"]["torch"])
+        random.setstate(progress["rng"]["python"])
+        if progress["rng"]["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(progress["rng"]["cuda"])
+        self.step = progress["step"]
+        if progress["data"] != self.position(self.step):
+            raise ValueError(f"{source}: data position {progress['data']} does not match step {self.step}")
 
     def full_draft(self, model_state: dict[str, torch.Tensor]) -> Eagle3Draft:
         """A CPU Eagle3Draft holding `model_state` (from `state()["model"]`), strictly loaded."""
@@ -380,18 +465,9 @@ class Trainer:
         return draft
 
 
-def _global(out: TTTOutput, ranks: _Dist) -> TTTOutput:
-    """Counts and loss sums summed over ranks (detached)."""
-    return TTTOutput(loss=out.loss.detach(), step_loss_sums=ranks.sum(out.step_loss_sums),
-                     step_losses=out.step_losses, correct=ranks.sum(out.correct),
-                     total=ranks.sum(out.total), cond_correct=ranks.sum(out.cond_correct),
-                     cond_total=ranks.sum(out.cond_total))
-
-
-def _zero_counts(out: TTTOutput) -> TTTOutput:
-    z = torch.zeros_like
-    return TTTOutput(out.loss, z(out.step_loss_sums), out.step_losses, z(out.correct),
-                     z(out.total), z(out.cond_correct), z(out.cond_total))
+def _global(local: TTTMetrics, ranks: _Dist) -> TTTMetrics:
+    """`local`'s counts and loss sums summed over ranks (on the CPU)."""
+    return TTTMetrics(*(ranks.sum(getattr(local, f.name)).cpu() for f in fields(local)))
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -403,21 +479,61 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 # Files: checkpoints, metrics, the final drafter
 
 def checkpoint_paths(out_dir: Path) -> list[Path]:
-    """Complete checkpoints under out_dir/checkpoints, oldest first (temp files are skipped)."""
-    return sorted((Path(out_dir) / CHECKPOINT_DIR).glob("step-*.pt"))
+    """Complete checkpoints under out_dir/checkpoints, oldest first: step-N.pt files (one
+    process) and step-N directories (several ranks); temp names start with "." and are skipped."""
+    return sorted((Path(out_dir) / CHECKPOINT_DIR).glob("step-*"))
 
 
 def write_checkpoint(state: dict[str, Any], out_dir: Path, keep: int) -> Path:
-    """Write `state` atomically (temp file, then os.replace); keep the newest `keep` files."""
+    """Write `state` atomically (temp file, then os.replace); keep the newest `keep` checkpoints."""
     folder = Path(out_dir) / CHECKPOINT_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step-{state['step']:08d}.pt"
     tmp = folder / f".{path.name}.tmp-{os.getpid()}"
     torch.save(state, tmp)
     os.replace(tmp, path)
-    for old in checkpoint_paths(out_dir)[:-keep]:
-        old.unlink()
+    _prune(out_dir, keep)
     return path
+
+
+def write_sharded_checkpoint(trainer: Trainer, out_dir: Path) -> Path:
+    """Write the trainer's state with torch.distributed.checkpoint, atomically; a collective.
+
+    Every rank writes its shards of the draft and optimizer (`Trainer.sharded_state`) into
+    out_dir/checkpoints/.step-N.tmp and rank 0 adds PROGRESS_FILE (`Trainer.progress_state`);
+    after a barrier rank 0 renames the directory to step-N and keeps the newest
+    `keep_checkpoints`. A run killed while writing leaves only the temp directory, which the
+    next write of that step replaces. Returns the checkpoint directory.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    ranks = trainer.ranks
+    folder = Path(out_dir) / CHECKPOINT_DIR
+    path = folder / f"step-{trainer.step:08d}"
+    tmp = folder / f".{path.name}.tmp"
+    if ranks.main:
+        folder.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    ranks.barrier()
+    dcp.save(trainer.sharded_state(), checkpoint_id=tmp)
+    if ranks.main:
+        torch.save(trainer.progress_state(), tmp / PROGRESS_FILE)
+    ranks.barrier()
+    if ranks.main:
+        os.replace(tmp, path)
+        _prune(out_dir, trainer.config.keep_checkpoints)
+    ranks.barrier()
+    return path
+
+
+def _prune(out_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints (files or directories)."""
+    for old in checkpoint_paths(out_dir)[:-keep]:
+        if old.is_dir():
+            shutil.rmtree(old)
+        else:
+            old.unlink()
 
 
 class MetricsLog:
@@ -487,12 +603,14 @@ class TrainResult:
     metrics_path: Path
 
 
-def train(config: TrainConfig, source: str | Path | TrainData, out_dir: str | Path, *,
+def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, out_dir: str | Path, *,
           resume: bool = False, command: str | None = None, progress: bool = True,
           on_step: Callable[[int], None] | None = None, target_config: Any = None) -> TrainResult:
     """Train an EAGLE-3 drafter; under torchrun, on every rank (same arguments).
 
-    source: a capture store directory (offline) or a TrainData such as OnlineData (online).
+    source: a capture store directory (offline), an OnlineSource (target directory and data
+    file: the target runs in the loop, loaded on each rank's device) or a TrainData such as
+    OnlineData.
     out_dir: receives checkpoints/, metrics.jsonl, tensorboard/ and the final draft/.
     resume: continue from the newest checkpoint in out_dir (from scratch when there is none);
     without it an out_dir that already holds checkpoints is refused (FileExistsError).
@@ -500,12 +618,13 @@ def train(config: TrainConfig, source: str | Path | TrainData, out_dir: str | Pa
     optimizer step and any checkpoint it triggers. target_config: the target's config or
     directory, for a store whose recorded target path does not resolve here.
     Raises TrainingError (non-finite loss / unsupervised batch, naming its sample ids) and
-    ValueError for inconsistent settings.
+    ValueError for inconsistent settings or, from an OnlineSource, a bad data file (DataError,
+    naming the file and record).
     """
     out_dir = Path(out_dir)
     ranks = _setup_dist(config.device)
     try:
-        data = open_data(source, target_config)
+        data = open_data(source, target_config, config.aux_layers, ranks.device)
         trainer = Trainer(config, data, ranks)
         resumed = _resume(trainer, out_dir, resume)
         log = MetricsLog(out_dir, ranks.main, resumed)
@@ -526,7 +645,10 @@ def _resume(trainer: Trainer, out_dir: Path, resume: bool) -> int | None:
                               f"resume=True (--resume) to continue, or choose a new out_dir")
     if not paths:
         return None
-    trainer.load_state(torch.load(paths[-1], map_location="cpu", weights_only=False), paths[-1])
+    if paths[-1].is_dir():
+        trainer.load_sharded_state(paths[-1])
+    else:
+        trainer.load_state(torch.load(paths[-1], map_location="cpu", weights_only=False), paths[-1])
     return trainer.step
 
 
@@ -563,10 +685,11 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, command: str | None,
 
 
 def _save(trainer: Trainer, out_dir: Path) -> None:
-    state = trainer.state()  # collective
-    if trainer.ranks.main:
-        write_checkpoint(state, out_dir, trainer.config.keep_checkpoints)
-    trainer.ranks.barrier()
+    """Checkpoint the current step: one file on one process, a sharded directory on several."""
+    if trainer.ranks.world > 1:
+        write_sharded_checkpoint(trainer, out_dir)
+    else:
+        write_checkpoint(trainer.state(), out_dir, trainer.config.keep_checkpoints)
 
 
 @contextlib.contextmanager

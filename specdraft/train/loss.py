@@ -17,10 +17,12 @@ the keys of steps 0..k-1 as `past_kv` and the mask [causal | diag | ... | diag].
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from specdraft.data import draft_loss_mask
 from specdraft.draft import KV, DraftOutput, Eagle3Draft
@@ -94,24 +96,41 @@ def shift_left(x: torch.Tensor, n: int, fill: int | float | bool = 0) -> torch.T
     return torch.cat([x[:, n:], pad], dim=1)
 
 
+@functools.cache
+def ttt_block_mask(seq_len: int, step: int, device: torch.device | str) -> BlockMask:
+    """`ttt_attention_mask` as a flex-attention BlockMask (cached): flex computes only the
+    blocks it keeps, the causal half of step 0's keys and the diagonals of later steps', where
+    the dense masked kernel computes all (step+1)·T² scores."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        key_position = kv_idx % seq_len
+        return torch.where(kv_idx < seq_len, key_position <= q_idx, key_position == q_idx)
+
+    return create_block_mask(mask_mod, None, None, seq_len, (step + 1) * seq_len, device=device)
+
+
 def ttt_unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tensor,
-               ttt_steps: int) -> list[DraftOutput]:
+               ttt_steps: int, flex: bool | None = None) -> list[DraftOutput]:
     """Run the draft `ttt_steps` times over every base position of a batch (vectorized).
 
     input_ids:  [B, T] long target ids x_0..x_{T-1} (right-padded; padding never reaches a
                 supervised position because later positions only see earlier ones).
     aux_hidden: [B, T, n_aux·H_target] the target's aux states at each position.
+    flex:       attend with flex attention and `ttt_block_mask` (default: on CUDA) instead of
+                SDPA with the dense `ttt_attention_mask`; the same function of the inputs.
     Returns one DraftOutput per step; step k's logits at t predict x_{t+2+k}.
     """
     b, t = input_ids.shape
-    positions = torch.arange(t, device=input_ids.device)
+    device = input_ids.device
+    flex = device.type == "cuda" if flex is None else flex
+    positions = torch.arange(t, device=device)
     outputs: list[DraftOutput] = []
     for k in range(ttt_steps):
         out = draft(shift_left(input_ids, 1 + k),
                     aux_hidden if k == 0 else outputs[-1].hidden,
                     (positions + k).expand(b, t),
                     first_step=k == 0,
-                    attn_mask=ttt_attention_mask(t, k, input_ids.device),
+                    attn_mask=ttt_block_mask(t, k, device) if flex else ttt_attention_mask(t, k, device),
                     past_kv=KV.cat([o.kv for o in outputs]) if outputs else None)
         outputs.append(out)
     return outputs
@@ -119,7 +138,7 @@ def ttt_unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Te
 
 def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tensor,
              target_logits: torch.Tensor, loss_mask: torch.Tensor, *, ttt_steps: int = 7,
-             step_weight: float = 0.8) -> TTTOutput:
+             step_weight: float = 0.8, flex: bool | None = None) -> TTTOutput:
     """TTT loss and metrics of one batch.
 
     input_ids:     [B, T] long; loss_mask: [B, T] (nonzero = assistant token, the label).
@@ -128,6 +147,7 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
     Step k at base t is supervised iff t+2+k < T, loss_mask[t+2+k] and the target's argmax at
     t+1+k is in the draft vocabulary; its loss is KL(p || q) over the draft vocabulary, p the
     target's softmax renormalised over the draft vocabulary (ids arange(Vd) + d2t).
+    flex: the attention path of `ttt_unroll` (default: flex attention on CUDA).
     Raises ValueError when ttt_steps < 1 or the shapes disagree.
     """
     if ttt_steps < 1:
@@ -136,11 +156,11 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
         raise ValueError(f"shapes disagree: input_ids {tuple(input_ids.shape)}, target_logits "
                          f"{tuple(target_logits.shape)}, loss_mask {tuple(loss_mask.shape)}")
     target = _target_side(draft, target_logits)
-    outputs = ttt_unroll(draft, input_ids, aux_hidden, ttt_steps)
+    outputs = ttt_unroll(draft, input_ids, aux_hidden, ttt_steps, flex)
     sums, correct, total, cond_correct, cond_total = [], [], [], [], []
     chain_ok = torch.ones_like(target.in_vocab)  # supervised and correct at every earlier step
     for k, out in enumerate(outputs):
-        mask = draft_loss_mask(loss_mask, k) & shift_left(target.in_vocab, 1 + k, False)
+        mask = supervision_mask(loss_mask, target.in_vocab, k)
         q_log = out.logits.float().log_softmax(-1)
         cross = (shift_left(target.p, 1 + k) * q_log).sum(-1)
         kl = shift_left(target.neg_entropy, 1 + k) - cross                  # [B, T]
@@ -161,6 +181,29 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
         step_losses=(step_loss_sums.detach() / total_t.clamp(min=1)),
         correct=torch.stack(correct), total=total_t,
         cond_correct=torch.stack(cond_correct), cond_total=torch.stack(cond_total))
+
+
+def supervision_mask(loss_mask: torch.Tensor, in_vocab: torch.Tensor, step: int) -> torch.Tensor:
+    """[B, T] bool: base positions t supervised at TTT step `step`.
+
+    loss_mask: [B, T] (nonzero = assistant token); in_vocab: [B, T] bool, the target's argmax
+    at each position is in the draft vocabulary. Supervised iff loss_mask[t+2+step] and
+    in_vocab[t+1+step] (both inside the sequence).
+    """
+    return draft_loss_mask(loss_mask, step) & shift_left(in_vocab, 1 + step, False)
+
+
+@torch.no_grad()
+def supervised_counts(draft: Eagle3Draft, target_logits: torch.Tensor, loss_mask: torch.Tensor,
+                      ttt_steps: int) -> torch.Tensor:
+    """[K] int64: supervised positions per TTT step of a batch, i.e. `ttt_loss(...).total`,
+    without running the draft (only its vocabulary map), so that a trainer knows a whole
+    optimizer step's counts before the first micro-batch's backward.
+
+    target_logits: [B, T, V] any float dtype; loss_mask: [B, T].
+    """
+    in_vocab = draft.t2d[target_logits.argmax(-1)]
+    return torch.stack([supervision_mask(loss_mask, in_vocab, k).sum() for k in range(ttt_steps)])
 
 
 @dataclass

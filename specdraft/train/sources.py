@@ -11,13 +11,14 @@ A training source (`TrainData`) must provide:
 - `len()`: the number of samples.
 
 `StoreData` reads an offline capture store; `OnlineData` runs a live target at every batch.
-`open_data` turns a store directory (or a TrainData as is) into a source.
+`open_data` turns a store directory, an `OnlineSource` (target directory + data file) or a
+TrainData as is into a source.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,8 +26,8 @@ import torch
 
 from specdraft import data as data_mod
 from specdraft.conventions import default_aux_layers
-from specdraft.draft import rope_from_hf_config
 from specdraft.train.loss import target_logits
+
 
 @dataclass
 class Batch:
@@ -91,30 +92,57 @@ def _right_pad(rows: Sequence[torch.Tensor], t_len: int) -> torch.Tensor:
     return out
 
 
+@dataclass(frozen=True)
+class OnlineSource:
+    """Where online training reads: a target directory (model + tokenizer) and a data file.
+
+    data: JSONL chats/texts, a `save_to_disk` directory or a text file (`specdraft.data`);
+    chat=False renders plain text (base models); template_kwargs go to apply_chat_template.
+    """
+
+    target: str
+    data: str
+    chat: bool = True
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
 class OnlineData:
     """Token sequences run through a live target at every batch (no store on disk).
 
     target: a `specdraft.target.Target`; samples: `specdraft.data.Sample`s; aux_layers:
-    specdraft indices (default: `conventions.default_aux_layers(L)`).
+    specdraft indices (default: `conventions.default_aux_layers(L)`). name_or_path, tokenizer
+    and render_info (`data.RenderInfo`), when known, are recorded in the drafter's manifest.
     """
 
     def __init__(self, target: Any, samples: Sequence[data_mod.Sample],
-                 aux_layers: Sequence[int] | None = None) -> None:
-        from specdraft.target import config_hash
+                 aux_layers: Sequence[int] | None = None, *, name_or_path: str | None = None,
+                 tokenizer: Any = None, render_info: data_mod.RenderInfo | None = None) -> None:
+        from specdraft.capture import target_meta
 
         self.target, self.samples = target, list(samples)
-        cfg = target.config
-        rope_theta, rope_scaling = rope_from_hf_config(lambda k, d=None: getattr(cfg, k, d))
-        meta = dict(architecture=target.architecture, target_class=target.target_class,
-                    config_hash=config_hash(cfg), num_layers=target.num_layers,
-                    hidden_size=target.hidden_size, vocab_size=target.vocab_size,
-                    rope_theta=rope_theta, rope_scaling=rope_scaling,
-                    max_position_embeddings=getattr(cfg, "max_position_embeddings", None),
-                    name_or_path=getattr(cfg, "_name_or_path", None))
+        name_or_path = name_or_path or getattr(target.config, "_name_or_path", None)
         self.info = TargetInfo(
-            config=cfg, aux_layers=tuple(aux_layers or default_aux_layers(target.num_layers)),
+            config=target.config,
+            aux_layers=tuple(aux_layers or default_aux_layers(target.num_layers)),
             embed_weight=target.embed_tokens.weight.detach(),
-            manifest_fields={"target": meta, "data_hash": data_mod.data_hash(self.samples)})
+            manifest_fields={"target": target_meta(target, name_or_path),
+                             "tokenizer": data_mod.tokenizer_fingerprint(tokenizer) if tokenizer else None,
+                             "chat_template": render_info.to_dict() if render_info else None,
+                             "data_hash": data_mod.data_hash(self.samples)},
+            vocab_limit=len(tokenizer) if tokenizer else None)
+
+    @classmethod
+    def load(cls, source: OnlineSource, aux_layers: Sequence[int] | None = None,
+             device: str | torch.device = "cpu") -> OnlineData:
+        """Load `source`'s target onto `device` (float32) and render its data with the target's
+        tokenizer. Raises DataError naming the data file for a bad record, ValueError for a
+        tokenizer that does not belong to the target."""
+        from specdraft.capture import load_inputs
+
+        target, tokenizer, data = load_inputs(source.target, source.data, chat=source.chat,
+                                              template_kwargs=source.template_kwargs, device=device)
+        return cls(target, data.samples, aux_layers, name_or_path=str(Path(source.target).resolve()),
+                   tokenizer=tokenizer, render_info=data.render_info)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -210,8 +238,19 @@ def _store_target_config(store: Any, override: Any = None) -> Any:
     return AutoConfig.from_pretrained(path, local_files_only=True).get_text_config()
 
 
-def open_data(source: str | Path | TrainData, target_config: Any = None) -> TrainData:
-    """A TrainData for `source`: a capture store directory, or a TrainData as is."""
-    if isinstance(source, (str, Path)):
-        return StoreData(source, target_config)
-    return source
+def open_data(source: str | Path | OnlineSource | TrainData, target_config: Any = None,
+              aux_layers: Sequence[int] | None = None,
+              device: str | torch.device = "cpu") -> TrainData:
+    """A TrainData for `source`: a capture store directory, an OnlineSource (its target loaded
+    onto `device`), or a TrainData as is.
+
+    target_config: for a store, see StoreData. aux_layers: the layers asked for (None = the
+    source's); a store or TrainData that holds other layers is a ValueError naming both.
+    """
+    if isinstance(source, OnlineSource):
+        return OnlineData.load(source, aux_layers, device)
+    data = StoreData(source, target_config) if isinstance(source, (str, Path)) else source
+    if aux_layers is not None and tuple(aux_layers) != data.info.aux_layers:
+        raise ValueError(f"aux_layers {list(aux_layers)} asked for, but the training data holds "
+                         f"layers {list(data.info.aux_layers)}; drop aux_layers or capture those layers")
+    return data

@@ -1,0 +1,72 @@
+"""`specdraft train --online`: the target runs in the loop on a data file (no capture store)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from specdraft.cli import app
+from specdraft.data import data_hash, load_dataset, tokenizer_fingerprint
+from tests.tiny_models import save_tiny_model
+from tests.tiny_tokenizer import WORDS, save_tiny_tokenizer, tiny_chat_tokenizer
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    path = save_tiny_model("llama", tmp_path_factory.mktemp("online") / "target", num_layers=4)
+    return save_tiny_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def chats_file(tmp_path_factory):
+    """16 chats of random words (seeded), one user and one assistant turn each."""
+    rng = random.Random(0)
+    words = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+    chats = [[{"role": "user", "content": words(4)}, {"role": "assistant", "content": words(12)}]
+             for _ in range(16)]
+    path = tmp_path_factory.mktemp("data") / "chats.jsonl"
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
+    return path
+
+
+def test_cli_trains_online_and_records_the_data_in_the_manifest(target_dir, chats_file, tmp_path):
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "train", str(chats_file), str(run), "--online", "--target", str(target_dir),
+        "--aux-layers", "1,2,3", "--template-kwargs", '{"enable_thinking": true}', "--steps", "3",
+        "--batch-size", "4", "--grad-accum-steps", "2", "--ttt-steps", "2", "--draft-vocab-size", "64"])
+    assert result.exit_code == 0, result.output
+    assert "3 steps" in result.output
+    manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
+    tokenizer = tiny_chat_tokenizer()
+    samples = load_dataset(chats_file, tokenizer, template_kwargs={"enable_thinking": True}).samples
+    assert manifest["data_hash"] == data_hash(samples)
+    assert manifest["aux_layers"] == [1, 2, 3] and manifest["draft"]["aux_layers"] == [1, 2, 3]
+    assert manifest["tokenizer"] == tokenizer_fingerprint(tokenizer)
+    assert manifest["chat_template"]["kwargs"] == {"enable_thinking": True}
+    assert manifest["target"]["name_or_path"] == str(target_dir.resolve())
+    assert manifest["training"]["config"]["grad_accum_steps"] == 2
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "train"] == [1, 2, 3]
+    assert all(r["total"][0] > 0 for r in records)
+
+
+def test_cli_online_bad_data_file_is_a_one_line_error_naming_it(target_dir, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")  # no answer
+    result = CliRunner().invoke(app, ["train", str(bad), str(tmp_path / "run"), "--online",
+                                      "--target", str(target_dir), "--steps", "1"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: ") and str(bad) in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_online_options_need_their_mode(target_dir, chats_file, tmp_path):
+    no_target = CliRunner().invoke(app, ["train", str(chats_file), str(tmp_path / "a"), "--online"])
+    assert no_target.exit_code == 1 and "--online needs --target" in no_target.output
+    no_online = CliRunner().invoke(app, ["train", str(tmp_path), str(tmp_path / "b"), "--no-chat"])
+    assert no_online.exit_code == 1 and "apply with --online only" in no_online.output
