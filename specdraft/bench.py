@@ -1,8 +1,10 @@
 """Benchmark a serving engine with speculation against the same engine without it.
 
 `run_bench` sends the same prompts to a server (specdraft, vLLM, SGLang or any OpenAI-compatible
-one) and to an optional baseline server, streaming, at each concurrency of a sweep, and reports:
-- output tokens/s (all completion tokens / wall time of the level), TTFT and TPOT (mean, p50,
+one) and to an optional baseline server, streaming, at each concurrency of a sweep, `repeats`
+times per level, and reports:
+- output tokens/s per run (completion tokens / wall time of the run), with its mean, standard
+  deviation and range over the runs; TTFT and TPOT over the requests of all runs (mean, p50,
   p99; TPOT = (latency - TTFT) / (tokens - 1) per request);
 - accept length tau and per-position acceptance p_k from raw counter deltas around each level:
   specdraft's and vLLM's /metrics (`<prefix>spec_decode_num_drafts`, `..._num_draft_tokens`,
@@ -11,10 +13,16 @@ one) and to an optional baseline server, streaming, at each concurrency of a swe
   drafts, and tau = 1 + sum p_k is checked (M1). SGLang: the native `/generate` endpoint's
   `meta_info` per request: tau = completion_tokens / spec_verify_ct (SGLang's definition; it
   counts the prefill's token, and SGLang exposes no per-position counts);
-- speedup = tokens/s with speculation / tokens/s of the baseline at the same concurrency, and
-  the crossover: the first concurrency at which speculation stops winning (FC-13). Without a
-  baseline the report says "no baseline: speedup not measured": speculation is never called a
-  win without one (DESIGN.md invariant 6).
+- speedup = mean tokens/s with speculation / mean tokens/s of the baseline at the same
+  concurrency, its standard deviation (propagated from the runs' spreads), a verdict per level
+  (wins / ties / loses: the speedup must clear 1 by more than both the tie band and that
+  deviation), and the crossover: the first concurrency at which speculation stops winning
+  (FC-13; `find_crossover`, a pure function of the points). Without a baseline the report says
+  "no baseline: speedup not measured": speculation is never called a win without one
+  (DESIGN.md invariant 6).
+bench.json keeps the fields of single-run reports (`tokens_per_s` is now the mean over runs,
+`speedups[].speedup` the ratio of means) and adds `num_runs`, `tokens_per_s_std`,
+`tokens_per_s_runs`, `speedups[].speedup_std` and `speedups[].verdict`.
 Requests use temperature 0 and ignore_eos (vLLM / SGLang / specdraft extension) by default, so
 both servers generate max_tokens tokens for every prompt.
 """
@@ -23,9 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -45,8 +54,9 @@ class BenchConfig:
     """What to benchmark. url / baseline_url: server base URLs (http://host:port); prompts:
     "builtin" or a file (JSONL rows {"prompt": text} or JSON strings; other files: one prompt
     per line); concurrency: requests in flight, one level each; num_prompts: requests per
-    level (prompts cycled); max_tokens: per request; tie_band: speedups within 1 +- tie_band
-    are ties, not wins (the crossover). Raises ValueError for a bad value."""
+    run of a level (prompts cycled); repeats: runs per level (mean and spread of tokens/s);
+    max_tokens: per request; tie_band: speedups within 1 +- tie_band are ties, not wins (the
+    crossover). Raises ValueError for a bad value."""
 
     url: str
     baseline_url: str | None = None
@@ -59,6 +69,7 @@ class BenchConfig:
     warmup: int = 1
     timeout_s: float = 600.0
     tie_band: float = 0.05
+    repeats: int = 3
 
     def __post_init__(self) -> None:
         for name in ("url", "baseline_url"):
@@ -67,7 +78,7 @@ class BenchConfig:
                 raise ValueError(f"{name} {value!r}: must start with http:// or https://")
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency {list(self.concurrency)}: give positive integers, e.g. 1,4,16")
-        for name in ("max_tokens", "num_prompts"):
+        for name in ("max_tokens", "num_prompts", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)}: must be >= 1")
         if self.temperature < 0 or self.warmup < 0 or self.timeout_s <= 0 or not 0 <= self.tie_band < 1:
@@ -294,9 +305,20 @@ class Stats:
         return cls(float(a.mean()), float(np.percentile(a, 50)), float(np.percentile(a, 99)))
 
 
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation) of a non-empty sample; the deviation of one value is 0."""
+    a = np.asarray(values, dtype=float)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
 @dataclass
 class LevelResult:
-    """One server at one concurrency."""
+    """One server at one concurrency, over `num_runs` runs of the same requests.
+
+    num_requests, num_errors, duration_s, num_output_tokens: totals over the runs;
+    tokens_per_s: mean over the runs of (completion tokens / wall seconds of the run), with
+    tokens_per_s_std (sample standard deviation, 0 for one run) and every run's value in
+    tokens_per_s_runs; TTFT, TPOT: over the requests of all runs; spec: counts over all runs."""
 
     concurrency: int
     num_requests: int
@@ -309,6 +331,9 @@ class LevelResult:
     spec: SpecCounts | None
     usage_accept_length: float | None = None  # from specdraft's per-response usage
     first_error: str | None = None
+    num_runs: int = 1
+    tokens_per_s_std: float = 0.0
+    tokens_per_s_runs: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -342,24 +367,28 @@ def scrape(server: Server, timeout_s: float) -> dict[str, Any] | None:
     return scrape_counters(response.text, prefix)
 
 
-def level_result(server: Server, concurrency: int, records: list[RequestRecord], duration: float,
+def level_result(server: Server, concurrency: int, runs: list[tuple[list[RequestRecord], float]],
                  spec: SpecCounts | None) -> LevelResult:
-    """Aggregate the records of one level; raises RuntimeError when every request failed."""
+    """Aggregate the runs (records, wall seconds) of one level; raises RuntimeError when every
+    request failed."""
+    records = [r for run, _ in runs for r in run]
     ok = [r for r in records if r.error is None]
     if not ok:
         raise RuntimeError(f"{server.url}: every request failed at concurrency {concurrency}: "
                            f"{records[0].error}")
     tpot = [(r.latency_s - r.ttft_s) / (r.num_tokens - 1) for r in ok if r.ttft_s is not None and r.num_tokens > 1]
     tokens = sum(r.num_tokens for r in ok)
+    per_run = [sum(r.num_tokens for r in run if r.error is None) / duration for run, duration in runs]
+    tps, tps_std = mean_std(per_run)
     if server.kind == "sglang":
         spec = sglang_counts(ok)
     usage = [r.usage for r in ok if r.usage and "num_drafts" in r.usage]
     drafts = sum(u["num_drafts"] for u in usage)
     usage_tau = 1 + sum(u["num_accepted_tokens"] for u in usage) / drafts if drafts else None
     errors = [r.error for r in records if r.error is not None]
-    return LevelResult(concurrency, len(records), len(errors), duration, tokens, tokens / duration,
+    return LevelResult(concurrency, len(records), len(errors), sum(d for _, d in runs), tokens, tps,
                        Stats.of([r.ttft_s for r in ok if r.ttft_s is not None]), Stats.of(tpot), spec,
-                       usage_tau, errors[0] if errors else None)
+                       usage_tau, errors[0] if errors else None, len(runs), tps_std, per_run)
 
 
 def sglang_counts(records: list[RequestRecord]) -> SpecCounts | None:
@@ -374,7 +403,7 @@ def sglang_counts(records: list[RequestRecord]) -> SpecCounts | None:
 
 def bench_server(url: str, prompts: list[str], cfg: BenchConfig,
                  progress: Callable[[str], None] | None = None) -> ServerRun:
-    """Run every concurrency level against one server (after `warmup` requests)."""
+    """Run every concurrency level `cfg.repeats` times against one server (after `warmup` requests)."""
     server = detect_server(url, cfg.timeout_s)
     run = ServerRun(url, server.kind, server.model)
     batch = [prompts[i % len(prompts)] for i in range(cfg.num_prompts)]
@@ -382,53 +411,93 @@ def bench_server(url: str, prompts: list[str], cfg: BenchConfig,
         asyncio.run(run_requests(server, batch[:cfg.warmup], 1, cfg))
     for concurrency in cfg.concurrency:
         before = scrape(server, cfg.timeout_s)
-        records, duration = asyncio.run(run_requests(server, batch, concurrency, cfg))
+        runs = [asyncio.run(run_requests(server, batch, concurrency, cfg)) for _ in range(cfg.repeats)]
         after = scrape(server, cfg.timeout_s)
         spec = counter_delta(before, after, f"{server.kind} /metrics") if before is not None else None
-        level = level_result(server, concurrency, records, duration, spec)
+        level = level_result(server, concurrency, runs, spec)
         run.levels.append(level)
         if progress:
-            progress(f"{url} ({server.kind}) concurrency {concurrency}: {level.tokens_per_s:.1f} tok/s, "
-                     f"tau {level.spec.accept_length:.3f}" if level.spec else
-                     f"{url} ({server.kind}) concurrency {concurrency}: {level.tokens_per_s:.1f} tok/s")
+            tau = f", tau {level.spec.accept_length:.3f}" if level.spec else ""
+            progress(f"{url} ({server.kind}) concurrency {concurrency}: {tps_cell(level)} tok/s{tau}")
     return run
 
 
 # ---- comparison and report --------------------------------------------------------------------
+@dataclass(frozen=True)
+class SpeedupPoint:
+    """Speculation against the baseline at one concurrency. speedup: mean tokens/s with
+    speculation / mean tokens/s of the baseline; speedup_std: its standard deviation from the
+    runs' spreads (first order: the relative variances add; 0 with one run each)."""
+
+    concurrency: int
+    speedup: float
+    speedup_std: float = 0.0
+
+    @classmethod
+    def of(cls, concurrency: int, spec_runs: Sequence[float], baseline_runs: Sequence[float]) -> SpeedupPoint:
+        """The point of the per-run tokens/s of both servers at `concurrency`."""
+        (spec_mean, spec_std), (base_mean, base_std) = mean_std(spec_runs), mean_std(baseline_runs)
+        speedup = spec_mean / base_mean
+        relative = math.hypot(spec_std / spec_mean if spec_mean else 0.0, base_std / base_mean)
+        return cls(concurrency, speedup, speedup * relative)
+
+    def text(self) -> str:
+        """"1.23x", or "1.23x ± 0.04" when the runs spread."""
+        return f"{self.speedup:.2f}x" + (f" ± {self.speedup_std:.2f}" if self.speedup_std else "")
+
+
+def verdict(point: SpeedupPoint, tie_band: float = 0.0) -> str:
+    """"wins", "loses" or "ties" at one point: speculation wins (loses) only when its mean
+    tokens/s is above (below) the baseline's by more than tie_band and by more than the
+    speedup's standard deviation; anything closer is run-to-run noise."""
+    margin = max(tie_band, point.speedup_std)
+    if point.speedup > 1.0 + margin:
+        return "wins"
+    return "loses" if point.speedup < 1.0 - margin else "ties"
+
+
 @dataclass
 class Crossover:
-    """Where speculation stops winning: the first concurrency with speedup <= 1 after a win
-    (None when it wins everywhere, loses everywhere, or there is no baseline)."""
+    """Where speculation stops winning: the first concurrency with no win after a win (None
+    when it wins everywhere, never wins, or there is no baseline)."""
 
     concurrency: int | None
     text: str
 
 
-def find_crossover(points: list[tuple[int, float]], tie_band: float = 0.0) -> Crossover:
-    """Crossover of (concurrency, speedup) points (sorted here by concurrency). Speculation
-    wins where speedup > 1 + tie_band and loses where speedup < 1 - tie_band (a tie between:
-    run-to-run noise); it stops winning at the first point after a win that is no win."""
-    points = sorted(points)
+def margin_text(tie_band: float, noisy: bool) -> str:
+    """" by more than 5% and its run-to-run deviation" (the parts that apply)."""
+    parts = [f"{tie_band:.0%}"] * bool(tie_band) + ["its run-to-run deviation"] * noisy
+    return f" by more than {' and '.join(parts)}" if parts else ""
+
+
+def find_crossover(points: list[SpeedupPoint], tie_band: float = 0.0) -> Crossover:
+    """Crossover of the points (sorted here by concurrency), judged by `verdict`: speculation
+    stops winning at the first point after a win that is no win (a tie or a loss)."""
+    points = sorted(points, key=lambda p: p.concurrency)
     if not points:
         return Crossover(None, NO_BASELINE)
-    wins = [s > 1.0 + tie_band for _, s in points]
-    band = f" by more than {tie_band:.0%}" if tie_band else ""
+    verdicts = [verdict(p, tie_band) for p in points]
+    wins = [v == "wins" for v in verdicts]
+    band = margin_text(tie_band, any(p.speedup_std > 0 for p in points))
     if all(wins):
+        last = points[-1]
         return Crossover(None, f"no crossover: speculation wins{band} at every concurrency measured "
-                               f"(up to {points[-1][0]}, speedup {points[-1][1]:.2f}x there)")
+                               f"(up to {last.concurrency}, speedup {last.text()} there)")
     if not any(wins):
-        c, s = max(points, key=lambda p: p[1])
-        verdict = "loses at" if all(s < 1.0 - tie_band for _, s in points) else f"never wins{band} at"
-        return Crossover(None, f"no crossover: speculation {verdict} every concurrency measured "
-                               f"(best speedup {s:.2f}x at concurrency {c})")
+        best = max(points, key=lambda p: p.speedup)
+        how = "loses at" if all(v == "loses" for v in verdicts) else f"never wins{band} at"
+        return Crossover(None, f"no crossover: speculation {how} every concurrency measured "
+                               f"(best speedup {best.text()} at concurrency {best.concurrency})")
     i = next((i for i in range(1, len(points)) if wins[i - 1] and not wins[i]), None)
-    if i is None:  # no win is followed by a loss: speculation only starts winning at some point
-        c, s = next(p for p, won in zip(points, wins) if won)
-        return Crossover(None, f"no crossover: speculation does not win{band} below concurrency {c}, "
-                               f"then wins (speedup {s:.2f}x there)")
-    (c0, s0), (c1, s1) = points[i - 1], points[i]
-    return Crossover(c1, f"crossover: speculation stops winning{band} between concurrency {c0} "
-                         f"(speedup {s0:.2f}x) and {c1} (speedup {s1:.2f}x)")
+    if i is None:  # no win is followed by a non-win: speculation only starts winning at some point
+        first = points[wins.index(True)]
+        return Crossover(None, f"no crossover: speculation does not win{band} below concurrency "
+                               f"{first.concurrency}, then wins (speedup {first.text()} there)")
+    a, b = points[i - 1], points[i]
+    return Crossover(b.concurrency, f"crossover: speculation stops winning{band} between concurrency "
+                                    f"{a.concurrency} (speedup {a.text()}) and {b.concurrency} "
+                                    f"(speedup {b.text()})")
 
 
 @dataclass
@@ -438,15 +507,15 @@ class BenchReport:
     config: BenchConfig
     spec: ServerRun
     baseline: ServerRun | None
-    speedups: list[tuple[int, float]] | None
+    speedups: list[SpeedupPoint] | None
     crossover: Crossover
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
+        speedups = [{**asdict(p), "verdict": verdict(p, self.config.tie_band)} for p in self.speedups or []]
         return {"config": asdict(self.config), "spec": self.spec.to_dict(),
                 "baseline": self.baseline.to_dict() if self.baseline else None,
-                "speedups": [{"concurrency": c, "speedup": s} for c, s in self.speedups or []] or None,
-                "crossover": asdict(self.crossover)}
+                "speedups": speedups or None, "crossover": asdict(self.crossover)}
 
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> BenchReport:
@@ -456,13 +525,22 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
     baseline = bench_server(cfg.baseline_url, prompts, cfg, progress) if cfg.baseline_url else None
     speedups = None
     if baseline is not None:
-        speedups = [(a.concurrency, a.tokens_per_s / b.tokens_per_s) for a, b in zip(spec.levels, baseline.levels)]
+        speedups = [SpeedupPoint.of(a.concurrency, a.tokens_per_s_runs, b.tokens_per_s_runs)
+                    for a, b in zip(spec.levels, baseline.levels)]
     return BenchReport(cfg, spec, baseline, speedups, find_crossover(speedups or [], cfg.tie_band))
 
 
 def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
     """A number for the markdown tables ("-" for None)."""
     return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def tps_cell(level: LevelResult) -> str:
+    """Tokens/s of a level: "812.3", or "812.3 ± 4.1 (806.0-816.2)" (mean ± sd (min-max)) over runs."""
+    if level.num_runs < 2:
+        return f"{level.tokens_per_s:.1f}"
+    runs = level.tokens_per_s_runs
+    return f"{level.tokens_per_s:.1f} ± {level.tokens_per_s_std:.1f} ({min(runs):.1f}-{max(runs):.1f})"
 
 
 def spec_cell(level: LevelResult) -> tuple[str, str]:
@@ -481,27 +559,29 @@ def spec_cell(level: LevelResult) -> tuple[str, str]:
 def markdown(report: BenchReport) -> str:
     """The report as markdown: one table per server, then speedups and the crossover."""
     cfg = report.config
-    settings = (f"{cfg.num_prompts} requests per level, max_tokens {cfg.max_tokens}, temperature "
-                f"{cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}")
+    settings = (f"{cfg.repeats} runs of {cfg.num_prompts} requests per level, max_tokens {cfg.max_tokens}, "
+                f"temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}")
     lines = ["# specdraft bench", "", settings, ""]
     for title, run in (("speculative", report.spec), ("baseline", report.baseline)):
         if run is None:
             continue
         lines += [f"## {title}: {run.url} ({run.kind}, model {run.model})", "",
-                  "| concurrency | tok/s | TTFT ms mean / p50 / p99 | TPOT ms mean / p50 / p99 | tau | p_k | errors |",
+                  "| concurrency | tok/s mean ± sd (min-max) | TTFT ms mean / p50 / p99 | TPOT ms mean / p50 / p99 "
+                  "| tau | p_k | errors |",
                   "|---|---|---|---|---|---|---|"]
         for lv in run.levels:
             tau, p = spec_cell(lv)
             ttft = " / ".join(fmt(v, 1e3) for v in (lv.ttft_s.mean, lv.ttft_s.p50, lv.ttft_s.p99))
             tpot = " / ".join(fmt(v, 1e3, 2) for v in (lv.tpot_s.mean, lv.tpot_s.p50, lv.tpot_s.p99))
-            lines.append(f"| {lv.concurrency} | {lv.tokens_per_s:.1f} | {ttft} | {tpot} | {tau} | {p} | {lv.num_errors} |")
+            lines.append(f"| {lv.concurrency} | {tps_cell(lv)} | {ttft} | {tpot} | {tau} | {p} | {lv.num_errors} |")
         lines.append("")
     lines += ["## speedup (tokens/s with speculation / baseline, same prompts)", ""]
     if report.speedups is None:
         lines.append(NO_BASELINE)
     else:
-        lines += ["| concurrency | speedup |", "|---|---|"]
-        lines += [f"| {c} | {s:.2f}x |" for c, s in report.speedups]
+        lines += ["| concurrency | speedup (ratio of means) | sd | verdict |", "|---|---|---|---|"]
+        lines += [f"| {p.concurrency} | {p.speedup:.2f}x | {p.speedup_std:.2f} | {verdict(p, cfg.tie_band)} |"
+                  for p in report.speedups]
     lines += ["", report.crossover.text, ""]
     return "\n".join(lines)
 
@@ -512,20 +592,23 @@ def plot(report: BenchReport, out_dir: Path) -> list[Path]:
 
     runs = [("speculative", report.spec), ("baseline", report.baseline)]
     ticks = sorted({lv.concurrency for _, run in runs if run is not None for lv in run.levels})
-    series = {"throughput.png": ("output tokens/s", lambda lv: lv.tokens_per_s),
-              "tpot.png": ("TPOT p50 (ms)", lambda lv: (lv.tpot_s.p50 or 0.0) * 1e3)}
+    series = {"throughput.png": ("output tokens/s (mean ± sd)", lambda lv: (lv.tokens_per_s, lv.tokens_per_s_std)),
+              "tpot.png": ("TPOT p50 (ms)", lambda lv: ((lv.tpot_s.p50 or 0.0) * 1e3, 0.0))}
     paths = []
     for name, (label, value) in series.items():
         fig = Figure(figsize=(5, 3.5))
         ax = fig.add_subplot()
         for title, run in runs:
             if run is not None:
-                ax.plot([lv.concurrency for lv in run.levels], [value(lv) for lv in run.levels], "o-", label=title)
+                y, err = zip(*(value(lv) for lv in run.levels))
+                ax.errorbar([lv.concurrency for lv in run.levels], y, yerr=err, fmt="o-", capsize=3, label=title)
         paths.append(save_figure(fig, ax, label, out_dir / name, ticks))
     if report.speedups:
         fig = Figure(figsize=(5, 3.5))
         ax = fig.add_subplot()
-        ax.plot(*zip(*report.speedups), "o-", label="speedup")
+        points = report.speedups
+        ax.errorbar([p.concurrency for p in points], [p.speedup for p in points],
+                    yerr=[p.speedup_std for p in points], fmt="o-", capsize=3, label="speedup (± sd)")
         ax.axhline(1.0, color="gray", linestyle="--", label="no speculation")
         paths.append(save_figure(fig, ax, "speedup (x)", out_dir / "speedup.png", ticks))
     return paths

@@ -327,14 +327,32 @@ def _load_directory(path: Path, dtype: torch.dtype, device: str | torch.device) 
         raise FileNotFoundError(f"{path}: no config.json; pass a transformers model directory")
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     model_class = _model_class(config)
-    model, info = model_class.from_pretrained(
-        path, local_files_only=True, dtype=dtype, output_loading_info=True
-    )
+    with no_progress_bars():
+        model, info = model_class.from_pretrained(
+            path, local_files_only=True, dtype=dtype, output_loading_info=True
+        )
     problems = {k: sorted(info[k]) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     problems = {k: v for k, v in problems.items() if v}
     if problems:
         raise ValueError(f"{path}: weights do not match {model_class.__name__}: {problems}")
     return model.to(device)
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """Hide transformers' tqdm bars ("Loading weights", shard loading) inside the block, then
+    restore the previous setting. Warnings and log records are untouched. transformers 5.x
+    draws these bars through `transformers.utils.logging.tqdm`, which these two switches
+    (present since 4.x) turn off and on."""
+    hf_logging = transformers.utils.logging
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if was_enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def config_hash(config: PretrainedConfig) -> str:

@@ -1,10 +1,12 @@
 """specdraft.bench: prompts, Prometheus counter deltas (specdraft and vLLM names), SGLang's
-meta_info, the crossover rule, and end-to-end runs against specdraft servers on loopback
-(with and without a baseline) producing bench.json, bench.md and the plots."""
+meta_info, speedups over repeated runs and the crossover rule (on injected measurements), and
+end-to-end runs against specdraft servers on loopback (with and without a baseline) producing
+bench.json, bench.md and the plots."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from typer.testing import CliRunner
@@ -12,12 +14,14 @@ from typer.testing import CliRunner
 from specdraft.bench import (
     NO_BASELINE,
     BenchConfig,
+    SpeedupPoint,
     counter_delta,
     find_crossover,
     load_prompts,
     markdown,
     run_bench,
     scrape_counters,
+    verdict,
     write_report,
 )
 from specdraft.cli import app
@@ -75,24 +79,48 @@ def test_vllm_counter_delta_gives_tau_and_pk():
     assert counter_delta(now, now, "vllm /metrics") is None  # no verification step: no tau
 
 
+def single(*points: tuple[int, float]) -> list[SpeedupPoint]:
+    """Speedup points of single runs (no spread)."""
+    return [SpeedupPoint(c, s) for c, s in points]
+
+
 def test_crossover_rule():
     assert find_crossover([]).text == NO_BASELINE
-    wins = find_crossover([(1, 1.8), (4, 1.3), (16, 1.1)])
+    wins = find_crossover(single((1, 1.8), (4, 1.3), (16, 1.1)))
     assert wins.concurrency is None and "wins at every concurrency" in wins.text
-    loses = find_crossover([(4, 0.9), (1, 0.5)])
+    loses = find_crossover(single((4, 0.9), (1, 0.5)))
     assert loses.concurrency is None and "loses at every concurrency" in loses.text and "0.90x at concurrency 4" in loses.text
-    cross = find_crossover([(16, 0.8), (1, 1.9), (4, 1.2), (8, 0.95)])
+    cross = find_crossover(single((16, 0.8), (1, 1.9), (4, 1.2), (8, 0.95)))
     assert cross.concurrency == 8 and "between concurrency 4 (speedup 1.20x) and 8 (speedup 0.95x)" in cross.text
     # within the tie band (noise) nothing wins or loses
-    noise = [(1, 0.93), (4, 1.02), (16, 0.98)]
+    noise = single((1, 0.93), (4, 1.02), (16, 0.98))
     assert find_crossover(noise).concurrency == 16
     tie = find_crossover(noise, tie_band=0.05)
     assert tie.concurrency is None and "never wins by more than 5% at every concurrency" in tie.text
-    late = find_crossover([(1, 1.5), (4, 1.03), (16, 0.7)], tie_band=0.05)
+    late = find_crossover(single((1, 1.5), (4, 1.03), (16, 0.7)), tie_band=0.05)
     assert late.concurrency == 4 and "stops winning by more than 5% between concurrency 1" in late.text
     # a loss followed by a win (CPU noise at low concurrency) is no crossover, and no crash
-    rising = find_crossover([(1, 0.97), (2, 1.2)])
+    rising = find_crossover(single((1, 0.97), (2, 1.2)))
     assert rising.concurrency is None and "does not win below concurrency 2, then wins (speedup 1.20x" in rising.text
+
+
+def test_speedup_of_repeated_runs_is_the_ratio_of_means_with_propagated_deviation():
+    point = SpeedupPoint.of(4, [300.0, 500.0], [200.0, 200.0])
+    assert point.speedup == pytest.approx(2.0)
+    assert point.speedup_std == pytest.approx(2.0 * math.sqrt(2 * 100.0 ** 2) / 400.0)  # sample sd 141.4 / 400
+    both = SpeedupPoint.of(1, [90.0, 110.0], [45.0, 55.0])  # relative deviations add in quadrature
+    assert both.speedup == pytest.approx(2.0) and both.speedup_std == pytest.approx(0.4)
+    assert SpeedupPoint.of(1, [300.0], [200.0]) == SpeedupPoint(1, 1.5, 0.0)  # one run: no spread
+    assert point.text() == "2.00x ± 0.71" and SpeedupPoint(1, 1.5).text() == "1.50x"
+
+
+def test_verdict_needs_the_mean_beyond_the_noise():
+    assert verdict(SpeedupPoint(1, 1.2, 0.05), tie_band=0.05) == "wins"
+    assert verdict(SpeedupPoint(1, 1.2, 0.3), tie_band=0.05) == "ties"  # within its own deviation
+    assert verdict(SpeedupPoint(1, 0.8, 0.3), tie_band=0.05) == "ties"  # a slow run is not a loss
+    assert verdict(SpeedupPoint(1, 0.8, 0.1), tie_band=0.05) == "loses"
+    assert verdict(SpeedupPoint(1, 0.97, 0.0), tie_band=0.05) == "ties"
+    assert verdict(SpeedupPoint(1, 0.97, 0.0)) == "loses"  # no band, no spread
 
 
 @pytest.fixture(scope="module")
@@ -108,33 +136,49 @@ def servers():
 def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path):
     spec, plain = servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(6, 8, seed=20))
-    cfg = BenchConfig(spec.url, plain.url, str(prompts), (1, 3), max_tokens=12, num_prompts=6)
+    cfg = BenchConfig(spec.url, plain.url, str(prompts), (1, 3), max_tokens=12, num_prompts=6, repeats=2)
     report = run_bench(cfg)
     assert (report.spec.kind, report.baseline.kind) == ("specdraft", "specdraft")
+    for level in report.spec.levels + report.baseline.levels:
+        assert level.num_runs == 2 and level.num_requests == 2 * 6 and level.num_output_tokens == 2 * 6 * 12
+        assert len(level.tokens_per_s_runs) == 2 and min(level.tokens_per_s_runs) > 0
+        assert level.tokens_per_s == pytest.approx(sum(level.tokens_per_s_runs) / 2)
+        assert level.tokens_per_s_std == pytest.approx(abs(level.tokens_per_s_runs[0] - level.tokens_per_s_runs[1])
+                                                       / math.sqrt(2))
     for level in report.spec.levels:
-        assert level.num_errors == 0 and level.num_output_tokens == 6 * 12 and level.tokens_per_s > 0
+        assert level.num_errors == 0
         assert level.ttft_s.p50 > 0 and level.tpot_s.p99 >= level.tpot_s.p50 > 0
         s = level.spec
         assert s.source == "specdraft /metrics" and s.num_draft_tokens == 3 * s.num_drafts
         assert s.accept_length == pytest.approx(level.usage_accept_length)  # counters = usage (M1)
         assert s.accept_length == pytest.approx(s.tau_from_positions)
     assert all(level.spec is None for level in report.baseline.levels)
-    assert [c for c, _ in report.speedups] == [1, 3]
-    assert report.speedups[0][1] == pytest.approx(report.spec.levels[0].tokens_per_s
-                                                  / report.baseline.levels[0].tokens_per_s)
+    assert [p.concurrency for p in report.speedups] == [1, 3]
+    assert report.speedups[0].speedup == pytest.approx(report.spec.levels[0].tokens_per_s
+                                                       / report.baseline.levels[0].tokens_per_s)
+    assert report.speedups[1] == SpeedupPoint.of(3, report.spec.levels[1].tokens_per_s_runs,
+                                                 report.baseline.levels[1].tokens_per_s_runs)
+    assert report.crossover == find_crossover(report.speedups, cfg.tie_band)
     paths = write_report(report, tmp_path / "out")
     assert sorted(p.name for p in paths) == ["bench.json", "bench.md", "speedup.png", "throughput.png", "tpot.png"]
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["speedups"][1]["concurrency"] == 3 and data["crossover"]["text"] == report.crossover.text
+    assert data["speedups"][1]["speedup"] == report.speedups[1].speedup  # the single-run keys stay
+    assert data["speedups"][1]["speedup_std"] == report.speedups[1].speedup_std
+    assert data["speedups"][1]["verdict"] == verdict(report.speedups[1], cfg.tie_band)
+    assert data["spec"]["levels"][0]["tokens_per_s"] == report.spec.levels[0].tokens_per_s
+    assert data["spec"]["levels"][0]["tokens_per_s_runs"] == report.spec.levels[0].tokens_per_s_runs
     assert data["spec"]["levels"][0]["spec"]["accept_length"] == report.spec.levels[0].spec.accept_length
     text = (tmp_path / "out" / "bench.md").read_text()
     assert "| 1 | " in text and "= 1 + sum p_k" in text and "(ok)" in text and NO_BASELINE not in text
+    assert "2 runs of 6 requests per level" in text
+    assert f"| 3 | {report.speedups[1].speedup:.2f}x | {report.speedups[1].speedup_std:.2f} | " in text
 
 
 def test_bench_without_baseline_never_reports_a_speedup(servers, tmp_path):
     spec, _ = servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=21))
-    report = run_bench(BenchConfig(spec.url, None, str(prompts), (2,), max_tokens=8, num_prompts=2))
+    report = run_bench(BenchConfig(spec.url, None, str(prompts), (2,), max_tokens=8, num_prompts=2, repeats=1))
     assert report.speedups is None and report.crossover.text == NO_BASELINE
     text = markdown(report)
     assert NO_BASELINE in text and "x |" not in text
@@ -146,14 +190,17 @@ def test_bench_cli(servers, tmp_path):
     spec, plain = servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=22))
     common = ["bench", "--url", spec.url, "--prompts", str(prompts), "--concurrency", "1,2", "--max-tokens", "6",
-              "--num-prompts", "2"]
+              "--num-prompts", "2", "--repeats", "2"]
     result = CliRunner().invoke(app, common + ["--out", str(tmp_path / "a")])
     assert result.exit_code == 0, result.output
     assert NO_BASELINE in result.output and (tmp_path / "a" / "bench.md").is_file()
+    assert json.loads((tmp_path / "a" / "bench.json").read_text())["spec"]["levels"][0]["num_runs"] == 2
     result = CliRunner().invoke(app, common + ["--baseline-url", plain.url, "--out", str(tmp_path / "b")])
     assert result.exit_code == 0 and "speedup" in result.output and "x |" in result.output
     bad = CliRunner().invoke(app, ["bench", "--url", "localhost:1", "--out", str(tmp_path / "c")])
     assert bad.exit_code == 1 and "must start with http://" in bad.output
+    bad = CliRunner().invoke(app, ["bench", "--url", spec.url, "--repeats", "0", "--out", str(tmp_path / "d")])
+    assert bad.exit_code == 1 and "repeats 0: must be >= 1" in bad.output
 
 
 def test_bench_reads_sglang_meta_info(tmp_path):
@@ -161,6 +208,6 @@ def test_bench_reads_sglang_meta_info(tmp_path):
     with serve_in_thread(fake_sglang_app(tokens_per_verify=2)) as server:
         report = run_bench(BenchConfig(server.url, None, str(prompts), (1, 2), max_tokens=8, num_prompts=3))
     level = report.spec.levels[0]
-    assert report.spec.kind == "sglang" and level.num_output_tokens == 3 * 8
+    assert report.spec.kind == "sglang" and level.num_runs == 3 and level.num_output_tokens == 3 * 3 * 8
     assert level.spec.accept_length == 2.0 and level.spec.acceptance_per_position is None
     assert "not exposed" in markdown(report)

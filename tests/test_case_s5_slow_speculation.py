@@ -22,10 +22,10 @@ def test_case_s5_bench_reports_speedup_below_one(tmp_path):
             running(engine(own_target(setup), None, None, tok), tok) as plain:
         report = run_bench(BenchConfig(spec.url, plain.url, str(prompts), (1, 2), max_tokens=24, num_prompts=4))
     assert all(level.spec.accept_length < 1.2 for level in report.spec.levels)  # low acceptance
-    assert all(speedup < 1.0 for _, speedup in report.speedups), report.speedups
+    assert all(p.speedup < 1.0 for p in report.speedups), report.speedups
     text = markdown(report)
     assert "loses at every concurrency measured" in text
-    assert f"| 1 | {report.speedups[0][1]:.2f}x |" in text
+    assert f"| 1 | {report.speedups[0].speedup:.2f}x | {report.speedups[0].speedup_std:.2f} | loses |" in text
 
 
 def check_report(report, current_speedup_below: float = 1.0) -> str:

@@ -268,6 +268,24 @@ def test_unknown_architecture_raises(tmp_path):
         load_target(config)
 
 
+def test_loading_draws_no_progress_bar_and_restores_the_setting(tmp_path, capfd):
+    path = save_tiny_model("llama", tmp_path / "m", num_layers=2)
+    hf_logging = transformers.utils.logging
+    verbosity = hf_logging.get_verbosity()
+    assert hf_logging.is_progress_bar_enabled()
+    capfd.readouterr()
+    load_target(path)
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out and "it/s" not in captured.err
+    assert hf_logging.is_progress_bar_enabled() and hf_logging.get_verbosity() == verbosity  # warnings stay
+    hf_logging.disable_progress_bar()  # a user's own choice is kept too
+    try:
+        load_target(path)
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def test_missing_directory_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_target(tmp_path)

@@ -1,0 +1,62 @@
+"""specdraft.cli option parsing: integer lists and checkpoint directories give one clear usage
+error naming the bad value (exit 2), never a traceback or a message about a path that was not given."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from specdraft.cli import _check_checkpoint_dir, _int_list, app
+
+
+def flat(output: str) -> str:
+    """Typer's boxed error on one line (box drawing and wrapping removed)."""
+    return " ".join(re.sub(r"[\u2500-\u257f]", " ", output).split())
+
+
+def invoke(args: list[str]):
+    return CliRunner().invoke(app, args, env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+
+
+def test_int_list():
+    assert _int_list("1,4,16") == (1, 4, 16)
+    assert _int_list(" 2, 3 ") == (2, 3)
+    assert _int_list("") == ()
+    with pytest.raises(typer.BadParameter, match=r"'1,a,3': 'a' is not an integer; give comma-separated integers"):
+        _int_list("1,a,3")
+    with pytest.raises(typer.BadParameter, match=r"'' is not an integer"):
+        _int_list("1,,3")
+
+
+@pytest.mark.parametrize("args", [
+    ["bench", "--url", "http://127.0.0.1:1", "--concurrency", "a,b"],
+    ["tune", "--topks", "1,x", "--target", "unused", "--draft", "unused"],
+    ["capture", "{dir}", "data.jsonl", "out", "--aux-layers", "2,three"],
+])
+def test_integer_list_options_give_a_usage_error(args, tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # passes capture's --target check
+    result = invoke([a.replace("{dir}", str(tmp_path)) for a in args])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert re.search(r"Invalid value for '--(concurrency|topks|aux-layers)': '[^']+': '\w+' is not an integer",
+                     flat(result.output)), result.output
+
+
+def test_inspect_given_a_file_names_the_directory(tmp_path):
+    ckpt = tmp_path / "draft"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"")
+    result = invoke(["inspect", str(ckpt / "model.safetensors")])
+    assert result.exit_code == 2
+    text = flat(result.output)
+    assert (f"{ckpt / 'model.safetensors'} is a file; pass the checkpoint directory that holds config.json and "
+            f"model.safetensors (here: {ckpt}), not the file") in text
+    assert "config.json: missing" not in text
+    missing = invoke(["inspect", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 2 and f"{tmp_path / 'nowhere'}: no such directory" in flat(missing.output)
+    with pytest.raises(typer.BadParameter, match="is a file"):
+        _check_checkpoint_dir(str(ckpt / "model.safetensors"))
+    assert _check_checkpoint_dir(str(ckpt)) == str(ckpt)
