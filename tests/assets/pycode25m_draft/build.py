@@ -1,0 +1,99 @@
+"""Rebuild the pycode-25m test drafter (run by hand on a GPU machine; CI never trains it).
+
+    python tests/assets/pycode25m_draft/build.py --target ../shared/models/pycode-25m \
+        --work /tmp/pycode-draft --device cuda
+
+Steps, each a specdraft command recorded in `<work>/commands.txt`:
+1. prompts: the first 64 tokens of windows of 320 characters starting at a random line of Python source files from
+   this interpreter's site-packages (the corpus pycode-25m was trained on), files in a seeded
+   order; the last `--test-prompts` files are held out and their windows written to
+   `prompts.jsonl` next to this script (the vLLM tier's prompts);
+2. `specdraft regenerate --no-chat`: the target's greedy continuations (what it serves at T = 0);
+3. `specdraft capture --no-chat`: aux hidden states of the default layers;
+4. `specdraft train` with `train_config.json` (drafter MLP 768 wide, draft vocabulary 1024, so
+   that the bf16 checkpoint stays under 8 MB);
+5. `specdraft export --engine vllm --dtype bf16` into this folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+import site
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WINDOW_CHARS = 320
+PROMPT_TOKENS = 64  # a prompt is the first 64 tokens of a window (about 200 characters)
+
+
+def windows(files: list[Path], rng: random.Random) -> list[str]:
+    """One prompt per file: WINDOW_CHARS characters from a random line start (files of 2 kB+)."""
+    out = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if len(text) < 2048:
+            continue
+        starts = [0] + [i + 1 for i, c in enumerate(text[:-WINDOW_CHARS]) if c == "\n"]
+        start = rng.choice(starts)
+        out.append(text[start:start + WINDOW_CHARS])
+    return out
+
+
+def run(cmd: list[str], log: Path) -> None:
+    line = shlex.join(cmd)
+    print(f"$ {line}", flush=True)
+    with log.open("a") as f:
+        f.write(line + "\n")
+    subprocess.run(cmd, check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--work", required=True, type=Path)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--train-prompts", type=int, default=6000)
+    parser.add_argument("--test-prompts", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=192)
+    parser.add_argument("--train-steps", type=int, help="override train_config.json (smoke runs)")
+    args = parser.parse_args()
+    work: Path = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "commands.txt"
+
+    roots = sorted({sysconfig.get_paths()["purelib"], *site.getsitepackages()})
+    files = sorted({f for root in roots for f in Path(root).rglob("*.py")})
+    rng = random.Random(0)
+    rng.shuffle(files)
+    test = windows(files[-4 * args.test_prompts:], rng)[:args.test_prompts]
+    train = windows(files[:-4 * args.test_prompts], rng)[:args.train_prompts]
+    with (work / "train_prompts.jsonl").open("w") as f:
+        f.writelines(json.dumps({"text": p}) + "\n" for p in train)
+    with (HERE / "prompts.jsonl").open("w") as f:
+        f.writelines(json.dumps({"text": p}) + "\n" for p in test)
+    print(f"{len(train)} training prompts, {len(test)} held-out prompts", flush=True)
+
+    cli = [sys.executable, "-m", "specdraft.cli"]
+    run(cli + ["regenerate", str(work / "train_prompts.jsonl"), str(work / "regen.jsonl"),
+               "--target", args.target, "--no-chat", "--device", args.device, "--batch-size", "512",
+               "--prompt-tokens", str(PROMPT_TOKENS), "--max-new-tokens", str(args.max_new_tokens)], log)
+    run(cli + ["capture", args.target, str(work / "regen.jsonl"), str(work / "store"), "--no-chat", "--skip-bad",
+               "--device", args.device, "--max-length", "512"], log)
+    precision = "bf16" if args.device.startswith("cuda") else "fp32"
+    run(cli + ["train", str(work / "store"), str(work / "run"), "--config", str(HERE / "train_config.json"),
+               "--precision", precision, *(["--steps", str(args.train_steps)] if args.train_steps else [])], log)
+    run(cli + ["export", str(work / "run" / "draft"), str(HERE / "draft"), "--engine", "vllm",
+               "--target", args.target, "--dtype", "bf16"], log)
+
+
+if __name__ == "__main__":
+    main()
