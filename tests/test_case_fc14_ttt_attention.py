@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdraft.draft import KV, DraftConfig, Eagle3Draft
-from specdraft.train.loss import ttt_loss, ttt_unroll
+from specdraft.train.loss import flex_by_default, ttt_loss, ttt_unroll
 
 STEPS = 4
 
@@ -72,6 +72,14 @@ def test_case_fc14_vectorized_ttt_equals_naive_recursion(seed, flex):
         slow = naive_unroll(draft, ids, aux, STEPS)
     for k in range(STEPS):
         torch.testing.assert_close(fast[k], slow[k], rtol=0, atol=1e-10, msg=f"step {k}")
+
+
+def test_flex_is_the_default_only_where_it_compiles_and_trains():
+    """CUDA with head_dim >= 16 (the compiled kernel's minimum); never on the CPU (no backward),
+    so stories260K's head_dim 8 drafter trains with SDPA on a GPU."""
+    assert flex_by_default(torch.device("cuda"), 128) and flex_by_default(torch.device("cuda"), 16)
+    assert not flex_by_default(torch.device("cuda"), 8)
+    assert not flex_by_default(torch.device("cpu"), 128)
 
 
 def test_case_fc14_causal_mask_at_later_steps_is_caught(monkeypatch):

@@ -109,6 +109,16 @@ def ttt_block_mask(seq_len: int, step: int, device: torch.device | str) -> Block
     return create_block_mask(mask_mod, None, None, seq_len, (step + 1) * seq_len, device=device)
 
 
+# torch.compile's flex-attention kernel needs head_dim >= 16 (inductor: "NYI: embedding
+# dimension of the query, key, and value must be at least 16"); eager flex has no backward on the CPU.
+FLEX_MIN_HEAD_DIM = 16
+
+
+def flex_by_default(device: torch.device, head_dim: int) -> bool:
+    """Whether the TTT unroll uses flex attention by default: on CUDA, for head_dim >= 16."""
+    return device.type == "cuda" and head_dim >= FLEX_MIN_HEAD_DIM
+
+
 def ttt_unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tensor,
                ttt_steps: int, flex: bool | None = None) -> list[DraftOutput]:
     """Run the draft `ttt_steps` times over every base position of a batch (vectorized).
@@ -116,13 +126,13 @@ def ttt_unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Te
     input_ids:  [B, T] long target ids x_0..x_{T-1} (right-padded; padding never reaches a
                 supervised position because later positions only see earlier ones).
     aux_hidden: [B, T, n_aux·H_target] the target's aux states at each position.
-    flex:       attend with flex attention and `ttt_block_mask` (default: on CUDA) instead of
-                SDPA with the dense `ttt_attention_mask`; the same function of the inputs.
+    flex:       attend with flex attention and `ttt_block_mask` instead of SDPA with the dense
+                `ttt_attention_mask` (the same function of the inputs); default `flex_by_default`.
     Returns one DraftOutput per step; step k's logits at t predict x_{t+2+k}.
     """
     b, t = input_ids.shape
     device = input_ids.device
-    flex = device.type == "cuda" if flex is None else flex
+    flex = flex_by_default(device, draft.cfg.head_dim) if flex is None else flex
     positions = torch.arange(t, device=device)
     outputs: list[DraftOutput] = []
     for k in range(ttt_steps):
