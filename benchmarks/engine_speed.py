@@ -18,14 +18,13 @@ Goals checked: plain decode >= 90 % of roofline, verify 16 <= 1.15 x decode, dra
     python benchmarks/engine_speed.py --tiny     # small shapes on the CPU (smoke test)
     --profile: also the costliest kernels of an eager decode and host ops of a draft round.
 
-Measured on one H200 (torch 2.11, 2026-11-29, --iters 10 --new-tokens 64): copy 4.14-4.26
-TB/s, weights 15.0 GB, roofline 276-284 tokens/s; decode 6.6-6.8 ms = 146-152 tokens/s = 53-54 %
-of roofline (goal NOT met: the eager profile shows cuBLAS GEMVs at ~80 % of copy bandwidth,
-~0.8 ms/token of KV `repeat_interleave` copies at a 1.2k-token cache and unfused small kernels,
-all in fast_model.py); verify 16 = 1.06-1.10 x decode (met); drafter step 0.49-0.55 ms =
-7-8 % of decode (met, CUDA-graphed). End to end the engine's plain decode matches the graphed
-step (145 tokens/s); with random weights nothing is accepted, and an eager drafter round costs
-7-10 ms (about 400 kernel launches, host-bound), so speculation is slower here.
+Measured on one H200 (torch 2.11, 2026-11-29, --iters 10 --skip-e2e): copy 4.26 TB/s, weights
+15.0 GB, roofline 284 tokens/s; decode 5.29 ms = 189 tokens/s = 66.7 % of roofline (goal 90 %:
+NOT met; with --tune-gemv 5.33 ms, the same); verify 16 = 1.20 x decode (tuned 1.24; goal 1.15:
+NOT met); drafter step 0.29 ms chain = 5.5 %, 0.44 ms tree (topk 4) = 8.3 % of decode (met).
+Tried and dropped: a group's query heads as one longer SDPA query (no enable_gqa; the memory-
+efficient masked kernel) made decode slower, 6.2 ms (5.7 tuned). The earlier eager profile showed
+cuBLAS GEMVs at ~80 % of copy bandwidth, which alone caps decode near 80 % of roofline.
 """
 
 from __future__ import annotations

@@ -8,10 +8,12 @@ store needs (lm_head(norm(last_hidden)), V x H per token) is timed on its own.
 
     python benchmarks/train_throughput.py                 # GPU, 8B shapes
     python benchmarks/train_throughput.py --tiny          # CPU smoke test, tiny shapes
+    torchrun --nproc-per-node 2 benchmarks/train_throughput.py --batch-size 2   # FSDP2, 2 GPUs
 
 Prints one JSON line. Definitions:
-  tokens_per_s = base positions per second (sequences x length / step time; each is unrolled
-                 ttt_steps times).
+  tokens_per_s = base positions per second over all ranks (global batch x length / step time;
+                 each is unrolled ttt_steps times). losses: every step's loss (warm-up first), to
+                 compare runs on 1 and N GPUs (the same global batch of synthetic samples).
   mfu = (6 · trainable params (fc and lm_head included) · tokens · ttt_steps + attention FLOPs)
         / (step time · peak), peak = 989e12 (H100/H200 dense bf16). The formula charges fc at
         every step although only step 0 applies it; `mfu_fc_once` charges it once.
@@ -37,7 +39,7 @@ import time
 
 import torch
 
-from specdraft.train.loop import Trainer, TrainConfig
+from specdraft.train.loop import Trainer, TrainConfig, setup_dist
 from specdraft.train.loss import target_logits, ttt_loss
 from specdraft.train.sources import Batch, TargetInfo
 
@@ -66,6 +68,7 @@ class SyntheticData:
         self.info = TargetInfo(config=config, aux_layers=shape["aux_layers"],
                                embed_weight=torch.randn(v, h, generator=g) * 0.02, manifest_fields={})
         self.counts = torch.randint(0, 1000, (v,), generator=g)
+        # one row per sample of the global batch, the same on every rank (seeded on the CPU)
         self.input_ids = torch.randint(0, v, (batch_size, t), generator=g).to(device)
         self.loss_mask = torch.ones(batch_size, t, dtype=torch.bool, device=device)
         self.aux_hidden = torch.randn(batch_size, t, n_aux * h, generator=g).to(device, dtype)
@@ -86,8 +89,9 @@ class SyntheticData:
         return target_logits(self.last_hidden, self.norm_weight, self.lm_head, 1e-5)
 
     def batch(self, sample_ids, max_length, device) -> Batch:
-        return Batch(list(sample_ids), self.input_ids, self.loss_mask, self.aux_hidden,
-                     self.target_logits)
+        rows = list(sample_ids)
+        return Batch(rows, self.input_ids[rows], self.loss_mask[rows], self.aux_hidden[rows],
+                     self.target_logits[rows])
 
 
 def timed(fn, iters: int, device: torch.device) -> float:
@@ -128,7 +132,8 @@ def main() -> None:
 
     shape = dict(SHAPES["tiny" if args.tiny else "8b"])
     shape["seq_len"] = args.seq_len or shape["seq_len"]
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    ranks = setup_dist("auto")  # one process, or one rank of torchrun (FSDP2 over the ranks)
+    device = ranks.device
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     data = SyntheticData(shape, args.batch_size, device, dtype)
@@ -136,19 +141,26 @@ def main() -> None:
                          batch_size=args.batch_size, max_length=shape["seq_len"],
                          ttt_steps=args.ttt_steps, draft_vocab_size=shape["draft_vocab_size"],
                          val_fraction=0.0, precision=precision, device=device.type)
-    trainer = Trainer(config, data)
+    trainer = Trainer(config, data, ranks)
     ids = list(range(args.batch_size))
-    timed(lambda: trainer.train_step(ids), args.warmup, device)
+    losses = []
+
+    def step():
+        losses.append(trainer.train_step(ids)["loss"])
+
+    timed(step, args.warmup, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    step_s = timed(lambda: trainer.train_step(ids), args.iters, device)
+    step_s = timed(step, args.iters, device)
     head_s = timed(data.recompute_logits, args.iters, device)
     draft = trainer.model.draft
     flops, flops_fc_once, attention = flops_per_step(shape, draft, args.batch_size, args.ttt_steps)
     tokens = args.batch_size * shape["seq_len"]
     v, h = shape["vocab_size"], shape["hidden_size"]
+    if not ranks.main:
+        return
     print(json.dumps({
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "ranks": ranks.world,
         "shape": "tiny" if args.tiny else "8b", "precision": precision,
         "batch_size": args.batch_size, "seq_len": shape["seq_len"], "ttt_steps": args.ttt_steps,
         "trainable_params": sum(p.numel() for p in draft.parameters() if p.requires_grad),
@@ -159,8 +171,9 @@ def main() -> None:
         "target_head_s": head_s, "target_head_tflops_per_s": 2 * tokens * v * h / head_s / 1e12,
         "target_head_fraction_of_step": head_s / (head_s + step_s),
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+        "losses": losses,
     }))
-    if args.attention_ab:
+    if args.attention_ab and ranks.world == 1:  # (a rank alone cannot run an FSDP-sharded drafter)
         print(json.dumps({"attention_ab": attention_ab(trainer, data, args, device)}))
 
 

@@ -181,7 +181,7 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
     return torch.device("cuda", local_rank) if dev.type == "cuda" and dev.index is None else dev
 
 
-def _setup_dist(device: str) -> _Dist:
+def setup_dist(device: str) -> _Dist:
     """Rank, world size and device from torchrun's environment; joins the process group."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
@@ -622,7 +622,7 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     naming the file and record).
     """
     out_dir = Path(out_dir)
-    ranks = _setup_dist(config.device)
+    ranks = setup_dist(config.device)
     try:
         data = open_data(source, target_config, config.aux_layers, ranks.device)
         trainer = Trainer(config, data, ranks)
