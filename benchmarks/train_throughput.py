@@ -15,8 +15,8 @@ Prints one JSON line. Definitions:
                  each is unrolled ttt_steps times). losses: every step's loss (warm-up first), to
                  compare runs on 1 and N GPUs (the same global batch of synthetic samples).
   mfu = (6 · trainable params (fc and lm_head included) · tokens · ttt_steps + attention FLOPs)
-        / (step time · peak), peak = 989e12 (H100/H200 dense bf16). The formula charges fc at
-        every step although only step 0 applies it; `mfu_fc_once` charges it once.
+        / (step time · peak · ranks), peak = 989e12 (H100/H200 dense bf16) per GPU. The formula
+        charges fc at every step although only step 0 applies it; `mfu_fc_once` charges it once.
   attention FLOPs = 3 (fwd + bwd) · 4 · heads · head_dim · useful query-key pairs, where step k
         attends T(T+1)/2 causal + k·T diagonal pairs per sequence (a dense masked kernel
         computes (k+1)·T² scores; flex attention with the TTT block mask, the CUDA default,
@@ -29,6 +29,9 @@ step, 21.4k tokens/s, MFU 39.3 %; batch 4: 0.319 s, 25.7k tokens/s, MFU 47.2 % (
 SDPA's dense masked attention it was 32.5 % and 38.0 %). Loss + backward at batch 1: flex 0.083
 s, SDPA 0.101 s, gradients within 2 % of the largest entry (bf16). The target-head recompute
 is 3.7 % (batch 1) / 4.4 % (batch 4) of the step time, 580 TFLOP/s, not inside MFU.
+On 2 x H200 (torchrun, FSDP2, batch 4 = 2 a GPU, --iters 5): 0.188 s a step, 43.6k tokens/s
+against 25.4k on one GPU of the same host (1.72x, MFU 40.1 % a GPU vs 46.7 %); the seven
+losses agree within 1e-5 relative (6.51465 -> 6.40816 on both).
 """
 
 from __future__ import annotations
@@ -165,8 +168,8 @@ def main() -> None:
         "batch_size": args.batch_size, "seq_len": shape["seq_len"], "ttt_steps": args.ttt_steps,
         "trainable_params": sum(p.numel() for p in draft.parameters() if p.requires_grad),
         "step_s": step_s, "tokens_per_s": tokens / step_s,
-        "tflops_per_s": flops / step_s / 1e12, "mfu": flops / step_s / PEAK_FLOPS,
-        "mfu_fc_once": flops_fc_once / step_s / PEAK_FLOPS,
+        "tflops_per_s": flops / step_s / 1e12, "mfu": flops / step_s / (PEAK_FLOPS * ranks.world),
+        "mfu_fc_once": flops_fc_once / step_s / (PEAK_FLOPS * ranks.world),
         "attention_flops_fraction": attention / flops,
         "target_head_s": head_s, "target_head_tflops_per_s": 2 * tokens * v * h / head_s / 1e12,
         "target_head_fraction_of_step": head_s / (head_s + step_s),
