@@ -110,3 +110,26 @@ def test_case_s6_cli_prints_both_side_by_side(world, healthy):
     assert result.exit_code == 0, result.output
     assert "offline_acceptance_matches_training" in result.output
     assert "training (validation split) / offline" in result.output
+
+
+def test_case_s6_gap_without_a_static_fault_points_at_the_samples(world, healthy, tmp_path):
+    """A gap that no wiring check explains (here: a damaged midlayer, every key, shape and id
+    in order) names the samples as a cause, besides the wiring to look at."""
+    import shutil
+
+    import torch
+
+    shutil.copytree(healthy, tmp_path / "d")
+
+    def damage(tensors):
+        gen = torch.Generator().manual_seed(0)
+        for name in [k for k in tensors if k.startswith("midlayer.") and k.endswith("proj.weight")]:
+            tensors[name] = torch.randn(tensors[name].shape, generator=gen, dtype=tensors[name].dtype)
+
+    edit_weights(tmp_path / "d", damage)
+    report = run_doctor(tmp_path / "d", target=world.target, engine="vllm", samples=world.samples)
+    finding = report.finding("offline_acceptance_matches_training")
+    assert finding.verdict == "fail", finding
+    assert not [f.check for f in report.failed if f.check != "offline_acceptance_matches_training"]
+    assert "none of the static checks failed" in finding.fix
+    assert "samples unlike the training data" in finding.fix

@@ -174,3 +174,17 @@ def test_paths_that_do_not_exist_are_errors_not_skips(tmp_path):
         run_doctor(draft, target=tmp_path / "missing-target")
     with pytest.raises(ValueError, match="missing.jsonl: no such file"):
         run_doctor(draft, samples=tmp_path / "missing.jsonl")
+
+
+def test_missing_fc_weight_is_named_without_an_empty_skip_list(exported, tmp_path):
+    """vLLM loads a checkpoint without fc.weight (leaving fc random); doctor names the one
+    parameter and says nothing of tensors to skip when there are none."""
+    import shutil
+
+    draft, target = exported
+    shutil.copytree(draft, tmp_path / "d")
+    edit_weights(tmp_path / "d", lambda t: t.pop("fc.weight"))
+    finding = run_doctor(tmp_path / "d", target=target, engine="vllm").finding("keys_match_engine")
+    assert finding.verdict == "fail"
+    assert finding.evidence.startswith("vLLM would leave 1 parameters at their initial values [fc.weight]")
+    assert "skip" not in finding.evidence

@@ -128,16 +128,24 @@ def test_replayed_rounds_equal_the_engine_counts(world):
 
 
 def test_replay_rounds_walks_the_chain():
-    """Each round accepts the leading hits of its column and moves by accepted + 1."""
-    from specdraft.doctor.offline import replay_rounds, served_tokens
+    """Each round accepts the leading hits of its column and moves by accepted + 1; a supervised
+    run is entered one token before it starts and left where it ends."""
+    from specdraft.doctor.offline import greedy_choices, replay_rounds
 
-    # K = 2 steps, T = 9 tokens; the first round's base is 1.
+    # K = 2 steps, T = 9 tokens
     hits = torch.tensor([[0, 1, 0, 1, 1, 0, 1, 0, 0],
                          [0, 1, 0, 0, 1, 0, 0, 0, 0]], dtype=torch.bool)
-    # base 1: both hit -> base 4; base 4: both -> base 7; 7 + 2 = 9 is past the end.
-    assert replay_rounds(hits, 1) == (2, [2, 2])
+
+    def from_(a: int, end: int = 9) -> torch.Tensor:
+        return torch.tensor([a <= i < end for i in range(9)])
+
+    # base 1: both hit -> base 4: both -> base 7: 7 + 2 = 9 is past the end.
+    assert replay_rounds(hits, from_(2)) == (2, [2, 2])
     # base 0: miss -> 1: both -> 4: both -> 7: stop.
-    assert replay_rounds(hits, 0) == (3, [2, 2])
+    assert replay_rounds(hits, from_(1)) == (3, [2, 2])
     # base 2: miss -> 3: one (step 1 misses) -> 5: miss -> 6: one -> 8: stop.
-    assert replay_rounds(hits, 2) == (4, [2, 0])
-    assert served_tokens(torch.tensor([5, 6, 7, 8]), 2).tolist() == [[7, 8, -1, -1], [8, -1, -1, -1]]
+    assert replay_rounds(hits, from_(3)) == (4, [2, 0])
+    # a run 2..5: base 1 accepts tokens 3 and 4 -> base 4: token 6 is outside; two runs add up.
+    assert replay_rounds(hits, from_(2, 6)) == (1, [1, 1])
+    assert replay_rounds(hits, from_(2, 6) | from_(8)) == (1, [1, 1])  # 7 + 2 = 9: no round
+    assert greedy_choices(torch.tensor([5, 6, 7, 8]), 2).tolist() == [[6, 7, -1, -1], [7, -1, -1, -1]]

@@ -23,7 +23,7 @@ from specdraft.doctor.evidence import (
     Unreadable,
     describe,
 )
-from specdraft.doctor.offline import DEFAULT_TTT_STEPS, offline_run, training_accuracy
+from specdraft.doctor.offline import DEFAULT_TTT_STEPS, offline_run, run_rounds, training_accuracy
 from specdraft.draft import rope_from_hf_config
 from specdraft.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES
 
@@ -95,8 +95,10 @@ def keys_match_engine(ev: Evidence) -> Result:
         if not (keys.unmatched or keys.missing):
             passes.append(f"{_engine(engine)} loads all {len(keys.mapping)} tensors")
             continue
-        text = f"{_engine(engine)} would skip {len(keys.unmatched)} tensors [{_names(keys.unmatched)}]" \
-               f" and leave {len(keys.missing)} parameters at their initial values [{_names(keys.missing)}]"
+        parts = ([f"skip {len(keys.unmatched)} tensors [{_names(keys.unmatched)}]"] if keys.unmatched else []) \
+            + ([f"leave {len(keys.missing)} parameters at their initial values [{_names(keys.missing)}]"]
+               if keys.missing else [])
+        text = f"{_engine(engine)} would {' and '.join(parts)}"
         stray = [p for p in ("layers.0.", "midlayer.") if any(k.startswith(p) for k in keys.unmatched)]
         if stray:
             text += f"; the decoder layer is stored as {stray[0]}* but {_engine(engine)} reads " \
@@ -480,7 +482,12 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
     gaps = [k + 1 for k, (t, o) in enumerate(zip(training[0], offline))
             if t - o >= MIN_GAP or (t >= 0.1 and o < COLLAPSE_RATIO * t)]
     if gaps:
-        return fail(f"offline far below training at positions {gaps}: {text}", _likely_causes(ev))
+        fix = _likely_causes(ev)
+        if not any(f.verdict == "fail" for f in ev.findings):
+            fix += ("; or samples unlike the training data (e.g. human text where the drafter "
+                    "learned the target's own regenerated outputs): pass the capture store or "
+                    "the target's outputs as --samples")
+        return fail(f"offline far below training at positions {gaps}: {text}", fix)
     return ok(text)
 
 
@@ -503,7 +510,8 @@ def _likely_causes(ev: Evidence) -> str:
 
 
 def draft_depth_pays_off(ev: Evidence) -> Result:
-    """Each configured chain step adds at least MIN_STEP_GAIN expected tokens (S5; bench measures)."""
+    """Each configured chain step adds at least MIN_STEP_GAIN expected tokens a round, the
+    drafter replaying the chain's rounds on the samples (S5; bench measures)."""
     args = ev.engine_args
     try:
         spec = args.spec_config() if args is not None else None
@@ -512,19 +520,15 @@ def draft_depth_pays_off(ev: Evidence) -> Result:
     if spec is None or not spec.is_chain:
         raise Unavailable("needs a chain setting in --engine-args" if spec is None else
                           "tree settings: measure them with specdraft bench", "")
-    training = training_accuracy(ev.manifest)
-    run = offline_run(ev, ev.engine, len(training[0]) if training else _ttt_steps(ev))
-    alpha = run.metrics.alpha()
-    reach, p = [], 1.0
-    for k in range(spec.num_steps):  # P(draft k accepted) = prod of alpha; past the run: last alpha
-        p *= alpha[min(k, len(alpha) - 1)]
-        reach.append(p)
+    # P(draft k accepted) a round, the drafter replaying the chain's rounds on the samples (a
+    # per-position product of alphas would overstate it: rounds crowd where drafts fail)
+    reach = run_rounds(ev, ev.engine, spec.num_steps, ev.samples).acceptance_per_position
     useful = next((k for k, r in enumerate(reach) if r < MIN_STEP_GAIN), len(reach))
 
     def tau(n: int) -> float:
         return 1 + sum(reach[:n])
 
-    text = (f"P(draft k accepted) offline {_rates(reach[:8])}{' ...' if len(reach) > 8 else ''}; "
+    text = (f"P(draft k accepted) a round, offline {_rates(reach[:8])}{' ...' if len(reach) > 8 else ''}; "
             f"expected accept length {tau(spec.num_steps):.2f} with {spec.num_steps} steps")
     if useful < spec.num_steps:
         fix = (f"use {useful} steps (expected accept length {tau(useful):.2f})" if useful else
