@@ -37,8 +37,9 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save, save_file
+from safetensors.torch import load_file, save
 
+from specdraft.checkpoint import write_safetensors
 from specdraft.data import Sample, data_hash
 
 FORMAT = "specdraft-capture"
@@ -141,7 +142,7 @@ def file_sha256(path: Path) -> str:
 
 def _atomic_save(tensors: dict[str, torch.Tensor], path: Path) -> str:
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    write_safetensors({k: v.contiguous() for k, v in tensors.items()}, tmp)
     digest = file_sha256(tmp)
     os.replace(tmp, path)
     return digest

@@ -199,7 +199,7 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
     check_layout(layout)
     if layout == "specdraft" and manifest is None:
         raise ValueError("the specdraft layout needs a manifest (what the drafter was trained on)")
-    out_dir = Path(out_dir)
+    out_dir = check_output_dir(out_dir)
     dtype = model.fc.weight.dtype
     if verifier is None and manifest is not None:
         verifier = manifest.target.get("name_or_path")
@@ -208,7 +208,7 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(state_dict_for_layout(model, layout), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    write_safetensors(state_dict_for_layout(model, layout), tmp / WEIGHTS_FILE, metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     if manifest is not None:
         (tmp / MANIFEST_FILE).write_text(manifest.to_json())
@@ -217,7 +217,8 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
 
 
 def replace_dir(src: Path, dst: Path) -> None:
-    """Move directory `src` to `dst`, replacing an existing `dst` only once `src` is complete."""
+    """Move directory `src` to `dst`, replacing an existing `dst` only once `src` is complete
+    (callers check first that `dst` may be replaced, e.g. `check_output_dir`)."""
     if dst.exists():
         old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
         os.replace(dst, old)
@@ -225,6 +226,34 @@ def replace_dir(src: Path, dst: Path) -> None:
         shutil.rmtree(old)
     else:
         os.replace(src, dst)
+
+
+def check_output_dir(out_dir: str | Path) -> Path:
+    """The absolute path of a drafter output directory, after refusing what writing there would
+    destroy: a file, or a directory holding anything but an EAGLE-3 drafter (a new or empty
+    directory, or an earlier drafter, is replaced atomically). Raises CheckpointError."""
+    out = Path(out_dir).resolve()
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out_dir}: is a file; give a new directory (or a drafter directory to replace)")
+    if out.is_dir() and any(out.iterdir()):
+        try:
+            detect_layout(out)
+        except CheckpointError:
+            raise CheckpointError(f"{out_dir}: holds files that are not an EAGLE-3 drafter; it would be "
+                                  "replaced as a whole: give a new or empty directory") from None
+        if not (out / WEIGHTS_FILE).is_file():
+            raise CheckpointError(f"{out_dir}: a drafter config without {WEIGHTS_FILE}; give a new or "
+                                  "empty directory")
+    return out
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors.save_file with the permissions of an ordinary file (0666 less the umask;
+    save_file creates it owner-only, which a server running as another user cannot read)."""
+    save_file(tensors, str(path), metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def detect_layout(path: Path) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from specdraft.capture import parse_dtype
 from specdraft.checkpoint import (
@@ -33,6 +33,7 @@ from specdraft.checkpoint import (
     CheckpointError,
     LoadedDraft,
     Manifest,
+    check_output_dir,
     fill_model,
     load_draft,
     official_config,
@@ -40,6 +41,7 @@ from specdraft.checkpoint import (
     speculators_config,
     state_dict_for_layout,
     verify_same_tensors,
+    write_safetensors,
 )
 from specdraft.conventions import AUX_KEY, ConventionError, aux_layers_from_config, to_engine_ids
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
@@ -263,6 +265,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     if engine not in EXPORT_ENGINES:
         raise ExportError(f"unknown engine {engine!r}; choose one of {', '.join(EXPORT_ENGINES)}")
     spec = spec_for_export(engine, num_steps, topk, num_draft_tokens)
+    out_dir = check_output_dir(out_dir)
     given = TargetFacts.from_target_dir(target) if target is not None else None
     source = load_draft(checkpoint, target_num_layers=given.num_layers if given else None)
     facts = given or resolve_target(None, source.manifest)
@@ -284,7 +287,6 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         notes.append(f"verifier.name_or_path = {verifier!r} must resolve on the serving host "
                      "(a path there or a hub name); pass --verifier NAME to change it")
     config = _config_for(engine, cfg, source.model.fc.weight.dtype, (top, nested), facts, verifier, spec)
-    out_dir = Path(out_dir)
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
     if source.manifest is None:
         notes.append("the source has no specdraft manifest: doctor cannot compare with training")
@@ -301,7 +303,7 @@ def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any]
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        save_file(state_dict_for_layout(source.model, layout), str(tmp / WEIGHTS_FILE),
+        write_safetensors(state_dict_for_layout(source.model, layout), tmp / WEIGHTS_FILE,
                   metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         if source.manifest is not None:

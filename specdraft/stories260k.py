@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import struct
 import tempfile
@@ -24,6 +23,8 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
 from tokenizers.models import BPE
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from specdraft.checkpoint import replace_dir
 
 CHECKPOINT_FILE = "stories260K.bin"
 TOKENIZER_FILE = "tok512.bin"
@@ -366,7 +367,7 @@ def convert_stories260k(out_dir: Path, *, source_dir: Path | None = None) -> Pat
     staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary model folder
     try:
         _write_conversion(staging, source_dir, record)
-        _replace_dir(staging, out_dir)
+        replace_dir(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
@@ -418,12 +419,3 @@ def _check_replaceable(out_dir: Path) -> None:
         )
 
 
-def _replace_dir(staging: Path, out_dir: Path) -> None:
-    # A rename cannot replace a non-empty folder: move the old one aside first, delete it last.
-    if not out_dir.exists():
-        os.rename(staging, out_dir)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-    os.rename(out_dir, old / out_dir.name)
-    os.rename(staging, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
