@@ -37,6 +37,8 @@ def _check_checkpoint_dir(value: str) -> str:
     """CKPT: an existing directory (a file path, e.g. its model.safetensors, names the directory)."""
     from pathlib import Path
 
+    if not value:  # an optional --draft left out
+        return value
     path = Path(value)
     if path.is_file():
         raise typer.BadParameter(f"{value} is a file; pass the checkpoint directory that holds config.json "
@@ -45,6 +47,20 @@ def _check_checkpoint_dir(value: str) -> str:
         raise typer.BadParameter(f"{value}: no such directory; pass a draft checkpoint directory "
                                  "(config.json and model.safetensors)")
     return value
+
+
+def _error(console, e: Exception, skip_bad_hint: str = "") -> None:
+    """Print `error: ...`; for one bad data record (data.BadRecord) add `skip_bad_hint`, how
+    this command skips such records (commands without --skip-bad give none or another way)."""
+    from specdraft.data import BadRecord
+
+    hint = skip_bad_hint if isinstance(e, BadRecord) else ""
+    console.print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
+
+
+SKIP_BAD_HINT = " (or pass --skip-bad to skip and count bad records)"
+NUM_DRAFT_TOKENS_HELP = ("Verified nodes incl. the root (0 = num_steps + 1 for a chain; a tree, --topk > 1, "
+                         "needs a value).")
 
 
 def _int_list(value: str) -> tuple[int, ...]:
@@ -119,7 +135,7 @@ def capture(
     try:
         result = capture_dataset(cfg, console=console)
     except (ValueError, FileNotFoundError) as e:
-        console.print(f"error: {e}", style="red", markup=False)
+        _error(console, e, SKIP_BAD_HINT)
         raise typer.Exit(1) from e
     console.print(f"store {result.path}: {result.num_samples} samples, {result.num_tokens} "
                   f"tokens, {result.num_shards} shards ({result.num_reused} kept from an earlier "
@@ -136,7 +152,7 @@ def regenerate(
     api: str = typer.Option("chat", help="Endpoint API: chat | completions."),
     tokenizer: str = typer.Option("", help="Target tokenizer dir (no-chat / completions)."),
     no_chat: bool = typer.Option(False, "--no-chat", help="Continue plain text (base models)."),
-    prompt_tokens: int = typer.Option(32, help="No-chat prompt = first N tokens of a document."),
+    prompt_tokens: int = typer.Option(32, min=1, help="No-chat prompt = first N tokens of a document."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0),
     max_new_tokens: int = typer.Option(256),
@@ -166,7 +182,7 @@ def regenerate(
             api_key=os.environ.get("OPENAI_API_KEY"), skip_bad=skip_bad, device=device)
         result = regenerate_file(cfg, console=console)
     except (ValueError, RuntimeError) as e:
-        console.print(f"error: {e}", style="red", markup=False)
+        _error(console, e, SKIP_BAD_HINT)
         raise typer.Exit(1) from e
     console.print(f"{result.path}: {result.num_done} records written, {result.num_kept} kept "
                   f"from an earlier run, {result.num_empty} empty outputs", markup=False)
@@ -246,43 +262,37 @@ def convert(
 def generate(
     target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
     prompt: str = typer.Option(..., help="Prompt text (tokenized as is, no chat template)."),
-    draft: str = typer.Option("", help="Draft checkpoint directory (omit for plain decoding)."),
+    draft: str = typer.Option("", help="Draft checkpoint directory (omit for plain decoding).",
+                              callback=_check_checkpoint_dir),
     temperature: float = typer.Option(0.0, help="0 = greedy (output = the target's greedy output)."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass (1 = off)."),
     sampling_top_k: int = typer.Option(0, help="Sample from the k most likely tokens (0 = off)."),
-    topk: int = typer.Option(1, help="Draft tree: children per node (SGLang --speculative-eagle-topk)."),
-    num_steps: int = typer.Option(3, help="Draft depth (SGLang --speculative-num-steps)."),
-    num_draft_tokens: int = typer.Option(0, help="Verified nodes incl. the root (0 = num_steps + 1, "
-                                         "chains only)."),
+    topk: int = typer.Option(1, min=1, help="Draft tree: children per node (SGLang --speculative-eagle-topk)."),
+    num_steps: int = typer.Option(3, min=1, help="Draft depth (SGLang --speculative-num-steps)."),
+    num_draft_tokens: int = typer.Option(0, min=0, help=NUM_DRAFT_TOKENS_HELP),
     max_new_tokens: int = typer.Option(128),
-    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine."),
+    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine, even with --draft."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the tokenizer's EOS."),
     seed: int = typer.Option(0, help="Sampling seed."),
     max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
     device: str = typer.Option("cpu", callback=_check_device),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
 ) -> None:
-    """Generate with specdraft's engine (speculative with --draft), streaming text, then metrics."""
-    import torch
+    """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
+    --draft, plain decoding without it (or with --no-spec)."""
     from rich.console import Console
     from transformers import AutoTokenizer
 
     from specdraft.checkpoint import CheckpointError
     from specdraft.engine.metrics import metrics_table
-    from specdraft.engine.spec_config import SpecConfig
     from specdraft.engine.speculate import load_engine
 
     console = Console()
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     try:
-        if dtype not in dtypes:
-            raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(dtypes)}")
-        if not no_spec and not draft:
-            raise ValueError("--draft CKPT is required for speculative decoding (or pass --no-spec)")
-        spec = None if no_spec else SpecConfig(num_steps, topk, num_draft_tokens or (
-            num_steps + 1 if topk == 1 else 0))
+        spec = _spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens)
+        torch_dtype = _torch_dtype(dtype)
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
-        engine = load_engine(target, None if no_spec else draft, spec, device, dtypes[dtype],
+        engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
                              max_seq_len or None, tokenizer)
         ids = tokenizer(prompt)["input_ids"]
         eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
@@ -302,17 +312,27 @@ def generate(
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
     console.print()
-    console.print(metrics_table(result.metrics, "plain decoding" if no_spec else
-                                f"speculative decoding (steps {num_steps}, topk {topk}, "
-                                f"draft tokens {spec.num_draft_tokens})"))
+    console.print(metrics_table(result.metrics, (f"speculative decoding (steps {num_steps}, topk {topk}, "
+                                                 f"draft tokens {spec.num_draft_tokens})") if spec is not None
+                                else "plain decoding" + ("" if no_spec else " (no --draft)")))
 
 
 def _train_source(source: str, online: bool, target: str, no_chat: bool, template_kwargs: dict):
     """`train`'s SOURCE: a store directory, or with --online an OnlineSource running --target.
     Raises ValueError for an option that does not fit the mode."""
+    from pathlib import Path
+
     from specdraft.train.sources import OnlineSource
 
     if not online:
+        path = Path(source)
+        if path.is_file():
+            raise ValueError(f"{source} is a data file, not a capture store directory: train on it with "
+                             f"--online --target DIR (the target runs in the loop), or capture it first "
+                             f"(specdraft capture TARGET {source} STORE) and train on STORE")
+        if not path.exists():
+            raise ValueError(f"{source}: no such directory; SOURCE is a capture store directory "
+                             "(specdraft capture), or with --online --target DIR a data file")
         if no_chat or template_kwargs:
             raise ValueError("--no-chat and --template-kwargs apply with --online only (a store "
                              "was rendered at capture)")
@@ -322,35 +342,58 @@ def _train_source(source: str, online: bool, target: str, no_chat: bool, templat
     return OnlineSource(target, source, chat=not no_chat, template_kwargs=template_kwargs)
 
 
+def _train_config_values(config: str) -> dict:
+    """--config FILE as a dict of TrainConfig fields ({} without one); ValueError naming the file."""
+    import json
+    from pathlib import Path
+
+    from specdraft.train.loop import TrainConfig
+
+    if not config:
+        return {}
+    try:
+        values = json.loads(Path(config).read_text())
+    except OSError as e:
+        raise ValueError(f"--config {config}: cannot read it ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--config {config}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"--config {config}: expected a JSON object of TrainConfig fields, e.g. "
+                         '{"lr": 0.0003, "ttt_steps": 7}')
+    unknown = sorted(set(values) - set(TrainConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"--config {config}: unknown keys {unknown}; TrainConfig fields are "
+                         f"{', '.join(TrainConfig.__dataclass_fields__)}")
+    return values
+
+
 @app.command()
 def train(
     source: str = typer.Argument(..., help="Capture store directory (`specdraft capture`); with --online, "
                                  "JSONL chats/texts, save_to_disk dir or text file."),
     out: str = typer.Argument(..., help="Run directory: checkpoints/, metrics.jsonl, tensorboard/, draft/."),
     config: str = typer.Option("", help="TrainConfig JSON file; the options below override it."),
-    steps: int | None = typer.Option(None, help="Total optimizer steps (instead of --epochs)."),
-    epochs: int | None = typer.Option(None, help="Passes over the training split."),
+    steps: int | None = typer.Option(None, min=1, help="Total optimizer steps (instead of --epochs)."),
+    epochs: int | None = typer.Option(None, min=1, help="Passes over the training split."),
     lr: float | None = typer.Option(None),
-    batch_size: int | None = typer.Option(None, help="Sequences per step, over all ranks."),
-    grad_accum_steps: int | None = typer.Option(None, help="Micro-batches per step on each rank (1)."),
-    max_length: int | None = typer.Option(None),
-    ttt_steps: int | None = typer.Option(None, help="Training-time-test unroll steps (7)."),
-    draft_vocab_size: int | None = typer.Option(None, help="Default: the target's vocabulary."),
+    batch_size: int | None = typer.Option(None, min=1, help="Sequences per step, over all ranks."),
+    grad_accum_steps: int | None = typer.Option(None, min=1, help="Micro-batches per step on each rank (1)."),
+    max_length: int | None = typer.Option(None, min=1),
+    ttt_steps: int | None = typer.Option(None, min=1, help="Training-time-test unroll steps (7)."),
+    draft_vocab_size: int | None = typer.Option(None, min=1, help="Default: the target's vocabulary."),
     precision: str | None = typer.Option(None, help="fp32 | bf16 (CUDA autocast)."),
     target: str = typer.Option("", help="Target directory: the live target with --online; offline only when "
                                "the store's recorded path moved.", callback=_check_model_dir),
     online: bool = typer.Option(False, "--online", help="Run --target on SOURCE's records at every step "
                                 "(no capture store)."),
     aux_layers: str = typer.Option("", help="Specdraft indices, e.g. '2,3,4' (online default: "
-                                   "conventions.default_aux_layers; a store's must match)."),
+                                   "conventions.default_aux_layers; a store's must match).", callback=_int_list),
     no_chat: bool = typer.Option(False, "--no-chat", help="With --online: plain text (base models)."),
     template_kwargs: str = typer.Option("{}", help="With --online: JSON kwargs for the chat template."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint."),
 ) -> None:
     """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...)."""
-    import json
     import sys
-    from pathlib import Path
 
     from rich.console import Console
 
@@ -361,17 +404,17 @@ def train(
     try:
         options = dict(total_steps=steps, epochs=epochs, lr=lr, batch_size=batch_size,
                        grad_accum_steps=grad_accum_steps, max_length=max_length, ttt_steps=ttt_steps,
-                       draft_vocab_size=draft_vocab_size, precision=precision,
-                       aux_layers=tuple(int(x) for x in aux_layers.split(",")) if aux_layers else None)
+                       draft_vocab_size=draft_vocab_size, precision=precision, aux_layers=aux_layers or None)
         data = _train_source(source, online, target, no_chat, kwargs)
-        values = json.loads(Path(config).read_text()) if config else {}
+        values = _train_config_values(config)
         if steps is not None or epochs is not None:  # the options replace the file's run length
             values.update(total_steps=None, epochs=None)
         values.update({k: v for k, v in options.items() if v is not None})
         result = run_training(TrainConfig.from_dict(values), data, out, resume=resume,
                               command=" ".join(["specdraft", *sys.argv[1:]]), target_config=target or None)
     except (ValueError, FileNotFoundError, FileExistsError, TrainingError) as e:
-        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        _error(console, e, " (or skip bad records: specdraft capture --skip-bad into a store, then "
+                           "train on the store)")
         raise typer.Exit(1) from e
     if result.draft_dir is None:
         return  # not rank 0
@@ -431,13 +474,15 @@ def doctor(
     engine: str = typer.Option("", help="sglang | vllm (default: from --engine-args, else all)."),
     engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
     samples: str = typer.Option("", help="Capture store or JSONL (token ids, chats or texts)."),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad --samples records instead of refusing the file."),
     server: str = typer.Option("", help="Live server URL (online acceptance)."),
     sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids."),
     template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),
-    max_samples: int = typer.Option(32, help="Samples for the offline run."),
+    max_samples: int = typer.Option(32, min=1, help="Samples for the offline run."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Check a drafter against its training record, target and deployment (exit 1 on a fail)."""
+    """Check a drafter against its training record, target and deployment (exit 1 on a fail, 2 on
+    unusable inputs: a CHECKPOINT that is no drafter, a --samples file that cannot be read)."""
     from rich.console import Console
 
     from specdraft.doctor import report_json, report_table, run_doctor
@@ -447,10 +492,10 @@ def doctor(
         report = run_doctor(
             checkpoint, target=target or None, engine=engine or None,
             engine_args=engine_args or None, samples=samples or None, server=server or None,
-            sglang_version=sglang_version or None, max_samples=max_samples,
+            sglang_version=sglang_version or None, max_samples=max_samples, skip_bad=skip_bad,
             template_kwargs=_json_kwargs(template_kwargs, "--template-kwargs") if template_kwargs else None)
     except ValueError as e:
-        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        _error(console, e, SKIP_BAD_HINT)
         raise typer.Exit(2) from e
     if json_output:
         typer.echo(report_json(report))
@@ -492,7 +537,12 @@ def _spec_from_flags(no_spec: bool, draft: str, num_steps: int, topk: int, num_d
         return None
     if not draft:
         raise ValueError("--draft CKPT is required for speculative decoding (or pass --no-spec)")
-    return SpecConfig(num_steps, topk, num_draft_tokens or (num_steps + 1 if topk == 1 else 0))
+    if topk > 1 and not num_draft_tokens:
+        most = 1 + topk + (num_steps - 1) * topk ** 2  # SpecConfig.max_draft_tokens
+        raise ValueError(f"--topk {topk} drafts a tree, which needs --num-draft-tokens (nodes verified per "
+                         f"step incl. the root: 2..{most} with --num-steps {num_steps}), e.g. "
+                         f"--num-draft-tokens {min(most, num_steps * topk + 1)}; or --topk 1 for a chain")
+    return SpecConfig(num_steps, topk, num_draft_tokens or num_steps + 1)
 
 
 def _torch_dtype(name: str):
@@ -507,13 +557,13 @@ def _torch_dtype(name: str):
 @app.command()
 def serve(
     target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
-    draft: str = typer.Option("", help="Draft checkpoint directory (omit with --no-spec)."),
+    draft: str = typer.Option("", help="Draft checkpoint directory (omit with --no-spec).",
+                              callback=_check_checkpoint_dir),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
     port: int = typer.Option(8000),
-    topk: int = typer.Option(1, help="Draft tree: children per node (SGLang --speculative-eagle-topk)."),
-    num_steps: int = typer.Option(3, help="Draft depth (SGLang --speculative-num-steps)."),
-    num_draft_tokens: int = typer.Option(0, help="Verified nodes incl. the root (0 = num_steps + 1, "
-                                         "chains only)."),
+    topk: int = typer.Option(1, min=1, help="Draft tree: children per node (SGLang --speculative-eagle-topk)."),
+    num_steps: int = typer.Option(3, min=1, help="Draft depth (SGLang --speculative-num-steps)."),
+    num_draft_tokens: int = typer.Option(0, min=0, help=NUM_DRAFT_TOKENS_HELP),
     no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine (a baseline)."),
     max_queue: int = typer.Option(64, help="Requests waiting besides the running one (429 beyond)."),
     log_every: int = typer.Option(100, help="Log accept length and tokens/s every N verification steps "
@@ -577,18 +627,19 @@ def bench(
 @app.command()
 def tune(
     target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
-    draft: str = typer.Option(..., help="Draft checkpoint directory."),
+    draft: str = typer.Option(..., help="Draft checkpoint directory.", callback=_check_checkpoint_dir),
     prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}."),
-    max_tokens: int = typer.Option(64, help="New tokens per prompt (temperature 0)."),
-    num_steps: int = typer.Option(0, help="Current setting to evaluate too (0 = none): draft depth."),
-    topk: int = typer.Option(1, help="Current setting: children per node."),
-    num_draft_tokens: int = typer.Option(0, help="Current setting: verified nodes (0 = num_steps + 1)."),
-    probe_steps: int = typer.Option(8, help="Depth of the acceptance probes."),
+    max_tokens: int = typer.Option(64, min=1, help="New tokens per prompt (temperature 0)."),
+    num_steps: int = typer.Option(0, min=0, help="Current setting to evaluate too (0 = none): draft depth."),
+    topk: int = typer.Option(1, min=1, help="Current setting: children per node."),
+    num_draft_tokens: int = typer.Option(0, min=0, help="Current setting: verified nodes (0 = num_steps + 1 "
+                                         "for a chain; a tree, --topk > 1, needs a value)."),
+    probe_steps: int = typer.Option(8, min=1, help="Depth of the acceptance probes."),
     topks: str = typer.Option("1,2,4", help="Children per node to consider.", callback=_int_list),
-    max_tree_tokens: int = typer.Option(16, help="Cap on a tree's verified nodes."),
-    num_measure: int = typer.Option(3, help="Best predictions to measure for real."),
+    max_tree_tokens: int = typer.Option(16, min=2, help="Cap on a tree's verified nodes."),
+    num_measure: int = typer.Option(3, min=1, help="Best predictions to measure for real."),
     min_speedup: float = typer.Option(1.05, help="Measured speedup speculation must exceed."),
-    repeats: int = typer.Option(3, help="Runs of each measured setting (the fastest is kept)."),
+    repeats: int = typer.Option(3, min=1, help="Runs of each measured setting (the fastest is kept)."),
     json_out: str = typer.Option("", help="Also write the report as JSON here."),
     device: str = typer.Option("cpu", callback=_check_device),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),

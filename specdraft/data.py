@@ -41,6 +41,18 @@ class DataError(ValueError):
     """A bad input record or file; the message names the file, the line and the fix."""
 
 
+class BadRecord(DataError):
+    """One bad record, which skip_bad=True would skip and count (the message names its file and
+    line). Commands with --skip-bad say so when they report it."""
+
+
+NO_CHAT_HINT = "read it as plain text instead (chat=False; --no-chat of capture, regenerate, train)"
+NO_TEMPLATE = f"the tokenizer has no chat template; for a base model {NO_CHAT_HINT}, or give a " \
+              "tokenizer with a chat template"
+SLOW_TOKENIZER = ("a fast (Rust) tokenizer is needed for character offsets; load the target's "
+                  "tokenizer with use_fast=True")
+
+
 @dataclass(frozen=True)
 class Sample:
     """One tokenized training sequence.
@@ -140,7 +152,7 @@ def read_records(path: str | Path, *, chat: bool = True, skip_bad: bool = False,
         rows = _jsonl_rows(path)
     elif chat:
         raise DataError(f"{path}: plain text has no chat turns; give a .jsonl file with "
-                        f"'messages' or 'conversations', or use the no-chat mode")
+                        f"'messages' or 'conversations', or {NO_CHAT_HINT}")
     else:
         rows = _text_rows(path)
     records, num_skipped = [], 0
@@ -206,8 +218,8 @@ class _BadRow:
         self.reason = reason
 
 
-def _bad(source: str, reason: str, fix: str) -> DataError:
-    return DataError(f"{source}: {reason}; fix: {fix} (or pass skip_bad / --skip-bad to skip it)")
+def _bad(source: str, reason: str, fix: str) -> BadRecord:
+    return BadRecord(f"{source}: {reason}; fix: {fix}")
 
 
 def _to_record(source: str, row: Any, chat: bool, require_assistant: bool = True) -> Record:
@@ -241,7 +253,7 @@ def _chat_messages(source: str, row: dict, require_assistant: bool) -> tuple[dic
     else:
         raise _bad(source, "no 'messages' or 'conversations' field",
                    "give OpenAI {\"messages\": [{\"role\", \"content\"}]} or ShareGPT "
-                   "{\"conversations\": [{\"from\", \"value\"}]}, or use the no-chat mode")
+                   f"{{\"conversations\": [{{\"from\", \"value\"}}]}}, or {NO_CHAT_HINT}")
     if not turns:
         raise _bad(source, "empty conversation", "remove the line")
     for i, (role, content) in enumerate(turns):
@@ -292,8 +304,7 @@ def assistant_char_spans(tokenizer, messages: Sequence[dict[str, str]],
     assistant turn]). Raises DataError when the template is not prefix-stable for this chat."""
     kwargs = dict(template_kwargs or {})
     if not getattr(tokenizer, "chat_template", None):
-        raise DataError("the tokenizer has no chat template; use the no-chat mode for base models "
-                        "or give a tokenizer with a chat template")
+        raise DataError(NO_TEMPLATE)
     full = _render(tokenizer, messages, False, kwargs)
     spans = []
     for i, m in enumerate(messages):
@@ -312,8 +323,7 @@ def assistant_char_spans(tokenizer, messages: Sequence[dict[str, str]],
 def _mask_from_spans(tokenizer, text: str, spans: list[tuple[int, int]], add_special: bool,
                      first_supervised: int = 0) -> Sample:
     if not getattr(tokenizer, "is_fast", False):
-        raise DataError("a fast (Rust) tokenizer is needed for character offsets; load the "
-                        "target's tokenizer with use_fast=True")
+        raise DataError(SLOW_TOKENIZER)
     enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
     mask = []
@@ -352,11 +362,18 @@ def render_records(tokenizer, records: Records, *, template_kwargs: dict | None 
                    skip_bad: bool = False) -> SampleSet:
     """Render every record (chat records with the template, text records as documents).
 
-    Raises DataError naming the record's file and line when one cannot be rendered, unless
-    skip_bad=True (then it is counted in `num_skipped`, with the records skipped on reading)."""
+    Raises DataError for a tokenizer that renders no record (no chat template for chats, a slow
+    tokenizer), and BadRecord naming the record's file and line when one cannot be rendered,
+    unless skip_bad=True (then it is counted in `num_skipped`, with the records skipped on
+    reading)."""
     kwargs = dict(template_kwargs or {})
     samples, num_skipped = [], records.num_skipped
     chat = records.chat
+    has_chats = any(r.messages is not None for r in records.records)
+    if has_chats and not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{records.path}: {NO_TEMPLATE}")
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(f"{records.path}: {SLOW_TOKENIZER}")
     for r in records.records:
         try:
             if r.messages is not None:
@@ -365,7 +382,7 @@ def render_records(tokenizer, records: Records, *, template_kwargs: dict | None 
                 samples.append(render_text(tokenizer, r.text, r.prompt))
         except DataError as e:
             if not skip_bad:
-                raise DataError(f"{r.source}: {e}") from e
+                raise BadRecord(f"{r.source}: {e}") from e
             num_skipped += 1
     if not samples:
         raise DataError(f"{records.path}: no record could be rendered; the dataset is empty")

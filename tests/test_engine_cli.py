@@ -1,5 +1,5 @@
 """`specdraft generate`: loads the tokenizer from the target dir, streams the text, prints the
-metrics table; speculative and --no-spec runs print the target's greedy text."""
+metrics table; speculative, --no-spec and draft-less runs print the target's greedy text."""
 
 from __future__ import annotations
 
@@ -43,5 +43,6 @@ def test_generate_streams_text_and_prints_metrics(tmp_path):
     plain = CliRunner().invoke(app, common + ["--no-spec"])
     assert plain.exit_code == 0, plain.output
     assert expected in plain.output.replace("\n", "") and "plain decoding" in plain.output
-    missing = CliRunner().invoke(app, common)
-    assert missing.exit_code == 1 and "--draft CKPT is required" in missing.output
+    no_draft = CliRunner().invoke(app, common)  # --help: "omit for plain decoding"
+    assert no_draft.exit_code == 0, no_draft.output
+    assert expected in no_draft.output.replace("\n", "") and "plain decoding (no --draft)" in no_draft.output

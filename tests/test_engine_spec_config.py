@@ -56,8 +56,9 @@ def test_chain_helper_and_vllm_length():
 def test_case_s4_generate_cli_refuses_before_loading(tmp_path):
     (tmp_path / "unloadable").mkdir()
     (tmp_path / "unloadable" / "config.json").write_text("{}")  # never read: refused first
+    (tmp_path / "empty-draft").mkdir()  # a directory (--draft is checked), never read
     result = CliRunner().invoke(app, [
-        "generate", "--target", str(tmp_path / "unloadable"), "--draft", str(tmp_path / "absent-draft"),
+        "generate", "--target", str(tmp_path / "unloadable"), "--draft", str(tmp_path / "empty-draft"),
         "--prompt", "hi", "--topk", "1", "--num-steps", "1", "--num-draft-tokens", "16"])
     assert result.exit_code == 1
     assert "SGLang would silently set num_draft_tokens = 2" in result.output

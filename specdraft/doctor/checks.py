@@ -41,7 +41,8 @@ MIN_STEP_GAIN = 0.1
 # margins leave room for a bf16 server's rounding.
 ONLINE_P1_GAP, ONLINE_TAU_RATIO = 0.1, 0.85
 # The checks that test each likely cause of an acceptance gap.
-GAP_CAUSES = {"keys": ("keys_match_engine",), "layers": ("engine_captures_training_layers",),
+GAP_CAUSES = {"target": ("target_matches_training",), "keys": ("keys_match_engine",),
+              "layers": ("engine_captures_training_layers",),
               "fc": ("fc_width_matches_aux", "aux_width_on_target", "algorithm_is_eagle3"),
               "vocab map": ("vocab_map_valid", "draft_vocab_size_declared"),
               "template": ("tokenizer_matches_manifest", "chat_template_matches_manifest"),
@@ -80,6 +81,47 @@ def _names(names: list[str], limit: int = 8) -> str:
 
 def _engine(engine: str) -> str:
     return ENGINE_NAMES[engine]
+
+
+# ------------------------------------------------------------------------------ target identity
+
+# What the manifest records about the target, in the order the evidence shows it.
+TARGET_FIELDS = ("architecture", "num_layers", "hidden_size", "vocab_size", "config_hash")
+
+
+def target_matches_training(ev: Evidence) -> Result:
+    """--target is the model the drafter was trained for: architecture, layer count, hidden size,
+    vocabulary and config hash as the manifest records them."""
+    trained = dict(ev.need_manifest().target or {})
+    given_dir = ev.need_target_dir()
+    if not any(trained.get(k) is not None for k in TARGET_FIELDS):
+        raise Unavailable("the manifest records no target", "train with specdraft train, which records it")
+    facts = ev.facts  # from --target
+    given = {"architecture": facts.architecture, "num_layers": facts.num_layers,
+             "hidden_size": facts.hidden_size, "vocab_size": facts.vocab_size,
+             "config_hash": ev.target_config_hash}
+    differ = [k for k in TARGET_FIELDS if trained.get(k) is not None and trained[k] != given[k]]
+    recorded = trained.get("name_or_path") or "(path not recorded)"
+    text = f"target {recorded} ({_target_text(trained)})"
+    if not differ:
+        return ok(f"trained for {text}; --target {given_dir} is the same model")
+    why = f"{', '.join(differ)} differ"
+    if differ == ["config_hash"]:
+        why += (" (same sizes, other config: another model of this shape, an edited config.json, "
+                "or a transformers release that writes the config differently)")
+    return fail(f"this drafter was trained for {text}, not --target {given_dir} ({_target_text(given)}): {why}",
+                f"pass the target it was trained for (--target {recorded}), or retrain the drafter "
+                f"on {given_dir}")
+
+
+def _target_text(record: dict) -> str:
+    parts = [str(record.get("architecture"))] if record.get("architecture") else []
+    for key, label in (("num_layers", "layers"), ("hidden_size", "hidden"), ("vocab_size", "vocab")):
+        if record.get(key) is not None:
+            parts.append(f"{record[key]} {label}" if key == "num_layers" else f"{label} {record[key]}")
+    if record.get("config_hash"):
+        parts.append(f"config {str(record['config_hash'])[:12]}")
+    return ", ".join(parts) or "nothing recorded"
 
 
 # ------------------------------------------------------------------------------ checkpoint audit
@@ -606,7 +648,7 @@ def _text_to_ids(ev: Evidence):
     return ids
 
 
-CHECKS = (keys_match_engine, shapes_and_dtypes, values_finite, vocab_map_valid,
+CHECKS = (target_matches_training, keys_match_engine, shapes_and_dtypes, values_finite, vocab_map_valid,
           fc_width_matches_aux, aux_ids_read_alike, engine_captures_training_layers,
           algorithm_is_eagle3, speculative_settings_valid, norm_before_residual_false,
           draft_vocab_size_declared, lm_head_untied, rope_matches_training,

@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from specdraft.checkpoint import (
     LAYER_PREFIX,
     MANIFEST_FILE,
+    OFFICIAL_ARCHITECTURES,
     WEIGHTS_FILE,
     CheckpointError,
     Manifest,
@@ -36,7 +37,8 @@ from specdraft.checkpoint import (
     read_config,
     state_dict_for_layout,
 )
-from specdraft.conventions import AuxReading, ConventionError, aux_layers_from_config
+from specdraft.conventions import AUX_KEY, AuxReading, ConventionError, aux_layers_from_config
+from specdraft.data import DataError
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
 from specdraft.export import TargetFacts
@@ -46,6 +48,9 @@ ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", None: "specdraft"}
 # Decoder-layer prefixes each engine loads, and names it treats as optional (see module doc).
 ENGINE_LAYER_PREFIXES = {"sglang": ("midlayer.",), "vllm": ("midlayer.", "layers.0.")}
 ENGINE_OPTIONAL = ("d2t", "t2d", "embed_tokens.weight")
+# Config keys only an EAGLE-3 drafter's config has (a full model's has none of them).
+DRAFT_CONFIG_KEYS = ("speculators_model_type", "draft_vocab_size", "target_hidden_size", "eagle_config",
+                     AUX_KEY)
 
 
 class Unavailable(Exception):
@@ -70,9 +75,10 @@ class DoctorInputs:
 
     engine: "sglang" | "vllm" (None: guessed from engine_args, else every engine the layout
     serves). engine_args: the engine's command line. samples: a capture store directory or a
-    JSONL of token ids ({"input_ids", "loss_mask"}), chats or texts. template_kwargs: the chat
-    template kwargs the server uses (default: vLLM's --default-chat-template-kwargs, else {}).
-    max_samples / max_length bound the offline run.
+    JSONL of token ids ({"input_ids", "loss_mask"}), chats or texts; skip_bad skips its bad
+    records instead of refusing the file. template_kwargs: the chat template kwargs the server
+    uses (default: vLLM's --default-chat-template-kwargs, else {}). max_samples / max_length
+    bound the offline run.
     """
 
     checkpoint: Path
@@ -85,6 +91,7 @@ class DoctorInputs:
     template_kwargs: dict[str, Any] | None = None
     max_samples: int = 32
     max_length: int = 512
+    skip_bad: bool = False
 
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in DOCTOR_ENGINES:
@@ -94,10 +101,38 @@ class DoctorInputs:
         # A path the user typed that does not exist is an error, never a row of skips.
         if not self.checkpoint.is_dir():
             raise ValueError(f"{self.checkpoint}: no such directory; pass a draft checkpoint directory")
+        refuse_model_dir(self.checkpoint)
         if self.target is not None and not (self.target / "config.json").is_file():
             raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
         if self.samples is not None and not self.samples.exists():
             raise ValueError(f"{self.samples}: no such file or directory; pass a capture store or a JSONL file")
+
+
+def refuse_model_dir(path: Path) -> None:
+    """ValueError when `path` holds a model that is not an EAGLE-3 drafter (e.g. the target):
+    config.json declares no EAGLE-3 architecture and has no drafter key, and there is no
+    manifest. A config that cannot be read is left to the checks (a failing finding)."""
+    file = path / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(config, dict) or (path / MANIFEST_FILE).exists() or _declares_drafter(config):
+        return
+    layers = (config.get("text_config") or config).get("num_hidden_layers")
+    model = f", {layers} layers" if layers else ""
+    raise ValueError(f"{file}: not an EAGLE-3 draft config (architectures {config.get('architectures')}"
+                     f"{model}, no speculators_model_type, no {MANIFEST_FILE}): pass the drafter's "
+                     f"directory as CHECKPOINT, and a target model like this one as --target {path}")
+
+
+def _declares_drafter(config: dict[str, Any]) -> bool:
+    """An EAGLE-3 architecture, or a key only drafter configs have (at the top or in a
+    speculators transformer_layer_config)."""
+    if set(config.get("architectures") or []) & set(OFFICIAL_ARCHITECTURES):
+        return True
+    layer = config.get("transformer_layer_config")
+    return any(k in config or (isinstance(layer, dict) and k in layer) for k in DRAFT_CONFIG_KEYS)
 
 
 @dataclass
@@ -209,6 +244,19 @@ class Evidence:
         raise Unavailable("no --target and no manifest: the target is unknown",
                           "pass the target's transformers directory (--target DIR)")
 
+    @memo
+    def target_config_hash(self) -> str:
+        """`target.config_hash` of the --target's config, as training records it in the manifest."""
+        from transformers import AutoConfig
+
+        from specdraft.target import config_hash
+
+        target = self.need_target_dir()
+        try:
+            return config_hash(AutoConfig.from_pretrained(target, local_files_only=True))
+        except (OSError, ValueError) as e:
+            raise Unavailable(f"cannot read {target}/config.json: {e}", "pass a transformers directory") from None
+
     def need_target_dir(self) -> Path:
         """The --target directory, or Unavailable."""
         if self.inputs.target is None:
@@ -316,7 +364,21 @@ class Evidence:
         kwargs = ((self.manifest.chat_template or {}).get("kwargs") if self.manifest else None) or {}
         # the tokenizer is loaded only for texts and chats
         return read_samples(Path(self.inputs.samples), lambda: self.tokenizer, kwargs,
-                            self.inputs.max_samples, self.inputs.max_length)
+                            self.inputs.max_samples, self.inputs.max_length, self.inputs.skip_bad)
+
+    def read_given_samples(self) -> None:
+        """Read --samples now: a file the user gave that cannot be read is an error (DataError,
+        `--samples FILE:LINE: ...`), never a row of skips. Samples that need a tokenizer not at
+        hand (no --target) stay a skip of the checks that use them."""
+        if self.inputs.samples is None:
+            return
+        try:
+            self.chats  # needs no tokenizer: a bad file is named even without --target
+            self.samples
+        except Unavailable:
+            pass
+        except DataError as e:
+            raise type(e)(f"--samples {e}") from None
 
     @memo
     def chats(self) -> list:
@@ -325,7 +387,7 @@ class Evidence:
 
         if self.inputs.samples is None:
             raise Unavailable("no sample chats", "pass --samples chats.jsonl")
-        return read_chats(Path(self.inputs.samples), self.inputs.max_samples)
+        return read_chats(Path(self.inputs.samples), self.inputs.max_samples, self.inputs.skip_bad)
 
     def engine_draft(self, engine: str | None) -> tuple[Eagle3Draft, str]:
         """The drafter as `engine` loads the files (unloaded parameters keep a seeded

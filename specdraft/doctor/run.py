@@ -62,24 +62,27 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
                engine_args: str | None = None, samples: str | Path | None = None,
                server: str | None = None, sglang_version: str | None = None,
                template_kwargs: dict[str, Any] | None = None, max_samples: int = 32,
-               max_length: int = 512) -> Report:
+               max_length: int = 512, skip_bad: bool = False) -> Report:
     """Check a draft checkpoint against its training record, its target and its deployment.
 
     checkpoint: a draft directory (any layout). target: the target's transformers directory
     (capture parity, acceptance, tokenizer). engine: "sglang" | "vllm" (default: the engine
     engine_args names, else every engine the layout serves). engine_args: the serving command
-    line. samples: capture store or JSONL (offline acceptance, render parity). server: a live
-    server's URL (online acceptance: the sample prompts at T = 0, its counters vs offline on
-    the sequences it produced). sglang_version pins SGLang's id reading; template_kwargs: the
-    server's chat template kwargs. Returns a Report; raises ValueError only for invalid
-    arguments (a bad checkpoint is a failing finding).
+    line. samples: capture store or JSONL (offline acceptance, render parity; skip_bad skips
+    its bad records). server: a live server's URL (online acceptance: the sample prompts at
+    T = 0, its counters vs offline on the sequences it produced). sglang_version pins SGLang's
+    id reading; template_kwargs: the server's chat template kwargs. Returns a Report; raises
+    ValueError only for invalid arguments: a path that does not exist, a CHECKPOINT that is no
+    drafter (e.g. the target), a --samples file that cannot be read (DataError naming the file
+    and line). A bad checkpoint is a failing finding.
     """
     inputs = DoctorInputs(
         Path(checkpoint), target=Path(target) if target else None, engine=engine,
         engine_args=engine_args, samples=Path(samples) if samples else None, server=server,
         sglang_version=sglang_version, template_kwargs=template_kwargs,
-        max_samples=max_samples, max_length=max_length)
+        max_samples=max_samples, max_length=max_length, skip_bad=skip_bad)
     ev = Evidence(inputs)
+    ev.read_given_samples()
     for check in CHECKS:
         ev.findings.append(_run_one(check, ev))
     return Report(list(ev.findings))

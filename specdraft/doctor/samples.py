@@ -5,6 +5,9 @@
 - JSONL rows {"input_ids": [...], "loss_mask": [...]} (loss_mask optional: all ones);
 - chats ({"messages"} / {"conversations"}) or texts ({"text"}), rendered by specdraft.data with
   the target's tokenizer and the manifest's chat-template kwargs, as at training.
+
+A file the user gave that cannot be read is a DataError naming the file and line (BadRecord for
+one bad record, which skip_bad skips), never a skip.
 """
 
 from __future__ import annotations
@@ -14,49 +17,52 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from specdraft.data import DataError, Sample, load_dataset, read_records
-from specdraft.doctor.evidence import Unavailable
+from specdraft.data import BadRecord, DataError, Sample, read_records, render_records
 
 MIN_TOKENS = 3  # a draft position t needs tokens t+1 and t+2
+KINDS = "a capture store directory or a JSONL of input_ids, chats or texts"
 
 
 def read_samples(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[str, Any],
-                 max_samples: int, max_length: int) -> list[Sample]:
+                 max_samples: int, max_length: int, skip_bad: bool = False) -> list[Sample]:
     """Up to `max_samples` samples of at least 3 tokens, truncated to `max_length`.
 
-    tokenizer: called only for chats and texts. Raises Unavailable naming the file and the
-    fix for unreadable input.
+    tokenizer: called only for chats and texts (after the file is read, so a bad file is named
+    even when no tokenizer is at hand; its Unavailable passes through). Raises DataError naming
+    the file (and line) for input that cannot be read or holds no usable sample, BadRecord for
+    one bad record unless skip_bad (then it is skipped).
     """
     try:
         if (path / "index.json").is_file():
             samples = _store_samples(path, max_samples)
         elif _first_row(path).get("input_ids") is not None:
-            samples = _token_rows(path, max_samples)
+            samples = _token_rows(path, max_samples, skip_bad)
         else:
             chat = any(k in _first_row(path) for k in ("messages", "conversations"))
-            samples = load_dataset(path, tokenizer(), chat=chat, template_kwargs=template_kwargs).samples
-    except (DataError, ValueError, OSError, KeyError) as e:
-        raise Unavailable(f"--samples {path}: {e}", "give a capture store or a JSONL of "
-                          "input_ids, chats or texts") from None
+            records = read_records(path, chat=chat, skip_bad=skip_bad)
+            tok = tokenizer()
+            if chat and not getattr(tok, "chat_template", None):
+                raise DataError(f"{path}: chats, but the target's tokenizer has no chat template; give "
+                                "texts ({\"text\": ...}) or token ids ({\"input_ids\": [...]})")
+            samples = render_records(tok, records, template_kwargs=template_kwargs, skip_bad=skip_bad).samples
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: unreadable ({e}); give {KINDS}") from None
     samples = [s.truncated(max_length) for s in samples[:max_samples]]
     samples = [s for s in samples if len(s.input_ids) >= MIN_TOKENS]
     if not samples:
-        raise Unavailable(f"--samples {path}: no sample of {MIN_TOKENS} tokens or more",
-                          "give longer samples")
+        raise DataError(f"{path}: no sample of {MIN_TOKENS} tokens or more; give longer samples")
     return samples
 
 
-def read_chats(path: Path, max_chats: int) -> list[list[dict[str, str]]]:
-    """The chats in a JSONL / save_to_disk file (empty for token ids, texts or a store)."""
+def read_chats(path: Path, max_chats: int, skip_bad: bool = False) -> list[list[dict[str, str]]]:
+    """The chats in a JSONL / save_to_disk file (empty for token ids, texts or a store).
+    Raises DataError as `read_samples`."""
     if (path / "index.json").is_file() or not path.exists():
         return []
     row = _first_row(path)
     if not any(k in row for k in ("messages", "conversations")):
         return []
-    try:
-        records = read_records(path, chat=True).records
-    except DataError as e:
-        raise Unavailable(f"--samples {path}: {e}", "fix the chat file") from None
+    records = read_records(path, chat=True, skip_bad=skip_bad).records
     return [list(r.messages) for r in records[:max_chats]]
 
 
@@ -64,11 +70,15 @@ def _first_row(path: Path) -> dict[str, Any]:
     if path.is_dir():
         return {}
     with open(path, encoding="utf-8") as f:
-        for line in f:
+        for line_no, line in enumerate(f, start=1):
             if line.strip():
-                row = json.loads(line)
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{line_no}: bad JSON ({e.msg} at column {e.colno}); "
+                                    f"give {KINDS}, one JSON object per line") from None
                 return row if isinstance(row, dict) else {}
-    raise DataError(f"{path}: empty file")
+    raise DataError(f"{path}: empty file; give {KINDS}")
 
 
 def _store_samples(path: Path, max_samples: int) -> list[Sample]:
@@ -82,7 +92,7 @@ def _store_samples(path: Path, max_samples: int) -> list[Sample]:
     return out
 
 
-def _token_rows(path: Path, max_samples: int) -> list[Sample]:
+def _token_rows(path: Path, max_samples: int, skip_bad: bool) -> list[Sample]:
     out = []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
@@ -90,9 +100,29 @@ def _token_rows(path: Path, max_samples: int) -> list[Sample]:
                 continue
             if len(out) == max_samples:
                 break
-            row = json.loads(line)
-            ids = row.get("input_ids")
-            if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-                raise DataError(f"{path}:{line_no}: input_ids must be a list of ints")
-            out.append(Sample(ids, row.get("loss_mask") or [1] * len(ids)))
+            try:
+                out.append(_token_row(line, f"{path}:{line_no}"))
+            except BadRecord:
+                if not skip_bad:
+                    raise
+    if not out:
+        raise DataError(f"{path}: no usable row (every one was skipped)")
     return out
+
+
+def _token_row(line: str, source: str) -> Sample:
+    """One {"input_ids", "loss_mask"?} row; BadRecord naming `source` (file:line) otherwise."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise BadRecord(f"{source}: bad JSON ({e.msg} at column {e.colno}); fix: write one JSON "
+                        "object per line") from None
+    ids = row.get("input_ids") if isinstance(row, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise BadRecord(f"{source}: input_ids must be a list of ints; fix: give every row "
+                        "{\"input_ids\": [...], \"loss_mask\": [...]} (loss_mask optional)")
+    mask = row.get("loss_mask") or [1] * len(ids)
+    if not isinstance(mask, list) or len(mask) != len(ids) or not all(m in (0, 1) for m in mask):
+        raise BadRecord(f"{source}: loss_mask must be {len(ids)} zeros and ones, one per input id; "
+                        "fix: give it per token, or leave it out (all ones)")
+    return Sample(ids, mask)

@@ -613,7 +613,8 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     OnlineData.
     out_dir: receives checkpoints/, metrics.jsonl, tensorboard/ and the final draft/.
     resume: continue from the newest checkpoint in out_dir (from scratch when there is none);
-    without it an out_dir that already holds checkpoints is refused (FileExistsError).
+    without it an out_dir that already holds checkpoints is refused (FileExistsError), as is an
+    out_dir that is a file.
     command: recorded in the manifest as the training command. on_step(step) runs after each
     optimizer step and any checkpoint it triggers. target_config: the target's config or
     directory, for a store whose recorded target path does not resolve here.
@@ -622,6 +623,9 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     naming the file and record).
     """
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():  # before loading anything
+        raise FileExistsError(f"{out_dir} is a file; the run directory OUT must be a directory (it receives "
+                              "checkpoints/, metrics.jsonl, tensorboard/, draft/): give a new directory")
     ranks = setup_dist(config.device)
     try:
         data = open_data(source, target_config, config.aux_layers, ranks.device)
