@@ -425,6 +425,12 @@ def train(
         alpha = " ".join(f"{a:.3f}" for a in result.validation["alpha"])
         console.print(f"validation accuracy per step {acc}; alpha {alpha}; simulated tau "
                       f"{result.validation['tau']:.3f}", markup=False)
+        if result.validation.get("replayed_tau") is not None:
+            steps = len(result.validation["accuracy"])
+            p = " ".join(f"{a:.3f}" for a in result.validation["replayed_acceptance"])
+            console.print(f"a {steps}-step chain engine at T = 0 on the validation text: p_k {p}, tau "
+                          f"{result.validation['replayed_tau']:.3f} over {result.validation['replayed_rounds']} "
+                          "rounds", markup=False)
 
 
 @app.command()

@@ -284,7 +284,9 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         "# specdraft demo", "",
         f"Target: `{report.target}`; aux layers (specdraft indices) {report.aux_layers}.", "",
         "## Training", "",
-        f"Validation (simulated tau {report.training.get('tau', float('nan')):.2f}): per-step accuracy "
+        f"Validation (simulated tau {report.training.get('tau', float('nan')):.2f}; a "
+        f"{len(report.training.get('accuracy', []))}-step chain replayed over the validation text: tau "
+        f"{report.training.get('replayed_tau') or float('nan'):.2f}): per-step accuracy "
         + ", ".join(f"{a:.2f}" for a in report.training.get("accuracy", [])), "",
         "## Speculative decoding on held-out prompts (greedy, batch 1)", "",
         f"No speculation: {base:.0f} tokens/s.", "",

@@ -130,7 +130,7 @@ def test_replayed_rounds_equal_the_engine_counts(world):
 def test_replay_rounds_walks_the_chain():
     """Each round accepts the leading hits of its column and moves by accepted + 1; a supervised
     run is entered one token before it starts and left where it ends."""
-    from specdraft.doctor.offline import greedy_choices, replay_rounds
+    from specdraft.train.loss import greedy_choices, replay_rounds
 
     # K = 2 steps, T = 9 tokens
     hits = torch.tensor([[0, 1, 0, 1, 1, 0, 1, 0, 0],
@@ -149,3 +149,26 @@ def test_replay_rounds_walks_the_chain():
     assert replay_rounds(hits, from_(2, 6)) == (1, [1, 1])
     assert replay_rounds(hits, from_(2, 6) | from_(8)) == (1, [1, 1])  # 7 + 2 = 9: no round
     assert greedy_choices(torch.tensor([5, 6, 7, 8]), 2).tolist() == [[6, 7, -1, -1], [7, -1, -1, -1]]
+
+
+def test_validation_replays_the_rounds_of_the_ttt_depth():
+    """ttt_loss(replay=True) counts the rounds replay_rounds walks on each row, with the
+    target's argmax as the greedy choice; without replay the counts stay zero."""
+    from specdraft.train.loss import TTTMetrics, greedy_choices, replay_rounds, ttt_loss, ttt_unroll
+    from tests.test_case_fc14_ttt_attention import inputs, tiny_draft
+
+    draft = tiny_draft(0)
+    ids, aux = inputs(4, t_len=12)
+    logits = torch.randn(1, 12, 48, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    mask = torch.zeros(1, 12, dtype=torch.bool)
+    mask[0, 3:] = True
+    with torch.no_grad():
+        plain = ttt_loss(draft, ids, aux, logits, mask, ttt_steps=3)
+        out = ttt_loss(draft, ids, aux, logits, mask, ttt_steps=3, replay=True)
+        drafts = torch.stack([draft.draft_to_target(o.logits[0].argmax(-1)) for o in ttt_unroll(draft, ids, aux, 3)])
+    assert int(plain.rounds) == 0 and plain.round_accepted.tolist() == [0, 0, 0]
+    want = replay_rounds(drafts == greedy_choices(logits[0].argmax(-1), 3), mask[0])
+    assert (int(out.rounds), out.round_accepted.tolist()) == want and want[0] >= 3
+    metrics = TTTMetrics.zeros(3)
+    metrics.add(out)
+    assert metrics.replayed_tau() == 1 + sum(want[1]) / want[0]

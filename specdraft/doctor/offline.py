@@ -99,7 +99,7 @@ def run_rounds(ev: Evidence, engine: str | None, num_steps: int, samples: list) 
     two tokens there), so per-round acceptance is below the per-position acceptance of
     `run_on` on the same text (pycode-25m in vLLM: p_1 0.67 a round, 0.82 a position).
     """
-    from specdraft.train.loss import ttt_unroll
+    from specdraft.train.loss import greedy_choices, replay_rounds, ttt_unroll
 
     layers, fed_from = _layers_fed(ev, engine)
     draft, loaded_as = ev.engine_draft(engine)
@@ -115,47 +115,6 @@ def run_rounds(ev: Evidence, engine: str | None, num_steps: int, samples: list) 
             rounds += n
             accepted = [a + b for a, b in zip(accepted, per_pos)]
     return RoundsRun(rounds, accepted, layers, fed_from, loaded_as, len(samples))
-
-
-def greedy_choices(argmax: torch.Tensor, num_steps: int) -> torch.Tensor:
-    """[K, T] long: row k at base t holds the target's greedy choice for token t+2+k, its argmax
-    at position t+1+k (`argmax` [T]), or -1 when token t+2+k lies past the sequence: what draft
-    step k from base t must propose (DESIGN.md §2 token alignment)."""
-    t = len(argmax)
-    padded = torch.cat([argmax[:-1], argmax.new_full((num_steps + 2,), -1)])
-    return torch.stack([padded[1 + k:1 + k + t] for k in range(num_steps)])
-
-
-def replay_rounds(hits: torch.Tensor, supervised: torch.Tensor) -> tuple[int, list[int]]:
-    """Walk a chain engine's rounds over one sequence at T = 0.
-
-    hits: [K, T] bool, hits[k, t]: draft step k from base position t proposes token t+2+k
-    correctly. supervised: [T] bool, the tokens the engine generates (each run of them is one
-    answer). A run starting at token a is entered at base a - 1 (there the drafter reads the
-    token the prefill produced); a round at base t accepts the leading hits of column t whose
-    tokens lie in the run, and the next round's base is t + n + 1 (n drafts plus the target's
-    bonus token); rounds go on while token t+2 is in the run. Returns (rounds, accepted_per_pos [K]).
-    """
-    num_steps, length = hits.shape
-    sup = supervised.tolist()
-    column = hits.T.tolist()
-    rounds, accepted = 0, [0] * num_steps
-    a = 0
-    while a < length:
-        if not sup[a]:
-            a += 1
-            continue
-        end = next((j for j in range(a, length) if not sup[j]), length)  # the run is a..end-1
-        t = max(a - 1, 0)
-        while t + 2 < end:
-            n = 0
-            while n < num_steps and t + 2 + n < end and column[t][n]:
-                accepted[n] += 1
-                n += 1
-            rounds += 1
-            t += n + 1
-        a = end
-    return rounds, accepted
 
 
 def _layers_fed(ev: Evidence, engine: str | None) -> tuple[list[int], str]:

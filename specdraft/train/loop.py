@@ -256,9 +256,10 @@ class TTTModel(nn.Module):
         self.draft = draft
 
     def forward(self, input_ids: torch.Tensor, aux_hidden: torch.Tensor, target_logits: torch.Tensor,
-                loss_mask: torch.Tensor, ttt_steps: int, step_weight: float) -> dict[str, torch.Tensor]:
+                loss_mask: torch.Tensor, ttt_steps: int, step_weight: float,
+                replay: bool = False) -> dict[str, torch.Tensor]:
         out = ttt_loss(self.draft, input_ids, aux_hidden, target_logits, loss_mask,
-                       ttt_steps=ttt_steps, step_weight=step_weight)
+                       ttt_steps=ttt_steps, step_weight=step_weight, replay=replay)
         return {f.name: getattr(out, f.name) for f in fields(out)}
 
 
@@ -313,12 +314,13 @@ class Trainer:
         m = self.micro_batch_size
         return [mine[i:i + m] for i in range(0, len(mine), m)]
 
-    def forward(self, batch: Batch) -> TTTOutput:
-        """TTT loss and counts of one batch on this rank (counts local to the rank)."""
+    def forward(self, batch: Batch, replay: bool = False) -> TTTOutput:
+        """TTT loss and counts of one batch on this rank (counts local to the rank); with
+        `replay`, also a chain engine's rounds (validation)."""
         bf16 = self.config.precision == "bf16"
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             out = self.model(batch.input_ids, batch.aux_hidden, batch.target_logits, batch.loss_mask,
-                             self.config.ttt_steps, self.config.step_weight)
+                             self.config.ttt_steps, self.config.step_weight, replay)
         return TTTOutput(**out)
 
     def train_step(self, sample_ids: list[int]) -> dict[str, Any]:
@@ -386,7 +388,7 @@ class Trainer:
         for i in range(0, len(self.val_ids), size):
             chunk = self.val_ids[i:i + size]
             mine = chunk[ranks.rank::ranks.world]
-            out = self.forward(self.data.batch(mine or chunk[:1], c.max_length, ranks.device))
+            out = self.forward(self.data.batch(mine or chunk[:1], c.max_length, ranks.device), replay=True)
             if mine:
                 metrics.add(out)
         return _global(metrics, ranks)

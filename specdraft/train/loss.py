@@ -41,6 +41,9 @@ class TTTOutput:
     cond_correct, cond_total: [K] int64: the same restricted to base positions supervised at
                      steps 0..k whose steps 0..k-1 were all correct (alpha_k's numerator and
                      denominator).
+    rounds, round_accepted: [] and [K] int64: a K-step chain engine's verification rounds at
+                     T = 0 over the supervised runs, and the rounds whose drafts 1..k+1 were all
+                     accepted (`replay_rounds`; zeros unless ttt_loss(replay=True)).
     """
 
     loss: torch.Tensor
@@ -50,6 +53,8 @@ class TTTOutput:
     total: torch.Tensor
     cond_correct: torch.Tensor
     cond_total: torch.Tensor
+    rounds: torch.Tensor
+    round_accepted: torch.Tensor
 
 
 def target_logits(last_hidden: torch.Tensor, norm_weight: torch.Tensor, lm_head_weight: torch.Tensor,
@@ -148,7 +153,7 @@ def ttt_unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Te
 
 def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tensor,
              target_logits: torch.Tensor, loss_mask: torch.Tensor, *, ttt_steps: int = 7,
-             step_weight: float = 0.8, flex: bool | None = None) -> TTTOutput:
+             step_weight: float = 0.8, flex: bool | None = None, replay: bool = False) -> TTTOutput:
     """TTT loss and metrics of one batch.
 
     input_ids:     [B, T] long; loss_mask: [B, T] (nonzero = assistant token, the label).
@@ -158,6 +163,8 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
     t+1+k is in the draft vocabulary; its loss is KL(p || q) over the draft vocabulary, p the
     target's softmax renormalised over the draft vocabulary (ids arange(Vd) + d2t).
     flex: the attention path of `ttt_unroll` (default: flex attention on CUDA).
+    replay: also count a chain engine's rounds over each row (`replay_rounds`; a host loop over
+    the positions, for validation).
     Raises ValueError when ttt_steps < 1 or the shapes disagree.
     """
     if ttt_steps < 1:
@@ -167,7 +174,7 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
                          f"{tuple(target_logits.shape)}, loss_mask {tuple(loss_mask.shape)}")
     target = _target_side(draft, target_logits)
     outputs = ttt_unroll(draft, input_ids, aux_hidden, ttt_steps, flex)
-    sums, correct, total, cond_correct, cond_total = [], [], [], [], []
+    sums, correct, total, cond_correct, cond_total, drafted = [], [], [], [], [], []
     chain_ok = torch.ones_like(target.in_vocab)  # supervised and correct at every earlier step
     for k, out in enumerate(outputs):
         mask = supervision_mask(loss_mask, target.in_vocab, k)
@@ -176,7 +183,8 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
         kl = shift_left(target.neg_entropy, 1 + k) - cross                  # [B, T]
         sums.append(torch.where(mask, kl, 0.0).sum())
         with torch.no_grad():
-            hit = draft.draft_to_target(out.logits.argmax(-1)) == shift_left(target.argmax, 1 + k)
+            drafted.append(draft.draft_to_target(out.logits.argmax(-1)))
+            hit = drafted[-1] == shift_left(target.argmax, 1 + k)
             hit &= mask
             cond = chain_ok & mask
             correct.append(hit.sum())
@@ -185,12 +193,67 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
             cond_total.append(cond.sum())
             chain_ok = cond & hit
     step_loss_sums, total_t = torch.stack(sums), torch.stack(total)
+    rounds, round_accepted = torch.zeros((), dtype=torch.long), torch.zeros(ttt_steps, dtype=torch.long)
+    if replay:
+        with torch.no_grad():
+            hits = (torch.stack(drafted) == greedy_choices(target.argmax, ttt_steps)).cpu()  # [K, B, T]
+            for b in range(input_ids.shape[0]):
+                n, per_pos = replay_rounds(hits[:, b], loss_mask[b].bool().cpu())
+                rounds += n
+                round_accepted += torch.tensor(per_pos)
+    device = total_t.device
     return TTTOutput(
         loss=weighted_loss(step_loss_sums, total_t, step_weight),
         step_loss_sums=step_loss_sums,
         step_losses=(step_loss_sums.detach() / total_t.clamp(min=1)),
         correct=torch.stack(correct), total=total_t,
-        cond_correct=torch.stack(cond_correct), cond_total=torch.stack(cond_total))
+        cond_correct=torch.stack(cond_correct), cond_total=torch.stack(cond_total),
+        rounds=rounds.to(device), round_accepted=round_accepted.to(device))
+
+
+def greedy_choices(argmax: torch.Tensor, num_steps: int) -> torch.Tensor:
+    """[K, ..., T] long: row k at base t holds the target's greedy choice for token t+2+k, its
+    argmax at position t+1+k (`argmax` [..., T]), or -1 past the sequence: what draft step k
+    from base t must propose at T = 0 (DESIGN.md §2 token alignment)."""
+    rows = (argmax[None] if argmax.dim() == 1 else argmax).clone()
+    rows[..., -1] = -1  # the last position's argmax chooses a token past the sequence
+    return torch.stack([shift_left(rows, 1 + k, -1) for k in range(num_steps)]).reshape(num_steps, *argmax.shape)
+
+
+def replay_rounds(hits: torch.Tensor, supervised: torch.Tensor) -> tuple[int, list[int]]:
+    """Walk a chain engine's rounds over one sequence at T = 0.
+
+    hits: [K, T] bool, hits[k, t]: draft step k from base position t proposes token t+2+k
+    correctly. supervised: [T] bool, the tokens the engine generates (each run of them is one
+    answer). A run starting at token a is entered at base a - 1 (there the drafter reads the
+    token the prefill produced); a round at base t accepts the leading hits of column t whose
+    tokens lie in the run, and the next round's base is t + n + 1 (n drafts plus the target's
+    bonus token); rounds go on while token t+2 is in the run. Returns (rounds, accepted_per_pos [K]).
+
+    Rounds and positions are not alike: rounds crowd where drafts fail (each advances one or
+    two tokens there), so per-round acceptance is below the per-position product of alphas
+    (pycode-25m in vLLM: p_1 0.67 a round, 0.82 a position).
+    """
+    num_steps, length = hits.shape
+    sup = supervised.tolist()
+    column = hits.T.tolist()
+    rounds, accepted = 0, [0] * num_steps
+    a = 0
+    while a < length:
+        if not sup[a]:
+            a += 1
+            continue
+        end = next((j for j in range(a, length) if not sup[j]), length)  # the run is a..end-1
+        t = max(a - 1, 0)
+        while t + 2 < end:
+            n = 0
+            while n < num_steps and t + 2 + n < end and column[t][n]:
+                accepted[n] += 1
+                n += 1
+            rounds += 1
+            t += n + 1
+        a = end
+    return rounds, accepted
 
 
 def supervision_mask(loss_mask: torch.Tensor, in_vocab: torch.Tensor, step: int) -> torch.Tensor:
@@ -259,11 +322,14 @@ class TTTMetrics:
     cond_correct: torch.Tensor
     cond_total: torch.Tensor
     loss_sums: torch.Tensor
+    rounds: torch.Tensor
+    round_accepted: torch.Tensor
 
     @classmethod
     def zeros(cls, ttt_steps: int) -> TTTMetrics:
         z = torch.zeros(ttt_steps, dtype=torch.long)
-        return cls(z.clone(), z.clone(), z.clone(), z.clone(), torch.zeros(ttt_steps, dtype=torch.float64))
+        return cls(z.clone(), z.clone(), z.clone(), z.clone(), torch.zeros(ttt_steps, dtype=torch.float64),
+                   torch.zeros((), dtype=torch.long), z.clone())
 
     def add(self, out: TTTOutput) -> None:
         """Accumulate one batch's counts (moved to the CPU)."""
@@ -272,6 +338,8 @@ class TTTMetrics:
         self.cond_correct += out.cond_correct.cpu()
         self.cond_total += out.cond_total.cpu()
         self.loss_sums += out.step_loss_sums.detach().double().cpu()
+        self.rounds += out.rounds.cpu()
+        self.round_accepted += out.round_accepted.cpu()
 
     def accuracy(self) -> list[float]:
         """Per-step accuracy over supervised positions (0.0 where a step had none)."""
@@ -282,12 +350,24 @@ class TTTMetrics:
         return _rates(self.cond_correct, self.cond_total)
 
     def tau(self) -> float:
-        """Simulated accept length 1 + sum_k prod_{i<=k} alpha_i (tokens per verification)."""
+        """Simulated accept length 1 + sum_k prod_{i<=k} alpha_i (tokens per verification), a
+        per-position estimate; `replayed_tau` counts the rounds an engine would run."""
         tau, prod = 1.0, 1.0
         for a in self.alpha():
             prod *= a
             tau += prod
         return tau
+
+    def replayed_acceptance(self) -> list[float]:
+        """p_k of a ttt_steps-step chain engine at T = 0: rounds whose drafts 1..k+1 were all
+        accepted / rounds (empty without replayed rounds)."""
+        rounds = int(self.rounds)
+        return [int(a) / rounds for a in self.round_accepted] if rounds else []
+
+    def replayed_tau(self) -> float | None:
+        """Accept length of that chain engine, 1 + accepted drafts / rounds (None without rounds)."""
+        rounds = int(self.rounds)
+        return 1 + int(self.round_accepted.sum()) / rounds if rounds else None
 
     def step_losses(self) -> list[float]:
         """Per-step mean KL over supervised positions."""
@@ -298,7 +378,8 @@ class TTTMetrics:
         return {"accuracy": self.accuracy(), "alpha": self.alpha(), "tau": self.tau(),
                 "step_losses": self.step_losses(), "correct": self.correct.tolist(),
                 "total": self.total.tolist(), "cond_correct": self.cond_correct.tolist(),
-                "cond_total": self.cond_total.tolist()}
+                "cond_total": self.cond_total.tolist(), "replayed_rounds": int(self.rounds),
+                "replayed_acceptance": self.replayed_acceptance(), "replayed_tau": self.replayed_tau()}
 
 
 def _rates(num: torch.Tensor, den: torch.Tensor) -> list[float]:
