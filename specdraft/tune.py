@@ -41,6 +41,7 @@ from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 
 WARMUP_TOKENS = 8
+PREDICTION_WARN_FACTOR = 2.0  # predicted vs measured tokens/s beyond which render warns
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,12 @@ class TuneReport:
     vllm_recommendation: Candidate | None
     draft_path: str = "DRAFT"
 
+    def prediction_error(self) -> float:
+        """The largest factor between predicted and measured tokens/s over the measured
+        candidates (1.0 = exact; 1.0 when nothing was measured)."""
+        pairs = [(c.predicted_tps, c.measured_tps) for c in self.candidates if c.measured_tps]
+        return max((max(p / m, m / p) for p, m in pairs if p > 0 and m > 0), default=1.0)
+
     def sglang_flags(self) -> str:
         """SGLang launch flags of the recommendation (or the advice to launch without)."""
         rec = self.recommendation
@@ -275,6 +282,7 @@ class TuneReport:
                           "measured_tokens_per_s": self.plain_measured_tps},
                 "candidates": [c.to_dict() for c in self.candidates], "current": one(self.current),
                 "recommendation": one(self.recommendation), "vllm_recommendation": one(self.vllm_recommendation),
+                "prediction_error": self.prediction_error(),
                 "sglang_flags": self.sglang_flags(), "vllm_flags": self.vllm_flags()}
 
 
@@ -382,6 +390,10 @@ def render(report: TuneReport, max_rows: int = 12) -> str:
         lines.append(row(spec_text(c.spec), c))
     if report.current:
         lines.append(row("current: " + spec_text(report.current.spec), report.current))
+    if report.prediction_error() > PREDICTION_WARN_FACTOR:
+        lines.append(f"warning: predictions are off by up to {report.prediction_error():.1f}x from the "
+                     "measurements (timings taken while the machine was busy?): the recommendation "
+                     "uses the measured column; re-run on a quiet machine for the predicted one")
     lines += recommendation_lines(report)
     return "\n".join(lines)
 

@@ -58,6 +58,11 @@ def test_tune_recommends_speculation_on_a_memory_bound_target():
     text = render(report)
     assert f"recommendation: steps {rec.spec.num_steps}, topk 1" in text and "pred tok/s" in text
     assert json.loads(json.dumps(report.to_dict()))["recommendation"]["speedup"] == rec.speedup
+    assert report.prediction_error() < 1.3 and "warning: predictions" not in text
+    # a measurement 3x off its prediction (a busy machine) is called out, not passed over
+    measured[0].measured_tps = measured[0].predicted_tps / 3
+    assert report.prediction_error() == pytest.approx(3.0)
+    assert "warning: predictions are off by up to 3.0x" in render(report)
 
 
 def test_tune_cli(tmp_path):
