@@ -213,7 +213,11 @@ class Server:
 
 def detect_server(url: str, timeout_s: float = 30.0) -> Server:
     """Find the server's kind (from its /metrics prefix, else SGLang's /get_model_info) and the
-    model it serves (/v1/models). Raises RuntimeError when the server does not answer."""
+    model it serves (/v1/models). Raises RuntimeError when the server does not answer, or when
+    `url` ends in /v1 (the paths here include it)."""
+    if url.rstrip("/").endswith("/v1"):
+        raise RuntimeError(f"{url}: give the server's base URL without /v1 ({url.rstrip('/')[:-3]}); "
+                           "the OpenAI paths are added here")
     with httpx.Client(base_url=url, timeout=timeout_s) as client:
         try:
             listing = client.get("/v1/models")

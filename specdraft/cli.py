@@ -390,6 +390,8 @@ def train(
                                    "conventions.default_aux_layers; a store's must match).", callback=_int_list),
     no_chat: bool = typer.Option(False, "--no-chat", help="With --online: plain text (base models)."),
     template_kwargs: str = typer.Option("{}", help="With --online: JSON kwargs for the chat template."),
+    warmup_steps: int | None = typer.Option(None, min=0, help="Linear learning-rate warm-up steps (100)."),
+    save_every: int | None = typer.Option(None, min=1, help="Checkpoint every N steps (500) and at the end."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint."),
 ) -> None:
     """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...)."""
@@ -397,21 +399,36 @@ def train(
 
     from rich.console import Console
 
-    from specdraft.train.loop import TrainConfig, TrainingError, train as run_training
+    from specdraft.train.loop import TrainConfig, TrainingError, checkpoint_paths, train as run_training
 
     console = Console()
     kwargs = _json_kwargs(template_kwargs, "--template-kwargs")
     try:
         options = dict(total_steps=steps, epochs=epochs, lr=lr, batch_size=batch_size,
                        grad_accum_steps=grad_accum_steps, max_length=max_length, ttt_steps=ttt_steps,
-                       draft_vocab_size=draft_vocab_size, precision=precision, aux_layers=aux_layers or None)
+                       draft_vocab_size=draft_vocab_size, precision=precision, aux_layers=aux_layers or None,
+                       warmup_steps=warmup_steps, save_every=save_every)
         data = _train_source(source, online, target, no_chat, kwargs)
         values = _train_config_values(config)
         if steps is not None or epochs is not None:  # the options replace the file's run length
             values.update(total_steps=None, epochs=None)
         values.update({k: v for k, v in options.items() if v is not None})
-        result = run_training(TrainConfig.from_dict(values), data, out, resume=resume,
+        cfg = TrainConfig.from_dict(values)
+        if cfg.total_steps is not None and cfg.warmup_steps >= cfg.total_steps:
+            console.print(f"note: warm-up {cfg.warmup_steps} steps >= the run's {cfg.total_steps}: the learning "
+                          f"rate never reaches {cfg.lr} (pass --warmup-steps)", markup=False, soft_wrap=True)
+        if resume:
+            saved = checkpoint_paths(out)
+            console.print(f"resuming from {saved[-1]}" if saved else
+                          f"--resume: no checkpoint in {out} yet: starting at step 0", markup=False, soft_wrap=True)
+        result = run_training(cfg, data, out, resume=resume,
                               command=" ".join(["specdraft", *sys.argv[1:]]), target_config=target or None)
+    except KeyboardInterrupt:
+        saved = checkpoint_paths(out)
+        console.print(f"interrupted; newest checkpoint: {saved[-1]}: continue with the same command and --resume"
+                      if saved else "interrupted before the first checkpoint (--save-every): nothing to resume",
+                      markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     except (ValueError, FileNotFoundError, FileExistsError, TrainingError) as e:
         _error(console, e, " (or skip bad records: specdraft capture --skip-bad into a store, then "
                            "train on the store)")

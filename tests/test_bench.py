@@ -16,6 +16,7 @@ from specdraft.bench import (
     BenchConfig,
     SpeedupPoint,
     counter_delta,
+    detect_server,
     find_crossover,
     load_prompts,
     markdown,
@@ -211,3 +212,9 @@ def test_bench_reads_sglang_meta_info(tmp_path):
     assert report.spec.kind == "sglang" and level.num_runs == 3 and level.num_output_tokens == 3 * 3 * 8
     assert level.spec.accept_length == 2.0 and level.spec.acceptance_per_position is None
     assert "not exposed" in markdown(report)
+
+
+def test_a_url_ending_in_v1_is_refused_with_the_base_url():
+    """bench adds the OpenAI paths itself: http://host:8000/v1 would request /v1/v1/models."""
+    with pytest.raises(RuntimeError, match=r"without /v1 \(http://127.0.0.1:9\)"):
+        detect_server("http://127.0.0.1:9/v1/")

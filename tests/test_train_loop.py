@@ -329,3 +329,32 @@ def test_cli_train_runs_and_refuses_a_second_run_into_the_same_dir(world, tmp_pa
     assert manifest["training_command"].startswith("specdraft")
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 1 and "--resume" in again.output
+
+
+def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrupt(world, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import specdraft.train.loop as loop
+    from specdraft.cli import app
+
+    _, _, store = world
+    run = tmp_path / "run"
+    args = ["train", str(store), str(run), "--steps", "4", "--batch-size", "4", "--ttt-steps", "2",
+            "--draft-vocab-size", "96", "--save-every", "2"]
+    fresh = CliRunner().invoke(app, args + ["--resume"])
+    assert fresh.exit_code == 0, fresh.output
+    assert f"--resume: no checkpoint in {run} yet: starting at step 0" in fresh.output
+    assert "note: warm-up 100 steps >= the run's 4" in fresh.output  # the default warm-up
+    quiet = CliRunner().invoke(app, [*args[:2], str(tmp_path / "q"), *args[3:], "--warmup-steps", "2"])
+    assert quiet.exit_code == 0 and "warm-up" not in quiet.output, quiet.output
+    saved = [p.name for p in loop.checkpoint_paths(tmp_path / "q")]
+    assert saved == ["step-00000002.pt", "step-00000004.pt"]  # --save-every 2
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    stopped = CliRunner().invoke(app, [*args[:2], str(tmp_path / "q"), *args[3:], "--resume"])
+    assert stopped.exit_code == 130
+    assert f"resuming from {tmp_path / 'q' / 'checkpoints' / 'step-00000004.pt'}" in stopped.output
+    assert "interrupted; newest checkpoint:" in stopped.output and "--resume" in stopped.output
