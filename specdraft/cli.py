@@ -414,9 +414,6 @@ def train(
             values.update(total_steps=None, epochs=None)
         values.update({k: v for k, v in options.items() if v is not None})
         cfg = TrainConfig.from_dict(values)
-        if cfg.total_steps is not None and cfg.warmup_steps >= cfg.total_steps:
-            console.print(f"note: warm-up {cfg.warmup_steps} steps >= the run's {cfg.total_steps}: the learning "
-                          f"rate never reaches {cfg.lr} (pass --warmup-steps)", markup=False, soft_wrap=True)
         if resume:
             saved = checkpoint_paths(out)
             console.print(f"resuming from {saved[-1]}" if saved else
@@ -437,6 +434,9 @@ def train(
         return  # not rank 0
     console.print(f"{result.steps} steps, last train loss {result.train_loss:.4f}; draft "
                   f"{result.draft_dir}; metrics {result.metrics_path}", markup=False)
+    if cfg.warmup_steps >= result.steps:
+        console.print(f"note: warm-up {cfg.warmup_steps} steps >= the run's {result.steps}: the learning rate "
+                      f"never reached {cfg.lr} (pass --warmup-steps)", markup=False, soft_wrap=True)
     if result.validation:
         acc = " ".join(f"{a:.3f}" for a in result.validation["accuracy"])
         alpha = " ".join(f"{a:.3f}" for a in result.validation["alpha"])

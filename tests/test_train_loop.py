@@ -344,7 +344,7 @@ def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrup
     fresh = CliRunner().invoke(app, args + ["--resume"])
     assert fresh.exit_code == 0, fresh.output
     assert f"--resume: no checkpoint in {run} yet: starting at step 0" in fresh.output
-    assert "note: warm-up 100 steps >= the run's 4" in fresh.output  # the default warm-up
+    assert "note: warm-up 100 steps >= the run's 4: the learning rate never reached" in fresh.output
     quiet = CliRunner().invoke(app, [*args[:2], str(tmp_path / "q"), *args[3:], "--warmup-steps", "2"])
     assert quiet.exit_code == 0 and "warm-up" not in quiet.output, quiet.output
     saved = [p.name for p in loop.checkpoint_paths(tmp_path / "q")]
