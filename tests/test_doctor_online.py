@@ -49,13 +49,18 @@ def doctor(draft, target, samples, url):
         "online_acceptance")
 
 
-def test_online_acceptance_healthy_server_passes(world):
-    draft, target, samples = world
-    server = serve(target, draft)
+def doctor_against_server(draft, served, target, samples):
+    """doctor's online finding for `draft` against a live server running `served`."""
+    server = serve(target, served)
     try:
-        finding = doctor(draft, target, samples, server.url)
+        return doctor(draft, target, samples, server.url)
     finally:
         server.stop()
+
+
+def test_online_acceptance_healthy_server_passes(world):
+    draft, target, samples = world
+    finding = doctor_against_server(draft, draft, target, samples)
     print(finding)
     assert finding.verdict == "pass", finding
     assert "online p_k [" in finding.evidence and "offline p_k [" in finding.evidence
@@ -73,11 +78,7 @@ def test_online_acceptance_server_with_wrong_d2t_fails(world, tmp_path):
         tensors[key] = torch.roll(d2t + torch.arange(len(d2t)), 7) - torch.arange(len(d2t))
 
     edit_weights(wrong, shift)
-    server = serve(target, wrong)
-    try:
-        finding = doctor(draft, target, samples, server.url)
-    finally:
-        server.stop()
+    finding = doctor_against_server(draft, wrong, target, samples)
     print(finding)
     assert finding.verdict == "fail", finding
     assert "online p_1" in finding.evidence and "offline p_1" in finding.evidence
@@ -111,7 +112,7 @@ def test_replayed_rounds_equal_the_engine_counts(world):
     verification steps and per-depth accepted counts exactly (both fp32 on the CPU)."""
     from specdraft.data import Sample
     from specdraft.doctor.evidence import DoctorInputs, Evidence
-    from specdraft.doctor.offline import run_rounds
+    from specdraft.doctor.offline import run_on
     from specdraft.engine.speculate import load_engine
 
     draft, target, _ = world
@@ -119,12 +120,12 @@ def test_replayed_rounds_equal_the_engine_counts(world):
     prompts = random_prompts(8, 12, seed=11)
     results = [engine.generate(p, 40) for p in prompts]
     served = [Sample(p + r.token_ids, [0] * len(p) + [1] * len(r.token_ids)) for p, r in zip(prompts, results)]
-    replay = run_rounds(Evidence(DoctorInputs(draft, target=target)), None, SPEC.num_steps, served)
+    replay = run_on(Evidence(DoctorInputs(draft, target=target)), None, SPEC.num_steps, served, replay=True).metrics
     steps = sum(r.metrics.num_verify_steps for r in results)
     per_pos = [sum(r.metrics.accepted_per_position[k] for r in results
                    if k < len(r.metrics.accepted_per_position)) for k in range(SPEC.num_steps)]
     assert 0 < per_pos[0] < steps, per_pos  # a drafter that is neither always right nor always wrong
-    assert (replay.num_rounds, replay.accepted_per_pos) == (steps, per_pos)
+    assert (int(replay.rounds), replay.round_accepted.tolist()) == (steps, per_pos)
 
 
 def test_replay_rounds_walks_the_chain():

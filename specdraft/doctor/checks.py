@@ -23,7 +23,7 @@ from specdraft.doctor.evidence import (
     Unreadable,
     describe,
 )
-from specdraft.doctor.offline import DEFAULT_TTT_STEPS, offline_run, run_rounds, training_accuracy
+from specdraft.doctor.offline import DEFAULT_TTT_STEPS, offline_run, run_on, training_accuracy
 from specdraft.draft import rope_from_hf_config
 from specdraft.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES
 
@@ -564,7 +564,8 @@ def draft_depth_pays_off(ev: Evidence) -> Result:
                           "tree settings: measure them with specdraft bench", "")
     # P(draft k accepted) a round, the drafter replaying the chain's rounds on the samples (a
     # per-position product of alphas would overstate it: rounds crowd where drafts fail)
-    reach = run_rounds(ev, ev.engine, spec.num_steps, ev.samples).acceptance_per_position
+    replayed = run_on(ev, ev.engine, spec.num_steps, ev.samples, replay=True).metrics
+    reach = replayed.replayed_acceptance() or [0.0] * spec.num_steps
     useful = next((k for k, r in enumerate(reach) if r < MIN_STEP_GAIN), len(reach))
 
     def tau(n: int) -> float:
@@ -620,12 +621,12 @@ def online_acceptance(ev: Evidence) -> Result:
         offline = offline_on_served(ev, engine, steps, online)
     except ValueError as e:
         return fail(f"the drafter refuses what the engine feeds it: {e}", "see aux_width_on_target")
-    offline_p = offline.acceptance_per_position
-    tau_on, tau_off = counts.accept_length, offline.accept_length
+    offline_p = offline.metrics.replayed_acceptance() or [0.0] * steps
+    tau_on, tau_off = counts.accept_length, offline.metrics.replayed_tau() or 1.0
     on_row = (f"online p_k {_rates(online_p)}, tau {tau_on:.2f}" if online_p else
               f"online tau {tau_on:.2f} ({counts.source}; no per-position counts)")
     off_row = f"offline p_k {_rates(offline_p)}, tau {tau_off:.2f}"
-    where = (f"{sent}; offline: the drafter alone replaying {offline.num_rounds} rounds of {steps} "
+    where = (f"{sent}; offline: the drafter alone replaying {int(offline.metrics.rounds)} rounds of {steps} "
              f"drafts on the {offline.num_samples} sequences it produced, aux layers {offline.aux_layers} ({offline.fed_from}), drafter {offline.loaded_as}")
     gaps = []
     if online_p and online_p[0] < offline_p[0] - ONLINE_P1_GAP:

@@ -5,7 +5,7 @@ teacher-forced with the target's aux states), so both sides see the same text.
 
 Online p_k = accepted drafts at depth k / verification steps, tau = 1 + accepted / steps
 (SGLang: completion_tokens / spec_verify_ct, no per-position counts). Offline: the drafter
-alone replays the server's chain rounds on those sequences (`offline.run_rounds`), the same
+alone replays the server's chain rounds on those sequences (`offline.run_on(replay=True)`), the same
 counts; a per-position average (prod alpha_i) would overstate them, as rounds crowd where
 drafts fail.
 """
@@ -28,7 +28,7 @@ from specdraft.bench import (
 )
 from specdraft.data import Sample
 from specdraft.doctor.evidence import Evidence
-from specdraft.doctor.offline import RoundsRun, run_rounds
+from specdraft.doctor.offline import OfflineRun, run_on
 
 MAX_TOKENS = 32          # tokens generated per prompt
 PROMPT_TOKENS = 8        # prompt length when a sample's supervision starts before its 4th token
@@ -121,7 +121,7 @@ def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, An
     return response.json()
 
 
-def offline_on_served(ev: Evidence, engine: str | None, steps: int, run: OnlineRun) -> RoundsRun:
+def offline_on_served(ev: Evidence, engine: str | None, steps: int, run: OnlineRun) -> OfflineRun:
     """The drafter alone replaying the server's rounds (`steps`-draft chains) on the sequences
     the server produced."""
-    return run_rounds(ev, engine, steps, run.sequences)
+    return run_on(ev, engine, steps, run.sequences, replay=True)

@@ -34,7 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from specdraft.data import Sample
 from specdraft.doctor.evidence import DoctorInputs, Evidence
-from specdraft.doctor.offline import run_on, run_rounds
+from specdraft.doctor.offline import run_on
 from specdraft.doctor.run import Report, run_doctor
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import load_engine
@@ -102,10 +102,10 @@ def offline_on_served(prompts: list[list[int]], outputs: list[list[int]]) -> tup
     prod alpha_i over the output tokens after the first, which come from drafts)."""
     ev = Evidence(DoctorInputs(DRAFT, target=PYCODE, engine="vllm"))
     served = [Sample(p + o, [0] * len(p) + [1] * len(o)) for p, o in zip(prompts, outputs)]
-    rounds = run_rounds(ev, "vllm", NUM_SPEC, served)
+    rounds = run_on(ev, "vllm", NUM_SPEC, served, replay=True).metrics
     drafted = [Sample(p + o, [0] * (len(p) + 1) + [1] * (len(o) - 1)) for p, o in zip(prompts, outputs)]
     average = list(itertools.accumulate(run_on(ev, "vllm", NUM_SPEC, drafted).metrics.alpha(), operator.mul))
-    return rounds.acceptance_per_position, average
+    return rounds.replayed_acceptance(), average
 
 
 def test_healthy_drafter_acceptance_matches_specdraft(pycode):

@@ -28,7 +28,7 @@ from specdraft.checkpoint import save_draft
 from specdraft.conventions import aux_layers_from_config, build_vocab_map
 from specdraft.data import Sample
 from specdraft.doctor.evidence import DoctorInputs, Evidence
-from specdraft.doctor.offline import run_rounds
+from specdraft.doctor.offline import run_on
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import load_engine
@@ -169,19 +169,19 @@ def test_acceptance_counters_match_specdraft_engine(tier):
     offline = h.offline_on_outputs(tier.trained.model, tier.target, tier.prompts, tier.hf)
     ev = Evidence(DoctorInputs(tier.dirs["official"], target=tier.target_dir, engine="vllm"))
     served = [Sample(p + o, [0] * len(p) + [1] * len(o)) for p, o in zip(tier.prompts, tier.hf)]
-    replay = run_rounds(ev, "vllm", h.NUM_SPEC, served)
+    replay = run_on(ev, "vllm", h.NUM_SPEC, served, replay=True).metrics
     h.REPORT["offline_on_served_sequences"] = {
         "accuracy": [round(a, 3) for a in offline["accuracy"]],
         "alpha": [round(a, 3) for a in offline["alpha"]], "tau": round(offline["tau"], 3),
-        "replayed_rounds": replay.num_rounds, "replayed_accepted_per_pos": replay.accepted_per_pos}
+        "replayed_rounds": int(replay.rounds), "replayed_accepted_per_pos": replay.round_accepted.tolist()}
     assert [r.token_ids for r in results] == tier.hf
     assert vllm["acceptance_rate"] > HEALTHY_MIN, vllm
     padded = ours.accepted_per_position + [0] * (h.NUM_SPEC - len(ours.accepted_per_position))
     assert (vllm["num_drafts"], vllm["num_accepted_tokens"], vllm["accepted_per_pos"]) == (
         ours.num_verify_steps, ours.num_accepted_tokens, padded), (vllm, h.REPORT["specdraft_engine"])
     # doctor's offline replay of the rounds (the drafter alone on the served text) gives them too
-    gaps = [abs(a - b) / vllm["num_drafts"] for a, b in zip(replay.accepted_per_pos, vllm["accepted_per_pos"])]
-    assert abs(replay.num_rounds - vllm["num_drafts"]) <= 0.02 * vllm["num_drafts"] and max(gaps) <= 0.02, (
+    gaps = [abs(a - b) / vllm["num_drafts"] for a, b in zip(replay.round_accepted.tolist(), vllm["accepted_per_pos"])]
+    assert abs(int(replay.rounds) - vllm["num_drafts"]) <= 0.02 * vllm["num_drafts"] and max(gaps) <= 0.02, (
         h.REPORT["offline_on_served_sequences"], vllm)
 
 
