@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,11 @@ class Manifest:
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
             raise CheckpointError(f"{path}: unknown manifest keys {unknown}")
+        missing = sorted(f.name for f in fields(cls) if f.name not in data
+                         and f.default is MISSING and f.default_factory is MISSING)
+        if missing:
+            raise CheckpointError(f"{path}: manifest keys {missing} missing; re-export the drafter "
+                                  "(or delete the manifest to load it as a plain official checkpoint)")
         return cls(**data)
 
 

@@ -432,8 +432,12 @@ def train(
         raise typer.Exit(1) from e
     if result.draft_dir is None:
         return  # not rank 0
-    console.print(f"{result.steps} steps, last train loss {result.train_loss:.4f}; draft "
-                  f"{result.draft_dir}; metrics {result.metrics_path}", markup=False)
+    if result.train_loss is None:  # resumed at the last step
+        console.print(f"{out} is already at step {result.steps} of {result.steps}: nothing to train; draft "
+                      f"{result.draft_dir}", markup=False, soft_wrap=True)
+    else:
+        console.print(f"{result.steps} steps, last train loss {result.train_loss:.4f}; draft "
+                      f"{result.draft_dir}; metrics {result.metrics_path}", markup=False)
     if cfg.warmup_steps >= result.steps:
         console.print(f"note: warm-up {cfg.warmup_steps} steps >= the run's {result.steps}: the learning rate "
                       f"never reached {cfg.lr} (pass --warmup-steps)", markup=False, soft_wrap=True)
@@ -629,12 +633,17 @@ def bench(
                                 "standard deviation, and a level is a win or a loss only beyond that noise."),
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep."""
+    from pathlib import Path
+
     import httpx
     from rich.console import Console
 
     from specdraft.bench import BenchConfig, markdown, run_bench, write_report
 
     console = Console()
+    if Path(out).exists() and not Path(out).is_dir():  # before the benchmark, not after
+        console.print(f"error: --out {out} is a file; give a directory", style="red", markup=False)
+        raise typer.Exit(1)
     try:
         cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
                           timeout_s=timeout, repeats=repeats)
@@ -677,6 +686,10 @@ def tune(
     from specdraft.tune import TuneConfig, render, tune_paths
 
     console = Console()
+    if json_out and (Path(json_out).is_dir() or not Path(json_out).resolve().parent.is_dir()):
+        console.print(f"error: --json-out {json_out}: give a file path in an existing directory", style="red",
+                      markup=False)
+        raise typer.Exit(1)
     try:
         current = _spec_from_flags(False, draft, num_steps, topk, num_draft_tokens) if num_steps else None
         cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,

@@ -179,3 +179,12 @@ def test_convert_keeps_the_manifest_both_ways(tmp_path):
     assert config["speculators_config"]["verifier"]["name_or_path"] == "/models/target"
     assert convert_draft(tmp_path / "spec", tmp_path / "back", layout="specdraft") == 15
     assert load_draft(tmp_path / "back").manifest == manifest
+
+
+def test_a_manifest_missing_keys_is_a_one_line_error(tmp_path):
+    """Valid JSON without the required keys names them (was a TypeError from the dataclass)."""
+    from specdraft.checkpoint import CheckpointError, Manifest
+
+    (tmp_path / "m.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"manifest keys \['aux_layers', 'draft', 'target'\] missing"):
+        Manifest.read(tmp_path / "m.json")

@@ -60,3 +60,16 @@ def test_inspect_given_a_file_names_the_directory(tmp_path):
     with pytest.raises(typer.BadParameter, match="is a file"):
         _check_checkpoint_dir(str(ckpt / "model.safetensors"))
     assert _check_checkpoint_dir(str(ckpt)) == str(ckpt)
+
+
+def test_bench_and_tune_check_their_output_paths_before_running(tmp_path):
+    """A result file path that cannot be written is refused before minutes of measuring."""
+    (tmp_path / "file").write_text("x")
+    bench = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "file")])
+    assert bench.exit_code == 1 and "--out" in bench.output and "is a file" in bench.output, bench.output
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # never loaded: the check comes first
+    for bad in (tmp_path, tmp_path / "missing" / "t.json"):
+        tune = CliRunner().invoke(app, ["tune", "--target", str(tmp_path / "model"), "--draft",
+                                        str(tmp_path / "model"), "--json-out", str(bad)])
+        assert tune.exit_code == 1 and "--json-out" in tune.output, tune.output

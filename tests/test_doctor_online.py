@@ -49,6 +49,19 @@ def doctor(draft, target, samples, url):
         "online_acceptance")
 
 
+def with_shifted_d2t(draft, dst):
+    """A copy of `draft` at `dst` whose d2t sends every draft id to another's target id."""
+    shutil.copytree(draft, dst)
+
+    def shift(tensors):
+        key = next(k for k in tensors if k.endswith("d2t"))
+        d2t = tensors[key]
+        tensors[key] = torch.roll(d2t + torch.arange(len(d2t)), 7) - torch.arange(len(d2t))
+
+    edit_weights(dst, shift)
+    return dst
+
+
 def doctor_against_server(draft, served, target, samples):
     """doctor's online finding for `draft` against a live server running `served`."""
     server = serve(target, served)
@@ -69,20 +82,19 @@ def test_online_acceptance_healthy_server_passes(world):
 
 def test_online_acceptance_server_with_wrong_d2t_fails(world, tmp_path):
     draft, target, samples = world
-    wrong = tmp_path / "wrong"
-    shutil.copytree(draft, wrong)
-
-    def shift(tensors):
-        key = next(k for k in tensors if k.endswith("d2t"))
-        d2t = tensors[key]
-        tensors[key] = torch.roll(d2t + torch.arange(len(d2t)), 7) - torch.arange(len(d2t))
-
-    edit_weights(wrong, shift)
-    finding = doctor_against_server(draft, wrong, target, samples)
+    finding = doctor_against_server(draft, with_shifted_d2t(draft, tmp_path / "wrong"), target, samples)
     print(finding)
     assert finding.verdict == "fail", finding
     assert "online p_1" in finding.evidence and "offline p_1" in finding.evidence
     assert "vocab map (d2t)" in finding.fix
+
+
+def test_online_acceptance_server_running_another_drafter_fails(world, tmp_path):
+    """A server far better than the doctored checkpoint serves some other drafter."""
+    draft, target, samples = world
+    finding = doctor_against_server(with_shifted_d2t(draft, tmp_path / "broken"), draft, target, samples)
+    assert finding.verdict == "fail", finding
+    assert "accepts far more than this checkpoint" in finding.evidence and "another drafter" in finding.fix
 
 
 def test_online_acceptance_unreachable_server_fails(world):

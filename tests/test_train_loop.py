@@ -350,6 +350,9 @@ def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrup
     saved = [p.name for p in loop.checkpoint_paths(tmp_path / "q")]
     assert saved == ["step-00000002.pt", "step-00000004.pt"]  # --save-every 2
 
+    done = CliRunner().invoke(app, [*args[:2], str(tmp_path / "q"), *args[3:], "--warmup-steps", "2", "--resume"])
+    assert done.exit_code == 0 and "is already at step 4 of 4: nothing to train" in done.output, done.output
+
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 

