@@ -19,10 +19,14 @@ times per level, and reports:
   deviation), and the crossover: the first concurrency at which speculation stops winning
   (FC-13; `find_crossover`, a pure function of the points). Without a baseline the report says
   "no baseline: speedup not measured": speculation is never called a win without one
-  (DESIGN.md invariant 6).
+  (DESIGN.md invariant 6). With one run per level the speedups are printed without verdict or
+  crossover (no spread to judge them by: `NO_VERDICT`). A baseline that speculates itself (its
+  own speculative counters or usage show drafts accepted) gets a one-line warning
+  (`baseline_warning`): the comparison is then speculation vs speculation.
 bench.json keeps the fields of single-run reports (`tokens_per_s` is now the mean over runs,
 `speedups[].speedup` the ratio of means) and adds `num_runs`, `tokens_per_s_std`,
-`tokens_per_s_runs`, `speedups[].speedup_std` and `speedups[].verdict`.
+`tokens_per_s_runs`, `speedups[].speedup_std`, `speedups[].verdict` (null with one run) and
+`baseline_warning` (null unless the baseline speculates).
 Requests use temperature 0 and ignore_eos (vLLM / SGLang / specdraft extension) by default, so
 both servers generate max_tokens tokens for every prompt.
 """
@@ -47,6 +51,11 @@ BUILTIN = "builtin"
 NO_BASELINE = "no baseline: speedup not measured"
 METRIC_PREFIX = {"specdraft": "specdraft:", "vllm": "vllm:"}
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+# Two runs are the fewest with a spread (a sample standard deviation); a verdict must clear that
+# spread, so a shaky two-run spread turns a level into a tie, never into a false win.
+MIN_VERDICT_REPEATS = 2
+NO_VERDICT = (f"no verdict: one run per level has no run-to-run spread to tell a win from noise; "
+              f"a verdict needs --repeats {MIN_VERDICT_REPEATS} or more (the default 3 gives a steadier spread)")
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,8 @@ class BenchConfig:
     """What to benchmark. url / baseline_url: server base URLs (http://host:port); prompts:
     "builtin" or a file (JSONL rows {"prompt": text} or JSON strings; other files: one prompt
     per line); concurrency: requests in flight, one level each; num_prompts: requests per
-    run of a level (prompts cycled); repeats: runs per level (mean and spread of tokens/s);
+    run of a level (prompts cycled); repeats: runs per level (mean and spread of tokens/s;
+    verdicts need MIN_VERDICT_REPEATS);
     max_tokens: per request; tie_band: speedups within 1 +- tie_band are ties, not wins (the
     crossover). Raises ValueError for a bad value."""
 
@@ -504,6 +514,25 @@ def find_crossover(points: list[SpeedupPoint], tie_band: float = 0.0) -> Crossov
                                     f"(speedup {b.text()})")
 
 
+def baseline_warning(baseline: ServerRun) -> str | None:
+    """The one-line warning when the baseline itself speculates: some level shows speculative
+    counts (specdraft / vLLM /metrics counters that moved, SGLang's spec_verify_ct) or a
+    specdraft usage accept length above 1. None when there is no such signal (plain decoding,
+    or a server that exposes none)."""
+    for level in baseline.levels:
+        if level.spec is not None:
+            tau, source = level.spec.accept_length, level.spec.source
+        elif (level.usage_accept_length or 0.0) > 1.0:
+            tau, source = level.usage_accept_length, "usage"
+        else:
+            continue
+        return (f"WARNING: the baseline {baseline.url} speculates too (accept length {tau:.2f} from {source} "
+                f"at concurrency {level.concurrency}): this compares speculation with speculation, not with "
+                "plain decoding; restart the baseline without speculation (specdraft serve --no-spec; "
+                "SGLang / vLLM without --speculative-* flags)")
+    return None
+
+
 @dataclass
 class BenchReport:
     """Both runs, speedups per concurrency (None without baseline) and the crossover."""
@@ -514,12 +543,24 @@ class BenchReport:
     speedups: list[SpeedupPoint] | None
     crossover: Crossover
 
+    @property
+    def has_verdicts(self) -> bool:
+        """Whether the speedups are judged (wins / ties / loses): a baseline and enough runs."""
+        return self.speedups is not None and self.config.repeats >= MIN_VERDICT_REPEATS
+
+    @property
+    def baseline_warning(self) -> str | None:
+        """`baseline_warning` of the baseline run (None without a baseline)."""
+        return baseline_warning(self.baseline) if self.baseline else None
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        speedups = [{**asdict(p), "verdict": verdict(p, self.config.tie_band)} for p in self.speedups or []]
+        speedups = [{**asdict(p), "verdict": verdict(p, self.config.tie_band) if self.has_verdicts else None}
+                    for p in self.speedups or []]
         return {"config": asdict(self.config), "spec": self.spec.to_dict(),
                 "baseline": self.baseline.to_dict() if self.baseline else None,
-                "speedups": speedups or None, "crossover": asdict(self.crossover)}
+                "speedups": speedups or None, "crossover": asdict(self.crossover),
+                "baseline_warning": self.baseline_warning}
 
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> BenchReport:
@@ -527,11 +568,13 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
     prompts = load_prompts(cfg.prompts)
     spec = bench_server(cfg.url, prompts, cfg, progress)
     baseline = bench_server(cfg.baseline_url, prompts, cfg, progress) if cfg.baseline_url else None
-    speedups = None
-    if baseline is not None:
-        speedups = [SpeedupPoint.of(a.concurrency, a.tokens_per_s_runs, b.tokens_per_s_runs)
-                    for a, b in zip(spec.levels, baseline.levels)]
-    return BenchReport(cfg, spec, baseline, speedups, find_crossover(speedups or [], cfg.tie_band))
+    if baseline is None:
+        return BenchReport(cfg, spec, None, None, find_crossover([], cfg.tie_band))
+    speedups = [SpeedupPoint.of(a.concurrency, a.tokens_per_s_runs, b.tokens_per_s_runs)
+                for a, b in zip(spec.levels, baseline.levels)]
+    crossover = (find_crossover(speedups, cfg.tie_band) if cfg.repeats >= MIN_VERDICT_REPEATS
+                 else Crossover(None, NO_VERDICT))
+    return BenchReport(cfg, spec, baseline, speedups, crossover)
 
 
 def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -580,12 +623,15 @@ def markdown(report: BenchReport) -> str:
             lines.append(f"| {lv.concurrency} | {tps_cell(lv)} | {ttft} | {tpot} | {tau} | {p} | {lv.num_errors} |")
         lines.append("")
     lines += ["## speedup (tokens/s with speculation / baseline, same prompts)", ""]
+    if report.baseline_warning:
+        lines += [report.baseline_warning, ""]
     if report.speedups is None:
         lines.append(NO_BASELINE)
     else:
         lines += ["| concurrency | speedup (ratio of means) | sd | verdict |", "|---|---|---|---|"]
-        lines += [f"| {p.concurrency} | {p.speedup:.2f}x | {p.speedup_std:.2f} | {verdict(p, cfg.tie_band)} |"
-                  for p in report.speedups]
+        judged = report.has_verdicts  # one run: no sd, no verdict ("-")
+        lines += [f"| {p.concurrency} | {p.speedup:.2f}x | {f'{p.speedup_std:.2f}' if judged else '-'} | "
+                  f"{verdict(p, cfg.tie_band) if judged else '-'} |" for p in report.speedups]
     lines += ["", report.crossover.text, ""]
     return "\n".join(lines)
 

@@ -277,6 +277,9 @@ def generate(
     max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
     device: str = typer.Option("cpu", callback=_check_device),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
+    compile: bool = typer.Option(False, "--compile", help="CUDA: compiled target layers replayed as CUDA "
+                                 "graphs, decode / verify through Triton kernels with bf16 / fp16 (the "
+                                 "first steps compile, a minute or more on large targets)."),
 ) -> None:
     """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
     --draft, plain decoding without it (or with --no-spec)."""
@@ -289,11 +292,14 @@ def generate(
 
     console = Console()
     try:
+        if compile and not device.startswith("cuda"):
+            raise ValueError(f"--compile needs a CUDA device (CUDA graphs), not --device {device}: "
+                             f"pass --device cuda, or drop --compile")
         spec = _spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens)
         torch_dtype = _torch_dtype(dtype)
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
         engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
-                             max_seq_len or None, tokenizer)
+                             max_seq_len or None, tokenizer, compile=compile)
         ids = tokenizer(prompt)["input_ids"]
         eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
         output: list[int] = []
@@ -315,6 +321,8 @@ def generate(
     console.print(metrics_table(result.metrics, (f"speculative decoding (steps {num_steps}, topk {topk}, "
                                                  f"draft tokens {spec.num_draft_tokens})") if spec is not None
                                 else "plain decoding" + ("" if no_spec else " (no --draft)")))
+    if compile:
+        console.print(f"target forwards of up to 16 tokens: {engine.target_kernels} kernels", markup=False)
 
 
 def _train_source(source: str, online: bool, target: str, no_chat: bool, template_kwargs: dict):
@@ -390,11 +398,16 @@ def train(
                                    "conventions.default_aux_layers; a store's must match).", callback=_int_list),
     no_chat: bool = typer.Option(False, "--no-chat", help="With --online: plain text (base models)."),
     template_kwargs: str = typer.Option("{}", help="With --online: JSON kwargs for the chat template."),
+    target_dtype: str | None = typer.Option(None, help="With --online: dtype the target runs in: float32 "
+                                            "(default) | bfloat16 | float16 (or fp32, bf16, fp16)."),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="With --online: skip and count bad records."),
     warmup_steps: int | None = typer.Option(None, min=0, help="Linear learning-rate warm-up steps (100)."),
     save_every: int | None = typer.Option(None, min=1, help="Checkpoint every N steps (500) and at the end."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint; a larger "
+                                "--steps / --epochs extends the run (the lr schedule is recomputed)."),
 ) -> None:
     """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...)."""
+    import dataclasses
     import sys
 
     from rich.console import Console
@@ -409,6 +422,11 @@ def train(
                        draft_vocab_size=draft_vocab_size, precision=precision, aux_layers=aux_layers or None,
                        warmup_steps=warmup_steps, save_every=save_every)
         data = _train_source(source, online, target, no_chat, kwargs)
+        if online:
+            data = dataclasses.replace(data, target_dtype=target_dtype or "float32", skip_bad=skip_bad)
+        elif target_dtype or skip_bad:
+            raise ValueError("--target-dtype and --skip-bad apply with --online only (a store was captured "
+                             "with them: specdraft capture --target-dtype / --skip-bad)")
         values = _train_config_values(config)
         if steps is not None or epochs is not None:  # the options replace the file's run length
             values.update(total_steps=None, epochs=None)
@@ -419,7 +437,8 @@ def train(
             console.print(f"resuming from {saved[-1]}" if saved else
                           f"--resume: no checkpoint in {out} yet: starting at step 0", markup=False, soft_wrap=True)
         result = run_training(cfg, data, out, resume=resume,
-                              command=" ".join(["specdraft", *sys.argv[1:]]), target_config=target or None)
+                              command=" ".join(["specdraft", *sys.argv[1:]]), target_config=target or None,
+                              on_note=lambda text: console.print(f"note: {text}", markup=False, soft_wrap=True))
     except KeyboardInterrupt:
         saved = checkpoint_paths(out)
         console.print(f"interrupted; newest checkpoint: {saved[-1]}: continue with the same command and --resume"
@@ -427,8 +446,7 @@ def train(
                       markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except (ValueError, FileNotFoundError, FileExistsError, TrainingError) as e:
-        _error(console, e, " (or skip bad records: specdraft capture --skip-bad into a store, then "
-                           "train on the store)")
+        _error(console, e, SKIP_BAD_HINT)
         raise typer.Exit(1) from e
     if result.draft_dir is None:
         return  # not rank 0
@@ -456,8 +474,8 @@ def train(
 
 @app.command()
 def export(
-    checkpoint: str = typer.Argument(..., help="Trained draft checkpoint directory.",
-                                     callback=_check_checkpoint_dir),
+    checkpoint: str = typer.Argument(..., help="Drafter directory (e.g. RUN/draft), or a training checkpoint "
+                                     "of --save-every (RUN/checkpoints/step-N.pt)."),
     out: str = typer.Argument(..., help="Output directory (replaced atomically)."),
     engine: str = typer.Option(..., help="sglang | vllm | speculators"),
     target: str = typer.Option("", help="Target directory (default: the manifest's record).", callback=_check_model_dir),
@@ -528,6 +546,8 @@ def doctor(
         typer.echo(report_json(report))
     else:
         console.print(report_table(report, f"specdraft doctor {checkpoint}"))
+        for note in report.notes:
+            console.print(f"note: {note}", markup=False, soft_wrap=True)
     if not report.ok:
         raise typer.Exit(1)
 
@@ -630,7 +650,8 @@ def bench(
     out: str = typer.Option("bench-out", help="Directory for bench.json, bench.md and plots."),
     timeout: float = typer.Option(600.0, help="Seconds per request."),
     repeats: int = typer.Option(3, help="Runs per level: tokens/s and speedup are reported as mean and "
-                                "standard deviation, and a level is a win or a loss only beyond that noise."),
+                                "standard deviation, and a level is a win or a loss only beyond that noise "
+                                "(1 run: speedups without a verdict)."),
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep."""
     from pathlib import Path
@@ -654,6 +675,8 @@ def bench(
         raise typer.Exit(1) from e
     console.print(markdown(report), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
+    if report.baseline_warning:  # last, where it is seen
+        console.print(report.baseline_warning, style="bold red", markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -662,8 +685,10 @@ def tune(
     draft: str = typer.Option(..., help="Draft checkpoint directory.", callback=_check_checkpoint_dir),
     prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}."),
     max_tokens: int = typer.Option(64, min=1, help="New tokens per prompt (temperature 0)."),
-    num_steps: int = typer.Option(0, min=0, help="Current setting to evaluate too (0 = none): draft depth."),
-    topk: int = typer.Option(1, min=1, help="Current setting: children per node."),
+    num_steps: int = typer.Option(0, min=0, help="Current setting to evaluate too (0 = none): draft depth; "
+                                  "--topk and --num-draft-tokens need it."),
+    topk: int | None = typer.Option(None, min=1, help="Current setting: children per node (1 with --num-steps "
+                                    "alone)."),
     num_draft_tokens: int = typer.Option(0, min=0, help="Current setting: verified nodes (0 = num_steps + 1 "
                                          "for a chain; a tree, --topk > 1, needs a value)."),
     probe_steps: int = typer.Option(8, min=1, help="Depth of the acceptance probes."),
@@ -691,7 +716,13 @@ def tune(
                       markup=False)
         raise typer.Exit(1)
     try:
-        current = _spec_from_flags(False, draft, num_steps, topk, num_draft_tokens) if num_steps else None
+        if not num_steps and (topk or num_draft_tokens):  # SGLang refuses these without num_steps too
+            given = " ".join(f"--{name} {v}" for name, v in (("topk", topk), ("num-draft-tokens", num_draft_tokens))
+                             if v)
+            raise ValueError(f"{given} without --num-steps: the current setting needs --num-steps N as well "
+                             "(as SGLang's --speculative-eagle-topk / --speculative-num-draft-tokens need "
+                             "--speculative-num-steps); add --num-steps N, or drop them")
+        current = _spec_from_flags(False, draft, num_steps, topk or 1, num_draft_tokens) if num_steps else None
         cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,
                          num_measure, min_speedup, current, repeats=repeats)
         report = tune_paths(target, draft, prompts, cfg, device, _torch_dtype(dtype),

@@ -8,9 +8,11 @@
   `verifier.name_or_path` must resolve on the serving host.
 Each config gets both id keys when both engines can express the layers (one file serves both),
 `draft_vocab_size`, `norm_before_residual: false`, `tie_word_embeddings: false` and the
-drafter's rope/max positions (taken from the target at training). The manifest is copied
+drafter's rope/max positions (taken from the target at training). The manifest is written
 alongside. An engine that would read the files differently from training is refused with the
 reason. After writing, every tensor is re-read and proven bit-identical under its new name.
+The source is a drafter directory (any layout) or a training checkpoint that `train
+--save-every` wrote (RUN/checkpoints/step-N.pt, or a step-N directory from several ranks).
 """
 
 from __future__ import annotations
@@ -132,6 +134,25 @@ def reread_weights(path: Path, cfg: DraftConfig, layout: str) -> Eagle3Draft:
     return model
 
 
+def load_source(checkpoint: str | Path, target_num_layers: int | None) -> LoadedDraft:
+    """What export reads: a training checkpoint (`loop.load_training_checkpoint`; its manifest
+    records the step) or a drafter directory (`load_draft`). Raises CheckpointError naming
+    the path for anything else (e.g. a drafter's model.safetensors given instead of its directory)."""
+    from specdraft.train.loop import is_training_checkpoint, load_training_checkpoint
+
+    path = Path(checkpoint)
+    if is_training_checkpoint(path):
+        return load_training_checkpoint(path)
+    accepted = ("a drafter directory (config.json, model.safetensors) or a training checkpoint "
+                "(RUN/checkpoints/step-N.pt)")
+    if path.is_file():
+        raise CheckpointError(f"{checkpoint} is a file but no training checkpoint; pass {accepted} "
+                              f"(a drafter here would be {path.parent})")
+    if not path.is_dir():
+        raise CheckpointError(f"{checkpoint}: no such file or directory; pass {accepted}")
+    return load_draft(path, target_num_layers=target_num_layers)
+
+
 def resolve_target(target: str | Path | None, manifest: Manifest | None) -> TargetFacts | None:
     """TargetFacts from the target directory when given, else from the manifest, else None."""
     if target is not None:
@@ -249,7 +270,8 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
                  sglang_version: str | None = None, num_steps: int | None = None,
                  topk: int | None = None, num_draft_tokens: int | None = None,
                  dtype: str | torch.dtype | None = None) -> ExportResult:
-    """Write `checkpoint` for `engine` ("sglang" | "vllm" | "speculators") under `out_dir`.
+    """Write `checkpoint` (a drafter directory or a training checkpoint, `load_source`) for
+    `engine` ("sglang" | "vllm" | "speculators") under `out_dir`.
 
     target: the target's transformers directory (its config gives layer count, class, rope;
     else the manifest's record). verifier: the speculators `verifier.name_or_path` (default:
@@ -267,7 +289,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     spec = spec_for_export(engine, num_steps, topk, num_draft_tokens)
     out_dir = check_output_dir(out_dir)
     given = TargetFacts.from_target_dir(target) if target is not None else None
-    source = load_draft(checkpoint, target_num_layers=given.num_layers if given else None)
+    source = load_source(checkpoint, given.num_layers if given else None)
     facts = given or resolve_target(None, source.manifest)
     if facts is None:
         raise ExportError(f"{checkpoint}: no manifest to say what the target is; pass --target DIR")
@@ -290,6 +312,9 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
     if source.manifest is None:
         notes.append("the source has no specdraft manifest: doctor cannot compare with training")
+    elif "checkpoint" in (source.manifest.training or {}):
+        notes.append(f"the drafter of training checkpoint {checkpoint} (step {source.manifest.training['steps']}); "
+                     "its manifest records the step")
     return ExportResult(out_dir, engine, config, launch_command(engine, verifier or "TARGET",
                                                                 out_dir.resolve(), spec),
                         notes, num_tensors)
@@ -307,7 +332,7 @@ def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any]
                   metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         if source.manifest is not None:
-            shutil.copyfile(source.path / MANIFEST_FILE, tmp / MANIFEST_FILE)
+            (tmp / MANIFEST_FILE).write_text(source.manifest.to_json())
             written = load_draft(tmp, target_num_layers=facts.num_layers).model
         else:
             written = reread_weights(tmp, source.model.cfg, layout)

@@ -1,13 +1,16 @@
 """OpenAI's request/response protocol for specdraft's server, without the server itself.
 
 - Requests: `get_field` / `parse_common` check JSON fields against OpenAI's names and types (vLLM's
-  `top_k` / `ignore_eos` extensions) into a `GenerationRequest`; `prompt_ids_of` and
-  `chat_prompt_ids` turn a completion prompt or chat `messages` (the tokenizer's chat template)
-  into target token ids; `context_room` is the room left after a prompt. A bad request raises
-  `RequestError`, which carries the HTTP status and OpenAI's error body.
+  `top_k` / `ignore_eos` / `return_token_ids` extensions) into a `GenerationRequest`;
+  `prompt_ids_of` and `chat_prompt_ids` turn a completion prompt or chat `messages` (the
+  tokenizer's chat template) into target token ids; `context_room` is the room left after a
+  prompt. A bad request raises `RequestError`, which carries the HTTP status and OpenAI's error
+  body.
 - Responses: `TextStream` detokenizes incrementally with stop strings; `ResponseShape` builds
-  completion / chat.completion bodies and SSE chunks (`sse`); `usage_of` adds the raw speculative
-  counts and `accept_length` = 1 + accepted / drafts to OpenAI's usage.
+  completion / chat.completion bodies and SSE chunks (`sse`), with the prompt's and the output's
+  token ids when asked (`return_token_ids`, vLLM's names: text does not round-trip to the same
+  ids, so a client that measures on the tokens the server ran needs them); `usage_of` adds the
+  raw speculative counts and `accept_length` = 1 + accepted / drafts to OpenAI's usage.
 Imports neither FastAPI, uvicorn nor prometheus_client (jinja2 only when a chat is rendered).
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +57,7 @@ class GenerationRequest:
     ignore_eos: bool
     stream: bool
     include_usage: bool
+    return_token_ids: bool = False
 
 
 _TYPES = {"int": (int,), "number": (int, float), "bool": (bool,), "str": (str,), "object": (dict,),
@@ -76,7 +81,8 @@ def get_field(body: dict, name: str, kind: str, default: Any = None, required: b
 
 def parse_common(body: dict, prompt_ids: list[int], default_max_tokens: int) -> GenerationRequest:
     """The sampling and streaming fields shared by completions and chat (OpenAI names, vLLM's
-    top_k / ignore_eos extensions); raises RequestError for a bad value or unsupported option."""
+    top_k / ignore_eos / return_token_ids extensions); raises RequestError for a bad value or
+    unsupported option."""
     for name, ok in (("n", 1), ("best_of", 1)):
         if get_field(body, name, "int", ok) != ok:
             raise RequestError(f"'{name}' must be 1: the server returns one completion",
@@ -102,7 +108,8 @@ def parse_common(body: dict, prompt_ids: list[int], default_max_tokens: int) -> 
                              tuple(stop), get_field(body, "seed", "int"),
                              get_field(body, "ignore_eos", "bool", False),
                              get_field(body, "stream", "bool", False),
-                             bool(get_field(options, "include_usage", "bool", False)))
+                             bool(get_field(options, "include_usage", "bool", False)),
+                             get_field(body, "return_token_ids", "bool", False))
 
 
 def prompt_ids_of(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
@@ -228,12 +235,20 @@ def sse(payload: dict) -> str:
 
 @dataclass
 class ResponseShape:
-    """OpenAI's completion / chat.completion bodies and chunks for one request."""
+    """OpenAI's completion / chat.completion bodies and chunks for one request.
+
+    prompt_token_ids: the prompt's ids when the request asked for token ids (vLLM's
+    return_token_ids: the body's choice carries `prompt_token_ids` and `token_ids`; streamed,
+    the first chunk carries `prompt_token_ids` and each chunk the `token_ids` it adds); None
+    otherwise.
+    """
 
     model: str
     chat: bool
+    prompt_token_ids: list[int] | None = None
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    prompt_sent: bool = False  # streamed: the first chunk went out (with prompt_token_ids)
 
     def head(self, stream: bool) -> dict[str, Any]:
         """id, object, created, model."""
@@ -241,13 +256,18 @@ class ResponseShape:
         return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind,
                 "created": self.created, "model": self.model}
 
-    def chunk(self, piece: str | dict, finish_reason: str | None) -> dict[str, Any]:
-        """A streamed chunk carrying `piece` (text, or a chat delta dict)."""
+    def chunk(self, piece: str | dict, finish_reason: str | None, token_ids: Sequence[int] = ()) -> dict[str, Any]:
+        """A streamed chunk carrying `piece` (text, or a chat delta dict) and, when token ids
+        were asked for, the output ids it adds."""
         if self.chat:
             delta = piece if isinstance(piece, dict) else ({"content": piece} if piece else {})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
             choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason}
+        if self.prompt_token_ids is not None:
+            if not self.prompt_sent:
+                choice["prompt_token_ids"], self.prompt_sent = self.prompt_token_ids, True
+            choice["token_ids"] = list(token_ids)
         return {**self.head(stream=True), "choices": [choice]}
 
     def full(self, text: str, result: GenerationResult) -> dict[str, Any]:
@@ -256,4 +276,6 @@ class ResponseShape:
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                    "finish_reason": reason} if self.chat else
                   {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+        if self.prompt_token_ids is not None:
+            choice.update(prompt_token_ids=self.prompt_token_ids, token_ids=list(result.token_ids))
         return {**self.head(stream=False), "choices": [choice], "usage": usage_of(result)}

@@ -12,6 +12,9 @@ the tokenizer's chat template), `/v1/models`, `/health`, `/metrics` (Prometheus,
   `on_tokens` callback raises `GenerationCancelled` (the engine restarts from a prefill on
   every request, so an interrupted `generate` leaves nothing behind).
 - `usage` carries the raw speculative counts and `accept_length` = 1 + accepted / drafts.
+  `return_token_ids: true` (vLLM's extension) adds the prompt's and the output's token ids
+  (`prompt_token_ids`, `token_ids`): the ids the engine ran, which the text, decoded without
+  special tokens, does not always give back when re-tokenized (`specdraft doctor --server`).
   `/metrics` names the speculative counters after vLLM's (`vllm:spec_decode_*` in
   `vllm/v1/spec_decode/metrics.py`) with the `specdraft:` prefix; prometheus_client exposes a
   counter with the suffix `_total`, as vLLM does; `position` is 0-based (0 = first draft).
@@ -361,7 +364,7 @@ async def respond(request: Any, state: ServerState, req: GenerationRequest, chat
 
     job = Job(req, post)
     state.worker.submit(job)
-    shape = ResponseShape(state.model_name, chat)
+    shape = ResponseShape(state.model_name, chat, req.prompt_ids if req.return_token_ids else None)
     if req.stream:
         return StreamingResponse(stream_chunks(state, job, events, shape), media_type="text/event-stream")
     kind, value = await wait_for_end(request, job, events)
@@ -391,19 +394,23 @@ async def wait_for_end(request: Any, job: Job, events: asyncio.Queue) -> tuple[s
 async def stream_chunks(state: ServerState, job: Job, events: asyncio.Queue,
                         shape: ResponseShape) -> AsyncIterator[str]:
     """SSE: text chunks, a final chunk with finish_reason, the usage chunk when asked, [DONE].
+    Token ids held back with their text (a possible stop string) travel with the next chunk.
     Closing the stream (client disconnect) cancels the job."""
     text = TextStream(state.tokenizer, job.request.stop)
+    pending: list[int] = []  # output ids not yet sent in a chunk
     try:
         if shape.chat:
             yield sse(shape.chunk({"role": "assistant", "content": ""}, None))
         while True:
             kind, value = await events.get()
             if kind == "tokens":
+                pending += value
                 if piece := text.push(value):
-                    yield sse(shape.chunk(piece, None))
+                    yield sse(shape.chunk(piece, None, pending))
+                    pending = []
                 continue
             if kind == "done":
-                yield sse(shape.chunk(text.finish(), FINISH_REASONS[value.finish_reason]))
+                yield sse(shape.chunk(text.finish(), FINISH_REASONS[value.finish_reason], pending))
                 if job.request.include_usage:
                     yield sse({**shape.chunk("", None), "choices": [], "usage": usage_of(value)})
             else:

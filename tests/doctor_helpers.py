@@ -141,3 +141,24 @@ def trained_world(tmp_path_factory) -> TrainedWorld:
         _WORLD["world"] = TrainedWorld(root / "target", result.draft_dir, root / "samples.jsonl",
                                        root / "store")
     return _WORLD["world"]
+
+
+def served_world(root: Path, tokenizer) -> tuple[Path, Path, Path]:
+    """(draft dir, target dir with `tokenizer`, samples.jsonl) under root for doctor --server
+    tests: the engine tests' tiny smooth Llama and its briefly trained drafter (accepted ~50 %),
+    saved with a manifest, and 8 token-id samples."""
+    import shutil
+
+    from tests.engine_helpers import AUX_LAYERS, random_prompts, tiny_setup
+
+    setup = tiny_setup("llama", "smooth")
+    target = root / "target"
+    shutil.copytree(setup.target_dir, target)
+    tokenizer.save_pretrained(target)
+    manifest = Manifest(draft=setup.trained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
+                        **target_fields(target, AUX_LAYERS))
+    save_draft(setup.trained, root / "draft", manifest=manifest)
+    samples = root / "samples.jsonl"
+    samples.write_text("".join(json.dumps({"input_ids": p, "loss_mask": [1] * len(p)}) + "\n"
+                               for p in random_prompts(8, 16, seed=5)))
+    return root / "draft", target, samples

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from specdraft.bench import (
     NO_BASELINE,
+    NO_VERDICT,
     BenchConfig,
     SpeedupPoint,
     counter_delta,
@@ -32,6 +33,7 @@ from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
 from tests.serve_helpers import (
     engine,
     fake_sglang_app,
+    fake_vllm_app,
     own_target,
     running,
     text_prompts,
@@ -167,6 +169,7 @@ def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path):
     assert data["speedups"][1]["speedup"] == report.speedups[1].speedup  # the single-run keys stay
     assert data["speedups"][1]["speedup_std"] == report.speedups[1].speedup_std
     assert data["speedups"][1]["verdict"] == verdict(report.speedups[1], cfg.tie_band)
+    assert report.baseline_warning is None and data["baseline_warning"] is None  # a plain baseline
     assert data["spec"]["levels"][0]["tokens_per_s"] == report.spec.levels[0].tokens_per_s
     assert data["spec"]["levels"][0]["tokens_per_s_runs"] == report.spec.levels[0].tokens_per_s_runs
     assert data["spec"]["levels"][0]["spec"]["accept_length"] == report.spec.levels[0].spec.accept_length
@@ -218,3 +221,57 @@ def test_a_url_ending_in_v1_is_refused_with_the_base_url():
     """bench adds the OpenAI paths itself: http://host:8000/v1 would request /v1/v1/models."""
     with pytest.raises(RuntimeError, match=r"without /v1 \(http://127.0.0.1:9\)"):
         detect_server("http://127.0.0.1:9/v1/")
+
+
+def test_one_run_per_level_gives_speedups_but_no_verdict(servers, tmp_path):
+    """--repeats 1: no spread, so no win / tie / loss and no crossover, only the numbers and
+    what a verdict needs."""
+    spec, plain = servers
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=23))
+    result = CliRunner().invoke(app, ["bench", "--url", spec.url, "--baseline-url", plain.url, "--prompts",
+                                      str(prompts), "--concurrency", "1,2", "--max-tokens", "6", "--num-prompts",
+                                      "2", "--repeats", "1", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert [p["concurrency"] for p in data["speedups"]] == [1, 2] and all(p["speedup"] > 0 for p in data["speedups"])
+    assert [p["verdict"] for p in data["speedups"]] == [None, None]
+    assert data["crossover"] == {"concurrency": None, "text": NO_VERDICT}
+    assert "a verdict needs --repeats 2 or more" in NO_VERDICT and NO_VERDICT in result.output
+    for p in data["speedups"]:  # the number, no sd, no verdict
+        assert f"| {p['concurrency']} | {p['speedup']:.2f}x | - | - |" in result.output
+    assert not any(f"| {v} |" in result.output for v in ("wins", "ties", "loses"))
+    assert "crossover" not in result.output and "WARNING" not in result.output
+
+
+def test_bench_cli_warns_when_the_baseline_speculates(servers, tmp_path):
+    """The speculative server given as its own baseline: one WARNING line, in bench.md and
+    last in the output; verdicts stay (2 runs)."""
+    spec, _ = servers
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=24))
+    result = CliRunner().invoke(app, ["bench", "--url", spec.url, "--baseline-url", spec.url, "--prompts",
+                                      str(prompts), "--concurrency", "1", "--max-tokens", "6", "--num-prompts", "2",
+                                      "--repeats", "2", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if "WARNING" in line]
+    assert len(warnings) == 2 and warnings[0] == warnings[1] == result.output.strip().splitlines()[-1]
+    assert warnings[0].startswith(f"WARNING: the baseline {spec.url} speculates too (accept length ")
+    assert "from specdraft /metrics at concurrency 1" in warnings[0] and "speculation with speculation" in warnings[0]
+    assert warnings[0] in (tmp_path / "out" / "bench.md").read_text()
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert data["baseline_warning"] == warnings[0] and data["speedups"][0]["verdict"] in ("wins", "ties", "loses")
+
+
+def test_baseline_speculation_is_read_from_vllm_and_sglang_signals(tmp_path):
+    """vLLM's spec counters and SGLang's spec_verify_ct flag a speculating baseline; a server
+    without them (vLLM with no spec counters) gets no warning."""
+    prompts = str(write_prompts(tmp_path / "prompts.jsonl", ["w1 w2"]))
+    with serve_in_thread(fake_vllm_app(lambda active: 0.001, 2, 2)) as spec, \
+            serve_in_thread(fake_vllm_app(lambda active: 0.001, 1, 0)) as plain_vllm, \
+            serve_in_thread(fake_sglang_app(tokens_per_verify=2)) as spec_sglang:
+        def warning(baseline):
+            cfg = BenchConfig(spec.url, baseline.url, prompts, (1,), max_tokens=4, num_prompts=2, repeats=2)
+            return run_bench(cfg).baseline_warning
+
+        assert warning(plain_vllm) is None
+        assert "speculates too (accept length 2.00 from vllm /metrics at concurrency 1)" in warning(spec)
+        assert "(accept length 2.00 from sglang meta_info" in warning(spec_sglang)

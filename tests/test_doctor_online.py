@@ -4,19 +4,17 @@ naming the gap, an unreachable URL fails naming it."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
 
 import pytest
 import torch
 
-from specdraft.checkpoint import Manifest, save_draft
 from specdraft.doctor import run_doctor
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.serve import build_app, serve_in_thread
-from tests.doctor_helpers import edit_weights, target_fields
-from tests.engine_helpers import AUX_LAYERS, one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.doctor_helpers import edit_weights, served_world
+from tests.engine_helpers import one_thread, random_prompts  # noqa: F401 (fixture)
 from tests.serve_helpers import word_tokenizer
 
 SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
@@ -26,18 +24,7 @@ SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
 def world(tmp_path_factory):
     """(draft dir, target dir with a word tokenizer, samples.jsonl): the engine tests' tiny
     smooth Llama and its briefly trained drafter (accepted ~50 %), saved with a manifest."""
-    setup = tiny_setup("llama", "smooth")
-    root = tmp_path_factory.mktemp("online")
-    target = root / "target"
-    shutil.copytree(setup.target_dir, target)
-    word_tokenizer().save_pretrained(target)
-    manifest = Manifest(draft=setup.trained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
-                        **target_fields(target, AUX_LAYERS))
-    save_draft(setup.trained, root / "draft", manifest=manifest)
-    samples = root / "samples.jsonl"
-    samples.write_text("".join(json.dumps({"input_ids": p, "loss_mask": [1] * len(p)}) + "\n"
-                               for p in random_prompts(8, 16, seed=5)))
-    return root / "draft", target, samples
+    return served_world(tmp_path_factory.mktemp("online"), word_tokenizer())
 
 
 def serve(target, draft):

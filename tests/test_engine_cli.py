@@ -46,3 +46,5 @@ def test_generate_streams_text_and_prints_metrics(tmp_path):
     no_draft = CliRunner().invoke(app, common)  # --help: "omit for plain decoding"
     assert no_draft.exit_code == 0, no_draft.output
     assert expected in no_draft.output.replace("\n", "") and "plain decoding (no --draft)" in no_draft.output
+    on_cpu = CliRunner().invoke(app, common + ["--compile"])  # CUDA graphs: refused, not ignored
+    assert on_cpu.exit_code == 1 and "--compile needs a CUDA device" in on_cpu.output

@@ -60,8 +60,8 @@ def test_micro_batches_give_the_weights_of_one_batch(online, tmp_path):
 
 
 def test_a_batch_that_does_not_split_into_micro_batches_is_refused(online, tmp_path):
-    with pytest.raises(ValueError, match=r"batch_size 8 does not split into 1 rank\(s\) x 3 micro-batches "
-                                         r"\(grad_accum_steps\): use a multiple of 3"):
+    with pytest.raises(ValueError, match=r"^--batch-size 8 does not split into 1 rank\(s\) x --grad-accum-steps 3 "
+                                         r"micro-batches: use a multiple of 3$"):
         train(small_config(grad_accum_steps=3), online, tmp_path / "run", progress=False)
-    with pytest.raises(ValueError, match="grad_accum_steps = 0: must be positive"):
+    with pytest.raises(ValueError, match="^--grad-accum-steps 0: must be positive$"):
         TrainConfig(grad_accum_steps=0)

@@ -63,15 +63,20 @@ def one_thread():
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """(target, samples, store path) shared by the tests of this module."""
-    root = tmp_path_factory.mktemp("train")
+def make_world(root: Path):
+    """(target, samples, store path): the tiny target saved under root/target, 200 samples, and
+    their fp32 capture store root/store on layers AUX."""
     target = make_target(root / "target")
     samples = make_samples(200)
     write_store(target, samples, root / "store", StoreSettings(AUX, dtype=torch.float32, shard_tokens=2048),
                 extra={"target_path": str(root / "target")})
     return target, samples, root / "store"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(target, samples, store path) shared by the tests of this module."""
+    return make_world(tmp_path_factory.mktemp("train"))
 
 
 def small_config(**kw) -> TrainConfig:
@@ -205,15 +210,15 @@ def test_case_fc07_batch_without_supervision_stops_training(world, tmp_path):
 
 def test_aux_layers_other_than_the_stores_are_refused(world, tmp_path):
     _, _, store = world
-    with pytest.raises(ValueError, match=r"aux_layers \[1, 2\] asked for, but the training data holds "
-                                         r"layers \[1, 2, 3\]"):
+    with pytest.raises(ValueError, match=r"--aux-layers 1,2 asked for, but the training data holds "
+                                         r"layers 1,2,3: drop --aux-layers \(or pass --aux-layers 1,2,3\)"):
         train(small_config(aux_layers=(1, 2)), store, tmp_path / "run", progress=False)
 
 
 def test_train_config_is_validated():
-    with pytest.raises(ValueError, match="total_steps or epochs"):
+    with pytest.raises(ValueError, match="both set .--config.: keep one run length, or pass --steps or --epochs"):
         TrainConfig(total_steps=3, epochs=1)
-    with pytest.raises(ValueError, match="precision"):
+    with pytest.raises(ValueError, match="^--precision 'fp16': choose one of fp32, bf16$"):
         TrainConfig(precision="fp16")
     with pytest.raises(ValueError, match="unknown keys"):
         TrainConfig.from_dict({"learning_rate": 1.0})
@@ -306,6 +311,28 @@ def test_two_rank_run_killed_and_resumed_from_a_sharded_checkpoint_ends_bit_iden
         assert torch.equal(a[key], b[key]), key
     assert [r["loss"] for r in read_metrics(run) if r["split"] == "train"] == \
         [r["loss"] for r in read_metrics(straight) if r["split"] == "train"]
+
+
+@needs_torchrun
+def test_a_two_rank_sharded_checkpoint_exports_its_step(world, two_ranks, tmp_path):
+    """A step-N directory of FSDP2 shards (one file per rank) exports as one drafter: the
+    weights of a one-process run's step-N.pt (same tolerance as above), step 3 recorded."""
+    from specdraft.export import export_draft
+
+    _, _, store = world
+    cfg_file, two = two_ranks
+    result = export_draft(two / "checkpoints" / "step-00000003", tmp_path / "two", engine="sglang")
+    assert any("(step 3)" in note for note in result.notes)
+    manifest = json.loads((tmp_path / "two" / "specdraft_manifest.json").read_text())
+    assert manifest["training"]["steps"] == 3 and manifest["training"]["config"]["total_steps"] == 6
+    cfg = TrainConfig.from_dict({**json.loads(cfg_file.read_text()), "grad_accum_steps": 1})
+    train(cfg, store, tmp_path / "one", progress=False)
+    export_draft(tmp_path / "one" / "checkpoints" / "step-00000003.pt", tmp_path / "single", engine="sglang")
+    single = load_file(str(tmp_path / "single" / "model.safetensors"))
+    written = load_file(str(tmp_path / "two" / "model.safetensors"))
+    assert written.keys() == single.keys()
+    for key in single:
+        torch.testing.assert_close(written[key], single[key], rtol=1e-3, atol=1e-4)
 
 
 def test_pad_samples_truncates_and_pads():

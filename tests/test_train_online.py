@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.data import data_hash, load_dataset, tokenizer_fingerprint
+from specdraft.train.sources import OnlineData, OnlineSource
 from tests.tiny_models import save_tiny_model
 from tests.tiny_tokenizer import WORDS, save_tiny_tokenizer, tiny_chat_tokenizer
 
@@ -70,3 +73,54 @@ def test_cli_online_options_need_their_mode(target_dir, chats_file, tmp_path):
     assert no_target.exit_code == 1 and "--online needs --target" in no_target.output
     no_online = CliRunner().invoke(app, ["train", str(tmp_path), str(tmp_path / "b"), "--no-chat"])
     assert no_online.exit_code == 1 and "apply with --online only" in no_online.output
+
+
+TRAIN_ARGS = ["--aux-layers", "1,2,3", "--steps", "2", "--batch-size", "4", "--ttt-steps", "2",
+              "--draft-vocab-size", "64"]
+
+
+def train_losses(run) -> list[float]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r["split"] == "train"]
+
+
+def test_cli_online_target_dtype_runs_the_target_in_it(target_dir, chats_file, tmp_path):
+    """--target-dtype bfloat16 runs the target in bf16 (other losses than fp32, still finite);
+    float32, the default, gives exactly the losses of a run without the flag."""
+    losses = {}
+    for name, extra in (("default", []), ("float32", ["--target-dtype", "float32"]),
+                        ("bf16", ["--target-dtype", "bfloat16"])):
+        result = CliRunner().invoke(app, ["train", str(chats_file), str(tmp_path / name), "--online", "--target",
+                                          str(target_dir), *TRAIN_ARGS, *extra])
+        assert result.exit_code == 0, result.output
+        losses[name] = train_losses(tmp_path / name)
+    assert losses["default"] == losses["float32"]
+    assert all(math.isfinite(x) for x in losses["bf16"]) and losses["bf16"] != losses["float32"]
+    data = OnlineData.load(OnlineSource(str(target_dir), str(chats_file), target_dtype="bf16"), (1, 2, 3))
+    assert data.target.embed_tokens.weight.dtype == torch.bfloat16
+    batch = data.batch([0, 1], 64, torch.device("cpu"))
+    assert batch.aux_hidden.dtype == batch.target_logits.dtype == torch.float32
+
+
+def test_cli_online_skip_bad_skips_and_counts_bad_records(target_dir, chats_file, tmp_path):
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(chats_file.read_text() + json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    args = ["train", str(mixed), "--online", "--target", str(target_dir), *TRAIN_ARGS]
+    refused = CliRunner().invoke(app, args[:2] + [str(tmp_path / "a")] + args[2:])
+    assert refused.exit_code == 1
+    assert f"{mixed}:17" in refused.output and "(or pass --skip-bad to skip and count bad records)" in refused.output
+    skipped = CliRunner().invoke(app, args[:2] + [str(tmp_path / "b")] + args[2:] + ["--skip-bad"])
+    assert skipped.exit_code == 0, skipped.output
+    assert f"note: skipped 1 bad records in {mixed}" in " ".join(skipped.output.split())
+    manifest = json.loads((tmp_path / "b" / "draft" / "specdraft_manifest.json").read_text())
+    assert manifest["data_hash"] == data_hash(load_dataset(chats_file, tiny_chat_tokenizer()).samples)
+
+
+def test_cli_online_only_options_are_refused_offline_and_checked(target_dir, chats_file, tmp_path):
+    for extra in (["--target-dtype", "bfloat16"], ["--skip-bad"]):
+        offline = CliRunner().invoke(app, ["train", str(tmp_path), str(tmp_path / "run"), *extra])
+        assert offline.exit_code == 1 and "--target-dtype and --skip-bad apply with --online only" in offline.output
+    bad = CliRunner().invoke(app, ["train", str(chats_file), str(tmp_path / "run"), "--online", "--target",
+                                   str(target_dir), "--target-dtype", "int8"])
+    assert bad.exit_code == 1 and "error: --target-dtype 'int8': choose one of bfloat16, bf16" in bad.output
+    assert not (tmp_path / "run").exists()

@@ -86,3 +86,38 @@ def test_tune_cli(tmp_path):
     bad = CliRunner().invoke(app, ["tune", "--target", str(target), "--draft", str(draft), "--num-steps", "3",
                                    "--num-draft-tokens", "9"])
     assert bad.exit_code == 1 and "num_draft_tokens must be num_steps + 1" in bad.output
+
+
+def test_tune_cli_refuses_topk_or_draft_tokens_without_num_steps(tmp_path, monkeypatch):
+    """--topk / --num-draft-tokens without --num-steps were dropped from the comparison in
+    silence; SGLang refuses --speculative-eagle-topk / --speculative-num-draft-tokens without
+    --speculative-num-steps, and so does tune: one line naming --num-steps, before any loading."""
+    import specdraft.tune
+
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    target.mkdir()
+    (target / "config.json").write_text("{}")  # refused before anything is loaded
+    draft.mkdir()
+    seen = []
+
+    def fake_tune_paths(target_dir, draft_dir, prompts, cfg, *args, **kwargs):
+        seen.append(cfg.current)
+        raise ValueError("stop after the config")
+
+    monkeypatch.setattr(specdraft.tune, "tune_paths", fake_tune_paths)
+    base = ["tune", "--target", str(target), "--draft", str(draft)]
+    for flags, given in (("--topk 4", "--topk 4"), ("--topk 1", "--topk 1"),
+                         ("--num-draft-tokens 8", "--num-draft-tokens 8"),
+                         ("--topk 2 --num-draft-tokens 5", "--topk 2 --num-draft-tokens 5"),
+                         ("--num-steps 0 --topk 2", "--topk 2")):
+        result = CliRunner().invoke(app, base + flags.split())
+        assert result.exit_code == 1, flags
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {given} without --num-steps: "), result.output
+        assert "add --num-steps N" in lines[0]
+    assert seen == []  # nothing ran
+    # with --num-steps the setting is complete; --topk defaults to 1 (a chain) only then
+    for flags in (["--num-steps", "2", "--topk", "2", "--num-draft-tokens", "5"], ["--num-steps", "3"]):
+        result = CliRunner().invoke(app, base + flags)
+        assert result.exit_code == 1 and "error: stop after the config" in result.output
+    assert seen == [SpecConfig(2, 2, 5), SpecConfig(3, 1, 4)]

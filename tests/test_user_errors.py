@@ -124,8 +124,7 @@ def test_train_online_and_capture_say_how_they_skip_bad_records(target_with_toke
                     str(target_with_tokenizer), "--no-chat"])
     assert train.exit_code == 1, train.output
     text = flat(train.output)
-    assert f"{bad}:2: bad JSON" in text and "specdraft capture --skip-bad into a store" in text
-    assert "pass --skip-bad" not in text
+    assert f"{bad}:2: bad JSON" in text and "(or pass --skip-bad to skip and count bad records)" in text
     capture = invoke(["capture", str(target_with_tokenizer), str(bad), str(tmp_path / "store"), "--no-chat"])
     assert capture.exit_code == 1, capture.output
     assert f"{bad}:2: bad JSON" in flat(capture.output)

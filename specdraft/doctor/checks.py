@@ -9,6 +9,7 @@ checks that catch it; `specdraft export` covers S1, S3, FC-01 and FC-03 as well.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,6 +27,9 @@ from specdraft.doctor.evidence import (
 from specdraft.doctor.offline import DEFAULT_TTT_STEPS, offline_run, run_on, training_accuracy
 from specdraft.draft import rope_from_hf_config
 from specdraft.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES
+
+if TYPE_CHECKING:  # imported when the check runs (httpx, bench)
+    from specdraft.doctor.online import OnlineRun
 
 VERDICTS = ("pass", "fail", "skip")
 NUM_AUX = 3  # fc input = 3 x target hidden in SGLang and vLLM
@@ -589,7 +593,9 @@ def online_acceptance(ev: Evidence) -> Result:
     the sample prompts at T = 0) agrees with offline acceptance on the sequences the server
     produced: fails when online p_1 < offline p_1 - ONLINE_P1_GAP or online tau <
     ONLINE_TAU_RATIO x offline tau (S6), naming the likely causes; when online p_1 > offline p_1
-    + ONLINE_P1_EXCESS (another drafter is served); an unreachable server fails."""
+    + ONLINE_P1_EXCESS (another drafter is served); an unreachable server fails. Outputs that
+    came back as text only (no token ids) are re-tokenized, which need not give the ids the
+    server ran: the evidence says how many, and a failure names that first."""
     from specdraft.doctor.online import (
         MAX_TOKENS,
         ServerError,
@@ -637,17 +643,31 @@ def online_acceptance(ev: Evidence) -> Result:
         gaps.append(f"online p_1 {online_p[0]:.2f} < offline p_1 {offline_p[0]:.2f} - {ONLINE_P1_GAP}")
     if tau_on < ONLINE_TAU_RATIO * tau_off:
         gaps.append(f"online tau {tau_on:.2f} < {ONLINE_TAU_RATIO} x offline tau {tau_off:.2f}")
-    text = f"{on_row}; {off_row}; {where}"
+    text = f"{on_row}; {off_row}; {where}{_retokenized(online)}"
+    first = (f"first make {url} return token ids (specdraft serve and vLLM >= 0.10.2 do on "
+             "return_token_ids, SGLang as output_ids): offline replayed re-tokenized text; then "
+             if online.num_retokenized else "")
     if online_p and online_p[0] > offline_p[0] + ONLINE_P1_EXCESS:
         return fail(f"the server accepts far more than this checkpoint offline (online p_1 "
                     f"{online_p[0]:.2f} > offline p_1 {offline_p[0]:.2f} + {ONLINE_P1_EXCESS}): {text}",
-                    "the server runs another drafter: doctor the checkpoint it serves, or serve this one")
+                    first + "the server runs another drafter: doctor the checkpoint it serves, or serve this one")
     if gaps:
         return fail(f"the server accepts far less than this checkpoint offline ({'; '.join(gaps)}): {text}",
-                    "the server is not running this drafter as doctored: check it serves this "
+                    first + "the server is not running this drafter as doctored: check it serves this "
                     "checkpoint (not another or a stale copy), its loader's keys, the aux layers it "
                     "captures, fc, the vocab map (d2t), the chat template; " + _likely_causes(ev))
     return ok(text)
+
+
+def _retokenized(online: OnlineRun) -> str:
+    """Why the rows may differ when outputs came back as text only ("" when all had ids)."""
+    if not online.num_retokenized:
+        return ""
+    return (f"; {online.num_retokenized} of {online.num_prompts} outputs came back as text only and were "
+            "re-tokenized with the target's tokenizer, which need not give the ids the server ran (an "
+            "output that continues a word gains a word-start piece, SentencePiece 'k' -> '▁k'; BPE "
+            "re-merges pieces; decoding drops special tokens such as EOS): offline then replays other "
+            "sequences than online ran, and the rows may differ by more than noise (offline lower, typically)")
 
 
 def _text_to_ids(ev: Evidence):

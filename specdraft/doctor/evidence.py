@@ -355,8 +355,9 @@ class Evidence:
                               "save the target's tokenizer into its directory") from None
 
     @memo
-    def samples(self) -> list:
-        """Up to max_samples `data.Sample`s (tokenized with the manifest's template kwargs)."""
+    def sample_read(self) -> Any:
+        """--samples read (`doctor.samples.SampleRead`: the samples, tokenized with the manifest's
+        template kwargs, and the bad records skip_bad skipped)."""
         from specdraft.doctor.samples import read_samples
 
         if self.inputs.samples is None:
@@ -365,6 +366,21 @@ class Evidence:
         # the tokenizer is loaded only for texts and chats
         return read_samples(Path(self.inputs.samples), lambda: self.tokenizer, kwargs,
                             self.inputs.max_samples, self.inputs.max_length, self.inputs.skip_bad)
+
+    @property
+    def samples(self) -> list:
+        """Up to max_samples `data.Sample`s from --samples."""
+        return self.sample_read.samples
+
+    def notes(self) -> list[str]:
+        """Report lines about the inputs: with skip_bad, what was skipped in --samples (nothing
+        when the samples could not be read for want of a tokenizer: no check used them)."""
+        if not self.inputs.skip_bad or self.inputs.samples is None:
+            return []
+        try:
+            return [f"--samples {self.inputs.samples}: {self.sample_read.skipped_text()}"]
+        except Unavailable:
+            return []
 
     def read_given_samples(self) -> None:
         """Read --samples now: a file the user gave that cannot be read is an error (DataError,

@@ -1,13 +1,23 @@
 """Online acceptance: the sample prompts sent to a live server (specdraft, vLLM, SGLang) at
 temperature 0, its speculative counters read before and after (specdraft.bench), and offline
 acceptance computed on the sequences the server produced (prompt + its greedy output,
-teacher-forced with the target's aux states), so both sides see the same text.
+teacher-forced with the target's aux states), so both sides see the same tokens.
 
 Online p_k = accepted drafts at depth k / verification steps, tau = 1 + accepted / steps
 (SGLang: completion_tokens / spec_verify_ct, no per-position counts). Offline: the drafter
 alone replays the server's chain rounds on those sequences (`offline.run_on(replay=True)`), the same
 counts; a per-position average (prod alpha_i) would overstate them, as rounds crowd where
 drafts fail.
+
+The sequences must be the token ids the server ran: specdraft and vLLM (>= 0.10.2) return them
+on `return_token_ids`, SGLang as `output_ids`. A server that answers text only is re-tokenized
+with the target's tokenizer, which does not give back the same ids: an output that continues a
+word gains a word-start piece (SentencePiece: "k" -> "▁k"), BPE re-merges pieces the model
+emitted apart ("a" + "b" -> "ab"), decoding drops special tokens (an EOS generated under
+ignore_eos). Offline then replays sequences the server never ran (specdraft serve, stories260K
+and a demo drafter: 6 of 8 outputs differ from their first token; offline p_1 0.67 against
+online 0.75, and 0.75 on the ids), so OnlineRun counts those outputs (`num_retokenized`) and
+the report says so.
 """
 
 from __future__ import annotations
@@ -42,12 +52,14 @@ class ServerError(RuntimeError):
 @dataclass
 class OnlineRun:
     """What the server did: its kind, counter deltas, the sequences it produced (prompt masked
-    out, output supervised), how many prompts were sent."""
+    out, output supervised), how many prompts were sent, and how many outputs came back as text
+    only and were re-tokenized (not necessarily the ids the server ran)."""
 
     server: Server
     counts: SpecCounts | None
     sequences: list[Sample]
     num_prompts: int
+    num_retokenized: int = 0
 
 
 def prompt_of(sample: Sample) -> list[int]:
@@ -69,17 +81,19 @@ def connect(url: str, timeout_s: float = TIMEOUT_S) -> Server:
 
 def run_online(server: Server, samples: list[Sample], tokenizer: Any, max_tokens: int = MAX_TOKENS,
                timeout_s: float = TIMEOUT_S) -> OnlineRun:
-    """Send each sample's prompt (token ids, temperature 0, ignore_eos) one at a time and read the
-    speculative counters around them. tokenizer: a callable returning the ids of a text
-    (used when the server does not return token ids). Raises ServerError."""
+    """Send each sample's prompt (token ids, temperature 0, ignore_eos, asking for the output's
+    token ids) one at a time and read the speculative counters around them. tokenizer: a
+    callable returning the ids of a text (used when the server returns no token ids; counted
+    in num_retokenized). Raises ServerError."""
     url = server.url
-    sequences, records = [], []
+    sequences, records, num_retokenized = [], [], 0
     try:
         before = scrape(server, timeout_s)
         with httpx.Client(base_url=server.url, timeout=timeout_s) as client:
             for sample in samples:
                 prompt = prompt_of(sample)
-                output, usage = _generate(client, server, prompt, max_tokens, tokenizer)
+                output, usage, retokenized = _generate(client, server, prompt, max_tokens, tokenizer)
+                num_retokenized += retokenized
                 records.append(RequestRecord(None, 0.0, len(output), usage))
                 if output:
                     sequences.append(Sample(prompt + output, [0] * len(prompt) + [1] * len(output)))
@@ -92,26 +106,29 @@ def run_online(server: Server, samples: list[Sample], tokenizer: Any, max_tokens
         counts = counter_delta(before, after, f"{server.kind} /metrics")
     else:
         counts = None
-    return OnlineRun(server, counts, sequences, len(samples))
+    return OnlineRun(server, counts, sequences, len(samples), num_retokenized)
 
 
 def _generate(client: httpx.Client, server: Server, prompt: list[int], max_tokens: int,
-              tokenizer: Any) -> tuple[list[int], dict[str, Any] | None]:
-    """(output token ids, usage or meta_info) of one non-streamed greedy request."""
+              tokenizer: Any) -> tuple[list[int], dict[str, Any] | None, bool]:
+    """(output token ids, usage or meta_info, whether the ids were re-tokenized from text) of
+    one non-streamed greedy request."""
     if server.kind == "sglang":
         params = {"temperature": 0.0, "max_new_tokens": max_tokens, "ignore_eos": True}
         body = _post(client, "/generate", {"input_ids": prompt, "sampling_params": params})
-        ids = body.get("output_ids")
-        return (list(ids) if ids is not None else tokenizer(body.get("text", "")))[:max_tokens], body.get("meta_info")
-    req = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
-    if server.kind != "openai":
-        req["ignore_eos"] = True
-    if server.kind == "vllm":
-        req["return_token_ids"] = True
-    body = _post(client, "/v1/completions", req)
-    choice = (body.get("choices") or [{}])[0]
-    ids = choice.get("token_ids")
-    return (list(ids) if ids is not None else tokenizer(choice.get("text") or ""))[:max_tokens], body.get("usage")
+        ids, text, usage = body.get("output_ids"), body.get("text"), body.get("meta_info")
+    else:
+        req = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        if server.kind != "openai":
+            req["ignore_eos"] = True
+        if server.kind in ("vllm", "specdraft"):
+            req["return_token_ids"] = True
+        body = _post(client, "/v1/completions", req)
+        choice = (body.get("choices") or [{}])[0]
+        ids, text, usage = choice.get("token_ids"), choice.get("text"), body.get("usage")
+    if ids is not None:
+        return list(ids)[:max_tokens], usage, False
+    return tokenizer(text or "")[:max_tokens], usage, True
 
 
 def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ pass). The report fails when any check fails; `specdraft doctor` then exits non-
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,11 @@ class Finding:
 
 @dataclass(frozen=True)
 class Report:
-    """Every finding of one doctor run, in check order."""
+    """Every finding of one doctor run, in check order, and notes about its inputs (e.g. the
+    --samples records --skip-bad skipped)."""
 
     findings: list[Finding]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[Finding]:
@@ -54,8 +56,9 @@ class Report:
         raise KeyError(check)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: findings and counts."""
-        return {"ok": self.ok, "counts": self.counts(), "findings": [asdict(f) for f in self.findings]}
+        """JSON-ready: findings, counts and notes."""
+        return {"ok": self.ok, "counts": self.counts(), "findings": [asdict(f) for f in self.findings],
+                "notes": list(self.notes)}
 
 
 def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engine: str | None = None,
@@ -69,12 +72,12 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     (capture parity, acceptance, tokenizer). engine: "sglang" | "vllm" (default: the engine
     engine_args names, else every engine the layout serves). engine_args: the serving command
     line. samples: capture store or JSONL (offline acceptance, render parity; skip_bad skips
-    its bad records). server: a live server's URL (online acceptance: the sample prompts at
-    T = 0, its counters vs offline on the sequences it produced). sglang_version pins SGLang's
-    id reading; template_kwargs: the server's chat template kwargs. Returns a Report; raises
-    ValueError only for invalid arguments: a path that does not exist, a CHECKPOINT that is no
-    drafter (e.g. the target), a --samples file that cannot be read (DataError naming the file
-    and line). A bad checkpoint is a failing finding.
+    its bad records and counts them in Report.notes). server: a live server's URL (online
+    acceptance: the sample prompts at T = 0, its counters vs offline on the sequences it
+    produced). sglang_version pins SGLang's id reading; template_kwargs: the server's chat
+    template kwargs. Returns a Report; raises ValueError only for invalid arguments: a path that
+    does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --samples file that
+    cannot be read (DataError naming the file and line). A bad checkpoint is a failing finding.
     """
     inputs = DoctorInputs(
         Path(checkpoint), target=Path(target) if target else None, engine=engine,
@@ -85,7 +88,7 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     ev.read_given_samples()
     for check in CHECKS:
         ev.findings.append(_run_one(check, ev))
-    return Report(list(ev.findings))
+    return Report(list(ev.findings), ev.notes())
 
 
 def _run_one(check, ev: Evidence) -> Finding:
@@ -100,7 +103,7 @@ STYLES = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 
 
 def report_table(report: Report, title: str = "specdraft doctor"):
-    """A rich Table: check, verdict, evidence, fix."""
+    """A rich Table: check, verdict, evidence, fix (report.notes are not in it)."""
     from rich.table import Table
     from rich.text import Text
 

@@ -7,13 +7,14 @@
   the target's tokenizer and the manifest's chat-template kwargs, as at training.
 
 A file the user gave that cannot be read is a DataError naming the file and line (BadRecord for
-one bad record, which skip_bad skips), never a skip.
+one bad record, which skip_bad skips and counts: `SampleRead.skipped_text`), never a skip.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,35 +24,78 @@ MIN_TOKENS = 3  # a draft position t needs tokens t+1 and t+2
 KINDS = "a capture store directory or a JSONL of input_ids, chats or texts"
 
 
+@dataclass(frozen=True)
+class SampleRead:
+    """Samples read from a file, and the bad records skip_bad skipped on the way.
+
+    num_records: records read (token rows: until max_samples good ones; chats and texts: the
+    whole file); num_skipped of them were bad; first_skipped: the first one's error, naming
+    file:line ("" when none was skipped).
+    """
+
+    samples: list[Sample]
+    num_records: int
+    num_skipped: int = 0
+    first_skipped: str = ""
+
+    def skipped_text(self) -> str:
+        """"skipped N of M records (first: file:line reason)"."""
+        first = f" (first: {self.first_skipped})" if self.num_skipped else ""
+        return f"skipped {self.num_skipped} of {self.num_records} records{first}"
+
+
 def read_samples(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[str, Any],
-                 max_samples: int, max_length: int, skip_bad: bool = False) -> list[Sample]:
+                 max_samples: int, max_length: int, skip_bad: bool = False) -> SampleRead:
     """Up to `max_samples` samples of at least 3 tokens, truncated to `max_length`.
 
     tokenizer: called only for chats and texts (after the file is read, so a bad file is named
     even when no tokenizer is at hand; its Unavailable passes through). Raises DataError naming
     the file (and line) for input that cannot be read or holds no usable sample, BadRecord for
-    one bad record unless skip_bad (then it is skipped).
+    one bad record unless skip_bad (then it is skipped and counted).
     """
     try:
         if (path / "index.json").is_file():
             samples = _store_samples(path, max_samples)
+            read = SampleRead(samples, len(samples))
         elif _first_row(path).get("input_ids") is not None:
-            samples = _token_rows(path, max_samples, skip_bad)
+            read = _token_rows(path, max_samples, skip_bad)
         else:
-            chat = any(k in _first_row(path) for k in ("messages", "conversations"))
-            records = read_records(path, chat=chat, skip_bad=skip_bad)
-            tok = tokenizer()
-            if chat and not getattr(tok, "chat_template", None):
-                raise DataError(f"{path}: chats, but the target's tokenizer has no chat template; give "
-                                "texts ({\"text\": ...}) or token ids ({\"input_ids\": [...]})")
-            samples = render_records(tok, records, template_kwargs=template_kwargs, skip_bad=skip_bad).samples
+            read = _rendered(path, tokenizer, template_kwargs, skip_bad)
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: unreadable ({e}); give {KINDS}") from None
-    samples = [s.truncated(max_length) for s in samples[:max_samples]]
+    samples = [s.truncated(max_length) for s in read.samples[:max_samples]]
     samples = [s for s in samples if len(s.input_ids) >= MIN_TOKENS]
     if not samples:
         raise DataError(f"{path}: no sample of {MIN_TOKENS} tokens or more; give longer samples")
-    return samples
+    return SampleRead(samples, read.num_records, read.num_skipped, read.first_skipped)
+
+
+def _rendered(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[str, Any],
+              skip_bad: bool) -> SampleRead:
+    """Chats or texts rendered with the target's tokenizer. The first skipped record is found
+    by reading (then rendering) again without skipping, only when one was skipped."""
+    chat = any(k in _first_row(path) for k in ("messages", "conversations"))
+    records = read_records(path, chat=chat, skip_bad=skip_bad)
+    tok = tokenizer()
+    if chat and not getattr(tok, "chat_template", None):
+        raise DataError(f"{path}: chats, but the target's tokenizer has no chat template; give "
+                        "texts ({\"text\": ...}) or token ids ({\"input_ids\": [...]})")
+    rendered = render_records(tok, records, template_kwargs=template_kwargs, skip_bad=skip_bad)
+    first = ""
+    if rendered.num_skipped:
+        try:
+            if records.num_skipped:
+                read_records(path, chat=chat)
+            else:
+                render_records(tok, records, template_kwargs=template_kwargs)
+        except DataError as e:
+            first = _reason(e)
+    return SampleRead(rendered.samples, len(records.records) + records.num_skipped, rendered.num_skipped, first)
+
+
+def _reason(error: DataError) -> str:
+    """A bad record's error without its fix: "file:line: reason"."""
+    return str(error).split("; fix: ")[0]
 
 
 def read_chats(path: Path, max_chats: int, skip_bad: bool = False) -> list[list[dict[str, str]]]:
@@ -92,22 +136,24 @@ def _store_samples(path: Path, max_samples: int) -> list[Sample]:
     return out
 
 
-def _token_rows(path: Path, max_samples: int, skip_bad: bool) -> list[Sample]:
-    out = []
+def _token_rows(path: Path, max_samples: int, skip_bad: bool) -> SampleRead:
+    out, num_rows, num_skipped, first = [], 0, 0, ""
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             if len(out) == max_samples:
                 break
+            num_rows += 1
             try:
                 out.append(_token_row(line, f"{path}:{line_no}"))
-            except BadRecord:
+            except BadRecord as e:
                 if not skip_bad:
                     raise
+                num_skipped, first = num_skipped + 1, first or _reason(e)
     if not out:
         raise DataError(f"{path}: no usable row (every one was skipped)")
-    return out
+    return SampleRead(out, num_rows, num_skipped, first)
 
 
 def _token_row(line: str, source: str) -> Sample:

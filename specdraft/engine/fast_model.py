@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from specdraft.draft import RMSNorm, apply_rope
 from specdraft.draft import rope_inv_freq as draft_rope_inv_freq
+from specdraft.engine import fused_decode
 
 # model_type -> transformers architecture; anything else is refused (DeepSeek, MoE, VLMs ...).
 SUPPORTED_ARCHITECTURES = {
@@ -211,6 +212,15 @@ class FastTarget(nn.Module):
         self.register_buffer("inv_freq", None, persistent=False)  # float32 [head_dim/2], setup_cache
         self.max_batch_size = 0
         self.max_seq_len = 0
+        self.triton_kernels = False
+
+    def use_triton(self) -> str | None:
+        """Run forwards of at most `fused_decode.MAX_TOKENS` tokens (decode, verify) through the
+        Triton kernels of `fused_decode` from now on. Returns None when switched on, else the
+        reason it cannot be (e.g. not on CUDA; see `fused_decode.unsupported_reason`)."""
+        reason = fused_decode.unsupported_reason(self)
+        self.triton_kernels = reason is None
+        return reason
 
     def tie_weights(self) -> None:
         """Share the embedding with the head when the config ties them (no-op otherwise)."""
@@ -257,6 +267,8 @@ class FastTarget(nn.Module):
             raise RuntimeError("FastTarget.forward before setup_cache(max_batch_size, max_seq_len)")
         if any(not 0 <= k <= self.args.num_layers for k in aux_layers):
             raise ValueError(f"aux_layers {list(aux_layers)}: each must be in 0..{self.args.num_layers}")
+        if self.triton_kernels and input_ids.numel() <= fused_decode.MAX_TOKENS:
+            return fused_decode.forward(self, input_ids, position_ids, cache_slots, attn_mask, aux_layers)
         x = self.tok_embeddings(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)
         # SDPA turns a bool mask into an additive one in every layer: once per forward here

@@ -82,8 +82,10 @@ class SpeculativeEngine:
     aux_layers: the target layers the drafter reads (specdraft indices); None = the drafter's.
     max_seq_len: cache size = prompt + max_new_tokens + num_draft_tokens at most.
     tokenizer: anything with decode(list[int]) -> str; needed for stop strings and text.
-    compile (CUDA only): compile each target layer (torch.compile, in place) and replay the
-    decode / verify forwards as CUDA graphs (`GraphedTarget`). The drafter runs eagerly (its
+    compile (CUDA only): compile each target layer (torch.compile, in place), run decode and
+    verify forwards of up to 16 tokens through the Triton kernels of `fused_decode` where the
+    target allows (`target_kernels` says which path runs, and why), and replay them as CUDA
+    graphs (`GraphedTarget`). The drafter runs eagerly (its
     first and later steps differ in width and mask, which torch.compile re-specialises).
     Raises ValueError when the drafter does not fit the target (hidden size, vocab, layers,
     aux layers) or topk exceeds the draft vocabulary.
@@ -109,10 +111,13 @@ class SpeculativeEngine:
             self.draft_vocab = draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=self.device))
             self.fast_draft = FastDraft(draft)
         self.graphed: GraphedTarget | None = None
+        self.target_kernels = "torch"
         if compile and self.device.type == "cuda":
             for layer in target.layers:
                 layer.compile()
             self.graphed = GraphedTarget(target, self.aux_layers)
+            reason = target.use_triton()
+            self.target_kernels = "triton" if reason is None else f"torch ({reason})"
 
     # ---- public -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -385,6 +390,8 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
 
     The drafter gets the target's embedding unless it owns one. Its manifest (specdraft layout)
     must name the drafter's aux layers and the target's hidden size / layer count / vocab.
+    A drafter trained for another target (the manifest's target record, else the sizes its
+    config was built for) is refused naming both targets, before any tensor meets the target.
     max_seq_len defaults to min(target max positions, 4096). Raises ValueError on a mismatch,
     and the loaders' errors for unreadable checkpoints. draft_dir None or spec None = plain.
     """
@@ -396,6 +403,21 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     if draft_dir is not None and spec is not None:
         loaded = load_draft(draft_dir, device=device, dtype=dtype, target_num_layers=target.args.num_layers)
         draft = loaded.model.eval()
+        cfg, args = draft.cfg, target.args
+        trained = (dict(loaded.manifest.target) if loaded.manifest is not None else
+                   {"num_layers": cfg.target_num_layers, "hidden_size": cfg.target_hidden_size,
+                    "vocab_size": cfg.vocab_size})
+        given = {"num_layers": args.num_layers, "hidden_size": args.hidden_size, "vocab_size": args.vocab_size}
+        differ = [k for k, v in given.items() if trained.get(k) is not None and trained[k] != v]
+        if differ:
+            def sizes(r: dict) -> str:
+                return f"{r.get('num_layers')} layers, hidden {r.get('hidden_size')}, vocab {r.get('vocab_size')}"
+            recorded = trained.get("name_or_path")
+            trained_for = (f"{recorded} ({sizes(trained)})" if recorded
+                           else f"one of {sizes(trained)} (path not recorded)")
+            raise ValueError(f"{draft_dir}: this drafter was trained for another target: {trained_for}, not "
+                             f"{target_dir} ({sizes(given)}; {', '.join(differ)} differ{'s' * (len(differ) == 1)}); "
+                             f"pass the target it was trained for, or a drafter trained for {target_dir}")
         if not draft.cfg.owns_embedding:
             draft.load_target_embedding(target.tok_embeddings.weight)
         check_manifest(loaded.manifest, draft, target, Path(draft_dir))

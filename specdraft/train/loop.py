@@ -9,9 +9,12 @@ and M micro-batches compute the same loss and gradients as one batch on one proc
 
 Resume is exact: a checkpoint holds the draft, optimizer, scheduler, RNG states and the data
 position; the data order is a function of (seed, epoch), so a resumed run repeats the same
-batches and, on the CPU in fp32, ends with the same weights bit for bit. One process writes a
-checkpoint as one file; several ranks write a torch.distributed.checkpoint directory, each rank
-its own shards. Rank 0 writes metrics and the final drafter.
+batches and, on the CPU in fp32, ends with the same weights bit for bit. A resumed run may
+change its length (extend it): the lr schedule is then recomputed for the new total from the
+checkpoint's step on (`Trainer._fit_schedule`). One process writes a checkpoint as one file;
+several ranks write a torch.distributed.checkpoint directory, each rank its own shards. Each
+checkpoint carries the drafter's manifest, so `specdraft export` can write the drafter of any of
+them (`load_training_checkpoint`). Rank 0 writes metrics and the final drafter.
 
     specdraft train STORE RUN [--config cfg.json] [--resume]
     specdraft train DATA RUN --online --target TARGET_DIR ...
@@ -26,8 +29,9 @@ import math
 import os
 import random
 import shutil
+import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from specdraft.checkpoint import CheckpointError, LoadedDraft, Manifest, save_draft, tensor_digest
 from specdraft.conventions import build_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.train.loss import TTTMetrics, TTTOutput, supervised_counts, ttt_loss, weighted_loss
@@ -46,6 +51,20 @@ PROGRESS_FILE = "trainer.pt"  # inside a sharded checkpoint directory: Trainer.p
 METRICS_FILE = "metrics.jsonl"
 # TrainConfig fields a resumed run may change: they do not change the weights it ends with.
 BOOKKEEPING_FIELDS = frozenset({"eval_every", "save_every", "keep_checkpoints", "device"})
+# ... and the run's length, which a resumed run may extend (the lr schedule is recomputed for it).
+RUN_LENGTH_FIELDS = frozenset({"total_steps", "epochs"})
+# The `specdraft train` flag of each TrainConfig field it sets (cli.py); errors name these, and
+# any other field by its --config key, since users type flags, not field names.
+FLAG_OF_FIELD = {"total_steps": "--steps", "epochs": "--epochs", "lr": "--lr", "batch_size": "--batch-size",
+                 "grad_accum_steps": "--grad-accum-steps", "max_length": "--max-length",
+                 "ttt_steps": "--ttt-steps", "draft_vocab_size": "--draft-vocab-size",
+                 "precision": "--precision", "aux_layers": "--aux-layers", "warmup_steps": "--warmup-steps",
+                 "save_every": "--save-every"}
+
+
+def flag(name: str) -> str:
+    """How a user sets TrainConfig field `name`: its `specdraft train` flag, else its --config key."""
+    return FLAG_OF_FIELD.get(name, f"--config key {name}")
 
 
 class TrainingError(RuntimeError):
@@ -98,20 +117,24 @@ class TrainConfig:
                     "save_every", "keep_checkpoints")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"TrainConfig.{name} = {getattr(self, name)}: must be positive")
+                raise ValueError(f"{flag(name)} {getattr(self, name)}: must be positive")
         if self.total_steps is not None and self.epochs is not None:
-            raise ValueError("TrainConfig: set total_steps or epochs, not both")
+            raise ValueError(f"total_steps {self.total_steps} and epochs {self.epochs} both set (--config): keep "
+                             "one run length, or pass --steps or --epochs, which replaces both")
         for name in ("total_steps", "epochs"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"TrainConfig.{name} = {getattr(self, name)}: must be positive")
+                raise ValueError(f"{flag(name)} {getattr(self, name)}: must be positive")
         if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"TrainConfig.val_fraction = {self.val_fraction}: must be in [0, 1)")
+            raise ValueError(f"{flag('val_fraction')} {self.val_fraction}: must be in [0, 1)")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"TrainConfig.precision = {self.precision!r}: choose one of {PRECISIONS}")
-        if self.warmup_steps < 0 or self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError("TrainConfig: warmup_steps, grad_clip and weight_decay must be >= 0")
-        if not 0.0 <= self.min_lr_ratio <= 1.0 or not 0.0 < self.step_weight <= 1.0:
-            raise ValueError("TrainConfig: min_lr_ratio must be in [0, 1] and step_weight in (0, 1]")
+            raise ValueError(f"{flag('precision')} {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        for name in ("warmup_steps", "grad_clip", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{flag(name)} {getattr(self, name)}: must be >= 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"{flag('min_lr_ratio')} {self.min_lr_ratio}: must be in [0, 1]")
+        if not 0.0 < self.step_weight <= 1.0:
+            raise ValueError(f"{flag('step_weight')} {self.step_weight}: must be in (0, 1]")
         if self.aux_layers is not None:
             object.__setattr__(self, "aux_layers", tuple(self.aux_layers))
 
@@ -267,38 +290,53 @@ class Trainer:
     """Drafter, optimizer and schedule of one run on one rank, with verb methods.
 
     ranks: this process's place in a torchrun job (default: one process on config.device).
+    command: the training command, recorded in the manifest (`self.manifest`, which checkpoints
+    carry so that `specdraft export` can write the drafter of any of them).
     Raises ValueError for a batch size that ranks and micro-batches cannot share, bf16 off CUDA,
     or too little data.
     """
 
-    def __init__(self, config: TrainConfig, data: TrainData, ranks: _Dist | None = None) -> None:
+    def __init__(self, config: TrainConfig, data: TrainData, ranks: _Dist | None = None,
+                 command: str | None = None) -> None:
         ranks = ranks or _Dist(0, 1, resolve_device(config.device), False)
         self.config, self.data, self.ranks = config, data, ranks
         parts = ranks.world * config.grad_accum_steps
         if config.batch_size % parts:
-            raise ValueError(f"TrainConfig.batch_size {config.batch_size} does not split into {ranks.world} "
-                             f"rank(s) x {config.grad_accum_steps} micro-batches (grad_accum_steps): "
-                             f"use a multiple of {parts}")
+            raise ValueError(f"--batch-size {config.batch_size} does not split into {ranks.world} rank(s) x "
+                             f"--grad-accum-steps {config.grad_accum_steps} micro-batches: use a multiple of {parts}")
         self.micro_batch_size = config.batch_size // parts  # sequences per forward on one rank
         if config.precision == "bf16" and ranks.device.type != "cuda":
-            raise ValueError("TrainConfig.precision 'bf16' autocasts on CUDA only; use 'fp32' on the CPU")
+            raise ValueError("--precision bf16 autocasts on CUDA only; use --precision fp32 on the CPU")
         self.train_ids, self.val_ids = split_samples(len(data), config)
         self.batches_per_epoch = len(self.train_ids) // config.batch_size
         if self.batches_per_epoch == 0:
             raise ValueError(f"{len(self.train_ids)} training samples are fewer than one batch of "
-                             f"{config.batch_size}: lower batch_size or add data")
+                             f"--batch-size {config.batch_size}: lower --batch-size or add data")
         self.total_steps = config.num_steps(self.batches_per_epoch)
-        self.model = TTTModel(build_draft(config, data.info, data.token_counts())).to(ranks.device)
+        draft = build_draft(config, data.info, data.token_counts())
+        self.manifest = draft_manifest(draft, data.info, command)
+        self.model = TTTModel(draft).to(ranks.device)
         if ranks.world > 1:
             from torch.distributed.fsdp import fully_shard
             fully_shard(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95),
                                            weight_decay=config.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_lambda(s, config.warmup_steps, self.total_steps,
-                                                config.min_lr_ratio))
+        self.scheduler = self._schedule(last_step=-1)
         self.step = 0
+        # newest metrics records ("train": train_step's, "validation": evaluate's), kept in checkpoints
+        self.records: dict[str, dict[str, Any] | None] = {"train": None, "validation": None}
+        # run-length changes on resume: {"step", "from_total_steps", "to_total_steps"} each
+        self.extensions: list[dict[str, int]] = []
+        self.resume_note: str | None = None  # one line for the user when a resume changed the schedule
+
+    def _schedule(self, last_step: int) -> torch.optim.lr_scheduler.LambdaLR:
+        """The lr schedule over `total_steps` (`lr_lambda`), positioned after optimizer step
+        `last_step` (-1: a fresh run; else the optimizer's lr is set for step last_step + 1)."""
+        c = self.config
+        return torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_lambda(s, c.warmup_steps, self.total_steps, c.min_lr_ratio),
+            last_epoch=last_step)
 
     def position(self, step: int) -> dict[str, int]:
         """Data position of optimizer step `step`: epoch, batch index, permutation seed."""
@@ -394,11 +432,14 @@ class Trainer:
         return _global(metrics, ranks)
 
     def progress_state(self) -> dict[str, Any]:
-        """The state besides weights and optimizer: step, config, scheduler, RNG, data position."""
+        """The state besides weights and optimizer: step, config, scheduler, RNG, data position,
+        newest metrics, run-length changes, and the drafter's manifest (as a dict; training None)."""
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
         return {"step": self.step, "config": self.config.to_dict(),
-                "scheduler": self.scheduler.state_dict(), "rng": rng, "data": self.position(self.step)}
+                "scheduler": self.scheduler.state_dict(), "rng": rng, "data": self.position(self.step),
+                "records": dict(self.records), "extensions": list(self.extensions),
+                "manifest": asdict(self.manifest)}
 
     def state(self) -> dict[str, Any]:
         """Full (unsharded, CPU) training state: `progress_state()` plus "model" and "optimizer";
@@ -419,7 +460,8 @@ class Trainer:
 
     def load_state(self, state: dict[str, Any], source: Path) -> None:
         """Restore `state()`. A checkpoint whose settings differ in anything that shapes the
-        weights (all but BOOKKEEPING_FIELDS) is a ValueError naming the fields."""
+        weights (all but BOOKKEEPING_FIELDS and RUN_LENGTH_FIELDS) is a ValueError naming the
+        flags; a run length that differs is taken (`_fit_schedule`)."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
         self._check_config(state["config"], source)
@@ -443,11 +485,13 @@ class Trainer:
         self._restore_progress(progress, path)
 
     def _check_config(self, saved: dict[str, Any], source: Path) -> None:
-        differ = sorted(k for k, v in self.config.to_dict().items()
-                        if k not in BOOKKEEPING_FIELDS and saved.get(k) != v)
+        differ = [k for k, v in self.config.to_dict().items()
+                  if k not in BOOKKEEPING_FIELDS | RUN_LENGTH_FIELDS and saved.get(k) != v]
         if differ:
-            raise ValueError(f"{source}: checkpoint was written with other settings {differ}; "
-                             f"resume with the same config or train into a new out_dir")
+            changes = ", ".join(f"{flag(k)} {saved.get(k)!r} -> {getattr(self.config, k)!r}" for k in differ)
+            raise ValueError(f"{source}: this checkpoint was trained with other settings ({changes}); resume "
+                             f"with the checkpoint's values (only the run length, --steps / --epochs, may "
+                             f"change) or train into a new OUT directory")
 
     def _restore_progress(self, progress: dict[str, Any], source: Path) -> None:
         self.scheduler.load_state_dict(progress["scheduler"])
@@ -458,6 +502,34 @@ class Trainer:
         self.step = progress["step"]
         if progress["data"] != self.position(self.step):
             raise ValueError(f"{source}: data position {progress['data']} does not match step {self.step}")
+        # checkpoints of specdraft before these keys hold neither: nothing recorded yet
+        self.records = dict(progress.get("records", self.records))
+        self.extensions = list(progress.get("extensions", []))
+        self._fit_schedule(TrainConfig.from_dict(progress["config"]).num_steps(self.batches_per_epoch), source)
+
+    def _fit_schedule(self, saved_total: int, source: Path) -> None:
+        """Continue a checkpoint of a `saved_total`-step run as a `total_steps` run.
+
+        The lr schedule (warm-up over the same warmup_steps, then cosine decay) is recomputed for
+        the new total and the optimizer's lr set to its value at the checkpoint's step: steps
+        before it keep the lr they had, steps from it on follow the new curve. The change is
+        appended to `extensions` (the manifest records them) and described in `resume_note`.
+        Raises ValueError for a total below the checkpoint's step.
+        """
+        if self.step > self.total_steps:
+            raise ValueError(f"{source} is at step {self.step}, past this run's {self.total_steps} steps: pass "
+                             f"--steps {self.step} or more (or train into a new OUT directory)")
+        if saved_total == self.total_steps or self.step == self.total_steps:  # no step left to schedule
+            return
+        old_lr = self.scheduler.get_last_lr()[0]
+        self.scheduler = self._schedule(last_step=self.step - 1)
+        self.extensions.append({"step": self.step, "from_total_steps": saved_total,
+                                "to_total_steps": self.total_steps})
+        c = self.config
+        self.resume_note = (f"run length {saved_total} -> {self.total_steps} steps: the learning-rate schedule "
+                            f"(warm-up {c.warmup_steps} steps, cosine decay to {c.min_lr_ratio} x lr {c.lr}) is "
+                            f"recomputed for {self.total_steps} steps; step {self.step + 1} runs at lr "
+                            f"{self.scheduler.get_last_lr()[0]:.3g} (the old schedule: {old_lr:.3g})")
 
     def full_draft(self, model_state: dict[str, torch.Tensor]) -> Eagle3Draft:
         """A CPU Eagle3Draft holding `model_state` (from `state()["model"]`), strictly loaded."""
@@ -579,15 +651,64 @@ class MetricsLog:
             self.writer.close()
 
 
-def save_final_draft(draft: Eagle3Draft, out_dir: Path, info: TargetInfo,
-                     training: dict[str, Any], command: str | None) -> Path:
-    """Save the trained drafter in the specdraft layout with its manifest (checkpoint.py)."""
-    from specdraft.checkpoint import Manifest, save_draft, tensor_digest
+def draft_manifest(draft: Eagle3Draft, info: TargetInfo, command: str | None) -> Manifest:
+    """The manifest of a drafter trained on `info`'s target (training metrics still None)."""
+    return Manifest(draft=draft.cfg.to_dict(), aux_layers=list(info.aux_layers),
+                    draft_vocab_hash=tensor_digest(draft.d2t), training_command=command,
+                    **info.manifest_fields)
 
-    manifest = Manifest(draft=draft.cfg.to_dict(), aux_layers=list(info.aux_layers),
-                        draft_vocab_hash=tensor_digest(draft.d2t), training=training,
-                        training_command=command, **info.manifest_fields)
-    return save_draft(draft, out_dir, layout="specdraft", manifest=manifest)
+
+def is_training_checkpoint(path: str | Path) -> bool:
+    """Whether `path` looks like a checkpoint of `checkpoint_paths`: a torch.save file (a zip
+    archive, as write_checkpoint writes) or a directory holding PROGRESS_FILE (sharded)."""
+    path = Path(path)
+    return (path / PROGRESS_FILE).is_file() if path.is_dir() else path.is_file() and zipfile.is_zipfile(path)
+
+
+def load_training_checkpoint(path: str | Path) -> LoadedDraft:
+    """The drafter of a training checkpoint (a step-N.pt file or a sharded step-N directory
+    under RUN/checkpoints), on the CPU in fp32, with the manifest the checkpoint carries; its
+    `training` records the step and checkpoint, the config, and the newest train and validation
+    metrics (each with its own step). Layout "specdraft".
+
+    Raises CheckpointError naming the file for a checkpoint that carries no manifest (written
+    by specdraft before checkpoints did): the command that finishes its run is named instead.
+    """
+    path = Path(path)
+    progress = torch.load(path / PROGRESS_FILE if path.is_dir() else path, map_location="cpu",
+                          weights_only=False)
+    if "manifest" not in progress:
+        run = path.parent.parent
+        raise CheckpointError(f"{path}: this checkpoint carries no drafter manifest (written by an older "
+                              f"specdraft), so it cannot be exported; finish its run (specdraft train SOURCE "
+                              f"{run} --resume) and export {run / 'draft'}")
+    manifest = Manifest(**progress["manifest"])
+    draft = Eagle3Draft(DraftConfig.from_dict(manifest.draft))
+    model_state = _sharded_model_state(path, draft) if path.is_dir() else progress["model"]
+    draft.load_state_dict({k.removeprefix("draft."): v for k, v in model_state.items()}, strict=True)
+    draft.embedding_loaded = True
+    manifest.training = {"steps": progress["step"], "checkpoint": str(path), **progress["records"],
+                         "extensions": progress["extensions"], "config": progress["config"]}
+    return LoadedDraft(model=draft, manifest=manifest, layout="specdraft", path=path)
+
+
+def _sharded_model_state(path: Path, draft: Eagle3Draft) -> dict[str, torch.Tensor]:
+    """The drafter's full tensors from a torch.distributed.checkpoint directory, read in this
+    one process (shards of any world size are gathered into `draft`-shaped tensors)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": {f"draft.{k}": v.clone() for k, v in draft.state_dict().items()}}
+    with warnings.catch_warnings():  # "... assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=path, no_dist=True)
+    return state["model"]
+
+
+def save_final_draft(draft: Eagle3Draft, out_dir: Path, manifest: Manifest, training: dict[str, Any]) -> Path:
+    """Save the trained drafter in the specdraft layout with `manifest`, its `training` set."""
+    return save_draft(draft, out_dir, layout="specdraft", manifest=replace(manifest, training=training))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -607,7 +728,8 @@ class TrainResult:
 
 def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, out_dir: str | Path, *,
           resume: bool = False, command: str | None = None, progress: bool = True,
-          on_step: Callable[[int], None] | None = None, target_config: Any = None) -> TrainResult:
+          on_step: Callable[[int], None] | None = None, target_config: Any = None,
+          on_note: Callable[[str], None] | None = None) -> TrainResult:
     """Train an EAGLE-3 drafter; under torchrun, on every rank (same arguments).
 
     source: a capture store directory (offline), an OnlineSource (target directory and data
@@ -616,10 +738,14 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     out_dir: receives checkpoints/, metrics.jsonl, tensorboard/ and the final draft/.
     resume: continue from the newest checkpoint in out_dir (from scratch when there is none);
     without it an out_dir that already holds checkpoints is refused (FileExistsError), as is an
-    out_dir that is a file.
+    out_dir that is a file. The run length (total_steps / epochs) may differ from the
+    checkpoint's: the run is extended (or shortened, not below the checkpoint's step) and the lr
+    schedule recomputed for the new total (`Trainer._fit_schedule`); every other setting that
+    shapes the weights must match.
     command: recorded in the manifest as the training command. on_step(step) runs after each
     optimizer step and any checkpoint it triggers. target_config: the target's config or
-    directory, for a store whose recorded target path does not resolve here.
+    directory, for a store whose recorded target path does not resolve here. on_note(line)
+    receives one-line notes for the user on rank 0 (bad records skipped, a recomputed schedule).
     Raises TrainingError (non-finite loss / unsupervised batch, naming its sample ids) and
     ValueError for inconsistent settings or, from an OnlineSource, a bad data file (DataError,
     naming the file and record).
@@ -631,11 +757,16 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     ranks = setup_dist(config.device)
     try:
         data = open_data(source, target_config, config.aux_layers, ranks.device)
-        trainer = Trainer(config, data, ranks)
+        trainer = Trainer(config, data, ranks, command)
         resumed = _resume(trainer, out_dir, resume)
+        if on_note is not None and ranks.main:
+            if isinstance(source, OnlineSource) and data.num_skipped:
+                on_note(f"skipped {data.num_skipped} bad records in {source.data}")
+            if trainer.resume_note:
+                on_note(trainer.resume_note)
         log = MetricsLog(out_dir, ranks.main, resumed)
         try:
-            return _run(trainer, out_dir, log, command, progress, on_step)
+            return _run(trainer, out_dir, log, progress, on_step)
         finally:
             log.close()
     finally:
@@ -648,7 +779,7 @@ def _resume(trainer: Trainer, out_dir: Path, resume: bool) -> int | None:
     paths = checkpoint_paths(out_dir)
     if paths and not resume:
         raise FileExistsError(f"{out_dir} already holds checkpoints ({paths[-1].name}): pass "
-                              f"resume=True (--resume) to continue, or choose a new out_dir")
+                              f"--resume (resume=True) to continue, or train into a new OUT directory")
     if not paths:
         return None
     if paths[-1].is_dir():
@@ -658,8 +789,8 @@ def _resume(trainer: Trainer, out_dir: Path, resume: bool) -> int | None:
     return trainer.step
 
 
-def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, command: str | None,
-         progress: bool, on_step: Callable[[int], None] | None) -> TrainResult:
+def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, progress: bool,
+         on_step: Callable[[int], None] | None) -> TrainResult:
     c, ranks = trainer.config, trainer.ranks
     last: dict[str, Any] | None = None
     validation: dict[str, Any] | None = None
@@ -667,10 +798,11 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, command: str | None,
         while trainer.step < trainer.total_steps:
             pos = trainer.position(trainer.step)
             batch = batch_order(trainer.train_ids, pos["epoch"], c)[pos["batch_index"]]
-            last = trainer.train_step(batch)
+            last = trainer.records["train"] = trainer.train_step(batch)
             log.write(last)
             if trainer.val_ids and (trainer.step % c.eval_every == 0 or trainer.step == trainer.total_steps):
                 validation = {"step": trainer.step, "split": "val", **trainer.evaluate().to_dict()}
+                trainer.records["validation"] = validation
                 log.write(validation)
             if trainer.step % c.save_every == 0 or trainer.step == trainer.total_steps:
                 _save(trainer, out_dir)
@@ -682,10 +814,10 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, command: str | None,
     state = trainer.state()
     draft_dir = None
     if ranks.main:
-        training = {"steps": trainer.step, "train": last, "validation": validation,
-                    "config": c.to_dict()}
+        training = {"steps": trainer.step, "train": trainer.records["train"], "validation": validation,
+                    "extensions": trainer.extensions, "config": c.to_dict()}
         draft_dir = save_final_draft(trainer.full_draft(state["model"]), out_dir / "draft",
-                                     trainer.data.info, training, command)
+                                     trainer.manifest, training)
     ranks.barrier()
     return TrainResult(trainer.step, last["loss"] if last else None, validation, draft_dir, log.path)
 

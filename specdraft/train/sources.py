@@ -98,12 +98,24 @@ class OnlineSource:
 
     data: JSONL chats/texts, a `save_to_disk` directory or a text file (`specdraft.data`);
     chat=False renders plain text (base models); template_kwargs go to apply_chat_template.
+    target_dtype: the dtype the target runs in ("float32" | "bfloat16" | "float16", or fp32 /
+    bf16 / fp16; its aux states and logits reach the drafter as float32 either way).
+    skip_bad: skip and count bad data records instead of refusing the file (as capture does).
+    Raises ValueError (naming --target-dtype) for an unknown dtype.
     """
 
     target: str
     data: str
     chat: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    target_dtype: str = "float32"
+    skip_bad: bool = False
+
+    def __post_init__(self) -> None:
+        from specdraft.capture import DTYPES
+
+        if self.target_dtype not in DTYPES:
+            raise ValueError(f"--target-dtype {self.target_dtype!r}: choose one of {', '.join(DTYPES)}")
 
 
 class OnlineData:
@@ -112,14 +124,16 @@ class OnlineData:
     target: a `specdraft.target.Target`; samples: `specdraft.data.Sample`s; aux_layers:
     specdraft indices (default: `conventions.default_aux_layers(L)`). name_or_path, tokenizer
     and render_info (`data.RenderInfo`), when known, are recorded in the drafter's manifest.
+    num_skipped: bad records skipped while reading the data (OnlineSource.skip_bad).
     """
 
     def __init__(self, target: Any, samples: Sequence[data_mod.Sample],
                  aux_layers: Sequence[int] | None = None, *, name_or_path: str | None = None,
-                 tokenizer: Any = None, render_info: data_mod.RenderInfo | None = None) -> None:
+                 tokenizer: Any = None, render_info: data_mod.RenderInfo | None = None,
+                 num_skipped: int = 0) -> None:
         from specdraft.capture import target_meta
 
-        self.target, self.samples = target, list(samples)
+        self.target, self.samples, self.num_skipped = target, list(samples), num_skipped
         name_or_path = name_or_path or getattr(target.config, "_name_or_path", None)
         self.info = TargetInfo(
             config=target.config,
@@ -134,15 +148,17 @@ class OnlineData:
     @classmethod
     def load(cls, source: OnlineSource, aux_layers: Sequence[int] | None = None,
              device: str | torch.device = "cpu") -> OnlineData:
-        """Load `source`'s target onto `device` (float32) and render its data with the target's
-        tokenizer. Raises DataError naming the data file for a bad record, ValueError for a
-        tokenizer that does not belong to the target."""
-        from specdraft.capture import load_inputs
+        """Load `source`'s target onto `device` in `source.target_dtype` and render its data with
+        the target's tokenizer. Raises DataError naming the data file for a bad record (unless
+        source.skip_bad), ValueError for a tokenizer that does not belong to the target."""
+        from specdraft.capture import load_inputs, parse_dtype
 
         target, tokenizer, data = load_inputs(source.target, source.data, chat=source.chat,
-                                              template_kwargs=source.template_kwargs, device=device)
+                                              template_kwargs=source.template_kwargs,
+                                              skip_bad=source.skip_bad,
+                                              target_dtype=parse_dtype(source.target_dtype), device=device)
         return cls(target, data.samples, aux_layers, name_or_path=str(Path(source.target).resolve()),
-                   tokenizer=tokenizer, render_info=data.render_info)
+                   tokenizer=tokenizer, render_info=data.render_info, num_skipped=data.num_skipped)
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -251,6 +267,7 @@ def open_data(source: str | Path | OnlineSource | TrainData, target_config: Any 
         return OnlineData.load(source, aux_layers, device)
     data = StoreData(source, target_config) if isinstance(source, (str, Path)) else source
     if aux_layers is not None and tuple(aux_layers) != data.info.aux_layers:
-        raise ValueError(f"aux_layers {list(aux_layers)} asked for, but the training data holds "
-                         f"layers {list(data.info.aux_layers)}; drop aux_layers or capture those layers")
+        held = ",".join(map(str, data.info.aux_layers))
+        raise ValueError(f"--aux-layers {','.join(map(str, aux_layers))} asked for, but the training data holds "
+                         f"layers {held}: drop --aux-layers (or pass --aux-layers {held}), or capture those layers")
     return data

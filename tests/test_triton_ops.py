@@ -1,0 +1,203 @@
+"""specdraft.engine.triton_ops and fused_decode against torch: the fused linear (prologues and
+epilogues), RoPE + in-place cache writes, split-KV attention under masks, and whole decode /
+verify forwards of tiny targets against FastTarget's torch path.
+
+Without a GPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1) in float32: that
+checks their indexing, masking and arithmetic. On a GPU they run compiled, in bfloat16."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("Triton is not installed (pip install triton)", allow_module_level=True)
+CUDA = torch.cuda.is_available()
+assert CUDA or os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets TRITON_INTERPRET without a GPU"
+
+from specdraft.draft import apply_rope, rms_norm  # noqa: E402
+from specdraft.engine import fused_decode, triton_ops  # noqa: E402
+from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask, rope_cos_sin  # noqa: E402
+from specdraft.engine.triton_ops import add_rms_norm, attention, linear, rope_to_cache, silu_mul  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+DTYPE = torch.bfloat16 if CUDA else torch.float32
+TOL = 2e-2 if CUDA else 1e-5  # relative error; bf16 rounds at ~4e-3
+
+
+def _randn(*shape, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(DEVICE, DTYPE)
+
+
+def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double().cpu()
+    return ((got.double().cpu() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])  # GEMV, thin GEMM with padded rows, full thin GEMM
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("k", [96, 9000])  # one K block or several (both configurations), ragged
+def test_linear_matches_torch(m, bias, k):
+    n = 80  # not a multiple of any block: the row masks are exercised
+    x, w = _randn(m, k, seed=1), _randn(n, k, seed=2, scale=0.1)
+    b = _randn(n, seed=3) if bias else None
+    ref = x.double().cpu() @ w.double().cpu().T + (b.double().cpu() if bias else 0)
+    got = linear(x, w, b)
+    assert got.shape == (m, n) and got.dtype == DTYPE
+    assert _rel_err(got, ref) < TOL
+
+
+def test_linear_float32_output_and_row_limit():
+    x, w = _randn(2, 32, seed=1), _randn(48, 32, seed=2)
+    assert linear(x, w, out_dtype=torch.float32).dtype == torch.float32
+    with pytest.raises(ValueError, match="17 rows, at most 16"):
+        linear(_randn(17, 32), w)
+
+
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rms_norm_matches_torch(with_delta):
+    x, delta, weight = _randn(3, 96, seed=1), _randn(3, 96, seed=2), _randn(96, seed=3) + 1
+    total, normed = add_rms_norm(x, delta if with_delta else None, weight, 1e-5)
+    ref_total = x + delta if with_delta else x
+    assert torch.equal(total, ref_total)
+    assert _rel_err(normed, rms_norm(ref_total, weight, 1e-5)) < TOL
+
+
+def test_silu_mul_matches_torch():
+    gate_up = _randn(2, 2 * 1500, seed=1)  # 1500 columns: two blocks, the second partial
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert _rel_err(silu_mul(gate_up), F.silu(gate) * up) < TOL
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_to_cache_matches_torch_and_writes_only_its_slots(qk_norm):
+    nq, nkv, d, t, cache_len = 4, 2, 16, 3, 12
+    qkv = _randn(t, (nq + 2 * nkv) * d, seed=1)
+    positions = torch.tensor([[7, 8, 8]], device=DEVICE)  # tree depths: siblings share a position
+    slots = torch.tensor([5, 9, 2], device=DEVICE)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
+    k_cache = torch.full((1, nkv, cache_len, d), 7.0, device=DEVICE, dtype=DTYPE)
+    v_cache = k_cache.clone()
+    norms = (_randn(d, seed=2) + 1, _randn(d, seed=3) + 1, 1e-6) if qk_norm else ()
+    q = rope_to_cache(qkv, positions, slots, inv_freq, k_cache, v_cache, nq, *norms)
+
+    heads = qkv.view(1, t, nq + 2 * nkv, d).transpose(1, 2)  # [1, heads, T, D]
+    q_ref, k_ref, v_ref = heads.split([nq, nkv, nkv], dim=1)
+    if qk_norm:
+        q_ref, k_ref = rms_norm(q_ref, norms[0], 1e-6), rms_norm(k_ref, norms[1], 1e-6)
+    cos, sin = rope_cos_sin(inv_freq, positions, torch.float32)
+    q_ref, k_ref = apply_rope(q_ref.float(), cos, sin), apply_rope(k_ref.float(), cos, sin)
+    assert _rel_err(q, q_ref[0].transpose(0, 1)) < TOL
+    assert _rel_err(k_cache[:, :, slots], k_ref) < TOL
+    assert torch.equal(v_cache[:, :, slots], v_ref)
+    untouched = torch.ones(cache_len, dtype=torch.bool)
+    untouched[slots.cpu()] = False
+    assert (k_cache[:, :, untouched.to(DEVICE)] == 7).all() and (v_cache[:, :, untouched.to(DEVICE)] == 7).all()
+
+
+@pytest.mark.parametrize("t,group", [(1, 4), (5, 2), (16, 1)])
+@pytest.mark.parametrize("min_programs", [4, 264])  # splits of 5 blocks of 64 slots, or of one
+def test_attention_matches_sdpa_under_masks(t, group, min_programs, monkeypatch):
+    monkeypatch.setattr(triton_ops, "MIN_ATTENTION_PROGRAMS", min_programs)
+    nkv, d, cache_len, num_slots = 2, 16, 700, 600  # 10 blocks of 64 slots, the last partial
+    nq = group * nkv
+    q = _randn(t, nq, d, seed=1)
+    k_cache, v_cache = _randn(1, nkv, cache_len, d, seed=2), _randn(1, nkv, cache_len, d, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    mask = torch.rand(1, 1, t, num_slots, generator=gen) < 0.3
+    mask[..., 0:320] = False  # whole splits hidden: skipped, and combined with weight 0
+    mask[..., 0, 600 - 1] = True  # every row sees a slot (row 0 its last one only, if t == 1)
+    mask[..., 1:, 400] = True
+    mask = mask.to(DEVICE)
+    got = attention(q, k_cache, v_cache, mask)
+    ref = F.scaled_dot_product_attention(
+        q.double().cpu().view(1, t, nq, d).transpose(1, 2), k_cache[:, :, :num_slots].double().cpu(),
+        v_cache[:, :, :num_slots].double().cpu(), attn_mask=mask.cpu(), enable_gqa=True)
+    assert _rel_err(got, ref.transpose(1, 2)[0]) < TOL
+
+
+ARGS = {
+    "llama": ModelArgs(model_type="llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                       head_dim=16, intermediate_size=96, vocab_size=200, max_position_embeddings=512),
+    "qwen2-bias": ModelArgs(model_type="qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1,
+                            head_dim=16, intermediate_size=96, vocab_size=200, qkv_bias=True,
+                            max_position_embeddings=512),
+    "qwen3-qknorm": ModelArgs(model_type="qwen3", hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=2,
+                              head_dim=16, intermediate_size=96, vocab_size=200, qk_norm=True,
+                              tie_word_embeddings=True, max_position_embeddings=512),
+}
+
+
+def _random_target(args: ModelArgs) -> FastTarget:
+    torch.manual_seed(0)
+    model = FastTarget(args)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(1 + 0.1 * torch.randn_like(param) if "norm" in name else 0.2 * torch.randn_like(param))
+    return model.to(DEVICE, DTYPE).eval()
+
+
+def _snapshot(model: FastTarget) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.attention.kv_cache.k_cache.clone(), layer.attention.kv_cache.v_cache.clone())
+            for layer in model.layers]
+
+
+def _restore(model: FastTarget, caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for layer, (k, v) in zip(model.layers, caches):
+        layer.attention.kv_cache.k_cache.copy_(k)
+        layer.attention.kv_cache.v_cache.copy_(v)
+
+
+@pytest.mark.parametrize("name", list(ARGS))
+@torch.no_grad()
+def test_fused_forward_matches_torch_path(name):
+    """A decode step, then a 5-node tree verify (depth positions, a sibling-blind mask), through
+    both paths from the same cache; both compared with the torch path in float64."""
+    model = _random_target(ARGS[name])
+    exact = copy.deepcopy(model).double()
+    max_seq = 300
+    prompt = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    for m in (model, exact):
+        m.setup_cache(1, max_seq)
+        m(prompt, torch.arange(20, device=DEVICE)[None], torch.arange(20, device=DEVICE),
+          causal_mask(0, 20, max_seq, device=DEVICE))
+    tree_mask = causal_mask(21, 5, max_seq).clone()
+    tree_mask[0, 0, 2:4, 22] = False  # node 2 is node 1's sibling, node 3 node 2's child
+    steps = [(torch.tensor([[5]]), torch.tensor([[20]]), torch.tensor([20]), causal_mask(20, 1, max_seq)),
+             (torch.tensor([[9, 3, 4, 8, 1]]), torch.tensor([[21, 22, 22, 23, 24]]), torch.arange(21, 26),
+              tree_mask)]
+    for step in steps:
+        ids, positions, slots, mask = (tensor.to(DEVICE) for tensor in step)
+        truth = exact(ids, positions, slots, mask, aux_layers=(0, 1, 2))
+        before = _snapshot(model)
+        ref = model(ids, positions, slots, mask, aux_layers=(0, 1, 2))
+        ref_keys = [k for k, _ in _snapshot(model)]
+        _restore(model, before)
+        got = fused_decode.forward(model, ids, positions, slots, mask, (0, 1, 2))
+        assert got.logits.dtype == torch.float32 and got.logits.shape == ref.logits.shape
+        for field in ("logits", "aux_hidden"):  # no further from the truth than the torch path
+            got_err, ref_err = _rel_err(getattr(got, field), getattr(truth, field)), _rel_err(
+                getattr(ref, field), getattr(truth, field))
+            assert got_err <= max(2 * ref_err, 1e-5), (field, got_err, ref_err)
+        for layer, k_ref in zip(model.layers, ref_keys):
+            assert _rel_err(layer.attention.kv_cache.k_cache, k_ref) < TOL
+        if not CUDA:  # float32: the same greedy tokens
+            assert torch.equal(got.logits.argmax(-1), ref.logits.argmax(-1))
+
+
+def test_use_triton_says_why_not():
+    model = FastTarget(ARGS["llama"])
+    assert "not CUDA" in model.use_triton() and not model.triton_kernels
+    if CUDA:
+        assert "bf16 / fp16 only" in model.to("cuda").use_triton()
+        assert model.to(torch.bfloat16).use_triton() is None and model.triton_kernels
+    small_heads = FastTarget(ModelArgs(model_type="llama", hidden_size=32, num_layers=1, num_heads=4,
+                                       num_kv_heads=4, head_dim=8, intermediate_size=64, vocab_size=50))
+    assert fused_decode.unsupported_reason(small_heads) is not None
+
