@@ -267,9 +267,11 @@ def generate(
     temperature: float = typer.Option(0.0, help="0 = greedy (output = the target's greedy output)."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass (1 = off)."),
     sampling_top_k: int = typer.Option(0, help="Sample from the k most likely tokens (0 = off)."),
-    topk: int = typer.Option(1, min=1, help="Draft tree: children per node (SGLang --speculative-eagle-topk)."),
-    num_steps: int = typer.Option(3, min=1, help="Draft depth (SGLang --speculative-num-steps)."),
-    num_draft_tokens: int = typer.Option(0, min=0, help=NUM_DRAFT_TOKENS_HELP),
+    topk: int | None = typer.Option(None, min=1, help="Draft tree: children per node (SGLang "
+                                    "--speculative-eagle-topk); default 1; used only with --draft."),
+    num_steps: int | None = typer.Option(None, min=1, help="Draft depth (SGLang --speculative-num-steps); "
+                                         "default 3; used only with --draft."),
+    num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft."),
     max_new_tokens: int = typer.Option(128),
     no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine, even with --draft."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the tokenizer's EOS."),
@@ -278,8 +280,8 @@ def generate(
     device: str = typer.Option("cpu", callback=_check_device),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
     compile: bool = typer.Option(False, "--compile", help="CUDA: compiled target layers replayed as CUDA "
-                                 "graphs, decode / verify through Triton kernels with bf16 / fp16 (the "
-                                 "first steps compile, a minute or more on large targets)."),
+                                 "graphs, decode / verify through Triton kernels with bf16 / fp16 (a "
+                                 "warm-up generation compiles first, a minute or more on large targets)."),
 ) -> None:
     """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
     --draft, plain decoding without it (or with --no-spec)."""
@@ -295,13 +297,26 @@ def generate(
         if compile and not device.startswith("cuda"):
             raise ValueError(f"--compile needs a CUDA device (CUDA graphs), not --device {device}: "
                              f"pass --device cuda, or drop --compile")
-        spec = _spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens)
+        given = {"--topk": topk, "--num-steps": num_steps, "--num-draft-tokens": num_draft_tokens}
+        drafting_flags = [name for name, value in given.items() if value is not None]
+        if drafting_flags and not draft and not no_spec:
+            raise ValueError(f"{', '.join(drafting_flags)} set the drafter's speculation, but no --draft is given "
+                             f"(plain decoding): add --draft CKPT, or drop {', '.join(drafting_flags)}")
+        topk, num_steps = 1 if topk is None else topk, 3 if num_steps is None else num_steps
+        spec = _spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens or 0)
         torch_dtype = _torch_dtype(dtype)
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
         engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
                              max_seq_len or None, tokenizer, compile=compile)
         ids = tokenizer(prompt)["input_ids"]
         eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+        if compile:  # compile and capture first: the metrics below are then the engine's, not the compiler's
+            import time
+
+            started = time.perf_counter()
+            engine.generate(ids, min(max_new_tokens, 16), temperature, top_p, sampling_top_k, seed=seed)
+            console.print(f"compiled and captured CUDA graphs in {time.perf_counter() - started:.1f} s "
+                          f"(a warm-up generation, not in the metrics)", markup=False)
         output: list[int] = []
         shown = 0
 

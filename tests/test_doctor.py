@@ -188,3 +188,18 @@ def test_missing_fc_weight_is_named_without_an_empty_skip_list(exported, tmp_pat
     assert finding.verdict == "fail"
     assert finding.evidence.startswith("vLLM would leave 1 parameters at their initial values [fc.weight]")
     assert "skip" not in finding.evidence
+
+
+def test_checks_of_the_engine_command_line_fail_on_an_unreadable_one_and_skip_without_one(exported):
+    """algorithm_is_eagle3 and speculative_settings_valid read --engine-args alike: a command line
+    that does not parse fails both (the user's input is at fault), none given skips both."""
+    out, _ = exported
+    unreadable = run_doctor(out, engine="sglang", engine_args="--speculative-num-steps three")
+    absent = run_doctor(out, engine="sglang")
+    for check in ("algorithm_is_eagle3", "speculative_settings_valid"):
+        finding = unreadable.finding(check)
+        assert finding.verdict == "fail" and finding.fix == "fix the command line", finding
+        assert finding.evidence.startswith("--engine-args: --speculative-num-steps 'three' is not an integer")
+        skipped = absent.finding(check)
+        assert (skipped.verdict, skipped.evidence) == ("skip", "no --engine-args"), skipped
+        assert skipped.fix == "pass the engine's command line (--engine-args \"...\")"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
@@ -40,7 +41,11 @@ def test_generate_streams_text_and_prints_metrics(tmp_path):
     assert spec.exit_code == 0, spec.output
     assert expected in spec.output.replace("\n", "")
     assert "accept length tau" in spec.output and "steps 3, topk 2, draft tokens 6" in spec.output
-    plain = CliRunner().invoke(app, common + ["--no-spec"])
+    defaults = CliRunner().invoke(app, common + ["--draft", str(draft_dir)])  # topk 1, num_steps 3
+    assert defaults.exit_code == 0, defaults.output
+    assert expected in defaults.output.replace("\n", "")
+    assert "steps 3, topk 1, draft tokens 4" in defaults.output
+    plain = CliRunner().invoke(app, common + ["--no-spec", "--topk", "2"])  # a baseline of the same command
     assert plain.exit_code == 0, plain.output
     assert expected in plain.output.replace("\n", "") and "plain decoding" in plain.output
     no_draft = CliRunner().invoke(app, common)  # --help: "omit for plain decoding"
@@ -48,3 +53,19 @@ def test_generate_streams_text_and_prints_metrics(tmp_path):
     assert expected in no_draft.output.replace("\n", "") and "plain decoding (no --draft)" in no_draft.output
     on_cpu = CliRunner().invoke(app, common + ["--compile"])  # CUDA graphs: refused, not ignored
     assert on_cpu.exit_code == 1 and "--compile needs a CUDA device" in on_cpu.output
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--topk", "1"], "--topk"),
+    (["--num-steps", "3"], "--num-steps"),
+    (["--num-draft-tokens", "0"], "--num-draft-tokens"),
+    (["--num-steps", "5", "--topk", "2", "--num-draft-tokens", "8"], "--topk, --num-steps, --num-draft-tokens"),
+])
+def test_generate_refuses_drafting_flags_without_a_draft(tmp_path, flags, named):
+    """Even a flag given at its default value is refused: without --draft it would be ignored."""
+    (tmp_path / "config.json").write_text("{}")  # refused before the target is loaded
+    result = CliRunner().invoke(app, ["generate", "--target", str(tmp_path), "--prompt", "hi", *flags])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert text == (f"error: {named} set the drafter's speculation, but no --draft is given (plain decoding): "
+                    f"add --draft CKPT, or drop {named}")

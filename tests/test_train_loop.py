@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from safetensors.torch import load_file
 from specdraft.capture import StoreSettings, write_store
 from specdraft.data import Sample
 from specdraft.target import load_target
-from specdraft.train.loop import TrainConfig, TrainingError, checkpoint_paths, split_samples, train
+from specdraft.train.loop import TrainConfig, Trainer, TrainingError, checkpoint_paths, split_samples, train
 from specdraft.train.sources import OnlineData, StoreData, pad_samples
 from tests.tiny_models import tiny_config
 
@@ -333,6 +334,173 @@ def test_a_two_rank_sharded_checkpoint_exports_its_step(world, two_ranks, tmp_pa
     assert written.keys() == single.keys()
     for key in single:
         torch.testing.assert_close(written[key], single[key], rtol=1e-3, atol=1e-4)
+
+
+
+# ------------------------------------------------------------- resuming on another number of ranks
+
+class Stop(Exception):
+    """Raised from on_step to interrupt an in-process run after a step."""
+
+
+def stop_at(step: int):
+    def on_step(done: int) -> None:
+        if done == step:
+            raise Stop
+    return on_step
+
+
+@pytest.fixture(scope="module")
+def one_process(world, two_ranks, tmp_path_factory):
+    """(config, run dir) of a one-process run of two_ranks' settings, each batch as 4 micro-batches
+    of 2 (the per-forward size of two_ranks' ranks), stopped after step 4: its newest checkpoint is
+    step-00000003.pt (~2 s)."""
+    _, _, store = world
+    cfg = TrainConfig.from_dict({**json.loads(two_ranks[0].read_text()), "grad_accum_steps": 4})
+    run = tmp_path_factory.mktemp("one_process") / "run"
+    with pytest.raises(Stop):
+        train(cfg, store, run, progress=False, on_step=stop_at(4))
+    assert [p.name for p in checkpoint_paths(run)] == ["step-00000003.pt"]
+    return cfg, run
+
+
+def loaded_state(cfg: TrainConfig, store: Path, checkpoint: Path, ranks=None) -> dict:
+    """A fresh Trainer on `ranks` (default: one process) after loading `checkpoint`: its step and
+    full (gathered) model and optimizer state."""
+    trainer = Trainer(cfg, StoreData(store), ranks)
+    if checkpoint.is_dir():
+        trainer.load_sharded_state(checkpoint)
+    else:
+        trainer.load_state(torch.load(checkpoint, map_location="cpu", weights_only=False), checkpoint)
+    state = trainer.state()
+    return {"step": trainer.step, "model": state["model"], "optimizer": state["optimizer"]}
+
+
+LOAD_SCRIPT = """
+import json, sys
+from pathlib import Path
+import torch
+import torch.distributed as dist
+from specdraft.train.loop import TrainConfig, setup_dist
+from tests.test_train_loop import loaded_state
+cfg, store, out = TrainConfig.from_dict(json.loads(sys.argv[1])), Path(sys.argv[2]), Path(sys.argv[3])
+ranks = setup_dist(cfg.device)
+for checkpoint in sys.argv[4:]:
+    state = loaded_state(cfg, store, Path(checkpoint), ranks)
+    if ranks.main:
+        torch.save(state, out / (Path(checkpoint).name + ".loaded"))
+ranks.barrier()
+dist.destroy_process_group()
+"""
+
+
+def assert_same(a, b, where: str = "") -> None:
+    """Equal nested dicts / lists of tensors (bit for bit) and plain values."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}/{i}")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+@needs_torchrun
+def test_checkpoints_load_bit_identical_on_another_number_of_ranks(world, two_ranks, one_process, tmp_path):
+    """A 2-rank sharded step-3 directory loaded by one process, and a one-process step-3.pt loaded
+    by 2 ranks (FSDP2 shards), hold the same step, weights and AdamW moments, bit for bit, as
+    each loaded on the ranks that wrote it (~7 s)."""
+    _, _, store = world
+    cfg_file, two = two_ranks
+    cfg = TrainConfig.from_dict(json.loads(cfg_file.read_text()))  # 2 micro-batches: splits either way
+    sharded, single = two / "checkpoints" / "step-00000003", one_process[1] / "checkpoints" / "step-00000003.pt"
+    (tmp_path / "load.py").write_text(LOAD_SCRIPT)
+    proc = torchrun(str(tmp_path / "load.py"), cfg_file.read_text(), str(store), str(tmp_path), str(sharded),
+                    str(single))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    on_two = {p: torch.load(tmp_path / f"{p.name}.loaded", weights_only=False) for p in (sharded, single)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        on_one = {p: loaded_state(cfg, store, p) for p in (sharded, single)}
+    assert not [w for w in caught if "torch.distributed is disabled" in str(w.message)]
+    saved = torch.load(single, weights_only=False)
+    assert_same(on_one[single], {"step": 3, "model": saved["model"], "optimizer": saved["optimizer"]})
+    assert on_one[sharded]["step"] == 3 and saved["optimizer"]["state"]  # AdamW moments exist
+    for path in (sharded, single):
+        assert_same(on_one[path], on_two[path], path.name)
+
+
+RESUME_SCRIPT = """
+import json, os, sys
+from specdraft.train.loop import TrainConfig, train
+steps = []
+result = train(TrainConfig.from_dict(json.loads(sys.argv[1])), sys.argv[2], sys.argv[3], resume=True,
+               progress=False, on_step=steps.append)
+if os.environ.get("RANK", "0") == "0":
+    with open(sys.argv[4], "w") as f:
+        json.dump({"steps": steps, "final": result.steps}, f)
+"""
+
+
+def assert_close_runs(run: Path, reference: Path) -> None:
+    """Same train losses step for step, and final weights, as `reference` (to float rounding)."""
+    losses = [(r["step"], r["loss"]) for r in read_metrics(run) if r["split"] == "train"]
+    expected = [(r["step"], r["loss"]) for r in read_metrics(reference) if r["split"] == "train"]
+    assert [s for s, _ in losses] == [s for s, _ in expected]
+    assert [loss for _, loss in losses] == pytest.approx([loss for _, loss in expected], rel=1e-4)
+    a = load_file(str(reference / "draft" / "model.safetensors"))
+    b = load_file(str(run / "draft" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-3, atol=1e-4)
+
+
+@needs_torchrun
+def test_a_two_rank_run_resumes_on_one_process(world, two_ranks, tmp_path):
+    """The 2-rank run's sharded step-3 checkpoint (and its log), resumed by one process: steps 4-6
+    run, nothing else, with the losses and final weights of the uninterrupted 2-rank run; the
+    new checkpoint is a step-N.pt file, and no torch.distributed warning reaches the user."""
+    _, _, store = world
+    cfg_file, two = two_ranks
+    run = tmp_path / "run"
+    shutil.copytree(two / "checkpoints" / "step-00000003", run / "checkpoints" / "step-00000003")
+    shutil.copy(two / "metrics.jsonl", run / "metrics.jsonl")
+    steps: list[int] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train(TrainConfig.from_dict(json.loads(cfg_file.read_text())), store, run, resume=True,
+                       progress=False, on_step=steps.append)
+    assert not [w for w in caught if "torch.distributed is disabled" in str(w.message)]
+    assert steps == [4, 5, 6] and result.steps == 6
+    assert [p.name for p in checkpoint_paths(run)] == ["step-00000003", "step-00000006.pt"]
+    assert_close_runs(run, two)
+
+
+@needs_torchrun
+def test_a_one_process_run_resumes_on_two_ranks_with_fewer_micro_batches(world, two_ranks, one_process,
+                                                                          tmp_path):
+    """The one-process run stopped after step 4 (4 micro-batches of 2; newest checkpoint step 3),
+    resumed by 2 ranks with --grad-accum-steps 2 (each rank's 4 sequences as 2 micro-batches of
+    2): steps 4-6 run on the resharded state, with the losses and final weights of the
+    uninterrupted 2-rank run, and the new checkpoint is a sharded step-6 directory (~7 s)."""
+    _, _, store = world
+    cfg_file, two = two_ranks
+    run = tmp_path / "run"
+    shutil.copytree(one_process[1], run)
+    (tmp_path / "resume.py").write_text(RESUME_SCRIPT)
+    proc = torchrun(str(tmp_path / "resume.py"), cfg_file.read_text(), str(store), str(run),
+                    str(tmp_path / "steps.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "steps.json").read_text()) == {"steps": [4, 5, 6], "final": 6}
+    assert [p.name for p in checkpoint_paths(run)] == ["step-00000003.pt", "step-00000006"]
+    assert_close_runs(run, two)
+    manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
+    assert manifest["training"]["steps"] == 6 and manifest["training"]["config"]["grad_accum_steps"] == 2
 
 
 def test_pad_samples_truncates_and_pads():

@@ -26,7 +26,7 @@ from specdraft.doctor.evidence import (
 )
 from specdraft.doctor.offline import DEFAULT_TTT_STEPS, offline_run, run_on, training_accuracy
 from specdraft.draft import rope_from_hf_config
-from specdraft.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES
+from specdraft.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
 
 if TYPE_CHECKING:  # imported when the check runs (httpx, bench)
     from specdraft.doctor.online import OnlineRun
@@ -290,14 +290,23 @@ def _express(ev: Evidence, layers: list[int]) -> str:
     return "; ".join(parts) + "; specdraft export --engine ENGINE writes them"
 
 
-def algorithm_is_eagle3(ev: Evidence) -> Result:
-    """The engine runs the EAGLE-3 algorithm, which the drafter's architecture needs (FC-06)."""
+def _given_engine_args(ev: Evidence) -> EngineArgs | Result:
+    """The parsed --engine-args of a check that needs them, or a fail when they cannot be read
+    (the user's command line is at fault); raises Unavailable (a skip) when none were given."""
     try:
         args = ev.engine_args
     except Unavailable as e:
         return fail(e.reason, e.fix)
     if args is None:
         raise Unavailable("no --engine-args", "pass the engine's command line (--engine-args \"...\")")
+    return args
+
+
+def algorithm_is_eagle3(ev: Evidence) -> Result:
+    """The engine runs the EAGLE-3 algorithm, which the drafter's architecture needs (FC-06)."""
+    args = _given_engine_args(ev)
+    if isinstance(args, Result):
+        return args
     want, flag = EAGLE3_ALGORITHM[args.engine], ALGORITHM_FLAG[args.engine]
     if args.algorithm is None:
         what = ("SGLang runs without speculation" if args.engine == "sglang" else
@@ -313,12 +322,9 @@ def algorithm_is_eagle3(ev: Evidence) -> Result:
 
 def speculative_settings_valid(ev: Evidence) -> Result:
     """steps / topk / draft tokens obey the engine's rule, so it does not rewrite them (S4, FC-06)."""
-    try:
-        args = ev.engine_args
-    except Unavailable as e:
-        return fail(e.reason, e.fix)
-    if args is None:
-        raise Unavailable("no --engine-args", "pass the engine's command line (--engine-args \"...\")")
+    args = _given_engine_args(ev)
+    if isinstance(args, Result):
+        return args
     try:
         spec = args.spec_config()
     except ValueError as e:

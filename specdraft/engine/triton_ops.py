@@ -251,7 +251,7 @@ def _attention_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, mask_ptr, out_ptr, 
     seen = l_i > 0
     part = (bh * num_splits + split) * BLOCK_R + r
     tl.store(out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc / tl.where(seen, l_i, 1.0)[:, None])
-    tl.store(lse_ptr + part, tl.where(seen, m_i + tl.log(l_i), float("-inf")))
+    tl.store(lse_ptr + part, tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf")))
 
 
 @triton.jit

@@ -12,9 +12,14 @@ position; the data order is a function of (seed, epoch), so a resumed run repeat
 batches and, on the CPU in fp32, ends with the same weights bit for bit. A resumed run may
 change its length (extend it): the lr schedule is then recomputed for the new total from the
 checkpoint's step on (`Trainer._fit_schedule`). One process writes a checkpoint as one file;
-several ranks write a torch.distributed.checkpoint directory, each rank its own shards. Each
-checkpoint carries the drafter's manifest, so `specdraft export` can write the drafter of any of
-them (`load_training_checkpoint`). Rank 0 writes metrics and the final drafter.
+several ranks write a torch.distributed.checkpoint directory, each rank its own shards. Either
+kind resumes on any number of ranks: weights and optimizer state are resharded on load and the
+run goes on from the checkpoint's step. Such a run may change grad_accum_steps too (to keep the
+memory of a forward on fewer ranks): like the number of ranks, it splits a batch without
+changing its loss or gradients, only the order of float sums, so the weights then agree with
+an uninterrupted run to rounding, not bit for bit. Each checkpoint carries the drafter's
+manifest, so `specdraft export` can write the drafter of any of them
+(`load_training_checkpoint`). Rank 0 writes metrics and the final drafter.
 
     specdraft train STORE RUN [--config cfg.json] [--resume]
     specdraft train DATA RUN --online --target TARGET_DIR ...
@@ -53,6 +58,9 @@ METRICS_FILE = "metrics.jsonl"
 BOOKKEEPING_FIELDS = frozenset({"eval_every", "save_every", "keep_checkpoints", "device"})
 # ... and the run's length, which a resumed run may extend (the lr schedule is recomputed for it).
 RUN_LENGTH_FIELDS = frozenset({"total_steps", "epochs"})
+# ... and how a rank splits its share of a batch, which changes the weights by float rounding only
+# (as the number of ranks does): a run resumed on other ranks may need another split to fit memory.
+BATCH_SPLIT_FIELDS = frozenset({"grad_accum_steps"})
 # The `specdraft train` flag of each TrainConfig field it sets (cli.py); errors name these, and
 # any other field by its --config key, since users type flags, not field names.
 FLAG_OF_FIELD = {"total_steps": "--steps", "epochs": "--epochs", "lr": "--lr", "batch_size": "--batch-size",
@@ -302,8 +310,10 @@ class Trainer:
         self.config, self.data, self.ranks = config, data, ranks
         parts = ranks.world * config.grad_accum_steps
         if config.batch_size % parts:
+            fits = [g for g in range(config.grad_accum_steps - 1, 0, -1) if config.batch_size % (ranks.world * g) == 0]
             raise ValueError(f"--batch-size {config.batch_size} does not split into {ranks.world} rank(s) x "
-                             f"--grad-accum-steps {config.grad_accum_steps} micro-batches: use a multiple of {parts}")
+                             f"--grad-accum-steps {config.grad_accum_steps} micro-batches: use a multiple of {parts}"
+                             + (f" or --grad-accum-steps {fits[0]}" if fits else ""))
         self.micro_batch_size = config.batch_size // parts  # sequences per forward on one rank
         if config.precision == "bf16" and ranks.device.type != "cuda":
             raise ValueError("--precision bf16 autocasts on CUDA only; use --precision fp32 on the CPU")
@@ -459,9 +469,10 @@ class Trainer:
         return {"model": model, "optimizer": optimizer}
 
     def load_state(self, state: dict[str, Any], source: Path) -> None:
-        """Restore `state()`. A checkpoint whose settings differ in anything that shapes the
-        weights (all but BOOKKEEPING_FIELDS and RUN_LENGTH_FIELDS) is a ValueError naming the
-        flags; a run length that differs is taken (`_fit_schedule`)."""
+        """Restore `state()` (full tensors, as one process writes them) on any number of ranks:
+        under FSDP2 each rank keeps its shards. A checkpoint whose settings differ in anything that
+        shapes the weights (all but BOOKKEEPING_FIELDS, RUN_LENGTH_FIELDS and BATCH_SPLIT_FIELDS)
+        is a ValueError naming the flags; a run length that differs is taken (`_fit_schedule`)."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
         self._check_config(state["config"], source)
@@ -471,27 +482,26 @@ class Trainer:
         self._restore_progress(state, source)
 
     def load_sharded_state(self, path: Path) -> None:
-        """Restore a directory written by `write_sharded_checkpoint`; a collective. Raises as
-        `load_state`."""
-        import torch.distributed.checkpoint as dcp
+        """Restore a directory written by `write_sharded_checkpoint` by any number of ranks, on
+        this run's ranks (one process reads whole tensors); a collective. Raises as `load_state`."""
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         progress = torch.load(path / PROGRESS_FILE, map_location="cpu", weights_only=False)
         self._check_config(progress["config"], path)
         state = self.sharded_state()
-        dcp.load(state, checkpoint_id=path)
+        _read_sharded(state, path, one_process=self.ranks.world == 1)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
         self._restore_progress(progress, path)
 
     def _check_config(self, saved: dict[str, Any], source: Path) -> None:
         differ = [k for k, v in self.config.to_dict().items()
-                  if k not in BOOKKEEPING_FIELDS | RUN_LENGTH_FIELDS and saved.get(k) != v]
+                  if k not in BOOKKEEPING_FIELDS | RUN_LENGTH_FIELDS | BATCH_SPLIT_FIELDS and saved.get(k) != v]
         if differ:
             changes = ", ".join(f"{flag(k)} {saved.get(k)!r} -> {getattr(self.config, k)!r}" for k in differ)
             raise ValueError(f"{source}: this checkpoint was trained with other settings ({changes}); resume "
                              f"with the checkpoint's values (only the run length, --steps / --epochs, may "
-                             f"change) or train into a new OUT directory")
+                             f"change, as may --grad-accum-steps) or train into a new OUT directory")
 
     def _restore_progress(self, progress: dict[str, Any], source: Path) -> None:
         self.scheduler.load_state_dict(progress["scheduler"])
@@ -695,15 +705,22 @@ def load_training_checkpoint(path: str | Path) -> LoadedDraft:
 def _sharded_model_state(path: Path, draft: Eagle3Draft) -> dict[str, torch.Tensor]:
     """The drafter's full tensors from a torch.distributed.checkpoint directory, read in this
     one process (shards of any world size are gathered into `draft`-shaped tensors)."""
+    state = {"model": {f"draft.{k}": v.clone() for k, v in draft.state_dict().items()}}
+    _read_sharded(state, path, one_process=True)
+    return state["model"]
+
+
+def _read_sharded(state: dict[str, Any], path: Path, one_process: bool) -> None:
+    """Load the torch.distributed.checkpoint directory `path` into `state` in place, resharded to
+    `state`'s tensors: each rank its shards (a collective), or with `one_process` whole tensors
+    read here, whatever number of ranks wrote them."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
 
-    state = {"model": {f"draft.{k}": v.clone() for k, v in draft.state_dict().items()}}
     with warnings.catch_warnings():  # "... assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, checkpoint_id=path, no_dist=True)
-    return state["model"]
+        dcp.load(state, checkpoint_id=path, no_dist=one_process)
 
 
 def save_final_draft(draft: Eagle3Draft, out_dir: Path, manifest: Manifest, training: dict[str, Any]) -> Path:
@@ -738,10 +755,12 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     out_dir: receives checkpoints/, metrics.jsonl, tensorboard/ and the final draft/.
     resume: continue from the newest checkpoint in out_dir (from scratch when there is none);
     without it an out_dir that already holds checkpoints is refused (FileExistsError), as is an
-    out_dir that is a file. The run length (total_steps / epochs) may differ from the
-    checkpoint's: the run is extended (or shortened, not below the checkpoint's step) and the lr
-    schedule recomputed for the new total (`Trainer._fit_schedule`); every other setting that
-    shapes the weights must match.
+    out_dir that is a file. The checkpoint may come from another number of ranks (a step-N.pt file
+    of one process, a sharded step-N directory of several): it is resharded to this run's. The
+    run length (total_steps / epochs) may differ from the checkpoint's: the run is extended (or
+    shortened, not below the checkpoint's step) and the lr schedule recomputed for the new total
+    (`Trainer._fit_schedule`); grad_accum_steps may differ; every other setting that shapes the
+    weights must match.
     command: recorded in the manifest as the training command. on_step(step) runs after each
     optimizer step and any checkpoint it triggers. target_config: the target's config or
     directory, for a store whose recorded target path does not resolve here. on_note(line)
