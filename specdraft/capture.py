@@ -470,7 +470,8 @@ def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
              "target_path": str(Path(cfg.target).resolve()),
              "data": {"path": str(cfg.data), "num_skipped": data.num_skipped}}
     if console is not None and data.num_skipped:
-        console.print(f"skipped {data.num_skipped} bad records in {cfg.data}", style="yellow",
+        n = data.num_skipped
+        console.print(f"skipped {n} bad record{'' if n == 1 else 's'} in {cfg.data}", style="yellow",
                       markup=False)
     return write_store(target, data.samples, cfg.out_dir, settings, extra=extra,
                        device=cfg.device, console=console)

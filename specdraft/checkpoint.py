@@ -7,7 +7,11 @@ Layouts (DESIGN.md §2 "Checkpoint layouts"):
   only when the drafter owns its embedding.
 - ``speculators`` (read by vLLM): ``speculators_model_type: "eagle3"``,
   ``transformer_layer_config``, top-level aux ids; the decoder layer under ``layers.0.*``.
-- ``specdraft``: the ``sglang`` files plus ``specdraft_manifest.json``.
+- ``specdraft``: the ``sglang`` files plus ``specdraft_manifest.json`` (no file format of its
+  own: the SGLang layout is the one specdraft trains in; `describe_layout` names it so).
+
+`classify_dir` tells a drafter directory from a target model's by its config.json alone;
+`wrong_dir_message` is the one line every command prints when given the one for the other.
 
 Every loader in the field drops unknown keys silently. Here a key that matches nothing, a
 parameter that nothing fills, a tensor of the wrong shape, or a config flag specdraft does not
@@ -44,6 +48,105 @@ UNIMPLEMENTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "embed_norm",
 
 class CheckpointError(ValueError):
     """A draft checkpoint that cannot be loaded exactly as written; the message names the file."""
+
+
+# Config keys only an EAGLE-3 drafter's config has (a transformers model's has none of them),
+# at the top or in a speculators transformer_layer_config.
+DRAFTER_CONFIG_KEYS = ("speculators_model_type", "draft_vocab_size", "target_hidden_size", "eagle_config",
+                       "eagle_aux_hidden_state_layer_ids")
+DRAFTER_DIRS = "pass the drafter directory (specdraft train's OUT/draft or an export)"
+
+
+@dataclass(frozen=True)
+class DirKind:
+    """What a directory holds, judged from its config.json (and manifest) alone.
+
+    kind: "drafter" (an EAGLE-3 draft model), "target" (a transformers model) or "other" (no or
+    unreadable config.json, or one that is neither). evidence: what decided it, e.g. "its
+    config.json says architectures ['LlamaForCausalLMEagle3']" or "LlamaForCausalLM, 5 layers".
+    trained_for: the target a drafter records (manifest, else speculators verifier), or None.
+    """
+
+    kind: str
+    evidence: str = ""
+    trained_for: str | None = None
+
+
+def classify_dir(path: str | Path) -> DirKind:
+    """Drafter, target model or other, from `path`/config.json (see DirKind); never raises."""
+    path = Path(path)
+    config = _json_or_none(path / "config.json")
+    if not isinstance(config, dict):
+        return DirKind("other")
+    architectures = config.get("architectures")
+    architectures = [str(a) for a in architectures] if isinstance(architectures, list) else []
+    evidence = _drafter_evidence(path, config, architectures)
+    if evidence:
+        return DirKind("drafter", evidence, _recorded_target(path, config))
+    if not (architectures or config.get("model_type")):
+        return DirKind("other")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers = text.get("num_hidden_layers")
+    name = ", ".join(architectures) or f"model_type {config['model_type']}"
+    return DirKind("target", name + (f", {layers} layers" if layers else ""))
+
+
+def _drafter_evidence(path: Path, config: dict[str, Any], architectures: list[str]) -> str:
+    """What marks a drafter: an EAGLE-3 architecture, a drafter-only key, a manifest ("" if none)."""
+    if set(architectures) & set(OFFICIAL_ARCHITECTURES):
+        return f"its config.json says architectures {architectures}"
+    layer = config.get("transformer_layer_config")
+    layer = layer if isinstance(layer, dict) else {}
+    for key in DRAFTER_CONFIG_KEYS:
+        if key in config or key in layer:
+            value = config.get(key, layer.get(key))
+            return f"its config.json has {key}" + ("" if isinstance(value, dict) else f" = {value!r}")
+    return f"it holds {MANIFEST_FILE}" if (path / MANIFEST_FILE).is_file() else ""
+
+
+def _json_or_none(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _recorded_target(path: Path, config: dict[str, Any]) -> str | None:
+    """The target a drafter names: its manifest's target.name_or_path, else the speculators verifier."""
+    manifest = _json_or_none(path / MANIFEST_FILE)
+    recorded = ((manifest.get("target") or {}).get("name_or_path") if isinstance(manifest, dict) else None)
+    if not recorded:
+        spec = config.get("speculators_config")
+        verifier = spec.get("verifier") if isinstance(spec, dict) else None
+        recorded = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    return str(recorded) if recorded else None
+
+
+def wrong_dir_message(path: str | Path, want: str, given_as: str = "") -> str | None:
+    """The one-line refusal when `path` holds a drafter where a target model is wanted
+    (want="target") or a target model where a drafter is (want="drafter"); None otherwise
+    (anything else is left to the loader). given_as: the option it came in, e.g. "--target"."""
+    kind = classify_dir(path)
+    given = f"{given_as} {path}" if given_as else str(path)
+    if want == "target" and kind.kind == "drafter":
+        which = (f"the one the drafter was trained for: {kind.trained_for}" if kind.trained_for
+                 else "the one the drafter was trained for; the drafter does not record it")
+        return (f"{given} is an EAGLE-3 drafter ({kind.evidence}), not a target model: pass the target "
+                f"model directory ({which})")
+    if want == "drafter" and kind.kind == "target":
+        return (f"{given} is a transformers target model ({kind.evidence}), not an EAGLE-3 drafter: "
+                f"{DRAFTER_DIRS}, and this directory as --target")
+    return None
+
+
+def describe_layout(layout: str, has_manifest: bool) -> str:
+    """A layout as a user sees it on disk ("specdraft" is the SGLang layout plus the manifest)."""
+    check_layout(layout)
+    name = ("speculators layout (vLLM's)" if layout == "speculators"
+            else "SGLang layout (official EAGLE-3, the one specdraft trains in)")
+    if not has_manifest:
+        return name + ", no specdraft manifest"
+    return name + " + specdraft manifest" + (" (convert's --layout specdraft)" if layout == "specdraft" else "")
 
 
 @dataclass
@@ -271,6 +374,9 @@ def detect_layout(path: Path) -> str:
         return "speculators"
     if any(a in OFFICIAL_ARCHITECTURES for a in config.get("architectures") or []):
         return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
+    wrong = wrong_dir_message(path, "drafter")
+    if wrong:
+        raise CheckpointError(wrong)
     raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
                           f"{config.get('architectures')}, no speculators_model_type, no manifest)")
 

@@ -24,17 +24,33 @@ def _check_device(value: str) -> str:
     return value
 
 
-def _check_model_dir(value: str) -> str:
-    """--target: empty (not given) or a directory holding config.json."""
+def _check_model_dir(value: str, param: typer.CallbackParam = None) -> str:
+    """--target: empty (not given) or a directory holding config.json, and no drafter."""
     from pathlib import Path
 
     if value and not (Path(value) / "config.json").is_file():
         raise typer.BadParameter(f"{value}: no config.json here; pass a transformers model directory")
+    if value:
+        _refuse_wrong_kind(value, "target", param)
     return value
 
 
-def _check_checkpoint_dir(value: str) -> str:
-    """CKPT: an existing directory (a file path, e.g. its model.safetensors, names the directory)."""
+def _refuse_wrong_kind(value: str, want: str, param) -> None:
+    """A drafter given as target or a target as drafter: `checkpoint.wrong_dir_message`, exit 1."""
+    from rich.console import Console
+
+    from specdraft.checkpoint import wrong_dir_message
+
+    given_as = param.opts[0] if param is not None and param.param_type_name == "option" else ""
+    message = wrong_dir_message(value, want, given_as)
+    if message:
+        _error(Console(), ValueError(message))
+        raise typer.Exit(1)
+
+
+def _check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
+    """CKPT: an existing directory (a file path, e.g. its model.safetensors, names the directory),
+    not a target model's."""
     from pathlib import Path
 
     if not value:  # an optional --draft left out
@@ -46,6 +62,7 @@ def _check_checkpoint_dir(value: str) -> str:
     if not path.is_dir():
         raise typer.BadParameter(f"{value}: no such directory; pass a draft checkpoint directory "
                                  "(config.json and model.safetensors)")
+    _refuse_wrong_kind(value, "drafter", param)
     return value
 
 
@@ -207,7 +224,7 @@ def inspect(
     from rich.console import Console
     from rich.table import Table
 
-    from specdraft.checkpoint import CheckpointError, audit, load_draft, state_dict_for_layout
+    from specdraft.checkpoint import CheckpointError, audit, describe_layout, load_draft, state_dict_for_layout
 
     console = Console()
     try:
@@ -215,7 +232,9 @@ def inspect(
     except (CheckpointError, ValueError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
-    table = Table(title=f"{checkpoint} ({loaded.layout} layout)")
+    console.print(f"{checkpoint}: {describe_layout(loaded.layout, loaded.manifest is not None)}",
+                  markup=False, soft_wrap=True)
+    table = Table()
     for column in ("tensor", "shape", "dtype"):
         table.add_column(column)
     for name, tensor in state_dict_for_layout(loaded.model, loaded.layout).items():
@@ -379,7 +398,8 @@ def _train_config_values(config: str) -> dict:
     except OSError as e:
         raise ValueError(f"--config {config}: cannot read it ({e.strerror})") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"--config {config}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        raise ValueError(f"--config {config}: not JSON ({e.msg.removesuffix(' at')} at line {e.lineno} "
+                         f"column {e.colno})") from None
     if not isinstance(values, dict):
         raise ValueError(f"--config {config}: expected a JSON object of TrainConfig fields, e.g. "
                          '{"lr": 0.0003, "ttt_steps": 7}')
@@ -396,15 +416,17 @@ def train(
                                  "JSONL chats/texts, save_to_disk dir or text file."),
     out: str = typer.Argument(..., help="Run directory: checkpoints/, metrics.jsonl, tensorboard/, draft/."),
     config: str = typer.Option("", help="TrainConfig JSON file; the options below override it."),
-    steps: int | None = typer.Option(None, min=1, help="Total optimizer steps (instead of --epochs)."),
-    epochs: int | None = typer.Option(None, min=1, help="Passes over the training split."),
-    lr: float | None = typer.Option(None),
-    batch_size: int | None = typer.Option(None, min=1, help="Sequences per step, over all ranks."),
+    steps: int | None = typer.Option(None, min=1, help="Total optimizer steps (instead of --epochs; neither "
+                                     "= one epoch)."),
+    epochs: int | None = typer.Option(None, min=1, help="Passes over the training split (neither --steps nor "
+                                      "--epochs = one epoch)."),
+    lr: float | None = typer.Option(None, help="Peak learning rate, after warm-up (1e-4)."),
+    batch_size: int | None = typer.Option(None, min=1, help="Sequences per step, over all ranks (8)."),
     grad_accum_steps: int | None = typer.Option(None, min=1, help="Micro-batches per step on each rank (1)."),
-    max_length: int | None = typer.Option(None, min=1),
+    max_length: int | None = typer.Option(None, min=1, help="Truncate samples to this many tokens (2048)."),
     ttt_steps: int | None = typer.Option(None, min=1, help="Training-time-test unroll steps (7)."),
     draft_vocab_size: int | None = typer.Option(None, min=1, help="Default: the target's vocabulary."),
-    precision: str | None = typer.Option(None, help="fp32 | bf16 (CUDA autocast)."),
+    precision: str | None = typer.Option(None, help="fp32 (default) | bf16 (CUDA autocast)."),
     target: str = typer.Option("", help="Target directory: the live target with --online; offline only when "
                                "the store's recorded path moved.", callback=_check_model_dir),
     online: bool = typer.Option(False, "--online", help="Run --target on SOURCE's records at every step "
@@ -418,16 +440,22 @@ def train(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="With --online: skip and count bad records."),
     warmup_steps: int | None = typer.Option(None, min=0, help="Linear learning-rate warm-up steps (100)."),
     save_every: int | None = typer.Option(None, min=1, help="Checkpoint every N steps (500) and at the end."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint; a larger "
-                                "--steps / --epochs extends the run (the lr schedule is recomputed)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint with its "
+                                "settings (options left out come from it); a larger --steps / --epochs "
+                                "extends the run (the lr schedule is recomputed)."),
 ) -> None:
-    """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...)."""
+    """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...).
+
+    The device is chosen automatically: the GPU when torch sees one (under torchrun, each rank's
+    LOCAL_RANK GPU), else the CPU.
+    """
     import dataclasses
     import sys
 
     from rich.console import Console
 
-    from specdraft.train.loop import TrainConfig, TrainingError, checkpoint_paths, train as run_training
+    from specdraft.train.loop import TrainConfig, TrainingError, checkpoint_paths, resume_config
+    from specdraft.train.loop import train as run_training
 
     console = Console()
     kwargs = _json_kwargs(template_kwargs, "--template-kwargs")
@@ -442,15 +470,20 @@ def train(
         elif target_dtype or skip_bad:
             raise ValueError("--target-dtype and --skip-bad apply with --online only (a store was captured "
                              "with them: specdraft capture --target-dtype / --skip-bad)")
-        values = _train_config_values(config)
+        if steps is not None and epochs is not None:
+            raise ValueError(f"--steps {steps} and --epochs {epochs} both set: give one run length "
+                             "(neither = one epoch)")
+        values = _train_config_values(config)  # the settings given: --config keys, then flags
         if steps is not None or epochs is not None:  # the options replace the file's run length
             values.update(total_steps=None, epochs=None)
         values.update({k: v for k, v in options.items() if v is not None})
-        cfg = TrainConfig.from_dict(values)
-        if resume:
+        if resume:  # settings not given come from the checkpoint; those given must match it
             saved = checkpoint_paths(out)
-            console.print(f"resuming from {saved[-1]}" if saved else
+            console.print(f"resuming from {saved[-1]} with its settings" if saved else
                           f"--resume: no checkpoint in {out} yet: starting at step 0", markup=False, soft_wrap=True)
+            cfg = resume_config(out, values)
+        else:
+            cfg = TrainConfig.from_dict(values)
         result = run_training(cfg, data, out, resume=resume,
                               command=" ".join(["specdraft", *sys.argv[1:]]), target_config=target or None,
                               on_note=lambda text: console.print(f"note: {text}", markup=False, soft_wrap=True))
@@ -541,8 +574,9 @@ def doctor(
     max_samples: int = typer.Option(32, min=1, help="Samples for the offline run."),
     json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Check a drafter against its training record, target and deployment (exit 1 on a fail, 2 on
-    unusable inputs: a CHECKPOINT that is no drafter, a --samples file that cannot be read)."""
+    """Check a drafter against its training record, target and deployment (exit 1 on a fail or on a
+    target and drafter directory given in each other's place, 2 on other unusable inputs: a
+    CHECKPOINT without a drafter config, a --samples file that cannot be read)."""
     from rich.console import Console
 
     from specdraft.doctor import report_json, report_table, run_doctor
@@ -581,12 +615,22 @@ def demo(
 
     from rich.console import Console
 
+    from specdraft.checkpoint import CheckpointError
     from specdraft.demo import DemoConfig, run_demo
+    from specdraft.regenerate import RegenerationError
+    from specdraft.train.loop import TrainingError
 
     console = Console()
-    cfg = DemoConfig(out=Path(out), device=device, target=Path(target) if target else None,
-                     data=Path(data) if data else None, train_steps=train_steps, num_train=num_train)
-    report = run_demo(cfg, console)
+    try:  # inputs are checked before any stage runs; a later stage's error is one line too
+        cfg = DemoConfig(out=Path(out), device=device, target=Path(target) if target else None,
+                         data=Path(data) if data else None, train_steps=train_steps, num_train=num_train)
+        report = run_demo(cfg, console)
+    except KeyboardInterrupt:
+        console.print(f"interrupted; run the same command again to resume from {out}", markup=False)
+        raise typer.Exit(130) from None
+    except (ValueError, OSError, CheckpointError, TrainingError, RegenerationError) as e:
+        _error(console, e)
+        raise typer.Exit(1) from e
     console.print((Path(out) / "report.md").read_text(), markup=False)
     console.print(f"report: {Path(out) / 'report.md'}; plots: {', '.join(report.plots)}", markup=False)
 

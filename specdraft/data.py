@@ -46,9 +46,9 @@ class BadRecord(DataError):
     line). Commands with --skip-bad say so when they report it."""
 
 
-NO_CHAT_HINT = "read it as plain text instead (chat=False; --no-chat of capture, regenerate, train)"
-NO_TEMPLATE = f"the tokenizer has no chat template; for a base model {NO_CHAT_HINT}, or give a " \
-              "tokenizer with a chat template"
+NO_CHAT_HINT = "for text records pass --no-chat (capture, regenerate, train --online)"
+NO_TEMPLATE = "the tokenizer has no chat template: for a base model pass --no-chat (capture, regenerate, " \
+              "train --online), or give a tokenizer with a chat template"
 SLOW_TOKENIZER = ("a fast (Rust) tokenizer is needed for character offsets; load the target's "
                   "tokenizer with use_fast=True")
 
@@ -151,22 +151,50 @@ def read_records(path: str | Path, *, chat: bool = True, skip_bad: bool = False,
     elif path.suffix in (".jsonl", ".json"):
         rows = _jsonl_rows(path)
     elif chat:
-        raise DataError(f"{path}: plain text has no chat turns; give a .jsonl file with "
-                        f"'messages' or 'conversations', or {NO_CHAT_HINT}")
+        raise DataError(f"{path} is plain text, not chats: pass --no-chat (or give a .jsonl file of "
+                        f"'messages' or 'conversations' chats)")
     else:
         rows = _text_rows(path)
-    records, num_skipped = [], 0
+    records, num_skipped, other_mode = [], 0, None
     for source, row in rows:
         try:
             records.append(_to_record(source, row, chat, require_assistant))
         except DataError:
+            other_mode = other_mode or _other_mode(row, chat)
             if not skip_bad:
+                # records of the other mode all through (e.g. regenerate --no-chat's output): one line
+                if not records and other_mode and all(_other_mode(r, chat) or isinstance(r, _BadRow)
+                                                      for _, r in rows):
+                    raise DataError(_mode_hint(path, other_mode)) from None
                 raise
             num_skipped += 1
     if not records:
+        if other_mode:  # every record skipped, and (some of) them for the mode: say so, not "empty"
+            raise DataError(_mode_hint(path, other_mode))
         raise DataError(f"{path}: no usable records ({num_skipped} skipped); "
                         f"the dataset is empty")
     return Records(path, records, num_skipped, chat)
+
+
+def _other_mode(row: Any, chat: bool) -> str | None:
+    """What a row that is no record of this mode holds when it is one of the other mode:
+    "prompt/completion records" or "text records" (chat=True), "chats" (chat=False); else None."""
+    if not isinstance(row, dict):
+        return None
+    has_chat = "messages" in row or "conversations" in row
+    if chat and not has_chat:
+        if "completion" in row:
+            return "prompt/completion records"
+        return "text records" if "text" in row else None
+    if not chat and has_chat and not any(k in row for k in ("text", "completion")):
+        return "chats"
+    return None
+
+
+def _mode_hint(path: Path, other_mode: str) -> str:
+    if other_mode == "chats":
+        return f"{path} holds chats, not plain text: drop --no-chat"
+    return f"{path} holds {other_mode}, not chats: pass --no-chat"
 
 
 def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:
@@ -178,7 +206,7 @@ def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:
             try:
                 yield source, json.loads(line)
             except json.JSONDecodeError as e:
-                yield source, _BadRow(f"bad JSON ({e.msg} at column {e.colno})")
+                yield source, _BadRow(f"bad JSON ({e.msg.removesuffix(' at')} at column {e.colno})")
 
 
 def _text_rows(path: Path) -> Iterable[tuple[str, Any]]:

@@ -2,8 +2,11 @@
 
 convert target -> split prompts (train / held-out) -> regenerate continuations with the target
 -> capture -> train the drafter -> export (specdraft, vLLM, SGLang layouts) -> doctor ->
-speculative generation on held-out prompts against plain decoding on the same engine
--> report.md and plots.
+speculative generation on held-out prompts against plain decoding on the same engine (each
+setting timed over a few rounds in turns with plain decoding; a setting is recommended only when
+it beats plain decoding beyond the noise) -> report.md and plots.
+
+Inputs (device, target directory, data) are checked before any stage runs (`check_inputs`).
 
 The default target is the bundled stories260K (5 layers, so aux layers [2, 3, 4]: the standard
 [2, L//2, L-3] collapses below 7 layers, DESIGN.md §2). A stage whose output exists is not
@@ -32,6 +35,9 @@ class DemoConfig:
     prompt_tokens: prompt length cut from each document; max_new_tokens: continuation length
     (regeneration and the generation benchmark). num_train / num_heldout: documents used.
     train_steps, batch_size, lr: drafter training. sweep_steps: chain depths measured.
+    timing_repeats: rounds in which every setting and plain decoding are each timed once;
+    min_speedup: the median speedup over plain decoding a recommended setting needs (it must
+    also be faster in three rounds of four: lower quartile > 1x; else the report recommends none).
     """
 
     out: Path = Path("specdraft-demo")
@@ -50,12 +56,23 @@ class DemoConfig:
     sweep_steps: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     tree: tuple[int, int, int] = (4, 2, 8)  # num_steps, topk, num_draft_tokens
     threads: int | None = 1  # CPU threads; one is fastest for a 260K-parameter model
+    timing_repeats: int = 5  # timed passes per setting, taking turns with plain decoding
+    min_speedup: float = 1.05  # median speedup a recommended setting must reach (lower quartile > 1x)
 
     def __post_init__(self) -> None:
-        if self.num_train < 2 or self.num_heldout < 1:
-            raise ValueError("DemoConfig: need at least 2 training and 1 held-out documents")
-        if not self.sweep_steps:
-            raise ValueError("DemoConfig.sweep_steps is empty")
+        if self.num_train < 2:
+            raise ValueError(f"--num-train {self.num_train}: the demo needs at least 2 training documents")
+        if self.num_heldout < 1:
+            raise ValueError(f"num_heldout {self.num_heldout}: the demo needs at least 1 held-out document")
+        if self.train_steps < 1:
+            raise ValueError(f"--train-steps {self.train_steps}: must be at least 1 (the default is 1000)")
+        for name in ("prompt_tokens", "max_new_tokens", "batch_size", "ttt_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)}: must be at least 1")
+        if not self.sweep_steps or min(self.sweep_steps) < 1:
+            raise ValueError(f"sweep_steps {self.sweep_steps}: need at least one chain depth, each >= 1")
+        if self.timing_repeats < 1:
+            raise ValueError(f"timing_repeats {self.timing_repeats}: must be at least 1")
 
 
 @dataclass
@@ -69,23 +86,144 @@ class DemoReport:
     baseline: dict[str, Any] = field(default_factory=dict)
     sweep: list[dict[str, Any]] = field(default_factory=list)
     tree: dict[str, Any] = field(default_factory=dict)
-    chosen: dict[str, Any] = field(default_factory=dict)
+    chosen: dict[str, Any] = field(default_factory=dict)  # empty: no setting beat plain decoding beyond noise
+    verdict: str = ""
     launch_commands: dict[str, str] = field(default_factory=dict)
     lint: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)
 
 
+DATA_FORMATS = ("plain text with documents separated by blank lines, or JSONL with a string "
+                '"text" field per line')
+
+
+def parse_documents(text: str, name: str = "the data") -> list[str]:
+    """The documents of `text`: JSONL records' "text" fields when its first non-blank line is a
+    JSON object, else blank-line separated plain text. Blank lines inside a JSONL text are dropped
+    (the demo's own files separate documents by blank lines). ValueError names a bad line."""
+    lines = text.splitlines()
+    first = next((line.strip() for line in lines if line.strip()), "")
+    if not first.startswith("{"):
+        return [d.strip() for d in text.split("\n\n") if d.strip()]
+    docs = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} line {number} is not JSON ({e.msg}); the demo reads {DATA_FORMATS}") from e
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise ValueError(f"{name} line {number} has no string \"text\" field (chat \"messages\" records are "
+                             f"not supported here); the demo reads {DATA_FORMATS}")
+        doc = "\n".join(part for part in record["text"].splitlines() if part.strip()).strip()
+        if doc:
+            docs.append(doc)
+    return docs
+
+
 def split_documents(text: str, num_train: int, num_heldout: int, seed: int) -> tuple[list[str], list[str]]:
-    """Documents (blank-line separated), shuffled with `seed`, as (train, held-out) lists.
+    """Documents (see parse_documents), shuffled with `seed`, as (train, held-out) lists.
 
     Raises ValueError when the text holds fewer than num_train + num_heldout documents.
     """
-    docs = [d.strip() for d in text.split("\n\n") if d.strip()]
+    docs = parse_documents(text)
     if len(docs) < num_train + num_heldout:
         raise ValueError(f"the data holds {len(docs)} documents; the demo needs "
                          f"{num_train + num_heldout} (lower --num-train)")
     random.Random(seed).shuffle(docs)
     return docs[num_heldout:num_heldout + num_train], docs[:num_heldout]
+
+
+def data_source(cfg: DemoConfig) -> Path:
+    """--data, or the bundled TinyStories sample."""
+    from specdraft.stories260k import bundled_dir
+
+    return Path(cfg.data) if cfg.data else bundled_dir() / "tinystories_sample.txt"
+
+
+def check_inputs(cfg: DemoConfig) -> None:
+    """Refuse, before any work, what a later stage would fail on: the device, the target
+    directory and the data. ValueError naming the flag and the fix."""
+    check_device(cfg.device)
+    if cfg.target is not None:
+        check_target(Path(cfg.target))
+    check_data(cfg)
+
+
+def check_device(device: str) -> None:
+    """cpu, or a cuda device this torch build sees (capture, training and the engine support no other)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"--device {device!r} is not a torch device; use cpu or cuda[:N]") from e
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device}: the demo runs on cpu or cuda[:N] only; use --device cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this torch build ({torch.__version__}) sees no CUDA GPU; "
+                         "use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                         "use cuda:0")
+
+
+def check_target(path: Path) -> None:
+    """A transformers causal LM directory with a tokenizer and >= 4 decoder layers, not a drafter."""
+    from specdraft.conventions import ConventionError
+
+    hint = "pass a transformers model directory, or leave --target out for the bundled stories260K"
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"--target {path}: no config.json here; {hint}")
+    try:
+        raw = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--target {path}: cannot read config.json ({e}); {hint}") from e
+    architectures = " ".join(raw.get("architectures") or []) if isinstance(raw, dict) else ""
+    if (not isinstance(raw, dict) or "eagle" in architectures.lower() or "speculator" in architectures.lower()
+            or {"draft_vocab_size", "eagle_config", "speculators_config"} & set(raw)
+            or (path / "specdraft_manifest.json").exists()):
+        raise ValueError(f"--target {path} is an EAGLE-3 drafter, not a target model; pass the transformers "
+                         "model it drafts for, or leave --target out for the bundled stories260K")
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        num_layers = AutoConfig.from_pretrained(str(path)).get_text_config().num_hidden_layers
+        default_aux_layers(num_layers)
+    except (OSError, ValueError, KeyError, AttributeError) as e:
+        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+        what = "too few layers" if isinstance(e, ConventionError) else "unreadable config"
+        raise ValueError(f"--target {path}: {what} ({detail}); {hint}") from e
+    try:
+        AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"--target {path}: no usable tokenizer ({str(e).splitlines()[0] if str(e) else e!r}); "
+                         "the demo tokenizes prompts with the target's own tokenizer") from e
+
+
+def check_data(cfg: DemoConfig) -> None:
+    """The data file exists, parses, and holds num_train + num_heldout documents."""
+    source = data_source(cfg)
+    if not source.is_file():
+        raise ValueError(f"--data {source}: no such file; pass {DATA_FORMATS}")
+    try:
+        text = source.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--data {source}: cannot read it as UTF-8 text ({e})") from e
+    docs = parse_documents(text, name=f"--data {source}")
+    need = cfg.num_train + cfg.num_heldout
+    if len(docs) < need:
+        most = len(docs) - cfg.num_heldout
+        if len(docs) <= 1 or source.suffix in (".jsonl", ".json") and not text.lstrip().startswith("{"):
+            fix = f"pass {DATA_FORMATS}"
+        elif most >= 2:
+            fix = f"lower --num-train to at most {most}, or pass more documents"
+        else:
+            fix = f"pass at least {2 + cfg.num_heldout} documents"
+        raise ValueError(f"--data {source} holds {len(docs)} document(s); the demo needs {need} "
+                         f"(--num-train {cfg.num_train} + {cfg.num_heldout} held out): {fix}")
 
 
 def stage_target(cfg: DemoConfig) -> Path:
@@ -99,14 +237,11 @@ def stage_target(cfg: DemoConfig) -> Path:
 
 def stage_data(cfg: DemoConfig) -> tuple[Path, Path]:
     """Write train.txt and heldout.txt (blank-line separated documents) under out/data."""
-    from specdraft.stories260k import bundled_dir
-
     data_dir = cfg.out / "data"
     train_file, heldout_file = data_dir / "train.txt", data_dir / "heldout.txt"
     if train_file.exists() and heldout_file.exists():
         return train_file, heldout_file
-    source = Path(cfg.data) if cfg.data else bundled_dir() / "tinystories_sample.txt"
-    train, heldout = split_documents(source.read_text(), cfg.num_train, cfg.num_heldout, cfg.seed)
+    train, heldout = split_documents(data_source(cfg).read_text(), cfg.num_train, cfg.num_heldout, cfg.seed)
     data_dir.mkdir(parents=True, exist_ok=True)
     for path, docs in ((heldout_file, heldout), (train_file, train)):
         tmp = path.with_suffix(".tmp")
@@ -152,7 +287,7 @@ def stage_train(cfg: DemoConfig, store: Path) -> tuple[Path, dict[str, Any]]:
         return draft_dir, manifest["training"]
     config = TrainConfig(lr=cfg.lr, warmup_steps=50, total_steps=cfg.train_steps, batch_size=cfg.batch_size,
                          max_length=cfg.prompt_tokens + cfg.max_new_tokens + 16, ttt_steps=cfg.ttt_steps,
-                         val_fraction=0.05, seed=cfg.seed, eval_every=cfg.train_steps // 4,
+                         val_fraction=0.05, seed=cfg.seed, eval_every=max(cfg.train_steps // 4, 1),
                          save_every=max(cfg.train_steps // 4, 1), device=cfg.device)
     result = train(config, store, out, resume=True, command="specdraft demo")
     manifest = json.loads((result.draft_dir / "specdraft_manifest.json").read_text())
@@ -168,21 +303,110 @@ def heldout_prompts(target_dir: Path, heldout_file: Path, prompt_tokens: int) ->
     return [tokenizer(d)["input_ids"][:prompt_tokens] for d in docs]
 
 
-def measure(target_dir: Path, draft_dir: Path | None, spec, prompts: list[list[int]],
-            max_new_tokens: int, device: str) -> dict[str, Any]:
-    """Greedy generation over `prompts` on specdraft's engine; merged metrics and outputs."""
+def load_demo_engine(target_dir: Path, draft_dir: Path | None, spec, prompts: list[list[int]],
+                     max_new_tokens: int, device: str):
+    """specdraft's engine for one setting (spec None: plain decoding), warmed up."""
     from specdraft.engine.speculate import load_engine
 
     engine = load_engine(target_dir, draft_dir, spec, device=device,
                          max_seq_len=max(len(p) for p in prompts) + max_new_tokens + 64)
     engine.generate(prompts[0], 8)  # warm-up, not counted
-    merged, outputs = None, []
+    return engine
+
+
+def generation_pass(engine, prompts: list[list[int]], max_new_tokens: int) -> dict[str, Any]:
+    """Greedy generation over `prompts`: merged metrics, outputs, and output tokens / wall time."""
+    import time
+
+    merged, outputs, start = None, [], time.perf_counter()
     for prompt in prompts:
         result = engine.generate(prompt, max_new_tokens)
         outputs.append(result.token_ids)
         merged = result.metrics if merged is None else merged.merge(result.metrics)
-    return {"metrics": merged.to_dict(), "tokens_per_s": merged.tokens_per_s, "outputs": outputs,
+    seconds = time.perf_counter() - start
+    return {"metrics": merged.to_dict(), "tokens_per_s": merged.num_output_tokens / seconds, "outputs": outputs,
             "accept_length": merged.accept_length, "acceptance": merged.acceptance_per_position}
+
+
+def timed_passes(passes: dict[str, Any], repeats: int, run: Any) -> dict[str, list[dict[str, Any]]]:
+    """`repeats` rounds of `run(name)` over every name in `passes` ("plain" among them), the
+    order rotated each round, so load from other processes hits every setting and the plain
+    baseline alike and each setting can be compared with the plain pass of its own round."""
+    names = list(passes)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            runs[name].append(run(name))
+    return runs
+
+
+def timing_summary(tokens_per_s: list[float], plain_tokens_per_s: list[float]) -> dict[str, Any]:
+    """Median tokens/s over a setting's passes, and its speedup over plain decoding from the
+    same-round ratios (one pass each per round): median, quartiles (the middle half of the rounds;
+    a load spike in one round moves them little) and range."""
+    import statistics
+
+    ratios = [t / p for t, p in zip(tokens_per_s, plain_tokens_per_s)]
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+    return {"tokens_per_s": statistics.median(tokens_per_s), "tokens_per_s_runs": list(tokens_per_s),
+            "speedup": statistics.median(ratios), "speedup_q1": q1, "speedup_q3": q3,
+            "speedup_low": min(ratios), "speedup_high": max(ratios)}
+
+
+def beats_plain(row: dict[str, Any], min_speedup: float) -> bool:
+    """Faster than plain decoding beyond the noise: a median speedup of at least `min_speedup`
+    and a lower quartile above 1x (faster than plain in at least three rounds of four)."""
+    return row["speedup"] >= min_speedup and row["speedup_q1"] > 1.0
+
+
+def ties_at_top(rows: list[dict[str, Any]], min_speedup: float) -> list[dict[str, Any]]:
+    """The settings that beat plain decoding (`beats_plain`) with a median speedup within the
+    noise of the fastest one's (half its interquartile range of same-round speedups); [] when
+    none wins."""
+    winners = [r for r in rows if beats_plain(r, min_speedup)]
+    if not winners:
+        return []
+    top = max(winners, key=lambda r: r["speedup"])
+    noise = (top["speedup_q3"] - top["speedup_q1"]) / 2
+    return [r for r in winners if r["speedup"] >= top["speedup"] - noise]
+
+
+def pick_setting(rows: list[dict[str, Any]], min_speedup: float) -> dict[str, Any] | None:
+    """The setting to recommend, or None when none beats plain decoding beyond the noise.
+
+    Of the ties at the top (`ties_at_top`) the one verifying the fewest tokens per step is
+    picked (the same speed for less work), so repeated runs agree on the pick.
+    """
+    ties = ties_at_top(rows, min_speedup)
+    return min(ties, key=lambda r: (r["num_draft_tokens"], -r["speedup"])) if ties else None
+
+
+def setting_text(r: dict[str, Any]) -> str:
+    """"num_steps 3, topk 1, num_draft_tokens 4"."""
+    return f"num_steps {r['num_steps']}, topk {r['topk']}, num_draft_tokens {r['num_draft_tokens']}"
+
+
+def speedup_text(r: dict[str, Any]) -> str:
+    """"1.31x (1.25-1.36x)": the median and quartiles of the same-round speedups."""
+    return f"{r['speedup']:.2f}x ({r['speedup_q1']:.2f}-{r['speedup_q3']:.2f}x)"
+
+
+def verdict_text(rows: list[dict[str, Any]], chosen: dict[str, Any] | None, repeats: int,
+                 min_speedup: float) -> str:
+    """One paragraph: the recommended setting and why, or why none is recommended."""
+    rule = (f"a median speedup of at least {min_speedup:.2f}x and a lower quartile above 1x over {repeats} "
+            "rounds, each setting timed once per round in turns with plain decoding")
+    if chosen is not None:
+        ties = [r for r in ties_at_top(rows, min_speedup) if r is not chosen]
+        tie_note = (f" Within the noise of it: {'; '.join(setting_text(r) + ' ' + speedup_text(r) for r in ties)}"
+                    "; the pick is the one verifying the fewest tokens per step." if ties else "")
+        return (f"Recommended setting: {setting_text(chosen)}: tau {chosen['accept_length']:.2f}, median "
+                f"{chosen['tokens_per_s']:.0f} tokens/s, speedup {speedup_text(chosen)} over the same engine "
+                f"without speculation (rule: {rule}).{tie_note}")
+    best = max(rows, key=lambda r: r["speedup"])
+    return (f"No setting is recommended: none was faster than plain decoding beyond the noise on this machine "
+            f"(rule: {rule}); the best, {setting_text(best)}, measured {speedup_text(best)}. The machine may be "
+            "busy: re-run the demo on an idle one, or measure on the serving machine with `specdraft bench`.")
 
 
 def stage_export(cfg: DemoConfig, draft_dir: Path, target_dir: Path, chosen: dict[str, Any],
@@ -223,25 +447,35 @@ def stage_doctor(draft_dir: Path, target_dir: Path, stores: dict[str, Path],
 
 def stage_generate(cfg: DemoConfig, target_dir: Path, draft_dir: Path,
                    prompts: list[list[int]]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
-    """Plain decoding, a chain sweep over num_steps and one tree, all greedy on the same engine.
+    """Plain decoding, a chain sweep over num_steps and one tree, all greedy on the same engine,
+    each timed in cfg.timing_repeats rounds that take turns with plain decoding (timing_summary).
 
     Every speculative output must equal plain decoding's (lossless at T = 0): ValueError if not.
     """
     from specdraft.engine.spec_config import SpecConfig
 
-    baseline = measure(target_dir, None, None, prompts, cfg.max_new_tokens, cfg.device)
-    sweep = []
-    for steps in cfg.sweep_steps:
-        run = measure(target_dir, draft_dir, SpecConfig.chain(steps), prompts, cfg.max_new_tokens, cfg.device)
-        sweep.append({"num_steps": steps, "topk": 1, "num_draft_tokens": steps + 1, **run})
     steps, topk, tokens = cfg.tree
-    tree = {"num_steps": steps, "topk": topk, "num_draft_tokens": tokens,
-            **measure(target_dir, draft_dir, SpecConfig(steps, topk, tokens), prompts,
-                      cfg.max_new_tokens, cfg.device)}
-    for run in [*sweep, tree]:
-        if run["outputs"] != baseline["outputs"]:
-            raise ValueError(f"speculative output differs from plain greedy decoding at "
-                             f"num_steps={run['num_steps']} topk={run['topk']}: the engine is not lossless")
+    settings = {"plain": (None, None), **{f"chain-{n}": (draft_dir, SpecConfig.chain(n)) for n in cfg.sweep_steps},
+                "tree": (draft_dir, SpecConfig(steps, topk, tokens))}
+    engines = {name: load_demo_engine(target_dir, draft, spec, prompts, cfg.max_new_tokens, cfg.device)
+               for name, (draft, spec) in settings.items()}
+    runs = timed_passes(engines, cfg.timing_repeats,
+                        lambda name: generation_pass(engines[name], prompts, cfg.max_new_tokens))
+    plain_outputs = runs["plain"][0]["outputs"]
+    for name, setting_runs in runs.items():
+        if any(run["outputs"] != plain_outputs for run in setting_runs):
+            raise ValueError(f"speculative output differs from plain greedy decoding at {name} "
+                             f"({settings[name][1]}): the engine is not lossless")
+    plain_tps = [run["tokens_per_s"] for run in runs["plain"]]
+
+    def row(name: str, shape: dict[str, int]) -> dict[str, Any]:
+        first = runs[name][0]
+        return {**shape, **{k: first[k] for k in ("metrics", "accept_length", "acceptance", "outputs")},
+                **timing_summary([run["tokens_per_s"] for run in runs[name]], plain_tps)}
+
+    baseline = row("plain", {})
+    sweep = [row(f"chain-{n}", {"num_steps": n, "topk": 1, "num_draft_tokens": n + 1}) for n in cfg.sweep_steps]
+    tree = row("tree", {"num_steps": steps, "topk": topk, "num_draft_tokens": tokens})
     return baseline, sweep, tree
 
 
@@ -278,8 +512,9 @@ def write_plots(report: DemoReport, out: Path) -> list[str]:
 
 def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
     """report.md: what ran, tau, per-position acceptance, tokens/s, doctor verdicts, commands."""
-    chosen = report.chosen
-    base = report.baseline["tokens_per_s"]
+    baseline = report.baseline
+    base = baseline["tokens_per_s"]
+    runs = baseline.get("tokens_per_s_runs", [base])
     lines = [
         "# specdraft demo", "",
         f"Target: `{report.target}`; aux layers (specdraft indices) {report.aux_layers}.", "",
@@ -289,18 +524,25 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         f"{report.training.get('replayed_tau') or float('nan'):.2f}): per-step accuracy "
         + ", ".join(f"{a:.2f}" for a in report.training.get("accuracy", [])), "",
         "## Speculative decoding on held-out prompts (greedy, batch 1)", "",
-        f"No speculation: {base:.0f} tokens/s.", "",
-        "| num_steps | topk | num_draft_tokens | tau | tokens/s | speedup | acceptance p_k |",
-        "|---|---|---|---|---|---|---|",
+        f"Each setting was timed in {len(runs)} rounds, taking turns with plain decoding; tokens/s is the "
+        "median over rounds, speedup the median (and quartiles: the middle half of the rounds) of its tokens/s "
+        "over plain decoding's in the same round.", "",
+        f"No speculation: {base:.0f} tokens/s (rounds: {min(runs):.0f}-{max(runs):.0f}).", "",
     ]
+    if max(runs) > 1.1 * min(runs):
+        lines += [f"Warning: plain decoding itself varied {max(runs) / min(runs) - 1:.0%} between rounds: the "
+                  "machine was busy, so these timings are noisy.", ""]
+    lines += ["| num_steps | topk | num_draft_tokens | tau | tokens/s | speedup (quartiles) | acceptance p_k |",
+              "|---|---|---|---|---|---|---|"]
     for r in [*report.sweep, report.tree]:
         lines.append(f"| {r['num_steps']} | {r['topk']} | {r['num_draft_tokens']} | {r['accept_length']:.2f} "
-                     f"| {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / base:.2f}x | "
+                     f"| {r['tokens_per_s']:.0f} | {speedup_text(r)} | "
                      + ", ".join(f"{p:.2f}" for p in r["acceptance"]) + " |")
-    lines += ["", f"Fastest setting: num_steps {chosen['num_steps']}, topk {chosen['topk']}, num_draft_tokens "
-              f"{chosen['num_draft_tokens']}: tau {chosen['accept_length']:.2f}, "
-              f"{chosen['tokens_per_s']:.0f} tokens/s ({chosen['tokens_per_s'] / base:.2f}x the same engine "
-              "without speculation).", "",
+    slower = [r for r in [*report.sweep, report.tree] if r["speedup"] < 1.0]
+    if slower:
+        lines += ["", "Slower than plain decoding (median speedup below 1x): "
+                  + "; ".join(setting_text(r) for r in slower) + "."]
+    lines += ["", report.verdict, "",
               "Every speculative run produced exactly the plain greedy output (lossless at T = 0).", "",
               "## Doctor", "", "| samples | check | verdict | evidence |", "|---|---|---|---|"]
     for f in report.doctor:
@@ -310,6 +552,9 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         lines.append("")
         lines.append(f"Lint for {engine}: {'FAIL ' + ', '.join(failed) if failed else 'no failures'}.")
     lines += ["", "## Launch on a GPU machine", ""]
+    if not report.chosen:
+        lines += ["Not a recommendation (no setting beat plain decoding here): these commands use the setting "
+                  "with the highest median speedup; check it on the GPU machine with `specdraft bench`.", ""]
     lines += [f"- {engine}: `{command}`" for engine, command in report.launch_commands.items()]
     lines += ["", *[f"![{p}]({p})" for p in report.plots], ""]
     return "\n".join(lines)
@@ -320,6 +565,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     import torch
 
     console = console or Console()
+    check_inputs(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
     if cfg.device == "cpu" and cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -342,9 +588,15 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     say("speculative generation vs plain decoding on held-out prompts")
     prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens)
     report.baseline, report.sweep, report.tree = stage_generate(cfg, target_dir, draft_dir, prompts)
-    fastest = lambda runs: max(runs, key=lambda r: r["tokens_per_s"])  # noqa: E731
-    report.chosen = {k: v for k, v in fastest([*report.sweep, report.tree]).items() if k != "outputs"}
-    exports = stage_export(cfg, draft_dir, target_dir, report.chosen, fastest(report.sweep)["num_steps"])
+    rows = [*report.sweep, report.tree]
+    chosen = pick_setting(rows, cfg.min_speedup)
+    chain = chosen if chosen and chosen["topk"] == 1 else pick_setting(report.sweep, cfg.min_speedup)
+    report.verdict = verdict_text(rows, chosen, cfg.timing_repeats, cfg.min_speedup)
+    say(report.verdict)
+    report.chosen = {k: v for k, v in (chosen or {}).items() if k != "outputs"}
+    fastest = lambda runs: max(runs, key=lambda r: r["speedup"])  # noqa: E731
+    exports = stage_export(cfg, draft_dir, target_dir, chosen or fastest(rows),
+                           (chain or fastest(report.sweep))["num_steps"])
     report.launch_commands = {e: r.launch_command for e, r in exports.items()}
     say("doctor")
     report.doctor, report.lint = stage_doctor(draft_dir, target_dir,

@@ -281,8 +281,8 @@ def load_target(
     missing or unexpected weights are an error. Nothing is downloaded.
     A config gives a randomly initialised model, seeded by `seed` (values depend on seed,
     dtype and device type); the global RNG is left as it was. The model is in eval mode.
-    Raises FileNotFoundError for a path without config.json, ValueError for an unsupported
-    class (naming it) or for a checkpoint whose weights do not match the model.
+    Raises FileNotFoundError for a path without config.json, ValueError for an EAGLE-3 drafter
+    directory, an unsupported class (naming it) or a checkpoint whose weights do not match the model.
     """
     if isinstance(source, PretrainedConfig):
         model_class = _model_class(source)
@@ -323,8 +323,13 @@ def _init_from_config(
 
 
 def _load_directory(path: Path, dtype: torch.dtype, device: str | torch.device) -> PreTrainedModel:
+    from specdraft.checkpoint import wrong_dir_message
+
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json; pass a transformers model directory")
+    wrong = wrong_dir_message(path, "target")
+    if wrong:
+        raise ValueError(wrong)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     model_class = _model_class(config)
     with no_progress_bars():

@@ -18,7 +18,7 @@ def test_split_documents_is_seeded_and_disjoint():
 
 def test_demo_runs_end_to_end_and_resumes(tmp_path):
     cfg = DemoConfig(out=tmp_path / "demo", num_train=48, num_heldout=3, train_steps=40, batch_size=8,
-                     max_new_tokens=24, sweep_steps=(1, 2), tree=(2, 2, 4))
+                     max_new_tokens=24, sweep_steps=(1, 2), tree=(2, 2, 4), timing_repeats=3)
     report = run_demo(cfg)  # raises if any speculative output differs from plain greedy decoding
     assert report.aux_layers == [2, 3, 4]
     assert {r["num_steps"] for r in report.sweep} == {1, 2}
@@ -30,7 +30,15 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     assert set(report.launch_commands) == {"vllm", "sglang", "speculators"}
     for name in ("report.md", "report.json", "acceptance.png", "throughput.png"):
         assert (cfg.out / name).stat().st_size > 0
-    assert json.loads((cfg.out / "report.json").read_text())["chosen"]["num_steps"] in (1, 2)
+    for run in [*report.sweep, report.tree, report.baseline]:
+        assert len(run["tokens_per_s_runs"]) == 3 and run["speedup_low"] <= run["speedup"] <= run["speedup_high"]
+    chosen = json.loads((cfg.out / "report.json").read_text())["chosen"]
+    if chosen:  # recommended only when faster than plain decoding in every round
+        assert chosen["num_steps"] in (1, 2) and chosen["speedup_q1"] > 1.0
+        assert report.verdict.startswith("Recommended setting")
+    else:
+        assert report.verdict.startswith("No setting is recommended")
+    assert report.verdict in (cfg.out / "report.md").read_text()
     draft_files = sorted(p.name for p in (cfg.out / "train" / "draft").iterdir())
     again = run_demo(cfg)  # every stage cached: the same drafter, the same outputs
     assert sorted(p.name for p in (cfg.out / "train" / "draft").iterdir()) == draft_files

@@ -111,7 +111,7 @@ def test_cli_online_skip_bad_skips_and_counts_bad_records(target_dir, chats_file
     assert f"{mixed}:17" in refused.output and "(or pass --skip-bad to skip and count bad records)" in refused.output
     skipped = CliRunner().invoke(app, args[:2] + [str(tmp_path / "b")] + args[2:] + ["--skip-bad"])
     assert skipped.exit_code == 0, skipped.output
-    assert f"note: skipped 1 bad records in {mixed}" in " ".join(skipped.output.split())
+    assert f"note: skipped 1 bad record in {mixed}" in " ".join(skipped.output.split())
     manifest = json.loads((tmp_path / "b" / "draft" / "specdraft_manifest.json").read_text())
     assert manifest["data_hash"] == data_hash(load_dataset(chats_file, tiny_chat_tokenizer()).samples)
 

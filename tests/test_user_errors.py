@@ -43,13 +43,13 @@ def write_lines(path, lines: list[str]):
 
 def test_doctor_on_a_target_directory_says_it_is_no_drafter(world):
     _, target, _ = world
-    with pytest.raises(ValueError, match=r"config.json: not an EAGLE-3 draft config \(architectures "
-                                         r"\['LlamaForCausalLM'\], 5 layers"):
+    with pytest.raises(ValueError, match=r"target is a transformers target model \(LlamaForCausalLM, "
+                                         r"5 layers\), not an EAGLE-3 drafter"):
         run_doctor(target)
     result = invoke(["doctor", str(target)])
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == 1, result.output  # as every command given a target for a drafter
     text = flat(result.output)
-    assert "not an EAGLE-3 draft config" in text and f"as --target {target}" in text
+    assert "not an EAGLE-3 drafter: pass the drafter directory" in text and "this directory as --target" in text
     assert "SKIP" not in text
 
 
@@ -110,12 +110,14 @@ def test_samples_too_short_to_draft_are_an_error(world, tmp_path):
 # -------------------------------------------------- 4. hints name options the command really has
 
 def test_data_errors_name_no_option_a_caller_may_lack(tmp_path):
-    bad = write_lines(tmp_path / "bad.jsonl", ['{"text": "hi"}'])
+    chat = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'
+    bad = write_lines(tmp_path / "bad.jsonl", [chat, '{"text": "hi"}'])  # one text record among chats
     with pytest.raises(BadRecord) as info:
         read_records(bad, chat=True)
     message = str(info.value)
     assert "skip_bad" not in message and "--skip-bad" not in message and "no-chat mode" not in message
-    assert "--no-chat of capture, regenerate, train" in message
+    assert "for text records pass --no-chat (capture, regenerate, train --online)" in message
+    assert "chat=False" not in message
 
 
 def test_train_online_and_capture_say_how_they_skip_bad_records(target_with_tokenizer, tmp_path):

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdraft.checkpoint import wrong_dir_message
 from specdraft.doctor.checks import CHECKS, VERDICTS, Result
 from specdraft.doctor.evidence import DoctorInputs, Evidence, Unavailable
 
@@ -76,9 +77,14 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     acceptance: the sample prompts at T = 0, its counters vs offline on the sequences it
     produced). sglang_version pins SGLang's id reading; template_kwargs: the server's chat
     template kwargs. Returns a Report; raises ValueError only for invalid arguments: a path that
-    does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --samples file that
+    does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --target that is a
+    drafter (`checkpoint.wrong_dir_message` words both), a --samples file that
     cannot be read (DataError naming the file and line). A bad checkpoint is a failing finding.
     """
+    for path, want, given_as in ((checkpoint, "drafter", ""), (target, "target", "--target")):
+        wrong = wrong_dir_message(path, want, given_as) if path else None
+        if wrong:
+            raise ValueError(wrong)
     inputs = DoctorInputs(
         Path(checkpoint), target=Path(target) if target else None, engine=engine,
         engine_args=engine_args, samples=Path(samples) if samples else None, server=server,

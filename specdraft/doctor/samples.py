@@ -119,7 +119,7 @@ def _first_row(path: Path) -> dict[str, Any]:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{line_no}: bad JSON ({e.msg} at column {e.colno}); "
+                    raise DataError(f"{path}:{line_no}: bad JSON ({e.msg.removesuffix(' at')} at column {e.colno}); "
                                     f"give {KINDS}, one JSON object per line") from None
                 return row if isinstance(row, dict) else {}
     raise DataError(f"{path}: empty file; give {KINDS}")
@@ -161,7 +161,7 @@ def _token_row(line: str, source: str) -> Sample:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise BadRecord(f"{source}: bad JSON ({e.msg} at column {e.colno}); fix: write one JSON "
+        raise BadRecord(f"{source}: bad JSON ({e.msg.removesuffix(' at')} at column {e.colno}); fix: write one JSON "
                         "object per line") from None
     ids = row.get("input_ids") if isinstance(row, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):

@@ -499,9 +499,9 @@ class Trainer:
                   if k not in BOOKKEEPING_FIELDS | RUN_LENGTH_FIELDS | BATCH_SPLIT_FIELDS and saved.get(k) != v]
         if differ:
             changes = ", ".join(f"{flag(k)} {saved.get(k)!r} -> {getattr(self.config, k)!r}" for k in differ)
-            raise ValueError(f"{source}: this checkpoint was trained with other settings ({changes}); resume "
-                             f"with the checkpoint's values (only the run length, --steps / --epochs, may "
-                             f"change, as may --grad-accum-steps) or train into a new OUT directory")
+            raise ValueError(f"{source}: this checkpoint was trained with other settings ({changes}); leave them "
+                             f"out to resume with the checkpoint's values (only the run length, --steps / --epochs, "
+                             f"may change, as may --grad-accum-steps), or train into a new OUT directory")
 
     def _restore_progress(self, progress: dict[str, Any], source: Path) -> None:
         self.scheduler.load_state_dict(progress["scheduler"])
@@ -566,6 +566,32 @@ def checkpoint_paths(out_dir: Path) -> list[Path]:
     """Complete checkpoints under out_dir/checkpoints, oldest first: step-N.pt files (one
     process) and step-N directories (several ranks); temp names start with "." and are skipped."""
     return sorted((Path(out_dir) / CHECKPOINT_DIR).glob("step-*"))
+
+
+def checkpoint_config(path: Path) -> dict[str, Any]:
+    """The TrainConfig dict a checkpoint of `checkpoint_paths` was written with (its weights are
+    mapped, not read)."""
+    path = Path(path)
+    progress = torch.load(path / PROGRESS_FILE if path.is_dir() else path, map_location="cpu",
+                          weights_only=False, mmap=not path.is_dir())
+    return progress["config"]
+
+
+def resume_config(out_dir: str | Path, given: dict[str, Any]) -> TrainConfig:
+    """The config of `--resume`: the newest checkpoint's under out_dir, with the settings `given`
+    (TrainConfig fields the user set: flags and --config keys) in its place. A run length given
+    (total_steps or epochs) replaces both of the checkpoint's; `device` is this machine's, never
+    the checkpoint's. `TrainConfig.from_dict(given)` when out_dir holds no checkpoint yet.
+    Settings given that differ from the checkpoint's are refused later, by `Trainer.load_state`.
+    """
+    paths = checkpoint_paths(Path(out_dir))
+    if not paths:
+        return TrainConfig.from_dict(given)
+    saved = {k: v for k, v in checkpoint_config(paths[-1]).items()
+             if k in TrainConfig.__dataclass_fields__ and k != "device"}
+    if "total_steps" in given or "epochs" in given:
+        saved.update(total_steps=None, epochs=None)
+    return TrainConfig.from_dict({**saved, **given})
 
 
 def write_checkpoint(state: dict[str, Any], out_dir: Path, keep: int) -> Path:
@@ -760,7 +786,7 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     run length (total_steps / epochs) may differ from the checkpoint's: the run is extended (or
     shortened, not below the checkpoint's step) and the lr schedule recomputed for the new total
     (`Trainer._fit_schedule`); grad_accum_steps may differ; every other setting that shapes the
-    weights must match.
+    weights must match (`resume_config` takes them from the checkpoint).
     command: recorded in the manifest as the training command. on_step(step) runs after each
     optimizer step and any checkpoint it triggers. target_config: the target's config or
     directory, for a store whose recorded target path does not resolve here. on_note(line)
@@ -780,7 +806,8 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
         resumed = _resume(trainer, out_dir, resume)
         if on_note is not None and ranks.main:
             if isinstance(source, OnlineSource) and data.num_skipped:
-                on_note(f"skipped {data.num_skipped} bad records in {source.data}")
+                n = data.num_skipped
+                on_note(f"skipped {n} bad record{'' if n == 1 else 's'} in {source.data}")
             if trainer.resume_note:
                 on_note(trainer.resume_note)
         log = MetricsLog(out_dir, ranks.main, resumed)
@@ -797,8 +824,8 @@ def _resume(trainer: Trainer, out_dir: Path, resume: bool) -> int | None:
     """Load the newest checkpoint when resuming; returns its step (None: fresh run)."""
     paths = checkpoint_paths(out_dir)
     if paths and not resume:
-        raise FileExistsError(f"{out_dir} already holds checkpoints ({paths[-1].name}): pass "
-                              f"--resume (resume=True) to continue, or train into a new OUT directory")
+        raise FileExistsError(f"{out_dir} already holds checkpoints ({paths[-1].name}): pass --resume to "
+                              f"continue its run (with its settings), or train into a new OUT directory")
     if not paths:
         return None
     if paths[-1].is_dir():
