@@ -503,6 +503,7 @@ def write_plots(report: DemoReport, out: Path) -> list[str]:
     right.plot(steps, [r["tokens_per_s"] for r in report.sweep], "o-", label="speculative")
     right.axhline(report.baseline["tokens_per_s"], color="gray", ls="--", label="no speculation")
     right.set(xlabel="num_steps (chain)", ylabel="tokens/s", title="throughput vs num_steps")
+    right.set_ylim(bottom=0)  # from zero: a cut axis would exaggerate the speedup
     right.legend()
     fig.tight_layout()
     fig.savefig(out / "throughput.png", dpi=120)
