@@ -22,11 +22,15 @@ times per level, and reports:
   (DESIGN.md invariant 6). With one run per level the speedups are printed without verdict or
   crossover (no spread to judge them by: `NO_VERDICT`). A baseline that speculates itself (its
   own speculative counters or usage show drafts accepted) gets a one-line warning
-  (`baseline_warning`): the comparison is then speculation vs speculation.
+  (`baseline_warning`): the comparison is then speculation vs speculation. The mirror: a
+  measured server whose own signals show no speculation (specdraft / vLLM spec counters exposed
+  but still, specdraft usage with no drafted tokens, SGLang spec_verify_ct 0, or accept length 1)
+  gets a one-line warning too (`speculation_warning`); a server without such signals gets none.
 bench.json keeps the fields of single-run reports (`tokens_per_s` is now the mean over runs,
 `speedups[].speedup` the ratio of means) and adds `num_runs`, `tokens_per_s_std`,
 `tokens_per_s_runs`, `speedups[].speedup_std`, `speedups[].verdict` (null with one run) and
-`baseline_warning` (null unless the baseline speculates).
+`baseline_warning` (null unless the baseline speculates), `speculation_warning` (null unless
+the measured server shows no speculation) and per level `no_spec_signal`.
 Requests use temperature 0 and ignore_eos (vLLM / SGLang / specdraft extension) by default, so
 both servers generate max_tokens tokens for every prompt.
 """
@@ -61,8 +65,8 @@ NO_VERDICT = (f"no verdict: one run per level has no run-to-run spread to tell a
 @dataclass(frozen=True)
 class BenchConfig:
     """What to benchmark. url / baseline_url: server base URLs (http://host:port); prompts:
-    "builtin" or a file (JSONL rows {"prompt": text} or JSON strings; other files: one prompt
-    per line); concurrency: requests in flight, one level each; num_prompts: requests per
+    "builtin" or a JSONL file (rows {"prompt": text} or JSON strings, whatever the file's
+    name; plain text is refused); concurrency: requests in flight, one level each; num_prompts: requests per
     run of a level (prompts cycled); repeats: runs per level (mean and spread of tokens/s;
     verdicts need MIN_VERDICT_REPEATS);
     max_tokens: per request; tie_band: speedups within 1 +- tie_band are ties, not wins (the
@@ -83,9 +87,8 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for name in ("url", "baseline_url"):
-            value = getattr(self, name)
-            if value is not None and not value.startswith(("http://", "https://")):
-                raise ValueError(f"{name} {value!r}: must start with http:// or https://")
+            if getattr(self, name) is not None:
+                check_url(getattr(self, name), name)
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency {list(self.concurrency)}: give positive integers, e.g. 1,4,16")
         for name in ("max_tokens", "num_prompts", "repeats"):
@@ -95,9 +98,21 @@ class BenchConfig:
             raise ValueError("temperature and warmup must be >= 0, timeout_s > 0, tie_band in [0, 1)")
 
 
+def check_url(url: str, name: str = "url") -> str:
+    """A server base URL as bench and doctor take it: http:// or https://, else ValueError
+    (one line naming the option `name` and the fix)."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{name} {url!r}: must start with http:// or https:// (e.g. http://{url})")
+    return url
+
+
+PROMPT_ROW = '{"prompt": "<text>"} or a JSON string'
+
+
 def load_prompts(source: str) -> list[str]:
     """Prompts from "builtin" (specdraft/assets/bench_prompts.jsonl: short stories and code) or
-    a file. Raises ValueError naming the file and line of a bad row, or for no prompts."""
+    a JSONL file (any name) of {"prompt": text} rows or JSON strings. Raises ValueError naming
+    the file and line of a bad row (plain text included), or for no prompts."""
     if source == BUILTIN:
         text, name = (resources.files("specdraft.assets") / "bench_prompts.jsonl").read_text(), "builtin"
     else:
@@ -105,12 +120,11 @@ def load_prompts(source: str) -> list[str]:
         if not path.is_file():
             raise ValueError(f"{source}: prompt file not found (give a JSONL file or 'builtin')")
         text, name = path.read_text(), str(path)
-    jsonl = name == "builtin" or name.endswith(".jsonl")
     prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
-        prompts.append(prompt_of_row(line, name, number) if jsonl else line)
+        prompts.append(prompt_of_row(line, name, number))
     if not prompts:
         raise ValueError(f"{name}: no prompts")
     return prompts
@@ -121,10 +135,11 @@ def prompt_of_row(line: str, name: str, number: int) -> str:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{name}:{number}: not JSON ({e.msg})") from None
+        raise ValueError(f"{name}:{number}: not JSON ({e.msg}); a prompts file is JSONL, one {PROMPT_ROW} "
+                         "per line") from None
     prompt = row.get("prompt") if isinstance(row, dict) else row
     if not isinstance(prompt, str) or not prompt:
-        raise ValueError(f'{name}:{number}: expected {{"prompt": "<text>"}} or a JSON string')
+        raise ValueError(f"{name}:{number}: expected {PROMPT_ROW} per line")
     return prompt
 
 
@@ -174,6 +189,7 @@ def scrape_counters(text: str, prefix: str) -> dict[str, Any]:
 
     values: dict[str, Any] = {name: 0.0 for name in COUNTERS}
     values["per_pos"] = {}
+    values["exposed"] = False  # whether the exposition has any speculative counter at all
     base = prefix + "spec_decode_"
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -181,6 +197,7 @@ def scrape_counters(text: str, prefix: str) -> dict[str, Any]:
             if not name.startswith(base) or sample.name.endswith("_created"):
                 continue
             key = name.removeprefix(base)
+            values["exposed"] = True
             if key == "num_accepted_tokens_per_pos":
                 pos = int(sample.labels["position"])
                 values["per_pos"][pos] = values["per_pos"].get(pos, 0.0) + sample.value
@@ -348,6 +365,7 @@ class LevelResult:
     num_runs: int = 1
     tokens_per_s_std: float = 0.0
     tokens_per_s_runs: list[float] = field(default_factory=list)
+    no_spec_signal: str | None = None  # the server's own signal that it did not speculate here
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -400,9 +418,14 @@ def level_result(server: Server, concurrency: int, runs: list[tuple[list[Request
     drafts = sum(u["num_drafts"] for u in usage)
     usage_tau = 1 + sum(u["num_accepted_tokens"] for u in usage) / drafts if drafts else None
     errors = [r.error for r in records if r.error is not None]
+    no_spec = None
+    if server.kind == "sglang" and spec is None and any(r.usage and "spec_verify_ct" in r.usage for r in ok):
+        no_spec = "sglang meta_info (spec_verify_ct 0)"
+    elif usage and spec is None and not sum(u.get("num_draft_tokens") or 0 for u in usage):
+        no_spec = "usage (no drafted tokens)"
     return LevelResult(concurrency, len(records), len(errors), sum(d for _, d in runs), tokens, tps,
                        Stats.of([r.ttft_s for r in ok if r.ttft_s is not None]), Stats.of(tpot), spec,
-                       usage_tau, errors[0] if errors else None, len(runs), tps_std, per_run)
+                       usage_tau, errors[0] if errors else None, len(runs), tps_std, per_run, no_spec)
 
 
 def sglang_counts(records: list[RequestRecord]) -> SpecCounts | None:
@@ -429,6 +452,8 @@ def bench_server(url: str, prompts: list[str], cfg: BenchConfig,
         after = scrape(server, cfg.timeout_s)
         spec = counter_delta(before, after, f"{server.kind} /metrics") if before is not None else None
         level = level_result(server, concurrency, runs, spec)
+        if level.spec is None and level.no_spec_signal is None and before is not None and before["exposed"]:
+            level.no_spec_signal = f"{server.kind} /metrics (speculative counters did not move)"
         run.levels.append(level)
         if progress:
             tau = f", tau {level.spec.accept_length:.3f}" if level.spec else ""
@@ -533,6 +558,24 @@ def baseline_warning(baseline: ServerRun) -> str | None:
     return None
 
 
+def speculation_warning(run: ServerRun) -> str | None:
+    """The one-line warning when the measured ("speculative") server shows no speculation at
+    some level: its own signals say so (`LevelResult.no_spec_signal`: spec counters exposed
+    but still, usage without drafted tokens, SGLang spec_verify_ct 0) or its counts give accept
+    length 1 (no draft accepted). None for a server without such signals (e.g. plain OpenAI)."""
+    for level in run.levels:
+        if level.no_spec_signal is not None:
+            what = f"no speculation: {level.no_spec_signal}"
+        elif level.spec is not None and level.spec.num_accepted_tokens <= 0:
+            what = f"accept length 1.00 (no draft accepted) from {level.spec.source}"
+        else:
+            continue
+        return (f"WARNING: the speculative server {run.url} shows {what} at concurrency {level.concurrency}: "
+                "its tokens/s and any speedup measure no gain from speculation; start it with a working "
+                "drafter (specdraft serve --draft CKPT without --no-spec; SGLang / vLLM with --speculative-* flags)")
+    return None
+
+
 @dataclass
 class BenchReport:
     """Both runs, speedups per concurrency (None without baseline) and the crossover."""
@@ -553,6 +596,11 @@ class BenchReport:
         """`baseline_warning` of the baseline run (None without a baseline)."""
         return baseline_warning(self.baseline) if self.baseline else None
 
+    @property
+    def speculation_warning(self) -> str | None:
+        """`speculation_warning` of the measured server's run."""
+        return speculation_warning(self.spec)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         speedups = [{**asdict(p), "verdict": verdict(p, self.config.tie_band) if self.has_verdicts else None}
@@ -560,7 +608,7 @@ class BenchReport:
         return {"config": asdict(self.config), "spec": self.spec.to_dict(),
                 "baseline": self.baseline.to_dict() if self.baseline else None,
                 "speedups": speedups or None, "crossover": asdict(self.crossover),
-                "baseline_warning": self.baseline_warning}
+                "baseline_warning": self.baseline_warning, "speculation_warning": self.speculation_warning}
 
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> BenchReport:
@@ -609,6 +657,8 @@ def markdown(report: BenchReport) -> str:
     settings = (f"{cfg.repeats} runs of {cfg.num_prompts} requests per level, max_tokens {cfg.max_tokens}, "
                 f"temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}")
     lines = ["# specdraft bench", "", settings, ""]
+    if report.speculation_warning:
+        lines += [report.speculation_warning, ""]
     for title, run in (("speculative", report.spec), ("baseline", report.baseline)):
         if run is None:
             continue

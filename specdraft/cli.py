@@ -259,13 +259,16 @@ def convert(
     src: str = typer.Argument(..., help="Draft checkpoint directory (layout detected).",
                               callback=_check_checkpoint_dir),
     dst: str = typer.Argument(..., help="Output directory."),
-    layout: str = typer.Option(..., help="sglang | speculators | specdraft"),
+    layout: str = typer.Option(..., help="sglang (official EAGLE-3) | speculators (vLLM's) | specdraft "
+                               "(the SGLang layout with specdraft's manifest)"),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=_check_model_dir),
 ) -> None:
     """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
+    from pathlib import Path
+
     from rich.console import Console
 
-    from specdraft.checkpoint import CheckpointError, convert_draft
+    from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, convert_draft, describe_layout, detect_layout
 
     console = Console()
     try:
@@ -273,17 +276,39 @@ def convert(
     except (CheckpointError, ValueError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
-    console.print(f"wrote {dst} ({layout} layout): {written} tensors, each bit-identical to {src}",
-                  markup=False)
+    on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
+    console.print(f"wrote {dst} ({on_disk}): {written} tensors, each bit-identical to {src}", markup=False)
+
+
+def _check_drafter(value: str, param: typer.CallbackParam = None) -> str:
+    """--draft of generate / serve / tune: a drafter directory (`_check_checkpoint_dir`) or a
+    training checkpoint (RUN/checkpoints/step-N.pt, or a sharded step-N directory) that
+    `load_engine` reads the drafter and its manifest from."""
+    if value:
+        from specdraft.train.loop import is_training_checkpoint
+
+        if is_training_checkpoint(value):
+            return value
+    return _check_checkpoint_dir(value, param)
+
+
+DRAFTER_HELP = "Draft checkpoint directory, or a training checkpoint (RUN/checkpoints/step-N.pt)"
+
+
+def _refuse_drafting_flags_with_no_spec(no_spec: bool, given: dict) -> None:
+    """--no-spec with explicitly given drafting flags: ValueError (they would be ignored)."""
+    named = ", ".join(name for name, value in given.items() if value is not None)
+    if no_spec and named:
+        raise ValueError(f"{named} set the drafter's speculation, but --no-spec decodes plainly (they would be "
+                         f"ignored): drop {named}, or drop --no-spec")
 
 
 @app.command()
 def generate(
     target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
     prompt: str = typer.Option(..., help="Prompt text (tokenized as is, no chat template)."),
-    draft: str = typer.Option("", help="Draft checkpoint directory (omit for plain decoding).",
-                              callback=_check_checkpoint_dir),
-    temperature: float = typer.Option(0.0, help="0 = greedy (output = the target's greedy output)."),
+    draft: str = typer.Option("", help=DRAFTER_HELP + " (omit for plain decoding).", callback=_check_drafter),
+    temperature: float = typer.Option(0.0, min=0.0, help="0 = greedy (output = the target's greedy output)."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling mass (1 = off)."),
     sampling_top_k: int = typer.Option(0, help="Sample from the k most likely tokens (0 = off)."),
     topk: int | None = typer.Option(None, min=1, help="Draft tree: children per node (SGLang "
@@ -291,7 +316,7 @@ def generate(
     num_steps: int | None = typer.Option(None, min=1, help="Draft depth (SGLang --speculative-num-steps); "
                                          "default 3; used only with --draft."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft."),
-    max_new_tokens: int = typer.Option(128),
+    max_new_tokens: int = typer.Option(128, min=1),
     no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine, even with --draft."),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the tokenizer's EOS."),
     seed: int = typer.Option(0, help="Sampling seed."),
@@ -317,6 +342,7 @@ def generate(
             raise ValueError(f"--compile needs a CUDA device (CUDA graphs), not --device {device}: "
                              f"pass --device cuda, or drop --compile")
         given = {"--topk": topk, "--num-steps": num_steps, "--num-draft-tokens": num_draft_tokens}
+        _refuse_drafting_flags_with_no_spec(no_spec, given)
         drafting_flags = [name for name, value in given.items() if value is not None]
         if drafting_flags and not draft and not no_spec:
             raise ValueError(f"{', '.join(drafting_flags)} set the drafter's speculation, but no --draft is given "
@@ -568,7 +594,8 @@ def doctor(
     engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
     samples: str = typer.Option("", help="Capture store or JSONL (token ids, chats or texts)."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad --samples records instead of refusing the file."),
-    server: str = typer.Option("", help="Live server URL (online acceptance)."),
+    server: str = typer.Option("", help="Live server URL, e.g. http://127.0.0.1:8000 (online acceptance; needs "
+                               "--samples: prompts with the target's own outputs, e.g. the demo's store-heldout)."),
     sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids."),
     template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),
     max_samples: int = typer.Option(32, min=1, help="Samples for the offline run."),
@@ -583,6 +610,14 @@ def doctor(
 
     console = Console()
     try:
+        if server:
+            from specdraft.bench import check_url
+
+            check_url(server, "--server")
+            if not samples:
+                raise ValueError(f"--server {server} needs --samples: pass --samples FILE with the target's own "
+                                 "outputs (a capture store or JSONL, e.g. the demo's store-heldout) for the online "
+                                 "acceptance check")
         report = run_doctor(
             checkpoint, target=target or None, engine=engine or None,
             engine_args=engine_args or None, samples=samples or None, server=server or None,
@@ -663,14 +698,16 @@ def _torch_dtype(name: str):
 @app.command()
 def serve(
     target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
-    draft: str = typer.Option("", help="Draft checkpoint directory (omit with --no-spec).",
-                              callback=_check_checkpoint_dir),
+    draft: str = typer.Option("", help=DRAFTER_HELP + " (omit with --no-spec).", callback=_check_drafter),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
     port: int = typer.Option(8000),
-    topk: int = typer.Option(1, min=1, help="Draft tree: children per node (SGLang --speculative-eagle-topk)."),
-    num_steps: int = typer.Option(3, min=1, help="Draft depth (SGLang --speculative-num-steps)."),
-    num_draft_tokens: int = typer.Option(0, min=0, help=NUM_DRAFT_TOKENS_HELP),
-    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine (a baseline)."),
+    topk: int | None = typer.Option(None, min=1, help="Draft tree: children per node (SGLang "
+                                    "--speculative-eagle-topk); default 1."),
+    num_steps: int | None = typer.Option(None, min=1, help="Draft depth (SGLang --speculative-num-steps); "
+                                         "default 3."),
+    num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP),
+    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine (a baseline; "
+                                 "refuses the drafting flags)."),
     max_queue: int = typer.Option(64, help="Requests waiting besides the running one (429 beyond)."),
     log_every: int = typer.Option(100, help="Log accept length and tokens/s every N verification steps "
                                   "(0 = off)."),
@@ -687,7 +724,10 @@ def serve(
 
     console = Console()
     try:
-        spec = _spec_from_flags(no_spec, draft, num_steps, topk, num_draft_tokens)
+        _refuse_drafting_flags_with_no_spec(no_spec, {"--topk": topk, "--num-steps": num_steps,
+                                                      "--num-draft-tokens": num_draft_tokens})
+        spec = _spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
+                                num_draft_tokens or 0)
         server_app = build_app(target, draft or None, spec, device, _torch_dtype(dtype), max_seq_len or None,
                                model_name or None, max_queue, log_every)
     except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
@@ -701,7 +741,8 @@ def bench(
     url: str = typer.Option(..., help="Server with speculation (specdraft, vLLM, SGLang), e.g. "
                             "http://127.0.0.1:8000."),
     baseline_url: str = typer.Option("", help="The same engine without speculation (needed for a speedup)."),
-    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}."),
+    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...} rows (plain "
+                                "text is refused)."),
     concurrency: str = typer.Option("1,4,16", help="Requests in flight, one level each.", callback=_int_list),
     max_tokens: int = typer.Option(128, help="Tokens per request (ignore_eos)."),
     num_prompts: int = typer.Option(32, help="Requests per run of a level (prompts cycled)."),
@@ -734,14 +775,15 @@ def bench(
         raise typer.Exit(1) from e
     console.print(markdown(report), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
-    if report.baseline_warning:  # last, where it is seen
-        console.print(report.baseline_warning, style="bold red", markup=False, soft_wrap=True)
+    for warning in (report.speculation_warning, report.baseline_warning):  # last, where they are seen
+        if warning:
+            console.print(warning, style="bold red", markup=False, soft_wrap=True)
 
 
 @app.command()
 def tune(
     target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
-    draft: str = typer.Option(..., help="Draft checkpoint directory.", callback=_check_checkpoint_dir),
+    draft: str = typer.Option(..., help=DRAFTER_HELP + ".", callback=_check_drafter),
     prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}."),
     max_tokens: int = typer.Option(64, min=1, help="New tokens per prompt (temperature 0)."),
     num_steps: int = typer.Option(0, min=0, help="Current setting to evaluate too (0 = none): draft depth; "

@@ -10,13 +10,19 @@ Inputs (device, target directory, data) are checked before any stage runs (`chec
 
 The default target is the bundled stories260K (5 layers, so aux layers [2, 3, 4]: the standard
 [2, L//2, L-3] collapses below 7 layers, DESIGN.md §2). A stage whose output exists is not
-redone, so a re-run resumes where the last one stopped.
+redone, so a re-run resumes where the last one stopped, but only when the settings that shaped
+it are the ones asked for now: out/demo_settings.json records each cached stage's settings (paths
+relative to --out, the data by its content hash, so a copied demo directory resumes too), and a
+stage whose settings changed is redone with every stage after it (`stages_to_redo`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import random
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +66,7 @@ class DemoConfig:
     min_speedup: float = 1.05  # median speedup a recommended setting must reach (lower quartile > 1x)
 
     def __post_init__(self) -> None:
-        if self.num_train < 2:
+        if self.num_train < 2:  # one for training, one for validation (the batch adapts: train_batch_size)
             raise ValueError(f"--num-train {self.num_train}: the demo needs at least 2 training documents")
         if self.num_heldout < 1:
             raise ValueError(f"num_heldout {self.num_heldout}: the demo needs at least 1 held-out document")
@@ -91,6 +97,7 @@ class DemoReport:
     launch_commands: dict[str, str] = field(default_factory=dict)
     lint: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)
+    drafter: dict[str, Any] = field(default_factory=dict)  # steps, batch_size, num_train of the drafter used
 
 
 DATA_FORMATS = ("plain text with documents separated by blank lines, or JSONL with a string "
@@ -235,6 +242,123 @@ def stage_target(cfg: DemoConfig) -> Path:
     return convert_stories260k(cfg.out / "target")
 
 
+SETTINGS_FILE = "demo_settings.json"
+STAGES = ("data", "regenerate", "train")  # in order: redoing one redoes every later one
+VAL_FRACTION = 0.05  # of the training documents, held out for training's validation
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def path_label(path: Path, out: Path) -> str:
+    """`path` relative to --out ("--out/target") when inside it, else absolute: a copied demo
+    directory records the same labels."""
+    path = Path(path).resolve()
+    try:
+        return "--out/" + path.relative_to(Path(out).resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def stage_settings(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
+    """The settings that shape each cached stage's output (the data by its content, not its path).
+    Later stages (generation, export, doctor, the report) are redone on every run."""
+    return {
+        "data": {"data_sha256": file_sha256(data_source(cfg)), "num_train": cfg.num_train,
+                 "num_heldout": cfg.num_heldout, "seed": cfg.seed},
+        "regenerate": {"target": "bundled stories260K" if cfg.target is None else path_label(cfg.target, cfg.out),
+                       "prompt_tokens": cfg.prompt_tokens, "max_new_tokens": cfg.max_new_tokens},
+        "train": {"train_steps": cfg.train_steps, "batch_size": cfg.batch_size, "lr": cfg.lr,
+                  "ttt_steps": cfg.ttt_steps, "seed": cfg.seed},
+    }
+
+
+FLAG_NAMES = {"num_train": "--num-train", "train_steps": "--train-steps", "target": "--target",
+              "data_sha256": "--data (its content)"}
+
+
+def stages_to_redo(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> tuple[str | None, list[str]]:
+    """The first stage whose recorded settings (`old`) differ from the requested ones (`new`),
+    or None, and the differences as "--train-steps 1000 -> 200"."""
+    for stage in STAGES:
+        before, now = old.get(stage) or {}, new[stage]
+        diffs = [f"{FLAG_NAMES.get(k, k)} {before.get(k, '?') if k != 'data_sha256' else 'changed'}"
+                 + ("" if k == "data_sha256" else f" -> {now.get(k)}")
+                 for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+        if diffs:
+            return stage, diffs
+    return None, []
+
+
+def stage_outputs(out: Path, stage: str) -> list[Path]:
+    """What `stage` and every later cached stage wrote under out (the converted target is kept)."""
+    later = STAGES[STAGES.index(stage):]
+    paths = []
+    if "data" in later:
+        paths.append(out / "data")
+    if "regenerate" in later:
+        paths += sorted((out / "data").glob("*.regen.jsonl*")) + [out / "store", out / "store-heldout"]
+    if "train" in later:
+        paths += [out / "train", out / "export"]
+    return [p for p in paths if p.exists()]
+
+
+def reconcile_cache(cfg: DemoConfig, say: Any) -> None:
+    """Drop the cached stages made with other settings than cfg's (and every later stage), saying
+    which settings changed, then record cfg's settings in out/demo_settings.json."""
+    new = stage_settings(cfg)
+    record = cfg.out / SETTINGS_FILE
+    stage, diffs = None, []
+    if record.exists():
+        try:
+            old = json.loads(record.read_text()).get("stages") or {}
+        except (OSError, json.JSONDecodeError, AttributeError):
+            old = {}
+        stage, diffs = stages_to_redo(old, new)
+    elif (cfg.out / "data" / "train.txt").exists() and (cfg.out / "data" / "heldout.txt").exists():
+        stage, diffs = "data", [f"no {SETTINGS_FILE} records the settings they were made with"]
+    if stage is not None:
+        say(f"cached results under {cfg.out} were made with other settings ({'; '.join(diffs)}): "
+            f"redoing the {stage} stage and every later one")
+        for path in stage_outputs(cfg.out, stage):  # data/ holds the regenerated files: gone with it
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_name(record.name + ".tmp")
+    tmp.write_text(json.dumps({"stages": new}, indent=1, sort_keys=True) + "\n")
+    tmp.replace(record)
+
+
+def train_batch_size(num_samples: int, batch_size: int) -> int:
+    """The demo's batch: `batch_size`, lowered to the training split of `num_samples` (the
+    validation share, VAL_FRACTION rounded up, held out) when that split holds fewer."""
+    return max(1, min(batch_size, num_samples - math.ceil(VAL_FRACTION * num_samples)))
+
+
+def repoint_regen_settings(out_file: Path, data_file: Path, target_dir: Path) -> None:
+    """Point the regenerate sidecar of `out_file` at this run's paths (input file, local target).
+
+    The demo's own record (`reconcile_cache`) has checked what shapes the output (data content,
+    target, lengths); the sidecar's absolute paths change only when the demo directory moved.
+    """
+    from specdraft.regenerate import settings_path
+
+    sidecar = settings_path(out_file)
+    if not (sidecar.exists() and out_file.exists()):
+        return
+    settings = json.loads(sidecar.read_text())
+    fixed = {**settings, "input": str(Path(data_file).resolve())}
+    if isinstance(settings.get("backend"), dict) and settings["backend"].get("kind") == "local":
+        fixed["backend"] = {**settings["backend"], "model": str(target_dir)}
+    if fixed != settings:
+        tmp = sidecar.with_name(sidecar.name + ".tmp")
+        tmp.write_text(json.dumps(fixed, indent=1, sort_keys=True) + "\n")
+        tmp.replace(sidecar)
+
+
 def stage_data(cfg: DemoConfig) -> tuple[Path, Path]:
     """Write train.txt and heldout.txt (blank-line separated documents) under out/data."""
     data_dir = cfg.out / "data"
@@ -255,6 +379,7 @@ def stage_regenerate(cfg: DemoConfig, target_dir: Path, data_file: Path) -> Path
     from specdraft.regenerate import RegenConfig, Sampling, regenerate_file
 
     out = data_file.with_name(data_file.stem + ".regen.jsonl")
+    repoint_regen_settings(out, data_file, target_dir)
     regenerate_file(RegenConfig(data=str(data_file), out=str(out), target=str(target_dir), chat=False,
                                 prompt_tokens=cfg.prompt_tokens, batch_size=32, device=cfg.device,
                                 sampling=Sampling(temperature=0.0, max_new_tokens=cfg.max_new_tokens)),
@@ -276,8 +401,10 @@ def stage_capture(cfg: DemoConfig, target_dir: Path, regen_file: Path, name: str
     return store
 
 
-def stage_train(cfg: DemoConfig, store: Path) -> tuple[Path, dict[str, Any]]:
-    """Train the drafter on the store (resumes from out/train's last checkpoint)."""
+def stage_train(cfg: DemoConfig, store: Path, target_dir: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """Train the drafter on the store (resumes from out/train's last checkpoint). The batch is
+    cfg.batch_size, lowered to the training split when that is smaller (`train_batch_size`);
+    the returned training record holds its "steps" and "config"."""
     from specdraft.train.loop import TrainConfig, train
 
     out = cfg.out / "train"
@@ -285,11 +412,18 @@ def stage_train(cfg: DemoConfig, store: Path) -> tuple[Path, dict[str, Any]]:
     if (draft_dir / "specdraft_manifest.json").exists():
         manifest = json.loads((draft_dir / "specdraft_manifest.json").read_text())
         return draft_dir, manifest["training"]
-    config = TrainConfig(lr=cfg.lr, warmup_steps=50, total_steps=cfg.train_steps, batch_size=cfg.batch_size,
+    index = store / "index.json"
+    num_samples = json.loads(index.read_text())["num_samples"] if index.exists() else cfg.num_train
+    batch_size = train_batch_size(num_samples, cfg.batch_size)
+    if batch_size < cfg.batch_size:
+        Console(stderr=True).print(f"demo: batch size {batch_size} (not {cfg.batch_size}): the training split "
+                                   f"holds {num_samples - math.ceil(VAL_FRACTION * num_samples)} of "
+                                   f"{num_samples} samples; raise --num-train for full batches", markup=False)
+    config = TrainConfig(lr=cfg.lr, warmup_steps=50, total_steps=cfg.train_steps, batch_size=batch_size,
                          max_length=cfg.prompt_tokens + cfg.max_new_tokens + 16, ttt_steps=cfg.ttt_steps,
-                         val_fraction=0.05, seed=cfg.seed, eval_every=max(cfg.train_steps // 4, 1),
+                         val_fraction=VAL_FRACTION, seed=cfg.seed, eval_every=max(cfg.train_steps // 4, 1),
                          save_every=max(cfg.train_steps // 4, 1), device=cfg.device)
-    result = train(config, store, out, resume=True, command="specdraft demo")
+    result = train(config, store, out, resume=True, command="specdraft demo", target_config=target_dir)
     manifest = json.loads((result.draft_dir / "specdraft_manifest.json").read_text())
     return result.draft_dir, manifest["training"]
 
@@ -391,9 +525,14 @@ def speedup_text(r: dict[str, Any]) -> str:
     return f"{r['speedup']:.2f}x ({r['speedup_q1']:.2f}-{r['speedup_q3']:.2f}x)"
 
 
+LOW_TAU = 1.2  # a best accept length below this: the drafter barely accepts (tau 1.00: nothing accepted)
+
+
 def verdict_text(rows: list[dict[str, Any]], chosen: dict[str, Any] | None, repeats: int,
-                 min_speedup: float) -> str:
-    """One paragraph: the recommended setting and why, or why none is recommended."""
+                 min_speedup: float, train_steps: int | None = None, num_train: int | None = None) -> str:
+    """One paragraph: the recommended setting and why, or why none is recommended (a drafter that
+    barely accepts, best tau below LOW_TAU, is named as the cause rather than a busy machine;
+    train_steps / num_train, when given, are quoted in its fix)."""
     rule = (f"a median speedup of at least {min_speedup:.2f}x and a lower quartile above 1x over {repeats} "
             "rounds, each setting timed once per round in turns with plain decoding")
     if chosen is not None:
@@ -404,6 +543,14 @@ def verdict_text(rows: list[dict[str, Any]], chosen: dict[str, Any] | None, repe
                 f"{chosen['tokens_per_s']:.0f} tokens/s, speedup {speedup_text(chosen)} over the same engine "
                 f"without speculation (rule: {rule}).{tie_note}")
     best = max(rows, key=lambda r: r["speedup"])
+    top_tau = max(r["accept_length"] for r in rows)
+    if top_tau < LOW_TAU:
+        now = [f"now --train-steps {train_steps}" if train_steps else "", f"--num-train {num_train}" if num_train else ""]
+        now_text = f" ({', '.join(n for n in now if n)})" if any(now) else ""
+        return (f"No setting is recommended: the drafter barely accepts any draft token (best tau {top_tau:.2f}; "
+                f"tau 1.00 means none accepted), so speculation only adds work over plain decoding; the best, "
+                f"{setting_text(best)}, measured {speedup_text(best)}. Train the drafter longer (--train-steps) "
+                f"or on more data (--num-train){now_text}, then re-run the demo.")
     return (f"No setting is recommended: none was faster than plain decoding beyond the noise on this machine "
             f"(rule: {rule}); the best, {setting_text(best)}, measured {speedup_text(best)}. The machine may be "
             "busy: re-run the demo on an idle one, or measure on the serving machine with `specdraft bench`.")
@@ -520,6 +667,8 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         "# specdraft demo", "",
         f"Target: `{report.target}`; aux layers (specdraft indices) {report.aux_layers}.", "",
         "## Training", "",
+        *([f"Drafter: {report.drafter['steps']} optimizer steps (batch {report.drafter.get('batch_size', '?')}) "
+           f"on {report.drafter.get('num_train', '?')} training documents.", ""] if report.drafter else []),
         f"Validation (simulated tau {report.training.get('tau', float('nan')):.2f}; a "
         f"{len(report.training.get('accuracy', []))}-step chain replayed over the validation text: tau "
         f"{report.training.get('replayed_tau') or float('nan'):.2f}): per-step accuracy "
@@ -578,21 +727,25 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     aux_layers = list(default_aux_layers(num_layers))
     say(f"target {target_dir} ({num_layers} layers): aux layers {aux_layers} "
         + ("(the standard [2, L//2, L-3] collapses below 7 layers)" if num_layers < 7 else ""))
+    reconcile_cache(cfg, say)
     train_file, heldout_file = stage_data(cfg)
     say("regenerating continuations with the target (greedy)")
     train_store = stage_capture(cfg, target_dir, stage_regenerate(cfg, target_dir, train_file), "store", aux_layers)
     heldout_store = stage_capture(cfg, target_dir, stage_regenerate(cfg, target_dir, heldout_file),
                                   "store-heldout", aux_layers)
     say("training the drafter")
-    draft_dir, training = stage_train(cfg, train_store)
-    report = DemoReport(target=str(target_dir), aux_layers=aux_layers, training=training.get("validation") or {})
+    draft_dir, training = stage_train(cfg, train_store, target_dir)
+    report = DemoReport(target=str(target_dir), aux_layers=aux_layers, training=training.get("validation") or {},
+                        drafter={"steps": training.get("steps"), "num_train": cfg.num_train,
+                                 "batch_size": (training.get("config") or {}).get("batch_size")})
+    say(f"drafter: {training.get('steps')} optimizer steps")
     say("speculative generation vs plain decoding on held-out prompts")
     prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens)
     report.baseline, report.sweep, report.tree = stage_generate(cfg, target_dir, draft_dir, prompts)
     rows = [*report.sweep, report.tree]
     chosen = pick_setting(rows, cfg.min_speedup)
     chain = chosen if chosen and chosen["topk"] == 1 else pick_setting(report.sweep, cfg.min_speedup)
-    report.verdict = verdict_text(rows, chosen, cfg.timing_repeats, cfg.min_speedup)
+    report.verdict = verdict_text(rows, chosen, cfg.timing_repeats, cfg.min_speedup, cfg.train_steps, cfg.num_train)
     say(report.verdict)
     report.chosen = {k: v for k, v in (chosen or {}).items() if k != "outputs"}
     fastest = lambda runs: max(runs, key=lambda r: r["speedup"])  # noqa: E731

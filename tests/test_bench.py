@@ -60,8 +60,8 @@ def test_load_prompts_builtin_and_files(tmp_path):
     builtin = load_prompts("builtin")
     assert len(builtin) >= 8 and any(p.startswith("def ") for p in builtin)
     assert load_prompts(str(write_prompts(tmp_path / "p.jsonl", ["a b", "c"]))) == ["a b", "c"]
-    (tmp_path / "lines.txt").write_text("one\n\ntwo\n")
-    assert load_prompts(str(tmp_path / "lines.txt")) == ["one", "two"]
+    (tmp_path / "rows.txt").write_text('{"prompt": "one"}\n\n"two"\n')  # JSONL whatever the name
+    assert load_prompts(str(tmp_path / "rows.txt")) == ["one", "two"]
     (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{"text": 1}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: expected"):
         load_prompts(str(tmp_path / "bad.jsonl"))
@@ -275,3 +275,45 @@ def test_baseline_speculation_is_read_from_vllm_and_sglang_signals(tmp_path):
         assert warning(plain_vllm) is None
         assert "speculates too (accept length 2.00 from vllm /metrics at concurrency 1)" in warning(spec)
         assert "(accept length 2.00 from sglang meta_info" in warning(spec_sglang)
+
+
+def test_a_plain_text_or_wrong_shaped_prompts_file_is_refused_naming_file_and_line(tmp_path):
+    """--prompts takes JSONL only: plain text (any file name) or a row of another shape is one
+    line naming file:line and the expected row, before any server is asked."""
+    (tmp_path / "small.txt").write_text("Once upon a time\nthere was\n")
+    (tmp_path / "shape.txt").write_text('{"prompt": "ok"}\n{"text": "no"}\n')
+    with pytest.raises(ValueError, match=r'small.txt:1: not JSON .*one \{"prompt": "<text>"\} or a JSON string per line'):
+        load_prompts(str(tmp_path / "small.txt"))
+    with pytest.raises(ValueError, match=r'shape.txt:2: expected \{"prompt": "<text>"\} or a JSON string per line'):
+        load_prompts(str(tmp_path / "shape.txt"))
+    result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:1", "--prompts", str(tmp_path / "small.txt"),
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert result.output.startswith(f"error: {tmp_path / 'small.txt'}:1: not JSON")
+
+
+def test_bench_cli_warns_when_the_measured_server_does_not_speculate(servers, tmp_path):
+    """A plain specdraft server (serve --no-spec) given as --url: one WARNING line (still
+    counters, usage without drafted tokens), last in the output and in bench.md / bench.json;
+    the speculative server and a foreign server without signals get none."""
+    spec, plain = servers
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=25))
+    common = ["--prompts", str(prompts), "--concurrency", "1", "--max-tokens", "6", "--num-prompts", "2",
+              "--repeats", "2"]
+    result = CliRunner().invoke(app, ["bench", "--url", plain.url, "--baseline-url", plain.url, *common,
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if "WARNING" in line]
+    assert len(warnings) == 2 and warnings[0] == warnings[1] == result.output.strip().splitlines()[-1]
+    assert warnings[0].startswith(f"WARNING: the speculative server {plain.url} shows no speculation: ")
+    assert "at concurrency 1" in warnings[0] and "no gain from speculation" in warnings[0]
+    assert warnings[0] in (tmp_path / "out" / "bench.md").read_text()
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert data["speculation_warning"] == warnings[0] and data["baseline_warning"] is None
+    assert data["spec"]["levels"][0]["no_spec_signal"] is not None
+    ok = CliRunner().invoke(app, ["bench", "--url", spec.url, "--baseline-url", plain.url, *common,
+                                  "--out", str(tmp_path / "ok")])
+    assert ok.exit_code == 0 and "WARNING" not in ok.output, ok.output
+    with serve_in_thread(fake_vllm_app(lambda active: 0.001, 1, 0)) as foreign:  # no spec counters at all
+        cfg = BenchConfig(foreign.url, None, str(prompts), (1,), max_tokens=4, num_prompts=2, repeats=1)
+        assert run_bench(cfg).speculation_warning is None

@@ -117,7 +117,11 @@ def test_inspect_names_the_layout_it_sees(world, tmp_path):
                  ["convert", str(draft), str(tmp_path / "as-sglang"), "--layout", "sglang"],
                  ["convert", str(draft), str(tmp_path / "as-specdraft"), "--layout", "specdraft"],
                  ["convert", str(draft), str(tmp_path / "as-speculators"), "--layout", "speculators"]):
-        assert invoke(args).exit_code == 0
+        result = invoke(args)
+        assert result.exit_code == 0, result.output
+        if args[0] == "convert":  # convert names what it wrote as inspect will
+            on_disk = "speculators layout (vLLM's) + specdraft manifest" if args[-1] == "speculators" else SGLANG_MANIFEST
+            assert f"wrote {args[2]} ({on_disk}):" in result.output.replace("\n", "")
     # The "specdraft" layout is the SGLang files plus the manifest: the same bytes either way.
     for name in ("config.json", "model.safetensors", "specdraft_manifest.json"):
         assert (tmp_path / "as-sglang" / name).read_bytes() == (tmp_path / "as-specdraft" / name).read_bytes()

@@ -45,7 +45,7 @@ def test_generate_streams_text_and_prints_metrics(tmp_path):
     assert defaults.exit_code == 0, defaults.output
     assert expected in defaults.output.replace("\n", "")
     assert "steps 3, topk 1, draft tokens 4" in defaults.output
-    plain = CliRunner().invoke(app, common + ["--no-spec", "--topk", "2"])  # a baseline of the same command
+    plain = CliRunner().invoke(app, common + ["--no-spec"])  # a baseline of the same command
     assert plain.exit_code == 0, plain.output
     assert expected in plain.output.replace("\n", "") and "plain decoding" in plain.output
     no_draft = CliRunner().invoke(app, common)  # --help: "omit for plain decoding"
@@ -69,3 +69,91 @@ def test_generate_refuses_drafting_flags_without_a_draft(tmp_path, flags, named)
     text = " ".join(result.output.split())
     assert text == (f"error: {named} set the drafter's speculation, but no --draft is given (plain decoding): "
                     f"add --draft CKPT, or drop {named}")
+
+
+def _training_run(setup, run):
+    """RUN/checkpoints/step-00000005.pt as `train --save-every` writes it (progress state with the
+    drafter's tensors under "draft." and its manifest), for setup.trained; returns the file."""
+    import dataclasses
+
+    import torch
+
+    args = setup.target.args
+    manifest = Manifest(draft=setup.trained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
+                        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers,
+                                "vocab_size": args.vocab_size})
+    (run / "checkpoints").mkdir(parents=True)
+    path = run / "checkpoints" / "step-00000005.pt"
+    torch.save({"step": 5, "manifest": dataclasses.asdict(manifest), "records": {}, "extensions": {}, "config": {},
+                "model": {f"draft.{k}": v for k, v in setup.trained.state_dict().items()}}, path)
+    return path
+
+
+def test_generate_takes_a_training_checkpoint_and_points_a_run_directory_at_one(tmp_path):
+    """--draft RUN/checkpoints/step-N.pt speculates with that checkpoint's drafter; RUN or
+    RUN/checkpoints is refused naming RUN/draft and a step file (not "config.json missing")."""
+    import torch
+
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.engine.speculate import load_engine
+
+    setup = tiny_setup("llama")
+    tokenizer = _target_with_tokenizer(setup, tmp_path / "target")
+    step = _training_run(setup, tmp_path / "run")
+    engine = load_engine(tmp_path / "target", step, SpecConfig.chain(3))
+    expected_state = setup.trained.state_dict()
+    assert all(torch.equal(v, expected_state[k]) for k, v in engine.draft.state_dict().items())
+    prompt = "w1 w5 w9 w13 w2 w7"
+    ids = tokenizer(prompt)["input_ids"]
+    expected = tokenizer.decode(greedy_sequences(setup.target, [ids], 12)[0, len(ids):].tolist())
+    common = ["generate", "--target", str(tmp_path / "target"), "--prompt", prompt,
+              "--max-new-tokens", "12", "--max-seq-len", "64"]
+    result = CliRunner().invoke(app, common + ["--draft", str(step)])
+    assert result.exit_code == 0, result.output
+    assert expected in result.output.replace("\n", "") and "steps 3, topk 1, draft tokens 4" in result.output
+    for given, what in ((tmp_path / "run", "a training run directory"),
+                        (tmp_path / "run" / "checkpoints", "a training run's checkpoints directory")):
+        refused = CliRunner().invoke(app, common + ["--draft", str(given)])
+        assert refused.exit_code == 1, refused.output
+        assert " ".join(refused.output.split()) == (
+            f"error: {given} is {what}, not a drafter: pass {tmp_path / 'run' / 'draft'} (the drafter train "
+            f"writes at the end) or one of its checkpoints, e.g. {step}")
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+@pytest.mark.parametrize("flags, named", [
+    (["--num-steps", "5"], "--num-steps"),
+    (["--topk", "2", "--num-draft-tokens", "6"], "--topk, --num-draft-tokens"),
+])
+def test_no_spec_refuses_drafting_flags(tmp_path, command, flags, named, monkeypatch):
+    """--no-spec with a drafting flag is one line, before anything loads or a server starts."""
+    import specdraft.engine.speculate as speculate
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded a model")
+
+    monkeypatch.setattr(speculate, "load_engine", no_load)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "draft").mkdir()
+    extra = ["--prompt", "hi"] if command == "generate" else []
+    for draft in ([], ["--draft", str(tmp_path / "draft")]):
+        result = CliRunner().invoke(app, [command, "--target", str(tmp_path), *extra, *draft, "--no-spec", *flags])
+        assert result.exit_code == 1, result.output
+        assert " ".join(result.output.split()) == (
+            f"error: {named} set the drafter's speculation, but --no-spec decodes plainly (they would be "
+            f"ignored): drop {named}, or drop --no-spec")
+
+
+@pytest.mark.parametrize("flags, named", [(["--temperature", "-1"], "--temperature"),
+                                          (["--max-new-tokens", "0"], "--max-new-tokens")])
+def test_generate_checks_sampling_values_before_loading(tmp_path, flags, named, monkeypatch):
+    import transformers
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded the tokenizer")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", no_load)
+    (tmp_path / "config.json").write_text("{}")
+    result = CliRunner().invoke(app, ["generate", "--target", str(tmp_path), "--prompt", "hi", *flags])
+    assert result.exit_code == 2, result.output  # a usage error, not the load's failure
+    assert named in result.output and "Invalid value" in result.output

@@ -28,16 +28,16 @@ from safetensors.torch import load_file
 from specdraft.checkpoint import (
     LAYER_PREFIX,
     MANIFEST_FILE,
-    OFFICIAL_ARCHITECTURES,
     WEIGHTS_FILE,
     CheckpointError,
     Manifest,
+    classify_dir,
     config_from_files,
     fill_model,
     read_config,
     state_dict_for_layout,
 )
-from specdraft.conventions import AUX_KEY, AuxReading, ConventionError, aux_layers_from_config
+from specdraft.conventions import AuxReading, ConventionError, aux_layers_from_config
 from specdraft.data import DataError
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
@@ -48,9 +48,6 @@ ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", None: "specdraft"}
 # Decoder-layer prefixes each engine loads, and names it treats as optional (see module doc).
 ENGINE_LAYER_PREFIXES = {"sglang": ("midlayer.",), "vllm": ("midlayer.", "layers.0.")}
 ENGINE_OPTIONAL = ("d2t", "t2d", "embed_tokens.weight")
-# Config keys only an EAGLE-3 drafter's config has (a full model's has none of them).
-DRAFT_CONFIG_KEYS = ("speculators_model_type", "draft_vocab_size", "target_hidden_size", "eagle_config",
-                     AUX_KEY)
 
 
 class Unavailable(Exception):
@@ -109,30 +106,17 @@ class DoctorInputs:
 
 
 def refuse_model_dir(path: Path) -> None:
-    """ValueError when `path` holds a model that is not an EAGLE-3 drafter (e.g. the target):
-    config.json declares no EAGLE-3 architecture and has no drafter key, and there is no
-    manifest. A config that cannot be read is left to the checks (a failing finding)."""
+    """ValueError when `path`/config.json can be read but marks no drafter (`checkpoint.classify_dir`;
+    `run_doctor` has already named a target model given as CHECKPOINT). A config that cannot be
+    read is left to the checks (a failing finding)."""
     file = path / "config.json"
     try:
         config = json.loads(file.read_text())
     except (OSError, ValueError):
         return
-    if not isinstance(config, dict) or (path / MANIFEST_FILE).exists() or _declares_drafter(config):
-        return
-    layers = (config.get("text_config") or config).get("num_hidden_layers")
-    model = f", {layers} layers" if layers else ""
-    raise ValueError(f"{file}: not an EAGLE-3 draft config (architectures {config.get('architectures')}"
-                     f"{model}, no speculators_model_type, no {MANIFEST_FILE}): pass the drafter's "
-                     f"directory as CHECKPOINT, and a target model like this one as --target {path}")
-
-
-def _declares_drafter(config: dict[str, Any]) -> bool:
-    """An EAGLE-3 architecture, or a key only drafter configs have (at the top or in a
-    speculators transformer_layer_config)."""
-    if set(config.get("architectures") or []) & set(OFFICIAL_ARCHITECTURES):
-        return True
-    layer = config.get("transformer_layer_config")
-    return any(k in config or (isinstance(layer, dict) and k in layer) for k in DRAFT_CONFIG_KEYS)
+    if isinstance(config, dict) and classify_dir(path).kind != "drafter":
+        raise ValueError(f"{file}: not an EAGLE-3 draft config (no EAGLE-3 architecture, no drafter key such as "
+                         f"speculators_model_type, no {MANIFEST_FILE}): pass the drafter's directory as CHECKPOINT")
 
 
 @dataclass

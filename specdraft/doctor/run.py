@@ -79,8 +79,13 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     template kwargs. Returns a Report; raises ValueError only for invalid arguments: a path that
     does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --target that is a
     drafter (`checkpoint.wrong_dir_message` words both), a --samples file that
-    cannot be read (DataError naming the file and line). A bad checkpoint is a failing finding.
+    cannot be read (DataError naming the file and line), a server URL without http:// or
+    https:// (`bench.check_url`, as bench checks it). A bad checkpoint is a failing finding.
     """
+    from specdraft.bench import check_url
+
+    if server is not None:
+        check_url(server, "--server")
     for path, want, given_as in ((checkpoint, "drafter", ""), (target, "target", "--target")):
         wrong = wrong_dir_message(path, want, given_as) if path else None
         if wrong:

@@ -394,14 +394,35 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     config was built for) is refused naming both targets, before any tensor meets the target.
     max_seq_len defaults to min(target max positions, 4096). Raises ValueError on a mismatch,
     and the loaders' errors for unreadable checkpoints. draft_dir None or spec None = plain.
+    draft_dir may also be a training checkpoint (RUN/checkpoints/step-N.pt or a sharded step-N
+    directory, `train.loop.load_training_checkpoint`: the drafter and its manifest come from it);
+    a run directory or its checkpoints directory is refused naming RUN/draft and a step-N file.
     """
     from specdraft.checkpoint import load_draft
+    from specdraft.train.loop import (CHECKPOINT_DIR, checkpoint_paths, is_training_checkpoint,
+                                      load_training_checkpoint)
 
+    if draft_dir is not None and spec is not None:  # before the target loads: a run directory is no drafter
+        path, run, what = Path(draft_dir), None, ""
+        if path.is_dir() and not (path / "config.json").exists() and not is_training_checkpoint(path):
+            if (path / CHECKPOINT_DIR).is_dir():
+                run, what = path, "a training run directory"
+            elif path.name == CHECKPOINT_DIR or any(path.glob("step-*")):
+                run, what = path.parent, "a training run's checkpoints directory"
+        if run is not None:
+            steps = checkpoint_paths(run)
+            example = steps[-1] if steps else run / CHECKPOINT_DIR / "step-N.pt"
+            raise ValueError(f"{draft_dir} is {what}, not a drafter: pass {run / 'draft'} (the drafter train "
+                             f"writes at the end) or one of its checkpoints, e.g. {example}")
     target = load_fast_target(target_dir, dtype=dtype, device=device)
     max_seq_len = max_seq_len or min(target.args.max_position_embeddings, 4096)
     draft = None
     if draft_dir is not None and spec is not None:
-        loaded = load_draft(draft_dir, device=device, dtype=dtype, target_num_layers=target.args.num_layers)
+        if is_training_checkpoint(draft_dir):
+            loaded = load_training_checkpoint(draft_dir)
+            loaded.model.to(device=device, dtype=dtype)
+        else:
+            loaded = load_draft(draft_dir, device=device, dtype=dtype, target_num_layers=target.args.num_layers)
         draft = loaded.model.eval()
         cfg, args = draft.cfg, target.args
         trained = (dict(loaded.manifest.target) if loaded.manifest is not None else

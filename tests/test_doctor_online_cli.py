@@ -1,0 +1,33 @@
+"""`specdraft doctor --server`: the URL checked as bench checks it, and --samples required."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from specdraft.bench import check_url
+from specdraft.cli import app
+from specdraft.doctor import run_doctor
+
+
+def test_doctor_server_without_samples_is_one_line_naming_the_fix(tmp_path):
+    result = CliRunner().invoke(app, ["doctor", str(tmp_path), "--server", "http://127.0.0.1:1"])
+    assert result.exit_code == 2, result.output
+    assert " ".join(result.output.split()) == (
+        "error: --server http://127.0.0.1:1 needs --samples: pass --samples FILE with the target's own outputs "
+        "(a capture store or JSONL, e.g. the demo's store-heldout) for the online acceptance check")
+    help_text = " ".join(CliRunner().invoke(app, ["doctor", "--help"]).output.split())
+    assert "needs --samples" in help_text.replace("│ ", "").replace(" │", "")
+
+
+def test_doctor_server_without_scheme_is_refused_as_bench_refuses_it(tmp_path):
+    (tmp_path / "samples.jsonl").write_text('{"text": "hi"}\n')
+    with pytest.raises(ValueError) as bench_error:
+        check_url("localhost:8011", "--server")
+    for extra in ([], ["--samples", str(tmp_path / "samples.jsonl")]):
+        result = CliRunner().invoke(app, ["doctor", str(tmp_path), "--server", "localhost:8011", *extra])
+        assert result.exit_code == 2, result.output
+        assert " ".join(result.output.split()) == f"error: {bench_error.value}"
+        assert "must start with http:// or https://" in result.output and "does not answer" not in result.output
+    with pytest.raises(ValueError, match="must start with http:// or https://"):
+        run_doctor(tmp_path, server="localhost:8011", samples=tmp_path / "samples.jsonl")
