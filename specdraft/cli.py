@@ -695,6 +695,18 @@ def _torch_dtype(name: str):
     return dtypes[name]
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """ValueError naming the fix when host:port cannot be bound (in use, or not an address here)."""
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror or e}): pass another --port, or stop "
+                         f"the process using it") from None
+
+
 @app.command()
 def serve(
     target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
@@ -728,6 +740,7 @@ def serve(
                                                       "--num-draft-tokens": num_draft_tokens})
         spec = _spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
                                 num_draft_tokens or 0)
+        _check_port_free(host, port)  # before the model loads
         server_app = build_app(target, draft or None, spec, device, _torch_dtype(dtype), max_seq_len or None,
                                model_name or None, max_queue, log_every)
     except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:

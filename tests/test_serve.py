@@ -326,3 +326,19 @@ def test_importing_the_cli_does_not_import_the_server_stack():
             "print(sorted(m for m in ('fastapi', 'uvicorn', 'prometheus_client', 'starlette') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_serve_on_a_busy_port_is_one_line_before_the_model_loads(monkeypatch):
+    from typer.testing import CliRunner
+
+    import specdraft.serve
+    from specdraft.cli import app
+
+    monkeypatch.setattr(specdraft.serve, "build_app", lambda *a, **k: pytest.fail("loaded the model"))
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--target", str(tiny_setup("llama").target_dir), "--no-spec",
+                                          "--port", str(port)])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{port}" in lines[0] and "pass another --port" in lines[0]
