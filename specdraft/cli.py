@@ -465,7 +465,9 @@ def train(
                                             "(default) | bfloat16 | float16 (or fp32, bf16, fp16)."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="With --online: skip and count bad records."),
     warmup_steps: int | None = typer.Option(None, min=0, help="Linear learning-rate warm-up steps (100)."),
-    save_every: int | None = typer.Option(None, min=1, help="Checkpoint every N steps (500) and at the end."),
+    save_every: int | None = typer.Option(None, min=1, help="Checkpoint every N steps (500) and at the end, "
+                                           "under OUT/checkpoints; the newest 2 are kept (--config key "
+                                           "keep_checkpoints)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint with its "
                                 "settings (options left out come from it); a larger --steps / --epochs "
                                 "extends the run (the lr schedule is recomputed)."),

@@ -112,3 +112,4 @@ def test_train_help_shows_every_default_and_the_device():
     assert "neither = one epoch" in text and "(neither --steps nor --epochs = one epoch)" in text
     assert ("The device is chosen automatically: the GPU when torch sees one (under torchrun, each rank's "
             "LOCAL_RANK GPU), else the CPU.") in text
+    assert defaults.keep_checkpoints == 2 and "the newest 2 are kept (--config key keep_checkpoints)" in text
