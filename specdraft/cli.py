@@ -295,12 +295,16 @@ def _check_drafter(value: str, param: typer.CallbackParam = None) -> str:
 DRAFTER_HELP = "Draft checkpoint directory, or a training checkpoint (RUN/checkpoints/step-N.pt)"
 
 
-def _refuse_drafting_flags_with_no_spec(no_spec: bool, given: dict) -> None:
-    """--no-spec with explicitly given drafting flags: ValueError (they would be ignored)."""
+def _refuse_unused_drafting_flags(no_spec: bool, draft: str, given: dict) -> None:
+    """ValueError when drafting flags are given explicitly (`given`: flag -> value, None when left
+    out) but would be ignored: with --no-spec, or without --draft."""
     named = ", ".join(name for name, value in given.items() if value is not None)
-    if no_spec and named:
+    if named and no_spec:
         raise ValueError(f"{named} set the drafter's speculation, but --no-spec decodes plainly (they would be "
                          f"ignored): drop {named}, or drop --no-spec")
+    if named and not draft:
+        raise ValueError(f"{named} set the drafter's speculation, but no --draft is given (plain decoding): "
+                         f"add --draft CKPT, or drop {named}")
 
 
 @app.command()
@@ -341,12 +345,8 @@ def generate(
         if compile and not device.startswith("cuda"):
             raise ValueError(f"--compile needs a CUDA device (CUDA graphs), not --device {device}: "
                              f"pass --device cuda, or drop --compile")
-        given = {"--topk": topk, "--num-steps": num_steps, "--num-draft-tokens": num_draft_tokens}
-        _refuse_drafting_flags_with_no_spec(no_spec, given)
-        drafting_flags = [name for name, value in given.items() if value is not None]
-        if drafting_flags and not draft and not no_spec:
-            raise ValueError(f"{', '.join(drafting_flags)} set the drafter's speculation, but no --draft is given "
-                             f"(plain decoding): add --draft CKPT, or drop {', '.join(drafting_flags)}")
+        _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
+                                                       "--num-draft-tokens": num_draft_tokens})
         topk, num_steps = 1 if topk is None else topk, 3 if num_steps is None else num_steps
         spec = _spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens or 0)
         torch_dtype = _torch_dtype(dtype)
@@ -738,8 +738,8 @@ def serve(
 
     console = Console()
     try:
-        _refuse_drafting_flags_with_no_spec(no_spec, {"--topk": topk, "--num-steps": num_steps,
-                                                      "--num-draft-tokens": num_draft_tokens})
+        _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
+                                                       "--num-draft-tokens": num_draft_tokens})
         spec = _spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
                                 num_draft_tokens or 0)
         _check_port_free(host, port)  # before the model loads

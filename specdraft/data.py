@@ -197,6 +197,11 @@ def _mode_hint(path: Path, other_mode: str) -> str:
     return f"{path} holds {other_mode}, not chats: pass --no-chat"
 
 
+def bad_json(e: json.JSONDecodeError) -> str:
+    """"bad JSON (<reason> at column N)" for one JSONL line (json's reason may end in " at")."""
+    return f"bad JSON ({e.msg.removesuffix(' at')} at column {e.colno})"
+
+
 def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
@@ -206,7 +211,7 @@ def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:
             try:
                 yield source, json.loads(line)
             except json.JSONDecodeError as e:
-                yield source, _BadRow(f"bad JSON ({e.msg.removesuffix(' at')} at column {e.colno})")
+                yield source, _BadRow(bad_json(e))
 
 
 def _text_rows(path: Path) -> Iterable[tuple[str, Any]]:

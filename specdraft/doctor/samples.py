@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.data import BadRecord, DataError, Sample, read_records, render_records
+from specdraft.data import BadRecord, DataError, Sample, bad_json, read_records, render_records
 
 MIN_TOKENS = 3  # a draft position t needs tokens t+1 and t+2
 KINDS = "a capture store directory or a JSONL of input_ids, chats or texts"
@@ -119,7 +119,7 @@ def _first_row(path: Path) -> dict[str, Any]:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{line_no}: bad JSON ({e.msg.removesuffix(' at')} at column {e.colno}); "
+                    raise DataError(f"{path}:{line_no}: {bad_json(e)}; "
                                     f"give {KINDS}, one JSON object per line") from None
                 return row if isinstance(row, dict) else {}
     raise DataError(f"{path}: empty file; give {KINDS}")
@@ -161,8 +161,7 @@ def _token_row(line: str, source: str) -> Sample:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise BadRecord(f"{source}: bad JSON ({e.msg.removesuffix(' at')} at column {e.colno}); fix: write one JSON "
-                        "object per line") from None
+        raise BadRecord(f"{source}: {bad_json(e)}; fix: write one JSON object per line") from None
     ids = row.get("input_ids") if isinstance(row, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
         raise BadRecord(f"{source}: input_ids must be a list of ints; fix: give every row "
