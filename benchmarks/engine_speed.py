@@ -19,20 +19,21 @@ Goals checked: plain decode >= 90 % of roofline, verify 16 <= 1.15 x decode, dra
     python benchmarks/engine_speed.py --tiny     # small shapes on the CPU (smoke test)
     --profile: also the costliest kernels of an eager decode and host ops of a draft round.
 
-Measured on one H200 (torch 2.11, Triton 3.6, 2026-11-29, --iters 20 --skip-e2e), target
-forwards of up to 16 tokens through `fused_decode`'s Triton kernels: copy 4.26 TB/s, weights
-15.0 GB, roofline 284 tokens/s; decode 4.27 ms = 234 tokens/s = 84 % of roofline (goal 90 %:
-NOT met; 82-84 % over four runs); verify 16 = 1.09 x decode (met; 1.09-1.17 over runs, with
-earlier thin-GEMM block sizes); drafter step 0.30 ms chain = 6.9 % (met), 0.44 ms tree (topk 4)
-= 10.4 % of decode (goal 10 %: missed since decode got faster; the drafter runs torch ops).
-The torch path (--torch-kernels: compiled layers, cuBLAS, cuDNN attention) gave 5.18-5.29 ms =
-67 % and 1.20 x. Where the rest goes (profile of the graphed Triton decode, per step): matmuls
-3.63 ms (gate|up 4.4 TB/s, down 3.9, qkv 3.7, o 3.3), attention 0.23, norms 0.14, RoPE +
-cache 0.06, silu 0.05, launch gaps ~0.1. Matmuls alone at 4.26 TB/s would take 3.52 ms; the
-small qkv / o projections and ~10 launches a layer keep decode above the 3.91 ms of 90 %.
+Measured on one H200 (torch 2.11, Triton 3.6, 2026-11-29), target forwards of up to 16 tokens
+through `fused_decode`'s Triton kernels (matmul epilogues: RoPE + cache writes, silu * up;
+programmatic dependent launch): copy 4.21 TB/s, weights 15.0 GB, roofline 280 tokens/s; decode
+4.05 ms = 247 tokens/s = 88 % of roofline (3.98 ms in a second run; goal 90 %: NOT met);
+verify 16 = 1.14 x decode (met; 4.63 ms); drafter through the Triton kernels (graphed): tree
+step (topk 4) 0.22 ms = 5.5 %, chain step 0.21 ms = 5.1 % of decode (met; torch ops: 0.44 ms
+and 0.30 ms). Before the epilogues and PDL: decode 4.27 ms; the torch path (--torch-kernels:
+compiled layers, cuBLAS, cuDNN attention) 5.18-5.29 ms = 67 %, 1.20 x.
+Where the rest goes (profile of the graphed decode without PDL, 4.20 ms): matmuls 3.72 ms (95 %
+of copy bandwidth), attention 0.17 ms + its split combine 0.06, norms 0.12, launch gaps ~0.1;
+PDL hides about 0.1 ms of it. Matmuls alone at copy bandwidth would take 3.55 ms; 90 % is 3.95.
 Tried and dropped: a group's query heads as one longer SDPA query (6.2 ms); Triton matmuls with
 the RMSNorm / residual fused in (4.6 ms as first written; other block sizes too, not isolated);
-Triton matmuls for the drafter (no faster graphed, slower eagerly).
+other GEMV block sizes (1-8 rows x 512-4096 columns: 4.10-4.54 ms against 4.08); PDL with each
+kernel releasing its dependents before its own wait (verify 16: 5.1 ms).
 """
 
 from __future__ import annotations
@@ -156,10 +157,15 @@ def bench_target(target: FastTarget, device: str, prefix: int, max_seq_len: int,
             "verify16_over_decode": times[16] / times[1]}
 
 
-def bench_draft(draft: Eagle3Draft, device: str, prefix: int, topk: int, iters: int) -> dict:
+def bench_draft(draft: Eagle3Draft, device: str, prefix: int, topk: int, iters: int, triton: bool) -> dict:
     """Drafter first step (4 positions) and tree step (topk rows) on a `prefix`-entry cache, as
-    the engine runs them (`FastDraft`, writing its K/V into the cache)."""
+    the engine runs them (`FastDraft`, writing its K/V into the cache; through the Triton
+    kernels when `triton`, as `SpeculativeEngine(compile=True)` runs it), graphed on CUDA."""
     cfg, fast = draft.cfg, FastDraft(draft)
+    kernels = "torch"
+    if triton:
+        reason = fast.use_triton()
+        kernels = "triton" if reason is None else f"torch ({reason})"
     cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim, prefix + 64, draft.fc.weight.dtype, device)
     dtype = draft.fc.weight.dtype
 
@@ -176,7 +182,7 @@ def bench_draft(draft: Eagle3Draft, device: str, prefix: int, topk: int, iters: 
     with sdpa_kernel(DRAFT_SDPA_BACKENDS):  # as the engine runs the drafter
         if device == "cuda":
             fns = {name: graphed(fn) for name, fn in fns.items()}
-        return {name: timed_ms(fn, device, iters) for name, fn in fns.items()}
+        return {"kernels": kernels} | {name: timed_ms(fn, device, iters) for name, fn in fns.items()}
 
 
 def graphed(fn: Callable[[], object]) -> Callable[[], object]:
@@ -210,7 +216,8 @@ def bench_end_to_end(target: FastTarget, draft: Eagle3Draft, device: str, prefix
         except Exception as e:  # report and go on with the other settings
             results[name] = {"error": f"{type(e).__name__}: {e}"}
             continue
-        results[name] = {"tokens_per_s": m.tokens_per_s, "accept_length": m.accept_length,
+        results[name] = {"target_kernels": engine.target_kernels,
+                         "tokens_per_s": m.tokens_per_s, "accept_length": m.accept_length,
                          "time_prefill_s": m.time_prefill_s, "time_draft_s": m.time_draft_s,
                          "time_verify_s": m.time_verify_s, "time_other_s": m.time_other_s,
                          "decode_tokens_per_s": (m.num_output_tokens - 1) / (m.time_total_s - m.time_prefill_s)}
@@ -305,7 +312,8 @@ def main() -> None:
                              "Triton reductions (gpt-fast's setting; longer compile)")
     parser.add_argument("--profile", action="store_true", help="print the CUDA kernels of one eager decode")
     parser.add_argument("--torch-kernels", action="store_true",
-                        help="time the target's torch path (compiled layers) instead of the Triton kernels")
+                        help="time the torch paths of target (compiled layers) and drafter instead of the "
+                             "Triton kernels")
     args = parser.parse_args()
     device = "cpu" if args.tiny else "cuda"
     if args.tiny:
@@ -333,7 +341,8 @@ def main() -> None:
         report("decode_kernels", profile_decode(target, device, prefix, max_seq_len))
     forward = report("target_forward", bench_target(target, device, prefix, max_seq_len, args.iters,
                                                     triton=not args.torch_kernels))
-    draft_ms = report("draft_step_ms", bench_draft(draft, device, prefix, topk=4, iters=args.iters))
+    draft_ms = report("draft_step_ms", bench_draft(draft, device, prefix, topk=4, iters=args.iters,
+                                                   triton=not args.torch_kernels))
     goals = {"plain_decode_fraction_of_roofline": forward["decode_tokens_per_s"] / roofline,
              "verify16_over_decode": forward["verify16_over_decode"],
              "draft_tree_step_over_decode": draft_ms["tree_step_4_ms"] / forward["decode_ms"],

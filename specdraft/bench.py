@@ -16,8 +16,10 @@ times per level, and reports:
 - speedup = mean tokens/s with speculation / mean tokens/s of the baseline at the same
   concurrency, its standard deviation (propagated from the runs' spreads), a verdict per level
   (wins / ties / loses: the speedup must clear 1 by more than both the tie band and that
-  deviation), and the crossover: the first concurrency at which speculation stops winning
-  (FC-13; `find_crossover`, a pure function of the points). Without a baseline the report says
+  deviation; marked inconclusive where either server's runs spread more than NOISY_SPREAD of
+  their mean, `noisy_runs`, with a line naming the numbers, `noise_note`), and the crossover:
+  the first concurrency at which speculation stops winning (FC-13; `find_crossover`, a pure
+  function of the points). Without a baseline the report says
   "no baseline: speedup not measured": speculation is never called a win without one
   (DESIGN.md invariant 6). With one run per level the speedups are printed without verdict or
   crossover (no spread to judge them by: `NO_VERDICT`). A baseline that speculates itself (its
@@ -28,7 +30,8 @@ times per level, and reports:
   gets a one-line warning too (`speculation_warning`); a server without such signals gets none.
 bench.json keeps the fields of single-run reports (`tokens_per_s` is now the mean over runs,
 `speedups[].speedup` the ratio of means) and adds `num_runs`, `tokens_per_s_std`,
-`tokens_per_s_runs`, `speedups[].speedup_std`, `speedups[].verdict` (null with one run) and
+`tokens_per_s_runs`, `speedups[].speedup_std`, `speedups[].verdict` (null with one run; the
+verdict of the means), `speedups[].noise` (null unless the runs are too noisy to judge) and
 `baseline_warning` (null unless the baseline speculates), `speculation_warning` (null unless
 the measured server shows no speculation) and per level `no_spec_signal`.
 Requests use temperature 0 and ignore_eos (vLLM / SGLang / specdraft extension) by default, so
@@ -60,6 +63,9 @@ COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 MIN_VERDICT_REPEATS = 2
 NO_VERDICT = (f"no verdict: one run per level has no run-to-run spread to tell a win from noise; "
               f"a verdict needs --repeats {MIN_VERDICT_REPEATS} or more (the default 3 gives a steadier spread)")
+# A server whose per-run tokens/s spread more than this fraction of their mean (sample sd / mean)
+# measured a busy machine more than itself: a verdict at that level is inconclusive.
+NOISY_SPREAD = 0.25
 
 
 @dataclass(frozen=True)
@@ -342,6 +348,18 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
+def noisy_runs(runs_by_server: dict[str, Sequence[float]], limit: float = NOISY_SPREAD) -> str | None:
+    """The servers whose per-run tokens/s spread more than `limit` of their mean (sample sd /
+    mean), as "speculative 452 ± 597 tok/s (sd/mean 1.32)" joined by "; "; None when every
+    server's runs are steady (one run has no spread)."""
+    noisy = []
+    for name, runs in runs_by_server.items():
+        mean, std = mean_std(runs)
+        if mean > 0 and std / mean > limit:
+            noisy.append(f"{name} {mean:.0f} ± {std:.0f} tok/s (sd/mean {std / mean:.2f})")
+    return "; ".join(noisy) or None
+
+
 @dataclass
 class LevelResult:
     """One server at one concurrency, over `num_runs` runs of the same requests.
@@ -466,11 +484,13 @@ def bench_server(url: str, prompts: list[str], cfg: BenchConfig,
 class SpeedupPoint:
     """Speculation against the baseline at one concurrency. speedup: mean tokens/s with
     speculation / mean tokens/s of the baseline; speedup_std: its standard deviation from the
-    runs' spreads (first order: the relative variances add; 0 with one run each)."""
+    runs' spreads (first order: the relative variances add; 0 with one run each); noise:
+    `noisy_runs` of both servers' runs (None when steady: else no verdict there is conclusive)."""
 
     concurrency: int
     speedup: float
     speedup_std: float = 0.0
+    noise: str | None = None
 
     @classmethod
     def of(cls, concurrency: int, spec_runs: Sequence[float], baseline_runs: Sequence[float]) -> SpeedupPoint:
@@ -478,7 +498,8 @@ class SpeedupPoint:
         (spec_mean, spec_std), (base_mean, base_std) = mean_std(spec_runs), mean_std(baseline_runs)
         speedup = spec_mean / base_mean
         relative = math.hypot(spec_std / spec_mean if spec_mean else 0.0, base_std / base_mean)
-        return cls(concurrency, speedup, speedup * relative)
+        noise = noisy_runs({"speculative": spec_runs, "baseline": baseline_runs})
+        return cls(concurrency, speedup, speedup * relative, noise)
 
     def text(self) -> str:
         """"1.23x", or "1.23x ± 0.04" when the runs spread."""
@@ -537,6 +558,17 @@ def find_crossover(points: list[SpeedupPoint], tie_band: float = 0.0) -> Crossov
     return Crossover(b.concurrency, f"crossover: speculation stops winning{band} between concurrency "
                                     f"{a.concurrency} (speedup {a.text()}) and {b.concurrency} "
                                     f"(speedup {b.text()})")
+
+
+def noise_note(points: Sequence[SpeedupPoint]) -> str | None:
+    """One line naming the concurrencies whose runs are too noisy to judge (`SpeedupPoint.noise`)
+    and the fix; None when every point is steady."""
+    noisy = [f"concurrency {p.concurrency}: {p.noise}" for p in points if p.noise]
+    if not noisy:
+        return None
+    return (f"Noisy runs (sd/mean above {NOISY_SPREAD}), so the verdict there and any crossover it sets are "
+            f"inconclusive: {'; '.join(noisy)}; re-run on an idle machine, or with more --num-prompts so each "
+            "run lasts longer")
 
 
 def baseline_warning(baseline: ServerRun) -> str | None:
@@ -678,10 +710,13 @@ def markdown(report: BenchReport) -> str:
     if report.speedups is None:
         lines.append(NO_BASELINE)
     else:
-        lines += ["| concurrency | speedup (ratio of means) | sd | verdict |", "|---|---|---|---|"]
+        lines += ["| concurrency | speedup (ratio of means) | sd | verdict | runs |", "|---|---|---|---|---|"]
         judged = report.has_verdicts  # one run: no sd, no verdict ("-")
         lines += [f"| {p.concurrency} | {p.speedup:.2f}x | {f'{p.speedup_std:.2f}' if judged else '-'} | "
-                  f"{verdict(p, cfg.tie_band) if judged else '-'} |" for p in report.speedups]
+                  f"{verdict(p, cfg.tie_band) if judged else '-'} | "
+                  f"{'noisy: verdict inconclusive' if p.noise else '-'} |" for p in report.speedups]
+        note = noise_note(report.speedups)
+        lines += ["", note] if note else []
     lines += ["", report.crossover.text, ""]
     return "\n".join(lines)
 

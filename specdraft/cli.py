@@ -25,10 +25,17 @@ def _check_device(value: str) -> str:
 
 
 def _check_model_dir(value: str, param: typer.CallbackParam = None) -> str:
-    """--target: empty (not given) or a directory holding config.json, and no drafter."""
+    """--target: empty (not given) or a directory holding config.json, and no drafter. A file
+    (e.g. DIR/config.json) or a `~` the shell left unexpanded (`--target=~/m`) is named as such."""
     from pathlib import Path
 
-    if value and not (Path(value) / "config.json").is_file():
+    path = Path(value)
+    if value and not (path / "config.json").is_file():
+        if path.is_file():
+            raise typer.BadParameter(f"{value} is a file; pass the model directory that holds it ({path.parent})")
+        if (path.expanduser() / "config.json").is_file():
+            raise typer.BadParameter(f"{value}: ~ was not expanded (a shell leaves it as is after '='); pass "
+                                     f"{path.expanduser()}")
         raise typer.BadParameter(f"{value}: no config.json here; pass a transformers model directory")
     if value:
         _refuse_wrong_kind(value, "target", param)
@@ -75,6 +82,12 @@ def _error(console, e: Exception, skip_bad_hint: str = "") -> None:
     console.print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
 
 
+def _flag(name: str, help: str):
+    """A boolean option off by default and set by `name` alone; its help shows no value type
+    (typer's rich help would show `--name <bool>`, as if it took a value)."""
+    return typer.Option(False, name, help=help, metavar="")
+
+
 SKIP_BAD_HINT = " (or pass --skip-bad to skip and count bad records)"
 NUM_DRAFT_TOKENS_HELP = ("Verified nodes incl. the root (0 = num_steps + 1 for a chain; a tree, --topk > 1, "
                          "needs a value).")
@@ -93,8 +106,15 @@ def _int_list(value: str) -> tuple[int, ...]:
 
 
 @app.callback()
-def main() -> None:
+def main(ctx: typer.Context) -> None:
     """Train, export, verify and serve EAGLE-3 speculative-decoding drafters."""
+    from transformers.utils import logging as hf_logging
+
+    # transformers' tqdm bars ("Loading weights", ...) would break into the commands' own output;
+    # the setting comes back when the command ends (CliRunner, `app` called from Python)
+    if hf_logging.is_progress_bar_enabled():
+        hf_logging.disable_progress_bar()
+        ctx.call_on_close(hf_logging.enable_progress_bar)
 
 
 @app.command()
@@ -130,10 +150,10 @@ def capture(
     max_length: int = typer.Option(2048, help="Truncate samples to this many tokens."),
     shard_tokens: int = typer.Option(65536, help="Tokens per shard (bounds memory)."),
     batch_tokens: int = typer.Option(16384, help="Padded tokens per target forward."),
-    no_chat: bool = typer.Option(False, "--no-chat", help="Plain text (base models)."),
+    no_chat: bool = _flag("--no-chat", help="Plain text (base models)."),
     template_kwargs: str = typer.Option("{}", help="JSON kwargs for the chat template."),
     tokenizer: str = typer.Option("", help="Tokenizer directory (default: the target's)."),
-    skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip and count bad records."),
+    skip_bad: bool = _flag("--skip-bad", help="Skip and count bad records."),
     device: str = typer.Option("cpu", help="Device for the target.", callback=_check_device),
 ) -> None:
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
@@ -168,7 +188,7 @@ def regenerate(
     model: str = typer.Option("", help="Served model name (with --endpoint)."),
     api: str = typer.Option("chat", help="Endpoint API: chat | completions."),
     tokenizer: str = typer.Option("", help="Target tokenizer dir (no-chat / completions)."),
-    no_chat: bool = typer.Option(False, "--no-chat", help="Continue plain text (base models)."),
+    no_chat: bool = _flag("--no-chat", help="Continue plain text (base models)."),
     prompt_tokens: int = typer.Option(32, min=1, help="No-chat prompt = first N tokens of a document."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_p: float = typer.Option(1.0),
@@ -178,7 +198,7 @@ def regenerate(
     concurrency: int = typer.Option(8, help="Requests in flight (endpoint)."),
     batch_size: int = typer.Option(8, help="Prompts per generate call (local target)."),
     max_retries: int = typer.Option(5, help="Retries on 5xx / timeouts (endpoint)."),
-    skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip and count bad records."),
+    skip_bad: bool = _flag("--skip-bad", help="Skip and count bad records."),
     device: str = typer.Option("cpu", help="Device for a local target.", callback=_check_device),
 ) -> None:
     """Replace the answers in DATA with the target's own outputs, written to OUT."""
@@ -293,6 +313,46 @@ def _check_drafter(value: str, param: typer.CallbackParam = None) -> str:
 
 
 DRAFTER_HELP = "Draft checkpoint directory, or a training checkpoint (RUN/checkpoints/step-N.pt)"
+COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
+                "with bf16 / fp16 (a warm-up generation compiles first, a minute or more on large targets).")
+THREADS_HELP = ("CPU threads torch uses (torch.set_num_threads, set before loading; default: torch's, all "
+                "cores). Pin it on a busy or shared machine, e.g. --threads 4: decoding slows down sharply "
+                "when its threads compete for cores.")
+WARM_UP_TOKENS = 16  # the --compile warm-up: enough steps to compile and capture decode and verify
+WARM_UP_PROMPT = "Hello"  # serve's warm-up prompt (generate warms up on the user's prompt)
+
+
+def _refuse_compile_off_cuda(compile: bool, device: str) -> None:
+    """--compile replays CUDA graphs: ValueError naming the fix on a non-CUDA --device (call it
+    before any model loads)."""
+    if compile and not device.startswith("cuda"):
+        raise ValueError(f"--compile needs a CUDA device (CUDA graphs), not --device {device}: "
+                         f"pass --device cuda, or drop --compile")
+
+
+def _warm_up_compiled(engine, prompt_ids: list[int], max_new_tokens: int, console, **sampling) -> None:
+    """--compile: one short generation that compiles the target layers and captures the CUDA
+    graphs, timed in one line, so what runs next (generate's metrics, serve's requests) is the
+    engine's time, not the compiler's. `sampling`: `SpeculativeEngine.generate` keywords."""
+    import time
+
+    started = time.perf_counter()
+    engine.generate(prompt_ids, max_new_tokens, **sampling)
+    console.print(f"compiled and captured CUDA graphs in {time.perf_counter() - started:.1f} s "
+                  f"(a warm-up generation, not in the metrics)", markup=False)
+
+
+def _set_threads(threads: int | None) -> None:
+    """--threads N: torch.set_num_threads(N) (call it before any model loads); None keeps torch's
+    default (all cores). ValueError naming the flag for N < 1."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads {threads}: give 1 or more CPU threads, or leave --threads out for "
+                         "torch's default (all cores)")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def _refuse_unused_drafting_flags(no_spec: bool, draft: str, given: dict) -> None:
@@ -321,15 +381,14 @@ def generate(
                                          "default 3; used only with --draft."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft."),
     max_new_tokens: int = typer.Option(128, min=1),
-    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine, even with --draft."),
-    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Do not stop at the tokenizer's EOS."),
+    no_spec: bool = _flag("--no-spec", help="Plain decoding on the same engine, even with --draft."),
+    ignore_eos: bool = _flag("--ignore-eos", help="Do not stop at the tokenizer's EOS."),
     seed: int = typer.Option(0, help="Sampling seed."),
     max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
     device: str = typer.Option("cpu", callback=_check_device),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
-    compile: bool = typer.Option(False, "--compile", help="CUDA: compiled target layers replayed as CUDA "
-                                 "graphs, decode / verify through Triton kernels with bf16 / fp16 (a "
-                                 "warm-up generation compiles first, a minute or more on large targets)."),
+    compile: bool = _flag("--compile", help=COMPILE_HELP),
+    threads: int | None = typer.Option(None, help=THREADS_HELP),
 ) -> None:
     """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
     --draft, plain decoding without it (or with --no-spec)."""
@@ -342,26 +401,21 @@ def generate(
 
     console = Console()
     try:
-        if compile and not device.startswith("cuda"):
-            raise ValueError(f"--compile needs a CUDA device (CUDA graphs), not --device {device}: "
-                             f"pass --device cuda, or drop --compile")
+        _refuse_compile_off_cuda(compile, device)
         _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
                                                        "--num-draft-tokens": num_draft_tokens})
         topk, num_steps = 1 if topk is None else topk, 3 if num_steps is None else num_steps
         spec = _spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens or 0)
         torch_dtype = _torch_dtype(dtype)
+        _set_threads(threads)
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
         engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
                              max_seq_len or None, tokenizer, compile=compile)
         ids = tokenizer(prompt)["input_ids"]
         eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
         if compile:  # compile and capture first: the metrics below are then the engine's, not the compiler's
-            import time
-
-            started = time.perf_counter()
-            engine.generate(ids, min(max_new_tokens, 16), temperature, top_p, sampling_top_k, seed=seed)
-            console.print(f"compiled and captured CUDA graphs in {time.perf_counter() - started:.1f} s "
-                          f"(a warm-up generation, not in the metrics)", markup=False)
+            _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), console, temperature=temperature,
+                              top_p=top_p, top_k=sampling_top_k, seed=seed)
         output: list[int] = []
         shown = 0
 
@@ -455,22 +509,22 @@ def train(
     precision: str | None = typer.Option(None, help="fp32 (default) | bf16 (CUDA autocast)."),
     target: str = typer.Option("", help="Target directory: the live target with --online; offline only when "
                                "the store's recorded path moved.", callback=_check_model_dir),
-    online: bool = typer.Option(False, "--online", help="Run --target on SOURCE's records at every step "
-                                "(no capture store)."),
+    online: bool = _flag("--online", help="Run --target on SOURCE's records at every step "
+                         "(no capture store)."),
     aux_layers: str = typer.Option("", help="Specdraft indices, e.g. '2,3,4' (online default: "
                                    "conventions.default_aux_layers; a store's must match).", callback=_int_list),
-    no_chat: bool = typer.Option(False, "--no-chat", help="With --online: plain text (base models)."),
+    no_chat: bool = _flag("--no-chat", help="With --online: plain text (base models)."),
     template_kwargs: str = typer.Option("{}", help="With --online: JSON kwargs for the chat template."),
     target_dtype: str | None = typer.Option(None, help="With --online: dtype the target runs in: float32 "
                                             "(default) | bfloat16 | float16 (or fp32, bf16, fp16)."),
-    skip_bad: bool = typer.Option(False, "--skip-bad", help="With --online: skip and count bad records."),
+    skip_bad: bool = _flag("--skip-bad", help="With --online: skip and count bad records."),
     warmup_steps: int | None = typer.Option(None, min=0, help="Linear learning-rate warm-up steps (100)."),
     save_every: int | None = typer.Option(None, min=1, help="Checkpoint every N steps (500) and at the end, "
                                            "under OUT/checkpoints; the newest 2 are kept (--config key "
                                            "keep_checkpoints)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from OUT's newest checkpoint with its "
-                                "settings (options left out come from it); a larger --steps / --epochs "
-                                "extends the run (the lr schedule is recomputed)."),
+    resume: bool = _flag("--resume", help="Continue from OUT's newest checkpoint with its "
+                         "settings (options left out come from it); a larger --steps / --epochs "
+                         "extends the run (the lr schedule is recomputed)."),
 ) -> None:
     """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...).
 
@@ -595,13 +649,13 @@ def doctor(
     engine: str = typer.Option("", help="sglang | vllm (default: from --engine-args, else all)."),
     engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
     samples: str = typer.Option("", help="Capture store or JSONL (token ids, chats or texts)."),
-    skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad --samples records instead of refusing the file."),
+    skip_bad: bool = _flag("--skip-bad", help="Skip bad --samples records instead of refusing the file."),
     server: str = typer.Option("", help="Live server URL, e.g. http://127.0.0.1:8000 (online acceptance; needs "
                                "--samples: prompts with the target's own outputs, e.g. the demo's store-heldout)."),
     sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids."),
     template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),
     max_samples: int = typer.Option(32, min=1, help="Samples for the offline run."),
-    json_output: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    json_output: bool = _flag("--json", help="Print the report as JSON."),
 ) -> None:
     """Check a drafter against its training record, target and deployment (exit 1 on a fail or on a
     target and drafter directory given in each other's place, 2 on other unusable inputs: a
@@ -720,8 +774,8 @@ def serve(
     num_steps: int | None = typer.Option(None, min=1, help="Draft depth (SGLang --speculative-num-steps); "
                                          "default 3."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP),
-    no_spec: bool = typer.Option(False, "--no-spec", help="Plain decoding on the same engine (a baseline; "
-                                 "refuses the drafting flags)."),
+    no_spec: bool = _flag("--no-spec", help="Plain decoding on the same engine (a baseline; "
+                          "refuses the drafting flags)."),
     max_queue: int = typer.Option(64, help="Requests waiting besides the running one (429 beyond)."),
     log_every: int = typer.Option(100, help="Log accept length and tokens/s every N verification steps "
                                   "(0 = off)."),
@@ -729,6 +783,8 @@ def serve(
     max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
     device: str = typer.Option("cpu", callback=_check_device),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
+    compile: bool = _flag("--compile", help=COMPILE_HELP),
+    threads: int | None = typer.Option(None, help=THREADS_HELP),
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
     from rich.console import Console
@@ -738,13 +794,18 @@ def serve(
 
     console = Console()
     try:
+        _refuse_compile_off_cuda(compile, device)
         _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
                                                        "--num-draft-tokens": num_draft_tokens})
         spec = _spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
                                 num_draft_tokens or 0)
         _check_port_free(host, port)  # before the model loads
+        _set_threads(threads)
         server_app = build_app(target, draft or None, spec, device, _torch_dtype(dtype), max_seq_len or None,
-                               model_name or None, max_queue, log_every)
+                               model_name or None, max_queue, log_every, compile=compile)
+        if compile:  # before the first request: no client waits on the compiler
+            state = server_app.state.server
+            _warm_up_compiled(state.engine, state.tokenizer(WARM_UP_PROMPT)["input_ids"], WARM_UP_TOKENS, console)
     except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from e

@@ -10,10 +10,11 @@ Inputs (device, target directory, data) are checked before any stage runs (`chec
 
 The default target is the bundled stories260K (5 layers, so aux layers [2, 3, 4]: the standard
 [2, L//2, L-3] collapses below 7 layers, DESIGN.md §2). A stage whose output exists is not
-redone, so a re-run resumes where the last one stopped, but only when the settings that shaped
-it are the ones asked for now: out/demo_settings.json records each cached stage's settings (paths
-relative to --out, the data by its content hash, so a copied demo directory resumes too), and a
-stage whose settings changed is redone with every stage after it (`stages_to_redo`).
+redone (one line says it was reused, `say_reused`), so a re-run resumes where the last one
+stopped, but only when the settings that shaped it are the ones asked for now:
+out/demo_settings.json records each cached stage's settings (paths relative to --out, the data
+by its content hash, so a copied demo directory resumes too), and a stage whose settings changed
+is redone with every stage after it (`stages_to_redo`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import random
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 
@@ -359,11 +360,17 @@ def repoint_regen_settings(out_file: Path, data_file: Path, target_dir: Path) ->
         tmp.replace(sidecar)
 
 
-def stage_data(cfg: DemoConfig) -> tuple[Path, Path]:
+def say_reused(say: Callable[[str], None], stage: str, path: Path) -> None:
+    """One line for a cached stage that is not redone (no progress bar: nothing is left to do)."""
+    say(f"{stage}: reused from {path} (settings unchanged)")
+
+
+def stage_data(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[Path, Path]:
     """Write train.txt and heldout.txt (blank-line separated documents) under out/data."""
     data_dir = cfg.out / "data"
     train_file, heldout_file = data_dir / "train.txt", data_dir / "heldout.txt"
     if train_file.exists() and heldout_file.exists():
+        say_reused(say, "data", data_dir)
         return train_file, heldout_file
     train, heldout = split_documents(data_source(cfg).read_text(), cfg.num_train, cfg.num_heldout, cfg.seed)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -374,12 +381,27 @@ def stage_data(cfg: DemoConfig) -> tuple[Path, Path]:
     return train_file, heldout_file
 
 
-def stage_regenerate(cfg: DemoConfig, target_dir: Path, data_file: Path) -> Path:
-    """Replace each document's continuation with the target's greedy output (resumable)."""
+def regen_complete(out_file: Path, data_file: Path) -> bool:
+    """Every record of `data_file` has its regenerated line in `out_file`."""
+    from specdraft.data import read_records
+    from specdraft.regenerate import finished_indices
+
+    num_records = len(read_records(data_file, chat=False, require_assistant=False).records)
+    return finished_indices(out_file) >= set(range(num_records))
+
+
+def stage_regenerate(cfg: DemoConfig, target_dir: Path, data_file: Path,
+                     say: Callable[[str], None] = print) -> Path:
+    """Replace each document's continuation with the target's greedy output (resumable; a
+    complete output is reused without loading the target)."""
     from specdraft.regenerate import RegenConfig, Sampling, regenerate_file
 
     out = data_file.with_name(data_file.stem + ".regen.jsonl")
     repoint_regen_settings(out, data_file, target_dir)
+    if regen_complete(out, data_file):
+        say_reused(say, "regenerate", out)
+        return out
+    say(f"regenerate: continuations of {data_file.name} with the target (greedy)")
     regenerate_file(RegenConfig(data=str(data_file), out=str(out), target=str(target_dir), chat=False,
                                 prompt_tokens=cfg.prompt_tokens, batch_size=32, device=cfg.device,
                                 sampling=Sampling(temperature=0.0, max_new_tokens=cfg.max_new_tokens)),
@@ -387,12 +409,26 @@ def stage_regenerate(cfg: DemoConfig, target_dir: Path, data_file: Path) -> Path
     return out
 
 
+def store_complete(store: Path) -> bool:
+    """A capture store whose index.json says it is finished, with every shard file present."""
+    index = store / "index.json"
+    if not index.is_file():
+        return False
+    meta = json.loads(index.read_text())
+    return (bool(meta.get("complete")) and len(meta.get("shards", [])) == meta.get("num_shards")
+            and all((store / e["file"]).is_file() for e in meta["shards"]))
+
+
 def stage_capture(cfg: DemoConfig, target_dir: Path, regen_file: Path, name: str,
-                  aux_layers: list[int]) -> Path:
-    """Capture the target's aux states over the regenerated data into out/<name> (resumable)."""
+                  aux_layers: list[int], say: Callable[[str], None] = print) -> Path:
+    """Capture the target's aux states over the regenerated data into out/<name> (resumable; a
+    finished store is reused without loading the target)."""
     from specdraft.capture import CaptureConfig, capture_dataset
 
     store = cfg.out / name
+    if store_complete(store):
+        say_reused(say, "capture", store)
+        return store
     capture_dataset(CaptureConfig(target=str(target_dir), data=str(regen_file), out_dir=str(store),
                                   aux_layers=tuple(aux_layers), dtype="float32", chat=False,
                                   max_length=cfg.prompt_tokens + cfg.max_new_tokens + 16,
@@ -401,7 +437,8 @@ def stage_capture(cfg: DemoConfig, target_dir: Path, regen_file: Path, name: str
     return store
 
 
-def stage_train(cfg: DemoConfig, store: Path, target_dir: Path | None = None) -> tuple[Path, dict[str, Any]]:
+def stage_train(cfg: DemoConfig, store: Path, target_dir: Path | None = None,
+                say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
     """Train the drafter on the store (resumes from out/train's last checkpoint). The batch is
     cfg.batch_size, lowered to the training split when that is smaller (`train_batch_size`);
     the returned training record holds its "steps" and "config"."""
@@ -411,7 +448,9 @@ def stage_train(cfg: DemoConfig, store: Path, target_dir: Path | None = None) ->
     draft_dir = out / "draft"
     if (draft_dir / "specdraft_manifest.json").exists():
         manifest = json.loads((draft_dir / "specdraft_manifest.json").read_text())
+        say_reused(say, "train", draft_dir)
         return draft_dir, manifest["training"]
+    say("train: training the drafter")
     index = store / "index.json"
     num_samples = json.loads(index.read_text())["num_samples"] if index.exists() else cfg.num_train
     batch_size = train_batch_size(num_samples, cfg.batch_size)
@@ -728,13 +767,12 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     say(f"target {target_dir} ({num_layers} layers): aux layers {aux_layers} "
         + ("(the standard [2, L//2, L-3] collapses below 7 layers)" if num_layers < 7 else ""))
     reconcile_cache(cfg, say)
-    train_file, heldout_file = stage_data(cfg)
-    say("regenerating continuations with the target (greedy)")
-    train_store = stage_capture(cfg, target_dir, stage_regenerate(cfg, target_dir, train_file), "store", aux_layers)
-    heldout_store = stage_capture(cfg, target_dir, stage_regenerate(cfg, target_dir, heldout_file),
-                                  "store-heldout", aux_layers)
-    say("training the drafter")
-    draft_dir, training = stage_train(cfg, train_store, target_dir)
+    train_file, heldout_file = stage_data(cfg, say)
+    train_store = stage_capture(cfg, target_dir, stage_regenerate(cfg, target_dir, train_file, say), "store",
+                                aux_layers, say)
+    heldout_store = stage_capture(cfg, target_dir, stage_regenerate(cfg, target_dir, heldout_file, say),
+                                  "store-heldout", aux_layers, say)
+    draft_dir, training = stage_train(cfg, train_store, target_dir, say)
     report = DemoReport(target=str(target_dir), aux_layers=aux_layers, training=training.get("validation") or {},
                         drafter={"steps": training.get("steps"), "num_train": cfg.num_train,
                                  "batch_size": (training.get("config") or {}).get("batch_size")})

@@ -23,7 +23,8 @@ assert CUDA or os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py set
 from specdraft.draft import apply_rope, rms_norm  # noqa: E402
 from specdraft.engine import fused_decode, triton_ops  # noqa: E402
 from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask, rope_cos_sin  # noqa: E402
-from specdraft.engine.triton_ops import add_rms_norm, attention, linear, rope_to_cache, silu_mul  # noqa: E402
+from specdraft.engine.triton_ops import (add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache,  # noqa: E402
+                                         rope_to_cache)
 
 DEVICE = "cuda" if CUDA else "cpu"
 DTYPE = torch.bfloat16 if CUDA else torch.float32
@@ -69,10 +70,34 @@ def test_add_rms_norm_matches_torch(with_delta):
     assert _rel_err(normed, rms_norm(ref_total, weight, 1e-5)) < TOL
 
 
-def test_silu_mul_matches_torch():
-    gate_up = _randn(2, 2 * 1500, seed=1)  # 1500 columns: two blocks, the second partial
-    gate, up = gate_up.chunk(2, dim=-1)
-    assert _rel_err(silu_mul(gate_up), F.silu(gate) * up) < TOL
+@pytest.mark.parametrize("m", [1, 3])  # GEMV, thin GEMM
+def test_linear_silu_mul_matches_torch(m):
+    inter, k = 150, 200  # ragged: no block size divides either
+    x, w13 = _randn(m, k, seed=1), _randn(2 * inter, k, seed=2, scale=0.1)
+    gate, up = (x @ w13.T).chunk(2, dim=-1)  # gate rows first, as FeedForward.w13
+    got = linear_silu_mul(x, w13)
+    assert got.shape == (m, inter)
+    assert _rel_err(got, F.silu(gate) * up) < TOL
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_qkv_rope_to_cache_is_linear_then_rope_to_cache(m, bias):
+    """The epilogue's pairing of head elements j and j + D/2, its q / k / v destinations and its
+    cache slots against the two-kernel path, which is checked against torch above."""
+    nq, nkv, d, k, cache_len = 4, 2, 16, 40, 12
+    x, wqkv = _randn(m, k, seed=1), _randn((nq + 2 * nkv) * d, k, seed=2, scale=0.3)
+    b = _randn((nq + 2 * nkv) * d, seed=3) if bias else None
+    positions = torch.tensor([[7, 8, 8][:m]], device=DEVICE)
+    slots = torch.tensor([5, 9, 2][:m], device=DEVICE)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
+    caches = [torch.full((1, nkv, cache_len, d), 7.0, device=DEVICE, dtype=DTYPE) for _ in range(4)]
+    q_ref = rope_to_cache(linear(x, wqkv, b), positions, slots, inv_freq, caches[0], caches[1], nq)
+    q = qkv_rope_to_cache(x, wqkv, b, positions, slots, inv_freq, caches[2], caches[3], nq)
+    assert q.shape == (m, nq, d)
+    assert _rel_err(q, q_ref) < TOL  # equal up to the matmul's summation order
+    assert _rel_err(caches[2], caches[0]) < TOL and _rel_err(caches[3], caches[1]) < TOL
+    assert (caches[2][:, :, 0] == 7).all() and (caches[3][:, :, 0] == 7).all()  # slot 0: not written
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
@@ -201,3 +226,72 @@ def test_use_triton_says_why_not():
                                        num_kv_heads=4, head_dim=8, intermediate_size=64, vocab_size=50))
     assert fused_decode.unsupported_reason(small_heads) is not None
 
+
+
+@torch.no_grad()
+def test_fast_draft_triton_step_matches_its_torch_step():
+    """FastDraft's Triton step against its torch step (itself checked against Eagle3Draft in
+    tests/test_engine_fast_draft.py): a first step over 3 positions after a cached past, a
+    causal chain step, and a tree step of 3 frontier rows under a scratch mask; logits, hidden
+    state and the K/V written into the cache."""
+    from specdraft.engine.draft_cache import DraftCache
+    from specdraft.engine.fast_draft import FastDraft
+    from tests.drafts import tiny_draft
+
+    draft = tiny_draft(head_dim=16).to(DEVICE, DTYPE).eval()
+    cfg, fast = draft.cfg, FastDraft(draft)
+    gen = torch.Generator().manual_seed(0)
+    past = 6
+    ids = torch.randint(0, cfg.vocab_size, (3,), generator=gen).to(DEVICE)
+    aux = (torch.randn(3, cfg.n_aux * cfg.target_hidden_size, generator=gen)).to(DEVICE, DTYPE)
+    hidden = torch.randn(3, cfg.hidden_size, generator=gen).to(DEVICE, DTYPE)
+    scratch_mask = torch.cat([torch.ones(3, past + 3, dtype=torch.bool), torch.eye(3, dtype=torch.bool)], 1)
+    steps = [  # (ids, hidden, positions, first_step, start, mask)
+        (ids, aux, torch.arange(past, past + 3), True, past, None),
+        (ids[:1], hidden[:1], torch.tensor([past + 3]), False, past + 3, None),
+        (ids, hidden, torch.full((3,), past + 4), False, past + 3, scratch_mask[None, None].to(DEVICE)),  # engine's
+    ]
+    for step_ids, step_hidden, positions, first, start, mask in steps:
+        past_k, past_v = (torch.randn(1, cfg.num_key_value_heads, 16, cfg.head_dim, generator=gen) for _ in range(2))
+        caches = []
+        for triton_kernels in (False, True):  # the same past for both paths
+            cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim, 16, DTYPE, DEVICE)
+            cache.k.copy_(past_k), cache.v.copy_(past_v)
+            fast.triton_kernels = triton_kernels
+            caches.append((cache, fast(step_ids, step_hidden, positions.to(DEVICE), first, cache, start, mask)))
+        (ref_cache, (ref_logits, ref_hidden)), (cache, (logits, hidden_out)) = caches
+        assert _rel_err(logits, ref_logits) < TOL and _rel_err(hidden_out, ref_hidden) < TOL
+        assert _rel_err(cache.k, ref_cache.k) < TOL and _rel_err(cache.v, ref_cache.v) < TOL
+    fast.triton_kernels = False
+    assert "not CUDA" in fast.use_triton() if not CUDA else fast.use_triton() is None
+
+
+@torch.no_grad()
+def test_engine_with_the_triton_drafter_emits_the_torch_drafters_tokens():
+    """Greedy tree decoding with FastDraft's Triton steps (the engine's masks, first steps
+    after each verify, tree scratch entries) against its torch steps: the same draft trees
+    every round (tokens, and draft scores to rounding), hence the same output. (Chain steps, mask None, are in the step test above;
+    the interpreter makes each round slow.)"""
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.engine.speculate import SpeculativeEngine
+    from tests.drafts import tiny_draft
+
+    target = _random_target(ARGS["llama"])
+    torch.manual_seed(0)
+    draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64,
+                       target_hidden_size=64, vocab_size=200, num_attention_heads=4, num_key_value_heads=2)
+    draft = draft.to(DEVICE, DTYPE).eval()
+    prompt = torch.randint(0, 200, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    outputs, trees = [], []
+    for triton_kernels in (False, True):
+        engine = SpeculativeEngine(target, draft, SpecConfig(3, 2, 6), None, 64, DEVICE)
+        engine.fast_draft.triton_kernels = triton_kernels
+        rounds, draft_tree = [], engine.draft_tree
+        engine.draft_tree = lambda req: rounds.append(draft_tree(req)) or rounds[-1]
+        outputs.append(engine.generate(prompt, 8).token_ids)
+        trees.append(rounds)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 8
+    assert len(trees[0]) == len(trees[1]) > 1
+    for ref, got in zip(*trees):  # the outputs are the target's either way: compare the drafts
+        assert got.tokens.tolist() == ref.tokens.tolist() and got.parents == ref.parents
+        assert _rel_err(got.scores, ref.scores) < TOL

@@ -9,6 +9,13 @@ checks), with the engine's cache protocol and fewer operations per step:
   step is bound by per-call overhead, and module calls, no-op casts and checks were ~40 % of
   it (stories260K's drafter: 157 -> 92 us per step, one thread).
 Norm and RoPE are `draft.py`'s functions, so the numerics are the drafter's by construction.
+
+After `use_triton()` (CUDA, bf16 / fp16) a step of up to 16 positions runs through
+`triton_ops` instead, as the target's decode does (`fused_decode`): nine launches where the
+torch step makes about forty small ones besides its matmuls, RoPE and the K/V writes in the
+q|k|v matmul's epilogue, silu(gate) * up in the gate|up matmul's. RoPE is then computed in
+float32 where `draft.py` rounds cos / sin to the weights' dtype: the two paths agree to bf16
+rounding (tests/test_triton_ops.py).
 The stacked q/k/v and gate/up weights are copies, made when the FastDraft is built (memory:
 those weights once more, ~0.34 GB for a Llama-3.1-8B EAGLE-3 drafter in bf16): build a new
 one after changing the drafter's weights.
@@ -21,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specdraft.draft import KV, Eagle3Draft, apply_rope, rms_norm, rope_cos_sin
+from specdraft.engine import fused_decode
 from specdraft.engine.draft_cache import DraftCache
 
 
@@ -44,6 +52,15 @@ class FastDraft:
         self.norm, self.lm_head = weights["norm.weight"], weights["lm_head.weight"]
         compute = torch.float64 if self.fc.dtype == torch.float64 else torch.float32  # rope_cos_sin's
         self.inv_freq = draft.inv_freq.to(self.fc.device, compute)  # converted once, not every step
+        self.triton_kernels = False
+
+    def use_triton(self) -> str | None:
+        """Run steps of at most `fused_decode.MAX_TOKENS` positions through the Triton kernels
+        from now on. Returns None when switched on, else why it cannot be (see
+        `fused_decode.kernel_support`)."""
+        reason = fused_decode.kernel_support(self.fc, self.head_dim, self.num_heads, self.num_kv_heads)
+        self.triton_kernels = reason is None
+        return reason
 
     def __call__(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, first_step: bool,
                  cache: DraftCache, start: int, attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -52,10 +69,12 @@ class FastDraft:
         input_ids [T] long (target ids); hidden [T, n_aux*H_target] on the first step, else
         [T, H]; positions [T] long (RoPE). Writes the step's K/V at cache entries
         start..start+T-1, then attends over entries 0..start+T-1 where attn_mask [T, start+T]
-        bool says, or (None) to every earlier entry and causally among the T.
+        (or [1, 1, T, start+T]) bool says, or (None) to every earlier entry and causally among the T.
         Returns logits [T, draft vocab] and the pre-norm output [T, H] (a later step's hidden).
         """
         t = input_ids.shape[0]
+        if self.triton_kernels and t <= fused_decode.MAX_TOKENS:
+            return self._triton_step(input_ids, hidden, positions, first_step, cache, start, attn_mask)
         h = F.linear(hidden, self.fc) if first_step else hidden
         x = torch.cat([rms_norm(F.embedding(input_ids, self.embed), self.input_norm, self.eps),
                        rms_norm(h, self.hidden_norm, self.eps)], dim=-1)
@@ -73,3 +92,25 @@ class FastDraft:
         gate, up = F.linear(rms_norm(r, self.post_attention_norm, self.eps), self.w13).chunk(2, dim=-1)
         out = r + F.linear(F.silu(gate) * up, self.w2)
         return F.linear(rms_norm(out, self.norm, self.eps), self.lm_head), out
+
+    def _triton_step(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, first_step: bool,
+                     cache: DraftCache, start: int, attn_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """`__call__` through `triton_ops` (same arguments and results, T <= 16)."""
+        from specdraft.engine.triton_ops import add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache
+
+        t, width = input_ids.shape[0], self.input_norm.shape[0]
+        if start + t > cache.max_len:
+            raise ValueError(f"draft cache write of {t} entries at {start} exceeds its size {cache.max_len}")
+        h = linear(hidden, self.fc) if first_step else hidden.contiguous()
+        x = torch.empty(t, 2 * width, device=h.device, dtype=h.dtype)
+        add_rms_norm(F.embedding(input_ids, self.embed), None, self.input_norm, self.eps, out=x[:, :width])
+        add_rms_norm(h, None, self.hidden_norm, self.eps, out=x[:, width:])
+        slots = torch.arange(start, start + t, device=h.device)
+        q = qkv_rope_to_cache(x, self.wqkv, None, positions[None], slots, self.inv_freq, cache.k, cache.v,
+                              self.num_heads)
+        if attn_mask is None:  # every earlier entry, causal among the T
+            attn_mask = torch.ones(t, start + t, dtype=torch.bool, device=h.device).tril(start)
+        y = attention(q, cache.k, cache.v, attn_mask.view(1, 1, t, start + t))
+        r, normed = add_rms_norm(h, linear(y.view(t, -1), self.wo), self.post_attention_norm, self.eps)
+        out, normed = add_rms_norm(r, linear(linear_silu_mul(normed, self.w13), self.w2), self.norm, self.eps)
+        return linear(normed, self.lm_head), out

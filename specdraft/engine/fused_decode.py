@@ -1,9 +1,12 @@
 """FastTarget's forward for a few new tokens (decode, verify) through the Triton kernels.
 
-A layer is eight launches: add_rms_norm -> qkv matmul -> rope_to_cache (K/V written in place)
--> attention (split + combine) -> o matmul -> add_rms_norm -> gate|up matmul -> silu_mul ->
-down matmul, the residual add of each sub-block fused into the norm after it. The torch path's
-compiled layer launches about twice as many. `FastTarget.forward` takes this path for at most
+A layer is seven launches: add_rms_norm -> qkv matmul with RoPE and the K/V cache writes in its
+epilogue -> attention (split + combine) -> o matmul -> add_rms_norm -> gate|up matmul with
+silu(gate) * up in its epilogue -> down matmul, the residual add of each sub-block fused into
+the norm after it (q-/k-norm targets, Qwen3: RoPE is a launch of its own, after the qkv
+matmul). On Hopper the launches overlap (programmatic dependent launch): each matmul requests
+its first weights while the kernel before it finishes. The torch path's compiled layer launches
+about twice as many kernels, one after another. `FastTarget.forward` takes this path for at most
 `MAX_TOKENS` tokens once `FastTarget.use_triton()` has succeeded; tests/test_triton_ops.py
 compares it with the torch path.
 """
@@ -24,18 +27,24 @@ MAX_QUERY_ROWS = 128  # query heads per kv head x tokens one attention program h
 
 
 def unsupported_reason(model: FastTarget) -> str | None:
-    """Why the Triton path cannot run `model`, or None when it can (CUDA, bf16 / fp16 weights,
-    Triton installed, head_dim a power of two >= 16, at most 8 query heads per kv head)."""
-    weight, args = model.output.weight, model.args
-    group = args.num_heads // args.num_kv_heads
+    """Why the Triton path cannot run `model`, or None when it can (see `kernel_support`)."""
+    args = model.args
+    return kernel_support(model.output.weight, args.head_dim, args.num_heads, args.num_kv_heads)
+
+
+def kernel_support(weight: Tensor, head_dim: int, num_heads: int, num_kv_heads: int) -> str | None:
+    """Why the Triton kernels cannot run a model with this weight (device, dtype) and attention
+    shape, or None when they can: CUDA, bf16 / fp16 weights, Triton installed, head_dim a power
+    of two >= 16, at most 8 query heads per kv head (16 tokens of a group in one program)."""
+    group = num_heads // num_kv_heads
     if weight.device.type != "cuda":
         return f"weights on {weight.device.type}, not CUDA"
     if weight.dtype not in (torch.bfloat16, torch.float16):
         return f"dtype {weight.dtype} (bf16 / fp16 only)"
     if importlib.util.find_spec("triton") is None:
         return "Triton is not installed"
-    if args.head_dim < 16 or args.head_dim & (args.head_dim - 1):
-        return f"head_dim {args.head_dim} (a power of two >= 16 only)"
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        return f"head_dim {head_dim} (a power of two >= 16 only)"
     if group * MAX_TOKENS > MAX_QUERY_ROWS:
         return f"{group} query heads per kv head (at most {MAX_QUERY_ROWS // MAX_TOKENS})"
     return None
@@ -67,15 +76,18 @@ def block_forward(layer: TransformerBlock, x: Tensor, normed: Tensor, position_i
     """One decoder layer: x [B*T, H] the residual stream, normed = attention_norm(x). Writes the
     layer's K/V at cache_slots and returns (h, d), the layer's output being h + d (the caller
     fuses that add into the next norm)."""
-    from specdraft.engine.triton_ops import add_rms_norm, attention, linear, rope_to_cache, silu_mul
+    from specdraft.engine.triton_ops import (add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache,
+                                             rope_to_cache)
 
     attn, ffn, cache = layer.attention, layer.feed_forward, layer.attention.kv_cache
-    qkv = linear(normed, attn.wqkv.weight, attn.wqkv.bias)
-    qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.q_norm is not None else ()
-    q = rope_to_cache(qkv, position_ids, cache_slots, inv_freq, cache.k_cache, cache.v_cache, attn.num_heads,
-                      *qk_norms)
+    if attn.q_norm is None and cache.k_cache.dtype == normed.dtype:
+        q = qkv_rope_to_cache(normed, attn.wqkv.weight, attn.wqkv.bias, position_ids, cache_slots, inv_freq,
+                              cache.k_cache, cache.v_cache, attn.num_heads)
+    else:  # q-/k-norm reduce over whole heads before RoPE: a kernel of its own
+        qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.q_norm is not None else ()
+        q = rope_to_cache(linear(normed, attn.wqkv.weight, attn.wqkv.bias), position_ids, cache_slots, inv_freq,
+                          cache.k_cache, cache.v_cache, attn.num_heads, *qk_norms)
     y = attention(q, cache.k_cache, cache.v_cache, attn_mask)
     h, normed = add_rms_norm(x, linear(y.view(x.shape[0], -1), attn.wo.weight, attn.wo.bias),
                              layer.ffn_norm.weight, layer.ffn_norm.eps)
-    gate_up = linear(normed, ffn.w13.weight)
-    return h, linear(silu_mul(gate_up), ffn.w2.weight)
+    return h, linear(linear_silu_mul(normed, ffn.w13.weight), ffn.w2.weight)

@@ -1,4 +1,5 @@
-"""Triton kernels for the target's decode and verify forwards (1 to 16 new tokens, batch 1).
+"""Triton kernels for the target's decode and verify forwards (1 to 16 new tokens, batch 1),
+and the drafter's steps.
 
 At batch 1 a decode step reads every weight once for a few multiply-adds per element: its time
 is weight bytes / memory bandwidth, plus whatever else runs. Inside a CUDA graph on an H200,
@@ -6,15 +7,21 @@ cuBLAS streamed Llama-3.1-8B's projections at 2.5-4.2 TB/s for one token (split-
 an extra reduce kernel); the kernels here get 3.3-4.6 TB/s (benchmarks/triton_kernels.py). They
 also replace the small ops around the matmuls, which cost the torch path a fifth of the step:
 
-- `linear`: a GEMV for one token, a thin tensor-core GEMM for up to 16 (verify).
+- `linear`: a GEMV for one token, a thin tensor-core GEMM for up to 16 (verify). Two variants
+  do the next op in their epilogue: `linear_silu_mul` (silu(gate) * up of the fused gate|up
+  projection) and `qkv_rope_to_cache` (RoPE of q and k, K and V written into the cache).
 - `add_rms_norm`: the residual add and the next RMSNorm in one pass.
-- `silu_mul`: silu(gate) * up of the fused gate|up projection.
 - `rope_to_cache`: per-head RMSNorm (Qwen3) and RoPE ("neox" halves, as transformers) of q and
   k, K and V written into the static cache at their slots, in place (the compiled torch path
   rewrote each layer's whole cache); returns the rotated q.
 - `attention`: split-KV ("flash decoding") attention of the new tokens' query heads over the
   cache under a bool mask, skipping blocks the mask hides; a second kernel combines the splits
   by their log-sum-exp.
+
+On Hopper every kernel is launched with programmatic dependent launch (`use_pdl`): it starts
+while the kernel before it finishes, and a GEMV requests its first weights before it waits.
+Each kernel waits before it lets the next one start, so at most two overlap (releasing first
+made a 16-token verify 10 % slower).
 
 Numerics: the norm and silu kernels round where the torch path rounds; RoPE and attention are
 computed in float32 without intermediate rounding, so they match to bf16 rounding, not bit for
@@ -24,7 +31,9 @@ interpreter, TRITON_INTERPRET=1). Import this module only where Triton is instal
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 
 import torch
 import triton
@@ -35,46 +44,167 @@ THIN_GEMM_ROWS = 16  # rows a `linear` call takes
 BLOCK_SLOTS = 64  # cache slots per inner attention step
 MIN_ATTENTION_PROGRAMS = 264  # two waves on a 132-SM H100 / H200: the cache is read in parallel
 
+# what a linear kernel does with its outputs (EPILOGUE; constexpr: kernels read them as globals)
+PLAIN, SILU_MUL, ROPE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+
+
+@functools.cache
+def use_pdl(device: torch.device) -> bool:
+    """Whether kernels launch with programmatic dependent launch (PDL, CUDA compute capability
+    >= 9: Hopper): a kernel's programs start while the previous kernel finishes, load what does
+    not depend on it (weights), then wait for it (griddepcontrol.wait). Off in the interpreter."""
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _pdl_launch(device: torch.device) -> dict:
+    """Launch arguments of a kernel with a USE_PDL parameter: {USE_PDL, launch_pdl} when `use_pdl`."""
+    return {"USE_PDL": True, "launch_pdl": True} if use_pdl(device) else {"USE_PDL": False}
+
+
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr):
-    """y[n] = sum_k W[n, k] x[k] (+ bias[n]) for BLOCK_N rows n: products summed in registers."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
+def _linear_epilogue(y_a, y_b, n, m, mask, M, bias_ptr, y_ptr, N, HALF, T, pos_ptr, slot_ptr, inv_freq_ptr,
+                     k_cache_ptr, v_cache_ptr, num_heads, num_kv_heads, cache_len,
+                     HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr):
+    """Store outputs n of rows m (broadcast together; y_a, y_b float32 sums of rows a(n), a(n) + HALF).
+
+    PLAIN: y[m, n] = y_a (+ bias[n]). SILU_MUL: y[m, n] = silu(gate) * up, gate = y_a, up = y_b,
+    rounded as F.silu then *. ROPE (fused q|k|v projection, HALF = head_dim / 2): pair n is
+    element j = n % HALF of head n // HALF and its partner j + HALF; q heads are rotated into
+    y [M, nq, D], k heads rotated and v heads as they are written into the caches at slot
+    slot[m % T] of batch row m // T. Values are rounded to the weights' dtype first, as the
+    unfused path rounds the projection's output before RoPE.
+    """
+    if EPILOGUE == PLAIN:
+        if HAS_BIAS:
+            y_a += tl.load(bias_ptr + n, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m * N + n, y_a.to(y_ptr.dtype.element_ty), mask=mask)
+    elif EPILOGUE == SILU_MUL:
+        gate = y_a.to(y_ptr.dtype.element_ty).to(tl.float32)
+        up = y_b.to(y_ptr.dtype.element_ty).to(tl.float32)
+        silu = (gate * tl.sigmoid(gate)).to(y_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(y_ptr + m * N + n, (silu * up).to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        head, j = n // HALF, n % HALF
+        if HAS_BIAS:
+            row = head * 2 * HALF + j
+            y_a += tl.load(bias_ptr + row, mask=mask, other=0.0).to(tl.float32)
+            y_b += tl.load(bias_ptr + row + HALF, mask=mask, other=0.0).to(tl.float32)
+        a = y_a.to(y_ptr.dtype.element_ty).to(tl.float32)
+        b = y_b.to(y_ptr.dtype.element_ty).to(tl.float32)
+        m_mask = m < M
+        angle = tl.load(pos_ptr + m, mask=m_mask, other=0).to(tl.float32) * tl.load(inv_freq_ptr + j)
+        cos, sin = tl.cos(angle), tl.sin(angle)
+        rotate = head < num_heads + num_kv_heads  # q and k; v is stored as it is
+        a, b = tl.where(rotate, a * cos - b * sin, a), tl.where(rotate, b * cos + a * sin, b)
+        slot = tl.load(slot_ptr + m % T, mask=m_mask, other=0)
+        kv_row = ((m // T) * num_kv_heads + head - num_heads) * cache_len + slot
+        dst = tl.where(head < num_heads, y_ptr + (m * num_heads + head) * 2 * HALF + j,
+                       tl.where(rotate, k_cache_ptr + kv_row * 2 * HALF + j,
+                                v_cache_ptr + (kv_row - num_kv_heads * cache_len) * 2 * HALF + j))
+        tl.store(dst, a.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, b.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_rows(w_ptr, rows, HALF, K, kb, n_mask, ks, PAIRED: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K block kb of weight rows `rows` and, when PAIRED, of rows + HALF ([BLOCK_N, BLOCK_K] each)."""
+    offs_k = kb * BLOCK_K + ks
+    w_mask = n_mask[:, None] & (offs_k < K)[None, :]
+    w_a = tl.load(w_ptr + rows[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
+    w_b = w_a
+    if PAIRED:
+        w_b = tl.load(w_ptr + (rows + HALF)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
+    return w_a, w_b
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, N, K, HALF, T, pos_ptr, slot_ptr, inv_freq_ptr, k_cache_ptr,
+                 v_cache_ptr, num_heads, num_kv_heads, cache_len, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr, USE_PDL: tl.constexpr):
+    """One token, BLOCK_N outputs n (weight rows a(n), and a(n) + HALF unless PLAIN): products
+    summed in registers, the next K block's weights loaded while this one is summed. With PDL
+    the first block is requested before waiting for the kernel that wrote x."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    rows = n // HALF * (2 * HALF) + n % HALF if EPILOGUE != PLAIN else n
     ks = tl.arange(0, BLOCK_K)
-    partial = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_a = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    w_a, w_b = _load_rows(w_ptr, rows, HALF, K, 0, n_mask, ks, EPILOGUE != PLAIN, BLOCK_K)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     for kb in range(K_BLOCKS):
         offs_k = kb * BLOCK_K + ks
-        k_mask = offs_k < K
-        w = tl.load(w_ptr + rows[:, None] * K + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
-        partial += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    y = tl.sum(partial, axis=1)
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_mask)
+        x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
+        acc_a += w_a.to(tl.float32) * x
+        if EPILOGUE != PLAIN:
+            acc_b += w_b.to(tl.float32) * x
+        w_a, w_b = _load_rows(w_ptr, rows, HALF, K, kb + 1, n_mask, ks, EPILOGUE != PLAIN, BLOCK_K)
+    _linear_epilogue(tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1), n, 0, n_mask, 1, bias_ptr, y_ptr, N, HALF,
+                     T, pos_ptr, slot_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, num_heads, num_kv_heads,
+                     cache_len, HAS_BIAS, EPILOGUE)
 
 
 @triton.jit
-def _thin_gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr):
-    """y[m, n] for all M <= 16 rows m and BLOCK_N columns n: tensor-core dots over 16 padded rows."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
+def _thin_gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, HALF, T, pos_ptr, slot_ptr, inv_freq_ptr,
+                      k_cache_ptr, v_cache_ptr, num_heads, num_kv_heads, cache_len, HAS_BIAS: tl.constexpr,
+                      EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      K_BLOCKS: tl.constexpr, USE_PDL: tl.constexpr):
+    """All M <= 16 rows m, BLOCK_N outputs n (as `_gemv_kernel`): tensor-core dots over 16
+    padded rows."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    rows = n // HALF * (2 * HALF) + n % HALF if EPILOGUE != PLAIN else n
     offs_m = tl.arange(0, 16)
     m_mask = offs_m < M
     ks = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    acc_a = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for kb in range(K_BLOCKS):
         offs_k = kb * BLOCK_K + ks
-        k_mask = offs_k < K
-        w = tl.load(w_ptr + rows[:, None] * K + offs_k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        acc = tl.dot(w, tl.trans(x), acc)
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
-    tl.store(y_ptr + offs_m[None, :] * N + rows[:, None], acc.to(y_ptr.dtype.element_ty),
-             mask=row_mask[:, None] & m_mask[None, :])
+        w_a, w_b = _load_rows(w_ptr, rows, HALF, K, kb, n_mask, ks, EPILOGUE != PLAIN, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * K + offs_k[None, :], mask=m_mask[:, None] & (offs_k < K)[None, :],
+                    other=0.0)
+        acc_a = tl.dot(w_a, tl.trans(x), acc_a)
+        if EPILOGUE != PLAIN:
+            acc_b = tl.dot(w_b, tl.trans(x), acc_b)
+    _linear_epilogue(acc_a, acc_b, n[:, None], offs_m[None, :], n_mask[:, None] & m_mask[None, :], M, bias_ptr,
+                     y_ptr, N, HALF, T, pos_ptr, slot_ptr, inv_freq_ptr, k_cache_ptr, v_cache_ptr, num_heads,
+                     num_kv_heads, cache_len, HAS_BIAS, EPILOGUE)
+
+
+def _linear_config(m: int, rows: int, k: int, paired: bool) -> tuple[int, int, int]:
+    """(BLOCK_N outputs, BLOCK_K, num_stages) from in-graph sweeps on an H200 (see `linear`)."""
+    if m == 1:
+        block_n, block_k, num_stages = (2, 2048, 1) if k <= 8192 else (4, 512, 1)
+        return max(1, block_n // 2) if paired else block_n, block_k, num_stages
+    block_n, block_k, num_stages = (32, 512, 4) if rows <= 4096 else (64, 256, 4) if rows <= 8192 else (64, 128, 2)
+    return block_n // 2 if paired else block_n, block_k, num_stages
+
+
+def _launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, num_out: int, half: int,
+                   epilogue: tl.constexpr, rope: tuple = (None, None, None, None, None, 1, 0, 0, 0)) -> None:
+    """Launch the GEMV (one row of x) or thin GEMM (2-16 rows) for `num_out` outputs per row."""
+    m, k = x.shape
+    if m > THIN_GEMM_ROWS:
+        raise ValueError(f"triton linear: {m} rows, at most {THIN_GEMM_ROWS}")
+    pos, slots, inv_freq, k_cache, v_cache, t, num_heads, num_kv_heads, cache_len = rope
+    block_n, block_k, num_stages = _linear_config(m, weight.shape[0], k, epilogue.value != PLAIN.value)
+    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    common = dict(HAS_BIAS=bias is not None, EPILOGUE=epilogue.value, BLOCK_N=block_n, BLOCK_K=block_k,
+                  K_BLOCKS=triton.cdiv(k, block_k), num_warps=4, num_stages=num_stages, **_pdl_launch(x.device))
+    grid = (triton.cdiv(num_out, block_n),)
+    if m == 1:
+        _gemv_kernel[grid](x, weight, bias, y, num_out, k, half, t, pos, slots, inv_freq, k_cache, v_cache,
+                           num_heads, num_kv_heads, cache_len, **common)
+    else:
+        _thin_gemm_kernel[grid](x, weight, bias, y, m, num_out, k, half, t, pos, slots, inv_freq, k_cache,
+                                v_cache, num_heads, num_kv_heads, cache_len, **common)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
@@ -86,33 +216,49 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: tor
     57.3 us; 16 rows, o_proj 11.7 vs 13.9 us, gate|up 58.5 vs 58.4 us. Raises ValueError for M > 16.
     """
     x = x.contiguous()
-    m, k = x.shape
-    n = weight.shape[0]
-    if m > THIN_GEMM_ROWS:
-        raise ValueError(f"triton linear: {m} rows, at most {THIN_GEMM_ROWS}")
-    y = torch.empty(m, n, device=x.device, dtype=out_dtype or x.dtype)
-    if m == 1:
-        block_n, block_k, num_stages = (2, 2048, 1) if k <= 8192 else (4, 512, 3)
-        block_k = min(block_k, max(16, triton.next_power_of_2(k)))
-        _gemv_kernel[(triton.cdiv(n, block_n),)](
-            x, weight, bias, y, n, k, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-            K_BLOCKS=triton.cdiv(k, block_k), num_warps=4, num_stages=num_stages)
-    else:
-        block_n, block_k, num_stages = (32, 512, 4) if n <= 4096 else (64, 256, 4) if n <= 8192 else (64, 128, 2)
-        block_k = min(block_k, max(16, triton.next_power_of_2(k)))
-        _thin_gemm_kernel[(triton.cdiv(n, block_n),)](
-            x, weight, bias, y, m, n, k, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-            K_BLOCKS=triton.cdiv(k, block_k), num_warps=4, num_stages=num_stages)
+    y = torch.empty(x.shape[0], weight.shape[0], device=x.device, dtype=out_dtype or x.dtype)
+    _launch_linear(x, weight, bias, y, weight.shape[0], 1, PLAIN)
     return y
 
 
+def linear_silu_mul(x: Tensor, w13: Tensor) -> Tensor:
+    """silu(x @ gate.T) * (x @ up.T) for a fused gate|up weight w13 [2I, K] (gate rows first),
+    x [M, K], M <= 16: [M, I] in x's dtype, rounded as `silu_mul(linear(x, w13))` rounds."""
+    x = x.contiguous()
+    inter = w13.shape[0] // 2
+    y = torch.empty(x.shape[0], inter, device=x.device, dtype=x.dtype)
+    _launch_linear(x, w13, None, y, inter, inter, SILU_MUL)
+    return y
+
+
+def qkv_rope_to_cache(x: Tensor, wqkv: Tensor, bias: Tensor | None, position_ids: Tensor, cache_slots: Tensor,
+                      inv_freq: Tensor, k_cache: Tensor, v_cache: Tensor, num_heads: int) -> Tensor:
+    """The fused q|k|v projection with RoPE and the cache writes in its epilogue: what
+    `rope_to_cache(linear(x, wqkv, bias), ...)` does without q-/k-norm, in one kernel.
+
+    x [B*T, K] (M <= 16 rows); wqkv [(nq + 2 n_kv) * D, K], bias the same rows or None; the
+    other arguments as `rope_to_cache`. Returns q [B*T, nq, D] in x's dtype.
+    """
+    x = x.contiguous()
+    num_kv_heads, cache_len, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    q = torch.empty(x.shape[0], num_heads, head_dim, device=x.device, dtype=x.dtype)
+    rope = (position_ids, cache_slots, inv_freq, k_cache, v_cache, position_ids.shape[1], num_heads, num_kv_heads,
+            cache_len)
+    _launch_linear(x, wqkv, bias, q, wqkv.shape[0] // 2, head_dim // 2, ROPE, rope)
+    return q
+
+
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, delta_ptr, sum_ptr, out_ptr, weight_ptr, H, eps,
-                         HAS_DELTA: tl.constexpr, BLOCK_H: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, delta_ptr, sum_ptr, out_ptr, weight_ptr, H, out_stride, eps,
+                         HAS_DELTA: tl.constexpr, BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr):
     """Program m: row m of sum = x + delta (rounded to x's dtype) and weight * rms_norm(sum)."""
     m = tl.program_id(0)
     cols = tl.arange(0, BLOCK_H)
     col_mask = cols < H
+    weight = tl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     x = tl.load(x_ptr + m * H + cols, mask=col_mask, other=0.0)
     if HAS_DELTA:
         x = (x.to(tl.float32) + tl.load(delta_ptr + m * H + cols, mask=col_mask, other=0.0).to(tl.float32))
@@ -120,49 +266,37 @@ def _add_rms_norm_kernel(x_ptr, delta_ptr, sum_ptr, out_ptr, weight_ptr, H, eps,
         tl.store(sum_ptr + m * H + cols, x, mask=col_mask)
     xf = x.to(tl.float32)
     normed = (xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / H + eps)).to(out_ptr.dtype.element_ty)
-    weight = tl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * H + cols, (weight * normed.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(out_ptr + m * out_stride + cols, (weight * normed.to(tl.float32)).to(out_ptr.dtype.element_ty),
+             mask=col_mask)
 
 
-def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float,
+                 out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(s, weight * RMSNorm(s)) with s = x + delta (x itself when delta is None), rounded as
     the torch path rounds them (`draft.rms_norm`: normalised in float32, cast, then scaled).
 
     x, delta: [M, H] contiguous, bf16 / fp16 (float32 works too); weight [H]. Returns two [M, H]
-    tensors in x's dtype.
+    tensors in x's dtype; the second is `out` when given ([M, H], last dim contiguous, rows
+    strided: e.g. half of a wider buffer).
     """
     total = torch.empty_like(x) if delta is not None else x
-    out = torch.empty_like(x)
+    out = torch.empty_like(x) if out is None else out
     block_h = triton.next_power_of_2(x.shape[1])
-    _add_rms_norm_kernel[(x.shape[0],)](x, delta, total, out, weight, x.shape[1], eps, HAS_DELTA=delta is not None,
-                                        BLOCK_H=block_h, num_warps=min(16, max(4, block_h // 512)))
+    _add_rms_norm_kernel[(x.shape[0],)](x, delta, total, out, weight, x.shape[1], out.stride(0), eps,
+                                        HAS_DELTA=delta is not None,
+                                        BLOCK_H=block_h, num_warps=min(16, max(4, block_h // 512)),
+                                        **_pdl_launch(x.device))
     return total, out
-
-
-@triton.jit
-def _silu_mul_kernel(gate_up_ptr, out_ptr, I, BLOCK: tl.constexpr):
-    """Program (m, block): silu(gate) * up over BLOCK columns of row m, rounded as F.silu then *."""
-    m, cols = tl.program_id(0), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    col_mask = cols < I
-    gate = tl.load(gate_up_ptr + m * 2 * I + cols, mask=col_mask, other=0.0).to(tl.float32)
-    up = tl.load(gate_up_ptr + m * 2 * I + I + cols, mask=col_mask, other=0.0).to(tl.float32)
-    silu = (gate * tl.sigmoid(gate)).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + m * I + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=col_mask)
-
-
-def silu_mul(gate_up: Tensor) -> Tensor:
-    """silu(gate) * up of a fused gate|up projection output [M, 2I] (contiguous); [M, I]."""
-    m, inter = gate_up.shape[0], gate_up.shape[1] // 2
-    out = torch.empty(m, inter, device=gate_up.device, dtype=gate_up.dtype)
-    _silu_mul_kernel[(m, triton.cdiv(inter, 1024))](gate_up, out, inter, BLOCK=1024)
-    return out
 
 
 @triton.jit
 def _rope_to_cache_kernel(qkv_ptr, pos_ptr, slot_ptr, inv_freq_ptr, q_norm_ptr, k_norm_ptr, q_out_ptr,
                           k_cache_ptr, v_cache_ptr, T, num_heads, num_kv_heads, cache_len, eps,
-                          QK_NORM: tl.constexpr, HEAD_DIM: tl.constexpr):
+                          QK_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (m, h): head h of token m; h < nq: rotated q; then k heads (to the cache); then v."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     m, h = tl.program_id(0), tl.program_id(1)
     half = tl.arange(0, HEAD_DIM // 2)
     row = qkv_ptr + (m * (num_heads + 2 * num_kv_heads) + h) * HEAD_DIM
@@ -208,7 +342,7 @@ def rope_to_cache(qkv: Tensor, position_ids: Tensor, cache_slots: Tensor, inv_fr
     q = torch.empty(m, num_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
     _rope_to_cache_kernel[(m, num_heads + 2 * num_kv_heads)](
         qkv, position_ids, cache_slots, inv_freq, q_norm, k_norm, q, k_cache, v_cache, t, num_heads,
-        num_kv_heads, cache_len, eps, QK_NORM=q_norm is not None, HEAD_DIM=head_dim)
+        num_kv_heads, cache_len, eps, QK_NORM=q_norm is not None, HEAD_DIM=head_dim, **_pdl_launch(qkv.device))
     return q
 
 
@@ -216,9 +350,12 @@ def rope_to_cache(qkv: Tensor, position_ids: Tensor, cache_slots: Tensor, inv_fr
 def _attention_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, mask_ptr, out_ptr, lse_ptr, T, num_slots,
                             num_kv_heads, cache_len, mask_b_stride, mask_t_stride, num_splits, scale,
                             GROUP: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
-                            SPLIT: tl.constexpr, BLOCK_S: tl.constexpr):
+                            SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (b * n_kv + kv head, split): the GROUP query heads of that kv head for all T
     tokens (rows r = t * GROUP + g) over slots [split * SPLIT, (split + 1) * SPLIT)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     bh, split = tl.program_id(0), tl.program_id(1)
     b, kv_head = bh // num_kv_heads, bh % num_kv_heads
     r = tl.arange(0, BLOCK_R)
@@ -257,8 +394,11 @@ def _attention_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, mask_ptr, out_ptr, 
 @triton.jit
 def _attention_combine_kernel(part_ptr, lse_ptr, out_ptr, T, num_kv_heads, num_splits,
                               GROUP: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
-                              SPLITS: tl.constexpr):
+                              SPLITS: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (b * n_kv + kv head, row r): sum of the splits' outputs weighted by exp(lse)."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     bh, r = tl.program_id(0), tl.program_id(1)
     b, kv_head = bh // num_kv_heads, bh % num_kv_heads
     t, g = r // GROUP, r % GROUP
@@ -297,9 +437,9 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, attn_mask: Tensor) ->
         q, k_cache, v_cache, attn_mask, parts, lse, t, num_slots, num_kv_heads, cache_len,
         attn_mask.stride(0), attn_mask.stride(2), num_splits, 1.0 / math.sqrt(head_dim),
         GROUP=group, BLOCK_R=block_r, HEAD_DIM=head_dim, SPLIT=BLOCK_SLOTS * blocks_per_split,
-        BLOCK_S=BLOCK_SLOTS, num_warps=4)
+        BLOCK_S=BLOCK_SLOTS, num_warps=4, **_pdl_launch(q.device))
     out = torch.empty_like(q)
     _attention_combine_kernel[(batch * num_kv_heads, group * t)](
         parts, lse, out, t, num_kv_heads, num_splits, GROUP=group, BLOCK_R=block_r, HEAD_DIM=head_dim,
-        SPLITS=triton.next_power_of_2(num_splits))
+        SPLITS=triton.next_power_of_2(num_splits), **_pdl_launch(q.device))
     return out

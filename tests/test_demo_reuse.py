@@ -1,0 +1,42 @@
+"""A demo re-run with the same settings says, in one line per stage, which cached outputs it
+reuses, and shows no empty progress bar for them (fresh-user trial: bars stuck at 0%)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from specdraft.demo import DemoConfig, run_demo
+
+
+def tiny_demo(tmp_path) -> DemoConfig:
+    data = tmp_path / "docs.txt"
+    data.write_text("\n\n".join(f"Once upon a time there was a cat number {i} who liked fish." for i in range(4)))
+    return DemoConfig(out=tmp_path / "demo", data=data, num_train=3, num_heldout=1, max_new_tokens=4,
+                      train_steps=2, batch_size=2, sweep_steps=(1,), tree=(1, 2, 3), timing_repeats=1)
+
+
+def demo_output(cfg: DemoConfig, capsys) -> tuple[str, str]:
+    """(what run_demo said on its console, what the stages wrote to stderr)."""
+    said = io.StringIO()
+    run_demo(cfg, Console(file=said, width=400))
+    return said.getvalue(), capsys.readouterr().err
+
+
+def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, capsys):
+    cfg = tiny_demo(tmp_path)
+    said, err = demo_output(cfg, capsys)
+    assert "reused" not in said
+    assert "regenerate: continuations of train.txt" in said and "train: training the drafter" in said
+    assert "100%" in err and "capture" in err  # the first run shows its bars
+
+    said, err = demo_output(cfg, capsys)
+    out = cfg.out
+    for stage, path in [("data", out / "data"), ("regenerate", out / "data" / "train.regen.jsonl"),
+                        ("capture", out / "store"), ("regenerate", out / "data" / "heldout.regen.jsonl"),
+                        ("capture", out / "store-heldout"), ("train", out / "train" / "draft")]:
+        assert f"{stage}: reused from {path} (settings unchanged)" in said, said
+    assert "continuations of" not in said and "training the drafter" not in said
+    # before the fix: "regenerate ━━━ 0% -:--:--" and "capture ━━━ 0/0 tokens -:--:--" on stderr
+    assert "0%" not in err and "0/0" not in err and "━" not in err, err
