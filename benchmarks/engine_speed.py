@@ -25,7 +25,10 @@ programmatic dependent launch): copy 4.21 TB/s, weights 15.0 GB, roofline 280 to
 4.05 ms = 247 tokens/s = 88 % of roofline (3.98 ms in a second run; goal 90 %: NOT met);
 verify 16 = 1.14 x decode (met; 4.63 ms); drafter through the Triton kernels (graphed): tree
 step (topk 4) 0.22 ms = 5.5 %, chain step 0.21 ms = 5.1 % of decode (met; torch ops: 0.44 ms
-and 0.30 ms). Before the epilogues and PDL: decode 4.27 ms; the torch path (--torch-kernels:
+and 0.30 ms). End to end (`SpeculativeEngine.generate`, compile=True, random weights so every
+draft is rejected): plain 218 tokens/s; drafting a chain of 3 took 0.38 ms a step with the
+drafter's Triton steps replayed as CUDA graphs (`GraphedDraft`), 2.3 ms eagerly (Triton's
+launches are host-bound; eager torch ops: about 1 ms). Before the epilogues and PDL: decode 4.27 ms; the torch path (--torch-kernels:
 compiled layers, cuBLAS, cuDNN attention) 5.18-5.29 ms = 67 %, 1.20 x.
 Where the rest goes (profile of the graphed decode without PDL, 4.20 ms): matmuls 3.72 ms (95 %
 of copy bandwidth), attention 0.17 ms + its split combine 0.06, norms 0.12, launch gaps ~0.1;
@@ -216,7 +219,7 @@ def bench_end_to_end(target: FastTarget, draft: Eagle3Draft, device: str, prefix
         except Exception as e:  # report and go on with the other settings
             results[name] = {"error": f"{type(e).__name__}: {e}"}
             continue
-        results[name] = {"target_kernels": engine.target_kernels,
+        results[name] = {"kernels": {"target": engine.target_kernels, "draft": engine.draft_kernels},
                          "tokens_per_s": m.tokens_per_s, "accept_length": m.accept_length,
                          "time_prefill_s": m.time_prefill_s, "time_draft_s": m.time_draft_s,
                          "time_verify_s": m.time_verify_s, "time_other_s": m.time_other_s,

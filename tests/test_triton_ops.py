@@ -295,3 +295,79 @@ def test_engine_with_the_triton_drafter_emits_the_torch_drafters_tokens():
     for ref, got in zip(*trees):  # the outputs are the target's either way: compare the drafts
         assert got.tokens.tolist() == ref.tokens.tolist() and got.parents == ref.parents
         assert _rel_err(got.scores, ref.scores) < TOL
+
+
+class _EagerGraph:
+    """Stands in for a CUDA graph without a GPU: replay recomputes into the same outputs."""
+
+    def __init__(self, fn, outputs):
+        self.fn, self.outputs = fn, outputs
+
+    def replay(self):
+        for static, new in zip(self.outputs, self.fn()):
+            static.copy_(new)
+
+
+@torch.no_grad()
+def test_graphed_draft_replays_what_fast_draft_computes(monkeypatch):
+    """GraphedDraft (static buffers, whole-cache masks built from `start`, a given mask padded
+    with False) against FastDraft's own Triton step: a first step, two chain steps that reuse
+    one graph at different starts, a tree step under a mask; and a 20-position first step, which
+    runs the FastDraft as it is. Without a GPU the graphs are replaced by eager replays."""
+    from specdraft.engine.draft_cache import DraftCache
+    from specdraft.engine.fast_draft import FastDraft, GraphedDraft
+    from tests.drafts import tiny_draft
+
+    draft = tiny_draft(head_dim=16).to(DEVICE, DTYPE).eval()
+    cfg, fast = draft.cfg, FastDraft(draft)
+    fast.triton_kernels = True
+    caches = [DraftCache(cfg.num_key_value_heads, cfg.head_dim, 48, DTYPE, DEVICE) for _ in range(2)]
+    graphed = GraphedDraft(fast, caches[1])
+    if not CUDA:
+        def capture(t, first_step, masked, width):
+            inputs = graphed.static_inputs(t, width)
+            outputs = graphed.step(*inputs, first_step, masked)
+            return _EagerGraph(lambda: graphed.step(*inputs, first_step, masked), outputs), inputs, outputs
+        monkeypatch.setattr(graphed, "capture", capture)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (20,), generator=gen).to(DEVICE)
+    aux = torch.randn(20, cfg.n_aux * cfg.target_hidden_size, generator=gen).to(DEVICE, DTYPE)
+    hidden = torch.randn(3, cfg.hidden_size, generator=gen).to(DEVICE, DTYPE)
+    tree_mask = torch.cat([torch.ones(3, 12, dtype=torch.bool), torch.eye(3, dtype=torch.bool)], 1)[None, None]
+    steps = [  # (ids, hidden, positions, first_step, start, mask)
+        (ids[:3], aux[:3], torch.arange(6, 9), True, 6, None),
+        (ids[:1], hidden[:1], torch.tensor([9]), False, 9, None),
+        (ids[1:2], hidden[1:2], torch.tensor([10]), False, 10, None),
+        (ids[:3], hidden, torch.full((3,), 11), False, 12, tree_mask.to(DEVICE)),
+        (ids, aux, torch.arange(20), True, 0, None),  # > 16 positions: not graphed
+    ]
+    for cache in caches:
+        cache.k.copy_(torch.randn(cache.k.shape, generator=torch.Generator().manual_seed(3)))
+        cache.v.copy_(torch.randn(cache.v.shape, generator=torch.Generator().manual_seed(4)))
+    for step_ids, step_hidden, positions, first, start, mask in steps:
+        ref = fast(step_ids, step_hidden, positions.to(DEVICE), first, caches[0], start, mask)
+        got = graphed(step_ids, step_hidden, positions.to(DEVICE), first, caches[1], start, mask)
+        for a, b in zip(got, ref):
+            assert _rel_err(a, b) < TOL
+        end = start + step_ids.shape[0]
+        assert _rel_err(caches[1].k[:, :, :end], caches[0].k[:, :, :end]) < TOL
+    assert set(graphed.graphs) == {(3, True, False), (1, False, False), (3, False, True)}
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs and compiled target layers")
+@torch.no_grad()
+def test_compiled_engine_runs_target_and_drafter_through_triton_graphs():
+    from specdraft.engine.fast_draft import GraphedDraft
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.engine.speculate import SpeculativeEngine
+    from tests.drafts import tiny_draft
+
+    target = _random_target(ARGS["llama"])
+    draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64, target_hidden_size=64,
+                       vocab_size=200, num_attention_heads=4, num_key_value_heads=2).to(DEVICE, DTYPE).eval()
+    engine = SpeculativeEngine(target, draft, SpecConfig(3, 2, 6), None, 64, DEVICE, compile=True)
+    assert (engine.target_kernels, engine.draft_kernels) == ("triton", "triton")
+    assert isinstance(engine.run_draft, GraphedDraft)
+    result = engine.generate(list(range(1, 13)), 8)
+    assert len(result.token_ids) == 8 and (1, False, False) not in engine.run_draft.graphs  # tree steps: masked
+    assert {key[2] for key in engine.run_draft.graphs} == {False, True}  # first steps and tree steps

@@ -26,9 +26,9 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdraft.draft import Eagle3Draft
-from specdraft.engine import sampling
+from specdraft.engine import fused_decode, sampling
 from specdraft.engine.draft_cache import DraftCache
-from specdraft.engine.fast_draft import FastDraft
+from specdraft.engine.fast_draft import FastDraft, GraphedDraft
 from specdraft.engine.fast_model import FastTarget, causal_mask, load_fast_target
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.sampling import SamplingParams, Verdict, logits_to_probs, sample
@@ -85,8 +85,9 @@ class SpeculativeEngine:
     compile (CUDA only): compile each target layer (torch.compile, in place), run decode and
     verify forwards of up to 16 tokens through the Triton kernels of `fused_decode` where the
     target allows (`target_kernels` says which path runs, and why), and replay them as CUDA
-    graphs (`GraphedTarget`). The drafter runs eagerly (its
-    first and later steps differ in width and mask, which torch.compile re-specialises).
+    graphs (`GraphedTarget`); run the drafter's steps of up to 16 positions through the Triton
+    kernels too, replayed as CUDA graphs (`GraphedDraft`; `draft_kernels` says which path runs).
+    Otherwise the drafter runs eagerly.
     Raises ValueError when the drafter does not fit the target (hidden size, vocab, layers,
     aux layers) or topk exceeds the draft vocabulary.
     """
@@ -106,18 +107,26 @@ class SpeculativeEngine:
             check_pairing(target, draft, self.aux_layers, self.spec)
             cfg = draft.cfg
             scratch = (self.spec.num_steps - 1) * self.spec.topk
-            self.draft_cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim, max_seq_len + scratch,
-                                          draft.fc.weight.dtype, self.device)
+            # + MAX_TOKENS entries no request reaches: GraphedDraft's captures write there
+            self.draft_cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim,
+                                          max_seq_len + scratch + fused_decode.MAX_TOKENS, draft.fc.weight.dtype,
+                                          self.device)
             self.draft_vocab = draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=self.device))
             self.fast_draft = FastDraft(draft)
+            self.run_draft: FastDraft | GraphedDraft = self.fast_draft
         self.graphed: GraphedTarget | None = None
-        self.target_kernels = "torch"
+        self.target_kernels = self.draft_kernels = "torch"
         if compile and self.device.type == "cuda":
             for layer in target.layers:
                 layer.compile()
             self.graphed = GraphedTarget(target, self.aux_layers)
             reason = target.use_triton()
             self.target_kernels = "triton" if reason is None else f"torch ({reason})"
+            if self.draft is not None:
+                reason = self.fast_draft.use_triton()
+                if reason is None:
+                    self.run_draft = GraphedDraft(self.fast_draft, self.draft_cache)
+                self.draft_kernels = "triton" if reason is None else f"torch, eager ({reason})"
 
     # ---- public -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -206,7 +215,7 @@ class SpeculativeEngine:
 
     def draft_tree(self, req: Request) -> DraftTree:
         """The drafter's first step over the pending positions, then num_steps - 1 tree steps."""
-        draft, cache, spec = self.fast_draft, self.draft_cache, self.spec
+        draft, cache, spec = self.run_draft, self.draft_cache, self.spec
         start, m = cache.length, req.pending_ids.numel()
         expansion = TreeExpansion(req.output_ids[-1], spec.topk, spec.is_chain and not req.params.greedy,
                                   req.params, self.draft_vocab, self.target.args.vocab_size, req.generator)
