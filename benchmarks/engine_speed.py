@@ -36,7 +36,11 @@ PDL hides about 0.1 ms of it. Matmuls alone at copy bandwidth would take 3.55 ms
 Tried and dropped: a group's query heads as one longer SDPA query (6.2 ms); Triton matmuls with
 the RMSNorm / residual fused in (4.6 ms as first written; other block sizes too, not isolated);
 other GEMV block sizes (1-8 rows x 512-4096 columns: 4.10-4.54 ms against 4.08); PDL with each
-kernel releasing its dependents before its own wait (verify 16: 5.1 ms).
+kernel releasing its dependents before its own wait (verify 16: 5.1 ms); fewer launches through
+"the last program to finish" (an atomic count, acq_rel): the residual add + RMSNorm in the o /
+down matmuls' epilogues (decode 4.39 ms, verify 16 7.6 ms: a 16-row norm in one program is a
+long tail) and the attention splits combined by the last split of each head (decode 4.20-4.35
+ms, verify 16 5.5 ms).
 """
 
 from __future__ import annotations

@@ -436,7 +436,8 @@ def generate(
                                                  f"draft tokens {spec.num_draft_tokens})") if spec is not None
                                 else "plain decoding" + ("" if no_spec else " (no --draft)")))
     if compile:
-        console.print(f"target forwards of up to 16 tokens: {engine.target_kernels} kernels", markup=False)
+        drafter = f"; drafter steps: {engine.draft_kernels}" if spec is not None else ""
+        console.print(f"target forwards of up to 16 tokens: {engine.target_kernels} kernels{drafter}", markup=False)
 
 
 def _train_source(source: str, online: bool, target: str, no_chat: bool, template_kwargs: dict):
