@@ -15,7 +15,8 @@ After `use_triton()` (CUDA, bf16 / fp16) a step of up to 16 positions runs throu
 torch step makes about forty small ones besides its matmuls, RoPE and the K/V writes in the
 q|k|v matmul's epilogue, silu(gate) * up in the gate|up matmul's. RoPE is then computed in
 float32 where `draft.py` rounds cos / sin to the weights' dtype: the two paths agree to bf16
-rounding (tests/test_triton_ops.py).
+rounding (tests/test_triton_ops.py). Eagerly those launches are host-bound; `GraphedDraft`
+replays them as CUDA graphs (what `SpeculativeEngine(compile=True)` runs).
 The stacked q/k/v and gate/up weights are copies, made when the FastDraft is built (memory:
 those weights once more, ~0.34 GB for a Llama-3.1-8B EAGLE-3 drafter in bf16): build a new
 one after changing the drafter's weights.

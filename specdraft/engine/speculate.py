@@ -1,7 +1,8 @@
 """Speculative decoding, batch 1: prefill, draft, verify, accept, commit (gpt-fast style loop).
 
 One round (`SpeculativeEngine.step`):
-1. draft (`FastDraft`: the drafter's weights packed for this loop): the drafter's first step
+1. draft (`FastDraft`: the drafter's weights packed for this loop; `GraphedDraft`, its Triton
+   steps as CUDA graphs, with compile=True): the drafter's first step
    extends its cache over the positions the target accepted last round, from the target's aux
    states there (position t gets token t+1; the last one gets the bonus token), then
    num_steps - 1 steps feed back its own hidden state and grow the tree (`tree.TreeExpansion`);
