@@ -36,6 +36,9 @@ verdict of the means), `speedups[].noise` (null unless the runs are too noisy to
 the measured server shows no speculation) and per level `no_spec_signal`.
 Requests use temperature 0 and ignore_eos (vLLM / SGLang / specdraft extension) by default, so
 both servers generate max_tokens tokens for every prompt.
+Each server is waited for (`wait_for_server`): while nothing accepts connections at its URL (a
+server started with `&` and still loading), bench retries for up to `BenchConfig.wait_s` seconds,
+then fails with one line naming the URL, the wait and the fix.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ NO_VERDICT = (f"no verdict: one run per level has no run-to-run spread to tell a
 # A server whose per-run tokens/s spread more than this fraction of their mean (sample sd / mean)
 # measured a busy machine more than itself: a verdict at that level is inconclusive.
 NOISY_SPREAD = 0.25
+# Seconds to wait for a server that refuses connections (still starting) before giving up.
+SERVER_WAIT_S = 120.0
+SERVER_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,8 @@ class BenchConfig:
     run of a level (prompts cycled); repeats: runs per level (mean and spread of tokens/s;
     verdicts need MIN_VERDICT_REPEATS);
     max_tokens: per request; tie_band: speedups within 1 +- tie_band are ties, not wins (the
-    crossover). Raises ValueError for a bad value."""
+    crossover); wait_s: how long to wait for a server that refuses connections (still
+    starting) before failing (`wait_for_server`; 0: try once). Raises ValueError for a bad value."""
 
     url: str
     baseline_url: str | None = None
@@ -90,6 +97,7 @@ class BenchConfig:
     timeout_s: float = 600.0
     tie_band: float = 0.05
     repeats: int = 3
+    wait_s: float = SERVER_WAIT_S
 
     def __post_init__(self) -> None:
         for name in ("url", "baseline_url"):
@@ -100,8 +108,9 @@ class BenchConfig:
         for name in ("max_tokens", "num_prompts", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)}: must be >= 1")
-        if self.temperature < 0 or self.warmup < 0 or self.timeout_s <= 0 or not 0 <= self.tie_band < 1:
-            raise ValueError("temperature and warmup must be >= 0, timeout_s > 0, tie_band in [0, 1)")
+        if (self.temperature < 0 or self.warmup < 0 or self.timeout_s <= 0 or not 0 <= self.tie_band < 1
+                or self.wait_s < 0):
+            raise ValueError("temperature, warmup and wait_s must be >= 0, timeout_s > 0, tie_band in [0, 1)")
 
 
 def check_url(url: str, name: str = "url") -> str:
@@ -244,18 +253,31 @@ class Server:
     model: str
 
 
-def detect_server(url: str, timeout_s: float = 30.0) -> Server:
+class ServerUnreachable(RuntimeError):
+    """Nothing accepted a connection at the URL (refused or connect timeout): no server there,
+    or one still starting. `cause`: the connection error's text."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def detect_server(url: str, timeout_s: float = 30.0, connect_timeout_s: float | None = None) -> Server:
     """Find the server's kind (from its /metrics prefix, else SGLang's /get_model_info) and the
-    model it serves (/v1/models). Raises RuntimeError when the server does not answer, or when
-    `url` ends in /v1 (the paths here include it)."""
+    model it serves (/v1/models). connect_timeout_s: for opening connections (default timeout_s).
+    Raises ServerUnreachable (a RuntimeError) when nothing accepts the connection, RuntimeError
+    when the server does not answer /v1/models, or when `url` ends in /v1 (the paths here include it)."""
     if url.rstrip("/").endswith("/v1"):
         raise RuntimeError(f"{url}: give the server's base URL without /v1 ({url.rstrip('/')[:-3]}); "
                            "the OpenAI paths are added here")
-    with httpx.Client(base_url=url, timeout=timeout_s) as client:
+    timeout = httpx.Timeout(timeout_s, connect=timeout_s if connect_timeout_s is None else connect_timeout_s)
+    with httpx.Client(base_url=url, timeout=timeout) as client:
         try:
             listing = client.get("/v1/models")
             listing.raise_for_status()
             model = listing.json()["data"][0]["id"]
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            raise ServerUnreachable(f"{url}: no OpenAI-compatible /v1/models ({e})", str(e)) from None
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
             raise RuntimeError(f"{url}: no OpenAI-compatible /v1/models ({e})") from None
         metrics = client.get("/metrics")
@@ -266,6 +288,33 @@ def detect_server(url: str, timeout_s: float = 30.0) -> Server:
         if client.get("/get_model_info").status_code == 200:
             return Server(url, "sglang", model)
     return Server(url, "openai", model)
+
+
+def wait_for_server(url: str, wait_s: float = SERVER_WAIT_S, timeout_s: float = 30.0, option: str = "--url",
+                    poll_s: float = SERVER_POLL_S, on_wait: Callable[[str], None] | None = None) -> Server:
+    """`detect_server`, retried every poll_s seconds while nothing accepts connections at `url`
+    (a server started in the background and still loading), for at most wait_s seconds (0: one
+    try). on_wait: told once, in one line, when the first try is refused. Raises RuntimeError when
+    the connection is still refused after wait_s: one line naming the URL, the wait and the fix
+    (`option`: the flag that gave the URL); other failures (a server that answers, but not
+    /v1/models) are raised at once."""
+    start = time.monotonic()
+    deadline, told = start + wait_s, on_wait is None
+    while True:
+        left = deadline - time.monotonic()
+        try:  # an unanswered connect must not outlast the wait
+            return detect_server(url, timeout_s, min(timeout_s, max(left, poll_s)))
+        except ServerUnreachable as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"{url}: no server answered ({e.cause}) after waiting "
+                                   f"{time.monotonic() - start:.0f} s; is the server running? start it "
+                                   f"(e.g. specdraft serve ... &) or pass the right {option}") from None
+            if not told:
+                told = True
+                on_wait(f"{url}: not accepting connections yet ({e.cause}); waiting up to {wait_s:.0f} s "
+                        "for it to start")
+            time.sleep(min(poll_s, left))
 
 
 def request_body(server: Server, prompt: str, cfg: BenchConfig) -> tuple[str, dict[str, Any]]:
@@ -457,9 +506,10 @@ def sglang_counts(records: list[RequestRecord]) -> SpecCounts | None:
 
 
 def bench_server(url: str, prompts: list[str], cfg: BenchConfig,
-                 progress: Callable[[str], None] | None = None) -> ServerRun:
-    """Run every concurrency level `cfg.repeats` times against one server (after `warmup` requests)."""
-    server = detect_server(url, cfg.timeout_s)
+                 progress: Callable[[str], None] | None = None, option: str = "--url") -> ServerRun:
+    """Run every concurrency level `cfg.repeats` times against one server (after `warmup` requests),
+    once it accepts connections (`wait_for_server`, up to cfg.wait_s; `option`: the flag that gave `url`)."""
+    server = wait_for_server(url, cfg.wait_s, cfg.timeout_s, option, on_wait=progress)
     run = ServerRun(url, server.kind, server.model)
     batch = [prompts[i % len(prompts)] for i in range(cfg.num_prompts)]
     if cfg.warmup:
@@ -519,7 +569,8 @@ def verdict(point: SpeedupPoint, tie_band: float = 0.0) -> str:
 @dataclass
 class Crossover:
     """Where speculation stops winning: the first concurrency with no win after a win (None
-    when it wins everywhere, never wins, or there is no baseline)."""
+    when no win is followed by a non-win: it wins everywhere, never wins, only starts winning
+    at some concurrency and keeps winning, or there is no baseline). text: the plain sentence."""
 
     concurrency: int | None
     text: str
@@ -533,7 +584,10 @@ def margin_text(tie_band: float, noisy: bool) -> str:
 
 def find_crossover(points: list[SpeedupPoint], tie_band: float = 0.0) -> Crossover:
     """Crossover of the points (sorted here by concurrency), judged by `verdict`: speculation
-    stops winning at the first point after a win that is no win (a tie or a loss)."""
+    stops winning at the first point after a win that is no win (a tie or a loss). The text
+    says which case holds: wins at every concurrency, loses at every one, wins at none,
+    wins only from some concurrency on (no crossover), or stops winning between two
+    concurrencies (naming any later concurrency where it wins again)."""
     points = sorted(points, key=lambda p: p.concurrency)
     if not points:
         return Crossover(None, NO_BASELINE)
@@ -546,18 +600,23 @@ def find_crossover(points: list[SpeedupPoint], tie_band: float = 0.0) -> Crossov
                                f"(up to {last.concurrency}, speedup {last.text()} there)")
     if not any(wins):
         best = max(points, key=lambda p: p.speedup)
-        how = "loses at" if all(v == "loses" for v in verdicts) else f"never wins{band} at"
-        return Crossover(None, f"no crossover: speculation {how} every concurrency measured "
+        how = ("loses at every concurrency measured" if all(v == "loses" for v in verdicts)
+               else f"does not win{band} at any concurrency measured")
+        return Crossover(None, f"no crossover: speculation {how} "
                                f"(best speedup {best.text()} at concurrency {best.concurrency})")
     i = next((i for i in range(1, len(points)) if wins[i - 1] and not wins[i]), None)
-    if i is None:  # no win is followed by a non-win: speculation only starts winning at some point
+    if i is None:  # no win is followed by a non-win: speculation starts winning and keeps winning
         first = points[wins.index(True)]
-        return Crossover(None, f"no crossover: speculation does not win{band} below concurrency "
-                               f"{first.concurrency}, then wins (speedup {first.text()} there)")
+        return Crossover(None, f"speculation wins from concurrency {first.concurrency} on (speedup "
+                               f"{first.text()} there); below concurrency {first.concurrency} it does "
+                               f"not win{band}; no crossover: it does not stop winning up to concurrency "
+                               f"{points[-1].concurrency}, the highest measured")
     a, b = points[i - 1], points[i]
+    again = [p.concurrency for p, w in zip(points[i + 1:], wins[i + 1:]) if w]
+    resumes = f"; it wins again at concurrency {', '.join(map(str, again))}" if again else ""
     return Crossover(b.concurrency, f"crossover: speculation stops winning{band} between concurrency "
                                     f"{a.concurrency} (speedup {a.text()}) and {b.concurrency} "
-                                    f"(speedup {b.text()})")
+                                    f"(speedup {b.text()}){resumes}")
 
 
 def noise_note(points: Sequence[SpeedupPoint]) -> str | None:
@@ -647,7 +706,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
     """Benchmark cfg.url (and cfg.baseline_url, after it, on the same prompts)."""
     prompts = load_prompts(cfg.prompts)
     spec = bench_server(cfg.url, prompts, cfg, progress)
-    baseline = bench_server(cfg.baseline_url, prompts, cfg, progress) if cfg.baseline_url else None
+    baseline = bench_server(cfg.baseline_url, prompts, cfg, progress, "--baseline-url") if cfg.baseline_url else None
     if baseline is None:
         return BenchReport(cfg, spec, None, None, find_crossover([], cfg.tie_band))
     speedups = [SpeedupPoint.of(a.concurrency, a.tokens_per_s_runs, b.tokens_per_s_runs)
@@ -710,15 +769,25 @@ def markdown(report: BenchReport) -> str:
     if report.speedups is None:
         lines.append(NO_BASELINE)
     else:
-        lines += ["| concurrency | speedup (ratio of means) | sd | verdict | runs |", "|---|---|---|---|---|"]
-        judged = report.has_verdicts  # one run: no sd, no verdict ("-")
+        lines += ["| concurrency | speedup (ratio of means) | sd | verdict | run-to-run noise |",
+                  "|---|---|---|---|---|"]
+        judged = report.has_verdicts  # one run: no sd, no verdict ("-"), no spread to call steady or noisy
         lines += [f"| {p.concurrency} | {p.speedup:.2f}x | {f'{p.speedup_std:.2f}' if judged else '-'} | "
-                  f"{verdict(p, cfg.tie_band) if judged else '-'} | "
-                  f"{'noisy: verdict inconclusive' if p.noise else '-'} |" for p in report.speedups]
+                  f"{verdict(p, cfg.tie_band) if judged else '-'} | {noise_cell(p, judged)} |"
+                  for p in report.speedups]
         note = noise_note(report.speedups)
         lines += ["", note] if note else []
     lines += ["", report.crossover.text, ""]
     return "\n".join(lines)
+
+
+def noise_cell(point: SpeedupPoint, judged: bool) -> str:
+    """The run-to-run noise cell of a speedup row: "noisy: verdict inconclusive" when either
+    server's runs spread more than NOISY_SPREAD of their mean, "steady" when both are within it,
+    "one run: no spread" without repeats (nothing to judge)."""
+    if point.noise:
+        return "noisy: verdict inconclusive"
+    return "steady" if judged else "one run: no spread"
 
 
 def plot(report: BenchReport, out_dir: Path) -> list[Path]:

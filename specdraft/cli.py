@@ -31,6 +31,8 @@ def _check_model_dir(value: str, param: typer.CallbackParam = None) -> str:
 
     path = Path(value)
     if value and not (path / "config.json").is_file():
+        if not path.expanduser().exists():
+            raise typer.BadParameter(f"{value}: no such directory; pass a transformers model directory")
         if path.is_file():
             raise typer.BadParameter(f"{value} is a file; pass the model directory that holds it ({path.parent})")
         if (path.expanduser() / "config.json").is_file():
@@ -360,10 +362,10 @@ def _refuse_unused_drafting_flags(no_spec: bool, draft: str, given: dict) -> Non
     out) but would be ignored: with --no-spec, or without --draft."""
     named = ", ".join(name for name, value in given.items() if value is not None)
     if named and no_spec:
-        raise ValueError(f"{named} set the drafter's speculation, but --no-spec decodes plainly (they would be "
+        raise ValueError(f"{named}: drafting settings, but --no-spec decodes plainly (they would be "
                          f"ignored): drop {named}, or drop --no-spec")
     if named and not draft:
-        raise ValueError(f"{named} set the drafter's speculation, but no --draft is given (plain decoding): "
+        raise ValueError(f"{named}: drafting settings, but no --draft is given (plain decoding): "
                          f"add --draft CKPT, or drop {named}")
 
 
@@ -397,7 +399,7 @@ def generate(
 
     from specdraft.checkpoint import CheckpointError
     from specdraft.engine.metrics import metrics_table
-    from specdraft.engine.speculate import load_engine
+    from specdraft.engine.speculate import decode_continuation, load_engine
 
     console = Console()
     try:
@@ -422,7 +424,7 @@ def generate(
         def stream(new_ids: list[int]) -> None:  # print the text the new ids add
             nonlocal shown
             output.extend(new_ids)
-            text = tokenizer.decode(output)
+            text = decode_continuation(tokenizer, ids, output)
             console.print(text[shown:], end="", markup=False, highlight=False, soft_wrap=True)
             shown = len(text)
 
@@ -829,6 +831,8 @@ def bench(
     repeats: int = typer.Option(3, help="Runs per level: tokens/s and speedup are reported as mean and "
                                 "standard deviation, and a level is a win or a loss only beyond that noise "
                                 "(1 run: speedups without a verdict)."),
+    wait: float = typer.Option(120.0, min=0, help="Seconds to wait for a server that refuses connections (still "
+                               "starting, e.g. just launched with serve ... &) before failing; 0: try once."),
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep."""
     from pathlib import Path
@@ -844,7 +848,7 @@ def bench(
         raise typer.Exit(1)
     try:
         cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
-                          timeout_s=timeout, repeats=repeats)
+                          timeout_s=timeout, repeats=repeats, wait_s=wait)
         report = run_bench(cfg, progress=lambda text: console.print(text, markup=False))
         paths = write_report(report, out)
     except (ValueError, RuntimeError, httpx.HTTPError) as e:

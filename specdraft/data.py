@@ -198,8 +198,10 @@ def _mode_hint(path: Path, other_mode: str) -> str:
 
 
 def bad_json(e: json.JSONDecodeError) -> str:
-    """"bad JSON (<reason> at column N)" for one JSONL line (json's reason may end in " at")."""
-    return f"bad JSON ({e.msg.removesuffix(' at')} at column {e.colno})"
+    """"bad JSON (<reason> at column N)" for one JSONL line (json's reason may end in " at");
+    "at the end of the line" where json ran past the line's content into its newline."""
+    where = "the end of the line" if e.lineno > 1 else f"column {e.colno}"
+    return f"bad JSON ({e.msg.removesuffix(' at')} at {where})"
 
 
 def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdraft.engine.speculate import GenerationResult, SpeculativeEngine
+from specdraft.engine.speculate import GenerationResult, SpeculativeEngine, decode_continuation
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -> OpenAI
 
@@ -181,16 +181,18 @@ def context_room(engine: SpeculativeEngine, num_prompt_tokens: int) -> int:
 # ---- streaming text ---------------------------------------------------------------------------
 class TextStream:
     """Incremental detokenization with stop strings: text is released only when no stop string
-    can still begin in it (and not inside an unfinished UTF-8 character)."""
+    can still begin in it (and not inside an unfinished UTF-8 character). The output is decoded
+    as the continuation of prompt_ids (`decode_continuation`: a completion of "Once upon"
+    starts " a time", not "a time")."""
 
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
-        self.tokenizer, self.stop = tokenizer, stop
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...], prompt_ids: Sequence[int]) -> None:
+        self.tokenizer, self.stop, self.prompt_ids = tokenizer, stop, prompt_ids
         self.ids: list[int] = []
         self.sent = 0
 
     def text(self) -> tuple[str, bool]:
         """(decoded output cut before the first stop string, whether a stop string was found)."""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = decode_continuation(self.tokenizer, self.prompt_ids, self.ids, skip_special_tokens=True)
         cuts = [text.find(s) for s in self.stop if s in text]
         return (text[:min(cuts)], True) if cuts else (text, False)
 

@@ -371,7 +371,7 @@ async def respond(request: Any, state: ServerState, req: GenerationRequest, chat
     if kind != "done":
         return JSONResponse(RequestError(value or "request cancelled", code=kind, status=500,
                                          kind="server_error").body(), status_code=500)
-    text = TextStream(state.tokenizer, req.stop)
+    text = TextStream(state.tokenizer, req.stop, req.prompt_ids)
     return JSONResponse(shape.full(text.push(value.token_ids) + text.finish(), value))
 
 
@@ -396,7 +396,7 @@ async def stream_chunks(state: ServerState, job: Job, events: asyncio.Queue,
     """SSE: text chunks, a final chunk with finish_reason, the usage chunk when asked, [DONE].
     Token ids held back with their text (a possible stop string) travel with the next chunk.
     Closing the stream (client disconnect) cancels the job."""
-    text = TextStream(state.tokenizer, job.request.stop)
+    text = TextStream(state.tokenizer, job.request.stop, job.request.prompt_ids)
     pending: list[int] = []  # output ids not yet sent in a chunk
     try:
         if shape.chat:

@@ -40,7 +40,7 @@ def test_a_noisy_level_is_reported_inconclusive_with_its_numbers():
     steady = SpeedupPoint.of(1, [2400.0, 2410.0, 2390.0], STEADY)
     assert steady.noise is None and verdict(steady, 0.05) == "wins"
     text = markdown(report_of([steady, noisy, loud_baseline]))
-    assert f"| 1 | {steady.speedup:.2f}x | {steady.speedup_std:.2f} | wins | - |" in text
+    assert f"| 1 | {steady.speedup:.2f}x | {steady.speedup_std:.2f} | wins | steady |" in text
     # before: "| 4 | 0.38x | 0.50 | loses |" with nothing saying the runs were noise
     assert f"| 4 | {noisy.speedup:.2f}x | {noisy.speedup_std:.2f} | loses | noisy: verdict inconclusive |" in text
     assert "| 8 | 1.09x | 0.77 | ties | noisy: verdict inconclusive |" in text

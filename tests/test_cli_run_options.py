@@ -125,14 +125,16 @@ def test_commands_draw_no_transformers_progress_bar(tmp_path):
 
 def test_a_target_with_config_json_is_never_called_missing_it(tmp_path, monkeypatch):
     """`serve --no-spec --target=~/m` (no shell expands ~ after '=') and a file of the directory
-    name what to pass instead of "no config.json here"."""
+    name what to pass instead of "no config.json here"; a path that does not exist says so."""
     monkeypatch.setattr(speculate, "load_engine", _no_load)
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     unexpanded = f"~/m: ~ was not expanded (a shell leaves it as is after '='); pass {tmp_path / 'm'}"
     a_file = f"is a file; pass the model directory that holds it ({tmp_path / 'm'})"
-    for given, expected in (("~/m", unexpanded), (str(tmp_path / "m" / "config.json"), a_file)):
+    missing = f"{tmp_path / 'mm'}: no such directory; pass a transformers model directory"  # a typo
+    for given, expected in (("~/m", unexpanded), (str(tmp_path / "m" / "config.json"), a_file),
+                            (str(tmp_path / "mm"), missing)):
         result = invoke(["serve", "--no-spec", f"--target={given}"])
         assert result.exit_code == 2, result.output
         assert expected in " ".join(re.sub(r"[\u2500-\u257f]", " ", result.output).split())

@@ -51,7 +51,7 @@ def test_token_rows_skipped_are_counted_with_the_first(world, tmp_path):
     good = '{"input_ids": [1, 2, 3, 4, 5]}'
     path = write_lines(tmp_path / "ids.jsonl", [good, "{", good, '{"input_ids": "x"}', good])
     assert notes(world, path) == [f"--samples {path}: skipped 2 of 5 records (first: {path}:2: bad JSON "
-                                  "(Expecting property name enclosed in double quotes at column 1))"]
+                                  "(Expecting property name enclosed in double quotes at the end of the line))"]
     clean = write_lines(tmp_path / "clean.jsonl", [good, good])
     assert notes(world, clean) == [f"--samples {clean}: skipped 0 of 2 records"]
     assert notes(world, clean, skip_bad=False) == []

@@ -67,7 +67,7 @@ def test_generate_refuses_drafting_flags_without_a_draft(tmp_path, flags, named)
     result = CliRunner().invoke(app, ["generate", "--target", str(tmp_path), "--prompt", "hi", *flags])
     assert result.exit_code == 1, result.output
     text = " ".join(result.output.split())
-    assert text == (f"error: {named} set the drafter's speculation, but no --draft is given (plain decoding): "
+    assert text == (f"error: {named}: drafting settings, but no --draft is given (plain decoding): "
                     f"add --draft CKPT, or drop {named}")
 
 
@@ -140,7 +140,7 @@ def test_no_spec_refuses_drafting_flags(tmp_path, command, flags, named, monkeyp
         result = CliRunner().invoke(app, [command, "--target", str(tmp_path), *extra, *draft, "--no-spec", *flags])
         assert result.exit_code == 1, result.output
         assert " ".join(result.output.split()) == (
-            f"error: {named} set the drafter's speculation, but --no-spec decodes plainly (they would be "
+            f"error: {named}: drafting settings, but --no-spec decodes plainly (they would be "
             f"ignored): drop {named}, or drop --no-spec")
 
 

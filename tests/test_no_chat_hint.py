@@ -81,6 +81,10 @@ def test_bad_json_and_skip_counts_read_as_english(target, tmp_path):
         read_records(path, chat=False)
     assert f"{path}:1: bad JSON (Invalid control character at column 16)" in str(info.value)
     assert "at at" not in str(info.value)
+    truncated = write_jsonl(tmp_path / "t.jsonl", [{"text": "fine"}, '{"text": ["a", "b"'])
+    with pytest.raises(BadRecord) as info:  # json reads on into the newline: not "line 2 column 1"
+        read_records(truncated, chat=False)
+    assert f"{truncated}:2: bad JSON (Expecting ',' delimiter at the end of the line)" in str(info.value)
     result = invoke(["capture", str(target), str(path), str(tmp_path / "store"), "--no-chat", "--skip-bad"])
     assert result.exit_code == 0, result.output
     assert f"skipped 1 bad record in {path}" in flat(result.output)

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdraft.bench import scrape_counters
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.engine.spec_config import SpecConfig
+from specdraft.engine.speculate import decode_continuation
 from specdraft.serve import build_app, serve_in_thread
 from tests.engine_helpers import AUX_LAYERS, greedy_sequences, one_thread, tiny_setup  # noqa: F401
 from tests.serve_helpers import engine, own_target, running, slow_target, text_prompts, word_tokenizer
@@ -46,7 +47,7 @@ def greedy_text(prompt: str, num_new: int = NUM_NEW, ids: list[int] | None = Non
     tok = word_tokenizer()
     ids = ids or tok(prompt)["input_ids"]
     out = greedy_sequences(tiny_setup("llama").target, [ids], num_new)[0, len(ids):].tolist()
-    return tok.decode(out)
+    return decode_continuation(tok, ids, out)  # as the server decodes: "w1 w2" continues " w40 ..."
 
 
 def completion(client: httpx.Client, **body) -> httpx.Response:

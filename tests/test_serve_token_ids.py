@@ -62,7 +62,8 @@ def test_ids_held_back_with_a_stop_string_arrive_later(client):
     body = {"prompt": prompt, "temperature": 0, "max_tokens": NUM_NEW, "stop": stop, "return_token_ids": True}
     events = streamed(client, "/v1/completions", body)
     text = "".join(e["choices"][0]["text"] for e in events)
-    assert text == " ".join(words)[:" ".join(words).find(stop)]
+    continuation = " " + " ".join(words)  # after the prompt's words
+    assert text == continuation[:continuation.find(stop)]
     assert sum((e["choices"][0]["token_ids"] for e in events), []) == out[:7]  # through the stop string
     choice = client.post("/v1/completions", json=body).json()["choices"][0]
     assert choice["text"] == text and choice["token_ids"] == out[:7]

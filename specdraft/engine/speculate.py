@@ -308,7 +308,8 @@ class SpeculativeEngine:
             kept += 1
             if token in req.eos_ids:
                 req.finish_reason = "eos"
-            elif req.stop and any(s in self.tokenizer.decode(req.output_ids) for s in req.stop):
+            elif req.stop and any(s in decode_continuation(self.tokenizer, req.prompt_ids, req.output_ids)
+                                  for s in req.stop):
                 req.finish_reason = "stop"
             elif len(req.output_ids) >= req.max_new_tokens:
                 req.finish_reason = "length"
@@ -321,9 +322,33 @@ class SpeculativeEngine:
         """Decoded output, cut before the first stop string (None without tokenizer)."""
         if self.tokenizer is None:
             return None
-        text = self.tokenizer.decode(req.output_ids)
+        text = decode_continuation(self.tokenizer, req.prompt_ids, req.output_ids)
         cuts = [text.find(s) for s in req.stop if s in text]
         return text[:min(cuts)] if cuts else text
+
+
+CONTEXT_TOKENS = 4  # prompt ids decoded before an output (`decode_continuation`)
+
+
+def decode_continuation(tokenizer: Any, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                        skip_special_tokens: bool = False) -> str:
+    """The text output_ids add after prompt_ids.
+
+    Decoding the output alone loses what depends on the tokens before it: SentencePiece-style
+    tokenizers drop the word-start space of a decode's first token ("▁a" alone is "a", after
+    "Once upon" it is " a"), so "Once upon" + the output would read "Once upona time". The
+    output is decoded after the prompt's last CONTEXT_TOKENS ids and their own text removed,
+    as vLLM's incremental detokenizer does; where that text is not a prefix (a multi-byte
+    character split across the boundary), the output alone. tokenizer: anything with
+    decode(list[int]) -> str (and a skip_special_tokens keyword when that is asked for).
+    """
+    options = {"skip_special_tokens": True} if skip_special_tokens else {}  # plain decode(ids) suffices
+    context = list(prompt_ids[-CONTEXT_TOKENS:])
+    head = tokenizer.decode(context, **options)
+    text = tokenizer.decode(context + list(output_ids), **options)
+    if text.startswith(head):
+        return text[len(head):]
+    return tokenizer.decode(list(output_ids), **options)
 
 
 class GraphedTarget:
