@@ -5,6 +5,8 @@ Each command builds a config, calls one library function and renders the result 
 
 from __future__ import annotations
 
+import json
+
 import typer
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -128,8 +130,6 @@ def version() -> None:
 
 
 def _json_kwargs(text: str, option: str) -> dict:
-    import json
-
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
@@ -241,6 +241,7 @@ def inspect(
     checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout).",
                                      callback=_check_checkpoint_dir),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=_check_model_dir),
+    manifest: bool = _flag("--manifest", help="Print the whole manifest as JSON (default: one line per field)."),
 ) -> None:
     """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit)."""
     from rich.console import Console
@@ -266,14 +267,26 @@ def inspect(
     console.print(f"aux layers (specdraft indices): {list(cfg.aux_layers)} of {cfg.target_num_layers}; "
                   f"hidden {cfg.hidden_size}, target hidden {cfg.target_hidden_size}; "
                   f"draft vocab {cfg.draft_vocab_size} of {cfg.vocab_size}", markup=False)
-    if loaded.manifest is not None:
+    if loaded.manifest is not None and manifest:
         console.print_json(loaded.manifest.to_json())
+    elif loaded.manifest is not None:
+        for line in _manifest_lines(json.loads(loaded.manifest.to_json())):
+            console.print(line, markup=False, soft_wrap=True)
     problems = audit(loaded.model)
     for problem in problems:
         console.print(f"audit: FAIL {problem}", style="red", markup=False)
     if problems:
         raise typer.Exit(1)
     console.print("audit: PASS", style="green")
+
+
+def _manifest_lines(fields: dict) -> list[str]:
+    """`inspect`'s manifest summary: one line per field, objects by their keys, long values cut."""
+    lines = ["manifest (--manifest prints it whole):"]
+    for key, value in fields.items():
+        text = (f"{len(value)} fields: {', '.join(value)}" if isinstance(value, dict) else json.dumps(value))
+        lines.append(f"  {key}: {text if len(text) <= 90 else text[:87] + '...'}")
+    return lines
 
 
 @app.command()
@@ -469,7 +482,6 @@ def _train_source(source: str, online: bool, target: str, no_chat: bool, templat
 
 def _train_config_values(config: str) -> dict:
     """--config FILE as a dict of TrainConfig fields ({} without one); ValueError naming the file."""
-    import json
     from pathlib import Path
 
     from specdraft.train.loop import TrainConfig
@@ -877,14 +889,16 @@ def tune(
     topks: str = typer.Option("1,2,4", help="Children per node to consider.", callback=_int_list),
     max_tree_tokens: int = typer.Option(16, min=2, help="Cap on a tree's verified nodes."),
     num_measure: int = typer.Option(3, min=1, help="Best predictions to measure for real."),
-    min_speedup: float = typer.Option(1.05, help="Measured speedup speculation must exceed."),
-    repeats: int = typer.Option(3, min=1, help="Runs of each measured setting (the fastest is kept)."),
+    min_speedup: float = typer.Option(1.05, help="Median speedup a recommended setting needs (its lower "
+                                      "quartile must also be above 1x), as the demo's rule."),
+    repeats: int = typer.Option(5, min=1, help="Timing rounds: each measured setting and plain decoding run "
+                                "once per round, order rotated; speedups are medians and quartiles of "
+                                "same-round ratios."),
     json_out: str = typer.Option("", help="Also write the report as JSON here."),
     device: str = typer.Option("cpu", callback=_check_device),
     dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
-    import json
     from pathlib import Path
 
     from rich.console import Console

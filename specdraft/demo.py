@@ -31,6 +31,7 @@ from typing import Any, Callable
 from rich.console import Console
 
 from specdraft.conventions import default_aux_layers
+from specdraft.speedup import pick_setting, speedup_text, ties_at_top, timed_passes, timing_summary
 
 
 @dataclass(frozen=True)
@@ -501,67 +502,9 @@ def generation_pass(engine, prompts: list[list[int]], max_new_tokens: int) -> di
             "accept_length": merged.accept_length, "acceptance": merged.acceptance_per_position}
 
 
-def timed_passes(passes: dict[str, Any], repeats: int, run: Any) -> dict[str, list[dict[str, Any]]]:
-    """`repeats` rounds of `run(name)` over every name in `passes` ("plain" among them), the
-    order rotated each round, so load from other processes hits every setting and the plain
-    baseline alike and each setting can be compared with the plain pass of its own round."""
-    names = list(passes)
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            runs[name].append(run(name))
-    return runs
-
-
-def timing_summary(tokens_per_s: list[float], plain_tokens_per_s: list[float]) -> dict[str, Any]:
-    """Median tokens/s over a setting's passes, and its speedup over plain decoding from the
-    same-round ratios (one pass each per round): median, quartiles (the middle half of the rounds;
-    a load spike in one round moves them little) and range."""
-    import statistics
-
-    ratios = [t / p for t, p in zip(tokens_per_s, plain_tokens_per_s)]
-    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
-    return {"tokens_per_s": statistics.median(tokens_per_s), "tokens_per_s_runs": list(tokens_per_s),
-            "speedup": statistics.median(ratios), "speedup_q1": q1, "speedup_q3": q3,
-            "speedup_low": min(ratios), "speedup_high": max(ratios)}
-
-
-def beats_plain(row: dict[str, Any], min_speedup: float) -> bool:
-    """Faster than plain decoding beyond the noise: a median speedup of at least `min_speedup`
-    and a lower quartile above 1x (faster than plain in at least three rounds of four)."""
-    return row["speedup"] >= min_speedup and row["speedup_q1"] > 1.0
-
-
-def ties_at_top(rows: list[dict[str, Any]], min_speedup: float) -> list[dict[str, Any]]:
-    """The settings that beat plain decoding (`beats_plain`) with a median speedup within the
-    noise of the fastest one's (half its interquartile range of same-round speedups); [] when
-    none wins."""
-    winners = [r for r in rows if beats_plain(r, min_speedup)]
-    if not winners:
-        return []
-    top = max(winners, key=lambda r: r["speedup"])
-    noise = (top["speedup_q3"] - top["speedup_q1"]) / 2
-    return [r for r in winners if r["speedup"] >= top["speedup"] - noise]
-
-
-def pick_setting(rows: list[dict[str, Any]], min_speedup: float) -> dict[str, Any] | None:
-    """The setting to recommend, or None when none beats plain decoding beyond the noise.
-
-    Of the ties at the top (`ties_at_top`) the one verifying the fewest tokens per step is
-    picked (the same speed for less work), so repeated runs agree on the pick.
-    """
-    ties = ties_at_top(rows, min_speedup)
-    return min(ties, key=lambda r: (r["num_draft_tokens"], -r["speedup"])) if ties else None
-
-
 def setting_text(r: dict[str, Any]) -> str:
     """"num_steps 3, topk 1, num_draft_tokens 4"."""
     return f"num_steps {r['num_steps']}, topk {r['topk']}, num_draft_tokens {r['num_draft_tokens']}"
-
-
-def speedup_text(r: dict[str, Any]) -> str:
-    """"1.31x (1.25-1.36x)": the median and quartiles of the same-round speedups."""
-    return f"{r['speedup']:.2f}x ({r['speedup_q1']:.2f}-{r['speedup_q3']:.2f}x)"
 
 
 LOW_TAU = 1.2  # a best accept length below this: the drafter barely accepts (tau 1.00: nothing accepted)

@@ -17,6 +17,7 @@ The source is a drafter directory (any layout) or a training checkpoint that `tr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -331,8 +332,9 @@ def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any]
         write_safetensors(state_dict_for_layout(source.model, layout), tmp / WEIGHTS_FILE,
                   metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        if source.manifest is not None:
-            (tmp / MANIFEST_FILE).write_text(source.manifest.to_json())
+        if source.manifest is not None:  # the same record, marked as an export (`tune.needs_export`)
+            manifest = dataclasses.replace(source.manifest, extra={**source.manifest.extra, "export": {"engine": engine}})
+            (tmp / MANIFEST_FILE).write_text(manifest.to_json())
             written = load_draft(tmp, target_num_layers=facts.num_layers).model
         else:
             written = reread_weights(tmp, source.model.cfg, layout)

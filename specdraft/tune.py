@@ -15,10 +15,14 @@ tokens after a prefix, timed directly for every T a candidate needs; t_draft(k) 
 drafting time / (rounds * steps); t_round(k) = the rest of a probe's round time beyond
 t_verify (acceptance, cache commit, output); t_plain likewise from the plain run.
 Tokens/s are decode tokens/s: tokens after the first / time after the prefill.
-The `num_measure` best predictions, the best chain and the current setting are run for real
-(with plain decoding, round robin, `repeats` times each, keeping each one's fastest run);
-the recommendation is the best measured setting when it beats plain decoding by more than
-`min_speedup`, else no speculation. vLLM drafts chains: its recommendation is the best chain.
+The `num_measure` best predictions, the best chain and the current setting are run for real,
+each once per round with plain decoding in `repeats` rounds (order rotated each round), and
+recommended by the rule `specdraft demo` uses (`specdraft.speedup`): a median same-round
+speedup of at least `min_speedup` with a lower quartile above 1x; of the settings tied within
+the noise of the fastest, the one with the fewest draft tokens; else no speculation. vLLM
+drafts chains: its recommendation is picked among the chains.
+The launch flags name the drafter directory when an engine can load it as it is (an export);
+for specdraft's training layout they name the output of the `specdraft export` command shown.
 """
 
 from __future__ import annotations
@@ -34,11 +38,13 @@ from typing import Any
 
 import torch
 
+from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detect_layout
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
+from specdraft.speedup import pick_setting, speedup_text, ties_at_top, timed_passes, timing_summary
 
 WARMUP_TOKENS = 8
 PREDICTION_WARN_FACTOR = 2.0  # predicted vs measured tokens/s beyond which render warns
@@ -49,10 +55,10 @@ class TuneConfig:
     """What to try. max_new_tokens: per prompt (T = 0); probe_steps: depth of the acceptance
     probes (raised to the current setting's depth); topks: children per node to consider (1 =
     chains, always included); max_tree_tokens: cap on a tree's verified nodes; num_measure:
-    best predictions run for real; min_speedup: measured speedup speculation must exceed (5 %
-    by default: closer than that is within run-to-run noise);
-    current: the setting in use, measured and reported too; repeats: runs of each measured
-    setting (and of plain decoding), the fastest kept. Raises ValueError for bad values."""
+    best predictions run for real; min_speedup: median speedup a recommended setting needs,
+    with a lower quartile above 1x (`speedup.beats_plain`);
+    current: the setting in use, measured and reported too; repeats: timing rounds, each
+    running every measured setting and plain decoding once. Raises ValueError for bad values."""
 
     max_new_tokens: int = 64
     probe_steps: int = 8
@@ -62,7 +68,7 @@ class TuneConfig:
     min_speedup: float = 1.05
     current: SpecConfig | None = None
     verify_repeats: int = 7
-    repeats: int = 3
+    repeats: int = 5
 
     def __post_init__(self) -> None:
         checks = [("max_new_tokens", self.max_new_tokens >= 1), ("probe_steps", self.probe_steps >= 1),
@@ -213,7 +219,8 @@ def predict(spec: SpecConfig, probe: Measured, costs: Costs) -> tuple[float, flo
 
 @dataclass
 class Candidate:
-    """A setting with its prediction and, when run, its measurement (speedup vs plain)."""
+    """A setting with its prediction and, when run, its measurement: median tokens/s and
+    speedup vs plain, and `timing` (`speedup.timing_summary` of its rounds)."""
 
     spec: SpecConfig
     predicted_tau: float
@@ -221,13 +228,18 @@ class Candidate:
     measured_tau: float | None = None
     measured_tps: float | None = None
     speedup: float | None = None
+    timing: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The measurement as a `specdraft.speedup` row."""
+        return {**(self.timing or {}), "num_draft_tokens": self.spec.num_draft_tokens}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return {"num_steps": self.spec.num_steps, "topk": self.spec.topk,
                 "num_draft_tokens": self.spec.num_draft_tokens, "predicted_tau": self.predicted_tau,
                 "predicted_tokens_per_s": self.predicted_tps, "measured_tau": self.measured_tau,
-                "measured_tokens_per_s": self.measured_tps, "speedup": self.speedup}
+                "measured_tokens_per_s": self.measured_tps, "speedup": self.speedup, "timing": self.timing}
 
 
 # ---- the tuner --------------------------------------------------------------------------------
@@ -247,6 +259,7 @@ class TuneReport:
     recommendation: Candidate | None
     vllm_recommendation: Candidate | None
     draft_path: str = "DRAFT"
+    target_path: str = "TARGET"
 
     def prediction_error(self) -> float:
         """The largest factor between predicted and measured tokens/s over the measured
@@ -254,20 +267,41 @@ class TuneReport:
         pairs = [(c.predicted_tps, c.measured_tps) for c in self.candidates if c.measured_tps]
         return max((max(p / m, m / p) for p, m in pairs if p > 0 and m > 0), default=1.0)
 
+    def ties(self, chains_only: bool = False) -> list[Candidate]:
+        """The measured candidates (chains only for vLLM) the recommendation was picked among."""
+        return settle([c for c in self.candidates if c.spec.is_chain or not chains_only],
+                      self.config.min_speedup)[1]
+
+    def export_command(self, engine: str) -> str | None:
+        """`specdraft export ...` to run before launching `engine` ("sglang" | "vllm") with the
+        recommendation, or None when the drafter directory serves as it is (`needs_export`)."""
+        rec = self.recommendation if engine == "sglang" else self.vllm_recommendation
+        if rec is None or not needs_export(self.draft_path, engine):
+            return None
+        s = rec.spec
+        return " ".join(["specdraft export", shlex.quote(self.draft_path), shlex.quote(self.served_path(engine)),
+                         "--engine", engine, "--target", shlex.quote(self.target_path), "--num-steps",
+                         str(s.num_steps), *(["--topk", str(s.topk), "--num-draft-tokens", str(s.num_draft_tokens)]
+                                             if engine == "sglang" else [])])
+
+    def served_path(self, engine: str) -> str:
+        """The drafter directory the engine loads: the given one, or its export's (DRAFT-engine)."""
+        return f"{self.draft_path.rstrip('/')}-{engine}" if needs_export(self.draft_path, engine) else self.draft_path
+
     def sglang_flags(self) -> str:
         """SGLang launch flags of the recommendation (or the advice to launch without)."""
         rec = self.recommendation
         if rec is None:
             return "launch without --speculative-* flags (no speculation)"
         return " ".join(["--speculative-algorithm EAGLE3 --speculative-draft-model-path",
-                         shlex.quote(self.draft_path), *rec.spec.sglang_args()])
+                         shlex.quote(self.served_path("sglang")), *rec.spec.sglang_args()])
 
     def vllm_flags(self) -> str:
         """vLLM's --speculative-config of the best chain (or the advice to launch without)."""
         rec = self.vllm_recommendation
         if rec is None:
             return "launch without --speculative-config (no speculation)"
-        config = {"method": "eagle3", "model": self.draft_path, "num_speculative_tokens": rec.spec.num_steps}
+        config = {"method": "eagle3", "model": self.served_path("vllm"), "num_speculative_tokens": rec.spec.num_steps}
         return f"--speculative-config {shlex.quote(json.dumps(config))}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -282,8 +316,9 @@ class TuneReport:
                           "measured_tokens_per_s": self.plain_measured_tps},
                 "candidates": [c.to_dict() for c in self.candidates], "current": one(self.current),
                 "recommendation": one(self.recommendation), "vllm_recommendation": one(self.vllm_recommendation),
-                "prediction_error": self.prediction_error(),
-                "sglang_flags": self.sglang_flags(), "vllm_flags": self.vllm_flags()}
+                "ties": [c.to_dict() for c in self.ties()], "prediction_error": self.prediction_error(),
+                "sglang_flags": self.sglang_flags(), "vllm_flags": self.vllm_flags(),
+                "export_commands": {e: self.export_command(e) for e in ("sglang", "vllm")}}
 
 
 def tune(target: FastTarget, draft: Eagle3Draft, prompts: Sequence[Sequence[int]], cfg: TuneConfig,
@@ -309,37 +344,52 @@ def tune(target: FastTarget, draft: Eagle3Draft, prompts: Sequence[Sequence[int]
     to_measure = {c.spec: c for c in ranked[:cfg.num_measure] + chains[:1]}
     if cfg.current:
         to_measure[cfg.current] = candidates[cfg.current]
-    runs = measure(bench, [None, *to_measure], cfg.repeats)
-    plain = runs[None]
+    runs = timed_passes(dict.fromkeys([None, *to_measure]), cfg.repeats, bench.run)
+    plain_tps = [run.tokens_per_s for run in runs[None]]
+    plain = sorted(runs[None], key=lambda run: run.tokens_per_s)[(len(plain_tps) - 1) // 2]  # the median run
     costs.t_plain = max(0.0, (plain.metrics.time_total_s - plain.metrics.time_prefill_s) / plain.rounds
                         - costs.t_verify[1])
-    say(f"plain decoding: {plain.tokens_per_s:.1f} tok/s")
+    say(f"plain decoding: median {statistics.median(plain_tps):.1f} tok/s over {cfg.repeats} rounds")
     for spec, c in to_measure.items():
-        c.measured_tau, c.measured_tps = runs[spec].metrics.accept_length, runs[spec].tokens_per_s
-        c.speedup = c.measured_tps / plain.tokens_per_s
-        say(f"{spec_text(spec)}: {c.measured_tps:.1f} tok/s ({c.speedup:.2f}x)")
+        c.timing = timing_summary([run.tokens_per_s for run in runs[spec]], plain_tps)
+        c.measured_tau, c.measured_tps, c.speedup = (runs[spec][0].metrics.accept_length, c.timing["tokens_per_s"],
+                                                     c.timing["speedup"])
+        say(f"{spec_text(spec)}: median {c.measured_tps:.1f} tok/s, speedup {speedup_text(c.timing)}")
     return TuneReport(cfg, len(bench.prompts), probes, costs, 1.0 / (costs.t_verify[1] + costs.t_plain),
-                      plain.tokens_per_s, ranked, candidates.get(cfg.current) if cfg.current else None,
-                      best(to_measure.values(), cfg.min_speedup),
-                      best([c for c in to_measure.values() if c.spec.is_chain], cfg.min_speedup), draft_path)
+                      statistics.median(plain_tps), ranked, candidates.get(cfg.current) if cfg.current else None,
+                      settle(to_measure.values(), cfg.min_speedup)[0],
+                      settle([c for c in to_measure.values() if c.spec.is_chain], cfg.min_speedup)[0], draft_path)
 
 
-def measure(bench: Bench, specs: list[SpecConfig | None], repeats: int) -> dict[SpecConfig | None, Measured]:
-    """Run every setting (None = plain decoding) `repeats` times, round robin, keeping each one's
-    fastest run: a load spike on a shared machine slows one run, not the verdict."""
-    fastest: dict[SpecConfig | None, Measured] = {}
-    for _ in range(repeats):
-        for spec in specs:
-            run = bench.run(spec)
-            if spec not in fastest or run.tokens_per_s > fastest[spec].tokens_per_s:
-                fastest[spec] = run
-    return fastest
+def settle(candidates: Any, min_speedup: float) -> tuple[Candidate | None, list[Candidate]]:
+    """(the recommendation, the candidates tied at the top it was picked among) of the measured
+    `candidates`, by `speedup.pick_setting` / `ties_at_top`, demo's rule; (None, []) when none
+    beats plain decoding beyond the noise."""
+    measured = [c for c in candidates if c.timing is not None]
+    rows = [c.row() for c in measured]
+    chosen = pick_setting(rows, min_speedup)
+    ties = [c for c, r in zip(measured, rows) if any(r is t for t in ties_at_top(rows, min_speedup))]
+    return next((c for c, r in zip(measured, rows) if r is chosen), None), ties
 
 
-def best(measured: Any, min_speedup: float) -> Candidate | None:
-    """The fastest measured candidate if its speedup exceeds min_speedup, else None."""
-    top = max(measured, key=lambda c: c.measured_tps, default=None)
-    return top if top is not None and top.speedup > min_speedup else None
+def needs_export(draft_dir: str, engine: str) -> bool:
+    """Whether `engine` ("sglang" | "vllm") needs `specdraft export`'s output rather than
+    `draft_dir`: True for specdraft's training layout (SGLang layout + specdraft manifest, what
+    `specdraft train` writes, `checkpoint.describe_layout`) unless its manifest records an
+    export (extra["export"]), and for the speculators layout under SGLang (vLLM reads it); an
+    official SGLang-layout directory without a manifest serves as it is. A directory that is
+    not a readable drafter (e.g. a placeholder) is named as given."""
+    path = Path(draft_dir)
+    try:
+        layout = detect_layout(path)
+    except (CheckpointError, OSError):
+        return False
+    if layout != "specdraft":
+        return layout == "speculators" and engine == "sglang"
+    try:
+        return "export" not in Manifest.read(path / MANIFEST_FILE).extra
+    except (CheckpointError, OSError, ValueError):
+        return True
 
 
 def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg: TuneConfig,
@@ -355,7 +405,9 @@ def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg:
     tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     engine = load_engine(target_dir, draft_dir, SpecConfig.chain(cfg.depth), device, dtype)
     ids = [list(tokenizer(p)["input_ids"]) for p in load_prompts(prompts)]
-    return tune(engine.target, engine.draft, ids, cfg, str(draft_dir), progress)
+    report = tune(engine.target, engine.draft, ids, cfg, str(draft_dir), progress)
+    report.target_path = str(target_dir)
+    return report
 
 
 # ---- rendering --------------------------------------------------------------------------------
@@ -366,7 +418,8 @@ def spec_text(spec: SpecConfig) -> str:
 
 def render(report: TuneReport, max_rows: int = 12) -> str:
     """The report as text: probes (with tau = 1 + sum p_k), costs, model, candidates with
-    predicted and measured tokens/s, the current setting and the recommendation as flags."""
+    predicted and measured (median) tokens/s and speedup (quartiles), the current setting and
+    the recommendation as flags."""
     cfg, costs = report.config, report.costs
     lines = [f"specdraft tune: {report.num_prompts} prompts x {cfg.max_new_tokens} new tokens, temperature 0",
              "acceptance probes:"]
@@ -382,9 +435,11 @@ def render(report: TuneReport, max_rows: int = 12) -> str:
               (f"  drafter step per topk {{{ms(costs.t_draft)}}}; round overhead per topk "
                f"{{{ms(costs.t_round)}}}; plain overhead {costs.t_plain * 1e3:.3f}"),
               "model: tokens/s = (1 + sum_{j<=steps} p_j) / (steps * t_draft + t_verify(draft tokens) + overhead)",
-              (f"plain decoding: measured {report.plain_measured_tps:.1f} tok/s (the model calibrates its "
-               f"overhead on this run: 1 / (t_verify(1) + overhead) = {report.plain_predicted_tps:.1f})"),
-              f"{'setting':<38} {'pred tau':>8} {'pred tok/s':>10} {'meas tau':>8} {'meas tok/s':>10} {'speedup':>8}"]
+              (f"plain decoding: measured {report.plain_measured_tps:.1f} tok/s, median of {cfg.repeats} rounds (the "
+               f"model calibrates its overhead on the median run: 1 / (t_verify(1) + overhead) = "
+               f"{report.plain_predicted_tps:.1f})"),
+              (f"{'setting':<38} {'pred tau':>8} {'pred tok/s':>10} {'meas tau':>8} {'meas tok/s':>10} "
+               "speedup (quartiles)")]
     shown = [c for i, c in enumerate(report.candidates) if i < max_rows or c.measured_tps is not None]
     for c in shown:
         lines.append(row(spec_text(c.spec), c))
@@ -400,20 +455,33 @@ def render(report: TuneReport, max_rows: int = 12) -> str:
 
 def row(name: str, c: Candidate) -> str:
     """One table row ('-' where not measured)."""
-    measured = (f"{c.measured_tau:>8.3f} {c.measured_tps:>10.1f} {c.speedup:>7.2f}x" if c.measured_tps is not None
-                else f"{'-':>8} {'-':>10} {'-':>8}")
+    measured = (f"{c.measured_tau:>8.3f} {c.measured_tps:>10.1f} {speedup_text(c.timing)}" if c.timing is not None
+                else f"{'-':>8} {'-':>10} -")
     return f"{name:<38} {c.predicted_tau:>8.3f} {c.predicted_tps:>10.1f} {measured}"
 
 
 def recommendation_lines(report: TuneReport) -> list[str]:
-    """The verdict and the engine flags."""
-    rec = report.recommendation
+    """The verdict (with the rule, and the settings tied within the noise), the engine flags, and
+    the `specdraft export` to run first when the drafter is not an export."""
+    rec, cfg = report.recommendation, report.config
+    rule = (f"rule: a median speedup of at least {cfg.min_speedup:.2f}x and a lower quartile above 1x over "
+            f"{cfg.repeats} rounds, each setting timed once per round in turns with plain decoding")
     if rec is None:
-        measured = [c for c in report.candidates if c.measured_tps is not None]
-        top = max(measured, key=lambda c: c.measured_tps)
-        head = (f"recommendation: no speculation: the best measured setting ({spec_text(top.spec)}) reaches "
-                f"{top.speedup:.2f}x of plain decoding (needs > {report.config.min_speedup:.2f}x)")
+        top = max((c for c in report.candidates if c.timing is not None), key=lambda c: c.speedup)
+        lines = [f"recommendation: no speculation: none beat plain decoding beyond the noise ({rule}); the best "
+                 f"measured, {spec_text(top.spec)}, reached {speedup_text(top.timing)}"]
     else:
-        head = (f"recommendation: {spec_text(rec.spec)}: {rec.measured_tps:.1f} tok/s measured "
-                f"({rec.speedup:.2f}x plain decoding; predicted {rec.predicted_tps:.1f})")
-    return [head, f"  SGLang: {report.sglang_flags()}", f"  vLLM: {report.vllm_flags()}"]
+        lines = [f"recommendation: {spec_text(rec.spec)}: median {rec.measured_tps:.1f} tok/s measured, speedup "
+                 f"{speedup_text(rec.timing)} over plain decoding; predicted {rec.predicted_tps:.1f} ({rule})"]
+        ties = [c for c in report.ties() if c is not rec]
+        if ties:
+            lines.append("  chosen among settings tied within the noise (half the fastest one's interquartile range): "
+                         + "; ".join(f"{spec_text(c.spec)} {speedup_text(c.timing)}" for c in ties)
+                         + "; the pick has the fewest draft tokens (the same speed for less work)")
+    for engine, name, flags in (("sglang", "SGLang", report.sglang_flags()), ("vllm", "vLLM", report.vllm_flags())):
+        lines.append(f"  {name}: {flags}")
+        command = report.export_command(engine)
+        if command:
+            lines.append(f"    {report.draft_path} is specdraft's training layout, not an export; {name} loads "
+                         f"`specdraft export`'s output: first run {command}")
+    return lines

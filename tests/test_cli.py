@@ -73,3 +73,26 @@ def test_bench_and_tune_check_their_output_paths_before_running(tmp_path):
         tune = CliRunner().invoke(app, ["tune", "--target", str(tmp_path / "model"), "--draft",
                                         str(tmp_path / "model"), "--json-out", str(bad)])
         assert tune.exit_code == 1 and "--json-out" in tune.output, tune.output
+
+
+def test_inspect_summarises_the_manifest_and_prints_it_whole_on_request(tmp_path):
+    """The manifest's training record made inspect a ~200-line JSON dump before the verdict."""
+    import json
+
+    from specdraft.checkpoint import save_draft
+    from tests.drafts import tiny_draft, tiny_manifest
+
+    model = tiny_draft()
+    manifest = tiny_manifest(model)
+    manifest.training = {"steps": 3, "validation": {"accuracy": [0.5] * 40}}
+    ckpt = save_draft(model, tmp_path / "draft", manifest=manifest)
+    short = invoke(["inspect", str(ckpt)])
+    assert short.exit_code == 0, short.output
+    lines = short.output.splitlines()
+    start = lines.index("manifest (--manifest prints it whole):")
+    assert "  training: 2 fields: steps, validation" in lines and "  aux_layers: [2, 3, 4]" in lines
+    assert lines[-1] == "audit: PASS" and len(lines) - start < 20
+    whole = invoke(["inspect", str(ckpt), "--manifest"])
+    assert whole.exit_code == 0 and "manifest (--manifest" not in whole.output
+    body = whole.output[whole.output.index("{\n"):whole.output.rindex("}") + 1]
+    assert json.loads(body)["training"]["validation"]["accuracy"] == [0.5] * 40

@@ -41,8 +41,10 @@ def test_sglang_export_layout_ids_and_launch_command(llama, tmp_path):
             config["tie_word_embeddings"], config["rope_theta"]) == (64, False, False, 10000.0)
     keys = set(load_file(str(tmp_path / "out" / "model.safetensors")))
     assert "midlayer.self_attn.q_proj.weight" in keys and not any(k.startswith("layers.") for k in keys)
-    assert (tmp_path / "out" / "specdraft_manifest.json").read_text() == \
-        (draft / "specdraft_manifest.json").read_text()
+    exported = json.loads((tmp_path / "out" / "specdraft_manifest.json").read_text())
+    assert exported.pop("extra") == {"export": {"engine": "sglang"}}  # what tune tells an export by
+    source = json.loads((draft / "specdraft_manifest.json").read_text())
+    assert source.pop("extra") == {} and exported == source  # the training record, unchanged
     assert result.num_tensors == len(keys)
     assert result.launch_command == (
         f"python -m sglang.launch_server --model-path {target.resolve()} --speculative-algorithm EAGLE3 "

@@ -59,7 +59,8 @@ def test_cli_exports_an_intermediate_checkpoint_and_its_manifest_says_which_step
     assert training["steps"] == 3 and training["checkpoint"] == str(step3)
     assert training["train"]["step"] == 3 and training["validation"]["step"] == 3
     assert training["config"] == final_manifest["training"]["config"]
-    assert manifest == {k: v for k, v in final_manifest.items() if k != "training"}
+    assert manifest.pop("extra") == {"export": {"engine": "sglang"}}
+    assert manifest == {k: v for k, v in final_manifest.items() if k not in ("training", "extra")}
     loaded = load_draft(tmp_path / "out")
     assert loaded.layout == "specdraft" and loaded.manifest.training["steps"] == 3
 
