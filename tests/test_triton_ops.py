@@ -313,7 +313,8 @@ def test_graphed_draft_replays_what_fast_draft_computes(monkeypatch):
     """GraphedDraft (static buffers, whole-cache masks built from `start`, a given mask padded
     with False) against FastDraft's own Triton step: a first step, two chain steps that reuse
     one graph at different starts, a tree step under a mask; and a 20-position first step, which
-    runs the FastDraft as it is. Without a GPU the graphs are replaced by eager replays."""
+    runs the FastDraft as it is, as does a key not captured. Without a GPU the graphs are
+    replaced by eager replays."""
     from specdraft.engine.draft_cache import DraftCache
     from specdraft.engine.fast_draft import FastDraft, GraphedDraft
     from tests.drafts import tiny_draft
@@ -322,13 +323,15 @@ def test_graphed_draft_replays_what_fast_draft_computes(monkeypatch):
     cfg, fast = draft.cfg, FastDraft(draft)
     fast.triton_kernels = True
     caches = [DraftCache(cfg.num_key_value_heads, cfg.head_dim, 48, DTYPE, DEVICE) for _ in range(2)]
-    graphed = GraphedDraft(fast, caches[1])
     if not CUDA:
-        def capture(t, first_step, masked, width):
-            inputs = graphed.static_inputs(t, width)
-            outputs = graphed.step(*inputs, first_step, masked)
-            return _EagerGraph(lambda: graphed.step(*inputs, first_step, masked), outputs), inputs, outputs
-        monkeypatch.setattr(graphed, "capture", capture)
+        def capture(self, t, first_step, masked, width):
+            inputs = self.static_inputs(t, width)
+            outputs = self.step(*inputs, first_step, masked)
+            return _EagerGraph(lambda: self.step(*inputs, first_step, masked), outputs), inputs, outputs
+        monkeypatch.setattr(GraphedDraft, "capture", capture)
+    keys = [(3, True, False), (1, False, False), (3, False, True)]
+    graphed = GraphedDraft(fast, caches[1], keys)
+    assert set(graphed.graphs) == set(keys)  # captured up front, never during generation
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (20,), generator=gen).to(DEVICE)
     aux = torch.randn(20, cfg.n_aux * cfg.target_hidden_size, generator=gen).to(DEVICE, DTYPE)
@@ -340,6 +343,7 @@ def test_graphed_draft_replays_what_fast_draft_computes(monkeypatch):
         (ids[1:2], hidden[1:2], torch.tensor([10]), False, 10, None),
         (ids[:3], hidden, torch.full((3,), 11), False, 12, tree_mask.to(DEVICE)),
         (ids, aux, torch.arange(20), True, 0, None),  # > 16 positions: not graphed
+        (ids[:2], aux[:2], torch.arange(20, 22), True, 20, None),  # a key not captured: run as it is
     ]
     for cache in caches:
         cache.k.copy_(torch.randn(cache.k.shape, generator=torch.Generator().manual_seed(3)))
@@ -351,7 +355,7 @@ def test_graphed_draft_replays_what_fast_draft_computes(monkeypatch):
             assert _rel_err(a, b) < TOL
         end = start + step_ids.shape[0]
         assert _rel_err(caches[1].k[:, :, :end], caches[0].k[:, :, :end]) < TOL
-    assert set(graphed.graphs) == {(3, True, False), (1, False, False), (3, False, True)}
+    assert set(graphed.graphs) == set(keys)
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs and compiled target layers")
@@ -369,5 +373,6 @@ def test_compiled_engine_runs_target_and_drafter_through_triton_graphs():
     assert (engine.target_kernels, engine.draft_kernels) == ("triton", "triton")
     assert isinstance(engine.run_draft, GraphedDraft)
     result = engine.generate(list(range(1, 13)), 8)
-    assert len(result.token_ids) == 8 and (1, False, False) not in engine.run_draft.graphs  # tree steps: masked
-    assert {key[2] for key in engine.run_draft.graphs} == {False, True}  # first steps and tree steps
+    assert set(engine.run_draft.graphs) == {(1, True, False), (2, True, False), (3, True, False), (4, True, False),
+                                            (2, False, True)}  # first steps after a verify, masked tree steps
+    assert len(result.token_ids) == 8

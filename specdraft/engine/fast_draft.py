@@ -24,7 +24,7 @@ one after changing the drafter's weights.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -125,12 +125,15 @@ class FastDraft:
 
 class GraphedDraft:
     """CUDA-graph replays of `FastDraft.triton_step` on one `DraftCache`, called like a
-    `FastDraft`: one graph per (T, first step or not, mask given or not), captured on first use.
-    Steps of more than `fused_decode.MAX_TOKENS` positions (a prompt's first step) and other
-    caches run the FastDraft as it is.
+    `FastDraft`: one graph per key (T positions, first step or not, mask given or not), all
+    captured at construction (`draft_graph_keys` lists those of a speculative setting). Other
+    steps (a prompt's first step) and other caches run the FastDraft as it is.
 
     Eagerly a Triton step is bound by its launches on the host (~2 ms on an H200 for a Llama-3.1-
     8B drafter, against 0.2 ms of GPU time); a replay costs a few small copies and one launch.
+    Capturing on first use cost more than it saved: a tree run (topk 4, 4 steps) on pycode-25m
+    spent 0.81 s drafting 200 tokens (a chain 0.06 s), most of it compiling and capturing first
+    steps its warm-up generation had not met.
     Graphs attend over the whole cache (entries past the step are masked; the attention kernel
     skips their blocks), so the shapes are static. Inputs are copied into static buffers;
     outputs are valid until the next call with the same key. Capture warms up by writing the
@@ -138,22 +141,23 @@ class GraphedDraft:
     uses (`SpeculativeEngine` does).
     """
 
-    def __init__(self, fast: FastDraft, cache: DraftCache) -> None:
+    def __init__(self, fast: FastDraft, cache: DraftCache, keys: Iterable[tuple[int, bool, bool]]) -> None:
         self.fast, self.cache = fast, cache
         self.entries = torch.arange(cache.max_len, device=cache.k.device)  # [max_len]
         self.graphs: dict[tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...], Any]] = {}
+        for key in keys:
+            width = fast.fc.shape[1] if key[1] else fast.fc.shape[0]  # aux states / own hidden state
+            self.graphs[key] = self.capture(*key, width)
 
     def __call__(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, first_step: bool,
                  cache: DraftCache, start: int, attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """As `FastDraft.__call__` (attn_mask [T, start+T] or [1, 1, T, start+T] bool, or None)."""
         t = input_ids.shape[0]
-        if cache is not self.cache or t > fused_decode.MAX_TOKENS:
+        key = (t, first_step, attn_mask is not None)
+        if cache is not self.cache or key not in self.graphs:
             return self.fast(input_ids, hidden, positions, first_step, cache, start, attn_mask)
         if start + t > cache.max_len:
             raise ValueError(f"draft cache write of {t} entries at {start} exceeds its size {cache.max_len}")
-        key = (t, first_step, attn_mask is not None)
-        if key not in self.graphs:
-            self.graphs[key] = self.capture(*key, hidden.shape[-1])
         graph, (ids, hid, pos, start_t, mask), output = self.graphs[key]
         ids.copy_(input_ids)
         hid.copy_(hidden)
@@ -198,3 +202,11 @@ class GraphedDraft:
         with torch.cuda.graph(graph):
             output = self.step(*inputs, first_step, masked)
         return graph, inputs, output
+
+
+def draft_graph_keys(num_steps: int, topk: int) -> list[tuple[int, bool, bool]]:
+    """The `GraphedDraft` keys a speculative setting runs after its first round: first steps over
+    the 1..num_steps+1 positions a verification can accept, and the later steps (topk rows, a
+    tree's under a mask; none for num_steps 1). Each key is (T, first step, masked)."""
+    keys = [(t, True, False) for t in range(1, min(num_steps + 1, fused_decode.MAX_TOKENS) + 1)]
+    return keys + ([(topk, False, topk > 1)] if num_steps > 1 else [])

@@ -29,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from specdraft.draft import Eagle3Draft
 from specdraft.engine import fused_decode, sampling
 from specdraft.engine.draft_cache import DraftCache
-from specdraft.engine.fast_draft import FastDraft, GraphedDraft
+from specdraft.engine.fast_draft import FastDraft, GraphedDraft, draft_graph_keys
 from specdraft.engine.fast_model import FastTarget, causal_mask, load_fast_target
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.sampling import SamplingParams, Verdict, logits_to_probs, sample
@@ -126,7 +126,8 @@ class SpeculativeEngine:
             if self.draft is not None:
                 reason = self.fast_draft.use_triton()
                 if reason is None:
-                    self.run_draft = GraphedDraft(self.fast_draft, self.draft_cache)
+                    self.run_draft = GraphedDraft(self.fast_draft, self.draft_cache,
+                                                  draft_graph_keys(self.spec.num_steps, self.spec.topk))
                 self.draft_kernels = "triton" if reason is None else f"torch, eager ({reason})"
 
     # ---- public -------------------------------------------------------------------------------
