@@ -665,6 +665,8 @@ def doctor(
     engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
     samples: str = typer.Option("", help="Capture store or JSONL (token ids, chats or texts)."),
     skip_bad: bool = _flag("--skip-bad", help="Skip bad --samples records instead of refusing the file."),
+    wait: float = typer.Option(120.0, min=0, help="Seconds to wait for a --server that refuses connections (still "
+                               "starting) before the online check fails; 0: try once."),
     server: str = typer.Option("", help="Live server URL, e.g. http://127.0.0.1:8000 (online acceptance; needs "
                                "--samples: prompts with the target's own outputs, e.g. the demo's store-heldout)."),
     sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids."),
@@ -692,7 +694,7 @@ def doctor(
         report = run_doctor(
             checkpoint, target=target or None, engine=engine or None,
             engine_args=engine_args or None, samples=samples or None, server=server or None,
-            sglang_version=sglang_version or None, max_samples=max_samples, skip_bad=skip_bad,
+            sglang_version=sglang_version or None, max_samples=max_samples, skip_bad=skip_bad, server_wait_s=wait,
             template_kwargs=_json_kwargs(template_kwargs, "--template-kwargs") if template_kwargs else None)
     except ValueError as e:
         _error(console, e, SKIP_BAD_HINT)

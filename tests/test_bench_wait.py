@@ -157,3 +157,23 @@ def test_the_noise_column_says_steady_noisy_or_one_run():
     assert "| 4 | 1.10x | 0.40 | ties | noisy: verdict inconclusive |" in text
     one = markdown(report_of([SpeedupPoint(1, 1.5)], repeats=1))
     assert "| 1 | 1.50x | - | - | one run: no spread |" in one
+
+
+def test_doctor_waits_for_its_server_as_bench_does(capsys):
+    """`serve ... &` then `doctor --server` at once: doctor waits too (it used to connect once)."""
+    from specdraft.doctor.online import ServerError, connect
+
+    port = free_port()
+    started: list = []
+    thread = threading.Thread(target=lambda: (time.sleep(1.0), started.append(serve_in_thread(
+        fake_vllm_app(lambda active: 0.001, tokens_per_step=2, num_spec=3), port=port))), daemon=True)
+    thread.start()
+    try:
+        server = connect(f"http://127.0.0.1:{port}", wait_s=30.0)
+    finally:
+        thread.join()
+        for s in started:
+            s.stop()
+    assert server.kind == "vllm" and "waiting up to 30 s" in capsys.readouterr().err
+    with pytest.raises(ServerError, match=r"after waiting 1 s.*--server"):
+        connect(f"http://127.0.0.1:{free_port()}", wait_s=1.0)

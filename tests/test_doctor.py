@@ -139,7 +139,8 @@ def test_nan_weight_fails(exported, tmp_path):
 
 def test_unreachable_server_fails_naming_it(exported):
     out, target = exported
-    finding = run_doctor(out, target=target, server="http://localhost:1").finding("online_acceptance")
+    finding = run_doctor(out, target=target, server="http://localhost:1", server_wait_s=0).finding(
+        "online_acceptance")
     assert finding.verdict == "fail" and "http://localhost:1" in finding.evidence
 
 

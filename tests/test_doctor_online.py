@@ -90,7 +90,8 @@ def test_online_acceptance_unreachable_server_fails(world):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    finding = doctor(draft, target, samples, url)
+    finding = run_doctor(draft, target=target, samples=samples, server=url, max_samples=8,
+                         server_wait_s=0).finding("online_acceptance")
     assert finding.verdict == "fail"
     assert url in finding.evidence
 
@@ -102,7 +103,8 @@ def test_online_acceptance_without_server_skips(world):
 
 def test_online_acceptance_unreachable_server_fails_without_samples(world):
     draft, target, _ = world
-    finding = run_doctor(draft, target=target, server="http://127.0.0.1:1").finding("online_acceptance")
+    finding = run_doctor(draft, target=target, server="http://127.0.0.1:1", server_wait_s=0).finding(
+        "online_acceptance")
     assert finding.verdict == "fail" and "http://127.0.0.1:1" in finding.evidence
 
 

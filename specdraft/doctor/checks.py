@@ -614,7 +614,7 @@ def online_acceptance(ev: Evidence) -> Result:
     if url is None:
         raise Unavailable("no --server", "pass a live server URL")
     try:
-        server = connect(url)  # an unreachable server fails even without samples
+        server = connect(url, wait_s=ev.inputs.server_wait_s)  # an unreachable server fails even without samples
         online = run_online(server, ev.samples, _text_to_ids(ev))
     except ServerError as e:
         return fail(f"server unreachable or failing: {e}", f"start the server at {url} or fix --server")

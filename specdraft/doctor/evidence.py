@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from specdraft.bench import SERVER_WAIT_S
 from specdraft.checkpoint import (
     LAYER_PREFIX,
     MANIFEST_FILE,
@@ -75,7 +76,8 @@ class DoctorInputs:
     JSONL of token ids ({"input_ids", "loss_mask"}), chats or texts; skip_bad skips its bad
     records instead of refusing the file. template_kwargs: the chat template kwargs the server
     uses (default: vLLM's --default-chat-template-kwargs, else {}). max_samples / max_length
-    bound the offline run.
+    bound the offline run. server_wait_s: how long to wait for a server that refuses
+    connections (still starting) before the online check fails.
     """
 
     checkpoint: Path
@@ -89,6 +91,7 @@ class DoctorInputs:
     max_samples: int = 32
     max_length: int = 512
     skip_bad: bool = False
+    server_wait_s: float = SERVER_WAIT_S
 
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in DOCTOR_ENGINES:

@@ -28,13 +28,14 @@ from typing import Any
 import httpx
 
 from specdraft.bench import (
+    SERVER_WAIT_S,
     RequestRecord,
     Server,
     SpecCounts,
     counter_delta,
-    detect_server,
     scrape,
     sglang_counts,
+    wait_for_server,
 )
 from specdraft.data import Sample
 from specdraft.doctor.evidence import Evidence
@@ -71,10 +72,13 @@ def prompt_of(sample: Sample) -> list[int]:
     return ids[:max(1, min(n, len(ids) - 1))]
 
 
-def connect(url: str, timeout_s: float = TIMEOUT_S) -> Server:
-    """The server at `url` (bench.detect_server); raises ServerError when it does not answer."""
+def connect(url: str, timeout_s: float = TIMEOUT_S, wait_s: float = SERVER_WAIT_S) -> Server:
+    """The server at `url`, waited for up to wait_s seconds while it refuses connections (still
+    starting: `bench.wait_for_server`, as bench waits); raises ServerError when it does not answer."""
+    import sys
+
     try:
-        return detect_server(url, timeout_s)
+        return wait_for_server(url, wait_s, timeout_s, "--server", on_wait=lambda line: print(line, file=sys.stderr))
     except (RuntimeError, httpx.HTTPError) as e:
         raise ServerError(f"{url} does not answer: {e}") from None
 

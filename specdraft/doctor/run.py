@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdraft.bench import SERVER_WAIT_S
 from specdraft.checkpoint import wrong_dir_message
 from specdraft.doctor.checks import CHECKS, VERDICTS, Result
 from specdraft.doctor.evidence import DoctorInputs, Evidence, Unavailable
@@ -66,7 +67,7 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
                engine_args: str | None = None, samples: str | Path | None = None,
                server: str | None = None, sglang_version: str | None = None,
                template_kwargs: dict[str, Any] | None = None, max_samples: int = 32,
-               max_length: int = 512, skip_bad: bool = False) -> Report:
+               max_length: int = 512, skip_bad: bool = False, server_wait_s: float = SERVER_WAIT_S) -> Report:
     """Check a draft checkpoint against its training record, its target and its deployment.
 
     checkpoint: a draft directory (any layout). target: the target's transformers directory
@@ -75,7 +76,8 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     line. samples: capture store or JSONL (offline acceptance, render parity; skip_bad skips
     its bad records and counts them in Report.notes). server: a live server's URL (online
     acceptance: the sample prompts at T = 0, its counters vs offline on the sequences it
-    produced). sglang_version pins SGLang's id reading; template_kwargs: the server's chat
+    produced; waited for up to server_wait_s seconds while it refuses connections, as bench
+    waits). sglang_version pins SGLang's id reading; template_kwargs: the server's chat
     template kwargs. Returns a Report; raises ValueError only for invalid arguments: a path that
     does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --target that is a
     drafter (`checkpoint.wrong_dir_message` words both), a --samples file that
@@ -94,7 +96,7 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
         Path(checkpoint), target=Path(target) if target else None, engine=engine,
         engine_args=engine_args, samples=Path(samples) if samples else None, server=server,
         sglang_version=sglang_version, template_kwargs=template_kwargs,
-        max_samples=max_samples, max_length=max_length, skip_bad=skip_bad)
+        max_samples=max_samples, max_length=max_length, skip_bad=skip_bad, server_wait_s=server_wait_s)
     ev = Evidence(inputs)
     ev.read_given_samples()
     for check in CHECKS:
