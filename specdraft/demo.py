@@ -703,6 +703,8 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
         torch.set_num_threads(cfg.threads)
     say = lambda text: console.print(f"[bold]demo[/bold] {text}")  # noqa: E731
     target_dir = stage_target(cfg)
+    if cfg.target is None:
+        say(f"convert: the bundled stories260K (llama2.c) -> transformers Llama at {target_dir}")
     from transformers import AutoConfig
 
     num_layers = AutoConfig.from_pretrained(str(target_dir)).get_text_config().num_hidden_layers
@@ -732,6 +734,8 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     fastest = lambda runs: max(runs, key=lambda r: r["speedup"])  # noqa: E731
     exports = stage_export(cfg, draft_dir, target_dir, chosen or fastest(rows),
                            (chain or fastest(report.sweep))["num_steps"])
+    say("export: " + ", ".join(f"{engine} -> {result.out_dir} ({result.num_tensors} tensors bit-identical)"
+                               for engine, result in exports.items()))
     report.launch_commands = {e: r.launch_command for e, r in exports.items()}
     say("doctor")
     report.doctor, report.lint = stage_doctor(draft_dir, target_dir,
