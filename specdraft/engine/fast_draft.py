@@ -11,9 +11,10 @@ checks), with the engine's cache protocol and fewer operations per step:
 Norm and RoPE are `draft.py`'s functions, so the numerics are the drafter's by construction.
 
 After `use_triton()` (CUDA, bf16 / fp16) a step of up to 16 positions runs through
-`triton_ops` instead, as the target's decode does (`fused_decode`): nine launches where the
-torch step makes about forty small ones besides its matmuls, RoPE and the K/V writes in the
-q|k|v matmul's epilogue, silu(gate) * up in the gate|up matmul's. RoPE is then computed in
+`triton_ops` instead, as the target's decode does (`fused_decode`): eleven launches in all
+(twelve on a first step, with fc), where the torch step makes about forty small ones besides
+its matmuls; RoPE and the K/V writes in the q|k|v matmul's epilogue, silu(gate) * up in the
+gate|up matmul's. RoPE is then computed in
 float32 where `draft.py` rounds cos / sin to the weights' dtype: the two paths agree to bf16
 rounding (tests/test_triton_ops.py). Eagerly those launches are host-bound; `GraphedDraft`
 replays them as CUDA graphs (what `SpeculativeEngine(compile=True)` runs).

@@ -1,7 +1,7 @@
 """FastTarget's forward for a few new tokens (decode, verify) through the Triton kernels.
 
-A layer is seven launches: add_rms_norm -> qkv matmul with RoPE and the K/V cache writes in its
-epilogue -> attention (split + combine) -> o matmul -> add_rms_norm -> gate|up matmul with
+A layer is eight launches: add_rms_norm -> qkv matmul with RoPE and the K/V cache writes in its
+epilogue -> attention (split, then combine) -> o matmul -> add_rms_norm -> gate|up matmul with
 silu(gate) * up in its epilogue -> down matmul, the residual add of each sub-block fused into
 the norm after it (q-/k-norm targets, Qwen3: RoPE is a launch of its own, after the qkv
 matmul). On Hopper the launches overlap (programmatic dependent launch): each matmul requests
