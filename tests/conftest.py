@@ -1,11 +1,22 @@
 """Test-wide settings: one torch thread (tiny models; two threads fight on the 2-core CI machine),
 and without a GPU, Triton kernels run in Triton's interpreter (tests/test_triton_ops.py). The
-variable must be set before anything imports Triton: torch's compiler may import it early."""
+variable must be set before anything imports Triton: torch's compiler may import it early.
+Also the `store` fixture the training modules share."""
 
 import os
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """The capture store of tests/test_train_loop.py's tiny target and samples (`make_world`),
+    for the train / resume / export modules that train from it."""
+    from tests.test_train_loop import make_world
+
+    return make_world(tmp_path_factory.mktemp("train"))[2]

@@ -16,13 +16,7 @@ from specdraft.export import export_draft
 from specdraft.train.loop import Trainer, train, write_sharded_checkpoint
 from specdraft.train.sources import StoreData
 from tests.test_cli import flat, invoke
-from tests.test_train_loop import make_world, one_thread, small_config  # noqa: F401
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """The capture store of test_train_loop's tiny target and samples."""
-    return make_world(tmp_path_factory.mktemp("train"))[2]
+from tests.test_train_loop import one_thread, small_config  # noqa: F401
 
 
 @pytest.fixture(scope="module")

@@ -8,17 +8,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from specdraft.train.loop import TrainConfig, checkpoint_paths, resume_config
 from tests.test_cli import flat, invoke
-from tests.test_train_loop import make_world, one_thread  # noqa: F401
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("resume-defaults"))[2]
+from tests.test_train_loop import one_thread  # noqa: F401
 
 
 FIRST = ["--batch-size", "4", "--ttt-steps", "2", "--draft-vocab-size", "96", "--save-every", "3",

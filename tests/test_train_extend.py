@@ -14,13 +14,8 @@ from safetensors.torch import load_file
 
 from specdraft.train.loop import FLAG_OF_FIELD, TrainConfig, checkpoint_paths, lr_lambda, train
 from tests.test_cli import flat, invoke
-from tests.test_train_loop import make_world, one_thread, read_metrics, small_config  # noqa: F401
+from tests.test_train_loop import one_thread, read_metrics, small_config  # noqa: F401
 
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """The capture store of test_train_loop's tiny target and samples."""
-    return make_world(tmp_path_factory.mktemp("train"))[2]
 
 ARGS = ["--batch-size", "4", "--ttt-steps", "2", "--draft-vocab-size", "96", "--save-every", "3",
         "--warmup-steps", "2", "--lr", "0.003"]
