@@ -767,7 +767,7 @@ def markdown(report: BenchReport) -> str:
     if report.baseline_warning:
         lines += [report.baseline_warning, ""]
     if report.speedups is None:
-        lines.append(NO_BASELINE)
+        lines += [NO_BASELINE, ""]  # the crossover says nothing more
     else:
         lines += ["| concurrency | speedup (ratio of means) | sd | verdict | run-to-run noise |",
                   "|---|---|---|---|---|"]
@@ -777,7 +777,7 @@ def markdown(report: BenchReport) -> str:
                   for p in report.speedups]
         note = noise_note(report.speedups)
         lines += ["", note] if note else []
-    lines += ["", report.crossover.text, ""]
+        lines += ["", report.crossover.text, ""]
     return "\n".join(lines)
 
 
