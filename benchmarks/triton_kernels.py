@@ -76,14 +76,15 @@ def bench_attention(t: int, slots: int = 1280, prefix: int = 1024) -> dict:
     k_cache = torch.randn(1, 8, slots, 128, device="cuda", dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
     mask = causal_mask(prefix, t, slots, device="cuda").contiguous()
+    new_slots = torch.arange(prefix, prefix + t, device="cuda")
     bias = torch.zeros_like(mask, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
     q_heads = q.view(1, t, 32, 128).transpose(1, 2)
     ref = F.scaled_dot_product_attention(q_heads.float(), k_cache.float(), v_cache.float(), attn_mask=mask,
                                          enable_gqa=True).transpose(1, 2)[0]
-    err = ((attention(q, k_cache, v_cache, mask).float() - ref).norm() / ref.norm()).item()
+    err = ((attention(q, k_cache, v_cache, mask, new_slots).float() - ref).norm() / ref.norm()).item()
     return {"sdpa_us": round(graph_us(lambda: F.scaled_dot_product_attention(
                 q_heads, k_cache, v_cache, attn_mask=bias, enable_gqa=True)), 2),
-            "triton_us": round(graph_us(lambda: attention(q, k_cache, v_cache, mask)), 2),
+            "triton_us": round(graph_us(lambda: attention(q, k_cache, v_cache, mask, new_slots)), 2),
             "triton_rel_err": err}
 
 

@@ -140,10 +140,34 @@ def test_attention_matches_sdpa_under_masks(t, group, min_programs, monkeypatch)
     mask[..., 0, 600 - 1] = True  # every row sees a slot (row 0 its last one only, if t == 1)
     mask[..., 1:, 400] = True
     mask = mask.to(DEVICE)
-    got = attention(q, k_cache, v_cache, mask)
+    got = attention(q, k_cache, v_cache, mask, torch.arange(num_slots - t, num_slots, device=DEVICE))
     ref = F.scaled_dot_product_attention(
         q.double().cpu().view(1, t, nq, d).transpose(1, 2), k_cache[:, :, :num_slots].double().cpu(),
         v_cache[:, :, :num_slots].double().cpu(), attn_mask=mask.cpu(), enable_gqa=True)
+    assert _rel_err(got, ref.transpose(1, 2)[0]) < TOL
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_attention_reads_the_slots_the_kernel_before_it_wrote(t):
+    """The q|k|v kernel, then attention, as a layer runs them: attention sees this step's K / V,
+    not what the slots held before (7s). With PDL (a GPU) attention reads the other blocks while
+    the q|k|v kernel finishes; the block holding this step's slots is read again after the wait.
+    That overlap did not show a stale read in this test on an H200 with the re-read removed:
+    here the q|k|v kernel is a few programs long, so the re-read itself is not what this pins."""
+    nq, nkv, d, k, cache_len = 8, 2, 16, 40, 700
+    x, wqkv = _randn(t, k, seed=1), _randn((nq + 2 * nkv) * d, k, seed=2, scale=0.3)
+    caches = [_randn(1, nkv, cache_len, d, seed=3), _randn(1, nkv, cache_len, d, seed=4)]
+    slots = torch.arange(300, 300 + t, device=DEVICE)  # mid-block
+    for cache in caches:
+        cache[:, :, slots] = 7.0
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
+    mask = causal_mask(300, t, 640, device=DEVICE)
+    q = qkv_rope_to_cache(x, wqkv, None, slots[None], slots, inv_freq, *caches, nq)
+    got = attention(q, *caches, mask, slots)
+    ref = F.scaled_dot_product_attention(
+        q.double().cpu().view(1, t, nq, d).transpose(1, 2), *(c[:, :, :640].double().cpu() for c in caches),
+        attn_mask=mask.cpu(), enable_gqa=True)
+    assert not (caches[0][:, :, slots] == 7).any()
     assert _rel_err(got, ref.transpose(1, 2)[0]) < TOL
 
 

@@ -118,7 +118,7 @@ class FastDraft:
         add_rms_norm(h, None, self.hidden_norm, self.eps, out=x[:, width:])
         q = qkv_rope_to_cache(x, self.wqkv, None, positions[None], slots, self.inv_freq, cache.k, cache.v,
                               self.num_heads)
-        y = attention(q, cache.k, cache.v, attn_mask)
+        y = attention(q, cache.k, cache.v, attn_mask, slots)
         r, normed = add_rms_norm(h, linear(y.view(t, -1), self.wo), self.post_attention_norm, self.eps)
         out, normed = add_rms_norm(r, linear(linear_silu_mul(normed, self.w13), self.w2), self.norm, self.eps)
         return linear(normed, self.lm_head), out

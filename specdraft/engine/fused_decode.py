@@ -87,7 +87,7 @@ def block_forward(layer: TransformerBlock, x: Tensor, normed: Tensor, position_i
         qk_norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.q_norm is not None else ()
         q = rope_to_cache(linear(normed, attn.wqkv.weight, attn.wqkv.bias), position_ids, cache_slots, inv_freq,
                           cache.k_cache, cache.v_cache, attn.num_heads, *qk_norms)
-    y = attention(q, cache.k_cache, cache.v_cache, attn_mask)
+    y = attention(q, cache.k_cache, cache.v_cache, attn_mask, cache_slots)
     h, normed = add_rms_norm(x, linear(y.view(x.shape[0], -1), attn.wo.weight, attn.wo.bias),
                              layer.ffn_norm.weight, layer.ffn_norm.eps)
     return h, linear(linear_silu_mul(normed, ffn.w13.weight), ffn.w2.weight)

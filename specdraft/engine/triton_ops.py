@@ -19,7 +19,8 @@ also replace the small ops around the matmuls, which cost the torch path a fifth
   by their log-sum-exp.
 
 On Hopper every kernel is launched with programmatic dependent launch (`use_pdl`): it starts
-while the kernel before it finishes, and a GEMV requests its first weights before it waits.
+while the kernel before it finishes, and a GEMV requests its first weights, attention its first
+block of cached K / V (all but the slots being written), before it waits.
 Each kernel waits before it lets the next one start, so at most two overlap (releasing first
 made a 16-token verify 10 % slower).
 
@@ -181,7 +182,7 @@ def _thin_gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, HALF, T, pos_ptr, 
 def _linear_config(m: int, rows: int, k: int, paired: bool) -> tuple[int, int, int]:
     """(BLOCK_N outputs, BLOCK_K, num_stages) from in-graph sweeps on an H200 (see `linear`)."""
     if m == 1:
-        block_n, block_k, num_stages = (2, 2048, 1) if k <= 8192 else (4, 512, 1)
+        block_n, block_k, num_stages = (2, 2048, 1) if k <= 8192 else (1, 1024, 1)
         return max(1, block_n // 2) if paired else block_n, block_k, num_stages
     block_n, block_k, num_stages = (32, 512, 4) if rows <= 4096 else (64, 256, 4) if rows <= 8192 else (64, 128, 2)
     return block_n // 2 if paired else block_n, block_k, num_stages
@@ -347,44 +348,71 @@ def rope_to_cache(qkv: Tensor, position_ids: Tensor, cache_slots: Tensor, inv_fr
 
 
 @triton.jit
-def _attention_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, mask_ptr, out_ptr, lse_ptr, T, num_slots,
+def _attend_block(q, k, v, visible, m_i, l_i, acc, scale):
+    """One block of online softmax: (m_i, l_i, acc) updated with the slots `visible` [R, S]
+    marks (k, v [S, D]; hidden slots may hold anything)."""
+    scores = tl.where(visible, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(scores - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attention_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, mask_ptr, slot_ptr, out_ptr, lse_ptr, T, num_slots,
                             num_kv_heads, cache_len, mask_b_stride, mask_t_stride, num_splits, scale,
-                            GROUP: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
-                            SPLIT: tl.constexpr, BLOCK_S: tl.constexpr, USE_PDL: tl.constexpr):
+                            GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+                            HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
+                            USE_PDL: tl.constexpr):
     """Program (b * n_kv + kv head, split): the GROUP query heads of that kv head for all T
-    tokens (rows r = t * GROUP + g) over slots [split * SPLIT, (split + 1) * SPLIT)."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    tokens (rows r = t * GROUP + g) over slots [split * SPLIT, (split + 1) * SPLIT).
+
+    The split's first block of K / V is requested before the PDL wait: the kernel before this
+    one wrote only this forward's slots (slot_ptr [T]), so a block holding none of them is
+    final; a block holding one is read again after the wait."""
     bh, split = tl.program_id(0), tl.program_id(1)
     b, kv_head = bh // num_kv_heads, bh % num_kv_heads
     r = tl.arange(0, BLOCK_R)
     t, g = r // GROUP, r % GROUP
     r_mask = t < T
     d = tl.arange(0, HEAD_DIM)
+    kv_base = (b * num_kv_heads + kv_head) * cache_len * HEAD_DIM
+    start = split * SPLIT
+    s = start + tl.arange(0, BLOCK_S)
+    s_mask = s < num_slots
+    visible = tl.load(mask_ptr + b * mask_b_stride + t[:, None] * mask_t_stride + s[None, :],
+                      mask=r_mask[:, None] & s_mask[None, :], other=0) != 0
+    read = (s_mask & (tl.max(visible.to(tl.int32), axis=0) > 0))[:, None]  # hidden blocks are not read
+    kv_offsets = kv_base + s[:, None] * HEAD_DIM + d[None, :]
+    k = tl.load(k_cache_ptr + kv_offsets, mask=read, other=0.0)
+    v = tl.load(v_cache_ptr + kv_offsets, mask=read, other=0.0)  # in flight with k
+    if USE_PDL:
+        new = tl.load(slot_ptr + tl.arange(0, BLOCK_T), mask=tl.arange(0, BLOCK_T) < T, other=-1)
+        written = tl.max(((new >= start) & (new < start + BLOCK_S)).to(tl.int32), axis=0) > 0
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+        if written:
+            k = tl.load(k_cache_ptr + kv_offsets, mask=read, other=0.0)
+            v = tl.load(v_cache_ptr + kv_offsets, mask=read, other=0.0)
     q_rows = (b * T + t) * (num_kv_heads * GROUP) + kv_head * GROUP + g
     q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + d[None, :], mask=r_mask[:, None], other=0.0)
-    kv_base = (b * num_kv_heads + kv_head) * cache_len * HEAD_DIM
     m_i = tl.full((BLOCK_R,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_R,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_R, HEAD_DIM), dtype=tl.float32)
-    for block in range(SPLIT // BLOCK_S):
-        s = split * SPLIT + block * BLOCK_S + tl.arange(0, BLOCK_S)
+    m_i, l_i, acc = _attend_block(q, k, v, visible, m_i, l_i, acc, scale)
+    for block in range(1, SPLIT // BLOCK_S):
+        s = start + block * BLOCK_S + tl.arange(0, BLOCK_S)
         s_mask = s < num_slots
         visible = tl.load(mask_ptr + b * mask_b_stride + t[:, None] * mask_t_stride + s[None, :],
                           mask=r_mask[:, None] & s_mask[None, :], other=0) != 0
-        if tl.max(visible.to(tl.int32)) > 0:  # blocks the mask hides are not read
+        if tl.max(visible.to(tl.int32)) > 0:
             kv_offsets = kv_base + s[:, None] * HEAD_DIM + d[None, :]
             k = tl.load(k_cache_ptr + kv_offsets, mask=s_mask[:, None], other=0.0)
-            v = tl.load(v_cache_ptr + kv_offsets, mask=s_mask[:, None], other=0.0)  # in flight with k
-            scores = tl.where(visible, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(scores - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
+            v = tl.load(v_cache_ptr + kv_offsets, mask=s_mask[:, None], other=0.0)
+            m_i, l_i, acc = _attend_block(q, k, v, visible, m_i, l_i, acc, scale)
     seen = l_i > 0
     part = (bh * num_splits + split) * BLOCK_R + r
     tl.store(out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc / tl.where(seen, l_i, 1.0)[:, None])
@@ -414,12 +442,15 @@ def _attention_combine_kernel(part_ptr, lse_ptr, out_ptr, T, num_kv_heads, num_s
     tl.store(out_ptr + row * HEAD_DIM + d, y.to(out_ptr.dtype.element_ty))
 
 
-def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, attn_mask: Tensor) -> Tensor:
+def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, attn_mask: Tensor, cache_slots: Tensor) -> Tensor:
     """Softmax(q K^T / sqrt(D) + mask) V of new tokens over the cache (grouped-query heads).
 
     q: [B*T, nq, D] contiguous; k_cache, v_cache: [B_max, n_kv, S_max, D] contiguous, query
     head h reading kv head h // (nq / n_kv) (transformers' repeat_kv); attn_mask [B, 1, T, S]
-    bool over slots 0..S-1 (S <= S_max, last dim contiguous; every row must see a slot).
+    bool over slots 0..S-1 (S <= S_max, last dim contiguous; every row must see a slot);
+    cache_slots [T] long: the slots whose K / V the kernel launched just before this one wrote
+    (`qkv_rope_to_cache`, `rope_to_cache`). With PDL, blocks of other slots are read while that
+    kernel finishes: a slot written earlier and not named here would be read stale.
     Returns [B*T, nq, D] in q's dtype. D: a power of two >= 16; GROUP * T <= 128.
     """
     batch, _, t, num_slots = attn_mask.shape
@@ -434,9 +465,10 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, attn_mask: Tensor) ->
                         dtype=torch.float32)
     lse = torch.empty(batch * num_kv_heads, num_splits, block_r, device=q.device, dtype=torch.float32)
     _attention_split_kernel[(batch * num_kv_heads, num_splits)](
-        q, k_cache, v_cache, attn_mask, parts, lse, t, num_slots, num_kv_heads, cache_len,
-        attn_mask.stride(0), attn_mask.stride(2), num_splits, 1.0 / math.sqrt(head_dim),
-        GROUP=group, BLOCK_R=block_r, HEAD_DIM=head_dim, SPLIT=BLOCK_SLOTS * blocks_per_split,
+        q, k_cache, v_cache, attn_mask, cache_slots, parts, lse, t, num_slots, num_kv_heads, cache_len,
+        attn_mask.stride(0), attn_mask.stride(2), num_splits, 1.0 / math.sqrt(head_dim), GROUP=group,
+        BLOCK_R=block_r, BLOCK_T=max(16, triton.next_power_of_2(t)), HEAD_DIM=head_dim,
+        SPLIT=BLOCK_SLOTS * blocks_per_split,
         BLOCK_S=BLOCK_SLOTS, num_warps=4, **_pdl_launch(q.device))
     out = torch.empty_like(q)
     _attention_combine_kernel[(batch * num_kv_heads, group * t)](
