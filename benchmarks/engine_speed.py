@@ -19,28 +19,35 @@ Goals checked: plain decode >= 90 % of roofline, verify 16 <= 1.15 x decode, dra
     python benchmarks/engine_speed.py --tiny     # small shapes on the CPU (smoke test)
     --profile: also the costliest kernels of an eager decode and host ops of a draft round.
 
-Measured on one H200 (torch 2.11, Triton 3.6, 2026-11-29), target forwards of up to 16 tokens
-through `fused_decode`'s Triton kernels (matmul epilogues: RoPE + cache writes, silu * up;
-programmatic dependent launch): copy 4.21 TB/s, weights 15.0 GB, roofline 280 tokens/s; decode
-4.05 ms = 247 tokens/s = 88 % of roofline (3.98 ms in a second run; goal 90 %: NOT met);
-verify 16 = 1.14 x decode (met; 4.63 ms); drafter through the Triton kernels (graphed): tree
-step (topk 4) 0.22 ms = 5.5 %, chain step 0.21 ms = 5.1 % of decode (met; torch ops: 0.44 ms
-and 0.30 ms). End to end (`SpeculativeEngine.generate`, compile=True, random weights so every
-draft is rejected): plain 218 tokens/s; drafting a chain of 3 took 0.38 ms a step with the
-drafter's Triton steps replayed as CUDA graphs (`GraphedDraft`), 2.3 ms eagerly (Triton's
-launches are host-bound; eager torch ops: about 1 ms). Before the epilogues and PDL: decode 4.27 ms; the torch path (--torch-kernels:
-compiled layers, cuBLAS, cuDNN attention) 5.18-5.29 ms = 67 %, 1.20 x.
-Where the rest goes (profile of the graphed decode without PDL, 4.20 ms): matmuls 3.72 ms (95 %
-of copy bandwidth), attention 0.17 ms + its split combine 0.06, norms 0.12, launch gaps ~0.1;
-PDL hides about 0.1 ms of it. Matmuls alone at copy bandwidth would take 3.55 ms; 90 % is 3.95.
-Tried and dropped: a group's query heads as one longer SDPA query (6.2 ms); Triton matmuls with
-the RMSNorm / residual fused in (4.6 ms as first written; other block sizes too, not isolated);
-other GEMV block sizes (1-8 rows x 512-4096 columns: 4.10-4.54 ms against 4.08); PDL with each
-kernel releasing its dependents before its own wait (verify 16: 5.1 ms); fewer launches through
-"the last program to finish" (an atomic count, acq_rel): the residual add + RMSNorm in the o /
-down matmuls' epilogues (decode 4.39 ms, verify 16 7.6 ms: a 16-row norm in one program is a
-long tail) and the attention splits combined by the last split of each head (decode 4.20-4.35
-ms, verify 16 5.5 ms).
+Measured on H200s (torch 2.11, Triton 3.6, 2026-11-30; each run starts a fresh machine, and
+machines differ by ~2 %), target forwards of up to 16 tokens through `fused_decode`'s Triton
+kernels (matmul epilogues: RoPE + cache writes, silu * up; programmatic dependent launch, with
+attention's first K / V block read before the wait): copy 4.18-4.21 TB/s, weights 15.0 GB,
+roofline 278-280 tokens/s; decode 3.96-4.05 ms = 88.8-90.0 % of roofline in three runs (goal 90 %:
+NOT met reliably); the graph replay alone (no input staging) 3.86-3.97 ms. Verify 16 = 1.13-1.14
+x decode (met); drafter through the Triton kernels (graphed): tree step (topk 4) 0.22 ms = 5.6 %,
+chain step 0.21 ms = 5.2 % of decode (met; torch ops: 0.44 ms and 0.30 ms). End to end
+(`SpeculativeEngine.generate`, compile=True, random weights so every draft is rejected): plain
+225 tokens/s (237 after prefill); drafting a chain of 3 took 0.38 ms a step with the drafter's
+Triton steps replayed as CUDA graphs (`GraphedDraft`), 2.3 ms eagerly (Triton's launches are
+host-bound; eager torch ops: about 1 ms). Session 3 (before the epilogues and PDL): decode
+4.27 ms; the torch path (--torch-kernels: compiled layers, cuBLAS, cuDNN attention) 5.18-5.29
+ms = 67 %, 1.20 x.
+Where the rest goes (profile of the graphed decode without PDL, 4.20 ms, 2026-11-29): matmuls
+3.72 ms (95 % of copy bandwidth), attention 0.17 ms + its split combine 0.06, norms 0.12,
+launch gaps ~0.1; PDL hides about 0.1 ms of it, attention's early K / V reads another 0.1.
+Staging a step's inputs (one host-to-device copy, `StaticInputs`) costs under 0.07 ms.
+Tried and dropped: a group's query heads as one longer SDPA query (6.2 ms); the RMSNorms inside
+the next matmul (each program summing x^2 over its row and scaling x by the norm weight on the
+way in, the residual adds in the o / down epilogues: six launches a layer instead of eight):
+decode 4.87 ms against 4.15 in the same run, verify 16 10.0 ms (the thin GEMM's operand cast
+breaks its pipelining); other GEMV block sizes and warps, per projection (1-4 outputs x
+512-4096 columns x 4 / 8 warps: only the down projection gained, 29.9 -> 28.6 us); PDL with
+each kernel releasing its dependents before its own wait (verify 16: 5.1 ms); fewer launches
+through "the last program to finish" (an atomic count, acq_rel): the residual add + RMSNorm in
+the o / down matmuls' epilogues (decode 4.39 ms, verify 16 7.6 ms: a 16-row norm in one program
+is a long tail) and the attention splits combined by the last split of each head (decode
+4.20-4.35 ms, verify 16 5.5 ms).
 """
 
 from __future__ import annotations
@@ -135,11 +142,14 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def step_forward(target: FastTarget, forward, prefix: int, t: int, max_seq_len: int, device: str):
-    """A callable running T = t new tokens after `prefix` cached tokens (causal)."""
-    ids = torch.randint(0, target.args.vocab_size, (1, t), device=device)
-    positions = torch.arange(prefix, prefix + t, device=device)[None]
+    """A callable running T = t new tokens after `prefix` cached tokens (causal). For a
+    `GraphedTarget` the inputs are where the engine has them: positions, slots and mask built on
+    the host, a decode step's token too, a verify's drafted tokens on the device."""
+    staged = isinstance(forward, GraphedTarget)
+    ids = torch.randint(0, target.args.vocab_size, (1, t), device="cpu" if staged and t == 1 else device)
+    positions = torch.arange(prefix, prefix + t, device="cpu" if staged else device)[None]
     slots = positions[0]
-    mask = causal_mask(prefix, t, max_seq_len, device=device)
+    mask = causal_mask(prefix, t, max_seq_len, device=positions.device)
     return lambda: forward(ids, positions, slots, mask, ())
 
 

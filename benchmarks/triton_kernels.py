@@ -10,15 +10,15 @@ attention shape (microseconds):
 
     python benchmarks/triton_kernels.py      # CUDA GPU with Triton
 
-Measured on one H200 (torch 2.11, Triton 3.6, 2026-11-29), us for 1 row / 16 rows:
-  qkv_proj 4096->6144    cuBLAS 16.8 / 16.3   Triton 13.8 / 15.3
-  o_proj   4096->4096    cuBLAS 13.5 / 13.9   Triton 10.1 / 11.7
-  gate|up  4096->28672   cuBLAS 57.3 / 58.4   Triton 53.9 / 58.5
-  down     14336->4096   cuBLAS 32.5 / 33.3   Triton 30.4 / 30.9
-  lm_head  4096->128256  cuBLAS 248 / 254     Triton  230 / 254
-Attention varied more between runs: 1 token SDPA 8.8-17.1 us, Triton 6.6-17.7; 16 tokens SDPA
-31.9-37.0, Triton 10.0-19.0 (in a decode step: 7 us a layer, split + combine, against cuDNN's
-8.4). Relative errors against float32: 1.7e-3 (bf16 rounding).
+Measured on one H200 (torch 2.11, Triton 3.6, 2026-11-30), us for 1 row / 16 rows:
+  qkv_proj 4096->6144    cuBLAS 16.5 / 16.0   Triton 12.3 / 16.2
+  o_proj   4096->4096    cuBLAS 13.4 / 13.7   Triton  8.5 / 10.9
+  gate|up  4096->28672   cuBLAS 55.8 / 57.0   Triton 51.6 / 68.8
+  down     14336->4096   cuBLAS 31.5 / 32.4   Triton 28.6 / 29.8
+  lm_head  4096->128256  cuBLAS 243 / 247     Triton  226 / 249
+(1 row: 4.0-4.65 TB/s.) Attention varied more between runs: 1 token SDPA 8.8-17.1 us, Triton
+6.6-17.7; 16 tokens SDPA 31.9-37.0, Triton 10.0-19.0 (in a decode step: 7 us a layer, split +
+combine, against cuDNN's 8.4). Relative errors against float32: 1.7e-3 (bf16 rounding).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import transformers
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.speculate import SpeculativeEngine, load_engine
+from specdraft.engine.speculate import SpeculativeEngine, StaticInputs, load_engine
 from tests.engine_helpers import (AUX_LAYERS, MAX_SEQ, greedy_sequences, one_thread,  # noqa: F401
                                   random_prompts, target_pass, tiny_setup)
 
@@ -174,3 +174,18 @@ def test_a_drafter_for_another_target_is_refused():
         setup.engine(other, SPECS["chain3"])
     with pytest.raises(ValueError, match=r"aux layers \[1, 2, 3\] != the drafter's training layers"):
         SpeculativeEngine(setup.target, setup.trained, SPECS["chain3"], (1, 2, 3), MAX_SEQ, "cpu")
+
+
+def test_static_inputs_stage_host_values_into_their_own_bytes():
+    """A graph's inputs share one buffer: each lands in its own aligned bytes (an odd-sized bool
+    mask before an int64 input), host values through the host buffer, device values directly."""
+    inputs = StaticInputs([(1, 3), (1, 1, 3, 5), (3,)], [torch.long, torch.bool, torch.long], torch.device("cpu"))
+    mask = torch.rand(1, 1, 3, 5, generator=torch.Generator().manual_seed(0)) < 0.5
+    inputs.fill((torch.tensor([[7, -2, 9]]), mask, torch.tensor([40, 41, 1 << 40])))
+    assert inputs.tensors[0].tolist() == [[7, -2, 9]]
+    assert torch.equal(inputs.tensors[1], mask)
+    assert inputs.tensors[2].tolist() == [40, 41, 1 << 40]
+    inputs.fill((torch.tensor([[1, 2, 3]]), ~mask, torch.tensor([5, 6, 7])))  # refilled in place
+    assert inputs.tensors[0].tolist() == [[1, 2, 3]] and torch.equal(inputs.tensors[1], ~mask)
+    with pytest.raises(ValueError, match=r"shape \(1, 1\), captured for \(1, 3\)"):
+        inputs.fill((torch.tensor([[1]]), mask, torch.tensor([5, 6, 7])))  # would broadcast

@@ -400,3 +400,6 @@ def test_compiled_engine_runs_target_and_drafter_through_triton_graphs():
     assert set(engine.run_draft.graphs) == {(1, True, False), (2, True, False), (3, True, False), (4, True, False),
                                             (2, False, True)}  # first steps after a verify, masked tree steps
     assert len(result.token_ids) == 8
+    plain = SpeculativeEngine(target, None, None, None, 64, DEVICE, compile=True)  # inputs staged from the host
+    assert len(plain.generate(list(range(1, 13)), 8).token_ids) == 8
+    assert [inputs.tensors[0].device.type for _, inputs, _ in plain.graphed.graphs.values()] == ["cuda"]

@@ -5,10 +5,11 @@ epilogue -> attention (split, then combine) -> o matmul -> add_rms_norm -> gate|
 silu(gate) * up in its epilogue -> down matmul, the residual add of each sub-block fused into
 the norm after it (q-/k-norm targets, Qwen3: RoPE is a launch of its own, after the qkv
 matmul). On Hopper the launches overlap (programmatic dependent launch): each matmul requests
-its first weights while the kernel before it finishes. The torch path's compiled layer launches
-about twice as many kernels, one after another. `FastTarget.forward` takes this path for at most
-`MAX_TOKENS` tokens once `FastTarget.use_triton()` has succeeded; tests/test_triton_ops.py
-compares it with the torch path.
+its first weights, attention its first block of cached K / V, while the kernel before it
+finishes. The torch path's compiled layer launches about twice as many kernels, one after
+another. `FastTarget.forward` takes this path for at most `MAX_TOKENS` tokens once
+`FastTarget.use_triton()` has succeeded; tests/test_triton_ops.py compares it with the torch
+path.
 """
 
 from __future__ import annotations

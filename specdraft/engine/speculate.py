@@ -17,6 +17,7 @@ One round (`SpeculativeEngine.step`):
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,11 +182,10 @@ class SpeculativeEngine:
     def step(self, req: Request) -> None:
         """One speculative round: draft a tree, verify it in one target forward, commit."""
         t0 = time.perf_counter()
-        tree = self.draft_tree(req) if self.draft is not None else DraftTree.root_only(
-            req.output_ids[-1], self.device)
+        tree = self.draft_tree(req) if self.draft is not None else DraftTree.root_only(req.output_ids[-1])
         t1 = time.perf_counter()
         mask = verify_mask(tree, req.length, self.mask_width(req.length + tree.num_nodes))
-        logits, aux = self.forward_target(tree.tokens, req.length + tree.depths, req.length, mask,
+        logits, aux = self.forward_target(tree.tokens, req.length + torch.tensor(tree.depths), req.length, mask,
                                           graphed=True)
         tokens = tree.tokens.tolist()
         verdict = self.accept(req, tree, tokens, logits)
@@ -272,11 +272,16 @@ class SpeculativeEngine:
     def forward_target(self, tokens: Tensor, positions: Tensor, start: int, mask: Tensor,
                        graphed: bool = False) -> tuple[Tensor, Tensor | None]:
         """Target forward of T tokens written at slots start..start+T-1: logits [T, V] float32,
-        aux states [T, n_aux*H] (None in plain decoding). graphed: replay a CUDA graph when
-        the engine was built with compile (decode and verify: few distinct T)."""
-        slots = torch.arange(start, start + tokens.numel(), device=self.device)
-        forward = self.graphed if graphed and self.graphed is not None else self.target
-        out = forward(tokens[None], positions[None], slots, mask, self.aux_layers)
+        aux states [T, n_aux*H] (None in plain decoding). tokens [T], positions [T] long and
+        mask [1, 1, T, S] bool on the CPU or the engine device. graphed: replay a CUDA graph
+        when the engine was built with compile (decode and verify: few distinct T); its inputs
+        on the CPU are staged in one copy."""
+        slots = torch.arange(start, start + tokens.numel())
+        inputs = (tokens[None], positions[None], slots, mask)
+        if graphed and self.graphed is not None:
+            out = self.graphed(*inputs, self.aux_layers)
+        else:
+            out = self.target(*(x.to(self.device) for x in inputs), self.aux_layers)
         return out.logits[0], None if out.aux_hidden is None else out.aux_hidden[0]
 
     # ---- requests and output ------------------------------------------------------------------
@@ -352,44 +357,98 @@ def decode_continuation(tokenizer: Any, prompt_ids: Sequence[int], output_ids: S
     return tokenizer.decode(list(output_ids), **options)
 
 
+class StaticInputs:
+    """A CUDA graph's input tensors, at fixed addresses in one device buffer, and a pinned host
+    buffer of the same layout: inputs given on the CPU reach the graph in one host-to-device
+    copy; inputs already on the device are copied there one by one.
+
+    A decode step's inputs (token, position, slot, mask row) are a few bytes each: launching a
+    copy for each cost more than the bytes. `shapes` / `dtypes`: the inputs'; `device`: any
+    (tests use the CPU).
+    """
+
+    def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype],
+                 device: torch.device) -> None:
+        offsets, size = [], 0
+        for shape, dtype in zip(shapes, dtypes):
+            offsets.append(size)
+            size += -(-math.prod(shape) * dtype.itemsize // 8) * 8  # each input 8-byte aligned
+        self.device_buffer = torch.zeros(size, dtype=torch.uint8, device=device)
+        self.host_buffer = torch.zeros(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        self.tensors = [self.view(self.device_buffer, o, shape, dtype) for o, shape, dtype in
+                        zip(offsets, shapes, dtypes)]
+        self.host_tensors = [self.view(self.host_buffer, o, shape, dtype) for o, shape, dtype in
+                             zip(offsets, shapes, dtypes)]
+        self.copied = torch.cuda.Event() if device.type == "cuda" else None
+
+    @staticmethod
+    def view(buffer: Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """The bytes of one input, as a tensor of its shape and dtype."""
+        return buffer[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+
+    def fill(self, values: Sequence[Tensor]) -> None:
+        """Copy values (the inputs' shapes; any dtype that casts) into the static tensors.
+        Raises ValueError when a shape differs."""
+        for static, value in zip(self.tensors, values):
+            if value.shape != static.shape:
+                raise ValueError(f"graph input of shape {tuple(value.shape)}, captured for {tuple(static.shape)}")
+        on_host = [v.device.type == "cpu" for v in values]
+        if any(on_host):
+            if self.copied is not None:
+                self.copied.synchronize()  # the pinned buffer's last copy has left it
+            for host, value, on in zip(self.host_tensors, values, on_host):
+                if on:
+                    host.copy_(value)
+            self.device_buffer.copy_(self.host_buffer, non_blocking=True)
+            if self.copied is not None:
+                self.copied.record()
+        for static, value, on in zip(self.tensors, values, on_host):
+            if not on:
+                static.copy_(value)
+
+
 class GraphedTarget:
     """CUDA-graph replays of `FastTarget.forward`, one graph per token count T and KV cache
-    (captured on first use). Inputs are copied into static buffers, so outputs are valid until
-    the next call with the same T. Capture warms up with writes to the last T cache slots: requests never
-    commit them (the engine keeps one round of tree scratch free at the end of the cache).
+    (captured on first use). Inputs are copied into static buffers (`StaticInputs`), so outputs
+    are valid until the next call with the same T. Capture warms up with writes to the last T
+    cache slots: requests never commit them (the engine keeps one round of tree scratch free at
+    the end of the cache).
     """
 
     def __init__(self, target: FastTarget, aux_layers: tuple[int, ...]) -> None:
         self.target, self.aux_layers = target, aux_layers
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...], Any]] = {}
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, StaticInputs, Any]] = {}
 
     def __call__(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
                  aux_layers: tuple[int, ...] = ()) -> Any:
-        """Same arguments and output as FastTarget.forward (aux_layers fixed at construction)."""
+        """Same arguments and output as FastTarget.forward (aux_layers fixed at construction);
+        the tensor arguments on the target's device or the CPU."""
         # a new cache (setup_cache) invalidates the graphs: key them by its address too
-        key = (input_ids.shape[1], self.target.layers[0].attention.kv_cache.k_cache.data_ptr())
+        cache = self.target.layers[0].attention.kv_cache.k_cache
+        key = (input_ids.shape[1], cache.data_ptr())
         if key not in self.graphs:
-            self.graphs[key] = self.capture(key[0], attn_mask.shape[-1], input_ids.device)
+            self.graphs[key] = self.capture(key[0], attn_mask.shape[-1], cache.device)
         graph, inputs, output = self.graphs[key]
-        for static, value in zip(inputs, (input_ids, position_ids, cache_slots, attn_mask)):
-            static.copy_(value)
+        inputs.fill((input_ids, position_ids, cache_slots, attn_mask))
         graph.replay()
         return output
 
     def capture(self, t: int, max_seq_len: int, device: torch.device) -> tuple:
         """Warm up (compiles), then capture the forward for T = t tokens."""
-        slots = torch.arange(max_seq_len - t, max_seq_len, device=device)
-        inputs = (torch.zeros(1, t, dtype=torch.long, device=device), slots[None].clone(), slots,
-                  torch.ones(1, 1, t, max_seq_len, dtype=torch.bool, device=device))
+        inputs = StaticInputs([(1, t), (1, t), (t,), (1, 1, t, max_seq_len)],
+                              [torch.long, torch.long, torch.long, torch.bool], device)
+        slots = torch.arange(max_seq_len - t, max_seq_len)
+        inputs.fill((torch.zeros(1, t, dtype=torch.long), slots[None], slots,
+                     torch.ones(1, 1, t, max_seq_len, dtype=torch.bool)))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(3):
-                self.target(*inputs, self.aux_layers)
+                self.target(*inputs.tensors, self.aux_layers)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            output = self.target(*inputs, self.aux_layers)
+            output = self.target(*inputs.tensors, self.aux_layers)
         return graph, inputs, output
 
 

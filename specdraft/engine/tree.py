@@ -29,17 +29,17 @@ from specdraft.engine.sampling import SamplingParams, logits_to_probs, sample
 class DraftTree:
     """The nodes one verification checks.
 
-    tokens:      [N] long target ids on the engine device; tokens[0] = the root (the last
-                 emitted token, not yet in the target's cache).
+    tokens:      [N] long target ids on the drafter's device (the CPU for a root-only tree);
+                 tokens[0] = the root (the last emitted token, not yet in the target's cache).
     parents:     N ints, parents[0] = -1, parents[i] < i.
-    depths:      [N] long, 0 for the root (RoPE position = root position + depth).
+    depths:      N ints, 0 for the root (RoPE position = root position + depth).
     scores:      [N] float32 cumulative draft log-prob of each node's path (root 0).
     draft_probs: [N-1, V] float32, the q each draft was sampled from (chain at T > 0), else None.
     """
 
     tokens: Tensor
     parents: list[int]
-    depths: Tensor
+    depths: list[int]
     scores: Tensor
     draft_probs: Tensor | None = None
 
@@ -54,29 +54,31 @@ class DraftTree:
         return all(parent == i - 1 for i, parent in enumerate(self.parents))
 
     @classmethod
-    def root_only(cls, token: int, device: torch.device | str) -> DraftTree:
-        """A tree with no drafts: verification = one plain decode step."""
-        zero = torch.zeros(1, dtype=torch.long, device=device)
-        return cls(torch.tensor([token], device=device), [-1], zero, zero.float())
+    def root_only(cls, token: int) -> DraftTree:
+        """A tree with no drafts: verification = one plain decode step (tensors on the CPU: the
+        token is known there, and the target's inputs are staged from there)."""
+        return cls(torch.tensor([token]), [-1], [0], torch.zeros(1))
 
     def ancestor_mask(self) -> Tensor:
-        """[N, N] bool on the tokens' device: [i, j] True iff j is i or an ancestor of i."""
+        """[N, N] bool on the CPU: [i, j] True iff j is i or an ancestor of i."""
         rows: list[list[bool]] = []
         for i, parent in enumerate(self.parents):
             row = rows[parent].copy() if parent >= 0 else [False] * self.num_nodes
             row[i] = True
             rows.append(row)
-        return torch.tensor(rows, device=self.tokens.device)
+        return torch.tensor(rows)
 
 
 def verify_mask(tree: DraftTree, prefix_len: int, num_slots: int) -> Tensor:
-    """Target attention mask [1, 1, N, num_slots] bool over cache slots 0..num_slots-1 (at least
-    prefix_len + N) for a tree written at slots prefix_len..prefix_len+N-1: every node sees the
-    whole prefix, then its ancestors and itself (for a chain: causal)."""
-    n, device = tree.num_nodes, tree.tokens.device
+    """Target attention mask [1, 1, N, num_slots] bool on the CPU over cache slots
+    0..num_slots-1 (at least prefix_len + N) for a tree written at slots
+    prefix_len..prefix_len+N-1: every node sees the whole prefix, then its ancestors and itself
+    (for a chain: causal). Built on the host: a graphed target stages it with its other inputs
+    in one copy (`GraphedTarget`)."""
+    n = tree.num_nodes
     if tree.is_chain:  # node i sees slots 0..prefix_len+i
-        return torch.ones(n, num_slots, dtype=torch.bool, device=device).tril(prefix_len)[None, None]
-    mask = torch.zeros(n, num_slots, dtype=torch.bool, device=device)
+        return torch.ones(n, num_slots, dtype=torch.bool).tril(prefix_len)[None, None]
+    mask = torch.zeros(n, num_slots, dtype=torch.bool)
     mask[:, :prefix_len] = True
     mask[:, prefix_len:prefix_len + n] = tree.ancestor_mask()
     return mask[None, None]
@@ -181,7 +183,7 @@ class TreeExpansion:
         device = tokens.device
         if self.topk == 1:  # a chain: every node, in order
             parents = list(range(-1, self.num_nodes - 1))
-            return DraftTree(tokens, parents, torch.arange(self.num_nodes, device=device), scores, probs)
+            return DraftTree(tokens, parents, list(range(self.num_nodes)), scores, probs)
         parents = torch.cat(self.parents).tolist()
         keep = select(parents, scores, num_draft_tokens)
         index = {node: i for i, node in enumerate(keep)}
@@ -190,5 +192,5 @@ class TreeExpansion:
         for i, parent in enumerate(new_parents[1:], start=1):
             depths[i] = depths[parent] + 1
         keep_t = torch.tensor(keep, device=device)
-        return DraftTree(tokens[keep_t], new_parents, torch.tensor(depths, device=device), scores[keep_t],
+        return DraftTree(tokens[keep_t], new_parents, depths, scores[keep_t],
                          None if probs is None else probs[keep_t[1:] - 1])
