@@ -370,6 +370,21 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def _busy_machine_note(device: str) -> str | None:
+    """A one-line note for a CPU run started while other processes kept the cores busy (1-minute
+    load average at least half the core count): its tokens/s will be low and vary from run to
+    run. None on an idle machine, for CUDA runs, and where the load average is unknown."""
+    import os
+
+    if device != "cpu" or not hasattr(os, "getloadavg"):
+        return None
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load < cores / 2:
+        return None
+    return (f"note: the machine was busy when this run started (load {load:.1f} on {cores} cores): the "
+            "tokens/s above are lower and noisier than on an idle machine")
+
+
 def _refuse_unused_drafting_flags(no_spec: bool, draft: str, given: dict) -> None:
     """ValueError when drafting flags are given explicitly (`given`: flag -> value, None when left
     out) but would be ignored: with --no-spec, or without --draft."""
@@ -415,6 +430,7 @@ def generate(
     from specdraft.engine.speculate import decode_continuation, load_engine
 
     console = Console()
+    busy = _busy_machine_note(device)
     try:
         _refuse_compile_off_cuda(compile, device)
         _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
@@ -453,6 +469,8 @@ def generate(
     if compile:
         drafter = f"; drafter steps: {engine.draft_kernels}" if spec is not None else ""
         console.print(f"target forwards of up to 16 tokens: {engine.target_kernels} kernels{drafter}", markup=False)
+    if busy:
+        console.print(busy, style="yellow", markup=False, soft_wrap=True)
 
 
 def _train_source(source: str, online: bool, target: str, no_chat: bool, template_kwargs: dict):
@@ -847,6 +865,9 @@ def bench(
                                 "(1 run: speedups without a verdict)."),
     wait: float = typer.Option(120.0, min=0, help="Seconds to wait for a server that refuses connections (still "
                                "starting, e.g. just launched with serve ... &) before failing; 0: try once."),
+    warmup: int = typer.Option(1, min=0, help="Requests sent to each server, one at a time, before any timing "
+                               "(first requests pay for compilation and caches; SGLang bench_serving's "
+                               "--warmup-requests)."),
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep."""
     from pathlib import Path
@@ -862,7 +883,7 @@ def bench(
         raise typer.Exit(1)
     try:
         cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
-                          timeout_s=timeout, repeats=repeats, wait_s=wait)
+                          warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
         report = run_bench(cfg, progress=lambda text: console.print(text, markup=False))
         paths = write_report(report, out)
     except (ValueError, RuntimeError, httpx.HTTPError) as e:

@@ -176,7 +176,7 @@ def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path):
     assert data["spec"]["levels"][0]["spec"]["accept_length"] == report.spec.levels[0].spec.accept_length
     text = (tmp_path / "out" / "bench.md").read_text()
     assert "| 1 | " in text and "= 1 + sum p_k" in text and "(ok)" in text and NO_BASELINE not in text
-    assert "2 runs of 6 requests per level" in text
+    assert "2 runs of 6 requests per level (after 1 warm-up request per server)" in text
     assert f"| 3 | {report.speedups[1].speedup:.2f}x | {report.speedups[1].speedup_std:.2f} | " in text
 
 
@@ -200,8 +200,11 @@ def test_bench_cli(servers, tmp_path):
     assert result.exit_code == 0, result.output
     assert NO_BASELINE in result.output and (tmp_path / "a" / "bench.md").is_file()
     assert json.loads((tmp_path / "a" / "bench.json").read_text())["spec"]["levels"][0]["num_runs"] == 2
-    result = CliRunner().invoke(app, common + ["--baseline-url", plain.url, "--out", str(tmp_path / "b")])
+    result = CliRunner().invoke(app, common + ["--baseline-url", plain.url, "--warmup", "3", "--out",
+                                               str(tmp_path / "b")])
     assert result.exit_code == 0 and "speedup" in result.output and "x |" in result.output
+    assert "(after 3 warm-up requests per server)" in result.output
+    assert json.loads((tmp_path / "b" / "bench.json").read_text())["config"]["warmup"] == 3
     bad = CliRunner().invoke(app, ["bench", "--url", "localhost:1", "--out", str(tmp_path / "c")])
     assert bad.exit_code == 1 and "must start with http://" in bad.output
     bad = CliRunner().invoke(app, ["bench", "--url", spec.url, "--repeats", "0", "--out", str(tmp_path / "d")])

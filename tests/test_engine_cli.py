@@ -3,6 +3,7 @@ metrics table; speculative, --no-spec and draft-less runs print the target's gre
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -24,7 +25,7 @@ def _target_with_tokenizer(setup, path):
     return PreTrainedTokenizerFast.from_pretrained(path)
 
 
-def test_generate_streams_text_and_prints_metrics(tmp_path):
+def test_generate_streams_text_and_prints_metrics(tmp_path, monkeypatch):
     setup = tiny_setup("llama")
     tokenizer = _target_with_tokenizer(setup, tmp_path / "target")
     args = setup.target.args
@@ -45,12 +46,16 @@ def test_generate_streams_text_and_prints_metrics(tmp_path):
     assert defaults.exit_code == 0, defaults.output
     assert expected in defaults.output.replace("\n", "")
     assert "steps 3, topk 1, draft tokens 4" in defaults.output
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 0.0, 0.0))  # other processes on every core
     plain = CliRunner().invoke(app, common + ["--no-spec"])  # a baseline of the same command
     assert plain.exit_code == 0, plain.output
     assert expected in plain.output.replace("\n", "") and "plain decoding" in plain.output
+    assert "note: the machine was busy when this run started (load 64.0" in plain.output
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     no_draft = CliRunner().invoke(app, common)  # --help: "omit for plain decoding"
     assert no_draft.exit_code == 0, no_draft.output
     assert expected in no_draft.output.replace("\n", "") and "plain decoding (no --draft)" in no_draft.output
+    assert "busy" not in no_draft.output
     on_cpu = CliRunner().invoke(app, common + ["--compile"])  # CUDA graphs: refused, not ignored
     assert on_cpu.exit_code == 1 and "--compile needs a CUDA device" in on_cpu.output
 
@@ -157,3 +162,18 @@ def test_generate_checks_sampling_values_before_loading(tmp_path, flags, named, 
     result = CliRunner().invoke(app, ["generate", "--target", str(tmp_path), "--prompt", "hi", *flags])
     assert result.exit_code == 2, result.output  # a usage error, not the load's failure
     assert named in result.output and "Invalid value" in result.output
+
+
+@pytest.mark.parametrize("load, busy", [(0.9, False), (1.0, True), (3.7, True)])
+def test_busy_machine_note_on_cpu_runs(monkeypatch, load, busy):
+    """Half the cores or more already busy when a CPU run starts: its tokens/s are said to be
+    unreliable; never for CUDA runs."""
+    from specdraft.cli import _busy_machine_note
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    note = _busy_machine_note("cpu")
+    assert (note is not None) == busy
+    if busy:
+        assert f"load {load:.1f} on 2 cores" in note
+    assert _busy_machine_note("cuda") is None
