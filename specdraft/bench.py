@@ -736,8 +736,8 @@ def spec_cell(level: LevelResult) -> tuple[str, str]:
         return "-", "-"
     tau = f"{s.accept_length:.3f}"
     if s.tau_from_positions is not None:
-        mark = "ok" if abs(s.tau_from_positions - s.accept_length) <= 1e-6 * s.accept_length else "MISMATCH"
-        tau += f" = 1 + sum p_k {s.tau_from_positions:.3f} ({mark})"
+        agree = abs(s.tau_from_positions - s.accept_length) <= 1e-6 * s.accept_length
+        tau += f" (1 + sum of p_k = {s.tau_from_positions:.3f}: {'counters agree' if agree else 'counters DISAGREE'})"
     p = s.acceptance_per_position
     return tau, " ".join(f"{x:.2f}" for x in p) if p is not None else "not exposed"
 

@@ -370,21 +370,6 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
-def _busy_machine_note(device: str) -> str | None:
-    """A one-line note for a CPU run started while other processes kept the cores busy (1-minute
-    load average at least half the core count): its tokens/s will be low and vary from run to
-    run. None on an idle machine, for CUDA runs, and where the load average is unknown."""
-    import os
-
-    if device != "cpu" or not hasattr(os, "getloadavg"):
-        return None
-    load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    if load < cores / 2:
-        return None
-    return (f"note: the machine was busy when this run started (load {load:.1f} on {cores} cores): the "
-            "tokens/s above are lower and noisier than on an idle machine")
-
-
 def _refuse_unused_drafting_flags(no_spec: bool, draft: str, given: dict) -> None:
     """ValueError when drafting flags are given explicitly (`given`: flag -> value, None when left
     out) but would be ignored: with --no-spec, or without --draft."""
@@ -428,9 +413,10 @@ def generate(
     from specdraft.checkpoint import CheckpointError
     from specdraft.engine.metrics import metrics_table
     from specdraft.engine.speculate import decode_continuation, load_engine
+    from specdraft.machine_load import busy_note
 
     console = Console()
-    busy = _busy_machine_note(device)
+    busy = busy_note("the tokens/s above", "fewer threads (e.g. --threads 1) compete less") if device == "cpu" else None
     try:
         _refuse_compile_off_cuda(compile, device)
         _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
@@ -457,6 +443,7 @@ def generate(
             console.print(text[shown:], end="", markup=False, highlight=False, soft_wrap=True)
             shown = len(text)
 
+        console.print(prompt, end="", style="dim", markup=False, highlight=False, soft_wrap=True)  # then its continuation
         result = engine.generate(ids, max_new_tokens, temperature, top_p, sampling_top_k, eos_ids=eos,
                                  seed=seed, on_tokens=stream)
     except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
@@ -742,11 +729,13 @@ def demo(
     from rich.console import Console
 
     from specdraft.checkpoint import CheckpointError
-    from specdraft.demo import DemoConfig, run_demo
+    from specdraft.demo import DemoConfig, run_demo, summary
+    from specdraft.machine_load import busy_note
     from specdraft.regenerate import RegenerationError
     from specdraft.train.loop import TrainingError
 
     console = Console()
+    busy = busy_note("the tokens/s and speedups above") if device == "cpu" else None
     try:  # inputs are checked before any stage runs; a later stage's error is one line too
         cfg = DemoConfig(out=Path(out), device=device, target=Path(target) if target else None,
                          data=Path(data) if data else None, train_steps=train_steps, num_train=num_train)
@@ -757,8 +746,9 @@ def demo(
     except (ValueError, OSError, CheckpointError, TrainingError, RegenerationError) as e:
         _error(console, e)
         raise typer.Exit(1) from e
-    console.print((Path(out) / "report.md").read_text(), markup=False)
-    console.print(f"report: {Path(out) / 'report.md'}; plots: {', '.join(report.plots)}", markup=False)
+    console.print(summary(report, Path(out)), markup=False, highlight=False, soft_wrap=True)
+    if busy:
+        console.print(busy, style="yellow", markup=False, soft_wrap=True)
 
 
 def _spec_from_flags(no_spec: bool, draft: str, num_steps: int, topk: int, num_draft_tokens: int):
@@ -838,13 +828,25 @@ def serve(
         _set_threads(threads)
         server_app = build_app(target, draft or None, spec, device, _torch_dtype(dtype), max_seq_len or None,
                                model_name or None, max_queue, log_every, compile=compile)
+        state = server_app.state.server
         if compile:  # before the first request: no client waits on the compiler
-            state = server_app.state.server
             _warm_up_compiled(state.engine, state.tokenizer(WARM_UP_PROMPT)["input_ids"], WARM_UP_TOKENS, console)
     except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
+    console.print(serving_line(state.model_name, target, draft, spec, host, port), markup=False, soft_wrap=True)
     run_server(server_app, host, port)
+
+
+def serving_line(model_name: str, target: str, draft: str, spec, host: str, port: int) -> str:
+    """What `serve` says once its model is loaded: the name clients use, the URL, what decodes."""
+    how = (f"speculative decoding with drafter {draft} (steps {spec.num_steps}, topk {spec.topk}, draft tokens "
+           f"{spec.num_draft_tokens})" if spec is not None
+           else "plain decoding" + (" (--no-spec)" if draft else " (no --draft)"))
+    return f"serving model '{model_name}' ({target}) at http://{host}:{port}/v1: {how}"
+
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")  # servers whose speed this machine's load sets
 
 
 @app.command()
@@ -876,8 +878,11 @@ def bench(
     from rich.console import Console
 
     from specdraft.bench import BenchConfig, markdown, run_bench, write_report
+    from specdraft.machine_load import busy_note
 
     console = Console()
+    local = any(httpx.URL(u).host in LOCAL_HOSTS for u in (url, baseline_url) if u.startswith("http"))
+    busy = busy_note("the tokens/s of servers on this machine", "serve --threads 1 competes less") if local else None
     if Path(out).exists() and not Path(out).is_dir():  # before the benchmark, not after
         console.print(f"error: --out {out} is a file; give a directory", style="red", markup=False)
         raise typer.Exit(1)
@@ -894,6 +899,8 @@ def bench(
     for warning in (report.speculation_warning, report.baseline_warning):  # last, where they are seen
         if warning:
             console.print(warning, style="bold red", markup=False, soft_wrap=True)
+    if busy:
+        console.print(busy, style="yellow", markup=False, soft_wrap=True)
 
 
 @app.command()

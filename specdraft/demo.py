@@ -99,7 +99,7 @@ class DemoReport:
     launch_commands: dict[str, str] = field(default_factory=dict)
     lint: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)
-    drafter: dict[str, Any] = field(default_factory=dict)  # steps, batch_size, num_train of the drafter used
+    drafter: dict[str, Any] = field(default_factory=dict)  # dir, steps, batch_size, num_train of the drafter used
 
 
 DATA_FORMATS = ("plain text with documents separated by blank lines, or JSONL with a string "
@@ -640,21 +640,12 @@ def write_plots(report: DemoReport, out: Path) -> list[str]:
     return ["acceptance.png", "throughput.png"]
 
 
-def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
-    """report.md: what ran, tau, per-position acceptance, tokens/s, doctor verdicts, commands."""
-    baseline = report.baseline
-    base = baseline["tokens_per_s"]
-    runs = baseline.get("tokens_per_s_runs", [base])
+def speculative_section(report: DemoReport) -> list[str]:
+    """report.md's speculative-decoding section (markdown lines): how settings were timed, the
+    plain baseline, one table row per setting (tau, tokens/s, speedup, p_k), the verdict."""
+    base = report.baseline["tokens_per_s"]
+    runs = report.baseline.get("tokens_per_s_runs", [base])
     lines = [
-        "# specdraft demo", "",
-        f"Target: `{report.target}`; aux layers (specdraft indices) {report.aux_layers}.", "",
-        "## Training", "",
-        *([f"Drafter: {report.drafter['steps']} optimizer steps (batch {report.drafter.get('batch_size', '?')}) "
-           f"on {report.drafter.get('num_train', '?')} training documents.", ""] if report.drafter else []),
-        f"Validation (simulated tau {report.training.get('tau', float('nan')):.2f}; a "
-        f"{len(report.training.get('accuracy', []))}-step chain replayed over the validation text: tau "
-        f"{report.training.get('replayed_tau') or float('nan'):.2f}): per-step accuracy "
-        + ", ".join(f"{a:.2f}" for a in report.training.get("accuracy", [])), "",
         "## Speculative decoding on held-out prompts (greedy, batch 1)", "",
         f"Each setting was timed in {len(runs)} rounds, taking turns with plain decoding; tokens/s is the "
         "median over rounds, speedup the median (and quartiles: the middle half of the rounds) of its tokens/s "
@@ -674,9 +665,34 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
     if slower:
         lines += ["", "Slower than plain decoding (median speedup below 1x): "
                   + "; ".join(setting_text(r) for r in slower) + "."]
-    lines += ["", report.verdict, "",
-              "Every speculative run produced exactly the plain greedy output (lossless at T = 0).", "",
-              "## Doctor", "", "| samples | check | verdict | evidence |", "|---|---|---|---|"]
+    return lines + ["", report.verdict, "",
+                    "Every speculative run produced exactly the plain greedy output (lossless at T = 0)."]
+
+
+def summary(report: DemoReport, out: Path) -> str:
+    """What `specdraft demo` prints when it is done: the speculative-decoding section of
+    report.md, then where the drafter, the report and the plots are."""
+    return "\n".join([*speculative_section(report), "",
+                      f"drafter: {report.drafter.get('dir', out / 'train' / 'draft')}",
+                      f"report: {out / 'report.md'} (training, doctor, launch commands for vLLM / SGLang)",
+                      "plots: " + ", ".join(str(out / p) for p in report.plots)])
+
+
+def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
+    """report.md: what ran, tau, per-position acceptance, tokens/s, doctor verdicts, commands."""
+    lines = [
+        "# specdraft demo", "",
+        f"Target: `{report.target}`; aux layers (specdraft indices) {report.aux_layers}.", "",
+        "## Training", "",
+        *([f"Drafter: {report.drafter['steps']} optimizer steps (batch {report.drafter.get('batch_size', '?')}) "
+           f"on {report.drafter.get('num_train', '?')} training documents.", ""] if report.drafter else []),
+        f"Validation (simulated tau {report.training.get('tau', float('nan')):.2f}; a "
+        f"{len(report.training.get('accuracy', []))}-step chain replayed over the validation text: tau "
+        f"{report.training.get('replayed_tau') or float('nan'):.2f}): per-step accuracy "
+        + ", ".join(f"{a:.2f}" for a in report.training.get("accuracy", [])), "",
+    ]
+    lines += speculative_section(report)
+    lines += ["", "## Doctor", "", "| samples | check | verdict | evidence |", "|---|---|---|---|"]
     for f in report.doctor:
         lines.append(f"| {f['samples']} | {f['check']} | {f['verdict']} | {f['evidence']} |")
     for engine, findings in report.lint.items():
@@ -719,9 +735,9 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
                                   "store-heldout", aux_layers, say)
     draft_dir, training = stage_train(cfg, train_store, target_dir, say)
     report = DemoReport(target=str(target_dir), aux_layers=aux_layers, training=training.get("validation") or {},
-                        drafter={"steps": training.get("steps"), "num_train": cfg.num_train,
+                        drafter={"dir": str(draft_dir), "steps": training.get("steps"), "num_train": cfg.num_train,
                                  "batch_size": (training.get("config") or {}).get("batch_size")})
-    say(f"drafter: {training.get('steps')} optimizer steps")
+    say(f"drafter: {training.get('steps')} optimizer steps, at {draft_dir}")
     say("speculative generation vs plain decoding on held-out prompts")
     prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens)
     report.baseline, report.sweep, report.tree = stage_generate(cfg, target_dir, draft_dir, prompts)
@@ -729,7 +745,6 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     chosen = pick_setting(rows, cfg.min_speedup)
     chain = chosen if chosen and chosen["topk"] == 1 else pick_setting(report.sweep, cfg.min_speedup)
     report.verdict = verdict_text(rows, chosen, cfg.timing_repeats, cfg.min_speedup, cfg.train_steps, cfg.num_train)
-    say(report.verdict)
     report.chosen = {k: v for k, v in (chosen or {}).items() if k != "outputs"}
     fastest = lambda runs: max(runs, key=lambda r: r["speedup"])  # noqa: E731
     exports = stage_export(cfg, draft_dir, target_dir, chosen or fastest(rows),

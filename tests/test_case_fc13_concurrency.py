@@ -75,7 +75,7 @@ def test_case_fc13_bench_end_to_end_against_vllm_like_servers(tmp_path):
                                for a, b in zip(report.spec.levels, report.baseline.levels)]
     assert report.crossover == find_crossover(report.speedups, cfg.tie_band)
     text = markdown(report)
-    assert report.crossover.text in text and "(ok)" in text
+    assert report.crossover.text in text and ": counters agree)" in text
     write_report(report, tmp_path / "out")
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert [p["verdict"] for p in data["speedups"]] == [verdict(p, cfg.tie_band) for p in report.speedups]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specdraft.demo import DemoConfig, run_demo, split_documents
+from specdraft.demo import DemoConfig, run_demo, split_documents, summary
 
 
 def test_split_documents_is_seeded_and_disjoint():
@@ -39,6 +39,10 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     else:
         assert report.verdict.startswith("No setting is recommended")
     assert report.verdict in (cfg.out / "report.md").read_text()
+    printed = summary(report, cfg.out)  # what the CLI prints last: the table, the verdict once, the paths
+    assert printed.count(report.verdict) == 1 and "| num_steps | topk |" in printed
+    assert f"drafter: {cfg.out / 'train' / 'draft'}" in printed
+    assert f"plots: {cfg.out / 'acceptance.png'}, {cfg.out / 'throughput.png'}" in printed
     draft_files = sorted(p.name for p in (cfg.out / "train" / "draft").iterdir())
     again = run_demo(cfg)  # every stage cached: the same drafter, the same outputs
     assert sorted(p.name for p in (cfg.out / "train" / "draft").iterdir()) == draft_files

@@ -343,3 +343,29 @@ def test_serve_on_a_busy_port_is_one_line_before_the_model_loads(monkeypatch):
     assert result.exit_code == 1, result.output
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{port}" in lines[0] and "pass another --port" in lines[0]
+
+
+def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
+    """One line before uvicorn's: the model name clients send, the base URL, and the decoding
+    (drafter and its settings, or plain and why)."""
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    import specdraft.serve
+    from specdraft.cli import app
+
+    served = []
+    fake_app = SimpleNamespace(state=SimpleNamespace(server=SimpleNamespace(model_name="tiny")))
+    monkeypatch.setattr(specdraft.serve, "build_app", lambda *a, **k: fake_app)
+    monkeypatch.setattr(specdraft.serve, "serve", lambda app_, host, port: served.append((host, port)))
+    target = str(tiny_setup("llama").target_dir)
+    for extra, how in ((["--no-spec"], "plain decoding (no --draft)"),
+                       (["--draft", str(tmp_path), "--no-spec"], "plain decoding (--no-spec)"),
+                       (["--draft", str(tmp_path), "--num-steps", "4"],
+                        f"speculative decoding with drafter {tmp_path} (steps 4, topk 1, draft tokens 5)")):
+        result = CliRunner().invoke(app, ["serve", "--target", target, "--port", "8123", *extra],
+                                    env={"COLUMNS": "400"})
+        assert result.exit_code == 0, result.output
+        assert f"serving model 'tiny' ({target}) at http://127.0.0.1:8123/v1: {how}" in result.output
+    assert served == [("127.0.0.1", 8123)] * 3
