@@ -896,11 +896,11 @@ def bench(
         raise typer.Exit(1) from e
     console.print(markdown(report), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
+    if busy:
+        console.print(busy, style="yellow", markup=False, soft_wrap=True)
     for warning in (report.speculation_warning, report.baseline_warning):  # last, where they are seen
         if warning:
             console.print(warning, style="bold red", markup=False, soft_wrap=True)
-    if busy:
-        console.print(busy, style="yellow", markup=False, soft_wrap=True)
 
 
 @app.command()

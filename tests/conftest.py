@@ -1,7 +1,8 @@
 """Test-wide settings: one torch thread (tiny models; two threads fight on the 2-core CI machine),
 and without a GPU, Triton kernels run in Triton's interpreter (tests/test_triton_ops.py). The
 variable must be set before anything imports Triton: torch's compiler may import it early.
-Also the `store` fixture the training modules share."""
+Every test sees an idle machine (no busy-machine notes in outputs; tests of the note set the
+load themselves). Also the `store` fixture the training modules share."""
 
 import os
 
@@ -11,6 +12,13 @@ import torch
 torch.set_num_threads(1)
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def idle_machine(monkeypatch):
+    """os.getloadavg reads 0: what the CLIs print does not depend on the machine's load."""
+    if hasattr(os, "getloadavg"):
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
 
 
 @pytest.fixture(scope="module")
