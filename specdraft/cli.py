@@ -9,7 +9,9 @@ import json
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+# rich_markup_mode=None: click's plain help and usage errors, which wrap whole words at the terminal's width
+# (typer's boxed panels cut words at 80 columns)
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
 
 def _check_device(value: str) -> str:
@@ -88,7 +90,7 @@ def _error(console, e: Exception, skip_bad_hint: str = "") -> None:
 
 def _flag(name: str, help: str):
     """A boolean option off by default and set by `name` alone; its help shows no value type
-    (typer's rich help would show `--name <bool>`, as if it took a value)."""
+    (typer would show `--name <bool>`, as if it took a value)."""
     return typer.Option(False, name, help=help, metavar="")
 
 

@@ -138,3 +138,17 @@ def test_a_target_with_config_json_is_never_called_missing_it(tmp_path, monkeypa
         result = invoke(["serve", "--no-spec", f"--target={given}"])
         assert result.exit_code == 2, result.output
         assert expected in " ".join(re.sub(r"[\u2500-\u257f]", " ", result.output).split())
+
+
+def test_help_wraps_whole_words_at_80_columns():
+    """Every command's help fits 80 columns without cutting a word ("--speculative-eagle-to…",
+    "RUN/checkpoints/step-…" in the boxed layout a fresh user read)."""
+    from specdraft.cli import app
+
+    names = [c.name or c.callback.__name__ for c in app.registered_commands]
+    assert "generate" in names and "train" in names
+    for name in names:
+        result = CliRunner().invoke(app, [name, "--help"], env={"COLUMNS": "80"})
+        assert result.exit_code == 0, result.output
+        assert "…" not in result.output and max(map(len, result.output.splitlines())) <= 80, (name, result.output)
+    assert "--speculative-eagle-topk" in CliRunner().invoke(app, ["generate", "--help"], env={"COLUMNS": "80"}).output
