@@ -445,7 +445,7 @@ def generate(
             console.print(text[shown:], end="", markup=False, highlight=False, soft_wrap=True)
             shown = len(text)
 
-        console.print(prompt, end="", style="dim", markup=False, highlight=False, soft_wrap=True)  # then its continuation
+        console.print(prompt, end="", style="dim", markup=False, highlight=False, soft_wrap=True)  # continued below
         result = engine.generate(ids, max_new_tokens, temperature, top_p, sampling_top_k, eos_ids=eos,
                                  seed=seed, on_tokens=stream)
     except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
