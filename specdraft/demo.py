@@ -673,7 +673,7 @@ def summary(report: DemoReport, out: Path) -> str:
     """What `specdraft demo` prints when it is done: the speculative-decoding section of
     report.md, then where the drafter, the report and the plots are."""
     return "\n".join([*speculative_section(report), "",
-                      f"drafter: {report.drafter.get('dir', out / 'train' / 'draft')}",
+                      f"drafter: {report.drafter['dir']}",
                       f"report: {out / 'report.md'} (training, doctor, launch commands for vLLM / SGLang)",
                       "plots: " + ", ".join(str(out / p) for p in report.plots)])
 

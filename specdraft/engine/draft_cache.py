@@ -32,13 +32,18 @@ class DraftCache:
             raise ValueError(f"draft cache view up to {end} exceeds its size {self.max_len}")
         return KV(self.k[:, :, :end], self.v[:, :, :end])
 
+    def check_write(self, start: int, num: int) -> None:
+        """Raise ValueError when entries start..start+num-1 run past the end of the buffers (the
+        check of every writer: `write`, and the Triton steps that write in their kernels)."""
+        if start + num > self.max_len:
+            raise ValueError(f"draft cache write of {num} entries at {start} exceeds its size {self.max_len}")
+
     def write(self, kv: KV, start: int) -> None:
         """Store kv (each [1, num_kv_heads, T, head_dim]) at entries start..start+T-1.
 
         Raises ValueError past the end of the buffers."""
         t = kv.k.shape[2]
-        if start + t > self.max_len:
-            raise ValueError(f"draft cache write of {t} entries at {start} exceeds its size {self.max_len}")
+        self.check_write(start, t)
         self.k[:, :, start:start + t] = kv.k
         self.v[:, :, start:start + t] = kv.v
 

@@ -78,8 +78,7 @@ class FastDraft:
         """
         t = input_ids.shape[0]
         if self.triton_kernels and t <= fused_decode.MAX_TOKENS:
-            if start + t > cache.max_len:
-                raise ValueError(f"draft cache write of {t} entries at {start} exceeds its size {cache.max_len}")
+            cache.check_write(start, t)
             if attn_mask is None:  # every earlier entry, causal among the T
                 attn_mask = torch.ones(t, start + t, dtype=torch.bool, device=hidden.device).tril(start)
             slots = torch.arange(start, start + t, device=hidden.device)
@@ -157,8 +156,7 @@ class GraphedDraft:
         key = (t, first_step, attn_mask is not None)
         if cache is not self.cache or key not in self.graphs:
             return self.fast(input_ids, hidden, positions, first_step, cache, start, attn_mask)
-        if start + t > cache.max_len:
-            raise ValueError(f"draft cache write of {t} entries at {start} exceeds its size {cache.max_len}")
+        cache.check_write(start, t)
         graph, (ids, hid, pos, start_t, mask), output = self.graphs[key]
         ids.copy_(input_ids)
         hid.copy_(hidden)

@@ -224,7 +224,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: tor
 
 def linear_silu_mul(x: Tensor, w13: Tensor) -> Tensor:
     """silu(x @ gate.T) * (x @ up.T) for a fused gate|up weight w13 [2I, K] (gate rows first),
-    x [M, K], M <= 16: [M, I] in x's dtype, rounded as `silu_mul(linear(x, w13))` rounds."""
+    x [M, K], M <= 16: [M, I] in x's dtype, rounded as the torch path rounds F.silu(gate) * up
+    of the projection rounded to x's dtype."""
     x = x.contiguous()
     inter = w13.shape[0] // 2
     y = torch.empty(x.shape[0], inter, device=x.device, dtype=x.dtype)
@@ -348,6 +349,21 @@ def rope_to_cache(qkv: Tensor, position_ids: Tensor, cache_slots: Tensor, inv_fr
 
 
 @triton.jit
+def _load_block(mask_ptr, k_cache_ptr, v_cache_ptr, mask_rows, r_mask, kv_base, s, num_slots, d,
+                HEAD_DIM: tl.constexpr):
+    """Slots s [S] of one kv head: (visible [R, S], the mask at rows mask_rows [R] (offsets),
+    k, v [S, D]); K and V are read only at slots some row sees (0 elsewhere)."""
+    s_mask = s < num_slots
+    visible = tl.load(mask_ptr + mask_rows[:, None] + s[None, :], mask=r_mask[:, None] & s_mask[None, :],
+                      other=0) != 0
+    read = (s_mask & (tl.max(visible.to(tl.int32), axis=0) > 0))[:, None]
+    kv_offsets = kv_base + s[:, None] * HEAD_DIM + d[None, :]
+    k = tl.load(k_cache_ptr + kv_offsets, mask=read, other=0.0)
+    v = tl.load(v_cache_ptr + kv_offsets, mask=read, other=0.0)  # in flight with k
+    return visible, k, v
+
+
+@triton.jit
 def _attend_block(q, k, v, visible, m_i, l_i, acc, scale):
     """One block of online softmax: (m_i, l_i, acc) updated with the slots `visible` [R, S]
     marks (k, v [S, D]; hidden slots may hold anything)."""
@@ -380,23 +396,19 @@ def _attention_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, mask_ptr, slot_ptr,
     r_mask = t < T
     d = tl.arange(0, HEAD_DIM)
     kv_base = (b * num_kv_heads + kv_head) * cache_len * HEAD_DIM
+    mask_rows = b * mask_b_stride + t * mask_t_stride
     start = split * SPLIT
     s = start + tl.arange(0, BLOCK_S)
-    s_mask = s < num_slots
-    visible = tl.load(mask_ptr + b * mask_b_stride + t[:, None] * mask_t_stride + s[None, :],
-                      mask=r_mask[:, None] & s_mask[None, :], other=0) != 0
-    read = (s_mask & (tl.max(visible.to(tl.int32), axis=0) > 0))[:, None]  # hidden blocks are not read
-    kv_offsets = kv_base + s[:, None] * HEAD_DIM + d[None, :]
-    k = tl.load(k_cache_ptr + kv_offsets, mask=read, other=0.0)
-    v = tl.load(v_cache_ptr + kv_offsets, mask=read, other=0.0)  # in flight with k
+    visible, k, v = _load_block(mask_ptr, k_cache_ptr, v_cache_ptr, mask_rows, r_mask, kv_base, s, num_slots, d,
+                                HEAD_DIM)
     if USE_PDL:
         new = tl.load(slot_ptr + tl.arange(0, BLOCK_T), mask=tl.arange(0, BLOCK_T) < T, other=-1)
         written = tl.max(((new >= start) & (new < start + BLOCK_S)).to(tl.int32), axis=0) > 0
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
         if written:
-            k = tl.load(k_cache_ptr + kv_offsets, mask=read, other=0.0)
-            v = tl.load(v_cache_ptr + kv_offsets, mask=read, other=0.0)
+            visible, k, v = _load_block(mask_ptr, k_cache_ptr, v_cache_ptr, mask_rows, r_mask, kv_base, s,
+                                        num_slots, d, HEAD_DIM)
     q_rows = (b * T + t) * (num_kv_heads * GROUP) + kv_head * GROUP + g
     q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + d[None, :], mask=r_mask[:, None], other=0.0)
     m_i = tl.full((BLOCK_R,), float("-inf"), dtype=tl.float32)
@@ -405,13 +417,9 @@ def _attention_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, mask_ptr, slot_ptr,
     m_i, l_i, acc = _attend_block(q, k, v, visible, m_i, l_i, acc, scale)
     for block in range(1, SPLIT // BLOCK_S):
         s = start + block * BLOCK_S + tl.arange(0, BLOCK_S)
-        s_mask = s < num_slots
-        visible = tl.load(mask_ptr + b * mask_b_stride + t[:, None] * mask_t_stride + s[None, :],
-                          mask=r_mask[:, None] & s_mask[None, :], other=0) != 0
-        if tl.max(visible.to(tl.int32)) > 0:
-            kv_offsets = kv_base + s[:, None] * HEAD_DIM + d[None, :]
-            k = tl.load(k_cache_ptr + kv_offsets, mask=s_mask[:, None], other=0.0)
-            v = tl.load(v_cache_ptr + kv_offsets, mask=s_mask[:, None], other=0.0)
+        visible, k, v = _load_block(mask_ptr, k_cache_ptr, v_cache_ptr, mask_rows, r_mask, kv_base, s, num_slots,
+                                    d, HEAD_DIM)
+        if tl.max(visible.to(tl.int32)) > 0:  # a block the mask hides: nothing read, nothing to add
             m_i, l_i, acc = _attend_block(q, k, v, visible, m_i, l_i, acc, scale)
     seen = l_i > 0
     part = (bh * num_splits + split) * BLOCK_R + r
