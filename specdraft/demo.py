@@ -411,13 +411,14 @@ def stage_regenerate(cfg: DemoConfig, target_dir: Path, data_file: Path,
 
 
 def store_complete(store: Path) -> bool:
-    """A capture store whose index.json says it is finished, with every shard file present."""
-    index = store / "index.json"
-    if not index.is_file():
+    """A capture store `CaptureStore` opens (a finished index) with every shard file present."""
+    from specdraft.capture import CaptureError, CaptureStore
+
+    try:
+        shards = CaptureStore(store).meta["shards"]
+    except CaptureError:
         return False
-    meta = json.loads(index.read_text())
-    return (bool(meta.get("complete")) and len(meta.get("shards", [])) == meta.get("num_shards")
-            and all((store / e["file"]).is_file() for e in meta["shards"]))
+    return all((store / e["file"]).is_file() for e in shards)
 
 
 def stage_capture(cfg: DemoConfig, target_dir: Path, regen_file: Path, name: str,

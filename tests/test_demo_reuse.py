@@ -42,3 +42,21 @@ def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, ca
     assert "continuations of" not in said and "training the drafter" not in said
     # before the fix: "regenerate ━━━ 0% -:--:--" and "capture ━━━ 0/0 tokens -:--:--" on stderr
     assert "0%" not in err and "0/0" not in err and "━" not in err, err
+
+
+def test_a_store_is_reused_only_when_finished_with_every_shard(tmp_path, capsys):
+    import json
+
+    from specdraft.demo import store_complete
+
+    cfg = tiny_demo(tmp_path)
+    demo_output(cfg, capsys)
+    store = cfg.out / "store"
+    index = json.loads((store / "index.json").read_text())
+    assert store_complete(store)
+    (store / index["shards"][0]["file"]).rename(store / "moved")
+    assert not store_complete(store)  # a shard file gone
+    (store / "moved").rename(store / index["shards"][0]["file"])
+    (store / "index.json").write_text(json.dumps({**index, "complete": False}))
+    assert not store_complete(store)  # an interrupted capture
+    assert not store_complete(tmp_path / "nothing")
