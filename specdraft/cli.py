@@ -418,7 +418,8 @@ def generate(
     from specdraft.machine_load import busy_note
 
     console = Console()
-    busy = busy_note("the tokens/s above", "fewer threads (e.g. --threads 1) compete less") if device == "cpu" else None
+    remedy = "fewer threads (e.g. --threads 1) compete less" if threads != 1 else ""
+    busy = busy_note("the tokens/s above", remedy) if device == "cpu" else None
     try:
         _refuse_compile_off_cuda(compile, device)
         _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,

@@ -670,6 +670,18 @@ def speculative_section(report: DemoReport) -> list[str]:
                     "Every speculative run produced exactly the plain greedy output (lossless at T = 0)."]
 
 
+def doctor_line(report: DemoReport) -> str:
+    """The doctor stage in one line: verdict counts over both sample sets, failed checks and
+    lint failures by name (details: report.md)."""
+    from specdraft.doctor.run import counts_text, verdict_counts
+
+    failed = [f"{f['check']} ({f['samples']})" for f in report.doctor if f["verdict"] == "fail"]
+    failed += [f"lint {engine}: {f['check']}" for engine, findings in report.lint.items()
+               for f in findings if f["verdict"] == "fail"]
+    return (f"doctor: {counts_text(verdict_counts(f['verdict'] for f in report.doctor))}"
+            + (f"; failed: {', '.join(failed)}" if failed else "") + " (report.md has the evidence)")
+
+
 def summary(report: DemoReport, out: Path) -> str:
     """What `specdraft demo` prints when it is done: the speculative-decoding section of
     report.md, then where the drafter, the report and the plots are."""
@@ -756,6 +768,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     say("doctor")
     report.doctor, report.lint = stage_doctor(draft_dir, target_dir,
                                               {"train": train_store, "held-out": heldout_store}, exports)
+    say(doctor_line(report))
     report.plots = write_plots(report, cfg.out)
     (cfg.out / "report.json").write_text(json.dumps(asdict(report), indent=2, default=str))
     (cfg.out / "report.md").write_text(report_markdown(report, cfg))

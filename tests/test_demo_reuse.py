@@ -4,6 +4,7 @@ reuses, and shows no empty progress bar for them (fresh-user trial: bars stuck a
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 
@@ -32,6 +33,7 @@ def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, ca
     exports = [f"{engine} -> {cfg.out / 'export' / engine} (" for engine in ("vllm", "sglang", "speculators")]
     assert all(e in said for e in exports) and "tensors bit-identical" in said  # the export stage says so
     assert "100%" in err and "capture" in err  # the first run shows its bars
+    assert re.search(r"doctor: \d+ pass, 0 fail, \d+ skipped \(report.md has the evidence\)", said), said
 
     said, err = demo_output(cfg, capsys)
     out = cfg.out
@@ -60,3 +62,15 @@ def test_a_store_is_reused_only_when_finished_with_every_shard(tmp_path, capsys)
     (store / "index.json").write_text(json.dumps({**index, "complete": False}))
     assert not store_complete(store)  # an interrupted capture
     assert not store_complete(tmp_path / "nothing")
+
+
+def test_the_doctor_line_names_failed_checks_and_lint():
+    from specdraft.demo import DemoReport, doctor_line
+
+    report = DemoReport(target="t", aux_layers=[1], doctor=[
+        {"samples": "train", "check": "acceptance", "verdict": "pass"},
+        {"samples": "held-out", "check": "acceptance", "verdict": "fail"},
+        {"samples": "held-out", "check": "template", "verdict": "skip"}],
+        lint={"vllm": [{"check": "keys", "verdict": "fail"}], "sglang": [{"check": "keys", "verdict": "pass"}]})
+    assert doctor_line(report) == ("doctor: 1 pass, 1 fail, 1 skipped; failed: acceptance (held-out), lint vllm: "
+                                   "keys (report.md has the evidence)")

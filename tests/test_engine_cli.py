@@ -51,6 +51,9 @@ def test_generate_streams_text_and_prints_metrics(tmp_path, monkeypatch):
     assert plain.exit_code == 0, plain.output
     assert expected in plain.output.replace("\n", "") and "plain decoding" in plain.output
     assert "note: the machine was busy when this started (load 64.0" in plain.output
+    assert "--threads 1" in plain.output  # the remedy, unless already taken:
+    pinned = CliRunner().invoke(app, common + ["--no-spec", "--threads", "1"])
+    assert "machine was busy" in pinned.output and "--threads 1" not in pinned.output
     assert plain.output.startswith(prompt)  # the prompt, then its continuation: the text reads whole
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     no_draft = CliRunner().invoke(app, common)  # --help: "omit for plain decoding"

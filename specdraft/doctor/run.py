@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from specdraft.bench import SERVER_WAIT_S
 from specdraft.checkpoint import wrong_dir_message
@@ -48,7 +48,7 @@ class Report:
 
     def counts(self) -> dict[str, int]:
         """Findings per verdict."""
-        return {v: sum(f.verdict == v for f in self.findings) for v in VERDICTS}
+        return verdict_counts(f.verdict for f in self.findings)
 
     def finding(self, check: str) -> Finding:
         """The finding of the check named `check` (KeyError when it did not run)."""
@@ -115,6 +115,17 @@ def _run_one(check, ev: Evidence) -> Finding:
 STYLES = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 
 
+def verdict_counts(verdicts: Iterable[str]) -> dict[str, int]:
+    """How many of `verdicts` are each of VERDICTS."""
+    verdicts = list(verdicts)
+    return {v: verdicts.count(v) for v in VERDICTS}
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """"16 pass, 0 fail, 4 skipped": a report's verdicts in one phrase."""
+    return f"{counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skipped"
+
+
 def report_table(report: Report, title: str = "specdraft doctor"):
     """A rich Table: check, verdict, evidence, fix (report.notes are not in it)."""
     from rich.table import Table
@@ -129,7 +140,7 @@ def report_table(report: Report, title: str = "specdraft doctor"):
         table.add_row(f.check, Text(f.verdict.upper(), style=STYLES[f.verdict]), Text(f.evidence),
                       Text(f.fix))
     counts = report.counts()
-    table.caption = f"{counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skipped"
+    table.caption = counts_text(counts)
     return table
 
 
