@@ -127,20 +127,21 @@ def counts_text(counts: dict[str, int]) -> str:
 
 
 def report_table(report: Report, title: str = "specdraft doctor"):
-    """A rich Table: check, verdict, evidence, fix (report.notes are not in it)."""
+    """A rich Table of one row per finding: its verdict, then the check's name over its evidence
+    and, when it has one, "fix: ..." (report.notes are not in it). Two columns keep the evidence
+    wide at 80 columns; words wrap whole, and a token longer than the line folds, never cut."""
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=title, show_lines=True, expand=True)
-    table.add_column("check", no_wrap=True, min_width=max(len(f.check) for f in report.findings))
+    table = Table(title=title, caption=counts_text(report.counts()), show_lines=True, expand=True)
     table.add_column("verdict", no_wrap=True)
-    table.add_column("evidence", ratio=3)
-    table.add_column("fix", ratio=2)
+    table.add_column("check / evidence", overflow="fold")
     for f in report.findings:
-        table.add_row(f.check, Text(f.verdict.upper(), style=STYLES[f.verdict]), Text(f.evidence),
-                      Text(f.fix))
-    counts = report.counts()
-    table.caption = counts_text(counts)
+        cell = Text(f.check, style="bold")
+        cell.append("\n" + f.evidence)
+        if f.fix:
+            cell.append("\nfix: " + f.fix, style="cyan")
+        table.add_row(Text(f.verdict.upper(), style=STYLES[f.verdict]), cell)
     return table
 
 
