@@ -6,12 +6,24 @@ Each command builds a config, calls one library function and renders the result 
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import typer
 
 # rich_markup_mode=None: click's plain help and usage errors, which wrap whole words at the terminal's width
 # (typer's boxed panels cut words at 80 columns)
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+# Options with a fixed set of values: click refuses any other value (exit 2, the choices listed) and
+# --help shows them. Each mirrors the library's own table (tests/test_cli_choices.py keeps them equal),
+# written out here so that importing the CLI stays free of torch.
+DtypeName = Literal["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"]  # capture.DTYPES
+EngineDtype = Literal["fp32", "bf16", "fp16"]  # _torch_dtype
+Precision = Literal["fp32", "bf16"]  # train.loop.PRECISIONS
+Layout = Literal["sglang", "speculators", "specdraft"]  # checkpoint.LAYOUTS
+ExportEngine = Literal["sglang", "vllm", "speculators"]  # export.EXPORT_ENGINES
+DoctorEngine = Literal["sglang", "vllm"]  # doctor.evidence.DOCTOR_ENGINES
+EndpointApi = Literal["chat", "completions"]  # regenerate.EndpointBackend
 
 
 def _check_device(value: str) -> str:
@@ -149,8 +161,8 @@ def capture(
     out: str = typer.Argument(..., help="Output store directory (resumed if it exists)."),
     aux_layers: str = typer.Option("", help="Specdraft indices, e.g. '2,3,4' (default: "
                                    "conventions.default_aux_layers).", callback=_int_list),
-    dtype: str = typer.Option("bf16", help="Storage dtype of hidden states: bf16|fp16|fp32."),
-    target_dtype: str = typer.Option("fp32", help="Dtype the target runs in."),
+    dtype: DtypeName = typer.Option("bf16", help="Storage dtype of hidden states."),
+    target_dtype: DtypeName = typer.Option("fp32", help="Dtype the target runs in."),
     max_length: int = typer.Option(2048, help="Truncate samples to this many tokens."),
     shard_tokens: int = typer.Option(65536, help="Tokens per shard (bounds memory)."),
     batch_tokens: int = typer.Option(16384, help="Padded tokens per target forward."),
@@ -190,7 +202,7 @@ def regenerate(
     target: str = typer.Option("", help="Local target model directory (transformers).", callback=_check_model_dir),
     endpoint: str = typer.Option("", help="OpenAI-compatible base URL, e.g. http://host:8000."),
     model: str = typer.Option("", help="Served model name (with --endpoint)."),
-    api: str = typer.Option("chat", help="Endpoint API: chat | completions."),
+    api: EndpointApi = typer.Option("chat", help="Endpoint API."),
     tokenizer: str = typer.Option("", help="Target tokenizer dir (no-chat / completions)."),
     no_chat: bool = _flag("--no-chat", help="Continue plain text (base models)."),
     prompt_tokens: int = typer.Option(32, min=1, help="No-chat prompt = first N tokens of a document."),
@@ -296,8 +308,8 @@ def convert(
     src: str = typer.Argument(..., help="Draft checkpoint directory (layout detected).",
                               callback=_check_checkpoint_dir),
     dst: str = typer.Argument(..., help="Output directory."),
-    layout: str = typer.Option(..., help="sglang (official EAGLE-3) | speculators (vLLM's) | specdraft "
-                               "(the SGLang layout with specdraft's manifest)"),
+    layout: Layout = typer.Option(..., help="sglang (official EAGLE-3) | speculators (vLLM's) | specdraft "
+                                  "(the SGLang layout with specdraft's manifest)"),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=_check_model_dir),
 ) -> None:
     """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
@@ -403,7 +415,7 @@ def generate(
     seed: int = typer.Option(0, help="Sampling seed."),
     max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
     device: str = typer.Option("cpu", callback=_check_device),
-    dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
+    dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     compile: bool = _flag("--compile", help=COMPILE_HELP),
     threads: int | None = typer.Option(None, help=THREADS_HELP),
 ) -> None:
@@ -529,7 +541,7 @@ def train(
     max_length: int | None = typer.Option(None, min=1, help="Truncate samples to this many tokens (2048)."),
     ttt_steps: int | None = typer.Option(None, min=1, help="Training-time-test unroll steps (7)."),
     draft_vocab_size: int | None = typer.Option(None, min=1, help="Default: the target's vocabulary."),
-    precision: str | None = typer.Option(None, help="fp32 (default) | bf16 (CUDA autocast)."),
+    precision: Precision | None = typer.Option(None, help="fp32 (default) | bf16 (CUDA autocast)."),
     target: str = typer.Option("", help="Target directory: the live target with --online; offline only when "
                                "the store's recorded path moved.", callback=_check_model_dir),
     online: bool = _flag("--online", help="Run --target on SOURCE's records at every step "
@@ -538,8 +550,8 @@ def train(
                                    "conventions.default_aux_layers; a store's must match).", callback=_int_list),
     no_chat: bool = _flag("--no-chat", help="With --online: plain text (base models)."),
     template_kwargs: str = typer.Option("{}", help="With --online: JSON kwargs for the chat template."),
-    target_dtype: str | None = typer.Option(None, help="With --online: dtype the target runs in: float32 "
-                                            "(default) | bfloat16 | float16 (or fp32, bf16, fp16)."),
+    target_dtype: DtypeName | None = typer.Option(None, help="With --online: dtype the target runs in "
+                                                  "(default: float32)."),
     skip_bad: bool = _flag("--skip-bad", help="With --online: skip and count bad records."),
     warmup_steps: int | None = typer.Option(None, min=0, help="Linear learning-rate warm-up steps (100)."),
     save_every: int | None = typer.Option(None, min=1, help="Checkpoint every N steps (500) and at the end, "
@@ -630,7 +642,7 @@ def export(
     checkpoint: str = typer.Argument(..., help="Drafter directory (e.g. RUN/draft), or a training checkpoint "
                                      "of --save-every (RUN/checkpoints/step-N.pt)."),
     out: str = typer.Argument(..., help="Output directory (replaced atomically)."),
-    engine: str = typer.Option(..., help="sglang | vllm | speculators"),
+    engine: ExportEngine = typer.Option(..., help="Engine to export for."),
     target: str = typer.Option("", help="Target directory (default: the manifest's record).", callback=_check_model_dir),
     verifier: str = typer.Option("", help="speculators verifier.name_or_path (must resolve where "
                                  "the server runs; default: the target's absolute path)."),
@@ -638,7 +650,7 @@ def export(
     num_steps: int = typer.Option(3, help="Draft depth in the launch command."),
     topk: int = typer.Option(1, help="Children per node (SGLang only; 1 = chain)."),
     num_draft_tokens: int = typer.Option(0, help="Verified nodes incl. the root (0 = num_steps + 1)."),
-    dtype: str = typer.Option("", help="Cast floating tensors: bf16 | fp16 | fp32 (default: keep)."),
+    dtype: DtypeName | None = typer.Option(None, help="Cast floating tensors (default: keep)."),
 ) -> None:
     """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
     from rich.console import Console
@@ -669,7 +681,8 @@ def doctor(
     checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout).",
                                      callback=_check_checkpoint_dir),
     target: str = typer.Option("", help="Target directory: capture parity, acceptance, tokenizer.", callback=_check_model_dir),
-    engine: str = typer.Option("", help="sglang | vllm (default: from --engine-args, else all)."),
+    engine: DoctorEngine | None = typer.Option(None, help="Engine to check for (default: from --engine-args, "
+                                                    "else all)."),
     engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
     samples: str = typer.Option("", help="Capture store or JSONL (token ids, chats or texts)."),
     skip_bad: bool = _flag("--skip-bad", help="Skip bad --samples records instead of refusing the file."),
@@ -770,13 +783,10 @@ def _spec_from_flags(no_spec: bool, draft: str, num_steps: int, topk: int, num_d
     return SpecConfig(num_steps, topk, num_draft_tokens or num_steps + 1)
 
 
-def _torch_dtype(name: str):
+def _torch_dtype(name: EngineDtype):
     import torch
 
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if name not in dtypes:
-        raise ValueError(f"--dtype {name!r}: choose one of {', '.join(dtypes)}")
-    return dtypes[name]
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -810,7 +820,7 @@ def serve(
     model_name: str = typer.Option("", help="Served model name (default: the target directory's name)."),
     max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
     device: str = typer.Option("cpu", callback=_check_device),
-    dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
+    dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     compile: bool = _flag("--compile", help=COMPILE_HELP),
     threads: int | None = typer.Option(None, help=THREADS_HELP),
 ) -> None:
@@ -929,7 +939,7 @@ def tune(
                                 "same-round ratios."),
     json_out: str = typer.Option("", help="Also write the report as JSON here."),
     device: str = typer.Option("cpu", callback=_check_device),
-    dtype: str = typer.Option("fp32", help="fp32 | bf16 | fp16"),
+    dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
     from pathlib import Path

@@ -122,5 +122,6 @@ def test_cli_online_only_options_are_refused_offline_and_checked(target_dir, cha
         assert offline.exit_code == 1 and "--target-dtype and --skip-bad apply with --online only" in offline.output
     bad = CliRunner().invoke(app, ["train", str(chats_file), str(tmp_path / "run"), "--online", "--target",
                                    str(target_dir), "--target-dtype", "int8"])
-    assert bad.exit_code == 1 and "error: --target-dtype 'int8': choose one of bfloat16, bf16" in bad.output
+    assert bad.exit_code == 2 and "Invalid value for '--target-dtype'" in bad.output
+    assert "'int8' is not one of 'bf16', 'fp16', 'fp32', 'bfloat16', 'float16', 'float32'" in bad.output
     assert not (tmp_path / "run").exists()
