@@ -19,35 +19,52 @@ Goals checked: plain decode >= 90 % of roofline, verify 16 <= 1.15 x decode, dra
     python benchmarks/engine_speed.py --tiny     # small shapes on the CPU (smoke test)
     --profile: also the costliest kernels of an eager decode and host ops of a draft round.
 
-Measured on H200s (torch 2.11, Triton 3.6, 2026-11-30; each run starts a fresh machine, and
-machines differ by ~2 %), target forwards of up to 16 tokens through `fused_decode`'s Triton
-kernels (matmul epilogues: RoPE + cache writes, silu * up; programmatic dependent launch, with
-attention's first K / V block read before the wait): copy 4.18-4.21 TB/s, weights 15.0 GB,
-roofline 278-280 tokens/s; decode 3.96-4.05 ms = 88.8-90.0 % of roofline in three runs (goal 90 %:
-NOT met reliably); the graph replay alone (no input staging) 3.86-3.97 ms. Verify 16 = 1.13-1.14
-x decode (met); drafter through the Triton kernels (graphed): tree step (topk 4) 0.22 ms = 5.6 %,
-chain step 0.21 ms = 5.2 % of decode (met; torch ops: 0.44 ms and 0.30 ms). End to end
-(`SpeculativeEngine.generate`, compile=True, random weights so every draft is rejected): plain
-225 tokens/s (237 after prefill); drafting a chain of 3 took 0.38 ms a step with the drafter's
-Triton steps replayed as CUDA graphs (`GraphedDraft`), 2.3 ms eagerly (Triton's launches are
-host-bound; eager torch ops: about 1 ms). Session 3 (before the epilogues and PDL): decode
-4.27 ms; the torch path (--torch-kernels: compiled layers, cuBLAS, cuDNN attention) 5.18-5.29
-ms = 67 %, 1.20 x.
-Where the rest goes (profile of the graphed decode without PDL, 4.20 ms, 2026-11-29): matmuls
-3.72 ms (95 % of copy bandwidth), attention 0.17 ms + its split combine 0.06, norms 0.12,
-launch gaps ~0.1; PDL hides about 0.1 ms of it, attention's early K / V reads another 0.1.
-Staging a step's inputs (one host-to-device copy, `StaticInputs`) costs under 0.07 ms.
-Tried and dropped: a group's query heads as one longer SDPA query (6.2 ms); the RMSNorms inside
-the next matmul (each program summing x^2 over its row and scaling x by the norm weight on the
-way in, the residual adds in the o / down epilogues: six launches a layer instead of eight):
-decode 4.87 ms against 4.15 in the same run, verify 16 10.0 ms (the thin GEMM's operand cast
-breaks its pipelining); other GEMV block sizes and warps, per projection (1-4 outputs x
-512-4096 columns x 4 / 8 warps: only the down projection gained, 29.9 -> 28.6 us); PDL with
-each kernel releasing its dependents before its own wait (verify 16: 5.1 ms); fewer launches
-through "the last program to finish" (an atomic count, acq_rel): the residual add + RMSNorm in
-the o / down matmuls' epilogues (decode 4.39 ms, verify 16 7.6 ms: a 16-row norm in one program
-is a long tail) and the attention splits combined by the last split of each head (decode
-4.20-4.35 ms, verify 16 5.5 ms).
+Measured on H200s (torch 2.11, Triton 3.6; each run starts a fresh machine, and machines differ
+by ~2 %), target forwards of up to 16 tokens through `fused_decode`'s Triton kernels (matmul
+epilogues: RoPE + cache writes, silu * up; programmatic dependent launch, with attention's first
+K / V block read before the wait). 2026-11-30, session 6 (timed as now: 0.3 s of warm-up, median
+of 100 synchronised steps; with 3 warm-up calls and 20 steps, runs on one machine minutes apart
+gave decode 4.10 and 4.04 ms): two runs on one machine, copy 4.17-4.24 TB/s, weights 15.0 GB,
+roofline 278-282 tokens/s; decode 3.903 / 3.898 ms = 90.8 / 92.3 % of roofline (goal 90 %: met;
+session 5: 88.8-90.0 %); verify 16 4.510 / 4.505 ms = 1.156 x decode both times (goal 1.15: NOT
+met, 0.02 ms short); forward of 4 / 8 / 32 / 64 tokens 4.36-4.40 / 4.43-4.44 / 6.44-6.49 /
+6.57-6.63 ms; drafter through the Triton kernels (graphed): tree step (topk 4) 0.22 ms = 5.6 %,
+chain step 0.21 ms = 5.3-5.4 % of decode (met; torch ops: 0.44 and 0.30 ms).
+Kept this session: the 16-row gate|up GEMM at 128 weight rows x 128 columns, 4 stages (was 64,
+2 stages): 61.5 -> 58.6 us alone, verify 16 4.57 -> 4.46 ms in one process.
+End to end (`SpeculativeEngine.generate`, compile=True, random weights so every draft is
+rejected): plain 228 tokens/s (241 after prefill); drafting a chain of 3 took 0.38 ms a step
+with the drafter's Triton steps replayed as CUDA graphs (`GraphedDraft`), 2.3 ms eagerly.
+Session 3 (before the epilogues and PDL): decode 4.27 ms; the torch path (--torch-kernels:
+compiled layers, cuBLAS, cuDNN attention) 5.18-5.29 ms = 67 %, 1.20 x.
+Where the decode step goes (graph replays with parts left out, 2026-11-30): all of it 3.92-3.94
+ms; the matmuls alone 3.52-3.55 ms = the roofline (they stream at the copy bandwidth); attention
+0.26 ms of the rest (its split combine 0.06), the RMSNorms 0.13, staging the inputs (one
+host-to-device copy, `StaticInputs`) 0.01. What remains is one dependent launch after another,
+about 2 us each (eight a layer): fewer launches, not faster matmuls.
+Tried and dropped (A / B in one process unless noted):
+- the RMSNorms inside the next matmul, so a layer is six launches: with the norm weight applied
+  on the way in (session 5): decode 4.87 ms against 4.15, verify 16 10.0 (the thin GEMM's operand
+  cast breaks its pipelining); with the norm weights folded into the matmul's weights, each
+  program summing x^2 in the layout it reads x in (the thin GEMM: as the diagonal of a 16 x 16
+  tensor-core dot): decode 4.48 against 3.94 ms, verify 16 5.55 against 4.56. Every program
+  repeats the sum over the whole row: q|k|v 14.2 -> 18.6 us, gate|up 53.0 -> 68.5 us alone;
+- "the last program to finish" (an atomic count, acq_rel) doing the residual add + RMSNorm in
+  the o / down epilogues (decode 4.39 ms, verify 16 7.6: a 16-row norm in one program is a long
+  tail), or combining the attention splits (decode 4.20-4.35, verify 16 5.5; session 4);
+- a persistent GEMV (a fixed number of programs per SM looping over the row blocks, the next
+  block's first weights requested while one finishes): every projection 0.3-7 us slower alone,
+  decode unchanged;
+- GEMV block sizes and warps per projection (1-4 outputs x 512-4096 columns x 4 / 8 warps): only
+  the down projection gained (29.9 -> 28.6 us, kept); attention blocks of 32 or 128 slots (decode
+  +0.05 / +0.03 ms) or other split counts (the same);
+- attention splits storing only the rows the combine reads, the combine loading weights and
+  parts in one round trip: 3.94-3.96 against 3.91-3.94 ms (no gain);
+- the thin GEMM requesting its first weight block before the PDL wait: verify 16 4.56 against
+  4.50 ms; requesting each weight row's first 1-8 KB into L2 (cp.async.bulk.prefetch) instead:
+  4.78-7.79 against 4.56 ms;
+- PDL with each kernel releasing its dependents before its own wait (verify 16: 5.1 ms); a
+  group's query heads as one longer SDPA query (6.2 ms).
 """
 
 from __future__ import annotations
@@ -109,18 +126,22 @@ def random_draft(target: FastTarget, draft_vocab: int, dtype: torch.dtype, devic
     return draft
 
 
-def timed_ms(fn: Callable[[], object], device: str, iters: int, warmup: int = 3) -> float:
-    """Median wall time of fn() in milliseconds (synchronised on CUDA)."""
-    for _ in range(warmup):
+def timed_ms(fn: Callable[[], object], device: str, iters: int, warmup_s: float = 0.3) -> float:
+    """Median wall time of fn() in milliseconds (synchronised on CUDA), after calling fn for
+    warmup_s seconds and at least 3 times (compiles, captures, and lets the GPU's clocks settle)."""
+    def call() -> None:
         fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    start, calls = time.perf_counter(), 0
+    while calls < 3 or time.perf_counter() - start < warmup_s:
+        call()
+        calls += 1
     times = []
     for _ in range(iters):
-        if device == "cuda":
-            torch.cuda.synchronize()
         start = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        call()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
@@ -322,7 +343,7 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="small shapes on the CPU (smoke test)")
     parser.add_argument("--prefix", type=int, default=1024, help="cached tokens before each timed step")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens generated end to end")
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--skip-e2e", action="store_true")
     parser.add_argument("--tune-gemv", action="store_true",
                         help="inductor coordinate-descent tuning: single-token matmuls become tuned "
