@@ -67,6 +67,7 @@ def test_plain_decoding_equals_transformers_greedy():
     results = [engine.generate(p, NUM_NEW) for p in prompts]
     assert [r.token_ids for r in results] == ids[:, PROMPT_LEN:].tolist()
     assert all(r.metrics.accept_length == 1.0 and r.metrics.num_drafted_tokens == 0 for r in results)
+    assert all(r.metrics.time_draft_s == 0.0 and r.metrics.time_verify_s > 0 for r in results)  # no drafter
 
 
 @torch.no_grad()
@@ -140,6 +141,36 @@ def test_eos_stop_strings_and_streaming():
     plain = setup.engine(None, None)
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         plain.generate(prompt, 4, stop=["x"])
+
+
+class CountingTokenizer(CharTokenizer):
+    """CharTokenizer recording how many ids each decode call gets."""
+
+    def __init__(self):
+        self.calls = []
+
+    def decode(self, ids):
+        self.calls.append(len(ids))
+        return CharTokenizer.decode(ids)
+
+
+def test_stop_strings_decode_only_the_outputs_tail():
+    """Checking stop strings after each token decodes a window of the newest tokens, not the whole
+    output (quadratic in long outputs); a stop string is still found where it ends."""
+    setup = tiny_setup("llama")
+    prompt = random_prompts(1, PROMPT_LEN, seed=14)[0]
+    tokenizer = CountingTokenizer()
+    engine = setup.engine(None, None, tokenizer=tokenizer)
+    result = engine.generate(prompt, 100, stop=["\n\n"])  # ids decode to letters: never a newline
+    assert result.finish_reason == "length" and len(result.token_ids) == 100
+    window = 4 * 2 + 8
+    # while generating: the window after 4 ids of context (CONTEXT_TOKENS); once at the end: the text
+    assert max(tokenizer.calls[:-1]) == window + 4 and tokenizer.calls[-1] == 4 + 100
+    reference = result.token_ids
+    stop = CharTokenizer.decode(reference[70:73])
+    first = CharTokenizer.decode(reference).find(stop)
+    stopped = engine.generate(prompt, 100, stop=[stop])
+    assert stopped.finish_reason == "stop" and stopped.token_ids == reference[:first + 3]
 
 
 def _manifest(draft, setup, aux_layers):

@@ -192,7 +192,8 @@ class SpeculativeEngine:
         emitted = [tokens[node] for node in verdict.accepted] + [verdict.bonus]
         self.commit(req, verdict, emitted, aux)
         t2 = time.perf_counter()
-        req.metrics.time_draft_s += t1 - t0
+        if self.draft is not None:  # plain decoding's root-only tree is bookkeeping ("other"), not drafting
+            req.metrics.time_draft_s += t1 - t0
         req.metrics.time_verify_s += t2 - t1
         req.metrics.record_step(tree.num_nodes - 1, len(verdict.accepted))
         self.emit(req, emitted)
@@ -314,8 +315,7 @@ class SpeculativeEngine:
             kept += 1
             if token in req.eos_ids:
                 req.finish_reason = "eos"
-            elif req.stop and any(s in decode_continuation(self.tokenizer, req.prompt_ids, req.output_ids)
-                                  for s in req.stop):
+            elif req.stop and self.stop_in_tail(req):
                 req.finish_reason = "stop"
             elif len(req.output_ids) >= req.max_new_tokens:
                 req.finish_reason = "length"
@@ -323,6 +323,18 @@ class SpeculativeEngine:
                 break
         if req.on_tokens is not None and kept:
             req.on_tokens(tokens[:kept])
+
+    def stop_in_tail(self, req: Request) -> bool:
+        """Whether a stop string is in the text of the output's last tokens. A new match ends in
+        the newest token's text (an older one would have stopped the request) and spans at most
+        4 tokens a character (UTF-8 bytes), so the last 4 * longest + 8 tokens are decoded, after
+        the ids before them (`decode_continuation`): linear in the output's length, where
+        decoding all of it after every token was quadratic."""
+        ids, window = req.output_ids, 4 * max(map(len, req.stop)) + 8
+        cut = max(0, len(ids) - window)
+        context = (list(req.prompt_ids[-CONTEXT_TOKENS:]) + ids[max(0, cut - CONTEXT_TOKENS):cut])[-CONTEXT_TOKENS:]
+        tail = decode_continuation(self.tokenizer, context, ids[cut:])
+        return any(s in tail for s in req.stop)
 
     def text_of(self, req: Request) -> str | None:
         """Decoded output, cut before the first stop string (None without tokenizer)."""
