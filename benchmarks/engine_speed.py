@@ -60,6 +60,9 @@ Tried and dropped (A / B in one process unless noted):
   +0.05 / +0.03 ms) or other split counts (the same);
 - attention splits storing only the rows the combine reads, the combine loading weights and
   parts in one round trip: 3.94-3.96 against 3.91-3.94 ms (no gain);
+- the 16-row GEMMs with 8 warps (always 4): every projection 0.5-6 us slower alone; other block
+  sizes (16-64 outputs x 128-512 columns x 2-4 stages): only gate|up gained (kept, above); q|k|v
+  at 3 stages, 18.35 against 18.8 us alone, made verify 16 slower (4.52 against 4.49 ms);
 - the thin GEMM requesting its first weight block before the PDL wait: verify 16 4.56 against
   4.50 ms; requesting each weight row's first 1-8 KB into L2 (cp.async.bulk.prefetch) instead:
   4.78-7.79 against 4.56 ms;
