@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdraft.engine.speculate import GenerationResult, SpeculativeEngine, decode_continuation
+from specdraft.engine.speculate import CONTEXT_TOKENS, GenerationResult, SpeculativeEngine, decode_continuation
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -> OpenAI
 
@@ -183,38 +183,70 @@ class TextStream:
     """Incremental detokenization with stop strings: text is released only when no stop string
     can still begin in it (and not inside an unfinished UTF-8 character). The output is decoded
     as the continuation of prompt_ids (`decode_continuation`: a completion of "Once upon"
-    starts " a time", not "a time")."""
+    starts " a time", not "a time").
+
+    Each push decodes only the window of ids not yet settled, after the CONTEXT_TOKENS ids
+    before it (as vLLM's incremental detokenizer does), not the whole output again. A window
+    settles when its text ends in a whole character and the ids that would become the next
+    context decode alone to text without U+FFFD: context ids that begin inside a byte-fallback
+    character would turn the next window's bytes into U+FFFD. Settled text stays `settled`
+    (from character `base` on) only as far back as the release and the stop search need it.
+    """
 
     def __init__(self, tokenizer: Any, stop: tuple[str, ...], prompt_ids: Sequence[int]) -> None:
-        self.tokenizer, self.stop, self.prompt_ids = tokenizer, stop, prompt_ids
-        self.ids: list[int] = []
-        self.sent = 0
-
-    def text(self) -> tuple[str, bool]:
-        """(decoded output cut before the first stop string, whether a stop string was found)."""
-        text = decode_continuation(self.tokenizer, self.prompt_ids, self.ids, skip_special_tokens=True)
-        cuts = [text.find(s) for s in self.stop if s in text]
-        return (text[:min(cuts)], True) if cuts else (text, False)
+        self.tokenizer, self.stop = tokenizer, stop
+        self.context = list(prompt_ids[-CONTEXT_TOKENS:])  # the ids before the window
+        self.window: list[int] = []  # ids whose text may still change
+        self.settled, self.base = "", 0  # settled text from character `base` of the output's text on
+        self.tail = ""  # the window's text
+        self.end: int | None = None  # where the first stop string begins, once found
+        self.sent = 0  # characters of the output's text released
+        self.keep = max((len(s) - 1 for s in stop), default=0)  # settled characters a stop may start in
 
     def push(self, ids: list[int]) -> str:
         """Add new ids; return the newly releasable text."""
-        self.ids += ids
-        text, stopped = self.text()
-        safe = len(text)
-        if not stopped:
-            hold = max((n for s in self.stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
-            safe -= hold
-            while safe > self.sent and text[safe - 1] == "\ufffd":
-                safe -= 1
-        out = text[self.sent:safe] if safe > self.sent else ""
-        self.sent = max(self.sent, safe)
+        if self.end is not None:
+            return ""
+        self.window += ids
+        self.tail = decode_continuation(self.tokenizer, self.context, self.window, skip_special_tokens=True)
+        text = self.settled + self.tail
+        cuts = [text.find(s) for s in self.stop if s in text]
+        if cuts:
+            self.end = self.base + min(cuts)
+            return self.release(self.end)
+        visible = text.rstrip("\ufffd")  # a stop string may begin before an unfinished character too
+        safe = len(visible) - max((n for s in self.stop for n in range(1, len(s)) if visible.endswith(s[:n])),
+                                  default=0)
+        while safe > self.sent - self.base and text[safe - 1] == "\ufffd":
+            safe -= 1
+        out = self.release(self.base + safe)
+        self.settle()
         return out
+
+    def release(self, end: int) -> str:
+        """The output's text from `sent` to `end` (none if end is not past it)."""
+        text = self.settled + self.tail
+        out = text[self.sent - self.base:end - self.base] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return out
+
+    def settle(self) -> None:
+        """Move the window's text into `settled` when it is final; drop settled text no longer needed."""
+        if not self.tail or self.tail.endswith("\ufffd"):
+            return
+        context = (self.context + self.window)[-CONTEXT_TOKENS:]
+        head = self.tokenizer.decode(context, skip_special_tokens=True)
+        if not head or "\ufffd" in head:  # empty: the window's leading space would be stripped
+            return
+        self.settled += self.tail
+        self.context, self.window, self.tail = context, [], ""
+        drop = min(self.sent, self.base + len(self.settled) - self.keep) - self.base
+        if drop > 0:
+            self.settled, self.base = self.settled[drop:], self.base + drop
 
     def finish(self) -> str:
         """The rest of the text at the end of generation."""
-        text, _ = self.text()
-        out, self.sent = text[self.sent:], len(text)
-        return out
+        return self.release(self.base + len(self.settled + self.tail) if self.end is None else self.end)
 
 
 # ---- response bodies --------------------------------------------------------------------------
