@@ -37,6 +37,12 @@ NUM_AUX = 3  # fc input = 3 x target hidden in SGLang and vLLM
 # at least MIN_GAP lower, or under COLLAPSE_RATIO x a training rate of 0.1 or more. With the
 # wiring right, held-out samples stay within a few points of the (validation) training rate.
 MIN_GAP, COLLAPSE_RATIO = 0.2, 0.25
+# Fewest supervised positions a step needs before its offline rate is judged. A rate over n
+# positions has a standard error sqrt(p(1-p)/n) <= 0.5/sqrt(n): 0.05 at n = 100, so MIN_GAP is
+# 4 standard errors and the collapse rule at its smallest training rate (0.1 -> under 0.025,
+# sqrt(0.09/100) = 0.03) 2.5. Positions of one sample are correlated, hence the headroom; one
+# short text (10-30 positions, standard error up to 0.16) would fail by chance.
+MIN_SCORED = 100
 # A draft step is worth running while it adds at least this many expected tokens.
 MIN_STEP_GAIN = 0.1
 # Online vs offline rounds replayed on the same (server-produced) sequences: fail when online
@@ -516,7 +522,9 @@ def aux_width_on_target(ev: Evidence) -> Result:
 
 def offline_acceptance_matches_training(ev: Evidence) -> Result:
     """The drafter alone on samples (teacher-forced, own states fed back) accepts per position
-    about as often as training said; a large gap names the likely causes (S6, S1-S3, FC-09)."""
+    about as often as training said; a large gap names the likely causes (S6, S1-S3, FC-09).
+    Under MIN_SCORED scored positions it skips (too little evidence); a later position scored
+    under MIN_SCORED times is shown, not judged."""
     training = training_accuracy(ev.manifest)
     steps = len(training[0]) if training else _ttt_steps(ev)
     try:
@@ -527,15 +535,25 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
     if int(run.metrics.total[0]) == 0:
         raise Unavailable("no supervised position in the samples (empty loss mask, or labels "
                           "outside the draft vocabulary)", "give samples with assistant turns")
-    where = (f"{run.num_samples} samples, aux layers {run.aux_layers} ({run.fed_from}), drafter "
-             f"{run.loaded_as}")
+    scored = [int(n) for n in run.metrics.total]
+    where = (f"{run.num_samples} samples ({scored[0]} positions scored), aux layers {run.aux_layers} "
+             f"({run.fed_from}), drafter {run.loaded_as}")
     if training is None:
         raise Unavailable(f"the manifest has no training metrics; offline accuracy per position "
                           f"{_rates(offline)} ({where})", "train with specdraft train")
+    if scored[0] < MIN_SCORED:
+        raise Unavailable(f"too little evidence for a verdict: {scored[0]} supervised positions scored over "
+                          f"{run.num_samples} samples, at least {MIN_SCORED} needed (the rate's noise would "
+                          f"match the gap it is checked for); offline accuracy per position {_rates(offline)}",
+                          "pass more samples (more or longer --samples records, e.g. the capture store; "
+                          "--max-samples caps how many are used)")
     rows = ", ".join(f"{k + 1}: {t:.2f} / {o:.2f}" for k, (t, o) in enumerate(zip(training[0], offline)))
     text = f"per position {training[1]} / offline: {rows}; {where}"
+    thin = [k + 1 for k in range(len(offline)) if scored[k] < MIN_SCORED]
+    if thin:
+        text += f"; positions {thin} not judged (under {MIN_SCORED} positions scored)"
     gaps = [k + 1 for k, (t, o) in enumerate(zip(training[0], offline))
-            if t - o >= MIN_GAP or (t >= 0.1 and o < COLLAPSE_RATIO * t)]
+            if scored[k] >= MIN_SCORED and (t - o >= MIN_GAP or (t >= 0.1 and o < COLLAPSE_RATIO * t))]
     if gaps:
         fix = _likely_causes(ev)
         if not any(f.verdict == "fail" for f in ev.findings):

@@ -101,17 +101,39 @@ class DoctorInputs:
         # A path the user typed that does not exist is an error, never a row of skips.
         if not self.checkpoint.is_dir():
             raise ValueError(f"{self.checkpoint}: no such directory; pass a draft checkpoint directory")
+        given_config(self.checkpoint, "re-export the drafter or restore its config.json")
         refuse_model_dir(self.checkpoint)
         if self.target is not None and not (self.target / "config.json").is_file():
             raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
+        if self.target is not None:
+            given_config(self.target, "pass a transformers model directory")
         if self.samples is not None and not self.samples.exists():
             raise ValueError(f"{self.samples}: no such file or directory; pass a capture store or a JSONL file")
 
 
+def given_config(path: Path, fix: str) -> dict[str, Any] | None:
+    """`path`/config.json of a directory the user named (None when there is none: left to the
+    checks); ValueError naming the file when it is there but unreadable, not valid JSON
+    (`checkpoint.read_config`'s words) or not a JSON object, then `fix`: doctor cannot judge
+    the directory, so this is an unusable input, never a row of skips or fails."""
+    file = path / "config.json"
+    if not file.is_file():
+        return None
+    try:
+        config = read_config(path)
+    except CheckpointError as e:
+        raise ValueError(f"{e}; {fix}") from None
+    except OSError as e:
+        raise ValueError(f"{file}: cannot be read ({e.strerror or e}); {fix}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: not a JSON object (a {type(config).__name__}); {fix}")
+    return config
+
+
 def refuse_model_dir(path: Path) -> None:
     """ValueError when `path`/config.json can be read but marks no drafter (`checkpoint.classify_dir`;
-    `run_doctor` has already named a target model given as CHECKPOINT). A config that cannot be
-    read is left to the checks (a failing finding)."""
+    `run_doctor` has already named a target model given as CHECKPOINT). A missing config is left
+    to the checks (a failing finding); an unreadable one `given_config` has refused."""
     file = path / "config.json"
     try:
         config = json.loads(file.read_text())

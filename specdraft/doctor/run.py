@@ -80,8 +80,8 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     waits). sglang_version pins SGLang's id reading; template_kwargs: the server's chat
     template kwargs. Returns a Report; raises ValueError only for invalid arguments: a path that
     does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --target that is a
-    drafter (`checkpoint.wrong_dir_message` words both), a --samples file that
-    cannot be read (DataError naming the file and line), a server URL without http:// or
+    drafter (`checkpoint.wrong_dir_message` words both), a config.json of either that is
+    not valid JSON (`evidence.given_config`), a --samples file that cannot be read (DataError naming the file and line), a server URL without http:// or
     https:// (`bench.check_url`, as bench checks it). A bad checkpoint is a failing finding.
     """
     from specdraft.bench import check_url

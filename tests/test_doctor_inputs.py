@@ -1,0 +1,93 @@
+"""specdraft doctor on inputs it cannot judge: a corrupt config.json (the drafter's or the
+--target's) is an unusable input (one `error:` line, exit 2, no table), and too few scored
+positions give no offline-acceptance verdict (a skip saying how many, not a fail)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from specdraft.cli import app
+from specdraft.doctor import run_doctor
+from specdraft.doctor.checks import MIN_SCORED
+from tests.doctor_helpers import draft_checkpoint, one_thread, random_samples  # noqa: F401
+
+# A seeded (untrained) drafter whose manifest claims high training accuracy: offline far below.
+TRAINING = {"validation": {"accuracy": [0.9, 0.8, 0.7]}}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(draft dir, target dir) of a seeded drafter for a tiny 5-layer Llama."""
+    return draft_checkpoint(tmp_path_factory.mktemp("inputs"), training=TRAINING)
+
+
+def truncated_copy(src, dst):
+    """A copy of directory `src` whose config.json lost its last 5 bytes (`truncate -s -5`)."""
+    shutil.copytree(src, dst)
+    file = dst / "config.json"
+    file.write_bytes(file.read_bytes()[:-5])
+    return dst
+
+
+def doctor_cli(*args):
+    return CliRunner().invoke(app, ["doctor", *map(str, args)], env={"COLUMNS": "200"})
+
+
+def test_corrupt_target_config_is_an_unusable_input(world, tmp_path):
+    draft, target = world
+    bad = truncated_copy(target, tmp_path / "badt")
+    result = doctor_cli(draft, "--target", bad)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert len(line.splitlines()) == 1, result.output
+    assert line.startswith(f"error: {bad}/config.json: not valid JSON (") and "transformers model directory" in line
+    assert "verdict" not in result.output and "SKIP" not in result.output
+    with pytest.raises(ValueError, match="config.json: not valid JSON"):
+        run_doctor(draft, target=bad)
+
+
+def test_corrupt_draft_config_is_an_unusable_input(world, tmp_path):
+    draft, target = world
+    bad = truncated_copy(draft, tmp_path / "badd")
+    result = doctor_cli(bad, "--target", target)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert len(line.splitlines()) == 1, result.output
+    assert line.startswith(f"error: {bad}/config.json: not valid JSON (") and "re-export the drafter" in line
+    assert "FAIL" not in result.output and "point doctor at" not in result.output
+
+
+def test_target_config_that_is_no_json_object_is_refused(world, tmp_path):
+    draft, target = world
+    shutil.copytree(target, tmp_path / "t")
+    (tmp_path / "t" / "config.json").write_text("[]")
+    with pytest.raises(ValueError, match=r"config.json: not a JSON object \(a list\); pass a transformers"):
+        run_doctor(draft, target=tmp_path / "t")
+
+
+def write_samples(path, samples):
+    path.write_text("".join(json.dumps({"input_ids": s.input_ids, "loss_mask": s.loss_mask}) + "\n"
+                            for s in samples))
+    return path
+
+
+def test_one_tiny_sample_is_too_little_evidence_for_an_offline_verdict(world, tmp_path):
+    draft, target = world
+    one = write_samples(tmp_path / "one.jsonl", random_samples(1, seed=3))
+    finding = run_doctor(draft, target=target, samples=one).finding("offline_acceptance_matches_training")
+    assert finding.verdict == "skip", finding
+    assert "positions scored over 1 samples" in finding.evidence
+    assert f"at least {MIN_SCORED} needed" in finding.evidence
+    assert "more samples" in finding.fix
+
+
+def test_enough_samples_still_fail_the_same_drafter(world, tmp_path):
+    draft, target = world
+    many = write_samples(tmp_path / "many.jsonl", random_samples(16, seed=3))
+    finding = run_doctor(draft, target=target, samples=many).finding("offline_acceptance_matches_training")
+    assert finding.verdict == "fail", finding
+    assert "offline far below training" in finding.evidence and "positions scored" in finding.evidence
