@@ -505,11 +505,11 @@ def sglang_counts(records: list[RequestRecord]) -> SpecCounts | None:
     return SpecCounts("sglang meta_info (completion_tokens / spec_verify_ct)", verify, completion - verify)
 
 
-def bench_server(url: str, prompts: list[str], cfg: BenchConfig,
-                 progress: Callable[[str], None] | None = None, option: str = "--url") -> ServerRun:
-    """Run every concurrency level `cfg.repeats` times against one server (after `warmup` requests),
-    once it accepts connections (`wait_for_server`, up to cfg.wait_s; `option`: the flag that gave `url`)."""
-    server = wait_for_server(url, cfg.wait_s, cfg.timeout_s, option, on_wait=progress)
+def bench_server(server: Server, prompts: list[str], cfg: BenchConfig,
+                 progress: Callable[[str], None] | None = None) -> ServerRun:
+    """Run every concurrency level `cfg.repeats` times against one server (after `warmup` requests);
+    `server`: as `wait_for_server` found it."""
+    url = server.url
     run = ServerRun(url, server.kind, server.model)
     batch = [prompts[i % len(prompts)] for i in range(cfg.num_prompts)]
     if cfg.warmup:
@@ -703,10 +703,14 @@ class BenchReport:
 
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> BenchReport:
-    """Benchmark cfg.url (and cfg.baseline_url, after it, on the same prompts)."""
+    """Benchmark cfg.url (and cfg.baseline_url, after it, on the same prompts). Both servers are
+    waited for (`wait_for_server`) before either is measured: a dead baseline fails before the sweep."""
     prompts = load_prompts(cfg.prompts)
-    spec = bench_server(cfg.url, prompts, cfg, progress)
-    baseline = bench_server(cfg.baseline_url, prompts, cfg, progress, "--baseline-url") if cfg.baseline_url else None
+    spec_server = wait_for_server(cfg.url, cfg.wait_s, cfg.timeout_s, "--url", on_wait=progress)
+    base_server = (wait_for_server(cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url", on_wait=progress)
+                   if cfg.baseline_url else None)
+    spec = bench_server(spec_server, prompts, cfg, progress)
+    baseline = bench_server(base_server, prompts, cfg, progress) if base_server else None
     if baseline is None:
         return BenchReport(cfg, spec, None, None, find_crossover([], cfg.tie_band))
     speedups = [SpeedupPoint.of(a.concurrency, a.tokens_per_s_runs, b.tokens_per_s_runs)

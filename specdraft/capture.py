@@ -375,7 +375,7 @@ def _capture_missing(target, samples, settings, out_dir, index, done, device, co
     todo = [s for s in range(len(plan)) if s not in done]
     num_tokens = sum(len(x.input_ids) for s in todo for x in samples[plan[s][0]:plan[s][1]])
     columns = (TextColumn("capture"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
-               TimeRemainingColumn())
+               TimeRemainingColumn(elapsed_when_finished=True))  # time left while running, time taken once done
     with Progress(*columns, console=console, disable=console is None) as progress:
         task = progress.add_task("capture", total=num_tokens)
         for s in todo:

@@ -152,12 +152,21 @@ def data_source(cfg: DemoConfig) -> Path:
 
 
 def check_inputs(cfg: DemoConfig) -> None:
-    """Refuse, before any work, what a later stage would fail on: the device, the target
+    """Refuse, before any work, what a later stage would fail on: --out, the device, the target
     directory and the data. ValueError naming the flag and the fix."""
+    check_out(Path(cfg.out))
     check_device(cfg.device)
     if cfg.target is not None:
         check_target(Path(cfg.target))
     check_data(cfg)
+
+
+def check_out(out: Path) -> None:
+    """--out must be a directory or creatable as one: its nearest existing part must be a directory."""
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    if not existing.is_dir():
+        where = "" if existing == out else f": {existing} is a file"
+        raise ValueError(f"--out {out}{where or ' is a file'}; pass a directory (created if missing)")
 
 
 def check_device(device: str) -> None:
@@ -466,7 +475,7 @@ def stage_train(cfg: DemoConfig, store: Path, target_dir: Path | None = None,
                          save_every=max(cfg.train_steps // 4, 1), device=cfg.device)
     result = train(config, store, out, resume=True, command="specdraft demo", target_config=target_dir)
     manifest = json.loads((result.draft_dir / "specdraft_manifest.json").read_text())
-    return result.draft_dir, manifest["training"]
+    return draft_dir, manifest["training"]  # under --out as given, as a cached run says (not train's resolved path)
 
 
 def heldout_prompts(target_dir: Path, heldout_file: Path, prompt_tokens: int) -> list[list[int]]:
@@ -762,7 +771,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     fastest = lambda runs: max(runs, key=lambda r: r["speedup"])  # noqa: E731
     exports = stage_export(cfg, draft_dir, target_dir, chosen or fastest(rows),
                            (chain or fastest(report.sweep))["num_steps"])
-    say("export: " + ", ".join(f"{engine} -> {result.out_dir} ({result.num_tensors} tensors bit-identical)"
+    say("export: " + ", ".join(f"{engine} -> {cfg.out / 'export' / engine} ({result.num_tensors} tensors bit-identical)"
                                for engine, result in exports.items()))
     report.launch_commands = {e: r.launch_command for e, r in exports.items()}
     say("doctor")

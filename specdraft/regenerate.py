@@ -395,9 +395,10 @@ class _progress:
     """A rich progress bar over records (a no-op without a console); yields `advance(n)`."""
 
     def __init__(self, console, total: int):
-        from rich.progress import Progress
+        from rich.progress import Progress, TimeRemainingColumn
 
-        self.bar = Progress(console=console, disable=console is None)
+        columns = (*Progress.get_default_columns()[:-1], TimeRemainingColumn(elapsed_when_finished=True))
+        self.bar = Progress(*columns, console=console, disable=console is None)  # time taken once done, not 0:00:00
         self.task = self.bar.add_task("regenerate", total=total)
 
     def __enter__(self):

@@ -82,6 +82,20 @@ def test_run_bench_names_the_baseline_flag_when_the_baseline_never_starts(tmp_pa
             run_bench(cfg)
 
 
+def test_a_dead_baseline_fails_before_the_measured_server_gets_a_request(tmp_path):
+    """Both servers are checked before any measuring: a dead --baseline-url costs the wait, not the
+    --url sweep first (the user's trial: a whole sweep, then 120 s, then the error)."""
+    prompts = write_prompts(tmp_path / "prompts.jsonl", ["w1 w2"])
+    steps: list[int] = []
+    said: list[str] = []
+    with serve_in_thread(fake_vllm_app(lambda active: steps.append(active) or 0.001, 2, 3)) as spec:
+        cfg = BenchConfig(spec.url, f"http://127.0.0.1:{free_port()}", str(prompts), (1,), max_tokens=4,
+                          num_prompts=2, warmup=1, repeats=1, wait_s=0.5)
+        with pytest.raises(RuntimeError, match=r"pass the right --baseline-url$"):
+            run_bench(cfg, progress=said.append)
+    assert steps == [] and not any("concurrency" in line for line in said), said
+
+
 def test_a_server_that_answers_but_not_v1_models_fails_at_once(tmp_path):
     from fastapi import FastAPI
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,21 @@ def test_the_report_states_the_drafters_training_steps(tmp_path):
                         verdict="v", drafter={"steps": 200, "batch_size": 8, "num_train": 800})
     text = report_markdown(report, DemoConfig(out=tmp_path))
     assert "Drafter: 200 optimizer steps (batch 8) on 800 training documents." in text
+
+
+def test_the_drafter_path_is_as_given_under_out_on_the_first_run_and_a_rerun(tmp_path, monkeypatch):
+    """The first run printed train's absolute path, a cached re-run the relative one: both now
+    name it as the report path does, under the --out the user passed."""
+    import specdraft.train.loop as loop
+
+    def train(config, store, out, **kwargs):  # what train returns: the drafter under out, resolved
+        (out / "draft").mkdir(parents=True)
+        (out / "draft" / "specdraft_manifest.json").write_text(json.dumps({"training": {"steps": 5}}))
+        return loop.TrainResult(5, 1.0, None, (out / "draft").resolve(), out / "metrics.jsonl")
+    monkeypatch.setattr(loop, "train", train)
+    monkeypatch.chdir(tmp_path)
+    cfg = DemoConfig(out=Path("demo"), num_train=2, train_steps=5)
+    said: list[str] = []
+    first = demo.stage_train(cfg, tmp_path / "store", say=said.append)
+    again = demo.stage_train(cfg, tmp_path / "store", say=said.append)
+    assert first == again == (Path("demo/train/draft"), {"steps": 5}), said

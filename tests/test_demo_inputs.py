@@ -133,3 +133,13 @@ def test_few_train_steps_give_a_valid_training_config(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="stop here"):  # not "--config key eval_every 0"
         demo.stage_train(DemoConfig(out=tmp_path, train_steps=2), tmp_path / "store")
     assert seen["config"].eval_every == 1 and seen["config"].total_steps == 2
+
+
+@pytest.mark.parametrize("sub", ["", "inner"])
+def test_out_that_is_a_file_is_one_line_before_any_stage(tmp_path, no_stages, sub):
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory")
+    out = afile / sub if sub else afile
+    line = one_error_line(invoke(["--out", str(out)]), f"--out {out}", f"{afile} is a file",
+                          "pass a directory (created if missing)")
+    assert "Errno" not in line and afile.read_text() == "not a directory"

@@ -884,8 +884,8 @@ def _progress(enabled: bool, total: int, start: int):
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-               TextColumn("loss {task.fields[loss]}"))
+    columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(elapsed_when_finished=True),
+               TextColumn("loss {task.fields[loss]}"))  # time left while running, time taken once done
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("train", total=total, completed=start, loss="-")
         yield lambda loss: bar.update(task, advance=1, loss=f"{loss:.4f}")
