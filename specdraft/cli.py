@@ -109,6 +109,34 @@ def _flag(name: str, help: str):
 SKIP_BAD_HINT = " (or pass --skip-bad to skip and count bad records)"
 NUM_DRAFT_TOKENS_HELP = ("Verified nodes incl. the root (0 = num_steps + 1 for a chain; a tree, --topk > 1, "
                          "needs a value).")
+TOPK_HELP = "Draft tree: children per node (SGLang --speculative-eagle-topk)"
+NUM_STEPS_HELP = "Draft depth (SGLang --speculative-num-steps)"
+MAX_PORT = 65535
+
+
+def _check_url(value: str) -> str:
+    """--url / --baseline-url / --endpoint: a URL whose port, when given, is 1..65535 (a usage error
+    instead of a traceback for an unparsable port, or a connection error for port 99999)."""
+    if not value:
+        return value
+    import httpx
+
+    try:
+        port = httpx.URL(value).port
+    except httpx.InvalidURL as e:
+        hint = f"; give a port in 1..{MAX_PORT}, e.g. http://127.0.0.1:8000" if "port" in str(e) else ""
+        raise typer.BadParameter(f"{value!r}: {e}{hint}") from None
+    if port is not None and not 1 <= port <= MAX_PORT:
+        raise typer.BadParameter(f"{value!r}: port {port} is not in 1..{MAX_PORT}")
+    return value
+
+
+def _check_top_p(value: float) -> float:
+    """--top-p: nucleus mass in (0, 1] (SamplingParams' rule), a usage error before anything loads
+    (typer's min / max cannot leave 0 out)."""
+    if not 0 < value <= 1:
+        raise typer.BadParameter(f"{value}: must be in (0, 1] (1 = off)")
+    return value
 
 
 def _int_list(value: str) -> tuple[int, ...]:
@@ -121,6 +149,14 @@ def _int_list(value: str) -> tuple[int, ...]:
             raise typer.BadParameter(f"{value!r}: {item.strip()!r} is not an integer; give comma-separated "
                                      "integers, e.g. 1,4,16") from None
     return tuple(numbers)
+
+
+def _positive_int_list(value: str) -> tuple[int, ...]:
+    """`_int_list` of at least one integer, each >= 1 (bench --concurrency, tune --topks)."""
+    numbers = _int_list(value)
+    if not numbers or min(numbers) < 1:
+        raise typer.BadParameter(f"{value!r}: give comma-separated integers >= 1, e.g. 1,4,16")
+    return numbers
 
 
 @app.callback()
@@ -200,20 +236,20 @@ def regenerate(
     data: str = typer.Argument(..., help="JSONL chats (or texts with --no-chat) to regenerate."),
     out: str = typer.Argument(..., help="Output JSONL (resumed if it exists)."),
     target: str = typer.Option("", help="Local target model directory (transformers).", callback=_check_model_dir),
-    endpoint: str = typer.Option("", help="OpenAI-compatible base URL, e.g. http://host:8000."),
+    endpoint: str = typer.Option("", help="OpenAI-compatible base URL, e.g. http://host:8000.", callback=_check_url),
     model: str = typer.Option("", help="Served model name (with --endpoint)."),
     api: EndpointApi = typer.Option("chat", help="Endpoint API."),
     tokenizer: str = typer.Option("", help="Target tokenizer dir (no-chat / completions)."),
     no_chat: bool = _flag("--no-chat", help="Continue plain text (base models)."),
     prompt_tokens: int = typer.Option(32, min=1, help="No-chat prompt = first N tokens of a document."),
-    temperature: float = typer.Option(0.0, help="0 = greedy."),
-    top_p: float = typer.Option(1.0),
-    max_new_tokens: int = typer.Option(256),
+    temperature: float = typer.Option(0.0, min=0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1] (1 = off).", callback=_check_top_p),
+    max_new_tokens: int = typer.Option(256, min=1),
     seed: int = typer.Option(0),
     template_kwargs: str = typer.Option("{}", help="JSON kwargs for the chat template."),
-    concurrency: int = typer.Option(8, help="Requests in flight (endpoint)."),
-    batch_size: int = typer.Option(8, help="Prompts per generate call (local target)."),
-    max_retries: int = typer.Option(5, help="Retries on 5xx / timeouts (endpoint)."),
+    concurrency: int = typer.Option(8, min=1, help="Requests in flight (endpoint)."),
+    batch_size: int = typer.Option(8, min=1, help="Prompts per generate call (local target)."),
+    max_retries: int = typer.Option(5, min=0, help="Retries on 5xx / timeouts (endpoint)."),
     skip_bad: bool = _flag("--skip-bad", help="Skip and count bad records."),
     device: str = typer.Option("cpu", help="Device for a local target.", callback=_check_device),
 ) -> None:
@@ -334,10 +370,16 @@ def _check_drafter(value: str, param: typer.CallbackParam = None) -> str:
     training checkpoint (RUN/checkpoints/step-N.pt, or a sharded step-N directory) that
     `load_engine` reads the drafter and its manifest from."""
     if value:
+        from pathlib import Path
+
         from specdraft.train.loop import is_training_checkpoint
 
         if is_training_checkpoint(value):
             return value
+        if not Path(value).exists():
+            from specdraft.export import SOURCE_FORMS
+
+            raise typer.BadParameter(f"{value}: no such file or directory; pass {SOURCE_FORMS}")
     return _check_checkpoint_dir(value, param)
 
 
@@ -372,13 +414,10 @@ def _warm_up_compiled(engine, prompt_ids: list[int], max_new_tokens: int, consol
 
 
 def _set_threads(threads: int | None) -> None:
-    """--threads N: torch.set_num_threads(N) (call it before any model loads); None keeps torch's
-    default (all cores). ValueError naming the flag for N < 1."""
+    """--threads N (N >= 1, the option's range): torch.set_num_threads(N) (call it before any model
+    loads); None keeps torch's default (all cores)."""
     if threads is None:
         return
-    if threads < 1:
-        raise ValueError(f"--threads {threads}: give 1 or more CPU threads, or leave --threads out for "
-                         "torch's default (all cores)")
     import torch
 
     torch.set_num_threads(threads)
@@ -402,22 +441,20 @@ def generate(
     prompt: str = typer.Option(..., help="Prompt text (tokenized as is, no chat template)."),
     draft: str = typer.Option("", help=DRAFTER_HELP + " (omit for plain decoding).", callback=_check_drafter),
     temperature: float = typer.Option(0.0, min=0.0, help="0 = greedy (output = the target's greedy output)."),
-    top_p: float = typer.Option(1.0, help="Nucleus sampling mass (1 = off)."),
-    sampling_top_k: int = typer.Option(0, help="Sample from the k most likely tokens (0 = off)."),
-    topk: int | None = typer.Option(None, min=1, help="Draft tree: children per node (SGLang "
-                                    "--speculative-eagle-topk); default 1; used only with --draft."),
-    num_steps: int | None = typer.Option(None, min=1, help="Draft depth (SGLang --speculative-num-steps); "
-                                         "default 3; used only with --draft."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1] (1 = off).", callback=_check_top_p),
+    sampling_top_k: int = typer.Option(0, min=0, help="Sample from the k most likely tokens (0 = off)."),
+    topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1; used only with --draft."),
+    num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3; used only with --draft."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft."),
     max_new_tokens: int = typer.Option(128, min=1),
     no_spec: bool = _flag("--no-spec", help="Plain decoding on the same engine, even with --draft."),
     ignore_eos: bool = _flag("--ignore-eos", help="Do not stop at the tokenizer's EOS."),
     seed: int = typer.Option(0, help="Sampling seed."),
-    max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
+    max_seq_len: int = typer.Option(0, min=0, help="Cache size (0 = min(max positions, 4096))."),
     device: str = typer.Option("cpu", callback=_check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     compile: bool = _flag("--compile", help=COMPILE_HELP),
-    threads: int | None = typer.Option(None, help=THREADS_HELP),
+    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
 ) -> None:
     """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
     --draft, plain decoding without it (or with --no-spec)."""
@@ -647,9 +684,10 @@ def export(
     verifier: str = typer.Option("", help="speculators verifier.name_or_path (must resolve where "
                                  "the server runs; default: the target's absolute path)."),
     sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids, e.g. 0.5.14."),
-    num_steps: int = typer.Option(3, help="Draft depth in the launch command."),
-    topk: int = typer.Option(1, help="Children per node (SGLang only; 1 = chain)."),
-    num_draft_tokens: int = typer.Option(0, help="Verified nodes incl. the root (0 = num_steps + 1)."),
+    num_steps: int = typer.Option(3, min=1, help=NUM_STEPS_HELP + " in the launch command (vLLM: "
+                                  "num_speculative_tokens)."),
+    topk: int = typer.Option(1, min=1, help=TOPK_HELP + "; 1 = a chain, the only shape vLLM runs."),
+    num_draft_tokens: int = typer.Option(0, min=0, help=NUM_DRAFT_TOKENS_HELP),
     dtype: DtypeName | None = typer.Option(None, help="Cast floating tensors (default: keep)."),
 ) -> None:
     """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
@@ -697,7 +735,8 @@ def doctor(
 ) -> None:
     """Check a drafter against its training record, target and deployment (exit 1 on a fail or on a
     target and drafter directory given in each other's place, 2 on other unusable inputs: a
-    CHECKPOINT without a drafter config, a --samples file that cannot be read)."""
+    CHECKPOINT without a drafter config, a CHECKPOINT or --target config.json that is not valid
+    JSON, a --samples file that cannot be read)."""
     from rich.console import Console
 
     from specdraft.doctor import report_json, report_table, run_doctor
@@ -806,23 +845,21 @@ def serve(
     target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=_check_model_dir),
     draft: str = typer.Option("", help=DRAFTER_HELP + " (omit with --no-spec).", callback=_check_drafter),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
-    port: int = typer.Option(8000),
-    topk: int | None = typer.Option(None, min=1, help="Draft tree: children per node (SGLang "
-                                    "--speculative-eagle-topk); default 1."),
-    num_steps: int | None = typer.Option(None, min=1, help="Draft depth (SGLang --speculative-num-steps); "
-                                         "default 3."),
+    port: int = typer.Option(8000, min=1, max=MAX_PORT),
+    topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1."),
+    num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP),
     no_spec: bool = _flag("--no-spec", help="Plain decoding on the same engine (a baseline; "
                           "refuses the drafting flags)."),
-    max_queue: int = typer.Option(64, help="Requests waiting besides the running one (429 beyond)."),
-    log_every: int = typer.Option(100, help="Log accept length and tokens/s every N verification steps "
+    max_queue: int = typer.Option(64, min=1, help="Requests waiting besides the running one (429 beyond)."),
+    log_every: int = typer.Option(100, min=0, help="Log accept length and tokens/s every N verification steps "
                                   "(0 = off)."),
     model_name: str = typer.Option("", help="Served model name (default: the target directory's name)."),
-    max_seq_len: int = typer.Option(0, help="Cache size (0 = min(max positions, 4096))."),
+    max_seq_len: int = typer.Option(0, min=0, help="Cache size (0 = min(max positions, 4096))."),
     device: str = typer.Option("cpu", callback=_check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     compile: bool = _flag("--compile", help=COMPILE_HELP),
-    threads: int | None = typer.Option(None, help=THREADS_HELP),
+    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
     from rich.console import Console
@@ -865,17 +902,19 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")  # servers whose spee
 @app.command()
 def bench(
     url: str = typer.Option(..., help="Server with speculation (specdraft, vLLM, SGLang), e.g. "
-                            "http://127.0.0.1:8000."),
-    baseline_url: str = typer.Option("", help="The same engine without speculation (needed for a speedup)."),
+                            "http://127.0.0.1:8000.", callback=_check_url),
+    baseline_url: str = typer.Option("", help="The same engine without speculation (needed for a speedup).",
+                                     callback=_check_url),
     prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...} rows (plain "
                                 "text is refused)."),
-    concurrency: str = typer.Option("1,4,16", help="Requests in flight, one level each.", callback=_int_list),
-    max_tokens: int = typer.Option(128, help="Tokens per request (ignore_eos)."),
-    num_prompts: int = typer.Option(32, help="Requests per run of a level (prompts cycled)."),
-    temperature: float = typer.Option(0.0),
+    concurrency: str = typer.Option("1,4,16", help="Requests in flight, one level each.",
+                                    callback=_positive_int_list),
+    max_tokens: int = typer.Option(128, min=1, help="Tokens per request (ignore_eos)."),
+    num_prompts: int = typer.Option(32, min=1, help="Requests per run of a level (prompts cycled)."),
+    temperature: float = typer.Option(0.0, min=0.0),
     out: str = typer.Option("bench-out", help="Directory for bench.json, bench.md and plots."),
     timeout: float = typer.Option(600.0, help="Seconds per request."),
-    repeats: int = typer.Option(3, help="Runs per level: tokens/s and speedup are reported as mean and "
+    repeats: int = typer.Option(3, min=1, help="Runs per level: tokens/s and speedup are reported as mean and "
                                 "standard deviation, and a level is a win or a loss only beyond that noise "
                                 "(1 run: speedups without a verdict)."),
     wait: float = typer.Option(120.0, min=0, help="Seconds to wait for a server that refuses connections (still "
@@ -929,7 +968,7 @@ def tune(
     num_draft_tokens: int = typer.Option(0, min=0, help="Current setting: verified nodes (0 = num_steps + 1 "
                                          "for a chain; a tree, --topk > 1, needs a value)."),
     probe_steps: int = typer.Option(8, min=1, help="Depth of the acceptance probes."),
-    topks: str = typer.Option("1,2,4", help="Children per node to consider.", callback=_int_list),
+    topks: str = typer.Option("1,2,4", help="Children per node to consider.", callback=_positive_int_list),
     max_tree_tokens: int = typer.Option(16, min=2, help="Cap on a tree's verified nodes."),
     num_measure: int = typer.Option(3, min=1, help="Best predictions to measure for real."),
     min_speedup: float = typer.Option(1.05, help="Median speedup a recommended setting needs (its lower "

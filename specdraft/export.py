@@ -48,13 +48,15 @@ from specdraft.checkpoint import (
 )
 from specdraft.conventions import AUX_KEY, ConventionError, aux_layers_from_config, to_engine_ids
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
-from specdraft.engine.spec_config import SpecConfig
+from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 
 EXPORT_ENGINES = ("sglang", "vllm", "speculators")
 LAYOUT_OF_ENGINE = {"sglang": "sglang", "vllm": "sglang", "speculators": "speculators"}
 # Which engine's reading of the written config must give back the training layers.
 READER_OF_ENGINE = {"sglang": "sglang", "vllm": "vllm", "speculators": "vllm"}
 NUM_AUX = 3  # SGLang and vLLM (which serves speculators files) hard-code three aux states
+SOURCE_FORMS = ("a drafter directory (config.json, model.safetensors) or a training checkpoint "
+                "(RUN/checkpoints/step-N.pt)")  # what export (and the engine's --draft) reads
 
 
 class ExportError(ValueError):
@@ -144,8 +146,7 @@ def load_source(checkpoint: str | Path, target_num_layers: int | None) -> Loaded
     path = Path(checkpoint)
     if is_training_checkpoint(path):
         return load_training_checkpoint(path)
-    accepted = ("a drafter directory (config.json, model.safetensors) or a training checkpoint "
-                "(RUN/checkpoints/step-N.pt)")
+    accepted = SOURCE_FORMS
     if path.is_file():
         raise CheckpointError(f"{checkpoint} is a file but no training checkpoint; pass {accepted} "
                               f"(a drafter here would be {path.parent})")
@@ -161,22 +162,28 @@ def resolve_target(target: str | Path | None, manifest: Manifest | None) -> Targ
     return TargetFacts.from_manifest(manifest) if manifest is not None else None
 
 
-def spec_for_export(engine: str, num_steps: int | None, topk: int | None,
-                    num_draft_tokens: int | None) -> SpecConfig:
+def spec_for_export(engine: str, num_steps: int = 3, topk: int = 1,
+                    num_draft_tokens: int | None = None) -> SpecConfig:
     """The speculative triple of the launch command (SpecConfig's rule; default a 3-step chain).
 
-    topk 1 defaults num_draft_tokens to num_steps + 1; a tree needs it given. vLLM and
-    speculators drafts are chains here. Raises ExportError naming the rule.
+    num_draft_tokens None = num_steps + 1 (a chain); a tree needs it given. vLLM and
+    speculators drafts are chains here. Raises ExportError naming the rule (a value below 1
+    included: none is replaced by a default).
     """
-    steps, k = num_steps or 3, topk or 1
+    steps, k = num_steps, topk
+    for name, value in (("num_steps", steps), ("topk", k), ("num_draft_tokens", num_draft_tokens)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ExportError(f"{name} {value!r}: must be >= 1")
     if engine != "sglang" and k != 1:
         raise ExportError(f"--topk {k}: the {engine} launch command drafts a chain "
                           "(num_speculative_tokens); use --topk 1")
     if k > 1 and num_draft_tokens is None:
         raise ExportError(f"--topk {k} (a tree) needs --num-draft-tokens in 2.."
                           f"{SpecConfig(steps, k, 2).max_draft_tokens}")
+    if engine != "sglang" and num_draft_tokens not in (None, steps + 1):  # vLLM: no num_draft_tokens
+        raise ExportError(chain_rule_message(steps, num_draft_tokens, engine="vllm"))
     try:
-        return SpecConfig(steps, k, num_draft_tokens or steps + 1)
+        return SpecConfig(steps, k, steps + 1 if num_draft_tokens is None else num_draft_tokens)
     except ValueError as e:
         raise ExportError(str(e)) from None
 
@@ -268,8 +275,8 @@ def launch_command(engine: str, target: str, out_dir: Path, spec: SpecConfig) ->
 
 def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
                  target: str | Path | None = None, verifier: str | None = None,
-                 sglang_version: str | None = None, num_steps: int | None = None,
-                 topk: int | None = None, num_draft_tokens: int | None = None,
+                 sglang_version: str | None = None, num_steps: int = 3,
+                 topk: int = 1, num_draft_tokens: int | None = None,
                  dtype: str | torch.dtype | None = None) -> ExportResult:
     """Write `checkpoint` (a drafter directory or a training checkpoint, `load_source`) for
     `engine` ("sglang" | "vllm" | "speculators") under `out_dir`.
@@ -279,7 +286,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     the target directory's absolute path, else the manifest's name_or_path). sglang_version:
     pins how SGLang reads explicit ids where versions differ (DeepSeek class, embeddings).
     num_steps / topk / num_draft_tokens: the launch command's settings, validated like
-    SpecConfig (default a 3-step chain). dtype: "bf16" | "fp16" | "fp32" to cast the floating
+    SpecConfig (default a 3-step chain; num_draft_tokens None = num_steps + 1). dtype: "bf16" | "fp16" | "fp32" to cast the floating
     tensors (round to nearest; d2t / t2d keep theirs), None to keep the checkpoint's; the
     written tensors are then proven bit-identical to the cast. Writes to a temp directory, re-reads it strictly and
     proves every tensor bit-identical, then renames. Raises ExportError with the reason for
@@ -300,8 +307,9 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         notes.append(f"floating tensors cast from {source.model.fc.weight.dtype} to {parse_dtype(dtype)}")
         source.model.to(parse_dtype(dtype))
     top, nested, id_notes = engine_ids(layers, engine, facts, sglang_version)
-    notes.append(f"aux layers {layers} (specdraft indices): top-level ids {top} (vLLM), "
-                 f"eagle_config ids {nested} (SGLang)")
+    id_keys = [f"{key} ids {ids} ({reader})" for key, ids, reader in
+               (("top-level", top, "vLLM"), ("eagle_config", nested, "SGLang")) if ids is not None]
+    notes.append(f"aux layers {layers} (specdraft indices): {', '.join(id_keys)}")
     notes += id_notes
     verifier = verifier or facts.name_or_path
     if engine == "speculators":

@@ -71,15 +71,20 @@ class SpecConfig:
                 str(self.topk), "--speculative-num-draft-tokens", str(self.num_draft_tokens)]
 
 
-def chain_rule_message(num_steps: int, num_draft_tokens: int) -> str:
-    """The refusal for topk 1 with num_draft_tokens != num_steps + 1 (case S4), with fixes."""
-    tree = smallest_tree(num_steps, num_draft_tokens)
-    tree_text = (f"or a tree (topk > 1), e.g. topk {tree.topk}, num_steps {tree.num_steps}, "
-                 f"num_draft_tokens {tree.num_draft_tokens}" if tree else "or a tree (topk > 1)")
+def chain_rule_message(num_steps: int, num_draft_tokens: int, engine: str = "sglang") -> str:
+    """The refusal for topk 1 with num_draft_tokens != num_steps + 1 (case S4), with fixes;
+    engine "vllm" (which runs chains only): the chain fixes alone."""
     fixes = [f"num_steps {num_steps} / num_draft_tokens {num_steps + 1} (keep the depth)"]
     if num_draft_tokens >= 2:
         fixes.append(f"num_steps {num_draft_tokens - 1} / num_draft_tokens {num_draft_tokens} "
                      f"(keep the verified count)")
+    if engine == "vllm":
+        return (f"speculative settings num_steps {num_steps}, num_draft_tokens {num_draft_tokens}: vLLM runs "
+                f"chains only (num_speculative_tokens = num_steps), which verify num_steps + 1 = "
+                f"{num_steps + 1} nodes; use {' or '.join(fixes)}")
+    tree = smallest_tree(num_steps, num_draft_tokens)
+    tree_text = (f"or a tree (topk > 1), e.g. topk {tree.topk}, num_steps {tree.num_steps}, "
+                 f"num_draft_tokens {tree.num_draft_tokens}" if tree else "or a tree (topk > 1)")
     return (f"speculative settings topk 1, num_steps {num_steps}, num_draft_tokens {num_draft_tokens}: "
             f"with topk 1 (a chain) num_draft_tokens must be num_steps + 1 = {num_steps + 1}; SGLang "
             f"would silently set num_draft_tokens = {num_steps + 1}, specdraft refuses. Use topk 1 with "

@@ -1,0 +1,160 @@
+"""Numeric options are range-checked by click (a usage error, exit 2, before anything loads), the
+export settings are never silently replaced, and the messages fit the command and engine given."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdraft.export import ExportError, export_draft, spec_for_export
+from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.test_cli import flat, invoke
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(draft dir, its target dir, a directory with an empty config.json: passes --target's check)."""
+    root = tmp_path_factory.mktemp("ranges")
+    draft, target = draft_checkpoint(root)
+    (root / "bare").mkdir()
+    (root / "bare" / "config.json").write_text("{}")
+    return draft, target, root / "bare"
+
+
+def usage_error(args: list[str], option: str) -> str:
+    result = invoke(args)
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    text = flat(result.output)
+    assert f"Invalid value for '{option}'" in text, text
+    return text
+
+
+# ------------------------------------------------------------------------------ 1. ports
+
+@pytest.mark.parametrize("port", ["99999", "-1", "0"])
+def test_serve_port_out_of_range_is_a_usage_error(world, port):
+    _, _, bare = world
+    text = usage_error(["serve", "--target", str(bare), "--no-spec", "--port", port], "--port")
+    assert "Input should be " + ("less than or equal to 65535" if port == "99999" else
+                                 "greater than or equal to 1") in text
+
+
+@pytest.mark.parametrize("args", [
+    ["bench", "--url", "http://127.0.0.1:abc", "--wait", "0"],
+    ["bench", "--url", "http://127.0.0.1:99999", "--wait", "0"],
+    ["bench", "--url", "http://127.0.0.1:8000", "--baseline-url", "http://127.0.0.1:70000", "--wait", "0"],
+    ["regenerate", "d.jsonl", "o.jsonl", "--endpoint", "http://127.0.0.1:99999", "--model", "m"],
+])
+def test_url_port_out_of_range_is_a_usage_error(args):
+    option = next(a for a in args if a in ("--url", "--baseline-url", "--endpoint") and
+                  not args[args.index(a) + 1].endswith(":8000"))
+    text = usage_error(args, option)
+    assert "port" in text and "1..65535" in text
+
+
+# ------------------------------------------------------------ 2. export's speculative settings
+
+@pytest.mark.parametrize("flag, value", [("--num-steps", "0"), ("--topk", "0"), ("--num-steps", "-2"),
+                                         ("--topk", "-1"), ("--num-draft-tokens", "-1")])
+def test_export_settings_out_of_range_are_usage_errors(world, tmp_path, flag, value):
+    draft, target, _ = world
+    text = usage_error(["export", str(draft), str(tmp_path / "o"), "--engine", "sglang", "--target", str(target),
+                        flag, value], flag)
+    assert "Input should be greater than or equal to" in text and "SpecConfig" not in text
+    assert not (tmp_path / "o").exists()
+
+
+def test_export_library_refuses_zero_instead_of_defaulting():
+    assert spec_for_export("sglang", 3, 1, None).num_draft_tokens == 4  # None: num_steps + 1 for a chain
+    for steps, topk, tokens, name in ((0, 1, None, "num_steps"), (3, 0, None, "topk"), (3, 1, 0, "num_draft_tokens")):
+        with pytest.raises(ValueError, match=rf"^{name} 0: must be >= 1"):
+            spec_for_export("sglang", steps, topk, tokens)
+
+
+def test_export_help_shares_generate_and_serve_wording():
+    from specdraft.cli import NUM_DRAFT_TOKENS_HELP
+
+    help_text = flat(invoke(["export", "--help"]).output)
+    assert flat(NUM_DRAFT_TOKENS_HELP) in help_text and "x>=1" in help_text
+
+
+# ------------------------------------------------------------------- 3. vLLM's chain rule
+
+def test_vllm_export_with_other_draft_tokens_names_vllm_chains_only(world, tmp_path):
+    draft, target, _ = world
+    for engine in ("vllm", "speculators"):
+        with pytest.raises(ExportError) as info:
+            spec_for_export(engine, 3, 1, 5)
+        message = str(info.value)
+        assert "vLLM runs chains only (num_speculative_tokens = num_steps)" in message, message
+        assert "num_steps 3 / num_draft_tokens 4" in message and "num_steps 4 / num_draft_tokens 5" in message
+        assert "SGLang" not in message and "tree" not in message and "topk" not in message
+    result = invoke(["export", str(draft), str(tmp_path / "v"), "--engine", "vllm", "--target", str(target),
+                     "--num-draft-tokens", "5"])
+    assert result.exit_code == 1 and "vLLM runs chains only" in result.output and "SGLang" not in result.output
+    # SGLang's wording is unchanged (case S4)
+    with pytest.raises(ExportError, match="SGLang would silently set num_draft_tokens = 4"):
+        spec_for_export("sglang", 3, 1, 5)
+
+
+# --------------------------------------------------------------- 4. the ids line per engine
+
+@pytest.mark.parametrize("engine, shown, hidden", [
+    ("speculators", "top-level ids [2, 3, 4] (vLLM)", "eagle_config"),
+    ("vllm", "top-level ids [2, 3, 4] (vLLM), eagle_config ids [1, 2, 3] (SGLang)", "None"),
+    ("sglang", "top-level ids [2, 3, 4] (vLLM), eagle_config ids [1, 2, 3] (SGLang)", "None"),
+])
+def test_export_prints_only_the_ids_its_layout_has(world, tmp_path, engine, shown, hidden):
+    draft, target, _ = world
+    result = export_draft(draft, tmp_path / engine, engine=engine, target=target)
+    line = next(note for note in result.notes if note.startswith("aux layers"))
+    assert shown in line and hidden not in line, line
+
+
+# ------------------------------------------------------------- 5. sampling before loading
+
+@pytest.mark.parametrize("flag, value", [("--top-p", "1.5"), ("--top-p", "0"), ("--top-p", "-0.1"),
+                                         ("--sampling-top-k", "-1"), ("--temperature", "-1")])
+def test_generate_sampling_out_of_range_is_the_only_output(world, flag, value):
+    _, _, bare = world
+    result = invoke(["generate", "--target", str(bare), "--prompt", "hi", flag, value])
+    assert result.exit_code == 2, result.output
+    text = flat(result.output)
+    assert f"Invalid value for '{flag}'" in text and not result.output.startswith("hi")
+    assert "error: top_p" not in text
+
+
+def test_regenerate_top_p_out_of_range_is_a_usage_error():
+    text = usage_error(["regenerate", "d.jsonl", "o.jsonl", "--endpoint", "http://h:1", "--model", "m",
+                        "--top-p", "1.5"], "--top-p")
+    assert "Sampling.top_p" not in text and "1.5: must be in (0, 1] (1 = off)" in text
+
+
+# ------------------------------------------------------------ 6. a missing .pt for --draft
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["serve"], ["tune"]])
+def test_missing_training_checkpoint_names_both_draft_forms(world, tmp_path, command):
+    _, _, bare = world
+    missing = tmp_path / "run" / "checkpoints" / "step-99999.pt"
+    text = usage_error(command + ["--target", str(bare), "--draft", str(missing)], "--draft")
+    assert (f"{missing}: no such file or directory; pass a drafter directory (config.json, model.safetensors) "
+            "or a training checkpoint (RUN/checkpoints/step-N.pt)") in text
+
+
+# ------------------------------------------------------------------ 7. one exit code for ranges
+
+@pytest.mark.parametrize("args, option", [
+    (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0"], "--concurrency"),
+    (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "1,-4"], "--concurrency"),
+    (["bench", "--url", "http://127.0.0.1:9", "--concurrency", ""], "--concurrency"),
+    (["bench", "--url", "http://127.0.0.1:9", "--repeats", "0"], "--repeats"),
+    (["bench", "--url", "http://127.0.0.1:9", "--max-tokens", "0"], "--max-tokens"),
+    (["bench", "--url", "http://127.0.0.1:9", "--num-prompts", "0"], "--num-prompts"),
+    (["serve", "--target", "{bare}", "--no-spec", "--max-queue", "-5"], "--max-queue"),
+    (["serve", "--target", "{bare}", "--no-spec", "--threads", "0"], "--threads"),
+    (["generate", "--target", "{bare}", "--prompt", "hi", "--threads", "0"], "--threads"),
+    (["tune", "--topks", "0,2", "--target", "{bare}", "--draft", "{bare}"], "--topks"),
+])
+def test_numeric_ranges_are_usage_errors(world, args, option):
+    _, _, bare = world
+    usage_error([a.replace("{bare}", str(bare)) for a in args], option)
