@@ -48,12 +48,14 @@ from specdraft.checkpoint import CheckpointError, LoadedDraft, Manifest, save_dr
 from specdraft.conventions import build_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.train.loss import TTTMetrics, TTTOutput, supervised_counts, ttt_loss, weighted_loss
-from specdraft.train.sources import Batch, OnlineSource, TargetInfo, TrainData, open_data
+from specdraft.train.sources import Batch, OnlineSource, TargetInfo, TrainData, describe_target, open_data, same_target
 
 PRECISIONS = ("fp32", "bf16")
 CHECKPOINT_DIR = "checkpoints"
 PROGRESS_FILE = "trainer.pt"  # inside a sharded checkpoint directory: Trainer.progress_state()
 METRICS_FILE = "metrics.jsonl"
+# What a run directory holds; an OUT with other files only is not one, and is refused.
+RUN_ENTRIES = frozenset({CHECKPOINT_DIR, METRICS_FILE, "tensorboard", "draft"})
 # TrainConfig fields a resumed run may change: they do not change the weights it ends with.
 BOOKKEEPING_FIELDS = frozenset({"eval_every", "save_every", "keep_checkpoints", "device"})
 # ... and the run's length, which a resumed run may extend (the lr schedule is recomputed for it).
@@ -402,9 +404,10 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], c.grad_clip or float("inf"))
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.step += 1
+        with _deferred_interrupt():  # a Ctrl-C checkpoint holds a whole update or none
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
         return {"step": self.step, "split": "train", "loss": loss_value, "lr": lr,
                 "grad_norm": float(_full(grad_norm)), **metrics.to_dict()}
 
@@ -476,6 +479,7 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
         self._check_config(state["config"], source)
+        check_same_target(state.get("manifest"), self.data.info, source)
         opts = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, state["model"], options=opts)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=opts)
@@ -488,6 +492,7 @@ class Trainer:
 
         progress = torch.load(path / PROGRESS_FILE, map_location="cpu", weights_only=False)
         self._check_config(progress["config"], path)
+        check_same_target(progress.get("manifest"), self.data.info, path)
         state = self.sharded_state()
         _read_sharded(state, path, one_process=self.ranks.world == 1)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
@@ -571,10 +576,31 @@ def checkpoint_paths(out_dir: Path) -> list[Path]:
 def checkpoint_config(path: Path) -> dict[str, Any]:
     """The TrainConfig dict a checkpoint of `checkpoint_paths` was written with (its weights are
     mapped, not read)."""
+    return _checkpoint_progress(path)["config"]
+
+
+def _checkpoint_progress(path: Path) -> dict[str, Any]:
+    """A checkpoint's state (`Trainer.progress_state` keys; weights mapped, not read)."""
     path = Path(path)
-    progress = torch.load(path / PROGRESS_FILE if path.is_dir() else path, map_location="cpu",
-                          weights_only=False, mmap=not path.is_dir())
-    return progress["config"]
+    return torch.load(path / PROGRESS_FILE if path.is_dir() else path, map_location="cpu",
+                      weights_only=False, mmap=not path.is_dir())
+
+
+def check_same_target(saved: dict[str, Any] | None, info: TargetInfo, source: Path) -> None:
+    """Refuse to resume the checkpoint `source`, whose manifest is `saved`, on data of another
+    target (`sources.same_target`) or other aux layers than `info`'s: its weights fit those only.
+    Checkpoints without a manifest (older specdraft) are not checked."""
+    saved = saved or {}
+    target, layers = saved.get("target"), tuple(saved.get("aux_layers") or ())
+    now = info.manifest_fields.get("target")
+    diffs = []
+    if target and now and not same_target(target, now):
+        diffs.append(f"target {describe_target(target)} -> {describe_target(now)}")
+    if layers and layers != tuple(info.aux_layers):
+        diffs.append(f"aux layers {','.join(map(str, layers))} -> {','.join(map(str, info.aux_layers))}")
+    if diffs:
+        raise ValueError(f"{source}: this checkpoint was trained on other data ({'; '.join(diffs)}): resume with "
+                         f"the store (or --online --target) it was trained on, or train into a new OUT directory")
 
 
 def resume_config(out_dir: str | Path, given: dict[str, Any]) -> TrainConfig:
@@ -781,12 +807,15 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     out_dir: receives checkpoints/, metrics.jsonl, tensorboard/ and the final draft/.
     resume: continue from the newest checkpoint in out_dir (from scratch when there is none);
     without it an out_dir that already holds checkpoints is refused (FileExistsError), as is an
-    out_dir that is a file. The checkpoint may come from another number of ranks (a step-N.pt file
-    of one process, a sharded step-N directory of several): it is resharded to this run's. The
-    run length (total_steps / epochs) may differ from the checkpoint's: the run is extended (or
-    shortened, not below the checkpoint's step) and the lr schedule recomputed for the new total
-    (`Trainer._fit_schedule`); grad_accum_steps may differ; every other setting that shapes the
-    weights must match (`resume_config` takes them from the checkpoint).
+    out_dir that is a file or a directory of other files (no run entry, RUN_ENTRIES). Resuming on
+    data of another target or aux layers than the checkpoint's is a ValueError naming both
+    (`check_same_target`). Ctrl-C (KeyboardInterrupt) in one process checkpoints the current step
+    before it propagates (`_checkpoint_on_interrupt`). The checkpoint may come from another number
+    of ranks (a step-N.pt file of one process, a sharded step-N directory of several): it is
+    resharded to this run's. The run length (total_steps / epochs) may differ from the
+    checkpoint's: the run is extended (or shortened, not below the checkpoint's step) and the lr
+    schedule recomputed for the new total (`Trainer._fit_schedule`); grad_accum_steps may differ;
+    every other setting that shapes the weights must match (`resume_config` takes them from the checkpoint).
     command: recorded in the manifest as the training command. on_step(step) runs after each
     optimizer step and any checkpoint it triggers. target_config: the target's config or
     directory, for a store whose recorded target path does not resolve here. on_note(line)
@@ -799,9 +828,20 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     if out_dir.exists() and not out_dir.is_dir():  # before loading anything
         raise FileExistsError(f"{out_dir} is a file; the run directory OUT must be a directory (it receives "
                               "checkpoints/, metrics.jsonl, tensorboard/, draft/): give a new directory")
+    entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if entries and not RUN_ENTRIES & set(entries):
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise FileExistsError(f"{out_dir} holds no training run but other files ({shown}): give a new or empty "
+                              f"directory as OUT (--resume continues a run directory)")
     ranks = setup_dist(config.device)
     try:
-        data = open_data(source, target_config, config.aux_layers, ranks.device)
+        newest = checkpoint_paths(out_dir)[-1:] if resume else []
+        # resuming on a store: its target and layers checked against the checkpoint's, then the layers asked
+        aux = None if newest and not isinstance(source, OnlineSource) else config.aux_layers
+        data = open_data(source, target_config, aux, ranks.device)
+        if newest:
+            check_same_target(_checkpoint_progress(newest[0]).get("manifest"), data.info, newest[0])
+        data = open_data(data, aux_layers=config.aux_layers)
         trainer = Trainer(config, data, ranks, command)
         resumed = _resume(trainer, out_dir, resume)
         if on_note is not None and ranks.main:
@@ -840,7 +880,8 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, progress: bool,
     c, ranks = trainer.config, trainer.ranks
     last: dict[str, Any] | None = None
     validation: dict[str, Any] | None = None
-    with _progress(progress and ranks.main, trainer.total_steps, trainer.step) as advance:
+    with _progress(progress and ranks.main, trainer.total_steps, trainer.step) as advance, \
+            _checkpoint_on_interrupt(trainer, out_dir):
         while trainer.step < trainer.total_steps:
             pos = trainer.position(trainer.step)
             batch = batch_order(trainer.train_ids, pos["epoch"], c)[pos["batch_index"]]
@@ -866,6 +907,43 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, progress: bool,
                                      trainer.manifest, training)
     ranks.barrier()
     return TrainResult(trainer.step, last["loss"] if last else None, validation, draft_dir, log.path)
+
+
+@contextlib.contextmanager
+def _checkpoint_on_interrupt(trainer: Trainer, out_dir: Path):
+    """On Ctrl-C (KeyboardInterrupt) in one process, checkpoint the current step unless its
+    checkpoint exists, then re-raise: `--resume` goes on from there. A step in progress is
+    dropped whole (its optimizer update is never interrupted: `_deferred_interrupt`). Several
+    ranks are not checkpointed (a collective after an interrupt may hang): they resume from
+    their last --save-every checkpoint."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        saved = checkpoint_paths(out_dir)
+        done = saved and saved[-1].name == f"step-{trainer.step:08d}.pt"
+        if trainer.ranks.world == 1 and trainer.step > 0 and not done:
+            write_checkpoint(trainer.state(), out_dir, trainer.config.keep_checkpoints)
+        raise
+
+
+@contextlib.contextmanager
+def _deferred_interrupt():
+    """Hold Ctrl-C (SIGINT) back until the block ends, then raise KeyboardInterrupt: the block
+    (an optimizer update) runs whole. Only in the main thread (signal handlers live there)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # not ours to hold (None: a handler installed outside Python)
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _save(trainer: Trainer, out_dir: Path) -> None:

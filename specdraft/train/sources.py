@@ -112,10 +112,13 @@ class OnlineSource:
     skip_bad: bool = False
 
     def __post_init__(self) -> None:
-        from specdraft.capture import DTYPES
+        from specdraft.capture import DTYPES, INDEX
 
         if self.target_dtype not in DTYPES:
             raise ValueError(f"--target-dtype {self.target_dtype!r}: choose one of {', '.join(DTYPES)}")
+        if (Path(self.data) / INDEX).is_file():
+            raise ValueError(f"{self.data} is a capture store (specdraft capture), not a data file: drop --online "
+                             f"to train on the store offline (--target only if the target it recorded moved)")
 
 
 class OnlineData:
@@ -134,6 +137,10 @@ class OnlineData:
         from specdraft.capture import target_meta
 
         self.target, self.samples, self.num_skipped = target, list(samples), num_skipped
+        if aux_layers and not all(0 <= k <= target.num_layers for k in aux_layers):
+            raise ValueError(f"--aux-layers {','.join(map(str, aux_layers))}: each index must be in "
+                             f"0..{target.num_layers} (the target's residual streams; it has {target.num_layers} "
+                             f"layers)")
         name_or_path = name_or_path or getattr(target.config, "_name_or_path", None)
         self.info = TargetInfo(
             config=target.config,
@@ -251,7 +258,44 @@ def _store_target_config(store: Any, override: Any = None) -> Any:
     if not path or not (Path(path) / "config.json").is_file():
         raise FileNotFoundError(f"{store.path / 'index.json'}: target path {path!r} has no "
                                 f"config.json; pass the target directory (train --target DIR)")
-    return AutoConfig.from_pretrained(path, local_files_only=True).get_text_config()
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if override:
+        _check_store_target(store, config, override)
+    return config.get_text_config()
+
+
+# what a target record (capture.target_meta) says about the network, when it has no config_hash
+TARGET_SIZES = ("num_layers", "hidden_size", "vocab_size")
+
+
+def describe_target(meta: dict[str, Any]) -> str:
+    """A target record (capture.target_meta) in a few words: path, layers, hidden size, config hash."""
+    sizes = f"{meta.get('num_layers')} layers, hidden {meta.get('hidden_size')}, vocab {meta.get('vocab_size')}"
+    digest = f", config {meta['config_hash'][:12]}" if meta.get("config_hash") else ""
+    return f"{meta.get('name_or_path')} ({sizes}{digest})"
+
+
+def same_target(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two target records name the same network: the same config hash when both record
+    one, else the same sizes (the path may move)."""
+    if a.get("config_hash") and b.get("config_hash"):
+        return a["config_hash"] == b["config_hash"]
+    return all(a.get(k) == b.get(k) for k in TARGET_SIZES)
+
+
+def _check_store_target(store: Any, config: Any, directory: str | Path) -> None:
+    """Refuse a `--target` directory whose model is not the target `store` was captured from."""
+    from specdraft.target import config_hash
+
+    text = config.get_text_config()
+    given = {"name_or_path": str(directory), "config_hash": config_hash(config),
+             "num_layers": getattr(text, "num_hidden_layers", None),
+             "hidden_size": getattr(text, "hidden_size", None), "vocab_size": getattr(text, "vocab_size", None)}
+    recorded = store.meta["target"]
+    if not same_target(recorded, given):
+        raise ValueError(f"--target {directory}: not the target this store was captured from ("
+                         f"{store.path / 'index.json'} records {describe_target(recorded)}; --target is "
+                         f"{describe_target(given)}): pass that target's directory, or leave --target out")
 
 
 def open_data(source: str | Path | OnlineSource | TrainData, target_config: Any = None,
