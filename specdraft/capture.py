@@ -286,6 +286,8 @@ def _resume_index(out_dir: Path, fresh: dict) -> dict:
     if not path.exists():
         return fresh
     old = json.loads(path.read_text())
+    if not old.get("shards"):
+        return fresh  # no shard captured yet: nothing to keep, whatever the settings were
     diffs = [f"{k}: {old.get(k)!r} vs now {fresh[k]!r}" for k in _IDENTITY_KEYS
              if old.get(k) != fresh[k]]
     if old.get("target", {}).get("config_hash") != fresh["target"]["config_hash"]:
@@ -320,6 +322,23 @@ def _valid(out_dir: Path, entry: dict | None) -> bool:
     return path.is_file() and file_sha256(path) == entry["sha256"]
 
 
+def check_store_dir(out_dir: str | Path) -> Path:
+    """`out_dir` as a Path after refusing what capturing there would mix files into: a file, or a
+    directory holding anything but a capture store (new, empty, or a store to resume are fine).
+    Raises CaptureError."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CaptureError(f"{out_dir} is a file; pass a directory: a new or empty one, or a capture "
+                           f"store to resume")
+    if out.is_dir() and not (out / INDEX).exists():
+        # a run stopped before its index leaves at most the target head and temp files
+        others = [p.name for p in out.iterdir() if p.name != HEAD and not p.name.endswith(".tmp")]
+        if others:
+            raise CaptureError(f"{out_dir}: holds files that are not a capture store ({', '.join(sorted(others)[:3])}"
+                               f"{', ...' if len(others) > 3 else ''}); give a new or empty directory")
+    return out
+
+
 def _print_estimate(console, index: dict, settings: StoreSettings, H: int, head_bytes: int,
                     out_dir: Path) -> int:
     n_aux = len(settings.aux_layers)
@@ -347,21 +366,29 @@ def write_store(target, samples: list[Sample], out_dir: str | Path, settings: St
     progress bar (None = silent). Resumes an earlier run in the same directory (see module doc).
     Raises CaptureError when `out_dir` holds a store captured with other settings.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for tmp in out_dir.glob("*.tmp"):
-        tmp.unlink()  # partial files of an interrupted run
+    out_dir = check_store_dir(out_dir)
     samples = [s.truncated(settings.max_length) for s in samples]
-    index = _resume_index(out_dir, _new_index(target, samples, settings, extra or {}))
+    fresh = _new_index(target, samples, settings, extra or {})
+    index = _resume_index(out_dir, fresh) if out_dir.is_dir() else fresh
     head = target_head_tensors(target)
     head_bytes = sum(t.numel() * t.element_size() for t in head.values())
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
     total = _print_estimate(console, index, settings, target.hidden_size, head_bytes, out_dir)
-    _save_head(out_dir, head, index)
-    done = {e["shard"]: e for e in index["shards"] if _valid(out_dir, e)}
-    index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
-    _atomic_json(index, out_dir / INDEX)
-    num_reused = len(done)
-    _capture_missing(target, samples, settings, out_dir, index, done, device, console)
+    done: dict[int, dict] = {}
+    try:
+        for tmp in out_dir.glob("*.tmp"):
+            tmp.unlink()  # partial files of an interrupted run
+        _save_head(out_dir, head, index)
+        done.update({e["shard"]: e for e in index["shards"] if _valid(out_dir, e)})
+        index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
+        _atomic_json(index, out_dir / INDEX)
+        num_reused = len(done)
+        _capture_missing(target, samples, settings, out_dir, index, done, device, console)
+    except Exception:
+        if created and not done:  # nothing captured: leave no store that a corrected re-run would meet
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     index["complete"] = True
     _atomic_json(index, out_dir / INDEX)
     return CaptureResult(out_dir, len(samples), index["num_tokens"], index["num_shards"],
@@ -450,14 +477,34 @@ def load_inputs(target: str | Path, data: str | Path, *, tokenizer: str | None =
     return model, tok, samples
 
 
+def check_aux_arg(aux_layers, target: str | Path) -> None:
+    """Refuse --aux-layers that the drafter trained on them could not be exported or served with
+    (`conventions.check_aux_layers`: 3 layers, strictly increasing, within 0..L), reading L from
+    the target's config so that nothing is loaded or written first. Raises ValueError."""
+    from transformers import AutoConfig
+
+    from specdraft.conventions import ConventionError, check_aux_layers, default_aux_layers
+
+    num_layers = AutoConfig.from_pretrained(target).get_text_config().num_hidden_layers
+    try:
+        check_aux_layers(list(aux_layers), num_layers)
+    except ConventionError as e:
+        example = ",".join(map(str, default_aux_layers(num_layers))) if num_layers >= 4 else "0,1,2"
+        raise ValueError(f"--aux-layers {','.join(map(str, aux_layers))}: {e}; give 3 increasing "
+                         f"layers in 0..{num_layers}, e.g. {example}") from None
+
+
 def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
     """Load the target, its tokenizer and the data; render; `write_store` into cfg.out_dir.
 
     Raises DataError (bad data), CaptureError (store of other settings), ValueError (a token id
     outside the target's vocabulary: the tokenizer belongs to another model)."""
     from specdraft.conventions import default_aux_layers
-    from specdraft.data import tokenizer_fingerprint
+    from specdraft.data import skipped_line, tokenizer_fingerprint
 
+    check_store_dir(cfg.out_dir)
+    if cfg.aux_layers is not None:
+        check_aux_arg(cfg.aux_layers, cfg.target)
     target, tokenizer, data = load_inputs(
         cfg.target, cfg.data, tokenizer=cfg.tokenizer, chat=cfg.chat,
         template_kwargs=cfg.template_kwargs, skip_bad=cfg.skip_bad,
@@ -470,11 +517,20 @@ def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
              "target_path": str(Path(cfg.target).resolve()),
              "data": {"path": str(cfg.data), "num_skipped": data.num_skipped}}
     if console is not None and data.num_skipped:
-        n = data.num_skipped
-        console.print(f"skipped {n} bad record{'' if n == 1 else 's'} in {cfg.data}", style="yellow",
-                      markup=False)
+        console.print(skipped_line(data.num_skipped, cfg.data), style="yellow", markup=False)
     return write_store(target, data.samples, cfg.out_dir, settings, extra=extra,
                        device=cfg.device, console=console)
+
+
+def interrupted_capture(out_dir: str | Path) -> str:
+    """What an interrupted capture into `out_dir` kept, for the line the CLI prints."""
+    path = Path(out_dir) / INDEX
+    try:
+        index = json.loads(path.read_text())
+        kept, total = len(index["shards"]), index["num_shards"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no shard captured yet: re-run the same command to start"
+    return f"{kept} of {total} shards kept in {out_dir}: re-run the same command to continue"
 
 
 # ---------------------------------------------------------------------------------------------

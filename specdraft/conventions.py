@@ -200,6 +200,17 @@ def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[i
     return list(results[0][1])
 
 
+def check_aux_layers(layers, num_layers: int, engine: str = "vllm") -> list[int]:
+    """``layers`` as a list after the rules every engine's aux layers obey: ints, strictly
+    increasing within 0..num_layers, exactly 3 for sglang/vllm (the drafter train writes is
+    served by both). Raises ConventionError with a one-line reason."""
+    layers = _check_ids(layers, engine, num_layers, "aux layers")
+    increasing = all(a < b for a, b in zip(layers, layers[1:]))
+    if not increasing or not 0 <= layers[0] <= layers[-1] <= num_layers:
+        raise ConventionError(f"aux layers {layers} must increase strictly within 0..{num_layers}")
+    return layers
+
+
 def to_engine_ids(layers, engine: str, num_layers: int, target_class: str = "llama",
                   sglang_version: str | None = None) -> list[int]:
     """Return the ids ``engine`` must be given to capture specdraft indices ``layers``.
@@ -210,10 +221,7 @@ def to_engine_ids(layers, engine: str, num_layers: int, target_class: str = "lla
     read alike by all versions). Raises ConventionError with a one-line reason otherwise.
     Rules and sources: ``ENGINE_RULES``.
     """
-    layers = _check_ids(layers, engine, num_layers, "aux layers")
-    increasing = all(a < b for a, b in zip(layers, layers[1:]))
-    if not increasing or not 0 <= layers[0] <= layers[-1] <= num_layers:
-        raise ConventionError(f"aux layers {layers} must increase strictly within 0..{num_layers}")
+    layers = check_aux_layers(layers, num_layers, engine)
     convert = lambda rule: _encode(rule, layers, num_layers)  # noqa: E731
     return _resolve(engine, target_class, sglang_version, convert, f"aux layers {layers}")
 

@@ -393,6 +393,19 @@ def render_text(tokenizer, text: str, prompt: str = "") -> Sample:
                             first_supervised=1)
 
 
+def check_chat_template(tokenizer, records: Records) -> None:
+    """Raise DataError (NO_TEMPLATE, naming the file) when `records` hold chats and `tokenizer`
+    has no chat template to render them."""
+    has_chats = any(r.messages is not None for r in records.records)
+    if has_chats and not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{records.path}: {NO_TEMPLATE}")
+
+
+def skipped_line(num_skipped: int, path) -> str:
+    """What --skip-bad commands print when they skipped records: "skipped 2 bad records in x.jsonl"."""
+    return f"skipped {num_skipped} bad record{'' if num_skipped == 1 else 's'} in {path}"
+
+
 def render_records(tokenizer, records: Records, *, template_kwargs: dict | None = None,
                    skip_bad: bool = False) -> SampleSet:
     """Render every record (chat records with the template, text records as documents).
@@ -404,9 +417,7 @@ def render_records(tokenizer, records: Records, *, template_kwargs: dict | None 
     kwargs = dict(template_kwargs or {})
     samples, num_skipped = [], records.num_skipped
     chat = records.chat
-    has_chats = any(r.messages is not None for r in records.records)
-    if has_chats and not getattr(tokenizer, "chat_template", None):
-        raise DataError(f"{records.path}: {NO_TEMPLATE}")
+    check_chat_template(tokenizer, records)
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(f"{records.path}: {SLOW_TOKENIZER}")
     for r in records.records:

@@ -245,6 +245,26 @@ def settings_path(out_path: Path) -> Path:
     return out_path.with_name(out_path.name + ".settings.json")
 
 
+def check_out_path(out_path: str | Path) -> Path:
+    """`out_path` as a Path; RegenerationError when it is a directory (OUT is a JSONL file)."""
+    out_path = Path(out_path)
+    if out_path.is_dir():
+        raise RegenerationError(f"{out_path} is a directory; OUT must be a JSONL file path, e.g. "
+                                f"{out_path / 'regenerated.jsonl'}")
+    return out_path
+
+
+def interrupted_regenerate(out_path: str | Path) -> str:
+    """What an interrupted regenerate into `out_path` kept, for the line the CLI prints."""
+    out_path = Path(out_path)
+    try:
+        total = json.loads(settings_path(out_path).read_text())["num_records"]
+        kept = len(finished_indices(out_path))
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no record written yet: re-run the same command to start"
+    return f"{kept} of {total} records kept in {out_path}: re-run the same command to continue"
+
+
 def _check_settings(out_path: Path, settings: dict) -> None:
     """Write the sidecar, or compare with the one an earlier run wrote."""
     sidecar = settings_path(out_path)
@@ -354,11 +374,16 @@ def regenerate(records: Records, out_path: str | Path, backend: Backend, samplin
     console: rich Console for a progress bar (None = silent).
     Raises RegenerationError (failed request after retries, output of other settings).
     """
-    out_path = Path(out_path)
+    from specdraft.data import check_chat_template
+
+    out_path = check_out_path(out_path)
     tokenizer = tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)
     kwargs = dict(template_kwargs or {})
     if not records.chat and tokenizer is None:
         raise ValueError("the no-chat mode needs the target's tokenizer to cut prompts")
+    if tokenizer is not None:
+        check_chat_template(tokenizer, records)
+    created = not out_path.exists()
     _check_settings(out_path, {
         "input": str(records.path.resolve()), "input_hash": _records_hash(records),
         "num_records": len(records.records), "chat": records.chat, "backend": backend.describe(),
@@ -366,6 +391,20 @@ def regenerate(records: Records, out_path: str | Path, backend: Backend, samplin
         "prompt_tokens": None if records.chat else prompt_tokens})
     done = finished_indices(out_path)
     todo = [(i, r) for i, r in enumerate(records.records) if i not in done]
+    try:
+        num_empty = _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs,
+                                prompt_tokens, console)
+    except BaseException:
+        if created and out_path.exists() and out_path.stat().st_size == 0:  # nothing produced: leave no files
+            out_path.unlink()
+            settings_path(out_path).unlink(missing_ok=True)
+        raise
+    return RegenResult(out_path, len(todo), len(done), num_empty)
+
+
+def _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs, prompt_tokens,
+                console) -> int:
+    """Regenerate `todo` in batches, appending each finished row to `out_path`; the empty count."""
     num_empty = 0
     with open(out_path, "a", encoding="utf-8") as f, _progress(console, len(todo)) as advance:
         for start in range(0, len(todo), backend.batch_size):
@@ -382,7 +421,7 @@ def regenerate(records: Records, out_path: str | Path, backend: Backend, samplin
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
                 f.flush()
             advance(len(rows))
-    return RegenResult(out_path, len(todo), len(done), num_empty)
+    return num_empty
 
 
 def _is_empty(row: dict) -> bool:
@@ -451,9 +490,12 @@ class RegenConfig:
 def regenerate_file(cfg: RegenConfig, console=None) -> RegenResult:
     """Read cfg.data, build the backend, `regenerate` into cfg.out. Raises DataError (bad input),
     RegenerationError (failed requests, output of other settings), ValueError (bad config)."""
-    from specdraft.data import read_records
+    from specdraft.data import read_records, skipped_line
 
+    check_out_path(cfg.out)
     records = read_records(cfg.data, chat=cfg.chat, skip_bad=cfg.skip_bad, require_assistant=False)
+    if console is not None and records.num_skipped:
+        console.print(skipped_line(records.num_skipped, cfg.data), style="yellow", markup=False)
     tokenizer = None
     if cfg.target is not None:
         backend = LocalBackend(cfg.target, tokenizer_dir=cfg.tokenizer,
