@@ -8,7 +8,8 @@ Layouts (DESIGN.md §2 "Checkpoint layouts"):
 - ``speculators`` (read by vLLM): ``speculators_model_type: "eagle3"``,
   ``transformer_layer_config``, top-level aux ids; the decoder layer under ``layers.0.*``.
 - ``specdraft``: the ``sglang`` files plus ``specdraft_manifest.json`` (no file format of its
-  own: the SGLang layout is the one specdraft trains in; `describe_layout` names it so).
+  own: the SGLang layout is the one specdraft trains in; `describe_layout` names it so). The
+  ``sglang`` layout never holds the manifest; ``speculators`` holds it when there is one.
 
 `classify_dir` tells a drafter directory from a target model's by its config.json alone;
 `wrong_dir_message` is the one line every command prints when given the one for the other.
@@ -298,10 +299,10 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
                manifest: Manifest | None = None, verifier: str | None = None) -> Path:
     """Write `model` in `layout` under `out_dir`, atomically (temp dir, then rename).
 
-    Writes model.safetensors and config.json, and specdraft_manifest.json whenever a manifest
-    is given (required for the specdraft layout), so converting between layouts keeps what
-    the drafter was trained on. `verifier` is the speculators `verifier.name_or_path`
-    (default: the target path the manifest records).
+    Writes model.safetensors and config.json, and specdraft_manifest.json when a manifest is
+    given (required for the specdraft layout), except in the ``sglang`` layout: that is the plain
+    official one, the specdraft layout minus the manifest. `verifier` is the speculators
+    `verifier.name_or_path` (default: the target path the manifest records).
     Raises ValueError for an unknown layout or a specdraft layout without manifest.
     """
     check_layout(layout)
@@ -318,7 +319,7 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
     tmp.mkdir(parents=True)
     write_safetensors(state_dict_for_layout(model, layout), tmp / WEIGHTS_FILE, metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    if manifest is not None:
+    if manifest is not None and layout != "sglang":
         (tmp / MANIFEST_FILE).write_text(manifest.to_json())
     replace_dir(tmp, out_dir)
     return out_dir
@@ -519,10 +520,13 @@ def tensor_digest(t: torch.Tensor) -> str:
 
 def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
                   target_num_layers: int | None = None) -> int:
-    """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical.
+    """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical and
+    the drafter config the same (the ``sglang`` layout drops the manifest, so its config.json
+    alone must rebuild the drafter).
 
-    A specdraft-layout destination needs the source's manifest. Returns the number of tensors
-    compared; raises CheckpointError when a tensor differs or is missing (case FC-01).
+    A specdraft-layout destination needs the source's manifest; speculators carries it too.
+    Returns the number of tensors compared; raises CheckpointError when a tensor differs or is
+    missing (case FC-01), or the re-read config differs.
     """
     source = load_draft(src, target_num_layers=target_num_layers)
     if layout == "specdraft" and source.manifest is None:
@@ -530,6 +534,10 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
                               "convert to sglang or speculators instead")
     save_draft(source.model, dst, layout=layout, manifest=source.manifest)
     written = load_draft(dst, target_num_layers=source.model.cfg.target_num_layers)
+    if written.model.cfg != source.model.cfg:
+        want, have = source.model.cfg.to_dict(), written.model.cfg.to_dict()
+        differ = [f"{k} {want[k]!r} -> {have.get(k)!r}" for k in want if want[k] != have.get(k)]
+        raise CheckpointError(f"{dst}: the drafter config reads back differently: {', '.join(differ)}")
     return verify_same_tensors(source.model, written.model, dst)
 
 

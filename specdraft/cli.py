@@ -211,7 +211,7 @@ def capture(
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
     from rich.console import Console
 
-    from specdraft.capture import CaptureConfig, capture_dataset
+    from specdraft.capture import CaptureConfig, capture_dataset, interrupted_capture
 
     console = Console()
     cfg = CaptureConfig(
@@ -223,10 +223,13 @@ def capture(
         tokenizer=tokenizer or None, device=device)
     try:
         result = capture_dataset(cfg, console=console)
+    except KeyboardInterrupt:
+        console.print(f"interrupted; {interrupted_capture(out)}", markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     except (ValueError, FileNotFoundError) as e:
         _error(console, e, SKIP_BAD_HINT)
         raise typer.Exit(1) from e
-    console.print(f"store {result.path}: {result.num_samples} samples, {result.num_tokens} "
+    console.print(f"capture store at {result.path}: {result.num_samples} samples, {result.num_tokens} "
                   f"tokens, {result.num_shards} shards ({result.num_reused} kept from an earlier "
                   f"run)", style="green", markup=False)
 
@@ -258,7 +261,7 @@ def regenerate(
 
     from rich.console import Console
 
-    from specdraft.regenerate import RegenConfig, Sampling, regenerate_file
+    from specdraft.regenerate import RegenConfig, Sampling, interrupted_regenerate, regenerate_file
 
     console = Console()
     try:
@@ -270,6 +273,9 @@ def regenerate(
             concurrency=concurrency, batch_size=batch_size, max_retries=max_retries,
             api_key=os.environ.get("OPENAI_API_KEY"), skip_bad=skip_bad, device=device)
         result = regenerate_file(cfg, console=console)
+    except KeyboardInterrupt:
+        console.print(f"interrupted; {interrupted_regenerate(out)}", markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
     except (ValueError, RuntimeError) as e:
         _error(console, e, SKIP_BAD_HINT)
         raise typer.Exit(1) from e
@@ -344,8 +350,9 @@ def convert(
     src: str = typer.Argument(..., help="Draft checkpoint directory (layout detected).",
                               callback=_check_checkpoint_dir),
     dst: str = typer.Argument(..., help="Output directory."),
-    layout: Layout = typer.Option(..., help="sglang (official EAGLE-3) | speculators (vLLM's) | specdraft "
-                                  "(the SGLang layout with specdraft's manifest)"),
+    layout: Layout = typer.Option(..., help="sglang (official EAGLE-3: config.json + model.safetensors, no "
+                                  "specdraft manifest) | speculators (vLLM's; keeps the manifest) | specdraft "
+                                  "(the sglang files + specdraft's manifest)"),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=_check_model_dir),
 ) -> None:
     """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
@@ -363,6 +370,9 @@ def convert(
         raise typer.Exit(1) from e
     on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
     console.print(f"wrote {dst} ({on_disk}): {written} tensors, each bit-identical to {src}", markup=False)
+    if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
+        console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
+                      "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)
 
 
 def _check_drafter(value: str, param: typer.CallbackParam = None) -> str:
@@ -572,7 +582,9 @@ def train(
                                      "= one epoch)."),
     epochs: int | None = typer.Option(None, min=1, help="Passes over the training split (neither --steps nor "
                                       "--epochs = one epoch)."),
-    lr: float | None = typer.Option(None, help="Peak learning rate, after warm-up (1e-4)."),
+    lr: float | None = typer.Option(None, help="Peak learning rate, after warm-up (1e-4: suits long runs on "
+                                    "large data; small data / short runs need a larger one, e.g. the demo's "
+                                    "--lr 3e-3 --ttt-steps 4 for 1000 steps on 800 documents)."),
     batch_size: int | None = typer.Option(None, min=1, help="Sequences per step, over all ranks (8)."),
     grad_accum_steps: int | None = typer.Option(None, min=1, help="Micro-batches per step on each rank (1)."),
     max_length: int | None = typer.Option(None, min=1, help="Truncate samples to this many tokens (2048)."),
@@ -774,7 +786,8 @@ def demo(
     out: str = typer.Option("specdraft-demo", help="Working directory; a re-run resumes from it."),
     device: str = typer.Option("cpu", help="cpu | cuda", callback=_check_device),
     target: str = typer.Option("", help="A local transformers model (default: the bundled stories260K).", callback=_check_model_dir),
-    data: str = typer.Option("", help="Documents separated by blank lines (default: the TinyStories sample)."),
+    data: str = typer.Option("", help="Text file of documents separated by blank lines, or JSONL with a "
+                             "\"text\" field per line (default: the TinyStories sample)."),
     train_steps: int = typer.Option(1000, help="Drafter optimizer steps."),
     num_train: int = typer.Option(800, help="Training documents."),
 ) -> None:

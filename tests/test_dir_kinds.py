@@ -17,6 +17,7 @@ from tests.test_cli import invoke
 DRAFTER_DIRS = "pass the drafter directory (specdraft train's OUT/draft or an export), and this directory as --target"
 SGLANG_MANIFEST = ("SGLang layout (official EAGLE-3, the one specdraft trains in) + specdraft manifest "
                    "(convert's --layout specdraft)")
+BARE_SGLANG = "SGLang layout (official EAGLE-3, the one specdraft trains in), no specdraft manifest"
 
 
 @pytest.fixture(scope="module")
@@ -120,16 +121,18 @@ def test_inspect_names_the_layout_it_sees(world, tmp_path):
         result = invoke(args)
         assert result.exit_code == 0, result.output
         if args[0] == "convert":  # convert names what it wrote as inspect will
-            on_disk = "speculators layout (vLLM's) + specdraft manifest" if args[-1] == "speculators" else SGLANG_MANIFEST
+            on_disk = {"speculators": "speculators layout (vLLM's) + specdraft manifest", "sglang": BARE_SGLANG,
+                       "specdraft": SGLANG_MANIFEST}[args[-1]]
             assert f"wrote {args[2]} ({on_disk}):" in result.output.replace("\n", "")
-    # The "specdraft" layout is the SGLang files plus the manifest: the same bytes either way.
-    for name in ("config.json", "model.safetensors", "specdraft_manifest.json"):
+    # The "specdraft" layout is the SGLang files plus the manifest: the same bytes, less the manifest.
+    for name in ("config.json", "model.safetensors"):
         assert (tmp_path / "as-sglang" / name).read_bytes() == (tmp_path / "as-specdraft" / name).read_bytes()
+    assert not (tmp_path / "as-sglang" / "specdraft_manifest.json").exists()
     expected = {draft: SGLANG_MANIFEST, tmp_path / "sglang-export": SGLANG_MANIFEST,
-                tmp_path / "as-sglang": SGLANG_MANIFEST, tmp_path / "as-specdraft": SGLANG_MANIFEST,
+                tmp_path / "as-sglang": BARE_SGLANG, tmp_path / "as-specdraft": SGLANG_MANIFEST,
                 tmp_path / "as-speculators": "speculators layout (vLLM's) + specdraft manifest",
                 spec: "speculators layout (vLLM's), no specdraft manifest",
-                bare: "SGLang layout (official EAGLE-3, the one specdraft trains in), no specdraft manifest"}
+                bare: BARE_SGLANG}
     for path, layout in expected.items():
         result = invoke(["inspect", str(path), "--target", str(target)])
         assert result.exit_code == 0, result.output
