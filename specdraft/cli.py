@@ -620,7 +620,7 @@ def train(
 
     from rich.console import Console
 
-    from specdraft.train.loop import TrainConfig, TrainingError, checkpoint_paths, resume_config
+    from specdraft.train.loop import TrainConfig, TrainingError, check_run_dir, checkpoint_paths, resume_config
     from specdraft.train.loop import train as run_training
 
     console = Console()
@@ -644,6 +644,7 @@ def train(
             values.update(total_steps=None, epochs=None)
         values.update({k: v for k, v in options.items() if v is not None})
         if resume:  # settings not given come from the checkpoint; those given must match it
+            check_run_dir(out)  # before saying anything about it
             saved = checkpoint_paths(out)
             console.print(f"resuming from {saved[-1]} with its settings" if saved else
                           f"--resume: no checkpoint in {out} yet: starting at step 0", markup=False, soft_wrap=True)

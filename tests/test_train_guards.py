@@ -163,6 +163,7 @@ def test_train_refuses_a_directory_of_unrelated_files(stores, tmp_path, resume):
     result = CliRunner().invoke(app, ["train", str(stores["a"][1]), str(out), "--steps", "1", "--batch-size", "4"]
                                 + (["--resume"] if resume else []))
     assert result.exit_code == 1 and "holds no training run" in result.output, result.output
+    assert "no checkpoint in" not in result.output  # --resume says nothing of a directory it refuses
     assert sorted(p.name for p in out.iterdir()) == ["important.txt"]
     (tmp_path / "empty").mkdir()  # an empty directory is a new run
     train(TrainConfig.from_dict({**CFG, "total_steps": 1}), stores["a"][1], tmp_path / "empty", progress=False)

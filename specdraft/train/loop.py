@@ -586,6 +586,20 @@ def _checkpoint_progress(path: Path) -> dict[str, Any]:
                       weights_only=False, mmap=not path.is_dir())
 
 
+def check_run_dir(out_dir: Path) -> None:
+    """FileExistsError unless `out_dir` is missing, empty or a run directory (RUN_ENTRIES): a file,
+    or a directory of other files only, would get checkpoints mixed into it."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} is a file; the run directory OUT must be a directory (it receives "
+                              "checkpoints/, metrics.jsonl, tensorboard/, draft/): give a new directory")
+    entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if entries and not RUN_ENTRIES & set(entries):
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise FileExistsError(f"{out_dir} holds no training run but other files ({shown}): give a new or empty "
+                              f"directory as OUT (--resume continues a run directory)")
+
+
 def check_same_target(saved: dict[str, Any] | None, info: TargetInfo, source: Path) -> None:
     """Refuse to resume the checkpoint `source`, whose manifest is `saved`, on data of another
     target (`sources.same_target`) or other aux layers than `info`'s: its weights fit those only.
@@ -825,14 +839,7 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     naming the file and record).
     """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():  # before loading anything
-        raise FileExistsError(f"{out_dir} is a file; the run directory OUT must be a directory (it receives "
-                              "checkpoints/, metrics.jsonl, tensorboard/, draft/): give a new directory")
-    entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
-    if entries and not RUN_ENTRIES & set(entries):
-        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-        raise FileExistsError(f"{out_dir} holds no training run but other files ({shown}): give a new or empty "
-                              f"directory as OUT (--resume continues a run directory)")
+    check_run_dir(out_dir)  # before loading anything
     ranks = setup_dist(config.device)
     try:
         newest = checkpoint_paths(out_dir)[-1:] if resume else []
