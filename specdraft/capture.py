@@ -485,7 +485,8 @@ def check_aux_arg(aux_layers, target: str | Path) -> None:
 
     from specdraft.conventions import ConventionError, check_aux_layers, default_aux_layers
 
-    num_layers = AutoConfig.from_pretrained(target).get_text_config().num_hidden_layers
+    config = AutoConfig.from_pretrained(target, local_files_only=True)
+    num_layers = config.get_text_config().num_hidden_layers
     try:
         check_aux_layers(list(aux_layers), num_layers)
     except ConventionError as e:
