@@ -483,16 +483,10 @@ def check_aux_arg(aux_layers, target: str | Path) -> None:
     the target's config so that nothing is loaded or written first. Raises ValueError."""
     from transformers import AutoConfig
 
-    from specdraft.conventions import ConventionError, check_aux_layers, default_aux_layers
+    from specdraft.conventions import check_aux_flag
 
     config = AutoConfig.from_pretrained(target, local_files_only=True)
-    num_layers = config.get_text_config().num_hidden_layers
-    try:
-        check_aux_layers(list(aux_layers), num_layers)
-    except ConventionError as e:
-        example = ",".join(map(str, default_aux_layers(num_layers))) if num_layers >= 4 else "0,1,2"
-        raise ValueError(f"--aux-layers {','.join(map(str, aux_layers))}: {e}; give 3 increasing "
-                         f"layers in 0..{num_layers}, e.g. {example}") from None
+    check_aux_flag(aux_layers, config.get_text_config().num_hidden_layers)
 
 
 def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:

@@ -211,6 +211,18 @@ def check_aux_layers(layers, num_layers: int, engine: str = "vllm") -> list[int]
     return layers
 
 
+def check_aux_flag(aux_layers, num_layers: int) -> None:
+    """`check_aux_layers` for a user's --aux-layers: ValueError naming the flag, the rule broken
+    and an example that obeys it (capture checks it before writing, train --online before loading
+    the drafter)."""
+    try:
+        check_aux_layers(list(aux_layers), num_layers)
+    except ConventionError as e:
+        example = ",".join(map(str, default_aux_layers(num_layers))) if num_layers >= 4 else "0,1,2"
+        raise ValueError(f"--aux-layers {','.join(map(str, aux_layers))}: {e}; give 3 increasing "
+                         f"layers in 0..{num_layers}, e.g. {example}") from None
+
+
 def to_engine_ids(layers, engine: str, num_layers: int, target_class: str = "llama",
                   sglang_version: str | None = None) -> list[int]:
     """Return the ids ``engine`` must be given to capture specdraft indices ``layers``.

@@ -140,7 +140,7 @@ def test_online_aux_layers_out_of_range_are_named_by_the_flag(online_target, tmp
     result = CliRunner().invoke(app, ["train", str(data), str(tmp_path / "run"), "--online", "--target",
                                       str(online_target), "--aux-layers", "1,2,7", "--no-chat", "--batch-size", "4"])
     assert result.exit_code == 1, result.output
-    assert "error: --aux-layers 1,2,7: each index must be in 0..4" in result.output
+    assert "error: --aux-layers 1,2,7: aux layers [1, 2, 7] must increase strictly within 0..4" in result.output
     assert "DraftConfig" not in result.output
 
 

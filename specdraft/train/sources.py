@@ -135,12 +135,11 @@ class OnlineData:
                  tokenizer: Any = None, render_info: data_mod.RenderInfo | None = None,
                  num_skipped: int = 0) -> None:
         from specdraft.capture import target_meta
+        from specdraft.conventions import check_aux_flag
 
         self.target, self.samples, self.num_skipped = target, list(samples), num_skipped
-        if aux_layers and not all(0 <= k <= target.num_layers for k in aux_layers):
-            raise ValueError(f"--aux-layers {','.join(map(str, aux_layers))}: each index must be in "
-                             f"0..{target.num_layers} (the target's residual streams; it has {target.num_layers} "
-                             f"layers)")
+        if aux_layers:
+            check_aux_flag(aux_layers, target.num_layers)
         name_or_path = name_or_path or getattr(target.config, "_name_or_path", None)
         self.info = TargetInfo(
             config=target.config,
