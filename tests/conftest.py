@@ -2,7 +2,8 @@
 and without a GPU, Triton kernels run in Triton's interpreter (tests/test_triton_ops.py). The
 variable must be set before anything imports Triton: torch's compiler may import it early.
 Every test sees an idle machine (no busy-machine notes in outputs; tests of the note set the
-load themselves). Also the `store` fixture the training modules share."""
+load themselves). Also fixtures several modules share: `store` (training) and `chat_target_dir`
+(capture)."""
 
 import os
 
@@ -28,3 +29,14 @@ def store(tmp_path_factory):
     from tests.test_train_loop import make_world
 
     return make_world(tmp_path_factory.mktemp("train"))[2]
+
+
+@pytest.fixture(scope="module")
+def chat_target_dir(tmp_path_factory):
+    """A saved tiny 4-layer Llama target with the tiny chat tokenizer (tests/tiny_tokenizer.py)."""
+    from tests.tiny_models import save_tiny_model
+    from tests.tiny_tokenizer import save_tiny_tokenizer
+
+    path = save_tiny_model("llama", tmp_path_factory.mktemp("target") / "tiny", num_layers=4)
+    save_tiny_tokenizer(path)
+    return path

@@ -32,32 +32,25 @@ CHATS = [CHAT, CHAT[:3], CHAT[1:3], [CHAT[1], {"role": "assistant", "content": "
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = save_tiny_model("llama", tmp_path_factory.mktemp("target") / "tiny", num_layers=4)
-    save_tiny_tokenizer(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def data_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "chats.jsonl"
     path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS))
     return path
 
 
-def config(model_dir, data_file, out_dir, **kw) -> CaptureConfig:
+def config(chat_target_dir, data_file, out_dir, **kw) -> CaptureConfig:
     kw = {"shard_tokens": 50, "batch_tokens": 48, "max_length": 30, **kw}
-    return CaptureConfig(str(model_dir), str(data_file), str(out_dir), **kw)
+    return CaptureConfig(str(chat_target_dir), str(data_file), str(out_dir), **kw)
 
 
 def store_files(path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
-def test_store_round_trip_matches_direct_forward(model_dir, data_file, tmp_path):
-    result = capture_dataset(config(model_dir, data_file, tmp_path / "store"))
+def test_store_round_trip_matches_direct_forward(chat_target_dir, data_file, tmp_path):
+    result = capture_dataset(config(chat_target_dir, data_file, tmp_path / "store"))
     store = CaptureStore(tmp_path / "store")
-    target = load_target(model_dir)
+    target = load_target(chat_target_dir)
     samples = [s.truncated(30) for s in load_dataset(data_file, tiny_chat_tokenizer()).samples]
     lengths = [len(s.input_ids) for s in samples]
     assert len(store) == len(CHATS) == result.num_samples and max(lengths) == 30
@@ -88,8 +81,8 @@ def test_store_round_trip_matches_direct_forward(model_dir, data_file, tmp_path)
     store.verify()
 
 
-def test_resume_after_crash_gives_identical_store(model_dir, data_file, tmp_path):
-    cfg = config(model_dir, data_file, tmp_path / "a")
+def test_resume_after_crash_gives_identical_store(chat_target_dir, data_file, tmp_path):
+    cfg = config(chat_target_dir, data_file, tmp_path / "a")
     capture_dataset(cfg)
     reference = store_files(tmp_path / "a")
     crashed = tmp_path / "b"
@@ -102,13 +95,13 @@ def test_resume_after_crash_gives_identical_store(model_dir, data_file, tmp_path
     (crashed / "shard-00000.safetensors").unlink()  # a listed shard lost too
     with pytest.raises(CaptureError, match="unfinished store"):
         CaptureStore(crashed)
-    result = capture_dataset(config(model_dir, data_file, crashed))
+    result = capture_dataset(config(chat_target_dir, data_file, crashed))
     assert result.num_reused == 1
     assert store_files(crashed) == reference
 
 
-def test_corrupt_shard_is_named_with_the_fix(model_dir, data_file, tmp_path):
-    capture_dataset(config(model_dir, data_file, tmp_path / "s"))
+def test_corrupt_shard_is_named_with_the_fix(chat_target_dir, data_file, tmp_path):
+    capture_dataset(config(chat_target_dir, data_file, tmp_path / "s"))
     shard = tmp_path / "s" / "shard-00001.safetensors"
     data = bytearray(shard.read_bytes())
     data[-3] ^= 0xFF
@@ -118,22 +111,22 @@ def test_corrupt_shard_is_named_with_the_fix(model_dir, data_file, tmp_path):
     message = str(err.value)
     assert "shard-00001.safetensors" in message and "delete it and re-run capture" in message
     assert "\n" not in message
-    assert capture_dataset(config(model_dir, data_file, tmp_path / "s")).num_reused == 3
+    assert capture_dataset(config(chat_target_dir, data_file, tmp_path / "s")).num_reused == 3
     CaptureStore(tmp_path / "s").verify()
 
 
-def test_other_settings_are_refused(model_dir, data_file, tmp_path):
-    capture_dataset(config(model_dir, data_file, tmp_path / "s"))
+def test_other_settings_are_refused(chat_target_dir, data_file, tmp_path):
+    capture_dataset(config(chat_target_dir, data_file, tmp_path / "s"))
     with pytest.raises(CaptureError, match="aux_layers.*new output directory"):
-        capture_dataset(config(model_dir, data_file, tmp_path / "s", aux_layers=(0, 2, 4)))
+        capture_dataset(config(chat_target_dir, data_file, tmp_path / "s", aux_layers=(0, 2, 4)))
     other = save_tiny_model("llama", tmp_path / "other", seed=1, num_layers=4)  # same config
     save_tiny_tokenizer(other)
     with pytest.raises(CaptureError, match="weights differ"):
         capture_dataset(config(other, data_file, tmp_path / "s"))
 
 
-def test_disk_estimate_is_printed_first(model_dir, tmp_path):
-    target = load_target(model_dir)
+def test_disk_estimate_is_printed_first(chat_target_dir, tmp_path):
+    target = load_target(chat_target_dir)
     samples = [Sample([1, 5, 6, 7], [0, 0, 1, 1]), Sample([1, 8, 9], [0, 1, 1])]
     settings = StoreSettings((1, 2, 3), torch.bfloat16, shard_tokens=4)
     buf = io.StringIO()
@@ -148,10 +141,10 @@ def test_disk_estimate_is_printed_first(model_dir, tmp_path):
     assert 7 * (5 + 4 * 32 * 2) < shard_bytes < 7 * (5 + 4 * 32 * 2) + 2 * 1024  # headers only
 
 
-def test_cli_capture(model_dir, data_file, tmp_path):
+def test_cli_capture(chat_target_dir, data_file, tmp_path):
     out = tmp_path / "cli"
     result = CliRunner().invoke(app, [
-        "capture", str(model_dir), str(data_file), str(out), "--aux-layers", "0,2,4",
+        "capture", str(chat_target_dir), str(data_file), str(out), "--aux-layers", "0,2,4",
         "--dtype", "fp32", "--max-length", "24", "--shard-tokens", "40",
         "--template-kwargs", '{"enable_thinking": true}'])
     assert result.exit_code == 0, result.output

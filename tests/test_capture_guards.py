@@ -12,14 +12,7 @@ import specdraft.regenerate as regenerate_mod
 from specdraft.cli import app
 from specdraft.conventions import ConventionError, check_aux_layers, to_engine_ids
 from tests.tiny_models import save_tiny_model
-from tests.tiny_tokenizer import CHAT, save_tiny_tokenizer, tiny_chat_tokenizer
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = save_tiny_model("llama", tmp_path_factory.mktemp("target") / "tiny", num_layers=4)
-    save_tiny_tokenizer(path)
-    return path
+from tests.tiny_tokenizer import CHAT, tiny_chat_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +36,8 @@ def run(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def capture(model_dir, data, out, *extra):
-    return run("capture", model_dir, data, out, "--shard-tokens", 20, "--max-length", 30, *extra)
+def capture(chat_target_dir, data, out, *extra):
+    return run("capture", chat_target_dir, data, out, "--shard-tokens", 20, "--max-length", 30, *extra)
 
 
 def one_line_error(result, *needles):
@@ -68,16 +61,16 @@ def test_check_aux_layers_is_the_rule_to_engine_ids_applies():
 @pytest.mark.parametrize("layers, reason", [("3,2,1", "must increase strictly within 0..4"),
                                             ("2", "hard-codes 3 aux states"),
                                             ("1,2,9", "must increase strictly within 0..4")])
-def test_bad_aux_layers_are_refused_before_anything_is_written(model_dir, chats, tmp_path, layers, reason):
+def test_bad_aux_layers_are_refused_before_anything_is_written(chat_target_dir, chats, tmp_path, layers, reason):
     out = tmp_path / "store"
-    one_line_error(capture(model_dir, chats, out, "--aux-layers", layers), f"--aux-layers {layers}:", reason)
+    one_line_error(capture(chat_target_dir, chats, out, "--aux-layers", layers), f"--aux-layers {layers}:", reason)
     assert not out.exists()
-    ok = capture(model_dir, chats, out, "--aux-layers", "1,2,3")  # the corrected re-run
+    ok = capture(chat_target_dir, chats, out, "--aux-layers", "1,2,3")  # the corrected re-run
     assert ok.exit_code == 0, ok.output
     assert "capture store at " in ok.output and "store store" not in ok.output
 
 
-def test_failure_before_the_first_shard_leaves_no_store(model_dir, chats, tmp_path, monkeypatch):
+def test_failure_before_the_first_shard_leaves_no_store(chat_target_dir, chats, tmp_path, monkeypatch):
     out = tmp_path / "store"
 
     def fail(*args, **kwargs):
@@ -85,46 +78,50 @@ def test_failure_before_the_first_shard_leaves_no_store(model_dir, chats, tmp_pa
 
     with monkeypatch.context() as m:
         m.setattr(capture_mod, "capture_shard", fail)
-        failed = capture(model_dir, chats, out, "--aux-layers", "1,2,3")
+        failed = capture(chat_target_dir, chats, out, "--aux-layers", "1,2,3")
     assert failed.exit_code == 1 and failed.output.strip().splitlines()[-1] == "error: boom"
     assert not out.exists()
     out.mkdir()  # a leftover store without a shard (left by an older version) does not block a re-run
     (out / capture_mod.INDEX).write_text(json.dumps({"format": capture_mod.FORMAT, "aux_layers": [9],
                                                      "shards": [], "complete": False}))
-    result = capture(model_dir, chats, out, "--aux-layers", "1,2,3")
+    result = capture(chat_target_dir, chats, out, "--aux-layers", "1,2,3")
     assert result.exit_code == 0, result.output
 
 
-def test_output_that_is_a_file_or_a_foreign_directory_is_refused(model_dir, chats, tmp_path):
+def test_output_that_is_a_file_or_a_foreign_directory_is_refused(chat_target_dir, chats, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("keep me")
-    one_line_error(capture(model_dir, chats, afile), "is a file; pass a directory")
+    one_line_error(capture(chat_target_dir, chats, afile), "is a file; pass a directory")
     assert afile.read_text() == "keep me"
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "important.txt").write_text("x")
-    one_line_error(capture(model_dir, chats, mine), "holds files that are not a capture store",
+    one_line_error(capture(chat_target_dir, chats, mine), "holds files that are not a capture store",
                    "give a new or empty directory")
     assert sorted(p.name for p in mine.iterdir()) == ["important.txt"]
 
 
-def test_capture_interrupted_says_what_was_kept(model_dir, chats, tmp_path, monkeypatch):
-    out = tmp_path / "store"
-    real, calls = capture_mod.capture_shard, []
+def interrupt_second_call(real):
+    """`real`, except that its second call raises KeyboardInterrupt (Ctrl-C mid-run)."""
+    calls = []
 
-    def interrupt_second(*args, **kwargs):
+    def wrapped(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
+    return wrapped
 
+
+def test_capture_interrupted_says_what_was_kept(chat_target_dir, chats, tmp_path, monkeypatch):
+    out = tmp_path / "store"
     with monkeypatch.context() as m:
-        m.setattr(capture_mod, "capture_shard", interrupt_second)
-        result = capture(model_dir, chats, out)
+        m.setattr(capture_mod, "capture_shard", interrupt_second_call(capture_mod.capture_shard))
+        result = capture(chat_target_dir, chats, out)
     assert result.exit_code == 130
     total = json.loads((out / capture_mod.INDEX).read_text())["num_shards"]
     assert f"interrupted; 1 of {total} shards kept in {out}: re-run the same command" in result.output
-    again = capture(model_dir, chats, out)
+    again = capture(chat_target_dir, chats, out)
     assert again.exit_code == 0 and "1 kept from an earlier run" in again.output, again.output
 
 
@@ -139,36 +136,28 @@ def test_regenerate_without_chat_template_leaves_nothing(base_model_dir, chats, 
     assert ok.exit_code == 0, ok.output
 
 
-def test_regenerate_into_a_directory_is_refused(model_dir, chats, tmp_path):
+def test_regenerate_into_a_directory_is_refused(chat_target_dir, chats, tmp_path):
     mydir = tmp_path / "mydir"
     mydir.mkdir()
-    one_line_error(run("regenerate", chats, mydir, "--target", model_dir), "is a directory",
+    one_line_error(run("regenerate", chats, mydir, "--target", chat_target_dir), "is a directory",
                    "must be a JSONL file path")
     assert list(mydir.iterdir()) == []
 
 
-def test_regenerate_reports_skipped_records(model_dir, chats, tmp_path):
+def test_regenerate_reports_skipped_records(chat_target_dir, chats, tmp_path):
     broken = tmp_path / "broken.jsonl"
     broken.write_text(chats.read_text() + "{not json\n")
-    result = run("regenerate", broken, tmp_path / "out.jsonl", "--target", model_dir, "--skip-bad",
+    result = run("regenerate", broken, tmp_path / "out.jsonl", "--target", chat_target_dir, "--skip-bad",
                  "--max-new-tokens", 2)
     assert result.exit_code == 0, result.output
     assert f"skipped 1 bad record in {broken}" in result.output.replace("\n", "")
 
 
-def test_regenerate_interrupted_says_what_was_kept(model_dir, chats, tmp_path, monkeypatch):
+def test_regenerate_interrupted_says_what_was_kept(chat_target_dir, chats, tmp_path, monkeypatch):
     out = tmp_path / "out.jsonl"
-    real, calls = regenerate_mod._regenerate_chats, []
-
-    def interrupt_second(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
     with monkeypatch.context() as m:
-        m.setattr(regenerate_mod, "_regenerate_chats", interrupt_second)
-        result = run("regenerate", chats, out, "--target", model_dir, "--batch-size", 1, "--max-new-tokens", 2)
+        m.setattr(regenerate_mod, "_regenerate_chats", interrupt_second_call(regenerate_mod._regenerate_chats))
+        result = run("regenerate", chats, out, "--target", chat_target_dir, "--batch-size", 1, "--max-new-tokens", 2)
     assert result.exit_code == 130
     assert f"interrupted; 1 of 3 records kept in {out}: re-run the same command to continue" in \
         result.output.replace("\n", "")
