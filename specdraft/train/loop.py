@@ -46,6 +46,7 @@ from torch import nn
 
 from specdraft.checkpoint import CheckpointError, LoadedDraft, Manifest, save_draft, tensor_digest
 from specdraft.conventions import build_vocab_map
+from specdraft.data import skipped_line
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.train.loss import TTTMetrics, TTTOutput, supervised_counts, ttt_loss, weighted_loss
 from specdraft.train.sources import Batch, OnlineSource, TargetInfo, TrainData, describe_target, open_data, same_target
@@ -479,7 +480,6 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
         self._check_config(state["config"], source)
-        check_same_target(state.get("manifest"), self.data.info, source)
         opts = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, state["model"], options=opts)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=opts)
@@ -492,7 +492,6 @@ class Trainer:
 
         progress = torch.load(path / PROGRESS_FILE, map_location="cpu", weights_only=False)
         self._check_config(progress["config"], path)
-        check_same_target(progress.get("manifest"), self.data.info, path)
         state = self.sharded_state()
         _read_sharded(state, path, one_process=self.ranks.world == 1)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
@@ -853,8 +852,7 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
         resumed = _resume(trainer, out_dir, resume)
         if on_note is not None and ranks.main:
             if isinstance(source, OnlineSource) and data.num_skipped:
-                n = data.num_skipped
-                on_note(f"skipped {n} bad record{'' if n == 1 else 's'} in {source.data}")
+                on_note(skipped_line(data.num_skipped, source.data))
             if trainer.resume_note:
                 on_note(trainer.resume_note)
         log = MetricsLog(out_dir, ranks.main, resumed)
