@@ -285,7 +285,7 @@ def _resume_index(out_dir: Path, fresh: dict) -> dict:
     path = out_dir / INDEX
     if not path.exists():
         return fresh
-    old = json.loads(path.read_text())
+    old = read_index(path)
     if not old.get("shards"):
         return fresh  # no shard captured yet: nothing to keep, whatever the settings were
     diffs = [f"{k}: {old.get(k)!r} vs now {fresh[k]!r}" for k in _IDENTITY_KEYS
@@ -320,6 +320,15 @@ def _valid(out_dir: Path, entry: dict | None) -> bool:
         return False
     path = out_dir / entry["file"]
     return path.is_file() and file_sha256(path) == entry["sha256"]
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """A store's index.json; CaptureError naming the file when it is not valid JSON."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CaptureError(f"{path}: not valid JSON ({e}); the store's index is damaged: capture into a new "
+                           f"directory (or delete {path.parent} and re-run capture)") from None
 
 
 def check_store_dir(out_dir: str | Path) -> Path:
@@ -545,7 +554,7 @@ class CaptureStore:
         if not index_path.is_file():
             raise CaptureError(f"{index_path}: not found; {self.path} is not a capture store "
                                f"(write one with `specdraft capture`)")
-        self.meta: dict[str, Any] = json.loads(index_path.read_text())
+        self.meta: dict[str, Any] = read_index(index_path)
         if self.meta.get("format") != FORMAT:
             raise CaptureError(f"{index_path}: not a {FORMAT} index")
         if not self.meta["complete"]:

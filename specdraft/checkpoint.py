@@ -337,11 +337,15 @@ def replace_dir(src: Path, dst: Path) -> None:
         os.replace(src, dst)
 
 
-def check_output_dir(out_dir: str | Path) -> Path:
+def check_output_dir(out_dir: str | Path, source: str | Path | None = None) -> Path:
     """The absolute path of a drafter output directory, after refusing what writing there would
-    destroy: a file, or a directory holding anything but an EAGLE-3 drafter (a new or empty
-    directory, or an earlier drafter, is replaced atomically). Raises CheckpointError."""
+    destroy: the `source` being read, a file, or a directory holding anything but an EAGLE-3
+    drafter (a new or empty directory, or an earlier drafter, is replaced atomically). Raises
+    CheckpointError."""
     out = Path(out_dir).resolve()
+    if source is not None and out == Path(source).resolve():
+        raise CheckpointError(f"{out_dir}: is the checkpoint being read; writing there would replace it: give "
+                              "another output directory")
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out_dir}: is a file; give a new directory (or a drafter directory to replace)")
     if out.is_dir() and any(out.iterdir()):
@@ -528,6 +532,7 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
     Returns the number of tensors compared; raises CheckpointError when a tensor differs or is
     missing (case FC-01), or the re-read config differs.
     """
+    check_output_dir(dst, source=src)
     source = load_draft(src, target_num_layers=target_num_layers)
     if layout == "specdraft" and source.manifest is None:
         raise CheckpointError(f"{src}: no specdraft manifest to carry into the specdraft layout; "

@@ -295,7 +295,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     if engine not in EXPORT_ENGINES:
         raise ExportError(f"unknown engine {engine!r}; choose one of {', '.join(EXPORT_ENGINES)}")
     spec = spec_for_export(engine, num_steps, topk, num_draft_tokens)
-    out_dir = check_output_dir(out_dir)
+    out_dir = check_output_dir(out_dir, source=checkpoint)
     given = TargetFacts.from_target_dir(target) if target is not None else None
     source = load_source(checkpoint, given.num_layers if given else None)
     facts = given or resolve_target(None, source.manifest)

@@ -161,3 +161,14 @@ def test_regenerate_interrupted_says_what_was_kept(chat_target_dir, chats, tmp_p
     assert result.exit_code == 130
     assert f"interrupted; 1 of 3 records kept in {out}: re-run the same command to continue" in \
         result.output.replace("\n", "")
+
+
+def test_a_damaged_store_index_is_named(chat_target_dir, chats, tmp_path):
+    """A store whose index.json is not JSON: one line naming the file and the fix, for the store's
+    readers (train) and a capture resuming into it."""
+    store = tmp_path / "store"
+    assert capture(chat_target_dir, chats, store).exit_code == 0
+    (store / capture_mod.INDEX).write_text("{")
+    with pytest.raises(capture_mod.CaptureError, match=r"index.json: not valid JSON \(.*capture into a new"):
+        capture_mod.CaptureStore(store)
+    one_line_error(capture(chat_target_dir, chats, store), "index.json: not valid JSON", "capture into a new")
