@@ -209,14 +209,33 @@ def test_a_drafter_for_another_target_is_refused():
 
 def test_static_inputs_stage_host_values_into_their_own_bytes():
     """A graph's inputs share one buffer: each lands in its own aligned bytes (an odd-sized bool
-    mask before an int64 input), host values through the host buffer, device values directly."""
-    inputs = StaticInputs([(1, 3), (1, 1, 3, 5), (3,)], [torch.long, torch.bool, torch.long], torch.device("cpu"))
+    mask before an int64 input), host values through the host buffer and one staging copy."""
+    inputs = StaticInputs([(1, 3), (1, 1, 3, 5), (3,)], [torch.long, torch.bool, torch.long], torch.device("cpu"),
+                          on_host=(True, True, True))
     mask = torch.rand(1, 1, 3, 5, generator=torch.Generator().manual_seed(0)) < 0.5
     inputs.fill((torch.tensor([[7, -2, 9]]), mask, torch.tensor([40, 41, 1 << 40])))
+    assert inputs.tensors[0].tolist() == [[0, 0, 0]]  # on the device only once staged
+    inputs.stage()
     assert inputs.tensors[0].tolist() == [[7, -2, 9]]
     assert torch.equal(inputs.tensors[1], mask)
     assert inputs.tensors[2].tolist() == [40, 41, 1 << 40]
     inputs.fill((torch.tensor([[1, 2, 3]]), ~mask, torch.tensor([5, 6, 7])))  # refilled in place
+    inputs.stage()
     assert inputs.tensors[0].tolist() == [[1, 2, 3]] and torch.equal(inputs.tensors[1], ~mask)
     with pytest.raises(ValueError, match=r"shape \(1, 1\), captured for \(1, 3\)"):
         inputs.fill((torch.tensor([[1]]), mask, torch.tensor([5, 6, 7])))  # would broadcast
+
+
+def test_static_inputs_stage_only_the_host_values():
+    """Host inputs come first in the buffer and the staging copy covers just them: it must not
+    overwrite an input given on the device (copied to its place before the graph's staging)."""
+    inputs = StaticInputs([(1, 3), (1, 1, 3, 5), (3,)], [torch.long, torch.bool, torch.long], torch.device("cpu"),
+                          on_host=(False, True, False))
+    assert inputs.host_bytes == 16  # the 15-byte mask, 8-byte aligned
+    assert inputs.tensors[1].data_ptr() == inputs.device_buffer.data_ptr()
+    inputs.tensors[0].copy_(torch.tensor([[4, 5, 6]]))  # as fill does for a device input
+    inputs.host_tensors[1].fill_(True)
+    inputs.stage()
+    assert inputs.tensors[0].tolist() == [[4, 5, 6]] and bool(inputs.tensors[1].all())
+    with pytest.raises(ValueError, match="graph input on cpu, captured for one on the device"):
+        inputs.fill((torch.tensor([[1, 2, 3]]), torch.ones(1, 1, 3, 5, dtype=torch.bool), torch.tensor([5, 6, 7])))

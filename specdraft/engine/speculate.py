@@ -370,28 +370,35 @@ def decode_continuation(tokenizer: Any, prompt_ids: Sequence[int], output_ids: S
 
 
 class StaticInputs:
-    """A CUDA graph's input tensors, at fixed addresses in one device buffer, and a pinned host
-    buffer of the same layout: inputs given on the CPU reach the graph in one host-to-device
-    copy; inputs already on the device are copied there one by one.
+    """A CUDA graph's input tensors, at fixed addresses in one device buffer. Inputs given on the
+    CPU are written to a pinned host buffer of the same layout, where they come first, and reach
+    the device in one host-to-device copy (`stage`), which `GraphedTarget` captures into its graph:
+    a replay then issues no copy of its own. Inputs given on the device are copied to their place
+    one by one (`fill`).
 
     A decode step's inputs (token, position, slot, mask row) are a few bytes each: launching a
-    copy for each cost more than the bytes. `shapes` / `dtypes`: the inputs'; `device`: any
-    (tests use the CPU).
+    copy for each cost more than the bytes, and on the host each CUDA call costs 5-20 us.
+    `shapes` / `dtypes`: the inputs'; `on_host`: which of them are given on the CPU (a graph is
+    captured per placement); `device`: any (tests use the CPU).
     """
 
     def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype],
-                 device: torch.device) -> None:
-        offsets, size = [], 0
-        for shape, dtype in zip(shapes, dtypes):
-            offsets.append(size)
-            size += -(-math.prod(shape) * dtype.itemsize // 8) * 8  # each input 8-byte aligned
+                 device: torch.device, on_host: Sequence[bool]) -> None:
+        offsets, size, self.host_bytes = [0] * len(shapes), 0, 0
+        for i in sorted(range(len(shapes)), key=lambda i: not on_host[i]):  # host inputs first
+            offsets[i] = size
+            size += -(-math.prod(shapes[i]) * dtypes[i].itemsize // 8) * 8  # each input 8-byte aligned
+            if on_host[i]:
+                self.host_bytes = size
+        self.on_host = tuple(on_host)
         self.device_buffer = torch.zeros(size, dtype=torch.uint8, device=device)
         self.host_buffer = torch.zeros(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
         self.tensors = [self.view(self.device_buffer, o, shape, dtype) for o, shape, dtype in
                         zip(offsets, shapes, dtypes)]
         self.host_tensors = [self.view(self.host_buffer, o, shape, dtype) for o, shape, dtype in
                              zip(offsets, shapes, dtypes)]
-        self.copied = torch.cuda.Event() if device.type == "cuda" else None
+        # recorded by the staging copy (inside a graph: an external event node)
+        self.copied = torch.cuda.Event(external=True) if device.type == "cuda" else None
 
     @staticmethod
     def view(buffer: Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
@@ -399,59 +406,72 @@ class StaticInputs:
         return buffer[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
 
     def fill(self, values: Sequence[Tensor]) -> None:
-        """Copy values (the inputs' shapes; any dtype that casts) into the static tensors.
-        Raises ValueError when a shape differs."""
-        for static, value in zip(self.tensors, values):
+        """Write values (the inputs' shapes and placement; any dtype that casts): those on the
+        CPU into the host buffer (once the last `stage` has read it), those on the device into
+        the static tensors. The host values reach the device with the next `stage`. Raises
+        ValueError when a shape or a placement differs."""
+        for static, value, on_host in zip(self.tensors, values, self.on_host):
             if value.shape != static.shape:
                 raise ValueError(f"graph input of shape {tuple(value.shape)}, captured for {tuple(static.shape)}")
-        on_host = [v.device.type == "cpu" for v in values]
-        if any(on_host):
+            if (value.device.type == "cpu") != on_host:
+                raise ValueError(f"graph input on {value.device.type}, captured for one on "
+                                 f"{'the CPU' if on_host else 'the device'}")
+        if self.host_bytes:
             if self.copied is not None:
-                self.copied.synchronize()  # the pinned buffer's last copy has left it
-            for host, value, on in zip(self.host_tensors, values, on_host):
-                if on:
+                self.copied.synchronize()  # the last staging copy has left the pinned buffer
+            for host, value, on_host in zip(self.host_tensors, values, self.on_host):
+                if on_host:
                     host.copy_(value)
-            self.device_buffer.copy_(self.host_buffer, non_blocking=True)
+        for static, value, on_host in zip(self.tensors, values, self.on_host):
+            if not on_host:
+                static.copy_(value)
+
+    def stage(self) -> None:
+        """Copy the host inputs' bytes to the device (asynchronously, one copy), after `fill`."""
+        if self.host_bytes:
+            self.device_buffer[:self.host_bytes].copy_(self.host_buffer[:self.host_bytes], non_blocking=True)
             if self.copied is not None:
                 self.copied.record()
-        for static, value, on in zip(self.tensors, values, on_host):
-            if not on:
-                static.copy_(value)
 
 
 class GraphedTarget:
-    """CUDA-graph replays of `FastTarget.forward`, one graph per token count T and KV cache
-    (captured on first use). Inputs are copied into static buffers (`StaticInputs`), so outputs
-    are valid until the next call with the same T. Capture warms up with writes to the last T
-    cache slots: requests never commit them (the engine keeps one round of tree scratch free at
-    the end of the cache).
+    """CUDA-graph replays of `FastTarget.forward`, one graph per token count T, placement of the
+    inputs (CPU or device) and KV cache (captured on first use). Inputs are copied into static
+    buffers (`StaticInputs`; the host-to-device copy is the graph's first node), so outputs are
+    valid until the next call with the same T. Capture warms up with writes to the last T cache
+    slots: requests never commit them (the engine keeps one round of tree scratch free at the
+    end of the cache).
     """
 
     def __init__(self, target: FastTarget, aux_layers: tuple[int, ...]) -> None:
         self.target, self.aux_layers = target, aux_layers
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, StaticInputs, Any]] = {}
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, StaticInputs, Any]] = {}
 
     def __call__(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
                  aux_layers: tuple[int, ...] = ()) -> Any:
         """Same arguments and output as FastTarget.forward (aux_layers fixed at construction);
         the tensor arguments on the target's device or the CPU."""
+        values = (input_ids, position_ids, cache_slots, attn_mask)
+        on_host = tuple(v.device.type == "cpu" for v in values)
         # a new cache (setup_cache) invalidates the graphs: key them by its address too
         cache = self.target.layers[0].attention.kv_cache.k_cache
-        key = (input_ids.shape[1], cache.data_ptr())
+        key = (input_ids.shape[1], on_host, cache.data_ptr())
         if key not in self.graphs:
-            self.graphs[key] = self.capture(key[0], attn_mask.shape[-1], cache.device)
+            self.graphs[key] = self.capture(key[0], attn_mask.shape[-1], on_host, cache.device)
         graph, inputs, output = self.graphs[key]
-        inputs.fill((input_ids, position_ids, cache_slots, attn_mask))
+        inputs.fill(values)
         graph.replay()
         return output
 
-    def capture(self, t: int, max_seq_len: int, device: torch.device) -> tuple:
-        """Warm up (compiles), then capture the forward for T = t tokens."""
+    def capture(self, t: int, max_seq_len: int, on_host: tuple[bool, ...], device: torch.device) -> tuple:
+        """Warm up (compiles), then capture staging + forward for T = t tokens."""
         inputs = StaticInputs([(1, t), (1, t), (t,), (1, 1, t, max_seq_len)],
-                              [torch.long, torch.long, torch.long, torch.bool], device)
+                              [torch.long, torch.long, torch.long, torch.bool], device, on_host)
         slots = torch.arange(max_seq_len - t, max_seq_len)
-        inputs.fill((torch.zeros(1, t, dtype=torch.long), slots[None], slots,
-                     torch.ones(1, 1, t, max_seq_len, dtype=torch.bool)))
+        warm = (torch.zeros(1, t, dtype=torch.long), slots[None], slots,
+                torch.ones(1, 1, t, max_seq_len, dtype=torch.bool))
+        inputs.fill([v if host else v.to(device) for v, host in zip(warm, on_host)])
+        inputs.stage()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -460,6 +480,7 @@ class GraphedTarget:
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
+            inputs.stage()
             output = self.target(*inputs.tensors, self.aux_layers)
         return graph, inputs, output
 
