@@ -1,8 +1,12 @@
 """`specdraft train` refuses what would silently train the wrong thing or lose work: a resume on
-a store of another target or layers, a --target that is not the store's target, a run directory
-of unrelated files; and Ctrl-C before the first --save-every checkpoint keeps the steps done."""
+a store of another target or layers, or on other samples (another store or --online data file of
+the same target: the checkpoint's data hash), a --target that is not the store's target, a run
+directory of unrelated files; and Ctrl-C before the first --save-every checkpoint keeps the steps
+done. A checkpoint that records no data hash (older specdraft) resumes as before."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -23,24 +27,29 @@ CFG = dict(total_steps=4, batch_size=4, ttt_steps=2, draft_vocab_size=96, warmup
            val_fraction=0.0)
 
 
-def make_store(root, name: str, num_layers: int, aux: tuple[int, ...]):
-    """(target dir, store dir): a tiny Llama of `num_layers` saved under root/name-target and a
-    capture store of 24 samples on layers `aux`."""
+def make_store(root, name: str, num_layers: int, aux: tuple[int, ...], num_samples: int = 24, seed: int = 0):
+    """(target dir, store dir): a tiny Llama of `num_layers` saved under root/name-target (the same
+    network for the same `num_layers`) and a capture store of `num_samples` samples
+    (`make_samples(num_samples, seed)`) on layers `aux`."""
     from specdraft.target import load_target
 
     target = load_target(tiny_config("llama", num_layers=num_layers, hidden_size=32, vocab_size=VOCAB), seed=0)
     target.model.save_pretrained(root / f"{name}-target")
     store = root / f"{name}-store"
-    write_store(target, make_samples(24), store, StoreSettings(aux, dtype=torch.float32, shard_tokens=2048),
+    write_store(target, make_samples(num_samples, seed), store,
+                StoreSettings(aux, dtype=torch.float32, shard_tokens=2048),
                 extra={"target_path": str(root / f"{name}-target")})
     return root / f"{name}-target", store
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
+    """Stores "a" (24 samples) and, of the same target and layers, "a16", "a8" (16 and 8 samples)
+    and "a_seed1" (24 other samples); "six" (another target) and "a_aux" (other layers)."""
     root = tmp_path_factory.mktemp("guards")
     return {"a": make_store(root, "a", 4, (1, 2, 3)), "six": make_store(root, "six", 6, (1, 2, 3)),
-            "a_aux": make_store(root, "a_aux", 4, (1, 2, 4))}
+            "a_aux": make_store(root, "a_aux", 4, (1, 2, 4)), "a16": make_store(root, "a16", 4, (1, 2, 3), 16),
+            "a8": make_store(root, "a8", 4, (1, 2, 3), 8), "a_seed1": make_store(root, "a_seed1", 4, (1, 2, 3), seed=1)}
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +76,79 @@ def test_resume_refuses_a_store_of_another_target_or_layers(stores, trained, tmp
     assert result.exit_code == 1 and "error:" in result.output and says in result.output, result.output
     ok = CliRunner().invoke(app, ["train", str(stores["a"][1]), str(run), "--resume", "--steps", "3"])
     assert ok.exit_code == 0, ok.output
+
+
+def copy_run(trained, tmp_path):
+    import shutil
+
+    shutil.copytree(trained, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def data_hash(store) -> str:
+    return json.loads((store / "index.json").read_text())["data_hash"]
+
+
+@pytest.mark.parametrize("other, counts", [("a16", ("24 samples", "16 samples")),  # step 2 fits 16: resumed before
+                                           ("a_seed1", ("24 samples", "24 samples"))])
+def test_resume_refuses_other_samples_of_the_same_target(stores, trained, tmp_path, other, counts):
+    run = copy_run(trained, tmp_path)
+    before = (run / "draft" / "specdraft_manifest.json").read_text()
+    was, now = data_hash(stores["a"][1])[:12], data_hash(stores[other][1])[:12]
+    with pytest.raises(ValueError) as e:
+        train(TrainConfig.from_dict({**CFG, "total_steps": 3}), stores[other][1], run, resume=True, progress=False)
+    says = (f"{run / 'checkpoints' / 'step-00000002.pt'}: this checkpoint was trained on other data (data hash "
+            f"{was} ({counts[0]}) -> {now} ({counts[1]})): resume with the store (or --online data file and "
+            f"--target) it was trained on, or train into a new OUT directory")
+    assert str(e.value) == says
+    assert [p.name for p in checkpoint_paths(run)] == ["step-00000002.pt"]
+    assert (run / "draft" / "specdraft_manifest.json").read_text() == before
+    result = CliRunner().invoke(app, ["train", str(stores[other][1]), str(run), "--resume", "--steps", "3"])
+    assert result.exit_code == 1 and f"error: {says}" in result.output, result.output
+    assert [p.name for p in checkpoint_paths(run)] == ["step-00000002.pt"]
+
+
+def test_resume_on_the_same_store_records_its_data(stores, trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    store = stores["a"][1]
+    result = CliRunner().invoke(app, ["train", str(store), str(run), "--resume", "--steps", "3"])
+    assert result.exit_code == 0, result.output
+    state = torch.load(checkpoint_paths(run)[-1], map_location="cpu", weights_only=False)
+    assert state["step"] == 3 and state["num_samples"] == 24
+    assert state["manifest"]["data_hash"] == data_hash(store)
+    assert json.loads((run / "draft" / "specdraft_manifest.json").read_text())["data_hash"] == data_hash(store)
+
+
+def forget_data(checkpoint):
+    """Make `checkpoint` one of specdraft before checkpoints recorded their data (hash, sample count)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    state.pop("num_samples", None)  # absent from checkpoints that predate the data hash too
+    state["manifest"]["data_hash"] = None
+    torch.save(state, checkpoint)
+
+
+@pytest.mark.parametrize("store", ["a", "a16"])
+def test_a_checkpoint_without_data_hash_resumes_as_before(stores, trained, tmp_path, store):
+    run = copy_run(trained, tmp_path)
+    forget_data(checkpoint_paths(run)[-1])
+    result = train(TrainConfig.from_dict({**CFG, "total_steps": 3}), stores[store][1], run, resume=True,
+                   progress=False)
+    assert result.steps == 3 and [p.name for p in checkpoint_paths(run)][-1] == "step-00000003.pt"
+
+
+def test_a_checkpoint_without_data_hash_on_a_smaller_split_says_what_changed(stores, trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    forget_data(checkpoint_paths(run)[-1])
+    says = (f"{run / 'checkpoints' / 'step-00000002.pt'}: the training split now has 2 batches of --batch-size 4 "
+            f"per epoch (8 training samples), but had at least 3 when this checkpoint was written (its step 2 was "
+            f"batch 3 of epoch 1): the data changed since; resume with the store (or --online data file) it was "
+            f"trained on, or train into a new OUT directory")
+    with pytest.raises(ValueError) as e:
+        train(TrainConfig.from_dict({**CFG, "total_steps": 3}), stores["a8"][1], run, resume=True, progress=False)
+    assert str(e.value) == says
+    result = CliRunner().invoke(app, ["train", str(stores["a8"][1]), str(run), "--resume", "--steps", "3"])
+    assert result.exit_code == 1 and f"error: {says}" in result.output, result.output
+    assert [p.name for p in checkpoint_paths(run)] == ["step-00000002.pt"]
 
 
 def test_target_flag_must_be_the_store_target(stores, tmp_path):
@@ -142,6 +224,29 @@ def test_online_aux_layers_out_of_range_are_named_by_the_flag(online_target, tmp
     assert result.exit_code == 1, result.output
     assert "error: --aux-layers 1,2,7: aux layers [1, 2, 7] must increase strictly within 0..4" in result.output
     assert "DraftConfig" not in result.output
+
+
+def test_online_resume_refuses_another_data_file(online_target, tmp_path):
+    from tests.tiny_tokenizer import WORDS
+
+    def texts(name: str, n: int, offset: int):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"text": " ".join(WORDS[(offset + i + k) % len(WORDS)] for k in range(8))})
+                                + "\n" for i in range(n)))
+        return path
+    run, trained_on, other = tmp_path / "run", texts("a.jsonl", 12, 0), texts("b.jsonl", 8, 5)
+    args = [str(run), "--online", "--target", str(online_target), "--no-chat", "--aux-layers", "1,2,3",
+            "--batch-size", "4", "--ttt-steps", "2", "--draft-vocab-size", "64"]
+    first = CliRunner().invoke(app, ["train", str(trained_on), *args, "--steps", "2"])
+    assert first.exit_code == 0, first.output
+    was = json.loads((run / "draft" / "specdraft_manifest.json").read_text())["data_hash"][:12]
+    refused = CliRunner().invoke(app, ["train", str(other), *args, "--steps", "3", "--resume"])
+    assert refused.exit_code == 1, refused.output
+    assert f"error: {run / 'checkpoints' / 'step-00000002.pt'}: this checkpoint was trained on other data (data " \
+           f"hash {was} (12 samples) -> " in refused.output and " (8 samples)): resume with the store" in refused.output
+    assert [p.name for p in checkpoint_paths(run)] == ["step-00000002.pt"]
+    ok = CliRunner().invoke(app, ["train", str(trained_on), *args, "--steps", "3", "--resume"])
+    assert ok.exit_code == 0, ok.output
 
 
 def test_online_on_a_capture_store_says_to_drop_online(stores, online_target, tmp_path):

@@ -446,11 +446,12 @@ class Trainer:
         return _global(metrics, ranks)
 
     def progress_state(self) -> dict[str, Any]:
-        """The state besides weights and optimizer: step, config, scheduler, RNG, data position,
-        newest metrics, run-length changes, and the drafter's manifest (as a dict; training None)."""
+        """The state besides weights and optimizer: step, config, number of samples of the data,
+        scheduler, RNG, data position, newest metrics, run-length changes, and the drafter's
+        manifest (as a dict; training None; its data_hash keys the data, `check_same_data`)."""
         rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-        return {"step": self.step, "config": self.config.to_dict(),
+        return {"step": self.step, "config": self.config.to_dict(), "num_samples": len(self.data),
                 "scheduler": self.scheduler.state_dict(), "rng": rng, "data": self.position(self.step),
                 "records": dict(self.records), "extensions": list(self.extensions),
                 "manifest": asdict(self.manifest)}
@@ -515,11 +516,27 @@ class Trainer:
             torch.cuda.set_rng_state_all(progress["rng"]["cuda"])
         self.step = progress["step"]
         if progress["data"] != self.position(self.step):
-            raise ValueError(f"{source}: data position {progress['data']} does not match step {self.step}")
+            raise ValueError(self._moved_data(progress["data"], source))
         # checkpoints of specdraft before these keys hold neither: nothing recorded yet
         self.records = dict(progress.get("records", self.records))
         self.extensions = list(progress.get("extensions", []))
         self._fit_schedule(TrainConfig.from_dict(progress["config"]).num_steps(self.batches_per_epoch), source)
+
+    def _moved_data(self, saved: dict[str, int], source: Path) -> str:
+        """Why the checkpoint `source`'s data position `saved` (`position`) is not this run's at its
+        step, in a user's terms: the training split has another number of batches per epoch (the
+        data changed; a checkpoint with a data hash is refused before, by `check_same_data`)."""
+        epoch, index, now = saved["epoch"], saved["batch_index"], self.position(self.step)
+        if (epoch, index) == (now["epoch"], now["batch_index"]):  # same split, another shuffle
+            return (f"{source}: this checkpoint's data order (shuffle seed {saved['permutation_seed']}) is not "
+                    f"this specdraft's ({now['permutation_seed']}): train into a new OUT directory")
+        # step = epoch * batches per epoch + index; in epoch 0 only a lower bound is known
+        was = f"{(self.step - index) // epoch}" if epoch else f"at least {index + 1}"
+        return (f"{source}: the training split now has {self.batches_per_epoch} batches of --batch-size "
+                f"{self.config.batch_size} per epoch ({len(self.train_ids)} training samples), but had {was} when "
+                f"this checkpoint was written (its step {self.step} was batch {index + 1} of epoch {epoch + 1}): "
+                f"the data changed since; resume with the store (or --online data file) it was trained on, or "
+                f"train into a new OUT directory")
 
     def _fit_schedule(self, saved_total: int, source: Path) -> None:
         """Continue a checkpoint of a `saved_total`-step run as a `total_steps` run.
@@ -599,21 +616,35 @@ def check_run_dir(out_dir: Path) -> None:
                               f"directory as OUT (--resume continues a run directory)")
 
 
-def check_same_target(saved: dict[str, Any] | None, info: TargetInfo, source: Path) -> None:
-    """Refuse to resume the checkpoint `source`, whose manifest is `saved`, on data of another
-    target (`sources.same_target`) or other aux layers than `info`'s: its weights fit those only.
-    Checkpoints without a manifest (older specdraft) are not checked."""
-    saved = saved or {}
-    target, layers = saved.get("target"), tuple(saved.get("aux_layers") or ())
+def check_same_data(saved: dict[str, Any], info: TargetInfo, num_samples: int, source: Path) -> None:
+    """Refuse to resume the checkpoint `source`, whose state is `saved` (`Trainer.progress_state`),
+    on data of another target (`sources.same_target`), other aux layers, or other samples than
+    `info`'s (`num_samples` of them): the data hash the checkpoint's manifest records
+    (`specdraft.data.data_hash`, from the store's index or the --online data as rendered) against
+    `info`'s. Its weights and its place in the data order fit its own data only, and the manifest
+    would record the new data as the drafter's. What a checkpoint does not record (older
+    specdraft: no manifest, no data hash, no sample count) is not checked."""
+    manifest = saved.get("manifest") or {}
+    target, layers = manifest.get("target"), tuple(manifest.get("aux_layers") or ())
     now = info.manifest_fields.get("target")
     diffs = []
     if target and now and not same_target(target, now):
         diffs.append(f"target {describe_target(target)} -> {describe_target(now)}")
     if layers and layers != tuple(info.aux_layers):
         diffs.append(f"aux layers {','.join(map(str, layers))} -> {','.join(map(str, info.aux_layers))}")
+    was_hash, now_hash = manifest.get("data_hash"), info.manifest_fields.get("data_hash")
+    if was_hash and now_hash and was_hash != now_hash:
+        diffs.append(f"data hash {_describe_data(was_hash, saved.get('num_samples'))} -> "
+                     f"{_describe_data(now_hash, num_samples)}")
     if diffs:
         raise ValueError(f"{source}: this checkpoint was trained on other data ({'; '.join(diffs)}): resume with "
-                         f"the store (or --online --target) it was trained on, or train into a new OUT directory")
+                         f"the store (or --online data file and --target) it was trained on, or train into a new "
+                         f"OUT directory")
+
+
+def _describe_data(digest: str, num_samples: int | None) -> str:
+    """A data hash in a few words: its first 12 hex digits, and the sample count when known."""
+    return f"{digest[:12]} ({num_samples} samples)" if num_samples is not None else digest[:12]
 
 
 def resume_config(out_dir: str | Path, given: dict[str, Any]) -> TrainConfig:
@@ -821,9 +852,9 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     resume: continue from the newest checkpoint in out_dir (from scratch when there is none);
     without it an out_dir that already holds checkpoints is refused (FileExistsError), as is an
     out_dir that is a file or a directory of other files (no run entry, RUN_ENTRIES). Resuming on
-    data of another target or aux layers than the checkpoint's is a ValueError naming both
-    (`check_same_target`). Ctrl-C (KeyboardInterrupt) in one process checkpoints the current step
-    before it propagates (`_checkpoint_on_interrupt`). The checkpoint may come from another number
+    data of another target, aux layers or samples (data hash) than the checkpoint's is a ValueError
+    naming both (`check_same_data`). Ctrl-C (KeyboardInterrupt) in one process checkpoints the
+    current step before it propagates (`_checkpoint_on_interrupt`). The checkpoint may come from another number
     of ranks (a step-N.pt file of one process, a sharded step-N directory of several): it is
     resharded to this run's. The run length (total_steps / epochs) may differ from the
     checkpoint's: the run is extended (or shortened, not below the checkpoint's step) and the lr
@@ -846,7 +877,7 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
         aux = None if newest and not isinstance(source, OnlineSource) else config.aux_layers
         data = open_data(source, target_config, aux, ranks.device)
         if newest:
-            check_same_target(_checkpoint_progress(newest[0]).get("manifest"), data.info, newest[0])
+            check_same_data(_checkpoint_progress(newest[0]), data.info, len(data), newest[0])
         data = open_data(data, aux_layers=config.aux_layers)
         trainer = Trainer(config, data, ranks, command)
         resumed = _resume(trainer, out_dir, resume)
