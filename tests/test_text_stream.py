@@ -1,6 +1,7 @@
 """serve's TextStream: incremental detokenization with stop strings. Each push decodes a short
-window of recent ids after a few ids of context (not the whole output again), and everything it
-releases joined is the whole output's decode cut before the first stop string."""
+window of recent ids after a few ids of context (not the whole output again), also inside long
+runs of byte ids (characters spelled in bytes, bytes that never form a character), and
+everything it releases joined is the whole output's decode cut before the first stop string."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from specdraft.engine.speculate import decode_continuation
-from specdraft.openai_protocol import TextStream
+from specdraft.engine.speculate import CONTEXT_TOKENS, decode_continuation
+from specdraft.openai_protocol import MAX_WINDOW, TextStream
 from specdraft.stories260k import TOKENIZER_FILE, build_tokenizer, bundled_dir, read_llama2c_tokenizer
 
 
@@ -48,14 +49,16 @@ class OldTextStream:
 
 
 class CountingTokenizer:
-    """Word i decodes to " w{i}", the first word of a decode without its space (SentencePiece-like);
-    records how many ids each decode call gets."""
+    """Records how many ids each decode call gets. Decodes as `inner` does; without one, word i
+    decodes to " w{i}", the first word of a decode without its space (SentencePiece-like)."""
 
-    def __init__(self) -> None:
-        self.calls: list[int] = []
+    def __init__(self, inner: Any = None) -> None:
+        self.inner, self.calls = inner, []
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         self.calls.append(len(ids))
+        if self.inner is not None:
+            return self.inner.decode(ids, skip_special_tokens=skip_special_tokens)
         return "".join(f" w{i}" for i in ids).removeprefix(" ")
 
 
@@ -101,23 +104,53 @@ def random_text(rng: random.Random) -> str:
     return "".join(rng.choice(words) + rng.choice([" ", " ", "", "\n"]) for _ in range(rng.randint(5, 60)))
 
 
+# bytes that are no part of any UTF-8 character (lone continuation bytes, 0xC0, 0xC1, 0xF5-0xFF)
+NEVER_IN_UTF8 = [*range(0x80, 0xC0), 0xC0, 0xC1, *range(0xF5, 0x100)]
+UNFINISHED = [[0xE4], [0xE4, 0xB8], [0xF0, 0x9F, 0x98], [0xC3]]  # the start of a character, never finished
+
+
+def byte_id(tokenizer: Any, byte: int) -> int:
+    """The byte-fallback piece of one byte."""
+    return tokenizer.convert_tokens_to_ids(f"<0x{byte:02X}>")
+
+
+def is_byte(tokenizer: Any, token_id: int) -> bool:
+    return tokenizer.convert_ids_to_tokens(token_id).startswith("<0x")
+
+
+def invalid_bytes(tokenizer: Any, rng: random.Random) -> list[int]:
+    """Byte ids that never form a character: up to 40 bytes found in no UTF-8 text (the decode
+    shows U+FFFD for each), some ending in a character's unfinished start."""
+    run = [rng.choice(NEVER_IN_UTF8) for _ in range(rng.choice([rng.randint(1, 4), rng.randint(5, 40)]))]
+    if rng.random() < 0.3:
+        run += rng.choice(UNFINISHED)
+    return [byte_id(tokenizer, b) for b in run]
+
+
 def random_case(tokenizer: Any, rng: random.Random) -> tuple[list[int], list[int], tuple[str, ...]]:
     """(prompt ids, output ids, stop strings): the encoded text cut at a random id (the prompt
-    may end inside a character), an end-of-text id here and there between pieces, and stop
-    strings drawn from the output's text (some not in it)."""
+    may end inside a character), runs of invalid bytes and an end-of-text id here and there
+    between pieces, and stop strings drawn from the output's text (some not in it; none with
+    U+FFFD: a character's bytes decode to U+FFFD until the last one, so where such a stop string
+    is found depends on how ids are pushed and how many bytes are decoded together). An invalid
+    run sits between pieces that are not bytes: joined to a character's bytes, it would turn
+    them into U+FFFD too (see TextStream), even after the character was released."""
     ids = tokenizer("Once upon " + random_text(rng))["input_ids"]
     split = rng.randint(1, min(8, len(ids) - 1))
+    for _ in range(rng.randint(0, 2)):
+        at = rng.randint(split, len(ids))
+        if not any(is_byte(tokenizer, i) for i in ids[at - 1:at + 1]):
+            ids[at:at] = invalid_bytes(tokenizer, rng)
     prompt_ids, output_ids = ids[:split], ids[split:]
     for _ in range(rng.randint(0, 3)):
         at = rng.randrange(len(output_ids) + 1)
-        before = tokenizer.convert_ids_to_tokens(output_ids[at - 1:at])
-        if not any(t.startswith("<0x") for t in before):
+        if not any(is_byte(tokenizer, i) for i in output_ids[at - 1:at]):
             output_ids.insert(at, tokenizer.eos_token_id)
     text = decode_continuation(tokenizer, prompt_ids, output_ids, skip_special_tokens=True)
     stop = []
     for _ in range(rng.randint(0, 3)):
         start = rng.randrange(len(text))
-        stop.append(text[start:start + rng.randint(1, 6)])
+        stop.append(text[start:start + rng.randint(1, 6)].split("\ufffd")[0] or "\n")
     if rng.random() < 0.2:
         stop.append("never in the text")
     return prompt_ids, output_ids, tuple(stop)
@@ -137,17 +170,20 @@ def expected_text(tokenizer: Any, prompt_ids: list[int], ids: list[int], stop: t
 
 
 def test_incremental_text_equals_the_whole_decode(tokenizer):
-    """Random outputs (multi-byte characters split across pushes, stop strings across pushes):
-    joined, the pieces are the whole output's text cut before the first stop string, and every
-    prefix released along the way is a prefix of it. The old (decode everything) stream gives
-    the same text except where it released the start of a stop string that the next character
-    of a split multi-byte run completed (see the test below)."""
+    """Random outputs (multi-byte characters split across pushes, runs of invalid bytes, stop
+    strings across pushes): each push decodes a bounded window; joined, the pieces are the whole
+    output's text cut before the first stop string, and every prefix released along the way is
+    a prefix of it. The old (decode everything) stream gives the same text except where it
+    released the start of a stop string that the next character of a split multi-byte run
+    completed (see the test below)."""
     for seed in range(300):
         rng = random.Random(seed)
         prompt_ids, ids, stop = random_case(tokenizer, rng)
         sizes = [rng.randint(1, 3) for _ in ids]
         expected = expected_text(tokenizer, prompt_ids, ids, stop, sizes)
-        pieces = stream_all(TextStream(tokenizer, stop, prompt_ids), ids, sizes)
+        counting = CountingTokenizer(tokenizer)
+        pieces = stream_all(TextStream(counting, stop, prompt_ids), ids, sizes)
+        assert max(counting.calls) <= CONTEXT_TOKENS + MAX_WINDOW + 3, seed  # also in long byte runs
         for n in range(len(pieces)):
             assert expected.startswith("".join(pieces[:n + 1])), (seed, stop)
         assert "".join(pieces) == expected, (seed, stop)
@@ -167,3 +203,26 @@ def test_a_stop_string_ending_in_a_split_character_is_held(tokenizer):
     pieces = stream_all(TextStream(tokenizer, stop, prompt_ids), ids, [1] * len(ids))
     assert "".join(pieces) == " a time "
     assert "".join(stream_all(OldTextStream(tokenizer, stop, prompt_ids), ids, [1] * len(ids))) == " a time a"
+
+
+@pytest.mark.parametrize("run", ["invalid bytes", "characters in bytes", "end-of-text ids"])
+def test_a_long_run_settles_in_a_bounded_window(tokenizer, run):
+    """5,000 lone continuation bytes (each U+FFFD in the whole decode), 2,000 characters spelled
+    in bytes, 5,000 skipped end-of-text ids: no push decodes more than a short window (it grew
+    with the run: every push decoded the run so far again), the U+FFFD are released as they
+    come, and the text is the whole decode."""
+    counting = CountingTokenizer(tokenizer)
+    prompt_ids = tokenizer("Once upon")["input_ids"]
+    middle = {"invalid bytes": [byte_id(tokenizer, 0x80)] * 5000,
+              "characters in bytes": tokenizer("中😀ü" * 500, add_special_tokens=False)["input_ids"][1:],
+              "end-of-text ids": [tokenizer.eos_token_id] * 5000}[run]
+    assert all(is_byte(tokenizer, i) for i in middle) or run == "end-of-text ids"
+    ids = (tokenizer("Once upon a time", add_special_tokens=True)["input_ids"][len(prompt_ids):] + middle
+           + tokenizer("the end.", add_special_tokens=False)["input_ids"])
+    rng = random.Random(0)
+    stop = ("never in the text", ".")
+    pieces = stream_all(TextStream(counting, stop, prompt_ids), ids, [rng.randint(1, 3) for _ in ids])
+    assert max(counting.calls) <= CONTEXT_TOKENS + MAX_WINDOW + 3
+    assert max(len(piece) for piece in pieces) <= MAX_WINDOW + 3  # released along the way, not at the end
+    assert "".join(pieces) == cut(decode_continuation(tokenizer, prompt_ids, ids, skip_special_tokens=True), stop)
+    assert "".join(pieces).endswith(" the end")
