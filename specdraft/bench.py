@@ -116,8 +116,10 @@ class BenchConfig:
 def check_url(url: str, name: str = "url") -> str:
     """A server base URL as bench and doctor take it: http:// or https://, else ValueError
     (one line naming the option `name` and the fix)."""
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"{name} {url!r}: must start with http:// or https:// (e.g. http://{url})")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        example = f"http://{rest}" if sep else f"http://{url}"
+        raise ValueError(f"{name} {url!r}: must start with http:// or https:// (e.g. {example})")
     return url
 
 

@@ -56,6 +56,15 @@ class CheckpointError(ValueError):
 DRAFTER_CONFIG_KEYS = ("speculators_model_type", "draft_vocab_size", "target_hidden_size", "eagle_config",
                        "eagle_aux_hidden_state_layer_ids")
 DRAFTER_DIRS = "pass the drafter directory (specdraft train's OUT/draft or an export)"
+# What restores a drafter's damaged config.json or manifest: the training run, or the files' source.
+DRAFTER_CONFIG_FIX = ("re-export the drafter from its training run (specdraft export RUN/draft OUT --engine "
+                      "sglang|vllm|speculators) or restore config.json from where the checkpoint came from")
+MANIFEST_FIX = (f"re-export the drafter from its training run (specdraft export RUN/draft OUT --engine "
+                f"sglang|vllm|speculators, which writes the manifest); without the run, delete {MANIFEST_FILE}: "
+                "the drafter then loads from its config.json alone (pass --target DIR)")
+# Keys a manifest-less drafter's config.json (its layer config, in the speculators layout) must hold.
+DRAFTER_REQUIRED_KEYS = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+                         "max_position_embeddings")
 
 
 @dataclass(frozen=True)
@@ -182,15 +191,17 @@ class Manifest:
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path}: not valid JSON ({e}); re-export the drafter") from e
+            raise CheckpointError(f"{path}: not valid JSON ({e}); {MANIFEST_FIX}") from e
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{path}: not a JSON object (a {type(data).__name__}); {MANIFEST_FIX}")
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
-            raise CheckpointError(f"{path}: unknown manifest keys {unknown}")
+            raise CheckpointError(f"{path}: unknown manifest keys {unknown} (a newer specdraft's?): upgrade "
+                                  f"specdraft, or {MANIFEST_FIX}")
         missing = sorted(f.name for f in fields(cls) if f.name not in data
                          and f.default is MISSING and f.default_factory is MISSING)
         if missing:
-            raise CheckpointError(f"{path}: manifest keys {missing} missing; re-export the drafter "
-                                  "(or delete the manifest to load it as a plain official checkpoint)")
+            raise CheckpointError(f"{path}: manifest keys {missing} missing; {MANIFEST_FIX}")
         return cls(**data)
 
 
@@ -382,8 +393,10 @@ def detect_layout(path: Path) -> str:
     wrong = wrong_dir_message(path, "drafter")
     if wrong:
         raise CheckpointError(wrong)
+    manifest = (f"though {MANIFEST_FILE} is there; {DRAFTER_CONFIG_FIX}" if (path / MANIFEST_FILE).is_file()
+                else "no manifest")
     raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
-                          f"{config.get('architectures')}, no speculators_model_type, no manifest)")
+                          f"{config.get('architectures')}, no speculators_model_type, {manifest})")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -402,7 +415,14 @@ def config_from_files(path: Path, layout: str, config: dict[str, Any],
     """Rebuild the DraftConfig a checkpoint declares, refusing flags specdraft does not implement."""
     if manifest is not None:
         return DraftConfig.from_dict(manifest.draft)
-    layer = config["transformer_layer_config"] if layout == "speculators" else config
+    layer = config.get("transformer_layer_config") if layout == "speculators" else config
+    where = f"{path}/config.json" + (": transformer_layer_config" if layout == "speculators" else "")
+    if not isinstance(layer, dict):
+        raise CheckpointError(f"{where}: missing or not a JSON object; {DRAFTER_CONFIG_FIX}")
+    missing = [k for k in DRAFTER_REQUIRED_KEYS if layer.get(k) is None]
+    if missing:
+        raise CheckpointError(f"{where}: missing {', '.join(missing)} (without a specdraft manifest the drafter "
+                              f"is built from config.json); {DRAFTER_CONFIG_FIX}")
     flagged = [k for k in UNIMPLEMENTED_FLAGS if config.get(k) or layer.get(k)]
     if flagged:
         raise CheckpointError(f"{path}/config.json: sets {flagged}, which specdraft's drafter does "

@@ -131,6 +131,15 @@ def _check_url(value: str) -> str:
     return value
 
 
+def _same_server(a: str, b: str) -> bool:
+    """Whether two URLs (passed `_check_url`) name one server: scheme and host in any case, a
+    default port written or not, a trailing slash or not."""
+    import httpx
+
+    x, y = httpx.URL(a), httpx.URL(b)  # lower-cases scheme and host, drops a default port
+    return (x.scheme, x.host, x.port, x.path.rstrip("/")) == (y.scheme, y.host, y.port, y.path.rstrip("/"))
+
+
 def _check_top_p(value: float) -> float:
     """--top-p: nucleus mass in (0, 1] (SamplingParams' rule), a usage error before anything loads
     (typer's min / max cannot leave 0 out)."""
@@ -139,7 +148,14 @@ def _check_top_p(value: float) -> float:
     return value
 
 
-def _int_list(value: str) -> tuple[int, ...]:
+LIST_EXAMPLES = {"aux_layers": "2,16,29", "topks": "1,2,4"}  # per option; others: bench --concurrency's
+
+
+def _list_example(param) -> str:
+    return LIST_EXAMPLES.get(getattr(param, "name", None), "1,4,16")
+
+
+def _int_list(value: str, param: typer.CallbackParam = None) -> tuple[int, ...]:
     """A comma-separated integer option ("1,4,16") as the tuple the command receives; "" = ()."""
     numbers = []
     for item in value.split(",") if value.strip() else []:
@@ -147,16 +163,27 @@ def _int_list(value: str) -> tuple[int, ...]:
             numbers.append(int(item))
         except ValueError:
             raise typer.BadParameter(f"{value!r}: {item.strip()!r} is not an integer; give comma-separated "
-                                     "integers, e.g. 1,4,16") from None
+                                     f"integers, e.g. {_list_example(param)}") from None
     return tuple(numbers)
 
 
-def _positive_int_list(value: str) -> tuple[int, ...]:
+def _positive_int_list(value: str, param: typer.CallbackParam = None) -> tuple[int, ...]:
     """`_int_list` of at least one integer, each >= 1 (bench --concurrency, tune --topks)."""
-    numbers = _int_list(value)
+    numbers = _int_list(value, param)
     if not numbers or min(numbers) < 1:
-        raise typer.BadParameter(f"{value!r}: give comma-separated integers >= 1, e.g. 1,4,16")
+        raise typer.BadParameter(f"{value!r}: give comma-separated integers >= 1, e.g. {_list_example(param)}")
     return numbers
+
+
+def _aux_layer_list(value: str | None, param: typer.CallbackParam = None) -> tuple[int, ...] | None:
+    """capture / train --aux-layers: None when left out (the default layers); given empty, a usage error."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise typer.BadParameter(f"{value!r} is empty; leave --aux-layers out for the default layers "
+                                 f"(conventions.default_aux_layers), or give three layers, e.g. "
+                                 f"{_list_example(param)}")
+    return _int_list(value, param)
 
 
 @app.callback()
@@ -195,13 +222,13 @@ def capture(
     target: str = typer.Argument(..., help="Target model directory (transformers).", callback=_check_model_dir),
     data: str = typer.Argument(..., help="JSONL chats/texts, save_to_disk dir or text file."),
     out: str = typer.Argument(..., help="Output store directory (resumed if it exists)."),
-    aux_layers: str = typer.Option("", help="Specdraft indices, e.g. '2,3,4' (default: "
-                                   "conventions.default_aux_layers).", callback=_int_list),
+    aux_layers: str | None = typer.Option(None, help="Specdraft indices, e.g. '2,3,4' (default: "
+                                          "conventions.default_aux_layers).", callback=_aux_layer_list),
     dtype: DtypeName = typer.Option("bf16", help="Storage dtype of hidden states."),
     target_dtype: DtypeName = typer.Option("fp32", help="Dtype the target runs in."),
-    max_length: int = typer.Option(2048, help="Truncate samples to this many tokens."),
-    shard_tokens: int = typer.Option(65536, help="Tokens per shard (bounds memory)."),
-    batch_tokens: int = typer.Option(16384, help="Padded tokens per target forward."),
+    max_length: int = typer.Option(2048, min=1, help="Truncate samples to this many tokens."),
+    shard_tokens: int = typer.Option(65536, min=1, help="Tokens per shard (bounds memory)."),
+    batch_tokens: int = typer.Option(16384, min=1, help="Padded tokens per target forward."),
     no_chat: bool = _flag("--no-chat", help="Plain text (base models)."),
     template_kwargs: str = typer.Option("{}", help="JSON kwargs for the chat template."),
     tokenizer: str = typer.Option("", help="Tokenizer directory (default: the target's)."),
@@ -216,7 +243,7 @@ def capture(
     console = Console()
     cfg = CaptureConfig(
         target, data, out,
-        aux_layers=aux_layers or None,
+        aux_layers=aux_layers,
         dtype=dtype, target_dtype=target_dtype, max_length=max_length,
         shard_tokens=shard_tokens, batch_tokens=batch_tokens, chat=not no_chat,
         template_kwargs=_json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
@@ -283,12 +310,32 @@ def regenerate(
                   f"from an earlier run, {result.num_empty} empty outputs", markup=False)
 
 
+def _refuse_bad_configs(draft: str, target: str, target_keys: tuple[str, ...] | None = None) -> None:
+    """ValueError naming the file, what is wrong and the fix when the drafter's or the target's
+    config.json is unreadable, not JSON or no object (`doctor.evidence.given_config`, doctor's
+    words), or the target's lacks one of `target_keys` (default: all `target.TARGET_REQUIRED_KEYS`).
+    Either path may be empty (not given) or lack config.json (left to the loaders)."""
+    from pathlib import Path
+
+    from specdraft.checkpoint import DRAFTER_CONFIG_FIX
+    from specdraft.doctor.evidence import given_config
+    from specdraft.target import TARGET_CONFIG_FIX, TARGET_REQUIRED_KEYS, check_target_config
+
+    if draft:
+        given_config(Path(draft), DRAFTER_CONFIG_FIX)
+    config = given_config(Path(target), TARGET_CONFIG_FIX) if target else None
+    if config is not None:
+        check_target_config(target, config, target_keys or TARGET_REQUIRED_KEYS)
+
+
 def _num_layers_of_target(target: str | None) -> int | None:
-    """Decoder-layer count of a local transformers target directory (None without one)."""
+    """Decoder-layer count of a local transformers target directory (None without one); a corrupt
+    config.json or one without model_type / num_hidden_layers is a ValueError (`_refuse_bad_configs`)."""
     if not target:
         return None
     from transformers import AutoConfig
 
+    _refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
     return AutoConfig.from_pretrained(target, local_files_only=True).get_text_config().num_hidden_layers
 
 
@@ -307,6 +354,7 @@ def inspect(
 
     console = Console()
     try:
+        _refuse_bad_configs(checkpoint, "")
         loaded = load_draft(checkpoint, target_num_layers=_num_layers_of_target(target))
     except (CheckpointError, ValueError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
@@ -364,6 +412,7 @@ def convert(
 
     console = Console()
     try:
+        _refuse_bad_configs(src, "")
         written = convert_draft(src, dst, layout=layout, target_num_layers=_num_layers_of_target(target))
     except (CheckpointError, ValueError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
@@ -487,6 +536,7 @@ def generate(
         spec = _spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens or 0)
         torch_dtype = _torch_dtype(dtype)
         _set_threads(threads)
+        _refuse_bad_configs(draft if spec is not None else "", target)
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
         engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
                              max_seq_len or None, tokenizer, compile=compile)
@@ -595,8 +645,9 @@ def train(
                                "the store's recorded path moved.", callback=_check_model_dir),
     online: bool = _flag("--online", help="Run --target on SOURCE's records at every step "
                          "(no capture store)."),
-    aux_layers: str = typer.Option("", help="Specdraft indices, e.g. '2,3,4' (online default: "
-                                   "conventions.default_aux_layers; a store's must match).", callback=_int_list),
+    aux_layers: str | None = typer.Option(None, help="Specdraft indices, e.g. '2,3,4' (online default: "
+                                          "conventions.default_aux_layers; a store's must match).",
+                                          callback=_aux_layer_list),
     no_chat: bool = _flag("--no-chat", help="With --online: plain text (base models)."),
     template_kwargs: str = typer.Option("{}", help="With --online: JSON kwargs for the chat template."),
     target_dtype: DtypeName | None = typer.Option(None, help="With --online: dtype the target runs in "
@@ -628,7 +679,7 @@ def train(
     try:
         options = dict(total_steps=steps, epochs=epochs, lr=lr, batch_size=batch_size,
                        grad_accum_steps=grad_accum_steps, max_length=max_length, ttt_steps=ttt_steps,
-                       draft_vocab_size=draft_vocab_size, precision=precision, aux_layers=aux_layers or None,
+                       draft_vocab_size=draft_vocab_size, precision=precision, aux_layers=aux_layers,
                        warmup_steps=warmup_steps, save_every=save_every)
         data = _train_source(source, online, target, no_chat, kwargs)
         if online:
@@ -792,7 +843,9 @@ def demo(
     train_steps: int = typer.Option(1000, help="Drafter optimizer steps."),
     num_train: int = typer.Option(800, help="Training documents."),
 ) -> None:
-    """Run the whole pipeline on a real target and write report.md with plots."""
+    """Run the whole pipeline on a real target and write report.md with plots. Stages, in the order
+    they run and print: target, data, regenerate, capture, train, speculative generation vs plain
+    decoding (picks the setting), export, doctor; then the generation table and where files are."""
     from pathlib import Path
 
     from rich.console import Console
@@ -946,6 +999,10 @@ def bench(
     from specdraft.bench import BenchConfig, markdown, run_bench, write_report
     from specdraft.machine_load import busy_note
 
+    if baseline_url and _same_server(url, baseline_url):
+        raise typer.BadParameter(f"{url} and {baseline_url} are the same server: measuring one server twice "
+                                 "gives no speedup; give the server without speculation as --baseline-url, or "
+                                 "leave --baseline-url out", param_hint="'--url' / '--baseline-url'")
     console = Console()
     local = any(httpx.URL(u).host in LOCAL_HOSTS for u in (url, baseline_url) if u.startswith("http"))
     busy = busy_note("the tokens/s of servers on this machine", "serve --threads 1 competes less") if local else None
@@ -993,6 +1050,7 @@ def tune(
     json_out: str = typer.Option("", help="Also write the report as JSON here."),
     device: str = typer.Option("cpu", callback=_check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
+    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
     from pathlib import Path
@@ -1017,6 +1075,7 @@ def tune(
         current = _spec_from_flags(False, draft, num_steps, topk or 1, num_draft_tokens) if num_steps else None
         cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,
                          num_measure, min_speedup, current, repeats=repeats)
+        _set_threads(threads)
         report = tune_paths(target, draft, prompts, cfg, device, _torch_dtype(dtype),
                             progress=lambda text: console.print(text, markup=False))
     except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:

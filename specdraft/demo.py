@@ -1,10 +1,11 @@
 """`specdraft demo`: the whole pipeline on one target, each stage cached under --out.
 
-convert target -> split prompts (train / held-out) -> regenerate continuations with the target
--> capture -> train the drafter -> export (specdraft, vLLM, SGLang layouts) -> doctor ->
-speculative generation on held-out prompts against plain decoding on the same engine (each
-setting timed over a few rounds in turns with plain decoding; a setting is recommended only when
-it beats plain decoding beyond the noise) -> report.md and plots.
+Stages, in the order they run and print: convert target -> split prompts (train / held-out) ->
+regenerate continuations with the target -> capture -> train the drafter -> speculative
+generation on held-out prompts against plain decoding on the same engine (each setting timed
+over a few rounds in turns with plain decoding; a setting is recommended only when it beats
+plain decoding beyond the noise) -> export (vLLM, SGLang, speculators layouts, with the setting
+generation picked) -> doctor -> report.md and plots.
 
 Inputs (device, target directory, data) are checked before any stage runs (`check_inputs`).
 
@@ -679,6 +680,15 @@ def speculative_section(report: DemoReport) -> list[str]:
                     "Every speculative run produced exactly the plain greedy output (lossless at T = 0)."]
 
 
+def generation_line(report: DemoReport) -> str:
+    """The generation stage in one line, printed when it ends (before export and doctor run):
+    plain decoding's tokens/s, the fastest setting, the recommended one (the table: summary)."""
+    best = max([*report.sweep, report.tree], key=lambda r: r["speedup"])
+    pick = f"recommended: {setting_text(report.chosen)}" if report.chosen else "no setting recommended"
+    return (f"speculative generation: plain decoding {report.baseline['tokens_per_s']:.0f} tokens/s; fastest "
+            f"{setting_text(best)}, tau {best['accept_length']:.2f}, {speedup_text(best)}; {pick}")
+
+
 def doctor_line(report: DemoReport) -> str:
     """The doctor stage in one line: verdict counts over both sample sets, failed checks and
     lint failures by name (details: report.md)."""
@@ -768,6 +778,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     chain = chosen if chosen and chosen["topk"] == 1 else pick_setting(report.sweep, cfg.min_speedup)
     report.verdict = verdict_text(rows, chosen, cfg.timing_repeats, cfg.min_speedup, cfg.train_steps, cfg.num_train)
     report.chosen = {k: v for k, v in (chosen or {}).items() if k != "outputs"}
+    say(generation_line(report))
     fastest = lambda runs: max(runs, key=lambda r: r["speedup"])  # noqa: E731
     exports = stage_export(cfg, draft_dir, target_dir, chosen or fastest(rows),
                            (chain or fastest(report.sweep))["num_steps"])

@@ -292,6 +292,23 @@ def load_target(
     return Target(model.eval())
 
 
+TARGET_CONFIG_FIX = ("restore config.json from where the model came from (its Hugging Face repository or the "
+                     "original download), or pass another transformers model directory")
+# Keys every decoder target's config.json holds (a multimodal one in text_config) that specdraft reads.
+TARGET_REQUIRED_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                        "intermediate_size", "vocab_size")
+
+
+def check_target_config(path: str | Path, config: dict, keys: Sequence[str] = TARGET_REQUIRED_KEYS) -> None:
+    """ValueError naming `path`/config.json, the `keys` it lacks (at the top or in text_config)
+    and the fix (TARGET_CONFIG_FIX); transformers would default a missing layer count silently."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    missing = [k for k in keys if config.get(k) is None and text.get(k) is None]
+    if missing:
+        raise ValueError(f"{Path(path) / 'config.json'}: missing {', '.join(missing)}, which a transformers "
+                         f"model config holds; {TARGET_CONFIG_FIX}")
+
+
 def _model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
     architectures = getattr(config, "architectures", None) or []
     name = architectures[0] if architectures else _DEFAULT_CLASSES.get(config.model_type)

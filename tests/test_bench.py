@@ -138,6 +138,17 @@ def servers():
         yield spec, plain
 
 
+@pytest.fixture(scope="module")
+def other_servers():
+    """A second speculative and a second plain server, like `servers` (bench refuses one server
+    given as both --url and --baseline-url)."""
+    setup = tiny_setup("llama")
+    tok = word_tokenizer()
+    with running(engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok), tok) as spec, \
+            running(engine(own_target(setup), None, None, tok), tok) as plain:
+        yield spec, plain
+
+
 def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path):
     spec, plain = servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(6, 8, seed=20))
@@ -251,18 +262,19 @@ def test_one_run_per_level_gives_speedups_but_no_verdict(servers, tmp_path):
     assert "crossover" not in result.output and "WARNING" not in result.output
 
 
-def test_bench_cli_warns_when_the_baseline_speculates(servers, tmp_path):
-    """The speculative server given as its own baseline: one WARNING line, in bench.md and
-    last in the output; verdicts stay (2 runs)."""
+def test_bench_cli_warns_when_the_baseline_speculates(servers, other_servers, tmp_path):
+    """A speculative server given as the baseline: one WARNING line, in bench.md and last in the
+    output; verdicts stay (2 runs)."""
     spec, _ = servers
+    spec_baseline, _ = other_servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=24))
-    result = CliRunner().invoke(app, ["bench", "--url", spec.url, "--baseline-url", spec.url, "--prompts",
+    result = CliRunner().invoke(app, ["bench", "--url", spec.url, "--baseline-url", spec_baseline.url, "--prompts",
                                       str(prompts), "--concurrency", "1", "--max-tokens", "6", "--num-prompts", "2",
                                       "--repeats", "2", "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if "WARNING" in line]
     assert len(warnings) == 2 and warnings[0] == warnings[1] == result.output.strip().splitlines()[-1]
-    assert warnings[0].startswith(f"WARNING: the baseline {spec.url} speculates too (accept length ")
+    assert warnings[0].startswith(f"WARNING: the baseline {spec_baseline.url} speculates too (accept length ")
     assert "from specdraft /metrics at concurrency 1" in warnings[0] and "speculation with speculation" in warnings[0]
     assert warnings[0] in (tmp_path / "out" / "bench.md").read_text()
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
@@ -300,15 +312,16 @@ def test_a_plain_text_or_wrong_shaped_prompts_file_is_refused_naming_file_and_li
     assert result.output.startswith(f"error: {tmp_path / 'small.txt'}:1: not JSON")
 
 
-def test_bench_cli_warns_when_the_measured_server_does_not_speculate(servers, tmp_path):
+def test_bench_cli_warns_when_the_measured_server_does_not_speculate(servers, other_servers, tmp_path):
     """A plain specdraft server (serve --no-spec) given as --url: one WARNING line (still
     counters, usage without drafted tokens), last in the output and in bench.md / bench.json;
     the speculative server and a foreign server without signals get none."""
     spec, plain = servers
+    _, plain_baseline = other_servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=25))
     common = ["--prompts", str(prompts), "--concurrency", "1", "--max-tokens", "6", "--num-prompts", "2",
               "--repeats", "2"]
-    result = CliRunner().invoke(app, ["bench", "--url", plain.url, "--baseline-url", plain.url, *common,
+    result = CliRunner().invoke(app, ["bench", "--url", plain.url, "--baseline-url", plain_baseline.url, *common,
                                       "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.output.splitlines() if "WARNING" in line]

@@ -158,3 +158,82 @@ def test_missing_training_checkpoint_names_both_draft_forms(world, tmp_path, com
 def test_numeric_ranges_are_usage_errors(world, args, option):
     _, _, bare = world
     usage_error([a.replace("{bare}", str(bare)) for a in args], option)
+
+
+# ------------------------------------------------------------------ 8. capture's options
+
+@pytest.mark.parametrize("flag, value", [("--max-length", "0"), ("--shard-tokens", "0"), ("--batch-tokens", "0"),
+                                         ("--max-length", "-5")])
+def test_capture_numbers_out_of_range_are_usage_errors(world, tmp_path, flag, value):
+    _, _, bare = world
+    text = usage_error(["capture", str(bare), str(tmp_path / "d.jsonl"), str(tmp_path / "o"), flag, value], flag)
+    assert "Input should be greater than or equal to 1" in text and "StoreSettings" not in text
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["capture", "train"])
+@pytest.mark.parametrize("value", ["", " "])
+def test_empty_aux_layers_is_a_usage_error(world, tmp_path, value, command):
+    _, _, bare = world
+    args = ([str(bare), str(tmp_path / "d.jsonl"), str(tmp_path / "o")] if command == "capture" else
+            [str(tmp_path / "store"), str(tmp_path / "run")])
+    text = usage_error([command, *args, "--aux-layers", value], "--aux-layers")
+    assert (f"{value!r} is empty; leave --aux-layers out for the default layers (conventions.default_aux_layers), "
+            "or give three layers, e.g. 2,16,29") in text
+
+
+def test_capture_aux_layers_left_out_mean_the_default(world, tmp_path, monkeypatch):
+    import specdraft.capture
+
+    _, _, bare = world
+    seen = []
+
+    def fake_capture(cfg, console=None):
+        seen.append(cfg.aux_layers)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(specdraft.capture, "capture_dataset", fake_capture)
+    base = ["capture", str(bare), str(tmp_path / "d.jsonl"), str(tmp_path / "o")]
+    for extra in ([], ["--aux-layers", "1,2,3"]):
+        result = invoke(base + extra)
+        assert result.exit_code == 1 and "stop here" in result.output, result.output
+    assert seen == [None, (1, 2, 3)]  # None: conventions.default_aux_layers of the target
+
+
+@pytest.mark.parametrize("args, option, example", [
+    (["capture", "{bare}", "d.jsonl", "o", "--aux-layers", "2,x,4"], "--aux-layers", "e.g. 2,16,29"),
+    (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "1,x"], "--concurrency", "e.g. 1,4,16"),
+    (["tune", "--target", "{bare}", "--draft", "{bare}", "--topks", "1,x"], "--topks", "e.g. 1,2,4"),
+    (["tune", "--target", "{bare}", "--draft", "{bare}", "--topks", "0"], "--topks", "e.g. 1,2,4"),
+])
+def test_integer_list_errors_give_an_example_for_their_option(world, args, option, example):
+    _, _, bare = world
+    text = usage_error([a.replace("{bare}", str(bare)) for a in args], option)
+    assert example in text and text.count("e.g.") == 1, text
+
+
+# ---------------------------------------------------------- 9. bench: one server given twice
+
+@pytest.mark.parametrize("url, baseline", [
+    ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+    ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+    ("http://LocalHost:8000", "http://localhost:8000/"),
+    ("http://gpu-box", "http://gpu-box:80"),
+    ("https://gpu-box:443/", "https://GPU-BOX"),
+])
+def test_bench_refuses_one_server_as_both(url, baseline, tmp_path):
+    result = invoke(["bench", "--url", url, "--baseline-url", baseline, "--wait", "0", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    text = flat(result.output)
+    assert (f"Invalid value for '--url' / '--baseline-url': {url} and {baseline} are the same server: measuring "
+            "one server twice gives no speedup; give the server without speculation as --baseline-url, or leave "
+            "--baseline-url out") in text, text
+    assert not (tmp_path / "o").exists()
+
+
+def test_distinct_servers_are_not_the_same_server():
+    from specdraft.cli import _same_server
+
+    for a, b in (("http://h:8000", "http://h:8001"), ("http://h:8000", "https://h:8000"),
+                 ("http://h:8000", "http://g:8000"), ("http://h:8000/a", "http://h:8000/b")):
+        assert not _same_server(a, b), (a, b)

@@ -4,6 +4,7 @@ progress bars in any command's output."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -93,7 +94,10 @@ def test_threads_are_set_before_loading(tmp_path, command, monkeypatch):
         raise OSError("stop here")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record)
-    (tmp_path / "config.json").write_text("{}")
+    from specdraft.target import TARGET_REQUIRED_KEYS  # generate refuses a config without them first
+
+    config = {key: "llama" if key == "model_type" else 2 for key in TARGET_REQUIRED_KEYS}
+    (tmp_path / "config.json").write_text(json.dumps(config))
     result = invoke([command, "--target", str(tmp_path), "--no-spec", "--threads", "3", *COMMANDS[command]])
     assert result.exit_code == 1 and "stop here" in result.output, result.output
     assert seen == [3]  # one_thread restores the setting afterwards

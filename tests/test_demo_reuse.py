@@ -34,6 +34,11 @@ def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, ca
     assert all(e in said for e in exports) and "tensors bit-identical" in said  # the export stage says so
     assert "100%" in err and "capture" in err  # the first run shows its bars
     assert re.search(r"doctor: \d+ pass, 0 fail, \d+ skipped \(report.md has the evidence\)", said), said
+    # the stages print in the order they run: generation (which picks the exported setting) ends with
+    # its result line before export and doctor start (it printed only its heading before them)
+    order = [said.index(line) for line in ("speculative generation vs plain decoding",
+                                           "speculative generation: plain decoding", "export: vllm ->", "doctor: ")]
+    assert order == sorted(order), said
 
     said, err = demo_output(cfg, capsys)
     out = cfg.out

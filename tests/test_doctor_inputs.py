@@ -84,3 +84,17 @@ def test_enough_samples_still_fail_the_same_drafter(world, tmp_path):
     finding = run_doctor(draft, target=target, samples=many).finding("offline_acceptance_matches_training")
     assert finding.verdict == "fail", finding
     assert "offline far below training" in finding.evidence and "positions scored" in finding.evidence
+
+
+def test_corrupt_manifest_names_a_fix_that_needs_no_manifest(world, tmp_path):
+    """A drafter whose manifest is damaged fails key matching with the file in the evidence and
+    the fix once: re-export from the run, or delete the manifest (not a bare "re-export")."""
+    from specdraft.checkpoint import MANIFEST_FILE, MANIFEST_FIX
+
+    draft, target = world
+    shutil.copytree(draft, tmp_path / "bad")
+    (tmp_path / "bad" / MANIFEST_FILE).write_text("{")
+    finding = run_doctor(tmp_path / "bad", target=target).finding("keys_match_engine")
+    assert finding.verdict == "fail", finding
+    assert finding.evidence.startswith(f"{tmp_path / 'bad' / MANIFEST_FILE}: not valid JSON (")
+    assert finding.fix == MANIFEST_FIX and "re-export" not in finding.evidence

@@ -31,3 +31,9 @@ def test_doctor_server_without_scheme_is_refused_as_bench_refuses_it(tmp_path):
         assert "must start with http:// or https://" in result.output and "does not answer" not in result.output
     with pytest.raises(ValueError, match="must start with http:// or https://"):
         run_doctor(tmp_path, server="localhost:8011", samples=tmp_path / "samples.jsonl")
+
+
+def test_url_scheme_in_any_case_passes_and_another_scheme_gets_a_fitting_example():
+    assert check_url("HTTP://localhost:8011") == "HTTP://localhost:8011"
+    with pytest.raises(ValueError, match=r"'ftp://h:80': must start with http:// or https:// \(e\.g\. http://h:80\)$"):
+        check_url("ftp://h:80", "--url")

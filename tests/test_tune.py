@@ -122,3 +122,33 @@ def test_tune_cli_refuses_topk_or_draft_tokens_without_num_steps(tmp_path, monke
         result = CliRunner().invoke(app, base + flags)
         assert result.exit_code == 1 and "error: stop after the config" in result.output
     assert seen == [SpecConfig(2, 2, 5), SpecConfig(3, 1, 4)]
+
+
+def test_tune_threads_are_set_before_loading(tmp_path, monkeypatch):
+    """--threads as generate / serve have it: torch.set_num_threads before tune loads anything,
+    a range error (exit 2) for 0, the shared help."""
+    import torch
+
+    import specdraft.tune
+
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    draft.mkdir()
+    seen = []
+
+    def fake_tune_paths(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(specdraft.tune, "tune_paths", fake_tune_paths)
+    base = ["tune", "--target", str(target), "--draft", str(draft)]
+    result = CliRunner().invoke(app, base + ["--threads", "3"])
+    assert result.exit_code == 1 and "error: stop here" in result.output, result.output
+    assert seen == [3]  # one_thread restores the setting afterwards
+    refused = CliRunner().invoke(app, base + ["--threads", "0"])
+    assert refused.exit_code == 2 and "Invalid value for '--threads'" in refused.output, refused.output
+    assert seen == [3]
+    torch.set_num_threads(2)
+    assert CliRunner().invoke(app, base).exit_code == 1 and seen == [3, 2]  # left out: the setting stays
+    assert "torch.set_num_threads" in CliRunner().invoke(app, ["tune", "--help"]).output

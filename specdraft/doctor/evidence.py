@@ -27,8 +27,10 @@ from safetensors.torch import load_file
 
 from specdraft.bench import SERVER_WAIT_S
 from specdraft.checkpoint import (
+    DRAFTER_CONFIG_FIX,
     LAYER_PREFIX,
     MANIFEST_FILE,
+    MANIFEST_FIX,
     WEIGHTS_FILE,
     CheckpointError,
     Manifest,
@@ -101,7 +103,7 @@ class DoctorInputs:
         # A path the user typed that does not exist is an error, never a row of skips.
         if not self.checkpoint.is_dir():
             raise ValueError(f"{self.checkpoint}: no such directory; pass a draft checkpoint directory")
-        given_config(self.checkpoint, "re-export the drafter or restore its config.json")
+        given_config(self.checkpoint, DRAFTER_CONFIG_FIX)
         refuse_model_dir(self.checkpoint)
         if self.target is not None and not (self.target / "config.json").is_file():
             raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
@@ -220,7 +222,7 @@ class Evidence:
         try:
             return Manifest.read(file)
         except (CheckpointError, TypeError) as e:
-            raise Broken(f"{file}: unreadable ({e})", "re-export the drafter") from None
+            raise Broken(str(e).removesuffix(f"; {MANIFEST_FIX}"), MANIFEST_FIX) from None
 
     def need_manifest(self) -> Manifest:
         """The manifest, or Unavailable naming what it would have told."""
