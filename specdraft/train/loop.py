@@ -854,7 +854,9 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     out_dir that is a file or a directory of other files (no run entry, RUN_ENTRIES). Resuming on
     data of another target, aux layers or samples (data hash) than the checkpoint's is a ValueError
     naming both (`check_same_data`). Ctrl-C (KeyboardInterrupt) in one process checkpoints the
-    current step before it propagates (`_checkpoint_on_interrupt`). The checkpoint may come from another number
+    current step before it propagates (`_checkpoint_on_interrupt`); under torchrun, Ctrl-C
+    (SIGINT) or SIGTERM lets every rank finish its step, then all checkpoint that step and raise
+    KeyboardInterrupt (`_interrupt_flag`). The checkpoint may come from another number
     of ranks (a step-N.pt file of one process, a sharded step-N directory of several): it is
     resharded to this run's. The run length (total_steps / epochs) may differ from the
     checkpoint's: the run is extended (or shortened, not below the checkpoint's step) and the lr
@@ -917,7 +919,7 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, progress: bool,
     last: dict[str, Any] | None = None
     validation: dict[str, Any] | None = None
     with _progress(progress and ranks.main, trainer.total_steps, trainer.step) as advance, \
-            _checkpoint_on_interrupt(trainer, out_dir):
+            _checkpoint_on_interrupt(trainer, out_dir), _interrupt_flag(ranks) as interrupted:
         while trainer.step < trainer.total_steps:
             pos = trainer.position(trainer.step)
             batch = batch_order(trainer.train_ids, pos["epoch"], c)[pos["batch_index"]]
@@ -927,11 +929,16 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, progress: bool,
                 validation = {"step": trainer.step, "split": "val", **trainer.evaluate().to_dict()}
                 trainer.records["validation"] = validation
                 log.write(validation)
-            if trainer.step % c.save_every == 0 or trainer.step == trainer.total_steps:
+            saved = trainer.step % c.save_every == 0 or trainer.step == trainer.total_steps
+            if saved:
                 _save(trainer, out_dir)
             advance(last["loss"])
             if on_step is not None:
                 on_step(trainer.step)
+            if interrupted():  # several ranks: all of them, here, at the same step
+                if not saved:
+                    _save(trainer, out_dir)
+                raise KeyboardInterrupt
     if validation is None and trainer.val_ids:  # resumed after the last step's evaluation
         validation = {"step": trainer.step, "split": "val", **trainer.evaluate().to_dict()}
     state = trainer.state()
@@ -950,8 +957,9 @@ def _checkpoint_on_interrupt(trainer: Trainer, out_dir: Path):
     """On Ctrl-C (KeyboardInterrupt) in one process, checkpoint the current step unless its
     checkpoint exists, then re-raise: `--resume` goes on from there. A step in progress is
     dropped whole (its optimizer update is never interrupted: `_deferred_interrupt`). Several
-    ranks are not checkpointed (a collective after an interrupt may hang): they resume from
-    their last --save-every checkpoint."""
+    ranks checkpoint in the loop instead, at a step they agree on (`_interrupt_flag`): a
+    KeyboardInterrupt that reaches here on several ranks (a second Ctrl-C) saves nothing, as a
+    collective after it may hang."""
     try:
         yield
     except KeyboardInterrupt:
@@ -963,14 +971,75 @@ def _checkpoint_on_interrupt(trainer: Trainer, out_dir: Path):
 
 
 @contextlib.contextmanager
-def _deferred_interrupt():
-    """Hold Ctrl-C (SIGINT) back until the block ends, then raise KeyboardInterrupt: the block
-    (an optimizer update) runs whole. Only in the main thread (signal handlers live there)."""
+def _interrupt_flag(ranks: _Dist):
+    """On several ranks, turn the first SIGINT or SIGTERM into a request to stop; yields
+    interrupted(), which every rank calls at each step boundary: true on all ranks when any
+    rank was signalled (one int all-reduced with MAX on the group's device, beside the step's
+    own syncs). The caller then checkpoints the step (a collective) and raises
+    KeyboardInterrupt. One process keeps Python's KeyboardInterrupt (interrupted() is False).
+
+    Under torchrun (torch.distributed.elastic, torch 2.13): workers are started in sessions of
+    their own (SubprocessHandler: start_new_session), so a terminal's Ctrl-C reaches torchrun
+    only. Its agent catches SIGINT, SIGTERM, SIGHUP and SIGQUIT (TORCHELASTIC_SIGNALS_TO_HANDLE)
+    and sends that signal to every worker's process group (SubprocessContext._close), so a
+    worker sees SIGINT for Ctrl-C and SIGTERM when torchrun itself is terminated. Then it waits
+    --shutdown-timeout seconds (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30) for all workers
+    together and SIGKILLs those left: the rest of the step, its evaluation and the checkpoint
+    must fit in that time (a killed write leaves the previous checkpoint). A second Ctrl-C to
+    torchrun, during that wait, makes it send SIGTERM. Ranks may be signalled at different
+    points of a step; the handler only sets a flag, so no collective is cut short.
+
+    A second SIGINT or SIGTERM on a rank puts the previous handlers back and re-raises the
+    signal: KeyboardInterrupt (SIGINT) or the default exit (SIGTERM), at once, unsaved. Handlers
+    live in the main thread only; elsewhere nothing is caught (but the ranks still agree)."""
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
-        yield  # not ours to hold (None: a handler installed outside Python)
+    if ranks.world == 1:
+        yield lambda: False
+        return
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        previous.clear()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if caught:  # the second: abort as without this handler
+            restore()
+            signal.raise_signal(signum)
+            return
+        caught.append(signum)
+
+    def interrupted() -> bool:
+        flag = torch.tensor([int(bool(caught))], device=ranks.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not None:  # None: a handler installed outside Python
+                previous[signum] = signal.signal(signum, on_signal)
+    try:
+        yield interrupted
+    finally:
+        restore()
+
+
+@contextlib.contextmanager
+def _deferred_interrupt():
+    """Hold Ctrl-C (SIGINT) back until the block ends, then raise KeyboardInterrupt: the block
+    (an optimizer update) runs whole. Only Python's own KeyboardInterrupt handler is held back,
+    in the main thread (signal handlers live there); another one, such as `_interrupt_flag`'s
+    on several ranks (which raises nothing), is left in place."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield  # not ours to hold
         return
     caught = []
     previous = signal.signal(signal.SIGINT, lambda *a: caught.append(True))
