@@ -33,7 +33,10 @@ bench.json keeps the fields of single-run reports (`tokens_per_s` is now the mea
 `tokens_per_s_runs`, `speedups[].speedup_std`, `speedups[].verdict` (null with one run; the
 verdict of the means), `speedups[].noise` (null unless the runs are too noisy to judge) and
 `baseline_warning` (null unless the baseline speculates), `speculation_warning` (null unless
-the measured server shows no speculation) and per level `no_spec_signal`.
+the measured server shows no speculation), `failed_requests_warning` (null unless some request
+failed) and per level `no_spec_signal`. A level with a failed request on either server has no
+valid speedup: its row says "invalid: N errors" (bench.json: `speedups[].num_errors`, verdict
+"invalid: N errors"), it sets no verdict or crossover, and `failed_requests_warning` names it.
 Requests use temperature 0 and ignore_eos (vLLM / SGLang / specdraft extension) by default, so
 both servers generate max_tokens tokens for every prompt.
 Each server is waited for (`wait_for_server`): while nothing accepts connections at its URL (a
@@ -59,6 +62,7 @@ import numpy as np
 
 BUILTIN = "builtin"
 NO_BASELINE = "no baseline: speedup not measured"
+ALL_INVALID = "every concurrency measured had failed requests, so no speedup is valid"
 METRIC_PREFIX = {"specdraft": "specdraft:", "vllm": "vllm:"}
 COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 # Two runs are the fewest with a spread (a sample standard deviation); a verdict must clear that
@@ -115,12 +119,13 @@ class BenchConfig:
 
 def check_url(url: str, name: str = "url") -> str:
     """A server base URL as bench and doctor take it: http:// or https://, else ValueError
-    (one line naming the option `name` and the fix)."""
+    (one line naming the option `name` and the fix). Returns it without trailing slashes (paths
+    such as /metrics are appended to it)."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("http", "https"):
         example = f"http://{rest}" if sep else f"http://{url}"
         raise ValueError(f"{name} {url!r}: must start with http:// or https:// (e.g. {example})")
-    return url
+    return url.rstrip("/")
 
 
 PROMPT_ROW = '{"prompt": "<text>"} or a JSON string'
@@ -527,7 +532,8 @@ def bench_server(server: Server, prompts: list[str], cfg: BenchConfig,
         run.levels.append(level)
         if progress:
             tau = f", tau {level.spec.accept_length:.3f}" if level.spec else ""
-            progress(f"{url} ({server.kind}) concurrency {concurrency}: {tps_cell(level)} tok/s{tau}")
+            errors = f", {level.num_errors} of {level.num_requests} requests FAILED" if level.num_errors else ""
+            progress(f"{url} ({server.kind}) concurrency {concurrency}: {tps_cell(level)} tok/s{tau}{errors}")
     return run
 
 
@@ -543,15 +549,17 @@ class SpeedupPoint:
     speedup: float
     speedup_std: float = 0.0
     noise: str | None = None
+    num_errors: int = 0  # failed requests on both servers at this level: the speedup is then invalid
 
     @classmethod
-    def of(cls, concurrency: int, spec_runs: Sequence[float], baseline_runs: Sequence[float]) -> SpeedupPoint:
+    def of(cls, concurrency: int, spec_runs: Sequence[float], baseline_runs: Sequence[float],
+           num_errors: int = 0) -> SpeedupPoint:
         """The point of the per-run tokens/s of both servers at `concurrency`."""
         (spec_mean, spec_std), (base_mean, base_std) = mean_std(spec_runs), mean_std(baseline_runs)
         speedup = spec_mean / base_mean
         relative = math.hypot(spec_std / spec_mean if spec_mean else 0.0, base_std / base_mean)
         noise = noisy_runs({"speculative": spec_runs, "baseline": baseline_runs})
-        return cls(concurrency, speedup, speedup * relative, noise)
+        return cls(concurrency, speedup, speedup * relative, noise, num_errors)
 
     def text(self) -> str:
         """"1.23x", or "1.23x ± 0.04" when the runs spread."""
@@ -669,6 +677,28 @@ def speculation_warning(run: ServerRun) -> str | None:
     return None
 
 
+def failed_requests_warning(runs: Sequence[ServerRun]) -> str | None:
+    """The one-line warning when some level has failed requests on any server: its tokens/s
+    count only the requests that succeeded, so they and any speedup there are invalid. Names
+    each such level with its error counts, the first error and the likely causes. None when
+    every request succeeded."""
+    failed = {}
+    for run in runs:
+        for level in run.levels:
+            if level.num_errors:
+                failed.setdefault(level.concurrency, []).append(
+                    (f"{level.num_errors} of {level.num_requests} requests failed on {run.url}", level.first_error))
+    if not failed:
+        return None
+    levels = "; ".join(f"concurrency {c}: {', '.join(text for text, _ in parts)}"
+                       for c, parts in sorted(failed.items()))
+    first = next(error for parts in failed.values() for _, error in parts if error)
+    return (f"WARNING: failed requests ({levels}; first error: {first}): tokens/s and speedup at "
+            f"{'that level' if len(failed) == 1 else 'those levels'} are invalid; likely the server refused "
+            "requests beyond its queue (HTTP 429: raise specdraft serve --max-queue above the concurrency, or "
+            "lower --concurrency) or they timed out (raise --timeout)")
+
+
 @dataclass
 class BenchReport:
     """Both runs, speedups per concurrency (None without baseline) and the crossover."""
@@ -694,14 +724,31 @@ class BenchReport:
         """`speculation_warning` of the measured server's run."""
         return speculation_warning(self.spec)
 
+    @property
+    def failed_requests_warning(self) -> str | None:
+        """`failed_requests_warning` of both runs."""
+        return failed_requests_warning([run for run in (self.spec, self.baseline) if run is not None])
+
+    @property
+    def warnings(self) -> list[str]:
+        """Every warning that makes the comparison invalid (failed requests, a measured server
+        that does not speculate, a baseline that does)."""
+        return [w for w in (self.failed_requests_warning, self.speculation_warning, self.baseline_warning) if w]
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        speedups = [{**asdict(p), "verdict": verdict(p, self.config.tie_band) if self.has_verdicts else None}
-                    for p in self.speedups or []]
+        speedups = [{**asdict(p), "verdict": point_verdict(p, self.config.tie_band) if self.has_verdicts
+                     or p.num_errors else None} for p in self.speedups or []]
         return {"config": asdict(self.config), "spec": self.spec.to_dict(),
                 "baseline": self.baseline.to_dict() if self.baseline else None,
                 "speedups": speedups or None, "crossover": asdict(self.crossover),
-                "baseline_warning": self.baseline_warning, "speculation_warning": self.speculation_warning}
+                "baseline_warning": self.baseline_warning, "speculation_warning": self.speculation_warning,
+                "failed_requests_warning": self.failed_requests_warning}
+
+
+def point_verdict(point: SpeedupPoint, tie_band: float) -> str:
+    """`verdict`, or "invalid: N errors" for a level with failed requests."""
+    return f"invalid: {point.num_errors} errors" if point.num_errors else verdict(point, tie_band)
 
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> BenchReport:
@@ -715,10 +762,15 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
     baseline = bench_server(base_server, prompts, cfg, progress) if base_server else None
     if baseline is None:
         return BenchReport(cfg, spec, None, None, find_crossover([], cfg.tie_band))
-    speedups = [SpeedupPoint.of(a.concurrency, a.tokens_per_s_runs, b.tokens_per_s_runs)
+    speedups = [SpeedupPoint.of(a.concurrency, a.tokens_per_s_runs, b.tokens_per_s_runs, a.num_errors + b.num_errors)
                 for a, b in zip(spec.levels, baseline.levels)]
-    crossover = (find_crossover(speedups, cfg.tie_band) if cfg.repeats >= MIN_VERDICT_REPEATS
-                 else Crossover(None, NO_VERDICT))
+    valid = [p for p in speedups if not p.num_errors]
+    if cfg.repeats < MIN_VERDICT_REPEATS:
+        crossover = Crossover(None, NO_VERDICT)
+    elif not valid:
+        crossover = Crossover(None, f"no crossover: {ALL_INVALID}")
+    else:
+        crossover = find_crossover(valid, cfg.tie_band)
     return BenchReport(cfg, spec, baseline, speedups, crossover)
 
 
@@ -755,8 +807,8 @@ def markdown(report: BenchReport) -> str:
                 f"request{'s' if cfg.warmup != 1 else ''} per server), max_tokens {cfg.max_tokens}, "
                 f"temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}")
     lines = ["# specdraft bench", "", settings, ""]
-    if report.speculation_warning:
-        lines += [report.speculation_warning, ""]
+    for warning in (report.failed_requests_warning, report.speculation_warning):
+        lines += [warning, ""] if warning else []
     for title, run in (("speculative", report.spec), ("baseline", report.baseline)):
         if run is None:
             continue
@@ -779,13 +831,20 @@ def markdown(report: BenchReport) -> str:
         lines += ["| concurrency | speedup (ratio of means) | sd | verdict | run-to-run noise |",
                   "|---|---|---|---|---|"]
         judged = report.has_verdicts  # one run: no sd, no verdict ("-"), no spread to call steady or noisy
-        lines += [f"| {p.concurrency} | {p.speedup:.2f}x | {f'{p.speedup_std:.2f}' if judged else '-'} | "
-                  f"{verdict(p, cfg.tie_band) if judged else '-'} | {noise_cell(p, judged)} |"
-                  for p in report.speedups]
-        note = noise_note(report.speedups)
+        lines += [speedup_row(p, judged, cfg.tie_band) for p in report.speedups]
+        note = noise_note([p for p in report.speedups if not p.num_errors])
         lines += ["", note] if note else []
         lines += ["", report.crossover.text, ""]
     return "\n".join(lines)
+
+
+def speedup_row(point: SpeedupPoint, judged: bool, tie_band: float) -> str:
+    """One row of the speedup table; a level with failed requests shows no number, only
+    "invalid: N errors" (its tokens/s count the successful requests alone)."""
+    if point.num_errors:
+        return f"| {point.concurrency} | invalid: {point.num_errors} errors | - | - | - |"
+    return (f"| {point.concurrency} | {point.speedup:.2f}x | {f'{point.speedup_std:.2f}' if judged else '-'} | "
+            f"{verdict(point, tie_band) if judged else '-'} | {noise_cell(point, judged)} |")
 
 
 def noise_cell(point: SpeedupPoint, judged: bool) -> str:
@@ -814,10 +873,10 @@ def plot(report: BenchReport, out_dir: Path) -> list[Path]:
                 y, err = zip(*(value(lv) for lv in run.levels))
                 ax.errorbar([lv.concurrency for lv in run.levels], y, yerr=err, fmt="o-", capsize=3, label=title)
         paths.append(save_figure(fig, ax, label, out_dir / name, ticks))
-    if report.speedups:
+    points = [p for p in report.speedups or [] if not p.num_errors]  # an invalid speedup is not drawn
+    if points:
         fig = Figure(figsize=(5, 3.5))
         ax = fig.add_subplot()
-        points = report.speedups
         ax.errorbar([p.concurrency for p in points], [p.speedup for p in points],
                     yerr=[p.speedup_std for p in points], fmt="o-", capsize=3, label="speedup (± sd)")
         ax.axhline(1.0, color="gray", linestyle="--", label="no speculation")

@@ -553,10 +553,11 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
     missing (case FC-01), or the re-read config differs.
     """
     check_output_dir(dst, source=src)
+    if layout == "specdraft" and not (Path(src) / MANIFEST_FILE).is_file():  # before asking for the target
+        with_target = "" if target_num_layers else ", with --target DIR (without a manifest the aux ids need it)"
+        raise CheckpointError(f"{src}: no {MANIFEST_FILE}, which the specdraft layout carries and --target "
+                              f"cannot supply; convert to --layout sglang or speculators instead{with_target}")
     source = load_draft(src, target_num_layers=target_num_layers)
-    if layout == "specdraft" and source.manifest is None:
-        raise CheckpointError(f"{src}: no specdraft manifest to carry into the specdraft layout; "
-                              "convert to sglang or speculators instead")
     save_draft(source.model, dst, layout=layout, manifest=source.manifest)
     written = load_draft(dst, target_num_layers=source.model.cfg.target_num_layers)
     if written.model.cfg != source.model.cfg:

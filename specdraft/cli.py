@@ -133,11 +133,15 @@ def _check_url(value: str) -> str:
 
 def _same_server(a: str, b: str) -> bool:
     """Whether two URLs (passed `_check_url`) name one server: scheme and host in any case, a
-    default port written or not, a trailing slash or not."""
+    default port written or not, a trailing slash or not, any loopback name (`LOCAL_HOSTS`) for
+    this machine."""
     import httpx
 
-    x, y = httpx.URL(a), httpx.URL(b)  # lower-cases scheme and host, drops a default port
-    return (x.scheme, x.host, x.port, x.path.rstrip("/")) == (y.scheme, y.host, y.port, y.path.rstrip("/"))
+    def key(url: str) -> tuple:
+        u = httpx.URL(url)  # lower-cases scheme and host, drops a default port
+        return u.scheme, "loopback" if u.host in LOCAL_HOSTS else u.host, u.port, u.path.rstrip("/")
+
+    return key(a) == key(b)
 
 
 def _check_top_p(value: float) -> float:
@@ -249,6 +253,7 @@ def capture(
         template_kwargs=_json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
         tokenizer=tokenizer or None, device=device)
     try:
+        _refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         result = capture_dataset(cfg, console=console)
     except KeyboardInterrupt:
         console.print(f"interrupted; {interrupted_capture(out)}", markup=False, soft_wrap=True)
@@ -288,10 +293,17 @@ def regenerate(
 
     from rich.console import Console
 
-    from specdraft.regenerate import RegenConfig, Sampling, interrupted_regenerate, regenerate_file
+    from specdraft.regenerate import (RegenConfig, Sampling, check_out_path, interrupted_regenerate,
+                                        regenerate_file, served_model)
 
     console = Console()
     try:
+        check_out_path(out, data)  # before asking the endpoint for its model
+        _refuse_bad_configs("", target, ("model_type",))
+        if endpoint and not target and not model:
+            model = served_model(endpoint, os.environ.get("OPENAI_API_KEY"))
+            console.print(f"--model not given: using {model}, the one model {endpoint} serves", markup=False,
+                          soft_wrap=True)
         cfg = RegenConfig(
             data, out, target=target or None, endpoint=endpoint or None, model=model, api=api,
             tokenizer=tokenizer or None, chat=not no_chat, prompt_tokens=prompt_tokens,
@@ -1003,6 +1015,7 @@ def bench(
         raise typer.BadParameter(f"{url} and {baseline_url} are the same server: measuring one server twice "
                                  "gives no speedup; give the server without speculation as --baseline-url, or "
                                  "leave --baseline-url out", param_hint="'--url' / '--baseline-url'")
+    url, baseline_url = url.rstrip("/"), baseline_url.rstrip("/")  # http://h:8000/ + /metrics: no //metrics
     console = Console()
     local = any(httpx.URL(u).host in LOCAL_HOSTS for u in (url, baseline_url) if u.startswith("http"))
     busy = busy_note("the tokens/s of servers on this machine", "serve --threads 1 competes less") if local else None
@@ -1014,6 +1027,11 @@ def bench(
                           warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
         report = run_bench(cfg, progress=lambda text: console.print(text, markup=False))
         paths = write_report(report, out)
+    except KeyboardInterrupt:
+        console.print(f"interrupted: bench stopped before the sweep finished; nothing was written to {out} "
+                      "(the report is written once every level is measured)", style="red", markup=False,
+                      soft_wrap=True)
+        raise typer.Exit(130) from None
     except (ValueError, RuntimeError, httpx.HTTPError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
@@ -1021,9 +1039,19 @@ def bench(
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
     if busy:
         console.print(busy, style="yellow", markup=False, soft_wrap=True)
-    for warning in (report.speculation_warning, report.baseline_warning):  # last, where they are seen
-        if warning:
-            console.print(warning, style="bold red", markup=False, soft_wrap=True)
+    for warning in report.warnings:  # last, where they are seen
+        console.print(warning, style="bold red", markup=False, soft_wrap=True)
+    if report.warnings:  # the comparison is invalid: scripts must notice, though the report is written
+        raise typer.Exit(1)
+
+
+def _check_min_speedup(value: float) -> float:
+    """--min-speedup: a positive number (TuneConfig's range), a usage error otherwise."""
+    import math
+
+    if not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value}: must be a positive number, e.g. 1.05 (5 % faster than no speculation)")
+    return value
 
 
 @app.command()
@@ -1043,7 +1071,8 @@ def tune(
     max_tree_tokens: int = typer.Option(16, min=2, help="Cap on a tree's verified nodes."),
     num_measure: int = typer.Option(3, min=1, help="Best predictions to measure for real."),
     min_speedup: float = typer.Option(1.05, help="Median speedup a recommended setting needs (its lower "
-                                      "quartile must also be above 1x), as the demo's rule."),
+                                      "quartile must also be above 1x), as the demo's rule; > 0.",
+                                      callback=_check_min_speedup),
     repeats: int = typer.Option(5, min=1, help="Timing rounds: each measured setting and plain decoding run "
                                 "once per round, order rotated; speedups are medians and quartiles of "
                                 "same-round ratios."),

@@ -237,6 +237,26 @@ class EndpointBackend:
         return text or ""
 
 
+def served_model(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:
+    """The one model an OpenAI-compatible server at `base_url` serves (GET /v1/models). Raises
+    ValueError naming --model when the server lists none or several, or cannot be asked."""
+    import httpx
+
+    url = f"{base_url.rstrip('/').removesuffix('/v1')}/v1/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(url, headers=headers, timeout=timeout_s)
+        response.raise_for_status()
+        ids = [m["id"] for m in response.json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--endpoint needs --model, the served model's name (asking {url} for it "
+                         f"failed: {type(e).__name__})") from None
+    if len(ids) != 1:
+        listed = f"it serves {', '.join(map(str, ids))}" if ids else "it lists none"
+        raise ValueError(f"--endpoint needs --model, the served model's name ({url}: {listed})")
+    return str(ids[0])
+
+
 # ---------------------------------------------------------------------------------------------
 # Resumable output
 
@@ -245,9 +265,12 @@ def settings_path(out_path: Path) -> Path:
     return out_path.with_name(out_path.name + ".settings.json")
 
 
-def check_out_path(out_path: str | Path) -> Path:
-    """`out_path` as a Path; RegenerationError when it is a directory (OUT is a JSONL file)."""
+def check_out_path(out_path: str | Path, data: str | Path | None = None) -> Path:
+    """`out_path` as a Path; RegenerationError when it is a directory (OUT is a JSONL file) or the
+    input file `data` itself (resuming would read it as an output of other settings)."""
     out_path = Path(out_path)
+    if data is not None and out_path.resolve() == Path(data).resolve():
+        raise RegenerationError(f"OUT is the input file DATA ({data}): give a new output path")
     if out_path.is_dir():
         raise RegenerationError(f"{out_path} is a directory; OUT must be a JSONL file path, e.g. "
                                 f"{out_path / 'regenerated.jsonl'}")
@@ -482,7 +505,7 @@ class RegenConfig:
             raise ValueError("RegenConfig: give exactly one of target (a local model directory) "
                              "or endpoint (an OpenAI-compatible URL)")
         if self.endpoint and not self.model:
-            raise ValueError("RegenConfig.model is empty: name the served model for the endpoint")
+            raise ValueError("model is empty: an endpoint needs the served model's name (--model)")
         if self.prompt_tokens <= 0:
             raise ValueError(f"RegenConfig.prompt_tokens = {self.prompt_tokens}: must be positive")
 
@@ -492,7 +515,7 @@ def regenerate_file(cfg: RegenConfig, console=None) -> RegenResult:
     RegenerationError (failed requests, output of other settings), ValueError (bad config)."""
     from specdraft.data import read_records, skipped_line
 
-    check_out_path(cfg.out)
+    check_out_path(cfg.out, cfg.data)
     records = read_records(cfg.data, chat=cfg.chat, skip_bad=cfg.skip_bad, require_assistant=False)
     if console is not None and records.num_skipped:
         console.print(skipped_line(records.num_skipped, cfg.data), style="yellow", markup=False)

@@ -396,12 +396,18 @@ def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg:
                device: str = "cpu", dtype: torch.dtype = torch.float32,
                progress: Callable[[str], None] | None = None) -> TuneReport:
     """`tune` for a target directory (with its tokenizer), a draft checkpoint and a prompt source
-    ("builtin" or a file, as `bench.load_prompts` reads it)."""
+    ("builtin" or a file, as `bench.load_prompts` reads it). A corrupt or incomplete target
+    config.json is a ValueError naming the file and the fix (doctor's words)."""
     from transformers import AutoTokenizer
 
     from specdraft.bench import load_prompts
+    from specdraft.doctor.evidence import given_config
     from specdraft.engine.speculate import load_engine
+    from specdraft.target import TARGET_CONFIG_FIX, check_target_config
 
+    config = given_config(Path(target_dir), TARGET_CONFIG_FIX)
+    if config is not None:  # no config.json: left to the loader
+        check_target_config(target_dir, config)
     tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     engine = load_engine(target_dir, draft_dir, SpecConfig.chain(cfg.depth), device, dtype)
     ids = [list(tokenizer(p)["input_ids"]) for p in load_prompts(prompts)]

@@ -37,6 +37,7 @@ from tests.serve_helpers import (
     fake_vllm_app,
     own_target,
     running,
+    slow_target,
     text_prompts,
     word_tokenizer,
     write_prompts,
@@ -271,7 +272,7 @@ def test_bench_cli_warns_when_the_baseline_speculates(servers, other_servers, tm
     result = CliRunner().invoke(app, ["bench", "--url", spec.url, "--baseline-url", spec_baseline.url, "--prompts",
                                       str(prompts), "--concurrency", "1", "--max-tokens", "6", "--num-prompts", "2",
                                       "--repeats", "2", "--out", str(tmp_path / "out")])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # the comparison is invalid; the report is still written
     warnings = [line for line in result.output.splitlines() if "WARNING" in line]
     assert len(warnings) == 2 and warnings[0] == warnings[1] == result.output.strip().splitlines()[-1]
     assert warnings[0].startswith(f"WARNING: the baseline {spec_baseline.url} speculates too (accept length ")
@@ -323,7 +324,7 @@ def test_bench_cli_warns_when_the_measured_server_does_not_speculate(servers, ot
               "--repeats", "2"]
     result = CliRunner().invoke(app, ["bench", "--url", plain.url, "--baseline-url", plain_baseline.url, *common,
                                       "--out", str(tmp_path / "out")])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # no speculation measured: scripts must notice
     warnings = [line for line in result.output.splitlines() if "WARNING" in line]
     assert len(warnings) == 2 and warnings[0] == warnings[1] == result.output.strip().splitlines()[-1]
     assert warnings[0].startswith(f"WARNING: the speculative server {plain.url} shows no speculation: ")
@@ -338,3 +339,76 @@ def test_bench_cli_warns_when_the_measured_server_does_not_speculate(servers, ot
     with serve_in_thread(fake_vllm_app(lambda active: 0.001, 1, 0)) as foreign:  # no spec counters at all
         cfg = BenchConfig(foreign.url, None, str(prompts), (1,), max_tokens=4, num_prompts=2, repeats=1)
         assert run_bench(cfg).speculation_warning is None
+
+
+def test_a_level_with_failed_requests_reports_no_speedup_and_exits_1(servers, tmp_path):
+    """A speculative server with a one-request queue refuses (HTTP 429) some of 4 requests in
+    flight: that level's speedup is "invalid: N errors" (tokens/s count the successful requests
+    only), it sets no verdict, one WARNING names it, and bench exits 1 after writing the report."""
+    _, plain = servers
+    setup = tiny_setup("llama")
+    tok = word_tokenizer()
+    slow = engine(slow_target(own_target(setup), 0.02), setup.trained, SpecConfig.chain(3), tok)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(4, 8, seed=26))
+    with running(slow, tok, max_queue=1) as queued:
+        result = CliRunner().invoke(app, ["bench", "--url", queued.url, "--baseline-url", plain.url, "--prompts",
+                                          str(prompts), "--concurrency", "1,4", "--max-tokens", "6", "--num-prompts",
+                                          "4", "--repeats", "2", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    errors = data["spec"]["levels"][1]["num_errors"] + data["baseline"]["levels"][1]["num_errors"]
+    assert data["spec"]["levels"][0]["num_errors"] == 0 and errors > 0
+    assert [p["num_errors"] for p in data["speedups"]] == [0, errors]
+    assert data["speedups"][1]["verdict"] == f"invalid: {errors} errors"
+    assert data["speedups"][0]["verdict"] in ("wins", "ties", "loses")
+    assert f"| 4 | invalid: {errors} errors | - | - | - |" in result.output
+    assert not any(line.startswith("| 4 | ") and "x |" in line for line in result.output.splitlines())
+    warning = result.output.strip().splitlines()[-1]
+    assert warning == data["failed_requests_warning"] and warning in (tmp_path / "out" / "bench.md").read_text()
+    assert warning.startswith(f"WARNING: failed requests (concurrency 4: {data['spec']['levels'][1]['num_errors']} "
+                              f"of 8 requests failed on {queued.url}")
+    assert "HTTP 429" in warning and "--max-queue" in warning and "--timeout" in warning
+    assert "concurrency 1:" not in warning
+    assert f"{queued.url} (specdraft) concurrency 4: " in result.output and " of 8 requests FAILED" in result.output
+
+
+def test_bench_cli_takes_urls_with_a_trailing_slash(servers, tmp_path):
+    """http://host:port/ is the server at http://host:port (not requests to //metrics)."""
+    spec, plain = servers
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=27))
+    result = CliRunner().invoke(app, ["bench", "--url", spec.url + "/", "--baseline-url", plain.url + "//",
+                                      "--prompts", str(prompts), "--concurrency", "1", "--max-tokens", "4",
+                                      "--num-prompts", "2", "--repeats", "1", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert (data["spec"]["url"], data["baseline"]["url"]) == (spec.url, plain.url)
+    assert data["spec"]["levels"][0]["spec"]["accept_length"] > 1
+
+
+@pytest.mark.parametrize("host", ["localhost", "[::1]", "0.0.0.0", "LOCALHOST"])
+def test_one_server_by_two_loopback_names_is_the_same_server(host, tmp_path):
+    from specdraft.cli import _same_server
+
+    assert _same_server("http://127.0.0.1:8400", f"http://{host}:8400/")
+    assert not _same_server("http://127.0.0.1:8400", f"http://{host}:8401")
+    assert not _same_server("http://gpu-box:8400", f"http://{host}:8400")
+    result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:8400", "--baseline-url",
+                                      f"http://{host}:8400", "--wait", "0", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "are the same server" in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_during_bench_says_what_was_written(tmp_path, monkeypatch):
+    import specdraft.bench
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(specdraft.bench, "run_bench", interrupted)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:1", "--out", str(out)])
+    assert result.exit_code == 130, result.output
+    assert " ".join(result.output.split()) == (
+        f"interrupted: bench stopped before the sweep finished; nothing was written to {out} (the report is "
+        "written once every level is measured)")
+    assert not out.exists()

@@ -185,7 +185,7 @@ def test_empty_aux_layers_is_a_usage_error(world, tmp_path, value, command):
 def test_capture_aux_layers_left_out_mean_the_default(world, tmp_path, monkeypatch):
     import specdraft.capture
 
-    _, _, bare = world
+    _, target, _ = world  # a real config.json: capture refuses one without model_type (bare's {})
     seen = []
 
     def fake_capture(cfg, console=None):
@@ -193,7 +193,7 @@ def test_capture_aux_layers_left_out_mean_the_default(world, tmp_path, monkeypat
         raise ValueError("stop here")
 
     monkeypatch.setattr(specdraft.capture, "capture_dataset", fake_capture)
-    base = ["capture", str(bare), str(tmp_path / "d.jsonl"), str(tmp_path / "o")]
+    base = ["capture", str(target), str(tmp_path / "d.jsonl"), str(tmp_path / "o")]
     for extra in ([], ["--aux-layers", "1,2,3"]):
         result = invoke(base + extra)
         assert result.exit_code == 1 and "stop here" in result.output, result.output

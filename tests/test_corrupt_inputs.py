@@ -127,3 +127,24 @@ def test_corrupt_manifest_names_a_fix_without_the_run(world, tmp_path, text, wha
     one_error(invoke(["inspect", str(bad)]), f"{bad / MANIFEST_FILE}: {what}", MANIFEST_FIX)
     (bad / MANIFEST_FILE).unlink()  # the advice works: the drafter loads without it, given the target
     assert invoke(["inspect", str(bad), "--target", str(target)]).exit_code == 0
+
+
+def run_commands(draft, target, tmp_path):
+    """capture, regenerate --target and tune given `target`: each reads its config.json first."""
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    return {"capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
+            "regenerate": ["regenerate", str(data), str(tmp_path / "out.jsonl"), "--target", str(target),
+                           "--no-chat"],
+            "tune": ["tune", "--target", str(target), "--draft", str(draft), "--max-tokens", "2"]}
+
+
+@pytest.mark.parametrize("command", ["capture", "regenerate", "tune"])
+@pytest.mark.parametrize("kind", list(CORRUPT))
+def test_corrupt_target_config_of_run_commands(world, tmp_path, command, kind):
+    """transformers' OSError ("It looks like the config file ...") was a traceback (capture,
+    regenerate) or a line without the fix (tune)."""
+    draft, _, target = world
+    text, what = CORRUPT[kind]
+    bad = broken_copy(target, tmp_path / "bad", text)
+    one_error(invoke(run_commands(draft, bad, tmp_path)[command]), f"{bad}/{what}", TARGET_FIX)

@@ -37,3 +37,27 @@ def test_url_scheme_in_any_case_passes_and_another_scheme_gets_a_fitting_example
     assert check_url("HTTP://localhost:8011") == "HTTP://localhost:8011"
     with pytest.raises(ValueError, match=r"'ftp://h:80': must start with http:// or https:// \(e\.g\. http://h:80\)$"):
         check_url("ftp://h:80", "--url")
+
+
+def test_doctor_server_with_a_trailing_slash_is_the_server(tmp_path):
+    """--server http://host:port/ checks the server at http://host:port (not requests to //metrics,
+    which failed with "start the server at ...")."""
+    import json
+
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.serve import build_app, serve_in_thread
+    from tests.doctor_helpers import served_world
+    from tests.serve_helpers import word_tokenizer
+
+    draft, target, samples = served_world(tmp_path, word_tokenizer())
+    server = serve_in_thread(build_app(str(target), str(draft), SpecConfig(num_steps=3, topk=1, num_draft_tokens=4),
+                                       max_seq_len=128))
+    try:
+        result = CliRunner().invoke(app, ["doctor", str(draft), "--target", str(target), "--samples", str(samples),
+                                          "--server", server.url + "/", "--max-samples", "8", "--json"])
+    finally:
+        server.stop()
+    data = json.loads(result.output[result.output.index("{"):])
+    online = next(f for f in data["findings"] if f["check"] == "online_acceptance")
+    assert online["verdict"] == "pass", online
+    assert f"to {server.url} (specdraft)" in online["evidence"]

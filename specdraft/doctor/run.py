@@ -87,7 +87,7 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     from specdraft.bench import check_url
 
     if server is not None:
-        check_url(server, "--server")
+        server = check_url(server, "--server")  # without a trailing slash: paths are appended to it
     for path, want, given_as in ((checkpoint, "drafter", ""), (target, "target", "--target")):
         wrong = wrong_dir_message(path, want, given_as) if path else None
         if wrong:
