@@ -552,6 +552,8 @@ def generate(
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
         engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
                              max_seq_len or None, tokenizer, compile=compile)
+        for note in engine.notes:
+            console.print(f"note: {note}", markup=False, soft_wrap=True)
         ids = tokenizer(prompt)["input_ids"]
         eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
         if compile:  # compile and capture first: the metrics below are then the engine's, not the compiler's
@@ -958,6 +960,8 @@ def serve(
         server_app = build_app(target, draft or None, spec, device, _torch_dtype(dtype), max_seq_len or None,
                                model_name or None, max_queue, log_every, compile=compile)
         state = server_app.state.server
+        for note in state.engine.notes:
+            console.print(f"note: {note}", markup=False, soft_wrap=True)
         if compile:  # before the first request: no client waits on the compiler
             _warm_up_compiled(state.engine, state.tokenizer(WARM_UP_PROMPT)["input_ids"], WARM_UP_TOKENS, console)
     except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:

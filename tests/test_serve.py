@@ -356,7 +356,8 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
     from specdraft.cli import app
 
     served = []
-    fake_app = SimpleNamespace(state=SimpleNamespace(server=SimpleNamespace(model_name="tiny")))
+    fake_app = SimpleNamespace(state=SimpleNamespace(server=SimpleNamespace(
+        model_name="tiny", engine=SimpleNamespace(notes=["num_steps 4 > the drafter's 2 training-time-test steps"]))))
     monkeypatch.setattr(specdraft.serve, "build_app", lambda *a, **k: fake_app)
     monkeypatch.setattr(specdraft.serve, "serve", lambda app_, host, port: served.append((host, port)))
     target = str(tiny_setup("llama").target_dir)
@@ -368,4 +369,5 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
                                     env={"COLUMNS": "400"})
         assert result.exit_code == 0, result.output
         assert f"serving model 'tiny' ({target}) at http://127.0.0.1:8123/v1: {how}" in result.output
+        assert "note: num_steps 4 > the drafter's 2 training-time-test steps" in result.output  # load_engine's
     assert served == [("127.0.0.1", 8123)] * 3

@@ -103,6 +103,7 @@ class SpeculativeEngine:
         self.max_seq_len = max_seq_len
         self.aux_layers: tuple[int, ...] = ()
         self.total = SpecMetrics()
+        self.notes: list[str] = []  # what a user should know about the pairing (`load_engine`)
         target.setup_cache(1, max_seq_len, device=self.device)
         if self.draft is not None:
             self.aux_layers = tuple(aux_layers if aux_layers is not None else draft.cfg.aux_layers)
@@ -525,6 +526,7 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     draft_dir may also be a training checkpoint (RUN/checkpoints/step-N.pt or a sharded step-N
     directory, `train.loop.load_training_checkpoint`: the drafter and its manifest come from it);
     a run directory or its checkpoints directory is refused naming RUN/draft and a step-N file.
+    What loads but differs from the drafter's training is in the engine's `notes` (`pairing_notes`).
     """
     from specdraft.checkpoint import load_draft
     from specdraft.train.loop import (CHECKPOINT_DIR, checkpoint_paths, is_training_checkpoint,
@@ -570,7 +572,42 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
         if not draft.cfg.owns_embedding:
             draft.load_target_embedding(target.tok_embeddings.weight)
         check_manifest(loaded.manifest, draft, target, Path(draft_dir))
-    return SpeculativeEngine(target, draft, spec, None, max_seq_len, device, tokenizer, compile)
+    engine = SpeculativeEngine(target, draft, spec, None, max_seq_len, device, tokenizer, compile)
+    if draft is not None:
+        engine.notes = pairing_notes(loaded.manifest, target_dir, spec)
+    return engine
+
+
+def pairing_notes(manifest: Any, target_dir: str | Path, spec: SpecConfig) -> list[str]:
+    """What loads but is not what the drafter was trained for (each a one-line note; the sizes
+    were checked before): a target config whose hash differs from the manifest's record (the same
+    sizes, e.g. another rope_theta: the aux states move; a transformers release that adds config
+    fields changes the hash too, so this is a note, not an error), and num_steps past the
+    drafter's TTT steps (positions training never unrolled to). No manifest: nothing to compare."""
+    from transformers import AutoConfig
+
+    from specdraft.draft import rope_from_hf_config
+    from specdraft.target import config_hash
+
+    if manifest is None:
+        return []
+    notes = []
+    recorded, config = manifest.target.get("config_hash"), AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    if recorded and config_hash(config) != recorded:
+        text = config.get_text_config()
+        rope_theta, rope_scaling = rope_from_hf_config(lambda k, d=None: getattr(text, k, d))
+        now = {"rope_theta": rope_theta, "rope_scaling": rope_scaling,
+               "max_position_embeddings": getattr(text, "max_position_embeddings", None)}
+        changed = [f"{key} {manifest.target[key]} -> {value}" for key, value in now.items()
+                   if key in manifest.target and manifest.target[key] != value]
+        what = ", ".join(changed) or f"config hash {recorded[:12]} -> {config_hash(config)[:12]}"
+        notes.append(f"{target_dir}: its config differs from the one the drafter was trained on ({what}): "
+                     f"acceptance may drop; `specdraft doctor DRAFT --target {target_dir}` names the difference")
+    ttt_steps = ((manifest.training or {}).get("config") or {}).get("ttt_steps")
+    if ttt_steps and spec.num_steps > ttt_steps:
+        notes.append(f"num_steps {spec.num_steps} > the drafter's {ttt_steps} training-time-test steps: draft "
+                     f"steps past {ttt_steps} were never trained and are rarely accepted")
+    return notes
 
 
 def check_manifest(manifest: Any, draft: Eagle3Draft, target: FastTarget, path: Path) -> None:
