@@ -134,7 +134,8 @@ def _recorded_target(path: Path, config: dict[str, Any]) -> str | None:
 
 def wrong_dir_message(path: str | Path, want: str, given_as: str = "") -> str | None:
     """The one-line refusal when `path` holds a drafter where a target model is wanted
-    (want="target") or a target model where a drafter is (want="drafter"); None otherwise
+    (want="target"), a target model where a drafter is (want="drafter"), a capture store where
+    either is, or a training run directory where a drafter is (naming RUN/draft); None otherwise
     (anything else is left to the loader). given_as: the option it came in, e.g. "--target"."""
     kind = classify_dir(path)
     given = f"{given_as} {path}" if given_as else str(path)
@@ -146,6 +147,16 @@ def wrong_dir_message(path: str | Path, want: str, given_as: str = "") -> str | 
     if want == "drafter" and kind.kind == "target":
         return (f"{given} is a transformers target model ({kind.evidence}), not an EAGLE-3 drafter: "
                 f"{DRAFTER_DIRS}, and this directory as --target")
+    path = Path(path)
+    if kind.kind == "other" and (path / "index.json").is_file() and not (path / "config.json").exists():
+        if want == "drafter":
+            return (f"{given} is a capture store (specdraft capture's index.json), not a drafter: train one on it "
+                    f"(specdraft train {path} OUT), then pass OUT/draft")
+        return (f"{given} is a capture store (specdraft capture's index.json), not a target model: pass the "
+                f"target's transformers directory (the store's index.json records its path)")
+    if want == "drafter" and kind.kind == "other" and classify_dir(path / "draft").kind == "drafter":
+        return (f"{given} is a training run directory, not a drafter: pass {path / 'draft'} (the drafter "
+                f"specdraft train writes at the end)")
     return None
 
 
@@ -402,8 +413,9 @@ def detect_layout(path: Path) -> str:
 def read_config(path: Path) -> dict[str, Any]:
     """config.json of a checkpoint dir; a missing file or bad JSON is a CheckpointError."""
     file = Path(path) / "config.json"
-    if not file.exists():
-        raise CheckpointError(f"{file}: missing; a draft checkpoint directory needs config.json")
+    if not file.exists():  # a run directory or a store given for its drafter: say what to pass
+        raise CheckpointError(wrong_dir_message(path, "drafter") or
+                              f"{file}: missing; a draft checkpoint directory needs config.json")
     try:
         return json.loads(file.read_text())
     except json.JSONDecodeError as e:

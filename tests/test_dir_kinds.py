@@ -148,3 +148,28 @@ def test_an_unrelated_model_directory_is_left_to_the_loader(tmp_path):
     other = write_config(tmp_path / "other", {})
     result = invoke(["inspect", str(other)])
     assert result.exit_code == 1 and "not an EAGLE-3 draft config" in result.output, result.output
+
+
+def test_a_run_directory_or_a_store_where_a_drafter_belongs_names_what_to_pass(world, tmp_path):
+    """`export RUN OUT` / `generate --draft STORE`: one line naming RUN/draft, or saying a store
+    is trained on first (was "config.json: missing")."""
+    import shutil
+
+    draft, target, _, _ = world
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(draft, run / "draft")
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "index.json").write_text("{}")
+    result = invoke(["export", str(run), str(tmp_path / "out"), "--engine", "sglang"])
+    assert result.exit_code == 1, result.output
+    assert " ".join(result.output.split()) == (f"error: {run} is a training run directory, not a drafter: pass "
+                                               f"{run / 'draft'} (the drafter specdraft train writes at the end)")
+    result = invoke(["generate", "--target", str(target), "--draft", str(store), "--prompt", "a"])
+    assert result.exit_code == 1, result.output
+    assert (f"--draft {store} is a capture store (specdraft capture's index.json), not a drafter: train one on it "
+            f"(specdraft train {store} OUT), then pass OUT/draft") in " ".join(result.output.split())
+    assert wrong_dir_message(store, "target", "--target") == (
+        f"--target {store} is a capture store (specdraft capture's index.json), not a target model: pass the "
+        "target's transformers directory (the store's index.json records its path)")
