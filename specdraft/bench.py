@@ -36,7 +36,11 @@ verdict of the means), `speedups[].noise` (null unless the runs are too noisy to
 the measured server shows no speculation), `failed_requests_warning` (null unless some request
 failed) and per level `no_spec_signal`. A level with a failed request on either server has no
 valid speedup: its row says "invalid: N errors" (bench.json: `speedups[].num_errors`, verdict
-"invalid: N errors"), it sets no verdict or crossover, and `failed_requests_warning` names it.
+"invalid: N errors", `valid` false and `speedup` / `speedup_std` / `noise` null; every valid
+entry has `valid` true), it sets no verdict or crossover (the crossover sentence then speaks of
+"every valid concurrency" and names the levels left out), and `failed_requests_warning` names it.
+Each server's tokens/s cell at such a level reads "invalid (N of M failed)" and throughput.png
+leaves that point out (`plot_data`).
 Requests use temperature 0 and ignore_eos (vLLM / SGLang / specdraft extension) by default, so
 both servers generate max_tokens tokens for every prompt.
 Each server is waited for (`wait_for_server`): while nothing accepts connections at its URL (a
@@ -119,13 +123,18 @@ class BenchConfig:
 
 def check_url(url: str, name: str = "url") -> str:
     """A server base URL as bench and doctor take it: http:// or https://, else ValueError
-    (one line naming the option `name` and the fix). Returns it without trailing slashes (paths
-    such as /metrics are appended to it)."""
+    (one line naming the option `name` and the fix), as is a URL ending in /v1 (the OpenAI paths
+    are appended to it: /v1/v1/models). Returns it without trailing slashes (paths such as
+    /metrics are appended to it)."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("http", "https"):
         example = f"http://{rest}" if sep else f"http://{url}"
         raise ValueError(f"{name} {url!r}: must start with http:// or https:// (e.g. {example})")
-    return url.rstrip("/")
+    base = url.rstrip("/")
+    if base.endswith("/v1"):
+        raise ValueError(f"{name} {url!r}: give the server's base URL without /v1 ({base[:-3]}); the OpenAI "
+                         "paths are added here")
+    return base
 
 
 PROMPT_ROW = '{"prompt": "<text>"} or a JSON string'
@@ -532,8 +541,9 @@ def bench_server(server: Server, prompts: list[str], cfg: BenchConfig,
         run.levels.append(level)
         if progress:
             tau = f", tau {level.spec.accept_length:.3f}" if level.spec else ""
-            errors = f", {level.num_errors} of {level.num_requests} requests FAILED" if level.num_errors else ""
-            progress(f"{url} ({server.kind}) concurrency {concurrency}: {tps_cell(level)} tok/s{tau}{errors}")
+            tps = (f"invalid: {level.num_errors} of {level.num_requests} requests FAILED" if level.num_errors
+                   else f"{tps_cell(level)} tok/s")
+            progress(f"{url} ({server.kind}) concurrency {concurrency}: {tps}{tau}")
     return run
 
 
@@ -592,26 +602,39 @@ def margin_text(tie_band: float, noisy: bool) -> str:
     return f" by more than {' and '.join(parts)}" if parts else ""
 
 
-def find_crossover(points: list[SpeedupPoint], tie_band: float = 0.0) -> Crossover:
+def find_crossover(points: list[SpeedupPoint], tie_band: float = 0.0, invalid: Sequence[int] = ()) -> Crossover:
     """Crossover of the points (sorted here by concurrency), judged by `verdict`: speculation
     stops winning at the first point after a win that is no win (a tie or a loss). The text
     says which case holds: wins at every concurrency, loses at every one, wins at none,
     wins only from some concurrency on (no crossover), or stops winning between two
-    concurrencies (naming any later concurrency where it wins again)."""
+    concurrencies (naming any later concurrency where it wins again). invalid: concurrencies
+    measured but left out of `points` (failed requests): the text then speaks of "every valid
+    concurrency" and names them."""
     points = sorted(points, key=lambda p: p.concurrency)
     if not points:
         return Crossover(None, NO_BASELINE)
+    crossover = _crossover(points, tie_band, "valid concurrency" if invalid else "concurrency measured",
+                           "valid" if invalid else "measured")
+    if invalid:
+        left_out = ", ".join(map(str, sorted(invalid)))
+        crossover.text += f" (left out, failed requests: concurrency {left_out})"
+    return crossover
+
+
+def _crossover(points: list[SpeedupPoint], tie_band: float, measured: str, highest: str) -> Crossover:
+    """`find_crossover` of sorted, non-empty points; measured: "concurrency measured" or "valid
+    concurrency"; highest: "measured" or "valid"."""
     verdicts = [verdict(p, tie_band) for p in points]
     wins = [v == "wins" for v in verdicts]
     band = margin_text(tie_band, any(p.speedup_std > 0 for p in points))
     if all(wins):
         last = points[-1]
-        return Crossover(None, f"no crossover: speculation wins{band} at every concurrency measured "
+        return Crossover(None, f"no crossover: speculation wins{band} at every {measured} "
                                f"(up to {last.concurrency}, speedup {last.text()} there)")
     if not any(wins):
         best = max(points, key=lambda p: p.speedup)
-        how = ("loses at every concurrency measured" if all(v == "loses" for v in verdicts)
-               else f"does not win{band} at any concurrency measured")
+        how = (f"loses at every {measured}" if all(v == "loses" for v in verdicts)
+               else f"does not win{band} at any {measured}")
         return Crossover(None, f"no crossover: speculation {how} "
                                f"(best speedup {best.text()} at concurrency {best.concurrency})")
     i = next((i for i in range(1, len(points)) if wins[i - 1] and not wins[i]), None)
@@ -620,7 +643,7 @@ def find_crossover(points: list[SpeedupPoint], tie_band: float = 0.0) -> Crossov
         return Crossover(None, f"speculation wins from concurrency {first.concurrency} on (speedup "
                                f"{first.text()} there); below concurrency {first.concurrency} it does "
                                f"not win{band}; no crossover: it does not stop winning up to concurrency "
-                               f"{points[-1].concurrency}, the highest measured")
+                               f"{points[-1].concurrency}, the highest {highest}")
     a, b = points[i - 1], points[i]
     again = [p.concurrency for p, w in zip(points[i + 1:], wins[i + 1:]) if w]
     resumes = f"; it wins again at concurrency {', '.join(map(str, again))}" if again else ""
@@ -738,7 +761,10 @@ class BenchReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         speedups = [{**asdict(p), "verdict": point_verdict(p, self.config.tie_band) if self.has_verdicts
-                     or p.num_errors else None} for p in self.speedups or []]
+                     or p.num_errors else None, "valid": not p.num_errors} for p in self.speedups or []]
+        for d in speedups:  # an invalid level has no speedup: no number to mistake for one
+            if not d["valid"]:
+                d.update(speedup=None, speedup_std=None, noise=None)
         return {"config": asdict(self.config), "spec": self.spec.to_dict(),
                 "baseline": self.baseline.to_dict() if self.baseline else None,
                 "speedups": speedups or None, "crossover": asdict(self.crossover),
@@ -770,7 +796,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
     elif not valid:
         crossover = Crossover(None, f"no crossover: {ALL_INVALID}")
     else:
-        crossover = find_crossover(valid, cfg.tie_band)
+        crossover = find_crossover(valid, cfg.tie_band, [p.concurrency for p in speedups if p.num_errors])
     return BenchReport(cfg, spec, baseline, speedups, crossover)
 
 
@@ -780,7 +806,10 @@ def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
 
 
 def tps_cell(level: LevelResult) -> str:
-    """Tokens/s of a level: "812.3", or "812.3 ± 4.1 (806.0-816.2)" (mean ± sd (min-max)) over runs."""
+    """Tokens/s of a level: "812.3", or "812.3 ± 4.1 (806.0-816.2)" (mean ± sd (min-max)) over runs;
+    "invalid (12 of 16 failed)" with failed requests (the successful ones alone give no valid tokens/s)."""
+    if level.num_errors:
+        return f"invalid ({level.num_errors} of {level.num_requests} failed)"
     if level.num_runs < 2:
         return f"{level.tokens_per_s:.1f}"
     runs = level.tokens_per_s_runs
@@ -856,22 +885,41 @@ def noise_cell(point: SpeedupPoint, judged: bool) -> str:
     return "steady" if judged else "one run: no spread"
 
 
+Series = tuple[list[int], list[float], list[float]]  # concurrencies, values, their sd
+
+
+def plot_data(report: BenchReport) -> dict[str, tuple[str, dict[str, Series]]]:
+    """What throughput.png and tpot.png draw: per file its y label and, per server ("speculative",
+    "baseline"), the points. throughput.png leaves out a level with failed requests (its tokens/s
+    count the successful requests alone: invalid, `tps_cell`)."""
+    runs = [("speculative", report.spec), ("baseline", report.baseline)]
+    series = {"throughput.png": ("output tokens/s (mean ± sd)", True,
+                                 lambda lv: (lv.tokens_per_s, lv.tokens_per_s_std)),
+              "tpot.png": ("TPOT p50 (ms)", False, lambda lv: ((lv.tpot_s.p50 or 0.0) * 1e3, 0.0))}
+    data = {}
+    for name, (label, valid_only, value) in series.items():
+        data[name] = (label, {})
+        for title, run in runs:
+            if run is not None:
+                levels = [lv for lv in run.levels if not (valid_only and lv.num_errors)]
+                data[name][1][title] = ([lv.concurrency for lv in levels], [value(lv)[0] for lv in levels],
+                                        [value(lv)[1] for lv in levels])
+    return data
+
+
 def plot(report: BenchReport, out_dir: Path) -> list[Path]:
     """throughput.png, tpot.png and (with a baseline) speedup.png against concurrency."""
     from matplotlib.figure import Figure
 
-    runs = [("speculative", report.spec), ("baseline", report.baseline)]
-    ticks = sorted({lv.concurrency for _, run in runs if run is not None for lv in run.levels})
-    series = {"throughput.png": ("output tokens/s (mean ± sd)", lambda lv: (lv.tokens_per_s, lv.tokens_per_s_std)),
-              "tpot.png": ("TPOT p50 (ms)", lambda lv: ((lv.tpot_s.p50 or 0.0) * 1e3, 0.0))}
+    runs = [report.spec, report.baseline]
+    ticks = sorted({lv.concurrency for run in runs if run is not None for lv in run.levels})
     paths = []
-    for name, (label, value) in series.items():
+    for name, (label, lines) in plot_data(report).items():
         fig = Figure(figsize=(5, 3.5))
         ax = fig.add_subplot()
-        for title, run in runs:
-            if run is not None:
-                y, err = zip(*(value(lv) for lv in run.levels))
-                ax.errorbar([lv.concurrency for lv in run.levels], y, yerr=err, fmt="o-", capsize=3, label=title)
+        for title, (x, y, err) in lines.items():
+            if x:
+                ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=title)
         paths.append(save_figure(fig, ax, label, out_dir / name, ticks))
     points = [p for p in report.speedups or [] if not p.num_errors]  # an invalid speedup is not drawn
     if points:
@@ -891,7 +939,8 @@ def save_figure(fig: Any, ax: Any, ylabel: str, path: Path, ticks: list[int]) ->
     ax.minorticks_off()
     ax.set_xlabel("concurrency")
     ax.set_ylabel(ylabel)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:  # a figure with every point left out has nothing to name
+        ax.legend()
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=100)

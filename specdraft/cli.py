@@ -54,6 +54,7 @@ def _check_model_dir(value: str, param: typer.CallbackParam = None) -> str:
         if (path.expanduser() / "config.json").is_file():
             raise typer.BadParameter(f"{value}: ~ was not expanded (a shell leaves it as is after '='); pass "
                                      f"{path.expanduser()}")
+        _refuse_wrong_kind(value, "target", param)  # a capture store: named as one
         raise typer.BadParameter(f"{value}: no config.json here; pass a transformers model directory")
     if value:
         _refuse_wrong_kind(value, "target", param)
@@ -185,7 +186,7 @@ def _aux_layer_list(value: str | None, param: typer.CallbackParam = None) -> tup
         return None
     if not value.strip():
         raise typer.BadParameter(f"{value!r} is empty; leave --aux-layers out for the default layers "
-                                 f"(conventions.default_aux_layers), or give three layers, e.g. "
+                                 f"([2, L//2, L-3] for an L-layer target), or give three layers, e.g. "
                                  f"{_list_example(param)}")
     return _int_list(value, param)
 
@@ -227,7 +228,7 @@ def capture(
     data: str = typer.Argument(..., help="JSONL chats/texts, save_to_disk dir or text file."),
     out: str = typer.Argument(..., help="Output store directory (resumed if it exists)."),
     aux_layers: str | None = typer.Option(None, help="Specdraft indices, e.g. '2,3,4' (default: "
-                                          "conventions.default_aux_layers).", callback=_aux_layer_list),
+                                          "[2, L//2, L-3] for an L-layer target).", callback=_aux_layer_list),
     dtype: DtypeName = typer.Option("bf16", help="Storage dtype of hidden states."),
     target_dtype: DtypeName = typer.Option("fp32", help="Dtype the target runs in."),
     max_length: int = typer.Option(2048, min=1, help="Truncate samples to this many tokens."),
@@ -660,7 +661,7 @@ def train(
     online: bool = _flag("--online", help="Run --target on SOURCE's records at every step "
                          "(no capture store)."),
     aux_layers: str | None = typer.Option(None, help="Specdraft indices, e.g. '2,3,4' (online default: "
-                                          "conventions.default_aux_layers; a store's must match).",
+                                          "[2, L//2, L-3] for an L-layer target; a store's must match).",
                                           callback=_aux_layer_list),
     no_chat: bool = _flag("--no-chat", help="With --online: plain text (base models)."),
     template_kwargs: str = typer.Option("{}", help="With --online: JSON kwargs for the chat template."),

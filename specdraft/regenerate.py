@@ -437,6 +437,8 @@ def _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs, p
                         if records.chat else
                         _regenerate_texts(chunk, backend, sampling, tokenizer, prompt_tokens))
             except RegenerationError as e:
+                if start == 0 and f.tell() == 0:  # nothing written: the caller removes the empty file
+                    raise
                 raise RegenerationError(f"{e}; finished records are kept in {out_path}: re-run "
                                         f"the same command to resume") from e
             for row in rows:

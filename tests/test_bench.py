@@ -22,6 +22,7 @@ from specdraft.bench import (
     find_crossover,
     load_prompts,
     markdown,
+    plot_data,
     run_bench,
     scrape_counters,
     verdict,
@@ -108,6 +109,13 @@ def test_crossover_rule():
     rising = find_crossover(single((1, 0.97), (2, 1.2)))
     assert rising.concurrency is None and rising.text.startswith(
         "speculation wins from concurrency 2 on (speedup 1.20x there); below concurrency 2 it does not win;")
+    assert "the highest measured" in rising.text
+    # levels left out (failed requests): "every valid concurrency", naming them
+    valid = find_crossover(single((1, 1.8)), invalid=[16, 4])
+    assert valid.text == ("no crossover: speculation wins at every valid concurrency (up to 1, speedup 1.80x there) "
+                          "(left out, failed requests: concurrency 4, 16)")
+    assert "loses at every valid concurrency" in find_crossover(single((1, 0.5)), invalid=[4]).text
+    assert "the highest valid (left out" in find_crossover(single((1, 0.97), (2, 1.2)), invalid=[4]).text
 
 
 def test_speedup_of_repeated_runs_is_the_ratio_of_means_with_propagated_deviation():
@@ -341,10 +349,17 @@ def test_bench_cli_warns_when_the_measured_server_does_not_speculate(servers, ot
         assert run_bench(cfg).speculation_warning is None
 
 
-def test_a_level_with_failed_requests_reports_no_speedup_and_exits_1(servers, tmp_path):
+def test_a_level_with_failed_requests_reports_no_speedup_and_exits_1(servers, tmp_path, monkeypatch):
     """A speculative server with a one-request queue refuses (HTTP 429) some of 4 requests in
     flight: that level's speedup is "invalid: N errors" (tokens/s count the successful requests
-    only), it sets no verdict, one WARNING names it, and bench exits 1 after writing the report."""
+    only), it sets no verdict, one WARNING names it, and bench exits 1 after writing the report.
+    Nowhere does that level show as a number: bench.json's speedup is null with "valid": false,
+    its tokens/s cell reads "invalid (N of 8 failed)", throughput.png leaves it out, and the
+    crossover speaks of "every valid concurrency", naming 4 as left out."""
+    import specdraft.bench as bench
+
+    plotted = []
+    monkeypatch.setattr(bench, "plot_data", lambda report: plotted.append(plot_data(report)) or plotted[-1])
     _, plain = servers
     setup = tiny_setup("llama")
     tok = word_tokenizer()
@@ -369,7 +384,27 @@ def test_a_level_with_failed_requests_reports_no_speedup_and_exits_1(servers, tm
                               f"of 8 requests failed on {queued.url}")
     assert "HTTP 429" in warning and "--max-queue" in warning and "--timeout" in warning
     assert "concurrency 1:" not in warning
-    assert f"{queued.url} (specdraft) concurrency 4: " in result.output and " of 8 requests FAILED" in result.output
+    spec_errors = data["spec"]["levels"][1]["num_errors"]
+    flat = " ".join(result.output.split())  # the console wraps progress lines
+    assert f"{queued.url} (specdraft) concurrency 4: invalid: {spec_errors} of 8 requests FAILED" in flat
+    # bench.json: no speedup number beside the invalid verdict, and a flag on every entry
+    assert [p["valid"] for p in data["speedups"]] == [True, False]
+    assert data["speedups"][1]["speedup"] is None and data["speedups"][1]["speedup_std"] is None
+    assert data["speedups"][1]["noise"] is None and data["speedups"][0]["speedup"] > 0
+    # the tokens/s tables (bench.md, console): the failed level's cell says so, not a number
+    text = (tmp_path / "out" / "bench.md").read_text()
+    for shown in (text, result.output):
+        assert f"| 4 | invalid ({spec_errors} of 8 failed) | " in shown
+    assert sum(line.startswith("| 1 | ") and " ± " in line for line in text.splitlines()) == 2  # valid: numbers
+    # the crossover: judged on the valid level alone, and says so
+    crossover = data["crossover"]["text"]
+    assert "concurrency measured" not in crossover and "the highest measured" not in crossover
+    assert "valid concurrency" in crossover and crossover.endswith("(left out, failed requests: concurrency 4)")
+    assert crossover in text
+    # throughput.png: the failed level is not drawn; tpot.png and the baseline's valid level are
+    (_, throughput), (_, tpot) = plotted[0]["throughput.png"], plotted[0]["tpot.png"]
+    assert throughput["speculative"][0] == [1] and tpot["speculative"][0] == [1, 4]
+    assert throughput["baseline"][0] == ([1] if data["baseline"]["levels"][1]["num_errors"] else [1, 4])
 
 
 def test_bench_cli_takes_urls_with_a_trailing_slash(servers, tmp_path):

@@ -34,6 +34,24 @@ def test_case_fc09_rope_theta_differs(ckpt, tmp_path):
     assert "vs 10000.0 (target" in finding.evidence
 
 
+def test_case_fc09_a_target_with_another_rope_names_the_target_as_the_fix(ckpt, tmp_path):
+    """The drafter's config is as trained and the target's rope differs: re-exporting cannot help."""
+    import shutil
+
+    draft, target = ckpt
+    moved = shutil.copytree(target, tmp_path / "target")
+
+    def set_theta(config):
+        if isinstance(config.get("rope_parameters"), dict):
+            config["rope_parameters"]["rope_theta"] = 500000.0
+        config["rope_theta"] = 500000.0
+    edit_config(moved, set_theta)
+    finding = run_doctor(draft, target=moved).finding("rope_matches_training")
+    assert finding.verdict == "fail" and "rope_theta 10000.0 (config) vs 500000.0 (target" in finding.evidence
+    assert finding.fix.startswith("serve the target the drafter was trained on, or train a drafter for this target")
+    assert rope(draft, target, tmp_path / "x", lambda c: c.update(rope_theta=500000.0)).fix.startswith("re-export")
+
+
 def test_case_fc09_only_rope_parameters_is_flagged(ckpt, tmp_path):
     finding = rope(*ckpt, tmp_path, lambda c: (c.pop("rope_theta"), c.pop("rope_scaling"), c.update(
         rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})))

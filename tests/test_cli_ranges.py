@@ -178,7 +178,7 @@ def test_empty_aux_layers_is_a_usage_error(world, tmp_path, value, command):
     args = ([str(bare), str(tmp_path / "d.jsonl"), str(tmp_path / "o")] if command == "capture" else
             [str(tmp_path / "store"), str(tmp_path / "run")])
     text = usage_error([command, *args, "--aux-layers", value], "--aux-layers")
-    assert (f"{value!r} is empty; leave --aux-layers out for the default layers (conventions.default_aux_layers), "
+    assert (f"{value!r} is empty; leave --aux-layers out for the default layers ([2, L//2, L-3] for an L-layer target), "
             "or give three layers, e.g. 2,16,29") in text
 
 

@@ -170,6 +170,8 @@ def test_a_run_directory_or_a_store_where_a_drafter_belongs_names_what_to_pass(w
     assert result.exit_code == 1, result.output
     assert (f"--draft {store} is a capture store (specdraft capture's index.json), not a drafter: train one on it "
             f"(specdraft train {store} OUT), then pass OUT/draft") in " ".join(result.output.split())
+    result = invoke(["generate", "--target", str(store), "--prompt", "a"])
+    assert result.exit_code == 1 and f"--target {store} is a capture store" in " ".join(result.output.split())
     assert wrong_dir_message(store, "target", "--target") == (
         f"--target {store} is a capture store (specdraft capture's index.json), not a target model: pass the "
         "target's transformers directory (the store's index.json records its path)")

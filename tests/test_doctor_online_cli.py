@@ -61,3 +61,14 @@ def test_doctor_server_with_a_trailing_slash_is_the_server(tmp_path):
     online = next(f for f in data["findings"] if f["check"] == "online_acceptance")
     assert online["verdict"] == "pass", online
     assert f"to {server.url} (specdraft)" in online["evidence"]
+
+
+def test_a_server_url_ending_in_v1_is_refused_before_any_check(tmp_path):
+    """doctor --server URL/v1 was 25 s of checks ending in "unreachable" for a running server."""
+    (tmp_path / "samples.jsonl").write_text('{"text": "hi"}\n')
+    result = CliRunner().invoke(app, ["doctor", str(tmp_path), "--server", "http://127.0.0.1:8011/v1/",
+                                      "--samples", str(tmp_path / "samples.jsonl")], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert " ".join(result.output.split()) == ("error: --server 'http://127.0.0.1:8011/v1/': give the server's base "
+                                               "URL without /v1 (http://127.0.0.1:8011); the OpenAI paths are "
+                                               "added here")

@@ -42,7 +42,7 @@ def test_a_target_with_another_rope_theta_is_noted(world, tmp_path):
     notes = load_engine(moved, draft, SpecConfig.chain(2)).notes
     assert len(notes) == 1, notes
     assert notes[0].startswith(f"{moved}: its config differs from the one the drafter was trained on (rope_theta ")
-    assert "-> 123.0" in notes[0] and f"specdraft doctor DRAFT --target {moved}" in notes[0]
+    assert "-> 123.0" in notes[0] and f"specdraft doctor {draft} --target {moved}" in notes[0]
 
 
 def test_num_steps_past_the_ttt_steps_is_noted(world):

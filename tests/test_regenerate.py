@@ -150,8 +150,10 @@ def test_other_settings_and_client_errors_are_refused(server, tmp_path):
     with pytest.raises(RegenerationError, match="other settings.*sampling"):
         regenerate(records, out, backend(server), Sampling(temperature=1.0))
     server.failures = {"hello": [400]}
-    with pytest.raises(RegenerationError, match="HTTP 400 after 1 attempts.*boom"):
+    with pytest.raises(RegenerationError, match="HTTP 400 after 1 attempts.*boom") as failed:
         regenerate(records, tmp_path / "other.jsonl", backend(server), Sampling())
+    # the first batch failed: no file is left, so none is named as holding finished records
+    assert "finished records are kept" not in str(failed.value) and not (tmp_path / "other.jsonl").exists()
 
 
 def test_endpoint_completions_no_chat_sends_prompt_token_ids(server, tmp_path):

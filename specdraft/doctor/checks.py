@@ -403,10 +403,15 @@ def rope_matches_training(ev: Evidence) -> Result:
     if layer.get("partial_rotary_factor", 1.0) != 1.0:
         problems.append(f"partial_rotary_factor {layer['partial_rotary_factor']}: the drafter was "
                         "trained with full rotary")
+    only_target = not problems  # so far none about the drafter's config itself
     for name, reference in _rope_references(ev):
         for key, value in served.items():
             if key in reference and reference[key] != value:
                 problems.append(f"{key} {describe(value)} (config) vs {describe(reference[key])} ({name})")
+                only_target = only_target and name != "training"
+    if problems and only_target and ev.manifest is not None:  # the config is as trained: the target differs
+        return fail("; ".join(problems), "serve the target the drafter was trained on, or train a drafter for "
+                    "this target (re-exporting cannot change the target's rope)")
     if problems:
         return fail("; ".join(problems), "re-export with specdraft export (writes the trained rope "
                     "and max positions explicitly)")

@@ -574,11 +574,11 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
         check_manifest(loaded.manifest, draft, target, Path(draft_dir))
     engine = SpeculativeEngine(target, draft, spec, None, max_seq_len, device, tokenizer, compile)
     if draft is not None:
-        engine.notes = pairing_notes(loaded.manifest, target_dir, spec)
+        engine.notes = pairing_notes(loaded.manifest, draft_dir, target_dir, spec)
     return engine
 
 
-def pairing_notes(manifest: Any, target_dir: str | Path, spec: SpecConfig) -> list[str]:
+def pairing_notes(manifest: Any, draft_dir: str | Path, target_dir: str | Path, spec: SpecConfig) -> list[str]:
     """What loads but is not what the drafter was trained for (each a one-line note; the sizes
     were checked before): a target config whose hash differs from the manifest's record (the same
     sizes, e.g. another rope_theta: the aux states move; a transformers release that adds config
@@ -602,7 +602,7 @@ def pairing_notes(manifest: Any, target_dir: str | Path, spec: SpecConfig) -> li
                    if key in manifest.target and manifest.target[key] != value]
         what = ", ".join(changed) or f"config hash {recorded[:12]} -> {config_hash(config)[:12]}"
         notes.append(f"{target_dir}: its config differs from the one the drafter was trained on ({what}): "
-                     f"acceptance may drop; `specdraft doctor DRAFT --target {target_dir}` names the difference")
+                     f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference")
     ttt_steps = ((manifest.training or {}).get("config") or {}).get("ttt_steps")
     if ttt_steps and spec.num_steps > ttt_steps:
         notes.append(f"num_steps {spec.num_steps} > the drafter's {ttt_steps} training-time-test steps: draft "

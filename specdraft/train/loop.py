@@ -130,7 +130,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{flag(name)} {getattr(self, name)}: must be positive")
         if not math.isfinite(self.lr):  # nan passes `<= 0`; torch's optimizer would say "Invalid learning rate"
-            raise ValueError(f"{flag('lr')} {self.lr}: must be a positive number")
+            raise ValueError(f"{flag('lr')} {self.lr}: must be a finite positive number")
         if self.total_steps is not None and self.epochs is not None:
             raise ValueError(f"total_steps {self.total_steps} and epochs {self.epochs} both set (--config): keep "
                              "one run length, or pass --steps or --epochs, which replaces both")
