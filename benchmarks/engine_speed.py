@@ -25,19 +25,21 @@ Measured on H200s (torch 2.11, Triton 3.6; each run starts a fresh machine, and 
 by ~2 %), target forwards of up to 16 tokens through `fused_decode`'s Triton kernels (matmul
 epilogues: RoPE + cache writes, silu * up; programmatic dependent launch, with attention's first
 K / V block read before the wait). 2026-11-30, session 7, final code (staging copy inside the
-graph): copy 4.21 TB/s, weights 15.0 GB, roofline 280-282 tokens/s. The GPU's part (graph replay
-alone, CUDA events): decode 3.843 ms = 92.3 % of roofline, verify 16 4.402 ms = 1.145 x decode
-(earlier today, staging outside the graph: 3.889 / 3.898 ms = 91.7 / 91.6 %, 1.149 / 1.148 x).
-As the engine's plain decode calls it (inputs staged from the host, synchronised): decode 3.904
-ms = 90.9 % (earlier today, staging outside: 3.91-4.10 ms = 86.5-90.9 % over seven runs on two
-machines: the host's staging and launch vary from process to process, 0.05-0.2 ms); verify 16
-timed the same way 4.527 ms = 1.159 x (earlier 1.109-1.157): a timing that shows the host's 0.12
-ms with nothing to hide it, while in the engine the verify's staging is queued behind the
-drafter's kernels. Goals: decode >= 90 % met (GPU and engine step in this run); verify 16 <=
-1.15 x met by the forward's GPU time (1.145-1.149 in all three runs that measured it); drafter
-met. Forward of 4 / 8 / 32 / 64 tokens 4.40 / 4.40 / 6.59 / 6.75 ms; drafter through the Triton
-kernels (graphed): tree step (topk 4) 0.22 ms = 5.7 %, chain step 0.21 ms = 5.3 % of decode
-(torch ops: 0.44 and 0.30 ms). Session 6: decode 3.90 ms (90.8-92.3 %), verify 16 1.156 x.
+graph), three runs on two machines: copy 4.21 TB/s, weights 15.0 GB, roofline 280-282 tokens/s.
+The GPU's part (graph replay alone, CUDA events): decode 3.843 / 3.844 / 3.843 ms = 92.3 / 92.1 /
+93.3 % of roofline, verify 16 4.402 / 4.403 / 4.405 ms = 1.145 / 1.145 / 1.146 x decode (earlier
+today, staging outside the graph: 1.149 / 1.148). As the engine's plain decode calls it (inputs
+staged from the host, synchronised): decode 3.904 / 3.882 / 3.877 ms = 90.9 / 91.2 / 92.5 %
+(earlier today, staging outside: 3.91-4.10 ms = 86.5-90.9 % over seven runs on two machines:
+the host's staging and launch vary from process to process, 0.05-0.2 ms); verify 16 timed the
+same way 4.527 / 4.451 / 4.571 ms = 1.159 / 1.147 / 1.179 x (earlier 1.109-1.157): a timing
+that shows the host's 0.05-0.17 ms with nothing to hide it (drafted ids on the device: one more
+CUDA call than decode). Goals: decode >= 90 % met (GPU and engine step, all three runs); verify
+16 <= 1.15 x met by the forward's GPU time (1.145-1.149 in all five runs that measured it), not
+by the engine-step timing; drafter met. Forward of 4 / 8 / 32 / 64 tokens 4.33-4.40 / 4.40-4.44
+/ 6.59-6.86 / 6.62-6.78 ms; drafter through the Triton kernels (graphed): tree step (topk 4)
+0.22 ms = 5.6-5.7 %, chain step 0.21 ms = 5.3-5.4 % of decode (torch ops: 0.44 and 0.30 ms).
+Session 6: decode 3.90 ms (90.8-92.3 %), verify 16 1.156 x.
 Host time of a synchronised decode step before this session's change (300 steps, three
 processes on one machine, us p10 / p50 / p90): staging 53-64 / 66-119 / 86-180 (an event wait,
 four host copies, the host-to-device copy and an event record: 5-20 us a CUDA call on that
@@ -49,8 +51,9 @@ Session 6 kept: the 16-row gate|up GEMM at 128 weight rows x 128 columns, 4 stag
 stages): 61.5 -> 58.6 us alone, verify 16 4.57 -> 4.46 ms.
 End to end (`SpeculativeEngine.generate`, compile=True, random weights so every draft is
 rejected): plain 233 tokens/s (246 after prefill; before the in-graph staging, on another
-machine: 218 / 231), chain of 3 175, tree 4 x 4 / 16 nodes 132 (session 6: 228 plain); drafting a chain of 3 took 0.38 ms a step
-with the drafter's Triton steps replayed as CUDA graphs (`GraphedDraft`), 2.3 ms eagerly.
+machine: 218 / 231), chain of 3 175, tree 4 x 4 / 16 nodes 132 (session 6: 228 plain);
+drafting a chain of 3 took 0.38 ms a step with the drafter's Triton steps replayed as CUDA
+graphs (`GraphedDraft`), 2.3 ms eagerly.
 Session 3 (before the epilogues and PDL): decode 4.27 ms; the torch path (--torch-kernels:
 compiled layers, cuBLAS, cuDNN attention) 5.18-5.29 ms = 67 %, 1.20 x.
 Where the decode step goes (graph replays with parts left out, 2026-11-30): all of it 3.92-3.94
