@@ -84,7 +84,8 @@ SERVER_POLL_S = 0.5
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """What to benchmark. url / baseline_url: server base URLs (http://host:port); prompts:
+    """What to benchmark. url / baseline_url: server base URLs (http://host:port; trailing
+    slashes dropped); prompts:
     "builtin" or a JSONL file (rows {"prompt": text} or JSON strings, whatever the file's
     name; plain text is refused); concurrency: requests in flight, one level each; num_prompts: requests per
     run of a level (prompts cycled); repeats: runs per level (mean and spread of tokens/s;
@@ -109,8 +110,8 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for name in ("url", "baseline_url"):
-            if getattr(self, name) is not None:
-                check_url(getattr(self, name), name)
+            if getattr(self, name) is not None:  # kept without trailing slashes (`check_url`)
+                object.__setattr__(self, name, check_url(getattr(self, name), name))
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency {list(self.concurrency)}: give positive integers, e.g. 1,4,16")
         for name in ("max_tokens", "num_prompts", "repeats"):

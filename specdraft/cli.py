@@ -1020,7 +1020,6 @@ def bench(
         raise typer.BadParameter(f"{url} and {baseline_url} are the same server: measuring one server twice "
                                  "gives no speedup; give the server without speculation as --baseline-url, or "
                                  "leave --baseline-url out", param_hint="'--url' / '--baseline-url'")
-    url, baseline_url = url.rstrip("/"), baseline_url.rstrip("/")  # http://h:8000/ + /metrics: no //metrics
     console = Console()
     local = any(httpx.URL(u).host in LOCAL_HOSTS for u in (url, baseline_url) if u.startswith("http"))
     busy = busy_note("the tokens/s of servers on this machine", "serve --threads 1 competes less") if local else None

@@ -420,6 +420,12 @@ def test_bench_cli_takes_urls_with_a_trailing_slash(servers, tmp_path):
     assert data["spec"]["levels"][0]["spec"]["accept_length"] > 1
 
 
+def test_bench_config_keeps_urls_without_trailing_slashes():
+    """From Python as from the CLI: paths such as /metrics are appended to the URLs."""
+    cfg = BenchConfig("http://127.0.0.1:9/", "http://127.0.0.1:10//")
+    assert (cfg.url, cfg.baseline_url) == ("http://127.0.0.1:9", "http://127.0.0.1:10")
+
+
 @pytest.mark.parametrize("host", ["localhost", "[::1]", "0.0.0.0", "LOCALHOST"])
 def test_one_server_by_two_loopback_names_is_the_same_server(host, tmp_path):
     from specdraft.cli import _same_server
