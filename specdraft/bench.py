@@ -284,9 +284,10 @@ def detect_server(url: str, timeout_s: float = 30.0, connect_timeout_s: float | 
     model it serves (/v1/models). connect_timeout_s: for opening connections (default timeout_s).
     Raises ServerUnreachable (a RuntimeError) when nothing accepts the connection, RuntimeError
     when the server does not answer /v1/models, or when `url` ends in /v1 (the paths here include it)."""
-    if url.rstrip("/").endswith("/v1"):
-        raise RuntimeError(f"{url}: give the server's base URL without /v1 ({url.rstrip('/')[:-3]}); "
-                           "the OpenAI paths are added here")
+    try:
+        url = check_url(url)
+    except ValueError as e:  # e.g. a URL ending in /v1
+        raise RuntimeError(str(e)) from None
     timeout = httpx.Timeout(timeout_s, connect=timeout_s if connect_timeout_s is None else connect_timeout_s)
     with httpx.Client(base_url=url, timeout=timeout) as client:
         try:

@@ -66,21 +66,15 @@ CORRUPT = {"not-json": ("{not json", "config.json: not valid JSON ("),
 
 @pytest.mark.parametrize("command", ["inspect", "convert", "generate"])
 @pytest.mark.parametrize("kind", list(CORRUPT))
-def test_corrupt_drafter_config(world, tmp_path, command, kind):
+@pytest.mark.parametrize("which", ["drafter", "target"])
+def test_corrupt_config(world, tmp_path, command, kind, which):
     draft, _, target = world
     text, what = CORRUPT[kind]
-    bad = broken_copy(draft, tmp_path / "bad", text)
-    one_error(invoke(commands(bad, target, tmp_path / "out")[command]), f"{bad}/{what}", DRAFTER_FIX,
-              "or restore config.json from where the checkpoint came from")
-
-
-@pytest.mark.parametrize("command", ["inspect", "convert", "generate"])
-@pytest.mark.parametrize("kind", list(CORRUPT))
-def test_corrupt_target_config(world, tmp_path, command, kind):
-    draft, _, target = world
-    text, what = CORRUPT[kind]
-    bad = broken_copy(target, tmp_path / "bad", text)
-    one_error(invoke(commands(draft, bad, tmp_path / "out")[command]), f"{bad}/{what}", TARGET_FIX)
+    bad = broken_copy(draft if which == "drafter" else target, tmp_path / "bad", text)
+    dirs = (bad, target) if which == "drafter" else (draft, bad)
+    fixes = ((DRAFTER_FIX, "or restore config.json from where the checkpoint came from") if which == "drafter"
+             else (TARGET_FIX,))
+    one_error(invoke(commands(*dirs, tmp_path / "out")[command]), f"{bad}/{what}", *fixes)
 
 
 @pytest.mark.parametrize("command", ["inspect", "convert", "generate"])

@@ -593,14 +593,15 @@ def pairing_notes(manifest: Any, draft_dir: str | Path, target_dir: str | Path, 
         return []
     notes = []
     recorded, config = manifest.target.get("config_hash"), AutoConfig.from_pretrained(target_dir, local_files_only=True)
-    if recorded and config_hash(config) != recorded:
+    digest = config_hash(config)
+    if recorded and digest != recorded:
         text = config.get_text_config()
         rope_theta, rope_scaling = rope_from_hf_config(lambda k, d=None: getattr(text, k, d))
         now = {"rope_theta": rope_theta, "rope_scaling": rope_scaling,
                "max_position_embeddings": getattr(text, "max_position_embeddings", None)}
         changed = [f"{key} {manifest.target[key]} -> {value}" for key, value in now.items()
                    if key in manifest.target and manifest.target[key] != value]
-        what = ", ".join(changed) or f"config hash {recorded[:12]} -> {config_hash(config)[:12]}"
+        what = ", ".join(changed) or f"config hash {recorded[:12]} -> {digest[:12]}"
         notes.append(f"{target_dir}: its config differs from the one the drafter was trained on ({what}): "
                      f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference")
     ttt_steps = ((manifest.training or {}).get("config") or {}).get("ttt_steps")
