@@ -158,21 +158,42 @@ def random_draft(target: FastTarget, draft_vocab: int, dtype: torch.dtype, devic
 def timed_ms(fn: Callable[[], object], device: str, iters: int, warmup_s: float = 0.3) -> float:
     """Median wall time of fn() in milliseconds (synchronised on CUDA), after calling fn for
     warmup_s seconds and at least 3 times (compiles, captures, and lets the GPU's clocks settle)."""
-    def call() -> None:
+    warm_up(fn, device, warmup_s)
+    return statistics.median(step_times(fn, device, iters))
+
+
+def interleaved_ms(fns: dict, device: str, iters: int, rounds: int = 5, warmup_s: float = 0.3) -> dict:
+    """Median wall time in milliseconds of each fn in `fns` (synchronised on CUDA): each warmed
+    up as `timed_ms`, then `rounds` rounds of iters // rounds calls of every fn in turn, so that
+    the host's and the GPU's drift within the process (clocks, another process's load) reaches
+    them all alike instead of whichever ran last."""
+    for fn in fns.values():
+        warm_up(fn, device, warmup_s)
+    times: dict = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            times[key] += step_times(fn, device, max(1, iters // rounds))
+    return {key: statistics.median(samples) for key, samples in times.items()}
+
+
+def warm_up(fn: Callable[[], object], device: str, seconds: float) -> None:
+    """Call fn (synchronised) for `seconds` and at least 3 times."""
+    start, calls = time.perf_counter(), 0
+    while calls < 3 or time.perf_counter() - start < seconds:
+        step_times(fn, device, 1)
+        calls += 1
+
+
+def step_times(fn: Callable[[], object], device: str, n: int) -> list[float]:
+    """Wall times in milliseconds of n calls of fn, each synchronised on CUDA."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
         fn()
         if device == "cuda":
             torch.cuda.synchronize()
-
-    start, calls = time.perf_counter(), 0
-    while calls < 3 or time.perf_counter() - start < warmup_s:
-        call()
-        calls += 1
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        call()
         times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    return times
 
 
 def copy_bandwidth_gbs(device: str, num_bytes: int) -> float:
@@ -194,9 +215,14 @@ def weight_bytes(model: torch.nn.Module) -> int:
 def step_forward(target: FastTarget, forward, prefix: int, t: int, max_seq_len: int, device: str):
     """A callable running T = t new tokens after `prefix` cached tokens (causal). For a
     `GraphedTarget` the inputs are where the engine has them: positions, slots and mask built on
-    the host, a decode step's token too, a verify's drafted tokens on the device."""
+    the host, a decode step's token too; a verify's drafted tokens on the device, in the graph's
+    own input buffer, where the engine's drafter writes them (`GraphedTarget.device_input_ids`)."""
     staged = isinstance(forward, GraphedTarget)
-    ids = torch.randint(0, target.args.vocab_size, (1, t), device="cpu" if staged and t == 1 else device)
+    if staged and t > 1:
+        ids = forward.device_input_ids(t, max_seq_len)
+        ids.random_(0, target.args.vocab_size)
+    else:
+        ids = torch.randint(0, target.args.vocab_size, (1, t), device="cpu" if staged else device)
     positions = torch.arange(prefix, prefix + t, device="cpu" if staged else device)[None]
     slots = positions[0]
     mask = causal_mask(prefix, t, max_seq_len, device=positions.device)
@@ -217,8 +243,8 @@ def bench_target(target: FastTarget, device: str, prefix: int, max_seq_len: int,
         if triton:
             reason = target.use_triton()
             kernels = "triton" if reason is None else f"torch ({reason})"
-    times = {t: timed_ms(step_forward(target, forward, prefix, t, max_seq_len, device), device, iters)
-             for t in VERIFY_TOKENS}
+    times = interleaved_ms({t: step_forward(target, forward, prefix, t, max_seq_len, device) for t in VERIFY_TOKENS},
+                           device, iters)
     result = {"prefix_tokens": prefix, "kernels_up_to_16_tokens": kernels,
               "forward_ms": {str(t): ms for t, ms in times.items()},
               "decode_ms": times[1], "decode_tokens_per_s": 1e3 / times[1],

@@ -226,6 +226,30 @@ def test_static_inputs_stage_host_values_into_their_own_bytes():
         inputs.fill((torch.tensor([[1]]), mask, torch.tensor([5, 6, 7])))  # would broadcast
 
 
+def test_static_inputs_do_not_copy_a_device_value_written_in_place():
+    """A device input passed as its own static tensor (the engine's drafted tokens, written there
+    by the drafter: `GraphedTarget.device_input_ids`) costs no copy; any other tensor is copied."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountCopies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.copies = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.copies += func is torch.ops.aten.copy_.default
+            return func(*args, **(kwargs or {}))
+
+    inputs = StaticInputs([(1, 3), (3,)], [torch.long, torch.long], torch.device("cpu"), on_host=(False, False))
+    inputs.tensors[0].copy_(torch.tensor([[4, 5, 6]]))
+    with CountCopies() as mode:
+        inputs.fill((inputs.tensors[0][0][None], torch.tensor([1, 2, 3])))  # a view of the same bytes
+    assert mode.copies == 1 and inputs.tensors[0].tolist() == [[4, 5, 6]] and inputs.tensors[1].tolist() == [1, 2, 3]
+    with CountCopies() as mode:
+        inputs.fill((torch.tensor([[7, 8, 9]]), inputs.tensors[1]))
+    assert mode.copies == 1 and inputs.tensors[0].tolist() == [[7, 8, 9]]
+
+
 def test_static_inputs_stage_only_the_host_values():
     """Host inputs come first in the buffer and the staging copy covers just them: it must not
     overwrite an input given on the device (copied to its place before the graph's staging)."""
@@ -237,5 +261,9 @@ def test_static_inputs_stage_only_the_host_values():
     inputs.host_tensors[1].fill_(True)
     inputs.stage()
     assert inputs.tensors[0].tolist() == [[4, 5, 6]] and bool(inputs.tensors[1].all())
-    with pytest.raises(ValueError, match="graph input on cpu, captured for one on the device"):
-        inputs.fill((torch.tensor([[1, 2, 3]]), torch.ones(1, 1, 3, 5, dtype=torch.bool), torch.tensor([5, 6, 7])))
+    with pytest.raises(ValueError, match="graph input on meta, captured for one on cpu"):  # meta: another device
+        inputs.fill((torch.ones(1, 3, dtype=torch.long, device="meta"), torch.ones(1, 1, 3, 5, dtype=torch.bool),
+                     torch.tensor([5, 6, 7])))
+    with pytest.raises(ValueError, match="graph input on meta, captured for one on the CPU"):
+        inputs.fill((torch.tensor([[1, 2, 3]]), torch.ones(1, 1, 3, 5, dtype=torch.bool, device="meta"),
+                     torch.tensor([5, 6, 7])))

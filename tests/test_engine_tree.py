@@ -55,6 +55,29 @@ def test_expansion_counts_and_draft_masks_follow_sglang():
         assert tree.depths[i] == tree.depths[p] + 1 and tree.scores[i] <= tree.scores[p]
 
 
+@pytest.mark.parametrize("topk, steps, num_draft_tokens", [(1, 3, 4), (2, 3, 6)])
+def test_tree_tokens_written_into_a_given_buffer(topk, steps, num_draft_tokens):
+    """tree(out=buf) (the engine's graphed verify input) puts the tokens a plain tree() returns
+    into buf itself, and refuses a buffer of another size instead of resizing it."""
+    def expanded() -> TreeExpansion:
+        torch.manual_seed(1)
+        exp = TreeExpansion(1, topk, False, SamplingParams(), torch.arange(16) * 3, 48, None)
+        tokens, hidden = exp.expand(torch.randn(1, 16), torch.randn(1, 4), written=False)
+        for _ in range(steps - 1):
+            tokens, hidden = exp.expand(torch.randn(tokens.numel(), 16), hidden, written=True)
+        return exp
+
+    ref = expanded().tree(num_draft_tokens)
+    buffer = torch.full((2, num_draft_tokens), -1)
+    tree = expanded().tree(num_draft_tokens, out=buffer[0])
+    assert tree.tokens.data_ptr() == buffer.data_ptr() and buffer[1].tolist() == [-1] * num_draft_tokens
+    assert buffer[0].tolist() == ref.tokens.tolist() and tree.parents == ref.parents
+    assert torch.equal(tree.scores, ref.scores) and tree.depths == ref.depths
+    with pytest.raises(ValueError, match=f"tree of {num_draft_tokens} nodes written to a token buffer of "
+                                         f"shape \\({num_draft_tokens + 1},\\)"):
+        expanded().tree(num_draft_tokens, out=torch.zeros(num_draft_tokens + 1, dtype=torch.long))
+
+
 @torch.no_grad()
 def test_tree_scores_equal_chain_runs_along_each_path():
     """The tree steps (scratch cache + tree masks) give every kept node the same cumulative

@@ -235,7 +235,10 @@ class SpeculativeEngine:
                 logits, hidden = draft(tokens, hidden, position, first_step=False, cache=cache, start=past,
                                        attn_mask=expansion.draft_mask(cache.length))
                 tokens, hidden = expansion.expand(logits, hidden, written=True)
-        return expansion.tree(spec.num_draft_tokens)
+        # graphed: the tokens go straight into the verify graph's input (no copy before its replay)
+        out = (None if self.graphed is None else
+               self.graphed.device_input_ids(spec.num_draft_tokens, self.max_seq_len)[0])
+        return expansion.tree(spec.num_draft_tokens, out=out)
 
     def draft_attention(self) -> contextlib.AbstractContextManager:
         """The drafter's attention kernels (CUDA: not cuDNN, see DRAFT_SDPA_BACKENDS); on the CPU
@@ -410,13 +413,14 @@ class StaticInputs:
         """Write values (the inputs' shapes and placement; any dtype that casts): those on the
         CPU into the host buffer (once the last `stage` has read it), those on the device into
         the static tensors. The host values reach the device with the next `stage`. Raises
-        ValueError when a shape or a placement differs."""
+        ValueError when a shape or a placement differs. A device value that is its static tensor
+        (written there by its producer, e.g. `GraphedTarget.device_input_ids`) is not copied."""
         for static, value, on_host in zip(self.tensors, values, self.on_host):
             if value.shape != static.shape:
                 raise ValueError(f"graph input of shape {tuple(value.shape)}, captured for {tuple(static.shape)}")
-            if (value.device.type == "cpu") != on_host:
+            if value.device != (torch.device("cpu") if on_host else static.device):
                 raise ValueError(f"graph input on {value.device.type}, captured for one on "
-                                 f"{'the CPU' if on_host else 'the device'}")
+                                 f"{'the CPU' if on_host else static.device.type}")
         if self.host_bytes:
             if self.copied is not None:
                 self.copied.synchronize()  # the last staging copy has left the pinned buffer
@@ -424,7 +428,7 @@ class StaticInputs:
                 if on_host:
                     host.copy_(value)
         for static, value, on_host in zip(self.tensors, values, self.on_host):
-            if not on_host:
+            if not on_host and value.data_ptr() != static.data_ptr():  # not already written in place
                 static.copy_(value)
 
     def stage(self) -> None:
@@ -454,15 +458,28 @@ class GraphedTarget:
         the tensor arguments on the target's device or the CPU."""
         values = (input_ids, position_ids, cache_slots, attn_mask)
         on_host = tuple(v.device.type == "cpu" for v in values)
-        # a new cache (setup_cache) invalidates the graphs: key them by its address too
-        cache = self.target.layers[0].attention.kv_cache.k_cache
-        key = (input_ids.shape[1], on_host, cache.data_ptr())
-        if key not in self.graphs:
-            self.graphs[key] = self.capture(key[0], attn_mask.shape[-1], on_host, cache.device)
-        graph, inputs, output = self.graphs[key]
+        graph, inputs, output = self.graph(input_ids.shape[1], attn_mask.shape[-1], on_host)
         inputs.fill(values)
         graph.replay()
         return output
+
+    def device_input_ids(self, t: int, max_seq_len: int) -> Tensor:
+        """input_ids [1, t] long of the graph for T = t tokens with input_ids on the device and the
+        other inputs on the host (a verify's placement; mask width max_seq_len), captured on first
+        use. A caller that writes its tokens here and passes this tensor back skips the device
+        copy of `StaticInputs.fill` (the engine's drafted tree: `TreeExpansion.tree(out=...)`):
+        one CUDA call less on the host between drafting and verifying. The values are read by the
+        next replay of that graph and must not change before it."""
+        return self.graph(t, max_seq_len, (False, True, True, True))[1].tensors[0]
+
+    def graph(self, t: int, max_seq_len: int, on_host: tuple[bool, ...]) -> tuple:
+        """(graph, StaticInputs, output) for T = t and this placement, captured on first use."""
+        # a new cache (setup_cache) invalidates the graphs: key them by its address too
+        cache = self.target.layers[0].attention.kv_cache.k_cache
+        key = (t, on_host, cache.data_ptr())
+        if key not in self.graphs:
+            self.graphs[key] = self.capture(t, max_seq_len, on_host, cache.device)
+        return self.graphs[key]
 
     def capture(self, t: int, max_seq_len: int, on_host: tuple[bool, ...], device: torch.device) -> tuple:
         """Warm up (compiles), then capture staging + forward for T = t tokens."""

@@ -176,21 +176,36 @@ class TreeExpansion:
         self.frontier_ancestors = ancestors[rows]
         return tokens[best], hidden[rows]
 
-    def tree(self, num_draft_tokens: int) -> DraftTree:
-        """The root plus the best num_draft_tokens - 1 candidates, as a DraftTree."""
-        tokens, scores = torch.cat(self.tokens), torch.cat(self.scores)
+    def tree(self, num_draft_tokens: int, out: Tensor | None = None) -> DraftTree:
+        """The root plus the best num_draft_tokens - 1 candidates, as a DraftTree. out: a
+        [num_draft_tokens] long tensor on the drafter's device that receives the tree's tokens
+        (a graphed target's input buffer, `GraphedTarget.device_input_ids`) and becomes
+        `DraftTree.tokens`, or None for a new tensor. Raises ValueError when the tree does not
+        have exactly out's size."""
+        scores = torch.cat(self.scores)
         probs = torch.cat(self.probs) if self.probs else None
-        device = tokens.device
         if self.topk == 1:  # a chain: every node, in order
+            check_out(out, self.num_nodes)
+            tokens = torch.cat(self.tokens) if out is None else torch.cat(self.tokens, out=out)
             parents = list(range(-1, self.num_nodes - 1))
             return DraftTree(tokens, parents, list(range(self.num_nodes)), scores, probs)
+        tokens = torch.cat(self.tokens)
         parents = torch.cat(self.parents).tolist()
         keep = select(parents, scores, num_draft_tokens)
+        check_out(out, len(keep))
         index = {node: i for i, node in enumerate(keep)}
         new_parents = [-1] + [index[parents[node]] for node in keep[1:]]
         depths = [0] * len(keep)
         for i, parent in enumerate(new_parents[1:], start=1):
             depths[i] = depths[parent] + 1
-        keep_t = torch.tensor(keep, device=device)
-        return DraftTree(tokens[keep_t], new_parents, depths, scores[keep_t],
+        keep_t = torch.tensor(keep, device=tokens.device)
+        kept = tokens[keep_t] if out is None else torch.index_select(tokens, 0, keep_t, out=out)
+        return DraftTree(kept, new_parents, depths, scores[keep_t],
                          None if probs is None else probs[keep_t[1:] - 1])
+
+
+def check_out(out: Tensor | None, num_nodes: int) -> None:
+    """Raise ValueError when a tree of num_nodes nodes cannot be written to out (None: nothing to check)."""
+    if out is not None and out.shape != (num_nodes,):
+        raise ValueError(f"a draft tree of {num_nodes} nodes written to a token buffer of shape "
+                         f"{tuple(out.shape)}: the verify graph was built for another num_draft_tokens")
