@@ -5,8 +5,9 @@ Measures, and prints as JSON:
 - plain decode: tokens/s of CUDA-graphed single-token steps on a 1k-token cache, against the
   roofline = measured bandwidth / weight bytes (every weight is read once per token);
 - target forward time for T = 1, 4, 8, 16, 32, 64 new tokens on the 1k-token cache (graphed),
-  as the engine calls it (inputs staged from the host, then the replay, synchronised); for 1 and
-  16 also the replay alone on CUDA events: the GPU's part, without the host's ~0.03-0.1 ms;
+  as the engine calls it (inputs staged from the host, a verify's drafted ids already in the
+  graph's input, then the replay, synchronised; the sizes timed in interleaved rounds); for 1
+  and 16 also the replay alone on CUDA events: the GPU's part, without the host's 0.03-0.15 ms;
 - drafter step time (EAGLE-3 layer of the same width, 32k draft vocabulary): first step over
   4 accepted positions and a tree step over topk = 4 frontier rows, on a 1k-token draft cache;
 - end to end: `SpeculativeEngine.generate` with compile=True, plain vs chain vs tree (random
@@ -24,7 +25,25 @@ Goals checked: plain decode >= 90 % of roofline, verify 16 <= 1.15 x decode, dra
 Measured on H200s (torch 2.11, Triton 3.6; each run starts a fresh machine, and machines differ
 by ~2 %), target forwards of up to 16 tokens through `fused_decode`'s Triton kernels (matmul
 epilogues: RoPE + cache writes, silu * up; programmatic dependent launch, with attention's first
-K / V block read before the wait). 2026-11-30, session 7, final code (staging copy inside the
+K / V block read before the wait). 2026-12-01, session 8 (a verify's drafted ids written into the
+graph's input by the drafter, no copy before the replay; interleaved timing), three processes
+on three machines: copy 4.20-4.23 TB/s, roofline 280-282 tokens/s. Verify 16 / decode as the
+engine calls them: 1.1449 / 1.1445 (two engine_speed runs), and in a third process 1.111-1.143
+over six timings (each size alone, decode with verify 16 interleaved, all sizes interleaved; two
+rounds); the replay alone 1.1438 / 1.1450 / 1.1431 / 1.1426. The host's part of a step (the call
+returning, before the sync) is now the same for a verify as for a decode: 0.045 / 0.044 ms in one
+round, 0.144 / 0.150 ms in the next, in one process (the host's time varies threefold within a
+process, and decides how far an engine-step timing lies above the replay). Decode: replay 3.954 /
+3.892 / 3.882-3.903 ms = 90.4 / 91.1 / 91.3 % of roofline; as the engine calls it 4.024 / 4.009 /
+3.91-4.04 ms = 87.7-90.6 %: the GPU's part meets 90 % on every machine, a synchronised step
+only on a quiet host. Drafter: tree step (topk 4) 0.22 ms = 5.5 %, chain step 0.21 ms = 5.2 %.
+End to end with `GraphedRound` (a greedy round's drafting as one graph), one process, two
+alternations each (round graph / step by step, tokens/s): chain of 3 131, 179 / 170, 171; tree
+4 x 4 / 16 140, 140 / 111, 134; chain of 7 148, 144 / 135, 138; drafting's host time per round
+(chain of 3) 0.10-0.16 against 1.04-1.06 ms, of which the GPU's drafting had hidden most.
+engine_speed's end to end on two machines: plain 215 / 227, chain of 3 134 (step by step) / 166
+(round graph), tree 105 / 141.
+2026-11-30, session 7, final code (staging copy inside the
 graph), three runs on two machines: copy 4.21 TB/s, weights 15.0 GB, roofline 280-282 tokens/s.
 The GPU's part (graph replay alone, CUDA events): decode 3.843 / 3.844 / 3.843 ms = 92.3 / 92.1 /
 93.3 % of roofline, verify 16 4.402 / 4.403 / 4.405 ms = 1.145 / 1.145 / 1.146 x decode (earlier

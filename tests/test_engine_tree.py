@@ -55,6 +55,28 @@ def test_expansion_counts_and_draft_masks_follow_sglang():
         assert tree.depths[i] == tree.depths[p] + 1 and tree.scores[i] <= tree.scores[p]
 
 
+@pytest.mark.parametrize("topk", [1, 2])
+def test_cache_mask_is_the_draft_mask_over_the_whole_cache(topk):
+    """cache_mask (built from a device count of committed entries, as a captured round builds
+    it) is draft_mask(committed) padded with False to the cache's length: a chain's row sees
+    every entry up to its own slot."""
+    torch.manual_seed(0)
+    exp = TreeExpansion(1, topk, False, SamplingParams(), torch.arange(16), 16, None)
+    tokens, hidden = exp.expand(torch.randn(1, 16), torch.randn(1, 4), written=False)
+    for _ in range(2):
+        tokens, hidden = exp.expand(torch.randn(tokens.numel(), 16), hidden, written=True)
+        for committed in (0, 3, 7):
+            got = exp.cache_mask(torch.tensor([committed]), torch.arange(20))
+            want = torch.zeros(tokens.numel(), 20, dtype=torch.bool)
+            mask = exp.draft_mask(committed)
+            if mask is None:  # a chain: every entry up to the row's slot (committed + scratch)
+                want[:, :committed + exp.num_scratch + 1] = True
+            else:
+                want[:, :mask.shape[-1]] = mask[0, 0]
+            assert torch.equal(got, want)
+    assert exp.num_scratch == 2 * topk and (topk == 1 or exp.frontier_ancestors.any(1).all())
+
+
 @pytest.mark.parametrize("topk, steps, num_draft_tokens", [(1, 3, 4), (2, 3, 6)])
 def test_tree_tokens_written_into_a_given_buffer(topk, steps, num_draft_tokens):
     """tree(out=buf) (the engine's graphed verify input) puts the tokens a plain tree() returns

@@ -403,3 +403,66 @@ def test_compiled_engine_runs_target_and_drafter_through_triton_graphs():
     plain = SpeculativeEngine(target, None, None, None, 64, DEVICE, compile=True)  # inputs staged from the host
     assert len(plain.generate(list(range(1, 13)), 8).token_ids) == 8
     assert [inputs.tensors[0].device.type for _, inputs, _ in plain.graphed.graphs.values()] == ["cuda"]
+
+
+class _LazyGraph:
+    """Stands in for a captured CUDA graph without a GPU: replay recomputes the outputs (into
+    the same list)."""
+
+    def __init__(self, fn):
+        self.fn, self.outputs = fn, []
+
+    def replay(self):
+        self.outputs[:] = self.fn()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("spec", ["chain3", "tree3x2_6"])
+def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
+    """GraphedRound (the first step, later steps and expansions of a greedy round in one graph:
+    whole-cache masks from device values, scratch after the committed entries, Triton steps)
+    drafts the trees the engine drafts step by step (torch steps), round after round, hence the
+    same output: tokens, parents and draft scores (to rounding). Without a GPU the graphs are
+    replaced by eager replays."""
+    from specdraft.engine.draft_round import GraphedRound
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.engine.speculate import SpeculativeEngine
+    from tests.drafts import tiny_draft
+
+    if not CUDA:
+        def capture(self, m):
+            inputs = self.static_inputs(m)
+            graph = _LazyGraph(lambda: self.round(*inputs))
+            return graph, inputs, graph.outputs
+        monkeypatch.setattr(GraphedRound, "capture", capture)
+    setting = {"chain3": SpecConfig.chain(3), "tree3x2_6": SpecConfig(3, 2, 6)}[spec]
+    target = _random_target(ARGS["llama"])
+    torch.manual_seed(0)
+    draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64,
+                       target_hidden_size=64, vocab_size=200, num_attention_heads=4, num_key_value_heads=2)
+    for name in ("q_proj", "k_proj"):  # peaked attention: a position off by one moves the scores
+        getattr(draft.midlayer.self_attn, name).weight.mul_(8)
+    draft = draft.to(DEVICE, DTYPE).eval()
+    prompt = torch.randint(0, 200, (12,), generator=torch.Generator().manual_seed(2)).tolist()
+    outputs, trees = [], []
+    for graphed in (False, True):
+        engine = SpeculativeEngine(target, draft, setting, None, 32, DEVICE)
+        if graphed:
+            engine.run_round = GraphedRound(engine.fast_draft, engine.draft_cache, setting, engine.draft_vocab,
+                                            target.args.vocab_size)
+            assert set(engine.run_round.graphs) == {1, 2, 3, 4}  # every count of accepted positions
+        rounds, draft_tree = [], engine.draft_tree
+
+        def record(req, draft_tree=draft_tree, rounds=rounds):
+            tree = draft_tree(req)  # a graphed round's tokens and scores: its graph's outputs, reused
+            rounds.append((tree.tokens.tolist(), tree.parents, tree.depths, tree.scores.clone()))
+            return tree
+
+        engine.draft_tree = record
+        outputs.append(engine.generate(prompt, 6).token_ids)
+        trees.append(rounds)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 6
+    assert len(trees[0]) == len(trees[1]) > 2
+    for (ref_tokens, ref_parents, ref_depths, ref_scores), (tokens, parents, depths, scores) in zip(*trees):
+        assert (tokens, parents, depths) == (ref_tokens, ref_parents, ref_depths)
+        assert _rel_err(scores, ref_scores) < TOL

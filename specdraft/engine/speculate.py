@@ -1,8 +1,9 @@
 """Speculative decoding, batch 1: prefill, draft, verify, accept, commit (gpt-fast style loop).
 
 One round (`SpeculativeEngine.step`):
-1. draft (`FastDraft`: the drafter's weights packed for this loop; `GraphedDraft`, its Triton
-   steps as CUDA graphs, with compile=True): the drafter's first step
+1. draft (`FastDraft`: the drafter's weights packed for this loop; with compile=True its Triton
+   steps as CUDA graphs, `GraphedDraft`, and a greedy expansion's whole round as one graph,
+   `GraphedRound`): the drafter's first step
    extends its cache over the positions the target accepted last round, from the target's aux
    states there (position t gets token t+1; the last one gets the bonus token), then
    num_steps - 1 steps feed back its own hidden state and grow the tree (`tree.TreeExpansion`);
@@ -30,12 +31,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from specdraft.draft import Eagle3Draft
 from specdraft.engine import fused_decode, sampling
 from specdraft.engine.draft_cache import DraftCache
+from specdraft.engine.draft_round import GraphedRound
 from specdraft.engine.fast_draft import FastDraft, GraphedDraft, draft_graph_keys
 from specdraft.engine.fast_model import FastTarget, causal_mask, load_fast_target
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.sampling import SamplingParams, Verdict, logits_to_probs, sample
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import DraftTree, TreeExpansion, verify_mask
+from specdraft.engine.tree import DraftTree, TreeExpansion, tree_of, verify_mask
 
 TokenCallback = Callable[[list[int]], None]
 # Attention kernels for the drafter. Not cuDNN: it builds an execution plan for every new
@@ -117,6 +119,7 @@ class SpeculativeEngine:
             self.draft_vocab = draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=self.device))
             self.fast_draft = FastDraft(draft)
             self.run_draft: FastDraft | GraphedDraft = self.fast_draft
+        self.run_round: GraphedRound | None = None  # greedy rounds as one graph (compile=True)
         self.graphed: GraphedTarget | None = None
         self.target_kernels = self.draft_kernels = "torch"
         if compile and self.device.type == "cuda":
@@ -130,6 +133,8 @@ class SpeculativeEngine:
                 if reason is None:
                     self.run_draft = GraphedDraft(self.fast_draft, self.draft_cache,
                                                   draft_graph_keys(self.spec.num_steps, self.spec.topk))
+                    self.run_round = GraphedRound(self.fast_draft, self.draft_cache, self.spec, self.draft_vocab,
+                                                  target.args.vocab_size)
                 self.draft_kernels = "triton" if reason is None else f"torch, eager ({reason})"
 
     # ---- public -------------------------------------------------------------------------------
@@ -218,11 +223,22 @@ class SpeculativeEngine:
         return token
 
     def draft_tree(self, req: Request) -> DraftTree:
-        """The drafter's first step over the pending positions, then num_steps - 1 tree steps."""
+        """The drafter's first step over the pending positions, then num_steps - 1 tree steps
+        (compiled: a greedy expansion in one graph replay, `GraphedRound`)."""
         draft, cache, spec = self.run_draft, self.draft_cache, self.spec
         start, m = cache.length, req.pending_ids.numel()
-        expansion = TreeExpansion(req.output_ids[-1], spec.topk, spec.is_chain and not req.params.greedy,
-                                  req.params, self.draft_vocab, self.target.args.vocab_size, req.generator)
+        sampled = spec.is_chain and not req.params.greedy
+        # graphed: the tokens go straight into the verify graph's input (no copy before its replay)
+        out = (None if self.graphed is None else
+               self.graphed.device_input_ids(spec.num_draft_tokens, self.max_seq_len)[0])
+        candidates = None
+        if self.run_round is not None and not sampled:
+            candidates = self.run_round(req.pending_ids, req.pending_aux, start)
+        if candidates is not None:
+            cache.commit(m)
+            return tree_of(*candidates, None, spec.num_draft_tokens, out)
+        expansion = TreeExpansion(req.output_ids[-1], spec.topk, sampled, req.params, self.draft_vocab,
+                                  self.target.args.vocab_size, req.generator)
         with self.draft_attention():
             positions = torch.arange(start, start + m, device=self.device)
             logits, hidden = draft(req.pending_ids, req.pending_aux, positions, first_step=True, cache=cache,
@@ -235,9 +251,6 @@ class SpeculativeEngine:
                 logits, hidden = draft(tokens, hidden, position, first_step=False, cache=cache, start=past,
                                        attn_mask=expansion.draft_mask(cache.length))
                 tokens, hidden = expansion.expand(logits, hidden, written=True)
-        # graphed: the tokens go straight into the verify graph's input (no copy before its replay)
-        out = (None if self.graphed is None else
-               self.graphed.device_input_ids(spec.num_draft_tokens, self.max_seq_len)[0])
         return expansion.tree(spec.num_draft_tokens, out=out)
 
     def draft_attention(self) -> contextlib.AbstractContextManager:

@@ -104,26 +104,28 @@ def select(parents: list[int], scores: Tensor, num_keep: int) -> list[int]:
 class TreeExpansion:
     """Candidates of one draft round, built step by step (see the module docstring).
 
-    root_token: the last emitted token. topk: children per node. sampled: draw each child from
-    q (chain at T > 0) instead of taking the top-k. draft_to_target: [Vd] long, the target id
-    of every draft id. vocab_size: the target's V (for draft_probs).
+    root_token: the last emitted token (an int, or a [1] long tensor on the drafter's device:
+    `GraphedRound` captures the expansion). topk: children per node. sampled: draw each child
+    from q (chain at T > 0) instead of taking the top-k. draft_to_target: [Vd] long, the target
+    id of every draft id. vocab_size: the target's V (for draft_probs).
     A chain (topk 1) keeps no frontier bookkeeping: its one child is the next frontier, every
     scratch entry is an ancestor of the next row (no draft mask) and every node is verified.
     """
 
-    def __init__(self, root_token: int, topk: int, sampled: bool, params: SamplingParams,
+    def __init__(self, root_token: int | Tensor, topk: int, sampled: bool, params: SamplingParams,
                  draft_to_target: Tensor, vocab_size: int, generator: torch.Generator | None) -> None:
         device = draft_to_target.device
         self.topk, self.sampled, self.params, self.generator = topk, sampled, params, generator
         self.draft_to_target, self.vocab_size = draft_to_target, vocab_size
-        self.tokens = [draft_to_target.new_tensor([root_token])]
+        root = root_token if isinstance(root_token, Tensor) else draft_to_target.new_tensor([root_token])
+        self.tokens = [root]
         self.scores = [torch.zeros(1, device=device)]
         self.probs: list[Tensor] = []
         self.num_nodes = 1
         self.num_scratch = 0  # draft-cache scratch entries written so far (frontier rows of steps >= 1)
         self.frontier_scores = self.scores[0]
         if topk > 1:  # a tree's bookkeeping: which nodes the frontier holds, and their ancestors
-            self.parents = [torch.tensor([-1], device=device)]
+            self.parents = [torch.full((1,), -1, device=device)]  # no host copy: capturable
             self.frontier = torch.zeros(1, dtype=torch.long, device=device)  # node ids [F]
             self.frontier_ancestors = torch.zeros(1, 0, dtype=torch.bool, device=device)  # [F, C]
 
@@ -137,6 +139,18 @@ class TreeExpansion:
         return torch.cat([torch.ones(f, committed, dtype=torch.bool, device=device),
                           self.frontier_ancestors,
                           torch.eye(f, dtype=torch.bool, device=device)], dim=1)[None, None]
+
+    def cache_mask(self, committed: Tensor, entries: Tensor) -> Tensor:
+        """`draft_mask` over the whole draft cache, from device values (what a CUDA graph of the
+        round captures): [F, max_len] bool; committed: [1] long, the committed entries; entries:
+        arange(max_len) on the device. A chain's row sees every entry up to its own slot."""
+        relative = entries - committed  # [max_len]: entry index past the committed ones
+        f, width = self.frontier_scores.numel(), self.num_scratch + self.frontier_scores.numel()
+        if self.topk == 1:  # one row
+            return (relative <= self.num_scratch)[None]
+        own = torch.cat([self.frontier_ancestors, torch.eye(f, dtype=torch.bool, device=entries.device)], 1)
+        seen = own[:, relative.clamp(0, width - 1)] & (relative < width)  # [F, max_len]
+        return seen | (relative < 0)
 
     def expand(self, logits: Tensor, hidden: Tensor, written: bool) -> tuple[Tensor, Tensor]:
         """Add the children of the frontier and move the frontier to the best topk of them.
@@ -176,32 +190,43 @@ class TreeExpansion:
         self.frontier_ancestors = ancestors[rows]
         return tokens[best], hidden[rows]
 
-    def tree(self, num_draft_tokens: int, out: Tensor | None = None) -> DraftTree:
-        """The root plus the best num_draft_tokens - 1 candidates, as a DraftTree. out: a
-        [num_draft_tokens] long tensor on the drafter's device that receives the tree's tokens
-        (a graphed target's input buffer, `GraphedTarget.device_input_ids`) and becomes
-        `DraftTree.tokens`, or None for a new tensor. Raises ValueError when the tree does not
-        have exactly out's size."""
-        scores = torch.cat(self.scores)
+    def candidates(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """Every node so far, root first: tokens [M+1] long (target ids), scores [M+1] float32,
+        parents [M+1] long (None for a chain: node i's parent is i - 1), draft_probs [M, V] (a
+        sampled chain's q) or None."""
+        parents = torch.cat(self.parents) if self.topk > 1 else None
         probs = torch.cat(self.probs) if self.probs else None
-        if self.topk == 1:  # a chain: every node, in order
-            check_out(out, self.num_nodes)
-            tokens = torch.cat(self.tokens) if out is None else torch.cat(self.tokens, out=out)
-            parents = list(range(-1, self.num_nodes - 1))
-            return DraftTree(tokens, parents, list(range(self.num_nodes)), scores, probs)
-        tokens = torch.cat(self.tokens)
-        parents = torch.cat(self.parents).tolist()
-        keep = select(parents, scores, num_draft_tokens)
-        check_out(out, len(keep))
-        index = {node: i for i, node in enumerate(keep)}
-        new_parents = [-1] + [index[parents[node]] for node in keep[1:]]
-        depths = [0] * len(keep)
-        for i, parent in enumerate(new_parents[1:], start=1):
-            depths[i] = depths[parent] + 1
-        keep_t = torch.tensor(keep, device=tokens.device)
-        kept = tokens[keep_t] if out is None else torch.index_select(tokens, 0, keep_t, out=out)
-        return DraftTree(kept, new_parents, depths, scores[keep_t],
-                         None if probs is None else probs[keep_t[1:] - 1])
+        return torch.cat(self.tokens), torch.cat(self.scores), parents, probs
+
+    def tree(self, num_draft_tokens: int, out: Tensor | None = None) -> DraftTree:
+        """The root plus the best num_draft_tokens - 1 candidates, as a DraftTree (`tree_of`;
+        out as there)."""
+        return tree_of(*self.candidates(), num_draft_tokens, out)
+
+
+def tree_of(tokens: Tensor, scores: Tensor, parents: Tensor | None, probs: Tensor | None,
+            num_draft_tokens: int, out: Tensor | None = None) -> DraftTree:
+    """The DraftTree of the root plus the best num_draft_tokens - 1 of `TreeExpansion.candidates`
+    (a chain: every node, in order). out: a [num_draft_tokens] long tensor on the drafter's
+    device that receives the tree's tokens (a graphed target's input buffer,
+    `GraphedTarget.device_input_ids`) and becomes `DraftTree.tokens`, or None for a new tensor.
+    Raises ValueError when the tree does not have exactly out's size."""
+    if parents is None:  # a chain: every node, in order
+        n = tokens.numel()
+        check_out(out, n)
+        return DraftTree(tokens if out is None else out.copy_(tokens), list(range(-1, n - 1)), list(range(n)),
+                         scores, probs)
+    parent_list = parents.tolist()
+    keep = select(parent_list, scores, num_draft_tokens)
+    check_out(out, len(keep))
+    index = {node: i for i, node in enumerate(keep)}
+    new_parents = [-1] + [index[parent_list[node]] for node in keep[1:]]
+    depths = [0] * len(keep)
+    for i, parent in enumerate(new_parents[1:], start=1):
+        depths[i] = depths[parent] + 1
+    keep_t = torch.tensor(keep, device=tokens.device)
+    kept = tokens[keep_t] if out is None else torch.index_select(tokens, 0, keep_t, out=out)
+    return DraftTree(kept, new_parents, depths, scores[keep_t], None if probs is None else probs[keep_t[1:] - 1])
 
 
 def check_out(out: Tensor | None, num_nodes: int) -> None:

@@ -1,0 +1,114 @@
+"""A whole drafting round as one CUDA graph (what SGLang's EAGLE draft CUDA-graph runner captures).
+
+Step by step, a round makes about twenty host calls a draft step besides the step's own graph
+(`GraphedDraft`): the step's input copies, then the expansion's log-softmax, top-k, score sums,
+vocabulary map and tree bookkeeping (`tree.TreeExpansion`). On the H200 those calls cost 5-20 us
+each and the drafter's step 0.22 ms of GPU time, so the host, not the GPU, set the pace: a
+Llama-3.1-8B-sized chain of 3 spent 1.9 ms a round drafting (0.7 ms of GPU work) and a 4 x 4
+tree 4.2 ms (0.9 ms). `GraphedRound` captures the first step, every later step and every
+expansion in one graph per number of pending positions, so a round is three input copies and
+one launch; the host then only selects the tree (`tree.tree_of`).
+
+Greedy expansion only (top-k children: trees at any temperature, chains at T = 0); a chain at
+T > 0 samples its drafts from a generator each step and runs step by step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from specdraft.engine import fused_decode
+from specdraft.engine.draft_cache import DraftCache
+from specdraft.engine.fast_draft import FastDraft
+from specdraft.engine.sampling import SamplingParams
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.engine.tree import TreeExpansion
+
+
+class GraphedRound:
+    """CUDA-graph replays of a greedy draft round over one `DraftCache`, one graph per number m
+    of pending positions (1 .. min(num_steps + 1, `fused_decode.MAX_TOKENS`): the positions one
+    verification can accept), all captured at construction.
+
+    fast: a FastDraft after `use_triton()` (the round runs its Triton steps). spec: the
+    speculative setting (num_steps, topk). draft_to_target: [Vd] long target id of each draft
+    id; vocab_size: the target's V. Capture warms up by writing the last m + scratch cache
+    entries: give the cache `fused_decode.MAX_TOKENS` entries that no request uses (as
+    `SpeculativeEngine` does). Outputs are valid until the next call with the same m.
+    """
+
+    def __init__(self, fast: FastDraft, cache: DraftCache, spec: SpecConfig, draft_to_target: Tensor,
+                 vocab_size: int) -> None:
+        self.fast, self.cache, self.spec = fast, cache, spec
+        self.draft_to_target, self.vocab_size = draft_to_target, vocab_size
+        self.scratch = (spec.num_steps - 1) * spec.topk  # cache entries a round writes past the committed ones
+        self.entries = torch.arange(cache.max_len, device=cache.k.device)  # [max_len]
+        self.graphs: dict[int, tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]] = {}
+        for m in range(1, min(spec.num_steps + 1, fused_decode.MAX_TOKENS) + 1):
+            self.graphs[m] = self.capture(m)
+
+    def __call__(self, ids: Tensor, aux: Tensor, start: int) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        """Draft a round after the m pending positions: ids [m] long (the tokens following them,
+        the last one the root), aux [m, n_aux*H_target] (the target's aux states there), written
+        at cache entries start..start+m-1 (committed by the caller), the tree's scratch after
+        them. Returns `TreeExpansion.candidates()`' (tokens, scores, parents) (parents None for a
+        chain), or None when no graph has m positions (run the round step by step). Raises
+        ValueError when the round's entries run past the cache."""
+        m = ids.shape[0]
+        if m not in self.graphs:
+            return None
+        self.cache.check_write(start, m + self.scratch)
+        graph, (static_ids, static_aux, static_start), output = self.graphs[m]
+        static_ids.copy_(ids)
+        static_aux.copy_(aux)
+        static_start.fill_(start)
+        graph.replay()
+        tokens, scores, *parents = output
+        return tokens, scores, parents[0] if parents else None
+
+    def round(self, ids: Tensor, aux: Tensor, start: Tensor) -> tuple[Tensor, ...]:
+        """The captured round (start [1] long on the device): what `SpeculativeEngine.draft_tree`
+        runs step by step. Returns (tokens, scores) and, for a tree, parents."""
+        m, entries, spec = ids.shape[0], self.entries, self.spec
+        slots = start + entries[:m]
+        logits, hidden = self.fast.triton_step(ids, aux, slots, True, self.cache, slots,
+                                               (entries[None, :] <= slots[:, None]).view(1, 1, m, -1))
+        committed = start + m
+        expansion = TreeExpansion(ids[-1:], spec.topk, False, SamplingParams(), self.draft_to_target,
+                                  self.vocab_size, None)
+        tokens, hidden = expansion.expand(logits[-1:], hidden[-1:], written=False)
+        for step in range(1, spec.num_steps):  # frontier at depth `step`, RoPE position t + step
+            f = tokens.numel()
+            slots = committed + expansion.num_scratch + entries[:f]
+            positions = (committed + step - 1).repeat(f)
+            mask = expansion.cache_mask(committed, entries).view(1, 1, f, -1)
+            logits, hidden = self.fast.triton_step(tokens, hidden, positions, False, self.cache, slots, mask)
+            tokens, hidden = expansion.expand(logits, hidden, written=True)
+        tokens, scores, parents, _ = expansion.candidates()
+        return (tokens, scores) if parents is None else (tokens, scores, parents)
+
+    def static_inputs(self, m: int) -> tuple[Tensor, Tensor, Tensor]:
+        """`round`'s input buffers for m pending positions: ids, aux, start (the last entries of
+        the cache until a call fills it)."""
+        device, dtype = self.cache.k.device, self.fast.fc.dtype
+        return (torch.zeros(m, dtype=torch.long, device=device),
+                torch.zeros(m, self.fast.fc.shape[1], dtype=dtype, device=device),
+                torch.full((1,), self.cache.max_len - m - self.scratch, dtype=torch.long, device=device))
+
+    def capture(self, m: int) -> tuple:
+        """Warm up (Triton compiles), then capture the round for m pending positions: (graph,
+        its `static_inputs`, its outputs)."""
+        inputs = self.static_inputs(m)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.round(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = self.round(*inputs)
+        return graph, inputs, output
