@@ -42,7 +42,13 @@ alternations each (round graph / step by step, tokens/s): chain of 3 131, 179 / 
 4 x 4 / 16 140, 140 / 111, 134; chain of 7 148, 144 / 135, 138; drafting's host time per round
 (chain of 3) 0.10-0.16 against 1.04-1.06 ms, of which the GPU's drafting had hidden most.
 engine_speed's end to end on two machines: plain 215 / 227, chain of 3 134 (step by step) / 166
-(round graph), tree 105 / 141.
+(round graph), tree 105 / 141. Then plain decoding with the host one step ahead of the GPU
+(`SpeculativeEngine.decode_ahead`), on a fourth machine: plain 236 tokens/s, 251 after prefill
+= 3.98 ms a token against a 3.891 ms decode replay (was 239-246 after prefill against 3.84-3.89:
+the host's bookkeeping no longer adds to each token); chain of 3 155, tree 4 x 4 / 16 144. That
+machine's thin GEMMs ran slower: forward of 4 / 8 / 16 tokens 4.51 / 4.53 / 4.64 ms, replay of
+16 4.555 ms = 1.171 x its decode replay (engine step 1.163): verify 16 <= 1.15 x met on three
+machines of four today.
 2026-11-30, session 7, final code (staging copy inside the
 graph), three runs on two machines: copy 4.21 TB/s, weights 15.0 GB, roofline 280-282 tokens/s.
 The GPU's part (graph replay alone, CUDA events): decode 3.843 / 3.844 / 3.843 ms = 92.3 / 92.1 /

@@ -466,3 +466,26 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
     for (ref_tokens, ref_parents, ref_depths, ref_scores), (tokens, parents, depths, scores) in zip(*trees):
         assert (tokens, parents, depths) == (ref_tokens, ref_parents, ref_depths)
         assert _rel_err(scores, ref_scores) < TOL
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs and events")
+@torch.no_grad()
+def test_compiled_plain_decoding_runs_ahead_and_emits_the_eager_tokens():
+    """Plain decoding on a graphed target (`decode_ahead`: step k + 1 launched before step k's
+    token is read, its input written on the device) emits eager greedy decoding's tokens,
+    streams them in order, and stops where eager decoding stops (max_new_tokens, an EOS id):
+    float32, the same kernels either way."""
+    from specdraft.engine.speculate import SpeculativeEngine
+
+    target = _random_target(ARGS["llama"]).float()
+    prompt = list(range(1, 13))
+    eager = SpeculativeEngine(target, None, None, None, 64, DEVICE).generate(prompt, 24).token_ids
+    compiled = SpeculativeEngine(target, None, None, None, 64, DEVICE, compile=True)
+    streamed: list[int] = []
+    result = compiled.generate(prompt, 24, on_tokens=streamed.extend)
+    assert result.token_ids == eager and streamed == eager and result.finish_reason == "length"
+    assert result.metrics.num_verify_steps == 23  # one per token after the prefill's
+    eos = eager[9]
+    stopped = compiled.generate(prompt, 24, eos_ids=[eos])
+    assert stopped.token_ids == eager[:eager.index(eos) + 1] and stopped.finish_reason == "eos"
+    assert compiled.generate(prompt, 2).token_ids == eager[:2]
