@@ -22,7 +22,7 @@ from torch import Tensor
 
 from specdraft.engine import fused_decode
 from specdraft.engine.draft_cache import DraftCache
-from specdraft.engine.fast_draft import FastDraft
+from specdraft.engine.fast_draft import FastDraft, capture_graph
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.tree import TreeExpansion
@@ -102,13 +102,5 @@ class GraphedRound:
         """Warm up (Triton compiles), then capture the round for m pending positions: (graph,
         its `static_inputs`, its outputs)."""
         inputs = self.static_inputs(m)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.round(*inputs)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            output = self.round(*inputs)
+        graph, output = capture_graph(lambda: self.round(*inputs))
         return graph, inputs, output

@@ -25,7 +25,7 @@ one after changing the drafter's weights.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -191,16 +191,23 @@ class GraphedDraft:
         """Warm up (Triton compiles), then capture the step for `t` positions: (graph, its
         `static_inputs`, its outputs)."""
         inputs = self.static_inputs(t, width)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.step(*inputs, first_step, masked)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            output = self.step(*inputs, first_step, masked)
+        graph, output = capture_graph(lambda: self.step(*inputs, first_step, masked))
         return graph, inputs, output
+
+
+def capture_graph(fn: Callable[[], Any], warmups: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """(graph, outputs) of fn captured as a CUDA graph, after `warmups` calls on a side stream
+    (Triton compiles and allocations happen there, outside the capture)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = fn()
+    return graph, output
 
 
 def draft_graph_keys(num_steps: int, topk: int) -> list[tuple[int, bool, bool]]:
