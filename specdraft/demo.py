@@ -705,9 +705,20 @@ def summary(report: DemoReport, out: Path) -> str:
     """What `specdraft demo` prints when it is done: the speculative-decoding section of
     report.md, then where the drafter, the report and the plots are."""
     return "\n".join([*speculative_section(report), "",
-                      f"drafter: {report.drafter['dir']}",
+                      f"drafter: {report.drafter['dir']}", generate_command(report),
                       f"report: {out / 'report.md'} (training, doctor, launch commands for vLLM / SGLang)",
                       "plots: " + ", ".join(str(out / p) for p in report.plots)])
+
+
+def generate_command(report: DemoReport) -> str:
+    """"try: specdraft generate ..." with the recommended setting, or the fastest one when none
+    is recommended (generate's own default, 3 steps, is not what the demo measured best)."""
+    rows = [*report.sweep, report.tree]
+    setting = report.chosen or max(rows, key=lambda r: r["speedup"])
+    why = "" if report.chosen else "  (the fastest setting here; none is recommended)"
+    return (f"try: specdraft generate --target {report.target} --draft {report.drafter['dir']} "
+            f"--num-steps {setting['num_steps']} --topk {setting['topk']} "
+            f"--num-draft-tokens {setting['num_draft_tokens']} --prompt \"Once upon a time\"{why}")
 
 
 def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:

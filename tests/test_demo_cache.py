@@ -175,3 +175,21 @@ def test_the_drafter_path_is_as_given_under_out_on_the_first_run_and_a_rerun(tmp
     first = demo.stage_train(cfg, tmp_path / "store", say=said.append)
     again = demo.stage_train(cfg, tmp_path / "store", say=said.append)
     assert first == again == (Path("demo/train/draft"), {"steps": 5}), said
+
+
+def test_the_summary_names_a_generate_command_with_the_measured_setting(tmp_path):
+    """The demo's last lines give a `generate` command with the recommended setting (generate's
+    default, 3 steps, is another one), or the fastest one, said to be unrecommended."""
+    sweep = [row(1, 1.8, [1.2, 1.2, 1.2]), row(4, 3.3, [1.5, 1.5, 1.5])]
+    tree = {**row(4, 3.6, [1.3, 1.3, 1.3]), "topk": 2, "num_draft_tokens": 8}
+    baseline = {"accept_length": 1.0, "acceptance": [], **timing_summary([1000.0] * 3, [1000.0] * 3)}
+    report = DemoReport(target="demo/target", aux_layers=[2, 3, 4], baseline=baseline, sweep=sweep, tree=tree,
+                        verdict="v", chosen={k: v for k, v in sweep[1].items()},
+                        drafter={"dir": "demo/train/draft"})
+    command = ('try: specdraft generate --target demo/target --draft demo/train/draft --num-steps 4 --topk 1 '
+               '--num-draft-tokens 5 --prompt "Once upon a time"')
+    assert command in demo.summary(report, tmp_path).splitlines()
+    report.chosen, report.tree = {}, {**tree, "speedup": 2.0}
+    assert demo.generate_command(report).startswith("try: specdraft generate --target demo/target --draft "
+                                                    "demo/train/draft --num-steps 4 --topk 2 --num-draft-tokens 8")
+    assert demo.generate_command(report).endswith("(the fastest setting here; none is recommended)")
