@@ -39,8 +39,12 @@ valid speedup: its row says "invalid: N errors" (bench.json: `speedups[].num_err
 "invalid: N errors", `valid` false and `speedup` / `speedup_std` / `noise` null; every valid
 entry has `valid` true), it sets no verdict or crossover (the crossover sentence then speaks of
 "every valid concurrency" and names the levels left out), and `failed_requests_warning` names it.
-Each server's tokens/s cell at such a level reads "invalid (N of M failed)" and throughput.png
-leaves that point out (`plot_data`).
+Each server's tokens/s cell at such a level reads "invalid (N of M failed)", and throughput.png
+and tpot.png leave that point out (`plot_data`).
+An interrupted sweep (Ctrl-C) keeps what it measured: `run_bench` fills a `Sweep` level by level,
+and `partial_report` turns the levels finished on every server into a report whose bench.json has
+`partial` true, `interrupted_at_concurrency` and `concurrency_not_measured` (complete reports:
+false, null, []) and whose bench.md starts with a line naming the levels not measured.
 Requests use temperature 0 and ignore_eos (vLLM / SGLang / specdraft extension) by default, so
 both servers generate max_tokens tokens for every prompt.
 Each server is waited for (`wait_for_server`): while nothing accepts connections at its URL (a
@@ -56,7 +60,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -85,7 +89,7 @@ SERVER_POLL_S = 0.5
 @dataclass(frozen=True)
 class BenchConfig:
     """What to benchmark. url / baseline_url: server base URLs (http://host:port; trailing
-    slashes dropped); prompts:
+    slashes and a trailing /v1 dropped, `check_url`); prompts:
     "builtin" or a JSONL file (rows {"prompt": text} or JSON strings, whatever the file's
     name; plain text is refused); concurrency: requests in flight, one level each; num_prompts: requests per
     run of a level (prompts cycled); repeats: runs per level (mean and spread of tokens/s;
@@ -110,7 +114,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for name in ("url", "baseline_url"):
-            if getattr(self, name) is not None:  # kept without trailing slashes (`check_url`)
+            if getattr(self, name) is not None:  # kept as base URLs (`check_url`)
                 object.__setattr__(self, name, check_url(getattr(self, name), name))
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ValueError(f"concurrency {list(self.concurrency)}: give positive integers, e.g. 1,4,16")
@@ -123,19 +127,30 @@ class BenchConfig:
 
 
 def check_url(url: str, name: str = "url") -> str:
-    """A server base URL as bench and doctor take it: http:// or https://, else ValueError
-    (one line naming the option `name` and the fix), as is a URL ending in /v1 (the OpenAI paths
-    are appended to it: /v1/v1/models). Returns it without trailing slashes (paths such as
-    /metrics are appended to it)."""
+    """A server base URL as bench and doctor take it: http:// or https://, else ValueError (one
+    line naming the option `name` and the fix), as is a URL with no host. Returns the base URL
+    (`base_url`: without trailing slashes and one trailing /v1 segment, as regenerate takes
+    --endpoint: http://host:8000/v1/ is http://host:8000), to which paths such as /v1/models and
+    /metrics are appended."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("http", "https"):
         example = f"http://{rest}" if sep else f"http://{url}"
         raise ValueError(f"{name} {url!r}: must start with http:// or https:// (e.g. {example})")
-    base = url.rstrip("/")
-    if base.endswith("/v1"):
-        raise ValueError(f"{name} {url!r}: give the server's base URL without /v1 ({base[:-3]}); the OpenAI "
-                         "paths are added here")
+    base = base_url(url)
+    if not base.partition("://")[2]:
+        raise ValueError(f"{name} {url!r}: no host; give the server's URL, e.g. http://127.0.0.1:8000")
     return base
+
+
+def base_url(url: str) -> str:
+    """`url` without trailing slashes and one trailing /v1 path segment (the OpenAI API root that
+    vLLM, SGLang and OpenAI clients are given): "http://h:8000/v1/" -> "http://h:8000"; a host
+    named v1 is kept ("http://v1" stays)."""
+    scheme, sep, rest = url.partition("://")
+    rest = rest.rstrip("/")
+    if "/" in rest and rest.endswith("/v1"):  # a path segment, not the host
+        rest = rest.removesuffix("/v1").rstrip("/")
+    return scheme + sep + rest
 
 
 PROMPT_ROW = '{"prompt": "<text>"} or a JSON string'
@@ -281,12 +296,13 @@ class ServerUnreachable(RuntimeError):
 
 def detect_server(url: str, timeout_s: float = 30.0, connect_timeout_s: float | None = None) -> Server:
     """Find the server's kind (from its /metrics prefix, else SGLang's /get_model_info) and the
-    model it serves (/v1/models). connect_timeout_s: for opening connections (default timeout_s).
+    model it serves (/v1/models). url: as `check_url` takes it (a trailing /v1 is dropped: the
+    paths here include it). connect_timeout_s: for opening connections (default timeout_s).
     Raises ServerUnreachable (a RuntimeError) when nothing accepts the connection, RuntimeError
-    when the server does not answer /v1/models, or when `url` ends in /v1 (the paths here include it)."""
+    when the server does not answer /v1/models, or for a URL `check_url` refuses."""
     try:
         url = check_url(url)
-    except ValueError as e:  # e.g. a URL ending in /v1
+    except ValueError as e:  # e.g. a URL without http://
         raise RuntimeError(str(e)) from None
     timeout = httpx.Timeout(timeout_s, connect=timeout_s if connect_timeout_s is None else connect_timeout_s)
     with httpx.Client(base_url=url, timeout=timeout) as client:
@@ -468,6 +484,11 @@ class ServerRun:
     model: str
     levels: list[LevelResult] = field(default_factory=list)
 
+    @classmethod
+    def of(cls, server: Server) -> ServerRun:
+        """A run of `server` with no level measured yet."""
+        return cls(server.url, server.kind, server.model)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return {"url": self.url, "kind": self.kind, "model": self.model,
@@ -524,11 +545,13 @@ def sglang_counts(records: list[RequestRecord]) -> SpecCounts | None:
 
 
 def bench_server(server: Server, prompts: list[str], cfg: BenchConfig,
-                 progress: Callable[[str], None] | None = None) -> ServerRun:
+                 progress: Callable[[str], None] | None = None, run: ServerRun | None = None) -> ServerRun:
     """Run every concurrency level `cfg.repeats` times against one server (after `warmup` requests);
-    `server`: as `wait_for_server` found it."""
+    `server`: as `wait_for_server` found it. run: where each level is appended once all its runs
+    are done (default: a new `ServerRun`), so a caller keeps the levels finished before an
+    interrupt (`Sweep`); returned."""
     url = server.url
-    run = ServerRun(url, server.kind, server.model)
+    run = ServerRun.of(server) if run is None else run
     batch = [prompts[i % len(prompts)] for i in range(cfg.num_prompts)]
     if cfg.warmup:
         asyncio.run(run_requests(server, batch[:cfg.warmup], 1, cfg))
@@ -726,13 +749,31 @@ def failed_requests_warning(runs: Sequence[ServerRun]) -> str | None:
 
 @dataclass
 class BenchReport:
-    """Both runs, speedups per concurrency (None without baseline) and the crossover."""
+    """Both runs, speedups per concurrency (None without baseline) and the crossover.
+    not_measured: the concurrencies of the sweep left out because it was interrupted before
+    they were measured on every server (`partial_report`); empty for a complete sweep."""
 
     config: BenchConfig
     spec: ServerRun
     baseline: ServerRun | None
     speedups: list[SpeedupPoint] | None
     crossover: Crossover
+    not_measured: tuple[int, ...] = ()
+
+    @property
+    def partial(self) -> bool:
+        """Whether the sweep was interrupted before every level was measured on every server."""
+        return bool(self.not_measured)
+
+    @property
+    def partial_note(self) -> str | None:
+        """The first line of a partial report's markdown: which levels were not measured; None
+        for a complete one."""
+        if not self.partial:
+            return None
+        measured = ", ".join(str(lv.concurrency) for lv in self.spec.levels)
+        return (f"PARTIAL: bench was interrupted; concurrency {', '.join(map(str, self.not_measured))} not measured "
+                f"on every server, so this report covers concurrency {measured} only")
 
     @property
     def has_verdicts(self) -> bool:
@@ -771,7 +812,9 @@ class BenchReport:
                 "baseline": self.baseline.to_dict() if self.baseline else None,
                 "speedups": speedups or None, "crossover": asdict(self.crossover),
                 "baseline_warning": self.baseline_warning, "speculation_warning": self.speculation_warning,
-                "failed_requests_warning": self.failed_requests_warning}
+                "failed_requests_warning": self.failed_requests_warning, "partial": self.partial,
+                "interrupted_at_concurrency": self.not_measured[0] if self.partial else None,
+                "concurrency_not_measured": list(self.not_measured)}
 
 
 def point_verdict(point: SpeedupPoint, tie_band: float) -> str:
@@ -779,17 +822,43 @@ def point_verdict(point: SpeedupPoint, tie_band: float) -> str:
     return f"invalid: {point.num_errors} errors" if point.num_errors else verdict(point, tie_band)
 
 
-def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> BenchReport:
+@dataclass
+class Sweep:
+    """What `run_bench` has measured so far, filled as it goes: config, then each server's run,
+    a level appended once all its runs are done (speculative server first, every level, then
+    the baseline). A caller that passes one keeps the finished levels when the sweep is
+    interrupted (Ctrl-C: `partial_report`)."""
+
+    config: BenchConfig | None = None
+    spec: ServerRun | None = None
+    baseline: ServerRun | None = None
+
+
+def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None,
+              sweep: Sweep | None = None) -> BenchReport:
     """Benchmark cfg.url (and cfg.baseline_url, after it, on the same prompts). Both servers are
-    waited for (`wait_for_server`) before either is measured: a dead baseline fails before the sweep."""
+    waited for (`wait_for_server`) before either is measured: a dead baseline fails before the sweep.
+    sweep: filled with the levels as they finish (`Sweep`; default: a new one)."""
+    sweep = Sweep() if sweep is None else sweep
+    sweep.config = cfg
     prompts = load_prompts(cfg.prompts)
     spec_server = wait_for_server(cfg.url, cfg.wait_s, cfg.timeout_s, "--url", on_wait=progress)
     base_server = (wait_for_server(cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url", on_wait=progress)
                    if cfg.baseline_url else None)
-    spec = bench_server(spec_server, prompts, cfg, progress)
-    baseline = bench_server(base_server, prompts, cfg, progress) if base_server else None
+    sweep.spec = ServerRun.of(spec_server)
+    bench_server(spec_server, prompts, cfg, progress, sweep.spec)
+    if base_server:
+        sweep.baseline = ServerRun.of(base_server)
+        bench_server(base_server, prompts, cfg, progress, sweep.baseline)
+    return compare(cfg, sweep.spec, sweep.baseline)
+
+
+def compare(cfg: BenchConfig, spec: ServerRun, baseline: ServerRun | None,
+            not_measured: tuple[int, ...] = ()) -> BenchReport:
+    """The report of measured runs: speedups at each level (the runs' levels pair up in order)
+    and the crossover over the valid ones; not_measured: `BenchReport.not_measured`."""
     if baseline is None:
-        return BenchReport(cfg, spec, None, None, find_crossover([], cfg.tie_band))
+        return BenchReport(cfg, spec, None, None, find_crossover([], cfg.tie_band), not_measured)
     speedups = [SpeedupPoint.of(a.concurrency, a.tokens_per_s_runs, b.tokens_per_s_runs, a.num_errors + b.num_errors)
                 for a, b in zip(spec.levels, baseline.levels)]
     valid = [p for p in speedups if not p.num_errors]
@@ -799,7 +868,23 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
         crossover = Crossover(None, f"no crossover: {ALL_INVALID}")
     else:
         crossover = find_crossover(valid, cfg.tie_band, [p.concurrency for p in speedups if p.num_errors])
-    return BenchReport(cfg, spec, baseline, speedups, crossover)
+    return BenchReport(cfg, spec, baseline, speedups, crossover, not_measured)
+
+
+def partial_report(sweep: Sweep) -> BenchReport | None:
+    """The report of an interrupted sweep: the first levels of `config.concurrency` that every
+    compared server finished (with a baseline, those the baseline finished: the speculative
+    server is measured first), the rest in `not_measured`. None when no level was finished on
+    every server (or the sweep never started)."""
+    cfg = sweep.config
+    if cfg is None:
+        return None
+    runs = [sweep.spec, sweep.baseline] if cfg.baseline_url else [sweep.spec]
+    done = min(len(run.levels) if run else 0 for run in runs)
+    if not done:
+        return None
+    spec, baseline = (replace(run, levels=run.levels[:done]) if run else None for run in (sweep.spec, sweep.baseline))
+    return compare(cfg, spec, baseline, tuple(cfg.concurrency[done:]))
 
 
 def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -837,7 +922,8 @@ def markdown(report: BenchReport) -> str:
     settings = (f"{cfg.repeats} runs of {cfg.num_prompts} requests per level (after {cfg.warmup} warm-up "
                 f"request{'s' if cfg.warmup != 1 else ''} per server), max_tokens {cfg.max_tokens}, "
                 f"temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}")
-    lines = ["# specdraft bench", "", settings, ""]
+    lines = [report.partial_note, ""] if report.partial else []
+    lines += ["# specdraft bench", "", settings, ""]
     for warning in (report.failed_requests_warning, report.speculation_warning):
         lines += [warning, ""] if warning else []
     for title, run in (("speculative", report.spec), ("baseline", report.baseline)):
@@ -892,18 +978,18 @@ Series = tuple[list[int], list[float], list[float]]  # concurrencies, values, th
 
 def plot_data(report: BenchReport) -> dict[str, tuple[str, dict[str, Series]]]:
     """What throughput.png and tpot.png draw: per file its y label and, per server ("speculative",
-    "baseline"), the points. throughput.png leaves out a level with failed requests (its tokens/s
-    count the successful requests alone: invalid, `tps_cell`)."""
+    "baseline"), the points. Both leave out a level with failed requests: its tokens/s and TPOT
+    count the successful requests alone, which ran with fewer requests in flight than the level
+    names (invalid, `tps_cell`)."""
     runs = [("speculative", report.spec), ("baseline", report.baseline)]
-    series = {"throughput.png": ("output tokens/s (mean ± sd)", True,
-                                 lambda lv: (lv.tokens_per_s, lv.tokens_per_s_std)),
-              "tpot.png": ("TPOT p50 (ms)", False, lambda lv: ((lv.tpot_s.p50 or 0.0) * 1e3, 0.0))}
+    series = {"throughput.png": ("output tokens/s (mean ± sd)", lambda lv: (lv.tokens_per_s, lv.tokens_per_s_std)),
+              "tpot.png": ("TPOT p50 (ms)", lambda lv: ((lv.tpot_s.p50 or 0.0) * 1e3, 0.0))}
     data = {}
-    for name, (label, valid_only, value) in series.items():
+    for name, (label, value) in series.items():
         data[name] = (label, {})
         for title, run in runs:
             if run is not None:
-                levels = [lv for lv in run.levels if not (valid_only and lv.num_errors)]
+                levels = [lv for lv in run.levels if not lv.num_errors]
                 data[name][1][title] = ([lv.concurrency for lv in levels], [value(lv)[0] for lv in levels],
                                         [value(lv)[1] for lv in levels])
     return data
@@ -951,7 +1037,8 @@ def save_figure(fig: Any, ax: Any, ylabel: str, path: Path, ticks: list[int]) ->
 
 
 def write_report(report: BenchReport, out_dir: str | Path) -> list[Path]:
-    """bench.json, bench.md and the plots in out_dir (created; each file written atomically)."""
+    """bench.json, bench.md and the plots in out_dir (created; each file written atomically; a
+    partial report, `partial_report`, the same way, marked as such in both)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []

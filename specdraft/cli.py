@@ -134,12 +134,14 @@ def _check_url(value: str) -> str:
 
 def _same_server(a: str, b: str) -> bool:
     """Whether two URLs (passed `_check_url`) name one server: scheme and host in any case, a
-    default port written or not, a trailing slash or not, any loopback name (`LOCAL_HOSTS`) for
-    this machine."""
+    default port written or not, a trailing slash or /v1 or not (`bench.base_url`), any loopback
+    name (`LOCAL_HOSTS`) for this machine."""
     import httpx
 
+    from specdraft.bench import base_url
+
     def key(url: str) -> tuple:
-        u = httpx.URL(url)  # lower-cases scheme and host, drops a default port
+        u = httpx.URL(base_url(url))  # lower-cases scheme and host, drops a default port
         return u.scheme, "loopback" if u.host in LOCAL_HOSTS else u.host, u.port, u.path.rstrip("/")
 
     return key(a) == key(b)
@@ -805,8 +807,9 @@ def doctor(
     skip_bad: bool = _flag("--skip-bad", help="Skip bad --samples records instead of refusing the file."),
     wait: float = typer.Option(120.0, min=0, help="Seconds to wait for a --server that refuses connections (still "
                                "starting) before the online check fails; 0: try once."),
-    server: str = typer.Option("", help="Live server URL, e.g. http://127.0.0.1:8000 (online acceptance; needs "
-                               "--samples: prompts with the target's own outputs, e.g. the demo's store-heldout)."),
+    server: str = typer.Option("", help="Live server URL, e.g. http://127.0.0.1:8000 or .../v1 (online "
+                               "acceptance; needs --samples: prompts with the target's own outputs, e.g. the "
+                               "demo's store-heldout)."),
     sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids."),
     template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),
     max_samples: int = typer.Option(32, min=1, help="Samples for the offline run."),
@@ -986,7 +989,7 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")  # servers whose spee
 @app.command()
 def bench(
     url: str = typer.Option(..., help="Server with speculation (specdraft, vLLM, SGLang), e.g. "
-                            "http://127.0.0.1:8000.", callback=_check_url),
+                            "http://127.0.0.1:8000 or http://127.0.0.1:8000/v1.", callback=_check_url),
     baseline_url: str = typer.Option("", help="The same engine without speculation (needed for a speedup).",
                                      callback=_check_url),
     prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...} rows (plain "
@@ -1013,7 +1016,7 @@ def bench(
     import httpx
     from rich.console import Console
 
-    from specdraft.bench import BenchConfig, markdown, run_bench, write_report
+    from specdraft.bench import BenchConfig, Sweep, markdown, run_bench, write_report
     from specdraft.machine_load import busy_note
 
     if baseline_url and _same_server(url, baseline_url):
@@ -1026,15 +1029,14 @@ def bench(
     if Path(out).exists() and not Path(out).is_dir():  # before the benchmark, not after
         console.print(f"error: --out {out} is a file; give a directory", style="red", markup=False)
         raise typer.Exit(1)
+    sweep = Sweep()  # filled level by level: Ctrl-C keeps the levels finished on every server
     try:
         cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
                           warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
-        report = run_bench(cfg, progress=lambda text: console.print(text, markup=False))
+        report = run_bench(cfg, progress=lambda text: console.print(text, markup=False), sweep=sweep)
         paths = write_report(report, out)
     except KeyboardInterrupt:
-        console.print(f"interrupted: bench stopped before the sweep finished; nothing was written to {out} "
-                      "(the report is written once every level is measured)", style="red", markup=False,
-                      soft_wrap=True)
+        console.print(_write_interrupted(sweep, out), style="red", markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except (ValueError, RuntimeError, httpx.HTTPError) as e:
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
@@ -1047,6 +1049,23 @@ def bench(
         console.print(warning, style="bold red", markup=False, soft_wrap=True)
     if report.warnings:  # the comparison is invalid: scripts must notice, though the report is written
         raise typer.Exit(1)
+
+
+def _write_interrupted(sweep, out: str) -> str:
+    """Write the report of an interrupted bench sweep (`bench.partial_report`: the levels finished
+    on every server) to `out`; the one line saying what was written, or that nothing was."""
+    from specdraft.bench import partial_report, write_report
+
+    report = partial_report(sweep)
+    if report is None:
+        return (f"interrupted: no concurrency level was measured on every server yet, so nothing was written "
+                f"to {out}")
+    paths = ", ".join(str(p) for p in write_report(report, out))
+    if not report.partial:  # interrupted while the report was being written
+        return f"interrupted after every level was measured: wrote {paths}"
+    measured = ", ".join(str(lv.concurrency) for lv in report.spec.levels)
+    return (f"interrupted: wrote a partial report of concurrency {measured} (not measured on every server: "
+            f"{', '.join(map(str, report.not_measured))}) to {paths}")
 
 
 def _check_min_speedup(value: float) -> float:

@@ -17,6 +17,7 @@ from specdraft.bench import (
     NO_VERDICT,
     BenchConfig,
     SpeedupPoint,
+    check_url,
     counter_delta,
     detect_server,
     find_crossover,
@@ -188,6 +189,7 @@ def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path):
     assert sorted(p.name for p in paths) == ["bench.json", "bench.md", "speedup.png", "throughput.png", "tpot.png"]
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["speedups"][1]["concurrency"] == 3 and data["crossover"]["text"] == report.crossover.text
+    assert (data["partial"], data["interrupted_at_concurrency"], data["concurrency_not_measured"]) == (False, None, [])
     assert data["speedups"][1]["speedup"] == report.speedups[1].speedup  # the single-run keys stay
     assert data["speedups"][1]["speedup_std"] == report.speedups[1].speedup_std
     assert data["speedups"][1]["verdict"] == verdict(report.speedups[1], cfg.tie_band)
@@ -245,10 +247,44 @@ def test_bench_reads_sglang_meta_info(tmp_path):
     assert "not exposed" in markdown(report)
 
 
-def test_a_url_ending_in_v1_is_refused_with_the_base_url():
-    """bench adds the OpenAI paths itself: http://host:8000/v1 would request /v1/v1/models."""
-    with pytest.raises(RuntimeError, match=r"without /v1 \(http://127.0.0.1:9\)"):
-        detect_server("http://127.0.0.1:9/v1/")
+@pytest.mark.parametrize("given, base", [
+    ("http://127.0.0.1:9/v1", "http://127.0.0.1:9"), ("http://127.0.0.1:9/v1/", "http://127.0.0.1:9"),
+    ("https://gpu-box/proxy/v1//", "https://gpu-box/proxy"), ("http://h:1//v1", "http://h:1"),
+    ("http://v1", "http://v1"), ("http://v1:8000/", "http://v1:8000"),  # a host named v1 stays
+    ("http://h:1/v1/v1", "http://h:1/v1"),  # one /v1 only, as regenerate --endpoint takes it
+])
+def test_a_url_ending_in_v1_is_the_base_url(given, base):
+    """vLLM / SGLang / OpenAI clients are given http://host:8000/v1: bench and doctor take it as
+    the server http://host:8000 (they add the OpenAI paths themselves), as regenerate does."""
+    assert check_url(given) == base
+    cfg = BenchConfig(given, given + "/")
+    assert (cfg.url, cfg.baseline_url) == (base, base)
+
+
+def test_urls_without_scheme_or_host_are_still_refused():
+    with pytest.raises(ValueError, match=r"^--url 'localhost:8000/v1': must start with http:// or https:// "
+                                         r"\(e\.g\. http://localhost:8000/v1\)$"):
+        check_url("localhost:8000/v1", "--url")
+    for url in ("http://", "http:///v1/"):
+        with pytest.raises(ValueError, match=rf"^--url '{url}': no host; give the server's URL"):
+            check_url(url, "--url")
+    with pytest.raises(RuntimeError, match="no host"):
+        detect_server("http:///v1")
+
+
+def test_bench_cli_takes_a_url_ending_in_v1(tmp_path):
+    """bench --url http://host:port/v1 measures the server at http://host:port (it used to refuse it)."""
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 6, seed=28))
+    with serve_in_thread(fake_vllm_app(lambda active: 0.001, 2, 3)) as server:
+        assert detect_server(server.url + "/v1/").url == server.url
+        result = CliRunner().invoke(app, ["bench", "--url", server.url + "/v1", "--prompts", str(prompts),
+                                          "--concurrency", "1", "--max-tokens", "4", "--num-prompts", "2",
+                                          "--repeats", "1", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert data["config"]["url"] == data["spec"]["url"] == server.url
+    assert data["spec"]["kind"] == "vllm" and data["spec"]["levels"][0]["num_output_tokens"] == 2 * 4
+    assert data["spec"]["levels"][0]["spec"]["accept_length"] == pytest.approx(2.0)
 
 
 def test_one_run_per_level_gives_speedups_but_no_verdict(servers, tmp_path):
@@ -354,8 +390,8 @@ def test_a_level_with_failed_requests_reports_no_speedup_and_exits_1(servers, tm
     flight: that level's speedup is "invalid: N errors" (tokens/s count the successful requests
     only), it sets no verdict, one WARNING names it, and bench exits 1 after writing the report.
     Nowhere does that level show as a number: bench.json's speedup is null with "valid": false,
-    its tokens/s cell reads "invalid (N of 8 failed)", throughput.png leaves it out, and the
-    crossover speaks of "every valid concurrency", naming 4 as left out."""
+    its tokens/s cell reads "invalid (N of 8 failed)", throughput.png and tpot.png leave it out,
+    and the crossover speaks of "every valid concurrency", naming 4 as left out."""
     import specdraft.bench as bench
 
     plotted = []
@@ -401,10 +437,14 @@ def test_a_level_with_failed_requests_reports_no_speedup_and_exits_1(servers, tm
     assert "concurrency measured" not in crossover and "the highest measured" not in crossover
     assert "valid concurrency" in crossover and crossover.endswith("(left out, failed requests: concurrency 4)")
     assert crossover in text
-    # throughput.png: the failed level is not drawn; tpot.png and the baseline's valid level are
+    # throughput.png and tpot.png: the failed level is not drawn (its TPOT ran under less load);
+    # the baseline's valid level is
     (_, throughput), (_, tpot) = plotted[0]["throughput.png"], plotted[0]["tpot.png"]
-    assert throughput["speculative"][0] == [1] and tpot["speculative"][0] == [1, 4]
-    assert throughput["baseline"][0] == ([1] if data["baseline"]["levels"][1]["num_errors"] else [1, 4])
+    assert throughput["speculative"][0] == tpot["speculative"][0] == [1]
+    tpot_ms = data["spec"]["levels"][0]["tpot_s"]["p50"] * 1e3
+    assert tpot["speculative"][1:] == ([pytest.approx(tpot_ms)], [0.0])
+    base_levels = [1] if data["baseline"]["levels"][1]["num_errors"] else [1, 4]
+    assert throughput["baseline"][0] == tpot["baseline"][0] == base_levels
 
 
 def test_bench_cli_takes_urls_with_a_trailing_slash(servers, tmp_path):
@@ -439,7 +479,7 @@ def test_one_server_by_two_loopback_names_is_the_same_server(host, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_ctrl_c_during_bench_says_what_was_written(tmp_path, monkeypatch):
+def test_ctrl_c_before_any_level_says_nothing_was_written(tmp_path, monkeypatch):
     import specdraft.bench
 
     def interrupted(*args, **kwargs):
@@ -450,6 +490,5 @@ def test_ctrl_c_during_bench_says_what_was_written(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:1", "--out", str(out)])
     assert result.exit_code == 130, result.output
     assert " ".join(result.output.split()) == (
-        f"interrupted: bench stopped before the sweep finished; nothing was written to {out} (the report is "
-        "written once every level is measured)")
+        f"interrupted: no concurrency level was measured on every server yet, so nothing was written to {out}")
     assert not out.exists()

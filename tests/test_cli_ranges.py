@@ -220,6 +220,9 @@ def test_integer_list_errors_give_an_example_for_their_option(world, args, optio
     ("http://LocalHost:8000", "http://localhost:8000/"),
     ("http://gpu-box", "http://gpu-box:80"),
     ("https://gpu-box:443/", "https://GPU-BOX"),
+    ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),  # the OpenAI clients' form is the same server
+    ("http://gpu-box:8000/v1/", "http://GPU-BOX:8000/"),
+    ("http://localhost:8000/v1", "http://127.0.0.1:8000/v1//"),
 ])
 def test_bench_refuses_one_server_as_both(url, baseline, tmp_path):
     result = invoke(["bench", "--url", url, "--baseline-url", baseline, "--wait", "0", "--out", str(tmp_path / "o")])
@@ -235,5 +238,7 @@ def test_distinct_servers_are_not_the_same_server():
     from specdraft.cli import _same_server
 
     for a, b in (("http://h:8000", "http://h:8001"), ("http://h:8000", "https://h:8000"),
-                 ("http://h:8000", "http://g:8000"), ("http://h:8000/a", "http://h:8000/b")):
+                 ("http://h:8000", "http://g:8000"), ("http://h:8000/a", "http://h:8000/b"),
+                 ("http://h:8000/v1", "http://h:8001"), ("http://h:8000/a/v1", "http://h:8000/b/v1"),
+                 ("http://v1:8000", "http://h:8000/v1")):
         assert not _same_server(a, b), (a, b)

@@ -82,12 +82,13 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --target that is a
     drafter (`checkpoint.wrong_dir_message` words both), a config.json of either that is
     not valid JSON (`evidence.given_config`), a --samples file that cannot be read (DataError naming the file and line), a server URL without http:// or
-    https:// (`bench.check_url`, as bench checks it). A bad checkpoint is a failing finding.
+    https:// or without a host (`bench.check_url`, as bench checks it; a trailing /v1 is
+    dropped). A bad checkpoint is a failing finding.
     """
     from specdraft.bench import check_url
 
     if server is not None:
-        server = check_url(server, "--server")  # without a trailing slash: paths are appended to it
+        server = check_url(server, "--server")  # the base URL, without /v1: paths are appended to it
     for path, want, given_as in ((checkpoint, "drafter", ""), (target, "target", "--target")):
         wrong = wrong_dir_message(path, want, given_as) if path else None
         if wrong:
