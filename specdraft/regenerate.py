@@ -173,9 +173,11 @@ class EndpointBackend:
                  api_key: str | None = None, batch_size: int | None = None):
         import httpx
 
+        from specdraft.bench import base_url as api_root
+
         if api not in ("chat", "completions"):
             raise ValueError(f"api {api!r}: use 'chat' or 'completions'")
-        root = base_url.rstrip("/").removesuffix("/v1")
+        root = api_root(base_url)
         self.url = f"{root}/v1/chat/completions" if api == "chat" else f"{root}/v1/completions"
         self.model, self.api, self.concurrency = model, api, concurrency
         self.batch_size = batch_size or 4 * concurrency
@@ -242,7 +244,9 @@ def served_model(base_url: str, api_key: str | None = None, timeout_s: float = 1
     ValueError naming --model when the server lists none or several, or cannot be asked."""
     import httpx
 
-    url = f"{base_url.rstrip('/').removesuffix('/v1')}/v1/models"
+    from specdraft.bench import base_url as api_root
+
+    url = f"{api_root(base_url)}/v1/models"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.get(url, headers=headers, timeout=timeout_s)
