@@ -25,7 +25,17 @@ Goals checked: plain decode >= 90 % of roofline, verify 16 <= 1.15 x decode, dra
 Measured on H200s (torch 2.11, Triton 3.6; each run starts a fresh machine, and machines differ
 by ~2 %), target forwards of up to 16 tokens through `fused_decode`'s Triton kernels (matmul
 epilogues: RoPE + cache writes, silu * up; programmatic dependent launch, with attention's first
-K / V block read before the wait). 2026-12-01, session 8 (a verify's drafted ids written into the
+K / V block read before the wait). 2026-12-01, session 9 (a graphed tree round selects its tree
+and writes the verify's inputs on the device, `GraphedRound`): copy 4.22 TB/s, roofline 281
+tokens/s; decode replay 3.863 ms = 92.1 %, as the engine calls it 4.007 ms = 88.8 % (host);
+verify 16 replay 4.427 ms = 1.146 x decode, engine step 1.138 x; drafter tree step 0.222 ms =
+5.6 %, chain step 0.208 ms = 5.2 %; end to end plain 237 tokens/s (253 after prefill), chain of 3
+173 (180), tree 4 x 4 / 16 151 (157; session 8: 144). Verify 16 <= 1.15 x has now held on four
+machines of five. Where a verify of 16 spends its 0.55 ms over a decode (kernels alone, graphed,
+this session): the thin GEMMs 0.43 ms (per layer 16 rows / 1 row, us: q|k|v 18.3 / 12.7, o 10.2 /
+8.4, gate|up 56.1 / 51.7, down 29.6 / 28.4; lm_head 239 / 228), attention 0.12 ms (split +
+combine 10.0 / 6.2 us a layer), the norms 0.01 ms.
+2026-12-01, session 8 (a verify's drafted ids written into the
 graph's input by the drafter, no copy before the replay; interleaved timing), three processes
 on three machines: copy 4.20-4.23 TB/s, roofline 280-282 tokens/s. Verify 16 / decode as the
 engine calls them: 1.1449 / 1.1445 (two engine_speed runs), and in a third process 1.111-1.143
@@ -119,6 +129,14 @@ Tried and dropped (A / B in one process unless noted):
   64-256 columns x 3-4 stages: at best the kept one; q|k|v / o / down with 16-32 rows: 4.44-4.82);
   the attention splits' partial outputs stored in bf16 (half the split -> combine traffic): decode
   and verify 16 both 0.02 ms faster, but the logits move by up to 0.3 (an extra rounding): dropped.
+- session 9 (`.carry/exp_tma.py`, `exp_splitk.py`, `exp_attn.py`; each projection alone at 16 rows,
+  graphed, 1-8 weight copies so that nothing stays in L2): weights through TMA (host tensor
+  descriptors, 16-128 rows x 64-256 columns x 3-6 stages): q|k|v 17.2 against 18.3 us, the others
+  equal or slower, verify 16 4.50 against 4.42 ms: dropped; split-K with the last program of an
+  output block summing the float32 partials and running the epilogue (an atomic count, 2-8
+  splits, pointer or TMA loads): q|k|v 16.8 against 18.5 us (2 splits), o / gate|up / down /
+  lm_head no faster: not worth a workspace and a counter shared by every layer; attention at 16
+  tokens with 32 or 128 slots a block: 12.0 / 14.1 against 10.0 us.
 """
 
 from __future__ import annotations

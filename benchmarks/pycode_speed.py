@@ -23,6 +23,11 @@ tuner and `bench` say the same of such pairings); 5-6 of 8 bf16 outputs equal pl
 speculative outputs are not all plain decoding's: a verify of T tokens and a decode step round
 differently (other kernels), and a near-tie can go either way; at float32 they are equal (the
 lossless tests).
+Session 9 (a graphed tree round selects its tree and writes the verify's inputs on the device),
+A / B in one process against the tree read back and selected on the host (`.carry/exp_tree_ab.py`),
+tokens/s: tree 4 x 2 / 8 1974 / 2000 against 1667 / 1673, tree 5 x 4 / 16 1719 / 1789 against 1413 /
+1456, τ and outputs unchanged. Machines differ more here than on the 8B target (the host sets the
+pace): plain 5526-5620, chain 3 2857-3622 in this session's processes.
 """
 
 from __future__ import annotations

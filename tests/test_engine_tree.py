@@ -8,7 +8,8 @@ import torch
 
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import DraftTree, TreeExpansion, select, verify_mask
+from specdraft.engine.tree import (DraftTree, TreeExpansion, select, select_on_device, verify_mask,
+                                  verify_mask_on_device)
 from tests.engine_helpers import one_thread, random_prompts, target_pass, tiny_setup  # noqa: F401
 
 
@@ -31,6 +32,39 @@ def test_ancestor_and_verify_masks():
     assert mask.shape == (1, 1, 4, 8)
     assert mask[0, 0].int().tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0],
                                          [1, 1, 1, 0, 1, 0, 0, 0], [1, 1, 1, 1, 0, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("topk,num_steps,num_keep", [(2, 3, 6), (3, 4, 10), (4, 2, 8), (2, 5, 11)])
+def test_selection_on_the_device_is_the_host_selection(topk, num_steps, num_keep):
+    """select_on_device (what a captured round runs) keeps the nodes tree_of keeps, in its order,
+    with its parents, depths and verify mask, over random expansions; the logits are rounded
+    to a few values so that many scores tie (ties go to the earlier node either way)."""
+    vocab, prefix, width = 12, 5, 24
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        exp = TreeExpansion(1, topk, False, SamplingParams(), torch.arange(vocab), vocab, None)
+        rows, written = 1, False
+        for _ in range(num_steps):
+            logits = torch.randint(0, 3, (rows, vocab), generator=gen).float()
+            exp.expand(logits, torch.zeros(rows, 2), written=written)
+            rows, written = topk, True
+        tokens, scores, parents, _ = exp.candidates()
+        ref = exp.tree(num_keep)
+        keep, tree_parents, depths, ancestors, ok = select_on_device(parents, scores, num_keep, num_steps)
+        assert bool(ok)
+        assert tokens[keep].tolist() == ref.tokens.tolist()
+        assert (tree_parents.tolist(), depths.tolist()) == (ref.parents, ref.depths)
+        assert torch.equal(ancestors, ref.ancestor_mask())
+        mask = verify_mask_on_device(ancestors, torch.tensor([prefix]), torch.arange(width))
+        assert torch.equal(mask, verify_mask(ref, prefix, width)[0, 0])
+
+
+def test_selection_on_the_device_flags_orphans():
+    """A kept node whose parent was dropped (scores rising along a path) sets ok False, where
+    the host's select raises."""
+    parents, scores = torch.tensor([-1, 0, 1]), torch.tensor([0.0, -2.0, -1.0])
+    assert not bool(select_on_device(parents, scores, 2, 2)[-1])
+    assert bool(select_on_device(parents, torch.tensor([0.0, -1.0, -2.0]), 2, 2)[-1])
 
 
 def test_expansion_counts_and_draft_masks_follow_sglang():

@@ -405,6 +405,30 @@ def test_compiled_engine_runs_target_and_drafter_through_triton_graphs():
     assert [inputs.tensors[0].device.type for _, inputs, _ in plain.graphed.graphs.values()] == ["cuda"]
 
 
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs and compiled target layers")
+@torch.no_grad()
+def test_compiled_tree_rounds_write_the_verify_inputs_of_a_rebuilt_cache():
+    """A compiled tree round writes its verify inputs into the verify graph's own buffers; when
+    another engine rebuilds the shared target's cache (another max_seq_len), the verify graph is
+    captured again and must read the buffers the round writes: the same greedy output before
+    and after (a round writing stale buffers verifies other tokens)."""
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.engine.speculate import SpeculativeEngine
+    from tests.drafts import tiny_draft
+
+    target = _random_target(ARGS["llama"])
+    torch.manual_seed(0)
+    draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64, target_hidden_size=64,
+                       vocab_size=200, num_attention_heads=4, num_key_value_heads=2).to(DEVICE, DTYPE).eval()
+    engine = SpeculativeEngine(target, draft, SpecConfig(3, 2, 6), None, 64, DEVICE, compile=True)
+    prompt = list(range(1, 13))
+    first = engine.generate(prompt, 16)
+    assert first.metrics.num_verify_steps > 2 and engine.run_round is not None
+    SpeculativeEngine(target, None, None, None, 48, DEVICE).generate(prompt, 4)  # rebuilds the target's cache
+    assert engine.generate(prompt, 16).token_ids == first.token_ids
+    assert len({key[2] for key in engine.graphed.graphs}) == 2  # graphs of both caches, one set of inputs
+
+
 class _LazyGraph:
     """Stands in for a captured CUDA graph without a GPU: replay recomputes the outputs (into
     the same list)."""
@@ -422,11 +446,13 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
     """GraphedRound (the first step, later steps and expansions of a greedy round in one graph:
     whole-cache masks from device values, scratch after the committed entries, Triton steps)
     drafts the trees the engine drafts step by step (torch steps), round after round, hence the
-    same output: tokens, parents and draft scores (to rounding). Without a GPU the graphs are
-    replaced by eager replays."""
+    same output: tokens, parents and draft scores (to rounding); a tree's nodes selected and
+    its verify inputs (tokens, positions, slots, mask) written on the device, as the host
+    builds them. Without a GPU the graphs are replaced by eager replays."""
     from specdraft.engine.draft_round import GraphedRound
     from specdraft.engine.spec_config import SpecConfig
     from specdraft.engine.speculate import SpeculativeEngine
+    from specdraft.engine.tree import DraftTree
     from tests.drafts import tiny_draft
 
     if not CUDA:
@@ -448,24 +474,48 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
     for graphed in (False, True):
         engine = SpeculativeEngine(target, draft, setting, None, 32, DEVICE)
         if graphed:
+            tree_inputs = engine.verify_inputs() if setting.topk > 1 else None
             engine.run_round = GraphedRound(engine.fast_draft, engine.draft_cache, setting, engine.draft_vocab,
-                                            target.args.vocab_size)
+                                            target.args.vocab_size, tree_inputs)
             assert set(engine.run_round.graphs) == {1, 2, 3, 4}  # every count of accepted positions
-        rounds, draft_tree = [], engine.draft_tree
+        rounds, inputs = [], []  # per verify: (tokens, parents, depths, scores); its target inputs
 
-        def record(req, draft_tree=draft_tree, rounds=rounds):
-            tree = draft_tree(req)  # a graphed round's tokens and scores: its graph's outputs, reused
-            rounds.append((tree.tokens.tolist(), tree.parents, tree.depths, tree.scores.clone()))
+        def draft_tree(req, run=engine.draft_tree, rounds=rounds):
+            tree = run(req)  # a graphed round's tokens and scores: its graph's outputs, reused
+            if isinstance(tree, DraftTree):  # else selected on the device: recorded when read
+                rounds.append((tree.tokens.tolist(), tree.parents, tree.depths, tree.scores.clone()))
             return tree
 
-        engine.draft_tree = record
+        def read_selected(req, selected, logits, run=engine.read_selected, rounds=rounds):
+            tree, tokens, verdict = run(req, selected, logits)
+            rounds.append((tokens, tree.parents, tree.depths, tree.scores.clone()))
+            return tree, tokens, verdict
+
+        def forward_target(tokens, positions, start, mask, graphed=False, run=engine.forward_target, inputs=inputs):
+            if tokens.numel() == setting.num_draft_tokens:  # a verify, not the prefill
+                slots = torch.arange(start, start + tokens.numel())
+                inputs.append([x.cpu().clone() for x in (tokens[None], positions[None], slots, mask)])
+            return run(tokens, positions, start, mask, graphed)
+
+        def forward_in_place(tensors, run=engine.forward_in_place, inputs=inputs):
+            inputs.append([x.cpu().clone() for x in tensors])
+            return run(tensors)
+
+        engine.draft_tree, engine.read_selected = draft_tree, read_selected
+        engine.forward_target, engine.forward_in_place = forward_target, forward_in_place
         outputs.append(engine.generate(prompt, 6).token_ids)
-        trees.append(rounds)
+        trees.append((rounds, inputs))
     assert outputs[0] == outputs[1] and len(outputs[0]) == 6
-    assert len(trees[0]) == len(trees[1]) > 2
-    for (ref_tokens, ref_parents, ref_depths, ref_scores), (tokens, parents, depths, scores) in zip(*trees):
+    (ref_rounds, ref_inputs), (rounds, inputs) = trees
+    assert len(ref_rounds) == len(rounds) > 2 and len(ref_inputs) == len(inputs) == len(rounds)
+    for (ref_tokens, ref_parents, ref_depths, ref_scores), (tokens, parents, depths, scores) in zip(ref_rounds,
+                                                                                                  rounds):
         assert (tokens, parents, depths) == (ref_tokens, ref_parents, ref_depths)
         assert _rel_err(scores, ref_scores) < TOL
+    for ref, got in zip(ref_inputs, inputs):  # ids, positions, slots; the mask over the slots in use
+        assert all(torch.equal(a, b) for a, b in zip(ref[:3], got[:3]))
+        width = ref[3].shape[-1]
+        assert torch.equal(ref[3], got[3][..., :width]) and not got[3][..., width:].any()
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs and events")

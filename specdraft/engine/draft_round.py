@@ -7,7 +7,15 @@ each and the drafter's step 0.22 ms of GPU time, so the host, not the GPU, set t
 Llama-3.1-8B-sized chain of 3 spent 1.9 ms a round drafting (0.7 ms of GPU work) and a 4 x 4
 tree 4.2 ms (0.9 ms). `GraphedRound` captures the first step, every later step and every
 expansion in one graph per number of pending positions, so a round is three input copies and
-one launch; the host then only selects the tree (`tree.tree_of`).
+one launch. For a tree the graph also selects the verified nodes and writes the verify
+forward's inputs (tokens, positions, slots, mask) into the verify graph's own buffers
+(`tree.select_on_device`, `GraphedTarget.device_inputs`), so the target's verify is launched
+right behind the round and the host first waits for the device when it reads the verdict's
+inputs back (picking the tree on the host had the GPU idle through a wait for the round, the
+selection and the verify's staging). H200, A / B in one process, tokens/s: pycode-25m with its
+drafter, tree 4 x 2 / 8 1974 / 2000 against 1667 / 1673, tree 5 x 4 / 16 1719 / 1789 against
+1413 / 1456 (the same τ and outputs); Llama-3.1-8B-shaped random target, tree 4 x 4 / 16 158
+against 148, tree 5 x 2 / 8 151 / 154 against 144.
 
 Greedy expansion only (top-k children: trees at any temperature, chains at T = 0); a chain at
 T > 0 samples its drafts from a generator each step and runs step by step.
@@ -15,6 +23,7 @@ T > 0 samples its drafts from a generator each step and runs step by step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -25,7 +34,7 @@ from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.fast_draft import FastDraft, capture_graph
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import TreeExpansion
+from specdraft.engine.tree import TreeExpansion, select_on_device, verify_mask_on_device
 
 
 class GraphedRound:
@@ -34,29 +43,41 @@ class GraphedRound:
     verification can accept), all captured at construction.
 
     fast: a FastDraft after `use_triton()` (the round runs its Triton steps). spec: the
-    speculative setting (num_steps, topk). draft_to_target: [Vd] long target id of each draft
-    id; vocab_size: the target's V. Capture warms up by writing the last m + scratch cache
+    speculative setting (num_steps, topk, num_draft_tokens). draft_to_target: [Vd] long target
+    id of each draft id; vocab_size: the target's V. verify_inputs (a tree only, required
+    there): the verify forward's input_ids [1, N], position_ids [1, N], cache_slots [N] long and
+    attn_mask [1, 1, N, S] bool on the device (N = num_draft_tokens), which each round writes
+    for the tree it selects (positions from the draft cache's committed entries, which the
+    engine keeps equal to the target's). Capture warms up by writing the last m + scratch cache
     entries: give the cache `fused_decode.MAX_TOKENS` entries that no request uses (as
     `SpeculativeEngine` does). Outputs are valid until the next call with the same m.
+    Raises ValueError for a tree without verify_inputs.
     """
 
     def __init__(self, fast: FastDraft, cache: DraftCache, spec: SpecConfig, draft_to_target: Tensor,
-                 vocab_size: int) -> None:
+                 vocab_size: int, verify_inputs: Sequence[Tensor] | None = None) -> None:
+        if spec.topk > 1 and verify_inputs is None:
+            raise ValueError("a graphed tree round writes its verify inputs: give verify_inputs")
         self.fast, self.cache, self.spec = fast, cache, spec
         self.draft_to_target, self.vocab_size = draft_to_target, vocab_size
+        self.verify_inputs = tuple(verify_inputs) if spec.topk > 1 else None
         self.scratch = (spec.num_steps - 1) * spec.topk  # cache entries a round writes past the committed ones
         self.entries = torch.arange(cache.max_len, device=cache.k.device)  # [max_len]
+        if self.verify_inputs is not None:
+            self.columns = torch.arange(self.verify_inputs[3].shape[-1], device=cache.k.device)
         self.graphs: dict[int, tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]] = {}
         for m in range(1, min(spec.num_steps + 1, fused_decode.MAX_TOKENS) + 1):
             self.graphs[m] = self.capture(m)
 
-    def __call__(self, ids: Tensor, aux: Tensor, start: int) -> tuple[Tensor, Tensor, Tensor | None] | None:
+    def __call__(self, ids: Tensor, aux: Tensor, start: int) -> tuple[Tensor, ...] | None:
         """Draft a round after the m pending positions: ids [m] long (the tokens following them,
         the last one the root), aux [m, n_aux*H_target] (the target's aux states there), written
         at cache entries start..start+m-1 (committed by the caller), the tree's scratch after
-        them. Returns `TreeExpansion.candidates()`' (tokens, scores, parents) (parents None for a
-        chain), or None when no graph has m positions (run the round step by step). Raises
-        ValueError when the round's entries run past the cache."""
+        them. Returns, on the device, a chain's (tokens, scores) (`TreeExpansion.candidates()`),
+        a tree's (parents [N] long, scores [N], ok []) as `select_on_device` gives them (its
+        tokens, positions, slots and mask written to verify_inputs), or None when no graph has
+        m positions (run the round step by step). Raises ValueError when the round's entries
+        run past the cache."""
         m = ids.shape[0]
         if m not in self.graphs:
             return None
@@ -66,12 +87,12 @@ class GraphedRound:
         static_aux.copy_(aux)
         static_start.fill_(start)
         graph.replay()
-        tokens, scores, *parents = output
-        return tokens, scores, parents[0] if parents else None
+        return tuple(output)
 
     def round(self, ids: Tensor, aux: Tensor, start: Tensor) -> tuple[Tensor, ...]:
         """The captured round (start [1] long on the device): what `SpeculativeEngine.draft_tree`
-        runs step by step. Returns (tokens, scores) and, for a tree, parents."""
+        runs step by step, a tree's selection and verify inputs included. Returns what
+        `__call__` returns."""
         m, entries, spec = ids.shape[0], self.entries, self.spec
         slots = start + entries[:m]
         logits, hidden = self.fast.triton_step(ids, aux, slots, True, self.cache, slots,
@@ -88,7 +109,16 @@ class GraphedRound:
             logits, hidden = self.fast.triton_step(tokens, hidden, positions, False, self.cache, slots, mask)
             tokens, hidden = expansion.expand(logits, hidden, written=True)
         tokens, scores, parents, _ = expansion.candidates()
-        return (tokens, scores) if parents is None else (tokens, scores, parents)
+        if parents is None:
+            return tokens, scores
+        keep, tree_parents, depths, ancestors, ok = select_on_device(parents, scores, spec.num_draft_tokens,
+                                                                     spec.num_steps)
+        input_ids, positions, slots, mask = self.verify_inputs
+        torch.index_select(tokens, 0, keep, out=input_ids[0])
+        positions[0].copy_(committed + depths)
+        slots.copy_(committed + entries[:keep.numel()])
+        mask[0, 0].copy_(verify_mask_on_device(ancestors, committed, self.columns))
+        return tree_parents, scores[keep], ok
 
     def static_inputs(self, m: int) -> tuple[Tensor, Tensor, Tensor]:
         """`round`'s input buffers for m pending positions: ids, aux, start (the last entries of

@@ -7,6 +7,7 @@ One round (`SpeculativeEngine.step`):
    extends its cache over the positions the target accepted last round, from the target's aux
    states there (position t gets token t+1; the last one gets the bonus token), then
    num_steps - 1 steps feed back its own hidden state and grow the tree (`tree.TreeExpansion`);
+   a graphed tree round also selects the tree and writes the verify's inputs on the device;
 2. verify: ONE target forward over the root + drafts with a tree mask and depth positions;
 3. accept: `sampling.verify_*` picks the accepted path and the bonus token;
 4. commit: the accepted path's target K/V move to contiguous slots (`compact_cache`, unless the
@@ -38,7 +39,7 @@ from specdraft.engine.fast_model import FastTarget, causal_mask, load_fast_targe
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.sampling import SamplingParams, Verdict, logits_to_probs, sample
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import DraftTree, TreeExpansion, tree_of, verify_mask
+from specdraft.engine.tree import DraftTree, SelectedTree, TreeExpansion, tree_of, verify_mask
 
 TokenCallback = Callable[[list[int]], None]
 # Attention kernels for the drafter. Not cuDNN: it builds an execution plan for every new
@@ -122,6 +123,11 @@ class SpeculativeEngine:
             self.run_draft: FastDraft | GraphedDraft = self.fast_draft
         self.run_round: GraphedRound | None = None  # greedy rounds as one graph (compile=True)
         self.graphed: GraphedTarget | None = None
+        self.verify_buffers: list[Tensor] | None = None  # `verify_inputs` of an engine not compiled
+        # a graphed round's GPU time (it runs behind the host: read once the verdict is read)
+        self.round_events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                             if self.device.type == "cuda" else None)
+        self.round_timed = False
         self.target_kernels = self.draft_kernels = "torch"
         if compile and self.device.type == "cuda":
             for layer in target.layers:
@@ -135,7 +141,8 @@ class SpeculativeEngine:
                     self.run_draft = GraphedDraft(self.fast_draft, self.draft_cache,
                                                   draft_graph_keys(self.spec.num_steps, self.spec.topk))
                     self.run_round = GraphedRound(self.fast_draft, self.draft_cache, self.spec, self.draft_vocab,
-                                                  target.args.vocab_size)
+                                                  target.args.vocab_size,
+                                                  self.verify_inputs() if self.spec.topk > 1 else None)
                 self.draft_kernels = "triton" if reason is None else f"torch, eager ({reason})"
 
     # ---- public -------------------------------------------------------------------------------
@@ -193,17 +200,25 @@ class SpeculativeEngine:
         t0 = time.perf_counter()
         tree = self.draft_tree(req) if self.draft is not None else DraftTree.root_only(req.output_ids[-1])
         t1 = time.perf_counter()
-        mask = verify_mask(tree, req.length, self.mask_width(req.length + tree.num_nodes))
-        logits, aux = self.forward_target(tree.tokens, req.length + torch.tensor(tree.depths), req.length, mask,
-                                          graphed=True)
-        tokens = tree.tokens.tolist()
-        verdict = self.accept(req, tree, tokens, logits)
+        if isinstance(tree, SelectedTree):  # the verify's inputs are on the device already
+            logits, aux = self.forward_in_place(self.verify_inputs())
+            tree, tokens, verdict = self.read_selected(req, tree, logits)
+        else:
+            mask = verify_mask(tree, req.length, self.mask_width(req.length + tree.num_nodes))
+            logits, aux = self.forward_target(tree.tokens, req.length + torch.tensor(tree.depths), req.length,
+                                              mask, graphed=True)
+            tokens = tree.tokens.tolist()
+            verdict = self.accept(req, tree, tokens, logits)
         emitted = [tokens[node] for node in verdict.accepted] + [verdict.bonus]
         self.commit(req, verdict, emitted, aux)
         t2 = time.perf_counter()
+        drafting = 0.0  # a graphed round's GPU time, spent while the host went on to the verify
+        if self.round_timed:
+            start, end = self.round_events
+            drafting, self.round_timed = min(t2 - t1, start.elapsed_time(end) / 1e3), False
         if self.draft is not None:  # plain decoding's root-only tree is bookkeeping ("other"), not drafting
-            req.metrics.time_draft_s += t1 - t0
-        req.metrics.time_verify_s += t2 - t1
+            req.metrics.time_draft_s += t1 - t0 + drafting
+        req.metrics.time_verify_s += t2 - t1 - drafting
         req.metrics.record_step(tree.num_nodes - 1, len(verdict.accepted))
         self.emit(req, emitted)
 
@@ -258,7 +273,7 @@ class SpeculativeEngine:
         req.metrics.time_prefill_s += time.perf_counter() - t0
         return token
 
-    def draft_tree(self, req: Request) -> DraftTree:
+    def draft_tree(self, req: Request) -> DraftTree | SelectedTree:
         """The drafter's first step over the pending positions, then num_steps - 1 tree steps
         (compiled: a greedy expansion in one graph replay, `GraphedRound`)."""
         draft, cache, spec = self.run_draft, self.draft_cache, self.spec
@@ -269,10 +284,22 @@ class SpeculativeEngine:
                self.graphed.device_input_ids(spec.num_draft_tokens, self.max_seq_len)[0])
         candidates = None
         if self.run_round is not None and not sampled:
+            if spec.topk > 1:
+                self.verify_inputs()  # the verify graph before the round writes its inputs (a capture overwrites them)
+            if self.round_events is not None:
+                self.round_events[0].record()
             candidates = self.run_round(req.pending_ids, req.pending_aux, start)
+            if self.round_events is not None and candidates is not None:
+                self.round_events[1].record()
+                self.round_timed = True
         if candidates is not None:
             cache.commit(m)
-            return tree_of(*candidates, None, spec.num_draft_tokens, out)
+            if spec.topk > 1:  # its tree's positions start at the draft cache's committed entries
+                if cache.length != req.length:
+                    raise RuntimeError(f"draft cache holds {cache.length} entries, the target {req.length}: "
+                                       "a graphed tree round would verify at wrong positions")
+                return SelectedTree(*candidates)
+            return tree_of(*candidates, None, None, spec.num_draft_tokens, out)
         expansion = TreeExpansion(req.output_ids[-1], spec.topk, sampled, req.params, self.draft_vocab,
                                   self.target.args.vocab_size, req.generator)
         with self.draft_attention():
@@ -288,6 +315,50 @@ class SpeculativeEngine:
                                        attn_mask=expansion.draft_mask(cache.length))
                 tokens, hidden = expansion.expand(logits, hidden, written=True)
         return expansion.tree(spec.num_draft_tokens, out=out)
+
+    def verify_inputs(self) -> list[Tensor]:
+        """A tree verify's inputs as device tensors that a graphed round writes in place
+        (`GraphedRound`): input_ids [1, N], position_ids [1, N], cache_slots [N] long, attn_mask
+        [1, 1, N, max_seq_len] bool (N = num_draft_tokens). Compiled: the verify graph's own
+        (`GraphedTarget.device_inputs`: captured on first use and again after the target's cache
+        was rebuilt, at the same addresses); else buffers of this engine (tests)."""
+        n = self.spec.num_draft_tokens
+        if self.graphed is not None:
+            return self.graphed.device_inputs(n, self.max_seq_len)
+        if self.verify_buffers is None:
+            self.verify_buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for shape, dtype in
+                                   (((1, n), torch.long), ((1, n), torch.long), ((n,), torch.long),
+                                    ((1, 1, n, self.max_seq_len), torch.bool))]
+        return self.verify_buffers
+
+    def forward_in_place(self, inputs: Sequence[Tensor]) -> tuple[Tensor, Tensor | None]:
+        """`forward_target` of inputs already on the device (`verify_inputs`): logits [N, V],
+        aux states [N, n_aux*H]; a graphed target replays with no copy."""
+        out = (self.graphed if self.graphed is not None else self.target)(*inputs, self.aux_layers)
+        return out.logits[0], None if out.aux_hidden is None else out.aux_hidden[0]
+
+    def read_selected(self, req: Request, selected: SelectedTree,
+                      logits: Tensor) -> tuple[DraftTree, list[int], Verdict]:
+        """The tree a graphed round selected, its tokens and the verdict (`accept`'s rules for a
+        tree of top-k children: the target's argmax, or one draw from p per node), from one
+        read of the device after the verify. Raises RuntimeError when the selection kept a node
+        without its parent (as `tree.select` does)."""
+        token_ids = self.verify_inputs()[0][0]
+        if req.params.greedy:
+            choices = logits.argmax(-1)
+        else:
+            choices = sample(logits_to_probs(logits, req.params), req.generator)
+        n = token_ids.numel()
+        packed = torch.cat([token_ids, selected.parents, choices, selected.ok.view(1).long()]).tolist()
+        if not packed[-1]:
+            raise RuntimeError("draft tree selection kept nodes without their parents: scores are not monotone "
+                               "along paths")
+        tokens, parents, choice = packed[:n], packed[n:2 * n], packed[2 * n:3 * n]
+        depths = [0] * n
+        for i in range(1, n):
+            depths[i] = depths[parents[i]] + 1
+        tree = DraftTree(token_ids, parents, depths, selected.scores)
+        return tree, tokens, sampling.walk(parents, tokens, choice)
 
     def draft_attention(self) -> contextlib.AbstractContextManager:
         """The drafter's attention kernels (CUDA: not cuDNN, see DRAFT_SDPA_BACKENDS); on the CPU
@@ -500,6 +571,9 @@ class GraphedTarget:
     def __init__(self, target: FastTarget, aux_layers: tuple[int, ...]) -> None:
         self.target, self.aux_layers = target, aux_layers
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, StaticInputs, Any]] = {}
+        # one set of input buffers per (T, mask width, placement), shared by that key's graphs of
+        # every cache: a producer that writes a graph's inputs in place keeps valid addresses
+        self.inputs: dict[tuple, StaticInputs] = {}
 
     def __call__(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
                  aux_layers: tuple[int, ...] = ()) -> Any:
@@ -521,6 +595,15 @@ class GraphedTarget:
         next replay of that graph and must not change before it."""
         return self.graph(t, max_seq_len, (False, True, True, True))[1].tensors[0]
 
+    def device_inputs(self, t: int, max_seq_len: int) -> list[Tensor]:
+        """The inputs of the graph for T = t tokens with every input on the device: input_ids
+        [1, t], position_ids [1, t], cache_slots [t] long, attn_mask [1, 1, t, max_seq_len] bool,
+        captured on first use (a graphed tree round writes them: `GraphedRound`). The same
+        tensors for the life of this object, also after the target's cache is rebuilt; passing
+        them back replays the graph with no copy. Call this before writing them: a capture
+        overwrites them with its warm-up values."""
+        return self.graph(t, max_seq_len, (False, False, False, False))[1].tensors
+
     def graph(self, t: int, max_seq_len: int, on_host: tuple[bool, ...]) -> tuple:
         """(graph, StaticInputs, output) for T = t and this placement, captured on first use."""
         # a new cache (setup_cache) invalidates the graphs: key them by its address too
@@ -532,8 +615,11 @@ class GraphedTarget:
 
     def capture(self, t: int, max_seq_len: int, on_host: tuple[bool, ...], device: torch.device) -> tuple:
         """Warm up (compiles), then capture staging + forward for T = t tokens."""
-        inputs = StaticInputs([(1, t), (1, t), (t,), (1, 1, t, max_seq_len)],
-                              [torch.long, torch.long, torch.long, torch.bool], device, on_host)
+        key = (t, max_seq_len, on_host)
+        if key not in self.inputs:
+            self.inputs[key] = StaticInputs([(1, t), (1, t), (t,), (1, 1, t, max_seq_len)],
+                                            [torch.long, torch.long, torch.long, torch.bool], device, on_host)
+        inputs = self.inputs[key]
         slots = torch.arange(max_seq_len - t, max_seq_len)
         warm = (torch.zeros(1, t, dtype=torch.long), slots[None], slots,
                 torch.ones(1, 1, t, max_seq_len, dtype=torch.bool))

@@ -69,6 +69,18 @@ class DraftTree:
         return torch.tensor(rows)
 
 
+@dataclass
+class SelectedTree:
+    """A tree that a graphed round selected on the device (`GraphedRound`, `select_on_device`):
+    its tokens, positions, slots and mask are already in the verify forward's inputs.
+    parents: [N] long (-1 for the root); scores: [N] float32; ok: [] bool, False when the
+    selection kept a node without its parent (read with the verdict's inputs, then raised)."""
+
+    parents: Tensor
+    scores: Tensor
+    ok: Tensor
+
+
 def verify_mask(tree: DraftTree, prefix_len: int, num_slots: int) -> Tensor:
     """Target attention mask [1, 1, N, num_slots] bool on the CPU over cache slots
     0..num_slots-1 (at least prefix_len + N) for a tree written at slots
@@ -99,6 +111,57 @@ def select(parents: list[int], scores: Tensor, num_keep: int) -> list[int]:
         raise RuntimeError(f"draft tree selection kept nodes {orphans} without their parents: "
                            "scores are not monotone along paths")
     return keep
+
+
+def select_on_device(parents: Tensor, scores: Tensor, num_keep: int,
+                     max_depth: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """`select` and `tree_of`'s bookkeeping without leaving the device: fixed shapes, no host
+    sync, so a CUDA graph can capture it (`GraphedRound` selects a tree's nodes and writes its
+    verify inputs before the host sees them).
+
+    parents: [M+1] long (node 0 = root with parent -1, parents[i] < i); scores: [M+1] cumulative
+    draft log-probs (`TreeExpansion.candidates`); num_keep: N <= M+1 nodes kept, root included;
+    max_depth: the deepest node's depth (num_steps). The kept nodes are those `select` keeps:
+    the root plus the N - 1 best by score, ties to the earlier node (each node ranked by the
+    nodes it is compared with: an [M, M] comparison, M at most a few hundred).
+    Returns, on the device: keep [N] long (ascending node ids, keep[0] = 0); parents [N] long
+    (indices into keep, -1 for the root); depths [N] long; ancestors [N, N] bool ([i, j]: j is i
+    or an ancestor of i, `DraftTree.ancestor_mask`); ok [] bool, False when the kept nodes are
+    no tree (a kept node whose parent was dropped: scores not monotone along a path, or NaN),
+    which `select` raises for: the caller checks ok when it next reads from the device.
+    """
+    m = scores.numel() - 1
+    device = scores.device
+    s = scores[1:].float()
+    index = torch.arange(m, device=device)
+    ahead = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & (index[None, :] < index[:, None]))
+    kept = ahead.sum(1) < num_keep - 1  # [M]: rank among the candidates below N - 1
+    # ascending ids without a host sync: each kept node to its rank in index order, the rest to a
+    # spare last slot
+    slot = torch.where(kept, kept.cumsum(0), num_keep)
+    keep = torch.zeros(num_keep + 1, dtype=torch.long, device=device).scatter_(0, slot, index + 1)[:num_keep]
+    position = torch.full((m + 1,), -1, dtype=torch.long, device=device)
+    position.scatter_(0, keep, torch.arange(num_keep, device=device))
+    parent = parents[keep]
+    tree_parents = torch.where(parent >= 0, position[parent.clamp(min=0)], -1)
+    ok = (kept.sum() == num_keep - 1) & (tree_parents[1:] >= 0).all()
+    has_parent, parent = tree_parents >= 0, tree_parents.clamp(min=0)
+    eye = torch.eye(num_keep, dtype=torch.bool, device=device)
+    depths, ancestors = torch.zeros(num_keep, dtype=torch.long, device=device), eye
+    for _ in range(max_depth):  # one level further up each pass
+        depths = torch.where(has_parent, depths[parent] + 1, 0)
+        ancestors = eye | (ancestors[parent] & has_parent[:, None])
+    return keep, tree_parents, depths, ancestors, ok
+
+
+def verify_mask_on_device(ancestors: Tensor, prefix_len: Tensor, columns: Tensor) -> Tensor:
+    """`verify_mask` from device values: [N, S] bool for a tree written at slots prefix_len ..
+    prefix_len + N - 1. ancestors: [N, N] bool (`select_on_device`); prefix_len: [1] long, the
+    cached tokens every node sees; columns: arange(S) on the device."""
+    relative = columns - prefix_len  # [S]: slot index past the prefix
+    n = ancestors.shape[0]
+    inside = (relative >= 0) & (relative < n)
+    return (relative < 0)[None, :] | (ancestors[:, relative.clamp(0, n - 1)] & inside[None, :])
 
 
 class TreeExpansion:
