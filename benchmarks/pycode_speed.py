@@ -26,8 +26,12 @@ lossless tests).
 Session 9 (a graphed tree round selects its tree and writes the verify's inputs on the device),
 A / B in one process against the tree read back and selected on the host (`.carry/exp_tree_ab.py`),
 tokens/s: tree 4 x 2 / 8 1974 / 2000 against 1667 / 1673, tree 5 x 4 / 16 1719 / 1789 against 1413 /
-1456, τ and outputs unchanged. Machines differ more here than on the 8B target (the host sets the
-pace): plain 5526-5620, chain 3 2857-3622 in this session's processes.
+1456, τ and outputs unchanged. Then a chain's verify mask built by a comparison instead of `tril`
+(which split its rows across all 16 CPU threads of the H200's host: a chain of 3 ran at 243-1172
+tokens/s in processes with 16 threads, at 3200-6700 with one; `tree.verify_mask`): 10 generations of
+chain 3 at 3289-5917 tokens/s with 16 threads, and this script: plain 5331, chain 3 3627 (0.68x),
+chain 5 3724 (0.70x), tree 4 x 2 / 8 2164 (0.41x), tree 5 x 4 / 16 2126 (0.40x), τ and outputs as
+before.
 """
 
 from __future__ import annotations

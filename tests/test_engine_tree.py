@@ -32,6 +32,9 @@ def test_ancestor_and_verify_masks():
     assert mask.shape == (1, 1, 4, 8)
     assert mask[0, 0].int().tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0],
                                          [1, 1, 1, 0, 1, 0, 0, 0], [1, 1, 1, 1, 0, 1, 0, 0]]
+    chain = DraftTree(torch.tensor([9, 3, 5]), [-1, 0, 1], [0, 1, 2], torch.zeros(3))
+    assert verify_mask(chain, prefix_len=2, num_slots=6)[0, 0].int().tolist() == [
+        [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]]
 
 
 @pytest.mark.parametrize("topk,num_steps,num_keep", [(2, 3, 6), (3, 4, 10), (4, 2, 8), (2, 5, 11)])

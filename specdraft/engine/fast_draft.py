@@ -34,6 +34,7 @@ from torch import Tensor
 from specdraft.draft import KV, Eagle3Draft, apply_rope, rms_norm, rope_cos_sin
 from specdraft.engine import fused_decode
 from specdraft.engine.draft_cache import DraftCache
+from specdraft.engine.fast_model import causal_mask
 
 
 class FastDraft:
@@ -80,7 +81,7 @@ class FastDraft:
         if self.triton_kernels and t <= fused_decode.MAX_TOKENS:
             cache.check_write(start, t)
             if attn_mask is None:  # every earlier entry, causal among the T
-                attn_mask = torch.ones(t, start + t, dtype=torch.bool, device=hidden.device).tril(start)
+                attn_mask = causal_mask(start, t, start + t, device=hidden.device)[0, 0]
             slots = torch.arange(start, start + t, device=hidden.device)
             return self.triton_step(input_ids, hidden, positions, first_step, cache, slots,
                                     attn_mask.view(1, 1, t, start + t))
@@ -94,7 +95,7 @@ class FastDraft:
         cache.write(KV(k, v), start)
         past = cache.view(start + t)
         if attn_mask is None and t > 1:
-            attn_mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(start)
+            attn_mask = causal_mask(start, t, start + t, device=x.device)[0, 0]  # not tril: see tree.verify_mask
         y = F.scaled_dot_product_attention(q, past.k, past.v, attn_mask=attn_mask,
                                            enable_gqa=self.num_heads != self.num_kv_heads)
         r = F.linear(y.transpose(1, 2).reshape(t, -1), self.wo) + h
