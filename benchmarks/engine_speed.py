@@ -16,7 +16,8 @@ Measures, and prints as JSON:
   same tokens; bf16 (Triton kernels), every token the float32 argmax up to bf16 near-ties.
 Output: one JSON object per line, one per section.
 Goals checked: plain decode >= 90 % of roofline, verify 16 <= 1.15 x decode, drafter step <=
-10 % of a target decode step.
+10 % of a target decode step; after the end-to-end run, plain decode >= 90 % again as the engine
+decodes (`goal_end_to_end`: tokens/s after prefill, the host one step ahead).
 
     python benchmarks/engine_speed.py            # H200 / any CUDA GPU
     python benchmarks/engine_speed.py --tiny     # small shapes on the CPU (smoke test)
@@ -512,8 +513,12 @@ def main() -> None:
                     "draft_step<=0.1decode": goals["draft_tree_step_over_decode"] <= 0.1}
     report("goals", goals)
     if not args.skip_e2e:
-        report("end_to_end", bench_end_to_end(target, draft, device, prefix, args.new_tokens, max_seq_len,
-                                              args.profile))
+        e2e = report("end_to_end", bench_end_to_end(target, draft, device, prefix, args.new_tokens, max_seq_len,
+                                                    args.profile))
+        # plain decoding as the engine runs it (the host one step ahead): what a user gets
+        fraction = e2e["plain"]["decode_tokens_per_s"] / roofline
+        report("goal_end_to_end", {"plain_decode_fraction_of_roofline": fraction,
+                                   "met": {"decode>=0.9roofline": fraction >= 0.9}})
 
 
 def report(section: str, value):
