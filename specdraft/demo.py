@@ -15,7 +15,10 @@ redone (one line says it was reused, `say_reused`), so a re-run resumes where th
 stopped, but only when the settings that shaped it are the ones asked for now:
 out/demo_settings.json records each cached stage's settings (paths relative to --out, the data
 by its content hash, so a copied demo directory resumes too), and a stage whose settings changed
-is redone with every stage after it (`stages_to_redo`).
+is redone with every stage after it (`stages_to_redo`). The timing of the settings is cached too
+(out/generation.json, keyed by the drafter's files, the prompts and the timing settings:
+`stage_generation`), so a re-run keeps the recommendation and the exports it measured instead of
+a new pick from another noisy measurement; export, doctor and the report are redone every run.
 """
 
 from __future__ import annotations
@@ -610,12 +613,51 @@ def stage_generate(cfg: DemoConfig, target_dir: Path, draft_dir: Path,
 
     def row(name: str, shape: dict[str, int]) -> dict[str, Any]:
         first = runs[name][0]
-        return {**shape, **{k: first[k] for k in ("metrics", "accept_length", "acceptance", "outputs")},
+        return {**shape, "engine_metrics_first_round": first["metrics"],  # the engine's own counts and times
+                **{k: first[k] for k in ("accept_length", "acceptance", "outputs")},
                 **timing_summary([run["tokens_per_s"] for run in runs[name]], plain_tps)}
 
     baseline = row("plain", {})
     sweep = [row(f"chain-{n}", {"num_steps": n, "topk": 1, "num_draft_tokens": n + 1}) for n in cfg.sweep_steps]
     tree = row("tree", {"num_steps": steps, "topk": topk, "num_draft_tokens": tokens})
+    return baseline, sweep, tree
+
+
+GENERATION_FILE = "generation.json"
+
+
+def dir_sha256(path: Path) -> str:
+    """sha256 over the names and contents of the files in a directory (a drafter's weights and config)."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(path)).encode())
+        digest.update(file_sha256(file).encode())
+    return digest.hexdigest()
+
+
+def stage_generation(cfg: DemoConfig, target_dir: Path, draft_dir: Path, prompts: list[list[int]],
+                     say: Callable[[str], None]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    """`stage_generate`, cached in out/generation.json: reused (one line says so) when the drafter's
+    files, the prompts and the timing settings are the ones it was measured with, so a re-run
+    recommends and exports what the first run measured; otherwise timed and written (a temp
+    file, then renamed). A file that does not parse is timed again."""
+    key = {"draft_sha256": dir_sha256(draft_dir), "target": path_label(target_dir, cfg.out),
+           "prompts_sha256": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+           "max_new_tokens": cfg.max_new_tokens, "sweep_steps": list(cfg.sweep_steps), "tree": list(cfg.tree),
+           "timing_repeats": cfg.timing_repeats, "device": cfg.device, "threads": cfg.threads}
+    path = cfg.out / GENERATION_FILE
+    try:
+        saved = json.loads(path.read_text()) if path.exists() else None
+    except (OSError, json.JSONDecodeError):
+        saved = None
+    if isinstance(saved, dict) and saved.get("settings") == key:
+        say(f"generation: reused the timing in {path} (same drafter, prompts and settings; delete it to time "
+            "the settings again)")
+        return saved["baseline"], saved["sweep"], saved["tree"]
+    baseline, sweep, tree = stage_generate(cfg, target_dir, draft_dir, prompts)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"settings": key, "baseline": baseline, "sweep": sweep, "tree": tree}))
+    tmp.replace(path)
     return baseline, sweep, tree
 
 
@@ -686,7 +728,8 @@ def generation_line(report: DemoReport) -> str:
     best = max([*report.sweep, report.tree], key=lambda r: r["speedup"])
     pick = f"recommended: {setting_text(report.chosen)}" if report.chosen else "no setting recommended"
     return (f"speculative generation: plain decoding {report.baseline['tokens_per_s']:.0f} tokens/s; fastest "
-            f"{setting_text(best)}, tau {best['accept_length']:.2f}, {speedup_text(best)}; {pick}")
+            f"(highest median speedup over plain decoding in the same round) {setting_text(best)}, "
+            f"tau {best['accept_length']:.2f}, {speedup_text(best)}; {pick}")
 
 
 def doctor_line(report: DemoReport) -> str:
@@ -705,20 +748,22 @@ def summary(report: DemoReport, out: Path) -> str:
     """What `specdraft demo` prints when it is done: the speculative-decoding section of
     report.md, then where the drafter, the report and the plots are."""
     return "\n".join([*speculative_section(report), "",
-                      f"drafter: {report.drafter['dir']}", generate_command(report),
+                      f"drafter: {report.drafter['dir']}", *generate_command(report),
                       f"report: {out / 'report.md'} (training, doctor, launch commands for vLLM / SGLang)",
                       "plots: " + ", ".join(str(out / p) for p in report.plots)])
 
 
-def generate_command(report: DemoReport) -> str:
-    """"try: specdraft generate ..." with the recommended setting, or the fastest one when none
-    is recommended (generate's own default, 3 steps, is not what the demo measured best)."""
+def generate_command(report: DemoReport) -> list[str]:
+    """"try: specdraft generate ..." and "serve: specdraft serve ..." (README's lines) with the
+    recommended setting, or the fastest one when none is recommended (generate's and serve's own
+    default, 3 steps, is not what the demo measured best)."""
     rows = [*report.sweep, report.tree]
     setting = report.chosen or max(rows, key=lambda r: r["speedup"])
     why = "" if report.chosen else "  (the fastest setting here; none is recommended)"
-    return (f"try: specdraft generate --target {report.target} --draft {report.drafter['dir']} "
-            f"--num-steps {setting['num_steps']} --topk {setting['topk']} "
-            f"--num-draft-tokens {setting['num_draft_tokens']} --prompt \"Once upon a time\"{why}")
+    flags = (f"--target {report.target} --draft {report.drafter['dir']} --num-steps {setting['num_steps']} "
+             f"--topk {setting['topk']} --num-draft-tokens {setting['num_draft_tokens']}")
+    return [f"try: specdraft generate {flags} --prompt \"Once upon a time\"{why}",
+            f"serve: specdraft serve {flags} --threads 1 --port 8000{why}"]
 
 
 def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
@@ -783,7 +828,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     say(f"drafter: {training.get('steps')} optimizer steps, at {draft_dir}")
     say("speculative generation vs plain decoding on held-out prompts")
     prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens)
-    report.baseline, report.sweep, report.tree = stage_generate(cfg, target_dir, draft_dir, prompts)
+    report.baseline, report.sweep, report.tree = stage_generation(cfg, target_dir, draft_dir, prompts, say)
     rows = [*report.sweep, report.tree]
     chosen = pick_setting(rows, cfg.min_speedup)
     chain = chosen if chosen and chosen["topk"] == 1 else pick_setting(report.sweep, cfg.min_speedup)

@@ -47,3 +47,6 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     again = run_demo(cfg)  # every stage cached: the same drafter, the same outputs
     assert sorted(p.name for p in (cfg.out / "train" / "draft").iterdir()) == draft_files
     assert again.baseline["outputs"] == report.baseline["outputs"]
+    # the timing is reused too: the same measurement, hence the same recommendation and exports
+    assert [r["tokens_per_s_runs"] for r in again.sweep] == [r["tokens_per_s_runs"] for r in report.sweep]
+    assert again.verdict == report.verdict and again.launch_commands == report.launch_commands

@@ -186,10 +186,45 @@ def test_the_summary_names_a_generate_command_with_the_measured_setting(tmp_path
     report = DemoReport(target="demo/target", aux_layers=[2, 3, 4], baseline=baseline, sweep=sweep, tree=tree,
                         verdict="v", chosen={k: v for k, v in sweep[1].items()},
                         drafter={"dir": "demo/train/draft"})
-    command = ('try: specdraft generate --target demo/target --draft demo/train/draft --num-steps 4 --topk 1 '
-               '--num-draft-tokens 5 --prompt "Once upon a time"')
-    assert command in demo.summary(report, tmp_path).splitlines()
+    flags = "--target demo/target --draft demo/train/draft --num-steps 4 --topk 1 --num-draft-tokens 5"
+    lines = demo.summary(report, tmp_path).splitlines()
+    assert f'try: specdraft generate {flags} --prompt "Once upon a time"' in lines
+    assert f"serve: specdraft serve {flags} --threads 1 --port 8000" in lines
     report.chosen, report.tree = {}, {**tree, "speedup": 2.0}
-    assert demo.generate_command(report).startswith("try: specdraft generate --target demo/target --draft "
-                                                    "demo/train/draft --num-steps 4 --topk 2 --num-draft-tokens 8")
-    assert demo.generate_command(report).endswith("(the fastest setting here; none is recommended)")
+    generate, serve = demo.generate_command(report)
+    assert generate.startswith("try: specdraft generate --target demo/target --draft "
+                               "demo/train/draft --num-steps 4 --topk 2 --num-draft-tokens 8")
+    assert generate.endswith("(the fastest setting here; none is recommended)")
+    assert "--num-steps 4 --topk 2 --num-draft-tokens 8" in serve and serve.endswith("none is recommended)")
+
+
+def test_a_rerun_reuses_the_timing_of_the_same_drafter_and_settings(tmp_path, monkeypatch):
+    """The settings' timing (which picks the recommendation and the exports' setting) is cached in
+    generation.json: a re-run with the same drafter, prompts and settings reuses it instead of a
+    new noisy pick; a changed drafter file, other prompts, other timing settings or a file that
+    does not parse are timed again."""
+    timed: list[int] = []
+
+    def stage_generate(cfg, target_dir, draft_dir, prompts):
+        timed.append(len(timed))
+        return {"tokens_per_s": 100.0 + len(timed)}, [{"num_steps": 1, "round": len(timed)}], {"topk": 2}
+
+    monkeypatch.setattr(demo, "stage_generate", stage_generate)
+    cfg = DemoConfig(out=tmp_path / "demo", num_train=2)
+    draft = tmp_path / "demo" / "train" / "draft"
+    draft.mkdir(parents=True)
+    (draft / "model.safetensors").write_bytes(b"weights")
+    said: list[str] = []
+    run = lambda c=cfg, prompts=[[1, 2, 3]]: demo.stage_generation(c, tmp_path / "t", draft, prompts, said.append)
+    first = run()
+    assert run() == first and len(timed) == 1
+    assert said == [f"generation: reused the timing in {cfg.out / 'generation.json'} (same drafter, prompts and "
+                    "settings; delete it to time the settings again)"]
+    (draft / "model.safetensors").write_bytes(b"retrained")
+    assert run()[1] == [{"num_steps": 1, "round": 2}] and len(timed) == 2
+    run(prompts=[[1, 2, 4]])
+    run(replace(cfg, timing_repeats=3))
+    assert len(timed) == 4
+    (cfg.out / "generation.json").write_text("{not json")
+    run(replace(cfg, timing_repeats=3))
+    assert len(timed) == 5 and json.loads((cfg.out / "generation.json").read_text())["baseline"]["tokens_per_s"] == 105
