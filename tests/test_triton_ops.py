@@ -441,14 +441,15 @@ class _LazyGraph:
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("spec", ["chain3", "tree3x2_6"])
+@pytest.mark.parametrize("spec", ["chain3", "tree3x2_6", "tree3x2_6_sampled"])
 def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
     """GraphedRound (the first step, later steps and expansions of a greedy round in one graph:
     whole-cache masks from device values, scratch after the committed entries, Triton steps)
     drafts the trees the engine drafts step by step (torch steps), round after round, hence the
     same output: tokens, parents and draft scores (to rounding); a tree's nodes selected and
     its verify inputs (tokens, positions, slots, mask) written on the device, as the host
-    builds them. Without a GPU the graphs are replaced by eager replays."""
+    builds them; sampled (T = 1, a tree verified target-only), the same draws from the same
+    seed. Without a GPU the graphs are replaced by eager replays."""
     from specdraft.engine.draft_round import GraphedRound
     from specdraft.engine.spec_config import SpecConfig
     from specdraft.engine.speculate import SpeculativeEngine
@@ -461,7 +462,9 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
             graph = _LazyGraph(lambda: self.round(*inputs))
             return graph, inputs, graph.outputs
         monkeypatch.setattr(GraphedRound, "capture", capture)
-    setting = {"chain3": SpecConfig.chain(3), "tree3x2_6": SpecConfig(3, 2, 6)}[spec]
+    setting = {"chain3": SpecConfig.chain(3), "tree3x2_6": SpecConfig(3, 2, 6),
+               "tree3x2_6_sampled": SpecConfig(3, 2, 6)}[spec]
+    sampling = {"temperature": 1.0, "seed": 3} if spec.endswith("sampled") else {}
     target = _random_target(ARGS["llama"])
     torch.manual_seed(0)
     draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64,
@@ -503,7 +506,7 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
 
         engine.draft_tree, engine.read_selected = draft_tree, read_selected
         engine.forward_target, engine.forward_in_place = forward_target, forward_in_place
-        outputs.append(engine.generate(prompt, 6).token_ids)
+        outputs.append(engine.generate(prompt, 6, **sampling).token_ids)
         trees.append((rounds, inputs))
     assert outputs[0] == outputs[1] and len(outputs[0]) == 6
     (ref_rounds, ref_inputs), (rounds, inputs) = trees
