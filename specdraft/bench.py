@@ -2,7 +2,10 @@
 
 `run_bench` sends the same prompts to a server (specdraft, vLLM, SGLang or any OpenAI-compatible
 one) and to an optional baseline server, streaming, at each concurrency of a sweep, `repeats`
-times per level, and reports:
+times per level. After warm-up requests to each server, each level is measured on both servers
+before the next level starts, its runs alternating between them (speculative run 1, baseline
+run 1, speculative run 2, ...), so load drift on the machine reaches both servers alike. It
+reports:
 - output tokens/s per run (completion tokens / wall time of the run), with its mean, standard
   deviation and range over the runs; TTFT and TPOT over the requests of all runs (mean, p50,
   p99; TPOT = (latency - TTFT) / (tokens - 1) per request);
@@ -42,7 +45,8 @@ entry has `valid` true), it sets no verdict or crossover (the crossover sentence
 Each server's tokens/s cell at such a level reads "invalid (N of M failed)", and throughput.png
 and tpot.png leave that point out (`plot_data`).
 An interrupted sweep (Ctrl-C) keeps what it measured: `run_bench` fills a `Sweep` level by level,
-and `partial_report` turns the levels finished on every server into a report whose bench.json has
+a level once it is finished on every server, and `partial_report` turns those levels into a
+report (every level completed before the interrupt) whose bench.json has
 `partial` true, `interrupted_at_concurrency` and `concurrency_not_measured` (complete reports:
 false, null, []) and whose bench.md starts with a line naming the levels not measured.
 Requests use temperature 0 and ignore_eos (vLLM / SGLang / specdraft extension) by default, so
@@ -81,6 +85,9 @@ NO_VERDICT = (f"no verdict: one run per level has no run-to-run spread to tell a
 # A server whose per-run tokens/s spread more than this fraction of their mean (sample sd / mean)
 # measured a busy machine more than itself: a verdict at that level is inconclusive.
 NOISY_SPREAD = 0.25
+# OpenAI / SGLang endpoint paths: a server URL ending in one (http://host:8000/v1/completions) is
+# refused (`check_url`); bench and doctor take the base URL and append the paths they need.
+API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/generate")
 # Seconds to wait for a server that refuses connections (still starting) before giving up.
 SERVER_WAIT_S = 120.0
 SERVER_POLL_S = 0.5
@@ -128,17 +135,23 @@ class BenchConfig:
 
 def check_url(url: str, name: str = "url") -> str:
     """A server base URL as bench and doctor take it: http:// or https://, else ValueError (one
-    line naming the option `name` and the fix), as is a URL with no host. Returns the base URL
-    (`base_url`: without trailing slashes and one trailing /v1 segment, as regenerate takes
-    --endpoint: http://host:8000/v1/ is http://host:8000), to which paths such as /v1/models and
-    /metrics are appended."""
+    line naming the option `name` and the fix), as is a URL with no host or one whose path ends
+    in an endpoint (`API_PATHS`, e.g. http://host:8000/v1/completions: the error names the base
+    URL http://host:8000 to give instead). Returns the base URL (`base_url`: without trailing
+    slashes and one trailing /v1 segment, as regenerate takes --endpoint: http://host:8000/v1/ is
+    http://host:8000), to which paths such as /v1/models and /metrics are appended."""
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() not in ("http", "https"):
         example = f"http://{rest}" if sep else f"http://{url}"
         raise ValueError(f"{name} {url!r}: must start with http:// or https:// (e.g. {example})")
     base = base_url(url)
-    if not base.partition("://")[2]:
+    host, _, path = base.partition("://")[2].partition("/")
+    if not host:
         raise ValueError(f"{name} {url!r}: no host; give the server's URL, e.g. http://127.0.0.1:8000")
+    endpoint = next((p for p in API_PATHS if f"/{path}".endswith(p)), None)
+    if endpoint:
+        raise ValueError(f"{name} {url!r} ends in the endpoint {endpoint} (bench and doctor add the paths they "
+                         f"need); give the server's base URL {base_url(base.removesuffix(endpoint))}")
     return base
 
 
@@ -506,9 +519,10 @@ def scrape(server: Server, timeout_s: float) -> dict[str, Any] | None:
 
 
 def level_result(server: Server, concurrency: int, runs: list[tuple[list[RequestRecord], float]],
-                 spec: SpecCounts | None) -> LevelResult:
-    """Aggregate the runs (records, wall seconds) of one level; raises RuntimeError when every
-    request failed."""
+                 before: dict[str, Any] | None, after: dict[str, Any] | None) -> LevelResult:
+    """Aggregate the runs (records, wall seconds) of one level; before / after: the server's
+    counters (`scrape`) around the level (None for kinds without them). Raises RuntimeError
+    when every request failed."""
     records = [r for run, _ in runs for r in run]
     ok = [r for r in records if r.error is None]
     if not ok:
@@ -518,6 +532,7 @@ def level_result(server: Server, concurrency: int, runs: list[tuple[list[Request
     tokens = sum(r.num_tokens for r in ok)
     per_run = [sum(r.num_tokens for r in run if r.error is None) / duration for run, duration in runs]
     tps, tps_std = mean_std(per_run)
+    spec = counter_delta(before, after, f"{server.kind} /metrics") if before is not None else None
     if server.kind == "sglang":
         spec = sglang_counts(ok)
     usage = [r.usage for r in ok if r.usage and "num_drafts" in r.usage]
@@ -529,6 +544,8 @@ def level_result(server: Server, concurrency: int, runs: list[tuple[list[Request
         no_spec = "sglang meta_info (spec_verify_ct 0)"
     elif usage and spec is None and not sum(u.get("num_draft_tokens") or 0 for u in usage):
         no_spec = "usage (no drafted tokens)"
+    elif spec is None and before is not None and before["exposed"]:
+        no_spec = f"{server.kind} /metrics (speculative counters did not move)"
     return LevelResult(concurrency, len(records), len(errors), sum(d for _, d in runs), tokens, tps,
                        Stats.of([r.ttft_s for r in ok if r.ttft_s is not None]), Stats.of(tpot), spec,
                        usage_tau, errors[0] if errors else None, len(runs), tps_std, per_run, no_spec)
@@ -544,32 +561,38 @@ def sglang_counts(records: list[RequestRecord]) -> SpecCounts | None:
     return SpecCounts("sglang meta_info (completion_tokens / spec_verify_ct)", verify, completion - verify)
 
 
-def bench_server(server: Server, prompts: list[str], cfg: BenchConfig,
-                 progress: Callable[[str], None] | None = None, run: ServerRun | None = None) -> ServerRun:
-    """Run every concurrency level `cfg.repeats` times against one server (after `warmup` requests);
-    `server`: as `wait_for_server` found it. run: where each level is appended once all its runs
-    are done (default: a new `ServerRun`), so a caller keeps the levels finished before an
-    interrupt (`Sweep`); returned."""
-    url = server.url
-    run = ServerRun.of(server) if run is None else run
-    batch = [prompts[i % len(prompts)] for i in range(cfg.num_prompts)]
+def warm_up(server: Server, batch: list[str], cfg: BenchConfig) -> None:
+    """Send the first `cfg.warmup` prompts of `batch` to `server`, one at a time, untimed (first
+    requests pay for compilation and caches)."""
     if cfg.warmup:
         asyncio.run(run_requests(server, batch[:cfg.warmup], 1, cfg))
-    for concurrency in cfg.concurrency:
-        before = scrape(server, cfg.timeout_s)
-        runs = [asyncio.run(run_requests(server, batch, concurrency, cfg)) for _ in range(cfg.repeats)]
-        after = scrape(server, cfg.timeout_s)
-        spec = counter_delta(before, after, f"{server.kind} /metrics") if before is not None else None
-        level = level_result(server, concurrency, runs, spec)
-        if level.spec is None and level.no_spec_signal is None and before is not None and before["exposed"]:
-            level.no_spec_signal = f"{server.kind} /metrics (speculative counters did not move)"
-        run.levels.append(level)
-        if progress:
-            tau = f", tau {level.spec.accept_length:.3f}" if level.spec else ""
-            tps = (f"invalid: {level.num_errors} of {level.num_requests} requests FAILED" if level.num_errors
-                   else f"{tps_cell(level)} tok/s")
-            progress(f"{url} ({server.kind}) concurrency {concurrency}: {tps}{tau}")
-    return run
+
+
+def measure_level(servers: Sequence[Server], batch: list[str], concurrency: int,
+                  cfg: BenchConfig) -> list[LevelResult]:
+    """One concurrency level on every server of `servers` (the speculative one, then the
+    baseline), its `cfg.repeats` runs interleaved: run 1 on each server in turn, then run 2,
+    and so on, so load drift on the machine during the level reaches every server alike. Each
+    server's counters are read before and after the whole level (`scrape`: a server counts
+    only its own requests). Returns one LevelResult per server, in order; raises RuntimeError
+    (`level_result`) when every request to a server failed."""
+    before = [scrape(server, cfg.timeout_s) for server in servers]
+    runs: list[list[tuple[list[RequestRecord], float]]] = [[] for _ in servers]
+    for _ in range(cfg.repeats):
+        for server, server_runs in zip(servers, runs):
+            server_runs.append(asyncio.run(run_requests(server, batch, concurrency, cfg)))
+    after = [scrape(server, cfg.timeout_s) for server in servers]
+    return [level_result(server, concurrency, server_runs, b, a)
+            for server, server_runs, b, a in zip(servers, runs, before, after)]
+
+
+def level_line(role: str, server: Server, level: LevelResult) -> str:
+    """The progress line of one server's level: "speculative http://h:8000 (vllm) concurrency 4:
+    812.3 ± 4.1 (806.0-816.2) tok/s, tau 2.310" (role: "speculative" or "baseline")."""
+    tau = f", tau {level.spec.accept_length:.3f}" if level.spec else ""
+    tps = (f"invalid: {level.num_errors} of {level.num_requests} requests FAILED" if level.num_errors
+           else f"{tps_cell(level)} tok/s")
+    return f"{role} {server.url} ({server.kind}) concurrency {level.concurrency}: {tps}{tau}"
 
 
 # ---- comparison and report --------------------------------------------------------------------
@@ -825,9 +848,9 @@ def point_verdict(point: SpeedupPoint, tie_band: float) -> str:
 @dataclass
 class Sweep:
     """What `run_bench` has measured so far, filled as it goes: config, then each server's run,
-    a level appended once all its runs are done (speculative server first, every level, then
-    the baseline). A caller that passes one keeps the finished levels when the sweep is
-    interrupted (Ctrl-C: `partial_report`)."""
+    a level appended to every run once that level's runs are done on every server (each level
+    is measured on both servers before the next starts). A caller that passes one keeps the
+    finished levels when the sweep is interrupted (Ctrl-C: `partial_report`)."""
 
     config: BenchConfig | None = None
     spec: ServerRun | None = None
@@ -836,20 +859,32 @@ class Sweep:
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None,
               sweep: Sweep | None = None) -> BenchReport:
-    """Benchmark cfg.url (and cfg.baseline_url, after it, on the same prompts). Both servers are
-    waited for (`wait_for_server`) before either is measured: a dead baseline fails before the sweep.
-    sweep: filled with the levels as they finish (`Sweep`; default: a new one)."""
+    """Benchmark cfg.url against cfg.baseline_url (if any) on the same prompts, level by level:
+    each concurrency is measured on both servers, its runs alternating between them
+    (`measure_level`), before the next starts, so load drift on the machine reaches both alike.
+    Both servers are waited for (`wait_for_server`: a dead baseline fails before the sweep) and
+    warmed up (`warm_up`) before any timing. progress: told one line per server and level
+    (`level_line`) as each level finishes. sweep: filled with the levels as they finish
+    (`Sweep`; default: a new one)."""
     sweep = Sweep() if sweep is None else sweep
     sweep.config = cfg
     prompts = load_prompts(cfg.prompts)
-    spec_server = wait_for_server(cfg.url, cfg.wait_s, cfg.timeout_s, "--url", on_wait=progress)
-    base_server = (wait_for_server(cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url", on_wait=progress)
-                   if cfg.baseline_url else None)
-    sweep.spec = ServerRun.of(spec_server)
-    bench_server(spec_server, prompts, cfg, progress, sweep.spec)
-    if base_server:
-        sweep.baseline = ServerRun.of(base_server)
-        bench_server(base_server, prompts, cfg, progress, sweep.baseline)
+    batch = [prompts[i % len(prompts)] for i in range(cfg.num_prompts)]
+    servers = {"speculative": wait_for_server(cfg.url, cfg.wait_s, cfg.timeout_s, "--url", on_wait=progress)}
+    if cfg.baseline_url:
+        servers["baseline"] = wait_for_server(cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url",
+                                              on_wait=progress)
+    runs = {role: ServerRun.of(server) for role, server in servers.items()}
+    sweep.spec, sweep.baseline = runs["speculative"], runs.get("baseline")
+    for server in servers.values():
+        warm_up(server, batch, cfg)
+    for concurrency in cfg.concurrency:
+        levels = measure_level(list(servers.values()), batch, concurrency, cfg)
+        for run, level in zip(runs.values(), levels):  # finished on every server: kept on Ctrl-C
+            run.levels.append(level)
+        if progress:
+            for (role, server), level in zip(servers.items(), levels):
+                progress(level_line(role, server, level))
     return compare(cfg, sweep.spec, sweep.baseline)
 
 
@@ -873,9 +908,9 @@ def compare(cfg: BenchConfig, spec: ServerRun, baseline: ServerRun | None,
 
 def partial_report(sweep: Sweep) -> BenchReport | None:
     """The report of an interrupted sweep: the first levels of `config.concurrency` that every
-    compared server finished (with a baseline, those the baseline finished: the speculative
-    server is measured first), the rest in `not_measured`. None when no level was finished on
-    every server (or the sweep never started)."""
+    compared server finished (`run_bench` measures each level on both servers before the next),
+    the rest in `not_measured`. None when no level was finished on every server (or the sweep
+    never started)."""
     cfg = sweep.config
     if cfg is None:
         return None

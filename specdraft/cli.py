@@ -101,10 +101,17 @@ def _error(console, e: Exception, skip_bad_hint: str = "") -> None:
     console.print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
 
 
-def _flag(name: str, help: str):
+def _flag(name: str, help: str, **kwargs):
     """A boolean option off by default and set by `name` alone; its help shows no value type
-    (typer would show `--name <bool>`, as if it took a value)."""
-    return typer.Option(False, name, help=help, metavar="")
+    (typer would show `--name <bool>`, as if it took a value). kwargs: more typer.Option settings."""
+    return typer.Option(False, name, help=help, metavar="", **kwargs)
+
+
+def _argument(metavar: str, help: str, **kwargs):
+    """A required positional argument named `metavar` (upper case, as the commands' docstrings name
+    it) in usage lines, help and errors: typer 0.27+ shows the parameter's own lower-case name
+    (`{checkpoint}`) otherwise. kwargs: more typer.Argument settings (a callback)."""
+    return typer.Argument(..., metavar=metavar, help=help, **kwargs)
 
 
 SKIP_BAD_HINT = " (or pass --skip-bad to skip and count bad records)"
@@ -193,8 +200,18 @@ def _aux_layer_list(value: str | None, param: typer.CallbackParam = None) -> tup
     return _int_list(value, param)
 
 
+def _print_version(value: bool) -> None:
+    """--version: print specdraft's version as `specdraft version` does, then exit 0 (an eager
+    option: before any command runs)."""
+    if value:
+        version()
+        raise typer.Exit()
+
+
 @app.callback()
-def main(ctx: typer.Context) -> None:
+def main(ctx: typer.Context,
+         _version: bool = _flag("--version", "Print specdraft's version and exit.", callback=_print_version,
+                                is_eager=True)) -> None:
     """Train, export, verify and serve EAGLE-3 speculative-decoding drafters."""
     from transformers.utils import logging as hf_logging
 
@@ -226,9 +243,9 @@ def _json_kwargs(text: str, option: str) -> dict:
 
 @app.command()
 def capture(
-    target: str = typer.Argument(..., help="Target model directory (transformers).", callback=_check_model_dir),
-    data: str = typer.Argument(..., help="JSONL chats/texts, save_to_disk dir or text file."),
-    out: str = typer.Argument(..., help="Output store directory (resumed if it exists)."),
+    target: str = _argument("TARGET", "Target model directory (transformers).", callback=_check_model_dir),
+    data: str = _argument("DATA", "JSONL chats/texts, save_to_disk dir or text file."),
+    out: str = _argument("OUT", "Output store directory (resumed if it exists)."),
     aux_layers: str | None = typer.Option(None, help="Specdraft indices, e.g. '2,3,4' (default: "
                                           "[2, L//2, L-3] for an L-layer target).", callback=_aux_layer_list),
     dtype: DtypeName = typer.Option("bf16", help="Storage dtype of hidden states."),
@@ -271,8 +288,8 @@ def capture(
 
 @app.command()
 def regenerate(
-    data: str = typer.Argument(..., help="JSONL chats (or texts with --no-chat) to regenerate."),
-    out: str = typer.Argument(..., help="Output JSONL (resumed if it exists)."),
+    data: str = _argument("DATA", "JSONL chats (or texts with --no-chat) to regenerate."),
+    out: str = _argument("OUT", "Output JSONL (resumed if it exists)."),
     target: str = typer.Option("", help="Local target model directory (transformers).", callback=_check_model_dir),
     endpoint: str = typer.Option("", help="OpenAI-compatible base URL, e.g. http://host:8000.", callback=_check_url),
     model: str = typer.Option("", help="Served model name (with --endpoint)."),
@@ -356,8 +373,8 @@ def _num_layers_of_target(target: str | None) -> int | None:
 
 @app.command()
 def inspect(
-    checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout).",
-                                     callback=_check_checkpoint_dir),
+    checkpoint: str = _argument("CHECKPOINT", "Draft checkpoint directory (any layout).",
+                                callback=_check_checkpoint_dir),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=_check_model_dir),
     manifest: bool = _flag("--manifest", help="Print the whole manifest as JSON (default: one line per field)."),
 ) -> None:
@@ -410,9 +427,9 @@ def _manifest_lines(fields: dict) -> list[str]:
 
 @app.command()
 def convert(
-    src: str = typer.Argument(..., help="Draft checkpoint directory (layout detected).",
-                              callback=_check_checkpoint_dir),
-    dst: str = typer.Argument(..., help="Output directory."),
+    src: str = _argument("SRC", "Draft checkpoint directory (layout detected).",
+                         callback=_check_checkpoint_dir),
+    dst: str = _argument("DST", "Output directory."),
     layout: Layout = typer.Option(..., help="sglang (official EAGLE-3: config.json + model.safetensors, no "
                                   "specdraft manifest) | speculators (vLLM's; keeps the manifest) | specdraft "
                                   "(the sglang files + specdraft's manifest)"),
@@ -641,9 +658,9 @@ def _train_config_values(config: str) -> dict:
 
 @app.command()
 def train(
-    source: str = typer.Argument(..., help="Capture store directory (`specdraft capture`); with --online, "
-                                 "JSONL chats/texts, save_to_disk dir or text file."),
-    out: str = typer.Argument(..., help="Run directory: checkpoints/, metrics.jsonl, tensorboard/, draft/."),
+    source: str = _argument("SOURCE", "Capture store directory (`specdraft capture`); with --online, "
+                            "JSONL chats/texts, save_to_disk dir or text file."),
+    out: str = _argument("OUT", "Run directory: checkpoints/, metrics.jsonl, tensorboard/, draft/."),
     config: str = typer.Option("", help="TrainConfig JSON file; the options below override it."),
     steps: int | None = typer.Option(None, min=1, help="Total optimizer steps (instead of --epochs; neither "
                                      "= one epoch)."),
@@ -757,9 +774,9 @@ def train(
 
 @app.command()
 def export(
-    checkpoint: str = typer.Argument(..., help="Drafter directory (e.g. RUN/draft), or a training checkpoint "
-                                     "of --save-every (RUN/checkpoints/step-N.pt)."),
-    out: str = typer.Argument(..., help="Output directory (replaced atomically)."),
+    checkpoint: str = _argument("CHECKPOINT", "Drafter directory (e.g. RUN/draft), or a training checkpoint "
+                                "of --save-every (RUN/checkpoints/step-N.pt)."),
+    out: str = _argument("OUT", "Output directory (replaced atomically)."),
     engine: ExportEngine = typer.Option(..., help="Engine to export for."),
     target: str = typer.Option("", help="Target directory (default: the manifest's record).", callback=_check_model_dir),
     verifier: str = typer.Option("", help="speculators verifier.name_or_path (must resolve where "
@@ -797,8 +814,8 @@ def export(
 
 @app.command()
 def doctor(
-    checkpoint: str = typer.Argument(..., help="Draft checkpoint directory (any layout).",
-                                     callback=_check_checkpoint_dir),
+    checkpoint: str = _argument("CHECKPOINT", "Draft checkpoint directory (any layout).",
+                                callback=_check_checkpoint_dir),
     target: str = typer.Option("", help="Target directory: capture parity, acceptance, tokenizer.", callback=_check_model_dir),
     engine: DoctorEngine | None = typer.Option(None, help="Engine to check for (default: from --engine-args, "
                                                     "else all)."),

@@ -261,6 +261,26 @@ def test_a_url_ending_in_v1_is_the_base_url(given, base):
     assert (cfg.url, cfg.baseline_url) == (base, base)
 
 
+@pytest.mark.parametrize("given, endpoint, base", [
+    ("http://127.0.0.1:8000/v1/completions", "/v1/completions", "http://127.0.0.1:8000"),
+    ("http://127.0.0.1:8000/v1/chat/completions/", "/v1/chat/completions", "http://127.0.0.1:8000"),
+    ("https://gpu-box/proxy/v1/models", "/v1/models", "https://gpu-box/proxy"),
+    ("http://127.0.0.1:30000/generate", "/generate", "http://127.0.0.1:30000"),  # SGLang's native endpoint
+])
+def test_a_url_ending_in_an_endpoint_is_refused_naming_the_base_url(given, endpoint, base, tmp_path):
+    """bench appends /v1/models itself: --url .../v1/completions once failed with "no
+    OpenAI-compatible /v1/models (... '.../v1/completions/v1/models' ...)"."""
+    message = (f"--url {given!r} ends in the endpoint {endpoint} (bench and doctor add the paths they need); "
+               f"give the server's base URL {base}")
+    with pytest.raises(ValueError) as error:
+        check_url(given, "--url")
+    assert str(error.value) == message
+    result = CliRunner().invoke(app, ["bench", "--url", given, "--wait", "0", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1 and " ".join(result.output.split()) == (
+        "error: " + message.replace("--url", "url", 1)), result.output
+    assert check_url("http://generate:8000/") == "http://generate:8000"  # a host of that name is no endpoint
+
+
 def test_urls_without_scheme_or_host_are_still_refused():
     with pytest.raises(ValueError, match=r"^--url 'localhost:8000/v1': must start with http:// or https:// "
                                          r"\(e\.g\. http://localhost:8000/v1\)$"):

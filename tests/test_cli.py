@@ -1,5 +1,6 @@
 """specdraft.cli option parsing: integer lists and checkpoint directories give one clear usage
-error naming the bad value (exit 2), never a traceback or a message about a path that was not given."""
+error naming the bad value (exit 2), never a traceback or a message about a path that was not given;
+--version, and positional arguments named in upper case as the commands' help names them."""
 
 from __future__ import annotations
 
@@ -96,3 +97,24 @@ def test_inspect_summarises_the_manifest_and_prints_it_whole_on_request(tmp_path
     assert whole.exit_code == 0 and "manifest (--manifest" not in whole.output
     body = whole.output[whole.output.index("{\n"):whole.output.rindex("}") + 1]
     assert json.loads(body)["training"]["validation"]["accuracy"] == [0.5] * 40
+
+
+def test_version_option_prints_what_the_version_command_prints():
+    from specdraft import __version__
+
+    option, command = invoke(["--version"]), invoke(["version"])
+    assert (option.exit_code, command.exit_code) == (0, 0), option.output
+    assert option.output == command.output == f"{__version__}\n"
+
+
+@pytest.mark.parametrize("command, names", [
+    ("doctor", ["CHECKPOINT"]), ("export", ["CHECKPOINT", "OUT"]), ("inspect", ["CHECKPOINT"]),
+    ("capture", ["TARGET", "DATA", "OUT"]), ("regenerate", ["DATA", "OUT"]), ("convert", ["SRC", "DST"]),
+    ("train", ["SOURCE", "OUT"]),
+])
+def test_usage_lines_name_positional_arguments_in_upper_case(command, names):
+    """Not typer's `{checkpoint}`: the names the commands' descriptions use (CHECKPOINT, OUT)."""
+    usage = invoke([command, "--help"]).output.splitlines()[0]
+    assert usage.startswith("Usage: ") and f" {command} [OPTIONS] " in usage
+    assert re.findall(r"\w+", usage.split("[OPTIONS]")[1]) == names
+    assert f"Missing argument '{names[0]}'" in invoke([command]).output
