@@ -35,7 +35,12 @@ verify 16 replay 4.427 ms = 1.146 x decode, engine step 1.138 x; drafter tree st
 machines of five. Where a verify of 16 spends its 0.55 ms over a decode (kernels alone, graphed,
 this session): the thin GEMMs 0.43 ms (per layer 16 rows / 1 row, us: q|k|v 18.3 / 12.7, o 10.2 /
 8.4, gate|up 56.1 / 51.7, down 29.6 / 28.4; lm_head 239 / 228), attention 0.12 ms (split +
-combine 10.0 / 6.2 us a layer), the norms 0.01 ms.
+combine 10.0 / 6.2 us a layer), the norms 0.01 ms. Then greedy plain decoding as one self-feeding
+graph a step (`GraphedTarget.greedy_decode`: the argmax, the next input, position, slot and mask
+advanced inside the graph; the host only replays), A / B in one process against the host staging
+each step and launching the argmax after the replay, 4 alternations (`.carry/exp_decode_ab.py`),
+tokens/s after prefill: 256.2-256.5 against 252.6-253.0, against a roofline of 276.9 measured in
+that process (281 in this session's engine_speed run): 92.6 % (91.2 % of 281), was 91.3 %.
 2026-12-01, session 8 (a verify's drafted ids written into the
 graph's input by the drafter, no copy before the replay; interleaved timing), three processes
 on three machines: copy 4.20-4.23 TB/s, roofline 280-282 tokens/s. Verify 16 / decode as the

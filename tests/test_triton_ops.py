@@ -400,9 +400,11 @@ def test_compiled_engine_runs_target_and_drafter_through_triton_graphs():
     assert set(engine.run_draft.graphs) == {(1, True, False), (2, True, False), (3, True, False), (4, True, False),
                                             (2, False, True)}  # first steps after a verify, masked tree steps
     assert len(result.token_ids) == 8
-    plain = SpeculativeEngine(target, None, None, None, 64, DEVICE, compile=True)  # inputs staged from the host
+    plain = SpeculativeEngine(target, None, None, None, 64, DEVICE, compile=True)
     assert len(plain.generate(list(range(1, 13)), 8).token_ids) == 8
-    assert [inputs.tensors[0].device.type for _, inputs, _ in plain.graphed.graphs.values()] == ["cuda"]
+    assert [key[0] for key in plain.graphed.graphs] == ["greedy"]  # greedy: one self-feeding decode graph
+    assert len(plain.generate(list(range(1, 13)), 8, temperature=1.0, seed=0).token_ids) == 8
+    assert sorted(str(key[0]) for key in plain.graphed.graphs) == ["1", "greedy"]  # sampled: staged from the host
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs and compiled target layers")
@@ -542,3 +544,6 @@ def test_compiled_plain_decoding_runs_ahead_and_emits_the_eager_tokens():
     stopped = compiled.generate(prompt, 24, eos_ids=[eos])
     assert stopped.token_ids == eager[:eager.index(eos) + 1] and stopped.finish_reason == "eos"
     assert compiled.generate(prompt, 2).token_ids == eager[:2]
+    other = list(range(3, 20))  # another prompt and length: the graph's inputs are set per request
+    assert compiled.generate(other, 12).token_ids == SpeculativeEngine(target, None, None, None, 64,
+                                                                       DEVICE).generate(other, 12).token_ids

@@ -228,23 +228,16 @@ class SpeculativeEngine:
         on the device by step k's argmax (or draw), so the host's staging, launch and bookkeeping
         (0.03-0.3 ms a token on the H200's host) hide behind the GPU's step instead of adding to
         it (gpt-fast never reads a token back before the end; vLLM and SGLang overlap their
-        scheduling the same way). The step launched past the last token writes one cache slot
-        that no request reads (check_limits leaves it free) and is dropped."""
-        ids = self.graphed.device_input_ids(1, self.max_seq_len)  # [1, 1]: the graph reads it in place
-        ids.fill_(req.output_ids[-1])
-        root = DraftTree.root_only(0)  # a decode step's mask is a root-only tree's
+        scheduling the same way). Greedy, a step is one graph replay that also feeds the next
+        step (`GraphedTarget.greedy_decode`); sampled, the host stages each step's position and
+        mask and draws on the device. The step launched past the last token writes one cache
+        slot that no request reads (check_limits leaves it free) and is dropped."""
+        launch = self.greedy_steps(req) if req.params.greedy else self.sampled_steps(req)
         tokens = torch.empty(2, dtype=torch.long, pin_memory=True)  # the two steps in flight, read back
         ready = [torch.cuda.Event(), torch.cuda.Event()]
         start, in_flight, slot = time.perf_counter(), 0, 0
         while req.finish_reason is None:
-            position = req.length + in_flight  # the cache holds req.length tokens, the step in flight one more
-            mask = verify_mask(root, position, self.max_seq_len)
-            logits, _ = self.forward_target(ids[0], torch.tensor([position]), position, mask, graphed=True)
-            if req.params.greedy:
-                token = logits[-1:].argmax(-1)
-            else:
-                token = sample(logits_to_probs(logits[-1:], req.params), req.generator)  # [1] on the device
-            ids.view(-1).copy_(token)  # the next step's input, before that step's replay
+            token = launch(req.length + in_flight)  # the cache holds req.length tokens, the step in flight one more
             tokens[slot:slot + 1].copy_(token, non_blocking=True)
             ready[slot].record()
             in_flight, slot = in_flight + 1, 1 - slot
@@ -254,6 +247,37 @@ class SpeculativeEngine:
                 req.metrics.record_step(0, 0)
                 self.emit(req, [int(tokens[slot])])
         req.metrics.time_verify_s += time.perf_counter() - start
+
+    def greedy_steps(self, req: Request) -> Callable[[int], Tensor]:
+        """`decode_ahead`'s step launcher at T = 0: sets the self-feeding decode graph's inputs to
+        the request's last token and position once, then each call replays it (the position
+        argument is the graph's own count) and returns its token [1] long on the device."""
+        graph, (ids, positions, slots, mask), token = self.graphed.greedy_decode(self.max_seq_len)
+        ids.fill_(req.output_ids[-1])
+        positions.fill_(req.length)
+        slots.fill_(req.length)
+        mask.copy_(causal_mask(req.length, 1, self.max_seq_len, device=self.device))
+
+        def launch(position: int) -> Tensor:
+            graph.replay()
+            return token
+        return launch
+
+    def sampled_steps(self, req: Request) -> Callable[[int], Tensor]:
+        """`decode_ahead`'s step launcher at T > 0: each call stages the step's position and mask,
+        replays the decode graph, draws the token on the device and writes it as the next step's
+        input; returns it ([1] long on the device)."""
+        ids = self.graphed.device_input_ids(1, self.max_seq_len)  # [1, 1]: the graph reads it in place
+        ids.fill_(req.output_ids[-1])
+        root = DraftTree.root_only(0)  # a decode step's mask is a root-only tree's
+
+        def launch(position: int) -> Tensor:
+            mask = verify_mask(root, position, self.max_seq_len)
+            logits, _ = self.forward_target(ids[0], torch.tensor([position]), position, mask, graphed=True)
+            token = sample(logits_to_probs(logits[-1:], req.params), req.generator)
+            ids.view(-1).copy_(token)  # the next step's input, before that step's replay
+            return token
+        return launch
 
     def prefill(self, req: Request) -> int:
         """Run the prompt through the target; return the first generated token."""
@@ -613,8 +637,25 @@ class GraphedTarget:
             self.graphs[key] = self.capture(t, max_seq_len, on_host, cache.device)
         return self.graphs[key]
 
-    def capture(self, t: int, max_seq_len: int, on_host: tuple[bool, ...], device: torch.device) -> tuple:
-        """Warm up (compiles), then capture staging + forward for T = t tokens."""
+    def greedy_decode(self, max_seq_len: int) -> tuple[torch.cuda.CUDAGraph, list[Tensor], Tensor]:
+        """A greedy decode step that feeds the next one, as one graph (the host only replays it):
+        the forward of input_ids [1, 1] at position_ids [1, 1] and cache_slots [1] under attn_mask
+        [1, 1, 1, max_seq_len] (`device_inputs`' tensors for T = 1), then the argmax written to
+        input_ids and to the returned token [1] long, position and slot advanced by one, and the
+        mask's column of the new slot set. Returns (graph, its inputs, token): the caller sets
+        the inputs for the first step and reads the token after each replay. Captured on first
+        use, again for a rebuilt cache (the same input tensors)."""
+        cache = self.target.layers[0].attention.kv_cache.k_cache
+        key = ("greedy", max_seq_len, cache.data_ptr())
+        if key not in self.graphs:
+            self.graphs[key] = self.capture(1, max_seq_len, (False,) * 4, cache.device, feed_argmax=True)
+        graph, inputs, token = self.graphs[key]
+        return graph, inputs.tensors, token
+
+    def capture(self, t: int, max_seq_len: int, on_host: tuple[bool, ...], device: torch.device,
+                feed_argmax: bool = False) -> tuple:
+        """Warm up (compiles), then capture staging + forward for T = t tokens (feed_argmax: and
+        `greedy_decode`'s tail, which then is the graph's output instead of the forward's)."""
         key = (t, max_seq_len, on_host)
         if key not in self.inputs:
             self.inputs[key] = StaticInputs([(1, t), (1, t), (t,), (1, 1, t, max_seq_len)],
@@ -623,18 +664,33 @@ class GraphedTarget:
         slots = torch.arange(max_seq_len - t, max_seq_len)
         warm = (torch.zeros(1, t, dtype=torch.long), slots[None], slots,
                 torch.ones(1, 1, t, max_seq_len, dtype=torch.bool))
-        inputs.fill([v if host else v.to(device) for v, host in zip(warm, on_host)])
-        inputs.stage()
+        warm = [v if host else v.to(device) for v, host in zip(warm, on_host)]
+
+        def step() -> Any:
+            output = self.target(*inputs.tensors, self.aux_layers)
+            if not feed_argmax:
+                return output
+            ids, positions, cache_slots, mask = inputs.tensors
+            token = output.logits[0, -1].argmax(-1, keepdim=True)  # [1]
+            ids.view(-1).copy_(token)
+            positions.add_(1)
+            cache_slots.add_(1)
+            mask.view(-1).index_fill_(0, cache_slots.clamp(max=max_seq_len - 1), True)
+            return token
+
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(3):
-                self.target(*inputs.tensors, self.aux_layers)
+                inputs.fill(warm)  # a fed step advanced them: back to the last cache slots
+                inputs.stage()
+                step()
         torch.cuda.current_stream().wait_stream(stream)
+        inputs.fill(warm)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             inputs.stage()
-            output = self.target(*inputs.tensors, self.aux_layers)
+            output = step()
         return graph, inputs, output
 
 
