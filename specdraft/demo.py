@@ -805,7 +805,8 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     cfg.out.mkdir(parents=True, exist_ok=True)
     if cfg.device == "cpu" and cfg.threads:
         torch.set_num_threads(cfg.threads)
-    say = lambda text: console.print(f"[bold]demo[/bold] {text}")  # noqa: E731
+    # one line each, whatever the terminal's width (not a terminal: rich wraps at 80 columns)
+    say = lambda text: console.print(f"[bold]demo[/bold] {text}", soft_wrap=True)  # noqa: E731
     target_dir = stage_target(cfg)
     if cfg.target is None:
         say(f"convert: the bundled stories260K (llama2.c) -> transformers Llama at {target_dir}")

@@ -18,10 +18,10 @@ def tiny_demo(tmp_path) -> DemoConfig:
                       train_steps=2, batch_size=2, sweep_steps=(1,), tree=(1, 2, 3), timing_repeats=1)
 
 
-def demo_output(cfg: DemoConfig, capsys) -> tuple[str, str]:
+def demo_output(cfg: DemoConfig, capsys, width: int = 400) -> tuple[str, str]:
     """(what run_demo said on its console, what the stages wrote to stderr)."""
     said = io.StringIO()
-    run_demo(cfg, Console(file=said, width=400))
+    run_demo(cfg, Console(file=said, width=width))
     return said.getvalue(), capsys.readouterr().err
 
 
@@ -40,7 +40,7 @@ def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, ca
                                            "speculative generation: plain decoding", "export: vllm ->", "doctor: ")]
     assert order == sorted(order), said
 
-    said, err = demo_output(cfg, capsys)
+    said, err = demo_output(cfg, capsys, width=80)  # rich's width when stdout is no terminal: no wrapped lines
     out = cfg.out
     for stage, path in [("data", out / "data"), ("regenerate", out / "data" / "train.regen.jsonl"),
                         ("capture", out / "store"), ("regenerate", out / "data" / "heldout.regen.jsonl"),
