@@ -9,7 +9,7 @@ import torch
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.tree import (DraftTree, TreeExpansion, select, select_on_device, verify_mask,
-                                  verify_mask_on_device)
+                                  ancestor_verify_mask)
 from tests.engine_helpers import one_thread, random_prompts, target_pass, tiny_setup  # noqa: F401
 
 
@@ -58,7 +58,7 @@ def test_selection_on_the_device_is_the_host_selection(topk, num_steps, num_keep
         assert tokens[keep].tolist() == ref.tokens.tolist()
         assert (tree_parents.tolist(), depths.tolist()) == (ref.parents, ref.depths)
         assert torch.equal(ancestors, ref.ancestor_mask())
-        mask = verify_mask_on_device(ancestors, torch.tensor([prefix]), torch.arange(width))
+        mask = ancestor_verify_mask(ancestors, torch.tensor([prefix]), torch.arange(width))
         assert torch.equal(mask, verify_mask(ref, prefix, width)[0, 0])
 
 

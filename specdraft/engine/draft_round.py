@@ -34,7 +34,7 @@ from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.fast_draft import FastDraft, capture_graph
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import TreeExpansion, select_on_device, verify_mask_on_device
+from specdraft.engine.tree import TreeExpansion, select_on_device, ancestor_verify_mask
 
 
 class GraphedRound:
@@ -117,7 +117,7 @@ class GraphedRound:
         torch.index_select(tokens, 0, keep, out=input_ids[0])
         positions[0].copy_(committed + depths)
         slots.copy_(committed + entries[:keep.numel()])
-        mask[0, 0].copy_(verify_mask_on_device(ancestors, committed, self.columns))
+        mask[0, 0].copy_(ancestor_verify_mask(ancestors, committed, self.columns))
         return tree_parents, scores[keep], ok
 
     def static_inputs(self, m: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -39,7 +39,7 @@ from specdraft.engine.fast_model import FastTarget, causal_mask, load_fast_targe
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.sampling import SamplingParams, Verdict, logits_to_probs, sample
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import DraftTree, SelectedTree, TreeExpansion, tree_of, verify_mask
+from specdraft.engine.tree import DraftTree, SelectedTree, TreeExpansion, depths_of, tree_of, verify_mask
 
 TokenCallback = Callable[[list[int]], None]
 # Attention kernels for the drafter. Not cuDNN: it builds an execution plan for every new
@@ -378,10 +378,7 @@ class SpeculativeEngine:
             raise RuntimeError("draft tree selection kept nodes without their parents: scores are not monotone "
                                "along paths")
         tokens, parents, choice = packed[:n], packed[n:2 * n], packed[2 * n:3 * n]
-        depths = [0] * n
-        for i in range(1, n):
-            depths[i] = depths[parents[i]] + 1
-        tree = DraftTree(token_ids, parents, depths, selected.scores)
+        tree = DraftTree(token_ids, parents, depths_of(parents), selected.scores)
         return tree, tokens, sampling.walk(parents, tokens, choice)
 
     def draft_attention(self) -> contextlib.AbstractContextManager:

@@ -92,10 +92,7 @@ def verify_mask(tree: DraftTree, prefix_len: int, num_slots: int) -> Tensor:
     if tree.is_chain:  # node i sees slots 0..prefix_len+i (a comparison: tril splits 4 rows across
         # every CPU thread, which cost a pycode-25m chain of 3 on a 16-core H200 host ~7 ms a round)
         return causal_mask(prefix_len, n, num_slots)
-    mask = torch.zeros(n, num_slots, dtype=torch.bool)
-    mask[:, :prefix_len] = True
-    mask[:, prefix_len:prefix_len + n] = tree.ancestor_mask()
-    return mask[None, None]
+    return ancestor_verify_mask(tree.ancestor_mask(), torch.tensor([prefix_len]), torch.arange(num_slots))[None, None]
 
 
 def select(parents: list[int], scores: Tensor, num_keep: int) -> list[int]:
@@ -156,10 +153,12 @@ def select_on_device(parents: Tensor, scores: Tensor, num_keep: int,
     return keep, tree_parents, depths, ancestors, ok
 
 
-def verify_mask_on_device(ancestors: Tensor, prefix_len: Tensor, columns: Tensor) -> Tensor:
-    """`verify_mask` from device values: [N, S] bool for a tree written at slots prefix_len ..
-    prefix_len + N - 1. ancestors: [N, N] bool (`select_on_device`); prefix_len: [1] long, the
-    cached tokens every node sees; columns: arange(S) on the device."""
+def ancestor_verify_mask(ancestors: Tensor, prefix_len: Tensor, columns: Tensor) -> Tensor:
+    """The verify mask [N, S] bool of a tree written at slots prefix_len .. prefix_len + N - 1,
+    from tensors on any device (`verify_mask` on the host, a graphed round on the GPU): every
+    node sees the prefix, then its ancestors and itself. ancestors: [N, N] bool
+    (`DraftTree.ancestor_mask`, `select_on_device`); prefix_len: [1] long, the cached tokens
+    every node sees; columns: arange(S) on the same device."""
     relative = columns - prefix_len  # [S]: slot index past the prefix
     n = ancestors.shape[0]
     inside = (relative >= 0) & (relative < n)
@@ -286,12 +285,18 @@ def tree_of(tokens: Tensor, scores: Tensor, parents: Tensor | None, probs: Tenso
     check_out(out, len(keep))
     index = {node: i for i, node in enumerate(keep)}
     new_parents = [-1] + [index[parent_list[node]] for node in keep[1:]]
-    depths = [0] * len(keep)
-    for i, parent in enumerate(new_parents[1:], start=1):
-        depths[i] = depths[parent] + 1
     keep_t = torch.tensor(keep, device=tokens.device)
     kept = tokens[keep_t] if out is None else torch.index_select(tokens, 0, keep_t, out=out)
-    return DraftTree(kept, new_parents, depths, scores[keep_t], None if probs is None else probs[keep_t[1:] - 1])
+    return DraftTree(kept, new_parents, depths_of(new_parents), scores[keep_t],
+                     None if probs is None else probs[keep_t[1:] - 1])
+
+
+def depths_of(parents: list[int]) -> list[int]:
+    """Each node's depth (root 0) from its parent index (parents[0] = -1, parents[i] < i)."""
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    return depths
 
 
 def check_out(out: Tensor | None, num_nodes: int) -> None:
