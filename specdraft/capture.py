@@ -39,7 +39,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save
 
-from specdraft.checkpoint import write_safetensors
+from specdraft.checkpoint import file_sha256, write_safetensors
 from specdraft.data import Sample, data_hash
 
 FORMAT = "specdraft-capture"
@@ -132,12 +132,6 @@ def _human(num_bytes: float) -> str:
             return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{int(num_bytes)} B"
         num_bytes /= 1024
     raise AssertionError("unreachable")
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 (hex) of a file's bytes."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _atomic_save(tensors: dict[str, torch.Tensor], path: Path) -> str:

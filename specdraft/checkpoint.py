@@ -347,6 +347,12 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
     return out_dir
 
 
+def file_sha256(path: Path) -> str:
+    """sha256 (hex) of a file's bytes, read in chunks (a store shard, a drafter, a downloaded model)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def replace_dir(src: Path, dst: Path) -> None:
     """Move directory `src` to `dst`, replacing an existing `dst` only once `src` is complete
     (callers check first that `dst` may be replaced, e.g. `check_output_dir`)."""

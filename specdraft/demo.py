@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 
+from specdraft.checkpoint import file_sha256
 from specdraft.conventions import default_aux_layers
 from specdraft.speedup import pick_setting, speedup_text, ties_at_top, timed_passes, timing_summary
 
@@ -260,10 +261,6 @@ def stage_target(cfg: DemoConfig) -> Path:
 SETTINGS_FILE = "demo_settings.json"
 STAGES = ("data", "regenerate", "train")  # in order: redoing one redoes every later one
 VAL_FRACTION = 0.05  # of the training documents, held out for training's validation
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def path_label(path: Path, out: Path) -> str:

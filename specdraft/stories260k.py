@@ -9,7 +9,6 @@ Formats: shared/models/README.md and llama2.c's `run.c` (`read_checkpoint`, `enc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import struct
@@ -24,7 +23,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
 from tokenizers.models import BPE
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdraft.checkpoint import replace_dir
+from specdraft.checkpoint import file_sha256, replace_dir
 
 CHECKPOINT_FILE = "stories260K.bin"
 TOKENIZER_FILE = "tok512.bin"
@@ -107,12 +106,6 @@ def bundled_dir() -> Path:
     return folder
 
 
-def sha256_of(path: Path) -> str:
-    """Hex sha256 digest of a file's bytes."""
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
-
-
 def verify_sha256(path: Path, expected: str) -> str:
     """Return the file's sha256 if it equals `expected`, else raise a one-line ValueError.
 
@@ -120,7 +113,7 @@ def verify_sha256(path: Path, expected: str) -> str:
     size and header circulates in public repositories (it generates gibberish), hence a hash
     rather than a size check.
     """
-    actual = sha256_of(path)
+    actual = file_sha256(path)
     if actual != expected:
         raise ValueError(
             f"{path}: sha256 {actual}, expected {expected}: corrupted or a different file (a modified "
