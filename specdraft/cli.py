@@ -1050,7 +1050,8 @@ def bench(
     try:
         cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
                           warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
-        report = run_bench(cfg, progress=lambda text: console.print(text, markup=False), sweep=sweep)
+        report = run_bench(cfg, progress=lambda text: console.print(text, markup=False, soft_wrap=True),
+                           sweep=sweep)
         paths = write_report(report, out)
     except KeyboardInterrupt:
         console.print(_write_interrupted(sweep, out), style="red", markup=False, soft_wrap=True)
@@ -1059,7 +1060,7 @@ def bench(
         console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
     console.print(markdown(report), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, soft_wrap=True)
     if busy:
         console.print(busy, style="yellow", markup=False, soft_wrap=True)
     for warning in report.warnings:  # last, where they are seen

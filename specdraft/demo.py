@@ -752,14 +752,16 @@ def summary(report: DemoReport, out: Path) -> str:
 
 def generate_command(report: DemoReport) -> list[str]:
     """"try: specdraft generate ..." and "serve: specdraft serve ..." (README's lines) with the
-    recommended setting, or the fastest one when none is recommended (generate's and serve's own
-    default, 3 steps, is not what the demo measured best)."""
+    recommended setting and one CPU thread (the demo's timing ran on one: a 260K-parameter
+    model's threads only fight each other, 38 against 998 tokens/s on a busy 2-core machine), or
+    the fastest one when none is recommended (generate's and serve's own default, 3 steps, is
+    not what the demo measured best)."""
     rows = [*report.sweep, report.tree]
     setting = report.chosen or max(rows, key=lambda r: r["speedup"])
     why = "" if report.chosen else "  (the fastest setting here; none is recommended)"
     flags = (f"--target {report.target} --draft {report.drafter['dir']} --num-steps {setting['num_steps']} "
              f"--topk {setting['topk']} --num-draft-tokens {setting['num_draft_tokens']}")
-    return [f"try: specdraft generate {flags} --prompt \"Once upon a time\"{why}",
+    return [f"try: specdraft generate {flags} --threads 1 --prompt \"Once upon a time\"{why}",
             f"serve: specdraft serve {flags} --threads 1 --port 8000{why}"]
 
 

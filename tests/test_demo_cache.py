@@ -188,7 +188,7 @@ def test_the_summary_names_a_generate_command_with_the_measured_setting(tmp_path
                         drafter={"dir": "demo/train/draft"})
     flags = "--target demo/target --draft demo/train/draft --num-steps 4 --topk 1 --num-draft-tokens 5"
     lines = demo.summary(report, tmp_path).splitlines()
-    assert f'try: specdraft generate {flags} --prompt "Once upon a time"' in lines
+    assert f'try: specdraft generate {flags} --threads 1 --prompt "Once upon a time"' in lines
     assert f"serve: specdraft serve {flags} --threads 1 --port 8000" in lines
     report.chosen, report.tree = {}, {**tree, "speedup": 2.0}
     generate, serve = demo.generate_command(report)
