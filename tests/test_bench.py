@@ -488,7 +488,7 @@ def test_bench_config_keeps_urls_without_trailing_slashes():
 
 @pytest.mark.parametrize("host", ["localhost", "[::1]", "0.0.0.0", "LOCALHOST"])
 def test_one_server_by_two_loopback_names_is_the_same_server(host, tmp_path):
-    from specdraft.cli import _same_server
+    from specdraft.cli.benchmark import _same_server
 
     assert _same_server("http://127.0.0.1:8400", f"http://{host}:8400/")
     assert not _same_server("http://127.0.0.1:8400", f"http://{host}:8401")

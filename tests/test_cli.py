@@ -10,7 +10,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specdraft.cli import _check_checkpoint_dir, _int_list, app
+from specdraft.cli import app
+from specdraft.cli.common import check_checkpoint_dir, int_list
 
 
 def flat(output: str) -> str:
@@ -23,13 +24,13 @@ def invoke(args: list[str]):
 
 
 def test_int_list():
-    assert _int_list("1,4,16") == (1, 4, 16)
-    assert _int_list(" 2, 3 ") == (2, 3)
-    assert _int_list("") == ()
+    assert int_list("1,4,16") == (1, 4, 16)
+    assert int_list(" 2, 3 ") == (2, 3)
+    assert int_list("") == ()
     with pytest.raises(typer.BadParameter, match=r"'1,a,3': 'a' is not an integer; give comma-separated integers"):
-        _int_list("1,a,3")
+        int_list("1,a,3")
     with pytest.raises(typer.BadParameter, match=r"'' is not an integer"):
-        _int_list("1,,3")
+        int_list("1,,3")
 
 
 @pytest.mark.parametrize("args", [
@@ -59,8 +60,8 @@ def test_inspect_given_a_file_names_the_directory(tmp_path):
     missing = invoke(["inspect", str(tmp_path / "nowhere")])
     assert missing.exit_code == 2 and f"{tmp_path / 'nowhere'}: no such directory" in flat(missing.output)
     with pytest.raises(typer.BadParameter, match="is a file"):
-        _check_checkpoint_dir(str(ckpt / "model.safetensors"))
-    assert _check_checkpoint_dir(str(ckpt)) == str(ckpt)
+        check_checkpoint_dir(str(ckpt / "model.safetensors"))
+    assert check_checkpoint_dir(str(ckpt)) == str(ckpt)
 
 
 def test_bench_and_tune_check_their_output_paths_before_running(tmp_path):

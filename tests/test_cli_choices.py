@@ -9,8 +9,8 @@ from typing import get_args
 import pytest
 from typer.testing import CliRunner
 
-from specdraft import cli
 from specdraft.cli import app
+from specdraft.cli import common as cli
 
 DTYPE_NAMES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
 ENGINE_DTYPES = ("fp32", "bf16", "fp16")
@@ -68,7 +68,7 @@ def test_the_choices_match_the_library():
     assert set(get_args(cli.Layout)) == set(LAYOUTS)
     assert set(get_args(cli.ExportEngine)) == set(EXPORT_ENGINES)
     assert set(get_args(cli.DoctorEngine)) == set(DOCTOR_ENGINES)
-    assert {name: cli._torch_dtype(name) for name in get_args(cli.EngineDtype)} == {
+    assert {name: cli.engine_dtype(name) for name in get_args(cli.EngineDtype)} == {
         name: DTYPES[name] for name in ENGINE_DTYPES}
 
 

@@ -72,7 +72,7 @@ def test_export_library_refuses_zero_instead_of_defaulting():
 
 
 def test_export_help_shares_generate_and_serve_wording():
-    from specdraft.cli import NUM_DRAFT_TOKENS_HELP
+    from specdraft.cli.common import NUM_DRAFT_TOKENS_HELP
 
     help_text = flat(invoke(["export", "--help"]).output)
     assert flat(NUM_DRAFT_TOKENS_HELP) in help_text and "x>=1" in help_text
@@ -235,7 +235,7 @@ def test_bench_refuses_one_server_as_both(url, baseline, tmp_path):
 
 
 def test_distinct_servers_are_not_the_same_server():
-    from specdraft.cli import _same_server
+    from specdraft.cli.benchmark import _same_server
 
     for a, b in (("http://h:8000", "http://h:8001"), ("http://h:8000", "https://h:8000"),
                  ("http://h:8000", "http://g:8000"), ("http://h:8000/a", "http://h:8000/b"),

@@ -1,0 +1,192 @@
+"""Commands that measure a server: bench, tune."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from specdraft.cli.common import (
+    DRAFTER_HELP,
+    EngineDtype,
+    app,
+    check_device,
+    check_drafter,
+    check_model_dir,
+    check_url,
+    engine_dtype,
+    positive_int_list,
+    spec_from_flags,
+)
+from specdraft.cli.decode import THREADS_HELP, _set_threads
+
+
+def _same_server(a: str, b: str) -> bool:
+    """Whether two URLs (passed `check_url`) name one server: scheme and host in any case, a
+    default port written or not, a trailing slash or /v1 or not (`bench.base_url`), any loopback
+    name (`LOCAL_HOSTS`) for this machine."""
+    import httpx
+
+    from specdraft.bench import base_url
+
+    def key(url: str) -> tuple:
+        u = httpx.URL(base_url(url))  # lower-cases scheme and host, drops a default port
+        return u.scheme, "loopback" if u.host in LOCAL_HOSTS else u.host, u.port, u.path.rstrip("/")
+
+    return key(a) == key(b)
+
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")  # servers whose speed this machine's load sets
+
+
+@app.command()
+def bench(
+    url: str = typer.Option(..., help="Server with speculation (specdraft, vLLM, SGLang), e.g. "
+                            "http://127.0.0.1:8000 or http://127.0.0.1:8000/v1.", callback=check_url),
+    baseline_url: str = typer.Option("", help="The same engine without speculation (needed for a speedup).",
+                                     callback=check_url),
+    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...} rows (plain "
+                                "text is refused)."),
+    concurrency: str = typer.Option("1,4,16", help="Requests in flight, one level each.",
+                                    callback=positive_int_list),
+    max_tokens: int = typer.Option(128, min=1, help="Tokens per request (ignore_eos)."),
+    num_prompts: int = typer.Option(32, min=1, help="Requests per run of a level (prompts cycled)."),
+    temperature: float = typer.Option(0.0, min=0.0),
+    out: str = typer.Option("bench-out", help="Directory for bench.json, bench.md and plots."),
+    timeout: float = typer.Option(600.0, help="Seconds per request."),
+    repeats: int = typer.Option(3, min=1, help="Runs per level: tokens/s and speedup are reported as mean and "
+                                "standard deviation, and a level is a win or a loss only beyond that noise "
+                                "(1 run: speedups without a verdict)."),
+    wait: float = typer.Option(120.0, min=0, help="Seconds to wait for a server that refuses connections (still "
+                               "starting, e.g. just launched with serve ... &) before failing; 0: try once."),
+    warmup: int = typer.Option(1, min=0, help="Requests sent to each server, one at a time, before any timing "
+                               "(first requests pay for compilation and caches; SGLang bench_serving's "
+                               "--warmup-requests)."),
+) -> None:
+    """Benchmark a server against its no-speculation baseline over a concurrency sweep."""
+    from pathlib import Path
+
+    import httpx
+    from rich.console import Console
+
+    from specdraft.bench import BenchConfig, Sweep, markdown, run_bench, write_report
+    from specdraft.machine_load import busy_note
+
+    if baseline_url and _same_server(url, baseline_url):
+        raise typer.BadParameter(f"{url} and {baseline_url} are the same server: measuring one server twice "
+                                 "gives no speedup; give the server without speculation as --baseline-url, or "
+                                 "leave --baseline-url out", param_hint="'--url' / '--baseline-url'")
+    console = Console()
+    local = any(httpx.URL(u).host in LOCAL_HOSTS for u in (url, baseline_url) if u.startswith("http"))
+    busy = busy_note("the tokens/s of servers on this machine", "serve --threads 1 competes less") if local else None
+    if Path(out).exists() and not Path(out).is_dir():  # before the benchmark, not after
+        console.print(f"error: --out {out} is a file; give a directory", style="red", markup=False)
+        raise typer.Exit(1)
+    sweep = Sweep()  # filled level by level: Ctrl-C keeps the levels finished on every server
+    try:
+        cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
+                          warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
+        report = run_bench(cfg, progress=lambda text: console.print(text, markup=False, soft_wrap=True),
+                           sweep=sweep)
+        paths = write_report(report, out)
+    except KeyboardInterrupt:
+        console.print(_write_interrupted(sweep, out), style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+    except (ValueError, RuntimeError, httpx.HTTPError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    console.print(markdown(report), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, soft_wrap=True)
+    if busy:
+        console.print(busy, style="yellow", markup=False, soft_wrap=True)
+    for warning in report.warnings:  # last, where they are seen
+        console.print(warning, style="bold red", markup=False, soft_wrap=True)
+    if report.warnings:  # the comparison is invalid: scripts must notice, though the report is written
+        raise typer.Exit(1)
+
+
+def _write_interrupted(sweep, out: str) -> str:
+    """Write the report of an interrupted bench sweep (`bench.partial_report`: the levels finished
+    on every server) to `out`; the one line saying what was written, or that nothing was."""
+    from specdraft.bench import partial_report, write_report
+
+    report = partial_report(sweep)
+    if report is None:
+        return (f"interrupted: no concurrency level was measured on every server yet, so nothing was written "
+                f"to {out}")
+    paths = ", ".join(str(p) for p in write_report(report, out))
+    if not report.partial:  # interrupted while the report was being written
+        return f"interrupted after every level was measured: wrote {paths}"
+    measured = ", ".join(str(lv.concurrency) for lv in report.spec.levels)
+    return (f"interrupted: wrote a partial report of concurrency {measured} (not measured on every server: "
+            f"{', '.join(map(str, report.not_measured))}) to {paths}")
+
+
+def _check_min_speedup(value: float) -> float:
+    """--min-speedup: a positive number (TuneConfig's range), a usage error otherwise."""
+    import math
+
+    if not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value}: must be a positive number, e.g. 1.05 (5 % faster than no speculation)")
+    return value
+
+
+@app.command()
+def tune(
+    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=check_model_dir),
+    draft: str = typer.Option(..., help=DRAFTER_HELP + ".", callback=check_drafter),
+    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}."),
+    max_tokens: int = typer.Option(64, min=1, help="New tokens per prompt (temperature 0)."),
+    num_steps: int = typer.Option(0, min=0, help="Current setting to evaluate too (0 = none): draft depth; "
+                                  "--topk and --num-draft-tokens need it."),
+    topk: int | None = typer.Option(None, min=1, help="Current setting: children per node (1 with --num-steps "
+                                    "alone)."),
+    num_draft_tokens: int = typer.Option(0, min=0, help="Current setting: verified nodes (0 = num_steps + 1 "
+                                         "for a chain; a tree, --topk > 1, needs a value)."),
+    probe_steps: int = typer.Option(8, min=1, help="Depth of the acceptance probes."),
+    topks: str = typer.Option("1,2,4", help="Children per node to consider.", callback=positive_int_list),
+    max_tree_tokens: int = typer.Option(16, min=2, help="Cap on a tree's verified nodes."),
+    num_measure: int = typer.Option(3, min=1, help="Best predictions to measure for real."),
+    min_speedup: float = typer.Option(1.05, help="Median speedup a recommended setting needs (its lower "
+                                      "quartile must also be above 1x), as the demo's rule; > 0.",
+                                      callback=_check_min_speedup),
+    repeats: int = typer.Option(5, min=1, help="Timing rounds: each measured setting and plain decoding run "
+                                "once per round, order rotated; speedups are medians and quartiles of "
+                                "same-round ratios."),
+    json_out: str = typer.Option("", help="Also write the report as JSON here."),
+    device: str = typer.Option("cpu", callback=check_device),
+    dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
+    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+) -> None:
+    """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from specdraft.checkpoint import CheckpointError
+    from specdraft.tune import TuneConfig, render, tune_paths
+
+    console = Console()
+    if json_out and (Path(json_out).is_dir() or not Path(json_out).resolve().parent.is_dir()):
+        console.print(f"error: --json-out {json_out}: give a file path in an existing directory", style="red",
+                      markup=False)
+        raise typer.Exit(1)
+    try:
+        if not num_steps and (topk or num_draft_tokens):  # SGLang refuses these without num_steps too
+            given = " ".join(f"--{name} {v}" for name, v in (("topk", topk), ("num-draft-tokens", num_draft_tokens))
+                             if v)
+            raise ValueError(f"{given} without --num-steps: the current setting needs --num-steps N as well "
+                             "(as SGLang's --speculative-eagle-topk / --speculative-num-draft-tokens need "
+                             "--speculative-num-steps); add --num-steps N, or drop them")
+        current = spec_from_flags(False, draft, num_steps, topk or 1, num_draft_tokens) if num_steps else None
+        cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,
+                         num_measure, min_speedup, current, repeats=repeats)
+        _set_threads(threads)
+        report = tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype),
+                            progress=lambda text: console.print(text, markup=False))
+    except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    console.print(render(report), markup=False, highlight=False, soft_wrap=True)
+    if json_out:
+        Path(json_out).write_text(json.dumps(report.to_dict(), indent=2))

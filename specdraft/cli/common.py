@@ -1,0 +1,320 @@
+"""The typer app and what every command shares: option validators, the one line an error prints."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import typer
+
+# rich_markup_mode=None: click's plain help and usage errors, which wrap whole words at the terminal's width
+# (typer's boxed panels cut words at 80 columns)
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+# Options with a fixed set of values: click refuses any other value (exit 2, the choices listed) and
+# --help shows them. Each mirrors the library's own table (tests/test_cli_choices.py keeps them equal),
+# written out here so that importing the CLI stays free of torch.
+DtypeName = Literal["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"]  # capture.DTYPES
+
+
+EngineDtype = Literal["fp32", "bf16", "fp16"]  # engine_dtype
+
+
+Precision = Literal["fp32", "bf16"]  # train.loop.PRECISIONS
+
+
+Layout = Literal["sglang", "speculators", "specdraft"]  # checkpoint.LAYOUTS
+
+
+ExportEngine = Literal["sglang", "vllm", "speculators"]  # export.EXPORT_ENGINES
+
+
+DoctorEngine = Literal["sglang", "vllm"]  # doctor.evidence.DOCTOR_ENGINES
+
+
+EndpointApi = Literal["chat", "completions"]  # regenerate.EndpointBackend
+
+
+def check_device(value: str) -> str:
+    """--device: a torch device this install can use (one line instead of a traceback)."""
+    import torch
+
+    try:
+        device = torch.device(value)
+    except RuntimeError as e:
+        raise typer.BadParameter(f"{value!r} is not a torch device (use cpu or cuda[:N])") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise typer.BadParameter(f"{value!r}: this torch build ({torch.__version__}) sees no CUDA GPU; "
+                                 "use --device cpu or install a CUDA build of torch")
+    return value
+
+
+def check_model_dir(value: str, param: typer.CallbackParam = None) -> str:
+    """--target: empty (not given) or a directory holding config.json, and no drafter. A file
+    (e.g. DIR/config.json) or a `~` the shell left unexpanded (`--target=~/m`) is named as such."""
+    from pathlib import Path
+
+    path = Path(value)
+    if value and not (path / "config.json").is_file():
+        if not path.expanduser().exists():
+            raise typer.BadParameter(f"{value}: no such directory; pass a transformers model directory")
+        if path.is_file():
+            raise typer.BadParameter(f"{value} is a file; pass the model directory that holds it ({path.parent})")
+        if (path.expanduser() / "config.json").is_file():
+            raise typer.BadParameter(f"{value}: ~ was not expanded (a shell leaves it as is after '='); pass "
+                                     f"{path.expanduser()}")
+        refuse_wrong_kind(value, "target", param)  # a capture store: named as one
+        raise typer.BadParameter(f"{value}: no config.json here; pass a transformers model directory")
+    if value:
+        refuse_wrong_kind(value, "target", param)
+    return value
+
+
+def refuse_wrong_kind(value: str, want: str, param) -> None:
+    """A drafter given as target or a target as drafter: `checkpoint.wrong_dir_message`, exit 1."""
+    from rich.console import Console
+
+    from specdraft.checkpoint import wrong_dir_message
+
+    given_as = param.opts[0] if param is not None and param.param_type_name == "option" else ""
+    message = wrong_dir_message(value, want, given_as)
+    if message:
+        error(Console(), ValueError(message))
+        raise typer.Exit(1)
+
+
+def check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
+    """CKPT: an existing directory (a file path, e.g. its model.safetensors, names the directory),
+    not a target model's."""
+    from pathlib import Path
+
+    if not value:  # an optional --draft left out
+        return value
+    path = Path(value)
+    if path.is_file():
+        raise typer.BadParameter(f"{value} is a file; pass the checkpoint directory that holds config.json "
+                                 f"and model.safetensors (here: {path.parent}), not the file")
+    if not path.is_dir():
+        raise typer.BadParameter(f"{value}: no such directory; pass a draft checkpoint directory "
+                                 "(config.json and model.safetensors)")
+    refuse_wrong_kind(value, "drafter", param)
+    return value
+
+
+def error(console, e: Exception, skip_bad_hint: str = "") -> None:
+    """Print `error: ...`; for one bad data record (data.BadRecord) add `skip_bad_hint`, how
+    this command skips such records (commands without --skip-bad give none or another way)."""
+    from specdraft.data import BadRecord
+
+    hint = skip_bad_hint if isinstance(e, BadRecord) else ""
+    console.print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
+
+
+def flag(name: str, help: str, **kwargs):
+    """A boolean option off by default and set by `name` alone; its help shows no value type
+    (typer would show `--name <bool>`, as if it took a value). kwargs: more typer.Option settings."""
+    return typer.Option(False, name, help=help, metavar="", **kwargs)
+
+
+def argument(metavar: str, help: str, **kwargs):
+    """A required positional argument named `metavar` (upper case, as the commands' docstrings name
+    it) in usage lines, help and errors: typer 0.27+ shows the parameter's own lower-case name
+    (`{checkpoint}`) otherwise. kwargs: more typer.Argument settings (a callback)."""
+    return typer.Argument(..., metavar=metavar, help=help, **kwargs)
+
+
+SKIP_BAD_HINT = " (or pass --skip-bad to skip and count bad records)"
+
+
+NUM_DRAFT_TOKENS_HELP = ("Verified nodes incl. the root (0 = num_steps + 1 for a chain; a tree, --topk > 1, "
+                         "needs a value).")
+
+
+TOPK_HELP = "Draft tree: children per node (SGLang --speculative-eagle-topk)"
+
+
+NUM_STEPS_HELP = "Draft depth (SGLang --speculative-num-steps)"
+
+
+MAX_PORT = 65535
+
+
+def check_url(value: str) -> str:
+    """--url / --baseline-url / --endpoint: a URL whose port, when given, is 1..65535 (a usage error
+    instead of a traceback for an unparsable port, or a connection error for port 99999)."""
+    if not value:
+        return value
+    import httpx
+
+    try:
+        port = httpx.URL(value).port
+    except httpx.InvalidURL as e:
+        hint = f"; give a port in 1..{MAX_PORT}, e.g. http://127.0.0.1:8000" if "port" in str(e) else ""
+        raise typer.BadParameter(f"{value!r}: {e}{hint}") from None
+    if port is not None and not 1 <= port <= MAX_PORT:
+        raise typer.BadParameter(f"{value!r}: port {port} is not in 1..{MAX_PORT}")
+    return value
+
+
+def check_top_p(value: float) -> float:
+    """--top-p: nucleus mass in (0, 1] (SamplingParams' rule), a usage error before anything loads
+    (typer's min / max cannot leave 0 out)."""
+    if not 0 < value <= 1:
+        raise typer.BadParameter(f"{value}: must be in (0, 1] (1 = off)")
+    return value
+
+
+LIST_EXAMPLES = {"aux_layers": "2,16,29", "topks": "1,2,4"}  # per option; others: bench --concurrency's
+
+
+def list_example(param) -> str:
+    return LIST_EXAMPLES.get(getattr(param, "name", None), "1,4,16")
+
+
+def int_list(value: str, param: typer.CallbackParam = None) -> tuple[int, ...]:
+    """A comma-separated integer option ("1,4,16") as the tuple the command receives; "" = ()."""
+    numbers = []
+    for item in value.split(",") if value.strip() else []:
+        try:
+            numbers.append(int(item))
+        except ValueError:
+            raise typer.BadParameter(f"{value!r}: {item.strip()!r} is not an integer; give comma-separated "
+                                     f"integers, e.g. {list_example(param)}") from None
+    return tuple(numbers)
+
+
+def positive_int_list(value: str, param: typer.CallbackParam = None) -> tuple[int, ...]:
+    """`int_list` of at least one integer, each >= 1 (bench --concurrency, tune --topks)."""
+    numbers = int_list(value, param)
+    if not numbers or min(numbers) < 1:
+        raise typer.BadParameter(f"{value!r}: give comma-separated integers >= 1, e.g. {list_example(param)}")
+    return numbers
+
+
+def aux_layer_list(value: str | None, param: typer.CallbackParam = None) -> tuple[int, ...] | None:
+    """capture / train --aux-layers: None when left out (the default layers); given empty, a usage error."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise typer.BadParameter(f"{value!r} is empty; leave --aux-layers out for the default layers "
+                                 f"([2, L//2, L-3] for an L-layer target), or give three layers, e.g. "
+                                 f"{list_example(param)}")
+    return int_list(value, param)
+
+
+def print_version(value: bool) -> None:
+    """--version: print specdraft's version as `specdraft version` does, then exit 0 (an eager
+    option: before any command runs)."""
+    if value:
+        version()
+        raise typer.Exit()
+
+
+@app.callback()
+def main(ctx: typer.Context,
+         _version: bool = flag("--version", "Print specdraft's version and exit.", callback=print_version,
+                                is_eager=True)) -> None:
+    """Train, export, verify and serve EAGLE-3 speculative-decoding drafters."""
+    from transformers.utils import logging as hf_logging
+
+    # transformers' tqdm bars ("Loading weights", ...) would break into the commands' own output;
+    # the setting comes back when the command ends (CliRunner, `app` called from Python)
+    if hf_logging.is_progress_bar_enabled():
+        hf_logging.disable_progress_bar()
+        ctx.call_on_close(hf_logging.enable_progress_bar)
+
+
+@app.command()
+def version() -> None:
+    """Print specdraft's version."""
+    from specdraft import __version__
+
+    typer.echo(__version__)
+
+
+def json_kwargs(text: str, option: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise typer.BadParameter(f"{option} {text!r} is not JSON ({e.msg}); e.g. "
+                                 '\'{"enable_thinking": false}\'') from e
+    if not isinstance(value, dict):
+        raise typer.BadParameter(f"{option} must be a JSON object")
+    return value
+
+
+def refuse_bad_configs(draft: str, target: str, target_keys: tuple[str, ...] | None = None) -> None:
+    """ValueError naming the file, what is wrong and the fix when the drafter's or the target's
+    config.json is unreadable, not JSON or no object (`doctor.evidence.given_config`, doctor's
+    words), or the target's lacks one of `target_keys` (default: all `target.TARGET_REQUIRED_KEYS`).
+    Either path may be empty (not given) or lack config.json (left to the loaders)."""
+    from pathlib import Path
+
+    from specdraft.checkpoint import DRAFTER_CONFIG_FIX
+    from specdraft.doctor.evidence import given_config
+    from specdraft.target import (
+        TARGET_CONFIG_FIX,
+        TARGET_REQUIRED_KEYS,
+        check_target_config,
+    )
+
+    if draft:
+        given_config(Path(draft), DRAFTER_CONFIG_FIX)
+    config = given_config(Path(target), TARGET_CONFIG_FIX) if target else None
+    if config is not None:
+        check_target_config(target, config, target_keys or TARGET_REQUIRED_KEYS)
+
+
+def num_layers_of_target(target: str | None) -> int | None:
+    """Decoder-layer count of a local transformers target directory (None without one); a corrupt
+    config.json or one without model_type / num_hidden_layers is a ValueError (`refuse_bad_configs`)."""
+    if not target:
+        return None
+    from transformers import AutoConfig
+
+    refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
+    return AutoConfig.from_pretrained(target, local_files_only=True).get_text_config().num_hidden_layers
+
+
+def check_drafter(value: str, param: typer.CallbackParam = None) -> str:
+    """--draft of generate / serve / tune: a drafter directory (`check_checkpoint_dir`) or a
+    training checkpoint (RUN/checkpoints/step-N.pt, or a sharded step-N directory) that
+    `load_engine` reads the drafter and its manifest from."""
+    if value:
+        from pathlib import Path
+
+        from specdraft.train.loop import is_training_checkpoint
+
+        if is_training_checkpoint(value):
+            return value
+        if not Path(value).exists():
+            from specdraft.export import SOURCE_FORMS
+
+            raise typer.BadParameter(f"{value}: no such file or directory; pass {SOURCE_FORMS}")
+    return check_checkpoint_dir(value, param)
+
+
+DRAFTER_HELP = "Draft checkpoint directory, or a training checkpoint (RUN/checkpoints/step-N.pt)"
+
+
+def spec_from_flags(no_spec: bool, draft: str, num_steps: int, topk: int, num_draft_tokens: int):
+    """The SpecConfig of the speculative flags (None with --no-spec); ValueError names the rule."""
+    from specdraft.engine.spec_config import SpecConfig
+
+    if no_spec:
+        return None
+    if not draft:
+        raise ValueError("--draft CKPT is required for speculative decoding (or pass --no-spec)")
+    if topk > 1 and not num_draft_tokens:
+        most = 1 + topk + (num_steps - 1) * topk ** 2  # SpecConfig.max_draft_tokens
+        raise ValueError(f"--topk {topk} drafts a tree, which needs --num-draft-tokens (nodes verified per "
+                         f"step incl. the root: 2..{most} with --num-steps {num_steps}), e.g. "
+                         f"--num-draft-tokens {min(most, num_steps * topk + 1)}; or --topk 1 for a chain")
+    return SpecConfig(num_steps, topk, num_draft_tokens or num_steps + 1)
+
+
+def engine_dtype(name: EngineDtype):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]

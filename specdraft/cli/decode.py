@@ -1,0 +1,271 @@
+"""Commands that decode with specdraft's engine: generate, serve, demo."""
+
+from __future__ import annotations
+
+import typer
+
+from specdraft.cli.common import (
+    DRAFTER_HELP,
+    MAX_PORT,
+    NUM_DRAFT_TOKENS_HELP,
+    NUM_STEPS_HELP,
+    TOPK_HELP,
+    EngineDtype,
+    app,
+    check_device,
+    check_drafter,
+    check_model_dir,
+    check_top_p,
+    engine_dtype,
+    error,
+    flag,
+    refuse_bad_configs,
+    spec_from_flags,
+)
+
+COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
+                "with bf16 / fp16 (a warm-up generation compiles first, a minute or more on large targets).")
+
+
+THREADS_HELP = ("CPU threads torch uses (torch.set_num_threads, set before loading; default: torch's, all "
+                "cores). Pin it on a busy or shared machine, e.g. --threads 4: decoding slows down sharply "
+                "when its threads compete for cores.")
+
+
+WARM_UP_TOKENS = 16  # the --compile warm-up: enough steps to compile and capture decode and verify
+
+
+WARM_UP_PROMPT = "Hello"  # serve's warm-up prompt (generate warms up on the user's prompt)
+
+
+def _refuse_compile_off_cuda(compile: bool, device: str) -> None:
+    """--compile replays CUDA graphs: ValueError naming the fix on a non-CUDA --device (call it
+    before any model loads)."""
+    if compile and not device.startswith("cuda"):
+        raise ValueError(f"--compile needs a CUDA device (CUDA graphs), not --device {device}: "
+                         f"pass --device cuda, or drop --compile")
+
+
+def _warm_up_compiled(engine, prompt_ids: list[int], max_new_tokens: int, console, **sampling) -> None:
+    """--compile: one short generation that compiles the target layers and captures the CUDA
+    graphs, timed in one line, so what runs next (generate's metrics, serve's requests) is the
+    engine's time, not the compiler's. `sampling`: `SpeculativeEngine.generate` keywords."""
+    import time
+
+    started = time.perf_counter()
+    engine.generate(prompt_ids, max_new_tokens, **sampling)
+    console.print(f"compiled and captured CUDA graphs in {time.perf_counter() - started:.1f} s "
+                  f"(a warm-up generation, not in the metrics)", markup=False)
+
+
+def _set_threads(threads: int | None) -> None:
+    """--threads N (N >= 1, the option's range): torch.set_num_threads(N) (call it before any model
+    loads); None keeps torch's default (all cores)."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _refuse_unused_drafting_flags(no_spec: bool, draft: str, given: dict) -> None:
+    """ValueError when drafting flags are given explicitly (`given`: flag -> value, None when left
+    out) but would be ignored: with --no-spec, or without --draft."""
+    named = ", ".join(name for name, value in given.items() if value is not None)
+    if named and no_spec:
+        raise ValueError(f"{named}: drafting settings, but --no-spec decodes plainly (they would be "
+                         f"ignored): drop {named}, or drop --no-spec")
+    if named and not draft:
+        raise ValueError(f"{named}: drafting settings, but no --draft is given (plain decoding): "
+                         f"add --draft CKPT, or drop {named}")
+
+
+@app.command()
+def generate(
+    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=check_model_dir),
+    prompt: str = typer.Option(..., help="Prompt text (tokenized as is, no chat template)."),
+    draft: str = typer.Option("", help=DRAFTER_HELP + " (omit for plain decoding).", callback=check_drafter),
+    temperature: float = typer.Option(0.0, min=0.0, help="0 = greedy (output = the target's greedy output)."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass, in (0, 1] (1 = off).", callback=check_top_p),
+    sampling_top_k: int = typer.Option(0, min=0, help="Sample from the k most likely tokens (0 = off)."),
+    topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1; used only with --draft."),
+    num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3; used only with --draft."),
+    num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft."),
+    max_new_tokens: int = typer.Option(128, min=1),
+    no_spec: bool = flag("--no-spec", help="Plain decoding on the same engine, even with --draft."),
+    ignore_eos: bool = flag("--ignore-eos", help="Do not stop at the tokenizer's EOS."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    max_seq_len: int = typer.Option(0, min=0, help="Cache size (0 = min(max positions, 4096))."),
+    device: str = typer.Option("cpu", callback=check_device),
+    dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
+    compile: bool = flag("--compile", help=COMPILE_HELP),
+    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+) -> None:
+    """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
+    --draft, plain decoding without it (or with --no-spec)."""
+    from rich.console import Console
+    from transformers import AutoTokenizer
+
+    from specdraft.checkpoint import CheckpointError
+    from specdraft.engine.metrics import metrics_table
+    from specdraft.engine.speculate import decode_continuation, load_engine
+    from specdraft.machine_load import busy_note
+
+    console = Console()
+    remedy = "fewer threads (e.g. --threads 1) compete less" if threads != 1 else ""
+    busy = busy_note("the tokens/s above", remedy) if device == "cpu" else None
+    try:
+        _refuse_compile_off_cuda(compile, device)
+        _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
+                                                       "--num-draft-tokens": num_draft_tokens})
+        topk, num_steps = 1 if topk is None else topk, 3 if num_steps is None else num_steps
+        spec = spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens or 0)
+        torch_dtype = engine_dtype(dtype)
+        _set_threads(threads)
+        refuse_bad_configs(draft if spec is not None else "", target)
+        tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
+        engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
+                             max_seq_len or None, tokenizer, compile=compile)
+        for note in engine.notes:
+            console.print(f"note: {note}", markup=False, soft_wrap=True)
+        ids = tokenizer(prompt)["input_ids"]
+        eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+        if compile:  # compile and capture first: the metrics below are then the engine's, not the compiler's
+            _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), console, temperature=temperature,
+                              top_p=top_p, top_k=sampling_top_k, seed=seed)
+        output: list[int] = []
+        shown = 0
+
+        def stream(new_ids: list[int]) -> None:  # print the text the new ids add
+            nonlocal shown
+            output.extend(new_ids)
+            text = decode_continuation(tokenizer, ids, output)
+            console.print(text[shown:], end="", markup=False, highlight=False, soft_wrap=True)
+            shown = len(text)
+
+        console.print(prompt, end="", style="dim", markup=False, highlight=False, soft_wrap=True)  # continued below
+        result = engine.generate(ids, max_new_tokens, temperature, top_p, sampling_top_k, eos_ids=eos,
+                                 seed=seed, on_tokens=stream)
+    except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    console.print()
+    console.print(metrics_table(result.metrics, (f"speculative decoding (steps {num_steps}, topk {topk}, "
+                                                 f"draft tokens {spec.num_draft_tokens})") if spec is not None
+                                else "plain decoding" + ("" if no_spec else " (no --draft)")))
+    if compile:
+        drafter = f"; drafter steps: {engine.draft_kernels}" if spec is not None else ""
+        console.print(f"target forwards of up to 16 tokens: {engine.target_kernels} kernels{drafter}", markup=False)
+    if busy:
+        console.print(busy, style="yellow", markup=False, soft_wrap=True)
+
+
+@app.command()
+def demo(
+    out: str = typer.Option("specdraft-demo", help="Working directory; a re-run resumes from it."),
+    device: str = typer.Option("cpu", help="cpu | cuda", callback=check_device),
+    target: str = typer.Option("", help="A local transformers model (default: the bundled stories260K).", callback=check_model_dir),
+    data: str = typer.Option("", help="Text file of documents separated by blank lines, or JSONL with a "
+                             "\"text\" field per line (default: the TinyStories sample)."),
+    train_steps: int = typer.Option(1000, help="Drafter optimizer steps."),
+    num_train: int = typer.Option(800, help="Training documents."),
+) -> None:
+    """Run the whole pipeline on a real target and write report.md with plots. Stages, in the order
+    they run and print: target, data, regenerate, capture, train, speculative generation vs plain
+    decoding (picks the setting), export, doctor; then the generation table and where files are."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from specdraft.checkpoint import CheckpointError
+    from specdraft.demo import DemoConfig, run_demo, summary
+    from specdraft.machine_load import busy_note
+    from specdraft.regenerate import RegenerationError
+    from specdraft.train.loop import TrainingError
+
+    console = Console()
+    busy = busy_note("the tokens/s and speedups above") if device == "cpu" else None
+    try:  # inputs are checked before any stage runs; a later stage's error is one line too
+        cfg = DemoConfig(out=Path(out), device=device, target=Path(target) if target else None,
+                         data=Path(data) if data else None, train_steps=train_steps, num_train=num_train)
+        report = run_demo(cfg, console)
+    except KeyboardInterrupt:
+        console.print(f"interrupted; run the same command again to resume from {out}", markup=False)
+        raise typer.Exit(130) from None
+    except (ValueError, OSError, CheckpointError, TrainingError, RegenerationError) as e:
+        error(console, e)
+        raise typer.Exit(1) from e
+    console.print(summary(report, Path(out)), markup=False, highlight=False, soft_wrap=True)
+    if busy:
+        console.print(busy, style="yellow", markup=False, soft_wrap=True)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """ValueError naming the fix when host:port cannot be bound (in use, or not an address here)."""
+    import socket
+
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port} ({e.strerror or e}): pass another --port, or stop "
+                         f"the process using it") from None
+
+
+@app.command()
+def serve(
+    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=check_model_dir),
+    draft: str = typer.Option("", help=DRAFTER_HELP + " (omit with --no-spec).", callback=check_drafter),
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8000, min=1, max=MAX_PORT),
+    topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1."),
+    num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3."),
+    num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP),
+    no_spec: bool = flag("--no-spec", help="Plain decoding on the same engine (a baseline; "
+                          "refuses the drafting flags)."),
+    max_queue: int = typer.Option(64, min=1, help="Requests waiting besides the running one (429 beyond)."),
+    log_every: int = typer.Option(100, min=0, help="Log accept length and tokens/s every N verification steps "
+                                  "(0 = off)."),
+    model_name: str = typer.Option("", help="Served model name (default: the target directory's name)."),
+    max_seq_len: int = typer.Option(0, min=0, help="Cache size (0 = min(max positions, 4096))."),
+    device: str = typer.Option("cpu", callback=check_device),
+    dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
+    compile: bool = flag("--compile", help=COMPILE_HELP),
+    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+) -> None:
+    """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
+    from rich.console import Console
+
+    from specdraft.checkpoint import CheckpointError
+    from specdraft.serve import build_app
+    from specdraft.serve import serve as run_server
+
+    console = Console()
+    try:
+        _refuse_compile_off_cuda(compile, device)
+        _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
+                                                       "--num-draft-tokens": num_draft_tokens})
+        spec = spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
+                                num_draft_tokens or 0)
+        _check_port_free(host, port)  # before the model loads
+        _set_threads(threads)
+        server_app = build_app(target, draft or None, spec, device, engine_dtype(dtype), max_seq_len or None,
+                               model_name or None, max_queue, log_every, compile=compile)
+        state = server_app.state.server
+        for note in state.engine.notes:
+            console.print(f"note: {note}", markup=False, soft_wrap=True)
+        if compile:  # before the first request: no client waits on the compiler
+            _warm_up_compiled(state.engine, state.tokenizer(WARM_UP_PROMPT)["input_ids"], WARM_UP_TOKENS, console)
+    except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    console.print(serving_line(state.model_name, target, draft, spec, host, port), markup=False, soft_wrap=True)
+    run_server(server_app, host, port)
+
+
+def serving_line(model_name: str, target: str, draft: str, spec, host: str, port: int) -> str:
+    """What `serve` says once its model is loaded: the name clients use, the URL, what decodes."""
+    how = (f"speculative decoding with drafter {draft} (steps {spec.num_steps}, topk {spec.topk}, draft tokens "
+           f"{spec.num_draft_tokens})" if spec is not None
+           else "plain decoding" + (" (--no-spec)" if draft else " (no --draft)"))
+    return f"serving model '{model_name}' ({target}) at http://{host}:{port}/v1: {how}"

@@ -1,0 +1,220 @@
+"""Commands on a drafter on disk: inspect, convert, export, doctor."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from specdraft.cli.common import (
+    NUM_DRAFT_TOKENS_HELP,
+    NUM_STEPS_HELP,
+    SKIP_BAD_HINT,
+    TOPK_HELP,
+    DoctorEngine,
+    DtypeName,
+    ExportEngine,
+    Layout,
+    app,
+    argument,
+    check_checkpoint_dir,
+    check_model_dir,
+    error,
+    flag,
+    json_kwargs,
+    num_layers_of_target,
+    refuse_bad_configs,
+)
+
+
+@app.command()
+def inspect(
+    checkpoint: str = argument("CHECKPOINT", "Draft checkpoint directory (any layout).",
+                                callback=check_checkpoint_dir),
+    target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=check_model_dir),
+    manifest: bool = flag("--manifest", help="Print the whole manifest as JSON (default: one line per field)."),
+) -> None:
+    """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from specdraft.checkpoint import (
+        CheckpointError,
+        audit,
+        describe_layout,
+        load_draft,
+        state_dict_for_layout,
+    )
+
+    console = Console()
+    try:
+        refuse_bad_configs(checkpoint, "")
+        loaded = load_draft(checkpoint, target_num_layers=num_layers_of_target(target))
+    except (CheckpointError, ValueError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    console.print(f"{checkpoint}: {describe_layout(loaded.layout, loaded.manifest is not None)}",
+                  markup=False, soft_wrap=True)
+    table = Table()
+    for column in ("tensor", "shape", "dtype"):
+        table.add_column(column)
+    for name, tensor in state_dict_for_layout(loaded.model, loaded.layout).items():
+        table.add_row(name, str(tuple(tensor.shape)), str(tensor.dtype).removeprefix("torch."))
+    console.print(table)
+    cfg = loaded.model.cfg
+    console.print(f"aux layers (specdraft indices): {list(cfg.aux_layers)} of {cfg.target_num_layers}; "
+                  f"hidden {cfg.hidden_size}, target hidden {cfg.target_hidden_size}; "
+                  f"draft vocab {cfg.draft_vocab_size} of {cfg.vocab_size}", markup=False)
+    if loaded.manifest is not None and manifest:
+        console.print_json(loaded.manifest.to_json())
+    elif loaded.manifest is not None:
+        for line in _manifest_lines(json.loads(loaded.manifest.to_json())):
+            console.print(line, markup=False, soft_wrap=True)
+    problems = audit(loaded.model)
+    for problem in problems:
+        console.print(f"audit: FAIL {problem}", style="red", markup=False)
+    if problems:
+        raise typer.Exit(1)
+    console.print("audit: PASS", style="green")
+
+
+def _manifest_lines(fields: dict) -> list[str]:
+    """`inspect`'s manifest summary: one line per field, objects by their keys, long values cut."""
+    lines = ["manifest (--manifest prints it whole):"]
+    for key, value in fields.items():
+        text = (f"{len(value)} fields: {', '.join(value)}" if isinstance(value, dict) else json.dumps(value))
+        lines.append(f"  {key}: {text if len(text) <= 90 else text[:87] + '...'}")
+    return lines
+
+
+@app.command()
+def convert(
+    src: str = argument("SRC", "Draft checkpoint directory (layout detected).",
+                         callback=check_checkpoint_dir),
+    dst: str = argument("DST", "Output directory."),
+    layout: Layout = typer.Option(..., help="sglang (official EAGLE-3: config.json + model.safetensors, no "
+                                  "specdraft manifest) | speculators (vLLM's; keeps the manifest) | specdraft "
+                                  "(the sglang files + specdraft's manifest)"),
+    target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=check_model_dir),
+) -> None:
+    """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from specdraft.checkpoint import (
+        MANIFEST_FILE,
+        CheckpointError,
+        convert_draft,
+        describe_layout,
+        detect_layout,
+    )
+
+    console = Console()
+    try:
+        refuse_bad_configs(src, "")
+        written = convert_draft(src, dst, layout=layout, target_num_layers=num_layers_of_target(target))
+    except (CheckpointError, ValueError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
+    console.print(f"wrote {dst} ({on_disk}): {written} tensors, each bit-identical to {src}", markup=False)
+    if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
+        console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
+                      "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)
+
+
+@app.command()
+def export(
+    checkpoint: str = argument("CHECKPOINT", "Drafter directory (e.g. RUN/draft), or a training checkpoint "
+                                "of --save-every (RUN/checkpoints/step-N.pt)."),
+    out: str = argument("OUT", "Output directory (replaced atomically)."),
+    engine: ExportEngine = typer.Option(..., help="Engine to export for."),
+    target: str = typer.Option("", help="Target directory (default: the manifest's record).", callback=check_model_dir),
+    verifier: str = typer.Option("", help="speculators verifier.name_or_path (must resolve where "
+                                 "the server runs; default: the target's absolute path)."),
+    sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids, e.g. 0.5.14."),
+    num_steps: int = typer.Option(3, min=1, help=NUM_STEPS_HELP + " in the launch command (vLLM: "
+                                  "num_speculative_tokens)."),
+    topk: int = typer.Option(1, min=1, help=TOPK_HELP + "; 1 = a chain, the only shape vLLM runs."),
+    num_draft_tokens: int = typer.Option(0, min=0, help=NUM_DRAFT_TOKENS_HELP),
+    dtype: DtypeName | None = typer.Option(None, help="Cast floating tensors (default: keep)."),
+) -> None:
+    """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
+    from rich.console import Console
+
+    from specdraft.checkpoint import CheckpointError
+    from specdraft.export import export_draft
+
+    console = Console()
+    try:
+        result = export_draft(checkpoint, out, engine=engine, target=target or None,
+                              verifier=verifier or None, sglang_version=sglang_version or None,
+                              num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None,
+                              dtype=dtype or None)
+    except (CheckpointError, ValueError, FileNotFoundError) as e:
+        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
+        raise typer.Exit(1) from e
+    console.print(f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
+                  f"bit-identical to the checkpoint{' cast to ' + dtype if dtype else ''}",
+                  style="green", markup=False)
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
+    console.print("launch:", markup=False)
+    console.print(result.launch_command, markup=False, soft_wrap=True, highlight=False)
+
+
+@app.command()
+def doctor(
+    checkpoint: str = argument("CHECKPOINT", "Draft checkpoint directory (any layout).",
+                                callback=check_checkpoint_dir),
+    target: str = typer.Option("", help="Target directory: capture parity, acceptance, tokenizer.", callback=check_model_dir),
+    engine: DoctorEngine | None = typer.Option(None, help="Engine to check for (default: from --engine-args, "
+                                                    "else all)."),
+    engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
+    samples: str = typer.Option("", help="Capture store or JSONL (token ids, chats or texts)."),
+    skip_bad: bool = flag("--skip-bad", help="Skip bad --samples records instead of refusing the file."),
+    wait: float = typer.Option(120.0, min=0, help="Seconds to wait for a --server that refuses connections (still "
+                               "starting) before the online check fails; 0: try once."),
+    server: str = typer.Option("", help="Live server URL, e.g. http://127.0.0.1:8000 or .../v1 (online "
+                               "acceptance; needs --samples: prompts with the target's own outputs, e.g. the "
+                               "demo's store-heldout)."),
+    sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids."),
+    template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),
+    max_samples: int = typer.Option(32, min=1, help="Samples for the offline run."),
+    json_output: bool = flag("--json", help="Print the report as JSON."),
+) -> None:
+    """Check a drafter against its training record, target and deployment (exit 1 on a fail or on a
+    target and drafter directory given in each other's place, 2 on other unusable inputs: a
+    CHECKPOINT without a drafter config, a CHECKPOINT or --target config.json that is not valid
+    JSON, a --samples file that cannot be read)."""
+    from rich.console import Console
+
+    from specdraft.doctor import report_json, report_table, run_doctor
+
+    console = Console()
+    try:
+        if server:
+            from specdraft.bench import check_url
+
+            check_url(server, "--server")
+            if not samples:
+                raise ValueError(f"--server {server} needs --samples: pass --samples FILE with the target's own "
+                                 "outputs (a capture store or JSONL, e.g. the demo's store-heldout) for the online "
+                                 "acceptance check")
+        report = run_doctor(
+            checkpoint, target=target or None, engine=engine or None,
+            engine_args=engine_args or None, samples=samples or None, server=server or None,
+            sglang_version=sglang_version or None, max_samples=max_samples, skip_bad=skip_bad, server_wait_s=wait,
+            template_kwargs=json_kwargs(template_kwargs, "--template-kwargs") if template_kwargs else None)
+    except ValueError as e:
+        error(console, e, SKIP_BAD_HINT)
+        raise typer.Exit(2) from e
+    if json_output:
+        typer.echo(report_json(report))
+    else:
+        console.print(report_table(report, f"specdraft doctor {checkpoint}"))
+        for note in report.notes:
+            console.print(f"note: {note}", markup=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(1)
