@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import typer
+
+from specdraft.errors import SpecdraftError
 
 # rich_markup_mode=None: click's plain help and usage errors, which wrap whole words at the terminal's width
 # (typer's boxed panels cut words at 80 columns)
@@ -109,6 +113,27 @@ def error(console, e: Exception, skip_bad_hint: str = "") -> None:
 
     hint = skip_bad_hint if isinstance(e, BadRecord) else ""
     console.print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
+
+
+# What a command reports as one line and exit 1: specdraft's own errors, bad values and files the OS
+# refused. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (SpecdraftError, ValueError, OSError)
+
+
+@contextmanager
+def user_errors(console, skip_bad_hint: str = "", interrupted: Callable[[], str] | None = None) -> Iterator[None]:
+    """The one exit-code mapping of every command: a `USER_ERRORS` exception prints one line
+    (`error`) and exits 1; Ctrl-C prints `interrupted; <interrupted()>` when given (what was kept
+    and how to resume) and exits 130. Usage errors (typer.BadParameter) exit 2 before a command runs."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if interrupted is not None:
+            console.print(f"interrupted; {interrupted()}", markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+    except USER_ERRORS as e:
+        error(console, e, skip_bad_hint)
+        raise typer.Exit(1) from e
 
 
 def flag(name: str, help: str, **kwargs):

@@ -22,6 +22,7 @@ from specdraft.cli.common import (
     flag,
     json_kwargs,
     refuse_bad_configs,
+    user_errors,
 )
 
 
@@ -56,15 +57,9 @@ def capture(
         shard_tokens=shard_tokens, batch_tokens=batch_tokens, chat=not no_chat,
         template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
         tokenizer=tokenizer or None, device=device)
-    try:
+    with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_capture(out)):
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         result = capture_dataset(cfg, console=console)
-    except KeyboardInterrupt:
-        console.print(f"interrupted; {interrupted_capture(out)}", markup=False, soft_wrap=True)
-        raise typer.Exit(130) from None
-    except (ValueError, FileNotFoundError) as e:
-        error(console, e, SKIP_BAD_HINT)
-        raise typer.Exit(1) from e
     console.print(f"capture store at {result.path}: {result.num_samples} samples, {result.num_tokens} "
                   f"tokens, {result.num_shards} shards ({result.num_reused} kept from an earlier "
                   f"run)", style="green", markup=False)
