@@ -10,12 +10,9 @@ verifying, and the median over repeats of its tokens/s over plain's in the same 
 greedy output must equal plain decoding's (the run fails otherwise). Prints one JSON line.
 
     python benchmarks/cpu_engine_overhead.py --out /tmp/demo3 [--repeats 7] [--profile chain-3]
+    python benchmarks/cpu_engine_overhead.py --tiny    # smoke test: seeded untrained drafter, seconds
 
-Measured (2-core AMD EPYC shared with other work, torch 2.13 CPU, 1 thread, 8 prompts x 96
-tokens, 9 repeats, 2026-11-29), tokens/s and speed-up over plain: plain 1995; chain 1-4: 2409
-(1.21x), 2564 (1.29x), 2665 (1.34x, tau 2.77), 2490 (1.25x); tree 4-2-8: 2161 (1.09x). Before
-the fused target projections, FastDraft and the lean chain path: plain 1634, chain-3 1680
-(1.03x). Over all 16 held-out prompts acceptance is lower (chain-3 tau 2.55): 1.23x.
+Measurements so far: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ import json
 import pstats
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +32,8 @@ import typer
 from specdraft.demo import heldout_prompts
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine, load_engine
+
+from tiny_pair import tiny_demo_dir  # benchmarks/, the script's directory
 
 SETTINGS = {"plain": None, **{f"chain-{n}": SpecConfig.chain(n) for n in (1, 2, 3, 4)},
             "tree-4-2-8": SpecConfig(4, 2, 8)}
@@ -86,8 +86,20 @@ def main(out: Path = typer.Option(Path("specdraft-demo"), help="the demo's --out
          prompt_tokens: int = typer.Option(8, help="prompt length (the demo's default)"),
          max_new_tokens: int = typer.Option(96, help="tokens generated per prompt"),
          threads: int = typer.Option(1, help="torch CPU threads"),
-         profile: str = typer.Option("", help="also cProfile one pass of this setting (to stderr)")) -> None:
+         profile: str = typer.Option("", help="also cProfile one pass of this setting (to stderr)"),
+         tiny: bool = typer.Option(False, help="smoke test: a seeded tiny pair in a temporary "
+                                   "directory instead of --out, 1 repeat, 2 prompts x 16 tokens")) -> None:
     """Measure every setting on the demo's target and drafter; print one JSON line."""
+    if tiny:
+        with tempfile.TemporaryDirectory(prefix="cpu-engine-overhead-") as tmp:
+            run(tiny_demo_dir(Path(tmp)), 1, 2, prompt_tokens, 16, threads, profile)
+    else:
+        run(out, repeats, num_prompts, prompt_tokens, max_new_tokens, threads, profile)
+
+
+def run(out: Path, repeats: int, num_prompts: int, prompt_tokens: int, max_new_tokens: int, threads: int,
+        profile: str) -> None:
+    """Load every setting's engine from the demo directory `out`, measure, print one JSON line."""
     torch.set_num_threads(threads)
     target_dir = out / "target"
     prompts = heldout_prompts(target_dir, out / "data" / "heldout.txt", prompt_tokens)[:num_prompts]
