@@ -3,27 +3,28 @@
 Each timing replays a CUDA graph of 16 back-to-back calls (as a decode step runs them) and
 divides by 16. The 16 calls cycle over enough weight copies (>= 200 MB) that none is read from
 L2. Prints one JSON line per projection (microseconds and TB/s of weight bytes) and per
-attention shape (microseconds):
+attention shape (microseconds), each with the Triton kernel's relative error against float32:
 - `linear` (GEMV for 1 row, thin tensor-core GEMM for 16) vs `F.linear` (cuBLAS);
 - `attention` (split-KV, bool mask) vs `F.scaled_dot_product_attention` with the additive mask
   the torch path passes, on a 1k-token cache (1280 slots) for 1 and 16 query tokens.
 
-    python benchmarks/triton_kernels.py      # CUDA GPU with Triton
+    python benchmarks/triton_kernels.py          # CUDA GPU with Triton
+    python benchmarks/triton_kernels.py --tiny   # smoke test: tiny shapes, float32, on the CPU
+                                                 # in Triton's interpreter (TRITON_INTERPRET=1)
 
-Measured on one H200 (torch 2.11, Triton 3.6, 2026-11-30), us for 1 row / 16 rows:
-  qkv_proj 4096->6144    cuBLAS 16.5 / 16.0   Triton 12.3 / 16.2
-  o_proj   4096->4096    cuBLAS 13.4 / 13.7   Triton  8.5 / 10.9
-  gate|up  4096->28672   cuBLAS 55.8 / 57.0   Triton 51.6 / 68.8
-  down     14336->4096   cuBLAS 31.5 / 32.4   Triton 28.6 / 29.8
-  lm_head  4096->128256  cuBLAS 243 / 247     Triton  226 / 249
-(1 row: 4.0-4.65 TB/s.) Attention varied more between runs: 1 token SDPA 8.8-17.1 us, Triton
-6.6-17.7; 16 tokens SDPA 31.9-37.0, Triton 10.0-19.0 (in a decode step: 7 us a layer, split +
-combine, against cuDNN's 8.4). Relative errors against float32: 1.7e-3 (bf16 rounding).
+In --tiny mode on the CPU the timings are wall-clock times of the interpreter (meaningless);
+the relative errors still check the kernels. Measurements so far: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -31,11 +32,42 @@ import torch.nn.functional as F
 from engine_speed import graphed  # benchmarks/, the script's directory
 
 from specdraft.engine.fast_model import causal_mask
-from specdraft.engine.triton_ops import attention, linear
 
 PROJECTIONS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
                "down_proj": (4096, 14336), "lm_head": (128256, 4096)}
+TINY_PROJECTIONS = {"qkv_proj": (96, 64), "o_proj": (64, 64), "down_proj": (64, 128)}
 CALLS = 16
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Where and how the kernels run: CUDA graphs in bf16, or the CPU interpreter in float32."""
+
+    device: str
+    dtype: torch.dtype
+    projections: dict[str, tuple[int, int]]
+    heads: tuple[int, int, int]  # query heads, kv heads, head_dim
+    slots: int  # cache slots; the prefix is slots - 256 (1024 of 1280 on CUDA)
+    min_weight_bytes: float  # weight copies cycled so that none stays in L2
+    calls: int
+    iters: int
+
+
+CUDA_SETUP = Setup("cuda", torch.bfloat16, PROJECTIONS, (32, 8, 128), 1280, 200e6, CALLS, 20)
+TINY_SETUP = Setup("cpu", torch.float32, TINY_PROJECTIONS, (4, 2, 16), 320, 0, 2, 2)
+
+
+def time_us(setup: Setup, fn, calls: int = 1) -> float:
+    """Median microseconds per call of fn (which makes `calls` calls): replayed as a CUDA graph
+    on CUDA, wall-clock on the CPU."""
+    if setup.device == "cuda":
+        return graph_us(fn, calls, setup.iters)
+    times = []
+    for _ in range(setup.iters):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6 / calls)
+    return statistics.median(times)
 
 
 def graph_us(fn, calls: int = 1, iters: int = 20) -> float:
@@ -52,49 +84,70 @@ def graph_us(fn, calls: int = 1, iters: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def bench_projection(n: int, k: int) -> dict:
+def bench_projection(setup: Setup, n: int, k: int) -> dict:
     """cuBLAS and Triton time per call for x [M, k] @ W[n, k].T, M = 1 and 16."""
-    copies = max(2, int(200e6 // (n * k * 2)) + 1)
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    calls = [weights[i % copies] for i in range(CALLS)]
-    gigabytes = n * k * 2 / 1e9
+    from specdraft.engine.triton_ops import linear
+
+    device, dtype, size = setup.device, setup.dtype, setup.dtype.itemsize
+    copies = max(2, int(setup.min_weight_bytes // (n * k * size)) + 1)
+    weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
+    calls = [weights[i % copies] for i in range(setup.calls)]
+    gigabytes = n * k * size / 1e9
     row = {}
     for m in (1, 16):
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, k, device=device, dtype=dtype)
         ref = F.linear(x.float(), weights[0].float())
         err = ((linear(x, weights[0]).float() - ref).norm() / ref.norm()).item()
         for name, fn in (("cublas", F.linear), ("triton", linear)):
-            us = graph_us(lambda: [fn(x, w) for w in calls], calls=CALLS)
+            us = time_us(setup, lambda: [fn(x, w) for w in calls], calls=setup.calls)
             row[f"{name}_m{m}"] = {"us": round(us, 2), "tb_s": round(gigabytes / us * 1e3, 2)}
         row[f"triton_m{m}_rel_err"] = err
     return row
 
 
-def bench_attention(t: int, slots: int = 1280, prefix: int = 1024) -> dict:
-    """Triton split-KV attention vs SDPA (additive mask, GQA), Llama-3.1-8B heads, in us."""
-    q = torch.randn(t, 32, 128, device="cuda", dtype=torch.bfloat16)
-    k_cache = torch.randn(1, 8, slots, 128, device="cuda", dtype=torch.bfloat16)
+def bench_attention(setup: Setup, t: int) -> dict:
+    """Triton split-KV attention vs SDPA (additive mask, GQA), Llama-3.1-8B heads on CUDA, in us."""
+    from specdraft.engine.triton_ops import attention
+
+    (num_heads, num_kv_heads, head_dim), slots = setup.heads, setup.slots
+    device, dtype, prefix = setup.device, setup.dtype, setup.slots - 256
+    q = torch.randn(t, num_heads, head_dim, device=device, dtype=dtype)
+    k_cache = torch.randn(1, num_kv_heads, slots, head_dim, device=device, dtype=dtype)
     v_cache = torch.randn_like(k_cache)
-    mask = causal_mask(prefix, t, slots, device="cuda").contiguous()
-    new_slots = torch.arange(prefix, prefix + t, device="cuda")
+    mask = causal_mask(prefix, t, slots, device=device).contiguous()
+    new_slots = torch.arange(prefix, prefix + t, device=device)
     bias = torch.zeros_like(mask, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
-    q_heads = q.view(1, t, 32, 128).transpose(1, 2)
+    q_heads = q.view(1, t, num_heads, head_dim).transpose(1, 2)
     ref = F.scaled_dot_product_attention(q_heads.float(), k_cache.float(), v_cache.float(), attn_mask=mask,
                                          enable_gqa=True).transpose(1, 2)[0]
     err = ((attention(q, k_cache, v_cache, mask, new_slots).float() - ref).norm() / ref.norm()).item()
-    return {"sdpa_us": round(graph_us(lambda: F.scaled_dot_product_attention(
+    return {"sdpa_us": round(time_us(setup, lambda: F.scaled_dot_product_attention(
                 q_heads, k_cache, v_cache, attn_mask=bias, enable_gqa=True)), 2),
-            "triton_us": round(graph_us(lambda: attention(q, k_cache, v_cache, mask, new_slots)), 2),
+            "triton_us": round(time_us(setup, lambda: attention(q, k_cache, v_cache, mask, new_slots)), 2),
             "triton_rel_err": err}
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true",
+                        help="smoke test: tiny shapes, on the CPU in Triton's interpreter unless CUDA is there")
+    args = parser.parse_args()
+    if importlib.util.find_spec("triton") is None:
+        print(json.dumps({"skipped": "Triton is not installed (pip install triton)"}))
+        return
+    setup = CUDA_SETUP
+    if args.tiny:
+        on_cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+        if not on_cuda:  # before triton_ops is imported: its kernels are built for the interpreter then
+            os.environ["TRITON_INTERPRET"] = "1"
+        setup = replace(TINY_SETUP, device="cuda", dtype=torch.bfloat16) if on_cuda else TINY_SETUP
     torch.manual_seed(0)
-    print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__}), flush=True)
-    for name, (n, k) in PROJECTIONS.items():
-        print(json.dumps({name: bench_projection(n, k)}), flush=True)
+    name = torch.cuda.get_device_name() if setup.device == "cuda" else "cpu (Triton interpreter)"
+    print(json.dumps({"device": name, "torch": torch.__version__}), flush=True)
+    for name, (n, k) in setup.projections.items():
+        print(json.dumps({name: bench_projection(setup, n, k)}), flush=True)
     for t in (1, 16):
-        print(json.dumps({f"attention_{t}_tokens": bench_attention(t)}), flush=True)
+        print(json.dumps({f"attention_{t}_tokens": bench_attention(setup, t)}), flush=True)
 
 
 if __name__ == "__main__":
