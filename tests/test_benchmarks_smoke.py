@@ -1,0 +1,69 @@
+"""Every benchmark's tiny mode runs: `python benchmarks/X.py --tiny` exits 0 and prints its result
+line (a JSON object holding the key named below). Each runs in its own process on the CPU, in
+seconds (tiny seeded models; Triton's kernels in its interpreter); the figures are not checked:
+the point is that the benchmarks keep running as the package moves under them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT_S = 300  # a loaded 2-core machine; each takes seconds when idle
+
+# benchmark -> a key its last JSON line holds
+RESULT_KEYS = {
+    "engine_speed.py": "goal_end_to_end",
+    "triton_kernels.py": "attention_16_tokens",
+    "pycode_speed.py": "tree5x4_16",
+    "cpu_engine_overhead.py": "settings",
+    "train_throughput.py": "tokens_per_s",
+}
+# train_throughput.py --tiny crashes on main (issue #19); the train area's branch fixes it. Until
+# that merges, this exact error is an expected failure; any other is a failure. Drop after the merge.
+KNOWN_CRASH = {"train_throughput.py": "missing 1 required positional argument: 'target'"}
+
+pytestmark = pytest.mark.benchmarks
+
+
+def run_tiny(script: str) -> subprocess.CompletedProcess:
+    """`python benchmarks/<script> --tiny` from the repository root, importing this checkout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--tiny"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def last_json_line(stdout: str) -> dict:
+    """The last stdout line that parses as a JSON object."""
+    for line in reversed(stdout.splitlines()):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    raise AssertionError(f"no JSON result line in:\n{stdout}")
+
+
+def test_every_benchmark_has_a_smoke_run():
+    scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py")} - {"tiny_pair.py"}
+    assert scripts == set(RESULT_KEYS), "a benchmark without a smoke run (or a stale entry): edit RESULT_KEYS"
+
+
+@pytest.mark.parametrize("script", sorted(RESULT_KEYS))
+def test_tiny_mode_runs(script):
+    result = run_tiny(script)
+    if result.returncode and KNOWN_CRASH.get(script, "\0") in result.stderr:
+        pytest.xfail(f"{script} --tiny: the known crash of issue #19 (fixed on the train branch)")
+    assert result.returncode == 0, f"{script} --tiny exited {result.returncode}:\n{result.stderr[-4000:]}"
+    line = last_json_line(result.stdout)
+    if script == "triton_kernels.py" and importlib.util.find_spec("triton") is None:
+        assert "skipped" in line
+        return
+    assert RESULT_KEYS[script] in line, f"{script} --tiny: no {RESULT_KEYS[script]!r} in {line}"
