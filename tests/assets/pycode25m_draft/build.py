@@ -1,7 +1,7 @@
 """Rebuild the pycode-25m test drafter (run by hand on a GPU machine; CI never trains it).
 
     python tests/assets/pycode25m_draft/build.py --target ../shared/models/pycode-25m \
-        --work /tmp/pycode-draft --device cuda
+        --work ../pycode-draft --device cuda
 
 Steps, each a specdraft command recorded in `<work>/commands.txt`:
 1. prompts: the first 64 tokens of windows of 320 characters starting at a random line of Python source files from
@@ -12,7 +12,11 @@ Steps, each a specdraft command recorded in `<work>/commands.txt`:
 3. `specdraft capture --no-chat`: aux hidden states of the default layers;
 4. `specdraft train` with `train_config.json` (drafter MLP 768 wide, draft vocabulary 1024, so
    that the bf16 checkpoint stays under 8 MB);
-5. `specdraft export --engine vllm --dtype bf16` into this folder.
+5. `specdraft export --engine vllm --dtype bf16` into this folder;
+6. the exported JSON files made portable (`make_portable`): the target's directory becomes its
+   folder's name (`pycode-25m`, found on a host as ../shared/models/pycode-25m), the work folder
+   `$WORK`, paths inside this repository relative to its root. The committed files must not
+   name the build machine's directories (tests/test_assets_portable.py).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shlex
 import site
 import subprocess
@@ -28,6 +33,8 @@ import sysconfig
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[2]
+PORTABLE_FILES = ("specdraft_manifest.json", "config.json")
 WINDOW_CHARS = 320
 PROMPT_TOKENS = 64  # a prompt is the first 64 tokens of a window (about 200 characters)
 
@@ -54,6 +61,34 @@ def run(cmd: list[str], log: Path) -> None:
     with log.open("a") as f:
         f.write(line + "\n")
     subprocess.run(cmd, check=True)
+
+
+def portable(text: str, target: Path, work: Path) -> str:
+    """`text` with the build machine's directories replaced: the target's by its folder's name,
+    the work folder by $WORK, this repository's by paths relative to its root."""
+    for path, name in ((target.resolve(), target.resolve().name), (work.resolve(), "$WORK"), (REPO, ".")):
+        def rename(match: re.Match, name: str = name) -> str:  # "DIR/x" -> "name/x", "DIR" -> "name"
+            return ("" if name == "." else name + "/") if match[1] else name
+        text = re.sub(re.escape(str(path)) + r"(?:(/)|(?![\w./-]))", rename, text)
+    return text
+
+
+def make_portable(draft_dir: Path, target: Path, work: Path) -> None:
+    """Rewrite every string in the drafter's JSON files with `portable` (same JSON layout as
+    specdraft writes it: sorted keys, indent 2, no final newline)."""
+    def walk(value):
+        if isinstance(value, str):
+            return portable(value, target, work)
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        return value
+
+    for name in PORTABLE_FILES:
+        file = draft_dir / name
+        if file.exists():
+            file.write_text(json.dumps(walk(json.loads(file.read_text())), indent=2, sort_keys=True))
 
 
 def main() -> None:
@@ -93,6 +128,7 @@ def main() -> None:
                "--precision", precision, *(["--steps", str(args.train_steps)] if args.train_steps else [])], log)
     run(cli + ["export", str(work / "run" / "draft"), str(HERE / "draft"), "--engine", "vllm",
                "--target", args.target, "--dtype", "bf16"], log)
+    make_portable(HERE / "draft", Path(args.target), work)
 
 
 if __name__ == "__main__":
