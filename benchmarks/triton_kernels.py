@@ -23,15 +23,19 @@ import importlib.util
 import json
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
-from engine_speed import graphed  # benchmarks/, the script's directory
+if "--tiny" in sys.argv[1:] and not torch.cuda.is_available():  # before anything imports Triton's kernels
+    os.environ["TRITON_INTERPRET"] = "1"
 
-from specdraft.engine.fast_model import causal_mask
+from engine_speed import graphed  # noqa: E402  (benchmarks/, the script's directory)
+
+from specdraft.engine.fast_model import causal_mask  # noqa: E402
 
 PROJECTIONS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
                "down_proj": (4096, 14336), "lm_head": (128256, 4096)}
@@ -136,10 +140,8 @@ def main() -> None:
         print(json.dumps({"skipped": "Triton is not installed (pip install triton)"}))
         return
     setup = CUDA_SETUP
-    if args.tiny:
+    if args.tiny:  # on the CPU, TRITON_INTERPRET=1 was set before the imports (above)
         on_cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
-        if not on_cuda:  # before triton_ops is imported: its kernels are built for the interpreter then
-            os.environ["TRITON_INTERPRET"] = "1"
         setup = replace(TINY_SETUP, device="cuda", dtype=torch.bfloat16) if on_cuda else TINY_SETUP
     torch.manual_seed(0)
     name = torch.cuda.get_device_name() if setup.device == "cuda" else "cpu (Triton interpreter)"
