@@ -19,7 +19,6 @@ the relative errors still check the kernels. Measurements so far: benchmarks/RES
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -30,12 +29,14 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+# ruff: noqa: E402  (the imports below come after TRITON_INTERPRET is set)
 if "--tiny" in sys.argv[1:] and not torch.cuda.is_available():  # before anything imports Triton's kernels
     os.environ["TRITON_INTERPRET"] = "1"
 
-from engine_speed import graphed  # noqa: E402  (benchmarks/, the script's directory)
+from engine_speed import graphed  # benchmarks/, the script's directory
 
-from specdraft.engine.fast_model import causal_mask  # noqa: E402
+from specdraft.engine.fast_model import causal_mask
+from specdraft.engine.triton_ops import attention, linear
 
 PROJECTIONS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
                "down_proj": (4096, 14336), "lm_head": (128256, 4096)}
@@ -90,8 +91,6 @@ def graph_us(fn, calls: int = 1, iters: int = 20) -> float:
 
 def bench_projection(setup: Setup, n: int, k: int) -> dict:
     """cuBLAS and Triton time per call for x [M, k] @ W[n, k].T, M = 1 and 16."""
-    from specdraft.engine.triton_ops import linear
-
     device, dtype, size = setup.device, setup.dtype, setup.dtype.itemsize
     copies = max(2, int(setup.min_weight_bytes // (n * k * size)) + 1)
     weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
@@ -111,8 +110,6 @@ def bench_projection(setup: Setup, n: int, k: int) -> dict:
 
 def bench_attention(setup: Setup, t: int) -> dict:
     """Triton split-KV attention vs SDPA (additive mask, GQA), Llama-3.1-8B heads on CUDA, in us."""
-    from specdraft.engine.triton_ops import attention
-
     (num_heads, num_kv_heads, head_dim), slots = setup.heads, setup.slots
     device, dtype, prefix = setup.device, setup.dtype, setup.slots - 256
     q = torch.randn(t, num_heads, head_dim, device=device, dtype=dtype)
@@ -136,9 +133,6 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true",
                         help="smoke test: tiny shapes, on the CPU in Triton's interpreter unless CUDA is there")
     args = parser.parse_args()
-    if importlib.util.find_spec("triton") is None:
-        print(json.dumps({"skipped": "Triton is not installed (pip install triton)"}))
-        return
     setup = CUDA_SETUP
     if args.tiny:  # on the CPU, TRITON_INTERPRET=1 was set before the imports (above)
         on_cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"

@@ -59,12 +59,11 @@ def test_every_benchmark_has_a_smoke_run():
 
 @pytest.mark.parametrize("script", sorted(RESULT_KEYS))
 def test_tiny_mode_runs(script):
+    if script == "triton_kernels.py" and importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (the test extra installs it on Linux)")
     result = run_tiny(script)
     if result.returncode and KNOWN_CRASH.get(script, "\0") in result.stderr:
         pytest.xfail(f"{script} --tiny: the known crash of issue #19 (fixed on the train branch)")
     assert result.returncode == 0, f"{script} --tiny exited {result.returncode}:\n{result.stderr[-4000:]}"
     line = last_json_line(result.stdout)
-    if script == "triton_kernels.py" and importlib.util.find_spec("triton") is None:
-        assert "skipped" in line
-        return
     assert RESULT_KEYS[script] in line, f"{script} --tiny: no {RESULT_KEYS[script]!r} in {line}"
