@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-# ruff: noqa: E402  (the imports below come after TRITON_INTERPRET is set)
 if "--tiny" in sys.argv[1:] and not torch.cuda.is_available():  # before anything imports Triton's kernels
     os.environ["TRITON_INTERPRET"] = "1"
 
