@@ -1,5 +1,5 @@
-"""Every benchmark's tiny mode runs: `python benchmarks/X.py --tiny` exits 0 and prints its result
-line (a JSON object holding the key named below). Each runs in its own process on the CPU, in
+"""Every benchmark's tiny mode runs: `python benchmarks/X.py --tiny` (or the arguments named below)
+exits 0 and prints its result line (a JSON object holding the key named below). Each runs in its own process on the CPU, in
 seconds (tiny seeded models; Triton's kernels in its interpreter); the figures are not checked:
 the point is that the benchmarks keep running as the package moves under them."""
 
@@ -17,13 +17,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 300  # a loaded 2-core machine; each takes seconds when idle
 
-# benchmark -> a key its last JSON line holds
-RESULT_KEYS = {
-    "engine_speed.py": "goal_end_to_end",
-    "triton_kernels.py": "attention_16_tokens",
-    "pycode_speed.py": "tree5x4_16",
-    "cpu_engine_overhead.py": "settings",
-    "train_throughput.py": "tokens_per_s",
+# benchmark -> (its smoke-run arguments, a key its last JSON line holds)
+SMOKE_RUNS = {
+    "engine_speed.py": (["--tiny"], "goal_end_to_end"),
+    "triton_kernels.py": (["--tiny"], "attention_16_tokens"),
+    "pycode_speed.py": (["--tiny"], "tree5x4_16"),
+    "cpu_engine_overhead.py": (["--tiny"], "settings"),
+    "train_throughput.py": (["--tiny"], "tokens_per_s"),
 }
 # train_throughput.py --tiny crashes on main (issue #19); the train area's branch fixes it. Until
 # that merges, this exact error is an expected failure; any other is a failure. Drop after the merge.
@@ -32,11 +32,11 @@ KNOWN_CRASH = {"train_throughput.py": "missing 1 required positional argument: '
 pytestmark = pytest.mark.benchmarks
 
 
-def run_tiny(script: str) -> subprocess.CompletedProcess:
-    """`python benchmarks/<script> --tiny` from the repository root, importing this checkout."""
+def run_smoke(script: str, args: list[str]) -> subprocess.CompletedProcess:
+    """`python benchmarks/<script> <args>` from the repository root, importing this checkout."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--tiny"], check=False, cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], check=False, cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 def last_json_line(stdout: str) -> dict:
@@ -54,16 +54,17 @@ def last_json_line(stdout: str) -> dict:
 def test_every_benchmark_has_a_smoke_run():
     """A benchmark is a script in benchmarks/ (helpers such as tiny_pair.py have no __main__)."""
     scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py") if '__name__ == "__main__"' in p.read_text()}
-    assert scripts == set(RESULT_KEYS), "a benchmark without a smoke run (or a stale entry): edit RESULT_KEYS"
+    assert scripts == set(SMOKE_RUNS), "a benchmark without a smoke run (or a stale entry): edit SMOKE_RUNS"
 
 
-@pytest.mark.parametrize("script", sorted(RESULT_KEYS))
+@pytest.mark.parametrize("script", sorted(SMOKE_RUNS))
 def test_tiny_mode_runs(script):
     if script == "triton_kernels.py" and importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed (the test extra installs it on Linux)")
-    result = run_tiny(script)
+    args, key = SMOKE_RUNS[script]
+    result = run_smoke(script, args)
     if result.returncode and KNOWN_CRASH.get(script, "\0") in result.stderr:
         pytest.xfail(f"{script} --tiny: the known crash of issue #19 (fixed on the train branch)")
-    assert result.returncode == 0, f"{script} --tiny exited {result.returncode}:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, f"{script} {' '.join(args)} exited {result.returncode}:\n{result.stderr[-4000:]}"
     line = last_json_line(result.stdout)
-    assert RESULT_KEYS[script] in line, f"{script} --tiny: no {RESULT_KEYS[script]!r} in {line}"
+    assert key in line, f"{script} {' '.join(args)}: no {key!r} in {line}"
