@@ -1,7 +1,8 @@
-"""Every benchmark's tiny mode runs: `python benchmarks/X.py --tiny` (or the arguments named below)
-exits 0 and prints its result line (a JSON object holding the key named below). Each runs in its own process on the CPU, in
-seconds (tiny seeded models; Triton's kernels in its interpreter); the figures are not checked:
-the point is that the benchmarks keep running as the package moves under them."""
+"""Every benchmark's tiny mode runs: `python benchmarks/X.py --tiny` (or the arguments SMOKE_RUNS
+names) exits 0 and prints its result line (a JSON object holding the key SMOKE_RUNS names). Each
+runs in its own process on the CPU, in seconds (tiny models; Triton's kernels in its
+interpreter); the figures are not checked: the point is that the benchmarks keep running as the
+package moves under them."""
 
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def test_tiny_mode_runs(script):
     result = run_smoke(script, args)
     if result.returncode and KNOWN_CRASH.get(script, "\0") in result.stderr:
         pytest.xfail(f"{script} --tiny: the known crash of issue #19 (fixed on the train branch)")
-    assert result.returncode == 0, f"{script} {' '.join(args)} exited {result.returncode}:\n{result.stderr[-4000:]}"
+    command = f"{script} {' '.join(args)}"
+    assert result.returncode == 0, f"{command} exited {result.returncode}:\n{result.stderr[-4000:]}"
     line = last_json_line(result.stdout)
-    assert key in line, f"{script} {' '.join(args)}: no {key!r} in {line}"
+    assert key in line, f"{command}: no {key!r} in {line}"
