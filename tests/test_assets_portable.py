@@ -6,6 +6,7 @@ tests/assets/pycode25m_draft/build.py writes them so."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -44,3 +45,23 @@ def test_the_pattern_catches_machine_paths():
         assert MACHINE_PATH.search(text), text
     for text in (b"tests/assets/x", b"$WORK/store", b"/usr/include/a.h", b"http://host/tmp/x", b"a/tmp/b"):
         assert not MACHINE_PATH.search(text), text
+
+
+def test_build_writes_portable_names(tmp_path):
+    """build.py's `make_portable` turns the build machine's directories into portable names."""
+    spec = importlib.util.spec_from_file_location("pycode_draft_build", ROOT / "tests/assets/pycode25m_draft/build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    target, work = tmp_path / "models" / "pycode-25m", tmp_path / "work"
+    config = build.REPO / "tests/assets/pycode25m_draft/train_config.json"
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "specdraft_manifest.json").write_text(json.dumps({
+        "target": {"name_or_path": str(target)},
+        "training_command": f"specdraft train {work}/store {work}/run --config {config}",
+        "other": [f"{work}x/kept", str(work)]}))
+    build.make_portable(tmp_path / "draft", target, work)
+    manifest = json.loads((tmp_path / "draft" / "specdraft_manifest.json").read_text())
+    assert manifest == {"target": {"name_or_path": "pycode-25m"},
+                        "training_command": "specdraft train $WORK/store $WORK/run --config "
+                                            "tests/assets/pycode25m_draft/train_config.json",
+                        "other": [f"{work}x/kept", "$WORK"]}
