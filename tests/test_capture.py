@@ -11,18 +11,12 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specdraft.capture import (
-    CaptureConfig,
-    CaptureError,
-    CaptureStore,
-    StoreSettings,
-    capture_dataset,
-    estimate_disk,
-    shard_plan,
-    write_store,
-)
+from specdraft.capture.forward import shard_plan
+from specdraft.capture.stage import CaptureConfig, capture_dataset
+from specdraft.capture.store import CaptureError, CaptureStore, StoreSettings, estimate_disk
+from specdraft.capture.write import write_store
 from specdraft.cli import app
-from specdraft.data import Sample, data_hash, load_dataset, template_hash, tokenizer_fingerprint
+from specdraft.data.render import Sample, data_hash, load_dataset, template_hash, tokenizer_fingerprint
 from specdraft.target import load_target
 from tests.tiny_tokenizer import CHAT, save_tiny_tokenizer, tiny_chat_tokenizer
 from tests.tiny_models import save_tiny_model
