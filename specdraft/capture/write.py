@@ -2,8 +2,8 @@
 
 Resume: the sample -> shard assignment is fixed by the data (`shard_plan`: consecutive samples
 until a shard would pass `shard_tokens` tokens, which bounds memory and file size), every
-file is written to a temp name and renamed, and index.json lists a shard only once its file is in
-place with its checksum. Re-running keeps every listed shard whose checksum matches and redoes
+file is written to a temp name and renamed (`specdraft.files`), and index.json lists a shard
+only once its file is in place with its checksum. Re-running keeps every listed shard whose checksum matches and redoes
 the rest; a store captured with other settings (data, target, layers, dtype, lengths) is refused.
 """
 
@@ -19,12 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import save
 
-from specdraft.capture.forward import (
-    capture_shard,
-    plan_samples,
-    target_head_tensors,
-    target_meta,
-)
+from specdraft.capture.forward import capture_shard, plan_samples, target_head_tensors, target_meta
 from specdraft.capture.store import (
     FORMAT,
     FORMAT_VERSION,
@@ -39,13 +34,7 @@ from specdraft.capture.store import (
 )
 from specdraft.checkpoint import file_sha256, write_safetensors
 from specdraft.data.render import Sample, data_hash
-from specdraft.files import (
-    atomic_write,
-    atomic_write_bytes,
-    atomic_write_json,
-    differing_fields,
-    is_temp_path,
-)
+from specdraft.files import atomic_write, atomic_write_bytes, atomic_write_json, differing_fields, is_temp_path
 
 
 @dataclass(frozen=True)
@@ -202,7 +191,7 @@ def write_store(target, samples: list[Sample], out_dir: str | Path, settings: St
     total = _print_estimate(console, index, settings, target.hidden_size, head_bytes, out_dir)
     done: dict[int, dict] = {}
     try:
-        for tmp in filter(_is_partial, out_dir.iterdir()):
+        for tmp in [p for p in out_dir.iterdir() if _is_partial(p)]:
             tmp.unlink()  # partial files of an interrupted run
         _save_head(out_dir, head, index)
         done.update({e["shard"]: e for e in index["shards"] if _valid(out_dir, e)})
@@ -221,13 +210,7 @@ def write_store(target, samples: list[Sample], out_dir: str | Path, settings: St
 
 
 def _capture_missing(target, samples, settings, out_dir, index, done, device, console) -> None:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     plan = plan_samples(samples, settings)
     todo = [s for s in range(len(plan)) if s not in done]

@@ -37,7 +37,7 @@ ExportEngine = Literal["sglang", "vllm", "speculators"]  # export.EXPORT_ENGINES
 DoctorEngine = Literal["sglang", "vllm"]  # doctor.evidence.DOCTOR_ENGINES
 
 
-EndpointApi = Literal["chat", "completions"]  # regenerate.EndpointBackend
+EndpointApi = Literal["chat", "completions"]  # regenerate.backends.EndpointBackend
 
 
 def check_device(value: str) -> str:
@@ -107,7 +107,7 @@ def check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
 
 
 def error(console, e: Exception, skip_bad_hint: str = "") -> None:
-    """Print `error: ...`; for one bad data record (data.BadRecord) add `skip_bad_hint`, how
+    """Print `error: ...`; for one bad data record (data.records.BadRecord) add `skip_bad_hint`, how
     this command skips such records (commands without --skip-bad give none or another way)."""
     from specdraft.data.records import BadRecord
 

@@ -74,17 +74,7 @@ def read_records(path: str | Path, *, chat: bool = True, skip_bad: bool = False,
     for an empty dataset.
     """
     path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: no such file or directory")
-    if path.is_dir():
-        rows = _dataset_rows(path)
-    elif path.suffix in (".jsonl", ".json"):
-        rows = _jsonl_rows(path)
-    elif chat:
-        raise DataError(f"{path} is plain text, not chats: pass --no-chat (or give a .jsonl file of "
-                        f"'messages' or 'conversations' chats)")
-    else:
-        rows = _text_rows(path)
+    rows = _rows(path, chat)
     records, num_skipped, other_mode = [], 0, None
     for source, row in rows:
         try:
@@ -104,6 +94,21 @@ def read_records(path: str | Path, *, chat: bool = True, skip_bad: bool = False,
         raise DataError(f"{path}: no usable records ({num_skipped} skipped); "
                         f"the dataset is empty")
     return Records(path, records, num_skipped, chat)
+
+
+def _rows(path: Path, chat: bool) -> Iterable[tuple[str, Any]]:
+    """(source, row) of every record in `path`, read as its kind says (directory, JSONL, text).
+    Raises DataError for a missing path, or a plain-text file given for chats."""
+    if not path.exists():
+        raise DataError(f"{path}: no such file or directory")
+    if path.is_dir():
+        return _dataset_rows(path)
+    if path.suffix in (".jsonl", ".json"):
+        return _jsonl_rows(path)
+    if chat:
+        raise DataError(f"{path} is plain text, not chats: pass --no-chat (or give a .jsonl file of "
+                        f"'messages' or 'conversations' chats)")
+    return _text_rows(path)
 
 
 def _other_mode(row: Any, chat: bool) -> str | None:

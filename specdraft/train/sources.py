@@ -222,7 +222,7 @@ class StoreData:
 
     def token_counts(self) -> torch.Tensor:
         """Loss-masked target-token counts [V] over the whole store; reads only input_ids and
-        loss_mask of each shard (capture.py's layout), never the hidden states."""
+        loss_mask of each shard (capture.store's layout), never the hidden states."""
         from safetensors import safe_open
 
         counts = torch.zeros(self.store.meta["target"]["vocab_size"], dtype=torch.long)
