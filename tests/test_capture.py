@@ -84,7 +84,8 @@ def test_resume_after_crash_gives_identical_store(chat_target_dir, data_file, tm
     index = json.loads((crashed / "index.json").read_text())
     index["shards"], index["complete"] = index["shards"][:2], False  # shard 2 never listed
     (crashed / "index.json").write_text(json.dumps(index))
-    (crashed / "shard-00002.safetensors.tmp").write_bytes(b"partial")
+    (crashed / "shard-00002.safetensors.tmp").write_bytes(b"partial")  # an older specdraft's temp name
+    (crashed / ".shard-00002.safetensors.tmp-4242").write_bytes(b"partial")  # files.temp_path of a killed run
     (crashed / "shard-00002.safetensors").unlink()
     (crashed / "shard-00000.safetensors").unlink()  # a listed shard lost too
     with pytest.raises(CaptureError, match="unfinished store"):

@@ -102,6 +102,19 @@ def test_output_that_is_a_file_or_a_foreign_directory_is_refused(chat_target_dir
     assert sorted(p.name for p in mine.iterdir()) == ["important.txt"]
 
 
+def test_a_run_stopped_before_its_index_is_continued(chat_target_dir, chats, tmp_path):
+    """A directory holding only what a run stopped before its index.json leaves (the target head,
+    temporary files of either naming) is captured into, and the temporary files are removed."""
+    out = tmp_path / "store"
+    out.mkdir()
+    for name in ("target_head.safetensors", ".index.json.tmp-4242", "shard-00000.safetensors.tmp"):
+        (out / name).write_bytes(b"partial")
+    result = capture(chat_target_dir, chats, out)
+    assert result.exit_code == 0, result.output
+    assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
+    CaptureStore(out).verify()
+
+
 def interrupt_second_call(real):
     """`real`, except that its second call raises KeyboardInterrupt (Ctrl-C mid-run)."""
     calls = []
