@@ -1,4 +1,4 @@
-"""Conventions every stage shares: aux hidden-state layers and the draft vocabulary map.
+"""Conventions every stage shares: aux hidden-state layers, the draft vocabulary map, dtype names.
 
 Aux layers are named by *specdraft index* (= transformers ``hidden_states`` index): 0 = the
 embedding output, k in 1..L-1 = output of decoder layer k (1-based), L = output of the last
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdraft.errors import SpecdraftError
+
 ENGINES = ("sglang", "vllm", "speculators")
 TARGET_CLASSES = ("llama", "deepseek")  # llama: Llama/Qwen2/Qwen3/Mistral; deepseek: V2/V3/Kimi
 _CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek"}
@@ -23,7 +25,22 @@ AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 NUM_AUX_FIXED = {"sglang": 3, "vllm": 3}
 
 
-class ConventionError(ValueError):
+# The one dtype table: the names capture, train, export and the CLI take.
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
+          "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    """'bf16' / 'bfloat16' / 'fp16' / 'float16' / 'fp32' / 'float32' (or a dtype) -> dtype.
+    Raises ValueError naming the choices (`DTYPES`)."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+class ConventionError(SpecdraftError, ValueError):
     """An engine cannot express a list of aux layers, or its reading cannot be pinned down."""
 
 

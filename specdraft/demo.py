@@ -356,7 +356,7 @@ def repoint_regen_settings(out_file: Path, data_file: Path, target_dir: Path) ->
     The demo's own record (`reconcile_cache`) has checked what shapes the output (data content,
     target, lengths); the sidecar's absolute paths change only when the demo directory moved.
     """
-    from specdraft.regenerate import settings_path
+    from specdraft.regenerate.output import settings_path
 
     sidecar = settings_path(out_file)
     if not (sidecar.exists() and out_file.exists()):
@@ -394,8 +394,8 @@ def stage_data(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[Pat
 
 def regen_complete(out_file: Path, data_file: Path) -> bool:
     """Every record of `data_file` has its regenerated line in `out_file`."""
-    from specdraft.data import read_records
-    from specdraft.regenerate import finished_indices
+    from specdraft.data.records import read_records
+    from specdraft.regenerate.output import finished_indices
 
     num_records = len(read_records(data_file, chat=False, require_assistant=False).records)
     return finished_indices(out_file) >= set(range(num_records))
@@ -405,7 +405,8 @@ def stage_regenerate(cfg: DemoConfig, target_dir: Path, data_file: Path,
                      say: Callable[[str], None] = print) -> Path:
     """Replace each document's continuation with the target's greedy output (resumable; a
     complete output is reused without loading the target)."""
-    from specdraft.regenerate import RegenConfig, Sampling, regenerate_file
+    from specdraft.regenerate.backends import Sampling
+    from specdraft.regenerate.run import RegenConfig, regenerate_file
 
     out = data_file.with_name(data_file.stem + ".regen.jsonl")
     repoint_regen_settings(out, data_file, target_dir)
@@ -422,7 +423,7 @@ def stage_regenerate(cfg: DemoConfig, target_dir: Path, data_file: Path,
 
 def store_complete(store: Path) -> bool:
     """A capture store `CaptureStore` opens (a finished index) with every shard file present."""
-    from specdraft.capture import CaptureError, CaptureStore
+    from specdraft.capture.store import CaptureError, CaptureStore
 
     try:
         shards = CaptureStore(store).meta["shards"]
@@ -435,7 +436,7 @@ def stage_capture(cfg: DemoConfig, target_dir: Path, regen_file: Path, name: str
                   aux_layers: list[int], say: Callable[[str], None] = print) -> Path:
     """Capture the target's aux states over the regenerated data into out/<name> (resumable; a
     finished store is reused without loading the target)."""
-    from specdraft.capture import CaptureConfig, capture_dataset
+    from specdraft.capture.stage import CaptureConfig, capture_dataset
 
     store = cfg.out / name
     if store_complete(store):

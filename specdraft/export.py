@@ -29,7 +29,6 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from specdraft.capture import parse_dtype
 from specdraft.checkpoint import (
     MANIFEST_FILE,
     WEIGHTS_FILE,
@@ -46,7 +45,7 @@ from specdraft.checkpoint import (
     verify_same_tensors,
     write_safetensors,
 )
-from specdraft.conventions import AUX_KEY, ConventionError, aux_layers_from_config, to_engine_ids
+from specdraft.conventions import AUX_KEY, ConventionError, aux_layers_from_config, parse_dtype, to_engine_ids
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 

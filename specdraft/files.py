@@ -26,6 +26,12 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def is_temp_path(path: Path) -> bool:
+    """Whether `path` is named as a `temp_path` (of any process): what an interrupted write left."""
+    name = Path(path).name
+    return name.startswith(".") and ".tmp-" in name
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """Call `write(tmp)` to write the file's contents at a temporary path, then rename it to
     `path` (parents created). On any error the temporary file is removed and `path` is untouched.

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -23,7 +22,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
 from tokenizers.models import BPE
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specdraft.checkpoint import file_sha256, replace_dir
+from specdraft.checkpoint import file_sha256
+from specdraft.files import atomic_dir
 
 CHECKPOINT_FILE = "stories260K.bin"
 TOKENIZER_FILE = "tok512.bin"
@@ -355,14 +355,8 @@ def convert_stories260k(out_dir: Path, *, source_dir: Path | None = None) -> Pat
     if _read_record(out_dir) == record and all((out_dir / name).is_file() for name in CONVERTED_FILES):
         return out_dir
     _check_replaceable(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary model folder
-    try:
+    with atomic_dir(out_dir) as staging:
         _write_conversion(staging, source_dir, record)
-        replace_dir(staging, out_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out_dir
 
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdraft.capture import StoreSettings, write_store
+from specdraft.capture.store import StoreSettings
+from specdraft.capture.write import write_store
 from specdraft.checkpoint import Manifest, save_draft
-from specdraft.data import Sample
+from specdraft.data.render import Sample
 from specdraft.draft import DraftConfig
 from specdraft.target import load_target
 from specdraft.train.loop import TrainConfig, train

@@ -11,18 +11,12 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from specdraft.capture import (
-    CaptureConfig,
-    CaptureError,
-    CaptureStore,
-    StoreSettings,
-    capture_dataset,
-    estimate_disk,
-    shard_plan,
-    write_store,
-)
+from specdraft.capture.forward import shard_plan
+from specdraft.capture.stage import CaptureConfig, capture_dataset
+from specdraft.capture.store import CaptureError, CaptureStore, StoreSettings, estimate_disk
+from specdraft.capture.write import write_store
 from specdraft.cli import app
-from specdraft.data import Sample, data_hash, load_dataset, template_hash, tokenizer_fingerprint
+from specdraft.data.render import Sample, data_hash, load_dataset, template_hash, tokenizer_fingerprint
 from specdraft.target import load_target
 from tests.tiny_tokenizer import CHAT, save_tiny_tokenizer, tiny_chat_tokenizer
 from tests.tiny_models import save_tiny_model
@@ -90,7 +84,8 @@ def test_resume_after_crash_gives_identical_store(chat_target_dir, data_file, tm
     index = json.loads((crashed / "index.json").read_text())
     index["shards"], index["complete"] = index["shards"][:2], False  # shard 2 never listed
     (crashed / "index.json").write_text(json.dumps(index))
-    (crashed / "shard-00002.safetensors.tmp").write_bytes(b"partial")
+    (crashed / "shard-00002.safetensors.tmp").write_bytes(b"partial")  # an older specdraft's temp name
+    (crashed / ".shard-00002.safetensors.tmp-4242").write_bytes(b"partial")  # files.temp_path of a killed run
     (crashed / "shard-00002.safetensors").unlink()
     (crashed / "shard-00000.safetensors").unlink()  # a listed shard lost too
     with pytest.raises(CaptureError, match="unfinished store"):

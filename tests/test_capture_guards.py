@@ -7,8 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import specdraft.capture as capture_mod
-import specdraft.regenerate as regenerate_mod
+import specdraft.capture.write as capture_write
+import specdraft.regenerate.run as regenerate_run
+from specdraft.capture.store import FORMAT, INDEX, CaptureError, CaptureStore
 from specdraft.cli import app
 from specdraft.conventions import ConventionError, check_aux_layers, to_engine_ids
 from tests.tiny_models import save_tiny_model
@@ -77,12 +78,12 @@ def test_failure_before_the_first_shard_leaves_no_store(chat_target_dir, chats, 
         raise ValueError("boom")
 
     with monkeypatch.context() as m:
-        m.setattr(capture_mod, "capture_shard", fail)
+        m.setattr(capture_write, "capture_shard", fail)
         failed = capture(chat_target_dir, chats, out, "--aux-layers", "1,2,3")
     assert failed.exit_code == 1 and failed.output.strip().splitlines()[-1] == "error: boom"
     assert not out.exists()
     out.mkdir()  # a leftover store without a shard (left by an older version) does not block a re-run
-    (out / capture_mod.INDEX).write_text(json.dumps({"format": capture_mod.FORMAT, "aux_layers": [9],
+    (out / INDEX).write_text(json.dumps({"format": FORMAT, "aux_layers": [9],
                                                      "shards": [], "complete": False}))
     result = capture(chat_target_dir, chats, out, "--aux-layers", "1,2,3")
     assert result.exit_code == 0, result.output
@@ -101,6 +102,19 @@ def test_output_that_is_a_file_or_a_foreign_directory_is_refused(chat_target_dir
     assert sorted(p.name for p in mine.iterdir()) == ["important.txt"]
 
 
+def test_a_run_stopped_before_its_index_is_continued(chat_target_dir, chats, tmp_path):
+    """A directory holding only what a run stopped before its index.json leaves (the target head,
+    temporary files of either naming) is captured into, and the temporary files are removed."""
+    out = tmp_path / "store"
+    out.mkdir()
+    for name in ("target_head.safetensors", ".index.json.tmp-4242", "shard-00000.safetensors.tmp"):
+        (out / name).write_bytes(b"partial")
+    result = capture(chat_target_dir, chats, out)
+    assert result.exit_code == 0, result.output
+    assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
+    CaptureStore(out).verify()
+
+
 def interrupt_second_call(real):
     """`real`, except that its second call raises KeyboardInterrupt (Ctrl-C mid-run)."""
     calls = []
@@ -116,10 +130,10 @@ def interrupt_second_call(real):
 def test_capture_interrupted_says_what_was_kept(chat_target_dir, chats, tmp_path, monkeypatch):
     out = tmp_path / "store"
     with monkeypatch.context() as m:
-        m.setattr(capture_mod, "capture_shard", interrupt_second_call(capture_mod.capture_shard))
+        m.setattr(capture_write, "capture_shard", interrupt_second_call(capture_write.capture_shard))
         result = capture(chat_target_dir, chats, out)
     assert result.exit_code == 130
-    total = json.loads((out / capture_mod.INDEX).read_text())["num_shards"]
+    total = json.loads((out / INDEX).read_text())["num_shards"]
     assert f"interrupted; 1 of {total} shards kept in {out}: re-run the same command" in result.output
     again = capture(chat_target_dir, chats, out)
     assert again.exit_code == 0 and "1 kept from an earlier run" in again.output, again.output
@@ -156,7 +170,7 @@ def test_regenerate_reports_skipped_records(chat_target_dir, chats, tmp_path):
 def test_regenerate_interrupted_says_what_was_kept(chat_target_dir, chats, tmp_path, monkeypatch):
     out = tmp_path / "out.jsonl"
     with monkeypatch.context() as m:
-        m.setattr(regenerate_mod, "_regenerate_chats", interrupt_second_call(regenerate_mod._regenerate_chats))
+        m.setattr(regenerate_run, "_regenerate_chats", interrupt_second_call(regenerate_run._regenerate_chats))
         result = run("regenerate", chats, out, "--target", chat_target_dir, "--batch-size", 1, "--max-new-tokens", 2)
     assert result.exit_code == 130
     assert f"interrupted; 1 of 3 records kept in {out}: re-run the same command to continue" in \
@@ -168,7 +182,7 @@ def test_a_damaged_store_index_is_named(chat_target_dir, chats, tmp_path):
     readers (train) and a capture resuming into it."""
     store = tmp_path / "store"
     assert capture(chat_target_dir, chats, store).exit_code == 0
-    (store / capture_mod.INDEX).write_text("{")
-    with pytest.raises(capture_mod.CaptureError, match=r"index.json: not valid JSON \(.*capture into a new"):
-        capture_mod.CaptureStore(store)
+    (store / INDEX).write_text("{")
+    with pytest.raises(CaptureError, match=r"index.json: not valid JSON \(.*capture into a new"):
+        CaptureStore(store)
     one_line_error(capture(chat_target_dir, chats, store), "index.json: not valid JSON", "capture into a new")

@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdraft.data import (
+from specdraft.data.labels import (
     check_has_supervision,
     draft_loss_mask,
     label_position,
-    render_chat,
     target_logit_position,
 )
+from specdraft.data.render import render_chat
 from tests.tiny_tokenizer import tiny_chat_tokenizer
 
 TWO_TURNS = [{"role": "user", "content": "hello"},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from specdraft.data import RenderInfo, load_dataset, render_parity, template_hash
+from specdraft.data.render import RenderInfo, load_dataset, render_parity, template_hash
 from tests.tiny_tokenizer import CHAT, tiny_chat_tokenizer
 
 

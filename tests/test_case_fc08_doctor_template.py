@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from specdraft.data import template_hash, tokenizer_fingerprint
+from specdraft.data.render import template_hash, tokenizer_fingerprint
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
 from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401

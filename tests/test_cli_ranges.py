@@ -183,7 +183,7 @@ def test_empty_aux_layers_is_a_usage_error(world, tmp_path, value, command):
 
 
 def test_capture_aux_layers_left_out_mean_the_default(world, tmp_path, monkeypatch):
-    import specdraft.capture
+    import specdraft.capture.stage
 
     _, target, _ = world  # a real config.json: capture refuses one without model_type (bare's {})
     seen = []
@@ -192,7 +192,7 @@ def test_capture_aux_layers_left_out_mean_the_default(world, tmp_path, monkeypat
         seen.append(cfg.aux_layers)
         raise ValueError("stop here")
 
-    monkeypatch.setattr(specdraft.capture, "capture_dataset", fake_capture)
+    monkeypatch.setattr(specdraft.capture.stage, "capture_dataset", fake_capture)
     base = ["capture", str(target), str(tmp_path / "d.jsonl"), str(tmp_path / "o")]
     for extra in ([], ["--aux-layers", "1,2,3"]):
         result = invoke(base + extra)

@@ -9,19 +9,19 @@ import pytest
 import torch
 from tokenizers import processors
 
-from specdraft.data import (
-    DataError,
+from specdraft.data.labels import token_counts
+from specdraft.data.records import DataError, read_records
+from specdraft.data.render import (
     Sample,
     data_hash,
     load_dataset,
-    read_records,
     render_chat,
     render_text,
     template_hash,
-    token_counts,
     tokenizer_fingerprint,
 )
 from tests.tiny_tokenizer import CHAT, TEMPLATE, save_tiny_tokenizer, tiny_chat_tokenizer  # noqa: F401
+
 
 def write_jsonl(path: Path, rows: list) -> Path:
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import specdraft.demo as demo
-from specdraft.capture import CaptureError
+from specdraft.capture.store import CaptureError
 from specdraft.cli import app
 from specdraft.demo import DemoConfig, check_inputs, parse_documents
 

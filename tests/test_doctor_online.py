@@ -111,7 +111,7 @@ def test_online_acceptance_unreachable_server_fails_without_samples(world):
 def test_replayed_rounds_equal_the_engine_counts(world):
     """The drafter alone replaying chain rounds on the engine's own outputs gives the engine's
     verification steps and per-depth accepted counts exactly (both fp32 on the CPU)."""
-    from specdraft.data import Sample
+    from specdraft.data.render import Sample
     from specdraft.doctor.evidence import DoctorInputs, Evidence
     from specdraft.doctor.offline import run_on
     from specdraft.engine.speculate import load_engine

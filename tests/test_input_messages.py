@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from specdraft.checkpoint import MANIFEST_FILE
-from specdraft.regenerate import served_model
+from specdraft.regenerate.backends import served_model
 from tests.test_cli import flat, invoke
 from tests.test_corrupt_inputs import one_error, world  # noqa: F401
 from tests.test_regenerate import CHATS, read_out, server  # noqa: F401
@@ -73,7 +73,7 @@ def test_regenerate_endpoint_without_model(server, tmp_path, monkeypatch):  # no
                      f"error: --endpoint needs --model, the served model's name (asking {server.url}/v1/models "
                      "for it failed: HTTPStatusError)")
     assert "RegenConfig" not in text and not out.exists()
-    monkeypatch.setattr("specdraft.regenerate.served_model", lambda url, key: "tiny")
+    monkeypatch.setattr("specdraft.regenerate.backends.served_model", lambda url, key: "tiny")
     result = invoke(["regenerate", str(data), str(out), "--endpoint", server.url])
     assert result.exit_code == 0, result.output
     assert f"--model not given: using tiny, the one model {server.url} serves" in flat(result.output)

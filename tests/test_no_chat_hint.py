@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from specdraft.data import BadRecord, DataError, read_records
+from specdraft.data.records import BadRecord, DataError, read_records
 from tests.test_cli import flat, invoke
 from tests.tiny_models import save_tiny_model
 from tests.tiny_tokenizer import save_tiny_tokenizer

@@ -11,9 +11,10 @@ import rich
 import torch
 from rich.console import Console
 
-from specdraft.capture import StoreSettings, write_store
-from specdraft.data import Sample
-from specdraft.regenerate import _progress as regen_progress
+from specdraft.capture.store import StoreSettings
+from specdraft.capture.write import write_store
+from specdraft.data.render import Sample
+from specdraft.regenerate.run import _progress as regen_progress
 from specdraft.target import load_target
 from specdraft.train.loop import _progress as train_progress
 from tests.tiny_models import save_tiny_model

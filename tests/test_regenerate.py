@@ -11,15 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from specdraft.cli import app
-from specdraft.data import load_dataset, read_records
-from specdraft.regenerate import (
-    EndpointBackend,
-    LocalBackend,
-    RegenerationError,
-    Sampling,
-    regenerate,
-    settings_path,
-)
+from specdraft.data.records import read_records
+from specdraft.data.render import load_dataset
+from specdraft.regenerate.backends import EndpointBackend, LocalBackend, RegenerationError, Sampling
+from specdraft.regenerate.output import settings_path
+from specdraft.regenerate.run import regenerate
 from tests.tiny_tokenizer import save_tiny_tokenizer, tiny_chat_tokenizer
 from tests.tiny_models import save_tiny_model
 

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import specdraft.train.loop as loop
-from specdraft.capture import StoreSettings, write_store
+from specdraft.capture.store import StoreSettings
+from specdraft.capture.write import write_store
 from specdraft.cli import app
 from specdraft.train.loop import TrainConfig, checkpoint_paths, train
 from specdraft.train.sources import StoreData

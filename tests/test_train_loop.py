@@ -20,8 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdraft.capture import StoreSettings, write_store
-from specdraft.data import Sample
+from specdraft.capture.store import StoreSettings
+from specdraft.capture.write import write_store
+from specdraft.data.render import Sample
 from specdraft.target import load_target
 from specdraft.train.loop import TrainConfig, Trainer, TrainingError, checkpoint_paths, split_samples, train
 from specdraft.train.sources import OnlineData, StoreData, pad_samples

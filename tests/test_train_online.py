@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from specdraft.cli import app
-from specdraft.data import data_hash, load_dataset, tokenizer_fingerprint
+from specdraft.data.render import data_hash, load_dataset, tokenizer_fingerprint
 from specdraft.train.sources import OnlineData, OnlineSource
 from tests.tiny_models import save_tiny_model
 from tests.tiny_tokenizer import WORDS, save_tiny_tokenizer, tiny_chat_tokenizer

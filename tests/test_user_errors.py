@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from specdraft.data import BadRecord, DataError, read_records
+from specdraft.data.records import BadRecord, DataError, read_records
 from specdraft.doctor import CHECKS, run_doctor
 from specdraft.engine.spec_config import SpecConfig
 from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401

@@ -19,7 +19,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 # Options with a fixed set of values: click refuses any other value (exit 2, the choices listed) and
 # --help shows them. Each mirrors the library's own table (tests/test_cli_choices.py keeps them equal),
 # written out here so that importing the CLI stays free of torch.
-DtypeName = Literal["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"]  # capture.DTYPES
+DtypeName = Literal["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"]  # conventions.DTYPES
 
 
 EngineDtype = Literal["fp32", "bf16", "fp16"]  # engine_dtype
@@ -37,7 +37,7 @@ ExportEngine = Literal["sglang", "vllm", "speculators"]  # export.EXPORT_ENGINES
 DoctorEngine = Literal["sglang", "vllm"]  # doctor.evidence.DOCTOR_ENGINES
 
 
-EndpointApi = Literal["chat", "completions"]  # regenerate.EndpointBackend
+EndpointApi = Literal["chat", "completions"]  # regenerate.backends.EndpointBackend
 
 
 def check_device(value: str) -> str:
@@ -107,9 +107,9 @@ def check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
 
 
 def error(console, e: Exception, skip_bad_hint: str = "") -> None:
-    """Print `error: ...`; for one bad data record (data.BadRecord) add `skip_bad_hint`, how
+    """Print `error: ...`; for one bad data record (data.records.BadRecord) add `skip_bad_hint`, how
     this command skips such records (commands without --skip-bad give none or another way)."""
-    from specdraft.data import BadRecord
+    from specdraft.data.records import BadRecord
 
     hint = skip_bad_hint if isinstance(e, BadRecord) else ""
     console.print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
@@ -340,6 +340,7 @@ def spec_from_flags(no_spec: bool, draft: str, num_steps: int, topk: int, num_dr
 
 
 def engine_dtype(name: EngineDtype):
-    import torch
+    """--dtype of generate / serve / tune as a torch dtype (`conventions.parse_dtype`)."""
+    from specdraft.conventions import parse_dtype
 
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    return parse_dtype(name)

@@ -180,7 +180,7 @@ def demo(
     from specdraft.checkpoint import CheckpointError
     from specdraft.demo import DemoConfig, run_demo, summary
     from specdraft.machine_load import busy_note
-    from specdraft.regenerate import RegenerationError
+    from specdraft.regenerate.backends import RegenerationError
     from specdraft.train.loop import TrainingError
 
     console = Console()

@@ -47,7 +47,8 @@ def capture(
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
     from rich.console import Console
 
-    from specdraft.capture import CaptureConfig, capture_dataset, interrupted_capture
+    from specdraft.capture.stage import CaptureConfig, capture_dataset
+    from specdraft.capture.write import interrupted_capture
 
     console = Console()
     cfg = CaptureConfig(
@@ -92,17 +93,12 @@ def regenerate(
 
     from rich.console import Console
 
-    from specdraft.regenerate import (
-        RegenConfig,
-        Sampling,
-        check_out_path,
-        interrupted_regenerate,
-        regenerate_file,
-        served_model,
-    )
+    from specdraft.regenerate.backends import Sampling, served_model
+    from specdraft.regenerate.output import check_out_path, interrupted_regenerate
+    from specdraft.regenerate.run import RegenConfig, regenerate_file
 
     console = Console()
-    try:
+    with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_regenerate(out)):
         check_out_path(out, data)  # before asking the endpoint for its model
         refuse_bad_configs("", target, ("model_type",))
         if endpoint and not target and not model:
@@ -117,12 +113,6 @@ def regenerate(
             concurrency=concurrency, batch_size=batch_size, max_retries=max_retries,
             api_key=os.environ.get("OPENAI_API_KEY"), skip_bad=skip_bad, device=device)
         result = regenerate_file(cfg, console=console)
-    except KeyboardInterrupt:
-        console.print(f"interrupted; {interrupted_regenerate(out)}", markup=False, soft_wrap=True)
-        raise typer.Exit(130) from None
-    except (ValueError, RuntimeError) as e:
-        error(console, e, SKIP_BAD_HINT)
-        raise typer.Exit(1) from e
     console.print(f"{result.path}: {result.num_done} records written, {result.num_kept} kept "
                   f"from an earlier run, {result.num_empty} empty outputs", markup=False)
 

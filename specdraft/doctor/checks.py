@@ -439,7 +439,7 @@ def _rope_references(ev: Evidence) -> list[tuple[str, dict]]:
 
 def tokenizer_matches_manifest(ev: Evidence) -> Result:
     """The serving tokenizer has the training tokenizer's vocabulary and special ids (FC-08)."""
-    from specdraft.data import tokenizer_fingerprint
+    from specdraft.data.render import tokenizer_fingerprint
 
     trained = ev.need_manifest().tokenizer
     if not trained:
@@ -454,7 +454,7 @@ def tokenizer_matches_manifest(ev: Evidence) -> Result:
 
 def chat_template_matches_manifest(ev: Evidence) -> Result:
     """Serving renders chats token for token as training did: template hash, kwargs (FC-08)."""
-    from specdraft.data import render_parity, template_hash
+    from specdraft.data.render import render_parity, template_hash
 
     trained = ev.need_manifest().chat_template
     if not trained or not trained.get("chat", True):

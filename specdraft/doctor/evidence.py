@@ -41,7 +41,7 @@ from specdraft.checkpoint import (
     state_dict_for_layout,
 )
 from specdraft.conventions import AuxReading, ConventionError, aux_layers_from_config
-from specdraft.data import DataError
+from specdraft.data.records import DataError
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
 from specdraft.export import TargetFacts

@@ -37,7 +37,7 @@ from specdraft.bench import (
     sglang_counts,
     wait_for_server,
 )
-from specdraft.data import Sample
+from specdraft.data.render import Sample
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.offline import OfflineRun, run_on
 

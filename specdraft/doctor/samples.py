@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.data import BadRecord, DataError, Sample, bad_json, read_records, render_records
+from specdraft.data.records import BadRecord, DataError, bad_json, read_records
+from specdraft.data.render import Sample, render_records
 
 MIN_TOKENS = 3  # a draft position t needs tokens t+1 and t+2
 KINDS = "a capture store directory or a JSONL of input_ids, chats or texts"
@@ -126,7 +127,7 @@ def _first_row(path: Path) -> dict[str, Any]:
 
 
 def _store_samples(path: Path, max_samples: int) -> list[Sample]:
-    from specdraft.capture import CaptureStore
+    from specdraft.capture.store import CaptureStore
 
     store = CaptureStore(path)
     out = []

@@ -46,7 +46,7 @@ from torch import nn
 
 from specdraft.checkpoint import CheckpointError, LoadedDraft, Manifest, save_draft, tensor_digest
 from specdraft.conventions import build_vocab_map
-from specdraft.data import skipped_line
+from specdraft.data.records import skipped_line
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.train.loss import TTTMetrics, TTTOutput, supervised_counts, ttt_loss, weighted_loss
 from specdraft.train.sources import Batch, OnlineSource, TargetInfo, TrainData, describe_target, open_data, same_target
@@ -622,7 +622,7 @@ def check_same_data(saved: dict[str, Any], info: TargetInfo, num_samples: int, s
     """Refuse to resume the checkpoint `source`, whose state is `saved` (`Trainer.progress_state`),
     on data of another target (`sources.same_target`), other aux layers, or other samples than
     `info`'s (`num_samples` of them): the data hash the checkpoint's manifest records
-    (`specdraft.data.data_hash`, from the store's index or the --online data as rendered) against
+    (`specdraft.data.render.data_hash`, from the store's index or the --online data as rendered) against
     `info`'s. Its weights and its place in the data order fit its own data only, and the manifest
     would record the new data as the drafter's. What a checkpoint does not record (older
     specdraft: no manifest, no data hash, no sample count) is not checked."""

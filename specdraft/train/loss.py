@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from specdraft.data import draft_loss_mask
+from specdraft.data.labels import draft_loss_mask
 from specdraft.draft import KV, DraftOutput, Eagle3Draft
 
 

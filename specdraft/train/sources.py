@@ -24,8 +24,9 @@ from typing import Any, Protocol
 
 import torch
 
-from specdraft import data as data_mod
 from specdraft.conventions import default_aux_layers
+from specdraft.data.labels import token_counts
+from specdraft.data.render import RenderInfo, Sample, data_hash, tokenizer_fingerprint
 from specdraft.train.loss import target_logits
 
 
@@ -72,7 +73,7 @@ class TrainData(Protocol):
     def batch(self, sample_ids: Sequence[int], max_length: int, device: torch.device) -> Batch: ...
 
 
-def pad_samples(samples: Sequence[data_mod.Sample], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_samples(samples: Sequence[Sample], max_length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Truncate to `max_length` and right-pad: (input_ids [B, T] long, loss_mask [B, T] bool)."""
     samples = [s.truncated(max_length) for s in samples]
     t_len = max(len(s.input_ids) for s in samples)
@@ -112,7 +113,8 @@ class OnlineSource:
     skip_bad: bool = False
 
     def __post_init__(self) -> None:
-        from specdraft.capture import DTYPES, INDEX
+        from specdraft.capture.store import INDEX
+        from specdraft.conventions import DTYPES
 
         if self.target_dtype not in DTYPES:
             raise ValueError(f"--target-dtype {self.target_dtype!r}: choose one of {', '.join(DTYPES)}")
@@ -124,17 +126,17 @@ class OnlineSource:
 class OnlineData:
     """Token sequences run through a live target at every batch (no store on disk).
 
-    target: a `specdraft.target.Target`; samples: `specdraft.data.Sample`s; aux_layers:
+    target: a `specdraft.target.Target`; samples: `specdraft.data.render.Sample`s; aux_layers:
     specdraft indices (default: `conventions.default_aux_layers(L)`). name_or_path, tokenizer
     and render_info (`data.RenderInfo`), when known, are recorded in the drafter's manifest.
     num_skipped: bad records skipped while reading the data (OnlineSource.skip_bad).
     """
 
-    def __init__(self, target: Any, samples: Sequence[data_mod.Sample],
+    def __init__(self, target: Any, samples: Sequence[Sample],
                  aux_layers: Sequence[int] | None = None, *, name_or_path: str | None = None,
-                 tokenizer: Any = None, render_info: data_mod.RenderInfo | None = None,
+                 tokenizer: Any = None, render_info: RenderInfo | None = None,
                  num_skipped: int = 0) -> None:
-        from specdraft.capture import target_meta
+        from specdraft.capture.forward import target_meta
         from specdraft.conventions import check_aux_flag
 
         self.target, self.samples, self.num_skipped = target, list(samples), num_skipped
@@ -146,9 +148,9 @@ class OnlineData:
             aux_layers=tuple(aux_layers or default_aux_layers(target.num_layers)),
             embed_weight=target.embed_tokens.weight.detach(),
             manifest_fields={"target": target_meta(target, name_or_path),
-                             "tokenizer": data_mod.tokenizer_fingerprint(tokenizer) if tokenizer else None,
+                             "tokenizer": tokenizer_fingerprint(tokenizer) if tokenizer else None,
                              "chat_template": render_info.to_dict() if render_info else None,
-                             "data_hash": data_mod.data_hash(self.samples)},
+                             "data_hash": data_hash(self.samples)},
             vocab_limit=len(tokenizer) if tokenizer else None)
 
     @classmethod
@@ -157,7 +159,8 @@ class OnlineData:
         """Load `source`'s target onto `device` in `source.target_dtype` and render its data with
         the target's tokenizer. Raises DataError naming the data file for a bad record (unless
         source.skip_bad), ValueError for a tokenizer that does not belong to the target."""
-        from specdraft.capture import load_inputs, parse_dtype
+        from specdraft.capture.stage import load_inputs
+        from specdraft.conventions import parse_dtype
 
         target, tokenizer, data = load_inputs(source.target, source.data, chat=source.chat,
                                               template_kwargs=source.template_kwargs,
@@ -170,7 +173,7 @@ class OnlineData:
         return len(self.samples)
 
     def token_counts(self) -> torch.Tensor:
-        return data_mod.token_counts(self.samples, self.target.vocab_size)
+        return token_counts(self.samples, self.target.vocab_size)
 
     def batch(self, sample_ids: Sequence[int], max_length: int, device: torch.device) -> Batch:
         ids, mask = pad_samples([self.samples[i] for i in sample_ids], max_length)
@@ -185,7 +188,7 @@ class OnlineData:
 
 
 class StoreData:
-    """An offline capture store (`specdraft.capture.CaptureStore`) as training data.
+    """An offline capture store (`specdraft.capture.store.CaptureStore`) as training data.
 
     Target logits are recomputed per batch as lm_head(final_norm(last_hidden)) with the store's
     `target_head.safetensors`. The target's full config (heads, intermediate size, rms_norm_eps,
@@ -196,7 +199,7 @@ class StoreData:
     """
 
     def __init__(self, path: str | Path, target_config: Any = None) -> None:
-        from specdraft.capture import CaptureStore
+        from specdraft.capture.store import CaptureStore
 
         self.store = CaptureStore(path)
         meta = self.store.meta
@@ -219,7 +222,7 @@ class StoreData:
 
     def token_counts(self) -> torch.Tensor:
         """Loss-masked target-token counts [V] over the whole store; reads only input_ids and
-        loss_mask of each shard (capture.py's layout), never the hidden states."""
+        loss_mask of each shard (capture.store's layout), never the hidden states."""
         from safetensors import safe_open
 
         counts = torch.zeros(self.store.meta["target"]["vocab_size"], dtype=torch.long)

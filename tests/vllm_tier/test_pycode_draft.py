@@ -32,7 +32,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdraft.data import Sample
+from specdraft.data.render import Sample
 from specdraft.doctor.evidence import DoctorInputs, Evidence
 from specdraft.doctor.offline import run_on
 from specdraft.doctor.run import Report, run_doctor

@@ -26,7 +26,7 @@ import torch
 
 from specdraft.checkpoint import save_draft
 from specdraft.conventions import aux_layers_from_config, build_vocab_map
-from specdraft.data import Sample
+from specdraft.data.render import Sample
 from specdraft.doctor.evidence import DoctorInputs, Evidence
 from specdraft.doctor.offline import run_on
 from specdraft.draft import DraftConfig, Eagle3Draft

@@ -1,0 +1,10 @@
+"""Capture: run the target over a dataset and keep what training needs, a sharded safetensors store.
+
+- `store`: the store's layout on disk, its settings (`StoreSettings`), sizes, and reading a
+  finished store (`CaptureStore`); `CaptureError`.
+- `forward`: running the target: the sample -> shard plan, length batches, one shard's tensors,
+  the target's head and identity.
+- `write`: writing a store and resuming an interrupted one (`write_store`).
+- `stage`: the whole `specdraft capture` stage: load target, tokenizer and data (`load_inputs`),
+  then `write_store` (`capture_dataset`).
+"""

@@ -1,0 +1,110 @@
+"""The `specdraft capture` stage: load the target, its tokenizer and the data, then write the store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdraft.capture.store import StoreSettings
+from specdraft.capture.write import CaptureResult, check_store_dir, write_store
+from specdraft.conventions import parse_dtype
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """Inputs of `specdraft capture`.
+
+    target: transformers model directory (its tokenizer too unless `tokenizer` is given).
+    data: JSONL / save_to_disk dir / text file (see specdraft.data.records). aux_layers: specdraft indices
+    (None = conventions.default_aux_layers). dtype: storage dtype name. target_dtype: compute
+    dtype of the target. chat=False renders plain text (base models). template_kwargs go to
+    apply_chat_template (e.g. {"enable_thinking": False}).
+    """
+
+    target: str
+    data: str
+    out_dir: str
+    aux_layers: tuple[int, ...] | None = None
+    dtype: str = "bfloat16"
+    target_dtype: str = "float32"
+    max_length: int = 2048
+    shard_tokens: int = 65536
+    batch_tokens: int = 16384
+    chat: bool = True
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    skip_bad: bool = False
+    tokenizer: str | None = None
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        parse_dtype(self.dtype)
+        parse_dtype(self.target_dtype)
+
+
+def load_inputs(target: str | Path, data: str | Path, *, tokenizer: str | None = None,
+                chat: bool = True, template_kwargs: dict[str, Any] | None = None,
+                skip_bad: bool = False, target_dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu"):
+    """The target, its tokenizer and `data` rendered with it: what capture and online training read.
+
+    target: transformers model directory (its tokenizer too unless `tokenizer` is given); data,
+    chat, template_kwargs, skip_bad: as `specdraft.data.render.load_dataset`.
+    Returns (Target, tokenizer, SampleSet). Raises DataError (bad data, naming the file) and
+    ValueError (a tokenizer longer than the target's vocabulary: it belongs to another model).
+    """
+    from transformers import AutoTokenizer
+
+    from specdraft.data.render import load_dataset
+    from specdraft.target import load_target
+
+    model = load_target(target, dtype=target_dtype, device=device)
+    tok = AutoTokenizer.from_pretrained(tokenizer or target)
+    if len(tok) > model.vocab_size:
+        raise ValueError(f"tokenizer has {len(tok)} tokens but the target's vocabulary is "
+                         f"{model.vocab_size}: pass the target's own tokenizer (--tokenizer)")
+    samples = load_dataset(data, tok, chat=chat, template_kwargs=template_kwargs, skip_bad=skip_bad)
+    return model, tok, samples
+
+
+def check_aux_arg(aux_layers, target: str | Path) -> None:
+    """Refuse --aux-layers that the drafter trained on them could not be exported or served with
+    (`conventions.check_aux_layers`: 3 layers, strictly increasing, within 0..L), reading L from
+    the target's config so that nothing is loaded or written first. Raises ValueError."""
+    from transformers import AutoConfig
+
+    from specdraft.conventions import check_aux_flag
+
+    config = AutoConfig.from_pretrained(target, local_files_only=True)
+    check_aux_flag(aux_layers, config.get_text_config().num_hidden_layers)
+
+
+def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
+    """Load the target, its tokenizer and the data; render; `write_store` into cfg.out_dir.
+
+    Raises DataError (bad data), CaptureError (store of other settings), ValueError (a token id
+    outside the target's vocabulary: the tokenizer belongs to another model)."""
+    from specdraft.conventions import default_aux_layers
+    from specdraft.data.records import skipped_line
+    from specdraft.data.render import tokenizer_fingerprint
+
+    check_store_dir(cfg.out_dir)
+    if cfg.aux_layers is not None:
+        check_aux_arg(cfg.aux_layers, cfg.target)
+    target, tokenizer, data = load_inputs(
+        cfg.target, cfg.data, tokenizer=cfg.tokenizer, chat=cfg.chat,
+        template_kwargs=cfg.template_kwargs, skip_bad=cfg.skip_bad,
+        target_dtype=parse_dtype(cfg.target_dtype), device=cfg.device)
+    aux = tuple(cfg.aux_layers or default_aux_layers(target.num_layers))
+    settings = StoreSettings(aux, parse_dtype(cfg.dtype), cfg.max_length, cfg.shard_tokens,
+                             cfg.batch_tokens)
+    extra = {"tokenizer": tokenizer_fingerprint(tokenizer),
+             "chat_template": data.render_info.to_dict(),
+             "target_path": str(Path(cfg.target).resolve()),
+             "data": {"path": str(cfg.data), "num_skipped": data.num_skipped}}
+    if console is not None and data.num_skipped:
+        console.print(skipped_line(data.num_skipped, cfg.data), style="yellow", markup=False)
+    return write_store(target, data.samples, cfg.out_dir, settings, extra=extra,
+                       device=cfg.device, console=console)

@@ -1,0 +1,243 @@
+"""Writing a capture store (`write_store`), resumable.
+
+Resume: the sample -> shard assignment is fixed by the data (`shard_plan`: consecutive samples
+until a shard would pass `shard_tokens` tokens, which bounds memory and file size), every
+file is written to a temp name and renamed (`specdraft.files`), and index.json lists a shard
+only once its file is in place with its checksum. Re-running keeps every listed shard whose checksum matches and redoes
+the rest; a store captured with other settings (data, target, layers, dtype, lengths) is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save
+
+from specdraft.capture.forward import capture_shard, plan_samples, target_head_tensors, target_meta
+from specdraft.capture.store import (
+    FORMAT,
+    FORMAT_VERSION,
+    HEAD,
+    INDEX,
+    CaptureError,
+    StoreSettings,
+    bytes_per_token,
+    dtype_name,
+    estimate_disk,
+    read_index,
+)
+from specdraft.checkpoint import file_sha256, write_safetensors
+from specdraft.data.render import Sample, data_hash
+from specdraft.files import atomic_write, atomic_write_bytes, atomic_write_json, differing_fields, is_temp_path
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """What `write_store` did: counts, shards reused from an earlier run, estimated bytes."""
+
+    path: Path
+    num_samples: int
+    num_tokens: int
+    num_shards: int
+    num_reused: int
+    estimated_bytes: int
+
+
+def _human(num_bytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if num_bytes < 1024 or unit == "TiB":
+            return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{int(num_bytes)} B"
+        num_bytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> str:
+    """Write one shard's tensors to `path` (atomically); its sha256."""
+    atomic_write(path, lambda tmp: write_safetensors({k: v.contiguous() for k, v in tensors.items()}, tmp))
+    return file_sha256(path)
+
+
+def _new_index(target, samples: list[Sample], settings: StoreSettings, extra: dict) -> dict:
+    n_aux = len(settings.aux_layers)
+    H = target.hidden_size
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION, **settings.identity(),
+        "target": target_meta(target, extra.get("target_path")),
+        "tokenizer": extra.get("tokenizer"), "chat_template": extra.get("chat_template"),
+        "data": extra.get("data"), "data_hash": data_hash(samples),
+        "num_samples": len(samples), "num_tokens": sum(len(s.input_ids) for s in samples),
+        "num_shards": len(plan_samples(samples, settings)),
+        "tensors": {"input_ids": ["int32", ["N"]], "loss_mask": ["uint8", ["N"]],
+                    "offsets": ["int64", ["S+1"]],
+                    "aux_hidden": [dtype_name(settings.dtype), ["N", n_aux * H]],
+                    "last_hidden": [dtype_name(settings.dtype), ["N", H]]},
+        "target_head": None, "shards": [], "complete": False,
+    }
+
+
+_IDENTITY_KEYS = ("format_version", "aux_layers", "dtype", "max_length", "shard_tokens",
+                  "shard_samples", "data_hash", "num_samples", "num_tokens")
+_TARGET_KEY = "target config_hash"
+
+
+def _identity(index: dict) -> dict[str, Any]:
+    """What a resumed store must match: `_IDENTITY_KEYS` and the target's config hash."""
+    return {**{k: index.get(k) for k in _IDENTITY_KEYS},
+            _TARGET_KEY: (index.get("target") or {}).get("config_hash")}
+
+
+def _resume_index(out_dir: Path, fresh: dict) -> dict:
+    """The existing index when its identity matches `fresh` (else CaptureError); else fresh."""
+    path = out_dir / INDEX
+    if not path.exists():
+        return fresh
+    old = read_index(path)
+    if not old.get("shards"):
+        return fresh  # no shard captured yet: nothing to keep, whatever the settings were
+    was, now = _identity(old), _identity(fresh)
+    diffs = [f"{k} differs" if k == _TARGET_KEY else f"{k}: {was[k]!r} vs now {now[k]!r}"
+             for k in differing_fields(was, now, (*_IDENTITY_KEYS, _TARGET_KEY))]
+    if diffs:
+        raise CaptureError(f"{path}: this store was captured with other settings ("
+                           f"{'; '.join(diffs)}); use a new output directory or delete {out_dir}")
+    return old
+
+
+def _save_head(out_dir: Path, head: dict[str, torch.Tensor], index: dict) -> None:
+    """Write target_head.safetensors; its sha256 identifies the target's weights, so a resume
+    with other weights under the same config is refused (its shards would be stale)."""
+    data = save({k: v.contiguous() for k, v in head.items()})
+    digest = hashlib.sha256(data).hexdigest()
+    old = index["target_head"]
+    if old and old["sha256"] != digest:
+        raise CaptureError(f"{out_dir / HEAD}: the target's head/embedding weights differ from "
+                           f"the ones this store was captured with; use a new output directory "
+                           f"or delete {out_dir}")
+    if not _valid(out_dir, old):
+        atomic_write_bytes(out_dir / HEAD, data)
+    index["target_head"] = {"file": HEAD, "sha256": digest}
+
+
+def _valid(out_dir: Path, entry: dict | None) -> bool:
+    if not entry:
+        return False
+    path = out_dir / entry["file"]
+    return path.is_file() and file_sha256(path) == entry["sha256"]
+
+
+def check_store_dir(out_dir: str | Path) -> Path:
+    """`out_dir` as a Path after refusing what capturing there would mix files into: a file, or a
+    directory holding anything but a capture store (new, empty, or a store to resume are fine).
+    Raises CaptureError."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CaptureError(f"{out_dir} is a file; pass a directory: a new or empty one, or a capture "
+                           f"store to resume")
+    if out.is_dir() and not (out / INDEX).exists():
+        # a run stopped before its index leaves at most the target head and temp files
+        others = [p.name for p in out.iterdir() if p.name != HEAD and not _is_partial(p)]
+        if others:
+            raise CaptureError(f"{out_dir}: holds files that are not a capture store ({', '.join(sorted(others)[:3])}"
+                               f"{', ...' if len(others) > 3 else ''}); give a new or empty directory")
+    return out
+
+
+def _is_partial(path: Path) -> bool:
+    """A file an interrupted write left: a `files.temp_path`, or `*.tmp` (older specdraft)."""
+    return is_temp_path(path) or path.name.endswith(".tmp")
+
+
+def _print_estimate(console, index: dict, settings: StoreSettings, H: int, head_bytes: int,
+                    out_dir: Path) -> int:
+    n_aux = len(settings.aux_layers)
+    total = estimate_disk(index["num_tokens"], H, n_aux, settings.dtype, head_bytes)
+    if console is not None:
+        console.print(
+            f"capture: {index['num_samples']} samples, {index['num_tokens']} tokens, "
+            f"{index['num_shards']} shards; estimated disk {_human(total)} "
+            f"({bytes_per_token(H, n_aux, settings.dtype)} B/token = ids 4 + mask 1 + "
+            f"{n_aux + 1}·{H}·{settings.dtype.itemsize}, target head {_human(head_bytes)})")
+        free = shutil.disk_usage(out_dir).free
+        if free < total:
+            console.print(f"warning: only {_human(free)} free under {out_dir}", style="yellow",
+                          markup=False)
+    return total
+
+
+def write_store(target, samples: list[Sample], out_dir: str | Path, settings: StoreSettings, *,
+                extra: dict | None = None, device="cpu", console=None) -> CaptureResult:
+    """Capture `samples` (truncated to settings.max_length) through `target` into `out_dir`.
+
+    target: a `specdraft.target.Target`. extra: identity recorded in index.json: "tokenizer"
+    (`tokenizer_fingerprint`), "chat_template" (`RenderInfo.to_dict()`), "data" (source and
+    skipped count), "target_path". console: a rich Console for the disk estimate and the
+    progress bar (None = silent). Resumes an earlier run in the same directory (see module doc).
+    Raises CaptureError when `out_dir` holds a store captured with other settings.
+    """
+    out_dir = check_store_dir(out_dir)
+    samples = [s.truncated(settings.max_length) for s in samples]
+    fresh = _new_index(target, samples, settings, extra or {})
+    index = _resume_index(out_dir, fresh) if out_dir.is_dir() else fresh
+    head = target_head_tensors(target)
+    head_bytes = sum(t.numel() * t.element_size() for t in head.values())
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    total = _print_estimate(console, index, settings, target.hidden_size, head_bytes, out_dir)
+    done: dict[int, dict] = {}
+    try:
+        for tmp in [p for p in out_dir.iterdir() if _is_partial(p)]:
+            tmp.unlink()  # partial files of an interrupted run
+        _save_head(out_dir, head, index)
+        done.update({e["shard"]: e for e in index["shards"] if _valid(out_dir, e)})
+        index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
+        atomic_write_json(out_dir / INDEX, index)
+        num_reused = len(done)
+        _capture_missing(target, samples, settings, out_dir, index, done, device, console)
+    except Exception:
+        if created and not done:  # nothing captured: leave no store that a corrected re-run would meet
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    index["complete"] = True
+    atomic_write_json(out_dir / INDEX, index)
+    return CaptureResult(out_dir, len(samples), index["num_tokens"], index["num_shards"],
+                         num_reused, total)
+
+
+def _capture_missing(target, samples, settings, out_dir, index, done, device, console) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    plan = plan_samples(samples, settings)
+    todo = [s for s in range(len(plan)) if s not in done]
+    num_tokens = sum(len(x.input_ids) for s in todo for x in samples[plan[s][0]:plan[s][1]])
+    columns = (TextColumn("capture"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+               TimeRemainingColumn(elapsed_when_finished=True))  # time left while running, time taken once done
+    with Progress(*columns, console=console, disable=console is None) as progress:
+        task = progress.add_task("capture", total=num_tokens)
+        for s in todo:
+            first, end = plan[s]
+            part = samples[first:end]
+            tensors = capture_shard(target, part, settings, device,
+                                    on_batch=lambda n: progress.advance(task, n))
+            name = f"shard-{s:05d}.safetensors"
+            digest = _save_shard(tensors, out_dir / name)
+            done[s] = {"shard": s, "file": name, "sha256": digest, "first_sample": first,
+                       "num_samples": len(part), "num_tokens": int(tensors["offsets"][-1])}
+            index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
+            atomic_write_json(out_dir / INDEX, index)
+
+
+def interrupted_capture(out_dir: str | Path) -> str:
+    """What an interrupted capture into `out_dir` kept, for the line the CLI prints."""
+    path = Path(out_dir) / INDEX
+    try:
+        index = json.loads(path.read_text())
+        kept, total = len(index["shards"]), index["num_shards"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no shard captured yet: re-run the same command to start"
+    return f"{kept} of {total} shards kept in {out_dir}: re-run the same command to continue"

@@ -1,0 +1,9 @@
+"""Training data, from input files to the tokens the drafter learns.
+
+- `records`: read chats or texts (JSONL, `save_to_disk` directories, plain text) into `Records`;
+  `DataError` / `BadRecord` for bad input.
+- `render`: render records with the target's tokenizer into `Sample`s with loss masks; the
+  template and tokenizer fingerprints and the data hash that manifests and stores record.
+- `labels`: which token is the label of which draft position (FC-07), label counts for the
+  draft vocabulary.
+"""

@@ -1,0 +1,256 @@
+"""Rendering: records to tokenized `Sample`s with assistant loss masks, and the fingerprints of
+how they were rendered.
+
+`render_chat` uses the tokenizer's own chat template, so no template is written here.
+The assistant loss mask comes from character spans: for assistant message i, the chat rendered up
+to message i with the generation prompt must be a prefix of the full rendering, and so must the
+chat rendered through message i; the characters between those two prefixes are the assistant
+turn (its content and the template's end-of-turn marker). Tokens of the full rendering whose
+character span overlaps an assistant span get loss_mask = 1. Templates that rewrite earlier turns
+once later turns exist (not prefix-stable) are refused for that chat, never approximated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdraft.data.records import BadRecord, DataError, Records, read_records
+
+NO_TEMPLATE = "the tokenizer has no chat template: for a base model pass --no-chat (capture, regenerate, " \
+              "train --online), or give a tokenizer with a chat template"
+SLOW_TOKENIZER = ("a fast (Rust) tokenizer is needed for character offsets; load the target's "
+                  "tokenizer with use_fast=True")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One tokenized training sequence.
+
+    input_ids: token ids (length T). loss_mask: T ints in {0, 1}; 1 = the token belongs to an
+    assistant turn (chat) or to the continuation (no-chat), i.e. it is a label to predict.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.input_ids) != len(self.loss_mask):
+            raise ValueError(f"Sample: {len(self.input_ids)} input_ids but "
+                             f"{len(self.loss_mask)} loss_mask entries")
+
+    def truncated(self, max_length: int) -> Sample:
+        """The first `max_length` tokens (self when already short enough)."""
+        if len(self.input_ids) <= max_length:
+            return self
+        return Sample(self.input_ids[:max_length], self.loss_mask[:max_length])
+
+
+@dataclass(frozen=True)
+class RenderInfo:
+    """How samples were rendered: stored in the manifest and the capture index (FC-08).
+
+    template_hash: `template_hash(tokenizer)` (None in no-chat mode). kwargs: the extra
+    `apply_chat_template` keyword arguments (e.g. {"enable_thinking": False}). chat: False
+    for the plain-text mode.
+    """
+
+    template_hash: str | None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    chat: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hash": self.template_hash, "kwargs": dict(self.kwargs), "chat": self.chat}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RenderInfo:
+        return cls(d.get("hash"), dict(d.get("kwargs") or {}), bool(d.get("chat", True)))
+
+
+@dataclass(frozen=True)
+class SampleSet:
+    """Rendered samples, how they were rendered, and how many inputs were skipped."""
+
+    samples: list[Sample]
+    render_info: RenderInfo
+    num_skipped: int = 0
+
+
+def template_hash(tokenizer) -> str | None:
+    """sha256 (hex) of the tokenizer's chat template text (a dict of named templates is hashed
+    as sorted JSON); None when the tokenizer has no chat template."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return None
+    if not isinstance(template, str):
+        template = json.dumps(template, sort_keys=True)
+    return hashlib.sha256(template.encode("utf-8")).hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> dict[str, Any]:
+    """What must match between training and serving tokenizers: dict(vocab_hash (sha256 of the
+    sorted token -> id map, added tokens included), bos_id, eos_ids (list), pad_id, length)."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    vocab_hash = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode("utf-8")).hexdigest()
+    eos = tokenizer.eos_token_id
+    eos_ids = sorted(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
+    return {"vocab_hash": vocab_hash, "bos_id": tokenizer.bos_token_id, "eos_ids": eos_ids,
+            "pad_id": tokenizer.pad_token_id, "length": len(tokenizer)}
+
+
+def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict) -> str:
+    return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                         add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+def assistant_char_spans(tokenizer, messages: Sequence[dict[str, str]],
+                         template_kwargs: dict | None = None) -> tuple[str, list[tuple[int, int]]]:
+    """Render `messages` with the chat template; return (text, [(start, end) char spans of each
+    assistant turn]). Raises DataError when the template is not prefix-stable for this chat."""
+    kwargs = dict(template_kwargs or {})
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(NO_TEMPLATE)
+    full = _render(tokenizer, messages, False, kwargs)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], True, kwargs)
+        through = _render(tokenizer, messages[: i + 1], False, kwargs)
+        if not (full.startswith(before) and full.startswith(through) and len(before) <= len(through)):
+            raise DataError(f"the chat template renders message {i} differently once later turns "
+                            f"exist (not prefix-stable), so the assistant span cannot be located "
+                            f"exactly; split the chat into one record per assistant turn")
+        spans.append((len(before), len(through)))
+    return full, spans
+
+
+def _mask_from_spans(tokenizer, text: str, spans: list[tuple[int, int]], add_special: bool,
+                     first_supervised: int = 0) -> Sample:
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(SLOW_TOKENIZER)
+    enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+    mask = []
+    for t, (s, e) in enumerate(offsets):
+        # Overlap, not containment: a token merging template text with the turn's first
+        # character is a label of the turn. A zero-width token (BOS/EOS added by the tokenizer)
+        # takes the previous token's mask: a leading BOS is context, an appended EOS a label.
+        if s == e:
+            inside = bool(mask) and mask[-1] == 1
+        else:
+            inside = any(s < b and e > a for a, b in spans)
+        mask.append(int(inside and t >= first_supervised))
+    return Sample(ids, mask)
+
+
+def render_chat(tokenizer, messages: Sequence[dict[str, str]],
+                template_kwargs: dict | None = None) -> Sample:
+    """Tokenize a chat with the tokenizer's chat template (no extra special tokens, as
+    `apply_chat_template(tokenize=True)` does); loss_mask = 1 on assistant-turn tokens.
+
+    Raises DataError (no chat template, slow tokenizer, template not prefix-stable)."""
+    text, spans = assistant_char_spans(tokenizer, messages, template_kwargs)
+    return _mask_from_spans(tokenizer, text, spans, add_special=False)
+
+
+def render_text(tokenizer, text: str, prompt: str = "") -> Sample:
+    """Tokenize prompt + text as one document with the tokenizer's special tokens (e.g. BOS);
+    loss_mask = 1 on the tokens of `text` (the continuation), never on the first token (it has
+    no context). With prompt="" that is every token after the first."""
+    full = prompt + text
+    return _mask_from_spans(tokenizer, full, [(len(prompt), len(full))], add_special=True,
+                            first_supervised=1)
+
+
+def check_chat_template(tokenizer, records: Records) -> None:
+    """Raise DataError (NO_TEMPLATE, naming the file) when `records` hold chats and `tokenizer`
+    has no chat template to render them."""
+    has_chats = any(r.messages is not None for r in records.records)
+    if has_chats and not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{records.path}: {NO_TEMPLATE}")
+
+
+def render_records(tokenizer, records: Records, *, template_kwargs: dict | None = None,
+                   skip_bad: bool = False) -> SampleSet:
+    """Render every record (chat records with the template, text records as documents).
+
+    Raises DataError for a tokenizer that renders no record (no chat template for chats, a slow
+    tokenizer), and BadRecord naming the record's file and line when one cannot be rendered,
+    unless skip_bad=True (then it is counted in `num_skipped`, with the records skipped on
+    reading)."""
+    kwargs = dict(template_kwargs or {})
+    samples, num_skipped = [], records.num_skipped
+    chat = records.chat
+    check_chat_template(tokenizer, records)
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(f"{records.path}: {SLOW_TOKENIZER}")
+    for r in records.records:
+        try:
+            if r.messages is not None:
+                samples.append(render_chat(tokenizer, r.messages, kwargs))
+            else:
+                samples.append(render_text(tokenizer, r.text, r.prompt))
+        except DataError as e:
+            if not skip_bad:
+                raise BadRecord(f"{r.source}: {e}") from e
+            num_skipped += 1
+    if not samples:
+        raise DataError(f"{records.path}: no record could be rendered; the dataset is empty")
+    info = RenderInfo(template_hash(tokenizer) if chat else None, kwargs if chat else {}, chat)
+    return SampleSet(samples, info, num_skipped)
+
+
+def load_dataset(path: str | Path, tokenizer, *, chat: bool = True,
+                 template_kwargs: dict | None = None, skip_bad: bool = False) -> SampleSet:
+    """`read_records` then `render_records`: the samples of one file or directory."""
+    records = read_records(path, chat=chat, skip_bad=skip_bad)
+    return render_records(tokenizer, records, template_kwargs=template_kwargs, skip_bad=skip_bad)
+
+
+def render_parity(tokenizer, chats: Iterable[Sequence[dict[str, str]]], kwargs_a: dict,
+                  kwargs_b: dict) -> list[str]:
+    """Render each chat with template kwargs `kwargs_a` (e.g. the manifest's) and `kwargs_b`
+    (e.g. the server's) and list every difference in token ids (FC-08); [] means parity.
+
+    Both the full chat and the serving prompt (messages before the last assistant turn, with the
+    generation prompt) are compared; each difference names the chat, the part and the first
+    differing token."""
+    diffs = []
+    for n, messages in enumerate(chats):
+        messages = list(messages)
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"),
+                    default=len(messages))
+        parts = {"full chat": (messages, False), "prompt": (messages[:last], True)}
+        for part, (msgs, gen) in parts.items():
+            a = tokenizer(_render(tokenizer, msgs, gen, kwargs_a), add_special_tokens=False)
+            b = tokenizer(_render(tokenizer, msgs, gen, kwargs_b), add_special_tokens=False)
+            diff = _first_difference(tokenizer, a["input_ids"], b["input_ids"])
+            if diff:
+                diffs.append(f"chat {n} ({part}): {diff}")
+    return diffs
+
+
+def _first_difference(tokenizer, a: list[int], b: list[int]) -> str | None:
+    if a == b:
+        return None
+    t = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    show = lambda ids: repr(tokenizer.decode(ids[t:t + 3])) if t < len(ids) else "end"  # noqa: E731
+    return f"{len(a)} vs {len(b)} tokens, first difference at token {t}: {show(a)} vs {show(b)}"
+
+
+def data_hash(samples: Iterable[Sample]) -> str:
+    """sha256 (hex) over every sample's input_ids (int64) and loss_mask (uint8), lengths included,
+    in order: keys a vocab map or capture store to exactly this data."""
+    h = hashlib.sha256()
+    for s in samples:
+        h.update(len(s.input_ids).to_bytes(8, "little"))
+        h.update(torch.tensor(s.input_ids, dtype=torch.int64).numpy().tobytes())
+        h.update(bytes(bytearray(s.loss_mask)))
+    return h.hexdigest()

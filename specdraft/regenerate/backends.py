@@ -1,0 +1,233 @@
+"""Regeneration backends: what writes the target's answers.
+
+Backends: `LocalBackend` (transformers `generate`, batched with left padding) and
+`EndpointBackend` (any OpenAI-compatible server: `/v1/chat/completions` or `/v1/completions`,
+bounded concurrency, retries with exponential backoff on 5xx / 429 / timeouts / connection errors).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from specdraft.errors import SpecdraftError
+
+
+class RegenerationError(SpecdraftError, RuntimeError):
+    """A request that failed for good, or an output file that cannot be resumed."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings, recorded in the sidecar. temperature 0 = greedy (top_p ignored).
+    seed: request i uses seed + i (endpoint); a local batch starting at i is seeded seed + i."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"Sampling.temperature = {self.temperature}: must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"Sampling.top_p = {self.top_p}: must be in (0, 1]")
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"Sampling.max_new_tokens = {self.max_new_tokens}: must be positive")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One generation request: `messages` (chat, with the chat-template kwargs) and/or rendered
+    `text`, and token `ids` when a tokenizer is at hand (exactly the tokens to continue).
+    `index` (the record's) seeds the request."""
+
+    index: int
+    messages: list[dict[str, str]] | None = None
+    text: str | None = None
+    ids: list[int] | None = None
+    template_kwargs: dict[str, Any] | None = None
+
+
+class Backend(Protocol):
+    """What `regenerate` needs from a backend: `complete` returns one text per prompt, in order."""
+
+    batch_size: int  # prompts handed to one `complete` call
+
+    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[str]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class LocalBackend:
+    """The target itself through transformers `generate` (greedy or sampled), left-padded batches.
+
+    model_dir: transformers model directory (and tokenizer unless `tokenizer_dir` is given).
+    Stops at the generation config's EOS ids (plus the tokenizer's EOS)."""
+
+    def __init__(self, model_dir: str | Path, *, tokenizer_dir: str | Path | None = None,
+                 batch_size: int = 8, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_dir = str(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or model_dir))
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(device)
+        self.model.eval()
+        self.batch_size, self.device = batch_size, device
+        eos = self.model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.eos_ids = sorted({*eos, *([self.tokenizer.eos_token_id] if
+                                       self.tokenizer.eos_token_id is not None else [])})
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.eos_ids[0]
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "local", "model": self.model_dir, "dtype": str(self.model.dtype)}
+
+    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[str]:
+        """Batched generation; each prompt needs `ids`. Returns the decoded continuations."""
+        longest = max(len(p.ids) for p in prompts)
+        ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, p in enumerate(prompts):  # left padding: every prompt ends at the same column
+            ids[b, longest - len(p.ids):] = torch.tensor(p.ids)
+            mask[b, longest - len(p.ids):] = 1
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(sampling.seed + prompts[0].index)
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                generation_config=self._generation_config(sampling))
+        return [self._decode(p, row[longest:].tolist()) for p, row in zip(prompts, out.cpu())]
+
+    def _generation_config(self, sampling: Sampling):
+        from transformers import GenerationConfig
+
+        greedy = sampling.temperature == 0
+        return GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p, top_k=None,
+            eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
+
+    def _decode(self, prompt: Prompt, new_ids: list[int]) -> str:
+        stop = next((i for i, t in enumerate(new_ids) if t in self.eos_ids), len(new_ids))
+        new_ids = new_ids[:stop]
+        if prompt.messages is not None:
+            return self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        # Text continuation: decode with the prompt so word boundaries (leading spaces) survive.
+        head = self.tokenizer.decode(prompt.ids, skip_special_tokens=True)
+        full = self.tokenizer.decode(prompt.ids + new_ids, skip_special_tokens=True)
+        if full.startswith(head):
+            return full[len(head):]
+        return self.tokenizer.decode(new_ids, skip_special_tokens=True)
+
+
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class EndpointBackend:
+    """Any OpenAI-compatible server (vLLM, SGLang, specdraft serve).
+
+    api="chat": POST {base_url}/v1/chat/completions with the messages (template kwargs sent as
+    `chat_template_kwargs`); api="completions": POST /v1/completions with the prompt token ids
+    when known (exact tokens), else the text. At most `concurrency` requests in flight; a request
+    is retried up to `max_retries` times (backoff_s · 2^attempt) on 408/429/5xx, timeouts and
+    connection errors; other statuses fail at once. Raises RegenerationError naming the URL.
+    batch_size: prompts per `complete` call (default 4 · concurrency); a failed call loses them."""
+
+    def __init__(self, base_url: str, model: str, *, api: str = "chat", concurrency: int = 8,
+                 timeout_s: float = 120.0, max_retries: int = 5, backoff_s: float = 1.0,
+                 api_key: str | None = None, batch_size: int | None = None):
+        import httpx
+
+        from specdraft.client import base_url as api_root
+
+        if api not in ("chat", "completions"):
+            raise ValueError(f"api {api!r}: use 'chat' or 'completions'")
+        root = api_root(base_url)
+        self.url = f"{root}/v1/chat/completions" if api == "chat" else f"{root}/v1/completions"
+        self.model, self.api, self.concurrency = model, api, concurrency
+        self.batch_size = batch_size or 4 * concurrency
+        self.max_retries, self.backoff_s = max_retries, backoff_s
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(timeout=timeout_s, headers=headers)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "endpoint", "url": self.url, "model": self.model, "api": self.api}
+
+    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[str]:
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(lambda p: self._complete_one(p, sampling), prompts))
+
+    def _body(self, prompt: Prompt, sampling: Sampling) -> dict[str, Any]:
+        body = {"model": self.model, "max_tokens": sampling.max_new_tokens,
+                "temperature": sampling.temperature, "top_p": sampling.top_p,
+                "seed": sampling.seed + prompt.index}
+        if self.api == "chat":
+            if prompt.messages is None:
+                raise RegenerationError("the no-chat mode needs api='completions' (--api "
+                                        "completions)")
+            body["messages"] = prompt.messages
+            if prompt.template_kwargs:
+                body["chat_template_kwargs"] = prompt.template_kwargs
+        else:
+            body["prompt"] = prompt.ids if prompt.ids is not None else prompt.text
+        return body
+
+    def _complete_one(self, prompt: Prompt, sampling: Sampling) -> str:
+        import httpx
+
+        body = self._body(prompt, sampling)
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                response = self.client.post(self.url, json=body)
+            except (httpx.TimeoutException, httpx.TransportError) as e:
+                if last:
+                    raise RegenerationError(f"{self.url}: {type(e).__name__} after "
+                                            f"{attempt + 1} attempts (record {prompt.index})") from e
+            else:
+                if response.status_code == 200:
+                    return self._parse(response, prompt)
+                if last or response.status_code not in RETRY_STATUS:
+                    raise RegenerationError(
+                        f"{self.url}: HTTP {response.status_code} after {attempt + 1} attempts "
+                        f"(record {prompt.index}): {response.text[:200]}")
+            time.sleep(self.backoff_s * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _parse(self, response, prompt: Prompt) -> str:
+        try:
+            choice = response.json()["choices"][0]
+            text = choice["message"]["content"] if self.api == "chat" else choice["text"]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise RegenerationError(f"{self.url}: unexpected response for record {prompt.index}: "
+                                    f"{response.text[:200]}") from e
+        return text or ""
+
+
+def served_model(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:
+    """The one model an OpenAI-compatible server at `base_url` serves (GET /v1/models). Raises
+    ValueError naming --model when the server lists none or several, or cannot be asked."""
+    import httpx
+
+    from specdraft.client import base_url as api_root
+
+    url = f"{api_root(base_url)}/v1/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(url, headers=headers, timeout=timeout_s)
+        response.raise_for_status()
+        ids = [m["id"] for m in response.json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--endpoint needs --model, the served model's name (asking {url} for it "
+                         f"failed: {type(e).__name__})") from None
+    if len(ids) != 1:
+        listed = f"it serves {', '.join(map(str, ids))}" if ids else "it lists none"
+        raise ValueError(f"--endpoint needs --model, the served model's name ({url}: {listed})")
+    return str(ids[0])
