@@ -34,7 +34,7 @@ Layout = Literal["sglang", "speculators", "specdraft"]  # checkpoint.LAYOUTS
 ExportEngine = Literal["sglang", "vllm", "speculators"]  # export.EXPORT_ENGINES
 
 
-DoctorEngine = Literal["sglang", "vllm"]  # doctor.evidence.DOCTOR_ENGINES
+DoctorEngine = Literal["sglang", "vllm"]  # doctor.inputs.DOCTOR_ENGINES
 
 
 EndpointApi = Literal["chat", "completions"]  # regenerate.EndpointBackend
@@ -271,13 +271,13 @@ def json_kwargs(text: str, option: str) -> dict:
 
 def refuse_bad_configs(draft: str, target: str, target_keys: tuple[str, ...] | None = None) -> None:
     """ValueError naming the file, what is wrong and the fix when the drafter's or the target's
-    config.json is unreadable, not JSON or no object (`doctor.evidence.given_config`, doctor's
+    config.json is unreadable, not JSON or no object (`doctor.inputs.given_config`, doctor's
     words), or the target's lacks one of `target_keys` (default: all `target.TARGET_REQUIRED_KEYS`).
     Either path may be empty (not given) or lack config.json (left to the loaders)."""
     from pathlib import Path
 
     from specdraft.checkpoint import DRAFTER_CONFIG_FIX
-    from specdraft.doctor.evidence import given_config
+    from specdraft.doctor.inputs import given_config
     from specdraft.target import (
         TARGET_CONFIG_FIX,
         TARGET_REQUIRED_KEYS,
