@@ -291,17 +291,6 @@ def refuse_bad_configs(draft: str, target: str, target_keys: tuple[str, ...] | N
         check_target_config(target, config, target_keys or TARGET_REQUIRED_KEYS)
 
 
-def num_layers_of_target(target: str | None) -> int | None:
-    """Decoder-layer count of a local transformers target directory (None without one); a corrupt
-    config.json or one without model_type / num_hidden_layers is a ValueError (`refuse_bad_configs`)."""
-    if not target:
-        return None
-    from transformers import AutoConfig
-
-    refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
-    return AutoConfig.from_pretrained(target, local_files_only=True).get_text_config().num_hidden_layers
-
-
 def check_drafter(value: str, param: typer.CallbackParam = None) -> str:
     """--draft of generate / serve / tune: a drafter directory (`check_checkpoint_dir`) or a
     training checkpoint (RUN/checkpoints/step-N.pt, or a sharded step-N directory) that
