@@ -306,26 +306,43 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         notes.append(f"floating tensors cast from {source.model.fc.weight.dtype} to {parse_dtype(dtype)}")
         source.model.to(parse_dtype(dtype))
     top, nested, id_notes = engine_ids(layers, engine, facts, sglang_version)
-    id_keys = [f"{key} ids {ids} ({reader})" for key, ids, reader in
-               (("top-level", top, "vLLM"), ("eagle_config", nested, "SGLang")) if ids is not None]
-    notes.append(f"aux layers {layers} (specdraft indices): {', '.join(id_keys)}")
-    notes += id_notes
-    verifier = verifier or facts.name_or_path
-    if engine == "speculators":
-        if not verifier:
-            raise ExportError("speculators needs verifier.name_or_path: pass --target DIR or --verifier NAME")
-        notes.append(f"verifier.name_or_path = {verifier!r} must resolve on the serving host "
-                     "(a path there or a hub name); pass --verifier NAME to change it")
+    notes += _ids_notes(layers, top, nested) + id_notes
+    verifier, verifier_notes = _verifier(engine, verifier, facts)
+    notes += verifier_notes
     config = _config_for(engine, cfg, source.model.fc.weight.dtype, (top, nested), facts, verifier, spec)
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
-    if source.manifest is None:
-        notes.append("the source has no specdraft manifest: doctor cannot compare with training")
-    elif "checkpoint" in (source.manifest.training or {}):
-        notes.append(f"the drafter of training checkpoint {checkpoint} (step {source.manifest.training['steps']}); "
-                     "its manifest records the step")
+    notes += _source_notes(source, checkpoint)
     return ExportResult(out_dir, engine, config, launch_command(engine, verifier or "TARGET",
                                                                 out_dir.resolve(), spec),
                         notes, num_tensors)
+
+
+def _ids_notes(layers: list[int], top: list[int] | None, nested: list[int] | None) -> list[str]:
+    """The note naming the aux layers and the ids each key holds."""
+    id_keys = [f"{key} ids {ids} ({reader})" for key, ids, reader in
+               (("top-level", top, "vLLM"), ("eagle_config", nested, "SGLang")) if ids is not None]
+    return [f"aux layers {layers} (specdraft indices): {', '.join(id_keys)}"]
+
+
+def _verifier(engine: str, verifier: str | None, facts: TargetFacts) -> tuple[str | None, list[str]]:
+    """The verifier name (given, else the target's) and its note; speculators needs one (ExportError)."""
+    verifier = verifier or facts.name_or_path
+    if engine != "speculators":
+        return verifier, []
+    if not verifier:
+        raise ExportError("speculators needs verifier.name_or_path: pass --target DIR or --verifier NAME")
+    return verifier, [f"verifier.name_or_path = {verifier!r} must resolve on the serving host "
+                      "(a path there or a hub name); pass --verifier NAME to change it"]
+
+
+def _source_notes(source: LoadedDraft, checkpoint: str | Path) -> list[str]:
+    """What the source's manifest means for the export: none, or a training checkpoint's step."""
+    if source.manifest is None:
+        return ["the source has no specdraft manifest: doctor cannot compare with training"]
+    if "checkpoint" in (source.manifest.training or {}):
+        return [f"the drafter of training checkpoint {checkpoint} (step {source.manifest.training['steps']}); "
+                "its manifest records the step"]
+    return []
 
 
 def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any], engine: str,

@@ -42,6 +42,11 @@ class KeyMap:
 
 
 
+def file_layout(tensors: dict[str, torch.Tensor]) -> str:
+    """"speculators" when the file names its decoder layer `layers.0.*`, else "sglang" (official)."""
+    return "speculators" if any(k.startswith("layers.0.") for k in tensors) else "sglang"
+
+
 def draft_as_loaded(cfg: DraftConfig, tensors: dict[str, torch.Tensor], engine: str | None,
                     keys: KeyMap | None, layer_config: dict[str, Any], weights: Path) -> tuple[Eagle3Draft, str]:
     """The drafter as `engine` loads `tensors` through `keys` (unloaded parameters keep a seeded
@@ -49,9 +54,8 @@ def draft_as_loaded(cfg: DraftConfig, tensors: dict[str, torch.Tensor], engine: 
     loads them (engine None: `checkpoint.fill_model`, strict; CheckpointError naming `weights`).
     Returns the model (float32, not yet given a target embedding) and how it was loaded, in words."""
     if engine is None:
-        layout = "speculators" if any(k.startswith("layers.0.") for k in tensors) else "sglang"
         model = Eagle3Draft(cfg)
-        fill_model(model, tensors, layout, weights)
+        fill_model(model, tensors, file_layout(tensors), weights)
         return model.float(), "as specdraft loads it"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -84,8 +88,7 @@ def key_map(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], engine
     in the file's own layout (every name must match). Engines: see the module doc.
     """
     if engine is None:
-        layout = "speculators" if any(k.startswith("layers.0.") for k in tensors) else "sglang"
-        prefixes, optional = (LAYER_PREFIX[layout],), ()
+        prefixes, optional = (LAYER_PREFIX[file_layout(tensors)],), ()
     else:
         prefixes, optional = ENGINE_LAYER_PREFIXES[engine], ENGINE_OPTIONAL
     accepted = dict(expected)
