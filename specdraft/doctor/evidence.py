@@ -320,9 +320,9 @@ class Evidence:
 
     def _build_draft(self, engine: str | None) -> tuple[Eagle3Draft, str]:
         cfg, tensors = self.draft_config, self.tensors
-        keys = self.key_map(engine) if engine is not None else None
+        keys, served = (self.key_map(engine), self.layer_config) if engine is not None else (None, {})
         try:
-            model, how = draft_as_loaded(cfg, tensors, engine, keys, self.layer_config, self.path / WEIGHTS_FILE)
+            model, how = draft_as_loaded(cfg, tensors, engine, keys, served, self.path / WEIGHTS_FILE)
         except CheckpointError as e:
             raise Unavailable(f"the checkpoint does not load: {e}", "see keys_match_engine") from None
         if not cfg.owns_embedding:
