@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +35,10 @@ from specdraft.checkpoint import (
     Manifest,
     check_output_dir,
     fill_model,
+    is_training_checkpoint,
     load_draft,
+    load_training_checkpoint,
     official_config,
-    replace_dir,
     speculators_config,
     state_dict_for_layout,
     verify_same_tensors,
@@ -48,6 +47,8 @@ from specdraft.checkpoint import (
 from specdraft.conventions import AUX_KEY, ConventionError, aux_layers_from_config, parse_dtype, to_engine_ids
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
+from specdraft.errors import SpecdraftError
+from specdraft.files import atomic_dir
 
 EXPORT_ENGINES = ("sglang", "vllm", "speculators")
 LAYOUT_OF_ENGINE = {"sglang": "sglang", "vllm": "sglang", "speculators": "speculators"}
@@ -58,7 +59,7 @@ SOURCE_FORMS = ("a drafter directory (config.json, model.safetensors) or a train
                 "(RUN/checkpoints/step-N.pt)")  # what export (and the engine's --draft) reads
 
 
-class ExportError(ValueError):
+class ExportError(SpecdraftError, ValueError):
     """An export that the engine would read differently from training; names the reason."""
 
 
@@ -137,11 +138,9 @@ def reread_weights(path: Path, cfg: DraftConfig, layout: str) -> Eagle3Draft:
 
 
 def load_source(checkpoint: str | Path, target_num_layers: int | None) -> LoadedDraft:
-    """What export reads: a training checkpoint (`loop.load_training_checkpoint`; its manifest
+    """What export reads: a training checkpoint (`checkpoint.load_training_checkpoint`; its manifest
     records the step) or a drafter directory (`load_draft`). Raises CheckpointError naming
     the path for anything else (e.g. a drafter's model.safetensors given instead of its directory)."""
-    from specdraft.train.loop import is_training_checkpoint, load_training_checkpoint
-
     path = Path(checkpoint)
     if is_training_checkpoint(path):
         return load_training_checkpoint(path)
@@ -306,38 +305,53 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         notes.append(f"floating tensors cast from {source.model.fc.weight.dtype} to {parse_dtype(dtype)}")
         source.model.to(parse_dtype(dtype))
     top, nested, id_notes = engine_ids(layers, engine, facts, sglang_version)
-    id_keys = [f"{key} ids {ids} ({reader})" for key, ids, reader in
-               (("top-level", top, "vLLM"), ("eagle_config", nested, "SGLang")) if ids is not None]
-    notes.append(f"aux layers {layers} (specdraft indices): {', '.join(id_keys)}")
-    notes += id_notes
-    verifier = verifier or facts.name_or_path
-    if engine == "speculators":
-        if not verifier:
-            raise ExportError("speculators needs verifier.name_or_path: pass --target DIR or --verifier NAME")
-        notes.append(f"verifier.name_or_path = {verifier!r} must resolve on the serving host "
-                     "(a path there or a hub name); pass --verifier NAME to change it")
+    notes += _ids_notes(layers, top, nested) + id_notes
+    verifier, verifier_notes = _verifier(engine, verifier, facts)
+    notes += verifier_notes
     config = _config_for(engine, cfg, source.model.fc.weight.dtype, (top, nested), facts, verifier, spec)
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
-    if source.manifest is None:
-        notes.append("the source has no specdraft manifest: doctor cannot compare with training")
-    elif "checkpoint" in (source.manifest.training or {}):
-        notes.append(f"the drafter of training checkpoint {checkpoint} (step {source.manifest.training['steps']}); "
-                     "its manifest records the step")
+    notes += _source_notes(source, checkpoint)
     return ExportResult(out_dir, engine, config, launch_command(engine, verifier or "TARGET",
                                                                 out_dir.resolve(), spec),
                         notes, num_tensors)
 
 
+def _ids_notes(layers: list[int], top: list[int] | None, nested: list[int] | None) -> list[str]:
+    """The note naming the aux layers and the ids each key holds."""
+    id_keys = [f"{key} ids {ids} ({reader})" for key, ids, reader in
+               (("top-level", top, "vLLM"), ("eagle_config", nested, "SGLang")) if ids is not None]
+    return [f"aux layers {layers} (specdraft indices): {', '.join(id_keys)}"]
+
+
+def _verifier(engine: str, verifier: str | None, facts: TargetFacts) -> tuple[str | None, list[str]]:
+    """The verifier name (given, else the target's) and its note; speculators needs one (ExportError)."""
+    verifier = verifier or facts.name_or_path
+    if engine != "speculators":
+        return verifier, []
+    if not verifier:
+        raise ExportError("speculators needs verifier.name_or_path: pass --target DIR or --verifier NAME")
+    return verifier, [f"verifier.name_or_path = {verifier!r} must resolve on the serving host "
+                      "(a path there or a hub name); pass --verifier NAME to change it"]
+
+
+def _source_notes(source: LoadedDraft, checkpoint: str | Path) -> list[str]:
+    """What the source's manifest means for the export: none, or a training checkpoint's step."""
+    if source.manifest is None:
+        return ["the source has no specdraft manifest: doctor cannot compare with training"]
+    if "checkpoint" in (source.manifest.training or {}):
+        return [f"the drafter of training checkpoint {checkpoint} (step {source.manifest.training['steps']}); "
+                "its manifest records the step"]
+    return []
+
+
 def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any], engine: str,
                       facts: TargetFacts, sglang_version: str | None, layers: list[int]) -> int:
-    """Write to a temp dir, prove tensors and aux reading, then rename onto `out_dir`."""
+    """Write to a temp dir, prove tensors and aux reading, then put it in place of `out_dir`
+    (`files.atomic_dir`: on any error `out_dir` is left as it was)."""
     layout = LAYOUT_OF_ENGINE[engine]
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(out_dir) as tmp:
         write_safetensors(state_dict_for_layout(source.model, layout), tmp / WEIGHTS_FILE,
-                  metadata={"format": "pt"})
+                          metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         if source.manifest is not None:  # the same record, marked as an export (`tune.needs_export`)
             manifest = dataclasses.replace(source.manifest, extra={**source.manifest.extra, "export": {"engine": engine}})
@@ -351,8 +365,4 @@ def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any]
         if reading.captured(reader) != layers:
             raise ExportError(f"internal: {reader} would read layers {reading.captured(reader)} "
                               f"from the written config, not {layers}")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    replace_dir(tmp, out_dir)
     return num_tensors

@@ -401,7 +401,7 @@ def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg:
     from transformers import AutoTokenizer
 
     from specdraft.bench import load_prompts
-    from specdraft.doctor.evidence import given_config
+    from specdraft.doctor.inputs import given_config
     from specdraft.engine.speculate import load_engine
     from specdraft.target import TARGET_CONFIG_FIX, check_target_config
 

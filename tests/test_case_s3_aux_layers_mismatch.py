@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from specdraft.doctor import run_doctor
-from specdraft.doctor.evidence import DoctorInputs, Evidence
+from specdraft.doctor.evidence import Evidence
+from specdraft.doctor.inputs import DoctorInputs
 from specdraft.doctor.offline import offline_run
 from specdraft.export import ExportError, export_draft
 from tests.doctor_helpers import edit_config, one_thread, trained_world  # noqa: F401

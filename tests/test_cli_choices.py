@@ -57,9 +57,9 @@ def test_every_choice_is_accepted_and_shown_in_help(command, option, values):
 
 
 def test_the_choices_match_the_library():
-    from specdraft.checkpoint import LAYOUTS
     from specdraft.conventions import DTYPES
-    from specdraft.doctor.evidence import DOCTOR_ENGINES
+    from specdraft.checkpoint import LAYOUTS
+    from specdraft.doctor.inputs import DOCTOR_ENGINES
     from specdraft.export import EXPORT_ENGINES
     from specdraft.train.loop import PRECISIONS
 

@@ -1,6 +1,6 @@
 """inspect, convert and generate given a drafter or target whose config.json or manifest is
 corrupt (not JSON, no object, required keys missing): one `error:` line naming the file, what is
-wrong and what fixes it (doctor's words, `doctor.evidence.given_config`), exit 1 as the commands'
+wrong and what fixes it (doctor's words, `doctor.inputs.given_config`), exit 1 as the commands'
 other unusable inputs; a damaged manifest names a fix the user can run without it."""
 
 from __future__ import annotations

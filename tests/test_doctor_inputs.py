@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
-from specdraft.doctor.checks import MIN_SCORED
+from specdraft.doctor.acceptance import MIN_SCORED
 from tests.doctor_helpers import draft_checkpoint, one_thread, random_samples  # noqa: F401
 
 # A seeded (untrained) drafter whose manifest claims high training accuracy: offline far below.

@@ -112,7 +112,8 @@ def test_replayed_rounds_equal_the_engine_counts(world):
     """The drafter alone replaying chain rounds on the engine's own outputs gives the engine's
     verification steps and per-depth accepted counts exactly (both fp32 on the CPU)."""
     from specdraft.data.render import Sample
-    from specdraft.doctor.evidence import DoctorInputs, Evidence
+    from specdraft.doctor.evidence import Evidence
+    from specdraft.doctor.inputs import DoctorInputs
     from specdraft.doctor.offline import run_on
     from specdraft.engine.speculate import load_engine
 

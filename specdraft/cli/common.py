@@ -34,7 +34,7 @@ Layout = Literal["sglang", "speculators", "specdraft"]  # checkpoint.LAYOUTS
 ExportEngine = Literal["sglang", "vllm", "speculators"]  # export.EXPORT_ENGINES
 
 
-DoctorEngine = Literal["sglang", "vllm"]  # doctor.evidence.DOCTOR_ENGINES
+DoctorEngine = Literal["sglang", "vllm"]  # doctor.inputs.DOCTOR_ENGINES
 
 
 EndpointApi = Literal["chat", "completions"]  # regenerate.backends.EndpointBackend
@@ -271,13 +271,13 @@ def json_kwargs(text: str, option: str) -> dict:
 
 def refuse_bad_configs(draft: str, target: str, target_keys: tuple[str, ...] | None = None) -> None:
     """ValueError naming the file, what is wrong and the fix when the drafter's or the target's
-    config.json is unreadable, not JSON or no object (`doctor.evidence.given_config`, doctor's
+    config.json is unreadable, not JSON or no object (`doctor.inputs.given_config`, doctor's
     words), or the target's lacks one of `target_keys` (default: all `target.TARGET_REQUIRED_KEYS`).
     Either path may be empty (not given) or lack config.json (left to the loaders)."""
     from pathlib import Path
 
     from specdraft.checkpoint import DRAFTER_CONFIG_FIX
-    from specdraft.doctor.evidence import given_config
+    from specdraft.doctor.inputs import given_config
     from specdraft.target import (
         TARGET_CONFIG_FIX,
         TARGET_REQUIRED_KEYS,
@@ -289,17 +289,6 @@ def refuse_bad_configs(draft: str, target: str, target_keys: tuple[str, ...] | N
     config = given_config(Path(target), TARGET_CONFIG_FIX) if target else None
     if config is not None:
         check_target_config(target, config, target_keys or TARGET_REQUIRED_KEYS)
-
-
-def num_layers_of_target(target: str | None) -> int | None:
-    """Decoder-layer count of a local transformers target directory (None without one); a corrupt
-    config.json or one without model_type / num_hidden_layers is a ValueError (`refuse_bad_configs`)."""
-    if not target:
-        return None
-    from transformers import AutoConfig
-
-    refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
-    return AutoConfig.from_pretrained(target, local_files_only=True).get_text_config().num_hidden_layers
 
 
 def check_drafter(value: str, param: typer.CallbackParam = None) -> str:

@@ -22,8 +22,8 @@ from specdraft.cli.common import (
     error,
     flag,
     json_kwargs,
-    num_layers_of_target,
     refuse_bad_configs,
+    user_errors,
 )
 
 
@@ -38,21 +38,12 @@ def inspect(
     from rich.console import Console
     from rich.table import Table
 
-    from specdraft.checkpoint import (
-        CheckpointError,
-        audit,
-        describe_layout,
-        load_draft,
-        state_dict_for_layout,
-    )
+    from specdraft.checkpoint import audit, describe_layout, load_draft, state_dict_for_layout
 
     console = Console()
-    try:
+    with user_errors(console):
         refuse_bad_configs(checkpoint, "")
         loaded = load_draft(checkpoint, target_num_layers=num_layers_of_target(target))
-    except (CheckpointError, ValueError) as e:
-        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(1) from e
     console.print(f"{checkpoint}: {describe_layout(loaded.layout, loaded.manifest is not None)}",
                   markup=False, soft_wrap=True)
     table = Table()
@@ -102,21 +93,12 @@ def convert(
 
     from rich.console import Console
 
-    from specdraft.checkpoint import (
-        MANIFEST_FILE,
-        CheckpointError,
-        convert_draft,
-        describe_layout,
-        detect_layout,
-    )
+    from specdraft.checkpoint import MANIFEST_FILE, convert_draft, describe_layout, detect_layout
 
     console = Console()
-    try:
+    with user_errors(console):
         refuse_bad_configs(src, "")
         written = convert_draft(src, dst, layout=layout, target_num_layers=num_layers_of_target(target))
-    except (CheckpointError, ValueError) as e:
-        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(1) from e
     on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
     console.print(f"wrote {dst} ({on_disk}): {written} tensors, each bit-identical to {src}", markup=False)
     if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
@@ -143,18 +125,14 @@ def export(
     """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
     from rich.console import Console
 
-    from specdraft.checkpoint import CheckpointError
     from specdraft.export import export_draft
 
     console = Console()
-    try:
+    with user_errors(console):
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
                               verifier=verifier or None, sglang_version=sglang_version or None,
                               num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None,
                               dtype=dtype or None)
-    except (CheckpointError, ValueError, FileNotFoundError) as e:
-        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(1) from e
     console.print(f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
                   f"bit-identical to the checkpoint{' cast to ' + dtype if dtype else ''}",
                   style="green", markup=False)
@@ -193,23 +171,19 @@ def doctor(
     from specdraft.doctor import report_json, report_table, run_doctor
 
     console = Console()
-    try:
-        if server:
-            from specdraft.bench import check_url
-
-            check_url(server, "--server")
-            if not samples:
-                raise ValueError(f"--server {server} needs --samples: pass --samples FILE with the target's own "
-                                 "outputs (a capture store or JSONL, e.g. the demo's store-heldout) for the online "
-                                 "acceptance check")
-        report = run_doctor(
-            checkpoint, target=target or None, engine=engine or None,
-            engine_args=engine_args or None, samples=samples or None, server=server or None,
-            sglang_version=sglang_version or None, max_samples=max_samples, skip_bad=skip_bad, server_wait_s=wait,
-            template_kwargs=json_kwargs(template_kwargs, "--template-kwargs") if template_kwargs else None)
-    except ValueError as e:
-        error(console, e, SKIP_BAD_HINT)
-        raise typer.Exit(2) from e
+    with user_errors(console, SKIP_BAD_HINT):
+        try:  # an input doctor cannot judge (a ValueError) is a usage error: exit 2, not 1
+            if server:
+                check_server_samples(server, samples)
+            report = run_doctor(
+                checkpoint, target=target or None, engine=engine or None,
+                engine_args=engine_args or None, samples=samples or None, server=server or None,
+                sglang_version=sglang_version or None, max_samples=max_samples, skip_bad=skip_bad,
+                server_wait_s=wait,
+                template_kwargs=json_kwargs(template_kwargs, "--template-kwargs") if template_kwargs else None)
+        except ValueError as e:
+            error(console, e, SKIP_BAD_HINT)
+            raise typer.Exit(2) from e
     if json_output:
         typer.echo(report_json(report))
     else:
@@ -218,3 +192,26 @@ def doctor(
             console.print(f"note: {note}", markup=False, soft_wrap=True)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def check_server_samples(server: str, samples: str) -> None:
+    """doctor --server: a URL `client.check_url` accepts, and --samples to prompt it with
+    (ValueError naming the fix otherwise)."""
+    from specdraft.client import check_url
+
+    check_url(server, "--server")
+    if not samples:
+        raise ValueError(f"--server {server} needs --samples: pass --samples FILE with the target's own "
+                         "outputs (a capture store or JSONL, e.g. the demo's store-heldout) for the online "
+                         "acceptance check")
+
+
+def num_layers_of_target(target: str | None) -> int | None:
+    """Decoder-layer count of a local transformers target directory (None without one); a corrupt
+    config.json or one without model_type / num_hidden_layers is a ValueError (`refuse_bad_configs`)."""
+    if not target:
+        return None
+    from transformers import AutoConfig
+
+    refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
+    return AutoConfig.from_pretrained(target, local_files_only=True).get_text_config().num_hidden_layers

@@ -2,19 +2,12 @@
 
 Every piece is computed on first use and cached, value or failure alike. A piece that cannot be
 had raises `Unavailable` with the reason and what would provide it; a check turns that into a
-skip (or, where the missing piece is itself the fault, a fail).
-
-How each engine reads the weight names (re-check when bumping an engine):
-- SGLang (`srt/models/llama_eagle3.py` load_weights): `midlayer.*`, `fc`, `norm`, `lm_head`,
-  `embed_tokens` (if present), `d2t` (as hot token ids); skips `t2d` and, silently, any name it
-  has no parameter for.
-- vLLM (`model_executor/models/llama_eagle3.py` load_weights): renames `midlayer.` to
-  `layers.0.` and loads either; a missing `d2t` is the identity; unknown names are dropped.
+skip (or, where the missing piece is itself the fault, a fail). What the user gave is
+`inputs.DoctorInputs`; how each engine reads the weights is `keys.py`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,32 +18,28 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from specdraft.bench import SERVER_WAIT_S
 from specdraft.checkpoint import (
-    DRAFTER_CONFIG_FIX,
-    LAYER_PREFIX,
     MANIFEST_FILE,
     MANIFEST_FIX,
     WEIGHTS_FILE,
     CheckpointError,
     Manifest,
-    classify_dir,
     config_from_files,
-    fill_model,
     read_config,
     state_dict_for_layout,
 )
 from specdraft.conventions import AuxReading, ConventionError, aux_layers_from_config
 from specdraft.data.records import DataError
-from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
-from specdraft.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
+from specdraft.doctor.inputs import DOCTOR_ENGINES, DoctorInputs
+from specdraft.doctor.keys import KeyMap, draft_as_loaded, key_map
+from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.engine_args import (
+    EngineArgs,
+    aux_capture,
+    detect_engine,
+    parse_engine_args,
+)
 from specdraft.export import TargetFacts
-
-DOCTOR_ENGINES = ("sglang", "vllm")
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", None: "specdraft"}
-# Decoder-layer prefixes each engine loads, and names it treats as optional (see module doc).
-ENGINE_LAYER_PREFIXES = {"sglang": ("midlayer.",), "vllm": ("midlayer.", "layers.0.")}
-ENGINE_OPTIONAL = ("d2t", "t2d", "embed_tokens.weight")
 
 
 class Unavailable(Exception):
@@ -67,98 +56,6 @@ class Broken(Unavailable):
 
 class Unreadable(Broken):
     """An engine cannot read the config's aux ids."""
-
-
-@dataclass(frozen=True)
-class DoctorInputs:
-    """What the user gave `specdraft doctor` (paths as given; None = not given).
-
-    engine: "sglang" | "vllm" (None: guessed from engine_args, else every engine the layout
-    serves). engine_args: the engine's command line. samples: a capture store directory or a
-    JSONL of token ids ({"input_ids", "loss_mask"}), chats or texts; skip_bad skips its bad
-    records instead of refusing the file. template_kwargs: the chat template kwargs the server
-    uses (default: vLLM's --default-chat-template-kwargs, else {}). max_samples / max_length
-    bound the offline run. server_wait_s: how long to wait for a server that refuses
-    connections (still starting) before the online check fails.
-    """
-
-    checkpoint: Path
-    target: Path | None = None
-    engine: str | None = None
-    engine_args: str | None = None
-    samples: Path | None = None
-    server: str | None = None
-    sglang_version: str | None = None
-    template_kwargs: dict[str, Any] | None = None
-    max_samples: int = 32
-    max_length: int = 512
-    skip_bad: bool = False
-    server_wait_s: float = SERVER_WAIT_S
-
-    def __post_init__(self) -> None:
-        if self.engine is not None and self.engine not in DOCTOR_ENGINES:
-            raise ValueError(f"engine {self.engine!r}: choose one of {', '.join(DOCTOR_ENGINES)}")
-        if self.max_samples < 1 or self.max_length < 3:
-            raise ValueError("max_samples must be >= 1 and max_length >= 3")
-        # A path the user typed that does not exist is an error, never a row of skips.
-        if not self.checkpoint.is_dir():
-            raise ValueError(f"{self.checkpoint}: no such directory; pass a draft checkpoint directory")
-        given_config(self.checkpoint, DRAFTER_CONFIG_FIX)
-        refuse_model_dir(self.checkpoint)
-        if self.target is not None and not (self.target / "config.json").is_file():
-            raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
-        if self.target is not None:
-            given_config(self.target, "pass a transformers model directory")
-        if self.samples is not None and not self.samples.exists():
-            raise ValueError(f"{self.samples}: no such file or directory; pass a capture store or a JSONL file")
-
-
-def given_config(path: Path, fix: str) -> dict[str, Any] | None:
-    """`path`/config.json of a directory the user named (None when there is none: left to the
-    checks); ValueError naming the file when it is there but unreadable, not valid JSON
-    (`checkpoint.read_config`'s words) or not a JSON object, then `fix`: doctor cannot judge
-    the directory, so this is an unusable input, never a row of skips or fails."""
-    file = path / "config.json"
-    if not file.is_file():
-        return None
-    try:
-        config = read_config(path)
-    except CheckpointError as e:
-        raise ValueError(f"{e}; {fix}") from None
-    except OSError as e:
-        raise ValueError(f"{file}: cannot be read ({e.strerror or e}); {fix}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{file}: not a JSON object (a {type(config).__name__}); {fix}")
-    return config
-
-
-def refuse_model_dir(path: Path) -> None:
-    """ValueError when `path`/config.json can be read but marks no drafter (`checkpoint.classify_dir`;
-    `run_doctor` has already named a target model given as CHECKPOINT). A missing config is left
-    to the checks (a failing finding); an unreadable one `given_config` has refused."""
-    file = path / "config.json"
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return
-    if isinstance(config, dict) and classify_dir(path).kind != "drafter":
-        raise ValueError(f"{file}: not an EAGLE-3 draft config (no EAGLE-3 architecture, no drafter key such as "
-                         f"speculators_model_type, no {MANIFEST_FILE}): pass the drafter's directory as CHECKPOINT")
-
-
-@dataclass
-class KeyMap:
-    """How an engine maps a weights file onto the drafter's parameters (official names).
-
-    mapping: file name -> parameter name, for names it loads with the right shape.
-    unmatched: file names it skips; missing: parameters it leaves at their initial values;
-    misshaped: "name (file shape vs expected)".
-    """
-
-    mapping: dict[str, str]
-    unmatched: list[str]
-    missing: list[str]
-    misshaped: list[str]
 
 
 def memo(fn: Callable) -> property:
@@ -423,84 +320,14 @@ class Evidence:
 
     def _build_draft(self, engine: str | None) -> tuple[Eagle3Draft, str]:
         cfg, tensors = self.draft_config, self.tensors
-        if engine is None:
-            layout = "speculators" if any(k.startswith("layers.0.") for k in tensors) else "sglang"
-            model = Eagle3Draft(cfg)
-            try:
-                fill_model(model, tensors, layout, self.path / WEIGHTS_FILE)
-            except CheckpointError as e:
-                raise Unavailable(f"the checkpoint does not load: {e}", "see keys_match_engine") from None
-            model.float()
-            how = "as specdraft loads it"
-        else:
-            keys = self.key_map(engine)
-            cfg = _served_rope_config(cfg, self.layer_config)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)
-                model = Eagle3Draft(cfg)
-            params = model.state_dict()
-            with torch.no_grad():
-                for name, param in keys.mapping.items():
-                    params[param].copy_(tensors[name])
-            how = (f"as {ENGINE_NAMES[engine]} loads it" + (
-                f" ({len(keys.missing)} parameters left at their initial values)" if keys.missing else ""))
+        keys, served = (self.key_map(engine), self.layer_config) if engine is not None else (None, {})
+        try:
+            model, how = draft_as_loaded(cfg, tensors, engine, keys, served, self.path / WEIGHTS_FILE)
+        except CheckpointError as e:
+            raise Unavailable(f"the checkpoint does not load: {e}", "see keys_match_engine") from None
         if not cfg.owns_embedding:
             model.load_target_embedding(self.target.embed_tokens.weight.detach().float())
         return model.eval(), how
-
-
-def _served_rope_config(cfg: DraftConfig, layer_config: dict[str, Any]) -> DraftConfig:
-    """`cfg` with the rope theta / scaling an engine reads from config.json (FC-09)."""
-    theta, scaling = rope_from_hf_config(layer_config.get)
-    if "rope_theta" not in layer_config and "rope_parameters" not in layer_config:
-        theta = 10000.0  # what loaders fall back to
-    try:
-        return dataclasses.replace(cfg, rope_theta=theta, rope_scaling=scaling)
-    except ValueError:  # a rope type specdraft does not implement: keep the trained one
-        return cfg
-
-
-def key_map(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], engine: str | None,
-            owns_embedding: bool) -> KeyMap:
-    """Map file names onto official parameter names the way `engine` loads them.
-
-    expected: official name -> shape (`midlayer.*`). engine None: specdraft's strict reading
-    in the file's own layout (every name must match). Engines: see the module doc.
-    """
-    if engine is None:
-        layout = "speculators" if any(k.startswith("layers.0.") for k in tensors) else "sglang"
-        prefixes, optional = (LAYER_PREFIX[layout],), ()
-    else:
-        prefixes, optional = ENGINE_LAYER_PREFIXES[engine], ENGINE_OPTIONAL
-    accepted = dict(expected)
-    if engine is not None and not owns_embedding:
-        accepted["embed_tokens.weight"] = None  # engines load it when present (any width check is theirs)
-    mapping, unmatched, misshaped, bad_params = {}, [], [], set()
-    for name, tensor in tensors.items():
-        param = _official_name(name, prefixes)
-        if param not in accepted:
-            unmatched.append(name)
-        elif accepted[param] is not None and tuple(tensor.shape) != accepted[param]:
-            misshaped.append(f"{name} {tuple(tensor.shape)} (expected {accepted[param]})")
-            bad_params.add(param)
-        else:
-            mapping[name] = param
-    optional = set(optional) - ({"embed_tokens.weight"} if owns_embedding else set())
-    missing = [_display(p, prefixes) for p in expected
-               if p not in optional and p not in bad_params and p not in mapping.values()]
-    return KeyMap(mapping, sorted(unmatched), sorted(missing), misshaped)
-
-
-def _official_name(name: str, prefixes: tuple[str, ...]) -> str:
-    for prefix in prefixes:
-        if name.startswith(prefix):
-            return "midlayer." + name[len(prefix):]
-    return "" if name.startswith(("midlayer.", "layers.0.")) else name
-
-
-def _display(param: str, prefixes: tuple[str, ...]) -> str:
-    """A parameter under the first prefix the reader accepts (how the file should name it)."""
-    return prefixes[0] + param[len("midlayer."):] if param.startswith("midlayer.") else param
 
 
 def describe(value: Any) -> str:

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from specdraft.checkpoint import Manifest
-from specdraft.doctor.evidence import ENGINE_NAMES, Evidence, Unavailable
+from specdraft.doctor.evidence import Evidence, Unavailable
+from specdraft.doctor.keys import ENGINE_NAMES
 
 DEFAULT_TTT_STEPS = 5
 
@@ -50,8 +51,8 @@ def run_on(ev: Evidence, engine: str | None, ttt_steps: int, samples: list, repl
     replay: also replay the rounds a `ttt_steps`-deep chain engine runs at T = 0 over each
     sample's supervised runs (metrics.replayed_acceptance / replayed_tau; train.loss.replay_rounds).
     On a sequence an engine produced these are its own counts; per-position acceptance
-    (prod alpha_i) overstates them, as rounds crowd where drafts fail (pycode-25m in vLLM: p_1
-    0.67 a round, 0.82 a position). Compare a server's counters with the replay.
+    (prod alpha_i) overstates them, as rounds crowd where drafts fail. Compare a server's
+    counters with the replay.
     """
     from specdraft.train.loss import TTTMetrics, ttt_loss
 

@@ -1,5 +1,5 @@
 """Online acceptance: the sample prompts sent to a live server (specdraft, vLLM, SGLang) at
-temperature 0, its speculative counters read before and after (specdraft.bench), and offline
+temperature 0, its speculative counters read before and after (`specdraft.client`), and offline
 acceptance computed on the sequences the server produced (prompt + its greedy output,
 teacher-forced with the target's aux states), so both sides see the same tokens.
 
@@ -14,10 +14,8 @@ on `return_token_ids`, SGLang as `output_ids`. A server that answers text only i
 with the target's tokenizer, which does not give back the same ids: an output that continues a
 word gains a word-start piece (SentencePiece: "k" -> "▁k"), BPE re-merges pieces the model
 emitted apart ("a" + "b" -> "ab"), decoding drops special tokens (an EOS generated under
-ignore_eos). Offline then replays sequences the server never ran (specdraft serve, stories260K
-and a demo drafter: 6 of 8 outputs differ from their first token; offline p_1 0.67 against
-online 0.75, and 0.75 on the ids), so OnlineRun counts those outputs (`num_retokenized`) and
-the report says so.
+ignore_eos). Offline then replays sequences the server never ran, so OnlineRun counts those
+outputs (`num_retokenized`) and the report says so.
 """
 
 from __future__ import annotations
@@ -27,16 +25,8 @@ from typing import Any
 
 import httpx
 
-from specdraft.bench import (
-    SERVER_WAIT_S,
-    RequestRecord,
-    Server,
-    SpecCounts,
-    counter_delta,
-    scrape,
-    sglang_counts,
-    wait_for_server,
-)
+from specdraft.bench import RequestRecord, sglang_counts
+from specdraft.client import SERVER_WAIT_S, Server, SpecCounts, counter_delta, scrape, wait_for_server
 from specdraft.data.render import Sample
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.offline import OfflineRun, run_on
@@ -74,7 +64,7 @@ def prompt_of(sample: Sample) -> list[int]:
 
 def connect(url: str, timeout_s: float = TIMEOUT_S, wait_s: float = SERVER_WAIT_S) -> Server:
     """The server at `url`, waited for up to wait_s seconds while it refuses connections (still
-    starting: `bench.wait_for_server`, as bench waits); raises ServerError when it does not answer."""
+    starting: `client.wait_for_server`, as bench waits); raises ServerError when it does not answer."""
     import sys
 
     try:

@@ -33,7 +33,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdraft.data.render import Sample
-from specdraft.doctor.evidence import DoctorInputs, Evidence
+from specdraft.doctor.evidence import Evidence
+from specdraft.doctor.inputs import DoctorInputs
 from specdraft.doctor.offline import run_on
 from specdraft.doctor.run import Report, run_doctor
 from specdraft.engine.spec_config import SpecConfig

@@ -27,7 +27,8 @@ import torch
 from specdraft.checkpoint import save_draft
 from specdraft.conventions import aux_layers_from_config, build_vocab_map
 from specdraft.data.render import Sample
-from specdraft.doctor.evidence import DoctorInputs, Evidence
+from specdraft.doctor.evidence import Evidence
+from specdraft.doctor.inputs import DoctorInputs
 from specdraft.doctor.offline import run_on
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.spec_config import SpecConfig

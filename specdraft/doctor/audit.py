@@ -1,0 +1,120 @@
+"""Checks of the checkpoint's own files: the target it was trained for, the tensor names each
+engine loads, shapes and dtypes, finite weights, the vocabulary map (S1, FC-01, FC-02)."""
+
+from __future__ import annotations
+
+import torch
+
+from specdraft.conventions import validate_vocab_map
+from specdraft.doctor.evidence import (
+    Broken,
+    Evidence,
+    Unavailable,
+)
+from specdraft.doctor.keys import ENGINE_LAYER_PREFIXES
+from specdraft.doctor.verdict import Result, engine_name, fail, names_text, ok
+
+# What the manifest records about the target, in the order the evidence shows it.
+TARGET_FIELDS = ("architecture", "num_layers", "hidden_size", "vocab_size", "config_hash")
+
+
+def target_matches_training(ev: Evidence) -> Result:
+    """--target is the model the drafter was trained for: architecture, layer count, hidden size,
+    vocabulary and config hash as the manifest records them."""
+    trained = dict(ev.need_manifest().target or {})
+    given_dir = ev.need_target_dir()
+    if not any(trained.get(k) is not None for k in TARGET_FIELDS):
+        raise Unavailable("the manifest records no target", "train with specdraft train, which records it")
+    facts = ev.facts  # from --target
+    given = {"architecture": facts.architecture, "num_layers": facts.num_layers,
+             "hidden_size": facts.hidden_size, "vocab_size": facts.vocab_size,
+             "config_hash": ev.target_config_hash}
+    differ = [k for k in TARGET_FIELDS if trained.get(k) is not None and trained[k] != given[k]]
+    recorded = trained.get("name_or_path") or "(path not recorded)"
+    text = f"target {recorded} ({_target_text(trained)})"
+    if not differ:
+        return ok(f"trained for {text}; --target {given_dir} is the same model")
+    why = f"{', '.join(differ)} differ"
+    if differ == ["config_hash"]:
+        why += (" (same sizes, other config: another model of this shape, an edited config.json, "
+                "or a transformers release that writes the config differently)")
+    return fail(f"this drafter was trained for {text}, not --target {given_dir} ({_target_text(given)}): {why}",
+                f"pass the target it was trained for (--target {recorded}), or retrain the drafter "
+                f"on {given_dir}")
+
+
+def _target_text(record: dict) -> str:
+    parts = [str(record.get("architecture"))] if record.get("architecture") else []
+    for key, label in (("num_layers", "layers"), ("hidden_size", "hidden"), ("vocab_size", "vocab")):
+        if record.get(key) is not None:
+            parts.append(f"{record[key]} {label}" if key == "num_layers" else f"{label} {record[key]}")
+    if record.get("config_hash"):
+        parts.append(f"config {str(record['config_hash'])[:12]}")
+    return ", ".join(parts) or "nothing recorded"
+
+
+def keys_match_engine(ev: Evidence) -> Result:
+    """Every tensor name is one the engine loads, and every parameter is filled (S1, FC-01)."""
+    try:
+        key_maps = {engine: ev.key_map(engine) for engine in ev.engines}
+    except Broken as e:  # missing inputs skip; faulty files fail
+        return fail(e.reason, e.fix)
+    problems, passes = [], []
+    for engine, keys in key_maps.items():
+        if not (keys.unmatched or keys.missing):
+            passes.append(f"{engine_name(engine)} loads all {len(keys.mapping)} tensors")
+            continue
+        parts = ([f"skip {len(keys.unmatched)} tensors [{names_text(keys.unmatched)}]"] if keys.unmatched else []) \
+            + ([f"leave {len(keys.missing)} parameters at their initial values [{names_text(keys.missing)}]"]
+               if keys.missing else [])
+        text = f"{engine_name(engine)} would {' and '.join(parts)}"
+        stray = [p for p in ("layers.0.", "midlayer.") if any(k.startswith(p) for k in keys.unmatched)]
+        if stray:
+            text += f"; the decoder layer is stored as {stray[0]}* but {engine_name(engine)} reads " \
+                    f"{' or '.join(p + '*' for p in ENGINE_LAYER_PREFIXES[engine])}: rename {stray[0]} -> midlayer."
+        problems.append(text)
+    if problems:
+        return fail("; ".join(problems), f"specdraft export {ev.path} OUT --engine {ev.engines[0]} "
+                    "(writes the engine's names, proven bit-identical)")
+    return ok("; ".join(passes))
+
+
+def shapes_and_dtypes(ev: Evidence) -> Result:
+    """Tensor shapes match the config; weights share one float dtype; d2t int64, t2d bool."""
+    keys = ev.key_map("vllm")  # accepts either layer prefix: shapes only
+    problems = [f"wrong shape: {m}" for m in keys.misshaped]
+    floats = {str(t.dtype).removeprefix("torch.") for t in ev.tensors.values() if t.is_floating_point()}
+    if len(floats) > 1:
+        problems.append(f"weights mix dtypes {sorted(floats)}")
+    if floats - {"bfloat16", "float16", "float32"}:
+        problems.append(f"weights in {sorted(floats)}: engines expect bf16, fp16 or fp32")
+    for name, dtype in (("d2t", torch.int64), ("t2d", torch.bool)):
+        if name in ev.tensors and ev.tensors[name].dtype != dtype:
+            problems.append(f"{name} is {ev.tensors[name].dtype}, expected {dtype}")
+    if problems:
+        return fail("; ".join(problems), "re-export the drafter from its training output")
+    return ok(f"{len(ev.tensors)} tensors of the configured shapes, weights in {', '.join(sorted(floats))}")
+
+
+def values_finite(ev: Evidence) -> Result:
+    """No NaN or Inf in any weight."""
+    bad = [name for name, t in ev.tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        return fail(f"NaN or Inf in {names_text(bad)}", "retrain from the last finite checkpoint")
+    return ok("every weight is finite")
+
+
+def vocab_map_valid(ev: Evidence) -> Result:
+    """d2t maps the draft vocabulary into the target's, as offsets, consistent with t2d (FC-02)."""
+    draft_vocab = ev.tensors["lm_head.weight"].shape[0] if "lm_head.weight" in ev.tensors else None
+    if draft_vocab is None:
+        raise Unavailable("no lm_head.weight, so the draft vocabulary size is unknown",
+                          "see keys_match_engine")
+    vocab = ev.facts.vocab_size
+    problems = validate_vocab_map(ev.tensors.get("d2t"), ev.tensors.get("t2d"), vocab, draft_vocab)
+    if problems:
+        return fail("; ".join(problems), "rebuild the map with conventions.build_vocab_map and re-export")
+    if "d2t" not in ev.tensors:
+        return ok(f"no d2t, and the draft vocabulary is the target's ({vocab})")
+    t2d = "consistent with t2d" if "t2d" in ev.tensors else "no t2d (engines do not read it)"
+    return ok(f"d2t maps {draft_vocab} draft ids to increasing target ids in [0, {vocab}); {t2d}")

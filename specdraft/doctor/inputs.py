@@ -1,0 +1,96 @@
+"""What the user gave `specdraft doctor`, refused up front when doctor cannot judge it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdraft.checkpoint import (
+    DRAFTER_CONFIG_FIX,
+    MANIFEST_FILE,
+    CheckpointError,
+    classify_dir,
+    read_config,
+)
+from specdraft.client import SERVER_WAIT_S
+
+DOCTOR_ENGINES = ("sglang", "vllm")
+
+
+@dataclass(frozen=True)
+class DoctorInputs:
+    """What the user gave `specdraft doctor` (paths as given; None = not given).
+
+    engine: "sglang" | "vllm" (None: guessed from engine_args, else every engine the layout
+    serves). engine_args: the engine's command line. samples: a capture store directory or a
+    JSONL of token ids ({"input_ids", "loss_mask"}), chats or texts; skip_bad skips its bad
+    records instead of refusing the file. template_kwargs: the chat template kwargs the server
+    uses (default: vLLM's --default-chat-template-kwargs, else {}). max_samples / max_length
+    bound the offline run. server_wait_s: how long to wait for a server that refuses
+    connections (still starting) before the online check fails.
+    """
+
+    checkpoint: Path
+    target: Path | None = None
+    engine: str | None = None
+    engine_args: str | None = None
+    samples: Path | None = None
+    server: str | None = None
+    sglang_version: str | None = None
+    template_kwargs: dict[str, Any] | None = None
+    max_samples: int = 32
+    max_length: int = 512
+    skip_bad: bool = False
+    server_wait_s: float = SERVER_WAIT_S
+
+    def __post_init__(self) -> None:
+        if self.engine is not None and self.engine not in DOCTOR_ENGINES:
+            raise ValueError(f"engine {self.engine!r}: choose one of {', '.join(DOCTOR_ENGINES)}")
+        if self.max_samples < 1 or self.max_length < 3:
+            raise ValueError("max_samples must be >= 1 and max_length >= 3")
+        # A path the user typed that does not exist is an error, never a row of skips.
+        if not self.checkpoint.is_dir():
+            raise ValueError(f"{self.checkpoint}: no such directory; pass a draft checkpoint directory")
+        given_config(self.checkpoint, DRAFTER_CONFIG_FIX)
+        refuse_model_dir(self.checkpoint)
+        if self.target is not None and not (self.target / "config.json").is_file():
+            raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
+        if self.target is not None:
+            given_config(self.target, "pass a transformers model directory")
+        if self.samples is not None and not self.samples.exists():
+            raise ValueError(f"{self.samples}: no such file or directory; pass a capture store or a JSONL file")
+
+
+def given_config(path: Path, fix: str) -> dict[str, Any] | None:
+    """`path`/config.json of a directory the user named (None when there is none: left to the
+    checks); ValueError naming the file when it is there but unreadable, not valid JSON
+    (`checkpoint.read_config`'s words) or not a JSON object, then `fix`: doctor cannot judge
+    the directory, so this is an unusable input, never a row of skips or fails."""
+    file = path / "config.json"
+    if not file.is_file():
+        return None
+    try:
+        config = read_config(path)
+    except CheckpointError as e:
+        raise ValueError(f"{e}; {fix}") from None
+    except OSError as e:
+        raise ValueError(f"{file}: cannot be read ({e.strerror or e}); {fix}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: not a JSON object (a {type(config).__name__}); {fix}")
+    return config
+
+
+def refuse_model_dir(path: Path) -> None:
+    """ValueError when `path`/config.json can be read but marks no drafter (`checkpoint.classify_dir`;
+    `run_doctor` has already named a target model given as CHECKPOINT). A missing config is left
+    to the checks (a failing finding); an unreadable one `given_config` has refused."""
+    file = path / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(config, dict) and classify_dir(path).kind != "drafter":
+        raise ValueError(f"{file}: not an EAGLE-3 draft config (no EAGLE-3 architecture, no drafter key such as "
+                         f"speculators_model_type, no {MANIFEST_FILE}): pass the drafter's directory as CHECKPOINT")

@@ -1,0 +1,246 @@
+"""Checks of the config and the serving command line as each engine reads them: fc width, aux
+ids and the layers they capture, the algorithm and speculative settings, the EAGLE-3 variant
+flags, draft vocabulary size, head tying, rope (S2-S4, FC-03, FC-06, FC-09)."""
+
+from __future__ import annotations
+
+from specdraft.checkpoint import UNIMPLEMENTED_FLAGS
+from specdraft.conventions import (
+    AUX_KEY,
+    ConventionError,
+    lint_sglang_ids,
+    to_engine_ids,
+)
+from specdraft.doctor.evidence import Evidence, Unavailable, Unreadable, describe
+from specdraft.doctor.verdict import NUM_AUX, Result, engine_name, fail, ok
+from specdraft.draft import rope_from_hf_config
+from specdraft.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
+
+
+def fc_width_matches_aux(ev: Evidence) -> Result:
+    """fc.in_features == 3 x target hidden size, as SGLang and vLLM feed it (S2, FC-06)."""
+    if "fc.weight" not in ev.tensors:
+        raise Unavailable("no fc.weight in the file", "see keys_match_engine")
+    out_width, in_width = ev.tensors["fc.weight"].shape
+    hidden = ev.facts.hidden_size
+    declared = ev.config.get("target_hidden_size") or ev.layer_config.get("target_hidden_size")
+    problems = []
+    if in_width != NUM_AUX * hidden:
+        problems.append(f"fc.weight {list(ev.tensors['fc.weight'].shape)} takes {in_width} inputs, "
+                        f"but the engines feed {NUM_AUX} aux states x target hidden {hidden} = "
+                        f"{NUM_AUX * hidden}")
+    if declared is None and out_width != hidden:
+        problems.append(f"no target_hidden_size in the config: SGLang sizes fc as 3 x hidden_size "
+                        f"{out_width}, not 3 x {hidden}")
+    elif declared is not None and declared != hidden:
+        problems.append(f"config target_hidden_size {declared} != the target's hidden size {hidden}")
+    if problems:
+        return fail("; ".join(problems), f"train the drafter on {NUM_AUX} aux layers of this target "
+                    "(fc input 3 x H) and export it with specdraft export")
+    return ok(f"fc takes {in_width} = {NUM_AUX} x {hidden} (target hidden)")
+
+
+def aux_ids_read_alike(ev: Evidence) -> Result:
+    """The config's aux ids mean the same layers to every engine that may read it (FC-03)."""
+    problems = []
+    nested = (ev.config.get("eagle_config") or {}).get(AUX_KEY)
+    if nested and "sglang" in ev.engines and ev.facts.target_class != "llama" \
+            and ev.inputs.sglang_version is None:
+        problems += lint_sglang_ids(nested)
+    try:
+        reading = ev.reading
+        problems += reading.problems() if len(ev.engines) > 1 else []
+    except Unreadable as e:
+        problems.append(e.reason)
+    if problems:
+        return fail("; ".join(problems), "re-export with specdraft export (top-level ids in vLLM's "
+                    "convention, eagle_config ids in SGLang's) or pass --sglang-version")
+    read = ", ".join(f"{engine_name(e)} reads {reading.captured(e)}" for e in ev.engines)
+    return ok(f"{read} (specdraft indices)")
+
+
+def engine_captures_training_layers(ev: Evidence) -> Result:
+    """The layers the engine captures under this config are the training layers (S3, FC-03)."""
+    trained = list(ev.need_manifest().aux_layers)
+    try:
+        reading = ev.reading
+    except Unreadable as e:
+        return fail(f"{e.reason}; trained on {trained}", _express(ev, trained))
+    wrong = []
+    for engine in ev.engines:
+        captured = reading.captured(engine)
+        if captured != trained:
+            order = " (same layers, other order: engines concatenate in layer order)" \
+                if sorted(captured) == sorted(trained) else ""
+            wrong.append(f"{engine_name(engine)} captures {captured} ({_ids_source(ev, engine)}){order}")
+    if wrong:
+        return fail(f"trained on {trained} (specdraft indices); " + "; ".join(wrong),
+                    _express(ev, trained))
+    return ok(f"trained on {trained}; " + ", ".join(
+        f"{engine_name(e)} captures {reading.captured(e)}" for e in ev.engines))
+
+
+def _ids_source(ev: Evidence, engine: str) -> str:
+    nested = (ev.config.get("eagle_config") or {}).get(AUX_KEY)
+    top = ev.config.get(AUX_KEY)
+    if engine == "sglang":
+        return f"eagle_config ids {nested}" if nested else "no eagle_config ids: SGLang's default"
+    if top or nested:
+        return f"top-level ids {top}" if top else f"eagle_config ids {nested}, read as-is"
+    return "no ids: vLLM's default"
+
+
+def _express(ev: Evidence, layers: list[int]) -> str:
+    """For each engine, the ids that express `layers`, or why it cannot."""
+    facts, parts = ev.facts, []
+    if facts.target_class is None:
+        return "engines read ids by target class, which is unknown: pass --target DIR to get them"
+    for engine, key in (("vllm", "top-level"), ("sglang", "eagle_config")):
+        try:
+            ids = to_engine_ids(layers, engine, facts.num_layers, facts.target_class,
+                                ev.inputs.sglang_version)
+            parts.append(f"{engine_name(engine)}: {key} {AUX_KEY} {ids}")
+        except ConventionError as e:
+            parts.append(f"{engine_name(engine)}: cannot ({e})")
+    return "; ".join(parts) + "; specdraft export --engine ENGINE writes them"
+
+
+def _given_engine_args(ev: Evidence) -> EngineArgs | Result:
+    """The parsed --engine-args of a check that needs them, or a fail when they cannot be read
+    (the user's command line is at fault); raises Unavailable (a skip) when none were given."""
+    try:
+        args = ev.engine_args
+    except Unavailable as e:
+        return fail(e.reason, e.fix)
+    if args is None:
+        raise Unavailable("no --engine-args", "pass the engine's command line (--engine-args \"...\")")
+    return args
+
+
+def algorithm_is_eagle3(ev: Evidence) -> Result:
+    """The engine runs the EAGLE-3 algorithm, which the drafter's architecture needs (FC-06)."""
+    args = _given_engine_args(ev)
+    if isinstance(args, Result):
+        return args
+    want, flag = EAGLE3_ALGORITHM[args.engine], ALGORITHM_FLAG[args.engine]
+    if args.algorithm is None:
+        what = ("SGLang runs without speculation" if args.engine == "sglang" else
+                "vLLM guesses the method from the draft path's name ('eagle-' -> eagle, 'eagle3' -> "
+                "eagle3, else another method)")
+        return fail(f"no {flag}: {what} ({SOURCES[args.engine]})", f"set {flag} {want}")
+    if not args.uses_eagle3:
+        return fail(f"{flag} {args.algorithm!r} with an EAGLE-3 drafter: plain EAGLE feeds one H-wide "
+                    "hidden state and captures no aux layers, so fc is skipped (widths match) or "
+                    "the draft is garbage: accept length ~1.0, no warning", f"set {flag} {want}")
+    return ok(f"{flag} {args.algorithm} (EAGLE-3, aux capture)")
+
+
+def speculative_settings_valid(ev: Evidence) -> Result:
+    """steps / topk / draft tokens obey the engine's rule, so it does not rewrite them (S4, FC-06)."""
+    args = _given_engine_args(ev)
+    if isinstance(args, Result):
+        return args
+    try:
+        spec = args.spec_config()
+    except ValueError as e:
+        return fail(str(e), "use the corrected values above (specdraft refuses, never adjusts)")
+    if spec is None:
+        raise Unavailable(f"no speculative settings in --engine-args: {engine_name(args.engine)} picks "
+                          "them itself", "pass them explicitly to have them checked")
+    shape = "a chain (num_draft_tokens = steps + 1)" if spec.is_chain else \
+        f"a tree of at most {spec.max_draft_tokens} nodes"
+    return ok(f"steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens}: {shape}")
+
+
+def norm_before_residual_false(ev: Evidence) -> Result:
+    """norm_before_residual is false (what specdraft trains) and no untrained variant flag is set."""
+    layer, config = ev.layer_config, ev.config
+    flagged = [k for k in UNIMPLEMENTED_FLAGS if k != "norm_before_residual"
+               and (config.get(k) or layer.get(k))]
+    value = config.get("norm_before_residual", layer.get("norm_before_residual"))
+    problems = [f"sets {flagged}: the engine computes a variant specdraft did not train"] if flagged else []
+    if value is True:
+        problems.append("norm_before_residual: true, but the drafter was trained with false")
+    elif value is None and ev.layout == "speculators":
+        problems.append("speculators config without norm_before_residual: vLLM then assumes true "
+                        "(transformers_utils/configs/speculators/algos.py)")
+    if problems:
+        return fail("; ".join(problems), "write norm_before_residual: false (specdraft export does)")
+    return ok(f"norm_before_residual {'false' if value is False else 'absent (false for official configs)'}")
+
+
+def draft_vocab_size_declared(ev: Evidence) -> Result:
+    """draft_vocab_size is declared when the head is smaller than the vocabulary (FC-02)."""
+    if "lm_head.weight" not in ev.tensors:
+        raise Unavailable("no lm_head.weight in the file", "see keys_match_engine")
+    rows, vocab = ev.tensors["lm_head.weight"].shape[0], ev.facts.vocab_size
+    declared = ev.config.get("draft_vocab_size", ev.layer_config.get("draft_vocab_size"))
+    config_vocab = ev.layer_config.get("vocab_size")
+    problems = []
+    if config_vocab is not None and config_vocab != vocab:
+        problems.append(f"vocab_size {config_vocab} != the target's {vocab}")
+    if declared is None and rows != vocab:
+        problems.append(f"no draft_vocab_size, but lm_head has {rows} rows < vocabulary {vocab}: "
+                        "SGLang then loads the target's full head instead (llama_eagle3.py)")
+    elif declared is not None and declared != rows:
+        problems.append(f"draft_vocab_size {declared} != lm_head rows {rows}")
+    if problems:
+        return fail("; ".join(problems), f"write draft_vocab_size: {rows} (specdraft export does)")
+    return ok(f"draft_vocab_size {declared if declared is not None else '(absent)'}, lm_head {rows} rows, "
+              f"vocabulary {vocab}")
+
+
+def lm_head_untied(ev: Evidence) -> Result:
+    """tie_word_embeddings is not true (SGLang would replace the trained lm_head)."""
+    value = ev.config.get("tie_word_embeddings", ev.layer_config.get("tie_word_embeddings"))
+    if value is True:
+        return fail("tie_word_embeddings: true: SGLang uses the embedding as the head and drops the "
+                    "trained lm_head (llama_eagle3.py)", "write tie_word_embeddings: false")
+    return ok("tie_word_embeddings false" if value is False else
+              "tie_word_embeddings absent (LlamaConfig default false)")
+
+
+def rope_matches_training(ev: Evidence) -> Result:
+    """rope theta / scaling, partial rotary and max positions equal training's and the target's (FC-09)."""
+    layer = ev.layer_config
+    theta, scaling = rope_from_hf_config(layer.get)
+    served = {"rope_theta": theta, "rope_scaling": scaling,
+              "max_position_embeddings": layer.get("max_position_embeddings")}
+    problems = []
+    if "rope_theta" not in layer:
+        problems.append("no rope_theta key (only rope_parameters): older loaders fall back to 10000")
+    if layer.get("partial_rotary_factor", 1.0) != 1.0:
+        problems.append(f"partial_rotary_factor {layer['partial_rotary_factor']}: the drafter was "
+                        "trained with full rotary")
+    only_target = not problems  # so far none about the drafter's config itself
+    for name, reference in _rope_references(ev):
+        for key, value in served.items():
+            if key in reference and reference[key] != value:
+                problems.append(f"{key} {describe(value)} (config) vs {describe(reference[key])} ({name})")
+                only_target = only_target and name != "training"
+    if problems and only_target and ev.manifest is not None:  # the config is as trained: the target differs
+        return fail("; ".join(problems), "serve the target the drafter was trained on, or train a drafter for "
+                    "this target (re-exporting cannot change the target's rope)")
+    if problems:
+        return fail("; ".join(problems), "re-export with specdraft export (writes the trained rope "
+                    "and max positions explicitly)")
+    return ok(f"rope_theta {theta}, rope_scaling {describe(scaling)}, max positions "
+              f"{served['max_position_embeddings']}: as trained" +
+              (" and as the target" if ev.inputs.target is not None else ""))
+
+
+def _rope_references(ev: Evidence) -> list[tuple[str, dict]]:
+    """(name, {key: value}) of what the config must match; only keys the source knows."""
+    keys = ("rope_theta", "rope_scaling", "max_position_embeddings")
+    refs = []
+    if ev.manifest is not None:  # the DraftConfig the trainer used: every key is known
+        refs.append(("training", {k: ev.manifest.draft[k] for k in keys if k in ev.manifest.draft}))
+    if ev.inputs.target is not None:
+        f = ev.facts
+        known = {"rope_theta": f.rope_theta, "rope_scaling": f.rope_scaling,
+                 "max_position_embeddings": f.max_position_embeddings}
+        refs.append((f"target {ev.inputs.target}", {k: v for k, v in known.items()
+                                                     if v is not None or k == "rope_scaling"}))
+    if not refs:
+        raise Unavailable("nothing to compare with", "pass --target DIR or keep the manifest")
+    return refs
