@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import typer
 
-from specdraft.demo import heldout_prompts
+from specdraft.demo.generation import heldout_prompts
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine, load_engine
 
