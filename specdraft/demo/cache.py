@@ -79,7 +79,7 @@ def reconcile_cache(cfg: DemoConfig, say: Callable[[str], None]) -> None:
     """Drop the cached stages made with other settings than cfg's (and every later stage), saying
     which settings changed, then record cfg's settings in out/demo_settings.json."""
     new = stage_settings(cfg)
-    stage, diffs = stage_to_redo(cfg.out, new)
+    stage, diffs = redo_from_record(cfg.out, new)
     if stage is not None:
         say(f"cached results under {cfg.out} were made with other settings ({'; '.join(diffs)}): "
             f"redoing the {stage} stage and every later one")
@@ -92,7 +92,7 @@ def reconcile_cache(cfg: DemoConfig, say: Callable[[str], None]) -> None:
     atomic_write_json(cfg.out / SETTINGS_FILE, {"stages": new})
 
 
-def stage_to_redo(out: Path, new: dict[str, dict[str, Any]]) -> tuple[str | None, list[str]]:
+def redo_from_record(out: Path, new: dict[str, dict[str, Any]]) -> tuple[str | None, list[str]]:
     """`stages_to_redo` against out/demo_settings.json (unreadable: every stage differs); a
     demo directory with data but no record (made before the record existed) redoes the data."""
     record = out / SETTINGS_FILE
