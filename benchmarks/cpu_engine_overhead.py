@@ -30,7 +30,7 @@ import torch
 import typer
 from tiny_pair import tiny_demo_dir  # benchmarks/, the script's directory
 
-from specdraft.demo import heldout_prompts
+from specdraft.demo.generation import heldout_prompts
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine, load_engine
 

@@ -4,7 +4,10 @@ import json
 
 import pytest
 
-from specdraft.demo import DemoConfig, run_demo, split_documents, summary
+from specdraft.demo.config import DemoConfig
+from specdraft.demo.inputs import split_documents
+from specdraft.demo.report import summary
+from specdraft.demo.run import run_demo
 
 
 def test_split_documents_is_seeded_and_disjoint():

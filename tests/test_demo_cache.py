@@ -12,9 +12,18 @@ from pathlib import Path
 
 import pytest
 
-import specdraft.demo as demo
-from specdraft.demo import (DemoConfig, DemoReport, reconcile_cache, report_markdown, stages_to_redo,
-                            timing_summary, train_batch_size, verdict_text)
+from specdraft.demo import cache, generation, stages
+from specdraft.demo.cache import reconcile_cache, stages_to_redo
+from specdraft.demo.config import DemoConfig
+from specdraft.demo.report import (
+    DemoReport,
+    generate_command,
+    report_markdown,
+    summary,
+    verdict_text,
+)
+from specdraft.demo.stages import train_batch_size
+from specdraft.speedup import timing_summary
 
 
 def fake_outputs(out):
@@ -59,10 +68,10 @@ def test_other_num_train_redoes_every_stage_but_the_target(tmp_path):
 
 
 def test_other_lengths_redo_regeneration_capture_and_training():
-    old = demo.stage_settings(DemoConfig())
-    stage, diffs = stages_to_redo(old, demo.stage_settings(DemoConfig(max_new_tokens=24)))
+    old = cache.stage_settings(DemoConfig())
+    stage, diffs = stages_to_redo(old, cache.stage_settings(DemoConfig(max_new_tokens=24)))
     assert (stage, diffs) == ("regenerate", ["max_new_tokens 96 -> 24"])
-    assert stages_to_redo(old, demo.stage_settings(DemoConfig())) == (None, [])
+    assert stages_to_redo(old, cache.stage_settings(DemoConfig())) == (None, [])
 
 
 def test_a_demo_directory_without_a_settings_record_is_redone(tmp_path):
@@ -76,7 +85,7 @@ def test_a_demo_directory_without_a_settings_record_is_redone(tmp_path):
 def test_the_record_names_paths_relative_to_out(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     cfg = DemoConfig(out=a, target=a / "target")
-    assert demo.stage_settings(cfg)["regenerate"]["target"] == "--out/target"
+    assert cache.stage_settings(cfg)["regenerate"]["target"] == "--out/target"
     reconcile_cache(cfg, print)
     fake_outputs(a)
     shutil.copytree(a, b)
@@ -89,18 +98,18 @@ def test_a_copied_demo_directory_resumes_regeneration(tmp_path):
     data.write_text("\n\n".join(f"Once upon a time there was a cat number {i} who liked fish." for i in range(3)))
     a, b = tmp_path / "a", tmp_path / "b"
     cfg = DemoConfig(out=a, data=data, num_train=2, num_heldout=1, max_new_tokens=4)
-    target = demo.stage_target(cfg)
+    target = stages.stage_target(cfg)
     reconcile_cache(cfg, print)
-    train_file, _ = demo.stage_data(cfg)
-    regen = demo.stage_regenerate(cfg, target, train_file)
+    train_file, _ = stages.stage_data(cfg)
+    regen = stages.stage_regenerate(cfg, target, train_file)
     text = regen.read_text()
     shutil.copytree(a, b)
     shutil.rmtree(a)  # the old absolute paths no longer exist
     moved = replace(cfg, out=b)
     reconcile_cache(moved, lambda line: pytest.fail(f"moved, not changed: {line}"))
-    train_file, _ = demo.stage_data(moved)
+    train_file, _ = stages.stage_data(moved)
     # before the fix: "train.regen.jsonl was produced with other settings (backend, input differ)"
-    regen = demo.stage_regenerate(moved, demo.stage_target(moved), train_file)
+    regen = stages.stage_regenerate(moved, stages.stage_target(moved), train_file)
     assert regen.read_text() == text
     sidecar = json.loads((b / "data" / "train.regen.jsonl.settings.json").read_text())
     assert sidecar["input"] == str(train_file.resolve())
@@ -111,7 +120,7 @@ def test_the_batch_adapts_to_the_training_split(num_samples, batch):
     from specdraft.train.loop import TrainConfig, split_samples
 
     assert train_batch_size(num_samples, 8) == batch
-    train_ids, _ = split_samples(num_samples, TrainConfig(val_fraction=demo.VAL_FRACTION, batch_size=batch))
+    train_ids, _ = split_samples(num_samples, TrainConfig(val_fraction=stages.VAL_FRACTION, batch_size=batch))
     assert len(train_ids) >= batch  # at least one batch per epoch: the trainer accepts it
 
 
@@ -128,8 +137,8 @@ def test_two_training_documents_train_with_batch_one(tmp_path, monkeypatch):
     store.mkdir()
     (store / "index.json").write_text(json.dumps({"num_samples": 2}))
     with pytest.raises(RuntimeError, match="stop here"):
-        demo.stage_train(DemoConfig(out=tmp_path, num_train=2, train_steps=5), store)
-    assert seen["config"].batch_size == 1 and seen["config"].val_fraction == demo.VAL_FRACTION
+        stages.stage_train(DemoConfig(out=tmp_path, num_train=2, train_steps=5), store)
+    assert seen["config"].batch_size == 1 and seen["config"].val_fraction == stages.VAL_FRACTION
     with pytest.raises(ValueError, match="at least 2 training documents"):
         DemoConfig(num_train=1)
 
@@ -172,8 +181,8 @@ def test_the_drafter_path_is_as_given_under_out_on_the_first_run_and_a_rerun(tmp
     monkeypatch.chdir(tmp_path)
     cfg = DemoConfig(out=Path("demo"), num_train=2, train_steps=5)
     said: list[str] = []
-    first = demo.stage_train(cfg, tmp_path / "store", say=said.append)
-    again = demo.stage_train(cfg, tmp_path / "store", say=said.append)
+    first = stages.stage_train(cfg, tmp_path / "store", say=said.append)
+    again = stages.stage_train(cfg, tmp_path / "store", say=said.append)
     assert first == again == (Path("demo/train/draft"), {"steps": 5}), said
 
 
@@ -187,11 +196,11 @@ def test_the_summary_names_a_generate_command_with_the_measured_setting(tmp_path
                         verdict="v", chosen={k: v for k, v in sweep[1].items()},
                         drafter={"dir": "demo/train/draft"})
     flags = "--target demo/target --draft demo/train/draft --num-steps 4 --topk 1 --num-draft-tokens 5"
-    lines = demo.summary(report, tmp_path).splitlines()
+    lines = summary(report, tmp_path).splitlines()
     assert f'try: specdraft generate {flags} --threads 1 --prompt "Once upon a time"' in lines
     assert f"serve: specdraft serve {flags} --threads 1 --port 8000" in lines
     report.chosen, report.tree = {}, {**tree, "speedup": 2.0}
-    generate, serve = demo.generate_command(report)
+    generate, serve = generate_command(report)
     assert generate.startswith("try: specdraft generate --target demo/target --draft "
                                "demo/train/draft --num-steps 4 --topk 2 --num-draft-tokens 8")
     assert generate.endswith("(the fastest setting here; none is recommended)")
@@ -209,13 +218,13 @@ def test_a_rerun_reuses_the_timing_of_the_same_drafter_and_settings(tmp_path, mo
         timed.append(len(timed))
         return {"tokens_per_s": 100.0 + len(timed)}, [{"num_steps": 1, "round": len(timed)}], {"topk": 2}
 
-    monkeypatch.setattr(demo, "stage_generate", stage_generate)
+    monkeypatch.setattr(generation, "stage_generate", stage_generate)
     cfg = DemoConfig(out=tmp_path / "demo", num_train=2)
     draft = tmp_path / "demo" / "train" / "draft"
     draft.mkdir(parents=True)
     (draft / "model.safetensors").write_bytes(b"weights")
     said: list[str] = []
-    run = lambda c=cfg, prompts=[[1, 2, 3]]: demo.stage_generation(c, tmp_path / "t", draft, prompts, said.append)
+    run = lambda c=cfg, prompts=[[1, 2, 3]]: generation.stage_generation(c, tmp_path / "t", draft, prompts, said.append)
     first = run()
     assert run() == first and len(timed) == 1
     assert said == [f"generation: reused the timing in {cfg.out / 'generation.json'} (same drafter, prompts and "

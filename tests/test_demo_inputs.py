@@ -8,10 +8,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import specdraft.demo as demo
+import specdraft.demo.stages as demo
 from specdraft.capture.store import CaptureError
 from specdraft.cli import app
-from specdraft.demo import DemoConfig, check_inputs, parse_documents
+from specdraft.demo.config import DemoConfig
+from specdraft.demo.inputs import check_inputs, parse_documents
 
 
 def invoke(args: list[str]):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.demo import (DemoConfig, DemoReport, pick_setting, report_markdown, timed_passes, timing_summary,
-                            verdict_text)
+from specdraft.demo.config import DemoConfig
+from specdraft.demo.report import DemoReport, report_markdown, verdict_text
+from specdraft.speedup import pick_setting, timed_passes, timing_summary
 
 
 def row(steps: int, speedups: list[float], topk: int = 1, tokens: int | None = None) -> dict:

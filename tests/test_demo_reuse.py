@@ -8,7 +8,8 @@ import re
 
 from rich.console import Console
 
-from specdraft.demo import DemoConfig, run_demo
+from specdraft.demo.config import DemoConfig
+from specdraft.demo.run import run_demo
 
 
 def tiny_demo(tmp_path) -> DemoConfig:
@@ -54,7 +55,7 @@ def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, ca
 def test_a_store_is_reused_only_when_finished_with_every_shard(tmp_path, capsys):
     import json
 
-    from specdraft.demo import store_complete
+    from specdraft.demo.stages import store_complete
 
     cfg = tiny_demo(tmp_path)
     demo_output(cfg, capsys)
@@ -70,7 +71,7 @@ def test_a_store_is_reused_only_when_finished_with_every_shard(tmp_path, capsys)
 
 
 def test_the_doctor_line_names_failed_checks_and_lint():
-    from specdraft.demo import DemoReport, doctor_line
+    from specdraft.demo.report import DemoReport, doctor_line
 
     report = DemoReport(target="t", aux_layers=[1], doctor=[
         {"samples": "train", "check": "acceptance", "verdict": "pass"},

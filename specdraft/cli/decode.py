@@ -17,10 +17,10 @@ from specdraft.cli.common import (
     check_model_dir,
     check_top_p,
     engine_dtype,
-    error,
     flag,
     refuse_bad_configs,
     spec_from_flags,
+    user_errors,
 )
 
 COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
@@ -177,24 +177,18 @@ def demo(
 
     from rich.console import Console
 
-    from specdraft.checkpoint import CheckpointError
-    from specdraft.demo import DemoConfig, run_demo, summary
+    from specdraft.demo.config import DemoConfig
+    from specdraft.demo.report import summary
+    from specdraft.demo.run import run_demo
     from specdraft.machine_load import busy_note
-    from specdraft.regenerate.backends import RegenerationError
-    from specdraft.train.loop import TrainingError
 
     console = Console()
     busy = busy_note("the tokens/s and speedups above") if device == "cpu" else None
-    try:  # inputs are checked before any stage runs; a later stage's error is one line too
+    # inputs are checked before any stage runs; a later stage's error is one line too
+    with user_errors(console, interrupted=lambda: f"run the same command again to resume from {out}"):
         cfg = DemoConfig(out=Path(out), device=device, target=Path(target) if target else None,
                          data=Path(data) if data else None, train_steps=train_steps, num_train=num_train)
         report = run_demo(cfg, console)
-    except KeyboardInterrupt:
-        console.print(f"interrupted; run the same command again to resume from {out}", markup=False)
-        raise typer.Exit(130) from None
-    except (ValueError, OSError, CheckpointError, TrainingError, RegenerationError) as e:
-        error(console, e)
-        raise typer.Exit(1) from e
     console.print(summary(report, Path(out)), markup=False, highlight=False, soft_wrap=True)
     if busy:
         console.print(busy, style="yellow", markup=False, soft_wrap=True)

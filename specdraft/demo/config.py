@@ -1,0 +1,55 @@
+"""The settings of one demo run (`DemoConfig`), checked when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Settings of one demo run.
+
+    target: a transformers model directory, or None for the bundled stories260K.
+    data: documents separated by blank lines (default: the bundled TinyStories sample).
+    prompt_tokens: prompt length cut from each document; max_new_tokens: continuation length
+    (regeneration and the generation benchmark). num_train / num_heldout: documents used.
+    train_steps, batch_size, lr: drafter training. sweep_steps: chain depths measured.
+    timing_repeats: rounds in which every setting and plain decoding are each timed once;
+    min_speedup: the median speedup over plain decoding a recommended setting needs (it must
+    also be faster in three rounds of four: lower quartile > 1x; else the report recommends none).
+    """
+
+    out: Path = Path("specdraft-demo")
+    target: Path | None = None
+    data: Path | None = None
+    device: str = "cpu"
+    prompt_tokens: int = 8
+    max_new_tokens: int = 96
+    num_train: int = 800
+    num_heldout: int = 16
+    train_steps: int = 1000
+    batch_size: int = 8
+    lr: float = 3e-3
+    ttt_steps: int = 4
+    seed: int = 0
+    sweep_steps: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+    tree: tuple[int, int, int] = (4, 2, 8)  # num_steps, topk, num_draft_tokens
+    threads: int | None = 1  # CPU threads; one is fastest for a 260K-parameter model
+    timing_repeats: int = 5  # timed passes per setting, taking turns with plain decoding
+    min_speedup: float = 1.05  # median speedup a recommended setting must reach (lower quartile > 1x)
+
+    def __post_init__(self) -> None:
+        if self.num_train < 2:  # one for training, one for validation (the batch adapts: train_batch_size)
+            raise ValueError(f"--num-train {self.num_train}: the demo needs at least 2 training documents")
+        if self.num_heldout < 1:
+            raise ValueError(f"num_heldout {self.num_heldout}: the demo needs at least 1 held-out document")
+        if self.train_steps < 1:
+            raise ValueError(f"--train-steps {self.train_steps}: must be at least 1 (the default is 1000)")
+        for name in ("prompt_tokens", "max_new_tokens", "batch_size", "ttt_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} {getattr(self, name)}: must be at least 1")
+        if not self.sweep_steps or min(self.sweep_steps) < 1:
+            raise ValueError(f"sweep_steps {self.sweep_steps}: need at least one chain depth, each >= 1")
+        if self.timing_repeats < 1:
+            raise ValueError(f"timing_repeats {self.timing_repeats}: must be at least 1")
