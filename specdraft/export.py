@@ -141,7 +141,7 @@ def load_source(checkpoint: str | Path, target_num_layers: int | None) -> Loaded
     """What export reads: a training checkpoint (`loop.load_training_checkpoint`; its manifest
     records the step) or a drafter directory (`load_draft`). Raises CheckpointError naming
     the path for anything else (e.g. a drafter's model.safetensors given instead of its directory)."""
-    from specdraft.train.loop import is_training_checkpoint, load_training_checkpoint
+    from specdraft.checkpoint import is_training_checkpoint, load_training_checkpoint
 
     path = Path(checkpoint)
     if is_training_checkpoint(path):
