@@ -197,7 +197,10 @@ def train(
     from specdraft.train.run_dir import interrupted_message
 
     console = Console()
-    say = lambda text: console.print(text, markup=False, soft_wrap=True)  # noqa: E731
+
+    def say(text: str) -> None:
+        console.print(text, markup=False, soft_wrap=True)
+
     flags = dict(total_steps=steps, epochs=epochs, lr=lr, batch_size=batch_size, grad_accum_steps=grad_accum_steps,
                  max_length=max_length, ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size, precision=precision,
                  aux_layers=aux_layers, warmup_steps=warmup_steps, save_every=save_every)

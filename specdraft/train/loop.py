@@ -281,8 +281,8 @@ class Trainer:
     def load_state(self, state: dict[str, Any], source: Path) -> None:
         """Restore `state()` (full tensors, as one process writes them) on any number of ranks:
         under FSDP2 each rank keeps its shards. A checkpoint whose settings differ in anything that
-        shapes the weights (all but BOOKKEEPING_FIELDS, RUN_LENGTH_FIELDS and BATCH_SPLIT_FIELDS)
-        is a ValueError naming the flags; a run length that differs is taken (`_fit_schedule`)."""
+        shapes the weights is a ValueError naming the flags (`config.refuse_changed_settings`); a
+        run length that differs is taken (`_fit_schedule`)."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
         refuse_changed_settings(self.config, state["config"], source)
@@ -292,7 +292,7 @@ class Trainer:
         self._restore_progress(state, source)
 
     def load_sharded_state(self, path: Path) -> None:
-        """Restore a directory written by `write_sharded_checkpoint` by any number of ranks, on
+        """Restore a directory written by `run_dir.write_sharded_checkpoint` by any number of ranks, on
         this run's ranks (one process reads whole tensors); a collective. Raises as `load_state`."""
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -394,7 +394,7 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     out_dir: receives checkpoints/, metrics.jsonl, tensorboard/ and the final draft/.
     resume: continue from the newest checkpoint in out_dir (from scratch when there is none);
     without it an out_dir that already holds checkpoints is refused (FileExistsError), as is an
-    out_dir that is a file or a directory of other files (no run entry, RUN_ENTRIES). Resuming on
+    out_dir that is a file or a directory of other files (no run entry, `run_dir.RUN_ENTRIES`). Resuming on
     data of another target, aux layers or samples (data hash) than the checkpoint's is a ValueError
     naming both (`run_dir.check_same_data`). Ctrl-C (KeyboardInterrupt) in one process checkpoints the
     current step before it propagates (`run_dir.checkpoint_on_interrupt`); under torchrun, Ctrl-C
@@ -404,7 +404,7 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     resharded to this run's. The run length (total_steps / epochs) may differ from the
     checkpoint's: the run is extended (or shortened, not below the checkpoint's step) and the lr
     schedule recomputed for the new total (`Trainer._fit_schedule`); grad_accum_steps may differ;
-    every other setting that shapes the weights must match (`resume_config` takes them from the checkpoint).
+    every other setting that shapes the weights must match (`config.resume_config` takes them from the checkpoint).
     command: recorded in the manifest as the training command. on_step(step) runs after each
     optimizer step and any checkpoint it triggers. target_config: the target's config or
     directory, for a store whose recorded target path does not resolve here. on_note(line)
