@@ -7,7 +7,7 @@ AdamW, schedule) on inputs already on the device; the target-head recompute that
 store needs (lm_head(norm(last_hidden)), V x H per token) is timed on its own.
 
     python benchmarks/train_throughput.py                 # GPU, 8B shapes
-    python benchmarks/train_throughput.py --tiny          # CPU smoke test, tiny shapes
+    python benchmarks/train_throughput.py --tiny          # CPU smoke run (seconds): tiny shapes, 2 steps
     torchrun --nproc-per-node 2 benchmarks/train_throughput.py --batch-size 2   # FSDP2, 2 GPUs
 
 Prints one JSON line. Definitions:
@@ -24,14 +24,7 @@ Prints one JSON line. Definitions:
 --attention-ab also times the TTT loss forward + backward with flex attention and with SDPA
 (dense mask) and prints the largest gradient difference between them.
 
-Measured on one H200 (torch 2.11, 2026-11-29, --iters 5), flex attention: batch 1: 0.096 s a
-step, 21.4k tokens/s, MFU 39.3 %; batch 4: 0.319 s, 25.7k tokens/s, MFU 47.2 % (goal 40 %; with
-SDPA's dense masked attention it was 32.5 % and 38.0 %). Loss + backward at batch 1: flex 0.083
-s, SDPA 0.101 s, gradients within 2 % of the largest entry (bf16). The target-head recompute
-is 3.7 % (batch 1) / 4.4 % (batch 4) of the step time, 580 TFLOP/s, not inside MFU.
-On 2 x H200 (torchrun, FSDP2, batch 4 = 2 a GPU, --iters 5): 0.188 s a step, 43.6k tokens/s
-against 25.4k on one GPU of the same host (1.72x, MFU 40.1 % a GPU vs 46.7 %); the seven
-losses agree within 1e-5 relative (6.51465 -> 6.40816 on both).
+Measured figures: benchmarks/RESULTS.md (train_throughput).
 """
 
 from __future__ import annotations
@@ -42,7 +35,9 @@ import time
 
 import torch
 
-from specdraft.train.loop import Trainer, TrainConfig, setup_dist
+from specdraft.train.config import TrainConfig
+from specdraft.train.dist import setup_dist
+from specdraft.train.loop import Trainer
 from specdraft.train.loss import target_logits, ttt_loss
 from specdraft.train.sources import Batch, TargetInfo
 
@@ -68,8 +63,10 @@ class SyntheticData:
         v, h, t = shape["vocab_size"], shape["hidden_size"], shape["seq_len"]
         n_aux = len(shape["aux_layers"])
         config = {k: shape[k] for k in shape if k not in ("draft_vocab_size", "aux_layers", "seq_len")}
+        target = {"architecture": "synthetic", "num_layers": shape["num_hidden_layers"], "hidden_size": h,
+                  "vocab_size": v, "name_or_path": None}  # the drafter's manifest needs a target record
         self.info = TargetInfo(config=config, aux_layers=shape["aux_layers"],
-                               embed_weight=torch.randn(v, h, generator=g) * 0.02, manifest_fields={})
+                               embed_weight=torch.randn(v, h, generator=g) * 0.02, manifest_fields={"target": target})
         self.counts = torch.randint(0, 1000, (v,), generator=g)
         # one row per sample of the global batch, the same on every rank (seeded on the CPU)
         self.input_ids = torch.randint(0, v, (batch_size, t), generator=g).to(device)
@@ -120,22 +117,31 @@ def flops_per_step(shape: dict, model: torch.nn.Module, batch: int, ttt: int) ->
     return dense + attention, dense - 6 * fc * tokens * (ttt - 1) + attention, attention
 
 
+def shape_and_defaults(args: argparse.Namespace) -> dict:
+    """The shape to run (SHAPES, with --seq-len); fills args' unset counts (--tiny: a smoke run's)."""
+    shape = dict(SHAPES["tiny" if args.tiny else "8b"])
+    shape["seq_len"] = args.seq_len or shape["seq_len"]
+    args.ttt_steps = args.ttt_steps or (2 if args.tiny else 7)
+    args.iters = args.iters or (1 if args.tiny else 10)
+    args.warmup = args.warmup if args.warmup >= 0 else (1 if args.tiny else 3)
+    return shape
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke test)")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU, 2 steps (smoke run)")
     parser.add_argument("--batch-size", type=int, default=1, help="sequences per step")
     parser.add_argument("--seq-len", type=int, default=0, help="default: 2048 (tiny: 128)")
-    parser.add_argument("--ttt-steps", type=int, default=7)
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--ttt-steps", type=int, default=0, help="default: 7 (tiny: 2)")
+    parser.add_argument("--iters", type=int, default=0, help="timed steps (default: 10; tiny: 1)")
+    parser.add_argument("--warmup", type=int, default=-1, help="untimed steps first (default: 3; tiny: 1)")
     parser.add_argument("--precision", default="", help="bf16 | fp32 (default: bf16 on CUDA)")
     parser.add_argument("--attention-ab", action="store_true",
                         help="also time the TTT loss with flex attention vs SDPA and compare gradients")
     args = parser.parse_args()
 
-    shape = dict(SHAPES["tiny" if args.tiny else "8b"])
-    shape["seq_len"] = args.seq_len or shape["seq_len"]
-    ranks = setup_dist("auto")  # one process, or one rank of torchrun (FSDP2 over the ranks)
+    shape = shape_and_defaults(args)
+    ranks = setup_dist("cpu" if args.tiny else "auto")  # one process, or one rank of torchrun (FSDP2 over the ranks)
     device = ranks.device
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32

@@ -61,7 +61,7 @@ def test_the_choices_match_the_library():
     from specdraft.checkpoint import LAYOUTS
     from specdraft.doctor.inputs import DOCTOR_ENGINES
     from specdraft.export import EXPORT_ENGINES
-    from specdraft.train.loop import PRECISIONS
+    from specdraft.train.config import PRECISIONS
 
     assert set(get_args(cli.DtypeName)) == set(DTYPES)
     assert set(get_args(cli.Precision)) == set(PRECISIONS)

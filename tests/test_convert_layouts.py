@@ -52,13 +52,13 @@ def test_a_config_that_reads_back_differently_is_refused(tmp_path, monkeypatch):
     """Without the manifest only config.json describes the drafter: convert proves it rebuilds the same one."""
     import pytest
 
-    from specdraft import checkpoint
+    from specdraft.checkpoint import layouts
     from specdraft.checkpoint import CheckpointError, convert_draft
 
     model = tiny_draft()
     src = save_draft(model, tmp_path / "src", layout="specdraft", manifest=tiny_manifest(model))
-    real = checkpoint.base_llama_config
-    monkeypatch.setattr(checkpoint, "base_llama_config", lambda cfg, dtype: {**real(cfg, dtype), "rms_norm_eps": 0.5})
+    real = layouts.base_llama_config
+    monkeypatch.setattr(layouts, "base_llama_config", lambda cfg, dtype: {**real(cfg, dtype), "rms_norm_eps": 0.5})
     with pytest.raises(CheckpointError, match=r"config reads back differently: rms_norm_eps 1e-0\d -> 0.5"):
         convert_draft(src, tmp_path / "sglang", layout="sglang")
 

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from specdraft.checkpoint import CheckpointError, load_draft
 from specdraft.export import export_draft
-from specdraft.train.loop import Trainer, train, write_sharded_checkpoint
+from specdraft.train.loop import Trainer, train
+from specdraft.train.run_dir import write_sharded_checkpoint
 from specdraft.train.sources import StoreData
 from tests.test_cli import flat, invoke
 from tests.test_train_loop import one_thread, small_config  # noqa: F401

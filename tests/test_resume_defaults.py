@@ -10,7 +10,8 @@ import json
 
 import torch
 
-from specdraft.train.loop import TrainConfig, checkpoint_paths, resume_config
+from specdraft.checkpoint import checkpoint_paths
+from specdraft.train.config import TrainConfig, resume_config
 from tests.test_cli import flat, invoke
 from tests.test_train_loop import one_thread  # noqa: F401
 

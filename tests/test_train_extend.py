@@ -12,7 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdraft.train.loop import FLAG_OF_FIELD, TrainConfig, checkpoint_paths, lr_lambda, train
+from specdraft.checkpoint import checkpoint_paths
+from specdraft.train.config import FLAG_OF_FIELD, TrainConfig, lr_lambda
+from specdraft.train.loop import train
 from tests.test_cli import flat, invoke
 from tests.test_train_loop import one_thread, read_metrics, small_config  # noqa: F401
 

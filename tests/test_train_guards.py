@@ -14,10 +14,13 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 import specdraft.train.loop as loop
+import specdraft.train.run_dir as run_dir
 from specdraft.capture.store import StoreSettings
 from specdraft.capture.write import write_store
 from specdraft.cli import app
-from specdraft.train.loop import TrainConfig, checkpoint_paths, train
+from specdraft.checkpoint import checkpoint_paths
+from specdraft.train.config import TrainConfig
+from specdraft.train.loop import train
 from specdraft.train.sources import StoreData
 from tests.test_train_loop import make_samples, one_thread  # noqa: F401
 from tests.tiny_models import save_tiny_model, tiny_config
@@ -206,9 +209,9 @@ def test_a_checkpoint_write_interrupted_keeps_the_previous_one(stores, tmp_path,
 
     def broken_save(*a, **k):
         raise KeyboardInterrupt
-    monkeypatch.setattr(loop.torch, "save", broken_save)
+    monkeypatch.setattr(run_dir.torch, "save", broken_save)
     with pytest.raises(KeyboardInterrupt):
-        loop.write_checkpoint({"step": 3}, run, keep=2)
+        run_dir.write_checkpoint({"step": 3}, run, keep=2)
     assert [p.name for p in checkpoint_paths(run)] == ["step-00000002.pt"]
 
 

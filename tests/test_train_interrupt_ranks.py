@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
-from specdraft.train import loop
-from specdraft.train.loop import checkpoint_paths
+from specdraft.checkpoint import checkpoint_paths
+from specdraft.train import dist
 from tests.test_train_loop import ONE_THREAD_ENV, REPO, needs_torchrun, read_metrics, small_config
 
 STEPS, SAVE_EVERY = 30, 1000  # no --save-every checkpoint before the end
@@ -78,9 +78,9 @@ def test_on_several_ranks_a_first_signal_is_only_noted_and_a_second_aborts_at_on
     """SIGTERM (as torchrun sends on shutdown) raises nothing; a second signal, here SIGINT,
     raises KeyboardInterrupt where the rank is; the handlers from before are back after."""
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    ranks = loop._Dist(rank=0, world=2, device=torch.device("cpu"), owns_group=False)
+    ranks = dist.Ranks(rank=0, world=2, device=torch.device("cpu"), owns_group=False)
     with pytest.raises(KeyboardInterrupt):
-        with loop._interrupt_flag(ranks):
+        with dist.interrupt_flag(ranks):
             signal.raise_signal(signal.SIGTERM)
             signal.raise_signal(signal.SIGINT)
             pytest.fail("the second signal did not abort")

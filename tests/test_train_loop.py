@@ -24,7 +24,9 @@ from specdraft.capture.store import StoreSettings
 from specdraft.capture.write import write_store
 from specdraft.data.render import Sample
 from specdraft.target import load_target
-from specdraft.train.loop import TrainConfig, Trainer, TrainingError, checkpoint_paths, split_samples, train
+from specdraft.checkpoint import checkpoint_paths
+from specdraft.train.config import TrainConfig, split_samples
+from specdraft.train.loop import Trainer, TrainingError, train
 from specdraft.train.sources import OnlineData, StoreData, pad_samples
 from tests.tiny_models import tiny_config
 
@@ -382,7 +384,8 @@ import json, sys
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from specdraft.train.loop import TrainConfig, setup_dist
+from specdraft.train.config import TrainConfig
+from specdraft.train.dist import setup_dist
 from tests.test_train_loop import loaded_state
 cfg, store, out = TrainConfig.from_dict(json.loads(sys.argv[1])), Path(sys.argv[2]), Path(sys.argv[3])
 ranks = setup_dist(cfg.device)
@@ -543,7 +546,7 @@ def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrup
     assert "note: warm-up 100 steps >= the run's 4: the learning rate never reached" in fresh.output
     quiet = CliRunner().invoke(app, [*args[:2], str(tmp_path / "q"), *args[3:], "--warmup-steps", "2"])
     assert quiet.exit_code == 0 and "warm-up" not in quiet.output, quiet.output
-    saved = [p.name for p in loop.checkpoint_paths(tmp_path / "q")]
+    saved = [p.name for p in checkpoint_paths(tmp_path / "q")]
     assert saved == ["step-00000002.pt", "step-00000004.pt"]  # --save-every 2
 
     done = CliRunner().invoke(app, [*args[:2], str(tmp_path / "q"), *args[3:], "--warmup-steps", "2", "--resume"])

@@ -25,7 +25,7 @@ DtypeName = Literal["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"]  #
 EngineDtype = Literal["fp32", "bf16", "fp16"]  # engine_dtype
 
 
-Precision = Literal["fp32", "bf16"]  # train.loop.PRECISIONS
+Precision = Literal["fp32", "bf16"]  # train.config.PRECISIONS
 
 
 Layout = Literal["sglang", "speculators", "specdraft"]  # checkpoint.LAYOUTS
@@ -298,7 +298,7 @@ def check_drafter(value: str, param: typer.CallbackParam = None) -> str:
     if value:
         from pathlib import Path
 
-        from specdraft.train.loop import is_training_checkpoint
+        from specdraft.checkpoint import is_training_checkpoint
 
         if is_training_checkpoint(value):
             return value

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from specdraft.cli.common import (
@@ -18,7 +16,6 @@ from specdraft.cli.common import (
     check_model_dir,
     check_top_p,
     check_url,
-    error,
     flag,
     json_kwargs,
     refuse_bad_configs,
@@ -117,154 +114,96 @@ def regenerate(
                   f"from an earlier run, {result.num_empty} empty outputs", markup=False)
 
 
-def _train_source(source: str, online: bool, target: str, no_chat: bool, template_kwargs: dict):
-    """`train`'s SOURCE: a store directory, or with --online an OnlineSource running --target.
-    Raises ValueError for an option that does not fit the mode."""
-    from pathlib import Path
-
-    from specdraft.train.sources import OnlineSource
-
-    if not online:
-        path = Path(source)
-        if path.is_file():
-            raise ValueError(f"{source} is a data file, not a capture store directory: train on it with "
-                             f"--online --target DIR (the target runs in the loop), or capture it first "
-                             f"(specdraft capture TARGET {source} STORE) and train on STORE")
-        if not path.exists():
-            raise ValueError(f"{source}: no such directory; SOURCE is a capture store directory "
-                             "(specdraft capture), or with --online --target DIR a data file")
-        if no_chat or template_kwargs:
-            raise ValueError("--no-chat and --template-kwargs apply with --online only (a store "
-                             "was rendered at capture)")
-        return source
-    if not target:
-        raise ValueError("--online needs --target: the target model directory to run in the loop")
-    return OnlineSource(target, source, chat=not no_chat, template_kwargs=template_kwargs)
-
-
-def _train_config_values(config: str) -> dict:
-    """--config FILE as a dict of TrainConfig fields ({} without one); ValueError naming the file."""
-    from pathlib import Path
-
-    from specdraft.train.loop import TrainConfig
-
-    if not config:
-        return {}
-    try:
-        values = json.loads(Path(config).read_text())
-    except OSError as e:
-        raise ValueError(f"--config {config}: cannot read it ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--config {config}: not JSON ({e.msg.removesuffix(' at')} at line {e.lineno} "
-                         f"column {e.colno})") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"--config {config}: expected a JSON object of TrainConfig fields, e.g. "
-                         '{"lr": 0.0003, "ttt_steps": 7}')
-    unknown = sorted(set(values) - set(TrainConfig.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"--config {config}: unknown keys {unknown}; TrainConfig fields are "
-                         f"{', '.join(TrainConfig.__dataclass_fields__)}")
-    return values
+# --help of `specdraft train`'s options (here, so that each option fits one line of the command)
+TRAIN_HELP = {
+    "source": "Capture store directory (`specdraft capture`); with --online, JSONL chats/texts, save_to_disk "
+              "dir or text file.",
+    "out": "Run directory: checkpoints/, metrics.jsonl, tensorboard/, draft/.",
+    "config": "TrainConfig JSON file; the options below override it.",
+    "steps": "Total optimizer steps (instead of --epochs; neither = one epoch).",
+    "epochs": "Passes over the training split (neither --steps nor --epochs = one epoch).",
+    "lr": "Peak learning rate, after warm-up (1e-4: suits long runs on large data; small data / short runs need "
+          "a larger one, e.g. the demo's --lr 3e-3 --ttt-steps 4 for 1000 steps on 800 documents).",
+    "batch_size": "Sequences per step, over all ranks (8).",
+    "grad_accum_steps": "Micro-batches per step on each rank (1).",
+    "max_length": "Truncate samples to this many tokens (2048).",
+    "ttt_steps": "Training-time-test unroll steps (7).",
+    "draft_vocab_size": "Default: the target's vocabulary.",
+    "precision": "fp32 (default) | bf16 (CUDA autocast).",
+    "target": "Target directory: the live target with --online; offline only when the store's recorded path moved.",
+    "online": "Run --target on SOURCE's records at every step (no capture store).",
+    "aux_layers": "Specdraft indices, e.g. '2,3,4' (online default: [2, L//2, L-3] for an L-layer target; a "
+                  "store's must match).",
+    "no_chat": "With --online: plain text (base models).",
+    "template_kwargs": "With --online: JSON kwargs for the chat template.",
+    "target_dtype": "With --online: dtype the target runs in (default: float32).",
+    "skip_bad": "With --online: skip and count bad records.",
+    "warmup_steps": "Linear learning-rate warm-up steps (100).",
+    "save_every": "Checkpoint every N steps (500) and at the end, under OUT/checkpoints; the newest 2 are kept "
+                  "(--config key keep_checkpoints).",
+    "resume": "Continue from OUT's newest checkpoint with its settings (options left out come from it); a larger "
+              "--steps / --epochs extends the run (the lr schedule is recomputed).",
+}
+H = TRAIN_HELP
 
 
 @app.command()
 def train(
-    source: str = argument("SOURCE", "Capture store directory (`specdraft capture`); with --online, "
-                            "JSONL chats/texts, save_to_disk dir or text file."),
-    out: str = argument("OUT", "Run directory: checkpoints/, metrics.jsonl, tensorboard/, draft/."),
-    config: str = typer.Option("", help="TrainConfig JSON file; the options below override it."),
-    steps: int | None = typer.Option(None, min=1, help="Total optimizer steps (instead of --epochs; neither "
-                                     "= one epoch)."),
-    epochs: int | None = typer.Option(None, min=1, help="Passes over the training split (neither --steps nor "
-                                      "--epochs = one epoch)."),
-    lr: float | None = typer.Option(None, help="Peak learning rate, after warm-up (1e-4: suits long runs on "
-                                    "large data; small data / short runs need a larger one, e.g. the demo's "
-                                    "--lr 3e-3 --ttt-steps 4 for 1000 steps on 800 documents)."),
-    batch_size: int | None = typer.Option(None, min=1, help="Sequences per step, over all ranks (8)."),
-    grad_accum_steps: int | None = typer.Option(None, min=1, help="Micro-batches per step on each rank (1)."),
-    max_length: int | None = typer.Option(None, min=1, help="Truncate samples to this many tokens (2048)."),
-    ttt_steps: int | None = typer.Option(None, min=1, help="Training-time-test unroll steps (7)."),
-    draft_vocab_size: int | None = typer.Option(None, min=1, help="Default: the target's vocabulary."),
-    precision: Precision | None = typer.Option(None, help="fp32 (default) | bf16 (CUDA autocast)."),
-    target: str = typer.Option("", help="Target directory: the live target with --online; offline only when "
-                               "the store's recorded path moved.", callback=check_model_dir),
-    online: bool = flag("--online", help="Run --target on SOURCE's records at every step "
-                         "(no capture store)."),
-    aux_layers: str | None = typer.Option(None, help="Specdraft indices, e.g. '2,3,4' (online default: "
-                                          "[2, L//2, L-3] for an L-layer target; a store's must match).",
-                                          callback=aux_layer_list),
-    no_chat: bool = flag("--no-chat", help="With --online: plain text (base models)."),
-    template_kwargs: str = typer.Option("{}", help="With --online: JSON kwargs for the chat template."),
-    target_dtype: DtypeName | None = typer.Option(None, help="With --online: dtype the target runs in "
-                                                  "(default: float32)."),
-    skip_bad: bool = flag("--skip-bad", help="With --online: skip and count bad records."),
-    warmup_steps: int | None = typer.Option(None, min=0, help="Linear learning-rate warm-up steps (100)."),
-    save_every: int | None = typer.Option(None, min=1, help="Checkpoint every N steps (500) and at the end, "
-                                           "under OUT/checkpoints; the newest 2 are kept (--config key "
-                                           "keep_checkpoints)."),
-    resume: bool = flag("--resume", help="Continue from OUT's newest checkpoint with its "
-                         "settings (options left out come from it); a larger --steps / --epochs "
-                         "extends the run (the lr schedule is recomputed)."),
+    source: str = argument("SOURCE", H["source"]),
+    out: str = argument("OUT", H["out"]),
+    config: str = typer.Option("", help=H["config"]),
+    steps: int | None = typer.Option(None, min=1, help=H["steps"]),
+    epochs: int | None = typer.Option(None, min=1, help=H["epochs"]),
+    lr: float | None = typer.Option(None, help=H["lr"]),
+    batch_size: int | None = typer.Option(None, min=1, help=H["batch_size"]),
+    grad_accum_steps: int | None = typer.Option(None, min=1, help=H["grad_accum_steps"]),
+    max_length: int | None = typer.Option(None, min=1, help=H["max_length"]),
+    ttt_steps: int | None = typer.Option(None, min=1, help=H["ttt_steps"]),
+    draft_vocab_size: int | None = typer.Option(None, min=1, help=H["draft_vocab_size"]),
+    precision: Precision | None = typer.Option(None, help=H["precision"]),
+    target: str = typer.Option("", help=H["target"], callback=check_model_dir),
+    online: bool = flag("--online", help=H["online"]),
+    aux_layers: str | None = typer.Option(None, help=H["aux_layers"], callback=aux_layer_list),
+    no_chat: bool = flag("--no-chat", help=H["no_chat"]),
+    template_kwargs: str = typer.Option("{}", help=H["template_kwargs"]),
+    target_dtype: DtypeName | None = typer.Option(None, help=H["target_dtype"]),
+    skip_bad: bool = flag("--skip-bad", help=H["skip_bad"]),
+    warmup_steps: int | None = typer.Option(None, min=0, help=H["warmup_steps"]),
+    save_every: int | None = typer.Option(None, min=1, help=H["save_every"]),
+    resume: bool = flag("--resume", help=H["resume"]),
 ) -> None:
     """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...).
 
     The device is chosen automatically: the GPU when torch sees one (under torchrun, each rank's
     LOCAL_RANK GPU), else the CPU.
     """
-    import dataclasses
     import sys
 
     from rich.console import Console
 
-    from specdraft.train.loop import (
-        TrainConfig,
-        TrainingError,
-        check_run_dir,
-        checkpoint_paths,
-        resume_config,
-    )
+    from specdraft.train.config import run_config, train_source
     from specdraft.train.loop import train as run_training
+    from specdraft.train.run_dir import interrupted_message
 
     console = Console()
-    kwargs = json_kwargs(template_kwargs, "--template-kwargs")
-    try:
-        options = dict(total_steps=steps, epochs=epochs, lr=lr, batch_size=batch_size,
-                       grad_accum_steps=grad_accum_steps, max_length=max_length, ttt_steps=ttt_steps,
-                       draft_vocab_size=draft_vocab_size, precision=precision, aux_layers=aux_layers,
-                       warmup_steps=warmup_steps, save_every=save_every)
-        data = _train_source(source, online, target, no_chat, kwargs)
-        if online:
-            data = dataclasses.replace(data, target_dtype=target_dtype or "float32", skip_bad=skip_bad)
-        elif target_dtype or skip_bad:
-            raise ValueError("--target-dtype and --skip-bad apply with --online only (a store was captured "
-                             "with them: specdraft capture --target-dtype / --skip-bad)")
-        if steps is not None and epochs is not None:
-            raise ValueError(f"--steps {steps} and --epochs {epochs} both set: give one run length "
-                             "(neither = one epoch)")
-        values = _train_config_values(config)  # the settings given: --config keys, then flags
-        if steps is not None or epochs is not None:  # the options replace the file's run length
-            values.update(total_steps=None, epochs=None)
-        values.update({k: v for k, v in options.items() if v is not None})
-        if resume:  # settings not given come from the checkpoint; those given must match it
-            check_run_dir(out)  # before saying anything about it
-            saved = checkpoint_paths(out)
-            console.print(f"resuming from {saved[-1]} with its settings" if saved else
-                          f"--resume: no checkpoint in {out} yet: starting at step 0", markup=False, soft_wrap=True)
-            cfg = resume_config(out, values)
-        else:
-            cfg = TrainConfig.from_dict(values)
-        result = run_training(cfg, data, out, resume=resume,
-                              command=" ".join(["specdraft", *sys.argv[1:]]), target_config=target or None,
-                              on_note=lambda text: console.print(f"note: {text}", markup=False, soft_wrap=True))
-    except KeyboardInterrupt:
-        saved = checkpoint_paths(out)
-        console.print(f"interrupted; newest checkpoint: {saved[-1]}: continue with the same command and --resume"
-                      if saved else "interrupted before the first checkpoint (--save-every): nothing to resume",
-                      markup=False, soft_wrap=True)
-        raise typer.Exit(130) from None
-    except (ValueError, FileNotFoundError, FileExistsError, TrainingError) as e:
-        error(console, e, SKIP_BAD_HINT)
-        raise typer.Exit(1) from e
+
+    def say(text: str) -> None:
+        console.print(text, markup=False, soft_wrap=True)
+
+    flags = dict(total_steps=steps, epochs=epochs, lr=lr, batch_size=batch_size, grad_accum_steps=grad_accum_steps,
+                 max_length=max_length, ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size, precision=precision,
+                 aux_layers=aux_layers, warmup_steps=warmup_steps, save_every=save_every)
+    with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_message(out)):
+        data = train_source(source, online, target, no_chat=no_chat, skip_bad=skip_bad, target_dtype=target_dtype,
+                            template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"))
+        cfg = run_config(config, flags, out, resume, say)
+        result = run_training(cfg, data, out, resume=resume, command=" ".join(["specdraft", *sys.argv[1:]]),
+                              target_config=target or None, on_note=lambda text: say(f"note: {text}"))
+    _render_train(console, out, cfg, result)
+
+
+def _render_train(console, out: str, cfg, result) -> None:
+    """What a finished `specdraft train` prints on rank 0: steps, loss, files, a warm-up note, validation."""
     if result.draft_dir is None:
         return  # not rank 0
     if result.train_loss is None:  # resumed at the last step
@@ -277,13 +216,17 @@ def train(
         console.print(f"note: warm-up {cfg.warmup_steps} steps >= the run's {result.steps}: the learning rate "
                       f"never reached {cfg.lr} (pass --warmup-steps)", markup=False, soft_wrap=True)
     if result.validation:
-        acc = " ".join(f"{a:.3f}" for a in result.validation["accuracy"])
-        alpha = " ".join(f"{a:.3f}" for a in result.validation["alpha"])
-        console.print(f"validation accuracy per step {acc}; alpha {alpha}; simulated tau "
-                      f"{result.validation['tau']:.3f}", markup=False)
-        if result.validation.get("replayed_tau") is not None:
-            steps = len(result.validation["accuracy"])
-            p = " ".join(f"{a:.3f}" for a in result.validation["replayed_acceptance"])
-            console.print(f"a {steps}-step chain engine at T = 0 on the validation text: p_k {p}, tau "
-                          f"{result.validation['replayed_tau']:.3f} over {result.validation['replayed_rounds']} "
-                          "rounds", markup=False)
+        _render_validation(console, result.validation)
+
+
+def _render_validation(console, validation: dict) -> None:
+    acc = " ".join(f"{a:.3f}" for a in validation["accuracy"])
+    alpha = " ".join(f"{a:.3f}" for a in validation["alpha"])
+    console.print(f"validation accuracy per step {acc}; alpha {alpha}; simulated tau "
+                  f"{validation['tau']:.3f}", markup=False)
+    if validation.get("replayed_tau") is not None:
+        steps = len(validation["accuracy"])
+        p = " ".join(f"{a:.3f}" for a in validation["replayed_acceptance"])
+        console.print(f"a {steps}-step chain engine at T = 0 on the validation text: p_k {p}, tau "
+                      f"{validation['replayed_tau']:.3f} over {validation['replayed_rounds']} "
+                      "rounds", markup=False)

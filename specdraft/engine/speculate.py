@@ -733,8 +733,7 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     a run directory or its checkpoints directory is refused naming RUN/draft and a step-N file.
     What loads but differs from the drafter's training is in the engine's `notes` (`pairing_notes`).
     """
-    from specdraft.checkpoint import load_draft
-    from specdraft.train.loop import (CHECKPOINT_DIR, checkpoint_paths, is_training_checkpoint,
+    from specdraft.checkpoint import (CHECKPOINT_DIR, checkpoint_paths, is_training_checkpoint, load_draft,
                                       load_training_checkpoint)
 
     if draft_dir is not None and spec is not None:  # before the target loads: a run directory is no drafter

@@ -1,0 +1,345 @@
+"""Every drafter on disk: strict load and save of the three layouts, and training checkpoints.
+
+The package's modules: `layouts` (the layouts as tables: file names, key prefixes, config.json
+of each and the DraftConfig read back from it, the manifest, CheckpointError), `dirs` (what a
+directory holds: drafter, target model or other, and the one line naming the mix-up) and this
+module (load, save, convert, audit; the training checkpoints a run writes under
+RUN/checkpoints, read here so that loading a drafter never imports the trainer). The names
+other modules import from `specdraft.checkpoint` are listed in `__all__`.
+
+Every loader in the field drops unknown keys silently. Here a key that matches nothing, a
+parameter that nothing fills, a tensor of the wrong shape, or a config flag specdraft does not
+implement is an error naming them (cases S1, FC-01).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdraft.checkpoint.dirs import DirKind, classify_dir, wrong_dir_message
+from specdraft.checkpoint.layouts import (
+    DRAFTER_CONFIG_FIX,
+    LAYER_PREFIX,
+    LAYOUTS,
+    MANIFEST_FILE,
+    MANIFEST_FIX,
+    OFFICIAL_ARCHITECTURES,
+    UNIMPLEMENTED_FLAGS,
+    WEIGHTS_FILE,
+    CheckpointError,
+    Manifest,
+    check_layout,
+    config_from_files,
+    describe_layout,
+    official_config,
+    speculators_config,
+    state_dict_for_layout,
+)
+from specdraft.conventions import validate_vocab_map
+from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.files import atomic_dir, replace_dir
+
+__all__ = [
+    "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
+    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "CheckpointError", "DirKind", "LoadedDraft",
+    "Manifest", "audit", "check_output_dir", "checkpoint_paths", "classify_dir", "config_from_files",
+    "convert_draft", "describe_layout", "detect_layout", "file_sha256", "fill_model", "is_training_checkpoint",
+    "load_draft", "load_training_checkpoint", "official_config", "read_config", "read_sharded", "replace_dir",
+    "save_draft", "speculators_config", "state_dict_for_layout", "tensor_digest", "verify_same_tensors",
+    "write_safetensors", "wrong_dir_message",
+]
+
+CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
+PROGRESS_FILE = "trainer.pt"  # inside a sharded checkpoint directory: the trainer's progress state
+
+
+@dataclass
+class LoadedDraft:
+    """A drafter read from disk: the model, its manifest (None outside specdraft layout), its layout."""
+
+    model: Eagle3Draft
+    manifest: Manifest | None
+    layout: str
+    path: Path
+
+
+def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdraft",
+               manifest: Manifest | None = None, verifier: str | None = None) -> Path:
+    """Write `model` in `layout` under `out_dir`, atomically (temp dir, then rename).
+
+    Writes model.safetensors and config.json, and specdraft_manifest.json when a manifest is
+    given (required for the specdraft layout), except in the ``sglang`` layout: that is the plain
+    official one, the specdraft layout minus the manifest. `verifier` is the speculators
+    `verifier.name_or_path` (default: the target path the manifest records).
+    Raises ValueError for an unknown layout or a specdraft layout without manifest.
+    """
+    check_layout(layout)
+    if layout == "specdraft" and manifest is None:
+        raise ValueError("the specdraft layout needs a manifest (what the drafter was trained on)")
+    out_dir = check_output_dir(out_dir)
+    dtype = model.fc.weight.dtype
+    if verifier is None and manifest is not None:
+        verifier = manifest.target.get("name_or_path")
+    config = (speculators_config(model.cfg, dtype, verifier) if layout == "speculators"
+              else official_config(model.cfg, dtype))
+    with atomic_dir(out_dir) as tmp:
+        write_safetensors(state_dict_for_layout(model, layout), tmp / WEIGHTS_FILE, metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        if manifest is not None and layout != "sglang":
+            (tmp / MANIFEST_FILE).write_text(manifest.to_json())
+    return out_dir
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 (hex) of a file's bytes, read in chunks (a store shard, a drafter, a downloaded model)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check_output_dir(out_dir: str | Path, source: str | Path | None = None) -> Path:
+    """The absolute path of a drafter output directory, after refusing what writing there would
+    destroy: the `source` being read, a file, or a directory holding anything but an EAGLE-3
+    drafter (a new or empty directory, or an earlier drafter, is replaced atomically). Raises
+    CheckpointError."""
+    out = Path(out_dir).resolve()
+    if source is not None and out == Path(source).resolve():
+        raise CheckpointError(f"{out_dir}: is the checkpoint being read; writing there would replace it: give "
+                              "another output directory")
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out_dir}: is a file; give a new directory (or a drafter directory to replace)")
+    if out.is_dir() and any(out.iterdir()):
+        try:
+            detect_layout(out)
+        except CheckpointError:
+            raise CheckpointError(f"{out_dir}: holds files that are not an EAGLE-3 drafter; it would be "
+                                  "replaced as a whole: give a new or empty directory") from None
+        if not (out / WEIGHTS_FILE).is_file():
+            raise CheckpointError(f"{out_dir}: a drafter config without {WEIGHTS_FILE}; give a new or "
+                                  "empty directory")
+    return out
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors.save_file with the permissions of an ordinary file (0666 less the umask;
+    save_file creates it owner-only, which a server running as another user cannot read)."""
+    save_file(tensors, str(path), metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def detect_layout(path: Path) -> str:
+    """Layout of a checkpoint directory, from its files; CheckpointError when none matches."""
+    config = read_config(path)
+    if config.get("speculators_model_type") is not None:
+        if config["speculators_model_type"] != "eagle3":
+            raise CheckpointError(f"{path}/config.json: speculators_model_type "
+                                  f"{config['speculators_model_type']!r} is not an EAGLE-3 drafter")
+        return "speculators"
+    if any(a in OFFICIAL_ARCHITECTURES for a in config.get("architectures") or []):
+        return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
+    wrong = wrong_dir_message(path, "drafter")
+    if wrong:
+        raise CheckpointError(wrong)
+    manifest = (f"though {MANIFEST_FILE} is there; {DRAFTER_CONFIG_FIX}" if (path / MANIFEST_FILE).is_file()
+                else "no manifest")
+    raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
+                          f"{config.get('architectures')}, no speculators_model_type, {manifest})")
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """config.json of a checkpoint dir; a missing file or bad JSON is a CheckpointError."""
+    file = Path(path) / "config.json"
+    if not file.exists():  # a run directory or a store given for its drafter: say what to pass
+        raise CheckpointError(wrong_dir_message(path, "drafter") or
+                              f"{file}: missing; a draft checkpoint directory needs config.json")
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from e
+
+
+def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               target_num_layers: int | None = None) -> LoadedDraft:
+    """Load a draft checkpoint strictly, detecting its layout.
+
+    Raises CheckpointError naming the file and every unmatched key, unfilled parameter or
+    mis-shaped tensor (cases S1, FC-01). The shared embedding is not in the file: call
+    `model.load_target_embedding` before use. `target_num_layers` is needed to read aux ids
+    from a checkpoint without a specdraft manifest.
+    """
+    path = Path(path)
+    layout = detect_layout(path)
+    config = read_config(path)
+    manifest = Manifest.read(path / MANIFEST_FILE) if (path / MANIFEST_FILE).exists() else None
+    cfg = config_from_files(path, layout, config, manifest, target_num_layers)
+    weights = path / WEIGHTS_FILE
+    if not weights.exists():
+        raise CheckpointError(f"{weights}: missing")
+    try:
+        tensors = load_file(str(weights))
+    except Exception as e:  # safetensors raises several types for a corrupt header
+        raise CheckpointError(f"{weights}: cannot be read as safetensors ({e}); re-export it") from e
+    model = Eagle3Draft(cfg).to(dtype=tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
+    fill_model(model, tensors, layout, weights)
+    model.to(device=device, dtype=dtype)
+    return LoadedDraft(model=model, manifest=manifest, layout=layout, path=path)
+
+
+def fill_model(model: Eagle3Draft, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> None:
+    """Copy `tensors` (named in `layout`) into `model`, refusing any mismatch (names the keys)."""
+    expected = state_dict_for_layout(model, layout)
+    unmatched = sorted(set(tensors) - set(expected))
+    missing = sorted(set(expected) - set(tensors))
+    if unmatched or missing:
+        raise CheckpointError(key_mismatch_message(file, layout, unmatched, missing))
+    bad = [f"{k} {tuple(tensors[k].shape)} (expected {tuple(expected[k].shape)})"
+           for k in expected if tensors[k].shape != expected[k].shape]
+    if bad:
+        raise CheckpointError(f"{file}: tensors of the wrong shape: {'; '.join(bad)}")
+    renamed = {("midlayer." + k[len(LAYER_PREFIX[layout]):] if k.startswith(LAYER_PREFIX[layout]) else k): v
+               for k, v in tensors.items()}
+    if "embed_tokens.weight" not in renamed:
+        renamed["embed_tokens.weight"] = model.embed_tokens.weight.detach()
+    model.load_state_dict(renamed, strict=True)
+    model.embedding_loaded = model.cfg.owns_embedding
+
+
+def key_mismatch_message(file: Path, layout: str, unmatched: list[str], missing: list[str]) -> str:
+    """One line naming the keys; suggests the rename when they sit under another layout's prefix (S1)."""
+    parts = [f"{file}: {layout} layout"]
+    if unmatched:
+        parts.append(f"{len(unmatched)} tensors match no parameter: {', '.join(unmatched[:24])}"
+                     + (" ..." if len(unmatched) > 24 else ""))
+    if missing:
+        parts.append(f"{len(missing)} parameters not in the file: {', '.join(missing[:24])}"
+                     + (" ..." if len(missing) > 24 else ""))
+    want = LAYER_PREFIX[layout]
+    for other in set(LAYER_PREFIX.values()) - {want}:
+        if any(k.startswith(other) for k in unmatched):
+            parts.append(f"the decoder layer is stored under '{other}*' but this layout reads "
+                         f"'{want}*': rename them (specdraft convert --layout {layout})")
+    return "; ".join(parts)
+
+
+def audit(model: Eagle3Draft) -> list[str]:
+    """Problems in a loaded drafter's tensors: NaN/Inf values and an invalid d2t/t2d map (FC-02)."""
+    problems = [f"{name} holds NaN or Inf" for name, t in model.state_dict().items()
+                if t.is_floating_point() and not torch.isfinite(t).all()]
+    problems += validate_vocab_map(model.d2t, model.t2d, model.cfg.vocab_size, model.cfg.draft_vocab_size)
+    return problems
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's raw bytes (dtype and shape included), for bit-exact comparisons."""
+    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
+                  target_num_layers: int | None = None) -> int:
+    """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical and
+    the drafter config the same (the ``sglang`` layout drops the manifest, so its config.json
+    alone must rebuild the drafter).
+
+    A specdraft-layout destination needs the source's manifest; speculators carries it too.
+    Returns the number of tensors compared; raises CheckpointError when a tensor differs or is
+    missing (case FC-01), or the re-read config differs.
+    """
+    check_output_dir(dst, source=src)
+    if layout == "specdraft" and not (Path(src) / MANIFEST_FILE).is_file():  # before asking for the target
+        with_target = "" if target_num_layers else ", with --target DIR (without a manifest the aux ids need it)"
+        raise CheckpointError(f"{src}: no {MANIFEST_FILE}, which the specdraft layout carries and --target "
+                              f"cannot supply; convert to --layout sglang or speculators instead{with_target}")
+    source = load_draft(src, target_num_layers=target_num_layers)
+    save_draft(source.model, dst, layout=layout, manifest=source.manifest)
+    written = load_draft(dst, target_num_layers=source.model.cfg.target_num_layers)
+    if written.model.cfg != source.model.cfg:
+        want, have = source.model.cfg.to_dict(), written.model.cfg.to_dict()
+        differ = [f"{k} {want[k]!r} -> {have.get(k)!r}" for k in want if want[k] != have.get(k)]
+        raise CheckpointError(f"{dst}: the drafter config reads back differently: {', '.join(differ)}")
+    return verify_same_tensors(source.model, written.model, dst)
+
+
+def verify_same_tensors(expected: Eagle3Draft, actual: Eagle3Draft, where: str | Path) -> int:
+    """Compare every saved tensor of two drafters bit for bit; CheckpointError names the first that differs."""
+    want = state_dict_for_layout(expected, "sglang")
+    have = state_dict_for_layout(actual, "sglang")
+    for name, tensor in want.items():
+        if name not in have or tensor_digest(have[name]) != tensor_digest(tensor):
+            raise CheckpointError(f"{where}: tensor {name} is missing or differs after writing")
+    return len(want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training checkpoints (written by specdraft.train.run_dir)
+
+def checkpoint_paths(out_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under out_dir/checkpoints, oldest first: step-N.pt files (one
+    process) and step-N directories (several ranks); temp names start with "." and are skipped."""
+    return sorted((Path(out_dir) / CHECKPOINT_DIR).glob("step-*"))
+
+
+def is_training_checkpoint(path: str | Path) -> bool:
+    """Whether `path` looks like a checkpoint of `checkpoint_paths`: a torch.save file (a zip
+    archive, as the trainer writes) or a directory holding PROGRESS_FILE (sharded)."""
+    path = Path(path)
+    return (path / PROGRESS_FILE).is_file() if path.is_dir() else path.is_file() and zipfile.is_zipfile(path)
+
+
+def load_training_checkpoint(path: str | Path) -> LoadedDraft:
+    """The drafter of a training checkpoint (a step-N.pt file or a sharded step-N directory
+    under RUN/checkpoints), on the CPU in fp32, with the manifest the checkpoint carries; its
+    `training` records the step and checkpoint, the config, and the newest train and validation
+    metrics (each with its own step). Layout "specdraft".
+
+    Raises CheckpointError naming the file for a checkpoint that carries no manifest (written
+    by specdraft before checkpoints did): the command that finishes its run is named instead.
+    """
+    path = Path(path)
+    progress = torch.load(path / PROGRESS_FILE if path.is_dir() else path, map_location="cpu",
+                          weights_only=False)
+    if "manifest" not in progress:
+        run = path.parent.parent
+        raise CheckpointError(f"{path}: this checkpoint carries no drafter manifest (written by an older "
+                              f"specdraft), so it cannot be exported; finish its run (specdraft train SOURCE "
+                              f"{run} --resume) and export {run / 'draft'}")
+    manifest = Manifest(**progress["manifest"])
+    draft = Eagle3Draft(DraftConfig.from_dict(manifest.draft))
+    model_state = _sharded_model_state(path, draft) if path.is_dir() else progress["model"]
+    draft.load_state_dict({k.removeprefix("draft."): v for k, v in model_state.items()}, strict=True)
+    draft.embedding_loaded = True
+    manifest.training = {"steps": progress["step"], "checkpoint": str(path), **progress["records"],
+                         "extensions": progress["extensions"], "config": progress["config"]}
+    return LoadedDraft(model=draft, manifest=manifest, layout="specdraft", path=path)
+
+
+def _sharded_model_state(path: Path, draft: Eagle3Draft) -> dict[str, torch.Tensor]:
+    """The drafter's full tensors from a torch.distributed.checkpoint directory, read in this
+    one process (shards of any world size are gathered into `draft`-shaped tensors)."""
+    state = {"model": {f"draft.{k}": v.clone() for k, v in draft.state_dict().items()}}
+    read_sharded(state, path, one_process=True)
+    return state["model"]
+
+
+def read_sharded(state: dict[str, Any], path: Path, one_process: bool) -> None:
+    """Load the torch.distributed.checkpoint directory `path` into `state` in place, resharded to
+    `state`'s tensors: each rank its shards (a collective), or with `one_process` whole tensors
+    read here, whatever number of ranks wrote them."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # "... assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=path, no_dist=one_process)

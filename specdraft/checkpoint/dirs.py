@@ -1,0 +1,115 @@
+"""What a directory holds, from its config.json alone: a drafter, a target model, or other.
+
+`classify_dir` tells a drafter directory from a target model's; `wrong_dir_message` is the one
+line every command prints when given the one for the other (or a capture store, or a run
+directory where a drafter is wanted).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdraft.checkpoint.layouts import MANIFEST_FILE, OFFICIAL_ARCHITECTURES
+
+# Config keys only an EAGLE-3 drafter's config has (a transformers model's has none of them),
+# at the top or in a speculators transformer_layer_config.
+DRAFTER_CONFIG_KEYS = ("speculators_model_type", "draft_vocab_size", "target_hidden_size", "eagle_config",
+                       "eagle_aux_hidden_state_layer_ids")
+DRAFTER_DIRS = "pass the drafter directory (specdraft train's OUT/draft or an export)"
+
+
+@dataclass(frozen=True)
+class DirKind:
+    """What a directory holds, judged from its config.json (and manifest) alone.
+
+    kind: "drafter" (an EAGLE-3 draft model), "target" (a transformers model) or "other" (no or
+    unreadable config.json, or one that is neither). evidence: what decided it, e.g. "its
+    config.json says architectures ['LlamaForCausalLMEagle3']" or "LlamaForCausalLM, 5 layers".
+    trained_for: the target a drafter records (manifest, else speculators verifier), or None.
+    """
+
+    kind: str
+    evidence: str = ""
+    trained_for: str | None = None
+
+
+def classify_dir(path: str | Path) -> DirKind:
+    """Drafter, target model or other, from `path`/config.json (see DirKind); never raises."""
+    path = Path(path)
+    config = _json_or_none(path / "config.json")
+    if not isinstance(config, dict):
+        return DirKind("other")
+    architectures = config.get("architectures")
+    architectures = [str(a) for a in architectures] if isinstance(architectures, list) else []
+    evidence = _drafter_evidence(path, config, architectures)
+    if evidence:
+        return DirKind("drafter", evidence, _recorded_target(path, config))
+    if not (architectures or config.get("model_type")):
+        return DirKind("other")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers = text.get("num_hidden_layers")
+    name = ", ".join(architectures) or f"model_type {config['model_type']}"
+    return DirKind("target", name + (f", {layers} layers" if layers else ""))
+
+
+def _drafter_evidence(path: Path, config: dict[str, Any], architectures: list[str]) -> str:
+    """What marks a drafter: an EAGLE-3 architecture, a drafter-only key, a manifest ("" if none)."""
+    if set(architectures) & set(OFFICIAL_ARCHITECTURES):
+        return f"its config.json says architectures {architectures}"
+    layer = config.get("transformer_layer_config")
+    layer = layer if isinstance(layer, dict) else {}
+    for key in DRAFTER_CONFIG_KEYS:
+        if key in config or key in layer:
+            value = config.get(key, layer.get(key))
+            return f"its config.json has {key}" + ("" if isinstance(value, dict) else f" = {value!r}")
+    return f"it holds {MANIFEST_FILE}" if (path / MANIFEST_FILE).is_file() else ""
+
+
+def _json_or_none(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _recorded_target(path: Path, config: dict[str, Any]) -> str | None:
+    """The target a drafter names: its manifest's target.name_or_path, else the speculators verifier."""
+    manifest = _json_or_none(path / MANIFEST_FILE)
+    recorded = ((manifest.get("target") or {}).get("name_or_path") if isinstance(manifest, dict) else None)
+    if not recorded:
+        spec = config.get("speculators_config")
+        verifier = spec.get("verifier") if isinstance(spec, dict) else None
+        recorded = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    return str(recorded) if recorded else None
+
+
+def wrong_dir_message(path: str | Path, want: str, given_as: str = "") -> str | None:
+    """The one-line refusal when `path` holds a drafter where a target model is wanted
+    (want="target"), a target model where a drafter is (want="drafter"), a capture store where
+    either is, or a training run directory where a drafter is (naming RUN/draft); None otherwise
+    (anything else is left to the loader). given_as: the option it came in, e.g. "--target"."""
+    kind = classify_dir(path)
+    given = f"{given_as} {path}" if given_as else str(path)
+    if want == "target" and kind.kind == "drafter":
+        which = (f"the one the drafter was trained for: {kind.trained_for}" if kind.trained_for
+                 else "the one the drafter was trained for; the drafter does not record it")
+        return (f"{given} is an EAGLE-3 drafter ({kind.evidence}), not a target model: pass the target "
+                f"model directory ({which})")
+    if want == "drafter" and kind.kind == "target":
+        return (f"{given} is a transformers target model ({kind.evidence}), not an EAGLE-3 drafter: "
+                f"{DRAFTER_DIRS}, and this directory as --target")
+    path = Path(path)
+    if kind.kind == "other" and (path / "index.json").is_file() and not (path / "config.json").exists():
+        if want == "drafter":
+            return (f"{given} is a capture store (specdraft capture's index.json), not a drafter: train one on it "
+                    f"(specdraft train {path} OUT), then pass OUT/draft")
+        return (f"{given} is a capture store (specdraft capture's index.json), not a target model: pass the "
+                f"target's transformers directory (the store's index.json records its path)")
+    if want == "drafter" and kind.kind == "other" and classify_dir(path / "draft").kind == "drafter":
+        return (f"{given} is a training run directory, not a drafter: pass {path / 'draft'} (the drafter "
+                f"specdraft train writes at the end)")
+    return None
+

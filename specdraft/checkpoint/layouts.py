@@ -1,0 +1,258 @@
+"""The three drafter layouts as tables: file names, key prefixes, config.json of each, the manifest.
+
+Layouts (DESIGN.md §2 "Checkpoint layouts"):
+- ``sglang`` (the official EAGLE-3 layout, which SGLang loads): config ``architectures:
+  ["LlamaForCausalLMEagle3"]``, aux ids under ``eagle_config``; tensors ``fc.weight``,
+  ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``; ``embed_tokens.weight``
+  only when the drafter owns its embedding.
+- ``speculators`` (read by vLLM): ``speculators_model_type: "eagle3"``,
+  ``transformer_layer_config``, top-level aux ids; the decoder layer under ``layers.0.*``.
+- ``specdraft``: the ``sglang`` files plus ``specdraft_manifest.json`` (no file format of its
+  own: the SGLang layout is the one specdraft trains in; `describe_layout` names it so). The
+  ``sglang`` layout never holds the manifest; ``speculators`` holds it when there is one.
+
+A config flag specdraft does not implement, or a config that cannot rebuild the drafter, is a
+CheckpointError naming the file (`config_from_files`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdraft import __version__
+from specdraft.conventions import from_engine_ids, to_engine_ids
+from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
+from specdraft.errors import SpecdraftError
+
+LAYOUTS = ("specdraft", "sglang", "speculators")
+MANIFEST_FILE = "specdraft_manifest.json"
+WEIGHTS_FILE = "model.safetensors"
+OFFICIAL_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
+# Decoder-layer prefix of each layout (the only name that differs between them).
+LAYER_PREFIX = {"specdraft": "midlayer.", "sglang": "midlayer.", "speculators": "layers.0."}
+# Config flags of EAGLE-3 variants that specdraft's drafter does not implement: if set, refuse.
+UNIMPLEMENTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "embed_norm", "attention_bias",
+                       "mlp_bias", "norm_before_residual")
+
+
+class CheckpointError(SpecdraftError, ValueError):
+    """A draft checkpoint that cannot be loaded exactly as written; the message names the file."""
+
+
+# What restores a drafter's damaged config.json or manifest: the training run, or the files' source.
+DRAFTER_CONFIG_FIX = ("re-export the drafter from its training run (specdraft export RUN/draft OUT --engine "
+                      "sglang|vllm|speculators) or restore config.json from where the checkpoint came from")
+MANIFEST_FIX = (f"re-export the drafter from its training run (specdraft export RUN/draft OUT --engine "
+                f"sglang|vllm|speculators, which writes the manifest); without the run, delete {MANIFEST_FILE}: "
+                "the drafter then loads from its config.json alone (pass --target DIR)")
+# Keys a manifest-less drafter's config.json (its layer config, in the speculators layout) must hold.
+DRAFTER_REQUIRED_KEYS = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+                         "max_position_embeddings")
+
+
+def describe_layout(layout: str, has_manifest: bool) -> str:
+    """A layout as a user sees it on disk ("specdraft" is the SGLang layout plus the manifest)."""
+    check_layout(layout)
+    name = ("speculators layout (vLLM's)" if layout == "speculators"
+            else "SGLang layout (official EAGLE-3, the one specdraft trains in)")
+    if not has_manifest:
+        return name + ", no specdraft manifest"
+    return name + " + specdraft manifest" + (" (convert's --layout specdraft)" if layout == "specdraft" else "")
+
+
+@dataclass
+class Manifest:
+    """What a drafter was trained against, stored as ``specdraft_manifest.json``.
+
+    `aux_layers` are specdraft indices (DESIGN.md §2). `target` holds architecture, config_hash,
+    num_layers, hidden_size, vocab_size, rope_theta, rope_scaling, max_position_embeddings,
+    name_or_path. `tokenizer` holds vocab_hash, bos_id, eos_ids, pad_id, length.
+    `chat_template` holds hash and kwargs. `training` holds the final metrics.
+    """
+
+    draft: dict[str, Any]
+    target: dict[str, Any]
+    aux_layers: list[int]
+    tokenizer: dict[str, Any] | None = None
+    chat_template: dict[str, Any] | None = None
+    data_hash: str | None = None
+    draft_vocab_hash: str | None = None
+    training: dict[str, Any] | None = None
+    training_command: str | None = None
+    specdraft_version: str = __version__
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """Pretty JSON with sorted keys."""
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def read(cls, path: Path) -> Manifest:
+        """Read a manifest file; bad JSON or unknown keys raise CheckpointError naming the file."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{path}: not valid JSON ({e}); {MANIFEST_FIX}") from e
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{path}: not a JSON object (a {type(data).__name__}); {MANIFEST_FIX}")
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise CheckpointError(f"{path}: unknown manifest keys {unknown} (a newer specdraft's?): upgrade "
+                                  f"specdraft, or {MANIFEST_FIX}")
+        missing = sorted(f.name for f in fields(cls) if f.name not in data
+                         and f.default is MISSING and f.default_factory is MISSING)
+        if missing:
+            raise CheckpointError(f"{path}: manifest keys {missing} missing; {MANIFEST_FIX}")
+        return cls(**data)
+
+
+
+def state_dict_for_layout(model: Eagle3Draft, layout: str) -> dict[str, torch.Tensor]:
+    """The tensors one layout stores, under that layout's names (contiguous, detached).
+
+    The shared embedding is left out unless the drafter owns it (SGLang and vLLM take the
+    target's embedding when the widths match).
+    """
+    check_layout(layout)
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if name == "embed_tokens.weight" and not model.cfg.owns_embedding:
+            continue
+        if name.startswith("midlayer."):
+            name = LAYER_PREFIX[layout] + name[len("midlayer."):]
+        out[name] = tensor.detach().contiguous()
+    return out
+
+
+def check_layout(layout: str) -> None:
+    """Raise ValueError unless `layout` is one of LAYOUTS."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
+
+
+def official_config(cfg: DraftConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """config.json of the official/SGLang layout.
+
+    Aux ids: nested `eagle_config` key in SGLang's convention when SGLang can express the layers,
+    top-level key in vLLM's convention (vLLM reads the top-level key first, SGLang only the nested
+    one, so one file serves both). rope_theta/rope_scaling are written explicitly.
+    """
+    config = base_llama_config(cfg, dtype)
+    config.update(architectures=list(OFFICIAL_ARCHITECTURES), draft_vocab_size=cfg.draft_vocab_size,
+                  target_hidden_size=cfg.target_hidden_size, norm_before_residual=False,
+                  eagle_aux_hidden_state_layer_ids=vllm_ids(cfg))
+    sglang = sglang_ids_or_none(cfg)
+    if sglang is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": sglang, "use_aux_hidden_state": True}
+    return config
+
+
+def speculators_config(cfg: DraftConfig, dtype: torch.dtype, verifier: str | None,
+                       num_speculative_tokens: int = 3) -> dict[str, Any]:
+    """config.json of the speculators layout (read by vLLM).
+
+    `norm_before_residual` is written explicitly: vLLM assumes true when a speculators config
+    omits it (vllm `transformers_utils/configs/speculators/algos.py`).
+    """
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.3.0",
+        "transformer_layer_config": base_llama_config(cfg, dtype),
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": vllm_ids(cfg),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens}],
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+    }
+
+
+def base_llama_config(cfg: DraftConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """The Llama-shaped part shared by both config files (one decoder layer)."""
+    return {
+        "model_type": "llama", "hidden_act": "silu", "num_hidden_layers": 1,
+        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings, "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling, "tie_word_embeddings": False,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def vllm_ids(cfg: DraftConfig) -> list[int]:
+    """The aux layers in vLLM's (as-is) convention."""
+    return to_engine_ids(list(cfg.aux_layers), "vllm", cfg.target_num_layers)
+
+
+def sglang_ids_or_none(cfg: DraftConfig) -> list[int] | None:
+    """The aux layers in SGLang's convention (Llama class), or None when SGLang cannot express them."""
+    try:
+        return to_engine_ids(list(cfg.aux_layers), "sglang", cfg.target_num_layers)
+    except ValueError:
+        return None
+
+
+def config_from_files(path: Path, layout: str, config: dict[str, Any],
+                      manifest: Manifest | None, target_num_layers: int | None) -> DraftConfig:
+    """Rebuild the DraftConfig a checkpoint declares, refusing flags specdraft does not implement."""
+    if manifest is not None:
+        return DraftConfig.from_dict(manifest.draft)
+    layer = config.get("transformer_layer_config") if layout == "speculators" else config
+    where = f"{path}/config.json" + (": transformer_layer_config" if layout == "speculators" else "")
+    if not isinstance(layer, dict):
+        raise CheckpointError(f"{where}: missing or not a JSON object; {DRAFTER_CONFIG_FIX}")
+    missing = [k for k in DRAFTER_REQUIRED_KEYS if layer.get(k) is None]
+    if missing:
+        raise CheckpointError(f"{where}: missing {', '.join(missing)} (without a specdraft manifest the drafter "
+                              f"is built from config.json); {DRAFTER_CONFIG_FIX}")
+    flagged = [k for k in UNIMPLEMENTED_FLAGS if config.get(k) or layer.get(k)]
+    if flagged:
+        raise CheckpointError(f"{path}/config.json: sets {flagged}, which specdraft's drafter does "
+                              "not implement (it would compute something else than was trained)")
+    if layer.get("num_hidden_layers", 1) != 1:
+        raise CheckpointError(f"{path}/config.json: num_hidden_layers = {layer['num_hidden_layers']}; "
+                              "specdraft implements the one-layer EAGLE-3 drafter")
+    if target_num_layers is None:
+        raise CheckpointError(f"{path}: no specdraft manifest, so the aux layer ids cannot be read "
+                              "without the target's layer count: pass the target (--target DIR)")
+    rope_theta, rope_scaling = rope_from_hf_config(layer.get)
+    return DraftConfig.from_target(
+        layer, aux_layers_of_config(path, config, target_num_layers),
+        draft_vocab_size=config.get("draft_vocab_size") or layer.get("draft_vocab_size"),
+        target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
+        target_num_layers=target_num_layers, rope_theta=rope_theta, rope_scaling=rope_scaling)
+
+
+def aux_layers_of_config(path: Path, config: dict[str, Any], num_layers: int) -> list[int]:
+    """Specdraft indices named by a config: nested ids in SGLang's convention, top-level as-is.
+
+    When both keys exist they must name the same layers (DESIGN.md §2, case FC-03).
+    """
+    top = config.get("eagle_aux_hidden_state_layer_ids")
+    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    try:
+        from_top = from_engine_ids(top, "vllm", num_layers) if top else None
+        from_nested = from_engine_ids(nested, "sglang", num_layers) if nested else None
+    except ValueError as e:
+        raise CheckpointError(f"{path}/config.json: {e}") from e
+    if from_top and from_nested and from_top != from_nested:
+        raise CheckpointError(
+            f"{path}/config.json: top-level ids {top} (vLLM: layers {from_top}) and eagle_config ids "
+            f"{nested} (SGLang: layers {from_nested}) name different layers; fix one of them")
+    layers = from_top or from_nested
+    if not layers:
+        raise CheckpointError(f"{path}/config.json: no eagle_aux_hidden_state_layer_ids; write the "
+                              "training layers explicitly (engine defaults differ)")
+    return layers
+

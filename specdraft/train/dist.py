@@ -1,0 +1,148 @@
+"""The processes of a training run: this rank's place (`Ranks`, from torchrun's environment) and
+the signals that stop a run cleanly (`interrupt_flag` on several ranks, `deferred_interrupt`
+around an optimizer update).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the run: rank, world size, device."""
+
+    rank: int
+    world: int
+    device: torch.device
+    owns_group: bool
+    last_barrier: list[Any] = field(default_factory=list, repr=False)  # see barrier()
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks (a copy; identity on one process)."""
+        t = t.detach().clone()
+        if self.world > 1:
+            t = t.to(self.device)
+            dist.all_reduce(t)
+        return t
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op on one process).
+
+        The barrier's Work is kept until the next barrier, so that this thread frees it: a
+        gloo barrier holds the collectives before it, and freeing their tensors takes the GIL,
+        which a gloo worker thread cannot get once Python is exiting (the process then aborts:
+        "terminate called without an active exception", after a 2-rank CPU run's last barrier).
+        """
+        if self.world > 1:
+            work = dist.barrier(async_op=True)
+            work.wait()
+            self.last_barrier[:] = [work]
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """"auto" -> cuda (this rank's GPU) when available, else cpu; "cuda" -> cuda:local_rank."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    return torch.device("cuda", local_rank) if dev.type == "cuda" and dev.index is None else dev
+
+
+def setup_dist(device: str) -> Ranks:
+    """Rank, world size and device from torchrun's environment; joins the process group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local)
+    owns = world > 1 and not dist.is_initialized()
+    if owns:
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    return Ranks(rank, world, dev, owns)
+
+
+@contextlib.contextmanager
+def interrupt_flag(ranks: Ranks):
+    """On several ranks, turn the first SIGINT or SIGTERM into a request to stop; yields
+    interrupted(), which every rank calls at each step boundary: true on all ranks when any
+    rank was signalled (one int all-reduced with MAX on the group's device, beside the step's
+    own syncs). The caller then checkpoints the step (a collective) and raises
+    KeyboardInterrupt. One process keeps Python's KeyboardInterrupt (interrupted() is False).
+
+    Under torchrun (torch.distributed.elastic, torch 2.13): workers are started in sessions of
+    their own (SubprocessHandler: start_new_session), so a terminal's Ctrl-C reaches torchrun
+    only. Its agent catches SIGINT, SIGTERM, SIGHUP and SIGQUIT (TORCHELASTIC_SIGNALS_TO_HANDLE)
+    and sends that signal to every worker's process group (SubprocessContext._close), so a
+    worker sees SIGINT for Ctrl-C and SIGTERM when torchrun itself is terminated. Then it waits
+    --shutdown-timeout seconds (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30) for all workers
+    together and SIGKILLs those left: the rest of the step, its evaluation and the checkpoint
+    must fit in that time (a killed write leaves the previous checkpoint). A second Ctrl-C to
+    torchrun, during that wait, makes it send SIGTERM. Ranks may be signalled at different
+    points of a step; the handler only sets a flag, so no collective is cut short.
+
+    A second SIGINT or SIGTERM on a rank puts the previous handlers back and re-raises the
+    signal: KeyboardInterrupt (SIGINT) or the default exit (SIGTERM), at once, unsaved. Handlers
+    live in the main thread only; elsewhere nothing is caught (but the ranks still agree)."""
+    if ranks.world == 1:
+        yield lambda: False
+        return
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        previous.clear()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if caught:  # the second: abort as without this handler
+            restore()
+            signal.raise_signal(signum)
+            return
+        caught.append(signum)
+
+    def interrupted() -> bool:
+        flag = torch.tensor([int(bool(caught))], device=ranks.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not None:  # None: a handler installed outside Python
+                previous[signum] = signal.signal(signum, on_signal)
+    try:
+        yield interrupted
+    finally:
+        restore()
+
+
+@contextlib.contextmanager
+def deferred_interrupt():
+    """Hold Ctrl-C (SIGINT) back until the block ends, then raise KeyboardInterrupt: the block
+    (an optimizer update) runs whole. Only Python's own KeyboardInterrupt handler is held back,
+    in the main thread (signal handlers live there); another one, such as `interrupt_flag`'s
+    on several ranks (which raises nothing), is left in place."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield  # not ours to hold
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
