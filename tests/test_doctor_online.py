@@ -114,7 +114,7 @@ def test_replayed_rounds_equal_the_engine_counts(world):
     from specdraft.data import Sample
     from specdraft.doctor.evidence import DoctorInputs, Evidence
     from specdraft.doctor.offline import run_on
-    from specdraft.engine.speculate import load_engine
+    from specdraft.engine.load import load_engine
 
     draft, target, _ = world
     engine = load_engine(target, draft, SPEC)

@@ -108,7 +108,8 @@ def generate(
 
     from specdraft.checkpoint import CheckpointError
     from specdraft.engine.metrics import metrics_table
-    from specdraft.engine.speculate import decode_continuation, load_engine
+    from specdraft.engine.load import load_engine
+    from specdraft.engine.requests import decode_continuation
     from specdraft.machine_load import busy_note
 
     console = Console()

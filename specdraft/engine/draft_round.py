@@ -29,12 +29,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdraft.engine import fused_decode
 from specdraft.engine.draft_cache import DraftCache
-from specdraft.engine.fast_draft import FastDraft, capture_graph
+from specdraft.engine.fast_draft import FastDraft
+from specdraft.engine.graphs import capture_graph
+from specdraft.engine.kernels import fused_decode
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import TreeExpansion, select_on_device, ancestor_verify_mask
+from specdraft.engine.tree import TreeExpansion, ancestor_verify_mask, select_on_device
 
 
 class GraphedRound:

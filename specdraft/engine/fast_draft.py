@@ -25,16 +25,17 @@ one after changing the drafter's weights.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from specdraft.draft import KV, Eagle3Draft, apply_rope, rms_norm, rope_cos_sin
-from specdraft.engine import fused_decode
 from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.fast_model import causal_mask
+from specdraft.engine.graphs import capture_graph
+from specdraft.engine.kernels import fused_decode
 
 
 class FastDraft:
@@ -109,7 +110,7 @@ class FastDraft:
         positions as `__call__`; writes the K/V at cache entries slots [T] long, then attends
         where attn_mask [1, 1, T, S] bool says over entries 0..S-1 (S <= cache.max_len).
         Returns what `__call__` returns. Tensor arguments only: `GraphedDraft` captures it."""
-        from specdraft.engine.triton_ops import add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache
+        from specdraft.engine.kernels.triton_ops import add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache
 
         t, width = input_ids.shape[0], self.input_norm.shape[0]
         h = linear(hidden, self.fc) if first_step else hidden.contiguous()
@@ -194,21 +195,6 @@ class GraphedDraft:
         inputs = self.static_inputs(t, width)
         graph, output = capture_graph(lambda: self.step(*inputs, first_step, masked))
         return graph, inputs, output
-
-
-def capture_graph(fn: Callable[[], Any], warmups: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """(graph, outputs) of fn captured as a CUDA graph, after `warmups` calls on a side stream
-    (Triton compiles and allocations happen there, outside the capture)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmups):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        output = fn()
-    return graph, output
 
 
 def draft_graph_keys(num_steps: int, topk: int) -> list[tuple[int, bool, bool]]:
