@@ -6,8 +6,8 @@ checks), with the engine's cache protocol and fewer operations per step:
 - a step writes its K/V into the `DraftCache` and attends over the cache in place, where
   `Eagle3Draft` returns them and concatenates the whole past on every call;
 - weights are tensors and the step calls functions, not modules: batch 1 on the CPU a draft
-  step is bound by per-call overhead, and module calls, no-op casts and checks were ~40 % of
-  it (stories260K's drafter: 157 -> 92 us per step, one thread).
+  step is bound by per-call overhead, much of it module calls, no-op casts and checks
+  (benchmarks/results/engine.md).
 Norm and RoPE are `draft.py`'s functions, so the numerics are the drafter's by construction.
 
 After `use_triton()` (CUDA, bf16 / fp16) a step of up to 16 positions runs through
@@ -19,8 +19,7 @@ float32 where `draft.py` rounds cos / sin to the weights' dtype: the two paths a
 rounding (tests/test_triton_ops.py). Eagerly those launches are host-bound; `GraphedDraft`
 replays them as CUDA graphs (what `SpeculativeEngine(compile=True)` runs).
 The stacked q/k/v and gate/up weights are copies, made when the FastDraft is built (memory:
-those weights once more, ~0.34 GB for a Llama-3.1-8B EAGLE-3 drafter in bf16): build a new
-one after changing the drafter's weights.
+those weights once more): build a new one after changing the drafter's weights.
 """
 
 from __future__ import annotations
@@ -131,11 +130,10 @@ class GraphedDraft:
     captured at construction (`draft_graph_keys` lists those of a speculative setting). Other
     steps (a prompt's first step) and other caches run the FastDraft as it is.
 
-    Eagerly a Triton step is bound by its launches on the host (~2 ms on an H200 for a Llama-3.1-
-    8B drafter, against 0.2 ms of GPU time); a replay costs a few small copies and one launch.
-    Capturing on first use cost more than it saved: a tree run (topk 4, 4 steps) on pycode-25m
-    spent 0.81 s drafting 200 tokens (a chain 0.06 s), most of it compiling and capturing first
-    steps its warm-up generation had not met.
+    Eagerly a Triton step is bound by its launches on the host, many times its GPU time; a
+    replay costs a few small copies and one launch. Graphs are captured up front because
+    capturing on first use cost more than it saved: a request then compiled and captured the
+    first steps its warm-up had not met (benchmarks/results/engine.md).
     Graphs attend over the whole cache (entries past the step are masked; the attention kernel
     skips their blocks), so the shapes are static. Inputs are copied into static buffers;
     outputs are valid until the next call with the same key. Capture warms up by writing the

@@ -1,12 +1,10 @@
-"""The target's forwards for the engine, eagerly or replayed as CUDA graphs, and the one helper
-that captures every CUDA graph of the engine (`capture_graph`: the target's here, the drafter's
+"""The target's forwards as CUDA graphs, and the one helper that captures every CUDA graph of
+the engine (`capture_graph`: the target's here, the drafter's
 steps in `fast_draft.GraphedDraft`, whole draft rounds in `draft_round.GraphedRound`).
 
-- `TargetRunner`: what the engine calls for a target forward (prefill, verify, decode): eager,
-  or after `compile` through `GraphedTarget`; owns the verify's device inputs and plain
-  decoding ahead of the GPU (`decode_ahead`).
 - `GraphedTarget`: `FastTarget.forward` as CUDA-graph replays, one graph per token count,
-  placement of the inputs and KV cache.
+  placement of the inputs and KV cache (what `speculate.TargetRunner` replays once compiled),
+  and plain decoding with the host one step ahead of the GPU (`decode_ahead`).
 - `StaticInputs`: a graph's input tensors at fixed addresses in one device buffer, host values
   staged in one copy.
 """
@@ -46,137 +44,6 @@ def capture_graph(fn: Callable[[], Any], warmups: int = 2,
     with torch.cuda.graph(graph):
         output = fn()
     return graph, output
-
-
-class TargetRunner:
-    """The target forwards of one engine: a FastTarget whose cache this runner (re)allocates
-    for batch 1 and max_seq_len, with aux_layers (specdraft indices) read on every forward;
-    eager until `compile` (CUDA only), then decode and verify forwards replay CUDA graphs."""
-
-    def __init__(self, target: FastTarget, aux_layers: tuple[int, ...], max_seq_len: int,
-                 device: torch.device) -> None:
-        self.target, self.aux_layers, self.max_seq_len, self.device = target, aux_layers, max_seq_len, device
-        self.graphed: GraphedTarget | None = None
-        self.verify_buffers: list[Tensor] | None = None  # `verify_inputs` of a runner not compiled
-        target.setup_cache(1, max_seq_len, device=device)
-
-    def compile(self) -> str:
-        """Compile each target layer (torch.compile, in place), run forwards of up to 16 tokens
-        through the Triton kernels where the target allows, and replay decode / verify forwards
-        as CUDA graphs from now on. Returns which kernels run: "triton", or "torch (why not)"."""
-        for layer in self.target.layers:
-            layer.compile()
-        self.graphed = GraphedTarget(self.target, self.aux_layers)
-        reason = self.target.use_triton()
-        return "triton" if reason is None else f"torch ({reason})"
-
-    def reserve(self) -> None:
-        """Rebuild the target's cache for this runner when another user (another engine on the
-        same target) reallocated it."""
-        if (self.target.max_batch_size, self.target.max_seq_len) != (1, self.max_seq_len):
-            self.target.setup_cache(1, self.max_seq_len, device=self.device)
-
-    def mask_width(self, num_slots: int) -> int:
-        """Columns of a target mask whose tokens use cache slots 0..num_slots-1: just those (the
-        target attends over no more), or max_seq_len when compiled (static shapes for the
-        compiled layers and CUDA graphs)."""
-        return self.max_seq_len if self.graphed is not None else num_slots
-
-    def forward(self, tokens: Tensor, positions: Tensor, start: int, mask: Tensor,
-                       graphed: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Target forward of T tokens written at slots start..start+T-1: logits [T, V] float32,
-        aux states [T, n_aux*H] (None in plain decoding). tokens [T], positions [T] long and
-        mask [1, 1, T, S] bool on the CPU or the engine device. graphed: replay a CUDA graph
-        after `compile` (decode and verify: few distinct T); its inputs
-        on the CPU are staged in one copy."""
-        slots = torch.arange(start, start + tokens.numel())
-        inputs = (tokens[None], positions[None], slots, mask)
-        if graphed and self.graphed is not None:
-            out = self.graphed(*inputs, self.aux_layers)
-        else:
-            out = self.target(*(x.to(self.device) for x in inputs), self.aux_layers)
-        return out.logits[0], None if out.aux_hidden is None else out.aux_hidden[0]
-
-    def verify_inputs(self, n: int) -> list[Tensor]:
-        """A tree verify's inputs as device tensors that a graphed round writes in place
-        (`GraphedRound`): input_ids [1, N], position_ids [1, N], cache_slots [N] long, attn_mask
-        [1, 1, N, max_seq_len] bool (N = n, the num_draft_tokens). Compiled: the verify graph's
-        own (`GraphedTarget.device_inputs`: captured on first use and again after the target's
-        cache was rebuilt, at the same addresses); else buffers of this runner (tests)."""
-        if self.graphed is not None:
-            return self.graphed.device_inputs(n, self.max_seq_len)
-        if self.verify_buffers is None:
-            self.verify_buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for shape, dtype in
-                                   (((1, n), torch.long), ((1, n), torch.long), ((n,), torch.long),
-                                    ((1, 1, n, self.max_seq_len), torch.bool))]
-        return self.verify_buffers
-
-    def forward_in_place(self, inputs: Sequence[Tensor]) -> tuple[Tensor, Tensor | None]:
-        """`forward` of inputs already on the device (`verify_inputs`): logits [N, V],
-        aux states [N, n_aux*H]; a graphed target replays with no copy."""
-        out = (self.graphed if self.graphed is not None else self.target)(*inputs, self.aux_layers)
-        return out.logits[0], None if out.aux_hidden is None else out.aux_hidden[0]
-
-    def device_input_ids(self, n: int) -> Tensor | None:
-        """The compiled verify graph's input_ids [1, n] on the device, which the drafter writes
-        its tree into (`GraphedTarget.device_input_ids`), or None when not compiled."""
-        return None if self.graphed is None else self.graphed.device_input_ids(n, self.max_seq_len)
-
-    def decode_ahead(self, req: Request) -> None:
-        """Plain decoding on a graphed target with the host one step ahead of the GPU, to the end
-        of the request: step k + 1 is launched before step k's token is read, its input written
-        on the device by step k's argmax (or draw), so the host's staging, launch and bookkeeping
-        hide behind the GPU's step instead of adding to it (gpt-fast never reads a token back before the end; vLLM and SGLang overlap their
-        scheduling the same way). Greedy, a step is one graph replay that also feeds the next
-        step (`GraphedTarget.greedy_decode`); sampled, the host stages each step's position and
-        mask and draws on the device. The step launched past the last token writes one cache
-        slot that no request reads (check_limits leaves it free) and is dropped."""
-        launch = self.greedy_steps(req) if req.params.greedy else self.sampled_steps(req)
-        tokens = torch.empty(2, dtype=torch.long, pin_memory=True)  # the two steps in flight, read back
-        ready = [torch.cuda.Event(), torch.cuda.Event()]
-        start, in_flight, slot = time.perf_counter(), 0, 0
-        while req.finish_reason is None:
-            token = launch(req.length + in_flight)  # the cache holds req.length tokens, the step in flight one more
-            tokens[slot:slot + 1].copy_(token, non_blocking=True)
-            ready[slot].record()
-            in_flight, slot = in_flight + 1, 1 - slot
-            if in_flight == 2:  # read the older step (in `slot` now) while the newer one runs
-                ready[slot].synchronize()
-                req.length, in_flight = req.length + 1, 1
-                req.metrics.record_step(0, 0)
-                req.emit([int(tokens[slot])])
-        req.metrics.time_verify_s += time.perf_counter() - start
-
-    def greedy_steps(self, req: Request) -> Callable[[int], Tensor]:
-        """`decode_ahead`'s step launcher at T = 0: sets the self-feeding decode graph's inputs to
-        the request's last token and position once, then each call replays it (the position
-        argument is the graph's own count) and returns its token [1] long on the device."""
-        graph, (ids, positions, slots, mask), token = self.graphed.greedy_decode(self.max_seq_len)
-        ids.fill_(req.output_ids[-1])
-        positions.fill_(req.length)
-        slots.fill_(req.length)
-        mask.copy_(causal_mask(req.length, 1, self.max_seq_len, device=self.device))
-
-        def launch(position: int) -> Tensor:
-            graph.replay()
-            return token
-        return launch
-
-    def sampled_steps(self, req: Request) -> Callable[[int], Tensor]:
-        """`decode_ahead`'s step launcher at T > 0: each call stages the step's position and mask,
-        replays the decode graph, draws the token on the device and writes it as the next step's
-        input; returns it ([1] long on the device)."""
-        ids = self.graphed.device_input_ids(1, self.max_seq_len)  # [1, 1]: the graph reads it in place
-        ids.fill_(req.output_ids[-1])
-        root = DraftTree.root_only(0)  # a decode step's mask is a root-only tree's
-
-        def launch(position: int) -> Tensor:
-            mask = verify_mask(root, position, self.max_seq_len)
-            logits, _ = self.forward(ids[0], torch.tensor([position]), position, mask, graphed=True)
-            token = sample(logits_to_probs(logits[-1:], req.params), req.generator)
-            ids.view(-1).copy_(token)  # the next step's input, before that step's replay
-            return token
-        return launch
 
 
 class StaticInputs:
@@ -343,3 +210,61 @@ class GraphedTarget:
         graph, output = capture_graph(lambda: (inputs.stage(), step())[1], warmups=3,
                                       reset=lambda: inputs.fill(warm))  # a fed step advanced them
         return graph, inputs, output
+
+    def decode_ahead(self, req: Request, max_seq_len: int) -> None:
+        """Plain decoding on a graphed target with the host one step ahead of the GPU, to the end
+        of the request: step k + 1 is launched before step k's token is read, its input written
+        on the device by step k's argmax (or draw), so the host's staging, launch and bookkeeping
+        hide behind the GPU's step instead of adding to it (gpt-fast never reads a token back before the end; vLLM and SGLang overlap their
+        scheduling the same way). Greedy, a step is one graph replay that also feeds the next
+        step (`greedy_decode`); sampled, the host stages each step's position and
+        mask and draws on the device. The step launched past the last token writes one cache
+        slot that no request reads (the engine's check_limits leaves it free) and is dropped.
+        max_seq_len: the engine's (the graphs' mask width)."""
+        launch = self.greedy_steps(req, max_seq_len) if req.params.greedy else self.sampled_steps(req, max_seq_len)
+        tokens = torch.empty(2, dtype=torch.long, pin_memory=True)  # the two steps in flight, read back
+        ready = [torch.cuda.Event(), torch.cuda.Event()]
+        start, in_flight, slot = time.perf_counter(), 0, 0
+        while req.finish_reason is None:
+            token = launch(req.length + in_flight)  # the cache holds req.length tokens, the step in flight one more
+            tokens[slot:slot + 1].copy_(token, non_blocking=True)
+            ready[slot].record()
+            in_flight, slot = in_flight + 1, 1 - slot
+            if in_flight == 2:  # read the older step (in `slot` now) while the newer one runs
+                ready[slot].synchronize()
+                req.length, in_flight = req.length + 1, 1
+                req.metrics.record_step(0, 0)
+                req.emit([int(tokens[slot])])
+        req.metrics.time_verify_s += time.perf_counter() - start
+
+    def greedy_steps(self, req: Request, max_seq_len: int) -> Callable[[int], Tensor]:
+        """`decode_ahead`'s step launcher at T = 0: sets the self-feeding decode graph's inputs to
+        the request's last token and position once, then each call replays it (the position
+        argument is the graph's own count) and returns its token [1] long on the device."""
+        graph, (ids, positions, slots, mask), token = self.greedy_decode(max_seq_len)
+        ids.fill_(req.output_ids[-1])
+        positions.fill_(req.length)
+        slots.fill_(req.length)
+        mask.copy_(causal_mask(req.length, 1, max_seq_len, device=ids.device))
+
+        def launch(position: int) -> Tensor:
+            graph.replay()
+            return token
+        return launch
+
+    def sampled_steps(self, req: Request, max_seq_len: int) -> Callable[[int], Tensor]:
+        """`decode_ahead`'s step launcher at T > 0: each call stages the step's position and mask,
+        replays the decode graph, draws the token on the device and writes it as the next step's
+        input; returns it ([1] long on the device)."""
+        ids = self.device_input_ids(1, max_seq_len)  # [1, 1]: the graph reads it in place
+        ids.fill_(req.output_ids[-1])
+        root = DraftTree.root_only(0)  # a decode step's mask is a root-only tree's
+
+        def launch(position: int) -> Tensor:
+            mask = verify_mask(root, position, max_seq_len)
+            logits = self(ids[0][None], torch.tensor([position])[None], torch.arange(position, position + 1),
+                          mask).logits[0]
+            token = sample(logits_to_probs(logits[-1:], req.params), req.generator)
+            ids.view(-1).copy_(token)  # the next step's input, before that step's replay
+            return token
+        return launch

@@ -9,13 +9,13 @@ One round (`SpeculativeEngine.step`):
    num_steps - 1 steps feed back its own hidden state and grow the tree (`tree.TreeExpansion`);
    a graphed tree round also selects the tree and writes the verify's inputs on the device;
 2. verify: ONE target forward over the root + drafts with a tree mask and depth positions
-   (`graphs.TargetRunner.forward`, eager or a CUDA-graph replay);
+   (`TargetRunner.forward`, eager or a CUDA-graph replay);
 3. accept: `sampling.verify_*` picks the accepted path and the bonus token;
 4. commit: the accepted path's target K/V move to contiguous slots (`compact_cache`, unless the
    path is contiguous already, as a chain's always is), the aux states of the accepted
    positions wait for the next round's first draft step.
 `draft=None` or `spec=None` runs plain decoding through the same loop (the baseline); on a
-graphed target with the host one step ahead of the GPU (`TargetRunner.decode_ahead`).
+graphed target with the host one step ahead of the GPU (`GraphedTarget.decode_ahead`).
 The request (output, stop strings, text) is a `requests.Request`; loading a target and a
 drafter from disk is `load.load_engine`.
 """
@@ -36,7 +36,7 @@ from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.draft_round import GraphedRound
 from specdraft.engine.fast_draft import FastDraft, GraphedDraft, draft_graph_keys
 from specdraft.engine.fast_model import FastTarget, causal_mask
-from specdraft.engine.graphs import TargetRunner
+from specdraft.engine.graphs import GraphedTarget
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.requests import GenerationResult, Request, TokenCallback, check_request
@@ -138,7 +138,7 @@ class SpeculativeEngine:
         start = time.perf_counter()
         req.emit([self.prefill(req)])
         if self.draft is None and self.runner.graphed is not None and req.finish_reason is None:
-            self.runner.decode_ahead(req)
+            self.runner.graphed.decode_ahead(req, self.max_seq_len)
         while req.finish_reason is None:
             self.step(req)
         result = req.finish(start)
@@ -316,6 +316,82 @@ class SpeculativeEngine:
             req.pending_ids = torch.tensor(emitted, device=self.device)
             kept = aux[:len(path)] if contiguous else aux[torch.tensor(path, device=self.device)]
             req.pending_aux = kept.to(self.fast_draft.fc.dtype)
+
+
+class TargetRunner:
+    """The target forwards of one engine: a FastTarget whose cache this runner (re)allocates
+    for batch 1 and max_seq_len, with aux_layers (specdraft indices) read on every forward;
+    eager until `compile` (CUDA only), then decode and verify forwards replay CUDA graphs
+    (`graphs.GraphedTarget`)."""
+
+    def __init__(self, target: FastTarget, aux_layers: tuple[int, ...], max_seq_len: int,
+                 device: torch.device) -> None:
+        self.target, self.aux_layers, self.max_seq_len, self.device = target, aux_layers, max_seq_len, device
+        self.graphed: GraphedTarget | None = None
+        self.verify_buffers: list[Tensor] | None = None  # `verify_inputs` of a runner not compiled
+        target.setup_cache(1, max_seq_len, device=device)
+
+    def compile(self) -> str:
+        """Compile each target layer (torch.compile, in place), run forwards of up to 16 tokens
+        through the Triton kernels where the target allows, and replay decode / verify forwards
+        as CUDA graphs from now on. Returns which kernels run: "triton", or "torch (why not)"."""
+        for layer in self.target.layers:
+            layer.compile()
+        self.graphed = GraphedTarget(self.target, self.aux_layers)
+        reason = self.target.use_triton()
+        return "triton" if reason is None else f"torch ({reason})"
+
+    def reserve(self) -> None:
+        """Rebuild the target's cache for this runner when another user (another engine on the
+        same target) reallocated it."""
+        if (self.target.max_batch_size, self.target.max_seq_len) != (1, self.max_seq_len):
+            self.target.setup_cache(1, self.max_seq_len, device=self.device)
+
+    def mask_width(self, num_slots: int) -> int:
+        """Columns of a target mask whose tokens use cache slots 0..num_slots-1: just those (the
+        target attends over no more), or max_seq_len when compiled (static shapes for the
+        compiled layers and CUDA graphs)."""
+        return self.max_seq_len if self.graphed is not None else num_slots
+
+    def forward(self, tokens: Tensor, positions: Tensor, start: int, mask: Tensor,
+                graphed: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Target forward of T tokens written at slots start..start+T-1: logits [T, V] float32,
+        aux states [T, n_aux*H] (None in plain decoding). tokens [T], positions [T] long and
+        mask [1, 1, T, S] bool on the CPU or the engine device. graphed: replay a CUDA graph
+        after `compile` (decode and verify: few distinct T); its inputs on the CPU are staged in
+        one copy."""
+        slots = torch.arange(start, start + tokens.numel())
+        inputs = (tokens[None], positions[None], slots, mask)
+        if graphed and self.graphed is not None:
+            out = self.graphed(*inputs, self.aux_layers)
+        else:
+            out = self.target(*(x.to(self.device) for x in inputs), self.aux_layers)
+        return out.logits[0], None if out.aux_hidden is None else out.aux_hidden[0]
+
+    def verify_inputs(self, n: int) -> list[Tensor]:
+        """A tree verify's inputs as device tensors that a graphed round writes in place
+        (`GraphedRound`): input_ids [1, N], position_ids [1, N], cache_slots [N] long, attn_mask
+        [1, 1, N, max_seq_len] bool (N = n, the num_draft_tokens). Compiled: the verify graph's
+        own (`GraphedTarget.device_inputs`: captured on first use and again after the target's
+        cache was rebuilt, at the same addresses); else buffers of this runner (tests)."""
+        if self.graphed is not None:
+            return self.graphed.device_inputs(n, self.max_seq_len)
+        if self.verify_buffers is None:
+            self.verify_buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for shape, dtype in
+                                   (((1, n), torch.long), ((1, n), torch.long), ((n,), torch.long),
+                                    ((1, 1, n, self.max_seq_len), torch.bool))]
+        return self.verify_buffers
+
+    def forward_in_place(self, inputs: Sequence[Tensor]) -> tuple[Tensor, Tensor | None]:
+        """`forward` of inputs already on the device (`verify_inputs`): logits [N, V],
+        aux states [N, n_aux*H]; a graphed target replays with no copy."""
+        out = (self.graphed if self.graphed is not None else self.target)(*inputs, self.aux_layers)
+        return out.logits[0], None if out.aux_hidden is None else out.aux_hidden[0]
+
+    def device_input_ids(self, n: int) -> Tensor | None:
+        """The compiled verify graph's input_ids [1, n] on the device, which the drafter writes
+        its tree into (`GraphedTarget.device_input_ids`), or None when not compiled."""
+        return None if self.graphed is None else self.graphed.device_input_ids(n, self.max_seq_len)
 
 
 def check_pairing(target: FastTarget, draft: Eagle3Draft, aux_layers: tuple[int, ...],
