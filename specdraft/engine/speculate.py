@@ -225,30 +225,43 @@ class SpeculativeEngine:
     def draft_tree(self, req: Request) -> DraftTree | SelectedTree:
         """The drafter's first step over the pending positions, then num_steps - 1 tree steps
         (compiled: a greedy expansion in one graph replay, `GraphedRound`)."""
+        sampled = self.spec.is_chain and not req.params.greedy
+        # graphed: the tokens go straight into the verify graph's input (no copy before its replay)
+        out = self.runner.device_input_ids(self.spec.num_draft_tokens)
+        out = None if out is None else out[0]
+        if self.run_round is not None and not sampled:
+            tree = self.draft_round(req, out)
+            if tree is not None:
+                return tree
+        return self.draft_steps(req, sampled, out)
+
+    def draft_round(self, req: Request, out: Tensor | None) -> DraftTree | SelectedTree | None:
+        """A greedy round as one graph replay (`GraphedRound`): a chain's tree, a tree selected
+        on the device, or None when no graph holds this many pending positions."""
+        cache, spec, m = self.draft_cache, self.spec, req.pending_ids.numel()
+        if spec.topk > 1:
+            self.verify_inputs()  # the verify graph before the round writes its inputs (a capture overwrites them)
+        if self.round_events is not None:
+            self.round_events[0].record()
+        candidates = self.run_round(req.pending_ids, req.pending_aux, cache.length)
+        if candidates is None:
+            return None
+        if self.round_events is not None:
+            self.round_events[1].record()
+            self.round_timed = True
+        cache.commit(m)
+        if spec.topk > 1:  # its tree's positions start at the draft cache's committed entries
+            if cache.length != req.length:
+                raise RuntimeError(f"draft cache holds {cache.length} entries, the target {req.length}: "
+                                   "a graphed tree round would verify at wrong positions")
+            return SelectedTree(*candidates)
+        return tree_of(*candidates, None, None, spec.num_draft_tokens, out)
+
+    def draft_steps(self, req: Request, sampled: bool, out: Tensor | None) -> DraftTree:
+        """The round step by step: the first step over the m pending positions, then the tree
+        steps, each expanding the frontier (`TreeExpansion`); sampled: a chain drawn at T > 0."""
         draft, cache, spec = self.run_draft, self.draft_cache, self.spec
         start, m = cache.length, req.pending_ids.numel()
-        sampled = spec.is_chain and not req.params.greedy
-        # graphed: the tokens go straight into the verify graph's input (no copy before its replay)
-        out = self.runner.device_input_ids(spec.num_draft_tokens)
-        out = None if out is None else out[0]
-        candidates = None
-        if self.run_round is not None and not sampled:
-            if spec.topk > 1:
-                self.verify_inputs()  # the verify graph before the round writes its inputs (a capture overwrites them)
-            if self.round_events is not None:
-                self.round_events[0].record()
-            candidates = self.run_round(req.pending_ids, req.pending_aux, start)
-            if self.round_events is not None and candidates is not None:
-                self.round_events[1].record()
-                self.round_timed = True
-        if candidates is not None:
-            cache.commit(m)
-            if spec.topk > 1:  # its tree's positions start at the draft cache's committed entries
-                if cache.length != req.length:
-                    raise RuntimeError(f"draft cache holds {cache.length} entries, the target {req.length}: "
-                                       "a graphed tree round would verify at wrong positions")
-                return SelectedTree(*candidates)
-            return tree_of(*candidates, None, None, spec.num_draft_tokens, out)
         expansion = TreeExpansion(req.output_ids[-1], spec.topk, sampled, req.params, self.draft_vocab,
                                   self.target.args.vocab_size, req.generator)
         with self.draft_attention():
