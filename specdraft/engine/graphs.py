@@ -1,6 +1,6 @@
 """The target's forwards as CUDA graphs, and the one helper that captures every CUDA graph of
-the engine (`capture_graph`: the target's here, the drafter's
-steps in `fast_draft.GraphedDraft`, whole draft rounds in `draft_round.GraphedRound`).
+the engine (`capture_graph`: the target's here, the drafter's steps in `fast_draft.GraphedDraft`,
+whole draft rounds in `draft_round.GraphedRound`).
 
 - `GraphedTarget`: `FastTarget.forward` as CUDA-graph replays, one graph per token count,
   placement of the inputs and KV cache (what `speculate.TargetRunner` replays once compiled),
@@ -215,10 +215,10 @@ class GraphedTarget:
         """Plain decoding on a graphed target with the host one step ahead of the GPU, to the end
         of the request: step k + 1 is launched before step k's token is read, its input written
         on the device by step k's argmax (or draw), so the host's staging, launch and bookkeeping
-        hide behind the GPU's step instead of adding to it (gpt-fast never reads a token back before the end; vLLM and SGLang overlap their
-        scheduling the same way). Greedy, a step is one graph replay that also feeds the next
-        step (`greedy_decode`); sampled, the host stages each step's position and
-        mask and draws on the device. The step launched past the last token writes one cache
+        hide behind the GPU's step instead of adding to it (gpt-fast never reads a token back
+        before the end; vLLM and SGLang overlap their scheduling the same way). Greedy, a step is
+        one graph replay that also feeds the next step (`greedy_decode`); sampled, the host
+        stages each step's position and mask and draws on the device. The step launched past the last token writes one cache
         slot that no request reads (the engine's check_limits leaves it free) and is dropped.
         max_seq_len: the engine's (the graphs' mask width)."""
         launch = self.greedy_steps(req, max_seq_len) if req.params.greedy else self.sampled_steps(req, max_seq_len)
