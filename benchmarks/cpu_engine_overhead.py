@@ -32,7 +32,8 @@ from tiny_pair import tiny_demo_dir  # benchmarks/, the script's directory
 
 from specdraft.demo.generation import heldout_prompts
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.speculate import SpeculativeEngine, load_engine
+from specdraft.engine.load import load_engine
+from specdraft.engine.speculate import SpeculativeEngine
 
 SETTINGS = {"plain": None, **{f"chain-{n}": SpecConfig.chain(n) for n in (1, 2, 3, 4)},
             "tree-4-2-8": SpecConfig(4, 2, 8)}

@@ -47,7 +47,8 @@ from specdraft.engine.fast_draft import FastDraft
 from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.sampling import SamplingParams
-from specdraft.engine.speculate import DRAFT_SDPA_BACKENDS, GraphedTarget, SpeculativeEngine
+from specdraft.engine.graphs import GraphedTarget
+from specdraft.engine.speculate import DRAFT_SDPA_BACKENDS, SpeculativeEngine
 
 LLAMA_8B = ModelArgs(model_type="llama", hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8,
                      head_dim=128, intermediate_size=14336, vocab_size=128256, rms_norm_eps=1e-5,
@@ -291,7 +292,7 @@ def profile_draft_round(engine: SpeculativeEngine, prompt: list[int]) -> list[di
     from torch.profiler import ProfilerActivity, profile
 
     req = engine.new_request(prompt, 8, SamplingParams(), (), None, None, None)
-    engine.emit(req, [engine.prefill(req)])
+    req.emit([engine.prefill(req)])
     engine.step(req)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
     with profile(activities=activities) as prof:

@@ -28,7 +28,8 @@ from tiny_pair import tiny_demo_dir  # benchmarks/, the script's directory
 from tokenizers import Tokenizer
 
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.speculate import SpeculativeEngine, load_engine
+from specdraft.engine.load import load_engine
+from specdraft.engine.speculate import SpeculativeEngine
 
 ASSETS = Path(__file__).resolve().parent.parent / "tests" / "assets" / "pycode25m_draft"
 SETTINGS = {"plain": None, "chain3": SpecConfig.chain(3), "chain5": SpecConfig.chain(5),

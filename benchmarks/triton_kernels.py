@@ -35,7 +35,7 @@ if "--tiny" in sys.argv[1:] and not torch.cuda.is_available():  # before anythin
 from engine_speed import graphed  # benchmarks/, the script's directory
 
 from specdraft.engine.fast_model import causal_mask
-from specdraft.engine.triton_ops import attention, linear
+from specdraft.engine.kernels.triton_ops import attention, linear
 
 PROJECTIONS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
                "down_proj": (4096, 14336), "lm_head": (128256, 4096)}

@@ -38,7 +38,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdraft.engine.speculate import GenerationResult, SpeculativeEngine
+from specdraft.engine.requests import GenerationResult
+from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.openai_protocol import (FINISH_REASONS, GenerationRequest, RequestError, ResponseShape, TextStream,
                                        chat_prompt_ids, context_room, get_field, parse_common, prompt_ids_of,
                                        sse, usage_of)
@@ -489,7 +490,7 @@ def build_app(target_dir: str, draft_dir: str | None, spec: Any, device: str = "
     import torch
     from transformers import AutoTokenizer
 
-    from specdraft.engine.speculate import load_engine
+    from specdraft.engine.load import load_engine
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     engine = load_engine(target_dir, draft_dir if spec is not None else None, spec, device,

@@ -164,7 +164,7 @@ class Bench:
         prefix = min(len(self.prompts[0]) + self.cfg.max_new_tokens // 2, self.max_seq_len - max(sizes))
         vocab = self.target.args.vocab_size
         ids = torch.arange(prefix, device=self.device) % vocab
-        engine.forward_target(ids, torch.arange(prefix, device=self.device), 0,
+        engine.runner.forward(ids, torch.arange(prefix, device=self.device), 0,
                               causal_mask(0, prefix, self.max_seq_len, device=self.device))
         times = {}
         for size in sorted(set(sizes)):
@@ -175,7 +175,7 @@ class Bench:
             for _ in range(self.cfg.verify_repeats + 1):  # the first run warms up
                 synchronize(self.device)
                 start = time.perf_counter()
-                engine.forward_target(tokens, positions, prefix, mask)
+                engine.runner.forward(tokens, positions, prefix, mask)
                 synchronize(self.device)
                 samples.append(time.perf_counter() - start)
             times[size] = statistics.median(samples[1:])
@@ -402,7 +402,7 @@ def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg:
 
     from specdraft.bench import load_prompts
     from specdraft.doctor.inputs import given_config
-    from specdraft.engine.speculate import load_engine
+    from specdraft.engine.load import load_engine
     from specdraft.target import TARGET_CONFIG_FIX, check_target_config
 
     config = given_config(Path(target_dir), TARGET_CONFIG_FIX)

@@ -29,7 +29,7 @@ def test_case_fc14_topk2_tree_reproduces_topk1_greedy_tokens(arch):
 
 def _first_tree(engine, prompt):
     req = engine.new_request(prompt, 8, SamplingParams(), (), None, None, None)
-    engine.emit(req, [engine.prefill(req)])
+    req.emit([engine.prefill(req)])
     return engine.draft_tree(req)
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import specdraft.engine.speculate as speculate
+import specdraft.engine.load as engine_load
 import specdraft.serve
 from specdraft.cli import app
 from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
@@ -50,7 +50,7 @@ def _no_load(*args, **kwargs):
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_compile_off_cuda_is_one_line_before_loading(tmp_path, command, monkeypatch):
-    monkeypatch.setattr(speculate, "load_engine", _no_load)
+    monkeypatch.setattr(engine_load, "load_engine", _no_load)
     (tmp_path / "config.json").write_text("{}")
     result = invoke([command, "--target", str(tmp_path), "--no-spec", "--compile", *COMMANDS[command]])
     assert result.exit_code == 1, result.output
@@ -69,7 +69,7 @@ def test_compile_warms_up_once_before_generating_and_serving(tmp_path, monkeypat
         return setup.engine(None, None)  # plain decoding on the CPU
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(speculate, "load_engine", fake_load)
+    monkeypatch.setattr(engine_load, "load_engine", fake_load)
     monkeypatch.setattr(specdraft.serve, "serve", lambda app, host, port: served.append(
         app.state.server.engine.total.num_requests))
     warm_up = "(a warm-up generation, not in the metrics)"
@@ -139,7 +139,7 @@ def test_commands_draw_no_transformers_progress_bar(tmp_path):
 def test_a_target_with_config_json_is_never_called_missing_it(tmp_path, monkeypatch):
     """`serve --no-spec --target=~/m` (no shell expands ~ after '=') and a file of the directory
     name what to pass instead of "no config.json here"; a path that does not exist says so."""
-    monkeypatch.setattr(speculate, "load_engine", _no_load)
+    monkeypatch.setattr(engine_load, "load_engine", _no_load)
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.engine.speculate import decode_continuation
+from specdraft.engine.requests import decode_continuation
 from specdraft.openai_protocol import TextStream
 from specdraft.stories260k import TOKENIZER_FILE, build_tokenizer, bundled_dir, read_llama2c_tokenizer
 

@@ -115,7 +115,7 @@ def test_replayed_rounds_equal_the_engine_counts(world):
     from specdraft.doctor.evidence import Evidence
     from specdraft.doctor.inputs import DoctorInputs
     from specdraft.doctor.offline import run_on
-    from specdraft.engine.speculate import load_engine
+    from specdraft.engine.load import load_engine
 
     draft, target, _ = world
     engine = load_engine(target, draft, SPEC)

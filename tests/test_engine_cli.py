@@ -104,7 +104,7 @@ def test_generate_takes_a_training_checkpoint_and_points_a_run_directory_at_one(
     import torch
 
     from specdraft.engine.spec_config import SpecConfig
-    from specdraft.engine.speculate import load_engine
+    from specdraft.engine.load import load_engine
 
     setup = tiny_setup("llama")
     tokenizer = _target_with_tokenizer(setup, tmp_path / "target")
@@ -136,12 +136,12 @@ def test_generate_takes_a_training_checkpoint_and_points_a_run_directory_at_one(
 ])
 def test_no_spec_refuses_drafting_flags(tmp_path, command, flags, named, monkeypatch):
     """--no-spec with a drafting flag is one line, before anything loads or a server starts."""
-    import specdraft.engine.speculate as speculate
+    import specdraft.engine.load as engine_load
 
     def no_load(*args, **kwargs):
         raise AssertionError("loaded a model")
 
-    monkeypatch.setattr(speculate, "load_engine", no_load)
+    monkeypatch.setattr(engine_load, "load_engine", no_load)
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "draft").mkdir()
     extra = ["--prompt", "hi"] if command == "generate" else []

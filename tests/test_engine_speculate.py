@@ -16,7 +16,9 @@ import transformers
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.speculate import SpeculativeEngine, StaticInputs, load_engine
+from specdraft.engine.graphs import StaticInputs
+from specdraft.engine.load import load_engine
+from specdraft.engine.speculate import SpeculativeEngine
 from tests.engine_helpers import (AUX_LAYERS, MAX_SEQ, greedy_sequences, one_thread,  # noqa: F401
                                   random_prompts, target_pass, tiny_setup)
 

@@ -146,7 +146,7 @@ def test_tree_scores_equal_chain_runs_along_each_path():
     engine = setup.engine(draft, spec)
     prompt = random_prompts(1, 10, seed=5)[0]
     req = engine.new_request(prompt, 8, SamplingParams(), (), None, None, None)
-    engine.emit(req, [engine.prefill(req)])
+    req.emit([engine.prefill(req)])
     tree = engine.draft_tree(req)
     assert tree.num_nodes == 12 and max(tree.depths) >= 2
     ids = torch.tensor([prompt + req.output_ids])

@@ -10,7 +10,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask, load_fast_target
+from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask
+from specdraft.engine.load import load_fast_target
 from tests.tiny_models import save_tiny_model, tiny_config, tiny_model
 
 NUM_LAYERS = 4

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from specdraft.checkpoint import MANIFEST_FILE, convert_draft
 from specdraft.cli import app
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.speculate import load_engine
+from specdraft.engine.load import load_engine
 from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.serve_helpers import word_tokenizer
 from tests.tiny_models import save_tiny_model

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.speculate import load_engine
+from specdraft.engine.load import load_engine
 from tests.doctor_helpers import draft_checkpoint, edit_config
 from tests.tiny_tokenizer import save_tiny_tokenizer
 

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdraft.bench import scrape_counters
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.speculate import decode_continuation
+from specdraft.engine.requests import decode_continuation
 from specdraft.serve import build_app, serve_in_thread
 from tests.engine_helpers import AUX_LAYERS, greedy_sequences, one_thread, tiny_setup  # noqa: F401
 from tests.serve_helpers import engine, own_target, running, slow_target, text_prompts, word_tokenizer

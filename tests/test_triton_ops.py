@@ -1,4 +1,4 @@
-"""specdraft.engine.triton_ops and fused_decode against torch: the fused linear (prologues and
+"""specdraft.engine.kernels.triton_ops and fused_decode against torch: the fused linear (prologues and
 epilogues), RoPE + in-place cache writes, split-KV attention under masks, and whole decode /
 verify forwards of tiny targets against FastTarget's torch path.
 
@@ -21,9 +21,9 @@ CUDA = torch.cuda.is_available()
 assert CUDA or os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets TRITON_INTERPRET without a GPU"
 
 from specdraft.draft import apply_rope, rms_norm  # noqa: E402
-from specdraft.engine import fused_decode, triton_ops  # noqa: E402
+from specdraft.engine.kernels import triton_ops  # noqa: E402
 from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask, rope_cos_sin  # noqa: E402
-from specdraft.engine.triton_ops import (add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache,  # noqa: E402
+from specdraft.engine.kernels.triton_ops import (add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache,  # noqa: E402
                                          rope_to_cache)
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -228,7 +228,7 @@ def test_fused_forward_matches_torch_path(name):
         ref = model(ids, positions, slots, mask, aux_layers=(0, 1, 2))
         ref_keys = [k for k, _ in _snapshot(model)]
         _restore(model, before)
-        got = fused_decode.forward(model, ids, positions, slots, mask, (0, 1, 2))
+        got = model.triton_forward(ids, positions, slots, mask, (0, 1, 2))
         assert got.logits.dtype == torch.float32 and got.logits.shape == ref.logits.shape
         for field in ("logits", "aux_hidden"):  # no further from the truth than the torch path
             got_err, ref_err = _rel_err(getattr(got, field), getattr(truth, field)), _rel_err(
@@ -248,7 +248,7 @@ def test_use_triton_says_why_not():
         assert model.to(torch.bfloat16).use_triton() is None and model.triton_kernels
     small_heads = FastTarget(ModelArgs(model_type="llama", hidden_size=32, num_layers=1, num_heads=4,
                                        num_kv_heads=4, head_dim=8, intermediate_size=64, vocab_size=50))
-    assert fused_decode.unsupported_reason(small_heads) is not None
+    assert small_heads.triton_support() is not None
 
 
 
@@ -402,9 +402,9 @@ def test_compiled_engine_runs_target_and_drafter_through_triton_graphs():
     assert len(result.token_ids) == 8
     plain = SpeculativeEngine(target, None, None, None, 64, DEVICE, compile=True)
     assert len(plain.generate(list(range(1, 13)), 8).token_ids) == 8
-    assert [key[0] for key in plain.graphed.graphs] == ["greedy"]  # greedy: one self-feeding decode graph
+    assert [key[0] for key in plain.runner.graphed.graphs] == ["greedy"]  # greedy: one self-feeding decode graph
     assert len(plain.generate(list(range(1, 13)), 8, temperature=1.0, seed=0).token_ids) == 8
-    assert sorted(str(key[0]) for key in plain.graphed.graphs) == ["1", "greedy"]  # sampled: staged from the host
+    assert sorted(str(key[0]) for key in plain.runner.graphed.graphs) == ["1", "greedy"]  # sampled: staged from the host
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs and compiled target layers")
@@ -428,7 +428,7 @@ def test_compiled_tree_rounds_write_the_verify_inputs_of_a_rebuilt_cache():
     assert first.metrics.num_verify_steps > 2 and engine.run_round is not None
     SpeculativeEngine(target, None, None, None, 48, DEVICE).generate(prompt, 4)  # rebuilds the target's cache
     assert engine.generate(prompt, 16).token_ids == first.token_ids
-    assert len({key[2] for key in engine.graphed.graphs}) == 2  # graphs of both caches, one set of inputs
+    assert len({key[2] for key in engine.runner.graphed.graphs}) == 2  # graphs of both caches, one set of inputs
 
 
 class _LazyGraph:
@@ -496,18 +496,18 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
             rounds.append((tokens, tree.parents, tree.depths, tree.scores.clone()))
             return tree, tokens, verdict
 
-        def forward_target(tokens, positions, start, mask, graphed=False, run=engine.forward_target, inputs=inputs):
+        def forward(tokens, positions, start, mask, graphed=False, run=engine.runner.forward, inputs=inputs):
             if tokens.numel() == setting.num_draft_tokens:  # a verify, not the prefill
                 slots = torch.arange(start, start + tokens.numel())
                 inputs.append([x.cpu().clone() for x in (tokens[None], positions[None], slots, mask)])
             return run(tokens, positions, start, mask, graphed)
 
-        def forward_in_place(tensors, run=engine.forward_in_place, inputs=inputs):
+        def forward_in_place(tensors, run=engine.runner.forward_in_place, inputs=inputs):
             inputs.append([x.cpu().clone() for x in tensors])
             return run(tensors)
 
         engine.draft_tree, engine.read_selected = draft_tree, read_selected
-        engine.forward_target, engine.forward_in_place = forward_target, forward_in_place
+        engine.runner.forward, engine.runner.forward_in_place = forward, forward_in_place
         outputs.append(engine.generate(prompt, 6, **sampling).token_ids)
         trees.append((rounds, inputs))
     assert outputs[0] == outputs[1] and len(outputs[0]) == 6

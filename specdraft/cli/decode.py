@@ -106,15 +106,13 @@ def generate(
     from rich.console import Console
     from transformers import AutoTokenizer
 
-    from specdraft.checkpoint import CheckpointError
-    from specdraft.engine.metrics import metrics_table
-    from specdraft.engine.speculate import decode_continuation, load_engine
+    from specdraft.engine.load import load_engine
     from specdraft.machine_load import busy_note
 
     console = Console()
     remedy = "fewer threads (e.g. --threads 1) compete less" if threads != 1 else ""
     busy = busy_note("the tokens/s above", remedy) if device == "cpu" else None
-    try:
+    with user_errors(console):
         _refuse_compile_off_cuda(compile, device)
         _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
                                                        "--num-draft-tokens": num_draft_tokens})
@@ -130,31 +128,43 @@ def generate(
             console.print(f"note: {note}", markup=False, soft_wrap=True)
         ids = tokenizer(prompt)["input_ids"]
         eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": sampling_top_k, "seed": seed}
         if compile:  # compile and capture first: the metrics below are then the engine's, not the compiler's
-            _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), console, temperature=temperature,
-                              top_p=top_p, top_k=sampling_top_k, seed=seed)
-        output: list[int] = []
-        shown = 0
-
-        def stream(new_ids: list[int]) -> None:  # print the text the new ids add
-            nonlocal shown
-            output.extend(new_ids)
-            text = decode_continuation(tokenizer, ids, output)
-            console.print(text[shown:], end="", markup=False, highlight=False, soft_wrap=True)
-            shown = len(text)
-
+            _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), console, **sampling)
         console.print(prompt, end="", style="dim", markup=False, highlight=False, soft_wrap=True)  # continued below
-        result = engine.generate(ids, max_new_tokens, temperature, top_p, sampling_top_k, eos_ids=eos,
-                                 seed=seed, on_tokens=stream)
-    except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
-        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(1) from e
+        result = engine.generate(ids, max_new_tokens, eos_ids=eos, on_tokens=_text_printer(console, tokenizer, ids),
+                                 **sampling)
     console.print()
-    console.print(metrics_table(result.metrics, (f"speculative decoding (steps {num_steps}, topk {topk}, "
-                                                 f"draft tokens {spec.num_draft_tokens})") if spec is not None
-                                else "plain decoding" + ("" if no_spec else " (no --draft)")))
+    setting = (f"speculative decoding (steps {num_steps}, topk {topk}, draft tokens {spec.num_draft_tokens})"
+               if spec is not None else "plain decoding" + ("" if no_spec else " (no --draft)"))
+    _print_generate_summary(console, engine, result, setting, compile, busy)
+
+
+def _text_printer(console, tokenizer, prompt_ids: list[int]):
+    """generate's stream callback: prints the text each batch of new ids adds after the prompt
+    (`decode_continuation` of the whole output so far, minus what was printed)."""
+    from specdraft.engine.requests import decode_continuation
+
+    output: list[int] = []
+    shown = 0
+
+    def stream(new_ids: list[int]) -> None:
+        nonlocal shown
+        output.extend(new_ids)
+        text = decode_continuation(tokenizer, prompt_ids, output)
+        console.print(text[shown:], end="", markup=False, highlight=False, soft_wrap=True)
+        shown = len(text)
+    return stream
+
+
+def _print_generate_summary(console, engine, result, setting: str, compile: bool, busy: str | None) -> None:
+    """generate's metrics table under `setting`, the kernels a --compile run used, and the
+    busy-machine note when there is one."""
+    from specdraft.engine.metrics import metrics_table
+
+    console.print(metrics_table(result.metrics, setting))
     if compile:
-        drafter = f"; drafter steps: {engine.draft_kernels}" if spec is not None else ""
+        drafter = f"; drafter steps: {engine.draft_kernels}" if engine.spec is not None else ""
         console.print(f"target forwards of up to 16 tokens: {engine.target_kernels} kernels{drafter}", markup=False)
     if busy:
         console.print(busy, style="yellow", markup=False, soft_wrap=True)

@@ -30,7 +30,7 @@ def heldout_prompts(target_dir: Path, heldout_file: Path, prompt_tokens: int) ->
 def load_demo_engine(target_dir: Path, draft_dir: Path | None, spec, prompts: list[list[int]],
                      max_new_tokens: int, device: str):
     """specdraft's engine for one setting (spec None: plain decoding), warmed up."""
-    from specdraft.engine.speculate import load_engine
+    from specdraft.engine.load import load_engine
 
     engine = load_engine(target_dir, draft_dir, spec, device=device,
                          max_seq_len=max(len(p) for p in prompts) + max_new_tokens + 64)

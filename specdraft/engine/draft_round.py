@@ -2,20 +2,14 @@
 
 Step by step, a round makes about twenty host calls a draft step besides the step's own graph
 (`GraphedDraft`): the step's input copies, then the expansion's log-softmax, top-k, score sums,
-vocabulary map and tree bookkeeping (`tree.TreeExpansion`). On the H200 those calls cost 5-20 us
-each and the drafter's step 0.22 ms of GPU time, so the host, not the GPU, set the pace: a
-Llama-3.1-8B-sized chain of 3 spent 1.9 ms a round drafting (0.7 ms of GPU work) and a 4 x 4
-tree 4.2 ms (0.9 ms). `GraphedRound` captures the first step, every later step and every
-expansion in one graph per number of pending positions, so a round is three input copies and
-one launch. For a tree the graph also selects the verified nodes and writes the verify
-forward's inputs (tokens, positions, slots, mask) into the verify graph's own buffers
-(`tree.select_on_device`, `GraphedTarget.device_inputs`), so the target's verify is launched
-right behind the round and the host first waits for the device when it reads the verdict's
-inputs back (picking the tree on the host had the GPU idle through a wait for the round, the
-selection and the verify's staging). H200, A / B in one process, tokens/s: pycode-25m with its
-drafter, tree 4 x 2 / 8 1974 / 2000 against 1667 / 1673, tree 5 x 4 / 16 1719 / 1789 against
-1413 / 1456 (the same τ and outputs); Llama-3.1-8B-shaped random target, tree 4 x 4 / 16 158
-against 148, tree 5 x 2 / 8 151 / 154 against 144.
+vocabulary map and tree bookkeeping (`tree.TreeExpansion`); the host, not the GPU, then sets
+the pace. `GraphedRound` captures the first step, every later step and every expansion in one
+graph per number of pending positions, so a round is three input copies and one launch. For a
+tree the graph also selects the verified nodes and writes the verify forward's inputs (tokens,
+positions, slots, mask) into the verify graph's own buffers (`tree.select_on_device`,
+`GraphedTarget.device_inputs`), so the target's verify is launched right behind the round and
+the host first waits for the device when it reads the verdict's inputs back. Same τ and
+outputs as the round step by step; speed: benchmarks/results/engine.md.
 
 Greedy expansion only (top-k children: trees at any temperature, chains at T = 0); a chain at
 T > 0 samples its drafts from a generator each step and runs step by step.
@@ -29,12 +23,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdraft.engine import fused_decode
 from specdraft.engine.draft_cache import DraftCache
-from specdraft.engine.fast_draft import FastDraft, capture_graph
+from specdraft.engine.fast_draft import FastDraft
+from specdraft.engine.graphs import capture_graph
+from specdraft.engine.kernels import fused_decode
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import TreeExpansion, select_on_device, ancestor_verify_mask
+from specdraft.engine.tree import TreeExpansion, ancestor_verify_mask, select_on_device
 
 
 class GraphedRound:

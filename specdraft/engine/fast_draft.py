@@ -6,8 +6,8 @@ checks), with the engine's cache protocol and fewer operations per step:
 - a step writes its K/V into the `DraftCache` and attends over the cache in place, where
   `Eagle3Draft` returns them and concatenates the whole past on every call;
 - weights are tensors and the step calls functions, not modules: batch 1 on the CPU a draft
-  step is bound by per-call overhead, and module calls, no-op casts and checks were ~40 % of
-  it (stories260K's drafter: 157 -> 92 us per step, one thread).
+  step is bound by per-call overhead, much of it module calls, no-op casts and checks
+  (benchmarks/results/engine.md).
 Norm and RoPE are `draft.py`'s functions, so the numerics are the drafter's by construction.
 
 After `use_triton()` (CUDA, bf16 / fp16) a step of up to 16 positions runs through
@@ -19,22 +19,22 @@ float32 where `draft.py` rounds cos / sin to the weights' dtype: the two paths a
 rounding (tests/test_triton_ops.py). Eagerly those launches are host-bound; `GraphedDraft`
 replays them as CUDA graphs (what `SpeculativeEngine(compile=True)` runs).
 The stacked q/k/v and gate/up weights are copies, made when the FastDraft is built (memory:
-those weights once more, ~0.34 GB for a Llama-3.1-8B EAGLE-3 drafter in bf16): build a new
-one after changing the drafter's weights.
+those weights once more): build a new one after changing the drafter's weights.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from specdraft.draft import KV, Eagle3Draft, apply_rope, rms_norm, rope_cos_sin
-from specdraft.engine import fused_decode
 from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.fast_model import causal_mask
+from specdraft.engine.graphs import capture_graph
+from specdraft.engine.kernels import fused_decode
 
 
 class FastDraft:
@@ -109,7 +109,7 @@ class FastDraft:
         positions as `__call__`; writes the K/V at cache entries slots [T] long, then attends
         where attn_mask [1, 1, T, S] bool says over entries 0..S-1 (S <= cache.max_len).
         Returns what `__call__` returns. Tensor arguments only: `GraphedDraft` captures it."""
-        from specdraft.engine.triton_ops import add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache
+        from specdraft.engine.kernels.triton_ops import add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache
 
         t, width = input_ids.shape[0], self.input_norm.shape[0]
         h = linear(hidden, self.fc) if first_step else hidden.contiguous()
@@ -130,11 +130,10 @@ class GraphedDraft:
     captured at construction (`draft_graph_keys` lists those of a speculative setting). Other
     steps (a prompt's first step) and other caches run the FastDraft as it is.
 
-    Eagerly a Triton step is bound by its launches on the host (~2 ms on an H200 for a Llama-3.1-
-    8B drafter, against 0.2 ms of GPU time); a replay costs a few small copies and one launch.
-    Capturing on first use cost more than it saved: a tree run (topk 4, 4 steps) on pycode-25m
-    spent 0.81 s drafting 200 tokens (a chain 0.06 s), most of it compiling and capturing first
-    steps its warm-up generation had not met.
+    Eagerly a Triton step is bound by its launches on the host, many times its GPU time; a
+    replay costs a few small copies and one launch. Graphs are captured up front because
+    capturing on first use cost more than it saved: a request then compiled and captured the
+    first steps its warm-up had not met (benchmarks/results/engine.md).
     Graphs attend over the whole cache (entries past the step are masked; the attention kernel
     skips their blocks), so the shapes are static. Inputs are copied into static buffers;
     outputs are valid until the next call with the same key. Capture warms up by writing the
@@ -194,21 +193,6 @@ class GraphedDraft:
         inputs = self.static_inputs(t, width)
         graph, output = capture_graph(lambda: self.step(*inputs, first_step, masked))
         return graph, inputs, output
-
-
-def capture_graph(fn: Callable[[], Any], warmups: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """(graph, outputs) of fn captured as a CUDA graph, after `warmups` calls on a side stream
-    (Triton compiles and allocations happen there, outside the capture)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmups):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        output = fn()
-    return graph, output
 
 
 def draft_graph_keys(num_steps: int, topk: int) -> list[tuple[int, bool, bool]]:

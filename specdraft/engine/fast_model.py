@@ -1,8 +1,9 @@
 """The target on the engine's hot path: a compact Llama / Qwen2 / Qwen3 / Mistral (gpt-fast style).
 
 Reads top to bottom: config, static KV cache, transformer, block, attention, MLP, norm, rope,
-loading. Computes what transformers' `LlamaForCausalLM` (and the Qwen2/Qwen3/Mistral classes)
-compute, on the same checkpoint directory; tests/test_fast_model.py holds the parity checks.
+masks; a checkpoint directory loads into it with `load.load_fast_target`. Computes what
+transformers' `LlamaForCausalLM` (and the Qwen2/Qwen3/Mistral classes) compute, on the same
+checkpoint directory; tests/test_fast_model.py holds the parity checks.
 
 Cache protocol. Each layer owns a preallocated K/V cache [B, n_kv, max_seq_len, head_dim]. A
 forward writes the K/V of its T new tokens at `cache_slots` and attends wherever `attn_mask`
@@ -15,26 +16,22 @@ final slot, so moved entries stay valid. Rejected nodes need no undo: the caller
 length pointer back, the mask hides slots at or past it, and the next forward overwrites them.
 
 Fused projections. q/k/v run as one matmul (`wqkv`) and gate/up as another (`w13`): the
-checkpoint's separate tensors fill row blocks of them at load (`HF_TO_FAST_LAYER`): 4 matmuls
-per layer instead of 7, so fewer kernel launches, and on the CPU less per-call overhead.
+checkpoint's separate tensors fill row blocks of them at load (`load.HF_TO_FAST_LAYER`): 4
+matmuls per layer instead of 7, so fewer kernel launches, and on the CPU less per-call overhead.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import Tensor, nn
 
 from specdraft.draft import RMSNorm, apply_rope
 from specdraft.draft import rope_inv_freq as draft_rope_inv_freq
-from specdraft.engine import fused_decode
+from specdraft.engine.kernels import fused_decode
 
 # model_type -> transformers architecture; anything else is refused (DeepSeek, MoE, VLMs ...).
 SUPPORTED_ARCHITECTURES = {
@@ -198,7 +195,7 @@ class KVCache(nn.Module):
 class FastTarget(nn.Module):
     """Llama-family decoder with static KV caches; see the module docstring for the cache protocol.
 
-    Call `setup_cache` before `forward`. Load weights with `load_fast_target`.
+    Call `setup_cache` before `forward`. Load weights with `load.load_fast_target`.
     """
 
     def __init__(self, args: ModelArgs) -> None:
@@ -216,11 +213,17 @@ class FastTarget(nn.Module):
 
     def use_triton(self) -> str | None:
         """Run forwards of at most `fused_decode.MAX_TOKENS` tokens (decode, verify) through the
-        Triton kernels of `fused_decode` from now on. Returns None when switched on, else the
-        reason it cannot be (e.g. not on CUDA; see `fused_decode.unsupported_reason`)."""
-        reason = fused_decode.unsupported_reason(self)
+        Triton kernels (`triton_forward`) from now on. Returns None when switched on, else the
+        reason it cannot be (`triton_support`)."""
+        reason = self.triton_support()
         self.triton_kernels = reason is None
         return reason
+
+    def triton_support(self) -> str | None:
+        """Why the Triton kernels cannot run this model (e.g. not on CUDA), or None when they can
+        (`fused_decode.kernel_support`)."""
+        args = self.args
+        return fused_decode.kernel_support(self.output.weight, args.head_dim, args.num_heads, args.num_kv_heads)
 
     def tie_weights(self) -> None:
         """Share the embedding with the head when the config ties them (no-op otherwise)."""
@@ -268,7 +271,7 @@ class FastTarget(nn.Module):
         if any(not 0 <= k <= self.args.num_layers for k in aux_layers):
             raise ValueError(f"aux_layers {list(aux_layers)}: each must be in 0..{self.args.num_layers}")
         if self.triton_kernels and input_ids.numel() <= fused_decode.MAX_TOKENS:
-            return fused_decode.forward(self, input_ids, position_ids, cache_slots, attn_mask, aux_layers)
+            return self.triton_forward(input_ids, position_ids, cache_slots, attn_mask, aux_layers)
         x = self.tok_embeddings(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)
         # SDPA turns a bool mask into an additive one in every layer: once per forward here
@@ -281,6 +284,17 @@ class FastTarget(nn.Module):
         logits = self.output(self.norm(x)).float()
         aux_hidden = torch.cat([streams[k] for k in aux_layers], dim=-1) if aux_layers else None
         return FastOutput(logits=logits, aux_hidden=aux_hidden)
+
+    def triton_forward(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
+                       aux_layers: tuple[int, ...] = ()) -> FastOutput:
+        """`forward` through the Triton kernels (`fused_decode.forward`), for B * T <= MAX_TOKENS."""
+        bsz, seqlen = input_ids.shape
+        logits, aux = fused_decode.forward(self.tok_embeddings(input_ids).view(bsz * seqlen, -1),
+                                           [layer.kernel_weights() for layer in self.layers], self.norm.weight,
+                                           self.norm.eps, self.output.weight, position_ids, cache_slots, attn_mask,
+                                           self.inv_freq, aux_layers)
+        return FastOutput(logits=logits.view(bsz, seqlen, -1),
+                          aux_hidden=None if aux is None else aux.view(bsz, seqlen, -1))
 
     @torch.no_grad()
     def compact_cache(self, src_slots: Tensor, dst_start: int) -> None:
@@ -304,6 +318,15 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args)
         self.attention_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.ffn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def kernel_weights(self) -> fused_decode.LayerWeights:
+        """This layer's tensors and cache as the Triton forward reads them (after `setup_cache`)."""
+        attn, ffn, cache = self.attention, self.feed_forward, self.attention.kv_cache
+        qk = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.q_norm is not None else (None, None, 0.0)
+        return fused_decode.LayerWeights(self.attention_norm.weight, self.attention_norm.eps, attn.wqkv.weight,
+                                         attn.wqkv.bias, *qk, attn.wo.weight, attn.wo.bias, self.ffn_norm.weight,
+                                         self.ffn_norm.eps, ffn.w13.weight, ffn.w2.weight, cache.k_cache,
+                                         cache.v_cache, attn.num_heads)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache_slots: Tensor, attn_mask: Tensor) -> Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin, cache_slots, attn_mask)
@@ -387,124 +410,3 @@ def causal_mask(start: int | Tensor, num_tokens: int, max_seq_len: int, batch_si
     rows = start + torch.arange(num_tokens, device=device)
     mask = torch.arange(max_seq_len, device=device)[None, :] <= rows[:, None]
     return mask.expand(batch_size, 1, num_tokens, max_seq_len)
-
-
-# transformers name -> FastTarget name: the one table of the checkpoint layout. Under a layer, the
-# name comes with a part: q/k/v fill parts 0/1/2 of the fused wqkv, gate/up parts 0/1 of w13 (rows
-# stacked in part order, see `FusedLinear`); 0 for a parameter that is not fused.
-HF_TO_FAST_GLOBAL = {
-    "model.embed_tokens.weight": "tok_embeddings.weight",
-    "model.norm.weight": "norm.weight",
-    "lm_head.weight": "output.weight",
-}
-HF_TO_FAST_LAYER = {  # under model.layers.N. -> layers.N.
-    "input_layernorm.weight": ("attention_norm.weight", 0),
-    "self_attn.q_proj.weight": ("attention.wqkv.weight", 0),
-    "self_attn.q_proj.bias": ("attention.wqkv.bias", 0),
-    "self_attn.k_proj.weight": ("attention.wqkv.weight", 1),
-    "self_attn.k_proj.bias": ("attention.wqkv.bias", 1),
-    "self_attn.v_proj.weight": ("attention.wqkv.weight", 2),
-    "self_attn.v_proj.bias": ("attention.wqkv.bias", 2),
-    "self_attn.o_proj.weight": ("attention.wo.weight", 0),
-    "self_attn.o_proj.bias": ("attention.wo.bias", 0),
-    "self_attn.q_norm.weight": ("attention.q_norm.weight", 0),
-    "self_attn.k_norm.weight": ("attention.k_norm.weight", 0),
-    "post_attention_layernorm.weight": ("ffn_norm.weight", 0),
-    "mlp.gate_proj.weight": ("feed_forward.w13.weight", 0),
-    "mlp.up_proj.weight": ("feed_forward.w13.weight", 1),
-    "mlp.down_proj.weight": ("feed_forward.w2.weight", 0),
-}
-
-
-_FAST_TO_HF_GLOBAL = {fast: hf for hf, fast in HF_TO_FAST_GLOBAL.items()}
-_FAST_TO_HF_LAYER = {fast_part: hf for hf, fast_part in HF_TO_FAST_LAYER.items()}
-
-
-def hf_name(fast_name: str, part: int = 0) -> str:
-    """The transformers checkpoint key of a FastTarget parameter, or of one part of a fused one
-    (via the tables above)."""
-    if fast_name in _FAST_TO_HF_GLOBAL:
-        return _FAST_TO_HF_GLOBAL[fast_name]
-    index, suffix = re.fullmatch(r"layers\.(\d+)\.(.+)", fast_name).groups()
-    return f"model.layers.{index}.{_FAST_TO_HF_LAYER[suffix, part]}"
-
-
-def checkpoint_destinations(model: FastTarget) -> dict[str, Tensor]:
-    """Every transformers key the model loads -> the tensor it fills: a parameter, or the rows
-    (a view) of one part of a fused one. A tied head appears once, as the embedding."""
-    destinations = {}
-    for name, param in model.named_parameters():
-        module = model.get_submodule(name.rsplit(".", 1)[0])
-        parts = param.split(module.parts) if isinstance(module, FusedLinear) else (param,)
-        destinations.update((hf_name(name, part), rows) for part, rows in enumerate(parts))
-    return destinations
-
-
-def load_fast_target(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-                     device: torch.device | str = "cpu") -> FastTarget:
-    """Load a transformers Llama/Qwen2/Qwen3/Mistral directory (config.json + safetensors,
-    single or sharded with model.safetensors.index.json) strictly, in `dtype` on `device`.
-
-    Parameters are frozen (an inference target). Call `setup_cache` before `forward`.
-    Raises FileNotFoundError for a missing config or checkpoint file; ValueError for an
-    unsupported config (see `ModelArgs.from_hf_config`), for checkpoint tensors that match no
-    parameter and parameters no tensor fills (one error naming every key and its file), for a
-    shape mismatch, or for a stored lm_head.weight that differs from a tied embedding.
-    """
-    model_dir = Path(model_dir)
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path}: not found (expected a transformers model directory)")
-    args = ModelArgs.from_hf_config(json.loads(config_path.read_text()))
-    with torch.device("meta"):
-        model = FastTarget(args).to(dtype)
-    model = model.to_empty(device=device)
-    model.tie_weights()  # to_empty may give the tied pair separate tensors
-    _load_checkpoint(model, model_dir)
-    return model.requires_grad_(False).eval()
-
-
-def _checkpoint_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        shard_names = set(json.loads(index.read_text())["weight_map"].values())
-        files = [model_dir / name for name in sorted(shard_names)]
-    else:
-        files = [model_dir / "model.safetensors"]
-    for file in files:
-        if not file.is_file():
-            raise FileNotFoundError(f"{file}: not found (specdraft loads model.safetensors or the shards "
-                                    f"named by model.safetensors.index.json)")
-    return files
-
-
-@torch.no_grad()
-def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
-    expected = checkpoint_destinations(model)
-    filled, unmatched, stored_head = set(), [], None
-    for file in _checkpoint_files(model_dir):
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for key in f.keys():
-                if key == "lm_head.weight" and key not in expected:
-                    stored_head = (f.get_tensor(key), file.name)
-                elif key not in expected:
-                    unmatched.append(f"{key} ({file.name})")
-                else:
-                    _copy_tensor(expected[key], f.get_tensor(key), key, file)
-                    filled.add(key)
-    missing = sorted(set(expected) - filled)
-    if unmatched or missing:
-        raise ValueError(f"strict load of {model_dir}: checkpoint tensors that match no parameter: "
-                         f"{', '.join(unmatched) or 'none'}; parameters no tensor fills: "
-                         f"{', '.join(missing) or 'none'}")
-    if stored_head is not None and not torch.equal(stored_head[0].to(model.output.weight),
-                                                   model.output.weight):
-        raise ValueError(f"{model_dir / stored_head[1]}: lm_head.weight differs from "
-                         f"model.embed_tokens.weight but config.json says tie_word_embeddings: true")
-
-
-def _copy_tensor(param: Tensor, tensor: Tensor, key: str, file: Path) -> None:
-    if tensor.shape != param.shape:
-        raise ValueError(f"{file}: {key} has shape {list(tensor.shape)}, the config implies "
-                         f"{list(param.shape)}")
-    param.copy_(tensor)

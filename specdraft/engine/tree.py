@@ -89,8 +89,8 @@ def verify_mask(tree: DraftTree, prefix_len: int, num_slots: int) -> Tensor:
     (for a chain: causal). Built on the host: a graphed target stages it with its other inputs
     in one copy (`GraphedTarget`)."""
     n = tree.num_nodes
-    if tree.is_chain:  # node i sees slots 0..prefix_len+i (a comparison: tril splits 4 rows across
-        # every CPU thread, which cost a pycode-25m chain of 3 on a 16-core H200 host ~7 ms a round)
+    if tree.is_chain:  # node i sees slots 0..prefix_len+i (a comparison: tril splits a few rows
+        # across every CPU thread, costly on a many-core host: benchmarks/results/engine.md)
         return causal_mask(prefix_len, n, num_slots)
     return ancestor_verify_mask(tree.ancestor_mask(), torch.tensor([prefix_len]), torch.arange(num_slots))[None, None]
 

@@ -32,7 +32,7 @@ from specdraft.doctor.inputs import DoctorInputs
 from specdraft.doctor.offline import run_on
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.speculate import load_engine
+from specdraft.engine.load import load_engine
 from specdraft.target import Target, load_target
 from tests.vllm_tier import harness as h
 

@@ -2,10 +2,9 @@
 and the drafter's steps.
 
 At batch 1 a decode step reads every weight once for a few multiply-adds per element: its time
-is weight bytes / memory bandwidth, plus whatever else runs. Inside a CUDA graph on an H200,
-cuBLAS streamed Llama-3.1-8B's projections at 2.5-4.2 TB/s for one token (split-K on some, with
-an extra reduce kernel); the kernels here get 3.3-4.6 TB/s (benchmarks/triton_kernels.py). They
-also replace the small ops around the matmuls, which cost the torch path a fifth of the step:
+is weight bytes / memory bandwidth, plus whatever else runs. The kernels here stream the weights
+at least as fast as cuBLAS inside a CUDA graph (benchmarks/triton_kernels.py; figures in
+benchmarks/results/engine.md) and replace the small ops around the matmuls:
 
 - `linear`: a GEMV for one token, a thin tensor-core GEMM for up to 16 (verify). Two variants
   do the next op in their epilogue: `linear_silu_mul` (silu(gate) * up of the fused gate|up
@@ -21,8 +20,8 @@ also replace the small ops around the matmuls, which cost the torch path a fifth
 On Hopper every kernel is launched with programmatic dependent launch (`use_pdl`): it starts
 while the kernel before it finishes, and a GEMV requests its first weights, attention its first
 block of cached K / V (all but the slots being written), before it waits.
-Each kernel waits before it lets the next one start, so at most two overlap (releasing first
-made a 16-token verify 10 % slower).
+Each kernel waits before it lets the next one start, so at most two overlap (releasing the next
+kernel first was slower).
 
 Numerics: the norm and silu kernels round where the torch path rounds; RoPE and attention are
 computed in float32 without intermediate rounding, so they match to bf16 rounding, not bit for
@@ -180,12 +179,11 @@ def _thin_gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, HALF, T, pos_ptr, 
 
 
 def _linear_config(m: int, rows: int, k: int, paired: bool) -> tuple[int, int, int]:
-    """(BLOCK_N outputs, BLOCK_K, num_stages) from in-graph sweeps on an H200 (see `linear`)."""
+    """(BLOCK_N outputs, BLOCK_K, num_stages) from in-graph sweeps (benchmarks/results/engine.md)."""
     if m == 1:
         block_n, block_k, num_stages = (2, 2048, 1) if k <= 8192 else (1, 1024, 1)
         return max(1, block_n // 2) if paired else block_n, block_k, num_stages
-    if rows > 8192:  # gate|up: 128 weight rows, 4 stages (61.5 -> 58.6 us for 16 rows); lm_head:
-        # 3 stages (verify 16 4.447 -> 4.436 ms, graphed 8B, four A / B rounds)
+    if rows > 8192:  # gate|up: 128 weight rows, 4 stages; lm_head: 3 stages (both measured best)
         block_n, block_k, num_stages = (128, 128, 4) if paired else (64, 128, 3)
     else:
         block_n, block_k, num_stages = (32, 512, 4) if rows <= 4096 else (64, 256, 4)
@@ -216,9 +214,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: tor
     """x @ weight.T (+ bias) for x [M, K] with M <= 16 rows (contiguous), weight [N, K]
     (contiguous), bias [N]: [M, N] in out_dtype (default x's), accumulated in float32.
 
-    M = 1 is a GEMV, M > 1 a thin tensor-core GEMM; block sizes from in-graph sweeps on an H200
-    (benchmarks/triton_kernels.py): one row, o_proj 10.1 vs cuBLAS 13.5 us, gate|up 53.9 vs
-    57.3 us; 16 rows, o_proj 11.7 vs 13.9 us, gate|up 58.6 vs 58.4 us. Raises ValueError for M > 16.
+    M = 1 is a GEMV, M > 1 a thin tensor-core GEMM; block sizes from in-graph sweeps
+    (benchmarks/triton_kernels.py, `_linear_config`). Raises ValueError for M > 16.
     """
     x = x.contiguous()
     y = torch.empty(x.shape[0], weight.shape[0], device=x.device, dtype=out_dtype or x.dtype)

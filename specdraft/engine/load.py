@@ -1,0 +1,285 @@
+"""Loading the engine from disk: a transformers target directory as a `FastTarget` (strict, one
+table of the checkpoint layout), a drafter (a specdraft / exported drafter directory, or a
+training checkpoint) paired with it, the checks of the drafter's manifest against the target,
+and the notes on what loads but differs from the drafter's training (`pairing_notes`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from specdraft.draft import Eagle3Draft
+from specdraft.engine.fast_model import FastTarget, FusedLinear, ModelArgs
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.engine.speculate import SpeculativeEngine
+
+
+def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: SpecConfig | None,
+                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                max_seq_len: int | None = None, tokenizer: Any = None,
+                compile: bool = False) -> SpeculativeEngine:
+    """Load a FastTarget and (optionally) a draft checkpoint and pair them.
+
+    The drafter gets the target's embedding unless it owns one. Its manifest (specdraft layout)
+    must name the drafter's aux layers and the target's hidden size / layer count / vocab.
+    A drafter trained for another target (the manifest's target record, else the sizes its
+    config was built for) is refused naming both targets, before any tensor meets the target.
+    max_seq_len defaults to min(target max positions, 4096). Raises ValueError on a mismatch,
+    and the loaders' errors for unreadable checkpoints. draft_dir None or spec None = plain.
+    draft_dir may also be a training checkpoint (RUN/checkpoints/step-N.pt or a sharded step-N
+    directory, `checkpoint.load_training_checkpoint`: the drafter and its manifest come from it);
+    a run directory or its checkpoints directory is refused naming RUN/draft and a step-N file.
+    What loads but differs from the drafter's training is in the engine's `notes` (`pairing_notes`).
+    """
+    speculative = draft_dir is not None and spec is not None
+    if speculative:  # before the target loads: a run directory is no drafter
+        refuse_run_directory(Path(draft_dir))
+    target = load_fast_target(target_dir, dtype=dtype, device=device)
+    max_seq_len = max_seq_len or min(target.args.max_position_embeddings, 4096)
+    draft = loaded = None
+    if speculative:
+        loaded = load_paired_draft(draft_dir, target, target_dir, device, dtype)
+        draft = loaded.model
+    engine = SpeculativeEngine(target, draft, spec, None, max_seq_len, device, tokenizer, compile)
+    if draft is not None:
+        engine.notes = pairing_notes(loaded.manifest, draft_dir, target_dir, spec)
+    return engine
+
+
+def refuse_run_directory(path: Path) -> None:
+    """Raise ValueError when `path` is a training run directory or its checkpoints directory
+    (not a drafter), naming RUN/draft and one of its step-N checkpoints."""
+    from specdraft.checkpoint import CHECKPOINT_DIR, checkpoint_paths, is_training_checkpoint
+
+    run, what = None, ""
+    if path.is_dir() and not (path / "config.json").exists() and not is_training_checkpoint(path):
+        if (path / CHECKPOINT_DIR).is_dir():
+            run, what = path, "a training run directory"
+        elif path.name == CHECKPOINT_DIR or any(path.glob("step-*")):
+            run, what = path.parent, "a training run's checkpoints directory"
+    if run is not None:
+        steps = checkpoint_paths(run)
+        example = steps[-1] if steps else run / CHECKPOINT_DIR / "step-N.pt"
+        raise ValueError(f"{path} is {what}, not a drafter: pass {run / 'draft'} (the drafter train "
+                         f"writes at the end) or one of its checkpoints, e.g. {example}")
+
+
+def load_paired_draft(draft_dir: str | Path, target: FastTarget, target_dir: str | Path,
+                      device: torch.device | str, dtype: torch.dtype) -> Any:
+    """The drafter at draft_dir (a drafter directory or a training checkpoint), in eval mode, in
+    `dtype` on `device`, with the target's embedding unless it owns one: the loader's result
+    (.model, .manifest). Raises ValueError when it was trained for another target (`check_trained_for`,
+    `check_manifest`)."""
+    from specdraft.checkpoint import is_training_checkpoint, load_draft, load_training_checkpoint
+
+    if is_training_checkpoint(draft_dir):
+        loaded = load_training_checkpoint(draft_dir)
+        loaded.model.to(device=device, dtype=dtype)
+    else:
+        loaded = load_draft(draft_dir, device=device, dtype=dtype, target_num_layers=target.args.num_layers)
+    draft = loaded.model.eval()
+    check_trained_for(loaded.manifest, draft, target, draft_dir, target_dir)
+    if not draft.cfg.owns_embedding:
+        draft.load_target_embedding(target.tok_embeddings.weight)
+    check_manifest(loaded.manifest, draft, target, Path(draft_dir))
+    return loaded
+
+
+def check_trained_for(manifest: Any, draft: Eagle3Draft, target: FastTarget, draft_dir: str | Path,
+                      target_dir: str | Path) -> None:
+    """Raise ValueError naming both targets when the drafter was trained for another one: the
+    manifest's target record, else the sizes its config was built for, against the target's."""
+    cfg, args = draft.cfg, target.args
+    trained = (dict(manifest.target) if manifest is not None else
+               {"num_layers": cfg.target_num_layers, "hidden_size": cfg.target_hidden_size,
+                "vocab_size": cfg.vocab_size})
+    given = {"num_layers": args.num_layers, "hidden_size": args.hidden_size, "vocab_size": args.vocab_size}
+    differ = [k for k, v in given.items() if trained.get(k) is not None and trained[k] != v]
+    if not differ:
+        return
+
+    def sizes(r: dict) -> str:
+        return f"{r.get('num_layers')} layers, hidden {r.get('hidden_size')}, vocab {r.get('vocab_size')}"
+    recorded = trained.get("name_or_path")
+    trained_for = (f"{recorded} ({sizes(trained)})" if recorded
+                   else f"one of {sizes(trained)} (path not recorded)")
+    raise ValueError(f"{draft_dir}: this drafter was trained for another target: {trained_for}, not "
+                     f"{target_dir} ({sizes(given)}; {', '.join(differ)} differ{'s' * (len(differ) == 1)}); "
+                     f"pass the target it was trained for, or a drafter trained for {target_dir}")
+
+
+def pairing_notes(manifest: Any, draft_dir: str | Path, target_dir: str | Path, spec: SpecConfig) -> list[str]:
+    """What loads but is not what the drafter was trained for (each a one-line note; the sizes
+    were checked before): a target config whose hash differs from the manifest's record (the same
+    sizes, e.g. another rope_theta: the aux states move; a transformers release that adds config
+    fields changes the hash too, so this is a note, not an error), and num_steps past the
+    drafter's TTT steps (positions training never unrolled to). No manifest: nothing to compare."""
+    from transformers import AutoConfig
+
+    from specdraft.draft import rope_from_hf_config
+    from specdraft.target import config_hash
+
+    if manifest is None:
+        return []
+    notes = []
+    recorded, config = manifest.target.get("config_hash"), AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    digest = config_hash(config)
+    if recorded and digest != recorded:
+        text = config.get_text_config()
+        rope_theta, rope_scaling = rope_from_hf_config(lambda k, d=None: getattr(text, k, d))
+        now = {"rope_theta": rope_theta, "rope_scaling": rope_scaling,
+               "max_position_embeddings": getattr(text, "max_position_embeddings", None)}
+        changed = [f"{key} {manifest.target[key]} -> {value}" for key, value in now.items()
+                   if key in manifest.target and manifest.target[key] != value]
+        what = ", ".join(changed) or f"config hash {recorded[:12]} -> {digest[:12]}"
+        notes.append(f"{target_dir}: its config differs from the one the drafter was trained on ({what}): "
+                     f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference")
+    ttt_steps = ((manifest.training or {}).get("config") or {}).get("ttt_steps")
+    if ttt_steps and spec.num_steps > ttt_steps:
+        notes.append(f"num_steps {spec.num_steps} > the drafter's {ttt_steps} training-time-test steps: draft "
+                     f"steps past {ttt_steps} were never trained and are rarely accepted")
+    return notes
+
+
+def check_manifest(manifest: Any, draft: Eagle3Draft, target: FastTarget, path: Path) -> None:
+    """Raise ValueError when a specdraft manifest disagrees with the drafter or the target."""
+    if manifest is None:
+        return
+    problems = []
+    if list(manifest.aux_layers) != list(draft.cfg.aux_layers):
+        problems.append(f"manifest aux_layers {manifest.aux_layers} != drafter config "
+                        f"{list(draft.cfg.aux_layers)}")
+    for key, value in (("hidden_size", target.args.hidden_size), ("num_layers", target.args.num_layers),
+                       ("vocab_size", target.args.vocab_size)):
+        if key in manifest.target and manifest.target[key] != value:
+            problems.append(f"manifest target {key} {manifest.target[key]} != the target's {value}")
+    if problems:
+        raise ValueError(f"{path}: drafter was trained for another target: " + "; ".join(problems))
+
+
+# transformers name -> FastTarget name: the one table of the checkpoint layout. Under a layer, the
+# name comes with a part: q/k/v fill parts 0/1/2 of the fused wqkv, gate/up parts 0/1 of w13 (rows
+# stacked in part order, see `FusedLinear`); 0 for a parameter that is not fused.
+HF_TO_FAST_GLOBAL = {
+    "model.embed_tokens.weight": "tok_embeddings.weight",
+    "model.norm.weight": "norm.weight",
+    "lm_head.weight": "output.weight",
+}
+HF_TO_FAST_LAYER = {  # under model.layers.N. -> layers.N.
+    "input_layernorm.weight": ("attention_norm.weight", 0),
+    "self_attn.q_proj.weight": ("attention.wqkv.weight", 0),
+    "self_attn.q_proj.bias": ("attention.wqkv.bias", 0),
+    "self_attn.k_proj.weight": ("attention.wqkv.weight", 1),
+    "self_attn.k_proj.bias": ("attention.wqkv.bias", 1),
+    "self_attn.v_proj.weight": ("attention.wqkv.weight", 2),
+    "self_attn.v_proj.bias": ("attention.wqkv.bias", 2),
+    "self_attn.o_proj.weight": ("attention.wo.weight", 0),
+    "self_attn.o_proj.bias": ("attention.wo.bias", 0),
+    "self_attn.q_norm.weight": ("attention.q_norm.weight", 0),
+    "self_attn.k_norm.weight": ("attention.k_norm.weight", 0),
+    "post_attention_layernorm.weight": ("ffn_norm.weight", 0),
+    "mlp.gate_proj.weight": ("feed_forward.w13.weight", 0),
+    "mlp.up_proj.weight": ("feed_forward.w13.weight", 1),
+    "mlp.down_proj.weight": ("feed_forward.w2.weight", 0),
+}
+
+
+_FAST_TO_HF_GLOBAL = {fast: hf for hf, fast in HF_TO_FAST_GLOBAL.items()}
+_FAST_TO_HF_LAYER = {fast_part: hf for hf, fast_part in HF_TO_FAST_LAYER.items()}
+
+
+def hf_name(fast_name: str, part: int = 0) -> str:
+    """The transformers checkpoint key of a FastTarget parameter, or of one part of a fused one
+    (via the tables above)."""
+    if fast_name in _FAST_TO_HF_GLOBAL:
+        return _FAST_TO_HF_GLOBAL[fast_name]
+    index, suffix = re.fullmatch(r"layers\.(\d+)\.(.+)", fast_name).groups()
+    return f"model.layers.{index}.{_FAST_TO_HF_LAYER[suffix, part]}"
+
+
+def checkpoint_destinations(model: FastTarget) -> dict[str, Tensor]:
+    """Every transformers key the model loads -> the tensor it fills: a parameter, or the rows
+    (a view) of one part of a fused one. A tied head appears once, as the embedding."""
+    destinations = {}
+    for name, param in model.named_parameters():
+        module = model.get_submodule(name.rsplit(".", 1)[0])
+        parts = param.split(module.parts) if isinstance(module, FusedLinear) else (param,)
+        destinations.update((hf_name(name, part), rows) for part, rows in enumerate(parts))
+    return destinations
+
+
+def load_fast_target(model_dir: str | Path, dtype: torch.dtype = torch.float32,
+                     device: torch.device | str = "cpu") -> FastTarget:
+    """Load a transformers Llama/Qwen2/Qwen3/Mistral directory (config.json + safetensors,
+    single or sharded with model.safetensors.index.json) strictly, in `dtype` on `device`.
+
+    Parameters are frozen (an inference target). Call `setup_cache` before `forward`.
+    Raises FileNotFoundError for a missing config or checkpoint file; ValueError for an
+    unsupported config (see `ModelArgs.from_hf_config`), for checkpoint tensors that match no
+    parameter and parameters no tensor fills (one error naming every key and its file), for a
+    shape mismatch, or for a stored lm_head.weight that differs from a tied embedding.
+    """
+    model_dir = Path(model_dir)
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: not found (expected a transformers model directory)")
+    args = ModelArgs.from_hf_config(json.loads(config_path.read_text()))
+    with torch.device("meta"):
+        model = FastTarget(args).to(dtype)
+    model = model.to_empty(device=device)
+    model.tie_weights()  # to_empty may give the tied pair separate tensors
+    _load_checkpoint(model, model_dir)
+    return model.requires_grad_(False).eval()
+
+
+def _checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shard_names = set(json.loads(index.read_text())["weight_map"].values())
+        files = [model_dir / name for name in sorted(shard_names)]
+    else:
+        files = [model_dir / "model.safetensors"]
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: not found (specdraft loads model.safetensors or the shards "
+                                    f"named by model.safetensors.index.json)")
+    return files
+
+
+@torch.no_grad()
+def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
+    expected = checkpoint_destinations(model)
+    filled, unmatched, stored_head = set(), [], None
+    for file in _checkpoint_files(model_dir):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for key in f.keys():
+                if key == "lm_head.weight" and key not in expected:
+                    stored_head = (f.get_tensor(key), file.name)
+                elif key not in expected:
+                    unmatched.append(f"{key} ({file.name})")
+                else:
+                    _copy_tensor(expected[key], f.get_tensor(key), key, file)
+                    filled.add(key)
+    missing = sorted(set(expected) - filled)
+    if unmatched or missing:
+        raise ValueError(f"strict load of {model_dir}: checkpoint tensors that match no parameter: "
+                         f"{', '.join(unmatched) or 'none'}; parameters no tensor fills: "
+                         f"{', '.join(missing) or 'none'}")
+    if stored_head is not None and not torch.equal(stored_head[0].to(model.output.weight),
+                                                   model.output.weight):
+        raise ValueError(f"{model_dir / stored_head[1]}: lm_head.weight differs from "
+                         f"model.embed_tokens.weight but config.json says tie_word_embeddings: true")
+
+
+def _copy_tensor(param: Tensor, tensor: Tensor, key: str, file: Path) -> None:
+    if tensor.shape != param.shape:
+        raise ValueError(f"{file}: {key} has shape {list(tensor.shape)}, the config implies "
+                         f"{list(param.shape)}")
+    param.copy_(tensor)
