@@ -34,9 +34,9 @@ from typing import Any, Callable
 
 from rich.console import Console
 
+from specdraft.bench.speedup import pick_setting, speedup_text, ties_at_top, timed_passes, timing_summary
 from specdraft.checkpoint import file_sha256
 from specdraft.conventions import default_aux_layers
-from specdraft.speedup import pick_setting, speedup_text, ties_at_top, timed_passes, timing_summary
 
 
 @dataclass(frozen=True)

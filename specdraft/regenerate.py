@@ -173,7 +173,7 @@ class EndpointBackend:
                  api_key: str | None = None, batch_size: int | None = None):
         import httpx
 
-        from specdraft.bench import base_url as api_root
+        from specdraft.client import base_url as api_root
 
         if api not in ("chat", "completions"):
             raise ValueError(f"api {api!r}: use 'chat' or 'completions'")
@@ -244,7 +244,7 @@ def served_model(base_url: str, api_key: str | None = None, timeout_s: float = 1
     ValueError naming --model when the server lists none or several, or cannot be asked."""
     import httpx
 
-    from specdraft.bench import base_url as api_root
+    from specdraft.client import base_url as api_root
 
     url = f"{api_root(base_url)}/v1/models"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

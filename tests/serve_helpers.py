@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerFast
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
-from specdraft.serve import RunningServer, create_app, serve_in_thread
+from specdraft.serve.server import RunningServer, create_app, serve_in_thread
 from tests.engine_helpers import MAX_SEQ, VOCAB, random_prompts
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"

@@ -12,17 +12,11 @@ import time
 
 import pytest
 
-from specdraft.bench import (
-    BenchConfig,
-    BenchReport,
-    ServerRun,
-    SpeedupPoint,
-    find_crossover,
-    markdown,
-    run_bench,
-    wait_for_server,
-)
-from specdraft.serve import serve_in_thread
+from specdraft.bench.report import markdown
+from specdraft.bench.stats import SpeedupPoint, find_crossover
+from specdraft.bench.sweep import BenchConfig, BenchReport, ServerRun, run_bench
+from specdraft.client import wait_for_server
+from specdraft.serve.server import serve_in_thread
 from tests.serve_helpers import fake_vllm_app, write_prompts
 
 

@@ -5,11 +5,20 @@ steps or no speculation."""
 
 from __future__ import annotations
 
-from specdraft.bench import BenchConfig, markdown, run_bench
+from specdraft.bench.report import markdown
+from specdraft.bench.sweep import BenchConfig, run_bench
+from specdraft.bench.tune import TuneConfig, render, tune
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.tune import TuneConfig, render, tune
 from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
-from tests.serve_helpers import engine, own_target, running, slow_target, text_prompts, word_tokenizer, write_prompts
+from tests.serve_helpers import (
+    engine,
+    own_target,
+    running,
+    slow_target,
+    text_prompts,
+    word_tokenizer,
+    write_prompts,
+)
 
 DEEP = SpecConfig.chain(15)
 

@@ -13,12 +13,11 @@ import torch
 from typer.testing import CliRunner
 
 import specdraft.engine.speculate as speculate
-import specdraft.serve
+import specdraft.serve.server
 from specdraft.cli import app
 from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
 from tests.serve_helpers import word_tokenizer
 from tests.tiny_models import save_tiny_model
-
 
 
 def _free_port() -> int:
@@ -70,7 +69,7 @@ def test_compile_warms_up_once_before_generating_and_serving(tmp_path, monkeypat
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(speculate, "load_engine", fake_load)
-    monkeypatch.setattr(specdraft.serve, "serve", lambda app, host, port: served.append(
+    monkeypatch.setattr(specdraft.serve.server, "serve", lambda app, host, port: served.append(
         app.state.server.engine.total.num_requests))
     warm_up = "(a warm-up generation, not in the metrics)"
     for command in COMMANDS:
@@ -94,7 +93,9 @@ def test_threads_are_set_before_loading(tmp_path, command, monkeypatch):
         raise OSError("stop here")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record)
-    from specdraft.target import TARGET_REQUIRED_KEYS  # generate refuses a config without them first
+    from specdraft.target import (
+        TARGET_REQUIRED_KEYS,  # generate refuses a config without them first
+    )
 
     config = {key: "llama" if key == "model_type" else 2 for key in TARGET_REQUIRED_KEYS}
     (tmp_path / "config.json").write_text(json.dumps(config))

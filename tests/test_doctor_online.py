@@ -12,7 +12,7 @@ import torch
 
 from specdraft.doctor import run_doctor
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.serve import build_app, serve_in_thread
+from specdraft.serve.server import build_app, serve_in_thread
 from tests.doctor_helpers import edit_weights, served_world
 from tests.engine_helpers import one_thread, random_prompts  # noqa: F401 (fixture)
 from tests.serve_helpers import word_tokenizer
@@ -156,7 +156,13 @@ def test_replay_rounds_walks_the_chain():
 def test_validation_replays_the_rounds_of_the_ttt_depth():
     """ttt_loss(replay=True) counts the rounds replay_rounds walks on each row, with the
     target's argmax as the greedy choice; without replay the counts stay zero."""
-    from specdraft.train.loss import TTTMetrics, greedy_choices, replay_rounds, ttt_loss, ttt_unroll
+    from specdraft.train.loss import (
+        TTTMetrics,
+        greedy_choices,
+        replay_rounds,
+        ttt_loss,
+        ttt_unroll,
+    )
     from tests.test_case_fc14_ttt_attention import inputs, tiny_draft
 
     draft = tiny_draft(0)

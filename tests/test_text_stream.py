@@ -11,8 +11,13 @@ from typing import Any
 import pytest
 
 from specdraft.engine.speculate import CONTEXT_TOKENS, decode_continuation
-from specdraft.openai_protocol import MAX_WINDOW, TextStream
-from specdraft.stories260k import TOKENIZER_FILE, build_tokenizer, bundled_dir, read_llama2c_tokenizer
+from specdraft.serve.protocol import MAX_WINDOW, TextStream
+from specdraft.stories260k import (
+    TOKENIZER_FILE,
+    build_tokenizer,
+    bundled_dir,
+    read_llama2c_tokenizer,
+)
 
 
 class OldTextStream:

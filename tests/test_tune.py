@@ -9,11 +9,19 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
+from specdraft.bench.tune import (
+    Costs,
+    Measured,
+    TuneConfig,
+    predict,
+    render,
+    tree_tokens,
+    tune,
+)
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.cli import app
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.tune import Costs, Measured, TuneConfig, predict, render, tree_tokens, tune
 from tests.engine_helpers import AUX_LAYERS, one_thread, random_prompts, tiny_setup  # noqa: F401
 from tests.serve_helpers import slow_target, text_prompts, word_tokenizer, write_prompts
 
@@ -93,7 +101,7 @@ def test_tune_cli_refuses_topk_or_draft_tokens_without_num_steps(tmp_path, monke
     """--topk / --num-draft-tokens without --num-steps were dropped from the comparison in
     silence; SGLang refuses --speculative-eagle-topk / --speculative-num-draft-tokens without
     --speculative-num-steps, and so does tune: one line naming --num-steps, before any loading."""
-    import specdraft.tune
+    import specdraft.bench.tune
 
     target, draft = tmp_path / "target", tmp_path / "draft"
     target.mkdir()
@@ -105,7 +113,7 @@ def test_tune_cli_refuses_topk_or_draft_tokens_without_num_steps(tmp_path, monke
         seen.append(cfg.current)
         raise ValueError("stop after the config")
 
-    monkeypatch.setattr(specdraft.tune, "tune_paths", fake_tune_paths)
+    monkeypatch.setattr(specdraft.bench.tune, "tune_paths", fake_tune_paths)
     base = ["tune", "--target", str(target), "--draft", str(draft)]
     for flags, given in (("--topk 4", "--topk 4"), ("--topk 1", "--topk 1"),
                          ("--num-draft-tokens 8", "--num-draft-tokens 8"),
@@ -129,7 +137,7 @@ def test_tune_threads_are_set_before_loading(tmp_path, monkeypatch):
     a range error (exit 2) for 0, the shared help."""
     import torch
 
-    import specdraft.tune
+    import specdraft.bench.tune
 
     target, draft = tmp_path / "target", tmp_path / "draft"
     target.mkdir()
@@ -141,7 +149,7 @@ def test_tune_threads_are_set_before_loading(tmp_path, monkeypatch):
         seen.append(torch.get_num_threads())
         raise ValueError("stop here")
 
-    monkeypatch.setattr(specdraft.tune, "tune_paths", fake_tune_paths)
+    monkeypatch.setattr(specdraft.bench.tune, "tune_paths", fake_tune_paths)
     base = ["tune", "--target", str(target), "--draft", str(draft)]
     result = CliRunner().invoke(app, base + ["--threads", "3"])
     assert result.exit_code == 1 and "error: stop here" in result.output, result.output

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import json
 
+import specdraft.bench.tune
 import specdraft.demo
-import specdraft.tune
-from specdraft import speedup
+from specdraft.bench import speedup
+from specdraft.bench.tune import (
+    Candidate,
+    Costs,
+    TuneConfig,
+    TuneReport,
+    needs_export,
+    render,
+    settle,
+)
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.tune import Candidate, Costs, TuneConfig, TuneReport, needs_export, render, settle
 from tests.engine_helpers import AUX_LAYERS, tiny_setup
 
 
@@ -32,7 +40,7 @@ def report(candidates: list[Candidate], draft_path: str = "/ckpt/draft", target_
 def test_demo_and_tune_share_one_implementation():
     for name in ("timed_passes", "timing_summary", "ties_at_top", "pick_setting", "speedup_text"):
         assert getattr(specdraft.demo, name) is getattr(speedup, name)
-    assert specdraft.tune.timed_passes is speedup.timed_passes and specdraft.tune.pick_setting is speedup.pick_setting
+    assert specdraft.bench.tune.timed_passes is speedup.timed_passes and specdraft.bench.tune.pick_setting is speedup.pick_setting
 
 
 def test_ties_within_the_noise_go_to_the_fewest_draft_tokens():

@@ -195,7 +195,7 @@ def doctor(
     console = Console()
     try:
         if server:
-            from specdraft.bench import check_url
+            from specdraft.client import check_url
 
             check_url(server, "--server")
             if not samples:

@@ -26,7 +26,7 @@ from specdraft.doctor.evidence import (
 )
 from specdraft.doctor.offline import DEFAULT_TTT_STEPS, offline_run, run_on, training_accuracy
 from specdraft.draft import rope_from_hf_config
-from specdraft.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
+from specdraft.serve.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
 
 if TYPE_CHECKING:  # imported when the check runs (httpx, bench)
     from specdraft.doctor.online import OnlineRun

@@ -25,7 +25,6 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from specdraft.bench import SERVER_WAIT_S
 from specdraft.checkpoint import (
     DRAFTER_CONFIG_FIX,
     LAYER_PREFIX,
@@ -40,11 +39,12 @@ from specdraft.checkpoint import (
     read_config,
     state_dict_for_layout,
 )
+from specdraft.client import SERVER_WAIT_S
 from specdraft.conventions import AuxReading, ConventionError, aux_layers_from_config
 from specdraft.data import DataError
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
-from specdraft.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
 from specdraft.export import TargetFacts
+from specdraft.serve.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
 
 DOCTOR_ENGINES = ("sglang", "vllm")
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", None: "specdraft"}

@@ -1,5 +1,5 @@
 """Online acceptance: the sample prompts sent to a live server (specdraft, vLLM, SGLang) at
-temperature 0, its speculative counters read before and after (specdraft.bench), and offline
+temperature 0, its speculative counters read before and after (specdraft.client), and offline
 acceptance computed on the sequences the server produced (prompt + its greedy output,
 teacher-forced with the target's aux states), so both sides see the same tokens.
 
@@ -27,8 +27,9 @@ from typing import Any
 
 import httpx
 
-from specdraft.bench import (
+from specdraft.client import (
     SERVER_WAIT_S,
+    ClientError,
     RequestRecord,
     Server,
     SpecCounts,
@@ -74,7 +75,7 @@ def prompt_of(sample: Sample) -> list[int]:
 
 def connect(url: str, timeout_s: float = TIMEOUT_S, wait_s: float = SERVER_WAIT_S) -> Server:
     """The server at `url`, waited for up to wait_s seconds while it refuses connections (still
-    starting: `bench.wait_for_server`, as bench waits); raises ServerError when it does not answer."""
+    starting: `client.wait_for_server`, as bench waits); raises ServerError when it does not answer."""
     import sys
 
     try:
@@ -102,7 +103,7 @@ def run_online(server: Server, samples: list[Sample], tokenizer: Any, max_tokens
                 if output:
                     sequences.append(Sample(prompt + output, [0] * len(prompt) + [1] * len(output)))
         after = scrape(server, timeout_s)
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, ClientError) as e:  # ClientError: client.scrape's, naming /metrics
         raise ServerError(f"{url}: {type(e).__name__}: {e}") from None
     if server.kind == "sglang":
         counts = sglang_counts(records)

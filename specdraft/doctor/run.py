@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from specdraft.bench import SERVER_WAIT_S
 from specdraft.checkpoint import wrong_dir_message
+from specdraft.client import SERVER_WAIT_S
 from specdraft.doctor.checks import CHECKS, VERDICTS, Result
 from specdraft.doctor.evidence import DoctorInputs, Evidence, Unavailable
 
@@ -82,10 +82,10 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --target that is a
     drafter (`checkpoint.wrong_dir_message` words both), a config.json of either that is
     not valid JSON (`evidence.given_config`), a --samples file that cannot be read (DataError naming the file and line), a server URL without http:// or
-    https:// or without a host (`bench.check_url`, as bench checks it; a trailing /v1 is
+    https:// or without a host (`client.check_url`, as bench checks it; a trailing /v1 is
     dropped). A bad checkpoint is a failing finding.
     """
-    from specdraft.bench import check_url
+    from specdraft.client import check_url
 
     if server is not None:
         server = check_url(server, "--server")  # the base URL, without /v1: paths are appended to it
