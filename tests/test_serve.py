@@ -259,16 +259,18 @@ def metric(client: httpx.Client, name: str) -> float:
 def test_disconnect_mid_stream_frees_the_worker():
     setup = tiny_setup("llama")
     tok = word_tokenizer()
-    slow = engine(slow_target(setup.target, 0.005), None, None, tok, max_seq_len=256)  # >= 1 s for 200 tokens
+    target = slow_target(setup.target, 0.005)  # >= 1 s for 200 tokens
+    forwards, forward = [], target.forward
+    target.forward = lambda *args, **kwargs: forwards.append(1) or forward(*args, **kwargs)
+    slow = engine(target, None, None, tok, max_seq_len=256)
     with running(slow, tok) as srv:
         client = httpx.Client(base_url=srv.url, timeout=30)
         sock = open_stream(srv.url, "w1 w2 w3", 200)
         sock.close()
-        start = time.perf_counter()
         body = completion(client, prompt="w4 w5", max_tokens=4).json()
-        elapsed = time.perf_counter() - start
         assert body["usage"]["completion_tokens"] == 4
-        assert elapsed < 0.8, f"the next request waited {elapsed:.2f} s: the disconnected one kept running"
+        # counted, not timed: the disconnected request stopped long before its 200 tokens
+        assert len(forwards) < 100, f"{len(forwards)} target forwards: the disconnected one kept running"
         assert metric(client, "specdraft:request_cancelled_total") == 1
         assert metric(client, "specdraft:generation_tokens_total") == 4
 
