@@ -38,13 +38,7 @@ from typing import Any
 
 import torch
 
-from specdraft.bench.speedup import (
-    pick_setting,
-    speedup_text,
-    ties_at_top,
-    timed_passes,
-    timing_summary,
-)
+from specdraft.bench.speedup import pick_setting, speedup_text, ties_at_top, timed_passes, timing_summary
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detect_layout
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.fast_model import FastTarget, causal_mask

@@ -23,12 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdraft.engine.speculate import (
-    CONTEXT_TOKENS,
-    GenerationResult,
-    SpeculativeEngine,
-    decode_continuation,
-)
+from specdraft.engine.speculate import CONTEXT_TOKENS, GenerationResult, SpeculativeEngine, decode_continuation
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -> OpenAI
 

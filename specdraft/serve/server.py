@@ -39,20 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdraft.engine.speculate import GenerationResult, SpeculativeEngine
-from specdraft.serve.protocol import (
-    FINISH_REASONS,
-    GenerationRequest,
-    RequestError,
-    ResponseShape,
-    TextStream,
-    chat_prompt_ids,
-    context_room,
-    get_field,
-    parse_common,
-    prompt_ids_of,
-    sse,
-    usage_of,
-)
+from specdraft.serve.protocol import (FINISH_REASONS, GenerationRequest, RequestError, ResponseShape, TextStream,
+                                    chat_prompt_ids, context_room, get_field, parse_common, prompt_ids_of, sse,
+                                    usage_of)
 
 log = logging.getLogger("specdraft.serve")
 DEFAULT_MAX_QUEUE = 64
