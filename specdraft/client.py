@@ -296,46 +296,47 @@ def request_body(server: Server, prompt: str, cfg: Any) -> tuple[str, dict[str, 
     return "/v1/completions", body
 
 
-async def send(client: httpx.AsyncClient, server: Server, prompt: str, cfg: Any) -> RequestRecord:
-    """Stream one request (`request_body`); time the first text and the end. A failure (HTTP
-    status, error event, connection) is the record's `error`, never raised."""
+async def send(client: httpx.AsyncClient, server: Server, prompt: str, cfg: Any,
+               clock: Callable[[], float] = time.perf_counter) -> RequestRecord:
+    """Stream one request (`request_body`); time the first text and the end on `clock` (seconds
+    now). A failure (HTTP status, error event, connection) is the record's `error`, never raised."""
     path, body = request_body(server, prompt, cfg)
-    start, first, chunks, last = time.perf_counter(), None, 0, {}
+    start, first, chunks, last = clock(), None, 0, {}
     try:
         async with client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
                 detail = (await response.aread()).decode(errors="replace")[:300]
-                return RequestRecord(None, time.perf_counter() - start, 0, error=f"HTTP {response.status_code}: {detail}")
+                return RequestRecord(None, clock() - start, 0, error=f"HTTP {response.status_code}: {detail}")
             async for line in response.aiter_lines():
                 if not line.startswith("data:") or line.strip() == "data: [DONE]":
                     continue
                 event = json.loads(line[5:])
                 if "error" in event:
-                    return RequestRecord(None, time.perf_counter() - start, 0, error=str(event["error"]))
+                    return RequestRecord(None, clock() - start, 0, error=str(event["error"]))
                 text = event.get("text", "") if server.kind == "sglang" else "".join(
                     c.get("text") or "" for c in event.get("choices", []))
                 if text and first is None:
-                    first = time.perf_counter()
+                    first = clock()
                 chunks += bool(text)
                 last = event.get("meta_info") or event.get("usage") or last
     except (httpx.HTTPError, json.JSONDecodeError) as e:
-        return RequestRecord(None, time.perf_counter() - start, 0, error=f"{type(e).__name__}: {e}")
+        return RequestRecord(None, clock() - start, 0, error=f"{type(e).__name__}: {e}")
     tokens = int(last.get("completion_tokens", chunks))
-    return RequestRecord(first and first - start, time.perf_counter() - start, tokens, last or None)
+    return RequestRecord(first and first - start, clock() - start, tokens, last or None)
 
 
-async def run_requests(server: Server, prompts: list[str], concurrency: int,
-                       cfg: Any) -> tuple[list[RequestRecord], float]:
-    """Send all prompts with `concurrency` in flight; (records, wall seconds). cfg: `send`'s,
-    with `timeout_s` per request."""
+async def run_requests(server: Server, prompts: list[str], concurrency: int, cfg: Any,
+                       clock: Callable[[], float] = time.perf_counter) -> tuple[list[RequestRecord], float]:
+    """Send all prompts with `concurrency` in flight; (records, wall seconds on `clock`). cfg:
+    `send`'s, with `timeout_s` per request."""
     limits = httpx.Limits(max_connections=concurrency + 1)
     async with httpx.AsyncClient(base_url=server.url, timeout=cfg.timeout_s, limits=limits) as client:
         gate = asyncio.Semaphore(concurrency)
 
         async def one(prompt: str) -> RequestRecord:
             async with gate:
-                return await send(client, server, prompt, cfg)
+                return await send(client, server, prompt, cfg, clock)
 
-        start = time.perf_counter()
+        start = clock()
         records = await asyncio.gather(*(one(p) for p in prompts))
-        return list(records), time.perf_counter() - start
+        return list(records), clock() - start

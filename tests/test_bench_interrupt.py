@@ -33,9 +33,9 @@ def record_requests(monkeypatch, servers: dict[str, str]) -> list[tuple[str, int
     filled as bench runs; servers: url -> name."""
     real, calls = bench.run_requests, []
 
-    async def run_requests(server, prompts, concurrency, cfg):
+    async def run_requests(server, prompts, concurrency, cfg, **kwargs):
         calls.append((servers[server.url], concurrency, len(prompts)))
-        return await real(server, prompts, concurrency, cfg)
+        return await real(server, prompts, concurrency, cfg, **kwargs)
 
     monkeypatch.setattr(bench, "run_requests", run_requests)
     return calls
@@ -71,10 +71,10 @@ def interrupt_at(monkeypatch, url: str, concurrency: int) -> None:
     """Ctrl-C when the server at `url` starts its level `concurrency` (the runs before it go on)."""
     real = bench.run_requests
 
-    async def run_requests(server, prompts, level, cfg):
+    async def run_requests(server, prompts, level, cfg, **kwargs):
         if server.url == url and level == concurrency:
             raise KeyboardInterrupt
-        return await real(server, prompts, level, cfg)
+        return await real(server, prompts, level, cfg, **kwargs)
 
     monkeypatch.setattr(bench, "run_requests", run_requests)
 

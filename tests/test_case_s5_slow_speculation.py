@@ -10,19 +10,34 @@ from specdraft.bench.sweep import BenchConfig, run_bench
 from specdraft.bench.tune import TuneConfig, render, tune
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
-from tests.serve_helpers import engine, own_target, running, text_prompts, word_tokenizer, write_prompts
+from tests.serve_helpers import (
+    VirtualClock,
+    engine,
+    modelled_engine,
+    own_target,
+    running,
+    text_prompts,
+    word_tokenizer,
+    write_prompts,
+)
 from tests.tune_helpers import modelled_bench
 
 DEEP = SpecConfig.chain(15)
 
 
 def test_case_s5_bench_reports_speedup_below_one(tmp_path):
+    """Both engines decode for real; their seconds are modelled on a virtual clock that bench
+    times with (a target forward 10 ms, a draft step 1 ms: a memory-bound target), so the
+    speedup is that of the engines' tokens, not of this machine's load."""
     setup = tiny_setup("llama")
     tok = word_tokenizer()
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(4, 8, seed=50))
-    with running(engine(own_target(setup), setup.untrained, DEEP, tok), tok) as spec, \
-            running(engine(own_target(setup), None, None, tok), tok) as plain:
-        report = run_bench(BenchConfig(spec.url, plain.url, str(prompts), (1, 2), max_tokens=24, num_prompts=4))
+    clock = VirtualClock()
+    spec_engine = modelled_engine(engine(own_target(setup), setup.untrained, DEEP, tok), clock, 0.01, 0.001)
+    plain_engine = modelled_engine(engine(own_target(setup), None, None, tok), clock, 0.01, 0.001)
+    with running(spec_engine, tok) as spec, running(plain_engine, tok) as plain:
+        cfg = BenchConfig(spec.url, plain.url, str(prompts), (1, 2), max_tokens=24, num_prompts=4)
+        report = run_bench(cfg, clock=clock)
     assert all(level.spec.accept_length < 1.2 for level in report.spec.levels)  # low acceptance
     assert all(p.speedup < 1.0 for p in report.speedups), report.speedups
     text = markdown(report)

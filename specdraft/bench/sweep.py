@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
@@ -229,19 +230,20 @@ def warm_up(server: Server, batch: list[str], cfg: BenchConfig) -> None:
         asyncio.run(run_requests(server, batch[:cfg.warmup], 1, cfg))
 
 
-def measure_level(servers: Sequence[Server], batch: list[str], concurrency: int,
-                  cfg: BenchConfig) -> list[LevelResult]:
+def measure_level(servers: Sequence[Server], batch: list[str], concurrency: int, cfg: BenchConfig,
+                  clock: Callable[[], float] = time.perf_counter) -> list[LevelResult]:
     """One concurrency level on every server of `servers` (the speculative one, then the
     baseline), its `cfg.repeats` runs interleaved: run 1 on each server in turn, then run 2,
     and so on, so load drift on the machine during the level reaches every server alike. Each
     server's counters are read before and after the whole level (`scrape`: a server counts
-    only its own requests). Returns one LevelResult per server, in order; raises BenchError
-    (`level_result`) when every request to a server failed."""
+    only its own requests). clock: seconds now, for the runs' wall time, TTFT and latency.
+    Returns one LevelResult per server, in order; raises BenchError (`level_result`) when every
+    request to a server failed."""
     before = [scrape(server, cfg.timeout_s) for server in servers]
     runs: list[list[tuple[list[RequestRecord], float]]] = [[] for _ in servers]
     for _ in range(cfg.repeats):
         for server, server_runs in zip(servers, runs):
-            server_runs.append(asyncio.run(run_requests(server, batch, concurrency, cfg)))
+            server_runs.append(asyncio.run(run_requests(server, batch, concurrency, cfg, clock=clock)))
     after = [scrape(server, cfg.timeout_s) for server in servers]
     return [level_result(server, concurrency, server_runs, b, a)
             for server, server_runs, b, a in zip(servers, runs, before, after)]
@@ -409,14 +411,14 @@ class Sweep:
 
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None,
-              sweep: Sweep | None = None) -> BenchReport:
+              sweep: Sweep | None = None, clock: Callable[[], float] = time.perf_counter) -> BenchReport:
     """Benchmark cfg.url against cfg.baseline_url (if any) on the same prompts, level by level:
     each concurrency is measured on both servers, its runs alternating between them
     (`measure_level`), before the next starts, so load drift on the machine reaches both alike.
     Both servers are waited for (`wait_for_server`: a dead baseline fails before the sweep) and
     warmed up (`warm_up`) before any timing. progress: told one line per server and level
     (`level_line`) as each level finishes. sweep: filled with the levels as they finish
-    (`Sweep`; default: a new one)."""
+    (`Sweep`; default: a new one). clock: seconds now, for every timing (`measure_level`)."""
     sweep = Sweep() if sweep is None else sweep
     sweep.config = cfg
     prompts = load_prompts(cfg.prompts)
@@ -430,7 +432,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None,
     for server in servers.values():
         warm_up(server, batch, cfg)
     for concurrency in cfg.concurrency:
-        levels = measure_level(list(servers.values()), batch, concurrency, cfg)
+        levels = measure_level(list(servers.values()), batch, concurrency, cfg, clock)
         for run, level in zip(runs.values(), levels):  # finished on every server: kept on Ctrl-C
             run.levels.append(level)
         if progress:
