@@ -1,4 +1,4 @@
-"""specdraft.bench: prompts, Prometheus counter deltas (specdraft and vLLM names), SGLang's
+"""specdraft.bench and specdraft.client: prompts, Prometheus counter deltas (specdraft and vLLM names), SGLang's
 meta_info, speedups over repeated runs and the crossover rule (on injected measurements), and
 end-to-end runs against specdraft servers on loopback (with and without a baseline) producing
 bench.json, bench.md and the plots."""

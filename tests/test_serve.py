@@ -1,4 +1,4 @@
-"""specdraft.serve on loopback (real uvicorn on a free port) with the tiny seeded targets.
+"""specdraft.serve.server on loopback (real uvicorn on a free port) with the tiny seeded targets.
 
 Every endpoint; completions and chat, streamed and not, equal the target's greedy output at
 T = 0; malformed requests get 400 with OpenAI's error body; an oversize prompt is refused

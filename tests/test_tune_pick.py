@@ -1,4 +1,4 @@
-"""tune recommends by demo's rule, with demo's code (specdraft.speedup): median same-round speedup
+"""tune recommends by demo's rule, with demo's code (specdraft.bench.speedup): median same-round speedup
 with a lower quartile above 1x, ties within the noise go to the fewest draft tokens; and its
 launch flags name an export, or the `specdraft export` to run first (fixed numbers, no model)."""
 
