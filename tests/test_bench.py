@@ -13,13 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdraft.bench.report import markdown, plot_data, write_report
-from specdraft.bench.stats import (
-    NO_BASELINE,
-    NO_VERDICT,
-    SpeedupPoint,
-    find_crossover,
-    verdict,
-)
+from specdraft.bench.stats import NO_BASELINE, NO_VERDICT, SpeedupPoint, find_crossover, verdict
 from specdraft.bench.sweep import BenchConfig, load_prompts, run_bench
 from specdraft.cli import app
 from specdraft.client import check_url, counter_delta, detect_server, scrape_counters

@@ -8,14 +8,7 @@ from __future__ import annotations
 import pytest
 
 from specdraft.bench.report import markdown
-from specdraft.bench.stats import (
-    NOISY_SPREAD,
-    SpeedupPoint,
-    find_crossover,
-    noise_note,
-    noisy_runs,
-    verdict,
-)
+from specdraft.bench.stats import NOISY_SPREAD, SpeedupPoint, find_crossover, noise_note, noisy_runs, verdict
 from specdraft.bench.sweep import BenchConfig, BenchReport, ServerRun
 
 BUSY = [1141.0, 115.0, 100.0]  # mean 452, sd 597: the trial's numbers

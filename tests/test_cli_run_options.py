@@ -20,6 +20,7 @@ from tests.serve_helpers import word_tokenizer
 from tests.tiny_models import save_tiny_model
 
 
+
 def _free_port() -> int:
     """A port nothing listens on now (serve checks its --port, 1..65535, before loading)."""
     import socket
@@ -93,9 +94,7 @@ def test_threads_are_set_before_loading(tmp_path, command, monkeypatch):
         raise OSError("stop here")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record)
-    from specdraft.target import (
-        TARGET_REQUIRED_KEYS,  # generate refuses a config without them first
-    )
+    from specdraft.target import TARGET_REQUIRED_KEYS  # generate refuses a config without them first
 
     config = {key: "llama" if key == "model_type" else 2 for key in TARGET_REQUIRED_KEYS}
     (tmp_path / "config.json").write_text(json.dumps(config))

@@ -9,12 +9,7 @@ import pytest
 
 from specdraft.engine.speculate import decode_continuation
 from specdraft.serve.protocol import TextStream
-from specdraft.stories260k import (
-    TOKENIZER_FILE,
-    build_tokenizer,
-    bundled_dir,
-    read_llama2c_tokenizer,
-)
+from specdraft.stories260k import TOKENIZER_FILE, build_tokenizer, bundled_dir, read_llama2c_tokenizer
 
 
 @pytest.fixture(scope="module")

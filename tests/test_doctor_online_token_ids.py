@@ -5,6 +5,7 @@ offline then replays other sequences, and the evidence says so."""
 
 from __future__ import annotations
 
+
 import pytest
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast

@@ -29,14 +29,7 @@ from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import decode_continuation
 from specdraft.serve.server import build_app, serve_in_thread
 from tests.engine_helpers import AUX_LAYERS, greedy_sequences, one_thread, tiny_setup  # noqa: F401
-from tests.serve_helpers import (
-    engine,
-    own_target,
-    running,
-    slow_target,
-    text_prompts,
-    word_tokenizer,
-)
+from tests.serve_helpers import engine, own_target, running, slow_target, text_prompts, word_tokenizer
 
 NUM_NEW = 12
 

@@ -11,13 +11,7 @@ import pytest
 
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import greedy_sequences, one_thread, tiny_setup  # noqa: F401
-from tests.serve_helpers import (
-    engine,
-    own_target,
-    running,
-    text_prompts,
-    word_tokenizer,
-)
+from tests.serve_helpers import engine, own_target, running, text_prompts, word_tokenizer
 
 NUM_NEW = 12
 

@@ -12,12 +12,7 @@ import pytest
 
 from specdraft.engine.speculate import CONTEXT_TOKENS, decode_continuation
 from specdraft.serve.protocol import MAX_WINDOW, TextStream
-from specdraft.stories260k import (
-    TOKENIZER_FILE,
-    build_tokenizer,
-    bundled_dir,
-    read_llama2c_tokenizer,
-)
+from specdraft.stories260k import TOKENIZER_FILE, build_tokenizer, bundled_dir, read_llama2c_tokenizer
 
 
 class OldTextStream:

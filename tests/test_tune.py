@@ -10,15 +10,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from specdraft.bench.tune import (
-    Costs,
-    Measured,
-    TuneConfig,
-    predict,
-    render,
-    tree_tokens,
-    tune,
-)
+from specdraft.bench.tune import Costs, Measured, TuneConfig, predict, render, tree_tokens, tune
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.cli import app
 from specdraft.engine.metrics import SpecMetrics

@@ -9,15 +9,7 @@ import json
 import specdraft.bench.tune
 import specdraft.demo
 from specdraft.bench import speedup
-from specdraft.bench.tune import (
-    Candidate,
-    Costs,
-    TuneConfig,
-    TuneReport,
-    needs_export,
-    render,
-    settle,
-)
+from specdraft.bench.tune import Candidate, Costs, TuneConfig, TuneReport, needs_export, render, settle
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import AUX_LAYERS, tiny_setup
