@@ -57,6 +57,12 @@ class ServerUnreachable(ClientError):
         self.cause = cause
 
 
+def first_line(e: Exception) -> str:
+    """The first line of an error's text (httpx's status errors add a second, a link)."""
+    text = str(e)
+    return text.splitlines()[0] if text else text
+
+
 # ---- URLs -------------------------------------------------------------------------------------
 def check_url(url: str, name: str = "url") -> str:
     """A server base URL as bench and doctor take it: http:// or https://, else BadURL (a
@@ -192,7 +198,7 @@ def detect_server(url: str, timeout_s: float = 30.0, connect_timeout_s: float | 
         try:
             return Server(url, _kind(client), model)
         except httpx.HTTPError as e:
-            raise ClientError(f"{url}: {type(e).__name__}: {e}") from None
+            raise ClientError(f"{url}: {type(e).__name__}: {first_line(e)}") from None
 
 
 def _served_model(client: httpx.Client, url: str) -> str:
@@ -202,9 +208,9 @@ def _served_model(client: httpx.Client, url: str) -> str:
         listing.raise_for_status()
         return listing.json()["data"][0]["id"]
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-        raise ServerUnreachable(f"{url}: no OpenAI-compatible /v1/models ({e})", str(e)) from None
+        raise ServerUnreachable(f"{url}: no OpenAI-compatible /v1/models ({first_line(e)})", first_line(e)) from None
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
-        raise ClientError(f"{url}: no OpenAI-compatible /v1/models ({e})") from None
+        raise ClientError(f"{url}: no OpenAI-compatible /v1/models ({first_line(e)})") from None
 
 
 def _kind(client: httpx.Client) -> str:
@@ -256,7 +262,7 @@ def scrape(server: Server, timeout_s: float) -> dict[str, Any] | None:
         response = httpx.get(server.url + "/metrics", timeout=timeout_s)
         response.raise_for_status()
     except httpx.HTTPError as e:
-        raise ClientError(f"{server.url}/metrics: {type(e).__name__}: {e}") from None
+        raise ClientError(f"{server.url}/metrics: {type(e).__name__}: {first_line(e)}") from None
     return scrape_counters(response.text, prefix)
 
 
