@@ -1,11 +1,13 @@
 """Helpers for the serve / bench / tune tests: a word tokenizer for the tiny targets, slow
-targets (a memory-bound target simulated by a sleep per forward) and servers on loopback."""
+targets (a memory-bound target simulated by a sleep per forward), engines whose seconds are
+modelled on a virtual clock, and servers on loopback."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ from transformers import PreTrainedTokenizerFast
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
-from specdraft.serve import RunningServer, create_app, serve_in_thread
+from specdraft.serve.server import RunningServer, create_app, serve_in_thread
 from tests.engine_helpers import MAX_SEQ, VOCAB, random_prompts
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
@@ -55,6 +57,43 @@ def slow_target(target: FastTarget, seconds: float) -> FastTarget:
 
     slow.forward = sleepy_forward
     return slow
+
+
+class VirtualClock:
+    """Seconds that pass only when `advance` is called (thread-safe): a clock for bench runs whose
+    servers' costs are modelled (`modelled_engine`), not timed."""
+
+    def __init__(self) -> None:
+        self.t, self.lock = 0.0, threading.Lock()
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        with self.lock:
+            self.t += seconds
+
+
+def modelled_engine(eng: SpeculativeEngine, clock: VirtualClock, verify_s: float, draft_s: float) -> SpeculativeEngine:
+    """`eng` whose `generate` advances `clock` as a modelled engine would take: `verify_s` for the
+    prefill, then per verification step `verify_s` plus `draft_s` per draft step (none without a
+    drafter). The tokens are the engine's own; only the seconds are given."""
+    real, steps = eng.generate, eng.spec.num_steps if eng.spec else 0
+
+    def generate(*args, on_tokens=None, **kwargs):
+        args = list(args)
+        callback = args.pop(8) if len(args) > 8 else on_tokens
+        calls = []
+
+        def timed(ids: list[int]) -> None:
+            clock.advance(verify_s + (steps * draft_s if calls else 0.0))
+            calls.append(len(ids))
+            if callback is not None:
+                callback(ids)
+        return real(*args, on_tokens=timed, **kwargs)
+
+    eng.generate = generate
+    return eng
 
 
 def engine(target: FastTarget, draft=None, spec: SpecConfig | None = None, tokenizer=None,

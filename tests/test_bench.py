@@ -1,4 +1,4 @@
-"""specdraft.bench: prompts, Prometheus counter deltas (specdraft and vLLM names), SGLang's
+"""specdraft.bench and specdraft.client: prompts, Prometheus counter deltas (specdraft and vLLM names), SGLang's
 meta_info, speedups over repeated runs and the crossover rule (on injected measurements), and
 end-to-end runs against specdraft servers on loopback (with and without a baseline) producing
 bench.json, bench.md and the plots."""
@@ -12,26 +12,13 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from specdraft.bench import (
-    NO_BASELINE,
-    NO_VERDICT,
-    BenchConfig,
-    SpeedupPoint,
-    check_url,
-    counter_delta,
-    detect_server,
-    find_crossover,
-    load_prompts,
-    markdown,
-    plot_data,
-    run_bench,
-    scrape_counters,
-    verdict,
-    write_report,
-)
+from specdraft.bench.report import markdown, plot_data, write_report
+from specdraft.bench.stats import NO_BASELINE, NO_VERDICT, SpeedupPoint, find_crossover, verdict
+from specdraft.bench.sweep import BenchConfig, load_prompts, run_bench
 from specdraft.cli import app
+from specdraft.client import check_url, counter_delta, detect_server, scrape_counters
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.serve import serve_in_thread
+from specdraft.serve.server import serve_in_thread
 from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
 from tests.serve_helpers import (
     engine,
@@ -412,7 +399,7 @@ def test_a_level_with_failed_requests_reports_no_speedup_and_exits_1(servers, tm
     Nowhere does that level show as a number: bench.json's speedup is null with "valid": false,
     its tokens/s cell reads "invalid (N of 8 failed)", throughput.png and tpot.png leave it out,
     and the crossover speaks of "every valid concurrency", naming 4 as left out."""
-    import specdraft.bench as bench
+    import specdraft.bench.report as bench
 
     plotted = []
     monkeypatch.setattr(bench, "plot_data", lambda report: plotted.append(plot_data(report)) or plotted[-1])
@@ -500,12 +487,12 @@ def test_one_server_by_two_loopback_names_is_the_same_server(host, tmp_path):
 
 
 def test_ctrl_c_before_any_level_says_nothing_was_written(tmp_path, monkeypatch):
-    import specdraft.bench
+    import specdraft.bench.sweep
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(specdraft.bench, "run_bench", interrupted)
+    monkeypatch.setattr(specdraft.bench.sweep, "run_bench", interrupted)
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:1", "--out", str(out)])
     assert result.exit_code == 130, result.output

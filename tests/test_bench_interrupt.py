@@ -13,9 +13,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import specdraft.bench as bench
+import specdraft.bench.sweep as bench
+from specdraft.bench.stats import NO_BASELINE
 from specdraft.cli import app
-from specdraft.serve import serve_in_thread
+from specdraft.serve.server import serve_in_thread
 from tests.serve_helpers import fake_vllm_app, text_prompts, write_prompts
 
 
@@ -32,9 +33,9 @@ def record_requests(monkeypatch, servers: dict[str, str]) -> list[tuple[str, int
     filled as bench runs; servers: url -> name."""
     real, calls = bench.run_requests, []
 
-    async def run_requests(server, prompts, concurrency, cfg):
+    async def run_requests(server, prompts, concurrency, cfg, **kwargs):
         calls.append((servers[server.url], concurrency, len(prompts)))
-        return await real(server, prompts, concurrency, cfg)
+        return await real(server, prompts, concurrency, cfg, **kwargs)
 
     monkeypatch.setattr(bench, "run_requests", run_requests)
     return calls
@@ -70,10 +71,10 @@ def interrupt_at(monkeypatch, url: str, concurrency: int) -> None:
     """Ctrl-C when the server at `url` starts its level `concurrency` (the runs before it go on)."""
     real = bench.run_requests
 
-    async def run_requests(server, prompts, level, cfg):
+    async def run_requests(server, prompts, level, cfg, **kwargs):
         if server.url == url and level == concurrency:
             raise KeyboardInterrupt
-        return await real(server, prompts, level, cfg)
+        return await real(server, prompts, level, cfg, **kwargs)
 
     monkeypatch.setattr(bench, "run_requests", run_requests)
 
@@ -143,7 +144,7 @@ def test_ctrl_c_without_baseline_writes_the_finished_levels(fake_servers, tmp_pa
     text = (out / "bench.md").read_text()
     assert text.startswith("PARTIAL: bench was interrupted; concurrency 4 not measured on every server, so this "
                            "report covers concurrency 1, 2 only\n")
-    assert bench.NO_BASELINE in text
+    assert NO_BASELINE in text
 
 
 def test_ctrl_c_before_a_level_finished_on_every_server_writes_nothing(fake_servers, tmp_path, monkeypatch):

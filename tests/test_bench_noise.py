@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.bench import (NOISY_SPREAD, BenchConfig, BenchReport, ServerRun, SpeedupPoint, find_crossover,
-                             markdown, noise_note, noisy_runs, verdict)
+from specdraft.bench.report import markdown
+from specdraft.bench.stats import NOISY_SPREAD, SpeedupPoint, find_crossover, noise_note, noisy_runs, verdict
+from specdraft.bench.sweep import BenchConfig, BenchReport, ServerRun
 
 BUSY = [1141.0, 115.0, 100.0]  # mean 452, sd 597: the trial's numbers
 STEADY = [1200.0, 1190.0, 1210.0]

@@ -12,17 +12,11 @@ import time
 
 import pytest
 
-from specdraft.bench import (
-    BenchConfig,
-    BenchReport,
-    ServerRun,
-    SpeedupPoint,
-    find_crossover,
-    markdown,
-    run_bench,
-    wait_for_server,
-)
-from specdraft.serve import serve_in_thread
+from specdraft.bench.report import markdown
+from specdraft.bench.stats import SpeedupPoint, find_crossover
+from specdraft.bench.sweep import BenchConfig, BenchReport, ServerRun, run_bench
+from specdraft.client import wait_for_server
+from specdraft.serve.server import serve_in_thread
 from tests.serve_helpers import fake_vllm_app, write_prompts
 
 
@@ -31,6 +25,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+class FakeClock:
+    """A clock for `wait_for_server` that moves only when it sleeps: `now` / `sleep`."""
+
+    def __init__(self) -> None:
+        self.t, self.slept = 0.0, []
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
 
 
 def test_bench_waits_for_a_server_that_starts_listening_late(tmp_path):
@@ -60,12 +68,14 @@ def test_bench_waits_for_a_server_that_starts_listening_late(tmp_path):
 
 
 def test_a_url_nothing_listens_on_fails_within_the_wait_naming_url_wait_and_fix():
+    """On a given clock (it moves only when wait_for_server sleeps): it retries through the whole
+    wait and gives up within one poll after it, however slow this machine is."""
     url = f"http://127.0.0.1:{free_port()}"
-    start = time.monotonic()
+    clock = FakeClock()
     with pytest.raises(RuntimeError) as info:
-        wait_for_server(url, wait_s=1.0, poll_s=0.1)
-    elapsed = time.monotonic() - start
-    assert 1.0 <= elapsed < 5.0
+        wait_for_server(url, wait_s=1.0, poll_s=0.1, clock=clock.now, sleep=clock.sleep)
+    elapsed = clock.t
+    assert 1.0 <= elapsed < 1.1 and len(clock.slept) >= 10
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"{url}: no server answered (")
     assert "after waiting 1 s" in message and "is the server running?" in message
@@ -100,10 +110,10 @@ def test_a_server_that_answers_but_not_v1_models_fails_at_once(tmp_path):
     from fastapi import FastAPI
 
     with serve_in_thread(FastAPI()) as server:  # 404 everywhere: no retry, whatever the wait
-        start = time.monotonic()
+        clock = FakeClock()
         with pytest.raises(RuntimeError, match="no OpenAI-compatible /v1/models"):
-            wait_for_server(server.url, wait_s=30.0)
-        assert time.monotonic() - start < 5.0
+            wait_for_server(server.url, wait_s=30.0, clock=clock.now, sleep=clock.sleep)
+        assert clock.slept == []  # failed at the first try
 
 
 def test_wait_s_must_not_be_negative():

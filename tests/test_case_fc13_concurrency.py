@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 
-from specdraft.bench import BenchConfig, SpeedupPoint, find_crossover, markdown, run_bench, verdict, write_report
-from specdraft.serve import serve_in_thread
+from specdraft.bench.report import markdown, write_report
+from specdraft.bench.stats import SpeedupPoint, find_crossover, verdict
+from specdraft.bench.sweep import BenchConfig, run_bench
+from specdraft.serve.server import serve_in_thread
 from tests.serve_helpers import fake_vllm_app, write_prompts
 
 # concurrency -> (tokens/s of each speculative run, tokens/s of each baseline run)

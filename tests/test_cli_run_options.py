@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 import specdraft.engine.load as engine_load
-import specdraft.serve
+import specdraft.serve.server
 from specdraft.cli import app
 from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
 from tests.serve_helpers import word_tokenizer
@@ -70,7 +70,7 @@ def test_compile_warms_up_once_before_generating_and_serving(tmp_path, monkeypat
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(engine_load, "load_engine", fake_load)
-    monkeypatch.setattr(specdraft.serve, "serve", lambda app, host, port: served.append(
+    monkeypatch.setattr(specdraft.serve.server, "serve", lambda app, host, port: served.append(
         app.state.server.engine.total.num_requests))
     warm_up = "(a warm-up generation, not in the metrics)"
     for command in COMMANDS:

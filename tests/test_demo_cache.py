@@ -23,7 +23,7 @@ from specdraft.demo.report import (
     verdict_text,
 )
 from specdraft.demo.stages import train_batch_size
-from specdraft.speedup import timing_summary
+from specdraft.bench.speedup import timing_summary
 
 
 def fake_outputs(out):

@@ -7,7 +7,7 @@ import pytest
 
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.report import DemoReport, report_markdown, verdict_text
-from specdraft.speedup import pick_setting, timed_passes, timing_summary
+from specdraft.bench.speedup import pick_setting, timed_passes, timing_summary
 
 
 def row(steps: int, speedups: list[float], topk: int = 1, tokens: int | None = None) -> dict:

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.doctor import CASES, CHECKS, EXPORT_CASES, run_doctor
-from specdraft.engine_args import detect_engine, parse_engine_args
 from specdraft.export import export_draft
+from specdraft.serve.engine_args import detect_engine, parse_engine_args
 from tests.doctor_helpers import draft_checkpoint, edit_config, edit_weights, one_thread  # noqa: F401
 
 REQUIRED_CASES = ("S1", "S2", "S3", "S4", "S5", "S6", "FC-01", "FC-02", "FC-03", "FC-06", "FC-08", "FC-09")

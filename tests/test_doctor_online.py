@@ -12,7 +12,7 @@ import torch
 
 from specdraft.doctor import run_doctor
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.serve import build_app, serve_in_thread
+from specdraft.serve.server import build_app, serve_in_thread
 from tests.doctor_helpers import edit_weights, served_world
 from tests.engine_helpers import one_thread, random_prompts  # noqa: F401 (fixture)
 from tests.serve_helpers import word_tokenizer

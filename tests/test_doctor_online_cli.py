@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from specdraft.bench import check_url
 from specdraft.cli import app
+from specdraft.client import check_url
 from specdraft.doctor import run_doctor
 
 
@@ -45,7 +45,7 @@ def test_doctor_server_with_a_trailing_slash_or_v1_is_the_server(tmp_path):
     import json
 
     from specdraft.engine.spec_config import SpecConfig
-    from specdraft.serve import build_app, serve_in_thread
+    from specdraft.serve.server import build_app, serve_in_thread
     from tests.doctor_helpers import served_world
     from tests.serve_helpers import word_tokenizer
 

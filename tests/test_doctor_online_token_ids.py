@@ -10,11 +10,11 @@ import pytest
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
-from specdraft import serve as serve_module
 from specdraft.doctor import run_doctor
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.openai_protocol import ResponseShape
-from specdraft.serve import build_app, serve_in_thread
+from specdraft.serve import server as serve_module
+from specdraft.serve.protocol import ResponseShape
+from specdraft.serve.server import build_app, serve_in_thread
 from tests.doctor_helpers import served_world
 from tests.engine_helpers import VOCAB, one_thread  # noqa: F401 (fixture)
 

@@ -1,4 +1,4 @@
-"""specdraft.serve on loopback (real uvicorn on a free port) with the tiny seeded targets.
+"""specdraft.serve.server on loopback (real uvicorn on a free port) with the tiny seeded targets.
 
 Every endpoint; completions and chat, streamed and not, equal the target's greedy output at
 T = 0; malformed requests get 400 with OpenAI's error body; an oversize prompt is refused
@@ -23,11 +23,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdraft.bench import scrape_counters
 from specdraft.checkpoint import Manifest, save_draft
+from specdraft.client import scrape_counters
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.requests import decode_continuation
-from specdraft.serve import build_app, serve_in_thread
+from specdraft.serve.server import build_app, serve_in_thread
 from tests.engine_helpers import AUX_LAYERS, greedy_sequences, one_thread, tiny_setup  # noqa: F401
 from tests.serve_helpers import engine, own_target, running, slow_target, text_prompts, word_tokenizer
 
@@ -252,16 +252,18 @@ def metric(client: httpx.Client, name: str) -> float:
 def test_disconnect_mid_stream_frees_the_worker():
     setup = tiny_setup("llama")
     tok = word_tokenizer()
-    slow = engine(slow_target(setup.target, 0.005), None, None, tok, max_seq_len=256)  # >= 1 s for 200 tokens
+    target = slow_target(setup.target, 0.005)  # >= 1 s for 200 tokens
+    forwards, forward = [], target.forward
+    target.forward = lambda *args, **kwargs: forwards.append(1) or forward(*args, **kwargs)
+    slow = engine(target, None, None, tok, max_seq_len=256)
     with running(slow, tok) as srv:
         client = httpx.Client(base_url=srv.url, timeout=30)
         sock = open_stream(srv.url, "w1 w2 w3", 200)
         sock.close()
-        start = time.perf_counter()
         body = completion(client, prompt="w4 w5", max_tokens=4).json()
-        elapsed = time.perf_counter() - start
         assert body["usage"]["completion_tokens"] == 4
-        assert elapsed < 0.8, f"the next request waited {elapsed:.2f} s: the disconnected one kept running"
+        # counted, not timed: the disconnected request stopped long before its 200 tokens
+        assert len(forwards) < 100, f"{len(forwards)} target forwards: the disconnected one kept running"
         assert metric(client, "specdraft:request_cancelled_total") == 1
         assert metric(client, "specdraft:generation_tokens_total") == 4
 
@@ -323,7 +325,8 @@ def test_build_app_from_directories(tmp_path):
 
 
 def test_importing_the_cli_does_not_import_the_server_stack():
-    code = ("import sys, specdraft.cli, specdraft.serve, specdraft.bench, specdraft.tune; "
+    code = ("import sys, specdraft.cli, specdraft.serve.server, specdraft.client, specdraft.bench.sweep, "
+            "specdraft.bench.report, specdraft.bench.tune; "
             "print(sorted(m for m in ('fastapi', 'uvicorn', 'prometheus_client', 'starlette') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -332,10 +335,10 @@ def test_importing_the_cli_does_not_import_the_server_stack():
 def test_serve_on_a_busy_port_is_one_line_before_the_model_loads(monkeypatch):
     from typer.testing import CliRunner
 
-    import specdraft.serve
+    import specdraft.serve.server
     from specdraft.cli import app
 
-    monkeypatch.setattr(specdraft.serve, "build_app", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.setattr(specdraft.serve.server, "build_app", lambda *a, **k: pytest.fail("loaded the model"))
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         result = CliRunner().invoke(app, ["serve", "--target", str(tiny_setup("llama").target_dir), "--no-spec",
@@ -352,14 +355,14 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
 
     from typer.testing import CliRunner
 
-    import specdraft.serve
+    import specdraft.serve.server
     from specdraft.cli import app
 
     served = []
     fake_app = SimpleNamespace(state=SimpleNamespace(server=SimpleNamespace(
         model_name="tiny", engine=SimpleNamespace(notes=["num_steps 4 > the drafter's 2 training-time-test steps"]))))
-    monkeypatch.setattr(specdraft.serve, "build_app", lambda *a, **k: fake_app)
-    monkeypatch.setattr(specdraft.serve, "serve", lambda app_, host, port: served.append((host, port)))
+    monkeypatch.setattr(specdraft.serve.server, "build_app", lambda *a, **k: fake_app)
+    monkeypatch.setattr(specdraft.serve.server, "serve", lambda app_, host, port: served.append((host, port)))
     target = str(tiny_setup("llama").target_dir)
     for extra, how in ((["--no-spec"], "plain decoding (no --draft)"),
                        (["--draft", str(tmp_path), "--no-spec"], "plain decoding (--no-spec)"),

@@ -1,4 +1,4 @@
-"""tune recommends by demo's rule, with demo's code (specdraft.speedup): median same-round speedup
+"""tune recommends by demo's rule, with demo's code (specdraft.bench.speedup): median same-round speedup
 with a lower quartile above 1x, ties within the noise go to the fewest draft tokens; and its
 launch flags name an export, or the `specdraft export` to run first (fixed numbers, no model)."""
 
@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 
+import specdraft.bench.tune
 import specdraft.demo.generation
 import specdraft.demo.report
 import specdraft.demo.run
-import specdraft.tune
-from specdraft import speedup
+from specdraft.bench import speedup
+from specdraft.bench.tune import Candidate, Costs, TuneConfig, TuneReport, needs_export, render, settle
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.tune import Candidate, Costs, TuneConfig, TuneReport, needs_export, render, settle
 from tests.engine_helpers import AUX_LAYERS, tiny_setup
 
 
@@ -36,7 +36,7 @@ def test_demo_and_tune_share_one_implementation():
                           (specdraft.demo.report, ("ties_at_top", "speedup_text")), (specdraft.demo.run, ("pick_setting",))):
         for name in names:  # each where the demo uses it
             assert getattr(module, name) is getattr(speedup, name)
-    assert specdraft.tune.timed_passes is speedup.timed_passes and specdraft.tune.pick_setting is speedup.pick_setting
+    assert specdraft.bench.tune.timed_passes is speedup.timed_passes and specdraft.bench.tune.pick_setting is speedup.pick_setting
 
 
 def test_ties_within_the_noise_go_to_the_fewest_draft_tokens():

@@ -17,17 +17,18 @@ from specdraft.cli.common import (
     engine_dtype,
     positive_int_list,
     spec_from_flags,
+    user_errors,
 )
 from specdraft.cli.decode import THREADS_HELP, _set_threads
 
 
 def _same_server(a: str, b: str) -> bool:
     """Whether two URLs (passed `check_url`) name one server: scheme and host in any case, a
-    default port written or not, a trailing slash or /v1 or not (`bench.base_url`), any loopback
+    default port written or not, a trailing slash or /v1 or not (`client.base_url`), any loopback
     name (`LOCAL_HOSTS`) for this machine."""
     import httpx
 
-    from specdraft.bench import base_url
+    from specdraft.client import base_url
 
     def key(url: str) -> tuple:
         u = httpx.URL(base_url(url))  # lower-cases scheme and host, drops a default port
@@ -64,51 +65,62 @@ def bench(
                                "--warmup-requests)."),
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep."""
-    from pathlib import Path
-
-    import httpx
     from rich.console import Console
 
-    from specdraft.bench import BenchConfig, Sweep, markdown, run_bench, write_report
-    from specdraft.machine_load import busy_note
+    from specdraft.bench.report import refuse_file_out, write_report
+    from specdraft.bench.sweep import BenchConfig, Sweep, run_bench
 
     if baseline_url and _same_server(url, baseline_url):
         raise typer.BadParameter(f"{url} and {baseline_url} are the same server: measuring one server twice "
                                  "gives no speedup; give the server without speculation as --baseline-url, or "
                                  "leave --baseline-url out", param_hint="'--url' / '--baseline-url'")
     console = Console()
-    local = any(httpx.URL(u).host in LOCAL_HOSTS for u in (url, baseline_url) if u.startswith("http"))
-    busy = busy_note("the tokens/s of servers on this machine", "serve --threads 1 competes less") if local else None
-    if Path(out).exists() and not Path(out).is_dir():  # before the benchmark, not after
-        console.print(f"error: --out {out} is a file; give a directory", style="red", markup=False)
-        raise typer.Exit(1)
+    busy = _busy_note(url, baseline_url)
     sweep = Sweep()  # filled level by level: Ctrl-C keeps the levels finished on every server
-    try:
+    with user_errors(console):
+        refuse_file_out(out, "--out")  # before the benchmark, not after
         cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
                           warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
-        report = run_bench(cfg, progress=lambda text: console.print(text, markup=False, soft_wrap=True),
-                           sweep=sweep)
-        paths = write_report(report, out)
-    except KeyboardInterrupt:
-        console.print(_write_interrupted(sweep, out), style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(130) from None
-    except (ValueError, RuntimeError, httpx.HTTPError) as e:
-        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(1) from e
+        try:
+            report = run_bench(cfg, progress=lambda text: console.print(text, markup=False, soft_wrap=True),
+                               sweep=sweep)
+            paths = write_report(report, out)
+        except KeyboardInterrupt:
+            console.print(_write_interrupted(sweep, out), style="red", markup=False, soft_wrap=True)
+            raise
+    _render_bench(console, report, paths, busy)
+
+
+def _busy_note(url: str, baseline_url: str) -> str | None:
+    """`machine_load.busy_note` when either server is on this machine (`LOCAL_HOSTS`), else None."""
+    import httpx
+
+    from specdraft.machine_load import busy_note
+
+    local = any(httpx.URL(u).host in LOCAL_HOSTS for u in (url, baseline_url) if u.startswith("http"))
+    return busy_note("the tokens/s of servers on this machine", "serve --threads 1 competes less") if local else None
+
+
+def _render_bench(console, report, paths, busy: str | None) -> None:
+    """The report's markdown, the files written, the busy note and the warnings last, where they
+    are seen; exit 1 after a report with warnings (the comparison is invalid: scripts notice)."""
+    from specdraft.bench.report import markdown
+
     console.print(markdown(report), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, soft_wrap=True)
     if busy:
         console.print(busy, style="yellow", markup=False, soft_wrap=True)
-    for warning in report.warnings:  # last, where they are seen
+    for warning in report.warnings:
         console.print(warning, style="bold red", markup=False, soft_wrap=True)
-    if report.warnings:  # the comparison is invalid: scripts must notice, though the report is written
+    if report.warnings:
         raise typer.Exit(1)
 
 
 def _write_interrupted(sweep, out: str) -> str:
-    """Write the report of an interrupted bench sweep (`bench.partial_report`: the levels finished
+    """Write the report of an interrupted bench sweep (`sweep.partial_report`: the levels finished
     on every server) to `out`; the one line saying what was written, or that nothing was."""
-    from specdraft.bench import partial_report, write_report
+    from specdraft.bench.report import write_report
+    from specdraft.bench.sweep import partial_report
 
     report = partial_report(sweep)
     if report is None:
@@ -159,34 +171,39 @@ def tune(
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
-    from pathlib import Path
-
     from rich.console import Console
 
-    from specdraft.checkpoint import CheckpointError
-    from specdraft.tune import TuneConfig, render, tune_paths
+    from specdraft.bench.tune import TuneConfig, render, tune_paths
+    from specdraft.files import atomic_write_text
 
     console = Console()
-    if json_out and (Path(json_out).is_dir() or not Path(json_out).resolve().parent.is_dir()):
-        console.print(f"error: --json-out {json_out}: give a file path in an existing directory", style="red",
-                      markup=False)
-        raise typer.Exit(1)
-    try:
-        if not num_steps and (topk or num_draft_tokens):  # SGLang refuses these without num_steps too
-            given = " ".join(f"--{name} {v}" for name, v in (("topk", topk), ("num-draft-tokens", num_draft_tokens))
-                             if v)
-            raise ValueError(f"{given} without --num-steps: the current setting needs --num-steps N as well "
-                             "(as SGLang's --speculative-eagle-topk / --speculative-num-draft-tokens need "
-                             "--speculative-num-steps); add --num-steps N, or drop them")
-        current = spec_from_flags(False, draft, num_steps, topk or 1, num_draft_tokens) if num_steps else None
+    with user_errors(console):
+        _refuse_bad_json_out(json_out)
+        current = _current_setting(draft, num_steps, topk, num_draft_tokens)
         cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,
                          num_measure, min_speedup, current, repeats=repeats)
         _set_threads(threads)
         report = tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype),
                             progress=lambda text: console.print(text, markup=False))
-    except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
-        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(1) from e
     console.print(render(report), markup=False, highlight=False, soft_wrap=True)
     if json_out:
-        Path(json_out).write_text(json.dumps(report.to_dict(), indent=2))
+        atomic_write_text(json_out, json.dumps(report.to_dict(), indent=2))
+
+
+def _refuse_bad_json_out(json_out: str) -> None:
+    """--json-out: empty, or a file path in an existing directory (ValueError before tuning)."""
+    from pathlib import Path
+
+    if json_out and (Path(json_out).is_dir() or not Path(json_out).resolve().parent.is_dir()):
+        raise ValueError(f"--json-out {json_out}: give a file path in an existing directory")
+
+
+def _current_setting(draft: str, num_steps: int, topk: int | None, num_draft_tokens: int):
+    """The SpecConfig of tune's current-setting flags (None without --num-steps); ValueError for
+    --topk / --num-draft-tokens without --num-steps (SGLang refuses these without num_steps too)."""
+    if not num_steps and (topk or num_draft_tokens):
+        given = " ".join(f"--{name} {v}" for name, v in (("topk", topk), ("num-draft-tokens", num_draft_tokens)) if v)
+        raise ValueError(f"{given} without --num-steps: the current setting needs --num-steps N as well "
+                         "(as SGLang's --speculative-eagle-topk / --speculative-num-draft-tokens need "
+                         "--speculative-num-steps); add --num-steps N, or drop them")
+    return spec_from_flags(False, draft, num_steps, topk or 1, num_draft_tokens) if num_steps else None

@@ -240,12 +240,11 @@ def serve(
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
     from rich.console import Console
 
-    from specdraft.checkpoint import CheckpointError
-    from specdraft.serve import build_app
-    from specdraft.serve import serve as run_server
+    from specdraft.serve.server import build_app
+    from specdraft.serve.server import serve as run_server
 
     console = Console()
-    try:
+    with user_errors(console):
         _refuse_compile_off_cuda(compile, device)
         _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
                                                        "--num-draft-tokens": num_draft_tokens})
@@ -260,9 +259,6 @@ def serve(
             console.print(f"note: {note}", markup=False, soft_wrap=True)
         if compile:  # before the first request: no client waits on the compiler
             _warm_up_compiled(state.engine, state.tokenizer(WARM_UP_PROMPT)["input_ids"], WARM_UP_TOKENS, console)
-    except (ValueError, FileNotFoundError, OSError, CheckpointError) as e:
-        console.print(f"error: {e}", style="red", markup=False, soft_wrap=True)
-        raise typer.Exit(1) from e
     console.print(serving_line(state.model_name, target, draft, spec, host, port), markup=False, soft_wrap=True)
     run_server(server_app, host, port)
 

@@ -15,7 +15,7 @@ from specdraft.checkpoint import file_sha256
 from specdraft.demo.cache import path_label
 from specdraft.demo.config import DemoConfig
 from specdraft.files import atomic_write_json, differing_fields
-from specdraft.speedup import timed_passes, timing_summary
+from specdraft.bench.speedup import timed_passes, timing_summary
 
 
 def heldout_prompts(target_dir: Path, heldout_file: Path, prompt_tokens: int) -> list[list[int]]:

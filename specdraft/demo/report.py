@@ -10,7 +10,7 @@ from typing import Any
 
 from specdraft.demo.config import DemoConfig
 from specdraft.files import atomic_write_text
-from specdraft.speedup import speedup_text, ties_at_top
+from specdraft.bench.speedup import speedup_text, ties_at_top
 
 
 @dataclass

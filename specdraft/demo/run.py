@@ -21,7 +21,7 @@ from specdraft.demo.report import (
     verdict_text,
     write_report,
 )
-from specdraft.speedup import pick_setting
+from specdraft.bench.speedup import pick_setting
 
 Say = Callable[[str], None]
 

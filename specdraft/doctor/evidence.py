@@ -33,12 +33,7 @@ from specdraft.data.records import DataError
 from specdraft.doctor.inputs import DOCTOR_ENGINES, DoctorInputs
 from specdraft.doctor.keys import KeyMap, draft_as_loaded, key_map
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.engine_args import (
-    EngineArgs,
-    aux_capture,
-    detect_engine,
-    parse_engine_args,
-)
+from specdraft.serve.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
 from specdraft.export import TargetFacts
 
 

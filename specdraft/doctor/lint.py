@@ -14,7 +14,7 @@ from specdraft.conventions import (
 from specdraft.doctor.evidence import Evidence, Unavailable, Unreadable, describe
 from specdraft.doctor.verdict import NUM_AUX, Result, engine_name, fail, ok
 from specdraft.draft import rope_from_hf_config
-from specdraft.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
+from specdraft.serve.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
 
 
 def fc_width_matches_aux(ev: Evidence) -> Result:

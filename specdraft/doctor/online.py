@@ -25,8 +25,8 @@ from typing import Any
 
 import httpx
 
-from specdraft.bench import RequestRecord, sglang_counts
-from specdraft.client import SERVER_WAIT_S, Server, SpecCounts, counter_delta, scrape, wait_for_server
+from specdraft.client import (SERVER_WAIT_S, ClientError, RequestRecord, Server, SpecCounts, counter_delta, scrape,
+                              sglang_counts, wait_for_server)
 from specdraft.data.render import Sample
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.offline import OfflineRun, run_on
@@ -92,7 +92,7 @@ def run_online(server: Server, samples: list[Sample], tokenizer: Any, max_tokens
                 if output:
                     sequences.append(Sample(prompt + output, [0] * len(prompt) + [1] * len(output)))
         after = scrape(server, timeout_s)
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, ClientError) as e:  # ClientError: client.scrape's, naming /metrics
         raise ServerError(f"{url}: {type(e).__name__}: {e}") from None
     if server.kind == "sglang":
         counts = sglang_counts(records)

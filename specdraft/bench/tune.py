@@ -3,21 +3,21 @@
 Model, per speculative round with n draft steps, topk k and m verified nodes (root included):
     E[tokens per round] = 1 + sum_{j<=n} p_j           (p_j: acceptance at depth j, T = 0)
     time per round      = n * t_draft(k) + t_verify(m) + t_round(k)
-    predicted tokens/s  = E[tokens per round] / time per round
+    predicted speed     = E[tokens per round] / time per round
 and plain decoding emits 1 token per t_verify(1) + t_plain. For a chain (k = 1, m = n + 1)
 p_j comes from a deep chain probe (`probe_steps` drafts; at T = 0 a chain's first n drafts do
 not depend on its depth). For a tree, p_j comes from a probe with the same topk at the deepest
 depth and m = min(the tree's nodes, max_tree_tokens); a depth-n candidate reuses its first n
 values, an approximation (pruning to m nodes selects differently at each depth), which is why
 the best candidates are then measured.
-Costs, on this machine and engine: t_verify(T) = median time of one target forward over T
-tokens after a prefix, timed directly for every T a candidate needs; t_draft(k) = a probe's
-drafting time / (rounds * steps); t_round(k) = the rest of a probe's round time beyond
-t_verify (acceptance, cache commit, output); t_plain likewise from the plain run.
-Tokens/s are decode tokens/s: tokens after the first / time after the prefill.
+Costs, on this machine and engine (`Bench`): t_verify(T) = median time of one target forward
+over T tokens after a prefix, timed directly for every T a candidate needs; t_draft(k) = a
+probe's drafting time / (rounds * steps); t_round(k) = the rest of a probe's round time beyond
+t_verify (acceptance, cache commit, output); t_plain likewise from the plain run. Speeds are
+decode tokens per second: tokens after the first / time after the prefill.
 The `num_measure` best predictions, the best chain and the current setting are run for real,
 each once per round with plain decoding in `repeats` rounds (order rotated each round), and
-recommended by the rule `specdraft demo` uses (`specdraft.speedup`): a median same-round
+recommended by the rule `specdraft demo` uses (`specdraft.bench.speedup`): a median same-round
 speedup of at least `min_speedup` with a lower quartile above 1x; of the settings tied within
 the noise of the fastest, the one with the fewest draft tokens; else no speculation. vLLM
 drafts chains: its recommendation is picked among the chains.
@@ -38,13 +38,13 @@ from typing import Any
 
 import torch
 
+from specdraft.bench.speedup import pick_setting, speedup_text, ties_at_top, timed_passes, timing_summary
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detect_layout
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
-from specdraft.speedup import pick_setting, speedup_text, ties_at_top, timed_passes, timing_summary
 
 WARMUP_TOKENS = 8
 PREDICTION_WARN_FACTOR = 2.0  # predicted vs measured tokens/s beyond which render warns
@@ -231,7 +231,7 @@ class Candidate:
     timing: dict[str, Any] | None = None
 
     def row(self) -> dict[str, Any]:
-        """The measurement as a `specdraft.speedup` row."""
+        """The measurement as a `specdraft.bench.speedup` row."""
         return {**(self.timing or {}), "num_draft_tokens": self.spec.num_draft_tokens}
 
     def to_dict(self) -> dict[str, Any]:
@@ -322,13 +322,16 @@ class TuneReport:
 
 
 def tune(target: FastTarget, draft: Eagle3Draft, prompts: Sequence[Sequence[int]], cfg: TuneConfig,
-         draft_path: str = "DRAFT", progress: Callable[[str], None] | None = None) -> TuneReport:
+         draft_path: str = "DRAFT", progress: Callable[[str], None] | None = None,
+         bench: Bench | None = None) -> TuneReport:
     """Probe acceptance, time the engine, predict every candidate, measure the best, recommend.
 
-    prompts: target token ids. Raises ValueError when prompts + tokens exceed the target's
-    positions, or (from the engine) when the drafter does not fit the target."""
+    prompts: target token ids. bench: what runs and times the settings (default: a `Bench` of
+    target, draft, prompts and cfg; a subclass with given timings checks the logic on them).
+    Raises ValueError when prompts + tokens exceed the target's positions, or (from the engine)
+    when the drafter does not fit the target."""
     say = progress or (lambda text: None)
-    bench = Bench(target, draft, prompts, cfg)
+    bench = bench or Bench(target, draft, prompts, cfg)
     probe_specs = {k: SpecConfig(cfg.depth, k, tree_tokens(cfg.depth, k, cfg.max_tree_tokens)) for k in cfg.all_topks}
     specs = [SpecConfig(n, k, tree_tokens(n, k, cfg.max_tree_tokens)) for k in cfg.all_topks
              for n in range(1, cfg.depth + 1)] + ([cfg.current] if cfg.current else [])
@@ -396,11 +399,11 @@ def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg:
                device: str = "cpu", dtype: torch.dtype = torch.float32,
                progress: Callable[[str], None] | None = None) -> TuneReport:
     """`tune` for a target directory (with its tokenizer), a draft checkpoint and a prompt source
-    ("builtin" or a file, as `bench.load_prompts` reads it). A corrupt or incomplete target
+    ("builtin" or a file, as `sweep.load_prompts` reads it). A corrupt or incomplete target
     config.json is a ValueError naming the file and the fix (doctor's words)."""
     from transformers import AutoTokenizer
 
-    from specdraft.bench import load_prompts
+    from specdraft.bench.sweep import load_prompts
     from specdraft.doctor.inputs import given_config
     from specdraft.engine.load import load_engine
     from specdraft.target import TARGET_CONFIG_FIX, check_target_config

@@ -21,7 +21,7 @@ the tokenizer's chat template), `/v1/models`, `/health`, `/metrics` (Prometheus,
   The spec counters move only on a speculative engine, for finished requests.
 - Every `log_every` verification steps the worker logs accept length, acceptance rate and
   tokens/s over the steps since the last line (like SGLang's decode log; counts kept tokens).
-Request parsing and response shapes live in `specdraft.openai_protocol`.
+Request parsing and response shapes live in `specdraft.serve.protocol`.
 FastAPI, uvicorn and prometheus_client are imported only when a server is built.
 """
 
@@ -38,11 +38,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdraft.engine.requests import GenerationResult
-from specdraft.engine.speculate import SpeculativeEngine
-from specdraft.openai_protocol import (FINISH_REASONS, GenerationRequest, RequestError, ResponseShape, TextStream,
-                                       chat_prompt_ids, context_room, get_field, parse_common, prompt_ids_of,
-                                       sse, usage_of)
+from specdraft.engine.speculate import GenerationResult, SpeculativeEngine
+from specdraft.serve.protocol import (FINISH_REASONS, GenerationRequest, RequestError, ResponseShape, TextStream,
+                                    chat_prompt_ids, context_room, get_field, parse_common, prompt_ids_of, sse,
+                                    usage_of)
 
 log = logging.getLogger("specdraft.serve")
 DEFAULT_MAX_QUEUE = 64

@@ -1,0 +1,174 @@
+"""A benchmark report on disk: bench.json, bench.md and the plots (throughput.png, tpot.png,
+speedup.png with a baseline), each written atomically (`specdraft.files`).
+
+bench.json is `BenchReport.to_dict()`: the config; per server its levels (`LevelResult`: tokens
+per second as the mean over runs with `tokens_per_s_std` and `tokens_per_s_runs`, TTFT / TPOT
+stats, the speculative counts, `num_errors`, `no_spec_signal`); `speedups` (per level the ratio
+of means, `speedup_std`, `verdict`: null with one run, "invalid: N errors" with failed requests,
+whose `speedup` / `speedup_std` / `noise` are then null and `valid` false); the crossover; the
+warnings (null when they do not apply); and `partial`, `interrupted_at_concurrency`,
+`concurrency_not_measured` for an interrupted sweep (complete: false, null, []).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from specdraft.bench.stats import NO_BASELINE, SpeedupPoint, noise_note, verdict
+from specdraft.bench.sweep import BenchReport, LevelResult, tps_cell
+from specdraft.files import atomic_write, atomic_write_text
+
+
+def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    """A number for the markdown tables ("-" for None)."""
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def spec_cell(level: LevelResult) -> tuple[str, str]:
+    """(tau with its M1 check, p_k) cells of a level."""
+    s = level.spec
+    if s is None:
+        return "-", "-"
+    tau = f"{s.accept_length:.3f}"
+    if s.tau_from_positions is not None:
+        agree = abs(s.tau_from_positions - s.accept_length) <= 1e-6 * s.accept_length
+        tau += f" (1 + sum of p_k = {s.tau_from_positions:.3f}: {'counters agree' if agree else 'counters DISAGREE'})"
+    p = s.acceptance_per_position
+    return tau, " ".join(f"{x:.2f}" for x in p) if p is not None else "not exposed"
+
+
+def markdown(report: BenchReport) -> str:
+    """The report as markdown: one table per server, then speedups and the crossover."""
+    cfg = report.config
+    settings = (f"{cfg.repeats} runs of {cfg.num_prompts} requests per level (after {cfg.warmup} warm-up "
+                f"request{'s' if cfg.warmup != 1 else ''} per server), max_tokens {cfg.max_tokens}, "
+                f"temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}")
+    lines = [report.partial_note, ""] if report.partial else []
+    lines += ["# specdraft bench", "", settings, ""]
+    for warning in (report.failed_requests_warning, report.speculation_warning):
+        lines += [warning, ""] if warning else []
+    for title, run in (("speculative", report.spec), ("baseline", report.baseline)):
+        if run is None:
+            continue
+        lines += [f"## {title}: {run.url} ({run.kind}, model {run.model})", "",
+                  "| concurrency | tok/s mean ± sd (min-max) | TTFT ms mean / p50 / p99 | TPOT ms mean / p50 / p99 "
+                  "| tau | p_k | errors |",
+                  "|---|---|---|---|---|---|---|"]
+        for lv in run.levels:
+            tau, p = spec_cell(lv)
+            ttft = " / ".join(fmt(v, 1e3) for v in (lv.ttft_s.mean, lv.ttft_s.p50, lv.ttft_s.p99))
+            tpot = " / ".join(fmt(v, 1e3, 2) for v in (lv.tpot_s.mean, lv.tpot_s.p50, lv.tpot_s.p99))
+            lines.append(f"| {lv.concurrency} | {tps_cell(lv)} | {ttft} | {tpot} | {tau} | {p} | {lv.num_errors} |")
+        lines.append("")
+    lines += ["## speedup (tokens/s with speculation / baseline, same prompts)", ""]
+    if report.baseline_warning:
+        lines += [report.baseline_warning, ""]
+    if report.speedups is None:
+        lines += [NO_BASELINE, ""]  # the crossover says nothing more
+    else:
+        lines += ["| concurrency | speedup (ratio of means) | sd | verdict | run-to-run noise |",
+                  "|---|---|---|---|---|"]
+        judged = report.has_verdicts  # one run: no sd, no verdict ("-"), no spread to call steady or noisy
+        lines += [speedup_row(p, judged, cfg.tie_band) for p in report.speedups]
+        note = noise_note([p for p in report.speedups if not p.num_errors])
+        lines += ["", note] if note else []
+        lines += ["", report.crossover.text, ""]
+    return "\n".join(lines)
+
+
+def speedup_row(point: SpeedupPoint, judged: bool, tie_band: float) -> str:
+    """One row of the speedup table; a level with failed requests shows no number, only
+    "invalid: N errors" (its tokens/s count the successful requests alone)."""
+    if point.num_errors:
+        return f"| {point.concurrency} | invalid: {point.num_errors} errors | - | - | - |"
+    return (f"| {point.concurrency} | {point.speedup:.2f}x | {f'{point.speedup_std:.2f}' if judged else '-'} | "
+            f"{verdict(point, tie_band) if judged else '-'} | {noise_cell(point, judged)} |")
+
+
+def noise_cell(point: SpeedupPoint, judged: bool) -> str:
+    """The run-to-run noise cell of a speedup row: "noisy: verdict inconclusive" when either
+    server's runs spread more than NOISY_SPREAD of their mean, "steady" when both are within it,
+    "one run: no spread" without repeats (nothing to judge)."""
+    if point.noise:
+        return "noisy: verdict inconclusive"
+    return "steady" if judged else "one run: no spread"
+
+
+Series = tuple[list[int], list[float], list[float]]  # concurrencies, values, their sd
+
+
+def plot_data(report: BenchReport) -> dict[str, tuple[str, dict[str, Series]]]:
+    """What throughput.png and tpot.png draw: per file its y label and, per server ("speculative",
+    "baseline"), the points. Both leave out a level with failed requests: its tokens/s and TPOT
+    count the successful requests alone, which ran with fewer requests in flight than the level
+    names (invalid, `tps_cell`)."""
+    runs = [("speculative", report.spec), ("baseline", report.baseline)]
+    series = {"throughput.png": ("output tokens/s (mean ± sd)", lambda lv: (lv.tokens_per_s, lv.tokens_per_s_std)),
+              "tpot.png": ("TPOT p50 (ms)", lambda lv: ((lv.tpot_s.p50 or 0.0) * 1e3, 0.0))}
+    data = {}
+    for name, (label, value) in series.items():
+        data[name] = (label, {})
+        for title, run in runs:
+            if run is not None:
+                levels = [lv for lv in run.levels if not lv.num_errors]
+                data[name][1][title] = ([lv.concurrency for lv in levels], [value(lv)[0] for lv in levels],
+                                        [value(lv)[1] for lv in levels])
+    return data
+
+
+def plot(report: BenchReport, out_dir: Path) -> list[Path]:
+    """throughput.png, tpot.png and (with a baseline) speedup.png against concurrency."""
+    from matplotlib.figure import Figure
+
+    runs = [report.spec, report.baseline]
+    ticks = sorted({lv.concurrency for run in runs if run is not None for lv in run.levels})
+    paths = []
+    for name, (label, lines) in plot_data(report).items():
+        fig = Figure(figsize=(5, 3.5))
+        ax = fig.add_subplot()
+        for title, (x, y, err) in lines.items():
+            if x:
+                ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=title)
+        paths.append(save_figure(fig, ax, label, out_dir / name, ticks))
+    points = [p for p in report.speedups or [] if not p.num_errors]  # an invalid speedup is not drawn
+    if points:
+        fig = Figure(figsize=(5, 3.5))
+        ax = fig.add_subplot()
+        ax.errorbar([p.concurrency for p in points], [p.speedup for p in points],
+                    yerr=[p.speedup_std for p in points], fmt="o-", capsize=3, label="speedup (± sd)")
+        ax.axhline(1.0, color="gray", linestyle="--", label="no speculation")
+        paths.append(save_figure(fig, ax, "speedup (x)", out_dir / "speedup.png", ticks))
+    return paths
+
+
+def save_figure(fig: Any, ax: Any, ylabel: str, path: Path, ticks: list[int]) -> Path:
+    """Label, log-x with the measured concurrencies `ticks`, legend, save atomically."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel(ylabel)
+    if ax.get_legend_handles_labels()[0]:  # a figure with every point left out has nothing to name
+        ax.legend()
+    fig.tight_layout()
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
+
+
+def refuse_file_out(out_dir: str | Path, option: str = "out_dir") -> None:
+    """ValueError when `out_dir` is an existing file (`write_report` needs a directory there):
+    call it before a sweep, not after."""
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"{option} {out_dir} is a file; give a directory")
+
+
+def write_report(report: BenchReport, out_dir: str | Path) -> list[Path]:
+    """bench.json, bench.md and the plots in out_dir (created; each file written atomically; a
+    partial report, `partial_report`, the same way, marked as such in both)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in (("bench.json", json.dumps(report.to_dict(), indent=2)), ("bench.md", markdown(report))):
+        paths.append(atomic_write_text(out / name, text))
+    return paths + plot(report, out)
