@@ -86,6 +86,21 @@ def check_url(url: str, name: str = "url") -> str:
     return base
 
 
+MAX_PORT = 65535
+
+
+def check_port(url: str) -> None:
+    """BadURL when `url` does not parse (httpx) or names a port outside 1..65535, naming the fix
+    (a usage error for an unparsable port instead of a traceback, or a connection error for 99999)."""
+    try:
+        port = httpx.URL(url).port
+    except httpx.InvalidURL as e:
+        hint = f"; give a port in 1..{MAX_PORT}, e.g. http://127.0.0.1:8000" if "port" in str(e) else ""
+        raise BadURL(f"{url!r}: {e}{hint}") from None
+    if port is not None and not 1 <= port <= MAX_PORT:
+        raise BadURL(f"{url!r}: port {port} is not in 1..{MAX_PORT}")
+
+
 def base_url(url: str) -> str:
     """`url` without trailing slashes and one trailing /v1 path segment (the OpenAI API root that
     vLLM, SGLang and OpenAI clients are given): "http://h:8000/v1/" -> "http://h:8000"; a host

@@ -13,7 +13,7 @@ from specdraft.cli.common import (
     check_device,
     check_drafter,
     check_model_dir,
-    check_url,
+    url_option,
     engine_dtype,
     positive_int_list,
     spec_from_flags,
@@ -23,7 +23,7 @@ from specdraft.cli.decode import THREADS_HELP, _set_threads
 
 
 def _same_server(a: str, b: str) -> bool:
-    """Whether two URLs (passed `check_url`) name one server: scheme and host in any case, a
+    """Whether two URLs (passed `url_option`) name one server: scheme and host in any case, a
     default port written or not, a trailing slash or /v1 or not (`client.base_url`), any loopback
     name (`LOCAL_HOSTS`) for this machine."""
     import httpx
@@ -43,9 +43,9 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")  # servers whose spee
 @app.command()
 def bench(
     url: str = typer.Option(..., help="Server with speculation (specdraft, vLLM, SGLang), e.g. "
-                            "http://127.0.0.1:8000 or http://127.0.0.1:8000/v1.", callback=check_url),
+                            "http://127.0.0.1:8000 or http://127.0.0.1:8000/v1.", callback=url_option),
     baseline_url: str = typer.Option("", help="The same engine without speculation (needed for a speedup).",
-                                     callback=check_url),
+                                     callback=url_option),
     prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...} rows (plain "
                                 "text is refused)."),
     concurrency: str = typer.Option("1,4,16", help="Requests in flight, one level each.",

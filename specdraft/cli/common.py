@@ -162,23 +162,17 @@ TOPK_HELP = "Draft tree: children per node (SGLang --speculative-eagle-topk)"
 NUM_STEPS_HELP = "Draft depth (SGLang --speculative-num-steps)"
 
 
-MAX_PORT = 65535
-
-
-def check_url(value: str) -> str:
-    """--url / --baseline-url / --endpoint: a URL whose port, when given, is 1..65535 (a usage error
-    instead of a traceback for an unparsable port, or a connection error for port 99999)."""
+def url_option(value: str) -> str:
+    """--url / --baseline-url / --endpoint: `client.check_port` as a usage error (exit 2) before
+    anything runs; "" (not given) passes."""
     if not value:
         return value
-    import httpx
+    from specdraft.client import BadURL, check_port
 
     try:
-        port = httpx.URL(value).port
-    except httpx.InvalidURL as e:
-        hint = f"; give a port in 1..{MAX_PORT}, e.g. http://127.0.0.1:8000" if "port" in str(e) else ""
-        raise typer.BadParameter(f"{value!r}: {e}{hint}") from None
-    if port is not None and not 1 <= port <= MAX_PORT:
-        raise typer.BadParameter(f"{value!r}: port {port} is not in 1..{MAX_PORT}")
+        check_port(value)
+    except BadURL as e:
+        raise typer.BadParameter(str(e)) from None
     return value
 
 

@@ -4,24 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from specdraft.cli.common import (
-    DRAFTER_HELP,
-    MAX_PORT,
-    NUM_DRAFT_TOKENS_HELP,
-    NUM_STEPS_HELP,
-    TOPK_HELP,
-    EngineDtype,
-    app,
-    check_device,
-    check_drafter,
-    check_model_dir,
-    check_top_p,
-    engine_dtype,
-    flag,
-    refuse_bad_configs,
-    spec_from_flags,
-    user_errors,
-)
+from specdraft.cli.common import (DRAFTER_HELP, NUM_DRAFT_TOKENS_HELP, NUM_STEPS_HELP, TOPK_HELP, EngineDtype, app,
+                                  check_device, check_drafter, check_model_dir, check_top_p, engine_dtype, flag,
+                                  refuse_bad_configs, spec_from_flags, user_errors)
+from specdraft.client import MAX_PORT
 
 COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
                 "with bf16 / fp16 (a warm-up generation compiles first, a minute or more on large targets).")
