@@ -9,7 +9,7 @@ tree the graph also selects the verified nodes and writes the verify forward's i
 positions, slots, mask) into the verify graph's own buffers (`tree.select_on_device`,
 `GraphedTarget.device_inputs`), so the target's verify is launched right behind the round and
 the host first waits for the device when it reads the verdict's inputs back. Same τ and
-outputs as the round step by step; speed: benchmarks/results/engine.md.
+outputs as the round step by step; speed: benchmarks/RESULTS.md.
 
 Greedy expansion only (top-k children: trees at any temperature, chains at T = 0); a chain at
 T > 0 samples its drafts from a generator each step and runs step by step.

@@ -7,7 +7,7 @@ checks), with the engine's cache protocol and fewer operations per step:
   `Eagle3Draft` returns them and concatenates the whole past on every call;
 - weights are tensors and the step calls functions, not modules: batch 1 on the CPU a draft
   step is bound by per-call overhead, much of it module calls, no-op casts and checks
-  (benchmarks/results/engine.md).
+  (benchmarks/RESULTS.md).
 Norm and RoPE are `draft.py`'s functions, so the numerics are the drafter's by construction.
 
 After `use_triton()` (CUDA, bf16 / fp16) a step of up to 16 positions runs through
@@ -133,7 +133,7 @@ class GraphedDraft:
     Eagerly a Triton step is bound by its launches on the host, many times its GPU time; a
     replay costs a few small copies and one launch. Graphs are captured up front because
     capturing on first use cost more than it saved: a request then compiled and captured the
-    first steps its warm-up had not met (benchmarks/results/engine.md).
+    first steps its warm-up had not met (benchmarks/RESULTS.md).
     Graphs attend over the whole cache (entries past the step are masked; the attention kernel
     skips their blocks), so the shapes are static. Inputs are copied into static buffers;
     outputs are valid until the next call with the same key. Capture warms up by writing the

@@ -45,7 +45,7 @@ from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.tree import DraftTree, SelectedTree, TreeExpansion, depths_of, tree_of, verify_mask
 
 # Attention kernels for the drafter. Not cuDNN: it builds an execution plan for every new
-# shape, and the drafter's past grows every round (benchmarks/results/engine.md). The target
+# shape, and the drafter's past grows every round (benchmarks/RESULTS.md). The target
 # keeps every kernel: its decode / verify shapes are static, and cuDNN is the fastest there.
 DRAFT_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

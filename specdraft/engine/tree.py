@@ -90,7 +90,7 @@ def verify_mask(tree: DraftTree, prefix_len: int, num_slots: int) -> Tensor:
     in one copy (`GraphedTarget`)."""
     n = tree.num_nodes
     if tree.is_chain:  # node i sees slots 0..prefix_len+i (a comparison: tril splits a few rows
-        # across every CPU thread, costly on a many-core host: benchmarks/results/engine.md)
+        # across every CPU thread, costly on a many-core host: benchmarks/RESULTS.md)
         return causal_mask(prefix_len, n, num_slots)
     return ancestor_verify_mask(tree.ancestor_mask(), torch.tensor([prefix_len]), torch.arange(num_slots))[None, None]
 

@@ -4,7 +4,7 @@ and the drafter's steps.
 At batch 1 a decode step reads every weight once for a few multiply-adds per element: its time
 is weight bytes / memory bandwidth, plus whatever else runs. The kernels here stream the weights
 at least as fast as cuBLAS inside a CUDA graph (benchmarks/triton_kernels.py; figures in
-benchmarks/results/engine.md) and replace the small ops around the matmuls:
+benchmarks/RESULTS.md) and replace the small ops around the matmuls:
 
 - `linear`: a GEMV for one token, a thin tensor-core GEMM for up to 16 (verify). Two variants
   do the next op in their epilogue: `linear_silu_mul` (silu(gate) * up of the fused gate|up
@@ -179,7 +179,7 @@ def _thin_gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, HALF, T, pos_ptr, 
 
 
 def _linear_config(m: int, rows: int, k: int, paired: bool) -> tuple[int, int, int]:
-    """(BLOCK_N outputs, BLOCK_K, num_stages) from in-graph sweeps (benchmarks/results/engine.md)."""
+    """(BLOCK_N outputs, BLOCK_K, num_stages) from in-graph sweeps (benchmarks/RESULTS.md)."""
     if m == 1:
         block_n, block_k, num_stages = (2, 2048, 1) if k <= 8192 else (1, 1024, 1)
         return max(1, block_n // 2) if paired else block_n, block_k, num_stages
