@@ -1,5 +1,5 @@
 """Test-wide settings: one torch thread (tiny models; two threads fight on the 2-core CI machine),
-and without a GPU, Triton kernels run in Triton's interpreter (tests/test_triton_ops.py). The
+and without a GPU, Triton kernels run in Triton's interpreter (tests/unit/engine/test_triton_ops.py). The
 variable must be set before anything imports Triton: torch's compiler may import it early.
 Every test sees an idle machine (no busy-machine notes in outputs; tests of the note set the
 load themselves). Also fixtures several modules share: `store` (training) and `chat_target_dir`
@@ -24,9 +24,9 @@ def idle_machine(monkeypatch):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """The capture store of tests/test_train_loop.py's tiny target and samples (`make_world`),
+    """The capture store of tests/unit/train/test_train_loop.py's tiny target and samples (`make_world`),
     for the train / resume / export modules that train from it."""
-    from tests.test_train_loop import make_world
+    from tests.unit.train.test_train_loop import make_world
 
     return make_world(tmp_path_factory.mktemp("train"))[2]
 

@@ -17,7 +17,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 
 # Options with a fixed set of values: click refuses any other value (exit 2, the choices listed) and
-# --help shows them. Each mirrors the library's own table (tests/test_cli_choices.py keeps them equal),
+# --help shows them. Each mirrors the library's own table (tests/cli/test_cli_choices.py keeps them equal),
 # written out here so that importing the CLI stays free of torch.
 DtypeName = Literal["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"]  # conventions.DTYPES
 

@@ -1,6 +1,6 @@
 """The drafter on the engine's hot path: an `Eagle3Draft`'s weights, packed for one sequence.
 
-Computes what `Eagle3Draft.forward` computes (tests/test_engine_fast_draft.py holds the parity
+Computes what `Eagle3Draft.forward` computes (tests/unit/engine/test_engine_fast_draft.py holds the parity
 checks), with the engine's cache protocol and fewer operations per step:
 - q/k/v and gate/up run as one matmul each (their weights stacked once, at construction);
 - a step writes its K/V into the `DraftCache` and attends over the cache in place, where
@@ -16,7 +16,7 @@ After `use_triton()` (CUDA, bf16 / fp16) a step of up to 16 positions runs throu
 its matmuls; RoPE and the K/V writes in the q|k|v matmul's epilogue, silu(gate) * up in the
 gate|up matmul's. RoPE is then computed in
 float32 where `draft.py` rounds cos / sin to the weights' dtype: the two paths agree to bf16
-rounding (tests/test_triton_ops.py). Eagerly those launches are host-bound; `GraphedDraft`
+rounding (tests/unit/engine/test_triton_ops.py). Eagerly those launches are host-bound; `GraphedDraft`
 replays them as CUDA graphs (what `SpeculativeEngine(compile=True)` runs).
 The stacked q/k/v and gate/up weights are copies, made when the FastDraft is built (memory:
 those weights once more): build a new one after changing the drafter's weights.

@@ -3,7 +3,7 @@
 Reads top to bottom: config, static KV cache, transformer, block, attention, MLP, norm, rope,
 masks; a checkpoint directory loads into it with `load.load_fast_target`. Computes what
 transformers' `LlamaForCausalLM` (and the Qwen2/Qwen3/Mistral classes) compute, on the same
-checkpoint directory; tests/test_fast_model.py holds the parity checks.
+checkpoint directory; tests/unit/engine/test_fast_model.py holds the parity checks.
 
 Cache protocol. Each layer owns a preallocated K/V cache [B, n_kv, max_seq_len, head_dim]. A
 forward writes the K/V of its T new tokens at `cache_slots` and attends wherever `attn_mask`

@@ -25,7 +25,7 @@ kernel first was slower).
 
 Numerics: the norm and silu kernels round where the torch path rounds; RoPE and attention are
 computed in float32 without intermediate rounding, so they match to bf16 rounding, not bit for
-bit. tests/test_triton_ops.py checks each kernel against torch (on the CPU through Triton's
+bit. tests/unit/engine/test_triton_ops.py checks each kernel against torch (on the CPU through Triton's
 interpreter, TRITON_INTERPRET=1). Import this module only where Triton is installed.
 """
 

@@ -16,7 +16,7 @@ Steps, each a specdraft command recorded in `<work>/commands.txt`:
 6. the exported JSON files made portable (`make_portable`): the target's directory becomes its
    folder's name (`pycode-25m`, found on a host as ../shared/models/pycode-25m), the work folder
    `$WORK`, paths inside this repository relative to its root. The committed files must not
-   name the build machine's directories (tests/test_assets_portable.py).
+   name the build machine's directories (tests/unit/test_assets_portable.py).
 """
 
 from __future__ import annotations

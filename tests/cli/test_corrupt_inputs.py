@@ -1,0 +1,144 @@
+"""inspect, convert and generate given a drafter or target whose config.json or manifest is
+corrupt (not JSON, no object, required keys missing): one `error:` line naming the file, what is
+wrong and what fixes it (doctor's words, `doctor.inputs.given_config`), exit 1 as the commands'
+other unusable inputs; a damaged manifest names a fix the user can run without it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, convert_draft, load_draft
+from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.cli.test_cli import flat, invoke
+from tests.tiny_tokenizer import save_tiny_tokenizer
+
+DRAFTER_FIX = "re-export the drafter from its training run (specdraft export RUN/draft OUT --engine"
+TARGET_FIX = "restore config.json from where the model came from"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(draft dir with manifest, the same drafter without one (sglang layout), target dir with tokenizer)."""
+    root = tmp_path_factory.mktemp("corrupt")
+    draft, target = draft_checkpoint(root)
+    save_tiny_tokenizer(target)
+    convert_draft(draft, root / "plain", layout="sglang", target_num_layers=5)
+    return draft, root / "plain", target
+
+
+def broken_copy(src, dst, text: str):
+    shutil.copytree(src, dst)
+    (dst / "config.json").write_text(text)
+    return dst
+
+
+def without_keys(src, dst, *keys):
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    for key in keys:
+        config.pop(key)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def commands(draft, target, out):
+    return {"inspect": ["inspect", str(draft), "--target", str(target)],
+            "convert": ["convert", str(draft), str(out), "--layout", "speculators", "--target", str(target)],
+            "generate": ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "hello",
+                         "--max-new-tokens", "2"]}
+
+
+def one_error(result, *fragments: str) -> str:
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    text = flat(result.output)
+    assert text.startswith("error: ") and text.count("error: ") == 1, result.output
+    assert all(f in text for f in fragments), text
+    return text
+
+
+CORRUPT = {"not-json": ("{not json", "config.json: not valid JSON ("),
+           "list": ("[1, 2]", "config.json: not a JSON object (a list)")}
+
+
+@pytest.mark.parametrize("command", ["inspect", "convert", "generate"])
+@pytest.mark.parametrize("kind", list(CORRUPT))
+@pytest.mark.parametrize("which", ["drafter", "target"])
+def test_corrupt_config(world, tmp_path, command, kind, which):
+    draft, _, target = world
+    text, what = CORRUPT[kind]
+    bad = broken_copy(draft if which == "drafter" else target, tmp_path / "bad", text)
+    dirs = (bad, target) if which == "drafter" else (draft, bad)
+    fixes = ((DRAFTER_FIX, "or restore config.json from where the checkpoint came from") if which == "drafter"
+             else (TARGET_FIX,))
+    one_error(invoke(commands(*dirs, tmp_path / "out")[command]), f"{bad}/{what}", *fixes)
+
+
+@pytest.mark.parametrize("command", ["inspect", "convert", "generate"])
+def test_target_config_without_layer_count(world, tmp_path, command):
+    """transformers would default num_hidden_layers to 32 and read a plain drafter's aux ids wrong."""
+    _, plain, target = world
+    bad = without_keys(target, tmp_path / "bad", "num_hidden_layers")
+    one_error(invoke(commands(plain, bad, tmp_path / "out")[command]),
+              f"{bad}/config.json: missing num_hidden_layers, which a transformers model config holds", TARGET_FIX)
+
+
+@pytest.mark.parametrize("command", ["inspect", "convert", "generate"])
+def test_plain_drafter_config_without_sizes(world, tmp_path, command):
+    """Without a manifest the drafter is built from config.json: a missing size was a TypeError."""
+    _, plain, target = world
+    bad = without_keys(plain, tmp_path / "bad", "hidden_size", "num_attention_heads")
+    one_error(invoke(commands(bad, target, tmp_path / "out")[command]),
+              f"{bad}/config.json: missing hidden_size, num_attention_heads (without a specdraft manifest",
+              DRAFTER_FIX)
+
+
+def test_generate_target_config_without_model_sizes(world, tmp_path):
+    draft, _, target = world
+    bad = without_keys(target, tmp_path / "bad", "hidden_size", "intermediate_size")
+    one_error(invoke(commands(draft, bad, tmp_path / "out")["generate"]),
+              f"{bad}/config.json: missing hidden_size, intermediate_size", TARGET_FIX)
+
+
+MANIFEST_FIX = (f"re-export the drafter from its training run (specdraft export RUN/draft OUT --engine "
+                f"sglang|vllm|speculators, which writes the manifest); without the run, delete {MANIFEST_FILE}: "
+                "the drafter then loads from its config.json alone (pass --target DIR)")
+
+
+@pytest.mark.parametrize("text, what", [("{not json", "not valid JSON ("), ("[]", "not a JSON object (a list)"),
+                                        ("{}", "manifest keys ['aux_layers', 'draft', 'target'] missing")])
+def test_corrupt_manifest_names_a_fix_without_the_run(world, tmp_path, text, what):
+    draft, _, target = world
+    bad = tmp_path / "bad"
+    shutil.copytree(draft, bad)
+    (bad / MANIFEST_FILE).write_text(text)
+    with pytest.raises(CheckpointError) as e:
+        load_draft(bad)
+    assert str(e.value).startswith(f"{bad / MANIFEST_FILE}: {what}") and str(e.value).endswith(MANIFEST_FIX)
+    one_error(invoke(["inspect", str(bad)]), f"{bad / MANIFEST_FILE}: {what}", MANIFEST_FIX)
+    (bad / MANIFEST_FILE).unlink()  # the advice works: the drafter loads without it, given the target
+    assert invoke(["inspect", str(bad), "--target", str(target)]).exit_code == 0
+
+
+def run_commands(draft, target, tmp_path):
+    """capture, regenerate --target and tune given `target`: each reads its config.json first."""
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    return {"capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
+            "regenerate": ["regenerate", str(data), str(tmp_path / "out.jsonl"), "--target", str(target),
+                           "--no-chat"],
+            "tune": ["tune", "--target", str(target), "--draft", str(draft), "--max-tokens", "2"]}
+
+
+@pytest.mark.parametrize("command", ["capture", "regenerate", "tune"])
+@pytest.mark.parametrize("kind", list(CORRUPT))
+def test_corrupt_target_config_of_run_commands(world, tmp_path, command, kind):
+    """transformers' OSError ("It looks like the config file ...") was a traceback (capture,
+    regenerate) or a line without the fix (tune)."""
+    draft, _, target = world
+    text, what = CORRUPT[kind]
+    bad = broken_copy(target, tmp_path / "bad", text)
+    one_error(invoke(run_commands(draft, bad, tmp_path)[command]), f"{bad}/{what}", TARGET_FIX)

@@ -1,0 +1,67 @@
+"""Every benchmark's tiny mode runs: `python benchmarks/X.py --tiny` (or the arguments SMOKE_RUNS
+names) exits 0 and prints its result line (a JSON object holding the key SMOKE_RUNS names). Each
+runs in its own process on the CPU, in seconds (tiny models; Triton's kernels in its
+interpreter); the figures are not checked: the point is that the benchmarks keep running as the
+package moves under them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 300  # a loaded 2-core machine; each takes seconds when idle
+
+# benchmark -> (its smoke-run arguments, a key its last JSON line holds)
+SMOKE_RUNS = {
+    "engine_speed.py": (["--tiny"], "goal_end_to_end"),
+    "triton_kernels.py": (["--tiny"], "attention_16_tokens"),
+    "pycode_speed.py": (["--tiny"], "tree5x4_16"),
+    "cpu_engine_overhead.py": (["--tiny"], "settings"),
+    "train_throughput.py": (["--tiny"], "tokens_per_s"),
+}
+
+pytestmark = pytest.mark.benchmarks
+
+
+def run_smoke(script: str, args: list[str]) -> subprocess.CompletedProcess:
+    """`python benchmarks/<script> <args>` from the repository root, importing this checkout."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], check=False, cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def last_json_line(stdout: str) -> dict:
+    """The last stdout line that parses as a JSON object."""
+    for line in reversed(stdout.splitlines()):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    raise AssertionError(f"no JSON result line in:\n{stdout}")
+
+
+def test_every_benchmark_has_a_smoke_run():
+    """A benchmark is a script in benchmarks/ (helpers such as tiny_pair.py have no __main__)."""
+    scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py") if '__name__ == "__main__"' in p.read_text()}
+    assert scripts == set(SMOKE_RUNS), "a benchmark without a smoke run (or a stale entry): edit SMOKE_RUNS"
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE_RUNS))
+def test_tiny_mode_runs(script):
+    if script == "triton_kernels.py" and importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed (the test extra installs it on Linux)")
+    args, key = SMOKE_RUNS[script]
+    result = run_smoke(script, args)
+    command = f"{script} {' '.join(args)}"
+    assert result.returncode == 0, f"{command} exited {result.returncode}:\n{result.stderr[-4000:]}"
+    line = last_json_line(result.stdout)
+    assert key in line, f"{command}: no {key!r} in {line}"

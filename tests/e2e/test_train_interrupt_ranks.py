@@ -1,0 +1,87 @@
+"""Ctrl-C under torchrun: the ranks checkpoint the step they agree on, and --resume goes on from it.
+
+A terminal's Ctrl-C sends SIGINT to torchrun's process group; torchrun (its elastic agent)
+passes it on to each worker and SIGKILLs those still alive after its shutdown timeout (30 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from specdraft.checkpoint import checkpoint_paths
+from specdraft.train import dist
+from tests.unit.train.test_train_loop import ONE_THREAD_ENV, REPO, needs_torchrun, read_metrics, small_config
+
+STEPS, SAVE_EVERY = 30, 1000  # no --save-every checkpoint before the end
+
+
+def wait_for_steps(run, proc: subprocess.Popen, steps: int, timeout: float) -> None:
+    """Poll rank 0's metrics.jsonl until it records `steps` training steps."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        log = run / "metrics.jsonl"
+        lines = log.read_text().splitlines() if log.exists() else []
+        if sum('"split": "train"' in line for line in lines) >= steps:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {steps} steps in {run} after {timeout} s (torchrun exit code {proc.poll()})")
+
+
+@needs_torchrun
+def test_ctrl_c_under_torchrun_checkpoints_the_current_step_and_resume_finishes(store, tmp_path):
+    """Ctrl-C (SIGINT to torchrun's process group) after a few steps of a 2-rank run: both
+    ranks write a sharded checkpoint of the step they agree on (step 3 or later; no --save-every
+    step), say so and exit within seconds; --resume continues from it to the last step (~14 s)."""
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(small_config(total_steps=STEPS, save_every=SAVE_EVERY, val_fraction=0.0).to_dict()))
+    run, out = tmp_path / "run", tmp_path / "out.txt"
+    command = ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "specdraft.cli", "train", str(store),
+               str(run), "--config", str(cfg)]
+    env = {**ONE_THREAD_ENV, "PYTHONPATH": str(REPO)}
+    with out.open("w") as log:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own process group, as a terminal's job
+    try:
+        wait_for_steps(run, proc, 3, timeout=60)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=25)  # well within torchrun's 30 s before it SIGKILLs the workers
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = out.read_text()
+    assert proc.returncode != 0, output[-3000:]
+    saved = checkpoint_paths(run)
+    assert len(saved) == 1, output[-3000:]
+    step = int(saved[0].name.removeprefix("step-"))
+    assert 3 <= step < STEPS and saved[0].is_dir() and len(list(saved[0].glob("*.distcp"))) == 2, saved
+    assert f"interrupted; newest checkpoint: {saved[0]}" in output, output[-3000:]
+    assert not list((run / "checkpoints").glob(".*"))  # no temp directory left
+    assert not (run / "draft").exists()
+
+    resumed = subprocess.run([*command, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {saved[0]}" in resumed.stdout
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, STEPS + 1))  # one run's log, each step once
+    manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
+    assert manifest["training"]["steps"] == STEPS
+
+
+def test_on_several_ranks_a_first_signal_is_only_noted_and_a_second_aborts_at_once():
+    """SIGTERM (as torchrun sends on shutdown) raises nothing; a second signal, here SIGINT,
+    raises KeyboardInterrupt where the rank is; the handlers from before are back after."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    ranks = dist.Ranks(rank=0, world=2, device=torch.device("cpu"), owns_group=False)
+    with pytest.raises(KeyboardInterrupt):
+        with dist.interrupt_flag(ranks):
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)
+            pytest.fail("the second signal did not abort")
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

@@ -1,0 +1,177 @@
+"""doctor's online_acceptance against a specdraft server on loopback (the trained tiny world):
+the healthy drafter passes with both rows, a server running a drafter with a wrong d2t fails
+naming the gap, an unreachable URL fails naming it."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+
+import pytest
+import torch
+
+from specdraft.doctor import run_doctor
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.serve.server import build_app, serve_in_thread
+from tests.doctor_helpers import edit_weights, served_world
+from tests.engine_helpers import one_thread, random_prompts  # noqa: F401 (fixture)
+from tests.serve_helpers import word_tokenizer
+
+SPEC = SpecConfig(num_steps=3, topk=1, num_draft_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(draft dir, target dir with a word tokenizer, samples.jsonl): the engine tests' tiny
+    smooth Llama and its briefly trained drafter (accepted ~50 %), saved with a manifest."""
+    return served_world(tmp_path_factory.mktemp("online"), word_tokenizer())
+
+
+def serve(target, draft):
+    return serve_in_thread(build_app(str(target), str(draft), SPEC, max_seq_len=128))
+
+
+def doctor(draft, target, samples, url):
+    return run_doctor(draft, target=target, samples=samples, server=url, max_samples=8).finding(
+        "online_acceptance")
+
+
+def with_shifted_d2t(draft, dst):
+    """A copy of `draft` at `dst` whose d2t sends every draft id to another's target id."""
+    shutil.copytree(draft, dst)
+
+    def shift(tensors):
+        key = next(k for k in tensors if k.endswith("d2t"))
+        d2t = tensors[key]
+        tensors[key] = torch.roll(d2t + torch.arange(len(d2t)), 7) - torch.arange(len(d2t))
+
+    edit_weights(dst, shift)
+    return dst
+
+
+def doctor_against_server(draft, served, target, samples):
+    """doctor's online finding for `draft` against a live server running `served`."""
+    server = serve(target, served)
+    try:
+        return doctor(draft, target, samples, server.url)
+    finally:
+        server.stop()
+
+
+def test_online_acceptance_healthy_server_passes(world):
+    draft, target, samples = world
+    finding = doctor_against_server(draft, draft, target, samples)
+    print(finding)
+    assert finding.verdict == "pass", finding
+    assert "online p_k [" in finding.evidence and "offline p_k [" in finding.evidence
+    assert "(specdraft)" in finding.evidence
+
+
+def test_online_acceptance_server_with_wrong_d2t_fails(world, tmp_path):
+    draft, target, samples = world
+    finding = doctor_against_server(draft, with_shifted_d2t(draft, tmp_path / "wrong"), target, samples)
+    print(finding)
+    assert finding.verdict == "fail", finding
+    assert "online p_1" in finding.evidence and "offline p_1" in finding.evidence
+    assert "vocab map (d2t)" in finding.fix
+
+
+def test_online_acceptance_server_running_another_drafter_fails(world, tmp_path):
+    """A server far better than the doctored checkpoint serves some other drafter."""
+    draft, target, samples = world
+    finding = doctor_against_server(with_shifted_d2t(draft, tmp_path / "broken"), draft, target, samples)
+    assert finding.verdict == "fail", finding
+    assert "accepts far more than this checkpoint" in finding.evidence and "another drafter" in finding.fix
+
+
+def test_online_acceptance_unreachable_server_fails(world):
+    draft, target, samples = world
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    finding = run_doctor(draft, target=target, samples=samples, server=url, max_samples=8,
+                         server_wait_s=0).finding("online_acceptance")
+    assert finding.verdict == "fail"
+    assert url in finding.evidence
+
+
+def test_online_acceptance_without_server_skips(world):
+    draft, target, samples = world
+    assert run_doctor(draft, target=target, samples=samples).finding("online_acceptance").verdict == "skip"
+
+
+def test_online_acceptance_unreachable_server_fails_without_samples(world):
+    draft, target, _ = world
+    finding = run_doctor(draft, target=target, server="http://127.0.0.1:1", server_wait_s=0).finding(
+        "online_acceptance")
+    assert finding.verdict == "fail" and "http://127.0.0.1:1" in finding.evidence
+
+
+def test_replayed_rounds_equal_the_engine_counts(world):
+    """The drafter alone replaying chain rounds on the engine's own outputs gives the engine's
+    verification steps and per-depth accepted counts exactly (both fp32 on the CPU)."""
+    from specdraft.data.render import Sample
+    from specdraft.doctor.evidence import Evidence
+    from specdraft.doctor.inputs import DoctorInputs
+    from specdraft.doctor.offline import run_on
+    from specdraft.engine.load import load_engine
+
+    draft, target, _ = world
+    engine = load_engine(target, draft, SPEC)
+    prompts = random_prompts(8, 12, seed=11)
+    results = [engine.generate(p, 40) for p in prompts]
+    served = [Sample(p + r.token_ids, [0] * len(p) + [1] * len(r.token_ids)) for p, r in zip(prompts, results)]
+    replay = run_on(Evidence(DoctorInputs(draft, target=target)), None, SPEC.num_steps, served, replay=True).metrics
+    steps = sum(r.metrics.num_verify_steps for r in results)
+    per_pos = [sum(r.metrics.accepted_per_position[k] for r in results
+                   if k < len(r.metrics.accepted_per_position)) for k in range(SPEC.num_steps)]
+    assert 0 < per_pos[0] < steps, per_pos  # a drafter that is neither always right nor always wrong
+    assert (int(replay.rounds), replay.round_accepted.tolist()) == (steps, per_pos)
+
+
+def test_replay_rounds_walks_the_chain():
+    """Each round accepts the leading hits of its column and moves by accepted + 1; a supervised
+    run is entered one token before it starts and left where it ends."""
+    from specdraft.train.loss import greedy_choices, replay_rounds
+
+    # K = 2 steps, T = 9 tokens
+    hits = torch.tensor([[0, 1, 0, 1, 1, 0, 1, 0, 0],
+                         [0, 1, 0, 0, 1, 0, 0, 0, 0]], dtype=torch.bool)
+
+    def from_(a: int, end: int = 9) -> torch.Tensor:
+        return torch.tensor([a <= i < end for i in range(9)])
+
+    # base 1: both hit -> base 4: both -> base 7: 7 + 2 = 9 is past the end.
+    assert replay_rounds(hits, from_(2)) == (2, [2, 2])
+    # base 0: miss -> 1: both -> 4: both -> 7: stop.
+    assert replay_rounds(hits, from_(1)) == (3, [2, 2])
+    # base 2: miss -> 3: one (step 1 misses) -> 5: miss -> 6: one -> 8: stop.
+    assert replay_rounds(hits, from_(3)) == (4, [2, 0])
+    # a run 2..5: base 1 accepts tokens 3 and 4 -> base 4: token 6 is outside; two runs add up.
+    assert replay_rounds(hits, from_(2, 6)) == (1, [1, 1])
+    assert replay_rounds(hits, from_(2, 6) | from_(8)) == (1, [1, 1])  # 7 + 2 = 9: no round
+    assert greedy_choices(torch.tensor([5, 6, 7, 8]), 2).tolist() == [[6, 7, -1, -1], [7, -1, -1, -1]]
+
+
+def test_validation_replays_the_rounds_of_the_ttt_depth():
+    """ttt_loss(replay=True) counts the rounds replay_rounds walks on each row, with the
+    target's argmax as the greedy choice; without replay the counts stay zero."""
+    from specdraft.train.loss import TTTMetrics, greedy_choices, replay_rounds, ttt_loss, ttt_unroll
+    from tests.cases.test_case_fc14_ttt_attention import inputs, tiny_draft
+
+    draft = tiny_draft(0)
+    ids, aux = inputs(4, t_len=12)
+    logits = torch.randn(1, 12, 48, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    mask = torch.zeros(1, 12, dtype=torch.bool)
+    mask[0, 3:] = True
+    with torch.no_grad():
+        plain = ttt_loss(draft, ids, aux, logits, mask, ttt_steps=3)
+        out = ttt_loss(draft, ids, aux, logits, mask, ttt_steps=3, replay=True)
+        drafts = torch.stack([draft.draft_to_target(o.logits[0].argmax(-1)) for o in ttt_unroll(draft, ids, aux, 3)])
+    assert int(plain.rounds) == 0 and plain.round_accepted.tolist() == [0, 0, 0]
+    want = replay_rounds(drafts == greedy_choices(logits[0].argmax(-1), 3), mask[0])
+    assert (int(out.rounds), out.round_accepted.tolist()) == want and want[0] >= 3
+    metrics = TTTMetrics.zeros(3)
+    metrics.add(out)
+    assert metrics.replayed_tau() == 1 + sum(want[1]) / want[0]

@@ -1,0 +1,104 @@
+"""`specdraft export` of the intermediate checkpoints that `train --save-every` writes.
+
+Same tiny seeded target and synthetic store as test_train_loop.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdraft.checkpoint import CheckpointError, load_draft
+from specdraft.export import export_draft
+from specdraft.train.loop import Trainer, train
+from specdraft.train.run_dir import write_sharded_checkpoint
+from specdraft.train.sources import StoreData
+from tests.cli.test_cli import flat, invoke
+from tests.unit.train.test_train_loop import one_thread, small_config  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def run(store, tmp_path_factory):
+    """A finished 6-step run with checkpoints at steps 3 and 6 (validation at both)."""
+    out = tmp_path_factory.mktemp("export_ckpt") / "run"
+    train(small_config(total_steps=6, save_every=3, eval_every=3), store, out, progress=False)
+    return out
+
+
+def checkpoint_weights(path) -> dict[str, torch.Tensor]:
+    """The drafter tensors a step-N.pt holds, as an export names them (shared embedding left out)."""
+    model = torch.load(path, weights_only=False)["model"]
+    return {k.removeprefix("draft."): v for k, v in model.items() if k != "draft.embed_tokens.weight"}
+
+
+def test_cli_exports_an_intermediate_checkpoint_and_its_manifest_says_which_step(run, tmp_path):
+    step3 = run / "checkpoints" / "step-00000003.pt"
+    result = invoke(["export", str(step3), str(tmp_path / "out"), "--engine", "sglang"])
+    assert result.exit_code == 0, result.output
+    assert f"note: the drafter of training checkpoint {step3} (step 3); its manifest records the step" in \
+        flat(result.output)
+    written = load_file(str(tmp_path / "out" / "model.safetensors"))
+    expected = checkpoint_weights(step3)
+    assert written.keys() == expected.keys()
+    for key, tensor in expected.items():
+        assert torch.equal(written[key], tensor), key
+    final = load_file(str(run / "draft" / "model.safetensors"))
+    assert not torch.equal(final["fc.weight"], written["fc.weight"])  # step 3's weights, not the end's
+
+    manifest = json.loads((tmp_path / "out" / "specdraft_manifest.json").read_text())
+    final_manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
+    training = manifest.pop("training")
+    assert training["steps"] == 3 and training["checkpoint"] == str(step3)
+    assert training["train"]["step"] == 3 and training["validation"]["step"] == 3
+    assert training["config"] == final_manifest["training"]["config"]
+    assert manifest.pop("extra") == {"export": {"engine": "sglang"}}
+    assert manifest == {k: v for k, v in final_manifest.items() if k not in ("training", "extra")}
+    loaded = load_draft(tmp_path / "out")
+    assert loaded.layout == "specdraft" and loaded.manifest.training["steps"] == 3
+
+
+def test_a_sharded_checkpoint_exports_the_same_drafter(store, run, tmp_path):
+    """The same step written as a torch.distributed.checkpoint directory (as several ranks write
+    it) exports the same tensors and manifest as the step-N.pt file."""
+    step3 = run / "checkpoints" / "step-00000003.pt"
+    trainer = Trainer(small_config(total_steps=6, save_every=3, eval_every=3), StoreData(store))
+    trainer.load_state(torch.load(step3, weights_only=False), step3)
+    sharded = write_sharded_checkpoint(trainer, tmp_path / "sharded")
+    assert sharded.name == "step-00000003" and (sharded / "trainer.pt").is_file()
+    from_file = export_draft(step3, tmp_path / "a", engine="vllm")
+    from_dir = export_draft(sharded, tmp_path / "b", engine="vllm")
+    assert from_file.num_tensors == from_dir.num_tensors
+    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ma, mb = (json.loads((tmp_path / d / "specdraft_manifest.json").read_text()) for d in "ab")
+    assert mb["training"].pop("checkpoint") == str(sharded) and ma["training"].pop("checkpoint") == str(step3)
+    assert ma == mb
+
+
+def test_a_checkpoint_without_manifest_names_the_command_that_makes_an_exportable_drafter(run, tmp_path):
+    """Checkpoints of specdraft before they carried the manifest: a one-line error with the fix."""
+    state = torch.load(run / "checkpoints" / "step-00000003.pt", weights_only=False)
+    del state["manifest"]
+    old = tmp_path / "old" / "checkpoints" / "step-00000003.pt"
+    old.parent.mkdir(parents=True)
+    torch.save(state, old)
+    result = invoke(["export", str(old), str(tmp_path / "out"), "--engine", "sglang"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: ") and len(result.output.strip().splitlines()) == 1, result.output
+    assert (f"{old}: this checkpoint carries no drafter manifest (written by an older specdraft), so it cannot be "
+            f"exported; finish its run (specdraft train SOURCE {tmp_path / 'old'} --resume) and export "
+            f"{tmp_path / 'old' / 'draft'}") in flat(result.output)
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_of_a_file_that_is_no_checkpoint_names_what_it_takes(run, tmp_path):
+    weights = run / "draft" / "model.safetensors"
+    with pytest.raises(CheckpointError, match=f"{weights} is a file but no training checkpoint; pass a drafter "
+                                              r"directory .* or a training checkpoint \(RUN/checkpoints/step-N.pt\) "
+                                              rf"\(a drafter here would be {run / 'draft'}\)"):
+        export_draft(weights, tmp_path / "out", engine="sglang")
+    missing = invoke(["export", str(tmp_path / "nowhere"), str(tmp_path / "out"), "--engine", "sglang"])
+    assert missing.exit_code == 1 and f"{tmp_path / 'nowhere'}: no such file or directory" in flat(missing.output)
