@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import shutil
@@ -413,6 +414,179 @@ def check_passed(report: dict, tolerance: float = 1e-4) -> list[str]:
     return failures
 
 
+# ---- the speed table (CUDA, bf16, compile=True) -------------------------------------------------
+BENCH_SETTINGS = {"plain": None, **{f"chain{n}": SpecConfig.chain(n) for n in range(1, 8)},
+                  "tree4x2_8": SpecConfig(4, 2, 8), "tree4x4_16": SpecConfig(4, 4, 16),
+                  "tree5x4_16": SpecConfig(5, 4, 16), "tree6x8_32": SpecConfig(6, 8, 32)}
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, iters: int = 30) -> float:
+    """Median GPU time of one replay (CUDA events around the replay alone), after 3 warm-ups."""
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def verify_ms(engine: SpeculativeEngine, t: int, prefix: int) -> float:
+    """GPU time of the engine's graphed target forward over T = t tokens after `prefix` cached
+    ones (the graph with every input on the device; the engine's own placement differs only in
+    the staging copy)."""
+    size, device = engine.max_seq_len, engine.device
+    ids, positions, slots, mask = engine.graphed.device_inputs(t, size)
+    graph = engine.graphed.graph(t, size, (False,) * 4)[0]
+    ids.random_(0, engine.target.args.vocab_size)
+    positions.copy_(prefix + torch.arange(t, device=device)[None])
+    slots.copy_(prefix + torch.arange(t, device=device))
+    mask.copy_(causal_mask(prefix, t, size, device=device))
+    return replay_ms(graph)
+
+
+def draft_round_ms(engine: SpeculativeEngine, acceptance: list[float], prefix: int) -> float | None:
+    """GPU time of a graphed greedy draft round, averaged over the rounds' numbers of pending
+    positions m = accepted + 1 as the run saw them (P(accepted >= a) = acceptance[a - 1])."""
+    rounds = engine.run_round
+    if rounds is None:
+        return None
+    steps = engine.spec.num_steps
+    at_least = [1.0] + list(acceptance) + [0.0] * (steps + 1)
+    total = 0.0
+    for accepted in range(steps + 1):
+        weight = at_least[accepted] - at_least[accepted + 1]
+        m = min(accepted + 1, max(rounds.graphs))
+        graph, (_, _, start), _ = rounds.graphs[m]
+        start.fill_(prefix)
+        total += weight * replay_ms(graph) if weight > 0 else 0.0
+    return total
+
+
+def copy_bandwidth_gbs(num_bytes: int = 4 << 30) -> float:
+    """GB/s of a device-to-device copy: (read + written) bytes / median time."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(13):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    del src, dst
+    return 2 * num_bytes / statistics.median(times[3:]) / 1e9
+
+
+def weight_bytes(target: FastTarget) -> int:
+    """Bytes a decode step reads: every weight but the input embedding (a tied head counts once)."""
+    params = {id(p): p for n, p in target.named_parameters() if not n.startswith("tok_embeddings")}
+    params[id(target.output.weight)] = target.output.weight
+    return sum(p.numel() * p.element_size() for p in params.values())
+
+
+def bench_setting(pair: Pair, spec: SpecConfig | None, prompts: list[list[int]], new_tokens: int) -> tuple[dict, list]:
+    """One row of the table: decode tokens/s (after each prefill), tau, per-round times (the
+    engine's split and the GPU's kernels), and the outputs."""
+    engine, _, _ = generate_all(pair, spec, [p for p in prompts[:2]], 16, compile=True)  # compiles, captures
+    results = [engine.generate(p, new_tokens) for p in prompts]
+    ms = [r.metrics for r in results]
+    seconds = sum(m.time_total_s - m.time_prefill_s for m in ms)
+    tokens = sum(len(r.token_ids) - 1 for r in results)
+    rounds = sum(m.num_verify_steps for m in ms)
+    merged = ms[0]
+    for m in ms[1:]:
+        merged = merged.merge(m)
+    prefix = len(prompts[0]) + new_tokens // 2
+    t = spec.num_draft_tokens if spec else 1
+    kernel_verify = verify_ms(engine, t, prefix)
+    kernel_draft = draft_round_ms(engine, merged.acceptance_per_position, prefix) if spec else 0.0
+    tau = merged.accept_length
+    row = {"tokens_per_s": tokens / seconds, "tau": tau, "verify_tokens": t, "rounds": rounds,
+           "round_ms": 1e3 * seconds / rounds,
+           "engine_split_ms_per_round": {k: 1e3 * getattr(merged, f"time_{k}_s") / rounds
+                                         for k in ("draft", "verify", "other")},
+           "kernel_verify_ms": kernel_verify, "kernel_draft_round_ms": kernel_draft,
+           "acceptance_per_position": merged.acceptance_per_position,
+           "kernels": {"target": engine.target_kernels, "draft": engine.draft_kernels}}
+    if kernel_draft is not None:
+        kernel = kernel_verify + kernel_draft
+        row |= {"model_tokens_per_s": 1e3 * tau / kernel, "measured_over_model": tokens / seconds / (1e3 * tau / kernel),
+                "host_ms_per_round": 1e3 * seconds / rounds - kernel}
+    del engine
+    return row, [r.token_ids for r in results]
+
+
+def bench(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_tokens: int,
+          out: Path | None, run_tune: bool, settings: list[str] | None = None) -> None:
+    """The table on CUDA: every setting of BENCH_SETTINGS (or `settings`), one JSON line each."""
+    def report(key: str, value) -> None:
+        line = json.dumps({key: value}, default=str)
+        print(line, flush=True)
+        if out is not None:
+            with out.open("a") as f:
+                f.write(line + "\n")
+
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    pair = build_pair(model_dir, draft_dir, shape, "cuda", torch.bfloat16)
+    torch.cuda.synchronize()
+    bandwidth, weights = copy_bandwidth_gbs(), weight_bytes(pair.target)
+    report("setup", {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": dataclasses.asdict(shape),
+                     "draft": str(draft_dir), "draft_config": pair.draft.cfg.to_dict(), "weight_bytes": weights,
+                     "copy_bandwidth_gb_s": bandwidth, "roofline_tokens_per_s": bandwidth * 1e9 / weights,
+                     "build_s": time.perf_counter() - start, "prompts": num_prompts, "new_tokens": new_tokens})
+    prompts = load_prompts(model_dir, num_prompts)
+    plain, decode_ms = None, None
+    for name in settings or list(BENCH_SETTINGS):
+        spec = BENCH_SETTINGS[name]
+        try:
+            row, outputs = bench_setting(pair, spec, prompts, new_tokens)
+        except Exception as e:  # report and go on with the other settings
+            report(name, {"error": f"{type(e).__name__}: {e}"})
+            continue
+        if spec is None:
+            plain, decode_ms = (outputs, row["tokens_per_s"]), row["kernel_verify_ms"]
+            row["model_tokens_per_s"] = 1e3 / decode_ms
+            row["measured_over_model"] = row["tokens_per_s"] / row["model_tokens_per_s"]
+        if plain is not None:
+            row["speedup"] = row["tokens_per_s"] / plain[1]
+            row["outputs_equal_plain"] = sum(a == b for a, b in zip(outputs, plain[0]))
+            if decode_ms and "model_tokens_per_s" in row:
+                row["model_speedup"] = row["model_tokens_per_s"] * decode_ms / 1e3
+        report(name, row)
+    if run_tune:
+        report("tune", tune_shell(pair, prompts))
+
+
+def tune_shell(pair: Pair, prompts: list[list[int]]) -> dict:
+    """specdraft's tuner on the shell, its engines built with compile=True as the table's are
+    (`tune` has no compile option: its module's SpeculativeEngine is replaced for the call)."""
+    import specdraft.tune as tuner
+
+    start = time.perf_counter()
+    tuner.SpeculativeEngine = functools.partial(SpeculativeEngine, compile=True)
+    try:
+        report = tuner.tune(pair.target, pair.draft, prompts,
+                            tuner.TuneConfig(max_new_tokens=64, probe_steps=7, repeats=3))
+    finally:
+        tuner.SpeculativeEngine = SpeculativeEngine
+    spec_text = tuner.spec_text
+    rec = report.recommendation
+    measured = {spec_text(c.spec): {"predicted_tps": c.predicted_tps, "measured_tps": c.measured_tps,
+                                    "speedup": c.speedup, "tau": c.measured_tau}
+                for c in report.candidates if c.measured_tps}
+    return {"recommendation": spec_text(rec.spec) if rec else None, "measured": measured,
+            "plain_measured_tps": report.plain_measured_tps,
+            "top_predicted": [{"spec": spec_text(c.spec), "predicted_tps": c.predicted_tps, "tau": c.predicted_tau}
+                              for c in report.candidates[:8]],
+            "seconds": time.perf_counter() - start}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, required=True, help="the small target (the pycode-25m directory)")
@@ -425,6 +599,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, help="default: 32 (--check), 128 (--bench)")
     parser.add_argument("--out", type=Path, help="--bench: also append the JSON lines here")
     parser.add_argument("--tune", action="store_true", help="--bench: also run specdraft's tuner on the shell")
+    parser.add_argument("--settings", help="--bench: comma-separated names of BENCH_SETTINGS (default: all)")
     args = parser.parse_args()
     if args.check:
         torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -441,7 +616,7 @@ def main() -> None:
         print(f"wrote {args.save / 'target'} and {args.save / 'draft'}")
     if args.bench:
         bench(args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], args.prompts or 8, args.new_tokens or 128,
-              args.out, args.tune)
+              args.out, args.tune, args.settings.split(",") if args.settings else None)
 
 
 if __name__ == "__main__":
