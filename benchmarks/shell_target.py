@@ -339,12 +339,13 @@ def save_pair(model_dir: Path, draft_dir: Path, shape: Shape, out: Path) -> None
 
 
 # ---- the check (CPU, float32) ------------------------------------------------------------------
-def load_prompts(model_dir: Path, count: int, tokens: int = 64) -> list[list[int]]:
-    """The first `tokens` ids of the committed drafter's held-out prompts."""
+def load_prompts(model_dir: Path, count: int, tokens: int = 64, path: Path = ASSETS / "prompts.jsonl") -> list[list[int]]:
+    """The first `tokens` ids of the first `count` prompts of `path` (JSON lines with "text"; by
+    default the committed drafter's held-out prompts)."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    with open(ASSETS / "prompts.jsonl") as f:
+    with open(path) as f:
         return [tokenizer.encode(json.loads(line)["text"]).ids[:tokens] for line in f][:count]
 
 
@@ -522,7 +523,8 @@ def bench_setting(pair: Pair, spec: SpecConfig | None, prompts: list[list[int]],
 
 
 def bench(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_tokens: int,
-          out: Path | None, run_tune: bool, settings: list[str] | None = None) -> None:
+          out: Path | None, run_tune: bool, settings: list[str] | None = None,
+          prompt_file: Path = ASSETS / "prompts.jsonl") -> None:
     """The table on CUDA: every setting of BENCH_SETTINGS (or `settings`), one JSON line each."""
     def report(key: str, value) -> None:
         line = json.dumps({key: value}, default=str)
@@ -540,7 +542,7 @@ def bench(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_
                      "draft": str(draft_dir), "draft_config": pair.draft.cfg.to_dict(), "weight_bytes": weights,
                      "copy_bandwidth_gb_s": bandwidth, "roofline_tokens_per_s": bandwidth * 1e9 / weights,
                      "build_s": time.perf_counter() - start, "prompts": num_prompts, "new_tokens": new_tokens})
-    prompts = load_prompts(model_dir, num_prompts)
+    prompts = load_prompts(model_dir, num_prompts, path=prompt_file)
     plain, decode_ms = None, None
     for name in settings or list(BENCH_SETTINGS):
         spec = BENCH_SETTINGS[name]
@@ -595,6 +597,8 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="CPU float32: the shell equals the small pair")
     parser.add_argument("--save", type=Path, help="write the shell pair here (target/, draft/)")
     parser.add_argument("--bench", action="store_true", help="CUDA: the speed table")
+    parser.add_argument("--prompt-file", type=Path, default=ASSETS / "prompts.jsonl",
+                        help="--bench: JSON lines with \"text\" (default: the committed drafter's held-out prompts)")
     parser.add_argument("--prompts", type=int, help="default: 4 (--check), 8 (--bench)")
     parser.add_argument("--new-tokens", type=int, help="default: 32 (--check), 128 (--bench)")
     parser.add_argument("--out", type=Path, help="--bench: also append the JSON lines here")
@@ -616,7 +620,7 @@ def main() -> None:
         print(f"wrote {args.save / 'target'} and {args.save / 'draft'}")
     if args.bench:
         bench(args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], args.prompts or 8, args.new_tokens or 128,
-              args.out, args.tune, args.settings.split(",") if args.settings else None)
+              args.out, args.tune, args.settings.split(",") if args.settings else None, args.prompt_file)
 
 
 if __name__ == "__main__":
