@@ -436,6 +436,7 @@ def replay_ms(graph: torch.cuda.CUDAGraph, iters: int = 30) -> float:
     return statistics.median(times)
 
 
+@torch.inference_mode()  # the engine's graph inputs are inference tensors
 def verify_ms(engine: SpeculativeEngine, t: int, prefix: int) -> float:
     """GPU time of the engine's graphed target forward over T = t tokens after `prefix` cached
     ones (the graph with every input on the device; the engine's own placement differs only in
@@ -450,6 +451,7 @@ def verify_ms(engine: SpeculativeEngine, t: int, prefix: int) -> float:
     return replay_ms(graph)
 
 
+@torch.inference_mode()
 def draft_round_ms(engine: SpeculativeEngine, acceptance: list[float], prefix: int) -> float | None:
     """GPU time of a graphed greedy draft round, averaged over the rounds' numbers of pending
     positions m = accepted + 1 as the run saw them (P(accepted >= a) = acceptance[a - 1])."""
