@@ -567,6 +567,43 @@ def bench(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_
         report("tune", tune_shell(pair, prompts))
 
 
+ROUND_PHASES = ("draft_tree", "forward_in_place", "read_selected", "forward_target", "accept", "commit", "emit")
+
+
+def phase_times(pair: Pair, spec: SpecConfig, prompts: list[list[int]], new_tokens: int) -> dict:
+    """Host milliseconds per round in each of the engine's round methods (wall time of the call,
+    no added syncs: a method that reads the device back also waits for the GPU there), and in
+    the target's cache compaction (inside `commit`), with how many rounds compacted."""
+    engine, _, _ = generate_all(pair, spec, prompts[:2], 16, compile=True)
+    spent: dict[str, float] = dict.fromkeys([*ROUND_PHASES, "compact_cache"], 0.0)
+    calls: dict[str, int] = dict.fromkeys(spent, 0)
+
+    def timed(owner, name: str) -> None:
+        method = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - start
+                calls[name] += 1
+        setattr(owner, name, wrapper)
+
+    for name in ROUND_PHASES:
+        timed(engine, name)
+    timed(pair.target, "compact_cache")
+    try:
+        results = [engine.generate(p, new_tokens) for p in prompts]
+    finally:
+        del pair.target.compact_cache  # the instance attribute: the class's method again
+    rounds = sum(r.metrics.num_verify_steps for r in results)
+    seconds = sum(r.metrics.time_total_s - r.metrics.time_prefill_s for r in results)
+    return {"round_ms": 1e3 * seconds / rounds, "rounds": rounds,
+            "ms_per_round": {k: 1e3 * v / rounds for k, v in spent.items()},
+            "calls": calls}
+
+
 def tune_shell(pair: Pair, prompts: list[list[int]]) -> dict:
     """specdraft's tuner on the shell, its engines built with compile=True as the table's are
     (`tune` has no compile option: its module's SpeculativeEngine is replaced for the call)."""
@@ -605,6 +642,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, help="default: 32 (--check), 128 (--bench)")
     parser.add_argument("--out", type=Path, help="--bench: also append the JSON lines here")
     parser.add_argument("--tune", action="store_true", help="--bench: also run specdraft's tuner on the shell")
+    parser.add_argument("--phases", action="store_true",
+                        help="--bench: host time per round in each engine method instead of the table")
     parser.add_argument("--settings", help="--bench: comma-separated names of BENCH_SETTINGS (default: all)")
     args = parser.parse_args()
     if args.check:
@@ -620,7 +659,12 @@ def main() -> None:
     if args.save:
         save_pair(args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], args.save)
         print(f"wrote {args.save / 'target'} and {args.save / 'draft'}")
-    if args.bench:
+    if args.bench and args.phases:
+        pair = build_pair(args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], "cuda", torch.bfloat16)
+        prompts = load_prompts(args.model, args.prompts or 8, path=args.prompt_file)
+        for name in (args.settings or "chain6,tree5x4_16").split(","):
+            print(json.dumps({name: phase_times(pair, BENCH_SETTINGS[name], prompts, args.new_tokens or 128)}), flush=True)
+    elif args.bench:
         bench(args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], args.prompts or 8, args.new_tokens or 128,
               args.out, args.tune, args.settings.split(",") if args.settings else None, args.prompt_file)
 
