@@ -45,8 +45,13 @@ from torch import Tensor
 
 from specdraft.checkpoint import load_draft, save_draft
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.engine.fast_model import (FastTarget, ModelArgs, causal_mask, checkpoint_destinations,
-                                        load_fast_target)
+from specdraft.engine.fast_model import (
+    FastTarget,
+    ModelArgs,
+    causal_mask,
+    checkpoint_destinations,
+    load_fast_target,
+)
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 
@@ -256,7 +261,8 @@ def shell_draft_config(cfg: DraftConfig, shape: Shape, target_layers: int) -> Dr
         cfg, hidden_size=shape.hidden_size, num_attention_heads=shape.num_heads,
         num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
         intermediate_size=max(shape.intermediate_size, cfg.intermediate_size), target_hidden_size=shape.hidden_size,
-        aux_layers=tuple(shell_layer(k, target_layers, shape.num_layers) for k in cfg.aux_layers), target_num_layers=shape.num_layers,
+        aux_layers=tuple(shell_layer(k, target_layers, shape.num_layers) for k in cfg.aux_layers),
+        target_num_layers=shape.num_layers,
         rope_theta=heads.rope_theta(cfg.rope_theta), rms_norm_eps=cfg.rms_norm_eps * heads.eps_scale)
 
 
@@ -307,7 +313,10 @@ class Pair:
 
 def build_pair(model_dir: Path, draft_dir: Path, shape: Shape | None, device: str, dtype: torch.dtype) -> Pair:
     """The small pair (shape None) or its shell, on `device` in `dtype`."""
-    target = load_fast_target(model_dir, dtype, device) if shape is None else build_target(model_dir, shape, device, dtype)
+    if shape is None:
+        target = load_fast_target(model_dir, dtype, device)
+    else:
+        target = build_target(model_dir, shape, device, dtype)
     loaded = load_draft(draft_dir, device=device, dtype=dtype)
     draft = loaded.model
     if shape is None:
@@ -339,7 +348,8 @@ def save_pair(model_dir: Path, draft_dir: Path, shape: Shape, out: Path) -> None
 
 
 # ---- the check (CPU, float32) ------------------------------------------------------------------
-def load_prompts(model_dir: Path, count: int, tokens: int = 64, path: Path = ASSETS / "prompts.jsonl") -> list[list[int]]:
+def load_prompts(model_dir: Path, count: int, tokens: int = 64,
+                 path: Path = ASSETS / "prompts.jsonl") -> list[list[int]]:
     """The first `tokens` ids of the first `count` prompts of `path` (JSON lines with "text"; by
     default the committed drafter's held-out prompts)."""
     from tokenizers import Tokenizer
@@ -355,7 +365,8 @@ def prefill(target: FastTarget, ids: list[int], aux_layers: tuple[int, ...]) -> 
     n = len(ids)
     device = target.output.weight.device
     target.setup_cache(1, n)
-    out = target(torch.tensor([ids], device=device), torch.arange(n, device=device)[None], torch.arange(n, device=device),
+    positions = torch.arange(n, device=device)
+    out = target(torch.tensor([ids], device=device), positions[None], positions,
                  causal_mask(0, n, n, device=device), aux_layers)
     return out.logits[0], out.aux_hidden[0]
 
@@ -518,7 +529,8 @@ def bench_setting(pair: Pair, spec: SpecConfig | None, prompts: list[list[int]],
            "kernels": {"target": engine.target_kernels, "draft": engine.draft_kernels}}
     if kernel_draft is not None:
         kernel = kernel_verify + kernel_draft
-        row |= {"model_tokens_per_s": 1e3 * tau / kernel, "measured_over_model": tokens / seconds / (1e3 * tau / kernel),
+        model = 1e3 * tau / kernel
+        row |= {"model_tokens_per_s": model, "measured_over_model": tokens / seconds / model,
                 "host_ms_per_round": 1e3 * seconds / rounds - kernel}
     del engine
     return row, [r.token_ids for r in results]
@@ -540,7 +552,8 @@ def bench(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_
     pair = build_pair(model_dir, draft_dir, shape, "cuda", torch.bfloat16)
     torch.cuda.synchronize()
     bandwidth, weights = copy_bandwidth_gbs(), weight_bytes(pair.target)
-    report("setup", {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": dataclasses.asdict(shape),
+    report("setup", {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                     "shape": dataclasses.asdict(shape),
                      "draft": str(draft_dir), "draft_config": pair.draft.cfg.to_dict(), "weight_bytes": weights,
                      "copy_bandwidth_gb_s": bandwidth, "roofline_tokens_per_s": bandwidth * 1e9 / weights,
                      "build_s": time.perf_counter() - start, "prompts": num_prompts, "new_tokens": new_tokens})
@@ -550,7 +563,7 @@ def bench(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_
         spec = BENCH_SETTINGS[name]
         try:
             row, outputs = bench_setting(pair, spec, prompts, new_tokens)
-        except Exception as e:  # report and go on with the other settings
+        except Exception as e:  # noqa: BLE001 (report and go on with the other settings)
             report(name, {"error": f"{type(e).__name__}: {e}"})
             continue
         if spec is None:
@@ -663,7 +676,8 @@ def main() -> None:
         pair = build_pair(args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], "cuda", torch.bfloat16)
         prompts = load_prompts(args.model, args.prompts or 8, path=args.prompt_file)
         for name in (args.settings or "chain6,tree5x4_16").split(","):
-            print(json.dumps({name: phase_times(pair, BENCH_SETTINGS[name], prompts, args.new_tokens or 128)}), flush=True)
+            times = phase_times(pair, BENCH_SETTINGS[name], prompts, args.new_tokens or 128)
+            print(json.dumps({name: times}), flush=True)
     elif args.bench:
         bench(args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], args.prompts or 8, args.new_tokens or 128,
               args.out, args.tune, args.settings.split(",") if args.settings else None, args.prompt_file)
