@@ -20,7 +20,12 @@ The construction (small: hidden H, head_dim d, L layers; shell: H' >= H, D >= d,
 
     python benchmarks/shell_target.py --model M --check                     # CPU: the shell equals the pair
     python benchmarks/shell_target.py --model M --save out/                 # out/target, out/draft (load_engine)
-    python benchmarks/shell_target.py --model M --bench --out results.jsonl # CUDA: the speed table (bf16, compile)
+    python benchmarks/shell_target.py --model M --bench --tune --out results.jsonl  # CUDA: the table, tune
+    python benchmarks/shell_target.py --model M --bench --phases --settings chain6,tree5x4_16  # host ms per method
+
+--bench: plain, chains 1-7 and trees (BENCH_SETTINGS) with `SpeculativeEngine(compile=True)` in bf16,
+each with tokens/s, tau, the GPU time of the engine's own verify graph and draft-round graph, the
+kernel-cost model tau / (verify + draft round) and measured / model. Results: benchmarks/results/shell.md.
 
 --model is the pycode-25m directory (../shared/models/pycode-25m); --draft defaults to the committed
 drafter (tests/assets/pycode25m_draft/draft).
