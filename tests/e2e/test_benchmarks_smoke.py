@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import PYCODE
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # a loaded 2-core machine; each takes seconds when idle
 
@@ -25,6 +27,8 @@ SMOKE_RUNS = {
     "pycode_speed.py": (["--tiny"], "tree5x4_16"),
     "cpu_engine_overhead.py": (["--tiny"], "settings"),
     "train_throughput.py": (["--tiny"], "tokens_per_s"),
+    "shell_target.py": (["--check", "--shape", "tiny", "--model", str(PYCODE), "--prompts", "1", "--new-tokens", "12"],
+                        "max_abs_logits_diff"),
 }
 
 pytestmark = pytest.mark.benchmarks
@@ -59,6 +63,8 @@ def test_every_benchmark_has_a_smoke_run():
 def test_tiny_mode_runs(script):
     if script == "triton_kernels.py" and importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed (the test extra installs it on Linux)")
+    if script == "shell_target.py" and not PYCODE.is_dir():
+        pytest.skip(f"{PYCODE} is absent: the shell check needs pycode-25m")
     args, key = SMOKE_RUNS[script]
     result = run_smoke(script, args)
     command = f"{script} {' '.join(args)}"

@@ -17,6 +17,11 @@ Steps, each a specdraft command recorded in `<work>/commands.txt`:
    folder's name (`pycode-25m`, found on a host as ../shared/models/pycode-25m), the work folder
    `$WORK`, paths inside this repository relative to its root. The committed files must not
    name the build machine's directories (tests/unit/test_assets_portable.py).
+
+`--size full` trains the full-size drafter instead (`train_config_full.json`: draft vocabulary
+4096, MLP 1408 wide as the target's, 4,000 steps; 12 MB in bf16, for GPU benchmarks such as
+benchmarks/shell_target.py, not committed) and exports it to `--out` (default <work>/draft-full);
+the held-out prompts then go to <work>/prompts.jsonl, leaving the committed ones as they are.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 PORTABLE_FILES = ("specdraft_manifest.json", "config.json")
+TRAIN_CONFIGS = {"small": HERE / "train_config.json", "full": HERE / "train_config_full.json"}
 WINDOW_CHARS = 320
 PROMPT_TOKENS = 64  # a prompt is the first 64 tokens of a window (about 200 characters)
 
@@ -100,8 +106,14 @@ def main() -> None:
     parser.add_argument("--test-prompts", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--train-steps", type=int, help="override train_config.json (smoke runs)")
+    parser.add_argument("--size", choices=sorted(TRAIN_CONFIGS), default="small",
+                        help="small: the committed CI drafter; full: the benchmark drafter (see above)")
+    parser.add_argument("--out", type=Path, help="export here (default: this folder's draft/ for small, "
+                                                  "<work>/draft-full for full)")
     args = parser.parse_args()
     work: Path = args.work
+    small = args.size == "small"
+    out = args.out or (HERE / "draft" if small else work / "draft-full")
     work.mkdir(parents=True, exist_ok=True)
     log = work / "commands.txt"
 
@@ -113,7 +125,7 @@ def main() -> None:
     train = windows(files[:-4 * args.test_prompts], rng)[:args.train_prompts]
     with (work / "train_prompts.jsonl").open("w") as f:
         f.writelines(json.dumps({"text": p}) + "\n" for p in train)
-    with (HERE / "prompts.jsonl").open("w") as f:
+    with ((HERE if small else work) / "prompts.jsonl").open("w") as f:
         f.writelines(json.dumps({"text": p}) + "\n" for p in test)
     print(f"{len(train)} training prompts, {len(test)} held-out prompts", flush=True)
 
@@ -124,11 +136,11 @@ def main() -> None:
     run(cli + ["capture", args.target, str(work / "regen.jsonl"), str(work / "store"), "--no-chat", "--skip-bad",
                "--device", args.device, "--max-length", "512"], log)
     precision = "bf16" if args.device.startswith("cuda") else "fp32"
-    run(cli + ["train", str(work / "store"), str(work / "run"), "--config", str(HERE / "train_config.json"),
+    run(cli + ["train", str(work / "store"), str(work / "run"), "--config", str(TRAIN_CONFIGS[args.size]),
                "--precision", precision, *(["--steps", str(args.train_steps)] if args.train_steps else [])], log)
-    run(cli + ["export", str(work / "run" / "draft"), str(HERE / "draft"), "--engine", "vllm",
+    run(cli + ["export", str(work / "run" / "draft"), str(out), "--engine", "vllm",
                "--target", args.target, "--dtype", "bf16"], log)
-    make_portable(HERE / "draft", Path(args.target), work)
+    make_portable(out, Path(args.target), work)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from tests.tiny_models import save_tiny_model, tiny_config, tiny_model
 NUM_LAYERS = 4
 MAX_SEQ = 32
 TOL = 1e-5
-PYCODE = Path("/work/shared/models/pycode-25m")
+from tests.paths import PYCODE
 
 # case -> (arch, tiny_config overrides); together: tied and untied heads, GQA, qkv bias,
 # qk-norm with head_dim != hidden/heads, and the three rope types.
