@@ -308,14 +308,14 @@ DRAFTER_HELP = "Draft checkpoint directory, or a training checkpoint (RUN/checkp
 
 def spec_from_flags(no_spec: bool, draft: str, num_steps: int, topk: int, num_draft_tokens: int):
     """The SpecConfig of the speculative flags (None with --no-spec); ValueError names the rule."""
-    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.engine.spec_config import SpecConfig, max_draft_tokens
 
     if no_spec:
         return None
     if not draft:
         raise ValueError("--draft CKPT is required for speculative decoding (or pass --no-spec)")
     if topk > 1 and not num_draft_tokens:
-        most = 1 + topk + (num_steps - 1) * topk ** 2  # SpecConfig.max_draft_tokens
+        most = max_draft_tokens(num_steps, topk)
         raise ValueError(f"--topk {topk} drafts a tree, which needs --num-draft-tokens (nodes verified per "
                          f"step incl. the root: 2..{most} with --num-steps {num_steps}), e.g. "
                          f"--num-draft-tokens {min(most, num_steps * topk + 1)}; or --topk 1 for a chain")

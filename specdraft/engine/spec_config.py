@@ -57,8 +57,8 @@ class SpecConfig:
 
     @property
     def max_draft_tokens(self) -> int:
-        """Nodes the expansion can produce including the root: 1 + topk + (steps - 1)·topk²."""
-        return 1 + self.topk + (self.num_steps - 1) * self.topk ** 2
+        """Nodes the expansion can produce including the root (`max_draft_tokens`)."""
+        return max_draft_tokens(self.num_steps, self.topk)
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -69,6 +69,12 @@ class SpecConfig:
         """The SGLang launch arguments that express this setting."""
         return ["--speculative-num-steps", str(self.num_steps), "--speculative-eagle-topk",
                 str(self.topk), "--speculative-num-draft-tokens", str(self.num_draft_tokens)]
+
+
+def max_draft_tokens(num_steps: int, topk: int) -> int:
+    """Nodes a tree of `num_steps` levels and `topk` children per node can verify, the root
+    included: 1 + topk + (num_steps - 1)·topk² (SGLang's bound on num_draft_tokens)."""
+    return 1 + topk + (num_steps - 1) * topk ** 2
 
 
 def chain_rule_message(num_steps: int, num_draft_tokens: int, engine: str = "sglang") -> str:
@@ -97,7 +103,7 @@ def smallest_tree(num_steps: int, num_draft_tokens: int) -> SpecConfig | None:
     if num_draft_tokens < 2:
         return None
     for topk in range(2, 9):
-        if 1 + topk + (num_steps - 1) * topk ** 2 >= num_draft_tokens:
+        if max_draft_tokens(num_steps, topk) >= num_draft_tokens:
             return SpecConfig(num_steps, topk, num_draft_tokens)
     steps = 1
     while 1 + 4 + (steps - 1) * 16 < num_draft_tokens:
