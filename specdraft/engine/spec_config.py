@@ -106,6 +106,6 @@ def smallest_tree(num_steps: int, num_draft_tokens: int) -> SpecConfig | None:
         if max_draft_tokens(num_steps, topk) >= num_draft_tokens:
             return SpecConfig(num_steps, topk, num_draft_tokens)
     steps = 1
-    while 1 + 4 + (steps - 1) * 16 < num_draft_tokens:
+    while max_draft_tokens(steps, 4) < num_draft_tokens:
         steps += 1
     return SpecConfig(steps, 4, num_draft_tokens)
