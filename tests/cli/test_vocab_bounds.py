@@ -16,7 +16,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specdraft.checkpoint import CheckpointError, MANIFEST_FILE
+from specdraft.checkpoint import MANIFEST_FILE, CheckpointError
 from specdraft.cli import app
 from specdraft.data.render import tokenizer_fingerprint
 from specdraft.doctor import run_doctor

@@ -15,12 +15,12 @@ import torch
 from typer.testing import CliRunner
 
 from specdraft.capture.store import StoreSettings
+from specdraft.capture.write import write_store
 from specdraft.checkpoint import load_draft
 from specdraft.cli import app
 from specdraft.conventions import target_ids_of_draft_vocab
 from specdraft.data.render import Sample, tokenizer_fingerprint
 from specdraft.target import load_target
-from specdraft.capture.write import write_store
 from specdraft.train.config import TrainConfig, split_samples
 from tests.tiny_models import tiny_config
 from tests.tiny_tokenizer import tiny_chat_tokenizer
