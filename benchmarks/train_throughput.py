@@ -81,8 +81,8 @@ class SyntheticData:
     def __len__(self) -> int:
         return 1 << 20
 
-    def token_counts(self) -> torch.Tensor:
-        return self.counts
+    def token_counts(self, sample_ids) -> torch.Tensor:
+        return self.counts  # synthetic counts: the same whatever the split
 
     def recompute_logits(self) -> torch.Tensor:
         """What StoreData does per batch: the target's logits from last_hidden."""

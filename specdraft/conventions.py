@@ -439,13 +439,16 @@ def _d2t_cause(d2t, t2d_ids, target, vocab_size: int) -> str | None:
 
 
 def validate_vocab_map(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vocab_size: int,
-                       draft_vocab_size: int) -> list[str]:
+                       draft_vocab_size: int, usable: int | None = None) -> list[str]:
     """Problems with a draft checkpoint's vocabulary map (FC-02); an empty list means valid.
 
     d2t: int64 [Vd] offsets; t2d: bool [V] or None. Engines read only d2t (vLLM treats a
     missing one as zeros = identity), so a missing, zeroed or direct-id d2t silently emits
     wrong target tokens. Causes are named only when sound: all zeros only when t2d disagrees;
     direct ids when d2t equals t2d's ids, or is a valid id list while arange + d2t is not.
+    usable: the tokenizer's length when shorter than vocab_size (`checkpoint.usable_vocab`):
+    target ids from it on are the embedding's padding rows, which no token has, and a map
+    into them is a problem; a draft vocabulary that is the whole target vocabulary (no map) is not.
     """
     if draft_vocab_size > vocab_size:
         return [f"draft_vocab_size {draft_vocab_size} exceeds the target vocabulary {vocab_size}"]
@@ -472,4 +475,19 @@ def validate_vocab_map(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vocab
     if t2d is not None and valid and not bool(t2d[target].all()):
         problems.append(f"t2d disagrees with d2t: {int((~t2d[target]).sum())} draft tokens map "
                         f"to target ids t2d does not mark; {_FIX}")
+    if valid and (padding := _padding_problem(target, vocab_size, usable)) is not None:
+        problems.append(padding)
     return problems
+
+
+def _padding_problem(target: torch.Tensor, vocab_size: int, usable: int | None) -> str | None:
+    """The draft ids `target` (their target ids) sends past the tokenizer's `usable` tokens."""
+    if usable is None or usable >= vocab_size or target.numel() == vocab_size:
+        return None
+    past = target >= usable
+    if not bool(past.any()):
+        return None
+    return (f"d2t maps {int(past.sum())} draft ids to target ids {int(target[past][0])}..{int(target.max())}, "
+            f"past the tokenizer's {usable} tokens (rows {usable}..{vocab_size - 1} of the target's "
+            f"embedding are padding no token has); retrain it (specdraft train keeps the draft "
+            f"vocabulary within the tokenizer) or rebuild d2t with build_vocab_map(..., vocab_limit={usable})")

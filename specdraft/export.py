@@ -34,6 +34,7 @@ from specdraft.checkpoint import (
     LoadedDraft,
     Manifest,
     check_output_dir,
+    check_vocab_map,
     fill_model,
     is_training_checkpoint,
     load_draft,
@@ -55,6 +56,7 @@ LAYOUT_OF_ENGINE = {"sglang": "sglang", "vllm": "sglang", "speculators": "specul
 # Which engine's reading of the written config must give back the training layers.
 READER_OF_ENGINE = {"sglang": "sglang", "vllm": "vllm", "speculators": "vllm"}
 NUM_AUX = 3  # SGLang and vLLM (which serves speculators files) hard-code three aux states
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # a directory's tokenizer
 SOURCE_FORMS = ("a drafter directory (config.json, model.safetensors) or a training checkpoint "
                 "(RUN/checkpoints/step-N.pt)")  # what export (and the engine's --draft) reads
 
@@ -288,7 +290,9 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     tensors (round to nearest; d2t / t2d keep theirs), None to keep the checkpoint's; the
     written tensors are then proven bit-identical to the cast. Writes to a temp directory, re-reads it strictly and
     proves every tensor bit-identical, then renames. Raises ExportError with the reason for
-    anything the engine would read differently from training; CheckpointError for a bad source.
+    anything the engine would read differently from training; CheckpointError for a bad source
+    (a wrong vocabulary map included, `checkpoint.check_vocab_map`). With `target`, its tokenizer
+    (when it has one) is compared with the manifest's record: a difference is a note.
     """
     if engine not in EXPORT_ENGINES:
         raise ExportError(f"unknown engine {engine!r}; choose one of {', '.join(EXPORT_ENGINES)}")
@@ -299,6 +303,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     facts = given or resolve_target(None, source.manifest)
     if facts is None:
         raise ExportError(f"{checkpoint}: no manifest to say what the target is; pass --target DIR")
+    check_vocab_map(source.model, source.manifest, checkpoint)
     cfg, layers = source.model.cfg, list(source.model.cfg.aux_layers)
     notes = _check_target(cfg, facts)
     if dtype is not None and parse_dtype(dtype) != source.model.fc.weight.dtype:
@@ -310,7 +315,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     notes += verifier_notes
     config = _config_for(engine, cfg, source.model.fc.weight.dtype, (top, nested), facts, verifier, spec)
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
-    notes += _source_notes(source, checkpoint)
+    notes += _source_notes(source, checkpoint) + _tokenizer_notes(source, checkpoint, target)
     return ExportResult(out_dir, engine, config, launch_command(engine, verifier or "TARGET",
                                                                 out_dir.resolve(), spec),
                         notes, num_tensors)
@@ -342,6 +347,25 @@ def _source_notes(source: LoadedDraft, checkpoint: str | Path) -> list[str]:
         return [f"the drafter of training checkpoint {checkpoint} (step {source.manifest.training['steps']}); "
                 "its manifest records the step"]
     return []
+
+
+def _tokenizer_notes(source: LoadedDraft, checkpoint: str | Path, target: str | Path | None) -> list[str]:
+    """The note on a --target tokenizer that differs from the manifest's (`engine.load.tokenizer_notes`);
+    none without --target, a manifest's tokenizer record, or tokenizer files in the target directory."""
+    from specdraft.engine.load import tokenizer_notes
+
+    if target is None or source.manifest is None or not source.manifest.tokenizer:
+        return []
+    if not any((Path(target) / name).is_file() for name in TOKENIZER_FILES):
+        return []
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
+    except (OSError, ValueError) as e:
+        return [f"{target}: its tokenizer cannot be read ({type(e).__name__}), so it is not compared with "
+                "the one the drafter was trained with"]
+    return tokenizer_notes(source.manifest, tokenizer, checkpoint, target)
 
 
 def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any], engine: str,

@@ -56,6 +56,7 @@ __all__ = [
     "load_draft", "load_training_checkpoint", "official_config", "read_config", "read_sharded", "replace_dir",
     "save_draft", "speculators_config", "state_dict_for_layout", "tensor_digest", "verify_same_tensors",
     "write_safetensors", "wrong_dir_message",
+    "check_vocab_map", "usable_vocab", "vocab_map_problems",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
@@ -231,12 +232,34 @@ def key_mismatch_message(file: Path, layout: str, unmatched: list[str], missing:
     return "; ".join(parts)
 
 
-def audit(model: Eagle3Draft) -> list[str]:
-    """Problems in a loaded drafter's tensors: NaN/Inf values and an invalid d2t/t2d map (FC-02)."""
+def usable_vocab(manifest: Manifest | None) -> int | None:
+    """How many target ids are tokens: the tokenizer length the manifest records (a target's
+    vocab_size may pad its embedding past it, as Qwen-family configs do), or None when unrecorded."""
+    length = ((manifest.tokenizer if manifest is not None else None) or {}).get("length")
+    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+
+
+def vocab_map_problems(model: Eagle3Draft, manifest: Manifest | None) -> list[str]:
+    """The one vocabulary-map rule (FC-02, `conventions.validate_vocab_map`), with the bound the
+    manifest records (`usable_vocab`): what inspect's audit, doctor, the engine and export refuse."""
+    cfg = model.cfg
+    return validate_vocab_map(model.d2t.cpu(), model.t2d.cpu(), cfg.vocab_size, cfg.draft_vocab_size,
+                              usable_vocab(manifest))
+
+
+def check_vocab_map(model: Eagle3Draft, manifest: Manifest | None, path: str | Path) -> None:
+    """Raise CheckpointError naming `path` when `vocab_map_problems` finds any."""
+    problems = vocab_map_problems(model, manifest)
+    if problems:
+        raise CheckpointError(f"{path}: its vocabulary map (d2t) is wrong: {'; '.join(problems)}")
+
+
+def audit(model: Eagle3Draft, manifest: Manifest | None = None) -> list[str]:
+    """Problems in a loaded drafter's tensors: NaN/Inf values and an invalid d2t/t2d map (FC-02,
+    `vocab_map_problems`: ids past the tokenizer's length the manifest records included)."""
     problems = [f"{name} holds NaN or Inf" for name, t in model.state_dict().items()
                 if t.is_floating_point() and not torch.isfinite(t).all()]
-    problems += validate_vocab_map(model.d2t, model.t2d, model.cfg.vocab_size, model.cfg.draft_vocab_size)
-    return problems
+    return problems + vocab_map_problems(model, manifest)
 
 
 def tensor_digest(t: torch.Tensor) -> str:

@@ -61,7 +61,7 @@ def inspect(
     elif loaded.manifest is not None:
         for line in _manifest_lines(json.loads(loaded.manifest.to_json())):
             console.print(line, markup=False, soft_wrap=True)
-    problems = audit(loaded.model)
+    problems = audit(loaded.model, loaded.manifest)
     for problem in problems:
         console.print(f"audit: FAIL {problem}", style="red", markup=False)
     if problems:

@@ -128,7 +128,7 @@ TRAIN_HELP = {
     "grad_accum_steps": "Micro-batches per step on each rank (1).",
     "max_length": "Truncate samples to this many tokens (2048).",
     "ttt_steps": "Training-time-test unroll steps (7).",
-    "draft_vocab_size": "Default: the target's vocabulary.",
+    "draft_vocab_size": "Default: the usable vocabulary, the tokenizer's length (vocab_size may pad past it).",
     "precision": "fp32 (default) | bf16 (CUDA autocast).",
     "target": "Target directory: the live target with --online; offline only when the store's recorded path moved.",
     "online": "Run --target on SOURCE's records at every step (no capture store).",

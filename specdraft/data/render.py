@@ -104,6 +104,17 @@ def tokenizer_fingerprint(tokenizer) -> dict[str, Any]:
             "pad_id": tokenizer.pad_token_id, "length": len(tokenizer)}
 
 
+def tokenizer_changes(recorded: dict[str, Any] | None, tokenizer) -> list[str]:
+    """What differs between a recorded `tokenizer_fingerprint` (a manifest's) and `tokenizer`'s:
+    "key recorded -> now" per field, hashes cut to 12 characters; [] when nothing was recorded."""
+    if not recorded:
+        return []
+    now = tokenizer_fingerprint(tokenizer)
+    short = lambda key, value: value[:12] if key == "vocab_hash" and isinstance(value, str) else value  # noqa: E731
+    return [f"{key} {short(key, value)} -> {short(key, now.get(key))}" for key, value in recorded.items()
+            if now.get(key) != value]
+
+
 def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict) -> str:
     return tokenizer.apply_chat_template(list(messages), tokenize=False,
                                          add_generation_prompt=add_generation_prompt, **kwargs)

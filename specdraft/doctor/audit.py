@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from specdraft.checkpoint import usable_vocab
 from specdraft.conventions import validate_vocab_map
 from specdraft.doctor.evidence import (
     Broken,
@@ -111,10 +112,15 @@ def vocab_map_valid(ev: Evidence) -> Result:
         raise Unavailable("no lm_head.weight, so the draft vocabulary size is unknown",
                           "see keys_match_engine")
     vocab = ev.facts.vocab_size
-    problems = validate_vocab_map(ev.tensors.get("d2t"), ev.tensors.get("t2d"), vocab, draft_vocab)
+    try:
+        usable = usable_vocab(ev.manifest)  # the tokenizer's length: ids past it are padding rows
+    except Unavailable:  # a damaged manifest is the manifest check's finding
+        usable = None
+    problems = validate_vocab_map(ev.tensors.get("d2t"), ev.tensors.get("t2d"), vocab, draft_vocab, usable)
     if problems:
         return fail("; ".join(problems), "rebuild the map with conventions.build_vocab_map and re-export")
     if "d2t" not in ev.tensors:
         return ok(f"no d2t, and the draft vocabulary is the target's ({vocab})")
     t2d = "consistent with t2d" if "t2d" in ev.tensors else "no t2d (engines do not read it)"
-    return ok(f"d2t maps {draft_vocab} draft ids to increasing target ids in [0, {vocab}); {t2d}")
+    bound = f"{usable}, the tokenizer's length" if usable is not None and usable < vocab else vocab
+    return ok(f"d2t maps {draft_vocab} draft ids to increasing target ids in [0, {bound}); {t2d}")

@@ -49,7 +49,7 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
         draft = loaded.model
     engine = SpeculativeEngine(target, draft, spec, None, max_seq_len, device, tokenizer, compile)
     if draft is not None:
-        engine.notes = pairing_notes(loaded.manifest, draft_dir, target_dir, spec)
+        engine.notes = pairing_notes(loaded.manifest, draft_dir, target_dir, spec, tokenizer)
     return engine
 
 
@@ -76,8 +76,8 @@ def load_paired_draft(draft_dir: str | Path, target: FastTarget, target_dir: str
     """The drafter at draft_dir (a drafter directory or a training checkpoint), in eval mode, in
     `dtype` on `device`, with the target's embedding unless it owns one: the loader's result
     (.model, .manifest). Raises ValueError when it was trained for another target (`check_trained_for`,
-    `check_manifest`)."""
-    from specdraft.checkpoint import is_training_checkpoint, load_draft, load_training_checkpoint
+    `check_manifest`), CheckpointError for a wrong vocabulary map (`checkpoint.check_vocab_map`)."""
+    from specdraft.checkpoint import check_vocab_map, is_training_checkpoint, load_draft, load_training_checkpoint
 
     if is_training_checkpoint(draft_dir):
         loaded = load_training_checkpoint(draft_dir)
@@ -89,6 +89,7 @@ def load_paired_draft(draft_dir: str | Path, target: FastTarget, target_dir: str
     if not draft.cfg.owns_embedding:
         draft.load_target_embedding(target.tok_embeddings.weight)
     check_manifest(loaded.manifest, draft, target, Path(draft_dir))
+    check_vocab_map(draft, loaded.manifest, draft_dir)
     return loaded
 
 
@@ -115,12 +116,14 @@ def check_trained_for(manifest: Any, draft: Eagle3Draft, target: FastTarget, dra
                      f"pass the target it was trained for, or a drafter trained for {target_dir}")
 
 
-def pairing_notes(manifest: Any, draft_dir: str | Path, target_dir: str | Path, spec: SpecConfig) -> list[str]:
+def pairing_notes(manifest: Any, draft_dir: str | Path, target_dir: str | Path, spec: SpecConfig,
+                  tokenizer: Any = None) -> list[str]:
     """What loads but is not what the drafter was trained for (each a one-line note; the sizes
     were checked before): a target config whose hash differs from the manifest's record (the same
     sizes, e.g. another rope_theta: the aux states move; a transformers release that adds config
-    fields changes the hash too, so this is a note, not an error), and num_steps past the
-    drafter's TTT steps (positions training never unrolled to). No manifest: nothing to compare."""
+    fields changes the hash too, so this is a note, not an error), a tokenizer (when given) whose
+    fingerprint differs from the manifest's (`tokenizer_notes`), and num_steps past the drafter's
+    TTT steps (positions training never unrolled to). No manifest: nothing to compare."""
     from transformers import AutoConfig
 
     from specdraft.draft import rope_from_hf_config
@@ -141,11 +144,26 @@ def pairing_notes(manifest: Any, draft_dir: str | Path, target_dir: str | Path, 
         what = ", ".join(changed) or f"config hash {recorded[:12]} -> {digest[:12]}"
         notes.append(f"{target_dir}: its config differs from the one the drafter was trained on ({what}): "
                      f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference")
+    notes += tokenizer_notes(manifest, tokenizer, draft_dir, target_dir)
     ttt_steps = ((manifest.training or {}).get("config") or {}).get("ttt_steps")
     if ttt_steps and spec.num_steps > ttt_steps:
         notes.append(f"num_steps {spec.num_steps} > the drafter's {ttt_steps} training-time-test steps: draft "
                      f"steps past {ttt_steps} were never trained and are rarely accepted")
     return notes
+
+
+def tokenizer_notes(manifest: Any, tokenizer: Any, draft_dir: str | Path, target_dir: str | Path) -> list[str]:
+    """The one-line note (generate, serve, export) when `tokenizer`'s fingerprint differs from the
+    one the manifest records (`data.render.tokenizer_changes`); [] when it matches or either is absent."""
+    from specdraft.data.render import tokenizer_changes
+
+    if manifest is None or tokenizer is None:
+        return []
+    changed = tokenizer_changes(manifest.tokenizer, tokenizer)
+    if not changed:
+        return []
+    return [f"{target_dir}: its tokenizer differs from the one the drafter was trained with ({', '.join(changed)}): "
+            f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference"]
 
 
 def check_manifest(manifest: Any, draft: Eagle3Draft, target: FastTarget, path: Path) -> None:

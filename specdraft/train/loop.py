@@ -63,9 +63,11 @@ class TrainingError(SpecdraftError, RuntimeError):
 
 
 def build_draft(config: TrainConfig, info: TargetInfo, token_counts: torch.Tensor) -> Eagle3Draft:
-    """A fresh drafter for `info`'s target: seeded init, vocab map from loss-masked counts,
-    the target's embedding (unless the drafter owns one)."""
-    cfg = DraftConfig.from_target(info.config, info.aux_layers, config.draft_vocab_size,
+    """A fresh drafter for `info`'s target: seeded init, vocab map from loss-masked counts (of
+    the training split), the target's embedding (unless the drafter owns one). The draft
+    vocabulary defaults to the usable one: the tokenizer's length (`info.vocab_limit`; a
+    target's vocab_size may pad past it), else the target's vocabulary."""
+    cfg = DraftConfig.from_target(info.config, info.aux_layers, config.draft_vocab_size or info.vocab_limit,
                                   **config.draft_overrides)
     vocab = build_vocab_map(token_counts, cfg.draft_vocab_size, info.vocab_limit)
     with torch.random.fork_rng(devices=[]):
@@ -131,7 +133,7 @@ class Trainer:
             raise ValueError(f"{len(self.train_ids)} training samples are fewer than one batch of "
                              f"--batch-size {config.batch_size}: lower --batch-size or add data")
         self.total_steps = config.num_steps(self.batches_per_epoch)
-        draft = build_draft(config, data.info, data.token_counts())
+        draft = build_draft(config, data.info, data.token_counts(self.train_ids))  # validation held out
         self.manifest = draft_manifest(draft, data.info, command)
         self.model = TTTModel(draft).to(ranks.device)
         if ranks.world > 1:

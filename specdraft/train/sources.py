@@ -5,7 +5,8 @@ A training source (`TrainData`) must provide:
 - `batch(sample_ids, max_length, device)`: one rank's share of a global batch as a `Batch` of
   right-padded input_ids and loss mask [B, T], the target's aux hidden states
   [B, T, n_aux·H_target] and the target's logits [B, T, V];
-- `token_counts()`: loss-masked target-token counts [V], from which the draft vocabulary is built;
+- `token_counts(sample_ids)`: loss-masked target-token counts [V] over those samples (the
+  training split), from which the draft vocabulary is built;
 - `info`: a `TargetInfo`, what the drafter takes from its target (config, aux layers,
   embedding) and what its manifest records about it;
 - `len()`: the number of samples.
@@ -68,7 +69,7 @@ class TrainData(Protocol):
 
     def __len__(self) -> int: ...
 
-    def token_counts(self) -> torch.Tensor: ...
+    def token_counts(self, sample_ids: Sequence[int]) -> torch.Tensor: ...
 
     def batch(self, sample_ids: Sequence[int], max_length: int, device: torch.device) -> Batch: ...
 
@@ -172,8 +173,9 @@ class OnlineData:
     def __len__(self) -> int:
         return len(self.samples)
 
-    def token_counts(self) -> torch.Tensor:
-        return token_counts(self.samples, self.target.vocab_size)
+    def token_counts(self, sample_ids: Sequence[int]) -> torch.Tensor:
+        """Loss-masked target-token counts [V] over the samples `sample_ids`."""
+        return token_counts([self.samples[i] for i in sample_ids], self.target.vocab_size)
 
     def batch(self, sample_ids: Sequence[int], max_length: int, device: torch.device) -> Batch:
         ids, mask = pad_samples([self.samples[i] for i in sample_ids], max_length)
@@ -220,15 +222,21 @@ class StoreData:
     def __len__(self) -> int:
         return len(self.store)
 
-    def token_counts(self) -> torch.Tensor:
-        """Loss-masked target-token counts [V] over the whole store; reads only input_ids and
-        loss_mask of each shard (capture.store's layout), never the hidden states."""
+    def token_counts(self, sample_ids: Sequence[int]) -> torch.Tensor:
+        """Loss-masked target-token counts [V] over the samples `sample_ids`; reads only
+        input_ids, loss_mask and offsets of each shard (capture.store's layout), never the
+        hidden states."""
         from safetensors import safe_open
 
+        chosen = torch.zeros(len(self.store), dtype=torch.bool)
+        chosen[list(sample_ids)] = True
         counts = torch.zeros(self.store.meta["target"]["vocab_size"], dtype=torch.long)
         for entry in self.store.meta["shards"]:
             with safe_open(str(self.store.path / entry["file"]), framework="pt") as f:
-                ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool()]
+                lengths = f.get_tensor("offsets").diff()
+                first = entry["first_sample"]
+                rows = chosen[first:first + lengths.numel()].repeat_interleave(lengths)
+                ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool() & rows]
             counts += torch.bincount(ids, minlength=counts.numel())
         return counts
 

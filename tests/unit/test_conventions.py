@@ -18,6 +18,7 @@ from specdraft.conventions import (
     lint_sglang_ids,
     target_ids_of_draft_vocab,
     to_engine_ids,
+    validate_vocab_map,
 )
 
 # L -> (specdraft default, SGLang ids on Llama class, any version)
@@ -268,3 +269,17 @@ def test_draft_to_target_ids():
     draft_ids = torch.tensor([[0, 3], [2, 1]], dtype=torch.int32)
     out = draft_to_target_ids(draft_ids, d2t)
     assert out.dtype == torch.int64 and out.tolist() == [[1, 6], [5, 3]]
+
+
+def test_validate_vocab_map_bounds_the_map_by_the_tokenizers_length():
+    """Target ids from `usable` (the tokenizer's length) on are embedding padding: a map into
+    them is refused, one that stops below it passes; a full vocabulary has no map to refuse."""
+    vmap = build_vocab_map(torch.tensor([0, 5, 0, 4, 0, 3, 2, 1]), 4)  # target ids 1, 3, 5, 6
+    assert validate_vocab_map(vmap.d2t, vmap.t2d, 8, 4, usable=7) == []
+    assert validate_vocab_map(vmap.d2t, vmap.t2d, 8, 4) == []  # no bound recorded: the vocabulary's
+    (problem,) = validate_vocab_map(vmap.d2t, vmap.t2d, 8, 4, usable=6)
+    assert problem.startswith("d2t maps 1 draft ids to target ids 6..6, past the tokenizer's 6 tokens "
+                              "(rows 6..7 of the target's embedding are padding")
+    assert "vocab_limit=6" in problem
+    full = build_vocab_map(torch.ones(8, dtype=torch.int64), 8)
+    assert validate_vocab_map(full.d2t, full.t2d, 8, 8, usable=6) == []

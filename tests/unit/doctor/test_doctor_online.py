@@ -37,13 +37,16 @@ def doctor(draft, target, samples, url):
 
 
 def with_shifted_d2t(draft, dst):
-    """A copy of `draft` at `dst` whose d2t sends every draft id to another's target id."""
+    """A copy of `draft` at `dst` whose map sends draft id i to target id i (d2t zeroed, t2d
+    agreeing): a valid map that the engine loads, but the wrong one for all draft ids but 0
+    (the drafter's vocabulary is not the first ids)."""
     shutil.copytree(draft, dst)
 
     def shift(tensors):
-        key = next(k for k in tensors if k.endswith("d2t"))
-        d2t = tensors[key]
-        tensors[key] = torch.roll(d2t + torch.arange(len(d2t)), 7) - torch.arange(len(d2t))
+        d2t = next(k for k in tensors if k.endswith("d2t"))
+        t2d = next(k for k in tensors if k.endswith("t2d"))
+        tensors[d2t] = torch.zeros_like(tensors[d2t])
+        tensors[t2d] = torch.arange(len(tensors[t2d])) < len(tensors[d2t])
 
     edit_weights(dst, shift)
     return dst

@@ -26,8 +26,8 @@ class Recording:
     def __len__(self) -> int:
         return len(self.inner)
 
-    def token_counts(self):
-        return self.inner.token_counts()
+    def token_counts(self, sample_ids):
+        return self.inner.token_counts(sample_ids)
 
     def batch(self, sample_ids, max_length, device):
         self.sizes.append(len(sample_ids))

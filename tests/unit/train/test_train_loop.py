@@ -98,7 +98,8 @@ def test_offline_store_and_online_target_give_the_same_loss(world, tmp_path):
     target, samples, store = world
     offline = StoreData(store)
     online = OnlineData(target, samples, AUX)
-    assert torch.equal(offline.token_counts(), online.token_counts())  # vocab map inputs agree
+    every = range(len(samples))
+    assert torch.equal(offline.token_counts(every), online.token_counts(every))  # vocab map inputs agree
     a = offline.batch([3, 7, 11], 64, torch.device("cpu"))
     b = online.batch([3, 7, 11], 64, torch.device("cpu"))
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
@@ -185,8 +186,8 @@ class Poisoned:
     def __len__(self) -> int:
         return len(self.inner)
 
-    def token_counts(self):
-        return self.inner.token_counts()
+    def token_counts(self, sample_ids):
+        return self.inner.token_counts(sample_ids)
 
     def batch(self, sample_ids, max_length, device):
         batch = self.inner.batch(sample_ids, max_length, device)
