@@ -41,6 +41,8 @@ from typing import Callable
 import torch
 from torch.nn.attention import sdpa_kernel
 
+from gpu_timing import replay_ms  # benchmarks/, the script's directory
+
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.fast_draft import FastDraft
@@ -188,20 +190,6 @@ def bench_target(target: FastTarget, device: str, prefix: int, max_seq_len: int,
         result["graph_replay_ms"] = {str(t): ms for t, ms in replay.items()}
         result["graph_replay_verify16_over_decode"] = replay[16] / replay[1]
     return result
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
-    """Median GPU time of one replay in milliseconds (CUDA events around the replay alone: no
-    input staging, no host time before the first kernel starts)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def bench_draft(draft: Eagle3Draft, device: str, prefix: int, topk: int, iters: int, triton: bool) -> dict:

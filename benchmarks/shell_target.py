@@ -48,6 +48,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from gpu_timing import replay_ms  # benchmarks/, the script's directory
+
 from specdraft.checkpoint import load_draft, save_draft
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask
@@ -433,21 +435,6 @@ BENCH_SETTINGS = {"plain": None, **{f"chain{n}": SpecConfig.chain(n) for n in ra
                   "tree5x4_16": SpecConfig(5, 4, 16), "tree6x8_32": SpecConfig(6, 8, 32)}
 
 
-def replay_ms(graph: torch.cuda.CUDAGraph, iters: int = 30) -> float:
-    """Median GPU time of one replay (CUDA events around the replay alone), after 3 warm-ups."""
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 @torch.inference_mode()  # the engine's graph inputs are inference tensors
 def verify_ms(engine: SpeculativeEngine, t: int, prefix: int) -> float:
     """GPU time of the engine's graphed target forward over T = t tokens after `prefix` cached
@@ -460,7 +447,7 @@ def verify_ms(engine: SpeculativeEngine, t: int, prefix: int) -> float:
     positions.copy_(prefix + torch.arange(t, device=device)[None])
     slots.copy_(prefix + torch.arange(t, device=device))
     mask.copy_(causal_mask(prefix, t, size, device=device))
-    return replay_ms(graph)
+    return replay_ms(graph, 30, warmup=3)
 
 
 @torch.inference_mode()
@@ -478,7 +465,7 @@ def draft_round_ms(engine: SpeculativeEngine, acceptance: list[float], prefix: i
         m = min(accepted + 1, max(rounds.graphs))
         graph, (_, _, start), _ = rounds.graphs[m]
         start.fill_(prefix)
-        total += weight * replay_ms(graph) if weight > 0 else 0.0
+        total += weight * replay_ms(graph, 30, warmup=3) if weight > 0 else 0.0
     return total
 
 

@@ -15,6 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "shell_target.py"
 
 @pytest.fixture(scope="module")
 def shell():
+    sys.path.insert(0, str(SCRIPT.parent))  # its helpers, as when run as a script
     spec = importlib.util.spec_from_file_location("shell_target", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
