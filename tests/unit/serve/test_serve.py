@@ -173,6 +173,34 @@ def test_malformed_completion_requests_get_400_openai_errors(server, body, param
     assert (error["param"], error["code"]) == (param, code) and error["message"]
 
 
+REFUSED = [("logit_bias", {"5": 100}), ("logit_bias", {"999999": 1}), ("presence_penalty", 0.5),
+           ("frequency_penalty", -1), ("suffix", " w3"), ("min_tokens", 4), ("response_format", {"type": "json_object"}),
+           ("tools", [{"type": "function", "function": {"name": "f"}}]), ("n", 2), ("best_of", 3), ("logprobs", 0),
+           ("logprobs", 2), ("echo", True), ("top_logprobs", 2), ("stop_token_ids", [3])]
+NEUTRAL = {"logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": "", "min_tokens": 0,
+           "response_format": {"type": "text"}, "tools": [], "n": 1, "best_of": 1, "echo": False, "logprobs": None}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_unimplemented_parameters_are_refused_naming_them_and_their_defaults_accepted(server, path):
+    """A field the server does not implement gets 400 naming it (never 200 with the field
+    ignored); the values that ask for nothing (OpenAI's defaults) are served as without them."""
+    client = httpx.Client(base_url=server.url, timeout=30)
+    prompt = text_prompts(1, 8, seed=5)[0]
+    base = {"temperature": 0, "max_tokens": NUM_NEW}
+    base.update({"prompt": prompt} if "chat" not in path else {"messages": [{"role": "user", "content": prompt}]})
+    for name, value in REFUSED:
+        response = client.post(path, json={**base, name: value})
+        assert response.status_code == 400, (name, value, response.text)
+        error = response.json()["error"]
+        assert (error["param"], error["code"], error["type"]) == (name, "unsupported", "invalid_request_error")
+        assert f"'{name}' = {json.dumps(value)} is not supported" in error["message"], error
+    plain = client.post(path, json=base).json()["choices"][0]
+    neutral = client.post(path, json={**base, **NEUTRAL})
+    assert neutral.status_code == 200, neutral.text
+    assert neutral.json()["choices"][0] == plain
+
+
 def test_malformed_chat_requests_and_unknown_model(server):
     client = httpx.Client(base_url=server.url, timeout=30)
     for body, param in (({}, "messages"), ({"messages": "hi"}, "messages"), ({"messages": []}, "messages"),
