@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdraft.checkpoint import Manifest, save_draft
-from specdraft.client import scrape_counters
+from specdraft.client import counter_delta, detect_server, scrape, scrape_counters
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.requests import decode_continuation
 from specdraft.serve.server import build_app, serve_in_thread
@@ -77,6 +77,35 @@ def test_models_health_and_metrics_endpoints(server):
         assert f"specdraft:spec_decode_{name}" in names
     assert {"specdraft:time_per_output_token_seconds", "specdraft:request_success"} <= names
     assert client.get("/nope").status_code == 404
+
+
+def vllm_samples(client: httpx.Client) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of the vllm:spec_decode_* counters (without _created)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(client.get("/metrics").text)
+            for s in f.samples if s.name.startswith("vllm:spec_decode_") and s.name.endswith("_total")}
+
+
+def test_metrics_carry_vllms_names_and_labels_and_bench_reads_one_set(server):
+    """vLLM's four spec-decode counters with its labels (model_name = the served name, engine;
+    position on the per-position one) move as specdraft's do; bench's scraper
+    (`client.detect_server` + `scrape`) reads one set: its counts equal the request's usage."""
+    client = httpx.Client(base_url=server.url, timeout=30)
+    labels = (("engine", "0"), ("model_name", "tiny"))
+    before, seen = vllm_samples(client), scrape(detect_server(server.url), 30)
+    usage = completion(client, prompt=text_prompts(1, 8, seed=6)[0]).json()["usage"]
+    after, now = vllm_samples(client), scrape(detect_server(server.url), 30)
+    expected = {("vllm:spec_decode_num_drafts_total", labels): usage["num_drafts"],
+                ("vllm:spec_decode_num_draft_tokens_total", labels): usage["num_draft_tokens"],
+                ("vllm:spec_decode_num_accepted_tokens_total", labels): usage["num_accepted_tokens"]}
+    expected |= {("vllm:spec_decode_num_accepted_tokens_per_pos_total", (*labels, ("position", str(k)))):
+                 n for k, n in enumerate(usage["num_accepted_tokens_per_pos"])}
+    assert set(after) == set(expected)
+    assert {key: after[key] - before.get(key, 0.0) for key in after} == expected
+    counts = counter_delta(seen, now, "specdraft /metrics")
+    assert (counts.num_drafts, counts.num_draft_tokens, counts.num_accepted_tokens, counts.accepted_per_pos) == (
+        usage["num_drafts"], usage["num_draft_tokens"], usage["num_accepted_tokens"],
+        usage["num_accepted_tokens_per_pos"])
 
 
 def test_completion_equals_greedy_with_usage_and_metrics(server):
