@@ -11,6 +11,8 @@
   token ids when asked (`return_token_ids`, vLLM's names: text does not round-trip to the same
   ids, so a client that measures on the tokens the server ran needs them); `usage_of` adds the
   raw speculative counts and `accept_length` = 1 + accepted / drafts to OpenAI's usage.
+The fields the server does not implement are one table, `UNSUPPORTED`: any value but the
+one that asks for nothing gets 400 naming the field.
 Imports neither FastAPI, uvicorn nor prometheus_client (jinja2 only when a chat is rendered).
 """
 
@@ -80,17 +82,58 @@ def get_field(body: dict, name: str, kind: str, default: Any = None, required: b
     return value
 
 
+# OpenAI's (and vLLM's) request fields the server does not implement: name -> (the values that ask
+# for nothing, which are accepted; what the server lacks). Any other value is refused with 400
+# naming the field (`refuse_unsupported`), so that no client is silently served something else.
+UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "n": ((1,), "the server returns one completion per request"),
+    "best_of": ((1,), "the server returns one completion per request"),
+    "echo": ((False,), "the prompt is not echoed"),
+    "logprobs": ((False,), "no log-probabilities are returned"),
+    "top_logprobs": ((0,), "no log-probabilities are returned"),
+    "prompt_logprobs": ((), "no log-probabilities are returned"),
+    "logit_bias": (({},), "the sampler has no logit bias"),
+    "presence_penalty": ((0,), "the sampler has no penalties"),
+    "frequency_penalty": ((0,), "the sampler has no penalties"),
+    "repetition_penalty": ((1,), "the sampler has no penalties"),
+    "min_p": ((0,), "the sampler has no min_p"),
+    "min_tokens": ((0,), "EOS and stop strings are never held back"),
+    "suffix": (("",), "there is no insertion mode"),
+    "response_format": (({"type": "text"},), "there is no structured output"),
+    "guided_json": ((), "there is no structured output"),
+    "guided_regex": ((), "there is no structured output"),
+    "guided_choice": ((), "there is no structured output"),
+    "guided_grammar": ((), "there is no structured output"),
+    "tools": (([],), "there are no tool calls"),
+    "tool_choice": (("none",), "there are no tool calls"),
+    "functions": (([],), "there are no function calls"),
+    "function_call": (("none",), "there are no function calls"),
+    "stop_token_ids": (([],), "stops are strings ('stop') and EOS only"),
+    "include_stop_str_in_output": ((False,), "the stop string is never included"),
+    "skip_special_tokens": ((True,), "special tokens are always skipped in the text"),
+    "use_beam_search": ((False,), "there is no beam search"),
+}
+
+
+def refuse_unsupported(body: dict) -> None:
+    """RequestError 400 (code "unsupported", naming the field) for a field of `UNSUPPORTED` with
+    a value other than one that asks for nothing (null counts as absent; false is not 0)."""
+    for name, (neutral, lacks) in UNSUPPORTED.items():
+        value = body.get(name)
+        if value is None or any((type(value) is bool) == (type(v) is bool) and value == v for v in neutral):
+            continue
+        shown = json.dumps(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        allowed = f" (or send {' / '.join(json.dumps(v) for v in neutral)})" if neutral else ""
+        raise RequestError(f"'{name}' = {shown} is not supported: {lacks}; leave it out{allowed}",
+                           param=name, code="unsupported")
+
+
 def parse_common(body: dict, prompt_ids: list[int], default_max_tokens: int) -> GenerationRequest:
     """The sampling and streaming fields shared by completions and chat (OpenAI names, vLLM's
     top_k / ignore_eos / return_token_ids extensions); raises RequestError for a bad value or
-    unsupported option."""
-    for name, ok in (("n", 1), ("best_of", 1)):
-        if get_field(body, name, "int", ok) != ok:
-            raise RequestError(f"'{name}' must be 1: the server returns one completion",
-                               param=name, code="unsupported")
-    if get_field(body, "echo", "bool", False) or body.get("logprobs") not in (None, False, 0):
-        param = "echo" if body.get("echo") else "logprobs"
-        raise RequestError(f"'{param}' is not supported", param=param, code="unsupported")
+    a field the server does not implement (`refuse_unsupported`)."""
+    refuse_unsupported(body)
     stop = body.get("stop")
     stop = (stop,) if isinstance(stop, str) else stop or ()
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):

@@ -1,7 +1,8 @@
 """OpenAI-compatible server over specdraft's engine, one sequence at a time.
 
 Endpoints: `/v1/completions` and `/v1/chat/completions` (SSE streaming or not; chat through
-the tokenizer's chat template), `/v1/models`, `/health`, `/metrics` (Prometheus, own registry).
+the tokenizer's chat template), `/v1/models` and `/v1/models/{id}`, `/health`, `/metrics`
+(Prometheus, own registry).
 
 - One worker thread runs the engine; requests wait in a bounded queue (`max_queue` waiting
   requests besides the running one; 429 beyond). No batching: concurrency only queues.
@@ -15,10 +16,8 @@ the tokenizer's chat template), `/v1/models`, `/health`, `/metrics` (Prometheus,
   `return_token_ids: true` (vLLM's extension) adds the prompt's and the output's token ids
   (`prompt_token_ids`, `token_ids`): the ids the engine ran, which the text, decoded without
   special tokens, does not always give back when re-tokenized (`specdraft doctor --server`).
-  `/metrics` names the speculative counters after vLLM's (`vllm:spec_decode_*` in
-  `vllm/v1/spec_decode/metrics.py`) with the `specdraft:` prefix; prometheus_client exposes a
-  counter with the suffix `_total`, as vLLM does; `position` is 0-based (0 = first draft).
-  The spec counters move only on a speculative engine, for finished requests.
+  `/metrics` exposes the speculative counters under specdraft's names and vLLM's
+  (`vllm:spec_decode_*` with vLLM's labels), the rest under specdraft's: `specdraft.serve.metrics`.
 - Every `log_every` verification steps the worker logs accept length, acceptance rate and
   tokens/s over the steps since the last line (like SGLang's decode log; counts kept tokens).
 Request parsing and response shapes live in `specdraft.serve.protocol`.
@@ -38,7 +37,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdraft.engine.speculate import GenerationResult, SpeculativeEngine
+from specdraft.engine.speculate import SpeculativeEngine
+from specdraft.serve.metrics import ServerMetrics
 from specdraft.serve.protocol import (FINISH_REASONS, GenerationRequest, RequestError, ResponseShape, TextStream,
                                     chat_prompt_ids, context_room, get_field, parse_common, prompt_ids_of, sse,
                                     usage_of)
@@ -46,64 +46,10 @@ from specdraft.serve.protocol import (FINISH_REASONS, GenerationRequest, Request
 log = logging.getLogger("specdraft.serve")
 DEFAULT_MAX_QUEUE = 64
 DISCONNECT_POLL_S = 0.25
-TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 
 
 class GenerationCancelled(Exception):
     """Raised from the engine's token callback to stop a request whose client went away."""
-
-
-# ---- metrics ----------------------------------------------------------------------------------
-class ServerMetrics:
-    """Prometheus metrics in their own CollectorRegistry (names: see the module docstring)."""
-
-    def __init__(self, num_positions: int) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-        self.registry = r = CollectorRegistry()
-        spec = "specdraft:spec_decode_"
-        self.num_drafts = Counter(spec + "num_drafts", "Verification steps (speculative rounds)",
-                                  registry=r)
-        self.num_draft_tokens = Counter(spec + "num_draft_tokens", "Draft tokens verified", registry=r)
-        self.num_accepted_tokens = Counter(spec + "num_accepted_tokens", "Draft tokens accepted",
-                                           registry=r)
-        self.accepted_per_pos = Counter(spec + "num_accepted_tokens_per_pos",
-                                        "Accepted drafts at each depth (position 0 = first draft)",
-                                        ["position"], registry=r)
-        for k in range(num_positions):
-            self.accepted_per_pos.labels(position=str(k))
-        self.requests = Counter("specdraft:request_success", "Finished requests", ["finished_reason"],
-                                registry=r)
-        self.rejected = Counter("specdraft:request_rejected", "Requests refused: queue full (429)",
-                                registry=r)
-        self.cancelled = Counter("specdraft:request_cancelled", "Requests stopped by a disconnect",
-                                 registry=r)
-        self.prompt_tokens = Counter("specdraft:prompt_tokens", "Prompt tokens processed", registry=r)
-        self.generation_tokens = Counter("specdraft:generation_tokens", "Tokens generated", registry=r)
-        self.ttft = Histogram("specdraft:time_to_first_token_seconds", "Arrival to first token",
-                              registry=r)
-        self.tpot = Histogram("specdraft:time_per_output_token_seconds",
-                              "(last - first token time) / (tokens - 1), per request",
-                              buckets=TPOT_BUCKETS, registry=r)
-        self.waiting = Gauge("specdraft:num_requests_waiting", "Requests in the queue", registry=r)
-        self.running = Gauge("specdraft:num_requests_running", "Requests running (0 or 1)", registry=r)
-
-    def record(self, result: GenerationResult, speculative: bool, arrival: float, first: float,
-               end: float) -> None:
-        """Count one finished request (spec counters only on a speculative engine)."""
-        m = result.metrics
-        if speculative:
-            self.num_drafts.inc(m.num_verify_steps)
-            self.num_draft_tokens.inc(m.num_drafted_tokens)
-            self.num_accepted_tokens.inc(m.num_accepted_tokens)
-            for k, count in enumerate(m.accepted_per_position):
-                self.accepted_per_pos.labels(position=str(k)).inc(count)
-        self.requests.labels(finished_reason=FINISH_REASONS[result.finish_reason]).inc()
-        self.prompt_tokens.inc(m.num_prompt_tokens)
-        self.generation_tokens.inc(len(result.token_ids))
-        self.ttft.observe(first - arrival)
-        if len(result.token_ids) > 1:
-            self.tpot.observe((end - first) / (len(result.token_ids) - 1))
 
 
 # ---- the worker -------------------------------------------------------------------------------
@@ -246,7 +192,7 @@ def create_app(engine: SpeculativeEngine, tokenizer: Any, model_name: str,
     if engine.tokenizer is None:
         engine.tokenizer = tokenizer
     steps = engine.spec.num_steps if engine.spec else 0
-    metrics = ServerMetrics(steps)
+    metrics = ServerMetrics(steps, model_name)
     state = ServerState(engine, tokenizer, model_name, metrics,
                         EngineWorker(engine, tokenizer, metrics, max_queue, log_every))
 
@@ -260,6 +206,7 @@ def create_app(engine: SpeculativeEngine, tokenizer: Any, model_name: str,
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
     app.add_route("/v1/models", models, methods=["GET"])
+    app.add_route("/v1/models/{model_id:path}", model, methods=["GET"])
     app.add_route("/health", health, methods=["GET"])
     app.add_route("/metrics", prometheus_metrics, methods=["GET"])
     app.add_exception_handler(RequestError, request_error_response)
@@ -282,10 +229,16 @@ async def read_body(request: Any, state: ServerState) -> dict:
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object", code="invalid_json")
     model = get_field(body, "model", "str")
-    if model is not None and model != state.model_name:
+    if model is not None:
+        check_model(state, model)
+    return body
+
+
+def check_model(state: ServerState, model: str) -> None:
+    """RequestError 404 (OpenAI's model_not_found) unless `model` is the served name."""
+    if model != state.model_name:
         raise RequestError(f"model '{model}' does not exist; this server serves '{state.model_name}'",
                            param="model", code="model_not_found", status=404, kind="NotFoundError")
-    return body
 
 
 def checked(state: ServerState, body: dict, prompt_ids: list[int], default_max: int) -> GenerationRequest:
@@ -319,15 +272,26 @@ async def chat_completions(request: Any) -> Any:
                          chat=True)
 
 
+def model_card(state: ServerState) -> dict[str, Any]:
+    """The served model as OpenAI's model object (and vLLM's max_model_len: the room left)."""
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdraft",
+            "max_model_len": context_room(state.engine, 0)}
+
+
 async def models(request: Any) -> Any:
     """GET /v1/models: the one served model."""
     from starlette.responses import JSONResponse
 
+    return JSONResponse({"object": "list", "data": [model_card(request.app.state.server)]})
+
+
+async def model(request: Any) -> Any:
+    """GET /v1/models/{id}: the served model, or 404 model_not_found."""
+    from starlette.responses import JSONResponse
+
     state: ServerState = request.app.state.server
-    room = context_room(state.engine, 0)
-    return JSONResponse({"object": "list", "data": [
-        {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdraft",
-         "max_model_len": room}]})
+    check_model(state, request.path_params["model_id"])
+    return JSONResponse(model_card(state))
 
 
 async def health(request: Any) -> Any:

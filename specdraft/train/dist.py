@@ -1,6 +1,6 @@
 """The processes of a training run: this rank's place (`Ranks`, from torchrun's environment) and
-the signals that stop a run cleanly (`interrupt_flag` on several ranks, `deferred_interrupt`
-around an optimizer update).
+the signals that stop a run cleanly (`interrupt_flag` on several ranks, `sigterm_as_sigint` on
+one, `deferred_interrupt` around an optimizer update).
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ def interrupt_flag(ranks: Ranks):
     interrupted(), which every rank calls at each step boundary: true on all ranks when any
     rank was signalled (one int all-reduced with MAX on the group's device, beside the step's
     own syncs). The caller then checkpoints the step (a collective) and raises
-    KeyboardInterrupt. One process keeps Python's KeyboardInterrupt (interrupted() is False).
+    KeyboardInterrupt. One process keeps Python's KeyboardInterrupt (interrupted() is False) and
+    takes SIGTERM as SIGINT (`sigterm_as_sigint`): a scheduler's SIGTERM checkpoints the step
+    as Ctrl-C does.
 
     Under torchrun (torch.distributed.elastic, torch 2.13): workers are started in sessions of
     their own (SubprocessHandler: start_new_session), so a terminal's Ctrl-C reaches torchrun
@@ -96,7 +98,8 @@ def interrupt_flag(ranks: Ranks):
     signal: KeyboardInterrupt (SIGINT) or the default exit (SIGTERM), at once, unsaved. Handlers
     live in the main thread only; elsewhere nothing is caught (but the ranks still agree)."""
     if ranks.world == 1:
-        yield lambda: False
+        with sigterm_as_sigint():
+            yield lambda: False
         return
     caught: list[int] = []
     previous: dict[int, Any] = {}
@@ -126,6 +129,31 @@ def interrupt_flag(ranks: Ranks):
         yield interrupted
     finally:
         restore()
+
+
+@contextlib.contextmanager
+def sigterm_as_sigint():
+    """In the block, SIGTERM (what schedulers and `kill` send first) runs the SIGINT handler of
+    the moment: Python's KeyboardInterrupt, or `deferred_interrupt`'s hold during an optimizer
+    update. Only where SIGINT has Python's own handler, in the main thread; the previous SIGTERM
+    handler is back after the block, so a second SIGTERM while the checkpoint is written exits
+    at once, unsaved (the write is atomic: the previous checkpoint stays)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler or \
+            signal.getsignal(signal.SIGTERM) is None:  # None: a handler installed outside Python
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

@@ -398,8 +398,8 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     without it an out_dir that already holds checkpoints is refused (FileExistsError), as is an
     out_dir that is a file or a directory of other files (no run entry, `run_dir.RUN_ENTRIES`). Resuming on
     data of another target, aux layers or samples (data hash) than the checkpoint's is a ValueError
-    naming both (`run_dir.check_same_data`). Ctrl-C (KeyboardInterrupt) in one process checkpoints the
-    current step before it propagates (`run_dir.checkpoint_on_interrupt`); under torchrun, Ctrl-C
+    naming both (`run_dir.check_same_data`). Ctrl-C (KeyboardInterrupt) or SIGTERM (`dist.sigterm_as_sigint`)
+    in one process checkpoints the current step before it propagates (`run_dir.checkpoint_on_interrupt`); under torchrun, Ctrl-C
     (SIGINT) or SIGTERM lets every rank finish its step, then all checkpoint that step and raise
     KeyboardInterrupt (`dist.interrupt_flag`). The checkpoint may come from another number
     of ranks (a step-N.pt file of one process, a sharded step-N directory of several): it is

@@ -212,8 +212,9 @@ def resume_from(trainer: Any, out_dir: Path, resume: bool) -> int | None:
 
 @contextlib.contextmanager
 def checkpoint_on_interrupt(trainer: Any, out_dir: Path):
-    """On Ctrl-C (KeyboardInterrupt) in one process, checkpoint the current step unless its
-    checkpoint exists, then re-raise: `--resume` goes on from there. A step in progress is
+    """On Ctrl-C or SIGTERM (KeyboardInterrupt: `dist.sigterm_as_sigint`) in one process,
+    checkpoint the current step unless its checkpoint exists, then re-raise: `--resume` goes on
+    from there. A step in progress is
     dropped whole (its optimizer update is never interrupted: `dist.deferred_interrupt`). Several
     ranks checkpoint in the loop instead, at a step they agree on (`dist.interrupt_flag`): a
     KeyboardInterrupt that reaches here on several ranks (a second Ctrl-C) saves nothing, as a

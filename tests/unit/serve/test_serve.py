@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdraft.checkpoint import Manifest, save_draft
-from specdraft.client import scrape_counters
+from specdraft.client import counter_delta, detect_server, scrape, scrape_counters
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.requests import decode_continuation
 from specdraft.serve.server import build_app, serve_in_thread
@@ -77,6 +77,35 @@ def test_models_health_and_metrics_endpoints(server):
         assert f"specdraft:spec_decode_{name}" in names
     assert {"specdraft:time_per_output_token_seconds", "specdraft:request_success"} <= names
     assert client.get("/nope").status_code == 404
+
+
+def vllm_samples(client: httpx.Client) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of the vllm:spec_decode_* counters (without _created)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(client.get("/metrics").text)
+            for s in f.samples if s.name.startswith("vllm:spec_decode_") and s.name.endswith("_total")}
+
+
+def test_metrics_carry_vllms_names_and_labels_and_bench_reads_one_set(server):
+    """vLLM's four spec-decode counters with its labels (model_name = the served name, engine;
+    position on the per-position one) move as specdraft's do; bench's scraper
+    (`client.detect_server` + `scrape`) reads one set: its counts equal the request's usage."""
+    client = httpx.Client(base_url=server.url, timeout=30)
+    labels = (("engine", "0"), ("model_name", "tiny"))
+    before, seen = vllm_samples(client), scrape(detect_server(server.url), 30)
+    usage = completion(client, prompt=text_prompts(1, 8, seed=6)[0]).json()["usage"]
+    after, now = vllm_samples(client), scrape(detect_server(server.url), 30)
+    expected = {("vllm:spec_decode_num_drafts_total", labels): usage["num_drafts"],
+                ("vllm:spec_decode_num_draft_tokens_total", labels): usage["num_draft_tokens"],
+                ("vllm:spec_decode_num_accepted_tokens_total", labels): usage["num_accepted_tokens"]}
+    expected |= {("vllm:spec_decode_num_accepted_tokens_per_pos_total", (*labels, ("position", str(k)))):
+                 n for k, n in enumerate(usage["num_accepted_tokens_per_pos"])}
+    assert set(after) == set(expected)
+    assert {key: after[key] - before.get(key, 0.0) for key in after} == expected
+    counts = counter_delta(seen, now, "specdraft /metrics")
+    assert (counts.num_drafts, counts.num_draft_tokens, counts.num_accepted_tokens, counts.accepted_per_pos) == (
+        usage["num_drafts"], usage["num_draft_tokens"], usage["num_accepted_tokens"],
+        usage["num_accepted_tokens_per_pos"])
 
 
 def test_completion_equals_greedy_with_usage_and_metrics(server):
@@ -171,6 +200,34 @@ def test_malformed_completion_requests_get_400_openai_errors(server, body, param
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
     assert (error["param"], error["code"]) == (param, code) and error["message"]
+
+
+REFUSED = [("logit_bias", {"5": 100}), ("logit_bias", {"999999": 1}), ("presence_penalty", 0.5),
+           ("frequency_penalty", -1), ("suffix", " w3"), ("min_tokens", 4), ("response_format", {"type": "json_object"}),
+           ("tools", [{"type": "function", "function": {"name": "f"}}]), ("n", 2), ("best_of", 3), ("logprobs", 0),
+           ("logprobs", 2), ("echo", True), ("top_logprobs", 2), ("stop_token_ids", [3])]
+NEUTRAL = {"logit_bias": {}, "presence_penalty": 0, "frequency_penalty": 0.0, "suffix": "", "min_tokens": 0,
+           "response_format": {"type": "text"}, "tools": [], "n": 1, "best_of": 1, "echo": False, "logprobs": None}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_unimplemented_parameters_are_refused_naming_them_and_their_defaults_accepted(server, path):
+    """A field the server does not implement gets 400 naming it (never 200 with the field
+    ignored); the values that ask for nothing (OpenAI's defaults) are served as without them."""
+    client = httpx.Client(base_url=server.url, timeout=30)
+    prompt = text_prompts(1, 8, seed=5)[0]
+    base = {"temperature": 0, "max_tokens": NUM_NEW}
+    base.update({"prompt": prompt} if "chat" not in path else {"messages": [{"role": "user", "content": prompt}]})
+    for name, value in REFUSED:
+        response = client.post(path, json={**base, name: value})
+        assert response.status_code == 400, (name, value, response.text)
+        error = response.json()["error"]
+        assert (error["param"], error["code"], error["type"]) == (name, "unsupported", "invalid_request_error")
+        assert f"'{name}' = {json.dumps(value)} is not supported" in error["message"], error
+    plain = client.post(path, json=base).json()["choices"][0]
+    neutral = client.post(path, json={**base, **NEUTRAL})
+    assert neutral.status_code == 200, neutral.text
+    assert neutral.json()["choices"][0] == plain
 
 
 def test_malformed_chat_requests_and_unknown_model(server):

@@ -1,0 +1,67 @@
+"""SIGTERM (what a scheduler or `kill` sends first) to a single-process `specdraft train`: it
+checkpoints the current step as Ctrl-C does, and --resume goes on from it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from specdraft.checkpoint import checkpoint_paths
+from specdraft.train import dist
+from tests.e2e.test_train_interrupt_ranks import wait_for_steps
+from tests.unit.train.test_train_loop import ONE_THREAD_ENV, REPO, read_metrics, small_config
+
+STEPS, SAVE_EVERY = 30, 1000  # no --save-every checkpoint before the end
+
+
+def test_sigterm_to_one_process_checkpoints_the_current_step_and_resume_finishes(store, tmp_path):
+    """SIGTERM after a few steps: the run writes step-N.pt of the step it was on (no --save-every
+    step), prints the resume hint and exits 130 as for Ctrl-C; --resume runs to the last step."""
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(small_config(total_steps=STEPS, save_every=SAVE_EVERY, val_fraction=0.0).to_dict()))
+    run, out = tmp_path / "run", tmp_path / "out.txt"
+    command = [sys.executable, "-m", "specdraft.cli", "train", str(store), str(run), "--config", str(cfg)]
+    env = {**ONE_THREAD_ENV, "PYTHONPATH": str(REPO)}
+    with out.open("w") as log:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for_steps(run, proc, 3, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = out.read_text()
+    assert proc.returncode == 130, output[-3000:]
+    saved = checkpoint_paths(run)
+    assert len(saved) == 1, output[-3000:]
+    step = int(saved[0].name.removeprefix("step-").removesuffix(".pt"))
+    assert 3 <= step < STEPS and saved[0].is_file(), saved
+    assert f"interrupted; newest checkpoint: {saved[0]}" in output, output[-3000:]
+    assert not (run / "draft").exists()
+
+    resumed = subprocess.run([*command, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {saved[0]}" in resumed.stdout
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, STEPS + 1))  # one run's log, each step once
+    manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
+    assert manifest["training"]["steps"] == STEPS
+
+
+def test_on_one_process_sigterm_is_held_with_sigint_through_an_update_and_then_raised():
+    """sigterm_as_sigint: SIGTERM inside deferred_interrupt raises KeyboardInterrupt only when
+    the update ends; the handlers from before are back after."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with dist.sigterm_as_sigint():
+            with dist.deferred_interrupt():
+                signal.raise_signal(signal.SIGTERM)
+                done.append(True)
+    assert done == [True]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
