@@ -48,8 +48,8 @@ def aux_ids_read_alike(ev: Evidence) -> Result:
             and ev.inputs.sglang_version is None:
         problems += lint_sglang_ids(nested)
     try:
-        reading = ev.reading
-        problems += reading.problems() if len(ev.engines) > 1 else []
+        reading = ev.reading  # one engine: does it read another engine's ids in its own convention?
+        problems += reading.problems() if len(ev.engines) > 1 else reading.misread(ev.engines[0])
     except Unreadable as e:
         problems.append(e.reason)
     if problems:
