@@ -4,7 +4,9 @@ flags, draft vocabulary size, head tying, rope (S2-S4, FC-03, FC-06, FC-09)."""
 
 from __future__ import annotations
 
-from specdraft.checkpoint import UNIMPLEMENTED_FLAGS
+import json
+
+from specdraft.checkpoint import FLAGS_FIX, unimplemented_flags
 from specdraft.conventions import (
     AUX_KEY,
     ConventionError,
@@ -153,20 +155,22 @@ def speculative_settings_valid(ev: Evidence) -> Result:
 
 
 def norm_before_residual_false(ev: Evidence) -> Result:
-    """norm_before_residual is false (what specdraft trains) and no untrained variant flag is set."""
-    layer, config = ev.layer_config, ev.config
-    flagged = [k for k in UNIMPLEMENTED_FLAGS if k != "norm_before_residual"
-               and (config.get(k) or layer.get(k))]
-    value = config.get("norm_before_residual", layer.get("norm_before_residual"))
-    problems = [f"sets {flagged}: the engine computes a variant specdraft did not train"] if flagged else []
-    if value is True:
-        problems.append("norm_before_residual: true, but the drafter was trained with false")
-    elif value is None and ev.layout == "speculators":
-        problems.append("speculators config without norm_before_residual: vLLM then assumes true "
-                        "(transformers_utils/configs/speculators/algos.py)")
-    if problems:
-        return fail("; ".join(problems), "write norm_before_residual: false (specdraft export does)")
-    return ok(f"norm_before_residual {'false' if value is False else 'absent (false for official configs)'}")
+    """No EAGLE-3 variant flag specdraft does not implement is set (`checkpoint.unimplemented_flags`,
+    the rule every command refuses to load such a drafter by), norm_before_residual included,
+    and a speculators config writes norm_before_residual: false (vLLM assumes true without it)."""
+    flagged = unimplemented_flags(ev.config)
+    if flagged:
+        named = ", ".join(f"{k}: {json.dumps(v)}" for k, v in flagged.items())  # as in the file
+        return fail(f"sets {named}: the engine computes a variant specdraft's drafter does not implement "
+                    "(specdraft's commands refuse to load it)",
+                    f"{' and '.join(flagged)}: {FLAGS_FIX}")
+    value = ev.config.get("norm_before_residual", ev.layer_config.get("norm_before_residual"))
+    if value is None and ev.layout == "speculators":
+        return fail("speculators config without norm_before_residual: vLLM then assumes true "
+                    "(transformers_utils/configs/speculators/algos.py)",
+                    "write norm_before_residual: false (specdraft export does)")
+    return ok(f"norm_before_residual {'false' if value is False else 'absent (false for official configs)'}; "
+              "no unimplemented variant flag")
 
 
 def draft_vocab_size_declared(ev: Evidence) -> Result:
