@@ -215,13 +215,13 @@ def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[i
         except ConventionError as err:
             errors.append(str(err))
     if errors:  # with the version unknown, every version's rule must accept the list
-        hint = "; pass sglang_version if you serve a version that can" if results else ""
+        hint = "; pass --sglang-version if you serve a version that can" if results else ""
         raise ConventionError(f"{errors[0]}{hint}")
     if len({tuple(out) for _, out in results}) > 1:
         readings = ", ".join(f"{_version_label(r)}: {out}" for r, out in results)
         raise ConventionError(f"{what} are read differently by SGLang version on "
                               f"{_CLASS_NAMES[target_class]}-class targets ({readings}); "
-                              "pass sglang_version")
+                              "pass --sglang-version")
     return list(results[0][1])
 
 

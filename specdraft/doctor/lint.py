@@ -217,11 +217,15 @@ def rope_matches_training(ev: Evidence) -> Result:
         problems.append(f"partial_rotary_factor {layer['partial_rotary_factor']}: the drafter was "
                         "trained with full rotary")
     only_target = not problems  # so far none about the drafter's config itself
+    differ = set()  # keys where the config differs from the target only
     for name, reference in _rope_references(ev):
         for key, value in served.items():
             if key in reference and reference[key] != value:
                 problems.append(f"{key} {describe(value)} (config) vs {describe(reference[key])} ({name})")
                 only_target = only_target and name != "training"
+                differ |= {key} if name != "training" else set()
+    if problems and only_target and differ == {"max_position_embeddings"}:
+        return _positions_fail(ev, served["max_position_embeddings"], problems)
     if problems and only_target and ev.manifest is not None:  # the config is as trained: the target differs
         return fail("; ".join(problems), "serve the target the drafter was trained on, or train a drafter for "
                     "this target (re-exporting cannot change the target's rope)")
@@ -231,6 +235,19 @@ def rope_matches_training(ev: Evidence) -> Result:
     return ok(f"rope_theta {theta}, rope_scaling {describe(scaling)}, max positions "
               f"{served['max_position_embeddings']}: as trained" +
               (" and as the target" if ev.inputs.target is not None else ""))
+
+
+def _positions_fail(ev: Evidence, positions, problems: list[str]) -> Result:
+    """The fail when only max positions differ from the target's and the config is as trained:
+    a drafter shorter than the target limits the requests; a longer one means another target."""
+    target = ev.facts.max_position_embeddings
+    if isinstance(positions, int) and isinstance(target, int) and positions < target:
+        return fail("; ".join(problems) + ": the drafter's own max positions are shorter than the target's",
+                    f"keep prompt + output within the drafter's {positions} positions (specdraft's engine and "
+                    f"server refuse longer requests), or train a drafter whose config has the target's {target}; "
+                    "the target and its rope are not at fault")
+    return fail("; ".join(problems), "serve the target the drafter was trained on, or train a drafter for "
+                "this target (re-exporting cannot change the target's max positions)")
 
 
 def _rope_references(ev: Evidence) -> list[tuple[str, dict]]:

@@ -88,6 +88,7 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     dropped). A bad checkpoint is a failing finding.
     """
     from specdraft.client import check_url
+    from specdraft.target import no_progress_bars
 
     if server is not None:
         server = check_url(server, "--server")  # the base URL, without /v1: paths are appended to it
@@ -101,9 +102,10 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
         sglang_version=sglang_version, template_kwargs=template_kwargs,
         max_samples=max_samples, max_length=max_length, skip_bad=skip_bad, server_wait_s=server_wait_s)
     ev = Evidence(inputs)
-    ev.read_given_samples()
-    for check in CHECKS:
-        ev.findings.append(_run_one(check, ev))
+    with no_progress_bars():  # transformers' bars (the target's "Loading weights") stay out of the report
+        ev.read_given_samples()
+        for check in CHECKS:
+            ev.findings.append(_run_one(check, ev))
     return Report(list(ev.findings), ev.notes())
 
 
