@@ -110,7 +110,7 @@ def vocab_map_valid(ev: Evidence) -> Result:
     if draft_vocab is None:
         raise Unavailable("no lm_head.weight, so the draft vocabulary size is unknown",
                           "see keys_match_engine")
-    vocab = ev.facts.vocab_size
+    _, vocab, _ = ev.target_sizes()  # without the target: the vocabulary its config declares
     problems = validate_vocab_map(ev.tensors.get("d2t"), ev.tensors.get("t2d"), vocab, draft_vocab)
     if problems:
         return fail("; ".join(problems), "rebuild the map with conventions.build_vocab_map and re-export")

@@ -24,7 +24,7 @@ def fc_width_matches_aux(ev: Evidence) -> Result:
     if "fc.weight" not in ev.tensors:
         raise Unavailable("no fc.weight in the file", "see keys_match_engine")
     out_width, in_width = ev.tensors["fc.weight"].shape
-    hidden = ev.facts.hidden_size
+    hidden, _, source = ev.target_sizes()  # without the target: the width its config declares
     declared = ev.config.get("target_hidden_size") or ev.layer_config.get("target_hidden_size")
     problems = []
     if in_width != NUM_AUX * hidden:
@@ -36,10 +36,14 @@ def fc_width_matches_aux(ev: Evidence) -> Result:
                         f"{out_width}, not 3 x {hidden}")
     elif declared is not None and declared != hidden:
         problems.append(f"config target_hidden_size {declared} != the target's hidden size {hidden}")
+    if problems and source != "target":
+        return fail("; ".join(problems), f"fc.weight does not fit the drafter's own config: re-export the drafter "
+                    "from its training run")
     if problems:
         return fail("; ".join(problems), f"train the drafter on {NUM_AUX} aux layers of this target "
                     "(fc input 3 x H) and export it with specdraft export")
-    return ok(f"fc takes {in_width} = {NUM_AUX} x {hidden} (target hidden)")
+    return ok(f"fc takes {in_width} = {NUM_AUX} x {hidden} (target hidden" +
+              ("" if source == "target" else ", as the drafter's config declares it") + ")")
 
 
 def aux_ids_read_alike(ev: Evidence) -> Result:
@@ -177,7 +181,7 @@ def draft_vocab_size_declared(ev: Evidence) -> Result:
     """draft_vocab_size is declared when the head is smaller than the vocabulary (FC-02)."""
     if "lm_head.weight" not in ev.tensors:
         raise Unavailable("no lm_head.weight in the file", "see keys_match_engine")
-    rows, vocab = ev.tensors["lm_head.weight"].shape[0], ev.facts.vocab_size
+    rows, (_, vocab, _) = ev.tensors["lm_head.weight"].shape[0], ev.target_sizes()
     declared = ev.config.get("draft_vocab_size", ev.layer_config.get("draft_vocab_size"))
     config_vocab = ev.layer_config.get("vocab_size")
     problems = []

@@ -18,7 +18,7 @@ from tests.tiny_tokenizer import save_tiny_tokenizer
 
 def test_export_names_the_sglang_version_flag(tmp_path):
     # index 1 first: SGLang < 0.5.13 writes it on DeepSeek-class targets, >= 0.5.13 cannot
-    draft, target = draft_checkpoint(tmp_path, arch="deepseek_v3", num_layers=8, aux=(1, 4, 5))
+    draft, _ = draft_checkpoint(tmp_path, arch="deepseek_v3", num_layers=8, aux=(1, 4, 5))
     result = invoke(["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"])
     text = flat(result.output)
     assert result.exit_code == 1 and "pass --sglang-version if you serve a version that can" in text, text
