@@ -119,6 +119,14 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
 )
 
 
+# The config keys that hold aux ids -> the engine whose convention they are written in (the
+# official EAGLE-3 config nests SGLang's ids; vLLM's are top-level). SGLang reads only
+# eagle_config; vLLM reads top-level, else eagle_config as-is (`aux_layers_from_config`), so a
+# file with only eagle_config ids is misread by vLLM unless both conventions agree (FC-03).
+AUX_ID_KEYS = {"top-level": "vllm", "eagle_config": "sglang"}
+_ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "speculators": "speculators"}
+
+
 def _parse_version(version: str) -> tuple[int, ...]:
     match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(version))
     if match is None:
@@ -127,7 +135,7 @@ def _parse_version(version: str) -> tuple[int, ...]:
 
 
 def _version_label(rule: EngineRule) -> str:
-    name = {"sglang": "SGLang", "vllm": "vLLM", "speculators": "speculators"}[rule.engine]
+    name = _ENGINE_NAMES[rule.engine]
     fmt = lambda v: ".".join(map(str, v))  # noqa: E731
     if rule.since and rule.until:
         return f"{name} >= {fmt(rule.since)}, < {fmt(rule.until)}"
@@ -207,13 +215,13 @@ def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[i
         except ConventionError as err:
             errors.append(str(err))
     if errors:  # with the version unknown, every version's rule must accept the list
-        hint = "; pass sglang_version if you serve a version that can" if results else ""
+        hint = "; pass --sglang-version if you serve a version that can" if results else ""
         raise ConventionError(f"{errors[0]}{hint}")
     if len({tuple(out) for _, out in results}) > 1:
         readings = ", ".join(f"{_version_label(r)}: {out}" for r, out in results)
         raise ConventionError(f"{what} are read differently by SGLang version on "
                               f"{_CLASS_NAMES[target_class]}-class targets ({readings}); "
-                              "pass sglang_version")
+                              "pass --sglang-version")
     return list(results[0][1])
 
 
@@ -307,12 +315,14 @@ class AuxReading:
     """What each engine captures from one draft config, in specdraft indices.
 
     sglang / vllm: from the explicit ids, or None when that engine falls back to ``default``
-    (the same tensors for both engines: ``default_layers_captured``).
+    (the same tensors for both engines: ``default_layers_captured``). vllm_key: the key vLLM
+    took its ids from ("top-level", "eagle_config" or None: none, its default).
     """
 
     sglang: list[int] | None
     vllm: list[int] | None
     default: list[int]
+    vllm_key: str | None = None
 
     def captured(self, engine: str) -> list[int]:
         explicit = self.sglang if engine == "sglang" else self.vllm
@@ -331,6 +341,18 @@ class AuxReading:
                 "(specdraft indices); write the top-level "
                 f"{AUX_KEY} in vLLM's convention and eagle_config.{AUX_KEY} in SGLang's"]
 
+    def misread(self, engine: str) -> list[str]:
+        """FC-03: `engine` reads a key written in another engine's convention (`AUX_ID_KEYS`)
+        in its own, so it captures other layers than the ids mean; empty when it does not."""
+        key = self.vllm_key if engine in ("vllm", "speculators") else "eagle_config"
+        owner = AUX_ID_KEYS.get(key)
+        if key is None or owner is None or owner == engine or self.captured(owner) == self.captured(engine):
+            return []
+        return [f"{_ENGINE_NAMES[engine]} reads the {key} ids, which are in {_ENGINE_NAMES[owner]}'s "
+                f"convention, in its own: it captures {self.captured(engine)}, not the "
+                f"{self.captured(owner)} they mean (specdraft indices); write the top-level {AUX_KEY} "
+                f"in vLLM's convention"]
+
 
 def aux_layers_from_config(config: dict, num_layers: int, target_class: str = "llama",
                            sglang_version: str | None = None) -> AuxReading:
@@ -347,11 +369,12 @@ def aux_layers_from_config(config: dict, num_layers: int, target_class: str = "l
     if nested is not None and len(nested) == 0:
         raise ConventionError(f"eagle_config.{AUX_KEY} is empty: SGLang captures no aux states; "
                               "drop the key for the default or write the ids")
+    vllm_key = "top-level" if config.get(AUX_KEY) else "eagle_config" if nested else None
     vllm_ids = config.get(AUX_KEY) or nested
     read = lambda ids, engine: None if not ids else from_engine_ids(  # noqa: E731
         ids, engine, num_layers, target_class, sglang_version)
     return AuxReading(read(nested, "sglang"), read(vllm_ids, "vllm"),
-                      default_layers_captured(num_layers))
+                      default_layers_captured(num_layers), vllm_key)
 
 
 def lint_sglang_ids(ids) -> list[str]:

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from specdraft.checkpoint.dirs import DirKind, classify_dir, wrong_dir_message
 from specdraft.checkpoint.layouts import (
     DRAFTER_CONFIG_FIX,
+    FLAGS_FIX,
     LAYER_PREFIX,
     LAYOUTS,
     MANIFEST_FILE,
@@ -41,22 +42,24 @@ from specdraft.checkpoint.layouts import (
     config_from_files,
     describe_layout,
     official_config,
+    refuse_unimplemented_flags,
     speculators_config,
     state_dict_for_layout,
+    unimplemented_flags,
 )
 from specdraft.conventions import validate_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.files import atomic_dir, replace_dir
 
 __all__ = [
-    "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
-    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "CheckpointError", "DirKind", "LoadedDraft",
-    "Manifest", "audit", "check_output_dir", "checkpoint_paths", "classify_dir", "config_from_files",
+    "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
+    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "CheckpointError", "DirKind", "LoadedDraft", "Manifest",
+    "audit", "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files",
     "convert_draft", "describe_layout", "detect_layout", "file_sha256", "fill_model", "is_training_checkpoint",
-    "load_draft", "load_training_checkpoint", "official_config", "read_config", "read_sharded", "replace_dir",
-    "save_draft", "speculators_config", "state_dict_for_layout", "tensor_digest", "verify_same_tensors",
+    "load_draft", "load_training_checkpoint", "official_config", "read_config", "read_sharded",
+    "refuse_unimplemented_flags", "replace_dir", "save_draft", "speculators_config", "state_dict_for_layout",
+    "tensor_digest", "unimplemented_flags", "usable_vocab", "verify_same_tensors", "vocab_map_problems",
     "write_safetensors", "wrong_dir_message",
-    "check_vocab_map", "usable_vocab", "vocab_map_problems",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/

@@ -50,6 +50,9 @@ DRAFTER_CONFIG_FIX = ("re-export the drafter from its training run (specdraft ex
 MANIFEST_FIX = (f"re-export the drafter from its training run (specdraft export RUN/draft OUT --engine "
                 f"sglang|vllm|speculators, which writes the manifest); without the run, delete {MANIFEST_FILE}: "
                 "the drafter then loads from its config.json alone (pass --target DIR)")
+# What to do about a config.json that sets one of UNIMPLEMENTED_FLAGS.
+FLAGS_FIX = ("a drafter specdraft trained or exported never sets them: remove the flag (or write false) if "
+             "the drafter was trained without it, else use the trainer that implements it")
 # Keys a manifest-less drafter's config.json (its layer config, in the speculators layout) must hold.
 DRAFTER_REQUIRED_KEYS = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
                          "max_position_embeddings")
@@ -205,7 +208,10 @@ def sglang_ids_or_none(cfg: DraftConfig) -> list[int] | None:
 
 def config_from_files(path: Path, layout: str, config: dict[str, Any],
                       manifest: Manifest | None, target_num_layers: int | None) -> DraftConfig:
-    """Rebuild the DraftConfig a checkpoint declares, refusing flags specdraft does not implement."""
+    """Rebuild the DraftConfig a checkpoint declares (from the manifest when there is one),
+    refusing flags specdraft does not implement whether or not a manifest is there
+    (`refuse_unimplemented_flags`: the engines read config.json, not the manifest)."""
+    refuse_unimplemented_flags(path, config)
     if manifest is not None:
         return DraftConfig.from_dict(manifest.draft)
     layer = config.get("transformer_layer_config") if layout == "speculators" else config
@@ -216,10 +222,6 @@ def config_from_files(path: Path, layout: str, config: dict[str, Any],
     if missing:
         raise CheckpointError(f"{where}: missing {', '.join(missing)} (without a specdraft manifest the drafter "
                               f"is built from config.json); {DRAFTER_CONFIG_FIX}")
-    flagged = [k for k in UNIMPLEMENTED_FLAGS if config.get(k) or layer.get(k)]
-    if flagged:
-        raise CheckpointError(f"{path}/config.json: sets {flagged}, which specdraft's drafter does "
-                              "not implement (it would compute something else than was trained)")
     if layer.get("num_hidden_layers", 1) != 1:
         raise CheckpointError(f"{path}/config.json: num_hidden_layers = {layer['num_hidden_layers']}; "
                               "specdraft implements the one-layer EAGLE-3 drafter")
@@ -232,6 +234,25 @@ def config_from_files(path: Path, layout: str, config: dict[str, Any],
         draft_vocab_size=config.get("draft_vocab_size") or layer.get("draft_vocab_size"),
         target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
         target_num_layers=target_num_layers, rope_theta=rope_theta, rope_scaling=rope_scaling)
+
+
+def unimplemented_flags(config: dict[str, Any]) -> dict[str, Any]:
+    """The UNIMPLEMENTED_FLAGS a drafter's config.json sets (any value but false, null, 0 or
+    empty), at the top or in a speculators transformer_layer_config, with their values."""
+    layer = config.get("transformer_layer_config")
+    layer = layer if isinstance(layer, dict) else {}
+    return {k: config.get(k, layer.get(k)) for k in UNIMPLEMENTED_FLAGS if config.get(k) or layer.get(k)}
+
+
+def refuse_unimplemented_flags(path: Path, config: dict[str, Any]) -> None:
+    """The one rule every command loads a drafter by: a config.json that sets a flag specdraft's
+    drafter does not implement is a CheckpointError naming the file, the flags and the fix (the
+    engine would compute another network than the one specdraft trained and checks)."""
+    flagged = unimplemented_flags(config)
+    if flagged:
+        named = ", ".join(f"{k}: {json.dumps(v)}" for k, v in flagged.items())
+        raise CheckpointError(f"{path}/config.json: sets {named}, which specdraft's drafter does not implement "
+                              f"(it would compute another network than was trained); {FLAGS_FIX}")
 
 
 def aux_layers_of_config(path: Path, config: dict[str, Any], num_layers: int) -> list[int]:

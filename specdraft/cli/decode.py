@@ -117,13 +117,24 @@ def generate(
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": sampling_top_k, "seed": seed}
         if compile:  # compile and capture first: the metrics below are then the engine's, not the compiler's
             _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), console, **sampling)
-        console.print(prompt, end="", style="dim", markup=False, highlight=False, soft_wrap=True)  # continued below
-        result = engine.generate(ids, max_new_tokens, eos_ids=eos, on_tokens=_text_printer(console, tokenizer, ids),
-                                 **sampling)
+        result = _echo_and_generate(console, engine, prompt, ids, max_new_tokens, eos, tokenizer, sampling)
     console.print()
     setting = (f"speculative decoding (steps {num_steps}, topk {topk}, draft tokens {spec.num_draft_tokens})"
                if spec is not None else "plain decoding" + ("" if no_spec else " (no --draft)"))
     _print_generate_summary(console, engine, result, setting, compile, busy)
+
+
+def _echo_and_generate(console, engine, prompt: str, ids: list[int], max_new_tokens: int, eos: tuple,
+                       tokenizer, sampling: dict):
+    """Echo the prompt (dim), then stream the generated text after it on the same line; an error
+    raised by the engine (or Ctrl-C) first ends that line, so its message starts a line of its own."""
+    console.print(prompt, end="", style="dim", markup=False, highlight=False, soft_wrap=True)
+    try:
+        return engine.generate(ids, max_new_tokens, eos_ids=eos, on_tokens=_text_printer(console, tokenizer, ids),
+                               **sampling)
+    except BaseException:
+        console.print()
+        raise
 
 
 def _text_printer(console, tokenizer, prompt_ids: list[int]):

@@ -161,8 +161,10 @@ def doctor(
     template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),
     max_samples: int = typer.Option(32, min=1, help="Samples for the offline run."),
     json_output: bool = flag("--json", help="Print the report as JSON."),
+    strict: bool = flag("--strict", help="Exit 1 when a check is skipped too (an input it needs is not given)."),
 ) -> None:
-    """Check a drafter against its training record, target and deployment (exit 1 on a fail or on a
+    """Check a drafter against its training record, target and deployment (exit 1 on a fail, on a
+    skip with --strict, or on a
     target and drafter directory given in each other's place, 2 on other unusable inputs: a
     CHECKPOINT without a drafter config, a CHECKPOINT or --target config.json that is not valid
     JSON, a --samples file that cannot be read)."""
@@ -190,7 +192,10 @@ def doctor(
         console.print(report_table(report, f"specdraft doctor {checkpoint}"))
         for note in report.notes:
             console.print(f"note: {note}", markup=False, soft_wrap=True)
-    if not report.ok:
+    skipped = report.counts()["skip"]
+    if strict and skipped and report.ok and not json_output:  # JSON stays parseable
+        console.print(f"--strict: {skipped} check{'s' * (skipped != 1)} skipped", style="bold red", markup=False)
+    if not report.ok or (strict and skipped):
         raise typer.Exit(1)
 
 

@@ -111,7 +111,7 @@ def vocab_map_valid(ev: Evidence) -> Result:
     if draft_vocab is None:
         raise Unavailable("no lm_head.weight, so the draft vocabulary size is unknown",
                           "see keys_match_engine")
-    vocab = ev.facts.vocab_size
+    _, vocab, _ = ev.target_sizes()  # without the target: the vocabulary its config declares
     try:
         usable = usable_vocab(ev.manifest)  # the tokenizer's length: ids past it are padding rows
     except Unavailable:  # a damaged manifest is the manifest check's finding

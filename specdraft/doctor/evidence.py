@@ -28,7 +28,7 @@ from specdraft.checkpoint import (
     read_config,
     state_dict_for_layout,
 )
-from specdraft.conventions import AuxReading, ConventionError, aux_layers_from_config
+from specdraft.conventions import AUX_KEY, AuxReading, ConventionError, aux_layers_from_config
 from specdraft.data.records import DataError
 from specdraft.doctor.inputs import DOCTOR_ENGINES, DoctorInputs
 from specdraft.doctor.keys import KeyMap, draft_as_loaded, key_map
@@ -177,6 +177,31 @@ class Evidence:
             raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
 
     @memo
+    def shape_config(self) -> DraftConfig:
+        """The DraftConfig that fixes the tensors' names and shapes: `draft_config`, or, when the
+        target's layer count is unknown (no --target, no manifest), config.json read with a
+        stand-in count that admits its aux ids (aux layers set no tensor's shape)."""
+        try:
+            return self.draft_config
+        except Broken:
+            raise
+        except Unavailable:
+            pass
+        try:
+            return config_from_files(self.path, self.layout, self.config, None, _stand_in_layers(self.config))
+        except (CheckpointError, ValueError) as e:
+            raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
+
+    def target_sizes(self) -> tuple[int, int, str]:
+        """(hidden size, vocabulary, where from) of the target the checks compare with: the
+        target's (`facts`), else what the drafter's own config says it was built for."""
+        try:
+            return self.facts.hidden_size, self.facts.vocab_size, "target"
+        except Unavailable:
+            cfg = self.shape_config
+            return cfg.target_hidden_size, cfg.vocab_size, "the drafter's config"
+
+    @memo
     def engine_args(self) -> EngineArgs | None:
         """The parsed --engine-args (None when not given)."""
         text = self.inputs.engine_args
@@ -229,7 +254,7 @@ class Evidence:
 
     def key_map(self, engine: str | None) -> KeyMap:
         """How `engine` (None: specdraft's strict loader) maps the file onto the parameters."""
-        tensors, cfg = self.tensors, self.draft_config
+        tensors, cfg = self.tensors, self.shape_config
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in
                         state_dict_for_layout(Eagle3Draft(cfg), "sglang").items()}
@@ -323,6 +348,15 @@ class Evidence:
         if not cfg.owns_embedding:
             model.load_target_embedding(self.target.embed_tokens.weight.detach().float())
         return model.eval(), how
+
+
+def _stand_in_layers(config: dict[str, Any]) -> int:
+    """A target layer count under which every aux id config.json holds is capturable (top-level
+    ids as-is, eagle_config ids + 1), for reading a drafter's shapes without its target."""
+    nested = config.get("eagle_config")
+    ids = list(config.get(AUX_KEY) or []) + list((nested.get(AUX_KEY) if isinstance(nested, dict) else None) or [])
+    ints = [i for i in ids if isinstance(i, int)]
+    return max([4] + [i + 2 for i in ints])
 
 
 def describe(value: Any) -> str:

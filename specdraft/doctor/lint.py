@@ -4,7 +4,9 @@ flags, draft vocabulary size, head tying, rope (S2-S4, FC-03, FC-06, FC-09)."""
 
 from __future__ import annotations
 
-from specdraft.checkpoint import UNIMPLEMENTED_FLAGS
+import json
+
+from specdraft.checkpoint import FLAGS_FIX, unimplemented_flags
 from specdraft.conventions import (
     AUX_KEY,
     ConventionError,
@@ -22,7 +24,7 @@ def fc_width_matches_aux(ev: Evidence) -> Result:
     if "fc.weight" not in ev.tensors:
         raise Unavailable("no fc.weight in the file", "see keys_match_engine")
     out_width, in_width = ev.tensors["fc.weight"].shape
-    hidden = ev.facts.hidden_size
+    hidden, _, source = ev.target_sizes()  # without the target: the width its config declares
     declared = ev.config.get("target_hidden_size") or ev.layer_config.get("target_hidden_size")
     problems = []
     if in_width != NUM_AUX * hidden:
@@ -34,10 +36,14 @@ def fc_width_matches_aux(ev: Evidence) -> Result:
                         f"{out_width}, not 3 x {hidden}")
     elif declared is not None and declared != hidden:
         problems.append(f"config target_hidden_size {declared} != the target's hidden size {hidden}")
+    if problems and source != "target":
+        return fail("; ".join(problems), f"fc.weight does not fit the drafter's own config: re-export the drafter "
+                    "from its training run")
     if problems:
         return fail("; ".join(problems), f"train the drafter on {NUM_AUX} aux layers of this target "
                     "(fc input 3 x H) and export it with specdraft export")
-    return ok(f"fc takes {in_width} = {NUM_AUX} x {hidden} (target hidden)")
+    return ok(f"fc takes {in_width} = {NUM_AUX} x {hidden} (target hidden" +
+              ("" if source == "target" else ", as the drafter's config declares it") + ")")
 
 
 def aux_ids_read_alike(ev: Evidence) -> Result:
@@ -48,8 +54,8 @@ def aux_ids_read_alike(ev: Evidence) -> Result:
             and ev.inputs.sglang_version is None:
         problems += lint_sglang_ids(nested)
     try:
-        reading = ev.reading
-        problems += reading.problems() if len(ev.engines) > 1 else []
+        reading = ev.reading  # one engine: does it read another engine's ids in its own convention?
+        problems += reading.problems() if len(ev.engines) > 1 else reading.misread(ev.engines[0])
     except Unreadable as e:
         problems.append(e.reason)
     if problems:
@@ -153,27 +159,29 @@ def speculative_settings_valid(ev: Evidence) -> Result:
 
 
 def norm_before_residual_false(ev: Evidence) -> Result:
-    """norm_before_residual is false (what specdraft trains) and no untrained variant flag is set."""
-    layer, config = ev.layer_config, ev.config
-    flagged = [k for k in UNIMPLEMENTED_FLAGS if k != "norm_before_residual"
-               and (config.get(k) or layer.get(k))]
-    value = config.get("norm_before_residual", layer.get("norm_before_residual"))
-    problems = [f"sets {flagged}: the engine computes a variant specdraft did not train"] if flagged else []
-    if value is True:
-        problems.append("norm_before_residual: true, but the drafter was trained with false")
-    elif value is None and ev.layout == "speculators":
-        problems.append("speculators config without norm_before_residual: vLLM then assumes true "
-                        "(transformers_utils/configs/speculators/algos.py)")
-    if problems:
-        return fail("; ".join(problems), "write norm_before_residual: false (specdraft export does)")
-    return ok(f"norm_before_residual {'false' if value is False else 'absent (false for official configs)'}")
+    """No EAGLE-3 variant flag specdraft does not implement is set (`checkpoint.unimplemented_flags`,
+    the rule every command refuses to load such a drafter by), norm_before_residual included,
+    and a speculators config writes norm_before_residual: false (vLLM assumes true without it)."""
+    flagged = unimplemented_flags(ev.config)
+    if flagged:
+        named = ", ".join(f"{k}: {json.dumps(v)}" for k, v in flagged.items())  # as in the file
+        return fail(f"sets {named}: the engine computes a variant specdraft's drafter does not implement "
+                    "(specdraft's commands refuse to load it)",
+                    f"{' and '.join(flagged)}: {FLAGS_FIX}")
+    value = ev.config.get("norm_before_residual", ev.layer_config.get("norm_before_residual"))
+    if value is None and ev.layout == "speculators":
+        return fail("speculators config without norm_before_residual: vLLM then assumes true "
+                    "(transformers_utils/configs/speculators/algos.py)",
+                    "write norm_before_residual: false (specdraft export does)")
+    return ok(f"norm_before_residual {'false' if value is False else 'absent (false for official configs)'}; "
+              "no unimplemented variant flag")
 
 
 def draft_vocab_size_declared(ev: Evidence) -> Result:
     """draft_vocab_size is declared when the head is smaller than the vocabulary (FC-02)."""
     if "lm_head.weight" not in ev.tensors:
         raise Unavailable("no lm_head.weight in the file", "see keys_match_engine")
-    rows, vocab = ev.tensors["lm_head.weight"].shape[0], ev.facts.vocab_size
+    rows, (_, vocab, _) = ev.tensors["lm_head.weight"].shape[0], ev.target_sizes()
     declared = ev.config.get("draft_vocab_size", ev.layer_config.get("draft_vocab_size"))
     config_vocab = ev.layer_config.get("vocab_size")
     problems = []
@@ -213,11 +221,15 @@ def rope_matches_training(ev: Evidence) -> Result:
         problems.append(f"partial_rotary_factor {layer['partial_rotary_factor']}: the drafter was "
                         "trained with full rotary")
     only_target = not problems  # so far none about the drafter's config itself
+    differ = set()  # keys where the config differs from the target only
     for name, reference in _rope_references(ev):
         for key, value in served.items():
             if key in reference and reference[key] != value:
                 problems.append(f"{key} {describe(value)} (config) vs {describe(reference[key])} ({name})")
                 only_target = only_target and name != "training"
+                differ |= {key} if name != "training" else set()
+    if problems and only_target and differ == {"max_position_embeddings"}:
+        return _positions_fail(ev, served["max_position_embeddings"], problems)
     if problems and only_target and ev.manifest is not None:  # the config is as trained: the target differs
         return fail("; ".join(problems), "serve the target the drafter was trained on, or train a drafter for "
                     "this target (re-exporting cannot change the target's rope)")
@@ -227,6 +239,19 @@ def rope_matches_training(ev: Evidence) -> Result:
     return ok(f"rope_theta {theta}, rope_scaling {describe(scaling)}, max positions "
               f"{served['max_position_embeddings']}: as trained" +
               (" and as the target" if ev.inputs.target is not None else ""))
+
+
+def _positions_fail(ev: Evidence, positions, problems: list[str]) -> Result:
+    """The fail when only max positions differ from the target's and the config is as trained:
+    a drafter shorter than the target limits the requests; a longer one means another target."""
+    target = ev.facts.max_position_embeddings
+    if isinstance(positions, int) and isinstance(target, int) and positions < target:
+        return fail("; ".join(problems) + ": the drafter's own max positions are shorter than the target's",
+                    f"keep prompt + output within the drafter's {positions} positions (specdraft's engine and "
+                    f"server refuse longer requests), or train a drafter whose config has the target's {target}; "
+                    "the target and its rope are not at fault")
+    return fail("; ".join(problems), "serve the target the drafter was trained on, or train a drafter for "
+                "this target (re-exporting cannot change the target's max positions)")
 
 
 def _rope_references(ev: Evidence) -> list[tuple[str, dict]]:

@@ -59,10 +59,37 @@ class Report:
                 return f
         raise KeyError(check)
 
+    def skips_enabled_by(self) -> dict[str, int]:
+        """The inputs (INPUT_FLAGS) skipped checks name as what would run them, each with how many
+        checks it would run, in INPUT_FLAGS order; a skip that names none (e.g. for want of the
+        drafter's manifest) is not counted."""
+        wanted = [_input_named(f"{f.fix} {f.evidence}") for f in self.findings if f.verdict == "skip"]
+        return {flag: wanted.count(flag) for flag in INPUT_FLAGS if flag in wanted}
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: findings, counts and notes."""
-        return {"ok": self.ok, "counts": self.counts(), "findings": [asdict(f) for f in self.findings],
-                "notes": list(self.notes)}
+        """JSON-ready: findings, counts, skips_enabled_by and notes."""
+        return {"ok": self.ok, "counts": self.counts(), "skips_enabled_by": self.skips_enabled_by(),
+                "findings": [asdict(f) for f in self.findings], "notes": list(self.notes)}
+
+
+# The inputs a skipped check may name as what would let it run, in the order the hint lists them.
+INPUT_FLAGS = ("--target", "--engine-args", "--samples", "--server")
+
+
+def _input_named(text: str) -> str | None:
+    """The INPUT_FLAGS named first in `text`, or None."""
+    found = [(text.find(flag), flag) for flag in INPUT_FLAGS if flag in text]
+    return min(found)[1] if found else None
+
+
+def skips_text(enabled_by: dict[str, int]) -> str:
+    """"pass --target to run 3 more checks, --samples for 1": what the skipped checks need ("" if
+    they name no input)."""
+    parts = [f"{flag} for {n}" for flag, n in enabled_by.items()]
+    if not parts:
+        return ""
+    first, n = next(iter(enabled_by.items()))
+    return f"pass {first} to run {n} more check{'s' * (n != 1)}" + "".join(", " + p for p in parts[1:])
 
 
 def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engine: str | None = None,
@@ -88,6 +115,7 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     dropped). A bad checkpoint is a failing finding.
     """
     from specdraft.client import check_url
+    from specdraft.target import no_progress_bars
 
     if server is not None:
         server = check_url(server, "--server")  # the base URL, without /v1: paths are appended to it
@@ -101,9 +129,10 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
         sglang_version=sglang_version, template_kwargs=template_kwargs,
         max_samples=max_samples, max_length=max_length, skip_bad=skip_bad, server_wait_s=server_wait_s)
     ev = Evidence(inputs)
-    ev.read_given_samples()
-    for check in CHECKS:
-        ev.findings.append(_run_one(check, ev))
+    with no_progress_bars():  # transformers' bars (the target's "Loading weights") stay out of the report
+        ev.read_given_samples()
+        for check in CHECKS:
+            ev.findings.append(_run_one(check, ev))
     return Report(list(ev.findings), ev.notes())
 
 
@@ -136,7 +165,9 @@ def report_table(report: Report, title: str = "specdraft doctor"):
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title=title, caption=counts_text(report.counts()), show_lines=True, expand=True)
+    hint = skips_text(report.skips_enabled_by())
+    caption = counts_text(report.counts()) + (f"; {hint}" if hint else "")
+    table = Table(title=title, caption=caption, show_lines=True, expand=True)
     table.add_column("verdict", no_wrap=True)
     table.add_column("check / evidence", overflow="fold")
     for f in report.findings:

@@ -163,8 +163,13 @@ class SpeculativeEngine:
             limits.append(("the drafter's max_position_embeddings", self.draft.cfg.max_position_embeddings))
         for name, limit in limits:
             if total > limit:
+                room = (f"ask for at most {limit - num_prompt_tokens} new tokens" if num_prompt_tokens < limit
+                        else f"shorten the prompt to under {limit} tokens")
+                if name.startswith("the drafter"):  # the drafter's own limit: plain decoding has the target's
+                    room += (f", or decode without the drafter (plain decoding reaches the target's "
+                             f"{self.target.args.max_position_embeddings})")
                 raise ValueError(f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} = {total} "
-                                 f"tokens exceeds {name} {limit}")
+                                 f"tokens exceeds {name} {limit}: {room}")
         tree = self.spec.num_draft_tokens if self.spec else 1
         if total + tree > self.max_seq_len:
             raise ValueError(f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} + "

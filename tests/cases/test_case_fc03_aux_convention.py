@@ -50,5 +50,5 @@ def test_case_fc03_lint_first_id_not_one():
     # the reason: DeepSeek-class SGLang reads that list differently across 0.5.13
     assert from_engine_ids([2, 16, 29], "sglang", NUM_LAYERS, "deepseek", "0.5.12") == [3, 17, 30]
     assert from_engine_ids([2, 16, 29], "sglang", NUM_LAYERS, "deepseek", "0.5.13") == TRAINED
-    with pytest.raises(ConventionError, match="pass sglang_version"):
+    with pytest.raises(ConventionError, match="pass --sglang-version"):
         from_engine_ids([2, 16, 29], "sglang", NUM_LAYERS, "deepseek")

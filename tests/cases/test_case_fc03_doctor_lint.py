@@ -64,3 +64,26 @@ def test_case_fc03_deepseek_first_id_not_one_is_flagged(tmp_path):
     pinned = run_doctor(tmp_path / "d", target=target, engine="sglang", sglang_version="0.5.14")
     assert pinned.finding("aux_ids_read_alike").verdict == "pass"
     assert pinned.finding("engine_captures_training_layers").verdict == "pass"
+
+
+@pytest.mark.parametrize("with_manifest", [True, False])
+def test_case_fc03_nested_only_file_fails_for_vllm_alone(llama, tmp_path, with_manifest):
+    """vLLM reads eagle_config ids (SGLang's convention) as-is: `doctor --engine vllm` fails the
+    file on its own, not only when both engines are compared (issue #20 item 9)."""
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+
+    draft, target = llama
+    ckpt = nested_only(draft, tmp_path / "n", target, [1, 3, 4])  # SGLang's convention for [2, 4, 5]
+    if not with_manifest:
+        (ckpt / "specdraft_manifest.json").unlink()
+    report = run_doctor(ckpt, target=target, engine="vllm")
+    lint = report.finding("aux_ids_read_alike")
+    assert lint.verdict == "fail", lint
+    assert "vLLM reads the eagle_config ids" in lint.evidence and "captures [1, 3, 4], not the [2, 4, 5]" \
+        in lint.evidence
+    assert run_doctor(ckpt, target=target, engine="sglang").finding("aux_ids_read_alike").verdict == "pass"
+    result = CliRunner().invoke(app, ["doctor", str(ckpt), "--target", str(target), "--engine", "vllm"],
+                                env={"COLUMNS": "400"})
+    assert result.exit_code == 1 and "aux_ids_read_alike" in result.output, result.output

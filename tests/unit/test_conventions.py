@@ -126,9 +126,9 @@ def test_sglang_deepseek_first_id_rule():
     assert to_engine_ids([2, 16, 29], "sglang", 32, "deepseek") == [1, 15, 28]
     assert from_engine_ids([1, 15, 28], "sglang", 32, "deepseek") == [2, 16, 29]
     # any other first id reads differently before and after 0.5.13
-    with pytest.raises(ConventionError, match="pass sglang_version"):
+    with pytest.raises(ConventionError, match="pass --sglang-version"):
         to_engine_ids([3, 16, 29], "sglang", 32, "deepseek")
-    with pytest.raises(ConventionError, match="pass sglang_version"):
+    with pytest.raises(ConventionError, match="pass --sglang-version"):
         from_engine_ids([2, 16, 29], "sglang", 32, "deepseek")
     assert to_engine_ids([3, 16, 29], "sglang", 32, "deepseek", "0.5.12") == [2, 15, 28]
     assert to_engine_ids([3, 16, 29], "sglang", 32, "deepseek", "0.5.13.post1") == [3, 16, 29]
@@ -216,7 +216,7 @@ def test_aux_layers_from_config_readings():
 
 def test_aux_layers_from_config_deepseek_needs_version():
     config = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 16, 29]}}
-    with pytest.raises(ConventionError, match="pass sglang_version"):
+    with pytest.raises(ConventionError, match="pass --sglang-version"):
         aux_layers_from_config(config, 32, "deepseek")
     assert not aux_layers_from_config(config, 32, "deepseek", "0.5.14").differs
     assert aux_layers_from_config(config, 32, "deepseek", "0.5.12").differs

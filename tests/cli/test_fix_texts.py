@@ -1,0 +1,67 @@
+"""Refusals name the command-line flag and the remedy that fits (issue #20 item 10): export's
+SGLang-version refusal names --sglang-version; a drafter whose own max positions are short is told
+to keep requests within them (not to serve another target), as the engine's length refusal says;
+generate's error starts its own line after the echoed prompt; doctor draws no transformers bar."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdraft.doctor import run_doctor
+from tests.cli.test_cli import flat, invoke
+from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.tiny_models import save_tiny_model
+from tests.tiny_tokenizer import save_tiny_tokenizer
+
+
+def test_export_names_the_sglang_version_flag(tmp_path):
+    # index 1 first: SGLang < 0.5.13 writes it on DeepSeek-class targets, >= 0.5.13 cannot
+    draft, _ = draft_checkpoint(tmp_path, arch="deepseek_v3", num_layers=8, aux=(1, 4, 5))
+    result = invoke(["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"])
+    text = flat(result.output)
+    assert result.exit_code == 1 and "pass --sglang-version if you serve a version that can" in text, text
+    assert "sglang_version" not in text
+
+
+def test_a_drafter_with_short_max_positions_is_told_to_keep_requests_within_them(tmp_path):
+    draft, target = draft_checkpoint(tmp_path)  # the tiny target: 256 positions
+    edit_config(draft, lambda c: c.update(max_position_embeddings=128))
+    manifest = json.loads((draft / "specdraft_manifest.json").read_text())
+    manifest["draft"]["max_position_embeddings"] = 128  # trained so: the config is as trained
+    (draft / "specdraft_manifest.json").write_text(json.dumps(manifest))
+    finding = run_doctor(draft, target=target).finding("rope_matches_training")
+    assert finding.verdict == "fail" and "max_position_embeddings 128 (config) vs 256 (target" in finding.evidence
+    assert finding.fix.startswith("keep prompt + output within the drafter's 128 positions"), finding.fix
+    assert "serve the target the drafter was trained on" not in finding.fix
+
+
+@pytest.fixture(scope="module")
+def target_with_tokenizer(tmp_path_factory):
+    path = save_tiny_model("llama", tmp_path_factory.mktemp("tok") / "target")
+    save_tiny_tokenizer(path)
+    return path
+
+
+def test_generate_prints_its_error_on_a_line_of_its_own(target_with_tokenizer):
+    result = invoke(["generate", "--target", str(target_with_tokenizer), "--prompt", "hello how",
+                     "--max-new-tokens", "300"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "hello how", lines
+    assert lines[1].startswith("error: prompt ") and "exceeds the target's max_position_embeddings 256: ask for " \
+        "at most" in flat(result.output), lines
+
+
+def test_doctor_on_a_deepseek_target_draws_no_loading_bar(tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
+    draft, target = draft_checkpoint(tmp_path, arch="deepseek_v3", num_layers=8, aux=(2, 4, 5))
+    capfd.readouterr()
+    assert hf_logging.is_progress_bar_enabled()
+    report = run_doctor(draft, target=target)
+    assert report.finding("aux_width_on_target").verdict == "pass"  # it loaded and ran the target
+    captured = capfd.readouterr()
+    assert "Loading weights" not in captured.err + captured.out and "it/s" not in captured.err
+    assert hf_logging.is_progress_bar_enabled()
