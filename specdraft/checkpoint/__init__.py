@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +45,7 @@ from specdraft.checkpoint.layouts import (
 )
 from specdraft.conventions import validate_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.files import atomic_dir, replace_dir
+from specdraft.files import atomic_dir, ordinary_mode, replace_dir
 
 __all__ = [
     "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
@@ -132,9 +131,7 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metada
     """safetensors.save_file with the permissions of an ordinary file (0666 less the umask;
     save_file creates it owner-only, which a server running as another user cannot read)."""
     save_file(tensors, str(path), metadata=metadata)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    ordinary_mode(path)
 
 
 def detect_layout(path: Path) -> str:
