@@ -223,12 +223,10 @@ class StoreData:
     def token_counts(self) -> torch.Tensor:
         """Loss-masked target-token counts [V] over the whole store; reads only input_ids and
         loss_mask of each shard (capture.store's layout), never the hidden states."""
-        from safetensors import safe_open
-
         counts = torch.zeros(self.store.meta["target"]["vocab_size"], dtype=torch.long)
-        for entry in self.store.meta["shards"]:
-            with safe_open(str(self.store.path / entry["file"]), framework="pt") as f:
-                ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool()]
+        for s in range(len(self.store.meta["shards"])):
+            shard = self.store.shard_tensors(s, "input_ids", "loss_mask")
+            ids = shard["input_ids"].long()[shard["loss_mask"].bool()]
             counts += torch.bincount(ids, minlength=counts.numel())
         return counts
 
