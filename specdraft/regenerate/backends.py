@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from specdraft.engine.requests import decode_continuation
 from specdraft.errors import SpecdraftError
 
 
@@ -115,16 +116,11 @@ class LocalBackend:
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
 
     def _decode(self, prompt: Prompt, new_ids: list[int]) -> str:
+        """The answer up to its first EOS, decoded as the continuation of its prompt (chat or
+        text), as the endpoint path and `serve` do: decoded alone, a SentencePiece answer would
+        lose its word-start space and re-tokenise to other ids than the target generated."""
         stop = next((i for i, t in enumerate(new_ids) if t in self.eos_ids), len(new_ids))
-        new_ids = new_ids[:stop]
-        if prompt.messages is not None:
-            return self.tokenizer.decode(new_ids, skip_special_tokens=True)
-        # Text continuation: decode with the prompt so word boundaries (leading spaces) survive.
-        head = self.tokenizer.decode(prompt.ids, skip_special_tokens=True)
-        full = self.tokenizer.decode(prompt.ids + new_ids, skip_special_tokens=True)
-        if full.startswith(head):
-            return full[len(head):]
-        return self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        return decode_continuation(self.tokenizer, prompt.ids, new_ids[:stop], skip_special_tokens=True)
 
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
