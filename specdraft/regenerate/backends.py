@@ -75,8 +75,11 @@ class LocalBackend:
                  batch_size: int = 8, dtype: torch.dtype = torch.float32, device: str = "cpu"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from specdraft.target import check_target_weights
+
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or model_dir))
+        check_target_weights(model_dir)  # a truncated download: one line naming it, not a traceback
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(device)
         self.model.eval()
         self.batch_size, self.device = batch_size, device

@@ -1,7 +1,7 @@
 """A truncated safetensors file (a download or copy cut short): the target's model.safetensors in
-generate, serve, capture and doctor --target, a capture shard in train and doctor --samples. Each
-is one `error:` line naming the file and the fix (it was safetensors' traceback, "incomplete
-metadata"), exit 1; doctor exits 2, as for its other inputs it cannot judge (an unreadable config or
+generate, serve, capture, regenerate --target and doctor --target, a capture shard in train and
+doctor --samples. Each is one `error:` line naming the file and the fix (it was safetensors'
+traceback, "incomplete metadata"), exit 1; doctor exits 2, as for its other inputs it cannot judge (an unreadable config or
 --samples file). Re-running capture, as the shard's message says, redoes the shard."""
 
 from __future__ import annotations
@@ -60,11 +60,13 @@ def target_commands(draft, target, tmp_path):
                          "--max-new-tokens", "2"],
             "serve": ["serve", "--target", str(target), "--draft", str(draft), "--port", str(free_port())],
             "capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
+            "regenerate": ["regenerate", str(data), str(tmp_path / "out.jsonl"), "--target", str(target),
+                           "--no-chat"],
             "doctor": ["doctor", str(draft), "--target", str(target)]}
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.001], ids=["in-the-data", "in-the-header"])
-@pytest.mark.parametrize("command", ["generate", "serve", "capture", "doctor"])
+@pytest.mark.parametrize("command", ["generate", "serve", "capture", "regenerate", "doctor"])
 def test_truncated_target_weights(world, tmp_path, command, keep):
     draft, target, _ = world
     bad = tmp_path / "target"
