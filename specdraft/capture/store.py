@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from specdraft.checkpoint import file_sha256, open_safetensors, read_safetensors
 from specdraft.errors import SpecdraftError
 

@@ -145,7 +145,7 @@ def open_safetensors(path: str | Path, fix: str, error: type[SpecdraftError] = D
 def read_safetensors(path: str | Path, fix: str, error: type[SpecdraftError] = DamagedFile) -> dict[str, torch.Tensor]:
     """Every tensor of a safetensors file, by name (CPU); a damaged file as `open_safetensors`."""
     with open_safetensors(path, fix, error) as f:
-        return {key: f.get_tensor(key) for key in f.keys()}
+        return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (a safe_open handle, no dict)
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
