@@ -55,8 +55,8 @@ __all__ = [
     "Manifest", "audit", "check_output_dir", "checkpoint_paths", "classify_dir", "config_from_files",
     "convert_draft", "describe_layout", "detect_layout", "file_sha256", "fill_model", "is_training_checkpoint",
     "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "read_config",
-    "read_safetensors", "read_sharded", "replace_dir", "save_draft", "speculators_config", "state_dict_for_layout", "tensor_digest", "verify_same_tensors",
-    "write_safetensors", "wrong_dir_message",
+    "read_safetensors", "read_sharded", "replace_dir", "save_draft", "speculators_config", "state_dict_for_layout",
+    "tensor_digest", "verify_same_tensors", "write_safetensors", "wrong_dir_message",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
