@@ -15,3 +15,7 @@ class SpecdraftError(Exception):
 
 class SettingsMismatch(SpecdraftError, ValueError):
     """An output written with other settings than this run's (resuming would mix the two)."""
+
+
+class DamagedFile(SpecdraftError, ValueError):
+    """A file specdraft reads that is cut short or not in its format (a truncated download)."""

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from specdraft.checkpoint import (
     MANIFEST_FILE,
@@ -40,6 +39,7 @@ from specdraft.checkpoint import (
     load_draft,
     load_training_checkpoint,
     official_config,
+    read_safetensors,
     speculators_config,
     state_dict_for_layout,
     verify_same_tensors,
@@ -133,7 +133,7 @@ class ExportResult:
 def reread_weights(path: Path, cfg: DraftConfig, layout: str) -> Eagle3Draft:
     """A drafter filled strictly from `path`/model.safetensors named in `layout` (fill_model)."""
     weights = Path(path) / WEIGHTS_FILE
-    tensors = load_file(str(weights))
+    tensors = read_safetensors(weights, "re-run the export", CheckpointError)
     model = Eagle3Draft(cfg).to(tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
     fill_model(model, tensors, layout, weights)
     return model

@@ -2,7 +2,9 @@
 
 Every output specdraft writes goes to a temporary name beside its destination and is renamed
 over it (`os.replace`, atomic on POSIX), so an interrupted run leaves the old file or the new
-one, never a mix. An output that a later run may resume (a capture store, a regenerated file,
+one, never a mix. What they write gets an ordinary file's mode (0666 less the umask), whatever
+mode the writer created it with (safetensors and `save_pretrained` create owner-only files).
+An output that a later run may resume (a capture store, a regenerated file,
 a training run, the demo's stages) records its settings; `refuse_other_settings` compares a
 resumed run's settings with them and names every field that differs.
 """
@@ -32,16 +34,25 @@ def is_temp_path(path: Path) -> bool:
     return name.startswith(".") and ".tmp-" in name
 
 
+def ordinary_mode(path: str | Path) -> None:
+    """Give the file at `path` the mode an ordinary new file gets: 0666 less the process umask
+    (0644 under the usual 022), so a server or a user other than the writer can read it."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """Call `write(tmp)` to write the file's contents at a temporary path, then rename it to
     `path` (parents created). On any error the temporary file is removed and `path` is untouched.
     `write` is e.g. `torch.save` / `safetensors.torch.save_file` / `figure.savefig` bound to
-    the object. Returns `path`."""
+    the object. The file gets `ordinary_mode`. Returns `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
     try:
         write(tmp)
+        ordinary_mode(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -67,7 +78,7 @@ def atomic_write_json(path: str | Path, value: Any, *, indent: int | None = 1, s
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Build a directory at a temporary path, then put it in place of `path` (an existing
     directory there is replaced). An exception inside the block removes the temporary
-    directory and leaves `path` as it was."""
+    directory and leaves `path` as it was. Every file written inside gets `ordinary_mode`."""
     path = Path(path)
     tmp = temp_path(path)
     shutil.rmtree(tmp, ignore_errors=True)
@@ -77,6 +88,9 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    for file in tmp.rglob("*"):
+        if file.is_file() and not file.is_symlink():
+            ordinary_mode(file)
     replace_dir(tmp, path)
 
 

@@ -282,7 +282,8 @@ def load_target(
     A config gives a randomly initialised model, seeded by `seed` (values depend on seed,
     dtype and device type); the global RNG is left as it was. The model is in eval mode.
     Raises FileNotFoundError for a path without config.json, ValueError for an EAGLE-3 drafter
-    directory, an unsupported class (naming it) or a checkpoint whose weights do not match the model.
+    directory, an unsupported class (naming it) or a checkpoint whose weights do not match the model,
+    DamagedFile (also a ValueError) for a truncated weights file (`check_target_weights`).
     """
     if isinstance(source, PretrainedConfig):
         model_class = _model_class(source)
@@ -307,6 +308,31 @@ def check_target_config(path: str | Path, config: dict, keys: Sequence[str] = TA
     if missing:
         raise ValueError(f"{Path(path) / 'config.json'}: missing {', '.join(missing)}, which a transformers "
                          f"model config holds; {TARGET_CONFIG_FIX}")
+
+
+TARGET_WEIGHTS_FIX = ("re-download the target's weights from where the model came from (its Hugging Face "
+                      "repository or the original download)")
+
+
+def target_weight_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a transformers target directory: the shards its
+    model.safetensors.index.json names, else model.safetensors (present or not)."""
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return [path / "model.safetensors"]
+
+
+def check_target_weights(path: str | Path) -> None:
+    """DamagedFile naming the first of `target_weight_files` that is there but cut short or not
+    safetensors (`checkpoint.open_safetensors`), with TARGET_WEIGHTS_FIX. Reads the headers only."""
+    from specdraft.checkpoint import open_safetensors
+
+    for file in target_weight_files(path):
+        if file.is_file():
+            with open_safetensors(file, TARGET_WEIGHTS_FIX):
+                pass
 
 
 def _model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
@@ -349,6 +375,7 @@ def _load_directory(path: Path, dtype: torch.dtype, device: str | torch.device) 
         raise ValueError(wrong)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     model_class = _model_class(config)
+    check_target_weights(path)
     with no_progress_bars():
         model, info = model_class.from_pretrained(
             path, local_files_only=True, dtype=dtype, output_loading_info=True

@@ -27,10 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file
 
-from specdraft.checkpoint import file_sha256
+from specdraft.checkpoint import file_sha256, open_safetensors, read_safetensors
 from specdraft.errors import SpecdraftError
 
 FORMAT = "specdraft-capture"
@@ -134,6 +132,17 @@ class CaptureStore:
         return self.meta["num_samples"]
 
     @property
+    def fix_damaged(self) -> str:
+        """The fix for a damaged shard: capture checks each shard's sha256 when it resumes."""
+        return (f"re-run `specdraft capture` with the same arguments into {self.path}: it checks every "
+                f"shard against {INDEX} and redoes a damaged one")
+
+    def shard_tensors(self, s: int, *names: str) -> dict[str, torch.Tensor]:
+        """Whole tensors `names` of shard `s` (e.g. "input_ids", "loss_mask"), without the others."""
+        f, _ = self._open(s)
+        return {name: f.get_tensor(name) for name in names}
+
+    @property
     def aux_layers(self) -> list[int]:
         return list(self.meta["aux_layers"])
 
@@ -142,7 +151,7 @@ class CaptureStore:
             path = self.path / self._shards[s]["file"]
             if not path.is_file():
                 raise CaptureError(f"{path}: missing shard; re-run capture to redo it")
-            self._files[s] = safe_open(str(path), framework="pt")
+            self._files[s] = open_safetensors(path, self.fix_damaged, CaptureError)
             self._offsets[s] = self._files[s].get_tensor("offsets").tolist()
         return self._files[s], self._offsets[s]
 
@@ -168,7 +177,7 @@ class CaptureStore:
 
     def target_head(self) -> dict[str, torch.Tensor]:
         """{"norm.weight" [H], "lm_head.weight" [V, H], "embed_tokens.weight" [V, H]}."""
-        return load_file(str(self.path / self.meta["target_head"]["file"]))
+        return read_safetensors(self.path / self.meta["target_head"]["file"], self.fix_damaged, CaptureError)
 
     def verify(self) -> None:
         """Check every shard's and the target head's sha256 against index.json.

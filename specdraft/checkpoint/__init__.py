@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from specdraft.checkpoint.dirs import DirKind, classify_dir, wrong_dir_message
 from specdraft.checkpoint.layouts import (
@@ -49,17 +49,18 @@ from specdraft.checkpoint.layouts import (
 )
 from specdraft.conventions import validate_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.files import atomic_dir, replace_dir
+from specdraft.errors import DamagedFile, SpecdraftError
+from specdraft.files import atomic_dir, ordinary_mode, replace_dir
 
 __all__ = [
     "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
     "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "CheckpointError", "DirKind", "LoadedDraft", "Manifest",
     "audit", "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files",
     "convert_draft", "describe_layout", "detect_layout", "file_sha256", "fill_model", "is_training_checkpoint",
-    "load_draft", "load_training_checkpoint", "official_config", "read_config", "read_sharded",
-    "refuse_unimplemented_flags", "replace_dir", "save_draft", "speculators_config", "state_dict_for_layout",
-    "tensor_digest", "unimplemented_flags", "usable_vocab", "verify_same_tensors", "vocab_map_problems",
-    "write_safetensors", "wrong_dir_message",
+    "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "read_config",
+    "read_safetensors", "read_sharded", "refuse_unimplemented_flags", "replace_dir", "save_draft",
+    "speculators_config", "state_dict_for_layout", "tensor_digest", "unimplemented_flags", "usable_vocab",
+    "verify_same_tensors", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
@@ -132,13 +133,30 @@ def check_output_dir(out_dir: str | Path, source: str | Path | None = None) -> P
     return out
 
 
+def open_safetensors(path: str | Path, fix: str, error: type[SpecdraftError] = DamagedFile) -> Any:
+    """`safe_open(path)` on the CPU: tensors read lazily, the handle usable in `with`. The one rule
+    of every safetensors reader (target weights, capture shards, drafters): a file cut short (a
+    truncated download or copy), cut in its header or not safetensors at all raises `error`
+    "PATH: cannot be read as safetensors, cut short or damaged (what safetensors found); FIX".
+    safetensors checks at opening that the header parses and the file holds every byte it names."""
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except SafetensorError as e:
+        reason = str(e).removeprefix("Error while deserializing header: ")
+        raise error(f"{path}: cannot be read as safetensors, cut short or damaged ({reason}); {fix}") from None
+
+
+def read_safetensors(path: str | Path, fix: str, error: type[SpecdraftError] = DamagedFile) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, by name (CPU); a damaged file as `open_safetensors`."""
+    with open_safetensors(path, fix, error) as f:
+        return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (a safe_open handle, no dict)
+
+
 def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
     """safetensors.save_file with the permissions of an ordinary file (0666 less the umask;
     save_file creates it owner-only, which a server running as another user cannot read)."""
     save_file(tensors, str(path), metadata=metadata)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    ordinary_mode(path)
 
 
 def detect_layout(path: Path) -> str:
@@ -189,10 +207,7 @@ def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     weights = path / WEIGHTS_FILE
     if not weights.exists():
         raise CheckpointError(f"{weights}: missing")
-    try:
-        tensors = load_file(str(weights))
-    except Exception as e:  # safetensors raises several types for a corrupt header
-        raise CheckpointError(f"{weights}: cannot be read as safetensors ({e}); re-export it") from e
+    tensors = read_safetensors(weights, "re-export it", CheckpointError)
     model = Eagle3Draft(cfg).to(dtype=tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
     fill_model(model, tensors, layout, weights)
     model.to(device=device, dtype=dtype)

@@ -110,8 +110,9 @@ def regenerate(
             concurrency=concurrency, batch_size=batch_size, max_retries=max_retries,
             api_key=os.environ.get("OPENAI_API_KEY"), skip_bad=skip_bad, device=device)
         result = regenerate_file(cfg, console=console)
+    empty = f", {result.num_empty} left out (the target's answer was empty)" if result.num_empty else ""
     console.print(f"{result.path}: {result.num_done} records written, {result.num_kept} kept "
-                  f"from an earlier run, {result.num_empty} empty outputs", markup=False)
+                  f"from an earlier run{empty}", markup=False, soft_wrap=True)
 
 
 # --help of `specdraft train`'s options (here, so that each option fits one line of the command)

@@ -15,6 +15,7 @@ from specdraft.checkpoint import (
     read_config,
 )
 from specdraft.client import SERVER_WAIT_S
+from specdraft.target import check_target_weights
 
 DOCTOR_ENGINES = ("sglang", "vllm")
 
@@ -59,6 +60,7 @@ class DoctorInputs:
             raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
         if self.target is not None:
             given_config(self.target, "pass a transformers model directory")
+            check_target_weights(self.target)  # a truncated download: one line, not a row of skips
         if self.samples is not None and not self.samples.exists():
             raise ValueError(f"{self.samples}: no such file or directory; pass a capture store or a JSONL file")
 

@@ -37,7 +37,7 @@ def fc_width_matches_aux(ev: Evidence) -> Result:
     elif declared is not None and declared != hidden:
         problems.append(f"config target_hidden_size {declared} != the target's hidden size {hidden}")
     if problems and source != "target":
-        return fail("; ".join(problems), f"fc.weight does not fit the drafter's own config: re-export the drafter "
+        return fail("; ".join(problems), "fc.weight does not fit the drafter's own config: re-export the drafter "
                     "from its training run")
     if problems:
         return fail("; ".join(problems), f"train the drafter on {NUM_AUX} aux layers of this target "

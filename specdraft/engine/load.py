@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch import Tensor
 
 from specdraft.draft import Eagle3Draft
@@ -242,7 +241,8 @@ def load_fast_target(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     Raises FileNotFoundError for a missing config or checkpoint file; ValueError for an
     unsupported config (see `ModelArgs.from_hf_config`), for checkpoint tensors that match no
     parameter and parameters no tensor fills (one error naming every key and its file), for a
-    shape mismatch, or for a stored lm_head.weight that differs from a tied embedding.
+    shape mismatch, or for a stored lm_head.weight that differs from a tied embedding;
+    DamagedFile (a ValueError) for a truncated safetensors file (`checkpoint.open_safetensors`).
     """
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
@@ -258,12 +258,9 @@ def load_fast_target(model_dir: str | Path, dtype: torch.dtype = torch.float32,
 
 
 def _checkpoint_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        shard_names = set(json.loads(index.read_text())["weight_map"].values())
-        files = [model_dir / name for name in sorted(shard_names)]
-    else:
-        files = [model_dir / "model.safetensors"]
+    from specdraft.target import target_weight_files
+
+    files = target_weight_files(model_dir)
     for file in files:
         if not file.is_file():
             raise FileNotFoundError(f"{file}: not found (specdraft loads model.safetensors or the shards "
@@ -273,10 +270,13 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
 
 @torch.no_grad()
 def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
+    from specdraft.checkpoint import open_safetensors
+    from specdraft.target import TARGET_WEIGHTS_FIX
+
     expected = checkpoint_destinations(model)
     filled, unmatched, stored_head = set(), [], None
     for file in _checkpoint_files(model_dir):
-        with safe_open(file, framework="pt", device="cpu") as f:
+        with open_safetensors(file, TARGET_WEIGHTS_FIX) as f:
             for key in f.keys():
                 if key == "lm_head.weight" and key not in expected:
                     stored_head = (f.get_tensor(key), file.name)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
+from specdraft.engine.requests import decode_continuation
 from specdraft.errors import SpecdraftError
 
 
@@ -74,8 +75,11 @@ class LocalBackend:
                  batch_size: int = 8, dtype: torch.dtype = torch.float32, device: str = "cpu"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from specdraft.target import check_target_weights
+
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or model_dir))
+        check_target_weights(model_dir)  # a truncated download: one line naming it, not a traceback
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(device)
         self.model.eval()
         self.batch_size, self.device = batch_size, device
@@ -115,16 +119,11 @@ class LocalBackend:
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
 
     def _decode(self, prompt: Prompt, new_ids: list[int]) -> str:
+        """The answer up to its first EOS, decoded as the continuation of its prompt (chat or
+        text), as the endpoint path and `serve` do: decoded alone, a SentencePiece answer would
+        lose its word-start space and re-tokenise to other ids than the target generated."""
         stop = next((i for i, t in enumerate(new_ids) if t in self.eos_ids), len(new_ids))
-        new_ids = new_ids[:stop]
-        if prompt.messages is not None:
-            return self.tokenizer.decode(new_ids, skip_special_tokens=True)
-        # Text continuation: decode with the prompt so word boundaries (leading spaces) survive.
-        head = self.tokenizer.decode(prompt.ids, skip_special_tokens=True)
-        full = self.tokenizer.decode(prompt.ids + new_ids, skip_special_tokens=True)
-        if full.startswith(head):
-            return full[len(head):]
-        return self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        return decode_continuation(self.tokenizer, prompt.ids, new_ids[:stop], skip_special_tokens=True)
 
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})

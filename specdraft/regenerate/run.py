@@ -6,7 +6,8 @@ appended. No-chat mode (base models): the prompt is the record's `prompt` field,
 `prompt_tokens` tokens of a document; the target writes the continuation.
 
 Every finished record is appended to the output at once (`specdraft.regenerate.output`), so an
-interrupted run resumes where it stopped.
+interrupted run resumes where it stopped. A record with an empty answer (whitespace only) is not
+written, only counted: the output holds records `capture` and `train` read without --skip-bad.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from specdraft.regenerate.output import check_out_path, check_settings, finished
 @dataclass(frozen=True)
 class RegenResult:
     """num_done: records written by this run; num_kept: finished by an earlier run; num_empty:
-    outputs that came back empty (they fail `read_records` later; use skip_bad there)."""
+    records not written because an answer came back empty (no text to train on, and a line
+    `read_records` refuses); a resumed run asks for them again."""
 
     path: Path
     num_done: int
@@ -117,20 +119,21 @@ def regenerate(records: Records, out_path: str | Path, backend: Backend, samplin
     done = finished_indices(out_path)
     todo = [(i, r) for i, r in enumerate(records.records) if i not in done]
     try:
-        num_empty = _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs,
-                                prompt_tokens, console)
+        num_written, num_empty = _write_rows(records, todo, out_path, backend, sampling, tokenizer,
+                                             kwargs, prompt_tokens, console)
     except BaseException:
         if created and out_path.exists() and out_path.stat().st_size == 0:  # nothing produced: leave no files
             out_path.unlink()
             settings_path(out_path).unlink(missing_ok=True)
         raise
-    return RegenResult(out_path, len(todo), len(done), num_empty)
+    return RegenResult(out_path, num_written, len(done), num_empty)
 
 
 def _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs, prompt_tokens,
-                console) -> int:
-    """Regenerate `todo` in batches, appending each finished row to `out_path`; the empty count."""
-    num_empty = 0
+                console) -> tuple[int, int]:
+    """Regenerate `todo` in batches, appending each finished row with no empty answer to
+    `out_path`; (rows written, rows left out as empty)."""
+    num_written = num_empty = 0
     with open(out_path, "a", encoding="utf-8") as f, _progress(console, len(todo)) as advance:
         for start in range(0, len(todo), backend.batch_size):
             chunk = todo[start:start + backend.batch_size]
@@ -144,11 +147,14 @@ def _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs, p
                 raise RegenerationError(f"{e}; finished records are kept in {out_path}: re-run "
                                         f"the same command to resume") from e
             for row in rows:
-                num_empty += _is_empty(row)
+                if _is_empty(row):
+                    num_empty += 1
+                    continue
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
                 f.flush()
+                num_written += 1
             advance(len(rows))
-    return num_empty
+    return num_written, num_empty
 
 
 def _is_empty(row: dict) -> bool:

@@ -226,17 +226,15 @@ class StoreData:
         """Loss-masked target-token counts [V] over the samples `sample_ids`; reads only
         input_ids, loss_mask and offsets of each shard (capture.store's layout), never the
         hidden states."""
-        from safetensors import safe_open
-
         chosen = torch.zeros(len(self.store), dtype=torch.bool)
         chosen[list(sample_ids)] = True
         counts = torch.zeros(self.store.meta["target"]["vocab_size"], dtype=torch.long)
-        for entry in self.store.meta["shards"]:
-            with safe_open(str(self.store.path / entry["file"]), framework="pt") as f:
-                lengths = f.get_tensor("offsets").diff()
-                first = entry["first_sample"]
-                rows = chosen[first:first + lengths.numel()].repeat_interleave(lengths)
-                ids = f.get_tensor("input_ids").long()[f.get_tensor("loss_mask").bool() & rows]
+        for s, entry in enumerate(self.store.meta["shards"]):
+            shard = self.store.shard_tensors(s, "input_ids", "loss_mask", "offsets")
+            lengths = shard["offsets"].diff()
+            first = entry["first_sample"]
+            rows = chosen[first:first + lengths.numel()].repeat_interleave(lengths)
+            ids = shard["input_ids"].long()[shard["loss_mask"].bool() & rows]
             counts += torch.bincount(ids, minlength=counts.numel())
         return counts
 

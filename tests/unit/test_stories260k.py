@@ -8,7 +8,9 @@ converter (interleaved RoPE on the original, unpermuted weights).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from specdraft import stories260k
 from specdraft.stories260k import (
     CHECKPOINT_FILE,
+    CONVERTED_FILES,
     EXPECTED_TOKENS_FILE,
     SAMPLE_FILE,
     SOURCE_SHA256,
@@ -260,3 +263,16 @@ def test_conversion_refuses_a_foreign_folder(tmp_path):
     with pytest.raises(ValueError, match="not empty and not a stories260K conversion"):
         convert_stories260k(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["umask022", "umask027"])
+def test_converted_files_get_the_umask_mode(tmp_path, umask):
+    # save_pretrained writes model.safetensors owner-only (0600); the conversion must not keep that
+    previous = os.umask(umask)
+    try:
+        out = convert_stories260k(tmp_path / "hf")
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert set(CONVERTED_FILES) <= set(modes)
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)

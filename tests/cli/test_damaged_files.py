@@ -1,0 +1,105 @@
+"""A truncated safetensors file (a download or copy cut short): the target's model.safetensors in
+generate, serve, capture, regenerate --target and doctor --target, a capture shard in train and
+doctor --samples. Each is one `error:` line naming the file and the fix (it was safetensors'
+traceback, "incomplete metadata"), exit 1; doctor exits 2, as for its other inputs it cannot judge (an unreadable config or
+--samples file). Re-running capture, as the shard's message says, redoes the shard."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+
+import pytest
+
+from tests.cli.test_cli import flat, invoke
+from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.tiny_tokenizer import save_tiny_tokenizer
+
+TARGET_FIX = "re-download the target's weights from where the model came from"
+SHARD = "shard-00000.safetensors"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(draft dir, target dir with tokenizer, data.jsonl, the capture command of a 2-shard store)."""
+    root = tmp_path_factory.mktemp("damaged")
+    draft, target = draft_checkpoint(root)
+    save_tiny_tokenizer(target)
+    data = root / "data.jsonl"
+    data.write_text("".join(f'{{"text": "story {i}: the cat sat on the mat and looked at the dog"}}\n'
+                            for i in range(8)))
+    capture = ["capture", str(target), str(data), str(root / "store"), "--no-chat", "--aux-layers", "2,3,4",
+               "--dtype", "fp32", "--shard-tokens", "64"]
+    assert invoke(capture).exit_code == 0
+    return draft, target, capture
+
+
+def one_error(result, command: str, *fragments: str) -> None:
+    assert result.exit_code == (2 if command == "doctor" else 1), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    text = flat(result.output)
+    assert text.startswith("error: ") and text.count("error: ") == 1, result.output
+    assert all(f in text for f in fragments), text
+
+
+def truncate(path, keep: float = 0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def target_commands(draft, target, tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hello world"}\n')
+    return {"generate": ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "hello",
+                         "--max-new-tokens", "2"],
+            "serve": ["serve", "--target", str(target), "--draft", str(draft), "--port", str(free_port())],
+            "capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
+            "regenerate": ["regenerate", str(data), str(tmp_path / "out.jsonl"), "--target", str(target),
+                           "--no-chat"],
+            "doctor": ["doctor", str(draft), "--target", str(target)]}
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.001], ids=["in-the-data", "in-the-header"])
+@pytest.mark.parametrize("command", ["generate", "serve", "capture", "regenerate", "doctor"])
+def test_truncated_target_weights(world, tmp_path, command, keep):
+    draft, target, _ = world
+    bad = tmp_path / "target"
+    shutil.copytree(target, bad)
+    truncate(bad / "model.safetensors", keep)
+    one_error(invoke(target_commands(draft, bad, tmp_path)[command]), command,
+              f"{bad / 'model.safetensors'}: cannot be read as safetensors, cut short or damaged (", TARGET_FIX)
+
+
+def shard_commands(draft, store, tmp_path):
+    return {"train": ["train", str(store), str(tmp_path / "run"), "--steps", "1", "--batch-size", "2",
+                      "--ttt-steps", "1", "--draft-vocab-size", "32"],
+            "doctor": ["doctor", str(draft), "--samples", str(store)]}
+
+
+@pytest.mark.parametrize("command", ["train", "doctor"])
+def test_truncated_capture_shard(world, tmp_path, command):
+    draft, _, capture = world
+    store = tmp_path / "store"
+    shutil.copytree(capture[3], store)
+    truncate(store / SHARD)
+    one_error(invoke(shard_commands(draft, store, tmp_path)[command]), command,
+              f"{store / SHARD}: cannot be read as safetensors, cut short or damaged (",
+              f"re-run `specdraft capture` with the same arguments into {store}")
+
+
+def test_rerunning_capture_redoes_a_truncated_shard(world, tmp_path):
+    draft, _, capture = world
+    store = tmp_path / "store"
+    shutil.copytree(capture[3], store)
+    whole = (store / SHARD).read_bytes()
+    truncate(store / SHARD)
+    result = invoke([*capture[:3], str(store), *capture[4:]])
+    assert result.exit_code == 0, result.output
+    assert (store / SHARD).read_bytes() == whole
+    assert invoke(shard_commands(draft, store, tmp_path)["train"]).exit_code == 0
