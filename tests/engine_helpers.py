@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdraft.conventions import build_vocab_map
+from specdraft.data.vocab import build_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.load import load_fast_target

@@ -47,7 +47,7 @@ from specdraft.checkpoint.layouts import (
     state_dict_for_layout,
     unimplemented_flags,
 )
-from specdraft.conventions import validate_vocab_map
+from specdraft.data.vocab import validate_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.errors import DamagedFile, SpecdraftError
 from specdraft.files import atomic_dir, ordinary_mode, replace_dir
@@ -258,7 +258,7 @@ def usable_vocab(manifest: Manifest | None) -> int | None:
 
 
 def vocab_map_problems(model: Eagle3Draft, manifest: Manifest | None) -> list[str]:
-    """The one vocabulary-map rule (FC-02, `conventions.validate_vocab_map`), with the bound the
+    """The one vocabulary-map rule (FC-02, `data.vocab.validate_vocab_map`), with the bound the
     manifest records (`usable_vocab`): what inspect's audit, doctor, the engine and export refuse."""
     cfg = model.cfg
     return validate_vocab_map(model.d2t.cpu(), model.t2d.cpu(), cfg.vocab_size, cfg.draft_vocab_size,

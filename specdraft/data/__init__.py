@@ -6,4 +6,5 @@
   template and tokenizer fingerprints and the data hash that manifests and stores record.
 - `labels`: which token is the label of which draft position (FC-07), label counts for the
   draft vocabulary.
+- `vocab`: the draft vocabulary map (`d2t` / `t2d`): built from those counts, validated.
 """

@@ -58,7 +58,7 @@ def check_has_supervision(loss_mask: torch.Tensor) -> None:
 
 def token_counts(samples: Iterable[Sample], vocab_size: int) -> torch.Tensor:
     """How often each target token id is a label: LongTensor [vocab_size] counting loss-masked
-    tokens only (the input to `conventions.build_vocab_map`). Raises ValueError for an id
+    tokens only (the input to `data.vocab.build_vocab_map`). Raises ValueError for an id
     outside 0..vocab_size-1 (tokenizer and target disagree)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in samples:

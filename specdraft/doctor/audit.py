@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specdraft.checkpoint import usable_vocab
-from specdraft.conventions import validate_vocab_map
+from specdraft.data.vocab import validate_vocab_map
 from specdraft.doctor.evidence import (
     Broken,
     Evidence,
@@ -118,7 +118,7 @@ def vocab_map_valid(ev: Evidence) -> Result:
         usable = None
     problems = validate_vocab_map(ev.tensors.get("d2t"), ev.tensors.get("t2d"), vocab, draft_vocab, usable)
     if problems:
-        return fail("; ".join(problems), "rebuild the map with conventions.build_vocab_map and re-export")
+        return fail("; ".join(problems), "rebuild the map with data.vocab.build_vocab_map and re-export")
     if "d2t" not in ev.tensors:
         return ok(f"no d2t, and the draft vocabulary is the target's ({vocab})")
     t2d = "consistent with t2d" if "t2d" in ev.tensors else "no t2d (engines do not read it)"

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from specdraft.checkpoint import PROGRESS_FILE, Manifest, checkpoint_paths, read_sharded, tensor_digest
-from specdraft.conventions import build_vocab_map
+from specdraft.data.vocab import build_vocab_map
 from specdraft.data.records import skipped_line
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.errors import SpecdraftError

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from specdraft.checkpoint import save_draft
-from specdraft.conventions import build_vocab_map
+from specdraft.data.vocab import build_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.target import Target
 from specdraft.train.loss import TTTMetrics, ttt_loss

@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from specdraft.checkpoint import save_draft
-from specdraft.conventions import aux_layers_from_config, build_vocab_map
+from specdraft.conventions import aux_layers_from_config
+from specdraft.data.vocab import build_vocab_map
 from specdraft.data.render import Sample
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.inputs import DoctorInputs

@@ -18,7 +18,7 @@ from specdraft.capture.store import StoreSettings
 from specdraft.capture.write import write_store
 from specdraft.checkpoint import load_draft
 from specdraft.cli import app
-from specdraft.conventions import target_ids_of_draft_vocab
+from specdraft.data.vocab import target_ids_of_draft_vocab
 from specdraft.data.render import Sample, tokenizer_fingerprint
 from specdraft.target import load_target
 from specdraft.train.config import TrainConfig, split_samples
