@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import pickle
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -193,19 +194,18 @@ def specforge_files(path: str | Path) -> list[Path]:
 
 
 def _load_ckpt(file: Path) -> dict:
+    """torch.load(weights_only=True) of a .ckpt, or of a .ckpt.gz's decompressed bytes."""
     try:
         if file.name.endswith(".gz"):
             with gzip.open(file, "rb") as f:
                 return torch.load(io.BytesIO(f.read()), weights_only=True)
         return torch.load(file, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CaptureError(f"{file}: holds objects torch.load(weights_only=True) refuses; a SpecForge "
+                           f"file holds a dict of tensors only") from None
     except (OSError, EOFError, RuntimeError, ValueError) as e:
-        raise CaptureError(f"{file}: unreadable torch.save file ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    except Exception as e:  # weights_only refuses pickled objects with UnpicklingError
-        if type(e).__name__ == "UnpicklingError":
-            raise CaptureError(f"{file}: holds objects torch.load(weights_only=True) refuses; "
-                               f"a SpecForge file holds tensors only") from None
-        raise
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise CaptureError(f"{file}: unreadable torch.save file ({type(e).__name__}: {first})") from None
 
 
 def read_specforge(path: str | Path) -> Iterator[dict[str, torch.Tensor]]:

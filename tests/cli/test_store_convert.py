@@ -75,3 +75,12 @@ def test_convert_refuses_a_same_format_or_non_empty_destination(store, tmp_path)
     out = invoke("store", "convert", store, tmp_path / "full", "--to", "specforge")
     assert out.exit_code == 1 and "not an empty directory" in out.output
     assert invoke("store", "convert", store, tmp_path / "z", "--to", "nope").exit_code == 2
+
+
+def test_the_options_choices_are_the_librarys():
+    from typing import get_args
+
+    from specdraft.capture.convert import CONVENTIONS, FORMATS
+    from specdraft.cli.store import AuxConvention, StoreFormat
+
+    assert get_args(StoreFormat) == FORMATS and get_args(AuxConvention) == CONVENTIONS

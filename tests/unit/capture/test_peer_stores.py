@@ -143,3 +143,20 @@ def test_a_peer_store_without_target_or_aux_layers_is_refused_naming_the_option(
         convert_store(tmp_path / "spec", tmp_path / "a", "specdraft", target=str(chat_target_dir),
                       aux_layers=(1, 2))
     assert not (tmp_path / "a").exists()
+
+
+def test_speculators_to_specforge_norms_with_the_targets_weights(bf16_store, chat_target_dir, tmp_path):
+    convert_store(bf16_store, tmp_path / "spec", "speculators")
+    with pytest.raises(CaptureError, match="--target DIR is required"):
+        convert_store(tmp_path / "spec", tmp_path / "a", "specforge")
+    convert_store(tmp_path / "spec", tmp_path / "a", "specforge", target=str(chat_target_dir))
+    convert_store(bf16_store, tmp_path / "b", "specforge")
+    for a, b in zip(read_specforge(tmp_path / "a"), read_specforge(tmp_path / "b"), strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in FIELDS)
+
+
+def test_a_pickled_object_in_a_specforge_file_is_refused(tmp_path):
+    (tmp_path / "rows_0-2000").mkdir()
+    torch.save({"input_ids": object()}, tmp_path / "rows_0-2000" / "data_0.ckpt")
+    with pytest.raises(CaptureError, match=r"data_0\.ckpt: holds objects torch.load\(weights_only=True\) refuses"):
+        list(read_specforge(tmp_path))
