@@ -23,7 +23,14 @@ from typing import Any
 import torch
 
 from specdraft.capture import peers
-from specdraft.capture.store import FORMAT, FORMAT_VERSION, INDEX, CaptureError, CaptureStore, dtype_name
+from specdraft.capture.store import (
+    FORMAT,
+    FORMAT_VERSION,
+    INDEX,
+    CaptureError,
+    CaptureStore,
+    dtype_name,
+)
 from specdraft.conventions import check_aux_layers, from_engine_ids
 from specdraft.files import atomic_dir, atomic_write_json
 

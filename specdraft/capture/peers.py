@@ -167,7 +167,7 @@ def write_speculators(samples: Iterable[dict[str, torch.Tensor]], out: str | Pat
         T, H = s["last_hidden"].shape
         stacked = torch.cat([s["aux_hidden"].reshape(T, num_aux, H), s["last_hidden"][:, None]], 1)
         tensors = {"hidden_states": stacked.contiguous(), "token_ids": s["input_ids"].long()}
-        atomic_write(hs_dir / f"hs_{i}.safetensors", lambda tmp: write_safetensors(tensors, tmp))
+        atomic_write(hs_dir / f"hs_{i}.safetensors", lambda tmp, t=tensors: write_safetensors(t, tmp))
         columns["input_ids"].append(s["input_ids"].long().tolist())
         columns["loss_mask"].append(s["loss_mask"].long().tolist())
         columns["seq_len"].append(T)
