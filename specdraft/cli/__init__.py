@@ -5,7 +5,7 @@ Each command builds a config, calls one library function and renders the result 
 registers its commands, in the order `specdraft --help` lists them.
 """
 
-from specdraft.cli import pipeline, drafter, decode, benchmark  # noqa: F401, I001
+from specdraft.cli import pipeline, drafter, decode, benchmark, store  # noqa: F401, I001
 from specdraft.cli.common import app
 
 __all__ = ["app"]

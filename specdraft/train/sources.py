@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.nn.functional as F
 
+from specdraft.capture.convert import AFTER_NORM, LAST_HIDDEN_KEY
 from specdraft.conventions import default_aux_layers
 from specdraft.data.labels import token_counts
 from specdraft.data.render import RenderInfo, Sample, data_hash, tokenizer_fingerprint
@@ -193,7 +195,8 @@ class StoreData:
     """An offline capture store (`specdraft.capture.store.CaptureStore`) as training data.
 
     Target logits are recomputed per batch as lm_head(final_norm(last_hidden)) with the store's
-    `target_head.safetensors`. The target's full config (heads, intermediate size, rms_norm_eps,
+    `target_head.safetensors` (lm_head(last_hidden) for a store that records its last state after
+    the norm, `capture.convert.AFTER_NORM`). The target's full config (heads, intermediate size, rms_norm_eps,
     rope) comes from `target_config` (a config, its dict or the target directory) or else from
     config.json under the store's recorded target path.
     Raises CaptureError for a missing/unfinished store, FileNotFoundError for an unresolvable
@@ -209,6 +212,7 @@ class StoreData:
         head = self.store.target_head()
         self._norm, self._lm_head = head["norm.weight"], head["lm_head.weight"]
         self._head_device = torch.device("cpu")
+        self._after_norm = meta.get(LAST_HIDDEN_KEY) == AFTER_NORM
         tokenizer = meta.get("tokenizer") or {}
         self.info = TargetInfo(
             config=self.config, aux_layers=tuple(self.store.aux_layers),
@@ -246,7 +250,10 @@ class StoreData:
             self._norm, self._lm_head = self._norm.to(device), self._lm_head.to(device)
             self._head_device = device
         eps = _config_get(self.config, "rms_norm_eps", 1e-6)
-        logits = target_logits(pad("last_hidden"), self._norm, self._lm_head, eps)
+        if self._after_norm:  # converted from SpecForge: the state is already normed
+            logits = F.linear(pad("last_hidden").to(self._lm_head.dtype), self._lm_head).float()
+        else:
+            logits = target_logits(pad("last_hidden"), self._norm, self._lm_head, eps)
         return Batch(list(sample_ids), pad("input_ids"), pad("loss_mask"),
                      pad("aux_hidden").float(), logits)
 

@@ -1,0 +1,86 @@
+"""`specdraft store convert` through the CLI: peers' stores in and out, `train` on a converted
+store, and one line naming the file and the field for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
+
+from specdraft.capture.stage import CaptureConfig, capture_dataset
+from specdraft.checkpoint import load_draft
+from specdraft.cli import app
+from specdraft.doctor.samples import read_samples
+from tests.tiny_tokenizer import CHAT
+
+
+@pytest.fixture(scope="module")
+def store(chat_target_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("convert")
+    data = tmp / "chats.jsonl"
+    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in [CHAT, CHAT[:3], CHAT[1:3], CHAT]))
+    capture_dataset(CaptureConfig(str(chat_target_dir), str(data), str(tmp / "store"), max_length=30))
+    return tmp / "store"
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "400"})
+
+
+@pytest.mark.parametrize("peer, aux_ids", [("speculators", "1,2,3"), ("specforge", "0,1,2")])
+def test_train_runs_on_a_store_converted_from_a_peer(store, chat_target_dir, tmp_path, peer, aux_ids):
+    out = invoke("store", "convert", store, tmp_path / peer, "--to", peer)
+    assert out.exit_code == 0, out.output
+    assert f"wrote 4 samples as a {peer} store" in out.output
+    back = invoke("store", "convert", tmp_path / peer, tmp_path / "back", "--to", "specdraft",
+                  "--target", chat_target_dir, "--aux-layers", aux_ids)
+    assert back.exit_code == 0, back.output
+    assert "aux layers (specdraft indices) [1, 2, 3]" in back.output
+    doctor_samples = [read_samples(p, lambda: None, {}, 10, 64).samples for p in (store, tmp_path / "back")]
+    assert doctor_samples[0] == doctor_samples[1] and len(doctor_samples[0]) == 4
+    run = invoke("train", tmp_path / "back", tmp_path / "run", "--steps", "2", "--batch-size", "2",
+                 "--ttt-steps", "1", "--max-length", "64")
+    assert run.exit_code == 0, run.output
+    assert load_draft(tmp_path / "run" / "draft").manifest.aux_layers == [1, 2, 3]
+
+
+def test_bad_peer_stores_are_one_line_naming_file_and_field(store, chat_target_dir, tmp_path):
+    assert invoke("store", "convert", store, tmp_path / "spec", "--to", "speculators").exit_code == 0
+    hs = tmp_path / "spec" / "hidden_states" / "hs_1.safetensors"
+    tensors = load_file(str(hs))
+    save_file({"hidden_states": tensors["hidden_states"]}, str(hs))
+    out = invoke("store", "convert", tmp_path / "spec", tmp_path / "x", "--to", "specdraft",
+                 "--target", chat_target_dir, "--aux-layers", "1,2,3")
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert out.output.strip() == (f"error: {hs}: not a speculators hidden-state file (missing token_ids; "
+                                  f"expected exactly hidden_states, token_ids)")
+    save_file({**tensors, "hidden_states": tensors["hidden_states"][:, :2].contiguous()}, str(hs))
+    out = invoke("store", "convert", tmp_path / "spec", tmp_path / "x", "--to", "specdraft",
+                 "--target", chat_target_dir, "--aux-layers", "1,2,3")
+    assert out.exit_code == 1 and "sample 1: field aux_hidden has shape" in out.output
+    hs.write_bytes(b"not safetensors")
+    out = invoke("store", "convert", tmp_path / "spec", tmp_path / "x", "--to", "specforge",
+                 "--target", chat_target_dir)
+    assert out.exit_code == 1 and f"{hs}: unreadable safetensors" in out.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_convert_refuses_a_same_format_or_non_empty_destination(store, tmp_path):
+    out = invoke("store", "convert", store, tmp_path / "y", "--to", "specdraft")
+    assert out.exit_code == 1 and "already a specdraft store" in out.output
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "f").write_text("x")
+    out = invoke("store", "convert", store, tmp_path / "full", "--to", "specforge")
+    assert out.exit_code == 1 and "not an empty directory" in out.output
+    assert invoke("store", "convert", store, tmp_path / "z", "--to", "nope").exit_code == 2
+
+
+def test_the_options_choices_are_the_librarys():
+    from typing import get_args
+
+    from specdraft.capture.convert import CONVENTIONS, FORMATS
+    from specdraft.cli.store import AuxConvention, StoreFormat
+
+    assert get_args(StoreFormat) == FORMATS and get_args(AuxConvention) == CONVENTIONS
