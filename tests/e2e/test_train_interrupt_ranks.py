@@ -66,12 +66,7 @@ def test_ctrl_c_under_torchrun_checkpoints_the_current_step_and_resume_finishes(
     assert not list((run / "checkpoints").glob(".*"))  # no temp directory left
     assert not (run / "draft").exists()
 
-    resumed = subprocess.run([*command, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from {saved[0]}" in resumed.stdout
-    assert [r["step"] for r in read_metrics(run)] == list(range(1, STEPS + 1))  # one run's log, each step once
-    manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
-    assert manifest["training"]["steps"] == STEPS
+    assert_resumes_to_the_end(command, env, run, saved[0], STEPS)
 
 
 def test_on_several_ranks_a_first_signal_is_only_noted_and_a_second_aborts_at_once():
@@ -85,3 +80,14 @@ def test_on_several_ranks_a_first_signal_is_only_noted_and_a_second_aborts_at_on
             signal.raise_signal(signal.SIGINT)
             pytest.fail("the second signal did not abort")
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def assert_resumes_to_the_end(command: list[str], env: dict, run, checkpoint, steps: int) -> None:
+    """`command --resume` continues from `checkpoint` to step `steps`, each step logged once, and
+    writes the final drafter."""
+    resumed = subprocess.run([*command, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {checkpoint}" in resumed.stdout
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, steps + 1))  # one run's log, each step once
+    manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
+    assert manifest["training"]["steps"] == steps

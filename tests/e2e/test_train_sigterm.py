@@ -12,8 +12,8 @@ import pytest
 
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.train import dist
-from tests.e2e.test_train_interrupt_ranks import wait_for_steps
-from tests.unit.train.test_train_loop import ONE_THREAD_ENV, REPO, read_metrics, small_config
+from tests.e2e.test_train_interrupt_ranks import assert_resumes_to_the_end, wait_for_steps
+from tests.unit.train.test_train_loop import ONE_THREAD_ENV, REPO, small_config
 
 STEPS, SAVE_EVERY = 30, 1000  # no --save-every checkpoint before the end
 
@@ -45,12 +45,7 @@ def test_sigterm_to_one_process_checkpoints_the_current_step_and_resume_finishes
     assert f"interrupted; newest checkpoint: {saved[0]}" in output, output[-3000:]
     assert not (run / "draft").exists()
 
-    resumed = subprocess.run([*command, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from {saved[0]}" in resumed.stdout
-    assert [r["step"] for r in read_metrics(run)] == list(range(1, STEPS + 1))  # one run's log, each step once
-    manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
-    assert manifest["training"]["steps"] == STEPS
+    assert_resumes_to_the_end(command, env, run, saved[0], STEPS)
 
 
 def test_on_one_process_sigterm_is_held_with_sigint_through_an_update_and_then_raised():
