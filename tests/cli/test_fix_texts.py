@@ -65,3 +65,13 @@ def test_doctor_on_a_deepseek_target_draws_no_loading_bar(tmp_path, capfd):
     captured = capfd.readouterr()
     assert "Loading weights" not in captured.err + captured.out and "it/s" not in captured.err
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_doctor_command_on_a_deepseek_target_draws_no_loading_bar(tmp_path):
+    from transformers.utils import logging as hf_logging
+
+    draft, target = draft_checkpoint(tmp_path, arch="deepseek_v3", num_layers=8, aux=(2, 4, 5))
+    result = invoke(["doctor", str(draft), "--target", str(target)])
+    assert "aux_width_on_target" in result.output  # it loaded and ran the target
+    assert "Loading weights" not in result.output and "it/s]" not in result.output, result.output
+    assert hf_logging.is_progress_bar_enabled()  # the user's setting comes back after the command
