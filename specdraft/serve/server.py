@@ -235,10 +235,11 @@ async def read_body(request: Any, state: ServerState) -> dict:
 
 
 def check_model(state: ServerState, model: str) -> None:
-    """RequestError 404 (OpenAI's model_not_found) unless `model` is the served name."""
+    """RequestError 404 unless `model` is the served name: type invalid_request_error, code
+    model_not_found, as OpenAI's API answers an unknown model."""
     if model != state.model_name:
         raise RequestError(f"model '{model}' does not exist; this server serves '{state.model_name}'",
-                           param="model", code="model_not_found", status=404, kind="NotFoundError")
+                           param="model", code="model_not_found", status=404)
 
 
 def checked(state: ServerState, body: dict, prompt_ids: list[int], default_max: int) -> GenerationRequest:

@@ -240,7 +240,8 @@ def test_malformed_chat_requests_and_unknown_model(server):
         response = client.post("/v1/chat/completions", json=body)
         assert response.status_code == 400 and response.json()["error"]["param"] == param, body
     response = completion(client, prompt="w1", model="gpt-4")
-    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+    error = response.json()["error"]
+    assert response.status_code == 404 and (error["type"], error["code"]) == ("invalid_request_error", "model_not_found")
 
 
 def test_oversize_prompt_is_refused_before_generating(server):
