@@ -19,6 +19,11 @@ from specdraft.draft import rope_from_hf_config
 from specdraft.serve.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
 
 
+ENGINE_ARGS_FIX = ("pass the SGLang or vLLM launch command (--engine-args \"python -m sglang.launch_server ...\" "
+                   "or \"vllm serve ...\"); specdraft serve needs none: it runs EAGLE-3 and refuses "
+                   "settings an engine would rewrite")
+
+
 def fc_width_matches_aux(ev: Evidence) -> Result:
     """fc.in_features == 3 x target hidden size, as SGLang and vLLM feed it (S2, FC-06)."""
     if "fc.weight" not in ev.tensors:
@@ -119,7 +124,7 @@ def _given_engine_args(ev: Evidence) -> EngineArgs | Result:
     except Unavailable as e:
         return fail(e.reason, e.fix)
     if args is None:
-        raise Unavailable("no --engine-args", "pass the engine's command line (--engine-args \"...\")")
+        raise Unavailable("no --engine-args", ENGINE_ARGS_FIX)
     return args
 
 
