@@ -198,6 +198,8 @@ def tune(
     device: str = typer.Option("cpu", callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+    suite: str = typer.Option("", help="Tune on a bundled suite's chats (mt-bench, gsm8k; instead of --prompts), "
+                              "turn by turn with the target's own answers; then tau, p_k and speedup per category."),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
     from rich.console import Console
@@ -212,11 +214,21 @@ def tune(
         cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,
                          num_measure, min_speedup, current, repeats=repeats)
         _set_threads(threads)
-        report = tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype),
-                            progress=lambda text: console.print(text, markup=False))
+        say = lambda text: console.print(text, markup=False)  # noqa: E731
+        if suite:
+            from specdraft.bench.suites import load_suite
+            from specdraft.bench.tune_suite import render_categories, tune_suite_paths
+
+            chosen = load_suite(suite)
+            report, rows = tune_suite_paths(target, draft, chosen, cfg, device, engine_dtype(dtype), progress=say)
+        else:
+            report, rows = tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype), progress=say), []
     console.print(render(report), markup=False, highlight=False, soft_wrap=True)
+    if rows:
+        console.print(render_categories(chosen, rows), markup=False, highlight=False, soft_wrap=True)
     if json_out:
-        atomic_write_text(json_out, json.dumps(report.to_dict(), indent=2))
+        data = {**report.to_dict(), **({"categories": [r.to_dict() for r in rows]} if rows else {})}
+        atomic_write_text(json_out, json.dumps(data, indent=2))
 
 
 def _refuse_bad_json_out(json_out: str) -> None:
