@@ -46,23 +46,26 @@ class Sampling:
 class Completion:
     """One answer: `content` as the backend returned it, and `reasoning` when the server's
     reasoning parser returned it apart (`conventions.REASONING_RESPONSE_FIELDS`); a local
-    target's think block stays in `content` (None here)."""
+    target's think block stays in `content` (None here). tool_calls: the server's parsed tool
+    calls (OpenAI objects), None without."""
 
     content: str
     reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
 class Prompt:
     """One generation request: `messages` (chat, with the chat-template kwargs) and/or rendered
     `text`, and token `ids` when a tokenizer is at hand (exactly the tokens to continue).
-    `index` (the record's) seeds the request."""
+    `index` (the record's) seeds the request. tools: the record's tool schemas (sent as `tools`)."""
 
     index: int
     messages: list[dict[str, str]] | None = None
     text: str | None = None
     ids: list[int] | None = None
     template_kwargs: dict[str, Any] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
 
 
 class Backend(Protocol):
@@ -186,6 +189,8 @@ class EndpointBackend:
             body["messages"] = prompt.messages
             if prompt.template_kwargs:
                 body["chat_template_kwargs"] = prompt.template_kwargs
+            if prompt.tools:
+                body["tools"] = list(prompt.tools)
         else:
             body["prompt"] = prompt.ids if prompt.ids is not None else prompt.text
         return body
@@ -221,7 +226,7 @@ class EndpointBackend:
             choice = response.json()["choices"][0]
             message = choice["message"] if self.api == "chat" else {"content": choice["text"]}
             reasoning = next((message[k] for k in REASONING_RESPONSE_FIELDS if message.get(k)), None)
-            return Completion(message["content"] or "", reasoning)
+            return Completion(message["content"] or "", reasoning, message.get("tool_calls") or None)
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise RegenerationError(f"{self.url}: unexpected response for record {prompt.index}: "
                                     f"{response.text[:200]}") from e

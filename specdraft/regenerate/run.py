@@ -45,9 +45,9 @@ class RegenResult:
     num_empty: int
 
 
-def _render_ids(tokenizer, messages, template_kwargs: dict) -> tuple[str, list[int]]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         **template_kwargs)
+def _render_ids(tokenizer, messages, template_kwargs: dict, tools=None) -> tuple[str, list[int]]:
+    kwargs = {**template_kwargs, "tools": list(tools)} if tools else template_kwargs
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -69,15 +69,15 @@ def _request_messages(messages, reasoning: str) -> list[dict]:
     return out
 
 
-def _chat_prompt(index, messages, tokenizer, template_kwargs, reasoning: str) -> Prompt:
+def _chat_prompt(index, messages, tokenizer, template_kwargs, reasoning: str, tools=None) -> Prompt:
     from specdraft.data.reasoning import template_messages
 
     request = _request_messages(messages, reasoning)
     if tokenizer is None:
-        return Prompt(index, messages=request, template_kwargs=template_kwargs)
+        return Prompt(index, messages=request, template_kwargs=template_kwargs, tools=tools)
     text, ids = _render_ids(tokenizer, template_messages(tokenizer, messages, reasoning)[0],
-                            template_kwargs)
-    return Prompt(index, request, text, ids, template_kwargs)
+                            template_kwargs, tools)
+    return Prompt(index, request, text, ids, template_kwargs, tools)
 
 
 def _assistant_turn(answer: Completion, reasoning: str) -> dict:
@@ -89,27 +89,31 @@ def _assistant_turn(answer: Completion, reasoning: str) -> dict:
     turn = {"role": "assistant", "content": content}
     if reasoning == "keep" and r is not None and r.strip():
         turn["reasoning_content"] = r
+    if answer.tool_calls:
+        turn["tool_calls"] = answer.tool_calls
     return turn
 
 
 def _regenerate_chats(chunk: list[tuple[int, Record]], backend, sampling, tokenizer,
                       template_kwargs, reasoning: str) -> list[dict]:
     chats = {i: [dict(m) for m in r.messages] for i, r in chunk}
+    records = dict(chunk)
     turns = {i: [j for j, m in enumerate(c) if m["role"] == "assistant"] for i, c in chats.items()}
     for i, c in chats.items():
         if c[-1]["role"] != "assistant":
             turns[i].append(len(c))  # a prompt-only chat gets one assistant turn appended
     for k in range(max(len(t) for t in turns.values())):
         active = [i for i in chats if len(turns[i]) > k]
-        prompts = [_chat_prompt(i, chats[i][: turns[i][k]], tokenizer, template_kwargs, reasoning)
-                   for i in active]
+        prompts = [_chat_prompt(i, chats[i][: turns[i][k]], tokenizer, template_kwargs, reasoning,
+                                records[i].tools) for i in active]
         for i, answer in zip(active, backend.complete(prompts, sampling)):
             turn = _assistant_turn(answer, reasoning)
             if turns[i][k] == len(chats[i]):
                 chats[i].append(turn)
             else:
                 chats[i][turns[i][k]] = turn
-    return [{"index": i, "source": r.source, "messages": chats[i]} for i, r in chunk]
+    return [{"index": i, "source": r.source, "messages": chats[i], **({"tools": list(r.tools)} if r.tools else {})}
+            for i, r in chunk]
 
 
 def _text_prompt(index: int, record: Record, tokenizer, prompt_tokens: int) -> Prompt:
@@ -204,7 +208,8 @@ def _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs, p
 
 def _is_empty(row: dict) -> bool:
     if "messages" in row:
-        return any(m["role"] == "assistant" and not (m["content"] or "").strip() for m in row["messages"])
+        return any(m["role"] == "assistant" and not (m["content"] or "").strip() and not m.get("tool_calls")
+                   for m in row["messages"])
     return not row["completion"].strip()
 
 

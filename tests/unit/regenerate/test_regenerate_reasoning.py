@@ -97,3 +97,33 @@ def test_local_think_block_becomes_the_reasoning_field(tmp_path):
         [TWO_TURNS[0][0], {"role": "assistant", "content": "\n\nbecause"}, TWO_TURNS[0][2]],
         tokenize=False, add_generation_prompt=True)
     assert "<think>" not in second.text
+
+
+class ToolServer(FakeServer):
+    """Answers the first turn with a tool call (content null), later turns with text."""
+
+    def answer(self, path, body):
+        status, reply = super().answer(path, body)
+        if status == 200 and body["messages"][-1]["role"] == "user":
+            reply["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]}
+        return status, reply
+
+
+def test_endpoint_sends_the_tools_and_keeps_the_tool_calls(tmp_path):
+    server = ToolServer()
+    try:
+        tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+        path = tmp_path / "t.jsonl"
+        path.write_text(json.dumps({"messages": [{"role": "user", "content": "one"}], "tools": tools}) + "\n")
+        from specdraft.data.records import read_records
+
+        out = tmp_path / "out.jsonl"
+        regenerate(read_records(path, require_assistant=False), out, backend(server), Sampling())
+    finally:
+        server.httpd.shutdown()
+        server.httpd.server_close()
+    (row,) = read_out(out)
+    assert server.requests[0][1]["tools"] == tools and row["tools"] == tools
+    assert row["messages"][1]["tool_calls"][0]["function"]["name"] == "weather"
+    assert row["messages"][1]["content"] == ""
