@@ -33,3 +33,16 @@ def test_cli_reasoning_the_template_cannot_render_then_drop(chat_target_dir, tmp
     offline = CliRunner().invoke(app, ["train", str(tmp_path / "b"), str(tmp_path / "run"),
                                        "--reasoning", "drop"])
     assert offline.exit_code == 1 and "--reasoning apply with --online only" in offline.output
+
+
+def test_cli_train_online_reasoning_drop_is_recorded(chat_target_dir, tmp_path):
+    data = tmp_path / "r.jsonl"
+    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS * 4))
+    args = ["train", str(data), str(tmp_path / "run"), "--online", "--target", str(chat_target_dir),
+            "--steps", "1", "--batch-size", "2", "--ttt-steps", "2", "--draft-vocab-size", "32"]
+    keep = CliRunner().invoke(app, args)
+    assert keep.exit_code == 1 and "--reasoning drop" in keep.output and f"{data}:1:" in keep.output
+    drop = CliRunner().invoke(app, [*args, "--reasoning", "drop"])
+    assert drop.exit_code == 0, drop.output
+    manifest = json.loads((tmp_path / "run" / "draft" / "specdraft_manifest.json").read_text())
+    assert manifest["chat_template"]["reasoning"] == "drop"
