@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from specdraft.data.reasoning import check_rendered, reasoning_kwargs, template_messages
 from specdraft.data.records import BadRecord, DataError, Records, read_records
 
 NO_TEMPLATE = "the tokenizer has no chat template: for a base model pass --no-chat (capture, regenerate, " \
@@ -150,8 +151,6 @@ def assistant_char_spans(tokenizer, messages: Sequence[dict[str, Any]],
     context every later turn is served with, that turn its only span. Raises DataError when the
     template cannot render a turn's reasoning (the fix: --reasoning drop) or renders a turn
     differently from the prompt it serves it with (not prefix-stable even turn by turn)."""
-    from specdraft.data.reasoning import check_rendered, template_messages
-
     kwargs = dict(template_kwargs or {})
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(NO_TEMPLATE)
@@ -236,8 +235,6 @@ def render_records(tokenizer, records: Records, *, template_kwargs: dict | None 
     tokenizer), and BadRecord naming the record's file and line when one cannot be rendered,
     unless skip_bad=True (then it is counted in `num_skipped`, with the records skipped on
     reading)."""
-    from specdraft.data.reasoning import reasoning_kwargs
-
     samples, num_skipped = [], records.num_skipped
     chat = records.chat
     check_chat_template(tokenizer, records)
