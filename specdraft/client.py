@@ -284,13 +284,15 @@ def scrape(server: Server, timeout_s: float) -> dict[str, Any] | None:
 # ---- requests ---------------------------------------------------------------------------------
 @dataclass
 class RequestRecord:
-    """One request: TTFT (first text), latency, completion tokens, usage / meta_info or error."""
+    """One request: TTFT (first text), latency, completion tokens, usage / meta_info or error,
+    and the streamed answer text (a chat's content, without its reasoning)."""
 
     ttft_s: float | None
     latency_s: float
     num_tokens: int
     usage: dict[str, Any] | None = None
     error: str | None = None
+    text: str = ""
 
 
 def sglang_counts(records: list[RequestRecord]) -> SpecCounts | None:
@@ -303,9 +305,16 @@ def sglang_counts(records: list[RequestRecord]) -> SpecCounts | None:
     return SpecCounts("sglang meta_info (completion_tokens / spec_verify_ct)", verify, completion - verify)
 
 
-def request_body(server: Server, prompt: str, cfg: Any) -> tuple[str, dict[str, Any]]:
-    """(path, JSON body): SGLang's native /generate, else streamed /v1/completions with usage.
+def request_body(server: Server, prompt: str | list[dict], cfg: Any) -> tuple[str, dict[str, Any]]:
+    """(path, JSON body): a chat (a list of messages) as streamed /v1/chat/completions on every
+    kind; text as SGLang's native /generate, else streamed /v1/completions; usage included.
     cfg: the sampling settings (`max_tokens`, `temperature`, `ignore_eos`: bench's BenchConfig)."""
+    if isinstance(prompt, list):
+        body = {"model": server.model, "messages": prompt, "max_tokens": cfg.max_tokens,
+                "temperature": cfg.temperature, "stream": True, "stream_options": {"include_usage": True}}
+        if server.kind != "openai" and cfg.ignore_eos:
+            body["ignore_eos"] = True
+        return "/v1/chat/completions", body
     if server.kind == "sglang":
         params = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_tokens,
                   "ignore_eos": cfg.ignore_eos}
@@ -317,12 +326,28 @@ def request_body(server: Server, prompt: str, cfg: Any) -> tuple[str, dict[str, 
     return "/v1/completions", body
 
 
-async def send(client: httpx.AsyncClient, server: Server, prompt: str, cfg: Any,
+def _event_text(event: dict[str, Any], native: bool) -> tuple[str, str]:
+    """(answer text, reasoning text) of one streamed event: SGLang /generate's `text`, a
+    completion's `choices[].text`, or a chat delta's `content` and reasoning (vLLM's
+    `reasoning`, SGLang's `reasoning_content`: `conventions.REASONING_RESPONSE_FIELDS`)."""
+    from specdraft.conventions import REASONING_RESPONSE_FIELDS
+
+    if native:
+        return event.get("text", ""), ""
+    text = reasoning = ""
+    for c in event.get("choices", []):
+        delta = c.get("delta") or {}
+        text += c.get("text") or delta.get("content") or ""
+        reasoning += "".join(delta.get(k) or "" for k in REASONING_RESPONSE_FIELDS)
+    return text, reasoning
+
+
+async def send(client: httpx.AsyncClient, server: Server, prompt: str | list[dict], cfg: Any,
                clock: Callable[[], float] = time.perf_counter) -> RequestRecord:
     """Stream one request (`request_body`); time the first text and the end on `clock` (seconds
     now). A failure (HTTP status, error event, connection) is the record's `error`, never raised."""
     path, body = request_body(server, prompt, cfg)
-    start, first, chunks, last = clock(), None, 0, {}
+    start, first, chunks, last, pieces = clock(), None, 0, {}, []
     try:
         async with client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
@@ -334,19 +359,22 @@ async def send(client: httpx.AsyncClient, server: Server, prompt: str, cfg: Any,
                 event = json.loads(line[5:])
                 if "error" in event:
                     return RequestRecord(None, clock() - start, 0, error=str(event["error"]))
-                text = event.get("text", "") if server.kind == "sglang" else "".join(
-                    c.get("text") or "" for c in event.get("choices", []))
-                if text and first is None:
+                text, reasoning = _event_text(event, path == "/generate")
+                if (text or reasoning) and first is None:
                     first = clock()
-                chunks += bool(text)
+                chunks += bool(text or reasoning)
+                pieces.append(text)
                 last = event.get("meta_info") or event.get("usage") or last
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         return RequestRecord(None, clock() - start, 0, error=f"{type(e).__name__}: {e}")
     tokens = int(last.get("completion_tokens", chunks))
-    return RequestRecord(first and first - start, clock() - start, tokens, last or None)
+    text = "".join(pieces)
+    if path == "/generate":  # SGLang's native stream sends the whole text so far in each event
+        text = pieces[-1] if pieces else ""
+    return RequestRecord(first and first - start, clock() - start, tokens, last or None, text=text)
 
 
-async def run_requests(server: Server, prompts: list[str], concurrency: int, cfg: Any,
+async def run_requests(server: Server, prompts: list[str] | list[list[dict]], concurrency: int, cfg: Any,
                        clock: Callable[[], float] = time.perf_counter) -> tuple[list[RequestRecord], float]:
     """Send all prompts with `concurrency` in flight; (records, wall seconds on `clock`). cfg:
     `send`'s, with `timeout_s` per request."""

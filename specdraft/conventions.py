@@ -387,3 +387,14 @@ def lint_sglang_ids(ids) -> list[str]:
             "list as-is on DeepSeek-class targets while older versions and Llama/Qwen classes "
             "add 1, so it captures different layers by version; write ids whose first is 1 "
             "(specdraft index 2) or pin the SGLang version"]
+
+
+# Where a server with a reasoning parser returns an assistant's reasoning in a chat completion
+# (`choices[0].message`), field -> (engine, version, where it is read): neither is OpenAI's. Both
+# accept `reasoning_content` on incoming assistant messages (vLLM renames it to `reasoning`).
+REASONING_RESPONSE_FIELDS = {
+    "reasoning": ("vllm", "0.32", "vllm/entrypoints/openai/engine/protocol.py (ChatMessage.reasoning; "
+                                  "reasoning_content deprecated, vllm-project/vllm#27755)"),
+    "reasoning_content": ("sglang", "0.5.23", "python/sglang/srt/entrypoints/openai/protocol.py "
+                                              "(ChatMessage.reasoning_content)"),
+}

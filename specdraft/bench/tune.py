@@ -395,15 +395,23 @@ def needs_export(draft_dir: str, engine: str) -> bool:
         return True
 
 
-def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg: TuneConfig,
-               device: str = "cpu", dtype: torch.dtype = torch.float32,
-               progress: Callable[[str], None] | None = None) -> TuneReport:
-    """`tune` for a target directory (with its tokenizer), a draft checkpoint and a prompt source
-    ("builtin" or a file, as `sweep.load_prompts` reads it). A corrupt or incomplete target
-    config.json is a ValueError naming the file and the fix (doctor's words)."""
+def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg: TuneConfig, device: str = "cpu",
+               dtype: torch.dtype = torch.float32, progress: Callable[[str], None] | None = None) -> TuneReport:
+    """`tune` for a target directory (with its tokenizer), a drafter and a prompt source (`sweep.load_prompts`)."""
+    from specdraft.bench.sweep import load_prompts
+
+    tokenizer, engine = load_tuned(target_dir, draft_dir, cfg, device, dtype)
+    ids = [list(tokenizer(p)["input_ids"]) for p in load_prompts(prompts)]
+    report = tune(engine.target, engine.draft, ids, cfg, str(draft_dir), progress)
+    report.target_path = str(target_dir)
+    return report
+
+
+def load_tuned(target_dir: str | Path, draft_dir: str | Path, cfg: TuneConfig, device="cpu", dtype=torch.float32):
+    """(tokenizer, engine) of a target directory and a draft checkpoint, for `tune`. A corrupt
+    or incomplete target config.json is a ValueError naming the file and the fix (doctor's words)."""
     from transformers import AutoTokenizer
 
-    from specdraft.bench.sweep import load_prompts
     from specdraft.doctor.inputs import given_config
     from specdraft.engine.load import load_engine
     from specdraft.target import TARGET_CONFIG_FIX, check_target_config
@@ -412,11 +420,7 @@ def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg:
     if config is not None:  # no config.json: left to the loader
         check_target_config(target_dir, config)
     tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
-    engine = load_engine(target_dir, draft_dir, SpecConfig.chain(cfg.depth), device, dtype)
-    ids = [list(tokenizer(p)["input_ids"]) for p in load_prompts(prompts)]
-    report = tune(engine.target, engine.draft, ids, cfg, str(draft_dir), progress)
-    report.target_path = str(target_dir)
-    return report
+    return tokenizer, load_engine(target_dir, draft_dir, SpecConfig.chain(cfg.depth), device, dtype)
 
 
 # ---- rendering --------------------------------------------------------------------------------

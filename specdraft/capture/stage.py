@@ -21,7 +21,8 @@ class CaptureConfig:
     data: JSONL / save_to_disk dir / text file (see specdraft.data.records). aux_layers: specdraft indices
     (None = conventions.default_aux_layers). dtype: storage dtype name. target_dtype: compute
     dtype of the target. chat=False renders plain text (base models). template_kwargs go to
-    apply_chat_template (e.g. {"enable_thinking": False}).
+    apply_chat_template (e.g. {"enable_thinking": False}). reasoning: "keep" | "drop"
+    (`specdraft.data.reasoning`).
     """
 
     target: str
@@ -37,6 +38,7 @@ class CaptureConfig:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     skip_bad: bool = False
     tokenizer: str | None = None
+    reasoning: str = "keep"
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -47,11 +49,11 @@ class CaptureConfig:
 def load_inputs(target: str | Path, data: str | Path, *, tokenizer: str | None = None,
                 chat: bool = True, template_kwargs: dict[str, Any] | None = None,
                 skip_bad: bool = False, target_dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu"):
+                device: str | torch.device = "cpu", reasoning: str = "keep"):
     """The target, its tokenizer and `data` rendered with it: what capture and online training read.
 
     target: transformers model directory (its tokenizer too unless `tokenizer` is given); data,
-    chat, template_kwargs, skip_bad: as `specdraft.data.render.load_dataset`.
+    chat, template_kwargs, skip_bad, reasoning: as `specdraft.data.render.load_dataset`.
     Returns (Target, tokenizer, SampleSet). Raises DataError (bad data, naming the file) and
     ValueError (a tokenizer longer than the target's vocabulary: it belongs to another model).
     """
@@ -65,7 +67,8 @@ def load_inputs(target: str | Path, data: str | Path, *, tokenizer: str | None =
     if len(tok) > model.vocab_size:
         raise ValueError(f"tokenizer has {len(tok)} tokens but the target's vocabulary is "
                          f"{model.vocab_size}: pass the target's own tokenizer (--tokenizer)")
-    samples = load_dataset(data, tok, chat=chat, template_kwargs=template_kwargs, skip_bad=skip_bad)
+    samples = load_dataset(data, tok, chat=chat, template_kwargs=template_kwargs, skip_bad=skip_bad,
+                           reasoning=reasoning)
     return model, tok, samples
 
 
@@ -96,7 +99,7 @@ def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
     target, tokenizer, data = load_inputs(
         cfg.target, cfg.data, tokenizer=cfg.tokenizer, chat=cfg.chat,
         template_kwargs=cfg.template_kwargs, skip_bad=cfg.skip_bad,
-        target_dtype=parse_dtype(cfg.target_dtype), device=cfg.device)
+        target_dtype=parse_dtype(cfg.target_dtype), device=cfg.device, reasoning=cfg.reasoning)
     aux = tuple(cfg.aux_layers or default_aux_layers(target.num_layers))
     settings = StoreSettings(aux, parse_dtype(cfg.dtype), cfg.max_length, cfg.shard_tokens,
                              cfg.batch_tokens)

@@ -63,8 +63,12 @@ def bench(
     warmup: int = typer.Option(1, min=0, help="Requests sent to each server, one at a time, before any timing "
                                "(first requests pay for compilation and caches; SGLang bench_serving's "
                                "--warmup-requests)."),
+    suite: str = typer.Option("", help="A bundled suite (mt-bench, gsm8k): chats per category at the first "
+                              "--concurrency, multi-turn questions turn by turn; tau, p_k and speedup per category."),
+    fmt: str = typer.Option("", "--format", help="With --prompts FILE: run FILE as a suite of this format "
+                               "(spec-bench, mt-bench, humaneval, gsm8k)."),
 ) -> None:
-    """Benchmark a server against its no-speculation baseline over a concurrency sweep."""
+    """Benchmark a server against its no-speculation baseline over a concurrency sweep (or a suite by category)."""
     from rich.console import Console
 
     from specdraft.bench.report import refuse_file_out, write_report
@@ -76,6 +80,13 @@ def bench(
                                  "leave --baseline-url out", param_hint="'--url' / '--baseline-url'")
     console = Console()
     busy = _busy_note(url, baseline_url)
+    if suite or fmt:
+        with user_errors(console):
+            refuse_file_out(out, "--out")
+            cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
+                              warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
+            _run_suite(console, cfg, suite, fmt, out)
+        return
     sweep = Sweep()  # filled level by level: Ctrl-C keeps the levels finished on every server
     with user_errors(console):
         refuse_file_out(out, "--out")  # before the benchmark, not after
@@ -89,6 +100,24 @@ def bench(
             console.print(_write_interrupted(sweep, out), style="red", markup=False, soft_wrap=True)
             raise
     _render_bench(console, report, paths, busy)
+
+
+def _run_suite(console, cfg, suite: str, fmt: str, out: str) -> None:
+    """`bench --suite NAME` or `--prompts FILE --format F`: run it, print and write its report."""
+    from specdraft.bench.suite_run import run_suite, suite_markdown, write_suite_report
+    from specdraft.bench.suites import SuiteError, load_suite, read_suite_file
+
+    if suite and fmt:
+        raise SuiteError("give --suite NAME (a bundled suite) or --prompts FILE --format F, not both")
+    if fmt and cfg.prompts == "builtin":
+        raise SuiteError(f"--format {fmt} needs --prompts FILE (the {fmt} file to run)")
+    chosen = load_suite(suite) if suite else read_suite_file(cfg.prompts, fmt)
+    report = run_suite(cfg, chosen, progress=lambda text: console.print(text, markup=False, soft_wrap=True))
+    paths = write_suite_report(report, out)
+    console.print(suite_markdown(report), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, soft_wrap=True)
+    if report.warnings:
+        raise typer.Exit(1)
 
 
 def _busy_note(url: str, baseline_url: str) -> str | None:
@@ -169,6 +198,8 @@ def tune(
     device: str = typer.Option("cpu", callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+    suite: str = typer.Option("", help="Tune on a bundled suite's chats (mt-bench, gsm8k; instead of --prompts), "
+                              "turn by turn with the target's own answers; then tau, p_k and speedup per category."),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
     from rich.console import Console
@@ -183,11 +214,21 @@ def tune(
         cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,
                          num_measure, min_speedup, current, repeats=repeats)
         _set_threads(threads)
-        report = tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype),
-                            progress=lambda text: console.print(text, markup=False))
+        say = lambda text: console.print(text, markup=False)  # noqa: E731
+        if suite:
+            from specdraft.bench.suites import load_suite
+            from specdraft.bench.tune_suite import render_categories, tune_suite_paths
+
+            chosen = load_suite(suite)
+            report, rows = tune_suite_paths(target, draft, chosen, cfg, device, engine_dtype(dtype), progress=say)
+        else:
+            report, rows = tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype), progress=say), []
     console.print(render(report), markup=False, highlight=False, soft_wrap=True)
+    if rows:
+        console.print(render_categories(chosen, rows), markup=False, highlight=False, soft_wrap=True)
     if json_out:
-        atomic_write_text(json_out, json.dumps(report.to_dict(), indent=2))
+        data = {**report.to_dict(), **({"categories": [r.to_dict() for r in rows]} if rows else {})}
+        atomic_write_text(json_out, json.dumps(data, indent=2))
 
 
 def _refuse_bad_json_out(json_out: str) -> None:

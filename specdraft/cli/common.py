@@ -40,6 +40,11 @@ DoctorEngine = Literal["sglang", "vllm"]  # doctor.inputs.DOCTOR_ENGINES
 EndpointApi = Literal["chat", "completions"]  # regenerate.backends.EndpointBackend
 
 
+ReasoningMode = Literal["keep", "drop"]  # data.reasoning.REASONING_MODES
+REASONING_HELP = ("keep: train the assistants' reasoning as the chat template renders it; drop: the "
+                  "template's non-thinking rendering, without it.")
+
+
 def check_device(value: str) -> str:
     """--device: a torch device this install can use (one line instead of a traceback)."""
     import torch

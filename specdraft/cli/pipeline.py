@@ -5,10 +5,12 @@ from __future__ import annotations
 import typer
 
 from specdraft.cli.common import (
+    REASONING_HELP,
     SKIP_BAD_HINT,
     DtypeName,
     EndpointApi,
     Precision,
+    ReasoningMode,
     app,
     argument,
     aux_layer_list,
@@ -40,6 +42,7 @@ def capture(
     tokenizer: str = typer.Option("", help="Tokenizer directory (default: the target's)."),
     skip_bad: bool = flag("--skip-bad", help="Skip and count bad records."),
     device: str = typer.Option("cpu", help="Device for the target.", callback=check_device),
+    reasoning: ReasoningMode = typer.Option("keep", help=REASONING_HELP),
 ) -> None:
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
     from rich.console import Console
@@ -54,7 +57,7 @@ def capture(
         dtype=dtype, target_dtype=target_dtype, max_length=max_length,
         shard_tokens=shard_tokens, batch_tokens=batch_tokens, chat=not no_chat,
         template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
-        tokenizer=tokenizer or None, device=device)
+        tokenizer=tokenizer or None, device=device, reasoning=reasoning)
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_capture(out)):
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         result = capture_dataset(cfg, console=console)
@@ -84,6 +87,9 @@ def regenerate(
     max_retries: int = typer.Option(5, min=0, help="Retries on 5xx / timeouts (endpoint)."),
     skip_bad: bool = flag("--skip-bad", help="Skip and count bad records."),
     device: str = typer.Option("cpu", help="Device for a local target.", callback=check_device),
+    reasoning: ReasoningMode = typer.Option("keep", help="keep: write the target's reasoning with each "
+                                            "answer; drop: ask for non-thinking answers (the template's "
+                                            "switch) and write none."),
 ) -> None:
     """Replace the answers in DATA with the target's own outputs, written to OUT."""
     import os
@@ -108,7 +114,8 @@ def regenerate(
             sampling=Sampling(temperature, top_p, max_new_tokens, seed),
             template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"),
             concurrency=concurrency, batch_size=batch_size, max_retries=max_retries,
-            api_key=os.environ.get("OPENAI_API_KEY"), skip_bad=skip_bad, device=device)
+            api_key=os.environ.get("OPENAI_API_KEY"), skip_bad=skip_bad, device=device,
+            reasoning=reasoning)
         result = regenerate_file(cfg, console=console)
     empty = f", {result.num_empty} left out (the target's answer was empty)" if result.num_empty else ""
     console.print(f"{result.path}: {result.num_done} records written, {result.num_kept} kept "
@@ -139,6 +146,7 @@ TRAIN_HELP = {
     "template_kwargs": "With --online: JSON kwargs for the chat template.",
     "target_dtype": "With --online: dtype the target runs in (default: float32).",
     "skip_bad": "With --online: skip and count bad records.",
+    "reasoning": f"With --online: {REASONING_HELP} (default: keep)",
     "warmup_steps": "Linear learning-rate warm-up steps (100).",
     "save_every": "Checkpoint every N steps (500) and at the end, under OUT/checkpoints; the newest 2 are kept "
                   "(--config key keep_checkpoints).",
@@ -169,6 +177,7 @@ def train(
     template_kwargs: str = typer.Option("{}", help=H["template_kwargs"]),
     target_dtype: DtypeName | None = typer.Option(None, help=H["target_dtype"]),
     skip_bad: bool = flag("--skip-bad", help=H["skip_bad"]),
+    reasoning: ReasoningMode | None = typer.Option(None, help=H["reasoning"]),
     warmup_steps: int | None = typer.Option(None, min=0, help=H["warmup_steps"]),
     save_every: int | None = typer.Option(None, min=1, help=H["save_every"]),
     resume: bool = flag("--resume", help=H["resume"]),
@@ -196,7 +205,8 @@ def train(
                  aux_layers=aux_layers, warmup_steps=warmup_steps, save_every=save_every)
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_message(out)):
         data = train_source(source, online, target, no_chat=no_chat, skip_bad=skip_bad, target_dtype=target_dtype,
-                            template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"))
+                            template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"),
+                            reasoning=reasoning)
         cfg = run_config(config, flags, out, resume, say)
         result = run_training(cfg, data, out, resume=resume, command=" ".join(["specdraft", *sys.argv[1:]]),
                               target_config=target or None, on_note=lambda text: say(f"note: {text}"))

@@ -1,7 +1,8 @@
 """Input records: read chats or texts from a file or a `save_to_disk` directory (`read_records`).
 
 Inputs:
-- JSONL, one object per line: OpenAI `{"messages": [{"role", "content"}, ...]}`, ShareGPT
+- JSONL, one object per line: OpenAI `{"messages": [{"role", "content"}, ...], "tools": [...]}`
+  (assistant messages may carry reasoning and `tool_calls`; see `Record`), ShareGPT
   `{"conversations": [{"from": "human"|"gpt"|"system", "value"}, ...]}`, or, for base models
   (`chat=False`), `{"text": ...}` or `{"prompt": ..., "completion": ...}`;
 - a directory written by `datasets.Dataset.save_to_disk` with the same columns;
@@ -43,14 +44,18 @@ NO_CHAT_HINT = "for text records pass --no-chat (capture, regenerate, train --on
 class Record:
     """One input example before tokenization, with where it came from ("file:line").
 
-    Chat records have `messages` (dicts with role and content); text records have `text` (the
-    continuation, supervised) and `prompt` (context, not supervised; "" for whole documents).
+    Chat records have `messages` (dicts with role and content; assistant messages may add
+    `reasoning_content` / `reasoning` / `thinking` and `tool_calls`, tool messages
+    `tool_call_id` and `name`) and `tools` (the OpenAI tool schemas handed to the chat template,
+    None without); text records have `text` (the continuation, supervised) and `prompt`
+    (context, not supervised; "" for whole documents).
     """
 
     source: str
-    messages: tuple[dict[str, str], ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
     prompt: str = ""
     text: str = ""
+    tools: tuple[dict[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,8 @@ def _to_record(source: str, row: Any, chat: bool, require_assistant: bool = True
         raise _bad(source, f"expected a JSON object, got {type(row).__name__}",
                    "write one JSON object per line")
     if chat:
-        return Record(source, messages=_chat_messages(source, row, require_assistant))
+        return Record(source, messages=_chat_messages(source, row, require_assistant),
+                      tools=_tools(source, row))
     if isinstance(row.get("text"), str) and row["text"].strip():
         return Record(source, text=row["text"])
     if isinstance(row.get("completion"), str) and row["completion"].strip():
@@ -211,14 +217,17 @@ def _to_record(source: str, row: Any, chat: bool, require_assistant: bool = True
                "give {\"text\": ...} or {\"prompt\": ..., \"completion\": ...}")
 
 
-def _chat_messages(source: str, row: dict, require_assistant: bool) -> tuple[dict[str, str], ...]:
+MESSAGE_FIELDS = {"assistant": ("reasoning_content", "reasoning", "thinking", "tool_calls"),
+                  "tool": ("tool_call_id", "name")}
+
+
+def _chat_messages(source: str, row: dict, require_assistant: bool) -> tuple[dict[str, Any], ...]:
     if "messages" in row:
-        turns = [(m.get("role"), m.get("content")) if isinstance(m, dict) else (None, None)
-                 for m in row["messages"] or []]
+        turns = [(m.get("role"), m) if isinstance(m, dict) else (None, {}) for m in row["messages"] or []]
         known = CHAT_ROLES
     elif "conversations" in row:
-        turns = [(SHAREGPT_ROLES.get(m.get("from")), m.get("value")) if isinstance(m, dict)
-                 else (None, None) for m in row["conversations"] or []]
+        turns = [(SHAREGPT_ROLES.get(m.get("from")), {**m, "content": m.get("value")})
+                 if isinstance(m, dict) else (None, {}) for m in row["conversations"] or []]
         known = tuple(SHAREGPT_ROLES)
     else:
         raise _bad(source, "no 'messages' or 'conversations' field",
@@ -226,16 +235,43 @@ def _chat_messages(source: str, row: dict, require_assistant: bool) -> tuple[dic
                    f"{{\"conversations\": [{{\"from\", \"value\"}}]}}, or {NO_CHAT_HINT}")
     if not turns:
         raise _bad(source, "empty conversation", "remove the line")
-    for i, (role, content) in enumerate(turns):
-        if role not in CHAT_ROLES:
-            raise _bad(source, f"turn {i} has an unknown role", f"use one of {', '.join(known)}")
-        if not isinstance(content, str) or (role == "assistant" and not content.strip()):
-            raise _bad(source, f"turn {i} ({role}) has empty or non-string content",
-                       "give every turn text content")
-    if require_assistant and not any(role == "assistant" for role, _ in turns):
+    messages = tuple(_message(source, i, role, m, known) for i, (role, m) in enumerate(turns))
+    if require_assistant and not any(m["role"] == "assistant" for m in messages):
         raise _bad(source, "no assistant turn (nothing to learn)",
                    "add the assistant's answer, or regenerate it with `specdraft regenerate`")
-    return tuple({"role": role, "content": content} for role, content in turns)
+    return messages
+
+
+def _message(source: str, i: int, role: str | None, m: dict, known) -> dict[str, Any]:
+    """One chat message: role and content, plus the fields its role may carry (`MESSAGE_FIELDS`:
+    an assistant's reasoning and tool calls, a tool result's call id and name)."""
+    if role not in CHAT_ROLES:
+        raise _bad(source, f"turn {i} has an unknown role", f"use one of {', '.join(known)}")
+    content, tool_calls = m.get("content"), m.get("tool_calls")
+    if tool_calls is not None and (role != "assistant" or not isinstance(tool_calls, list)
+                                   or not all(isinstance(c, dict) for c in tool_calls)):
+        raise _bad(source, f"turn {i} ({role}) has a bad 'tool_calls'",
+                   "give tool calls on assistant turns, as a list of OpenAI tool-call objects")
+    calls_only = role == "assistant" and bool(tool_calls) and content in (None, "")
+    if not calls_only and (not isinstance(content, str) or (role == "assistant" and not content.strip())):
+        raise _bad(source, f"turn {i} ({role}) has empty or non-string content",
+                   "give every turn text content")
+    message = {"role": role, "content": content}
+    for name in MESSAGE_FIELDS.get(role, ()):
+        if m.get(name) is not None:
+            if name != "tool_calls" and not isinstance(m[name], str):
+                raise _bad(source, f"turn {i} ({role}) has a non-string '{name}'", f"give '{name}' as text")
+            message[name] = m[name]
+    return message
+
+
+def _tools(source: str, row: dict) -> tuple[dict[str, Any], ...] | None:
+    tools = row.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise _bad(source, "'tools' is not a list of objects", "give the OpenAI tool schemas as a list")
+    return tuple(tools)
 
 
 def skipped_line(num_skipped: int, path) -> str:

@@ -3,11 +3,13 @@ how they were rendered.
 
 `render_chat` uses the tokenizer's own chat template, so no template is written here.
 The assistant loss mask comes from character spans: for assistant message i, the chat rendered up
-to message i with the generation prompt must be a prefix of the full rendering, and so must the
-chat rendered through message i; the characters between those two prefixes are the assistant
-turn (its content and the template's end-of-turn marker). Tokens of the full rendering whose
-character span overlaps an assistant span get loss_mask = 1. Templates that rewrite earlier turns
-once later turns exist (not prefix-stable) are refused for that chat, never approximated.
+to message i with the generation prompt (what the server renders) must be a prefix of the chat
+rendered through message i; the characters between the two are the assistant turn (its
+reasoning and content as the template renders them, tool calls, the end-of-turn marker). Tokens
+whose character span overlaps an assistant span get loss_mask = 1. When every such rendering is
+a prefix of the full chat, the chat is one sample; templates that rewrite earlier turns once
+later turns exist (Qwen3 drops earlier turns' reasoning) give one sample per assistant turn,
+each the chat through that turn as the template renders it. Nothing is approximated.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch
 
+from specdraft.data.reasoning import check_rendered, reasoning_kwargs, template_messages
 from specdraft.data.records import BadRecord, DataError, Records, read_records
 
 NO_TEMPLATE = "the tokenizer has no chat template: for a base model pass --no-chat (capture, regenerate, " \
@@ -57,20 +60,24 @@ class RenderInfo:
     """How samples were rendered: stored in the manifest and the capture index (FC-08).
 
     template_hash: `template_hash(tokenizer)` (None in no-chat mode). kwargs: the extra
-    `apply_chat_template` keyword arguments (e.g. {"enable_thinking": False}). chat: False
-    for the plain-text mode.
+    `apply_chat_template` keyword arguments rendered with (e.g. {"enable_thinking": False},
+    the non-thinking switch included with --reasoning drop). chat: False for the plain-text
+    mode. reasoning: "keep" or "drop" (`specdraft.data.reasoning`).
     """
 
     template_hash: str | None
     kwargs: dict[str, Any] = field(default_factory=dict)
     chat: bool = True
+    reasoning: str = "keep"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hash": self.template_hash, "kwargs": dict(self.kwargs), "chat": self.chat}
+        return {"hash": self.template_hash, "kwargs": dict(self.kwargs), "chat": self.chat,
+                "reasoning": self.reasoning}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RenderInfo:
-        return cls(d.get("hash"), dict(d.get("kwargs") or {}), bool(d.get("chat", True)))
+        return cls(d.get("hash"), dict(d.get("kwargs") or {}), bool(d.get("chat", True)),
+                   d.get("reasoning", "keep"))
 
 
 @dataclass(frozen=True)
@@ -115,31 +122,56 @@ def tokenizer_changes(recorded: dict[str, Any] | None, tokenizer) -> list[str]:
             if now.get(key) != value]
 
 
-def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict) -> str:
+def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict, tools=None) -> str:
+    if tools:
+        kwargs = {**kwargs, "tools": list(tools)}
     return tokenizer.apply_chat_template(list(messages), tokenize=False,
                                          add_generation_prompt=add_generation_prompt, **kwargs)
 
 
-def assistant_char_spans(tokenizer, messages: Sequence[dict[str, str]],
-                         template_kwargs: dict | None = None) -> tuple[str, list[tuple[int, int]]]:
-    """Render `messages` with the chat template; return (text, [(start, end) char spans of each
-    assistant turn]). Raises DataError when the template is not prefix-stable for this chat."""
+@dataclass(frozen=True)
+class ChatRendering:
+    """A chat as the template renders it: `texts` (one, or one per assistant turn when the
+    template rewrites earlier turns once later ones exist) and, per text, the (start, end)
+    character spans of the assistant turns trained in it."""
+
+    texts: list[str]
+    spans: list[list[tuple[int, int]]]
+
+
+def assistant_char_spans(tokenizer, messages: Sequence[dict[str, Any]],
+                         template_kwargs: dict | None = None, *, tools=None,
+                         reasoning: str = "keep") -> ChatRendering:
+    """Render `messages` with the chat template (reasoning handed to it as
+    `specdraft.data.reasoning.template_messages` says) and locate every assistant turn.
+
+    Prefix-stable chats give one text with every assistant span. A template that rewrites
+    earlier turns once later turns exist (Qwen3 and gpt-oss drop earlier turns' reasoning) gives
+    one text per assistant turn: the chat through that turn as the template renders it, the
+    context every later turn is served with, that turn its only span. Raises DataError when the
+    template cannot render a turn's reasoning (the fix: --reasoning drop) or renders a turn
+    differently from the prompt it serves it with (not prefix-stable even turn by turn)."""
     kwargs = dict(template_kwargs or {})
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(NO_TEMPLATE)
-    full = _render(tokenizer, messages, False, kwargs)
-    spans = []
+    messages, kept = template_messages(tokenizer, messages, reasoning)
+    turns = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], True, kwargs)
-        through = _render(tokenizer, messages[: i + 1], False, kwargs)
-        if not (full.startswith(before) and full.startswith(through) and len(before) <= len(through)):
-            raise DataError(f"the chat template renders message {i} differently once later turns "
-                            f"exist (not prefix-stable), so the assistant span cannot be located "
-                            f"exactly; split the chat into one record per assistant turn")
-        spans.append((len(before), len(through)))
-    return full, spans
+        before = _render(tokenizer, messages[:i], True, kwargs, tools)
+        through = _render(tokenizer, messages[: i + 1], False, kwargs, tools)
+        if i in kept:
+            check_rendered(through.removeprefix(before), kept[i], i)
+        if not through.startswith(before):
+            raise DataError(f"the chat template renders assistant message {i} differently from the "
+                            f"prompt it serves it with (not prefix-stable), so the turn cannot be "
+                            f"located exactly; check --template-kwargs / --reasoning")
+        turns.append((before, through))
+    full = _render(tokenizer, messages, False, kwargs, tools)
+    if all(full.startswith(through) for _, through in turns):
+        return ChatRendering([full], [[(len(b), len(t)) for b, t in turns]])
+    return ChatRendering([t for _, t in turns], [[(len(b), len(t))] for b, t in turns])
 
 
 def _mask_from_spans(tokenizer, text: str, spans: list[tuple[int, int]], add_special: bool,
@@ -161,14 +193,19 @@ def _mask_from_spans(tokenizer, text: str, spans: list[tuple[int, int]], add_spe
     return Sample(ids, mask)
 
 
-def render_chat(tokenizer, messages: Sequence[dict[str, str]],
-                template_kwargs: dict | None = None) -> Sample:
+def render_chat(tokenizer, messages: Sequence[dict[str, Any]], template_kwargs: dict | None = None,
+                *, tools=None, reasoning: str = "keep") -> list[Sample]:
     """Tokenize a chat with the tokenizer's chat template (no extra special tokens, as
-    `apply_chat_template(tokenize=True)` does); loss_mask = 1 on assistant-turn tokens.
+    `apply_chat_template(tokenize=True)` does); loss_mask = 1 on the assistant turns' tokens
+    (their reasoning, answer and tool calls as rendered; tool results are context). One Sample,
+    or one per assistant turn for templates that rewrite history (`assistant_char_spans`).
 
-    Raises DataError (no chat template, slow tokenizer, template not prefix-stable)."""
-    text, spans = assistant_char_spans(tokenizer, messages, template_kwargs)
-    return _mask_from_spans(tokenizer, text, spans, add_special=False)
+    Raises DataError (no chat template, slow tokenizer, reasoning the template cannot render,
+    template not prefix-stable)."""
+    rendering = assistant_char_spans(tokenizer, messages, template_kwargs, tools=tools,
+                                     reasoning=reasoning)
+    return [_mask_from_spans(tokenizer, text, spans, add_special=False)
+            for text, spans in zip(rendering.texts, rendering.spans)]
 
 
 def render_text(tokenizer, text: str, prompt: str = "") -> Sample:
@@ -189,23 +226,26 @@ def check_chat_template(tokenizer, records: Records) -> None:
 
 
 def render_records(tokenizer, records: Records, *, template_kwargs: dict | None = None,
-                   skip_bad: bool = False) -> SampleSet:
+                   skip_bad: bool = False, reasoning: str = "keep") -> SampleSet:
     """Render every record (chat records with the template, text records as documents).
+    reasoning: "keep" trains the assistants' reasoning as the template renders it, "drop" renders
+    without it, with the template's non-thinking switch (`specdraft.data.reasoning`).
 
     Raises DataError for a tokenizer that renders no record (no chat template for chats, a slow
     tokenizer), and BadRecord naming the record's file and line when one cannot be rendered,
     unless skip_bad=True (then it is counted in `num_skipped`, with the records skipped on
     reading)."""
-    kwargs = dict(template_kwargs or {})
     samples, num_skipped = [], records.num_skipped
     chat = records.chat
     check_chat_template(tokenizer, records)
+    kwargs = reasoning_kwargs(tokenizer, dict(template_kwargs or {}), reasoning) if chat else {}
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(f"{records.path}: {SLOW_TOKENIZER}")
     for r in records.records:
         try:
             if r.messages is not None:
-                samples.append(render_chat(tokenizer, r.messages, kwargs))
+                samples.extend(render_chat(tokenizer, r.messages, kwargs, tools=r.tools,
+                                           reasoning=reasoning))
             else:
                 samples.append(render_text(tokenizer, r.text, r.prompt))
         except DataError as e:
@@ -214,15 +254,18 @@ def render_records(tokenizer, records: Records, *, template_kwargs: dict | None 
             num_skipped += 1
     if not samples:
         raise DataError(f"{records.path}: no record could be rendered; the dataset is empty")
-    info = RenderInfo(template_hash(tokenizer) if chat else None, kwargs if chat else {}, chat)
+    info = RenderInfo(template_hash(tokenizer) if chat else None, kwargs, chat,
+                      reasoning if chat else "keep")
     return SampleSet(samples, info, num_skipped)
 
 
 def load_dataset(path: str | Path, tokenizer, *, chat: bool = True,
-                 template_kwargs: dict | None = None, skip_bad: bool = False) -> SampleSet:
+                 template_kwargs: dict | None = None, skip_bad: bool = False,
+                 reasoning: str = "keep") -> SampleSet:
     """`read_records` then `render_records`: the samples of one file or directory."""
     records = read_records(path, chat=chat, skip_bad=skip_bad)
-    return render_records(tokenizer, records, template_kwargs=template_kwargs, skip_bad=skip_bad)
+    return render_records(tokenizer, records, template_kwargs=template_kwargs, skip_bad=skip_bad,
+                          reasoning=reasoning)
 
 
 def render_parity(tokenizer, chats: Iterable[Sequence[dict[str, str]]], kwargs_a: dict,

@@ -120,7 +120,7 @@ def draft_depth_pays_off(ev: Evidence) -> Result:
                           "tree settings: measure them with specdraft bench", "")
     # P(draft k accepted) a round, the drafter replaying the chain's rounds on the samples (a
     # per-position product of alphas would overstate it: rounds crowd where drafts fail)
-    replayed = run_on(ev, ev.engine, spec.num_steps, ev.samples, replay=True).metrics
+    replayed = run_on(ev, ev.engine, spec.num_steps, ev.labelled_samples, replay=True).metrics
     reach = replayed.replayed_acceptance() or [0.0] * spec.num_steps
     useful = next((k for k, r in enumerate(reach) if r < MIN_STEP_GAIN), len(reach))
 

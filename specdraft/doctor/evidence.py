@@ -300,6 +300,15 @@ class Evidence:
         """Up to max_samples `data.Sample`s from --samples."""
         return self.sample_read.samples
 
+    @property
+    def labelled_samples(self) -> list:
+        """`samples` with the target's outputs to replay offline; Unavailable for a suite's prompts."""
+        if self.sample_read.prompts_only:
+            raise Unavailable(f"--samples {self.inputs.samples} holds prompts only",
+                              "give the target's outputs for offline acceptance: a capture store or a "
+                              "regenerated JSONL (specdraft regenerate)")
+        return self.samples
+
     def notes(self) -> list[str]:
         """Report lines about the inputs: with skip_bad, what was skipped in --samples (nothing
         when the samples could not be read for want of a tokenizer: no check used them)."""

@@ -14,6 +14,7 @@ from specdraft.checkpoint import (
     classify_dir,
     read_config,
 )
+from specdraft.bench.suites import suite_names
 from specdraft.client import SERVER_WAIT_S
 from specdraft.target import check_target_weights
 
@@ -61,8 +62,9 @@ class DoctorInputs:
         if self.target is not None:
             given_config(self.target, "pass a transformers model directory")
             check_target_weights(self.target)  # a truncated download: one line, not a row of skips
-        if self.samples is not None and not self.samples.exists():
-            raise ValueError(f"{self.samples}: no such file or directory; pass a capture store or a JSONL file")
+        if self.samples is not None and not self.samples.exists() and str(self.samples) not in suite_names():
+            raise ValueError(f"{self.samples}: no such file or directory; pass a capture store, a JSONL file or a "
+                             f"suite ({', '.join(suite_names())})")
 
 
 def given_config(path: Path, fix: str) -> dict[str, Any] | None:

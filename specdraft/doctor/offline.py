@@ -42,7 +42,7 @@ def run_offline(ev: Evidence, engine: str | None, ttt_steps: int) -> OfflineRun:
     Aux layers: the engine's reading of the config (engine given) or the training layers
     (manifest; else the config's). Uses train.loss.ttt_loss for the unroll and the counts.
     """
-    return run_on(ev, engine, ttt_steps, ev.samples)
+    return run_on(ev, engine, ttt_steps, ev.labelled_samples)
 
 
 def run_on(ev: Evidence, engine: str | None, ttt_steps: int, samples: list, replay: bool = False) -> OfflineRun:

@@ -55,8 +55,11 @@ class OnlineRun:
 
 def prompt_of(sample: Sample) -> list[int]:
     """The first tokens of a sample: those before its first supervised token (its prompt turn),
-    or the first PROMPT_TOKENS when supervision starts earlier than the fourth token."""
+    or the first PROMPT_TOKENS when supervision starts earlier than the fourth token; all of a
+    sample without supervised tokens (a suite's prompt, `doctor --samples mt-bench`)."""
     ids = list(sample.input_ids)
+    if not any(sample.loss_mask):
+        return ids
     first = next((i for i, m in enumerate(sample.loss_mask) if m), len(ids))
     n = first if first >= 4 else PROMPT_TOKENS
     return ids[:max(1, min(n, len(ids) - 1))]

@@ -38,6 +38,7 @@ class SampleRead:
     num_records: int
     num_skipped: int = 0
     first_skipped: str = ""
+    prompts_only: bool = False  # a suite's prompts: no target output to replay offline
 
     def skipped_text(self) -> str:
         """"skipped N of M records (first: file:line reason)"."""
@@ -54,6 +55,9 @@ def read_samples(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict
     the file (and line) for input that cannot be read or holds no usable sample, BadRecord for
     one bad record unless skip_bad (then it is skipped and counted).
     """
+    suite = _suite_name(path)
+    if suite is not None:
+        return _suite_prompts(suite, tokenizer(), template_kwargs, max_samples, max_length)
     try:
         if (path / "index.json").is_file():
             samples = _store_samples(path, max_samples)
@@ -94,6 +98,32 @@ def _rendered(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[st
     return SampleRead(rendered.samples, len(records.records) + records.num_skipped, rendered.num_skipped, first)
 
 
+def _suite_name(path: Path) -> str | None:
+    """The bundled suite `path` names (`bench.suites`: a name, not a file here), else None."""
+    from specdraft.bench.suites import suite_names
+
+    return str(path) if not path.exists() and str(path) in suite_names() else None
+
+
+def suite_chats(name: str, max_chats: int) -> list[list[dict[str, str]]]:
+    """The first turns of a bundled suite's first `max_chats` questions, as one-message chats."""
+    from specdraft.bench.suites import load_suite
+
+    return [[{"role": "user", "content": q.turns[0]}] for q in load_suite(name).questions[:max_chats]]
+
+
+def _suite_prompts(name: str, tok: Any, template_kwargs: dict[str, Any], max_samples: int,
+                   max_length: int) -> SampleRead:
+    """A suite's first turns rendered with the chat template and its generation prompt: prompts
+    only (loss_mask all 0), for the online check; `SampleRead.prompts_only`."""
+    samples = []
+    for chat in suite_chats(name, max_samples):
+        text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **template_kwargs)
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])[:max_length]
+        samples.append(Sample(ids, [0] * len(ids)))
+    return SampleRead(samples, len(samples), prompts_only=True)
+
+
 def _reason(error: DataError) -> str:
     """A bad record's error without its fix: "file:line: reason"."""
     return str(error).split("; fix: ")[0]
@@ -102,6 +132,8 @@ def _reason(error: DataError) -> str:
 def read_chats(path: Path, max_chats: int, skip_bad: bool = False) -> list[list[dict[str, str]]]:
     """The chats in a JSONL / save_to_disk file (empty for token ids, texts or a store).
     Raises DataError as `read_samples`."""
+    if _suite_name(path) is not None:
+        return suite_chats(str(path), max_chats)
     if (path / "index.json").is_file() or not path.exists():
         return []
     row = _first_row(path)

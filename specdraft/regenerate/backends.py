@@ -43,24 +43,38 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class Completion:
+    """One answer: `content` as the backend returned it, and `reasoning` when the server's
+    reasoning parser returned it apart (`conventions.REASONING_RESPONSE_FIELDS`); a local
+    target's think block stays in `content` (None here). tool_calls: the server's parsed tool
+    calls (OpenAI objects), None without."""
+
+    content: str
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
 class Prompt:
     """One generation request: `messages` (chat, with the chat-template kwargs) and/or rendered
     `text`, and token `ids` when a tokenizer is at hand (exactly the tokens to continue).
-    `index` (the record's) seeds the request."""
+    `index` (the record's) seeds the request. tools: the record's tool schemas (sent as `tools`)."""
 
     index: int
     messages: list[dict[str, str]] | None = None
     text: str | None = None
     ids: list[int] | None = None
     template_kwargs: dict[str, Any] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
 
 
 class Backend(Protocol):
-    """What `regenerate` needs from a backend: `complete` returns one text per prompt, in order."""
+    """What `regenerate` needs from a backend: `complete` returns one Completion per prompt, in
+    order."""
 
     batch_size: int  # prompts handed to one `complete` call
 
-    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[str]: ...
+    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[Completion]: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -93,7 +107,7 @@ class LocalBackend:
     def describe(self) -> dict[str, Any]:
         return {"kind": "local", "model": self.model_dir, "dtype": str(self.model.dtype)}
 
-    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[str]:
+    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[Completion]:
         """Batched generation; each prompt needs `ids`. Returns the decoded continuations."""
         longest = max(len(p.ids) for p in prompts)
         ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
@@ -118,12 +132,13 @@ class LocalBackend:
             top_p=None if greedy else sampling.top_p, top_k=None,
             eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
 
-    def _decode(self, prompt: Prompt, new_ids: list[int]) -> str:
+    def _decode(self, prompt: Prompt, new_ids: list[int]) -> Completion:
         """The answer up to its first EOS, decoded as the continuation of its prompt (chat or
         text), as the endpoint path and `serve` do: decoded alone, a SentencePiece answer would
         lose its word-start space and re-tokenise to other ids than the target generated."""
         stop = next((i for i, t in enumerate(new_ids) if t in self.eos_ids), len(new_ids))
-        return decode_continuation(self.tokenizer, prompt.ids, new_ids[:stop], skip_special_tokens=True)
+        return Completion(decode_continuation(self.tokenizer, prompt.ids, new_ids[:stop],
+                                              skip_special_tokens=True))
 
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -159,7 +174,7 @@ class EndpointBackend:
     def describe(self) -> dict[str, Any]:
         return {"kind": "endpoint", "url": self.url, "model": self.model, "api": self.api}
 
-    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[str]:
+    def complete(self, prompts: list[Prompt], sampling: Sampling) -> list[Completion]:
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(lambda p: self._complete_one(p, sampling), prompts))
 
@@ -174,11 +189,13 @@ class EndpointBackend:
             body["messages"] = prompt.messages
             if prompt.template_kwargs:
                 body["chat_template_kwargs"] = prompt.template_kwargs
+            if prompt.tools:
+                body["tools"] = list(prompt.tools)
         else:
             body["prompt"] = prompt.ids if prompt.ids is not None else prompt.text
         return body
 
-    def _complete_one(self, prompt: Prompt, sampling: Sampling) -> str:
+    def _complete_one(self, prompt: Prompt, sampling: Sampling) -> Completion:
         import httpx
 
         body = self._body(prompt, sampling)
@@ -200,14 +217,19 @@ class EndpointBackend:
             time.sleep(self.backoff_s * 2 ** attempt)
         raise AssertionError("unreachable")
 
-    def _parse(self, response, prompt: Prompt) -> str:
+    def _parse(self, response, prompt: Prompt) -> Completion:
+        """The choice's content and, from a chat completion, its reasoning under any of
+        `conventions.REASONING_RESPONSE_FIELDS` (vLLM's `reasoning`, SGLang's `reasoning_content`)."""
+        from specdraft.conventions import REASONING_RESPONSE_FIELDS
+
         try:
             choice = response.json()["choices"][0]
-            text = choice["message"]["content"] if self.api == "chat" else choice["text"]
+            message = choice["message"] if self.api == "chat" else {"content": choice["text"]}
+            reasoning = next((message[k] for k in REASONING_RESPONSE_FIELDS if message.get(k)), None)
+            return Completion(message["content"] or "", reasoning, message.get("tool_calls") or None)
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise RegenerationError(f"{self.url}: unexpected response for record {prompt.index}: "
                                     f"{response.text[:200]}") from e
-        return text or ""
 
 
 def served_model(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:

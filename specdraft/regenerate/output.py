@@ -88,5 +88,5 @@ def records_hash(records: Records) -> str:
     """sha256 (hex) of the records' contents, in order: the sidecar's `input_hash`."""
     h = hashlib.sha256()
     for r in records.records:
-        h.update(json.dumps([r.messages, r.prompt, r.text]).encode("utf-8") + b"\n")
+        h.update(json.dumps([r.messages, r.prompt, r.text, *([r.tools] if r.tools else [])]).encode("utf-8") + b"\n")
     return h.hexdigest()

@@ -2,7 +2,10 @@
 
 Chat mode: every assistant turn is regenerated in order, each from the conversation so far (with
 the earlier turns already regenerated); a chat that ends in a user turn gets one assistant turn
-appended. No-chat mode (base models): the prompt is the record's `prompt` field, or the first
+appended. With reasoning="keep" each regenerated assistant turn keeps the reasoning the target
+produced, as `reasoning_content` (the server's reasoning field, or a local target's think block
+split off its answer); with "drop" the prompts are rendered with the template's non-thinking
+switch and no reasoning is written. No-chat mode (base models): the prompt is the record's `prompt` field, or the first
 `prompt_tokens` tokens of a document; the target writes the continuation.
 
 Every finished record is appended to the output at once (`specdraft.regenerate.output`), so an
@@ -20,6 +23,7 @@ from typing import Any
 from specdraft.data.records import Record, Records
 from specdraft.regenerate.backends import (
     Backend,
+    Completion,
     EndpointBackend,
     LocalBackend,
     Prompt,
@@ -41,37 +45,75 @@ class RegenResult:
     num_empty: int
 
 
-def _render_ids(tokenizer, messages, template_kwargs: dict) -> tuple[str, list[int]]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         **template_kwargs)
+def _render_ids(tokenizer, messages, template_kwargs: dict, tools=None) -> tuple[str, list[int]]:
+    kwargs = {**template_kwargs, "tools": list(tools)} if tools else template_kwargs
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _chat_prompt(index, messages, tokenizer, template_kwargs) -> Prompt:
+def _request_messages(messages, reasoning: str) -> list[dict]:
+    """Messages as sent to a server: an assistant's reasoning as `reasoning_content` (what vLLM
+    and SGLang both take, `conventions.REASONING_RESPONSE_FIELDS`), none with reasoning="drop"."""
+    from specdraft.data.reasoning import RECORD_FIELDS, message_reasoning
+
+    out = []
+    for m in messages:
+        if m["role"] != "assistant":
+            out.append(dict(m))
+            continue
+        r, content = message_reasoning(m)
+        msg = {**{k: v for k, v in m.items() if k not in RECORD_FIELDS}, "content": content}
+        if reasoning == "keep" and r:
+            msg["reasoning_content"] = r
+        out.append(msg)
+    return out
+
+
+def _chat_prompt(index, messages, tokenizer, template_kwargs, reasoning: str, tools=None) -> Prompt:
+    from specdraft.data.reasoning import template_messages
+
+    request = _request_messages(messages, reasoning)
     if tokenizer is None:
-        return Prompt(index, messages=list(messages), template_kwargs=template_kwargs)
-    text, ids = _render_ids(tokenizer, list(messages), template_kwargs)
-    return Prompt(index, list(messages), text, ids, template_kwargs)
+        return Prompt(index, messages=request, template_kwargs=template_kwargs, tools=tools)
+    text, ids = _render_ids(tokenizer, template_messages(tokenizer, messages, reasoning)[0],
+                            template_kwargs, tools)
+    return Prompt(index, request, text, ids, template_kwargs, tools)
+
+
+def _assistant_turn(answer: Completion, reasoning: str) -> dict:
+    """The regenerated assistant message: content, plus the reasoning (reasoning="keep")."""
+    from specdraft.data.reasoning import split_think
+
+    r, content = ((answer.reasoning, answer.content) if answer.reasoning is not None
+                  else split_think(answer.content))
+    turn = {"role": "assistant", "content": content}
+    if reasoning == "keep" and r is not None and r.strip():
+        turn["reasoning_content"] = r
+    if answer.tool_calls:
+        turn["tool_calls"] = answer.tool_calls
+    return turn
 
 
 def _regenerate_chats(chunk: list[tuple[int, Record]], backend, sampling, tokenizer,
-                      template_kwargs) -> list[dict]:
+                      template_kwargs, reasoning: str) -> list[dict]:
     chats = {i: [dict(m) for m in r.messages] for i, r in chunk}
+    records = dict(chunk)
     turns = {i: [j for j, m in enumerate(c) if m["role"] == "assistant"] for i, c in chats.items()}
     for i, c in chats.items():
         if c[-1]["role"] != "assistant":
             turns[i].append(len(c))  # a prompt-only chat gets one assistant turn appended
     for k in range(max(len(t) for t in turns.values())):
         active = [i for i in chats if len(turns[i]) > k]
-        prompts = [_chat_prompt(i, chats[i][: turns[i][k]], tokenizer, template_kwargs)
-                   for i in active]
-        for i, text in zip(active, backend.complete(prompts, sampling)):
-            turn = {"role": "assistant", "content": text}
+        prompts = [_chat_prompt(i, chats[i][: turns[i][k]], tokenizer, template_kwargs, reasoning,
+                                records[i].tools) for i in active]
+        for i, answer in zip(active, backend.complete(prompts, sampling)):
+            turn = _assistant_turn(answer, reasoning)
             if turns[i][k] == len(chats[i]):
                 chats[i].append(turn)
             else:
                 chats[i][turns[i][k]] = turn
-    return [{"index": i, "source": r.source, "messages": chats[i]} for i, r in chunk]
+    return [{"index": i, "source": r.source, "messages": chats[i], **({"tools": list(r.tools)} if r.tools else {})}
+            for i, r in chunk]
 
 
 def _text_prompt(index: int, record: Record, tokenizer, prompt_tokens: int) -> Prompt:
@@ -85,27 +127,34 @@ def _text_prompt(index: int, record: Record, tokenizer, prompt_tokens: int) -> P
 def _regenerate_texts(chunk, backend, sampling, tokenizer, prompt_tokens) -> list[dict]:
     prompts = [_text_prompt(i, r, tokenizer, prompt_tokens) for i, r in chunk]
     outs = backend.complete(prompts, sampling)
-    return [{"index": i, "source": r.source, "prompt": p.text, "completion": o}
+    return [{"index": i, "source": r.source, "prompt": p.text, "completion": o.content}
             for (i, r), p, o in zip(chunk, prompts, outs)]
 
 
 def regenerate(records: Records, out_path: str | Path, backend: Backend, sampling: Sampling, *,
                tokenizer=None, template_kwargs: dict | None = None, prompt_tokens: int = 32,
-               console=None) -> RegenResult:
+               console=None, reasoning: str = "keep") -> RegenResult:
     """Regenerate every record of `records` into JSONL `out_path` (resumable; see module doc).
 
     records: `read_records(..., require_assistant=False)`; chat records regenerate assistant
     turns, text records continuations (needs `tokenizer`; prompt = `prompt` field or the first
     `prompt_tokens` tokens). tokenizer: the target's (local: the backend's own); with it, chat
     prompts are also rendered to exact token ids (used by api='completions').
-    console: rich Console for a progress bar (None = silent).
+    console: rich Console for a progress bar (None = silent). reasoning: "keep" | "drop" (module
+    doc); "drop" needs the tokenizer (its template names the non-thinking switch).
     Raises RegenerationError (failed request after retries, output of other settings).
     """
+    from specdraft.data.reasoning import check_mode, reasoning_kwargs
     from specdraft.data.render import check_chat_template
 
     out_path = check_out_path(out_path)
     tokenizer = tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)
     kwargs = dict(template_kwargs or {})
+    if check_mode(reasoning) == "drop" and records.chat:
+        if tokenizer is None:
+            raise ValueError("--reasoning drop with --endpoint needs --tokenizer (the target's "
+                             "tokenizer: its chat template names the non-thinking switch)")
+        kwargs = reasoning_kwargs(tokenizer, kwargs, reasoning)
     if not records.chat and tokenizer is None:
         raise ValueError("the no-chat mode needs the target's tokenizer to cut prompts")
     if tokenizer is not None:
@@ -114,13 +163,13 @@ def regenerate(records: Records, out_path: str | Path, backend: Backend, samplin
     check_settings(out_path, {
         "input": str(records.path.resolve()), "input_hash": records_hash(records),
         "num_records": len(records.records), "chat": records.chat, "backend": backend.describe(),
-        "sampling": asdict(sampling), "template_kwargs": kwargs,
+        "sampling": asdict(sampling), "template_kwargs": kwargs, "reasoning": reasoning,
         "prompt_tokens": None if records.chat else prompt_tokens})
     done = finished_indices(out_path)
     todo = [(i, r) for i, r in enumerate(records.records) if i not in done]
     try:
         num_written, num_empty = _write_rows(records, todo, out_path, backend, sampling, tokenizer,
-                                             kwargs, prompt_tokens, console)
+                                             kwargs, prompt_tokens, console, reasoning)
     except BaseException:
         if created and out_path.exists() and out_path.stat().st_size == 0:  # nothing produced: leave no files
             out_path.unlink()
@@ -130,7 +179,7 @@ def regenerate(records: Records, out_path: str | Path, backend: Backend, samplin
 
 
 def _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs, prompt_tokens,
-                console) -> tuple[int, int]:
+                console, reasoning) -> tuple[int, int]:
     """Regenerate `todo` in batches, appending each finished row with no empty answer to
     `out_path`; (rows written, rows left out as empty)."""
     num_written = num_empty = 0
@@ -138,7 +187,7 @@ def _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs, p
         for start in range(0, len(todo), backend.batch_size):
             chunk = todo[start:start + backend.batch_size]
             try:
-                rows = (_regenerate_chats(chunk, backend, sampling, tokenizer, kwargs)
+                rows = (_regenerate_chats(chunk, backend, sampling, tokenizer, kwargs, reasoning)
                         if records.chat else
                         _regenerate_texts(chunk, backend, sampling, tokenizer, prompt_tokens))
             except RegenerationError as e:
@@ -159,7 +208,8 @@ def _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs, p
 
 def _is_empty(row: dict) -> bool:
     if "messages" in row:
-        return any(m["role"] == "assistant" and not m["content"].strip() for m in row["messages"])
+        return any(m["role"] == "assistant" and not (m["content"] or "").strip() and not m.get("tool_calls")
+                   for m in row["messages"])
     return not row["completion"].strip()
 
 
@@ -206,6 +256,7 @@ class RegenConfig:
     api_key: str | None = None
     skip_bad: bool = False
     device: str = "cpu"
+    reasoning: str = "keep"
 
     def __post_init__(self) -> None:
         if (self.target is None) == (self.endpoint is None):
@@ -240,4 +291,4 @@ def regenerate_file(cfg: RegenConfig, console=None) -> RegenResult:
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
     return regenerate(records, cfg.out, backend, cfg.sampling, tokenizer=tokenizer,
                       template_kwargs=cfg.template_kwargs, prompt_tokens=cfg.prompt_tokens,
-                      console=console)
+                      console=console, reasoning=cfg.reasoning)

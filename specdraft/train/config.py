@@ -241,7 +241,7 @@ def run_config(config_file: str | Path | None, flags: dict[str, Any], out_dir: s
 
 def train_source(source: str, online: bool, target: str, *, no_chat: bool = False,
                  template_kwargs: dict[str, Any] | None = None, target_dtype: str | None = None,
-                 skip_bad: bool = False) -> str | OnlineSource:
+                 skip_bad: bool = False, reasoning: str | None = None) -> str | OnlineSource:
     """`specdraft train`'s SOURCE: a store directory, or with `online` an OnlineSource running
     `target` (in `target_dtype`, default float32). Raises ValueError for an option that does not
     fit the mode."""
@@ -249,7 +249,8 @@ def train_source(source: str, online: bool, target: str, *, no_chat: bool = Fals
         if not target:
             raise ValueError("--online needs --target: the target model directory to run in the loop")
         return OnlineSource(target, source, chat=not no_chat, template_kwargs=template_kwargs or {},
-                            target_dtype=target_dtype or "float32", skip_bad=skip_bad)
+                            target_dtype=target_dtype or "float32", skip_bad=skip_bad,
+                            reasoning=reasoning or "keep")
     path = Path(source)
     if path.is_file():
         raise ValueError(f"{source} is a data file, not a capture store directory: train on it with "
@@ -258,9 +259,9 @@ def train_source(source: str, online: bool, target: str, *, no_chat: bool = Fals
     if not path.exists():
         raise ValueError(f"{source}: no such directory; SOURCE is a capture store directory "
                          "(specdraft capture), or with --online --target DIR a data file")
-    if no_chat or template_kwargs:
-        raise ValueError("--no-chat and --template-kwargs apply with --online only (a store "
-                         "was rendered at capture)")
+    if no_chat or template_kwargs or reasoning:
+        raise ValueError("--no-chat, --template-kwargs and --reasoning apply with --online only (a "
+                         "store was rendered at capture)")
     if target_dtype or skip_bad:
         raise ValueError("--target-dtype and --skip-bad apply with --online only (a store was captured "
                          "with them: specdraft capture --target-dtype / --skip-bad)")

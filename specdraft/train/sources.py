@@ -105,6 +105,7 @@ class OnlineSource:
     target_dtype: the dtype the target runs in ("float32" | "bfloat16" | "float16", or fp32 /
     bf16 / fp16; its aux states and logits reach the drafter as float32 either way).
     skip_bad: skip and count bad data records instead of refusing the file (as capture does).
+    reasoning: "keep" | "drop" (`specdraft.data.reasoning`).
     Raises ValueError (naming --target-dtype) for an unknown dtype.
     """
 
@@ -114,6 +115,7 @@ class OnlineSource:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     target_dtype: str = "float32"
     skip_bad: bool = False
+    reasoning: str = "keep"
 
     def __post_init__(self) -> None:
         from specdraft.capture.store import INDEX
@@ -167,7 +169,7 @@ class OnlineData:
 
         target, tokenizer, data = load_inputs(source.target, source.data, chat=source.chat,
                                               template_kwargs=source.template_kwargs,
-                                              skip_bad=source.skip_bad,
+                                              skip_bad=source.skip_bad, reasoning=source.reasoning,
                                               target_dtype=parse_dtype(source.target_dtype), device=device)
         return cls(target, data.samples, aux_layers, name_or_path=str(Path(source.target).resolve()),
                    tokenizer=tokenizer, render_info=data.render_info, num_skipped=data.num_skipped)

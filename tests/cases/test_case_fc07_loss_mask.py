@@ -33,7 +33,7 @@ ASSISTANT_POSITIONS = [5, 6, 7, 15, 16, 17, 18, 19]
 
 def test_case_fc07_rendered_spans_are_known():
     tok = tiny_chat_tokenizer()
-    s = render_chat(tok, TWO_TURNS)
+    (s,) = render_chat(tok, TWO_TURNS)
     assert len(s.input_ids) == 20
     assert [t for t, m in enumerate(s.loss_mask) if m] == ASSISTANT_POSITIONS
     assert tok.convert_ids_to_tokens(s.input_ids)[4] == "<|assistant|>"
@@ -41,7 +41,7 @@ def test_case_fc07_rendered_spans_are_known():
 
 @pytest.mark.parametrize("step", [0, 1, 2])
 def test_case_fc07_supervised_iff_label_is_assistant(step):
-    s = render_chat(tiny_chat_tokenizer(), TWO_TURNS)
+    (s,) = render_chat(tiny_chat_tokenizer(), TWO_TURNS)
     mask = torch.tensor([s.loss_mask, s.loss_mask[::-1]], dtype=torch.bool)  # batch of 2
     out = draft_loss_mask(mask, step)
     assert out.shape == mask.shape and out.dtype == torch.bool
@@ -56,7 +56,7 @@ def test_case_fc07_supervised_iff_label_is_assistant(step):
 
 
 def test_case_fc07_first_assistant_token_predicted_from_last_prompt_position():
-    s = render_chat(tiny_chat_tokenizer(), TWO_TURNS)
+    (s,) = render_chat(tiny_chat_tokenizer(), TWO_TURNS)
     mask = torch.tensor([s.loss_mask], dtype=torch.bool)
     step0 = draft_loss_mask(mask, 0)[0]
     for a in (5, 15):  # first token of each assistant turn

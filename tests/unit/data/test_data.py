@@ -35,7 +35,7 @@ def tokens(tok, sample: Sample, masked: bool) -> list[str]:
 
 def test_chat_mask_is_exactly_the_assistant_turns():
     tok = tiny_chat_tokenizer()
-    s = render_chat(tok, CHAT)
+    (s,) = render_chat(tok, CHAT)
     assert s.input_ids == tok.apply_chat_template(CHAT, tokenize=True)["input_ids"]
     assert tokens(tok, s, True) == ["i", "am", "fine", ",", "thanks", ".", "<|end|>",
                                     "paris", ".", "<|end|>"]
@@ -80,7 +80,7 @@ def test_save_to_disk_dataset(tmp_path):
 
     datasets.Dataset.from_list([{"messages": CHAT}]).save_to_disk(str(tmp_path / "ds"))
     data = load_dataset(tmp_path / "ds", tiny_chat_tokenizer())
-    assert data.samples == [render_chat(tiny_chat_tokenizer(), CHAT)]
+    assert data.samples == render_chat(tiny_chat_tokenizer(), CHAT)
 
 
 @pytest.mark.parametrize("line, reason", [
@@ -107,18 +107,33 @@ def test_empty_dataset_names_the_file(tmp_path):
         read_records(write_jsonl(tmp_path / "bad.jsonl", ["{"]), skip_bad=True)
 
 
-def test_template_not_prefix_stable_is_refused(tmp_path):
-    # Drops every assistant turn except the last one (history rewriting).
+def test_template_rewriting_history_gives_one_sample_per_turn(tmp_path):
+    # Drops every assistant turn except the last one (history rewriting): each turn is trained
+    # in the context the server renders for it, the dropped turn absent from the second sample.
     template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
                 "<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endif %}{% endfor %}"
                 "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    tok = tiny_chat_tokenizer(template)
+    first, second = render_chat(tok, CHAT)
+    assert tokens(tok, first, True) == ["i", "am", "fine", ",", "thanks", ".", "<|end|>"]
+    assert tokens(tok, second, True) == ["paris", ".", "<|end|>"]
+    assert "fine" not in tok.convert_ids_to_tokens(second.input_ids)
+    path = write_jsonl(tmp_path / "d.jsonl", [{"messages": CHAT}, {"messages": CHAT[:3]}])
+    assert len(load_dataset(path, tok).samples) == 3
+
+
+def test_turn_rendered_unlike_its_prompt_is_refused(tmp_path):
+    # The generation prompt opens "<|user|>" where the rendered turn opens "<|assistant|>".
+    template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+                "{% if add_generation_prompt %}<|user|> {% endif %}")
     tok = tiny_chat_tokenizer(template)
     with pytest.raises(DataError, match="not prefix-stable"):
         render_chat(tok, CHAT)
     path = write_jsonl(tmp_path / "d.jsonl", [{"messages": CHAT}, {"messages": CHAT[:3]}])
     with pytest.raises(DataError, match=f"{path}:1: .*prefix-stable"):
         load_dataset(path, tok)
-    assert load_dataset(path, tok, skip_bad=True).num_skipped == 1
+    with pytest.raises(DataError, match="no record could be rendered"):
+        load_dataset(path, tok, skip_bad=True)
 
 
 def test_fingerprint_and_template_hash():

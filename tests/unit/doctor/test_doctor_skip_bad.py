@@ -65,8 +65,8 @@ def test_chats_skipped_on_reading_and_rendering_are_counted(world, tmp_path):
     render_only = write_lines(tmp_path / "render.jsonl", [chat("w4 w1"), chat("w9 w1"), chat("w4 w5")])
     assert notes(world, render_only) == [
         f"--samples {render_only}: skipped 1 of 3 records (first: {render_only}:2: the chat template renders "
-        "message 1 differently once later turns exist (not prefix-stable), so the assistant span cannot be "
-        "located exactly; split the chat into one record per assistant turn)"]
+        "assistant message 1 differently from the prompt it serves it with (not prefix-stable), so the turn "
+        "cannot be located exactly; check --template-kwargs / --reasoning)"]
 
 
 def test_cli_prints_the_count_and_json_carries_it(world, tmp_path):

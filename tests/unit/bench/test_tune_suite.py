@@ -1,0 +1,57 @@
+"""`tune --suite`: the suite's chats rendered turn by turn with the target's own answers, tune on
+them, then tau, p_k and speedup per category."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from typer.testing import CliRunner
+
+from specdraft.bench.suites import Question, Suite
+from specdraft.bench.tune_suite import suite_prompt_ids
+from specdraft.checkpoint import Manifest, save_draft
+from specdraft.cli import app
+from tests.engine_helpers import AUX_LAYERS, one_thread, tiny_setup  # noqa: F401
+from tests.serve_helpers import word_tokenizer
+
+
+def test_turns_carry_the_targets_own_answers():
+    tok = word_tokenizer()
+    asked = []
+
+    def answer(ids):
+        asked.append(ids)
+        return "w7 w8"
+
+    suite = Suite("s", (Question("a", ("w1 w2", "w3")), Question("b", ("w4",))))
+    prompts = suite_prompt_ids(tok, suite, answer)
+    render = lambda chat: tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),  # noqa: E731
+                              add_special_tokens=False)["input_ids"]
+    first = [{"role": "user", "content": "w1 w2"}]
+    assert prompts["a"] == [render(first), render([*first, {"role": "assistant", "content": "w7 w8"},
+                                                   {"role": "user", "content": "w3"}])]
+    assert prompts["b"] == [render([{"role": "user", "content": "w4"}])]
+    assert asked == [render(first)]  # only a question with a next turn is answered
+
+
+def test_tune_cli_suite_reports_per_category(tmp_path):
+    setup = tiny_setup("llama")
+    target = tmp_path / "target"
+    shutil.copytree(setup.target_dir, target)
+    word_tokenizer().save_pretrained(target)
+    args = setup.target.args
+    manifest = Manifest(draft=setup.trained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
+                        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers})
+    draft = save_draft(setup.trained, tmp_path / "draft", manifest=manifest)
+    base = ["tune", "--target", str(target), "--draft", str(draft), "--max-tokens", "4", "--probe-steps", "2",
+            "--topks", "1", "--num-measure", "1", "--repeats", "1"]
+    unknown = CliRunner().invoke(app, [*base, "--suite", "nope"])
+    assert unknown.exit_code == 1 and "the suites are gsm8k, mt-bench" in unknown.output
+    result = CliRunner().invoke(app, [*base, "--suite", "gsm8k", "--json-out", str(tmp_path / "t.json")])
+    assert result.exit_code == 0, result.output
+    assert "per category of gsm8k" in result.output and "25 prompts" in result.output
+    (row,) = json.loads((tmp_path / "t.json").read_text())["categories"]
+    assert row["category"] == "gsm8k" and row["num_prompts"] == 25
+    assert row["accept_length"] >= 1 and len(row["acceptance_per_position"]) <= 2
+    assert row["speedup"] == row["tokens_per_s"] / row["plain_tokens_per_s"]

@@ -1,0 +1,147 @@
+"""Reasoning and tool calls rendered through real chat templates (tests/unit/data/templates):
+render parity with `apply_chat_template`, loss masks over exactly what the assistant emits,
+`--reasoning drop` through the template's own switch, and records the template cannot render."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdraft.data.records import BadRecord, DataError
+from specdraft.data.render import load_dataset, render_chat
+from tests.tiny_tokenizer import template_tokenizer
+
+Q = {"role": "user", "content": "What is 2+2?"}
+A = {"role": "assistant", "content": "4", "reasoning_content": "Add two and two."}
+Q2 = {"role": "user", "content": "And 3+3?"}
+A2 = {"role": "assistant", "content": "6", "reasoning_content": "Three and three."}
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather of a city",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string"}}}}}]
+CALL = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "call_1", "type": "function",
+     "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]}
+RESULT = {"role": "tool", "tool_call_id": "call_1", "name": "weather", "content": "sunny, 21C"}
+FINAL = {"role": "assistant", "content": "It is sunny."}
+
+
+def masked_text(tok, sample) -> str:
+    return tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask) if m])
+
+
+def parity(tok, sample, messages, **kwargs) -> bool:
+    return sample.input_ids == tok.apply_chat_template(messages, tokenize=True, **kwargs)["input_ids"]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_qwen3_trains_reasoning_and_answer_as_rendered():
+    tok = template_tokenizer("qwen3")
+    (s,) = render_chat(tok, [Q, A])
+    assert parity(tok, s, [Q, A])
+    assert masked_text(tok, s) == "<think>\nAdd two and two.\n</think>\n\n4<|im_end|>\n"
+    # vLLM's `reasoning` field and a think block inside content give the same sample.
+    vllm = {"role": "assistant", "content": "4", "reasoning": "Add two and two."}
+    inline = {"role": "assistant", "content": "<think>\nAdd two and two.\n</think>\n\n4"}
+    assert render_chat(tok, [Q, vllm]) == render_chat(tok, [Q, inline]) == [s]
+
+
+def test_qwen3_multi_turn_drops_earlier_reasoning_as_the_template_does():
+    tok = template_tokenizer("qwen3")
+    first, second = render_chat(tok, [Q, A, Q2, A2])
+    assert parity(tok, first, [Q, A]) and parity(tok, second, [Q, A, Q2, A2])
+    assert "Add two" not in tok.decode(second.input_ids)  # the template drops turn 1's reasoning
+    assert masked_text(tok, first) == "<think>\nAdd two and two.\n</think>\n\n4<|im_end|>\n"
+    assert masked_text(tok, second) == "<think>\nThree and three.\n</think>\n\n6<|im_end|>\n"
+
+
+def test_qwen3_drop_renders_with_enable_thinking_false(tmp_path):
+    tok = template_tokenizer("qwen3")
+    path = write_jsonl(tmp_path / "r.jsonl", [{"messages": [Q, A]}])
+    data = load_dataset(path, tok, reasoning="drop")
+    assert data.render_info.kwargs == {"enable_thinking": False}
+    assert data.render_info.reasoning == "drop"
+    (s,) = data.samples
+    plain = [Q, {"role": "assistant", "content": "4"}]
+    assert parity(tok, s, plain, enable_thinking=False)
+    assert masked_text(tok, s) == "4<|im_end|>\n" and "Add two" not in tok.decode(s.input_ids)
+    with pytest.raises(DataError, match="enable_thinking=True; drop one"):
+        load_dataset(path, tok, reasoning="drop", template_kwargs={"enable_thinking": True})
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3_1", "deepseek_r1", "kimi_k2_thinking"])
+def test_reasoning_the_template_cannot_render_names_the_record_and_drop(tmp_path, name):
+    tok = template_tokenizer(name)
+    path = write_jsonl(tmp_path / "r.jsonl", [{"messages": [Q, Q2, A]}])
+    with pytest.raises(BadRecord, match=rf"^{path}:1: .*reasoning of message 2.*--reasoning drop to train on the answers"):
+        load_dataset(path, tok)
+
+
+def test_deepseek_r1_has_no_non_thinking_rendering():
+    # R1's generation prompt opens "<think>\n", which no rendered turn starts with.
+    with pytest.raises(DataError, match="not prefix-stable"):
+        render_chat(template_tokenizer("deepseek_r1"), [Q, A], reasoning="drop")
+
+
+def test_deepseek_v31_drop_renders_the_non_thinking_turn():
+    tok = template_tokenizer("deepseek_v3_1")
+    (s,) = render_chat(tok, [Q, A], {"thinking": False}, reasoning="drop")
+    assert parity(tok, s, [Q, {"role": "assistant", "content": "4"}], thinking=False)
+    assert masked_text(tok, s) == "4<｜end▁of▁sentence｜>"
+
+
+def test_gpt_oss_trains_the_analysis_and_final_channels():
+    tok = template_tokenizer("gpt_oss")
+    a = {"role": "assistant", "content": "4", "thinking": "Add two and two."}
+    (s,) = render_chat(tok, [Q, a])
+    assert parity(tok, s, [Q, a])
+    assert masked_text(tok, s) == ("<|channel|>analysis<|message|>Add two and two.<|end|>"
+                                   "<|start|>assistant<|channel|>final<|message|>4<|return|>")
+    # SGLang's reasoning_content is handed to the template as `thinking`, the field it reads.
+    assert render_chat(tok, [Q, A]) == [s]
+    first, second = render_chat(tok, [Q, A, Q2, A2])  # earlier turns' analysis is dropped
+    assert "Add two" not in tok.decode(second.input_ids) and "Add two" in masked_text(tok, first)
+
+
+def test_kimi_k2_thinking_trains_reasoning_of_the_pending_tool_call():
+    tok = template_tokenizer("kimi_k2_thinking")
+    call = {**CALL, "reasoning_content": "Look it up."}
+    (s,) = render_chat(tok, [Q, call, RESULT], tools=TOOLS)
+    assert parity(tok, s, [Q, call, RESULT], tools=TOOLS)
+    assert masked_text(tok, s) == ('<think>Look it up.</think><|tool_calls_section_begin|>'
+                                   '<|tool_call_begin|>call_1<|tool_call_argument_begin|>'
+                                   '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
+    assert "sunny" in tok.decode(s.input_ids)  # the tool result is context, not a label
+
+
+def test_tool_calls_are_trained_and_tool_results_are_not(tmp_path):
+    tok = template_tokenizer("deepseek_v3_1")
+    chat = [Q, CALL, RESULT, FINAL]
+    (s,) = render_chat(tok, chat, tools=TOOLS)
+    assert parity(tok, s, chat, tools=TOOLS)
+    assert masked_text(tok, s) == ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>weather<｜tool▁sep｜>'
+                                   '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+                                   '<｜end▁of▁sentence｜>It is sunny.<｜end▁of▁sentence｜>')
+    # Qwen3 renders the call turn with an (empty) think block while it is the last turn: one
+    # sample per turn, the tool response unmasked in the second.
+    qwen = template_tokenizer("qwen3")
+    path = write_jsonl(tmp_path / "t.jsonl", [{"messages": chat, "tools": TOOLS}])
+    first, second = load_dataset(path, qwen).samples
+    assert parity(qwen, first, chat[:2], tools=TOOLS) and parity(qwen, second, chat, tools=TOOLS)
+    assert masked_text(qwen, first) == ('<think>\n\n</think>\n\n<tool_call>\n{"name": "weather", '
+                                        '"arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n')
+    assert "sunny, 21C" in qwen.decode(second.input_ids)
+    assert "sunny, 21C" not in masked_text(qwen, second)
+    assert masked_text(qwen, second) == "<think>\n\n</think>\n\nIt is sunny.<|im_end|>\n"
+
+
+def test_bad_tool_calls_name_the_record(tmp_path):
+    from specdraft.data.records import read_records
+
+    path = write_jsonl(tmp_path / "t.jsonl", [{"messages": [Q, {**CALL, "tool_calls": "weather"}]}])
+    with pytest.raises(BadRecord, match=rf"{path}:1: turn 1 \(assistant\) has a bad 'tool_calls'"):
+        read_records(path)
