@@ -150,13 +150,12 @@ class Evidence:
     @memo
     def target_config_hash(self) -> str:
         """`target.config_hash` of the --target's config, as training records it in the manifest."""
-        from transformers import AutoConfig
-
         from specdraft.target import config_hash
+        from specdraft.target import read_target_config
 
         target = self.need_target_dir()
         try:
-            return config_hash(AutoConfig.from_pretrained(target, local_files_only=True))
+            return config_hash(read_target_config(target))
         except (OSError, ValueError) as e:
             raise Unavailable(f"cannot read {target}/config.json: {e}", "pass a transformers directory") from None
 
@@ -171,8 +170,11 @@ class Evidence:
         """The DraftConfig the drafter was trained with (manifest) or its config declares."""
         if self.manifest is not None:
             return DraftConfig.from_dict(self.manifest.draft)
+        facts = self.facts
         try:
-            return config_from_files(self.path, self.layout, self.config, None, self.facts.num_layers)
+            return config_from_files(self.path, self.layout, self.config, None, facts.num_layers,
+                                     facts.target_class or "llama", self.inputs.sglang_version,
+                                     self.inputs.aux_layers)
         except (CheckpointError, ValueError) as e:
             raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
 
@@ -267,6 +269,9 @@ class Evidence:
 
         try:
             return load_target(self.need_target_dir())
+        except ImportError as e:  # e.g. an FP8 quantization_config whose kernels are not installed
+            raise Unavailable(f"cannot run the target here: {e} (checks of sizes read its config.json alone)",
+                              "install what transformers names to run the target's forward") from None
         except (FileNotFoundError, ValueError, OSError) as e:
             raise Unavailable(f"cannot load the target: {e}", "pass a transformers directory") from None
 

@@ -66,8 +66,10 @@ def aux_ids_read_alike(ev: Evidence) -> Result:
 
 
 def engine_captures_training_layers(ev: Evidence) -> Result:
-    """The layers the engine captures under this config are the training layers (S3, FC-03)."""
-    trained = list(ev.need_manifest().aux_layers)
+    """The layers the engine captures under this config are the training layers (S3, FC-03): the
+    manifest's, else the --aux-layers the user names."""
+    given = ev.inputs.aux_layers
+    trained = list(given) if ev.manifest is None and given is not None else list(ev.need_manifest().aux_layers)
     try:
         reading = ev.reading
     except Unreadable as e:
