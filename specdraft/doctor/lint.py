@@ -230,6 +230,8 @@ def rope_matches_training(ev: Evidence) -> Result:
         return fail(f"partial_rotary_factor {layer['partial_rotary_factor']}: the drafter's rope is applied to "
                     "part of each head, which specdraft's drafter does not implement",
                     "remove partial_rotary_factor if the drafter was trained with full rotary")
+    if ev.manifest is None and ev.inputs.target is None:
+        raise Unavailable("nothing to compare with", "pass --target DIR or keep the manifest")
     problems = []
     if ev.manifest is not None:
         trained = {k: ev.manifest.draft[k] for k in ROPE_KEYS if k in ev.manifest.draft}
