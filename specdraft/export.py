@@ -310,6 +310,10 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         raise ExportError(f"{checkpoint}: no manifest to say what the target is; pass --target DIR")
     check_vocab_map(source.model, source.manifest, checkpoint)
     cfg, layers = source.model.cfg, list(source.model.cfg.aux_layers)
+    if engine == "sglang" and cfg.embedding_owned and cfg.hidden_size == cfg.target_hidden_size:
+        raise ExportError("cannot export for sglang: the drafter owns its embed_tokens at the target's width, "
+                          "which SGLang replaces with the target's (conventions.EMBEDDING_SOURCES); export "
+                          "--engine vllm or speculators (vLLM keeps a distinct owned embedding)")
     notes = _check_target(cfg, facts)
     if dtype is not None and parse_dtype(dtype) != source.model.fc.weight.dtype:
         notes.append(f"floating tensors cast from {source.model.fc.weight.dtype} to {parse_dtype(dtype)}")

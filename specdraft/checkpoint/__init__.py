@@ -43,6 +43,7 @@ from specdraft.checkpoint.layouts import (
     config_from_files,
     describe_layout,
     official_config,
+    owned_embedding_config,
     refuse_unimplemented_flags,
     speculators_config,
     state_dict_for_layout,
@@ -58,7 +59,7 @@ __all__ = [
     "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "CheckpointError", "DirKind", "LoadedDraft", "Manifest",
     "audit", "aux_layers_note", "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files",
     "convert_draft", "describe_layout", "detect_layout", "file_sha256", "fill_model", "is_training_checkpoint",
-    "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "read_config",
+    "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "owned_embedding_config", "read_config",
     "read_safetensors", "read_sharded", "refuse_unimplemented_flags", "replace_dir", "save_draft",
     "speculators_config", "state_dict_for_layout", "tensor_digest", "unimplemented_flags", "usable_vocab",
     "verify_same_tensors", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
@@ -217,6 +218,7 @@ def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     if not weights.exists():
         raise CheckpointError(f"{weights}: missing")
     tensors = read_safetensors(weights, "re-export it", CheckpointError)
+    cfg = owned_embedding_config(cfg, manifest, tensors)
     model = Eagle3Draft(cfg).to(dtype=tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
     fill_model(model, tensors, layout, weights)
     model.to(device=device, dtype=dtype)

@@ -17,6 +17,7 @@ CheckpointError naming the file (`config_from_files`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -246,6 +247,15 @@ def config_from_files(path: Path, layout: str, config: dict[str, Any],
         draft_vocab_size=config.get("draft_vocab_size") or layer.get("draft_vocab_size"),
         target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
         target_num_layers=target_num_layers, rope_theta=rope_theta, rope_scaling=rope_scaling)
+
+
+def owned_embedding_config(cfg: DraftConfig, manifest: Manifest | None, names) -> DraftConfig:
+    """`cfg` marked `embedding_owned` when a manifest-less drafter's file holds `embed_tokens.weight`
+    at the target's width (speculators' trainer saves it): the drafter then uses that one, as vLLM
+    does with a distinct owned embedding. With a manifest, the manifest's record decides."""
+    if manifest is None and "embed_tokens.weight" in names and not cfg.owns_embedding:
+        return dataclasses.replace(cfg, embedding_owned=True)
+    return cfg
 
 
 def unimplemented_flags(config: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from specdraft.checkpoint import (
     CheckpointError,
     Manifest,
     config_from_files,
+    owned_embedding_config,
     read_config,
     state_dict_for_layout,
 )
@@ -172,9 +173,10 @@ class Evidence:
             return DraftConfig.from_dict(self.manifest.draft)
         facts = self.facts
         try:
-            return config_from_files(self.path, self.layout, self.config, None, facts.num_layers,
-                                     facts.target_class or "llama", self.inputs.sglang_version,
-                                     self.inputs.aux_layers)
+            cfg = config_from_files(self.path, self.layout, self.config, None, facts.num_layers,
+                                    facts.target_class or "llama", self.inputs.sglang_version,
+                                    self.inputs.aux_layers)
+            return owned_embedding_config(cfg, None, self.tensors)  # the file's embed_tokens, as load_draft
         except (CheckpointError, ValueError) as e:
             raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
 
@@ -190,7 +192,8 @@ class Evidence:
         except Unavailable:
             pass
         try:
-            return config_from_files(self.path, self.layout, self.config, None, _stand_in_layers(self.config))
+            cfg = config_from_files(self.path, self.layout, self.config, None, _stand_in_layers(self.config))
+            return owned_embedding_config(cfg, None, self.tensors)
         except (CheckpointError, ValueError) as e:
             raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
 

@@ -7,10 +7,14 @@ from __future__ import annotations
 import json
 
 from specdraft.checkpoint import FLAGS_FIX, unimplemented_flags
+import torch
+
 from specdraft.conventions import (
     AUX_KEY,
     ConventionError,
     lint_sglang_ids,
+    sglang_replaces_embedding,
+    sglang_replaces_head,
     to_engine_ids,
 )
 from specdraft.doctor.evidence import Evidence, Unavailable, Unreadable, describe
@@ -208,6 +212,41 @@ def lm_head_untied(ev: Evidence) -> Result:
                     "trained lm_head (llama_eagle3.py)", "write tie_word_embeddings: false")
     return ok("tie_word_embeddings false" if value is False else
               "tie_word_embeddings absent (LlamaConfig default false)")
+
+
+def embedding_and_head_as_trained(ev: Evidence) -> Result:
+    """Each engine runs the drafter with the embedding and lm_head it was trained with
+    (`conventions.EMBEDDING_SOURCES`): SGLang puts the target's embedding in place of an owned
+    one of the same width, and the target's lm_head in place of the trained one when the config
+    has no draft_vocab_size; vLLM keeps a distinct owned embedding."""
+    cfg = ev.shape_config
+    declared = {**ev.layer_config, **{k: ev.config[k] for k in ("target_hidden_size", "draft_vocab_size")
+                                      if k in ev.config}}
+    problems = []
+    if "sglang" in ev.engines and cfg.owns_embedding and sglang_replaces_embedding(declared):
+        same = _same_embedding_as_target(ev)
+        if same is not True:
+            problems.append("SGLang replaces the drafter's own embed_tokens.weight with the target's (set_embed keeps "
+                            "it only when target_hidden_size != hidden_size)" +
+                            ("; the two differ" if same is False else "; not compared with the target's (no --target)"))
+    if "sglang" in ev.engines and sglang_replaces_head(declared) and "lm_head.weight" in ev.tensors:
+        problems.append("no draft_vocab_size: SGLang loads the target's lm_head in place of the trained one "
+                        "(llama_eagle3.py load_lm_head_from_target)")
+    if problems:
+        return fail("; ".join(problems), "serve it with vLLM (which keeps a distinct owned embedding), or train "
+                    "it sharing the target's embedding; write draft_vocab_size (specdraft export writes it)")
+    own = "its own embedding" if cfg.owns_embedding else "the target's embedding"
+    return ok(", ".join(f"{engine_name(e)} runs it with {own} and its trained lm_head" for e in ev.engines))
+
+
+def _same_embedding_as_target(ev: Evidence) -> bool | None:
+    """Whether the file's embed_tokens.weight equals the target's (None: no target to compare)."""
+    try:
+        target = ev.target.embed_tokens.weight.detach().float()
+    except Unavailable:
+        return None
+    own = ev.tensors["embed_tokens.weight"].float()
+    return own.shape == target.shape and torch.equal(own, target)
 
 
 ROPE_KEYS = ("rope_theta", "rope_scaling", "max_position_embeddings")
