@@ -26,7 +26,12 @@ from typing import Any
 import torch
 
 from specdraft import __version__
-from specdraft.conventions import AUX_KEY, engines_default_layers, from_engine_ids, to_engine_ids
+from specdraft.conventions import (
+    AUX_KEY,
+    engines_default_layers,
+    from_engine_ids,
+    to_engine_ids,
+)
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.errors import SpecdraftError
 

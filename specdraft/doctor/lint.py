@@ -1,14 +1,15 @@
 """Checks of the config and the serving command line as each engine reads them: fc width, aux
 ids and the layers they capture, the algorithm and speculative settings, the EAGLE-3 variant
-flags, draft vocabulary size, head tying, rope (S2-S4, FC-03, FC-06, FC-09)."""
+flags, draft vocabulary size, head tying, the embedding and head each engine runs, rope (S2-S4,
+FC-03, FC-06, FC-09)."""
 
 from __future__ import annotations
 
 import json
 
-from specdraft.checkpoint import FLAGS_FIX, unimplemented_flags
 import torch
 
+from specdraft.checkpoint import FLAGS_FIX, unimplemented_flags
 from specdraft.conventions import (
     AUX_KEY,
     ConventionError,

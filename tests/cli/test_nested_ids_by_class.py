@@ -91,7 +91,7 @@ def test_a_drafter_of_a_deepseek_target_never_gets_disagreeing_ids(tmp_path, ver
 
 
 def test_two_lists_that_disagree_by_the_class_rule_are_refused(sglang_only):
-    draft, target = sglang_only
+    draft, _ = sglang_only
     config = json.loads((draft / "config.json").read_text())
     config[KEY] = [3, 31, 59]  # the Llama rule's reading of [2, 30, 58]: wrong for 0.5.23 DeepSeek
     (draft / "config.json").write_text(json.dumps(config))
