@@ -87,14 +87,15 @@ class TargetFacts:
     source: str
 
     @classmethod
-    def from_target_dir(cls, path: str | Path) -> TargetFacts:
+    def from_target_dir(cls, path: str | Path, trust_remote_code: bool = False) -> TargetFacts:
         """Read a transformers target directory's config.json (nothing else is loaded), as
-        published (`target.read_target_config`: no prompt, no quantization kernels)."""
+        published (`target.read_target_config`: no prompt, no quantization kernels; remote code
+        only with `trust_remote_code`)."""
         from specdraft.target import TARGET_CLASSES  # the engines' class table, keyed by model_type
         from specdraft.target import read_target_config
 
         path = Path(path)
-        full = read_target_config(path)
+        full = read_target_config(path, trust_remote_code)
         text = full.get_text_config()
         theta, scaling = rope_from_hf_config(lambda k, d=None: getattr(text, k, d))
         return cls(text.num_hidden_layers, text.hidden_size, text.vocab_size,
@@ -278,7 +279,8 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
                  target: str | Path | None = None, verifier: str | None = None,
                  sglang_version: str | None = None, num_steps: int = 3,
                  topk: int = 1, num_draft_tokens: int | None = None,
-                 dtype: str | torch.dtype | None = None, aux_layers: list[int] | None = None) -> ExportResult:
+                 dtype: str | torch.dtype | None = None, aux_layers: list[int] | None = None,
+                 trust_remote_code: bool = False) -> ExportResult:
     """Write `checkpoint` (a drafter directory or a training checkpoint, `load_source`) for
     `engine` ("sglang" | "vllm" | "speculators") under `out_dir`.
 
@@ -290,7 +292,8 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     SpecConfig (default a 3-step chain; num_draft_tokens None = num_steps + 1). dtype: "bf16" | "fp16" | "fp32" to cast the floating
     tensors (round to nearest; d2t / t2d keep theirs), None to keep the checkpoint's. aux_layers:
     the training layers (specdraft indices) of a drafter without a manifest, replacing its config's
-    ids (default: those ids, else the engines' default, `layouts.aux_layers_of_config`); the
+    ids (default: those ids, else the engines' default, `layouts.aux_layers_of_config`).
+    trust_remote_code: read a target config whose model_type only its own code defines; the
     written tensors are then proven bit-identical to the cast. Writes to a temp directory, re-reads it strictly and
     proves every tensor bit-identical, then renames. Raises ExportError with the reason for
     anything the engine would read differently from training; CheckpointError for a bad source
@@ -301,7 +304,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         raise ExportError(f"unknown engine {engine!r}; choose one of {', '.join(EXPORT_ENGINES)}")
     spec = spec_for_export(engine, num_steps, topk, num_draft_tokens)
     out_dir = check_output_dir(out_dir, source=checkpoint)
-    given = TargetFacts.from_target_dir(target) if target is not None else None
+    given = TargetFacts.from_target_dir(target, trust_remote_code) if target is not None else None
     reading = {"target_class": given.target_class or "llama", "sglang_version": sglang_version,
                "aux_layers": aux_layers} if given else {}
     source = load_source(checkpoint, given.num_layers if given else None, **reading)

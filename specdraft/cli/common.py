@@ -227,6 +227,10 @@ AUX_OVERRIDE_HELP = ("Aux layers of a drafter without a manifest, replacing what
                      "convention, 'vllm:2,16,29' or 'sglang:1,15,28' (read by the --target's class). Needs --target.")
 
 
+TRUST_REMOTE_CODE_HELP = ("Read a --target config.json whose model_type only its own code (auto_map) defines, "
+                          "running that code (default: refused; known published types are read without it).")
+
+
 def aux_override(value: str | None, param: typer.CallbackParam = None) -> tuple[str, tuple[int, ...]] | None:
     """inspect / convert / export / doctor --aux-layers: (convention, ids) (`conventions.split_aux_option`,
     the list parsed as capture's --aux-layers), None when left out."""

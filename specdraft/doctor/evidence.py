@@ -140,7 +140,7 @@ class Evidence:
         """The target: its directory's config (--target) or the manifest's record."""
         try:
             if self.inputs.target is not None:
-                return TargetFacts.from_target_dir(self.inputs.target)
+                return TargetFacts.from_target_dir(self.inputs.target, self.inputs.trust_remote_code)
             if self.manifest is not None:
                 return TargetFacts.from_manifest(self.manifest)
         except (FileNotFoundError, OSError, ValueError) as e:
@@ -156,7 +156,7 @@ class Evidence:
 
         target = self.need_target_dir()
         try:
-            return config_hash(read_target_config(target))
+            return config_hash(read_target_config(target, self.inputs.trust_remote_code))
         except (OSError, ValueError) as e:
             raise Unavailable(f"cannot read {target}/config.json: {e}", "pass a transformers directory") from None
 

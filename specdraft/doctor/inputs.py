@@ -27,7 +27,8 @@ class DoctorInputs:
 
     engine: "sglang" | "vllm" (None: guessed from engine_args, else every engine the layout
     serves). engine_args: the engine's command line. aux_layers: the training layers (specdraft
-    indices) of a drafter without a manifest (--aux-layers), replacing what its config.json says. samples: a capture store directory or a
+    indices) of a drafter without a manifest (--aux-layers), replacing what its config.json says.
+    trust_remote_code: read a --target config whose model_type only its own code defines. samples: a capture store directory or a
     JSONL of token ids ({"input_ids", "loss_mask"}), chats or texts; skip_bad skips its bad
     records instead of refusing the file. template_kwargs: the chat template kwargs the server
     uses (default: vLLM's --default-chat-template-kwargs, else {}). max_samples / max_length
@@ -43,6 +44,7 @@ class DoctorInputs:
     server: str | None = None
     sglang_version: str | None = None
     aux_layers: list[int] | None = None
+    trust_remote_code: bool = False
     template_kwargs: dict[str, Any] | None = None
     max_samples: int = 32
     max_length: int = 512
@@ -63,7 +65,7 @@ class DoctorInputs:
             raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
         if self.target is not None:
             given_config(self.target, "pass a transformers model directory")
-            read_target_config(self.target)  # unknown remote code: one line, never a prompt
+            read_target_config(self.target, self.trust_remote_code)  # unknown remote code: one line, no prompt
             check_target_weights(self.target)  # a truncated download: one line, not a row of skips
         if self.samples is not None and not self.samples.exists():
             raise ValueError(f"{self.samples}: no such file or directory; pass a capture store or a JSONL file")

@@ -72,3 +72,20 @@ def test_an_fp8_target_needs_only_its_config(tmp_path, deepseek):
         assert "FP8" in finding.evidence or "fp8" in finding.evidence.lower()
     finally:
         edit_config(target, lambda c: c.pop("quantization_config"))
+
+
+def test_trust_remote_code_is_what_the_refusal_names(tmp_path, deepseek, monkeypatch):
+    """--trust-remote-code reaches the config reader (here transformers is asked, and says the code
+    file is missing: the flag is honoured, no prompt is drawn)."""
+    draft, target = deepseek
+    other = tmp_path / "other"
+    other.mkdir()
+    config = json.loads((target / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, **KIMI, "model_type": "moonlight_x"}))
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("prompted for remote code"))
+    for command in (["inspect", str(draft)], ["doctor", str(draft)]):
+        result = invoke([*command, "--target", str(other), "--trust-remote-code"])
+        text = flat(result.output)
+        assert result.exit_code == 1 and "configuration_deepseek.py" in text, text  # transformers looked for it
+        assert "is defined by the model's own code" not in text, text  # the refusal is lifted
+        assert "Traceback" not in result.output
