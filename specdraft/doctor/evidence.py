@@ -24,6 +24,7 @@ from specdraft.checkpoint import (
     WEIGHTS_FILE,
     CheckpointError,
     Manifest,
+    aux_layers_note,
     config_from_files,
     owned_embedding_config,
     read_config,
@@ -309,8 +310,20 @@ class Evidence:
         return self.sample_read.samples
 
     def notes(self) -> list[str]:
-        """Report lines about the inputs: with skip_bad, what was skipped in --samples (nothing
-        when the samples could not be read for want of a tokenizer: no check used them)."""
+        """Report lines about the inputs: where a manifest-less drafter's aux layers came from
+        when its config names none (`layouts.aux_layers_note`); with skip_bad, what was skipped in
+        --samples (nothing when the samples could not be read for want of a tokenizer: no check
+        used them)."""
+        return self._aux_notes() + self._skipped_notes()
+
+    def _aux_notes(self) -> list[str]:
+        try:
+            note = aux_layers_note(self.config, self.manifest, self.facts.num_layers, self.inputs.aux_layers)
+        except (Unavailable, ConventionError):
+            return []
+        return [note] if note else []
+
+    def _skipped_notes(self) -> list[str]:
         if not self.inputs.skip_bad or self.inputs.samples is None:
             return []
         try:

@@ -104,6 +104,7 @@ def test_convert_and_export_write_the_layers_explicitly(bare, tmp_path):
 def test_doctor_reads_the_default(bare):
     draft, target = bare
     report = run_doctor(draft, target=target)
+    assert any("names no eagle_aux_hidden_state_layer_ids: using the engines' default" in n for n in report.notes)
     assert report.finding("aux_ids_read_alike").verdict == "pass"
     assert "SGLang reads [2, 4, 5], vLLM reads [2, 4, 5]" in report.finding("aux_ids_read_alike").evidence
     assert report.finding("keys_match_engine").verdict == "pass", report.finding("keys_match_engine")
