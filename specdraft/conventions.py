@@ -311,6 +311,54 @@ def default_layers_captured(num_layers: int) -> list[int]:
     return sorted({i for i in (2, num_layers // 2, num_layers - 3) if 0 <= i < num_layers})
 
 
+# What each engine captures when a draft config names no aux ids, read from its source: the same
+# specdraft indices [2, L//2, L-3] for every engine (DESIGN.md section 2, "Defaults").
+ENGINE_DEFAULT_SOURCES = {
+    "sglang": "sglang srt/models/llama.py set_eagle3_layers_to_capture (stored source, the 0.5.23 "
+              "line; deepseek_v2.py and the Qwen models alike): layer_ids None -> layers_to_capture "
+              "[2, L//2, L-3] without the +1 explicit ids get, so index i = the input of layer i",
+    "vllm": "vllm model_executor/models/llama.py get_eagle3_aux_hidden_state_layers (stored source, "
+            "the 0.32 line; the Qwen models alike): (2, L//2, L-3), read as-is",
+}
+
+
+def engines_default_layers(num_layers: int) -> list[int]:
+    """The layers every engine captures from a config without aux ids, as specdraft indices:
+    [2, L//2, L-3] (`ENGINE_DEFAULT_SOURCES`). Raises ConventionError for L < 7, where the
+    default names fewer than 3 distinct layers (no drafter of 3 aux states is served by it)."""
+    layers = default_layers_captured(num_layers)
+    if len(layers) != 3:
+        raise ConventionError(f"the engines' default aux layers [2, L//2, L-3] collapse to {layers} on a "
+                              f"{num_layers}-layer target; write the ids the drafter was trained on")
+    return layers
+
+
+# The conventions an --aux-layers value may be written in ("vllm:2,16,29"; no name = specdraft).
+AUX_CONVENTIONS = ("specdraft", "vllm", "sglang", "speculators")
+
+
+def split_aux_option(text: str) -> tuple[str, str]:
+    """An --aux-layers value as (convention, the comma-separated list): "sglang:1,15,28" ->
+    ("sglang", "1,15,28"), "2,16,29" -> ("specdraft", "2,16,29"). ValueError for another name."""
+    name, sep, rest = text.partition(":")
+    if not sep:
+        return "specdraft", text
+    if name.strip() not in AUX_CONVENTIONS:
+        raise ValueError(f"{text!r}: {name.strip()!r} is no aux-id convention; write "
+                         f"{' | '.join(AUX_CONVENTIONS)}:IDS, e.g. vllm:2,16,29 or sglang:1,15,28")
+    return name.strip(), rest
+
+
+def layers_of_option(convention: str, ids, num_layers: int, target_class: str = "llama",
+                     sglang_version: str | None = None) -> list[int]:
+    """Specdraft indices an --aux-layers value names: ids in `convention` ("specdraft": as given,
+    checked by `check_aux_layers`; an engine: `from_engine_ids` by its rule for the target's class
+    and SGLang version). Raises ConventionError naming the rule broken."""
+    if convention == "specdraft":
+        return check_aux_layers(list(ids), num_layers)
+    return from_engine_ids(list(ids), convention, num_layers, target_class, sglang_version)
+
+
 @dataclass(frozen=True)
 class AuxReading:
     """What each engine captures from one draft config, in specdraft indices.
@@ -398,3 +446,29 @@ REASONING_RESPONSE_FIELDS = {
     "reasoning_content": ("sglang", "0.5.23", "python/sglang/srt/entrypoints/openai/protocol.py "
                                               "(ChatMessage.reasoning_content)"),
 }
+
+
+# How each engine fills an EAGLE-3 drafter's input embedding (and head), read from its source.
+EMBEDDING_SOURCES = {
+    "vllm": "vllm v1/spec_decode/llm_base_proposer.py _maybe_share_embeddings (stored source, the "
+            "0.32 line): the target's embed_tokens replaces the drafter's only when the drafter ships "
+            "none (has_own_embed_tokens false) or one torch.equal to the target's; a distinct owned "
+            "one is kept",
+    "sglang": "sglang speculative/eagle_worker_v2.py init_lm_head + models/llama.py set_embed (stored "
+              "source, the 0.5.23 line): an EAGLE-3 drafter always gets set_embed(target embedding), "
+              "which keeps the drafter's own only when config target_hidden_size != hidden_size; "
+              "llama_eagle3.py sets load_lm_head_from_target when draft_vocab_size is absent, and "
+              "set_embed_and_head then replaces the trained lm_head too",
+}
+
+
+def sglang_replaces_embedding(layer_config: dict) -> bool:
+    """Whether SGLang puts the target's embedding in place of the drafter's (`EMBEDDING_SOURCES`):
+    unless the config declares a target_hidden_size other than its hidden_size."""
+    declared = layer_config.get("target_hidden_size")
+    return declared is None or declared == layer_config.get("hidden_size")
+
+
+def sglang_replaces_head(layer_config: dict) -> bool:
+    """Whether SGLang loads the target's lm_head in place of the drafter's: no draft_vocab_size."""
+    return layer_config.get("draft_vocab_size") is None

@@ -39,6 +39,8 @@ class DraftConfig:
     Sizes are counts; `aux_layers` are specdraft indices of the target's residual stream
     (0 = embeddings, k = output of decoder layer k, L = last layer before the final norm).
     `vocab_size` is the target's vocabulary, `draft_vocab_size` the drafter's head.
+    `embedding_owned`: the drafter carries its own `embed_tokens` at the target's width too
+    (speculators' trainer saves one; a drafter that trains its embedding); see `owns_embedding`.
     """
 
     hidden_size: int
@@ -57,6 +59,7 @@ class DraftConfig:
     rms_norm_eps: float = 1e-6
     norm_before_residual: bool = False
     tie_word_embeddings: bool = False
+    embedding_owned: bool = False
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -94,12 +97,11 @@ class DraftConfig:
 
     @property
     def owns_embedding(self) -> bool:
-        """True when the drafter cannot share the target's embedding (different width).
-
-        SGLang and vLLM share the target's `embed_tokens` only when the widths match, so a
-        drafter of another width must carry its own `embed_tokens` in the checkpoint.
-        """
-        return self.hidden_size != self.target_hidden_size
+        """True when the drafter uses its own `embed_tokens` (saved with it), not the target's:
+        always at another width (SGLang and vLLM share the target's only when the widths match),
+        and at the same width when `embedding_owned` (the engines differ there:
+        `conventions.EMBEDDING_SOURCES`)."""
+        return self.embedding_owned or self.hidden_size != self.target_hidden_size
 
     @classmethod
     def from_target(cls, target_config: Any, aux_layers: tuple[int, ...] | list[int] = (),

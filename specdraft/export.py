@@ -32,6 +32,7 @@ from specdraft.checkpoint import (
     CheckpointError,
     LoadedDraft,
     Manifest,
+    aux_layers_note,
     check_output_dir,
     check_vocab_map,
     fill_model,
@@ -39,6 +40,7 @@ from specdraft.checkpoint import (
     load_draft,
     load_training_checkpoint,
     official_config,
+    read_config,
     read_safetensors,
     speculators_config,
     state_dict_for_layout,
@@ -85,16 +87,15 @@ class TargetFacts:
     source: str
 
     @classmethod
-    def from_target_dir(cls, path: str | Path) -> TargetFacts:
-        """Read a transformers target directory's config.json (nothing else is loaded)."""
-        from transformers import AutoConfig
-
+    def from_target_dir(cls, path: str | Path, trust_remote_code: bool = False) -> TargetFacts:
+        """Read a transformers target directory's config.json (nothing else is loaded), as
+        published (`target.read_target_config`: no prompt, no quantization kernels; remote code
+        only with `trust_remote_code`)."""
         from specdraft.target import TARGET_CLASSES  # the engines' class table, keyed by model_type
+        from specdraft.target import read_target_config
 
         path = Path(path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path}: no config.json; pass the target's transformers directory")
-        full = AutoConfig.from_pretrained(path, local_files_only=True)
+        full = read_target_config(path, trust_remote_code)
         text = full.get_text_config()
         theta, scaling = rope_from_hf_config(lambda k, d=None: getattr(text, k, d))
         return cls(text.num_hidden_layers, text.hidden_size, text.vocab_size,
@@ -139,9 +140,10 @@ def reread_weights(path: Path, cfg: DraftConfig, layout: str) -> Eagle3Draft:
     return model
 
 
-def load_source(checkpoint: str | Path, target_num_layers: int | None) -> LoadedDraft:
+def load_source(checkpoint: str | Path, target_num_layers: int | None, **reading: Any) -> LoadedDraft:
     """What export reads: a training checkpoint (`checkpoint.load_training_checkpoint`; its manifest
-    records the step) or a drafter directory (`load_draft`). Raises CheckpointError naming
+    records the step) or a drafter directory (`load_draft`, given `reading`: target class, SGLang
+    version, aux_layers). Raises CheckpointError naming
     the path for anything else (e.g. a drafter's model.safetensors given instead of its directory)."""
     path = Path(checkpoint)
     if is_training_checkpoint(path):
@@ -152,7 +154,7 @@ def load_source(checkpoint: str | Path, target_num_layers: int | None) -> Loaded
                               f"(a drafter here would be {path.parent})")
     if not path.is_dir():
         raise CheckpointError(f"{checkpoint}: no such file or directory; pass {accepted}")
-    return load_draft(path, target_num_layers=target_num_layers)
+    return load_draft(path, target_num_layers=target_num_layers, **reading)
 
 
 def resolve_target(target: str | Path | None, manifest: Manifest | None) -> TargetFacts | None:
@@ -277,7 +279,8 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
                  target: str | Path | None = None, verifier: str | None = None,
                  sglang_version: str | None = None, num_steps: int = 3,
                  topk: int = 1, num_draft_tokens: int | None = None,
-                 dtype: str | torch.dtype | None = None) -> ExportResult:
+                 dtype: str | torch.dtype | None = None, aux_layers: list[int] | None = None,
+                 trust_remote_code: bool = False) -> ExportResult:
     """Write `checkpoint` (a drafter directory or a training checkpoint, `load_source`) for
     `engine` ("sglang" | "vllm" | "speculators") under `out_dir`.
 
@@ -287,7 +290,10 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     pins how SGLang reads explicit ids where versions differ (DeepSeek class, embeddings).
     num_steps / topk / num_draft_tokens: the launch command's settings, validated like
     SpecConfig (default a 3-step chain; num_draft_tokens None = num_steps + 1). dtype: "bf16" | "fp16" | "fp32" to cast the floating
-    tensors (round to nearest; d2t / t2d keep theirs), None to keep the checkpoint's; the
+    tensors (round to nearest; d2t / t2d keep theirs), None to keep the checkpoint's. aux_layers:
+    the training layers (specdraft indices) of a drafter without a manifest, replacing its config's
+    ids (default: those ids, else the engines' default, `layouts.aux_layers_of_config`).
+    trust_remote_code: read a target config whose model_type only its own code defines; the
     written tensors are then proven bit-identical to the cast. Writes to a temp directory, re-reads it strictly and
     proves every tensor bit-identical, then renames. Raises ExportError with the reason for
     anything the engine would read differently from training; CheckpointError for a bad source
@@ -298,13 +304,19 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         raise ExportError(f"unknown engine {engine!r}; choose one of {', '.join(EXPORT_ENGINES)}")
     spec = spec_for_export(engine, num_steps, topk, num_draft_tokens)
     out_dir = check_output_dir(out_dir, source=checkpoint)
-    given = TargetFacts.from_target_dir(target) if target is not None else None
-    source = load_source(checkpoint, given.num_layers if given else None)
+    given = TargetFacts.from_target_dir(target, trust_remote_code) if target is not None else None
+    reading = {"target_class": given.target_class or "llama", "sglang_version": sglang_version,
+               "aux_layers": aux_layers} if given else {}
+    source = load_source(checkpoint, given.num_layers if given else None, **reading)
     facts = given or resolve_target(None, source.manifest)
     if facts is None:
         raise ExportError(f"{checkpoint}: no manifest to say what the target is; pass --target DIR")
     check_vocab_map(source.model, source.manifest, checkpoint)
     cfg, layers = source.model.cfg, list(source.model.cfg.aux_layers)
+    if engine == "sglang" and cfg.embedding_owned and cfg.hidden_size == cfg.target_hidden_size:
+        raise ExportError("cannot export for sglang: the drafter owns its embed_tokens at the target's width, "
+                          "which SGLang replaces with the target's (conventions.EMBEDDING_SOURCES); export "
+                          "--engine vllm or speculators (vLLM keeps a distinct owned embedding)")
     notes = _check_target(cfg, facts)
     if dtype is not None and parse_dtype(dtype) != source.model.fc.weight.dtype:
         notes.append(f"floating tensors cast from {source.model.fc.weight.dtype} to {parse_dtype(dtype)}")
@@ -315,7 +327,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     notes += verifier_notes
     config = _config_for(engine, cfg, source.model.fc.weight.dtype, (top, nested), facts, verifier, spec)
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
-    notes += _source_notes(source, checkpoint) + _tokenizer_notes(source, checkpoint, target)
+    notes += _source_notes(source, checkpoint, aux_layers) + _tokenizer_notes(source, checkpoint, target)
     return ExportResult(out_dir, engine, config, launch_command(engine, verifier or "TARGET",
                                                                 out_dir.resolve(), spec),
                         notes, num_tensors)
@@ -339,10 +351,12 @@ def _verifier(engine: str, verifier: str | None, facts: TargetFacts) -> tuple[st
                       "(a path there or a hub name); pass --verifier NAME to change it"]
 
 
-def _source_notes(source: LoadedDraft, checkpoint: str | Path) -> list[str]:
-    """What the source's manifest means for the export: none, or a training checkpoint's step."""
+def _source_notes(source: LoadedDraft, checkpoint: str | Path, aux_layers: list[int] | None) -> list[str]:
+    """What the source's manifest means for the export: none (and where the aux layers came from,
+    `layouts.aux_layers_note`), or a training checkpoint's step."""
     if source.manifest is None:
-        return ["the source has no specdraft manifest: doctor cannot compare with training"]
+        aux = aux_layers_note(read_config(Path(checkpoint)), None, source.model.cfg.target_num_layers, aux_layers)
+        return ["the source has no specdraft manifest: doctor cannot compare with training"] + ([aux] if aux else [])
     if "checkpoint" in (source.manifest.training or {}):
         return [f"the drafter of training checkpoint {checkpoint} (step {source.manifest.training['steps']}); "
                 "its manifest records the step"]

@@ -6,7 +6,9 @@ k in 1..L = output of decoder layer k (1-based). Index L is the last layer's out
 the final norm, which transformers' `hidden_states[L]` is not (it is taken after the norm).
 
 Where each part of a model lives is a table keyed by the model class (`_LAYOUTS`), checked
-against transformers 5.17-5.24; an unknown class is an error, never a guess.
+against transformers 5.17-5.24; an unknown class is an error, never a guess. A target's
+config.json is read as published by `read_target_config` (every check that needs only sizes
+and class uses it): never a remote-code prompt, never a quantization kernel.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import torch
 import transformers
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from specdraft.errors import SpecdraftError
 
 
 @dataclass(frozen=True)
@@ -310,6 +315,47 @@ def check_target_config(path: str | Path, config: dict, keys: Sequence[str] = TA
                          f"model config holds; {TARGET_CONFIG_FIX}")
 
 
+# model_type a published config names with its own code (auto_map) -> the transformers model_type
+# whose config reads it. kimi_k2: moonshotai/Kimi-K2-Instruct's config.json (architectures
+# DeepseekV3ForCausalLM, auto_map configuration_deepseek.DeepseekV3Config): the DeepSeek-V3 class.
+PUBLISHED_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
+# Keys of a published config that name its own code, dropped when specdraft's table reads it.
+REMOTE_CODE_KEYS = ("auto_map",)
+
+
+class TargetConfigError(SpecdraftError, ValueError):
+    """A target config.json specdraft will not read (unknown remote code); names the file and the fix."""
+
+
+def read_target_config(path: str | Path, trust_remote_code: bool = False) -> PretrainedConfig:
+    """The transformers config of the target directory `path`, read without prompting.
+
+    A model_type of `PUBLISHED_MODEL_TYPES` is read by the transformers class the table names
+    (its `auto_map` dropped, nothing executed); a model_type transformers knows is read by
+    transformers' own class (`trust_remote_code=False`: a published `auto_map` beside it is not
+    run); any other with an `auto_map` raises TargetConfigError naming `--trust-remote-code`
+    unless `trust_remote_code`. A `quantization_config` is kept as data: no kernel is imported.
+    Raises FileNotFoundError without config.json, ValueError for a config transformers rejects.
+    """
+    path = Path(path)
+    file = path / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: no config.json; pass the target's transformers directory")
+    data = json.loads(file.read_text())
+    model_type = data.get("model_type") if isinstance(data, dict) else None
+    if model_type in PUBLISHED_MODEL_TYPES:
+        fields = {k: v for k, v in data.items() if k not in ("model_type", *REMOTE_CODE_KEYS)}
+        return AutoConfig.for_model(PUBLISHED_MODEL_TYPES[model_type], **fields)
+    if model_type in CONFIG_MAPPING:
+        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    if isinstance(data, dict) and data.get("auto_map") and not trust_remote_code:
+        known = ", ".join(sorted(PUBLISHED_MODEL_TYPES))
+        raise TargetConfigError(f"{file}: model_type {model_type!r} is defined by the model's own code (auto_map), "
+                                f"which specdraft does not run unasked (it reads {known} and transformers' own "
+                                "types); pass --trust-remote-code to run that code, or a target of a known type")
+    return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+
+
 TARGET_WEIGHTS_FIX = ("re-download the target's weights from where the model came from (its Hugging Face "
                       "repository or the original download)")
 
@@ -373,12 +419,12 @@ def _load_directory(path: Path, dtype: torch.dtype, device: str | torch.device) 
     wrong = wrong_dir_message(path, "target")
     if wrong:
         raise ValueError(wrong)
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    config = read_target_config(path)  # as published: never prompts for remote code
     model_class = _model_class(config)
     check_target_weights(path)
     with no_progress_bars():
         model, info = model_class.from_pretrained(
-            path, local_files_only=True, dtype=dtype, output_loading_info=True
+            path, config=config, local_files_only=True, dtype=dtype, output_loading_info=True
         )
     problems = {k: sorted(info[k]) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     problems = {k: v for k, v in problems.items() if v}

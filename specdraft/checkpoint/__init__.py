@@ -38,10 +38,12 @@ from specdraft.checkpoint.layouts import (
     WEIGHTS_FILE,
     CheckpointError,
     Manifest,
+    aux_layers_note,
     check_layout,
     config_from_files,
     describe_layout,
     official_config,
+    owned_embedding_config,
     refuse_unimplemented_flags,
     speculators_config,
     state_dict_for_layout,
@@ -55,9 +57,9 @@ from specdraft.files import atomic_dir, ordinary_mode, replace_dir
 __all__ = [
     "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
     "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "CheckpointError", "DirKind", "LoadedDraft", "Manifest",
-    "audit", "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files",
+    "audit", "aux_layers_note", "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files",
     "convert_draft", "describe_layout", "detect_layout", "file_sha256", "fill_model", "is_training_checkpoint",
-    "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "read_config",
+    "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "owned_embedding_config", "read_config",
     "read_safetensors", "read_sharded", "refuse_unimplemented_flags", "replace_dir", "save_draft",
     "speculators_config", "state_dict_for_layout", "tensor_digest", "unimplemented_flags", "usable_vocab",
     "verify_same_tensors", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
@@ -78,13 +80,16 @@ class LoadedDraft:
 
 
 def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdraft",
-               manifest: Manifest | None = None, verifier: str | None = None) -> Path:
+               manifest: Manifest | None = None, verifier: str | None = None,
+               target_class: str | None = None, sglang_version: str | None = None) -> Path:
     """Write `model` in `layout` under `out_dir`, atomically (temp dir, then rename).
 
     Writes model.safetensors and config.json, and specdraft_manifest.json when a manifest is
     given (required for the specdraft layout), except in the ``sglang`` layout: that is the plain
     official one, the specdraft layout minus the manifest. `verifier` is the speculators
-    `verifier.name_or_path` (default: the target path the manifest records).
+    `verifier.name_or_path` (default: the target path the manifest records). `target_class` /
+    `sglang_version` pick the engines' id rules (`layouts.official_config`; default: the class
+    the manifest records, else "llama").
     Raises ValueError for an unknown layout or a specdraft layout without manifest.
     """
     check_layout(layout)
@@ -94,8 +99,10 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
     dtype = model.fc.weight.dtype
     if verifier is None and manifest is not None:
         verifier = manifest.target.get("name_or_path")
-    config = (speculators_config(model.cfg, dtype, verifier) if layout == "speculators"
-              else official_config(model.cfg, dtype))
+    if target_class is None:
+        target_class = ((manifest.target if manifest is not None else None) or {}).get("target_class") or "llama"
+    config = (speculators_config(model.cfg, dtype, verifier, target_class=target_class) if layout == "speculators"
+              else official_config(model.cfg, dtype, target_class, sglang_version))
     with atomic_dir(out_dir) as tmp:
         write_safetensors(state_dict_for_layout(model, layout), tmp / WEIGHTS_FILE, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -191,23 +198,27 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               target_num_layers: int | None = None) -> LoadedDraft:
+               target_num_layers: int | None = None, target_class: str = "llama",
+               sglang_version: str | None = None, aux_layers: list[int] | None = None) -> LoadedDraft:
     """Load a draft checkpoint strictly, detecting its layout.
 
     Raises CheckpointError naming the file and every unmatched key, unfilled parameter or
     mis-shaped tensor (cases S1, FC-01). The shared embedding is not in the file: call
     `model.load_target_embedding` before use. `target_num_layers` is needed to read aux ids
-    from a checkpoint without a specdraft manifest.
+    from a checkpoint without a specdraft manifest (with `target_class` and `sglang_version`:
+    `layouts.aux_layers_of_config`); `aux_layers` overrides them (--aux-layers).
     """
     path = Path(path)
     layout = detect_layout(path)
     config = read_config(path)
     manifest = Manifest.read(path / MANIFEST_FILE) if (path / MANIFEST_FILE).exists() else None
-    cfg = config_from_files(path, layout, config, manifest, target_num_layers)
+    cfg = config_from_files(path, layout, config, manifest, target_num_layers, target_class, sglang_version,
+                            aux_layers)
     weights = path / WEIGHTS_FILE
     if not weights.exists():
         raise CheckpointError(f"{weights}: missing")
     tensors = read_safetensors(weights, "re-export it", CheckpointError)
+    cfg = owned_embedding_config(cfg, manifest, tensors)
     model = Eagle3Draft(cfg).to(dtype=tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
     fill_model(model, tensors, layout, weights)
     model.to(device=device, dtype=dtype)
@@ -287,13 +298,16 @@ def tensor_digest(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
-                  target_num_layers: int | None = None) -> int:
+def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_layers: int | None = None,
+                  target_class: str | None = None, sglang_version: str | None = None,
+                  aux_layers: list[int] | None = None) -> int:
     """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical and
     the drafter config the same (the ``sglang`` layout drops the manifest, so its config.json
     alone must rebuild the drafter).
 
     A specdraft-layout destination needs the source's manifest; speculators carries it too.
+    Aux ids are read and written by the rule of `target_class` (default: the manifest's, else
+    "llama") and `sglang_version`; the written file's two id lists name the same layers.
     Returns the number of tensors compared; raises CheckpointError when a tensor differs or is
     missing (case FC-01), or the re-read config differs.
     """
@@ -302,9 +316,12 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
         with_target = "" if target_num_layers else ", with --target DIR (without a manifest the aux ids need it)"
         raise CheckpointError(f"{src}: no {MANIFEST_FILE}, which the specdraft layout carries and --target "
                               f"cannot supply; convert to --layout sglang or speculators instead{with_target}")
-    source = load_draft(src, target_num_layers=target_num_layers)
-    save_draft(source.model, dst, layout=layout, manifest=source.manifest)
-    written = load_draft(dst, target_num_layers=source.model.cfg.target_num_layers)
+    ids = {"target_class": target_class or "llama", "sglang_version": sglang_version}
+    source = load_draft(src, target_num_layers=target_num_layers, aux_layers=aux_layers, **ids)
+    if target_class is None and source.manifest is not None:
+        ids["target_class"] = (source.manifest.target or {}).get("target_class") or "llama"
+    save_draft(source.model, dst, layout=layout, manifest=source.manifest, **ids)
+    written = load_draft(dst, target_num_layers=source.model.cfg.target_num_layers, **ids)
     if written.model.cfg != source.model.cfg:
         want, have = source.model.cfg.to_dict(), written.model.cfg.to_dict()
         differ = [f"{k} {want[k]!r} -> {have.get(k)!r}" for k in want if want[k] != have.get(k)]

@@ -17,6 +17,7 @@ CheckpointError naming the file (`config_from_files`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -25,7 +26,12 @@ from typing import Any
 import torch
 
 from specdraft import __version__
-from specdraft.conventions import from_engine_ids, to_engine_ids
+from specdraft.conventions import (
+    AUX_KEY,
+    engines_default_layers,
+    from_engine_ids,
+    to_engine_ids,
+)
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.errors import SpecdraftError
 
@@ -138,25 +144,28 @@ def check_layout(layout: str) -> None:
         raise ValueError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
 
 
-def official_config(cfg: DraftConfig, dtype: torch.dtype) -> dict[str, Any]:
+def official_config(cfg: DraftConfig, dtype: torch.dtype, target_class: str = "llama",
+                    sglang_version: str | None = None) -> dict[str, Any]:
     """config.json of the official/SGLang layout.
 
-    Aux ids: nested `eagle_config` key in SGLang's convention when SGLang can express the layers,
-    top-level key in vLLM's convention (vLLM reads the top-level key first, SGLang only the nested
-    one, so one file serves both). rope_theta/rope_scaling are written explicitly.
+    Aux ids: nested `eagle_config` key in SGLang's convention (the rule of the target's class and
+    SGLang version) when SGLang can express the layers whatever the version, top-level key in
+    vLLM's convention (vLLM reads the top-level key first, SGLang only the nested one, so one file
+    serves both; both name cfg.aux_layers). rope_theta/rope_scaling, target_hidden_size and
+    draft_vocab_size are written explicitly.
     """
     config = base_llama_config(cfg, dtype)
     config.update(architectures=list(OFFICIAL_ARCHITECTURES), draft_vocab_size=cfg.draft_vocab_size,
                   target_hidden_size=cfg.target_hidden_size, norm_before_residual=False,
-                  eagle_aux_hidden_state_layer_ids=vllm_ids(cfg))
-    sglang = sglang_ids_or_none(cfg)
+                  eagle_aux_hidden_state_layer_ids=vllm_ids(cfg, target_class))
+    sglang = sglang_ids_or_none(cfg, target_class, sglang_version)
     if sglang is not None:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": sglang, "use_aux_hidden_state": True}
     return config
 
 
 def speculators_config(cfg: DraftConfig, dtype: torch.dtype, verifier: str | None,
-                       num_speculative_tokens: int = 3) -> dict[str, Any]:
+                       num_speculative_tokens: int = 3, target_class: str = "llama") -> dict[str, Any]:
     """config.json of the speculators layout (read by vLLM).
 
     `norm_before_residual` is written explicitly: vLLM assumes true when a speculators config
@@ -170,7 +179,7 @@ def speculators_config(cfg: DraftConfig, dtype: torch.dtype, verifier: str | Non
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "norm_before_residual": False,
-        "eagle_aux_hidden_state_layer_ids": vllm_ids(cfg),
+        "eagle_aux_hidden_state_layer_ids": vllm_ids(cfg, target_class),
         "speculators_config": {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
@@ -193,26 +202,35 @@ def base_llama_config(cfg: DraftConfig, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def vllm_ids(cfg: DraftConfig) -> list[int]:
+def vllm_ids(cfg: DraftConfig, target_class: str = "llama") -> list[int]:
     """The aux layers in vLLM's (as-is) convention."""
-    return to_engine_ids(list(cfg.aux_layers), "vllm", cfg.target_num_layers)
+    return to_engine_ids(list(cfg.aux_layers), "vllm", cfg.target_num_layers, target_class)
 
 
-def sglang_ids_or_none(cfg: DraftConfig) -> list[int] | None:
-    """The aux layers in SGLang's convention (Llama class), or None when SGLang cannot express them."""
+def sglang_ids_or_none(cfg: DraftConfig, target_class: str = "llama",
+                       sglang_version: str | None = None) -> list[int] | None:
+    """The aux layers in SGLang's convention for the target's class (every SGLang version when
+    `sglang_version` is None), or None when SGLang cannot express them."""
     try:
-        return to_engine_ids(list(cfg.aux_layers), "sglang", cfg.target_num_layers)
+        return to_engine_ids(list(cfg.aux_layers), "sglang", cfg.target_num_layers, target_class, sglang_version)
     except ValueError:
         return None
 
 
 def config_from_files(path: Path, layout: str, config: dict[str, Any],
-                      manifest: Manifest | None, target_num_layers: int | None) -> DraftConfig:
+                      manifest: Manifest | None, target_num_layers: int | None, target_class: str = "llama",
+                      sglang_version: str | None = None, aux_layers: list[int] | None = None) -> DraftConfig:
     """Rebuild the DraftConfig a checkpoint declares (from the manifest when there is one),
     refusing flags specdraft does not implement whether or not a manifest is there
-    (`refuse_unimplemented_flags`: the engines read config.json, not the manifest)."""
+    (`refuse_unimplemented_flags`: the engines read config.json, not the manifest). Without a
+    manifest the aux layers are `aux_layers_of_config`'s (target class, SGLang version,
+    --aux-layers); with one, an --aux-layers that names other layers is a CheckpointError."""
     refuse_unimplemented_flags(path, config)
     if manifest is not None:
+        trained = list(manifest.draft.get("aux_layers") or [])
+        if aux_layers is not None and list(aux_layers) != trained:
+            raise CheckpointError(f"{path}/{MANIFEST_FILE}: the drafter was trained on aux layers {trained}; "
+                                  f"--aux-layers {list(aux_layers)} applies only to drafters without a manifest")
         return DraftConfig.from_dict(manifest.draft)
     layer = config.get("transformer_layer_config") if layout == "speculators" else config
     where = f"{path}/config.json" + (": transformer_layer_config" if layout == "speculators" else "")
@@ -230,10 +248,19 @@ def config_from_files(path: Path, layout: str, config: dict[str, Any],
                               "without the target's layer count: pass the target (--target DIR)")
     rope_theta, rope_scaling = rope_from_hf_config(layer.get)
     return DraftConfig.from_target(
-        layer, aux_layers_of_config(path, config, target_num_layers),
+        layer, aux_layers_of_config(path, config, target_num_layers, target_class, sglang_version, aux_layers),
         draft_vocab_size=config.get("draft_vocab_size") or layer.get("draft_vocab_size"),
         target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
         target_num_layers=target_num_layers, rope_theta=rope_theta, rope_scaling=rope_scaling)
+
+
+def owned_embedding_config(cfg: DraftConfig, manifest: Manifest | None, names) -> DraftConfig:
+    """`cfg` marked `embedding_owned` when a manifest-less drafter's file holds `embed_tokens.weight`
+    at the target's width (speculators' trainer saves it): the drafter then uses that one, as vLLM
+    does with a distinct owned embedding. With a manifest, the manifest's record decides."""
+    if manifest is None and "embed_tokens.weight" in names and not cfg.owns_embedding:
+        return dataclasses.replace(cfg, embedding_owned=True)
+    return cfg
 
 
 def unimplemented_flags(config: dict[str, Any]) -> dict[str, Any]:
@@ -255,25 +282,43 @@ def refuse_unimplemented_flags(path: Path, config: dict[str, Any]) -> None:
                               f"(it would compute another network than was trained); {FLAGS_FIX}")
 
 
-def aux_layers_of_config(path: Path, config: dict[str, Any], num_layers: int) -> list[int]:
-    """Specdraft indices named by a config: nested ids in SGLang's convention, top-level as-is.
+def aux_layers_of_config(path: Path, config: dict[str, Any], num_layers: int, target_class: str = "llama",
+                         sglang_version: str | None = None, aux_layers: list[int] | None = None) -> list[int]:
+    """Specdraft indices named by a config: nested ids in SGLang's convention by the rule of the
+    target's class and SGLang version (`conventions.ENGINE_RULES`), top-level ids as-is.
 
-    When both keys exist they must name the same layers (DESIGN.md §2, case FC-03).
+    When both keys exist they must name the same layers (DESIGN.md §2, case FC-03). A config
+    with neither (or null ids) gets the engines' default [2, L//2, L-3]
+    (`conventions.engines_default_layers`); `aux_layers` (a user's --aux-layers, specdraft
+    indices) replaces whatever the config says. CheckpointError naming the file otherwise.
     """
-    top = config.get("eagle_aux_hidden_state_layer_ids")
-    nested = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if aux_layers is not None:
+        return list(aux_layers)
+    top = config.get(AUX_KEY)
+    nested = (config.get("eagle_config") or {}).get(AUX_KEY)
     try:
-        from_top = from_engine_ids(top, "vllm", num_layers) if top else None
-        from_nested = from_engine_ids(nested, "sglang", num_layers) if nested else None
+        from_top = from_engine_ids(top, "vllm", num_layers, target_class) if top else None
+        from_nested = from_engine_ids(nested, "sglang", num_layers, target_class, sglang_version) if nested else None
+        layers = from_top or from_nested or engines_default_layers(num_layers)
     except ValueError as e:
         raise CheckpointError(f"{path}/config.json: {e}") from e
     if from_top and from_nested and from_top != from_nested:
         raise CheckpointError(
             f"{path}/config.json: top-level ids {top} (vLLM: layers {from_top}) and eagle_config ids "
             f"{nested} (SGLang: layers {from_nested}) name different layers; fix one of them")
-    layers = from_top or from_nested
-    if not layers:
-        raise CheckpointError(f"{path}/config.json: no eagle_aux_hidden_state_layer_ids; write the "
-                              "training layers explicitly (engine defaults differ)")
     return layers
 
+
+def aux_layers_note(config: dict[str, Any], manifest: Manifest | None, num_layers: int | None,
+                    aux_layers: list[int] | None) -> str | None:
+    """The one line saying where a manifest-less drafter's aux layers came from when its config
+    names none, or an --aux-layers override; None when the manifest or the config names them."""
+    if manifest is not None or num_layers is None:
+        return None
+    if aux_layers is not None:
+        return f"aux layers {list(aux_layers)} (specdraft indices) from --aux-layers, not from config.json"
+    if config.get(AUX_KEY) or (config.get("eagle_config") or {}).get(AUX_KEY):
+        return None
+    return (f"config.json names no {AUX_KEY}: using the engines' default [2, L//2, L-3] = "
+            f"{engines_default_layers(num_layers)} (specdraft indices, what SGLang and vLLM capture without "
+            "ids); --aux-layers overrides")

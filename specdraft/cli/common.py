@@ -227,6 +227,29 @@ def aux_layer_list(value: str | None, param: typer.CallbackParam = None) -> tupl
     return int_list(value, param)
 
 
+AUX_OVERRIDE_HELP = ("Aux layers of a drafter without a manifest, replacing what its config.json says (default: its "
+                     "ids, else the engines' default [2, L//2, L-3]): specdraft indices '2,16,29', or ids in a named "
+                     "convention, 'vllm:2,16,29' or 'sglang:1,15,28' (read by the --target's class). Needs --target.")
+
+
+TRUST_REMOTE_CODE_HELP = ("Read a --target config.json whose model_type only its own code (auto_map) defines, "
+                          "running that code (default: refused; known published types are read without it).")
+
+
+def aux_override(value: str | None, param: typer.CallbackParam = None) -> tuple[str, tuple[int, ...]] | None:
+    """inspect / convert / export / doctor --aux-layers: (convention, ids) (`conventions.split_aux_option`,
+    the list parsed as capture's --aux-layers), None when left out."""
+    from specdraft.conventions import split_aux_option
+
+    if value is None:
+        return None
+    try:
+        convention, text = split_aux_option(value)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    return convention, aux_layer_list(text, param)
+
+
 def print_version(value: bool) -> None:
     """--version: print specdraft's version as `specdraft version` does, then exit 0 (an eager
     option: before any command runs)."""

@@ -7,16 +7,19 @@ import json
 import typer
 
 from specdraft.cli.common import (
+    AUX_OVERRIDE_HELP,
     NUM_DRAFT_TOKENS_HELP,
     NUM_STEPS_HELP,
     SKIP_BAD_HINT,
     TOPK_HELP,
+    TRUST_REMOTE_CODE_HELP,
     DoctorEngine,
     DtypeName,
     ExportEngine,
     Layout,
     app,
     argument,
+    aux_override,
     check_checkpoint_dir,
     check_model_dir,
     error,
@@ -33,6 +36,9 @@ def inspect(
                                 callback=check_checkpoint_dir),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=check_model_dir),
     manifest: bool = flag("--manifest", help="Print the whole manifest as JSON (default: one line per field)."),
+    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
+    sglang_version: str = typer.Option("", help="Pin SGLang's reading of eagle_config ids, e.g. 0.5.23."),
 ) -> None:
     """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit)."""
     from rich.console import Console
@@ -43,9 +49,11 @@ def inspect(
     console = Console()
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
-        loaded = load_draft(checkpoint, target_num_layers=num_layers_of_target(target))
+        reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
+        loaded = load_draft(checkpoint, **reading)
     console.print(f"{checkpoint}: {describe_layout(loaded.layout, loaded.manifest is not None)}",
                   markup=False, soft_wrap=True)
+    print_aux_note(console, checkpoint, loaded.manifest, reading)
     table = Table()
     for column in ("tensor", "shape", "dtype"):
         table.add_column(column)
@@ -87,6 +95,10 @@ def convert(
                                   "specdraft manifest) | speculators (vLLM's; keeps the manifest) | specdraft "
                                   "(the sglang files + specdraft's manifest)"),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=check_model_dir),
+    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
+    sglang_version: str = typer.Option("", help="Pin SGLang's reading and writing of eagle_config ids (the "
+                                       "DeepSeek class reads them by version), e.g. 0.5.23."),
 ) -> None:
     """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
     from pathlib import Path
@@ -98,7 +110,9 @@ def convert(
     console = Console()
     with user_errors(console):
         refuse_bad_configs(src, "")
-        written = convert_draft(src, dst, layout=layout, target_num_layers=num_layers_of_target(target))
+        reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
+        written = convert_draft(src, dst, layout=layout, **reading)
+    print_aux_note(console, src, None if not (Path(src) / MANIFEST_FILE).is_file() else True, reading)
     on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
     console.print(f"wrote {dst} ({on_disk}): {written} tensors, each bit-identical to {src}", markup=False)
     if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
@@ -121,6 +135,8 @@ def export(
     topk: int = typer.Option(1, min=1, help=TOPK_HELP + "; 1 = a chain, the only shape vLLM runs."),
     num_draft_tokens: int = typer.Option(0, min=0, help=NUM_DRAFT_TOKENS_HELP),
     dtype: DtypeName | None = typer.Option(None, help="Cast floating tensors (default: keep)."),
+    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
 ) -> None:
     """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
     from rich.console import Console
@@ -129,10 +145,12 @@ def export(
 
     console = Console()
     with user_errors(console):
+        reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
                               verifier=verifier or None, sglang_version=sglang_version or None,
                               num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None,
-                              dtype=dtype or None)
+                              dtype=dtype or None, aux_layers=reading.get("aux_layers"),
+                              trust_remote_code=trust_remote_code)
     console.print(f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
                   f"bit-identical to the checkpoint{' cast to ' + dtype if dtype else ''}",
                   style="green", markup=False)
@@ -159,6 +177,8 @@ def doctor(
                                "acceptance; needs --samples: prompts with the target's own outputs, e.g. the "
                                "demo's store-heldout)."),
     sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids."),
+    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
     template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),
     max_samples: int = typer.Option(32, min=1, help="Samples for the offline run."),
     json_output: bool = flag("--json", help="Print the report as JSON."),
@@ -178,10 +198,12 @@ def doctor(
         try:  # an input doctor cannot judge (a ValueError) is a usage error: exit 2, not 1
             if server:
                 check_server_samples(server, samples)
+            reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
             report = run_doctor(
                 checkpoint, target=target or None, engine=engine or None,
                 engine_args=engine_args or None, samples=samples or None, server=server or None,
-                sglang_version=sglang_version or None, max_samples=max_samples, skip_bad=skip_bad,
+                sglang_version=sglang_version or None, aux_layers=reading.get("aux_layers"),
+                trust_remote_code=trust_remote_code, max_samples=max_samples, skip_bad=skip_bad,
                 server_wait_s=wait,
                 template_kwargs=json_kwargs(template_kwargs, "--template-kwargs") if template_kwargs else None)
         except ValueError as e:
@@ -212,12 +234,42 @@ def check_server_samples(server: str, samples: str) -> None:
                          "acceptance check")
 
 
-def num_layers_of_target(target: str | None) -> int | None:
-    """Decoder-layer count of a local transformers target directory (None without one); a corrupt
-    config.json or one without model_type / num_hidden_layers is a ValueError (`refuse_bad_configs`)."""
+def id_reading(target: str | None, aux: tuple[str, tuple[int, ...]] | None, sglang_version: str = "",
+               trust_remote_code: bool = False) -> dict:
+    """How to read a drafter's aux ids, as `load_draft` / `convert_draft` take it: the --target's
+    layer count and class (its config.json as published, `target.read_target_config`), the
+    --sglang-version, and --aux-layers as specdraft indices (`conventions.layers_of_option`);
+    --trust-remote-code reads a target config whose model_type only its own code defines.
+    ValueError naming the flag: a corrupt target config, --aux-layers without --target or
+    naming layers its convention cannot."""
     if not target:
-        return None
-    from transformers import AutoConfig
+        if aux is not None:
+            raise ValueError("--aux-layers needs --target DIR: aux ids are read by the target's layer count and class")
+        return {"target_num_layers": None, "sglang_version": sglang_version or None}
+    from specdraft.conventions import ConventionError, layers_of_option
+    from specdraft.target import TARGET_CLASSES
+    from specdraft.target import read_target_config
 
     refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
-    return AutoConfig.from_pretrained(target, local_files_only=True).get_text_config().num_hidden_layers
+    text = read_target_config(target, trust_remote_code).get_text_config()
+    target_class = TARGET_CLASSES.get(text.model_type, "llama")
+    layers = None
+    if aux is not None:
+        try:
+            layers = layers_of_option(aux[0], aux[1], text.num_hidden_layers, target_class, sglang_version or None)
+        except ConventionError as e:
+            raise ValueError(f"--aux-layers {aux[0]}:{','.join(map(str, aux[1]))}: {e}") from None
+    return {"target_num_layers": text.num_hidden_layers, "target_class": target_class,
+            "sglang_version": sglang_version or None, "aux_layers": layers}
+
+
+def print_aux_note(console, checkpoint: str, manifest, reading: dict) -> None:
+    """The line saying where a manifest-less drafter's aux layers came from (`layouts.aux_layers_note`)."""
+    from pathlib import Path
+
+    from specdraft.checkpoint import aux_layers_note, read_config
+
+    note = aux_layers_note(read_config(Path(checkpoint)), manifest, reading["target_num_layers"],
+                           reading.get("aux_layers"))
+    if note:
+        console.print(f"note: {note}", markup=False, soft_wrap=True)

@@ -27,6 +27,7 @@ from specdraft.doctor.lint import (
     algorithm_is_eagle3,
     aux_ids_read_alike,
     draft_vocab_size_declared,
+    embedding_and_head_as_trained,
     engine_captures_training_layers,
     fc_width_matches_aux,
     lm_head_untied,
@@ -43,7 +44,7 @@ from specdraft.doctor.parity import (
 CHECKS = (target_matches_training, keys_match_engine, shapes_and_dtypes, values_finite, vocab_map_valid,
           fc_width_matches_aux, aux_ids_read_alike, engine_captures_training_layers,
           algorithm_is_eagle3, speculative_settings_valid, norm_before_residual_false,
-          draft_vocab_size_declared, lm_head_untied, rope_matches_training,
+          draft_vocab_size_declared, lm_head_untied, embedding_and_head_as_trained, rope_matches_training,
           tokenizer_matches_manifest, chat_template_matches_manifest, aux_width_on_target,
           offline_acceptance_matches_training, draft_depth_pays_off, online_acceptance)
 

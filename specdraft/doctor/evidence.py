@@ -24,7 +24,9 @@ from specdraft.checkpoint import (
     WEIGHTS_FILE,
     CheckpointError,
     Manifest,
+    aux_layers_note,
     config_from_files,
+    owned_embedding_config,
     read_config,
     state_dict_for_layout,
 )
@@ -139,7 +141,7 @@ class Evidence:
         """The target: its directory's config (--target) or the manifest's record."""
         try:
             if self.inputs.target is not None:
-                return TargetFacts.from_target_dir(self.inputs.target)
+                return TargetFacts.from_target_dir(self.inputs.target, self.inputs.trust_remote_code)
             if self.manifest is not None:
                 return TargetFacts.from_manifest(self.manifest)
         except (FileNotFoundError, OSError, ValueError) as e:
@@ -150,13 +152,12 @@ class Evidence:
     @memo
     def target_config_hash(self) -> str:
         """`target.config_hash` of the --target's config, as training records it in the manifest."""
-        from transformers import AutoConfig
-
         from specdraft.target import config_hash
+        from specdraft.target import read_target_config
 
         target = self.need_target_dir()
         try:
-            return config_hash(AutoConfig.from_pretrained(target, local_files_only=True))
+            return config_hash(read_target_config(target, self.inputs.trust_remote_code))
         except (OSError, ValueError) as e:
             raise Unavailable(f"cannot read {target}/config.json: {e}", "pass a transformers directory") from None
 
@@ -171,8 +172,12 @@ class Evidence:
         """The DraftConfig the drafter was trained with (manifest) or its config declares."""
         if self.manifest is not None:
             return DraftConfig.from_dict(self.manifest.draft)
+        facts = self.facts
         try:
-            return config_from_files(self.path, self.layout, self.config, None, self.facts.num_layers)
+            cfg = config_from_files(self.path, self.layout, self.config, None, facts.num_layers,
+                                    facts.target_class or "llama", self.inputs.sglang_version,
+                                    self.inputs.aux_layers)
+            return owned_embedding_config(cfg, None, self.tensors)  # the file's embed_tokens, as load_draft
         except (CheckpointError, ValueError) as e:
             raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
 
@@ -188,7 +193,8 @@ class Evidence:
         except Unavailable:
             pass
         try:
-            return config_from_files(self.path, self.layout, self.config, None, _stand_in_layers(self.config))
+            cfg = config_from_files(self.path, self.layout, self.config, None, _stand_in_layers(self.config))
+            return owned_embedding_config(cfg, None, self.tensors)
         except (CheckpointError, ValueError) as e:
             raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
 
@@ -267,6 +273,9 @@ class Evidence:
 
         try:
             return load_target(self.need_target_dir())
+        except ImportError as e:  # e.g. an FP8 quantization_config whose kernels are not installed
+            raise Unavailable(f"cannot run the target here: {e} (checks of sizes read its config.json alone)",
+                              "install what transformers names to run the target's forward") from None
         except (FileNotFoundError, ValueError, OSError) as e:
             raise Unavailable(f"cannot load the target: {e}", "pass a transformers directory") from None
 
@@ -310,8 +319,20 @@ class Evidence:
         return self.samples
 
     def notes(self) -> list[str]:
-        """Report lines about the inputs: with skip_bad, what was skipped in --samples (nothing
-        when the samples could not be read for want of a tokenizer: no check used them)."""
+        """Report lines about the inputs: where a manifest-less drafter's aux layers came from
+        when its config names none (`layouts.aux_layers_note`); with skip_bad, what was skipped in
+        --samples (nothing when the samples could not be read for want of a tokenizer: no check
+        used them)."""
+        return self._aux_notes() + self._skipped_notes()
+
+    def _aux_notes(self) -> list[str]:
+        try:
+            note = aux_layers_note(self.config, self.manifest, self.facts.num_layers, self.inputs.aux_layers)
+        except (Unavailable, ConventionError):
+            return []
+        return [note] if note else []
+
+    def _skipped_notes(self) -> list[str]:
         if not self.inputs.skip_bad or self.inputs.samples is None:
             return []
         try:

@@ -17,6 +17,7 @@ from specdraft.checkpoint import (
 from specdraft.bench.suites import suite_names
 from specdraft.client import SERVER_WAIT_S
 from specdraft.target import check_target_weights
+from specdraft.target import read_target_config
 
 DOCTOR_ENGINES = ("sglang", "vllm")
 
@@ -26,7 +27,9 @@ class DoctorInputs:
     """What the user gave `specdraft doctor` (paths as given; None = not given).
 
     engine: "sglang" | "vllm" (None: guessed from engine_args, else every engine the layout
-    serves). engine_args: the engine's command line. samples: a capture store directory or a
+    serves). engine_args: the engine's command line. aux_layers: the training layers (specdraft
+    indices) of a drafter without a manifest (--aux-layers), replacing what its config.json says.
+    trust_remote_code: read a --target config whose model_type only its own code defines. samples: a capture store directory or a
     JSONL of token ids ({"input_ids", "loss_mask"}), chats or texts; skip_bad skips its bad
     records instead of refusing the file. template_kwargs: the chat template kwargs the server
     uses (default: vLLM's --default-chat-template-kwargs, else {}). max_samples / max_length
@@ -41,6 +44,8 @@ class DoctorInputs:
     samples: Path | None = None
     server: str | None = None
     sglang_version: str | None = None
+    aux_layers: list[int] | None = None
+    trust_remote_code: bool = False
     template_kwargs: dict[str, Any] | None = None
     max_samples: int = 32
     max_length: int = 512
@@ -61,6 +66,7 @@ class DoctorInputs:
             raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
         if self.target is not None:
             given_config(self.target, "pass a transformers model directory")
+            read_target_config(self.target, self.trust_remote_code)  # unknown remote code: one line, no prompt
             check_target_weights(self.target)  # a truncated download: one line, not a row of skips
         if self.samples is not None and not self.samples.exists() and str(self.samples) not in suite_names():
             raise ValueError(f"{self.samples}: no such file or directory; pass a capture store, a JSONL file or a "

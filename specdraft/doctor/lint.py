@@ -1,16 +1,21 @@
 """Checks of the config and the serving command line as each engine reads them: fc width, aux
 ids and the layers they capture, the algorithm and speculative settings, the EAGLE-3 variant
-flags, draft vocabulary size, head tying, rope (S2-S4, FC-03, FC-06, FC-09)."""
+flags, draft vocabulary size, head tying, the embedding and head each engine runs, rope (S2-S4,
+FC-03, FC-06, FC-09)."""
 
 from __future__ import annotations
 
 import json
+
+import torch
 
 from specdraft.checkpoint import FLAGS_FIX, unimplemented_flags
 from specdraft.conventions import (
     AUX_KEY,
     ConventionError,
     lint_sglang_ids,
+    sglang_replaces_embedding,
+    sglang_replaces_head,
     to_engine_ids,
 )
 from specdraft.doctor.evidence import Evidence, Unavailable, Unreadable, describe
@@ -71,8 +76,10 @@ def aux_ids_read_alike(ev: Evidence) -> Result:
 
 
 def engine_captures_training_layers(ev: Evidence) -> Result:
-    """The layers the engine captures under this config are the training layers (S3, FC-03)."""
-    trained = list(ev.need_manifest().aux_layers)
+    """The layers the engine captures under this config are the training layers (S3, FC-03): the
+    manifest's, else the --aux-layers the user names."""
+    given = ev.inputs.aux_layers
+    trained = list(given) if ev.manifest is None and given is not None else list(ev.need_manifest().aux_layers)
     try:
         reading = ev.reading
     except Unreadable as e:
@@ -213,64 +220,100 @@ def lm_head_untied(ev: Evidence) -> Result:
               "tie_word_embeddings absent (LlamaConfig default false)")
 
 
+def embedding_and_head_as_trained(ev: Evidence) -> Result:
+    """Each engine runs the drafter with the embedding and lm_head it was trained with
+    (`conventions.EMBEDDING_SOURCES`): SGLang puts the target's embedding in place of an owned
+    one of the same width, and the target's lm_head in place of the trained one when the config
+    has no draft_vocab_size; vLLM keeps a distinct owned embedding."""
+    cfg = ev.shape_config
+    declared = {**ev.layer_config, **{k: ev.config[k] for k in ("target_hidden_size", "draft_vocab_size")
+                                      if k in ev.config}}
+    problems = []
+    if "sglang" in ev.engines and cfg.owns_embedding and sglang_replaces_embedding(declared):
+        same = _same_embedding_as_target(ev)
+        if same is not True:
+            problems.append("SGLang replaces the drafter's own embed_tokens.weight with the target's (set_embed keeps "
+                            "it only when target_hidden_size != hidden_size)" +
+                            ("; the two differ" if same is False else "; not compared with the target's (no --target)"))
+    if "sglang" in ev.engines and sglang_replaces_head(declared) and "lm_head.weight" in ev.tensors:
+        problems.append("no draft_vocab_size: SGLang loads the target's lm_head in place of the trained one "
+                        "(llama_eagle3.py load_lm_head_from_target)")
+    if problems:
+        return fail("; ".join(problems), "serve it with vLLM (which keeps a distinct owned embedding), or train "
+                    "it sharing the target's embedding; write draft_vocab_size (specdraft export writes it)")
+    own = "its own embedding" if cfg.owns_embedding else "the target's embedding"
+    return ok(", ".join(f"{engine_name(e)} runs it with {own} and its trained lm_head" for e in ev.engines))
+
+
+def _same_embedding_as_target(ev: Evidence) -> bool | None:
+    """Whether the file's embed_tokens.weight equals the target's (None: no target to compare)."""
+    try:
+        target = ev.target.embed_tokens.weight.detach().float()
+    except Unavailable:
+        return None
+    own = ev.tensors["embed_tokens.weight"].float()
+    return own.shape == target.shape and torch.equal(own, target)
+
+
+ROPE_KEYS = ("rope_theta", "rope_scaling", "max_position_embeddings")
+
+
 def rope_matches_training(ev: Evidence) -> Result:
-    """rope theta / scaling, partial rotary and max positions equal training's and the target's (FC-09)."""
+    """The rope theta / scaling and max positions the engines build the drafter with (its own
+    config.json) are the ones it was trained with, and the target is the one it was trained
+    against (FC-09). A drafter's own rope is its own choice (SpecForge's drafters keep 10000 and
+    2048 positions under a Llama-3 target): only a shorter reach than the target's is named."""
     layer = ev.layer_config
     theta, scaling = rope_from_hf_config(layer.get)
     served = {"rope_theta": theta, "rope_scaling": scaling,
               "max_position_embeddings": layer.get("max_position_embeddings")}
-    problems = []
-    if "rope_theta" not in layer:
-        problems.append("no rope_theta key (only rope_parameters): older loaders fall back to 10000")
+    if "rope_parameters" in layer and "rope_theta" not in layer:
+        return fail("rope only under rope_parameters (transformers 5): older loaders ignore it and use "
+                    "rope_theta 10000", f"write rope_theta {theta} and rope_scaling {describe(scaling)} at the "
+                    "top level of config.json (specdraft export writes them)")
     if layer.get("partial_rotary_factor", 1.0) != 1.0:
-        problems.append(f"partial_rotary_factor {layer['partial_rotary_factor']}: the drafter was "
-                        "trained with full rotary")
-    only_target = not problems  # so far none about the drafter's config itself
-    differ = set()  # keys where the config differs from the target only
-    for name, reference in _rope_references(ev):
-        for key, value in served.items():
-            if key in reference and reference[key] != value:
-                problems.append(f"{key} {describe(value)} (config) vs {describe(reference[key])} ({name})")
-                only_target = only_target and name != "training"
-                differ |= {key} if name != "training" else set()
-    if problems and only_target and differ == {"max_position_embeddings"}:
-        return _positions_fail(ev, served["max_position_embeddings"], problems)
-    if problems and only_target and ev.manifest is not None:  # the config is as trained: the target differs
-        return fail("; ".join(problems), "serve the target the drafter was trained on, or train a drafter for "
-                    "this target (re-exporting cannot change the target's rope)")
-    if problems:
-        return fail("; ".join(problems), "re-export with specdraft export (writes the trained rope "
-                    "and max positions explicitly)")
-    return ok(f"rope_theta {theta}, rope_scaling {describe(scaling)}, max positions "
-              f"{served['max_position_embeddings']}: as trained" +
-              (" and as the target" if ev.inputs.target is not None else ""))
-
-
-def _positions_fail(ev: Evidence, positions, problems: list[str]) -> Result:
-    """The fail when only max positions differ from the target's and the config is as trained:
-    a drafter shorter than the target limits the requests; a longer one means another target."""
-    target = ev.facts.max_position_embeddings
-    if isinstance(positions, int) and isinstance(target, int) and positions < target:
-        return fail("; ".join(problems) + ": the drafter's own max positions are shorter than the target's",
-                    f"keep prompt + output within the drafter's {positions} positions (specdraft's engine and "
-                    f"server refuse longer requests), or train a drafter whose config has the target's {target}; "
-                    "the target and its rope are not at fault")
-    return fail("; ".join(problems), "serve the target the drafter was trained on, or train a drafter for "
-                "this target (re-exporting cannot change the target's max positions)")
-
-
-def _rope_references(ev: Evidence) -> list[tuple[str, dict]]:
-    """(name, {key: value}) of what the config must match; only keys the source knows."""
-    keys = ("rope_theta", "rope_scaling", "max_position_embeddings")
-    refs = []
-    if ev.manifest is not None:  # the DraftConfig the trainer used: every key is known
-        refs.append(("training", {k: ev.manifest.draft[k] for k in keys if k in ev.manifest.draft}))
-    if ev.inputs.target is not None:
-        f = ev.facts
-        known = {"rope_theta": f.rope_theta, "rope_scaling": f.rope_scaling,
-                 "max_position_embeddings": f.max_position_embeddings}
-        refs.append((f"target {ev.inputs.target}", {k: v for k, v in known.items()
-                                                     if v is not None or k == "rope_scaling"}))
-    if not refs:
+        return fail(f"partial_rotary_factor {layer['partial_rotary_factor']}: the drafter's rope is applied to "
+                    "part of each head, which specdraft's drafter does not implement",
+                    "remove partial_rotary_factor if the drafter was trained with full rotary")
+    if ev.manifest is None and ev.inputs.target is None:
         raise Unavailable("nothing to compare with", "pass --target DIR or keep the manifest")
-    return refs
+    problems = []
+    if ev.manifest is not None:
+        trained = {k: ev.manifest.draft[k] for k in ROPE_KEYS if k in ev.manifest.draft}
+        problems = [f"{k} {describe(served[k])} (config.json, what the engines use) vs {describe(v)} (training)"
+                    for k, v in trained.items() if v != served[k]]
+    if problems:
+        return fail("; ".join(problems), "write the trained values into config.json, or re-export it from the "
+                    "training run (specdraft export RUN/draft OUT --engine ENGINE writes them)")
+    moved = _target_rope_moved(ev)
+    if moved:
+        return fail("; ".join(moved), "serve the target the drafter was trained on, or train a drafter for "
+                    "this target (re-exporting cannot change the target's rope)")
+    record = "as trained" if ev.manifest is not None else "as its config.json declares (no manifest: its only record)"
+    return ok(f"rope_theta {theta}, rope_scaling {describe(scaling)}, max positions "
+              f"{served['max_position_embeddings']}: {record}" + _reach(ev, served["max_position_embeddings"]))
+
+
+def _target_rope_moved(ev: Evidence) -> list[str]:
+    """How the --target's rope / max positions differ from what the manifest recorded of the
+    target at training (another target than trained); [] without both."""
+    recorded = (ev.manifest.target or {}) if ev.manifest is not None else {}
+    if ev.inputs.target is None or not recorded:
+        return []
+    f = ev.facts
+    now = {"rope_theta": f.rope_theta, "rope_scaling": f.rope_scaling,
+           "max_position_embeddings": f.max_position_embeddings}
+    return [f"the target's {k} {describe(now[k])} (target {ev.inputs.target}) vs {describe(recorded[k])} "
+            "(the target at training)" for k in ROPE_KEYS if k in recorded and now[k] != recorded[k]]
+
+
+def _reach(ev: Evidence, positions) -> str:
+    """The evidence's note when the drafter reaches fewer positions than the target serves."""
+    try:
+        target = ev.facts.max_position_embeddings
+    except Unavailable:
+        return ""
+    if isinstance(positions, int) and isinstance(target, int) and positions < target:
+        return (f"; the drafter's own {positions} positions are fewer than the target's {target}: keep prompt + "
+                f"output within {positions} (specdraft's engine and server refuse longer requests)")
+    return ""

@@ -94,7 +94,8 @@ def skips_text(enabled_by: dict[str, int]) -> str:
 
 def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engine: str | None = None,
                engine_args: str | None = None, samples: str | Path | None = None,
-               server: str | None = None, sglang_version: str | None = None,
+               server: str | None = None, sglang_version: str | None = None, aux_layers: list[int] | None = None,
+               trust_remote_code: bool = False,
                template_kwargs: dict[str, Any] | None = None, max_samples: int = 32,
                max_length: int = 512, skip_bad: bool = False, server_wait_s: float = SERVER_WAIT_S) -> Report:
     """Check a draft checkpoint against its training record, its target and its deployment.
@@ -106,7 +107,9 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     its bad records and counts them in Report.notes). server: a live server's URL (online
     acceptance: the sample prompts at T = 0, its counters vs offline on the sequences it
     produced; waited for up to server_wait_s seconds while it refuses connections, as bench
-    waits). sglang_version pins SGLang's id reading; template_kwargs: the server's chat
+    waits). sglang_version pins SGLang's id reading; aux_layers: a manifest-less drafter's training
+    layers (specdraft indices, --aux-layers); trust_remote_code: read a --target config whose
+    model_type only its own code defines; template_kwargs: the server's chat
     template kwargs. Returns a Report; raises ValueError only for invalid arguments: a path that
     does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --target that is a
     drafter (`checkpoint.wrong_dir_message` words both), a config.json of either that is
@@ -126,7 +129,8 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     inputs = DoctorInputs(
         Path(checkpoint), target=Path(target) if target else None, engine=engine,
         engine_args=engine_args, samples=Path(samples) if samples else None, server=server,
-        sglang_version=sglang_version, template_kwargs=template_kwargs,
+        sglang_version=sglang_version, aux_layers=aux_layers, trust_remote_code=trust_remote_code,
+        template_kwargs=template_kwargs,
         max_samples=max_samples, max_length=max_length, skip_bad=skip_bad, server_wait_s=server_wait_s)
     ev = Evidence(inputs)
     with no_progress_bars():  # transformers' bars (the target's "Loading weights") stay out of the report

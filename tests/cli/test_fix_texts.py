@@ -31,9 +31,10 @@ def test_a_drafter_with_short_max_positions_is_told_to_keep_requests_within_them
     manifest = json.loads((draft / "specdraft_manifest.json").read_text())
     manifest["draft"]["max_position_embeddings"] = 128  # trained so: the config is as trained
     (draft / "specdraft_manifest.json").write_text(json.dumps(manifest))
-    finding = run_doctor(draft, target=target).finding("rope_matches_training")
-    assert finding.verdict == "fail" and "max_position_embeddings 128 (config) vs 256 (target" in finding.evidence
-    assert finding.fix.startswith("keep prompt + output within the drafter's 128 positions"), finding.fix
+    finding = run_doctor(draft, target=target).finding("rope_matches_training")  # its own choice: no fail
+    assert finding.verdict == "pass" and "max positions 128: as trained" in finding.evidence, finding
+    assert "the drafter's own 128 positions are fewer than the target's 256: keep prompt + output within 128" \
+        in finding.evidence
     assert "serve the target the drafter was trained on" not in finding.fix
 
 

@@ -1,0 +1,120 @@
+"""A drafter config without aux ids (SpecForge's Llama-3-8B / Qwen3-8B configs, the official
+EAGLE-3 config, speculators' converter output with null ids) is read with the engines' shared
+default [2, L//2, L-3], said in one line; --aux-layers in a named convention overrides it on
+inspect / convert / export / doctor (issue #21 item 2, "configs without aux ids")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdraft.checkpoint import CheckpointError, load_draft
+from specdraft.conventions import ENGINE_DEFAULT_SOURCES, ConventionError, engines_default_layers
+from specdraft.doctor import run_doctor
+from tests.cli.test_cli import flat, invoke
+from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+
+KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+def _drop_ids(config: dict, null: bool) -> None:
+    config.pop("eagle_config", None)
+    if null:  # speculators' converter writes the key with a null value
+        config[KEY] = None
+    else:
+        config.pop(KEY, None)
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory):
+    """(drafter without manifest and without aux ids, its 8-layer target): trained on the default [2, 4, 5]."""
+    root = tmp_path_factory.mktemp("noids")
+    draft, target = draft_checkpoint(root, num_layers=8, aux=(2, 4, 5))
+    (draft / "specdraft_manifest.json").unlink()
+    edit_config(draft, lambda c: _drop_ids(c, null=False))
+    return draft, target
+
+
+def test_the_default_is_the_engines_default_for_the_target():
+    assert engines_default_layers(32) == [2, 16, 29] and engines_default_layers(61) == [2, 30, 58]
+    assert set(ENGINE_DEFAULT_SOURCES) == {"sglang", "vllm"}
+    with pytest.raises(ConventionError, match=r"collapse to \[2\] on a 5-layer target"):
+        engines_default_layers(5)
+
+
+@pytest.mark.parametrize("null", [False, True])
+def test_a_config_without_ids_loads_with_the_default(bare, tmp_path, null):
+    draft, _ = bare
+    edit_config(draft, lambda c: _drop_ids(c, null))
+    assert list(load_draft(draft, target_num_layers=8).model.cfg.aux_layers) == [2, 4, 5]
+    assert list(load_draft(draft, target_num_layers=32).model.cfg.aux_layers) == [2, 16, 29]
+    with pytest.raises(CheckpointError, match="collapse"):
+        load_draft(draft, target_num_layers=5)
+
+
+def test_inspect_says_so_in_one_line(bare):
+    draft, target = bare
+    result = invoke(["inspect", str(draft), "--target", str(target)])
+    text = flat(result.output)
+    assert result.exit_code == 0, result.output
+    assert f"names no {KEY}: using the engines' default [2, L//2, L-3] = [2, 4, 5]" in text, text
+    assert "aux layers (specdraft indices): [2, 4, 5] of 8" in text
+
+
+@pytest.mark.parametrize("value, layers", [("1,3,6", [1, 3, 6]), ("specdraft:1,3,6", [1, 3, 6]),
+                                           ("vllm:1,3,6", [1, 3, 6]), ("sglang:0,2,5", [1, 3, 6])])
+def test_aux_layers_in_a_named_convention_overrides(bare, value, layers):
+    draft, target = bare
+    result = invoke(["inspect", str(draft), "--target", str(target), "--aux-layers", value])
+    text = flat(result.output)
+    assert result.exit_code == 0, result.output
+    assert f"aux layers (specdraft indices): {layers} of 8" in text
+    assert f"aux layers {layers} (specdraft indices) from --aux-layers" in text
+
+
+def test_aux_layers_is_refused_in_one_line_when_unreadable(bare):
+    draft, target = bare
+    for value, words in (("llama:1,2,3", "'llama' is no aux-id convention"),
+                         ("sglang:1,1,2", "name a layer twice"), ("1,2", "hard-codes 3"),
+                         ("3,2,1", "must increase strictly")):
+        result = invoke(["inspect", str(draft), "--target", str(target), "--aux-layers", value])
+        assert result.exit_code != 0 and words in flat(result.output), (value, result.output)
+        assert "Traceback" not in result.output
+    result = invoke(["inspect", str(draft), "--aux-layers", "2,4,5"])
+    assert result.exit_code != 0 and "--aux-layers needs --target DIR" in flat(result.output)
+
+
+def test_convert_and_export_write_the_layers_explicitly(bare, tmp_path):
+    draft, target = bare
+    out = tmp_path / "conv"
+    result = invoke(["convert", str(draft), str(out), "--layout", "sglang", "--target", str(target)])
+    assert result.exit_code == 0, result.output
+    assert "using the engines' default" in flat(result.output)
+    config = json.loads((out / "config.json").read_text())
+    assert config[KEY] == [2, 4, 5] and config["eagle_config"][KEY] == [1, 3, 4]
+    out = tmp_path / "exp"
+    result = invoke(["export", str(draft), str(out), "--engine", "vllm", "--target", str(target),
+                     "--aux-layers", "vllm:1,3,6"])
+    assert result.exit_code == 0, result.output
+    assert "from --aux-layers" in flat(result.output)
+    assert json.loads((out / "config.json").read_text())[KEY] == [1, 3, 6]
+
+
+def test_doctor_reads_the_default(bare):
+    draft, target = bare
+    report = run_doctor(draft, target=target)
+    assert any("names no eagle_aux_hidden_state_layer_ids: using the engines' default" in n for n in report.notes)
+    assert report.finding("aux_ids_read_alike").verdict == "pass"
+    assert "SGLang reads [2, 4, 5], vLLM reads [2, 4, 5]" in report.finding("aux_ids_read_alike").evidence
+    assert report.finding("keys_match_engine").verdict == "pass", report.finding("keys_match_engine")
+
+
+def test_doctor_compares_the_engines_default_with_aux_layers(bare):
+    draft, target = bare
+    finding = run_doctor(draft, target=target, aux_layers=[1, 3, 6]).finding("engine_captures_training_layers")
+    assert finding.verdict == "fail"
+    assert "trained on [1, 3, 6]" in finding.evidence and "captures [2, 4, 5]" in finding.evidence
+    result = invoke(["doctor", str(draft), "--target", str(target), "--aux-layers", "sglang:1,3,4"])
+    assert "engine_captures_training_layers" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 0, result.output

@@ -1,0 +1,94 @@
+"""An owned embed_tokens.weight at the target's width (speculators' trainer saves one; a drafter
+that trains its embedding) loads as the drafter's own (refused before: "1 tensors match no
+parameter"), is recorded as owned, is what specdraft's engine runs, survives every layout
+bit-exactly; doctor fails it for SGLang, which replaces it, and passes it for vLLM, which keeps
+a distinct owned one; export always writes target_hidden_size and draft_vocab_size (issue #21
+item 2, "an owned embed_tokens.weight")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specdraft.checkpoint import convert_draft, load_draft, tensor_digest
+from specdraft.conventions import EMBEDDING_SOURCES, sglang_replaces_embedding, sglang_replaces_head
+from specdraft.doctor import run_doctor
+from specdraft.engine.load import load_engine
+from specdraft.export import ExportError, export_draft
+from tests.doctor_helpers import draft_checkpoint, edit_config, edit_weights, one_thread  # noqa: F401
+
+OWN = "embed_tokens.weight"
+
+
+@pytest.fixture(scope="module")
+def owned(tmp_path_factory):
+    """(drafter without manifest whose file holds its own embedding at the target's width, target, that embedding)."""
+    draft, target = draft_checkpoint(tmp_path_factory.mktemp("own"), layout="sglang")
+    embedding = torch.randn(128, 32, generator=torch.Generator().manual_seed(3))
+    edit_weights(draft, lambda t: t.update({OWN: embedding}))
+    return draft, target, embedding
+
+
+def test_the_engines_rules_are_recorded():
+    assert "_maybe_share_embeddings" in EMBEDDING_SOURCES["vllm"] and "set_embed" in EMBEDDING_SOURCES["sglang"]
+    assert sglang_replaces_embedding({"hidden_size": 32, "target_hidden_size": 32})
+    assert sglang_replaces_embedding({"hidden_size": 32})
+    assert not sglang_replaces_embedding({"hidden_size": 32, "target_hidden_size": 64})
+    assert sglang_replaces_head({}) and not sglang_replaces_head({"draft_vocab_size": 64})
+
+
+def test_an_owned_embedding_loads_as_the_drafters_own(owned):
+    draft, _, embedding = owned
+    model = load_draft(draft, target_num_layers=5).model
+    assert model.cfg.owns_embedding and model.cfg.embedding_owned and model.embedding_loaded
+    assert torch.equal(model.embed_tokens.weight, embedding)
+
+
+def test_the_engine_runs_the_owned_embedding(owned):
+    draft, target, embedding = owned
+    from specdraft.engine.spec_config import SpecConfig
+
+    engine = load_engine(target, draft, SpecConfig(2, 1, 3))
+    assert torch.equal(engine.draft.embed_tokens.weight, embedding)
+    assert not torch.equal(engine.draft.embed_tokens.weight, engine.target.tok_embeddings.weight)
+
+
+@pytest.mark.parametrize("layout", ["sglang", "speculators"])
+def test_an_owned_embedding_round_trips_every_layout(owned, tmp_path, layout):
+    draft, _, embedding = owned
+    assert convert_draft(draft, tmp_path / "out", layout=layout, target_num_layers=5) > 0
+    back = load_draft(tmp_path / "out", target_num_layers=5).model
+    assert back.cfg.embedding_owned and tensor_digest(back.embed_tokens.weight) == tensor_digest(embedding)
+
+
+def test_doctor_fails_it_for_sglang_and_passes_it_for_vllm(owned):
+    draft, target, _ = owned
+    vllm = run_doctor(draft, target=target, engine="vllm")
+    assert vllm.finding("keys_match_engine").verdict == "pass"
+    assert vllm.finding("embedding_and_head_as_trained").verdict == "pass"
+    assert "vLLM runs it with its own embedding" in vllm.finding("embedding_and_head_as_trained").evidence
+    sglang = run_doctor(draft, target=target, engine="sglang").finding("embedding_and_head_as_trained")
+    assert sglang.verdict == "fail" and "SGLang replaces the drafter's own embed_tokens.weight" in sglang.evidence
+    assert "the two differ" in sglang.evidence and sglang.fix.startswith("serve it with vLLM")
+
+
+def test_doctor_fails_a_config_without_draft_vocab_size_for_sglang(tmp_path):
+    draft, target = draft_checkpoint(tmp_path, layout="sglang")
+    edit_config(draft, lambda c: c.pop("draft_vocab_size"))
+    finding = run_doctor(draft, target=target, engine="sglang").finding("embedding_and_head_as_trained")
+    assert finding.verdict == "fail" and "SGLang loads the target's lm_head in place of the trained one" \
+        in finding.evidence
+
+
+def test_export_writes_both_sizes_and_refuses_sglang(owned, tmp_path):
+    draft, target, embedding = owned
+    for engine in ("vllm", "speculators"):
+        export_draft(draft, tmp_path / engine, engine=engine, target=target)
+        config = json.loads((tmp_path / engine / "config.json").read_text())
+        assert config["target_hidden_size"] == 32 and config["draft_vocab_size"] == 64, engine
+        back = load_draft(tmp_path / engine, target_num_layers=5).model
+        assert torch.equal(back.embed_tokens.weight, embedding), engine
+    with pytest.raises(ExportError, match="owns its embed_tokens at the target's width, which SGLang replaces"):
+        export_draft(draft, tmp_path / "sglang", engine="sglang", target=target)
