@@ -1,0 +1,39 @@
+"""export and the norm flags: each engine gets the flags it implements unchanged (top-level, as
+SGLang, vLLM and speculators read them) and refuses those it does not, naming the engine file and
+version (`conventions.FLAG_RULES`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdraft.checkpoint import load_draft
+from specdraft.draft import NORM_FLAGS
+from specdraft.export import EXPORT_ENGINES, ExportError, export_draft
+from tests.doctor_helpers import draft_checkpoint
+from tests.drafts import FLAG_COMBINATIONS, flag_id
+
+
+def refusal(engine: str, flags: dict[str, bool]) -> str | None:
+    """The reason the engine refuses, per the engines' sources (None = exported)."""
+    if engine == "sglang" and flags["norm_before_residual"]:
+        return r"sglang: SGLang does not implement norm_before_residual \(sglang 0.5.23 srt/models/llama_eagle3.py"
+    if engine == "speculators" and flags["norm_before_fc"] and flags["fc_norm"]:
+        return "speculators 0.9.0 refuses together"
+    return None
+
+
+@pytest.mark.parametrize("flags", FLAG_COMBINATIONS, ids=flag_id)
+def test_each_engine_exports_the_flags_it_implements_and_refuses_the_rest(tmp_path, flags):
+    draft, target = draft_checkpoint(tmp_path / "m", draft_kw=flags)
+    for engine in EXPORT_ENGINES:
+        out = tmp_path / engine
+        reason = refusal(engine, flags)
+        if reason:
+            with pytest.raises(ExportError, match=reason):
+                export_draft(draft, out, engine=engine, target=target)
+            assert not out.exists()
+            continue
+        config = export_draft(draft, out, engine=engine, target=target).config
+        assert {k: bool(config.get(k)) for k in NORM_FLAGS} == flags
+        assert config["norm_before_residual"] is flags["norm_before_residual"]  # always explicit
+        assert {k: getattr(load_draft(out).model.cfg, k) for k in NORM_FLAGS} == flags
