@@ -37,3 +37,18 @@ def test_each_engine_exports_the_flags_it_implements_and_refuses_the_rest(tmp_pa
         assert {k: bool(config.get(k)) for k in NORM_FLAGS} == flags
         assert config["norm_before_residual"] is flags["norm_before_residual"]  # always explicit
         assert {k: getattr(load_draft(out).model.cfg, k) for k in NORM_FLAGS} == flags
+
+
+def test_doctor_fails_a_flag_the_checked_engine_does_not_implement(tmp_path):
+    """A vLLM export of a norm_before_residual drafter: doctor passes it for vLLM and fails it
+    for SGLang, naming SGLang's file and version."""
+    from specdraft.doctor import run_doctor
+
+    draft, target = draft_checkpoint(tmp_path / "m", draft_kw={"norm_before_residual": True, "norm_output": True})
+    export_draft(draft, tmp_path / "v", engine="vllm", target=target)
+    for_vllm = run_doctor(tmp_path / "v", target=target, engine="vllm").finding("norm_before_residual_false")
+    assert for_vllm.verdict == "pass" and for_vllm.evidence.startswith("norm_before_residual true; norm_output")
+    for_sglang = run_doctor(tmp_path / "v", target=target, engine="sglang").finding("norm_before_residual_false")
+    assert for_sglang.verdict == "fail"
+    assert "SGLang does not implement norm_before_residual (sglang 0.5.23 srt/models/llama_eagle3.py" \
+        in for_sglang.evidence
