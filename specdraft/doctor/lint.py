@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from specdraft.checkpoint import FLAGS_FIX, CheckpointError, unimplemented_flags
-from specdraft.checkpoint.layouts import norm_flags_of_config
+from specdraft.checkpoint.layouts import LEGACY_FC_NORM_FLAG, norm_flags_of_config
 from specdraft.conventions import (
     AUX_KEY,
     ConventionError,
@@ -181,11 +181,14 @@ def norm_before_residual_false(ev: Evidence) -> Result:
         flags = norm_flags_of_config(ev.path, ev.config)
     except CheckpointError as e:
         return fail(str(e), "write true or false, one value per flag")
+    if ev.config.get(LEGACY_FC_NORM_FLAG) and not ev.config.get("fc_norm"):  # fc_norm only by its old name
+        flags = {**flags, LEGACY_FC_NORM_FLAG: True}
     refused = [reason for engine in ev.engines for name, on in flags.items()
                if on and (reason := flag_refusal(engine, name))]
     if refused:
         return fail(f"{'; '.join(refused)}: that engine computes another drafter than the one trained",
-                    "serve it with an engine that implements the flag (vLLM), or retrain without it")
+                    "serve it with an engine that implements the flag (vLLM for norm_before_residual); for "
+                    "use_aux_norm, re-export it (specdraft export writes fc_norm)")
     named = ", ".join(name for name, on in flags.items() if on and name != "norm_before_residual")
     residual = "absent (false for official configs)" if value is None else json.dumps(value)
     return ok(f"norm_before_residual {residual}{'; ' + named if named else ''}; no unimplemented variant flag")
