@@ -120,6 +120,65 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class FlagRule:
+    """Whether one engine computes one drafter config flag as specdraft's drafter does
+    (`draft.py`'s module docstring says what each flag computes)."""
+
+    flag: str
+    engine: str
+    implemented: bool
+    source: str
+    evidence: str
+
+
+_SG = "sglang 0.5.23 srt/models/llama_eagle3.py"
+_VL = "vllm 0.32.0 model_executor/models/llama_eagle3.py"
+_SP = ("vllm 0.32.0 transformers_utils/configs/speculators/algos.py update_eagle3 (the top-level key is "
+       "copied) + speculators 0.9.0 models/eagle3/core.py")
+# Fields: flag, engine, implemented, source, evidence. Re-check the rows when bumping an engine.
+FLAG_RULES: tuple[FlagRule, ...] = (
+    FlagRule("norm_before_residual", "sglang", False, _SG,
+             "no such flag: the input layer's residual is always h before hidden_norm"),
+    FlagRule("norm_before_residual", "vllm", True, _VL, "_norm_before_residual: residual = hidden_norm(h)"),
+    FlagRule("norm_before_residual", "speculators", True,
+             _SP + ", models/eagle3/model_definitions.py",
+             "vLLM assumes true when a speculators config omits it; speculators' model: residual = hidden_norm(h)"),
+    FlagRule("norm_before_fc", "sglang", True, _SG, "eagle_config key, else top-level; input_norm [n·H_target]"),
+    FlagRule("norm_before_fc", "vllm", True, _VL, "eagle_config key, else top-level; input_norm before fc"),
+    FlagRule("norm_before_fc", "speculators", True, _SP, "top-level; input_norm"),
+    FlagRule("fc_norm", "sglang", True, _SG,
+             "top-level fc_norm or legacy use_aux_norm; fc_norm.{i} (legacy aux_norm_low/mid/high)"),
+    FlagRule("fc_norm", "vllm", True, _VL, "top-level fc_norm only (use_aux_norm is not read); fc_norm.{i}"),
+    FlagRule("fc_norm", "speculators", True, _SP,
+             "top-level; speculators' Eagle3SpeculatorConfig refuses it together with norm_before_fc"),
+    FlagRule("use_aux_norm", "sglang", True, _SG, "SGLang's legacy name of fc_norm"),
+    FlagRule("use_aux_norm", "vllm", False, _VL, "only fc_norm is read: the legacy key leaves the fc norms out"),
+    FlagRule("use_aux_norm", "speculators", False, _SP, "only fc_norm is copied into vLLM's config"),
+    FlagRule("norm_output", "sglang", True, _SG, "the normed output is the next step's hidden state"),
+    FlagRule("norm_output", "vllm", True, _VL, "aux_output = the post-norm hidden states"),
+    FlagRule("norm_output", "speculators", True, _SP, "the post-norm state is fed to the next TTT step"),
+)
+# A sliding-window draft layer, which specdraft's drafter does not implement (it attends over the
+# whole context): vLLM 0.32 (model_executor/models/llama.py, layer_types[0] of the draft config)
+# and speculators 0.9.0 (models/eagle3/core.py, layer_types) apply config.sliding_window to a layer
+# whose layer_types entry is "sliding_attention" (speculators' trainer writes that, window 2048:
+# train/cli.py, train/config/schema.py); SGLang 0.5.23 ignores the config and windows the draft only
+# with --speculative-draft-window-size (srt/models/llama_eagle3.py).
+SLIDING_LAYER_TYPE = "sliding_attention"
+# Flags the speculators library (0.9.0 models/eagle3/config.py `_check_norm_flags`) refuses together.
+SPECULATORS_EXCLUSIVE_FLAGS = ("norm_before_fc", "fc_norm")
+
+
+def flag_refusal(engine: str, flag: str) -> str | None:
+    """Why `engine` would compute another drafter than one that sets `flag`, with the engine file
+    and version (`FLAG_RULES`), or None when it implements the flag."""
+    for rule in FLAG_RULES:
+        if rule.flag == flag and rule.engine == engine and not rule.implemented:
+            return f"{_ENGINE_NAMES[engine]} does not implement {flag} ({rule.source}: {rule.evidence})"
+    return None
+
+
 # The config keys that hold aux ids -> the engine whose convention they are written in (the
 # official EAGLE-3 config nests SGLang's ids; vLLM's are top-level). SGLang reads only
 # eagle_config; vLLM reads top-level, else eagle_config as-is (`aux_layers_from_config`), so a

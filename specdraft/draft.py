@@ -4,12 +4,22 @@ What SGLang (`srt/models/llama_eagle3.py`) and vLLM (`model_executor/models/llam
 compute, written out once (DESIGN.md §2):
 
     first step after the target:  h = fc(cat(aux_1, ..., aux_n))        (n·H_target -> H, no bias)
-    later draft steps:            h = the previous step's pre-norm output (H wide, no fc)
+    later draft steps:            h = the previous step's output `hidden` (H wide, no fc)
     x        = cat(input_layernorm(embed(ids)), hidden_norm(h))         (2H wide; embeddings first)
     a        = o_proj(attention(q(x), k(x), v(x)))                      (RoPE, causal or tree mask)
     r        = a + h                                                    (residual = h before its norm)
     out      = r + mlp(post_attention_layernorm(r))                     (SwiGLU)
     logits   = lm_head(norm(out))                                       (draft vocabulary)
+    hidden   = out                                                      (fed to the next step)
+
+Config flags of the published variants, each computed as both engines compute it (SGLang 0.5.23
+`srt/models/llama_eagle3.py`, vLLM 0.32 `model_executor/models/llama_eagle3.py`; which engine
+implements which: `conventions.FLAG_RULES`):
+- `norm_before_residual`: r = a + hidden_norm(h) (vLLM, speculators `Eagle3FirstLayerMixin`).
+- `norm_before_fc` (EAGLE-3.1): fc(input_norm(cat(aux))), one RMSNorm n·H_target wide.
+- `fc_norm` (EAGLE-3.1): fc(cat(fc_norm[i](aux_i))), one RMSNorm per aux state (after
+  input_norm when both are set, as the engines apply them).
+- `norm_output` (EAGLE-3.1): hidden = norm(out), the post-norm state, fed to the next step.
 
 The drafter always knows which step it is in (`first_step`), so it never guesses from widths
 whether to apply `fc` (case S2): a first-step input whose width is not n_aux·H_target is an
@@ -30,6 +40,8 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 # Rope scaling types this drafter implements; anything else is refused, never approximated.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# The norm placements of published EAGLE-3 variants (the module docstring says what each does).
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,9 @@ class DraftConfig:
     rope_scaling: dict[str, Any] | None = None
     rms_norm_eps: float = 1e-6
     norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
     tie_word_embeddings: bool = False
     embedding_owned: bool = False
 
@@ -79,9 +94,9 @@ class DraftConfig:
         if not all(0 <= k <= self.target_num_layers for k in self.aux_layers):
             raise ValueError(f"DraftConfig.aux_layers {list(self.aux_layers)}: each index must be in "
                              f"0..{self.target_num_layers} (the target's residual streams)")
-        if self.norm_before_residual:
-            raise ValueError("DraftConfig.norm_before_residual = true is not implemented: specdraft "
-                             "trains the SGLang/vLLM default (false)")
+        for name in NORM_FLAGS:
+            if type(getattr(self, name)) is not bool:  # 1 or "true" from a JSON config is an error
+                raise ValueError(f"DraftConfig.{name} = {getattr(self, name)!r}: must be true or false")
         if self.tie_word_embeddings:
             raise ValueError("DraftConfig.tie_word_embeddings must be false: SGLang replaces a tied "
                              "drafter's trained lm_head with the embedding")
@@ -227,6 +242,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), weight.shape, eps=eps).to(x.dtype)
 
 
+def fuse_aux(aux: torch.Tensor, fc: torch.Tensor, input_norm: torch.Tensor | None,
+             fc_norms: list[torch.Tensor] | None, eps: float) -> torch.Tensor:
+    """The first step's h: fc over the concatenated aux states [..., n·H_target] -> [..., H].
+
+    input_norm [n·H_target] (`norm_before_fc`) and fc_norms, n weights [H_target] (`fc_norm`),
+    are applied first when given, in that order (SGLang `LlamaModel.forward`, vLLM
+    `combine_hidden_states`)."""
+    if input_norm is not None:
+        aux = rms_norm(aux, input_norm, eps)
+    if fc_norms is not None:
+        chunks = aux.chunk(len(fc_norms), dim=-1)
+        aux = torch.cat([rms_norm(c, w, eps) for c, w in zip(chunks, fc_norms)], dim=-1)
+    return F.linear(aux, fc)
+
+
 class RMSNorm(nn.Module):
     """`rms_norm` with a learned weight."""
 
@@ -324,7 +354,8 @@ class DraftOutput:
     """One draft forward.
 
     logits: [B, T, draft_vocab_size] over the draft vocabulary (map with `d2t`).
-    hidden: [B, T, H] pre-norm output, fed back as the next draft step's `hidden`.
+    hidden: [B, T, H] the output fed back as the next draft step's `hidden`: pre-norm, or
+            post-norm with `norm_output`.
     kv:     keys/values of these T positions, for the caller's cache.
     """
 
@@ -348,7 +379,11 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens.weight.requires_grad_(cfg.owns_embedding)
         # A shared embedding must come from the target before the first forward (never random).
         self.embedding_loaded = cfg.owns_embedding
-        self.fc = nn.Linear(cfg.n_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        fc_in = cfg.n_aux * cfg.target_hidden_size
+        self.input_norm = RMSNorm(fc_in, cfg.rms_norm_eps) if cfg.norm_before_fc else None
+        self.fc_norm = nn.ModuleList([RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps)
+                                      for _ in range(cfg.n_aux)]) if cfg.fc_norm else None
+        self.fc = nn.Linear(fc_in, cfg.hidden_size, bias=False)
         self.midlayer = DecoderLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
@@ -391,7 +426,8 @@ class Eagle3Draft(nn.Module):
 
         input_ids:    [B, T] long, target-vocabulary ids; position t holds token t+1 (the token
                       that follows the position whose hidden state is given).
-        hidden:       [B, T, n_aux·H_target] (first_step) or [B, T, H] (own pre-norm output).
+        hidden:       [B, T, n_aux·H_target] (first_step) or [B, T, H] (an earlier step's
+                      `DraftOutput.hidden`).
         position_ids: [B, T] long RoPE positions.
         attn_mask:    bool [B or 1, 1 or heads, T, S_past + T], True = attend; default causal
                       among the new tokens with every past entry visible. Or a flex-attention
@@ -407,17 +443,22 @@ class Eagle3Draft(nn.Module):
                                "load_target_embedding(target_embedding_weight) first")
         if position_ids.dim() == 1:
             position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
-        h = self.fc(hidden) if first_step else hidden
-        layer = self.midlayer
+        cfg, layer = self.cfg, self.midlayer
+        h = hidden
+        if first_step:
+            h = fuse_aux(hidden, self.fc.weight, None if self.input_norm is None else self.input_norm.weight,
+                         None if self.fc_norm is None else [n.weight for n in self.fc_norm], cfg.rms_norm_eps)
         emb = cast(self.embed_tokens(input_ids), h.dtype)
-        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], dim=-1)
+        normed_h = layer.hidden_norm(h)
+        x = torch.cat([layer.input_layernorm(emb), normed_h], dim=-1)
         if self.inv_freq.device != x.device:
             self.inv_freq = self.inv_freq.to(x.device)
         rope = rope_cos_sin(position_ids, self.inv_freq, x.dtype)
         attn, kv = layer.self_attn(x, rope, attn_mask, past_kv)
-        r = attn + h
+        r = attn + (normed_h if cfg.norm_before_residual else h)
         out = r + layer.mlp(layer.post_attention_layernorm(r))
-        return DraftOutput(logits=self.lm_head(self.norm(out)), hidden=out, kv=kv)
+        normed = self.norm(out)
+        return DraftOutput(logits=self.lm_head(normed), hidden=normed if cfg.norm_output else out, kv=kv)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocabulary ids (any shape, long) to target ids: i + d2t[i]."""

@@ -7,8 +7,9 @@
 - speculators: `layers.0.*` with a speculators config (served by vLLM) whose
   `verifier.name_or_path` must resolve on the serving host.
 Each config gets both id keys when both engines can express the layers (one file serves both),
-`draft_vocab_size`, `norm_before_residual: false`, `tie_word_embeddings: false` and the
-drafter's rope/max positions (taken from the target at training). The manifest is written
+`draft_vocab_size`, `norm_before_residual` and the EAGLE-3.1 norm flags the drafter sets,
+`tie_word_embeddings: false` and the drafter's rope/max positions (taken from the target at
+training); a flag the engine does not implement is refused (`check_norm_flags`). The manifest is written
 alongside. An engine that would read the files differently from training is refused with the
 reason. After writing, every tensor is re-read and proven bit-identical under its new name.
 The source is a drafter directory (any layout) or a training checkpoint that `train
@@ -47,8 +48,16 @@ from specdraft.checkpoint import (
     verify_same_tensors,
     write_safetensors,
 )
-from specdraft.conventions import AUX_KEY, ConventionError, aux_layers_from_config, parse_dtype, to_engine_ids
-from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
+from specdraft.conventions import (
+    AUX_KEY,
+    SPECULATORS_EXCLUSIVE_FLAGS,
+    ConventionError,
+    aux_layers_from_config,
+    flag_refusal,
+    parse_dtype,
+    to_engine_ids,
+)
+from specdraft.draft import NORM_FLAGS, DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 from specdraft.errors import SpecdraftError
 from specdraft.files import atomic_dir
@@ -243,6 +252,22 @@ def _config_for(engine: str, cfg: DraftConfig, dtype: torch.dtype, ids: tuple, f
     return config
 
 
+def check_norm_flags(engine: str, cfg: DraftConfig) -> None:
+    """Raise ExportError when `engine` does not compute one of the norm flags the drafter sets
+    (`conventions.FLAG_RULES`: SGLang has no norm_before_residual), or, for the speculators
+    layout, sets both flags the speculators library refuses together. The flags an engine
+    implements are written unchanged (`checkpoint.layouts.norm_flags_config`)."""
+    set_flags = [name for name in NORM_FLAGS if getattr(cfg, name)]
+    reasons = [reason for name in set_flags if (reason := flag_refusal(engine, name))]
+    if reasons:
+        raise ExportError(f"cannot export for {engine}: {'; '.join(reasons)}; this drafter was trained with it "
+                          "(serve it with vLLM: --engine vllm)")
+    if engine == "speculators" and all(name in set_flags for name in SPECULATORS_EXCLUSIVE_FLAGS):
+        raise ExportError("cannot export for speculators: the drafter sets both norm_before_fc and fc_norm, which "
+                          "speculators 0.9.0 refuses together (models/eagle3/config.py _check_norm_flags); "
+                          "export for vLLM or SGLang (--engine vllm|sglang), which apply both")
+
+
 def _check_target(cfg: DraftConfig, facts: TargetFacts) -> list[str]:
     """Refuse a target of other sizes; note rope / positions that differ from training."""
     sizes = {"num_layers": (cfg.target_num_layers, facts.num_layers),
@@ -317,6 +342,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         raise ExportError("cannot export for sglang: the drafter owns its embed_tokens at the target's width, "
                           "which SGLang replaces with the target's (conventions.EMBEDDING_SOURCES); export "
                           "--engine vllm or speculators (vLLM keeps a distinct owned embedding)")
+    check_norm_flags(engine, cfg)
     notes = _check_target(cfg, facts)
     if dtype is not None and parse_dtype(dtype) != source.model.fc.weight.dtype:
         notes.append(f"floating tensors cast from {source.model.fc.weight.dtype} to {parse_dtype(dtype)}")

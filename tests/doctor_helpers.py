@@ -40,12 +40,15 @@ def target_fields(target_dir: Path, aux_layers) -> dict:
 
 def draft_checkpoint(root: Path, *, arch: str = "llama", num_layers: int = 5, aux=(2, 3, 4),
                      draft_vocab_size: int = 64, layout: str = "specdraft", seed: int = 0,
-                     training: dict | None = None, **target_kw) -> tuple[Path, Path]:
-    """(draft dir, target dir): a seeded drafter (non-trivial norms, d2t = even target ids) for a
-    tiny saved target, with a manifest as training writes it."""
+                     training: dict | None = None, draft_kw: dict | None = None,
+                     **target_kw) -> tuple[Path, Path]:
+    """(draft dir, target dir): a seeded drafter (non-trivial norms, d2t = even target ids; `draft_kw`
+    overrides DraftConfig fields, e.g. norm flags) for a tiny saved target, with a manifest as
+    training writes it."""
     target_dir = save_tiny_model(arch, root / "target", num_layers=num_layers, **target_kw)
     config = tiny_config(arch, num_layers=num_layers, **target_kw)
-    cfg = DraftConfig.from_target(config.get_text_config(), aux, draft_vocab_size=draft_vocab_size)
+    cfg = DraftConfig.from_target(config.get_text_config(), aux, draft_vocab_size=draft_vocab_size,
+                                  **(draft_kw or {}))
     model = seeded_draft(cfg, seed)
     manifest = Manifest(draft=cfg.to_dict(), aux_layers=list(aux), training=training,
                         **target_fields(target_dir, aux))

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from specdraft.checkpoint import Manifest
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import NORM_FLAGS, DraftConfig, Eagle3Draft
 from tests.tiny_models import tiny_config
+
+# Every combination of the four norm flags (speculators' trainer default: norm_before_residual,
+# norm_before_fc, norm_output; SpecForge's EAGLE-3.1 config: fc_norm, norm_output).
+FLAG_COMBINATIONS = [dict(zip(NORM_FLAGS, values)) for values in itertools.product((False, True), repeat=4)]
+
+
+def flag_id(flags: dict[str, bool]) -> str:
+    """A pytest id naming the flags set ("none" for the default drafter)."""
+    return "+".join(k for k, v in flags.items() if v) or "none"
 
 
 def seeded_draft(cfg: DraftConfig, seed: int = 0) -> Eagle3Draft:
@@ -17,7 +28,7 @@ def seeded_draft(cfg: DraftConfig, seed: int = 0) -> Eagle3Draft:
         model = Eagle3Draft(cfg)
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if name.endswith("norm.weight"):
+                if "norm" in name:  # every RMSNorm, the EAGLE-3.1 fc_norm.{i} included
                     p.add_(0.1 * torch.randn_like(p))
     vocab = cfg.draft_vocab_size
     model.d2t.copy_(torch.arange(vocab))

@@ -39,6 +39,7 @@ from specdraft.checkpoint.layouts import (
     CheckpointError,
     Manifest,
     aux_layers_note,
+    canonical_tensor_names,
     check_layout,
     config_from_files,
     describe_layout,
@@ -226,7 +227,9 @@ def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
 
 
 def fill_model(model: Eagle3Draft, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> None:
-    """Copy `tensors` (named in `layout`) into `model`, refusing any mismatch (names the keys)."""
+    """Copy `tensors` (named in `layout`; SGLang's legacy fc_norm names read as the current ones)
+    into `model`, refusing any mismatch (names the keys)."""
+    tensors = canonical_tensor_names(tensors)
     expected = state_dict_for_layout(model, layout)
     unmatched = sorted(set(tensors) - set(expected))
     missing = sorted(set(expected) - set(tensors))

@@ -28,11 +28,12 @@ import torch
 from specdraft import __version__
 from specdraft.conventions import (
     AUX_KEY,
+    SLIDING_LAYER_TYPE,
     engines_default_layers,
     from_engine_ids,
     to_engine_ids,
 )
-from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
+from specdraft.draft import NORM_FLAGS, DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.errors import SpecdraftError
 
 LAYOUTS = ("specdraft", "sglang", "speculators")
@@ -42,8 +43,11 @@ OFFICIAL_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
 # Decoder-layer prefix of each layout (the only name that differs between them).
 LAYER_PREFIX = {"specdraft": "midlayer.", "sglang": "midlayer.", "speculators": "layers.0."}
 # Config flags of EAGLE-3 variants that specdraft's drafter does not implement: if set, refuse.
-UNIMPLEMENTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output", "embed_norm", "attention_bias",
-                       "mlp_bias", "norm_before_residual")
+UNIMPLEMENTED_FLAGS = ("embed_norm", "attention_bias", "mlp_bias")
+# SGLang's legacy names of the fc_norm flag and tensors (sglang 0.5.23 srt/models/llama_eagle3.py
+# `legacy_name_map`), read as the current names.
+LEGACY_FC_NORM_FLAG = "use_aux_norm"
+LEGACY_TENSOR_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "aux_norm_high.": "fc_norm.2."}
 
 
 class CheckpointError(SpecdraftError, ValueError):
@@ -156,7 +160,7 @@ def official_config(cfg: DraftConfig, dtype: torch.dtype, target_class: str = "l
     """
     config = base_llama_config(cfg, dtype)
     config.update(architectures=list(OFFICIAL_ARCHITECTURES), draft_vocab_size=cfg.draft_vocab_size,
-                  target_hidden_size=cfg.target_hidden_size, norm_before_residual=False,
+                  target_hidden_size=cfg.target_hidden_size, **norm_flags_config(cfg),
                   eagle_aux_hidden_state_layer_ids=vllm_ids(cfg, target_class))
     sglang = sglang_ids_or_none(cfg, target_class, sglang_version)
     if sglang is not None:
@@ -178,7 +182,7 @@ def speculators_config(cfg: DraftConfig, dtype: torch.dtype, verifier: str | Non
         "transformer_layer_config": base_llama_config(cfg, dtype),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
-        "norm_before_residual": False,
+        **norm_flags_config(cfg),
         "eagle_aux_hidden_state_layer_ids": vllm_ids(cfg, target_class),
         "speculators_config": {
             "algorithm": "eagle3",
@@ -187,6 +191,14 @@ def speculators_config(cfg: DraftConfig, dtype: torch.dtype, verifier: str | Non
             "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
         },
     }
+
+
+def norm_flags_config(cfg: DraftConfig) -> dict[str, bool]:
+    """The norm flags as both config files write them, top-level (where SGLang, vLLM and
+    speculators all read them): norm_before_residual always (vLLM assumes true when a speculators
+    config omits it), the EAGLE-3.1 flags when set (every engine's default is false)."""
+    flags = {"norm_before_residual": cfg.norm_before_residual}
+    return flags | {name: True for name in NORM_FLAGS[1:] if getattr(cfg, name)}
 
 
 def base_llama_config(cfg: DraftConfig, dtype: torch.dtype) -> dict[str, Any]:
@@ -226,16 +238,14 @@ def config_from_files(path: Path, layout: str, config: dict[str, Any],
     manifest the aux layers are `aux_layers_of_config`'s (target class, SGLang version,
     --aux-layers); with one, an --aux-layers that names other layers is a CheckpointError."""
     refuse_unimplemented_flags(path, config)
-    if manifest is not None:
-        trained = list(manifest.draft.get("aux_layers") or [])
-        if aux_layers is not None and list(aux_layers) != trained:
-            raise CheckpointError(f"{path}/{MANIFEST_FILE}: the drafter was trained on aux layers {trained}; "
-                                  f"--aux-layers {list(aux_layers)} applies only to drafters without a manifest")
-        return DraftConfig.from_dict(manifest.draft)
     layer = config.get("transformer_layer_config") if layout == "speculators" else config
     where = f"{path}/config.json" + (": transformer_layer_config" if layout == "speculators" else "")
     if not isinstance(layer, dict):
         raise CheckpointError(f"{where}: missing or not a JSON object; {DRAFTER_CONFIG_FIX}")
+    refuse_sliding_window(where, layer)
+    flags = norm_flags_of_config(path, config)
+    if manifest is not None:
+        return _manifest_config(path, manifest, flags, aux_layers)
     missing = [k for k in DRAFTER_REQUIRED_KEYS if layer.get(k) is None]
     if missing:
         raise CheckpointError(f"{where}: missing {', '.join(missing)} (without a specdraft manifest the drafter "
@@ -251,7 +261,69 @@ def config_from_files(path: Path, layout: str, config: dict[str, Any],
         layer, aux_layers_of_config(path, config, target_num_layers, target_class, sglang_version, aux_layers),
         draft_vocab_size=config.get("draft_vocab_size") or layer.get("draft_vocab_size"),
         target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
-        target_num_layers=target_num_layers, rope_theta=rope_theta, rope_scaling=rope_scaling)
+        target_num_layers=target_num_layers, rope_theta=rope_theta, rope_scaling=rope_scaling, **flags)
+
+
+def _manifest_config(path: Path, manifest: Manifest, flags: dict[str, bool],
+                     aux_layers: list[int] | None) -> DraftConfig:
+    """The manifest's DraftConfig, refusing a config.json whose norm flags differ from training's
+    (the engines read config.json) and an --aux-layers naming other layers than training's."""
+    cfg = DraftConfig.from_dict(manifest.draft)
+    trained = {name: getattr(cfg, name) for name in NORM_FLAGS}
+    if trained != flags:
+        differ = ", ".join(f"{k} {flags[k]} (config.json) vs {trained[k]} (manifest)"
+                           for k in NORM_FLAGS if flags[k] != trained[k])
+        raise CheckpointError(f"{path}/config.json: {differ}: the engines read config.json, so they would "
+                              f"compute another drafter than was trained; {DRAFTER_CONFIG_FIX}")
+    if aux_layers is not None and list(aux_layers) != list(cfg.aux_layers):
+        raise CheckpointError(f"{path}/{MANIFEST_FILE}: the drafter was trained on aux layers {list(cfg.aux_layers)}; "
+                              f"--aux-layers {list(aux_layers)} applies only to drafters without a manifest")
+    return cfg
+
+
+def norm_flags_of_config(path: Path, config: dict[str, Any]) -> dict[str, bool]:
+    """The `draft.NORM_FLAGS` a drafter's config.json sets, read as the engines read them
+    (`conventions.FLAG_RULES`): top-level keys; norm_before_fc in eagle_config first; fc_norm also
+    under SGLang's legacy `use_aux_norm`. Absent or null = false; any other non-boolean value, or
+    two keys of one flag that disagree, is a CheckpointError naming the file."""
+    nested = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    keys = {name: [(name, config.get(name))] for name in NORM_FLAGS}
+    keys["norm_before_fc"].append(("eagle_config.norm_before_fc", nested.get("norm_before_fc")))
+    keys["fc_norm"].append((LEGACY_FC_NORM_FLAG, config.get(LEGACY_FC_NORM_FLAG)))
+    flags = {}
+    for name, pairs in keys.items():
+        given = {key: value for key, value in pairs if value is not None}
+        bad = {key: value for key, value in given.items() if not isinstance(value, bool)}
+        if bad:
+            raise CheckpointError(f"{path}/config.json: {', '.join(f'{k}: {json.dumps(v)}' for k, v in bad.items())}"
+                                  f" must be true or false; {DRAFTER_CONFIG_FIX}")
+        if len(set(given.values())) > 1:
+            raise CheckpointError(f"{path}/config.json: {json.dumps(given)} disagree; write one value")
+        flags[name] = any(given.values())
+    return flags
+
+
+def refuse_sliding_window(where: str, layer: dict[str, Any]) -> None:
+    """A draft layer config whose layer_types[0] is "sliding_attention" (what speculators' trainer
+    writes, window 2048) is a CheckpointError: vLLM and speculators then window the drafter's
+    attention (`conventions.SLIDING_LAYER_TYPE`), which specdraft's drafter does not implement."""
+    layer_types = layer.get("layer_types")
+    if isinstance(layer_types, list) and layer_types and layer_types[0] == SLIDING_LAYER_TYPE:
+        raise CheckpointError(
+            f"{where}: layer_types [{SLIDING_LAYER_TYPE!r}] with sliding_window {layer.get('sliding_window')}: "
+            "vLLM and speculators window this drafter's attention, specdraft's drafter attends over the whole "
+            "context (no sliding window) and would compute another drafter for longer contexts; retrain with "
+            "full attention (speculators' trainer: --full-attention-indices 0)")
+
+
+def canonical_tensor_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` with SGLang's legacy fc_norm names (`LEGACY_TENSOR_NAMES`) renamed to the current ones."""
+    def rename(name: str) -> str:
+        for legacy, new in LEGACY_TENSOR_NAMES.items():
+            if name.startswith(legacy):
+                return new + name[len(legacy):]
+        return name
+    return {rename(name): tensor for name, tensor in tensors.items()}
 
 
 def owned_embedding_config(cfg: DraftConfig, manifest: Manifest | None, names) -> DraftConfig:

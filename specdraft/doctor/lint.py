@@ -9,10 +9,12 @@ import json
 
 import torch
 
-from specdraft.checkpoint import FLAGS_FIX, unimplemented_flags
+from specdraft.checkpoint import FLAGS_FIX, CheckpointError, unimplemented_flags
+from specdraft.checkpoint.layouts import LEGACY_FC_NORM_FLAG, norm_flags_of_config
 from specdraft.conventions import (
     AUX_KEY,
     ConventionError,
+    flag_refusal,
     lint_sglang_ids,
     sglang_replaces_embedding,
     sglang_replaces_head,
@@ -173,7 +175,9 @@ def speculative_settings_valid(ev: Evidence) -> Result:
 def norm_before_residual_false(ev: Evidence) -> Result:
     """No EAGLE-3 variant flag specdraft does not implement is set (`checkpoint.unimplemented_flags`,
     the rule every command refuses to load such a drafter by), norm_before_residual included,
-    and a speculators config writes norm_before_residual: false (vLLM assumes true without it)."""
+    a speculators config writes norm_before_residual (vLLM assumes true without it), and no norm
+    flag is set that a checked engine does not implement (`conventions.flag_refusal`: SGLang has
+    no norm_before_residual)."""
     flagged = unimplemented_flags(ev.config)
     if flagged:
         named = ", ".join(f"{k}: {json.dumps(v)}" for k, v in flagged.items())  # as in the file
@@ -185,8 +189,21 @@ def norm_before_residual_false(ev: Evidence) -> Result:
         return fail("speculators config without norm_before_residual: vLLM then assumes true "
                     "(transformers_utils/configs/speculators/algos.py)",
                     "write norm_before_residual: false (specdraft export does)")
-    return ok(f"norm_before_residual {'false' if value is False else 'absent (false for official configs)'}; "
-              "no unimplemented variant flag")
+    try:
+        flags = norm_flags_of_config(ev.path, ev.config)
+    except CheckpointError as e:
+        return fail(str(e), "write true or false, one value per flag")
+    if ev.config.get(LEGACY_FC_NORM_FLAG) and not ev.config.get("fc_norm"):  # fc_norm only by its old name
+        flags = {**flags, LEGACY_FC_NORM_FLAG: True}
+    refused = [reason for engine in ev.engines for name, on in flags.items()
+               if on and (reason := flag_refusal(engine, name))]
+    if refused:
+        return fail(f"{'; '.join(refused)}: that engine computes another drafter than the one trained",
+                    "serve it with an engine that implements the flag (vLLM for norm_before_residual); for "
+                    "use_aux_norm, re-export it (specdraft export writes fc_norm)")
+    named = ", ".join(name for name, on in flags.items() if on and name != "norm_before_residual")
+    residual = "absent (false for official configs)" if value is None else json.dumps(value)
+    return ok(f"norm_before_residual {residual}{'; ' + named if named else ''}; no unimplemented variant flag")
 
 
 def draft_vocab_size_declared(ev: Evidence) -> Result:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specdraft.draft import KV, Eagle3Draft, apply_rope, rms_norm, rope_cos_sin
+from specdraft.draft import KV, Eagle3Draft, apply_rope, fuse_aux, rms_norm, rope_cos_sin
 from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.fast_model import causal_mask
 from specdraft.engine.graphs import capture_graph
@@ -47,6 +47,9 @@ class FastDraft:
         self.head_dim, self.eps = cfg.head_dim, cfg.rms_norm_eps
         weights = {name: param.detach() for name, param in draft.named_parameters()}  # no autograd
         self.embed, self.fc = weights["embed_tokens.weight"], weights["fc.weight"]
+        self.input_fc_norm = weights.get("input_norm.weight")  # norm_before_fc, else None
+        self.fc_norms = [weights[f"fc_norm.{i}.weight"] for i in range(cfg.n_aux)] if cfg.fc_norm else None
+        self.norm_before_residual, self.norm_output = cfg.norm_before_residual, cfg.norm_output
         self.input_norm = weights["midlayer.input_layernorm.weight"]
         self.hidden_norm = weights["midlayer.hidden_norm.weight"]
         self.wqkv = torch.cat([weights[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])  # rows q|k|v
@@ -75,7 +78,8 @@ class FastDraft:
         [T, H]; positions [T] long (RoPE). Writes the step's K/V at cache entries
         start..start+T-1, then attends over entries 0..start+T-1 where attn_mask [T, start+T]
         (or [1, 1, T, start+T]) bool says, or (None) to every earlier entry and causally among the T.
-        Returns logits [T, draft vocab] and the pre-norm output [T, H] (a later step's hidden).
+        Returns logits [T, draft vocab] and the output [T, H] a later step reads as its hidden
+        (pre-norm; post-norm for `norm_output`).
         """
         t = input_ids.shape[0]
         if self.triton_kernels and t <= fused_decode.MAX_TOKENS:
@@ -85,9 +89,9 @@ class FastDraft:
             slots = torch.arange(start, start + t, device=hidden.device)
             return self.triton_step(input_ids, hidden, positions, first_step, cache, slots,
                                     attn_mask.view(1, 1, t, start + t))
-        h = F.linear(hidden, self.fc) if first_step else hidden
-        x = torch.cat([rms_norm(F.embedding(input_ids, self.embed), self.input_norm, self.eps),
-                       rms_norm(h, self.hidden_norm, self.eps)], dim=-1)
+        h = fuse_aux(hidden, self.fc, self.input_fc_norm, self.fc_norms, self.eps) if first_step else hidden
+        normed_h = rms_norm(h, self.hidden_norm, self.eps)
+        x = torch.cat([rms_norm(F.embedding(input_ids, self.embed), self.input_norm, self.eps), normed_h], dim=-1)
         cos, sin = rope_cos_sin(positions[None], self.inv_freq, x.dtype)
         qkv = F.linear(x, self.wqkv).view(1, t, -1, self.head_dim).transpose(1, 2)  # [1, heads, T, D]
         qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=1)
@@ -98,10 +102,11 @@ class FastDraft:
             attn_mask = causal_mask(start, t, start + t, device=x.device)[0, 0]  # not tril: see tree.verify_mask
         y = F.scaled_dot_product_attention(q, past.k, past.v, attn_mask=attn_mask,
                                            enable_gqa=self.num_heads != self.num_kv_heads)
-        r = F.linear(y.transpose(1, 2).reshape(t, -1), self.wo) + h
+        r = F.linear(y.transpose(1, 2).reshape(t, -1), self.wo) + (normed_h if self.norm_before_residual else h)
         gate, up = F.linear(rms_norm(r, self.post_attention_norm, self.eps), self.w13).chunk(2, dim=-1)
         out = r + F.linear(F.silu(gate) * up, self.w2)
-        return F.linear(rms_norm(out, self.norm, self.eps), self.lm_head), out
+        normed = rms_norm(out, self.norm, self.eps)
+        return F.linear(normed, self.lm_head), normed if self.norm_output else out
 
     def triton_step(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, first_step: bool,
                     cache: DraftCache, slots: Tensor, attn_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -112,16 +117,20 @@ class FastDraft:
         from specdraft.engine.kernels.triton_ops import add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache
 
         t, width = input_ids.shape[0], self.input_norm.shape[0]
-        h = linear(hidden, self.fc) if first_step else hidden.contiguous()
+        if first_step and (self.input_fc_norm is not None or self.fc_norms is not None):
+            h = fuse_aux(hidden, self.fc, self.input_fc_norm, self.fc_norms, self.eps)  # EAGLE-3.1: torch ops
+        else:
+            h = linear(hidden, self.fc) if first_step else hidden.contiguous()
         x = torch.empty(t, 2 * width, device=h.device, dtype=h.dtype)
         add_rms_norm(F.embedding(input_ids, self.embed), None, self.input_norm, self.eps, out=x[:, :width])
         add_rms_norm(h, None, self.hidden_norm, self.eps, out=x[:, width:])
         q = qkv_rope_to_cache(x, self.wqkv, None, positions[None], slots, self.inv_freq, cache.k, cache.v,
                               self.num_heads)
         y = attention(q, cache.k, cache.v, attn_mask, slots)
-        r, normed = add_rms_norm(h, linear(y.view(t, -1), self.wo), self.post_attention_norm, self.eps)
+        residual = x[:, width:].contiguous() if self.norm_before_residual else h
+        r, normed = add_rms_norm(residual, linear(y.view(t, -1), self.wo), self.post_attention_norm, self.eps)
         out, normed = add_rms_norm(r, linear(linear_silu_mul(normed, self.w13), self.w2), self.norm, self.eps)
-        return linear(normed, self.lm_head), out
+        return linear(normed, self.lm_head), normed if self.norm_output else out
 
 
 class GraphedDraft:

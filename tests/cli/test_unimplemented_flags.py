@@ -15,14 +15,14 @@ from tests.tiny_tokenizer import save_tiny_tokenizer
 
 @pytest.fixture(scope="module")
 def flagged(tmp_path_factory):
-    """(drafter with its manifest, the same without, target): both set norm_before_fc: true."""
+    """(drafter with its manifest, the same without, target): both set mlp_bias: true."""
     root = tmp_path_factory.mktemp("flags")
     draft, target = draft_checkpoint(root / "m")
     bare, _ = draft_checkpoint(root / "b")
     (bare / "specdraft_manifest.json").unlink()
     save_tiny_tokenizer(target)
     for d in (draft, bare):
-        edit_config(d, lambda c: c.update(norm_before_fc=True))
+        edit_config(d, lambda c: c.update(mlp_bias=True))
     return draft, bare, target
 
 
@@ -42,7 +42,7 @@ def test_every_command_refuses_an_unimplemented_flag(flagged, tmp_path, command,
     result = invoke(commands(chosen, target, tmp_path / "out")[command])
     text = flat(result.output)
     assert result.exit_code == 1, result.output
-    assert f"{chosen}/config.json: sets norm_before_fc: true, which specdraft's drafter does not implement" \
+    assert f"{chosen}/config.json: sets mlp_bias: true, which specdraft's drafter does not implement" \
         in text, text
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
@@ -52,7 +52,7 @@ def test_doctor_names_the_flag_that_is_set(flagged, with_manifest):
     draft, bare, target = flagged
     finding = run_doctor(draft if with_manifest else bare, target=target).finding("norm_before_residual_false")
     assert finding.verdict == "fail"
-    assert "sets norm_before_fc: true" in finding.evidence and finding.fix.startswith("norm_before_fc: ")
+    assert "sets mlp_bias: true" in finding.evidence and finding.fix.startswith("mlp_bias: ")
     assert "norm_before_residual" not in finding.fix
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdraft.draft import KV, DraftConfig, Eagle3Draft
-from tests.drafts import tiny_draft
+from tests.drafts import FLAG_COMBINATIONS, flag_id, tiny_draft
 from tests.tiny_models import tiny_config
 
 
@@ -34,8 +34,8 @@ def reference_step(p, cfg, token, h, pos, past):
     """
     eps, hd = cfg.rms_norm_eps, cfg.head_dim
     emb = p["embed_tokens.weight"][token]
-    x = torch.cat([rms(emb, p["midlayer.input_layernorm.weight"], eps),
-                   rms(h, p["midlayer.hidden_norm.weight"], eps)])
+    normed_h = rms(h, p["midlayer.hidden_norm.weight"], eps)
+    x = torch.cat([rms(emb, p["midlayer.input_layernorm.weight"], eps), normed_h])
     q = (p["midlayer.self_attn.q_proj.weight"] @ x).view(cfg.num_attention_heads, hd)
     k = (p["midlayer.self_attn.k_proj.weight"] @ x).view(cfg.num_key_value_heads, hd)
     v = (p["midlayer.self_attn.v_proj.weight"] @ x).view(cfg.num_key_value_heads, hd)
@@ -49,17 +49,31 @@ def reference_step(p, cfg, token, h, pos, past):
         weights = torch.softmax(scores, 0)
         heads.append(sum(w * ev[i // group] for w, (_, ev) in zip(weights, entries)))
     attn = p["midlayer.self_attn.o_proj.weight"] @ torch.cat(heads)
-    r = attn + h
+    r = attn + (normed_h if cfg.norm_before_residual else h)  # vLLM's _norm_before_residual
     m = rms(r, p["midlayer.post_attention_layernorm.weight"], eps)
     mlp = p["midlayer.mlp.down_proj.weight"] @ (
         torch.nn.functional.silu(p["midlayer.mlp.gate_proj.weight"] @ m) * (p["midlayer.mlp.up_proj.weight"] @ m))
     out = r + mlp
-    logits = p["lm_head.weight"] @ rms(out, p["norm.weight"], eps)
-    return logits, out, (k, v)
+    normed = rms(out, p["norm.weight"], eps)
+    logits = p["lm_head.weight"] @ normed
+    return logits, (normed if cfg.norm_output else out), (k, v)
 
 
-def test_forward_matches_equations_float64():
-    model = tiny_draft(dtype=torch.float64)
+def reference_fuse(p, cfg, aux):
+    """The first step's h from one position's aux states [n·H_target]: input_norm over all of
+    them (norm_before_fc), then one norm per aux state (fc_norm), then fc."""
+    eps = cfg.rms_norm_eps
+    if cfg.norm_before_fc:
+        aux = rms(aux, p["input_norm.weight"], eps)
+    if cfg.fc_norm:
+        aux = torch.cat([rms(c, p[f"fc_norm.{i}.weight"], eps) for i, c in enumerate(aux.chunk(cfg.n_aux))])
+    return p["fc.weight"] @ aux
+
+
+
+@pytest.mark.parametrize("flags", FLAG_COMBINATIONS, ids=flag_id)
+def test_forward_matches_equations_float64(flags):
+    model = tiny_draft(dtype=torch.float64, **flags)
     cfg = model.cfg
     p = {k: v for k, v in model.state_dict().items()}
     torch.manual_seed(1)
@@ -73,7 +87,7 @@ def test_forward_matches_equations_float64():
 
     past = []
     for t in range(T):
-        h = p["fc.weight"] @ aux[0, t]
+        h = reference_fuse(p, cfg, aux[0, t])
         logits, out, kv = reference_step(p, cfg, ids[0, t], h, t, past)
         past.append(kv)
         torch.testing.assert_close(first.logits[0, t], logits, rtol=1e-10, atol=1e-10)
@@ -116,7 +130,7 @@ def test_shared_embedding_must_be_loaded():
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("norm_before_residual", True, "not implemented"),
+    ("norm_output", 1, "true or false"),
     ("tie_word_embeddings", True, "lm_head"),
     ("aux_layers", (2, 2, 4), "distinct"),
     ("aux_layers", (2, 3, 6), "0..5"),
@@ -138,3 +152,11 @@ def test_config_from_target_defaults_and_owned_embedding():
     assert wide.owns_embedding
     assert Eagle3Draft(wide).fc.weight.shape == (64, 96)
     assert DraftConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_eagle31_norms_are_parameters_under_the_engines_names():
+    """input_norm [n·H_target] and fc_norm.{i} [H_target] (SGLang / vLLM / speculators names)."""
+    names = {k: tuple(v.shape) for k, v in tiny_draft(norm_before_fc=True, fc_norm=True).state_dict().items()}
+    assert names["input_norm.weight"] == (96,)
+    assert [names[f"fc_norm.{i}.weight"] for i in range(3)] == [(32,)] * 3
+    assert not any(k.startswith(("input_norm", "fc_norm")) for k in tiny_draft().state_dict())

@@ -96,7 +96,7 @@ def test_save_replaces_atomically(tmp_path):
     assert not torch.equal(load_draft(tmp_path / "d", target_num_layers=5).model.fc.weight, model.fc.weight)
 
 
-@pytest.mark.parametrize("flag", ["norm_before_fc", "fc_norm", "norm_output"])
+@pytest.mark.parametrize("flag", ["embed_norm", "attention_bias", "mlp_bias"])
 def test_unimplemented_config_flag_is_an_error(tmp_path, flag):
     save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
     config = json.loads((tmp_path / "d" / "config.json").read_text())

@@ -1,7 +1,7 @@
 """specdraft.engine.fast_draft: FastDraft computes what Eagle3Draft computes (logits, hidden
 state, the K/V it writes into the cache), for a first step over several positions after a
 cached past and for a tree step of two frontier rows under a scratch mask; float64, float32 and
-bfloat16 (to each dtype's rounding)."""
+bfloat16 (to each dtype's rounding); for every combination of the norm flags (`NORM_FLAGS`)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import torch
 from specdraft.draft import KV
 from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.fast_draft import FastDraft
-from tests.drafts import tiny_draft
+from tests.drafts import FLAG_COMBINATIONS, flag_id, tiny_draft
 
 PAST, T = 5, 3
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
-def _setup(dtype: torch.dtype):
-    """A seeded drafter (GQA: 4 heads, 2 KV heads), its FastDraft, a cache holding PAST first-step
-    entries, and PAST + T ids / aux states."""
-    model = tiny_draft(dtype=dtype).eval()
+def _setup(dtype: torch.dtype, flags: dict[str, bool]):
+    """A seeded drafter (GQA: 4 heads, 2 KV heads) with the norm `flags`, its FastDraft, a cache
+    holding PAST first-step entries, and PAST + T ids / aux states."""
+    model = tiny_draft(dtype=dtype, **flags).eval()
     cfg = model.cfg
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (PAST + T,), generator=gen)
@@ -35,10 +35,14 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dty
     torch.testing.assert_close(actual, expected, rtol=TOL[dtype], atol=TOL[dtype])
 
 
+FLAGS = pytest.mark.parametrize("flags", FLAG_COMBINATIONS, ids=flag_id)
+
+
+@FLAGS
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @torch.no_grad()
-def test_first_step_after_a_cached_past_matches_the_drafter(dtype):
-    model, fast, cache, ids, aux = _setup(dtype)
+def test_first_step_after_a_cached_past_matches_the_drafter(dtype, flags):
+    model, fast, cache, ids, aux = _setup(dtype, flags)
     positions = torch.arange(PAST, PAST + T)
     ref = model(ids[None, PAST:], aux[None, PAST:], positions[None], first_step=True,
                 past_kv=cache.view(PAST))
@@ -51,12 +55,13 @@ def test_first_step_after_a_cached_past_matches_the_drafter(dtype):
     assert cache.length == PAST  # written, not committed
 
 
+@FLAGS
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @torch.no_grad()
-def test_tree_step_under_a_scratch_mask_matches_the_drafter(dtype):
+def test_tree_step_under_a_scratch_mask_matches_the_drafter(dtype, flags):
     """Two frontier rows after two scratch entries: row i sees the committed entries, scratch
     entry i (its parent) and itself."""
-    model, fast, cache, ids, _ = _setup(dtype)
+    model, fast, cache, ids, _ = _setup(dtype, flags)
     cfg = model.cfg
     gen = torch.Generator().manual_seed(1)
     scratch = KV(*(torch.randn(1, cfg.num_key_value_heads, 2, cfg.head_dim, generator=gen).to(dtype)

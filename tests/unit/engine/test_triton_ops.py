@@ -20,7 +20,7 @@ if importlib.util.find_spec("triton") is None:
 CUDA = torch.cuda.is_available()
 assert CUDA or os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets TRITON_INTERPRET without a GPU"
 
-from specdraft.draft import apply_rope, rms_norm  # noqa: E402
+from specdraft.draft import NORM_FLAGS, apply_rope, rms_norm  # noqa: E402
 from specdraft.engine.kernels import triton_ops  # noqa: E402
 from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask, rope_cos_sin  # noqa: E402
 from specdraft.engine.kernels.triton_ops import (add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache,  # noqa: E402
@@ -252,17 +252,19 @@ def test_use_triton_says_why_not():
 
 
 
+@pytest.mark.parametrize("flags", [{}, dict.fromkeys(NORM_FLAGS, True)], ids=["none", "every_norm_flag"])
 @torch.no_grad()
-def test_fast_draft_triton_step_matches_its_torch_step():
+def test_fast_draft_triton_step_matches_its_torch_step(flags):
     """FastDraft's Triton step against its torch step (itself checked against Eagle3Draft in
     tests/unit/engine/test_engine_fast_draft.py): a first step over 3 positions after a cached past, a
     causal chain step, and a tree step of 3 frontier rows under a scratch mask; logits, hidden
-    state and the K/V written into the cache."""
+    state and the K/V written into the cache. With the default drafter and with every norm flag
+    set (each flag's branch of the Triton step)."""
     from specdraft.engine.draft_cache import DraftCache
     from specdraft.engine.fast_draft import FastDraft
     from tests.drafts import tiny_draft
 
-    draft = tiny_draft(head_dim=16).to(DEVICE, DTYPE).eval()
+    draft = tiny_draft(head_dim=16, **flags).to(DEVICE, DTYPE).eval()
     cfg, fast = draft.cfg, FastDraft(draft)
     gen = torch.Generator().manual_seed(0)
     past = 6

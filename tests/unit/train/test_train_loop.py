@@ -197,6 +197,22 @@ class Poisoned:
         return batch
 
 
+def test_the_norm_flags_train_through_draft_overrides(world, tmp_path):
+    """speculators' trainer defaults plus fc_norm, set through the train config's draft_overrides
+    (`specdraft train --config`): the loss falls, the EAGLE-3.1 norms are trained, and the saved
+    drafter's config.json carries the flags the engines read."""
+    _, _, store = world
+    flags = {"norm_before_residual": True, "norm_before_fc": True, "fc_norm": True, "norm_output": True}
+    train(small_config(draft_overrides=flags), store, tmp_path / "run", progress=False)
+    records = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
+    assert sum(r["loss"] for r in records[-5:]) < 0.8 * sum(r["loss"] for r in records[:5])
+    config = json.loads((tmp_path / "run" / "draft" / "config.json").read_text())
+    assert {k: config[k] for k in flags} == flags
+    weights = load_file(str(tmp_path / "run" / "draft" / "model.safetensors"))
+    for name in ("input_norm.weight", "fc_norm.0.weight", "fc_norm.2.weight"):
+        assert not torch.equal(weights[name], torch.ones_like(weights[name])), name
+
+
 def test_nan_loss_halts_naming_the_batch(world, tmp_path):
     _, _, store = world
     cfg = small_config(val_fraction=0.0, batch_size=4, epochs=1, total_steps=None)  # sees sample 17
