@@ -4,8 +4,7 @@ sizes shrunk consistently, random tensors of the names and shapes it implies. Ea
 the right aux layers, round-trips bit-exactly through every layout, and exports for vLLM, or is
 refused with the reason.
 
-Expectations marked FLIP are refusals other work on issue #21 lifts (normflags: the EAGLE-3.1
-and norm_before_residual flags; reader: derived t2d, official configs named LlamaForCausalLM):
+Expectations marked FLIP are refusals other work on issue #21 lifts (reader: derived t2d, official configs named LlamaForCausalLM):
 when it lands, set `refuse` to None and `aux` to the layers, and the same test checks it loads.
 """
 
@@ -25,6 +24,7 @@ from specdraft.checkpoint import (
     tensor_digest,
     write_safetensors,
 )
+from specdraft.checkpoint.layouts import norm_flags_of_config
 from specdraft.draft import DraftConfig
 from specdraft.export import export_draft
 from tests.drafts import seeded_draft
@@ -54,14 +54,11 @@ PUBLISHED = [
     Published("specforge-llama4-scout-17B-16E-eagle3.json", "llama", 48, [2, 24, 45]),
     Published("specforge-qwen3-8b-eagle3.json", "qwen3", 36, [2, 18, 33]),
     Published("specforge-deepseek-v3-671b-eagle3.json", "deepseek_v3", 61, [2, 30, 58]),
-    Published("specforge-qwen3-30B-A3B-eagle3.1.json", "qwen3", 48, None,
-              refuse="sets fc_norm: true, norm_output: true", flip="normflags"),
+    Published("specforge-qwen3-30B-A3B-eagle3.1.json", "qwen3", 48, [2, 24, 45]),
     Published("eagle-traineagle3-config.json", "llama", 32, None,
               refuse="not an EAGLE-3 draft config (architectures ['LlamaForCausalLM']", flip="reader"),
     Published("speculators-0.9.0-converter-llama3-8b.json", "llama", 32, [2, 16, 29]),
-    Published("speculators-0.9.0-trainer-llama3-8b.json", "llama", 32, None,
-              refuse="sets norm_before_fc: true, norm_output: true, norm_before_residual: true",
-              flip="normflags", owned_embedding=True),
+    Published("speculators-0.9.0-trainer-llama3-8b.json", "llama", 32, [2, 16, 29], owned_embedding=True),
     Published("modelopt-llama-eagle3-export.json", "llama", 32, None, refuse="1 parameters not in the file: t2d",
               flip="reader", t2d=False),
 ]
@@ -96,7 +93,8 @@ def write_drafter(root: Path, case: Published, config: dict) -> tuple[Path, dict
     """The drafter directory: the shrunk config.json and seeded tensors under the layout's names."""
     layer = config.get("transformer_layer_config", config)
     cfg = DraftConfig.from_target({**layer, "num_hidden_layers": case.num_layers}, case.aux or [2, 3, 4],
-                                  draft_vocab_size=DRAFT_VOCAB, embedding_owned=case.owned_embedding)
+                                  draft_vocab_size=DRAFT_VOCAB, embedding_owned=case.owned_embedding,
+                                  **norm_flags_of_config(root, config))
     layout = "speculators" if "speculators_model_type" in config else "sglang"
     tensors = state_dict_for_layout(seeded_draft(cfg), layout)
     if not case.t2d:
