@@ -34,19 +34,17 @@ from specdraft.checkpoint import (
     Manifest,
     check_output_dir,
     check_vocab_map,
-    fill_model,
     is_training_checkpoint,
     load_draft,
     load_training_checkpoint,
     official_config,
-    read_safetensors,
     speculators_config,
     state_dict_for_layout,
-    verify_same_tensors,
+    verify_written,
     write_safetensors,
 )
 from specdraft.conventions import AUX_KEY, ConventionError, aux_layers_from_config, parse_dtype, to_engine_ids
-from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
+from specdraft.draft import DraftConfig, rope_from_hf_config
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 from specdraft.errors import SpecdraftError
 from specdraft.files import atomic_dir
@@ -128,15 +126,6 @@ class ExportResult:
     launch_command: str
     notes: list[str]
     num_tensors: int
-
-
-def reread_weights(path: Path, cfg: DraftConfig, layout: str) -> Eagle3Draft:
-    """A drafter filled strictly from `path`/model.safetensors named in `layout` (fill_model)."""
-    weights = Path(path) / WEIGHTS_FILE
-    tensors = read_safetensors(weights, "re-run the export", CheckpointError)
-    model = Eagle3Draft(cfg).to(tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
-    fill_model(model, tensors, layout, weights)
-    return model
 
 
 def load_source(checkpoint: str | Path, target_num_layers: int | None) -> LoadedDraft:
@@ -380,10 +369,7 @@ def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any]
         if source.manifest is not None:  # the same record, marked as an export (`tune.needs_export`)
             manifest = dataclasses.replace(source.manifest, extra={**source.manifest.extra, "export": {"engine": engine}})
             (tmp / MANIFEST_FILE).write_text(manifest.to_json())
-            written = load_draft(tmp, target_num_layers=facts.num_layers).model
-        else:
-            written = reread_weights(tmp, source.model.cfg, layout)
-        num_tensors = verify_same_tensors(source.model, written, out_dir)
+        num_tensors = verify_written(source.model, tmp, layout)
         reader = READER_OF_ENGINE[engine]
         reading = aux_layers_from_config(config, facts.num_layers, facts.target_class, sglang_version)
         if reading.captured(reader) != layers:

@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from specdraft.checkpoint.dirs import DirKind, classify_dir, wrong_dir_message
 from specdraft.checkpoint.layouts import (
@@ -47,20 +45,30 @@ from specdraft.checkpoint.layouts import (
     state_dict_for_layout,
     unimplemented_flags,
 )
-from specdraft.data.vocab import validate_vocab_map
-from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.errors import DamagedFile, SpecdraftError
-from specdraft.files import atomic_dir, ordinary_mode, replace_dir
+from specdraft.checkpoint.weights import (
+    WEIGHT_FILES,
+    WeightFiles,
+    find_weights,
+    open_safetensors,
+    read_safetensors,
+    read_weights,
+    write_safetensors,
+)
+from specdraft.conventions import RELEASES_READ, engines_serving_architecture
+from specdraft.data.vocab import t2d_from_d2t, validate_vocab_map
+from specdraft.draft import DraftConfig, Eagle3Draft, rope_inv_freq
+from specdraft.files import atomic_dir, replace_dir
 
 __all__ = [
     "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
-    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "CheckpointError", "DirKind", "LoadedDraft", "Manifest",
-    "audit", "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files",
-    "convert_draft", "describe_layout", "detect_layout", "file_sha256", "fill_model", "is_training_checkpoint",
-    "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "read_config",
-    "read_safetensors", "read_sharded", "refuse_unimplemented_flags", "replace_dir", "save_draft",
+    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError", "DirKind",
+    "LoadedDraft", "Manifest", "WeightFiles", "audit", "build_draft", "check_output_dir", "check_vocab_map",
+    "checkpoint_paths", "classify_dir", "config_from_files", "convert_draft", "describe_layout", "detect_layout",
+    "draft_tensors", "file_sha256", "find_weights", "is_training_checkpoint", "load_draft",
+    "load_training_checkpoint", "official_config", "open_safetensors", "read_config", "read_draft_config",
+    "read_safetensors", "read_sharded", "read_weights", "refuse_unimplemented_flags", "replace_dir", "save_draft",
     "speculators_config", "state_dict_for_layout", "tensor_digest", "unimplemented_flags", "usable_vocab",
-    "verify_same_tensors", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
+    "verify_written", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
@@ -127,36 +135,10 @@ def check_output_dir(out_dir: str | Path, source: str | Path | None = None) -> P
         except CheckpointError:
             raise CheckpointError(f"{out_dir}: holds files that are not an EAGLE-3 drafter; it would be "
                                   "replaced as a whole: give a new or empty directory") from None
-        if not (out / WEIGHTS_FILE).is_file():
-            raise CheckpointError(f"{out_dir}: a drafter config without {WEIGHTS_FILE}; give a new or "
-                                  "empty directory")
+        if not any((out / name).is_file() for name in WEIGHT_FILES):
+            raise CheckpointError(f"{out_dir}: a drafter config without weights ({', '.join(WEIGHT_FILES)}); "
+                                  "give a new or empty directory")
     return out
-
-
-def open_safetensors(path: str | Path, fix: str, error: type[SpecdraftError] = DamagedFile) -> Any:
-    """`safe_open(path)` on the CPU: tensors read lazily, the handle usable in `with`. The one rule
-    of every safetensors reader (target weights, capture shards, drafters): a file cut short (a
-    truncated download or copy), cut in its header or not safetensors at all raises `error`
-    "PATH: cannot be read as safetensors, cut short or damaged (what safetensors found); FIX".
-    safetensors checks at opening that the header parses and the file holds every byte it names."""
-    try:
-        return safe_open(str(path), framework="pt", device="cpu")
-    except SafetensorError as e:
-        reason = str(e).removeprefix("Error while deserializing header: ")
-        raise error(f"{path}: cannot be read as safetensors, cut short or damaged ({reason}); {fix}") from None
-
-
-def read_safetensors(path: str | Path, fix: str, error: type[SpecdraftError] = DamagedFile) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file, by name (CPU); a damaged file as `open_safetensors`."""
-    with open_safetensors(path, fix, error) as f:
-        return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (a safe_open handle, no dict)
-
-
-def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
-    """safetensors.save_file with the permissions of an ordinary file (0666 less the umask;
-    save_file creates it owner-only, which a server running as another user cannot read)."""
-    save_file(tensors, str(path), metadata=metadata)
-    ordinary_mode(path)
 
 
 def detect_layout(path: Path) -> str:
@@ -167,8 +149,11 @@ def detect_layout(path: Path) -> str:
             raise CheckpointError(f"{path}/config.json: speculators_model_type "
                                   f"{config['speculators_model_type']!r} is not an EAGLE-3 drafter")
         return "speculators"
-    if any(a in OFFICIAL_ARCHITECTURES for a in config.get("architectures") or []):
+    architectures = config.get("architectures") or []
+    if any(a in OFFICIAL_ARCHITECTURES for a in architectures):
         return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
+    if architectures and classify_dir(path).kind == "drafter":
+        raise CheckpointError(unimplemented_architecture_message(path, architectures))
     wrong = wrong_dir_message(path, "drafter")
     if wrong:
         raise CheckpointError(wrong)
@@ -176,6 +161,17 @@ def detect_layout(path: Path) -> str:
                 else "no manifest")
     raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
                           f"{config.get('architectures')}, no speculators_model_type, {manifest})")
+
+
+def unimplemented_architecture_message(path: Path, architectures: list[str]) -> str:
+    """The one line for a drafter config whose draft architecture specdraft does not implement,
+    naming the engines that register it (`conventions.DRAFT_LOADING`) or that none does."""
+    served = engines_serving_architecture(list(architectures))
+    verb = "registers" if len(served) == 1 else "register"
+    where = (f"{' and '.join(RELEASES_READ[e] for e in served)} {verb} it: serve it there, without specdraft"
+             if served else f"neither {' nor '.join(RELEASES_READ.values())} registers it, so no engine loads it")
+    return (f"{path}/config.json: architectures {architectures} is a draft architecture specdraft does not "
+            f"implement (it implements {', '.join(OFFICIAL_ARCHITECTURES)}); {where}")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -190,33 +186,45 @@ def read_config(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{file}: not valid JSON ({e})") from e
 
 
-def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               target_num_layers: int | None = None) -> LoadedDraft:
-    """Load a draft checkpoint strictly, detecting its layout.
-
-    Raises CheckpointError naming the file and every unmatched key, unfilled parameter or
-    mis-shaped tensor (cases S1, FC-01). The shared embedding is not in the file: call
-    `model.load_target_embedding` before use. `target_num_layers` is needed to read aux ids
-    from a checkpoint without a specdraft manifest.
-    """
+def read_draft_config(path: str | Path, target_num_layers: int | None = None) -> tuple[str, Manifest | None, DraftConfig]:
+    """(layout, manifest or None, DraftConfig) of a drafter directory, from its config.json and
+    manifest alone (no tensor is read); CheckpointError naming the file, as `load_draft`."""
     path = Path(path)
     layout = detect_layout(path)
     config = read_config(path)
     manifest = Manifest.read(path / MANIFEST_FILE) if (path / MANIFEST_FILE).exists() else None
-    cfg = config_from_files(path, layout, config, manifest, target_num_layers)
-    weights = path / WEIGHTS_FILE
-    if not weights.exists():
-        raise CheckpointError(f"{weights}: missing")
-    tensors = read_safetensors(weights, "re-export it", CheckpointError)
-    model = Eagle3Draft(cfg).to(dtype=tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
-    fill_model(model, tensors, layout, weights)
+    return layout, manifest, config_from_files(path, layout, config, manifest, target_num_layers)
+
+
+def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               target_num_layers: int | None = None) -> LoadedDraft:
+    """Load a draft checkpoint strictly, detecting its layout and weights format (`weights`).
+
+    Raises CheckpointError naming the file and every unmatched key, unfilled parameter or
+    mis-shaped tensor (cases S1, FC-01). The shared embedding is not in the file: call
+    `model.load_target_embedding` before use. `target_num_layers` is needed to read aux ids
+    from a checkpoint without a specdraft manifest. The model holds the tensors as read (no
+    copy) unless `device` or `dtype` moves them.
+    """
+    path = Path(path)
+    layout, manifest, cfg = read_draft_config(path, target_num_layers)
+    tensors, files = read_weights(path)
+    model = build_draft(cfg, tensors, layout, files.entry)
     model.to(device=device, dtype=dtype)
     return LoadedDraft(model=model, manifest=manifest, layout=layout, path=path)
 
 
-def fill_model(model: Eagle3Draft, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> None:
-    """Copy `tensors` (named in `layout`) into `model`, refusing any mismatch (names the keys)."""
-    expected = state_dict_for_layout(model, layout)
+def draft_tensors(cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> dict[str, torch.Tensor]:
+    """The tensors specdraft loads from a file named in `layout`: the file's own, plus `t2d`
+    derived from `d2t` when the file has none (NVIDIA ModelOpt exports write only d2t; t2d is
+    the mask of d2t's target ids, `data.vocab.t2d_from_d2t`). The one rule the loader and doctor
+    read a file by: any name that matches no parameter, parameter not in the file, or tensor of
+    the wrong shape is a CheckpointError naming `file` and them (cases S1, FC-01)."""
+    tensors = dict(tensors)
+    if "t2d" not in tensors and "d2t" in tensors and tensors["d2t"].dim() == 1:
+        tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
+    with torch.device("meta"):
+        expected = state_dict_for_layout(Eagle3Draft(cfg), layout)
     unmatched = sorted(set(tensors) - set(expected))
     missing = sorted(set(expected) - set(tensors))
     if unmatched or missing:
@@ -225,12 +233,27 @@ def fill_model(model: Eagle3Draft, tensors: dict[str, torch.Tensor], layout: str
            for k in expected if tensors[k].shape != expected[k].shape]
     if bad:
         raise CheckpointError(f"{file}: tensors of the wrong shape: {'; '.join(bad)}")
-    renamed = {("midlayer." + k[len(LAYER_PREFIX[layout]):] if k.startswith(LAYER_PREFIX[layout]) else k): v
-               for k, v in tensors.items()}
-    if "embed_tokens.weight" not in renamed:
-        renamed["embed_tokens.weight"] = model.embed_tokens.weight.detach()
-    model.load_state_dict(renamed, strict=True)
-    model.embedding_loaded = model.cfg.owns_embedding
+    return tensors
+
+
+def build_draft(cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> Eagle3Draft:
+    """A drafter whose parameters are `tensors` themselves (named in `layout`, checked by
+    `draft_tensors`), cast to fc.weight's dtype where a tensor differs: built on the meta device
+    and filled with `load_state_dict(assign=True)`, so loading costs the file's size, not twice it.
+    A shared embedding (not in the file) is a `torch.empty` tensor (no page touched) until
+    `load_target_embedding` fills it. Raises CheckpointError as `draft_tensors`."""
+    tensors = draft_tensors(cfg, tensors, layout, file)
+    with torch.device("meta"):
+        model = Eagle3Draft(cfg)
+    prefix = LAYER_PREFIX[layout]
+    state = {("midlayer." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
+    dtype = state["fc.weight"].dtype
+    if "embed_tokens.weight" not in state:
+        state["embed_tokens.weight"] = torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # built on meta above
+    model.embedding_loaded = cfg.owns_embedding
+    return model.to(dtype=dtype)
 
 
 def key_mismatch_message(file: Path, layout: str, unmatched: list[str], missing: list[str]) -> str:
@@ -273,9 +296,10 @@ def check_vocab_map(model: Eagle3Draft, manifest: Manifest | None, path: str | P
 
 
 def audit(model: Eagle3Draft, manifest: Manifest | None = None) -> list[str]:
-    """Problems in a loaded drafter's tensors: NaN/Inf values and an invalid d2t/t2d map (FC-02,
-    `vocab_map_problems`: ids past the tokenizer's length the manifest records included)."""
-    problems = [f"{name} holds NaN or Inf" for name, t in model.state_dict().items()
+    """Problems in the tensors a drafter saves (a shared embedding is the target's): NaN/Inf values
+    and an invalid d2t/t2d map (FC-02, `vocab_map_problems`: ids past the tokenizer's length the
+    manifest records included)."""
+    problems = [f"{name} holds NaN or Inf" for name, t in state_dict_for_layout(model, "sglang").items()
                 if t.is_floating_point() and not torch.isfinite(t).all()]
     return problems + vocab_map_problems(model, manifest)
 
@@ -283,7 +307,7 @@ def audit(model: Eagle3Draft, manifest: Manifest | None = None) -> list[str]:
 def tensor_digest(t: torch.Tensor) -> str:
     """sha256 of a tensor's raw bytes (dtype and shape included), for bit-exact comparisons."""
     h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # hashed in place
     return h.hexdigest()
 
 
@@ -295,7 +319,8 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
 
     A specdraft-layout destination needs the source's manifest; speculators carries it too.
     Returns the number of tensors compared; raises CheckpointError when a tensor differs or is
-    missing (case FC-01), or the re-read config differs.
+    missing (case FC-01), or the re-read config differs. Costs about the source's size in memory
+    (the written file is re-read one tensor at a time, `verify_written`).
     """
     check_output_dir(dst, source=src)
     if layout == "specdraft" and not (Path(src) / MANIFEST_FILE).is_file():  # before asking for the target
@@ -304,21 +329,30 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
                               f"cannot supply; convert to --layout sglang or speculators instead{with_target}")
     source = load_draft(src, target_num_layers=target_num_layers)
     save_draft(source.model, dst, layout=layout, manifest=source.manifest)
-    written = load_draft(dst, target_num_layers=source.model.cfg.target_num_layers)
-    if written.model.cfg != source.model.cfg:
-        want, have = source.model.cfg.to_dict(), written.model.cfg.to_dict()
+    _, _, written = read_draft_config(dst, source.model.cfg.target_num_layers)
+    if written != source.model.cfg:
+        want, have = source.model.cfg.to_dict(), written.to_dict()
         differ = [f"{k} {want[k]!r} -> {have.get(k)!r}" for k in want if want[k] != have.get(k)]
         raise CheckpointError(f"{dst}: the drafter config reads back differently: {', '.join(differ)}")
-    return verify_same_tensors(source.model, written.model, dst)
+    return verify_written(source.model, dst, layout)
 
 
-def verify_same_tensors(expected: Eagle3Draft, actual: Eagle3Draft, where: str | Path) -> int:
-    """Compare every saved tensor of two drafters bit for bit; CheckpointError names the first that differs."""
-    want = state_dict_for_layout(expected, "sglang")
-    have = state_dict_for_layout(actual, "sglang")
+def verify_written(expected: Eagle3Draft, out_dir: str | Path, layout: str) -> int:
+    """Prove `out_dir`/model.safetensors (as `save_draft` and export write it) holds exactly
+    `expected`'s tensors in `layout`, bit for bit. Each tensor is read back through its own
+    `open_safetensors` handle and let go before the next, so proving costs one tensor's size.
+    Returns how many; CheckpointError names the first that differs, is missing or is not expected."""
+    want = state_dict_for_layout(expected, layout)
+    file = Path(out_dir) / WEIGHTS_FILE
+    with open_safetensors(file, "write it again", CheckpointError) as f:
+        names = set(f.keys())
+    if names != set(want):
+        raise CheckpointError(key_mismatch_message(file, layout, sorted(names - set(want)), sorted(set(want) - names)))
     for name, tensor in want.items():
-        if name not in have or tensor_digest(have[name]) != tensor_digest(tensor):
-            raise CheckpointError(f"{where}: tensor {name} is missing or differs after writing")
+        with open_safetensors(file, "write it again", CheckpointError) as f:
+            same = tensor_digest(f.get_tensor(name)) == tensor_digest(tensor)
+        if not same:
+            raise CheckpointError(f"{file}: tensor {name} differs after writing")
     return len(want)
 
 
