@@ -215,9 +215,8 @@ def _config_for(engine: str, cfg: DraftConfig, dtype: torch.dtype, ids: tuple, f
                 verifier: str | None, spec: SpecConfig) -> dict[str, Any]:
     top, nested = ids
     if engine == "speculators":
-        config = speculators_config(cfg, dtype, verifier, num_speculative_tokens=spec.num_steps)
-        if facts.architecture:
-            config["speculators_config"]["verifier"]["architectures"] = [facts.architecture]
+        architectures = [facts.architecture] if facts.architecture else []
+        config = speculators_config(cfg, dtype, verifier, architectures, num_speculative_tokens=spec.num_steps)
         config[AUX_KEY] = top
         return config
     config = official_config(cfg, dtype)

@@ -86,13 +86,15 @@ class LoadedDraft:
 
 
 def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdraft",
-               manifest: Manifest | None = None, verifier: str | None = None) -> Path:
+               manifest: Manifest | None = None, verifier: str | None = None,
+               verifier_architectures: list[str] | None = None) -> Path:
     """Write `model` in `layout` under `out_dir`, atomically (temp dir, then rename).
 
     Writes model.safetensors and config.json, and specdraft_manifest.json when a manifest is
     given (required for the specdraft layout), except in the ``sglang`` layout: that is the plain
-    official one, the specdraft layout minus the manifest. `verifier` is the speculators
-    `verifier.name_or_path` (default: the target path the manifest records).
+    official one, the specdraft layout minus the manifest. `verifier` and `verifier_architectures`
+    are the speculators `verifier.name_or_path` and `verifier.architectures` (default: the target
+    path and architecture the manifest records; [] when nothing records the architecture).
     Raises ValueError for an unknown layout or a specdraft layout without manifest.
     """
     check_layout(layout)
@@ -100,9 +102,11 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
         raise ValueError("the specdraft layout needs a manifest (what the drafter was trained on)")
     out_dir = check_output_dir(out_dir)
     dtype = model.fc.weight.dtype
-    if verifier is None and manifest is not None:
-        verifier = manifest.target.get("name_or_path")
-    config = (speculators_config(model.cfg, dtype, verifier) if layout == "speculators"
+    recorded = manifest.target if manifest is not None else {}
+    verifier = verifier if verifier is not None else recorded.get("name_or_path")
+    if verifier_architectures is None:
+        verifier_architectures = [recorded["architecture"]] if recorded.get("architecture") else []
+    config = (speculators_config(model.cfg, dtype, verifier, verifier_architectures) if layout == "speculators"
               else official_config(model.cfg, dtype))
     with atomic_dir(out_dir) as tmp:
         write_safetensors(state_dict_for_layout(model, layout), tmp / WEIGHTS_FILE, metadata={"format": "pt"})
@@ -152,7 +156,7 @@ def detect_layout(path: Path) -> str:
     architectures = config.get("architectures") or []
     if any(a in OFFICIAL_ARCHITECTURES for a in architectures):
         return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
-    if architectures and classify_dir(path).kind == "drafter":
+    if any("eagle" in str(a).lower() for a in architectures) and classify_dir(path).kind == "drafter":
         raise CheckpointError(unimplemented_architecture_message(path, architectures))
     wrong = wrong_dir_message(path, "drafter")
     if wrong:
@@ -311,13 +315,15 @@ def tensor_digest(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
-                  target_num_layers: int | None = None) -> int:
+def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_layers: int | None = None,
+                  target_architectures: list[str] | None = None) -> int:
     """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical and
     the drafter config the same (the ``sglang`` layout drops the manifest, so its config.json
     alone must rebuild the drafter).
 
     A specdraft-layout destination needs the source's manifest; speculators carries it too.
+    A speculators destination records the verifier the source records (manifest, or the source's
+    own speculators verifier), its architectures else `target_architectures` (the --target config's).
     Returns the number of tensors compared; raises CheckpointError when a tensor differs or is
     missing (case FC-01), or the re-read config differs. Costs about the source's size in memory
     (the written file is re-read one tensor at a time, `verify_written`).
@@ -328,7 +334,12 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str,
         raise CheckpointError(f"{src}: no {MANIFEST_FILE}, which the specdraft layout carries and --target "
                               f"cannot supply; convert to --layout sglang or speculators instead{with_target}")
     source = load_draft(src, target_num_layers=target_num_layers)
-    save_draft(source.model, dst, layout=layout, manifest=source.manifest)
+    spec = read_config(Path(src)).get("speculators_config")
+    verifier = (spec.get("verifier") if isinstance(spec, dict) else None) or {}
+    recorded = (source.manifest.target.get("architecture") if source.manifest is not None else None)
+    architectures = ([recorded] if recorded else verifier.get("architectures")) or target_architectures
+    save_draft(source.model, dst, layout=layout, manifest=source.manifest, verifier=verifier.get("name_or_path"),
+               verifier_architectures=architectures)
     _, _, written = read_draft_config(dst, source.model.cfg.target_num_layers)
     if written != source.model.cfg:
         want, have = source.model.cfg.to_dict(), written.to_dict()

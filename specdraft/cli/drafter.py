@@ -98,9 +98,17 @@ def convert(
     console = Console()
     with user_errors(console):
         refuse_bad_configs(src, "")
-        written = convert_draft(src, dst, layout=layout, target_num_layers=num_layers_of_target(target))
+        written = convert_draft(src, dst, layout=layout, target_num_layers=num_layers_of_target(target),
+                                target_architectures=architectures_of_target(target))
     on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
-    console.print(f"wrote {dst} ({on_disk}): {written} tensors, each bit-identical to {src}", markup=False)
+    files = ", ".join(sorted(p.name for p in Path(dst).iterdir()))
+    console.print(f"wrote {dst} ({on_disk}): {files}; {written} tensors, each bit-identical to {src}",
+                  markup=False, soft_wrap=True)
+    if layout == "speculators":
+        verifier = json.loads((Path(dst) / "config.json").read_text())["speculators_config"]["verifier"]
+        console.print(f"verifier: {verifier.get('name_or_path')!r}, architectures {verifier.get('architectures')}"
+                      + ("" if verifier.get("architectures") else " (unknown: pass --target DIR to record it)"),
+                      markup=False, soft_wrap=True)
     if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
         console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
                       "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)
@@ -209,6 +217,15 @@ def check_server_samples(server: str, samples: str) -> None:
         raise ValueError(f"--server {server} needs --samples: pass --samples FILE with the target's own "
                          "outputs (a capture store or JSONL, e.g. the demo's store-heldout) for the online "
                          "acceptance check")
+
+
+def architectures_of_target(target: str | None) -> list[str] | None:
+    """`architectures` of a local target directory's config.json (None without one or when unset)."""
+    if not target:
+        return None
+    from transformers import AutoConfig
+
+    return list(AutoConfig.from_pretrained(target, local_files_only=True).architectures or []) or None
 
 
 def num_layers_of_target(target: str | None) -> int | None:
