@@ -62,7 +62,7 @@ from specdraft.files import atomic_dir, replace_dir
 __all__ = [
     "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
     "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError", "DirKind",
-    "LoadedDraft", "Manifest", "WeightFiles", "audit", "build_draft", "check_output_dir", "check_vocab_map",
+    "LoadedDraft", "Manifest", "WeightFiles", "all_finite", "audit", "build_draft", "check_output_dir", "check_vocab_map",
     "checkpoint_paths", "classify_dir", "config_from_files", "convert_draft", "describe_layout", "detect_layout",
     "draft_tensors", "file_sha256", "find_weights", "is_training_checkpoint", "load_draft",
     "load_training_checkpoint", "official_config", "open_safetensors", "read_config", "read_draft_config",
@@ -304,8 +304,18 @@ def audit(model: Eagle3Draft, manifest: Manifest | None = None) -> list[str]:
     and an invalid d2t/t2d map (FC-02, `vocab_map_problems`: ids past the tokenizer's length the
     manifest records included)."""
     problems = [f"{name} holds NaN or Inf" for name, t in state_dict_for_layout(model, "sglang").items()
-                if t.is_floating_point() and not torch.isfinite(t).all()]
+                if not all_finite(t)]
     return problems + vocab_map_problems(model, manifest)
+
+
+def all_finite(t: torch.Tensor, chunk: int = 1 << 22) -> bool:
+    """No NaN or Inf in `t` (True for non-float tensors), checked `chunk` elements at a time:
+    isfinite of a whole bf16 weight allocates float32 temporaries of its size (a drafter's lm_head:
+    hundreds of MB), chunks keep the check to a few MB whatever the tensor."""
+    if not t.is_floating_point():
+        return True
+    flat = t.detach().reshape(-1)
+    return all(bool(torch.isfinite(part).all()) for part in flat.split(chunk))
 
 
 def tensor_digest(t: torch.Tensor) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.checkpoint import CheckpointError, detect_layout, draft_tensors, usable_vocab
+from specdraft.checkpoint import CheckpointError, all_finite, detect_layout, draft_tensors, usable_vocab
 from specdraft.conventions import DraftLoading, loading_label
 from specdraft.data.vocab import validate_vocab_map
 from specdraft.doctor.evidence import (
@@ -150,7 +150,7 @@ def shapes_and_dtypes(ev: Evidence) -> Result:
 
 def values_finite(ev: Evidence) -> Result:
     """No NaN or Inf in any weight."""
-    bad = [name for name, t in ev.tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    bad = [name for name, t in ev.tensors.items() if not all_finite(t)]
     if bad:
         return fail(f"NaN or Inf in {names_text(bad)}", "retrain from the last finite checkpoint")
     return ok("every weight is finite")

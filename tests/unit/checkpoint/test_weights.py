@@ -132,3 +132,16 @@ def test_loader_and_doctor_refuse_a_stray_tensor_alike(tmp_path):
     finding = report.finding("specdraft_loads")
     assert finding.verdict == "fail" and finding.evidence == str(refused.value)
     assert report.finding("keys_match_engine").verdict == "pass"  # vLLM loads it: a separate finding
+
+
+def test_the_loaded_drafter_holds_the_tensors_read_without_a_copy(tmp_path):
+    """Reading costs the file's size once: the parameters are the tensors the reader returned
+    (memory-mapped), not copies into a freshly initialised model (benchmarks/drafter_memory.py)."""
+    from specdraft.checkpoint import build_draft, read_weights
+
+    directory, model = sglang_dir(tmp_path)
+    tensors, files = read_weights(directory)
+    built = build_draft(model.cfg, tensors, "sglang", files.entry)
+    assert built.fc.weight.data_ptr() == tensors["fc.weight"].data_ptr()
+    assert built.midlayer.mlp.down_proj.weight.data_ptr() == tensors["midlayer.mlp.down_proj.weight"].data_ptr()
+    assert torch.equal(built.lm_head.weight, model.lm_head.weight)
