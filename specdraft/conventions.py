@@ -531,3 +531,79 @@ def sglang_replaces_embedding(layer_config: dict) -> bool:
 def sglang_replaces_head(layer_config: dict) -> bool:
     """Whether SGLang loads the target's lm_head in place of the drafter's: no draft_vocab_size."""
     return layer_config.get("draft_vocab_size") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# What each engine loads of a drafter's files: the draft architectures it registers and the
+# decoder-layer names its load_weights accepts (re-check when bumping an engine).
+
+@dataclass(frozen=True)
+class DraftLoading:
+    """What one engine release loads of an EAGLE-3 drafter (an SGLang version range, [since, until)).
+
+    architectures: the EAGLE-3 draft architectures it registers (config.json `architectures`;
+    a speculators config is served under `speculators_model_types` instead, by the layer
+    config's model_type). layer_prefixes: the decoder-layer names load_weights fills (any other
+    name is skipped without a word).
+    """
+
+    engine: str
+    since: tuple[int, ...] | None
+    until: tuple[int, ...] | None
+    architectures: tuple[str, ...]
+    speculators_model_types: tuple[str, ...]
+    layer_prefixes: tuple[str, ...]
+    source: str
+    evidence: str
+
+
+_SGLANG_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
+_SGLANG_SOURCE = ("sglang srt/models/llama_eagle3.py load_weights; EntryClass of srt/models/*.py "
+                  "(llama_eagle3.py, kimi_k25_eagle3.py)")
+DRAFT_LOADING: tuple[DraftLoading, ...] = (
+    DraftLoading("sglang", None, (0, 5, 12), _SGLANG_ARCHS, (), ("midlayer.",), _SGLANG_SOURCE,
+                 "read 0.4.10, 0.5.3, 0.5.6, 0.5.9, 0.5.10, 0.5.10.post1, 0.5.11 wheels: one `self.midlayer` "
+                 "module, so layers.0.* matches no parameter and is skipped silently (case S1); EntryClass "
+                 "read in 0.5.23 only."),
+    DraftLoading("sglang", (0, 5, 12), None, _SGLANG_ARCHS, (), ("midlayer.", "layers.0."), _SGLANG_SOURCE,
+                 "read 0.5.12, 0.5.17, 0.5.20, 0.5.23 wheels: the layer is `self.layers` (a ModuleList) and "
+                 "load_weights renames the legacy `midlayer` to `layers.0` (legacy_name_map), so both names "
+                 "load; EntryClass read in 0.5.23."),
+    DraftLoading("vllm", None, None,
+                 ("Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3Qwen2_5vlForCausalLM",
+                  "Eagle3Qwen3vlForCausalLM", "Eagle3Qwen3ForCausalLM", "Eagle3MiniMaxM2ForCausalLM",
+                  "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM", "PEagleDraftModel",
+                  "PeagleLlamaForCausalLM", "PeagleQwen3ForCausalLM"),
+                 ("llama", "qwen3"), ("midlayer.", "layers.0."),
+                 "vllm 0.32.0 model_executor/models/registry.py _SPECULATIVE_DECODING_MODELS; "
+                 "llama_eagle3.py load_weights; transformers_utils/configs/speculators/algos.py",
+                 "read the 0.32.0 wheel: load_weights maps midlayer. -> layers.0. (either loads); a speculators "
+                 "config is served as Eagle3LlamaForCausalLM / Eagle3Qwen3ForCausalLM by its model_type, any "
+                 "other model_type is a ValueError."),
+)
+RELEASES_READ = {"sglang": "SGLang 0.5.23", "vllm": "vLLM 0.32"}  # the newest release each row was read in
+
+
+def draft_loading(engine: str, sglang_version: str | None = None) -> list[DraftLoading]:
+    """The DRAFT_LOADING rows of `engine` (for SGLang, the one of `sglang_version` when given, else
+    every version range). Raises ConventionError for an unknown engine or unparsable version."""
+    rows = [r for r in DRAFT_LOADING if r.engine == engine]
+    if not rows:
+        raise ConventionError(f"no draft-loading rule for engine {engine!r}; expected sglang or vllm")
+    if engine == "sglang" and sglang_version is not None:
+        v = _parse_version(sglang_version)
+        rows = [r for r in rows if (r.since is None or v >= r.since) and (r.until is None or v < r.until)]
+    return rows
+
+
+def loading_label(row: DraftLoading) -> str:
+    """The engine and version range a DRAFT_LOADING row covers, e.g. "SGLang < 0.5.12"."""
+    return _version_label(row)  # the same fields as an EngineRule
+
+
+def engines_serving_architecture(architectures: list[str]) -> list[str]:
+    """The engines (newest release read, RELEASES_READ) that register one of `architectures`."""
+    newest = {}
+    for row in DRAFT_LOADING:
+        newest[row.engine] = row
+    return [e for e, row in newest.items() if set(architectures) & set(row.architectures)]

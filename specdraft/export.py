@@ -36,16 +36,14 @@ from specdraft.checkpoint import (
     aux_layers_note,
     check_output_dir,
     check_vocab_map,
-    fill_model,
     is_training_checkpoint,
     load_draft,
     load_training_checkpoint,
     official_config,
     read_config,
-    read_safetensors,
     speculators_config,
     state_dict_for_layout,
-    verify_same_tensors,
+    verify_written,
     write_safetensors,
 )
 from specdraft.conventions import (
@@ -57,7 +55,7 @@ from specdraft.conventions import (
     parse_dtype,
     to_engine_ids,
 )
-from specdraft.draft import NORM_FLAGS, DraftConfig, Eagle3Draft, rope_from_hf_config
+from specdraft.draft import NORM_FLAGS, DraftConfig, rope_from_hf_config
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 from specdraft.errors import SpecdraftError
 from specdraft.files import atomic_dir
@@ -138,15 +136,6 @@ class ExportResult:
     launch_command: str
     notes: list[str]
     num_tensors: int
-
-
-def reread_weights(path: Path, cfg: DraftConfig, layout: str) -> Eagle3Draft:
-    """A drafter filled strictly from `path`/model.safetensors named in `layout` (fill_model)."""
-    weights = Path(path) / WEIGHTS_FILE
-    tensors = read_safetensors(weights, "re-run the export", CheckpointError)
-    model = Eagle3Draft(cfg).to(tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
-    fill_model(model, tensors, layout, weights)
-    return model
 
 
 def load_source(checkpoint: str | Path, target_num_layers: int | None, **reading: Any) -> LoadedDraft:
@@ -237,9 +226,8 @@ def _config_for(engine: str, cfg: DraftConfig, dtype: torch.dtype, ids: tuple, f
                 verifier: str | None, spec: SpecConfig) -> dict[str, Any]:
     top, nested = ids
     if engine == "speculators":
-        config = speculators_config(cfg, dtype, verifier, num_speculative_tokens=spec.num_steps)
-        if facts.architecture:
-            config["speculators_config"]["verifier"]["architectures"] = [facts.architecture]
+        architectures = [facts.architecture] if facts.architecture else []
+        config = speculators_config(cfg, dtype, verifier, architectures, num_speculative_tokens=spec.num_steps)
         config[AUX_KEY] = top
         return config
     config = official_config(cfg, dtype)
@@ -420,10 +408,7 @@ def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any]
         if source.manifest is not None:  # the same record, marked as an export (`tune.needs_export`)
             manifest = dataclasses.replace(source.manifest, extra={**source.manifest.extra, "export": {"engine": engine}})
             (tmp / MANIFEST_FILE).write_text(manifest.to_json())
-            written = load_draft(tmp, target_num_layers=facts.num_layers).model
-        else:
-            written = reread_weights(tmp, source.model.cfg, layout)
-        num_tensors = verify_same_tensors(source.model, written, out_dir)
+        num_tensors = verify_written(source.model, tmp, layout)
         reader = READER_OF_ENGINE[engine]
         reading = aux_layers_from_config(config, facts.num_layers, facts.target_class, sglang_version)
         if reading.captured(reader) != layers:

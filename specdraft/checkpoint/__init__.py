@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from specdraft.checkpoint.dirs import DirKind, classify_dir, wrong_dir_message
 from specdraft.checkpoint.layouts import (
@@ -50,20 +48,31 @@ from specdraft.checkpoint.layouts import (
     state_dict_for_layout,
     unimplemented_flags,
 )
-from specdraft.data.vocab import validate_vocab_map
-from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.errors import DamagedFile, SpecdraftError
-from specdraft.files import atomic_dir, ordinary_mode, replace_dir
+from specdraft.checkpoint.weights import (
+    WEIGHT_FILES,
+    WeightFiles,
+    find_weights,
+    open_safetensors,
+    read_safetensors,
+    read_weights,
+    write_safetensors,
+)
+from specdraft.conventions import RELEASES_READ, engines_serving_architecture
+from specdraft.data.vocab import t2d_from_d2t, validate_vocab_map
+from specdraft.draft import DraftConfig, Eagle3Draft, rope_inv_freq
+from specdraft.files import atomic_dir, replace_dir
 
 __all__ = [
     "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
-    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "CheckpointError", "DirKind", "LoadedDraft", "Manifest",
-    "audit", "aux_layers_note", "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files",
-    "convert_draft", "describe_layout", "detect_layout", "file_sha256", "fill_model", "is_training_checkpoint",
-    "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "owned_embedding_config", "read_config",
-    "read_safetensors", "read_sharded", "refuse_unimplemented_flags", "replace_dir", "save_draft",
+    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError", "DirKind",
+    "LoadedDraft", "Manifest", "WeightFiles", "all_finite", "audit", "aux_layers_note", "build_draft",
+    "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files", "convert_draft",
+    "describe_layout", "detect_layout", "draft_tensors", "file_sha256", "find_weights", "is_training_checkpoint",
+    "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "owned_embedding_config",
+    "read_config", "read_draft_config", "read_safetensors", "read_sharded", "read_weights",
+    "refuse_unimplemented_flags", "replace_dir", "save_draft",
     "speculators_config", "state_dict_for_layout", "tensor_digest", "unimplemented_flags", "usable_vocab",
-    "verify_same_tensors", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
+    "verify_written", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
@@ -82,15 +91,17 @@ class LoadedDraft:
 
 def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdraft",
                manifest: Manifest | None = None, verifier: str | None = None,
-               target_class: str | None = None, sglang_version: str | None = None) -> Path:
+               verifier_architectures: list[str] | None = None, target_class: str | None = None,
+               sglang_version: str | None = None) -> Path:
     """Write `model` in `layout` under `out_dir`, atomically (temp dir, then rename).
 
     Writes model.safetensors and config.json, and specdraft_manifest.json when a manifest is
     given (required for the specdraft layout), except in the ``sglang`` layout: that is the plain
-    official one, the specdraft layout minus the manifest. `verifier` is the speculators
-    `verifier.name_or_path` (default: the target path the manifest records). `target_class` /
-    `sglang_version` pick the engines' id rules (`layouts.official_config`; default: the class
-    the manifest records, else "llama").
+    official one, the specdraft layout minus the manifest. `verifier` and `verifier_architectures`
+    are the speculators `verifier.name_or_path` and `verifier.architectures` (default: the target
+    path and architecture the manifest records; [] when nothing records the architecture).
+    `target_class` / `sglang_version` pick the engines' id rules (`layouts.official_config`;
+    default: the class the manifest records, else "llama").
     Raises ValueError for an unknown layout or a specdraft layout without manifest.
     """
     check_layout(layout)
@@ -98,12 +109,13 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
         raise ValueError("the specdraft layout needs a manifest (what the drafter was trained on)")
     out_dir = check_output_dir(out_dir)
     dtype = model.fc.weight.dtype
-    if verifier is None and manifest is not None:
-        verifier = manifest.target.get("name_or_path")
-    if target_class is None:
-        target_class = ((manifest.target if manifest is not None else None) or {}).get("target_class") or "llama"
-    config = (speculators_config(model.cfg, dtype, verifier, target_class=target_class) if layout == "speculators"
-              else official_config(model.cfg, dtype, target_class, sglang_version))
+    recorded = (manifest.target if manifest is not None else None) or {}
+    verifier = verifier if verifier is not None else recorded.get("name_or_path")
+    if verifier_architectures is None:
+        verifier_architectures = [recorded["architecture"]] if recorded.get("architecture") else []
+    target_class = target_class or recorded.get("target_class") or "llama"
+    config = (speculators_config(model.cfg, dtype, verifier, verifier_architectures, target_class=target_class)
+              if layout == "speculators" else official_config(model.cfg, dtype, target_class, sglang_version))
     with atomic_dir(out_dir) as tmp:
         write_safetensors(state_dict_for_layout(model, layout), tmp / WEIGHTS_FILE, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -135,36 +147,10 @@ def check_output_dir(out_dir: str | Path, source: str | Path | None = None) -> P
         except CheckpointError:
             raise CheckpointError(f"{out_dir}: holds files that are not an EAGLE-3 drafter; it would be "
                                   "replaced as a whole: give a new or empty directory") from None
-        if not (out / WEIGHTS_FILE).is_file():
-            raise CheckpointError(f"{out_dir}: a drafter config without {WEIGHTS_FILE}; give a new or "
-                                  "empty directory")
+        if not any((out / name).is_file() for name in WEIGHT_FILES):
+            raise CheckpointError(f"{out_dir}: a drafter config without weights ({', '.join(WEIGHT_FILES)}); "
+                                  "give a new or empty directory")
     return out
-
-
-def open_safetensors(path: str | Path, fix: str, error: type[SpecdraftError] = DamagedFile) -> Any:
-    """`safe_open(path)` on the CPU: tensors read lazily, the handle usable in `with`. The one rule
-    of every safetensors reader (target weights, capture shards, drafters): a file cut short (a
-    truncated download or copy), cut in its header or not safetensors at all raises `error`
-    "PATH: cannot be read as safetensors, cut short or damaged (what safetensors found); FIX".
-    safetensors checks at opening that the header parses and the file holds every byte it names."""
-    try:
-        return safe_open(str(path), framework="pt", device="cpu")
-    except SafetensorError as e:
-        reason = str(e).removeprefix("Error while deserializing header: ")
-        raise error(f"{path}: cannot be read as safetensors, cut short or damaged ({reason}); {fix}") from None
-
-
-def read_safetensors(path: str | Path, fix: str, error: type[SpecdraftError] = DamagedFile) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file, by name (CPU); a damaged file as `open_safetensors`."""
-    with open_safetensors(path, fix, error) as f:
-        return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (a safe_open handle, no dict)
-
-
-def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
-    """safetensors.save_file with the permissions of an ordinary file (0666 less the umask;
-    save_file creates it owner-only, which a server running as another user cannot read)."""
-    save_file(tensors, str(path), metadata=metadata)
-    ordinary_mode(path)
 
 
 def detect_layout(path: Path) -> str:
@@ -175,8 +161,11 @@ def detect_layout(path: Path) -> str:
             raise CheckpointError(f"{path}/config.json: speculators_model_type "
                                   f"{config['speculators_model_type']!r} is not an EAGLE-3 drafter")
         return "speculators"
-    if any(a in OFFICIAL_ARCHITECTURES for a in config.get("architectures") or []):
+    architectures = config.get("architectures") or []
+    if any(a in OFFICIAL_ARCHITECTURES for a in architectures):
         return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
+    if any("eagle" in str(a).lower() for a in architectures) and classify_dir(path).kind == "drafter":
+        raise CheckpointError(unimplemented_architecture_message(path, architectures))
     wrong = wrong_dir_message(path, "drafter")
     if wrong:
         raise CheckpointError(wrong)
@@ -184,6 +173,17 @@ def detect_layout(path: Path) -> str:
                 else "no manifest")
     raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
                           f"{config.get('architectures')}, no speculators_model_type, {manifest})")
+
+
+def unimplemented_architecture_message(path: Path, architectures: list[str]) -> str:
+    """The one line for a drafter config whose draft architecture specdraft does not implement,
+    naming the engines that register it (`conventions.DRAFT_LOADING`) or that none does."""
+    served = engines_serving_architecture(list(architectures))
+    verb = "registers" if len(served) == 1 else "register"
+    where = (f"{' and '.join(RELEASES_READ[e] for e in served)} {verb} it: serve it there, without specdraft"
+             if served else f"neither {' nor '.join(RELEASES_READ.values())} registers it, so no engine loads it")
+    return (f"{path}/config.json: architectures {architectures} is a draft architecture specdraft does not "
+            f"implement (it implements {', '.join(OFFICIAL_ARCHITECTURES)}); {where}")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -198,39 +198,56 @@ def read_config(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{file}: not valid JSON ({e})") from e
 
 
-def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               target_num_layers: int | None = None, target_class: str = "llama",
-               sglang_version: str | None = None, aux_layers: list[int] | None = None) -> LoadedDraft:
-    """Load a draft checkpoint strictly, detecting its layout.
-
-    Raises CheckpointError naming the file and every unmatched key, unfilled parameter or
-    mis-shaped tensor (cases S1, FC-01). The shared embedding is not in the file: call
-    `model.load_target_embedding` before use. `target_num_layers` is needed to read aux ids
-    from a checkpoint without a specdraft manifest (with `target_class` and `sglang_version`:
-    `layouts.aux_layers_of_config`); `aux_layers` overrides them (--aux-layers).
-    """
+def read_draft_config(path: str | Path, target_num_layers: int | None = None, target_class: str = "llama",
+                      sglang_version: str | None = None,
+                      aux_layers: list[int] | None = None) -> tuple[str, Manifest | None, DraftConfig]:
+    """(layout, manifest or None, DraftConfig) of a drafter directory, from its config.json and
+    manifest alone (no tensor is read; an owned embedding is marked by `owned_embedding_config`
+    once the tensor names are known); CheckpointError naming the file, as `load_draft`. Aux ids
+    of a manifest-less file are read by `layouts.aux_layers_of_config` (target class, SGLang
+    version; `aux_layers` overrides them: --aux-layers)."""
     path = Path(path)
     layout = detect_layout(path)
     config = read_config(path)
     manifest = Manifest.read(path / MANIFEST_FILE) if (path / MANIFEST_FILE).exists() else None
-    cfg = config_from_files(path, layout, config, manifest, target_num_layers, target_class, sglang_version,
-                            aux_layers)
-    weights = path / WEIGHTS_FILE
-    if not weights.exists():
-        raise CheckpointError(f"{weights}: missing")
-    tensors = read_safetensors(weights, "re-export it", CheckpointError)
+    return layout, manifest, config_from_files(path, layout, config, manifest, target_num_layers, target_class,
+                                               sglang_version, aux_layers)
+
+
+def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               target_num_layers: int | None = None, target_class: str = "llama",
+               sglang_version: str | None = None, aux_layers: list[int] | None = None) -> LoadedDraft:
+    """Load a draft checkpoint strictly, detecting its layout and weights format (`weights`).
+
+    Raises CheckpointError naming the file and every unmatched key, unfilled parameter or
+    mis-shaped tensor (cases S1, FC-01). Unless the drafter owns its embedding (the file holds
+    embed_tokens.weight), the shared embedding is not in the file: call
+    `model.load_target_embedding` before use. `target_num_layers` (with `target_class`,
+    `sglang_version`, `aux_layers`: `read_draft_config`) is needed to read aux ids from a
+    checkpoint without a specdraft manifest. The model holds the tensors as read (no copy)
+    unless `device` or `dtype` moves them.
+    """
+    path = Path(path)
+    layout, manifest, cfg = read_draft_config(path, target_num_layers, target_class, sglang_version, aux_layers)
+    tensors, files = read_weights(path)
     cfg = owned_embedding_config(cfg, manifest, tensors)
-    model = Eagle3Draft(cfg).to(dtype=tensors["fc.weight"].dtype if "fc.weight" in tensors else None)
-    fill_model(model, tensors, layout, weights)
+    model = build_draft(cfg, tensors, layout, files.entry)
     model.to(device=device, dtype=dtype)
     return LoadedDraft(model=model, manifest=manifest, layout=layout, path=path)
 
 
-def fill_model(model: Eagle3Draft, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> None:
-    """Copy `tensors` (named in `layout`; SGLang's legacy fc_norm names read as the current ones)
-    into `model`, refusing any mismatch (names the keys)."""
+def draft_tensors(cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> dict[str, torch.Tensor]:
+    """The tensors specdraft loads from a file named in `layout`: the file's own (SGLang's legacy
+    fc_norm names read as the current ones), plus `t2d` derived from `d2t` when the file has none
+    (NVIDIA ModelOpt exports write only d2t; t2d is the mask of d2t's target ids,
+    `data.vocab.t2d_from_d2t`). The one rule the loader and doctor read a file by: any name that
+    matches no parameter, parameter not in the file, or tensor of the wrong shape is a
+    CheckpointError naming `file` and them (cases S1, FC-01)."""
     tensors = canonical_tensor_names(tensors)
-    expected = state_dict_for_layout(model, layout)
+    if "t2d" not in tensors and "d2t" in tensors and tensors["d2t"].dim() == 1:
+        tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
+    with torch.device("meta"):
+        expected = state_dict_for_layout(Eagle3Draft(cfg), layout)
     unmatched = sorted(set(tensors) - set(expected))
     missing = sorted(set(expected) - set(tensors))
     if unmatched or missing:
@@ -239,12 +256,27 @@ def fill_model(model: Eagle3Draft, tensors: dict[str, torch.Tensor], layout: str
            for k in expected if tensors[k].shape != expected[k].shape]
     if bad:
         raise CheckpointError(f"{file}: tensors of the wrong shape: {'; '.join(bad)}")
-    renamed = {("midlayer." + k[len(LAYER_PREFIX[layout]):] if k.startswith(LAYER_PREFIX[layout]) else k): v
-               for k, v in tensors.items()}
-    if "embed_tokens.weight" not in renamed:
-        renamed["embed_tokens.weight"] = model.embed_tokens.weight.detach()
-    model.load_state_dict(renamed, strict=True)
-    model.embedding_loaded = model.cfg.owns_embedding
+    return tensors
+
+
+def build_draft(cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> Eagle3Draft:
+    """A drafter whose parameters are `tensors` themselves (named in `layout`, checked by
+    `draft_tensors`), cast to fc.weight's dtype where a tensor differs: built on the meta device
+    and filled with `load_state_dict(assign=True)`, so loading costs the file's size, not twice it.
+    A shared embedding (not in the file) is a `torch.empty` tensor (no page touched) until
+    `load_target_embedding` fills it. Raises CheckpointError as `draft_tensors`."""
+    tensors = draft_tensors(cfg, tensors, layout, file)
+    with torch.device("meta"):
+        model = Eagle3Draft(cfg)
+    prefix = LAYER_PREFIX[layout]
+    state = {("midlayer." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
+    dtype = state["fc.weight"].dtype
+    if "embed_tokens.weight" not in state:
+        state["embed_tokens.weight"] = torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # built on meta above
+    model.embedding_loaded = cfg.owns_embedding
+    return model.to(dtype=dtype)
 
 
 def key_mismatch_message(file: Path, layout: str, unmatched: list[str], missing: list[str]) -> str:
@@ -287,23 +319,34 @@ def check_vocab_map(model: Eagle3Draft, manifest: Manifest | None, path: str | P
 
 
 def audit(model: Eagle3Draft, manifest: Manifest | None = None) -> list[str]:
-    """Problems in a loaded drafter's tensors: NaN/Inf values and an invalid d2t/t2d map (FC-02,
-    `vocab_map_problems`: ids past the tokenizer's length the manifest records included)."""
-    problems = [f"{name} holds NaN or Inf" for name, t in model.state_dict().items()
-                if t.is_floating_point() and not torch.isfinite(t).all()]
+    """Problems in the tensors a drafter saves (a shared embedding is the target's): NaN/Inf values
+    and an invalid d2t/t2d map (FC-02, `vocab_map_problems`: ids past the tokenizer's length the
+    manifest records included)."""
+    problems = [f"{name} holds NaN or Inf" for name, t in state_dict_for_layout(model, "sglang").items()
+                if not all_finite(t)]
     return problems + vocab_map_problems(model, manifest)
+
+
+def all_finite(t: torch.Tensor, chunk: int = 1 << 22) -> bool:
+    """No NaN or Inf in `t` (True for non-float tensors), checked `chunk` elements at a time:
+    isfinite of a whole bf16 weight allocates float32 temporaries of its size (a drafter's lm_head:
+    hundreds of MB), chunks keep the check to a few MB whatever the tensor."""
+    if not t.is_floating_point():
+        return True
+    flat = t.detach().reshape(-1)
+    return all(bool(torch.isfinite(part).all()) for part in flat.split(chunk))
 
 
 def tensor_digest(t: torch.Tensor) -> str:
     """sha256 of a tensor's raw bytes (dtype and shape included), for bit-exact comparisons."""
     h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
-    h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # hashed in place
     return h.hexdigest()
 
 
 def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_layers: int | None = None,
                   target_class: str | None = None, sglang_version: str | None = None,
-                  aux_layers: list[int] | None = None) -> int:
+                  aux_layers: list[int] | None = None, target_architectures: list[str] | None = None) -> int:
     """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical and
     the drafter config the same (the ``sglang`` layout drops the manifest, so its config.json
     alone must rebuild the drafter).
@@ -311,8 +354,11 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
     A specdraft-layout destination needs the source's manifest; speculators carries it too.
     Aux ids are read and written by the rule of `target_class` (default: the manifest's, else
     "llama") and `sglang_version`; the written file's two id lists name the same layers.
+    A speculators destination records the verifier the source records (manifest, or the source's
+    own speculators verifier), its architectures else `target_architectures` (the --target config's).
     Returns the number of tensors compared; raises CheckpointError when a tensor differs or is
-    missing (case FC-01), or the re-read config differs.
+    missing (case FC-01), or the re-read config differs. Costs about the source's size in memory
+    (the written file is re-read one tensor at a time, `verify_written`).
     """
     check_output_dir(dst, source=src)
     if layout == "specdraft" and not (Path(src) / MANIFEST_FILE).is_file():  # before asking for the target
@@ -323,22 +369,37 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
     source = load_draft(src, target_num_layers=target_num_layers, aux_layers=aux_layers, **ids)
     if target_class is None and source.manifest is not None:
         ids["target_class"] = (source.manifest.target or {}).get("target_class") or "llama"
-    save_draft(source.model, dst, layout=layout, manifest=source.manifest, **ids)
-    written = load_draft(dst, target_num_layers=source.model.cfg.target_num_layers, **ids)
-    if written.model.cfg != source.model.cfg:
-        want, have = source.model.cfg.to_dict(), written.model.cfg.to_dict()
+    spec = read_config(Path(src)).get("speculators_config")
+    verifier = (spec.get("verifier") if isinstance(spec, dict) else None) or {}
+    recorded = (source.manifest.target.get("architecture") if source.manifest is not None else None)
+    architectures = ([recorded] if recorded else verifier.get("architectures")) or target_architectures
+    save_draft(source.model, dst, layout=layout, manifest=source.manifest, verifier=verifier.get("name_or_path"),
+               verifier_architectures=architectures, **ids)
+    _, manifest, written = read_draft_config(dst, source.model.cfg.target_num_layers, **ids)
+    written = owned_embedding_config(written, manifest, state_dict_for_layout(source.model, layout))
+    if written != source.model.cfg:
+        want, have = source.model.cfg.to_dict(), written.to_dict()
         differ = [f"{k} {want[k]!r} -> {have.get(k)!r}" for k in want if want[k] != have.get(k)]
         raise CheckpointError(f"{dst}: the drafter config reads back differently: {', '.join(differ)}")
-    return verify_same_tensors(source.model, written.model, dst)
+    return verify_written(source.model, dst, layout)
 
 
-def verify_same_tensors(expected: Eagle3Draft, actual: Eagle3Draft, where: str | Path) -> int:
-    """Compare every saved tensor of two drafters bit for bit; CheckpointError names the first that differs."""
-    want = state_dict_for_layout(expected, "sglang")
-    have = state_dict_for_layout(actual, "sglang")
+def verify_written(expected: Eagle3Draft, out_dir: str | Path, layout: str) -> int:
+    """Prove `out_dir`/model.safetensors (as `save_draft` and export write it) holds exactly
+    `expected`'s tensors in `layout`, bit for bit. Each tensor is read back through its own
+    `open_safetensors` handle and let go before the next, so proving costs one tensor's size.
+    Returns how many; CheckpointError names the first that differs, is missing or is not expected."""
+    want = state_dict_for_layout(expected, layout)
+    file = Path(out_dir) / WEIGHTS_FILE
+    with open_safetensors(file, "write it again", CheckpointError) as f:
+        names = set(f.keys())
+    if names != set(want):
+        raise CheckpointError(key_mismatch_message(file, layout, sorted(names - set(want)), sorted(set(want) - names)))
     for name, tensor in want.items():
-        if name not in have or tensor_digest(have[name]) != tensor_digest(tensor):
-            raise CheckpointError(f"{where}: tensor {name} is missing or differs after writing")
+        with open_safetensors(file, "write it again", CheckpointError) as f:
+            same = tensor_digest(f.get_tensor(name)) == tensor_digest(tensor)
+        if not same:
+            raise CheckpointError(f"{file}: tensor {name} differs after writing")
     return len(want)
 
 

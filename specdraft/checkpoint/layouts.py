@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from specdraft import __version__
+from specdraft.checkpoint.config_keys import UNKNOWN_KEYS_FIX, known_keys_text, unknown_config_keys
 from specdraft.conventions import (
     AUX_KEY,
     SLIDING_LAYER_TYPE,
@@ -169,9 +170,11 @@ def official_config(cfg: DraftConfig, dtype: torch.dtype, target_class: str = "l
 
 
 def speculators_config(cfg: DraftConfig, dtype: torch.dtype, verifier: str | None,
-                       num_speculative_tokens: int = 3, target_class: str = "llama") -> dict[str, Any]:
+                       verifier_architectures: list[str], num_speculative_tokens: int = 3,
+                       target_class: str = "llama") -> dict[str, Any]:
     """config.json of the speculators layout (read by vLLM).
 
+    `verifier_architectures`: the target config's `architectures` (speculators' verifier record).
     `norm_before_residual` is written explicitly: vLLM assumes true when a speculators config
     omits it (vllm `transformers_utils/configs/speculators/algos.py`).
     """
@@ -188,7 +191,7 @@ def speculators_config(cfg: DraftConfig, dtype: torch.dtype, verifier: str | Non
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens}],
-            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)},
         },
     }
 
@@ -238,6 +241,7 @@ def config_from_files(path: Path, layout: str, config: dict[str, Any],
     manifest the aux layers are `aux_layers_of_config`'s (target class, SGLang version,
     --aux-layers); with one, an --aux-layers that names other layers is a CheckpointError."""
     refuse_unimplemented_flags(path, config)
+    refuse_unknown_keys(path, config)
     layer = config.get("transformer_layer_config") if layout == "speculators" else config
     where = f"{path}/config.json" + (": transformer_layer_config" if layout == "speculators" else "")
     if not isinstance(layer, dict):
@@ -352,6 +356,17 @@ def refuse_unimplemented_flags(path: Path, config: dict[str, Any]) -> None:
         named = ", ".join(f"{k}: {json.dumps(v)}" for k, v in flagged.items())
         raise CheckpointError(f"{path}/config.json: sets {named}, which specdraft's drafter does not implement "
                               f"(it would compute another network than was trained); {FLAGS_FIX}")
+
+
+def refuse_unknown_keys(path: Path, config: dict[str, Any]) -> None:
+    """The one rule for the rest of config.json: a key specdraft neither reads nor knows to be
+    harmless (`config_keys`) is a CheckpointError naming the file, the keys with their values, the
+    fix and the list of known keys (every engine would ignore such a key without a word)."""
+    unknown = unknown_config_keys(config, UNIMPLEMENTED_FLAGS)
+    if unknown:
+        raise CheckpointError(f"{path}/config.json: {len(unknown)} keys specdraft does not read and does not know "
+                              f"to be harmless: {', '.join(unknown)}; {UNKNOWN_KEYS_FIX} (keys read or known "
+                              f"harmless: {known_keys_text()})")
 
 
 def aux_layers_of_config(path: Path, config: dict[str, Any], num_layers: int, target_class: str = "llama",

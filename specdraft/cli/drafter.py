@@ -111,10 +111,18 @@ def convert(
     with user_errors(console):
         refuse_bad_configs(src, "")
         reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
-        written = convert_draft(src, dst, layout=layout, **reading)
+        written = convert_draft(src, dst, layout=layout,
+                                target_architectures=architectures_of_target(target, trust_remote_code), **reading)
     print_aux_note(console, src, None if not (Path(src) / MANIFEST_FILE).is_file() else True, reading)
     on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
-    console.print(f"wrote {dst} ({on_disk}): {written} tensors, each bit-identical to {src}", markup=False)
+    files = ", ".join(sorted(p.name for p in Path(dst).iterdir()))
+    console.print(f"wrote {dst} ({on_disk}): {files}; {written} tensors, each bit-identical to {src}",
+                  markup=False, soft_wrap=True)
+    if layout == "speculators":
+        verifier = json.loads((Path(dst) / "config.json").read_text())["speculators_config"]["verifier"]
+        console.print(f"verifier: {verifier.get('name_or_path')!r}, architectures {verifier.get('architectures')}"
+                      + ("" if verifier.get("architectures") else " (unknown: pass --target DIR to record it)"),
+                      markup=False, soft_wrap=True)
     if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
         console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
                       "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)
@@ -232,6 +240,15 @@ def check_server_samples(server: str, samples: str) -> None:
         raise ValueError(f"--server {server} needs --samples: pass --samples FILE with the target's own "
                          "outputs (a capture store or JSONL, e.g. the demo's store-heldout) for the online "
                          "acceptance check")
+
+
+def architectures_of_target(target: str | None, trust_remote_code: bool = False) -> list[str] | None:
+    """`architectures` of a local target directory's config.json (None without one or when unset)."""
+    if not target:
+        return None
+    from specdraft.target import read_target_config
+
+    return list(read_target_config(target, trust_remote_code).architectures or []) or None
 
 
 def id_reading(target: str | None, aux: tuple[str, tuple[int, ...]] | None, sglang_version: str = "",

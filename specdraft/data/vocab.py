@@ -54,6 +54,15 @@ def target_ids_of_draft_vocab(d2t: torch.Tensor) -> torch.Tensor:
     return torch.arange(d2t.numel(), dtype=torch.int64) + d2t.to(torch.int64)
 
 
+def t2d_from_d2t(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bool [vocab_size] t2d that `d2t` implies: True on each draft id's target id (arange + d2t).
+    Ids outside [0, vocab_size) mark nothing, so `validate_vocab_map` still names a bad d2t."""
+    target = target_ids_of_draft_vocab(d2t)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[target[(target >= 0) & (target < vocab_size)]] = True
+    return t2d
+
+
 def draft_to_target_ids(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
     """Map draft token ids (any shape, integer) to target ids: id + d2t[id]."""
     draft_ids = draft_ids.to(torch.int64)

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.checkpoint import usable_vocab
+from specdraft.checkpoint import CheckpointError, all_finite, detect_layout, draft_tensors, usable_vocab
+from specdraft.conventions import DraftLoading, loading_label
 from specdraft.data.vocab import validate_vocab_map
 from specdraft.doctor.evidence import (
     Broken,
     Evidence,
     Unavailable,
 )
-from specdraft.doctor.keys import ENGINE_LAYER_PREFIXES
+from specdraft.doctor.keys import KeyMap
 from specdraft.doctor.verdict import Result, engine_name, fail, names_text, ok
 
 # What the manifest records about the target, in the order the evidence shows it.
@@ -54,30 +55,80 @@ def _target_text(record: dict) -> str:
     return ", ".join(parts) or "nothing recorded"
 
 
-def keys_match_engine(ev: Evidence) -> Result:
-    """Every tensor name is one the engine loads, and every parameter is filled (S1, FC-01)."""
+def specdraft_loads(ev: Evidence) -> Result:
+    """specdraft's own loader reads the files, by the very rule `checkpoint.load_draft` applies
+    (`detect_layout`: a draft architecture specdraft implements; `draft_tensors`: every name a
+    parameter, every parameter filled, the shapes), so doctor and the loader never disagree."""
     try:
-        key_maps = {engine: ev.key_map(engine) for engine in ev.engines}
+        layout = detect_layout(ev.path)
+        tensors, file = ev.tensors, ev.weights_file
+        draft_tensors(ev.shape_config, tensors, layout, file)
+    except Broken as e:
+        return fail(e.reason, e.fix)
+    except CheckpointError as e:  # the loader's own line, word for word
+        return fail(str(e), "specdraft inspect/convert/export refuse it alike: repair what it names, or re-export "
+                    "the drafter from its source")
+    derived = "; t2d derived from d2t (the file has none)" if "t2d" not in tensors and "d2t" in tensors else ""
+    return ok(f"specdraft loads all {len(tensors)} tensors of {file.name} ({layout} layout){derived}")
+
+
+def keys_match_engine(ev: Evidence) -> Result:
+    """Every tensor name is one the engine loads, and every parameter is filled (S1, FC-01), as
+    each engine release reads them (`conventions.DRAFT_LOADING`; SGLang's reading changed in
+    0.5.12); a draft architecture an engine does not register fails for it, names unread."""
+    try:
+        readings = {engine: [(row, ev.key_map(engine, row)) for row in ev.loading(engine)] for engine in ev.engines}
     except Broken as e:  # missing inputs skip; faulty files fail
         return fail(e.reason, e.fix)
-    problems, passes = [], []
-    for engine, keys in key_maps.items():
-        if not (keys.unmatched or keys.missing):
-            passes.append(f"{engine_name(engine)} loads all {len(keys.mapping)} tensors")
-            continue
-        parts = ([f"skip {len(keys.unmatched)} tensors [{names_text(keys.unmatched)}]"] if keys.unmatched else []) \
-            + ([f"leave {len(keys.missing)} parameters at their initial values [{names_text(keys.missing)}]"]
-               if keys.missing else [])
-        text = f"{engine_name(engine)} would {' and '.join(parts)}"
-        stray = [p for p in ("layers.0.", "midlayer.") if any(k.startswith(p) for k in keys.unmatched)]
-        if stray:
-            text += f"; the decoder layer is stored as {stray[0]}* but {engine_name(engine)} reads " \
-                    f"{' or '.join(p + '*' for p in ENGINE_LAYER_PREFIXES[engine])}: rename {stray[0]} -> midlayer."
-        problems.append(text)
+    problems, passes, fixes = [], [], []
+    for engine, rows in readings.items():
+        texts = [(row, _engine_reading(ev, row, keys)) for row, keys in rows]
+        if len({text for _, text in texts}) == 1:  # every release reads it alike: one line
+            texts = [(None, texts[0][1])]
+        for row, (good, text) in texts:
+            named = f"{loading_label(row)}" if row is not None else engine_name(engine)
+            (passes if good else problems).append(f"{named} {text}")
+        if any(good for _, (good, _) in texts) and not all(good for _, (good, _) in texts):
+            fixes.append("or serve with " + " / ".join(loading_label(r) for r, (good, _) in texts if good))
     if problems:
-        return fail("; ".join(problems), f"specdraft export {ev.path} OUT --engine {ev.engines[0]} "
-                    "(writes the engine's names, proven bit-identical)")
+        return fail("; ".join(problems + passes), "; ".join(
+            [f"specdraft export {ev.path} OUT --engine {ev.engines[0]} (writes the engine's names, proven "
+             "bit-identical)"] + fixes))
     return ok("; ".join(passes))
+
+
+def _engine_reading(ev: Evidence, row: DraftLoading, keys: KeyMap) -> tuple[bool, str]:
+    """(loads everything, what the release of `row` does with the files), in words."""
+    unserved = _unserved_architecture(ev, row)
+    if unserved:
+        return False, f"would not load this drafter: {unserved}"
+    if not (keys.unmatched or keys.missing):
+        return True, f"loads all {len(keys.mapping)} tensors"
+    parts = ([f"skip {len(keys.unmatched)} tensors [{names_text(keys.unmatched)}]"] if keys.unmatched else []) \
+        + ([f"leave {len(keys.missing)} parameters at their initial values [{names_text(keys.missing)}]"]
+           if keys.missing else [])
+    text = f"would {' and '.join(parts)}"
+    stray = [p for p in ("layers.0.", "midlayer.") if any(k.startswith(p) for k in keys.unmatched)]
+    if stray:
+        text += (f"; the decoder layer is stored as {stray[0]}* but it reads "
+                 f"{' or '.join(p + '*' for p in row.layer_prefixes)}: rename {stray[0]} -> midlayer.")
+    return False, text
+
+
+def _unserved_architecture(ev: Evidence, row: DraftLoading) -> str | None:
+    """Why the release of `row` would not build this drafter at all (None when it would): a
+    config architecture it does not register, or (vLLM) a speculators layer model_type it has no
+    draft class for."""
+    if ev.layout == "speculators":
+        model_type = ev.layer_config.get("model_type", "llama")
+        if not row.speculators_model_types or model_type in row.speculators_model_types:
+            return None
+        return (f"its transformer_layer_config model_type {model_type!r} is none it serves a speculators "
+                f"drafter for ({', '.join(row.speculators_model_types)}; {row.source})")
+    architectures = ev.config.get("architectures") or []
+    if set(architectures) & set(row.architectures):
+        return None
+    return f"architectures {architectures} is no EAGLE-3 draft architecture it registers ({row.source})"
 
 
 def shapes_and_dtypes(ev: Evidence) -> Result:
@@ -99,7 +150,7 @@ def shapes_and_dtypes(ev: Evidence) -> Result:
 
 def values_finite(ev: Evidence) -> Result:
     """No NaN or Inf in any weight."""
-    bad = [name for name, t in ev.tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    bad = [name for name, t in ev.tensors.items() if not all_finite(t)]
     if bad:
         return fail(f"NaN or Inf in {names_text(bad)}", "retrain from the last finite checkpoint")
     return ok("every weight is finite")

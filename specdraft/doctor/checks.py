@@ -19,6 +19,7 @@ from specdraft.doctor.acceptance import (
 from specdraft.doctor.audit import (
     keys_match_engine,
     shapes_and_dtypes,
+    specdraft_loads,
     target_matches_training,
     values_finite,
     vocab_map_valid,
@@ -41,7 +42,7 @@ from specdraft.doctor.parity import (
     tokenizer_matches_manifest,
 )
 
-CHECKS = (target_matches_training, keys_match_engine, shapes_and_dtypes, values_finite, vocab_map_valid,
+CHECKS = (target_matches_training, specdraft_loads, keys_match_engine, shapes_and_dtypes, values_finite, vocab_map_valid,
           fc_width_matches_aux, aux_ids_read_alike, engine_captures_training_layers,
           algorithm_is_eagle3, speculative_settings_valid, norm_before_residual_false,
           draft_vocab_size_declared, lm_head_untied, embedding_and_head_as_trained, rope_matches_training,
@@ -50,13 +51,13 @@ CHECKS = (target_matches_training, keys_match_engine, shapes_and_dtypes, values_
 
 # Field case id (shared/cases/README.md) -> the checks that catch it.
 CASES = {
-    "S1": ["keys_match_engine", "offline_acceptance_matches_training"],
+    "S1": ["keys_match_engine", "specdraft_loads", "offline_acceptance_matches_training"],
     "S2": ["aux_width_on_target", "fc_width_matches_aux"],
     "S3": ["engine_captures_training_layers", "offline_acceptance_matches_training"],
     "S4": ["speculative_settings_valid"],
     "S5": ["draft_depth_pays_off"],
     "S6": ["offline_acceptance_matches_training", "online_acceptance"],
-    "FC-01": ["keys_match_engine", "shapes_and_dtypes"],
+    "FC-01": ["specdraft_loads", "keys_match_engine", "shapes_and_dtypes"],
     "FC-02": ["vocab_map_valid", "draft_vocab_size_declared", "offline_acceptance_matches_training"],
     "FC-03": ["aux_ids_read_alike", "engine_captures_training_layers"],
     "FC-06": ["algorithm_is_eagle3", "fc_width_matches_aux", "speculative_settings_valid"],

@@ -15,22 +15,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 from specdraft.checkpoint import (
     MANIFEST_FILE,
     MANIFEST_FIX,
-    WEIGHTS_FILE,
     CheckpointError,
     Manifest,
     aux_layers_note,
+    WeightFiles,
     config_from_files,
     owned_embedding_config,
     read_config,
+    read_weights,
     state_dict_for_layout,
 )
-from specdraft.conventions import AUX_KEY, AuxReading, ConventionError, aux_layers_from_config
+from specdraft.conventions import (
+    AUX_KEY,
+    AuxReading,
+    ConventionError,
+    DraftLoading,
+    aux_layers_from_config,
+    draft_loading,
+)
 from specdraft.data.records import DataError
 from specdraft.doctor.inputs import DOCTOR_ENGINES, DoctorInputs
 from specdraft.doctor.keys import KeyMap, draft_as_loaded, key_map
@@ -126,15 +132,24 @@ class Evidence:
         return self.manifest
 
     @memo
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor of model.safetensors, by its name in the file."""
-        file = self.path / WEIGHTS_FILE
-        if not file.exists():
-            raise Broken(f"{file}: missing", "a draft checkpoint needs model.safetensors")
+    def weights(self) -> tuple[dict[str, torch.Tensor], WeightFiles]:
+        """Every tensor of the drafter's weight files, by its name there, read by the loader's
+        own reader (`checkpoint.read_weights`: any format it reads, the same refusals)."""
         try:
-            return load_file(str(file))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise Broken(f"{file}: unreadable as safetensors ({e})", "re-export it") from None
+            return read_weights(self.path)
+        except CheckpointError as e:
+            message, _, fix = str(e).rpartition("; ")
+            raise Broken(message or fix, fix if message else "re-export it") from None
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the weight files, by its name there (`weights`)."""
+        return self.weights[0]
+
+    @property
+    def weights_file(self) -> Path:
+        """The weights file findings name (a sharded save's index)."""
+        return self.weights[1].entry
 
     @memo
     def facts(self) -> TargetFacts:
@@ -258,13 +273,25 @@ class Evidence:
         return aux_capture(args if args is not None and args.engine == engine else None,
                            self.config, engine)
 
-    def key_map(self, engine: str | None) -> KeyMap:
-        """How `engine` (None: specdraft's strict loader) maps the file onto the parameters."""
+    def loading(self, engine: str) -> list[DraftLoading]:
+        """What `engine` loads (`conventions.DRAFT_LOADING`): for SGLang the row of --sglang-version,
+        else one row per version range, oldest first."""
+        try:
+            return draft_loading(engine, self.inputs.sglang_version)
+        except ConventionError as e:
+            raise Unavailable(str(e), "pass --sglang-version as e.g. 0.5.23") from None
+
+    def key_map(self, engine: str | None, row: DraftLoading | None = None) -> KeyMap:
+        """How `engine` (None: specdraft's strict loader) maps the file onto the parameters, as
+        the release of `row` reads names (default: the oldest release `loading` covers)."""
         tensors, cfg = self.tensors, self.shape_config
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in
                         state_dict_for_layout(Eagle3Draft(cfg), "sglang").items()}
-        return key_map(tensors, expected, engine, cfg.owns_embedding)
+        if engine is None:
+            return key_map(tensors, expected, None, cfg.owns_embedding)
+        row = row or self.loading(engine)[0]
+        return key_map(tensors, expected, engine, cfg.owns_embedding, row.layer_prefixes)
 
     @memo
     def target(self) -> Any:
@@ -372,7 +399,7 @@ class Evidence:
         cfg, tensors = self.draft_config, self.tensors
         keys, served = (self.key_map(engine), self.layer_config) if engine is not None else (None, {})
         try:
-            model, how = draft_as_loaded(cfg, tensors, engine, keys, served, self.path / WEIGHTS_FILE)
+            model, how = draft_as_loaded(cfg, tensors, engine, keys, served, self.weights_file)
         except CheckpointError as e:
             raise Unavailable(f"the checkpoint does not load: {e}", "see keys_match_engine") from None
         if not cfg.owns_embedding:

@@ -1,11 +1,10 @@
 """How each engine reads a draft checkpoint's weight names, and the drafter as it loads it.
 
-How each engine reads the weight names (re-check when bumping an engine):
-- SGLang (`srt/models/llama_eagle3.py` load_weights): `midlayer.*`, `fc`, `norm`, `lm_head`,
-  `embed_tokens` (if present), `d2t` (as hot token ids); skips `t2d` and, silently, any name it
-  has no parameter for.
-- vLLM (`model_executor/models/llama_eagle3.py` load_weights): renames `midlayer.` to
-  `layers.0.` and loads either; a missing `d2t` is the identity; unknown names are dropped.
+Both engines load `fc`, `norm`, `lm_head`, `embed_tokens` (if present), `d2t` and the decoder
+layer under the prefixes `conventions.DRAFT_LOADING` records per engine and version (SGLang
+< 0.5.12 reads only `midlayer.*`; SGLang >= 0.5.12 and vLLM read `midlayer.*` or `layers.0.*`);
+`t2d` is optional (SGLang skips it; vLLM treats a missing `d2t` as the identity), and any name
+an engine has no parameter for is skipped without a word.
 """
 
 from __future__ import annotations
@@ -17,12 +16,11 @@ from typing import Any
 
 import torch
 
-from specdraft.checkpoint import LAYER_PREFIX, fill_model
+from specdraft.checkpoint import LAYER_PREFIX, build_draft
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
 
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", None: "specdraft"}
-# Decoder-layer prefixes each engine loads, and names it treats as optional (see module doc).
-ENGINE_LAYER_PREFIXES = {"sglang": ("midlayer.",), "vllm": ("midlayer.", "layers.0.")}
+# Names every engine treats as optional (see module doc).
 ENGINE_OPTIONAL = ("d2t", "t2d", "embed_tokens.weight")
 
 
@@ -51,12 +49,10 @@ def draft_as_loaded(cfg: DraftConfig, tensors: dict[str, torch.Tensor], engine: 
                     keys: KeyMap | None, layer_config: dict[str, Any], weights: Path) -> tuple[Eagle3Draft, str]:
     """The drafter as `engine` loads `tensors` through `keys` (unloaded parameters keep a seeded
     initialisation, as in the engine; rope as the engine reads `layer_config`), or as specdraft
-    loads them (engine None: `checkpoint.fill_model`, strict; CheckpointError naming `weights`).
+    loads them (engine None: `checkpoint.build_draft`, the loader's own; CheckpointError naming `weights`).
     Returns the model (float32, not yet given a target embedding) and how it was loaded, in words."""
     if engine is None:
-        model = Eagle3Draft(cfg)
-        fill_model(model, tensors, file_layout(tensors), weights)
-        return model.float(), "as specdraft loads it"
+        return build_draft(cfg, tensors, file_layout(tensors), weights).float(), "as specdraft loads it"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = Eagle3Draft(served_rope_config(cfg, layer_config))
@@ -81,16 +77,17 @@ def served_rope_config(cfg: DraftConfig, layer_config: dict[str, Any]) -> DraftC
 
 
 def key_map(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], engine: str | None,
-            owns_embedding: bool) -> KeyMap:
+            owns_embedding: bool, layer_prefixes: tuple[str, ...] = ()) -> KeyMap:
     """Map file names onto official parameter names the way `engine` loads them.
 
     expected: official name -> shape (`midlayer.*`). engine None: specdraft's strict reading
-    in the file's own layout (every name must match). Engines: see the module doc.
+    in the file's own layout (every name must match). Engines: the decoder layer under
+    `layer_prefixes` (the engine's `conventions.DRAFT_LOADING` row); see the module doc.
     """
     if engine is None:
         prefixes, optional = (LAYER_PREFIX[file_layout(tensors)],), ()
     else:
-        prefixes, optional = ENGINE_LAYER_PREFIXES[engine], ENGINE_OPTIONAL
+        prefixes, optional = layer_prefixes, ENGINE_OPTIONAL
     accepted = dict(expected)
     if engine is not None and not owns_embedding:
         accepted["embed_tokens.weight"] = None  # engines load it when present (any width check is theirs)

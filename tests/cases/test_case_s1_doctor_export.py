@@ -1,6 +1,8 @@
 """Case S1: the decoder layer under `layers.0.*` in a checkpoint whose config declares the official
-(SGLang) layout. SGLang skips those names without a word; doctor must fail naming the keys and the
-rename, and `export --engine sglang` must write `midlayer.*`."""
+(SGLang) layout. SGLang < 0.5.12 skips those names without a word (0.5.12 maps the legacy
+`midlayer` to `layers.0`, so both load there: conventions.DRAFT_LOADING); doctor must fail naming
+the keys, the rename and the SGLang versions that skip them, and `export --engine sglang` must
+write `midlayer.*`."""
 
 from __future__ import annotations
 
@@ -31,11 +33,20 @@ def test_case_s1_doctor_sglang_fails_naming_keys_and_rename(s1):
     ckpt, target = s1
     finding = run_doctor(ckpt, target=target, engine="sglang").finding("keys_match_engine")
     assert finding.verdict == "fail"
-    assert "SGLang would skip 10 tensors" in finding.evidence
+    assert "SGLang < 0.5.12 would skip 10 tensors" in finding.evidence
+    assert "SGLang >= 0.5.12 loads all 15 tensors" in finding.evidence
     assert "layers.0.hidden_norm.weight" in finding.evidence
     assert "leave 10 parameters at their initial values [midlayer.hidden_norm.weight" in finding.evidence
     assert "rename layers.0. -> midlayer." in finding.evidence
-    assert "--engine sglang" in finding.fix
+    assert "--engine sglang" in finding.fix and "or serve with SGLang >= 0.5.12" in finding.fix
+
+
+@pytest.mark.parametrize(("version", "verdict"), [("0.5.11", "fail"), ("0.5.12", "pass"), ("0.5.23", "pass")])
+def test_case_s1_depends_on_the_sglang_version(s1, version, verdict):
+    ckpt, target = s1
+    finding = run_doctor(ckpt, target=target, engine="sglang", sglang_version=version).finding("keys_match_engine")
+    assert finding.verdict == verdict, finding
+    assert ("SGLang would skip 10 tensors" in finding.evidence) == (verdict == "fail")
 
 
 def test_case_s1_vllm_loads_either_prefix(s1):
@@ -43,7 +54,7 @@ def test_case_s1_vllm_loads_either_prefix(s1):
     assert run_doctor(ckpt, target=target, engine="vllm").finding("keys_match_engine").verdict == "pass"
     # without --engine, every engine the official config serves is checked: SGLang fails
     finding = run_doctor(ckpt, target=target).finding("keys_match_engine")
-    assert finding.verdict == "fail" and "SGLang would skip" in finding.evidence
+    assert finding.verdict == "fail" and "SGLang < 0.5.12 would skip" in finding.evidence
 
 
 def test_case_s1_export_sglang_writes_midlayer_and_doctor_passes(tmp_path):

@@ -49,9 +49,11 @@ def test_case_s6_healthy_wiring_matches_training(world, healthy):
 
 
 def test_case_s6_s1_wiring_shows_as_a_large_gap(world, tmp_path):
-    # SGLang >= 0.5.22 captures the embeddings on Llama-class targets, so it can serve [0, 3, 7]
+    # SGLang >= 0.5.22 captures the embeddings on Llama-class targets, so it can serve [0, 3, 7]; it
+    # also loads layers.0.* (>= 0.5.12, conventions.DRAFT_LOADING), so the layer is stored under a
+    # prefix no engine reads
     export_draft(world.draft, tmp_path / "s", engine="sglang", target=world.target, sglang_version="0.5.22")
-    edit_weights(tmp_path / "s", lambda t: rename_layer(t, "midlayer.", "layers.0."))
+    edit_weights(tmp_path / "s", lambda t: rename_layer(t, "midlayer.", "decoder."))
     report = run_doctor(tmp_path / "s", target=world.target, engine="sglang", sglang_version="0.5.22",
                         samples=world.samples)
     finding = report.finding("offline_acceptance_matches_training")

@@ -42,7 +42,7 @@ def test_a_drafter_without_fc_weight_fails_without_target(bare, tmp_path):
     result = invoke(["doctor", str(draft)])
     text = flat(result.output)
     assert result.exit_code == 1, result.output
-    assert "1 fail" in text and "pass --target to run 2 more checks, --engine-args for 3" in text, text
+    assert "2 fail" in text and "pass --target to run 2 more checks, --engine-args for 3" in text, text
 
 
 def test_strict_fails_on_a_skip(bare):

@@ -1,0 +1,95 @@
+"""The config.json keys a drafter may hold: the ones specdraft reads, and the ones known harmless.
+
+Every engine ignores a config key it does not know, so a key that changes the network (a new
+norm, an MoE layer, a quantization) but that specdraft does not read would be served, checked
+and converted as a plain EAGLE-3 drafter without a word. Here any key outside these lists is a
+CheckpointError naming the keys and the fix (`layouts.refuse_unknown_keys`, which prints the list).
+
+The lists are built from the drafter configs the field publishes, read for this:
+SpecForge ``configs/*eagle3*.json`` (26 files at commit a6b6b02, 2026-08-08), speculators 0.9.0
+(``models/eagle3/config.py`` Eagle3SpeculatorConfig, the converter and the saved
+``transformer_layer_config``: a transformers LlamaConfig / Qwen3Config), EAGLE's
+``eagle/traineagle3/config.json`` (SafeAILab/EAGLE 9666a81) and NVIDIA ModelOpt 0.47.0
+(``torch/export/plugins/hf_spec_configs.py`` llama_eagle_template_config). Flags of EAGLE-3
+variants (`layouts.UNIMPLEMENTED_FLAGS`, and the norm / sliding-window keys of `VARIANT_KEYS`)
+are judged by their own rule, not here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Keys specdraft reads to build the drafter or the engines' aux ids (draft.DraftConfig,
+# layouts.config_from_files, conventions.aux_layers_from_config).
+READ_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "vocab_size", "draft_vocab_size", "target_hidden_size",
+             "rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
+             "num_hidden_layers", "tie_word_embeddings", "eagle_config", "eagle_aux_hidden_state_layer_ids",
+             "speculators_model_type", "speculators_version", "speculators_config", "transformer_layer_config")
+# Keys that change nothing the drafter computes at inference (HF boilerplate, token ids, training
+# settings, metadata): any value.
+HARMLESS_KEYS = ("torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id",
+                 "use_cache", "initializer_range", "target_model_type", "embed_requires_grad", "_name_or_path",
+                 "decoder_sparse_step", "max_window_layers")
+# Keys harmless only at these values (what the drafter specdraft implements computes); any other
+# value is refused as an unknown flag would be.
+HARMLESS_VALUES: dict[str, tuple[Any, ...]] = {
+    "hidden_act": ("silu",),
+    "attention_dropout": (0, 0.0, None),
+    "pretraining_tp": (1, None),
+    "use_sliding_window": (False, None),
+}
+# Keys of EAGLE-3 variants judged by their own rule (`layouts.UNIMPLEMENTED_FLAGS` and the norm /
+# sliding-window support that reads them), never by this one; the caller adds UNIMPLEMENTED_FLAGS.
+VARIANT_KEYS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "use_aux_norm",
+                "sliding_window")
+# eagle_config keys: the aux ids SGLang reads, and ModelOpt's architecture switches at the values
+# of the one-layer EAGLE-3 drafter (None: not set).
+EAGLE_CONFIG_VALUES: dict[str, tuple[Any, ...] | None] = {
+    "eagle_aux_hidden_state_layer_ids": None,  # any value: read and checked by conventions
+    "use_aux_hidden_state": (True, False, None),  # false: judged by serve.engine_args.aux_capture
+    "use_input_layernorm_in_first_layer": (True, None),
+    "use_last_layernorm": (True, None),
+    "use_mtp_layernorm": (False, None),
+    "next_layer_regular": (True, None),
+    "parallel_draft_step": (1, None),
+    "parallel_draft_heads_num_layers": None,  # read only when parallel_draft_step > 1
+}
+UNKNOWN_KEYS_FIX = ("if the key does not change the network, remove it from config.json; else train and serve the "
+                    "drafter with the tool that implements it")
+
+
+def unknown_config_keys(config: dict[str, Any], variant_keys: tuple[str, ...] = ()) -> list[str]:
+    """The keys of a drafter's config.json (its top level, a speculators transformer_layer_config
+    and eagle_config) that are neither read, known harmless nor `variant_keys` / VARIANT_KEYS
+    (judged elsewhere), as "where.key = value"."""
+    skip = set(variant_keys) | set(VARIANT_KEYS)
+    found = _unknown(config, "", skip)
+    layer = config.get("transformer_layer_config")
+    if isinstance(layer, dict):
+        found += _unknown(layer, "transformer_layer_config.", skip)
+    for where, nested in (("eagle_config.", config.get("eagle_config")),
+                          ("transformer_layer_config.eagle_config.",
+                           layer.get("eagle_config") if isinstance(layer, dict) else None)):
+        if isinstance(nested, dict):
+            found += [f"{where}{k} = {v!r}" for k, v in nested.items()
+                      if k not in EAGLE_CONFIG_VALUES or not _allowed(v, EAGLE_CONFIG_VALUES[k])]
+    return found
+
+
+def _unknown(config: dict[str, Any], where: str, skip: set[str]) -> list[str]:
+    known = set(READ_KEYS) | set(HARMLESS_KEYS) | skip
+    return [f"{where}{k} = {v!r}" for k, v in config.items()
+            if k not in known and not (k in HARMLESS_VALUES and _allowed(v, HARMLESS_VALUES[k]))
+            and not (k == "layer_types" and isinstance(v, list) and set(v) <= {"full_attention"})]
+
+
+def _allowed(value: Any, values: tuple[Any, ...] | None) -> bool:
+    return values is None or any(value == v and type(value) is type(v) for v in values) or (
+        value is None and None in values)
+
+
+def known_keys_text() -> str:
+    """The printed list: every key read or known harmless (with the values it must have)."""
+    valued = [f"{k} ({' / '.join(repr(v) for v in vals)})" for k, vals in HARMLESS_VALUES.items()]
+    return ", ".join(list(READ_KEYS) + list(HARMLESS_KEYS) + valued + ["layer_types (all 'full_attention')"])

@@ -1,0 +1,84 @@
+"""Unknown config.json keys are refused by every command, naming the keys; the configs the field
+publishes (their key sets, copied from the sources config_keys names) pass."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from specdraft.checkpoint import UNIMPLEMENTED_FLAGS, CheckpointError, load_draft, save_draft
+from specdraft.checkpoint.config_keys import unknown_config_keys
+from specdraft.cli import app
+from specdraft.doctor import run_doctor
+from tests.drafts import tiny_draft
+
+# Keys (and the values that matter) of published drafter configs, beyond what specdraft writes.
+SPECFORGE_QWEN3_8B = {  # SpecForge configs/qwen3-8b-eagle3.json (a6b6b02)
+    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+    "initializer_range": 0.02, "max_window_layers": 36, "sliding_window": None, "use_cache": True,
+    "use_sliding_window": False, "transformers_version": "4.51.0"}
+SPECFORGE_QWEN35_MOE = {"decoder_sparse_step": 1, "attention_dropout": 0.0, "use_sliding_window": False}
+SPECFORGE_QWEN25_VL = {"target_model_type": "qwen2_5_vl", "pretraining_tp": 1, "pad_token_id": 0}
+EAGLE_TRAINEAGLE3 = {"bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": 0,  # SafeAILab/EAGLE 9666a81
+                     "initializer_range": 0.02, "torch_dtype": "float16", "use_cache": True}
+MODELOPT = {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1, "attention_dropout": 0.0,  # 0.47.0
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True,
+                             "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
+                             "use_mtp_layernorm": False, "next_layer_regular": True, "parallel_draft_step": 1,
+                             "parallel_draft_heads_num_layers": None}}
+
+
+def edit_config(directory, **keys):
+    config = json.loads((directory / "config.json").read_text())
+    config.update(keys)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("keys", [SPECFORGE_QWEN3_8B, SPECFORGE_QWEN35_MOE, SPECFORGE_QWEN25_VL, EAGLE_TRAINEAGLE3,
+                                  MODELOPT])
+def test_published_keys_load(tmp_path, keys):
+    save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
+    edit_config(tmp_path / "d", **keys)
+    load_draft(tmp_path / "d", target_num_layers=5)
+
+
+def test_speculators_trainer_layer_config_keys_pass():
+    """speculators 0.9.0 saves transformer_layer_config as a transformers config's to_diff_dict."""
+    from transformers import LlamaConfig, Qwen3Config
+
+    for config in (LlamaConfig(num_hidden_layers=1), Qwen3Config(num_hidden_layers=1)):
+        layer = config.to_diff_dict()
+        assert unknown_config_keys({"speculators_model_type": "eagle3", "transformer_layer_config": layer,
+                                    "embed_requires_grad": False, "norm_before_fc": False}, UNIMPLEMENTED_FLAGS) == []
+
+
+@pytest.mark.parametrize(("keys", "named"), [
+    ({"moe_intermediate_size": 768}, "moe_intermediate_size = 768"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config = {'quant_method': 'fp8'}"),
+    ({"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
+    ({"use_sliding_window": True}, "use_sliding_window = True"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_mtp_layernorm": True}},
+     "eagle_config.use_mtp_layernorm = True"),
+])
+def test_an_unknown_key_is_refused_naming_it(tmp_path, keys, named):
+    save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
+    edit_config(tmp_path / "d", **keys)
+    with pytest.raises(CheckpointError, match="does not know to be harmless") as refused:
+        load_draft(tmp_path / "d", target_num_layers=5)
+    assert named in str(refused.value) and "keys read or known harmless: architectures" in str(refused.value)
+    finding = run_doctor(tmp_path / "d").finding("specdraft_loads")
+    assert finding.verdict == "fail" and named in finding.evidence
+
+
+def test_inspect_refuses_an_unknown_key_in_a_speculators_layer_config(tmp_path):
+    save_draft(tiny_draft(), tmp_path / "d", layout="speculators", verifier="t")
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    config["transformer_layer_config"]["num_experts"] = 8
+    (tmp_path / "d" / "config.json").write_text(json.dumps(config))
+    from tests.tiny_models import save_tiny_model
+
+    target = save_tiny_model("llama", tmp_path / "target", num_layers=5)
+    result = CliRunner().invoke(app, ["inspect", str(tmp_path / "d"), "--target", str(target)])
+    text = " ".join(result.output.split())
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "transformer_layer_config.num_experts = 8" in text
