@@ -54,6 +54,7 @@ EAGLE_CONFIG_VALUES: dict[str, tuple[Any, ...] | None] = {
     "next_layer_regular": (True, None),
     "parallel_draft_step": (1, None),
     "parallel_draft_heads_num_layers": None,  # read only when parallel_draft_step > 1
+    "norm_before_fc": (True, False, None),  # read first by layouts.norm_flags_of_config
 }
 UNKNOWN_KEYS_FIX = ("if the key does not change the network, remove it from config.json; else train and serve the "
                     "drafter with the tool that implements it")

@@ -241,12 +241,12 @@ def config_from_files(path: Path, layout: str, config: dict[str, Any],
     manifest the aux layers are `aux_layers_of_config`'s (target class, SGLang version,
     --aux-layers); with one, an --aux-layers that names other layers is a CheckpointError."""
     refuse_unimplemented_flags(path, config)
-    refuse_unknown_keys(path, config)
     layer = config.get("transformer_layer_config") if layout == "speculators" else config
     where = f"{path}/config.json" + (": transformer_layer_config" if layout == "speculators" else "")
     if not isinstance(layer, dict):
         raise CheckpointError(f"{where}: missing or not a JSON object; {DRAFTER_CONFIG_FIX}")
-    refuse_sliding_window(where, layer)
+    refuse_sliding_window(where, layer)  # before the unknown keys: its own reason
+    refuse_unknown_keys(path, config)
     flags = norm_flags_of_config(path, config)
     if manifest is not None:
         return _manifest_config(path, manifest, flags, aux_layers)

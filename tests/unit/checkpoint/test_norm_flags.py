@@ -93,5 +93,5 @@ def test_a_sliding_window_draft_layer_is_refused(tmp_path, layout):
                                               "vLLM and speculators window"):
         load_draft(tmp_path / "d", target_num_layers=5)
     edit_config(tmp_path / "d", lambda c: (c.get("transformer_layer_config") or c).update(
-        layer_types=["full_attention"]))
+        layer_types=["full_attention"], use_sliding_window=False))
     assert load_draft(tmp_path / "d", target_num_layers=5).model.cfg.aux_layers == (2, 3, 4)
