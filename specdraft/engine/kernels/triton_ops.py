@@ -189,11 +189,11 @@ def _linear_config(m: int, rows: int, k: int, paired: bool) -> tuple[int, int, i
             block_n, block_k, num_stages = (128, 128, 4) if paired else (64, 128, 3)
         else:
             block_n, block_k, num_stages = (32, 512, 4) if rows <= 4096 else (64, 256, 4)
-    else:  # 17-64 rows: the x block grows with them, so K blocks shrink to keep the stages in shared memory
+    else:  # 17-64 rows (in-graph sweep on the Llama-3-8B shell, benchmarks/RESULTS.md; lm_head unswept)
         if rows > 8192:
-            block_n, block_k, num_stages = (128, 64, 4) if paired else (64, 128, 3)
+            block_n, block_k, num_stages = (128, 128, 2) if paired else (64, 128, 4)
         else:
-            block_n, block_k, num_stages = (32, 256, 3) if rows <= 4096 else (64, 128, 4)
+            block_n, block_k, num_stages = (32, 128, 4) if 4096 < rows and m <= 32 else (64, 128, 4)
     return block_n // 2 if paired else block_n, block_k, num_stages
 
 
