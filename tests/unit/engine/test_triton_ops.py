@@ -429,9 +429,11 @@ def test_compiled_tree_rounds_write_the_verify_inputs_of_a_rebuilt_cache():
     prompt = list(range(1, 13))
     first = engine.generate(prompt, 16)
     assert first.metrics.num_verify_steps > 2 and engine.run_round is not None
+    old_cache = target.kv_stack  # held: the rebuilt caches cannot reuse its memory (and address)
     SpeculativeEngine(target, None, None, None, 48, DEVICE).generate(prompt, 4)  # rebuilds the target's cache
     assert engine.generate(prompt, 16).token_ids == first.token_ids
     assert len({key[2] for key in engine.runner.graphed.graphs}) == 2  # graphs of both caches, one set of inputs
+    assert target.kv_stack.data_ptr() != old_cache.data_ptr()
 
 
 class _LazyGraph:
