@@ -25,7 +25,8 @@ The construction (small: hidden H, head_dim d, L layers; shell: H' >= H, D >= d,
 
 --bench: plain, chains 1-7 and trees (BENCH_SETTINGS) with `SpeculativeEngine(compile=True)` in bf16,
 each with tokens/s, tau, the GPU time of the engine's own verify graph and draft-round graph, the
-kernel-cost model tau / (verify + draft round) and measured / model. Results: benchmarks/RESULTS.md.
+kernel-cost model tau / (verify + draft round) and measured / model; the plain row also times the
+target forward of each of VERIFY_SIZES tokens against the decode step. Results: benchmarks/RESULTS.md.
 
 --model is the pycode-25m directory (../shared/models/pycode-25m); --draft defaults to the committed
 drafter (tests/assets/pycode25m_draft/draft).
