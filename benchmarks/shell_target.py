@@ -25,7 +25,8 @@ The construction (small: hidden H, head_dim d, L layers; shell: H' >= H, D >= d,
 
 --bench: plain, chains 1-7 and trees (BENCH_SETTINGS) with `SpeculativeEngine(compile=True)` in bf16,
 each with tokens/s, tau, the GPU time of the engine's own verify graph and draft-round graph, the
-kernel-cost model tau / (verify + draft round) and measured / model. Results: benchmarks/RESULTS.md.
+kernel-cost model tau / (verify + draft round) and measured / model; the plain row also times the
+target forward of each of VERIFY_SIZES tokens against the decode step. Results: benchmarks/RESULTS.md.
 
 --model is the pycode-25m directory (../shared/models/pycode-25m); --draft defaults to the committed
 drafter (tests/assets/pycode25m_draft/draft).
@@ -433,6 +434,7 @@ def check_passed(report: dict, tolerance: float = 1e-4) -> list[str]:
 BENCH_SETTINGS = {"plain": None, **{f"chain{n}": SpecConfig.chain(n) for n in range(1, 8)},
                   "tree4x2_8": SpecConfig(4, 2, 8), "tree4x4_16": SpecConfig(4, 4, 16),
                   "tree5x4_16": SpecConfig(5, 4, 16), "tree6x8_32": SpecConfig(6, 8, 32)}
+VERIFY_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # target forwards timed with plain decoding's engine
 
 
 @torch.inference_mode()  # the engine's graph inputs are inference tensors
@@ -515,6 +517,9 @@ def bench_setting(pair: Pair, spec: SpecConfig | None, prompts: list[list[int]],
            "kernel_verify_ms": kernel_verify, "kernel_draft_round_ms": kernel_draft,
            "acceptance_per_position": merged.acceptance_per_position,
            "kernels": {"target": engine.target_kernels, "draft": engine.draft_kernels}}
+    if spec is None:  # the cost of a forward per token count, against the decode step
+        curve = {n: verify_ms(engine, n, prefix) for n in VERIFY_SIZES}
+        row |= {"verify_ms_by_tokens": curve, "verify_over_decode": {n: v / curve[1] for n, v in curve.items()}}
     if kernel_draft is not None:
         kernel = kernel_verify + kernel_draft
         model = 1e3 * tau / kernel

@@ -10,7 +10,7 @@ checks), with the engine's cache protocol and fewer operations per step:
   (benchmarks/RESULTS.md).
 Norm and RoPE are `draft.py`'s functions, so the numerics are the drafter's by construction.
 
-After `use_triton()` (CUDA, bf16 / fp16) a step of up to 16 positions runs through
+After `use_triton()` (CUDA, bf16 / fp16) a step of up to 64 positions runs through
 `triton_ops` instead, as the target's decode does (`fused_decode`): eleven launches in all
 (twelve on a first step, with fc), where the torch step makes about forty small ones besides
 its matmuls; RoPE and the K/V writes in the q|k|v matmul's epilogue, silu(gate) * up in the
@@ -66,7 +66,7 @@ class FastDraft:
         """Run steps of at most `fused_decode.MAX_TOKENS` positions through the Triton kernels
         from now on. Returns None when switched on, else why it cannot be (see
         `fused_decode.kernel_support`)."""
-        reason = fused_decode.kernel_support(self.fc, self.head_dim, self.num_heads, self.num_kv_heads)
+        reason = fused_decode.kernel_support(self.fc, self.head_dim)
         self.triton_kernels = reason is None
         return reason
 
@@ -110,7 +110,7 @@ class FastDraft:
 
     def triton_step(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, first_step: bool,
                     cache: DraftCache, slots: Tensor, attn_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """A step through `triton_ops` (after `use_triton`; T <= 16): input_ids, hidden,
+        """A step through `triton_ops` (after `use_triton`; T <= 64): input_ids, hidden,
         positions as `__call__`; writes the K/V at cache entries slots [T] long, then attends
         where attn_mask [1, 1, T, S] bool says over entries 0..S-1 (S <= cache.max_len).
         Returns what `__call__` returns. Tensor arguments only: `GraphedDraft` captures it."""

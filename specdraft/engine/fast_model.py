@@ -168,14 +168,13 @@ class FastOutput:
 
 
 class KVCache(nn.Module):
-    """One layer's static K/V cache, [max_batch_size, n_kv, max_seq_len, head_dim]."""
+    """One layer's static K/V cache: k_cache, v_cache [max_batch_size, n_kv, max_seq_len, head_dim],
+    views of the model's stacked cache (`FastTarget.kv_stack`), so that one op moves every layer's."""
 
-    def __init__(self, max_batch_size: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(self, k_cache: Tensor, v_cache: Tensor) -> None:
         super().__init__()
-        shape = (max_batch_size, num_kv_heads, max_seq_len, head_dim)
-        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("k_cache", k_cache, persistent=False)
+        self.register_buffer("v_cache", v_cache, persistent=False)
 
     def update(self, cache_slots: Tensor, k: Tensor, v: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
         """Write k, v [B, n_kv, T, D] at cache_slots [T] (each < num_slots); return this batch's
@@ -184,12 +183,6 @@ class KVCache(nn.Module):
         k_out.index_copy_(2, cache_slots, k)
         v_out.index_copy_(2, cache_slots, v)
         return k_out, v_out
-
-    def compact(self, src_slots: Tensor, dst_start: int) -> None:
-        """Copy slots src_slots [n] to dst_start..dst_start+n-1 (overlap-safe: gathered first)."""
-        dst = slice(dst_start, dst_start + src_slots.numel())
-        self.k_cache[:, :, dst] = self.k_cache.index_select(2, src_slots)
-        self.v_cache[:, :, dst] = self.v_cache.index_select(2, src_slots)
 
 
 class FastTarget(nn.Module):
@@ -207,6 +200,8 @@ class FastTarget(nn.Module):
         self.output = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.tie_weights()
         self.register_buffer("inv_freq", None, persistent=False)  # float32 [head_dim/2], setup_cache
+        # every layer's K and V, [num_layers, 2, max_batch_size, n_kv, max_seq_len, head_dim] (setup_cache)
+        self.register_buffer("kv_stack", None, persistent=False)
         self.max_batch_size = 0
         self.max_seq_len = 0
         self.triton_kernels = False
@@ -222,8 +217,7 @@ class FastTarget(nn.Module):
     def triton_support(self) -> str | None:
         """Why the Triton kernels cannot run this model (e.g. not on CUDA), or None when they can
         (`fused_decode.kernel_support`)."""
-        args = self.args
-        return fused_decode.kernel_support(self.output.weight, args.head_dim, args.num_heads, args.num_kv_heads)
+        return fused_decode.kernel_support(self.output.weight, self.args.head_dim)
 
     def tie_weights(self) -> None:
         """Share the embedding with the head when the config ties them (no-op otherwise)."""
@@ -232,7 +226,8 @@ class FastTarget(nn.Module):
 
     def setup_cache(self, max_batch_size: int, max_seq_len: int, dtype: torch.dtype | None = None,
                     device: torch.device | str | None = None) -> None:
-        """(Re)allocate zeroed KV caches [max_batch_size, n_kv, max_seq_len, head_dim] per layer.
+        """(Re)allocate zeroed KV caches [max_batch_size, n_kv, max_seq_len, head_dim] per layer,
+        as views of one stacked tensor (`kv_stack`).
 
         dtype/device default to the weights' (call it after moving the model; the float32 RoPE
         frequencies are built here too). Raises ValueError when max_seq_len exceeds the model's
@@ -247,9 +242,10 @@ class FastTarget(nn.Module):
             raise ValueError(f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
                              f"{args.max_position_embeddings}")
         dtype, device = dtype or weight.dtype, device or weight.device
-        for layer in self.layers:
-            layer.attention.kv_cache = KVCache(max_batch_size, args.num_kv_heads, max_seq_len,
-                                               args.head_dim, dtype, device)
+        self.kv_stack = torch.zeros(args.num_layers, 2, max_batch_size, args.num_kv_heads, max_seq_len,
+                                    args.head_dim, dtype=dtype, device=device)
+        for layer, (k, v) in zip(self.layers, self.kv_stack):
+            layer.attention.kv_cache = KVCache(k, v)
         self.inv_freq = rope_inv_freq(args).to(device)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
 
@@ -299,16 +295,19 @@ class FastTarget(nn.Module):
     @torch.no_grad()
     def compact_cache(self, src_slots: Tensor, dst_start: int) -> None:
         """Move the K/V at src_slots [n] long, on the cache's device (e.g. a verified tree's
-        accepted path, in order), to slots dst_start..dst_start+n-1 in every layer and batch row.
+        accepted path, in order), to slots dst_start..dst_start+n-1 in every layer and batch row:
+        one gather and one copy over the stacked cache, whatever the number of layers
+        (overlap-safe: gathered first).
 
-        Raises ValueError when the destination runs past max_seq_len."""
-        if self.inv_freq is None:
+        Raises RuntimeError before `setup_cache`, ValueError when the destination runs past
+        max_seq_len."""
+        if self.kv_stack is None:
             raise RuntimeError("FastTarget.compact_cache before setup_cache")
         if dst_start + src_slots.numel() > self.max_seq_len:
             raise ValueError(f"compact_cache: slots {dst_start}..{dst_start + src_slots.numel() - 1} "
                              f"exceed max_seq_len {self.max_seq_len}")
-        for layer in self.layers:
-            layer.attention.kv_cache.compact(src_slots, dst_start)
+        stack = self.kv_stack
+        stack[:, :, :, :, dst_start:dst_start + src_slots.numel()] = stack.index_select(4, src_slots)
 
 
 class TransformerBlock(nn.Module):

@@ -59,9 +59,9 @@ class SpeculativeEngine:
     max_seq_len: cache size = prompt + max_new_tokens + num_draft_tokens at most.
     tokenizer: anything with decode(list[int]) -> str; needed for stop strings and text.
     compile (CUDA only): compile each target layer (torch.compile, in place), run decode and
-    verify forwards of up to 16 tokens through the Triton kernels of `kernels.fused_decode`
+    verify forwards of up to 64 tokens through the Triton kernels of `kernels.fused_decode`
     where the target allows (`target_kernels` says which path runs, and why), and replay them
-    as CUDA graphs (`TargetRunner.compile`); run the drafter's steps of up to 16 positions
+    as CUDA graphs (`TargetRunner.compile`); run the drafter's steps of up to 64 positions
     through the Triton kernels too, replayed as CUDA graphs (`GraphedDraft`; `draft_kernels`
     says which path runs). Otherwise the drafter runs eagerly.
     Raises ValueError when the drafter does not fit the target (hidden size, vocab, layers,
@@ -327,12 +327,13 @@ class SpeculativeEngine:
         (emitted: the accepted tokens and the bonus, which follow the path's positions)."""
         path = [0] + verdict.accepted
         contiguous = path[-1] == len(path) - 1  # a path is increasing: 0..n-1 is the only one ending at n-1
-        if not contiguous:
-            self.target.compact_cache(torch.tensor(path, device=self.device) + req.length, req.length)
+        nodes = None if contiguous else torch.tensor(path, device=self.device)
+        if nodes is not None:
+            self.target.compact_cache(nodes + req.length, req.length)
         req.length += len(path)
         if self.draft is not None:
             req.pending_ids = torch.tensor(emitted, device=self.device)
-            kept = aux[:len(path)] if contiguous else aux[torch.tensor(path, device=self.device)]
+            kept = aux[:len(path)] if nodes is None else aux[nodes]
             req.pending_aux = kept.to(self.fast_draft.fc.dtype)
 
 
@@ -350,7 +351,7 @@ class TargetRunner:
         target.setup_cache(1, max_seq_len, device=device)
 
     def compile(self) -> str:
-        """Compile each target layer (torch.compile, in place), run forwards of up to 16 tokens
+        """Compile each target layer (torch.compile, in place), run forwards of up to 64 tokens
         through the Triton kernels where the target allows, and replay decode / verify forwards
         as CUDA graphs from now on. Returns which kernels run: "triton", or "torch (why not)"."""
         for layer in self.target.layers:

@@ -21,8 +21,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-MAX_TOKENS = 16  # new tokens per forward on this path (verify: num_draft_tokens <= 16)
-MAX_QUERY_ROWS = 128  # query heads per kv head x tokens one attention program holds
+MAX_TOKENS = 64  # new tokens per forward on this path (verify: num_draft_tokens <= 64)
 
 
 @dataclass(frozen=True)
@@ -50,11 +49,10 @@ class LayerWeights:
     num_heads: int
 
 
-def kernel_support(weight: Tensor, head_dim: int, num_heads: int, num_kv_heads: int) -> str | None:
-    """Why the Triton kernels cannot run a model with this weight (device, dtype) and attention
-    shape, or None when they can: CUDA, bf16 / fp16 weights, Triton installed, head_dim a power
-    of two >= 16, at most 8 query heads per kv head (16 tokens of a group in one program)."""
-    group = num_heads // num_kv_heads
+def kernel_support(weight: Tensor, head_dim: int) -> str | None:
+    """Why the Triton kernels cannot run a model with this weight (device, dtype) and head
+    size, or None when they can: CUDA, bf16 / fp16 weights, Triton installed, head_dim a power
+    of two >= 16."""
     if weight.device.type != "cuda":
         return f"weights on {weight.device.type}, not CUDA"
     if weight.dtype not in (torch.bfloat16, torch.float16):
@@ -63,8 +61,6 @@ def kernel_support(weight: Tensor, head_dim: int, num_heads: int, num_kv_heads: 
         return "Triton is not installed"
     if head_dim < 16 or head_dim & (head_dim - 1):
         return f"head_dim {head_dim} (a power of two >= 16 only)"
-    if group * MAX_TOKENS > MAX_QUERY_ROWS:
-        return f"{group} query heads per kv head (at most {MAX_QUERY_ROWS // MAX_TOKENS})"
     return None
 
 

@@ -1,4 +1,4 @@
-"""Triton kernels for the target's decode and verify forwards (1 to 16 new tokens, batch 1),
+"""Triton kernels for the target's decode and verify forwards (1 to 64 new tokens, batch 1),
 and the drafter's steps.
 
 At batch 1 a decode step reads every weight once for a few multiply-adds per element: its time
@@ -6,7 +6,7 @@ is weight bytes / memory bandwidth, plus whatever else runs. The kernels here st
 at least as fast as cuBLAS inside a CUDA graph (benchmarks/triton_kernels.py; figures in
 benchmarks/RESULTS.md) and replace the small ops around the matmuls:
 
-- `linear`: a GEMV for one token, a thin tensor-core GEMM for up to 16 (verify). Two variants
+- `linear`: a GEMV for one token, a thin tensor-core GEMM for up to 64 (verify). Two variants
   do the next op in their epilogue: `linear_silu_mul` (silu(gate) * up of the fused gate|up
   projection) and `qkv_rope_to_cache` (RoPE of q and k, K and V written into the cache).
 - `add_rms_norm`: the residual add and the next RMSNorm in one pass.
@@ -40,9 +40,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-THIN_GEMM_ROWS = 16  # rows a `linear` call takes
+THIN_GEMM_ROWS = 64  # rows a `linear` call takes (a thin GEMM pads them to 16, 32 or 64)
 BLOCK_SLOTS = 64  # cache slots per inner attention step
 MIN_ATTENTION_PROGRAMS = 264  # two waves on a 132-SM H100 / H200: the cache is read in parallel
+ATTENTION_ROWS = 64  # query rows (tokens x query heads of one kv head) an attention program holds at most
 
 # what a linear kernel does with its outputs (EPILOGUE; constexpr: kernels read them as globals)
 PLAIN, SILU_MUL, ROPE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -151,20 +152,20 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, N, K, HALF, T, pos_ptr, slot_ptr
 def _thin_gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, HALF, T, pos_ptr, slot_ptr, inv_freq_ptr,
                       k_cache_ptr, v_cache_ptr, num_heads, num_kv_heads, cache_len, HAS_BIAS: tl.constexpr,
                       EPILOGUE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      K_BLOCKS: tl.constexpr, USE_PDL: tl.constexpr):
-    """All M <= 16 rows m, BLOCK_N outputs n (as `_gemv_kernel`): tensor-core dots over 16
-    padded rows."""
+                      K_BLOCKS: tl.constexpr, BLOCK_M: tl.constexpr, USE_PDL: tl.constexpr):
+    """All M <= BLOCK_M rows m, BLOCK_N outputs n (as `_gemv_kernel`): tensor-core dots over
+    BLOCK_M (16, 32 or 64) padded rows."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
     rows = n // HALF * (2 * HALF) + n % HALF if EPILOGUE != PLAIN else n
-    offs_m = tl.arange(0, 16)
+    offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
     ks = tl.arange(0, BLOCK_K)
-    acc_a = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    acc_a = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for kb in range(K_BLOCKS):
         offs_k = kb * BLOCK_K + ks
         w_a, w_b = _load_rows(w_ptr, rows, HALF, K, kb, n_mask, ks, EPILOGUE != PLAIN, BLOCK_K)
@@ -183,16 +184,22 @@ def _linear_config(m: int, rows: int, k: int, paired: bool) -> tuple[int, int, i
     if m == 1:
         block_n, block_k, num_stages = (2, 2048, 1) if k <= 8192 else (1, 1024, 1)
         return max(1, block_n // 2) if paired else block_n, block_k, num_stages
-    if rows > 8192:  # gate|up: 128 weight rows, 4 stages; lm_head: 3 stages (both measured best)
-        block_n, block_k, num_stages = (128, 128, 4) if paired else (64, 128, 3)
-    else:
-        block_n, block_k, num_stages = (32, 512, 4) if rows <= 4096 else (64, 256, 4)
+    if m <= 16:
+        if rows > 8192:  # gate|up: 128 weight rows, 4 stages; lm_head: 3 stages (both measured best)
+            block_n, block_k, num_stages = (128, 128, 4) if paired else (64, 128, 3)
+        else:
+            block_n, block_k, num_stages = (32, 512, 4) if rows <= 4096 else (64, 256, 4)
+    else:  # 17-64 rows (in-graph sweep on the Llama-3-8B shell, benchmarks/RESULTS.md; lm_head unswept)
+        if rows > 8192:
+            block_n, block_k, num_stages = (128, 128, 2) if paired else (64, 128, 4)
+        else:
+            block_n, block_k, num_stages = (32, 128, 4) if 4096 < rows and m <= 32 else (64, 128, 4)
     return block_n // 2 if paired else block_n, block_k, num_stages
 
 
 def _launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, num_out: int, half: int,
                    epilogue: tl.constexpr, rope: tuple = (None, None, None, None, None, 1, 0, 0, 0)) -> None:
-    """Launch the GEMV (one row of x) or thin GEMM (2-16 rows) for `num_out` outputs per row."""
+    """Launch the GEMV (one row of x) or thin GEMM (2-64 rows) for `num_out` outputs per row."""
     m, k = x.shape
     if m > THIN_GEMM_ROWS:
         raise ValueError(f"triton linear: {m} rows, at most {THIN_GEMM_ROWS}")
@@ -207,15 +214,16 @@ def _launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, nu
                            num_heads, num_kv_heads, cache_len, **common)
     else:
         _thin_gemm_kernel[grid](x, weight, bias, y, m, num_out, k, half, t, pos, slots, inv_freq, k_cache,
-                                v_cache, num_heads, num_kv_heads, cache_len, **common)
+                                v_cache, num_heads, num_kv_heads, cache_len,
+                                BLOCK_M=max(16, triton.next_power_of_2(m)), **common)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: torch.dtype | None = None) -> Tensor:
-    """x @ weight.T (+ bias) for x [M, K] with M <= 16 rows (contiguous), weight [N, K]
+    """x @ weight.T (+ bias) for x [M, K] with M <= 64 rows (contiguous), weight [N, K]
     (contiguous), bias [N]: [M, N] in out_dtype (default x's), accumulated in float32.
 
     M = 1 is a GEMV, M > 1 a thin tensor-core GEMM; block sizes from in-graph sweeps
-    (benchmarks/triton_kernels.py, `_linear_config`). Raises ValueError for M > 16.
+    (benchmarks/triton_kernels.py, `_linear_config`). Raises ValueError for M > 64.
     """
     x = x.contiguous()
     y = torch.empty(x.shape[0], weight.shape[0], device=x.device, dtype=out_dtype or x.dtype)
@@ -225,7 +233,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_dtype: tor
 
 def linear_silu_mul(x: Tensor, w13: Tensor) -> Tensor:
     """silu(x @ gate.T) * (x @ up.T) for a fused gate|up weight w13 [2I, K] (gate rows first),
-    x [M, K], M <= 16: [M, I] in x's dtype, rounded as the torch path rounds F.silu(gate) * up
+    x [M, K], M <= 64: [M, I] in x's dtype, rounded as the torch path rounds F.silu(gate) * up
     of the projection rounded to x's dtype."""
     x = x.contiguous()
     inter = w13.shape[0] // 2
@@ -239,7 +247,7 @@ def qkv_rope_to_cache(x: Tensor, wqkv: Tensor, bias: Tensor | None, position_ids
     """The fused q|k|v projection with RoPE and the cache writes in its epilogue: what
     `rope_to_cache(linear(x, wqkv, bias), ...)` does without q-/k-norm, in one kernel.
 
-    x [B*T, K] (M <= 16 rows); wqkv [(nq + 2 n_kv) * D, K], bias the same rows or None; the
+    x [B*T, K] (M <= 64 rows); wqkv [(nq + 2 n_kv) * D, K], bias the same rows or None; the
     other arguments as `rope_to_cache`. Returns q [B*T, nq, D] in x's dtype.
     """
     x = x.contiguous()
@@ -380,19 +388,20 @@ def _attend_block(q, k, v, visible, m_i, l_i, acc, scale):
 
 @triton.jit
 def _attention_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, mask_ptr, slot_ptr, out_ptr, lse_ptr, T, num_slots,
-                            num_kv_heads, cache_len, mask_b_stride, mask_t_stride, num_splits, scale,
+                            num_kv_heads, cache_len, mask_b_stride, mask_t_stride, num_splits, num_rows, scale,
                             GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
                             HEAD_DIM: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
                             USE_PDL: tl.constexpr):
-    """Program (b * n_kv + kv head, split): the GROUP query heads of that kv head for all T
-    tokens (rows r = t * GROUP + g) over slots [split * SPLIT, (split + 1) * SPLIT).
+    """Program (b * n_kv + kv head, split, tile): rows r = t * GROUP + g (token t, query head g
+    of that kv head) tile * BLOCK_R .. + BLOCK_R - 1 of the T * GROUP (num_rows: the tiles'
+    rows), over slots [split * SPLIT, (split + 1) * SPLIT).
 
     The split's first block of K / V is requested before the PDL wait: the kernel before this
     one wrote only this forward's slots (slot_ptr [T]), so a block holding none of them is
     final; a block holding one is read again after the wait."""
     bh, split = tl.program_id(0), tl.program_id(1)
     b, kv_head = bh // num_kv_heads, bh % num_kv_heads
-    r = tl.arange(0, BLOCK_R)
+    r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     t, g = r // GROUP, r % GROUP
     r_mask = t < T
     d = tl.arange(0, HEAD_DIM)
@@ -423,14 +432,14 @@ def _attention_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, mask_ptr, slot_ptr,
         if tl.max(visible.to(tl.int32)) > 0:  # a block the mask hides: nothing read, nothing to add
             m_i, l_i, acc = _attend_block(q, k, v, visible, m_i, l_i, acc, scale)
     seen = l_i > 0
-    part = (bh * num_splits + split) * BLOCK_R + r
+    part = (bh * num_splits + split) * num_rows + r
     tl.store(out_ptr + part[:, None] * HEAD_DIM + d[None, :], acc / tl.where(seen, l_i, 1.0)[:, None])
     tl.store(lse_ptr + part, tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf")))
 
 
 @triton.jit
-def _attention_combine_kernel(part_ptr, lse_ptr, out_ptr, T, num_kv_heads, num_splits,
-                              GROUP: tl.constexpr, BLOCK_R: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _attention_combine_kernel(part_ptr, lse_ptr, out_ptr, T, num_kv_heads, num_splits, num_rows,
+                              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                               SPLITS: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (b * n_kv + kv head, row r): sum of the splits' outputs weighted by exp(lse)."""
     if USE_PDL:
@@ -441,7 +450,7 @@ def _attention_combine_kernel(part_ptr, lse_ptr, out_ptr, T, num_kv_heads, num_s
     t, g = r // GROUP, r % GROUP
     splits = tl.arange(0, SPLITS)
     d = tl.arange(0, HEAD_DIM)
-    part = (bh * num_splits + splits) * BLOCK_R + r
+    part = (bh * num_splits + splits) * num_rows + r
     lse = tl.load(lse_ptr + part, mask=splits < num_splits, other=float("-inf"))
     weight = tl.exp(lse - tl.max(lse, axis=0))
     seen = lse > float("-inf")  # splits the mask hid entirely are not read
@@ -460,27 +469,28 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, attn_mask: Tensor, ca
     cache_slots [T] long: the slots whose K / V the kernel launched just before this one wrote
     (`qkv_rope_to_cache`, `rope_to_cache`). With PDL, blocks of other slots are read while that
     kernel finishes: a slot written earlier and not named here would be read stale.
-    Returns [B*T, nq, D] in q's dtype. D: a power of two >= 16; GROUP * T <= 128.
+    Returns [B*T, nq, D] in q's dtype. D: a power of two >= 16. The T * GROUP query rows of a
+    kv head are split into tiles of at most ATTENTION_ROWS, one program each.
     """
     batch, _, t, num_slots = attn_mask.shape
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads, cache_len = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // num_kv_heads
-    block_r = max(16, triton.next_power_of_2(group * t))
+    block_r = max(16, min(ATTENTION_ROWS, triton.next_power_of_2(group * t)))
+    tiles = triton.cdiv(group * t, block_r)
     blocks = triton.cdiv(num_slots, BLOCK_SLOTS)
     blocks_per_split = max(1, blocks // triton.cdiv(MIN_ATTENTION_PROGRAMS, batch * num_kv_heads))
     num_splits = triton.cdiv(blocks, blocks_per_split)
-    parts = torch.empty(batch * num_kv_heads, num_splits, block_r, head_dim, device=q.device,
+    parts = torch.empty(batch * num_kv_heads, num_splits, tiles * block_r, head_dim, device=q.device,
                         dtype=torch.float32)
-    lse = torch.empty(batch * num_kv_heads, num_splits, block_r, device=q.device, dtype=torch.float32)
-    _attention_split_kernel[(batch * num_kv_heads, num_splits)](
+    lse = torch.empty(batch * num_kv_heads, num_splits, tiles * block_r, device=q.device, dtype=torch.float32)
+    _attention_split_kernel[(batch * num_kv_heads, num_splits, tiles)](
         q, k_cache, v_cache, attn_mask, cache_slots, parts, lse, t, num_slots, num_kv_heads, cache_len,
-        attn_mask.stride(0), attn_mask.stride(2), num_splits, 1.0 / math.sqrt(head_dim), GROUP=group,
-        BLOCK_R=block_r, BLOCK_T=max(16, triton.next_power_of_2(t)), HEAD_DIM=head_dim,
-        SPLIT=BLOCK_SLOTS * blocks_per_split,
-        BLOCK_S=BLOCK_SLOTS, num_warps=4, **_pdl_launch(q.device))
+        attn_mask.stride(0), attn_mask.stride(2), num_splits, tiles * block_r, 1.0 / math.sqrt(head_dim),
+        GROUP=group, BLOCK_R=block_r, BLOCK_T=max(16, triton.next_power_of_2(t)), HEAD_DIM=head_dim,
+        SPLIT=BLOCK_SLOTS * blocks_per_split, BLOCK_S=BLOCK_SLOTS, num_warps=4, **_pdl_launch(q.device))
     out = torch.empty_like(q)
     _attention_combine_kernel[(batch * num_kv_heads, group * t)](
-        parts, lse, out, t, num_kv_heads, num_splits, GROUP=group, BLOCK_R=block_r, HEAD_DIM=head_dim,
+        parts, lse, out, t, num_kv_heads, num_splits, tiles * block_r, GROUP=group, HEAD_DIM=head_dim,
         SPLITS=triton.next_power_of_2(num_splits), **_pdl_launch(q.device))
     return out

@@ -81,9 +81,10 @@ def test_tree_step_under_a_scratch_mask_matches_the_drafter(dtype, flags):
 
 def test_graph_keys_cover_every_step_a_setting_runs_after_its_first_round():
     from specdraft.engine.fast_draft import draft_graph_keys
+    from specdraft.engine.kernels import fused_decode
 
     first = [(t, True, False) for t in range(1, 5)]  # a verify accepts 0..3 drafts, plus the bonus token
     assert draft_graph_keys(3, 1) == first + [(1, False, False)]  # chain steps: one row, no mask
     assert draft_graph_keys(3, 4) == first + [(4, False, True)]  # tree steps: topk rows under a mask
     assert draft_graph_keys(1, 1) == [(1, True, False), (2, True, False)]  # no later steps
-    assert draft_graph_keys(20, 1)[-2] == (16, True, False)  # at most 16 positions
+    assert draft_graph_keys(70, 1)[-2] == (fused_decode.MAX_TOKENS, True, False)  # at most MAX_TOKENS positions

@@ -176,6 +176,30 @@ def test_compact_cache_then_decode_matches_fresh_forward(pair):
     assert (step.logits[:, 0] - expected).abs().max() < TOL
 
 
+@torch.no_grad()
+def test_compact_cache_moves_every_layers_and_rows_slots_and_nothing_else():
+    """One gather over the stacked cache: for each layer, K and V, batch row and kv head, slots
+    src land at dst_start.. in order (src overlapping the destination), other slots keep
+    their values, and the layers' caches are views of the stack the forward writes."""
+    args = ModelArgs(model_type="llama", hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
+                     intermediate_size=48, vocab_size=64, max_position_embeddings=64)
+    fast = FastTarget(args)
+    fast.setup_cache(2, 16)
+    fast.kv_stack.copy_(torch.randn(fast.kv_stack.shape, generator=torch.Generator().manual_seed(0)))
+    before = [(layer.attention.kv_cache.k_cache.clone(), layer.attention.kv_cache.v_cache.clone())
+              for layer in fast.layers]
+    src, dst_start = torch.tensor([5, 7, 8, 11]), 6  # slot 7 is read and written, 8 too
+    fast.compact_cache(src, dst_start)
+    moved = list(range(dst_start, dst_start + src.numel()))
+    kept = [s for s in range(16) if s not in moved]
+    for layer, (k, v) in zip(fast.layers, before):
+        cache = layer.attention.kv_cache
+        for new, old in ((cache.k_cache, k), (cache.v_cache, v)):
+            assert torch.equal(new[:, :, moved], old[:, :, src]) and torch.equal(new[:, :, kept], old[:, :, kept])
+    with pytest.raises(ValueError, match="exceed max_seq_len 16"):
+        fast.compact_cache(src, 13)
+
+
 def test_tied_head_shares_the_embedding(pair):
     hf, fast = pair
     assert (fast.output.weight is fast.tok_embeddings.weight) == hf.config.tie_word_embeddings

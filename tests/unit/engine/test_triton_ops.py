@@ -41,7 +41,7 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.double().cpu() - ref).norm() / ref.norm()).item()
 
 
-@pytest.mark.parametrize("m", [1, 3, 16])  # GEMV, thin GEMM with padded rows, full thin GEMM
+@pytest.mark.parametrize("m", [1, 3, 16, 40, 64])  # GEMV, thin GEMM of 16 rows (padded / full), of 64 (padded / full)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("k", [96, 9000])  # one K block or several (both configurations), ragged
 def test_linear_matches_torch(m, bias, k):
@@ -57,8 +57,8 @@ def test_linear_matches_torch(m, bias, k):
 def test_linear_float32_output_and_row_limit():
     x, w = _randn(2, 32, seed=1), _randn(48, 32, seed=2)
     assert linear(x, w, out_dtype=torch.float32).dtype == torch.float32
-    with pytest.raises(ValueError, match="17 rows, at most 16"):
-        linear(_randn(17, 32), w)
+    with pytest.raises(ValueError, match="65 rows, at most 64"):
+        linear(_randn(65, 32), w)
 
 
 @pytest.mark.parametrize("with_delta", [False, True])
@@ -70,7 +70,7 @@ def test_add_rms_norm_matches_torch(with_delta):
     assert _rel_err(normed, rms_norm(ref_total, weight, 1e-5)) < TOL
 
 
-@pytest.mark.parametrize("m", [1, 3])  # GEMV, thin GEMM
+@pytest.mark.parametrize("m", [1, 3, 20])  # GEMV, thin GEMM of 16 rows, of 32
 def test_linear_silu_mul_matches_torch(m):
     inter, k = 150, 200  # ragged: no block size divides either
     x, w13 = _randn(m, k, seed=1), _randn(2 * inter, k, seed=2, scale=0.1)
@@ -126,7 +126,7 @@ def test_rope_to_cache_matches_torch_and_writes_only_its_slots(qk_norm):
     assert (k_cache[:, :, untouched.to(DEVICE)] == 7).all() and (v_cache[:, :, untouched.to(DEVICE)] == 7).all()
 
 
-@pytest.mark.parametrize("t,group", [(1, 4), (5, 2), (16, 1)])
+@pytest.mark.parametrize("t,group", [(1, 4), (5, 2), (16, 1), (40, 4)])  # (40, 4): 3 tiles of 64 rows, one partial
 @pytest.mark.parametrize("min_programs", [4, 264])  # splits of 5 blocks of 64 slots, or of one
 def test_attention_matches_sdpa_under_masks(t, group, min_programs, monkeypatch):
     monkeypatch.setattr(triton_ops, "MIN_ATTENTION_PROGRAMS", min_programs)
@@ -206,8 +206,9 @@ def _restore(model: FastTarget, caches: list[tuple[torch.Tensor, torch.Tensor]])
 @pytest.mark.parametrize("name", list(ARGS))
 @torch.no_grad()
 def test_fused_forward_matches_torch_path(name):
-    """A decode step, then a 5-node tree verify (depth positions, a sibling-blind mask), through
-    both paths from the same cache; both compared with the torch path in float64."""
+    """A decode step, a 5-node tree verify (depth positions, a sibling-blind mask), then a
+    40-token verify, through both paths from the same cache; both compared with the torch path
+    in float64."""
     model = _random_target(ARGS[name])
     exact = copy.deepcopy(model).double()
     max_seq = 300
@@ -218,9 +219,11 @@ def test_fused_forward_matches_torch_path(name):
           causal_mask(0, 20, max_seq, device=DEVICE))
     tree_mask = causal_mask(21, 5, max_seq).clone()
     tree_mask[0, 0, 2:4, 22] = False  # node 2 is node 1's sibling, node 3 node 2's child
+    chunk = torch.randint(0, 200, (1, 40), generator=torch.Generator().manual_seed(2))  # > 16 tokens: 64-row GEMMs
     steps = [(torch.tensor([[5]]), torch.tensor([[20]]), torch.tensor([20]), causal_mask(20, 1, max_seq)),
              (torch.tensor([[9, 3, 4, 8, 1]]), torch.tensor([[21, 22, 22, 23, 24]]), torch.arange(21, 26),
-              tree_mask)]
+              tree_mask),
+             (chunk, torch.arange(26, 66)[None], torch.arange(26, 66), causal_mask(26, 40, max_seq))]
     for step in steps:
         ids, positions, slots, mask = (tensor.to(DEVICE) for tensor in step)
         truth = exact(ids, positions, slots, mask, aux_layers=(0, 1, 2))
@@ -428,9 +431,11 @@ def test_compiled_tree_rounds_write_the_verify_inputs_of_a_rebuilt_cache():
     prompt = list(range(1, 13))
     first = engine.generate(prompt, 16)
     assert first.metrics.num_verify_steps > 2 and engine.run_round is not None
+    old_cache = target.kv_stack  # held: the rebuilt caches cannot reuse its memory (and address)
     SpeculativeEngine(target, None, None, None, 48, DEVICE).generate(prompt, 4)  # rebuilds the target's cache
     assert engine.generate(prompt, 16).token_ids == first.token_ids
     assert len({key[2] for key in engine.runner.graphed.graphs}) == 2  # graphs of both caches, one set of inputs
+    assert target.kv_stack.data_ptr() != old_cache.data_ptr()
 
 
 class _LazyGraph:
