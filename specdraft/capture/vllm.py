@@ -56,14 +56,13 @@ class VllmOptions:
 def check_options(options: VllmOptions) -> None:
     """Refuse what this path cannot run, with the reason. vLLM's offline `LLM` refuses
     data_parallel_size > 1 in one process (vllm entrypoints/llm.py: "not supported for
-    single-process usage"); one engine per data-parallel rank is started by launching
-    `specdraft capture` once per rank on its own GPUs, each into its own store."""
+    single-process usage"); one engine process per rank is not built yet (docs/DESIGN.md)."""
     if options.data_parallel_size != 1:
         raise CaptureError(
             f"--data-parallel-size {options.data_parallel_size}: vLLM's offline engine runs one "
-            "data-parallel rank per process (vllm entrypoints/llm.py refuses it in one process); "
-            "run one `specdraft capture --engine vllm` per rank on its own GPUs "
-            "(CUDA_VISIBLE_DEVICES), each on its part of the data into its own store")
+            "data-parallel rank per process (vllm entrypoints/llm.py refuses more in one process) and "
+            "specdraft does not start one per rank yet; capture with one engine over all the GPUs "
+            "(--tensor-parallel-size N)")
 
 
 class _Weight:

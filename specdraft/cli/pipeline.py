@@ -44,7 +44,8 @@ def capture(
     engine: CaptureEngine = typer.Option("transformers", help="What runs the target: transformers (here, on "
                                          "--device) or vllm (its engine; the options below)."),
     tensor_parallel_size: int = typer.Option(1, min=1, help="With --engine vllm: GPUs per engine."),
-    data_parallel_size: int = typer.Option(1, min=1, help="With --engine vllm: engines (one per process)."),
+    data_parallel_size: int = typer.Option(1, min=1, help="With --engine vllm: engines; > 1 is refused for now "
+                                    "(vLLM runs one per process)."),
     max_model_len: int | None = typer.Option(None, min=2, help="With --engine vllm: longest request "
                                              "(default: --max-length + 1)."),
     gpu_memory_utilization: float | None = typer.Option(None, min=0.0, max=1.0, help="With --engine vllm: "

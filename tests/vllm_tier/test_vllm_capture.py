@@ -179,8 +179,3 @@ def test_deepseek_mla_target_captures_from_layer_1(world):
     with pytest.raises(CaptureError, match=r"\(embeddings\) is not capturable on DeepSeek.*--engine transformers"):
         capture_dataset(cfg)
     assert not (root / "ds-0").exists()
-
-
-def test_data_parallel_is_refused_with_the_launch(world):
-    with pytest.raises(CaptureError, match="one `specdraft capture --engine vllm` per rank"):
-        capture_dataset(config(world, "dp", (2, 4, 5), "vllm", vllm=VllmOptions(data_parallel_size=2)))

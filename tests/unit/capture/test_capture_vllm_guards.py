@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specdraft.capture.forward import target_head_tensors, target_meta
-from specdraft.capture.vllm import HeadTarget, request_ids
+from specdraft.capture.store import CaptureError
+from specdraft.capture.vllm import HeadTarget, VllmOptions, check_options, request_ids
 from specdraft.conventions import ConventionError
 from specdraft.target import load_target
 from tests.unit.capture.test_capture_guards import capture, one_line_error
@@ -53,3 +54,9 @@ def test_request_ids_add_the_last_layer_once():
     assert request_ids([1, 2, 3], 4, "deepseek") == ([1, 2, 3, 4], [0, 1, 2], 3)
     with pytest.raises(ConventionError, match="embeddings"):
         request_ids([0, 2, 3], 4, "deepseek")
+
+
+def test_data_parallel_is_refused_with_the_reason():
+    check_options(VllmOptions(tensor_parallel_size=8))
+    with pytest.raises(CaptureError, match="one data-parallel rank per process.*--tensor-parallel-size N"):
+        check_options(VllmOptions(data_parallel_size=2))
