@@ -52,7 +52,7 @@ def time_capture(engine: str, data: Path, out: Path, max_length: int) -> dict:
     cfg = CaptureConfig(str(PYCODE), str(data), str(out), aux_layers=(2, 4, 5), chat=False,
                         max_length=max_length, shard_tokens=8192, engine=engine)
     marks: dict[str, float] = {}
-    import specdraft.capture.write as write
+    from specdraft.capture import write
 
     original = write._capture_missing
 

@@ -13,7 +13,6 @@ from specdraft.capture.vllm import VllmOptions
 from specdraft.capture.write import CaptureResult, check_store_dir, write_store
 from specdraft.conventions import parse_dtype
 
-
 ENGINES = ("transformers", "vllm")  # what runs the target: `capture_dataset`
 
 
@@ -147,7 +146,12 @@ def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
     """`capture_dataset` with the network in vLLM: the head weights from the files, samples
     too long for --max-model-len dropped (skip_bad) or refused, the engine started before the
     store is touched."""
-    from specdraft.capture.vllm import HeadTarget, VllmCapture, drop_too_long, import_vllm
+    from specdraft.capture.vllm import (
+        HeadTarget,
+        VllmCapture,
+        drop_too_long,
+        import_vllm,
+    )
     from specdraft.conventions import default_aux_layers
 
     import_vllm()

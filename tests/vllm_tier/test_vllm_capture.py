@@ -19,8 +19,8 @@ import torch
 from specdraft.capture.stage import CaptureConfig, capture_dataset
 from specdraft.capture.store import CaptureError, CaptureStore
 from specdraft.capture.vllm import VllmCapture, VllmOptions, drop_too_long
-from specdraft.data.render import Sample
 from specdraft.data.records import DataError
+from specdraft.data.render import Sample
 from specdraft.train.config import TrainConfig
 from specdraft.train.loop import train
 from tests.paths import PYCODE, REPO
