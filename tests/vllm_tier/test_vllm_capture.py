@@ -5,7 +5,10 @@ chat template, truncated to 96 tokens, 4 shards: the store through vLLM equals t
 transformers (identical token ids and loss masks, aux and last hidden states within 1e-4 of
 their largest magnitude, fp32) for aux layers [2, 4, 5] and [0, 4, 8] (embeddings and index L,
 the last layer's pre-norm output); a capture interrupted after its first shard resumes to the
-same store; a drafter trained 200 steps on each store gives validation replayed tau within 0.02.
+same store; a drafter trained 200 steps on each store gives validation replayed tau within 0.02
+(a small drafter: MLP 256 wide, draft vocabulary 512, 2 TTT steps, batch 4, so that it trains in
+seconds on the CPU). MLA: a tiny DeepseekV3 captures from layer 1 as transformers does; index 0
+and a target vLLM cannot load are refused in one line with the fallback.
 """
 
 from __future__ import annotations
@@ -179,3 +182,23 @@ def test_deepseek_mla_target_captures_from_layer_1(world):
     with pytest.raises(CaptureError, match=r"\(embeddings\) is not capturable on DeepSeek.*--engine transformers"):
         capture_dataset(cfg)
     assert not (root / "ds-0").exists()
+
+
+def test_a_target_vllm_cannot_load_is_one_line_and_writes_nothing(world):
+    """The tiny MoE DeepseekV3 (its gate has no e_score_correction_bias, which vLLM's
+    deepseek_v2.py loader expects): vLLM's reason in one line, the fallback, no store."""
+    from transformers import AutoTokenizer
+
+    root, data = world
+    target = root / "deepseek-moe"
+    tiny_model("deepseek_v3", seed=0, num_layers=4, vocab_size=4096, hidden_size=128, head_dim=64,
+               kv_lora_rank=512, qk_rope_head_dim=64).save_pretrained(target)
+    AutoTokenizer.from_pretrained(str(PYCODE)).save_pretrained(target)
+    cfg = CaptureConfig(str(target), str(data), str(root / "moe"), aux_layers=(1, 2, 3), chat=False,
+                        engine="vllm", max_length=MAX_LENGTH)
+    with pytest.raises(CaptureError, match="vLLM cannot capture aux hidden states of") as err:
+        capture_dataset(cfg)
+    message = str(err.value)
+    h.REPORT["vllm_capture_unloadable"] = message
+    assert "\n" not in message and message.endswith("capture this target with --engine transformers")
+    assert not (root / "moe").exists() and not list(root.glob(".moe.vllm-*"))
