@@ -5,8 +5,9 @@ specdraft names a residual stream by index (shared/DESIGN.md, "Aux hidden-state 
 k in 1..L = output of decoder layer k (1-based). Index L is the last layer's output *before*
 the final norm, which transformers' `hidden_states[L]` is not (it is taken after the norm).
 
-Where each part of a model lives is a table keyed by the model class (`_LAYOUTS`), checked
-against transformers 5.17-5.24; an unknown class is an error, never a guess.
+The parts are found from the model (`text_decoder`: transformers 5's `get_decoder()`, which
+multimodal wrappers point at their language model); the text model_type must be in
+`TARGET_CLASSES` (the engines' rule classes); checked against transformers 5.24.
 """
 
 from __future__ import annotations
@@ -25,56 +26,49 @@ import transformers
 from torch import nn
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
-
-@dataclass(frozen=True)
-class _Layout:
-    """Dotted submodule paths, from the top-level model, of the parts specdraft reads."""
-
-    embed_tokens: str
-    layers: str  # nn.ModuleList of decoder layers
-    final_norm: str
-    lm_head: str
-    text_model: str  # module that runs embedding -> layers -> norm on input_ids (no lm_head)
-
-
-def _causal_lm_layout(base: str) -> _Layout:
-    return _Layout(f"{base}.embed_tokens", f"{base}.layers", f"{base}.norm", "lm_head", base)
-
-
-# Top-level transformers class -> layout. Source: transformers 5.x modeling_{llama,qwen2,qwen3,
-# mistral,deepseek_v2,deepseek_v3,llava}.py (Llava: `model.language_model` is the base text
-# model, `lm_head` sits on the top-level class).
-_LAYOUTS: dict[str, _Layout] = {
-    "LlamaForCausalLM": _causal_lm_layout("model"),
-    "Qwen2ForCausalLM": _causal_lm_layout("model"),
-    "Qwen3ForCausalLM": _causal_lm_layout("model"),
-    "MistralForCausalLM": _causal_lm_layout("model"),
-    "DeepseekV2ForCausalLM": _causal_lm_layout("model"),
-    "DeepseekV3ForCausalLM": _causal_lm_layout("model"),
-    "LlavaForConditionalGeneration": _causal_lm_layout("model.language_model"),
-}
-
-# Config model_type -> class built when a config names no `architectures`.
+# Config model_type -> class built when a config names no `architectures` (transformers 5.24's
+# auto mappings: a multimodal model_type builds its conditional-generation wrapper).
 _DEFAULT_CLASSES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "mistral": "MistralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "llama4_text": "Llama4ForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "llava": "LlavaForConditionalGeneration",
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "mistral3": "Mistral3ForConditionalGeneration",
+    "kimi_k25": "Kimi_K25ForConditionalGeneration",
 }
 
-# Text config model_type -> target class, the key of the engines' aux-id rules (DESIGN.md:
-# SGLang's DeepSeek class reads explicit ids differently from its Llama/Qwen classes).
+# Text config model_type -> target class, the key of the engines' aux-id rules
+# (`conventions.ENGINE_RULES`; each class is one model file per engine).
 TARGET_CLASSES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "llama",
     "qwen3": "llama",
     "mistral": "llama",
+    "phi3": "phi3",
+    "qwen3_moe": "qwen3_moe",
+    "gpt_oss": "gpt_oss",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "llama4_text": "llama4",
+    "qwen2_vl_text": "qwen2_vl",
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
 }
+
+# Per-class deviations (transformers 5.24 modeling_gemma2.py / modeling_gemma3.py): the final
+# norm scales by (1 + weight), so the Llama-form weight a store records is 1 + weight.
+_NORM_PLUS_ONE = frozenset({"gemma2", "gemma3_text"})
+
 
 # Config fields that say how or where a config was saved or run, not what the network is.
 _VOLATILE_CONFIG_KEYS = frozenset(
@@ -109,32 +103,32 @@ class TargetOutput:
 
 
 class Target:
-    """A transformers target model with its parts located through `_LAYOUTS`.
+    """A transformers decoder LM (or a multimodal wrapper around one) with its text decoder's
+    parts located by `text_decoder`.
 
-    Raises ValueError naming the class when the model's class or text model_type is unknown.
+    Raises ValueError naming the class when its text model_type is not in `TARGET_CLASSES` or
+    no text decoder with embed_tokens, layers and norm is found.
     """
 
     def __init__(self, model: PreTrainedModel):
         name = type(model).__name__
-        if name not in _LAYOUTS:
-            raise ValueError(f"unsupported target class {name}; supported: {', '.join(_LAYOUTS)}")
         text_config = model.config.get_text_config()
         if text_config.model_type not in TARGET_CLASSES:
             raise ValueError(
                 f"unsupported text model_type {text_config.model_type!r} in {name}; "
                 f"supported: {', '.join(TARGET_CLASSES)}"
             )
-        layout = _LAYOUTS[name]
+        decoder = text_decoder(model)
         self.model = model
         self._config = text_config
-        self._embed_tokens = model.get_submodule(layout.embed_tokens)
-        self._layers = model.get_submodule(layout.layers)
-        self._final_norm = model.get_submodule(layout.final_norm)
-        self._lm_head = model.get_submodule(layout.lm_head)
-        self._text_model = model.get_submodule(layout.text_model)
+        self._text_model = decoder
+        self._embed_tokens = decoder.embed_tokens
+        self._layers = decoder.layers
+        self._final_norm = decoder.norm
+        self._lm_head = model.get_output_embeddings()
         if len(self._layers) != text_config.num_hidden_layers:
             raise ValueError(
-                f"{name} has {len(self._layers)} decoder layers at {layout.layers} but its config "
+                f"{name} has {len(self._layers)} decoder layers but its text config "
                 f"says num_hidden_layers={text_config.num_hidden_layers}"
             )
 
@@ -163,8 +157,25 @@ class Target:
 
     @property
     def target_class(self) -> str:
-        """"llama" (Llama, Qwen2, Qwen3, Mistral) or "deepseek" (DeepSeek-V2/V3)."""
+        """The engines' rule class (`TARGET_CLASSES`): "llama" (Llama, Qwen2, Qwen3, Mistral),
+        "deepseek" (DeepSeek-V2/V3, Kimi), or the class's own name."""
         return TARGET_CLASSES[self._config.model_type]
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The text decoder's layer stack (L modules)."""
+        return self._layers
+
+    @property
+    def text_model(self) -> nn.Module:
+        """The text decoder: embedding -> layers -> final norm on input_ids (no lm_head)."""
+        return self._text_model
+
+    def head_norm_weight(self) -> torch.Tensor:
+        """The final norm as a Llama-form RMSNorm weight [H] (x * rsqrt(mean x^2 + eps) * w):
+        the norm's weight, or 1 + weight for Gemma 2 / 3 (`_NORM_PLUS_ONE`)."""
+        weight = self._final_norm.weight.detach()
+        return weight + 1 if self._config.model_type in _NORM_PLUS_ONE else weight
 
     @property
     def embed_tokens(self) -> nn.Module:
@@ -198,7 +209,7 @@ class Target:
         indices = self._check_aux_layers(aux_layers)
         last = self.num_layers
         logits = None
-        with torch.inference_mode(), _capture(self._layers, {*indices, last}) as states:
+        with torch.inference_mode(), capture_states(self._layers, {*indices, last}) as states:
             kwargs = dict(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -251,8 +262,9 @@ class _Recorder:
 
 
 @contextlib.contextmanager
-def _capture(layers: nn.ModuleList, indices: set[int]) -> Iterator[dict[int, torch.Tensor]]:
-    """Hooks on the decoder layers for `indices` only; removed on exit, also on error."""
+def capture_states(layers: nn.ModuleList, indices: set[int]) -> Iterator[dict[int, torch.Tensor]]:
+    """Hooks on the decoder layers for specdraft `indices` only (0 = layer 1's input, k = layer
+    k's output); yields {index: [B, T, H]} filled by the forward run inside; removed on exit."""
     recorder = _Recorder()
     handles = []
     try:
@@ -338,12 +350,28 @@ def check_target_weights(path: str | Path) -> None:
 def _model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
     architectures = getattr(config, "architectures", None) or []
     name = architectures[0] if architectures else _DEFAULT_CLASSES.get(config.model_type)
-    if name not in _LAYOUTS:
+    model_class = getattr(transformers, name, None) if name else None
+    if model_class is None:
         raise ValueError(
             f"unsupported target class {name or '(none)'} (model_type {config.model_type!r}); "
-            f"supported: {', '.join(_LAYOUTS)}"
+            f"supported: {', '.join(_DEFAULT_CLASSES.values())}"
         )
-    return getattr(transformers, name)
+    return model_class
+
+
+def text_decoder(model: PreTrainedModel) -> nn.Module:
+    """The text decoder of a causal LM or a multimodal wrapper: `get_decoder()` (transformers 5),
+    else `model.model` (Llama4ForCausalLM: its base_model_prefix names no attribute in 5.24).
+    Raises ValueError naming the class when the decoder lacks embed_tokens, layers or norm."""
+    decoder = model.get_decoder()
+    if not hasattr(decoder, "layers") and isinstance(getattr(model, "model", None), nn.Module):
+        decoder = model.model
+    missing = [part for part in ("embed_tokens", "layers", "norm") if not hasattr(decoder, part)]
+    if missing or model.get_output_embeddings() is None:
+        raise ValueError(f"unsupported target class {type(model).__name__}: its text decoder "
+                         f"{type(decoder).__name__} has no {', '.join(missing) or 'lm_head'}; specdraft "
+                         "reads a decoder with embed_tokens, layers and norm under an lm_head")
+    return decoder
 
 
 def _init_from_config(

@@ -253,7 +253,8 @@ class StoreData:
         if self._after_norm:  # converted from SpecForge: the state is already normed
             logits = F.linear(pad("last_hidden").to(self._lm_head.dtype), self._lm_head).float()
         else:
-            logits = target_logits(pad("last_hidden"), self._norm, self._lm_head, eps)
+            logits = target_logits(pad("last_hidden"), self._norm, self._lm_head, eps,
+                                   _config_get(self.config, "final_logit_softcapping"))
         return Batch(list(sample_ids), pad("input_ids"), pad("loss_mask"),
                      pad("aux_hidden").float(), logits)
 
