@@ -48,13 +48,14 @@ _DEFAULT_CLASSES: dict[str, str] = {
 }
 
 # Text config model_type -> target class, the key of the engines' aux-id rules
-# (`conventions.ENGINE_RULES`; each class is one model file per engine).
+# (`conventions.ENGINE_RULES`; one model file per engine). Phi-3 is "llama": SGLang 0.5.23
+# llama.py and vLLM 0.32.0 phi3.py both subclass their LlamaForCausalLM.
 TARGET_CLASSES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "llama",
     "qwen3": "llama",
     "mistral": "llama",
-    "phi3": "phi3",
+    "phi3": "llama",
     "qwen3_moe": "qwen3_moe",
     "gpt_oss": "gpt_oss",
     "gemma2": "gemma2",
@@ -64,6 +65,25 @@ TARGET_CLASSES: dict[str, str] = {
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
 }
+
+# Multimodal wrappers the engines load as their own class (sglang 0.5.23 llava.py / mistral.py
+# / kimi_k25.py, vllm 0.32.0 llava.py / mistral3.py / kimi_k25.py), whatever their text model_type.
+# Kimi-K2.5's published config names KimiK25ForConditionalGeneration (remote code), transformers
+# 5.24 Kimi_K25ForConditionalGeneration: both load as the engines' KimiK25ForConditionalGeneration.
+_WRAPPER_CLASSES: dict[str, str] = {
+    "LlavaForConditionalGeneration": "llava",
+    "Mistral3ForConditionalGeneration": "llava",
+    "Kimi_K25ForConditionalGeneration": "deepseek",
+    "KimiK25ForConditionalGeneration": "deepseek",
+}
+
+
+def target_class_of(architecture: str | None, text_model_type: str) -> str | None:
+    """The engines' rule class of a target (`conventions.TARGET_CLASSES`): the wrapper's own
+    class for a multimodal wrapper in `_WRAPPER_CLASSES`, else by the text model_type; None
+    when neither is known."""
+    return _WRAPPER_CLASSES.get(architecture or "") or TARGET_CLASSES.get(text_model_type)
+
 
 # Per-class deviations (transformers 5.24 modeling_gemma2.py / modeling_gemma3.py): the final
 # norm scales by (1 + weight), so the Llama-form weight a store records is 1 + weight.
@@ -157,9 +177,9 @@ class Target:
 
     @property
     def target_class(self) -> str:
-        """The engines' rule class (`TARGET_CLASSES`): "llama" (Llama, Qwen2, Qwen3, Mistral),
-        "deepseek" (DeepSeek-V2/V3, Kimi), or the class's own name."""
-        return TARGET_CLASSES[self._config.model_type]
+        """The engines' rule class (`target_class_of`): "llama" (Llama, Qwen2, Qwen3, Mistral,
+        Phi-3), "deepseek" (DeepSeek-V2/V3, Kimi-K2.5), "llava" (Llava, Mistral3), or the class's own."""
+        return target_class_of(self.architecture, self._config.model_type)
 
     @property
     def layers(self) -> nn.ModuleList:

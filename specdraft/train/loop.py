@@ -362,6 +362,19 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def serving_note(info: TargetInfo) -> str | None:
+    """`conventions.serving_problem` for the target and aux layers the drafter trains on (the
+    class from the recorded architecture, else the recorded target class); None when served."""
+    from specdraft.conventions import serving_problem
+    from specdraft.target import target_class_of
+
+    target = info.manifest_fields.get("target") or {}
+    if not target.get("num_layers"):
+        return None
+    target_class = target_class_of(target.get("architecture"), "") or target.get("target_class")
+    return serving_problem(info.aux_layers, target["num_layers"], target_class)
+
+
 def draft_manifest(draft: Eagle3Draft, info: TargetInfo, command: str | None) -> Manifest:
     """The manifest of a drafter trained on `info`'s target (training metrics still None)."""
     return Manifest(draft=draft.cfg.to_dict(), aux_layers=list(info.aux_layers),
@@ -426,6 +439,8 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
         if newest:
             check_same_data(checkpoint_progress(newest[0]), data.info, len(data), newest[0])
         data = open_data(data, aux_layers=config.aux_layers)
+        if on_note is not None and ranks.main and (line := serving_note(data.info)):
+            on_note(f"warning: {line}")
         trainer = Trainer(config, data, ranks, command)
         resumed = resume_from(trainer, out_dir, resume)
         if on_note is not None and ranks.main:
