@@ -22,10 +22,10 @@ ENGINES = ("sglang", "vllm", "speculators")
 # The engines' rule classes (`specdraft.target.target_class_of` maps a transformers class to one):
 # llama: Llama/Qwen2/Qwen3/Mistral/Phi-3; deepseek: DeepSeek-V2/V3 and Kimi-K2.5's wrapper;
 # llava: Llava and Mistral3 wrappers over a Llama-family text model; the rest one class each.
-_CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek", "qwen3_moe": "Qwen3-MoE", "gpt_oss": "GPT-OSS",
+CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek", "qwen3_moe": "Qwen3-MoE", "gpt_oss": "GPT-OSS",
                 "gemma2": "Gemma 2", "gemma3": "Gemma 3", "llama4": "Llama 4", "qwen2_vl": "Qwen2-VL",
                 "llava": "Llava/Mistral3"}
-TARGET_CLASSES = tuple(_CLASS_NAMES)
+TARGET_CLASSES = tuple(CLASS_NAMES)
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 # Aux states an engine's fc takes (fc input = 3 x target hidden). SGLang >= 0.5.12 sizes fc from
 # len(eagle_config ids) (read in its llama_eagle3.py); 3 stays the contract both engines accept.
@@ -193,7 +193,7 @@ ENGINE_RULES += tuple(dataclasses.replace(rule, engine="speculators", source=f"{
 # eagle_config; vLLM reads top-level, else eagle_config as-is (`aux_layers_from_config`), so a
 # file with only eagle_config ids is misread by vLLM unless both conventions agree (FC-03).
 AUX_ID_KEYS = {"top-level": "vllm", "eagle_config": "sglang"}
-_ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "speculators": "speculators"}
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "speculators": "speculators"}
 
 
 def _parse_version(version: str) -> tuple[int, ...]:
@@ -204,7 +204,7 @@ def _parse_version(version: str) -> tuple[int, ...]:
 
 
 def _version_label(rule: EngineRule) -> str:
-    name = _ENGINE_NAMES[rule.engine]
+    name = ENGINE_NAMES[rule.engine]
     fmt = lambda v: ".".join(map(str, v))  # noqa: E731
     if rule.since and rule.until:
         return f"{name} >= {fmt(rule.since)}, < {fmt(rule.until)}"
@@ -225,13 +225,13 @@ def _rules(engine: str, target_class: str, sglang_version: str | None) -> list[E
         rules = [r for r in rules
                  if (r.since is None or v >= r.since) and (r.until is None or v < r.until)]
         if not rules:
-            raise ConventionError(f"SGLang {sglang_version}'s {_CLASS_NAMES[target_class]} model file was "
+            raise ConventionError(f"SGLang {sglang_version}'s {CLASS_NAMES[target_class]} model file was "
                                   f"not read (rules: {read}); serve a version the table covers")
     return rules
 
 
 def _index_problem(rule: EngineRule, index: int, num_layers: int, engine_id: int) -> str | None:
-    where = f"{_CLASS_NAMES[rule.target_class]}-class targets in {_version_label(rule)}"
+    where = f"{CLASS_NAMES[rule.target_class]}-class targets in {_version_label(rule)}"
     if rule.refuse is not None:
         return rule.refuse
     if not 0 <= index <= num_layers:
@@ -257,7 +257,7 @@ def _plus1(rule: EngineRule, first: int, last: int, first_plus1: int, num_layers
     return rule.offset == "plus1" or (rule.offset == "plus1_if_first_is_1" and first == first_plus1)
 
 
-def _encode(rule: EngineRule, layers: list[int], num_layers: int) -> list[int]:
+def encode_ids(rule: EngineRule, layers: list[int], num_layers: int) -> list[int]:
     plus1 = _plus1(rule, layers[0], max(layers), 2, num_layers)
     if rule.offset == "plus1_if_first_is_1" and layers[0] == 1:
         raise ConventionError(f"index 1 cannot be the first aux layer on DeepSeek-class targets "
@@ -302,7 +302,7 @@ def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[i
     if len({tuple(out) for _, out in results}) > 1:
         readings = ", ".join(f"{_version_label(r)}: {out}" for r, out in results)
         raise ConventionError(f"{what} are read differently by SGLang version on "
-                              f"{_CLASS_NAMES[target_class]}-class targets ({readings}); "
+                              f"{CLASS_NAMES[target_class]}-class targets ({readings}); "
                               "pass --sglang-version")
     return list(results[0][1])
 
@@ -341,7 +341,7 @@ def to_engine_ids(layers, engine: str, num_layers: int, target_class: str = "lla
     Rules and sources: ``ENGINE_RULES``.
     """
     layers = check_aux_layers(layers, num_layers, engine)
-    convert = lambda rule: _encode(rule, layers, num_layers)  # noqa: E731
+    convert = lambda rule: encode_ids(rule, layers, num_layers)  # noqa: E731
     return _resolve(engine, target_class, sglang_version, convert, f"aux layers {layers}")
 
 
@@ -430,7 +430,7 @@ class AuxReading:
         owner = AUX_ID_KEYS.get(key)
         if key is None or owner is None or owner == engine or self.captured(owner) == self.captured(engine):
             return []
-        return [f"{_ENGINE_NAMES[engine]} reads the {key} ids, which are in {_ENGINE_NAMES[owner]}'s "
+        return [f"{ENGINE_NAMES[engine]} reads the {key} ids, which are in {ENGINE_NAMES[owner]}'s "
                 f"convention, in its own: it captures {self.captured(engine)}, not the "
                 f"{self.captured(owner)} they mean (specdraft indices); write the top-level {AUX_KEY} "
                 f"in vLLM's convention"]
@@ -486,37 +486,3 @@ def lint_sglang_ids(ids) -> list[str]:
             "add 1, so it captures different layers by version; write ids whose first is 1 "
             "(specdraft index 2) or pin the SGLang version"]
 
-
-def _served(layers: list[int], engine: str, num_layers: int, target_class: str) -> str | None:
-    """None when some `engine` version in the table captures `layers`, else its (first) reason."""
-    reasons = []
-    for rule in (r for r in ENGINE_RULES if r.engine == engine and r.target_class == target_class):
-        try:
-            _encode(rule, layers, num_layers)
-            return None
-        except ConventionError as e:
-            reasons.append(str(e))
-    return reasons[0] if reasons else f"no {_ENGINE_NAMES[engine]} rule for this class"
-
-
-def serving_problem(layers, num_layers: int, target_class: str | None) -> str | None:
-    """One line when neither SGLang nor vLLM (at any version in ENGINE_RULES) can capture `layers`
-    on `target_class`: each engine's reason and the indices every serving engine captures; None
-    when one can (or the class is unknown). What capture and train warn about before any work."""
-    if target_class not in TARGET_CLASSES:
-        return None
-    layers = list(layers)
-    reasons = {engine: _served(layers, engine, num_layers, target_class) for engine in ("sglang", "vllm")}
-    if any(reason is None for reason in reasons.values()):
-        return None
-    why = "; ".join(f"{_ENGINE_NAMES[e]}: {r}" for e, r in reasons.items())
-    serving = [r for r in ENGINE_RULES if r.target_class == target_class and r.refuse is None
-               and r.engine in ("sglang", "vllm")]
-    name = _CLASS_NAMES[target_class]
-    if not serving:
-        return (f"no engine serves an EAGLE-3 drafter on {name}-class targets ({why}); the drafter "
-                "trains and runs in specdraft's engine, but exports nowhere")
-    lo, hi = max(r.lowest for r in serving), num_layers - max(r.top for r in serving)
-    return (f"no engine can capture aux layers {layers} on {name}-class targets ({why}); every "
-            f"engine that serves this class captures indices {lo}..{hi}, e.g. "
-            f"{','.join(map(str, default_aux_layers(num_layers)))}")

@@ -86,7 +86,8 @@ def serving_line(aux_layers, target: str | Path) -> str | None:
     target directory `target`, read from its config.json alone; None when an engine serves them."""
     from transformers import AutoConfig
 
-    from specdraft.conventions import default_aux_layers, serving_problem
+    from specdraft.conventions import default_aux_layers
+    from specdraft.data.serving import serving_problem
     from specdraft.target import target_class_of
 
     config = AutoConfig.from_pretrained(target, local_files_only=True)

@@ -55,7 +55,7 @@ from specdraft.train.run_dir import (
     save_checkpoint,
     save_final_draft,
 )
-from specdraft.train.sources import Batch, OnlineSource, TargetInfo, TrainData, open_data
+from specdraft.train.sources import Batch, OnlineSource, TargetInfo, TrainData, open_data, serving_note
 
 
 class TrainingError(SpecdraftError, RuntimeError):
@@ -360,19 +360,6 @@ def _global(local: TTTMetrics, ranks: Ranks) -> TTTMetrics:
 def _full(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's full value (FSDP2's grad norm); plain tensors pass through."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def serving_note(info: TargetInfo) -> str | None:
-    """`conventions.serving_problem` for the target and aux layers the drafter trains on (the
-    class from the recorded architecture, else the recorded target class); None when served."""
-    from specdraft.conventions import serving_problem
-    from specdraft.target import target_class_of
-
-    target = info.manifest_fields.get("target") or {}
-    if not target.get("num_layers"):
-        return None
-    target_class = target_class_of(target.get("architecture"), "") or target.get("target_class")
-    return serving_problem(info.aux_layers, target["num_layers"], target_class)
 
 
 def draft_manifest(draft: Eagle3Draft, info: TargetInfo, command: str | None) -> Manifest:

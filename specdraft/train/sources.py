@@ -331,3 +331,16 @@ def open_data(source: str | Path | OnlineSource | TrainData, target_config: Any 
         raise ValueError(f"--aux-layers {','.join(map(str, aux_layers))} asked for, but the training data holds "
                          f"layers {held}: drop --aux-layers (or pass --aux-layers {held}), or capture those layers")
     return data
+
+
+def serving_note(info: TargetInfo) -> str | None:
+    """`conventions.serving_problem` for the target and aux layers the drafter trains on (the
+    class from the recorded architecture, else the recorded target class); None when served."""
+    from specdraft.data.serving import serving_problem
+    from specdraft.target import target_class_of
+
+    target = info.manifest_fields.get("target") or {}
+    if not target.get("num_layers"):
+        return None
+    target_class = target_class_of(target.get("architecture"), "") or target.get("target_class")
+    return serving_problem(info.aux_layers, target["num_layers"], target_class)

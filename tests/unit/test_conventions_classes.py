@@ -58,7 +58,7 @@ def test_sglang_version_not_read_is_refused():
 
 
 def test_serving_problem_names_reasons_and_the_layers_engines_serve():
-    from specdraft.conventions import serving_problem
+    from specdraft.data.serving import serving_problem
 
     assert serving_problem([2, 6, 9], L, "llama") is None
     assert serving_problem([0, 6, 12], L, "llama") is None  # vLLM captures both ends
@@ -74,8 +74,7 @@ def test_serving_problem_names_reasons_and_the_layers_engines_serve():
 
 def test_capture_and_train_name_the_serving_problem_before_any_work(tmp_path):
     from specdraft.capture.stage import serving_line
-    from specdraft.train.loop import serving_note
-    from specdraft.train.sources import TargetInfo
+    from specdraft.train.sources import TargetInfo, serving_note
     from tests.tiny_models import save_tiny_model
 
     path = save_tiny_model("gemma2", tmp_path / "g", num_layers=8)
