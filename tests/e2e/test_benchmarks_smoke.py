@@ -27,6 +27,7 @@ SMOKE_RUNS = {
     "pycode_speed.py": (["--tiny"], "tree5x4_16"),
     "cpu_engine_overhead.py": (["--tiny"], "settings"),
     "train_throughput.py": (["--tiny"], "tokens_per_s"),
+    "hf_target_speed.py": (["--tiny"], "chain3"),
     "shell_target.py": (["--check", "--shape", "tiny", "--model", str(PYCODE), "--prompts", "1", "--new-tokens", "12"],
                         "max_abs_logits_diff"),
 }
