@@ -232,8 +232,11 @@ def _config_for(engine: str, cfg: DraftConfig, dtype: torch.dtype, ids: tuple, f
     top, nested = ids
     if engine == "speculators":
         config = speculators_config(cfg, dtype, verifier, num_speculative_tokens=spec.num_steps)
-        if facts.architecture:
-            config["speculators_config"]["verifier"]["architectures"] = [facts.architecture]
+        if facts.architecture:  # the class name vLLM loads the target as
+            from specdraft.target import ENGINE_ARCHITECTURES
+
+            name = ENGINE_ARCHITECTURES.get(facts.architecture, facts.architecture)
+            config["speculators_config"]["verifier"]["architectures"] = [name]
         config[AUX_KEY] = top
         return config
     config = official_config(cfg, dtype)

@@ -78,6 +78,12 @@ _WRAPPER_CLASSES: dict[str, str] = {
 }
 
 
+# transformers class -> the class name the engines load the same checkpoint as, where they differ
+# (sglang 0.5.23 kimi_k25.py / vllm 0.32.0 kimi_k25.py: KimiK25ForConditionalGeneration, the
+# name Kimi-K2.5's published config.json gives).
+ENGINE_ARCHITECTURES: dict[str, str] = {"Kimi_K25ForConditionalGeneration": "KimiK25ForConditionalGeneration"}
+
+
 def target_class_of(architecture: str | None, text_model_type: str) -> str | None:
     """The engines' rule class of a target (`conventions.TARGET_CLASSES`): the wrapper's own
     class for a multimodal wrapper in `_WRAPPER_CLASSES`, else by the text model_type; None

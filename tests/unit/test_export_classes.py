@@ -23,3 +23,10 @@ def test_deepseek_last_layer_exports_for_vllm(tmp_path):
     draft, target = draft_checkpoint(tmp_path, arch="deepseek_v3", num_layers=8, aux=(2, 4, 8))
     result = export_draft(draft, tmp_path / "v", engine="vllm", target=target)
     assert result.config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 8]
+
+
+def test_speculators_export_names_the_class_vllm_loads_for_kimi(tmp_path):
+    draft, target = draft_checkpoint(tmp_path, arch="kimi_k25", num_layers=8, aux=(2, 4, 8))
+    result = export_draft(draft, tmp_path / "s", engine="speculators", target=target)
+    assert result.config["speculators_config"]["verifier"]["architectures"] == ["KimiK25ForConditionalGeneration"]
+    assert result.config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 8]  # DeepSeek rules through the wrapper
