@@ -85,12 +85,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both paths alike)")
     parser.add_argument("--tiny", action="store_true",
                         help="smoke test on the CPU: stories260K and a seeded drafter, 2 prompts x 8 tokens")
     args = parser.parse_args()
     if not args.tiny:
         if args.target is None:
             parser.error("--target is required (or --tiny)")
+        torch.set_num_threads(args.threads)
         run(args.target, args.draft, args.device, args.prompts, args.new_tokens)
         return
     with tempfile.TemporaryDirectory(prefix="hf-target-speed-") as tmp:

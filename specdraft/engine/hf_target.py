@@ -98,19 +98,20 @@ class HFTarget:
                  aux_layers: tuple[int, ...] = ()) -> FastOutput:
         """T new tokens written at slots start..start+T-1 (`fast_model.FastTarget.forward`'s shapes:
         input_ids / position_ids [B, T], every row the same positions, cache_slots [T], attn_mask
-        [B, 1, T, start + T] bool). Returns logits [B, T, V] float32 and aux states [B, T, n_aux*H]
-        (None without aux layers).
+        [B, 1, T, S >= start + T] bool; columns past start + T are dropped). Returns logits
+        [B, T, V] float32 and aux states [B, T, n_aux*H] (None without aux layers).
         Raises RuntimeError before `setup_cache` or when the slots are not contiguous from
         start <= the cached length."""
         if self.cache is None:
             raise RuntimeError("HFTarget forward before setup_cache(1, max_seq_len)")
         start, n = int(cache_slots[0]), cache_slots.numel()
         cached = self.cache.get_seq_length()
-        if start > cached or attn_mask.shape[-1] != start + n:
+        if start > cached or attn_mask.shape[-1] < start + n:
             raise RuntimeError(f"HFTarget: slots {start}..{start + n - 1} with {cached} cached and a mask of "
                                f"{attn_mask.shape[-1]} columns; expected contiguous slots from <= {cached}")
         if start < cached:
             self.truncate(start)
+        attn_mask = attn_mask[..., :start + n]  # a wider mask (e.g. max_seq_len) covers slots not cached
         mask = self.layer_masks(attn_mask, position_ids, start)
         with torch.inference_mode(), capture_states(self.layers, set(aux_layers)) as states:
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,

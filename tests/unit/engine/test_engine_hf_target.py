@@ -65,3 +65,14 @@ def test_load_engine_uses_the_fast_path_where_it_applies(tmp_path):
     assert slow.notes[0].startswith("target runs on the transformers (the model's own forward")
     assert "Gemma3ForCausalLM" in slow.notes[0]
     assert slow.generate([1, 2, 3], 4).token_ids == greedy_sequences(slow.target, [[1, 2, 3]], 4)[0, 3:].tolist()
+
+
+def test_a_mask_as_wide_as_the_cache_is_accepted():
+    """tune times verifies with masks of max_seq_len columns, as the compiled fast path takes them."""
+    target = hf_setup("gemma2").target
+    ids = torch.tensor(random_prompts(1, 10, seed=5))
+    target.setup_cache(1, 64)
+    narrow = target(ids, torch.arange(10)[None], torch.arange(10), causal_mask(0, 10, 10)).logits
+    target.setup_cache(1, 64)
+    wide = target(ids, torch.arange(10)[None], torch.arange(10), causal_mask(0, 10, 64)).logits
+    assert torch.equal(narrow, wide)
