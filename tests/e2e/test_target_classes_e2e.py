@@ -75,3 +75,26 @@ def test_capture_train_generate_doctor_export(arch, chats, tmp_path):
         else:
             assert result.exit_code == 1 and refusal in result.output, result.output
             assert not (tmp_path / engine).exists()
+
+
+@pytest.mark.parametrize("arch", ["kimi_k25", "gpt_oss"])
+def test_serve_and_doctors_online_check_on_the_transformers_path(arch, chats, tmp_path):
+    """specdraft's server over a transformers-backed target, and doctor --server against it."""
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.serve.server import build_app, serve_in_thread
+
+    target = save_tiny_model(arch, tmp_path / "target", num_layers=NUM_LAYERS, vocab_size=96)
+    tiny_chat_tokenizer().save_pretrained(target)
+    assert run("capture", target, chats, tmp_path / "store", "--aux-layers", "2,4,5").exit_code == 0
+    assert run("train", tmp_path / "store", tmp_path / "run", "--steps", "20", "--batch-size", "2").exit_code == 0
+    draft = tmp_path / "run" / "draft"
+    server = serve_in_thread(build_app(str(target), str(draft), SpecConfig(num_steps=3, topk=1, num_draft_tokens=4),
+                                       max_seq_len=128))
+    try:
+        result = run("doctor", draft, "--target", target, "--samples", tmp_path / "store", "--engine", "vllm",
+                     "--server", server.url, "--max-samples", "4", "--json")
+    finally:
+        server.stop()
+    data = json.loads(result.output[result.output.index("{"):])
+    online = next(f for f in data["findings"] if f["check"] == "online_acceptance")
+    assert online["verdict"] == "pass", online
