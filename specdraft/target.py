@@ -45,6 +45,7 @@ _DEFAULT_CLASSES: dict[str, str] = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "mistral3": "Mistral3ForConditionalGeneration",
     "kimi_k25": "Kimi_K25ForConditionalGeneration",
+    "llama4": "Llama4ForConditionalGeneration",
 }
 
 # Text config model_type -> target class, the key of the engines' aux-id rules
@@ -146,6 +147,7 @@ class Target:
             )
         decoder = text_decoder(model)
         self.model = model
+        self._causal_lm = causal_lm(model)
         self._config = text_config
         self._text_model = decoder
         self._embed_tokens = decoder.embed_tokens
@@ -191,6 +193,11 @@ class Target:
     def layers(self) -> nn.ModuleList:
         """The text decoder's layer stack (L modules)."""
         return self._layers
+
+    @property
+    def causal_lm(self) -> nn.Module:
+        """The module whose forward gives the logits (`causal_lm`)."""
+        return self._causal_lm
 
     @property
     def text_model(self) -> nn.Module:
@@ -243,7 +250,7 @@ class Target:
                 output_hidden_states=False,
             )
             if return_logits:
-                logits = self.model(**kwargs).logits.float()
+                logits = self._causal_lm(**kwargs).logits.float()
             else:
                 self._text_model(**kwargs)
         last_hidden = states[last]
@@ -385,13 +392,27 @@ def _model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
     return model_class
 
 
+def causal_lm(model: PreTrainedModel) -> nn.Module:
+    """The module to run for logits: a wrapper's `language_model` when that is a causal LM owning
+    the wrapper's lm_head (Llama4ForConditionalGeneration: its own forward fails on text-only
+    input in transformers 5.24, reading image_outputs of the text model's output), else `model`."""
+    inner = getattr(model, "language_model", None)
+    if isinstance(inner, PreTrainedModel) and inner.get_output_embeddings() is model.get_output_embeddings():
+        return inner
+    return model
+
+
 def text_decoder(model: PreTrainedModel) -> nn.Module:
     """The text decoder of a causal LM or a multimodal wrapper: `get_decoder()` (transformers 5),
-    else `model.model` (Llama4ForCausalLM: its base_model_prefix names no attribute in 5.24).
+    else its `.model` (Llama4ForCausalLM: get_decoder() returns itself in 5.24, its
+    base_model_prefix names no attribute; Llama4ForConditionalGeneration's is that class).
     Raises ValueError naming the class when the decoder lacks embed_tokens, layers or norm."""
     decoder = model.get_decoder()
-    if not hasattr(decoder, "layers") and isinstance(getattr(model, "model", None), nn.Module):
-        decoder = model.model
+    for _ in range(2):  # Llama4ForConditionalGeneration: get_decoder() is a Llama4ForCausalLM
+        inner = getattr(decoder, "model", None)
+        if hasattr(decoder, "layers") or not isinstance(inner, nn.Module):
+            break
+        decoder = inner
     missing = [part for part in ("embed_tokens", "layers", "norm") if not hasattr(decoder, part)]
     if missing or model.get_output_embeddings() is None:
         raise ValueError(f"unsupported target class {type(model).__name__}: its text decoder "

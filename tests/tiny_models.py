@@ -5,8 +5,8 @@ least one MoE layer), "llava" (LlavaForConditionalGeneration: tiny CLIP vision t
 `MORE_ARCHITECTURES` (issue #22): "qwen3_moe", "gpt_oss" (sinks, sliding + full layers),
 "gemma2" / "gemma3" (scaled embeddings, (1 + w) norms, sliding layers; gemma2 soft-caps logits),
 "llama4" (text: chunked attention, MoE), "phi3", and the multimodal wrappers "qwen2_vl",
-"mistral3", "kimi_k25" (a DeepSeek-V3 text model inside Kimi-K2.5's wrapper), each with a tiny
-vision tower.
+"mistral3", "kimi_k25" (a DeepSeek-V3 text model inside Kimi-K2.5's wrapper), "llama4_mm"
+(Llama4ForConditionalGeneration), each with a tiny vision tower.
 
     cfg = tiny_config("qwen3", num_layers=5)
     model = tiny_model("deepseek_v3", seed=1)            # eval mode, float32
@@ -23,7 +23,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "deepseek_v2", "deepseek_v3", "llava")
 MORE_ARCHITECTURES = ("qwen3_moe", "gpt_oss", "gemma2", "gemma3", "llama4", "phi3", "qwen2_vl", "mistral3",
-                      "kimi_k25")
+                      "kimi_k25", "llama4_mm")
 
 # arch -> (config class, model class), both public transformers names
 _CLASSES = {
@@ -43,6 +43,7 @@ _CLASSES = {
     "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
     "mistral3": ("Mistral3Config", "Mistral3ForConditionalGeneration"),
     "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),
+    "llama4_mm": ("Llama4Config", "Llama4ForConditionalGeneration"),
 }
 # Per-arch text-config fields on top of the dense ones: MoE sizes, window / chunk sizes that a
 # short test sequence crosses (so the per-layer masks matter), soft-capping.
@@ -56,6 +57,8 @@ _EXTRA = {
     "llama4": {"num_local_experts": 2, "num_experts_per_tok": 1, "intermediate_size_mlp": 64,
                "attention_chunk_size": 4, "interleave_moe_layer_step": 2},
     "mistral3": {"sliding_window": None},
+    "llama4_mm": {"num_local_experts": 2, "num_experts_per_tok": 1, "intermediate_size_mlp": 64,
+                  "attention_chunk_size": 4, "interleave_moe_layer_step": 2},
     "phi3": {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None},
     "qwen2_vl": {"bos_token_id": None, "eos_token_id": None},
 }
@@ -127,7 +130,7 @@ def tiny_config(
     else:
         kwargs = _dense_kwargs(num_layers, hidden_size, vocab_size, head_dim)
     kwargs.update(_EXTRA.get(arch, {}))
-    if arch == "llama4":
+    if arch in ("llama4", "llama4_mm"):
         kwargs["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(num_layers)]
     kwargs.update(overrides)
     if arch in _WRAPPERS:
@@ -184,8 +187,19 @@ def _llava_config(text_config: PretrainedConfig | dict) -> PretrainedConfig:
     )
 
 
+def _llama4_config(text: dict) -> PretrainedConfig:
+    vision = transformers.Llama4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=16, patch_size=8, vision_output_dim=16,
+                                             projector_input_dim=16, projector_output_dim=16, pixel_shuffle_ratio=0.5,
+                                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    v = text["vocab_size"]
+    return transformers.Llama4Config(text_config=transformers.Llama4TextConfig(**text).to_dict(),
+                                     vision_config=vision.to_dict(), image_token_index=v - 1,
+                                     boi_token_index=v - 2, eoi_token_index=v - 3)
+
+
 _WRAPPERS = {"llava": _llava_config, "qwen2_vl": _qwen2_vl_config, "mistral3": _mistral3_config,
-             "kimi_k25": _kimi_config}
+             "kimi_k25": _kimi_config, "llama4_mm": _llama4_config}
 
 
 def tiny_model(arch: str, seed: int = 0, **kw) -> PreTrainedModel:

@@ -114,7 +114,7 @@ class HFTarget:
         attn_mask = attn_mask[..., :start + n]  # a wider mask (e.g. max_seq_len) covers slots not cached
         mask = self.layer_masks(attn_mask, position_ids, start)
         with torch.inference_mode(), capture_states(self.layers, set(aux_layers)) as states:
-            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+            out = self.target.causal_lm(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                              cache=self.cache, use_cache=True)
         aux = torch.cat([states[k] for k in aux_layers], dim=-1) if aux_layers else None
         return FastOutput(logits=out.logits.float(), aux_hidden=aux)

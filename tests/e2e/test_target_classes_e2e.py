@@ -27,6 +27,7 @@ EXPORTS = {
     "qwen2_vl": {"sglang": "qwen2_vl.py does not implement", "vllm": "no EAGLE-3 drafter on Qwen2-VL"},
     "mistral3": {"sglang": "llava.py does not implement", "vllm": None},
     "kimi_k25": {"sglang": None, "vllm": None},
+    "llama4_mm": {"sglang": None, "vllm": None},
 }
 UNSERVED = {"gemma2", "gemma3", "qwen2_vl"}
 

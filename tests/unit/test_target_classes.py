@@ -18,7 +18,7 @@ from tests.tiny_models import MORE_ARCHITECTURES, tiny_config
 NUM_LAYERS = 4
 EXPECTED_TARGET_CLASS = {"qwen3_moe": "qwen3_moe", "gpt_oss": "gpt_oss", "gemma2": "gemma2", "gemma3": "gemma3",
                          "llama4": "llama4", "phi3": "llama", "qwen2_vl": "qwen2_vl", "mistral3": "llava",
-                         "kimi_k25": "deepseek"}
+                         "kimi_k25": "deepseek", "llama4_mm": "llama4"}
 SCALED_EMBEDDINGS = {"gemma2", "gemma3"}  # embeddings times sqrt(H) before layer 1
 
 
@@ -47,7 +47,7 @@ def test_capture_matches_output_hidden_states(arch_target):
         lambda module, args, output: seen.append(output[0] if isinstance(output, tuple) else output))
     try:
         with torch.inference_mode():
-            reference = target.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+            reference = target.causal_lm(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
     finally:
         hook.remove()
     states = list(out.aux_hidden.split(H, dim=-1))
@@ -89,5 +89,9 @@ def test_wrappers_capture_their_text_decoder(arch_target):
     assert target.lm_head is target.model.get_output_embeddings()
     if arch == "llama4":  # get_decoder() returns the model itself in 5.24; the decoder is `model`
         assert target.text_model is target.model.model
+    elif arch == "llama4_mm":  # get_decoder() is a Llama4ForCausalLM, which also runs the logits
+        assert target.text_model is target.model.language_model.model
+        assert target.causal_lm is target.model.language_model
     else:
         assert target.text_model is target.model.get_decoder()
+        assert target.causal_lm is target.model

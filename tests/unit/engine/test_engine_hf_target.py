@@ -26,7 +26,7 @@ def test_cached_forward_with_dropped_slots_equals_the_full_forward(arch):
     target = hf_setup(arch).target
     ids = torch.tensor(random_prompts(1, 14, seed=4))
     with torch.inference_mode():
-        full = target.model(input_ids=ids).logits.float()[0]
+        full = target.target.causal_lm(input_ids=ids).logits.float()[0]
     target.setup_cache(1, 64)
     out = target(ids[:, :6], torch.arange(6)[None], torch.arange(6), causal_mask(0, 6, 6), (0, 4))
     errors = [(out.logits[0] - full[:6]).abs().max()]
