@@ -22,10 +22,10 @@ ENGINES = ("sglang", "vllm", "speculators")
 # The engines' rule classes (`specdraft.target.target_class_of` maps a transformers class to one):
 # llama: Llama/Qwen2/Qwen3/Mistral/Phi-3; deepseek: DeepSeek-V2/V3 and Kimi-K2.5's wrapper;
 # llava: Llava and Mistral3 wrappers over a Llama-family text model; the rest one class each.
-CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek", "qwen3_moe": "Qwen3-MoE", "gpt_oss": "GPT-OSS",
+_CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek", "qwen3_moe": "Qwen3-MoE", "gpt_oss": "GPT-OSS",
                 "gemma2": "Gemma 2", "gemma3": "Gemma 3", "llama4": "Llama 4", "qwen2_vl": "Qwen2-VL",
                 "llava": "Llava/Mistral3"}
-TARGET_CLASSES = tuple(CLASS_NAMES)
+TARGET_CLASSES = tuple(_CLASS_NAMES)
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 # Aux states an engine's fc takes (fc input = 3 x target hidden). SGLang >= 0.5.12 sizes fc from
 # len(eagle_config ids) (read in its llama_eagle3.py); 3 stays the contract both engines accept.
@@ -193,7 +193,7 @@ ENGINE_RULES += tuple(dataclasses.replace(rule, engine="speculators", source=f"{
 # eagle_config; vLLM reads top-level, else eagle_config as-is (`aux_layers_from_config`), so a
 # file with only eagle_config ids is misread by vLLM unless both conventions agree (FC-03).
 AUX_ID_KEYS = {"top-level": "vllm", "eagle_config": "sglang"}
-ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "speculators": "speculators"}
+_ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "speculators": "speculators"}
 
 
 def _parse_version(version: str) -> tuple[int, ...]:
@@ -204,7 +204,7 @@ def _parse_version(version: str) -> tuple[int, ...]:
 
 
 def _version_label(rule: EngineRule) -> str:
-    name = ENGINE_NAMES[rule.engine]
+    name = _ENGINE_NAMES[rule.engine]
     fmt = lambda v: ".".join(map(str, v))  # noqa: E731
     if rule.since and rule.until:
         return f"{name} >= {fmt(rule.since)}, < {fmt(rule.until)}"
@@ -225,13 +225,13 @@ def _rules(engine: str, target_class: str, sglang_version: str | None) -> list[E
         rules = [r for r in rules
                  if (r.since is None or v >= r.since) and (r.until is None or v < r.until)]
         if not rules:
-            raise ConventionError(f"SGLang {sglang_version}'s {CLASS_NAMES[target_class]} model file was "
+            raise ConventionError(f"SGLang {sglang_version}'s {_CLASS_NAMES[target_class]} model file was "
                                   f"not read (rules: {read}); serve a version the table covers")
     return rules
 
 
 def _index_problem(rule: EngineRule, index: int, num_layers: int, engine_id: int) -> str | None:
-    where = f"{CLASS_NAMES[rule.target_class]}-class targets in {_version_label(rule)}"
+    where = f"{_CLASS_NAMES[rule.target_class]}-class targets in {_version_label(rule)}"
     if rule.refuse is not None:
         return rule.refuse
     if not 0 <= index <= num_layers:
@@ -257,7 +257,7 @@ def _plus1(rule: EngineRule, first: int, last: int, first_plus1: int, num_layers
     return rule.offset == "plus1" or (rule.offset == "plus1_if_first_is_1" and first == first_plus1)
 
 
-def encode_ids(rule: EngineRule, layers: list[int], num_layers: int) -> list[int]:
+def _encode(rule: EngineRule, layers: list[int], num_layers: int) -> list[int]:
     plus1 = _plus1(rule, layers[0], max(layers), 2, num_layers)
     if rule.offset == "plus1_if_first_is_1" and layers[0] == 1:
         raise ConventionError(f"index 1 cannot be the first aux layer on DeepSeek-class targets "
@@ -302,7 +302,7 @@ def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[i
     if len({tuple(out) for _, out in results}) > 1:
         readings = ", ".join(f"{_version_label(r)}: {out}" for r, out in results)
         raise ConventionError(f"{what} are read differently by SGLang version on "
-                              f"{CLASS_NAMES[target_class]}-class targets ({readings}); "
+                              f"{_CLASS_NAMES[target_class]}-class targets ({readings}); "
                               "pass --sglang-version")
     return list(results[0][1])
 
@@ -341,7 +341,7 @@ def to_engine_ids(layers, engine: str, num_layers: int, target_class: str = "lla
     Rules and sources: ``ENGINE_RULES``.
     """
     layers = check_aux_layers(layers, num_layers, engine)
-    convert = lambda rule: encode_ids(rule, layers, num_layers)  # noqa: E731
+    convert = lambda rule: _encode(rule, layers, num_layers)  # noqa: E731
     return _resolve(engine, target_class, sglang_version, convert, f"aux layers {layers}")
 
 
@@ -430,7 +430,7 @@ class AuxReading:
         owner = AUX_ID_KEYS.get(key)
         if key is None or owner is None or owner == engine or self.captured(owner) == self.captured(engine):
             return []
-        return [f"{ENGINE_NAMES[engine]} reads the {key} ids, which are in {ENGINE_NAMES[owner]}'s "
+        return [f"{_ENGINE_NAMES[engine]} reads the {key} ids, which are in {_ENGINE_NAMES[owner]}'s "
                 f"convention, in its own: it captures {self.captured(engine)}, not the "
                 f"{self.captured(owner)} they mean (specdraft indices); write the top-level {AUX_KEY} "
                 f"in vLLM's convention"]

@@ -1,16 +1,17 @@
 """Whether any engine serves a drafter's aux layers on a target class: the one-line warning capture
-and train print before any work (`serving_problem`), from `conventions.ENGINE_RULES`."""
+and train print before any work (`serving_problem`), from `conventions.ENGINE_RULES`. A part of
+conventions split off for its size (as `data.vocab`): it reads the rule table's internals."""
 
 from __future__ import annotations
 
 from specdraft.conventions import (
-    CLASS_NAMES,
-    ENGINE_NAMES,
+    _CLASS_NAMES,
+    _ENGINE_NAMES,
     ENGINE_RULES,
     TARGET_CLASSES,
     ConventionError,
+    _encode,
     default_aux_layers,
-    encode_ids,
 )
 
 
@@ -19,11 +20,11 @@ def _served(layers: list[int], engine: str, num_layers: int, target_class: str) 
     reasons = []
     for rule in (r for r in ENGINE_RULES if r.engine == engine and r.target_class == target_class):
         try:
-            encode_ids(rule, layers, num_layers)
+            _encode(rule, layers, num_layers)
             return None
         except ConventionError as e:
             reasons.append(str(e))
-    return reasons[0] if reasons else f"no {ENGINE_NAMES[engine]} rule for this class"
+    return reasons[0] if reasons else f"no {_ENGINE_NAMES[engine]} rule for this class"
 
 
 def serving_problem(layers, num_layers: int, target_class: str | None) -> str | None:
@@ -36,10 +37,10 @@ def serving_problem(layers, num_layers: int, target_class: str | None) -> str | 
     reasons = {engine: _served(layers, engine, num_layers, target_class) for engine in ("sglang", "vllm")}
     if any(reason is None for reason in reasons.values()):
         return None
-    why = "; ".join(f"{ENGINE_NAMES[e]}: {r}" for e, r in reasons.items())
+    why = "; ".join(f"{_ENGINE_NAMES[e]}: {r}" for e, r in reasons.items())
     serving = [r for r in ENGINE_RULES if r.target_class == target_class and r.refuse is None
                and r.engine in ("sglang", "vllm")]
-    name = CLASS_NAMES[target_class]
+    name = _CLASS_NAMES[target_class]
     if not serving:
         return (f"no engine serves an EAGLE-3 drafter on {name}-class targets ({why}); the drafter "
                 "trains and runs in specdraft's engine, but exports nowhere")
