@@ -113,7 +113,8 @@ _SGLANG_BOUNDARY = ("read 0.5.23 wheel only: [id + 1]; the marked layer captures
                     "stage.py); nothing after the last layer (index L never captured)")
 _GEMMA3_SGLANG_WHY = ("appends the layer's hidden_states, which for layers >= 1 is the MLP branch after "
                       "post_feedforward_layernorm with the residual add deferred to the next layer: not "
-                      "the residual stream specdraft trains on")
+                      "the residual stream specdraft trains on (index 0 alone matches: the embeddings "
+                      "scaled by sqrt(H) in Gemma3TextScaledWordEmbedding, as transformers' embed_tokens)")
 _SPECULATORS = (
     "speculators config.json top-level key, served by vLLM "
     "(vllm transformers_utils/configs/speculators/algos.py update_eagle3, PR #25961)",
