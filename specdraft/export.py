@@ -50,7 +50,7 @@ from specdraft.conventions import (
     AUX_KEY,
     SPECULATORS_EXCLUSIVE_FLAGS,
     ConventionError,
-    aux_layers_from_config,
+    captured_by,
     flag_refusal,
     parse_dtype,
     to_engine_ids,
@@ -78,8 +78,8 @@ class ExportError(SpecdraftError, ValueError):
 class TargetFacts:
     """What export and doctor need to know about the target, and where it came from.
 
-    source: "target DIR" (its config.json) or "manifest". target_class: "llama" | "deepseek"
-    | None (unknown). rope_* / max_position_embeddings: None when the source does not say.
+    source: "target DIR" (its config.json) or "manifest". target_class: one of
+    `conventions.TARGET_CLASSES` | None (unknown). rope_* / max_position_embeddings: None when the source does not say.
     """
 
     num_layers: int
@@ -98,21 +98,23 @@ class TargetFacts:
         """Read a transformers target directory's config.json (nothing else is loaded), as
         published (`target.read_target_config`: no prompt, no quantization kernels; remote code
         only with `trust_remote_code`)."""
-        from specdraft.target import TARGET_CLASSES  # the engines' class table, keyed by model_type
-        from specdraft.target import read_target_config
+        from specdraft.target import read_target_config, target_class_of  # the engines' class table
 
         path = Path(path)
         full = read_target_config(path, trust_remote_code)
         text = full.get_text_config()
         theta, scaling = rope_from_hf_config(lambda k, d=None: getattr(text, k, d))
+        architecture = (full.architectures or [None])[0]
         return cls(text.num_hidden_layers, text.hidden_size, text.vocab_size,
-                   TARGET_CLASSES.get(text.model_type), (full.architectures or [None])[0],
+                   target_class_of(architecture, text.model_type), architecture,
                    theta, scaling, getattr(text, "max_position_embeddings", None),
                    str(path.resolve()), f"target {path}")
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> TargetFacts:
         """The target as the manifest recorded it at training (CheckpointError when too thin)."""
+        from specdraft.target import target_class_of
+
         t, draft = manifest.target or {}, manifest.draft or {}
         num_layers = t.get("num_layers") or draft.get("target_num_layers")
         hidden = t.get("hidden_size") or draft.get("target_hidden_size")
@@ -120,7 +122,9 @@ class TargetFacts:
         if not (num_layers and hidden and vocab):
             raise CheckpointError("the manifest does not record the target's layer count, hidden "
                                   "size and vocabulary; pass the target (--target DIR)")
-        return cls(num_layers, hidden, vocab, t.get("target_class"), t.get("architecture"),
+        # a wrapper's class comes from its architecture (older manifests recorded Llava as "llama")
+        target_class = target_class_of(t.get("architecture"), "") or t.get("target_class")
+        return cls(num_layers, hidden, vocab, target_class, t.get("architecture"),
                    t.get("rope_theta"), t.get("rope_scaling"), t.get("max_position_embeddings"),
                    t.get("name_or_path"), "manifest")
 
@@ -200,7 +204,7 @@ def engine_ids(layers: list[int], engine: str, facts: TargetFacts,
                           f"states (fc input = {NUM_AUX} x target hidden); this drafter fuses "
                           f"{len(layers)} (layers {layers})")
     if facts.target_class is None:
-        raise ExportError("the target class (Llama/Qwen vs DeepSeek) is unknown, and engines read "
+        raise ExportError("the target class (Llama/Qwen, DeepSeek, ...) is unknown, and engines read "
                           "aux ids by class: pass the target (--target DIR)")
     def convert(eng: str) -> list[int]:
         return to_engine_ids(layers, eng, facts.num_layers, facts.target_class, sglang_version)
@@ -226,7 +230,10 @@ def _config_for(engine: str, cfg: DraftConfig, dtype: torch.dtype, ids: tuple, f
                 verifier: str | None, spec: SpecConfig) -> dict[str, Any]:
     top, nested = ids
     if engine == "speculators":
-        architectures = [facts.architecture] if facts.architecture else []
+        from specdraft.target import ENGINE_ARCHITECTURES
+
+        # the class name vLLM loads the target as
+        architectures = [ENGINE_ARCHITECTURES.get(facts.architecture, facts.architecture)] if facts.architecture else []
         config = speculators_config(cfg, dtype, verifier, architectures, num_speculative_tokens=spec.num_steps)
         config[AUX_KEY] = top
         return config
@@ -410,8 +417,9 @@ def _write_and_verify(source: LoadedDraft, out_dir: Path, config: dict[str, Any]
             (tmp / MANIFEST_FILE).write_text(manifest.to_json())
         num_tensors = verify_written(source.model, tmp, layout)
         reader = READER_OF_ENGINE[engine]
-        reading = aux_layers_from_config(config, facts.num_layers, facts.target_class, sglang_version)
-        if reading.captured(reader) != layers:
-            raise ExportError(f"internal: {reader} would read layers {reading.captured(reader)} "
+        # only the key `reader` reads: a nested-only SGLang file is not read as vLLM would misread it
+        captured = captured_by(config, reader, facts.num_layers, facts.target_class, sglang_version)
+        if captured != layers:
+            raise ExportError(f"internal: {reader} would read layers {captured} "
                               f"from the written config, not {layers}")
     return num_tensors

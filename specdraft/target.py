@@ -5,10 +5,11 @@ specdraft names a residual stream by index (shared/DESIGN.md, "Aux hidden-state 
 k in 1..L = output of decoder layer k (1-based). Index L is the last layer's output *before*
 the final norm, which transformers' `hidden_states[L]` is not (it is taken after the norm).
 
-Where each part of a model lives is a table keyed by the model class (`_LAYOUTS`), checked
-against transformers 5.17-5.24; an unknown class is an error, never a guess. A target's
-config.json is read as published by `read_target_config` (every check that needs only sizes
-and class uses it): never a remote-code prompt, never a quantization kernel.
+The parts are found from the model (`text_decoder`: transformers 5's `get_decoder()`, which
+multimodal wrappers point at their language model); the text model_type must be in
+`TARGET_CLASSES` (the engines' rule classes); checked against transformers 5.24.
+A target's config.json is read as published by `read_target_config` (every check that needs
+only sizes and class uses it): never a remote-code prompt, never a quantization kernel.
 """
 
 from __future__ import annotations
@@ -30,56 +31,76 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specdraft.errors import SpecdraftError
 
-
-@dataclass(frozen=True)
-class _Layout:
-    """Dotted submodule paths, from the top-level model, of the parts specdraft reads."""
-
-    embed_tokens: str
-    layers: str  # nn.ModuleList of decoder layers
-    final_norm: str
-    lm_head: str
-    text_model: str  # module that runs embedding -> layers -> norm on input_ids (no lm_head)
-
-
-def _causal_lm_layout(base: str) -> _Layout:
-    return _Layout(f"{base}.embed_tokens", f"{base}.layers", f"{base}.norm", "lm_head", base)
-
-
-# Top-level transformers class -> layout. Source: transformers 5.x modeling_{llama,qwen2,qwen3,
-# mistral,deepseek_v2,deepseek_v3,llava}.py (Llava: `model.language_model` is the base text
-# model, `lm_head` sits on the top-level class).
-_LAYOUTS: dict[str, _Layout] = {
-    "LlamaForCausalLM": _causal_lm_layout("model"),
-    "Qwen2ForCausalLM": _causal_lm_layout("model"),
-    "Qwen3ForCausalLM": _causal_lm_layout("model"),
-    "MistralForCausalLM": _causal_lm_layout("model"),
-    "DeepseekV2ForCausalLM": _causal_lm_layout("model"),
-    "DeepseekV3ForCausalLM": _causal_lm_layout("model"),
-    "LlavaForConditionalGeneration": _causal_lm_layout("model.language_model"),
-}
-
-# Config model_type -> class built when a config names no `architectures`.
+# Config model_type -> class built when a config names no `architectures` (transformers 5.24's
+# auto mappings: a multimodal model_type builds its conditional-generation wrapper).
 _DEFAULT_CLASSES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "mistral": "MistralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "llama4_text": "Llama4ForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "llava": "LlavaForConditionalGeneration",
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "mistral3": "Mistral3ForConditionalGeneration",
+    "kimi_k25": "Kimi_K25ForConditionalGeneration",
+    "llama4": "Llama4ForConditionalGeneration",
 }
 
-# Text config model_type -> target class, the key of the engines' aux-id rules (DESIGN.md:
-# SGLang's DeepSeek class reads explicit ids differently from its Llama/Qwen classes).
+# Text config model_type -> target class, the key of the engines' aux-id rules
+# (`conventions.ENGINE_RULES`; one model file per engine). Phi-3 is "llama": SGLang 0.5.23
+# llama.py and vLLM 0.32.0 phi3.py both subclass their LlamaForCausalLM.
 TARGET_CLASSES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "llama",
     "qwen3": "llama",
     "mistral": "llama",
+    "phi3": "llama",
+    "qwen3_moe": "qwen3_moe",
+    "gpt_oss": "gpt_oss",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "llama4_text": "llama4",
+    "qwen2_vl_text": "qwen2_vl",
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
 }
+
+# Multimodal wrappers the engines load as their own class (sglang 0.5.23 llava.py / mistral.py
+# / kimi_k25.py, vllm 0.32.0 llava.py / mistral3.py / kimi_k25.py), whatever their text model_type.
+# Kimi-K2.5's published config names KimiK25ForConditionalGeneration (remote code), transformers
+# 5.24 Kimi_K25ForConditionalGeneration: both load as the engines' KimiK25ForConditionalGeneration.
+_WRAPPER_CLASSES: dict[str, str] = {
+    "LlavaForConditionalGeneration": "llava",
+    "Mistral3ForConditionalGeneration": "llava",
+    "Kimi_K25ForConditionalGeneration": "deepseek",
+    "KimiK25ForConditionalGeneration": "deepseek",
+}
+
+
+# transformers class -> the class name the engines load the same checkpoint as, where they differ
+# (sglang 0.5.23 kimi_k25.py / vllm 0.32.0 kimi_k25.py: KimiK25ForConditionalGeneration, the
+# name Kimi-K2.5's published config.json gives).
+ENGINE_ARCHITECTURES: dict[str, str] = {"Kimi_K25ForConditionalGeneration": "KimiK25ForConditionalGeneration"}
+
+
+def target_class_of(architecture: str | None, text_model_type: str) -> str | None:
+    """The engines' rule class of a target (`conventions.TARGET_CLASSES`): the wrapper's own
+    class for a multimodal wrapper in `_WRAPPER_CLASSES`, else by the text model_type; None
+    when neither is known."""
+    return _WRAPPER_CLASSES.get(architecture or "") or TARGET_CLASSES.get(text_model_type)
+
+
+# Per-class deviations (transformers 5.24 modeling_gemma2.py / modeling_gemma3.py): the final
+# norm scales by (1 + weight), so the Llama-form weight a store records is 1 + weight.
+_NORM_PLUS_ONE = frozenset({"gemma2", "gemma3_text"})
+
 
 # Config fields that say how or where a config was saved or run, not what the network is.
 _VOLATILE_CONFIG_KEYS = frozenset(
@@ -114,32 +135,33 @@ class TargetOutput:
 
 
 class Target:
-    """A transformers target model with its parts located through `_LAYOUTS`.
+    """A transformers decoder LM (or a multimodal wrapper around one) with its text decoder's
+    parts located by `text_decoder`.
 
-    Raises ValueError naming the class when the model's class or text model_type is unknown.
+    Raises ValueError naming the class when its text model_type is not in `TARGET_CLASSES` or
+    no text decoder with embed_tokens, layers and norm is found.
     """
 
     def __init__(self, model: PreTrainedModel):
         name = type(model).__name__
-        if name not in _LAYOUTS:
-            raise ValueError(f"unsupported target class {name}; supported: {', '.join(_LAYOUTS)}")
         text_config = model.config.get_text_config()
         if text_config.model_type not in TARGET_CLASSES:
             raise ValueError(
                 f"unsupported text model_type {text_config.model_type!r} in {name}; "
                 f"supported: {', '.join(TARGET_CLASSES)}"
             )
-        layout = _LAYOUTS[name]
+        decoder = text_decoder(model)
         self.model = model
+        self._causal_lm = causal_lm(model)
         self._config = text_config
-        self._embed_tokens = model.get_submodule(layout.embed_tokens)
-        self._layers = model.get_submodule(layout.layers)
-        self._final_norm = model.get_submodule(layout.final_norm)
-        self._lm_head = model.get_submodule(layout.lm_head)
-        self._text_model = model.get_submodule(layout.text_model)
+        self._text_model = decoder
+        self._embed_tokens = decoder.embed_tokens
+        self._layers = decoder.layers
+        self._final_norm = decoder.norm
+        self._lm_head = model.get_output_embeddings()
         if len(self._layers) != text_config.num_hidden_layers:
             raise ValueError(
-                f"{name} has {len(self._layers)} decoder layers at {layout.layers} but its config "
+                f"{name} has {len(self._layers)} decoder layers but its text config "
                 f"says num_hidden_layers={text_config.num_hidden_layers}"
             )
 
@@ -168,8 +190,29 @@ class Target:
 
     @property
     def target_class(self) -> str:
-        """"llama" (Llama, Qwen2, Qwen3, Mistral) or "deepseek" (DeepSeek-V2/V3)."""
-        return TARGET_CLASSES[self._config.model_type]
+        """The engines' rule class (`target_class_of`): "llama" (Llama, Qwen2, Qwen3, Mistral,
+        Phi-3), "deepseek" (DeepSeek-V2/V3, Kimi-K2.5), "llava" (Llava, Mistral3), or the class's own."""
+        return target_class_of(self.architecture, self._config.model_type)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        """The text decoder's layer stack (L modules)."""
+        return self._layers
+
+    @property
+    def causal_lm(self) -> nn.Module:
+        """The module whose forward gives the logits (`causal_lm`)."""
+        return self._causal_lm
+
+    @property
+    def text_model(self) -> nn.Module:
+        """The text decoder: embedding -> layers -> final norm on input_ids (no lm_head)."""
+        return self._text_model
+
+    def head_norm_weight(self) -> torch.Tensor:
+        """The final norm as a Llama-form RMSNorm weight [H] (x * rsqrt(mean x^2 + eps) * w):
+        the norm's weight, or 1 + weight for Gemma 2 / 3 (`_NORM_PLUS_ONE`)."""
+        return llama_form_norm(self._final_norm.weight.detach(), self._config.model_type)
 
     @property
     def embed_tokens(self) -> nn.Module:
@@ -203,7 +246,7 @@ class Target:
         indices = self._check_aux_layers(aux_layers)
         last = self.num_layers
         logits = None
-        with torch.inference_mode(), _capture(self._layers, {*indices, last}) as states:
+        with torch.inference_mode(), capture_states(self._layers, {*indices, last}) as states:
             kwargs = dict(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -211,7 +254,7 @@ class Target:
                 output_hidden_states=False,
             )
             if return_logits:
-                logits = self.model(**kwargs).logits.float()
+                logits = self._causal_lm(**kwargs).logits.float()
             else:
                 self._text_model(**kwargs)
         last_hidden = states[last]
@@ -256,8 +299,9 @@ class _Recorder:
 
 
 @contextlib.contextmanager
-def _capture(layers: nn.ModuleList, indices: set[int]) -> Iterator[dict[int, torch.Tensor]]:
-    """Hooks on the decoder layers for `indices` only; removed on exit, also on error."""
+def capture_states(layers: nn.ModuleList, indices: set[int]) -> Iterator[dict[int, torch.Tensor]]:
+    """Hooks on the decoder layers for specdraft `indices` only (0 = layer 1's input, k = layer
+    k's output); yields {index: [B, T, H]} filled by the forward run inside; removed on exit."""
     recorder = _Recorder()
     handles = []
     try:
@@ -381,26 +425,67 @@ def check_target_weights(path: str | Path) -> None:
                 pass
 
 
+def llama_form_norm(weight: torch.Tensor, text_model_type: str) -> torch.Tensor:
+    """A final-norm weight as a Llama-form RMSNorm weight: 1 + weight for Gemma 2 / 3
+    (`_NORM_PLUS_ONE`: x * rsqrt(mean x^2 + eps) * (1 + w)), else the weight itself."""
+    return weight + 1 if text_model_type in _NORM_PLUS_ONE else weight
+
+
 def head_weight_keys(config: PretrainedConfig) -> tuple[str, dict[str, str]]:
     """The class `config` builds and the checkpoint keys of the parts a capture store keeps
-    ("norm.weight", "lm_head.weight", "embed_tokens.weight" -> e.g. "model.norm.weight"), from
-    `_LAYOUTS`: what a capture that runs the network elsewhere (vLLM) reads from the files.
-    Raises ValueError naming an unsupported class."""
-    name = _model_class(config).__name__
-    layout = _LAYOUTS[name]
-    return name, {"norm.weight": f"{layout.final_norm}.weight", "lm_head.weight": f"{layout.lm_head}.weight",
-                  "embed_tokens.weight": f"{layout.embed_tokens}.weight"}
+    ("norm.weight", "lm_head.weight", "embed_tokens.weight" -> e.g. "model.norm.weight"): the
+    module paths of its text decoder's norm and embedding and of its lm_head (`text_decoder`),
+    in the class built on the meta device (no memory, no weights read). What a capture that runs
+    the network elsewhere (vLLM) reads from the files. Raises ValueError naming an unsupported class."""
+    model_class = _model_class(config)
+    with torch.device("meta"):
+        model = model_class(copy.deepcopy(config))
+    decoder = text_decoder(model)
+    path = {module: name for name, module in model.named_modules()}
+    parts = {"norm.weight": decoder.norm, "lm_head.weight": model.get_output_embeddings(),
+             "embed_tokens.weight": decoder.embed_tokens}
+    return model_class.__name__, {name: f"{path[module]}.weight" for name, module in parts.items()}
 
 
 def _model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
     architectures = getattr(config, "architectures", None) or []
     name = architectures[0] if architectures else _DEFAULT_CLASSES.get(config.model_type)
-    if name not in _LAYOUTS:
+    model_class = getattr(transformers, name, None) if name else None
+    if model_class is None:
         raise ValueError(
             f"unsupported target class {name or '(none)'} (model_type {config.model_type!r}); "
-            f"supported: {', '.join(_LAYOUTS)}"
+            f"supported: {', '.join(_DEFAULT_CLASSES.values())}"
         )
-    return getattr(transformers, name)
+    return model_class
+
+
+def causal_lm(model: PreTrainedModel) -> nn.Module:
+    """The module to run for logits: a wrapper's `language_model` when that is a causal LM owning
+    the wrapper's lm_head (Llama4ForConditionalGeneration: its own forward fails on text-only
+    input in transformers 5.24, reading image_outputs of the text model's output), else `model`."""
+    inner = getattr(model, "language_model", None)
+    if isinstance(inner, PreTrainedModel) and inner.get_output_embeddings() is model.get_output_embeddings():
+        return inner
+    return model
+
+
+def text_decoder(model: PreTrainedModel) -> nn.Module:
+    """The text decoder of a causal LM or a multimodal wrapper: `get_decoder()` (transformers 5),
+    else its `.model` (Llama4ForCausalLM: get_decoder() returns itself in 5.24, its
+    base_model_prefix names no attribute; Llama4ForConditionalGeneration's is that class).
+    Raises ValueError naming the class when the decoder lacks embed_tokens, layers or norm."""
+    decoder = model.get_decoder()
+    for _ in range(2):  # Llama4ForConditionalGeneration: get_decoder() is a Llama4ForCausalLM
+        inner = getattr(decoder, "model", None)
+        if hasattr(decoder, "layers") or not isinstance(inner, nn.Module):
+            break
+        decoder = inner
+    missing = [part for part in ("embed_tokens", "layers", "norm") if not hasattr(decoder, part)]
+    if missing or model.get_output_embeddings() is None:
+        raise ValueError(f"unsupported target class {type(model).__name__}: its text decoder "
+                         f"{type(decoder).__name__} has no {', '.join(missing) or 'lm_head'}; specdraft "
+                         "reads a decoder with embed_tokens, layers and norm under an lm_head")
+    return decoder
 
 
 def _init_from_config(

@@ -143,3 +143,24 @@ def train_first_step(draft: Eagle3Draft, target: FastTarget, ids: torch.Tensor, 
             loss.backward()
             opt.step()
     draft.eval()
+
+
+@functools.cache
+def hf_setup(arch: str) -> TinySetup:
+    """`tiny_setup`'s "smooth" target of any `tests.tiny_models` arch behind the transformers-backed
+    engine target (`engine.hf_target.HFTarget`), with an untrained drafter and one trained 30 steps;
+    target_dir is None (built in code)."""
+    from specdraft.engine.hf_target import HFTarget
+    from specdraft.target import Target
+
+    std, head_scale = INITS["smooth"]
+    model = tiny_model(arch, seed=0, initializer_range=std, **TARGET_KW)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(head_scale)
+    target = HFTarget(Target(model))
+    hf_config = model.config.get_text_config().to_dict()
+    untrained = make_draft(target, hf_config, seed=1)
+    sequences = greedy_sequences(target, random_prompts(32, 8, seed=2), 16)
+    trained = make_draft(target, hf_config, seed=3, draft_vocab_size=48, sequences=sequences)
+    train_first_step(trained, target, sequences, steps=30)
+    return TinySetup(None, target, untrained, trained)

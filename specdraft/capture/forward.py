@@ -98,8 +98,9 @@ def shard_tensors(samples: list[Sample], states: list[tuple[torch.Tensor, torch.
 
 
 def target_head_tensors(target) -> dict[str, torch.Tensor]:
-    """Copies of the target's final norm, lm_head and input embedding weights (CPU)."""
-    return {"norm.weight": target.final_norm.weight.detach().to("cpu").clone(),
+    """Copies of the target's final norm (as a Llama-form weight, `Target.head_norm_weight`),
+    lm_head and input embedding weights (CPU)."""
+    return {"norm.weight": target.head_norm_weight().to("cpu").clone(),
             "lm_head.weight": target.lm_head.weight.detach().to("cpu").clone(),
             "embed_tokens.weight": target.embed_tokens.weight.detach().to("cpu").clone()}
 

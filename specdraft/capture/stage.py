@@ -102,6 +102,20 @@ def check_aux_arg(aux_layers, target: str | Path) -> None:
     check_aux_flag(aux_layers, config.get_text_config().num_hidden_layers)
 
 
+def serving_line(aux_layers, target: str | Path) -> str | None:
+    """`conventions.serving_problem` for a capture of `aux_layers` (None: the default) from the
+    target directory `target`, read from its config.json alone; None when an engine serves them."""
+    from specdraft.conventions import default_aux_layers
+    from specdraft.data.serving import serving_problem
+    from specdraft.target import read_target_config, target_class_of
+
+    config = read_target_config(target)
+    text = config.get_text_config()
+    layers = list(aux_layers or default_aux_layers(text.num_hidden_layers))
+    architecture = (getattr(config, "architectures", None) or [None])[0]
+    return serving_problem(layers, text.num_hidden_layers, target_class_of(architecture, text.model_type))
+
+
 def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
     """Load the target (or, with engine "vllm", start vLLM on it), its tokenizer and the data;
     render; `write_store` into cfg.out_dir.
@@ -115,6 +129,8 @@ def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
     check_store_dir(cfg.out_dir)
     if cfg.aux_layers is not None:
         check_aux_arg(cfg.aux_layers, cfg.target)
+    if console is not None and (line := serving_line(cfg.aux_layers, cfg.target)):
+        console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
     if cfg.engine == "vllm":
         return _capture_through_vllm(cfg, console)
     target, tokenizer, data = load_inputs(

@@ -81,17 +81,15 @@ class HeadTarget:
     weight the checkpoint lacks."""
 
     def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32):
-        from transformers import AutoConfig
+        from specdraft.target import TARGET_CLASSES, head_weight_keys, read_target_config, target_class_of
 
-        from specdraft.target import TARGET_CLASSES, head_weight_keys
-
-        full = AutoConfig.from_pretrained(path, local_files_only=True)
+        full = read_target_config(path)
         self.config = full.get_text_config()
         if self.config.model_type not in TARGET_CLASSES:
             raise ValueError(f"unsupported text model_type {self.config.model_type!r}; supported: "
                              f"{', '.join(TARGET_CLASSES)}")
         self.architecture, keys = head_weight_keys(full)
-        self.target_class = TARGET_CLASSES[self.config.model_type]
+        self.target_class = target_class_of(self.architecture, self.config.model_type)
         self.num_layers = self.config.num_hidden_layers
         self.hidden_size = self.config.hidden_size
         self.vocab_size = self.config.vocab_size
@@ -99,6 +97,12 @@ class HeadTarget:
         head = _read_weights(Path(path), keys, dtype, tied)
         self.final_norm, self.lm_head, self.embed_tokens = (
             _Weight(head[k]) for k in ("norm.weight", "lm_head.weight", "embed_tokens.weight"))
+
+    def head_norm_weight(self) -> torch.Tensor:
+        """The final norm as a Llama-form weight (`target.llama_form_norm`), as `Target`'s."""
+        from specdraft.target import llama_form_norm
+
+        return llama_form_norm(self.final_norm.weight, self.config.model_type)
 
 
 def _read_weights(path: Path, keys: dict[str, str], dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:

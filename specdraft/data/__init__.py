@@ -7,4 +7,6 @@
 - `labels`: which token is the label of which draft position (FC-07), label counts for the
   draft vocabulary.
 - `vocab`: the draft vocabulary map (`d2t` / `t2d`): built from those counts, validated.
+- `serving`: whether any engine serves the aux layers a store or a drafter is made for, on the
+  target's class (the warning capture and train print before any work).
 """

@@ -8,6 +8,8 @@ skip (or, where the missing piece is itself the fault, a fail). What the user ga
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ from specdraft.conventions import (
     ConventionError,
     DraftLoading,
     aux_layers_from_config,
+    captured_by,
     draft_loading,
 )
 from specdraft.data.records import DataError
@@ -252,7 +255,9 @@ class Evidence:
 
     @memo
     def reading(self) -> AuxReading:
-        """How each engine reads the config's aux ids, in specdraft indices."""
+        """How each engine reads the config's aux ids, in specdraft indices. With --engine vllm
+        (SGLang not checked), SGLang's ids are not read: an SGLang that cannot read them (e.g. a
+        class it serves no EAGLE-3 drafter on) is no finding, and its reading is taken as vLLM's."""
         facts = self.facts
         if facts.target_class is None:
             raise Unavailable("the target class is unknown (engines read ids by class)",
@@ -261,6 +266,10 @@ class Evidence:
             return aux_layers_from_config(self.config, facts.num_layers, facts.target_class,
                                           self.inputs.sglang_version)
         except ConventionError as e:
+            if "sglang" not in self.engines:
+                with contextlib.suppress(ConventionError):
+                    vllm = captured_by(self.config, "vllm", facts.num_layers, facts.target_class)
+                    return AuxReading(vllm, vllm, vllm, "top-level" if self.config.get(AUX_KEY) else "eagle_config")
             raise Unreadable(f"an engine cannot read the config's aux ids: {e}",
                              "re-export with `specdraft export`, which writes each engine's ids") from None
 

@@ -24,7 +24,9 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                 max_seq_len: int | None = None, tokenizer: Any = None,
                 compile: bool = False) -> SpeculativeEngine:
-    """Load a FastTarget and (optionally) a draft checkpoint and pair them.
+    """Load the target (`load_engine_target`: the fast path where it applies, else the
+    transformers-backed one; `engine.target_path` says which, a note says why) and (optionally)
+    a draft checkpoint, and pair them. compile applies to the fast path only.
 
     The drafter gets the target's embedding unless it owns one. Its manifest (specdraft layout)
     must name the drafter's aux layers and the target's hidden size / layer count / vocab.
@@ -40,16 +42,40 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     speculative = draft_dir is not None and spec is not None
     if speculative:  # before the target loads: a run directory is no drafter
         refuse_run_directory(Path(draft_dir))
-    target = load_fast_target(target_dir, dtype=dtype, device=device)
+    target, path_note = load_engine_target(target_dir, dtype, device)
     max_seq_len = max_seq_len or min(target.args.max_position_embeddings, 4096)
     draft = loaded = None
     if speculative:
         loaded = load_paired_draft(draft_dir, target, target_dir, device, dtype)
         draft = loaded.model
-    engine = SpeculativeEngine(target, draft, spec, None, max_seq_len, device, tokenizer, compile)
+    engine = SpeculativeEngine(target, draft, spec, None, max_seq_len, device, tokenizer,
+                               compile and path_note is None)  # no CUDA graphs of transformers' forward
+    engine.target_path = "fast" if path_note is None else "transformers"
+    engine.notes = [path_note] if path_note else []
     if draft is not None:
-        engine.notes = pairing_notes(loaded.manifest, draft_dir, target_dir, spec, tokenizer)
+        engine.notes += pairing_notes(loaded.manifest, draft_dir, target_dir, spec, tokenizer)
     return engine
+
+
+def load_engine_target(target_dir: str | Path, dtype: torch.dtype,
+                       device: torch.device | str) -> tuple[Any, str | None]:
+    """The engine's target: a `FastTarget` where its config applies (Llama/Qwen2/Qwen3/Mistral,
+    `ModelArgs.from_hf_config`), else any decoder LM `specdraft.target.load_target` reads, behind
+    an `hf_target.HFTarget`; with None, or the one-line note saying the transformers path runs
+    and why. Raises what the loader it picks raises (FileNotFoundError, ValueError)."""
+    from specdraft.engine.hf_target import TRANSFORMERS_PATH, HFTarget  # imports transformers
+    from specdraft.target import load_target
+
+    config_path = Path(target_dir) / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: not found (expected a transformers model directory)")
+    try:
+        ModelArgs.from_hf_config(json.loads(config_path.read_text()))
+    except ValueError as why:
+        note = (f"target runs on the {TRANSFORMERS_PATH}, slower than the fast path, which does not "
+                f"apply: {why}")
+        return HFTarget(load_target(target_dir, dtype=dtype, device=device)), note
+    return load_fast_target(target_dir, dtype=dtype, device=device), None
 
 
 def refuse_run_directory(path: Path) -> None:

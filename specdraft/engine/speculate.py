@@ -89,6 +89,7 @@ class SpeculativeEngine:
                              if self.device.type == "cuda" else None)
         self.round_timed = False
         self.target_kernels = self.draft_kernels = "torch"
+        self.target_path = "fast"  # or "transformers" (`hf_target.HFTarget`, set by `load.load_engine`)
         if compile and self.device.type == "cuda":
             self.compile()
 

@@ -55,7 +55,7 @@ from specdraft.train.run_dir import (
     save_checkpoint,
     save_final_draft,
 )
-from specdraft.train.sources import Batch, OnlineSource, TargetInfo, TrainData, open_data
+from specdraft.train.sources import Batch, OnlineSource, TargetInfo, TrainData, open_data, serving_note
 
 
 class TrainingError(SpecdraftError, RuntimeError):
@@ -426,6 +426,8 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
         if newest:
             check_same_data(checkpoint_progress(newest[0]), data.info, len(data), newest[0])
         data = open_data(data, aux_layers=config.aux_layers)
+        if on_note is not None and ranks.main and (line := serving_note(data.info)):
+            on_note(f"warning: {line}")
         trainer = Trainer(config, data, ranks, command)
         resumed = resume_from(trainer, out_dir, resume)
         if on_note is not None and ranks.main:

@@ -58,11 +58,12 @@ class TTTOutput:
 
 
 def target_logits(last_hidden: torch.Tensor, norm_weight: torch.Tensor, lm_head_weight: torch.Tensor,
-                  eps: float) -> torch.Tensor:
+                  eps: float, softcap: float | None = None) -> torch.Tensor:
     """The target's logits from its last pre-norm hidden state (Llama-style RMSNorm + lm_head).
 
     last_hidden: [..., H] (specdraft index L, before the final norm), any float dtype.
-    norm_weight: [H]; lm_head_weight: [V, H]; eps: the target's rms_norm_eps.
+    norm_weight: [H]; lm_head_weight: [V, H]; eps: the target's rms_norm_eps; softcap: the
+    target's final_logit_softcapping (Gemma 2: logits = softcap * tanh(logits / softcap)) or None.
     Returns [..., V] float32, computed as transformers does: the norm in float32, cast back
     to the hidden dtype, scaled by the weight, then the head in the weights' dtype.
     Raises ValueError when the widths disagree.
@@ -74,7 +75,8 @@ def target_logits(last_hidden: torch.Tensor, norm_weight: torch.Tensor, lm_head_
     x = last_hidden.float()
     x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(last_hidden.dtype)
     x = norm_weight * x
-    return F.linear(x.to(lm_head_weight.dtype), lm_head_weight).float()
+    logits = F.linear(x.to(lm_head_weight.dtype), lm_head_weight).float()
+    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
 
 
 def step_weights(ttt_steps: int, step_weight: float) -> list[float]:

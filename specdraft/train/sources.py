@@ -255,7 +255,8 @@ class StoreData:
         if self._after_norm:  # converted from SpecForge: the state is already normed
             logits = F.linear(pad("last_hidden").to(self._lm_head.dtype), self._lm_head).float()
         else:
-            logits = target_logits(pad("last_hidden"), self._norm, self._lm_head, eps)
+            logits = target_logits(pad("last_hidden"), self._norm, self._lm_head, eps,
+                                   _config_get(self.config, "final_logit_softcapping"))
         return Batch(list(sample_ids), pad("input_ids"), pad("loss_mask"),
                      pad("aux_hidden").float(), logits)
 
@@ -332,3 +333,16 @@ def open_data(source: str | Path | OnlineSource | TrainData, target_config: Any 
         raise ValueError(f"--aux-layers {','.join(map(str, aux_layers))} asked for, but the training data holds "
                          f"layers {held}: drop --aux-layers (or pass --aux-layers {held}), or capture those layers")
     return data
+
+
+def serving_note(info: TargetInfo) -> str | None:
+    """`conventions.serving_problem` for the target and aux layers the drafter trains on (the
+    class from the recorded architecture, else the recorded target class); None when served."""
+    from specdraft.data.serving import serving_problem
+    from specdraft.target import target_class_of
+
+    target = info.manifest_fields.get("target") or {}
+    if not target.get("num_layers"):
+        return None
+    target_class = target_class_of(target.get("architecture"), "") or target.get("target_class")
+    return serving_problem(info.aux_layers, target["num_layers"], target_class)

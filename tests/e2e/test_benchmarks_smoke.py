@@ -29,6 +29,7 @@ SMOKE_RUNS = {
     "train_throughput.py": (["--tiny"], "tokens_per_s"),
     "drafter_memory.py": (["--tiny"], "convert"),
     "capture_throughput.py": (["--tiny"], "transformers"),  # vllm: null where vLLM is not installed
+    "hf_target_speed.py": (["--tiny"], "chain3"),
     "shell_target.py": (["--check", "--shape", "tiny", "--model", str(PYCODE), "--prompts", "1", "--new-tokens", "12"],
                         "max_abs_logits_diff"),
 }

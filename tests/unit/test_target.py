@@ -26,7 +26,7 @@ EXPECTED_TARGET_CLASS = {
     "mistral": "llama",
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
-    "llava": "llama",
+    "llava": "llava",  # SGLang 0.5.23 llava.py has no EAGLE-3 capture; vLLM's delegates to Llama
 }
 
 

@@ -1,0 +1,143 @@
+"""A transformers-backed target for `SpeculativeEngine`: any decoder LM `specdraft.target` loads
+(Gemma, GPT-OSS, Llama 4, DeepSeek-V3, the multimodal wrappers' text decoders, ...), run through
+the model's own forward with a `transformers.DynamicCache`, cropped on rejection.
+
+It has the interface the engine uses of `fast_model.FastTarget` (`args`, `setup_cache`, the
+forward over cache slots with a [1, 1, T, S] bool mask, `compact_cache`, `tok_embeddings`), so
+chains and trees are verified exactly as on the fast path. The engine's mask is turned into
+the model's own per-layer masks (`layer_masks`): a sliding window (Mistral, Gemma 2 / 3, GPT-OSS,
+Qwen2 with sliding layers) or chunked attention (Llama 4) applied on top of the tree mask, by
+position. Slower than the fast path (no fused kernels, no CUDA graphs); used where the fast path
+does not apply (`load.load_engine` says which path runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from specdraft.engine.fast_model import FastOutput
+from specdraft.target import Target, capture_states
+
+TRANSFORMERS_PATH = "transformers (the model's own forward, DynamicCache; no fused kernels or CUDA graphs)"
+
+
+@dataclass(frozen=True)
+class HFArgs:
+    """The sizes the engine reads of its target (`fast_model.ModelArgs`' names)."""
+
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    max_position_embeddings: int
+
+
+class HFTarget:
+    """A `specdraft.target.Target` with a KV cache (rows share positions and slots).
+
+    The cache holds the K/V of slots 0..n-1 in order; a forward that writes from slot `start`
+    first drops every slot >= start (the last round's rejected drafts), so slot = position for
+    every committed token (the engine compacts an accepted tree path to contiguous slots).
+    """
+
+    triton_kernels = False
+
+    def __init__(self, target: Target) -> None:
+        config = target.config
+        self.target, self.model = target, target.model
+        self.args = HFArgs(config.model_type, target.hidden_size, target.num_layers, target.vocab_size,
+                           getattr(config, "max_position_embeddings", None) or 4096)
+        self.tok_embeddings = target.embed_tokens  # .weight: the drafter's shared embedding
+        self.layers = target.layers
+        self.cache: DynamicCache | None = None
+        self.max_batch_size = self.max_seq_len = None
+        self._layer_types = tuple(getattr(config, "layer_types", None) or ())
+        self._window = getattr(config, "sliding_window", None)
+        self._chunk = getattr(config, "attention_chunk_size", None)
+
+    def use_triton(self) -> str:
+        """Why no Triton kernels run: this target runs transformers' own forward."""
+        return "transformers-backed target"
+
+    def setup_cache(self, max_batch_size: int, max_seq_len: int, dtype: torch.dtype | None = None,
+                    device: torch.device | str | None = None) -> None:
+        """A new, empty cache (any batch size: the engine uses 1). Raises ValueError for a
+        max_seq_len past the target's max positions."""
+        if max_seq_len > self.args.max_position_embeddings:
+            raise ValueError(f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
+                             f"{self.args.max_position_embeddings}")
+        self.cache = DynamicCache()
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+
+    def layer_masks(self, attn_mask: Tensor, position_ids: Tensor, start: int) -> Tensor | dict[str, Tensor]:
+        """The engine's bool mask [1, 1, T, S] (S = start + T) as the model's additive masks in its
+        dtype: one tensor, or {layer type: mask} for a config with `layer_types` (the form the
+        model's forward takes in place of building its own). Key slot s < start sits at position
+        s; the T new keys at `position_ids`."""
+        keys = torch.cat([torch.arange(start, device=position_ids.device), position_ids[0]])
+        distance = position_ids[0][:, None] - keys[None, :]  # [T, S]
+        allowed = {"full_attention": attn_mask}
+        if self._window is not None:
+            allowed["sliding_attention"] = attn_mask & (distance < self._window)
+        if self._chunk is not None:
+            same_chunk = position_ids[0][:, None] // self._chunk == keys[None, :] // self._chunk
+            allowed["chunked_attention"] = attn_mask & same_chunk
+        dtype = self.tok_embeddings.weight.dtype
+        additive = {name: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, torch.finfo(dtype).min)
+                    for name, m in allowed.items()}
+        if self._layer_types:
+            return {name: additive[name] for name in set(self._layer_types)}
+        uses_window = self._window is not None and self.args.model_type in ("mistral", "phi3")
+        return additive["sliding_attention" if uses_window else "full_attention"]
+
+    def __call__(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
+                 aux_layers: tuple[int, ...] = ()) -> FastOutput:
+        """T new tokens written at slots start..start+T-1 (`fast_model.FastTarget.forward`'s shapes:
+        input_ids / position_ids [B, T], every row the same positions, cache_slots [T], attn_mask
+        [B, 1, T, S >= start + T] bool; columns past start + T are dropped). Returns logits
+        [B, T, V] float32 and aux states [B, T, n_aux*H] (None without aux layers).
+        Raises RuntimeError before `setup_cache` or when the slots are not contiguous from
+        start <= the cached length."""
+        if self.cache is None:
+            raise RuntimeError("HFTarget forward before setup_cache(1, max_seq_len)")
+        start, n = int(cache_slots[0]), cache_slots.numel()
+        cached = self.cache.get_seq_length()
+        if start > cached or attn_mask.shape[-1] < start + n:
+            raise RuntimeError(f"HFTarget: slots {start}..{start + n - 1} with {cached} cached and a mask of "
+                               f"{attn_mask.shape[-1]} columns; expected contiguous slots from <= {cached}")
+        if start < cached:
+            self.truncate(start)
+        attn_mask = attn_mask[..., :start + n]  # a wider mask (e.g. max_seq_len) covers slots not cached
+        mask = self.layer_masks(attn_mask, position_ids, start)
+        with torch.inference_mode(), capture_states(self.layers, set(aux_layers)) as states:
+            out = self.target.causal_lm(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                             cache=self.cache, use_cache=True)
+        aux = torch.cat([states[k] for k in aux_layers], dim=-1) if aux_layers else None
+        return FastOutput(logits=out.logits.float(), aux_hidden=aux)
+
+    forward = __call__
+
+    @torch.no_grad()
+    def compact_cache(self, src_slots: Tensor, dst_start: int) -> None:
+        """Move the K/V at src_slots [n] to slots dst_start..dst_start+n-1 in every layer and drop
+        the slots after them. Raises ValueError past max_seq_len."""
+        n = src_slots.numel()
+        if dst_start + n > self.max_seq_len:
+            raise ValueError(f"compact_cache: slots {dst_start}..{dst_start + n - 1} exceed max_seq_len "
+                             f"{self.max_seq_len}")
+        for layer in self.cache.layers:
+            for tensor in (layer.keys, layer.values):
+                tensor[:, :, dst_start:dst_start + n] = tensor[:, :, src_slots]
+        self.truncate(dst_start + n)
+
+    def truncate(self, length: int) -> None:
+        """Keep slots 0..length-1 of every layer. The cache's layers are `DynamicLayer`s ([B, heads,
+        slots, dim] keys / values, nothing else to keep in step), sliced here rather than through
+        `DynamicCache.crop`, whose argument changed meaning within transformers 5."""
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]

@@ -1,0 +1,78 @@
+"""The transformers-backed engine target (`engine.hf_target.HFTarget`) on every decoder class of
+tests.tiny_models: its cached forward equals the model's full forward (sliding windows and
+chunked attention crossed, rejected slots dropped), speculative decoding at T = 0 equals the
+target's greedy output token for token (chain and tree), T = 1 follows the target's distribution
+(the FC-10 chi-square test), and `load_engine` picks it where the fast path does not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdraft.engine.fast_model import causal_mask
+from specdraft.engine.load import load_engine
+from specdraft.engine.sampling import SamplingParams
+from specdraft.engine.spec_config import SpecConfig
+from tests.cases.test_case_fc10_temperature import PASS_P, chi_square_pvalue
+from tests.engine_helpers import greedy_sequences, hf_setup, one_thread, random_prompts  # noqa: F401
+from tests.tiny_models import ARCHITECTURES, MORE_ARCHITECTURES, save_tiny_model
+
+CLASSES = [a for a in ARCHITECTURES + MORE_ARCHITECTURES if a != "deepseek_v2"]  # V3 covers MLA + MoE
+NUM_PROMPTS, PROMPT_LEN, NUM_NEW = 4, 6, 12  # 18 positions: past the tiny windows / chunks of 4
+
+
+@pytest.mark.parametrize("arch", CLASSES)
+def test_cached_forward_with_dropped_slots_equals_the_full_forward(arch):
+    target = hf_setup(arch).target
+    ids = torch.tensor(random_prompts(1, 14, seed=4))
+    with torch.inference_mode():
+        full = target.target.causal_lm(input_ids=ids).logits.float()[0]
+    target.setup_cache(1, 64)
+    out = target(ids[:, :6], torch.arange(6)[None], torch.arange(6), causal_mask(0, 6, 6), (0, 4))
+    errors = [(out.logits[0] - full[:6]).abs().max()]
+    for p in range(6, 14):  # a rejected 2-token draft first, then the real token over it
+        target(torch.tensor([[5, 7]]), torch.tensor([[p, p + 1]]), torch.arange(p, p + 2), causal_mask(p, 2, p + 2))
+        out = target(ids[:, p:p + 1], torch.tensor([[p]]), torch.tensor([p]), causal_mask(p, 1, p + 1), (0, 4))
+        errors.append((out.logits[0, 0] - full[p]).abs().max())
+    assert max(errors) < 1e-5, arch
+    assert out.aux_hidden.shape == (1, 1, 2 * target.args.hidden_size)
+
+
+@pytest.mark.parametrize("arch", CLASSES)
+def test_speculative_greedy_equals_target_greedy(arch):
+    setup = hf_setup(arch)
+    prompts = random_prompts(NUM_PROMPTS, PROMPT_LEN, seed=10)
+    reference = greedy_sequences(setup.target, prompts, NUM_NEW)[:, PROMPT_LEN:].tolist()
+    plain = setup.engine(None, None)
+    assert [plain.generate(p, NUM_NEW).token_ids for p in prompts] == reference
+    for spec in (SpecConfig.chain(3), SpecConfig(3, 2, 6)):
+        engine = setup.engine(setup.trained, spec)
+        assert [engine.generate(p, NUM_NEW).token_ids for p in prompts] == reference, (arch, spec)
+        assert engine.total.accept_length > 1.0, (arch, spec)  # drafts are accepted: paths are committed
+
+
+@pytest.mark.parametrize("arch", ["gemma2"])  # soft-capped logits, sliding layers
+@pytest.mark.parametrize("spec", [SpecConfig.chain(2), SpecConfig(2, 2, 4)], ids=["chain", "tree"])
+def test_sampling_follows_the_target(arch, spec):
+    assert chi_square_pvalue(hf_setup(arch), spec, SamplingParams(1.0)) > PASS_P
+
+
+def test_load_engine_uses_the_fast_path_where_it_applies(tmp_path):
+    fast = load_engine(save_tiny_model("llama", tmp_path / "l"), None, None)
+    assert fast.target_path == "fast" and fast.notes == []
+    slow = load_engine(save_tiny_model("gemma3", tmp_path / "g"), None, None)
+    assert slow.target_path == "transformers"
+    assert slow.notes[0].startswith("target runs on the transformers (the model's own forward")
+    assert "Gemma3ForCausalLM" in slow.notes[0]
+    assert slow.generate([1, 2, 3], 4).token_ids == greedy_sequences(slow.target, [[1, 2, 3]], 4)[0, 3:].tolist()
+
+
+def test_a_mask_as_wide_as_the_cache_is_accepted():
+    """tune times verifies with masks of max_seq_len columns, as the compiled fast path takes them."""
+    target = hf_setup("gemma2").target
+    ids = torch.tensor(random_prompts(1, 10, seed=5))
+    target.setup_cache(1, 64)
+    narrow = target(ids, torch.arange(10)[None], torch.arange(10), causal_mask(0, 10, 10)).logits
+    target.setup_cache(1, 64)
+    wide = target(ids, torch.arange(10)[None], torch.arange(10), causal_mask(0, 10, 64)).logits
+    assert torch.equal(narrow, wide)
