@@ -330,7 +330,7 @@ def _event_text(event: dict[str, Any], native: bool) -> tuple[str, str]:
     """(answer text, reasoning text) of one streamed event: SGLang /generate's `text`, a
     completion's `choices[].text`, or a chat delta's `content` and reasoning (vLLM's
     `reasoning`, SGLang's `reasoning_content`: `conventions.REASONING_RESPONSE_FIELDS`)."""
-    from specdraft.conventions import REASONING_RESPONSE_FIELDS
+    from specdraft.conventions.engines import REASONING_RESPONSE_FIELDS
 
     if native:
         return event.get("text", ""), ""

@@ -46,15 +46,8 @@ from specdraft.checkpoint import (
     verify_written,
     write_safetensors,
 )
-from specdraft.conventions import (
-    AUX_KEY,
-    SPECULATORS_EXCLUSIVE_FLAGS,
-    ConventionError,
-    captured_by,
-    flag_refusal,
-    parse_dtype,
-    to_engine_ids,
-)
+from specdraft.conventions import AUX_KEY, ConventionError, captured_by, parse_dtype, to_engine_ids
+from specdraft.conventions.engines import SPECULATORS_EXCLUSIVE_FLAGS, flag_refusal
 from specdraft.draft import NORM_FLAGS, DraftConfig, rope_from_hf_config
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 from specdraft.errors import SpecdraftError
@@ -98,7 +91,7 @@ class TargetFacts:
         """Read a transformers target directory's config.json (nothing else is loaded), as
         published (`target.read_target_config`: no prompt, no quantization kernels; remote code
         only with `trust_remote_code`)."""
-        from specdraft.target import read_target_config, target_class_of  # the engines' class table
+        from specdraft.target.config import read_target_config, target_class_of  # the engines' class table
 
         path = Path(path)
         full = read_target_config(path, trust_remote_code)
@@ -113,7 +106,7 @@ class TargetFacts:
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> TargetFacts:
         """The target as the manifest recorded it at training (CheckpointError when too thin)."""
-        from specdraft.target import target_class_of
+        from specdraft.target.config import target_class_of
 
         t, draft = manifest.target or {}, manifest.draft or {}
         num_layers = t.get("num_layers") or draft.get("target_num_layers")
@@ -230,7 +223,7 @@ def _config_for(engine: str, cfg: DraftConfig, dtype: torch.dtype, ids: tuple, f
                 verifier: str | None, spec: SpecConfig) -> dict[str, Any]:
     top, nested = ids
     if engine == "speculators":
-        from specdraft.target import ENGINE_ARCHITECTURES
+        from specdraft.target.config import ENGINE_ARCHITECTURES
 
         # the class name vLLM loads the target as
         architectures = [ENGINE_ARCHITECTURES.get(facts.architecture, facts.architecture)] if facts.architecture else []

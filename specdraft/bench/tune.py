@@ -414,7 +414,7 @@ def load_tuned(target_dir: str | Path, draft_dir: str | Path, cfg: TuneConfig, d
 
     from specdraft.doctor.inputs import given_config
     from specdraft.engine.load import load_engine
-    from specdraft.target import TARGET_CONFIG_FIX, check_target_config
+    from specdraft.target.config import TARGET_CONFIG_FIX, check_target_config
 
     config = given_config(Path(target_dir), TARGET_CONFIG_FIX)
     if config is not None:  # no config.json: left to the loader

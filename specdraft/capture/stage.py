@@ -107,7 +107,7 @@ def serving_line(aux_layers, target: str | Path) -> str | None:
     target directory `target`, read from its config.json alone; None when an engine serves them."""
     from specdraft.conventions import default_aux_layers
     from specdraft.data.serving import serving_problem
-    from specdraft.target import read_target_config, target_class_of
+    from specdraft.target.config import read_target_config, target_class_of
 
     config = read_target_config(target)
     text = config.get_text_config()

@@ -81,7 +81,8 @@ class HeadTarget:
     weight the checkpoint lacks."""
 
     def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32):
-        from specdraft.target import TARGET_CLASSES, head_weight_keys, read_target_config, target_class_of
+        from specdraft.target import head_weight_keys
+        from specdraft.target.config import TARGET_CLASSES, read_target_config, target_class_of
 
         full = read_target_config(path)
         self.config = full.get_text_config()
@@ -110,7 +111,7 @@ def _read_weights(path: Path, keys: dict[str, str], dtype: torch.dtype, tied: bo
     files; a tied lm_head without its own key takes the embedding's."""
     from safetensors import safe_open
 
-    from specdraft.target import target_weight_files
+    from specdraft.target.config import target_weight_files
 
     wanted = {key: name for name, key in keys.items()}
     found: dict[str, torch.Tensor] = {}

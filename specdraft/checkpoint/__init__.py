@@ -57,7 +57,7 @@ from specdraft.checkpoint.weights import (
     read_weights,
     write_safetensors,
 )
-from specdraft.conventions import RELEASES_READ, engines_serving_architecture
+from specdraft.conventions.engines import RELEASES_READ, engines_serving_architecture
 from specdraft.data.vocab import t2d_from_d2t, validate_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_inv_freq
 from specdraft.files import atomic_dir, replace_dir

@@ -27,13 +27,8 @@ import torch
 
 from specdraft import __version__
 from specdraft.checkpoint.config_keys import UNKNOWN_KEYS_FIX, known_keys_text, unknown_config_keys
-from specdraft.conventions import (
-    AUX_KEY,
-    SLIDING_LAYER_TYPE,
-    engines_default_layers,
-    from_engine_ids,
-    to_engine_ids,
-)
+from specdraft.conventions import AUX_KEY, engines_default_layers, from_engine_ids, to_engine_ids
+from specdraft.conventions.engines import SLIDING_LAYER_TYPE
 from specdraft.draft import NORM_FLAGS, DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.errors import SpecdraftError
 

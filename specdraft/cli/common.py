@@ -301,11 +301,7 @@ def refuse_bad_configs(draft: str, target: str, target_keys: tuple[str, ...] | N
 
     from specdraft.checkpoint import DRAFTER_CONFIG_FIX
     from specdraft.doctor.inputs import given_config
-    from specdraft.target import (
-        TARGET_CONFIG_FIX,
-        TARGET_REQUIRED_KEYS,
-        check_target_config,
-    )
+    from specdraft.target.config import TARGET_CONFIG_FIX, TARGET_REQUIRED_KEYS, check_target_config
 
     if draft:
         given_config(Path(draft), DRAFTER_CONFIG_FIX)

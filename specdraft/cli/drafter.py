@@ -246,7 +246,7 @@ def architectures_of_target(target: str | None, trust_remote_code: bool = False)
     """`architectures` of a local target directory's config.json (None without one or when unset)."""
     if not target:
         return None
-    from specdraft.target import read_target_config
+    from specdraft.target.config import read_target_config
 
     return list(read_target_config(target, trust_remote_code).architectures or []) or None
 
@@ -264,8 +264,8 @@ def id_reading(target: str | None, aux: tuple[str, tuple[int, ...]] | None, sgla
             raise ValueError("--aux-layers needs --target DIR: aux ids are read by the target's layer count and class")
         return {"target_num_layers": None, "sglang_version": sglang_version or None}
     from specdraft.conventions import ConventionError, layers_of_option
-    from specdraft.target import TARGET_CLASSES
-    from specdraft.target import read_target_config
+    from specdraft.target.config import TARGET_CLASSES
+    from specdraft.target.config import read_target_config
 
     refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
     text = read_target_config(target, trust_remote_code).get_text_config()

@@ -5,14 +5,14 @@ conventions split off for its size (as `data.vocab`): it reads the rule table's 
 from __future__ import annotations
 
 from specdraft.conventions import (
-    _CLASS_NAMES,
-    _ENGINE_NAMES,
-    ENGINE_RULES,
+    ENGINE_NAMES,
     TARGET_CLASSES,
+    _CLASS_NAMES,
     ConventionError,
     _encode,
     default_aux_layers,
 )
+from specdraft.conventions.rules import ENGINE_RULES
 
 
 def _served(layers: list[int], engine: str, num_layers: int, target_class: str) -> str | None:
@@ -24,7 +24,7 @@ def _served(layers: list[int], engine: str, num_layers: int, target_class: str) 
             return None
         except ConventionError as e:
             reasons.append(str(e))
-    return reasons[0] if reasons else f"no {_ENGINE_NAMES[engine]} rule for this class"
+    return reasons[0] if reasons else f"no {ENGINE_NAMES[engine]} rule for this class"
 
 
 def serving_problem(layers, num_layers: int, target_class: str | None) -> str | None:
@@ -37,7 +37,7 @@ def serving_problem(layers, num_layers: int, target_class: str | None) -> str | 
     reasons = {engine: _served(layers, engine, num_layers, target_class) for engine in ("sglang", "vllm")}
     if any(reason is None for reason in reasons.values()):
         return None
-    why = "; ".join(f"{_ENGINE_NAMES[e]}: {r}" for e, r in reasons.items())
+    why = "; ".join(f"{ENGINE_NAMES[e]}: {r}" for e, r in reasons.items())
     serving = [r for r in ENGINE_RULES if r.target_class == target_class and r.refuse is None
                and r.engine in ("sglang", "vllm")]
     name = _CLASS_NAMES[target_class]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specdraft.checkpoint import CheckpointError, all_finite, detect_layout, draft_tensors, usable_vocab
-from specdraft.conventions import DraftLoading, loading_label
+from specdraft.conventions.engines import DraftLoading, loading_label
 from specdraft.data.vocab import validate_vocab_map
 from specdraft.doctor.evidence import (
     Broken,

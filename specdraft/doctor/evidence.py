@@ -31,15 +31,8 @@ from specdraft.checkpoint import (
     read_weights,
     state_dict_for_layout,
 )
-from specdraft.conventions import (
-    AUX_KEY,
-    AuxReading,
-    ConventionError,
-    DraftLoading,
-    aux_layers_from_config,
-    captured_by,
-    draft_loading,
-)
+from specdraft.conventions import AUX_KEY, AuxReading, ConventionError, aux_layers_from_config, captured_by
+from specdraft.conventions.engines import DraftLoading, draft_loading
 from specdraft.data.records import DataError
 from specdraft.doctor.inputs import DOCTOR_ENGINES, DoctorInputs
 from specdraft.doctor.keys import KeyMap, draft_as_loaded, key_map
@@ -170,8 +163,8 @@ class Evidence:
     @memo
     def target_config_hash(self) -> str:
         """`target.config_hash` of the --target's config, as training records it in the manifest."""
-        from specdraft.target import config_hash
-        from specdraft.target import read_target_config
+        from specdraft.target.config import config_hash
+        from specdraft.target.config import read_target_config
 
         target = self.need_target_dir()
         try:

@@ -16,8 +16,8 @@ from specdraft.checkpoint import (
 )
 from specdraft.bench.suites import suite_names
 from specdraft.client import SERVER_WAIT_S
-from specdraft.target import check_target_weights
-from specdraft.target import read_target_config
+from specdraft.target.config import check_target_weights
+from specdraft.target.config import read_target_config
 
 DOCTOR_ENGINES = ("sglang", "vllm")
 

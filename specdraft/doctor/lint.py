@@ -11,15 +11,8 @@ import torch
 
 from specdraft.checkpoint import FLAGS_FIX, CheckpointError, unimplemented_flags
 from specdraft.checkpoint.layouts import LEGACY_FC_NORM_FLAG, norm_flags_of_config
-from specdraft.conventions import (
-    AUX_KEY,
-    ConventionError,
-    flag_refusal,
-    lint_sglang_ids,
-    sglang_replaces_embedding,
-    sglang_replaces_head,
-    to_engine_ids,
-)
+from specdraft.conventions import AUX_KEY, ConventionError, lint_sglang_ids, to_engine_ids
+from specdraft.conventions.engines import flag_refusal, sglang_replaces_embedding, sglang_replaces_head
 from specdraft.doctor.evidence import Evidence, Unavailable, Unreadable, describe
 from specdraft.doctor.verdict import NUM_AUX, Result, engine_name, fail, ok
 from specdraft.draft import rope_from_hf_config

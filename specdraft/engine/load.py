@@ -152,7 +152,7 @@ def pairing_notes(manifest: Any, draft_dir: str | Path, target_dir: str | Path, 
     from transformers import AutoConfig
 
     from specdraft.draft import rope_from_hf_config
-    from specdraft.target import config_hash
+    from specdraft.target.config import config_hash
 
     if manifest is None:
         return []
@@ -284,7 +284,7 @@ def load_fast_target(model_dir: str | Path, dtype: torch.dtype = torch.float32,
 
 
 def _checkpoint_files(model_dir: Path) -> list[Path]:
-    from specdraft.target import target_weight_files
+    from specdraft.target.config import target_weight_files
 
     files = target_weight_files(model_dir)
     for file in files:
@@ -297,7 +297,7 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
 @torch.no_grad()
 def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
     from specdraft.checkpoint import open_safetensors
-    from specdraft.target import TARGET_WEIGHTS_FIX
+    from specdraft.target.config import TARGET_WEIGHTS_FIX
 
     expected = checkpoint_destinations(model)
     filled, unmatched, stored_head = set(), [], None

@@ -89,7 +89,7 @@ class LocalBackend:
                  batch_size: int = 8, dtype: torch.dtype = torch.float32, device: str = "cpu"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from specdraft.target import check_target_weights
+        from specdraft.target.config import check_target_weights
 
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or model_dir))
@@ -220,7 +220,7 @@ class EndpointBackend:
     def _parse(self, response, prompt: Prompt) -> Completion:
         """The choice's content and, from a chat completion, its reasoning under any of
         `conventions.REASONING_RESPONSE_FIELDS` (vLLM's `reasoning`, SGLang's `reasoning_content`)."""
-        from specdraft.conventions import REASONING_RESPONSE_FIELDS
+        from specdraft.conventions.engines import REASONING_RESPONSE_FIELDS
 
         try:
             choice = response.json()["choices"][0]

@@ -303,7 +303,7 @@ def same_target(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def _check_store_target(store: Any, config: Any, directory: str | Path) -> None:
     """Refuse a `--target` directory whose model is not the target `store` was captured from."""
-    from specdraft.target import config_hash
+    from specdraft.target.config import config_hash
 
     text = config.get_text_config()
     given = {"name_or_path": str(directory), "config_hash": config_hash(config),
@@ -339,7 +339,7 @@ def serving_note(info: TargetInfo) -> str | None:
     """`conventions.serving_problem` for the target and aux layers the drafter trains on (the
     class from the recorded architecture, else the recorded target class); None when served."""
     from specdraft.data.serving import serving_problem
-    from specdraft.target import target_class_of
+    from specdraft.target.config import target_class_of
 
     target = info.manifest_fields.get("target") or {}
     if not target.get("num_layers"):

@@ -94,7 +94,7 @@ def test_threads_are_set_before_loading(tmp_path, command, monkeypatch):
         raise OSError("stop here")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record)
-    from specdraft.target import TARGET_REQUIRED_KEYS  # generate refuses a config without them first
+    from specdraft.target.config import TARGET_REQUIRED_KEYS  # generate refuses a config without them first
 
     config = {key: "llama" if key == "model_type" else 2 for key in TARGET_REQUIRED_KEYS}
     (tmp_path / "config.json").write_text(json.dumps(config))

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft.checkpoint import load_draft
-from specdraft.conventions import SPECULATORS_EXCLUSIVE_FLAGS
+from specdraft.conventions.engines import SPECULATORS_EXCLUSIVE_FLAGS
 from specdraft.draft import NORM_FLAGS
 from specdraft.export import export_draft
 from specdraft.train.loss import shift_left, ttt_unroll

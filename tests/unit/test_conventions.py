@@ -5,9 +5,17 @@ import itertools
 import pytest
 import torch
 
-from specdraft.conventions import (ENGINE_RULES, ConventionError, aux_layers_from_config, default_aux_layers,
-                                   default_layers_captured, engine_default_ids, from_engine_ids, lint_sglang_ids,
-                                   to_engine_ids)
+from specdraft.conventions import (
+    ConventionError,
+    aux_layers_from_config,
+    default_aux_layers,
+    default_layers_captured,
+    engine_default_ids,
+    from_engine_ids,
+    lint_sglang_ids,
+    to_engine_ids,
+)
+from specdraft.conventions.rules import ENGINE_RULES
 from specdraft.data.vocab import build_vocab_map, draft_to_target_ids, target_ids_of_draft_vocab, validate_vocab_map
 
 # L -> (specdraft default, SGLang ids on Llama class, any version)

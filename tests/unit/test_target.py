@@ -15,7 +15,8 @@ import torch
 import transformers
 
 import specdraft.target as target_module
-from specdraft.target import Target, TargetOutput, config_hash, load_target
+from specdraft.target import Target, TargetOutput, load_target
+from specdraft.target.config import config_hash
 from tests.tiny_models import ARCHITECTURES, save_tiny_model, tiny_config, tiny_model
 
 NUM_LAYERS = 4

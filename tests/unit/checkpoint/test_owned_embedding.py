@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specdraft.checkpoint import convert_draft, load_draft, tensor_digest
-from specdraft.conventions import EMBEDDING_SOURCES, sglang_replaces_embedding, sglang_replaces_head
+from specdraft.conventions.engines import EMBEDDING_SOURCES, sglang_replaces_embedding, sglang_replaces_head
 from specdraft.doctor import run_doctor
 from specdraft.engine.load import load_engine
 from specdraft.export import ExportError, export_draft

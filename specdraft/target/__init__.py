@@ -8,16 +8,14 @@ the final norm, which transformers' `hidden_states[L]` is not (it is taken after
 The parts are found from the model (`text_decoder`: transformers 5's `get_decoder()`, which
 multimodal wrappers point at their language model); the text model_type must be in
 `TARGET_CLASSES` (the engines' rule classes); checked against transformers 5.24.
-A target's config.json is read as published by `read_target_config` (every check that needs
-only sizes and class uses it): never a remote-code prompt, never a quantization kernel.
+A target's config.json is read as published by `target.config.read_target_config` (every check
+that needs only sizes and class uses it): never a remote-code prompt, never a quantization kernel.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -26,97 +24,20 @@ from pathlib import Path
 import torch
 import transformers
 from torch import nn
-from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers import PretrainedConfig, PreTrainedModel
 
-from specdraft.errors import SpecdraftError
-
-# Config model_type -> class built when a config names no `architectures` (transformers 5.24's
-# auto mappings: a multimodal model_type builds its conditional-generation wrapper).
-_DEFAULT_CLASSES: dict[str, str] = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "gpt_oss": "GptOssForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
-    "llama4_text": "Llama4ForCausalLM",
-    "deepseek_v2": "DeepseekV2ForCausalLM",
-    "deepseek_v3": "DeepseekV3ForCausalLM",
-    "llava": "LlavaForConditionalGeneration",
-    "qwen2_vl": "Qwen2VLForConditionalGeneration",
-    "mistral3": "Mistral3ForConditionalGeneration",
-    "kimi_k25": "Kimi_K25ForConditionalGeneration",
-    "llama4": "Llama4ForConditionalGeneration",
-}
-
-# Text config model_type -> target class, the key of the engines' aux-id rules
-# (`conventions.ENGINE_RULES`; one model file per engine). Phi-3 is "llama": SGLang 0.5.23
-# llama.py and vLLM 0.32.0 phi3.py both subclass their LlamaForCausalLM.
-TARGET_CLASSES: dict[str, str] = {
-    "llama": "llama",
-    "qwen2": "llama",
-    "qwen3": "llama",
-    "mistral": "llama",
-    "phi3": "llama",
-    "qwen3_moe": "qwen3_moe",
-    "gpt_oss": "gpt_oss",
-    "gemma2": "gemma2",
-    "gemma3_text": "gemma3",
-    "llama4_text": "llama4",
-    "qwen2_vl_text": "qwen2_vl",
-    "deepseek_v2": "deepseek",
-    "deepseek_v3": "deepseek",
-}
-
-# Multimodal wrappers the engines load as their own class (sglang 0.5.23 llava.py / mistral.py
-# / kimi_k25.py, vllm 0.32.0 llava.py / mistral3.py / kimi_k25.py), whatever their text model_type.
-# Kimi-K2.5's published config names KimiK25ForConditionalGeneration (remote code), transformers
-# 5.24 Kimi_K25ForConditionalGeneration: both load as the engines' KimiK25ForConditionalGeneration.
-_WRAPPER_CLASSES: dict[str, str] = {
-    "LlavaForConditionalGeneration": "llava",
-    "Mistral3ForConditionalGeneration": "llava",
-    "Kimi_K25ForConditionalGeneration": "deepseek",
-    "KimiK25ForConditionalGeneration": "deepseek",
-}
-
-
-# transformers class -> the class name the engines load the same checkpoint as, where they differ
-# (sglang 0.5.23 kimi_k25.py / vllm 0.32.0 kimi_k25.py: KimiK25ForConditionalGeneration, the
-# name Kimi-K2.5's published config.json gives).
-ENGINE_ARCHITECTURES: dict[str, str] = {"Kimi_K25ForConditionalGeneration": "KimiK25ForConditionalGeneration"}
-
-
-def target_class_of(architecture: str | None, text_model_type: str) -> str | None:
-    """The engines' rule class of a target (`conventions.TARGET_CLASSES`): the wrapper's own
-    class for a multimodal wrapper in `_WRAPPER_CLASSES`, else by the text model_type; None
-    when neither is known."""
-    return _WRAPPER_CLASSES.get(architecture or "") or TARGET_CLASSES.get(text_model_type)
+from specdraft.target.config import (
+    DEFAULT_CLASSES,
+    TARGET_CLASSES,
+    check_target_weights,
+    read_target_config,
+    target_class_of,
+)
 
 
 # Per-class deviations (transformers 5.24 modeling_gemma2.py / modeling_gemma3.py): the final
 # norm scales by (1 + weight), so the Llama-form weight a store records is 1 + weight.
 _NORM_PLUS_ONE = frozenset({"gemma2", "gemma3_text"})
-
-
-# Config fields that say how or where a config was saved or run, not what the network is.
-_VOLATILE_CONFIG_KEYS = frozenset(
-    {
-        "transformers_version",
-        "_name_or_path",
-        "_commit_hash",
-        "torch_dtype",
-        "dtype",
-        "architectures",
-        "output_attentions",
-        "output_hidden_states",
-        "return_dict",
-        "use_cache",
-    }
-)
 
 
 @dataclass
@@ -342,89 +263,6 @@ def load_target(
     return Target(model.eval())
 
 
-TARGET_CONFIG_FIX = ("restore config.json from where the model came from (its Hugging Face repository or the "
-                     "original download), or pass another transformers model directory")
-# Keys every decoder target's config.json holds (a multimodal one in text_config) that specdraft reads.
-TARGET_REQUIRED_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
-                        "intermediate_size", "vocab_size")
-
-
-def check_target_config(path: str | Path, config: dict, keys: Sequence[str] = TARGET_REQUIRED_KEYS) -> None:
-    """ValueError naming `path`/config.json, the `keys` it lacks (at the top or in text_config)
-    and the fix (TARGET_CONFIG_FIX); transformers would default a missing layer count silently."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
-    missing = [k for k in keys if config.get(k) is None and text.get(k) is None]
-    if missing:
-        raise ValueError(f"{Path(path) / 'config.json'}: missing {', '.join(missing)}, which a transformers "
-                         f"model config holds; {TARGET_CONFIG_FIX}")
-
-
-# model_type a published config names with its own code (auto_map) -> the transformers model_type
-# whose config reads it. kimi_k2: moonshotai/Kimi-K2-Instruct's config.json (architectures
-# DeepseekV3ForCausalLM, auto_map configuration_deepseek.DeepseekV3Config): the DeepSeek-V3 class.
-PUBLISHED_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
-# Keys of a published config that name its own code, dropped when specdraft's table reads it.
-REMOTE_CODE_KEYS = ("auto_map",)
-
-
-class TargetConfigError(SpecdraftError, ValueError):
-    """A target config.json specdraft will not read (unknown remote code); names the file and the fix."""
-
-
-def read_target_config(path: str | Path, trust_remote_code: bool = False) -> PretrainedConfig:
-    """The transformers config of the target directory `path`, read without prompting.
-
-    A model_type of `PUBLISHED_MODEL_TYPES` is read by the transformers class the table names
-    (its `auto_map` dropped, nothing executed); a model_type transformers knows is read by
-    transformers' own class (`trust_remote_code=False`: a published `auto_map` beside it is not
-    run); any other with an `auto_map` raises TargetConfigError naming `--trust-remote-code`
-    unless `trust_remote_code`. A `quantization_config` is kept as data: no kernel is imported.
-    Raises FileNotFoundError without config.json, ValueError for a config transformers rejects.
-    """
-    path = Path(path)
-    file = path / "config.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"{path}: no config.json; pass the target's transformers directory")
-    data = json.loads(file.read_text())
-    model_type = data.get("model_type") if isinstance(data, dict) else None
-    if model_type in PUBLISHED_MODEL_TYPES:
-        fields = {k: v for k, v in data.items() if k not in ("model_type", *REMOTE_CODE_KEYS)}
-        return AutoConfig.for_model(PUBLISHED_MODEL_TYPES[model_type], **fields)
-    if model_type in CONFIG_MAPPING:
-        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    if isinstance(data, dict) and data.get("auto_map") and not trust_remote_code:
-        known = ", ".join(sorted(PUBLISHED_MODEL_TYPES))
-        raise TargetConfigError(f"{file}: model_type {model_type!r} is defined by the model's own code (auto_map), "
-                                f"which specdraft does not run unasked (it reads {known} and transformers' own "
-                                "types); pass --trust-remote-code to run that code, or a target of a known type")
-    return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-
-
-TARGET_WEIGHTS_FIX = ("re-download the target's weights from where the model came from (its Hugging Face "
-                      "repository or the original download)")
-
-
-def target_weight_files(path: str | Path) -> list[Path]:
-    """The safetensors files of a transformers target directory: the shards its
-    model.safetensors.index.json names, else model.safetensors (present or not)."""
-    path = Path(path)
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    return [path / "model.safetensors"]
-
-
-def check_target_weights(path: str | Path) -> None:
-    """DamagedFile naming the first of `target_weight_files` that is there but cut short or not
-    safetensors (`checkpoint.open_safetensors`), with TARGET_WEIGHTS_FIX. Reads the headers only."""
-    from specdraft.checkpoint import open_safetensors
-
-    for file in target_weight_files(path):
-        if file.is_file():
-            with open_safetensors(file, TARGET_WEIGHTS_FIX):
-                pass
-
-
 def llama_form_norm(weight: torch.Tensor, text_model_type: str) -> torch.Tensor:
     """A final-norm weight as a Llama-form RMSNorm weight: 1 + weight for Gemma 2 / 3
     (`_NORM_PLUS_ONE`: x * rsqrt(mean x^2 + eps) * (1 + w)), else the weight itself."""
@@ -449,12 +287,12 @@ def head_weight_keys(config: PretrainedConfig) -> tuple[str, dict[str, str]]:
 
 def _model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
     architectures = getattr(config, "architectures", None) or []
-    name = architectures[0] if architectures else _DEFAULT_CLASSES.get(config.model_type)
+    name = architectures[0] if architectures else DEFAULT_CLASSES.get(config.model_type)
     model_class = getattr(transformers, name, None) if name else None
     if model_class is None:
         raise ValueError(
             f"unsupported target class {name or '(none)'} (model_type {config.model_type!r}); "
-            f"supported: {', '.join(_DEFAULT_CLASSES.values())}"
+            f"supported: {', '.join(DEFAULT_CLASSES.values())}"
         )
     return model_class
 
@@ -544,17 +382,3 @@ def no_progress_bars() -> Iterator[None]:
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()
-
-
-def config_hash(config: PretrainedConfig) -> str:
-    """sha256 hex of the text config, keys sorted, without `_VOLATILE_CONFIG_KEYS`.
-
-    The same network gives the same hash whether its config was built in code or read from
-    a saved directory. Uses transformers' diff form (what save_pretrained writes), so a
-    transformers release that adds config fields may change it.
-    """
-    fields = json.loads(config.get_text_config().to_json_string(use_diff=True))
-    for key in _VOLATILE_CONFIG_KEYS:
-        fields.pop(key, None)
-    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()

