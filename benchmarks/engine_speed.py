@@ -164,6 +164,7 @@ def step_forward(target: FastTarget, forward, prefix: int, t: int, max_seq_len: 
     return lambda: forward(ids, positions, slots, mask, ())
 
 
+@torch.inference_mode()  # as the engine runs the target; the stacked cache's views need it
 def bench_target(target: FastTarget, device: str, prefix: int, max_seq_len: int, iters: int,
                  triton: bool) -> dict:
     """Decode and verify times on a `prefix`-token cache, graphed on CUDA (T <= 16 through the

@@ -57,6 +57,7 @@ from specdraft.checkpoint.weights import (
     read_weights,
     write_safetensors,
 )
+from specdraft.conventions import AUX_KEY
 from specdraft.conventions.engines import RELEASES_READ, engines_serving_architecture
 from specdraft.data.vocab import t2d_from_d2t, validate_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_inv_freq
@@ -116,6 +117,11 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
     target_class = target_class or recorded.get("target_class") or "llama"
     config = (speculators_config(model.cfg, dtype, verifier, verifier_architectures, target_class=target_class)
               if layout == "speculators" else official_config(model.cfg, dtype, target_class, sglang_version))
+    if layout == "sglang" and AUX_KEY not in config and "eagle_config" not in config:
+        raise CheckpointError(f"aux layers {list(model.cfg.aux_layers)}: no engine id list names them on "
+                              f"{target_class}-class targets{'' if sglang_version is None else ' in SGLang ' + sglang_version}"
+                              ", so the official layout (no manifest) cannot record them: pass --sglang-version, "
+                              "or keep the specdraft layout")
     with atomic_dir(out_dir) as tmp:
         write_safetensors(state_dict_for_layout(model, layout), tmp / WEIGHTS_FILE, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))

@@ -151,14 +151,17 @@ def official_config(cfg: DraftConfig, dtype: torch.dtype, target_class: str = "l
     Aux ids: nested `eagle_config` key in SGLang's convention (the rule of the target's class and
     SGLang version) when SGLang can express the layers whatever the version, top-level key in
     vLLM's convention (vLLM reads the top-level key first, SGLang only the nested one, so one file
-    serves both; both name cfg.aux_layers). rope_theta/rope_scaling, target_hidden_size and
-    draft_vocab_size are written explicitly.
+    serves both; both name cfg.aux_layers), left out when vLLM cannot capture them on the class
+    (a file for SGLang alone); neither key when no engine can at `sglang_version` (the manifest
+    then records the layers: `save_draft` refuses such a file without one). rope_theta/rope_scaling,
+    target_hidden_size and draft_vocab_size are written explicitly.
     """
+    top, sglang = vllm_ids_or_none(cfg, target_class), sglang_ids_or_none(cfg, target_class, sglang_version)
     config = base_llama_config(cfg, dtype)
     config.update(architectures=list(OFFICIAL_ARCHITECTURES), draft_vocab_size=cfg.draft_vocab_size,
-                  target_hidden_size=cfg.target_hidden_size, **norm_flags_config(cfg),
-                  eagle_aux_hidden_state_layer_ids=vllm_ids(cfg, target_class))
-    sglang = sglang_ids_or_none(cfg, target_class, sglang_version)
+                  target_hidden_size=cfg.target_hidden_size, **norm_flags_config(cfg))
+    if top is not None:  # else a file for SGLang alone: vLLM would read the nested ids as-is, wrongly
+        config[AUX_KEY] = top
     if sglang is not None:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": sglang, "use_aux_hidden_state": True}
     return config
@@ -215,6 +218,15 @@ def base_llama_config(cfg: DraftConfig, dtype: torch.dtype) -> dict[str, Any]:
 def vllm_ids(cfg: DraftConfig, target_class: str = "llama") -> list[int]:
     """The aux layers in vLLM's (as-is) convention."""
     return to_engine_ids(list(cfg.aux_layers), "vllm", cfg.target_num_layers, target_class)
+
+
+def vllm_ids_or_none(cfg: DraftConfig, target_class: str = "llama") -> list[int] | None:
+    """`vllm_ids`, or None when vLLM cannot capture the layers on the target's class (e.g. the
+    embeddings on DeepSeek-class targets)."""
+    try:
+        return vllm_ids(cfg, target_class)
+    except ValueError:
+        return None
 
 
 def sglang_ids_or_none(cfg: DraftConfig, target_class: str = "llama",

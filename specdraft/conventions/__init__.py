@@ -360,6 +360,17 @@ def _keys(config: dict) -> tuple[list | None, list | None, str | None]:
     return nested, config.get(AUX_KEY) or nested, vllm_key
 
 
+def default_captured(engine: str, num_layers: int, target_class: str = "llama",
+                     sglang_version: str | None = None) -> list[int]:
+    """The layers `engine` captures from a config without ids (`default_layers_captured`);
+    ConventionError naming the engine's reason when it serves no EAGLE-3 drafter on the class
+    (a rule's `refuse`), so a missing key never reads as a deployment that would work."""
+    rules = _rules(engine, target_class, sglang_version)
+    if rules and all(rule.refuse is not None for rule in rules):
+        raise ConventionError(rules[0].refuse)
+    return default_layers_captured(num_layers)
+
+
 def captured_by(config: dict, engine: str, num_layers: int, target_class: str = "llama",
                 sglang_version: str | None = None) -> list[int]:
     """The specdraft indices `engine` captures from a draft config.json dict, reading only the key
@@ -368,7 +379,7 @@ def captured_by(config: dict, engine: str, num_layers: int, target_class: str = 
     nested, vllm_ids, _ = _keys(config)
     ids = nested if engine == "sglang" else vllm_ids
     if not ids:
-        return default_layers_captured(num_layers)
+        return default_captured(engine, num_layers, target_class, sglang_version)
     return from_engine_ids(ids, engine, num_layers, target_class, sglang_version)
 
 
@@ -380,11 +391,15 @@ def aux_layers_from_config(config: dict, num_layers: int, target_class: str = "l
     default only when the key is absent (sglang 0.5.23 model_runner_components/
     spec_aux_hidden_state.py); vLLM reads the top-level key, then the nested one, as-is,
     skipping empty lists (gpu_model_runner.py). Raises ConventionError when an engine cannot
-    read the ids it finds (an empty nested list makes SGLang capture nothing).
+    read the ids it finds (an empty nested list makes SGLang capture nothing) or, without ids,
+    serves no EAGLE-3 drafter on the class (`default_captured`).
     """
     nested, vllm_ids, vllm_key = _keys(config)
     read = lambda ids, engine: None if not ids else from_engine_ids(  # noqa: E731
         ids, engine, num_layers, target_class, sglang_version)
+    for ids, engine in ((nested, "sglang"), (vllm_ids, "vllm")):
+        if not ids:  # the engine's default: refused where it serves no EAGLE-3 drafter on the class
+            default_captured(engine, num_layers, target_class, sglang_version)
     return AuxReading(read(nested, "sglang"), read(vllm_ids, "vllm"),
                       default_layers_captured(num_layers), vllm_key)
 
