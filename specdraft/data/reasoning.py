@@ -93,9 +93,9 @@ def reasoning_kwargs(tokenizer, template_kwargs: dict[str, Any], reasoning: str)
         return kwargs
     switch = thinking_switch(tokenizer)
     if switch is None:
-        probe = tokenizer.apply_chat_template([{"role": "user", "content": "?"}], tokenize=False,
-                                              add_generation_prompt=True, **kwargs)
-        if opens_think(probe):
+        probe = [{"role": "user", "content": "?"}]
+        if _template_text(tokenizer) and opens_think(tokenizer.apply_chat_template(
+                probe, tokenize=False, add_generation_prompt=True, **kwargs)):
             raise DataError(NO_DROP)
         return kwargs
     if switch in kwargs and kwargs[switch] != THINKING_SWITCHES[switch]:
