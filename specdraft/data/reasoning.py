@@ -18,10 +18,14 @@ source and license): Qwen3 reads `message.reasoning_content` and switches thinki
 
 Templates whose generation prompt opens a think block (DeepSeek-R1 always, `<｜Assistant｜><think>\n`;
 DeepSeek-V3.1 with thinking=True, `<｜Assistant｜><think>`) render no assistant turn the way it is
-served: they strip the reasoning and write the turn without the opened block. `served_turn` gives
-the turn as the server produces it instead: the prompt, then what the target emits after it
-(reasoning, `</think>`, the answer and end marker as the template writes them). Such a template
-has no rendering without reasoning unless it has a switch (`NO_DROP`).
+served: they strip the reasoning and write the turn without the opened block. Kimi-K2-Thinking
+writes its last final-answer turn with an empty think block (`<think></think>`, `EMPTY_THINK`) and
+keeps `<think>R</think>` only for the tool-call turns after it, while the served target emits
+`<think>` + reasoning + `</think>` + answer after the generation prompt. `served_turn` gives the
+turn as the server produces it instead: the prompt, then what the target emits after it
+(reasoning in its think block, the answer and end marker as the template writes them). A
+template whose prompt opens the block has no rendering without reasoning unless it has a switch
+(`NO_DROP`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from specdraft.data.records import DataError
 REASONING_MODES = ("keep", "drop")
 RECORD_FIELDS = ("reasoning_content", "reasoning", "thinking")  # accepted in records, this order
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+EMPTY_THINK = THINK_OPEN + THINK_CLOSE  # a turn written without its reasoning (Kimi-K2-Thinking)
 
 # kwarg name -> the value that selects the template's non-thinking rendering.
 THINKING_SWITCHES = {"enable_thinking": False, "thinking": False}
@@ -169,22 +174,31 @@ def opens_think(prompt: str) -> bool:
 
 
 def served_turn(prompt: str, rendered: str, reasoning: str | None, index: int) -> str:
-    """The chat through assistant message `index` as served when the generation prompt `prompt`
-    (the chat before the turn, add_generation_prompt=True) opens a think block: `prompt` +
-    reasoning + `</think>` + the turn as the template writes it after its header (answer or
-    tool calls, end marker; a leading `</think>` of a non-thinking turn, as DeepSeek-V3.1 writes
-    it, is the one closing tag). `rendered` is the chat through the turn as the template renders
-    it; its header is `prompt` before the `<think>`. Reasoning and answer are taken as the record
-    holds them (a think block in `content` as written).
+    """The chat through assistant message `index` as served, for a template that renders the turn
+    without the reasoning the target emits. `prompt` is the chat before the turn
+    (add_generation_prompt=True), `rendered` the chat through the turn as the template renders
+    it. Reasoning and answer are taken as the record holds them (a think block in `content` as
+    written).
+
+    - `prompt` opens a think block (DeepSeek-R1, V3.1 with thinking=True): `prompt` + reasoning +
+      `</think>` + the turn as the template writes it after its header (the header is `prompt`
+      before the `<think>`; a leading `</think>` of a non-thinking turn, as DeepSeek-V3.1 writes
+      it, is the one closing tag).
+    - the rendered turn starts with `EMPTY_THINK` (Kimi-K2-Thinking's last answer turn): `prompt`
+      + `<think>` + reasoning + `</think>` + the rest of the turn, the think block the template
+      writes for the turns whose reasoning it keeps.
 
     Raises DataError when the message has no reasoning (the served turn starts with it) or when
     `rendered` does not start with the header (not prefix-stable)."""
-    header = prompt[: prompt.rindex(THINK_OPEN)]
+    opened = opens_think(prompt)
+    header = prompt[: prompt.rindex(THINK_OPEN)] if opened else prompt
     if not rendered.startswith(header):
         raise DataError(NOT_PREFIX_STABLE.format(index=index))
     if reasoning is None:
         raise DataError(f"assistant message {index} has no reasoning, but the chat template's "
                         f"generation prompt opens a think block the target fills before answering; "
                         f"give the reasoning the target produced (regenerate --reasoning keep)")
-    tail = rendered[len(header):].removeprefix(THINK_CLOSE)
-    return prompt + reasoning + THINK_CLOSE + tail
+    tail = rendered[len(header):]
+    if opened:
+        return prompt + reasoning + THINK_CLOSE + tail.removeprefix(THINK_CLOSE)
+    return prompt + THINK_OPEN + reasoning + THINK_CLOSE + tail.removeprefix(EMPTY_THINK)

@@ -10,8 +10,9 @@ whose character span overlaps an assistant span get loss_mask = 1. When every su
 a prefix of the full chat, the chat is one sample; templates that rewrite earlier turns once
 later turns exist (Qwen3 drops earlier turns' reasoning) give one sample per assistant turn,
 each the chat through that turn as the template renders it. A generation prompt that opens a
-think block no rendered turn starts with (DeepSeek-R1; DeepSeek-V3.1 with thinking=True) gives
-each turn as served instead: the prompt's tokens, then the target's continuation (reasoning,
+think block no rendered turn starts with (DeepSeek-R1; DeepSeek-V3.1 with thinking=True), or a
+turn the template writes with an empty think block while it has reasoning (Kimi-K2-Thinking's
+last answer turn), gives the turn as served instead: the prompt's tokens, then the target's continuation (reasoning,
 `</think>`, answer, end marker) as its own tokens, the loss over the continuation
 (`specdraft.data.reasoning.served_turn`). Nothing is approximated.
 """
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 from specdraft.data.reasoning import (
+    EMPTY_THINK,
     NO_DROP,
     NOT_PREFIX_STABLE,
     check_rendered,
@@ -158,14 +160,17 @@ class ChatRendering:
 def _turn(tokenizer, messages, i: int, kwargs: dict, tools, kept: dict[int, str],
           reasoning: str) -> tuple[str, str, bool]:
     """(prompt, chat through turn i, served) of assistant message i: served=True when the
-    generation prompt opens a think block the rendered turn lacks, and the turn is the server's
-    (`served_turn`)."""
+    generation prompt opens a think block the rendered turn lacks, or the template writes the
+    turn's think block empty while it has reasoning to train (Kimi-K2-Thinking), and the turn is
+    the server's (`served_turn`)."""
     before = _render(tokenizer, messages[:i], True, kwargs, tools)
     through = _render(tokenizer, messages[: i + 1], False, kwargs, tools)
     if opens_think(before) and not through.startswith(before):
         if reasoning == "drop":
             raise DataError(NO_DROP)
         return before, served_turn(before, through, kept.get(i), i), True
+    if i in kept and through.startswith(before + EMPTY_THINK):
+        return before, served_turn(before, through, kept[i], i), True
     if i in kept:
         switch = thinking_switch(tokenizer)
         thinking_off = switch is not None and not kwargs.get(switch)
@@ -191,7 +196,9 @@ def assistant_char_spans(tokenizer, messages: Sequence[dict[str, Any]],
     A generation prompt that opens a think block (DeepSeek-R1; DeepSeek-V3.1 with thinking=True)
     makes each turn the served one (`specdraft.data.reasoning.served_turn`): the prompt's tokens,
     then the continuation's, the continuation its span; such a turn needs its reasoning, and
-    reasoning="drop" raises DataError (`NO_DROP`)."""
+    reasoning="drop" raises DataError (`NO_DROP`). So does a turn with reasoning that the template
+    writes with an empty think block (Kimi-K2-Thinking's last answer turn; its earlier turns stay
+    as the template renders them, in the prompt); with reasoning="drop" it renders as is."""
     kwargs = dict(template_kwargs or {})
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(NO_TEMPLATE)

@@ -73,17 +73,14 @@ def test_qwen3_drop_renders_with_enable_thinking_false(tmp_path):
         load_dataset(path, tok, reasoning="drop", template_kwargs={"enable_thinking": True})
 
 
-@pytest.mark.parametrize("name", ["deepseek_v3_1", "kimi_k2_thinking"])
-def test_reasoning_the_template_cannot_render_names_the_record_and_drop(tmp_path, name):
-    # V3.1 renders with thinking off by default; Kimi-K2-Thinking writes the final answer turn
-    # with an empty think block (it keeps reasoning only for tool-call turns after it).
-    tok = template_tokenizer(name)
+def test_reasoning_the_template_cannot_render_names_the_record_and_drop(tmp_path):
+    # V3.1 renders with thinking off by default.
+    tok = template_tokenizer("deepseek_v3_1")
     path = write_jsonl(tmp_path / "r.jsonl", [{"messages": [Q, Q2, A]}])
     with pytest.raises(BadRecord, match=rf"^{path}:1: .*reasoning of message 2.*--reasoning drop to train on the answers"):
         load_dataset(path, tok)
-    if name == "deepseek_v3_1":
-        with pytest.raises(BadRecord, match=r"""--template-kwargs '\{"thinking": true\}'"""):
-            load_dataset(path, tok)
+    with pytest.raises(BadRecord, match=r"""--template-kwargs '\{"thinking": true\}'"""):
+        load_dataset(path, tok)
 
 
 def served(tok, prompt_messages, continuation, **kwargs) -> tuple[list[int], list[int]]:
@@ -168,6 +165,27 @@ def test_kimi_k2_thinking_trains_reasoning_of_the_pending_tool_call():
                                    '<|tool_call_begin|>call_1<|tool_call_argument_begin|>'
                                    '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
     assert "sunny" in tok.decode(s.input_ids)  # the tool result is context, not a label
+
+
+def test_kimi_k2_thinking_trains_the_answer_turn_as_served(tmp_path):
+    # The template writes the last answer turn with an empty think block; the served target
+    # emits "<think>" + reasoning + "</think>" + answer after the generation prompt.
+    tok = template_tokenizer("kimi_k2_thinking")
+    assert "<think></think>4<|im_end|>" in tok.apply_chat_template([Q, A], tokenize=False)
+    (s,) = render_chat(tok, [Q, A])
+    assert ids_mask(s) == served(tok, [Q], "<think>Add two and two.</think>4<|im_end|>")
+    inline = {"role": "assistant", "content": "<think>Add two and two.</think>4"}
+    assert render_chat(tok, [Q, inline]) == [s]
+    # Multi-turn: each turn as served, earlier turns as the template renders them (empty think).
+    first, second = render_chat(tok, [Q, A, Q2, A2])
+    assert first == s
+    assert ids_mask(second) == served(tok, [Q, A, Q2], "<think>Three and three.</think>6<|im_end|>")
+    assert "Add two" not in tok.decode(second.input_ids)
+    # --reasoning drop: the template's own rendering, unchanged.
+    path = write_jsonl(tmp_path / "r.jsonl", [{"messages": [Q, A]}])
+    (dropped,) = load_dataset(path, tok, reasoning="drop").samples
+    assert parity(tok, dropped, [Q, {"role": "assistant", "content": "4"}])
+    assert masked_text(tok, dropped) == "<think></think>4<|im_end|>"
 
 
 def test_tool_calls_are_trained_and_tool_results_are_not(tmp_path):
