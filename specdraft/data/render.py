@@ -157,6 +157,26 @@ class ChatRendering:
     splits: list[int | None]
 
 
+def _filled_turn(tokenizer, messages, i: int, kwargs: dict, tools, before: str, through: str,
+                 reasoning: str) -> str | None:
+    """The chat through assistant message i as served when the template writes the turn's think
+    block empty (`EMPTY_THINK`, Kimi-K2-Thinking's last answer turn), else None. `before` is the
+    served prompt, `through` the chat through the turn as rendered. A template that also drops the
+    reasoning of the tool-call turns before the answer once the answer exists (Kimi-K2-Thinking)
+    renders `through` unlike `before`: the turn is then located in the chat rendered with the
+    earlier turns' reasoning left out, and put after `before`, the prompt the server renders."""
+    if through.startswith(before + EMPTY_THINK):
+        return served_turn(before, through, reasoning, i)
+    if through.startswith(before):
+        return None
+    plain, _ = template_messages(tokenizer, messages[:i], "drop")
+    header = _render(tokenizer, plain, True, kwargs, tools)
+    turn = _render(tokenizer, plain + [messages[i]], False, kwargs, tools)
+    if not turn.startswith(header + EMPTY_THINK):
+        return None
+    return before + served_turn(header, turn, reasoning, i)[len(header):]
+
+
 def _turn(tokenizer, messages, i: int, kwargs: dict, tools, kept: dict[int, str],
           reasoning: str) -> tuple[str, str, bool]:
     """(prompt, chat through turn i, served) of assistant message i: served=True when the
@@ -169,8 +189,10 @@ def _turn(tokenizer, messages, i: int, kwargs: dict, tools, kept: dict[int, str]
         if reasoning == "drop":
             raise DataError(NO_DROP)
         return before, served_turn(before, through, kept.get(i), i), True
-    if i in kept and through.startswith(before + EMPTY_THINK):
-        return before, served_turn(before, through, kept[i], i), True
+    if i in kept and not opens_think(before):
+        filled = _filled_turn(tokenizer, messages, i, kwargs, tools, before, through, kept[i])
+        if filled is not None:
+            return before, filled, True
     if i in kept:
         switch = thinking_switch(tokenizer)
         thinking_off = switch is not None and not kwargs.get(switch)

@@ -188,6 +188,20 @@ def test_kimi_k2_thinking_trains_the_answer_turn_as_served(tmp_path):
     assert masked_text(tok, dropped) == "<think></think>4<|im_end|>"
 
 
+def test_kimi_k2_thinking_answer_after_tool_calls_is_served_after_their_reasoning():
+    # Once the answer exists the template drops the tool-call turn's reasoning; the server's
+    # prompt for the answer still holds it (the call is pending there).
+    tok = template_tokenizer("kimi_k2_thinking")
+    call = {**CALL, "reasoning_content": "Look it up."}
+    final = {**FINAL, "reasoning_content": "Report it."}
+    first, second = render_chat(tok, [Q, call, RESULT, final], tools=TOOLS)
+    assert parity(tok, first, [Q, call], tools=TOOLS)
+    assert masked_text(tok, first).startswith("<think>Look it up.</think><|tool_calls_section_begin|>")
+    assert ids_mask(second) == served(tok, [Q, call, RESULT], "<think>Report it.</think>It is sunny.<|im_end|>",
+                                      tools=TOOLS)
+    assert "Look it up." in tok.decode(second.input_ids)
+
+
 def test_tool_calls_are_trained_and_tool_results_are_not(tmp_path):
     tok = template_tokenizer("deepseek_v3_1")
     chat = [Q, CALL, RESULT, FINAL]
