@@ -1,14 +1,14 @@
 """Evaluation suites: prompt sets by category, bundled or read from a user's file.
 
 Bundled (specdraft/assets/suites/<dir>/, each with its LICENSE and SOURCE.md): "mt-bench" (the 80
-two-turn MT-bench questions, 8 categories; lm-sys/FastChat, Apache-2.0) and "gsm8k" (25 GSM8K
-test questions; openai/grade-school-math, MIT). Read from a file (`read_suite_file`, bench's
+two-turn MT-bench questions, 8 categories; lm-sys/FastChat, Apache-2.0), "humaneval" (the 164
+HumanEval prompts, `task_id` and `prompt`; openai/human-eval, MIT) and "gsm8k" (25 GSM8K test
+questions; openai/grade-school-math, MIT). Read from a file (`read_suite_file`, bench's
 `--prompts FILE --format F`): "spec-bench" (Spec-Bench's question.jsonl: `category` and `turns`;
 its 8 MT-bench categories form one multi-turn group, `SPEC_BENCH_MULTI_TURN`), "mt-bench" (the
 same rows, categories as written), "humaneval" (openai/human-eval's HumanEval.jsonl(.gz):
-`prompt`) and "gsm8k" (`question`). Spec-Bench and HumanEval are not bundled: Spec-Bench states no
-data licenses (its qa / rag rows come from Natural Questions, CC BY-SA 3.0), and HumanEval's
-prompts are code.
+`prompt`) and "gsm8k" (`question`). Spec-Bench is not bundled: it states no data licenses (its
+qa / rag rows come from Natural Questions, CC BY-SA 3.0).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from specdraft.errors import SpecdraftError
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 SPEC_BENCH_MULTI_TURN = "multi-turn"  # Spec-Bench's name for its MT-bench group
-BUNDLED = {"mt-bench": ("mt_bench", "mt-bench"), "gsm8k": ("gsm8k", "gsm8k")}  # name -> (dir, format)
+BUNDLED = {"mt-bench": ("mt_bench", "mt-bench"), "humaneval": ("humaneval", "humaneval"),
+           "gsm8k": ("gsm8k", "gsm8k")}  # name -> (dir, format)
 FORMATS = ("spec-bench", "mt-bench", "humaneval", "gsm8k")
 
 

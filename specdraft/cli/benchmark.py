@@ -63,7 +63,7 @@ def bench(
     warmup: int = typer.Option(1, min=0, help="Requests sent to each server, one at a time, before any timing "
                                "(first requests pay for compilation and caches; SGLang bench_serving's "
                                "--warmup-requests)."),
-    suite: str = typer.Option("", help="A bundled suite (mt-bench, gsm8k): chats per category at the first "
+    suite: str = typer.Option("", help="A bundled suite (mt-bench, humaneval, gsm8k): chats per category at the first "
                               "--concurrency, multi-turn questions turn by turn; tau, p_k and speedup per category."),
     fmt: str = typer.Option("", "--format", help="With --prompts FILE: run FILE as a suite of this format "
                                "(spec-bench, mt-bench, humaneval, gsm8k)."),
@@ -198,7 +198,7 @@ def tune(
     device: str = typer.Option("cpu", callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
-    suite: str = typer.Option("", help="Tune on a bundled suite's chats (mt-bench, gsm8k; instead of --prompts), "
+    suite: str = typer.Option("", help="Tune on a bundled suite's chats (mt-bench, humaneval, gsm8k; instead of --prompts), "
                               "turn by turn with the target's own answers; then tau, p_k and speedup per category."),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""

@@ -177,7 +177,7 @@ def doctor(
                                                     "else all)."),
     engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
     samples: str = typer.Option("", help="Capture store, JSONL (token ids, chats or texts) or a suite name "
-                                "(mt-bench, gsm8k: prompts for --server and render parity)."),
+                                "(mt-bench, humaneval, gsm8k: prompts for --server and render parity)."),
     skip_bad: bool = flag("--skip-bad", help="Skip bad --samples records instead of refusing the file."),
     wait: float = typer.Option(120.0, min=0, help="Seconds to wait for a --server that refuses connections (still "
                                "starting) before the online check fails; 0: try once."),

@@ -15,6 +15,17 @@ source and license): Qwen3 reads `message.reasoning_content` and switches thinki
 `enable_thinking=False`; Kimi-K2-Thinking reads `message.get('reasoning_content')`; gpt-oss reads
 `message.thinking` and has no switch; DeepSeek-V3.1 reads no field (it cuts `...</think>` off
 `content`) and switches with `thinking` (default off); DeepSeek-R1 reads no field and has no switch.
+
+Templates whose generation prompt opens a think block (DeepSeek-R1 always, `<｜Assistant｜><think>\n`;
+DeepSeek-V3.1 with thinking=True, `<｜Assistant｜><think>`) render no assistant turn the way it is
+served: they strip the reasoning and write the turn without the opened block. Kimi-K2-Thinking
+writes its last final-answer turn with an empty think block (`<think></think>`, `EMPTY_THINK`) and
+keeps `<think>R</think>` only for the tool-call turns after it, while the served target emits
+`<think>` + reasoning + `</think>` + answer after the generation prompt. `served_turn` gives the
+turn as the server produces it instead: the prompt, then what the target emits after it
+(reasoning in its think block, the answer and end marker as the template writes them). A
+template whose prompt opens the block has no rendering without reasoning unless it has a switch
+(`NO_DROP`).
 """
 
 from __future__ import annotations
@@ -27,11 +38,20 @@ from specdraft.data.records import DataError
 REASONING_MODES = ("keep", "drop")
 RECORD_FIELDS = ("reasoning_content", "reasoning", "thinking")  # accepted in records, this order
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+EMPTY_THINK = THINK_OPEN + THINK_CLOSE  # a turn written without its reasoning (Kimi-K2-Thinking)
 
 # kwarg name -> the value that selects the template's non-thinking rendering.
 THINKING_SWITCHES = {"enable_thinking": False, "thinking": False}
 
 DROP_HINT = "pass --reasoning drop to train on the answers without the reasoning"
+THINKING_HINT = ("or turn the template's thinking on (--template-kwargs '{{\"{switch}\": true}}'), "
+                 "the rendering the target reasons in")
+NOT_PREFIX_STABLE = ("the chat template renders assistant message {index} differently from the prompt "
+                     "it serves it with (not prefix-stable), so the turn cannot be located exactly; "
+                     "check --template-kwargs / --reasoning")
+NO_DROP = ("--reasoning drop: the chat template's generation prompt opens a think block the target "
+           "always fills (DeepSeek-R1) and it has no non-thinking switch, so there is no rendering "
+           "without reasoning; use --reasoning keep with the target's reasoning")
 
 
 def check_mode(reasoning: str) -> str:
@@ -71,10 +91,17 @@ def thinking_switch(tokenizer) -> str | None:
 def reasoning_kwargs(tokenizer, template_kwargs: dict[str, Any], reasoning: str) -> dict[str, Any]:
     """The chat-template kwargs to render with: `template_kwargs`, plus the template's
     non-thinking switch for reasoning="drop". Raises DataError when the user's kwargs set that
-    switch the other way (thinking on while dropping reasoning)."""
+    switch the other way (thinking on while dropping reasoning), and `NO_DROP` for "drop" with a
+    template that has no switch and a generation prompt opening a think block (DeepSeek-R1)."""
     kwargs = dict(template_kwargs)
-    switch = thinking_switch(tokenizer) if check_mode(reasoning) == "drop" else None
+    if check_mode(reasoning) == "keep":
+        return kwargs
+    switch = thinking_switch(tokenizer)
     if switch is None:
+        probe = [{"role": "user", "content": "?"}]
+        if _template_text(tokenizer) and opens_think(tokenizer.apply_chat_template(
+                probe, tokenize=False, add_generation_prompt=True, **kwargs)):
+            raise DataError(NO_DROP)
         return kwargs
     if switch in kwargs and kwargs[switch] != THINKING_SWITCHES[switch]:
         raise DataError(f"--reasoning drop renders with {switch}={THINKING_SWITCHES[switch]}, but "
@@ -129,10 +156,49 @@ def template_messages(tokenizer, messages, reasoning: str) -> tuple[list[dict[st
     return out, kept
 
 
-def check_rendered(turn_text: str, reasoning: str, index: int) -> None:
-    """Raise DataError (with DROP_HINT) when the rendered assistant turn `turn_text` lacks the
-    message's reasoning: the template cannot render it (it reads no reasoning field, or drops
-    it even from the last turn)."""
+def check_rendered(turn_text: str, reasoning: str, index: int, switch: str | None = None) -> None:
+    """Raise DataError (with DROP_HINT, and THINKING_HINT for the template's thinking `switch`)
+    when the rendered assistant turn `turn_text` lacks the message's reasoning: the template
+    cannot render it (it reads no reasoning field, drops it even from the last turn, or renders
+    with thinking off)."""
     if reasoning.strip() not in turn_text:
+        hint = f" {THINKING_HINT.format(switch=switch)}" if switch else ""
         raise DataError(f"the chat template does not render the reasoning of message {index} "
-                        f"(it reads no reasoning field or drops it); {DROP_HINT}")
+                        f"(it reads no reasoning field or drops it); {DROP_HINT}{hint}")
+
+
+def opens_think(prompt: str) -> bool:
+    """Whether a rendered generation prompt ends in an opened think block (`<think>`, trailing
+    whitespace allowed): the target's output starts inside its reasoning."""
+    return prompt.rstrip().endswith(THINK_OPEN)
+
+
+def served_turn(prompt: str, rendered: str, reasoning: str | None, index: int) -> str:
+    """The chat through assistant message `index` as served, for a template that renders the turn
+    without the reasoning the target emits. `prompt` is the chat before the turn
+    (add_generation_prompt=True), `rendered` the chat through the turn as the template renders
+    it. Reasoning and answer are taken as the record holds them (a think block in `content` as
+    written).
+
+    - `prompt` opens a think block (DeepSeek-R1, V3.1 with thinking=True): `prompt` + reasoning +
+      `</think>` + the turn as the template writes it after its header (the header is `prompt`
+      before the `<think>`; a leading `</think>` of a non-thinking turn, as DeepSeek-V3.1 writes
+      it, is the one closing tag).
+    - the rendered turn starts with `EMPTY_THINK` (Kimi-K2-Thinking's last answer turn): `prompt`
+      + `<think>` + reasoning + `</think>` + the rest of the turn, the think block the template
+      writes for the turns whose reasoning it keeps.
+
+    Raises DataError when the message has no reasoning (the served turn starts with it) or when
+    `rendered` does not start with the header (not prefix-stable)."""
+    opened = opens_think(prompt)
+    header = prompt[: prompt.rindex(THINK_OPEN)] if opened else prompt
+    if not rendered.startswith(header):
+        raise DataError(NOT_PREFIX_STABLE.format(index=index))
+    if reasoning is None:
+        raise DataError(f"assistant message {index} has no reasoning, but the chat template's "
+                        f"generation prompt opens a think block the target fills before answering; "
+                        f"give the reasoning the target produced (regenerate --reasoning keep)")
+    tail = rendered[len(header):]
+    if opened:
+        return prompt + reasoning + THINK_CLOSE + tail.removeprefix(THINK_CLOSE)
+    return prompt + THINK_OPEN + reasoning + THINK_CLOSE + tail.removeprefix(EMPTY_THINK)

@@ -9,7 +9,12 @@ reasoning and content as the template renders them, tool calls, the end-of-turn 
 whose character span overlaps an assistant span get loss_mask = 1. When every such rendering is
 a prefix of the full chat, the chat is one sample; templates that rewrite earlier turns once
 later turns exist (Qwen3 drops earlier turns' reasoning) give one sample per assistant turn,
-each the chat through that turn as the template renders it. Nothing is approximated.
+each the chat through that turn as the template renders it. A generation prompt that opens a
+think block no rendered turn starts with (DeepSeek-R1; DeepSeek-V3.1 with thinking=True), or a
+turn the template writes with an empty think block while it has reasoning (Kimi-K2-Thinking's
+last answer turn), gives the turn as served instead: the prompt's tokens, then the target's continuation (reasoning,
+`</think>`, answer, end marker) as its own tokens, the loss over the continuation
+(`specdraft.data.reasoning.served_turn`). Nothing is approximated.
 """
 
 from __future__ import annotations
@@ -23,7 +28,17 @@ from typing import Any
 
 import torch
 
-from specdraft.data.reasoning import check_rendered, reasoning_kwargs, template_messages
+from specdraft.data.reasoning import (
+    EMPTY_THINK,
+    NO_DROP,
+    NOT_PREFIX_STABLE,
+    check_rendered,
+    opens_think,
+    reasoning_kwargs,
+    served_turn,
+    template_messages,
+    thinking_switch,
+)
 from specdraft.data.records import BadRecord, DataError, Records, read_records
 
 NO_TEMPLATE = "the tokenizer has no chat template: for a base model pass --no-chat (capture, regenerate, " \
@@ -133,10 +148,58 @@ def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict, tool
 class ChatRendering:
     """A chat as the template renders it: `texts` (one, or one per assistant turn when the
     template rewrites earlier turns once later ones exist) and, per text, the (start, end)
-    character spans of the assistant turns trained in it."""
+    character spans of the assistant turns trained in it, and the character offset where the
+    served prompt ends (the text is tokenized as prompt tokens + continuation tokens, as a server
+    does) or None (tokenized whole)."""
 
     texts: list[str]
     spans: list[list[tuple[int, int]]]
+    splits: list[int | None]
+
+
+def _filled_turn(tokenizer, messages, i: int, kwargs: dict, tools, before: str, through: str,
+                 reasoning: str) -> str | None:
+    """The chat through assistant message i as served when the template writes the turn's think
+    block empty (`EMPTY_THINK`, Kimi-K2-Thinking's last answer turn), else None. `before` is the
+    served prompt, `through` the chat through the turn as rendered. A template that also drops the
+    reasoning of the tool-call turns before the answer once the answer exists (Kimi-K2-Thinking)
+    renders `through` unlike `before`: the turn is then located in the chat rendered with the
+    earlier turns' reasoning left out, and put after `before`, the prompt the server renders."""
+    if through.startswith(before + EMPTY_THINK):
+        return served_turn(before, through, reasoning, i)
+    if through.startswith(before):
+        return None
+    plain, _ = template_messages(tokenizer, messages[:i], "drop")
+    header = _render(tokenizer, plain, True, kwargs, tools)
+    turn = _render(tokenizer, plain + [messages[i]], False, kwargs, tools)
+    if not turn.startswith(header + EMPTY_THINK):
+        return None
+    return before + served_turn(header, turn, reasoning, i)[len(header):]
+
+
+def _turn(tokenizer, messages, i: int, kwargs: dict, tools, kept: dict[int, str],
+          reasoning: str) -> tuple[str, str, bool]:
+    """(prompt, chat through turn i, served) of assistant message i: served=True when the
+    generation prompt opens a think block the rendered turn lacks, or the template writes the
+    turn's think block empty while it has reasoning to train (Kimi-K2-Thinking), and the turn is
+    the server's (`served_turn`)."""
+    before = _render(tokenizer, messages[:i], True, kwargs, tools)
+    through = _render(tokenizer, messages[: i + 1], False, kwargs, tools)
+    if opens_think(before) and not through.startswith(before):
+        if reasoning == "drop":
+            raise DataError(NO_DROP)
+        return before, served_turn(before, through, kept.get(i), i), True
+    if i in kept and not opens_think(before):
+        filled = _filled_turn(tokenizer, messages, i, kwargs, tools, before, through, kept[i])
+        if filled is not None:
+            return before, filled, True
+    if i in kept:
+        switch = thinking_switch(tokenizer)
+        thinking_off = switch is not None and not kwargs.get(switch)
+        check_rendered(through.removeprefix(before), kept[i], i, switch if thinking_off else None)
+    if not through.startswith(before):
+        raise DataError(NOT_PREFIX_STABLE.format(index=i))
+    return before, through, False
 
 
 def assistant_char_spans(tokenizer, messages: Sequence[dict[str, Any]],
@@ -150,36 +213,43 @@ def assistant_char_spans(tokenizer, messages: Sequence[dict[str, Any]],
     one text per assistant turn: the chat through that turn as the template renders it, the
     context every later turn is served with, that turn its only span. Raises DataError when the
     template cannot render a turn's reasoning (the fix: --reasoning drop) or renders a turn
-    differently from the prompt it serves it with (not prefix-stable even turn by turn)."""
+    differently from the prompt it serves it with (not prefix-stable even turn by turn).
+
+    A generation prompt that opens a think block (DeepSeek-R1; DeepSeek-V3.1 with thinking=True)
+    makes each turn the served one (`specdraft.data.reasoning.served_turn`): the prompt's tokens,
+    then the continuation's, the continuation its span; such a turn needs its reasoning, and
+    reasoning="drop" raises DataError (`NO_DROP`). So does a turn with reasoning that the template
+    writes with an empty think block (Kimi-K2-Thinking's last answer turn; its earlier turns stay
+    as the template renders them, in the prompt); with reasoning="drop" it renders as is."""
     kwargs = dict(template_kwargs or {})
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(NO_TEMPLATE)
     messages, kept = template_messages(tokenizer, messages, reasoning)
-    turns = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        before = _render(tokenizer, messages[:i], True, kwargs, tools)
-        through = _render(tokenizer, messages[: i + 1], False, kwargs, tools)
-        if i in kept:
-            check_rendered(through.removeprefix(before), kept[i], i)
-        if not through.startswith(before):
-            raise DataError(f"the chat template renders assistant message {i} differently from the "
-                            f"prompt it serves it with (not prefix-stable), so the turn cannot be "
-                            f"located exactly; check --template-kwargs / --reasoning")
-        turns.append((before, through))
+    turns = [_turn(tokenizer, messages, i, kwargs, tools, kept, reasoning)
+             for i, m in enumerate(messages) if m["role"] == "assistant"]
     full = _render(tokenizer, messages, False, kwargs, tools)
-    if all(full.startswith(through) for _, through in turns):
-        return ChatRendering([full], [[(len(b), len(t)) for b, t in turns]])
-    return ChatRendering([t for _, t in turns], [[(len(b), len(t))] for b, t in turns])
+    if all(full.startswith(through) and not served for _, through, served in turns):
+        return ChatRendering([full], [[(len(b), len(t)) for b, t, _ in turns]], [None])
+    return ChatRendering([t for _, t, _ in turns], [[(len(b), len(t))] for b, t, _ in turns],
+                         [len(b) if served else None for b, _, served in turns])
+
+
+def _encode(tokenizer, text: str, add_special: bool, split: int | None):
+    """(ids, character offsets into `text`): `text` tokenized whole, or as text[:split] then
+    text[split:] (offsets of the second part shifted by `split`)."""
+    if split is None:
+        enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
+        return list(enc["input_ids"]), list(enc["offset_mapping"])
+    head_ids, head_offsets = _encode(tokenizer, text[:split], add_special, None)
+    tail_ids, tail_offsets = _encode(tokenizer, text[split:], False, None)
+    return head_ids + tail_ids, head_offsets + [(s + split, e + split) for s, e in tail_offsets]
 
 
 def _mask_from_spans(tokenizer, text: str, spans: list[tuple[int, int]], add_special: bool,
-                     first_supervised: int = 0) -> Sample:
+                     first_supervised: int = 0, split: int | None = None) -> Sample:
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(SLOW_TOKENIZER)
-    enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
-    ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+    ids, offsets = _encode(tokenizer, text, add_special, split)
     mask = []
     for t, (s, e) in enumerate(offsets):
         # Overlap, not containment: a token merging template text with the turn's first
@@ -204,8 +274,8 @@ def render_chat(tokenizer, messages: Sequence[dict[str, Any]], template_kwargs: 
     template not prefix-stable)."""
     rendering = assistant_char_spans(tokenizer, messages, template_kwargs, tools=tools,
                                      reasoning=reasoning)
-    return [_mask_from_spans(tokenizer, text, spans, add_special=False)
-            for text, spans in zip(rendering.texts, rendering.spans)]
+    return [_mask_from_spans(tokenizer, text, spans, add_special=False, split=split)
+            for text, spans, split in zip(rendering.texts, rendering.spans, rendering.splits)]
 
 
 def render_text(tokenizer, text: str, prompt: str = "") -> Sample:

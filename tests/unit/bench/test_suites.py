@@ -1,4 +1,4 @@
-"""Evaluation suites: the bundled MT-bench and GSM8K sets, Spec-Bench / HumanEval files, and
+"""Evaluation suites: the bundled MT-bench, HumanEval and GSM8K sets, Spec-Bench / HumanEval files, and
 `bench --suite` against specdraft's own servers (per-category tau, p_k and speedup, multi-turn
 questions asked turn by turn with the server's own answers fed back)."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from importlib import resources
 
 import pytest
 from typer.testing import CliRunner
@@ -34,8 +35,24 @@ def test_bundled_suites_and_unknown_names():
     assert mt.questions[0].turns[1] == "Rewrite your previous response. Start every sentence with the letter A."
     gsm = load_suite("gsm8k")
     assert len(gsm.questions) == 25 and gsm.categories == ["gsm8k"]
-    with pytest.raises(SuiteError, match=r"no suite 'spec-bench': the suites are gsm8k, mt-bench; .*--format"):
+    with pytest.raises(SuiteError, match=r"no suite 'spec-bench': the suites are gsm8k, humaneval, mt-bench; .*--format"):
         load_suite("spec-bench")
+
+
+def test_humaneval_prompts_are_bundled():
+    # openai/human-eval's 164 prompts, one user turn each, in task order.
+    he = load_suite("humaneval")
+    assert len(he.questions) == 164 and he.categories == ["humaneval"]
+    assert all(len(q.turns) == 1 and q.turns[0].strip() for q in he.questions)
+    assert he.questions[0].turns[0].startswith("from typing import List\n\n\ndef has_close_elements(")
+    assert "def sort_numbers(numbers: str) -> str:" in he.questions[19].turns[0]  # HumanEval/19
+    assert "def generate_integers(a, b):" in he.questions[163].turns[0]  # HumanEval/163
+    rows = (resources.files("specdraft.assets") / "suites" / "humaneval" / "question.jsonl").read_text("utf-8")
+    assert [json.loads(r)["task_id"] for r in rows.splitlines()] == [f"HumanEval/{i}" for i in range(164)]
+    for name in ("LICENSE", "SOURCE.md"):
+        assert (resources.files("specdraft.assets") / "suites" / "humaneval" / name).is_file()
+    listed = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--suite", "nope", "--wait", "0"])
+    assert listed.exit_code == 1 and "the suites are gsm8k, humaneval, mt-bench" in listed.output
 
 
 def test_spec_bench_groups_the_mt_bench_categories_and_humaneval_reads_gzip(tmp_path):
@@ -99,7 +116,7 @@ def test_suite_runs_turn_by_turn_and_reports_per_category(servers, tmp_path, mon
 def test_bench_cli_suite_file_and_unknown_suite(servers, tmp_path):  # noqa: F811
     spec, plain = servers
     unknown = CliRunner().invoke(app, ["bench", "--url", spec.url, "--suite", "nope", "--out", str(tmp_path / "o")])
-    assert unknown.exit_code == 1 and "the suites are gsm8k, mt-bench" in unknown.output
+    assert unknown.exit_code == 1 and "the suites are gsm8k, humaneval, mt-bench" in unknown.output
     path = tmp_path / "question.jsonl"
     path.write_text(json.dumps({"category": "math", "turns": ["w20 w21", "w22"]}) + "\n"
                     + json.dumps({"category": "rag", "turns": ["w23 w24"]}) + "\n")

@@ -47,7 +47,7 @@ def test_tune_cli_suite_reports_per_category(tmp_path):
     base = ["tune", "--target", str(target), "--draft", str(draft), "--max-tokens", "4", "--probe-steps", "2",
             "--topks", "1", "--num-measure", "1", "--repeats", "1"]
     unknown = CliRunner().invoke(app, [*base, "--suite", "nope"])
-    assert unknown.exit_code == 1 and "the suites are gsm8k, mt-bench" in unknown.output
+    assert unknown.exit_code == 1 and "the suites are gsm8k, humaneval, mt-bench" in unknown.output
     result = CliRunner().invoke(app, [*base, "--suite", "gsm8k", "--json-out", str(tmp_path / "t.json")])
     assert result.exit_code == 0, result.output
     assert "per category of gsm8k" in result.output and "25 prompts" in result.output

@@ -73,18 +73,67 @@ def test_qwen3_drop_renders_with_enable_thinking_false(tmp_path):
         load_dataset(path, tok, reasoning="drop", template_kwargs={"enable_thinking": True})
 
 
-@pytest.mark.parametrize("name", ["deepseek_v3_1", "deepseek_r1", "kimi_k2_thinking"])
-def test_reasoning_the_template_cannot_render_names_the_record_and_drop(tmp_path, name):
-    tok = template_tokenizer(name)
+def test_reasoning_the_template_cannot_render_names_the_record_and_drop(tmp_path):
+    # V3.1 renders with thinking off by default.
+    tok = template_tokenizer("deepseek_v3_1")
     path = write_jsonl(tmp_path / "r.jsonl", [{"messages": [Q, Q2, A]}])
     with pytest.raises(BadRecord, match=rf"^{path}:1: .*reasoning of message 2.*--reasoning drop to train on the answers"):
         load_dataset(path, tok)
+    with pytest.raises(BadRecord, match=r"""--template-kwargs '\{"thinking": true\}'"""):
+        load_dataset(path, tok)
 
 
-def test_deepseek_r1_has_no_non_thinking_rendering():
-    # R1's generation prompt opens "<think>\n", which no rendered turn starts with.
-    with pytest.raises(DataError, match="not prefix-stable"):
-        render_chat(template_tokenizer("deepseek_r1"), [Q, A], reasoning="drop")
+def served(tok, prompt_messages, continuation, **kwargs) -> tuple[list[int], list[int]]:
+    """(ids, mask) of a turn as a server produces it: the prompt rendered with the generation
+    prompt, tokenized, then the target's continuation tokenized, the loss over it only."""
+    prompt = tok.apply_chat_template(prompt_messages, tokenize=False, add_generation_prompt=True,
+                                     **kwargs)
+    head = tok(prompt, add_special_tokens=False)["input_ids"]
+    tail = tok(continuation, add_special_tokens=False)["input_ids"]
+    return head + tail, [0] * len(head) + [1] * len(tail)
+
+
+def ids_mask(sample) -> tuple[list[int], list[int]]:
+    return sample.input_ids, sample.loss_mask
+
+
+def test_deepseek_r1_trains_the_turn_as_served():
+    # R1's generation prompt opens "<think>\n"; the template strips reasoning from every turn.
+    tok = template_tokenizer("deepseek_r1")
+    (s,) = render_chat(tok, [Q, A])
+    assert tok.apply_chat_template([Q], tokenize=False, add_generation_prompt=True).endswith("<think>\n")
+    assert ids_mask(s) == served(tok, [Q], "Add two and two.</think>4<｜end▁of▁sentence｜>")
+    # A think block inside content, as the server without a reasoning parser returns it.
+    inline = {"role": "assistant", "content": "Add two and two.\n</think>\n\n4"}
+    (s_inline,) = render_chat(tok, [Q, inline])
+    assert ids_mask(s_inline) == served(tok, [Q], "Add two and two.\n</think>\n\n4<｜end▁of▁sentence｜>")
+    # Multi-turn: each turn as served, earlier turns as the template renders them (no reasoning).
+    first, second = render_chat(tok, [Q, A, Q2, A2])
+    assert first == s
+    assert ids_mask(second) == served(tok, [Q, A, Q2], "Three and three.</think>6<｜end▁of▁sentence｜>")
+    assert "Add two" not in tok.decode(second.input_ids)
+
+
+def test_deepseek_r1_turn_without_reasoning_is_refused():
+    with pytest.raises(DataError, match="message 1 has no reasoning.*opens a think block"):
+        render_chat(template_tokenizer("deepseek_r1"), [Q, {"role": "assistant", "content": "4"}])
+
+
+def test_deepseek_r1_drop_is_refused_naming_why(tmp_path):
+    tok = template_tokenizer("deepseek_r1")
+    with pytest.raises(DataError, match="no non-thinking switch.*use --reasoning keep"):
+        render_chat(tok, [Q, A], reasoning="drop")
+    path = write_jsonl(tmp_path / "r.jsonl", [{"messages": [Q, A]}])
+    with pytest.raises(DataError, match="^--reasoning drop: .*DeepSeek-R1"):
+        load_dataset(path, tok, reasoning="drop", skip_bad=True)
+
+
+def test_deepseek_v31_thinking_trains_the_turn_as_served():
+    # thinking=True opens "<think>" in the generation prompt; the template writes "</think>A".
+    tok = template_tokenizer("deepseek_v3_1")
+    (s,) = render_chat(tok, [Q, A], {"thinking": True})
+    assert ids_mask(s) == served(tok, [Q], "Add two and two.</think>4<｜end▁of▁sentence｜>",
+                                 thinking=True)
 
 
 def test_deepseek_v31_drop_renders_the_non_thinking_turn():
@@ -116,6 +165,41 @@ def test_kimi_k2_thinking_trains_reasoning_of_the_pending_tool_call():
                                    '<|tool_call_begin|>call_1<|tool_call_argument_begin|>'
                                    '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
     assert "sunny" in tok.decode(s.input_ids)  # the tool result is context, not a label
+
+
+def test_kimi_k2_thinking_trains_the_answer_turn_as_served(tmp_path):
+    # The template writes the last answer turn with an empty think block; the served target
+    # emits "<think>" + reasoning + "</think>" + answer after the generation prompt.
+    tok = template_tokenizer("kimi_k2_thinking")
+    assert "<think></think>4<|im_end|>" in tok.apply_chat_template([Q, A], tokenize=False)
+    (s,) = render_chat(tok, [Q, A])
+    assert ids_mask(s) == served(tok, [Q], "<think>Add two and two.</think>4<|im_end|>")
+    inline = {"role": "assistant", "content": "<think>Add two and two.</think>4"}
+    assert render_chat(tok, [Q, inline]) == [s]
+    # Multi-turn: each turn as served, earlier turns as the template renders them (empty think).
+    first, second = render_chat(tok, [Q, A, Q2, A2])
+    assert first == s
+    assert ids_mask(second) == served(tok, [Q, A, Q2], "<think>Three and three.</think>6<|im_end|>")
+    assert "Add two" not in tok.decode(second.input_ids)
+    # --reasoning drop: the template's own rendering, unchanged.
+    path = write_jsonl(tmp_path / "r.jsonl", [{"messages": [Q, A]}])
+    (dropped,) = load_dataset(path, tok, reasoning="drop").samples
+    assert parity(tok, dropped, [Q, {"role": "assistant", "content": "4"}])
+    assert masked_text(tok, dropped) == "<think></think>4<|im_end|>"
+
+
+def test_kimi_k2_thinking_answer_after_tool_calls_is_served_after_their_reasoning():
+    # Once the answer exists the template drops the tool-call turn's reasoning; the server's
+    # prompt for the answer still holds it (the call is pending there).
+    tok = template_tokenizer("kimi_k2_thinking")
+    call = {**CALL, "reasoning_content": "Look it up."}
+    final = {**FINAL, "reasoning_content": "Report it."}
+    first, second = render_chat(tok, [Q, call, RESULT, final], tools=TOOLS)
+    assert parity(tok, first, [Q, call], tools=TOOLS)
+    assert masked_text(tok, first).startswith("<think>Look it up.</think><|tool_calls_section_begin|>")
+    assert ids_mask(second) == served(tok, [Q, call, RESULT], "<think>Report it.</think>It is sunny.<|im_end|>",
+                                      tools=TOOLS)
+    assert "Look it up." in tok.decode(second.input_ids)
 
 
 def test_tool_calls_are_trained_and_tool_results_are_not(tmp_path):

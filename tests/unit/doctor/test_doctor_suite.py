@@ -30,5 +30,5 @@ def test_samples_suite_name_prompts_the_server_and_skips_offline(world):
     assert online.verdict != "skip" and "online p_k [" in online.evidence, online
     offline = report.finding("offline_acceptance_matches_training")
     assert offline.verdict == "skip" and "--samples gsm8k holds prompts only" in str(offline), offline
-    with pytest.raises(ValueError, match="a suite \\(gsm8k, mt-bench\\)"):
+    with pytest.raises(ValueError, match="a suite \\(gsm8k, humaneval, mt-bench\\)"):
         run_doctor(draft, target=target, samples="no-such-suite")
