@@ -14,7 +14,7 @@ from specdraft.conventions.engines import SPECULATORS_EXCLUSIVE_FLAGS
 from specdraft.draft import NORM_FLAGS
 from specdraft.export import export_draft
 from specdraft.train.loss import shift_left, ttt_unroll
-from tests.doctor_helpers import draft_checkpoint
+from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401 (autouse: one torch thread)
 from tests.drafts import FLAG_COMBINATIONS, flag_id
 
 pytestmark = pytest.mark.speculators
@@ -22,14 +22,6 @@ pytestmark = pytest.mark.speculators
 TTT_STEPS, T = 3, 128  # speculators builds flex block masks of 128-token blocks: T a multiple of 128
 # Every combination speculators' config accepts (it refuses norm_before_fc with fc_norm).
 ACCEPTED = [f for f in FLAG_COMBINATIONS if not all(f[k] for k in SPECULATORS_EXCLUSIVE_FLAGS)]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def exported(root, flags, engine="speculators"):
