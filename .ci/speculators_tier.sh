@@ -42,8 +42,11 @@ if [ "${SPECDRAFT_SPECULATORS_REBUILD:-0}" = 1 ] || [ ! -f "$stamp" ]; then
   echo "speculators tier: installed speculators $SPECULATORS_VERSION into $venv in" \
        "$(( $(date +%s) - start )) s ($(du -sh "$venv" | cut -f1))"
 fi
-# This checkout's specdraft (editable, so a reused venv follows the current tree).
+# This checkout's specdraft (editable, so a reused venv follows the current tree), and tensorboard,
+# the one specdraft dependency the tier uses that speculators' do not bring (specdraft's trainer
+# in tests/speculators_tier/test_side_by_side.py).
 "$venv/bin/python" -m pip install -q --no-deps -e . >>"$log" 2>&1
+"$venv/bin/python" -m pip install -q "tensorboard>=2.15" >>"$log" 2>&1
 "$venv/bin/python" -c "import importlib.metadata as m, specdraft, speculators, torch; \
 print('speculators', m.version('speculators'), 'torch', torch.__version__)"
 

@@ -171,7 +171,11 @@ def write_speculators(samples: Iterable[dict[str, torch.Tensor]], out: str | Pat
         columns["input_ids"].append(s["input_ids"].long().tolist())
         columns["loss_mask"].append(s["loss_mask"].long().tolist())
         columns["seq_len"].append(T)
-    Dataset.from_dict(columns).save_to_disk(str(out))
+    rows = Dataset.from_dict(columns)
+    # speculators' reader compares row tensors with torch.equal: its preprocessing saves the rows
+    # in torch format (speculators 0.9.0 data_generation/preprocessing.py, set_format(type="torch")).
+    rows.set_format(type="torch")
+    rows.save_to_disk(str(out))
     return len(columns["seq_len"])
 
 

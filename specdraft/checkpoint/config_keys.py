@@ -31,7 +31,9 @@ READ_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", 
 HARMLESS_KEYS = ("torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id",
                  "use_cache", "initializer_range", "target_model_type", "embed_requires_grad", "_name_or_path",
                  "decoder_sparse_step", "max_window_layers",
-                 "auto_map")  # auto_map: the config class for remote-code loading (speculators' converter writes it)
+                 # speculators 0.9.0's saved configs: {"": "config.Eagle3SpeculatorConfig"}, the config class
+                 # (config.py beside it) for transformers' remote code (speculators/config.py _auto_class)
+                 "auto_map")
 # Keys harmless only at these values (what the drafter specdraft implements computes); any other
 # value is refused as an unknown flag would be.
 HARMLESS_VALUES: dict[str, tuple[Any, ...]] = {

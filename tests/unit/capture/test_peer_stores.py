@@ -102,6 +102,18 @@ def test_specdraft_to_specforge_norms_the_last_state_and_back_trains_the_same(fp
         assert all(torch.equal(a[k], b[k]) for k in FIELDS)
 
 
+def test_speculators_store_rows_are_torch_tensors_as_speculators_reads_them(bf16_store, tmp_path):
+    """speculators 0.9.0's trainer compares each row's input_ids with its hs file's token_ids by
+    torch.equal (train/data.py): a row read as a list fails there, so the saved format is torch."""
+    from datasets import load_from_disk
+
+    convert_store(bf16_store, tmp_path / "spec", "speculators")
+    row = load_from_disk(str(tmp_path / "spec"))[0]
+    hs = load_file(str(tmp_path / "spec" / "hidden_states" / "hs_0.safetensors"))
+    assert isinstance(row["input_ids"], torch.Tensor) and isinstance(row["loss_mask"], torch.Tensor)
+    assert torch.equal(hs["token_ids"], row["input_ids"])
+
+
 def test_specforge_store_cannot_become_speculators(fp32_store, tmp_path):
     convert_store(fp32_store, tmp_path / "sf", "specforge")
     with pytest.raises(CaptureError, match="after the final norm"):

@@ -21,6 +21,8 @@ SPECFORGE_QWEN35_MOE = {"decoder_sparse_step": 1, "attention_dropout": 0.0, "use
 SPECFORGE_QWEN25_VL = {"target_model_type": "qwen2_5_vl", "pretraining_tp": 1, "pad_token_id": 0}
 EAGLE_TRAINEAGLE3 = {"bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": 0,  # SafeAILab/EAGLE 9666a81
                      "initializer_range": 0.02, "torch_dtype": "float16", "use_cache": True}
+# speculators 0.9.0: the config.json of its trainer's checkpoints (saved with its config.py)
+SPECULATORS_TRAINER = {"auto_map": {"": "config.Eagle3SpeculatorConfig"}, "embed_requires_grad": False}
 MODELOPT = {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1, "attention_dropout": 0.0,  # 0.47.0
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True,
                              "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
@@ -35,7 +37,7 @@ def edit_config(directory, **keys):
 
 
 @pytest.mark.parametrize("keys", [SPECFORGE_QWEN3_8B, SPECFORGE_QWEN35_MOE, SPECFORGE_QWEN25_VL, EAGLE_TRAINEAGLE3,
-                                  MODELOPT])
+                                  MODELOPT, SPECULATORS_TRAINER])
 def test_published_keys_load(tmp_path, keys):
     save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
     edit_config(tmp_path / "d", **keys)
