@@ -43,7 +43,8 @@ class VllmOptions:
     """vLLM engine arguments of `specdraft capture --engine vllm` (vllm EngineArgs names).
 
     max_model_len None = the capture's --max-length + 1 (a request generates one token);
-    gpu_memory_utilization None = vLLM's.
+    gpu_memory_utilization None = vLLM's. enforce_eager: no torch.compile / CUDA graphs (starts
+    in seconds instead of minutes; a capture is one prefill per request, which compiling barely speeds).
     data_parallel_size > 1: see `check_options`.
     """
 
@@ -51,6 +52,7 @@ class VllmOptions:
     data_parallel_size: int = 1
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
+    enforce_eager: bool = False
 
 
 def check_options(options: VllmOptions) -> None:
@@ -194,6 +196,7 @@ class VllmCapture:
                   "tensor_parallel_size": self.options.tensor_parallel_size,
                   "max_model_len": self.max_model_len, "seed": self.seed,
                   "enable_prefix_caching": False, "skip_tokenizer_init": True,
+                  "enforce_eager": self.options.enforce_eager,
                   "speculative_config": {
                       "method": "extract_hidden_states", "num_speculative_tokens": 1,
                       "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": self.ids}}},

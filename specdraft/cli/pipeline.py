@@ -53,6 +53,8 @@ def capture(
                                              "(default: --max-length + 1)."),
     gpu_memory_utilization: float | None = typer.Option(None, min=0.0, max=1.0, help="With --engine vllm: "
                                                         "GPU memory fraction (default: vLLM's)."),
+    enforce_eager: bool = flag("--enforce-eager", help="With --engine vllm: no torch.compile or CUDA graphs "
+                                                      "(starts in seconds; a capture is prefill only)."),
 ) -> None:
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
     from rich.console import Console
@@ -69,7 +71,8 @@ def capture(
         shard_tokens=shard_tokens, batch_tokens=batch_tokens, chat=not no_chat,
         template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
         tokenizer=tokenizer or None, device=device, reasoning=reasoning, engine=engine,
-        vllm=VllmOptions(tensor_parallel_size, data_parallel_size, max_model_len, gpu_memory_utilization))
+        vllm=VllmOptions(tensor_parallel_size, data_parallel_size, max_model_len, gpu_memory_utilization,
+                         enforce_eager))
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_capture(out)):
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         result = capture_dataset(cfg, console=console)

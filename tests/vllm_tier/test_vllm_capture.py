@@ -38,6 +38,7 @@ MAX_LENGTH = 96
 SHARD_TOKENS = 800      # 4 shards of 8 samples
 RTOL = 1e-4             # |vLLM - transformers| / largest |value|
 TAU_GAP = 0.02
+EAGER = VllmOptions(enforce_eager=True)  # no torch.compile: each engine starts in seconds
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,8 @@ def world(tmp_path_factory):
 def config(world, out: str, aux, engine: str, **kw) -> CaptureConfig:
     root, data = world
     return CaptureConfig(str(PYCODE), str(data), str(root / out), aux_layers=tuple(aux), dtype="float32",
-                         max_length=MAX_LENGTH, shard_tokens=SHARD_TOKENS, chat=False, engine=engine, **kw)
+                         max_length=MAX_LENGTH, shard_tokens=SHARD_TOKENS, chat=False, engine=engine,
+                         **{"vllm": EAGER, **kw})
 
 
 def stores_equal(a: CaptureStore, b: CaptureStore) -> dict:
@@ -139,7 +141,7 @@ def test_drafters_trained_on_either_store_agree(stores, tmp_path):
 
 def test_too_long_request_is_named_or_skipped(world):
     """--max-model-len below a sample's length: one line naming it, or skipped and counted."""
-    short = VllmOptions(max_model_len=64)
+    short = VllmOptions(max_model_len=64, enforce_eager=True)
     with pytest.raises(DataError, match=r"sample \d+ has \d+ tokens, more than --max-model-len 64"):
         capture_dataset(config(world, "too-long", (2, 4, 5), "vllm", vllm=short))
     assert not (world[0] / "too-long").exists()
@@ -171,14 +173,14 @@ def test_deepseek_mla_target_captures_from_layer_1(world):
     for engine in ("transformers", "vllm"):
         cfg = CaptureConfig(str(target), str(data), str(root / f"ds-{engine}"), aux_layers=(1, 2, 3),
                             dtype="float32", chat=False, engine=engine, max_length=MAX_LENGTH,
-                            shard_tokens=SHARD_TOKENS)
+                            shard_tokens=SHARD_TOKENS, vllm=EAGER)
         capture_dataset(cfg)
         stores[engine] = CaptureStore(root / f"ds-{engine}")
     report = stores_equal(stores["transformers"], stores["vllm"])
     h.REPORT["vllm_capture_deepseek_123"] = report
     assert report["max_abs_diff"] <= RTOL * report["max_abs_value"], report
     cfg = CaptureConfig(str(target), str(data), str(root / "ds-0"), aux_layers=(0, 2, 3), chat=False,
-                        engine="vllm", max_length=MAX_LENGTH)
+                        engine="vllm", max_length=MAX_LENGTH, vllm=EAGER)
     with pytest.raises(CaptureError, match=r"\(embeddings\) is not capturable on DeepSeek.*--engine transformers"):
         capture_dataset(cfg)
     assert not (root / "ds-0").exists()
@@ -195,7 +197,7 @@ def test_a_target_vllm_cannot_load_is_one_line_and_writes_nothing(world):
                kv_lora_rank=512, qk_rope_head_dim=64).save_pretrained(target)
     AutoTokenizer.from_pretrained(str(PYCODE)).save_pretrained(target)
     cfg = CaptureConfig(str(target), str(data), str(root / "moe"), aux_layers=(1, 2, 3), chat=False,
-                        engine="vllm", max_length=MAX_LENGTH)
+                        engine="vllm", max_length=MAX_LENGTH, vllm=EAGER)
     with pytest.raises(CaptureError, match="vLLM cannot capture aux hidden states of") as err:
         capture_dataset(cfg)
     message = str(err.value)
