@@ -342,6 +342,16 @@ def _event_text(event: dict[str, Any], native: bool) -> tuple[str, str]:
     return text, reasoning
 
 
+def error_message(body: str) -> str:
+    """The message of an OpenAI-style error body (`{"error": {"message": ...}}`, what vLLM,
+    SGLang and specdraft answer), else the body's first 300 characters."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return body[:300]
+    return message if isinstance(message, str) else body[:300]
+
+
 async def send(client: httpx.AsyncClient, server: Server, prompt: str | list[dict], cfg: Any,
                clock: Callable[[], float] = time.perf_counter) -> RequestRecord:
     """Stream one request (`request_body`); time the first text and the end on `clock` (seconds
@@ -351,7 +361,7 @@ async def send(client: httpx.AsyncClient, server: Server, prompt: str | list[dic
     try:
         async with client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
-                detail = (await response.aread()).decode(errors="replace")[:300]
+                detail = error_message((await response.aread()).decode(errors="replace"))
                 return RequestRecord(None, clock() - start, 0, error=f"HTTP {response.status_code}: {detail}")
             async for line in response.aiter_lines():
                 if not line.startswith("data:") or line.strip() == "data: [DONE]":

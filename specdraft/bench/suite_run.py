@@ -24,7 +24,7 @@ from typing import Any
 
 from specdraft.bench.stats import SpeedupPoint
 from specdraft.bench.suites import Question, Suite
-from specdraft.bench.sweep import BenchConfig, LevelResult, level_result, warm_up
+from specdraft.bench.sweep import BenchConfig, BenchError, LevelResult, level_result, warm_up
 from specdraft.client import RequestRecord, Server, run_requests, scrape, wait_for_server
 from specdraft.files import atomic_write, atomic_write_text
 
@@ -81,6 +81,15 @@ def run_suite(cfg: BenchConfig, suite: Suite, progress: Callable[[str], None] | 
     if cfg.baseline_url:
         servers["baseline"] = wait_for_server(cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url",
                                               on_wait=progress)
+    try:
+        return _measure_suite(cfg, suite, servers, progress, clock)
+    except BenchError as e:  # say what a suite needs of the server
+        raise BenchError(f"{e} (suite {suite.name} sends chat completions, rendered by the server's chat "
+                         "template: serve a target whose tokenizer has one, or run bench without --suite)") from None
+
+
+def _measure_suite(cfg: BenchConfig, suite: Suite, servers: dict[str, Server],
+                   progress: Callable[[str], None] | None, clock: Callable[[], float]) -> SuiteReport:
     first = [[{"role": "user", "content": q.turns[0]}] for q in suite.questions]
     for server in servers.values():
         warm_up(server, first, cfg)

@@ -371,7 +371,8 @@ def refuse_unknown_keys(path: Path, config: dict[str, Any]) -> None:
     fix and the list of known keys (every engine would ignore such a key without a word)."""
     unknown = unknown_config_keys(config, UNIMPLEMENTED_FLAGS)
     if unknown:
-        raise CheckpointError(f"{path}/config.json: {len(unknown)} keys specdraft does not read and does not know "
+        what = "a key" if len(unknown) == 1 else f"{len(unknown)} keys"
+        raise CheckpointError(f"{path}/config.json: {what} specdraft does not read and does not know "
                               f"to be harmless: {', '.join(unknown)}; {UNKNOWN_KEYS_FIX} (keys read or known "
                               f"harmless: {known_keys_text()})")
 

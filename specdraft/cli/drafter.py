@@ -126,6 +126,23 @@ def convert(
     if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
         console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
                       "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)
+    print_flag_notes(console, Path(dst), layout)
+
+
+def print_flag_notes(console, path, layout: str) -> None:
+    """A note per drafter flag that the engine a `layout` is written for does not implement
+    (`conventions.engines.flag_refusal`): convert writes the flags as they are, export refuses them."""
+    from specdraft.checkpoint import read_config
+    from specdraft.checkpoint.layouts import norm_flags_of_config
+    from specdraft.conventions.engines import flag_refusal
+
+    engine = "speculators" if layout == "speculators" else "sglang"
+    flags = norm_flags_of_config(path, read_config(path))
+    for name in (name for name, on in flags.items() if on):
+        reason = flag_refusal(engine, name)
+        if reason:
+            console.print(f"note: {reason}: do not serve {path} there (specdraft export --engine ENGINE "
+                          "checks what each engine computes)", markup=False, soft_wrap=True)
 
 
 @app.command()

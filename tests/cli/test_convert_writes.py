@@ -34,3 +34,16 @@ def test_speculators_to_sglang_and_back_keeps_the_verifier(tmp_path):
                                "--target", str(target)]).exit_code == 0
     verifier = json.loads((tmp_path / "o" / "config.json").read_text())["speculators_config"]["verifier"]
     assert verifier == {"name_or_path": "org/target", "architectures": ["MistralForCausalLM"]}
+
+
+def test_convert_to_the_sglang_layout_notes_a_flag_sglang_does_not_implement(tmp_path):
+    save_draft(tiny_draft(norm_before_residual=True), tmp_path / "d", layout="speculators", verifier="t")
+    target = save_tiny_model("llama", tmp_path / "target", num_layers=5)
+    result = CliRunner().invoke(app, ["convert", str(tmp_path / "d"), str(tmp_path / "out"), "--layout",
+                                      "sglang", "--target", str(target)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "note: SGLang does not implement norm_before_residual" in text, text
+    plain = CliRunner().invoke(app, ["convert", str(tmp_path / "d"), str(tmp_path / "out2"), "--layout",
+                                     "speculators", "--target", str(target)])
+    assert plain.exit_code == 0 and "note:" not in plain.output, plain.output  # vLLM implements it

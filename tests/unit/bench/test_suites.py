@@ -126,3 +126,22 @@ def test_bench_cli_suite_file_and_unknown_suite(servers, tmp_path):  # noqa: F81
     assert ok.exit_code == 0, ok.output
     assert "| multi-turn | 1 | 2 | " in ok.output and "| rag | 1 | 1 | " in ok.output
     assert (tmp_path / "o" / "suite.png").is_file()
+
+
+def test_a_suite_against_a_server_without_a_chat_template_says_what_it_needs():
+    """The server's one-line reason (not its JSON body) and what a suite needs of it."""
+    from specdraft.bench.sweep import BenchError
+    from specdraft.engine.spec_config import SpecConfig
+    from tests.engine_helpers import tiny_setup
+    from tests.serve_helpers import engine, own_target, running, word_tokenizer
+
+    setup = tiny_setup("llama")
+    tok = word_tokenizer()
+    tok.chat_template = None  # a base model's tokenizer (stories260K, pycode-25m)
+    with running(engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok), tok) as spec:
+        cfg = BenchConfig(spec.url, concurrency=(1,), max_tokens=4, repeats=1, warmup=0)
+        with pytest.raises(BenchError) as refused:
+            run_suite(cfg, SUITE)
+    message = str(refused.value)
+    assert "HTTP 400: this model's tokenizer has no chat template: use /v1/completions" in message
+    assert '{"error"' not in message and "sends chat completions, rendered by the server's chat template" in message
