@@ -173,7 +173,7 @@ def test_deepseek_mla_target_captures_from_layer_1(world):
     for engine in ("transformers", "vllm"):
         cfg = CaptureConfig(str(target), str(data), str(root / f"ds-{engine}"), aux_layers=(1, 2, 3),
                             dtype="float32", chat=False, engine=engine, max_length=MAX_LENGTH,
-                            shard_tokens=SHARD_TOKENS, vllm=EAGER)
+                            shard_tokens=SHARD_TOKENS)  # compiled: vLLM-CPU's eager MLA path differs by ~6e-3
         capture_dataset(cfg)
         stores[engine] = CaptureStore(root / f"ds-{engine}")
     report = stores_equal(stores["transformers"], stores["vllm"])
