@@ -296,7 +296,13 @@ def norm_flags_of_config(path: Path, config: dict[str, Any]) -> dict[str, bool]:
     """The `draft.NORM_FLAGS` a drafter's config.json sets, read as the engines read them
     (`conventions.FLAG_RULES`): top-level keys; norm_before_fc in eagle_config first; fc_norm also
     under SGLang's legacy `use_aux_norm`. Absent or null = false; any other non-boolean value, or
-    two keys of one flag that disagree, is a CheckpointError naming the file."""
+    two keys of one flag that disagree, is a CheckpointError naming the file. A speculators config
+    without norm_before_residual is a CheckpointError too: vLLM reads it as true, the speculators
+    library as false (`conventions.engines.FLAG_RULES`), so the file names no one drafter."""
+    if "speculators_model_type" in config and config.get("norm_before_residual") is None:
+        raise CheckpointError(f"{path}/config.json: a speculators config without norm_before_residual: vLLM 0.32 "
+                              "reads it as true, the speculators library as false, so engines would compute "
+                              "different drafters; write the value it was trained with (true or false)")
     nested = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
     keys = {name: [(name, config.get(name))] for name in NORM_FLAGS}
     keys["norm_before_fc"].append(("eagle_config.norm_before_fc", nested.get("norm_before_fc")))

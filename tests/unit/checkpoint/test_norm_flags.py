@@ -95,3 +95,16 @@ def test_a_sliding_window_draft_layer_is_refused(tmp_path, layout):
     edit_config(tmp_path / "d", lambda c: (c.get("transformer_layer_config") or c).update(
         layer_types=["full_attention"], use_sliding_window=False))
     assert load_draft(tmp_path / "d", target_num_layers=5).model.cfg.aux_layers == (2, 3, 4)
+
+
+def test_a_speculators_config_without_norm_before_residual_is_refused_by_loader_and_doctor(tmp_path):
+    """vLLM reads an omitted norm_before_residual as true, the speculators library as false."""
+    from specdraft.doctor import run_doctor
+
+    save_draft(tiny_draft(), tmp_path / "d", layout="speculators", verifier="/models/target")
+    edit_config(tmp_path / "d", lambda c: c.pop("norm_before_residual"))
+    with pytest.raises(CheckpointError, match="a speculators config without norm_before_residual: vLLM 0.32 "
+                                              "reads it as true, the speculators library as false") as refused:
+        load_draft(tmp_path / "d", target_num_layers=5)
+    finding = run_doctor(tmp_path / "d").finding("specdraft_loads")
+    assert finding.verdict == "fail" and finding.evidence.endswith(str(refused.value))  # the loader's words
