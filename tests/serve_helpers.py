@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -15,11 +16,12 @@ from pathlib import Path
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from specdraft.checkpoint import Manifest, save_draft
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.serve.server import RunningServer, create_app, serve_in_thread
-from tests.engine_helpers import MAX_SEQ, VOCAB, random_prompts
+from tests.engine_helpers import AUX_LAYERS, MAX_SEQ, VOCAB, TinySetup, random_prompts
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
                  "{% if add_generation_prompt %}w3{% endif %}")
@@ -32,6 +34,19 @@ def word_tokenizer(eos: str | None = None) -> PreTrainedTokenizerFast:
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos)  # no special ids: all text
     tok.chat_template = CHAT_TEMPLATE
     return tok
+
+
+def saved_pair(setup: TinySetup, out: Path, trained: bool = True) -> tuple[Path, Path]:
+    """(target dir, draft dir) under `out`, as the CLI loads them: the setup's target with the word
+    tokenizer, and its trained (or untrained) drafter with a manifest for AUX_LAYERS."""
+    target = out / "target"
+    shutil.copytree(setup.target_dir, target)
+    word_tokenizer().save_pretrained(target)
+    draft = setup.trained if trained else setup.untrained
+    args = setup.target.args
+    manifest = Manifest(draft=draft.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
+                        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers})
+    return target, save_draft(draft, out / "draft", manifest=manifest)
 
 
 def text_prompts(num: int, length: int, seed: int) -> list[str]:

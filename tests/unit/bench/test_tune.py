@@ -5,18 +5,16 @@ engine's acceptance is real, no assertion depends on this machine's speed)."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner
 
 from specdraft.bench.tune import Costs, Measured, TuneConfig, predict, render, tree_tokens, tune
-from specdraft.checkpoint import Manifest, save_draft
 from specdraft.cli import app
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
-from tests.engine_helpers import AUX_LAYERS, one_thread, random_prompts, tiny_setup  # noqa: F401
-from tests.serve_helpers import text_prompts, word_tokenizer, write_prompts
+from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.serve_helpers import saved_pair, text_prompts, write_prompts
 from tests.tune_helpers import modelled_bench
 
 
@@ -72,13 +70,7 @@ def test_tune_recommends_speculation_on_a_memory_bound_target():
 
 def test_tune_cli(tmp_path):
     setup = tiny_setup("llama")
-    target = tmp_path / "target"
-    shutil.copytree(setup.target_dir, target)
-    word_tokenizer().save_pretrained(target)
-    args = setup.target.args
-    manifest = Manifest(draft=setup.untrained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
-                        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers})
-    draft = save_draft(setup.untrained, tmp_path / "draft", manifest=manifest)
+    target, draft = saved_pair(setup, tmp_path, trained=False)
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
     result = CliRunner().invoke(app, ["tune", "--target", str(target), "--draft", str(draft), "--prompts",
                                       str(prompts), "--max-tokens", "8", "--probe-steps", "2", "--topks", "1,2",

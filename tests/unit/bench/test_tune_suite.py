@@ -4,16 +4,14 @@ them, then tau, p_k and speedup per category."""
 from __future__ import annotations
 
 import json
-import shutil
 
 from typer.testing import CliRunner
 
 from specdraft.bench.suites import Question, Suite
 from specdraft.bench.tune_suite import suite_prompt_ids
-from specdraft.checkpoint import Manifest, save_draft
 from specdraft.cli import app
-from tests.engine_helpers import AUX_LAYERS, one_thread, tiny_setup  # noqa: F401
-from tests.serve_helpers import word_tokenizer
+from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
+from tests.serve_helpers import saved_pair, word_tokenizer
 
 
 def test_turns_carry_the_targets_own_answers():
@@ -37,13 +35,7 @@ def test_turns_carry_the_targets_own_answers():
 
 def test_tune_cli_suite_reports_per_category(tmp_path):
     setup = tiny_setup("llama")
-    target = tmp_path / "target"
-    shutil.copytree(setup.target_dir, target)
-    word_tokenizer().save_pretrained(target)
-    args = setup.target.args
-    manifest = Manifest(draft=setup.trained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
-                        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers})
-    draft = save_draft(setup.trained, tmp_path / "draft", manifest=manifest)
+    target, draft = saved_pair(setup, tmp_path)
     base = ["tune", "--target", str(target), "--draft", str(draft), "--max-tokens", "4", "--probe-steps", "2",
             "--topks", "1", "--num-measure", "1", "--repeats", "1"]
     unknown = CliRunner().invoke(app, [*base, "--suite", "nope"])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import socket
 import subprocess
 import sys
@@ -23,13 +22,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdraft.checkpoint import Manifest, save_draft
 from specdraft.client import counter_delta, detect_server, scrape, scrape_counters
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.requests import decode_continuation
 from specdraft.serve.server import build_app, serve_in_thread
-from tests.engine_helpers import AUX_LAYERS, greedy_sequences, one_thread, tiny_setup  # noqa: F401
-from tests.serve_helpers import engine, own_target, running, slow_target, text_prompts, word_tokenizer
+from tests.engine_helpers import greedy_sequences, one_thread, tiny_setup  # noqa: F401
+from tests.serve_helpers import engine, own_target, running, saved_pair, slow_target, text_prompts, word_tokenizer
 
 NUM_NEW = 12
 
@@ -365,13 +363,7 @@ def test_plain_server_usage_and_log_line(caplog):
 
 def test_build_app_from_directories(tmp_path):
     setup = tiny_setup("llama")
-    target = tmp_path / "target"
-    shutil.copytree(setup.target_dir, target)
-    word_tokenizer().save_pretrained(target)
-    args = setup.target.args
-    manifest = Manifest(draft=setup.trained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
-                        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers})
-    draft = save_draft(setup.trained, tmp_path / "draft", manifest=manifest)
+    target, draft = saved_pair(setup, tmp_path)
     app = build_app(str(target), str(draft), SpecConfig(3, 2, 6), max_seq_len=64)
     with serve_in_thread(app) as srv:
         client = httpx.Client(base_url=srv.url, timeout=30)
