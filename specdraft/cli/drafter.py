@@ -39,6 +39,8 @@ def inspect(
     aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
     sglang_version: str = typer.Option("", help="Pin SGLang's reading of eagle_config ids, e.g. 0.5.23."),
+    known_keys: bool = flag("--known-keys", help="List the config.json keys specdraft reads or knows to be "
+                            "harmless, and CHECKPOINT's others, instead (exit 1 when it has others)."),
 ) -> None:
     """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit)."""
     from rich.console import Console
@@ -47,6 +49,8 @@ def inspect(
     from specdraft.checkpoint import audit, describe_layout, load_draft, state_dict_for_layout
 
     console = Console()
+    if known_keys:
+        print_known_keys(console, checkpoint)
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
         reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
@@ -75,6 +79,27 @@ def inspect(
     if problems:
         raise typer.Exit(1)
     console.print("audit: PASS", style="green")
+
+
+def print_known_keys(console, checkpoint: str) -> None:
+    """inspect --known-keys: the known keys (`config_keys.known_keys_lines`), then CHECKPOINT's
+    unknown ones, one a line; exits 0, or 1 when there are unknown ones."""
+    from pathlib import Path
+
+    from specdraft.checkpoint import UNIMPLEMENTED_FLAGS, read_config
+    from specdraft.checkpoint.config_keys import known_keys_lines, unknown_config_keys
+
+    for line in known_keys_lines(UNIMPLEMENTED_FLAGS):
+        console.print(line, markup=False, soft_wrap=True)
+    with user_errors(console):
+        refuse_bad_configs(checkpoint, "")
+        unknown = unknown_config_keys(read_config(Path(checkpoint)), UNIMPLEMENTED_FLAGS)
+    for entry in unknown:
+        console.print(f"{checkpoint}/config.json: neither read nor known harmless: {entry}", style="red",
+                      markup=False, soft_wrap=True)
+    if not unknown:
+        console.print(f"{checkpoint}/config.json: no other keys", markup=False)
+    raise typer.Exit(1 if unknown else 0)
 
 
 def _manifest_lines(fields: dict) -> list[str]:
