@@ -24,6 +24,7 @@ from specdraft.cli.common import (
     check_model_dir,
     error,
     flag,
+    id_reading,
     json_kwargs,
     refuse_bad_configs,
     user_errors,
@@ -291,35 +292,6 @@ def architectures_of_target(target: str | None, trust_remote_code: bool = False)
     from specdraft.target.config import read_target_config
 
     return list(read_target_config(target, trust_remote_code).architectures or []) or None
-
-
-def id_reading(target: str | None, aux: tuple[str, tuple[int, ...]] | None, sglang_version: str = "",
-               trust_remote_code: bool = False) -> dict:
-    """How to read a drafter's aux ids, as `load_draft` / `convert_draft` take it: the --target's
-    layer count and class (its config.json as published, `target.read_target_config`), the
-    --sglang-version, and --aux-layers as specdraft indices (`conventions.layers_of_option`);
-    --trust-remote-code reads a target config whose model_type only its own code defines.
-    ValueError naming the flag: a corrupt target config, --aux-layers without --target or
-    naming layers its convention cannot."""
-    if not target:
-        if aux is not None:
-            raise ValueError("--aux-layers needs --target DIR: aux ids are read by the target's layer count and class")
-        return {"target_num_layers": None, "sglang_version": sglang_version or None}
-    from specdraft.conventions import ConventionError, layers_of_option
-    from specdraft.target.config import TARGET_CLASSES
-    from specdraft.target.config import read_target_config
-
-    refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
-    text = read_target_config(target, trust_remote_code).get_text_config()
-    target_class = TARGET_CLASSES.get(text.model_type, "llama")
-    layers = None
-    if aux is not None:
-        try:
-            layers = layers_of_option(aux[0], aux[1], text.num_hidden_layers, target_class, sglang_version or None)
-        except ConventionError as e:
-            raise ValueError(f"--aux-layers {aux[0]}:{','.join(map(str, aux[1]))}: {e}") from None
-    return {"target_num_layers": text.num_hidden_layers, "target_class": target_class,
-            "sglang_version": sglang_version or None, "aux_layers": layers}
 
 
 def print_aux_note(console, checkpoint: str, manifest, reading: dict) -> None:
