@@ -352,7 +352,8 @@ def tensor_digest(t: torch.Tensor) -> str:
 
 def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_layers: int | None = None,
                   target_class: str | None = None, sglang_version: str | None = None,
-                  aux_layers: list[int] | None = None, target_architectures: list[str] | None = None) -> int:
+                  aux_layers: list[int] | None = None, target_architectures: list[str] | None = None,
+                  target_name_or_path: str | None = None) -> int:
     """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical and
     the drafter config the same (the ``sglang`` layout drops the manifest, so its config.json
     alone must rebuild the drafter).
@@ -360,8 +361,10 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
     A specdraft-layout destination needs the source's manifest; speculators carries it too.
     Aux ids are read and written by the rule of `target_class` (default: the manifest's, else
     "llama") and `sglang_version`; the written file's two id lists name the same layers.
-    A speculators destination records the verifier the source records (manifest, or the source's
-    own speculators verifier), its architectures else `target_architectures` (the --target config's).
+    A speculators destination records the verifier the source records (the source's own
+    speculators verifier, or the manifest's target), else `target_name_or_path` (the --target
+    directory, as export records it); its architectures else `target_architectures` (the
+    --target config's); None when nothing names it (vLLM started on the drafter then has no target).
     Returns the number of tensors compared; raises CheckpointError when a tensor differs or is
     missing (case FC-01), or the re-read config differs. Costs about the source's size in memory
     (the written file is re-read one tensor at a time, `verify_written`).
@@ -377,9 +380,11 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
         ids["target_class"] = (source.manifest.target or {}).get("target_class") or "llama"
     spec = read_config(Path(src)).get("speculators_config")
     verifier = (spec.get("verifier") if isinstance(spec, dict) else None) or {}
-    recorded = (source.manifest.target.get("architecture") if source.manifest is not None else None)
-    architectures = ([recorded] if recorded else verifier.get("architectures")) or target_architectures
-    save_draft(source.model, dst, layout=layout, manifest=source.manifest, verifier=verifier.get("name_or_path"),
+    recorded = (source.manifest.target if source.manifest is not None else None) or {}
+    name = verifier.get("name_or_path") or recorded.get("name_or_path") or target_name_or_path
+    architectures = ([recorded["architecture"]] if recorded.get("architecture") else
+                     verifier.get("architectures")) or target_architectures
+    save_draft(source.model, dst, layout=layout, manifest=source.manifest, verifier=name,
                verifier_architectures=architectures, **ids)
     _, manifest, written = read_draft_config(dst, source.model.cfg.target_num_layers, **ids)
     written = owned_embedding_config(written, manifest, state_dict_for_layout(source.model, layout))

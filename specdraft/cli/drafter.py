@@ -138,21 +138,35 @@ def convert(
         refuse_bad_configs(src, "")
         reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
         written = convert_draft(src, dst, layout=layout,
-                                target_architectures=architectures_of_target(target, trust_remote_code), **reading)
+                                target_architectures=architectures_of_target(target, trust_remote_code),
+                                target_name_or_path=str(Path(target).resolve()) if target else None, **reading)
     print_aux_note(console, src, None if not (Path(src) / MANIFEST_FILE).is_file() else True, reading)
     on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
     files = ", ".join(sorted(p.name for p in Path(dst).iterdir()))
     console.print(f"wrote {dst} ({on_disk}): {files}; {written} tensors, each bit-identical to {src}",
                   markup=False, soft_wrap=True)
     if layout == "speculators":
-        verifier = json.loads((Path(dst) / "config.json").read_text())["speculators_config"]["verifier"]
-        console.print(f"verifier: {verifier.get('name_or_path')!r}, architectures {verifier.get('architectures')}"
-                      + ("" if verifier.get("architectures") else " (unknown: pass --target DIR to record it)"),
-                      markup=False, soft_wrap=True)
+        console.print(verifier_line(Path(dst)), markup=False, soft_wrap=True)
     if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
         console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
                       "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)
     print_flag_notes(console, Path(dst), layout)
+
+
+def verifier_line(dst) -> str:
+    """What a speculators drafter at `dst` records as its verifier (vLLM's target when started on
+    the drafter, `conventions.engines.SPECULATORS_VERIFIER_READ`), and how to fill what is missing."""
+    from specdraft.conventions.engines import SPECULATORS_VERIFIER_READ
+
+    verifier = json.loads((dst / "config.json").read_text())["speculators_config"]["verifier"]
+    architectures = verifier.get("architectures")
+    known = f"architectures {architectures}" if architectures else "architectures unknown (pass --target DIR)"
+    if verifier.get("name_or_path"):
+        return (f"verifier: {verifier['name_or_path']!r}, {known} (`vllm serve {dst}` serves it as the target: "
+                "it must resolve on the serving host)")
+    return (f"note: verifier.name_or_path is null, so `vllm serve {dst}` has no target ({SPECULATORS_VERIFIER_READ}): "
+            f"pass --target DIR to record its path, or launch vLLM on the target (specdraft export --engine vllm "
+            f"prints the command); {known}")
 
 
 def print_flag_notes(console, path, layout: str) -> None:

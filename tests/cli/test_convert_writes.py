@@ -1,5 +1,6 @@
 """`specdraft convert` names what it wrote, and a manifest-less speculators conversion records the
-target's architecture as its verifier (never a hard-coded LlamaForCausalLM)."""
+target's path and architecture as its verifier (never a hard-coded LlamaForCausalLM); a verifier
+nothing names is said in one line."""
 
 import json
 
@@ -18,11 +19,32 @@ def test_manifest_less_speculators_convert_records_the_targets_architecture(tmp_
                                       "speculators", "--target", str(target)])
     assert result.exit_code == 0, result.output
     verifier = json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"]
-    assert verifier["architectures"] == ["Qwen3ForCausalLM"]
+    assert verifier == {"name_or_path": str(target.resolve()), "architectures": ["Qwen3ForCausalLM"]}  # as export
     text = " ".join(result.output.split())
     assert "config.json, model.safetensors; 15 tensors, each bit-identical" in text
     assert "speculators layout (vLLM's), no specdraft manifest" in text
-    assert "architectures ['Qwen3ForCausalLM']" in text
+    assert f"verifier: '{target.resolve()}', architectures ['Qwen3ForCausalLM'] (`vllm serve {tmp_path / 'out'}` " \
+        "serves it as the target: it must resolve on the serving host)" in text, text
+
+
+def test_a_verifier_nothing_names_is_said_in_one_line(tmp_path):
+    """A manifest that records no target path, converted without --target: name_or_path is null."""
+    from tests.doctor_helpers import draft_checkpoint
+
+    draft, _ = draft_checkpoint(tmp_path)
+    manifest = json.loads((draft / "specdraft_manifest.json").read_text())
+    del manifest["target"]["name_or_path"]
+    (draft / "specdraft_manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(app, ["convert", str(draft), str(tmp_path / "out"), "--layout", "speculators"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"] == {
+        "name_or_path": None, "architectures": ["LlamaForCausalLM"]}
+    lines = [line for line in result.output.splitlines() if "name_or_path" in line]
+    assert lines == [f"note: verifier.name_or_path is null, so `vllm serve {tmp_path / 'out'}` has no target "
+                     "(`vllm serve DRAFTER` serves speculators_config.verifier.name_or_path as the target (vllm "
+                     "0.32.0 transformers_utils/config.py maybe_override_with_speculators)): pass --target DIR to "
+                     "record its path, or launch vLLM on the target (specdraft export --engine vllm prints the "
+                     "command); architectures ['LlamaForCausalLM']"], result.output
 
 
 def test_speculators_to_sglang_and_back_keeps_the_verifier(tmp_path):
