@@ -137,20 +137,25 @@ def convert(
     with user_errors(console):
         refuse_bad_configs(src, "")
         reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
-        written = convert_draft(src, dst, layout=layout,
+        converted = convert_draft(src, dst, layout=layout,
                                 target_architectures=architectures_of_target(target, trust_remote_code),
                                 target_name_or_path=str(Path(target).resolve()) if target else None, **reading)
     print_aux_note(console, src, None if not (Path(src) / MANIFEST_FILE).is_file() else True, reading)
     on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
     files = ", ".join(sorted(p.name for p in Path(dst).iterdir()))
-    console.print(f"wrote {dst} ({on_disk}): {files}; {written} tensors, each bit-identical to {src}",
-                  markup=False, soft_wrap=True)
+    console.print(f"wrote {dst} ({on_disk}): {files}; {converted.num_copied} tensors, each bit-identical to {src}"
+                  + derived_text(converted.derived, src), markup=False, soft_wrap=True)
     if layout == "speculators":
         console.print(verifier_line(Path(dst)), markup=False, soft_wrap=True)
     if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
         console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
                       "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)
     print_flag_notes(console, Path(dst), layout)
+
+
+def derived_text(derived: tuple[str, ...], source) -> str:
+    """convert / export's words for the tensors derived because `source` has none (`checkpoint.derived_tensors`)."""
+    return f"; {', '.join(derived)} derived from d2t ({source} has none)" if derived else ""
 
 
 def verifier_line(dst) -> str:
@@ -217,8 +222,8 @@ def export(
                               dtype=dtype or None, aux_layers=reading.get("aux_layers"),
                               trust_remote_code=trust_remote_code)
     console.print(f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
-                  f"bit-identical to the checkpoint{' cast to ' + dtype if dtype else ''}",
-                  style="green", markup=False)
+                  f"bit-identical to the checkpoint{' cast to ' + dtype if dtype else ''}"
+                  + derived_text(result.derived, checkpoint), style="green", markup=False)
     for note in result.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     console.print("launch:", markup=False)

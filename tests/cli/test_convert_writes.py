@@ -1,6 +1,6 @@
 """`specdraft convert` names what it wrote, and a manifest-less speculators conversion records the
 target's path and architecture as its verifier (never a hard-coded LlamaForCausalLM); a verifier
-nothing names is said in one line."""
+nothing names is said in one line; a t2d derived from d2t is said to be derived, not copied."""
 
 import json
 
@@ -69,3 +69,24 @@ def test_convert_to_the_sglang_layout_notes_a_flag_sglang_does_not_implement(tmp
     plain = CliRunner().invoke(app, ["convert", str(tmp_path / "d"), str(tmp_path / "out2"), "--layout",
                                      "speculators", "--target", str(target)])
     assert plain.exit_code == 0 and "note:" not in plain.output, plain.output  # vLLM implements it
+
+
+def test_a_t2d_derived_from_d2t_is_not_counted_as_copied(tmp_path):
+    """A source with d2t only (NVIDIA ModelOpt's exports): convert and export write the t2d they
+    derive, and count only the file's own tensors as bit-identical to it."""
+    from safetensors.torch import load_file, save_file
+
+    save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
+    tensors = load_file(tmp_path / "d" / "model.safetensors")
+    del tensors["t2d"]
+    save_file(tensors, tmp_path / "d" / "model.safetensors")
+    target = save_tiny_model("llama", tmp_path / "target", num_layers=5)
+    derived = f"14 tensors, each bit-identical to {tmp_path / 'd'}; t2d derived from d2t ({tmp_path / 'd'} has none)"
+    result = CliRunner().invoke(app, ["convert", str(tmp_path / "d"), str(tmp_path / "out"), "--layout", "sglang",
+                                      "--target", str(target)])
+    assert result.exit_code == 0 and derived in " ".join(result.output.split()), result.output
+    result = CliRunner().invoke(app, ["export", str(tmp_path / "d"), str(tmp_path / "exp"), "--engine", "vllm",
+                                      "--target", str(target)])
+    assert result.exit_code == 0, result.output
+    assert ("14 tensors, each bit-identical to the checkpoint; t2d derived from d2t "
+            f"({tmp_path / 'd'} has none)") in " ".join(result.output.split()), result.output
