@@ -6,8 +6,8 @@ import typer
 
 from specdraft.cli.common import (AUX_OVERRIDE_HELP, DRAFTER_HELP, NUM_DRAFT_TOKENS_HELP, NUM_STEPS_HELP, TOPK_HELP,
                                   EngineDtype, app, aux_override, check_device, check_drafter, check_model_dir,
-                                  check_top_p, engine_dtype, flag, id_reading, refuse_bad_configs, spec_from_flags,
-                                  user_errors)
+                                  check_top_p, engine_dtype, flag, id_reading, read_target, refuse_bad_configs,
+                                  spec_from_flags, user_errors)
 from specdraft.client import MAX_PORT
 
 COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
@@ -109,7 +109,7 @@ def generate(
         torch_dtype = engine_dtype(dtype)
         _set_threads(threads)
         refuse_bad_configs(draft if spec is not None else "", target)
-        reading = id_reading(target, aux_layers) if spec is not None else None
+        reading = id_reading(read_target(target), aux_layers) if spec is not None else None
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
         engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
                              max_seq_len or None, tokenizer, compile=compile, reading=reading)
@@ -251,7 +251,7 @@ def serve(
                                                        "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers})
         spec = spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
                                 num_draft_tokens or 0)
-        reading = id_reading(target, aux_layers) if spec is not None else None
+        reading = id_reading(read_target(target), aux_layers) if spec is not None else None
         _check_port_free(host, port)  # before the model loads
         _set_threads(threads)
         server_app = build_app(target, draft or None, spec, device, engine_dtype(dtype), max_seq_len or None,

@@ -25,6 +25,7 @@ from specdraft.cli.common import (
     error,
     flag,
     id_reading,
+    read_target,
     json_kwargs,
     refuse_bad_configs,
     user_errors,
@@ -54,7 +55,7 @@ def inspect(
         print_known_keys(console, checkpoint)
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
-        reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
+        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
         loaded = load_draft(checkpoint, **reading)
     console.print(f"{checkpoint}: {describe_layout(loaded.layout, loaded.manifest is not None)}",
                   markup=False, soft_wrap=True)
@@ -136,10 +137,11 @@ def convert(
     console = Console()
     with user_errors(console):
         refuse_bad_configs(src, "")
-        reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
-        converted = convert_draft(src, dst, layout=layout,
-                                target_architectures=architectures_of_target(target, trust_remote_code),
-                                target_name_or_path=str(Path(target).resolve()) if target else None, **reading)
+        given = read_target(target, trust_remote_code)  # read once: aux ids and the verifier's architectures
+        reading = id_reading(given, aux_layers, sglang_version)
+        converted = convert_draft(src, dst, layout=layout, **reading,
+                                  target_architectures=list(given.architectures or []) or None if given else None,
+                                  target_name_or_path=str(Path(target).resolve()) if target else None)
     print_aux_note(console, src, None if not (Path(src) / MANIFEST_FILE).is_file() else True, reading)
     on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
     files = ", ".join(sorted(p.name for p in Path(dst).iterdir()))
@@ -215,7 +217,7 @@ def export(
 
     console = Console()
     with user_errors(console):
-        reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
+        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
                               verifier=verifier or None, sglang_version=sglang_version or None,
                               num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None,
@@ -268,7 +270,7 @@ def doctor(
         try:  # an input doctor cannot judge (a ValueError) is a usage error: exit 2, not 1
             if server:
                 check_server_samples(server, samples)
-            reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
+            reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
             report = run_doctor(
                 checkpoint, target=target or None, engine=engine or None,
                 engine_args=engine_args or None, samples=samples or None, server=server or None,
@@ -302,15 +304,6 @@ def check_server_samples(server: str, samples: str) -> None:
         raise ValueError(f"--server {server} needs --samples: pass --samples FILE with the target's own "
                          "outputs (a capture store or JSONL, e.g. the demo's store-heldout) for the online "
                          "acceptance check")
-
-
-def architectures_of_target(target: str | None, trust_remote_code: bool = False) -> list[str] | None:
-    """`architectures` of a local target directory's config.json (None without one or when unset)."""
-    if not target:
-        return None
-    from specdraft.target.config import read_target_config
-
-    return list(read_target_config(target, trust_remote_code).architectures or []) or None
 
 
 def print_aux_note(console, checkpoint: str, manifest, reading: dict) -> None:

@@ -27,6 +27,23 @@ def test_manifest_less_speculators_convert_records_the_targets_architecture(tmp_
         "serves it as the target: it must resolve on the serving host)" in text, text
 
 
+def test_convert_reads_the_targets_config_once(tmp_path, monkeypatch):
+    """Aux ids and the verifier's architectures come from one read (remote code, if trusted, runs once)."""
+    import specdraft.target.config
+
+    reads = []
+    read = specdraft.target.config.read_target_config
+    monkeypatch.setattr(specdraft.target.config, "read_target_config", lambda *a, **k: reads.append(a) or read(*a, **k))
+    save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
+    target = save_tiny_model("qwen3", tmp_path / "target", num_layers=5)
+    result = CliRunner().invoke(app, ["convert", str(tmp_path / "d"), str(tmp_path / "out"), "--layout",
+                                      "speculators", "--target", str(target)])
+    assert result.exit_code == 0, result.output
+    assert len(reads) == 1, reads
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"][
+        "architectures"] == ["Qwen3ForCausalLM"]
+
+
 def test_a_verifier_nothing_names_is_said_in_one_line(tmp_path):
     """A manifest that records no target path, converted without --target: name_or_path is null."""
     from tests.doctor_helpers import draft_checkpoint
