@@ -125,7 +125,8 @@ class TargetFacts:
 @dataclass(frozen=True)
 class ExportResult:
     """What `export_draft` wrote: directory, engine, config.json as written, the command to
-    serve it, notes for the user, and how many tensors were proven bit-identical."""
+    serve it, notes for the user, how many tensors were proven bit-identical to the checkpoint's,
+    and the ones derived because it has none (`checkpoint.derived_tensors`: written, not copied)."""
 
     out_dir: Path
     engine: str
@@ -133,6 +134,7 @@ class ExportResult:
     launch_command: str
     notes: list[str]
     num_tensors: int
+    derived: tuple[str, ...] = ()
 
 
 def load_source(checkpoint: str | Path, target_num_layers: int | None, **reading: Any) -> LoadedDraft:
@@ -344,7 +346,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     notes += _source_notes(source, checkpoint, aux_layers) + _tokenizer_notes(source, checkpoint, target)
     return ExportResult(out_dir, engine, config, launch_command(engine, verifier or "TARGET",
                                                                 out_dir.resolve(), spec),
-                        notes, num_tensors)
+                        notes, num_tensors - len(source.derived), source.derived)
 
 
 def _ids_notes(layers: list[int], top: list[int] | None, nested: list[int] | None) -> list[str]:

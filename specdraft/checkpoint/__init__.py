@@ -65,10 +65,10 @@ from specdraft.files import atomic_dir, replace_dir
 
 __all__ = [
     "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
-    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError", "DirKind",
+    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError", "Converted", "DirKind",
     "LoadedDraft", "Manifest", "WeightFiles", "all_finite", "audit", "aux_layers_note", "build_draft",
     "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files", "convert_draft",
-    "describe_layout", "detect_layout", "draft_tensors", "file_sha256", "find_weights", "is_training_checkpoint",
+    "derived_tensors", "describe_layout", "detect_layout", "draft_tensors", "file_sha256", "find_weights", "is_training_checkpoint",
     "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "owned_embedding_config",
     "read_config", "read_draft_config", "read_safetensors", "read_sharded", "read_weights",
     "refuse_unimplemented_flags", "replace_dir", "save_draft",
@@ -82,12 +82,23 @@ PROGRESS_FILE = "trainer.pt"  # inside a sharded checkpoint directory: the train
 
 @dataclass
 class LoadedDraft:
-    """A drafter read from disk: the model, its manifest (None outside specdraft layout), its layout."""
+    """A drafter read from disk: the model, its manifest (None outside specdraft layout), its layout,
+    and the tensors specdraft derived because the file lacks them (`derived_tensors`)."""
 
     model: Eagle3Draft
     manifest: Manifest | None
     layout: str
     path: Path
+    derived: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What `convert_draft` proved: how many tensors are bit-identical to the source's, and the
+    ones derived because the source has none (written, not copied)."""
+
+    num_copied: int
+    derived: tuple[str, ...]
 
 
 def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdraft",
@@ -237,20 +248,25 @@ def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     layout, manifest, cfg = read_draft_config(path, target_num_layers, target_class, sglang_version, aux_layers)
     tensors, files = read_weights(path)
     cfg = owned_embedding_config(cfg, manifest, tensors)
+    derived = derived_tensors(tensors)  # before build_draft adds them
     model = build_draft(cfg, tensors, layout, files.entry)
     model.to(device=device, dtype=dtype)
-    return LoadedDraft(model=model, manifest=manifest, layout=layout, path=path)
+    return LoadedDraft(model=model, manifest=manifest, layout=layout, path=path, derived=derived)
+
+
+def derived_tensors(tensors: dict[str, torch.Tensor]) -> tuple[str, ...]:
+    """The tensors specdraft derives for a file that lacks them: `t2d` from a 1-D `d2t` (NVIDIA
+    ModelOpt exports write only d2t; t2d is the mask of d2t's target ids, `data.vocab.t2d_from_d2t`)."""
+    return ("t2d",) if "t2d" not in tensors and "d2t" in tensors and tensors["d2t"].dim() == 1 else ()
 
 
 def draft_tensors(cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> dict[str, torch.Tensor]:
     """The tensors specdraft loads from a file named in `layout`: the file's own (SGLang's legacy
-    fc_norm names read as the current ones), plus `t2d` derived from `d2t` when the file has none
-    (NVIDIA ModelOpt exports write only d2t; t2d is the mask of d2t's target ids,
-    `data.vocab.t2d_from_d2t`). The one rule the loader and doctor read a file by: any name that
+    fc_norm names read as the current ones), plus the tensors `derived_tensors` names. The one rule the loader and doctor read a file by: any name that
     matches no parameter, parameter not in the file, or tensor of the wrong shape is a
     CheckpointError naming `file` and them (cases S1, FC-01)."""
     tensors = canonical_tensor_names(tensors)
-    if "t2d" not in tensors and "d2t" in tensors and tensors["d2t"].dim() == 1:
+    if "t2d" in derived_tensors(tensors):
         tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
     with torch.device("meta"):
         expected = state_dict_for_layout(Eagle3Draft(cfg), layout)
@@ -352,7 +368,8 @@ def tensor_digest(t: torch.Tensor) -> str:
 
 def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_layers: int | None = None,
                   target_class: str | None = None, sglang_version: str | None = None,
-                  aux_layers: list[int] | None = None, target_architectures: list[str] | None = None) -> int:
+                  aux_layers: list[int] | None = None, target_architectures: list[str] | None = None,
+                  target_name_or_path: str | None = None) -> Converted:
     """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical and
     the drafter config the same (the ``sglang`` layout drops the manifest, so its config.json
     alone must rebuild the drafter).
@@ -360,9 +377,12 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
     A specdraft-layout destination needs the source's manifest; speculators carries it too.
     Aux ids are read and written by the rule of `target_class` (default: the manifest's, else
     "llama") and `sglang_version`; the written file's two id lists name the same layers.
-    A speculators destination records the verifier the source records (manifest, or the source's
-    own speculators verifier), its architectures else `target_architectures` (the --target config's).
-    Returns the number of tensors compared; raises CheckpointError when a tensor differs or is
+    A speculators destination records the verifier the source records (the source's own
+    speculators verifier, or the manifest's target), else `target_name_or_path` (the --target
+    directory, as export records it); its architectures else `target_architectures` (the
+    --target config's); None when nothing names it (vLLM started on the drafter then has no target).
+    Returns how many tensors are bit-identical to the source's, and the derived ones (the source
+    has none: `derived_tensors`); raises CheckpointError when a tensor differs or is
     missing (case FC-01), or the re-read config differs. Costs about the source's size in memory
     (the written file is re-read one tensor at a time, `verify_written`).
     """
@@ -377,9 +397,11 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
         ids["target_class"] = (source.manifest.target or {}).get("target_class") or "llama"
     spec = read_config(Path(src)).get("speculators_config")
     verifier = (spec.get("verifier") if isinstance(spec, dict) else None) or {}
-    recorded = (source.manifest.target.get("architecture") if source.manifest is not None else None)
-    architectures = ([recorded] if recorded else verifier.get("architectures")) or target_architectures
-    save_draft(source.model, dst, layout=layout, manifest=source.manifest, verifier=verifier.get("name_or_path"),
+    recorded = (source.manifest.target if source.manifest is not None else None) or {}
+    name = verifier.get("name_or_path") or recorded.get("name_or_path") or target_name_or_path
+    architectures = ([recorded["architecture"]] if recorded.get("architecture") else
+                     verifier.get("architectures")) or target_architectures
+    save_draft(source.model, dst, layout=layout, manifest=source.manifest, verifier=name,
                verifier_architectures=architectures, **ids)
     _, manifest, written = read_draft_config(dst, source.model.cfg.target_num_layers, **ids)
     written = owned_embedding_config(written, manifest, state_dict_for_layout(source.model, layout))
@@ -387,7 +409,7 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
         want, have = source.model.cfg.to_dict(), written.to_dict()
         differ = [f"{k} {want[k]!r} -> {have.get(k)!r}" for k in want if want[k] != have.get(k)]
         raise CheckpointError(f"{dst}: the drafter config reads back differently: {', '.join(differ)}")
-    return verify_written(source.model, dst, layout)
+    return Converted(verify_written(source.model, dst, layout) - len(source.derived), source.derived)
 
 
 def verify_written(expected: Eagle3Draft, out_dir: str | Path, layout: str) -> int:

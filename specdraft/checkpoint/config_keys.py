@@ -3,7 +3,8 @@
 Every engine ignores a config key it does not know, so a key that changes the network (a new
 norm, an MoE layer, a quantization) but that specdraft does not read would be served, checked
 and converted as a plain EAGLE-3 drafter without a word. Here any key outside these lists is a
-CheckpointError naming the keys and the fix (`layouts.refuse_unknown_keys`, which prints the list).
+CheckpointError naming the keys and the fix (`layouts.refuse_unknown_keys`; `specdraft inspect CKPT
+--known-keys` prints the lists).
 
 The lists are built from the drafter configs the field publishes, read for this:
 SpecForge ``configs/*eagle3*.json`` (26 files at commit a6b6b02, 2026-08-08), speculators 0.9.0
@@ -17,6 +18,7 @@ are judged by their own rule, not here.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 # Keys specdraft reads to build the drafter or the engines' aux ids (draft.DraftConfig,
@@ -59,6 +61,10 @@ EAGLE_CONFIG_VALUES: dict[str, tuple[Any, ...] | None] = {
     "parallel_draft_heads_num_layers": None,  # read only when parallel_draft_step > 1
     "norm_before_fc": (True, False, None),  # read first by layouts.norm_flags_of_config
 }
+# difflib's similarity above which an unknown key is named with the known key it is close to (a typo:
+# "rope_thetta", "num_key_value_head"); below it the hint would name an unrelated key
+CLOSE_KEY_RATIO = 0.8
+MAX_VALUE_CHARS = 60  # an unknown key's value is cut past this in the refusal
 UNKNOWN_KEYS_FIX = ("if the key does not change the network, remove it from config.json; else train and serve the "
                     "drafter with the tool that implements it")
 
@@ -66,7 +72,9 @@ UNKNOWN_KEYS_FIX = ("if the key does not change the network, remove it from conf
 def unknown_config_keys(config: dict[str, Any], variant_keys: tuple[str, ...] = ()) -> list[str]:
     """The keys of a drafter's config.json (its top level, a speculators transformer_layer_config
     and eagle_config) that are neither read, known harmless nor `variant_keys` / VARIANT_KEYS
-    (judged elsewhere), as "where.key = value"."""
+    (judged elsewhere), as "where.key = value", followed by what is known of the key: the values
+    it is harmless at, else the closest known key where one is close (difflib), e.g.
+    "rope_thetta = 1e6 (closest known key: rope_theta)"."""
     skip = set(variant_keys) | set(VARIANT_KEYS)
     found = _unknown(config, "", skip)
     layer = config.get("transformer_layer_config")
@@ -76,16 +84,30 @@ def unknown_config_keys(config: dict[str, Any], variant_keys: tuple[str, ...] = 
                           ("transformer_layer_config.eagle_config.",
                            layer.get("eagle_config") if isinstance(layer, dict) else None)):
         if isinstance(nested, dict):
-            found += [f"{where}{k} = {v!r}" for k, v in nested.items()
+            found += [_entry(where, k, v, EAGLE_CONFIG_VALUES) for k, v in nested.items()
                       if k not in EAGLE_CONFIG_VALUES or not _allowed(v, EAGLE_CONFIG_VALUES[k])]
     return found
 
 
 def _unknown(config: dict[str, Any], where: str, skip: set[str]) -> list[str]:
     known = set(READ_KEYS) | set(HARMLESS_KEYS) | skip
-    return [f"{where}{k} = {v!r}" for k, v in config.items()
+    names = sorted(known | set(HARMLESS_VALUES) | {"layer_types"})
+    return [_entry(where, k, v, HARMLESS_VALUES, names) for k, v in config.items()
             if k not in known and not (k in HARMLESS_VALUES and _allowed(v, HARMLESS_VALUES[k]))
             and not (k == "layer_types" and isinstance(v, list) and set(v) <= {"full_attention"})]
+
+
+def _entry(where: str, key: str, value: Any, valued: dict[str, tuple[Any, ...] | None],
+           names: list[str] | None = None) -> str:
+    """"where.key = value" (a long value cut) and the values the key is harmless at, else the
+    closest of `names` (default: `valued`'s keys) when one is close."""
+    shown = repr(value) if len(repr(value)) <= MAX_VALUE_CHARS else repr(value)[:MAX_VALUE_CHARS - 3] + "..."
+    if valued.get(key):
+        hint = f" (harmless only as {' / '.join(repr(v) for v in valued[key])})"
+    else:
+        close = difflib.get_close_matches(key, names if names is not None else list(valued), 1, CLOSE_KEY_RATIO)
+        hint = f" (closest known key: {close[0]})" if close else ""
+    return f"{where}{key} = {shown}{hint}"
 
 
 def _allowed(value: Any, values: tuple[Any, ...] | None) -> bool:
@@ -93,7 +115,15 @@ def _allowed(value: Any, values: tuple[Any, ...] | None) -> bool:
         value is None and None in values)
 
 
-def known_keys_text() -> str:
-    """The printed list: every key read or known harmless (with the values it must have)."""
-    valued = [f"{k} ({' / '.join(repr(v) for v in vals)})" for k, vals in HARMLESS_VALUES.items()]
-    return ", ".join(list(READ_KEYS) + list(HARMLESS_KEYS) + valued + ["layer_types (all 'full_attention')"])
+def known_keys_lines(variant_keys: tuple[str, ...] = ()) -> list[str]:
+    """What `specdraft inspect CKPT --known-keys` prints: the keys read, the keys harmless at any
+    value and at the values given, eagle_config's, and the flags judged by their own rule
+    (VARIANT_KEYS and `variant_keys`), one group a line."""
+    def valued(table: dict[str, tuple[Any, ...] | None]) -> str:
+        return ", ".join(k if vals is None else f"{k} ({' / '.join(repr(v) for v in vals)})"
+                         for k, vals in table.items())
+    return [f"read: {', '.join(READ_KEYS)}",
+            f"harmless at any value: {', '.join(HARMLESS_KEYS)}",
+            f"harmless at these values: {valued(HARMLESS_VALUES)}, layer_types (all 'full_attention')",
+            f"eagle_config: {valued(EAGLE_CONFIG_VALUES)}",
+            f"flags judged by their own rule: {', '.join(VARIANT_KEYS + tuple(variant_keys))}"]

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from specdraft import __version__
-from specdraft.checkpoint.config_keys import UNKNOWN_KEYS_FIX, known_keys_text, unknown_config_keys
+from specdraft.checkpoint.config_keys import UNKNOWN_KEYS_FIX, unknown_config_keys
 from specdraft.conventions import AUX_KEY, engines_default_layers, from_engine_ids, to_engine_ids
 from specdraft.conventions.engines import SLIDING_LAYER_TYPE
 from specdraft.draft import NORM_FLAGS, DraftConfig, Eagle3Draft, rope_from_hf_config
@@ -373,14 +373,15 @@ def refuse_unimplemented_flags(path: Path, config: dict[str, Any]) -> None:
 
 def refuse_unknown_keys(path: Path, config: dict[str, Any]) -> None:
     """The one rule for the rest of config.json: a key specdraft neither reads nor knows to be
-    harmless (`config_keys`) is a CheckpointError naming the file, the keys with their values, the
-    fix and the list of known keys (every engine would ignore such a key without a word)."""
+    harmless (`config_keys`) is a CheckpointError naming the file, the keys with their values (and
+    the closest known key), the fix and the command that lists the known keys (every engine would
+    ignore such a key without a word)."""
     unknown = unknown_config_keys(config, UNIMPLEMENTED_FLAGS)
     if unknown:
         what = "a key" if len(unknown) == 1 else f"{len(unknown)} keys"
         raise CheckpointError(f"{path}/config.json: {what} specdraft does not read and does not know "
-                              f"to be harmless: {', '.join(unknown)}; {UNKNOWN_KEYS_FIX} (keys read or known "
-                              f"harmless: {known_keys_text()})")
+                              f"to be harmless: {'; '.join(unknown)}; {UNKNOWN_KEYS_FIX} "
+                              f"(`specdraft inspect {path} --known-keys` lists the keys known)")
 
 
 def aux_layers_of_config(path: Path, config: dict[str, Any], num_layers: int, target_class: str = "llama",

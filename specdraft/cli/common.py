@@ -251,6 +251,44 @@ def aux_override(value: str | None, param: typer.CallbackParam = None) -> tuple[
     return convention, aux_layer_list(text, param)
 
 
+def read_target(target: str, trust_remote_code: bool = False):
+    """A --target's config.json as published (`target.read_target_config`: read once, for every use
+    a command makes of it), None when no --target is given; --trust-remote-code reads one whose
+    model_type only its own code defines. ValueError naming the file and the fix when it is
+    unreadable or lacks model_type / num_hidden_layers (`refuse_bad_configs`)."""
+    if not target:
+        return None
+    from specdraft.target.config import read_target_config
+
+    refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
+    return read_target_config(target, trust_remote_code)
+
+
+def id_reading(target_config, aux: tuple[str, tuple[int, ...]] | None, sglang_version: str = "") -> dict:
+    """How to read a drafter's aux ids, as `load_draft` / `convert_draft` / `engine.load.load_engine`
+    take it: the layer count and class of the --target's config (`read_target`; None without
+    --target), the --sglang-version, and --aux-layers as specdraft indices
+    (`conventions.layers_of_option`). ValueError naming the flag: --aux-layers without --target or
+    naming layers its convention cannot."""
+    if target_config is None:
+        if aux is not None:
+            raise ValueError("--aux-layers needs --target DIR: aux ids are read by the target's layer count and class")
+        return {"target_num_layers": None, "sglang_version": sglang_version or None}
+    from specdraft.conventions import ConventionError, layers_of_option
+    from specdraft.target.config import TARGET_CLASSES
+
+    text = target_config.get_text_config()
+    target_class = TARGET_CLASSES.get(text.model_type, "llama")
+    layers = None
+    if aux is not None:
+        try:
+            layers = layers_of_option(aux[0], aux[1], text.num_hidden_layers, target_class, sglang_version or None)
+        except ConventionError as e:
+            raise ValueError(f"--aux-layers {aux[0]}:{','.join(map(str, aux[1]))}: {e}") from None
+    return {"target_num_layers": text.num_hidden_layers, "target_class": target_class,
+            "sglang_version": sglang_version or None, "aux_layers": layers}
+
+
 def print_version(value: bool) -> None:
     """--version: print specdraft's version as `specdraft version` does, then exit 0 (an eager
     option: before any command runs)."""

@@ -24,6 +24,8 @@ from specdraft.cli.common import (
     check_model_dir,
     error,
     flag,
+    id_reading,
+    read_target,
     json_kwargs,
     refuse_bad_configs,
     user_errors,
@@ -39,6 +41,8 @@ def inspect(
     aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
     sglang_version: str = typer.Option("", help="Pin SGLang's reading of eagle_config ids, e.g. 0.5.23."),
+    known_keys: bool = flag("--known-keys", help="List the config.json keys specdraft reads or knows to be "
+                            "harmless, and CHECKPOINT's others, instead (exit 1 when it has others)."),
 ) -> None:
     """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit)."""
     from rich.console import Console
@@ -47,9 +51,11 @@ def inspect(
     from specdraft.checkpoint import audit, describe_layout, load_draft, state_dict_for_layout
 
     console = Console()
+    if known_keys:
+        print_known_keys(console, checkpoint)
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
-        reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
+        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
         loaded = load_draft(checkpoint, **reading)
     console.print(f"{checkpoint}: {describe_layout(loaded.layout, loaded.manifest is not None)}",
                   markup=False, soft_wrap=True)
@@ -75,6 +81,27 @@ def inspect(
     if problems:
         raise typer.Exit(1)
     console.print("audit: PASS", style="green")
+
+
+def print_known_keys(console, checkpoint: str) -> None:
+    """inspect --known-keys: the known keys (`config_keys.known_keys_lines`), then CHECKPOINT's
+    unknown ones, one a line; exits 0, or 1 when there are unknown ones."""
+    from pathlib import Path
+
+    from specdraft.checkpoint import UNIMPLEMENTED_FLAGS, read_config
+    from specdraft.checkpoint.config_keys import known_keys_lines, unknown_config_keys
+
+    for line in known_keys_lines(UNIMPLEMENTED_FLAGS):
+        console.print(line, markup=False, soft_wrap=True)
+    with user_errors(console):
+        refuse_bad_configs(checkpoint, "")
+        unknown = unknown_config_keys(read_config(Path(checkpoint)), UNIMPLEMENTED_FLAGS)
+    for entry in unknown:
+        console.print(f"{checkpoint}/config.json: neither read nor known harmless: {entry}", style="red",
+                      markup=False, soft_wrap=True)
+    if not unknown:
+        console.print(f"{checkpoint}/config.json: no other keys", markup=False)
+    raise typer.Exit(1 if unknown else 0)
 
 
 def _manifest_lines(fields: dict) -> list[str]:
@@ -110,23 +137,43 @@ def convert(
     console = Console()
     with user_errors(console):
         refuse_bad_configs(src, "")
-        reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
-        written = convert_draft(src, dst, layout=layout,
-                                target_architectures=architectures_of_target(target, trust_remote_code), **reading)
+        given = read_target(target, trust_remote_code)  # read once: aux ids and the verifier's architectures
+        reading = id_reading(given, aux_layers, sglang_version)
+        converted = convert_draft(src, dst, layout=layout, **reading,
+                                  target_architectures=list(given.architectures or []) or None if given else None,
+                                  target_name_or_path=str(Path(target).resolve()) if target else None)
     print_aux_note(console, src, None if not (Path(src) / MANIFEST_FILE).is_file() else True, reading)
     on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
     files = ", ".join(sorted(p.name for p in Path(dst).iterdir()))
-    console.print(f"wrote {dst} ({on_disk}): {files}; {written} tensors, each bit-identical to {src}",
-                  markup=False, soft_wrap=True)
+    console.print(f"wrote {dst} ({on_disk}): {files}; {converted.num_copied} tensors, each bit-identical to {src}"
+                  + derived_text(converted.derived, src), markup=False, soft_wrap=True)
     if layout == "speculators":
-        verifier = json.loads((Path(dst) / "config.json").read_text())["speculators_config"]["verifier"]
-        console.print(f"verifier: {verifier.get('name_or_path')!r}, architectures {verifier.get('architectures')}"
-                      + ("" if verifier.get("architectures") else " (unknown: pass --target DIR to record it)"),
-                      markup=False, soft_wrap=True)
+        console.print(verifier_line(Path(dst)), markup=False, soft_wrap=True)
     if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
         console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
                       "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)
     print_flag_notes(console, Path(dst), layout)
+
+
+def derived_text(derived: tuple[str, ...], source) -> str:
+    """convert / export's words for the tensors derived because `source` has none (`checkpoint.derived_tensors`)."""
+    return f"; {', '.join(derived)} derived from d2t ({source} has none)" if derived else ""
+
+
+def verifier_line(dst) -> str:
+    """What a speculators drafter at `dst` records as its verifier (vLLM's target when started on
+    the drafter, `conventions.engines.SPECULATORS_VERIFIER_READ`), and how to fill what is missing."""
+    from specdraft.conventions.engines import SPECULATORS_VERIFIER_READ
+
+    verifier = json.loads((dst / "config.json").read_text())["speculators_config"]["verifier"]
+    architectures = verifier.get("architectures")
+    known = f"architectures {architectures}" if architectures else "architectures unknown (pass --target DIR)"
+    if verifier.get("name_or_path"):
+        return (f"verifier: {verifier['name_or_path']!r}, {known} (`vllm serve {dst}` serves it as the target: "
+                "it must resolve on the serving host)")
+    return (f"note: verifier.name_or_path is null, so `vllm serve {dst}` has no target ({SPECULATORS_VERIFIER_READ}): "
+            f"pass --target DIR to record its path, or launch vLLM on the target (specdraft export --engine vllm "
+            f"prints the command); {known}")
 
 
 def print_flag_notes(console, path, layout: str) -> None:
@@ -170,15 +217,15 @@ def export(
 
     console = Console()
     with user_errors(console):
-        reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
+        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
                               verifier=verifier or None, sglang_version=sglang_version or None,
                               num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None,
                               dtype=dtype or None, aux_layers=reading.get("aux_layers"),
                               trust_remote_code=trust_remote_code)
     console.print(f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
-                  f"bit-identical to the checkpoint{' cast to ' + dtype if dtype else ''}",
-                  style="green", markup=False)
+                  f"bit-identical to the checkpoint{' cast to ' + dtype if dtype else ''}"
+                  + derived_text(result.derived, checkpoint), style="green", markup=False)
     for note in result.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     console.print("launch:", markup=False)
@@ -223,7 +270,7 @@ def doctor(
         try:  # an input doctor cannot judge (a ValueError) is a usage error: exit 2, not 1
             if server:
                 check_server_samples(server, samples)
-            reading = id_reading(target, aux_layers, sglang_version, trust_remote_code)
+            reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
             report = run_doctor(
                 checkpoint, target=target or None, engine=engine or None,
                 engine_args=engine_args or None, samples=samples or None, server=server or None,
@@ -257,44 +304,6 @@ def check_server_samples(server: str, samples: str) -> None:
         raise ValueError(f"--server {server} needs --samples: pass --samples FILE with the target's own "
                          "outputs (a capture store or JSONL, e.g. the demo's store-heldout) for the online "
                          "acceptance check")
-
-
-def architectures_of_target(target: str | None, trust_remote_code: bool = False) -> list[str] | None:
-    """`architectures` of a local target directory's config.json (None without one or when unset)."""
-    if not target:
-        return None
-    from specdraft.target.config import read_target_config
-
-    return list(read_target_config(target, trust_remote_code).architectures or []) or None
-
-
-def id_reading(target: str | None, aux: tuple[str, tuple[int, ...]] | None, sglang_version: str = "",
-               trust_remote_code: bool = False) -> dict:
-    """How to read a drafter's aux ids, as `load_draft` / `convert_draft` take it: the --target's
-    layer count and class (its config.json as published, `target.read_target_config`), the
-    --sglang-version, and --aux-layers as specdraft indices (`conventions.layers_of_option`);
-    --trust-remote-code reads a target config whose model_type only its own code defines.
-    ValueError naming the flag: a corrupt target config, --aux-layers without --target or
-    naming layers its convention cannot."""
-    if not target:
-        if aux is not None:
-            raise ValueError("--aux-layers needs --target DIR: aux ids are read by the target's layer count and class")
-        return {"target_num_layers": None, "sglang_version": sglang_version or None}
-    from specdraft.conventions import ConventionError, layers_of_option
-    from specdraft.target.config import TARGET_CLASSES
-    from specdraft.target.config import read_target_config
-
-    refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
-    text = read_target_config(target, trust_remote_code).get_text_config()
-    target_class = TARGET_CLASSES.get(text.model_type, "llama")
-    layers = None
-    if aux is not None:
-        try:
-            layers = layers_of_option(aux[0], aux[1], text.num_hidden_layers, target_class, sglang_version or None)
-        except ConventionError as e:
-            raise ValueError(f"--aux-layers {aux[0]}:{','.join(map(str, aux[1]))}: {e}") from None
-    return {"target_num_layers": text.num_hidden_layers, "target_class": target_class,
-            "sglang_version": sglang_version or None, "aux_layers": layers}
 
 
 def print_aux_note(console, checkpoint: str, manifest, reading: dict) -> None:

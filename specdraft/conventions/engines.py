@@ -58,6 +58,12 @@ FLAG_RULES: tuple[FlagRule, ...] = (
 # train/cli.py, train/config/schema.py); SGLang 0.5.23 ignores the config and windows the draft only
 # with --speculative-draft-window-size (srt/models/llama_eagle3.py).
 SLIDING_LAYER_TYPE = "sliding_attention"
+# Where vLLM takes the target of a speculators drafter it is started on (`vllm serve DRAFTER`): the
+# speculators_config's verifier.name_or_path becomes the served model and tokenizer (vllm 0.32.0
+# transformers_utils/config.py maybe_override_with_speculators). Started on the target with
+# --speculative-config (export's launch command), vLLM reads no verifier.
+SPECULATORS_VERIFIER_READ = ("`vllm serve DRAFTER` serves speculators_config.verifier.name_or_path as the target "
+                             "(vllm 0.32.0 transformers_utils/config.py maybe_override_with_speculators)")
 # Flags the speculators library (0.9.0 models/eagle3/config.py `_check_norm_flags`) refuses together.
 SPECULATORS_EXCLUSIVE_FLAGS = ("norm_before_fc", "fc_norm")
 

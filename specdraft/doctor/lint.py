@@ -165,12 +165,12 @@ def speculative_settings_valid(ev: Evidence) -> Result:
     return ok(f"steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens}: {shape}")
 
 
-def norm_before_residual_false(ev: Evidence) -> Result:
-    """No EAGLE-3 variant flag specdraft does not implement is set (`checkpoint.unimplemented_flags`,
-    the rule every command refuses to load such a drafter by), norm_before_residual included,
-    a speculators config writes norm_before_residual (vLLM assumes true without it), and no norm
-    flag is set that a checked engine does not implement (`conventions.flag_refusal`: SGLang has
-    no norm_before_residual)."""
+def variant_flags_implemented(ev: Evidence) -> Result:
+    """The drafter's EAGLE-3 variant flags are ones the checked engines and specdraft implement:
+    none that specdraft's drafter does not (`checkpoint.unimplemented_flags`, the rule every
+    command refuses to load such a drafter by), a speculators config writes norm_before_residual
+    (vLLM assumes true without it), and no norm flag is set that a checked engine does not
+    implement (`conventions.flag_refusal`: SGLang has no norm_before_residual)."""
     flagged = unimplemented_flags(ev.config)
     if flagged:
         named = ", ".join(f"{k}: {json.dumps(v)}" for k, v in flagged.items())  # as in the file
@@ -194,9 +194,12 @@ def norm_before_residual_false(ev: Evidence) -> Result:
         return fail(f"{'; '.join(refused)}: that engine computes another drafter than the one trained",
                     "serve it with an engine that implements the flag (vLLM for norm_before_residual); for "
                     "use_aux_norm, re-export it (specdraft export writes fc_norm)")
-    named = ", ".join(name for name, on in flags.items() if on and name != "norm_before_residual")
-    residual = "absent (false for official configs)" if value is None else json.dumps(value)
-    return ok(f"norm_before_residual {residual}{'; ' + named if named else ''}; no unimplemented variant flag")
+    named = ", ".join(f"{name} true" for name, on in flags.items() if on)
+    if named:
+        engines = " and ".join(engine_name(engine) for engine in ev.engines)
+        return ok(f"{named}: implemented by {engines} and specdraft's drafter")
+    residual = "absent: false for official configs" if value is None else json.dumps(value)
+    return ok(f"no variant flag set (norm_before_residual {residual}): the plain EAGLE-3 drafter")
 
 
 def draft_vocab_size_declared(ev: Evidence) -> Result:

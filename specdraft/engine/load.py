@@ -23,7 +23,7 @@ from specdraft.engine.speculate import SpeculativeEngine
 def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: SpecConfig | None,
                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                 max_seq_len: int | None = None, tokenizer: Any = None,
-                compile: bool = False) -> SpeculativeEngine:
+                compile: bool = False, reading: dict[str, Any] | None = None) -> SpeculativeEngine:
     """Load the target (`load_engine_target`: the fast path where it applies, else the
     transformers-backed one; `engine.target_path` says which, a note says why) and (optionally)
     a draft checkpoint, and pair them. compile applies to the fast path only.
@@ -37,7 +37,11 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     draft_dir may also be a training checkpoint (RUN/checkpoints/step-N.pt or a sharded step-N
     directory, `checkpoint.load_training_checkpoint`: the drafter and its manifest come from it);
     a run directory or its checkpoints directory is refused naming RUN/draft and a step-N file.
-    What loads but differs from the drafter's training is in the engine's `notes` (`pairing_notes`).
+    reading: how a drafter directory without a manifest names its aux layers, `load_draft`'s
+    target_class / sglang_version / aux_layers (`cli.common.id_reading`: --aux-layers); the layer
+    count is the target's. What loads but differs from the drafter's training is in the engine's
+    `notes` (`pairing_notes`), and so is where a manifest-less drafter's aux layers came from
+    when its config names none (`checkpoint.aux_layers_note`).
     """
     speculative = draft_dir is not None and spec is not None
     if speculative:  # before the target loads: a run directory is no drafter
@@ -46,7 +50,7 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     max_seq_len = max_seq_len or min(target.args.max_position_embeddings, 4096)
     draft = loaded = None
     if speculative:
-        loaded = load_paired_draft(draft_dir, target, target_dir, device, dtype)
+        loaded = load_paired_draft(draft_dir, target, target_dir, device, dtype, reading)
         draft = loaded.model
     engine = SpeculativeEngine(target, draft, spec, None, max_seq_len, device, tokenizer,
                                compile and path_note is None)  # no CUDA graphs of transformers' forward
@@ -54,6 +58,7 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     engine.notes = [path_note] if path_note else []
     if draft is not None:
         engine.notes += pairing_notes(loaded.manifest, draft_dir, target_dir, spec, tokenizer)
+        engine.notes += aux_layers_notes(loaded, (reading or {}).get("aux_layers"))
     return engine
 
 
@@ -97,10 +102,10 @@ def refuse_run_directory(path: Path) -> None:
 
 
 def load_paired_draft(draft_dir: str | Path, target: FastTarget, target_dir: str | Path,
-                      device: torch.device | str, dtype: torch.dtype) -> Any:
+                      device: torch.device | str, dtype: torch.dtype, reading: dict[str, Any] | None = None) -> Any:
     """The drafter at draft_dir (a drafter directory or a training checkpoint), in eval mode, in
     `dtype` on `device`, with the target's embedding unless it owns one: the loader's result
-    (.model, .manifest). Raises ValueError when it was trained for another target (`check_trained_for`,
+    (.model, .manifest); a directory read by `reading` (`load_engine`'s). Raises ValueError when it was trained for another target (`check_trained_for`,
     `check_manifest`), CheckpointError for a wrong vocabulary map (`checkpoint.check_vocab_map`)."""
     from specdraft.checkpoint import check_vocab_map, is_training_checkpoint, load_draft, load_training_checkpoint
 
@@ -108,7 +113,8 @@ def load_paired_draft(draft_dir: str | Path, target: FastTarget, target_dir: str
         loaded = load_training_checkpoint(draft_dir)
         loaded.model.to(device=device, dtype=dtype)
     else:
-        loaded = load_draft(draft_dir, device=device, dtype=dtype, target_num_layers=target.args.num_layers)
+        loaded = load_draft(draft_dir, device=device, dtype=dtype,
+                            **{**(reading or {}), "target_num_layers": target.args.num_layers})
     draft = loaded.model.eval()
     check_trained_for(loaded.manifest, draft, target, draft_dir, target_dir)
     if not draft.cfg.owns_embedding:
@@ -116,6 +122,17 @@ def load_paired_draft(draft_dir: str | Path, target: FastTarget, target_dir: str
     check_manifest(loaded.manifest, draft, target, Path(draft_dir))
     check_vocab_map(draft, loaded.manifest, draft_dir)
     return loaded
+
+
+def aux_layers_notes(loaded: Any, aux_layers: list[int] | None) -> list[str]:
+    """The line saying where a manifest-less drafter's aux layers came from (`checkpoint.aux_layers_note`:
+    the engines' default when its config names none, or --aux-layers), as a list; [] otherwise."""
+    from specdraft.checkpoint import aux_layers_note, read_config
+
+    if loaded.manifest is not None:
+        return []
+    note = aux_layers_note(read_config(loaded.path), None, loaded.model.cfg.target_num_layers, aux_layers)
+    return [note] if note else []
 
 
 def check_trained_for(manifest: Any, draft: Eagle3Draft, target: FastTarget, draft_dir: str | Path,

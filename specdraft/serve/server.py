@@ -441,8 +441,10 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 8000) -> None:
 
 def build_app(target_dir: str, draft_dir: str | None, spec: Any, device: str = "cpu", dtype: Any = None,
               max_seq_len: int | None = None, model_name: str | None = None,
-              max_queue: int = DEFAULT_MAX_QUEUE, log_every: int = 0, compile: bool = False) -> Any:
-    """Load the target (with its tokenizer) and the drafter, and `create_app` for them.
+              max_queue: int = DEFAULT_MAX_QUEUE, log_every: int = 0, compile: bool = False,
+              reading: dict[str, Any] | None = None) -> Any:
+    """Load the target (with its tokenizer) and the drafter (a manifest-less one read by
+    `load_engine`'s `reading`), and `create_app` for them.
 
     spec: SpecConfig, or None for plain decoding (draft_dir is then ignored). model_name
     defaults to the target directory's name. compile: `load_engine`'s (CUDA graphs; the app's
@@ -458,5 +460,5 @@ def build_app(target_dir: str, draft_dir: str | None, spec: Any, device: str = "
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     engine = load_engine(target_dir, draft_dir if spec is not None else None, spec, device,
-                         dtype or torch.float32, max_seq_len, tokenizer, compile=compile)
+                         dtype or torch.float32, max_seq_len, tokenizer, compile=compile, reading=reading)
     return create_app(engine, tokenizer, model_name or Path(target_dir).resolve().name, max_queue, log_every)

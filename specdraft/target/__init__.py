@@ -59,6 +59,12 @@ class Target:
     """A transformers decoder LM (or a multimodal wrapper around one) with its text decoder's
     parts located by `text_decoder`.
 
+    Attributes: `model` (as given); `config`, the text model's config (for Llava:
+    `config.text_config`); `causal_lm`, the module whose forward gives the logits (`causal_lm`);
+    `text_model`, the text decoder (embedding -> layers -> final norm on input_ids, no lm_head)
+    and its `embed_tokens`, `layers` (L modules) and `final_norm`; `lm_head`; `num_layers` (L),
+    `hidden_size`, `vocab_size`; `architecture`, the transformers class name, e.g. "LlamaForCausalLM".
+
     Raises ValueError naming the class when its text model_type is not in `TARGET_CLASSES` or
     no text decoder with embed_tokens, layers and norm is found.
     """
@@ -73,79 +79,32 @@ class Target:
             )
         decoder = text_decoder(model)
         self.model = model
-        self._causal_lm = causal_lm(model)
-        self._config = text_config
-        self._text_model = decoder
-        self._embed_tokens = decoder.embed_tokens
-        self._layers = decoder.layers
-        self._final_norm = decoder.norm
-        self._lm_head = model.get_output_embeddings()
-        if len(self._layers) != text_config.num_hidden_layers:
+        self.causal_lm = causal_lm(model)
+        self.config: PretrainedConfig = text_config
+        self.text_model = decoder
+        self.embed_tokens: nn.Module = decoder.embed_tokens
+        self.layers: nn.ModuleList = decoder.layers
+        self.final_norm: nn.Module = decoder.norm
+        self.lm_head: nn.Module = model.get_output_embeddings()
+        self.num_layers = len(self.layers)
+        self.hidden_size, self.vocab_size = text_config.hidden_size, text_config.vocab_size
+        self.architecture = name
+        if len(self.layers) != text_config.num_hidden_layers:
             raise ValueError(
-                f"{name} has {len(self._layers)} decoder layers but its text config "
+                f"{name} has {len(self.layers)} decoder layers but its text config "
                 f"says num_hidden_layers={text_config.num_hidden_layers}"
             )
-
-    @property
-    def config(self) -> PretrainedConfig:
-        """The text model's config (for Llava: `config.text_config`)."""
-        return self._config
-
-    @property
-    def num_layers(self) -> int:
-        """L, the number of decoder layers of the text model."""
-        return len(self._layers)
-
-    @property
-    def hidden_size(self) -> int:
-        return self._config.hidden_size
-
-    @property
-    def vocab_size(self) -> int:
-        return self._config.vocab_size
-
-    @property
-    def architecture(self) -> str:
-        """The transformers class name, e.g. "LlamaForCausalLM"."""
-        return type(self.model).__name__
 
     @property
     def target_class(self) -> str:
         """The engines' rule class (`target_class_of`): "llama" (Llama, Qwen2, Qwen3, Mistral,
         Phi-3), "deepseek" (DeepSeek-V2/V3, Kimi-K2.5), "llava" (Llava, Mistral3), or the class's own."""
-        return target_class_of(self.architecture, self._config.model_type)
-
-    @property
-    def layers(self) -> nn.ModuleList:
-        """The text decoder's layer stack (L modules)."""
-        return self._layers
-
-    @property
-    def causal_lm(self) -> nn.Module:
-        """The module whose forward gives the logits (`causal_lm`)."""
-        return self._causal_lm
-
-    @property
-    def text_model(self) -> nn.Module:
-        """The text decoder: embedding -> layers -> final norm on input_ids (no lm_head)."""
-        return self._text_model
+        return target_class_of(self.architecture, self.config.model_type)
 
     def head_norm_weight(self) -> torch.Tensor:
         """The final norm as a Llama-form RMSNorm weight [H] (x * rsqrt(mean x^2 + eps) * w):
         the norm's weight, or 1 + weight for Gemma 2 / 3 (`_NORM_PLUS_ONE`)."""
-        return llama_form_norm(self._final_norm.weight.detach(), self._config.model_type)
-
-    @property
-    def embed_tokens(self) -> nn.Module:
-        return self._embed_tokens
-
-    @property
-    def final_norm(self) -> nn.Module:
-        return self._final_norm
-
-    @property
-    def lm_head(self) -> nn.Module:
-        return self._lm_head
+        return llama_form_norm(self.final_norm.weight.detach(), self.config.model_type)
 
     def forward(
         self,
@@ -167,7 +126,7 @@ class Target:
         indices = self._check_aux_layers(aux_layers)
         last = self.num_layers
         logits = None
-        with torch.inference_mode(), capture_states(self._layers, {*indices, last}) as states:
+        with torch.inference_mode(), capture_states(self.layers, {*indices, last}) as states:
             kwargs = dict(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
@@ -175,9 +134,9 @@ class Target:
                 output_hidden_states=False,
             )
             if return_logits:
-                logits = self._causal_lm(**kwargs).logits.float()
+                logits = self.causal_lm(**kwargs).logits.float()
             else:
-                self._text_model(**kwargs)
+                self.text_model(**kwargs)
         last_hidden = states[last]
         if indices:
             aux_hidden = torch.cat([states[i] for i in indices], dim=-1)

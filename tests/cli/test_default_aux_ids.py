@@ -1,7 +1,7 @@
 """A drafter config without aux ids (SpecForge's Llama-3-8B / Qwen3-8B configs, the official
 EAGLE-3 config, speculators' converter output with null ids) is read with the engines' shared
 default [2, L//2, L-3], said in one line; --aux-layers in a named convention overrides it on
-inspect / convert / export / doctor (issue #21 item 2, "configs without aux ids")."""
+inspect / convert / export / doctor / generate / serve (issue #21 item 2, "configs without aux ids")."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from specdraft.conventions import ENGINE_DEFAULT_SOURCES, ConventionError, engin
 from specdraft.doctor import run_doctor
 from tests.cli.test_cli import flat, invoke
 from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.tiny_tokenizer import save_tiny_tokenizer
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 
@@ -118,3 +119,26 @@ def test_doctor_compares_the_engines_default_with_aux_layers(bare):
     result = invoke(["doctor", str(draft), "--target", str(target), "--aux-layers", "sglang:1,3,4"])
     assert "engine_captures_training_layers" in result.output and "Traceback" not in result.output
     assert result.exit_code == 0, result.output
+
+
+def test_generate_and_serve_say_the_default_and_take_aux_layers(bare, monkeypatch):
+    import specdraft.serve.server
+
+    draft, target = bare
+    save_tiny_tokenizer(target)
+    loaded = ["--target", str(target), "--draft", str(draft)]
+    result = invoke(["generate", *loaded, "--prompt", "hello", "--max-new-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert f"note: config.json names no {KEY}: using the engines' default [2, L//2, L-3] = [2, 4, 5]" \
+        in flat(result.output), result.output
+    result = invoke(["generate", *loaded, "--prompt", "hello", "--max-new-tokens", "2", "--aux-layers", "vllm:1,3,6"])
+    assert result.exit_code == 0 and "note: aux layers [1, 3, 6] (specdraft indices) from --aux-layers" \
+        in flat(result.output), result.output
+    served = []
+    monkeypatch.setattr(specdraft.serve.server, "serve", lambda app_, host, port: served.append(app_))
+    result = invoke(["serve", *loaded, "--aux-layers", "sglang:0,2,5", "--port", "8123"])
+    assert result.exit_code == 0 and "note: aux layers [1, 3, 6] (specdraft indices) from --aux-layers" \
+        in flat(result.output), result.output
+    assert list(served[0].state.server.engine.draft.cfg.aux_layers) == [1, 3, 6]
+    result = invoke(["serve", "--target", str(target), "--no-spec", "--aux-layers", "2,4,5", "--port", "8123"])
+    assert result.exit_code == 1 and "--aux-layers: drafting settings, but --no-spec" in flat(result.output)

@@ -50,7 +50,7 @@ def test_every_command_refuses_an_unimplemented_flag(flagged, tmp_path, command,
 @pytest.mark.parametrize("with_manifest", [True, False])
 def test_doctor_names_the_flag_that_is_set(flagged, with_manifest):
     draft, bare, target = flagged
-    finding = run_doctor(draft if with_manifest else bare, target=target).finding("norm_before_residual_false")
+    finding = run_doctor(draft if with_manifest else bare, target=target).finding("variant_flags_implemented")
     assert finding.verdict == "fail"
     assert "sets mlp_bias: true" in finding.evidence and finding.fix.startswith("mlp_bias: ")
     assert "norm_before_residual" not in finding.fix

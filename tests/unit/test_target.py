@@ -131,6 +131,10 @@ def test_properties(arch_target):
     assert target.embed_tokens is model.get_input_embeddings()
     assert target.lm_head is model.get_output_embeddings()
     assert isinstance(target.final_norm, torch.nn.Module)
+    assert target.layers is target.text_model.layers and len(target.layers) == NUM_LAYERS
+    # plain attributes set once by __init__, not a block of one-line property accessors
+    assert {"config", "causal_lm", "text_model", "embed_tokens", "layers", "final_norm", "lm_head", "num_layers",
+            "hidden_size", "vocab_size", "architecture"} <= set(vars(target))
 
 
 def test_return_logits_false_skips_head_same_states(arch_target):

@@ -172,12 +172,12 @@ def test_convert_keeps_the_manifest_both_ways(tmp_path):
     manifest = tiny_manifest(model)
     manifest.target["name_or_path"] = "/models/target"
     save_draft(model, tmp_path / "a", layout="specdraft", manifest=manifest)
-    assert convert_draft(tmp_path / "a", tmp_path / "spec", layout="speculators") == 15
+    assert convert_draft(tmp_path / "a", tmp_path / "spec", layout="speculators").num_copied == 15
     spec = load_draft(tmp_path / "spec")
     assert spec.layout == "speculators" and spec.manifest == manifest
     config = json.loads((tmp_path / "spec" / "config.json").read_text())
     assert config["speculators_config"]["verifier"]["name_or_path"] == "/models/target"
-    assert convert_draft(tmp_path / "spec", tmp_path / "back", layout="specdraft") == 15
+    assert convert_draft(tmp_path / "spec", tmp_path / "back", layout="specdraft").num_copied == 15
     assert load_draft(tmp_path / "back").manifest == manifest
 
 

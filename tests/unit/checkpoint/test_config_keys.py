@@ -55,21 +55,47 @@ def test_speculators_trainer_layer_config_keys_pass():
 
 
 @pytest.mark.parametrize(("keys", "named"), [
-    ({"moe_intermediate_size": 768}, "moe_intermediate_size = 768"),
-    ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config = {'quant_method': 'fp8'}"),
-    ({"hidden_act": "gelu"}, "hidden_act = 'gelu'"),
-    ({"use_sliding_window": True}, "use_sliding_window = True"),
+    ({"moe_intermediate_size": 768}, "moe_intermediate_size = 768 (closest known key: intermediate_size)"),
+    ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config = {'quant_method': 'fp8'};"),
+    ({"rope_thetta": 1e6}, "rope_thetta = 1000000.0 (closest known key: rope_theta)"),
+    ({"hidden_act": "gelu"}, "hidden_act = 'gelu' (harmless only as 'silu')"),
+    ({"use_sliding_window": True}, "use_sliding_window = True (harmless only as False / None)"),
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_mtp_layernorm": True}},
-     "eagle_config.use_mtp_layernorm = True"),
+     "eagle_config.use_mtp_layernorm = True (harmless only as False / None)"),
 ])
 def test_an_unknown_key_is_refused_naming_it(tmp_path, keys, named):
+    """One readable line: the key, what is known of it, the fix and where the known keys are
+    listed (not the list itself); doctor says the loader's words."""
     save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
     edit_config(tmp_path / "d", **keys)
     with pytest.raises(CheckpointError, match="does not know to be harmless") as refused:
         load_draft(tmp_path / "d", target_num_layers=5)
-    assert named in str(refused.value) and "keys read or known harmless: architectures" in str(refused.value)
+    message = str(refused.value)
+    assert named in message and f"`specdraft inspect {tmp_path / 'd'} --known-keys` lists the keys known" in message
+    assert "rms_norm_eps" not in message and len(message.replace(str(tmp_path / "d"), "")) < 350
     finding = run_doctor(tmp_path / "d").finding("specdraft_loads")
-    assert finding.verdict == "fail" and named in finding.evidence
+    assert finding.verdict == "fail" and finding.evidence.endswith(message)
+
+
+def test_a_long_unknown_value_is_cut():
+    value = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+    (entry,) = unknown_config_keys({"quantization_config": value})
+    assert entry == "quantization_config = " + repr(value)[:57] + "..."
+
+
+def test_inspect_known_keys_lists_the_keys_and_the_checkpoints_others(tmp_path):
+    save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
+    result = CliRunner().invoke(app, ["inspect", str(tmp_path / "d"), "--known-keys"])
+    lines = result.output.splitlines()
+    assert result.exit_code == 0 and lines[0].startswith("read: architectures, model_type, hidden_size")
+    assert lines[-1] == f"{tmp_path / 'd'}/config.json: no other keys"
+    assert any(line.startswith("flags judged by their own rule: norm_before_residual") and "mlp_bias" in line
+               for line in lines)
+    edit_config(tmp_path / "d", rope_thetta=1e6)
+    result = CliRunner().invoke(app, ["inspect", str(tmp_path / "d"), "--known-keys"])
+    assert result.exit_code == 1 and result.output.splitlines()[-1] == (
+        f"{tmp_path / 'd'}/config.json: neither read nor known harmless: rope_thetta = 1000000.0 "
+        "(closest known key: rope_theta)")
 
 
 def test_inspect_refuses_an_unknown_key_in_a_speculators_layer_config(tmp_path):

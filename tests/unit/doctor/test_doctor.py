@@ -70,7 +70,7 @@ def test_healthy_export_passes_and_every_skip_says_why(exported):
     assert report.ok, [f for f in report.failed]
     for check in ("keys_match_engine", "shapes_and_dtypes", "values_finite", "vocab_map_valid",
                   "fc_width_matches_aux", "aux_ids_read_alike", "engine_captures_training_layers",
-                  "algorithm_is_eagle3", "speculative_settings_valid", "norm_before_residual_false",
+                  "algorithm_is_eagle3", "speculative_settings_valid", "variant_flags_implemented",
                   "draft_vocab_size_declared", "lm_head_untied", "rope_matches_training",
                   "aux_width_on_target"):
         assert got[check] == "pass", (check, report.finding(check))
@@ -78,6 +78,8 @@ def test_healthy_export_passes_and_every_skip_says_why(exported):
     assert {f.check for f in skips} >= {"offline_acceptance_matches_training", "online_acceptance"}
     assert all(f.evidence for f in skips)
     assert "SGLang captures [2, 3, 4]" in report.finding("engine_captures_training_layers").evidence
+    assert report.finding("variant_flags_implemented").evidence == (
+        "no variant flag set (norm_before_residual false): the plain EAGLE-3 drafter")
 
 
 def test_missing_weights_file_is_a_failing_finding_not_a_crash(exported, tmp_path):
@@ -115,7 +117,7 @@ def test_speculators_config_without_norm_before_residual_fails(exported, tmp_pat
     spec = tmp_path / "spec"
     export_draft(out, spec, engine="speculators", target=target)
     edit_config(spec, lambda c: c.pop("norm_before_residual"))
-    finding = run_doctor(spec, target=target).finding("norm_before_residual_false")
+    finding = run_doctor(spec, target=target).finding("variant_flags_implemented")
     assert finding.verdict == "fail" and "vLLM then assumes true" in finding.evidence
 
 

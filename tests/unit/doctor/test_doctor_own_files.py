@@ -14,7 +14,7 @@ from tests.cli.test_cli import flat, invoke
 from tests.doctor_helpers import draft_checkpoint, edit_weights, one_thread  # noqa: F401
 
 OWN_FILES = ("keys_match_engine", "shapes_and_dtypes", "values_finite", "vocab_map_valid",
-             "norm_before_residual_false", "draft_vocab_size_declared", "lm_head_untied")
+             "variant_flags_implemented", "draft_vocab_size_declared", "lm_head_untied")
 
 
 @pytest.fixture(scope="module")
