@@ -17,7 +17,8 @@ from tests.tiny_models import MORE_ARCHITECTURES, tiny_config
 
 NUM_LAYERS = 4
 EXPECTED_TARGET_CLASS = {"qwen3_moe": "qwen3_moe", "gpt_oss": "gpt_oss", "gemma2": "gemma2", "gemma3": "gemma3",
-                         "llama4": "llama4", "phi3": "llama", "qwen2_vl": "qwen2_vl", "mistral3": "llava",
+                         "llama4": "llama4", "phi3": "llama", "qwen2_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl",
+                         "qwen3_vl_moe": "qwen3_vl", "mistral3": "llava",
                          "kimi_k25": "deepseek", "llama4_mm": "llama4"}
 SCALED_EMBEDDINGS = {"gemma2", "gemma3"}  # embeddings times sqrt(H) before layer 1
 
