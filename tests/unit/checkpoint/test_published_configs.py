@@ -148,7 +148,7 @@ def test_specforge_qwen3_vl_mrope_reads_as_rope_over_text_positions(tmp_path, fi
     case = next(c for c in PUBLISHED if c.file == file)
     config = shrink(json.loads((FIXTURES / file).read_text()))
     assert "mrope_section" in config["rope_scaling"]
-    target, target_class = write_target(tmp_path, case)
+    _, target_class = write_target(tmp_path, case)
     draft, _ = write_drafter(tmp_path, case, config)
     cfg = load_draft(draft, target_num_layers=case.num_layers, target_class=target_class).model.cfg
     assert (cfg.rope_theta, cfg.rope_scaling) == (5e6, None)
