@@ -148,7 +148,9 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
                *_vllm_mixin("llama4.py (Llama4ForCausalLM(LlamaForCausalLM), Llama4Model keeps "
                             "LlamaModel.forward)")),
     EngineRule("vllm", "qwen3_vl", "as_is", 0, 0, None, None,
-               _VLLM_QWEN3_VL[0], _VLLM_QWEN3_VL[1] + _QWEN3_VL_DEEPSTACK),
+               _VLLM_QWEN3_VL[0], _VLLM_QWEN3_VL[1] + _QWEN3_VL_DEEPSTACK + " v1/spec_decode/llm_base_proposer.py "
+               "names both classes among the multimodal targets it drafts for, and feeds a drafter without "
+               "mrope_section the first M-RoPE row (_set_positions)."),
     EngineRule("vllm", "llava", "as_is", 0, 0, None, None,
                *_vllm_mixin("llava.py, mistral3.py (SupportsEagle3, delegating to the language model)")),
     EngineRule("vllm", "gemma2", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 2", "gemma2.py")),
