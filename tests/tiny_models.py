@@ -5,6 +5,7 @@ least one MoE layer), "llava" (LlavaForConditionalGeneration: tiny CLIP vision t
 `MORE_ARCHITECTURES` (issue #22): "qwen3_moe", "gpt_oss" (sinks, sliding + full layers),
 "gemma2" / "gemma3" (scaled embeddings, (1 + w) norms, sliding layers; gemma2 soft-caps logits),
 "llama4" (text: chunked attention, MoE), "phi3", and the multimodal wrappers "qwen2_vl",
+"qwen3_vl" / "qwen3_vl_moe" (interleaved M-RoPE, DeepStack from a 1-layer vision tower),
 "mistral3", "kimi_k25" (a DeepSeek-V3 text model inside Kimi-K2.5's wrapper), "llama4_mm"
 (Llama4ForConditionalGeneration), each with a tiny vision tower.
 
@@ -15,6 +16,7 @@ least one MoE layer), "llava" (LlavaForConditionalGeneration: tiny CLIP vision t
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,8 +24,8 @@ import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "deepseek_v2", "deepseek_v3", "llava")
-MORE_ARCHITECTURES = ("qwen3_moe", "gpt_oss", "gemma2", "gemma3", "llama4", "phi3", "qwen2_vl", "mistral3",
-                      "kimi_k25", "llama4_mm")
+MORE_ARCHITECTURES = ("qwen3_moe", "gpt_oss", "gemma2", "gemma3", "llama4", "phi3", "qwen2_vl", "qwen3_vl",
+                      "qwen3_vl_moe", "mistral3", "kimi_k25", "llama4_mm")
 
 # arch -> (config class, model class), both public transformers names
 _CLASSES = {
@@ -41,6 +43,8 @@ _CLASSES = {
     "llama4": ("Llama4TextConfig", "Llama4ForCausalLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
+    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+    "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration"),
     "mistral3": ("Mistral3Config", "Mistral3ForConditionalGeneration"),
     "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),
     "llama4_mm": ("Llama4Config", "Llama4ForConditionalGeneration"),
@@ -61,6 +65,8 @@ _EXTRA = {
                   "attention_chunk_size": 4, "interleave_moe_layer_step": 2},
     "phi3": {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None},
     "qwen2_vl": {"bos_token_id": None, "eos_token_id": None},
+    "qwen3_vl_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                     "decoder_sparse_step": 1},
 }
 
 
@@ -148,6 +154,22 @@ def _qwen2_vl_config(text: dict) -> PretrainedConfig:
                                       vision_start_token_id=text["vocab_size"] - 3)
 
 
+def _qwen3_vl_config(text: dict, moe: bool = False) -> PretrainedConfig:
+    # DeepStack merges the vision tower's layer-0 features into decoder layer 1's output at image
+    # tokens (none in a text-only prompt); interleaved M-RoPE over head_dim 8: sections t, h, w = 2, 1, 1.
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "patch_size": 2,
+              "spatial_merge_size": 1, "temporal_patch_size": 1, "out_hidden_size": text["hidden_size"],
+              "num_position_embeddings": 16, "deepstack_visual_indexes": [0]}
+    model_type = "qwen3_vl_moe" if moe else "qwen3_vl"
+    text = dict(text, model_type=f"{model_type}_text",
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
+                                 "mrope_interleaved": True})
+    config_class = transformers.Qwen3VLMoeConfig if moe else transformers.Qwen3VLConfig
+    v = text["vocab_size"]
+    return config_class(text_config=text, vision_config=vision, image_token_id=v - 1, video_token_id=v - 2,
+                        vision_start_token_id=v - 3, vision_end_token_id=v - 4)
+
+
 def _mistral3_config(text: dict) -> PretrainedConfig:
     vision = transformers.PixtralVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                               num_attention_heads=2, image_size=16, patch_size=8, head_dim=8)
@@ -198,7 +220,8 @@ def _llama4_config(text: dict) -> PretrainedConfig:
                                      boi_token_index=v - 2, eoi_token_index=v - 3)
 
 
-_WRAPPERS = {"llava": _llava_config, "qwen2_vl": _qwen2_vl_config, "mistral3": _mistral3_config,
+_WRAPPERS = {"llava": _llava_config, "qwen2_vl": _qwen2_vl_config, "qwen3_vl": _qwen3_vl_config,
+             "qwen3_vl_moe": partial(_qwen3_vl_config, moe=True), "mistral3": _mistral3_config,
              "kimi_k25": _kimi_config, "llama4_mm": _llama4_config}
 
 

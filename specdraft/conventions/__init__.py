@@ -26,7 +26,7 @@ ENGINES = ("sglang", "vllm", "speculators")
 # llava: Llava and Mistral3 wrappers over a Llama-family text model; the rest one class each.
 _CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek", "qwen3_moe": "Qwen3-MoE", "gpt_oss": "GPT-OSS",
                 "gemma2": "Gemma 2", "gemma3": "Gemma 3", "llama4": "Llama 4", "qwen2_vl": "Qwen2-VL",
-                "llava": "Llava/Mistral3"}
+                "qwen3_vl": "Qwen3-VL", "llava": "Llava/Mistral3"}
 TARGET_CLASSES = tuple(_CLASS_NAMES)
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 # Aux states an engine's fc takes (fc input = 3 x target hidden). SGLang >= 0.5.12 sizes fc from

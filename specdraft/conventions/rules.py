@@ -77,6 +77,10 @@ _GEMMA3_SGLANG_WHY = ("appends the layer's hidden_states, which for layers >= 1 
                       "post_feedforward_layernorm with the residual add deferred to the next layer: not "
                       "the residual stream specdraft trains on (index 0 alone matches: the embeddings "
                       "scaled by sqrt(H) in Gemma3TextScaledWordEmbedding, as transformers' embed_tokens)")
+_QWEN3_VL_DEEPSTACK = (" DeepStack adds the vision features to layers 1..n's output at image tokens before "
+                       "the capture (none in a text-only prompt, which specdraft captures).")
+_VLLM_QWEN3_VL = _vllm_mixin("qwen3_vl.py (Qwen3LLMModel), qwen3_vl_moe.py (Qwen3MoeLLMModel); "
+                             "Qwen3VL[Moe]ForConditionalGeneration: SupportsEagle3, delegating to the language model")
 _SPECULATORS = (
     "speculators config.json top-level key, served by vLLM "
     "(vllm transformers_utils/configs/speculators/algos.py update_eagle3, PR #25961)",
@@ -117,6 +121,9 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
     ),
     EngineRule("sglang", "qwen3_moe", "plus1", 0, 1, (0, 5, 23), None,
                "sglang srt/models/qwen3_moe.py + qwen2_moe.py Qwen2MoeModel", _SGLANG_BOUNDARY),
+    EngineRule("sglang", "qwen3_vl", "plus1", 0, 1, (0, 5, 23), None,
+               "sglang srt/models/qwen3_vl.py (Qwen3LLMModel over qwen3.py layers) + qwen3_vl_moe.py "
+               "(Qwen3MoeLLMModel)", _SGLANG_BOUNDARY + _QWEN3_VL_DEEPSTACK),
     EngineRule("sglang", "llama4", "plus1", 0, 1, (0, 5, 23), None,
                "sglang srt/models/llama4.py (set_eagle3_layers_to_capture from llama.py)", _SGLANG_BOUNDARY),
     EngineRule("sglang", "gpt_oss", "plus1_unless_last_is_L", 0, 0, (0, 5, 23), None,
@@ -140,6 +147,10 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
     EngineRule("vllm", "llama4", "as_is", 0, 0, None, None,
                *_vllm_mixin("llama4.py (Llama4ForCausalLM(LlamaForCausalLM), Llama4Model keeps "
                             "LlamaModel.forward)")),
+    EngineRule("vllm", "qwen3_vl", "as_is", 0, 0, None, None,
+               _VLLM_QWEN3_VL[0], _VLLM_QWEN3_VL[1] + _QWEN3_VL_DEEPSTACK + " v1/spec_decode/llm_base_proposer.py "
+               "names both classes among the multimodal targets it drafts for, and feeds a drafter without "
+               "mrope_section the first M-RoPE row (_set_positions)."),
     EngineRule("vllm", "llava", "as_is", 0, 0, None, None,
                *_vllm_mixin("llava.py, mistral3.py (SupportsEagle3, delegating to the language model)")),
     EngineRule("vllm", "gemma2", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 2", "gemma2.py")),

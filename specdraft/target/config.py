@@ -34,6 +34,8 @@ DEFAULT_CLASSES: dict[str, str] = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "llava": "LlavaForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
     "mistral3": "Mistral3ForConditionalGeneration",
     "kimi_k25": "Kimi_K25ForConditionalGeneration",
     "llama4": "Llama4ForConditionalGeneration",
@@ -55,6 +57,8 @@ TARGET_CLASSES: dict[str, str] = {
     "gemma3_text": "gemma3",
     "llama4_text": "llama4",
     "qwen2_vl_text": "qwen2_vl",
+    "qwen3_vl_text": "qwen3_vl",
+    "qwen3_vl_moe_text": "qwen3_vl",
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
 }

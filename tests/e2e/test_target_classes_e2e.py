@@ -25,6 +25,8 @@ EXPORTS = {
     "llama4": {"sglang": None, "vllm": None},
     "phi3": {"sglang": None, "vllm": None},
     "qwen2_vl": {"sglang": "qwen2_vl.py does not implement", "vllm": "no EAGLE-3 drafter on Qwen2-VL"},
+    "qwen3_vl": {"sglang": None, "vllm": None},
+    "qwen3_vl_moe": {"sglang": None, "vllm": None},
     "mistral3": {"sglang": "llava.py does not implement", "vllm": None},
     "kimi_k25": {"sglang": None, "vllm": None},
     "llama4_mm": {"sglang": None, "vllm": None},

@@ -11,7 +11,7 @@ from specdraft.conventions import ConventionError, from_engine_ids, to_engine_id
 L = 12
 
 
-@pytest.mark.parametrize("target_class", ["qwen3_moe", "llama4"])
+@pytest.mark.parametrize("target_class", ["qwen3_moe", "llama4", "qwen3_vl"])
 def test_sglang_boundary_classes_add_one_and_never_capture_index_l(target_class):
     assert to_engine_ids([0, 6, 9], "sglang", L, target_class) == [-1, 5, 8]
     assert from_engine_ids([-1, 5, 8], "sglang", L, target_class) == [0, 6, 9]
@@ -19,7 +19,7 @@ def test_sglang_boundary_classes_add_one_and_never_capture_index_l(target_class)
         to_engine_ids([2, 6, 12], "sglang", L, target_class)
 
 
-@pytest.mark.parametrize("target_class", ["qwen3_moe", "gpt_oss", "llama4", "llava"])
+@pytest.mark.parametrize("target_class", ["qwen3_moe", "gpt_oss", "llama4", "llava", "qwen3_vl"])
 @pytest.mark.parametrize("engine", ["vllm", "speculators"])
 def test_vllm_mixin_classes_capture_embeddings_to_index_l(target_class, engine):
     assert to_engine_ids([0, 6, 12], engine, L, target_class) == [0, 6, 12]

@@ -1,7 +1,8 @@
 """specdraft.target on every further decoder class of issue #22 (transformers 5.24): hook capture
 against the model's own `output_hidden_states`, index L before the final norm, the head a store
 records reproducing the model's logits, and the per-class deviations (Gemma's scaled embeddings
-and (1 + w) norm, Gemma 2's logit soft-capping, Llama 4's decoder under `model`).
+and (1 + w) norm, Gemma 2's logit soft-capping, Llama 4's decoder under `model`, Qwen3-VL's
+M-RoPE on text positions).
 
 One module-scoped model per class (construction is the cost)."""
 
@@ -11,13 +12,15 @@ import pytest
 import torch
 
 from specdraft.capture.forward import target_head_tensors
+from specdraft.draft import rope_cos_sin, rope_from_hf_config, rope_inv_freq
 from specdraft.target import Target, load_target
 from specdraft.train.loss import target_logits
 from tests.tiny_models import MORE_ARCHITECTURES, tiny_config
 
 NUM_LAYERS = 4
 EXPECTED_TARGET_CLASS = {"qwen3_moe": "qwen3_moe", "gpt_oss": "gpt_oss", "gemma2": "gemma2", "gemma3": "gemma3",
-                         "llama4": "llama4", "phi3": "llama", "qwen2_vl": "qwen2_vl", "mistral3": "llava",
+                         "llama4": "llama4", "phi3": "llama", "qwen2_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl",
+                         "qwen3_vl_moe": "qwen3_vl", "mistral3": "llava",
                          "kimi_k25": "deepseek", "llama4_mm": "llama4"}
 SCALED_EMBEDDINGS = {"gemma2", "gemma3"}  # embeddings times sqrt(H) before layer 1
 
@@ -95,3 +98,20 @@ def test_wrappers_capture_their_text_decoder(arch_target):
     else:
         assert target.text_model is target.model.get_decoder()
         assert target.causal_lm is target.model
+
+
+@pytest.mark.parametrize("arch", ["qwen3_vl", "qwen3_vl_moe"])
+def test_qwen3_vl_mrope_on_text_positions_is_the_drafters_rope(arch):
+    """Interleaved M-RoPE with its t, h, w rows all at the text positions (a text-only prompt) is
+    the 1-D RoPE the drafter is trained and served with (rope_from_hf_config: theta, no sections)."""
+    target = load_target(tiny_config(arch, num_layers=1))
+    theta, scaling = rope_from_hf_config(lambda key, default=None: getattr(target.config, key, default))
+    assert scaling is None and "mrope_section" in target.config.rope_parameters
+    positions = torch.arange(40)[None]
+    x = torch.zeros(1, 40, target.hidden_size)
+    with torch.inference_mode():
+        cos, sin = target.text_model.rotary_emb(x, positions[None].expand(3, -1, -1))
+    expected_cos, expected_sin = rope_cos_sin(positions, rope_inv_freq(target.config.head_dim, theta, None),
+                                              torch.float32)
+    torch.testing.assert_close(cos, expected_cos[:, 0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin, expected_sin[:, 0], rtol=0, atol=1e-6)

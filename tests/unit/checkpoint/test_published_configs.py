@@ -28,6 +28,7 @@ from specdraft.checkpoint import (
 from specdraft.checkpoint.layouts import norm_flags_of_config
 from specdraft.draft import DraftConfig
 from specdraft.export import export_draft
+from specdraft.target.config import TARGET_CLASSES
 from tests.drafts import seeded_draft
 from tests.tiny_models import tiny_config
 
@@ -56,6 +57,8 @@ PUBLISHED = [
     Published("specforge-qwen3-8b-eagle3.json", "qwen3", 36, [2, 18, 33]),
     Published("specforge-deepseek-v3-671b-eagle3.json", "deepseek_v3", 61, [2, 30, 58]),
     Published("specforge-qwen3-30B-A3B-eagle3.1.json", "qwen3", 48, [2, 24, 45]),
+    Published("specforge-qwen3-vl-8b-eagle3.json", "qwen3_vl", 36, [2, 18, 33]),
+    Published("specforge-qwen3-vl-30b-a3b-eagle3.json", "qwen3_vl_moe", 48, [2, 24, 45]),
     Published("eagle-traineagle3-config.json", "llama", 32, None,
               refuse="not an EAGLE-3 draft config (architectures ['LlamaForCausalLM']", flip="reader"),
     Published("speculators-0.9.0-converter-llama3-8b.json", "llama", 32, [2, 16, 29]),
@@ -81,12 +84,11 @@ def shrink(config: dict) -> dict:
 
 def write_target(root: Path, case: Published) -> tuple[Path, str]:
     """A target directory (config.json only: ids and sizes need nothing else) and its class."""
-    arch = "deepseek_v3" if case.target == "deepseek_v3" else case.target
-    config = tiny_config(arch, num_layers=case.num_layers, hidden_size=32, vocab_size=256, head_dim=8)
+    config = tiny_config(case.target, num_layers=case.num_layers, hidden_size=32, vocab_size=256, head_dim=8)
     path = root / "target"
     path.mkdir()
     (path / "config.json").write_text(config.to_json_string())
-    return path, "deepseek" if arch == "deepseek_v3" else "llama"
+    return path, TARGET_CLASSES[config.get_text_config().model_type]
 
 
 def write_drafter(root: Path, case: Published, config: dict) -> tuple[Path, dict]:
@@ -139,3 +141,16 @@ def test_every_fixture_has_a_case_and_a_source():
     files = sorted(p.name for p in FIXTURES.glob("*.json") if p.name != "SOURCES.json")
     assert files == sorted(c.file for c in PUBLISHED) == sorted(k for k in sources if not k.startswith("_"))
     assert all(sources[f]["commit"] and sources[f]["source"] for f in files)
+
+
+@pytest.mark.parametrize("file", ["specforge-qwen3-vl-8b-eagle3.json", "specforge-qwen3-vl-30b-a3b-eagle3.json"])
+def test_specforge_qwen3_vl_mrope_reads_as_rope_over_text_positions(tmp_path, file):
+    """SpecForge writes the target's interleaved M-RoPE sections into its Qwen3-VL drafters; on a
+    text-only prompt the three position rows are equal, so the drafter is 1-D RoPE at that theta."""
+    case = next(c for c in PUBLISHED if c.file == file)
+    config = shrink(json.loads((FIXTURES / file).read_text()))
+    assert "mrope_section" in config["rope_scaling"]
+    _, target_class = write_target(tmp_path, case)
+    draft, _ = write_drafter(tmp_path, case, config)
+    cfg = load_draft(draft, target_num_layers=case.num_layers, target_class=target_class).model.cfg
+    assert (cfg.rope_theta, cfg.rope_scaling) == (5e6, None)
