@@ -125,6 +125,7 @@ def test_generate_takes_a_training_checkpoint_and_points_a_run_directory_at_one(
 @pytest.mark.parametrize("flags, named", [
     (["--num-steps", "5"], "--num-steps"),
     (["--topk", "2", "--num-draft-tokens", "6"], "--topk, --num-draft-tokens"),
+    (["--sglang-version", "0.5.23"], "--sglang-version"),
 ])
 def test_no_spec_refuses_drafting_flags(tmp_path, command, flags, named, monkeypatch):
     """--no-spec with a drafting flag is one line, before anything loads or a server starts."""
