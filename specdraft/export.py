@@ -139,12 +139,12 @@ class ExportResult:
 
 def load_source(checkpoint: str | Path, target_num_layers: int | None, **reading: Any) -> LoadedDraft:
     """What export reads: a training checkpoint (`checkpoint.load_training_checkpoint`; its manifest
-    records the step) or a drafter directory (`load_draft`, given `reading`: target class, SGLang
-    version, aux_layers). Raises CheckpointError naming
+    records the step; reading's aux_layers must be its own) or a drafter directory (`load_draft`, given
+    `reading`: target class, SGLang version, aux_layers). Raises CheckpointError naming
     the path for anything else (e.g. a drafter's model.safetensors given instead of its directory)."""
     path = Path(checkpoint)
     if is_training_checkpoint(path):
-        return load_training_checkpoint(path)
+        return load_training_checkpoint(path, reading.get("aux_layers"))
     accepted = SOURCE_FORMS
     if path.is_file():
         raise CheckpointError(f"{checkpoint} is a file but no training checkpoint; pass {accepted} "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from pathlib import Path
 
 import torch
 
@@ -50,3 +52,13 @@ def tiny_manifest(model: Eagle3Draft) -> Manifest:
     """A manifest naming the drafter's config and aux layers."""
     return Manifest(draft=model.cfg.to_dict(), target={"num_layers": model.cfg.target_num_layers},
                     aux_layers=list(model.cfg.aux_layers))
+
+
+def save_training_checkpoint(model: Eagle3Draft, manifest: Manifest, run: Path, step: int = 5) -> Path:
+    """RUN/checkpoints/step-0000000N.pt as `train --save-every` writes it (progress state with the
+    drafter's tensors under "draft." and its manifest); returns the file."""
+    path = run / "checkpoints" / f"step-{step:08d}.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"step": step, "manifest": dataclasses.asdict(manifest), "records": {}, "extensions": {},
+                "config": {}, "model": {f"draft.{k}": v for k, v in model.state_dict().items()}}, path)
+    return path

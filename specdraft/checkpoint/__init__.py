@@ -43,6 +43,7 @@ from specdraft.checkpoint.layouts import (
     describe_layout,
     official_config,
     owned_embedding_config,
+    refuse_other_aux_layers,
     refuse_unimplemented_flags,
     speculators_config,
     state_dict_for_layout,
@@ -71,7 +72,7 @@ __all__ = [
     "derived_tensors", "describe_layout", "detect_layout", "draft_tensors", "file_sha256", "find_weights", "is_training_checkpoint",
     "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "owned_embedding_config",
     "read_config", "read_draft_config", "read_safetensors", "read_sharded", "read_weights",
-    "refuse_unimplemented_flags", "replace_dir", "save_draft",
+    "refuse_other_aux_layers", "refuse_unimplemented_flags", "replace_dir", "save_draft",
     "speculators_config", "state_dict_for_layout", "tensor_digest", "unimplemented_flags", "usable_vocab",
     "verify_written", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
 ]
@@ -447,14 +448,15 @@ def is_training_checkpoint(path: str | Path) -> bool:
     return (path / PROGRESS_FILE).is_file() if path.is_dir() else path.is_file() and zipfile.is_zipfile(path)
 
 
-def load_training_checkpoint(path: str | Path) -> LoadedDraft:
+def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = None) -> LoadedDraft:
     """The drafter of a training checkpoint (a step-N.pt file or a sharded step-N directory
     under RUN/checkpoints), on the CPU in fp32, with the manifest the checkpoint carries; its
     `training` records the step and checkpoint, the config, and the newest train and validation
     metrics (each with its own step). Layout "specdraft".
 
     Raises CheckpointError naming the file for a checkpoint that carries no manifest (written
-    by specdraft before checkpoints did): the command that finishes its run is named instead.
+    by specdraft before checkpoints did): the command that finishes its run is named instead;
+    and for `aux_layers` (--aux-layers) other than its training layers (`refuse_other_aux_layers`).
     """
     path = Path(path)
     progress = torch.load(path / PROGRESS_FILE if path.is_dir() else path, map_location="cpu",
@@ -466,6 +468,7 @@ def load_training_checkpoint(path: str | Path) -> LoadedDraft:
                               f"{run} --resume) and export {run / 'draft'}")
     manifest = Manifest(**progress["manifest"])
     draft = Eagle3Draft(DraftConfig.from_dict(manifest.draft))
+    refuse_other_aux_layers(path, draft.cfg.aux_layers, aux_layers)
     model_state = _sharded_model_state(path, draft) if path.is_dir() else progress["model"]
     draft.load_state_dict({k.removeprefix("draft."): v for k, v in model_state.items()}, strict=True)
     draft.embedding_loaded = True

@@ -286,10 +286,18 @@ def _manifest_config(path: Path, manifest: Manifest, flags: dict[str, bool],
                            for k in NORM_FLAGS if flags[k] != trained[k])
         raise CheckpointError(f"{path}/config.json: {differ}: the engines read config.json, so they would "
                               f"compute another drafter than was trained; {DRAFTER_CONFIG_FIX}")
-    if aux_layers is not None and list(aux_layers) != list(cfg.aux_layers):
-        raise CheckpointError(f"{path}/{MANIFEST_FILE}: the drafter was trained on aux layers {list(cfg.aux_layers)}; "
-                              f"--aux-layers {list(aux_layers)} applies only to drafters without a manifest")
+    refuse_other_aux_layers(path / MANIFEST_FILE, cfg.aux_layers, aux_layers)
     return cfg
+
+
+def refuse_other_aux_layers(where: str | Path, recorded: list[int], given: list[int] | None) -> None:
+    """The one rule of --aux-layers (`given`, specdraft indices; None: left out) for a drafter that
+    records its training layers (`recorded`: a specdraft manifest, a training checkpoint): the same
+    layers are accepted, others are a CheckpointError naming `where` and both lists."""
+    if given is not None and list(given) != list(recorded):
+        raise CheckpointError(f"{where}: the drafter was trained on aux layers {list(recorded)} (specdraft "
+                              f"indices), which it records; --aux-layers {list(given)} names other layers: drop "
+                              "--aux-layers (it names the layers of a drafter without a manifest)")
 
 
 def norm_flags_of_config(path: Path, config: dict[str, Any]) -> dict[str, bool]:

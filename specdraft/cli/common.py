@@ -233,6 +233,12 @@ AUX_OVERRIDE_HELP = ("Aux layers of a drafter without a manifest, replacing what
                      "convention, 'vllm:2,16,29' or 'sglang:1,15,28' (read by the --target's class). Needs --target.")
 
 
+def sglang_version_option():
+    """--sglang-version of every command that reads aux ids (`id_reading`): "" = not pinned."""
+    return typer.Option("", help="Pin the SGLang version whose reading of eagle_config ids and of --aux-layers "
+                        "sglang:IDS applies (it depends on the version on DeepSeek/Kimi-class targets), e.g. 0.5.23.")
+
+
 TRUST_REMOTE_CODE_HELP = ("Read a --target config.json whose model_type only its own code (auto_map) defines, "
                           "running that code (default: refused; known published types are read without it).")
 

@@ -7,7 +7,7 @@ import typer
 from specdraft.cli.common import (AUX_OVERRIDE_HELP, DRAFTER_HELP, NUM_DRAFT_TOKENS_HELP, NUM_STEPS_HELP, TOPK_HELP,
                                   EngineDtype, app, aux_override, check_device, check_drafter, check_model_dir,
                                   check_top_p, engine_dtype, flag, id_reading, read_target, refuse_bad_configs,
-                                  spec_from_flags, user_errors)
+                                  sglang_version_option, spec_from_flags, user_errors)
 from specdraft.client import MAX_PORT
 
 COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
@@ -79,6 +79,7 @@ def generate(
     num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3; used only with --draft."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft."),
     aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    sglang_version: str = sglang_version_option(),
     max_new_tokens: int = typer.Option(128, min=1),
     no_spec: bool = flag("--no-spec", help="Plain decoding on the same engine, even with --draft."),
     ignore_eos: bool = flag("--ignore-eos", help="Do not stop at the tokenizer's EOS."),
@@ -103,13 +104,14 @@ def generate(
     with user_errors(console):
         _refuse_compile_off_cuda(compile, device)
         _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
-                                                       "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers})
+                                                       "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
+                                                       "--sglang-version": sglang_version or None})
         topk, num_steps = 1 if topk is None else topk, 3 if num_steps is None else num_steps
         spec = spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens or 0)
         torch_dtype = engine_dtype(dtype)
         _set_threads(threads)
         refuse_bad_configs(draft if spec is not None else "", target)
-        reading = id_reading(read_target(target), aux_layers) if spec is not None else None
+        reading = id_reading(read_target(target), aux_layers, sglang_version) if spec is not None else None
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
         engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
                              max_seq_len or None, tokenizer, compile=compile, reading=reading)
@@ -226,6 +228,7 @@ def serve(
     num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP),
     aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    sglang_version: str = sglang_version_option(),
     no_spec: bool = flag("--no-spec", help="Plain decoding on the same engine (a baseline; "
                           "refuses the drafting flags)."),
     max_queue: int = typer.Option(64, min=1, help="Requests waiting besides the running one (429 beyond)."),
@@ -248,10 +251,11 @@ def serve(
     with user_errors(console):
         _refuse_compile_off_cuda(compile, device)
         _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
-                                                       "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers})
+                                                       "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
+                                                       "--sglang-version": sglang_version or None})
         spec = spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
                                 num_draft_tokens or 0)
-        reading = id_reading(read_target(target), aux_layers) if spec is not None else None
+        reading = id_reading(read_target(target), aux_layers, sglang_version) if spec is not None else None
         _check_port_free(host, port)  # before the model loads
         _set_threads(threads)
         server_app = build_app(target, draft or None, spec, device, engine_dtype(dtype), max_seq_len or None,

@@ -28,6 +28,7 @@ from specdraft.cli.common import (
     read_target,
     json_kwargs,
     refuse_bad_configs,
+    sglang_version_option,
     user_errors,
 )
 
@@ -40,7 +41,7 @@ def inspect(
     manifest: bool = flag("--manifest", help="Print the whole manifest as JSON (default: one line per field)."),
     aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
-    sglang_version: str = typer.Option("", help="Pin SGLang's reading of eagle_config ids, e.g. 0.5.23."),
+    sglang_version: str = sglang_version_option(),
     known_keys: bool = flag("--known-keys", help="List the config.json keys specdraft reads or knows to be "
                             "harmless, and CHECKPOINT's others, instead (exit 1 when it has others)."),
 ) -> None:
@@ -124,8 +125,7 @@ def convert(
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=check_model_dir),
     aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
-    sglang_version: str = typer.Option("", help="Pin SGLang's reading and writing of eagle_config ids (the "
-                                       "DeepSeek class reads them by version), e.g. 0.5.23."),
+    sglang_version: str = sglang_version_option(),
 ) -> None:
     """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
     from pathlib import Path
@@ -201,7 +201,7 @@ def export(
     target: str = typer.Option("", help="Target directory (default: the manifest's record).", callback=check_model_dir),
     verifier: str = typer.Option("", help="speculators verifier.name_or_path (must resolve where "
                                  "the server runs; default: the target's absolute path)."),
-    sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids, e.g. 0.5.14."),
+    sglang_version: str = sglang_version_option(),
     num_steps: int = typer.Option(3, min=1, help=NUM_STEPS_HELP + " in the launch command (vLLM: "
                                   "num_speculative_tokens)."),
     topk: int = typer.Option(1, min=1, help=TOPK_HELP + "; 1 = a chain, the only shape vLLM runs."),
@@ -248,7 +248,7 @@ def doctor(
     server: str = typer.Option("", help="Live server URL, e.g. http://127.0.0.1:8000 or .../v1 (online "
                                "acceptance; needs --samples: prompts with the target's own outputs, e.g. the "
                                "demo's store-heldout)."),
-    sglang_version: str = typer.Option("", help="Pin SGLang's reading of explicit aux ids."),
+    sglang_version: str = sglang_version_option(),
     aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
     template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),

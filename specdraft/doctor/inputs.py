@@ -11,8 +11,10 @@ from specdraft.checkpoint import (
     DRAFTER_CONFIG_FIX,
     MANIFEST_FILE,
     CheckpointError,
+    Manifest,
     classify_dir,
     read_config,
+    refuse_other_aux_layers,
 )
 from specdraft.bench.suites import suite_names
 from specdraft.client import SERVER_WAIT_S
@@ -28,7 +30,8 @@ class DoctorInputs:
 
     engine: "sglang" | "vllm" (None: guessed from engine_args, else every engine the layout
     serves). engine_args: the engine's command line. aux_layers: the training layers (specdraft
-    indices) of a drafter without a manifest (--aux-layers), replacing what its config.json says.
+    indices) of a drafter without a manifest (--aux-layers), replacing what its config.json says
+    (with a manifest: refused unless they are the layers it records).
     trust_remote_code: read a --target config whose model_type only its own code defines. samples: a capture store directory or a
     JSONL of token ids ({"input_ids", "loss_mask"}), chats or texts; skip_bad skips its bad
     records instead of refusing the file. template_kwargs: the chat template kwargs the server
@@ -62,6 +65,7 @@ class DoctorInputs:
             raise ValueError(f"{self.checkpoint}: no such directory; pass a draft checkpoint directory")
         given_config(self.checkpoint, DRAFTER_CONFIG_FIX)
         refuse_model_dir(self.checkpoint)
+        refuse_aux_override(self.checkpoint, self.aux_layers)
         if self.target is not None and not (self.target / "config.json").is_file():
             raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
         if self.target is not None:
@@ -90,6 +94,20 @@ def given_config(path: Path, fix: str) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise ValueError(f"{file}: not a JSON object (a {type(config).__name__}); {fix}")
     return config
+
+
+def refuse_aux_override(path: Path, aux_layers: list[int] | None) -> None:
+    """--aux-layers for a drafter whose manifest records its training layers: the same layers pass,
+    others are refused (`checkpoint.refuse_other_aux_layers`). A manifest that cannot be read is
+    left to the checks (a failing finding)."""
+    file = path / MANIFEST_FILE
+    if aux_layers is None or not file.is_file():
+        return
+    try:
+        recorded = Manifest.read(file).aux_layers
+    except (CheckpointError, TypeError):
+        return
+    refuse_other_aux_layers(file, recorded, aux_layers)
 
 
 def refuse_model_dir(path: Path) -> None:

@@ -39,7 +39,8 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     a run directory or its checkpoints directory is refused naming RUN/draft and a step-N file.
     reading: how a drafter directory without a manifest names its aux layers, `load_draft`'s
     target_class / sglang_version / aux_layers (`cli.common.id_reading`: --aux-layers); the layer
-    count is the target's. What loads but differs from the drafter's training is in the engine's
+    count is the target's. A drafter that records its aux layers (manifest, training checkpoint)
+    refuses other aux_layers (`checkpoint.refuse_other_aux_layers`). What loads but differs from the drafter's training is in the engine's
     `notes` (`pairing_notes`), and so is where a manifest-less drafter's aux layers came from
     when its config names none (`checkpoint.aux_layers_note`).
     """
@@ -110,7 +111,7 @@ def load_paired_draft(draft_dir: str | Path, target: FastTarget, target_dir: str
     from specdraft.checkpoint import check_vocab_map, is_training_checkpoint, load_draft, load_training_checkpoint
 
     if is_training_checkpoint(draft_dir):
-        loaded = load_training_checkpoint(draft_dir)
+        loaded = load_training_checkpoint(draft_dir, (reading or {}).get("aux_layers"))
         loaded.model.to(device=device, dtype=dtype)
     else:
         loaded = load_draft(draft_dir, device=device, dtype=dtype,

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.cli import app
+from tests.drafts import save_training_checkpoint
 from tests.engine_helpers import VOCAB, AUX_LAYERS, greedy_sequences, one_thread, tiny_setup  # noqa: F401
 
 
@@ -81,21 +82,12 @@ def test_generate_refuses_drafting_flags_without_a_draft(tmp_path, flags, named)
 
 
 def _training_run(setup, run):
-    """RUN/checkpoints/step-00000005.pt as `train --save-every` writes it (progress state with the
-    drafter's tensors under "draft." and its manifest), for setup.trained; returns the file."""
-    import dataclasses
-
-    import torch
-
+    """RUN/checkpoints/step-00000005.pt for setup.trained (`drafts.save_training_checkpoint`)."""
     args = setup.target.args
     manifest = Manifest(draft=setup.trained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
                         target={"hidden_size": args.hidden_size, "num_layers": args.num_layers,
                                 "vocab_size": args.vocab_size})
-    (run / "checkpoints").mkdir(parents=True)
-    path = run / "checkpoints" / "step-00000005.pt"
-    torch.save({"step": 5, "manifest": dataclasses.asdict(manifest), "records": {}, "extensions": {}, "config": {},
-                "model": {f"draft.{k}": v for k, v in setup.trained.state_dict().items()}}, path)
-    return path
+    return save_training_checkpoint(setup.trained, manifest, run)
 
 
 def test_generate_takes_a_training_checkpoint_and_points_a_run_directory_at_one(tmp_path):
@@ -133,6 +125,7 @@ def test_generate_takes_a_training_checkpoint_and_points_a_run_directory_at_one(
 @pytest.mark.parametrize("flags, named", [
     (["--num-steps", "5"], "--num-steps"),
     (["--topk", "2", "--num-draft-tokens", "6"], "--topk, --num-draft-tokens"),
+    (["--sglang-version", "0.5.23"], "--sglang-version"),
 ])
 def test_no_spec_refuses_drafting_flags(tmp_path, command, flags, named, monkeypatch):
     """--no-spec with a drafting flag is one line, before anything loads or a server starts."""

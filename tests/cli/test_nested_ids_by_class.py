@@ -1,7 +1,7 @@
 """Nested eagle_config ids are read by the rule of the target's class and SGLang version (the
 engine-rule table), convert takes --sglang-version, and no file is written whose top-level and
 nested id lists name different layers (issue #21 item 2, "nested ids read by the rule of the
-target's class"). A Kimi-K2 / DeepSeek-V3 target has 61 layers: SGLang >= 0.5.13 reads the ids
+target's class"); generate and serve take --sglang-version as inspect and convert do. A Kimi-K2 / DeepSeek-V3 target has 61 layers: SGLang >= 0.5.13 reads the ids
 [2, 30, 58] as-is there (their first is not 1), older versions add 1."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from specdraft.draft import DraftConfig
 from tests.cli.test_cli import flat, invoke
 from tests.drafts import seeded_draft
 from tests.tiny_models import tiny_config
+from tests.tiny_tokenizer import save_tiny_tokenizer
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 LAYERS = 61
@@ -97,3 +98,33 @@ def test_two_lists_that_disagree_by_the_class_rule_are_refused(sglang_only):
     (draft / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="name different layers"):
         load_draft(draft, target_num_layers=LAYERS, target_class="deepseek", sglang_version="0.5.23")
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_generate_and_serve_read_sglang_ids_by_the_sglang_version(sglang_only, command, monkeypatch):
+    """--aux-layers sglang:2,30,58 on a DeepSeek-class target names other layers by SGLang version:
+    --sglang-version picks one, and the reading reaches the engine's loader; without it, the refusal
+    names the flag, which these commands take too."""
+    import specdraft.engine.load
+    import specdraft.serve.server
+
+    draft, target = sglang_only
+    save_tiny_tokenizer(target)
+    readings = []
+
+    def stop(*args, reading=None, **kwargs):
+        readings.append(reading)
+        raise ValueError("stopped before loading")
+
+    monkeypatch.setattr(specdraft.engine.load, "load_engine", stop)
+    monkeypatch.setattr(specdraft.serve.server, "build_app", stop)
+    args = [command, "--target", str(target), "--draft", str(draft), "--aux-layers", "sglang:2,30,58",
+            *(["--prompt", "hi"] if command == "generate" else ["--port", "8123"])]
+    for version, layers in (("0.5.23", [2, 30, 58]), ("0.5.12", [3, 31, 59])):
+        result = invoke([*args, "--sglang-version", version])
+        assert flat(result.output) == "error: stopped before loading", result.output
+        assert readings.pop() == {"target_num_layers": LAYERS, "target_class": "deepseek",
+                                  "sglang_version": version, "aux_layers": layers}
+    text = flat(invoke(args).output)
+    assert "read differently by SGLang version" in text and "pass --sglang-version" in text, text
+    assert not readings
