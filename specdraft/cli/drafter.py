@@ -101,7 +101,7 @@ def print_known_keys(console, checkpoint: str) -> None:
         console.print(f"{checkpoint}/config.json: neither read nor known harmless: {entry}", style="red",
                       markup=False, soft_wrap=True)
     if not unknown:
-        console.print(f"{checkpoint}/config.json: no other keys", markup=False)
+        console.print(f"{checkpoint}/config.json: no other keys", markup=False, soft_wrap=True)
     raise typer.Exit(1 if unknown else 0)
 
 
