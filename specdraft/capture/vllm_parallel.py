@@ -96,32 +96,33 @@ class DataParallelCapture:
         (the other ranks are stopped; the shards already reported stay in the index)."""
         context = multiprocessing.get_context("spawn")
         messages = context.Queue()
-        ranks: dict[int, tuple[multiprocessing.Process, int]] = {}  # rank -> (process, shards left)
+        processes: dict[int, multiprocessing.Process] = {}
+        left: dict[int, int] = {}  # shards each rank has still to report
         finished = False
         try:
             for rank, mine in enumerate(assign(jobs, len(self.envs))):
                 if mine:
-                    process = context.Process(target=_rank_main, name=f"specdraft-capture-dp{rank}",
-                                              args=(rank, self.engine, mine, out_dir, settings, messages))
+                    processes[rank] = context.Process(target=_rank_main, name=f"specdraft-capture-dp{rank}",
+                                                      args=(rank, self.engine, mine, out_dir, settings, messages))
                     with _environment(self.envs[rank]):
-                        process.start()
-                    ranks[rank] = (process, len(mine))
-            while any(left for _, left in ranks.values()):
-                kind, rank, value = _next_message(messages, ranks)
+                        processes[rank].start()
+                    left[rank] = len(mine)
+            while any(left.values()):
+                kind, rank, value = _next_message(messages, processes, left)
                 if kind == "tokens":
                     on_tokens(value)
                 elif kind == "shard":
                     on_shard(value)
-                    ranks[rank] = (ranks[rank][0], ranks[rank][1] - 1)
+                    left[rank] -= 1
                 else:
                     raise CaptureError(f"data-parallel rank {rank} of {len(self.envs)}: {value}")
             finished = True
         finally:
-            _stop([process for process, _ in ranks.values()], finished)
+            _stop(list(processes.values()), finished)
             messages.close()
 
 
-def _next_message(messages, ranks: dict) -> tuple[str, int, object]:
+def _next_message(messages, processes: dict, left: dict) -> tuple[str, int, object]:
     """The next (kind, rank, value) a rank sent: ("tokens", rank, n), ("shard", rank, index
     entry) or ("error", rank, one line); an error too for a rank that exited with shards left
     and said nothing (killed, e.g. out of memory)."""
@@ -129,10 +130,10 @@ def _next_message(messages, ranks: dict) -> tuple[str, int, object]:
         try:
             return messages.get(timeout=POLL_S)
         except queue.Empty:
-            for rank, (process, left) in ranks.items():
-                if left and process.exitcode is not None:
-                    return ("error", rank, f"its process exited with code {process.exitcode} with {left} "
-                            "shards left (killed? out of memory?); re-run the same command to resume")
+            for rank, process in processes.items():
+                if left[rank] and process.exitcode is not None:
+                    return ("error", rank, f"its process exited with code {process.exitcode}, {left[rank]} of its "
+                            "shards not captured (killed? out of memory?); re-run the same command to resume")
 
 
 def _stop(processes: list, finished: bool) -> None:
@@ -170,7 +171,11 @@ def _exit(signum: int, _frame) -> None:
 def _rank_main(rank: int, engine: VllmCapture, jobs: list[ShardJob], out_dir: Path, settings: StoreSettings,
                messages) -> None:
     """A rank's process: start its engine, capture and save its shards, report each; any error
-    as ("error", rank, one line). SIGTERM closes the engine (its request files) before exiting."""
+    as ("error", rank, one line). The rank leaves the terminal's process group, so Ctrl-C reaches
+    the parent alone, which stops the ranks: SIGTERM closes the engine (its engine processes and
+    request files) before exiting; once closing, SIGTERM is ignored (the parent kills a rank
+    still there after STOP_S)."""
+    os.setsid()
     signal.signal(signal.SIGTERM, _exit)
     try:
         try:
@@ -179,9 +184,8 @@ def _rank_main(rank: int, engine: VllmCapture, jobs: list[ShardJob], out_dir: Pa
                 tensors = engine.capture_shard(job.samples, settings, lambda n: messages.put(("tokens", rank, n)))
                 messages.put(("shard", rank, save_shard(out_dir, job, tensors)))
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # closing already: a stop must not cut it short
             engine.close()
-    except KeyboardInterrupt:
-        pass  # Ctrl-C reached the whole process group: the parent reports what was kept
     except Exception as e:  # noqa: BLE001 - the rank's reason goes to the parent as one line
         reason = " ".join(str(e).split())
         messages.put(("error", rank, reason if isinstance(e, CaptureError) else f"{type(e).__name__}: {reason}"))

@@ -4,6 +4,8 @@ give byte-identical shard files."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from specdraft.capture.forward import shard_tensors
@@ -13,10 +15,11 @@ from specdraft.data.render import Sample
 
 class FakeVllmCapture:
     """start / capture_shard / close as VllmCapture. fail_on: the input ids of a sample whose
-    shard fails with a one-line CaptureError (as vLLM's reason would)."""
+    shard fails with a one-line CaptureError (as vLLM's reason would), or, with die, ends the
+    process without a word (as the kernel's out-of-memory killer would)."""
 
-    def __init__(self, hidden_size: int, fail_on: list[int] | None = None):
-        self.hidden_size, self.fail_on = hidden_size, fail_on
+    def __init__(self, hidden_size: int, fail_on: list[int] | None = None, die: bool = False):
+        self.hidden_size, self.fail_on, self.die = hidden_size, fail_on, die
 
     def start(self, work_dir) -> FakeVllmCapture:
         return self
@@ -26,6 +29,8 @@ class FakeVllmCapture:
 
     def capture_shard(self, samples: list[Sample], settings: StoreSettings, on_batch=None) -> dict[str, torch.Tensor]:
         if any(list(s.input_ids) == self.fail_on for s in samples):
+            if self.die:
+                os._exit(9)
             raise CaptureError("vLLM ran out of KV-cache blocks\n(engine core stopped)")
         n_aux, H = len(settings.aux_layers), self.hidden_size
         states = []

@@ -83,6 +83,15 @@ def test_a_failing_rank_stops_the_capture_in_one_line_and_a_rerun_finishes_the_s
     assert shard_files(root / "two") == shard_files(one)
 
 
+def test_a_rank_that_dies_without_a_word_stops_the_capture(world):
+    """One rank, one shard; its process exits (code 9) before reporting: one line, no hang."""
+    head, samples, root, one = world
+    dying = FakeVllmCapture(head.hidden_size, fail_on=samples[0].input_ids, die=True)
+    with pytest.raises(CaptureError, match=r"^data-parallel rank 0 of 1: its process exited with code 9, 1 of its "
+                                           r"shards not captured \(killed\? out of memory\?\); re-run the same command"):
+        DataParallelCapture(dying, [{}]).run([ShardJob(0, 0, samples[:2])], root, SETTINGS, print, print)
+
+
 @pytest.fixture
 def platform(monkeypatch):
     """A stand-in `vllm.platforms.current_platform` (vLLM is not installed in the core suite)."""
