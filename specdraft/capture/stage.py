@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +10,7 @@ import torch
 
 from specdraft.capture.store import StoreSettings
 from specdraft.capture.vllm import VllmOptions
-from specdraft.capture.write import CaptureResult, check_store_dir, write_store
+from specdraft.capture.write import CaptureResult, check_store_dir, in_process, write_store
 from specdraft.conventions import parse_dtype
 
 ENGINES = ("transformers", "vllm")  # what runs the target: `capture_dataset`
@@ -52,6 +52,12 @@ class CaptureConfig:
         parse_dtype(self.target_dtype)
         if self.engine not in ENGINES:
             raise ValueError(f"capture engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
+        given = [f"--{f.name.replace('_', '-')}" for f in fields(VllmOptions)
+                 if getattr(self.vllm, f.name) != f.default]
+        if self.engine != "vllm" and given:
+            what, it = ("a vLLM engine option", "it") if len(given) == 1 else ("vLLM engine options", "them")
+            raise ValueError(f"{', '.join(given)}: {what}; capture with --engine vllm, or leave {it} out with "
+                             f"--engine {self.engine}")
 
 
 def load_inputs(target: str | Path, data: str | Path, *, tokenizer: str | None = None,
@@ -164,8 +170,9 @@ def _identity(cfg: CaptureConfig, tokenizer, data, num_skipped: int, console) ->
 
 def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
     """`capture_dataset` with the network in vLLM: the head weights from the files, samples
-    too long for --max-model-len dropped (skip_bad) or refused, the engine started before the
-    store is touched."""
+    too long for --max-model-len dropped (skip_bad) or refused; with one engine, the engine
+    started here before the store is touched; with --data-parallel-size M, one engine process
+    per rank (`capture.vllm_parallel`), this process the store's one writer."""
     from specdraft.capture.vllm import (
         HeadTarget,
         VllmCapture,
@@ -185,9 +192,15 @@ def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
     samples, too_long = drop_too_long([s.truncated(cfg.max_length) for s in data.samples],
                                       engine.max_model_len, cfg.skip_bad, cfg.data)
     extra = _identity(cfg, tokenizer, data, data.num_skipped + too_long, console)
+    if cfg.vllm.data_parallel_size > 1:
+        from specdraft.capture.vllm_parallel import DataParallelCapture, rank_environments
+
+        envs = rank_environments(cfg.vllm.data_parallel_size, cfg.vllm.tensor_parallel_size)
+        return write_store(head, samples, cfg.out_dir, settings, extra=extra, console=console,
+                           run_shards=DataParallelCapture(engine, envs).run)
     engine.start(Path(cfg.out_dir))
     try:
         return write_store(head, samples, cfg.out_dir, settings, extra=extra, console=console,
-                           shard_fn=engine.capture_shard)
+                           run_shards=in_process(engine.capture_shard))
     finally:
         engine.close()

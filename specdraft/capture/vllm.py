@@ -45,7 +45,7 @@ class VllmOptions:
     max_model_len None = the capture's --max-length + 1 (a request generates one token);
     gpu_memory_utilization None = vLLM's. enforce_eager: no torch.compile / CUDA graphs (starts
     in seconds instead of minutes; a capture is one prefill per request, which compiling barely speeds).
-    data_parallel_size > 1: see `check_options`.
+    data_parallel_size > 1: one engine process per rank (`capture.vllm_parallel`).
     """
 
     tensor_parallel_size: int = 1
@@ -53,18 +53,6 @@ class VllmOptions:
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = False
-
-
-def check_options(options: VllmOptions) -> None:
-    """Refuse what this path cannot run, with the reason. vLLM's offline `LLM` refuses
-    data_parallel_size > 1 in one process (vllm entrypoints/llm.py: "not supported for
-    single-process usage"); one engine process per rank is not built yet (docs/DESIGN.md)."""
-    if options.data_parallel_size != 1:
-        raise CaptureError(
-            f"--data-parallel-size {options.data_parallel_size}: vLLM's offline engine runs one "
-            "data-parallel rank per process (vllm entrypoints/llm.py refuses more in one process) and "
-            "specdraft does not start one per rank yet; capture with one engine over all the GPUs "
-            "(--tensor-parallel-size N)")
 
 
 class _Weight:
@@ -171,14 +159,16 @@ def import_vllm():
 class VllmCapture:
     """One vLLM engine that captures shards: `start()`, `capture_shard(...)` per shard, `close()`.
 
-    target: the model directory. target_class / num_layers: as `HeadTarget`. dtype: the dtype
-    vLLM runs the target in (`--target-dtype`). aux_layers: specdraft indices.
+    target: the model directory. head: its `HeadTarget` (only its architecture, class and layer
+    count are kept, so that an engine not yet started pickles small, for a data-parallel rank's
+    process). dtype: the dtype vLLM runs the target in (`--target-dtype`). aux_layers: specdraft
+    indices. Raises CaptureError (one line, the transformers fallback) for layers vLLM cannot
+    capture on this target.
     """
 
     def __init__(self, target: str | Path, head: HeadTarget, aux_layers, dtype: torch.dtype,
                  options: VllmOptions, max_length: int, seed: int = 0):
-        check_options(options)
-        self.target, self.head, self.dtype, self.options = str(target), head, dtype, options
+        self.target, self.architecture, self.dtype, self.options = str(target), head.architecture, dtype, options
         self.aux_layers = tuple(aux_layers)
         try:
             self.ids, self.aux_pos, self.last_pos = request_ids(aux_layers, head.num_layers, head.target_class)
@@ -222,7 +212,7 @@ class VllmCapture:
             self.close()
             reason = " ".join(str(e).split()) or type(e).__name__
             raise CaptureError(f"vLLM cannot capture aux hidden states of {self.target} "
-                               f"({self.head.architecture}): {reason}; {FALLBACK}") from None
+                               f"({self.architecture}): {reason}; {FALLBACK}") from None
         return self
 
     def close(self) -> None:

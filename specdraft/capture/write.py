@@ -171,16 +171,19 @@ def _print_estimate(console, index: dict, settings: StoreSettings, H: int, head_
 
 
 def write_store(target, samples: list[Sample], out_dir: str | Path, settings: StoreSettings, *,
-                extra: dict | None = None, device="cpu", console=None, shard_fn=None) -> CaptureResult:
+                extra: dict | None = None, device="cpu", console=None, run_shards=None) -> CaptureResult:
     """Capture `samples` (truncated to settings.max_length) through `target` into `out_dir`.
 
     target: a `specdraft.target.Target`. extra: identity recorded in index.json: "tokenizer"
     (`tokenizer_fingerprint`), "chat_template" (`RenderInfo.to_dict()`), "data" (source and
     skipped count), "target_path". console: a rich Console for the disk estimate and the
-    progress bar (None = silent). shard_fn(samples, settings, on_batch) -> a shard's tensors
-    (`forward.shard_tensors`) runs the network elsewhere (vLLM: `capture.vllm`); `target` then
-    only has to give the config, sizes and head weights (`capture.vllm.HeadTarget`); default:
-    `forward.capture_shard` through `target` on `device`.
+    progress bar (None = silent). run_shards(jobs, out_dir, settings, on_tokens, on_shard)
+    captures the missing shards elsewhere (`in_process(shard_fn)`: vLLM in this process,
+    `capture.vllm_parallel`: one vLLM engine process per data-parallel rank): it saves each
+    job's file (`save_shard`) and calls on_shard(its index entry) once the file is in place, and
+    on_tokens(n) as tokens are captured; `target` then only has to give the config, sizes and
+    head weights (`capture.vllm.HeadTarget`). Default: `forward.capture_shard` through `target`
+    on `device`, here. index.json has one writer, this function (on_shard runs here).
     Resumes an earlier run in the same directory (see module doc).
     Raises CaptureError when `out_dir` holds a store captured with other settings.
     """
@@ -202,8 +205,8 @@ def write_store(target, samples: list[Sample], out_dir: str | Path, settings: St
         index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
         atomic_write_json(out_dir / INDEX, index)
         num_reused = len(done)
-        shard_fn = shard_fn or (lambda part, st, on_batch: capture_shard(target, part, st, device, on_batch))
-        _capture_missing(shard_fn, samples, settings, out_dir, index, done, console)
+        run_shards = run_shards or in_process(lambda part, st, on_batch: capture_shard(target, part, st, device, on_batch))
+        _capture_missing(run_shards, samples, settings, out_dir, index, done, console)
     except Exception:
         if created and not done:  # nothing captured: leave no store that a corrected re-run would meet
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -214,26 +217,51 @@ def write_store(target, samples: list[Sample], out_dir: str | Path, settings: St
                          num_reused, total)
 
 
-def _capture_missing(shard_fn, samples, settings, out_dir, index, done, console) -> None:
+@dataclass(frozen=True)
+class ShardJob:
+    """One shard to capture: its number in the store's plan (`forward.plan_samples`), the index
+    of its first sample, and its samples (truncated)."""
+
+    shard: int
+    first: int
+    samples: list[Sample]
+
+
+def save_shard(out_dir: Path, job: ShardJob, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Write `job`'s tensors (`forward.shard_tensors`) to `shard-{n:05d}.safetensors` in
+    `out_dir`, atomically; its index.json entry (file, sha256, first sample, counts)."""
+    name = f"shard-{job.shard:05d}.safetensors"
+    digest = _save_shard(tensors, out_dir / name)
+    return {"shard": job.shard, "file": name, "sha256": digest, "first_sample": job.first,
+            "num_samples": len(job.samples), "num_tokens": int(tensors["offsets"][-1])}
+
+
+def in_process(shard_fn):
+    """A `write_store` run_shards that captures the jobs here, one after another, with
+    shard_fn(samples, settings, on_batch) -> a shard's tensors."""
+    def run_shards(jobs: list[ShardJob], out_dir: Path, settings: StoreSettings, on_tokens, on_shard) -> None:
+        for job in jobs:
+            on_shard(save_shard(out_dir, job, shard_fn(job.samples, settings, on_tokens)))
+    return run_shards
+
+
+def _capture_missing(run_shards, samples, settings, out_dir, index, done, console) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     plan = plan_samples(samples, settings)
-    todo = [s for s in range(len(plan)) if s not in done]
-    num_tokens = sum(len(x.input_ids) for s in todo for x in samples[plan[s][0]:plan[s][1]])
+    jobs = [ShardJob(s, first, samples[first:end]) for s, (first, end) in enumerate(plan) if s not in done]
+    num_tokens = sum(len(x.input_ids) for job in jobs for x in job.samples)
     columns = (TextColumn("capture"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                TimeRemainingColumn(elapsed_when_finished=True))  # time left while running, time taken once done
+
+    def on_shard(entry: dict) -> None:  # the one writer of index.json
+        done[entry["shard"]] = entry
+        index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
+        atomic_write_json(out_dir / INDEX, index)
+
     with Progress(*columns, console=console, disable=console is None) as progress:
         task = progress.add_task("capture", total=num_tokens)
-        for s in todo:
-            first, end = plan[s]
-            part = samples[first:end]
-            tensors = shard_fn(part, settings, lambda n: progress.advance(task, n))
-            name = f"shard-{s:05d}.safetensors"
-            digest = _save_shard(tensors, out_dir / name)
-            done[s] = {"shard": s, "file": name, "sha256": digest, "first_sample": first,
-                       "num_samples": len(part), "num_tokens": int(tensors["offsets"][-1])}
-            index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
-            atomic_write_json(out_dir / INDEX, index)
+        run_shards(jobs, out_dir, settings, lambda n: progress.advance(task, n), on_shard)
 
 
 def interrupted_capture(out_dir: str | Path) -> str:

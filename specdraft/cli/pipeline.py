@@ -47,8 +47,8 @@ def capture(
     engine: CaptureEngine = typer.Option("transformers", help="What runs the target: transformers (here, on "
                                          "--device) or vllm (its engine; the options below)."),
     tensor_parallel_size: int = typer.Option(1, min=1, help="With --engine vllm: GPUs per engine."),
-    data_parallel_size: int = typer.Option(1, min=1, help="With --engine vllm: engines; > 1 is refused for now "
-                                    "(vLLM runs one per process)."),
+    data_parallel_size: int = typer.Option(1, min=1, help="With --engine vllm: engines, one process each, on "
+                                           "GPUs r*TP..(r+1)*TP-1."),
     max_model_len: int | None = typer.Option(None, min=2, help="With --engine vllm: longest request "
                                              "(default: --max-length + 1)."),
     gpu_memory_utilization: float | None = typer.Option(None, min=0.0, max=1.0, help="With --engine vllm: "
@@ -64,16 +64,16 @@ def capture(
     from specdraft.capture.write import interrupted_capture
 
     console = Console()
-    cfg = CaptureConfig(
-        target, data, out,
-        aux_layers=aux_layers,
-        dtype=dtype, target_dtype=target_dtype, max_length=max_length,
-        shard_tokens=shard_tokens, batch_tokens=batch_tokens, chat=not no_chat,
-        template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
-        tokenizer=tokenizer or None, device=device, reasoning=reasoning, engine=engine,
-        vllm=VllmOptions(tensor_parallel_size, data_parallel_size, max_model_len, gpu_memory_utilization,
-                         enforce_eager))
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_capture(out)):
+        cfg = CaptureConfig(
+            target, data, out,
+            aux_layers=aux_layers,
+            dtype=dtype, target_dtype=target_dtype, max_length=max_length,
+            shard_tokens=shard_tokens, batch_tokens=batch_tokens, chat=not no_chat,
+            template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
+            tokenizer=tokenizer or None, device=device, reasoning=reasoning, engine=engine,
+            vllm=VllmOptions(tensor_parallel_size, data_parallel_size, max_model_len, gpu_memory_utilization,
+                             enforce_eager))
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         result = capture_dataset(cfg, console=console)
     console.print(f"capture store at {result.path}: {result.num_samples} samples, {result.num_tokens} "

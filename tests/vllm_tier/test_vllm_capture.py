@@ -7,7 +7,8 @@ their largest magnitude, fp32) for aux layers [2, 4, 5] and [0, 4, 8] (embedding
 the last layer's pre-norm output); a capture interrupted after its first shard resumes to the
 same store; a drafter trained 200 steps on each store gives validation replayed tau within 0.02
 (a small drafter: MLP 256 wide, draft vocabulary 512, 2 TTT steps, batch 4, so that it trains in
-seconds on the CPU). MLA: a tiny DeepseekV3 captures from layer 1 as transformers does; index 0
+seconds on the CPU); two data-parallel engines (--data-parallel-size 2, one core each) write the
+one engine's store. MLA: a tiny DeepseekV3 captures from layer 1 as transformers does; index 0
 and a target vLLM cannot load are refused in one line with the fallback.
 """
 
@@ -54,9 +55,10 @@ def world(tmp_path_factory):
 
 def config(world, out: str, aux, engine: str, **kw) -> CaptureConfig:
     root, data = world
+    options = {"vllm": EAGER} if engine == "vllm" else {}  # vLLM's options are refused with transformers
     return CaptureConfig(str(PYCODE), str(data), str(root / out), aux_layers=tuple(aux), dtype="float32",
                          max_length=MAX_LENGTH, shard_tokens=SHARD_TOKENS, chat=False, engine=engine,
-                         **{"vllm": EAGER, **kw})
+                         **{**options, **kw})
 
 
 def stores_equal(a: CaptureStore, b: CaptureStore) -> dict:
@@ -124,6 +126,21 @@ def test_interrupted_vllm_capture_resumes_to_the_same_store(world, stores, monke
     resumed = CaptureStore(world[0] / "resumed")
     report = stores_equal(stores["vllm"], resumed)
     assert report["max_abs_diff"] <= 1e-6 * report["max_abs_value"], report
+
+
+def test_two_data_parallel_engines_write_the_store_one_engine_writes(world, stores):
+    """--data-parallel-size 2: two engine processes (one CPU core each: VLLM_CPU_OMP_THREADS_BIND /
+    OMP_NUM_THREADS per rank), two shards each, this process the index's one writer: the same
+    shard files and boundaries as one engine's store, ids and masks identical, states within RTOL."""
+    two = VllmOptions(data_parallel_size=2, enforce_eager=True)
+    result = capture_dataset(config(world, "vllm-dp2", (2, 4, 5), "vllm", vllm=two))
+    one, dp = stores["vllm"], CaptureStore(result.path)
+    report = stores_equal(one, dp)
+    h.REPORT["vllm_capture_dp2_vs_dp1"] = report
+    assert report["max_abs_diff"] <= RTOL * report["max_abs_value"], report
+    strip = [{k: v for k, v in e.items() if k != "sha256"} for e in one.meta["shards"]]
+    assert [{k: v for k, v in e.items() if k != "sha256"} for e in dp.meta["shards"]] == strip
+    assert sorted(p.name for p in result.path.iterdir()) == sorted(p.name for p in one.path.iterdir())
 
 
 def test_drafters_trained_on_either_store_agree(stores, tmp_path):

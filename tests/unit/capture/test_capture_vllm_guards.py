@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from specdraft.capture.forward import target_head_tensors, target_meta
-from specdraft.capture.store import CaptureError
-from specdraft.capture.vllm import HeadTarget, VllmOptions, check_options, request_ids
+from specdraft.capture.vllm import HeadTarget, request_ids
 from specdraft.conventions import ConventionError
 from specdraft.target import load_target
 from tests.unit.capture.test_capture_guards import capture, one_line_error
@@ -56,7 +55,14 @@ def test_request_ids_add_the_last_layer_once():
         request_ids([0, 2, 3], 4, "deepseek")
 
 
-def test_data_parallel_is_refused_with_the_reason():
-    check_options(VllmOptions(tensor_parallel_size=8))
-    with pytest.raises(CaptureError, match="one data-parallel rank per process.*--tensor-parallel-size N"):
-        check_options(VllmOptions(data_parallel_size=2))
+def test_vllm_options_with_the_transformers_engine_are_one_line(chat_target_dir, tmp_path):
+    """--tensor-parallel-size / --data-parallel-size / ... run nothing without --engine vllm."""
+    data = tmp_path / "texts.jsonl"
+    data.write_text(json.dumps({"text": "hello there"}) + "\n")
+    result = capture(chat_target_dir, data, tmp_path / "store", "--tensor-parallel-size", 2,
+                     "--data-parallel-size", 2, "--enforce-eager")
+    line = one_line_error(result, "--tensor-parallel-size, --data-parallel-size, --enforce-eager: vLLM engine "
+                                  "options; capture with --engine vllm, or leave them out with --engine transformers")
+    assert "--max-model-len" not in line and not (tmp_path / "store").exists()
+    result = capture(chat_target_dir, data, tmp_path / "store", "--max-model-len", 64)
+    one_line_error(result, "--max-model-len: a vLLM engine option; capture with --engine vllm, or leave it out")
