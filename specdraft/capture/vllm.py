@@ -46,6 +46,9 @@ class VllmOptions:
     gpu_memory_utilization None = vLLM's. enforce_eager: no torch.compile / CUDA graphs (starts
     in seconds instead of minutes; a capture is one prefill per request, which compiling barely speeds).
     data_parallel_size > 1: one engine process per rank (`capture.vllm_parallel`).
+    attention_backend None = vLLM's choice; a name of vLLM's `AttentionBackendEnum` otherwise (on a
+    CPU with AMX vLLM 0.32 picks AMX_MLA for MLA targets, which runs bf16 / fp16 weights only:
+    CPU_MLA runs float32, `platforms/cpu.py`).
     """
 
     tensor_parallel_size: int = 1
@@ -53,6 +56,7 @@ class VllmOptions:
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = False
+    attention_backend: str | None = None
 
 
 class _Weight:
@@ -197,6 +201,8 @@ class VllmCapture:
                                                     "use_synchronization_lock": False}}}
         if self.options.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = self.options.gpu_memory_utilization
+        if self.options.attention_backend is not None:
+            kwargs["attention_backend"] = self.options.attention_backend
         return kwargs
 
     def start(self, work_dir: Path) -> VllmCapture:

@@ -55,6 +55,8 @@ def capture(
                                                         "GPU memory fraction (default: vLLM's)."),
     enforce_eager: bool = flag("--enforce-eager", help="With --engine vllm: no torch.compile or CUDA graphs "
                                                       "(starts in seconds; a capture is prefill only)."),
+    attention_backend: str | None = typer.Option(None, help="With --engine vllm: vLLM's attention backend "
+                                                 "(e.g. FLASH_ATTN, CPU_MLA; default: vLLM's choice)."),
 ) -> None:
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
     from rich.console import Console
@@ -73,7 +75,7 @@ def capture(
             template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"), skip_bad=skip_bad,
             tokenizer=tokenizer or None, device=device, reasoning=reasoning, engine=engine,
             vllm=VllmOptions(tensor_parallel_size, data_parallel_size, max_model_len, gpu_memory_utilization,
-                             enforce_eager))
+                             enforce_eager, attention_backend))
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         result = capture_dataset(cfg, console=console)
     console.print(f"capture store at {result.path}: {result.num_samples} samples, {result.num_tokens} "

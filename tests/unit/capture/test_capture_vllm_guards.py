@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import builtins
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from specdraft.capture.forward import target_head_tensors, target_meta
-from specdraft.capture.vllm import HeadTarget, request_ids
+from specdraft.capture.vllm import HeadTarget, VllmCapture, VllmOptions, request_ids
 from specdraft.conventions import ConventionError
 from specdraft.target import load_target
 from tests.unit.capture.test_capture_guards import capture, one_line_error
@@ -66,3 +67,15 @@ def test_vllm_options_with_the_transformers_engine_are_one_line(chat_target_dir,
     assert "--max-model-len" not in line and not (tmp_path / "store").exists()
     result = capture(chat_target_dir, data, tmp_path / "store", "--max-model-len", 64)
     one_line_error(result, "--max-model-len: a vLLM engine option; capture with --engine vllm, or leave it out")
+    result = capture(chat_target_dir, data, tmp_path / "store", "--attention-backend", "CPU_MLA")
+    one_line_error(result, "--attention-backend: a vLLM engine option; capture with --engine vllm")
+
+
+def test_engine_arguments_name_the_attention_backend_only_when_given(chat_target_dir):
+    """--attention-backend reaches vllm.LLM under vLLM's EngineArgs name; absent, vLLM chooses."""
+    head = HeadTarget(chat_target_dir)
+    chosen = VllmCapture(chat_target_dir, head, (1, 2, 3), torch.float32, VllmOptions(attention_backend="CPU_MLA"),
+                         max_length=32).engine_kwargs(Path("files"))
+    assert chosen["attention_backend"] == "CPU_MLA"
+    default = VllmCapture(chat_target_dir, head, (1, 2, 3), torch.float32, VllmOptions(), max_length=32)
+    assert "attention_backend" not in default.engine_kwargs(Path("files"))
