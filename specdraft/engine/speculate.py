@@ -121,7 +121,7 @@ class SpeculativeEngine:
             self.run_draft = GraphedDraft(self.fast_draft, self.draft_cache, draft_graph_keys(spec.num_steps, spec.topk))
             self.run_round = GraphedRound(self.fast_draft, self.draft_cache, spec, self.draft_vocab,
                                           self.target.args.vocab_size, self.verify_inputs() if spec.topk > 1 else None)
-            if spec.topk == 1:
+            if spec.topk == 1 and spec.num_draft_tokens <= fused_decode.MAX_TOKENS:  # a padded round's rows
                 self.chain_ahead = ChainAhead(self.run_round, self.target, self.aux_layers, self.max_seq_len)
         self.draft_kernels = "triton" if reason is None else f"torch, eager ({reason})"
 
