@@ -159,7 +159,7 @@ class Bench:
     @torch.inference_mode()
     def time_verify(self, sizes: Sequence[int]) -> dict[int, float]:
         """Median seconds of one target forward (aux states included) over T tokens after a
-        prefix of typical length, for each T in sizes."""
+        prefix of typical length, for each T in sizes (compiled: the verify's graph replay)."""
         engine = self.engine(SpecConfig.chain(1))
         prefix = min(len(self.prompts[0]) + self.cfg.max_new_tokens // 2, self.max_seq_len - max(sizes))
         vocab = self.target.args.vocab_size
@@ -175,7 +175,7 @@ class Bench:
             for _ in range(self.cfg.verify_repeats + 1):  # the first run warms up
                 synchronize(self.device)
                 start = time.perf_counter()
-                engine.runner.forward(tokens, positions, prefix, mask)
+                engine.runner.forward(tokens, positions, prefix, mask, graphed=True)  # as a verify runs
                 synchronize(self.device)
                 samples.append(time.perf_counter() - start)
             times[size] = statistics.median(samples[1:])

@@ -58,8 +58,6 @@ class GraphedRound:
         self.verify_inputs = tuple(verify_inputs) if spec.topk > 1 else None
         self.scratch = (spec.num_steps - 1) * spec.topk  # cache entries a round writes past the committed ones
         self.entries = torch.arange(cache.max_len, device=cache.k.device)  # [max_len]
-        if self.verify_inputs is not None:
-            self.columns = torch.arange(self.verify_inputs[3].shape[-1], device=cache.k.device)
         self.graphs: dict[int, tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]] = {}
         for m in range(1, min(spec.num_steps + 1, fused_decode.MAX_TOKENS) + 1):
             self.graphs[m] = self.capture(m)
@@ -84,18 +82,28 @@ class GraphedRound:
         graph.replay()
         return tuple(output)
 
-    def round(self, ids: Tensor, aux: Tensor, start: Tensor) -> tuple[Tensor, ...]:
+    def round(self, ids: Tensor, aux: Tensor, start: Tensor, count: Tensor | None = None,
+              verify_inputs: Sequence[Tensor] | None = None) -> tuple[Tensor, ...]:
         """The captured round (start [1] long on the device): what `SpeculativeEngine.draft_tree`
         runs step by step, a tree's selection and verify inputs included. Returns what
-        `__call__` returns."""
+        `__call__` returns.
+
+        A padded round (`chain_ahead.ChainAhead`, which captures it with its own buffers): count
+        [1] long on the device, the pending positions among the m rows (the first `count`; the
+        others write cache entries that the round's scratch overwrites or its masks hide, and
+        nothing reads their outputs); verify_inputs: where a chain's verify inputs are written
+        (input_ids, position_ids, cache_slots, attn_mask as `__init__`'s), as a tree's are."""
         m, entries, spec = ids.shape[0], self.entries, self.spec
         slots = start + entries[:m]
         logits, hidden = self.fast.triton_step(ids, aux, slots, True, self.cache, slots,
                                                (entries[None, :] <= slots[:, None]).view(1, 1, m, -1))
-        committed = start + m
-        expansion = TreeExpansion(ids[-1:], spec.topk, False, SamplingParams(), self.draft_to_target,
+        if count is None:  # every row pending: the last one is the root's
+            committed, last = start + m, slice(m - 1, m)
+        else:
+            committed, last = start + count, count - 1
+        expansion = TreeExpansion(ids[last], spec.topk, False, SamplingParams(), self.draft_to_target,
                                   self.vocab_size, None)
-        tokens, hidden = expansion.expand(logits[-1:], hidden[-1:], written=False)
+        tokens, hidden = expansion.expand(logits[last], hidden[last], written=False)
         for step in range(1, spec.num_steps):  # frontier at depth `step`, RoPE position t + step
             f = tokens.numel()
             slots = committed + expansion.num_scratch + entries[:f]
@@ -105,14 +113,14 @@ class GraphedRound:
             tokens, hidden = expansion.expand(logits, hidden, written=True)
         tokens, scores, parents, _ = expansion.candidates()
         if parents is None:
+            if verify_inputs is not None:  # node i's parent is i - 1: its ancestors are the nodes before it
+                n = tokens.numel()
+                chain = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
+                write_verify_inputs(verify_inputs, tokens, committed, entries[:n], chain)
             return tokens, scores
         keep, tree_parents, depths, ancestors, ok = select_on_device(parents, scores, spec.num_draft_tokens,
                                                                      spec.num_steps)
-        input_ids, positions, slots, mask = self.verify_inputs
-        torch.index_select(tokens, 0, keep, out=input_ids[0])
-        positions[0].copy_(committed + depths)
-        slots.copy_(committed + entries[:keep.numel()])
-        mask[0, 0].copy_(ancestor_verify_mask(ancestors, committed, self.columns))
+        write_verify_inputs(self.verify_inputs, tokens[keep], committed, depths, ancestors)
         return tree_parents, scores[keep], ok
 
     def static_inputs(self, m: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -129,3 +137,17 @@ class GraphedRound:
         inputs = self.static_inputs(m)
         graph, output = capture_graph(lambda: self.round(*inputs))
         return graph, inputs, output
+
+
+def write_verify_inputs(inputs: Sequence[Tensor], tokens: Tensor, committed: Tensor, depths: Tensor,
+                        ancestors: Tensor) -> None:
+    """Write a drafted tree's verify inputs in place, on the device: inputs = input_ids [1, N],
+    position_ids [1, N], cache_slots [N] long, attn_mask [1, 1, N, S] bool; tokens [N] long
+    (root first), committed [1] long (the target's cached tokens: the root's slot and
+    position), depths [N] long, ancestors [N, N] bool (`tree.select_on_device`)."""
+    input_ids, positions, slots, mask = inputs
+    n, columns = tokens.numel(), torch.arange(mask.shape[-1], device=tokens.device)
+    input_ids[0].copy_(tokens)
+    positions[0].copy_(committed + depths)
+    slots.copy_(committed + columns[:n])
+    mask[0, 0].copy_(ancestor_verify_mask(ancestors, committed, columns))

@@ -15,7 +15,9 @@ One round (`SpeculativeEngine.step`):
    path is contiguous already, as a chain's always is), the aux states of the accepted
    positions wait for the next round's first draft step.
 `draft=None` or `spec=None` runs plain decoding through the same loop (the baseline); on a
-graphed target with the host one step ahead of the GPU (`GraphedTarget.decode_ahead`).
+graphed target with the host one step ahead of the GPU (`GraphedTarget.decode_ahead`). Greedy
+chains on a compiled engine run one round ahead after the first round (`chain_ahead.ChainAhead`:
+the verdict taken on the device).
 The request (output, stop strings, text) is a `requests.Request`; loading a target and a
 drafter from disk is `load.load_engine`.
 """
@@ -32,6 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdraft.draft import Eagle3Draft
 from specdraft.engine import sampling
+from specdraft.engine.chain_ahead import ChainAhead
 from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.draft_round import GraphedRound
 from specdraft.engine.fast_draft import FastDraft, GraphedDraft, draft_graph_keys
@@ -84,6 +87,7 @@ class SpeculativeEngine:
         if self.draft is not None:
             self.setup_draft()
         self.run_round: GraphedRound | None = None  # greedy rounds as one graph (compile=True)
+        self.chain_ahead: ChainAhead | None = None  # greedy chains one round ahead (compile=True)
         # a graphed round's GPU time (it runs behind the host: read once the verdict is read)
         self.round_events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                              if self.device.type == "cuda" else None)
@@ -117,6 +121,8 @@ class SpeculativeEngine:
             self.run_draft = GraphedDraft(self.fast_draft, self.draft_cache, draft_graph_keys(spec.num_steps, spec.topk))
             self.run_round = GraphedRound(self.fast_draft, self.draft_cache, spec, self.draft_vocab,
                                           self.target.args.vocab_size, self.verify_inputs() if spec.topk > 1 else None)
+            if spec.topk == 1 and spec.num_draft_tokens <= fused_decode.MAX_TOKENS:  # a padded round's rows
+                self.chain_ahead = ChainAhead(self.run_round, self.target, self.aux_layers, self.max_seq_len)
         self.draft_kernels = "triton" if reason is None else f"torch, eager ({reason})"
 
     # ---- public -------------------------------------------------------------------------------
@@ -140,6 +146,10 @@ class SpeculativeEngine:
         req.emit([self.prefill(req)])
         if self.draft is None and self.runner.graphed is not None and req.finish_reason is None:
             self.runner.graphed.decode_ahead(req, self.max_seq_len)
+        if self.chain_ahead is not None and req.params.greedy and req.finish_reason is None:
+            self.step(req)  # the prompt's pending positions: more than a round from device state holds
+            if req.finish_reason is None:
+                self.chain_ahead.run(req)
         while req.finish_reason is None:
             self.step(req)
         result = req.finish(start)

@@ -180,20 +180,19 @@ def _thin_gemm_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, HALF, T, pos_ptr, 
 
 
 def _linear_config(m: int, rows: int, k: int, paired: bool) -> tuple[int, int, int]:
-    """(BLOCK_N outputs, BLOCK_K, num_stages) from in-graph sweeps (benchmarks/RESULTS.md)."""
+    """(BLOCK_N outputs, BLOCK_K, num_stages) from sweeps inside the whole forward's graph
+    (benchmarks/RESULTS.md): one configuration for 2-32 rows; for 33-64 rows, 3 stages where
+    <= 4096 weight rows (4 stages of 32 x 512 weight and 64 x 512 input blocks exceed the
+    shared memory) and 128-wide K blocks for 4097-8192 rows (q|k|v)."""
     if m == 1:
         block_n, block_k, num_stages = (2, 2048, 1) if k <= 8192 else (1, 1024, 1)
         return max(1, block_n // 2) if paired else block_n, block_k, num_stages
-    if m <= 16:
-        if rows > 8192:  # gate|up: 128 weight rows, 4 stages; lm_head: 3 stages (both measured best)
-            block_n, block_k, num_stages = (128, 128, 4) if paired else (64, 128, 3)
-        else:
-            block_n, block_k, num_stages = (32, 512, 4) if rows <= 4096 else (64, 256, 4)
-    else:  # 17-64 rows (in-graph sweep on the Llama-3-8B shell, benchmarks/RESULTS.md; lm_head unswept)
-        if rows > 8192:
-            block_n, block_k, num_stages = (128, 128, 2) if paired else (64, 128, 4)
-        else:
-            block_n, block_k, num_stages = (32, 128, 4) if 4096 < rows and m <= 32 else (64, 128, 4)
+    if rows > 8192:  # gate|up: 128 weight rows, 4 stages; lm_head: 3 stages (both measured best)
+        block_n, block_k, num_stages = (128, 128, 4) if paired else (64, 128, 3)
+    elif rows <= 4096:
+        block_n, block_k, num_stages = (32, 512, 4 if m <= 32 else 3)
+    else:
+        block_n, block_k, num_stages = (64, 256 if m <= 32 else 128, 4)
     return block_n // 2 if paired else block_n, block_k, num_stages
 
 

@@ -1,0 +1,169 @@
+"""Greedy chain rounds with the host one round ahead of the GPU (what `GraphedTarget.decode_ahead`
+does for plain decoding).
+
+`SpeculativeEngine.step` ends a round by reading the verdict back: from that sync until the
+next round's draft graph is launched (accept, commit, emit, the launch) the GPU idles. Here the
+verdict is taken on the device and the next round reads it there, so round k + 1 is launched
+before round k's verdict is read and the host's bookkeeping hides behind the GPU's work. A round
+is two graph replays:
+- the draft round from device state (`GraphedRound.round`, padded: num_steps + 1 rows, the rows
+  a verdict can leave pending, of which the first `count` are), which writes the verify's
+  inputs;
+- the target's forward over the chain, then the greedy verdict (`sampling.verify_greedy`'s rule:
+  the drafts accepted are the longest prefix equal to the target's argmax, the bonus is the
+  argmax after it) and the state the next round reads: pending ids (the argmax at every node:
+  the accepted drafts, then the bonus), their aux states, their count, the draft cache's start.
+The host reads [argmax..., accepted] per round and keeps the request's books (emit, stop
+conditions, lengths). Greedy chains only: a sampled chain's verdict draws from the request's
+generator on the host, a tree's commit moves cache entries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+from specdraft.engine.draft_round import GraphedRound
+from specdraft.engine.fast_model import FastTarget
+from specdraft.engine.graphs import capture_graph
+from specdraft.engine.requests import Request
+
+
+class ChainAhead:
+    """Greedy chain decoding after the first round, round k + 1 launched before round k's verdict
+    is read (see the module docstring).
+
+    rounds: the engine's `GraphedRound` of a chain (topk 1); target: the FastTarget it verifies
+    with (aux_layers: specdraft indices, the drafter's); max_seq_len: the target cache's size
+    (the verify mask's width). The draft round's graph is captured here, the verify's on the
+    first `run` after the target's cache is (re)built. Both warm up on cache entries no request
+    commits: the draft cache's last ones, the target cache's last num_draft_tokens slots.
+    """
+
+    def __init__(self, rounds: GraphedRound, target: FastTarget, aux_layers: Sequence[int],
+                 max_seq_len: int) -> None:
+        if rounds.spec.topk != 1:
+            raise ValueError(f"ChainAhead runs chains (topk 1), not topk {rounds.spec.topk}")
+        cache, n = rounds.cache, rounds.spec.num_draft_tokens
+        device = cache.k.device
+        self.rounds, self.target, self.aux_layers = rounds, target, tuple(aux_layers)
+        self.n, self.max_seq_len, self.scratch = n, max_seq_len, rounds.scratch
+        # the state a draft round reads: pending ids [n] and aux states [n, n_aux*H] (the first
+        # `count` are pending), count [1], start [1] (the draft cache's committed entries)
+        self.ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.aux = torch.zeros(n, rounds.fast.fc.shape[1], dtype=rounds.fast.fc.dtype, device=device)
+        self.count = torch.ones(1, dtype=torch.long, device=device)
+        self.start = torch.zeros(1, dtype=torch.long, device=device)
+        self.inputs = [torch.zeros(1, n, dtype=torch.long, device=device),
+                       torch.zeros(1, n, dtype=torch.long, device=device),
+                       torch.zeros(n, dtype=torch.long, device=device),
+                       torch.zeros(1, 1, n, max_seq_len, dtype=torch.bool, device=device)]
+        self.verdict = torch.zeros(n + 1, dtype=torch.long, device=device)  # argmax [n], accepted
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(2, n + 1, dtype=torch.long, pin_memory=cuda)  # two rounds in flight
+        self.ready = [torch.cuda.Event() for _ in range(2)] if cuda else None
+        self.timing = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(2)] if cuda else None
+        self.draft_graph = capture_graph(self.draft, reset=self.park)[0]
+        self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by the target cache's address
+
+    def draft(self) -> None:
+        """The captured draft round: from the state, writing the verify's inputs."""
+        self.rounds.round(self.ids, self.aux, self.start, self.count, self.inputs)
+
+    def verify(self) -> None:
+        """The captured verify: the target's forward over the chain, the greedy verdict, the next
+        round's state and the verdict for the host."""
+        out = self.target(*self.inputs, self.aux_layers)
+        choices = out.logits[0].argmax(-1)  # [n]
+        drafts = self.inputs[0][0]
+        accepted = (drafts[1:] == choices[:-1]).long().cumprod(0).sum(0, keepdim=True)  # [1]
+        self.start.add_(self.count)
+        self.count.copy_(accepted + 1)
+        self.ids.copy_(choices)
+        self.aux.copy_(out.aux_hidden[0])
+        self.verdict[:self.n].copy_(choices)
+        self.verdict[self.n:].copy_(accepted)
+
+    def park(self) -> None:
+        """State and verify inputs for a warm-up or capture: draft entries and target slots that
+        no request commits (the caches' last ones)."""
+        n = self.n
+        self.ids.zero_()
+        self.count.fill_(n)
+        self.start.fill_(self.rounds.cache.max_len - n - self.scratch)
+        slots = torch.arange(self.max_seq_len - n, self.max_seq_len, device=self.ids.device)
+        self.inputs[0].zero_()
+        self.inputs[1][0].copy_(slots)
+        self.inputs[2].copy_(slots)
+        self.inputs[3].fill_(True)
+
+    def verify_graph(self) -> torch.cuda.CUDAGraph:
+        """The verify's graph for the target's current cache, captured on first use."""
+        key = self.target.kv_stack.data_ptr()
+        if key not in self.verify_graphs:
+            self.verify_graphs[key] = capture_graph(self.verify, reset=self.park)[0]
+        return self.verify_graphs[key]
+
+    def launch(self, slot: int, start: int) -> None:
+        """Queue one round (its draft at draft cache entry `start`) and the copy of its verdict
+        to host slot `slot`."""
+        self.rounds.cache.check_write(start, self.n + self.scratch)
+        verify = self.verify_graph()
+        if self.timing is not None:
+            self.timing[slot][0].record()
+        self.draft_graph.replay()
+        if self.timing is not None:
+            self.timing[slot][1].record()
+        verify.replay()
+        self.host[slot].copy_(self.verdict, non_blocking=True)
+        if self.ready is not None:
+            self.ready[slot].record()
+
+    def run(self, req: Request) -> None:
+        """Decode a greedy request to its end, after its first round (`SpeculativeEngine.step`:
+        at most num_steps + 1 positions pending). A round is launched ahead only when the one in
+        flight cannot end the request by length, so the rounds never write past the cache room
+        `check_limits` keeps; one launched ahead of an EOS or stop string writes entries no one
+        reads, and is dropped."""
+        self.verify_graph()  # captured before the state is set: its warm-up moves the state
+        cache, pending = self.rounds.cache, req.pending_ids.numel()
+        self.ids[:pending].copy_(req.pending_ids)
+        self.aux[:pending].copy_(req.pending_aux)
+        self.count.fill_(pending)
+        self.start.fill_(cache.length)
+        flights: deque[list] = deque()  # [slot, start, pending] per round in flight, oldest first
+        last: list | None = None  # the last round launched (its pending count known by its next launch)
+        slot, clock, drafting = 0, time.perf_counter(), 0.0
+        while req.finish_reason is None:
+            if not flights or len(req.output_ids) + self.n < req.max_new_tokens:  # one more in flight
+                start = cache.length if last is None else last[1] + last[2]
+                last = [slot, start, None if flights else pending]  # None: the round in flight decides
+                self.launch(slot, start)
+                flights.append(last)
+                slot = 1 - slot
+            done, _, done_pending = flights.popleft()
+            pending, seconds = self.read(req, done, done_pending)
+            drafting += seconds
+            if flights:
+                flights[0][2] = pending
+        req.metrics.time_draft_s += drafting
+        req.metrics.time_verify_s += time.perf_counter() - clock - drafting
+
+    def read(self, req: Request, slot: int, pending: int) -> tuple[int, float]:
+        """Wait for the round in host slot `slot` (its draft round read `pending` positions),
+        then keep its books: the draft cache's committed entries, the target's length, the
+        metrics, the emitted tokens. Returns (the next round's pending positions, the round's
+        draft GPU seconds)."""
+        if self.ready is not None:
+            self.ready[slot].synchronize()
+        values = self.host[slot].tolist()
+        accepted = values[-1]
+        self.rounds.cache.commit(pending)
+        req.length += accepted + 1
+        req.metrics.record_step(self.n - 1, accepted)
+        req.emit(values[:accepted + 1])
+        seconds = self.timing[slot][0].elapsed_time(self.timing[slot][1]) / 1e3 if self.timing is not None else 0.0
+        return accepted + 1, seconds
