@@ -13,6 +13,7 @@ does not apply (`load.load_engine` says which path runs).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,19 @@ class HFArgs:
     max_position_embeddings: int
 
 
+def cache_argument(module: torch.nn.Module) -> str:
+    """The name under which `module.forward` takes its KV cache: `cache` (transformers >= 5.24;
+    `past_key_values` is deprecated there) or `past_key_values` (earlier 5.x, where an unknown
+    `cache=` lands in **kwargs and is ignored). Raises ValueError naming the class when it takes
+    neither."""
+    parameters = inspect.signature(module.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    raise ValueError(f"{type(module).__name__}.forward takes no KV cache (neither cache= nor past_key_values=): "
+                     "specdraft's engine cannot run it as a target")
+
+
 class HFTarget:
     """A `specdraft.target.Target` with a KV cache (rows share positions and slots).
 
@@ -54,6 +68,7 @@ class HFTarget:
         self.tok_embeddings = target.embed_tokens  # .weight: the drafter's shared embedding
         self.layers = target.layers
         self.cache: DynamicCache | None = None
+        self._cache_argument = cache_argument(target.causal_lm)
         self.max_batch_size = self.max_seq_len = None
         self._layer_types = tuple(getattr(config, "layer_types", None) or ())
         self._window = getattr(config, "sliding_window", None)
@@ -115,7 +130,10 @@ class HFTarget:
         mask = self.layer_masks(attn_mask, position_ids, start)
         with torch.inference_mode(), capture_states(self.layers, set(aux_layers)) as states:
             out = self.target.causal_lm(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                             cache=self.cache, use_cache=True)
+                                        use_cache=True, **{self._cache_argument: self.cache})
+        if self.cache.get_seq_length() != start + n:
+            raise RuntimeError(f"HFTarget: {type(self.target.causal_lm).__name__} wrote {self.cache.get_seq_length()} "
+                               f"cache slots, expected {start + n}: its forward did not use the cache")
         aux = torch.cat([states[k] for k in aux_layers], dim=-1) if aux_layers else None
         return FastOutput(logits=out.logits.float(), aux_hidden=aux)
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specdraft.engine.fast_model import causal_mask
+from specdraft.engine.hf_target import cache_argument
 from specdraft.engine.load import load_engine
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
@@ -84,3 +85,39 @@ def test_a_mask_as_wide_as_the_cache_is_accepted():
     target.setup_cache(1, 64)
     wide = target(ids, torch.arange(10)[None], torch.arange(10), causal_mask(0, 10, 64)).logits
     assert torch.equal(narrow, wide)
+
+
+class _PastKeyValuesLM(torch.nn.Module):
+    def forward(self, input_ids, past_key_values=None, use_cache=None, **kwargs):
+        raise NotImplementedError
+
+
+class _CacheLM(torch.nn.Module):
+    def forward(self, input_ids, cache=None, use_cache=None, **kwargs):
+        raise NotImplementedError
+
+
+class _NoCacheLM(torch.nn.Module):
+    def forward(self, input_ids, **kwargs):
+        raise NotImplementedError
+
+
+def test_the_cache_goes_under_the_name_the_models_forward_takes():
+    """transformers 5.24 names it `cache`, earlier 5.x `past_key_values` (where `cache=` would land in
+    **kwargs, ignored: every verify then ran without the KV cache)."""
+    assert cache_argument(_CacheLM()) == "cache"
+    assert cache_argument(_PastKeyValuesLM()) == "past_key_values"
+    with pytest.raises(ValueError, match="_NoCacheLM.forward takes no KV cache"):
+        cache_argument(_NoCacheLM())
+
+
+def test_a_forward_that_ignores_the_cache_is_an_error_not_a_cacheless_run():
+    target = hf_setup("gemma2").target
+    forward = target.target.causal_lm.forward
+    target.target.causal_lm.forward = lambda *args, cache=None, past_key_values=None, **kwargs: forward(*args, **kwargs)
+    try:
+        target.setup_cache(1, 64)
+        with pytest.raises(RuntimeError, match="wrote 0 cache slots, expected 6: its forward did not use the cache"):
+            target(torch.tensor(random_prompts(1, 6, seed=4)), torch.arange(6)[None], torch.arange(6), causal_mask(0, 6, 6))
+    finally:
+        del target.target.causal_lm.forward
