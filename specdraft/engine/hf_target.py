@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from specdraft.engine.fast_model import FastOutput
+from specdraft.engine.fast_model import FastOutput, causal_mask
 from specdraft.target import Target, capture_states
 
 TRANSFORMERS_PATH = "transformers (the model's own forward, DynamicCache; no fused kernels or CUDA graphs)"
@@ -59,6 +59,7 @@ class HFTarget:
     """
 
     triton_kernels = False
+    host_inputs = True  # `TargetRunner.forward` passes the inputs as built (the mask and slots on the host)
 
     def __init__(self, target: Target) -> None:
         config = target.config
@@ -88,11 +89,23 @@ class HFTarget:
         self.cache = DynamicCache()
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
 
+    def model_masks(self, attn_mask: Tensor, position_ids: Tensor, start: int) -> Tensor | dict[str, Tensor] | None:
+        """What the model's forward takes as attention_mask for the engine's bool mask [1, 1, T, S]
+        (S = start + T): None when that mask is causal over the slots and on the host (prefill,
+        decode, a chain: the model builds the same masks from its cache, windows and chunks
+        included, or none), else `layer_masks` on the model's device. A mask on the device is
+        not read (that would wait for the device)."""
+        n = position_ids.shape[-1]
+        if attn_mask.device.type == "cpu":  # a decode step's mask is causal iff it is all True
+            if bool(attn_mask.all()) if n == 1 else torch.equal(attn_mask, causal_mask(start, n, start + n)):
+                return None
+        return self.layer_masks(attn_mask, position_ids, start)
+
     def layer_masks(self, attn_mask: Tensor, position_ids: Tensor, start: int) -> Tensor | dict[str, Tensor]:
         """The engine's bool mask [1, 1, T, S] (S = start + T) as the model's additive masks in its
-        dtype: one tensor, or {layer type: mask} for a config with `layer_types` (the form the
-        model's forward takes in place of building its own). Key slot s < start sits at position
-        s; the T new keys at `position_ids`."""
+        dtype on its device: one tensor, or {layer type: mask} for a config with `layer_types`
+        (the form the model's forward takes in place of building its own). Key slot s < start
+        sits at position s; the T new keys at `position_ids`."""
         keys = torch.cat([torch.arange(start, device=position_ids.device), position_ids[0]])
         distance = position_ids[0][:, None] - keys[None, :]  # [T, S]
         allowed = {"full_attention": attn_mask}
@@ -101,9 +114,9 @@ class HFTarget:
         if self._chunk is not None:
             same_chunk = position_ids[0][:, None] // self._chunk == keys[None, :] // self._chunk
             allowed["chunked_attention"] = attn_mask & same_chunk
-        dtype = self.tok_embeddings.weight.dtype
-        additive = {name: torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, torch.finfo(dtype).min)
-                    for name, m in allowed.items()}
+        weight = self.tok_embeddings.weight
+        additive = {name: torch.zeros(m.shape, dtype=weight.dtype, device=m.device)
+                    .masked_fill_(~m, torch.finfo(weight.dtype).min).to(weight.device) for name, m in allowed.items()}
         if self._layer_types:
             return {name: additive[name] for name in set(self._layer_types)}
         uses_window = self._window is not None and self.args.model_type in ("mistral", "phi3")
@@ -113,8 +126,9 @@ class HFTarget:
                  aux_layers: tuple[int, ...] = ()) -> FastOutput:
         """T new tokens written at slots start..start+T-1 (`fast_model.FastTarget.forward`'s shapes:
         input_ids / position_ids [B, T], every row the same positions, cache_slots [T], attn_mask
-        [B, 1, T, S >= start + T] bool; columns past start + T are dropped). Returns logits
-        [B, T, V] float32 and aux states [B, T, n_aux*H] (None without aux layers).
+        [B, 1, T, S >= start + T] bool; columns past start + T are dropped; on the host or the
+        model's device: host slots and a host mask are read without waiting for the device).
+        Returns logits [B, T, V] float32 and aux states [B, T, n_aux*H] (None without aux layers).
         Raises RuntimeError before `setup_cache` or when the slots are not contiguous from
         start <= the cached length."""
         if self.cache is None:
@@ -127,10 +141,11 @@ class HFTarget:
         if start < cached:
             self.truncate(start)
         attn_mask = attn_mask[..., :start + n]  # a wider mask (e.g. max_seq_len) covers slots not cached
-        mask = self.layer_masks(attn_mask, position_ids, start)
+        mask = self.model_masks(attn_mask, position_ids, start)
+        device = self.tok_embeddings.weight.device
         with torch.inference_mode(), capture_states(self.layers, set(aux_layers)) as states:
-            out = self.target.causal_lm(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                                        use_cache=True, **{self._cache_argument: self.cache})
+            out = self.target.causal_lm(input_ids=input_ids.to(device), position_ids=position_ids.to(device),
+                                        attention_mask=mask, use_cache=True, **{self._cache_argument: self.cache})
         if self.cache.get_seq_length() != start + n:
             raise RuntimeError(f"HFTarget: {type(self.target.causal_lm).__name__} wrote {self.cache.get_seq_length()} "
                                f"cache slots, expected {start + n}: its forward did not use the cache")

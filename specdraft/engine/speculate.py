@@ -394,6 +394,8 @@ class TargetRunner:
         inputs = (tokens[None], positions[None], slots, mask)
         if graphed and self.graphed is not None:
             out = self.graphed(*inputs, self.aux_layers)
+        elif getattr(self.target, "host_inputs", False):  # `hf_target.HFTarget`: reads the mask on the host
+            out = self.target(*inputs, self.aux_layers)
         else:
             out = self.target(*(x.to(self.device) for x in inputs), self.aux_layers)
         return out.logits[0], None if out.aux_hidden is None else out.aux_hidden[0]

@@ -52,6 +52,36 @@ def test_speculative_greedy_equals_target_greedy(arch):
         assert engine.total.accept_length > 1.0, (arch, spec)  # drafts are accepted: paths are committed
 
 
+def _decode_logits(target, ids):
+    """Logits of a prefill of 6, then per position a rejected 2-token chain and the real token."""
+    target.setup_cache(1, 64)
+    logits = [target(ids[:, :6], torch.arange(6)[None], torch.arange(6), causal_mask(0, 6, 6)).logits[0]]
+    for p in range(6, ids.shape[1]):
+        target(torch.tensor([[5, 7]]), torch.tensor([[p, p + 1]]), torch.arange(p, p + 2), causal_mask(p, 2, p + 2))
+        logits.append(target(ids[:, p:p + 1], torch.tensor([[p]]), torch.tensor([p]), causal_mask(p, 1, p + 1)).logits[0])
+    return torch.cat(logits)
+
+
+@pytest.mark.parametrize("arch", CLASSES)
+def test_causal_forwards_without_a_mask_equal_the_masked_ones(arch):
+    """A causal host mask (prefill, decode, chain) goes to the model as None: its own masks from
+    the cache (windows, chunks) equal `layer_masks`; a tree's mask is built."""
+    target = hf_setup(arch).target
+    ids = torch.tensor(random_prompts(1, 14, seed=6))
+    positions = torch.tensor([[6, 7, 7]])
+    assert target.model_masks(causal_mask(6, 3, 9), positions, 6) is None
+    tree = causal_mask(6, 3, 9).clone()
+    tree[..., 2, 7] = False  # node 2 is a sibling of node 1
+    assert target.model_masks(tree, positions, 6) is not None
+    mask_free = _decode_logits(target, ids)
+    target.model_masks = target.layer_masks
+    try:
+        masked = _decode_logits(target, ids)
+    finally:
+        del target.model_masks
+    assert (mask_free - masked).abs().max() < 1e-5, arch
+
+
 CHAIN, TREE = SpecConfig.chain(2), SpecConfig(2, 2, 4)
 # The classes whose forward deviates most from Llama's, one verification mode each past Gemma 2
 # (each mode draws FC-10's 3 x 400 samples, one engine run each): soft-capped logits; MLA + MoE
