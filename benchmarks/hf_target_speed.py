@@ -8,8 +8,13 @@ and of speculation on it with the committed drafter ("chain3"), with τ, the spe
 "plain" and how many outputs equal `generate`'s. Goal: "plain" no slower per token than
 "hf_generate". The GPU figures are not measured by this session; run it with --device cuda.
 
+--tiny-host times the host work per token instead: stories260K (260K parameters: compute is
+negligible) on one CPU thread, `generate` and plain decoding on the transformers path in
+interleaved runs, one JSON line of per-token microseconds (median, min, max over the runs).
+
     python benchmarks/hf_target_speed.py --target ../shared/models/pycode-25m    # CPU, float32
-    python benchmarks/hf_target_speed.py --tiny    # smoke test: stories260K + a seeded drafter
+    python benchmarks/hf_target_speed.py --tiny-host --repeats 9    # host cost per token
+    python benchmarks/hf_target_speed.py --tiny    # smoke test: stories260K + a seeded drafter, both modes
 
 Measurements: benchmarks/RESULTS.md.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +37,7 @@ from specdraft.engine.hf_target import HFTarget
 from specdraft.engine.load import load_paired_draft
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
+from specdraft.stories260k import convert_stories260k
 from specdraft.target import load_target
 
 MAX_SEQ = 512
@@ -54,11 +61,39 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> tuple[list[
     return outputs, tokens / seconds
 
 
-def run(target_dir: str, draft_dir: str, device: str, num_prompts: int, new_tokens: int) -> None:
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+def read_prompts(target_dir: str, num_prompts: int) -> list[list[int]]:
+    """The first num_prompts held-out prompts, 64 tokens at most, in the target's tokenizer."""
     tokenizer = Tokenizer.from_file(str(Path(target_dir) / "tokenizer.json"))
     with open(ASSETS / "prompts.jsonl") as f:
-        prompts = [tokenizer.encode(json.loads(line)["text"]).ids[:64] for line in f][:num_prompts]
+        return [tokenizer.encode(json.loads(line)["text"]).ids[:64] for line in f][:num_prompts]
+
+
+def host_costs(target_dir: str, repeats: int, new_tokens: int) -> None:
+    """Per-token microseconds of `generate` and of plain decoding on the transformers path, one
+    prompt, `repeats` interleaved runs of each after a warm-up; float32 on the CPU."""
+    prompts = read_prompts(target_dir, 1)
+    loaded = load_target(target_dir)
+    engine = SpeculativeEngine(HFTarget(loaded), None, None, None, MAX_SEQ, "cpu")
+    micros: dict[str, list[float]] = {"hf_generate": [], "plain": []}
+    equal = 0
+    for repeat in range(repeats + 1):
+        reference, hf_tps = hf_generate(loaded.model, prompts, new_tokens)
+        outputs, plain_tps, _ = decode(engine, prompts, new_tokens)
+        if repeat:  # the first run of each warms up
+            micros["hf_generate"].append(1e6 / hf_tps)
+            micros["plain"].append(1e6 / plain_tps)
+            equal += outputs == reference
+    summary = {name: {"us_per_token_median": round(statistics.median(v), 1), "min": round(min(v), 1),
+                      "max": round(max(v), 1)} for name, v in micros.items()}
+    summary["plain_over_hf_generate_median"] = round(statistics.median(micros["plain"]) /
+                                                     statistics.median(micros["hf_generate"]), 3)
+    summary["outputs_equal_hf_generate"] = f"{equal}/{repeats}"
+    print(json.dumps(summary), flush=True)
+
+
+def run(target_dir: str, draft_dir: str, device: str, num_prompts: int, new_tokens: int) -> None:
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    prompts = read_prompts(target_dir, num_prompts)
     loaded = load_target(target_dir, dtype=dtype, device=device)
     target = HFTarget(loaded)
     hf_generate(loaded.model, prompts[:1], 4)  # warm-up
@@ -87,8 +122,17 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both paths alike)")
     parser.add_argument("--tiny", action="store_true",
-                        help="smoke test on the CPU: stories260K and a seeded drafter, 2 prompts x 8 tokens")
+                        help="smoke test on the CPU: stories260K and a seeded drafter, 2 prompts x 8 tokens, "
+                             "then --tiny-host's line for 1 run of 8 tokens")
+    parser.add_argument("--tiny-host", action="store_true",
+                        help="host cost per token: stories260K on one CPU thread, generate vs plain decoding")
+    parser.add_argument("--repeats", type=int, default=5, help="--tiny-host: timed runs of each")
     args = parser.parse_args()
+    if args.tiny_host:
+        torch.set_num_threads(1)
+        with tempfile.TemporaryDirectory(prefix="hf-target-host-") as tmp:
+            host_costs(str(convert_stories260k(Path(tmp) / "target")), args.repeats, args.new_tokens)
+        return
     if not args.tiny:
         if args.target is None:
             parser.error("--target is required (or --tiny)")
@@ -99,6 +143,7 @@ def main() -> None:
         root = tiny_demo_dir(Path(tmp))
         torch.set_num_threads(1)
         run(str(root / "target"), str(root / "train" / "draft"), "cpu", 2, 8)
+        host_costs(str(root / "target"), 1, 8)
 
 
 if __name__ == "__main__":
