@@ -8,12 +8,12 @@ and of speculation on it with the committed drafter ("chain3"), with τ, the spe
 "plain" and how many outputs equal `generate`'s. Goal: "plain" no slower per token than
 "hf_generate". The GPU figures are not measured by this session; run it with --device cuda.
 
---tiny-host times the host work per token instead: stories260K (260K parameters: compute is
-negligible) on one CPU thread, `generate` and plain decoding on the transformers path in
-interleaved runs, one JSON line of per-token microseconds (median, min, max over the runs).
+--host-costs times both per token in interleaved runs instead (one prompt, one CPU thread,
+float32; one JSON line of per-token microseconds: median, min, max over the runs); without
+--target on stories260K, whose compute is negligible: the host work per token.
 
     python benchmarks/hf_target_speed.py --target ../shared/models/pycode-25m    # CPU, float32
-    python benchmarks/hf_target_speed.py --tiny-host --repeats 9    # host cost per token
+    python benchmarks/hf_target_speed.py --host-costs --repeats 7 --new-tokens 128    # stories260K
     python benchmarks/hf_target_speed.py --tiny    # smoke test: stories260K + a seeded drafter, both modes
 
 Measurements: benchmarks/RESULTS.md.
@@ -123,15 +123,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both paths alike)")
     parser.add_argument("--tiny", action="store_true",
                         help="smoke test on the CPU: stories260K and a seeded drafter, 2 prompts x 8 tokens, "
-                             "then --tiny-host's line for 1 run of 8 tokens")
-    parser.add_argument("--tiny-host", action="store_true",
-                        help="host cost per token: stories260K on one CPU thread, generate vs plain decoding")
-    parser.add_argument("--repeats", type=int, default=5, help="--tiny-host: timed runs of each")
+                             "then --host-costs' line for 1 run of 8 tokens")
+    parser.add_argument("--host-costs", action="store_true",
+                        help="per-token microseconds of generate and plain decoding, interleaved runs on one "
+                             "CPU thread; stories260K without --target")
+    parser.add_argument("--repeats", type=int, default=5, help="--host-costs: timed runs of each")
     args = parser.parse_args()
-    if args.tiny_host:
+    if args.host_costs:
         torch.set_num_threads(1)
         with tempfile.TemporaryDirectory(prefix="hf-target-host-") as tmp:
-            host_costs(str(convert_stories260k(Path(tmp) / "target")), args.repeats, args.new_tokens)
+            target_dir = args.target or str(convert_stories260k(Path(tmp) / "target"))
+            host_costs(target_dir, args.repeats, args.new_tokens)
         return
     if not args.tiny:
         if args.target is None:

@@ -4,11 +4,12 @@ the model's own forward with a `transformers.DynamicCache`, cropped on rejection
 
 It has the interface the engine uses of `fast_model.FastTarget` (`args`, `setup_cache`, the
 forward over cache slots with a [1, 1, T, S] bool mask, `compact_cache`, `tok_embeddings`), so
-chains and trees are verified exactly as on the fast path. The engine's mask is turned into
-the model's own per-layer masks (`layer_masks`): a sliding window (Mistral, Gemma 2 / 3, GPT-OSS,
-Qwen2 with sliding layers) or chunked attention (Llama 4) applied on top of the tree mask, by
-position. Slower than the fast path (no fused kernels, no CUDA graphs); used where the fast path
-does not apply (`load.load_engine` says which path runs).
+chains and trees are verified exactly as on the fast path. A causal mask (prefill, decode, a
+chain) is left to the model, which builds its own masks from the cache (`model_masks`); a
+tree's mask is turned into the model's per-layer masks (`layer_masks`): a sliding window
+(Mistral, Gemma 2 / 3, GPT-OSS, Qwen2 with sliding layers) or chunked attention (Llama 4)
+applied on top of the tree mask, by position. Slower than the fast path (no fused kernels, no
+CUDA graphs); used where the fast path does not apply (`load.load_engine` says which path runs).
 """
 
 from __future__ import annotations
@@ -96,10 +97,9 @@ class HFTarget:
         included, or none), else `layer_masks` on the model's device. A mask on the device is
         not read (that would wait for the device)."""
         n = position_ids.shape[-1]
-        if attn_mask.device.type == "cpu":  # a decode step's mask is causal iff it is all True
-            if bool(attn_mask.all()) if n == 1 else torch.equal(attn_mask, causal_mask(start, n, start + n)):
-                return None
-        return self.layer_masks(attn_mask, position_ids, start)
+        causal = attn_mask.device.type == "cpu" and (  # a decode step's mask is causal iff it is all True
+            bool(attn_mask.all()) if n == 1 else torch.equal(attn_mask, causal_mask(start, n, start + n)))
+        return None if causal else self.layer_masks(attn_mask, position_ids, start)
 
     def layer_masks(self, attn_mask: Tensor, position_ids: Tensor, start: int) -> Tensor | dict[str, Tensor]:
         """The engine's bool mask [1, 1, T, S] (S = start + T) as the model's additive masks in its
