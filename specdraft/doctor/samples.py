@@ -3,8 +3,9 @@
 - a capture store directory (index.json): its samples' input_ids and loss_mask (the stored
   hidden states are not used: the target is re-run with the layers the engine would capture);
 - JSONL rows {"input_ids": [...], "loss_mask": [...]} (loss_mask optional: all ones);
-- chats ({"messages"} / {"conversations"}) or texts ({"text"}), rendered by specdraft.data with
-  the target's tokenizer and the manifest's chat-template kwargs, as at training.
+- chats ({"messages"} / {"conversations"}) or texts ({"text"} / {"prompt", "completion"}),
+  rendered by specdraft.data with the target's tokenizer and the manifest's chat-template
+  kwargs, as at training; prompts alone ({"prompt"}) are refused: nothing to score.
 
 A file the user gave that cannot be read is a DataError naming the file and line (BadRecord for
 one bad record, which skip_bad skips and counts: `SampleRead.skipped_text`), never a skip.
@@ -82,7 +83,12 @@ def _rendered(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[st
               skip_bad: bool) -> SampleRead:
     """Chats or texts rendered with the target's tokenizer. The first skipped record is found
     by reading (then rendering) again without skipping, only when one was skipped."""
-    chat = any(k in _first_row(path) for k in ("messages", "conversations"))
+    row = _first_row(path)
+    chat = any(k in row for k in ("messages", "conversations"))
+    if not chat and "prompt" in row and not any(k in row for k in ("text", "completion")):
+        raise DataError(f"{path}: prompts without what follows them; doctor scores the drafter's guesses of "
+                        "the target's own text, so each row needs it: give {\"prompt\", \"completion\"} rows "
+                        "(the target's outputs) or {\"text\"} rows")
     records = read_records(path, chat=chat, skip_bad=skip_bad)
     tok = tokenizer()
     if chat and not getattr(tok, "chat_template", None):
