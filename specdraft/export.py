@@ -38,7 +38,6 @@ from specdraft.checkpoint import (
     check_vocab_map,
     is_training_checkpoint,
     load_draft,
-    load_training_checkpoint,
     official_config,
     read_config,
     speculators_config,
@@ -138,18 +137,16 @@ class ExportResult:
 
 
 def load_source(checkpoint: str | Path, target_num_layers: int | None, **reading: Any) -> LoadedDraft:
-    """What export reads: a training checkpoint (`checkpoint.load_training_checkpoint`; its manifest
-    records the step; reading's aux_layers must be its own) or a drafter directory (`load_draft`, given
-    `reading`: target class, SGLang version, aux_layers). Raises CheckpointError naming
-    the path for anything else (e.g. a drafter's model.safetensors given instead of its directory)."""
+    """What export reads (`checkpoint.load_draft`, given `reading`: target class, SGLang version,
+    aux_layers): a drafter directory or a training checkpoint (its manifest records the step;
+    reading's aux_layers must be its own). Raises CheckpointError naming the path for anything
+    else (e.g. a drafter's model.safetensors given instead of its directory)."""
     path = Path(checkpoint)
-    if is_training_checkpoint(path):
-        return load_training_checkpoint(path, reading.get("aux_layers"))
     accepted = SOURCE_FORMS
-    if path.is_file():
+    if path.is_file() and not is_training_checkpoint(path):
         raise CheckpointError(f"{checkpoint} is a file but no training checkpoint; pass {accepted} "
                               f"(a drafter here would be {path.parent})")
-    if not path.is_dir():
+    if not path.exists():
         raise CheckpointError(f"{checkpoint}: no such file or directory; pass {accepted}")
     return load_draft(path, target_num_layers=target_num_layers, **reading)
 

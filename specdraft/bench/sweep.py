@@ -51,6 +51,7 @@ from specdraft.client import (
     sglang_counts,
     wait_for_server,
 )
+from specdraft.data.records import chat_record, served_messages
 from specdraft.errors import SpecdraftError
 
 BUILTIN = "builtin"
@@ -65,8 +66,8 @@ class BenchError(SpecdraftError, RuntimeError):
 class BenchConfig:
     """What to benchmark. url / baseline_url: server base URLs (http://host:port; trailing
     slashes and a trailing /v1 dropped, `check_url`); prompts:
-    "builtin" or a JSONL file (rows {"prompt": text} or JSON strings, whatever the file's
-    name; plain text is refused); concurrency: requests in flight, one level each; num_prompts: requests per
+    "builtin" or a JSONL file of the rows `load_prompts` reads (whatever the file's name;
+    plain text is refused); concurrency: requests in flight, one level each; num_prompts: requests per
     run of a level (prompts cycled); repeats: runs per level (mean and spread of tokens/s;
     verdicts need MIN_VERDICT_REPEATS);
     max_tokens: per request; tie_band: speedups within 1 +- tie_band are ties, not wins (the
@@ -101,13 +102,16 @@ class BenchConfig:
             raise ValueError("temperature, warmup and wait_s must be >= 0, timeout_s > 0, tie_band in [0, 1)")
 
 
-PROMPT_ROW = '{"prompt": "<text>"} or a JSON string'
+PROMPT_ROW = '{"prompt": "<text>"}, {"text": "<text>"}, a chat {"messages": [...]} or a JSON string'
 
 
-def load_prompts(source: str) -> list[str]:
+def load_prompts(source: str) -> list[str | list[dict[str, Any]]]:
     """Prompts from "builtin" (specdraft/assets/bench_prompts.jsonl: short stories and code) or
-    a JSONL file (any name) of {"prompt": text} rows or JSON strings. Raises ValueError naming
-    the file and line of a bad row (plain text included), or for no prompts."""
+    a JSONL file (any name) of {"prompt": text} rows (a "completion" is left out), {"text": text}
+    rows or JSON strings: texts; or of chats ({"messages"} / {"conversations"}, read by
+    `data.records.chat_record`): each chat's messages before its last assistant turn, which
+    `client.request_body` sends to /v1/chat/completions. Raises ValueError naming the file and
+    line of a bad row (plain text included), or for no prompts."""
     if source == BUILTIN:
         text, name = (resources.files("specdraft.assets") / "bench_prompts.jsonl").read_text(), "builtin"
     else:
@@ -115,25 +119,26 @@ def load_prompts(source: str) -> list[str]:
         if not path.is_file():
             raise ValueError(f"{source}: prompt file not found (give a JSONL file or 'builtin')")
         text, name = path.read_text(), str(path)
-    prompts = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        prompts.append(prompt_of_row(line, name, number))
+    prompts = [prompt_of_row(line, name, number) for number, line in enumerate(text.splitlines(), start=1)
+               if line.strip()]
     if not prompts:
         raise ValueError(f"{name}: no prompts")
     return prompts
 
 
-def prompt_of_row(line: str, name: str, number: int) -> str:
-    """The prompt of one JSONL row: {"prompt": text} or a JSON string."""
+def prompt_of_row(line: str, name: str, number: int) -> str | list[dict[str, Any]]:
+    """The prompt of one JSONL row (`load_prompts`); a chat row's is its messages before its last
+    assistant turn (`data.render.served_messages`)."""
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"{name}:{number}: not JSON ({e.msg}); a prompts file is JSONL, one {PROMPT_ROW} "
                          "per line") from None
-    prompt = row.get("prompt") if isinstance(row, dict) else row
-    if not isinstance(prompt, str) or not prompt:
+    if isinstance(row, dict) and ("messages" in row or "conversations" in row):
+        prompt = served_messages(chat_record(f"{name}:{number}", row).messages)
+    else:
+        prompt = (row.get("prompt") or row.get("text")) if isinstance(row, dict) else row
+    if not isinstance(prompt, (str, list)) or not prompt:
         raise ValueError(f"{name}:{number}: expected {PROMPT_ROW} per line")
     return prompt
 

@@ -191,8 +191,7 @@ def synchronize(device: torch.device) -> None:
 # ---- the model --------------------------------------------------------------------------------
 @dataclass
 class Costs:
-    """Seconds: target forward per token count, drafter step / round overhead per topk, plain
-    decoding overhead per token."""
+    """Seconds: target forward per token count, drafter step / round overhead per topk, plain decoding overhead per token."""
 
     t_verify: dict[int, float]
     t_draft: dict[int, float] = field(default_factory=dict)
@@ -399,9 +398,10 @@ def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg:
                dtype: torch.dtype = torch.float32, progress: Callable[[str], None] | None = None) -> TuneReport:
     """`tune` for a target directory (with its tokenizer), a drafter and a prompt source (`sweep.load_prompts`)."""
     from specdraft.bench.sweep import load_prompts
+    from specdraft.data.render import prompt_ids
 
     tokenizer, engine = load_tuned(target_dir, draft_dir, cfg, device, dtype)
-    ids = [list(tokenizer(p)["input_ids"]) for p in load_prompts(prompts)]
+    ids = [prompt_ids(tokenizer, p) for p in load_prompts(prompts)]
     report = tune(engine.target, engine.draft, ids, cfg, str(draft_dir), progress)
     report.target_path = str(target_dir)
     return report

@@ -18,6 +18,7 @@ import torch
 
 from specdraft.bench.suites import Suite
 from specdraft.bench.tune import Bench, TuneConfig, TuneReport, load_tuned, spec_text, tune
+from specdraft.data.render import prompt_ids
 from specdraft.engine.spec_config import SpecConfig
 
 
@@ -52,8 +53,7 @@ def suite_prompt_ids(tokenizer, suite: Suite, answer: Callable[[list[int]], str]
         chat: list[dict] = []
         for k, turn in enumerate(q.turns):
             chat.append({"role": "user", "content": turn})
-            text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-            ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            ids = prompt_ids(tokenizer, chat)
             out[q.category].append(ids)
             if k + 1 < len(q.turns):
                 chat.append({"role": "assistant", "content": answer(ids)})

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specdraft.checkpoint.dirs import DirKind, classify_dir, wrong_dir_message
+from specdraft.checkpoint.dirs import PROGRESS_FILE, DirKind, classify_dir, has_manifest, is_training_checkpoint, wrong_dir_message
 from specdraft.checkpoint.layouts import (
     DRAFTER_CONFIG_FIX,
     FLAGS_FIX,
@@ -69,16 +68,15 @@ __all__ = [
     "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError", "Converted", "DirKind",
     "LoadedDraft", "Manifest", "WeightFiles", "all_finite", "audit", "aux_layers_note", "build_draft",
     "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files", "convert_draft",
-    "derived_tensors", "describe_layout", "detect_layout", "draft_tensors", "file_sha256", "find_weights", "is_training_checkpoint",
-    "load_draft", "load_training_checkpoint", "official_config", "open_safetensors", "owned_embedding_config",
-    "read_config", "read_draft_config", "read_safetensors", "read_sharded", "read_weights",
-    "refuse_other_aux_layers", "refuse_unimplemented_flags", "replace_dir", "save_draft",
-    "speculators_config", "state_dict_for_layout", "tensor_digest", "unimplemented_flags", "usable_vocab",
-    "verify_written", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
+    "derived_tensors", "describe_layout", "detect_layout", "draft_tensors", "file_sha256", "find_weights",
+    "has_manifest", "is_training_checkpoint", "load_draft", "load_training_checkpoint", "official_config",
+    "open_safetensors", "owned_embedding_config", "read_config", "read_draft_config", "read_safetensors",
+    "read_sharded", "read_weights", "refuse_other_aux_layers", "refuse_unimplemented_flags", "replace_dir",
+    "save_draft", "speculators_config", "state_dict_for_layout", "tensor_digest", "unimplemented_flags",
+    "usable_vocab", "verify_written", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
-PROGRESS_FILE = "trainer.pt"  # inside a sharded checkpoint directory: the trainer's progress state
 
 
 @dataclass
@@ -235,7 +233,8 @@ def read_draft_config(path: str | Path, target_num_layers: int | None = None, ta
 def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                target_num_layers: int | None = None, target_class: str = "llama",
                sglang_version: str | None = None, aux_layers: list[int] | None = None) -> LoadedDraft:
-    """Load a draft checkpoint strictly, detecting its layout and weights format (`weights`).
+    """Load a draft checkpoint strictly, detecting its layout and weights format (`weights`); a
+    training checkpoint (`is_training_checkpoint`) is read by `load_training_checkpoint`.
 
     Raises CheckpointError naming the file and every unmatched key, unfilled parameter or
     mis-shaped tensor (cases S1, FC-01). Unless the drafter owns its embedding (the file holds
@@ -246,6 +245,10 @@ def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     unless `device` or `dtype` moves them.
     """
     path = Path(path)
+    if is_training_checkpoint(path):
+        loaded = load_training_checkpoint(path, aux_layers)
+        loaded.model.to(device=device, dtype=dtype)
+        return loaded
     layout, manifest, cfg = read_draft_config(path, target_num_layers, target_class, sglang_version, aux_layers)
     tensors, files = read_weights(path)
     cfg = owned_embedding_config(cfg, manifest, tensors)
@@ -388,7 +391,7 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
     (the written file is re-read one tensor at a time, `verify_written`).
     """
     check_output_dir(dst, source=src)
-    if layout == "specdraft" and not (Path(src) / MANIFEST_FILE).is_file():  # before asking for the target
+    if layout == "specdraft" and not has_manifest(src):  # before asking for the target
         with_target = "" if target_num_layers else ", with --target DIR (without a manifest the aux ids need it)"
         raise CheckpointError(f"{src}: no {MANIFEST_FILE}, which the specdraft layout carries and --target "
                               f"cannot supply; convert to --layout sglang or speculators instead{with_target}")
@@ -396,7 +399,7 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
     source = load_draft(src, target_num_layers=target_num_layers, aux_layers=aux_layers, **ids)
     if target_class is None and source.manifest is not None:
         ids["target_class"] = (source.manifest.target or {}).get("target_class") or "llama"
-    spec = read_config(Path(src)).get("speculators_config")
+    spec = {} if is_training_checkpoint(src) else read_config(Path(src)).get("speculators_config")
     verifier = (spec.get("verifier") if isinstance(spec, dict) else None) or {}
     recorded = (source.manifest.target if source.manifest is not None else None) or {}
     name = verifier.get("name_or_path") or recorded.get("name_or_path") or target_name_or_path
@@ -439,13 +442,6 @@ def checkpoint_paths(out_dir: str | Path) -> list[Path]:
     """Complete checkpoints under out_dir/checkpoints, oldest first: step-N.pt files (one
     process) and step-N directories (several ranks); temp names start with "." and are skipped."""
     return sorted((Path(out_dir) / CHECKPOINT_DIR).glob("step-*"))
-
-
-def is_training_checkpoint(path: str | Path) -> bool:
-    """Whether `path` looks like a checkpoint of `checkpoint_paths`: a torch.save file (a zip
-    archive, as the trainer writes) or a directory holding PROGRESS_FILE (sharded)."""
-    path = Path(path)
-    return (path / PROGRESS_FILE).is_file() if path.is_dir() else path.is_file() and zipfile.is_zipfile(path)
 
 
 def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = None) -> LoadedDraft:

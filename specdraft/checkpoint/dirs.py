@@ -2,12 +2,14 @@
 
 `classify_dir` tells a drafter directory from a target model's; `wrong_dir_message` is the one
 line every command prints when given the one for the other (or a capture store, or a run
-directory where a drafter is wanted).
+directory where a drafter is wanted). `is_training_checkpoint` tells a training run's checkpoint
+(RUN/checkpoints/step-N.pt, or a sharded step-N directory) from a drafter directory.
 """
 
 from __future__ import annotations
 
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from specdraft.checkpoint.layouts import MANIFEST_FILE, OFFICIAL_ARCHITECTURES
 # at the top or in a speculators transformer_layer_config.
 DRAFTER_CONFIG_KEYS = ("speculators_model_type", "draft_vocab_size", "target_hidden_size", "eagle_config",
                        "eagle_aux_hidden_state_layer_ids")
+PROGRESS_FILE = "trainer.pt"  # inside a sharded checkpoint directory: the trainer's progress state
 DRAFTER_DIRS = "pass the drafter directory (specdraft train's OUT/draft or an export)"
 
 
@@ -113,3 +116,14 @@ def wrong_dir_message(path: str | Path, want: str, given_as: str = "") -> str | 
                 f"specdraft train writes at the end)")
     return None
 
+
+def is_training_checkpoint(path: str | Path) -> bool:
+    """Whether `path` looks like a checkpoint of `checkpoint_paths`: a torch.save file (a zip
+    archive, as the trainer writes) or a directory holding PROGRESS_FILE (sharded)."""
+    path = Path(path)
+    return (path / PROGRESS_FILE).is_file() if path.is_dir() else path.is_file() and zipfile.is_zipfile(path)
+
+
+def has_manifest(path: str | Path) -> bool:
+    """Whether the drafter at `path` carries a specdraft manifest: a training checkpoint does."""
+    return is_training_checkpoint(path) or (Path(path) / MANIFEST_FILE).is_file()

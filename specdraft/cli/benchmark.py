@@ -46,8 +46,8 @@ def bench(
                             "http://127.0.0.1:8000 or http://127.0.0.1:8000/v1.", callback=url_option),
     baseline_url: str = typer.Option("", help="The same engine without speculation (needed for a speedup).",
                                      callback=url_option),
-    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...} rows (plain "
-                                "text is refused)."),
+    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}, {\"text\": ...} "
+                                "or chat {\"messages\": [...]} rows (plain text is refused)."),
     concurrency: str = typer.Option("1,4,16", help="Requests in flight, one level each.",
                                     callback=positive_int_list),
     max_tokens: int = typer.Option(128, min=1, help="Tokens per request (ignore_eos)."),
@@ -176,7 +176,8 @@ def _check_min_speedup(value: float) -> float:
 def tune(
     target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=check_model_dir),
     draft: str = typer.Option(..., help=DRAFTER_HELP + ".", callback=check_drafter),
-    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}."),
+    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}, {\"text\": ...} "
+                                "or chat {\"messages\": [...]} rows."),
     max_tokens: int = typer.Option(64, min=1, help="New tokens per prompt (temperature 0)."),
     num_steps: int = typer.Option(0, min=0, help="Current setting to evaluate too (0 = none): draft depth; "
                                   "--topk and --num-draft-tokens need it."),

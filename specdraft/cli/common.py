@@ -355,9 +355,9 @@ def refuse_bad_configs(draft: str, target: str, target_keys: tuple[str, ...] | N
 
 
 def check_drafter(value: str, param: typer.CallbackParam = None) -> str:
-    """--draft of generate / serve / tune: a drafter directory (`check_checkpoint_dir`) or a
-    training checkpoint (RUN/checkpoints/step-N.pt, or a sharded step-N directory) that
-    `load_engine` reads the drafter and its manifest from."""
+    """The drafter of inspect / convert / export's kin and --draft of generate / serve / tune: a
+    drafter directory (`check_checkpoint_dir`) or a training checkpoint (RUN/checkpoints/step-N.pt,
+    or a sharded step-N directory), both read by `checkpoint.load_draft`."""
     if value:
         from pathlib import Path
 
@@ -369,6 +369,18 @@ def check_drafter(value: str, param: typer.CallbackParam = None) -> str:
             from specdraft.export import SOURCE_FORMS
 
             raise typer.BadParameter(f"{value}: no such file or directory; pass {SOURCE_FORMS}")
+    return check_checkpoint_dir(value, param)
+
+
+def check_doctor_drafter(value: str, param: typer.CallbackParam = None) -> str:
+    """doctor's CHECKPOINT: a drafter directory (`check_checkpoint_dir`). A training checkpoint is
+    refused with the command that makes one from it: doctor checks the files an engine loads."""
+    from specdraft.checkpoint import is_training_checkpoint
+
+    if is_training_checkpoint(value):
+        raise typer.BadParameter(f"{value} is a training checkpoint, which no engine loads; doctor checks the "
+                                 f"files an engine does: export it first (specdraft export {value} OUT --engine "
+                                 "sglang, vllm or speculators), then run doctor on OUT")
     return check_checkpoint_dir(value, param)
 
 

@@ -8,6 +8,7 @@ import typer
 
 from specdraft.cli.common import (
     AUX_OVERRIDE_HELP,
+    DRAFTER_HELP,
     NUM_DRAFT_TOKENS_HELP,
     NUM_STEPS_HELP,
     SKIP_BAD_HINT,
@@ -20,13 +21,14 @@ from specdraft.cli.common import (
     app,
     argument,
     aux_override,
-    check_checkpoint_dir,
+    check_doctor_drafter,
+    check_drafter,
     check_model_dir,
     error,
     flag,
     id_reading,
-    read_target,
     json_kwargs,
+    read_target,
     refuse_bad_configs,
     sglang_version_option,
     user_errors,
@@ -35,8 +37,7 @@ from specdraft.cli.common import (
 
 @app.command()
 def inspect(
-    checkpoint: str = argument("CHECKPOINT", "Draft checkpoint directory (any layout).",
-                                callback=check_checkpoint_dir),
+    checkpoint: str = argument("CHECKPOINT", DRAFTER_HELP + ".", callback=check_drafter),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=check_model_dir),
     manifest: bool = flag("--manifest", help="Print the whole manifest as JSON (default: one line per field)."),
     aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
@@ -49,7 +50,7 @@ def inspect(
     from rich.console import Console
     from rich.table import Table
 
-    from specdraft.checkpoint import audit, describe_layout, load_draft, state_dict_for_layout
+    from specdraft.checkpoint import audit, describe_layout, is_training_checkpoint, load_draft, state_dict_for_layout
 
     console = Console()
     if known_keys:
@@ -58,8 +59,10 @@ def inspect(
         refuse_bad_configs(checkpoint, "")
         reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
         loaded = load_draft(checkpoint, **reading)
-    console.print(f"{checkpoint}: {describe_layout(loaded.layout, loaded.manifest is not None)}",
-                  markup=False, soft_wrap=True)
+    training = loaded.manifest.training if is_training_checkpoint(checkpoint) else None
+    described = (f"training checkpoint (step {training['steps']}; export or convert writes its drafter files)"
+                 if training else describe_layout(loaded.layout, loaded.manifest is not None))
+    console.print(f"{checkpoint}: {described}", markup=False, soft_wrap=True)
     print_aux_note(console, checkpoint, loaded.manifest, reading)
     table = Table()
     for column in ("tensor", "shape", "dtype"):
@@ -89,11 +92,15 @@ def print_known_keys(console, checkpoint: str) -> None:
     unknown ones, one a line; exits 0, or 1 when there are unknown ones."""
     from pathlib import Path
 
-    from specdraft.checkpoint import UNIMPLEMENTED_FLAGS, read_config
+    from specdraft.checkpoint import UNIMPLEMENTED_FLAGS, is_training_checkpoint, read_config
     from specdraft.checkpoint.config_keys import known_keys_lines, unknown_config_keys
 
     for line in known_keys_lines(UNIMPLEMENTED_FLAGS):
         console.print(line, markup=False, soft_wrap=True)
+    if is_training_checkpoint(checkpoint):
+        console.print(f"{checkpoint}: a training checkpoint, no config.json: its drafter config is the manifest "
+                      "specdraft wrote, no other keys", markup=False, soft_wrap=True)
+        raise typer.Exit(0)
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
         unknown = unknown_config_keys(read_config(Path(checkpoint)), UNIMPLEMENTED_FLAGS)
@@ -116,8 +123,7 @@ def _manifest_lines(fields: dict) -> list[str]:
 
 @app.command()
 def convert(
-    src: str = argument("SRC", "Draft checkpoint directory (layout detected).",
-                         callback=check_checkpoint_dir),
+    src: str = argument("SRC", DRAFTER_HELP + " (layout detected).", callback=check_drafter),
     dst: str = argument("DST", "Output directory."),
     layout: Layout = typer.Option(..., help="sglang (official EAGLE-3: config.json + model.safetensors, no "
                                   "specdraft manifest) | speculators (vLLM's; keeps the manifest) | specdraft "
@@ -132,7 +138,7 @@ def convert(
 
     from rich.console import Console
 
-    from specdraft.checkpoint import MANIFEST_FILE, convert_draft, describe_layout, detect_layout
+    from specdraft.checkpoint import MANIFEST_FILE, convert_draft, describe_layout, detect_layout, has_manifest
 
     console = Console()
     with user_errors(console):
@@ -142,14 +148,14 @@ def convert(
         converted = convert_draft(src, dst, layout=layout, **reading,
                                   target_architectures=list(given.architectures or []) or None if given else None,
                                   target_name_or_path=str(Path(target).resolve()) if target else None)
-    print_aux_note(console, src, None if not (Path(src) / MANIFEST_FILE).is_file() else True, reading)
+    print_aux_note(console, src, True if has_manifest(src) else None, reading)
     on_disk = describe_layout(detect_layout(Path(dst)), (Path(dst) / MANIFEST_FILE).is_file())  # as inspect says
     files = ", ".join(sorted(p.name for p in Path(dst).iterdir()))
     console.print(f"wrote {dst} ({on_disk}): {files}; {converted.num_copied} tensors, each bit-identical to {src}"
                   + derived_text(converted.derived, src), markup=False, soft_wrap=True)
     if layout == "speculators":
         console.print(verifier_line(Path(dst)), markup=False, soft_wrap=True)
-    if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
+    if layout == "sglang" and has_manifest(src):
         console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
                       "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)
     print_flag_notes(console, Path(dst), layout)
@@ -234,8 +240,8 @@ def export(
 
 @app.command()
 def doctor(
-    checkpoint: str = argument("CHECKPOINT", "Draft checkpoint directory (any layout).",
-                                callback=check_checkpoint_dir),
+    checkpoint: str = argument("CHECKPOINT", "Draft checkpoint directory (any layout; a training checkpoint: "
+                                "export it first).", callback=check_doctor_drafter),
     target: str = typer.Option("", help="Target directory: capture parity, acceptance, tokenizer.", callback=check_model_dir),
     engine: DoctorEngine | None = typer.Option(None, help="Engine to check for (default: from --engine-args, "
                                                     "else all)."),
@@ -312,6 +318,8 @@ def print_aux_note(console, checkpoint: str, manifest, reading: dict) -> None:
 
     from specdraft.checkpoint import aux_layers_note, read_config
 
+    if manifest is not None:  # its ids are the manifest's (a training checkpoint has no config.json)
+        return
     note = aux_layers_note(read_config(Path(checkpoint)), manifest, reading["target_num_layers"],
                            reading.get("aux_layers"))
     if note:

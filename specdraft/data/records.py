@@ -16,7 +16,7 @@ as such in one line.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,6 +215,19 @@ def _to_record(source: str, row: Any, chat: bool, require_assistant: bool = True
         return Record(source, prompt=prompt, text=row["completion"])
     raise _bad(source, "no non-empty 'text' or 'completion' field",
                "give {\"text\": ...} or {\"prompt\": ..., \"completion\": ...}")
+
+
+def served_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chat's messages before its last assistant turn (all of them when it has none): the
+    prompt a server is sent to produce that turn."""
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
+    return list(messages[:last])
+
+
+def chat_record(source: str, row: Any) -> Record:
+    """One chat row ({"messages"} or {"conversations"}) as a Record, no assistant turn needed (a
+    prompt); BadRecord naming `source` (file:line) for a bad one, as `read_records` does."""
+    return _to_record(source, row, chat=True, require_assistant=False)
 
 
 MESSAGE_FIELDS = {"assistant": ("reasoning_content", "reasoning", "thinking", "tool_calls"),

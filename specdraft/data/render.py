@@ -39,7 +39,7 @@ from specdraft.data.reasoning import (
     template_messages,
     thinking_switch,
 )
-from specdraft.data.records import BadRecord, DataError, Records, read_records
+from specdraft.data.records import BadRecord, DataError, Records, read_records, served_messages
 
 NO_TEMPLATE = "the tokenizer has no chat template: for a base model pass --no-chat (capture, regenerate, " \
               "train --online), or give a tokenizer with a chat template"
@@ -142,6 +142,14 @@ def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict, tool
         kwargs = {**kwargs, "tools": list(tools)}
     return tokenizer.apply_chat_template(list(messages), tokenize=False,
                                          add_generation_prompt=add_generation_prompt, **kwargs)
+
+
+def prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
+    """The token ids a server runs for a prompt: a text as the tokenizer encodes it, a chat (a
+    list of messages) rendered with the chat template, generation prompt added."""
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt)["input_ids"])
+    return list(tokenizer(_render(tokenizer, prompt, True, {}), add_special_tokens=False)["input_ids"])
 
 
 @dataclass(frozen=True)
@@ -349,9 +357,7 @@ def render_parity(tokenizer, chats: Iterable[Sequence[dict[str, str]]], kwargs_a
     diffs = []
     for n, messages in enumerate(chats):
         messages = list(messages)
-        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"),
-                    default=len(messages))
-        parts = {"full chat": (messages, False), "prompt": (messages[:last], True)}
+        parts = {"full chat": (messages, False), "prompt": (served_messages(messages), True)}
         for part, (msgs, gen) in parts.items():
             a = tokenizer(_render(tokenizer, msgs, gen, kwargs_a), add_special_tokens=False)
             b = tokenizer(_render(tokenizer, msgs, gen, kwargs_b), add_special_tokens=False)

@@ -53,8 +53,14 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
     """The drafter alone on samples (teacher-forced, own states fed back) accepts per position
     about as often as training said; a large gap names the likely causes (S6, S1-S3, FC-09).
     Under MIN_SCORED scored positions it skips (too little evidence); a later position scored
-    under MIN_SCORED times is shown, not judged."""
-    training = training_accuracy(ev.manifest)
+    under MIN_SCORED times is shown, not judged. Samples that are the drafter's training data
+    (`trained_on_samples`) are compared with the training split's accuracy, and said to be."""
+    trained_on = trained_on_samples(ev)
+    training = training_accuracy(ev.manifest, ("train",)) if trained_on else training_accuracy(ev.manifest)
+    if trained_on and training is None:
+        raise Unavailable("--samples is the drafter's training data (its data_hash is the manifest's) and the "
+                          "manifest records no training-split accuracy to compare with (the validation "
+                          "split's would flatter the drafter)", "pass held-out samples")
     steps = len(training[0]) if training else _ttt_steps(ev)
     try:
         run = offline_run(ev, ev.engine, steps)
@@ -78,6 +84,9 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
                           "--max-samples caps how many are used)")
     rows = ", ".join(f"{k + 1}: {t:.2f} / {o:.2f}" for k, (t, o) in enumerate(zip(training[0], offline)))
     text = f"per position {training[1]} / offline: {rows}; {where}"
+    if trained_on:
+        text += ("; the samples are the drafter's training data (their data_hash is the manifest's): an "
+                 "optimistic check, held-out samples test what serving sees")
     thin = [k + 1 for k in range(len(offline)) if scored[k] < MIN_SCORED]
     if thin:
         text += f"; positions {thin} not judged (under {MIN_SCORED} positions scored)"
@@ -85,12 +94,19 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
             if scored[k] >= MIN_SCORED and (t - o >= MIN_GAP or (t >= 0.1 and o < COLLAPSE_RATIO * t))]
     if gaps:
         fix = _likely_causes(ev)
-        if not any(f.verdict == "fail" for f in ev.findings):
+        if not trained_on and not any(f.verdict == "fail" for f in ev.findings):
             fix += ("; or samples unlike the training data (e.g. human text where the drafter "
                     "learned the target's own regenerated outputs): pass the capture store or "
                     "the target's outputs as --samples")
         return fail(f"offline far below training at positions {gaps}: {text}", fix)
     return ok(text)
+
+
+def trained_on_samples(ev: Evidence) -> bool:
+    """Whether --samples is the data the drafter was trained on: its `data.render.data_hash`
+    (`doctor.samples.SampleRead.data_hash`) is the one the manifest records."""
+    recorded = ev.manifest.data_hash if ev.manifest is not None else None
+    return recorded is not None and ev.sample_read.data_hash == recorded
 
 
 def _ttt_steps(ev: Evidence) -> int:

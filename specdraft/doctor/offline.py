@@ -82,10 +82,11 @@ def _layers_fed(ev: Evidence, engine: str | None) -> tuple[list[int], str]:
     return ev.reading.captured(engine), f"the layers {ENGINE_NAMES[engine]} captures under this config"
 
 
-def training_accuracy(manifest: Manifest | None) -> tuple[list[float], str] | None:
-    """Per-step accuracy recorded at training (validation split preferred), with its name."""
+def training_accuracy(manifest: Manifest | None,
+                      splits: tuple[str, ...] = ("validation", "train")) -> tuple[list[float], str] | None:
+    """Per-step accuracy recorded at training in the first of `splits` that has it, with its name."""
     training = (manifest.training or {}) if manifest is not None else {}
-    for split in ("validation", "train"):
+    for split in splits:
         record = training.get(split) or {}
         if record.get("accuracy"):
             return [float(a) for a in record["accuracy"]], f"training ({split} split)"

@@ -3,8 +3,9 @@
 - a capture store directory (index.json): its samples' input_ids and loss_mask (the stored
   hidden states are not used: the target is re-run with the layers the engine would capture);
 - JSONL rows {"input_ids": [...], "loss_mask": [...]} (loss_mask optional: all ones);
-- chats ({"messages"} / {"conversations"}) or texts ({"text"}), rendered by specdraft.data with
-  the target's tokenizer and the manifest's chat-template kwargs, as at training.
+- chats ({"messages"} / {"conversations"}) or texts ({"text"} / {"prompt", "completion"}),
+  rendered by specdraft.data with the target's tokenizer and the manifest's chat-template
+  kwargs, as at training; prompts alone ({"prompt"}) are refused: nothing to score.
 
 A file the user gave that cannot be read is a DataError naming the file and line (BadRecord for
 one bad record, which skip_bad skips and counts: `SampleRead.skipped_text`), never a skip.
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.data.records import BadRecord, DataError, bad_json, read_records
-from specdraft.data.render import Sample, render_records
+from specdraft.data.render import Sample, data_hash, render_records
 
 MIN_TOKENS = 3  # a draft position t needs tokens t+1 and t+2
 KINDS = "a capture store directory or a JSONL of input_ids, chats or texts"
@@ -39,6 +40,9 @@ class SampleRead:
     num_skipped: int = 0
     first_skipped: str = ""
     prompts_only: bool = False  # a suite's prompts: no target output to replay offline
+    # `data.render.data_hash` of the whole file's samples, as a manifest records the data it was
+    # trained on (a store's index; a chats or texts file rendered whole); None for token rows
+    data_hash: str | None = None
 
     def skipped_text(self) -> str:
         """"skipped N of M records (first: file:line reason)"."""
@@ -60,8 +64,8 @@ def read_samples(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict
         return _suite_prompts(suite, tokenizer(), template_kwargs, max_samples, max_length)
     try:
         if (path / "index.json").is_file():
-            samples = _store_samples(path, max_samples)
-            read = SampleRead(samples, len(samples))
+            samples, recorded = _store_samples(path, max_samples)
+            read = SampleRead(samples, len(samples), data_hash=recorded)
         elif _first_row(path).get("input_ids") is not None:
             read = _token_rows(path, max_samples, skip_bad)
         else:
@@ -72,14 +76,19 @@ def read_samples(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict
     samples = [s for s in samples if len(s.input_ids) >= MIN_TOKENS]
     if not samples:
         raise DataError(f"{path}: no sample of {MIN_TOKENS} tokens or more; give longer samples")
-    return SampleRead(samples, read.num_records, read.num_skipped, read.first_skipped)
+    return SampleRead(samples, read.num_records, read.num_skipped, read.first_skipped, data_hash=read.data_hash)
 
 
 def _rendered(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[str, Any],
               skip_bad: bool) -> SampleRead:
     """Chats or texts rendered with the target's tokenizer. The first skipped record is found
     by reading (then rendering) again without skipping, only when one was skipped."""
-    chat = any(k in _first_row(path) for k in ("messages", "conversations"))
+    row = _first_row(path)
+    chat = any(k in row for k in ("messages", "conversations"))
+    if not chat and "prompt" in row and not any(k in row for k in ("text", "completion")):
+        raise DataError(f"{path}: prompts without what follows them; doctor scores the drafter's guesses of "
+                        "the target's own text, so each row needs it: give {\"prompt\", \"completion\"} rows "
+                        "(the target's outputs) or {\"text\"} rows")
     records = read_records(path, chat=chat, skip_bad=skip_bad)
     tok = tokenizer()
     if chat and not getattr(tok, "chat_template", None):
@@ -95,7 +104,8 @@ def _rendered(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[st
                 render_records(tok, records, template_kwargs=template_kwargs)
         except DataError as e:
             first = _reason(e)
-    return SampleRead(rendered.samples, len(records.records) + records.num_skipped, rendered.num_skipped, first)
+    return SampleRead(rendered.samples, len(records.records) + records.num_skipped, rendered.num_skipped, first,
+                      data_hash=data_hash(rendered.samples))
 
 
 def _suite_name(path: Path) -> str | None:
@@ -158,7 +168,8 @@ def _first_row(path: Path) -> dict[str, Any]:
     raise DataError(f"{path}: empty file; give {KINDS}")
 
 
-def _store_samples(path: Path, max_samples: int) -> list[Sample]:
+def _store_samples(path: Path, max_samples: int) -> tuple[list[Sample], str | None]:
+    """The store's first `max_samples` samples, and the data_hash its index records."""
     from specdraft.capture.store import CaptureStore
 
     store = CaptureStore(path)
@@ -166,7 +177,7 @@ def _store_samples(path: Path, max_samples: int) -> list[Sample]:
     for i in range(min(max_samples, len(store))):
         row = store[i]
         out.append(Sample(row["input_ids"].tolist(), row["loss_mask"].int().tolist()))
-    return out
+    return out, store.meta.get("data_hash")
 
 
 def _token_rows(path: Path, max_samples: int, skip_bad: bool) -> SampleRead:

@@ -108,14 +108,10 @@ def load_paired_draft(draft_dir: str | Path, target: FastTarget, target_dir: str
     `dtype` on `device`, with the target's embedding unless it owns one: the loader's result
     (.model, .manifest); a directory read by `reading` (`load_engine`'s). Raises ValueError when it was trained for another target (`check_trained_for`,
     `check_manifest`), CheckpointError for a wrong vocabulary map (`checkpoint.check_vocab_map`)."""
-    from specdraft.checkpoint import check_vocab_map, is_training_checkpoint, load_draft, load_training_checkpoint
+    from specdraft.checkpoint import check_vocab_map, load_draft
 
-    if is_training_checkpoint(draft_dir):
-        loaded = load_training_checkpoint(draft_dir, (reading or {}).get("aux_layers"))
-        loaded.model.to(device=device, dtype=dtype)
-    else:
-        loaded = load_draft(draft_dir, device=device, dtype=dtype,
-                            **{**(reading or {}), "target_num_layers": target.args.num_layers})
+    loaded = load_draft(draft_dir, device=device, dtype=dtype,
+                        **{**(reading or {}), "target_num_layers": target.args.num_layers})
     draft = loaded.model.eval()
     check_trained_for(loaded.manifest, draft, target, draft_dir, target_dir)
     if not draft.cfg.owns_embedding:

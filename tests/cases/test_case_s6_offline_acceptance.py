@@ -89,9 +89,33 @@ def test_case_s6_held_out_samples_show_no_gap(world, healthy, tmp_path):
 
 
 def test_case_s6_capture_store_as_samples(world, healthy):
+    """The store the drafter was trained on (its data_hash is the manifest's) is compared with the
+    training split's accuracy, not the validation split's, and the finding says it is training data."""
     finding = run_doctor(healthy, target=world.target, engine="vllm", samples=world.store,
                          max_samples=16).finding("offline_acceptance_matches_training")
     assert finding.verdict == "pass" and "16 samples" in finding.evidence
+    assert "per position training (train split) / offline" in finding.evidence
+    assert ("the samples are the drafter's training data (their data_hash is the manifest's): an optimistic "
+            "check, held-out samples test what serving sees") in finding.evidence
+    other = run_doctor(healthy, target=world.target, engine="vllm", samples=world.samples)
+    assert "training data" not in other.finding("offline_acceptance_matches_training").evidence
+
+
+def test_case_s6_training_data_without_a_training_split_record_is_skipped(world, healthy, tmp_path):
+    import json
+    import shutil
+
+    shutil.copytree(healthy, tmp_path / "d")
+    manifest_file = tmp_path / "d" / "specdraft_manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["training"]["train"] = None
+    manifest_file.write_text(json.dumps(manifest))
+    finding = run_doctor(tmp_path / "d", target=world.target, engine="vllm", samples=world.store,
+                         max_samples=16).finding("offline_acceptance_matches_training")
+    assert finding.verdict == "skip", finding
+    assert ("--samples is the drafter's training data (its data_hash is the manifest's) and the manifest records "
+            "no training-split accuracy to compare with") in finding.evidence
+    assert finding.fix == "pass held-out samples"
 
 
 def test_case_s5_depth_past_useful_acceptance_fails(world, healthy):

@@ -58,7 +58,7 @@ def test_inspect_given_a_file_names_the_directory(tmp_path):
             f"model.safetensors (here: {ckpt}), not the file") in text
     assert "config.json: missing" not in text
     missing = invoke(["inspect", str(tmp_path / "nowhere")])
-    assert missing.exit_code == 2 and f"{tmp_path / 'nowhere'}: no such directory" in flat(missing.output)
+    assert missing.exit_code == 2 and f"{tmp_path / 'nowhere'}: no such file or directory" in flat(missing.output)
     with pytest.raises(typer.BadParameter, match="is a file"):
         check_checkpoint_dir(str(ckpt / "model.safetensors"))
     assert check_checkpoint_dir(str(ckpt)) == str(ckpt)

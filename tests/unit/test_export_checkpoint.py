@@ -1,4 +1,6 @@
-"""`specdraft export` of the intermediate checkpoints that `train --save-every` writes.
+"""`specdraft export` of the intermediate checkpoints that `train --save-every` writes; inspect and
+convert read them the same way (`checkpoint.load_draft`), doctor names the export that makes a
+drafter of one.
 
 Same tiny seeded target and synthetic store as test_train_loop.py.
 """
@@ -102,3 +104,45 @@ def test_export_of_a_file_that_is_no_checkpoint_names_what_it_takes(run, tmp_pat
         export_draft(weights, tmp_path / "out", engine="sglang")
     missing = invoke(["export", str(tmp_path / "nowhere"), str(tmp_path / "out"), "--engine", "sglang"])
     assert missing.exit_code == 1 and f"{tmp_path / 'nowhere'}: no such file or directory" in flat(missing.output)
+
+
+@pytest.fixture(scope="module")
+def sharded(store, run, tmp_path_factory):
+    """Step 3 of `run` as a sharded step-N directory (as several ranks write it)."""
+    step3 = run / "checkpoints" / "step-00000003.pt"
+    trainer = Trainer(small_config(total_steps=6, save_every=3, eval_every=3), StoreData(store))
+    trainer.load_state(torch.load(step3, weights_only=False), step3)
+    return write_sharded_checkpoint(trainer, tmp_path_factory.mktemp("sharded"))
+
+
+@pytest.mark.parametrize("form", ["file", "sharded"])
+def test_inspect_and_convert_read_a_training_checkpoint_as_export_does(run, sharded, tmp_path, form):
+    ckpt = run / "checkpoints" / "step-00000003.pt" if form == "file" else sharded
+    shown = invoke(["inspect", str(ckpt)])
+    assert shown.exit_code == 0, shown.output
+    assert flat(shown.output).startswith(f"{ckpt}: training checkpoint (step 3; export or convert writes its "
+                                         "drafter files)")
+    assert "fc.weight" in shown.output and "audit: PASS" in shown.output
+    keys = invoke(["inspect", str(ckpt), "--known-keys"])
+    assert keys.exit_code == 0 and f"{ckpt}: a training checkpoint, no config.json" in flat(keys.output)
+    converted = invoke(["convert", str(ckpt), str(tmp_path / "conv"), "--layout", "specdraft"])
+    assert converted.exit_code == 0, converted.output
+    exported = export_draft(ckpt, tmp_path / "exp", engine="sglang")
+    a, b = load_file(str(tmp_path / "conv" / "model.safetensors")), load_file(str(tmp_path / "exp" / "model.safetensors"))
+    assert a.keys() == b.keys() and exported.num_tensors == len(a) and all(torch.equal(a[k], b[k]) for k in a)
+    manifest = json.loads((tmp_path / "conv" / "specdraft_manifest.json").read_text())
+    assert manifest["training"]["steps"] == 3 and manifest["training"]["checkpoint"] == str(ckpt)
+
+
+@pytest.mark.parametrize("form", ["file", "sharded"])
+def test_doctor_refuses_a_training_checkpoint_with_the_export_that_makes_a_drafter(run, sharded, tmp_path, form):
+    ckpt = run / "checkpoints" / "step-00000003.pt" if form == "file" else sharded
+    result = invoke(["doctor", str(ckpt)])
+    assert result.exit_code == 2
+    assert (f"{ckpt} is a training checkpoint, which no engine loads; doctor checks the files an engine does: "
+            f"export it first (specdraft export {ckpt} OUT --engine sglang, vllm or speculators), then run doctor "
+            "on OUT") in flat(result.output)
+    out = tmp_path / "out"
+    assert invoke(["export", str(ckpt), str(out), "--engine", "sglang"]).exit_code == 0
+    followed = invoke(["doctor", str(out)])
+    assert followed.exit_code == 0, followed.output

@@ -47,6 +47,23 @@ def vllm_exposition(drafts: float, draft_tokens: float, accepted: float, per_pos
     return "\n".join(lines) + "\n"
 
 
+def test_prompt_files_take_texts_and_chats_as_doctor_and_training_data_write_them(tmp_path):
+    """{"text"} rows (the repo's own prompts.jsonl), {"prompt", "completion"} rows (the prompt) and
+    chats (the messages before the last assistant turn, sent as chat completions) are prompts."""
+    from tests.paths import REPO
+
+    texts = load_prompts(str(REPO / "tests" / "assets" / "pycode25m_draft" / "prompts.jsonl"))
+    assert len(texts) >= 2 and all(isinstance(t, str) and t for t in texts)
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "and?"}, {"role": "assistant", "content": "bye"}]
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(row) + "\n" for row in (
+        {"prompt": "def f(", "completion": "x):"}, {"messages": chat}, {"messages": chat[:1]})))
+    assert load_prompts(str(tmp_path / "mixed.jsonl")) == ["def f(", chat[:3], chat[:1]]
+    (tmp_path / "bad_chat.jsonl").write_text(json.dumps({"messages": [{"role": "robot", "content": "x"}]}) + "\n")
+    with pytest.raises(ValueError, match="bad_chat.jsonl:1: "):
+        load_prompts(str(tmp_path / "bad_chat.jsonl"))
+
+
 def test_load_prompts_builtin_and_files(tmp_path):
     builtin = load_prompts("builtin")
     assert len(builtin) >= 8 and any(p.startswith("def ") for p in builtin)
@@ -353,10 +370,11 @@ def test_a_plain_text_or_wrong_shaped_prompts_file_is_refused_naming_file_and_li
     """--prompts takes JSONL only: plain text (any file name) or a row of another shape is one
     line naming file:line and the expected row, before any server is asked."""
     (tmp_path / "small.txt").write_text("Once upon a time\nthere was\n")
-    (tmp_path / "shape.txt").write_text('{"prompt": "ok"}\n{"text": "no"}\n')
-    with pytest.raises(ValueError, match=r'small.txt:1: not JSON .*one \{"prompt": "<text>"\} or a JSON string per line'):
+    (tmp_path / "shape.txt").write_text('{"prompt": "ok"}\n{"question": "no"}\n')
+    rows = r'\{"prompt": "<text>"\}, \{"text": "<text>"\}, a chat \{"messages": \[...\]\} or a JSON string per line'
+    with pytest.raises(ValueError, match=r'small.txt:1: not JSON .*one ' + rows):
         load_prompts(str(tmp_path / "small.txt"))
-    with pytest.raises(ValueError, match=r'shape.txt:2: expected \{"prompt": "<text>"\} or a JSON string per line'):
+    with pytest.raises(ValueError, match=r'shape.txt:2: expected ' + rows):
         load_prompts(str(tmp_path / "shape.txt"))
     result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:1", "--prompts", str(tmp_path / "small.txt"),
                                       "--out", str(tmp_path / "out")])
