@@ -47,7 +47,12 @@ from specdraft.checkpoint import (
     write_safetensors,
 )
 from specdraft.conventions import AUX_KEY, ConventionError, captured_by, parse_dtype, to_engine_ids
-from specdraft.conventions.engines import SPECULATORS_EXCLUSIVE_FLAGS, flag_refusal
+from specdraft.conventions.engines import (
+    SPECULATORS_EXCLUSIVE_FLAGS,
+    flag_refusal,
+    sglang_embedding,
+    sglang_replaces_embedding,
+)
 from specdraft.draft import NORM_FLAGS, DraftConfig, rope_from_hf_config
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 from specdraft.errors import SpecdraftError
@@ -328,12 +333,8 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         raise ExportError(f"{checkpoint}: no manifest to say what the target is; pass --target DIR")
     check_vocab_map(source.model, source.manifest, checkpoint)
     cfg, layers = source.model.cfg, list(source.model.cfg.aux_layers)
-    if engine == "sglang" and cfg.embedding_owned and cfg.hidden_size == cfg.target_hidden_size:
-        raise ExportError("cannot export for sglang: the drafter owns its embed_tokens at the target's width, "
-                          "which SGLang replaces with the target's (conventions.EMBEDDING_SOURCES); export "
-                          "--engine vllm or speculators (vLLM keeps a distinct owned embedding)")
     check_norm_flags(engine, cfg)
-    notes = _check_target(cfg, facts)
+    notes = _check_target(cfg, facts) + _embedding_notes(engine, source, target)
     if dtype is not None and parse_dtype(dtype) != source.model.fc.weight.dtype:
         notes.append(f"floating tensors cast from {source.model.fc.weight.dtype} to {parse_dtype(dtype)}")
         source.model.to(parse_dtype(dtype))
@@ -347,6 +348,29 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     return ExportResult(out_dir, engine, config, launch_command(engine, verifier or "TARGET",
                                                                 out_dir.resolve(), spec),
                         notes, num_tensors - len(source.derived), source.derived)
+
+
+def _embedding_notes(engine: str, source: LoadedDraft, target: str | Path | None) -> list[str]:
+    """For SGLang, the note on an owned embed_tokens that SGLang replaces by the target's identical one
+    (kept in the files: vLLM and specdraft read it); ExportError when SGLang would run another
+    embedding than the trained one (`conventions.engines.sglang_embedding`, doctor's rule too)."""
+    from specdraft.target import target_embedding
+
+    cfg = source.model.cfg
+    if engine != "sglang" or not cfg.owns_embedding:
+        return []
+    declared = {"hidden_size": cfg.hidden_size, "target_hidden_size": cfg.target_hidden_size}
+    try:
+        as_trained, what = sglang_embedding(declared, source.model.embed_tokens.weight.detach(),
+                                            lambda: None if target is None else target_embedding(target))
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise ExportError(f"cannot compare the drafter's embed_tokens with the target's: {e}") from None
+    if not as_trained:
+        raise ExportError(f"cannot export for sglang: {what}; export --engine vllm or speculators (vLLM keeps "
+                          "a drafter's own embedding that differs from the target's)")
+    if not sglang_replaces_embedding(declared):
+        return []
+    return [f"embed_tokens.weight is kept: SGLang runs {what} (set_embed), so as trained"]
 
 
 def _ids_notes(layers: list[int], top: list[int] | None, nested: list[int] | None) -> list[str]:

@@ -7,7 +7,9 @@ How engines number aux layers is `specdraft.conventions.rules`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from specdraft.conventions import ENGINE_NAMES, ConventionError, parse_version, version_label
 
@@ -107,6 +109,30 @@ def sglang_replaces_embedding(layer_config: dict) -> bool:
     unless the config declares a target_hidden_size other than its hidden_size."""
     declared = layer_config.get("target_hidden_size")
     return declared is None or declared == layer_config.get("hidden_size")
+
+
+def sglang_embedding(layer_config: dict, own: Any, target: Callable[[], Any]) -> tuple[bool, str]:
+    """Whether SGLang runs a drafter with the input embedding it was trained with, and what it runs,
+    in user terms: (as_trained, what). The one rule export and doctor judge by (`EMBEDDING_SOURCES`).
+
+    layer_config: the config SGLang reads (hidden_size, target_hidden_size). own: the drafter's
+    embed_tokens.weight [vocab, hidden] (None when it ships none). target: returns the target's
+    embedding [vocab, hidden] (None when no target is given); called only when SGLang puts it in
+    place of `own`. An owned embedding bit-identical to the target's (SpecForge's frozen
+    embedding) is as trained; compared in float32 (exact for fp16 / bf16 values).
+    """
+    if own is None:
+        return True, "the target's embedding (the drafter ships none)"
+    if not sglang_replaces_embedding(layer_config):
+        return True, "its own embedding (config target_hidden_size differs from hidden_size)"
+    theirs = target()
+    if theirs is None:
+        return False, ("SGLang puts the target's embedding in place of the drafter's own embed_tokens; not "
+                       "compared with the target's (pass --target DIR)")
+    if tuple(own.shape) == tuple(theirs.shape) and bool((own.float() == theirs.float()).all()):
+        return True, "the target's embedding, identical to the drafter's own embed_tokens"
+    return False, ("SGLang puts the target's embedding in place of the drafter's own embed_tokens, which "
+                   "differs from it (the drafter trained its own)")
 
 
 def sglang_replaces_head(layer_config: dict) -> bool:
