@@ -41,8 +41,10 @@ from specdraft.checkpoint import (
     load_training_checkpoint,
     official_config,
     read_config,
+    read_weights,
     speculators_config,
     state_dict_for_layout,
+    verifier_replaced_note,
     verify_written,
     write_safetensors,
 )
@@ -334,14 +336,16 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     check_vocab_map(source.model, source.manifest, checkpoint)
     cfg, layers = source.model.cfg, list(source.model.cfg.aux_layers)
     check_norm_flags(engine, cfg)
-    notes = _check_target(cfg, facts) + _embedding_notes(engine, source, target)
+    notes = _check_target(cfg, facts) + _embedding_notes(engine, source, checkpoint, target)
     if dtype is not None and parse_dtype(dtype) != source.model.fc.weight.dtype:
         notes.append(f"floating tensors cast from {source.model.fc.weight.dtype} to {parse_dtype(dtype)}")
         source.model.to(parse_dtype(dtype))
     top, nested, id_notes = engine_ids(layers, engine, facts, sglang_version)
     notes += _ids_notes(layers, top, nested) + id_notes
     verifier, verifier_notes = _verifier(engine, verifier, facts)
-    notes += verifier_notes
+    replaced = verifier_replaced_note(read_config(Path(checkpoint)), verifier) \
+        if engine == "speculators" and Path(checkpoint).is_dir() else None
+    notes += verifier_notes + ([replaced] if replaced else [])
     config = _config_for(engine, cfg, source.model.fc.weight.dtype, (top, nested), facts, verifier, spec)
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
     notes += _source_notes(source, checkpoint, aux_layers) + _tokenizer_notes(source, checkpoint, target)
@@ -350,18 +354,21 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
                         notes, num_tensors - len(source.derived), source.derived)
 
 
-def _embedding_notes(engine: str, source: LoadedDraft, target: str | Path | None) -> list[str]:
+def _embedding_notes(engine: str, source: LoadedDraft, checkpoint: str | Path, target: str | Path | None) -> list[str]:
     """For SGLang, the note on an owned embed_tokens that SGLang replaces by the target's identical one
     (kept in the files: vLLM and specdraft read it); ExportError when SGLang would run another
-    embedding than the trained one (`conventions.engines.sglang_embedding`, doctor's rule too)."""
+    embedding than the trained one (`conventions.engines.sglang_embedding`, doctor's rule too, on
+    the tensor as the source stores it: the loader casts it to fc's dtype)."""
     from specdraft.target import target_embedding
 
     cfg = source.model.cfg
     if engine != "sglang" or not cfg.owns_embedding:
         return []
+    written = source.model.embed_tokens.weight.detach()
+    stored = read_weights(checkpoint)[0].get("embed_tokens.weight", written) if Path(checkpoint).is_dir() else written
     declared = {"hidden_size": cfg.hidden_size, "target_hidden_size": cfg.target_hidden_size}
     try:
-        as_trained, what = sglang_embedding(declared, source.model.embed_tokens.weight.detach(),
+        as_trained, what = sglang_embedding(declared, stored,
                                             lambda: None if target is None else target_embedding(target))
     except (FileNotFoundError, OSError, ValueError) as e:
         raise ExportError(f"cannot compare the drafter's embed_tokens with the target's: {e}") from None
@@ -370,7 +377,9 @@ def _embedding_notes(engine: str, source: LoadedDraft, target: str | Path | None
                           "a drafter's own embedding that differs from the target's)")
     if not sglang_replaces_embedding(declared):
         return []
-    return [f"embed_tokens.weight is kept: SGLang runs {what} (set_embed), so as trained"]
+    cast = "" if stored.dtype == written.dtype else \
+        f"; written as {written.dtype} like every tensor here (the source stores it as {stored.dtype})"
+    return [f"embed_tokens.weight is kept: SGLang runs {what} (set_embed), so as trained{cast}"]
 
 
 def _ids_notes(layers: list[int], top: list[int] | None, nested: list[int] | None) -> list[str]:

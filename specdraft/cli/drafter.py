@@ -132,7 +132,14 @@ def convert(
 
     from rich.console import Console
 
-    from specdraft.checkpoint import MANIFEST_FILE, convert_draft, describe_layout, detect_layout
+    from specdraft.checkpoint import (
+        MANIFEST_FILE,
+        convert_draft,
+        describe_layout,
+        detect_layout,
+        read_config,
+        verifier_replaced_note,
+    )
 
     console = Console()
     with user_errors(console):
@@ -149,6 +156,10 @@ def convert(
                   + derived_text(converted.derived, src), markup=False, soft_wrap=True)
     if layout == "speculators":
         console.print(verifier_line(Path(dst)), markup=False, soft_wrap=True)
+        written = json.loads((Path(dst) / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+        replaced = verifier_replaced_note(read_config(Path(src)), written)
+        if replaced:
+            console.print(f"note: {replaced}", markup=False, soft_wrap=True)
     if layout == "sglang" and (Path(src) / MANIFEST_FILE).is_file():
         console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
                       "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)

@@ -66,6 +66,14 @@ SLIDING_LAYER_TYPE = "sliding_attention"
 # --speculative-config (export's launch command), vLLM reads no verifier.
 SPECULATORS_VERIFIER_READ = ("`vllm serve DRAFTER` serves speculators_config.verifier.name_or_path as the target "
                              "(vllm 0.32.0 transformers_utils/config.py maybe_override_with_speculators)")
+# What vLLM reads from a speculators drafter's config.json when started on it (`vllm serve DRAFTER`,
+# no --speculative-config): the method is speculators_model_type, num_speculative_tokens is
+# speculators_config.proposal_methods[0].speculative_tokens, the draft model is DRAFTER (vllm 0.32.0
+# transformers_utils/config.py maybe_override_with_speculators, transformers_utils/configs/speculators/
+# base.py build_vllm_speculative_config); the target is the verifier (SPECULATORS_VERIFIER_READ).
+SPECULATORS_LAUNCH_READ = ("`vllm serve DRAFTER` takes the method from its speculators_model_type and the draft "
+                           "length from speculators_config.proposal_methods[0].speculative_tokens (vllm 0.32.0 "
+                           "transformers_utils/config.py maybe_override_with_speculators)")
 # Flags the speculators library (0.9.0 models/eagle3/config.py `_check_norm_flags`) refuses together.
 SPECULATORS_EXCLUSIVE_FLAGS = ("norm_before_fc", "fc_norm")
 
@@ -188,6 +196,14 @@ DRAFT_LOADING: tuple[DraftLoading, ...] = (
                  "config is served as Eagle3LlamaForCausalLM / Eagle3Qwen3ForCausalLM by its model_type, any "
                  "other model_type is a ValueError."),
 )
+# What the engines make of a draft config whose architectures name a plain model (the official EAGLE-3
+# trainer writes ["LlamaForCausalLM"], eagle/traineagle3/config.json): vLLM with method eagle3 loads X as
+# Eagle3X (transformers_utils/configs/eagle.py EAGLEConfig, read in the stored source of the 0.3x line);
+# SGLang builds the class the value names, its plain Llama model (srt/models/llama.py EntryClass,
+# 0.5.23), not its EAGLE-3 drafter (llama_eagle3.py LlamaForCausalLMEagle3).
+PLAIN_DRAFT_ARCHITECTURE_READ = ("vLLM (method eagle3) loads a draft config's LlamaForCausalLM as Eagle3LlamaForCausalLM "
+                                 "(vllm transformers_utils/configs/eagle.py), SGLang 0.5.23 as its plain Llama model "
+                                 "(srt/models/llama.py), not its EAGLE-3 drafter LlamaForCausalLMEagle3")
 RELEASES_READ = {"sglang": "SGLang 0.5.23", "vllm": "vLLM 0.32"}  # the newest release each row was read in
 
 

@@ -143,6 +143,9 @@ def algorithm_is_eagle3(ev: Evidence) -> Result:
         return fail(f"{flag} {args.algorithm!r} with an EAGLE-3 drafter: plain EAGLE feeds one H-wide "
                     "hidden state and captures no aux layers, so fc is skipped (widths match) or "
                     "the draft is garbage: accept length ~1.0, no warning", f"set {flag} {want}")
+    if args.speculators_config is not None:
+        return ok(f"speculators_model_type {args.algorithm} in {args.speculators_config}: vLLM started on the "
+                  "drafter reads the method from it (EAGLE-3, aux capture)")
     return ok(f"{flag} {args.algorithm} (EAGLE-3, aux capture)")
 
 

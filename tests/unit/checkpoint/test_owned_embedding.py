@@ -133,3 +133,22 @@ def test_the_one_sglang_embedding_rule():
                                                          "target's (pass --target DIR)")
     assert sglang_embedding({"hidden_size": 32, "target_hidden_size": 64}, own, lambda: 1 / 0)[0] is True
     assert sglang_embedding(same, None, lambda: 1 / 0)[0] is True
+
+
+def test_a_bf16_embedding_in_an_fp16_drafter_is_judged_as_stored(tmp_path):
+    """The loader casts every tensor to fc's dtype (bf16 -> fp16 loses tiny values): export judges the
+    embedding as the file stores it, as doctor does, and says the cast (the fresh-user sf-drafter3)."""
+    from safetensors.torch import load_file, save_file
+
+    draft, target = draft_checkpoint(tmp_path, layout="sglang")
+    tensors = load_file(target / "model.safetensors")
+    key = next(k for k in tensors if k.endswith("embed_tokens.weight"))
+    embedding = tensors[key].to(torch.bfloat16)
+    embedding[0, :4] = 1e-7  # below fp16's smallest subnormal: 0 after the loader's cast
+    save_file({**tensors, key: embedding}, target / "model.safetensors", metadata={"format": "pt"})
+    edit_weights(draft, lambda t: t.update({**{k: v.half() for k, v in t.items() if v.is_floating_point()},
+                                            OWN: embedding.clone()}))
+    result = export_draft(draft, tmp_path / "sglang", engine="sglang", target=target)
+    assert any("identical to the drafter's own embed_tokens (set_embed), so as trained; written as torch.float16 "
+               "like every tensor here (the source stores it as torch.bfloat16)" in note for note in result.notes)
+    assert run_doctor(draft, target=target, engine="sglang").finding("embedding_and_head_as_trained").verdict == "pass"
