@@ -249,7 +249,7 @@ def doctor(
                                 callback=check_checkpoint_dir),
     target: str = typer.Option("", help="Target directory: capture parity, acceptance, tokenizer.", callback=check_model_dir),
     engine: DoctorEngine | None = typer.Option(None, help="Engine to check for (default: from --engine-args, "
-                                                    "else all)."),
+                                                    "else all; a speculators drafter: vllm, which serves it)."),
     engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
     samples: str = typer.Option("", help="Capture store, JSONL (token ids, chats or texts) or a suite name "
                                 "(mt-bench, humaneval, gsm8k: prompts for --server and render parity)."),
