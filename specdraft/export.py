@@ -40,13 +40,20 @@ from specdraft.checkpoint import (
     load_draft,
     official_config,
     read_config,
+    read_weights,
     speculators_config,
     state_dict_for_layout,
+    verifier_replaced_note,
     verify_written,
     write_safetensors,
 )
 from specdraft.conventions import AUX_KEY, ConventionError, captured_by, parse_dtype, to_engine_ids
-from specdraft.conventions.engines import SPECULATORS_EXCLUSIVE_FLAGS, flag_refusal
+from specdraft.conventions.engines import (
+    SPECULATORS_EXCLUSIVE_FLAGS,
+    flag_refusal,
+    sglang_embedding,
+    sglang_replaces_embedding,
+)
 from specdraft.draft import NORM_FLAGS, DraftConfig, rope_from_hf_config
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 from specdraft.errors import SpecdraftError
@@ -325,25 +332,51 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
         raise ExportError(f"{checkpoint}: no manifest to say what the target is; pass --target DIR")
     check_vocab_map(source.model, source.manifest, checkpoint)
     cfg, layers = source.model.cfg, list(source.model.cfg.aux_layers)
-    if engine == "sglang" and cfg.embedding_owned and cfg.hidden_size == cfg.target_hidden_size:
-        raise ExportError("cannot export for sglang: the drafter owns its embed_tokens at the target's width, "
-                          "which SGLang replaces with the target's (conventions.EMBEDDING_SOURCES); export "
-                          "--engine vllm or speculators (vLLM keeps a distinct owned embedding)")
     check_norm_flags(engine, cfg)
-    notes = _check_target(cfg, facts)
+    notes = _check_target(cfg, facts) + _embedding_notes(engine, source, checkpoint, target)
     if dtype is not None and parse_dtype(dtype) != source.model.fc.weight.dtype:
         notes.append(f"floating tensors cast from {source.model.fc.weight.dtype} to {parse_dtype(dtype)}")
         source.model.to(parse_dtype(dtype))
     top, nested, id_notes = engine_ids(layers, engine, facts, sglang_version)
     notes += _ids_notes(layers, top, nested) + id_notes
     verifier, verifier_notes = _verifier(engine, verifier, facts)
-    notes += verifier_notes
+    replaced = verifier_replaced_note(read_config(Path(checkpoint)), verifier) \
+        if engine == "speculators" and not is_training_checkpoint(checkpoint) else None
+    notes += verifier_notes + ([replaced] if replaced else [])
     config = _config_for(engine, cfg, source.model.fc.weight.dtype, (top, nested), facts, verifier, spec)
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
     notes += _source_notes(source, checkpoint, aux_layers) + _tokenizer_notes(source, checkpoint, target)
     return ExportResult(out_dir, engine, config, launch_command(engine, verifier or "TARGET",
                                                                 out_dir.resolve(), spec),
                         notes, num_tensors - len(source.derived), source.derived)
+
+
+def _embedding_notes(engine: str, source: LoadedDraft, checkpoint: str | Path, target: str | Path | None) -> list[str]:
+    """For SGLang, the note on an owned embed_tokens that SGLang replaces by the target's identical one
+    (kept in the files: vLLM and specdraft read it); ExportError when SGLang would run another
+    embedding than the trained one (`conventions.engines.sglang_embedding`, doctor's rule too, on
+    the tensor as the source stores it: the loader casts it to fc's dtype)."""
+    from specdraft.target import target_embedding
+
+    cfg = source.model.cfg
+    if engine != "sglang" or not cfg.owns_embedding:
+        return []
+    written = source.model.embed_tokens.weight.detach()
+    stored = read_weights(checkpoint)[0].get("embed_tokens.weight", written) if Path(checkpoint).is_dir() else written
+    declared = {"hidden_size": cfg.hidden_size, "target_hidden_size": cfg.target_hidden_size}
+    try:
+        as_trained, what = sglang_embedding(declared, stored,
+                                            lambda: None if target is None else target_embedding(target))
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise ExportError(f"cannot compare the drafter's embed_tokens with the target's: {e}") from None
+    if not as_trained:
+        raise ExportError(f"cannot export for sglang: {what}; export --engine vllm or speculators (vLLM keeps "
+                          "a drafter's own embedding that differs from the target's)")
+    if not sglang_replaces_embedding(declared):
+        return []
+    cast = "" if stored.dtype == written.dtype else \
+        f"; written as {written.dtype} like every tensor here (the source stores it as {stored.dtype})"
+    return [f"embed_tokens.weight is kept: SGLang runs {what} (set_embed), so as trained{cast}"]
 
 
 def _ids_notes(layers: list[int], top: list[int] | None, nested: list[int] | None) -> list[str]:

@@ -22,7 +22,18 @@ from typing import Any
 
 import torch
 
-from specdraft.checkpoint.dirs import PROGRESS_FILE, DirKind, classify_dir, has_manifest, is_training_checkpoint, wrong_dir_message
+from specdraft.checkpoint.dirs import (
+    PROGRESS_FILE,
+    DirKind,
+    classify_dir,
+    has_manifest,
+    is_training_checkpoint,
+    plain_architecture_message,
+    source_verifier,
+    unimplemented_architecture_message,
+    verifier_replaced_note,
+    wrong_dir_message,
+)
 from specdraft.checkpoint.layouts import (
     DRAFTER_CONFIG_FIX,
     FLAGS_FIX,
@@ -58,7 +69,6 @@ from specdraft.checkpoint.weights import (
     write_safetensors,
 )
 from specdraft.conventions import AUX_KEY
-from specdraft.conventions.engines import RELEASES_READ, engines_serving_architecture
 from specdraft.data.vocab import t2d_from_d2t, validate_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_inv_freq
 from specdraft.files import atomic_dir, replace_dir
@@ -72,8 +82,9 @@ __all__ = [
     "has_manifest", "is_training_checkpoint", "load_draft", "load_training_checkpoint", "official_config",
     "open_safetensors", "owned_embedding_config", "read_config", "read_draft_config", "read_safetensors",
     "read_sharded", "read_weights", "refuse_other_aux_layers", "refuse_unimplemented_flags", "replace_dir",
-    "save_draft", "speculators_config", "state_dict_for_layout", "tensor_digest", "unimplemented_flags",
-    "usable_vocab", "verify_written", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
+    "save_draft", "source_verifier", "speculators_config", "state_dict_for_layout", "tensor_digest",
+    "unimplemented_flags", "usable_vocab", "verifier_replaced_note", "verify_written", "vocab_map_problems",
+    "write_safetensors", "wrong_dir_message",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
@@ -185,21 +196,12 @@ def detect_layout(path: Path) -> str:
     wrong = wrong_dir_message(path, "drafter")
     if wrong:
         raise CheckpointError(wrong)
+    if classify_dir(path).kind == "drafter":  # a drafter key (e.g. draft_vocab_size) under a plain class
+        raise CheckpointError(plain_architecture_message(path, architectures))
     manifest = (f"though {MANIFEST_FILE} is there; {DRAFTER_CONFIG_FIX}" if (path / MANIFEST_FILE).is_file()
                 else "no manifest")
     raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
                           f"{config.get('architectures')}, no speculators_model_type, {manifest})")
-
-
-def unimplemented_architecture_message(path: Path, architectures: list[str]) -> str:
-    """The one line for a drafter config whose draft architecture specdraft does not implement,
-    naming the engines that register it (`conventions.DRAFT_LOADING`) or that none does."""
-    served = engines_serving_architecture(list(architectures))
-    verb = "registers" if len(served) == 1 else "register"
-    where = (f"{' and '.join(RELEASES_READ[e] for e in served)} {verb} it: serve it there, without specdraft"
-             if served else f"neither {' nor '.join(RELEASES_READ.values())} registers it, so no engine loads it")
-    return (f"{path}/config.json: architectures {architectures} is a draft architecture specdraft does not "
-            f"implement (it implements {', '.join(OFFICIAL_ARCHITECTURES)}); {where}")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -381,10 +383,11 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
     A specdraft-layout destination needs the source's manifest; speculators carries it too.
     Aux ids are read and written by the rule of `target_class` (default: the manifest's, else
     "llama") and `sglang_version`; the written file's two id lists name the same layers.
-    A speculators destination records the verifier the source records (the source's own
-    speculators verifier, or the manifest's target), else `target_name_or_path` (the --target
-    directory, as export records it); its architectures else `target_architectures` (the
-    --target config's); None when nothing names it (vLLM started on the drafter then has no target).
+    A speculators destination records `target_name_or_path` (the --target directory) and
+    `target_architectures` as its verifier, as export does (replacing another the source names:
+    `verifier_replaced_note`), else the verifier the source records (its own speculators
+    verifier, or the manifest's target); None when nothing names it (vLLM started on the drafter
+    then has no target).
     Returns how many tensors are bit-identical to the source's, and the derived ones (the source
     has none: `derived_tensors`); raises CheckpointError when a tensor differs or is
     missing (case FC-01), or the re-read config differs. Costs about the source's size in memory
@@ -399,12 +402,11 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
     source = load_draft(src, target_num_layers=target_num_layers, aux_layers=aux_layers, **ids)
     if target_class is None and source.manifest is not None:
         ids["target_class"] = (source.manifest.target or {}).get("target_class") or "llama"
-    spec = {} if is_training_checkpoint(src) else read_config(Path(src)).get("speculators_config")
-    verifier = (spec.get("verifier") if isinstance(spec, dict) else None) or {}
+    verifier = {} if is_training_checkpoint(src) else source_verifier(read_config(Path(src)))
     recorded = (source.manifest.target if source.manifest is not None else None) or {}
-    name = verifier.get("name_or_path") or recorded.get("name_or_path") or target_name_or_path
-    architectures = ([recorded["architecture"]] if recorded.get("architecture") else
-                     verifier.get("architectures")) or target_architectures
+    name = target_name_or_path or verifier.get("name_or_path") or recorded.get("name_or_path")
+    architectures = target_architectures if target_name_or_path else (
+        ([recorded["architecture"]] if recorded.get("architecture") else verifier.get("architectures")))
     save_draft(source.model, dst, layout=layout, manifest=source.manifest, verifier=name,
                verifier_architectures=architectures, **ids)
     _, manifest, written = read_draft_config(dst, source.model.cfg.target_num_layers, **ids)

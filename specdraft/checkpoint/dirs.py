@@ -3,7 +3,9 @@
 `classify_dir` tells a drafter directory from a target model's; `wrong_dir_message` is the one
 line every command prints when given the one for the other (or a capture store, or a run
 directory where a drafter is wanted). `is_training_checkpoint` tells a training run's checkpoint
-(RUN/checkpoints/step-N.pt, or a sharded step-N directory) from a drafter directory.
+(RUN/checkpoints/step-N.pt, or a sharded step-N directory) from a drafter directory;
+`source_verifier` reads a speculators config's verifier and `verifier_replaced_note` is
+convert's and export's line when they record another.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.checkpoint.layouts import MANIFEST_FILE, OFFICIAL_ARCHITECTURES
+from specdraft.conventions.engines import PLAIN_DRAFT_ARCHITECTURE_READ, RELEASES_READ, engines_serving_architecture
 
 # Config keys only an EAGLE-3 drafter's config has (a transformers model's has none of them),
 # at the top or in a speculators transformer_layer_config.
@@ -82,11 +85,34 @@ def _recorded_target(path: Path, config: dict[str, Any]) -> str | None:
     """The target a drafter names: its manifest's target.name_or_path, else the speculators verifier."""
     manifest = _json_or_none(path / MANIFEST_FILE)
     recorded = ((manifest.get("target") or {}).get("name_or_path") if isinstance(manifest, dict) else None)
-    if not recorded:
-        spec = config.get("speculators_config")
-        verifier = spec.get("verifier") if isinstance(spec, dict) else None
-        recorded = verifier.get("name_or_path") if isinstance(verifier, dict) else None
+    recorded = recorded or source_verifier(config).get("name_or_path")
     return str(recorded) if recorded else None
+
+
+def source_verifier(config: dict) -> dict:
+    """The speculators `verifier` record of a drafter's config.json ({} when it has none)."""
+    spec = config.get("speculators_config")
+    verifier = spec.get("verifier") if isinstance(spec, dict) else None
+    return verifier if isinstance(verifier, dict) else {}
+
+
+def verifier_replaced_note(config: dict, written: str | None) -> str | None:
+    """convert's and export's one line when the written verifier.name_or_path replaces another
+    the source's speculators config names (what `vllm serve DRAFTER` would have loaded); else None."""
+    before = source_verifier(config).get("name_or_path")
+    if not before or before == written:
+        return None
+    return (f"the source's verifier {before!r} is replaced by {written!r}: `vllm serve` on the written "
+            "drafter loads that one as the target")
+
+
+def plain_architecture_message(path: Path, architectures: list[str]) -> str:
+    """The one line for a drafter config (a drafter key) whose architectures name a plain model, as the
+    official EAGLE-3 trainer writes: what the engines make of it and the value to write."""
+    return (f"{path}/config.json: architectures {architectures} names a plain model, not an EAGLE-3 drafter "
+            f"({PLAIN_DRAFT_ARCHITECTURE_READ}); if it is one (the official EAGLE-3 trainer writes "
+            f"LlamaForCausalLM), set \"architectures\": [\"{OFFICIAL_ARCHITECTURES[0]}\"] in config.json: SGLang, "
+            "vLLM and specdraft load that")
 
 
 def wrong_dir_message(path: str | Path, want: str, given_as: str = "") -> str | None:
@@ -127,3 +153,14 @@ def is_training_checkpoint(path: str | Path) -> bool:
 def has_manifest(path: str | Path) -> bool:
     """Whether the drafter at `path` carries a specdraft manifest: a training checkpoint does."""
     return is_training_checkpoint(path) or (Path(path) / MANIFEST_FILE).is_file()
+
+
+def unimplemented_architecture_message(path: Path, architectures: list[str]) -> str:
+    """The one line for a drafter config whose draft architecture specdraft does not implement,
+    naming the engines that register it (`conventions.DRAFT_LOADING`) or that none does."""
+    served = engines_serving_architecture(list(architectures))
+    verb = "registers" if len(served) == 1 else "register"
+    where = (f"{' and '.join(RELEASES_READ[e] for e in served)} {verb} it: serve it there, without specdraft"
+             if served else f"neither {' nor '.join(RELEASES_READ.values())} registers it, so no engine loads it")
+    return (f"{path}/config.json: architectures {architectures} is a draft architecture specdraft does not "
+            f"implement (it implements {', '.join(OFFICIAL_ARCHITECTURES)}); {where}")

@@ -138,7 +138,16 @@ def convert(
 
     from rich.console import Console
 
-    from specdraft.checkpoint import MANIFEST_FILE, convert_draft, describe_layout, detect_layout, has_manifest
+    from specdraft.checkpoint import (
+        MANIFEST_FILE,
+        convert_draft,
+        describe_layout,
+        detect_layout,
+        has_manifest,
+        is_training_checkpoint,
+        read_config,
+        verifier_replaced_note,
+    )
 
     console = Console()
     with user_errors(console):
@@ -155,6 +164,10 @@ def convert(
                   + derived_text(converted.derived, src), markup=False, soft_wrap=True)
     if layout == "speculators":
         console.print(verifier_line(Path(dst)), markup=False, soft_wrap=True)
+        written = json.loads((Path(dst) / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+        replaced = None if is_training_checkpoint(src) else verifier_replaced_note(read_config(Path(src)), written)
+        if replaced:
+            console.print(f"note: {replaced}", markup=False, soft_wrap=True)
     if layout == "sglang" and has_manifest(src):
         console.print(f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
                       "reading it back needs the target (--target DIR)", markup=False, soft_wrap=True)
@@ -244,7 +257,7 @@ def doctor(
                                 "export it first).", callback=check_doctor_drafter),
     target: str = typer.Option("", help="Target directory: capture parity, acceptance, tokenizer.", callback=check_model_dir),
     engine: DoctorEngine | None = typer.Option(None, help="Engine to check for (default: from --engine-args, "
-                                                    "else all)."),
+                                                    "else all; a speculators drafter: vllm, which serves it)."),
     engine_args: str = typer.Option("", help="The engine's launch command line, quoted."),
     samples: str = typer.Option("", help="Capture store, JSONL (token ids, chats or texts) or a suite name "
                                 "(mt-bench, humaneval, gsm8k: prompts for --server and render parity)."),

@@ -7,7 +7,9 @@ How engines number aux layers is `specdraft.conventions.rules`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from specdraft.conventions import ENGINE_NAMES, ConventionError, parse_version, version_label
 
@@ -64,6 +66,14 @@ SLIDING_LAYER_TYPE = "sliding_attention"
 # --speculative-config (export's launch command), vLLM reads no verifier.
 SPECULATORS_VERIFIER_READ = ("`vllm serve DRAFTER` serves speculators_config.verifier.name_or_path as the target "
                              "(vllm 0.32.0 transformers_utils/config.py maybe_override_with_speculators)")
+# What vLLM reads from a speculators drafter's config.json when started on it (`vllm serve DRAFTER`,
+# no --speculative-config): the method is speculators_model_type, num_speculative_tokens is
+# speculators_config.proposal_methods[0].speculative_tokens, the draft model is DRAFTER (vllm 0.32.0
+# transformers_utils/config.py maybe_override_with_speculators, transformers_utils/configs/speculators/
+# base.py build_vllm_speculative_config); the target is the verifier (SPECULATORS_VERIFIER_READ).
+SPECULATORS_LAUNCH_READ = ("`vllm serve DRAFTER` takes the method from its speculators_model_type and the draft "
+                           "length from speculators_config.proposal_methods[0].speculative_tokens (vllm 0.32.0 "
+                           "transformers_utils/config.py maybe_override_with_speculators)")
 # Flags the speculators library (0.9.0 models/eagle3/config.py `_check_norm_flags`) refuses together.
 SPECULATORS_EXCLUSIVE_FLAGS = ("norm_before_fc", "fc_norm")
 
@@ -107,6 +117,30 @@ def sglang_replaces_embedding(layer_config: dict) -> bool:
     unless the config declares a target_hidden_size other than its hidden_size."""
     declared = layer_config.get("target_hidden_size")
     return declared is None or declared == layer_config.get("hidden_size")
+
+
+def sglang_embedding(layer_config: dict, own: Any, target: Callable[[], Any]) -> tuple[bool, str]:
+    """Whether SGLang runs a drafter with the input embedding it was trained with, and what it runs,
+    in user terms: (as_trained, what). The one rule export and doctor judge by (`EMBEDDING_SOURCES`).
+
+    layer_config: the config SGLang reads (hidden_size, target_hidden_size). own: the drafter's
+    embed_tokens.weight [vocab, hidden] (None when it ships none). target: returns the target's
+    embedding [vocab, hidden] (None when no target is given); called only when SGLang puts it in
+    place of `own`. An owned embedding bit-identical to the target's (SpecForge's frozen
+    embedding) is as trained; compared in float32 (exact for fp16 / bf16 values).
+    """
+    if own is None:
+        return True, "the target's embedding (the drafter ships none)"
+    if not sglang_replaces_embedding(layer_config):
+        return True, "its own embedding (config target_hidden_size differs from hidden_size)"
+    theirs = target()
+    if theirs is None:
+        return False, ("SGLang puts the target's embedding in place of the drafter's own embed_tokens; not "
+                       "compared with the target's (pass --target DIR)")
+    if tuple(own.shape) == tuple(theirs.shape) and bool((own.float() == theirs.float()).all()):
+        return True, "the target's embedding, identical to the drafter's own embed_tokens"
+    return False, ("SGLang puts the target's embedding in place of the drafter's own embed_tokens, which "
+                   "differs from it (the drafter trained its own)")
 
 
 def sglang_replaces_head(layer_config: dict) -> bool:
@@ -162,6 +196,14 @@ DRAFT_LOADING: tuple[DraftLoading, ...] = (
                  "config is served as Eagle3LlamaForCausalLM / Eagle3Qwen3ForCausalLM by its model_type, any "
                  "other model_type is a ValueError."),
 )
+# What the engines make of a draft config whose architectures name a plain model (the official EAGLE-3
+# trainer writes ["LlamaForCausalLM"], eagle/traineagle3/config.json): vLLM with method eagle3 loads X as
+# Eagle3X (transformers_utils/configs/eagle.py EAGLEConfig, read in the stored source of the 0.3x line);
+# SGLang builds the class the value names, its plain Llama model (srt/models/llama.py EntryClass,
+# 0.5.23), not its EAGLE-3 drafter (llama_eagle3.py LlamaForCausalLMEagle3).
+PLAIN_DRAFT_ARCHITECTURE_READ = ("vLLM (method eagle3) loads a draft config's LlamaForCausalLM as Eagle3LlamaForCausalLM "
+                                 "(vllm transformers_utils/configs/eagle.py), SGLang 0.5.23 as its plain Llama model "
+                                 "(srt/models/llama.py), not its EAGLE-3 drafter LlamaForCausalLMEagle3")
 RELEASES_READ = {"sglang": "SGLang 0.5.23", "vllm": "vLLM 0.32"}  # the newest release each row was read in
 
 

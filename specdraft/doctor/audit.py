@@ -3,6 +3,8 @@ engine loads, shapes and dtypes, finite weights, the vocabulary map (S1, FC-01, 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from specdraft.checkpoint import CheckpointError, all_finite, detect_layout, draft_tensors, usable_vocab
@@ -43,6 +45,41 @@ def target_matches_training(ev: Evidence) -> Result:
     return fail(f"this drafter was trained for {text}, not --target {given_dir} ({_target_text(given)}): {why}",
                 f"pass the target it was trained for (--target {recorded}), or retrain the drafter "
                 f"on {given_dir}")
+
+
+def verifier_is_target(ev: Evidence) -> Result:
+    """A speculators drafter's verifier, the target `vllm serve DRAFTER` loads
+    (`conventions.engines.SPECULATORS_VERIFIER_READ`), is --target: its name_or_path resolves
+    to the --target directory and its architectures hold the class vLLM loads it as. vLLM
+    started on the target with --speculative-config reads no verifier (a pass)."""
+    from specdraft.target.config import ENGINE_ARCHITECTURES
+
+    if ev.layout != "speculators" or "vllm" not in ev.engines:
+        return ok("no verifier is read (not a speculators drafter served by vLLM): the engine's command line "
+                  "names the target")
+    given_dir = ev.need_target_dir()
+    try:
+        args = ev.engine_args
+    except Unavailable:
+        args = None  # algorithm_is_eagle3 names what is wrong with the command line
+    if args is not None and args.engine == "vllm" and args.speculators_config is None and args.draft_model:
+        return ok(f"vLLM is started on {args.target_model} with --speculative-config: it reads no verifier")
+    verifier = (ev.config.get("speculators_config") or {}).get("verifier") or {}
+    name, architectures = verifier.get("name_or_path"), verifier.get("architectures") or []
+    served = ENGINE_ARCHITECTURES.get(ev.facts.architecture, ev.facts.architecture)
+    problems = []
+    if not name:
+        problems.append("verifier.name_or_path is null: `vllm serve DRAFTER` has no target to load")
+    elif not (Path(name).is_dir() and Path(name).resolve() == given_dir.resolve()):
+        where = "" if Path(name).is_dir() else " (a hub name or a path not on this machine)"
+        problems.append(f"`vllm serve {ev.path}` loads verifier {name!r}{where} as the target, not --target {given_dir}")
+    if architectures and served and served not in architectures:
+        problems.append(f"verifier architectures {architectures}, the target's {served}")
+    if problems:
+        return fail("; ".join(problems), f"record this target as the verifier: specdraft export {ev.path} OUT --engine "
+                    f"speculators --target {given_dir} (or convert --layout speculators --target {given_dir}); or "
+                    "start vLLM on the target (specdraft export --engine vllm prints the command)")
+    return ok(f"verifier {name!r} {architectures} is --target {given_dir}: `vllm serve DRAFTER` loads it as the target")
 
 
 def _target_text(record: dict) -> str:

@@ -22,6 +22,7 @@ from specdraft.doctor.audit import (
     specdraft_loads,
     target_matches_training,
     values_finite,
+    verifier_is_target,
     vocab_map_valid,
 )
 from specdraft.doctor.lint import (
@@ -42,8 +43,8 @@ from specdraft.doctor.parity import (
     tokenizer_matches_manifest,
 )
 
-CHECKS = (target_matches_training, specdraft_loads, keys_match_engine, shapes_and_dtypes, values_finite, vocab_map_valid,
-          fc_width_matches_aux, aux_ids_read_alike, engine_captures_training_layers,
+CHECKS = (target_matches_training, verifier_is_target, specdraft_loads, keys_match_engine, shapes_and_dtypes,
+          values_finite, vocab_map_valid, fc_width_matches_aux, aux_ids_read_alike, engine_captures_training_layers,
           algorithm_is_eagle3, speculative_settings_valid, variant_flags_implemented,
           draft_vocab_size_declared, lm_head_untied, embedding_and_head_as_trained, rope_matches_training,
           tokenizer_matches_manifest, chat_template_matches_manifest, aux_width_on_target,

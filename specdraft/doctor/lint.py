@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 from specdraft.checkpoint import FLAGS_FIX, CheckpointError, unimplemented_flags
 from specdraft.checkpoint.layouts import LEGACY_FC_NORM_FLAG, norm_flags_of_config
 from specdraft.conventions import AUX_KEY, ConventionError, lint_sglang_ids, to_engine_ids
-from specdraft.conventions.engines import flag_refusal, sglang_replaces_embedding, sglang_replaces_head
+from specdraft.conventions.engines import flag_refusal, sglang_embedding, sglang_replaces_head
 from specdraft.doctor.evidence import Evidence, Unavailable, Unreadable, describe
 from specdraft.doctor.verdict import NUM_AUX, Result, engine_name, fail, ok
 from specdraft.draft import rope_from_hf_config
@@ -145,6 +143,9 @@ def algorithm_is_eagle3(ev: Evidence) -> Result:
         return fail(f"{flag} {args.algorithm!r} with an EAGLE-3 drafter: plain EAGLE feeds one H-wide "
                     "hidden state and captures no aux layers, so fc is skipped (widths match) or "
                     "the draft is garbage: accept length ~1.0, no warning", f"set {flag} {want}")
+    if args.speculators_config is not None:
+        return ok(f"speculators_model_type {args.algorithm} in {args.speculators_config}: vLLM started on the "
+                  "drafter reads the method from it (EAGLE-3, aux capture)")
     return ok(f"{flag} {args.algorithm} (EAGLE-3, aux capture)")
 
 
@@ -241,13 +242,13 @@ def embedding_and_head_as_trained(ev: Evidence) -> Result:
     cfg = ev.shape_config
     declared = {**ev.layer_config, **{k: ev.config[k] for k in ("target_hidden_size", "draft_vocab_size")
                                       if k in ev.config}}
-    problems = []
-    if "sglang" in ev.engines and cfg.owns_embedding and sglang_replaces_embedding(declared):
-        same = _same_embedding_as_target(ev)
-        if same is not True:
-            problems.append("SGLang replaces the drafter's own embed_tokens.weight with the target's (set_embed keeps "
-                            "it only when target_hidden_size != hidden_size)" +
-                            ("; the two differ" if same is False else "; not compared with the target's (no --target)"))
+    problems, sglang_runs = [], None
+    if "sglang" in ev.engines:
+        own = ev.tensors.get("embed_tokens.weight") if cfg.owns_embedding else None
+        as_trained, sglang_runs = sglang_embedding(declared, own, lambda: _target_embedding(ev))
+        if not as_trained:
+            problems.append(f"{sglang_runs} (set_embed keeps the drafter's only when target_hidden_size != "
+                            "hidden_size)")
     if "sglang" in ev.engines and sglang_replaces_head(declared) and "lm_head.weight" in ev.tensors:
         problems.append("no draft_vocab_size: SGLang loads the target's lm_head in place of the trained one "
                         "(llama_eagle3.py load_lm_head_from_target)")
@@ -255,17 +256,16 @@ def embedding_and_head_as_trained(ev: Evidence) -> Result:
         return fail("; ".join(problems), "serve it with vLLM (which keeps a distinct owned embedding), or train "
                     "it sharing the target's embedding; write draft_vocab_size (specdraft export writes it)")
     own = "its own embedding" if cfg.owns_embedding else "the target's embedding"
-    return ok(", ".join(f"{engine_name(e)} runs it with {own} and its trained lm_head" for e in ev.engines))
+    return ok(", ".join(f"{engine_name(e)} runs it with {sglang_runs if e == 'sglang' else own} and its "
+                        "trained lm_head" for e in ev.engines))
 
 
-def _same_embedding_as_target(ev: Evidence) -> bool | None:
-    """Whether the file's embed_tokens.weight equals the target's (None: no target to compare)."""
+def _target_embedding(ev: Evidence):
+    """The target's embedding weight (None: no target to compare with)."""
     try:
-        target = ev.target.embed_tokens.weight.detach().float()
+        return ev.target.embed_tokens.weight.detach()
     except Unavailable:
         return None
-    own = ev.tensors["embed_tokens.weight"].float()
-    return own.shape == target.shape and torch.equal(own, target)
 
 
 ROPE_KEYS = ("rope_theta", "rope_scaling", "max_position_embeddings")

@@ -12,17 +12,21 @@ flag is passed over. How each engine reads them (re-check when bumping an engine
   JSON` (or dotted `--speculative-config.KEY VALUE`) with `method` ("eagle3" captures aux
   states; without a method vLLM guesses it from the draft path: "eagle-" -> eagle, "eagle3"
   -> eagle3), `model`, `num_speculative_tokens` (chain length = num_steps);
-  `--default-chat-template-kwargs JSON`; the target is `vllm serve MODEL` or `--model`.
+  `--default-chat-template-kwargs JSON`; the target is `vllm serve MODEL` or `--model`. Started
+  on a speculators drafter (`vllm serve DRAFTER`, no --speculative-config), vLLM reads method,
+  draft length and target from DRAFTER/config.json (`conventions.engines.SPECULATORS_LAUNCH_READ`).
 - Both engines capture aux states only for EAGLE-3 and only when the draft config's
   `eagle_config.use_aux_hidden_state` is not false (default true).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from specdraft.engine.spec_config import SpecConfig
@@ -53,6 +57,8 @@ class EngineArgs:
     num_speculative_tokens). topk / num_draft_tokens: SGLang only (vLLM drafts a chain).
     draft_model / target_model: paths or names as written. template_kwargs: vLLM
     `--default-chat-template-kwargs`. flags: every flag read, as written (for evidence).
+    speculators_config: the speculators drafter's config.json vLLM read algorithm, num_steps and
+    target from (`vllm serve DRAFTER`), else None.
     """
 
     engine: str
@@ -64,6 +70,7 @@ class EngineArgs:
     target_model: str | None = None
     template_kwargs: dict[str, Any] | None = None
     flags: dict[str, str] = field(default_factory=dict)
+    speculators_config: str | None = None
 
     @property
     def uses_eagle3(self) -> bool:
@@ -112,7 +119,31 @@ def parse_engine_args(command: str | Sequence[str], engine: str) -> EngineArgs:
     pairs = _flag_values(_tokens(command))
     if engine == "sglang":
         return _sglang_args(pairs)
-    return _vllm_args(pairs, _tokens(command))
+    return _speculators_launch(_vllm_args(pairs, _tokens(command)))
+
+
+def _speculators_launch(args: EngineArgs) -> EngineArgs:
+    """`args` as vLLM reads them when its model is a local speculators drafter and no
+    --speculative-config is given (`conventions.engines.SPECULATORS_LAUNCH_READ`): method =
+    speculators_model_type, num_steps = proposal_methods[0].speculative_tokens, draft = that
+    directory, target = verifier.name_or_path. Any other command line is returned as it is."""
+    if args.algorithm is not None or args.draft_model is not None or args.target_model is None:
+        return args
+    file = Path(args.target_model) / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return args  # not a local directory with a readable config: a target (or a hub name)
+    spec = config.get("speculators_config") if isinstance(config, dict) else None
+    if not isinstance(spec, dict):
+        return args
+    methods = spec.get("proposal_methods") or [{}]
+    steps = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
+    verifier = spec.get("verifier") if isinstance(spec.get("verifier"), dict) else {}
+    return dataclasses.replace(args, algorithm=config.get("speculators_model_type"),
+                               num_steps=None if steps is None else _int("speculative_tokens", steps),
+                               draft_model=args.target_model, target_model=verifier.get("name_or_path"),
+                               speculators_config=str(file))
 
 
 def _tokens(command: str | Sequence[str]) -> list[str]:

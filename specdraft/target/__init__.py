@@ -244,6 +244,23 @@ def head_weight_keys(config: PretrainedConfig) -> tuple[str, dict[str, str]]:
     return model_class.__name__, {name: f"{path[module]}.weight" for name, module in parts.items()}
 
 
+def target_embedding(path: str | Path) -> torch.Tensor:
+    """The input embedding [vocab, hidden] of the target directory `path`, as stored (its dtype),
+    read from its safetensors files by the key its class gives it (`head_weight_keys`); nothing
+    else is read. Raises FileNotFoundError naming the directory when no file holds it."""
+    from safetensors import safe_open
+
+    from specdraft.target.config import target_weight_files
+
+    key = head_weight_keys(read_target_config(path))[1]["embed_tokens.weight"]
+    for file in target_weight_files(path):
+        if file.is_file():
+            with safe_open(str(file), "pt") as f:
+                if key in f.keys():
+                    return f.get_tensor(key)
+    raise FileNotFoundError(f"{path}: no safetensors file holds the target's embedding {key}")
+
+
 def _model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
     architectures = getattr(config, "architectures", None) or []
     name = architectures[0] if architectures else DEFAULT_CLASSES.get(config.model_type)

@@ -64,15 +64,16 @@ def test_a_verifier_nothing_names_is_said_in_one_line(tmp_path):
                      "command); architectures ['LlamaForCausalLM']"], result.output
 
 
-def test_speculators_to_sglang_and_back_keeps_the_verifier(tmp_path):
+def test_speculators_convert_records_the_target_as_export_does(tmp_path):
+    """--target replaces the source's verifier (said in a note: tests/cli/test_speculators_launch.py)."""
     save_draft(tiny_draft(), tmp_path / "s", layout="speculators", verifier="org/target",
                verifier_architectures=["MistralForCausalLM"])
     target = save_tiny_model("llama", tmp_path / "target", num_layers=5)
     runner = CliRunner()
-    assert runner.invoke(app, ["convert", str(tmp_path / "s"), str(tmp_path / "o"), "--layout", "speculators",
+    assert runner.invoke(app, ["convert", str(tmp_path / "s"), str(tmp_path / "t"), "--layout", "speculators",
                                "--target", str(target)]).exit_code == 0
-    verifier = json.loads((tmp_path / "o" / "config.json").read_text())["speculators_config"]["verifier"]
-    assert verifier == {"name_or_path": "org/target", "architectures": ["MistralForCausalLM"]}
+    verifier = json.loads((tmp_path / "t" / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": str(target.resolve()), "architectures": ["LlamaForCausalLM"]}
 
 
 def test_convert_to_the_sglang_layout_notes_a_flag_sglang_does_not_implement(tmp_path):
@@ -85,7 +86,7 @@ def test_convert_to_the_sglang_layout_notes_a_flag_sglang_does_not_implement(tmp
     assert "note: SGLang does not implement norm_before_residual" in text, text
     plain = CliRunner().invoke(app, ["convert", str(tmp_path / "d"), str(tmp_path / "out2"), "--layout",
                                      "speculators", "--target", str(target)])
-    assert plain.exit_code == 0 and "note:" not in plain.output, plain.output  # vLLM implements it
+    assert plain.exit_code == 0 and "does not implement" not in plain.output, plain.output  # vLLM implements it
 
 
 def test_a_t2d_derived_from_d2t_is_not_counted_as_copied(tmp_path):

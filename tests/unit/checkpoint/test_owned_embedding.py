@@ -70,8 +70,9 @@ def test_doctor_fails_it_for_sglang_and_passes_it_for_vllm(owned):
     assert vllm.finding("embedding_and_head_as_trained").verdict == "pass"
     assert "vLLM runs it with its own embedding" in vllm.finding("embedding_and_head_as_trained").evidence
     sglang = run_doctor(draft, target=target, engine="sglang").finding("embedding_and_head_as_trained")
-    assert sglang.verdict == "fail" and "SGLang replaces the drafter's own embed_tokens.weight" in sglang.evidence
-    assert "the two differ" in sglang.evidence and sglang.fix.startswith("serve it with vLLM")
+    assert sglang.verdict == "fail" and "SGLang puts the target's embedding in place of the drafter's own" \
+        in sglang.evidence
+    assert "which differs from it" in sglang.evidence and sglang.fix.startswith("serve it with vLLM")
 
 
 def test_doctor_fails_a_config_without_draft_vocab_size_for_sglang(tmp_path):
@@ -90,5 +91,64 @@ def test_export_writes_both_sizes_and_refuses_sglang(owned, tmp_path):
         assert config["target_hidden_size"] == 32 and config["draft_vocab_size"] == 64, engine
         back = load_draft(tmp_path / engine, target_num_layers=5).model
         assert torch.equal(back.embed_tokens.weight, embedding), engine
-    with pytest.raises(ExportError, match="owns its embed_tokens at the target's width, which SGLang replaces"):
+    with pytest.raises(ExportError, match="SGLang puts the target's embedding in place of the drafter's own "
+                       "embed_tokens, which differs from it") as refused:
         export_draft(draft, tmp_path / "sglang", engine="sglang", target=target)
+    assert "conventions" not in str(refused.value) and "export --engine vllm or speculators" in str(refused.value)
+
+
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory):
+    """(drafter owning a bit-exact copy of the target's embedding, as SpecForge's frozen one, target)."""
+    from specdraft.target import target_embedding
+
+    draft, target = draft_checkpoint(tmp_path_factory.mktemp("frozen"), layout="sglang")
+    edit_weights(draft, lambda t: t.update({OWN: target_embedding(target).clone()}))
+    return draft, target
+
+
+def test_sglang_export_and_doctor_agree_on_an_embedding_identical_to_the_targets(frozen, tmp_path):
+    draft, target = frozen
+    result = export_draft(draft, tmp_path / "sglang", engine="sglang", target=target)
+    assert any("embed_tokens.weight is kept: SGLang runs the target's embedding, identical to the drafter's "
+               "own" in note for note in result.notes)
+    back = load_draft(tmp_path / "sglang", target_num_layers=5).model
+    assert back.cfg.embedding_owned  # the files hold it, bit-exactly (export re-reads every tensor)
+    for path in (draft, tmp_path / "sglang"):
+        finding = run_doctor(path, target=target, engine="sglang").finding("embedding_and_head_as_trained")
+        assert finding.verdict == "pass", path
+        assert "SGLang runs it with the target's embedding, identical to the drafter's own" in finding.evidence
+
+
+def test_the_one_sglang_embedding_rule():
+    from specdraft.conventions.engines import sglang_embedding
+
+    same = {"hidden_size": 32, "target_hidden_size": 32}
+    own = torch.randn(8, 32, generator=torch.Generator().manual_seed(4)).half()
+    assert sglang_embedding(same, own, lambda: own.float()) == \
+        (True, "the target's embedding, identical to the drafter's own embed_tokens")
+    assert sglang_embedding(same, own, lambda: own.float() + 1)[0] is False
+    assert sglang_embedding(same, own, lambda: None) == (False, "SGLang puts the target's embedding in place of "
+                                                         "the drafter's own embed_tokens; not compared with the "
+                                                         "target's (pass --target DIR)")
+    assert sglang_embedding({"hidden_size": 32, "target_hidden_size": 64}, own, lambda: 1 / 0)[0] is True
+    assert sglang_embedding(same, None, lambda: 1 / 0)[0] is True
+
+
+def test_a_bf16_embedding_in_an_fp16_drafter_is_judged_as_stored(tmp_path):
+    """The loader casts every tensor to fc's dtype (bf16 -> fp16 loses tiny values): export judges the
+    embedding as the file stores it, as doctor does, and says the cast (the fresh-user sf-drafter3)."""
+    from safetensors.torch import load_file, save_file
+
+    draft, target = draft_checkpoint(tmp_path, layout="sglang")
+    tensors = load_file(target / "model.safetensors")
+    key = next(k for k in tensors if k.endswith("embed_tokens.weight"))
+    embedding = tensors[key].to(torch.bfloat16)
+    embedding[0, :4] = 1e-7  # below fp16's smallest subnormal: 0 after the loader's cast
+    save_file({**tensors, key: embedding}, target / "model.safetensors", metadata={"format": "pt"})
+    edit_weights(draft, lambda t: t.update({**{k: v.half() for k, v in t.items() if v.is_floating_point()},
+                                            OWN: embedding.clone()}))
+    result = export_draft(draft, tmp_path / "sglang", engine="sglang", target=target)
+    assert any("identical to the drafter's own embed_tokens (set_embed), so as trained; written as torch.float16 "
+               "like every tensor here (the source stores it as torch.bfloat16)" in note for note in result.notes)
+    assert run_doctor(draft, target=target, engine="sglang").finding("embedding_and_head_as_trained").verdict == "pass"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from specdraft.checkpoint import (
     CheckpointError,
@@ -60,7 +61,7 @@ PUBLISHED = [
     Published("specforge-qwen3-vl-8b-eagle3.json", "qwen3_vl", 36, [2, 18, 33]),
     Published("specforge-qwen3-vl-30b-a3b-eagle3.json", "qwen3_vl_moe", 48, [2, 24, 45]),
     Published("eagle-traineagle3-config.json", "llama", 32, None,
-              refuse="not an EAGLE-3 draft config (architectures ['LlamaForCausalLM']", flip="reader"),
+              refuse="architectures ['LlamaForCausalLM'] names a plain model, not an EAGLE-3 drafter", flip="reader"),
     Published("speculators-0.9.0-converter-llama3-8b.json", "llama", 32, [2, 16, 29]),
     Published("speculators-0.9.0-trainer-llama3-8b.json", "llama", 32, [2, 16, 29], owned_embedding=True),
     Published("modelopt-llama-eagle3-export.json", "llama", 32, [2, 16, 29], t2d=False),
@@ -154,3 +155,22 @@ def test_specforge_qwen3_vl_mrope_reads_as_rope_over_text_positions(tmp_path, fi
     draft, _ = write_drafter(tmp_path, case, config)
     cfg = load_draft(draft, target_num_layers=case.num_layers, target_class=target_class).model.cfg
     assert (cfg.rope_theta, cfg.rope_scaling) == (5e6, None)
+
+
+def test_the_eagle3_trainer_config_refusal_names_the_way_forward_and_it_works(tmp_path):
+    """The official EAGLE-3 trainer writes architectures ["LlamaForCausalLM"], which SGLang builds as its
+    plain Llama: the refusal says what each engine makes of it and the value to write; written, it loads."""
+    case = next(c for c in PUBLISHED if c.file == "eagle-traineagle3-config.json")
+    config = shrink(json.loads((FIXTURES / case.file).read_text()))
+    _, target_class = write_target(tmp_path, case)
+    draft, tensors = write_drafter(tmp_path, case, config)
+    reading = {"target_num_layers": case.num_layers, "target_class": target_class}
+    with pytest.raises(CheckpointError) as refused:
+        load_draft(draft, **reading)
+    message = str(refused.value)
+    assert "Eagle3LlamaForCausalLM" in message and "SGLang 0.5.23 as its plain Llama model" in message
+    assert 'set "architectures": ["LlamaForCausalLMEagle3"] in config.json' in message
+    assert "conventions" not in message and "\n" not in message
+    (draft / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLMEagle3"]}))
+    model = load_draft(draft, **reading).model
+    assert torch.equal(model.fc.weight, tensors["fc.weight"]) and model.cfg.aux_layers == (2, 16, 29)
