@@ -146,3 +146,15 @@ def test_doctor_refuses_a_training_checkpoint_with_the_export_that_makes_a_draft
     assert invoke(["export", str(ckpt), str(out), "--engine", "sglang"]).exit_code == 0
     followed = invoke(["doctor", str(out)])
     assert followed.exit_code == 0, followed.output
+
+
+@pytest.mark.parametrize("form", ["file", "sharded"])
+def test_a_training_checkpoint_converts_and_exports_to_the_speculators_layout(run, sharded, tmp_path, form):
+    """The speculators layout reads the source's verifier record: a training checkpoint has none
+    (no config.json), so both write the target given, or null, without reading one."""
+    ckpt = run / "checkpoints" / "step-00000003.pt" if form == "file" else sharded
+    converted = invoke(["convert", str(ckpt), str(tmp_path / "conv"), "--layout", "speculators"])
+    assert converted.exit_code == 0, converted.output
+    exported = export_draft(ckpt, tmp_path / "exp", engine="speculators")
+    a, b = load_file(str(tmp_path / "conv" / "model.safetensors")), load_file(str(tmp_path / "exp" / "model.safetensors"))
+    assert a.keys() == b.keys() and exported.num_tensors == len(a) and all(torch.equal(a[k], b[k]) for k in a)
