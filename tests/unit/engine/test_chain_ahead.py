@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.engine.test_triton_ops import ARGS, CUDA, DEVICE, DTYPE, _LazyGraph, _random_target
+from tests.unit.engine.test_triton_ops import ARGS, CUDA, DEVICE, DTYPE, _random_target, replay_rounds_eagerly
 
 
 def _eager_capture(fn, warmups=2, reset=None):
@@ -60,11 +60,7 @@ def _engines(pair, monkeypatch, steps: int):
     from specdraft.engine.speculate import SpeculativeEngine
 
     if not CUDA:
-        def capture(self, m):
-            inputs = self.static_inputs(m)
-            graph = _LazyGraph(lambda: self.round(*inputs))
-            return graph, inputs, graph.outputs
-        monkeypatch.setattr(GraphedRound, "capture", capture)
+        replay_rounds_eagerly(monkeypatch)
         monkeypatch.setattr(chain_ahead, "capture_graph", _eager_capture)
         monkeypatch.setattr(FastDraft, "triton_step", _torch_step)
     target, draft = pair

@@ -449,6 +449,17 @@ class _LazyGraph:
         self.outputs[:] = self.fn()
 
 
+def replay_rounds_eagerly(monkeypatch) -> None:
+    """Without a GPU, `GraphedRound.capture` returns a `_LazyGraph` over its static inputs."""
+    from specdraft.engine.draft_round import GraphedRound
+
+    def capture(self, m):
+        inputs = self.static_inputs(m)
+        graph = _LazyGraph(lambda: self.round(*inputs))
+        return graph, inputs, graph.outputs
+    monkeypatch.setattr(GraphedRound, "capture", capture)
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("spec", ["chain3", "tree3x2_6", "tree3x2_6_sampled"])
 def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
@@ -466,11 +477,7 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
     from tests.drafts import tiny_draft
 
     if not CUDA:
-        def capture(self, m):
-            inputs = self.static_inputs(m)
-            graph = _LazyGraph(lambda: self.round(*inputs))
-            return graph, inputs, graph.outputs
-        monkeypatch.setattr(GraphedRound, "capture", capture)
+        replay_rounds_eagerly(monkeypatch)
     setting = {"chain3": SpecConfig.chain(3), "tree3x2_6": SpecConfig(3, 2, 6),
                "tree3x2_6_sampled": SpecConfig(3, 2, 6)}[spec]
     sampling = {"temperature": 1.0, "seed": 3} if spec.endswith("sampled") else {}
