@@ -51,7 +51,7 @@ def test_generate_prints_its_error_on_a_line_of_its_own(target_with_tokenizer):
     assert result.exit_code == 1, result.output
     lines = result.output.splitlines()
     assert lines[0] == "hello how", lines
-    assert lines[1].startswith("error: prompt ") and "exceeds the target's max_position_embeddings 256: ask for " \
+    assert lines[1].startswith("error: prompt ") and "exceeds the engine's max_seq_len 256 less 1 verified node (255): ask for " \
         "at most" in flat(result.output), lines
 
 
