@@ -419,6 +419,16 @@ def aux_layers_of_config(path: Path, config: dict[str, Any], num_layers: int, ta
     return layers
 
 
+def config_target_sizes(config: dict[str, Any]) -> dict[str, Any]:
+    """The target sizes a drafter's config.json was built for, as `config_from_files` reads them:
+    hidden_size (target_hidden_size, else the layer's hidden_size) and vocab_size (the layer's;
+    speculators nest the layer in transformer_layer_config); None where the file names none."""
+    layer = config.get("transformer_layer_config")
+    layer = layer if isinstance(layer, dict) else config
+    return {"hidden_size": config.get("target_hidden_size") or layer.get("hidden_size"),
+            "vocab_size": layer.get("vocab_size")}
+
+
 def aux_layers_note(config: dict[str, Any], manifest: Manifest | None, num_layers: int | None,
                     aux_layers: list[int] | None) -> str | None:
     """The one line saying where a manifest-less drafter's aux layers came from when its config

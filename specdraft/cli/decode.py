@@ -111,7 +111,7 @@ def generate(
         torch_dtype = engine_dtype(dtype)
         _set_threads(threads)
         refuse_bad_configs(draft if spec is not None else "", target)
-        reading = id_reading(read_target(target), aux_layers, sglang_version) if spec is not None else None
+        reading = id_reading(read_target(target), aux_layers, sglang_version, draft, target) if spec is not None else None
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
         engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
                              max_seq_len or None, tokenizer, compile=compile, reading=reading)
@@ -255,7 +255,7 @@ def serve(
                                                        "--sglang-version": sglang_version or None})
         spec = spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
                                 num_draft_tokens or 0)
-        reading = id_reading(read_target(target), aux_layers, sglang_version) if spec is not None else None
+        reading = id_reading(read_target(target), aux_layers, sglang_version, draft, target) if spec is not None else None
         _check_port_free(host, port)  # before the model loads
         _set_threads(threads)
         server_app = build_app(target, draft or None, spec, device, engine_dtype(dtype), max_seq_len or None,

@@ -56,7 +56,7 @@ def inspect(
         print_known_keys(console, checkpoint)
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
-        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
+        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version, checkpoint, target)
         loaded = load_draft(checkpoint, **reading)
     console.print(f"{checkpoint}: {describe_layout(loaded.layout, loaded.manifest is not None)}",
                   markup=False, soft_wrap=True)
@@ -138,7 +138,7 @@ def convert(
     with user_errors(console):
         refuse_bad_configs(src, "")
         given = read_target(target, trust_remote_code)  # read once: aux ids and the verifier's architectures
-        reading = id_reading(given, aux_layers, sglang_version)
+        reading = id_reading(given, aux_layers, sglang_version, src, target)
         converted = convert_draft(src, dst, layout=layout, **reading,
                                   target_architectures=list(given.architectures or []) or None if given else None,
                                   target_name_or_path=str(Path(target).resolve()) if target else None)
@@ -217,7 +217,7 @@ def export(
 
     console = Console()
     with user_errors(console):
-        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
+        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version, checkpoint, target)
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
                               verifier=verifier or None, sglang_version=sglang_version or None,
                               num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None,

@@ -142,3 +142,21 @@ def test_generate_and_serve_say_the_default_and_take_aux_layers(bare, monkeypatc
     assert list(served[0].state.server.engine.draft.cfg.aux_layers) == [1, 3, 6]
     result = invoke(["serve", "--target", str(target), "--no-spec", "--aux-layers", "2,4,5", "--port", "8123"])
     assert result.exit_code == 1 and "--aux-layers: drafting settings, but --no-spec" in flat(result.output)
+
+
+def test_a_target_of_other_sizes_is_named_before_the_default_ids_collapse(bare, tmp_path):
+    """A 6-layer target (the default collapses there) of another hidden size and vocabulary: the
+    sizes are the error, not the collapse, on inspect, export and generate."""
+    from tests.tiny_models import save_tiny_model
+
+    draft, _ = bare
+    other = save_tiny_model("llama", tmp_path / "other", num_layers=6, hidden_size=64, vocab_size=96)
+    save_tiny_tokenizer(other)
+    for args in (["inspect", str(draft), "--target", str(other)],
+                 ["export", str(draft), str(tmp_path / "out"), "--engine", "vllm", "--target", str(other)],
+                 ["generate", "--target", str(other), "--draft", str(draft), "--prompt", "hello"]):
+        result = invoke(args)
+        text = flat(result.output)
+        assert result.exit_code == 1 and "this drafter was trained for another target: one of hidden 32, " \
+            "vocab 128 (path not recorded)" in text and "hidden_size, vocab_size differ" in text, (args, text)
+        assert "collapse" not in text
