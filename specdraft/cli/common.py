@@ -235,7 +235,21 @@ AUX_OVERRIDE_HELP = ("Aux layers of a drafter without a manifest, replacing what
 def sglang_version_option():
     """--sglang-version of every command that reads aux ids (`id_reading`): "" = not pinned."""
     return typer.Option("", help="Pin the SGLang version whose reading of eagle_config ids and of --aux-layers "
-                        "sglang:IDS applies (it depends on the version on DeepSeek/Kimi-class targets), e.g. 0.5.23.")
+                        "sglang:IDS applies (it depends on the version on DeepSeek/Kimi-class targets), e.g. 0.5.23.",
+                        callback=check_sglang_version)
+
+
+def check_sglang_version(value: str) -> str:
+    """--sglang-version: "" (not pinned) or a version `conventions.parse_version` reads; a usage
+    error naming the value and the form expected otherwise (a typo would silently pin nothing)."""
+    from specdraft.conventions import ConventionError, parse_version
+
+    if value:
+        try:
+            parse_version(value)
+        except ConventionError:
+            raise typer.BadParameter(f"{value!r} is not a version: write one like 0.5.23") from None
+    return value
 
 
 TRUST_REMOTE_CODE_HELP = ("Read a --target config.json whose model_type only its own code (auto_map) defines, "
@@ -302,7 +316,8 @@ def id_reading(target_config, aux: tuple[str, tuple[int, ...]] | None, sglang_ve
         try:
             layers = layers_of_option(aux[0], aux[1], text.num_hidden_layers, target_class, sglang_version or None)
         except ConventionError as e:
-            raise ValueError(f"--aux-layers {aux[0]}:{','.join(map(str, aux[1]))}: {e}") from None
+            typed = ",".join(map(str, aux[1]))  # as given: a list without a convention name is specdraft's
+            raise ValueError(f"--aux-layers {typed if aux[0] == 'specdraft' else f'{aux[0]}:{typed}'}: {e}") from None
     return {"target_num_layers": text.num_hidden_layers, "target_class": target_class,
             "sglang_version": sglang_version or None, "aux_layers": layers}
 
