@@ -78,9 +78,10 @@ def capture(
                              enforce_eager, attention_backend))
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         result = capture_dataset(cfg, console=console)
+    n, kept = result.num_shards, result.num_reused
     console.print(f"capture store at {result.path}: {result.num_samples} samples, {result.num_tokens} "
-                  f"tokens, {result.num_shards} shards ({result.num_reused} kept from an earlier "
-                  f"run)", style="green", markup=False)
+                  f"tokens, {n} shard{'s' * (n != 1)}" + (f" ({kept} of {n} kept from an earlier run)" if kept else ""),
+                  style="green", markup=False)
 
 
 @app.command()

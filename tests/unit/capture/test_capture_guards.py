@@ -136,7 +136,10 @@ def test_capture_interrupted_says_what_was_kept(chat_target_dir, chats, tmp_path
     total = json.loads((out / INDEX).read_text())["num_shards"]
     assert f"interrupted; 1 of {total} shards kept in {out}: re-run the same command" in result.output
     again = capture(chat_target_dir, chats, out)
-    assert again.exit_code == 0 and "1 kept from an earlier run" in again.output, again.output
+    assert again.exit_code == 0 and f"{total} shards (1 of {total} kept from an earlier run)" in again.output, \
+        again.output
+    one = capture(chat_target_dir, chats, tmp_path / "one", "--shard-tokens", 1000)
+    assert one.exit_code == 0 and "tokens, 1 shard\n" in one.output and "1 shard;" in one.output, one.output
 
 
 def test_regenerate_without_chat_template_leaves_nothing(base_model_dir, chats, tmp_path):
