@@ -35,3 +35,18 @@ def test_options_have_help(command, options):
     if command == "demo":
         flat = " ".join(text.split())
         assert "the try: / serve: lines printed at the end use the same. [default: 1; x>=1]" in flat, flat
+
+
+def test_train_shows_its_defaults_as_the_other_commands_do():
+    """`[default: N]` as typer writes it elsewhere (train's options default to None so that a
+    --config file or a checkpoint can set them: the text carries TrainConfig's default)."""
+    from specdraft.train.config import TrainConfig
+
+    flat = " ".join(help_of("train").split())
+    defaults = TrainConfig()
+    for option, key in (("--batch-size", "batch_size"), ("--grad-accum-steps", "grad_accum_steps"),
+                        ("--max-length", "max_length"), ("--ttt-steps", "ttt_steps"),
+                        ("--warmup-steps", "warmup_steps"), ("--save-every", "save_every"),
+                        ("--precision", "precision")):
+        assert re.search(rf"{option} <[^>]+> [^<]*\[default: {getattr(defaults, key)}\]", flat), option
+    assert not re.search(r"\(\d+\)", flat)
