@@ -50,6 +50,7 @@ def inspect(
     from rich.table import Table
 
     from specdraft.checkpoint import audit, describe_layout, load_draft, state_dict_for_layout
+    from specdraft.draft import NORM_FLAGS
 
     console = Console()
     if known_keys:
@@ -68,9 +69,11 @@ def inspect(
         table.add_row(name, str(tuple(tensor.shape)), str(tensor.dtype).removeprefix("torch."))
     console.print(table)
     cfg = loaded.model.cfg
+    variant = [name for name in NORM_FLAGS if getattr(cfg, name)]
     console.print(f"aux layers (specdraft indices): {list(cfg.aux_layers)} of {cfg.target_num_layers}; "
                   f"hidden {cfg.hidden_size}, target hidden {cfg.target_hidden_size}; "
-                  f"draft vocab {cfg.draft_vocab_size} of {cfg.vocab_size}", markup=False)
+                  f"draft vocab {cfg.draft_vocab_size} of {cfg.vocab_size}; "
+                  f"variant flags: {', '.join(variant) or 'none (plain EAGLE-3)'}", markup=False, soft_wrap=True)
     if loaded.manifest is not None and manifest:
         console.print_json(loaded.manifest.to_json())
     elif loaded.manifest is not None:
