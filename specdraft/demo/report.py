@@ -176,6 +176,21 @@ def generate_command(report: DemoReport) -> list[str]:
             f"serve: specdraft serve {flags}{threads} --port 8000{why}"]
 
 
+def doctor_rows(findings: list[dict[str, Any]]) -> list[str]:
+    """report.md's doctor table rows: a check with the same verdict and evidence on every sample
+    set once (its samples column names them all), any other check one row per set."""
+    sets = list(dict.fromkeys(f["samples"] for f in findings))
+    by_check: dict[str, list[dict[str, Any]]] = {}
+    for f in findings:
+        by_check.setdefault(f["check"], []).append(f)
+    rows = []
+    for check, group in by_check.items():
+        if len(sets) > 1 and len(group) == len(sets) and len({(f["verdict"], f["evidence"]) for f in group}) == 1:
+            group = [{**group[0], "samples": " and ".join(sets)}]
+        rows += [f"| {f['samples']} | {check} | {f['verdict']} | {f['evidence']} |" for f in group]
+    return rows
+
+
 def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
     """report.md: what ran, tau, per-position acceptance, tokens/s, doctor verdicts, commands."""
     lines = [
@@ -190,9 +205,8 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         + ", ".join(f"{a:.2f}" for a in report.training.get("accuracy", [])), "",
     ]
     lines += speculative_section(report)
-    lines += ["", "## Doctor", "", "| samples | check | verdict | evidence |", "|---|---|---|---|"]
-    for f in report.doctor:
-        lines.append(f"| {f['samples']} | {f['check']} | {f['verdict']} | {f['evidence']} |")
+    lines += ["", "## Doctor", "", "| samples | check | verdict | evidence |", "|---|---|---|---|",
+              *doctor_rows(report.doctor)]
     for engine, findings in report.lint.items():
         failed = [f["check"] for f in findings if f["verdict"] == "fail"]
         lines.append("")
