@@ -42,7 +42,8 @@ def spec_cell(level: LevelResult) -> tuple[str, str]:
 def markdown(report: BenchReport) -> str:
     """The report as markdown: one table per server, then speedups and the crossover."""
     cfg = report.config
-    settings = (f"{cfg.repeats} runs of {cfg.num_prompts} requests per level (after {cfg.warmup} warm-up "
+    settings = (f"{cfg.repeats} run{'s' * (cfg.repeats != 1)} of {cfg.num_prompts} "
+                f"request{'s' * (cfg.num_prompts != 1)} per level (after {cfg.warmup} warm-up "
                 f"request{'s' if cfg.warmup != 1 else ''} per server), max_tokens {cfg.max_tokens}, "
                 f"temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}")
     lines = [report.partial_note, ""] if report.partial else []

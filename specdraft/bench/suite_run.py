@@ -148,7 +148,7 @@ def suite_markdown(report: SuiteReport) -> str:
     """The report as markdown: the settings, then one row per category."""
     cfg = report.config
     lines = [f"# specdraft bench --suite {report.suite}", "",
-             f"concurrency {report.concurrency}, {cfg.repeats} runs of every turn per server, max_tokens "
+             f"concurrency {report.concurrency}, {cfg.repeats} run{'s' * (cfg.repeats != 1)} of every turn per server, max_tokens "
              f"{cfg.max_tokens}, temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}; speculative "
              f"{report.servers['speculative'].url}"
              + (f", baseline {report.servers['baseline'].url}" if "baseline" in report.servers else ", no baseline"),

@@ -27,7 +27,6 @@ for specdraft's training layout they name the output of the `specdraft export` c
 
 from __future__ import annotations
 
-import json
 import shlex
 import statistics
 import time
@@ -45,6 +44,7 @@ from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
+from specdraft.export import launch_command
 
 WARMUP_TOKENS = 8
 PREDICTION_WARN_FACTOR = 2.0  # predicted vs measured tokens/s beyond which render warns
@@ -288,20 +288,20 @@ class TuneReport:
         return f"{self.draft_path.rstrip('/')}-{engine}" if needs_export(self.draft_path, engine) else self.draft_path
 
     def sglang_flags(self) -> str:
-        """SGLang launch flags of the recommendation (or the advice to launch without)."""
+        """SGLang's launch command of the recommendation, as `specdraft export` prints it
+        (`export.launch_command`), or the advice to launch without speculation."""
         rec = self.recommendation
         if rec is None:
             return "launch without --speculative-* flags (no speculation)"
-        return " ".join(["--speculative-algorithm EAGLE3 --speculative-draft-model-path",
-                         shlex.quote(self.served_path("sglang")), *rec.spec.sglang_args()])
+        return launch_command("sglang", self.target_path, Path(self.served_path("sglang")), rec.spec)
 
     def vllm_flags(self) -> str:
-        """vLLM's --speculative-config of the best chain (or the advice to launch without)."""
+        """vLLM's launch command with the --speculative-config of the best chain
+        (`export.launch_command`), or the advice to launch without speculation."""
         rec = self.vllm_recommendation
         if rec is None:
             return "launch without --speculative-config (no speculation)"
-        config = {"method": "eagle3", "model": self.served_path("vllm"), "num_speculative_tokens": rec.spec.num_steps}
-        return f"--speculative-config {shlex.quote(json.dumps(config))}"
+        return launch_command("vllm", self.target_path, Path(self.served_path("vllm")), rec.spec)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""

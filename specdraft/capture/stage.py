@@ -108,18 +108,45 @@ def check_aux_arg(aux_layers, target: str | Path) -> None:
     check_aux_flag(aux_layers, config.get_text_config().num_hidden_layers)
 
 
-def serving_line(aux_layers, target: str | Path) -> str | None:
-    """`conventions.serving_problem` for a capture of `aux_layers` (None: the default) from the
-    target directory `target`, read from its config.json alone; None when an engine serves them."""
+def _aux_facts(aux_layers, target: str | Path) -> tuple[list[int], int, str]:
+    """(the aux layers a capture uses: `aux_layers` or the default, the target's layer count, its
+    class), from the target directory's config.json alone."""
     from specdraft.conventions import default_aux_layers
-    from specdraft.data.serving import serving_problem
     from specdraft.target.config import read_target_config, target_class_of
 
     config = read_target_config(target)
     text = config.get_text_config()
-    layers = list(aux_layers or default_aux_layers(text.num_hidden_layers))
     architecture = (getattr(config, "architectures", None) or [None])[0]
-    return serving_problem(layers, text.num_hidden_layers, target_class_of(architecture, text.model_type))
+    return (list(aux_layers or default_aux_layers(text.num_hidden_layers)), text.num_hidden_layers,
+            target_class_of(architecture, text.model_type))
+
+
+def serving_line(aux_layers, target: str | Path) -> str | None:
+    """`conventions.serving_problem` for a capture of `aux_layers` (None: the default) from the
+    target directory `target`, read from its config.json alone; None when an engine serves them."""
+    from specdraft.data.serving import serving_problem
+
+    return serving_problem(*_aux_facts(aux_layers, target))
+
+
+def aux_line(aux_layers, target: str | Path) -> str:
+    """The one line capture prints before the work: the aux layers (specdraft indices; whether
+    they are the default, and that the engines' default collapses below 7 layers) and the ids
+    each engine is given for them (`conventions.to_engine_ids`; an engine that cannot take them
+    says why)."""
+    from specdraft.conventions import ConventionError, to_engine_ids
+
+    layers, num_layers, target_class = _aux_facts(aux_layers, target)
+    names = []
+    for engine, label in (("vllm", "vllm/speculators"), ("sglang", "sglang")):
+        try:
+            names.append(f"{label} ids {to_engine_ids(layers, engine, num_layers, target_class)}")
+        except ConventionError as e:
+            names.append(f"{label}: {e}")
+    origin = (f"given, on this {num_layers}-layer target" if aux_layers
+              else f"the default on this {num_layers}-layer target"
+              + ("; the engines' no-ids default [2, L//2, L-3] collapses below 7 layers" if num_layers < 7 else ""))
+    return f"aux layers {layers} (specdraft indices, {origin}): " + ", ".join(names)
 
 
 def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
@@ -135,8 +162,6 @@ def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
     check_store_dir(cfg.out_dir)
     if cfg.aux_layers is not None:
         check_aux_arg(cfg.aux_layers, cfg.target)
-    if console is not None and (line := serving_line(cfg.aux_layers, cfg.target)):
-        console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
     if cfg.engine == "vllm":
         return _capture_through_vllm(cfg, console)
     target, tokenizer, data = load_inputs(
@@ -144,9 +169,20 @@ def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
         template_kwargs=cfg.template_kwargs, skip_bad=cfg.skip_bad,
         target_dtype=parse_dtype(cfg.target_dtype), device=cfg.device, reasoning=cfg.reasoning)
     settings = _settings(cfg, cfg.aux_layers or default_aux_layers(target.num_layers))
+    _announce(cfg, console)
     extra = _identity(cfg, tokenizer, data, data.num_skipped, console)
     return write_store(target, data.samples, cfg.out_dir, settings, extra=extra,
                        device=cfg.device, console=console)
+
+
+def _announce(cfg: CaptureConfig, console) -> None:
+    """Print, once the inputs are read and before the target runs, the aux layers (`aux_line`)
+    and, when no engine serves them, why (`serving_line`)."""
+    if console is None:
+        return
+    console.print(aux_line(cfg.aux_layers, cfg.target), markup=False, soft_wrap=True)
+    if line := serving_line(cfg.aux_layers, cfg.target):
+        console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
 
 
 def _settings(cfg: CaptureConfig, aux_layers) -> StoreSettings:
@@ -187,6 +223,7 @@ def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
                                    chat=cfg.chat, template_kwargs=cfg.template_kwargs, skip_bad=cfg.skip_bad,
                                    reasoning=cfg.reasoning)
     settings = _settings(cfg, cfg.aux_layers or default_aux_layers(head.num_layers))
+    _announce(cfg, console)
     engine = VllmCapture(cfg.target, head, settings.aux_layers, parse_dtype(cfg.target_dtype), cfg.vllm,
                          cfg.max_length)
     samples, too_long = drop_too_long([s.truncated(cfg.max_length) for s in data.samples],

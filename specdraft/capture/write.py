@@ -160,7 +160,7 @@ def _print_estimate(console, index: dict, settings: StoreSettings, H: int, head_
     if console is not None:
         console.print(
             f"capture: {index['num_samples']} samples, {index['num_tokens']} tokens, "
-            f"{index['num_shards']} shards; estimated disk {_human(total)} "
+            f"{index['num_shards']} shard{'s' * (index['num_shards'] != 1)}; estimated disk {_human(total)} "
             f"({bytes_per_token(H, n_aux, settings.dtype)} B/token = ids 4 + mask 1 + "
             f"{n_aux + 1}·{H}·{settings.dtype.itemsize}, target head {_human(head_bytes)})")
         free = shutil.disk_usage(out_dir).free

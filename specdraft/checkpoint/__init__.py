@@ -51,6 +51,7 @@ from specdraft.checkpoint.layouts import (
     check_layout,
     config_from_files,
     describe_layout,
+    fc_width_hint,
     official_config,
     owned_embedding_config,
     refuse_other_aux_layers,
@@ -283,7 +284,7 @@ def draft_tensors(cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: st
     bad = [f"{k} {tuple(tensors[k].shape)} (expected {tuple(expected[k].shape)})"
            for k in expected if tensors[k].shape != expected[k].shape]
     if bad:
-        raise CheckpointError(f"{file}: tensors of the wrong shape: {'; '.join(bad)}")
+        raise CheckpointError(f"{file}: tensors of the wrong shape: {'; '.join(bad)}{fc_width_hint(cfg, tensors)}")
     return tensors
 
 

@@ -419,6 +419,28 @@ def aux_layers_of_config(path: Path, config: dict[str, Any], num_layers: int, ta
     return layers
 
 
+def fc_width_hint(cfg: DraftConfig, tensors: dict[str, Any]) -> str:
+    """"; ..." saying how many aux states the file's fc.weight takes when its input width is another
+    multiple of the target's hidden size than the aux layers named (an --aux-layers or config ids
+    of another count: the drafter's fc, not an engine, bounds the count); "" otherwise."""
+    fc, width = tensors.get("fc.weight"), cfg.target_hidden_size
+    if fc is None or fc.dim() != 2 or fc.shape[1] % width or fc.shape[1] // width == len(cfg.aux_layers):
+        return ""
+    count = fc.shape[1] // width
+    return (f"; the drafter's fc takes {count} aux states ({count} x target hidden size {width}) and the "
+            f"aux layers {list(cfg.aux_layers)} are {len(cfg.aux_layers)}: name {count} layers")
+
+
+def config_target_sizes(config: dict[str, Any]) -> dict[str, Any]:
+    """The target sizes a drafter's config.json was built for, as `config_from_files` reads them:
+    hidden_size (target_hidden_size, else the layer's hidden_size) and vocab_size (the layer's;
+    speculators nest the layer in transformer_layer_config); None where the file names none."""
+    layer = config.get("transformer_layer_config")
+    layer = layer if isinstance(layer, dict) else config
+    return {"hidden_size": config.get("target_hidden_size") or layer.get("hidden_size"),
+            "vocab_size": layer.get("vocab_size")}
+
+
 def aux_layers_note(config: dict[str, Any], manifest: Manifest | None, num_layers: int | None,
                     aux_layers: list[int] | None) -> str | None:
     """The one line saying where a manifest-less drafter's aux layers came from when its config

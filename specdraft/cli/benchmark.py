@@ -19,7 +19,7 @@ from specdraft.cli.common import (
     spec_from_flags,
     user_errors,
 )
-from specdraft.cli.decode import THREADS_HELP, _set_threads
+from specdraft.cli.decode import ENGINE_DEVICE_HELP, THREADS_HELP, _set_threads
 
 
 def _same_server(a: str, b: str) -> bool:
@@ -196,7 +196,7 @@ def tune(
                                 "once per round, order rotated; speedups are medians and quartiles of "
                                 "same-round ratios."),
     json_out: str = typer.Option("", help="Also write the report as JSON here."),
-    device: str = typer.Option("cpu", callback=check_device),
+    device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
     suite: str = typer.Option("", help="Tune on a bundled suite's chats (mt-bench, humaneval, gsm8k; instead of --prompts), "

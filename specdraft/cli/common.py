@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal
 
 import typer
@@ -63,7 +64,6 @@ def check_device(value: str) -> str:
 def check_model_dir(value: str, param: typer.CallbackParam = None) -> str:
     """--target: empty (not given) or a directory holding config.json, and no drafter. A file
     (e.g. DIR/config.json) or a `~` the shell left unexpanded (`--target=~/m`) is named as such."""
-    from pathlib import Path
 
     path = Path(value)
     if value and not (path / "config.json").is_file():
@@ -97,7 +97,6 @@ def refuse_wrong_kind(value: str, want: str, param) -> None:
 def check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
     """CKPT: an existing directory (a file path, e.g. its model.safetensors, names the directory),
     not a target model's."""
-    from pathlib import Path
 
     if not value:  # an optional --draft left out
         return value
@@ -236,7 +235,21 @@ AUX_OVERRIDE_HELP = ("Aux layers of a drafter without a manifest, replacing what
 def sglang_version_option():
     """--sglang-version of every command that reads aux ids (`id_reading`): "" = not pinned."""
     return typer.Option("", help="Pin the SGLang version whose reading of eagle_config ids and of --aux-layers "
-                        "sglang:IDS applies (it depends on the version on DeepSeek/Kimi-class targets), e.g. 0.5.23.")
+                        "sglang:IDS applies (it depends on the version on DeepSeek/Kimi-class targets), e.g. 0.5.23.",
+                        callback=check_sglang_version)
+
+
+def check_sglang_version(value: str) -> str:
+    """--sglang-version: "" (not pinned) or a version `conventions.parse_version` reads; a usage
+    error naming the value and the form expected otherwise (a typo would silently pin nothing)."""
+    from specdraft.conventions import ConventionError, parse_version
+
+    if value:
+        try:
+            parse_version(value)
+        except ConventionError:
+            raise typer.BadParameter(f"{value!r} is not a version: write one like 0.5.23") from None
+    return value
 
 
 TRUST_REMOTE_CODE_HELP = ("Read a --target config.json whose model_type only its own code (auto_map) defines, "
@@ -270,12 +283,16 @@ def read_target(target: str, trust_remote_code: bool = False):
     return read_target_config(target, trust_remote_code)
 
 
-def id_reading(target_config, aux: tuple[str, tuple[int, ...]] | None, sglang_version: str = "") -> dict:
+def id_reading(target_config, aux: tuple[str, tuple[int, ...]] | None, sglang_version: str = "",
+               drafter: str = "", target: str = "") -> dict:
     """How to read a drafter's aux ids, as `load_draft` / `convert_draft` / `engine.load.load_engine`
     take it: the layer count and class of the --target's config (`read_target`; None without
     --target), the --sglang-version, and --aux-layers as specdraft indices
     (`conventions.layers_of_option`). ValueError naming the flag: --aux-layers without --target or
-    naming layers its convention cannot."""
+    naming layers its convention cannot; before that, ValueError naming both when the manifest-less
+    `drafter` directory's config.json was built for a target of another hidden size or vocabulary
+    (`engine.load.refuse_other_target`: the most basic mismatch, which the default aux ids'
+    collapse would hide; a manifest names the aux layers, and the loader checks its record)."""
     if target_config is None:
         if aux is not None:
             raise ValueError("--aux-layers needs --target DIR: aux ids are read by the target's layer count and class")
@@ -284,13 +301,23 @@ def id_reading(target_config, aux: tuple[str, tuple[int, ...]] | None, sglang_ve
     from specdraft.target.config import TARGET_CLASSES
 
     text = target_config.get_text_config()
+    from specdraft.checkpoint import MANIFEST_FILE
+
+    if drafter and (Path(drafter) / "config.json").is_file() and not (Path(drafter) / MANIFEST_FILE).is_file():
+        from specdraft.checkpoint import read_config
+        from specdraft.checkpoint.layouts import config_target_sizes
+        from specdraft.engine.load import refuse_other_target
+
+        refuse_other_target(config_target_sizes(read_config(Path(drafter))),
+                            {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}, drafter, target)
     target_class = TARGET_CLASSES.get(text.model_type, "llama")
     layers = None
     if aux is not None:
         try:
             layers = layers_of_option(aux[0], aux[1], text.num_hidden_layers, target_class, sglang_version or None)
         except ConventionError as e:
-            raise ValueError(f"--aux-layers {aux[0]}:{','.join(map(str, aux[1]))}: {e}") from None
+            typed = ",".join(map(str, aux[1]))  # as given: a list without a convention name is specdraft's
+            raise ValueError(f"--aux-layers {typed if aux[0] == 'specdraft' else f'{aux[0]}:{typed}'}: {e}") from None
     return {"target_num_layers": text.num_hidden_layers, "target_class": target_class,
             "sglang_version": sglang_version or None, "aux_layers": layers}
 
@@ -341,7 +368,6 @@ def refuse_bad_configs(draft: str, target: str, target_keys: tuple[str, ...] | N
     config.json is unreadable, not JSON or no object (`doctor.inputs.given_config`, doctor's
     words), or the target's lacks one of `target_keys` (default: all `target.TARGET_REQUIRED_KEYS`).
     Either path may be empty (not given) or lack config.json (left to the loaders)."""
-    from pathlib import Path
 
     from specdraft.checkpoint import DRAFTER_CONFIG_FIX
     from specdraft.doctor.inputs import given_config

@@ -17,6 +17,7 @@ COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / 
 THREADS_HELP = ("CPU threads torch uses (torch.set_num_threads, set before loading; default: torch's, all "
                 "cores). Pin it on a busy or shared machine, e.g. --threads 4: decoding slows down sharply "
                 "when its threads compete for cores.")
+ENGINE_DEVICE_HELP = "Device the target and drafter run on: cpu, cuda or cuda:N."
 
 
 WARM_UP_TOKENS = 16  # the --compile warm-up: enough steps to compile and capture decode and verify
@@ -80,12 +81,13 @@ def generate(
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft."),
     aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
     sglang_version: str = sglang_version_option(),
-    max_new_tokens: int = typer.Option(128, min=1),
+    max_new_tokens: int = typer.Option(128, min=1, help="Most tokens to generate after the prompt (fewer at EOS "
+                                       "unless --ignore-eos); prompt + these must fit the engine's longest request."),
     no_spec: bool = flag("--no-spec", help="Plain decoding on the same engine, even with --draft."),
     ignore_eos: bool = flag("--ignore-eos", help="Do not stop at the tokenizer's EOS."),
     seed: int = typer.Option(0, help="Sampling seed."),
     max_seq_len: int = typer.Option(0, min=0, help="Cache size (0 = min(max positions, 4096))."),
-    device: str = typer.Option("cpu", callback=check_device),
+    device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     compile: bool = flag("--compile", help=COMPILE_HELP),
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
@@ -111,7 +113,7 @@ def generate(
         torch_dtype = engine_dtype(dtype)
         _set_threads(threads)
         refuse_bad_configs(draft if spec is not None else "", target)
-        reading = id_reading(read_target(target), aux_layers, sglang_version) if spec is not None else None
+        reading = id_reading(read_target(target), aux_layers, sglang_version, draft, target) if spec is not None else None
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
         engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
                              max_seq_len or None, tokenizer, compile=compile, reading=reading)
@@ -181,6 +183,9 @@ def demo(
                              "\"text\" field per line (default: the TinyStories sample)."),
     train_steps: int = typer.Option(1000, help="Drafter optimizer steps."),
     num_train: int = typer.Option(800, help="Training documents."),
+    threads: int = typer.Option(1, min=1, help="CPU threads torch uses (1: the fastest for the bundled "
+                                "260K-parameter model, whose threads only compete); the try: / serve: lines "
+                                "printed at the end use the same."),
 ) -> None:
     """Run the whole pipeline on a real target and write report.md with plots. Stages, in the order
     they run and print: target, data, regenerate, capture, train, speculative generation vs plain
@@ -199,7 +204,8 @@ def demo(
     # inputs are checked before any stage runs; a later stage's error is one line too
     with user_errors(console, interrupted=lambda: f"run the same command again to resume from {out}"):
         cfg = DemoConfig(out=Path(out), device=device, target=Path(target) if target else None,
-                         data=Path(data) if data else None, train_steps=train_steps, num_train=num_train)
+                         data=Path(data) if data else None, train_steps=train_steps, num_train=num_train,
+                         threads=threads)
         report = run_demo(cfg, console)
     console.print(summary(report, Path(out)), markup=False, highlight=False, soft_wrap=True)
     if busy:
@@ -236,7 +242,7 @@ def serve(
                                   "(0 = off)."),
     model_name: str = typer.Option("", help="Served model name (default: the target directory's name)."),
     max_seq_len: int = typer.Option(0, min=0, help="Cache size (0 = min(max positions, 4096))."),
-    device: str = typer.Option("cpu", callback=check_device),
+    device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     compile: bool = flag("--compile", help=COMPILE_HELP),
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
@@ -255,7 +261,7 @@ def serve(
                                                        "--sglang-version": sglang_version or None})
         spec = spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
                                 num_draft_tokens or 0)
-        reading = id_reading(read_target(target), aux_layers, sglang_version) if spec is not None else None
+        reading = id_reading(read_target(target), aux_layers, sglang_version, draft, target) if spec is not None else None
         _check_port_free(host, port)  # before the model loads
         _set_threads(threads)
         server_app = build_app(target, draft or None, spec, device, engine_dtype(dtype), max_seq_len or None,

@@ -51,13 +51,14 @@ def inspect(
     from rich.table import Table
 
     from specdraft.checkpoint import audit, describe_layout, is_training_checkpoint, load_draft, state_dict_for_layout
+    from specdraft.draft import NORM_FLAGS
 
     console = Console()
     if known_keys:
         print_known_keys(console, checkpoint)
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
-        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
+        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version, checkpoint, target)
         loaded = load_draft(checkpoint, **reading)
     training = loaded.manifest.training if is_training_checkpoint(checkpoint) else None
     described = (f"training checkpoint (step {training['steps']}; export or convert writes its drafter files)"
@@ -71,9 +72,11 @@ def inspect(
         table.add_row(name, str(tuple(tensor.shape)), str(tensor.dtype).removeprefix("torch."))
     console.print(table)
     cfg = loaded.model.cfg
+    variant = [name for name in NORM_FLAGS if getattr(cfg, name)]
     console.print(f"aux layers (specdraft indices): {list(cfg.aux_layers)} of {cfg.target_num_layers}; "
                   f"hidden {cfg.hidden_size}, target hidden {cfg.target_hidden_size}; "
-                  f"draft vocab {cfg.draft_vocab_size} of {cfg.vocab_size}", markup=False)
+                  f"draft vocab {cfg.draft_vocab_size} of {cfg.vocab_size}; "
+                  f"variant flags: {', '.join(variant) or 'none (plain EAGLE-3)'}", markup=False, soft_wrap=True)
     if loaded.manifest is not None and manifest:
         console.print_json(loaded.manifest.to_json())
     elif loaded.manifest is not None:
@@ -153,7 +156,7 @@ def convert(
     with user_errors(console):
         refuse_bad_configs(src, "")
         given = read_target(target, trust_remote_code)  # read once: aux ids and the verifier's architectures
-        reading = id_reading(given, aux_layers, sglang_version)
+        reading = id_reading(given, aux_layers, sglang_version, src, target)
         converted = convert_draft(src, dst, layout=layout, **reading,
                                   target_architectures=list(given.architectures or []) or None if given else None,
                                   target_name_or_path=str(Path(target).resolve()) if target else None)
@@ -236,7 +239,7 @@ def export(
 
     console = Console()
     with user_errors(console):
-        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version)
+        reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version, checkpoint, target)
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
                               verifier=verifier or None, sglang_version=sglang_version or None,
                               num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None,

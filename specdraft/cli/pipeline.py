@@ -78,9 +78,10 @@ def capture(
                              enforce_eager, attention_backend))
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         result = capture_dataset(cfg, console=console)
+    n, kept = result.num_shards, result.num_reused
     console.print(f"capture store at {result.path}: {result.num_samples} samples, {result.num_tokens} "
-                  f"tokens, {result.num_shards} shards ({result.num_reused} kept from an earlier "
-                  f"run)", style="green", markup=False)
+                  f"tokens, {n} shard{'s' * (n != 1)}" + (f" ({kept} of {n} kept from an earlier run)" if kept else ""),
+                  style="green", markup=False)
 
 
 @app.command()
@@ -149,24 +150,24 @@ TRAIN_HELP = {
     "epochs": "Passes over the training split (neither --steps nor --epochs = one epoch).",
     "lr": "Peak learning rate, after warm-up (1e-4: suits long runs on large data; small data / short runs need "
           "a larger one, e.g. the demo's --lr 3e-3 --ttt-steps 4 for 1000 steps on 800 documents).",
-    "batch_size": "Sequences per step, over all ranks (8).",
-    "grad_accum_steps": "Micro-batches per step on each rank (1).",
-    "max_length": "Truncate samples to this many tokens (2048).",
-    "ttt_steps": "Training-time-test unroll steps (7).",
+    "batch_size": "Sequences per step, over all ranks.  [default: 8]",
+    "grad_accum_steps": "Micro-batches per step on each rank.  [default: 1]",
+    "max_length": "Truncate samples to this many tokens.  [default: 2048]",
+    "ttt_steps": "Training-time-test unroll steps.  [default: 7]",
     "draft_vocab_size": "Default: the usable vocabulary, the tokenizer's length (vocab_size may pad past it).",
-    "precision": "fp32 (default) | bf16 (CUDA autocast).",
+    "precision": "fp32 | bf16 (CUDA autocast).  [default: fp32]",
     "target": "Target directory: the live target with --online; offline only when the store's recorded path moved.",
     "online": "Run --target on SOURCE's records at every step (no capture store).",
     "aux_layers": "Specdraft indices, e.g. '2,3,4' (online default: [2, L//2, L-3] for an L-layer target; a "
                   "store's must match).",
     "no_chat": "With --online: plain text (base models).",
     "template_kwargs": "With --online: JSON kwargs for the chat template.",
-    "target_dtype": "With --online: dtype the target runs in (default: float32).",
+    "target_dtype": "With --online: dtype the target runs in.  [default: float32]",
     "skip_bad": "With --online: skip and count bad records.",
-    "reasoning": f"With --online: {REASONING_HELP} (default: keep)",
-    "warmup_steps": "Linear learning-rate warm-up steps (100).",
-    "save_every": "Checkpoint every N steps (500) and at the end, under OUT/checkpoints; the newest 2 are kept "
-                  "(--config key keep_checkpoints).",
+    "reasoning": f"With --online: {REASONING_HELP}  [default: keep]",
+    "warmup_steps": "Linear learning-rate warm-up steps.  [default: 100]",
+    "save_every": "Checkpoint every N steps and at the end, under OUT/checkpoints; the newest 2 are kept "
+                  "(--config key keep_checkpoints).  [default: 500]",
     "resume": "Continue from OUT's newest checkpoint with its settings (options left out come from it); a larger "
               "--steps / --epochs extends the run (the lr schedule is recomputed).",
 }

@@ -163,13 +163,30 @@ def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[i
             errors.append(str(err))
     if errors:  # with the version unknown, every version's rule must accept the list
         hint = "; pass --sglang-version if you serve a version that can" if results else ""
-        raise ConventionError(f"{errors[0]}{hint}")
+        raise ConventionError(f"{(not results and _every_version_refusal(engine, target_class, convert)) or errors[0]}"
+                              f"{hint}")
     if len({tuple(out) for _, out in results}) > 1:
         readings = ", ".join(f"{version_label(r)}: {out}" for r, out in results)
         raise ConventionError(f"{what} are read differently by SGLang version on "
                               f"{_CLASS_NAMES[target_class]}-class targets ({readings}); "
                               "pass --sglang-version")
     return list(results[0][1])
+
+
+def _every_version_refusal(engine: str, target_class: str, convert) -> str | None:
+    """The refusal of a list that every version's rule of `engine` (two or more) refuses alike,
+    naming no version range (one range would suggest that another version takes the list); None
+    when some version takes it, the reasons differ, or one rule covers the class."""
+    rules = _rules(engine, target_class, None)
+    problems = set()
+    for rule in rules:
+        try:
+            convert(rule)
+            return None
+        except ConventionError as err:
+            alike = " and ".join(version_label(r) for r in rules)
+            problems.add(str(err).replace(f" in {version_label(rule)}", f" in {alike} alike"))
+    return problems.pop() if len(rules) > 1 and len(problems) == 1 else None
 
 
 def check_aux_layers(layers, num_layers: int, engine: str = "vllm") -> list[int]:
@@ -300,8 +317,8 @@ def layers_of_option(convention: str, ids, num_layers: int, target_class: str = 
     """Specdraft indices an --aux-layers value names: ids in `convention` ("specdraft": as given,
     checked by `check_aux_layers`; an engine: `from_engine_ids` by its rule for the target's class
     and SGLang version). Raises ConventionError naming the rule broken."""
-    if convention == "specdraft":
-        return check_aux_layers(list(ids), num_layers)
+    if convention == "specdraft":  # no engine's count: the drafter's fc width bounds it (`check_aux_count`)
+        return check_aux_layers(list(ids), num_layers, engine="specdraft")
     return from_engine_ids(list(ids), convention, num_layers, target_class, sglang_version)
 
 

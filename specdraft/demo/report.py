@@ -30,6 +30,7 @@ class DemoReport:
     lint: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)
     drafter: dict[str, Any] = field(default_factory=dict)  # dir, steps, batch_size, num_train of the drafter used
+    threads: int | None = 1  # the CPU threads the timing ran on (DemoConfig.threads; None: torch's default)
 
 
 def setting_text(r: dict[str, Any]) -> str:
@@ -162,16 +163,32 @@ def summary(report: DemoReport, out: Path) -> str:
 
 def generate_command(report: DemoReport) -> list[str]:
     """"try: specdraft generate ..." and "serve: specdraft serve ..." (README's lines) with the
-    recommended setting and one CPU thread (the demo's timing ran on one: a 260K-parameter
-    model's threads only fight each other), or the fastest one when none is recommended
+    recommended setting and the CPU threads the demo's timing ran on (--threads, 1 by default: a
+    260K-parameter model's threads only fight each other), or the fastest one when none is recommended
     (generate's and serve's own default, 3 steps, is not what the demo measured best)."""
     rows = [*report.sweep, report.tree]
     setting = report.chosen or max(rows, key=lambda r: r["speedup"])
     why = "" if report.chosen else "  (the fastest setting here; none is recommended)"
     flags = (f"--target {report.target} --draft {report.drafter['dir']} --num-steps {setting['num_steps']} "
              f"--topk {setting['topk']} --num-draft-tokens {setting['num_draft_tokens']}")
-    return [f"try: specdraft generate {flags} --threads 1 --prompt \"Once upon a time\"{why}",
-            f"serve: specdraft serve {flags} --threads 1 --port 8000{why}"]
+    threads = f" --threads {report.threads}" if report.threads else ""
+    return [f"try: specdraft generate {flags}{threads} --prompt \"Once upon a time\"{why}",
+            f"serve: specdraft serve {flags}{threads} --port 8000{why}"]
+
+
+def doctor_rows(findings: list[dict[str, Any]]) -> list[str]:
+    """report.md's doctor table rows: a check with the same verdict and evidence on every sample
+    set once (its samples column names them all), any other check one row per set."""
+    sets = list(dict.fromkeys(f["samples"] for f in findings))
+    by_check: dict[str, list[dict[str, Any]]] = {}
+    for f in findings:
+        by_check.setdefault(f["check"], []).append(f)
+    rows = []
+    for check, group in by_check.items():
+        if len(sets) > 1 and len(group) == len(sets) and len({(f["verdict"], f["evidence"]) for f in group}) == 1:
+            group = [{**group[0], "samples": " and ".join(sets)}]
+        rows += [f"| {f['samples']} | {check} | {f['verdict']} | {f['evidence']} |" for f in group]
+    return rows
 
 
 def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
@@ -188,9 +205,8 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         + ", ".join(f"{a:.2f}" for a in report.training.get("accuracy", [])), "",
     ]
     lines += speculative_section(report)
-    lines += ["", "## Doctor", "", "| samples | check | verdict | evidence |", "|---|---|---|---|"]
-    for f in report.doctor:
-        lines.append(f"| {f['samples']} | {f['check']} | {f['verdict']} | {f['evidence']} |")
+    lines += ["", "## Doctor", "", "| samples | check | verdict | evidence |", "|---|---|---|---|",
+              *doctor_rows(report.doctor)]
     for engine, findings in report.lint.items():
         failed = [f["check"] for f in findings if f["verdict"] == "fail"]
         lines.append("")

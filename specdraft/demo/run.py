@@ -39,6 +39,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
                                              ("held-out", heldout_file, "store-heldout"))}
     draft_dir, training = stages.stage_train(cfg, stores["train"], target_dir, say)
     report = DemoReport(target=str(target_dir), aux_layers=aux_layers, training=training.get("validation") or {},
+                        threads=cfg.threads,
                         drafter={"dir": str(draft_dir), "steps": training.get("steps"), "num_train": cfg.num_train,
                                  "batch_size": (training.get("config") or {}).get("batch_size")})
     say(f"drafter: {training.get('steps')} optimizer steps, at {draft_dir}")

@@ -141,12 +141,22 @@ def check_trained_for(manifest: Any, draft: Eagle3Draft, target: FastTarget, dra
                {"num_layers": cfg.target_num_layers, "hidden_size": cfg.target_hidden_size,
                 "vocab_size": cfg.vocab_size})
     given = {"num_layers": args.num_layers, "hidden_size": args.hidden_size, "vocab_size": args.vocab_size}
+    refuse_other_target(trained, given, draft_dir, target_dir)
+
+
+def refuse_other_target(trained: dict[str, Any], given: dict[str, Any], draft_dir: str | Path,
+                        target_dir: str | Path) -> None:
+    """Raise ValueError naming both targets when a size the drafter records (`trained`:
+    num_layers, hidden_size, vocab_size, name_or_path; a size absent or None is not compared)
+    differs from the target's (`given`)."""
     differ = [k for k, v in given.items() if trained.get(k) is not None and trained[k] != v]
     if not differ:
         return
 
     def sizes(r: dict) -> str:
-        return f"{r.get('num_layers')} layers, hidden {r.get('hidden_size')}, vocab {r.get('vocab_size')}"
+        parts = (f"{r.get('num_layers')} layers", f"hidden {r.get('hidden_size')}", f"vocab {r.get('vocab_size')}")
+        return ", ".join(p for p, key in zip(parts, ("num_layers", "hidden_size", "vocab_size"))
+                         if r.get(key) is not None)
     recorded = trained.get("name_or_path")
     trained_for = (f"{recorded} ({sizes(trained)})" if recorded
                    else f"one of {sizes(trained)} (path not recorded)")

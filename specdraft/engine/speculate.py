@@ -165,28 +165,44 @@ class SpeculativeEngine:
         return Request.new(prompt_ids, max_new_tokens, params, eos_ids, stop, seed, on_tokens, self.tokenizer,
                            self.device, self.spec.num_steps if self.spec else 0)
 
-    def check_limits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
-        """Raise ValueError, with the numbers, when prompt + max_new_tokens exceeds the target's
-        or the drafter's max positions, or the cache (which also holds one round's tree)."""
-        total = num_prompt_tokens + max_new_tokens
-        limits = [("the target's max_position_embeddings", self.target.args.max_position_embeddings)]
-        if self.draft is not None:
-            limits.append(("the drafter's max_position_embeddings", self.draft.cfg.max_position_embeddings))
-        for name, limit in limits:
-            if total > limit:
-                room = (f"ask for at most {limit - num_prompt_tokens} new tokens" if num_prompt_tokens < limit
-                        else f"shorten the prompt to under {limit} tokens")
-                if name.startswith("the drafter"):  # the drafter's own limit: plain decoding has the target's
-                    room += (f", or decode without the drafter (plain decoding reaches the target's "
-                             f"{self.target.args.max_position_embeddings})")
-                raise ValueError(f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} = {total} "
-                                 f"tokens exceeds {name} {limit}: {room}")
+    def context_limits(self) -> list[tuple[str, int]]:
+        """Each limit on a request's length as (what sets it, the longest prompt + max_new_tokens
+        it allows): the target's and the drafter's max positions, and the cache, which also holds
+        one round's verified nodes (max_seq_len - num_draft_tokens; 1 without a drafter)."""
         tree = self.spec.num_draft_tokens if self.spec else 1
-        if total + tree > self.max_seq_len:
-            raise ValueError(f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} + "
-                             f"{tree} verified nodes = {total + tree} exceeds the engine's max_seq_len "
-                             f"{self.max_seq_len}: shorten the request or build the engine with "
-                             f"max_seq_len >= {total + tree}")
+        limits = [(f"the target's max_position_embeddings {self.target.args.max_position_embeddings}",
+                   self.target.args.max_position_embeddings)]
+        if self.draft is not None:
+            limits.append((f"the drafter's max_position_embeddings {self.draft.cfg.max_position_embeddings}",
+                           self.draft.cfg.max_position_embeddings))
+        limits.append((f"the engine's max_seq_len {self.max_seq_len} less {tree} verified "
+                       f"node{'s' if tree > 1 else ''}"
+                       f" ({self.max_seq_len - tree})", self.max_seq_len - tree))
+        return limits
+
+    def longest_request(self) -> int:
+        """The longest prompt + max_new_tokens this engine takes: the tightest `context_limits`
+        (the server's max_model_len)."""
+        return min(limit for _, limit in self.context_limits())
+
+    def check_limits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
+        """Raise ValueError, with the numbers, when prompt + max_new_tokens exceeds
+        `longest_request`; the advice names only what can be done (a max_seq_len within the
+        target's max positions, plain decoding where the drafter's positions bind)."""
+        total, longest = num_prompt_tokens + max_new_tokens, self.longest_request()
+        if total <= longest:
+            return
+        limits = self.context_limits()
+        name = next(name for name, limit in limits if limit == longest)
+        advice = (f"ask for at most {longest - num_prompt_tokens} new tokens" if num_prompt_tokens < longest
+                  else f"shorten the prompt to under {longest} tokens")
+        needed = total + self.max_seq_len - limits[-1][1]  # the cache this request needs
+        if name.startswith("the drafter"):
+            advice += ", or decode without the drafter (its positions then do not bind)"
+        elif all(total <= limit for _, limit in limits[:-1]) and needed <= limits[0][1]:
+            advice += f", or build the engine with max_seq_len >= {needed}"
+        raise ValueError(f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} = {total} tokens "
+                         f"exceeds {name}: {advice}")
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self, req: Request) -> None:

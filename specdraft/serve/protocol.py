@@ -214,12 +214,9 @@ def message_of(message: Any, index: int) -> dict[str, str]:
 
 
 def context_room(engine: SpeculativeEngine, num_prompt_tokens: int) -> int:
-    """New tokens that fit after the prompt (target / drafter positions, cache minus one tree)."""
-    tree = engine.spec.num_draft_tokens if engine.spec else 1
-    limits = [engine.target.args.max_position_embeddings, engine.max_seq_len - tree]
-    if engine.draft is not None:
-        limits.append(engine.draft.cfg.max_position_embeddings)
-    return min(limits) - num_prompt_tokens
+    """New tokens that fit after the prompt (`engine.longest_request`, the rule every length
+    error applies)."""
+    return engine.longest_request() - num_prompt_tokens
 
 
 # ---- streaming text ---------------------------------------------------------------------------

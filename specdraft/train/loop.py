@@ -17,7 +17,6 @@ checkpoint's step on (`Trainer._fit_schedule`). Checkpoints, resume and the file
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -44,6 +43,7 @@ from specdraft.train.config import (
 )
 from specdraft.train.dist import Ranks, deferred_interrupt, interrupt_flag, resolve_device, setup_dist
 from specdraft.train.loss import TTTMetrics, TTTOutput, supervised_counts, ttt_loss, weighted_loss
+from specdraft.train.progress import training_progress
 from specdraft.train.run_dir import (
     MetricsLog,
     check_run_dir,
@@ -450,7 +450,7 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, progress: bool,
     c, ranks = trainer.config, trainer.ranks
     last: dict[str, Any] | None = None
     validation: dict[str, Any] | None = None
-    with _progress(progress and ranks.main, trainer.total_steps, trainer.step) as advance, \
+    with training_progress(progress and ranks.main, trainer.total_steps, trainer.step) as advance, \
             checkpoint_on_interrupt(trainer, out_dir), interrupt_flag(ranks) as interrupted:
         while trainer.step < trainer.total_steps:
             pos = trainer.position(trainer.step)
@@ -464,7 +464,7 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, progress: bool,
             saved = trainer.step % c.save_every == 0 or trainer.step == trainer.total_steps
             if saved:
                 save_checkpoint(trainer, out_dir)
-            advance(last["loss"])
+            advance(last)
             if on_step is not None:
                 on_step(trainer.step)
             if interrupted():  # several ranks: all of them, here, at the same step
@@ -482,18 +482,3 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, progress: bool,
                                      trainer.manifest, training)
     ranks.barrier()
     return TrainResult(trainer.step, last["loss"] if last else None, validation, draft_dir, log.path)
-
-
-@contextlib.contextmanager
-def _progress(enabled: bool, total: int, start: int):
-    """Rich progress bar; yields advance(loss)."""
-    if not enabled:
-        yield lambda loss: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(elapsed_when_finished=True),
-               TextColumn("loss {task.fields[loss]}"))  # time left while running, time taken once done
-    with Progress(*columns, transient=False) as bar:
-        task = bar.add_task("train", total=total, completed=start, loss="-")
-        yield lambda loss: bar.update(task, advance=1, loss=f"{loss:.4f}")

@@ -77,7 +77,7 @@ def test_aux_layers_in_a_named_convention_overrides(bare, value, layers):
 def test_aux_layers_is_refused_in_one_line_when_unreadable(bare):
     draft, target = bare
     for value, words in (("llama:1,2,3", "'llama' is no aux-id convention"),
-                         ("sglang:1,1,2", "name a layer twice"), ("1,2", "hard-codes 3"),
+                         ("sglang:1,1,2", "name a layer twice"), ("1,2", "the drafter's fc takes 3 aux states"),
                          ("3,2,1", "must increase strictly")):
         result = invoke(["inspect", str(draft), "--target", str(target), "--aux-layers", value])
         assert result.exit_code != 0 and words in flat(result.output), (value, result.output)
@@ -142,3 +142,41 @@ def test_generate_and_serve_say_the_default_and_take_aux_layers(bare, monkeypatc
     assert list(served[0].state.server.engine.draft.cfg.aux_layers) == [1, 3, 6]
     result = invoke(["serve", "--target", str(target), "--no-spec", "--aux-layers", "2,4,5", "--port", "8123"])
     assert result.exit_code == 1 and "--aux-layers: drafting settings, but --no-spec" in flat(result.output)
+
+
+def test_a_target_of_other_sizes_is_named_before_the_default_ids_collapse(bare, tmp_path):
+    """A 6-layer target (the default collapses there) of another hidden size and vocabulary: the
+    sizes are the error, not the collapse, on inspect, export and generate."""
+    from tests.tiny_models import save_tiny_model
+
+    draft, _ = bare
+    other = save_tiny_model("llama", tmp_path / "other", num_layers=6, hidden_size=64, vocab_size=96)
+    save_tiny_tokenizer(other)
+    for args in (["inspect", str(draft), "--target", str(other)],
+                 ["export", str(draft), str(tmp_path / "out"), "--engine", "vllm", "--target", str(other)],
+                 ["generate", "--target", str(other), "--draft", str(draft), "--prompt", "hello"]):
+        result = invoke(args)
+        text = flat(result.output)
+        assert result.exit_code == 1 and "this drafter was trained for another target: one of hidden 32, " \
+            "vocab 128 (path not recorded)" in text and "hidden_size, vocab_size differ" in text, (args, text)
+        assert "collapse" not in text
+
+
+def test_aux_layers_messages_name_the_real_constraint_and_echo_what_was_typed(bare):
+    """No vLLM in inspect / generate: a count the drafter's fc does not take is named by the fc;
+    the echo is the value as typed; a list every SGLang version refuses names no version range;
+    a --sglang-version that is no version is a usage error."""
+    draft, target = bare
+    save_tiny_tokenizer(target)
+    for command in (["inspect", str(draft)], ["generate", "--draft", str(draft), "--prompt", "hello"]):
+        text = flat(invoke([*command, "--target", str(target), "--aux-layers", "2,4"]).output)
+        assert "the drafter's fc takes 3 aux states (3 x target hidden size 32) and the aux layers [2, 4] are 2: " \
+            "name 3 layers" in text and "hard-codes" not in text, text
+    text = flat(invoke(["inspect", str(draft), "--target", str(target), "--aux-layers", "3,2,1"]).output)
+    assert "--aux-layers 3,2,1: " in text and "specdraft:" not in text, text
+    for pinned in ([], ["--sglang-version", "0.5.23"]):
+        result = invoke(["inspect", str(draft), "--target", str(target), "--aux-layers", "sglang:0,1,7", *pinned])
+        assert result.exit_code == 1 and "index 8 (last layer's output, before the final norm) is not capturable " \
+            "on Llama-class targets in SGLang < 0.5.22 and SGLang >= 0.5.22 alike" in flat(result.output), result.output
+    result = invoke(["inspect", str(draft), "--target", str(target), "--sglang-version", "abc"])
+    assert result.exit_code == 2 and "'abc' is not a version: write one like 0.5.23" in flat(result.output)

@@ -51,7 +51,7 @@ def test_generate_prints_its_error_on_a_line_of_its_own(target_with_tokenizer):
     assert result.exit_code == 1, result.output
     lines = result.output.splitlines()
     assert lines[0] == "hello how", lines
-    assert lines[1].startswith("error: prompt ") and "exceeds the target's max_position_embeddings 256: ask for " \
+    assert lines[1].startswith("error: prompt ") and "exceeds the engine's max_seq_len 256 less 1 verified node (255): ask for " \
         "at most" in flat(result.output), lines
 
 
@@ -76,3 +76,13 @@ def test_doctor_command_on_a_deepseek_target_draws_no_loading_bar(tmp_path):
     assert "aux_width_on_target" in result.output  # it loaded and ran the target
     assert "Loading weights" not in result.output and "it/s]" not in result.output, result.output
     assert hf_logging.is_progress_bar_enabled()  # the user's setting comes back after the command
+
+
+def test_inspect_names_the_drafters_variant_flags(tmp_path):
+    """The summary says which EAGLE-3 variant the drafter is (its norm flags), or that it is the plain one."""
+    plain, _ = draft_checkpoint(tmp_path / "plain")
+    variant, _ = draft_checkpoint(tmp_path / "variant", draft_kw={"norm_before_residual": True, "norm_output": True})
+    assert "variant flags: none (plain EAGLE-3)" in flat(invoke(["inspect", str(plain)]).output)
+    result = invoke(["inspect", str(variant)])
+    assert result.exit_code == 0 and "variant flags: norm_before_residual, norm_output" in flat(result.output), \
+        result.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 
 import pytest
 import rich
@@ -16,7 +17,7 @@ from specdraft.capture.write import write_store
 from specdraft.data.render import Sample
 from specdraft.regenerate.run import _progress as regen_progress
 from specdraft.target import load_target
-from specdraft.train.loop import _progress as train_progress
+from specdraft.train.progress import training_progress as train_progress
 from tests.tiny_models import save_tiny_model
 
 
@@ -32,11 +33,12 @@ def last_line(text: str) -> str:
     return text.strip().splitlines()[-1]
 
 
-def test_a_finished_train_bar_shows_the_time_taken(clock, capsys):
+def test_a_finished_train_bar_shows_the_time_taken(clock, capsys, monkeypatch):
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))  # the bar is a terminal's
     with train_progress(True, 2, 0) as advance:
-        advance(1.0)
-        advance(0.5)
-    line = last_line(capsys.readouterr().out)
+        advance({"step": 1, "loss": 1.0})
+        advance({"step": 2, "loss": 0.5})
+    line = last_line(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", capsys.readouterr().out))  # the terminal's codes off
     assert "2/2" in line and "0:00:00" not in line and "loss 0.5000" in line, line
 
 

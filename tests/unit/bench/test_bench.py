@@ -5,6 +5,7 @@ bench.json, bench.md and the plots."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -204,6 +205,8 @@ def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path):
     text = (tmp_path / "out" / "bench.md").read_text()
     assert "| 1 | " in text and "(1 + sum of p_k = " in text and ": counters agree)" in text and NO_BASELINE not in text
     assert "2 runs of 6 requests per level (after 1 warm-up request per server)" in text
+    one = dataclasses.replace(report, config=dataclasses.replace(cfg, repeats=1, num_prompts=1))
+    assert "1 run of 1 request per level" in markdown(one)
     assert f"| 3 | {report.speedups[1].speedup:.2f}x | {report.speedups[1].speedup_std:.2f} | " in text
 
 

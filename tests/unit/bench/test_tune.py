@@ -55,7 +55,7 @@ def test_tune_recommends_speculation_on_a_memory_bound_target():
     assert rec is not None and rec.speedup > cfg.min_speedup and rec.spec.is_chain
     assert rec is report.vllm_recommendation
     assert report.sglang_flags().endswith(" ".join(rec.spec.sglang_args()))
-    config = json.loads(report.vllm_flags().removeprefix("--speculative-config ").strip("'"))
+    config = json.loads(report.vllm_flags().split("--speculative-config ")[1].strip("'"))
     assert config == {"method": "eagle3", "model": "/ckpt/draft", "num_speculative_tokens": rec.spec.num_steps}
     text = render(report)
     assert f"recommendation: steps {rec.spec.num_steps}, topk 1" in text and "pred tok/s" in text

@@ -102,12 +102,14 @@ def test_flags_name_an_export_or_the_export_to_run_first(tmp_path):
     r = report([rec, chain], str(trained), "/models/target")
     assert r.recommendation is rec and r.vllm_recommendation is chain
     out = f"{trained}-sglang"
-    assert r.sglang_flags() == ("--speculative-algorithm EAGLE3 --speculative-draft-model-path "
+    assert r.sglang_flags() == ("python -m sglang.launch_server --model-path /models/target "
+                                "--speculative-algorithm EAGLE3 --speculative-draft-model-path "
                                 f"{out} --speculative-num-steps 3 --speculative-eagle-topk 2 "
                                 "--speculative-num-draft-tokens 7")
     assert r.export_command("sglang") == (f"specdraft export {trained} {out} --engine sglang --target "
                                           "/models/target --num-steps 3 --topk 2 --num-draft-tokens 7")
-    assert json.loads(r.vllm_flags().removeprefix("--speculative-config ").strip("'"))["model"] == f"{trained}-vllm"
+    assert r.vllm_flags().startswith("vllm serve /models/target --speculative-config ")  # export's launch line
+    assert json.loads(r.vllm_flags().split("--speculative-config ")[1].strip("'"))["model"] == f"{trained}-vllm"
     assert r.export_command("vllm") == (f"specdraft export {trained} {trained}-vllm --engine vllm --target "
                                         "/models/target --num-steps 2")
     text = render(r)

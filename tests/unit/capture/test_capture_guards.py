@@ -42,7 +42,7 @@ def capture(chat_target_dir, data, out, *extra):
 
 
 def one_line_error(result, *needles):
-    lines = result.output.strip().splitlines()
+    lines = [line for line in result.output.strip().splitlines() if not line.startswith("aux layers ")]
     assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.output
     for needle in needles:
         assert needle in lines[0], result.output
@@ -136,7 +136,10 @@ def test_capture_interrupted_says_what_was_kept(chat_target_dir, chats, tmp_path
     total = json.loads((out / INDEX).read_text())["num_shards"]
     assert f"interrupted; 1 of {total} shards kept in {out}: re-run the same command" in result.output
     again = capture(chat_target_dir, chats, out)
-    assert again.exit_code == 0 and "1 kept from an earlier run" in again.output, again.output
+    assert again.exit_code == 0 and f"{total} shards (1 of {total} kept from an earlier run)" in again.output, \
+        again.output
+    one = capture(chat_target_dir, chats, tmp_path / "one", "--shard-tokens", 1000)
+    assert one.exit_code == 0 and "tokens, 1 shard\n" in one.output and "1 shard;" in one.output, one.output
 
 
 def test_regenerate_without_chat_template_leaves_nothing(base_model_dir, chats, tmp_path):
@@ -186,3 +189,16 @@ def test_a_damaged_store_index_is_named(chat_target_dir, chats, tmp_path):
     with pytest.raises(CaptureError, match=r"index.json: not valid JSON \(.*capture into a new"):
         CaptureStore(store)
     one_line_error(capture(chat_target_dir, chats, store), "index.json: not valid JSON", "capture into a new")
+
+
+def test_capture_says_its_aux_layers_and_each_engines_ids_first(chat_target_dir, chats, tmp_path):
+    """One line before the work (as the demo says it): the default on a 4-layer target, where the
+    engines' no-ids default collapses, with the ids vLLM and SGLang are given for it."""
+    result = capture(chat_target_dir, chats, tmp_path / "store")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == (
+        "aux layers [1, 2, 3] (specdraft indices, the default on this 4-layer target; the engines' no-ids "
+        "default [2, L//2, L-3] collapses below 7 layers): vllm/speculators ids [1, 2, 3], sglang ids [0, 1, 2]")
+    given = capture(chat_target_dir, chats, tmp_path / "given", "--aux-layers", "0,2,4")
+    assert given.output.splitlines()[0].startswith("aux layers [0, 2, 4] (specdraft indices, given, on this "
+                                                   "4-layer target): vllm/speculators ids [0, 2, 4]"), given.output

@@ -205,6 +205,8 @@ def test_the_summary_names_a_generate_command_with_the_measured_setting(tmp_path
                                "demo/train/draft --num-steps 4 --topk 2 --num-draft-tokens 8")
     assert generate.endswith("(the fastest setting here; none is recommended)")
     assert "--num-steps 4 --topk 2 --num-draft-tokens 8" in serve and serve.endswith("none is recommended)")
+    report.threads = 4  # demo --threads 4: the printed lines run as the timing did
+    assert all(" --threads 4 " in line for line in generate_command(report))
 
 
 def test_a_rerun_reuses_the_timing_of_the_same_drafter_and_settings(tmp_path, monkeypatch):

@@ -75,3 +75,17 @@ def test_report_says_when_nothing_is_recommended_and_when_the_machine_was_busy(t
     assert "Slower than plain decoding (median speedup below 1x): num_steps 1, topk 1, num_draft_tokens 2; " \
            "num_steps 2, topk 2, num_draft_tokens 4." in text
     assert "| 2 | 1 | 3 | 2.00 | 1000 | 1.00x (0.98-1.05x) |" in text
+
+
+def test_the_doctor_table_shows_a_check_alike_on_both_sample_sets_once():
+    """Most checks do not read the samples: one row for both sets; a check whose verdict or
+    evidence differs between them keeps a row per set."""
+    from specdraft.demo.report import doctor_rows
+
+    same = {"check": "keys_match_engine", "verdict": "pass", "evidence": "every key read"}
+    findings = [{**same, "samples": "train"}, {"check": "acceptance", "verdict": "pass", "evidence": "0.41",
+                                               "samples": "train"},
+                {**same, "samples": "held-out"}, {"check": "acceptance", "verdict": "warn", "evidence": "0.20",
+                                                  "samples": "held-out"}]
+    assert doctor_rows(findings) == ["| train and held-out | keys_match_engine | pass | every key read |",
+                                     "| train | acceptance | pass | 0.41 |", "| held-out | acceptance | warn | 0.20 |"]

@@ -98,11 +98,13 @@ def test_caches_after_generation_equal_a_fresh_prefill():
 def test_limits_are_refused_before_generation_with_numbers():
     setup = tiny_setup("llama")
     engine = setup.engine(setup.untrained, SPECS["tree4x4"])  # max_seq_len 128, max positions 256
-    with pytest.raises(ValueError, match=r"prompt 100 \+ max_new_tokens 20 \+ 16 verified nodes = 136 "
-                                         r"exceeds the engine's max_seq_len 128"):
+    with pytest.raises(ValueError, match=r"prompt 100 \+ max_new_tokens 20 = 120 tokens exceeds the engine's "
+                                         r"max_seq_len 128 less 16 verified nodes \(112\): ask for at most 12 "
+                                         r"new tokens, or build the engine with max_seq_len >= 136"):
         engine.generate([1] * 100, 20)
     wide = SpeculativeEngine(setup.target, None, None, None, 256, "cpu")
-    with pytest.raises(ValueError, match="= 300 tokens exceeds the target's max_position_embeddings 256"):
+    with pytest.raises(ValueError, match=r"= 300 tokens exceeds the engine's max_seq_len 256 less 1 verified "
+                                         r"node \(255\): ask for at most 55 new tokens$"):
         wide.generate([1] * 200, 100)
     cfg = dataclasses.replace(setup.untrained.cfg, max_position_embeddings=64)
     short = Eagle3Draft(cfg).eval()
@@ -113,6 +115,19 @@ def test_limits_are_refused_before_generation_with_numbers():
     assert len(engine.generate([1] * 40, 20).token_ids) == 20  # the engine still serves valid requests
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate([], 5)
+
+
+def test_every_length_error_applies_one_rule_and_advises_only_what_can_be_done():
+    """A cache as long as the target's positions: the longest request is positions - tree, the
+    advice's new-token count is accepted, and no max_seq_len past the positions is suggested."""
+    setup = tiny_setup("llama")
+    engine = SpeculativeEngine(setup.target, setup.untrained, SPECS["chain3"], None, 256, "cpu")
+    assert engine.longest_request() == 256 - SPECS["chain3"].num_draft_tokens
+    for max_new in (5000, 255):  # past the positions, then past the cache only
+        with pytest.raises(ValueError) as refused:
+            engine.check_limits(1, max_new)
+        assert str(refused.value).endswith(f"ask for at most {engine.longest_request() - 1} new tokens")
+    engine.check_limits(1, engine.longest_request() - 1)  # the advised request is accepted
 
 
 class CharTokenizer:

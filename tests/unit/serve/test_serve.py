@@ -252,6 +252,9 @@ def test_oversize_prompt_is_refused_before_generating(server):
     chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "w5 " * 130}]})
     assert chat.status_code == 400 and chat.json()["error"]["code"] == "context_length_exceeded"
     assert spec_counters(client) == scrape_counters(before, "specdraft:")  # nothing generated
+    room = client.get("/v1/models").json()["data"][0]["max_model_len"] - 120  # the one rule /v1/models shows
+    assert f"ask for at most {room} new tokens," in error["message"]
+    assert completion(client, prompt=" ".join(["w5"] * 120), max_tokens=room).status_code == 200
 
 
 def test_sixteen_concurrent_requests_equal_single_request_outputs(server):

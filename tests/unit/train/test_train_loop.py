@@ -577,3 +577,29 @@ def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrup
     assert stopped.exit_code == 130
     assert f"resuming from {tmp_path / 'q' / 'checkpoints' / 'step-00000004.pt'}" in stopped.output
     assert "interrupted; newest checkpoint:" in stopped.output and "--resume" in stopped.output
+
+
+def test_progress_off_a_terminal_is_a_plain_line_per_few_steps(world, tmp_path, capsys, monkeypatch):
+    """stdout not a terminal (pytest's capture, as a log file): one flushed line per
+    `plain_every` steps and at the last, with the step's loss and accuracy as metrics.jsonl has
+    them; on a terminal the bar, not these lines."""
+    import re
+
+    from rich.console import Console
+
+    from specdraft.train.progress import plain_every
+
+    _, _, store = world
+    cfg = small_config(total_steps=50, val_fraction=0.0, save_every=50)
+    train(cfg, store, tmp_path / "log", progress=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("train step")]
+    every = plain_every(50)
+    assert every == 3 and [int(line.split()[2].split("/")[0]) for line in lines] == [*range(every, 50, every), 50]
+    records = {r["step"]: r for r in read_metrics(tmp_path / "log") if r["split"] == "train"}
+    for line in lines:
+        step = int(line.split()[2].split("/")[0])
+        assert re.fullmatch(rf"train step {step}/50  loss {records[step]['loss']:.4f}  accuracy "
+                            rf"{records[step]['accuracy'][0]:.3f}  tokens/s \d+  ETA \d+:\d\d:\d\d", line), line
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+    train(small_config(total_steps=3, val_fraction=0.0), store, tmp_path / "tty", progress=True)
+    assert "train step" not in capsys.readouterr().out

@@ -1,0 +1,52 @@
+"""--help of the options a fresh user asked about: every generate / serve / tune option says what it
+does (--max-new-tokens and --device had no text), and demo takes the --threads its printed lines use."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from specdraft.cli import app
+
+
+def help_of(command: str) -> str:
+    result = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def option_help(text: str, option: str) -> str:
+    """The help text of `option` in `--help` output (its first line, the type, default and range
+    taken off)."""
+    line = next(line for line in text.splitlines() if re.match(rf"\s*{option}\b", line))
+    return re.sub(r"\[[^\]]*\]", "", re.sub(rf"^\s*{option}(\s+<[^>]+>)?", "", line)).strip()
+
+
+@pytest.mark.parametrize("command, options", [
+    ("generate", ["--max-new-tokens", "--device"]), ("serve", ["--device"]), ("tune", ["--device"]),
+    ("demo", ["--threads"]),
+])
+def test_options_have_help(command, options):
+    text = help_of(command)
+    for option in options:
+        assert re.search(r"[a-z]{3,}", option_help(text, option)), (command, option, option_help(text, option))
+    if command == "demo":
+        flat = " ".join(text.split())
+        assert "the try: / serve: lines printed at the end use the same. [default: 1; x>=1]" in flat, flat
+
+
+def test_train_shows_its_defaults_as_the_other_commands_do():
+    """`[default: N]` as typer writes it elsewhere (train's options default to None so that a
+    --config file or a checkpoint can set them: the text carries TrainConfig's default)."""
+    from specdraft.train.config import TrainConfig
+
+    flat = " ".join(help_of("train").split())
+    defaults = TrainConfig()
+    for option, key in (("--batch-size", "batch_size"), ("--grad-accum-steps", "grad_accum_steps"),
+                        ("--max-length", "max_length"), ("--ttt-steps", "ttt_steps"),
+                        ("--warmup-steps", "warmup_steps"), ("--save-every", "save_every"),
+                        ("--precision", "precision")):
+        assert re.search(rf"{option} <[^>]+> [^<]*\[default: {getattr(defaults, key)}\]", flat), option
+    assert not re.search(r"\(\d+\)", flat)
