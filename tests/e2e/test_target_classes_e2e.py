@@ -51,8 +51,9 @@ def test_capture_train_generate_doctor_export(arch, chats, tmp_path):
     tiny_chat_tokenizer().save_pretrained(target)
     captured = run("capture", target, chats, tmp_path / "store", "--aux-layers", "2,4,5")
     assert captured.exit_code == 0, captured.output
-    first = captured.output.splitlines()[0]
-    assert first.startswith("warning: no engine serves") == (arch in UNSERVED), first
+    first, second = captured.output.splitlines()[:2]  # both before the work: the layers, then any warning
+    assert first.startswith("aux layers [2, 4, 5] (specdraft indices, given"), first
+    assert second.startswith("warning: no engine serves") == (arch in UNSERVED), second
     trained = run("train", tmp_path / "store", tmp_path / "run", "--steps", "20", "--batch-size", "2")
     assert trained.exit_code == 0, trained.output
     assert ("warning: no engine serves" in trained.output) == (arch in UNSERVED)

@@ -103,7 +103,7 @@ def test_train_help_shows_every_default_and_the_device():
     defaults = TrainConfig()
     assert defaults.lr == 1e-4 and defaults.max_length == 2048
     assert "--lr <float> Peak learning rate, after warm-up (1e-4: suits long runs on large data" in text
-    assert "Truncate samples to this many tokens (2048)." in text
+    assert "Truncate samples to this many tokens. [default: 2048]" in text
     assert "neither = one epoch" in text and "(neither --steps nor --epochs = one epoch)" in text
     assert ("The device is chosen automatically: the GPU when torch sees one (under torchrun, each rank's "
             "LOCAL_RANK GPU), else the CPU.") in text
