@@ -29,6 +29,7 @@ from specdraft.checkpoint.dirs import (
     has_manifest,
     is_training_checkpoint,
     plain_architecture_message,
+    read_config,
     source_verifier,
     unimplemented_architecture_message,
     verifier_replaced_note,
@@ -203,18 +204,6 @@ def detect_layout(path: Path) -> str:
                 else "no manifest")
     raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
                           f"{config.get('architectures')}, no speculators_model_type, {manifest})")
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """config.json of a checkpoint dir; a missing file or bad JSON is a CheckpointError."""
-    file = Path(path) / "config.json"
-    if not file.exists():  # a run directory or a store given for its drafter: say what to pass
-        raise CheckpointError(wrong_dir_message(path, "drafter") or
-                              f"{file}: missing; a draft checkpoint directory needs config.json")
-    try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{file}: not valid JSON ({e})") from e
 
 
 def read_draft_config(path: str | Path, target_num_layers: int | None = None, target_class: str = "llama",

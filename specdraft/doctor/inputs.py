@@ -86,14 +86,11 @@ def given_config(path: Path, fix: str) -> dict[str, Any] | None:
     if not file.is_file():
         return None
     try:
-        config = read_config(path)
+        return read_config(path, fix)
     except CheckpointError as e:
-        raise ValueError(f"{e}; {fix}") from None
+        raise ValueError(str(e)) from None
     except OSError as e:
         raise ValueError(f"{file}: cannot be read ({e.strerror or e}); {fix}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{file}: not a JSON object (a {type(config).__name__}); {fix}")
-    return config
 
 
 def refuse_aux_override(path: Path, aux_layers: list[int] | None) -> None:
