@@ -64,6 +64,7 @@ from specdraft.checkpoint.layouts import (
 from specdraft.checkpoint.weights import (
     WEIGHT_FILES,
     WeightFiles,
+    check_weight_headers,
     find_weights,
     open_safetensors,
     read_safetensors,
@@ -76,17 +77,17 @@ from specdraft.draft import DraftConfig, Eagle3Draft, rope_inv_freq
 from specdraft.files import atomic_dir, replace_dir
 
 __all__ = [
-    "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
-    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError", "Converted", "DirKind",
-    "LoadedDraft", "Manifest", "WeightFiles", "all_finite", "audit", "aux_layers_note", "build_draft",
-    "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files", "convert_draft",
-    "derived_tensors", "describe_layout", "detect_layout", "draft_tensors", "file_sha256", "find_weights",
-    "has_manifest", "is_training_checkpoint", "load_draft", "load_training_checkpoint", "official_config",
-    "open_safetensors", "owned_embedding_config", "read_config", "read_draft_config", "read_safetensors",
-    "read_sharded", "read_weights", "refuse_other_aux_layers", "refuse_unimplemented_flags", "replace_dir",
-    "save_draft", "source_verifier", "speculators_config", "state_dict_for_layout", "tensor_digest",
-    "unimplemented_flags", "usable_vocab", "verifier_replaced_note", "verify_written", "vocab_map_problems",
-    "write_safetensors", "wrong_dir_message",
+    "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE",
+    "MANIFEST_FIX", "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError",
+    "Converted", "DirKind", "LoadedDraft", "Manifest", "WeightFiles", "all_finite", "audit", "aux_layers_note",
+    "build_draft", "check_output_dir", "check_vocab_map", "check_weight_headers", "checkpoint_paths",
+    "classify_dir", "config_from_files", "convert_draft", "derived_tensors", "describe_layout", "detect_layout",
+    "draft_tensors", "file_sha256", "find_weights", "has_manifest", "is_training_checkpoint", "load_draft",
+    "load_training_checkpoint", "official_config", "open_safetensors", "owned_embedding_config", "read_config",
+    "read_draft_config", "read_safetensors", "read_sharded", "read_weights", "refuse_other_aux_layers",
+    "refuse_unimplemented_flags", "replace_dir", "save_draft", "source_verifier", "speculators_config",
+    "state_dict_for_layout", "tensor_digest", "unimplemented_flags", "usable_vocab", "verifier_replaced_note",
+    "verify_written", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/

@@ -282,7 +282,7 @@ def doctor(
     skip with --strict, or on a
     target and drafter directory given in each other's place, 2 on other unusable inputs: a
     CHECKPOINT without a drafter config, a CHECKPOINT or --target config.json that is not valid
-    JSON, a --samples file that cannot be read)."""
+    JSON or a weights file of either cut short, a --samples file that cannot be read)."""
     from rich.console import Console
 
     from specdraft.doctor import report_json, report_table, run_doctor

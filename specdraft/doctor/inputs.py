@@ -12,6 +12,7 @@ from specdraft.checkpoint import (
     MANIFEST_FILE,
     CheckpointError,
     Manifest,
+    check_weight_headers,
     classify_dir,
     read_config,
     refuse_other_aux_layers,
@@ -64,6 +65,7 @@ class DoctorInputs:
         if not self.checkpoint.is_dir():
             raise ValueError(f"{self.checkpoint}: no such directory; pass a draft checkpoint directory")
         given_config(self.checkpoint, DRAFTER_CONFIG_FIX)
+        check_weight_headers(self.checkpoint)  # cut short: doctor cannot judge it, as bad JSON
         refuse_model_dir(self.checkpoint)
         refuse_aux_override(self.checkpoint, self.aux_layers)
         if self.target is not None and not (self.target / "config.json").is_file():
