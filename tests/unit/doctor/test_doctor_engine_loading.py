@@ -51,3 +51,13 @@ def test_a_pinned_sglang_version_names_one_reading(tmp_path):
     assert keys.verdict == "fail"
     assert keys.evidence.startswith("SGLang would not load this drafter: architectures ['GptOssForCausalLMEagle3']")
     assert "llama_eagle3.py" in keys.evidence
+
+
+def test_a_drafter_without_manifest_is_not_told_that_export_copies_one(tmp_path):
+    """Export keeps a manifest, never makes one: the skip's fix names what writes it instead."""
+    save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
+    for check in ("tokenizer_matches_manifest", "chat_template_matches_manifest"):
+        finding = run_doctor(tmp_path / "d").finding(check)
+        assert finding.verdict == "skip" and "has no specdraft_manifest.json" in finding.evidence, finding
+        assert finding.fix.startswith("only `specdraft train` writes the manifest") and "copies" not in finding.fix
+        assert "exporting this one writes config.json and weights, no manifest" in finding.fix
