@@ -444,7 +444,8 @@ def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = No
     metrics (each with its own step). Layout "specdraft".
 
     Raises CheckpointError naming the file for a checkpoint that carries no manifest (written
-    by specdraft before checkpoints did): the command that finishes its run is named instead;
+    by specdraft before checkpoints did; every command's drafter config comes from it): the
+    command that finishes its run is named instead;
     and for `aux_layers` (--aux-layers) other than its training layers (`refuse_other_aux_layers`).
     """
     path = Path(path)
@@ -453,8 +454,8 @@ def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = No
     if "manifest" not in progress:
         run = path.parent.parent
         raise CheckpointError(f"{path}: this checkpoint carries no drafter manifest (written by an older "
-                              f"specdraft), so it cannot be exported; finish its run (specdraft train SOURCE "
-                              f"{run} --resume) and export {run / 'draft'}")
+                              f"specdraft), and its drafter is built from one, so no command can read it; finish "
+                              f"its run (specdraft train SOURCE {run} --resume) and pass {run / 'draft'} instead")
     manifest = Manifest(**progress["manifest"])
     draft = Eagle3Draft(DraftConfig.from_dict(manifest.draft))
     refuse_other_aux_layers(path, draft.cfg.aux_layers, aux_layers)
