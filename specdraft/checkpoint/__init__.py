@@ -29,6 +29,7 @@ from specdraft.checkpoint.dirs import (
     has_manifest,
     is_training_checkpoint,
     plain_architecture_message,
+    read_config,
     source_verifier,
     unimplemented_architecture_message,
     verifier_replaced_note,
@@ -63,6 +64,7 @@ from specdraft.checkpoint.layouts import (
 from specdraft.checkpoint.weights import (
     WEIGHT_FILES,
     WeightFiles,
+    check_weight_headers,
     find_weights,
     open_safetensors,
     read_safetensors,
@@ -75,17 +77,17 @@ from specdraft.draft import DraftConfig, Eagle3Draft, rope_inv_freq
 from specdraft.files import atomic_dir, replace_dir
 
 __all__ = [
-    "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE", "MANIFEST_FIX",
-    "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError", "Converted", "DirKind",
-    "LoadedDraft", "Manifest", "WeightFiles", "all_finite", "audit", "aux_layers_note", "build_draft",
-    "check_output_dir", "check_vocab_map", "checkpoint_paths", "classify_dir", "config_from_files", "convert_draft",
-    "derived_tensors", "describe_layout", "detect_layout", "draft_tensors", "file_sha256", "find_weights",
-    "has_manifest", "is_training_checkpoint", "load_draft", "load_training_checkpoint", "official_config",
-    "open_safetensors", "owned_embedding_config", "read_config", "read_draft_config", "read_safetensors",
-    "read_sharded", "read_weights", "refuse_other_aux_layers", "refuse_unimplemented_flags", "replace_dir",
-    "save_draft", "source_verifier", "speculators_config", "state_dict_for_layout", "tensor_digest",
-    "unimplemented_flags", "usable_vocab", "verifier_replaced_note", "verify_written", "vocab_map_problems",
-    "write_safetensors", "wrong_dir_message",
+    "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE",
+    "MANIFEST_FIX", "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError",
+    "Converted", "DirKind", "LoadedDraft", "Manifest", "WeightFiles", "all_finite", "audit", "aux_layers_note",
+    "build_draft", "check_output_dir", "check_vocab_map", "check_weight_headers", "checkpoint_paths",
+    "classify_dir", "config_from_files", "convert_draft", "derived_tensors", "describe_layout", "detect_layout",
+    "draft_tensors", "file_sha256", "find_weights", "has_manifest", "is_training_checkpoint", "load_draft",
+    "load_training_checkpoint", "official_config", "open_safetensors", "owned_embedding_config", "read_config",
+    "read_draft_config", "read_safetensors", "read_sharded", "read_weights", "refuse_other_aux_layers",
+    "refuse_unimplemented_flags", "replace_dir", "save_draft", "source_verifier", "speculators_config",
+    "state_dict_for_layout", "tensor_digest", "unimplemented_flags", "usable_vocab", "verifier_replaced_note",
+    "verify_written", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
@@ -203,18 +205,6 @@ def detect_layout(path: Path) -> str:
                 else "no manifest")
     raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
                           f"{config.get('architectures')}, no speculators_model_type, {manifest})")
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """config.json of a checkpoint dir; a missing file or bad JSON is a CheckpointError."""
-    file = Path(path) / "config.json"
-    if not file.exists():  # a run directory or a store given for its drafter: say what to pass
-        raise CheckpointError(wrong_dir_message(path, "drafter") or
-                              f"{file}: missing; a draft checkpoint directory needs config.json")
-    try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{file}: not valid JSON ({e})") from e
 
 
 def read_draft_config(path: str | Path, target_num_layers: int | None = None, target_class: str = "llama",
@@ -454,7 +444,8 @@ def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = No
     metrics (each with its own step). Layout "specdraft".
 
     Raises CheckpointError naming the file for a checkpoint that carries no manifest (written
-    by specdraft before checkpoints did): the command that finishes its run is named instead;
+    by specdraft before checkpoints did; every command's drafter config comes from it): the
+    command that finishes its run is named instead;
     and for `aux_layers` (--aux-layers) other than its training layers (`refuse_other_aux_layers`).
     """
     path = Path(path)
@@ -463,8 +454,8 @@ def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = No
     if "manifest" not in progress:
         run = path.parent.parent
         raise CheckpointError(f"{path}: this checkpoint carries no drafter manifest (written by an older "
-                              f"specdraft), so it cannot be exported; finish its run (specdraft train SOURCE "
-                              f"{run} --resume) and export {run / 'draft'}")
+                              f"specdraft), and its drafter is built from one, so no command can read it; finish "
+                              f"its run (specdraft train SOURCE {run} --resume) and pass {run / 'draft'} instead")
     manifest = Manifest(**progress["manifest"])
     draft = Eagle3Draft(DraftConfig.from_dict(manifest.draft))
     refuse_other_aux_layers(path, draft.cfg.aux_layers, aux_layers)

@@ -4,6 +4,7 @@
 line every command prints when given the one for the other (or a capture store, or a run
 directory where a drafter is wanted). `is_training_checkpoint` tells a training run's checkpoint
 (RUN/checkpoints/step-N.pt, or a sharded step-N directory) from a drafter directory;
+`read_config` is the one reader of a drafter's config.json (its errors carry the fix);
 `source_verifier` reads a speculators config's verifier and `verifier_replaced_note` is
 convert's and export's line when they record another.
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.checkpoint.layouts import MANIFEST_FILE, OFFICIAL_ARCHITECTURES
+from specdraft.checkpoint.layouts import DRAFTER_CONFIG_FIX, MANIFEST_FILE, OFFICIAL_ARCHITECTURES, CheckpointError
 from specdraft.conventions.engines import PLAIN_DRAFT_ARCHITECTURE_READ, RELEASES_READ, engines_serving_architecture
 
 # Config keys only an EAGLE-3 drafter's config has (a transformers model's has none of them),
@@ -72,6 +73,22 @@ def _drafter_evidence(path: Path, config: dict[str, Any], architectures: list[st
             value = config.get(key, layer.get(key))
             return f"its config.json has {key}" + ("" if isinstance(value, dict) else f" = {value!r}")
     return f"it holds {MANIFEST_FILE}" if (path / MANIFEST_FILE).is_file() else ""
+
+
+def read_config(path: Path, fix: str = DRAFTER_CONFIG_FIX) -> dict[str, Any]:
+    """config.json of a checkpoint dir; CheckpointError for a missing file, and for bad JSON or no
+    JSON object, then `fix` (the one message every command prints for that file)."""
+    file = Path(path) / "config.json"
+    if not file.exists():  # a run directory or a store given for its drafter: say what to pass
+        raise CheckpointError(wrong_dir_message(path, "drafter") or
+                              f"{file}: missing; a draft checkpoint directory needs config.json")
+    try:
+        config = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e}); {fix}") from e
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{file}: not a JSON object (a {type(config).__name__}); {fix}")
+    return config
 
 
 def _json_or_none(file: Path) -> Any:

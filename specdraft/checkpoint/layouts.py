@@ -50,6 +50,11 @@ class CheckpointError(SpecdraftError, ValueError):
     """A draft checkpoint that cannot be loaded exactly as written; the message names the file."""
 
 
+class TargetNeeded(CheckpointError):
+    """A manifest-less drafter read without the target's layer count: its config passed every
+    check before the aux ids, which only the target's layer count and class can read."""
+
+
 # What restores a drafter's damaged config.json or manifest: the training run, or the files' source.
 DRAFTER_CONFIG_FIX = ("re-export the drafter from its training run (specdraft export RUN/draft OUT --engine "
                       "sglang|vllm|speculators) or restore config.json from where the checkpoint came from")
@@ -265,8 +270,8 @@ def config_from_files(path: Path, layout: str, config: dict[str, Any],
         raise CheckpointError(f"{path}/config.json: num_hidden_layers = {layer['num_hidden_layers']}; "
                               "specdraft implements the one-layer EAGLE-3 drafter")
     if target_num_layers is None:
-        raise CheckpointError(f"{path}: no specdraft manifest, so the aux layer ids cannot be read "
-                              "without the target's layer count: pass the target (--target DIR)")
+        raise TargetNeeded(f"{path}: no specdraft manifest, so the aux layer ids cannot be read "
+                           "without the target's layer count: pass the target (--target DIR)")
     rope_theta, rope_scaling = rope_from_hf_config(layer.get)
     return DraftConfig.from_target(
         layer, aux_layers_of_config(path, config, target_num_layers, target_class, sglang_version, aux_layers),

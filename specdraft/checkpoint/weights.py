@@ -104,6 +104,21 @@ def find_weights(path: str | Path) -> WeightFiles:
     return WeightFiles(entry, tuple(path / name for name in _shard_names(entry)), fmt)
 
 
+def check_weight_headers(path: str | Path) -> None:
+    """CheckpointError naming the first safetensors weight file of drafter directory `path` that is
+    cut short or damaged (`open_safetensors`, headers only), with REEXPORT_FIX. Weight files that
+    are missing or ambiguous (`find_weights`) and PyTorch files (read only by loading) are left to
+    the loader."""
+    try:
+        files = find_weights(path)
+    except CheckpointError:
+        return
+    if files.format == "safetensors":
+        for shard in files.shards:
+            with open_safetensors(shard, REEXPORT_FIX, CheckpointError):
+                pass
+
+
 def _shard_names(index: Path) -> list[str]:
     """The shard files an index's weight_map names, in first-use order; CheckpointError if bad."""
     try:

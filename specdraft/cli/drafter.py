@@ -46,11 +46,13 @@ def inspect(
     known_keys: bool = flag("--known-keys", help="List the config.json keys specdraft reads or knows to be "
                             "harmless, and CHECKPOINT's others, instead (exit 1 when it has others)."),
 ) -> None:
-    """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit)."""
+    """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit); a
+    drafter without a manifest, given no --target: its files alone (layout, tensors, aux ids as written)."""
     from rich.console import Console
     from rich.table import Table
 
     from specdraft.checkpoint import audit, describe_layout, is_training_checkpoint, load_draft, state_dict_for_layout
+    from specdraft.checkpoint.layouts import TargetNeeded
     from specdraft.draft import NORM_FLAGS
 
     console = Console()
@@ -59,7 +61,11 @@ def inspect(
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
         reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version, checkpoint, target)
-        loaded = load_draft(checkpoint, **reading)
+        try:
+            loaded = load_draft(checkpoint, **reading)
+        except TargetNeeded:  # the config passed the loader's checks: show what the files alone say
+            print_files_without_target(console, checkpoint)
+            return
     training = loaded.manifest.training if is_training_checkpoint(checkpoint) else None
     described = (f"training checkpoint (step {training['steps']}; export or convert writes its drafter files)"
                  if training else describe_layout(loaded.layout, loaded.manifest is not None))
@@ -88,6 +94,36 @@ def inspect(
     if problems:
         raise typer.Exit(1)
     console.print("audit: PASS", style="green")
+
+
+def print_files_without_target(console, checkpoint: str) -> None:
+    """inspect of a manifest-less drafter without --target: its layout, its tensors as the loader's
+    reader finds them in the files (`checkpoint.read_weights`), the aux ids as config.json writes
+    them (no reading: that needs the target's layer count and class), and what --target adds."""
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from specdraft.checkpoint import describe_layout, detect_layout, read_config, read_weights
+    from specdraft.conventions import AUX_KEY
+
+    path = Path(checkpoint)
+    config, (tensors, files) = read_config(path), read_weights(path)
+    console.print(f"{checkpoint}: {describe_layout(detect_layout(path), False)}", markup=False, soft_wrap=True)
+    table = Table(title=f"tensors of {files.entry.name}")
+    for column in ("tensor", "shape", "dtype"):
+        table.add_column(column)
+    for name, tensor in tensors.items():
+        table.add_row(name, str(tuple(tensor.shape)), str(tensor.dtype).removeprefix("torch."))
+    console.print(table)
+    nested = (config.get("eagle_config") or {}).get(AUX_KEY)
+    written = [f"top-level {AUX_KEY} {config[AUX_KEY]} (vLLM reads them as-is)"] if config.get(AUX_KEY) else []
+    written += [f"eagle_config's {nested} (SGLang adds 1 by the target's class and version)"] if nested else []
+    console.print("aux ids as config.json writes them: " + ("; ".join(written) or "none (the engines' default "
+                  "[2, L//2, L-3] of the target's L layers)"), markup=False, soft_wrap=True)
+    console.print("--target DIR would add: the aux layers as specdraft indices (read by the target's layer count "
+                  "and class), the drafter's sizes and variant flags, and the audit (not run)", markup=False,
+                  soft_wrap=True)
 
 
 def print_known_keys(console, checkpoint: str) -> None:
@@ -282,7 +318,7 @@ def doctor(
     skip with --strict, or on a
     target and drafter directory given in each other's place, 2 on other unusable inputs: a
     CHECKPOINT without a drafter config, a CHECKPOINT or --target config.json that is not valid
-    JSON, a --samples file that cannot be read)."""
+    JSON or a weights file of either cut short, a --samples file that cannot be read)."""
     from rich.console import Console
 
     from specdraft.doctor import report_json, report_table, run_doctor

@@ -149,8 +149,9 @@ def _check_ids(values, engine: str, num_layers: int, what: str) -> list[int]:
         raise ConventionError(f"{what} must be a non-empty list of ints, got {values!r}")
     count = NUM_AUX_FIXED.get(engine)
     if count is not None and len(values) != count:
-        raise ConventionError(f"{engine} hard-codes {count} aux states (fc input = {count} x "
-                              f"target hidden size); got {len(values)} {what}: {values}")
+        raise ConventionError(f"SGLang and vLLM both read exactly {count} aux states (fc input = {count} x target "
+                              f"hidden size): a drafter trained on {len(values)} serves on neither; got "
+                              f"{len(values)} {what}: {values}")
     return values
 
 

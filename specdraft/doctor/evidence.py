@@ -40,6 +40,11 @@ from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.serve.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
 from specdraft.export import TargetFacts
 
+# A drafter without a manifest: only training writes one; export keeps a manifest, never makes one.
+NO_MANIFEST_FIX = ("only `specdraft train` writes the manifest (RUN/draft; `specdraft export` keeps it in what it "
+                   "writes): this check needs a drafter trained by specdraft; exporting this one writes config.json "
+                   "and weights, no manifest")
+
 
 class Unavailable(Exception):
     """Evidence that cannot be had: `reason` (why) and `fix` (what would provide it)."""
@@ -124,7 +129,7 @@ class Evidence:
         """The manifest, or Unavailable naming what it would have told."""
         if self.manifest is None:
             raise Unavailable(f"{self.path} has no {MANIFEST_FILE}: what the drafter was trained on "
-                              "is unknown", "export with `specdraft export`, which copies it")
+                              "is unknown", NO_MANIFEST_FIX)
         return self.manifest
 
     @memo

@@ -12,6 +12,7 @@ from specdraft.checkpoint import (
     MANIFEST_FILE,
     CheckpointError,
     Manifest,
+    check_weight_headers,
     classify_dir,
     read_config,
     refuse_other_aux_layers,
@@ -64,6 +65,7 @@ class DoctorInputs:
         if not self.checkpoint.is_dir():
             raise ValueError(f"{self.checkpoint}: no such directory; pass a draft checkpoint directory")
         given_config(self.checkpoint, DRAFTER_CONFIG_FIX)
+        check_weight_headers(self.checkpoint)  # cut short: doctor cannot judge it, as bad JSON
         refuse_model_dir(self.checkpoint)
         refuse_aux_override(self.checkpoint, self.aux_layers)
         if self.target is not None and not (self.target / "config.json").is_file():
@@ -86,14 +88,11 @@ def given_config(path: Path, fix: str) -> dict[str, Any] | None:
     if not file.is_file():
         return None
     try:
-        config = read_config(path)
+        return read_config(path, fix)
     except CheckpointError as e:
-        raise ValueError(f"{e}; {fix}") from None
+        raise ValueError(str(e)) from None
     except OSError as e:
         raise ValueError(f"{file}: cannot be read ({e.strerror or e}); {fix}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{file}: not a JSON object (a {type(config).__name__}); {fix}")
-    return config
 
 
 def refuse_aux_override(path: Path, aux_layers: list[int] | None) -> None:

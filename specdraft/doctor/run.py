@@ -113,10 +113,11 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     template kwargs. Returns a Report; raises ValueError only for invalid arguments: a path that
     does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --target that is a
     drafter (`checkpoint.wrong_dir_message` words both), a config.json of either that is
-    not valid JSON (`inputs.given_config`), aux_layers other than the manifest records
+    not valid JSON (`inputs.given_config`), a safetensors weight file of either cut short
+    (`checkpoint.check_weight_headers`, `target.check_target_weights`), aux_layers other than the manifest records
     (`inputs.refuse_aux_override`), a --samples file that cannot be read (DataError naming the file and line), a server URL without http:// or
     https:// or without a host (`client.check_url`, as bench checks it; a trailing /v1 is
-    dropped). A bad checkpoint is a failing finding.
+    dropped). A checkpoint that can be read but is wrong is a failing finding.
     """
     from specdraft.client import check_url
     from specdraft.target import no_progress_bars

@@ -1,4 +1,4 @@
-"""inspect, convert and generate given a drafter or target whose config.json or manifest is
+"""inspect, convert, generate and export given a drafter or target whose config.json or manifest is
 corrupt (not JSON, no object, required keys missing): one `error:` line naming the file, what is
 wrong and what fixes it (doctor's words, `doctor.inputs.given_config`), exit 1 as the commands'
 other unusable inputs; a damaged manifest names a fix the user can run without it."""
@@ -48,7 +48,8 @@ def commands(draft, target, out):
     return {"inspect": ["inspect", str(draft), "--target", str(target)],
             "convert": ["convert", str(draft), str(out), "--layout", "speculators", "--target", str(target)],
             "generate": ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "hello",
-                         "--max-new-tokens", "2"]}
+                         "--max-new-tokens", "2"],
+            "export": ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)]}
 
 
 def one_error(result, *fragments: str) -> str:
@@ -64,7 +65,7 @@ CORRUPT = {"not-json": ("{not json", "config.json: not valid JSON ("),
            "list": ("[1, 2]", "config.json: not a JSON object (a list)")}
 
 
-@pytest.mark.parametrize("command", ["inspect", "convert", "generate"])
+@pytest.mark.parametrize("command", ["inspect", "convert", "generate", "export"])
 @pytest.mark.parametrize("kind", list(CORRUPT))
 @pytest.mark.parametrize("which", ["drafter", "target"])
 def test_corrupt_config(world, tmp_path, command, kind, which):
@@ -75,6 +76,14 @@ def test_corrupt_config(world, tmp_path, command, kind, which):
     fixes = ((DRAFTER_FIX, "or restore config.json from where the checkpoint came from") if which == "drafter"
              else (TARGET_FIX,))
     one_error(invoke(commands(*dirs, tmp_path / "out")[command]), f"{bad}/{what}", *fixes)
+
+
+def test_the_loader_names_the_fix_for_a_corrupt_drafter_config(world, tmp_path):
+    """One message for every command: the loader's own (export printed it without the fix)."""
+    bad = broken_copy(world[0], tmp_path / "bad", "{not json")
+    with pytest.raises(CheckpointError) as e:
+        load_draft(bad)
+    assert str(e.value).startswith(f"{bad}/config.json: not valid JSON (") and DRAFTER_FIX in str(e.value)
 
 
 @pytest.mark.parametrize("command", ["inspect", "convert", "generate"])

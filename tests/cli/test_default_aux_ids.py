@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from specdraft.checkpoint import CheckpointError, load_draft
+from specdraft.checkpoint import CheckpointError, convert_draft, load_draft
 from specdraft.conventions import ENGINE_DEFAULT_SOURCES, ConventionError, engines_default_layers
 from specdraft.doctor import run_doctor
 from tests.cli.test_cli import flat, invoke
@@ -180,3 +180,25 @@ def test_aux_layers_messages_name_the_real_constraint_and_echo_what_was_typed(ba
             "on Llama-class targets in SGLang < 0.5.22 and SGLang >= 0.5.22 alike" in flat(result.output), result.output
     result = invoke(["inspect", str(draft), "--target", str(target), "--sglang-version", "abc"])
     assert result.exit_code == 2 and "'abc' is not a version: write one like 0.5.23" in flat(result.output)
+
+
+def test_inspect_without_target_shows_what_the_files_say(bare, tmp_path):
+    """A manifest-less drafter without --target: layout, tensor table and the ids as written (it
+    printed only an error), then what --target adds; the loader's config checks still refuse."""
+    draft, _ = bare
+    convert_draft(draft, tmp_path / "spec", layout="speculators", target_num_layers=8)
+    convert_draft(draft, tmp_path / "sgl", layout="sglang", target_num_layers=8)
+    written = {draft: "none (the engines' default [2, L//2, L-3] of the target's L layers)",
+               tmp_path / "spec": f"top-level {KEY} [2, 4, 5] (vLLM reads them as-is)",
+               tmp_path / "sgl": f"top-level {KEY} [2, 4, 5] (vLLM reads them as-is); eagle_config's [1, 3, 4] "
+                                 "(SGLang adds 1 by the target's class and version)"}
+    for path, ids in written.items():
+        result = invoke(["inspect", str(path)])
+        text = flat(result.output)
+        assert result.exit_code == 0 and "error" not in text, result.output
+        assert text.startswith(f"{path}: ") and "no specdraft manifest" in text, text
+        assert "fc.weight (32, 96) float32" in text and f"aux ids as config.json writes them: {ids}" in text, text
+        assert "--target DIR would add: the aux layers as specdraft indices" in text and "audit: PASS" not in text
+    edit_config(tmp_path / "spec", lambda c: c["transformer_layer_config"].pop("hidden_size"))
+    result = invoke(["inspect", str(tmp_path / "spec")])
+    assert result.exit_code == 1 and "missing hidden_size" in flat(result.output), result.output

@@ -151,9 +151,9 @@ def test_sglang_deepseek_first_index_1_and_embeddings():
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 @pytest.mark.parametrize("layers", [[2, 6], [2, 4, 6, 9]])
 def test_exactly_three_for_sglang_and_vllm(engine, layers):
-    with pytest.raises(ConventionError, match="hard-codes 3 aux states"):
+    with pytest.raises(ConventionError, match="SGLang and vLLM both read exactly 3 aux states"):
         to_engine_ids(layers, engine, 12)
-    with pytest.raises(ConventionError, match="hard-codes 3 aux states"):
+    with pytest.raises(ConventionError, match="SGLang and vLLM both read exactly 3 aux states"):
         from_engine_ids(layers, engine, 12)
 
 

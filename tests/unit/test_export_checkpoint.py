@@ -80,19 +80,25 @@ def test_a_sharded_checkpoint_exports_the_same_drafter(store, run, tmp_path):
     assert ma == mb
 
 
-def test_a_checkpoint_without_manifest_names_the_command_that_makes_an_exportable_drafter(run, tmp_path):
-    """Checkpoints of specdraft before they carried the manifest: a one-line error with the fix."""
+@pytest.mark.parametrize("command", ["export", "inspect", "convert"])
+def test_a_checkpoint_without_manifest_names_the_command_that_makes_a_readable_drafter(run, tmp_path, command):
+    """Checkpoints of specdraft before they carried the manifest: a one-line error with the fix,
+    true for every command that reads training checkpoints (it said "cannot be exported")."""
     state = torch.load(run / "checkpoints" / "step-00000003.pt", weights_only=False)
     del state["manifest"]
     old = tmp_path / "old" / "checkpoints" / "step-00000003.pt"
     old.parent.mkdir(parents=True)
     torch.save(state, old)
-    result = invoke(["export", str(old), str(tmp_path / "out"), "--engine", "sglang"])
+    args = {"export": ["export", str(old), str(tmp_path / "out"), "--engine", "sglang"],
+            "inspect": ["inspect", str(old)],
+            "convert": ["convert", str(old), str(tmp_path / "out"), "--layout", "speculators"]}[command]
+    result = invoke(args)
     assert result.exit_code == 1
     assert result.output.startswith("error: ") and len(result.output.strip().splitlines()) == 1, result.output
-    assert (f"{old}: this checkpoint carries no drafter manifest (written by an older specdraft), so it cannot be "
-            f"exported; finish its run (specdraft train SOURCE {tmp_path / 'old'} --resume) and export "
-            f"{tmp_path / 'old' / 'draft'}") in flat(result.output)
+    assert flat(result.output) == (
+        f"error: {old}: this checkpoint carries no drafter manifest (written by an older specdraft), and its "
+        f"drafter is built from one, so no command can read it; finish its run (specdraft train SOURCE "
+        f"{tmp_path / 'old'} --resume) and pass {tmp_path / 'old' / 'draft'} instead")
     assert not (tmp_path / "out").exists()
 
 

@@ -60,7 +60,8 @@ def test_check_aux_layers_is_the_rule_to_engine_ids_applies():
 
 
 @pytest.mark.parametrize("layers, reason", [("3,2,1", "must increase strictly within 0..4"),
-                                            ("2", "hard-codes 3 aux states"),
+                                            ("2", "SGLang and vLLM both read exactly 3 aux states (fc input = 3 "
+                                                   "x target hidden size): a drafter trained on 1 serves on neither"),
                                             ("1,2,9", "must increase strictly within 0..4")])
 def test_bad_aux_layers_are_refused_before_anything_is_written(chat_target_dir, chats, tmp_path, layers, reason):
     out = tmp_path / "store"

@@ -3,6 +3,7 @@ specdraft loads and what each engine release loads (conventions.DRAFT_LOADING)."
 
 import json
 
+import pytest
 from safetensors.torch import load_file, save_file
 
 from specdraft.checkpoint import save_draft
@@ -32,15 +33,13 @@ def test_a_sharded_drafter_is_read_like_the_loader_reads_it(tmp_path):
     assert report.finding("keys_match_engine").evidence == "SGLang loads all 15 tensors; vLLM loads all 15 tensors"
 
 
-def test_a_cut_shard_is_one_failing_line_naming_it(tmp_path):
+def test_a_cut_shard_is_an_unusable_input_naming_it(tmp_path):
+    """doctor cannot judge a drafter whose weights are cut short: one line (exit 2), as bad JSON."""
     directory = sharded(tmp_path)
     shard = directory / "model-00002-of-00002.safetensors"
     shard.write_bytes(shard.read_bytes()[:100])
-    report = run_doctor(directory)
-    for check in ("specdraft_loads", "keys_match_engine"):
-        finding = report.finding(check)
-        assert finding.verdict == "fail", finding
-        assert "model-00002-of-00002.safetensors: cannot be read as safetensors, cut short" in finding.evidence
+    with pytest.raises(ValueError, match=r"model-00002-of-00002.safetensors: cannot be read as safetensors, cut short"):
+        run_doctor(directory)
 
 
 def test_a_pinned_sglang_version_names_one_reading(tmp_path):
@@ -52,3 +51,13 @@ def test_a_pinned_sglang_version_names_one_reading(tmp_path):
     assert keys.verdict == "fail"
     assert keys.evidence.startswith("SGLang would not load this drafter: architectures ['GptOssForCausalLMEagle3']")
     assert "llama_eagle3.py" in keys.evidence
+
+
+def test_a_drafter_without_manifest_is_not_told_that_export_copies_one(tmp_path):
+    """Export keeps a manifest, never makes one: the skip's fix names what writes it instead."""
+    save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
+    for check in ("tokenizer_matches_manifest", "chat_template_matches_manifest"):
+        finding = run_doctor(tmp_path / "d").finding(check)
+        assert finding.verdict == "skip" and "has no specdraft_manifest.json" in finding.evidence, finding
+        assert finding.fix.startswith("only `specdraft train` writes the manifest") and "copies" not in finding.fix
+        assert "exporting this one writes config.json and weights, no manifest" in finding.fix

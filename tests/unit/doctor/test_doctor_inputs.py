@@ -1,5 +1,5 @@
 """specdraft doctor on inputs it cannot judge: a corrupt config.json (the drafter's or the
---target's) is an unusable input (one `error:` line, exit 2, no table), and too few scored
+--target's) or drafter weights cut short is an unusable input (one `error:` line, exit 2, no table), and too few scored
 positions give no offline-acceptance verdict (a skip saying how many, not a fail)."""
 
 from __future__ import annotations
@@ -52,6 +52,22 @@ def test_corrupt_config_is_an_unusable_input(world, tmp_path, which):
     assert not any(word in result.output for word in ("verdict", "SKIP", "FAIL", "point doctor at"))
     with pytest.raises(ValueError, match="config.json: not valid JSON"):
         run_doctor(draft, target=bad) if which == "target" else run_doctor(bad, target=target)
+
+
+def test_truncated_drafter_weights_are_an_unusable_input_as_bad_json(world, tmp_path):
+    """A CHECKPOINT whose model.safetensors is cut short exits 2 with one line, as bad JSON does
+    (it was a FAIL row and exit 1)."""
+    draft, target = world
+    bad = tmp_path / "cut"
+    shutil.copytree(draft, bad)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = doctor_cli(bad, "--target", target)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip()
+    assert len(line.splitlines()) == 1, result.output
+    assert line.startswith(f"error: {weights}: cannot be read as safetensors, cut short or damaged (")
+    assert line.endswith("restore the file from where the drafter came from, or re-export it")
 
 
 def test_target_config_that_is_no_json_object_is_refused(world, tmp_path):

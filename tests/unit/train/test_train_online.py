@@ -68,6 +68,18 @@ def test_cli_online_bad_data_file_is_a_one_line_error_naming_it(target_dir, tmp_
     assert not (tmp_path / "run").exists()
 
 
+def test_cli_online_aux_layers_of_another_count_name_the_engines_rule(target_dir, chats_file, tmp_path):
+    """Not "vllm hard-codes": both engines read 3 aux states, so such a drafter serves on neither."""
+    result = CliRunner().invoke(app, ["train", str(chats_file), str(tmp_path / "run"), "--online",
+                                      "--target", str(target_dir), "--aux-layers", "1,3", "--steps", "1"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+    assert " ".join(result.output.split()) == (
+        "error: --aux-layers 1,3: SGLang and vLLM both read exactly 3 aux states (fc input = 3 x target hidden "
+        "size): a drafter trained on 2 serves on neither; got 2 aux layers: [1, 3]; give 3 increasing layers "
+        "in 0..4, e.g. 1,2,3")
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_online_options_need_their_mode(target_dir, chats_file, tmp_path):
     no_target = CliRunner().invoke(app, ["train", str(chats_file), str(tmp_path / "a"), "--online"])
     assert no_target.exit_code == 1 and "--online needs --target" in no_target.output
