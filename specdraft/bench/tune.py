@@ -351,7 +351,7 @@ def tune(target: FastTarget, draft: Eagle3Draft, prompts: Sequence[Sequence[int]
     plain = sorted(runs[None], key=lambda run: run.tokens_per_s)[(len(plain_tps) - 1) // 2]  # the median run
     costs.t_plain = max(0.0, (plain.metrics.time_total_s - plain.metrics.time_prefill_s) / plain.rounds
                         - costs.t_verify[1])
-    say(f"plain decoding: median {statistics.median(plain_tps):.1f} tok/s over {cfg.repeats} rounds")
+    say(f"plain decoding: median {statistics.median(plain_tps):.1f} tok/s over {cfg.repeats} round{'s' * (cfg.repeats != 1)}")
     for spec, c in to_measure.items():
         c.timing = timing_summary([run.tokens_per_s for run in runs[spec]], plain_tps)
         c.measured_tau, c.measured_tps, c.speedup = (runs[spec][0].metrics.accept_length, c.timing["tokens_per_s"],
@@ -448,7 +448,7 @@ def render(report: TuneReport, max_rows: int = 12) -> str:
               (f"  drafter step per topk {{{ms(costs.t_draft)}}}; round overhead per topk "
                f"{{{ms(costs.t_round)}}}; plain overhead {costs.t_plain * 1e3:.3f}"),
               "model: tokens/s = (1 + sum_{j<=steps} p_j) / (steps * t_draft + t_verify(draft tokens) + overhead)",
-              (f"plain decoding: measured {report.plain_measured_tps:.1f} tok/s, median of {cfg.repeats} rounds (the "
+              (f"plain decoding: measured {report.plain_measured_tps:.1f} tok/s, median of {cfg.repeats} round{'s' * (cfg.repeats != 1)} (the "
                f"model calibrates its overhead on the median run: 1 / (t_verify(1) + overhead) = "
                f"{report.plain_predicted_tps:.1f})"),
               (f"{'setting':<38} {'pred tau':>8} {'pred tok/s':>10} {'meas tau':>8} {'meas tok/s':>10} "
@@ -478,7 +478,7 @@ def recommendation_lines(report: TuneReport) -> list[str]:
     the `specdraft export` to run first when the drafter is not an export."""
     rec, cfg = report.recommendation, report.config
     rule = (f"rule: a median speedup of at least {cfg.min_speedup:.2f}x and a lower quartile above 1x over "
-            f"{cfg.repeats} rounds, each setting timed once per round in turns with plain decoding")
+            f"{cfg.repeats} round{'s' * (cfg.repeats != 1)}, each setting timed once per round in turns with plain decoding")
     if rec is None:
         top = max((c for c in report.candidates if c.timing is not None), key=lambda c: c.speedup)
         lines = [f"recommendation: no speculation: none beat plain decoding beyond the noise ({rule}); the best "

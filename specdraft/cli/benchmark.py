@@ -52,7 +52,7 @@ def bench(
                                     callback=positive_int_list),
     max_tokens: int = typer.Option(128, min=1, help="Tokens per request (ignore_eos)."),
     num_prompts: int = typer.Option(32, min=1, help="Requests per run of a level (prompts cycled)."),
-    temperature: float = typer.Option(0.0, min=0.0),
+    temperature: float = typer.Option(0.0, min=0.0, help="Sampling temperature of the requests (0 = greedy)."),
     out: str = typer.Option("bench-out", help="Directory for bench.json, bench.md and plots."),
     timeout: float = typer.Option(600.0, help="Seconds per request."),
     repeats: int = typer.Option(3, min=1, help="Runs per level: tokens/s and speedup are reported as mean and "

@@ -229,7 +229,7 @@ def serve(
     target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=check_model_dir),
     draft: str = typer.Option("", help=DRAFTER_HELP + " (omit with --no-spec).", callback=check_drafter),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
-    port: int = typer.Option(8000, min=1, max=MAX_PORT),
+    port: int = typer.Option(8000, min=1, max=MAX_PORT, help="Port to listen on."),
     topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1."),
     num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP),

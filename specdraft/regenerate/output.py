@@ -58,7 +58,7 @@ def check_settings(out_path: Path, settings: dict) -> None:
         diffs = differing_fields(old, settings)
         if diffs:
             raise RegenerationError(
-                f"{out_path} was produced with other settings ({', '.join(diffs)} differ; see "
+                f"{out_path} was produced with other settings ({', '.join(diffs)} differ{'s' * (len(diffs) == 1)}; see "
                 f"{sidecar}); use a new output path or delete both files")
         return
     atomic_write_json(sidecar, settings)

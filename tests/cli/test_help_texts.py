@@ -50,3 +50,18 @@ def test_train_shows_its_defaults_as_the_other_commands_do():
                         ("--precision", "precision")):
         assert re.search(rf"{option} <[^>]+> [^<]*\[default: {getattr(defaults, key)}\]", flat), option
     assert not re.search(r"\(\d+\)", flat)
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    """Read from the click command typer builds, so a new option without help fails here."""
+    import typer
+
+    def commands(command, path):
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from commands(sub, [*path, name])
+        if not hasattr(command, "commands"):
+            yield " ".join(path), command
+
+    silent = [(path, param.opts[0]) for path, command in commands(typer.main.get_command(app), [])
+              for param in command.params if param.param_type_name == "option" and not (param.help or "").strip()]
+    assert silent == []

@@ -43,6 +43,7 @@ def test_tune_cli_suite_reports_per_category(tmp_path):
     result = CliRunner().invoke(app, [*base, "--suite", "gsm8k", "--json-out", str(tmp_path / "t.json")])
     assert result.exit_code == 0, result.output
     assert "per category of gsm8k" in result.output and "25 prompts" in result.output
+    assert " 1 round" in result.output and " 1 rounds" not in result.output
     (row,) = json.loads((tmp_path / "t.json").read_text())["categories"]
     assert row["category"] == "gsm8k" and row["num_prompts"] == 25
     assert row["accept_length"] >= 1 and len(row["acceptance_per_position"]) <= 2

@@ -143,7 +143,7 @@ def test_other_settings_and_client_errors_are_refused(server, tmp_path):
     records = chat_records(tmp_path, CHATS[:1])
     out = tmp_path / "out.jsonl"
     regenerate(records, out, backend(server), Sampling(temperature=0.0))
-    with pytest.raises(RegenerationError, match="other settings.*sampling"):
+    with pytest.raises(RegenerationError, match=r"other settings \(sampling differs; see"):
         regenerate(records, out, backend(server), Sampling(temperature=1.0))
     server.failures = {"hello": [400]}
     with pytest.raises(RegenerationError, match="HTTP 400 after 1 attempts.*boom") as failed:
