@@ -90,13 +90,25 @@ def tune_suite_paths(target_dir: str | Path, draft_dir: str | Path, suite: Suite
     report = tune(engine.target, engine.draft, [p for ids in prompts.values() for p in ids], cfg,
                   str(draft_dir), progress)
     report.target_path = str(target_dir)
-    chosen = report.recommendation.spec if report.recommendation else SpecConfig.chain(cfg.depth)
-    return report, tune_categories(engine.target, engine.draft, cfg, prompts, chosen)
+    chosen = category_setting(report)
+    return report, tune_categories(engine.target, engine.draft, cfg, prompts, chosen) if chosen else []
 
 
-def render_categories(suite: Suite, rows: list[CategoryTune]) -> str:
-    """The per-category table under the tune report."""
-    lines = [f"per category of {suite.name} ({spec_text(rows[0].spec)}, one run each against plain decoding):",
+def category_setting(report: TuneReport) -> SpecConfig | None:
+    """The setting the per-category rows run: the recommendation, else the fastest measured
+    candidate (no speculation recommended: the rows show what each category misses by), else None
+    (nothing measured)."""
+    if report.recommendation is not None:
+        return report.recommendation.spec
+    measured = [c for c in report.candidates if c.measured_tps]
+    return max(measured, key=lambda c: c.measured_tps).spec if measured else None
+
+
+def render_categories(suite: Suite, rows: list[CategoryTune], recommended: bool = True) -> str:
+    """The per-category table under the tune report; `recommended` False: its setting is the
+    fastest measured one, tune recommending none (`category_setting`)."""
+    which = "the recommendation" if recommended else "the fastest measured; no speculation is recommended"
+    lines = [f"per category of {suite.name} ({spec_text(rows[0].spec)}: {which}; one run each against plain decoding):",
              f"  {'category':<14} {'prompts':>7} {'tau':>7} {'tok/s':>9} {'plain':>9} {'speedup':>8}  p_k"]
     for r in rows:
         p = " ".join(f"{x:.2f}" for x in r.acceptance_per_position)

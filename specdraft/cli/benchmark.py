@@ -226,7 +226,8 @@ def tune(
             report, rows = tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype), progress=say), []
     console.print(render(report), markup=False, highlight=False, soft_wrap=True)
     if rows:
-        console.print(render_categories(chosen, rows), markup=False, highlight=False, soft_wrap=True)
+        console.print(render_categories(chosen, rows, report.recommendation is not None), markup=False,
+                      highlight=False, soft_wrap=True)
     if json_out:
         data = {**report.to_dict(), **({"categories": [r.to_dict() for r in rows]} if rows else {})}
         atomic_write_text(json_out, json.dumps(data, indent=2))

@@ -48,3 +48,23 @@ def test_tune_cli_suite_reports_per_category(tmp_path):
     assert row["category"] == "gsm8k" and row["num_prompts"] == 25
     assert row["accept_length"] >= 1 and len(row["acceptance_per_position"]) <= 2
     assert row["speedup"] == row["tokens_per_s"] / row["plain_tokens_per_s"]
+
+
+def test_the_categories_run_the_recommendation_else_the_fastest_measured_setting():
+    """Not the probe depth: with no speculation recommended the rows run the fastest measured
+    candidate and say so; with nothing measured there are no rows."""
+    from types import SimpleNamespace
+
+    from specdraft.bench.tune_suite import CategoryTune, category_setting, render_categories
+    from specdraft.engine.spec_config import SpecConfig
+
+    fast, slow = SpecConfig.chain(1), SpecConfig(3, 2, 6)
+    candidates = [SimpleNamespace(spec=slow, measured_tps=10.0), SimpleNamespace(spec=fast, measured_tps=12.0),
+                  SimpleNamespace(spec=SpecConfig.chain(8), measured_tps=None)]
+    assert category_setting(SimpleNamespace(recommendation=SimpleNamespace(spec=slow), candidates=candidates)) == slow
+    assert category_setting(SimpleNamespace(recommendation=None, candidates=candidates)) == fast
+    assert category_setting(SimpleNamespace(recommendation=None, candidates=candidates[2:])) is None
+    row = CategoryTune("math", 2, fast, 1.5, [0.5], 9.0, 12.0)
+    suite = SimpleNamespace(name="gsm8k")
+    assert ": the fastest measured; no speculation is recommended;" in render_categories(suite, [row], False)
+    assert ": the recommendation;" in render_categories(suite, [row])
