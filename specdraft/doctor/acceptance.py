@@ -158,13 +158,15 @@ def online_acceptance(ev: Evidence) -> Result:
     the sample prompts at T = 0) agrees with offline acceptance on the sequences the server
     produced: fails when online p_1 < offline p_1 - ONLINE_P1_GAP or online tau <
     ONLINE_TAU_RATIO x offline tau (S6), naming the likely causes; when online p_1 > offline p_1
-    + ONLINE_P1_EXCESS (another drafter is served); an unreachable server fails. Outputs that
+    + ONLINE_P1_EXCESS (another drafter is served); an unreachable server fails, and so does one
+    returning token ids past the target's vocabulary (it serves another model). Outputs that
     came back as text only (no token ids) are re-tokenized, which need not give the ids the
     server ran: the evidence says how many, and a failure names that first."""
     from specdraft.doctor.online import (
         MAX_TOKENS,
         ServerError,
         connect,
+        largest_served_id,
         offline_on_served,
         run_online,
     )
@@ -177,6 +179,13 @@ def online_acceptance(ev: Evidence) -> Result:
         online = run_online(server, ev.samples, _text_to_ids(ev))
     except ServerError as e:
         return fail(f"server unreachable or failing: {e}", f"start the server at {url} or fix --server")
+    vocab, where = ev.target_sizes()[1:]
+    largest = largest_served_id(online)
+    if largest >= vocab:
+        served = online.server.model
+        return fail(f"{url} returns token id {largest}, past the {where}'s vocabulary of "
+                    f"{vocab}: it serves another model ({served!r}, its /v1/models says)",
+                    f"start the server on --target, or pass the model it serves ({served}) as --target")
     kind = online.server.kind
     sent = f"{online.num_prompts} prompts x {MAX_TOKENS} tokens at T = 0 to {url} ({kind})"
     if online.counts is None:

@@ -135,6 +135,11 @@ def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, An
     return response.json()
 
 
+def largest_served_id(run: OnlineRun) -> int:
+    """The largest token id among the output tokens the server returned (-1 when none came back)."""
+    return max((i for s in run.sequences for i, m in zip(s.input_ids, s.loss_mask) if m), default=-1)
+
+
 def offline_on_served(ev: Evidence, engine: str | None, steps: int, run: OnlineRun) -> OfflineRun:
     """The drafter alone replaying the server's rounds (`steps`-draft chains) on the sequences
     the server produced."""

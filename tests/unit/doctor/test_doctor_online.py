@@ -178,3 +178,48 @@ def test_validation_replays_the_rounds_of_the_ttt_depth():
     metrics = TTTMetrics.zeros(3)
     metrics.add(out)
     assert metrics.replayed_tau() == 1 + sum(want[1]) / want[0]
+
+
+def other_model_app(vocab: int):
+    """A vLLM-like server of another model (`vocab` ids, /v1/models "other-model"): greedy
+    completions return the token ids vocab - 1, vocab - 2, ...; /metrics exposes vLLM's counters
+    (one 3-token draft per output token, the first accepted)."""
+    from fastapi import FastAPI
+    from starlette.responses import JSONResponse, PlainTextResponse
+
+    app = FastAPI()
+    tokens = [0]
+
+    @app.get("/v1/models")
+    async def models():
+        return JSONResponse({"object": "list", "data": [{"id": "other-model", "object": "model"}]})
+
+    @app.get("/metrics")
+    async def metrics():
+        n = float(tokens[0])
+        lines = [f"# TYPE vllm:spec_decode_{name} counter\nvllm:spec_decode_{name}_total {value}"
+                 for name, value in (("num_drafts", n), ("num_draft_tokens", 3 * n), ("num_accepted_tokens", n))]
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    @app.post("/v1/completions")
+    async def completions(body: dict):
+        ids = [vocab - 1 - k for k in range(body["max_tokens"])]
+        tokens[0] += len(ids)
+        return JSONResponse({"choices": [{"text": "", "token_ids": ids}],
+                             "usage": {"completion_tokens": len(ids)}})
+
+    return app
+
+
+def test_online_acceptance_server_of_another_model_fails_naming_it(world):
+    """A server whose ids run past --target's vocabulary serves another model: one failed row
+    naming the id, the served model and the fix, not an IndexError in the offline replay."""
+    draft, target, samples = world
+    server = serve_in_thread(other_model_app(4096))
+    try:
+        finding = doctor(draft, target, samples, server.url)
+    finally:
+        server.stop()
+    assert finding.verdict == "fail", finding
+    assert "token id 4095" in finding.evidence and "'other-model'" in finding.evidence, finding
+    assert "start the server on --target" in finding.fix and "other-model" in finding.fix
