@@ -18,9 +18,9 @@ from specdraft.draft import rope_from_hf_config
 from specdraft.serve.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
 
 
-# (target flag, draft flag) as each engine's command line names them (engine_args.py).
-_MODEL_FLAGS = {"sglang": ("--model-path", "--speculative-draft-model-path"),
-                "vllm": ("vllm serve MODEL", '--speculative-config "model"')}
+# How each engine's command line names (target, draft) (engine_args.py), with {} for the path.
+_MODEL_FLAGS = {"sglang": ("--model-path {}", "--speculative-draft-model-path {}"),
+                "vllm": ("vllm serve {}", '--speculative-config \'{{"model": "{}", ...}}\'')}
 ENGINE_ARGS_FIX = ("pass the SGLang or vLLM launch command (--engine-args \"python -m sglang.launch_server ...\" "
                    "or \"vllm serve ...\"); specdraft serve needs none: it runs EAGLE-3 and refuses "
                    "settings an engine would rewrite")
@@ -169,13 +169,13 @@ def launch_names_these_models(ev: Evidence) -> Result:
     same, differ, unknown = [], [], []
     for role, given, expected, flag, ours in named:
         if given is None:
-            unknown.append(f"the command names no {role} ({flag})")
+            unknown.append(f"the command names no {role} ({flag.format(role.upper())})")
         elif not Path(given).is_dir():
             unknown.append(f"{role} {given!r} is no directory here (a hub name or a path on another machine)")
         elif expected is None:
             unknown.append(f"{role} {given}: no {ours} to compare with")
         elif Path(given).resolve() != Path(expected).resolve():
-            differ.append((f"the command's {role} {given} is not {ours} {expected}", f"{flag} {expected}"))
+            differ.append((f"the command's {role} {given} is not {ours} {expected}", flag.format(expected)))
         else:
             same.append(f"{role} {given} is {ours}")
     if differ:

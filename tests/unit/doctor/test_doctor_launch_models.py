@@ -24,6 +24,11 @@ def sglang(target, draft) -> str:
             "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
 
 
+# (launch, engine name, how the fix names the target, how it names the draft)
+ENGINES = [(vllm, "vLLM", "vllm serve {}", '--speculative-config \'{{"model": "{}", ...}}\''),
+           (sglang, "SGLang", "--model-path {}", "--speculative-draft-model-path {}")]
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """(exported drafter, its target, another local model directory)."""
@@ -35,23 +40,23 @@ def world(tmp_path_factory):
     return root / "out", target, other
 
 
-@pytest.mark.parametrize("launch", [vllm, sglang])
-def test_wrong_target_fails_naming_both(world, launch):
+@pytest.mark.parametrize("launch, name, fix, _", ENGINES)
+def test_wrong_target_fails_naming_both(world, launch, name, fix, _):
     out, target, other = world
     report = run_doctor(out, target=target, engine_args=launch(other, out))
     finding = report.finding(CHECK)
     assert finding.verdict == "fail", finding
     assert f"the command's target {other} is not --target {target}" in finding.evidence
-    assert str(target) in finding.fix and not report.ok
+    assert finding.fix.startswith(f"launch {name} with {fix.format(target)}") and not report.ok
 
 
-@pytest.mark.parametrize("launch", [vllm, sglang])
-def test_wrong_draft_fails_naming_both(world, launch):
+@pytest.mark.parametrize("launch, name, _, fix", ENGINES)
+def test_wrong_draft_fails_naming_both(world, launch, name, _, fix):
     out, target, other = world
     finding = run_doctor(out, target=target, engine_args=launch(target, other)).finding(CHECK)
     assert finding.verdict == "fail", finding
     assert finding.evidence == f"the command's draft {other} is not CHECKPOINT {out}"
-    assert str(out) in finding.fix
+    assert finding.fix.startswith(f"launch {name} with {fix.format(out)}"), finding.fix
 
 
 @pytest.mark.parametrize("launch", [vllm, sglang])
