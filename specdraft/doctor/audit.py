@@ -55,15 +55,16 @@ def verifier_is_target(ev: Evidence) -> Result:
     from specdraft.target.config import ENGINE_ARCHITECTURES
 
     if ev.layout != "speculators" or "vllm" not in ev.engines:
-        return ok("no verifier is read (not a speculators drafter served by vLLM): the engine's command line "
-                  "names the target")
+        return ok("no verifier is read (not a speculators drafter served by vLLM): launch_names_these_models "
+                  "compares the command line's target with --target")
     given_dir = ev.need_target_dir()
     try:
         args = ev.engine_args
     except Unavailable:
         args = None  # algorithm_is_eagle3 names what is wrong with the command line
     if args is not None and args.engine == "vllm" and args.speculators_config is None and args.draft_model:
-        return ok(f"vLLM is started on {args.target_model} with --speculative-config: it reads no verifier")
+        return ok(f"vLLM is started on {args.target_model} with --speculative-config: it reads no verifier "
+                  "(launch_names_these_models compares that target with --target)")
     verifier = (ev.config.get("speculators_config") or {}).get("verifier") or {}
     name, architectures = verifier.get("name_or_path"), verifier.get("architectures") or []
     served = ENGINE_ARCHITECTURES.get(ev.facts.architecture, ev.facts.architecture)

@@ -32,6 +32,7 @@ from specdraft.doctor.lint import (
     embedding_and_head_as_trained,
     engine_captures_training_layers,
     fc_width_matches_aux,
+    launch_names_these_models,
     lm_head_untied,
     variant_flags_implemented,
     rope_matches_training,
@@ -45,7 +46,7 @@ from specdraft.doctor.parity import (
 
 CHECKS = (target_matches_training, verifier_is_target, specdraft_loads, keys_match_engine, shapes_and_dtypes,
           values_finite, vocab_map_valid, fc_width_matches_aux, aux_ids_read_alike, engine_captures_training_layers,
-          algorithm_is_eagle3, speculative_settings_valid, variant_flags_implemented,
+          algorithm_is_eagle3, launch_names_these_models, speculative_settings_valid, variant_flags_implemented,
           draft_vocab_size_declared, lm_head_untied, embedding_and_head_as_trained, rope_matches_training,
           tokenizer_matches_manifest, chat_template_matches_manifest, aux_width_on_target,
           offline_acceptance_matches_training, draft_depth_pays_off, online_acceptance)

@@ -6,6 +6,7 @@ FC-03, FC-06, FC-09)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from specdraft.checkpoint import FLAGS_FIX, CheckpointError, unimplemented_flags
 from specdraft.checkpoint.layouts import LEGACY_FC_NORM_FLAG, norm_flags_of_config
@@ -17,6 +18,9 @@ from specdraft.draft import rope_from_hf_config
 from specdraft.serve.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
 
 
+# How each engine's command line names (target, draft) (engine_args.py), with {} for the path.
+_MODEL_FLAGS = {"sglang": ("--model-path {}", "--speculative-draft-model-path {}"),
+                "vllm": ("vllm serve {}", '--speculative-config \'{{"model": "{}", ...}}\'')}
 ENGINE_ARGS_FIX = ("pass the SGLang or vLLM launch command (--engine-args \"python -m sglang.launch_server ...\" "
                    "or \"vllm serve ...\"); specdraft serve needs none: it runs EAGLE-3 and refuses "
                    "settings an engine would rewrite")
@@ -147,6 +151,41 @@ def algorithm_is_eagle3(ev: Evidence) -> Result:
         return ok(f"speculators_model_type {args.algorithm} in {args.speculators_config}: vLLM started on the "
                   "drafter reads the method from it (EAGLE-3, aux capture)")
     return ok(f"{flag} {args.algorithm} (EAGLE-3, aux capture)")
+
+
+def launch_names_these_models(ev: Evidence) -> Result:
+    """The launch command serves --target and drafts with CHECKPOINT: its target (`vllm serve
+    MODEL` / --model, SGLang --model-path) and its draft (speculative-config "model", SGLang
+    --speculative-draft-model-path) resolve to those directories. A name that is no directory
+    here (a hub name, a path on another machine) cannot be compared: a skip that names it.
+    `vllm serve DRAFTER` names no target of its own: verifier_is_target checks the one it loads."""
+    args = _given_engine_args(ev)
+    if isinstance(args, Result):
+        return args
+    flags = _MODEL_FLAGS[args.engine]
+    named = [("draft", args.draft_model, ev.path, flags[1], "CHECKPOINT")]
+    if args.speculators_config is None:
+        named.insert(0, ("target", args.target_model, ev.inputs.target, flags[0], "--target"))
+    same, differ, unknown = [], [], []
+    for role, given, expected, flag, ours in named:
+        if given is None:
+            unknown.append(f"the command names no {role} ({flag.format(role.upper())})")
+        elif not Path(given).is_dir():
+            unknown.append(f"{role} {given!r} is no directory here (a hub name or a path on another machine)")
+        elif expected is None:
+            unknown.append(f"{role} {given}: no {ours} to compare with")
+        elif Path(given).resolve() != Path(expected).resolve():
+            differ.append((f"the command's {role} {given} is not {ours} {expected}", flag.format(expected)))
+        else:
+            same.append(f"{role} {given} is {ours}")
+    if differ:
+        return fail("; ".join(text for text, _ in differ),
+                    f"launch {engine_name(args.engine)} with {' and '.join(fix for _, fix in differ)}, "
+                    "or point doctor at the models the engine serves")
+    if unknown:
+        raise Unavailable("cannot compare " + "; ".join(unknown) + "".join(f"; {s}" for s in same),
+                          "name local directories in the launch command to compare them")
+    return ok("; ".join(same))
 
 
 def speculative_settings_valid(ev: Evidence) -> Result:

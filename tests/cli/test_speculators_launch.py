@@ -41,6 +41,8 @@ def test_the_launch_line_export_prints_passes_doctor(exported):
     assert "speculators_model_type eagle3 in" in checks["algorithm_is_eagle3"]["evidence"]
     assert checks["speculative_settings_valid"]["evidence"].startswith("steps 3, topk 1, draft tokens 4")
     assert checks["verifier_is_target"]["verdict"] == "pass", checks["verifier_is_target"]
+    # no target of its own on the line (verifier_is_target covers the one vLLM loads): the draft is compared
+    assert checks["launch_names_these_models"]["evidence"] == f"draft {out.resolve()} is CHECKPOINT"
     assert result.exit_code == 0, [c for c in checks.values() if c["verdict"] == "fail"]
 
 

@@ -29,7 +29,7 @@ def test_without_target_the_drafters_own_files_are_checked(bare):
     for check in OWN_FILES + ("fc_width_matches_aux",):
         assert report.finding(check).verdict == "pass", report.finding(check)
     assert "fc takes 96 = 3 x 32" in report.finding("fc_width_matches_aux").evidence
-    assert report.skips_enabled_by() == {"--target": 3, "--engine-args": 3, "--samples": 1, "--server": 1}
+    assert report.skips_enabled_by() == {"--target": 3, "--engine-args": 4, "--samples": 1, "--server": 1}
 
 
 def test_a_drafter_without_fc_weight_fails_without_target(bare, tmp_path):
@@ -42,12 +42,12 @@ def test_a_drafter_without_fc_weight_fails_without_target(bare, tmp_path):
     result = invoke(["doctor", str(draft)])
     text = flat(result.output)
     assert result.exit_code == 1, result.output
-    assert "2 fail" in text and "pass --target to run 2 more checks, --engine-args for 3" in text, text
+    assert "2 fail" in text and "pass --target to run 2 more checks, --engine-args for 4" in text, text
 
 
 def test_strict_fails_on_a_skip(bare):
     assert invoke(["doctor", str(bare)]).exit_code == 0
     strict = invoke(["doctor", str(bare), "--strict"])
-    assert strict.exit_code == 1 and "--strict: 12 checks skipped" in flat(strict.output), strict.output
+    assert strict.exit_code == 1 and "--strict: 13 checks skipped" in flat(strict.output), strict.output
     as_json = invoke(["doctor", str(bare), "--strict", "--json"])
     assert as_json.exit_code == 1 and json.loads(as_json.output)["skips_enabled_by"]["--target"] == 3
