@@ -196,7 +196,7 @@ class SpeculativeEngine:
         name = next(name for name, limit in limits if limit == longest)
         advice = (f"ask for at most {longest - num_prompt_tokens} new tokens" if num_prompt_tokens < longest
                   else f"shorten the prompt to under {longest} tokens")
-        needed = total + self.max_seq_len - limits[-1][1]  # the cache this request needs
+        needed = total + (self.spec.num_draft_tokens if self.spec else 1)  # the cache this request needs
         if name.startswith("the drafter"):
             advice += ", or decode without the drafter (its positions then do not bind)"
         elif all(total <= limit for _, limit in limits[:-1]) and needed <= limits[0][1]:
