@@ -22,6 +22,7 @@ Steps, each a specdraft command recorded in `<work>/commands.txt`:
 4096, MLP 1408 wide as the target's, 4,000 steps; 12 MB in bf16, for GPU benchmarks such as
 benchmarks/shell_target.py, not committed) and exports it to `--out` (default <work>/draft-full);
 the held-out prompts then go to <work>/prompts.jsonl, leaving the committed ones as they are.
+`--stop-after-regenerate` and `--regen FILE` split the build in two (for GPU calls of limited length).
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ def main() -> None:
                         help="small: the committed CI drafter; full: the benchmark drafter (see above)")
     parser.add_argument("--out", type=Path, help="export here (default: this folder's draft/ for small, "
                                                   "<work>/draft-full for full)")
+    parser.add_argument("--stop-after-regenerate", action="store_true",
+                        help="end after step 2 (a GPU call too short for the whole build)")
+    parser.add_argument("--regen", type=Path, help="take step 2's output from this file instead of running it")
     args = parser.parse_args()
     work: Path = args.work
     small = args.size == "small"
@@ -130,10 +134,14 @@ def main() -> None:
     print(f"{len(train)} training prompts, {len(test)} held-out prompts", flush=True)
 
     cli = [sys.executable, "-m", "specdraft.cli"]
-    run(cli + ["regenerate", str(work / "train_prompts.jsonl"), str(work / "regen.jsonl"),
-               "--target", args.target, "--no-chat", "--device", args.device, "--batch-size", "512",
-               "--prompt-tokens", str(PROMPT_TOKENS), "--max-new-tokens", str(args.max_new_tokens)], log)
-    run(cli + ["capture", args.target, str(work / "regen.jsonl"), str(work / "store"), "--no-chat", "--skip-bad",
+    regen = args.regen or work / "regen.jsonl"
+    if not args.regen:
+        run(cli + ["regenerate", str(work / "train_prompts.jsonl"), str(regen),
+                   "--target", args.target, "--no-chat", "--device", args.device, "--batch-size", "512",
+                   "--prompt-tokens", str(PROMPT_TOKENS), "--max-new-tokens", str(args.max_new_tokens)], log)
+    if args.stop_after_regenerate:
+        return
+    run(cli + ["capture", args.target, str(regen), str(work / "store"), "--no-chat", "--skip-bad",
                "--device", args.device, "--max-length", "512"], log)
     precision = "bf16" if args.device.startswith("cuda") else "fp32"
     run(cli + ["train", str(work / "store"), str(work / "run"), "--config", str(TRAIN_CONFIGS[args.size]),
