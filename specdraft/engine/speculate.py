@@ -374,6 +374,8 @@ class TargetRunner:
                  device: torch.device) -> None:
         self.target, self.aux_layers, self.max_seq_len, self.device = target, aux_layers, max_seq_len, device
         self.graphed: GraphedTarget | None = None
+        # `hf_target.HFTarget` reads the mask and slots on the host: its inputs are not copied
+        self.host_inputs = getattr(target, "host_inputs", False)
         self.verify_buffers: list[Tensor] | None = None  # `verify_inputs` of a runner not compiled
         target.setup_cache(1, max_seq_len, device=device)
 
@@ -410,7 +412,7 @@ class TargetRunner:
         inputs = (tokens[None], positions[None], slots, mask)
         if graphed and self.graphed is not None:
             out = self.graphed(*inputs, self.aux_layers)
-        elif getattr(self.target, "host_inputs", False):  # `hf_target.HFTarget`: reads the mask on the host
+        elif self.host_inputs:
             out = self.target(*inputs, self.aux_layers)
         else:
             out = self.target(*(x.to(self.device) for x in inputs), self.aux_layers)
