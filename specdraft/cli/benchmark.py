@@ -205,7 +205,8 @@ def tune(
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
     from rich.console import Console
 
-    from specdraft.bench.tune import TuneConfig, render, tune_paths
+    from specdraft.bench.tune import TuneConfig, tune_paths
+    from specdraft.bench.tune_render import render
     from specdraft.files import atomic_write_text
 
     console = Console()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from specdraft.bench.report import markdown
 from specdraft.bench.sweep import BenchConfig, run_bench
-from specdraft.bench.tune import TuneConfig, render, tune
+from specdraft.bench.tune import TuneConfig, tune
+from specdraft.bench.tune_render import render
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
 from tests.serve_helpers import (

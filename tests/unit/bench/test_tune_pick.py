@@ -11,7 +11,8 @@ import specdraft.demo.generation
 import specdraft.demo.report
 import specdraft.demo.run
 from specdraft.bench import speedup
-from specdraft.bench.tune import Candidate, Costs, TuneConfig, TuneReport, needs_export, render, settle
+from specdraft.bench.tune import Candidate, Costs, TuneConfig, TuneReport, needs_export, settle
+from specdraft.bench.tune_render import render
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import AUX_LAYERS, tiny_setup
