@@ -83,14 +83,12 @@ def check_model_dir(value: str, param: typer.CallbackParam = None) -> str:
 
 def refuse_wrong_kind(value: str, want: str, param) -> None:
     """A drafter given as target or a target as drafter: `checkpoint.wrong_dir_message`, exit 1."""
-    from rich.console import Console
-
     from specdraft.checkpoint import wrong_dir_message
 
     given_as = param.opts[0] if param is not None and param.param_type_name == "option" else ""
     message = wrong_dir_message(value, want, given_as)
     if message:
-        error(Console(), ValueError(message))
+        error(ValueError(message))
         raise typer.Exit(1)
 
 
@@ -111,13 +109,16 @@ def check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
     return value
 
 
-def error(console, e: Exception, skip_bad_hint: str = "") -> None:
-    """Print `error: ...`; for one bad data record (data.records.BadRecord) add `skip_bad_hint`, how
-    this command skips such records (commands without --skip-bad give none or another way)."""
+def error(e: Exception, skip_bad_hint: str = "") -> None:
+    """Print `error: ...` to stderr (stdout keeps only what the command produced); for one bad data
+    record (data.records.BadRecord) add `skip_bad_hint`, how this command skips such records
+    (commands without --skip-bad give none or another way)."""
+    from rich.console import Console
+
     from specdraft.data.records import BadRecord
 
     hint = skip_bad_hint if isinstance(e, BadRecord) else ""
-    console.print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
+    Console(stderr=True).print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
 
 
 # What a command reports as one line and exit 1: specdraft's own errors, bad values and files the OS
@@ -125,11 +126,16 @@ def error(console, e: Exception, skip_bad_hint: str = "") -> None:
 USER_ERRORS = (SpecdraftError, ValueError, OSError)
 
 
+USAGE_ERROR = 2  # click's exit code for a bad option value; also that of specdraft's checks of option combinations
+
+
 @contextmanager
-def user_errors(console, skip_bad_hint: str = "", interrupted: Callable[[], str] | None = None) -> Iterator[None]:
+def user_errors(console, skip_bad_hint: str = "", interrupted: Callable[[], str] | None = None,
+                exit_code: int = 1) -> Iterator[None]:
     """The one exit-code mapping of every command: a `USER_ERRORS` exception prints one line
-    (`error`) and exits 1; Ctrl-C prints `interrupted; <interrupted()>` when given (what was kept
-    and how to resume) and exits 130. Usage errors (typer.BadParameter) exit 2 before a command runs."""
+    (`error`) and exits `exit_code` (1; `USAGE_ERROR` around checks of the options alone); Ctrl-C
+    prints `interrupted; <interrupted()>` when given (what was kept and how to resume) and exits 130.
+    Usage errors (typer.BadParameter) exit 2 before a command runs."""
     try:
         yield
     except KeyboardInterrupt:
@@ -137,8 +143,8 @@ def user_errors(console, skip_bad_hint: str = "", interrupted: Callable[[], str]
             console.print(f"interrupted; {interrupted()}", markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except USER_ERRORS as e:
-        error(console, e, skip_bad_hint)
-        raise typer.Exit(1) from e
+        error(e, skip_bad_hint)
+        raise typer.Exit(exit_code) from e
 
 
 def flag(name: str, help: str, **kwargs):

@@ -7,7 +7,7 @@ import typer
 from specdraft.cli.common import (AUX_OVERRIDE_HELP, DRAFTER_HELP, NUM_DRAFT_TOKENS_HELP, NUM_STEPS_HELP, TOPK_HELP,
                                   EngineDtype, app, aux_override, check_device, check_drafter, check_model_dir,
                                   check_top_p, engine_dtype, flag, id_reading, read_target, refuse_bad_configs,
-                                  sglang_version_option, spec_from_flags, user_errors)
+                                  USAGE_ERROR, sglang_version_option, spec_from_flags, user_errors)
 from specdraft.client import MAX_PORT
 
 COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
@@ -56,6 +56,21 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def _spec_of_flags(no_spec: bool, draft: str, given: dict, compile: bool, device: str,
+                   plain_without_draft: bool = False):
+    """generate's / serve's SpecConfig of the drafting flags (`given`: flag -> value, None when left
+    out; --topk 1 and --num-steps 3 by default), None for plain decoding (--no-spec, or no --draft
+    when `plain_without_draft`; else --draft is required). A combination of options
+    that cannot run (`_refuse_compile_off_cuda`, `_refuse_unused_drafting_flags`, `spec_from_flags`)
+    is a usage error: one line, exit `USAGE_ERROR`, as click's for a bad value, before anything loads."""
+    with user_errors(None, exit_code=USAGE_ERROR):  # no Ctrl-C message: nothing runs yet
+        _refuse_compile_off_cuda(compile, device)
+        _refuse_unused_drafting_flags(no_spec, draft, given)
+        topk, num_steps = given["--topk"], given["--num-steps"]
+        return spec_from_flags(no_spec or (plain_without_draft and not draft), draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
+                               given["--num-draft-tokens"] or 0)
+
+
 def _refuse_unused_drafting_flags(no_spec: bool, draft: str, given: dict) -> None:
     """ValueError when drafting flags are given explicitly (`given`: flag -> value, None when left
     out) but would be ignored: with --no-spec, or without --draft."""
@@ -93,7 +108,9 @@ def generate(
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
 ) -> None:
     """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
-    --draft, plain decoding without it (or with --no-spec)."""
+    --draft, plain decoding without it (or with --no-spec). Errors are one line on stderr; exit 2:
+    a bad option value or combination (before anything loads), 1: an input refused while loading or
+    generating."""
     from rich.console import Console
     from transformers import AutoTokenizer
 
@@ -103,13 +120,10 @@ def generate(
     console = Console()
     remedy = "fewer threads (e.g. --threads 1) compete less" if threads != 1 else ""
     busy = busy_note("the tokens/s above", remedy) if device == "cpu" else None
+    spec = _spec_of_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
+                          "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
+                          "--sglang-version": sglang_version or None}, compile, device, plain_without_draft=True)
     with user_errors(console):
-        _refuse_compile_off_cuda(compile, device)
-        _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
-                                                       "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
-                                                       "--sglang-version": sglang_version or None})
-        topk, num_steps = 1 if topk is None else topk, 3 if num_steps is None else num_steps
-        spec = spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens or 0)
         torch_dtype = engine_dtype(dtype)
         _set_threads(threads)
         refuse_bad_configs(draft if spec is not None else "", target)
@@ -126,7 +140,7 @@ def generate(
             _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), console, **sampling)
         result = _echo_and_generate(console, engine, prompt, ids, max_new_tokens, eos, tokenizer, sampling)
     console.print()
-    setting = (f"speculative decoding (steps {num_steps}, topk {topk}, draft tokens {spec.num_draft_tokens})"
+    setting = (f"speculative decoding (steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens})"
                if spec is not None else "plain decoding" + ("" if no_spec else " (no --draft)"))
     _print_generate_summary(console, engine, result, setting, compile, busy)
 
@@ -254,13 +268,10 @@ def serve(
     from specdraft.serve.server import serve as run_server
 
     console = Console()
+    spec = _spec_of_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
+                          "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
+                          "--sglang-version": sglang_version or None}, compile, device)
     with user_errors(console):
-        _refuse_compile_off_cuda(compile, device)
-        _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
-                                                       "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
-                                                       "--sglang-version": sglang_version or None})
-        spec = spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
-                                num_draft_tokens or 0)
         reading = id_reading(read_target(target), aux_layers, sglang_version, draft, target) if spec is not None else None
         _check_port_free(host, port)  # before the model loads
         _set_threads(threads)

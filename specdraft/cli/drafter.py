@@ -14,6 +14,7 @@ from specdraft.cli.common import (
     SKIP_BAD_HINT,
     TOPK_HELP,
     TRUST_REMOTE_CODE_HELP,
+    USAGE_ERROR,
     DoctorEngine,
     DtypeName,
     ExportEngine,
@@ -337,8 +338,8 @@ def doctor(
                 server_wait_s=wait,
                 template_kwargs=json_kwargs(template_kwargs, "--template-kwargs") if template_kwargs else None)
         except ValueError as e:
-            error(console, e, SKIP_BAD_HINT)
-            raise typer.Exit(2) from e
+            error(e, SKIP_BAD_HINT)
+            raise typer.Exit(USAGE_ERROR) from e
     if json_output:
         typer.echo(report_json(report))
     else:

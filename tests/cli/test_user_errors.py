@@ -200,7 +200,7 @@ def test_tree_without_num_draft_tokens_names_the_flag_and_a_valid_value(tmp_path
     (tmp_path / "draft").mkdir()
     result = invoke(["generate", "--target", str(tmp_path / "target"), "--prompt", "hi",
                      "--draft", str(tmp_path / "draft"), "--topk", "4"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # a usage error, as --topk 0 is
     text = flat(result.output)
     assert ("--topk 4 drafts a tree, which needs --num-draft-tokens (nodes verified per step incl. the "
             "root: 2..37 with --num-steps 3), e.g. --num-draft-tokens 13") in text
