@@ -233,9 +233,11 @@ def aux_layer_list(value: str | None, param: typer.CallbackParam = None) -> tupl
     return int_list(value, param)
 
 
+# --aux-layers' help, then what the command needs for it (AUX_NEEDS_TARGET: where --target is optional)
 AUX_OVERRIDE_HELP = ("Aux layers of a drafter without a manifest, replacing what its config.json says (default: its "
                      "ids, else the engines' default [2, L//2, L-3]): specdraft indices '2,16,29', or ids in a named "
-                     "convention, 'vllm:2,16,29' or 'sglang:1,15,28' (read by the --target's class). Needs --target.")
+                     "convention, 'vllm:2,16,29' or 'sglang:1,15,28' (read by the --target's class).")
+AUX_NEEDS_TARGET = AUX_OVERRIDE_HELP + " Needs --target."
 
 
 def sglang_version_option():

@@ -14,6 +14,9 @@ COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / 
                 "with bf16 / fp16 (a warm-up generation compiles first, a minute or more on large targets).")
 
 
+AUX_NEEDS_DRAFT = " Used only with --draft (refused without it or with --no-spec)."
+
+
 THREADS_HELP = ("CPU threads torch uses (torch.set_num_threads, set before loading; default: torch's, all "
                 "cores). Pin it on a busy or shared machine, e.g. --threads 4: decoding slows down sharply "
                 "when its threads compete for cores.")
@@ -94,7 +97,8 @@ def generate(
     topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1; used only with --draft."),
     num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3; used only with --draft."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft."),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP + AUX_NEEDS_DRAFT,
+                                            callback=aux_override),
     sglang_version: str = sglang_version_option(),
     max_new_tokens: int = typer.Option(128, min=1, help="Most tokens to generate after the prompt (fewer at EOS "
                                        "unless --ignore-eos); prompt + these must fit the engine's longest request."),
@@ -247,7 +251,8 @@ def serve(
     topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1."),
     num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP + AUX_NEEDS_DRAFT,
+                                            callback=aux_override),
     sglang_version: str = sglang_version_option(),
     no_spec: bool = flag("--no-spec", help="Plain decoding on the same engine (a baseline; "
                           "refuses the drafting flags)."),

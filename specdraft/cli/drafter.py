@@ -7,7 +7,7 @@ import json
 import typer
 
 from specdraft.cli.common import (
-    AUX_OVERRIDE_HELP,
+    AUX_NEEDS_TARGET,
     DRAFTER_HELP,
     NUM_DRAFT_TOKENS_HELP,
     NUM_STEPS_HELP,
@@ -41,7 +41,7 @@ def inspect(
     checkpoint: str = argument("CHECKPOINT", DRAFTER_HELP + ".", callback=check_drafter),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=check_model_dir),
     manifest: bool = flag("--manifest", help="Print the whole manifest as JSON (default: one line per field)."),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_NEEDS_TARGET, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
     sglang_version: str = sglang_version_option(),
     known_keys: bool = flag("--known-keys", help="List the config.json keys specdraft reads or knows to be "
@@ -169,7 +169,7 @@ def convert(
                                   "specdraft manifest) | speculators (vLLM's; keeps the manifest) | specdraft "
                                   "(the sglang files + specdraft's manifest)"),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=check_model_dir),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_NEEDS_TARGET, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
     sglang_version: str = sglang_version_option(),
 ) -> None:
@@ -266,7 +266,7 @@ def export(
     topk: int = typer.Option(1, min=1, help=TOPK_HELP + "; 1 = a chain, the only shape vLLM runs."),
     num_draft_tokens: int = typer.Option(0, min=0, help=NUM_DRAFT_TOKENS_HELP),
     dtype: DtypeName | None = typer.Option(None, help="Cast floating tensors (default: keep)."),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_NEEDS_TARGET, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
 ) -> None:
     """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
@@ -308,7 +308,7 @@ def doctor(
                                "acceptance; needs --samples: prompts with the target's own outputs, e.g. the "
                                "demo's store-heldout)."),
     sglang_version: str = sglang_version_option(),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_NEEDS_TARGET, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
     template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),
     max_samples: int = typer.Option(32, min=1, help="Samples for the offline run."),
