@@ -184,12 +184,27 @@ def _print_generate_summary(console, engine, result, setting: str, compile: bool
     busy-machine note when there is one."""
     from specdraft.engine.metrics import metrics_table
 
-    console.print(metrics_table(result.metrics, setting))
+    console.print(metrics_table(result.metrics, setting) if engine.spec is not None
+                  else plain_metrics_table(result.metrics, setting))
     if compile:
         drafter = f"; drafter steps: {engine.draft_kernels}" if engine.spec is not None else ""
         console.print(f"target forwards of up to 16 tokens: {engine.target_kernels} kernels{drafter}", markup=False)
     if busy:
         console.print(busy, style="yellow", markup=False, soft_wrap=True)
+
+
+def plain_metrics_table(metrics, title: str):
+    """A rich table of plain decoding's SpecMetrics: tokens and time only (tau is 1, nothing is drafted)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("output tokens", f"{metrics.num_output_tokens}")
+    table.add_row("time prefill / decode (s)",
+                  f"{metrics.time_prefill_s:.3f} / {metrics.time_total_s - metrics.time_prefill_s:.3f}")
+    table.add_row("tokens/s", f"{metrics.tokens_per_s:.1f}")
+    return table
 
 
 @app.command()
