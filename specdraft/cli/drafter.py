@@ -261,9 +261,9 @@ def export(
     verifier: str = typer.Option("", help="speculators verifier.name_or_path (must resolve where "
                                  "the server runs; default: the target's absolute path)."),
     sglang_version: str = sglang_version_option(),
-    num_steps: int = typer.Option(3, min=1, help=NUM_STEPS_HELP + " in the launch command (vLLM: "
-                                  "num_speculative_tokens)."),
-    topk: int = typer.Option(1, min=1, help=TOPK_HELP + "; 1 = a chain, the only shape vLLM runs."),
+    num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + " in the launch command (vLLM: "
+                                         "num_speculative_tokens); default 3."),
+    topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1, a chain, the only shape vLLM runs."),
     num_draft_tokens: int = typer.Option(0, min=0, help=NUM_DRAFT_TOKENS_HELP),
     dtype: DtypeName | None = typer.Option(None, help="Cast floating tensors (default: keep)."),
     aux_layers: str | None = typer.Option(None, help=AUX_NEEDS_TARGET, callback=aux_override),
@@ -279,7 +279,7 @@ def export(
         reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version, checkpoint, target)
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
                               verifier=verifier or None, sglang_version=sglang_version or None,
-                              num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None,
+                              num_steps=num_steps or 3, topk=topk or 1, num_draft_tokens=num_draft_tokens or None,
                               dtype=dtype or None, aux_layers=reading.get("aux_layers"),
                               trust_remote_code=trust_remote_code)
     console.print(f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
@@ -287,8 +287,22 @@ def export(
                   + derived_text(result.derived, checkpoint), style="green", markup=False)
     for note in result.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
-    console.print("launch:", markup=False)
+    given = [name for name, value in (("--num-steps", num_steps), ("--topk", topk),
+                                      ("--num-draft-tokens", num_draft_tokens)) if value]
+    console.print(launch_heading(result.spec, given), markup=False, soft_wrap=True)
     console.print(result.launch_command, markup=False, soft_wrap=True, highlight=False)
+
+
+def launch_heading(spec, given: list[str]) -> str:
+    """The line above export's launch command: the speculative setting it serves and where that
+    came from (`given`: the setting options passed; the rest are export's defaults)."""
+    setting = f"steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens}"
+    if len(given) == 3:
+        return f"launch ({setting}, as given):"
+    if given:
+        return f"launch ({setting}: {', '.join(given)} as given, the rest export's defaults):"
+    return (f"launch ({setting}: export's default, not tuned; the demo's summary and specdraft tune measure the "
+            "fastest setting: pass theirs as --num-steps, --topk, --num-draft-tokens):")
 
 
 @app.command()
