@@ -15,6 +15,7 @@ from specdraft.cli.common import (
     check_model_dir,
     url_option,
     engine_dtype,
+    make_console,
     positive_int_list,
     spec_from_flags,
     user_errors,
@@ -69,8 +70,6 @@ def bench(
                                "(spec-bench, mt-bench, humaneval, gsm8k)."),
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep (or a suite by category)."""
-    from rich.console import Console
-
     from specdraft.bench.report import refuse_file_out, write_report
     from specdraft.bench.sweep import BenchConfig, Sweep, run_bench
 
@@ -78,7 +77,7 @@ def bench(
         raise typer.BadParameter(f"{url} and {baseline_url} are the same server: measuring one server twice "
                                  "gives no speedup; give the server without speculation as --baseline-url, or "
                                  "leave --baseline-url out", param_hint="'--url' / '--baseline-url'")
-    console = Console()
+    console = make_console()
     busy = _busy_note(url, baseline_url)
     if suite or fmt:
         with user_errors(console):
@@ -203,12 +202,10 @@ def tune(
                               "turn by turn with the target's own answers; then tau, p_k and speedup per category."),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
-    from rich.console import Console
-
     from specdraft.bench.tune import TuneConfig, render, tune_paths
     from specdraft.files import atomic_write_text
 
-    console = Console()
+    console = make_console()
     with user_errors(console):
         _refuse_bad_json_out(json_out)
         current = _current_setting(draft, num_steps, topk, num_draft_tokens)

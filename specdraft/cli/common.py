@@ -109,16 +109,27 @@ def check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
     return value
 
 
+UNWRAPPED_WIDTH = 100_000  # columns of a redirected command's Console: no line of its output is this long
+
+
+def make_console(stderr: bool = False):
+    """The rich Console every command prints with (stdout, or stderr): at a terminal, the terminal's
+    width; redirected (a file, a pipe, CliRunner), `UNWRAPPED_WIDTH` and soft wrap, so a line keeps
+    its paths and table cells whole (rich would wrap them at 80 columns)."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=UNWRAPPED_WIDTH, soft_wrap=True)
+
+
 def error(e: Exception, skip_bad_hint: str = "") -> None:
     """Print `error: ...` to stderr (stdout keeps only what the command produced); for one bad data
     record (data.records.BadRecord) add `skip_bad_hint`, how this command skips such records
     (commands without --skip-bad give none or another way)."""
-    from rich.console import Console
-
     from specdraft.data.records import BadRecord
 
     hint = skip_bad_hint if isinstance(e, BadRecord) else ""
-    Console(stderr=True).print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
+    make_console(stderr=True).print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
 
 
 # What a command reports as one line and exit 1: specdraft's own errors, bad values and files the OS

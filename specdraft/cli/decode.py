@@ -6,8 +6,8 @@ import typer
 
 from specdraft.cli.common import (AUX_OVERRIDE_HELP, DRAFTER_HELP, NUM_DRAFT_TOKENS_HELP, NUM_STEPS_HELP, TOPK_HELP,
                                   EngineDtype, app, aux_override, check_device, check_drafter, check_model_dir,
-                                  check_top_p, engine_dtype, flag, id_reading, read_target, refuse_bad_configs,
-                                  USAGE_ERROR, sglang_version_option, spec_from_flags, user_errors)
+                                  check_top_p, engine_dtype, flag, id_reading, make_console, read_target,
+                                  refuse_bad_configs, USAGE_ERROR, sglang_version_option, spec_from_flags, user_errors)
 from specdraft.client import MAX_PORT
 
 COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
@@ -115,13 +115,12 @@ def generate(
     --draft, plain decoding without it (or with --no-spec). Errors are one line on stderr; exit 2:
     a bad option value or combination (before anything loads), 1: an input refused while loading or
     generating."""
-    from rich.console import Console
     from transformers import AutoTokenizer
 
     from specdraft.engine.load import load_engine
     from specdraft.machine_load import busy_note
 
-    console = Console()
+    console = make_console()
     remedy = "fewer threads (e.g. --threads 1) compete less" if threads != 1 else ""
     busy = busy_note("the tokens/s above", remedy) if device == "cpu" else None
     spec = _spec_of_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
@@ -225,14 +224,12 @@ def demo(
     decoding (picks the setting), export, doctor; then the generation table and where files are."""
     from pathlib import Path
 
-    from rich.console import Console
-
     from specdraft.demo.config import DemoConfig
     from specdraft.demo.report import summary
     from specdraft.demo.run import run_demo
     from specdraft.machine_load import busy_note
 
-    console = Console()
+    console = make_console()
     busy = busy_note("the tokens/s and speedups above") if device == "cpu" else None
     # inputs are checked before any stage runs; a later stage's error is one line too
     with user_errors(console, interrupted=lambda: f"run the same command again to resume from {out}"):
@@ -282,12 +279,10 @@ def serve(
     threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
-    from rich.console import Console
-
     from specdraft.serve.server import build_app
     from specdraft.serve.server import serve as run_server
 
-    console = Console()
+    console = make_console()
     spec = _spec_of_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
                           "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
                           "--sglang-version": sglang_version or None}, compile, device)

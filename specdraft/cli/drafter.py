@@ -29,6 +29,7 @@ from specdraft.cli.common import (
     flag,
     id_reading,
     json_kwargs,
+    make_console,
     read_target,
     refuse_bad_configs,
     sglang_version_option,
@@ -49,14 +50,13 @@ def inspect(
 ) -> None:
     """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit); a
     drafter without a manifest, given no --target: its files alone (layout, tensors, aux ids as written)."""
-    from rich.console import Console
     from rich.table import Table
 
     from specdraft.checkpoint import audit, describe_layout, is_training_checkpoint, load_draft, state_dict_for_layout
     from specdraft.checkpoint.layouts import TargetNeeded
     from specdraft.draft import NORM_FLAGS
 
-    console = Console()
+    console = make_console()
     if known_keys:
         print_known_keys(console, checkpoint)
     with user_errors(console):
@@ -176,8 +176,6 @@ def convert(
     """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
     from pathlib import Path
 
-    from rich.console import Console
-
     from specdraft.checkpoint import (
         MANIFEST_FILE,
         convert_draft,
@@ -189,7 +187,7 @@ def convert(
         verifier_replaced_note,
     )
 
-    console = Console()
+    console = make_console()
     with user_errors(console):
         refuse_bad_configs(src, "")
         given = read_target(target, trust_remote_code)  # read once: aux ids and the verifier's architectures
@@ -270,11 +268,9 @@ def export(
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
 ) -> None:
     """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
-    from rich.console import Console
-
     from specdraft.export import export_draft
 
-    console = Console()
+    console = make_console()
     with user_errors(console):
         reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version, checkpoint, target)
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
@@ -334,11 +330,9 @@ def doctor(
     target and drafter directory given in each other's place, 2 on other unusable inputs: a
     CHECKPOINT without a drafter config, a CHECKPOINT or --target config.json that is not valid
     JSON or a weights file of either cut short, a --samples file that cannot be read)."""
-    from rich.console import Console
-
     from specdraft.doctor import report_json, report_table, run_doctor
 
-    console = Console()
+    console = make_console()
     with user_errors(console, SKIP_BAD_HINT):
         try:  # an input doctor cannot judge (a ValueError) is a usage error: exit 2, not 1
             if server:
@@ -357,7 +351,7 @@ def doctor(
     if json_output:
         typer.echo(report_json(report))
     else:
-        console.print(report_table(report, f"specdraft doctor {checkpoint}"))
+        console.print(report_table(report, f"specdraft doctor {checkpoint}", expand=console.is_terminal))
         for note in report.notes:
             console.print(f"note: {note}", markup=False, soft_wrap=True)
     skipped = report.counts()["skip"]

@@ -21,6 +21,7 @@ from specdraft.cli.common import (
     url_option,
     flag,
     json_kwargs,
+    make_console,
     refuse_bad_configs,
     user_errors,
 )
@@ -59,13 +60,11 @@ def capture(
                                                  "(e.g. FLASH_ATTN, CPU_MLA; default: vLLM's choice)."),
 ) -> None:
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
-    from rich.console import Console
-
     from specdraft.capture.stage import CaptureConfig, capture_dataset
     from specdraft.capture.vllm import VllmOptions
     from specdraft.capture.write import interrupted_capture
 
-    console = Console()
+    console = make_console()
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_capture(out)):
         cfg = CaptureConfig(
             target, data, out,
@@ -112,13 +111,11 @@ def regenerate(
     """Replace the answers in DATA with the target's own outputs, written to OUT."""
     import os
 
-    from rich.console import Console
-
     from specdraft.regenerate.backends import Sampling, served_model
     from specdraft.regenerate.output import check_out_path, interrupted_regenerate
     from specdraft.regenerate.run import RegenConfig, regenerate_file
 
-    console = Console()
+    console = make_console()
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_regenerate(out)):
         check_out_path(out, data)  # before asking the endpoint for its model
         refuse_bad_configs("", target, ("model_type",))
@@ -207,13 +204,11 @@ def train(
     """
     import sys
 
-    from rich.console import Console
-
     from specdraft.train.config import run_config, train_source
     from specdraft.train.loop import train as run_training
     from specdraft.train.run_dir import interrupted_message
 
-    console = Console()
+    console = make_console()
 
     def say(text: str) -> None:
         console.print(text, markup=False, soft_wrap=True)
