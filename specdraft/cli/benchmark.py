@@ -17,10 +17,12 @@ from specdraft.cli.common import (
     engine_dtype,
     make_console,
     positive_int_list,
+    set_threads,
     spec_from_flags,
+    threads_option,
     user_errors,
 )
-from specdraft.cli.decode import ENGINE_DEVICE_HELP, THREADS_HELP, _set_threads
+from specdraft.cli.decode import ENGINE_DEVICE_HELP
 
 
 def _same_server(a: str, b: str) -> bool:
@@ -197,7 +199,7 @@ def tune(
     json_out: str = typer.Option("", help="Also write the report as JSON here."),
     device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
-    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+    threads: int | None = threads_option(),
     suite: str = typer.Option("", help="Tune on a bundled suite's chats (mt-bench, humaneval, gsm8k; instead of --prompts), "
                               "turn by turn with the target's own answers; then tau, p_k and speedup per category."),
 ) -> None:
@@ -211,7 +213,7 @@ def tune(
         current = _current_setting(draft, num_steps, topk, num_draft_tokens)
         cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,
                          num_measure, min_speedup, current, repeats=repeats)
-        _set_threads(threads)
+        set_threads(threads)
         say = lambda text: console.print(text, markup=False)  # noqa: E731
         if suite:
             from specdraft.bench.suites import load_suite

@@ -271,6 +271,23 @@ def check_sglang_version(value: str) -> str:
     return value
 
 
+def threads_option():
+    """--threads of every command that runs torch here: None (left out) keeps torch's default (`set_threads`)."""
+    return typer.Option(None, min=1, help="CPU threads torch uses (torch.set_num_threads, set before loading; "
+                        "default: torch's, all cores). Pin it on a busy or shared machine, e.g. --threads 4: torch "
+                        "slows down sharply when its threads compete for cores.")
+
+
+def set_threads(threads: int | None) -> None:
+    """--threads N (N >= 1, the option's range): torch.set_num_threads(N) (call it before any model
+    loads); None keeps torch's default (all cores)."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 TRUST_REMOTE_CODE_HELP = ("Read a --target config.json whose model_type only its own code (auto_map) defines, "
                           "running that code (default: refused; known published types are read without it).")
 

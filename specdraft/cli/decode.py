@@ -7,7 +7,8 @@ import typer
 from specdraft.cli.common import (AUX_OVERRIDE_HELP, DRAFTER_HELP, NUM_DRAFT_TOKENS_HELP, NUM_STEPS_HELP, TOPK_HELP,
                                   EngineDtype, app, aux_override, check_device, check_drafter, check_model_dir,
                                   check_top_p, engine_dtype, flag, id_reading, make_console, read_target,
-                                  refuse_bad_configs, USAGE_ERROR, sglang_version_option, spec_from_flags, user_errors)
+                                  refuse_bad_configs, USAGE_ERROR, set_threads, sglang_version_option, spec_from_flags,
+                                  threads_option, user_errors)
 from specdraft.client import MAX_PORT
 
 COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
@@ -17,9 +18,6 @@ COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / 
 AUX_NEEDS_DRAFT = " Used only with --draft (refused without it or with --no-spec)."
 
 
-THREADS_HELP = ("CPU threads torch uses (torch.set_num_threads, set before loading; default: torch's, all "
-                "cores). Pin it on a busy or shared machine, e.g. --threads 4: decoding slows down sharply "
-                "when its threads compete for cores.")
 ENGINE_DEVICE_HELP = "Device the target and drafter run on: cpu, cuda or cuda:N."
 
 
@@ -49,16 +47,6 @@ def _warm_up_compiled(engine, prompt_ids: list[int], max_new_tokens: int, consol
                   f"(a warm-up generation, not in the metrics)", markup=False)
 
 
-def _set_threads(threads: int | None) -> None:
-    """--threads N (N >= 1, the option's range): torch.set_num_threads(N) (call it before any model
-    loads); None keeps torch's default (all cores)."""
-    if threads is None:
-        return
-    import torch
-
-    torch.set_num_threads(threads)
-
-
 def _spec_of_flags(no_spec: bool, draft: str, given: dict, compile: bool, device: str,
                    plain_without_draft: bool = False):
     """generate's / serve's SpecConfig of the drafting flags (`given`: flag -> value, None when left
@@ -70,7 +58,8 @@ def _spec_of_flags(no_spec: bool, draft: str, given: dict, compile: bool, device
         _refuse_compile_off_cuda(compile, device)
         _refuse_unused_drafting_flags(no_spec, draft, given)
         topk, num_steps = given["--topk"], given["--num-steps"]
-        return spec_from_flags(no_spec or (plain_without_draft and not draft), draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
+        return spec_from_flags(no_spec or (plain_without_draft and not draft), draft,
+                               3 if num_steps is None else num_steps, 1 if topk is None else topk,
                                given["--num-draft-tokens"] or 0)
 
 
@@ -109,7 +98,7 @@ def generate(
     device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     compile: bool = flag("--compile", help=COMPILE_HELP),
-    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+    threads: int | None = threads_option(),
 ) -> None:
     """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
     --draft, plain decoding without it (or with --no-spec). Errors are one line on stderr; exit 2:
@@ -128,7 +117,7 @@ def generate(
                           "--sglang-version": sglang_version or None}, compile, device, plain_without_draft=True)
     with user_errors(console):
         torch_dtype = engine_dtype(dtype)
-        _set_threads(threads)
+        set_threads(threads)
         refuse_bad_configs(draft if spec is not None else "", target)
         reading = id_reading(read_target(target), aux_layers, sglang_version, draft, target) if spec is not None else None
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
@@ -276,7 +265,7 @@ def serve(
     device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     compile: bool = flag("--compile", help=COMPILE_HELP),
-    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+    threads: int | None = threads_option(),
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
     from specdraft.serve.server import build_app
@@ -289,7 +278,7 @@ def serve(
     with user_errors(console):
         reading = id_reading(read_target(target), aux_layers, sglang_version, draft, target) if spec is not None else None
         _check_port_free(host, port)  # before the model loads
-        _set_threads(threads)
+        set_threads(threads)
         server_app = build_app(target, draft or None, spec, device, engine_dtype(dtype), max_seq_len or None,
                                model_name or None, max_queue, log_every, compile=compile, reading=reading)
         state = server_app.state.server
