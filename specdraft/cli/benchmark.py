@@ -86,7 +86,7 @@ def bench(
             refuse_file_out(out, "--out")
             cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
                               warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
-            _run_suite(console, cfg, suite, fmt, out)
+            _run_suite(console, cfg, suite, fmt, out, busy)
         return
     sweep = Sweep()  # filled level by level: Ctrl-C keeps the levels finished on every server
     with user_errors(console):
@@ -103,8 +103,9 @@ def bench(
     _render_bench(console, report, paths, busy)
 
 
-def _run_suite(console, cfg, suite: str, fmt: str, out: str) -> None:
-    """`bench --suite NAME` or `--prompts FILE --format F`: run it, print and write its report."""
+def _run_suite(console, cfg, suite: str, fmt: str, out: str, busy: str | None) -> None:
+    """`bench --suite NAME` or `--prompts FILE --format F`: run it, print and write its report,
+    then the busy-machine note when there is one, as the sweep's (`_render_bench`)."""
     from specdraft.bench.suite_run import run_suite, suite_markdown, write_suite_report
     from specdraft.bench.suites import SuiteError, load_suite, read_suite_file
 
@@ -117,6 +118,8 @@ def _run_suite(console, cfg, suite: str, fmt: str, out: str) -> None:
     paths = write_suite_report(report, out)
     console.print(suite_markdown(report), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, soft_wrap=True)
+    if busy:
+        console.print(busy, style="yellow", markup=False, soft_wrap=True)
     if report.warnings:
         raise typer.Exit(1)
 
