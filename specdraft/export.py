@@ -131,13 +131,15 @@ class TargetFacts:
 @dataclass(frozen=True)
 class ExportResult:
     """What `export_draft` wrote: directory, engine, config.json as written, the command to
-    serve it, notes for the user, how many tensors were proven bit-identical to the checkpoint's,
-    and the ones derived because it has none (`checkpoint.derived_tensors`: written, not copied)."""
+    serve it and the speculative setting it names, notes for the user, how many tensors were
+    proven bit-identical to the checkpoint's, and the ones derived because it has none
+    (`checkpoint.derived_tensors`: written, not copied)."""
 
     out_dir: Path
     engine: str
     config: dict[str, Any]
     launch_command: str
+    spec: SpecConfig
     notes: list[str]
     num_tensors: int
     derived: tuple[str, ...] = ()
@@ -347,7 +349,7 @@ def export_draft(checkpoint: str | Path, out_dir: str | Path, *, engine: str,
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
     notes += _source_notes(source, checkpoint, aux_layers) + _tokenizer_notes(source, checkpoint, target)
     return ExportResult(out_dir, engine, config, launch_command(engine, verifier or "TARGET",
-                                                                out_dir.resolve(), spec),
+                                                                out_dir.resolve(), spec), spec,
                         notes, num_tensors - len(source.derived), source.derived)
 
 

@@ -15,11 +15,14 @@ from specdraft.cli.common import (
     check_model_dir,
     url_option,
     engine_dtype,
+    make_console,
     positive_int_list,
+    set_threads,
     spec_from_flags,
+    threads_option,
     user_errors,
 )
-from specdraft.cli.decode import ENGINE_DEVICE_HELP, THREADS_HELP, _set_threads
+from specdraft.cli.decode import ENGINE_DEVICE_HELP
 
 
 def _same_server(a: str, b: str) -> bool:
@@ -69,8 +72,6 @@ def bench(
                                "(spec-bench, mt-bench, humaneval, gsm8k)."),
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep (or a suite by category)."""
-    from rich.console import Console
-
     from specdraft.bench.report import refuse_file_out, write_report
     from specdraft.bench.sweep import BenchConfig, Sweep, run_bench
 
@@ -78,14 +79,14 @@ def bench(
         raise typer.BadParameter(f"{url} and {baseline_url} are the same server: measuring one server twice "
                                  "gives no speedup; give the server without speculation as --baseline-url, or "
                                  "leave --baseline-url out", param_hint="'--url' / '--baseline-url'")
-    console = Console()
+    console = make_console()
     busy = _busy_note(url, baseline_url)
     if suite or fmt:
         with user_errors(console):
             refuse_file_out(out, "--out")
             cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
                               warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
-            _run_suite(console, cfg, suite, fmt, out)
+            _run_suite(console, cfg, suite, fmt, out, busy)
         return
     sweep = Sweep()  # filled level by level: Ctrl-C keeps the levels finished on every server
     with user_errors(console):
@@ -102,8 +103,9 @@ def bench(
     _render_bench(console, report, paths, busy)
 
 
-def _run_suite(console, cfg, suite: str, fmt: str, out: str) -> None:
-    """`bench --suite NAME` or `--prompts FILE --format F`: run it, print and write its report."""
+def _run_suite(console, cfg, suite: str, fmt: str, out: str, busy: str | None) -> None:
+    """`bench --suite NAME` or `--prompts FILE --format F`: run it, print and write its report,
+    then the busy-machine note when there is one, as the sweep's (`_render_bench`)."""
     from specdraft.bench.suite_run import run_suite, suite_markdown, write_suite_report
     from specdraft.bench.suites import SuiteError, load_suite, read_suite_file
 
@@ -116,6 +118,8 @@ def _run_suite(console, cfg, suite: str, fmt: str, out: str) -> None:
     paths = write_suite_report(report, out)
     console.print(suite_markdown(report), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, soft_wrap=True)
+    if busy:
+        console.print(busy, style="yellow", markup=False, soft_wrap=True)
     if report.warnings:
         raise typer.Exit(1)
 
@@ -198,24 +202,22 @@ def tune(
     json_out: str = typer.Option("", help="Also write the report as JSON here."),
     device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
-    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+    threads: int | None = threads_option(),
     suite: str = typer.Option("", help="Tune on a bundled suite's chats (mt-bench, humaneval, gsm8k; instead of --prompts), "
                               "turn by turn with the target's own answers; then tau, p_k and speedup per category."),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
-    from rich.console import Console
-
     from specdraft.bench.tune import TuneConfig, tune_paths
     from specdraft.bench.tune_render import render
     from specdraft.files import atomic_write_text
 
-    console = Console()
+    console = make_console()
     with user_errors(console):
         _refuse_bad_json_out(json_out)
         current = _current_setting(draft, num_steps, topk, num_draft_tokens)
         cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,
                          num_measure, min_speedup, current, repeats=repeats)
-        _set_threads(threads)
+        set_threads(threads)
         say = lambda text: console.print(text, markup=False)  # noqa: E731
         if suite:
             from specdraft.bench.suites import load_suite

@@ -83,14 +83,12 @@ def check_model_dir(value: str, param: typer.CallbackParam = None) -> str:
 
 def refuse_wrong_kind(value: str, want: str, param) -> None:
     """A drafter given as target or a target as drafter: `checkpoint.wrong_dir_message`, exit 1."""
-    from rich.console import Console
-
     from specdraft.checkpoint import wrong_dir_message
 
     given_as = param.opts[0] if param is not None and param.param_type_name == "option" else ""
     message = wrong_dir_message(value, want, given_as)
     if message:
-        error(Console(), ValueError(message))
+        error(ValueError(message))
         raise typer.Exit(1)
 
 
@@ -111,13 +109,27 @@ def check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
     return value
 
 
-def error(console, e: Exception, skip_bad_hint: str = "") -> None:
-    """Print `error: ...`; for one bad data record (data.records.BadRecord) add `skip_bad_hint`, how
-    this command skips such records (commands without --skip-bad give none or another way)."""
+UNWRAPPED_WIDTH = 100_000  # columns of a redirected command's Console: no line of its output is this long
+
+
+def make_console(stderr: bool = False):
+    """The rich Console every command prints with (stdout, or stderr): at a terminal, the terminal's
+    width; redirected (a file, a pipe, CliRunner), `UNWRAPPED_WIDTH` and soft wrap, so a line keeps
+    its paths and table cells whole (rich would wrap them at 80 columns)."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=UNWRAPPED_WIDTH, soft_wrap=True)
+
+
+def error(e: Exception, skip_bad_hint: str = "") -> None:
+    """Print `error: ...` to stderr (stdout keeps only what the command produced); for one bad data
+    record (data.records.BadRecord) add `skip_bad_hint`, how this command skips such records
+    (commands without --skip-bad give none or another way)."""
     from specdraft.data.records import BadRecord
 
     hint = skip_bad_hint if isinstance(e, BadRecord) else ""
-    console.print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
+    make_console(stderr=True).print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
 
 
 # What a command reports as one line and exit 1: specdraft's own errors, bad values and files the OS
@@ -125,11 +137,16 @@ def error(console, e: Exception, skip_bad_hint: str = "") -> None:
 USER_ERRORS = (SpecdraftError, ValueError, OSError)
 
 
+USAGE_ERROR = 2  # click's exit code for a bad option value; also that of specdraft's checks of option combinations
+
+
 @contextmanager
-def user_errors(console, skip_bad_hint: str = "", interrupted: Callable[[], str] | None = None) -> Iterator[None]:
+def user_errors(console, skip_bad_hint: str = "", interrupted: Callable[[], str] | None = None,
+                exit_code: int = 1) -> Iterator[None]:
     """The one exit-code mapping of every command: a `USER_ERRORS` exception prints one line
-    (`error`) and exits 1; Ctrl-C prints `interrupted; <interrupted()>` when given (what was kept
-    and how to resume) and exits 130. Usage errors (typer.BadParameter) exit 2 before a command runs."""
+    (`error`) and exits `exit_code` (1; `USAGE_ERROR` around checks of the options alone); Ctrl-C
+    prints `interrupted; <interrupted()>` when given (what was kept and how to resume) and exits 130.
+    Usage errors (typer.BadParameter) exit 2 before a command runs."""
     try:
         yield
     except KeyboardInterrupt:
@@ -137,8 +154,8 @@ def user_errors(console, skip_bad_hint: str = "", interrupted: Callable[[], str]
             console.print(f"interrupted; {interrupted()}", markup=False, soft_wrap=True)
         raise typer.Exit(130) from None
     except USER_ERRORS as e:
-        error(console, e, skip_bad_hint)
-        raise typer.Exit(1) from e
+        error(e, skip_bad_hint)
+        raise typer.Exit(exit_code) from e
 
 
 def flag(name: str, help: str, **kwargs):
@@ -227,9 +244,11 @@ def aux_layer_list(value: str | None, param: typer.CallbackParam = None) -> tupl
     return int_list(value, param)
 
 
+# --aux-layers' help, then what the command needs for it (AUX_NEEDS_TARGET: where --target is optional)
 AUX_OVERRIDE_HELP = ("Aux layers of a drafter without a manifest, replacing what its config.json says (default: its "
                      "ids, else the engines' default [2, L//2, L-3]): specdraft indices '2,16,29', or ids in a named "
-                     "convention, 'vllm:2,16,29' or 'sglang:1,15,28' (read by the --target's class). Needs --target.")
+                     "convention, 'vllm:2,16,29' or 'sglang:1,15,28' (read by the --target's class).")
+AUX_NEEDS_TARGET = AUX_OVERRIDE_HELP + " Needs --target."
 
 
 def sglang_version_option():
@@ -250,6 +269,23 @@ def check_sglang_version(value: str) -> str:
         except ConventionError:
             raise typer.BadParameter(f"{value!r} is not a version: write one like 0.5.23") from None
     return value
+
+
+def threads_option():
+    """--threads of every command that runs torch here: None (left out) keeps torch's default (`set_threads`)."""
+    return typer.Option(None, min=1, help="CPU threads torch uses (torch.set_num_threads, set before loading; "
+                        "default: torch's, all cores). Pin it on a busy or shared machine, e.g. --threads 4: torch "
+                        "slows down sharply when its threads compete for cores.")
+
+
+def set_threads(threads: int | None) -> None:
+    """--threads N (N >= 1, the option's range): torch.set_num_threads(N) (call it before any model
+    loads); None keeps torch's default (all cores)."""
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 TRUST_REMOTE_CODE_HELP = ("Read a --target config.json whose model_type only its own code (auto_map) defines, "

@@ -6,17 +6,18 @@ import typer
 
 from specdraft.cli.common import (AUX_OVERRIDE_HELP, DRAFTER_HELP, NUM_DRAFT_TOKENS_HELP, NUM_STEPS_HELP, TOPK_HELP,
                                   EngineDtype, app, aux_override, check_device, check_drafter, check_model_dir,
-                                  check_top_p, engine_dtype, flag, id_reading, read_target, refuse_bad_configs,
-                                  sglang_version_option, spec_from_flags, user_errors)
+                                  check_top_p, engine_dtype, flag, id_reading, make_console, read_target,
+                                  refuse_bad_configs, USAGE_ERROR, set_threads, sglang_version_option, spec_from_flags,
+                                  threads_option, user_errors)
 from specdraft.client import MAX_PORT
 
 COMPILE_HELP = ("CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
                 "with bf16 / fp16 (a warm-up generation compiles first, a minute or more on large targets).")
 
 
-THREADS_HELP = ("CPU threads torch uses (torch.set_num_threads, set before loading; default: torch's, all "
-                "cores). Pin it on a busy or shared machine, e.g. --threads 4: decoding slows down sharply "
-                "when its threads compete for cores.")
+AUX_NEEDS_DRAFT = " Used only with --draft (refused without it or with --no-spec)."
+
+
 ENGINE_DEVICE_HELP = "Device the target and drafter run on: cpu, cuda or cuda:N."
 
 
@@ -46,14 +47,20 @@ def _warm_up_compiled(engine, prompt_ids: list[int], max_new_tokens: int, consol
                   f"(a warm-up generation, not in the metrics)", markup=False)
 
 
-def _set_threads(threads: int | None) -> None:
-    """--threads N (N >= 1, the option's range): torch.set_num_threads(N) (call it before any model
-    loads); None keeps torch's default (all cores)."""
-    if threads is None:
-        return
-    import torch
-
-    torch.set_num_threads(threads)
+def _spec_of_flags(no_spec: bool, draft: str, given: dict, compile: bool, device: str,
+                   plain_without_draft: bool = False):
+    """generate's / serve's SpecConfig of the drafting flags (`given`: flag -> value, None when left
+    out; --topk 1 and --num-steps 3 by default), None for plain decoding (--no-spec, or no --draft
+    when `plain_without_draft`; else --draft is required). A combination of options
+    that cannot run (`_refuse_compile_off_cuda`, `_refuse_unused_drafting_flags`, `spec_from_flags`)
+    is a usage error: one line, exit `USAGE_ERROR`, as click's for a bad value, before anything loads."""
+    with user_errors(None, exit_code=USAGE_ERROR):  # no Ctrl-C message: nothing runs yet
+        _refuse_compile_off_cuda(compile, device)
+        _refuse_unused_drafting_flags(no_spec, draft, given)
+        topk, num_steps = given["--topk"], given["--num-steps"]
+        return spec_from_flags(no_spec or (plain_without_draft and not draft), draft,
+                               3 if num_steps is None else num_steps, 1 if topk is None else topk,
+                               given["--num-draft-tokens"] or 0)
 
 
 def _refuse_unused_drafting_flags(no_spec: bool, draft: str, given: dict) -> None:
@@ -79,7 +86,8 @@ def generate(
     topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1; used only with --draft."),
     num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3; used only with --draft."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft."),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP + AUX_NEEDS_DRAFT,
+                                            callback=aux_override),
     sglang_version: str = sglang_version_option(),
     max_new_tokens: int = typer.Option(128, min=1, help="Most tokens to generate after the prompt (fewer at EOS "
                                        "unless --ignore-eos); prompt + these must fit the engine's longest request."),
@@ -90,28 +98,26 @@ def generate(
     device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     compile: bool = flag("--compile", help=COMPILE_HELP),
-    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+    threads: int | None = threads_option(),
 ) -> None:
     """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
-    --draft, plain decoding without it (or with --no-spec)."""
-    from rich.console import Console
+    --draft, plain decoding without it (or with --no-spec). Errors are one line on stderr; exit 2:
+    a bad option value or combination (before anything loads), 1: an input refused while loading or
+    generating."""
     from transformers import AutoTokenizer
 
     from specdraft.engine.load import load_engine
     from specdraft.machine_load import busy_note
 
-    console = Console()
+    console = make_console()
     remedy = "fewer threads (e.g. --threads 1) compete less" if threads != 1 else ""
     busy = busy_note("the tokens/s above", remedy) if device == "cpu" else None
+    spec = _spec_of_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
+                          "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
+                          "--sglang-version": sglang_version or None}, compile, device, plain_without_draft=True)
     with user_errors(console):
-        _refuse_compile_off_cuda(compile, device)
-        _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
-                                                       "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
-                                                       "--sglang-version": sglang_version or None})
-        topk, num_steps = 1 if topk is None else topk, 3 if num_steps is None else num_steps
-        spec = spec_from_flags(no_spec or not draft, draft, num_steps, topk, num_draft_tokens or 0)
         torch_dtype = engine_dtype(dtype)
-        _set_threads(threads)
+        set_threads(threads)
         refuse_bad_configs(draft if spec is not None else "", target)
         reading = id_reading(read_target(target), aux_layers, sglang_version, draft, target) if spec is not None else None
         tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
@@ -126,7 +132,7 @@ def generate(
             _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), console, **sampling)
         result = _echo_and_generate(console, engine, prompt, ids, max_new_tokens, eos, tokenizer, sampling)
     console.print()
-    setting = (f"speculative decoding (steps {num_steps}, topk {topk}, draft tokens {spec.num_draft_tokens})"
+    setting = (f"speculative decoding (steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens})"
                if spec is not None else "plain decoding" + ("" if no_spec else " (no --draft)"))
     _print_generate_summary(console, engine, result, setting, compile, busy)
 
@@ -166,12 +172,27 @@ def _print_generate_summary(console, engine, result, setting: str, compile: bool
     busy-machine note when there is one."""
     from specdraft.engine.metrics import metrics_table
 
-    console.print(metrics_table(result.metrics, setting))
+    console.print(metrics_table(result.metrics, setting) if engine.spec is not None
+                  else plain_metrics_table(result.metrics, setting))
     if compile:
         drafter = f"; drafter steps: {engine.draft_kernels}" if engine.spec is not None else ""
         console.print(f"target forwards of up to 16 tokens: {engine.target_kernels} kernels{drafter}", markup=False)
     if busy:
         console.print(busy, style="yellow", markup=False, soft_wrap=True)
+
+
+def plain_metrics_table(metrics, title: str):
+    """A rich table of plain decoding's SpecMetrics: tokens and time only (tau is 1, nothing is drafted)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("output tokens", f"{metrics.num_output_tokens}")
+    table.add_row("time prefill / decode (s)",
+                  f"{metrics.time_prefill_s:.3f} / {metrics.time_total_s - metrics.time_prefill_s:.3f}")
+    table.add_row("tokens/s", f"{metrics.tokens_per_s:.1f}")
+    return table
 
 
 @app.command()
@@ -192,14 +213,12 @@ def demo(
     decoding (picks the setting), export, doctor; then the generation table and where files are."""
     from pathlib import Path
 
-    from rich.console import Console
-
     from specdraft.demo.config import DemoConfig
     from specdraft.demo.report import summary
     from specdraft.demo.run import run_demo
     from specdraft.machine_load import busy_note
 
-    console = Console()
+    console = make_console()
     busy = busy_note("the tokens/s and speedups above") if device == "cpu" else None
     # inputs are checked before any stage runs; a later stage's error is one line too
     with user_errors(console, interrupted=lambda: f"run the same command again to resume from {out}"):
@@ -233,7 +252,8 @@ def serve(
     topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1."),
     num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + "; default 3."),
     num_draft_tokens: int | None = typer.Option(None, min=0, help=NUM_DRAFT_TOKENS_HELP),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP + AUX_NEEDS_DRAFT,
+                                            callback=aux_override),
     sglang_version: str = sglang_version_option(),
     no_spec: bool = flag("--no-spec", help="Plain decoding on the same engine (a baseline; "
                           "refuses the drafting flags)."),
@@ -245,25 +265,20 @@ def serve(
     device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     compile: bool = flag("--compile", help=COMPILE_HELP),
-    threads: int | None = typer.Option(None, min=1, help=THREADS_HELP),
+    threads: int | None = threads_option(),
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
-    from rich.console import Console
-
     from specdraft.serve.server import build_app
     from specdraft.serve.server import serve as run_server
 
-    console = Console()
+    console = make_console()
+    spec = _spec_of_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
+                          "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
+                          "--sglang-version": sglang_version or None}, compile, device)
     with user_errors(console):
-        _refuse_compile_off_cuda(compile, device)
-        _refuse_unused_drafting_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
-                                                       "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
-                                                       "--sglang-version": sglang_version or None})
-        spec = spec_from_flags(no_spec, draft, 3 if num_steps is None else num_steps, 1 if topk is None else topk,
-                                num_draft_tokens or 0)
         reading = id_reading(read_target(target), aux_layers, sglang_version, draft, target) if spec is not None else None
         _check_port_free(host, port)  # before the model loads
-        _set_threads(threads)
+        set_threads(threads)
         server_app = build_app(target, draft or None, spec, device, engine_dtype(dtype), max_seq_len or None,
                                model_name or None, max_queue, log_every, compile=compile, reading=reading)
         state = server_app.state.server

@@ -7,13 +7,14 @@ import json
 import typer
 
 from specdraft.cli.common import (
-    AUX_OVERRIDE_HELP,
+    AUX_NEEDS_TARGET,
     DRAFTER_HELP,
     NUM_DRAFT_TOKENS_HELP,
     NUM_STEPS_HELP,
     SKIP_BAD_HINT,
     TOPK_HELP,
     TRUST_REMOTE_CODE_HELP,
+    USAGE_ERROR,
     DoctorEngine,
     DtypeName,
     ExportEngine,
@@ -28,6 +29,7 @@ from specdraft.cli.common import (
     flag,
     id_reading,
     json_kwargs,
+    make_console,
     read_target,
     refuse_bad_configs,
     sglang_version_option,
@@ -40,7 +42,7 @@ def inspect(
     checkpoint: str = argument("CHECKPOINT", DRAFTER_HELP + ".", callback=check_drafter),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=check_model_dir),
     manifest: bool = flag("--manifest", help="Print the whole manifest as JSON (default: one line per field)."),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_NEEDS_TARGET, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
     sglang_version: str = sglang_version_option(),
     known_keys: bool = flag("--known-keys", help="List the config.json keys specdraft reads or knows to be "
@@ -48,14 +50,13 @@ def inspect(
 ) -> None:
     """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit); a
     drafter without a manifest, given no --target: its files alone (layout, tensors, aux ids as written)."""
-    from rich.console import Console
     from rich.table import Table
 
     from specdraft.checkpoint import audit, describe_layout, is_training_checkpoint, load_draft, state_dict_for_layout
     from specdraft.checkpoint.layouts import TargetNeeded
     from specdraft.draft import NORM_FLAGS
 
-    console = Console()
+    console = make_console()
     if known_keys:
         print_known_keys(console, checkpoint)
     with user_errors(console):
@@ -168,14 +169,12 @@ def convert(
                                   "specdraft manifest) | speculators (vLLM's; keeps the manifest) | specdraft "
                                   "(the sglang files + specdraft's manifest)"),
     target: str = typer.Option("", help="Target directory: needed to read aux ids without a manifest.", callback=check_model_dir),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_NEEDS_TARGET, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
     sglang_version: str = sglang_version_option(),
 ) -> None:
     """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
     from pathlib import Path
-
-    from rich.console import Console
 
     from specdraft.checkpoint import (
         MANIFEST_FILE,
@@ -188,7 +187,7 @@ def convert(
         verifier_replaced_note,
     )
 
-    console = Console()
+    console = make_console()
     with user_errors(console):
         refuse_bad_configs(src, "")
         given = read_target(target, trust_remote_code)  # read once: aux ids and the verifier's architectures
@@ -260,25 +259,23 @@ def export(
     verifier: str = typer.Option("", help="speculators verifier.name_or_path (must resolve where "
                                  "the server runs; default: the target's absolute path)."),
     sglang_version: str = sglang_version_option(),
-    num_steps: int = typer.Option(3, min=1, help=NUM_STEPS_HELP + " in the launch command (vLLM: "
-                                  "num_speculative_tokens)."),
-    topk: int = typer.Option(1, min=1, help=TOPK_HELP + "; 1 = a chain, the only shape vLLM runs."),
+    num_steps: int | None = typer.Option(None, min=1, help=NUM_STEPS_HELP + " in the launch command (vLLM: "
+                                         "num_speculative_tokens); default 3."),
+    topk: int | None = typer.Option(None, min=1, help=TOPK_HELP + "; default 1, a chain, the only shape vLLM runs."),
     num_draft_tokens: int = typer.Option(0, min=0, help=NUM_DRAFT_TOKENS_HELP),
     dtype: DtypeName | None = typer.Option(None, help="Cast floating tensors (default: keep)."),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_NEEDS_TARGET, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
 ) -> None:
     """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
-    from rich.console import Console
-
     from specdraft.export import export_draft
 
-    console = Console()
+    console = make_console()
     with user_errors(console):
         reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version, checkpoint, target)
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
                               verifier=verifier or None, sglang_version=sglang_version or None,
-                              num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens or None,
+                              num_steps=num_steps or 3, topk=topk or 1, num_draft_tokens=num_draft_tokens or None,
                               dtype=dtype or None, aux_layers=reading.get("aux_layers"),
                               trust_remote_code=trust_remote_code)
     console.print(f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
@@ -286,8 +283,22 @@ def export(
                   + derived_text(result.derived, checkpoint), style="green", markup=False)
     for note in result.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
-    console.print("launch:", markup=False)
+    given = [name for name, value in (("--num-steps", num_steps), ("--topk", topk),
+                                      ("--num-draft-tokens", num_draft_tokens)) if value]
+    console.print(launch_heading(result.spec, given), markup=False, soft_wrap=True)
     console.print(result.launch_command, markup=False, soft_wrap=True, highlight=False)
+
+
+def launch_heading(spec, given: list[str]) -> str:
+    """The line above export's launch command: the speculative setting it serves and where that
+    came from (`given`: the setting options passed; the rest are export's defaults)."""
+    setting = f"steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens}"
+    if len(given) == 3:
+        return f"launch ({setting}, as given):"
+    if given:
+        return f"launch ({setting}: {', '.join(given)} as given, the rest export's defaults):"
+    return (f"launch ({setting}: export's default, not tuned; the demo's summary and specdraft tune measure the "
+            "fastest setting: pass theirs as --num-steps, --topk, --num-draft-tokens):")
 
 
 @app.command()
@@ -307,7 +318,7 @@ def doctor(
                                "acceptance; needs --samples: prompts with the target's own outputs, e.g. the "
                                "demo's store-heldout)."),
     sglang_version: str = sglang_version_option(),
-    aux_layers: str | None = typer.Option(None, help=AUX_OVERRIDE_HELP, callback=aux_override),
+    aux_layers: str | None = typer.Option(None, help=AUX_NEEDS_TARGET, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
     template_kwargs: str = typer.Option("", help="The server's chat template kwargs (JSON)."),
     max_samples: int = typer.Option(32, min=1, help="Samples for the offline run."),
@@ -319,11 +330,9 @@ def doctor(
     target and drafter directory given in each other's place, 2 on other unusable inputs: a
     CHECKPOINT without a drafter config, a CHECKPOINT or --target config.json that is not valid
     JSON or a weights file of either cut short, a --samples file that cannot be read)."""
-    from rich.console import Console
-
     from specdraft.doctor import report_json, report_table, run_doctor
 
-    console = Console()
+    console = make_console()
     with user_errors(console, SKIP_BAD_HINT):
         try:  # an input doctor cannot judge (a ValueError) is a usage error: exit 2, not 1
             if server:
@@ -337,12 +346,12 @@ def doctor(
                 server_wait_s=wait,
                 template_kwargs=json_kwargs(template_kwargs, "--template-kwargs") if template_kwargs else None)
         except ValueError as e:
-            error(console, e, SKIP_BAD_HINT)
-            raise typer.Exit(2) from e
+            error(e, SKIP_BAD_HINT)
+            raise typer.Exit(USAGE_ERROR) from e
     if json_output:
         typer.echo(report_json(report))
     else:
-        console.print(report_table(report, f"specdraft doctor {checkpoint}"))
+        console.print(report_table(report, f"specdraft doctor {checkpoint}", expand=console.is_terminal))
         for note in report.notes:
             console.print(f"note: {note}", markup=False, soft_wrap=True)
     skipped = report.counts()["skip"]

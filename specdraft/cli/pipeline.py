@@ -21,7 +21,10 @@ from specdraft.cli.common import (
     url_option,
     flag,
     json_kwargs,
+    make_console,
     refuse_bad_configs,
+    set_threads,
+    threads_option,
     user_errors,
 )
 
@@ -57,15 +60,14 @@ def capture(
                                                       "(starts in seconds; a capture is prefill only)."),
     attention_backend: str | None = typer.Option(None, help="With --engine vllm: vLLM's attention backend "
                                                  "(e.g. FLASH_ATTN, CPU_MLA; default: vLLM's choice)."),
+    threads: int | None = threads_option(),
 ) -> None:
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
-    from rich.console import Console
-
     from specdraft.capture.stage import CaptureConfig, capture_dataset
     from specdraft.capture.vllm import VllmOptions
     from specdraft.capture.write import interrupted_capture
 
-    console = Console()
+    console = make_console()
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_capture(out)):
         cfg = CaptureConfig(
             target, data, out,
@@ -77,6 +79,7 @@ def capture(
             vllm=VllmOptions(tensor_parallel_size, data_parallel_size, max_model_len, gpu_memory_utilization,
                              enforce_eager, attention_backend))
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
+        set_threads(threads)
         result = capture_dataset(cfg, console=console)
     n, kept = result.num_shards, result.num_reused
     console.print(f"capture store at {result.path}: {result.num_samples} samples, {result.num_tokens} "
@@ -108,17 +111,16 @@ def regenerate(
     reasoning: ReasoningMode = typer.Option("keep", help="keep: write the target's reasoning with each "
                                             "answer; drop: ask for non-thinking answers (the template's "
                                             "switch) and write none."),
+    threads: int | None = threads_option(),
 ) -> None:
     """Replace the answers in DATA with the target's own outputs, written to OUT."""
     import os
-
-    from rich.console import Console
 
     from specdraft.regenerate.backends import Sampling, served_model
     from specdraft.regenerate.output import check_out_path, interrupted_regenerate
     from specdraft.regenerate.run import RegenConfig, regenerate_file
 
-    console = Console()
+    console = make_console()
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_regenerate(out)):
         check_out_path(out, data)  # before asking the endpoint for its model
         refuse_bad_configs("", target, ("model_type",))
@@ -134,6 +136,7 @@ def regenerate(
             concurrency=concurrency, batch_size=batch_size, max_retries=max_retries,
             api_key=os.environ.get("OPENAI_API_KEY"), skip_bad=skip_bad, device=device,
             reasoning=reasoning)
+        set_threads(threads)
         result = regenerate_file(cfg, console=console)
     empty = f", {result.num_empty} left out (the target's answer was empty)" if result.num_empty else ""
     console.print(f"{result.path}: {result.num_done} records written, {result.num_kept} kept "
@@ -199,6 +202,7 @@ def train(
     warmup_steps: int | None = typer.Option(None, min=0, help=H["warmup_steps"]),
     save_every: int | None = typer.Option(None, min=1, help=H["save_every"]),
     resume: bool = flag("--resume", help=H["resume"]),
+    threads: int | None = threads_option(),
 ) -> None:
     """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...).
 
@@ -207,13 +211,11 @@ def train(
     """
     import sys
 
-    from rich.console import Console
-
     from specdraft.train.config import run_config, train_source
     from specdraft.train.loop import train as run_training
     from specdraft.train.run_dir import interrupted_message
 
-    console = Console()
+    console = make_console()
 
     def say(text: str) -> None:
         console.print(text, markup=False, soft_wrap=True)
@@ -222,6 +224,7 @@ def train(
                  max_length=max_length, ttt_steps=ttt_steps, draft_vocab_size=draft_vocab_size, precision=precision,
                  aux_layers=aux_layers, warmup_steps=warmup_steps, save_every=save_every)
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_message(out)):
+        set_threads(threads)
         data = train_source(source, online, target, no_chat=no_chat, skip_bad=skip_bad, target_dtype=target_dtype,
                             template_kwargs=json_kwargs(template_kwargs, "--template-kwargs"),
                             reasoning=reasoning)

@@ -7,7 +7,7 @@ from typing import Literal
 
 import typer
 
-from specdraft.cli.common import app, argument, aux_layer_list, flag, user_errors
+from specdraft.cli.common import app, argument, aux_layer_list, flag, make_console, user_errors
 
 StoreFormat = Literal["specdraft", "speculators", "specforge"]  # capture.convert.FORMATS
 AuxConvention = Literal["specdraft", "vllm", "sglang"]  # capture.convert.CONVENTIONS
@@ -36,11 +36,9 @@ def convert(
 ) -> None:
     """Convert the hidden-state store SRC into DST in the format --to, strictly: a missing or
     extra field, a wrong shape or an unreadable file is named and nothing is written."""
-    from rich.console import Console
-
     from specdraft.capture.convert import convert_store
 
-    console = Console()
+    console = make_console()
     with user_errors(console):
         result = convert_store(src, dst, to, target=target, tokenizer=tokenizer, aux_layers=aux_layers,
                                convention=aux_convention, compress=compress)

@@ -141,14 +141,17 @@ def generation_line(report: DemoReport) -> str:
 
 
 def doctor_line(report: DemoReport) -> str:
-    """The doctor stage in one line: verdict counts over both sample sets, failed checks and
-    lint failures by name (details: report.md)."""
+    """The doctor stage in one line: what it counts (the checks run on each sample set, so twice a
+    doctor run by hand on one), verdict counts, failed checks and lint failures by name (details:
+    report.md)."""
     from specdraft.doctor.run import counts_text, verdict_counts
 
+    sets = list(dict.fromkeys(f["samples"] for f in report.doctor))
     failed = [f"{f['check']} ({f['samples']})" for f in report.doctor if f["verdict"] == "fail"]
     failed += [f"lint {engine}: {f['check']}" for engine, findings in report.lint.items()
                for f in findings if f["verdict"] == "fail"]
-    return (f"doctor: {counts_text(verdict_counts(f['verdict'] for f in report.doctor))}"
+    return (f"doctor: {len(report.doctor)} checks over {len(sets)} sample set{'s' * (len(sets) != 1)} "
+            f"({', '.join(sets)}): {counts_text(verdict_counts(f['verdict'] for f in report.doctor))}"
             + (f"; failed: {', '.join(failed)}" if failed else "") + " (report.md has the evidence)")
 
 

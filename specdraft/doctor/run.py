@@ -164,16 +164,18 @@ def counts_text(counts: dict[str, int]) -> str:
     return f"{counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skipped"
 
 
-def report_table(report: Report, title: str = "specdraft doctor"):
+def report_table(report: Report, title: str = "specdraft doctor", expand: bool = True):
     """A rich Table of one row per finding: its verdict, then the check's name over its evidence
     and, when it has one, "fix: ..." (report.notes are not in it). Two columns keep the evidence
-    wide at 80 columns; words wrap whole, and a token longer than the line folds, never cut."""
+    wide at 80 columns; words wrap whole, and a token longer than the line folds, never cut.
+    expand False: as wide as its longest line, not the console's width (output redirected:
+    `cli.common.make_console`)."""
     from rich.table import Table
     from rich.text import Text
 
     hint = skips_text(report.skips_enabled_by())
     caption = counts_text(report.counts()) + (f"; {hint}" if hint else "")
-    table = Table(title=title, caption=caption, show_lines=True, expand=True)
+    table = Table(title=title, caption=caption, show_lines=True, expand=expand)
     table.add_column("verdict", no_wrap=True)
     table.add_column("check / evidence", overflow="fold")
     for f in report.findings:

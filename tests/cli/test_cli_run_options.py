@@ -53,8 +53,8 @@ def test_compile_off_cuda_is_one_line_before_loading(tmp_path, command, monkeypa
     monkeypatch.setattr(engine_load, "load_engine", _no_load)
     (tmp_path / "config.json").write_text("{}")
     result = invoke([command, "--target", str(tmp_path), "--no-spec", "--compile", *COMMANDS[command]])
-    assert result.exit_code == 1, result.output
-    assert result.output.strip() == ("error: --compile needs a CUDA device (CUDA graphs), not --device cpu: "
+    assert result.exit_code == 2, result.output  # a usage error, as click's for a bad value
+    assert result.stderr.strip() == ("error: --compile needs a CUDA device (CUDA graphs), not --device cpu: "
                                      "pass --device cuda, or drop --compile")
 
 

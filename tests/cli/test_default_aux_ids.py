@@ -141,7 +141,7 @@ def test_generate_and_serve_say_the_default_and_take_aux_layers(bare, monkeypatc
         in flat(result.output), result.output
     assert list(served[0].state.server.engine.draft.cfg.aux_layers) == [1, 3, 6]
     result = invoke(["serve", "--target", str(target), "--no-spec", "--aux-layers", "2,4,5", "--port", "8123"])
-    assert result.exit_code == 1 and "--aux-layers: drafting settings, but --no-spec" in flat(result.output)
+    assert result.exit_code == 2 and "--aux-layers: drafting settings, but --no-spec" in flat(result.stderr)
 
 
 def test_a_target_of_other_sizes_is_named_before_the_default_ids_collapse(bare, tmp_path):

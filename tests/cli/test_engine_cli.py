@@ -62,7 +62,7 @@ def test_generate_streams_text_and_prints_metrics(tmp_path, monkeypatch):
     assert expected in no_draft.output.replace("\n", "") and "plain decoding (no --draft)" in no_draft.output
     assert "busy" not in no_draft.output
     on_cpu = CliRunner().invoke(app, common + ["--compile"])  # CUDA graphs: refused, not ignored
-    assert on_cpu.exit_code == 1 and "--compile needs a CUDA device" in on_cpu.output
+    assert on_cpu.exit_code == 2 and "--compile needs a CUDA device" in on_cpu.stderr  # a usage error
 
 
 @pytest.mark.parametrize("flags, named", [
@@ -75,8 +75,9 @@ def test_generate_refuses_drafting_flags_without_a_draft(tmp_path, flags, named)
     """Even a flag given at its default value is refused: without --draft it would be ignored."""
     (tmp_path / "config.json").write_text("{}")  # refused before the target is loaded
     result = CliRunner().invoke(app, ["generate", "--target", str(tmp_path), "--prompt", "hi", *flags])
-    assert result.exit_code == 1, result.output
-    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output  # a usage error, as click's for a bad value
+    assert result.stdout == ""
+    text = " ".join(result.stderr.split())
     assert text == (f"error: {named}: drafting settings, but no --draft is given (plain decoding): "
                     f"add --draft CKPT, or drop {named}")
 
@@ -140,8 +141,8 @@ def test_no_spec_refuses_drafting_flags(tmp_path, command, flags, named, monkeyp
     extra = ["--prompt", "hi"] if command == "generate" else []
     for draft in ([], ["--draft", str(tmp_path / "draft")]):
         result = CliRunner().invoke(app, [command, "--target", str(tmp_path), *extra, *draft, "--no-spec", *flags])
-        assert result.exit_code == 1, result.output
-        assert " ".join(result.output.split()) == (
+        assert result.exit_code == 2, result.output  # a usage error, as click's for a bad value
+        assert " ".join(result.stderr.split()) == (
             f"error: {named}: drafting settings, but --no-spec decodes plainly (they would be "
             f"ignored): drop {named}, or drop --no-spec")
 

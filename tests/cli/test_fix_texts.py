@@ -46,6 +46,8 @@ def target_with_tokenizer(tmp_path_factory):
 
 
 def test_generate_prints_its_error_on_a_line_of_its_own(target_with_tokenizer):
+    """The echoed prompt ends its line on stdout; the error is stderr's one line (stdout piped to a
+    file keeps only the text)."""
     result = invoke(["generate", "--target", str(target_with_tokenizer), "--prompt", "hello how",
                      "--max-new-tokens", "300"])
     assert result.exit_code == 1, result.output
@@ -53,6 +55,8 @@ def test_generate_prints_its_error_on_a_line_of_its_own(target_with_tokenizer):
     assert lines[0] == "hello how", lines
     assert lines[1].startswith("error: prompt ") and "exceeds the engine's max_seq_len 256 less 1 verified node (255): ask for " \
         "at most" in flat(result.output), lines
+    assert result.stdout == "hello how\n"
+    assert result.stderr.startswith("error: prompt ") and len(result.stderr.splitlines()) == 1
 
 
 def test_doctor_on_a_deepseek_target_draws_no_loading_bar(tmp_path, capfd):

@@ -65,3 +65,15 @@ def test_every_option_of_every_command_says_what_it_does():
     silent = [(path, param.opts[0]) for path, command in commands(typer.main.get_command(app), [])
               for param in command.params if param.param_type_name == "option" and not (param.help or "").strip()]
     assert silent == []
+
+
+@pytest.mark.parametrize("command, needs", [("generate", "Used only with --draft (refused without it or with "
+                                             "--no-spec)."), ("serve", "Used only with --draft"),
+                                            ("inspect", "Needs --target."), ("doctor", "Needs --target.")])
+def test_aux_layers_help_names_what_the_command_needs_for_it(command, needs):
+    """generate / serve require --target: their --aux-layers needs --draft (a drafter to read it for)."""
+    text = " ".join(help_of(command).split())
+    aux = text[text.index("--aux-layers"):]
+    aux = aux[:aux.index("class).") + 80]  # the sentence after the common text
+    assert needs in aux, aux
+    assert ("Needs --target" in aux) == (command in ("inspect", "doctor")), aux

@@ -25,7 +25,33 @@ def exported(tmp_path_factory):
     result = invoke(["export", str(draft), str(root / "out"), "--engine", "speculators", "--target", str(target)])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    return root / "out", target, lines[lines.index("launch:") + 1]
+    heading = next(i for i, line in enumerate(lines) if line.startswith("launch ("))
+    return root / "out", target, lines[heading + 1]
+
+
+def launch_heading(output: str) -> str:
+    return next(line for line in output.splitlines() if line.startswith("launch"))
+
+
+def test_the_launch_line_says_which_setting_it_serves_and_whence(exported, tmp_path):
+    """export's default, a 3-step chain, is named as a default that was not tuned, with the options
+    that pass a tuned one (the demo's summary recommends its own); given options are named as given."""
+    out, target, _ = exported
+    draft = out.parent / "draft"
+    result = invoke(["export", str(draft), str(tmp_path / "a"), "--engine", "sglang", "--target", str(target)])
+    assert result.exit_code == 0, result.output
+    assert launch_heading(result.output) == (
+        "launch (steps 3, topk 1, draft tokens 4: export's default, not tuned; the demo's summary and specdraft "
+        "tune measure the fastest setting: pass theirs as --num-steps, --topk, --num-draft-tokens):")
+    assert "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in result.output
+    result = invoke(["export", str(draft), str(tmp_path / "b"), "--engine", "sglang", "--target", str(target),
+                     "--num-steps", "5"])
+    assert launch_heading(result.output) == ("launch (steps 5, topk 1, draft tokens 6: --num-steps as given, the "
+                                             "rest export's defaults):")
+    result = invoke(["export", str(draft), str(tmp_path / "c"), "--engine", "sglang", "--target", str(target),
+                     "--num-steps", "4", "--topk", "2", "--num-draft-tokens", "7"])
+    assert launch_heading(result.output) == "launch (steps 4, topk 2, draft tokens 7, as given):"
+    assert "--speculative-num-steps 4 --speculative-eagle-topk 2 --speculative-num-draft-tokens 7" in result.output
 
 
 def findings(report) -> dict:

@@ -6,6 +6,7 @@ directories belong, a draft tree without --num-draft-tokens, option names instea
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -143,6 +144,21 @@ def test_generate_without_draft_decodes_plainly_as_its_help_says(target_with_tok
     assert "plain decoding (no --draft)" in result.output
 
 
+@pytest.mark.parametrize("flags", [[], ["--no-spec"]])
+def test_plain_generate_prints_tokens_and_time_without_drafting_metrics(target_with_tokenizer, flags):
+    """Plain decoding verifies and drafts nothing: its table has no tau, verification steps, drafted
+    tokens, p_k or draft time."""
+    result = invoke(["generate", "--target", str(target_with_tokenizer), "--prompt", "hello how",
+                     "--max-new-tokens", "4", "--max-seq-len", "32", "--ignore-eos", *flags])
+    assert result.exit_code == 0, result.output
+    table = result.output[result.output.index("plain decoding"):]
+    rows = [line.strip("│┃ ").split("│")[0].strip() for line in table.splitlines() if "│" in line]
+    assert rows == ["output tokens", "time prefill / decode (s)", "tokens/s"], rows
+    assert re.search(r"output tokens\s*│\s*4\s*│", table), table
+    for word in ("tau", "verif", "drafted", "p_k"):
+        assert word not in table, word
+
+
 # ------------------------------------------------------------------------- 6. path mistakes
 
 @pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["serve"], ["tune"]])
@@ -200,7 +216,7 @@ def test_tree_without_num_draft_tokens_names_the_flag_and_a_valid_value(tmp_path
     (tmp_path / "draft").mkdir()
     result = invoke(["generate", "--target", str(tmp_path / "target"), "--prompt", "hi",
                      "--draft", str(tmp_path / "draft"), "--topk", "4"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # a usage error, as --topk 0 is
     text = flat(result.output)
     assert ("--topk 4 drafts a tree, which needs --num-draft-tokens (nodes verified per step incl. the "
             "root: 2..37 with --num-steps 3), e.g. --num-draft-tokens 13") in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from importlib import resources
 
 import pytest
@@ -113,7 +114,7 @@ def test_suite_runs_turn_by_turn_and_reports_per_category(servers, tmp_path, mon
     assert "| chat | 2 | 2 | " in (tmp_path / "out" / "suite.md").read_text()
 
 
-def test_bench_cli_suite_file_and_unknown_suite(servers, tmp_path):  # noqa: F811
+def test_bench_cli_suite_file_and_unknown_suite(servers, tmp_path, monkeypatch):  # noqa: F811
     spec, plain = servers
     unknown = CliRunner().invoke(app, ["bench", "--url", spec.url, "--suite", "nope", "--out", str(tmp_path / "o")])
     assert unknown.exit_code == 1 and "the suites are gsm8k, humaneval, mt-bench" in unknown.output
@@ -126,6 +127,15 @@ def test_bench_cli_suite_file_and_unknown_suite(servers, tmp_path):  # noqa: F81
     assert ok.exit_code == 0, ok.output
     assert "| multi-turn | 1 | 2 | " in ok.output and "| rag | 1 | 1 | " in ok.output
     assert (tmp_path / "o" / "suite.png").is_file()
+    assert "machine was busy" not in ok.output
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 0.0, 0.0))  # the servers run on this busy machine
+    busy = CliRunner().invoke(app, ["bench", "--url", spec.url, "--baseline-url", plain.url, "--suite", "gsm8k",
+                                    "--num-prompts", "1", "--concurrency", "1", "--max-tokens", "2",
+                                    "--repeats", "1", "--out", str(tmp_path / "b")])
+    assert busy.exit_code == 0, busy.output
+    last = busy.output.strip().splitlines()[-1]  # after the report, where the sweep's note is
+    assert last.startswith("note: the machine was busy when this started (load 64.0") and \
+        "the tokens/s of servers on this machine" in last, busy.output
 
 
 def test_a_suite_against_a_server_without_a_chat_template_says_what_it_needs():

@@ -34,7 +34,9 @@ def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, ca
     exports = [f"{engine} -> {cfg.out / 'export' / engine} (" for engine in ("vllm", "sglang", "speculators")]
     assert all(e in said for e in exports) and "tensors bit-identical" in said  # the export stage says so
     assert "100%" in err and "capture" in err  # the first run shows its bars
-    assert re.search(r"doctor: \d+ pass, 0 fail, \d+ skipped \(report.md has the evidence\)", said), said
+    counted = re.search(r"doctor: (\d+) checks over 2 sample sets \([^)]+\): (\d+) pass, 0 fail, (\d+) skipped "
+                        r"\(report.md has the evidence\)", said)
+    assert counted and int(counted[1]) == int(counted[2]) + int(counted[3]), said  # it counts what it says
     # the stages print in the order they run: generation (which picks the exported setting) ends with
     # its result line before export and doctor start (it printed only its heading before them)
     order = [said.index(line) for line in ("speculative generation vs plain decoding",
@@ -78,5 +80,6 @@ def test_the_doctor_line_names_failed_checks_and_lint():
         {"samples": "held-out", "check": "acceptance", "verdict": "fail"},
         {"samples": "held-out", "check": "template", "verdict": "skip"}],
         lint={"vllm": [{"check": "keys", "verdict": "fail"}], "sglang": [{"check": "keys", "verdict": "pass"}]})
-    assert doctor_line(report) == ("doctor: 1 pass, 1 fail, 1 skipped; failed: acceptance (held-out), lint vllm: "
-                                   "keys (report.md has the evidence)")
+    assert doctor_line(report) == ("doctor: 3 checks over 2 sample sets (train, held-out): 1 pass, 1 fail, "
+                                   "1 skipped; failed: acceptance (held-out), lint vllm: keys (report.md has the "
+                                   "evidence)")

@@ -1,0 +1,50 @@
+"""--threads on every command that runs torch here: capture, regenerate and train take generate's
+option (same help) and set torch's thread count before their stage loads anything."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.cli.test_cli import flat, invoke
+from tests.tiny_models import save_tiny_model
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("command, stage", [("capture", "specdraft.capture.stage.capture_dataset"),
+                                            ("regenerate", "specdraft.regenerate.run.regenerate_file"),
+                                            ("train", "specdraft.train.config.train_source")])
+def test_threads_are_set_before_the_stage_runs(tmp_path, monkeypatch, restore_threads, command, stage):
+    target = save_tiny_model("llama", tmp_path / "target")
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"text": "hello"}\n')
+    seen = []
+
+    def stage_runs(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise ValueError("stopped by the test")
+
+    module, name = stage.rsplit(".", 1)
+    monkeypatch.setattr(module + "." + name, stage_runs)
+    threads = torch.get_num_threads() + 1
+    args = {"capture": [str(target), str(data), str(tmp_path / "store")],
+            "regenerate": [str(data), str(tmp_path / "out.jsonl"), "--target", str(target), "--no-chat"],
+            "train": [str(data), str(tmp_path / "run"), "--online", "--target", str(target), "--no-chat"]}[command]
+    result = invoke([command, *args, "--threads", str(threads)])
+    assert "stopped by the test" in result.output and result.exit_code == 1, result.output
+    assert seen == [threads]
+
+
+@pytest.mark.parametrize("command", ["capture", "regenerate", "train"])
+def test_threads_help_is_generates(command):
+    def threads_help(name: str) -> str:
+        text = flat(invoke([name, "--help"]).output)
+        return text[text.index("--threads"):][:200]
+
+    assert threads_help(command) == threads_help("generate")
