@@ -31,7 +31,7 @@ from specdraft.capture.store import (
     CaptureStore,
     dtype_name,
 )
-from specdraft.conventions import check_aux_layers, from_engine_ids
+from specdraft.conventions import layers_of_option
 from specdraft.files import atomic_dir, atomic_write_json
 
 FORMATS = ("specdraft", "speculators", "specforge")
@@ -112,8 +112,9 @@ def _normed(samples: Iterable[dict], weight: torch.Tensor, eps: float) -> Iterat
 
 
 def peer_aux_layers(aux_ids, convention: str, target, num_aux: int) -> tuple[int, ...]:
-    """Specdraft indices of `aux_ids` read in `convention` ('specdraft', 'vllm' or 'sglang') for
-    `target` (a `specdraft.target.Target`). Raises CaptureError / ConventionError naming the ids."""
+    """Specdraft indices of `aux_ids` read in `convention` (one of `conventions.AUX_CONVENTIONS`,
+    `conventions.layers_of_option`) for `target` (a `specdraft.target.Target`). Raises
+    CaptureError / ConventionError naming the ids."""
     if aux_ids is None:
         raise CaptureError(f"--aux-layers is required: a peer store does not record which target "
                            f"layers it holds (give the {num_aux} engine ids it was captured with, "
@@ -121,9 +122,7 @@ def peer_aux_layers(aux_ids, convention: str, target, num_aux: int) -> tuple[int
     if len(aux_ids) != num_aux:
         raise CaptureError(f"--aux-layers {','.join(map(str, aux_ids))}: {len(aux_ids)} layers, but "
                            f"the store holds {num_aux} aux states per token")
-    if convention == "specdraft":
-        return tuple(check_aux_layers(list(aux_ids), target.num_layers))
-    return tuple(from_engine_ids(list(aux_ids), convention, target.num_layers, target.target_class))
+    return tuple(layers_of_option(convention, aux_ids, target.num_layers, target.target_class))
 
 
 @dataclass(frozen=True)

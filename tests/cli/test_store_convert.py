@@ -84,3 +84,17 @@ def test_the_options_choices_are_the_librarys():
     from specdraft.cli.store import AuxConvention, StoreFormat
 
     assert get_args(StoreFormat) == FORMATS and get_args(AuxConvention) == CONVENTIONS
+
+
+def test_aux_layers_take_the_named_forms_of_the_other_commands(store, chat_target_dir, tmp_path):
+    assert invoke("store", "convert", store, tmp_path / "sf", "--to", "specforge").exit_code == 0
+    back = ("store", "convert", tmp_path / "sf")
+    for i, given in enumerate([("sglang:0,1,2",), ("vllm:1,2,3",), ("specdraft:1,2,3",),
+                               ("1,2,3", "--aux-convention", "specdraft"), ("0,1,2",)]):  # last: SpecForge's sglang
+        out = invoke(*back, tmp_path / f"b{i}", "--to", "specdraft", "--target", chat_target_dir, "--aux-layers", *given)
+        assert out.exit_code == 0 and "aux layers (specdraft indices) [1, 2, 3]" in out.output, (given, out.output)
+    both = invoke(*back, tmp_path / "x", "--to", "specdraft", "--target", chat_target_dir,
+                  "--aux-layers", "vllm:1,2,3", "--aux-convention", "sglang")
+    assert both.exit_code == 2 and "names the vllm convention, --aux-convention sglang" in both.output
+    bad = invoke(*back, tmp_path / "x", "--to", "specdraft", "--target", chat_target_dir, "--aux-layers", "eagle:1,2,3")
+    assert bad.exit_code == 2 and "'eagle' is no aux-id convention" in bad.output and not (tmp_path / "x").exists()
