@@ -32,12 +32,15 @@ def convert(
     dst: str = argument("DST", "A new directory for the converted store."),
     to: StoreFormat = typer.Option(..., "--to", help="Format to write."),
     target: str | None = typer.Option(None, help="Target model directory: needed to write a specdraft "
-                                      "store from a peer's (the index records the target), and to norm "
-                                      "the last state for SpecForge when the store records no target."),
+                                      "store from a peer's (the index records the target; not for a peer "
+                                      "store written from a specdraft one, which keeps that store's index "
+                                      "in specdraft_store/), and to norm the last state for SpecForge when "
+                                      "the store records no target."),
     tokenizer: str | None = typer.Option(None, help="Tokenizer directory (default: the target's)."),
     aux_layers: str | None = typer.Option(
         None, callback=peer_aux_ids,
-        help="The peer store's aux layers (needed to write a specdraft store from a peer's): ids in a named "
+        help="The peer store's aux layers (needed to write a specdraft store from a peer's without "
+             "specdraft_store/): ids in a named "
              "convention, 'vllm:2,16,29' (vLLM's / speculators' eagle_aux_hidden_state_layer_ids), "
              "'sglang:1,15,28' (SGLang's, read by the --target's class) or 'specdraft:2,16,29' (specdraft "
              "indices); a list without a name is read in --aux-convention."),
