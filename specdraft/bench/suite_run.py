@@ -24,7 +24,7 @@ from typing import Any
 
 from specdraft.bench.stats import SpeedupPoint
 from specdraft.bench.suites import Question, Suite
-from specdraft.bench.sweep import BenchConfig, BenchError, LevelResult, level_result, warm_up
+from specdraft.bench.sweep import BenchConfig, BenchError, LevelResult, check_chats, level_result, warm_up
 from specdraft.client import RequestRecord, Server, run_requests, scrape, wait_for_server
 from specdraft.files import atomic_write, atomic_write_text
 
@@ -92,6 +92,7 @@ def _measure_suite(cfg: BenchConfig, suite: Suite, servers: dict[str, Server],
                    progress: Callable[[str], None] | None, clock: Callable[[], float]) -> SuiteReport:
     first = [[{"role": "user", "content": q.turns[0]}] for q in suite.questions]
     for server in servers.values():
+        check_chats(server, first, cfg)
         warm_up(server, first, cfg)
     concurrency, results = cfg.concurrency[0], []
     for category in suite.categories:

@@ -228,6 +228,19 @@ def level_result(server: Server, concurrency: int, runs: list[tuple[list[Request
                        usage_tau, errors[0] if errors else None, len(runs), tps_std, per_run, no_spec)
 
 
+def check_chats(server: Server, batch: list, cfg: BenchConfig) -> None:
+    """When `batch` holds chats, send the first one to `server` once (1 token): a server that
+    refuses it (HTTP 4xx, e.g. a model without a chat template) would refuse every chat row, each
+    request failing; BenchError says so in one line, naming the server, its answer and the fix."""
+    chat = next((p for p in batch if isinstance(p, list)), None)
+    if chat is None:
+        return
+    [record], _ = asyncio.run(run_requests(server, [chat], 1, replace(cfg, max_tokens=1)))
+    if record.error is not None and record.error.startswith("HTTP 4"):
+        raise BenchError(f"{server.url}: refused a chat row ({record.error}), so every chat row would fail: serve "
+                         'the model with a chat template, or give text rows ({"prompt": ...})')
+
+
 def warm_up(server: Server, batch: list[str], cfg: BenchConfig) -> None:
     """Send the first `cfg.warmup` prompts of `batch` to `server`, one at a time, untimed (first
     requests pay for compilation and caches)."""
@@ -420,8 +433,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None,
     """Benchmark cfg.url against cfg.baseline_url (if any) on the same prompts, level by level:
     each concurrency is measured on both servers, its runs alternating between them
     (`measure_level`), before the next starts, so load drift on the machine reaches both alike.
-    Both servers are waited for (`wait_for_server`: a dead baseline fails before the sweep) and
-    warmed up (`warm_up`) before any timing. progress: told one line per server and level
+    Both servers are waited for (`wait_for_server`: a dead baseline fails before the sweep),
+    asked once whether they take chat rows (`check_chats`) and warmed up (`warm_up`) before any timing. progress: told one line per server and level
     (`level_line`) as each level finishes. sweep: filled with the levels as they finish
     (`Sweep`; default: a new one). clock: seconds now, for every timing (`measure_level`)."""
     sweep = Sweep() if sweep is None else sweep
@@ -435,6 +448,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None,
     runs = {role: ServerRun.of(server) for role, server in servers.items()}
     sweep.spec, sweep.baseline = runs["speculative"], runs.get("baseline")
     for server in servers.values():
+        check_chats(server, batch, cfg)
         warm_up(server, batch, cfg)
     for concurrency in cfg.concurrency:
         levels = measure_level(list(servers.values()), batch, concurrency, cfg, clock)

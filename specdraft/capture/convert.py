@@ -3,12 +3,14 @@ speculators, SpecForge; `peers` holds the peer formats and what their files hold
 
 What specdraft's index needs and a peer store lacks is asked for, never guessed: the target
 directory (its config hash, sizes, head weights and tokenizer) and the aux layers, given as
-engine ids in a named convention (`conventions.from_engine_ids`).
+engine ids in a named convention (`conventions.layers_of_option`). A peer store written here
+from a specdraft store keeps that store's index beside its files (`recorded`): converting it
+back needs neither and gives the same store.
 
 The last hidden state: specdraft and speculators store it before the target's final norm,
 SpecForge after it. To SpecForge it is normed (RMSNorm as transformers computes it, with the
 store's norm weight and the target's rms_norm_eps); a norm cannot be undone, so a store made
-from SpecForge files records `"last_hidden": "after_norm"` in index.json (training then applies
+from SpecForge files (without a `recorded` copy of the states before the norm) records `"last_hidden": "after_norm"` in index.json (training then applies
 only lm_head) and cannot become a speculators store.
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 
 from specdraft.capture import peers
+from specdraft.capture.recorded import check_given, recorded_index, restore_store, write_record
 from specdraft.capture.store import (
     FORMAT,
     FORMAT_VERSION,
@@ -31,7 +34,7 @@ from specdraft.capture.store import (
     CaptureStore,
     dtype_name,
 )
-from specdraft.conventions import check_aux_layers, from_engine_ids
+from specdraft.conventions import layers_of_option
 from specdraft.files import atomic_dir, atomic_write_json
 
 FORMATS = ("specdraft", "speculators", "specforge")
@@ -112,8 +115,9 @@ def _normed(samples: Iterable[dict], weight: torch.Tensor, eps: float) -> Iterat
 
 
 def peer_aux_layers(aux_ids, convention: str, target, num_aux: int) -> tuple[int, ...]:
-    """Specdraft indices of `aux_ids` read in `convention` ('specdraft', 'vllm' or 'sglang') for
-    `target` (a `specdraft.target.Target`). Raises CaptureError / ConventionError naming the ids."""
+    """Specdraft indices of `aux_ids` read in `convention` (one of `conventions.AUX_CONVENTIONS`,
+    `conventions.layers_of_option`) for `target` (a `specdraft.target.Target`). Raises
+    CaptureError / ConventionError naming the ids."""
     if aux_ids is None:
         raise CaptureError(f"--aux-layers is required: a peer store does not record which target "
                            f"layers it holds (give the {num_aux} engine ids it was captured with, "
@@ -121,9 +125,7 @@ def peer_aux_layers(aux_ids, convention: str, target, num_aux: int) -> tuple[int
     if len(aux_ids) != num_aux:
         raise CaptureError(f"--aux-layers {','.join(map(str, aux_ids))}: {len(aux_ids)} layers, but "
                            f"the store holds {num_aux} aux states per token")
-    if convention == "specdraft":
-        return tuple(check_aux_layers(list(aux_ids), target.num_layers))
-    return tuple(from_engine_ids(list(aux_ids), convention, target.num_layers, target.target_class))
+    return tuple(layers_of_option(convention, aux_ids, target.num_layers, target.target_class))
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,13 @@ def _check_widths(i: int, s: dict, hidden: int, num_aux: int, src: Path) -> None
         if tuple(s[name].shape) != shape:
             raise CaptureError(f"{src}: sample {i}: field {name} has shape {list(s[name].shape)}, "
                                f"expected {list(shape)} (target hidden size {hidden}, {num_aux} aux layers)")
+
+
+def _checked(samples: Iterable[dict], hidden: int, num_aux: int, src: Path) -> Iterator[dict]:
+    """`samples`, each after `_check_widths`."""
+    for i, s in enumerate(samples):
+        _check_widths(i, s, hidden, num_aux, src)
+        yield s
 
 
 def _shard(rows: list[dict]) -> dict[str, torch.Tensor]:
@@ -258,9 +267,13 @@ def convert_store(src: str | Path, dst: str | Path, to: str, *, target: str | No
     """Convert the store at `src` (format detected, `detect_format`) into `dst` (a new directory,
     written whole or not at all) in format `to` ('specdraft', 'speculators' or 'specforge').
 
-    target / tokenizer: directories; needed to make a specdraft store from a peer's (its index
-    records the target) and to norm before-norm states for SpecForge when the store records no
-    target path. aux_layers + convention: the peer's aux ids and the convention they are in
+    A peer store written from a specdraft store keeps that store's index (and what the peer's
+    files lack of it) in `recorded.RECORD_DIR`, and comes back as the same store: same index,
+    same tensors, without target or aux_layers (given, they must name the recorded ones).
+
+    target / tokenizer: directories; needed to make a specdraft store from a peer's without a
+    record (its index records the target) and to norm before-norm states for SpecForge when the
+    store records no target path. aux_layers + convention: the peer's aux ids and the convention they are in
     (default: the engine that writes that peer's ids, `SOURCE_CONVENTION`). compress: SpecForge
     .ckpt.gz. Raises CaptureError naming the file and field for bad input.
     """
@@ -277,8 +290,14 @@ def convert_store(src: str | Path, dst: str | Path, to: str, *, target: str | No
                            f"speculators needs it before the norm, which cannot be recovered")
     samples, num_aux = _peek(samples, src)
     layers = tuple(store.aux_layers) if store is not None else None
+    recorded = recorded_index(src) if store is None else None
     with atomic_dir(dst) as tmp:
-        if to == "specdraft":
+        if to == "specdraft" and recorded is not None:
+            check_given(recorded, src, aux_layers, convention or SOURCE_CONVENTION[source], target)
+            layers = tuple(recorded["aux_layers"])
+            checked = _checked(samples, recorded["target"]["hidden_size"], len(layers), src)
+            count = restore_store(checked, src, tmp, after_norm and recorded.get(LAST_HIDDEN_KEY) != AFTER_NORM)
+        elif to == "specdraft":
             ident = TargetIdentity.load(target, tokenizer)
             layers = peer_aux_layers(aux_layers, convention or SOURCE_CONVENTION[source], ident.target, num_aux)
             count = write_specdraft(samples, tmp, ident, layers, after_norm=after_norm,
@@ -289,6 +308,8 @@ def convert_store(src: str | Path, dst: str | Path, to: str, *, target: str | No
             if not after_norm:
                 samples = _normed(samples, *_norm_of(store, target))
             count = peers.write_specforge(samples, tmp, compress)
+        if store is not None:
+            write_record(store, tmp, keep_last_hidden=to == "specforge" and not after_norm)
     return ConvertResult(dst, source, to, count, layers)
 
 

@@ -356,6 +356,19 @@ def canonical_tensor_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.
     return {rename(name): tensor for name, tensor in tensors.items()}
 
 
+def config_without_target(path: Path, layout: str, config: dict[str, Any], names) -> DraftConfig:
+    """A manifest-less drafter's DraftConfig from config.json alone, for its tensors' names and
+    shapes (`checkpoint.draft_tensors`): read with a stand-in target layer count under which every
+    aux id it holds is capturable (top-level ids as-is, eagle_config ids + 1), at least 7 (where
+    the engines' default [2, L//2, L-3], read when it holds none, is 3 layers). Aux layers set no
+    tensor's shape, their count does; `names`: the file's tensor names (`owned_embedding_config`).
+    Raises CheckpointError / ValueError as `config_from_files`."""
+    nested = config.get("eagle_config")
+    ids = list(config.get(AUX_KEY) or []) + list((nested.get(AUX_KEY) if isinstance(nested, dict) else None) or [])
+    stand_in = max([7] + [i + 2 for i in ids if isinstance(i, int)])
+    return owned_embedding_config(config_from_files(path, layout, config, None, stand_in), None, names)
+
+
 def owned_embedding_config(cfg: DraftConfig, manifest: Manifest | None, names) -> DraftConfig:
     """`cfg` marked `embedding_owned` when a manifest-less drafter's file holds `embed_tokens.weight`
     at the target's width (speculators' trainer saves it): the drafter then uses that one, as vLLM

@@ -105,18 +105,21 @@ def find_weights(path: str | Path) -> WeightFiles:
 
 
 def check_weight_headers(path: str | Path) -> None:
-    """CheckpointError naming the first safetensors weight file of drafter directory `path` that is
-    cut short or damaged (`open_safetensors`, headers only), with REEXPORT_FIX. Weight files that
-    are missing or ambiguous (`find_weights`) and PyTorch files (read only by loading) are left to
-    the loader."""
+    """CheckpointError naming the first weight file of drafter directory `path` that cannot be read
+    (cut short, damaged, not tensors), with its fix: safetensors files by their headers
+    (`open_safetensors`), PyTorch files by opening them as `read_weights` does (memory-mapped:
+    the tensors' bytes are not read). Weight files that are missing or ambiguous (`find_weights`)
+    are left to the loader."""
     try:
         files = find_weights(path)
     except CheckpointError:
         return
-    if files.format == "safetensors":
-        for shard in files.shards:
+    for shard in files.shards:
+        if files.format == "safetensors":
             with open_safetensors(shard, REEXPORT_FIX, CheckpointError):
                 pass
+        else:
+            _read_shard(shard, files.format)
 
 
 def _shard_names(index: Path) -> list[str]:

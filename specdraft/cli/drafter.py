@@ -99,18 +99,23 @@ def inspect(
 
 def print_files_without_target(console, checkpoint: str) -> None:
     """inspect of a manifest-less drafter without --target: its layout, its tensors as the loader's
-    reader finds them in the files (`checkpoint.read_weights`), the aux ids as config.json writes
-    them (no reading: that needs the target's layer count and class), and what --target adds."""
+    reader finds them in the files (`checkpoint.read_weights`) after the loader's key checks
+    (`checkpoint.draft_tensors` on `layouts.config_without_target`: a name that matches no parameter,
+    a parameter not in the file or a wrong shape raises CheckpointError, as `load_draft` does), the
+    aux ids as config.json writes them (no reading: that needs the target's layer count and class),
+    and what --target adds."""
     from pathlib import Path
 
     from rich.table import Table
 
-    from specdraft.checkpoint import describe_layout, detect_layout, read_config, read_weights
+    from specdraft.checkpoint import describe_layout, detect_layout, draft_tensors, read_config, read_weights
+    from specdraft.checkpoint.layouts import config_without_target
     from specdraft.conventions import AUX_KEY
 
     path = Path(checkpoint)
-    config, (tensors, files) = read_config(path), read_weights(path)
-    console.print(f"{checkpoint}: {describe_layout(detect_layout(path), False)}", markup=False, soft_wrap=True)
+    config, (tensors, files), layout = read_config(path), read_weights(path), detect_layout(path)
+    draft_tensors(config_without_target(path, layout, config, tensors), tensors, layout, files.entry)
+    console.print(f"{checkpoint}: {describe_layout(layout, False)}", markup=False, soft_wrap=True)
     table = Table(title=f"tensors of {files.entry.name}")
     for column in ("tensor", "shape", "dtype"):
         table.add_column(column)
@@ -122,9 +127,11 @@ def print_files_without_target(console, checkpoint: str) -> None:
     written += [f"eagle_config's {nested} (SGLang adds 1 by the target's class and version)"] if nested else []
     console.print("aux ids as config.json writes them: " + ("; ".join(written) or "none (the engines' default "
                   "[2, L//2, L-3] of the target's L layers)"), markup=False, soft_wrap=True)
+    console.print(f"keys: every tensor of {files.entry.name} is one the {layout} layout loads, every parameter "
+                  "is in the file, shapes as config.json says (specdraft's loader checks)", markup=False, soft_wrap=True)
     console.print("--target DIR would add: the aux layers as specdraft indices (read by the target's layer count "
-                  "and class), the drafter's sizes and variant flags, and the audit (not run)", markup=False,
-                  soft_wrap=True)
+                  "and class), the drafter's sizes and variant flags, and the audit (d2t / t2d, finite values; "
+                  "not run)", markup=False, soft_wrap=True)
 
 
 def print_known_keys(console, checkpoint: str) -> None:

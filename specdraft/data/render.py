@@ -375,12 +375,25 @@ def _first_difference(tokenizer, a: list[int], b: list[int]) -> str | None:
     return f"{len(a)} vs {len(b)} tokens, first difference at token {t}: {show(a)} vs {show(b)}"
 
 
+class DataHash:
+    """`data_hash` taken sample by sample (`update`), for data read as a stream."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+
+    def update(self, s: Sample) -> None:
+        self._sha.update(len(s.input_ids).to_bytes(8, "little"))
+        self._sha.update(torch.tensor(s.input_ids, dtype=torch.int64).numpy().tobytes())
+        self._sha.update(bytes(bytearray(s.loss_mask)))
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
 def data_hash(samples: Iterable[Sample]) -> str:
     """sha256 (hex) over every sample's input_ids (int64) and loss_mask (uint8), lengths included,
     in order: keys a vocab map or capture store to exactly this data."""
-    h = hashlib.sha256()
+    h = DataHash()
     for s in samples:
-        h.update(len(s.input_ids).to_bytes(8, "little"))
-        h.update(torch.tensor(s.input_ids, dtype=torch.int64).numpy().tobytes())
-        h.update(bytes(bytearray(s.loss_mask)))
+        h.update(s)
     return h.hexdigest()

@@ -31,6 +31,7 @@ from specdraft.checkpoint import (
     read_weights,
     state_dict_for_layout,
 )
+from specdraft.checkpoint.layouts import config_without_target
 from specdraft.conventions import AUX_KEY, AuxReading, ConventionError, aux_layers_from_config, captured_by
 from specdraft.conventions.engines import DraftLoading, draft_loading
 from specdraft.data.records import DataError
@@ -209,8 +210,7 @@ class Evidence:
         except Unavailable:
             pass
         try:
-            cfg = config_from_files(self.path, self.layout, self.config, None, _stand_in_layers(self.config))
-            return owned_embedding_config(cfg, None, self.tensors)
+            return config_without_target(self.path, self.layout, self.config, self.tensors)
         except (CheckpointError, ValueError) as e:
             raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
 
@@ -412,15 +412,6 @@ class Evidence:
         if not cfg.owns_embedding:
             model.load_target_embedding(self.target.embed_tokens.weight.detach().float())
         return model.eval(), how
-
-
-def _stand_in_layers(config: dict[str, Any]) -> int:
-    """A target layer count under which every aux id config.json holds is capturable (top-level
-    ids as-is, eagle_config ids + 1), for reading a drafter's shapes without its target."""
-    nested = config.get("eagle_config")
-    ids = list(config.get(AUX_KEY) or []) + list((nested.get(AUX_KEY) if isinstance(nested, dict) else None) or [])
-    ints = [i for i in ids if isinstance(i, int)]
-    return max([4] + [i + 2 for i in ints])
 
 
 def describe(value: Any) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.data.records import BadRecord, DataError, bad_json, read_records
-from specdraft.data.render import Sample, data_hash, render_records
+from specdraft.data.render import DataHash, Sample, data_hash, render_records
 
 MIN_TOKENS = 3  # a draft position t needs tokens t+1 and t+2
 KINDS = "a capture store directory or a JSONL of input_ids, chats or texts"
@@ -30,8 +30,7 @@ KINDS = "a capture store directory or a JSONL of input_ids, chats or texts"
 class SampleRead:
     """Samples read from a file, and the bad records skip_bad skipped on the way.
 
-    num_records: records read (token rows: until max_samples good ones; chats and texts: the
-    whole file); num_skipped of them were bad; first_skipped: the first one's error, naming
+    num_records: records read (the whole file); num_skipped of them were bad; first_skipped: the first one's error, naming
     file:line ("" when none was skipped).
     """
 
@@ -41,7 +40,7 @@ class SampleRead:
     first_skipped: str = ""
     prompts_only: bool = False  # a suite's prompts: no target output to replay offline
     # `data.render.data_hash` of the whole file's samples, as a manifest records the data it was
-    # trained on (a store's index; a chats or texts file rendered whole); None for token rows
+    # trained on (a store's index; a chats or texts file rendered whole; token rows, every good one)
     data_hash: str | None = None
 
     def skipped_text(self) -> str:
@@ -181,23 +180,28 @@ def _store_samples(path: Path, max_samples: int) -> tuple[list[Sample], str | No
 
 
 def _token_rows(path: Path, max_samples: int, skip_bad: bool) -> SampleRead:
-    out, num_rows, num_skipped, first = [], 0, 0, ""
+    """The first `max_samples` good rows, and the `data_hash` of every good row of the file: rows
+    holding exactly the samples a store or training run hashed (ids and loss masks, in order,
+    all of them) are recognised as that data."""
+    out, num_rows, num_skipped, first, hashed = [], 0, 0, "", DataHash()
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
-            if len(out) == max_samples:
-                break
             num_rows += 1
             try:
-                out.append(_token_row(line, f"{path}:{line_no}"))
+                sample = _token_row(line, f"{path}:{line_no}")
             except BadRecord as e:
                 if not skip_bad:
                     raise
                 num_skipped, first = num_skipped + 1, first or _reason(e)
+                continue
+            hashed.update(sample)
+            if len(out) < max_samples:
+                out.append(sample)
     if not out:
         raise DataError(f"{path}: no usable row (every one was skipped)")
-    return SampleRead(out, num_rows, num_skipped, first)
+    return SampleRead(out, num_rows, num_skipped, first, data_hash=hashed.hexdigest())
 
 
 def _token_row(line: str, source: str) -> Sample:

@@ -101,6 +101,23 @@ def test_case_s6_capture_store_as_samples(world, healthy):
     assert "training data" not in other.finding("offline_acceptance_matches_training").evidence
 
 
+def test_case_s6_the_training_data_as_input_ids_rows_is_named_training_data(world, healthy, tmp_path):
+    """The store's samples written as {"input_ids", "loss_mask"} rows, all of them: the same data_hash,
+    so the finding says they are training data (token rows were never recognised)."""
+    import json
+
+    from specdraft.capture.store import CaptureStore
+
+    store = CaptureStore(world.store)
+    rows = tmp_path / "train_ids.jsonl"
+    rows.write_text("".join(json.dumps({"input_ids": store[i]["input_ids"].tolist(),
+                                        "loss_mask": store[i]["loss_mask"].int().tolist()}) + "\n"
+                            for i in range(len(store))))
+    finding = run_doctor(healthy, target=world.target, engine="vllm", samples=rows,
+                         max_samples=16).finding("offline_acceptance_matches_training")
+    assert "the samples are the drafter's training data (their data_hash is the manifest's)" in finding.evidence
+
+
 def test_case_s6_training_data_without_a_training_split_record_is_skipped(world, healthy, tmp_path):
     import json
     import shutil

@@ -202,3 +202,27 @@ def test_inspect_without_target_shows_what_the_files_say(bare, tmp_path):
     edit_config(tmp_path / "spec", lambda c: c["transformer_layer_config"].pop("hidden_size"))
     result = invoke(["inspect", str(tmp_path / "spec")])
     assert result.exit_code == 1 and "missing hidden_size" in flat(result.output), result.output
+
+
+def test_inspect_without_target_runs_the_loaders_key_checks(bare, tmp_path):
+    """Without --target, inspect still refuses what the loader refuses (it listed the file's
+    tensors unchecked): a name that matches no parameter, a parameter not in the file."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    draft, _ = bare
+    convert_draft(draft, tmp_path / "sgl", layout="sglang", target_num_layers=8)
+    text = flat(invoke(["inspect", str(tmp_path / "sgl")]).output)
+    assert "keys: every tensor of model.safetensors is one the sglang layout loads" in text, text
+    for name, edit in [("extra", lambda t: {**t, "midlayer.mlp.gate_proj.bias": t["norm.weight"].clone()}),
+                       ("missing", lambda t: {k: v for k, v in t.items() if k != "norm.weight"})]:
+        shutil.copytree(tmp_path / "sgl", tmp_path / name)
+        weights = tmp_path / name / "model.safetensors"
+        save_file(edit(load_file(str(weights))), str(weights))
+        result = invoke(["inspect", str(tmp_path / name)])
+        text = flat(result.output)
+        assert result.exit_code == 1 and text.startswith(f"error: {weights}: sglang layout"), result.output
+        assert ("1 tensors match no parameter: midlayer.mlp.gate_proj.bias" if name == "extra"
+                else "1 parameters not in the file: norm.weight") in text, text
+        assert "tensors of model.safetensors" not in text

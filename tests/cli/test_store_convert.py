@@ -84,3 +84,34 @@ def test_the_options_choices_are_the_librarys():
     from specdraft.cli.store import AuxConvention, StoreFormat
 
     assert get_args(StoreFormat) == FORMATS and get_args(AuxConvention) == CONVENTIONS
+
+
+def test_aux_layers_take_the_named_forms_of_the_other_commands(store, chat_target_dir, tmp_path):
+    assert invoke("store", "convert", store, tmp_path / "sf", "--to", "specforge").exit_code == 0
+    back = ("store", "convert", tmp_path / "sf")
+    for i, given in enumerate([("sglang:0,1,2",), ("vllm:1,2,3",), ("specdraft:1,2,3",),
+                               ("1,2,3", "--aux-convention", "specdraft"), ("0,1,2",)]):  # last: SpecForge's sglang
+        out = invoke(*back, tmp_path / f"b{i}", "--to", "specdraft", "--target", chat_target_dir, "--aux-layers", *given)
+        assert out.exit_code == 0 and "aux layers (specdraft indices) [1, 2, 3]" in out.output, (given, out.output)
+    both = invoke(*back, tmp_path / "x", "--to", "specdraft", "--target", chat_target_dir,
+                  "--aux-layers", "vllm:1,2,3", "--aux-convention", "sglang")
+    assert both.exit_code == 2 and "names the vllm convention, --aux-convention sglang" in both.output
+    bad = invoke(*back, tmp_path / "x", "--to", "specdraft", "--target", chat_target_dir, "--aux-layers", "eagle:1,2,3")
+    assert bad.exit_code == 2 and "'eagle' is no aux-id convention" in bad.output and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+def test_a_round_trip_store_names_its_layers_for_train_and_doctor(store, tmp_path, peer):
+    """specdraft -> peer -> specdraft without --target / --aux-layers: the index names the captured
+    layers, training reads them into the manifest, and doctor --samples sees the drafter's own data."""
+    assert invoke("store", "convert", store, tmp_path / peer, "--to", peer).exit_code == 0
+    back = invoke("store", "convert", tmp_path / peer, tmp_path / "back", "--to", "specdraft")
+    assert back.exit_code == 0 and "aux layers (specdraft indices) [1, 2, 3]" in back.output, back.output
+    index = json.loads((tmp_path / "back" / "index.json").read_text())
+    assert index == json.loads((store / "index.json").read_text()) and index["aux_layers"] == [1, 2, 3]
+    run = invoke("train", tmp_path / "back", tmp_path / "run", "--steps", "1", "--batch-size", "2",
+                 "--ttt-steps", "1", "--max-length", "64")
+    assert run.exit_code == 0, run.output
+    manifest = load_draft(tmp_path / "run" / "draft").manifest
+    assert manifest.aux_layers == [1, 2, 3]
+    assert read_samples(tmp_path / "back", lambda: None, {}, 10, 64).data_hash == manifest.data_hash is not None

@@ -520,3 +520,29 @@ def test_ctrl_c_before_any_level_says_nothing_was_written(tmp_path, monkeypatch)
     assert " ".join(result.output.split()) == (
         f"interrupted: no concurrency level was measured on every server yet, so nothing was written to {out}")
     assert not out.exists()
+
+
+def test_chat_rows_to_a_server_without_a_chat_template_stop_before_the_sweep(tmp_path):
+    """A server that refuses the first chat (no chat template) would refuse every chat row of the
+    file, each request failing: bench stops after that one request, in one line (it measured the
+    text rows and counted every chat row as a failed request)."""
+    from specdraft.bench.sweep import BenchError
+
+    setup = tiny_setup("llama")
+    tok = word_tokenizer()
+    tok.chat_template = None  # a base model's tokenizer (stories260K, pycode-25m)
+    rows = [{"prompt": p} for p in text_prompts(2, 6, seed=3)] + [{"messages": [{"role": "user", "content": "w1"}]}]
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with running(engine(own_target(setup), None, None, tok), tok) as plain:
+        cfg = BenchConfig(plain.url, prompts=str(tmp_path / "mixed.jsonl"), concurrency=(1,), max_tokens=4,
+                          num_prompts=3, repeats=1, warmup=0)
+        said = []
+        with pytest.raises(BenchError) as refused:
+            run_bench(cfg, progress=said.append)
+        result = CliRunner().invoke(app, ["bench", "--url", plain.url, "--prompts", str(tmp_path / "mixed.jsonl"),
+                                          "--concurrency", "1", "--repeats", "1", "--out", str(tmp_path / "o")])
+    assert str(refused.value) == (f"{plain.url}: refused a chat row (HTTP 400: this model's tokenizer has no chat "
+                                  "template: use /v1/completions), so every chat row would fail: serve the model "
+                                  'with a chat template, or give text rows ({"prompt": ...})')
+    assert said == []  # no level measured
+    assert result.exit_code == 1 and result.output.strip() == f"error: {refused.value}", result.output

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import shutil
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from specdraft.capture.convert import AFTER_NORM, convert_store, rms_norm
 from specdraft.capture.peers import read_specforge, read_speculators
+from specdraft.capture.recorded import RECORD_DIR
 from specdraft.capture.stage import CaptureConfig, capture_dataset
 from specdraft.capture.store import CaptureError, CaptureStore
 from specdraft.train.sources import StoreData
@@ -71,8 +73,9 @@ def test_specdraft_to_speculators_and_back_is_exact(bf16_store, chat_target_dir,
 
 def test_specdraft_to_specforge_norms_the_last_state_and_back_trains_the_same(fp32_store, chat_target_dir,
                                                                               tmp_path):
-    """SpecForge holds the last state after the final norm: to SpecForge it is normed, back in
-    specdraft the index says so and the target logits training computes are the same."""
+    """SpecForge holds the last state after the final norm: to SpecForge it is normed; a store
+    SpecForge made (no specdraft record beside it) comes back in specdraft with the index saying
+    so, and the target logits training computes are the same."""
     convert_store(fp32_store, tmp_path / "sf", "specforge", compress=True)
     files = sorted((tmp_path / "sf").rglob("*"))
     assert [p.name for p in files if p.is_file()][:2] == ["data_0.ckpt.gz", "data_1.ckpt.gz"]
@@ -85,6 +88,7 @@ def test_specdraft_to_specforge_norms_the_last_state_and_back_trains_the_same(fp
     norm = CaptureStore(fp32_store).target_head()["norm.weight"]
     eps = json.loads((chat_target_dir / "config.json").read_text())["rms_norm_eps"]
     assert torch.equal(raw["hidden_state"][0], rms_norm(first["last_hidden"], norm, eps))
+    shutil.rmtree(tmp_path / "sf" / RECORD_DIR)
     convert_store(tmp_path / "sf", tmp_path / "back", "specdraft", target=str(chat_target_dir),
                   aux_layers=(0, 1, 2))  # SGLang ids: index - 1 on a Llama
     back = CaptureStore(tmp_path / "back")
@@ -147,6 +151,7 @@ def test_peer_files_with_a_missing_or_extra_field_are_refused_by_name(bf16_store
 def test_a_peer_store_without_target_or_aux_layers_is_refused_naming_the_option(bf16_store, chat_target_dir,
                                                                                  tmp_path):
     convert_store(bf16_store, tmp_path / "spec", "speculators")
+    shutil.rmtree(tmp_path / "spec" / RECORD_DIR)  # as speculators writes it
     with pytest.raises(CaptureError, match="--target DIR is required"):
         convert_store(tmp_path / "spec", tmp_path / "a", "specdraft", aux_layers=(1, 2, 3))
     with pytest.raises(CaptureError, match="--aux-layers is required"):
@@ -172,3 +177,31 @@ def test_a_pickled_object_in_a_specforge_file_is_refused(tmp_path):
     torch.save({"input_ids": object()}, tmp_path / "rows_0-2000" / "data_0.ckpt")
     with pytest.raises(CaptureError, match=r"data_0\.ckpt: holds objects torch.load\(weights_only=True\) refuses"):
         list(read_specforge(tmp_path))
+
+
+@pytest.mark.parametrize("peer", ["speculators", "specforge"])
+def test_a_store_converted_to_a_peer_comes_back_the_same_store(bf16_store, tmp_path, peer):
+    """The peer store keeps the specdraft index (aux layers, chat template, max_length, data) and,
+    for SpecForge, the last states before the norm: back needs no --target / --aux-layers and
+    gives the same index.json and the same tensors."""
+    convert_store(bf16_store, tmp_path / "peer", peer)
+    result = convert_store(tmp_path / "peer", tmp_path / "back", "specdraft")
+    assert result.aux_layers == (1, 2, 3)
+    old, new = CaptureStore(bf16_store), CaptureStore(tmp_path / "back")
+    assert new.meta == old.meta and new.meta["chat_template"]["chat"] and new.meta["max_length"] == 30
+    for a, b in zip(rows(bf16_store), rows(tmp_path / "back"), strict=True):
+        for name in FIELDS:
+            assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
+    new.verify()
+
+
+def test_a_recorded_store_refuses_other_layers_and_changed_samples(bf16_store, chat_target_dir, tmp_path):
+    convert_store(bf16_store, tmp_path / "sf", "specforge")
+    with pytest.raises(CaptureError, match=r"--aux-layers 2,3,4 reads as specdraft indices \[2, 3, 4\], but .*"
+                                           r"specdraft_store/index.json records \[1, 2, 3\]"):
+        convert_store(tmp_path / "sf", tmp_path / "a", "specdraft", aux_layers=(2, 3, 4), convention="vllm")
+    convert_store(tmp_path / "sf", tmp_path / "a", "specdraft", aux_layers=(0, 1, 2), target=str(chat_target_dir))
+    next((tmp_path / "sf").rglob(f"data_{len(CHATS) - 1}.ckpt")).unlink()
+    with pytest.raises(CaptureError, match="its samples are not the ones .* records"):
+        convert_store(tmp_path / "sf", tmp_path / "b", "specdraft")
+    assert not (tmp_path / "b").exists()

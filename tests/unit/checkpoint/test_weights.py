@@ -81,8 +81,8 @@ def test_a_pickled_object_in_a_bin_is_refused_unread(tmp_path):
     torch.save({**tensors, "extra": torch.nn.Linear(2, 2)}, directory / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match=r"pytorch_model.bin: holds pickled objects that are not tensors"):
         load_draft(directory, target_num_layers=5)
-    finding = run_doctor(directory, engine="vllm").finding("specdraft_loads")
-    assert finding.verdict == "fail" and "holds pickled objects" in finding.evidence
+    with pytest.raises(CheckpointError, match="holds pickled objects"):  # unreadable: no table, as cut short
+        run_doctor(directory, engine="vllm")
 
 
 def test_a_truncated_bin_is_one_line_naming_the_file(tmp_path):

@@ -8,6 +8,8 @@ import json
 import shutil
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from specdraft.cli import app
@@ -54,19 +56,24 @@ def test_corrupt_config_is_an_unusable_input(world, tmp_path, which):
         run_doctor(draft, target=bad) if which == "target" else run_doctor(bad, target=target)
 
 
-def test_truncated_drafter_weights_are_an_unusable_input_as_bad_json(world, tmp_path):
-    """A CHECKPOINT whose model.safetensors is cut short exits 2 with one line, as bad JSON does
-    (it was a FAIL row and exit 1)."""
+@pytest.mark.parametrize("name, reading", [("model.safetensors", "safetensors"),
+                                           ("pytorch_model.bin", "a PyTorch weights file")])
+def test_truncated_drafter_weights_are_an_unusable_input_as_bad_json(world, tmp_path, name, reading):
+    """A CHECKPOINT whose weights file (model.safetensors or pytorch_model.bin) is cut short exits 2
+    with one line, as bad JSON does (it was a FAIL row and exit 1)."""
     draft, target = world
     bad = tmp_path / "cut"
     shutil.copytree(draft, bad)
-    weights = bad / "model.safetensors"
+    weights = bad / name
+    if name == "pytorch_model.bin":
+        torch.save(load_file(str(bad / "model.safetensors")), weights)
+        (bad / "model.safetensors").unlink()
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     result = doctor_cli(bad, "--target", target)
     assert result.exit_code == 2, result.output
     line = result.output.strip()
     assert len(line.splitlines()) == 1, result.output
-    assert line.startswith(f"error: {weights}: cannot be read as safetensors, cut short or damaged (")
+    assert line.startswith(f"error: {weights}: cannot be read as {reading}, cut short or damaged (")
     assert line.endswith("restore the file from where the drafter came from, or re-export it")
 
 

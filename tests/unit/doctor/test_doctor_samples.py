@@ -22,9 +22,23 @@ def test_a_texts_file_carries_the_data_hash_training_records_for_it(tmp_path):
     read = read_samples(texts, lambda: tok, {}, max_samples=2, max_length=4)
     assert len(read.samples) == 2 and all(len(s.input_ids) <= 4 for s in read.samples)
     assert read.data_hash == data_hash(load_dataset(texts, tok, chat=False).samples)  # the whole file, as trained
-    rows = tmp_path / "ids.jsonl"
-    rows.write_text(json.dumps({"input_ids": [1, 5, 6, 7]}) + "\n")
-    assert read_samples(rows, lambda: tok, {}, max_samples=2, max_length=8).data_hash is None
+
+
+def test_input_ids_rows_of_the_training_data_hash_as_it(store, tmp_path):
+    """{"input_ids", "loss_mask"} rows holding a store's samples, all of them in order, carry the
+    data_hash its index records (they carried none); any other rows carry another."""
+    from specdraft.capture.store import CaptureStore
+
+    captured = CaptureStore(store)
+    rows = [{"input_ids": captured[i]["input_ids"].tolist(), "loss_mask": captured[i]["loss_mask"].int().tolist()}
+            for i in range(len(captured))]
+    file = tmp_path / "ids.jsonl"
+    file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = read_samples(file, lambda: None, {}, max_samples=2, max_length=8)
+    assert len(read.samples) == 2 and read.num_records == len(rows) > 2
+    assert read.data_hash == captured.meta["data_hash"]  # every row hashed, not the 2 read
+    file.write_text("".join(json.dumps(r) + "\n" for r in rows[:-1]))
+    assert read_samples(file, lambda: None, {}, max_samples=2, max_length=8).data_hash != captured.meta["data_hash"]
 
 
 def test_prompts_alone_are_refused_in_one_line_saying_what_doctor_needs(tmp_path):
