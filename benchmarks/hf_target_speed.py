@@ -6,7 +6,7 @@ Prints one JSON line per setting: decode tokens/s (after prefill, summed over th
 transformers `generate` ("hf_generate"), of plain decoding on the transformers path ("plain")
 and of speculation on it with the committed drafter ("chain3"), with τ, the speedup over
 "plain" and how many outputs equal `generate`'s. Goal: "plain" no slower per token than
-"hf_generate". The GPU figures are not measured by this session; run it with --device cuda.
+"hf_generate" (H200 figures: benchmarks/RESULTS.md).
 
 --host-costs times both per token in interleaved runs instead (one prompt, one CPU thread,
 float32; one JSON line of per-token microseconds: median, min, max over the runs); without
