@@ -141,26 +141,27 @@ class RoundsAhead:
 
     def run(self, req: Request) -> None:
         """Decode a greedy request to its end, after its first round (`SpeculativeEngine.step`:
-        at most `rows` positions pending). A round is launched ahead only when the one in
-        flight cannot end the request by length (it emits at most `rows` tokens), so the rounds
-        never write past the cache room `check_limits` keeps; one launched ahead of an EOS or
-        stop string writes entries no one reads, and is dropped. Raises RuntimeError when a
-        round's nodes were no tree (see `read`)."""
+        at most `rows` positions pending). Two rounds in flight: round k + 1 is launched before
+        round k's verdict is read whenever round k cannot end the request by length (it emits
+        at most `rows` tokens), so the rounds never write past the cache room `check_limits`
+        keeps; one launched ahead of an EOS or stop string writes entries no one reads, and is
+        dropped. Raises RuntimeError when a round's nodes were no tree (see `read`)."""
         self.verify_graph()  # captured before the state is set: its warm-up moves the state
         cache, pending = self.rounds.cache, req.pending_ids.numel()
         self.ids[:pending].copy_(req.pending_ids)
         self.aux[:pending].copy_(req.pending_aux)
         self.count.fill_(pending)
         self.start.fill_(cache.length)
-        flights: deque[list] = deque()  # [slot, start, pending] per round in flight, oldest first
-        last: list | None = None  # the last round launched (its pending count known by its next launch)
+        # [slot, start, pending] per round launched and not read, oldest first; every older round
+        # is read, so the oldest one's pending count is known (None: the round before it decides)
+        flights: deque[list] = deque()
         slot, clock, drafting = 0, time.perf_counter(), 0.0
         while req.finish_reason is None:
-            if not flights or len(req.output_ids) + self.rows < req.max_new_tokens:  # one more in flight
-                start = cache.length if last is None else last[1] + last[2]
-                last = [slot, start, None if flights else pending]  # None: the round in flight decides
+            ahead = len(req.output_ids) + self.rows < req.max_new_tokens  # the oldest cannot end it by length
+            while len(flights) < (2 if ahead else 1):
+                start = cache.length if not flights else flights[-1][1] + flights[-1][2]
+                flights.append([slot, start, None if flights else pending])
                 self.launch(slot, start)
-                flights.append(last)
                 slot = 1 - slot
             done, _, done_pending = flights.popleft()
             pending, seconds = self.read(req, done, done_pending)

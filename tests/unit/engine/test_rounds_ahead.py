@@ -86,14 +86,36 @@ def _engines(pair, monkeypatch, spec):
                                         target.args.vocab_size, engine.verify_inputs() if spec.topk > 1 else None)
         if ahead:
             engine.rounds_ahead = rounds_ahead.RoundsAhead(engine.run_round, target, engine.aux_layers, 64)
+            _log_launches(engine)
         engines.append(engine)
     return engines
 
 
+def _log_launches(engine) -> None:
+    """engine.launched: per round launched by its RoundsAhead, (launched ahead: before the round
+    in flight was read, which the draft cache's committed entries on the host show, the
+    request's output length then)."""
+    runner, engine.launched = engine.rounds_ahead, []
+    run, launch = runner.run, runner.launch
+
+    def logged_run(req):
+        engine.request = req
+        return run(req)
+
+    def logged_launch(slot, start):
+        engine.launched.append((start > engine.draft_cache.length, len(engine.request.output_ids)))
+        return launch(slot, start)
+    runner.run, runner.launch = logged_run, logged_launch
+
+
 def _run_both(step, ahead, prompt, max_new_tokens, **kwargs):
-    """Each engine's result, the rounds' emitted batches of the step-by-step one (the prefill's
-    token first), and each one's target cache over the committed slots."""
+    """Each engine's result and the rounds' emitted batches of the step-by-step one (the
+    prefill's token first), after checking that they agree (tokens, rounds, accepted drafts,
+    committed target K/V and draft cache entries) and that the runner launched each round
+    ahead exactly when the round in flight could not end the request by length, and read
+    every round but one launched ahead of an EOS."""
     batches, streamed = [], []
+    ahead.launched.clear()
     ref = step.generate(prompt, max_new_tokens, on_tokens=batches.append, **kwargs)
     ref_kv = step.target.kv_stack[..., :len(prompt) + len(ref.token_ids) - 1, :].clone()
     got = ahead.generate(prompt, max_new_tokens, on_tokens=streamed.extend, **kwargs)
@@ -103,52 +125,30 @@ def _run_both(step, ahead, prompt, max_new_tokens, **kwargs):
     assert got.metrics.accepted_per_position == ref.metrics.accepted_per_position
     assert ahead.draft_cache.length == step.draft_cache.length  # the host's books: the entries committed
     torch.testing.assert_close(got_kv, ref_kv, rtol=1e-4, atol=1e-5)
+    rows = ahead.rounds_ahead.rows
+    assert [early for early, _ in ahead.launched] == [i > 0 and length + rows < max_new_tokens
+                                                      for i, (_, length) in enumerate(ahead.launched)]
+    read = got.metrics.num_verify_steps - 1 if ahead.launched else 0  # the first round runs step by step
+    assert len(ahead.launched) - read in ((0, 1) if got.finish_reason == "eos" else (0,))
     return got, batches
 
 
 @torch.no_grad()
-def test_chain_rounds_run_ahead_and_emit_the_step_by_step_tokens(pairs, monkeypatch):
-    """Round k + 1 launched before round k's verdict is read emits what the rounds step by step
-    emit (the same rounds, the same accepted drafts per round, the same cache), streams the
-    tokens in order, and stops where they stop: max_new_tokens at every distance from a round's
-    end (a round launched ahead only when the one in flight cannot end the request), an EOS id
+@pytest.mark.parametrize("setting", [(3, 1, 4), (2, 1, 3), (3, 2, 6), (4, 2, 4), (2, 2, 5), (3, 3, 8), (3, 4, 10),
+                                     (2, 4, 16)])
+def test_rounds_run_ahead_and_emit_the_step_by_step_tokens(pairs, monkeypatch, setting):
+    """Greedy rounds run ahead (round k + 1 launched before round k's verdict is read; the walk,
+    a tree's accepted path's K/V compacted, the next round's pending ids, aux states, count and
+    draft cache start, all on the device) emit what the same rounds step by step emit, for
+    chains and trees: the same tokens (streamed in order), rounds and accepted drafts per
+    position, the same committed K/V and draft cache entries, over rounds that accept none,
+    some and all of their depth; max_new_tokens at every distance from a round's end; an EOS
     inside a round. Sampled requests keep the step-by-step rounds."""
-    from specdraft.engine.spec_config import SpecConfig
-
-    step, ahead = _engines(pairs(CHAIN), monkeypatch, SpecConfig.chain(3))
-    calls = []
-    run = ahead.rounds_ahead.run
-    ahead.rounds_ahead.run = lambda req: (calls.append(req), run(req))
-    prompt = torch.randint(0, 200, (12,), generator=torch.Generator().manual_seed(2)).tolist()
-    got, _ = _run_both(step, ahead, prompt, 24)
-    assert len(calls) == 1 and got.metrics.num_verify_steps > 3
-    accepted = got.metrics.accepted_per_position
-    assert accepted[0] > accepted[-1] > 0  # rounds accepted none, some and all of their drafts
-    for n in (1, 2, 3, 5, 9, 13):
-        assert ahead.generate(prompt, n).token_ids == got.token_ids[:n]
-    eos = got.token_ids[10]
-    stopped = ahead.generate(prompt, 24, eos_ids=[eos])
-    assert stopped.token_ids == got.token_ids[:got.token_ids.index(eos) + 1] and stopped.finish_reason == "eos"
-    greedy_runs = len(calls)
-    sampled = ahead.generate(prompt, 8, temperature=1.0, seed=4)
-    assert sampled.token_ids == step.generate(prompt, 8, temperature=1.0, seed=4).token_ids
-    assert len(calls) == greedy_runs  # the sampled request did not run ahead
-
-
-@torch.no_grad()
-@pytest.mark.parametrize("setting", [(3, 2, 6), (4, 2, 4), (2, 2, 5), (3, 3, 8), (3, 4, 10), (2, 4, 16)])
-def test_tree_rounds_run_ahead_and_emit_the_step_by_step_tokens(pairs, monkeypatch, setting):
-    """A tree's rounds run ahead (the walk, the accepted path's K/V compacted, the next round's
-    pending ids, aux states, count and draft cache start, all on the device) emit what the same
-    rounds step by step emit: the same tokens, rounds and accepted drafts per position, the
-    same committed K/V and draft cache entries, over rounds that accept none, some and all of
-    their depth; max_new_tokens at every distance from a round's end; an EOS inside a round.
-    Sampled requests keep the step-by-step rounds."""
     from specdraft.engine.rounds_ahead import padded_rows
     from specdraft.engine.spec_config import SpecConfig
 
     spec = SpecConfig(*setting)
-    step, ahead = _engines(pairs(TREE), monkeypatch, spec)
+    step, ahead = _engines(pairs(CHAIN if spec.topk == 1 else TREE), monkeypatch, spec)
     prompt = torch.randint(0, 200, (12,), generator=torch.Generator().manual_seed(3)).tolist()
     got, batches = _run_both(step, ahead, prompt, 36)
     accepted, rounds, depth = got.metrics.accepted_per_position, got.metrics.num_verify_steps, padded_rows(spec) - 1
@@ -156,7 +156,9 @@ def test_tree_rounds_run_ahead_and_emit_the_step_by_step_tokens(pairs, monkeypat
     ends = [sum(map(len, batches[:i + 1])) for i in range(len(batches))]  # output length after each round
     distances = {next(end for end in ends if end >= n) - n: n for n in range(ends[1] + 1, ends[-1] + 1)}
     assert sorted(distances) == list(range(depth + 1))  # 0 = at a round's end, up to a round's size - 1
-    for n in distances.values():
+    full = {end for end, batch in zip(ends[2:], batches[2:]) if len(batch) == depth + 1}  # ends of rounds
+    assert full  # that accepted all: no round may be launched ahead of them
+    for n in sorted(full | set(distances.values())):
         _run_both(step, ahead, prompt, n)
     inside = [i for i, token in enumerate(got.token_ids) if i >= ends[1] and got.token_ids.index(token) == i
               and i + 1 not in ends]
