@@ -92,20 +92,15 @@ def _engines(pair, monkeypatch, spec):
 
 
 def _log_launches(engine) -> None:
-    """engine.launched: per round launched by its RoundsAhead, (launched ahead: before the round
-    in flight was read, which the draft cache's committed entries on the host show, the
-    request's output length then)."""
-    runner, engine.launched = engine.rounds_ahead, []
-    run, launch = runner.run, runner.launch
-
-    def logged_run(req):
-        engine.request = req
-        return run(req)
+    """engine.launched: per round launched by its RoundsAhead, whether it was launched ahead
+    (before the round in flight was read: its draft cache entries start past the host's
+    committed ones)."""
+    launch, engine.launched = engine.rounds_ahead.launch, []
 
     def logged_launch(slot, start):
-        engine.launched.append((start > engine.draft_cache.length, len(engine.request.output_ids)))
+        engine.launched.append(start > engine.draft_cache.length)
         return launch(slot, start)
-    runner.run, runner.launch = logged_run, logged_launch
+    engine.rounds_ahead.launch = logged_launch
 
 
 def _run_both(step, ahead, prompt, max_new_tokens, **kwargs):
@@ -125,9 +120,12 @@ def _run_both(step, ahead, prompt, max_new_tokens, **kwargs):
     assert got.metrics.accepted_per_position == ref.metrics.accepted_per_position
     assert ahead.draft_cache.length == step.draft_cache.length  # the host's books: the entries committed
     torch.testing.assert_close(got_kv, ref_kv, rtol=1e-4, atol=1e-5)
-    rows = ahead.rounds_ahead.rows
-    assert [early for early, _ in ahead.launched] == [i > 0 and length + rows < max_new_tokens
-                                                      for i, (_, length) in enumerate(ahead.launched)]
+    # the runner's round i > 0 is launched ahead iff its round i - 1 cannot end the request by
+    # length; the output before that one: ends[i] (batches: the prefill's token, the first round's
+    # run step by step, then the runner's)
+    ends = [sum(map(len, batches[:k + 1])) for k in range(len(batches))]
+    assert ahead.launched == [i > 0 and ends[i] + ahead.rounds_ahead.rows < max_new_tokens
+                              for i in range(len(ahead.launched))]
     read = got.metrics.num_verify_steps - 1 if ahead.launched else 0  # the first round runs step by step
     assert len(ahead.launched) - read in ((0, 1) if got.finish_reason == "eos" else (0,))
     return got, batches
