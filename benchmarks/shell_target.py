@@ -455,14 +455,14 @@ def verify_ms(engine: SpeculativeEngine, t: int, prefix: int) -> float:
 @torch.inference_mode()
 def draft_round_ms(engine: SpeculativeEngine, acceptance: list[float], prefix: int) -> float | None:
     """GPU time of a graphed greedy draft round, averaged over the rounds' numbers of pending
-    positions m = accepted + 1 as the run saw them (P(accepted >= a) = acceptance[a - 1]); a
-    chain run ahead (`ChainAhead`) drafts every round after the first over num_steps + 1 rows:
+    positions m = accepted + 1 as the run saw them (P(accepted >= a) = acceptance[a - 1]); greedy
+    rounds run ahead (`RoundsAhead`) draft every round after the first over its padded rows:
     that graph's time."""
     rounds = engine.run_round
     if rounds is None:
         return None
-    if engine.chain_ahead is not None:  # every round after the first: the padded round's one graph
-        return replay_ms(engine.chain_ahead.draft_graph, 30, warmup=3)
+    if engine.rounds_ahead is not None:  # every round after the first: the padded round's one graph
+        return replay_ms(engine.rounds_ahead.draft_graph, 30, warmup=3)
     steps = engine.spec.num_steps
     at_least = [1.0] + list(acceptance) + [0.0] * (steps + 1)
     total = 0.0

@@ -2,7 +2,7 @@
 
 Following one token from `specdraft generate` (cli/decode.py) to the verification of one round:
 `load` -> `speculate` -> `requests` -> `fast_draft` -> `tree` -> `fast_model` -> `sampling`
-(compiled: `graphs`, `draft_round` and `chain_ahead` too).
+(compiled: `graphs`, `draft_round` and `rounds_ahead` too).
 - `load`: `load_engine` (a target directory and a drafter or training checkpoint, paired and
   checked against the drafter's manifest; `pairing_notes`), and `load_fast_target` (a
   transformers checkpoint into a FastTarget, strictly).
@@ -16,8 +16,9 @@ Following one token from `specdraft generate` (cli/decode.py) to the verificatio
 - `fast_draft`: the drafter's weights packed for batch-1 steps (`FastDraft`), and those steps
   replayed as CUDA graphs (`GraphedDraft`).
 - `draft_round`: a greedy draft round, tree selection included, as one CUDA graph (`GraphedRound`).
-- `chain_ahead`: greedy chain rounds launched one round ahead of the host, the verdict and the
-  next round's state taken on the device (`ChainAhead`).
+- `rounds_ahead`: greedy rounds (chains and trees) launched one round ahead of the host, the
+  verdict, a tree's cache compaction and the next round's state taken on the device
+  (`RoundsAhead`).
 - `draft_cache`: the drafter's static K/V cache and rollback of rejected branches.
 - `graphs`: the target's forwards as CUDA graphs (`GraphedTarget`, plain decoding ahead of the
   GPU: `decode_ahead`), their static inputs (`StaticInputs`), and `capture_graph`, through

@@ -88,11 +88,12 @@ class GraphedRound:
         runs step by step, a tree's selection and verify inputs included. Returns what
         `__call__` returns.
 
-        A padded round (`chain_ahead.ChainAhead`, which captures it with its own buffers): count
-        [1] long on the device, the pending positions among the m rows (the first `count`; the
-        others write cache entries that the round's scratch overwrites or its masks hide, and
-        nothing reads their outputs); verify_inputs: where a chain's verify inputs are written
-        (input_ids, position_ids, cache_slots, attn_mask as `__init__`'s), as a tree's are."""
+        A padded round (`rounds_ahead.RoundsAhead`, which captures it with its own buffers):
+        count [1] long on the device, the pending positions among the m rows (the first `count`;
+        the others write cache entries that the round's scratch overwrites or its masks hide,
+        and nothing reads their outputs); verify_inputs: where the verify inputs are written
+        (input_ids, position_ids, cache_slots, attn_mask as `__init__`'s; a tree's by default
+        to `__init__`'s)."""
         m, entries, spec = ids.shape[0], self.entries, self.spec
         slots = start + entries[:m]
         logits, hidden = self.fast.triton_step(ids, aux, slots, True, self.cache, slots,
@@ -120,7 +121,8 @@ class GraphedRound:
             return tokens, scores
         keep, tree_parents, depths, ancestors, ok = select_on_device(parents, scores, spec.num_draft_tokens,
                                                                      spec.num_steps)
-        write_verify_inputs(self.verify_inputs, tokens[keep], committed, depths, ancestors)
+        write_verify_inputs(self.verify_inputs if verify_inputs is None else verify_inputs, tokens[keep], committed,
+                            depths, ancestors)
         return tree_parents, scores[keep], ok
 
     def static_inputs(self, m: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -16,8 +16,9 @@ One round (`SpeculativeEngine.step`):
    positions wait for the next round's first draft step.
 `draft=None` or `spec=None` runs plain decoding through the same loop (the baseline); on a
 graphed target with the host one step ahead of the GPU (`GraphedTarget.decode_ahead`). Greedy
-chains on a compiled engine run one round ahead after the first round (`chain_ahead.ChainAhead`:
-the verdict taken on the device).
+requests on a compiled engine, chains and trees, run one round ahead after the first round
+(`rounds_ahead.RoundsAhead`: the verdict, a tree's cache compaction and the next round's state
+taken on the device).
 The request (output, stop strings, text) is a `requests.Request`; loading a target and a
 drafter from disk is `load.load_engine`.
 """
@@ -34,7 +35,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specdraft.draft import Eagle3Draft
 from specdraft.engine import sampling
-from specdraft.engine.chain_ahead import ChainAhead
 from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.draft_round import GraphedRound
 from specdraft.engine.fast_draft import FastDraft, GraphedDraft, draft_graph_keys
@@ -42,6 +42,7 @@ from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.graphs import GraphedTarget
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.metrics import SpecMetrics
+from specdraft.engine.rounds_ahead import RoundsAhead, padded_rows
 from specdraft.engine.requests import GenerationResult, Request, TokenCallback, check_request
 from specdraft.engine.sampling import SamplingParams, Verdict, logits_to_probs, sample
 from specdraft.engine.spec_config import SpecConfig
@@ -66,7 +67,8 @@ class SpeculativeEngine:
     where the target allows (`target_kernels` says which path runs, and why), and replay them
     as CUDA graphs (`TargetRunner.compile`); run the drafter's steps of up to 64 positions
     through the Triton kernels too, replayed as CUDA graphs (`GraphedDraft`; `draft_kernels`
-    says which path runs). Otherwise the drafter runs eagerly.
+    says which path runs), and greedy requests one round ahead of the host (`RoundsAhead`).
+    Otherwise the drafter runs eagerly.
     Raises ValueError when the drafter does not fit the target (hidden size, vocab, layers,
     aux layers) or topk exceeds the draft vocabulary.
     """
@@ -87,7 +89,7 @@ class SpeculativeEngine:
         if self.draft is not None:
             self.setup_draft()
         self.run_round: GraphedRound | None = None  # greedy rounds as one graph (compile=True)
-        self.chain_ahead: ChainAhead | None = None  # greedy chains one round ahead (compile=True)
+        self.rounds_ahead: RoundsAhead | None = None  # greedy rounds one round ahead (compile=True)
         # a graphed round's GPU time (it runs behind the host: read once the verdict is read)
         self.round_events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                              if self.device.type == "cuda" else None)
@@ -111,8 +113,9 @@ class SpeculativeEngine:
         self.run_draft: FastDraft | GraphedDraft = self.fast_draft
 
     def compile(self) -> None:
-        """The target's forwards as CUDA graphs (`TargetRunner.compile`); the drafter's steps and
-        greedy rounds too where its Triton kernels run (`target_kernels` / `draft_kernels` say)."""
+        """The target's forwards as CUDA graphs (`TargetRunner.compile`); the drafter's steps,
+        greedy rounds and greedy rounds run ahead (`RoundsAhead`) too where its Triton kernels
+        run (`target_kernels` / `draft_kernels` say)."""
         self.target_kernels = self.runner.compile()
         if self.draft is None:
             return
@@ -121,8 +124,8 @@ class SpeculativeEngine:
             self.run_draft = GraphedDraft(self.fast_draft, self.draft_cache, draft_graph_keys(spec.num_steps, spec.topk))
             self.run_round = GraphedRound(self.fast_draft, self.draft_cache, spec, self.draft_vocab,
                                           self.target.args.vocab_size, self.verify_inputs() if spec.topk > 1 else None)
-            if spec.topk == 1 and spec.num_draft_tokens <= fused_decode.MAX_TOKENS:  # a padded round's rows
-                self.chain_ahead = ChainAhead(self.run_round, self.target, self.aux_layers, self.max_seq_len)
+            if padded_rows(spec) <= fused_decode.MAX_TOKENS:  # a padded round's first drafter step
+                self.rounds_ahead = RoundsAhead(self.run_round, self.target, self.aux_layers, self.max_seq_len)
         self.draft_kernels = "triton" if reason is None else f"torch, eager ({reason})"
 
     # ---- public -------------------------------------------------------------------------------
@@ -146,10 +149,10 @@ class SpeculativeEngine:
         req.emit([self.prefill(req)])
         if self.draft is None and self.runner.graphed is not None and req.finish_reason is None:
             self.runner.graphed.decode_ahead(req, self.max_seq_len)
-        if self.chain_ahead is not None and req.params.greedy and req.finish_reason is None:
+        if self.rounds_ahead is not None and req.params.greedy and req.finish_reason is None:
             self.step(req)  # the prompt's pending positions: more than a round from device state holds
             if req.finish_reason is None:
-                self.chain_ahead.run(req)
+                self.rounds_ahead.run(req)
         while req.finish_reason is None:
             self.step(req)
         result = req.finish(start)
