@@ -63,8 +63,10 @@ class GraphedRound:
         # their rows' RoPE positions past them (step s: topk rows at committed + s - 1)
         scratch = torch.arange(self.scratch, device=device)
         self.step_offsets = torch.cat([scratch, scratch // spec.topk])
-        n = spec.num_steps + 1  # a chain's nodes: each sees itself and the nodes before it
-        self.chain_framed = framed_ancestors(torch.ones(n, n, dtype=torch.bool, device=device).tril())
+        self.chain_framed = None  # a chain's verify ancestors: each node sees itself and the nodes before it
+        if spec.topk == 1:
+            n = spec.num_steps + 1
+            self.chain_framed = framed_ancestors(torch.ones(n, n, dtype=torch.bool, device=device).tril())
         self.graphs: dict[int, tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]] = {}
         for m in range(1, min(spec.num_steps + 1, fused_decode.MAX_TOKENS) + 1):
             self.graphs[m] = self.capture(m)

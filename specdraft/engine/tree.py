@@ -123,7 +123,8 @@ def select_on_device(parents: Tensor, scores: Tensor, num_keep: int,
     draft log-probs (`TreeExpansion.candidates`: the root's 0, every other <= 0); num_keep: N <=
     M+1 nodes kept, root included; max_depth: the deepest node's depth (num_steps). The kept
     nodes are those `select` keeps: the root plus the N - 1 best by score, ties to the earlier
-    node (the same stable sort; the root, first and best, always leads it).
+    node (the same stable sort, which the root, first and best, always leads; on CUDA, M+1 <=
+    4096 sorts in place in one kernel, no allocation: capturable).
     Returns, on the device: keep [N] long (ascending node ids, keep[0] = 0); parents [N] long
     (indices into keep, -1 for the root); depths [N] long; framed [N, N+2] bool, the ancestors
     as `framed_ancestors` frames them (column 1 + j of row i: j is i or an ancestor of i); ok
