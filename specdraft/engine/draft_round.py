@@ -29,7 +29,7 @@ from specdraft.engine.graphs import capture_graph
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import TreeExpansion, ancestor_verify_mask, select_on_device
+from specdraft.engine.tree import TreeExpansion, ancestor_verify_mask, framed_ancestors, select_on_device
 
 
 class GraphedRound:
@@ -57,7 +57,16 @@ class GraphedRound:
         self.draft_to_target, self.vocab_size = draft_to_target, vocab_size
         self.verify_inputs = tuple(verify_inputs) if spec.topk > 1 else None
         self.scratch = (spec.num_steps - 1) * spec.topk  # cache entries a round writes past the committed ones
-        self.entries = torch.arange(cache.max_len, device=cache.k.device)  # [max_len]
+        device = cache.k.device
+        self.entries = torch.arange(cache.max_len, device=device)  # [max_len]
+        # built once, not replayed: the later steps' scratch entries past the committed ones, then
+        # their rows' RoPE positions past them (step s: topk rows at committed + s - 1)
+        scratch = torch.arange(self.scratch, device=device)
+        self.step_offsets = torch.cat([scratch, scratch // spec.topk])
+        self.chain_framed = None  # a chain's verify ancestors: each node sees itself and the nodes before it
+        if spec.topk == 1:
+            n = spec.num_steps + 1
+            self.chain_framed = framed_ancestors(torch.ones(n, n, dtype=torch.bool, device=device).tril())
         self.graphs: dict[int, tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]] = {}
         for m in range(1, min(spec.num_steps + 1, fused_decode.MAX_TOKENS) + 1):
             self.graphs[m] = self.capture(m)
@@ -95,35 +104,50 @@ class GraphedRound:
         (input_ids, position_ids, cache_slots, attn_mask as `__init__`'s; a tree's by default
         to `__init__`'s)."""
         m, entries, spec = ids.shape[0], self.entries, self.spec
-        slots = start + entries[:m]
+        if count is None:  # every row pending: the last one is the root's
+            first = start + entries[:m + 1]  # the rows' slots, then the committed entries
+            slots, committed, last = first[:m], first[m:], slice(m - 1, m)
+        else:
+            slots, committed, last = start + entries[:m], start + count, count - 1
         logits, hidden = self.fast.triton_step(ids, aux, slots, True, self.cache, slots,
                                                (entries[None, :] <= slots[:, None]).view(1, 1, m, -1))
-        if count is None:  # every row pending: the last one is the root's
-            committed, last = start + m, slice(m - 1, m)
-        else:
-            committed, last = start + count, count - 1
         expansion = TreeExpansion(ids[last], spec.topk, False, SamplingParams(), self.draft_to_target,
                                   self.vocab_size, None)
         tokens, hidden = expansion.expand(logits[last], hidden[last], written=False)
-        for step in range(1, spec.num_steps):  # frontier at depth `step`, RoPE position t + step
-            f = tokens.numel()
-            slots = committed + expansion.num_scratch + entries[:f]
-            positions = (committed + step - 1).repeat(f)
-            mask = expansion.cache_mask(committed, entries).view(1, 1, f, -1)
-            logits, hidden = self.fast.triton_step(tokens, hidden, positions, False, self.cache, slots, mask)
-            tokens, hidden = expansion.expand(logits, hidden, written=True)
+        self.later_steps(expansion, tokens, hidden, committed)
         tokens, scores, parents, _ = expansion.candidates()
         if parents is None:
             if verify_inputs is not None:  # node i's parent is i - 1: its ancestors are the nodes before it
-                n = tokens.numel()
-                chain = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
-                write_verify_inputs(verify_inputs, tokens, committed, entries[:n], chain)
+                write_verify_inputs(verify_inputs, tokens, None, committed, entries[:tokens.numel()],
+                                    self.chain_framed)
             return tokens, scores
-        keep, tree_parents, depths, ancestors, ok = select_on_device(parents, scores, spec.num_draft_tokens,
-                                                                     spec.num_steps)
-        write_verify_inputs(self.verify_inputs if verify_inputs is None else verify_inputs, tokens[keep], committed,
-                            depths, ancestors)
+        keep, tree_parents, depths, framed, ok = select_on_device(parents, scores, spec.num_draft_tokens,
+                                                                  spec.num_steps)
+        write_verify_inputs(self.verify_inputs if verify_inputs is None else verify_inputs, tokens, keep, committed,
+                            depths, framed)
         return tree_parents, scores[keep], ok
+
+    def later_steps(self, expansion: TreeExpansion, tokens: Tensor, hidden: Tensor, committed: Tensor) -> None:
+        """Steps 1 .. num_steps - 1 of `round` after its first step's expansion (tokens [F],
+        hidden [F, H]): each runs the frontier at depth `step` (RoPE position committed + step - 1)
+        and expands it; committed: [1] long on the device."""
+        spec, f = self.spec, self.spec.topk
+        if spec.num_steps == 1:
+            return
+        scratch_slots, positions = (committed + self.step_offsets).split(self.scratch)
+        if f == 1:  # a chain's row sees every entry up to its own slot: every step's mask at once
+            masks = self.entries[None, :] <= scratch_slots[:, None]
+        else:
+            prefix = self.entries < committed
+        for step in range(1, spec.num_steps):
+            rows = slice((step - 1) * f, step * f)
+            mask = masks[rows] if f == 1 else expansion.cache_mask(prefix, scratch_slots)
+            logits, hidden = self.fast.triton_step(tokens, hidden, positions[rows], False, self.cache,
+                                                   scratch_slots[rows], mask.view(1, 1, f, -1))
+            if step < spec.num_steps - 1:
+                tokens, hidden = expansion.expand(logits, hidden, written=True)
+            else:  # the last step's children: no next frontier
+                expansion.add_children(logits, written=True)
 
     def static_inputs(self, m: int) -> tuple[Tensor, Tensor, Tensor]:
         """`round`'s input buffers for m pending positions: ids, aux, start (the last entries of
@@ -141,15 +165,19 @@ class GraphedRound:
         return graph, inputs, output
 
 
-def write_verify_inputs(inputs: Sequence[Tensor], tokens: Tensor, committed: Tensor, depths: Tensor,
-                        ancestors: Tensor) -> None:
+def write_verify_inputs(inputs: Sequence[Tensor], tokens: Tensor, keep: Tensor | None, committed: Tensor,
+                        depths: Tensor, framed: Tensor) -> None:
     """Write a drafted tree's verify inputs in place, on the device: inputs = input_ids [1, N],
-    position_ids [1, N], cache_slots [N] long, attn_mask [1, 1, N, S] bool; tokens [N] long
-    (root first), committed [1] long (the target's cached tokens: the root's slot and
-    position), depths [N] long, ancestors [N, N] bool (`tree.select_on_device`)."""
+    position_ids [1, N], cache_slots [N] long, attn_mask [1, 1, N, S] bool; tokens [M+1] long
+    (root first), of which keep [N] long (`tree.select_on_device`) or None (all) are verified;
+    committed [1] long (the target's cached tokens: the root's slot and position); depths [N]
+    long; framed [N, N+2] bool (the ancestors, `tree.framed_ancestors`)."""
     input_ids, positions, slots, mask = inputs
-    n, columns = tokens.numel(), torch.arange(mask.shape[-1], device=tokens.device)
-    input_ids[0].copy_(tokens)
-    positions[0].copy_(committed + depths)
-    slots.copy_(committed + columns[:n])
-    mask[0, 0].copy_(ancestor_verify_mask(ancestors, committed, columns))
+    columns = torch.arange(mask.shape[-1], device=tokens.device)
+    if keep is None:
+        input_ids[0].copy_(tokens)
+    else:
+        torch.index_select(tokens, 0, keep, out=input_ids[0])
+    torch.add(committed, depths, out=positions[0])
+    torch.add(committed, columns[:depths.numel()], out=slots)
+    ancestor_verify_mask(framed, committed, columns, out=mask[0, 0])

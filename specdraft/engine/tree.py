@@ -92,7 +92,8 @@ def verify_mask(tree: DraftTree, prefix_len: int, num_slots: int) -> Tensor:
     if tree.is_chain:  # node i sees slots 0..prefix_len+i (a comparison: tril splits a few rows
         # across every CPU thread, costly on a many-core host: benchmarks/RESULTS.md)
         return causal_mask(prefix_len, n, num_slots)
-    return ancestor_verify_mask(tree.ancestor_mask(), torch.tensor([prefix_len]), torch.arange(num_slots))[None, None]
+    framed = framed_ancestors(tree.ancestor_mask())
+    return ancestor_verify_mask(framed, torch.tensor([prefix_len]), torch.arange(num_slots))[None, None]
 
 
 def select(parents: list[int], scores: Tensor, num_keep: int) -> list[int]:
@@ -119,50 +120,56 @@ def select_on_device(parents: Tensor, scores: Tensor, num_keep: int,
     verify inputs before the host sees them).
 
     parents: [M+1] long (node 0 = root with parent -1, parents[i] < i); scores: [M+1] cumulative
-    draft log-probs (`TreeExpansion.candidates`); num_keep: N <= M+1 nodes kept, root included;
-    max_depth: the deepest node's depth (num_steps). The kept nodes are those `select` keeps:
-    the root plus the N - 1 best by score, ties to the earlier node (each node ranked by the
-    nodes it is compared with: an [M, M] comparison, M at most a few hundred).
+    draft log-probs (`TreeExpansion.candidates`: the root's 0, every other <= 0); num_keep: N <=
+    M+1 nodes kept, root included; max_depth: the deepest node's depth (num_steps). The kept
+    nodes are those `select` keeps: the root plus the N - 1 best by score, ties to the earlier
+    node (the same stable sort, which the root, first and best, always leads; on CUDA, M+1 <=
+    4096 sorts in place in one kernel, no allocation: capturable).
     Returns, on the device: keep [N] long (ascending node ids, keep[0] = 0); parents [N] long
-    (indices into keep, -1 for the root); depths [N] long; ancestors [N, N] bool ([i, j]: j is i
-    or an ancestor of i, `DraftTree.ancestor_mask`); ok [] bool, False when the kept nodes are
-    no tree (a kept node whose parent was dropped: scores not monotone along a path, or NaN),
-    which `select` raises for: the caller checks ok when it next reads from the device.
+    (indices into keep, -1 for the root); depths [N] long; framed [N, N+2] bool, the ancestors
+    as `framed_ancestors` frames them (column 1 + j of row i: j is i or an ancestor of i); ok
+    [] bool, False when the kept nodes are no tree (a kept node whose parent was dropped: scores
+    not monotone along a path), which `select` raises for: the caller checks ok when it next
+    reads from the device.
     """
-    m = scores.numel() - 1
     device = scores.device
-    s = scores[1:].float()
-    index = torch.arange(m, device=device)
-    ahead = (s[None, :] > s[:, None]) | ((s[None, :] == s[:, None]) & (index[None, :] < index[:, None]))
-    kept = ahead.sum(1) < num_keep - 1  # [M]: rank among the candidates below N - 1
-    # ascending ids without a host sync: each kept node to its rank in index order, the rest to a
-    # spare last slot
-    slot = torch.where(kept, kept.cumsum(0), num_keep)
-    keep = torch.zeros(num_keep + 1, dtype=torch.long, device=device).scatter_(0, slot, index + 1)[:num_keep]
-    position = torch.full((m + 1,), -1, dtype=torch.long, device=device)
-    position.scatter_(0, keep, torch.arange(num_keep, device=device))
-    parent = parents[keep]
-    tree_parents = torch.where(parent >= 0, position[parent.clamp(min=0)], -1)
-    ok = (kept.sum() == num_keep - 1) & (tree_parents[1:] >= 0).all()
-    has_parent, parent = tree_parents >= 0, tree_parents.clamp(min=0)
-    eye = torch.eye(num_keep, dtype=torch.bool, device=device)
-    depths, ancestors = torch.zeros(num_keep, dtype=torch.long, device=device), eye
-    for _ in range(max_depth):  # one level further up each pass
-        depths = torch.where(has_parent, depths[parent] + 1, 0)
-        ancestors = eye | (ancestors[parent] & has_parent[:, None])
-    return keep, tree_parents, depths, ancestors, ok
+    keep = torch.sort(torch.sort(-scores, stable=True).indices[:num_keep]).values
+    # each node's column in framed (1 + its index in keep), 0 when dropped; the last entry, never
+    # written, is the root's parent's (parents[0] = -1)
+    column = torch.zeros(scores.numel() + 1, dtype=torch.long, device=device)
+    own = torch.arange(1, num_keep + 1, device=device)
+    column.scatter_(0, keep, own)
+    parent = column[parents[keep]]  # [N]: the parent's column, 0 for the root and a dropped parent
+    ok = (parent[1:] > 0).all()
+    up = torch.cat([parent.new_zeros(1), parent])  # column -> its parent's column, 0 -> 0
+    levels = [own, parent]  # each node's own column, then one level up per pass
+    for _ in range(max_depth):  # the last pass reaches column 0 (the prefix) from every node
+        levels.append(up[levels[-1]])
+    framed = torch.zeros(num_keep, num_keep + 2, dtype=torch.bool, device=device)
+    framed.scatter_(1, torch.stack(levels, 1), True)
+    return keep, parent - 1, framed.sum(1) - 2, framed, ok
 
 
-def ancestor_verify_mask(ancestors: Tensor, prefix_len: Tensor, columns: Tensor) -> Tensor:
+def framed_ancestors(ancestors: Tensor) -> Tensor:
+    """ancestors [N, N] bool (`DraftTree.ancestor_mask`) framed for `ancestor_verify_mask`:
+    [N, N+2] bool, column 0 True (the prefix every node sees), the ancestors, then a False
+    column (the slots past the tree)."""
+    n = ancestors.shape[0]
+    framed = torch.zeros(n, n + 2, dtype=torch.bool, device=ancestors.device)
+    framed[:, 0] = True
+    framed[:, 1:n + 1] = ancestors
+    return framed
+
+
+def ancestor_verify_mask(framed: Tensor, prefix_len: Tensor, columns: Tensor, out: Tensor | None = None) -> Tensor:
     """The verify mask [N, S] bool of a tree written at slots prefix_len .. prefix_len + N - 1,
     from tensors on any device (`verify_mask` on the host, a graphed round on the GPU): every
-    node sees the prefix, then its ancestors and itself. ancestors: [N, N] bool
-    (`DraftTree.ancestor_mask`, `select_on_device`); prefix_len: [1] long, the cached tokens
-    every node sees; columns: arange(S) on the same device."""
-    relative = columns - prefix_len  # [S]: slot index past the prefix
-    n = ancestors.shape[0]
-    inside = (relative >= 0) & (relative < n)
-    return (relative < 0)[None, :] | (ancestors[:, relative.clamp(0, n - 1)] & inside[None, :])
+    node sees the prefix, then its ancestors and itself. framed: [N, N+2] bool
+    (`framed_ancestors`, `select_on_device`); prefix_len: [1] long, the cached tokens every node
+    sees; columns: arange(S) on the same device; out: an [N, S] bool tensor to write, or None."""
+    n = framed.shape[0]
+    index = (columns - (prefix_len - 1)).clamp_(0, n + 1)  # [S]: framed's column of each slot
+    return torch.index_select(framed, 1, index, out=out) if out is not None else framed[:, index]
 
 
 class TreeExpansion:
@@ -188,10 +195,13 @@ class TreeExpansion:
         self.num_nodes = 1
         self.num_scratch = 0  # draft-cache scratch entries written so far (frontier rows of steps >= 1)
         self.frontier_scores = self.scores[0]
-        if topk > 1:  # a tree's bookkeeping: which nodes the frontier holds, and their ancestors
-            self.parents = [torch.full((1,), -1, device=device)]  # no host copy: capturable
-            self.frontier = torch.zeros(1, dtype=torch.long, device=device)  # node ids [F]
-            self.frontier_ancestors = torch.zeros(1, 0, dtype=torch.bool, device=device)  # [F, C]
+        if topk > 1:  # a tree's bookkeeping (device tensors, no host copy: capturable)
+            self.root_parent = torch.full((1,), -1, device=device)
+            self.frontiers = [torch.zeros(1, dtype=torch.long, device=device)]  # node ids [F] of each frontier
+            # [F, C]: the scratch entries each frontier row sees once the frontier is written there
+            # (C = num_scratch + F): its ancestors' and its own; the root's row sees none
+            self.seen = torch.zeros(1, 0, dtype=torch.bool, device=device)
+            self.eye = torch.eye(topk, dtype=torch.bool, device=device)
 
     def draft_mask(self, committed: int) -> Tensor | None:
         """Drafter mask [1, 1, F, committed + C + F] bool for running the frontier: all committed
@@ -199,22 +209,16 @@ class TreeExpansion:
         a chain (every entry is visible)."""
         if self.topk == 1:
             return None
-        f, device = self.frontier.numel(), self.frontier.device
-        return torch.cat([torch.ones(f, committed, dtype=torch.bool, device=device),
-                          self.frontier_ancestors,
-                          torch.eye(f, dtype=torch.bool, device=device)], dim=1)[None, None]
+        f, device = self.seen.shape[0], self.seen.device
+        return torch.cat([torch.ones(f, committed, dtype=torch.bool, device=device), self.seen], dim=1)[None, None]
 
-    def cache_mask(self, committed: Tensor, entries: Tensor) -> Tensor:
-        """`draft_mask` over the whole draft cache, from device values (what a CUDA graph of the
-        round captures): [F, max_len] bool; committed: [1] long, the committed entries; entries:
-        arange(max_len) on the device. A chain's row sees every entry up to its own slot."""
-        relative = entries - committed  # [max_len]: entry index past the committed ones
-        f, width = self.frontier_scores.numel(), self.num_scratch + self.frontier_scores.numel()
-        if self.topk == 1:  # one row
-            return (relative <= self.num_scratch)[None]
-        own = torch.cat([self.frontier_ancestors, torch.eye(f, dtype=torch.bool, device=entries.device)], 1)
-        seen = own[:, relative.clamp(0, width - 1)] & (relative < width)  # [F, max_len]
-        return seen | (relative < 0)
+    def cache_mask(self, prefix: Tensor, scratch_slots: Tensor) -> Tensor:
+        """A tree's `draft_mask` over the whole draft cache, from device values (what a CUDA
+        graph of the round captures): [F, max_len] bool. prefix: [max_len] bool, True at the
+        committed entries; scratch_slots: [>= C + F] long, the cache entry of each scratch
+        entry (committed + 0, 1, ...)."""
+        f, width = self.seen.shape
+        return prefix.expand(f, -1).clone().scatter_(1, scratch_slots[:width].expand(f, -1), self.seen)
 
     def expand(self, logits: Tensor, hidden: Tensor, written: bool) -> tuple[Tensor, Tensor]:
         """Add the children of the frontier and move the frontier to the best topk of them.
@@ -224,6 +228,20 @@ class TreeExpansion:
         the first step, whose row is the committed last position). Returns the new frontier's
         (target token ids [topk], hidden inputs [topk, H]).
         """
+        tokens, scores = self.add_children(logits, written)
+        if self.topk == 1:
+            self.frontier_scores = scores
+            return tokens, hidden
+        self.frontier_scores, best = scores.topk(self.topk)
+        rows = best // self.topk
+        self.frontiers.append(best + (self.num_nodes - scores.numel()))
+        self.seen = torch.cat([self.seen[:, :self.num_scratch][rows], self.eye], 1)
+        return tokens[best], hidden[rows]
+
+    def add_children(self, logits: Tensor, written: bool) -> tuple[Tensor, Tensor]:
+        """Add the children of the frontier, leaving the frontier where it is (a round's last
+        step; `expand` moves it too). logits, written: as `expand`'s. Returns the children's
+        target token ids [F*k] long and scores [F*k] float32, row by row."""
         logp = logits.float().log_softmax(-1).clamp(max=0.0)
         if self.sampled:
             q = logits_to_probs(logits, self.params)  # [1, Vd]
@@ -238,27 +256,17 @@ class TreeExpansion:
         self.tokens.append(tokens)
         self.scores.append(scores)
         self.num_scratch += f if written else 0
-        if self.topk == 1:
-            self.num_nodes += 1
-            self.frontier_scores = scores
-            return tokens, hidden
-        node_ids = torch.arange(self.num_nodes, self.num_nodes + f * k, device=child.device)
-        self.parents.append(self.frontier[:, None].expand(f, k).reshape(-1))
         self.num_nodes += f * k
-        ancestors = self.frontier_ancestors
-        if written:
-            ancestors = torch.cat([ancestors, torch.eye(f, dtype=torch.bool, device=child.device)], 1)
-        best = scores.topk(min(self.topk, f * k)).indices
-        rows = best // k
-        self.frontier, self.frontier_scores = node_ids[best], scores[best]
-        self.frontier_ancestors = ancestors[rows]
-        return tokens[best], hidden[rows]
+        return tokens, scores
 
     def candidates(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """Every node so far, root first: tokens [M+1] long (target ids), scores [M+1] float32,
         parents [M+1] long (None for a chain: node i's parent is i - 1), draft_probs [M, V] (a
         sampled chain's q) or None."""
-        parents = torch.cat(self.parents) if self.topk > 1 else None
+        parents = None
+        if self.topk > 1:  # every frontier that has children has topk of each node, in order
+            frontiers = torch.cat(self.frontiers[:len(self.tokens) - 1])
+            parents = torch.cat([self.root_parent, frontiers[:, None].expand(-1, self.topk).reshape(-1)])
         probs = torch.cat(self.probs) if self.probs else None
         return torch.cat(self.tokens), torch.cat(self.scores), parents, probs
 

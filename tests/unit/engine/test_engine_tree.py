@@ -9,7 +9,7 @@ import torch
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.tree import (DraftTree, TreeExpansion, select, select_on_device, verify_mask,
-                                  ancestor_verify_mask)
+                                  ancestor_verify_mask, framed_ancestors)
 from tests.engine_helpers import one_thread, random_prompts, target_pass, tiny_setup  # noqa: F401
 
 
@@ -53,13 +53,25 @@ def test_selection_on_the_device_is_the_host_selection(topk, num_steps, num_keep
             rows, written = topk, True
         tokens, scores, parents, _ = exp.candidates()
         ref = exp.tree(num_keep)
-        keep, tree_parents, depths, ancestors, ok = select_on_device(parents, scores, num_keep, num_steps)
+        keep, tree_parents, depths, framed, ok = select_on_device(parents, scores, num_keep, num_steps)
         assert bool(ok)
         assert tokens[keep].tolist() == ref.tokens.tolist()
         assert (tree_parents.tolist(), depths.tolist()) == (ref.parents, ref.depths)
-        assert torch.equal(ancestors, ref.ancestor_mask())
-        mask = ancestor_verify_mask(ancestors, torch.tensor([prefix]), torch.arange(width))
-        assert torch.equal(mask, verify_mask(ref, prefix, width)[0, 0])
+        assert torch.equal(framed, framed_ancestors(ref.ancestor_mask()))
+        for start in (prefix, width - 2):  # the tree inside the slots, then running past them
+            mask = ancestor_verify_mask(framed, torch.tensor([start]), torch.arange(width))
+            assert torch.equal(mask, _verify_mask_of(ref.ancestor_mask(), start, width))
+        assert torch.equal(verify_mask(ref, prefix, width)[0, 0], _verify_mask_of(ref.ancestor_mask(), prefix, width))
+
+
+def _verify_mask_of(ancestors: torch.Tensor, start: int, width: int) -> torch.Tensor:
+    """The verify mask [N, width] of a tree at slots start.. (ancestors [N, N]), slot by slot."""
+    n = ancestors.shape[0]
+    mask = torch.zeros(n, width, dtype=torch.bool)
+    mask[:, :start] = True
+    for j in range(start, min(start + n, width)):
+        mask[:, j] = ancestors[:, j - start]
+    return mask
 
 
 def test_selection_on_the_device_flags_orphans():
@@ -92,26 +104,24 @@ def test_expansion_counts_and_draft_masks_follow_sglang():
         assert tree.depths[i] == tree.depths[p] + 1 and tree.scores[i] <= tree.scores[p]
 
 
-@pytest.mark.parametrize("topk", [1, 2])
+@pytest.mark.parametrize("topk", [2, 3])
 def test_cache_mask_is_the_draft_mask_over_the_whole_cache(topk):
-    """cache_mask (built from a device count of committed entries, as a captured round builds
-    it) is draft_mask(committed) padded with False to the cache's length: a chain's row sees
-    every entry up to its own slot."""
+    """cache_mask (built from device values, as a captured round builds it: the committed
+    entries, the scratch entries' slots) is draft_mask(committed) padded with False to the
+    cache's length."""
     torch.manual_seed(0)
     exp = TreeExpansion(1, topk, False, SamplingParams(), torch.arange(16), 16, None)
     tokens, hidden = exp.expand(torch.randn(1, 16), torch.randn(1, 4), written=False)
     for _ in range(2):
         tokens, hidden = exp.expand(torch.randn(tokens.numel(), 16), hidden, written=True)
         for committed in (0, 3, 7):
-            got = exp.cache_mask(torch.tensor([committed]), torch.arange(20))
+            entries = torch.arange(20)
+            got = exp.cache_mask(entries < committed, committed + entries)
             want = torch.zeros(tokens.numel(), 20, dtype=torch.bool)
             mask = exp.draft_mask(committed)
-            if mask is None:  # a chain: every entry up to the row's slot (committed + scratch)
-                want[:, :committed + exp.num_scratch + 1] = True
-            else:
-                want[:, :mask.shape[-1]] = mask[0, 0]
+            want[:, :mask.shape[-1]] = mask[0, 0]
             assert torch.equal(got, want)
-    assert exp.num_scratch == 2 * topk and (topk == 1 or exp.frontier_ancestors.any(1).all())
+    assert exp.num_scratch == 2 * topk and exp.seen.sum(1).tolist() == [3] * topk  # 2 ancestors, itself
 
 
 @pytest.mark.parametrize("topk, steps, num_draft_tokens", [(1, 3, 4), (2, 3, 6)])
