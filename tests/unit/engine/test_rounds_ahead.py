@@ -203,7 +203,7 @@ def test_a_round_ahead_whose_nodes_are_no_tree_is_refused(pairs, monkeypatch):
 
     _, ahead = _engines(pairs(TREE), monkeypatch, SpecConfig(3, 2, 6))
     path = rounds_ahead.greedy_path
-    twins = torch.zeros(1, dtype=torch.bool)
+    twins = torch.zeros(1, dtype=torch.bool, device=DEVICE)
     monkeypatch.setattr(rounds_ahead, "greedy_path", lambda *args: (*path(*args)[:2], twins))
     with pytest.raises(RuntimeError, match="no tree of distinct siblings"):
         ahead.generate(list(range(1, 13)), 24)
