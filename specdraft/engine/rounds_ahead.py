@@ -9,8 +9,9 @@ is two graph replays:
 - the draft round from device state (`GraphedRound.round`, padded: `rows` = min(num_steps + 1,
   num_draft_tokens) rows, the most positions a verdict can leave pending, of which the first
   `count` are), which selects the tree (a chain: every node) and writes the verify's inputs;
-- the target's forward over the nodes, then the greedy verdict (`sampling.greedy_path`:
-  `verify_greedy`'s walk with tensor ops of fixed size) and the state the next round reads: a
+- the target's forward over the nodes, then the greedy verdict (a tree's: `sampling.greedy_path`,
+  `verify_greedy`'s walk with tensor ops of fixed size; a chain's: the longest prefix of drafts
+  equal to the target's argmax before them, a few ops) and the state the next round reads: a
   tree's accepted path moved to contiguous target cache slots (one gather over `kv_stack`, as
   `FastTarget.compact_cache`; a chain's path is its first nodes, in place already), pending ids
   (the argmax at every path node: the accepted drafts, then the bonus), their aux states, their
@@ -92,16 +93,22 @@ class RoundsAhead:
         for the host."""
         input_ids, _, slots, mask = self.inputs
         out = self.target(*self.inputs, self.aux_layers)
-        choices = out.logits[0].argmax(-1)  # [n]
-        ancestors = mask[0, 0][:, slots]  # the mask's columns at the nodes' slots (`write_verify_inputs`)
-        path, accepted, ok = greedy_path(input_ids[0], ancestors, choices, self.rows)
-        if self.tree:  # the path's K/V to slots prefix + 0..rows-1, gathered first (sources overlap them);
-            stack = self.target.kv_stack  # the slots past its end get the root's, which the next verify overwrites
+        choices, aux = out.logits[0].argmax(-1), out.aux_hidden[0]  # [n], [n, n_aux*H]
+        if self.tree:
+            ancestors = mask[0, 0][:, slots]  # the mask's columns at the nodes' slots (`write_verify_inputs`)
+            path, accepted, ok = greedy_path(input_ids[0], ancestors, choices, self.rows)
+            # the path's K/V to slots prefix + 0..rows-1, gathered first (sources overlap them); the
+            # slots past its end get the root's, which the next verify overwrites
+            stack = self.target.kv_stack
             stack.index_copy_(4, slots[:self.rows], stack.index_select(4, slots[path]))
+            choices, aux = choices[path], aux[path]
+        else:  # a chain's path is its first nodes (rows = n, in place): the drafts equal to the choice before them
+            accepted = (input_ids[0, 1:] == choices[:-1]).long().cumprod(0).sum(0, keepdim=True)
+            ok = self.selected
         self.start.add_(self.count)
         self.count.copy_(accepted + 1)
-        self.ids.copy_(choices[path])
-        self.aux.copy_(out.aux_hidden[0][path])
+        self.ids.copy_(choices)
+        self.aux.copy_(aux)
         self.verdict.copy_(torch.cat([self.ids, accepted, (ok & self.selected).long()]))
 
     def park(self) -> None:
