@@ -621,14 +621,17 @@ def phase_times(pair: Pair, spec: SpecConfig, prompts: list[list[int]], new_toke
 
 def tune_shell(pair: Pair, prompts: list[list[int]]) -> dict:
     """specdraft's tuner on the shell, its engines built with compile=True as the table's are
-    (`tune` has no compile option: its module's SpeculativeEngine is replaced for the call)."""
+    (`tune` has no compile option: its module's SpeculativeEngine is replaced for the call), its
+    search over the table's shapes: topk up to 8, trees up to 32 verified nodes (the Triton
+    verify's cheap range; tune's default stops at 16)."""
     import specdraft.bench.tune as tuner
 
     start = time.perf_counter()
     tuner.SpeculativeEngine = functools.partial(SpeculativeEngine, compile=True)
     try:
         report = tuner.tune(pair.target, pair.draft, prompts,
-                            tuner.TuneConfig(max_new_tokens=64, probe_steps=7, repeats=3))
+                            tuner.TuneConfig(max_new_tokens=64, probe_steps=7, topks=(1, 2, 4, 8),
+                                             max_tree_tokens=32, repeats=3))
     finally:
         tuner.SpeculativeEngine = SpeculativeEngine
     spec_text = tuner.spec_text
