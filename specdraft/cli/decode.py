@@ -126,6 +126,7 @@ def generate(
         for note in engine.notes:
             console.print(f"note: {note}", markup=False, soft_wrap=True)
         ids = tokenizer(prompt)["input_ids"]
+        engine.check_limits(len(ids), max_new_tokens)  # before the prompt is echoed
         eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": sampling_top_k, "seed": seed}
         if compile:  # compile and capture first: the metrics below are then the engine's, not the compiler's

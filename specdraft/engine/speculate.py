@@ -197,8 +197,12 @@ class SpeculativeEngine:
             return
         limits = self.context_limits()
         name = next(name for name, limit in limits if limit == longest)
-        advice = (f"ask for at most {longest - num_prompt_tokens} new tokens" if num_prompt_tokens < longest
-                  else f"shorten the prompt to under {longest} tokens")
+        if num_prompt_tokens < longest:
+            advice = f"ask for at most {longest - num_prompt_tokens} new tokens"
+        elif max_new_tokens < longest:
+            advice = f"shorten the prompt to at most {longest - max_new_tokens} tokens"
+        else:
+            advice = f"shorten the prompt and ask for fewer new tokens (together at most {longest})"
         needed = total + (self.spec.num_draft_tokens if self.spec else 1)  # the cache this request needs
         if name.startswith("the drafter"):
             advice += ", or decode without the drafter (its positions then do not bind)"

@@ -45,18 +45,15 @@ def target_with_tokenizer(tmp_path_factory):
     return path
 
 
-def test_generate_prints_its_error_on_a_line_of_its_own(target_with_tokenizer):
-    """The echoed prompt ends its line on stdout; the error is stderr's one line (stdout piped to a
-    file keeps only the text)."""
+def test_generate_refuses_a_too_long_request_before_echoing_the_prompt(target_with_tokenizer):
+    """A request past the engine's limits is refused before the prompt is echoed: stdout (a file
+    the text is piped to) stays empty, the error is stderr's one line."""
     result = invoke(["generate", "--target", str(target_with_tokenizer), "--prompt", "hello how",
                      "--max-new-tokens", "300"])
     assert result.exit_code == 1, result.output
-    lines = result.output.splitlines()
-    assert lines[0] == "hello how", lines
-    assert lines[1].startswith("error: prompt ") and "exceeds the engine's max_seq_len 256 less 1 verified node (255): ask for " \
-        "at most" in flat(result.output), lines
-    assert result.stdout == "hello how\n"
+    assert result.stdout == ""
     assert result.stderr.startswith("error: prompt ") and len(result.stderr.splitlines()) == 1
+    assert "exceeds the engine's max_seq_len 256 less 1 verified node (255): ask for at most" in flat(result.stderr)
 
 
 def test_doctor_on_a_deepseek_target_draws_no_loading_bar(tmp_path, capfd):

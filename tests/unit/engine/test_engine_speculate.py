@@ -128,6 +128,14 @@ def test_every_length_error_applies_one_rule_and_advises_only_what_can_be_done()
             engine.check_limits(1, max_new)
         assert str(refused.value).endswith(f"ask for at most {engine.longest_request() - 1} new tokens")
     engine.check_limits(1, engine.longest_request() - 1)  # the advised request is accepted
+    longest = engine.longest_request()
+    for max_new in (20, longest + 5):  # a prompt past the limit on its own: shorten it (and the answer)
+        with pytest.raises(ValueError) as refused:
+            engine.check_limits(longest + 10, max_new)
+        advice = (f"shorten the prompt to at most {longest - 20} tokens" if max_new == 20 else
+                  f"shorten the prompt and ask for fewer new tokens (together at most {longest})")
+        assert str(refused.value).endswith(advice)
+    engine.check_limits(longest - 20, 20)  # the advised prompt is accepted
 
 
 class CharTokenizer:
