@@ -259,7 +259,7 @@ def print_flag_notes(console, path, layout: str) -> None:
 @app.command()
 def export(
     checkpoint: str = argument("CHECKPOINT", "Drafter directory (e.g. RUN/draft), or a training checkpoint "
-                                "of --save-every (RUN/checkpoints/step-N.pt)."),
+                                "of --save-every (RUN/checkpoints/step-N.pt).", callback=check_drafter),
     out: str = argument("OUT", "Output directory (replaced atomically)."),
     engine: ExportEngine = typer.Option(..., help="Engine to export for."),
     target: str = typer.Option("", help="Target directory (default: the manifest's record).", callback=check_model_dir),

@@ -235,3 +235,15 @@ def test_out_of_range_options_are_named_by_their_flag(tmp_path, args, flag):
     assert result.exit_code == 2, result.output
     text = flat(result.output)
     assert f"Invalid value for '{flag}'" in text and "Config." not in text
+
+
+@pytest.mark.parametrize("command", [["export", "{path}", "{out}", "--engine", "vllm"], ["inspect", "{path}"],
+                                     ["convert", "{path}", "{out}", "--layout", "sglang"]])
+def test_a_drafter_path_that_does_not_exist_is_a_usage_error_in_every_command(tmp_path, command):
+    """A missing CHECKPOINT is a bad command line (exit 2) naming the path and the forms accepted,
+    in export as in inspect and convert (export exited 1 with its own line)."""
+    missing, out = tmp_path / "no-such-drafter", tmp_path / "out"
+    result = invoke([word.format(path=missing, out=out) for word in command])
+    assert result.exit_code == 2, result.output
+    assert f"{missing}: no such file or directory; pass a drafter directory" in flat(result.output)
+    assert not out.exists()
