@@ -109,7 +109,7 @@ def test_export_of_a_file_that_is_no_checkpoint_names_what_it_takes(run, tmp_pat
                                               rf"\(a drafter here would be {run / 'draft'}\)"):
         export_draft(weights, tmp_path / "out", engine="sglang")
     missing = invoke(["export", str(tmp_path / "nowhere"), str(tmp_path / "out"), "--engine", "sglang"])
-    assert missing.exit_code == 1 and f"{tmp_path / 'nowhere'}: no such file or directory" in flat(missing.output)
+    assert missing.exit_code == 2 and f"{tmp_path / 'nowhere'}: no such file or directory" in flat(missing.output)
 
 
 @pytest.fixture(scope="module")
