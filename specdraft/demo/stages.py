@@ -73,6 +73,7 @@ def stage_data(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[Pat
     data_dir.mkdir(parents=True, exist_ok=True)
     for path, docs in ((heldout_file, heldout), (train_file, train)):
         atomic_write_text(path, "\n\n".join(docs) + "\n")
+    say(f"data: {len(train)} training and {len(heldout)} held-out documents in {data_dir}")
     return train_file, heldout_file
 
 
@@ -126,6 +127,7 @@ def stage_capture(cfg: DemoConfig, target_dir: Path, regen_file: Path, name: str
     if store_complete(store):
         say_reused(say, "capture", store)
         return store
+    say(f"capture: the target's aux states (layers {list(aux_layers)}) over {regen_file.name} into {store}")
     capture_dataset(CaptureConfig(target=str(target_dir), data=str(regen_file), out_dir=str(store),
                                   aux_layers=tuple(aux_layers), dtype="float32", chat=False,
                                   max_length=cfg.prompt_tokens + cfg.max_new_tokens + 16,

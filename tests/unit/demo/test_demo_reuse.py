@@ -31,6 +31,8 @@ def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, ca
     said, err = demo_output(cfg, capsys)
     assert "reused" not in said
     assert "regenerate: continuations of train.txt" in said and "train: training the drafter" in said
+    data, capture = said.index(f"data: {cfg.num_train} training and "), said.index("capture: the target's aux states")
+    assert data < said.index("regenerate: continuations") < capture < said.index("train: training")  # every stage said, in order
     exports = [f"{engine} -> {cfg.out / 'export' / engine} (" for engine in ("vllm", "sglang", "speculators")]
     assert all(e in said for e in exports) and "tensors bit-identical" in said  # the export stage says so
     assert "100%" in err and "capture" in err  # the first run shows its bars
