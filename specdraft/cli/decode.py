@@ -125,7 +125,7 @@ def generate(
                              max_seq_len or None, tokenizer, compile=compile, reading=reading)
         for note in engine.notes:
             console.print(f"note: {note}", markup=False, soft_wrap=True)
-        ids = tokenizer(prompt)["input_ids"]
+        ids = tokenizer(prompt, verbose=False)["input_ids"]  # the length check below says more than its warning
         engine.check_limits(len(ids), max_new_tokens)  # before the prompt is echoed
         eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": sampling_top_k, "seed": seed}
