@@ -58,6 +58,7 @@ from specdraft.engine.load import checkpoint_destinations, load_fast_target
 from specdraft.engine.requests import Request
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
+from specdraft.engine.tree import TreeExpansion
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "tests" / "assets" / "pycode25m_draft"
@@ -663,7 +664,12 @@ def main() -> None:
     parser.add_argument("--phases", action="store_true",
                         help="--bench: host time per round in each engine method instead of the table")
     parser.add_argument("--settings", help="--bench: comma-separated names of BENCH_SETTINGS (default: all)")
+    parser.add_argument("--torch-expansion", action="store_true",
+                        help="--bench: draft rounds expand through torch ops, not kernels.expand_ops (A/B)")
     args = parser.parse_args()
+    if args.torch_expansion:
+        init = TreeExpansion.__init__
+        TreeExpansion.__init__ = lambda self, *a, **kw: init(self, *a, **{**kw, "kernels": False})
     if args.check:
         torch.set_num_threads(min(2, torch.get_num_threads()))
         start = time.perf_counter()

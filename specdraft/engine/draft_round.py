@@ -112,7 +112,7 @@ class GraphedRound:
         logits, hidden = self.fast.triton_step(ids, aux, slots, True, self.cache, slots,
                                                (entries[None, :] <= slots[:, None]).view(1, 1, m, -1))
         expansion = TreeExpansion(ids[last], spec.topk, False, SamplingParams(), self.draft_to_target,
-                                  self.vocab_size, None)
+                                  self.vocab_size, None, kernels=self.fast.triton_kernels)
         tokens, hidden = expansion.expand(logits[last], hidden[last], written=False)
         self.later_steps(expansion, tokens, hidden, committed)
         tokens, scores, parents, _ = expansion.candidates()

@@ -302,7 +302,7 @@ class SpeculativeEngine:
         draft, cache, spec = self.run_draft, self.draft_cache, self.spec
         start, m = cache.length, req.pending_ids.numel()
         expansion = TreeExpansion(req.output_ids[-1], spec.topk, sampled, req.params, self.draft_vocab,
-                                  self.target.args.vocab_size, req.generator)
+                                  self.target.args.vocab_size, req.generator, kernels=self.fast_draft.triton_kernels)
         with self.draft_attention():
             positions = torch.arange(start, start + m, device=self.device)
             logits, hidden = draft(req.pending_ids, req.pending_aux, positions, first_step=True, cache=cache,

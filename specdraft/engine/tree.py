@@ -178,15 +178,19 @@ class TreeExpansion:
     root_token: the last emitted token (an int, or a [1] long tensor on the drafter's device:
     `GraphedRound` captures the expansion). topk: children per node. sampled: draw each child
     from q (chain at T > 0) instead of taking the top-k. draft_to_target: [Vd] long, the target
-    id of every draft id. vocab_size: the target's V (for draft_probs).
+    id of every draft id. vocab_size: the target's V (for draft_probs). kernels: expand through
+    `kernels.expand_ops` (CUDA with Triton; ignored when sampled): three launches a tree step,
+    one a chain step, where the torch ops are fifteen and six; ties go to the lower draft id.
     A chain (topk 1) keeps no frontier bookkeeping: its one child is the next frontier, every
     scratch entry is an ancestor of the next row (no draft mask) and every node is verified.
     """
 
     def __init__(self, root_token: int | Tensor, topk: int, sampled: bool, params: SamplingParams,
-                 draft_to_target: Tensor, vocab_size: int, generator: torch.Generator | None) -> None:
+                 draft_to_target: Tensor, vocab_size: int, generator: torch.Generator | None,
+                 kernels: bool = False) -> None:
         device = draft_to_target.device
         self.topk, self.sampled, self.params, self.generator = topk, sampled, params, generator
+        self.kernels = kernels and not sampled
         self.draft_to_target, self.vocab_size = draft_to_target, vocab_size
         root = root_token if isinstance(root_token, Tensor) else draft_to_target.new_tensor([root_token])
         self.tokens = [root]
@@ -217,6 +221,9 @@ class TreeExpansion:
         graph of the round captures): [F, max_len] bool. prefix: [max_len] bool, True at the
         committed entries; scratch_slots: [>= C + F] long, the cache entry of each scratch
         entry (committed + 0, 1, ...)."""
+        if self.kernels:
+            from specdraft.engine.kernels.expand_ops import tree_mask
+            return tree_mask(self.seen, scratch_slots[:1], prefix.numel())
         f, width = self.seen.shape
         return prefix.expand(f, -1).clone().scatter_(1, scratch_slots[:width].expand(f, -1), self.seen)
 
@@ -232,6 +239,13 @@ class TreeExpansion:
         if self.topk == 1:
             self.frontier_scores = scores
             return tokens, hidden
+        if self.kernels:
+            from specdraft.engine.kernels.expand_ops import next_frontier
+            self.frontier_scores, nodes, tokens, hidden, self.seen = next_frontier(
+                scores, tokens, hidden, self.seen[:, :self.num_scratch], self.topk, self.topk,
+                self.num_nodes - scores.numel())
+            self.frontiers.append(nodes)
+            return tokens, hidden
         self.frontier_scores, best = scores.topk(self.topk)
         rows = best // self.topk
         self.frontiers.append(best + (self.num_nodes - scores.numel()))
@@ -242,6 +256,20 @@ class TreeExpansion:
         """Add the children of the frontier, leaving the frontier where it is (a round's last
         step; `expand` moves it too). logits, written: as `expand`'s. Returns the children's
         target token ids [F*k] long and scores [F*k] float32, row by row."""
+        f, k = logits.shape[0], 1 if self.sampled else self.topk
+        if self.kernels:
+            from specdraft.engine.kernels.expand_ops import child_topk
+            tokens, scores = child_topk(logits, self.frontier_scores, self.draft_to_target, k)
+        else:
+            tokens, scores = self.torch_children(logits)
+        self.tokens.append(tokens)
+        self.scores.append(scores)
+        self.num_scratch += f if written else 0
+        self.num_nodes += f * k
+        return tokens, scores
+
+    def torch_children(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """`add_children`'s tokens and scores through torch ops (a sampled chain's q kept)."""
         logp = logits.float().log_softmax(-1).clamp(max=0.0)
         if self.sampled:
             q = logits_to_probs(logits, self.params)  # [1, Vd]
@@ -250,14 +278,7 @@ class TreeExpansion:
             values = logp.gather(1, child)
         else:
             values, child = logp.topk(self.topk, dim=-1)  # [F, k]
-        f, k = child.shape
-        scores = (self.frontier_scores[:, None] + values).reshape(-1)
-        tokens = self.draft_to_target[child].reshape(-1)
-        self.tokens.append(tokens)
-        self.scores.append(scores)
-        self.num_scratch += f if written else 0
-        self.num_nodes += f * k
-        return tokens, scores
+        return self.draft_to_target[child].reshape(-1), (self.frontier_scores[:, None] + values).reshape(-1)
 
     def candidates(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """Every node so far, root first: tokens [M+1] long (target ids), scores [M+1] float32,

@@ -58,7 +58,7 @@ def use_pdl(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
-def _pdl_launch(device: torch.device) -> dict:
+def pdl_launch(device: torch.device) -> dict:
     """Launch arguments of a kernel with a USE_PDL parameter: {USE_PDL, launch_pdl} when `use_pdl`."""
     return {"USE_PDL": True, "launch_pdl": True} if use_pdl(device) else {"USE_PDL": False}
 
@@ -206,7 +206,7 @@ def _launch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, y: Tensor, nu
     block_n, block_k, num_stages = _linear_config(m, weight.shape[0], k, epilogue.value != PLAIN.value)
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
     common = dict(HAS_BIAS=bias is not None, EPILOGUE=epilogue.value, BLOCK_N=block_n, BLOCK_K=block_k,
-                  K_BLOCKS=triton.cdiv(k, block_k), num_warps=4, num_stages=num_stages, **_pdl_launch(x.device))
+                  K_BLOCKS=triton.cdiv(k, block_k), num_warps=4, num_stages=num_stages, **pdl_launch(x.device))
     grid = (triton.cdiv(num_out, block_n),)
     if m == 1:
         _gemv_kernel[grid](x, weight, bias, y, num_out, k, half, t, pos, slots, inv_freq, k_cache, v_cache,
@@ -295,7 +295,7 @@ def add_rms_norm(x: Tensor, delta: Tensor | None, weight: Tensor, eps: float,
     _add_rms_norm_kernel[(x.shape[0],)](x, delta, total, out, weight, x.shape[1], out.stride(0), eps,
                                         HAS_DELTA=delta is not None,
                                         BLOCK_H=block_h, num_warps=min(16, max(4, block_h // 512)),
-                                        **_pdl_launch(x.device))
+                                        **pdl_launch(x.device))
     return total, out
 
 
@@ -352,7 +352,7 @@ def rope_to_cache(qkv: Tensor, position_ids: Tensor, cache_slots: Tensor, inv_fr
     q = torch.empty(m, num_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
     _rope_to_cache_kernel[(m, num_heads + 2 * num_kv_heads)](
         qkv, position_ids, cache_slots, inv_freq, q_norm, k_norm, q, k_cache, v_cache, t, num_heads,
-        num_kv_heads, cache_len, eps, QK_NORM=q_norm is not None, HEAD_DIM=head_dim, **_pdl_launch(qkv.device))
+        num_kv_heads, cache_len, eps, QK_NORM=q_norm is not None, HEAD_DIM=head_dim, **pdl_launch(qkv.device))
     return q
 
 
@@ -487,9 +487,9 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, attn_mask: Tensor, ca
         q, k_cache, v_cache, attn_mask, cache_slots, parts, lse, t, num_slots, num_kv_heads, cache_len,
         attn_mask.stride(0), attn_mask.stride(2), num_splits, tiles * block_r, 1.0 / math.sqrt(head_dim),
         GROUP=group, BLOCK_R=block_r, BLOCK_T=max(16, triton.next_power_of_2(t)), HEAD_DIM=head_dim,
-        SPLIT=BLOCK_SLOTS * blocks_per_split, BLOCK_S=BLOCK_SLOTS, num_warps=4, **_pdl_launch(q.device))
+        SPLIT=BLOCK_SLOTS * blocks_per_split, BLOCK_S=BLOCK_SLOTS, num_warps=4, **pdl_launch(q.device))
     out = torch.empty_like(q)
     _attention_combine_kernel[(batch * num_kv_heads, group * t)](
         parts, lse, out, t, num_kv_heads, num_splits, tiles * block_r, GROUP=group, HEAD_DIM=head_dim,
-        SPLITS=triton.next_power_of_2(num_splits), **_pdl_launch(q.device))
+        SPLITS=triton.next_power_of_2(num_splits), **pdl_launch(q.device))
     return out

@@ -112,11 +112,19 @@ def _step_by_step(fast: FastDraft, cache: DraftCache, spec: SpecConfig, ids: tor
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("kernels", [False, True])
 @pytest.mark.parametrize("name", ["chain7", "tree5x4_16", "tree3x3_8"])
-def test_round_drafts_the_step_by_step_tree_bit_for_bit(name, monkeypatch):
+def test_round_drafts_the_step_by_step_tree_bit_for_bit(name, kernels, monkeypatch):
     """The round's outputs (a chain's tokens and scores; a tree's parents, scores and ok, its
     verify inputs: tokens, positions, slots, mask) and the cache entries it writes equal those
-    of the round step by step, exactly, after 1 and 3 pending positions."""
+    of the round step by step, exactly, after 1 and 3 pending positions; with the expansion's
+    torch ops or its Triton kernels (`kernels.expand_ops`, Triton's interpreter on the CPU)."""
+    if kernels:
+        pytest.importorskip("triton")
+        if torch.cuda.is_available():  # the kernels would be compiled for CUDA and given these CPU tensors
+            pytest.skip("the interpreter's check of the kernels in a round (test_expand_ops covers CUDA)")
+        init = TreeExpansion.__init__
+        monkeypatch.setattr(TreeExpansion, "__init__", lambda self, *args, **kwargs: init(self, *args, kernels=True))
     spec = SETTINGS.get(name, SpecConfig(3, 3, 8))
     rounds, fast, cache, inputs = _setup(spec, torch.float32, monkeypatch)
     ref_cache = DraftCache(2, 16, cache.max_len, torch.float32, "cpu")
