@@ -9,9 +9,10 @@ is two graph replays:
 - the draft round from device state (`GraphedRound.round`, padded: `rows` = min(num_steps + 1,
   num_draft_tokens) rows, the most positions a verdict can leave pending, of which the first
   `count` are), which selects the tree (a chain: every node) and writes the verify's inputs;
-- the target's forward over the nodes, then the greedy verdict (a tree's: `sampling.greedy_path`,
-  `verify_greedy`'s walk with tensor ops of fixed size; a chain's: the longest prefix of drafts
-  equal to the target's argmax before them, a few ops) and the state the next round reads: a
+- the target's forward over the nodes, then the greedy verdict (a tree's: `verify_greedy`'s walk
+  in one Triton launch, `kernels.greedy_walk`, over the parents the round selected; a chain's:
+  the longest prefix of drafts equal to the target's argmax before them, a few ops) and the
+  state the next round reads: a
   tree's accepted path moved to contiguous target cache slots (one gather over `kv_stack`, as
   `FastTarget.compact_cache`; a chain's path is its first nodes, in place already), pending ids
   (the argmax at every path node: the accepted drafts, then the bonus), their aux states, their
@@ -34,7 +35,6 @@ from specdraft.engine.draft_round import GraphedRound
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.graphs import capture_graph
 from specdraft.engine.requests import Request
-from specdraft.engine.sampling import greedy_path
 from specdraft.engine.spec_config import SpecConfig
 
 
@@ -73,6 +73,7 @@ class RoundsAhead:
                        torch.zeros(n, dtype=torch.long, device=device),
                        torch.zeros(1, 1, n, max_seq_len, dtype=torch.bool, device=device)]
         self.selected = torch.ones(1, dtype=torch.bool, device=device)  # the round's selection is a tree
+        self.parents = torch.full((n,), -1, dtype=torch.long, device=device)  # a tree's, as the round selected them
         self.verdict = torch.zeros(rows + 2, dtype=torch.long, device=device)  # argmaxes [rows], accepted, ok
         cuda = device.type == "cuda"
         self.host = torch.zeros(2, rows + 2, dtype=torch.long, pin_memory=cuda)  # two rounds in flight
@@ -85,18 +86,19 @@ class RoundsAhead:
         """The captured draft round: from the state, writing the verify's inputs."""
         out = self.rounds.round(self.ids, self.aux, self.start, self.count, self.inputs)
         if self.tree:  # (parents, scores, ok): ok False when the selection kept a node without its parent
+            self.parents.copy_(out[0])
             self.selected.copy_(out[2])
 
     def verify(self) -> None:
         """The captured verify: the target's forward over the nodes, the greedy verdict, a tree's
         accepted path compacted in the target's cache, the next round's state and the verdict
         for the host."""
-        input_ids, _, slots, mask = self.inputs
+        input_ids, _, slots, _ = self.inputs
         out = self.target(*self.inputs, self.aux_layers)
         choices, aux = out.logits[0].argmax(-1), out.aux_hidden[0]  # [n], [n, n_aux*H]
         if self.tree:
-            ancestors = mask[0, 0][:, slots]  # the mask's columns at the nodes' slots (`write_verify_inputs`)
-            path, accepted, ok = greedy_path(input_ids[0], ancestors, choices, self.rows)
+            from specdraft.engine.kernels import greedy_walk  # Triton: the interpreter without a GPU
+            path, accepted, ok = greedy_walk.greedy_path(input_ids[0], self.parents, choices, self.rows)
             # the path's K/V to slots prefix + 0..rows-1, gathered first (sources overlap them); the
             # slots past its end get the root's, which the next verify overwrites
             stack = self.target.kv_stack

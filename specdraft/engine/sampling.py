@@ -3,7 +3,7 @@
 - `logits_to_probs`: temperature, top-k, top-p, applied identically to target and draft.
 - `verify_greedy` (T = 0): follow the tree while the target's argmax is a child; the first
   argmax that is not a child is the bonus token. Output = the target's greedy output.
-  `greedy_path`: the same walk on the device, in tensor ops of fixed size (rounds run ahead).
+  `kernels.greedy_walk.greedy_path`: the same walk on the device (rounds run ahead).
 - `verify_tree` (T > 0, children chosen deterministically, e.g. top-k): target-only
   verification. At a node draw x ~ p; if x is a child, descend; else emit x and stop. Each
   emitted token is a draw from the target's p, so the output has the target's distribution
@@ -111,34 +111,6 @@ def verify_greedy(parents: list[int], tokens: list[int], target_logits: Tensor) 
     target_logits: [N, V], row i = the target's logits after node i.
     """
     return walk(parents, tokens, target_logits.argmax(-1).tolist())
-
-
-def greedy_path(tokens: Tensor, ancestors: Tensor, choices: Tensor, length: int) -> tuple[Tensor, Tensor, Tensor]:
-    """`verify_greedy`'s walk without leaving the device: fixed shapes, no host sync, every index
-    in bounds whatever the inputs hold, so a CUDA graph can capture it (`rounds_ahead`).
-
-    tokens: [N] long, the tree's nodes (root first, parents before children); ancestors: [N, N]
-    bool ([i, j]: j is i or an ancestor of i, `tree.select_on_device`); choices: [N] long, the
-    target's choice after each node; length: the longest path's nodes, root included (at least
-    the tree's depth + 1). A node is taken when its token and each of its ancestors' tokens equal
-    the choice after their parent: the taken nodes are the path `walk` follows when no node has
-    two children carrying its choice. That holds for a drafted tree, whose siblings are one
-    top-k of the draft vocabulary (distinct ids, distinct target ids through `d2t`), and ok says
-    it held. Returns path [length] long (the path's nodes, root first, then 0s), accepted [1]
-    long (the path's drafts, at most length - 1), ok [1] bool (False: two siblings taken).
-    """
-    n = tokens.numel()
-    nodes = torch.arange(n, device=tokens.device)
-    strict = ancestors & (nodes[None, :] != nodes[:, None])
-    parent = (strict.long() * nodes).amax(1)  # the latest strict ancestor (the root's: 0)
-    match = (tokens == choices[parent]) | (nodes == 0)
-    taken = ~(ancestors & ~match[None, :]).any(1)  # [N]: every node from the root to i matches
-    depths = ancestors.long().sum(1) - 1
-    deepest = (depths * taken).amax().view(1)
-    ok = taken.long().sum().view(1) == deepest + 1  # one taken node per depth
-    at_depth = taken[None, :] & (depths[None, :] == torch.arange(length, device=tokens.device)[:, None])
-    path = at_depth.long().argmax(1)  # [length]: the taken node at each depth (none: 0)
-    return path, deepest.clamp(max=length - 1), ok
 
 
 def verify_tree(parents: list[int], tokens: list[int], target_probs: Tensor,

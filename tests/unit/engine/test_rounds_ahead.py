@@ -168,11 +168,14 @@ def test_rounds_run_ahead_and_emit_the_step_by_step_tokens(pairs, monkeypatch, s
 
 
 def test_greedy_path_is_the_walk_of_verify_greedy():
-    """`greedy_path` on random trees (parents before children, distinct sibling tokens) and
-    random choices gives `walk`'s accepted nodes and bonus, padded with the root; two siblings
-    with the target's choice give ok False (the host's walk raises there)."""
-    from specdraft.engine.sampling import greedy_path, walk
-    from specdraft.engine.tree import DraftTree, depths_of
+    """`kernels.greedy_walk.greedy_path` (Triton's interpreter without a GPU) on random trees
+    (parents before children, distinct sibling tokens) and random choices gives `walk`'s
+    accepted nodes and bonus, padded with the root; two siblings with the target's choice, at
+    the root or deeper, give ok False (the host's walk raises there)."""
+    pytest.importorskip("triton")
+    from specdraft.engine.kernels.greedy_walk import greedy_path
+    from specdraft.engine.sampling import walk
+    from specdraft.engine.tree import depths_of
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(300):
@@ -182,29 +185,30 @@ def test_greedy_path_is_the_walk_of_verify_greedy():
         for node in range(1, n):  # siblings distinct: a later duplicate moves to an unused token
             if tokens[node] in [tokens[j] for j in range(1, node) if parents[j] == parents[node]]:
                 tokens[node] = 10 + node
-        choices = torch.randint(0, 3, (n,), generator=gen)
-        tree = DraftTree(torch.tensor(tokens), parents, [], torch.zeros(n))
-        verdict = walk(parents, tokens, choices.tolist())
+        choices = torch.randint(0, 3, (n,), generator=gen).tolist()
+        verdict = walk(parents, tokens, choices)
         length = max(depths_of(parents)) + 1  # the longest path's nodes
-        path, accepted, ok = greedy_path(torch.tensor(tokens), tree.ancestor_mask(), choices, length)
+        path, accepted, ok = (t.cpu() for t in greedy_path(*(torch.tensor(x, device=DEVICE) for x in
+                                                             (tokens, parents, choices)), length))
         assert bool(ok) and int(accepted) == len(verdict.accepted)
         assert path.tolist() == [0] + verdict.accepted + [0] * (length - 1 - len(verdict.accepted))
-        assert int(choices[path[int(accepted)]]) == verdict.bonus
-    twins = DraftTree(torch.tensor([0, 1, 1]), [-1, 0, 0], [0, 1, 1], torch.zeros(3))
-    assert not bool(greedy_path(twins.tokens, twins.ancestor_mask(), torch.tensor([1, 0, 0]), 2)[2])
+        assert choices[int(path[int(accepted)])] == verdict.bonus
+    for parents, tokens, choices in (([-1, 0, 0], [0, 1, 1], [1, 0, 0]), ([-1, 0, 1, 1], [0, 1, 2, 2], [1, 2, 0, 0])):
+        out = greedy_path(*(torch.tensor(x, device=DEVICE) for x in (tokens, parents, choices)), 3)
+        assert not bool(out[2])
 
 
 @torch.no_grad()
 def test_a_round_ahead_whose_nodes_are_no_tree_is_refused(pairs, monkeypatch):
     """A verdict whose tree check fails (two siblings taken, or a node selected without its
     parent) raises RuntimeError when the host reads it, as the step-by-step round does."""
-    from specdraft.engine import rounds_ahead
+    from specdraft.engine.kernels import greedy_walk
     from specdraft.engine.spec_config import SpecConfig
 
     _, ahead = _engines(pairs(TREE), monkeypatch, SpecConfig(3, 2, 6))
-    path = rounds_ahead.greedy_path
+    path = greedy_walk.greedy_path
     twins = torch.zeros(1, dtype=torch.bool, device=DEVICE)
-    monkeypatch.setattr(rounds_ahead, "greedy_path", lambda *args: (*path(*args)[:2], twins))
+    monkeypatch.setattr(greedy_walk, "greedy_path", lambda *args: (*path(*args)[:2], twins))
     with pytest.raises(RuntimeError, match="no tree of distinct siblings"):
         ahead.generate(list(range(1, 13)), 24)
 
