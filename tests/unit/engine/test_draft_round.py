@@ -23,8 +23,11 @@ from tests.drafts import tiny_draft
 
 SETTINGS = {"chain7": SpecConfig.chain(7), "tree5x4_16": SpecConfig(5, 4, 16), "tree6x8_32": SpecConfig(6, 8, 32)}
 # aten ops of one round (m = 1, bf16 logits) outside its drafter steps; the rounds ran 90, 237
-# and 276 before their constants were built once and their bookkeeping folded (#25)
+# and 276 before their constants were built once and their bookkeeping folded (#25); with the
+# expansion's Triton kernels (each launch counted as one op)
 MAX_OPS = {"chain7": 49, "tree5x4_16": 113, "tree6x8_32": 129}
+MAX_OPS_KERNELS = {"chain7": 14, "tree5x4_16": 60, "tree6x8_32": 64}
+EXPAND_KERNELS = ("child_topk", "next_frontier", "tree_mask")
 COMMITTED, NUM_SLOTS = 20, 80  # the round's start (entries already in the cache); the verify's S
 
 
@@ -78,19 +81,51 @@ def _pending(m: int, width: int, dtype: torch.dtype) -> tuple[torch.Tensor, torc
     return torch.randint(0, 128, (m,), generator=gen), torch.randn(m, width, generator=gen).to(dtype)
 
 
+def _count_expand_kernels(monkeypatch, counter: OpCounter) -> None:
+    """Rounds expand through `kernels.expand_ops` (Triton's interpreter without a GPU); each
+    launch counts as one op of `counter`, the interpreter's own tensor ops not at all."""
+    from specdraft.engine.kernels import expand_ops
+
+    init = TreeExpansion.__init__
+    monkeypatch.setattr(TreeExpansion, "__init__", lambda self, *args, **kwargs: init(self, *args, kernels=True))
+    for name in EXPAND_KERNELS:
+        def launch(*args, kernel=getattr(expand_ops, name), name=name):
+            counter.paused = True
+            try:
+                return kernel(*args)
+            finally:
+                counter.paused = False
+                counter.ops[name] += 1
+        monkeypatch.setattr(expand_ops, name, launch)
+
+
 @torch.no_grad()
+@pytest.mark.parametrize("kernels", [False, True])
 @pytest.mark.parametrize("name", list(SETTINGS))
-def test_round_runs_few_torch_ops_around_its_drafter_steps(name, monkeypatch):
+def test_round_runs_few_torch_ops_around_its_drafter_steps(name, kernels, monkeypatch):
     """Every torch op of a round is a kernel of its graph: the step offsets, masks and
     constants are built once (not replayed), the expansion and the selection folded; bf16
-    logits as on the GPU (their float32 copy counts)."""
+    logits as on the GPU (their float32 copy counts). With the expansion's Triton kernels a
+    step is one launch of a chain, three of a tree (the last step's one), besides no torch op
+    of the expansion."""
     spec = SETTINGS[name]
     counter = OpCounter()
     rounds, fast, _, _ = _setup(spec, torch.bfloat16, monkeypatch, counter)
+    if kernels:
+        pytest.importorskip("triton")
+        if torch.cuda.is_available():
+            pytest.skip("the interpreter's count (the kernels would be compiled for CUDA and given CPU tensors)")
+        _count_expand_kernels(monkeypatch, counter)
     ids, aux = _pending(1, fast.fc.shape[1], torch.bfloat16)
     with counter:
         out = rounds.round(ids, aux, torch.tensor([COMMITTED]))
     assert len(out) == (2 if spec.topk == 1 else 3)
+    if kernels:
+        moves = spec.num_steps - 1 if spec.topk > 1 else 0  # a tree's frontiers moved, each one's mask built
+        assert [counter.ops[k] for k in EXPAND_KERNELS] == [spec.num_steps, moves, moves]
+        assert counter.ops["_log_softmax"] == counter.ops["topk"] == 0
+        assert sum(counter.ops.values()) <= MAX_OPS_KERNELS[name], counter.ops
+        return
     assert counter.ops["_log_softmax"] == spec.num_steps  # one expansion per step, each counted
     assert sum(counter.ops.values()) <= MAX_OPS[name], counter.ops
 
