@@ -179,8 +179,9 @@ class TreeExpansion:
     `GraphedRound` captures the expansion). topk: children per node. sampled: draw each child
     from q (chain at T > 0) instead of taking the top-k. draft_to_target: [Vd] long, the target
     id of every draft id. vocab_size: the target's V (for draft_probs). kernels: expand through
-    `kernels.expand_ops` (CUDA with Triton; ignored when sampled): three launches a tree step,
-    one a chain step, where the torch ops are fifteen and six; ties go to the lower draft id.
+    `kernels.expand_ops` (CUDA with Triton; ignored when sampled or when the draft vocabulary is
+    larger than `expand_ops.MAX_VOCAB`): three launches a tree step, one a chain step, where the
+    torch ops are fifteen and six; ties go to the lower draft id.
     A chain (topk 1) keeps no frontier bookkeeping: its one child is the next frontier, every
     scratch entry is an ancestor of the next row (no draft mask) and every node is verified.
     """
@@ -190,7 +191,10 @@ class TreeExpansion:
                  kernels: bool = False) -> None:
         device = draft_to_target.device
         self.topk, self.sampled, self.params, self.generator = topk, sampled, params, generator
-        self.kernels = kernels and not sampled
+        self.kernels = False
+        if kernels and not sampled:
+            from specdraft.engine.kernels.expand_ops import MAX_VOCAB
+            self.kernels = draft_to_target.numel() <= MAX_VOCAB
         self.draft_to_target, self.vocab_size = draft_to_target, vocab_size
         root = root_token if isinstance(root_token, Tensor) else draft_to_target.new_tensor([root_token])
         self.tokens = [root]

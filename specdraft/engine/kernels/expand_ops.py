@@ -26,6 +26,7 @@ from torch import Tensor
 from specdraft.engine.kernels.triton_ops import pdl_launch
 
 MASK_BLOCK = 1024  # draft-cache entries a `tree_mask` program writes
+MAX_VOCAB = 4096  # the largest draft vocabulary `child_topk` takes: a program holds its row in registers
 
 
 @triton.jit
@@ -54,10 +55,11 @@ def child_topk(logits: Tensor, row_scores: Tensor, draft_to_target: Tensor, k: i
     """Every frontier row's k best children: logits [F, Vd] (any float dtype, contiguous);
     row_scores [F] float32 (each row's path score); draft_to_target [Vd] long. Returns tokens
     [F*k] long (target ids) and scores [F*k] float32 (row score + log_softmax(logits[r])[child],
-    clamped at 0), row by row, best child first. Raises ValueError when k > Vd."""
+    clamped at 0), row by row, best child first. Raises ValueError when k > Vd or Vd > MAX_VOCAB
+    (`TreeExpansion` expands through torch ops there)."""
     f, vocab = logits.shape
-    if k > vocab:
-        raise ValueError(f"top-{k} children of a draft vocabulary of {vocab}")
+    if not k <= vocab <= MAX_VOCAB:
+        raise ValueError(f"top-{k} children of a draft vocabulary of {vocab} (kernel: k <= vocabulary <= {MAX_VOCAB})")
     tokens = torch.empty(f * k, dtype=torch.long, device=logits.device)
     scores = torch.empty(f * k, dtype=torch.float32, device=logits.device)
     block_v = triton.next_power_of_2(vocab)

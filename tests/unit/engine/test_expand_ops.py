@@ -44,10 +44,24 @@ def test_child_topk_is_log_softmax_top_k_with_ties_to_the_lower_id(f, vocab, k):
     torch.testing.assert_close(scores.cpu().double(), ref.reshape(-1), rtol=0, atol=1e-5)
 
 
-def test_child_topk_refuses_more_children_than_the_vocabulary():
+def test_child_topk_refuses_more_children_than_the_vocabulary_and_vocabularies_past_its_limit():
     with pytest.raises(ValueError, match="top-5 children of a draft vocabulary of 4"):
         child_topk(torch.zeros(1, 4, device=DEVICE), torch.zeros(1, device=DEVICE),
                    torch.arange(4, device=DEVICE), 5)
+    with pytest.raises(ValueError, match="vocabulary of 4097 .kernel: k <= vocabulary <= 4096"):
+        child_topk(torch.zeros(1, 4097, device=DEVICE), torch.zeros(1, device=DEVICE),
+                   torch.arange(4097, device=DEVICE), 2)
+
+
+def test_an_expansion_past_the_kernels_vocabulary_runs_the_torch_ops():
+    """A drafter with more draft ids than a kernel program holds (32000, SpecForge's usual) keeps
+    the torch expansion; sampled chains always do."""
+    def expansion(vocab: int, sampled: bool = False) -> TreeExpansion:
+        return TreeExpansion(0, 4, sampled, SamplingParams(), torch.arange(vocab, device=DEVICE), vocab, None,
+                             kernels=True)
+    assert expansion(4096).kernels and not expansion(32000).kernels and not expansion(4096, sampled=True).kernels
+    tokens, scores = expansion(32000).add_children(torch.randn(1, 32000, generator=_gen(0)).to(DEVICE), False)
+    assert tokens.shape == scores.shape == (4,)
 
 
 @pytest.mark.parametrize("f, k, c", [(1, 4, 0), (4, 4, 8), (3, 3, 5)])
