@@ -155,14 +155,17 @@ def _is_partial(path: Path) -> bool:
 
 def _print_estimate(console, index: dict, settings: StoreSettings, H: int, head_bytes: int,
                     out_dir: Path) -> int:
-    n_aux = len(settings.aux_layers)
-    total = estimate_disk(index["num_tokens"], H, n_aux, settings.dtype, head_bytes)
+    """Print the store's size in two short lines, the total, then how it adds up (one line of 123
+    columns broke inside its formula at a 100-column terminal); warn when the disk under `out_dir`
+    has less free. Returns the estimated bytes (`estimate_disk`)."""
+    n_aux, tokens = len(settings.aux_layers), index["num_tokens"]
+    total = estimate_disk(tokens, H, n_aux, settings.dtype, head_bytes)
     if console is not None:
-        console.print(
-            f"capture: {index['num_samples']} samples, {index['num_tokens']} tokens, "
-            f"{index['num_shards']} shard{'s' * (index['num_shards'] != 1)}; estimated disk {_human(total)} "
-            f"({bytes_per_token(H, n_aux, settings.dtype)} B/token = ids 4 + mask 1 + "
-            f"{n_aux + 1}·{H}·{settings.dtype.itemsize}, target head {_human(head_bytes)})")
+        shards = index["num_shards"]
+        console.print(f"capture: {index['num_samples']} samples, {tokens} tokens, {shards} "
+                      f"shard{'s' * (shards != 1)}; estimated disk {_human(total)}", markup=False)
+        console.print(f"  = {tokens} tokens x {bytes_per_token(H, n_aux, settings.dtype)} B (ids 4 + mask 1 + "
+                      f"{n_aux + 1}·{H}·{settings.dtype.itemsize}) + target head {_human(head_bytes)}", markup=False)
         free = shutil.disk_usage(out_dir).free
         if free < total:
             console.print(f"warning: only {_human(free)} free under {out_dir}", style="yellow",

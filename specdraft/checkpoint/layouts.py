@@ -1,7 +1,7 @@
 """The three drafter layouts as tables: file names, key prefixes, config.json of each, the manifest.
 
 Layouts (DESIGN.md §2 "Checkpoint layouts"):
-- ``sglang`` (the official EAGLE-3 layout, which SGLang loads): config ``architectures:
+- ``sglang`` (the official EAGLE-3 layout, which SGLang and vLLM load): config ``architectures:
   ["LlamaForCausalLMEagle3"]``, aux ids under ``eagle_config``; tensors ``fc.weight``,
   ``midlayer.*``, ``norm.weight``, ``lm_head.weight``, ``d2t``, ``t2d``; ``embed_tokens.weight``
   only when the drafter owns its embedding.
@@ -27,8 +27,9 @@ import torch
 
 from specdraft import __version__
 from specdraft.checkpoint.config_keys import UNKNOWN_KEYS_FIX, unknown_config_keys
-from specdraft.conventions import AUX_KEY, engines_default_layers, from_engine_ids, to_engine_ids
-from specdraft.conventions.engines import SLIDING_LAYER_TYPE
+from specdraft.conventions import AUX_KEY, ENGINE_NAMES, engines_default_layers, from_engine_ids, to_engine_ids
+from specdraft.conventions.engines import (SLIDING_LAYER_TYPE, engines_serving_architecture,
+                                           engines_serving_speculators)
 from specdraft.draft import NORM_FLAGS, DraftConfig, Eagle3Draft, rope_from_hf_config
 from specdraft.errors import SpecdraftError
 
@@ -70,13 +71,23 @@ DRAFTER_REQUIRED_KEYS = ("hidden_size", "num_attention_heads", "intermediate_siz
 
 
 def describe_layout(layout: str, has_manifest: bool) -> str:
-    """A layout as a user sees it on disk ("specdraft" is the SGLang layout plus the manifest)."""
+    """A layout as a user sees it on disk, with the engines that load it (`conventions.DRAFT_LOADING`:
+    the official EAGLE-3 files, SGLang's layout, load in vLLM too); "specdraft" is the SGLang
+    layout plus the manifest."""
     check_layout(layout)
-    name = ("speculators layout (vLLM's)" if layout == "speculators"
-            else "SGLang layout (official EAGLE-3, the one specdraft trains in)")
+    if layout == "speculators":
+        name = f"speculators layout (loaded by {_engine_list(engines_serving_speculators())})"
+    else:
+        loaders = _engine_list(engines_serving_architecture(list(OFFICIAL_ARCHITECTURES)))
+        name = f"SGLang layout (official EAGLE-3, loaded by {loaders}; the one specdraft trains in)"
     if not has_manifest:
         return name + ", no specdraft manifest"
     return name + " + specdraft manifest" + (" (convert's --layout specdraft)" if layout == "specdraft" else "")
+
+
+def _engine_list(engines: list[str]) -> str:
+    """"SGLang and vLLM": engines by their names."""
+    return " and ".join(ENGINE_NAMES[e] for e in engines)
 
 
 @dataclass

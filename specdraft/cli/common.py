@@ -112,6 +112,9 @@ def check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
 UNWRAPPED_WIDTH = 100_000  # columns of a redirected command's Console: no line of its output is this long
 
 
+REDIRECTED_TEXT_WIDTH = 100  # columns a redirected table's long text cells wrap in, at spaces (doctor's evidence)
+
+
 def make_console(stderr: bool = False):
     """The rich Console every command prints with (stdout, or stderr): at a terminal, the terminal's
     width; redirected (a file, a pipe, CliRunner), `UNWRAPPED_WIDTH` and soft wrap, so a line keeps

@@ -100,22 +100,22 @@ def generate(
     compile: bool = flag("--compile", help=COMPILE_HELP),
     threads: int | None = threads_option(),
 ) -> None:
-    """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
-    --draft, plain decoding without it (or with --no-spec). Errors are one line on stderr; exit 2:
-    a bad option value or combination (before anything loads), 1: an input refused while loading or
-    generating."""
+    """Generate with specdraft's engine: speculative decoding with --draft, plain decoding without it
+    (or with --no-spec). stdout: the prompt and its continuation, streamed (`> out.txt` keeps the text
+    alone); stderr: notes, then the metrics table. Errors are one line on stderr; exit 2: a bad option
+    value or combination (before anything loads), 1: an input refused while loading or generating."""
     from transformers import AutoTokenizer
 
     from specdraft.engine.load import load_engine
     from specdraft.machine_load import busy_note
 
-    console = make_console()
+    console, info = make_console(), make_console(stderr=True)  # the text; what is said about it
     remedy = "fewer threads (e.g. --threads 1) compete less" if threads != 1 else ""
     busy = busy_note("the tokens/s above", remedy) if device == "cpu" else None
     spec = _spec_of_flags(no_spec, draft, {"--topk": topk, "--num-steps": num_steps,
                           "--num-draft-tokens": num_draft_tokens, "--aux-layers": aux_layers,
                           "--sglang-version": sglang_version or None}, compile, device, plain_without_draft=True)
-    with user_errors(console):
+    with user_errors(info):
         torch_dtype = engine_dtype(dtype)
         set_threads(threads)
         refuse_bad_configs(draft if spec is not None else "", target)
@@ -124,18 +124,18 @@ def generate(
         engine = load_engine(target, draft if spec is not None else None, spec, device, torch_dtype,
                              max_seq_len or None, tokenizer, compile=compile, reading=reading)
         for note in engine.notes:
-            console.print(f"note: {note}", markup=False, soft_wrap=True)
+            info.print(f"note: {note}", markup=False, soft_wrap=True)
         ids = tokenizer(prompt, verbose=False)["input_ids"]  # the length check below says more than its warning
         engine.check_limits(len(ids), max_new_tokens)  # before the prompt is echoed
         eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": sampling_top_k, "seed": seed}
         if compile:  # compile and capture first: the metrics below are then the engine's, not the compiler's
-            _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), console, **sampling)
+            _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), info, **sampling)
         result = _echo_and_generate(console, engine, prompt, ids, max_new_tokens, eos, tokenizer, sampling)
     console.print()
     setting = (f"speculative decoding (steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens})"
                if spec is not None else "plain decoding" + ("" if no_spec else " (no --draft)"))
-    _print_generate_summary(console, engine, result, setting, compile, busy)
+    _print_generate_summary(info, engine, result, setting, compile, busy)
 
 
 def _echo_and_generate(console, engine, prompt: str, ids: list[int], max_new_tokens: int, eos: tuple,

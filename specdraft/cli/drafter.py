@@ -11,6 +11,7 @@ from specdraft.cli.common import (
     DRAFTER_HELP,
     NUM_DRAFT_TOKENS_HELP,
     NUM_STEPS_HELP,
+    REDIRECTED_TEXT_WIDTH,
     SKIP_BAD_HINT,
     TOPK_HELP,
     TRUST_REMOTE_CODE_HELP,
@@ -358,7 +359,8 @@ def doctor(
     if json_output:
         typer.echo(report_json(report))
     else:
-        console.print(report_table(report, f"specdraft doctor {checkpoint}", expand=console.is_terminal))
+        console.print(report_table(report, f"specdraft doctor {checkpoint}", expand=console.is_terminal,
+                                   wrap_at=None if console.is_terminal else REDIRECTED_TEXT_WIDTH))
         for note in report.notes:
             console.print(f"note: {note}", markup=False, soft_wrap=True)
     skipped = report.counts()["skip"]

@@ -224,9 +224,16 @@ def loading_label(row: DraftLoading) -> str:
     return version_label(row)  # the same fields as an EngineRule
 
 
+def _newest_rows() -> dict[str, DraftLoading]:
+    """Each engine's DRAFT_LOADING row of its newest release read (RELEASES_READ)."""
+    return {row.engine: row for row in DRAFT_LOADING}
+
+
 def engines_serving_architecture(architectures: list[str]) -> list[str]:
     """The engines (newest release read, RELEASES_READ) that register one of `architectures`."""
-    newest = {}
-    for row in DRAFT_LOADING:
-        newest[row.engine] = row
-    return [e for e, row in newest.items() if set(architectures) & set(row.architectures)]
+    return [e for e, row in _newest_rows().items() if set(architectures) & set(row.architectures)]
+
+
+def engines_serving_speculators() -> list[str]:
+    """The engines (newest release read) that load a speculators config (`speculators_model_types`)."""
+    return [e for e, row in _newest_rows().items() if row.speculators_model_types]

@@ -125,12 +125,19 @@ def _likely_causes(ev: Evidence) -> str:
 
 def draft_depth_pays_off(ev: Evidence) -> Result:
     """Each configured chain step adds at least MIN_STEP_GAIN expected tokens a round, the
-    drafter replaying the chain's rounds on the samples (S5; bench measures)."""
+    drafter replaying the chain's rounds on the samples (S5; bench measures). Without a setting,
+    a skip; against specdraft serve, one naming its options."""
+    from specdraft.doctor.online import served_by_specdraft  # httpx: imported when a check runs
+
     args = ev.engine_args
     try:
         spec = args.spec_config() if args is not None else None
     except ValueError:
         raise Unavailable("the speculative settings are invalid", "see speculative_settings_valid") from None
+    if spec is None and served_by_specdraft(ev):
+        raise Unavailable(f"needs a chain setting: {ev.inputs.server} is specdraft serve, which does not report "
+                          "its --num-steps", "specdraft tune measures the --num-steps / --topk that pay off; "
+                          "restart specdraft serve with them")
     if spec is None or not spec.is_chain:
         raise Unavailable("needs a chain setting in --engine-args" if spec is None else
                           "tree settings: measure them with specdraft bench", "")
@@ -165,27 +172,31 @@ def online_acceptance(ev: Evidence) -> Result:
     from specdraft.doctor.online import (
         MAX_TOKENS,
         ServerError,
-        connect,
         largest_served_id,
         offline_on_served,
         run_online,
+        served,
+        server_failure,
     )
 
     url = ev.inputs.server
     if url is None:
         raise Unavailable("no --server", "pass a live server URL")
     try:
-        server = connect(url, wait_s=ev.inputs.server_wait_s)  # an unreachable server fails even without samples
+        server = served(ev)  # an unreachable server fails even without samples
+    except Unavailable as e:
+        return fail(e.reason, e.fix)
+    try:
         online = run_online(server, ev.samples, _text_to_ids(ev))
     except ServerError as e:
-        return fail(f"server unreachable or failing: {e}", f"start the server at {url} or fix --server")
+        return fail(*server_failure(url, e))
     vocab, where = ev.target_sizes()[1:]
     largest = largest_served_id(online)
     if largest >= vocab:
-        served = online.server.model
+        model = online.server.model
         return fail(f"{url} returns token id {largest}, past the {where}'s vocabulary of "
-                    f"{vocab}: it serves another model ({served!r}, its /v1/models says)",
-                    f"start the server on --target, or pass the model it serves ({served}) as --target")
+                    f"{vocab}: it serves another model ({model!r}, its /v1/models says)",
+                    f"start the server on --target, or pass the model it serves ({model}) as --target")
     kind = online.server.kind
     sent = f"{online.num_prompts} prompts x {MAX_TOKENS} tokens at T = 0 to {url} ({kind})"
     if online.counts is None:
@@ -193,7 +204,8 @@ def online_acceptance(ev: Evidence) -> Result:
             raise Unavailable(f"{url} exposes no speculative counters (not specdraft, vLLM or SGLang "
                               "/metrics / meta_info)", "measure acceptance on the server by hand")
         return fail(f"{sent}: the server verified no drafts (speculation is off on it)",
-                    "serve with the drafter (EAGLE-3 speculative settings)")
+                    f"restart specdraft serve with --draft {ev.path} (not --no-spec)" if kind == "specdraft"
+                    else "serve with the drafter (EAGLE-3 speculative settings)")
     steps = _online_steps(ev, online)
     engine = ev.engine or (kind if kind in ENGINE_NAMES else None)
     try:

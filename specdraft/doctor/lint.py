@@ -24,6 +24,11 @@ _MODEL_FLAGS = {"sglang": ("--model-path {}", "--speculative-draft-model-path {}
 ENGINE_ARGS_FIX = ("pass the SGLang or vLLM launch command (--engine-args \"python -m sglang.launch_server ...\" "
                    "or \"vllm serve ...\"); specdraft serve needs none: it runs EAGLE-3 and refuses "
                    "settings an engine would rewrite")
+# The same checks when --server is specdraft's own server, which has no launch line of an engine to check
+# (`specdraft serve`: EAGLE-3 only, on the drafter and settings it was started with).
+SPECDRAFT_SERVE_SKIP = "{} is specdraft serve: it has no SGLang or vLLM launch line to check"
+SPECDRAFT_SERVE_FIX = ("none for specdraft serve: it runs EAGLE-3 only, on its --draft, and refuses a --num-steps, "
+                       "--topk or --num-draft-tokens it cannot run; online_acceptance checks the drafter it serves")
 
 
 def fc_width_matches_aux(ev: Evidence) -> Result:
@@ -122,11 +127,16 @@ def _express(ev: Evidence, layers: list[int]) -> str:
 
 def _given_engine_args(ev: Evidence) -> EngineArgs | Result:
     """The parsed --engine-args of a check that needs them, or a fail when they cannot be read
-    (the user's command line is at fault); raises Unavailable (a skip) when none were given."""
+    (the user's command line is at fault); raises Unavailable (a skip) when none were given,
+    saying so in specdraft serve's terms when --server is specdraft's own server."""
+    from specdraft.doctor.online import served_by_specdraft  # httpx: imported when a check runs
+
     try:
         args = ev.engine_args
     except Unavailable as e:
         return fail(e.reason, e.fix)
+    if args is None and served_by_specdraft(ev):
+        raise Unavailable(SPECDRAFT_SERVE_SKIP.format(ev.inputs.server), SPECDRAFT_SERVE_FIX)
     if args is None:
         raise Unavailable("no --engine-args", ENGINE_ARGS_FIX)
     return args

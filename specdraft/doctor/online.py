@@ -28,7 +28,7 @@ import httpx
 from specdraft.client import (SERVER_WAIT_S, ClientError, RequestRecord, Server, SpecCounts, counter_delta, scrape,
                               sglang_counts, wait_for_server)
 from specdraft.data.render import Sample
-from specdraft.doctor.evidence import Evidence
+from specdraft.doctor.evidence import Evidence, Unavailable
 from specdraft.doctor.offline import OfflineRun, run_on
 
 MAX_TOKENS = 32          # tokens generated per prompt
@@ -74,6 +74,35 @@ def connect(url: str, timeout_s: float = TIMEOUT_S, wait_s: float = SERVER_WAIT_
         return wait_for_server(url, wait_s, timeout_s, "--server", on_wait=lambda line: print(line, file=sys.stderr))
     except (RuntimeError, httpx.HTTPError) as e:
         raise ServerError(f"{url} does not answer: {e}") from None
+
+
+def served(ev: Evidence) -> Server:
+    """The --server, connected to once per doctor run (`connect`; cached in `ev`, so the checks that
+    ask share one wait). Unavailable without --server, or naming the failure when it does not answer."""
+    url = ev.inputs.server
+    if url is None:
+        raise Unavailable("no --server", "pass a live server URL")
+
+    def connected() -> Server:
+        try:
+            return connect(url, wait_s=ev.inputs.server_wait_s)
+        except ServerError as e:
+            raise Unavailable(*server_failure(url, e)) from None
+    return ev.cached("server", connected)
+
+
+def server_failure(url: str, error: ServerError) -> tuple[str, str]:
+    """(evidence, fix) of a --server that does not answer, or answers an error."""
+    return f"server unreachable or failing: {error}", f"start the server at {url} or fix --server"
+
+
+def served_by_specdraft(ev: Evidence) -> bool:
+    """Whether --server is specdraft's own server (`specdraft serve`: its kind, `client.Server.kind`);
+    False without --server or when it does not answer."""
+    try:
+        return served(ev).kind == "specdraft"
+    except Unavailable:
+        return False
 
 
 def run_online(server: Server, samples: list[Sample], tokenizer: Any, max_tokens: int = MAX_TOKENS,

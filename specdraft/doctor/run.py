@@ -164,27 +164,40 @@ def counts_text(counts: dict[str, int]) -> str:
     return f"{counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skipped"
 
 
-def report_table(report: Report, title: str = "specdraft doctor", expand: bool = True):
+def report_table(report: Report, title: str = "specdraft doctor", expand: bool = True, wrap_at: int | None = None):
     """A rich Table of one row per finding: its verdict, then the check's name over its evidence
     and, when it has one, "fix: ..." (report.notes are not in it). Two columns keep the evidence
     wide at 80 columns; words wrap whole, and a token longer than the line folds, never cut.
-    expand False: as wide as its longest line, not the console's width (output redirected:
-    `cli.common.make_console`)."""
+    expand False: as wide as its longest line, not the console's width. wrap_at (output
+    redirected, whose console is unbounded: `cli.common.make_console`): the evidence column is
+    that many columns wide, or as its longest word (a path) when wider, and the title stays one
+    line, so text wraps at spaces only: no path is folded."""
+    from rich.cells import cell_len
     from rich.table import Table
     from rich.text import Text
 
     hint = skips_text(report.skips_enabled_by())
     caption = counts_text(report.counts()) + (f"; {hint}" if hint else "")
-    table = Table(title=title, caption=caption, show_lines=True, expand=expand)
+    heading = Text(title, no_wrap=True, overflow="ignore") if wrap_at else title  # a terminal wraps it, as ever
+    table = Table(title=heading, caption=caption, show_lines=True, expand=expand)
     table.add_column("verdict", no_wrap=True)
-    table.add_column("check / evidence", overflow="fold")
-    for f in report.findings:
-        cell = Text(f.check, style="bold")
-        cell.append("\n" + f.evidence)
-        if f.fix:
-            cell.append("\nfix: " + f.fix, style="cyan")
+    cells = [_finding_cell(f) for f in report.findings]
+    width = max([wrap_at, *(cell_len(word) for cell in cells for word in cell.plain.split())]) if wrap_at else None
+    table.add_column("check / evidence", overflow="fold", max_width=width)
+    for f, cell in zip(report.findings, cells):
         table.add_row(Text(f.verdict.upper(), style=STYLES[f.verdict]), cell)
     return table
+
+
+def _finding_cell(f: Finding):
+    """A finding's check (bold), evidence, and "fix: ..." (cyan) when it has one, as rich Text."""
+    from rich.text import Text
+
+    cell = Text(f.check, style="bold")
+    cell.append("\n" + f.evidence)
+    if f.fix:
+        cell.append("\nfix: " + f.fix, style="cyan")
+    return cell
 
 
 def report_json(report: Report) -> str:

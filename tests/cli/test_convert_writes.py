@@ -22,7 +22,7 @@ def test_manifest_less_speculators_convert_records_the_targets_architecture(tmp_
     assert verifier == {"name_or_path": str(target.resolve()), "architectures": ["Qwen3ForCausalLM"]}  # as export
     text = " ".join(result.output.split())
     assert "config.json, model.safetensors; 15 tensors, each bit-identical" in text
-    assert "speculators layout (vLLM's), no specdraft manifest" in text
+    assert "speculators layout (loaded by vLLM), no specdraft manifest" in text
     assert f"verifier: '{target.resolve()}', architectures ['Qwen3ForCausalLM'] (`vllm serve {tmp_path / 'out'}` " \
         "serves it as the target: it must resolve on the serving host)" in text, text
 

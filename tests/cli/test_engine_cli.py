@@ -1,5 +1,5 @@
-"""`specdraft generate`: loads the tokenizer from the target dir, streams the text, prints the
-metrics table; speculative, --no-spec and draft-less runs print the target's greedy text."""
+"""`specdraft generate`: loads the tokenizer from the target dir, streams the text to stdout, prints
+the metrics table to stderr; speculative, --no-spec and draft-less runs print the target's greedy text."""
 
 from __future__ import annotations
 
@@ -43,6 +43,9 @@ def test_generate_streams_text_and_prints_metrics(tmp_path, monkeypatch):
     assert spec.exit_code == 0, spec.output
     assert expected in spec.output.replace("\n", "")
     assert "accept length tau" in spec.output and "steps 3, topk 2, draft tokens 6" in spec.output
+    # `generate ... > out.txt` keeps the text alone: the prompt and its continuation on stdout, the metrics on stderr
+    assert "".join(spec.stdout.split()) == "".join((prompt + expected).split()) and spec.stdout.endswith("\n")
+    assert "accept length tau" in spec.stderr and "tokens/s" in spec.stderr
     defaults = CliRunner().invoke(app, common + ["--draft", str(draft_dir)])  # topk 1, num_steps 3
     assert defaults.exit_code == 0, defaults.output
     assert expected in defaults.output.replace("\n", "")
@@ -51,7 +54,8 @@ def test_generate_streams_text_and_prints_metrics(tmp_path, monkeypatch):
     plain = CliRunner().invoke(app, common + ["--no-spec"])  # a baseline of the same command
     assert plain.exit_code == 0, plain.output
     assert expected in plain.output.replace("\n", "") and "plain decoding" in plain.output
-    assert "note: the machine was busy when this started (load 64.0" in plain.output
+    assert "note: the machine was busy when this started (load 64.0" in plain.stderr
+    assert "".join(plain.stdout.split()) == "".join((prompt + expected).split())  # no table, no note
     assert "--threads 1" in plain.output  # the remedy, unless already taken:
     pinned = CliRunner().invoke(app, common + ["--no-spec", "--threads", "1"])
     assert "machine was busy" in pinned.output and "--threads 1" not in pinned.output

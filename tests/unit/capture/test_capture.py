@@ -120,18 +120,22 @@ def test_other_settings_are_refused(chat_target_dir, data_file, tmp_path):
         capture_dataset(config(other, data_file, tmp_path / "s"))
 
 
-def test_disk_estimate_is_printed_first(chat_target_dir, tmp_path):
+@pytest.mark.parametrize("width", [80, 100])
+def test_disk_estimate_is_printed_first(chat_target_dir, tmp_path, width):
+    """Two lines, the total, then how it adds up, whole at a 80- or 100-column terminal (one line
+    broke inside its formula at 100 columns)."""
     target = load_target(chat_target_dir)
     samples = [Sample([1, 5, 6, 7], [0, 0, 1, 1]), Sample([1, 8, 9], [0, 1, 1])]
     settings = StoreSettings((1, 2, 3), torch.bfloat16, shard_tokens=4)
     buf = io.StringIO()
-    write_store(target, samples, tmp_path / "s", settings, console=Console(file=buf, width=200))
+    write_store(target, samples, tmp_path / "s", settings, console=Console(file=buf, width=width))
     head = 2 * 128 * 32 * 4 + 32 * 4
     expected = estimate_disk(7, 32, 3, torch.bfloat16, head)
     assert expected == 7 * (5 + 4 * 32 * 2) + head
-    first = buf.getvalue().splitlines()[0]
-    assert "7 tokens" in first and "2 shards" in first and "estimated disk" in first
-    assert f"{expected / 1024:.1f} KiB" in first
+    first, second = buf.getvalue().splitlines()[:2]
+    assert first == f"capture: 2 samples, 7 tokens, 2 shards; estimated disk {expected / 1024:.1f} KiB"
+    assert second == (f"  = 7 tokens x {5 + 4 * 32 * 2} B (ids 4 + mask 1 + 4·32·2) + target head "
+                      f"{head / 1024:.1f} KiB")
     shard_bytes = sum(p.stat().st_size for p in (tmp_path / "s").glob("shard-*"))
     assert 7 * (5 + 4 * 32 * 2) < shard_bytes < 7 * (5 + 4 * 32 * 2) + 2 * 1024  # headers only
 

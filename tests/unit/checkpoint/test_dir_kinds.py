@@ -15,9 +15,11 @@ from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.cli.test_cli import invoke
 
 DRAFTER_DIRS = "pass the drafter directory (specdraft train's OUT/draft or an export), and this directory as --target"
-SGLANG_MANIFEST = ("SGLang layout (official EAGLE-3, the one specdraft trains in) + specdraft manifest "
-                   "(convert's --layout specdraft)")
-BARE_SGLANG = "SGLang layout (official EAGLE-3, the one specdraft trains in), no specdraft manifest"
+SGLANG_MANIFEST = ("SGLang layout (official EAGLE-3, loaded by SGLang and vLLM; the one specdraft trains in) + "
+                   "specdraft manifest (convert's --layout specdraft)")
+BARE_SGLANG = ("SGLang layout (official EAGLE-3, loaded by SGLang and vLLM; the one specdraft trains in), no "
+               "specdraft manifest")
+SPECULATORS = "speculators layout (loaded by vLLM)"
 
 
 @pytest.fixture(scope="module")
@@ -115,23 +117,25 @@ def test_a_target_as_drafter_is_one_line_naming_the_fix(world, tmp_path, args, g
 def test_inspect_names_the_layout_it_sees(world, tmp_path):
     draft, target, spec, bare = world
     for args in (["export", str(draft), str(tmp_path / "sglang-export"), "--engine", "sglang", "--target", str(target)],
+                 ["export", str(draft), str(tmp_path / "vllm-export"), "--engine", "vllm", "--target", str(target)],
                  ["convert", str(draft), str(tmp_path / "as-sglang"), "--layout", "sglang"],
                  ["convert", str(draft), str(tmp_path / "as-specdraft"), "--layout", "specdraft"],
                  ["convert", str(draft), str(tmp_path / "as-speculators"), "--layout", "speculators"]):
         result = invoke(args)
         assert result.exit_code == 0, result.output
         if args[0] == "convert":  # convert names what it wrote as inspect will
-            on_disk = {"speculators": "speculators layout (vLLM's) + specdraft manifest", "sglang": BARE_SGLANG,
+            on_disk = {"speculators": SPECULATORS + " + specdraft manifest", "sglang": BARE_SGLANG,
                        "specdraft": SGLANG_MANIFEST}[args[-1]]
             assert f"wrote {args[2]} ({on_disk}):" in result.output.replace("\n", "")
     # The "specdraft" layout is the SGLang files plus the manifest: the same bytes, less the manifest.
     for name in ("config.json", "model.safetensors"):
         assert (tmp_path / "as-sglang" / name).read_bytes() == (tmp_path / "as-specdraft" / name).read_bytes()
     assert not (tmp_path / "as-sglang" / "specdraft_manifest.json").exists()
+    # a vLLM export is the same layout, which vLLM loads as SGLang does (conventions.DRAFT_LOADING)
     expected = {draft: SGLANG_MANIFEST, tmp_path / "sglang-export": SGLANG_MANIFEST,
-                tmp_path / "as-sglang": BARE_SGLANG, tmp_path / "as-specdraft": SGLANG_MANIFEST,
-                tmp_path / "as-speculators": "speculators layout (vLLM's) + specdraft manifest",
-                spec: "speculators layout (vLLM's), no specdraft manifest",
+                tmp_path / "vllm-export": SGLANG_MANIFEST, tmp_path / "as-sglang": BARE_SGLANG, tmp_path / "as-specdraft": SGLANG_MANIFEST,
+                tmp_path / "as-speculators": SPECULATORS + " + specdraft manifest",
+                spec: SPECULATORS + ", no specdraft manifest",
                 bare: BARE_SGLANG}
     for path, layout in expected.items():
         result = invoke(["inspect", str(path), "--target", str(target)])

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specdraft.doctor import run_doctor
+from specdraft.doctor.lint import ENGINE_ARGS_FIX, SPECDRAFT_SERVE_FIX
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.serve.server import build_app, serve_in_thread
 from tests.doctor_helpers import edit_weights, served_world
@@ -85,6 +86,41 @@ def test_online_acceptance_server_running_another_drafter_fails(world, tmp_path)
     finding = doctor_against_server(with_shifted_d2t(draft, tmp_path / "broken"), draft, target, samples)
     assert finding.verdict == "fail", finding
     assert "accepts far more than this checkpoint" in finding.evidence and "another drafter" in finding.fix
+
+
+def test_against_specdraft_serve_the_launch_checks_advise_its_options(world):
+    """specdraft serve has no SGLang / vLLM launch line: the checks of one say so and advise
+    specdraft serve's options, not --engine-args (which they advise without a server)."""
+    draft, target, samples = world
+    server = serve(target, draft)
+    try:
+        report = run_doctor(draft, target=target, samples=samples, server=server.url, max_samples=8)
+    finally:
+        server.stop()
+    for check in ("algorithm_is_eagle3", "launch_names_these_models", "speculative_settings_valid"):
+        finding = report.finding(check)
+        assert finding.verdict == "skip", finding
+        assert finding.evidence == f"{server.url} is specdraft serve: it has no SGLang or vLLM launch line to check"
+        assert finding.fix == SPECDRAFT_SERVE_FIX and "--engine-args" not in finding.fix
+    depth = report.finding("draft_depth_pays_off")
+    assert depth.verdict == "skip" and "--engine-args" not in depth.evidence, depth
+    assert depth.fix == ("specdraft tune measures the --num-steps / --topk that pay off; restart specdraft serve "
+                         "with them")
+    assert "--engine-args" not in report.skips_enabled_by()  # the table's caption names no such input
+    assert report.finding("online_acceptance").verdict == "pass"
+    alone = run_doctor(draft, target=target, samples=samples, max_samples=8)
+    assert alone.finding("algorithm_is_eagle3").fix == ENGINE_ARGS_FIX and "--engine-args" in alone.skips_enabled_by()
+
+
+def test_a_specdraft_server_that_drafts_nothing_is_told_to_start_with_the_drafter(world):
+    draft, target, samples = world
+    server = serve_in_thread(build_app(str(target), None, None, max_seq_len=128))  # specdraft serve --no-spec
+    try:
+        finding = doctor(draft, target, samples, server.url)
+    finally:
+        server.stop()
+    assert finding.verdict == "fail" and "the server verified no drafts" in finding.evidence, finding
+    assert finding.fix == f"restart specdraft serve with --draft {draft} (not --no-spec)"
 
 
 def test_online_acceptance_unreachable_server_fails(world):
