@@ -102,8 +102,8 @@ def generate(
 ) -> None:
     """Generate with specdraft's engine, streaming text, then metrics: speculative decoding with
     --draft, plain decoding without it (or with --no-spec). Errors are one line on stderr; exit 2:
-    a bad option value or combination (before anything loads), 1: an input refused while loading or
-    generating."""
+    a bad option value or combination (before anything loads) or an unusable input (a weights file
+    cut short), 1: an input refused while loading or generating."""
     from transformers import AutoTokenizer
 
     from specdraft.engine.load import load_engine
