@@ -10,11 +10,10 @@ from typing import Literal
 
 import typer
 
+from specdraft.cli.command import App
 from specdraft.errors import SpecdraftError, UnusableInput
 
-# rich_markup_mode=None: click's plain help and usage errors, which wrap whole words at the terminal's width
-# (typer's boxed panels cut words at 80 columns)
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+app = App()
 
 
 # Options with a fixed set of values: click refuses any other value (exit 2, the choices listed) and
@@ -169,8 +168,8 @@ def flag(name: str, help: str, **kwargs):
 
 def argument(metavar: str, help: str, **kwargs):
     """A required positional argument named `metavar` (upper case, as the commands' docstrings name
-    it) in usage lines, help and errors: typer 0.27+ shows the parameter's own lower-case name
-    (`{checkpoint}`) otherwise. kwargs: more typer.Argument settings (a callback)."""
+    it) in usage lines (`Command`), help and errors: typer 0.27+ shows the parameter's own lower-case
+    name (`{checkpoint}`) otherwise. kwargs: more typer.Argument settings (a callback)."""
     return typer.Argument(..., metavar=metavar, help=help, **kwargs)
 
 
