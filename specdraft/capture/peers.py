@@ -44,8 +44,8 @@ from pathlib import Path
 
 import torch
 
-from specdraft.capture.store import CaptureError
-from specdraft.checkpoint import write_safetensors
+from specdraft.capture.store import CaptureError, DamagedStore
+from specdraft.checkpoint import read_safetensors, write_safetensors
 from specdraft.files import atomic_write, atomic_write_bytes
 
 SPECULATORS_HS_DIR = "hidden_states"
@@ -55,6 +55,7 @@ SPECFORGE_KEYS = ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state")
 SPECFORGE_GROUP = 2000  # files per rows_{g}-{g+G} folder (prepare_hidden_states' default)
 _SPECFORGE_NAME = re.compile(r"data_(\d+)\.ckpt(\.gz)?$")
 _HS_NAME = re.compile(r"hs_(\d+)\.safetensors$")
+PEER_FIX = "restore the file, or write the store again with the tool that made it"  # a peer's file cut short
 
 
 def _check_keys(path: Path, keys: Iterable[str], expected: tuple[str, ...], what: str) -> None:
@@ -106,11 +107,10 @@ def read_speculators(path: str | Path) -> Iterator[dict[str, torch.Tensor]]:
     """The samples of a speculators offline store, in row order (see the module table).
 
     Raises CaptureError naming the file and field: a missing or extra column or tensor, a
-    missing hs file, token_ids that differ from the row's input_ids, a wrong shape.
+    missing hs file, token_ids that differ from the row's input_ids, a wrong shape; DamagedStore
+    for an hs file cut short or damaged.
     """
     from datasets import load_from_disk
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     path = Path(path)
     try:
@@ -127,11 +127,7 @@ def read_speculators(path: str | Path) -> Iterator[dict[str, torch.Tensor]]:
                            f"({len(files)} hs files for {len(rows)} rows)")
     for i in range(len(rows)):
         row, file = rows[i], files[i]
-        try:
-            hs = load_file(str(file))
-        except (SafetensorError, OSError) as e:
-            raise CaptureError(f"{file}: unreadable safetensors ({e})") from None
-        yield _speculators_sample(file, hs, row)
+        yield _speculators_sample(file, read_safetensors(file, PEER_FIX, DamagedStore), row)
 
 
 def _speculators_sample(file: Path, hs: dict, row: dict) -> dict[str, torch.Tensor]:
@@ -209,13 +205,14 @@ def _load_ckpt(file: Path) -> dict:
                            f"file holds a dict of tensors only") from None
     except (OSError, EOFError, RuntimeError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else ""
-        raise CaptureError(f"{file}: unreadable torch.save file ({type(e).__name__}: {first})") from None
+        raise DamagedStore(f"{file}: unreadable torch.save file ({type(e).__name__}: {first}); {PEER_FIX}") from None
 
 
 def read_specforge(path: str | Path) -> Iterator[dict[str, torch.Tensor]]:
     """The samples of a SpecForge offline store (see the module table), by file index; read
     with torch.load(weights_only=True). last_hidden is *after* the target's final norm.
-    Raises CaptureError naming the file and field (missing / extra key, wrong shape)."""
+    Raises CaptureError naming the file and field (missing / extra key, wrong shape); DamagedStore
+    for a file cut short or damaged."""
     files = specforge_files(path)
     if not files:
         raise CaptureError(f"{path}: no SpecForge data_{{i}}.ckpt or .ckpt.gz files")

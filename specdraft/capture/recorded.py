@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from specdraft.capture.forward import shard_tensors
-from specdraft.capture.store import HEAD, INDEX, CaptureError, CaptureStore, read_index
+from specdraft.capture.store import HEAD, INDEX, CaptureError, CaptureStore, DamagedStore, read_index
 from specdraft.capture.write import _save_shard
 from specdraft.checkpoint import file_sha256, read_safetensors, write_safetensors
 from specdraft.conventions import layers_of_option
@@ -93,7 +93,7 @@ def restore_store(samples: Iterator[dict], src: Path, out: Path, last_from_recor
         last = None
         if last_from_record:
             fix = f"delete {record} and pass --target and --aux-layers"
-            last = read_safetensors(_last_hidden_file(record, s), fix, CaptureError)["last_hidden"]
+            last = read_safetensors(_last_hidden_file(record, s), fix, DamagedStore)["last_hidden"]
         part = [Sample(r["input_ids"].tolist(), r["loss_mask"].tolist()) for r in rows]
         states = [(r["aux_hidden"], r["last_hidden"]) for r in rows]
         if last is not None:

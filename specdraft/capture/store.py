@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from specdraft.checkpoint import file_sha256, open_safetensors, read_safetensors
-from specdraft.errors import SpecdraftError
+from specdraft.errors import DamagedFile, SpecdraftError
 
 FORMAT = "specdraft-capture"
 FORMAT_VERSION = 1
@@ -40,6 +40,10 @@ FIX_CORRUPT = "delete it and re-run capture to redo it"
 
 class CaptureError(SpecdraftError, ValueError):
     """A store that cannot be written, resumed or read; the message names the file and the fix."""
+
+
+class DamagedStore(CaptureError, DamagedFile):
+    """A store's file cut short or damaged (a truncated copy): unusable input, as any damaged file."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -151,7 +155,7 @@ class CaptureStore:
             path = self.path / self._shards[s]["file"]
             if not path.is_file():
                 raise CaptureError(f"{path}: missing shard; re-run capture to redo it")
-            self._files[s] = open_safetensors(path, self.fix_damaged, CaptureError)
+            self._files[s] = open_safetensors(path, self.fix_damaged, DamagedStore)
             self._offsets[s] = self._files[s].get_tensor("offsets").tolist()
         return self._files[s], self._offsets[s]
 
@@ -177,7 +181,7 @@ class CaptureStore:
 
     def target_head(self) -> dict[str, torch.Tensor]:
         """{"norm.weight" [H], "lm_head.weight" [V, H], "embed_tokens.weight" [V, H]}."""
-        return read_safetensors(self.path / self.meta["target_head"]["file"], self.fix_damaged, CaptureError)
+        return read_safetensors(self.path / self.meta["target_head"]["file"], self.fix_damaged, DamagedStore)
 
     def verify(self) -> None:
         """Check every shard's and the target head's sha256 against index.json.

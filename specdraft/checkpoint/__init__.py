@@ -74,6 +74,7 @@ from specdraft.checkpoint.weights import (
 from specdraft.conventions import AUX_KEY
 from specdraft.data.vocab import t2d_from_d2t, validate_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft, rope_inv_freq
+from specdraft.errors import UnusableInput
 from specdraft.files import atomic_dir, replace_dir
 
 __all__ = [
@@ -164,10 +165,10 @@ def check_output_dir(out_dir: str | Path, source: str | Path | None = None) -> P
     """The absolute path of a drafter output directory, after refusing what writing there would
     destroy: the `source` being read, a file, or a directory holding anything but an EAGLE-3
     drafter (a new or empty directory, or an earlier drafter, is replaced atomically). Raises
-    CheckpointError."""
+    CheckpointError; UnusableInput for the `source` itself (a usage error: exit 2)."""
     out = Path(out_dir).resolve()
     if source is not None and out == Path(source).resolve():
-        raise CheckpointError(f"{out_dir}: is the checkpoint being read; writing there would replace it: give "
+        raise UnusableInput(f"{out_dir}: is the checkpoint being read; writing there would replace it: give "
                               "another output directory")
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"{out_dir}: is a file; give a new directory (or a drafter directory to replace)")

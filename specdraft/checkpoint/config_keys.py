@@ -18,8 +18,9 @@ are judged by their own rule, not here.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
+
+from specdraft.errors import closest_name
 
 # Keys specdraft reads to build the drafter or the engines' aux ids (draft.DraftConfig,
 # layouts.config_from_files, conventions.aux_layers_from_config).
@@ -61,9 +62,6 @@ EAGLE_CONFIG_VALUES: dict[str, tuple[Any, ...] | None] = {
     "parallel_draft_heads_num_layers": None,  # read only when parallel_draft_step > 1
     "norm_before_fc": (True, False, None),  # read first by layouts.norm_flags_of_config
 }
-# difflib's similarity above which an unknown key is named with the known key it is close to (a typo:
-# "rope_thetta", "num_key_value_head"); below it the hint would name an unrelated key
-CLOSE_KEY_RATIO = 0.8
 MAX_VALUE_CHARS = 60  # an unknown key's value is cut past this in the refusal
 UNKNOWN_KEYS_FIX = ("if the key does not change the network, remove it from config.json; else train and serve the "
                     "drafter with the tool that implements it")
@@ -105,8 +103,8 @@ def _entry(where: str, key: str, value: Any, valued: dict[str, tuple[Any, ...] |
     if valued.get(key):
         hint = f" (harmless only as {' / '.join(repr(v) for v in valued[key])})"
     else:
-        close = difflib.get_close_matches(key, names if names is not None else list(valued), 1, CLOSE_KEY_RATIO)
-        hint = f" (closest known key: {close[0]})" if close else ""
+        close = closest_name(key, names if names is not None else valued)
+        hint = f" (closest known key: {close})" if close else ""
     return f"{where}{key} = {shown}{hint}"
 
 

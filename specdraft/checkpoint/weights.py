@@ -15,7 +15,8 @@ this order (the first present wins; two present is refused, as it is ambiguous):
 Tensors are read lazily where the format allows (safetensors through `safe_open`, .bin files
 memory-mapped), so reading a drafter costs about its file size, not a multiple of it. Any file
 that cannot be read (cut short, damaged, a pickled object that is not a tensor, a shard the index
-names but is not there) is one CheckpointError naming the file and the fix.
+names but is not there) is one CheckpointError naming the file and the fix; a file cut short or
+damaged is a DamagedCheckpoint (also a `DamagedFile`: the CLI exits 2, as for any unusable input).
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ TORCH_INDEX = "pytorch_model.bin.index.json"
 # The weight files a drafter directory may hold, in the order they are looked for.
 WEIGHT_FILES = (WEIGHTS_FILE, SAFETENSORS_INDEX, TORCH_FILE, TORCH_INDEX)
 REEXPORT_FIX = "restore the file from where the drafter came from, or re-export it"
+
+
+class DamagedCheckpoint(CheckpointError, DamagedFile):
+    """A drafter weight file cut short or damaged (a truncated download or copy)."""
 
 
 @dataclass(frozen=True)
@@ -106,9 +111,9 @@ def find_weights(path: str | Path) -> WeightFiles:
 
 def check_weight_headers(path: str | Path) -> None:
     """CheckpointError naming the first weight file of drafter directory `path` that cannot be read
-    (cut short, damaged, not tensors), with its fix: safetensors files by their headers
-    (`open_safetensors`), PyTorch files by opening them as `read_weights` does (memory-mapped:
-    the tensors' bytes are not read). Weight files that are missing or ambiguous (`find_weights`)
+    (DamagedCheckpoint when cut short or damaged; not tensors), with its fix: safetensors files by
+    their headers (`open_safetensors`), PyTorch files by opening them as `read_weights` does
+    (memory-mapped: the tensors' bytes are not read). Weight files that are missing or ambiguous (`find_weights`)
     are left to the loader."""
     try:
         files = find_weights(path)
@@ -116,7 +121,7 @@ def check_weight_headers(path: str | Path) -> None:
         return
     for shard in files.shards:
         if files.format == "safetensors":
-            with open_safetensors(shard, REEXPORT_FIX, CheckpointError):
+            with open_safetensors(shard, REEXPORT_FIX, DamagedCheckpoint):
                 pass
         else:
             _read_shard(shard, files.format)
@@ -144,7 +149,8 @@ def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], WeightFiles
     safetensors tensors are read through `open_safetensors`; .bin files through
     `torch.load(weights_only=True, mmap=True)` (read-only, copy-on-write pages). A sharded save
     must hold exactly the tensors its index names, each once. Raises CheckpointError naming the
-    file for any file that cannot be read, and for names the index and the shards disagree on.
+    file for any file that cannot be read (DamagedCheckpoint when cut short or damaged), and for
+    names the index and the shards disagree on.
     """
     files = find_weights(path)
     tensors: dict[str, torch.Tensor] = {}
@@ -162,7 +168,7 @@ def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], WeightFiles
 
 def _read_shard(file: Path, fmt: str) -> dict[str, torch.Tensor]:
     if fmt == "safetensors":
-        return read_safetensors(file, REEXPORT_FIX, CheckpointError)
+        return read_safetensors(file, REEXPORT_FIX, DamagedCheckpoint)
     try:
         state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
@@ -172,7 +178,7 @@ def _read_shard(file: Path, fmt: str) -> dict[str, torch.Tensor]:
                               "came from, or re-export it") from None
     except (RuntimeError, OSError, EOFError, ValueError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"{file}: cannot be read as a PyTorch weights file, cut short or damaged "
+        raise DamagedCheckpoint(f"{file}: cannot be read as a PyTorch weights file, cut short or damaged "
                               f"({reason}); {REEXPORT_FIX}") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):

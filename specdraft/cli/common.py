@@ -10,11 +10,10 @@ from typing import Literal
 
 import typer
 
-from specdraft.errors import SpecdraftError
+from specdraft.cli.command import App
+from specdraft.errors import SpecdraftError, UnusableInput
 
-# rich_markup_mode=None: click's plain help and usage errors, which wrap whole words at the terminal's width
-# (typer's boxed panels cut words at 80 columns)
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+app = App()
 
 
 # Options with a fixed set of values: click refuses any other value (exit 2, the choices listed) and
@@ -140,16 +139,19 @@ def error(e: Exception, skip_bad_hint: str = "") -> None:
 USER_ERRORS = (SpecdraftError, ValueError, OSError)
 
 
-USAGE_ERROR = 2  # click's exit code for a bad option value; also that of specdraft's checks of option combinations
+# click's exit code for a bad option value; also that of specdraft's checks of option combinations and
+# of any input the user must fix before anything can run (errors.UnusableInput: a file cut short, ...)
+USAGE_ERROR = 2
 
 
 @contextmanager
 def user_errors(console, skip_bad_hint: str = "", interrupted: Callable[[], str] | None = None,
                 exit_code: int = 1) -> Iterator[None]:
     """The one exit-code mapping of every command: a `USER_ERRORS` exception prints one line
-    (`error`) and exits `exit_code` (1; `USAGE_ERROR` around checks of the options alone); Ctrl-C
-    prints `interrupted; <interrupted()>` when given (what was kept and how to resume) and exits 130.
-    Usage errors (typer.BadParameter) exit 2 before a command runs."""
+    (`error`) and exits `exit_code` (1; `USAGE_ERROR` around checks of the options alone), an
+    `errors.UnusableInput` (a damaged file, an output that is the input, ...) `USAGE_ERROR` wherever
+    it is raised; Ctrl-C prints `interrupted; <interrupted()>` when given (what was kept and how to
+    resume) and exits 130. Usage errors (typer.BadParameter) exit 2 before a command runs."""
     try:
         yield
     except KeyboardInterrupt:
@@ -158,7 +160,7 @@ def user_errors(console, skip_bad_hint: str = "", interrupted: Callable[[], str]
         raise typer.Exit(130) from None
     except USER_ERRORS as e:
         error(e, skip_bad_hint)
-        raise typer.Exit(exit_code) from e
+        raise typer.Exit(USAGE_ERROR if isinstance(e, UnusableInput) else exit_code) from e
 
 
 def flag(name: str, help: str, **kwargs):
@@ -169,8 +171,8 @@ def flag(name: str, help: str, **kwargs):
 
 def argument(metavar: str, help: str, **kwargs):
     """A required positional argument named `metavar` (upper case, as the commands' docstrings name
-    it) in usage lines, help and errors: typer 0.27+ shows the parameter's own lower-case name
-    (`{checkpoint}`) otherwise. kwargs: more typer.Argument settings (a callback)."""
+    it) in usage lines (`Command`), help and errors: typer 0.27+ shows the parameter's own lower-case
+    name (`{checkpoint}`) otherwise. kwargs: more typer.Argument settings (a callback)."""
     return typer.Argument(..., metavar=metavar, help=help, **kwargs)
 
 
@@ -327,14 +329,15 @@ def id_reading(target_config, aux: tuple[str, tuple[int, ...]] | None, sglang_ve
     """How to read a drafter's aux ids, as `load_draft` / `convert_draft` / `engine.load.load_engine`
     take it: the layer count and class of the --target's config (`read_target`; None without
     --target), the --sglang-version, and --aux-layers as specdraft indices
-    (`conventions.layers_of_option`). ValueError naming the flag: --aux-layers without --target or
+    (`conventions.layers_of_option`). UnusableInput naming the flag: --aux-layers without --target or
     naming layers its convention cannot; before that, ValueError naming both when the manifest-less
     `drafter` directory's config.json was built for a target of another hidden size or vocabulary
     (`engine.load.refuse_other_target`: the most basic mismatch, which the default aux ids'
     collapse would hide; a manifest names the aux layers, and the loader checks its record)."""
     if target_config is None:
         if aux is not None:
-            raise ValueError("--aux-layers needs --target DIR: aux ids are read by the target's layer count and class")
+            raise UnusableInput("--aux-layers needs --target DIR: aux ids are read by the target's layer count "
+                                "and class")
         return {"target_num_layers": None, "sglang_version": sglang_version or None}
     from specdraft.conventions import ConventionError, layers_of_option
     from specdraft.target.config import TARGET_CLASSES
@@ -356,7 +359,8 @@ def id_reading(target_config, aux: tuple[str, tuple[int, ...]] | None, sglang_ve
             layers = layers_of_option(aux[0], aux[1], text.num_hidden_layers, target_class, sglang_version or None)
         except ConventionError as e:
             typed = ",".join(map(str, aux[1]))  # as given: a list without a convention name is specdraft's
-            raise ValueError(f"--aux-layers {typed if aux[0] == 'specdraft' else f'{aux[0]}:{typed}'}: {e}") from None
+            given = typed if aux[0] == "specdraft" else f"{aux[0]}:{typed}"
+            raise UnusableInput(f"--aux-layers {given}: {e}") from None
     return {"target_num_layers": text.num_hidden_layers, "target_class": target_class,
             "sglang_version": sglang_version or None, "aux_layers": layers}
 

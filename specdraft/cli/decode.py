@@ -103,7 +103,8 @@ def generate(
     """Generate with specdraft's engine: speculative decoding with --draft, plain decoding without it
     (or with --no-spec). stdout: the prompt and its continuation, streamed (`> out.txt` keeps the text
     alone); stderr: notes, then the metrics table. Errors are one line on stderr; exit 2: a bad option
-    value or combination (before anything loads), 1: an input refused while loading or generating."""
+    value or combination (before anything loads) or an unusable input (a weights file cut short), 1:
+    an input refused while loading or generating."""
     from transformers import AutoTokenizer
 
     from specdraft.engine.load import load_engine

@@ -7,13 +7,13 @@ from typing import Literal
 
 import typer
 
+from specdraft.cli.command import App
 from specdraft.cli.common import app, argument, aux_override, flag, make_console, user_errors
 
 StoreFormat = Literal["specdraft", "speculators", "specforge"]  # capture.convert.FORMATS
 AuxConvention = Literal["specdraft", "vllm", "sglang"]  # capture.convert.CONVENTIONS
 
-store_app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                        rich_markup_mode=None, help="Hidden-state stores: convert between formats.")
+store_app = App(help="Hidden-state stores: convert between formats.")
 app.add_typer(store_app, name="store")
 
 

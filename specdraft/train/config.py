@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from specdraft.checkpoint import checkpoint_paths
-from specdraft.errors import SettingsMismatch
+from specdraft.errors import SettingsMismatch, UnusableInput, closest_name
 from specdraft.files import differing_fields
 from specdraft.train.run_dir import check_run_dir, checkpoint_config
 from specdraft.train.sources import OnlineSource
@@ -93,26 +93,26 @@ class TrainConfig:
                     "save_every", "keep_checkpoints")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"{flag(name)} {getattr(self, name)}: must be positive")
+                raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be positive")
         if not math.isfinite(self.lr):  # nan passes `<= 0`; torch's optimizer would say "Invalid learning rate"
-            raise ValueError(f"{flag('lr')} {self.lr}: must be a finite positive number")
+            raise UnusableInput(f"{flag('lr')} {self.lr}: must be a finite positive number")
         if self.total_steps is not None and self.epochs is not None:
-            raise ValueError(f"total_steps {self.total_steps} and epochs {self.epochs} both set (--config): keep "
-                             "one run length, or pass --steps or --epochs, which replaces both")
+            raise UnusableInput(f"total_steps {self.total_steps} and epochs {self.epochs} both set (--config): keep "
+                                 "one run length, or pass --steps or --epochs, which replaces both")
         for name in ("total_steps", "epochs"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"{flag(name)} {getattr(self, name)}: must be positive")
+                raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be positive")
         if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"{flag('val_fraction')} {self.val_fraction}: must be in [0, 1)")
+            raise UnusableInput(f"{flag('val_fraction')} {self.val_fraction}: must be in [0, 1)")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"{flag('precision')} {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+            raise UnusableInput(f"{flag('precision')} {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
         for name in ("warmup_steps", "grad_clip", "weight_decay"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{flag(name)} {getattr(self, name)}: must be >= 0")
+                raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be >= 0")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"{flag('min_lr_ratio')} {self.min_lr_ratio}: must be in [0, 1]")
+            raise UnusableInput(f"{flag('min_lr_ratio')} {self.min_lr_ratio}: must be in [0, 1]")
         if not 0.0 < self.step_weight <= 1.0:
-            raise ValueError(f"{flag('step_weight')} {self.step_weight}: must be in (0, 1]")
+            raise UnusableInput(f"{flag('step_weight')} {self.step_weight}: must be in (0, 1]")
         if self.aux_layers is not None:
             object.__setattr__(self, "aux_layers", tuple(self.aux_layers))
 
@@ -128,11 +128,21 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Inverse of `to_dict`; an unknown key is a ValueError naming it."""
-        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"TrainConfig: unknown keys {unknown}")
+        """Inverse of `to_dict`; an unknown key is an UnusableInput naming it (`unknown_keys_text`)."""
+        if set(d) - set(cls.__dataclass_fields__):
+            raise UnusableInput(f"TrainConfig: {unknown_keys_text(d)}")
         return cls(**d)
+
+
+def unknown_keys_text(values: dict[str, Any]) -> str:
+    """"unknown keys: KEY (did you mean FIELD?), ...; TrainConfig fields are ..." for the keys of
+    `values` that are no TrainConfig field, each with the field it is closest to (`closest_name`)."""
+    fields = TrainConfig.__dataclass_fields__
+    named = []
+    for key in sorted(set(values) - set(fields)):
+        close = closest_name(key, fields)
+        named.append(f"{key}" + (f" (did you mean {close}?)" if close else ""))
+    return f"unknown keys: {', '.join(named)}; TrainConfig fields are {', '.join(fields)}"
 
 
 def batch_order(train_ids: Sequence[int], epoch: int, config: TrainConfig) -> list[list[int]]:
@@ -195,23 +205,21 @@ def refuse_changed_settings(config: TrainConfig, saved: dict[str, Any], source: 
 
 
 def config_file_values(config: str | Path | None) -> dict[str, Any]:
-    """--config FILE as a dict of TrainConfig fields ({} without one); ValueError naming the file."""
+    """--config FILE as a dict of TrainConfig fields ({} without one); UnusableInput naming the file."""
     if not config:
         return {}
     try:
         values = json.loads(Path(config).read_text())
     except OSError as e:
-        raise ValueError(f"--config {config}: cannot read it ({e.strerror})") from None
+        raise UnusableInput(f"--config {config}: cannot read it ({e.strerror})") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"--config {config}: not JSON ({e.msg.removesuffix(' at')} at line {e.lineno} "
-                         f"column {e.colno})") from None
+        raise UnusableInput(f"--config {config}: not JSON ({e.msg.removesuffix(' at')} at line {e.lineno} "
+                             f"column {e.colno})") from None
     if not isinstance(values, dict):
-        raise ValueError(f"--config {config}: expected a JSON object of TrainConfig fields, e.g. "
-                         '{"lr": 0.0003, "ttt_steps": 7}')
-    unknown = sorted(set(values) - set(TrainConfig.__dataclass_fields__))
-    if unknown:
-        raise ValueError(f"--config {config}: unknown keys {unknown}; TrainConfig fields are "
-                         f"{', '.join(TrainConfig.__dataclass_fields__)}")
+        raise UnusableInput(f"--config {config}: expected a JSON object of TrainConfig fields, e.g. "
+                             '{"lr": 0.0003, "ttt_steps": 7}')
+    if set(values) - set(TrainConfig.__dataclass_fields__):
+        raise UnusableInput(f"--config {config}: {unknown_keys_text(values)}")
     return values
 
 
@@ -220,12 +228,13 @@ def run_config(config_file: str | Path | None, flags: dict[str, Any], out_dir: s
     """The TrainConfig of `specdraft train`: the --config file's keys, then the `flags` given (TrainConfig
     fields; None = not given) over them; a run length flag (total_steps / epochs) replaces both of
     the file's. With `resume`, the settings not given come from out_dir's newest checkpoint
-    (`resume_config`), and `say` receives the line naming it. ValueError for both run lengths given,
-    a bad config file or value; FileExistsError for an out_dir that is no run directory."""
+    (`resume_config`), and `say` receives the line naming it. UnusableInput (a usage error) for both
+    run lengths given, a bad config file or value; FileExistsError for an out_dir that is no run
+    directory."""
     steps, epochs = flags.get("total_steps"), flags.get("epochs")
     if steps is not None and epochs is not None:
-        raise ValueError(f"--steps {steps} and --epochs {epochs} both set: give one run length "
-                         "(neither = one epoch)")
+        raise UnusableInput(f"--steps {steps} and --epochs {epochs} both set: give one run length "
+                             "(neither = one epoch)")
     values = config_file_values(config_file)
     if steps is not None or epochs is not None:
         values.update(total_steps=None, epochs=None)
@@ -243,11 +252,11 @@ def train_source(source: str, online: bool, target: str, *, no_chat: bool = Fals
                  template_kwargs: dict[str, Any] | None = None, target_dtype: str | None = None,
                  skip_bad: bool = False, reasoning: str | None = None) -> str | OnlineSource:
     """`specdraft train`'s SOURCE: a store directory, or with `online` an OnlineSource running
-    `target` (in `target_dtype`, default float32). Raises ValueError for an option that does not
-    fit the mode."""
+    `target` (in `target_dtype`, default float32). Raises UnusableInput for an option that does not
+    fit the mode, ValueError for a SOURCE that is no store directory."""
     if online:
         if not target:
-            raise ValueError("--online needs --target: the target model directory to run in the loop")
+            raise UnusableInput("--online needs --target: the target model directory to run in the loop")
         return OnlineSource(target, source, chat=not no_chat, template_kwargs=template_kwargs or {},
                             target_dtype=target_dtype or "float32", skip_bad=skip_bad,
                             reasoning=reasoning or "keep")
@@ -260,9 +269,9 @@ def train_source(source: str, online: bool, target: str, *, no_chat: bool = Fals
         raise ValueError(f"{source}: no such directory; SOURCE is a capture store directory "
                          "(specdraft capture), or with --online --target DIR a data file")
     if no_chat or template_kwargs or reasoning:
-        raise ValueError("--no-chat, --template-kwargs and --reasoning apply with --online only (a "
-                         "store was rendered at capture)")
+        raise UnusableInput("--no-chat, --template-kwargs and --reasoning apply with --online only (a "
+                             "store was rendered at capture)")
     if target_dtype or skip_bad:
-        raise ValueError("--target-dtype and --skip-bad apply with --online only (a store was captured "
-                         "with them: specdraft capture --target-dtype / --skip-bad)")
+        raise UnusableInput("--target-dtype and --skip-bad apply with --online only (a store was captured "
+                             "with them: specdraft capture --target-dtype / --skip-bad)")
     return source

@@ -111,11 +111,13 @@ def test_version_option_prints_what_the_version_command_prints():
 @pytest.mark.parametrize("command, names", [
     ("doctor", ["CHECKPOINT"]), ("export", ["CHECKPOINT", "OUT"]), ("inspect", ["CHECKPOINT"]),
     ("capture", ["TARGET", "DATA", "OUT"]), ("regenerate", ["DATA", "OUT"]), ("convert", ["SRC", "DST"]),
-    ("train", ["SOURCE", "OUT"]),
+    ("train", ["SOURCE", "OUT"]), ("store convert", ["SRC", "DST"]),
 ])
 def test_usage_lines_name_positional_arguments_in_upper_case(command, names):
-    """Not typer's `{checkpoint}`: the names the commands' descriptions use (CHECKPOINT, OUT)."""
-    usage = invoke([command, "--help"]).output.splitlines()[0]
-    assert usage.startswith("Usage: ") and f" {command} [OPTIONS] " in usage
-    assert re.findall(r"\w+", usage.split("[OPTIONS]")[1]) == names
-    assert f"Missing argument '{names[0]}'" in invoke([command]).output
+    """Not typer's `{checkpoint}` nor `{CHECKPOINT}`: the plain names the commands' descriptions use
+    (CHECKPOINT, OUT), in help and in a usage error's usage line."""
+    words = command.split()
+    for output in (invoke([*words, "--help"]).output, invoke(words).output):
+        usage = output.splitlines()[0]
+        assert usage.startswith("Usage: ") and usage.endswith(f" {command} [OPTIONS] {' '.join(names)}"), usage
+    assert f"Missing argument '{names[0]}'" in invoke(words).output

@@ -75,15 +75,20 @@ def test_aux_layers_in_a_named_convention_overrides(bare, value, layers):
 
 
 def test_aux_layers_is_refused_in_one_line_when_unreadable(bare):
+    """A value no target could read, or --aux-layers without --target, is a usage error (exit 2); a
+    readable value the drafter's weights do not fit is refused while loading (exit 1)."""
     draft, target = bare
-    for value, words in (("llama:1,2,3", "'llama' is no aux-id convention"),
-                         ("sglang:1,1,2", "name a layer twice"), ("1,2", "the drafter's fc takes 3 aux states"),
-                         ("3,2,1", "must increase strictly")):
+    for value, words, code in (("llama:1,2,3", "'llama' is no aux-id convention", 2),
+                               ("sglang:1,1,2", "name a layer twice", 2),
+                               ("1,2", "the drafter's fc takes 3 aux states", 1),
+                               ("3,2,1", "must increase strictly", 2)):
         result = invoke(["inspect", str(draft), "--target", str(target), "--aux-layers", value])
-        assert result.exit_code != 0 and words in flat(result.output), (value, result.output)
+        assert result.exit_code == code and words in flat(result.output), (value, result.output)
         assert "Traceback" not in result.output
     result = invoke(["inspect", str(draft), "--aux-layers", "2,4,5"])
-    assert result.exit_code != 0 and "--aux-layers needs --target DIR" in flat(result.output)
+    assert result.exit_code == 2, result.output
+    assert flat(result.output) == ("error: --aux-layers needs --target DIR: aux ids are read by the target's layer "
+                                   "count and class")
 
 
 def test_convert_and_export_write_the_layers_explicitly(bare, tmp_path):
@@ -164,8 +169,8 @@ def test_a_target_of_other_sizes_is_named_before_the_default_ids_collapse(bare, 
 
 def test_aux_layers_messages_name_the_real_constraint_and_echo_what_was_typed(bare):
     """No vLLM in inspect / generate: a count the drafter's fc does not take is named by the fc;
-    the echo is the value as typed; a list every SGLang version refuses names no version range;
-    a --sglang-version that is no version is a usage error."""
+    the echo is the value as typed; a list every SGLang version refuses names no version range (a
+    usage error, as a --sglang-version that is no version)."""
     draft, target = bare
     save_tiny_tokenizer(target)
     for command in (["inspect", str(draft)], ["generate", "--draft", str(draft), "--prompt", "hello"]):
@@ -176,7 +181,7 @@ def test_aux_layers_messages_name_the_real_constraint_and_echo_what_was_typed(ba
     assert "--aux-layers 3,2,1: " in text and "specdraft:" not in text, text
     for pinned in ([], ["--sglang-version", "0.5.23"]):
         result = invoke(["inspect", str(draft), "--target", str(target), "--aux-layers", "sglang:0,1,7", *pinned])
-        assert result.exit_code == 1 and "index 8 (last layer's output, before the final norm) is not capturable " \
+        assert result.exit_code == 2 and "index 8 (last layer's output, before the final norm) is not capturable " \
             "on Llama-class targets in SGLang < 0.5.22 and SGLang >= 0.5.22 alike" in flat(result.output), result.output
     result = invoke(["inspect", str(draft), "--target", str(target), "--sglang-version", "abc"])
     assert result.exit_code == 2 and "'abc' is not a version: write one like 0.5.23" in flat(result.output)

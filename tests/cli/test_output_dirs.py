@@ -42,6 +42,20 @@ def test_export_refuses_a_file_and_a_target_model_directory(llama, tmp_path):
     assert (target / "config.json").read_text() == config
 
 
+def test_export_and_convert_refuse_to_write_over_their_source(llama, tmp_path):
+    """OUT = CHECKPOINT would replace the drafter being read (a cast or a dropped manifest, silently):
+    a usage error (exit 2, one line), the drafter left as it was."""
+    draft, _ = llama
+    before = {f.name: f.read_bytes() for f in draft.iterdir()}
+    for args in (["export", draft, draft, "--engine", "vllm", "--dtype", "bf16"],
+                 ["convert", draft, draft, "--layout", "sglang"]):
+        result = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "400"})
+        assert result.exit_code == 2, result.output
+        assert result.output == (f"error: {draft}: is the checkpoint being read; writing there would replace it: "
+                                 "give another output directory\n")
+    assert {f.name: f.read_bytes() for f in draft.iterdir()} == before
+
+
 def test_convert_refuses_a_directory_of_other_files(llama, tmp_path):
     draft, _ = llama
     (tmp_path / "other").mkdir()

@@ -63,7 +63,8 @@ def test_bad_peer_stores_are_one_line_naming_file_and_field(store, chat_target_d
     hs.write_bytes(b"not safetensors")
     out = invoke("store", "convert", tmp_path / "spec", tmp_path / "x", "--to", "specforge",
                  "--target", chat_target_dir)
-    assert out.exit_code == 1 and f"{hs}: unreadable safetensors" in out.output
+    assert out.exit_code == 2 and f"{hs}: cannot be read as safetensors, cut short or damaged (" in out.output
+    assert "; restore the file, or write the store again with the tool that made it" in out.output
     assert not (tmp_path / "x").exists()
 
 

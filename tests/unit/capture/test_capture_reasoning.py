@@ -32,7 +32,7 @@ def test_cli_reasoning_the_template_cannot_render_then_drop(chat_target_dir, tmp
     assert store.meta["chat_template"]["reasoning"] == "drop" and len(store) == 2
     offline = CliRunner().invoke(app, ["train", str(tmp_path / "b"), str(tmp_path / "run"),
                                        "--reasoning", "drop"])
-    assert offline.exit_code == 1 and "--reasoning apply with --online only" in offline.output
+    assert offline.exit_code == 2 and "--reasoning apply with --online only" in offline.output  # a usage error
 
 
 def test_cli_train_online_reasoning_drop_is_recorded(chat_target_dir, tmp_path):

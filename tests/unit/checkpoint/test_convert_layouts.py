@@ -61,14 +61,3 @@ def test_a_config_that_reads_back_differently_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(layouts, "base_llama_config", lambda cfg, dtype: {**real(cfg, dtype), "rms_norm_eps": 0.5})
     with pytest.raises(CheckpointError, match=r"config reads back differently: rms_norm_eps 1e-0\d -> 0.5"):
         convert_draft(src, tmp_path / "sglang", layout="sglang")
-
-
-def test_export_and_convert_refuse_to_write_over_their_source(tmp_path):
-    """OUT = CHECKPOINT would replace the drafter being read (a cast or a dropped manifest, silently)."""
-    model = tiny_draft()
-    src = save_draft(model, tmp_path / "src", layout="specdraft", manifest=tiny_manifest(model))
-    before = files(src)
-    for args in (["export", src, src, "--engine", "vllm", "--dtype", "bf16"], ["convert", src, src, "--layout", "sglang"]):
-        result = CliRunner().invoke(app, [str(a) for a in args])
-        assert result.exit_code == 1 and "is the checkpoint being read" in result.output, result.output
-    assert files(src) == before

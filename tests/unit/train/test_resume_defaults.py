@@ -79,7 +79,7 @@ def test_resume_config_replaces_the_run_length_given(store, tmp_path):
 
 def test_train_errors_name_the_flags_given(store, tmp_path):
     both = invoke(["train", str(store), str(tmp_path / "run"), "--steps", "5", "--epochs", "1"])
-    assert both.exit_code == 1
+    assert both.exit_code == 2  # a usage error, as the bad --config below
     text = flat(both.output)
     assert "error: --steps 5 and --epochs 1 both set: give one run length (neither = one epoch)" in text
     assert "--config" not in text
@@ -93,7 +93,7 @@ def test_train_errors_name_the_flags_given(store, tmp_path):
     config = tmp_path / "bad.json"
     config.write_text('{"lr": "a\tb"}')  # a raw tab inside a string: "Invalid control character at"
     bad = invoke(["train", str(store), str(tmp_path / "run3"), "--config", str(config)])
-    assert bad.exit_code == 1
+    assert bad.exit_code == 2
     assert "not JSON (Invalid control character at line 1 column" in flat(bad.output)
     assert " at at " not in flat(bad.output)
 

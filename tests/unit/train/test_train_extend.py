@@ -100,24 +100,25 @@ def test_resume_refuses_a_run_length_below_the_checkpoint_and_names_changed_flag
     assert "TrainConfig" not in text
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"batch_size": 0}, "error: --batch-size 0: must be positive"),
-    ({"eval_every": 0}, "error: --config key eval_every 0: must be positive"),
-    ({"val_fraction": 1.5}, "error: --config key val_fraction 1.5: must be in [0, 1)"),
-    ({"warmup_steps": -1}, "error: --warmup-steps -1: must be >= 0"),
-    ({"batch_size": 1000}, "training samples are fewer than one batch of --batch-size 1000: lower --batch-size"),
+@pytest.mark.parametrize("values, message, code", [
+    ({"batch_size": 0}, "error: --batch-size 0: must be positive", 2),
+    ({"eval_every": 0}, "error: --config key eval_every 0: must be positive", 2),
+    ({"val_fraction": 1.5}, "error: --config key val_fraction 1.5: must be in [0, 1)", 2),
+    ({"warmup_steps": -1}, "error: --warmup-steps -1: must be >= 0", 2),
+    ({"batch_size": 1000}, "training samples are fewer than one batch of --batch-size 1000: lower --batch-size", 1),
     ({"batch_size": 6, "grad_accum_steps": 4}, "error: --batch-size 6 does not split into 1 rank(s) x "
                                                "--grad-accum-steps 4 micro-batches: use a multiple of 4 "
-                                               "or --grad-accum-steps 3"),
-    ({"precision": "bf16"}, "error: --precision bf16 autocasts on CUDA only; use --precision fp32 on the CPU"),
+                                               "or --grad-accum-steps 3", 1),
+    ({"precision": "bf16"}, "error: --precision bf16 autocasts on CUDA only; use --precision fp32 on the CPU", 1),
 ])
-def test_train_errors_name_the_flags_users_type(store, tmp_path, values, message):
+def test_train_errors_name_the_flags_users_type(store, tmp_path, values, message, code):
     """A bad value from --config (flags are range-checked by typer first) is named by its flag,
-    or by its --config key when train has no flag for it; never as TrainConfig.<field>."""
+    or by its --config key when train has no flag for it; never as TrainConfig.<field>. A value
+    TrainConfig refuses is a usage error (exit 2); one refused for the data or the machine, 1."""
     config = tmp_path / "cfg.json"
     config.write_text(json.dumps(values))
     result = invoke(["train", str(store), str(tmp_path / "run"), "--config", str(config), "--steps", "2"])
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == code, result.output
     assert message in flat(result.output) and "TrainConfig" not in result.output
 
 

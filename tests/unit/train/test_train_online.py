@@ -82,9 +82,9 @@ def test_cli_online_aux_layers_of_another_count_name_the_engines_rule(target_dir
 
 def test_cli_online_options_need_their_mode(target_dir, chats_file, tmp_path):
     no_target = CliRunner().invoke(app, ["train", str(chats_file), str(tmp_path / "a"), "--online"])
-    assert no_target.exit_code == 1 and "--online needs --target" in no_target.output
+    assert no_target.exit_code == 2 and "--online needs --target" in no_target.output  # usage errors
     no_online = CliRunner().invoke(app, ["train", str(tmp_path), str(tmp_path / "b"), "--no-chat"])
-    assert no_online.exit_code == 1 and "apply with --online only" in no_online.output
+    assert no_online.exit_code == 2 and "apply with --online only" in no_online.output
 
 
 TRAIN_ARGS = ["--aux-layers", "1,2,3", "--steps", "2", "--batch-size", "4", "--ttt-steps", "2",
@@ -131,7 +131,7 @@ def test_cli_online_skip_bad_skips_and_counts_bad_records(target_dir, chats_file
 def test_cli_online_only_options_are_refused_offline_and_checked(target_dir, chats_file, tmp_path):
     for extra in (["--target-dtype", "bfloat16"], ["--skip-bad"]):
         offline = CliRunner().invoke(app, ["train", str(tmp_path), str(tmp_path / "run"), *extra])
-        assert offline.exit_code == 1 and "--target-dtype and --skip-bad apply with --online only" in offline.output
+        assert offline.exit_code == 2 and "--target-dtype and --skip-bad apply with --online only" in offline.output
     bad = CliRunner().invoke(app, ["train", str(chats_file), str(tmp_path / "run"), "--online", "--target",
                                    str(target_dir), "--target-dtype", "int8"])
     assert bad.exit_code == 2 and "Invalid value for '--target-dtype'" in bad.output
