@@ -36,10 +36,15 @@ SOURCE_SHA256 = {
 }
 # Written into a converted directory; a directory whose record matches is not converted again.
 SOURCE_RECORD_FILE = "specdraft_source.json"
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: generation_config.json ends at BOS too (`END_IDS`)
+CONVERTER = f"specdraft.stories260k v{CONVERTER_VERSION}"  # recorded in a conversion; the demo's cache keys on it
 CONVERTED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
+# The ids a generation ends at (generation_config.json's eos_token_id): EOS, and BOS, which
+# the model emits where a story ends (llama2.c's tinystories.py encodes each training story
+# with bos=True, eos=False); llama2.c's run.c stops there: "the BOS (=1) token delimits sequences".
+END_IDS = [EOS_ID, BOS_ID]
 SPECIAL_PIECES = ("<unk>", "<s>", "</s>")
 BYTE_OFFSET = 3  # byte b is id 3 + b, piece "<0xBB>"
 SPACE_PIECE = "\u2581"  # "▁", SentencePiece's visible space
@@ -339,17 +344,18 @@ def convert_stories260k(out_dir: Path, *, source_dir: Path | None = None) -> Pat
     """Write stories260K as a transformers `LlamaForCausalLM` directory; return `out_dir`.
 
     Reads `stories260K.bin` and `tok512.bin` from `source_dir` (default: the bundled files),
-    checks their sha256, and writes config.json, generation_config.json, model.safetensors
-    (float32, tied embeddings), the tokenizer files, the MIT LICENSE and a record of the
-    source hashes. Written to a temporary sibling folder, then renamed into place. Returns at
-    once when `out_dir` already holds a conversion of the same files by this converter.
+    checks their sha256, and writes config.json, generation_config.json (ending at `END_IDS`),
+    model.safetensors (float32, tied embeddings), the tokenizer files, the MIT LICENSE and a
+    record of the source hashes and the converter (`CONVERTER`). Written to a temporary sibling
+    folder, then renamed into place. Returns at once when `out_dir` already holds a conversion
+    of the same files by this converter version (an older one's is converted again).
     Raises ValueError for a bad source file, or when `out_dir` is a non-empty folder that is
     not a stories260K conversion (it is never overwritten).
     """
     out_dir = Path(out_dir)
     source_dir = bundled_dir() if source_dir is None else Path(source_dir)
     record = {
-        "converter": f"specdraft.stories260k v{CONVERTER_VERSION}",
+        "converter": CONVERTER,
         "sha256": {name: verify_sha256(source_dir / name, digest) for name, digest in SOURCE_SHA256.items()},
     }
     if _read_record(out_dir) == record and all((out_dir / name).is_file() for name in CONVERTED_FILES):
@@ -370,7 +376,7 @@ def _write_conversion(folder: Path, source_dir: Path, record: dict) -> None:
         )
     model = LlamaForCausalLM(llama_config(header))
     model.load_state_dict(llama_state_dict(header, tensors), strict=True)
-    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+    model.generation_config = GenerationConfig(bos_token_id=BOS_ID, eos_token_id=END_IDS)
     model.save_pretrained(folder)
     _add_legacy_rope_theta(folder / "config.json")
     build_tokenizer(pieces, model_max_length=header.seq_len).save_pretrained(folder)

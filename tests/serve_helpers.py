@@ -118,9 +118,10 @@ def engine(target: FastTarget, draft=None, spec: SpecConfig | None = None, token
 
 
 @contextlib.contextmanager
-def running(eng: SpeculativeEngine, tokenizer, name: str = "tiny", **kwargs) -> Iterator[RunningServer]:
-    """A specdraft server for `eng` on a free loopback port."""
-    server = serve_in_thread(create_app(eng, tokenizer, name, **kwargs))
+def running(eng: SpeculativeEngine, tokenizer, name: str = "tiny", end_ids: tuple[int, ...] = (),
+            **kwargs) -> Iterator[RunningServer]:
+    """A specdraft server for `eng` on a free loopback port (ending generations at `end_ids`)."""
+    server = serve_in_thread(create_app(eng, tokenizer, name, end_ids=end_ids, **kwargs))
     try:
         yield server
     finally:

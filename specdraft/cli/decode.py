@@ -92,7 +92,8 @@ def generate(
     max_new_tokens: int = typer.Option(128, min=1, help="Most tokens to generate after the prompt (fewer at EOS "
                                        "unless --ignore-eos); prompt + these must fit the engine's longest request."),
     no_spec: bool = flag("--no-spec", help="Plain decoding on the same engine, even with --draft."),
-    ignore_eos: bool = flag("--ignore-eos", help="Do not stop at the tokenizer's EOS."),
+    ignore_eos: bool = flag("--ignore-eos", help="Do not stop at the target's EOS ids (the tokenizer's and "
+                            "generation_config.json's eos_token_id)."),
     seed: int = typer.Option(0, help="Sampling seed."),
     max_seq_len: int = typer.Option(0, min=0, help="Cache size (0 = min(max positions, 4096))."),
     device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
@@ -128,21 +129,25 @@ def generate(
             info.print(f"note: {note}", markup=False, soft_wrap=True)
         ids = tokenizer(prompt, verbose=False)["input_ids"]  # the length check below says more than its warning
         engine.check_limits(len(ids), max_new_tokens)  # before the prompt is echoed
-        eos = () if ignore_eos or tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
         sampling = {"temperature": temperature, "top_p": top_p, "top_k": sampling_top_k, "seed": seed}
         if compile:  # compile and capture first: the metrics below are then the engine's, not the compiler's
             _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), info, **sampling)
-        result = _echo_and_generate(console, engine, prompt, ids, max_new_tokens, eos, tokenizer, sampling)
+        result = _echo_and_generate(console, engine, prompt, ids, max_new_tokens, tokenizer, sampling, target, ignore_eos)
     console.print()
     setting = (f"speculative decoding (steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens})"
                if spec is not None else "plain decoding" + ("" if no_spec else " (no --draft)"))
     _print_generate_summary(info, engine, result, setting, compile, busy)
 
 
-def _echo_and_generate(console, engine, prompt: str, ids: list[int], max_new_tokens: int, eos: tuple,
-                       tokenizer, sampling: dict):
-    """Echo the prompt (dim), then stream the generated text after it on the same line; an error
-    raised by the engine (or Ctrl-C) first ends that line, so its message starts a line of its own."""
+def _echo_and_generate(console, engine, prompt: str, ids: list[int], max_new_tokens: int, tokenizer,
+                       sampling: dict, target: str, ignore_eos: bool):
+    """Echo the prompt (dim), then stream the generated text after it on the same line, up to the
+    target directory's end ids (`target.config.end_token_ids`, read before the echo) unless
+    `ignore_eos`; an error raised by the engine (or Ctrl-C) first ends that line, so its message
+    starts a line of its own."""
+    from specdraft.target.config import end_token_ids
+
+    eos = [] if ignore_eos else end_token_ids(tokenizer, target)
     console.print(prompt, end="", style="dim", markup=False, highlight=False, soft_wrap=True)
     try:
         return engine.generate(ids, max_new_tokens, eos_ids=eos, on_tokens=_text_printer(console, tokenizer, ids),

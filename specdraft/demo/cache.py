@@ -33,12 +33,16 @@ def path_label(path: Path, out: Path) -> str:
 
 
 def stage_settings(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
-    """The settings that shape each cached stage's output (the data by its content, not its path).
+    """The settings that shape each cached stage's output (the data by its content, not its path;
+    the bundled target by its converter's version, which sets where its generations end).
     Later stages (generation, export, doctor, the report) are redone on every run."""
+    from specdraft.stories260k import CONVERTER
+
     return {
         "data": {"data_sha256": file_sha256(data_source(cfg)), "num_train": cfg.num_train,
                  "num_heldout": cfg.num_heldout, "seed": cfg.seed},
-        "regenerate": {"target": "bundled stories260K" if cfg.target is None else path_label(cfg.target, cfg.out),
+        "regenerate": {"target": f"bundled stories260K ({CONVERTER})" if cfg.target is None
+                       else path_label(cfg.target, cfg.out),
                        "prompt_tokens": cfg.prompt_tokens, "max_new_tokens": cfg.max_new_tokens},
         "train": {"train_steps": cfg.train_steps, "batch_size": cfg.batch_size, "lr": cfg.lr,
                   "ttt_steps": cfg.ttt_steps, "seed": cfg.seed},

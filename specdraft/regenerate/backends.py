@@ -83,13 +83,14 @@ class LocalBackend:
     """The target itself through transformers `generate` (greedy or sampled), left-padded batches.
 
     model_dir: transformers model directory (and tokenizer unless `tokenizer_dir` is given).
-    Stops at the generation config's EOS ids (plus the tokenizer's EOS)."""
+    Stops at the target's end ids (`target.config.end_token_ids`: the generation config's EOS ids
+    and the tokenizer's)."""
 
     def __init__(self, model_dir: str | Path, *, tokenizer_dir: str | Path | None = None,
                  batch_size: int = 8, dtype: torch.dtype = torch.float32, device: str = "cpu"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from specdraft.target.config import check_target_weights
+        from specdraft.target.config import check_target_weights, end_token_ids
 
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or model_dir))
@@ -97,10 +98,7 @@ class LocalBackend:
         self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(device)
         self.model.eval()
         self.batch_size, self.device = batch_size, device
-        eos = self.model.generation_config.eos_token_id
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        self.eos_ids = sorted({*eos, *([self.tokenizer.eos_token_id] if
-                                       self.tokenizer.eos_token_id is not None else [])})
+        self.eos_ids = end_token_ids(self.tokenizer, self.model.generation_config)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
 

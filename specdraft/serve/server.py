@@ -33,7 +33,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,14 +84,15 @@ class StepLog:
 
 
 class EngineWorker:
-    """Runs queued jobs on one thread, one at a time (the engine is batch 1)."""
+    """Runs queued jobs on one thread, one at a time (the engine is batch 1); a request ends at
+    an id of `end_ids` unless it asks `ignore_eos`."""
 
-    def __init__(self, engine: SpeculativeEngine, tokenizer: Any, metrics: ServerMetrics,
+    def __init__(self, engine: SpeculativeEngine, end_ids: Sequence[int], metrics: ServerMetrics,
                  max_queue: int, log_every: int) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue {max_queue}: must be >= 1 (requests waiting besides the running one)")
         self.engine, self.metrics = engine, metrics
-        self.eos_ids = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
+        self.eos_ids = tuple(end_ids)
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.running: Job | None = None
         self.step_log = StepLog(log_every, engine.spec.num_draft_tokens - 1 if engine.spec else 0)
@@ -179,10 +180,12 @@ class ServerState:
 
 
 def create_app(engine: SpeculativeEngine, tokenizer: Any, model_name: str,
-               max_queue: int = DEFAULT_MAX_QUEUE, log_every: int = 0) -> Any:
+               max_queue: int = DEFAULT_MAX_QUEUE, log_every: int = 0, *, end_ids: Sequence[int]) -> Any:
     """A FastAPI app serving `engine` under `model_name`; its worker thread starts now.
 
-    tokenizer: the target's (transformers) tokenizer: prompts, chat template, EOS, text.
+    tokenizer: the target's (transformers) tokenizer: prompts, chat template, text.
+    end_ids: the ids a generation ends at (`target.config.end_token_ids`; a request's
+    `ignore_eos` runs past them).
     max_queue: requests that may wait besides the running one (429 beyond); log_every:
     verification steps between log lines (0 = off). The engine gets the tokenizer when it has
     none (stop strings). Raises ValueError for max_queue < 1.
@@ -194,7 +197,7 @@ def create_app(engine: SpeculativeEngine, tokenizer: Any, model_name: str,
     steps = engine.spec.num_steps if engine.spec else 0
     metrics = ServerMetrics(steps, model_name)
     state = ServerState(engine, tokenizer, model_name, metrics,
-                        EngineWorker(engine, tokenizer, metrics, max_queue, log_every))
+                        EngineWorker(engine, end_ids, metrics, max_queue, log_every))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -444,7 +447,8 @@ def build_app(target_dir: str, draft_dir: str | None, spec: Any, device: str = "
               max_queue: int = DEFAULT_MAX_QUEUE, log_every: int = 0, compile: bool = False,
               reading: dict[str, Any] | None = None) -> Any:
     """Load the target (with its tokenizer) and the drafter (a manifest-less one read by
-    `load_engine`'s `reading`), and `create_app` for them.
+    `load_engine`'s `reading`), and `create_app` for them, ending generations at the target's
+    end ids (`target.config.end_token_ids`: the tokenizer's EOS and generation_config.json's).
 
     spec: SpecConfig, or None for plain decoding (draft_dir is then ignored). model_name
     defaults to the target directory's name. compile: `load_engine`'s (CUDA graphs; the app's
@@ -457,8 +461,10 @@ def build_app(target_dir: str, draft_dir: str | None, spec: Any, device: str = "
     from transformers import AutoTokenizer
 
     from specdraft.engine.load import load_engine
+    from specdraft.target.config import end_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     engine = load_engine(target_dir, draft_dir if spec is not None else None, spec, device,
                          dtype or torch.float32, max_seq_len, tokenizer, compile=compile, reading=reading)
-    return create_app(engine, tokenizer, model_name or Path(target_dir).resolve().name, max_queue, log_every)
+    return create_app(engine, tokenizer, model_name or Path(target_dir).resolve().name, max_queue, log_every,
+                      end_ids=end_token_ids(tokenizer, target_dir))

@@ -1,7 +1,8 @@
 """What a target directory says without building the network: its class in the engines' rule
 tables (`TARGET_CLASSES`, `target_class_of`), its config.json read as published
 (`read_target_config`: never a remote-code prompt, never a quantization kernel), the config's
-hash, and its safetensors weight files (headers checked, `check_target_weights`).
+hash, its safetensors weight files (headers checked, `check_target_weights`), and the ids its
+generations end at (`end_token_ids`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from transformers import AutoConfig, PretrainedConfig
+from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specdraft.errors import SpecdraftError
@@ -205,3 +207,32 @@ def config_hash(config: PretrainedConfig) -> str:
         fields.pop(key, None)
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def target_generation_config(path: str | Path) -> GenerationConfig:
+    """The generation config transformers gives a model loaded from the target directory `path`:
+    its generation_config.json, else the one built from its config.json (`read_target_config`,
+    `GenerationConfig.from_model_config`: config.json's eos_token_id). Raises OSError naming a
+    generation_config.json that is not JSON, and what `read_target_config` raises."""
+    path = Path(path)
+    if (path / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(path, local_files_only=True)
+    return GenerationConfig.from_model_config(read_target_config(path))
+
+
+def end_token_ids(tokenizer: Any, generation: str | Path | GenerationConfig) -> list[int]:
+    """The ids a generation of the target ends at, sorted: the tokenizer's eos_token_id and the
+    generation config's eos_token_id (an int or a list; None adds none), the list transformers
+    `generate` and vLLM stop at (Llama-3.1-Instruct: [128001, 128008, 128009], the tokenizer's
+    EOS one of them). `generation`: a loaded model's generation_config, or the target directory
+    (`target_generation_config`). `generate`, `serve` and `regenerate` stop here.
+    Raises ValueError naming the source when eos_token_id is not an int or a list of ints."""
+    config = generation if isinstance(generation, GenerationConfig) else target_generation_config(generation)
+    listed = config.eos_token_id
+    listed = [listed] if isinstance(listed, int) else (listed or [])
+    if not isinstance(listed, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in listed):
+        where = "the loaded target" if isinstance(generation, GenerationConfig) else generation
+        raise ValueError(f"{where}: generation config eos_token_id {config.eos_token_id!r} is not a token id or "
+                         "a list of them; write an int or a list of ints as eos_token_id in generation_config.json")
+    own = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    return sorted({*listed, *own})

@@ -17,8 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from typer.testing import CliRunner
 
 from specdraft import stories260k
+from specdraft.cli import app
 from specdraft.stories260k import (
     CHECKPOINT_FILE,
     CONVERTED_FILES,
@@ -34,6 +36,7 @@ from specdraft.stories260k import (
     read_llama2c_tokenizer,
     verify_sha256,
 )
+from specdraft.target.config import end_token_ids
 
 KNOWN_GOOD_START = (
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
@@ -205,8 +208,23 @@ def test_converted_config(converted):
     assert (config.rms_norm_eps, config.max_position_embeddings, config.tie_word_embeddings) == (1e-5, 512, True)
     assert (config.bos_token_id, config.eos_token_id, config.head_dim) == (1, 2, 8)
     generation = json.loads((converted / "generation_config.json").read_text())
-    assert (generation["bos_token_id"], generation["eos_token_id"]) == (1, 2)
+    assert (generation["bos_token_id"], generation["eos_token_id"]) == (1, [2, 1])  # EOS, and BOS (run.c)
     assert (converted / "LICENSE").is_file()
+
+
+def test_generation_ends_at_bos_where_a_story_ends(converted, tokenizer):
+    """The model ends a story with BOS (it was trained on stories each opened by BOS), where
+    llama2.c's run.c stops; before, `generate` ran on into a second story until the limit."""
+    assert end_token_ids(tokenizer, converted) == [stories260k.BOS_ID, stories260k.EOS_ID]
+    command = ["generate", "--target", str(converted), "--prompt", "Once upon a time", "--max-new-tokens", "400",
+               "--threads", "1"]
+    stopped, past = (CliRunner().invoke(app, command + flags) for flags in ([], ["--ignore-eos"]))
+    assert stopped.exit_code == past.exit_code == 0, stopped.output + past.output
+    story, table = stopped.output.split("<s>\n", 1)  # the text ends at the first BOS
+    assert story.startswith("Once upon a time, there was a little girl named Lily.")
+    assert past.output.startswith(story + "<s> Once upon a time")  # --ignore-eos: a second story
+    counts = [int(run.output.split("output tokens")[1].split("│")[1]) for run in (stopped, past)]
+    assert counts[0] < 400 and counts[1] == 400
 
 
 def _copy_sources(folder: Path) -> Path:
