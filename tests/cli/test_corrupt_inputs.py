@@ -52,8 +52,10 @@ def commands(draft, target, out):
             "export": ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)]}
 
 
-def one_error(result, *fragments: str) -> str:
-    assert result.exit_code == 1, result.output
+def one_error(result, *fragments: str, code: int = 1) -> str:
+    """The one error line of a refused command (exit `code`: 1 refused while loading, 2 a bad
+    option value or unusable input), holding every fragment."""
+    assert result.exit_code == code, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     text = flat(result.output)
     assert text.startswith("error: ") and text.count("error: ") == 1, result.output

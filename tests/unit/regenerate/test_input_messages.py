@@ -93,7 +93,7 @@ def test_tune_min_speedup_out_of_range_is_a_usage_error(world, value):  # noqa: 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_train_lr_not_finite(store, tmp_path, value):
     text = one_error(invoke(["train", str(store), str(tmp_path / "run"), "--lr", value, "--steps", "1"]),
-                     f"error: --lr {value}: must be a finite positive number")
+                     f"error: --lr {value}: must be a finite positive number", code=2)
     assert "Invalid learning rate" not in text and not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -101,7 +101,7 @@ def test_train_lr_nan_from_config(store, tmp_path):
     config = tmp_path / "train.json"
     config.write_text('{"lr": NaN}')
     one_error(invoke(["train", str(store), str(tmp_path / "run"), "--config", str(config), "--steps", "1"]),
-              "error: --lr nan: must be a finite positive number")
+              "error: --lr nan: must be a finite positive number", code=2)
 
 
 @pytest.mark.parametrize("with_target", [False, True])
