@@ -223,10 +223,8 @@ def demo(
     from specdraft.demo.config import DemoConfig
     from specdraft.demo.report import summary
     from specdraft.demo.run import run_demo
-    from specdraft.machine_load import busy_note
 
     console = make_console()
-    busy = busy_note("the tokens/s and speedups above") if device == "cpu" else None
     # inputs are checked before any stage runs; a later stage's error is one line too
     with user_errors(console, interrupted=lambda: f"run the same command again to resume from {out}"):
         cfg = DemoConfig(out=Path(out), device=device, target=Path(target) if target else None,
@@ -234,8 +232,8 @@ def demo(
                          threads=threads)
         report = run_demo(cfg, console)
     console.print(summary(report, Path(out)), markup=False, highlight=False, soft_wrap=True)
-    if busy:
-        console.print(busy, style="yellow", markup=False, soft_wrap=True)
+    if report.busy:  # the load when the timing above ran (a re-run reuses both)
+        console.print(report.busy, style="yellow", markup=False, soft_wrap=True)
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -15,6 +15,7 @@ from specdraft.checkpoint import file_sha256
 from specdraft.demo.cache import path_label
 from specdraft.demo.config import DemoConfig
 from specdraft.files import atomic_write_json, differing_fields
+from specdraft.machine_load import busy_note
 from specdraft.bench.speedup import timed_passes, timing_summary
 
 
@@ -100,22 +101,25 @@ def dir_sha256(path: Path) -> str:
 
 
 def stage_generation(cfg: DemoConfig, target_dir: Path, draft_dir: Path, prompts: list[list[int]],
-                     say: Callable[[str], None]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+                     say: Callable[[str], None]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], str | None]:
     """`stage_generate`, cached in out/generation.json: reused (one line says so) when the drafter's
     files, the prompts and the timing settings are the ones it was measured with, so a re-run
     recommends and exports what the first run measured; otherwise timed and written (a temp
-    file, then renamed). A file that does not parse is timed again."""
+    file, then renamed). A file that does not parse is timed again. Returns baseline, sweep,
+    tree and the busy-machine note of the load when the timing ran (`machine_load.busy_note`,
+    None on an idle machine or a GPU), kept with the timing it describes."""
     key = generation_key(cfg, target_dir, draft_dir, prompts)
     path = cfg.out / GENERATION_FILE
     saved = saved_generation(path, key)
     if saved is not None:
         say(f"generation: reused the timing in {path} (same drafter, prompts and settings; delete it to time "
             "the settings again)")
-        return saved["baseline"], saved["sweep"], saved["tree"]
+        return saved["baseline"], saved["sweep"], saved["tree"], saved.get("busy")
+    busy = busy_note("the tokens/s and speedups above") if cfg.device == "cpu" else None
     baseline, sweep, tree = stage_generate(cfg, target_dir, draft_dir, prompts)
-    atomic_write_json(path, {"settings": key, "baseline": baseline, "sweep": sweep, "tree": tree},
+    atomic_write_json(path, {"settings": key, "baseline": baseline, "sweep": sweep, "tree": tree, "busy": busy},
                       indent=None, sort_keys=False)
-    return baseline, sweep, tree
+    return baseline, sweep, tree, busy
 
 
 def generation_key(cfg: DemoConfig, target_dir: Path, draft_dir: Path, prompts: list[list[int]]) -> dict[str, Any]:

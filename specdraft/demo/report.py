@@ -31,6 +31,7 @@ class DemoReport:
     plots: list[str] = field(default_factory=list)
     drafter: dict[str, Any] = field(default_factory=dict)  # dir, steps, batch_size, num_train of the drafter used
     threads: int | None = 1  # the CPU threads the timing ran on (DemoConfig.threads; None: torch's default)
+    busy: str | None = None  # the busy-machine note of the load when the timing ran (None: idle, or a GPU)
 
 
 def setting_text(r: dict[str, Any]) -> str:

@@ -45,7 +45,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     say(f"drafter: {training.get('steps')} optimizer steps, at {draft_dir}")
     say("speculative generation vs plain decoding on held-out prompts")
     prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens)
-    report.baseline, report.sweep, report.tree = stage_generation(cfg, target_dir, draft_dir, prompts, say)
+    report.baseline, report.sweep, report.tree, report.busy = stage_generation(cfg, target_dir, draft_dir, prompts, say)
     chosen, chain = choose(report, cfg)
     say(generation_line(report))
     exports = export_stage(cfg, report, draft_dir, target_dir, chosen, chain, say)

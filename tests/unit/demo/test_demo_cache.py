@@ -225,7 +225,8 @@ def test_a_rerun_reuses_the_timing_of_the_same_drafter_and_settings(tmp_path, mo
     """The settings' timing (which picks the recommendation and the exports' setting) is cached in
     generation.json: a re-run with the same drafter, prompts and settings reuses it instead of a
     new noisy pick; a changed drafter file, other prompts, other timing settings or a file that
-    does not parse are timed again."""
+    does not parse are timed again. The busy-machine note is the one of the timing's load, also
+    when the timing is reused."""
     timed: list[int] = []
 
     def stage_generate(cfg, target_dir, draft_dir, prompts):
@@ -239,8 +240,11 @@ def test_a_rerun_reuses_the_timing_of_the_same_drafter_and_settings(tmp_path, mo
     (draft / "model.safetensors").write_bytes(b"weights")
     said: list[str] = []
     run = lambda c=cfg, prompts=[[1, 2, 3]]: generation.stage_generation(c, tmp_path / "t", draft, prompts, said.append)
+    notes = ["note: busy when timed"]  # the load during the first timing; idle after it
+    monkeypatch.setattr(generation, "busy_note", lambda numbers: notes.pop(0) if notes else None)
     first = run()
-    assert run() == first and len(timed) == 1
+    assert first[3] == "note: busy when timed"
+    assert run() == first and len(timed) == 1  # the reused timing keeps its own note, not the load now
     assert said == [f"generation: reused the timing in {cfg.out / 'generation.json'} (same drafter, prompts and "
                     "settings; delete it to time the settings again)"]
     (draft / "model.safetensors").write_bytes(b"retrained")
