@@ -36,7 +36,8 @@ def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, ca
     exports = [f"{engine} -> {cfg.out / 'export' / engine} (" for engine in ("vllm", "sglang", "speculators")]
     assert all(e in said for e in exports) and "tensors bit-identical" in said  # the export stage says so
     assert "100%" in err and "capture" in err  # the first run shows its bars
-    counted = re.search(r"doctor: (\d+) checks, run on each of 2 sample sets \([^)]+\): (\d+) pass, 0 fail, (\d+) skipped "
+    counted = re.search(r"doctor: (\d+) checks, run on each of 2 sample sets \([^)]+\): (\d+) pass, 0 fail, "
+                        r"(\d+) skipped "
                         r"\(report.md has the evidence\)", said)
     assert counted and int(counted[1]) == int(counted[2]) + int(counted[3]), said  # it counts what it says
     # the stages print in the order they run: generation (which picks the exported setting) ends with
@@ -47,7 +48,8 @@ def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, ca
 
     said, err = demo_output(cfg, capsys, width=80)  # rich's width when stdout is no terminal: no wrapped lines
     out = cfg.out
-    for stage, path in [("convert", out / "target"), ("data", out / "data"), ("regenerate", out / "data" / "train.regen.jsonl"),
+    for stage, path in [("convert", out / "target"), ("data", out / "data"),
+                        ("regenerate", out / "data" / "train.regen.jsonl"),
                         ("capture", out / "store"), ("regenerate", out / "data" / "heldout.regen.jsonl"),
                         ("capture", out / "store-heldout"), ("train", out / "train" / "draft")]:
         assert f"{stage}: reused from {path} (settings unchanged)" in said, said
