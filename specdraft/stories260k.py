@@ -354,16 +354,30 @@ def convert_stories260k(out_dir: Path, *, source_dir: Path | None = None) -> Pat
     """
     out_dir = Path(out_dir)
     source_dir = bundled_dir() if source_dir is None else Path(source_dir)
-    record = {
-        "converter": CONVERTER,
-        "sha256": {name: verify_sha256(source_dir / name, digest) for name, digest in SOURCE_SHA256.items()},
-    }
-    if _read_record(out_dir) == record and all((out_dir / name).is_file() for name in CONVERTED_FILES):
+    record = _source_record(source_dir)
+    if _holds_conversion(out_dir, record):
         return out_dir
     _check_replaceable(out_dir)
     with atomic_dir(out_dir) as staging:
         _write_conversion(staging, source_dir, record)
     return out_dir
+
+
+def is_converted(out_dir: Path, *, source_dir: Path | None = None) -> bool:
+    """True when `out_dir` already holds what `convert_stories260k` would write there (it returns at
+    once): a conversion of the same source files (default: the bundled ones) by this converter version.
+    Raises ValueError for a bad source file."""
+    return _holds_conversion(Path(out_dir), _source_record(bundled_dir() if source_dir is None else Path(source_dir)))
+
+
+def _source_record(source_dir: Path) -> dict:
+    """The record a conversion of `source_dir`'s files writes: the converter and the checked hashes."""
+    return {"converter": CONVERTER,
+            "sha256": {name: verify_sha256(source_dir / name, digest) for name, digest in SOURCE_SHA256.items()}}
+
+
+def _holds_conversion(out_dir: Path, record: dict) -> bool:
+    return _read_record(out_dir) == record and all((out_dir / name).is_file() for name in CONVERTED_FILES)
 
 
 def _write_conversion(folder: Path, source_dir: Path, record: dict) -> None:

@@ -92,15 +92,19 @@ def refuse_wrong_kind(value: str, want: str, param) -> None:
 
 
 def check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
-    """CKPT: an existing directory (a file path, e.g. its model.safetensors, names the directory),
-    not a target model's."""
+    """CKPT: an existing directory, not a target model's. A file path is refused; its directory is
+    named when it holds a checkpoint (config.json and weights: a path to its model.safetensors)."""
 
     if not value:  # an optional --draft left out
         return value
     path = Path(value)
     if path.is_file():
+        from specdraft.checkpoint import WEIGHT_FILES
+
+        parent = path.parent
+        holds = (parent / "config.json").is_file() and any((parent / name).is_file() for name in WEIGHT_FILES)
         raise typer.BadParameter(f"{value} is a file; pass the checkpoint directory that holds config.json "
-                                 f"and model.safetensors (here: {path.parent}), not the file")
+                                 f"and model.safetensors{f' (here: {parent})' if holds else ''}, not the file")
     if not path.is_dir():
         raise typer.BadParameter(f"{value}: no such directory; pass a draft checkpoint directory "
                                  "(config.json and model.safetensors)")

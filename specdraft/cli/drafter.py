@@ -164,7 +164,8 @@ def _manifest_lines(fields: dict) -> list[str]:
     """`inspect`'s manifest summary: one line per field, objects by their keys, long values cut."""
     lines = ["manifest (--manifest prints it whole):"]
     for key, value in fields.items():
-        text = (f"{len(value)} fields: {', '.join(value)}" if isinstance(value, dict) else json.dumps(value))
+        text = (f"{len(value)} fields" + (f": {', '.join(value)}" if value else "") if isinstance(value, dict)
+                else json.dumps(value))
         lines.append(f"  {key}: {text if len(text) <= 90 else text[:87] + '...'}")
     return lines
 
@@ -275,10 +276,14 @@ def export(
     aux_layers: str | None = typer.Option(None, help=AUX_NEEDS_TARGET, callback=aux_override),
     trust_remote_code: bool = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP),
 ) -> None:
-    """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command."""
-    from specdraft.export import export_draft
+    """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command.
+    Exit 2: a bad option value or combination (an invalid --num-steps / --topk / --num-draft-tokens
+    triple included, before anything loads) or an unusable input; 1: an export refused."""
+    from specdraft.export import export_draft, spec_for_export
 
     console = make_console()
+    with user_errors(None, exit_code=USAGE_ERROR):  # the options alone, as generate's and serve's
+        spec_for_export(engine, num_steps or 3, topk or 1, num_draft_tokens or None)
     with user_errors(console):
         reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version, checkpoint, target)
         result = export_draft(checkpoint, out, engine=engine, target=target or None,

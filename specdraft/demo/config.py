@@ -1,9 +1,11 @@
-"""The settings of one demo run (`DemoConfig`), checked when built."""
+"""The settings of one demo run (`DemoConfig`), checked when built (errors.UnusableInput)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from specdraft.errors import UnusableInput
 
 
 @dataclass(frozen=True)
@@ -41,15 +43,15 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         if self.num_train < 2:  # one for training, one for validation (the batch adapts: train_batch_size)
-            raise ValueError(f"--num-train {self.num_train}: the demo needs at least 2 training documents")
+            raise UnusableInput(f"--num-train {self.num_train}: the demo needs at least 2 training documents")
         if self.num_heldout < 1:
-            raise ValueError(f"num_heldout {self.num_heldout}: the demo needs at least 1 held-out document")
+            raise UnusableInput(f"num_heldout {self.num_heldout}: the demo needs at least 1 held-out document")
         if self.train_steps < 1:
-            raise ValueError(f"--train-steps {self.train_steps}: must be at least 1 (the default is 1000)")
+            raise UnusableInput(f"--train-steps {self.train_steps}: must be at least 1 (the default is 1000)")
         for name in ("prompt_tokens", "max_new_tokens", "batch_size", "ttt_steps"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} {getattr(self, name)}: must be at least 1")
+                raise UnusableInput(f"{name} {getattr(self, name)}: must be at least 1")
         if not self.sweep_steps or min(self.sweep_steps) < 1:
-            raise ValueError(f"sweep_steps {self.sweep_steps}: need at least one chain depth, each >= 1")
+            raise UnusableInput(f"sweep_steps {self.sweep_steps}: need at least one chain depth, each >= 1")
         if self.timing_repeats < 1:
-            raise ValueError(f"timing_repeats {self.timing_repeats}: must be at least 1")
+            raise UnusableInput(f"timing_repeats {self.timing_repeats}: must be at least 1")

@@ -1,5 +1,5 @@
-"""The demo's inputs, refused before any stage runs (`check_inputs`): --out, the device, the
-target directory and the data; and the data's documents, split into training and held-out ones."""
+"""The demo's inputs, refused before any stage runs (`check_inputs`, errors.UnusableInput): --out,
+the device, the target directory and the data; and the data's documents, split into training and held-out ones."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from specdraft.conventions import default_aux_layers
 from specdraft.demo.config import DemoConfig
+from specdraft.errors import UnusableInput
 
 DATA_FORMATS = ("plain text with documents separated by blank lines, or JSONL with a string "
                 '"text" field per line')
@@ -17,7 +18,7 @@ DATA_FORMATS = ("plain text with documents separated by blank lines, or JSONL wi
 def parse_documents(text: str, name: str = "the data") -> list[str]:
     """The documents of `text`: JSONL records' "text" fields when its first non-blank line is a
     JSON object, else blank-line separated plain text. Blank lines inside a JSONL text are dropped
-    (the demo's own files separate documents by blank lines). ValueError names a bad line."""
+    (the demo's own files separate documents by blank lines). UnusableInput names a bad line."""
     lines = text.splitlines()
     first = next((line.strip() for line in lines if line.strip()), "")
     if not first.startswith("{"):
@@ -29,9 +30,9 @@ def parse_documents(text: str, name: str = "the data") -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{name} line {number} is not JSON ({e.msg}); the demo reads {DATA_FORMATS}") from e
+            raise UnusableInput(f"{name} line {number} is not JSON ({e.msg}); the demo reads {DATA_FORMATS}") from e
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ValueError(f"{name} line {number} has no string \"text\" field (chat \"messages\" records are "
+            raise UnusableInput(f"{name} line {number} has no string \"text\" field (chat \"messages\" records are "
                              f"not supported here); the demo reads {DATA_FORMATS}")
         doc = "\n".join(part for part in record["text"].splitlines() if part.strip()).strip()
         if doc:
@@ -61,7 +62,7 @@ def data_source(cfg: DemoConfig) -> Path:
 
 def check_inputs(cfg: DemoConfig) -> None:
     """Refuse, before any work, what a later stage would fail on: --out, the device, the target
-    directory and the data. ValueError naming the flag and the fix."""
+    directory and the data. UnusableInput (the CLI's exit 2) naming the flag and the fix."""
     check_out(Path(cfg.out))
     check_device(cfg.device)
     if cfg.target is not None:
@@ -74,7 +75,7 @@ def check_out(out: Path) -> None:
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not existing.is_dir():
         where = "" if existing == out else f": {existing} is a file"
-        raise ValueError(f"--out {out}{where or ' is a file'}; pass a directory (created if missing)")
+        raise UnusableInput(f"--out {out}{where or ' is a file'}; pass a directory (created if missing)")
 
 
 def check_device(device: str) -> None:
@@ -84,14 +85,14 @@ def check_device(device: str) -> None:
     try:
         dev = torch.device(device)
     except RuntimeError as e:
-        raise ValueError(f"--device {device!r} is not a torch device; use cpu or cuda[:N]") from e
+        raise UnusableInput(f"--device {device!r} is not a torch device; use cpu or cuda[:N]") from e
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {device}: the demo runs on cpu or cuda[:N] only; use --device cpu")
+        raise UnusableInput(f"--device {device}: the demo runs on cpu or cuda[:N] only; use --device cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: this torch build ({torch.__version__}) sees no CUDA GPU; "
+        raise UnusableInput(f"--device {device}: this torch build ({torch.__version__}) sees no CUDA GPU; "
                          "use --device cpu")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+        raise UnusableInput(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
                          "use cuda:0")
 
 
@@ -102,16 +103,16 @@ def check_target(path: Path) -> None:
     hint = "pass a transformers model directory, or leave --target out for the bundled stories260K"
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise ValueError(f"--target {path}: no config.json here; {hint}")
+        raise UnusableInput(f"--target {path}: no config.json here; {hint}")
     try:
         raw = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"--target {path}: cannot read config.json ({e}); {hint}") from e
+        raise UnusableInput(f"--target {path}: cannot read config.json ({e}); {hint}") from e
     architectures = " ".join(raw.get("architectures") or []) if isinstance(raw, dict) else ""
     if (not isinstance(raw, dict) or "eagle" in architectures.lower() or "speculator" in architectures.lower()
             or {"draft_vocab_size", "eagle_config", "speculators_config"} & set(raw)
             or (path / "specdraft_manifest.json").exists()):
-        raise ValueError(f"--target {path} is an EAGLE-3 drafter, not a target model; pass the transformers "
+        raise UnusableInput(f"--target {path} is an EAGLE-3 drafter, not a target model; pass the transformers "
                          "model it drafts for, or leave --target out for the bundled stories260K")
     from transformers import AutoConfig, AutoTokenizer
 
@@ -121,11 +122,11 @@ def check_target(path: Path) -> None:
     except (OSError, ValueError, KeyError, AttributeError) as e:
         detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         what = "too few layers" if isinstance(e, ConventionError) else "unreadable config"
-        raise ValueError(f"--target {path}: {what} ({detail}); {hint}") from e
+        raise UnusableInput(f"--target {path}: {what} ({detail}); {hint}") from e
     try:
         AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as e:
-        raise ValueError(f"--target {path}: no usable tokenizer ({str(e).splitlines()[0] if str(e) else e!r}); "
+        raise UnusableInput(f"--target {path}: no usable tokenizer ({str(e).splitlines()[0] if str(e) else e!r}); "
                          "the demo tokenizes prompts with the target's own tokenizer") from e
 
 
@@ -133,11 +134,11 @@ def check_data(cfg: DemoConfig) -> None:
     """The data file exists, parses, and holds num_train + num_heldout documents."""
     source = data_source(cfg)
     if not source.is_file():
-        raise ValueError(f"--data {source}: no such file; pass {DATA_FORMATS}")
+        raise UnusableInput(f"--data {source}: no such file; pass {DATA_FORMATS}")
     try:
         text = source.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"--data {source}: cannot read it as UTF-8 text ({e})") from e
+        raise UnusableInput(f"--data {source}: cannot read it as UTF-8 text ({e})") from e
     docs = parse_documents(text, name=f"--data {source}")
     need = cfg.num_train + cfg.num_heldout
     if len(docs) < need:
@@ -148,5 +149,5 @@ def check_data(cfg: DemoConfig) -> None:
             fix = f"lower --num-train to at most {most}, or pass more documents"
         else:
             fix = f"pass at least {2 + cfg.num_heldout} documents"
-        raise ValueError(f"--data {source} holds {len(docs)} document(s); the demo needs {need} "
+        raise UnusableInput(f"--data {source} holds {len(docs)} document(s); the demo needs {need} "
                          f"(--num-train {cfg.num_train} + {cfg.num_heldout} held out): {fix}")

@@ -142,17 +142,21 @@ def generation_line(report: DemoReport) -> str:
 
 
 def doctor_line(report: DemoReport) -> str:
-    """The doctor stage in one line: what it counts (the checks run on each sample set, so twice a
-    doctor run by hand on one), verdict counts, failed checks and lint failures by name (details:
-    report.md)."""
+    """The doctor stage in one line: its distinct checks, each run on every sample set and counted
+    once, by its worst verdict over the sets (fail, else pass, else skipped); failed checks with
+    their sample set and lint failures by name (details: report.md)."""
     from specdraft.doctor.run import counts_text, verdict_counts
 
     sets = list(dict.fromkeys(f["samples"] for f in report.doctor))
+    seen: dict[str, set[str]] = {}
+    for f in report.doctor:
+        seen.setdefault(f["check"], set()).add(f["verdict"])
+    worst = [next(v for v in ("fail", "pass", "skip") if v in verdicts) for verdicts in seen.values()]
     failed = [f"{f['check']} ({f['samples']})" for f in report.doctor if f["verdict"] == "fail"]
     failed += [f"lint {engine}: {f['check']}" for engine, findings in report.lint.items()
                for f in findings if f["verdict"] == "fail"]
-    return (f"doctor: {len(report.doctor)} checks over {len(sets)} sample set{'s' * (len(sets) != 1)} "
-            f"({', '.join(sets)}): {counts_text(verdict_counts(f['verdict'] for f in report.doctor))}"
+    where = f"on each of {len(sets)} sample sets" if len(sets) != 1 else "on sample set"
+    return (f"doctor: {len(seen)} checks, run {where} ({', '.join(sets)}): {counts_text(verdict_counts(worst))}"
             + (f"; failed: {', '.join(failed)}" if failed else "") + " (report.md has the evidence)")
 
 

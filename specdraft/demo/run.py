@@ -74,9 +74,7 @@ def target_stage(cfg: DemoConfig, say: Say) -> tuple[Path, list[int]]:
     """The target directory (`stages.stage_target`) and its aux layers, each said in one line."""
     from transformers import AutoConfig
 
-    target_dir = stages.stage_target(cfg)
-    if cfg.target is None:
-        say(f"convert: the bundled stories260K (llama2.c) -> transformers Llama at {target_dir}")
+    target_dir = stages.stage_target(cfg, say)
     num_layers = AutoConfig.from_pretrained(str(target_dir)).get_text_config().num_hidden_layers
     aux_layers = list(default_aux_layers(num_layers))
     say(f"target {target_dir} ({num_layers} layers): aux layers {aux_layers} "

@@ -20,13 +20,20 @@ from specdraft.demo.inputs import data_source, split_documents
 from specdraft.files import atomic_write_json, atomic_write_text
 
 
-def stage_target(cfg: DemoConfig) -> Path:
-    """The target directory: the given one, or stories260K converted under out/target."""
+def stage_target(cfg: DemoConfig, say: Callable[[str], None] = print) -> Path:
+    """The target directory: the given one, or stories260K converted under out/target (said in one
+    line; a conversion already there is reused, `say_reused`)."""
     if cfg.target is not None:
         return Path(cfg.target)
-    from specdraft.stories260k import convert_stories260k
+    from specdraft.stories260k import convert_stories260k, is_converted
 
-    return convert_stories260k(cfg.out / "target")
+    target_dir = cfg.out / "target"
+    if is_converted(target_dir):
+        say_reused(say, "convert", target_dir)
+        return target_dir
+    convert_stories260k(target_dir)
+    say(f"convert: the bundled stories260K (llama2.c) -> transformers Llama at {target_dir}")
+    return target_dir
 
 
 VAL_FRACTION = 0.05  # of the training documents, held out for training's validation

@@ -47,10 +47,18 @@ def test_integer_list_options_give_a_usage_error(args, tmp_path):
                      flat(result.output)), result.output
 
 
-def test_inspect_given_a_file_names_the_directory(tmp_path):
+def test_inspect_given_a_file_names_the_directory(tmp_path, monkeypatch):
     ckpt = tmp_path / "draft"
     ckpt.mkdir()
     (ckpt / "model.safetensors").write_bytes(b"")
+    stray = invoke(["inspect", str(ckpt / "model.safetensors")])  # no config.json: no checkpoint to name
+    assert stray.exit_code == 2 and "here:" not in stray.output, stray.output
+    assert "model.safetensors, not the file" in flat(stray.output)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo.out").write_text("a stray file")  # the fresh-user trial: "(here: .)", no checkpoint there
+    stray = invoke(["inspect", "demo.out"])
+    assert stray.exit_code == 2 and "here:" not in stray.output, stray.output
+    (ckpt / "config.json").write_text("{}")
     result = invoke(["inspect", str(ckpt / "model.safetensors")])
     assert result.exit_code == 2
     text = flat(result.output)
@@ -93,6 +101,7 @@ def test_inspect_summarises_the_manifest_and_prints_it_whole_on_request(tmp_path
     lines = short.output.splitlines()
     start = lines.index("manifest (--manifest prints it whole):")
     assert "  training: 2 fields: steps, validation" in lines and "  aux_layers: [2, 3, 4]" in lines
+    assert "  extra: 0 fields" in lines  # no dangling "0 fields: "
     assert lines[-1] == "audit: PASS" and len(lines) - start < 20
     whole = invoke(["inspect", str(ckpt), "--manifest"])
     assert whole.exit_code == 0 and "manifest (--manifest" not in whole.output

@@ -168,6 +168,7 @@ def test_draft_given_as_its_weights_file_names_the_directory(tmp_path, command):
     (tmp_path / "draft").mkdir()
     weights = tmp_path / "draft" / "model.safetensors"
     weights.write_bytes(b"")
+    (tmp_path / "draft" / "config.json").write_text("{}")  # a checkpoint directory: named as the fix
     result = invoke(command + ["--target", str(tmp_path / "target"), "--draft", str(weights)])
     assert result.exit_code == 2, result.output
     text = flat(result.output)
@@ -218,6 +219,20 @@ def test_train_out_that_is_a_file_says_out_is_a_directory(tmp_path):
 
 
 # ----------------------------------------------- 7. a tree without --num-draft-tokens; flag names
+
+@pytest.mark.parametrize("command", [["export", "{draft}", "{out}", "--engine", "sglang"],
+                                     ["generate", "--target", "{target}", "--draft", "{draft}", "--prompt", "hi"],
+                                     ["serve", "--target", "{target}", "--draft", "{draft}"]])
+def test_an_invalid_speculative_triple_is_a_usage_error_in_every_command(world, tmp_path, command):
+    """--num-steps 3 --topk 1 --num-draft-tokens 7 (a chain verifies num_steps + 1 nodes) exits 2,
+    before anything loads, in export as in generate and serve (export exited 1)."""
+    draft, target, _ = world
+    words = [w.format(draft=draft, target=target, out=tmp_path / "out") for w in command]
+    result = invoke([*words, "--num-steps", "3", "--topk", "1", "--num-draft-tokens", "7"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and "num_draft_tokens" in flat(result.output).replace("-", "_")
+    assert not (tmp_path / "out").exists()
+
 
 def test_tree_without_num_draft_tokens_names_the_flag_and_a_valid_value(tmp_path):
     (tmp_path / "target").mkdir()

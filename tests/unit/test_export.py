@@ -156,4 +156,4 @@ def test_cli_export_prints_launch_command_and_refuses_with_reason(llama, tmp_pat
     assert "bit-identical" in done.output and "--speculative-algorithm EAGLE3" in done.output
     refused = runner.invoke(app, ["export", str(draft), str(tmp_path / "x"), "--engine", "sglang",
                                   "--num-steps", "1", "--num-draft-tokens", "16"])
-    assert refused.exit_code == 1 and "num_steps 15 / num_draft_tokens 16" in refused.output
+    assert refused.exit_code == 2 and "num_steps 15 / num_draft_tokens 16" in refused.output  # a usage error

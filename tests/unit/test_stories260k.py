@@ -262,15 +262,19 @@ def test_truncated_or_corrupt_checkpoint_raises(tmp_path):
 
 
 def test_conversion_is_skipped_when_current_and_redone_when_stale(tmp_path):
+    assert not stories260k.is_converted(tmp_path / "hf")
     out = convert_stories260k(tmp_path / "hf")
     weights = out / "model.safetensors"
     first = weights.stat().st_mtime_ns
+    assert stories260k.is_converted(out)  # what the demo says "reused" for
     assert convert_stories260k(out) == out and weights.stat().st_mtime_ns == first
     weights.unlink()  # a record without its files is not a conversion
+    assert not stories260k.is_converted(out)
     assert convert_stories260k(out) == out and weights.is_file()
     record = json.loads((out / stories260k.SOURCE_RECORD_FILE).read_text())
     record["converter"] = "an older converter"
     (out / stories260k.SOURCE_RECORD_FILE).write_text(json.dumps(record))
+    assert not stories260k.is_converted(out)
     convert_stories260k(out)
     assert json.loads((out / stories260k.SOURCE_RECORD_FILE).read_text())["converter"] != "an older converter"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no staging or old folders left

@@ -1,5 +1,6 @@
-"""`specdraft demo` refuses bad inputs with one `error: ...` line (exit 1) before any stage runs,
-and a later stage's error is one line too (no traceback)."""
+"""`specdraft demo` refuses bad inputs with one `error: ...` line (exit 2, a usage error, as click's
+for a bad option value) before any stage runs, and a later stage's error is one line too (exit 1, no
+traceback)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,14 @@ def invoke(args: list[str]):
 @pytest.fixture
 def no_stages(monkeypatch):
     """Fail the test if the first expensive stage (converting the target) starts."""
-    def stage_target(cfg):
+    def stage_target(cfg, say=print):
         raise AssertionError("a stage ran before the inputs were checked")
     monkeypatch.setattr(demo, "stage_target", stage_target)
 
 
-def one_error_line(result, *fragments: str) -> str:
+def one_error_line(result, *fragments: str, exit_code: int = 2) -> str:
     lines = result.output.strip().splitlines()
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == exit_code, result.output
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     assert "Traceback" not in result.output
     for fragment in fragments:
@@ -58,7 +59,9 @@ def test_bad_flags_are_one_line_before_any_stage(tmp_path, no_stages, args, frag
 
 def test_missing_data_file_is_refused_before_the_target_is_converted(tmp_path, no_stages):
     one_error_line(invoke(["--out", str(tmp_path / "out"), "--data", str(tmp_path / "missing.txt")]),
-                   "--data", "missing.txt", "no such file")
+                   "--data", "missing.txt", "no such file")  # exit 2, as a missing --target's (it was 1)
+    missing_target = invoke(["--out", str(tmp_path / "out"), "--target", str(tmp_path / "nowhere")])
+    assert missing_target.exit_code == 2, missing_target.output
     assert not (tmp_path / "out").exists()
 
 
@@ -99,7 +102,8 @@ def test_jsonl_data_passes_the_input_check(tmp_path):
 def test_drafter_as_target_is_refused_before_any_stage(tmp_path, no_stages):
     target = drafter_dir(tmp_path / "draft")
     one_error_line(invoke(["--out", str(tmp_path / "out"), "--target", str(target)]),
-                   f"--target {target}", "EAGLE-3 drafter", "not a target model")
+                   f"--target {target}", "EAGLE-3 drafter", "not a target model",
+                   exit_code=1)  # every command's --target check (cli.common.refuse_wrong_kind)
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="EAGLE-3 drafter, not a target model.*leave --target out"):
         check_inputs(DemoConfig(out=tmp_path / "out", target=target))  # the library path, without the CLI
@@ -116,10 +120,10 @@ def test_target_with_too_few_layers_is_refused(tmp_path, no_stages):
 
 
 def test_a_later_stage_error_is_one_line(tmp_path, monkeypatch):
-    def stage_target(cfg):
+    def stage_target(cfg, say=print):
         raise CaptureError("capture: the store is full")
     monkeypatch.setattr(demo, "stage_target", stage_target)
-    one_error_line(invoke(["--out", str(tmp_path / "out")]), "capture: the store is full")
+    one_error_line(invoke(["--out", str(tmp_path / "out")]), "capture: the store is full", exit_code=1)
 
 
 def test_few_train_steps_give_a_valid_training_config(tmp_path, monkeypatch):

@@ -29,14 +29,15 @@ def demo_output(cfg: DemoConfig, capsys, width: int = 400) -> tuple[str, str]:
 def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, capsys):
     cfg = tiny_demo(tmp_path)
     said, err = demo_output(cfg, capsys)
-    assert "reused" not in said
+    assert "reused" not in said and "convert: the bundled stories260K (llama2.c) -> transformers Llama at " in said
     assert "regenerate: continuations of train.txt" in said and "train: training the drafter" in said
     data, capture = said.index(f"data: {cfg.num_train} training and "), said.index("capture: the target's aux states")
     assert data < said.index("regenerate: continuations") < capture < said.index("train: training")  # every stage said, in order
     exports = [f"{engine} -> {cfg.out / 'export' / engine} (" for engine in ("vllm", "sglang", "speculators")]
     assert all(e in said for e in exports) and "tensors bit-identical" in said  # the export stage says so
     assert "100%" in err and "capture" in err  # the first run shows its bars
-    counted = re.search(r"doctor: (\d+) checks over 2 sample sets \([^)]+\): (\d+) pass, 0 fail, (\d+) skipped "
+    counted = re.search(r"doctor: (\d+) checks, run on each of 2 sample sets \([^)]+\): (\d+) pass, 0 fail, "
+                        r"(\d+) skipped "
                         r"\(report.md has the evidence\)", said)
     assert counted and int(counted[1]) == int(counted[2]) + int(counted[3]), said  # it counts what it says
     # the stages print in the order they run: generation (which picks the exported setting) ends with
@@ -47,11 +48,12 @@ def test_a_cached_rerun_says_each_stage_is_reused_and_shows_no_bars(tmp_path, ca
 
     said, err = demo_output(cfg, capsys, width=80)  # rich's width when stdout is no terminal: no wrapped lines
     out = cfg.out
-    for stage, path in [("data", out / "data"), ("regenerate", out / "data" / "train.regen.jsonl"),
+    for stage, path in [("convert", out / "target"), ("data", out / "data"),
+                        ("regenerate", out / "data" / "train.regen.jsonl"),
                         ("capture", out / "store"), ("regenerate", out / "data" / "heldout.regen.jsonl"),
                         ("capture", out / "store-heldout"), ("train", out / "train" / "draft")]:
         assert f"{stage}: reused from {path} (settings unchanged)" in said, said
-    assert "continuations of" not in said and "training the drafter" not in said
+    assert "continuations of" not in said and "training the drafter" not in said and "-> transformers" not in said
     # before the fix: "regenerate ━━━ 0% -:--:--" and "capture ━━━ 0/0 tokens -:--:--" on stderr
     assert "0%" not in err and "0/0" not in err and "━" not in err, err
 
@@ -78,10 +80,13 @@ def test_the_doctor_line_names_failed_checks_and_lint():
     from specdraft.demo.report import DemoReport, doctor_line
 
     report = DemoReport(target="t", aux_layers=[1], doctor=[
+        {"samples": "train", "check": "keys", "verdict": "pass"},  # the same on both sets: one check
         {"samples": "train", "check": "acceptance", "verdict": "pass"},
+        {"samples": "train", "check": "template", "verdict": "skip"},
+        {"samples": "held-out", "check": "keys", "verdict": "pass"},
         {"samples": "held-out", "check": "acceptance", "verdict": "fail"},
         {"samples": "held-out", "check": "template", "verdict": "skip"}],
         lint={"vllm": [{"check": "keys", "verdict": "fail"}], "sglang": [{"check": "keys", "verdict": "pass"}]})
-    assert doctor_line(report) == ("doctor: 3 checks over 2 sample sets (train, held-out): 1 pass, 1 fail, "
+    assert doctor_line(report) == ("doctor: 3 checks, run on each of 2 sample sets (train, held-out): 1 pass, 1 fail, "
                                    "1 skipped; failed: acceptance (held-out), lint vllm: keys (report.md has the "
                                    "evidence)")
