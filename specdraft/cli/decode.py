@@ -134,9 +134,7 @@ def generate(
             _warm_up_compiled(engine, ids, min(max_new_tokens, WARM_UP_TOKENS), info, **sampling)
         result = _echo_and_generate(console, engine, prompt, ids, max_new_tokens, tokenizer, sampling, target, ignore_eos)
     console.print()
-    setting = (f"speculative decoding (steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens})"
-               if spec is not None else "plain decoding" + ("" if no_spec else " (no --draft)"))
-    _print_generate_summary(info, engine, result, setting, compile, busy)
+    _print_generate_summary(info, engine, result, no_spec, compile, busy)
 
 
 def _echo_and_generate(console, engine, prompt: str, ids: list[int], max_new_tokens: int, tokenizer,
@@ -174,11 +172,14 @@ def _text_printer(console, tokenizer, prompt_ids: list[int]):
     return stream
 
 
-def _print_generate_summary(console, engine, result, setting: str, compile: bool, busy: str | None) -> None:
-    """generate's metrics table under `setting`, the kernels a --compile run used, and the
-    busy-machine note when there is one."""
+def _print_generate_summary(console, engine, result, no_spec: bool, compile: bool, busy: str | None) -> None:
+    """generate's metrics table under the engine's setting (plain decoding: with --no-spec or
+    without --draft), the kernels a --compile run used, and the busy-machine note when there is one."""
     from specdraft.engine.metrics import metrics_table
 
+    spec = engine.spec
+    setting = (f"speculative decoding (steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens})"
+               if spec is not None else "plain decoding" + ("" if no_spec else " (no --draft)"))
     console.print(metrics_table(result.metrics, setting) if engine.spec is not None
                   else plain_metrics_table(result.metrics, setting))
     if compile:
