@@ -99,8 +99,8 @@ class LocalBackend:
         self.model.eval()
         self.batch_size, self.device = batch_size, device
         self.eos_ids = end_token_ids(self.tokenizer, self.model.generation_config)
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else self.eos_ids[0]
+        pad = self.tokenizer.pad_token_id  # else an end id, else 0: left padding is masked, any id serves
+        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "local", "model": self.model_dir, "dtype": str(self.model.dtype)}
@@ -128,7 +128,7 @@ class LocalBackend:
             max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p, top_k=None,
-            eos_token_id=self.eos_ids, pad_token_id=self.pad_id)
+            eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id)
 
     def _decode(self, prompt: Prompt, new_ids: list[int]) -> Completion:
         """The answer up to its first EOS, decoded as the continuation of its prompt (chat or

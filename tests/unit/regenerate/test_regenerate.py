@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.data.records import read_records
 from specdraft.data.render import load_dataset
-from specdraft.regenerate.backends import EndpointBackend, LocalBackend, RegenerationError, Sampling
+from specdraft.regenerate.backends import EndpointBackend, LocalBackend, Prompt, RegenerationError, Sampling
 from specdraft.regenerate.output import settings_path
 from specdraft.regenerate.run import regenerate
 from tests.tiny_tokenizer import save_tiny_tokenizer, tiny_chat_tokenizer
@@ -189,6 +189,25 @@ def test_local_backend_batched_equals_one_by_one(model_dir, tmp_path):
     regenerate(records, tmp_path / "d.jsonl", LocalBackend(model_dir, batch_size=3), sampled)
     assert read_out(tmp_path / "c.jsonl") == read_out(tmp_path / "d.jsonl")
     assert json.loads(settings_path(tmp_path / "c.jsonl").read_text())["sampling"]["seed"] == 1
+
+
+def test_local_backend_without_end_or_pad_ids_generates_to_the_limit(model_dir, tmp_path):
+    """A target that names no end id and no pad id (none in its tokenizer or configs) pads its
+    batches with id 0 (masked) and generates max_new_tokens (was an IndexError)."""
+    import shutil
+
+    bare = shutil.copytree(model_dir, tmp_path / "bare")
+    for file in bare.glob("*.json"):
+        config = json.loads(file.read_text())
+        if isinstance(config, dict):
+            for key in ("eos_token_id", "pad_token_id", "eos_token", "pad_token"):
+                config.pop(key, None)
+            file.write_text(json.dumps(config))
+    backend = LocalBackend(bare, batch_size=2)
+    assert backend.eos_ids == [] and backend.pad_id == 0
+    assert backend._generation_config(Sampling(max_new_tokens=5)).eos_token_id is None
+    out = backend.complete([Prompt(ids=[3, 4, 5], index=0), Prompt(ids=[6, 7], index=1)], Sampling(max_new_tokens=5))
+    assert len(out) == 2 and all(c.content for c in out)
 
 
 def test_local_backend_no_chat_continues_the_first_tokens(model_dir, tmp_path):
