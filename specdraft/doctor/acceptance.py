@@ -181,7 +181,8 @@ def online_acceptance(ev: Evidence) -> Result:
 
     url = ev.inputs.server
     if url is None:
-        raise Unavailable("no --server", "pass a live server URL")
+        raise Unavailable("no --server", "pass --server URL (a live server) with --samples (the target's own "
+                                         "outputs: a capture store or JSONL)")
     try:
         server = served(ev)  # an unreachable server fails even without samples
     except Unavailable as e:

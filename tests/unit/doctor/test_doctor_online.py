@@ -137,7 +137,8 @@ def test_online_acceptance_unreachable_server_fails(world):
 
 def test_online_acceptance_without_server_skips(world):
     draft, target, samples = world
-    assert run_doctor(draft, target=target, samples=samples).finding("online_acceptance").verdict == "skip"
+    finding = run_doctor(draft, target=target, samples=samples).finding("online_acceptance")
+    assert finding.verdict == "skip" and "--server URL" in finding.fix and "--samples" in finding.fix
 
 
 def test_online_acceptance_unreachable_server_fails_without_samples(world):
