@@ -91,7 +91,7 @@ def test_vllm_export_with_other_draft_tokens_names_vllm_chains_only(world, tmp_p
         assert "SGLang" not in message and "tree" not in message and "topk" not in message
     result = invoke(["export", str(draft), str(tmp_path / "v"), "--engine", "vllm", "--target", str(target),
                      "--num-draft-tokens", "5"])
-    assert result.exit_code == 1 and "vLLM runs chains only" in result.output and "SGLang" not in result.output
+    assert result.exit_code == 2 and "vLLM runs chains only" in result.output and "SGLang" not in result.output
     # SGLang's wording is unchanged (case S4)
     with pytest.raises(ExportError, match="SGLang would silently set num_draft_tokens = 4"):
         spec_for_export("sglang", 3, 1, 5)
