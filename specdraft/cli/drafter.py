@@ -282,13 +282,13 @@ def export(
     from specdraft.export import export_draft, spec_for_export
 
     console = make_console()
+    setting = {"num_steps": num_steps or 3, "topk": topk or 1, "num_draft_tokens": num_draft_tokens or None}
     with user_errors(None, exit_code=USAGE_ERROR):  # the options alone, as generate's and serve's
-        spec_for_export(engine, num_steps or 3, topk or 1, num_draft_tokens or None)
+        spec_for_export(engine, **setting)
     with user_errors(console):
         reading = id_reading(read_target(target, trust_remote_code), aux_layers, sglang_version, checkpoint, target)
         result = export_draft(checkpoint, out, engine=engine, target=target or None,
-                              verifier=verifier or None, sglang_version=sglang_version or None,
-                              num_steps=num_steps or 3, topk=topk or 1, num_draft_tokens=num_draft_tokens or None,
+                              verifier=verifier or None, sglang_version=sglang_version or None, **setting,
                               dtype=dtype or None, aux_layers=reading.get("aux_layers"),
                               trust_remote_code=trust_remote_code)
     console.print(f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
