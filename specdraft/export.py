@@ -29,6 +29,7 @@ import torch
 
 from specdraft.checkpoint import (
     MANIFEST_FILE,
+    SOURCE_FORMS,
     WEIGHTS_FILE,
     CheckpointError,
     LoadedDraft,
@@ -65,8 +66,6 @@ LAYOUT_OF_ENGINE = {"sglang": "sglang", "vllm": "sglang", "speculators": "specul
 READER_OF_ENGINE = {"sglang": "sglang", "vllm": "vllm", "speculators": "vllm"}
 NUM_AUX = 3  # SGLang and vLLM (which serves speculators files) hard-code three aux states
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # a directory's tokenizer
-SOURCE_FORMS = ("a drafter directory (config.json, model.safetensors) or a training checkpoint "
-                "(RUN/checkpoints/step-N.pt)")  # what export (and the engine's --draft) reads
 
 
 class ExportError(SpecdraftError, ValueError):

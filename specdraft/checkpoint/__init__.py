@@ -78,7 +78,7 @@ from specdraft.errors import UnusableInput
 from specdraft.files import atomic_dir, replace_dir
 
 __all__ = [
-    "CHECKPOINT_DIR", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE",
+    "CHECKPOINT_DIR", "SOURCE_FORMS", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE",
     "MANIFEST_FIX", "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError",
     "Converted", "DirKind", "LoadedDraft", "Manifest", "WeightFiles", "all_finite", "audit", "aux_layers_note",
     "build_draft", "check_output_dir", "check_vocab_map", "check_weight_headers", "checkpoint_paths",
@@ -92,6 +92,8 @@ __all__ = [
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
+SOURCE_FORMS = ("a drafter directory (config.json, model.safetensors) or a training checkpoint "
+                "(RUN/checkpoints/step-N.pt)")  # what load_draft reads: export's CHECKPOINT, the engine's --draft
 
 
 @dataclass
@@ -444,7 +446,8 @@ def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = No
     `training` records the step and checkpoint, the config, and the newest train and validation
     metrics (each with its own step). Layout "specdraft".
 
-    Raises CheckpointError naming the file for a checkpoint that carries no manifest (written
+    Raises CheckpointError naming the file for a torch.save file that is no specdraft training
+    checkpoint (no step and config), for a checkpoint that carries no manifest (written
     by specdraft before checkpoints did; every command's drafter config comes from it): the
     command that finishes its run is named instead;
     and for `aux_layers` (--aux-layers) other than its training layers (`refuse_other_aux_layers`).
@@ -452,11 +455,15 @@ def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = No
     path = Path(path)
     progress = torch.load(path / PROGRESS_FILE if path.is_dir() else path, map_location="cpu",
                           weights_only=False)
+    if not isinstance(progress, dict) or not {"step", "config"} <= set(progress):
+        raise CheckpointError(f"{path}: a torch.save file but no specdraft training checkpoint (no step and "
+                              f"config); pass {SOURCE_FORMS}")
     if "manifest" not in progress:
         run = path.parent.parent
+        finish = (f"finish its run (specdraft train SOURCE {run} --resume) and pass {run / 'draft'} instead"
+                  if path.parent.name == CHECKPOINT_DIR else "finish the run that wrote it and pass its draft/ instead")
         raise CheckpointError(f"{path}: this checkpoint carries no drafter manifest (written by an older "
-                              f"specdraft), and its drafter is built from one, so no command can read it; finish "
-                              f"its run (specdraft train SOURCE {run} --resume) and pass {run / 'draft'} instead")
+                              f"specdraft), and its drafter is built from one, so no command can read it; {finish}")
     manifest = Manifest(**progress["manifest"])
     draft = Eagle3Draft(DraftConfig.from_dict(manifest.draft))
     refuse_other_aux_layers(path, draft.cfg.aux_layers, aux_layers)

@@ -436,12 +436,15 @@ def check_drafter(value: str, param: typer.CallbackParam = None) -> str:
 
         from specdraft.checkpoint import is_training_checkpoint
 
+        from specdraft.checkpoint import SOURCE_FORMS
+
         if is_training_checkpoint(value):
             return value
         if not Path(value).exists():
-            from specdraft.export import SOURCE_FORMS
-
             raise typer.BadParameter(f"{value}: no such file or directory; pass {SOURCE_FORMS}")
+        if Path(value).is_file() and Path(value).suffix == ".pt":  # torch.save writes a zip archive
+            raise typer.BadParameter(f"{value}: not a readable training checkpoint (no torch.save archive: cut "
+                                     f"short or damaged); pass another checkpoint of its run, or {SOURCE_FORMS}")
     return check_checkpoint_dir(value, param)
 
 

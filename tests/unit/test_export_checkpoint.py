@@ -102,6 +102,26 @@ def test_a_checkpoint_without_manifest_names_the_command_that_makes_a_readable_d
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command", ["inspect", "export"])
+def test_a_pt_file_that_is_no_specdraft_checkpoint_says_so(run, tmp_path, command):
+    """A torch.save file of something else is named as no training checkpoint (it was told it came
+    from an older specdraft and to resume a run in its grandparent folder); a .pt file that is no
+    torch.save archive (cut short, damaged) is named as such, not as "a file" to replace by a directory."""
+    foreign, junk = tmp_path / "dict.pt", tmp_path / "step-00000005.pt"
+    torch.save({"a": 1}, foreign)
+    junk.write_bytes(b"junk")
+    tail = {"inspect": [], "export": [str(tmp_path / "out"), "--engine", "sglang"]}[command]
+    result = invoke([command, str(foreign), *tail])
+    assert result.exit_code == 1 and flat(result.output) == (
+        f"error: {foreign}: a torch.save file but no specdraft training checkpoint (no step and config); "
+        "pass a drafter directory (config.json, model.safetensors) or a training checkpoint "
+        "(RUN/checkpoints/step-N.pt)"), result.output
+    result = invoke([command, str(junk), *tail])
+    assert result.exit_code == 2 and "not a readable training checkpoint (no torch.save archive: cut short or " \
+        "damaged); pass another checkpoint of its run" in flat(result.output), result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_export_of_a_file_that_is_no_checkpoint_names_what_it_takes(run, tmp_path):
     weights = run / "draft" / "model.safetensors"
     with pytest.raises(CheckpointError, match=f"{weights} is a file but no training checkpoint; pass a drafter "
