@@ -1,6 +1,5 @@
 """The processes of a training run: this rank's place (`Ranks`, from torchrun's environment) and
-the signals that stop a run cleanly (`interrupt_flag` on several ranks, `sigterm_as_sigint` on
-one, `deferred_interrupt` around an optimizer update).
+the signals that stop a run cleanly at a step boundary (`interrupt_flag`).
 """
 
 from __future__ import annotations
@@ -75,13 +74,14 @@ def setup_dist(device: str) -> Ranks:
 
 @contextlib.contextmanager
 def interrupt_flag(ranks: Ranks):
-    """On several ranks, turn the first SIGINT or SIGTERM into a request to stop; yields
-    interrupted(), which every rank calls at each step boundary: true on all ranks when any
-    rank was signalled (one int all-reduced with MAX on the group's device, beside the step's
-    own syncs). The caller then checkpoints the step (a collective) and raises
-    KeyboardInterrupt. One process keeps Python's KeyboardInterrupt (interrupted() is False) and
-    takes SIGTERM as SIGINT (`sigterm_as_sigint`): a scheduler's SIGTERM checkpoints the step
-    as Ctrl-C does.
+    """Turn the first SIGINT (Ctrl-C) or SIGTERM (what schedulers and `kill` send first) into a
+    request to stop; yields interrupted(), which the training loop calls at each step boundary,
+    after the step's metrics and any checkpoint are written. On one process it reads the flag;
+    on several ranks it is true on all of them when any rank was signalled (one int all-reduced
+    with MAX on the group's device, beside the step's own syncs). The caller then checkpoints
+    that step (a collective on several ranks) and raises KeyboardInterrupt. The handler only
+    sets the flag, so no torch call, collective, metrics line or checkpoint write is cut short:
+    a KeyboardInterrupt raised inside a torch call can surface as another exception.
 
     Under torchrun (torch.distributed.elastic, torch 2.13): workers are started in sessions of
     their own (SubprocessHandler: start_new_session), so a terminal's Ctrl-C reaches torchrun
@@ -91,16 +91,12 @@ def interrupt_flag(ranks: Ranks):
     --shutdown-timeout seconds (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30) for all workers
     together and SIGKILLs those left: the rest of the step, its evaluation and the checkpoint
     must fit in that time (a killed write leaves the previous checkpoint). A second Ctrl-C to
-    torchrun, during that wait, makes it send SIGTERM. Ranks may be signalled at different
-    points of a step; the handler only sets a flag, so no collective is cut short.
+    torchrun, during that wait, makes it send SIGTERM.
 
-    A second SIGINT or SIGTERM on a rank puts the previous handlers back and re-raises the
-    signal: KeyboardInterrupt (SIGINT) or the default exit (SIGTERM), at once, unsaved. Handlers
-    live in the main thread only; elsewhere nothing is caught (but the ranks still agree)."""
-    if ranks.world == 1:
-        with sigterm_as_sigint():
-            yield lambda: False
-        return
+    A second SIGINT or SIGTERM puts the previous handlers back and re-raises the signal:
+    KeyboardInterrupt (SIGINT) or the default exit (SIGTERM), at once, unsaved (checkpoint
+    writes are atomic: the previous checkpoint stays). Handlers live in the main thread only;
+    elsewhere nothing is caught (but the ranks still agree)."""
     caught: list[int] = []
     previous: dict[int, Any] = {}
 
@@ -117,6 +113,8 @@ def interrupt_flag(ranks: Ranks):
         caught.append(signum)
 
     def interrupted() -> bool:
+        if ranks.world == 1:
+            return bool(caught)
         flag = torch.tensor([int(bool(caught))], device=ranks.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
@@ -129,48 +127,3 @@ def interrupt_flag(ranks: Ranks):
         yield interrupted
     finally:
         restore()
-
-
-@contextlib.contextmanager
-def sigterm_as_sigint():
-    """In the block, SIGTERM (what schedulers and `kill` send first) runs the SIGINT handler of
-    the moment: Python's KeyboardInterrupt, or `deferred_interrupt`'s hold during an optimizer
-    update. Only where SIGINT has Python's own handler, in the main thread; the previous SIGTERM
-    handler is back after the block, so a second SIGTERM while the checkpoint is written exits
-    at once, unsaved (the write is atomic: the previous checkpoint stays)."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler or \
-            signal.getsignal(signal.SIGTERM) is None:  # None: a handler installed outside Python
-        yield
-        return
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        handler = signal.getsignal(signal.SIGINT)
-        if callable(handler):
-            handler(signal.SIGINT, frame)
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def deferred_interrupt():
-    """Hold Ctrl-C (SIGINT) back until the block ends, then raise KeyboardInterrupt: the block
-    (an optimizer update) runs whole. Only Python's own KeyboardInterrupt handler is held back,
-    in the main thread (signal handlers live there); another one, such as `interrupt_flag`'s
-    on several ranks (which raises nothing), is left in place."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield  # not ours to hold
-        return
-    caught = []
-    previous = signal.signal(signal.SIGINT, lambda *a: caught.append(True))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt

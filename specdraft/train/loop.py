@@ -41,14 +41,13 @@ from specdraft.train.config import (
     refuse_changed_settings,
     split_samples,
 )
-from specdraft.train.dist import Ranks, deferred_interrupt, interrupt_flag, resolve_device, setup_dist
+from specdraft.train.dist import Ranks, interrupt_flag, resolve_device, setup_dist
 from specdraft.train.loss import TTTMetrics, TTTOutput, supervised_counts, ttt_loss, weighted_loss
 from specdraft.train.progress import training_progress
 from specdraft.train.run_dir import (
     MetricsLog,
     check_run_dir,
     check_same_data,
-    checkpoint_on_interrupt,
     checkpoint_progress,
     moved_data,
     resume_from,
@@ -212,10 +211,9 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], c.grad_clip or float("inf"))
         lr = self.scheduler.get_last_lr()[0]
-        with deferred_interrupt():  # a Ctrl-C checkpoint holds a whole update or none
-            self.optimizer.step()
-            self.scheduler.step()
-            self.step += 1
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
         return {"step": self.step, "split": "train", "loss": loss_value, "lr": lr,
                 "grad_norm": float(_full(grad_norm)), **metrics.to_dict()}
 
@@ -398,10 +396,10 @@ def train(config: TrainConfig, source: str | Path | OnlineSource | TrainData, ou
     without it an out_dir that already holds checkpoints is refused (FileExistsError), as is an
     out_dir that is a file or a directory of other files (no run entry, `run_dir.RUN_ENTRIES`). Resuming on
     data of another target, aux layers or samples (data hash) than the checkpoint's is a ValueError
-    naming both (`run_dir.check_same_data`). Ctrl-C (KeyboardInterrupt) or SIGTERM (`dist.sigterm_as_sigint`)
-    in one process checkpoints the current step before it propagates (`run_dir.checkpoint_on_interrupt`); under torchrun, Ctrl-C
-    (SIGINT) or SIGTERM lets every rank finish its step, then all checkpoint that step and raise
-    KeyboardInterrupt (`dist.interrupt_flag`). The checkpoint may come from another number
+    naming both (`run_dir.check_same_data`). Ctrl-C (SIGINT) or SIGTERM, in one process or under
+    torchrun, lets every rank finish its step (metrics line and any checkpoint included), then all
+    checkpoint that step and raise KeyboardInterrupt (`dist.interrupt_flag`); a second signal
+    aborts at once, unsaved. The checkpoint may come from another number
     of ranks (a step-N.pt file of one process, a sharded step-N directory of several): it is
     resharded to this run's. The run length (total_steps / epochs) may differ from the
     checkpoint's: the run is extended (or shortened, not below the checkpoint's step) and the lr
@@ -451,7 +449,7 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, progress: bool,
     last: dict[str, Any] | None = None
     validation: dict[str, Any] | None = None
     with training_progress(progress and ranks.main, trainer.total_steps, trainer.step) as advance, \
-            checkpoint_on_interrupt(trainer, out_dir), interrupt_flag(ranks) as interrupted:
+            interrupt_flag(ranks) as interrupted:
         while trainer.step < trainer.total_steps:
             pos = trainer.position(trainer.step)
             batch = batch_order(trainer.train_ids, pos["epoch"], c)[pos["batch_index"]]
@@ -467,7 +465,7 @@ def _run(trainer: Trainer, out_dir: Path, log: MetricsLog, progress: bool,
             advance(last)
             if on_step is not None:
                 on_step(trainer.step)
-            if interrupted():  # several ranks: all of them, here, at the same step
+            if interrupted():  # every rank, here, at the same step
                 if not saved:
                     save_checkpoint(trainer, out_dir)
                 raise KeyboardInterrupt

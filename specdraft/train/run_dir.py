@@ -19,7 +19,6 @@ metrics and the final drafter.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 from dataclasses import replace
@@ -208,25 +207,6 @@ def resume_from(trainer: Any, out_dir: Path, resume: bool) -> int | None:
     else:
         trainer.load_state(torch.load(paths[-1], map_location="cpu", weights_only=False), paths[-1])
     return trainer.step
-
-
-@contextlib.contextmanager
-def checkpoint_on_interrupt(trainer: Any, out_dir: Path):
-    """On Ctrl-C or SIGTERM (KeyboardInterrupt: `dist.sigterm_as_sigint`) in one process,
-    checkpoint the current step unless its checkpoint exists, then re-raise: `--resume` goes on
-    from there. A step in progress is
-    dropped whole (its optimizer update is never interrupted: `dist.deferred_interrupt`). Several
-    ranks checkpoint in the loop instead, at a step they agree on (`dist.interrupt_flag`): a
-    KeyboardInterrupt that reaches here on several ranks (a second Ctrl-C) saves nothing, as a
-    collective after it may hang."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        saved = checkpoint_paths(out_dir)
-        done = saved and saved[-1].name == f"step-{trainer.step:08d}.pt"
-        if trainer.ranks.world == 1 and trainer.step > 0 and not done:
-            write_checkpoint(trainer.state(), out_dir, trainer.config.keep_checkpoints)
-        raise
 
 
 def save_checkpoint(trainer: Any, out_dir: Path) -> None:

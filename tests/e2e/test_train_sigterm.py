@@ -8,10 +8,7 @@ import signal
 import subprocess
 import sys
 
-import pytest
-
 from specdraft.checkpoint import checkpoint_paths
-from specdraft.train import dist
 from tests.e2e.test_train_interrupt_ranks import assert_resumes_to_the_end, wait_for_steps
 from tests.unit.train.test_train_loop import ONE_THREAD_ENV, REPO, small_config
 
@@ -46,17 +43,3 @@ def test_sigterm_to_one_process_checkpoints_the_current_step_and_resume_finishes
     assert not (run / "draft").exists()
 
     assert_resumes_to_the_end(command, env, run, saved[0], STEPS)
-
-
-def test_on_one_process_sigterm_is_held_with_sigint_through_an_update_and_then_raised():
-    """sigterm_as_sigint: SIGTERM inside deferred_interrupt raises KeyboardInterrupt only when
-    the update ends; the handlers from before are back after."""
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    done = []
-    with pytest.raises(KeyboardInterrupt):
-        with dist.sigterm_as_sigint():
-            with dist.deferred_interrupt():
-                signal.raise_signal(signal.SIGTERM)
-                done.append(True)
-    assert done == [True]
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
