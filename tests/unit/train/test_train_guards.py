@@ -7,6 +7,7 @@ done. A checkpoint that records no data hash (older specdraft) resumes as before
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 import torch
@@ -167,12 +168,12 @@ def test_target_flag_must_be_the_store_target(stores, tmp_path):
 
 
 def interrupt_after(monkeypatch, steps: int):
-    """Make Trainer.train_step raise KeyboardInterrupt (as Ctrl-C would) once `steps` steps are done."""
+    """Send this process SIGINT (as Ctrl-C does) inside step `steps`: training stops after it."""
     real = loop.Trainer.train_step
 
     def step(self, sample_ids):
-        if self.step == steps:
-            raise KeyboardInterrupt
+        if self.step == steps - 1:
+            signal.raise_signal(signal.SIGINT)
         return real(self, sample_ids)
     monkeypatch.setattr(loop.Trainer, "train_step", step)
 
