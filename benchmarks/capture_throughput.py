@@ -27,11 +27,13 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process (CPU)
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")          # GiB
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[1]
-PYCODE = Path(os.environ.get("SPECDRAFT_PYCODE_DIR", ROOT.parent / "shared" / "models" / "pycode-25m"))
+PYCODE = Path(
+    os.environ.get("SPECDRAFT_PYCODE_DIR", ROOT.parent / "shared" / "models" / "pycode-25m")
+)
 TEXTS = ROOT / "tests" / "assets" / "pycode25m_draft" / "prompts.jsonl"
 
 
@@ -49,8 +51,16 @@ def time_capture(engine: str, data: Path, out: Path, max_length: int) -> dict:
     first shard's call, which `write_store` makes after the engine is up)."""
     from specdraft.capture.stage import CaptureConfig, capture_dataset
 
-    cfg = CaptureConfig(str(PYCODE), str(data), str(out), aux_layers=(2, 4, 5), chat=False,
-                        max_length=max_length, shard_tokens=8192, engine=engine)
+    cfg = CaptureConfig(
+        str(PYCODE),
+        str(data),
+        str(out),
+        aux_layers=(2, 4, 5),
+        chat=False,
+        max_length=max_length,
+        shard_tokens=8192,
+        engine=engine,
+    )
     marks: dict[str, float] = {}
     from specdraft.capture import write
 
@@ -68,8 +78,12 @@ def time_capture(engine: str, data: Path, out: Path, max_length: int) -> dict:
     finally:
         write._capture_missing = original
     capture_s = end - marks["capture_start"]
-    return {"tokens": result.num_tokens, "tokens_per_s": round(result.num_tokens / capture_s, 1),
-            "start_s": round(marks["capture_start"] - start, 2), "capture_s": round(capture_s, 2)}
+    return {
+        "tokens": result.num_tokens,
+        "tokens_per_s": round(result.num_tokens / capture_s, 1),
+        "start_s": round(marks["capture_start"] - start, 2),
+        "capture_s": round(capture_s, 2),
+    }
 
 
 def main() -> None:
@@ -81,9 +95,12 @@ def main() -> None:
     num_texts = 16 if args.tiny else args.texts
     with tempfile.TemporaryDirectory() as tmp:
         data = write_data(Path(tmp) / "data.jsonl", num_texts)
-        result = {"texts": num_texts, "max_length": args.max_length,
-                  "transformers": time_capture("transformers", data, Path(tmp) / "hf", args.max_length),
-                  "vllm": None}
+        result = {
+            "texts": num_texts,
+            "max_length": args.max_length,
+            "transformers": time_capture("transformers", data, Path(tmp) / "hf", args.max_length),
+            "vllm": None,
+        }
         if importlib.util.find_spec("vllm") is not None:
             result["vllm"] = time_capture("vllm", data, Path(tmp) / "vllm", args.max_length)
     result["tokens"] = result["transformers"].pop("tokens")

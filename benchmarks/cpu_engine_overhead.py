@@ -31,12 +31,15 @@ import typer
 from tiny_pair import tiny_demo_dir  # benchmarks/, the script's directory
 
 from specdraft.demo.generation import heldout_prompts
-from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.load import load_engine
+from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 
-SETTINGS = {"plain": None, **{f"chain-{n}": SpecConfig.chain(n) for n in (1, 2, 3, 4)},
-            "tree-4-2-8": SpecConfig(4, 2, 8)}
+SETTINGS = {
+    "plain": None,
+    **{f"chain-{n}": SpecConfig.chain(n) for n in (1, 2, 3, 4)},
+    "tree-4-2-8": SpecConfig(4, 2, 8),
+}
 
 
 def run_once(engine: SpeculativeEngine, prompts: list[list[int]], max_new_tokens: int) -> dict:
@@ -47,13 +50,21 @@ def run_once(engine: SpeculativeEngine, prompts: list[list[int]], max_new_tokens
         outputs.append(result.token_ids)
         merged = result.metrics if merged is None else merged.merge(result.metrics)
     seconds, rounds = time.perf_counter() - start, merged.num_verify_steps
-    return {"tokens_per_s": merged.num_output_tokens / seconds, "accept_length": merged.accept_length,
-            "draft_ms_per_round": 1e3 * merged.time_draft_s / rounds,
-            "verify_ms_per_round": 1e3 * merged.time_verify_s / rounds, "outputs": outputs}
+    return {
+        "tokens_per_s": merged.num_output_tokens / seconds,
+        "accept_length": merged.accept_length,
+        "draft_ms_per_round": 1e3 * merged.time_draft_s / rounds,
+        "verify_ms_per_round": 1e3 * merged.time_verify_s / rounds,
+        "outputs": outputs,
+    }
 
 
-def measure(engines: dict[str, SpeculativeEngine], prompts: list[list[int]], max_new_tokens: int,
-            repeats: int) -> dict[str, list[dict]]:
+def measure(
+    engines: dict[str, SpeculativeEngine],
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    repeats: int,
+) -> dict[str, list[dict]]:
     """`repeats` passes per setting, the settings taking turns; checks greedy outputs = plain's."""
     for engine in engines.values():
         run_once(engine, prompts[:2], 16)  # warm-up
@@ -71,24 +82,41 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
     """Medians over repeats per setting, and the median same-repeat speed-up over plain."""
     rows = {}
     for name, setting_runs in runs.items():
-        row = {key: round(statistics.median(run[key] for run in setting_runs), 4) for key in
-               ("tokens_per_s", "accept_length", "draft_ms_per_round", "verify_ms_per_round")}
-        row["speedup"] = round(statistics.median(
-            run["tokens_per_s"] / plain["tokens_per_s"] for run, plain in zip(setting_runs, runs["plain"])), 3)
+        row = {
+            key: round(statistics.median(run[key] for run in setting_runs), 4)
+            for key in (
+                "tokens_per_s",
+                "accept_length",
+                "draft_ms_per_round",
+                "verify_ms_per_round",
+            )
+        }
+        row["speedup"] = round(
+            statistics.median(
+                run["tokens_per_s"] / plain["tokens_per_s"]
+                for run, plain in zip(setting_runs, runs["plain"])
+            ),
+            3,
+        )
         row["tokens_per_s_each"] = [round(run["tokens_per_s"], 1) for run in setting_runs]
         rows[name] = row
     return rows
 
 
-def main(out: Path = typer.Option(Path("specdraft-demo"), help="the demo's --out directory"),
-         repeats: int = typer.Option(7, help="passes over the prompts per setting (medians reported)"),
-         num_prompts: int = typer.Option(8, help="held-out prompts per pass"),
-         prompt_tokens: int = typer.Option(8, help="prompt length (the demo's default)"),
-         max_new_tokens: int = typer.Option(96, help="tokens generated per prompt"),
-         threads: int = typer.Option(1, help="torch CPU threads"),
-         profile: str = typer.Option("", help="also cProfile one pass of this setting (to stderr)"),
-         tiny: bool = typer.Option(False, help="smoke test: a seeded tiny pair in a temporary "
-                                   "directory instead of --out, 1 repeat, 2 prompts x 16 tokens")) -> None:
+def main(
+    out: Path = typer.Option(Path("specdraft-demo"), help="the demo's --out directory"),
+    repeats: int = typer.Option(7, help="passes over the prompts per setting (medians reported)"),
+    num_prompts: int = typer.Option(8, help="held-out prompts per pass"),
+    prompt_tokens: int = typer.Option(8, help="prompt length (the demo's default)"),
+    max_new_tokens: int = typer.Option(96, help="tokens generated per prompt"),
+    threads: int = typer.Option(1, help="torch CPU threads"),
+    profile: str = typer.Option("", help="also cProfile one pass of this setting (to stderr)"),
+    tiny: bool = typer.Option(
+        False,
+        help="smoke test: a seeded tiny pair in a temporary "
+        "directory instead of --out, 1 repeat, 2 prompts x 16 tokens",
+    ),
+) -> None:
     """Measure every setting on the demo's target and drafter; print one JSON line."""
     if tiny:
         with tempfile.TemporaryDirectory(prefix="cpu-engine-overhead-") as tmp:
@@ -97,19 +125,37 @@ def main(out: Path = typer.Option(Path("specdraft-demo"), help="the demo's --out
         run(out, repeats, num_prompts, prompt_tokens, max_new_tokens, threads, profile)
 
 
-def run(out: Path, repeats: int, num_prompts: int, prompt_tokens: int, max_new_tokens: int, threads: int,
-        profile: str) -> None:
+def run(
+    out: Path,
+    repeats: int,
+    num_prompts: int,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    threads: int,
+    profile: str,
+) -> None:
     """Load every setting's engine from the demo directory `out`, measure, print one JSON line."""
     torch.set_num_threads(threads)
     target_dir = out / "target"
     prompts = heldout_prompts(target_dir, out / "data" / "heldout.txt", prompt_tokens)[:num_prompts]
     max_seq_len = max(map(len, prompts)) + max_new_tokens + 64  # as the demo sizes its engines
-    engines = {name: load_engine(target_dir, out / "train" / "draft", spec, max_seq_len=max_seq_len)
-               for name, spec in SETTINGS.items()}
+    engines = {
+        name: load_engine(target_dir, out / "train" / "draft", spec, max_seq_len=max_seq_len)
+        for name, spec in SETTINGS.items()
+    }
     runs = measure(engines, prompts, max_new_tokens, repeats)
-    print(json.dumps({"torch": torch.__version__, "threads": threads, "repeats": repeats,
-                      "num_prompts": len(prompts), "max_new_tokens": max_new_tokens,
-                      "settings": summarize(runs)}))
+    print(
+        json.dumps(
+            {
+                "torch": torch.__version__,
+                "threads": threads,
+                "repeats": repeats,
+                "num_prompts": len(prompts),
+                "max_new_tokens": max_new_tokens,
+                "settings": summarize(runs),
+            }
+        )
+    )
     if profile:
         profiler = cProfile.Profile()
         profiler.runcall(run_once, engines[profile], prompts, max_new_tokens)

@@ -32,10 +32,22 @@ from specdraft.checkpoint import official_config, state_dict_for_layout, write_s
 from specdraft.draft import DraftConfig, Eagle3Draft
 
 SHAPES = {
-    "full": {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
-             "vocab_size": 128256, "draft_vocab_size": 32000},
-    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "vocab_size": 512, "draft_vocab_size": 128},
+    "full": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "draft_vocab_size": 32000,
+    },
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "draft_vocab_size": 128,
+    },
 }
 NUM_LAYERS = 32
 # Runs one CLI command in this process and prints its peak RSS in bytes: VmHWM of /proc/self/status
@@ -58,12 +70,19 @@ print("PEAK", int(hwm.split()[1]) * 1024)
 def write_drafter(root: Path, shape: str) -> tuple[Path, Path]:
     """(drafter dir, target dir): random bf16 tensors of `shape`, SGLang layout, no manifest."""
     sizes = SHAPES[shape]
-    target = LlamaConfig(num_hidden_layers=NUM_LAYERS, max_position_embeddings=8192,
-                         **{k: v for k, v in sizes.items() if k != "draft_vocab_size"})
+    target = LlamaConfig(
+        num_hidden_layers=NUM_LAYERS,
+        max_position_embeddings=8192,
+        **{k: v for k, v in sizes.items() if k != "draft_vocab_size"},
+    )
     (root / "target").mkdir()
     target.save_pretrained(root / "target")
-    cfg = DraftConfig.from_target(target.to_dict(), [2, NUM_LAYERS // 2, NUM_LAYERS - 3],
-                                  draft_vocab_size=sizes["draft_vocab_size"], target_num_layers=NUM_LAYERS)
+    cfg = DraftConfig.from_target(
+        target.to_dict(),
+        [2, NUM_LAYERS // 2, NUM_LAYERS - 3],
+        draft_vocab_size=sizes["draft_vocab_size"],
+        target_num_layers=NUM_LAYERS,
+    )
     with torch.device("meta"):
         names = state_dict_for_layout(Eagle3Draft(cfg), "sglang")
     generator = torch.Generator().manual_seed(0)
@@ -77,14 +96,21 @@ def write_drafter(root: Path, shape: str) -> tuple[Path, Path]:
             tensors[name] = (torch.randn(meta.shape, generator=generator) * 0.02).to(torch.bfloat16)
     (root / "draft").mkdir()
     write_safetensors(tensors, root / "draft" / "model.safetensors", metadata={"format": "pt"})
-    (root / "draft" / "config.json").write_text(json.dumps(official_config(cfg, torch.bfloat16), indent=2))
+    (root / "draft" / "config.json").write_text(
+        json.dumps(official_config(cfg, torch.bfloat16), indent=2)
+    )
     return root / "draft", root / "target"
 
 
 def peak_bytes(args: list[str]) -> int:
     """Peak RSS of a fresh process running `specdraft ARGS` (after its imports)."""
-    out = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(args)], check=True, capture_output=True,
-                         text=True, env=dict(os.environ))
+    out = subprocess.run(
+        [sys.executable, "-c", RUNNER, json.dumps(args)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
     return int(next(line for line in out.stdout.splitlines() if line.startswith("PEAK")).split()[1])
 
 
@@ -98,16 +124,26 @@ def main() -> None:
         base = peak_bytes([])
         commands = {
             "inspect": ["inspect", str(draft), "--target", str(target)],
-            "convert": ["convert", str(draft), str(Path(tmp) / "out"), "--layout", "speculators",
-                        "--target", str(target)],
+            "convert": [
+                "convert",
+                str(draft),
+                str(Path(tmp) / "out"),
+                "--layout",
+                "speculators",
+                "--target",
+                str(target),
+            ],
             "doctor": ["doctor", str(draft), "--target", str(target), "--engine", "vllm"],
         }
         result = {"file_gb": round(size / 1e9, 3), "imports_gb": round(base / 1e9, 3)}
         for name, command in commands.items():
             peak = max(0, peak_bytes(command) - base)
             result[name] = {"peak_gb": round(peak / 1e9, 3), "ratio": round(peak / size, 2)}
-            print(f"{name}: {peak / 1e9:.2f} GB above the imports for a {size / 1e9:.2f} GB file "
-                  f"({peak / size:.2f}x)", flush=True)
+            print(
+                f"{name}: {peak / 1e9:.2f} GB above the imports for a {size / 1e9:.2f} GB file "
+                f"({peak / size:.2f}x)",
+                flush=True,
+            )
     print(json.dumps(result))
 
 

@@ -54,9 +54,11 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int) -> tuple[list[
         model(input_ids=ids)
         prefill = time.perf_counter() - start
         start = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        out = model.generate(
+            ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+        )
         seconds += time.perf_counter() - start - prefill
-        outputs.append(out[0, len(prompt):].tolist())
+        outputs.append(out[0, len(prompt) :].tolist())
         tokens += new_tokens - 1
     return outputs, tokens / seconds
 
@@ -83,10 +85,17 @@ def host_costs(target_dir: str, repeats: int, new_tokens: int) -> None:
             micros["hf_generate"].append(1e6 / hf_tps)
             micros["plain"].append(1e6 / plain_tps)
             equal += outputs == reference
-    summary = {name: {"us_per_token_median": round(statistics.median(v), 1), "min": round(min(v), 1),
-                      "max": round(max(v), 1)} for name, v in micros.items()}
-    summary["plain_over_hf_generate_median"] = round(statistics.median(micros["plain"]) /
-                                                     statistics.median(micros["hf_generate"]), 3)
+    summary = {
+        name: {
+            "us_per_token_median": round(statistics.median(v), 1),
+            "min": round(min(v), 1),
+            "max": round(max(v), 1),
+        }
+        for name, v in micros.items()
+    }
+    summary["plain_over_hf_generate_median"] = round(
+        statistics.median(micros["plain"]) / statistics.median(micros["hf_generate"]), 3
+    )
     summary["outputs_equal_hf_generate"] = f"{equal}/{repeats}"
     print(json.dumps(summary), flush=True)
 
@@ -106,11 +115,22 @@ def run(target_dir: str, draft_dir: str, device: str, num_prompts: int, new_toke
         decode(engine, prompts[:1], 4)  # warm-up
         outputs, tokens_per_s, tau = decode(engine, prompts, new_tokens)
         plain_tps = plain_tps or tokens_per_s
-        print(json.dumps({name: {"tokens_per_s": round(tokens_per_s, 1), "tau": round(tau, 3),
-                                 "speedup": round(tokens_per_s / plain_tps, 3),
-                                 "per_token_vs_hf_generate": round(tokens_per_s / hf_tps, 3),
-                                 "outputs_equal_hf_generate": sum(a == b for a, b in zip(outputs, reference))}}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    name: {
+                        "tokens_per_s": round(tokens_per_s, 1),
+                        "tau": round(tau, 3),
+                        "speedup": round(tokens_per_s / plain_tps, 3),
+                        "per_token_vs_hf_generate": round(tokens_per_s / hf_tps, 3),
+                        "outputs_equal_hf_generate": sum(
+                            a == b for a, b in zip(outputs, reference)
+                        ),
+                    }
+                }
+            ),
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -120,13 +140,21 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (both paths alike)")
-    parser.add_argument("--tiny", action="store_true",
-                        help="smoke test on the CPU: stories260K and a seeded drafter, 2 prompts x 8 tokens, "
-                             "then --host-costs' line for 1 run of 8 tokens")
-    parser.add_argument("--host-costs", action="store_true",
-                        help="per-token microseconds of generate and plain decoding, interleaved runs on one "
-                             "CPU thread; stories260K without --target")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (both paths alike)"
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="smoke test on the CPU: stories260K and a seeded drafter, 2 prompts x 8 tokens, "
+        "then --host-costs' line for 1 run of 8 tokens",
+    )
+    parser.add_argument(
+        "--host-costs",
+        action="store_true",
+        help="per-token microseconds of generate and plain decoding, interleaved runs on one "
+        "CPU thread; stories260K without --target",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="--host-costs: timed runs of each")
     args = parser.parse_args()
     if args.host_costs:

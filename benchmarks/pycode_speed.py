@@ -27,16 +27,23 @@ import torch
 from tiny_pair import tiny_demo_dir  # benchmarks/, the script's directory
 from tokenizers import Tokenizer
 
-from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.load import load_engine
+from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 
 ASSETS = Path(__file__).resolve().parent.parent / "tests" / "assets" / "pycode25m_draft"
-SETTINGS = {"plain": None, "chain3": SpecConfig.chain(3), "chain5": SpecConfig.chain(5),
-            "tree4x2_8": SpecConfig(4, 2, 8), "tree5x4_16": SpecConfig(5, 4, 16)}
+SETTINGS = {
+    "plain": None,
+    "chain3": SpecConfig.chain(3),
+    "chain5": SpecConfig.chain(5),
+    "tree4x2_8": SpecConfig(4, 2, 8),
+    "tree5x4_16": SpecConfig(5, 4, 16),
+}
 
 
-def decode(engine: SpeculativeEngine, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float, float]:
+def decode(
+    engine: SpeculativeEngine, prompts: list[list[int]], new_tokens: int
+) -> tuple[list[list[int]], float, float]:
     """Outputs, decode tokens/s (after each prefill) and mean τ over the prompts, greedy."""
     outputs, tokens, seconds, taus = [], 0, 0.0, []
     for prompt in prompts:
@@ -54,11 +61,16 @@ def main() -> None:
     parser.add_argument("--target", help="the pycode-25m directory (required without --tiny)")
     parser.add_argument("--draft", default=str(ASSETS / "draft"))
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--compile", action="store_true", help="Triton kernels and CUDA graphs (CUDA)")
+    parser.add_argument(
+        "--compile", action="store_true", help="Triton kernels and CUDA graphs (CUDA)"
+    )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--tiny", action="store_true",
-                        help="smoke test on the CPU: stories260K and a seeded drafter, 2 prompts x 8 tokens")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="smoke test on the CPU: stories260K and a seeded drafter, 2 prompts x 8 tokens",
+    )
     args = parser.parse_args()
     if not args.tiny:
         if args.target is None:
@@ -71,7 +83,9 @@ def main() -> None:
         run(str(root / "target"), str(root / "train" / "draft"), "cpu", False, 2, 8)
 
 
-def run(target: str, draft: str, device: str, compile: bool, num_prompts: int, new_tokens: int) -> None:
+def run(
+    target: str, draft: str, device: str, compile: bool, num_prompts: int, new_tokens: int
+) -> None:
     """Every setting on the committed prompts; one JSON line per setting."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     tokenizer = Tokenizer.from_file(str(Path(target) / "tokenizer.json"))
@@ -79,15 +93,31 @@ def run(target: str, draft: str, device: str, compile: bool, num_prompts: int, n
         prompts = [tokenizer.encode(json.loads(line)["text"]).ids[:64] for line in f][:num_prompts]
     plain = None
     for name, spec in SETTINGS.items():
-        engine = load_engine(target, draft if spec else None, spec, device=device, dtype=dtype,
-                             max_seq_len=512, compile=compile)
+        engine = load_engine(
+            target,
+            draft if spec else None,
+            spec,
+            device=device,
+            dtype=dtype,
+            max_seq_len=512,
+            compile=compile,
+        )
         decode(engine, prompts[:2], 16)  # warm-up: compiles and captures
         outputs, tokens_per_s, tau = decode(engine, prompts, new_tokens)
         plain = plain or (outputs, tokens_per_s)
-        print(json.dumps({name: {"tokens_per_s": round(tokens_per_s, 1), "tau": round(tau, 3),
-                                 "speedup": round(tokens_per_s / plain[1], 3),
-                                 "outputs_equal_plain": sum(a == b for a, b in zip(outputs, plain[0]))}}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    name: {
+                        "tokens_per_s": round(tokens_per_s, 1),
+                        "tau": round(tau, 3),
+                        "speedup": round(tokens_per_s / plain[1], 3),
+                        "outputs_equal_plain": sum(a == b for a, b in zip(outputs, plain[0])),
+                    }
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

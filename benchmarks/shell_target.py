@@ -46,10 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from gpu_timing import replay_ms  # benchmarks/, the script's directory
 from safetensors.torch import load_file, save_file
 from torch import Tensor
-
-from gpu_timing import replay_ms  # benchmarks/, the script's directory
 
 from specdraft.checkpoint import load_draft, save_draft
 from specdraft.draft import DraftConfig, Eagle3Draft
@@ -79,9 +78,14 @@ class Shape:
     def of_config(cls, config: dict) -> Shape:
         """The shape of a transformers Llama config dict."""
         heads = config["num_attention_heads"]
-        return cls(config["hidden_size"], config["num_hidden_layers"], heads,
-                   config.get("num_key_value_heads") or heads,
-                   config.get("head_dim") or config["hidden_size"] // heads, config["intermediate_size"])
+        return cls(
+            config["hidden_size"],
+            config["num_hidden_layers"],
+            heads,
+            config.get("num_key_value_heads") or heads,
+            config.get("head_dim") or config["hidden_size"] // heads,
+            config["intermediate_size"],
+        )
 
 
 SHAPES = {
@@ -100,15 +104,22 @@ class Embedding:
 
     def __post_init__(self) -> None:
         s, b = self.small, self.shell
-        too_small = [f for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
-                     if getattr(b, f) < getattr(s, f)]
+        too_small = [
+            f
+            for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+            if getattr(b, f) < getattr(s, f)
+        ]
         if too_small:
             raise ValueError(f"shell {b} is smaller than the model {s} in {', '.join(too_small)}")
         if b.num_heads // b.num_kv_heads != s.num_heads // s.num_kv_heads:
-            raise ValueError(f"shell GQA group {b.num_heads}/{b.num_kv_heads} != the model's "
-                             f"{s.num_heads}/{s.num_kv_heads}: head i -> head i needs the same group size")
+            raise ValueError(
+                f"shell GQA group {b.num_heads}/{b.num_kv_heads} != the model's "
+                f"{s.num_heads}/{s.num_kv_heads}: head i -> head i needs the same group size"
+            )
         if b.head_dim % 2 or s.head_dim % 2:
-            raise ValueError(f"head_dim {s.head_dim} -> {b.head_dim}: rotate-half needs even head dims")
+            raise ValueError(
+                f"head_dim {s.head_dim} -> {b.head_dim}: rotate-half needs even head dims"
+            )
 
     @property
     def norm_scale(self) -> float:
@@ -151,8 +162,13 @@ def shell_layer(k: int, num_layers: int, shell_layers: int) -> int:
     return k * shell_layers // num_layers
 
 
-def place(dest: Tensor, src: Tensor, rows: Tensor | None = None, cols: Tensor | None = None,
-          scale: float = 1.0) -> None:
+def place(
+    dest: Tensor,
+    src: Tensor,
+    rows: Tensor | None = None,
+    cols: Tensor | None = None,
+    scale: float = 1.0,
+) -> None:
     """dest[rows, cols] = src * scale (computed in float32, cast to dest's dtype); None = the
     first src.shape[i] indices. 1-d tensors take rows only."""
     value = src.float() * scale
@@ -178,7 +194,9 @@ class Sources:
     def check_all_used(self) -> None:
         left = sorted(set(self.tensors) - self.used)
         if left:
-            raise ValueError(f"{self.where}: tensors the shell construction does not place: {', '.join(left)}")
+            raise ValueError(
+                f"{self.where}: tensors the shell construction does not place: {', '.join(left)}"
+            )
 
 
 # ---- the target --------------------------------------------------------------------------------
@@ -186,13 +204,22 @@ def shell_config(config: dict, shape: Shape) -> dict:
     """The shell's transformers config: the small config with the shell's sizes, eps x H/H' and
     rope_theta^(D/d)."""
     emb = Embedding(Shape.of_config(config), shape)
-    out = {**config, "hidden_size": shape.hidden_size, "num_hidden_layers": shape.num_layers,
-           "num_attention_heads": shape.num_heads, "num_key_value_heads": shape.num_kv_heads,
-           "head_dim": shape.head_dim, "intermediate_size": shape.intermediate_size,
-           "rms_norm_eps": config.get("rms_norm_eps", 1e-6) * emb.eps_scale}
+    out = {
+        **config,
+        "hidden_size": shape.hidden_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "intermediate_size": shape.intermediate_size,
+        "rms_norm_eps": config.get("rms_norm_eps", 1e-6) * emb.eps_scale,
+    }
     if isinstance(config.get("rope_parameters"), dict):
         params = config["rope_parameters"]
-        out["rope_parameters"] = {**params, "rope_theta": emb.rope_theta(params.get("rope_theta", 10000.0))}
+        out["rope_parameters"] = {
+            **params,
+            "rope_theta": emb.rope_theta(params.get("rope_theta", 10000.0)),
+        }
     else:
         out["rope_theta"] = emb.rope_theta(config.get("rope_theta", 10000.0))
     return out
@@ -215,12 +242,29 @@ def fill_target(dest: dict[str, Tensor], small: Sources, emb: Embedding, tied: b
     for k in range(1, emb.small.num_layers + 1):
         src, dst = f"model.layers.{k - 1}.", f"model.layers.{emb.layer(k) - 1}."
         for norm in ("input_layernorm", "post_attention_layernorm"):
-            place(dest[dst + norm + ".weight"], small.take(src + norm + ".weight"), scale=emb.norm_scale)
+            place(
+                dest[dst + norm + ".weight"],
+                small.take(src + norm + ".weight"),
+                scale=emb.norm_scale,
+            )
         attn = "self_attn."
-        place(dest[dst + attn + "q_proj.weight"], small.take(src + attn + "q_proj.weight"), q_rows, scale=emb.q_scale)
+        place(
+            dest[dst + attn + "q_proj.weight"],
+            small.take(src + attn + "q_proj.weight"),
+            q_rows,
+            scale=emb.q_scale,
+        )
         for proj in ("k_proj", "v_proj"):
-            place(dest[dst + attn + proj + ".weight"], small.take(src + attn + proj + ".weight"), kv_rows)
-        place(dest[dst + attn + "o_proj.weight"], small.take(src + attn + "o_proj.weight"), cols=q_rows)
+            place(
+                dest[dst + attn + proj + ".weight"],
+                small.take(src + attn + proj + ".weight"),
+                kv_rows,
+            )
+        place(
+            dest[dst + attn + "o_proj.weight"],
+            small.take(src + attn + "o_proj.weight"),
+            cols=q_rows,
+        )
         for proj in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
             place(dest[dst + proj + ".weight"], small.take(src + proj + ".weight"))
     small.check_all_used()
@@ -229,7 +273,11 @@ def fill_target(dest: dict[str, Tensor], small: Sources, emb: Embedding, tied: b
 def read_small(model_dir: Path) -> tuple[dict, dict[str, Tensor]]:
     """config.json and every safetensors tensor (transformers names) of a Llama directory."""
     config = json.loads((model_dir / "config.json").read_text())
-    if config.get("model_type") != "llama" or config.get("attention_bias") or config.get("mlp_bias"):
+    if (
+        config.get("model_type") != "llama"
+        or config.get("attention_bias")
+        or config.get("mlp_bias")
+    ):
         raise ValueError(f"{model_dir}: the shell construction covers Llama targets without biases")
     tensors = {}
     for file in sorted(model_dir.glob("*.safetensors")):
@@ -245,30 +293,48 @@ def build_target(model_dir: Path, shape: Shape, device: str, dtype: torch.dtype)
         model = FastTarget(args).to(dtype)
     model = model.to_empty(device=device)
     model.tie_weights()
-    fill_target(checkpoint_destinations(model), Sources(tensors, str(model_dir)),
-                Embedding(Shape.of_config(config), shape), args.tie_word_embeddings)
+    fill_target(
+        checkpoint_destinations(model),
+        Sources(tensors, str(model_dir)),
+        Embedding(Shape.of_config(config), shape),
+        args.tie_word_embeddings,
+    )
     return model.requires_grad_(False).eval()
 
 
 # ---- the drafter -------------------------------------------------------------------------------
 def draft_shape(cfg: DraftConfig) -> Shape:
-    return Shape(cfg.hidden_size, 1, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                 cfg.intermediate_size)
+    return Shape(
+        cfg.hidden_size,
+        1,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+    )
 
 
 def shell_draft_config(cfg: DraftConfig, shape: Shape, target_layers: int) -> DraftConfig:
     """The drafter's config in the shell: the shell's widths and heads, the shell's intermediate
     size, aux layers mapped, rope_theta^(D/d), eps x H/H'."""
     if cfg.hidden_size != cfg.target_hidden_size:
-        raise ValueError("the shell construction covers drafters of the target's width (shared embedding)")
+        raise ValueError(
+            "the shell construction covers drafters of the target's width (shared embedding)"
+        )
     heads = Embedding(draft_shape(cfg), dataclasses.replace(shape, num_layers=1))
     return dataclasses.replace(
-        cfg, hidden_size=shape.hidden_size, num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads, head_dim=shape.head_dim,
-        intermediate_size=max(shape.intermediate_size, cfg.intermediate_size), target_hidden_size=shape.hidden_size,
+        cfg,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        intermediate_size=max(shape.intermediate_size, cfg.intermediate_size),
+        target_hidden_size=shape.hidden_size,
         aux_layers=tuple(shell_layer(k, target_layers, shape.num_layers) for k in cfg.aux_layers),
         target_num_layers=shape.num_layers,
-        rope_theta=heads.rope_theta(cfg.rope_theta), rms_norm_eps=cfg.rms_norm_eps * heads.eps_scale)
+        rope_theta=heads.rope_theta(cfg.rope_theta),
+        rms_norm_eps=cfg.rms_norm_eps * heads.eps_scale,
+    )
 
 
 @torch.no_grad()
@@ -278,21 +344,46 @@ def fill_draft(dest: dict[str, Tensor], small: Sources, emb: Embedding, n_aux: i
         if name != "embed_tokens.weight":
             tensor.zero_()
     place(dest["fc.weight"], small.take("fc.weight"), cols=emb.hidden(n_aux))
-    for norm in ("midlayer.input_layernorm", "midlayer.hidden_norm", "midlayer.post_attention_layernorm", "norm"):
+    for norm in (
+        "midlayer.input_layernorm",
+        "midlayer.hidden_norm",
+        "midlayer.post_attention_layernorm",
+        "norm",
+    ):
         place(dest[norm + ".weight"], small.take(norm + ".weight"), scale=emb.norm_scale)
     both = emb.hidden(2)  # cat(embedding, hidden): the trained columns in each half
     attn = "midlayer.self_attn."
-    place(dest[attn + "q_proj.weight"], small.take(attn + "q_proj.weight"), emb.head_rows(emb.small.num_heads), both,
-          scale=emb.q_scale)
+    place(
+        dest[attn + "q_proj.weight"],
+        small.take(attn + "q_proj.weight"),
+        emb.head_rows(emb.small.num_heads),
+        both,
+        scale=emb.q_scale,
+    )
     for proj in ("k_proj", "v_proj"):
-        place(dest[attn + proj + ".weight"], small.take(attn + proj + ".weight"),
-              emb.head_rows(emb.small.num_kv_heads), both)
-    place(dest[attn + "o_proj.weight"], small.take(attn + "o_proj.weight"), cols=emb.head_rows(emb.small.num_heads))
-    for proj in ("midlayer.mlp.gate_proj", "midlayer.mlp.up_proj", "midlayer.mlp.down_proj", "lm_head"):
+        place(
+            dest[attn + proj + ".weight"],
+            small.take(attn + proj + ".weight"),
+            emb.head_rows(emb.small.num_kv_heads),
+            both,
+        )
+    place(
+        dest[attn + "o_proj.weight"],
+        small.take(attn + "o_proj.weight"),
+        cols=emb.head_rows(emb.small.num_heads),
+    )
+    for proj in (
+        "midlayer.mlp.gate_proj",
+        "midlayer.mlp.up_proj",
+        "midlayer.mlp.down_proj",
+        "lm_head",
+    ):
         place(dest[proj + ".weight"], small.take(proj + ".weight"))
     for buffer in ("d2t", "t2d"):
         dest[buffer].copy_(small.take(buffer))
-    small.take("embed_tokens.weight")  # shared with the target: the shell's comes from the shell target
+    small.take(
+        "embed_tokens.weight"
+    )  # shared with the target: the shell's comes from the shell target
     small.check_all_used()
 
 
@@ -303,8 +394,10 @@ def build_draft(draft: Eagle3Draft, shape: Shape, target: FastTarget) -> Eagle3D
     weight = target.tok_embeddings.weight
     with torch.device(weight.device):
         shell = Eagle3Draft(cfg).to(weight.dtype)
-    emb = Embedding(draft_shape(small_cfg), dataclasses.replace(shape, num_layers=1,
-                                                                 intermediate_size=cfg.intermediate_size))
+    emb = Embedding(
+        draft_shape(small_cfg),
+        dataclasses.replace(shape, num_layers=1, intermediate_size=cfg.intermediate_size),
+    )
     fill_draft(shell.state_dict(), Sources(draft.state_dict(), "the drafter"), emb, cfg.n_aux)
     shell.load_target_embedding(weight)
     return shell.eval()
@@ -316,7 +409,9 @@ class Pair:
     draft: Eagle3Draft
 
 
-def build_pair(model_dir: Path, draft_dir: Path, shape: Shape | None, device: str, dtype: torch.dtype) -> Pair:
+def build_pair(
+    model_dir: Path, draft_dir: Path, shape: Shape | None, device: str, dtype: torch.dtype
+) -> Pair:
     """The small pair (shape None) or its shell, on `device` in `dtype`."""
     if shape is None:
         target = load_fast_target(model_dir, dtype, device)
@@ -344,17 +439,30 @@ def save_pair(model_dir: Path, draft_dir: Path, shape: Shape, out: Path) -> None
             shutil.copy(model_dir / name, out / "target" / name)
     manifest = load_draft(draft_dir).manifest
     cfg = pair.draft.cfg
-    target_record = {**manifest.target, "hidden_size": shape.hidden_size, "num_layers": shape.num_layers,
-                     "config_hash": None, "name_or_path": str(out / "target"),
-                     "rope_theta": Embedding(Shape.of_config(config), shape).rope_theta(manifest.target["rope_theta"])}
-    save_draft(pair.draft, out / "draft", layout="specdraft",
-               manifest=dataclasses.replace(manifest, draft=cfg.to_dict(), target=target_record,
-                                            aux_layers=list(cfg.aux_layers)))
+    target_record = {
+        **manifest.target,
+        "hidden_size": shape.hidden_size,
+        "num_layers": shape.num_layers,
+        "config_hash": None,
+        "name_or_path": str(out / "target"),
+        "rope_theta": Embedding(Shape.of_config(config), shape).rope_theta(
+            manifest.target["rope_theta"]
+        ),
+    }
+    save_draft(
+        pair.draft,
+        out / "draft",
+        layout="specdraft",
+        manifest=dataclasses.replace(
+            manifest, draft=cfg.to_dict(), target=target_record, aux_layers=list(cfg.aux_layers)
+        ),
+    )
 
 
 # ---- the check (CPU, float32) ------------------------------------------------------------------
-def load_prompts(model_dir: Path, count: int, tokens: int = 64,
-                 path: Path = ASSETS / "prompts.jsonl") -> list[list[int]]:
+def load_prompts(
+    model_dir: Path, count: int, tokens: int = 64, path: Path = ASSETS / "prompts.jsonl"
+) -> list[list[int]]:
     """The first `tokens` ids of the first `count` prompts of `path` (JSON lines with "text"; by
     default the committed drafter's held-out prompts)."""
     from tokenizers import Tokenizer
@@ -365,23 +473,37 @@ def load_prompts(model_dir: Path, count: int, tokens: int = 64,
 
 
 @torch.inference_mode()
-def prefill(target: FastTarget, ids: list[int], aux_layers: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+def prefill(
+    target: FastTarget, ids: list[int], aux_layers: tuple[int, ...]
+) -> tuple[Tensor, Tensor]:
     """(logits [T, V] float32, aux states [T, n_aux * hidden]) of one prompt from an empty cache."""
     n = len(ids)
     device = target.output.weight.device
     target.setup_cache(1, n)
     positions = torch.arange(n, device=device)
-    out = target(torch.tensor([ids], device=device), positions[None], positions,
-                 causal_mask(0, n, n, device=device), aux_layers)
+    out = target(
+        torch.tensor([ids], device=device),
+        positions[None],
+        positions,
+        causal_mask(0, n, n, device=device),
+        aux_layers,
+    )
     return out.logits[0], out.aux_hidden[0]
 
 
-def generate_all(pair: Pair, spec: SpecConfig | None, prompts: list[list[int]], new_tokens: int,
-                 compile: bool = False, max_seq_len: int = 512) -> tuple[SpeculativeEngine, list[list[int]], list]:
+def generate_all(
+    pair: Pair,
+    spec: SpecConfig | None,
+    prompts: list[list[int]],
+    new_tokens: int,
+    compile: bool = False,
+    max_seq_len: int = 512,
+) -> tuple[SpeculativeEngine, list[list[int]], list]:
     """(engine, outputs, per-prompt metrics) of greedy generation over the prompts."""
     device = pair.target.output.weight.device
-    engine = SpeculativeEngine(pair.target, pair.draft if spec else None, spec, None, max_seq_len, device,
-                               compile=compile)
+    engine = SpeculativeEngine(
+        pair.target, pair.draft if spec else None, spec, None, max_seq_len, device, compile=compile
+    )
     results = [engine.generate(p, new_tokens) for p in prompts]
     return engine, [r.token_ids for r in results], [r.metrics for r in results]
 
@@ -389,7 +511,9 @@ def generate_all(pair: Pair, spec: SpecConfig | None, prompts: list[list[int]], 
 CHECK_SETTINGS = {"plain": None, "chain3": SpecConfig.chain(3), "tree4x2_8": SpecConfig(4, 2, 8)}
 
 
-def check(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_tokens: int) -> dict:
+def check(
+    model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_tokens: int
+) -> dict:
     """The shell against the small pair, float32 on the CPU: the largest |logit difference| and
     |aux state difference| (the shell's aux states in the small model's H dims of each block;
     the rest must be 0) over the prompts' prefills, and per setting whether greedy outputs and
@@ -407,22 +531,34 @@ def check(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_
         expected = torch.zeros_like(blocks)
         expected[..., :hidden] = small_aux.view(len(ids), n_aux, hidden)
         aux_diff = max(aux_diff, (blocks - expected).abs().max().item())
-    report = {"shape": dataclasses.asdict(shape), "aux_layers": {"small": list(small.draft.cfg.aux_layers),
-                                                                 "shell": list(shell.draft.cfg.aux_layers)},
-              "max_abs_logits_diff": logits_diff, "max_abs_aux_diff": aux_diff, "settings": {}}
+    report = {
+        "shape": dataclasses.asdict(shape),
+        "aux_layers": {
+            "small": list(small.draft.cfg.aux_layers),
+            "shell": list(shell.draft.cfg.aux_layers),
+        },
+        "max_abs_logits_diff": logits_diff,
+        "max_abs_aux_diff": aux_diff,
+        "settings": {},
+    }
     for name, spec in CHECK_SETTINGS.items():
         _, small_out, small_m = generate_all(small, spec, prompts, new_tokens)
         _, shell_out, shell_m = generate_all(shell, spec, prompts, new_tokens)
         report["settings"][name] = {
             "outputs_equal": small_out == shell_out,
-            "tau_small": [m.accept_length for m in small_m], "tau_shell": [m.accept_length for m in shell_m]}
+            "tau_small": [m.accept_length for m in small_m],
+            "tau_shell": [m.accept_length for m in shell_m],
+        }
     return report
 
 
 def check_passed(report: dict, tolerance: float = 1e-4) -> list[str]:
     """What the check report fails (empty when it passes)."""
-    failures = [f"{key} {report[key]:.3g} > {tolerance}" for key in ("max_abs_logits_diff", "max_abs_aux_diff")
-                if not report[key] <= tolerance]
+    failures = [
+        f"{key} {report[key]:.3g} > {tolerance}"
+        for key in ("max_abs_logits_diff", "max_abs_aux_diff")
+        if not report[key] <= tolerance
+    ]
     for name, r in report["settings"].items():
         if not r["outputs_equal"]:
             failures.append(f"{name}: greedy outputs differ")
@@ -432,11 +568,27 @@ def check_passed(report: dict, tolerance: float = 1e-4) -> list[str]:
 
 
 # ---- the speed table (CUDA, bf16, compile=True) -------------------------------------------------
-BENCH_SETTINGS = {"plain": None, **{f"chain{n}": SpecConfig.chain(n) for n in range(1, 8)},
-                  "tree4x2_8": SpecConfig(4, 2, 8), "tree4x4_16": SpecConfig(4, 4, 16),
-                  "tree5x4_16": SpecConfig(5, 4, 16), "tree6x8_32": SpecConfig(6, 8, 32),
-                  "tree7x4_32": SpecConfig(7, 4, 32), "tree7x8_32": SpecConfig(7, 8, 32)}
-VERIFY_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)  # target forwards timed with plain decoding's engine
+BENCH_SETTINGS = {
+    "plain": None,
+    **{f"chain{n}": SpecConfig.chain(n) for n in range(1, 8)},
+    "tree4x2_8": SpecConfig(4, 2, 8),
+    "tree4x4_16": SpecConfig(4, 4, 16),
+    "tree5x4_16": SpecConfig(5, 4, 16),
+    "tree6x8_32": SpecConfig(6, 8, 32),
+    "tree7x4_32": SpecConfig(7, 4, 32),
+    "tree7x8_32": SpecConfig(7, 8, 32),
+}
+VERIFY_SIZES = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    24,
+    32,
+    48,
+    64,
+)  # target forwards timed with plain decoding's engine
 PASSES = 3  # over the prompts per setting: the table's tokens/s is their median
 
 
@@ -483,7 +635,7 @@ def copy_bandwidth_gbs(num_bytes: int = 4 << 30) -> float:
     src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     times = []
-    for i in range(13):
+    for _ in range(13):
         torch.cuda.synchronize()
         start = time.perf_counter()
         dst.copy_(src)
@@ -500,11 +652,15 @@ def weight_bytes(target: FastTarget) -> int:
     return sum(p.numel() * p.element_size() for p in params.values())
 
 
-def bench_setting(pair: Pair, spec: SpecConfig | None, prompts: list[list[int]], new_tokens: int) -> tuple[dict, list]:
+def bench_setting(
+    pair: Pair, spec: SpecConfig | None, prompts: list[list[int]], new_tokens: int
+) -> tuple[dict, list]:
     """One row of the table: decode tokens/s (after each prefill; the median of PASSES passes
     over the prompts, each pass's too), tau, per-round times of the median pass (the engine's
     split and the GPU's kernels), and the outputs."""
-    engine, _, _ = generate_all(pair, spec, [p for p in prompts[:2]], 16, compile=True)  # compiles, captures
+    engine, _, _ = generate_all(
+        pair, spec, [p for p in prompts[:2]], 16, compile=True
+    )  # compiles, captures
     passes = []
     for _ in range(PASSES):
         results = [engine.generate(p, new_tokens) for p in prompts]
@@ -522,30 +678,52 @@ def bench_setting(pair: Pair, spec: SpecConfig | None, prompts: list[list[int]],
     kernel_verify = verify_ms(engine, t, prefix)
     kernel_draft = draft_round_ms(engine, merged.acceptance_per_position, prefix) if spec else 0.0
     tau = merged.accept_length
-    row = {"tokens_per_s": tokens / seconds, "tokens_per_s_passes": [run[0] for run in passes], "tau": tau,
-           "verify_tokens": t, "rounds": rounds,
-           "round_ms": 1e3 * seconds / rounds,
-           "engine_split_ms_per_round": {k: 1e3 * getattr(merged, f"time_{k}_s") / rounds
-                                         for k in ("draft", "verify", "other")},
-           "kernel_verify_ms": kernel_verify, "kernel_draft_round_ms": kernel_draft,
-           "acceptance_per_position": merged.acceptance_per_position,
-           "kernels": {"target": engine.target_kernels, "draft": engine.draft_kernels}}
+    row = {
+        "tokens_per_s": tokens / seconds,
+        "tokens_per_s_passes": [run[0] for run in passes],
+        "tau": tau,
+        "verify_tokens": t,
+        "rounds": rounds,
+        "round_ms": 1e3 * seconds / rounds,
+        "engine_split_ms_per_round": {
+            k: 1e3 * getattr(merged, f"time_{k}_s") / rounds for k in ("draft", "verify", "other")
+        },
+        "kernel_verify_ms": kernel_verify,
+        "kernel_draft_round_ms": kernel_draft,
+        "acceptance_per_position": merged.acceptance_per_position,
+        "kernels": {"target": engine.target_kernels, "draft": engine.draft_kernels},
+    }
     if spec is None:  # the cost of a forward per token count, against the decode step
         curve = {n: verify_ms(engine, n, prefix) for n in VERIFY_SIZES}
-        row |= {"verify_ms_by_tokens": curve, "verify_over_decode": {n: v / curve[1] for n, v in curve.items()}}
+        row |= {
+            "verify_ms_by_tokens": curve,
+            "verify_over_decode": {n: v / curve[1] for n, v in curve.items()},
+        }
     if kernel_draft is not None:
         kernel = kernel_verify + kernel_draft
         model = 1e3 * tau / kernel
-        row |= {"model_tokens_per_s": model, "measured_over_model": tokens / seconds / model,
-                "host_ms_per_round": 1e3 * seconds / rounds - kernel}
+        row |= {
+            "model_tokens_per_s": model,
+            "measured_over_model": tokens / seconds / model,
+            "host_ms_per_round": 1e3 * seconds / rounds - kernel,
+        }
     del engine
     return row, [r.token_ids for r in results]
 
 
-def bench(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_tokens: int,
-          out: Path | None, run_tune: bool, settings: list[str] | None = None,
-          prompt_file: Path = ASSETS / "prompts.jsonl") -> None:
+def bench(
+    model_dir: Path,
+    draft_dir: Path,
+    shape: Shape,
+    num_prompts: int,
+    new_tokens: int,
+    out: Path | None,
+    run_tune: bool,
+    settings: list[str] | None = None,
+    prompt_file: Path = ASSETS / "prompts.jsonl",
+) -> None:
     """The table on CUDA: every setting of BENCH_SETTINGS (or `settings`), one JSON line each."""
+
     def report(key: str, value) -> None:
         line = json.dumps({key: value}, default=str)
         print(line, flush=True)
@@ -558,11 +736,22 @@ def bench(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_
     pair = build_pair(model_dir, draft_dir, shape, "cuda", torch.bfloat16)
     torch.cuda.synchronize()
     bandwidth, weights = copy_bandwidth_gbs(), weight_bytes(pair.target)
-    report("setup", {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                     "shape": dataclasses.asdict(shape),
-                     "draft": str(draft_dir), "draft_config": pair.draft.cfg.to_dict(), "weight_bytes": weights,
-                     "copy_bandwidth_gb_s": bandwidth, "roofline_tokens_per_s": bandwidth * 1e9 / weights,
-                     "build_s": time.perf_counter() - start, "prompts": num_prompts, "new_tokens": new_tokens})
+    report(
+        "setup",
+        {
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "shape": dataclasses.asdict(shape),
+            "draft": str(draft_dir),
+            "draft_config": pair.draft.cfg.to_dict(),
+            "weight_bytes": weights,
+            "copy_bandwidth_gb_s": bandwidth,
+            "roofline_tokens_per_s": bandwidth * 1e9 / weights,
+            "build_s": time.perf_counter() - start,
+            "prompts": num_prompts,
+            "new_tokens": new_tokens,
+        },
+    )
     prompts = load_prompts(model_dir, num_prompts, path=prompt_file)
     plain, decode_ms = None, None
     for name in settings or list(BENCH_SETTINGS):
@@ -587,8 +776,15 @@ def bench(model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_
 
 
 # (owner, method) of each timed phase: the engine's round methods, the target runner's forwards, a request's emit
-ROUND_PHASES = (("engine", "draft_tree"), ("runner", "forward_in_place"), ("engine", "read_selected"),
-                ("runner", "forward"), ("engine", "accept"), ("engine", "commit"), ("request", "emit"))
+ROUND_PHASES = (
+    ("engine", "draft_tree"),
+    ("runner", "forward_in_place"),
+    ("engine", "read_selected"),
+    ("runner", "forward"),
+    ("engine", "accept"),
+    ("engine", "commit"),
+    ("request", "emit"),
+)
 
 
 def phase_times(pair: Pair, spec: SpecConfig, prompts: list[list[int]], new_tokens: int) -> dict:
@@ -596,7 +792,9 @@ def phase_times(pair: Pair, spec: SpecConfig, prompts: list[list[int]], new_toke
     no added syncs: a method that reads the device back also waits for the GPU there), and in
     the target's cache compaction (inside `commit`), with how many rounds compacted."""
     engine, _, _ = generate_all(pair, spec, prompts[:2], 16, compile=True)
-    spent: dict[str, float] = dict.fromkeys([*(name for _, name in ROUND_PHASES), "compact_cache"], 0.0)
+    spent: dict[str, float] = dict.fromkeys(
+        [*(name for _, name in ROUND_PHASES), "compact_cache"], 0.0
+    )
     calls: dict[str, int] = dict.fromkeys(spent, 0)
 
     def timed(owner, name: str) -> None:
@@ -609,6 +807,7 @@ def phase_times(pair: Pair, spec: SpecConfig, prompts: list[list[int]], new_toke
             finally:
                 spent[name] += time.perf_counter() - start
                 calls[name] += 1
+
         wrapper.__wrapped__ = method
         setattr(owner, name, wrapper)
 
@@ -623,9 +822,12 @@ def phase_times(pair: Pair, spec: SpecConfig, prompts: list[list[int]], new_toke
         Request.emit = Request.emit.__wrapped__  # the class's own method again
     rounds = sum(r.metrics.num_verify_steps for r in results)
     seconds = sum(r.metrics.time_total_s - r.metrics.time_prefill_s for r in results)
-    return {"round_ms": 1e3 * seconds / rounds, "rounds": rounds,
-            "ms_per_round": {k: 1e3 * v / rounds for k, v in spent.items()},
-            "calls": calls}
+    return {
+        "round_ms": 1e3 * seconds / rounds,
+        "rounds": rounds,
+        "ms_per_round": {k: 1e3 * v / rounds for k, v in spent.items()},
+        "calls": calls,
+    }
 
 
 def tune_shell(pair: Pair, prompts: list[list[int]]) -> dict:
@@ -638,43 +840,80 @@ def tune_shell(pair: Pair, prompts: list[list[int]]) -> dict:
     start = time.perf_counter()
     tuner.SpeculativeEngine = functools.partial(SpeculativeEngine, compile=True)
     try:
-        report = tuner.tune(pair.target, pair.draft, prompts,
-                            tuner.TuneConfig(max_new_tokens=128, probe_steps=7, topks=(1, 2, 4, 8),
-                                             max_tree_tokens=32, repeats=3))
+        report = tuner.tune(
+            pair.target,
+            pair.draft,
+            prompts,
+            tuner.TuneConfig(
+                max_new_tokens=128, probe_steps=7, topks=(1, 2, 4, 8), max_tree_tokens=32, repeats=3
+            ),
+        )
     finally:
         tuner.SpeculativeEngine = SpeculativeEngine
     spec_text = tuner.spec_text
     rec = report.recommendation
-    measured = {spec_text(c.spec): {"predicted_tps": c.predicted_tps, "measured_tps": c.measured_tps,
-                                    "speedup": c.speedup, "tau": c.measured_tau}
-                for c in report.candidates if c.measured_tps}
-    return {"recommendation": spec_text(rec.spec) if rec else None, "measured": measured,
-            "plain_measured_tps": report.plain_measured_tps,
-            "ties": [spec_text(c.spec) for c in report.ties()],
-            "top_predicted": [{"spec": spec_text(c.spec), "predicted_tps": c.predicted_tps, "tau": c.predicted_tau}
-                              for c in report.candidates[:8]],
-            "seconds": time.perf_counter() - start}
+    measured = {
+        spec_text(c.spec): {
+            "predicted_tps": c.predicted_tps,
+            "measured_tps": c.measured_tps,
+            "speedup": c.speedup,
+            "tau": c.measured_tau,
+        }
+        for c in report.candidates
+        if c.measured_tps
+    }
+    return {
+        "recommendation": spec_text(rec.spec) if rec else None,
+        "measured": measured,
+        "plain_measured_tps": report.plain_measured_tps,
+        "ties": [spec_text(c.spec) for c in report.ties()],
+        "top_predicted": [
+            {"spec": spec_text(c.spec), "predicted_tps": c.predicted_tps, "tau": c.predicted_tau}
+            for c in report.candidates[:8]
+        ],
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, required=True, help="the small target (the pycode-25m directory)")
+    parser.add_argument(
+        "--model", type=Path, required=True, help="the small target (the pycode-25m directory)"
+    )
     parser.add_argument("--draft", type=Path, default=ASSETS / "draft", help="its drafter")
-    parser.add_argument("--shape", choices=sorted(SHAPES), help="default: check for --check, else llama-3-8b")
-    parser.add_argument("--check", action="store_true", help="CPU float32: the shell equals the small pair")
+    parser.add_argument(
+        "--shape", choices=sorted(SHAPES), help="default: check for --check, else llama-3-8b"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="CPU float32: the shell equals the small pair"
+    )
     parser.add_argument("--save", type=Path, help="write the shell pair here (target/, draft/)")
     parser.add_argument("--bench", action="store_true", help="CUDA: the speed table")
-    parser.add_argument("--prompt-file", type=Path, default=ASSETS / "prompts.jsonl",
-                        help="--bench: JSON lines with \"text\" (default: the committed drafter's held-out prompts)")
+    parser.add_argument(
+        "--prompt-file",
+        type=Path,
+        default=ASSETS / "prompts.jsonl",
+        help='--bench: JSON lines with "text" (default: the committed drafter\'s held-out prompts)',
+    )
     parser.add_argument("--prompts", type=int, help="default: 4 (--check), 8 (--bench)")
     parser.add_argument("--new-tokens", type=int, help="default: 32 (--check), 128 (--bench)")
     parser.add_argument("--out", type=Path, help="--bench: also append the JSON lines here")
-    parser.add_argument("--tune", action="store_true", help="--bench: also run specdraft's tuner on the shell")
-    parser.add_argument("--phases", action="store_true",
-                        help="--bench: host time per round in each engine method instead of the table")
-    parser.add_argument("--settings", help="--bench: comma-separated names of BENCH_SETTINGS (default: all)")
-    parser.add_argument("--torch-expansion", action="store_true",
-                        help="--bench: draft rounds expand through torch ops, not kernels.expand_ops (A/B)")
+    parser.add_argument(
+        "--tune", action="store_true", help="--bench: also run specdraft's tuner on the shell"
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="--bench: host time per round in each engine method instead of the table",
+    )
+    parser.add_argument(
+        "--settings", help="--bench: comma-separated names of BENCH_SETTINGS (default: all)"
+    )
+    parser.add_argument(
+        "--torch-expansion",
+        action="store_true",
+        help="--bench: draft rounds expand through torch ops, not kernels.expand_ops (A/B)",
+    )
     args = parser.parse_args()
     if args.torch_expansion:
         init = TreeExpansion.__init__
@@ -682,7 +921,13 @@ def main() -> None:
     if args.check:
         torch.set_num_threads(min(2, torch.get_num_threads()))
         start = time.perf_counter()
-        report = check(args.model, args.draft, SHAPES[args.shape or "check"], args.prompts or 4, args.new_tokens or 32)
+        report = check(
+            args.model,
+            args.draft,
+            SHAPES[args.shape or "check"],
+            args.prompts or 4,
+            args.new_tokens or 32,
+        )
         report["seconds"] = round(time.perf_counter() - start, 1)
         print(json.dumps(report))
         failures = check_passed(report)
@@ -693,14 +938,25 @@ def main() -> None:
         save_pair(args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], args.save)
         print(f"wrote {args.save / 'target'} and {args.save / 'draft'}")
     if args.bench and args.phases:
-        pair = build_pair(args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], "cuda", torch.bfloat16)
+        pair = build_pair(
+            args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], "cuda", torch.bfloat16
+        )
         prompts = load_prompts(args.model, args.prompts or 8, path=args.prompt_file)
         for name in (args.settings or "chain6,tree5x4_16").split(","):
             times = phase_times(pair, BENCH_SETTINGS[name], prompts, args.new_tokens or 128)
             print(json.dumps({name: times}), flush=True)
     elif args.bench:
-        bench(args.model, args.draft, SHAPES[args.shape or "llama-3-8b"], args.prompts or 8, args.new_tokens or 128,
-              args.out, args.tune, args.settings.split(",") if args.settings else None, args.prompt_file)
+        bench(
+            args.model,
+            args.draft,
+            SHAPES[args.shape or "llama-3-8b"],
+            args.prompts or 8,
+            args.new_tokens or 128,
+            args.out,
+            args.tune,
+            args.settings.split(",") if args.settings else None,
+            args.prompt_file,
+        )
 
 
 if __name__ == "__main__":

@@ -63,7 +63,12 @@ def cli(*args: str) -> None:
     """`python -m specdraft.cli ARGS` (this checkout), echoed."""
     print("$ specdraft " + " ".join(args), file=sys.stderr, flush=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-m", "specdraft.cli", *args], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "specdraft.cli", *args],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def training_prompts(count: int) -> list[str]:
@@ -79,7 +84,7 @@ def training_prompts(count: int) -> list[str]:
     files = sorted({f for root in roots for f in Path(root).rglob("*.py")})
     rng = random.Random(0)
     rng.shuffle(files)
-    return windows(files[:-256][:3 * count], rng)[:count]
+    return windows(files[:-256][: 3 * count], rng)[:count]
 
 
 def prepare(work: Path, target: str, texts: list[str], new_tokens: int) -> tuple[Path, Path]:
@@ -88,10 +93,32 @@ def prepare(work: Path, target: str, texts: list[str], new_tokens: int) -> tuple
     if not spec_store.exists():
         work.mkdir(parents=True, exist_ok=True)
         (work / "prompts.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-        cli("regenerate", str(work / "prompts.jsonl"), str(work / "regen.jsonl"), "--target", target, "--no-chat",
-            "--batch-size", "256", "--prompt-tokens", "64", "--max-new-tokens", str(new_tokens))
-        cli("capture", target, str(work / "regen.jsonl"), str(store), "--no-chat", "--skip-bad", "--dtype", "fp32",
-            "--max-length", str(64 + new_tokens))
+        cli(
+            "regenerate",
+            str(work / "prompts.jsonl"),
+            str(work / "regen.jsonl"),
+            "--target",
+            target,
+            "--no-chat",
+            "--batch-size",
+            "256",
+            "--prompt-tokens",
+            "64",
+            "--max-new-tokens",
+            str(new_tokens),
+        )
+        cli(
+            "capture",
+            target,
+            str(work / "regen.jsonl"),
+            str(store),
+            "--no-chat",
+            "--skip-bad",
+            "--dtype",
+            "fp32",
+            "--max-length",
+            str(64 + new_tokens),
+        )
         cli("store", "convert", str(store), str(spec_store), "--to", "speculators")
     return store, spec_store
 
@@ -103,32 +130,86 @@ def train_specdraft(store: Path, out: Path, args: argparse.Namespace) -> dict:
     from specdraft.train.loop import train
 
     meta = CaptureStore(store).meta
-    config = TrainConfig(lr=args.lr, warmup_steps=args.warmup_steps, total_steps=args.steps,
-                         batch_size=args.batch_size, max_length=args.tokens_per_step, ttt_steps=args.ttt_steps,
-                         draft_vocab_size=args.draft_vocab_size, eval_every=args.steps + 1, save_every=args.steps,
-                         val_fraction=1 - args.train_ratio, seed=0)
+    config = TrainConfig(
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        total_steps=args.steps,
+        batch_size=args.batch_size,
+        max_length=args.tokens_per_step,
+        ttt_steps=args.ttt_steps,
+        draft_vocab_size=args.draft_vocab_size,
+        eval_every=args.steps + 1,
+        save_every=args.steps,
+        val_fraction=1 - args.train_ratio,
+        seed=0,
+    )
     ends: list[float] = []
     train(config, store, out, progress=False, on_step=lambda step: ends.append(time.perf_counter()))
     # steps 2 .. N-1: the last step's time holds the final validation and checkpoint
     tokens = (len(ends) - 2) * args.batch_size * meta["num_tokens"] / meta["num_samples"]
-    return {"draft": str(out / "draft"), "steps": len(ends), "tokens_per_s": tokens / (ends[-2] - ends[0])}
+    return {
+        "draft": str(out / "draft"),
+        "steps": len(ends),
+        "tokens_per_s": tokens / (ends[-2] - ends[0]),
+    }
 
 
-def train_speculators(store: Path, spec_store: Path, out: Path, target: str, args: argparse.Namespace) -> dict:
+def train_speculators(
+    store: Path, spec_store: Path, out: Path, target: str, args: argparse.Namespace
+) -> dict:
     """speculators' trainer on the converted store, in `--speculators-python`; its result line.
     Its aux layers are the store's (on a Llama, speculators' ids are specdraft's indices)."""
     from specdraft.capture.store import CaptureStore
 
     layers = [str(k) for k in CaptureStore(store).meta["aux_layers"]]
-    worker = [args.speculators_python, str(Path(__file__).resolve()), "--speculators-worker", "--",
-              "--verifier-name-or-path", target, "--data-path", str(spec_store), "--save-path", str(out),
-              "--hidden-states-dtype", "float32", "--num-workers", "0", "--total-seq-len", str(args.tokens_per_step),
-              "--ttt-steps", str(args.ttt_steps), "--draft-vocab-size", str(args.draft_vocab_size),
-              "--lr", str(args.lr), "--scheduler-warmup-steps", str(args.warmup_steps), "--max-steps", str(args.steps),
-              "--train-data-ratio", str(args.train_ratio), "--logger", "",
-              "--on-missing", "raise", "--draft-attn-impl", "sdpa", "--full-attention-indices", "0",
-              "--loss-implementation", "eager", "--log-freq", "1", "--num-layers", "1", "--seed", "0",
-              "--target-layer-ids", *layers]
+    worker = [
+        args.speculators_python,
+        str(Path(__file__).resolve()),
+        "--speculators-worker",
+        "--",
+        "--verifier-name-or-path",
+        target,
+        "--data-path",
+        str(spec_store),
+        "--save-path",
+        str(out),
+        "--hidden-states-dtype",
+        "float32",
+        "--num-workers",
+        "0",
+        "--total-seq-len",
+        str(args.tokens_per_step),
+        "--ttt-steps",
+        str(args.ttt_steps),
+        "--draft-vocab-size",
+        str(args.draft_vocab_size),
+        "--lr",
+        str(args.lr),
+        "--scheduler-warmup-steps",
+        str(args.warmup_steps),
+        "--max-steps",
+        str(args.steps),
+        "--train-data-ratio",
+        str(args.train_ratio),
+        "--logger",
+        "",
+        "--on-missing",
+        "raise",
+        "--draft-attn-impl",
+        "sdpa",
+        "--full-attention-indices",
+        "0",
+        "--loss-implementation",
+        "eager",
+        "--log-freq",
+        "1",
+        "--num-layers",
+        "1",
+        "--seed",
+        "0",
+        "--target-layer-ids",
+        *layers,
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     done = subprocess.run(worker, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -175,8 +256,15 @@ def speculators_worker(argv: list[str]) -> None:
     tokens = sum(p["tokens_per_s"] * p["step_ms"] / 1000 for p in later)
     save = Path(value["--save-path"])
     last = max((p for p in save.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    print(json.dumps({"draft": str(last), "steps": len(profiles),
-                      "tokens_per_s": tokens / (sum(p["step_ms"] for p in later) / 1000)}))
+    print(
+        json.dumps(
+            {
+                "draft": str(last),
+                "steps": len(profiles),
+                "tokens_per_s": tokens / (sum(p["step_ms"] for p in later) / 1000),
+            }
+        )
+    )
 
 
 def heldout_prompts(target: str, count: int) -> list[list[int]]:
@@ -200,7 +288,9 @@ def score(draft_dir: str, target: str, prompts: list[list[int]], new_tokens: int
     plain = load_engine(target, None, None, max_seq_len=512)
     continuations = [plain.generate(p, new_tokens).token_ids for p in prompts]
     tgt = load_target(target)
-    draft = load_draft(draft_dir, dtype=torch.float32, target_num_layers=tgt.num_layers).model.eval()
+    draft = load_draft(
+        draft_dir, dtype=torch.float32, target_num_layers=tgt.num_layers
+    ).model.eval()
     if not draft.cfg.owns_embedding:
         draft.load_target_embedding(tgt.embed_tokens.weight.detach().float())
     result: dict[str, float | None] = {}
@@ -211,8 +301,17 @@ def score(draft_dir: str, target: str, prompts: list[list[int]], new_tokens: int
                 ids = torch.tensor([p + c])
                 mask = torch.tensor([[0] * len(p) + [1] * len(c)], dtype=torch.bool)
                 out = tgt.forward(ids, aux_layers=list(draft.cfg.aux_layers))
-                metrics.add(ttt_loss(draft, ids, out.aux_hidden.float().clone(), out.logits.clone(), mask,
-                                     ttt_steps=k, replay=True))
+                metrics.add(
+                    ttt_loss(
+                        draft,
+                        ids,
+                        out.aux_hidden.float().clone(),
+                        out.logits.clone(),
+                        mask,
+                        ttt_steps=k,
+                        replay=True,
+                    )
+                )
         result[f"replayed_tau_chain{k}"] = metrics.replayed_tau()
         engine = load_engine(target, draft_dir, SpecConfig.chain(k), max_seq_len=512)
         result[f"engine_tau_chain{k}"] = decode(engine, prompts, new_tokens)[2]
@@ -221,10 +320,17 @@ def score(draft_dir: str, target: str, prompts: list[list[int]], new_tokens: int
 
 def speculators_missing(python: str) -> str | None:
     """Why `python` cannot run speculators' trainer (None: it can)."""
-    probe = subprocess.run([python, "-c", "import speculators.train.cli"], capture_output=True, text=True,
-                           check=False, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    probe = subprocess.run(
+        [python, "-c", "import speculators.train.cli"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
     if probe.returncode != 0:
-        return f"speculators does not import under {python}: {probe.stderr.strip().splitlines()[-1:]}"
+        return (
+            f"speculators does not import under {python}: {probe.stderr.strip().splitlines()[-1:]}"
+        )
     return None
 
 
@@ -235,38 +341,49 @@ def run(args: argparse.Namespace, target: str, work: Path) -> dict:
     runs = {"specdraft": lambda: train_specdraft(store, work / "specdraft-run", args)}
     missing = speculators_missing(args.speculators_python)
     if missing is None:
-        runs["speculators"] = lambda: train_speculators(store, spec_store, work / "speculators-run", target, args)
+        runs["speculators"] = lambda: train_speculators(
+            store, spec_store, work / "speculators-run", target, args
+        )
     else:
         print(f"speculators skipped: {missing}", flush=True)
     line: dict = {"speculators": None, "speculators_skipped": missing, "steps": args.steps}
     for name, trained in runs.items():
         result = trained()
-        line[name] = {"steps": result["steps"], "train_tokens_per_s": round(result["tokens_per_s"], 1),
-                      **score(result["draft"], target, prompts, args.new_tokens)}
+        line[name] = {
+            "steps": result["steps"],
+            "train_tokens_per_s": round(result["tokens_per_s"], 1),
+            **score(result["draft"], target, prompts, args.new_tokens),
+        }
         print(json.dumps({name: line[name]}), flush=True)
     return line
 
 
 def main() -> None:
     if "--speculators-worker" in sys.argv:
-        speculators_worker(sys.argv[sys.argv.index("--") + 1:])
+        speculators_worker(sys.argv[sys.argv.index("--") + 1 :])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=str(PYCODE))
     parser.add_argument("--work", type=Path, help="data and runs (the data is kept between runs)")
     parser.add_argument("--speculators-python", default=sys.executable)
     parser.add_argument("--train-prompts", type=int, default=256)
-    parser.add_argument("--new-tokens", type=int, default=64, help="continuation tokens (training and held-out)")
+    parser.add_argument(
+        "--new-tokens", type=int, default=64, help="continuation tokens (training and held-out)"
+    )
     parser.add_argument("--heldout", type=int, default=32, help="held-out prompts scored")
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--ttt-steps", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup-steps", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=8, help="specdraft's samples per step")
-    parser.add_argument("--tokens-per-step", type=int, default=1024, help="speculators' packed length")
+    parser.add_argument(
+        "--tokens-per-step", type=int, default=1024, help="speculators' packed length"
+    )
     parser.add_argument("--draft-vocab-size", type=int, default=1024)
     parser.add_argument("--train-ratio", type=float, default=0.95)
-    parser.add_argument("--tiny", action="store_true", help="stories260K, 24 documents, 3 steps (CPU smoke run)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="stories260K, 24 documents, 3 steps (CPU smoke run)"
+    )
     args = parser.parse_args()
     if not args.tiny:
         if args.work is None:
@@ -281,8 +398,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as tmp:
         root = tiny_demo_dir(Path(tmp))
         docs = [d for d in (bundled_dir() / SAMPLE_FILE).read_text().split("\n\n") if d.strip()]
-        args.texts, args.steps, args.warmup_steps, args.new_tokens, args.heldout = docs[:24], 3, 1, 8, 2
-        args.draft_vocab_size, args.tokens_per_step, args.batch_size, args.ttt_steps = 256, 128, 2, 5
+        args.texts, args.steps, args.warmup_steps, args.new_tokens, args.heldout = (
+            docs[:24],
+            3,
+            1,
+            8,
+            2,
+        )
+        args.draft_vocab_size, args.tokens_per_step, args.batch_size, args.ttt_steps = (
+            256,
+            128,
+            2,
+            5,
+        )
         print(json.dumps(run(args, str(root / "target"), Path(tmp) / "work")))
 
 

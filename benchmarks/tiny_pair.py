@@ -33,9 +33,16 @@ def tiny_demo_dir(root: Path, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         draft = Eagle3Draft(cfg).eval()
-    manifest = Manifest(draft=cfg.to_dict(), aux_layers=list(AUX_LAYERS),
-                        target={"hidden_size": config["hidden_size"], "num_layers": config["num_hidden_layers"],
-                                "vocab_size": config["vocab_size"], "name_or_path": "stories260K"})
+    manifest = Manifest(
+        draft=cfg.to_dict(),
+        aux_layers=list(AUX_LAYERS),
+        target={
+            "hidden_size": config["hidden_size"],
+            "num_layers": config["num_hidden_layers"],
+            "vocab_size": config["vocab_size"],
+            "name_or_path": "stories260K",
+        },
+    )
     save_draft(draft, root / "train" / "draft", manifest=manifest)
     docs = [d for d in (bundled_dir() / SAMPLE_FILE).read_text().split("\n\n") if d.strip()]
     (root / "data").mkdir(parents=True, exist_ok=True)

@@ -44,29 +44,64 @@ from specdraft.train.sources import Batch, TargetInfo
 PEAK_FLOPS = 989e12
 
 SHAPES = {
-    "8b": dict(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-               intermediate_size=14336, vocab_size=128256, num_hidden_layers=32,
-               max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
-               draft_vocab_size=32000, aux_layers=(2, 16, 29), seq_len=2048),
-    "tiny": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                 intermediate_size=128, vocab_size=1024, num_hidden_layers=8,
-                 max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
-                 draft_vocab_size=256, aux_layers=(2, 4, 5), seq_len=128),
+    "8b": dict(
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        num_hidden_layers=32,
+        max_position_embeddings=131072,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        draft_vocab_size=32000,
+        aux_layers=(2, 16, 29),
+        seq_len=2048,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=1024,
+        num_hidden_layers=8,
+        max_position_embeddings=4096,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        draft_vocab_size=256,
+        aux_layers=(2, 4, 5),
+        seq_len=128,
+    ),
 }
 
 
 class SyntheticData:
     """A TrainData whose batches are fixed random tensors already on the device."""
 
-    def __init__(self, shape: dict, batch_size: int, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, shape: dict, batch_size: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
         g = torch.Generator().manual_seed(0)
         v, h, t = shape["vocab_size"], shape["hidden_size"], shape["seq_len"]
         n_aux = len(shape["aux_layers"])
-        config = {k: shape[k] for k in shape if k not in ("draft_vocab_size", "aux_layers", "seq_len")}
-        target = {"architecture": "synthetic", "num_layers": shape["num_hidden_layers"], "hidden_size": h,
-                  "vocab_size": v, "name_or_path": None}  # the drafter's manifest needs a target record
-        self.info = TargetInfo(config=config, aux_layers=shape["aux_layers"],
-                               embed_weight=torch.randn(v, h, generator=g) * 0.02, manifest_fields={"target": target})
+        config = {
+            k: shape[k] for k in shape if k not in ("draft_vocab_size", "aux_layers", "seq_len")
+        }
+        target = {
+            "architecture": "synthetic",
+            "num_layers": shape["num_hidden_layers"],
+            "hidden_size": h,
+            "vocab_size": v,
+            "name_or_path": None,
+        }  # the drafter's manifest needs a target record
+        self.info = TargetInfo(
+            config=config,
+            aux_layers=shape["aux_layers"],
+            embed_weight=torch.randn(v, h, generator=g) * 0.02,
+            manifest_fields={"target": target},
+        )
         self.counts = torch.randint(0, 1000, (v,), generator=g)
         # one row per sample of the global batch, the same on every rank (seeded on the CPU)
         self.input_ids = torch.randint(0, v, (batch_size, t), generator=g).to(device)
@@ -90,8 +125,13 @@ class SyntheticData:
 
     def batch(self, sample_ids, max_length, device) -> Batch:
         rows = list(sample_ids)
-        return Batch(rows, self.input_ids[rows], self.loss_mask[rows], self.aux_hidden[rows],
-                     self.target_logits[rows])
+        return Batch(
+            rows,
+            self.input_ids[rows],
+            self.loss_mask[rows],
+            self.aux_hidden[rows],
+            self.target_logits[rows],
+        )
 
 
 def timed(fn, iters: int, device: torch.device) -> float:
@@ -105,7 +145,9 @@ def timed(fn, iters: int, device: torch.device) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def flops_per_step(shape: dict, model: torch.nn.Module, batch: int, ttt: int) -> tuple[float, float, float]:
+def flops_per_step(
+    shape: dict, model: torch.nn.Module, batch: int, ttt: int
+) -> tuple[float, float, float]:
     """(dense FLOPs per the formula, the same with fc charged once, attention FLOPs)."""
     t = shape["seq_len"]
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -129,27 +171,44 @@ def shape_and_defaults(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU, 2 steps (smoke run)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny shapes on the CPU, 2 steps (smoke run)"
+    )
     parser.add_argument("--batch-size", type=int, default=1, help="sequences per step")
     parser.add_argument("--seq-len", type=int, default=0, help="default: 2048 (tiny: 128)")
     parser.add_argument("--ttt-steps", type=int, default=0, help="default: 7 (tiny: 2)")
     parser.add_argument("--iters", type=int, default=0, help="timed steps (default: 10; tiny: 1)")
-    parser.add_argument("--warmup", type=int, default=-1, help="untimed steps first (default: 3; tiny: 1)")
+    parser.add_argument(
+        "--warmup", type=int, default=-1, help="untimed steps first (default: 3; tiny: 1)"
+    )
     parser.add_argument("--precision", default="", help="bf16 | fp32 (default: bf16 on CUDA)")
-    parser.add_argument("--attention-ab", action="store_true",
-                        help="also time the TTT loss with flex attention vs SDPA and compare gradients")
+    parser.add_argument(
+        "--attention-ab",
+        action="store_true",
+        help="also time the TTT loss with flex attention vs SDPA and compare gradients",
+    )
     args = parser.parse_args()
 
     shape = shape_and_defaults(args)
-    ranks = setup_dist("cpu" if args.tiny else "auto")  # one process, or one rank of torchrun (FSDP2 over the ranks)
+    ranks = setup_dist(
+        "cpu" if args.tiny else "auto"
+    )  # one process, or one rank of torchrun (FSDP2 over the ranks)
     device = ranks.device
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     data = SyntheticData(shape, args.batch_size, device, dtype)
-    config = TrainConfig(lr=1e-5, warmup_steps=0, total_steps=args.warmup + args.iters + 1,
-                         batch_size=args.batch_size, max_length=shape["seq_len"],
-                         ttt_steps=args.ttt_steps, draft_vocab_size=shape["draft_vocab_size"],
-                         val_fraction=0.0, precision=precision, device=device.type)
+    config = TrainConfig(
+        lr=1e-5,
+        warmup_steps=0,
+        total_steps=args.warmup + args.iters + 1,
+        batch_size=args.batch_size,
+        max_length=shape["seq_len"],
+        ttt_steps=args.ttt_steps,
+        draft_vocab_size=shape["draft_vocab_size"],
+        val_fraction=0.0,
+        precision=precision,
+        device=device.type,
+    )
     trainer = Trainer(config, data, ranks)
     ids = list(range(args.batch_size))
     losses = []
@@ -168,20 +227,33 @@ def main() -> None:
     v, h = shape["vocab_size"], shape["hidden_size"]
     if not ranks.main:
         return
-    print(json.dumps({
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "ranks": ranks.world,
-        "shape": "tiny" if args.tiny else "8b", "precision": precision,
-        "batch_size": args.batch_size, "seq_len": shape["seq_len"], "ttt_steps": args.ttt_steps,
-        "trainable_params": sum(p.numel() for p in draft.parameters() if p.requires_grad),
-        "step_s": step_s, "tokens_per_s": tokens / step_s,
-        "tflops_per_s": flops / step_s / 1e12, "mfu": flops / step_s / (PEAK_FLOPS * ranks.world),
-        "mfu_fc_once": flops_fc_once / step_s / (PEAK_FLOPS * ranks.world),
-        "attention_flops_fraction": attention / flops,
-        "target_head_s": head_s, "target_head_tflops_per_s": 2 * tokens * v * h / head_s / 1e12,
-        "target_head_fraction_of_step": head_s / (head_s + step_s),
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
-        "losses": losses,
-    }))
+    print(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                "ranks": ranks.world,
+                "shape": "tiny" if args.tiny else "8b",
+                "precision": precision,
+                "batch_size": args.batch_size,
+                "seq_len": shape["seq_len"],
+                "ttt_steps": args.ttt_steps,
+                "trainable_params": sum(p.numel() for p in draft.parameters() if p.requires_grad),
+                "step_s": step_s,
+                "tokens_per_s": tokens / step_s,
+                "tflops_per_s": flops / step_s / 1e12,
+                "mfu": flops / step_s / (PEAK_FLOPS * ranks.world),
+                "mfu_fc_once": flops_fc_once / step_s / (PEAK_FLOPS * ranks.world),
+                "attention_flops_fraction": attention / flops,
+                "target_head_s": head_s,
+                "target_head_tflops_per_s": 2 * tokens * v * h / head_s / 1e12,
+                "target_head_fraction_of_step": head_s / (head_s + step_s),
+                "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30
+                if device.type == "cuda"
+                else None,
+                "losses": losses,
+            }
+        )
+    )
     if args.attention_ab and ranks.world == 1:  # (a rank alone cannot run an FSDP-sharded drafter)
         print(json.dumps({"attention_ab": attention_ab(trainer, data, args, device)}))
 
@@ -193,18 +265,33 @@ def attention_ab(trainer: Trainer, data: SyntheticData, args, device: torch.devi
     autocast = torch.autocast(device.type, torch.bfloat16, enabled=cfg.precision == "bf16")
     result, grads = {}, {}
     for name, flex in (("flex", True), ("sdpa", False)):
-        def loss_backward():
+
+        def loss_backward(flex=flex):
             draft.zero_grad(set_to_none=True)
             with autocast:
-                out = ttt_loss(draft, data.input_ids, data.aux_hidden, data.target_logits, data.loss_mask,
-                               ttt_steps=cfg.ttt_steps, flex=flex)
+                out = ttt_loss(
+                    draft,
+                    data.input_ids,
+                    data.aux_hidden,
+                    data.target_logits,
+                    data.loss_mask,
+                    ttt_steps=cfg.ttt_steps,
+                    flex=flex,
+                )
             out.loss.backward()
+
         timed(loss_backward, args.warmup, device)
         result[f"{name}_loss_backward_s"] = timed(loss_backward, args.iters, device)
-        grads[name] = {n: p.grad.float().clone() for n, p in draft.named_parameters() if p.grad is not None}
+        grads[name] = {
+            n: p.grad.float().clone() for n, p in draft.named_parameters() if p.grad is not None
+        }
     result["grad_max_rel_diff"] = max(
-        float((grads["flex"][n] - grads["sdpa"][n]).abs().max() / grads["sdpa"][n].abs().max().clamp(min=1e-30))
-        for n in grads["sdpa"])
+        float(
+            (grads["flex"][n] - grads["sdpa"][n]).abs().max()
+            / grads["sdpa"][n].abs().max().clamp(min=1e-30)
+        )
+        for n in grads["sdpa"]
+    )
     return result
 
 

@@ -29,7 +29,9 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-if "--tiny" in sys.argv[1:] and not torch.cuda.is_available():  # before anything imports Triton's kernels
+if (
+    "--tiny" in sys.argv[1:] and not torch.cuda.is_available()
+):  # before anything imports Triton's kernels
     os.environ["TRITON_INTERPRET"] = "1"
 
 from engine_speed import graphed  # benchmarks/, the script's directory
@@ -37,8 +39,13 @@ from engine_speed import graphed  # benchmarks/, the script's directory
 from specdraft.engine.fast_model import causal_mask
 from specdraft.engine.kernels.triton_ops import attention, linear
 
-PROJECTIONS = {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
-               "down_proj": (4096, 14336), "lm_head": (128256, 4096)}
+PROJECTIONS = {
+    "qkv_proj": (6144, 4096),
+    "o_proj": (4096, 4096),
+    "gate_up_proj": (28672, 4096),
+    "down_proj": (4096, 14336),
+    "lm_head": (128256, 4096),
+}
 TINY_PROJECTIONS = {"qkv_proj": (96, 64), "o_proj": (64, 64), "down_proj": (64, 128)}
 CALLS = 16
 
@@ -101,7 +108,7 @@ def bench_projection(setup: Setup, n: int, k: int) -> dict:
         ref = F.linear(x.float(), weights[0].float())
         err = ((linear(x, weights[0]).float() - ref).norm() / ref.norm()).item()
         for name, fn in (("cublas", F.linear), ("triton", linear)):
-            us = time_us(setup, lambda: [fn(x, w) for w in calls], calls=setup.calls)
+            us = time_us(setup, lambda fn=fn, x=x: [fn(x, w) for w in calls], calls=setup.calls)
             row[f"{name}_m{m}"] = {"us": round(us, 2), "tb_s": round(gigabytes / us * 1e3, 2)}
         row[f"triton_m{m}_rel_err"] = err
     return row
@@ -118,19 +125,36 @@ def bench_attention(setup: Setup, t: int) -> dict:
     new_slots = torch.arange(prefix, prefix + t, device=device)
     bias = torch.zeros_like(mask, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
     q_heads = q.view(1, t, num_heads, head_dim).transpose(1, 2)
-    ref = F.scaled_dot_product_attention(q_heads.float(), k_cache.float(), v_cache.float(), attn_mask=mask,
-                                         enable_gqa=True).transpose(1, 2)[0]
-    err = ((attention(q, k_cache, v_cache, mask, new_slots).float() - ref).norm() / ref.norm()).item()
-    return {"sdpa_us": round(time_us(setup, lambda: F.scaled_dot_product_attention(
-                q_heads, k_cache, v_cache, attn_mask=bias, enable_gqa=True)), 2),
-            "triton_us": round(time_us(setup, lambda: attention(q, k_cache, v_cache, mask, new_slots)), 2),
-            "triton_rel_err": err}
+    ref = F.scaled_dot_product_attention(
+        q_heads.float(), k_cache.float(), v_cache.float(), attn_mask=mask, enable_gqa=True
+    ).transpose(1, 2)[0]
+    err = (
+        (attention(q, k_cache, v_cache, mask, new_slots).float() - ref).norm() / ref.norm()
+    ).item()
+    return {
+        "sdpa_us": round(
+            time_us(
+                setup,
+                lambda: F.scaled_dot_product_attention(
+                    q_heads, k_cache, v_cache, attn_mask=bias, enable_gqa=True
+                ),
+            ),
+            2,
+        ),
+        "triton_us": round(
+            time_us(setup, lambda: attention(q, k_cache, v_cache, mask, new_slots)), 2
+        ),
+        "triton_rel_err": err,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true",
-                        help="smoke test: tiny shapes, on the CPU in Triton's interpreter unless CUDA is there")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="smoke test: tiny shapes, on the CPU in Triton's interpreter unless CUDA is there",
+    )
     args = parser.parse_args()
     setup = CUDA_SETUP
     if args.tiny:  # on the CPU, TRITON_INTERPRET=1 was set before the imports (above)

@@ -81,8 +81,10 @@ def check_url(url: str, name: str = "url") -> str:
         raise BadURL(f"{name} {url!r}: no host; give the server's URL, e.g. http://127.0.0.1:8000")
     endpoint = next((p for p in API_PATHS if f"/{path}".endswith(p)), None)
     if endpoint:
-        raise BadURL(f"{name} {url!r} ends in the endpoint {endpoint} (bench and doctor add the paths they "
-                     f"need); give the server's base URL {base_url(base.removesuffix(endpoint))}")
+        raise BadURL(
+            f"{name} {url!r} ends in the endpoint {endpoint} (bench and doctor add the paths they "
+            f"need); give the server's base URL {base_url(base.removesuffix(endpoint))}"
+        )
     return base
 
 
@@ -95,7 +97,11 @@ def check_port(url: str) -> None:
     try:
         port = httpx.URL(url).port
     except httpx.InvalidURL as e:
-        hint = f"; give a port in 1..{MAX_PORT}, e.g. http://127.0.0.1:8000" if "port" in str(e) else ""
+        hint = (
+            f"; give a port in 1..{MAX_PORT}, e.g. http://127.0.0.1:8000"
+            if "port" in str(e)
+            else ""
+        )
         raise BadURL(f"{url!r}: {e}{hint}") from None
     if port is not None and not 1 <= port <= MAX_PORT:
         raise BadURL(f"{url!r}: port {port} is not in 1..{MAX_PORT}")
@@ -146,9 +152,12 @@ class SpecCounts:
 
     def to_dict(self) -> dict[str, Any]:
         """Raw counts plus tau, p_k and 1 + sum p_k."""
-        return {**asdict(self), "accept_length": self.accept_length,
-                "acceptance_per_position": self.acceptance_per_position,
-                "tau_from_positions": self.tau_from_positions}
+        return {
+            **asdict(self),
+            "accept_length": self.accept_length,
+            "acceptance_per_position": self.acceptance_per_position,
+            "tau_from_positions": self.tau_from_positions,
+        }
 
 
 def scrape_counters(text: str, prefix: str) -> dict[str, Any]:
@@ -183,8 +192,13 @@ def counter_delta(before: dict[str, Any], after: dict[str, Any], source: str) ->
         return None
     positions = sorted(after["per_pos"])
     per_pos = [after["per_pos"][k] - before["per_pos"].get(k, 0.0) for k in positions] or None
-    return SpecCounts(source, drafts, after["num_accepted_tokens"] - before["num_accepted_tokens"],
-                      after["num_draft_tokens"] - before["num_draft_tokens"], per_pos)
+    return SpecCounts(
+        source,
+        drafts,
+        after["num_accepted_tokens"] - before["num_accepted_tokens"],
+        after["num_draft_tokens"] - before["num_draft_tokens"],
+        per_pos,
+    )
 
 
 # ---- servers ----------------------------------------------------------------------------------
@@ -197,7 +211,9 @@ class Server:
     model: str
 
 
-def detect_server(url: str, timeout_s: float = 30.0, connect_timeout_s: float | None = None) -> Server:
+def detect_server(
+    url: str, timeout_s: float = 30.0, connect_timeout_s: float | None = None
+) -> Server:
     """Find the server's kind (from its /metrics prefix, else SGLang's /get_model_info) and the
     model it serves (/v1/models). url: as `check_url` takes it (a trailing /v1 is dropped: the
     paths here include it). connect_timeout_s: for opening connections (default timeout_s).
@@ -207,7 +223,9 @@ def detect_server(url: str, timeout_s: float = 30.0, connect_timeout_s: float | 
         url = check_url(url)
     except ValueError as e:  # e.g. a URL without http://
         raise ClientError(str(e)) from None
-    timeout = httpx.Timeout(timeout_s, connect=timeout_s if connect_timeout_s is None else connect_timeout_s)
+    timeout = httpx.Timeout(
+        timeout_s, connect=timeout_s if connect_timeout_s is None else connect_timeout_s
+    )
     with httpx.Client(base_url=url, timeout=timeout) as client:
         model = _served_model(client, url)
         try:
@@ -223,7 +241,9 @@ def _served_model(client: httpx.Client, url: str) -> str:
         listing.raise_for_status()
         return listing.json()["data"][0]["id"]
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-        raise ServerUnreachable(f"{url}: no OpenAI-compatible /v1/models ({first_line(e)})", first_line(e)) from None
+        raise ServerUnreachable(
+            f"{url}: no OpenAI-compatible /v1/models ({first_line(e)})", first_line(e)
+        ) from None
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
         raise ClientError(f"{url}: no OpenAI-compatible /v1/models ({first_line(e)})") from None
 
@@ -238,10 +258,17 @@ def _kind(client: httpx.Client) -> str:
     return "sglang" if client.get("/get_model_info").status_code == 200 else "openai"
 
 
-def wait_for_server(url: str, wait_s: float = SERVER_WAIT_S, timeout_s: float = 30.0, option: str = "--url",
-                    poll_s: float = SERVER_POLL_S, on_wait: Callable[[str], None] | None = None, *,
-                    clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> Server:
+def wait_for_server(
+    url: str,
+    wait_s: float = SERVER_WAIT_S,
+    timeout_s: float = 30.0,
+    option: str = "--url",
+    poll_s: float = SERVER_POLL_S,
+    on_wait: Callable[[str], None] | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Server:
     """`detect_server`, retried every poll_s seconds while nothing accepts connections at `url`
     (a server started in the background and still loading), for at most wait_s seconds (0: one
     try). on_wait: told once, in one line, when the first try is refused. Raises ServerUnreachable
@@ -257,13 +284,18 @@ def wait_for_server(url: str, wait_s: float = SERVER_WAIT_S, timeout_s: float = 
         except ServerUnreachable as e:
             left = deadline - clock()
             if left <= 0:
-                raise ServerUnreachable(f"{url}: no server answered ({e.cause}) after waiting "
-                                        f"{clock() - start:.0f} s; is the server running? start it "
-                                        f"(e.g. specdraft serve ... &) or pass the right {option}", e.cause) from None
+                raise ServerUnreachable(
+                    f"{url}: no server answered ({e.cause}) after waiting "
+                    f"{clock() - start:.0f} s; is the server running? start it "
+                    f"(e.g. specdraft serve ... &) or pass the right {option}",
+                    e.cause,
+                ) from None
             if not told:
                 told = True
-                on_wait(f"{url}: not accepting connections yet ({e.cause}); waiting up to {wait_s:.0f} s "
-                        "for it to start")
+                on_wait(
+                    f"{url}: not accepting connections yet ({e.cause}); waiting up to {wait_s:.0f} s "
+                    "for it to start"
+                )
             sleep(min(poll_s, left))
 
 
@@ -302,7 +334,9 @@ def sglang_counts(records: list[RequestRecord]) -> SpecCounts | None:
         return None
     verify = sum(int(m["spec_verify_ct"]) for m in metas)
     completion = sum(int(m["completion_tokens"]) for m in metas)
-    return SpecCounts("sglang meta_info (completion_tokens / spec_verify_ct)", verify, completion - verify)
+    return SpecCounts(
+        "sglang meta_info (completion_tokens / spec_verify_ct)", verify, completion - verify
+    )
 
 
 def request_body(server: Server, prompt: str | list[dict], cfg: Any) -> tuple[str, dict[str, Any]]:
@@ -310,17 +344,32 @@ def request_body(server: Server, prompt: str | list[dict], cfg: Any) -> tuple[st
     kind; text as SGLang's native /generate, else streamed /v1/completions; usage included.
     cfg: the sampling settings (`max_tokens`, `temperature`, `ignore_eos`: bench's BenchConfig)."""
     if isinstance(prompt, list):
-        body = {"model": server.model, "messages": prompt, "max_tokens": cfg.max_tokens,
-                "temperature": cfg.temperature, "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": server.model,
+            "messages": prompt,
+            "max_tokens": cfg.max_tokens,
+            "temperature": cfg.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if server.kind != "openai" and cfg.ignore_eos:
             body["ignore_eos"] = True
         return "/v1/chat/completions", body
     if server.kind == "sglang":
-        params = {"temperature": cfg.temperature, "max_new_tokens": cfg.max_tokens,
-                  "ignore_eos": cfg.ignore_eos}
+        params = {
+            "temperature": cfg.temperature,
+            "max_new_tokens": cfg.max_tokens,
+            "ignore_eos": cfg.ignore_eos,
+        }
         return "/generate", {"text": prompt, "sampling_params": params, "stream": True}
-    body = {"model": server.model, "prompt": prompt, "max_tokens": cfg.max_tokens,
-            "temperature": cfg.temperature, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": server.model,
+        "prompt": prompt,
+        "max_tokens": cfg.max_tokens,
+        "temperature": cfg.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if server.kind != "openai" and cfg.ignore_eos:
         body["ignore_eos"] = True
     return "/v1/completions", body
@@ -352,8 +401,13 @@ def error_message(body: str) -> str:
     return message if isinstance(message, str) else body[:300]
 
 
-async def send(client: httpx.AsyncClient, server: Server, prompt: str | list[dict], cfg: Any,
-               clock: Callable[[], float] = time.perf_counter) -> RequestRecord:
+async def send(
+    client: httpx.AsyncClient,
+    server: Server,
+    prompt: str | list[dict],
+    cfg: Any,
+    clock: Callable[[], float] = time.perf_counter,
+) -> RequestRecord:
     """Stream one request (`request_body`); time the first text and the end on `clock` (seconds
     now). A failure (HTTP status, error event, connection) is the record's `error`, never raised."""
     path, body = request_body(server, prompt, cfg)
@@ -362,7 +416,9 @@ async def send(client: httpx.AsyncClient, server: Server, prompt: str | list[dic
         async with client.stream("POST", path, json=body) as response:
             if response.status_code != 200:
                 detail = error_message((await response.aread()).decode(errors="replace"))
-                return RequestRecord(None, clock() - start, 0, error=f"HTTP {response.status_code}: {detail}")
+                return RequestRecord(
+                    None, clock() - start, 0, error=f"HTTP {response.status_code}: {detail}"
+                )
             async for line in response.aiter_lines():
                 if not line.startswith("data:") or line.strip() == "data: [DONE]":
                     continue
@@ -384,12 +440,19 @@ async def send(client: httpx.AsyncClient, server: Server, prompt: str | list[dic
     return RequestRecord(first and first - start, clock() - start, tokens, last or None, text=text)
 
 
-async def run_requests(server: Server, prompts: list[str] | list[list[dict]], concurrency: int, cfg: Any,
-                       clock: Callable[[], float] = time.perf_counter) -> tuple[list[RequestRecord], float]:
+async def run_requests(
+    server: Server,
+    prompts: list[str] | list[list[dict]],
+    concurrency: int,
+    cfg: Any,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[RequestRecord], float]:
     """Send all prompts with `concurrency` in flight; (records, wall seconds on `clock`). cfg:
     `send`'s, with `timeout_s` per request."""
     limits = httpx.Limits(max_connections=concurrency + 1)
-    async with httpx.AsyncClient(base_url=server.url, timeout=cfg.timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, timeout=cfg.timeout_s, limits=limits
+    ) as client:
         gate = asyncio.Semaphore(concurrency)
 
         async def one(prompt: str) -> RequestRecord:

@@ -77,33 +77,54 @@ class DraftConfig:
     embedding_owned: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "intermediate_size", "target_hidden_size", "vocab_size", "draft_vocab_size",
-                     "max_position_embeddings"):
+        for name in (
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "target_hidden_size",
+            "vocab_size",
+            "draft_vocab_size",
+            "max_position_embeddings",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"DraftConfig.{name} = {getattr(self, name)}: must be positive")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"DraftConfig: num_attention_heads {self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_key_value_heads}")
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
         if self.draft_vocab_size > self.vocab_size:
-            raise ValueError(f"DraftConfig.draft_vocab_size {self.draft_vocab_size} exceeds the "
-                             f"target vocab_size {self.vocab_size}")
+            raise ValueError(
+                f"DraftConfig.draft_vocab_size {self.draft_vocab_size} exceeds the "
+                f"target vocab_size {self.vocab_size}"
+            )
         if len(set(self.aux_layers)) != len(self.aux_layers) or not self.aux_layers:
-            raise ValueError(f"DraftConfig.aux_layers {list(self.aux_layers)}: need distinct layers")
+            raise ValueError(
+                f"DraftConfig.aux_layers {list(self.aux_layers)}: need distinct layers"
+            )
         if not all(0 <= k <= self.target_num_layers for k in self.aux_layers):
-            raise ValueError(f"DraftConfig.aux_layers {list(self.aux_layers)}: each index must be in "
-                             f"0..{self.target_num_layers} (the target's residual streams)")
+            raise ValueError(
+                f"DraftConfig.aux_layers {list(self.aux_layers)}: each index must be in "
+                f"0..{self.target_num_layers} (the target's residual streams)"
+            )
         for name in NORM_FLAGS:
             if type(getattr(self, name)) is not bool:  # 1 or "true" from a JSON config is an error
-                raise ValueError(f"DraftConfig.{name} = {getattr(self, name)!r}: must be true or false")
+                raise ValueError(
+                    f"DraftConfig.{name} = {getattr(self, name)!r}: must be true or false"
+                )
         if self.tie_word_embeddings:
-            raise ValueError("DraftConfig.tie_word_embeddings must be false: SGLang replaces a tied "
-                             "drafter's trained lm_head with the embedding")
+            raise ValueError(
+                "DraftConfig.tie_word_embeddings must be false: SGLang replaces a tied "
+                "drafter's trained lm_head with the embedding"
+            )
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(f"DraftConfig.rope_scaling type {rope_type!r} is not implemented "
-                             f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+            raise ValueError(
+                f"DraftConfig.rope_scaling type {rope_type!r} is not implemented "
+                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+            )
 
     @property
     def n_aux(self) -> int:
@@ -119,15 +140,23 @@ class DraftConfig:
         return self.embedding_owned or self.hidden_size != self.target_hidden_size
 
     @classmethod
-    def from_target(cls, target_config: Any, aux_layers: tuple[int, ...] | list[int] = (),
-                    draft_vocab_size: int | None = None, **overrides: Any) -> DraftConfig:
+    def from_target(
+        cls,
+        target_config: Any,
+        aux_layers: tuple[int, ...] | list[int] = (),
+        draft_vocab_size: int | None = None,
+        **overrides: Any,
+    ) -> DraftConfig:
         """Derive a drafter config from a transformers target config.
 
         Hidden size, heads, intermediate size, rope and max positions default to the target's
         (the drafter then shares the target's embedding); `overrides` replace any field.
         """
-        get = target_config.get if isinstance(target_config, dict) else (
-            lambda k, d=None: getattr(target_config, k, d))
+        get = (
+            target_config.get
+            if isinstance(target_config, dict)
+            else (lambda k, d=None: getattr(target_config, k, d))
+        )
         heads = get("num_attention_heads")
         rope_theta, rope_scaling = rope_from_hf_config(get)
         values: dict[str, Any] = dict(
@@ -196,13 +225,20 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
     if rope_type == "linear":
         inv_freq = inv_freq / scaling["factor"]
     elif rope_type == "llama3":
-        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        factor, low, high = (
+            scaling["factor"],
+            scaling["low_freq_factor"],
+            scaling["high_freq_factor"],
+        )
         old_len = scaling["original_max_position_embeddings"]
         wavelen = 2 * math.pi / inv_freq
         smooth = (old_len / wavelen - low) / (high - low)
         smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        inv_freq = torch.where(wavelen > old_len / low, inv_freq / factor,
-                               torch.where(wavelen < old_len / high, inv_freq, smoothed))
+        inv_freq = torch.where(
+            wavelen > old_len / low,
+            inv_freq / factor,
+            torch.where(wavelen < old_len / high, inv_freq, smoothed),
+        )
     return inv_freq
 
 
@@ -212,8 +248,9 @@ def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
-def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    position_ids: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of the RoPE angles, each [B, 1, T, head_dim], in float32 (float64 for float64).
 
     position_ids: [B, T] long; inv_freq: [head_dim/2] float64. Computed once per forward and
@@ -242,8 +279,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), weight.shape, eps=eps).to(x.dtype)
 
 
-def fuse_aux(aux: torch.Tensor, fc: torch.Tensor, input_norm: torch.Tensor | None,
-             fc_norms: list[torch.Tensor] | None, eps: float) -> torch.Tensor:
+def fuse_aux(
+    aux: torch.Tensor,
+    fc: torch.Tensor,
+    input_norm: torch.Tensor | None,
+    fc_norms: list[torch.Tensor] | None,
+    eps: float,
+) -> torch.Tensor:
     """The first step's h: fc over the concatenated aux states [..., n·H_target] -> [..., H].
 
     input_norm [n·H_target] (`norm_before_fc`) and fc_norms, n weights [H_target] (`fc_norm`),
@@ -275,13 +317,24 @@ class Attention(nn.Module):
     def __init__(self, cfg: DraftConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False)
+        self.q_proj = nn.Linear(
+            2 * cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, bias=False
+        )
+        self.k_proj = nn.Linear(
+            2 * cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False
+        )
+        self.v_proj = nn.Linear(
+            2 * cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False
+        )
         self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                attn_mask: torch.Tensor | BlockMask | None, past_kv: KV | None) -> tuple[torch.Tensor, KV]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        attn_mask: torch.Tensor | BlockMask | None,
+        past_kv: KV | None,
+    ) -> tuple[torch.Tensor, KV]:
         b, t, _ = x.shape
         c = self.cfg
         q = self.q_proj(x).view(b, t, c.num_attention_heads, c.head_dim).transpose(1, 2)
@@ -300,7 +353,9 @@ class Attention(nn.Module):
         if attn_mask is None and t > 1 and past_kv is not None:  # causal; every past entry visible
             s = k.shape[2]
             attn_mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril(s - t)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=causal, enable_gqa=gqa
+        )
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1)), new_kv
 
 
@@ -381,8 +436,13 @@ class Eagle3Draft(nn.Module):
         self.embedding_loaded = cfg.owns_embedding
         fc_in = cfg.n_aux * cfg.target_hidden_size
         self.input_norm = RMSNorm(fc_in, cfg.rms_norm_eps) if cfg.norm_before_fc else None
-        self.fc_norm = nn.ModuleList([RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps)
-                                      for _ in range(cfg.n_aux)]) if cfg.fc_norm else None
+        self.fc_norm = (
+            nn.ModuleList(
+                [RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.n_aux)]
+            )
+            if cfg.fc_norm
+            else None
+        )
         self.fc = nn.Linear(fc_in, cfg.hidden_size, bias=False)
         self.midlayer = DecoderLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -415,13 +475,23 @@ class Eagle3Draft(nn.Module):
                 f"draft first step needs the target's {self.cfg.n_aux} aux hidden states "
                 f"concatenated (layers {list(self.cfg.aux_layers)}, width {self.cfg.n_aux} x "
                 f"{self.cfg.target_hidden_size} = {expected}), got width {width}: the target side "
-                f"is not capturing the aux layers")
-        raise ValueError(f"draft later step needs the drafter's own hidden state (width {expected}), "
-                         f"got width {width}")
+                f"is not capturing the aux layers"
+            )
+        raise ValueError(
+            f"draft later step needs the drafter's own hidden state (width {expected}), "
+            f"got width {width}"
+        )
 
-    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, *,
-                first_step: bool, attn_mask: torch.Tensor | BlockMask | None = None,
-                past_kv: KV | None = None) -> DraftOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        *,
+        first_step: bool,
+        attn_mask: torch.Tensor | BlockMask | None = None,
+        past_kv: KV | None = None,
+    ) -> DraftOutput:
         """One draft step over T positions.
 
         input_ids:    [B, T] long, target-vocabulary ids; position t holds token t+1 (the token
@@ -439,15 +509,22 @@ class Eagle3Draft(nn.Module):
         """
         self.check_hidden(hidden, first_step)
         if not self.embedding_loaded:
-            raise RuntimeError("the drafter shares the target's embedding: call "
-                               "load_target_embedding(target_embedding_weight) first")
+            raise RuntimeError(
+                "the drafter shares the target's embedding: call "
+                "load_target_embedding(target_embedding_weight) first"
+            )
         if position_ids.dim() == 1:
             position_ids = position_ids.unsqueeze(0).expand(input_ids.shape[0], -1)
         cfg, layer = self.cfg, self.midlayer
         h = hidden
         if first_step:
-            h = fuse_aux(hidden, self.fc.weight, None if self.input_norm is None else self.input_norm.weight,
-                         None if self.fc_norm is None else [n.weight for n in self.fc_norm], cfg.rms_norm_eps)
+            h = fuse_aux(
+                hidden,
+                self.fc.weight,
+                None if self.input_norm is None else self.input_norm.weight,
+                None if self.fc_norm is None else [n.weight for n in self.fc_norm],
+                cfg.rms_norm_eps,
+            )
         emb = cast(self.embed_tokens(input_ids), h.dtype)
         normed_h = layer.hidden_norm(h)
         x = torch.cat([layer.input_layernorm(emb), normed_h], dim=-1)
@@ -458,7 +535,9 @@ class Eagle3Draft(nn.Module):
         r = attn + (normed_h if cfg.norm_before_residual else h)
         out = r + layer.mlp(layer.post_attention_layernorm(r))
         normed = self.norm(out)
-        return DraftOutput(logits=self.lm_head(normed), hidden=normed if cfg.norm_output else out, kv=kv)
+        return DraftOutput(
+            logits=self.lm_head(normed), hidden=normed if cfg.norm_output else out, kv=kv
+        )
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Map draft-vocabulary ids (any shape, long) to target ids: i + d2t[i]."""
@@ -468,8 +547,9 @@ class Eagle3Draft(nn.Module):
     def load_target_embedding(self, weight: torch.Tensor) -> None:
         """Copy the target's input embedding [vocab, H] into the (frozen) shared embedding."""
         if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
-            raise ValueError(f"target embedding shape {tuple(weight.shape)} != drafter's "
-                             f"{tuple(self.embed_tokens.weight.shape)}")
+            raise ValueError(
+                f"target embedding shape {tuple(weight.shape)} != drafter's "
+                f"{tuple(self.embed_tokens.weight.shape)}"
+            )
         self.embed_tokens.weight.copy_(weight)
         self.embedding_loaded = True
-

@@ -69,7 +69,9 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     return atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
-def atomic_write_json(path: str | Path, value: Any, *, indent: int | None = 1, sort_keys: bool = True) -> Path:
+def atomic_write_json(
+    path: str | Path, value: Any, *, indent: int | None = 1, sort_keys: bool = True
+) -> Path:
     """Write `value` as JSON (a trailing newline) to `path` atomically."""
     return atomic_write_text(path, json.dumps(value, indent=indent, sort_keys=sort_keys) + "\n")
 
@@ -106,16 +108,24 @@ def replace_dir(src: Path, dst: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def differing_fields(old: Mapping[str, Any], new: Mapping[str, Any],
-                     keys: Iterable[str] | None = None) -> list[str]:
+def differing_fields(
+    old: Mapping[str, Any], new: Mapping[str, Any], keys: Iterable[str] | None = None
+) -> list[str]:
     """The keys whose values differ between two settings records, in `keys` order (default:
     every key of either, sorted). A key present on one side only differs."""
     names = list(keys) if keys is not None else sorted(set(old) | set(new))
     return [k for k in names if old.get(k) != new.get(k)]
 
 
-def refuse_other_settings(old: Mapping[str, Any], new: Mapping[str, Any], *, what: str, fix: str,
-                          keys: Iterable[str] | None = None, show: Callable[[str], str] | None = None) -> None:
+def refuse_other_settings(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    *,
+    what: str,
+    fix: str,
+    keys: Iterable[str] | None = None,
+    show: Callable[[str], str] | None = None,
+) -> None:
     """Raise SettingsMismatch when `old` (what an earlier run recorded) and `new` (this run's
     settings) differ in any of `keys` (default: all): "`what` was made with other settings
     (a: 1 -> 2; b: ...); `fix`". `show(key)` names a field in the message (default: the key)."""

@@ -17,5 +17,7 @@ def busy_note(numbers: str, remedy: str = "") -> str | None:
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
     if load < cores / 2:
         return None
-    return (f"note: the machine was busy when this started (load {load:.1f} on {cores} cores): {numbers} are "
-            f"lower and noisier than on an idle machine" + (f"; {remedy}" if remedy else ""))
+    return (
+        f"note: the machine was busy when this started (load {load:.1f} on {cores} cores): {numbers} are "
+        f"lower and noisier than on an idle machine" + (f"; {remedy}" if remedy else "")
+    )

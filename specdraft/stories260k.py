@@ -65,7 +65,9 @@ class Llama2cHeader:
     num_kv_heads: int
     vocab_size: int
     seq_len: int
-    shared_classifier: bool  # stored as the sign of vocab_size: positive = classifier is the embedding
+    shared_classifier: (
+        bool  # stored as the sign of vocab_size: positive = classifier is the embedding
+    )
 
     @property
     def head_size(self) -> int:
@@ -107,7 +109,9 @@ def bundled_dir() -> Path:
     """The folder of the packaged stories260K files (weights, tokenizer, sample text, license)."""
     folder = resources.files("specdraft.assets") / "stories260K"
     if not isinstance(folder, Path):
-        raise RuntimeError(f"specdraft's assets are not on the file system ({folder}); install it unzipped")
+        raise RuntimeError(
+            f"specdraft's assets are not on the file system ({folder}); install it unzipped"
+        )
     return folder
 
 
@@ -169,9 +173,18 @@ def _parse_header(path: Path, fields: tuple[int, ...]) -> Llama2cHeader:
         and (dim // num_heads) % 2 == 0
     )
     if not plausible:
-        raise ValueError(f"{path}: implausible llama2.c header {fields}: corrupted or not a llama2.c file")
+        raise ValueError(
+            f"{path}: implausible llama2.c header {fields}: corrupted or not a llama2.c file"
+        )
     return Llama2cHeader(
-        dim, hidden_dim, num_layers, num_heads, num_kv_heads, abs(vocab_size), seq_len, vocab_size > 0
+        dim,
+        hidden_dim,
+        num_layers,
+        num_heads,
+        num_kv_heads,
+        abs(vocab_size),
+        seq_len,
+        vocab_size > 0,
     )
 
 
@@ -237,7 +250,9 @@ def build_tokenizer(
             decoders.Strip(" ", 1, 0),
         ]
     )
-    tokenizer.add_special_tokens([AddedToken(p, special=True, normalized=False) for p in SPECIAL_PIECES])
+    tokenizer.add_special_tokens(
+        [AddedToken(p, special=True, normalized=False) for p in SPECIAL_PIECES]
+    )
     bos = SPECIAL_PIECES[BOS_ID]
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, BOS_ID)]
@@ -258,7 +273,9 @@ def _vocab_and_scores(pieces: list[tuple[bytes, float]]) -> tuple[dict[str, int]
     """Piece strings in the "▁" convention, checking llama2.c's fixed ids for specials and bytes."""
     first_regular = BYTE_OFFSET + 256
     if len(pieces) <= first_regular:
-        raise ValueError(f"tokenizer has {len(pieces)} pieces; llama2.c's layout needs over {first_regular}")
+        raise ValueError(
+            f"tokenizer has {len(pieces)} pieces; llama2.c's layout needs over {first_regular}"
+        )
     vocab = {}
     for token_id, (raw, _) in enumerate(pieces):
         if token_id < BYTE_OFFSET:
@@ -268,11 +285,15 @@ def _vocab_and_scores(pieces: list[tuple[bytes, float]]) -> tuple[dict[str, int]
         elif token_id < first_regular:
             piece = f"<0x{token_id - BYTE_OFFSET:02X}>"
             if raw != piece.encode():
-                raise ValueError(f"tokenizer piece {token_id} is {raw!r}, expected byte piece {piece!r}")
+                raise ValueError(
+                    f"tokenizer piece {token_id} is {raw!r}, expected byte piece {piece!r}"
+                )
         else:
             piece = raw.decode("utf-8").replace(" ", SPACE_PIECE)
         if piece in vocab:
-            raise ValueError(f"tokenizer piece {piece!r} appears twice (ids {vocab[piece]} and {token_id})")
+            raise ValueError(
+                f"tokenizer piece {piece!r} appears twice (ids {vocab[piece]} and {token_id})"
+            )
         vocab[piece] = token_id
     return vocab, [score for _, score in pieces]
 
@@ -289,7 +310,9 @@ def _merges_by_score(vocab: dict[str, int], scores: list[float]) -> list[tuple[s
     return [(left, right) for *_, left, right in sorted(ranked)]
 
 
-def llama_state_dict(header: Llama2cHeader, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def llama_state_dict(
+    header: Llama2cHeader, tensors: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """Map llama2.c tensors to transformers `LlamaForCausalLM` names (float32, tied head).
 
     llama2.c rotates interleaved (even, odd) pairs of a head, transformers the two halves, so
@@ -302,8 +325,12 @@ def llama_state_dict(header: Llama2cHeader, tensors: dict[str, torch.Tensor]) ->
         prefix = f"model.layers.{layer}."
         state |= {
             prefix + "input_layernorm.weight": tensors["rms_att"][layer],
-            prefix + "self_attn.q_proj.weight": _halves_from_pairs(tensors["wq"][layer], header.num_heads),
-            prefix + "self_attn.k_proj.weight": _halves_from_pairs(tensors["wk"][layer], header.num_kv_heads),
+            prefix + "self_attn.q_proj.weight": _halves_from_pairs(
+                tensors["wq"][layer], header.num_heads
+            ),
+            prefix + "self_attn.k_proj.weight": _halves_from_pairs(
+                tensors["wk"][layer], header.num_kv_heads
+            ),
             prefix + "self_attn.v_proj.weight": tensors["wv"][layer],
             prefix + "self_attn.o_proj.weight": tensors["wo"][layer],
             prefix + "post_attention_layernorm.weight": tensors["rms_ffn"][layer],
@@ -367,17 +394,25 @@ def is_converted(out_dir: Path, *, source_dir: Path | None = None) -> bool:
     """True when `out_dir` already holds what `convert_stories260k` would write there (it returns at
     once): a conversion of the same source files (default: the bundled ones) by this converter version.
     Raises ValueError for a bad source file."""
-    return _holds_conversion(Path(out_dir), _source_record(bundled_dir() if source_dir is None else Path(source_dir)))
+    return _holds_conversion(
+        Path(out_dir), _source_record(bundled_dir() if source_dir is None else Path(source_dir))
+    )
 
 
 def _source_record(source_dir: Path) -> dict:
     """The record a conversion of `source_dir`'s files writes: the converter and the checked hashes."""
-    return {"converter": CONVERTER,
-            "sha256": {name: verify_sha256(source_dir / name, digest) for name, digest in SOURCE_SHA256.items()}}
+    return {
+        "converter": CONVERTER,
+        "sha256": {
+            name: verify_sha256(source_dir / name, digest) for name, digest in SOURCE_SHA256.items()
+        },
+    }
 
 
 def _holds_conversion(out_dir: Path, record: dict) -> bool:
-    return _read_record(out_dir) == record and all((out_dir / name).is_file() for name in CONVERTED_FILES)
+    return _read_record(out_dir) == record and all(
+        (out_dir / name).is_file() for name in CONVERTED_FILES
+    )
 
 
 def _write_conversion(folder: Path, source_dir: Path, record: dict) -> None:
@@ -424,5 +459,3 @@ def _check_replaceable(out_dir: Path) -> None:
             f"{out_dir}: not empty and not a stories260K conversion (no {SOURCE_RECORD_FILE}); "
             f"choose an empty or new folder"
         )
-
-

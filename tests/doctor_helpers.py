@@ -35,23 +35,39 @@ def one_thread():
 def target_fields(target_dir: Path, aux_layers) -> dict:
     """The manifest fields training records about a target (train.sources.OnlineData's)."""
     target = load_target(target_dir)
-    return OnlineData(target, [Sample([1, 2, 3], [0, 1, 1])], tuple(aux_layers)).info.manifest_fields
+    return OnlineData(
+        target, [Sample([1, 2, 3], [0, 1, 1])], tuple(aux_layers)
+    ).info.manifest_fields
 
 
-def draft_checkpoint(root: Path, *, arch: str = "llama", num_layers: int = 5, aux=(2, 3, 4),
-                     draft_vocab_size: int = 64, layout: str = "specdraft", seed: int = 0,
-                     training: dict | None = None, draft_kw: dict | None = None,
-                     **target_kw) -> tuple[Path, Path]:
+def draft_checkpoint(
+    root: Path,
+    *,
+    arch: str = "llama",
+    num_layers: int = 5,
+    aux=(2, 3, 4),
+    draft_vocab_size: int = 64,
+    layout: str = "specdraft",
+    seed: int = 0,
+    training: dict | None = None,
+    draft_kw: dict | None = None,
+    **target_kw,
+) -> tuple[Path, Path]:
     """(draft dir, target dir): a seeded drafter (non-trivial norms, d2t = even target ids; `draft_kw`
     overrides DraftConfig fields, e.g. norm flags) for a tiny saved target, with a manifest as
     training writes it."""
     target_dir = save_tiny_model(arch, root / "target", num_layers=num_layers, **target_kw)
     config = tiny_config(arch, num_layers=num_layers, **target_kw)
-    cfg = DraftConfig.from_target(config.get_text_config(), aux, draft_vocab_size=draft_vocab_size,
-                                  **(draft_kw or {}))
+    cfg = DraftConfig.from_target(
+        config.get_text_config(), aux, draft_vocab_size=draft_vocab_size, **(draft_kw or {})
+    )
     model = seeded_draft(cfg, seed)
-    manifest = Manifest(draft=cfg.to_dict(), aux_layers=list(aux), training=training,
-                        **target_fields(target_dir, aux))
+    manifest = Manifest(
+        draft=cfg.to_dict(),
+        aux_layers=list(aux),
+        training=training,
+        **target_fields(target_dir, aux),
+    )
     save_draft(model, root / "draft", layout=layout, manifest=manifest)
     return root / "draft", target_dir
 
@@ -76,7 +92,7 @@ def edit_weights(directory: Path, edit) -> None:
 def rename_layer(tensors: dict, old: str, new: str) -> None:
     """Move every tensor under prefix `old` to prefix `new` (case S1)."""
     for key in [k for k in tensors if k.startswith(old)]:
-        tensors[new + key[len(old):]] = tensors.pop(key)
+        tensors[new + key[len(old) :]] = tensors.pop(key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,8 +131,10 @@ def context_target(path: Path):
     2, zero q/k) and writes strongly into the residual stream (o_proj x 8); lm_head x 8 makes
     its distributions peaked. A random Llama is close to a bigram model, where a drafter can
     ignore its aux states, so wrong aux layers would barely show."""
-    target = load_target(tiny_config("mistral", num_layers=12, hidden_size=32, vocab_size=VOCAB,
-                                      sliding_window=2), seed=0)
+    target = load_target(
+        tiny_config("mistral", num_layers=12, hidden_size=32, vocab_size=VOCAB, sliding_window=2),
+        seed=0,
+    )
     with torch.no_grad():
         target.lm_head.weight.mul_(8.0)
         for layer in target.model.model.layers:
@@ -134,16 +152,34 @@ def trained_world(tmp_path_factory) -> TrainedWorld:
             root = tmp_path_factory.mktemp("trained")
             target = context_target(root / "target")
             samples = random_samples(200)
-            write_store(target, samples, root / "store",
-                        StoreSettings(TRAINED_LAYERS, dtype=torch.float32, shard_tokens=8192),
-                        extra={"target_path": str(root / "target")})
-            (root / "samples.jsonl").write_text("".join(
-                json.dumps({"input_ids": s.input_ids, "loss_mask": s.loss_mask}) + "\n" for s in samples[:32]))
-            config = TrainConfig(lr=3e-3, warmup_steps=10, total_steps=400, batch_size=8, ttt_steps=3,
-                                 draft_vocab_size=96, val_fraction=0.1, eval_every=1000, save_every=1000)
+            write_store(
+                target,
+                samples,
+                root / "store",
+                StoreSettings(TRAINED_LAYERS, dtype=torch.float32, shard_tokens=8192),
+                extra={"target_path": str(root / "target")},
+            )
+            (root / "samples.jsonl").write_text(
+                "".join(
+                    json.dumps({"input_ids": s.input_ids, "loss_mask": s.loss_mask}) + "\n"
+                    for s in samples[:32]
+                )
+            )
+            config = TrainConfig(
+                lr=3e-3,
+                warmup_steps=10,
+                total_steps=400,
+                batch_size=8,
+                ttt_steps=3,
+                draft_vocab_size=96,
+                val_fraction=0.1,
+                eval_every=1000,
+                save_every=1000,
+            )
             result = train(config, root / "store", root / "run", progress=False)
-        _WORLD["world"] = TrainedWorld(root / "target", result.draft_dir, root / "samples.jsonl",
-                                       root / "store")
+        _WORLD["world"] = TrainedWorld(
+            root / "target", result.draft_dir, root / "samples.jsonl", root / "store"
+        )
     return _WORLD["world"]
 
 
@@ -159,10 +195,17 @@ def served_world(root: Path, tokenizer) -> tuple[Path, Path, Path]:
     target = root / "target"
     shutil.copytree(setup.target_dir, target)
     tokenizer.save_pretrained(target)
-    manifest = Manifest(draft=setup.trained.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
-                        **target_fields(target, AUX_LAYERS))
+    manifest = Manifest(
+        draft=setup.trained.cfg.to_dict(),
+        aux_layers=list(AUX_LAYERS),
+        **target_fields(target, AUX_LAYERS),
+    )
     save_draft(setup.trained, root / "draft", manifest=manifest)
     samples = root / "samples.jsonl"
-    samples.write_text("".join(json.dumps({"input_ids": p, "loss_mask": [1] * len(p)}) + "\n"
-                               for p in random_prompts(8, 16, seed=5)))
+    samples.write_text(
+        "".join(
+            json.dumps({"input_ids": p, "loss_mask": [1] * len(p)}) + "\n"
+            for p in random_prompts(8, 16, seed=5)
+        )
+    )
     return root / "draft", target, samples

@@ -14,7 +14,9 @@ from tests.tiny_models import tiny_config
 
 # Every combination of the four norm flags (speculators' trainer default: norm_before_residual,
 # norm_before_fc, norm_output; SpecForge's EAGLE-3.1 config: fc_norm, norm_output).
-FLAG_COMBINATIONS = [dict(zip(NORM_FLAGS, values)) for values in itertools.product((False, True), repeat=4)]
+FLAG_COMBINATIONS = [
+    dict(zip(NORM_FLAGS, values)) for values in itertools.product((False, True), repeat=4)
+]
 
 
 def flag_id(flags: dict[str, bool]) -> str:
@@ -40,25 +42,49 @@ def seeded_draft(cfg: DraftConfig, seed: int = 0) -> Eagle3Draft:
     return model
 
 
-def tiny_draft(num_layers: int = 5, aux_layers=(2, 3, 4), draft_vocab_size: int = 64, seed: int = 0,
-               dtype: torch.dtype = torch.float32, **overrides) -> Eagle3Draft:
+def tiny_draft(
+    num_layers: int = 5,
+    aux_layers=(2, 3, 4),
+    draft_vocab_size: int = 64,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    **overrides,
+) -> Eagle3Draft:
     """`seeded_draft` for a tiny Llama target (vocab 128)."""
-    cfg = DraftConfig.from_target(tiny_config("llama", num_layers=num_layers), aux_layers,
-                                  draft_vocab_size=draft_vocab_size, **overrides)
+    cfg = DraftConfig.from_target(
+        tiny_config("llama", num_layers=num_layers),
+        aux_layers,
+        draft_vocab_size=draft_vocab_size,
+        **overrides,
+    )
     return seeded_draft(cfg, seed).to(dtype)
 
 
 def tiny_manifest(model: Eagle3Draft) -> Manifest:
     """A manifest naming the drafter's config and aux layers."""
-    return Manifest(draft=model.cfg.to_dict(), target={"num_layers": model.cfg.target_num_layers},
-                    aux_layers=list(model.cfg.aux_layers))
+    return Manifest(
+        draft=model.cfg.to_dict(),
+        target={"num_layers": model.cfg.target_num_layers},
+        aux_layers=list(model.cfg.aux_layers),
+    )
 
 
-def save_training_checkpoint(model: Eagle3Draft, manifest: Manifest, run: Path, step: int = 5) -> Path:
+def save_training_checkpoint(
+    model: Eagle3Draft, manifest: Manifest, run: Path, step: int = 5
+) -> Path:
     """RUN/checkpoints/step-0000000N.pt as `train --save-every` writes it (progress state with the
     drafter's tensors under "draft." and its manifest); returns the file."""
     path = run / "checkpoints" / f"step-{step:08d}.pt"
     path.parent.mkdir(parents=True)
-    torch.save({"step": step, "manifest": dataclasses.asdict(manifest), "records": {}, "extensions": {},
-                "config": {}, "model": {f"draft.{k}": v for k, v in model.state_dict().items()}}, path)
+    torch.save(
+        {
+            "step": step,
+            "manifest": dataclasses.asdict(manifest),
+            "records": {},
+            "extensions": {},
+            "config": {},
+            "model": {f"draft.{k}": v for k, v in model.state_dict().items()},
+        },
+        path,
+    )
     return path

@@ -55,8 +55,9 @@ class TinySetup:
     untrained: Eagle3Draft
     trained: Eagle3Draft
 
-    def engine(self, draft: Eagle3Draft | None, spec: SpecConfig | None,
-               tokenizer=None) -> SpeculativeEngine:
+    def engine(
+        self, draft: Eagle3Draft | None, spec: SpecConfig | None, tokenizer=None
+    ) -> SpeculativeEngine:
         """A fresh engine over this target (max_seq_len MAX_SEQ)."""
         return SpeculativeEngine(self.target, draft, spec, None, MAX_SEQ, "cpu", tokenizer)
 
@@ -85,8 +86,13 @@ def tiny_setup(arch: str = "llama", init: str = "smooth") -> TinySetup:
     return TinySetup(target_dir, target, untrained, trained)
 
 
-def make_draft(target: FastTarget, hf_config: dict, seed: int, draft_vocab_size: int | None = None,
-               sequences: torch.Tensor | None = None) -> Eagle3Draft:
+def make_draft(
+    target: FastTarget,
+    hf_config: dict,
+    seed: int,
+    draft_vocab_size: int | None = None,
+    sequences: torch.Tensor | None = None,
+) -> Eagle3Draft:
     """A seeded drafter for `target`; with draft_vocab_size, the vocabulary of the most frequent
     tokens of `sequences`."""
     cfg = DraftConfig.from_target(hf_config, AUX_LAYERS, draft_vocab_size=draft_vocab_size)
@@ -94,7 +100,9 @@ def make_draft(target: FastTarget, hf_config: dict, seed: int, draft_vocab_size:
         torch.manual_seed(seed)
         draft = Eagle3Draft(cfg)
     if draft_vocab_size is not None:
-        vmap = build_vocab_map(torch.bincount(sequences.reshape(-1), minlength=VOCAB), draft_vocab_size)
+        vmap = build_vocab_map(
+            torch.bincount(sequences.reshape(-1), minlength=VOCAB), draft_vocab_size
+        )
         draft.d2t.copy_(vmap.d2t)
         draft.t2d.copy_(vmap.t2d)
     draft.load_target_embedding(target.tok_embeddings.weight)
@@ -106,8 +114,13 @@ def target_pass(target: FastTarget, ids: torch.Tensor) -> tuple[torch.Tensor, to
     """Full causal forward of ids [B, L]: (logits [B, L, V], aux [B, L, 3H])."""
     b, length = ids.shape
     target.setup_cache(b, length)
-    out = target(ids, torch.arange(length)[None].expand(b, -1), torch.arange(length),
-                 causal_mask(0, length, length, b), AUX_LAYERS)
+    out = target(
+        ids,
+        torch.arange(length)[None].expand(b, -1),
+        torch.arange(length),
+        causal_mask(0, length, length, b),
+        AUX_LAYERS,
+    )
     return out.logits, out.aux_hidden
 
 

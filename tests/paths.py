@@ -5,4 +5,6 @@ import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PYCODE = Path(os.environ.get("SPECDRAFT_PYCODE_DIR", REPO.parent / "shared" / "models" / "pycode-25m"))
+PYCODE = Path(
+    os.environ.get("SPECDRAFT_PYCODE_DIR", REPO.parent / "shared" / "models" / "pycode-25m")
+)

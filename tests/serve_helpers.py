@@ -23,15 +23,19 @@ from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.serve.server import RunningServer, create_app, serve_in_thread
 from tests.engine_helpers import AUX_LAYERS, MAX_SEQ, VOCAB, TinySetup, random_prompts
 
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}w3{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}w3{% endif %}"
+)
 
 
 def word_tokenizer(eos: str | None = None) -> PreTrainedTokenizerFast:
     """Word-level tokenizer over the tiny vocabulary: "w<i>" = id i, whitespace separated."""
     backend = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos)  # no special ids: all text
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=eos
+    )  # no special ids: all text
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
@@ -44,8 +48,11 @@ def saved_pair(setup: TinySetup, out: Path, trained: bool = True) -> tuple[Path,
     word_tokenizer().save_pretrained(target)
     draft = setup.trained if trained else setup.untrained
     args = setup.target.args
-    manifest = Manifest(draft=draft.cfg.to_dict(), aux_layers=list(AUX_LAYERS),
-                        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers})
+    manifest = Manifest(
+        draft=draft.cfg.to_dict(),
+        aux_layers=list(AUX_LAYERS),
+        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers},
+    )
     return target, save_draft(draft, out / "draft", manifest=manifest)
 
 
@@ -89,7 +96,9 @@ class VirtualClock:
             self.t += seconds
 
 
-def modelled_engine(eng: SpeculativeEngine, clock: VirtualClock, verify_s: float, draft_s: float) -> SpeculativeEngine:
+def modelled_engine(
+    eng: SpeculativeEngine, clock: VirtualClock, verify_s: float, draft_s: float
+) -> SpeculativeEngine:
     """`eng` whose `generate` advances `clock` as a modelled engine would take: `verify_s` for the
     prefill, then per verification step `verify_s` plus `draft_s` per draft step (none without a
     drafter). The tokens are the engine's own; only the seconds are given."""
@@ -105,21 +114,28 @@ def modelled_engine(eng: SpeculativeEngine, clock: VirtualClock, verify_s: float
             calls.append(len(ids))
             if callback is not None:
                 callback(ids)
+
         return real(*args, on_tokens=timed, **kwargs)
 
     eng.generate = generate
     return eng
 
 
-def engine(target: FastTarget, draft=None, spec: SpecConfig | None = None, tokenizer=None,
-           max_seq_len: int = MAX_SEQ) -> SpeculativeEngine:
+def engine(
+    target: FastTarget,
+    draft=None,
+    spec: SpecConfig | None = None,
+    tokenizer=None,
+    max_seq_len: int = MAX_SEQ,
+) -> SpeculativeEngine:
     """A SpeculativeEngine on the CPU (plain decoding without draft / spec)."""
     return SpeculativeEngine(target, draft, spec, None, max_seq_len, "cpu", tokenizer)
 
 
 @contextlib.contextmanager
-def running(eng: SpeculativeEngine, tokenizer, name: str = "tiny", end_ids: tuple[int, ...] = (),
-            **kwargs) -> Iterator[RunningServer]:
+def running(
+    eng: SpeculativeEngine, tokenizer, name: str = "tiny", end_ids: tuple[int, ...] = (), **kwargs
+) -> Iterator[RunningServer]:
     """A specdraft server for `eng` on a free loopback port (ending generations at `end_ids`)."""
     server = serve_in_thread(create_app(eng, tokenizer, name, end_ids=end_ids, **kwargs))
     try:
@@ -151,16 +167,26 @@ def fake_vllm_app(step_s, tokens_per_step: int, num_spec: int):
         return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
     async def metrics(request):
-        lines = ["# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{labels}}} {state['active']}"]
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{labels}}} {state['active']}",
+        ]
         if num_spec:
-            for name, key in (("num_drafts", "drafts"), ("num_draft_tokens", "draft_tokens"),
-                              ("num_accepted_tokens", "accepted")):
-                lines += [f"# TYPE vllm:spec_decode_{name} counter",
-                          f"vllm:spec_decode_{name}_total{{{labels}}} {float(state[key])}",
-                          f"vllm:spec_decode_{name}_created{{{labels}}} 1.7e9"]
+            for name, key in (
+                ("num_drafts", "drafts"),
+                ("num_draft_tokens", "draft_tokens"),
+                ("num_accepted_tokens", "accepted"),
+            ):
+                lines += [
+                    f"# TYPE vllm:spec_decode_{name} counter",
+                    f"vllm:spec_decode_{name}_total{{{labels}}} {float(state[key])}",
+                    f"vllm:spec_decode_{name}_created{{{labels}}} 1.7e9",
+                ]
             lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
-            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{k}"}} {float(v)}'
-                      for k, v in enumerate(state["per_pos"])]
+            lines += [
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{k}"}} {float(v)}'
+                for k, v in enumerate(state["per_pos"])
+            ]
         return PlainTextResponse("\n".join(lines) + "\n")
 
     async def completions(request):
@@ -180,9 +206,17 @@ def fake_vllm_app(step_s, tokens_per_step: int, num_spec: int):
                         state["accepted"] += n - 1
                         for k in range(n - 1):
                             state["per_pos"][k] += 1
-                    yield "data: " + json.dumps({"choices": [{"index": 0, "text": " x" * n, "finish_reason": None}]}) + "\n\n"
+                    yield (
+                        "data: "
+                        + json.dumps(
+                            {"choices": [{"index": 0, "text": " x" * n, "finish_reason": None}]}
+                        )
+                        + "\n\n"
+                    )
                 usage = {"prompt_tokens": 4, "completion_tokens": done, "total_tokens": 4 + done}
-                yield "data: " + json.dumps({"choices": [], "usage": usage}) + "\n\ndata: [DONE]\n\n"
+                yield (
+                    "data: " + json.dumps({"choices": [], "usage": usage}) + "\n\ndata: [DONE]\n\n"
+                )
             finally:
                 state["active"] -= 1
 
@@ -214,7 +248,11 @@ def fake_sglang_app(tokens_per_verify: int):
 
         async def chunks():
             for done in range(tokens_per_verify, total + 1, tokens_per_verify):
-                meta = {"prompt_tokens": 4, "completion_tokens": done, "spec_verify_ct": done // tokens_per_verify}
+                meta = {
+                    "prompt_tokens": 4,
+                    "completion_tokens": done,
+                    "spec_verify_ct": done // tokens_per_verify,
+                }
                 yield "data: " + json.dumps({"text": " x" * done, "meta_info": meta}) + "\n\n"
             yield "data: [DONE]\n\n"
 

@@ -24,8 +24,20 @@ import transformers
 from transformers import PretrainedConfig, PreTrainedModel
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "deepseek_v2", "deepseek_v3", "llava")
-MORE_ARCHITECTURES = ("qwen3_moe", "gpt_oss", "gemma2", "gemma3", "llama4", "phi3", "qwen2_vl", "qwen3_vl",
-                      "qwen3_vl_moe", "mistral3", "kimi_k25", "llama4_mm")
+MORE_ARCHITECTURES = (
+    "qwen3_moe",
+    "gpt_oss",
+    "gemma2",
+    "gemma3",
+    "llama4",
+    "phi3",
+    "qwen2_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "mistral3",
+    "kimi_k25",
+    "llama4_mm",
+)
 
 # arch -> (config class, model class), both public transformers names
 _CLASSES = {
@@ -52,21 +64,43 @@ _CLASSES = {
 # Per-arch text-config fields on top of the dense ones: MoE sizes, window / chunk sizes that a
 # short test sequence crosses (so the per-layer masks matter), soft-capping.
 _EXTRA = {
-    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-                  "decoder_sparse_step": 1},
-    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 4,
-                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    "qwen3_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "decoder_sparse_step": 1,
+    },
+    "gpt_oss": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 4,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    },
     "gemma2": {"sliding_window": 4, "query_pre_attn_scalar": 8},
     "gemma3": {"sliding_window": 4, "query_pre_attn_scalar": 8, "sliding_window_pattern": 2},
-    "llama4": {"num_local_experts": 2, "num_experts_per_tok": 1, "intermediate_size_mlp": 64,
-               "attention_chunk_size": 4, "interleave_moe_layer_step": 2},
+    "llama4": {
+        "num_local_experts": 2,
+        "num_experts_per_tok": 1,
+        "intermediate_size_mlp": 64,
+        "attention_chunk_size": 4,
+        "interleave_moe_layer_step": 2,
+    },
     "mistral3": {"sliding_window": None},
-    "llama4_mm": {"num_local_experts": 2, "num_experts_per_tok": 1, "intermediate_size_mlp": 64,
-                  "attention_chunk_size": 4, "interleave_moe_layer_step": 2},
+    "llama4_mm": {
+        "num_local_experts": 2,
+        "num_experts_per_tok": 1,
+        "intermediate_size_mlp": 64,
+        "attention_chunk_size": 4,
+        "interleave_moe_layer_step": 2,
+    },
     "phi3": {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None},
     "qwen2_vl": {"bos_token_id": None, "eos_token_id": None},
-    "qwen3_vl_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-                     "decoder_sparse_step": 1},
+    "qwen3_vl_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "decoder_sparse_step": 1,
+    },
 }
 
 
@@ -130,7 +164,9 @@ def tiny_config(
     Raises ValueError for an unknown arch.
     """
     if arch not in _CLASSES:
-        raise ValueError(f"unknown tiny arch {arch!r}; known: {', '.join(ARCHITECTURES + MORE_ARCHITECTURES)}")
+        raise ValueError(
+            f"unknown tiny arch {arch!r}; known: {', '.join(ARCHITECTURES + MORE_ARCHITECTURES)}"
+        )
     if arch in ("deepseek_v2", "deepseek_v3", "kimi_k25"):
         kwargs = _mla_moe_kwargs(num_layers, hidden_size, vocab_size, head_dim)
     else:
@@ -145,47 +181,110 @@ def tiny_config(
 
 
 def _qwen2_vl_config(text: dict) -> PretrainedConfig:
-    vision = {"depth": 1, "embed_dim": 16, "hidden_size": text["hidden_size"], "num_heads": 2, "mlp_ratio": 2,
-              "patch_size": 2, "spatial_merge_size": 1, "temporal_patch_size": 1}
-    text = dict(text, model_type="qwen2_vl_text", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                                   "mrope_section": [1, 1, 2]})
-    return transformers.Qwen2VLConfig(text_config=text, vision_config=vision,
-                                      image_token_id=text["vocab_size"] - 1, video_token_id=text["vocab_size"] - 2,
-                                      vision_start_token_id=text["vocab_size"] - 3)
+    vision = {
+        "depth": 1,
+        "embed_dim": 16,
+        "hidden_size": text["hidden_size"],
+        "num_heads": 2,
+        "mlp_ratio": 2,
+        "patch_size": 2,
+        "spatial_merge_size": 1,
+        "temporal_patch_size": 1,
+    }
+    text = dict(
+        text,
+        model_type="qwen2_vl_text",
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]},
+    )
+    return transformers.Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=text["vocab_size"] - 1,
+        video_token_id=text["vocab_size"] - 2,
+        vision_start_token_id=text["vocab_size"] - 3,
+    )
 
 
 def _qwen3_vl_config(text: dict, moe: bool = False) -> PretrainedConfig:
     # DeepStack merges the vision tower's layer-0 features into decoder layer 1's output at image
     # tokens (none in a text-only prompt); interleaved M-RoPE over head_dim 8: sections t, h, w = 2, 1, 1.
-    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "patch_size": 2,
-              "spatial_merge_size": 1, "temporal_patch_size": 1, "out_hidden_size": text["hidden_size"],
-              "num_position_embeddings": 16, "deepstack_visual_indexes": [0]}
+    vision = {
+        "depth": 1,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_heads": 2,
+        "patch_size": 2,
+        "spatial_merge_size": 1,
+        "temporal_patch_size": 1,
+        "out_hidden_size": text["hidden_size"],
+        "num_position_embeddings": 16,
+        "deepstack_visual_indexes": [0],
+    }
     model_type = "qwen3_vl_moe" if moe else "qwen3_vl"
-    text = dict(text, model_type=f"{model_type}_text",
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1],
-                                 "mrope_interleaved": True})
+    text = dict(
+        text,
+        model_type=f"{model_type}_text",
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+    )
     config_class = transformers.Qwen3VLMoeConfig if moe else transformers.Qwen3VLConfig
     v = text["vocab_size"]
-    return config_class(text_config=text, vision_config=vision, image_token_id=v - 1, video_token_id=v - 2,
-                        vision_start_token_id=v - 3, vision_end_token_id=v - 4)
+    return config_class(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=v - 1,
+        video_token_id=v - 2,
+        vision_start_token_id=v - 3,
+        vision_end_token_id=v - 4,
+    )
 
 
 def _mistral3_config(text: dict) -> PretrainedConfig:
-    vision = transformers.PixtralVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                              num_attention_heads=2, image_size=16, patch_size=8, head_dim=8)
-    return transformers.Mistral3Config(vision_config=vision, text_config=transformers.MistralConfig(**text),
-                                       image_token_index=text["vocab_size"] - 1, spatial_merge_size=1)
+    vision = transformers.PixtralVisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=16,
+        patch_size=8,
+        head_dim=8,
+    )
+    return transformers.Mistral3Config(
+        vision_config=vision,
+        text_config=transformers.MistralConfig(**text),
+        image_token_index=text["vocab_size"] - 1,
+        spatial_merge_size=1,
+    )
 
 
 def _kimi_config(text: dict) -> PretrainedConfig:
     from transformers.models.kimi_k25 import Kimi_K25Config, Kimi_K25VisionConfig
 
-    vision = Kimi_K25VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                  patch_size=2, pos_emb_height=4, pos_emb_width=4, pos_emb_time=1)
+    vision = Kimi_K25VisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        patch_size=2,
+        pos_emb_height=4,
+        pos_emb_width=4,
+        pos_emb_time=1,
+    )
     v = text["vocab_size"]
-    return Kimi_K25Config(text_config=transformers.DeepseekV3Config(**text), vision_config=vision,
-                          projection_hidden_size=16, image_token_id=v - 1, video_token_id=v - 2,
-                          vision_start_token_id=v - 3, vision_end_token_id=v - 4, tie_word_embeddings=False)
+    return Kimi_K25Config(
+        text_config=transformers.DeepseekV3Config(**text),
+        vision_config=vision,
+        projection_hidden_size=16,
+        image_token_id=v - 1,
+        video_token_id=v - 2,
+        vision_start_token_id=v - 3,
+        vision_end_token_id=v - 4,
+        tie_word_embeddings=False,
+    )
 
 
 def _llava_config(text_config: PretrainedConfig | dict) -> PretrainedConfig:
@@ -210,19 +309,38 @@ def _llava_config(text_config: PretrainedConfig | dict) -> PretrainedConfig:
 
 
 def _llama4_config(text: dict) -> PretrainedConfig:
-    vision = transformers.Llama4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                             num_attention_heads=2, image_size=16, patch_size=8, vision_output_dim=16,
-                                             projector_input_dim=16, projector_output_dim=16, pixel_shuffle_ratio=0.5,
-                                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    vision = transformers.Llama4VisionConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=16,
+        patch_size=8,
+        vision_output_dim=16,
+        projector_input_dim=16,
+        projector_output_dim=16,
+        pixel_shuffle_ratio=0.5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     v = text["vocab_size"]
-    return transformers.Llama4Config(text_config=transformers.Llama4TextConfig(**text).to_dict(),
-                                     vision_config=vision.to_dict(), image_token_index=v - 1,
-                                     boi_token_index=v - 2, eoi_token_index=v - 3)
+    return transformers.Llama4Config(
+        text_config=transformers.Llama4TextConfig(**text).to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_index=v - 1,
+        boi_token_index=v - 2,
+        eoi_token_index=v - 3,
+    )
 
 
-_WRAPPERS = {"llava": _llava_config, "qwen2_vl": _qwen2_vl_config, "qwen3_vl": _qwen3_vl_config,
-             "qwen3_vl_moe": partial(_qwen3_vl_config, moe=True), "mistral3": _mistral3_config,
-             "kimi_k25": _kimi_config, "llama4_mm": _llama4_config}
+_WRAPPERS = {
+    "llava": _llava_config,
+    "qwen2_vl": _qwen2_vl_config,
+    "qwen3_vl": _qwen3_vl_config,
+    "qwen3_vl_moe": partial(_qwen3_vl_config, moe=True),
+    "mistral3": _mistral3_config,
+    "kimi_k25": _kimi_config,
+    "llama4_mm": _llama4_config,
+}
 
 
 def tiny_model(arch: str, seed: int = 0, **kw) -> PreTrainedModel:
@@ -243,6 +361,7 @@ def model_class_of(arch: str) -> type[PreTrainedModel]:
     name = _CLASSES[arch][1]
     if arch == "kimi_k25":
         from transformers.models import kimi_k25
+
         return getattr(kimi_k25, name)
     return getattr(transformers, name)
 

@@ -42,10 +42,12 @@ def spec_cell(level: LevelResult) -> tuple[str, str]:
 def markdown(report: BenchReport) -> str:
     """The report as markdown: one table per server, then speedups and the crossover."""
     cfg = report.config
-    settings = (f"{cfg.repeats} run{'s' * (cfg.repeats != 1)} of {cfg.num_prompts} "
-                f"request{'s' * (cfg.num_prompts != 1)} per level (after {cfg.warmup} warm-up "
-                f"request{'s' if cfg.warmup != 1 else ''} per server), max_tokens {cfg.max_tokens}, "
-                f"temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}")
+    settings = (
+        f"{cfg.repeats} run{'s' * (cfg.repeats != 1)} of {cfg.num_prompts} "
+        f"request{'s' * (cfg.num_prompts != 1)} per level (after {cfg.warmup} warm-up "
+        f"request{'s' if cfg.warmup != 1 else ''} per server), max_tokens {cfg.max_tokens}, "
+        f"temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}"
+    )
     lines = [report.partial_note, ""] if report.partial else []
     lines += ["# specdraft bench", "", settings, ""]
     for warning in (report.failed_requests_warning, report.speculation_warning):
@@ -53,15 +55,22 @@ def markdown(report: BenchReport) -> str:
     for title, run in (("speculative", report.spec), ("baseline", report.baseline)):
         if run is None:
             continue
-        lines += [f"## {title}: {run.url} ({run.kind}, model {run.model})", "",
-                  "| concurrency | tok/s mean ± sd (min-max) | TTFT ms mean / p50 / p99 | TPOT ms mean / p50 / p99 "
-                  "| tau | p_k | errors |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {title}: {run.url} ({run.kind}, model {run.model})",
+            "",
+            "| concurrency | tok/s mean ± sd (min-max) | TTFT ms mean / p50 / p99 | TPOT ms mean / p50 / p99 "
+            "| tau | p_k | errors |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for lv in run.levels:
             tau, p = spec_cell(lv)
             ttft = " / ".join(fmt(v, 1e3) for v in (lv.ttft_s.mean, lv.ttft_s.p50, lv.ttft_s.p99))
-            tpot = " / ".join(fmt(v, 1e3, 2) for v in (lv.tpot_s.mean, lv.tpot_s.p50, lv.tpot_s.p99))
-            lines.append(f"| {lv.concurrency} | {tps_cell(lv)} | {ttft} | {tpot} | {tau} | {p} | {lv.num_errors} |")
+            tpot = " / ".join(
+                fmt(v, 1e3, 2) for v in (lv.tpot_s.mean, lv.tpot_s.p50, lv.tpot_s.p99)
+            )
+            lines.append(
+                f"| {lv.concurrency} | {tps_cell(lv)} | {ttft} | {tpot} | {tau} | {p} | {lv.num_errors} |"
+            )
         lines.append("")
     lines += ["## speedup (tokens/s with speculation / baseline, same prompts)", ""]
     if report.baseline_warning:
@@ -69,9 +78,13 @@ def markdown(report: BenchReport) -> str:
     if report.speedups is None:
         lines += [NO_BASELINE, ""]  # the crossover says nothing more
     else:
-        lines += ["| concurrency | speedup (ratio of means) | sd | verdict | run-to-run noise |",
-                  "|---|---|---|---|---|"]
-        judged = report.has_verdicts  # one run: no sd, no verdict ("-"), no spread to call steady or noisy
+        lines += [
+            "| concurrency | speedup (ratio of means) | sd | verdict | run-to-run noise |",
+            "|---|---|---|---|---|",
+        ]
+        judged = (
+            report.has_verdicts
+        )  # one run: no sd, no verdict ("-"), no spread to call steady or noisy
         lines += [speedup_row(p, judged, cfg.tie_band) for p in report.speedups]
         note = noise_note([p for p in report.speedups if not p.num_errors])
         lines += ["", note] if note else []
@@ -84,8 +97,10 @@ def speedup_row(point: SpeedupPoint, judged: bool, tie_band: float) -> str:
     "invalid: N errors" (its tokens/s count the successful requests alone)."""
     if point.num_errors:
         return f"| {point.concurrency} | invalid: {point.num_errors} errors | - | - | - |"
-    return (f"| {point.concurrency} | {point.speedup:.2f}x | {f'{point.speedup_std:.2f}' if judged else '-'} | "
-            f"{verdict(point, tie_band) if judged else '-'} | {noise_cell(point, judged)} |")
+    return (
+        f"| {point.concurrency} | {point.speedup:.2f}x | {f'{point.speedup_std:.2f}' if judged else '-'} | "
+        f"{verdict(point, tie_band) if judged else '-'} | {noise_cell(point, judged)} |"
+    )
 
 
 def noise_cell(point: SpeedupPoint, judged: bool) -> str:
@@ -106,16 +121,24 @@ def plot_data(report: BenchReport) -> dict[str, tuple[str, dict[str, Series]]]:
     count the successful requests alone, which ran with fewer requests in flight than the level
     names (invalid, `tps_cell`)."""
     runs = [("speculative", report.spec), ("baseline", report.baseline)]
-    series = {"throughput.png": ("output tokens/s (mean ± sd)", lambda lv: (lv.tokens_per_s, lv.tokens_per_s_std)),
-              "tpot.png": ("TPOT p50 (ms)", lambda lv: ((lv.tpot_s.p50 or 0.0) * 1e3, 0.0))}
+    series = {
+        "throughput.png": (
+            "output tokens/s (mean ± sd)",
+            lambda lv: (lv.tokens_per_s, lv.tokens_per_s_std),
+        ),
+        "tpot.png": ("TPOT p50 (ms)", lambda lv: ((lv.tpot_s.p50 or 0.0) * 1e3, 0.0)),
+    }
     data = {}
     for name, (label, value) in series.items():
         data[name] = (label, {})
         for title, run in runs:
             if run is not None:
                 levels = [lv for lv in run.levels if not lv.num_errors]
-                data[name][1][title] = ([lv.concurrency for lv in levels], [value(lv)[0] for lv in levels],
-                                        [value(lv)[1] for lv in levels])
+                data[name][1][title] = (
+                    [lv.concurrency for lv in levels],
+                    [value(lv)[0] for lv in levels],
+                    [value(lv)[1] for lv in levels],
+                )
     return data
 
 
@@ -133,12 +156,20 @@ def plot(report: BenchReport, out_dir: Path) -> list[Path]:
             if x:
                 ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=title)
         paths.append(save_figure(fig, ax, label, out_dir / name, ticks))
-    points = [p for p in report.speedups or [] if not p.num_errors]  # an invalid speedup is not drawn
+    points = [
+        p for p in report.speedups or [] if not p.num_errors
+    ]  # an invalid speedup is not drawn
     if points:
         fig = Figure(figsize=(5, 3.5))
         ax = fig.add_subplot()
-        ax.errorbar([p.concurrency for p in points], [p.speedup for p in points],
-                    yerr=[p.speedup_std for p in points], fmt="o-", capsize=3, label="speedup (± sd)")
+        ax.errorbar(
+            [p.concurrency for p in points],
+            [p.speedup for p in points],
+            yerr=[p.speedup_std for p in points],
+            fmt="o-",
+            capsize=3,
+            label="speedup (± sd)",
+        )
         ax.axhline(1.0, color="gray", linestyle="--", label="no speculation")
         paths.append(save_figure(fig, ax, "speedup (x)", out_dir / "speedup.png", ticks))
     return paths
@@ -170,6 +201,9 @@ def write_report(report: BenchReport, out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, text in (("bench.json", json.dumps(report.to_dict(), indent=2)), ("bench.md", markdown(report))):
+    for name, text in (
+        ("bench.json", json.dumps(report.to_dict(), indent=2)),
+        ("bench.md", markdown(report)),
+    ):
         paths.append(atomic_write_text(out / name, text))
     return paths + plot(report, out)

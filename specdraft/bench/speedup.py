@@ -12,17 +12,20 @@ recommended (`pick_setting`). A row is a dict with timing_summary's keys and num
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
-def timed_passes(passes: dict[Any, Any], repeats: int, run: Callable[[Any], Any]) -> dict[Any, list[Any]]:
+def timed_passes(
+    passes: dict[Any, Any], repeats: int, run: Callable[[Any], Any]
+) -> dict[Any, list[Any]]:
     """`repeats` rounds of `run(name)` over every name in `passes` ("plain" among them), the
     order rotated each round, so load from other processes hits every setting and the plain
     baseline alike and each setting can be compared with the plain pass of its own round."""
     names = list(passes)
     runs: dict[Any, list[Any]] = {name: [] for name in names}
     for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             runs[name].append(run(name))
     return runs
 
@@ -32,10 +35,18 @@ def timing_summary(tokens_per_s: list[float], plain_tokens_per_s: list[float]) -
     same-round ratios (one pass each per round): median, quartiles (the middle half of the rounds;
     a load spike in one round moves them little) and range."""
     ratios = [t / p for t, p in zip(tokens_per_s, plain_tokens_per_s)]
-    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
-    return {"tokens_per_s": statistics.median(tokens_per_s), "tokens_per_s_runs": list(tokens_per_s),
-            "speedup": statistics.median(ratios), "speedup_q1": q1, "speedup_q3": q3,
-            "speedup_low": min(ratios), "speedup_high": max(ratios)}
+    q1, _, q3 = (
+        statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+    )
+    return {
+        "tokens_per_s": statistics.median(tokens_per_s),
+        "tokens_per_s_runs": list(tokens_per_s),
+        "speedup": statistics.median(ratios),
+        "speedup_q1": q1,
+        "speedup_q3": q3,
+        "speedup_low": min(ratios),
+        "speedup_high": max(ratios),
+    }
 
 
 def beats_plain(row: dict[str, Any], min_speedup: float) -> bool:
@@ -67,5 +78,5 @@ def pick_setting(rows: list[dict[str, Any]], min_speedup: float) -> dict[str, An
 
 
 def speedup_text(r: dict[str, Any]) -> str:
-    """"1.31x (1.25-1.36x)": the median and quartiles of the same-round speedups."""
+    """ "1.31x (1.25-1.36x)": the median and quartiles of the same-round speedups."""
     return f"{r['speedup']:.2f}x ({r['speedup_q1']:.2f}-{r['speedup_q3']:.2f}x)"

@@ -17,8 +17,10 @@ NO_BASELINE = "no baseline: speedup not measured"
 # Two runs are the fewest with a spread (a sample standard deviation); a verdict must clear that
 # spread, so a shaky two-run spread turns a level into a tie, never into a false win.
 MIN_VERDICT_REPEATS = 2
-NO_VERDICT = (f"no verdict: one run per level has no run-to-run spread to tell a win from noise; "
-              f"a verdict needs --repeats {MIN_VERDICT_REPEATS} or more (the default 3 gives a steadier spread)")
+NO_VERDICT = (
+    f"no verdict: one run per level has no run-to-run spread to tell a win from noise; "
+    f"a verdict needs --repeats {MIN_VERDICT_REPEATS} or more (the default 3 gives a steadier spread)"
+)
 # A server whose per-run tokens/s spread more than this fraction of their mean (sample sd / mean)
 # measured a busy machine more than itself: a verdict at that level is inconclusive.
 NOISY_SPREAD = 0.25
@@ -47,7 +49,9 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
-def noisy_runs(runs_by_server: dict[str, Sequence[float]], limit: float = NOISY_SPREAD) -> str | None:
+def noisy_runs(
+    runs_by_server: dict[str, Sequence[float]], limit: float = NOISY_SPREAD
+) -> str | None:
     """The servers whose per-run throughputs spread more than `limit` of their mean (sample sd /
     mean), as "speculative 452 ± 597 tok/s (sd/mean 1.32)" joined by "; "; None when every
     server's runs are steady (one run has no spread)."""
@@ -57,6 +61,7 @@ def noisy_runs(runs_by_server: dict[str, Sequence[float]], limit: float = NOISY_
         if mean > 0 and std / mean > limit:
             noisy.append(f"{name} {mean:.0f} ± {std:.0f} tok/s (sd/mean {std / mean:.2f})")
     return "; ".join(noisy) or None
+
 
 @dataclass(frozen=True)
 class SpeedupPoint:
@@ -69,11 +74,18 @@ class SpeedupPoint:
     speedup: float
     speedup_std: float = 0.0
     noise: str | None = None
-    num_errors: int = 0  # failed requests on both servers at this level: the speedup is then invalid
+    num_errors: int = (
+        0  # failed requests on both servers at this level: the speedup is then invalid
+    )
 
     @classmethod
-    def of(cls, concurrency: int, spec_runs: Sequence[float], baseline_runs: Sequence[float],
-           num_errors: int = 0) -> SpeedupPoint:
+    def of(
+        cls,
+        concurrency: int,
+        spec_runs: Sequence[float],
+        baseline_runs: Sequence[float],
+        num_errors: int = 0,
+    ) -> SpeedupPoint:
         """The point of the per-run tokens/s of both servers at `concurrency`."""
         (spec_mean, spec_std), (base_mean, base_std) = mean_std(spec_runs), mean_std(baseline_runs)
         speedup = spec_mean / base_mean
@@ -82,12 +94,12 @@ class SpeedupPoint:
         return cls(concurrency, speedup, speedup * relative, noise, num_errors)
 
     def text(self) -> str:
-        """"1.23x", or "1.23x ± 0.04" when the runs spread."""
+        """ "1.23x", or "1.23x ± 0.04" when the runs spread."""
         return f"{self.speedup:.2f}x" + (f" ± {self.speedup_std:.2f}" if self.speedup_std else "")
 
 
 def verdict(point: SpeedupPoint, tie_band: float = 0.0) -> str:
-    """"wins", "loses" or "ties" at one point: speculation wins (loses) only when its mean
+    """ "wins", "loses" or "ties" at one point: speculation wins (loses) only when its mean
     tokens/s is above (below) the baseline's by more than tie_band and by more than the
     speedup's standard deviation; anything closer is run-to-run noise."""
     margin = max(tie_band, point.speedup_std)
@@ -107,12 +119,14 @@ class Crossover:
 
 
 def margin_text(tie_band: float, noisy: bool) -> str:
-    """" by more than 5% and its run-to-run deviation" (the parts that apply)."""
+    """ " by more than 5% and its run-to-run deviation" (the parts that apply)."""
     parts = [f"{tie_band:.0%}"] * bool(tie_band) + ["its run-to-run deviation"] * noisy
     return f" by more than {' and '.join(parts)}" if parts else ""
 
 
-def find_crossover(points: list[SpeedupPoint], tie_band: float = 0.0, invalid: Sequence[int] = ()) -> Crossover:
+def find_crossover(
+    points: list[SpeedupPoint], tie_band: float = 0.0, invalid: Sequence[int] = ()
+) -> Crossover:
     """Crossover of the points (sorted here by concurrency), judged by `verdict`: speculation
     stops winning at the first point after a win that is no win (a tie or a loss). The text
     says which case holds: wins at every concurrency, loses at every one, wins at none,
@@ -123,15 +137,21 @@ def find_crossover(points: list[SpeedupPoint], tie_band: float = 0.0, invalid: S
     points = sorted(points, key=lambda p: p.concurrency)
     if not points:
         return Crossover(None, NO_BASELINE)
-    crossover = _crossover(points, tie_band, "valid concurrency" if invalid else "concurrency measured",
-                           "valid" if invalid else "measured")
+    crossover = _crossover(
+        points,
+        tie_band,
+        "valid concurrency" if invalid else "concurrency measured",
+        "valid" if invalid else "measured",
+    )
     if invalid:
         left_out = ", ".join(map(str, sorted(invalid)))
         crossover.text += f" (left out, failed requests: concurrency {left_out})"
     return crossover
 
 
-def _crossover(points: list[SpeedupPoint], tie_band: float, measured: str, highest: str) -> Crossover:
+def _crossover(
+    points: list[SpeedupPoint], tie_band: float, measured: str, highest: str
+) -> Crossover:
     """`find_crossover` of sorted, non-empty points; measured: "concurrency measured" or "valid
     concurrency"; highest: "measured" or "valid"."""
     verdicts = [verdict(p, tie_band) for p in points]
@@ -139,27 +159,42 @@ def _crossover(points: list[SpeedupPoint], tie_band: float, measured: str, highe
     band = margin_text(tie_band, any(p.speedup_std > 0 for p in points))
     if all(wins):
         last = points[-1]
-        return Crossover(None, f"no crossover: speculation wins{band} at every {measured} "
-                               f"(up to {last.concurrency}, speedup {last.text()} there)")
+        return Crossover(
+            None,
+            f"no crossover: speculation wins{band} at every {measured} "
+            f"(up to {last.concurrency}, speedup {last.text()} there)",
+        )
     if not any(wins):
         best = max(points, key=lambda p: p.speedup)
-        how = (f"loses at every {measured}" if all(v == "loses" for v in verdicts)
-               else f"does not win{band} at any {measured}")
-        return Crossover(None, f"no crossover: speculation {how} "
-                               f"(best speedup {best.text()} at concurrency {best.concurrency})")
+        how = (
+            f"loses at every {measured}"
+            if all(v == "loses" for v in verdicts)
+            else f"does not win{band} at any {measured}"
+        )
+        return Crossover(
+            None,
+            f"no crossover: speculation {how} "
+            f"(best speedup {best.text()} at concurrency {best.concurrency})",
+        )
     i = next((i for i in range(1, len(points)) if wins[i - 1] and not wins[i]), None)
     if i is None:  # no win is followed by a non-win: speculation starts winning and keeps winning
         first = points[wins.index(True)]
-        return Crossover(None, f"speculation wins from concurrency {first.concurrency} on (speedup "
-                               f"{first.text()} there); below concurrency {first.concurrency} it does "
-                               f"not win{band}; no crossover: it does not stop winning up to concurrency "
-                               f"{points[-1].concurrency}, the highest {highest}")
+        return Crossover(
+            None,
+            f"speculation wins from concurrency {first.concurrency} on (speedup "
+            f"{first.text()} there); below concurrency {first.concurrency} it does "
+            f"not win{band}; no crossover: it does not stop winning up to concurrency "
+            f"{points[-1].concurrency}, the highest {highest}",
+        )
     a, b = points[i - 1], points[i]
-    again = [p.concurrency for p, w in zip(points[i + 1:], wins[i + 1:]) if w]
+    again = [p.concurrency for p, w in zip(points[i + 1 :], wins[i + 1 :]) if w]
     resumes = f"; it wins again at concurrency {', '.join(map(str, again))}" if again else ""
-    return Crossover(b.concurrency, f"crossover: speculation stops winning{band} between concurrency "
-                                    f"{a.concurrency} (speedup {a.text()}) and {b.concurrency} "
-                                    f"(speedup {b.text()}){resumes}")
+    return Crossover(
+        b.concurrency,
+        f"crossover: speculation stops winning{band} between concurrency "
+        f"{a.concurrency} (speedup {a.text()}) and {b.concurrency} "
+        f"(speedup {b.text()}){resumes}",
+    )
 
 
 def noise_note(points: Sequence[SpeedupPoint]) -> str | None:
@@ -168,9 +203,11 @@ def noise_note(points: Sequence[SpeedupPoint]) -> str | None:
     noisy = [f"concurrency {p.concurrency}: {p.noise}" for p in points if p.noise]
     if not noisy:
         return None
-    return (f"Noisy runs (sd/mean above {NOISY_SPREAD}), so the verdict there and any crossover it sets are "
-            f"inconclusive: {'; '.join(noisy)}; re-run on an idle machine, or with more --num-prompts so each "
-            "run lasts longer")
+    return (
+        f"Noisy runs (sd/mean above {NOISY_SPREAD}), so the verdict there and any crossover it sets are "
+        f"inconclusive: {'; '.join(noisy)}; re-run on an idle machine, or with more --num-prompts so each "
+        "run lasts longer"
+    )
 
 
 def point_verdict(point: SpeedupPoint, tie_band: float) -> str:

@@ -24,7 +24,14 @@ from typing import Any
 
 from specdraft.bench.stats import SpeedupPoint
 from specdraft.bench.suites import Question, Suite
-from specdraft.bench.sweep import BenchConfig, BenchError, LevelResult, check_chats, level_result, warm_up
+from specdraft.bench.sweep import (
+    BenchConfig,
+    BenchError,
+    LevelResult,
+    check_chats,
+    level_result,
+    warm_up,
+)
 from specdraft.client import RequestRecord, Server, run_requests, scrape, wait_for_server
 from specdraft.files import atomic_write, atomic_write_text
 
@@ -42,9 +49,14 @@ class CategoryResult:
     speedup: SpeedupPoint | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"category": self.category, "num_questions": self.num_questions, "num_turns": self.num_turns,
-                "spec": self.spec.to_dict(), "baseline": self.baseline.to_dict() if self.baseline else None,
-                "speedup": asdict(self.speedup) if self.speedup else None}
+        return {
+            "category": self.category,
+            "num_questions": self.num_questions,
+            "num_turns": self.num_turns,
+            "spec": self.spec.to_dict(),
+            "baseline": self.baseline.to_dict() if self.baseline else None,
+            "speedup": asdict(self.speedup) if self.speedup else None,
+        }
 
 
 @dataclass
@@ -60,36 +72,60 @@ class SuiteReport:
     @property
     def warnings(self) -> list[str]:
         """One line per category with failed requests (its tokens/s and speedup are invalid)."""
-        return [f"WARNING: {c.category}: {lv.num_errors} of {lv.num_requests} requests failed on {role} "
-                f"(first error: {lv.first_error}): its tokens/s and speedup are invalid"
-                for c in self.categories for role, lv in (("speculative", c.spec), ("baseline", c.baseline))
-                if lv is not None and lv.num_errors]
+        return [
+            f"WARNING: {c.category}: {lv.num_errors} of {lv.num_requests} requests failed on {role} "
+            f"(first error: {lv.first_error}): its tokens/s and speedup are invalid"
+            for c in self.categories
+            for role, lv in (("speculative", c.spec), ("baseline", c.baseline))
+            if lv is not None and lv.num_errors
+        ]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"suite": self.suite, "config": asdict(self.config), "concurrency": self.concurrency,
-                "servers": {role: asdict(s) for role, s in self.servers.items()},
-                "categories": [c.to_dict() for c in self.categories], "warnings": self.warnings}
+        return {
+            "suite": self.suite,
+            "config": asdict(self.config),
+            "concurrency": self.concurrency,
+            "servers": {role: asdict(s) for role, s in self.servers.items()},
+            "categories": [c.to_dict() for c in self.categories],
+            "warnings": self.warnings,
+        }
 
 
-def run_suite(cfg: BenchConfig, suite: Suite, progress: Callable[[str], None] | None = None,
-              clock: Callable[[], float] = time.perf_counter) -> SuiteReport:
+def run_suite(
+    cfg: BenchConfig,
+    suite: Suite,
+    progress: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> SuiteReport:
     """Measure every category of `suite` on cfg.url and cfg.baseline_url (if any) at
     cfg.concurrency[0] (module doc). Servers are waited for and warmed up first (`run_bench`'s
     rules); progress is told one line per category. Raises BenchError when every request of a
     category failed on a server."""
-    servers = {"speculative": wait_for_server(cfg.url, cfg.wait_s, cfg.timeout_s, "--url", on_wait=progress)}
+    servers = {
+        "speculative": wait_for_server(
+            cfg.url, cfg.wait_s, cfg.timeout_s, "--url", on_wait=progress
+        )
+    }
     if cfg.baseline_url:
-        servers["baseline"] = wait_for_server(cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url",
-                                              on_wait=progress)
+        servers["baseline"] = wait_for_server(
+            cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url", on_wait=progress
+        )
     try:
         return _measure_suite(cfg, suite, servers, progress, clock)
     except BenchError as e:  # say what a suite needs of the server
-        raise BenchError(f"{e} (suite {suite.name} sends chat completions, rendered by the server's chat "
-                         "template: serve a target whose tokenizer has one, or run bench without --suite)") from None
+        raise BenchError(
+            f"{e} (suite {suite.name} sends chat completions, rendered by the server's chat "
+            "template: serve a target whose tokenizer has one, or run bench without --suite)"
+        ) from None
 
 
-def _measure_suite(cfg: BenchConfig, suite: Suite, servers: dict[str, Server],
-                   progress: Callable[[str], None] | None, clock: Callable[[], float]) -> SuiteReport:
+def _measure_suite(
+    cfg: BenchConfig,
+    suite: Suite,
+    servers: dict[str, Server],
+    progress: Callable[[str], None] | None,
+    clock: Callable[[], float],
+) -> SuiteReport:
     first = [[{"role": "user", "content": q.turns[0]}] for q in suite.questions]
     for server in servers.values():
         check_chats(server, first, cfg)
@@ -98,35 +134,64 @@ def _measure_suite(cfg: BenchConfig, suite: Suite, servers: dict[str, Server],
     for category in suite.categories:
         questions = suite.in_category(category)
         levels = measure_category(list(servers.values()), questions, concurrency, cfg, clock)
-        speedup = (SpeedupPoint.of(concurrency, levels[0].tokens_per_s_runs, levels[1].tokens_per_s_runs,
-                                   levels[0].num_errors + levels[1].num_errors) if len(levels) > 1 else None)
-        results.append(CategoryResult(category, len(questions), max(len(q.turns) for q in questions),
-                                      levels[0], levels[1] if len(levels) > 1 else None, speedup))
+        speedup = (
+            SpeedupPoint.of(
+                concurrency,
+                levels[0].tokens_per_s_runs,
+                levels[1].tokens_per_s_runs,
+                levels[0].num_errors + levels[1].num_errors,
+            )
+            if len(levels) > 1
+            else None
+        )
+        results.append(
+            CategoryResult(
+                category,
+                len(questions),
+                max(len(q.turns) for q in questions),
+                levels[0],
+                levels[1] if len(levels) > 1 else None,
+                speedup,
+            )
+        )
         if progress:
             progress(category_line(results[-1]))
     return SuiteReport(suite.name, cfg, concurrency, servers, results)
 
 
-def measure_category(servers: Sequence[Server], questions: Sequence[Question], concurrency: int,
-                     cfg: BenchConfig, clock: Callable[[], float] = time.perf_counter) -> list[LevelResult]:
+def measure_category(
+    servers: Sequence[Server],
+    questions: Sequence[Question],
+    concurrency: int,
+    cfg: BenchConfig,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[LevelResult]:
     """One category on every server, turn by turn (module doc); one LevelResult per server."""
     before = [scrape(server, cfg.timeout_s) for server in servers]
-    runs: list[list[tuple[list[RequestRecord], float]]] = [[([], 0.0)] * cfg.repeats for _ in servers]
+    runs: list[list[tuple[list[RequestRecord], float]]] = [
+        [([], 0.0)] * cfg.repeats for _ in servers
+    ]
     histories: list[list[dict]] = [[] for _ in questions]
     for turn in range(max(len(q.turns) for q in questions)):
         active = [i for i, q in enumerate(questions) if len(q.turns) > turn]
-        batch = [histories[i] + [{"role": "user", "content": questions[i].turns[turn]}] for i in active]
+        batch = [
+            histories[i] + [{"role": "user", "content": questions[i].turns[turn]}] for i in active
+        ]
         answers: list[str] = []
         for r in range(cfg.repeats):
             for s, server in enumerate(servers):
-                records, seconds = asyncio.run(run_requests(server, batch, concurrency, cfg, clock=clock))
+                records, seconds = asyncio.run(
+                    run_requests(server, batch, concurrency, cfg, clock=clock)
+                )
                 runs[s][r] = (runs[s][r][0] + records, runs[s][r][1] + seconds)
                 answers = [rec.text for rec in records] if (r, s) == (0, 0) else answers
         for i, chat, answer in zip(active, batch, answers):
             histories[i] = [*chat, {"role": "assistant", "content": answer}]
     after = [scrape(server, cfg.timeout_s) for server in servers]
-    return [level_result(server, concurrency, server_runs, b, a)
-            for server, server_runs, b, a in zip(servers, runs, before, after)]
+    return [
+        level_result(server, concurrency, server_runs, b, a)
+        for server, server_runs, b, a in zip(servers, runs, before, after)
+    ]
 
 
 def _tau(level: LevelResult) -> tuple[str, str]:
@@ -134,34 +199,49 @@ def _tau(level: LevelResult) -> tuple[str, str]:
     if s is None:
         return "-", "-"
     p = s.acceptance_per_position
-    return f"{s.accept_length:.3f}", " ".join(f"{x:.2f}" for x in p) if p is not None else "not exposed"
+    return f"{s.accept_length:.3f}", " ".join(
+        f"{x:.2f}" for x in p
+    ) if p is not None else "not exposed"
 
 
 def category_line(c: CategoryResult) -> str:
-    """"writing (10 questions, 2 turns): tau 2.310, 812.3 tok/s, speedup 1.52x"."""
+    """ "writing (10 questions, 2 turns): tau 2.310, 812.3 tok/s, speedup 1.52x"."""
     tau, _ = _tau(c.spec)
     speedup = f", speedup {c.speedup.text()}" if c.speedup and not c.speedup.num_errors else ""
-    return (f"{c.category} ({c.num_questions} questions, {c.num_turns} turn{'s' if c.num_turns > 1 else ''}): "
-            f"tau {tau}, {c.spec.tokens_per_s:.1f} tok/s{speedup}")
+    return (
+        f"{c.category} ({c.num_questions} questions, {c.num_turns} turn{'s' if c.num_turns > 1 else ''}): "
+        f"tau {tau}, {c.spec.tokens_per_s:.1f} tok/s{speedup}"
+    )
 
 
 def suite_markdown(report: SuiteReport) -> str:
     """The report as markdown: the settings, then one row per category."""
     cfg = report.config
-    lines = [f"# specdraft bench --suite {report.suite}", "",
-             f"concurrency {report.concurrency}, {cfg.repeats} run{'s' * (cfg.repeats != 1)} of every turn per server, max_tokens "
-             f"{cfg.max_tokens}, temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}; speculative "
-             f"{report.servers['speculative'].url}"
-             + (f", baseline {report.servers['baseline'].url}" if "baseline" in report.servers else ", no baseline"),
-             "", *report.warnings, "",
-             "| category | questions | turns | tau | p_k | tok/s | baseline tok/s | speedup |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# specdraft bench --suite {report.suite}",
+        "",
+        f"concurrency {report.concurrency}, {cfg.repeats} run{'s' * (cfg.repeats != 1)} of every turn per server, max_tokens "
+        f"{cfg.max_tokens}, temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}; speculative "
+        f"{report.servers['speculative'].url}"
+        + (
+            f", baseline {report.servers['baseline'].url}"
+            if "baseline" in report.servers
+            else ", no baseline"
+        ),
+        "",
+        *report.warnings,
+        "",
+        "| category | questions | turns | tau | p_k | tok/s | baseline tok/s | speedup |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in report.categories:
         tau, p = _tau(c.spec)
         base = f"{c.baseline.tokens_per_s:.1f}" if c.baseline else "-"
         speedup = c.speedup.text() if c.speedup and not c.speedup.num_errors else "-"
-        lines.append(f"| {c.category} | {c.num_questions} | {c.num_turns} | {tau} | {p} | "
-                     f"{c.spec.tokens_per_s:.1f} | {base} | {speedup} |")
+        lines.append(
+            f"| {c.category} | {c.num_questions} | {c.num_turns} | {tau} | {p} | "
+            f"{c.spec.tokens_per_s:.1f} | {base} | {speedup} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -173,12 +253,20 @@ def plot_suite(report: SuiteReport, path: Path) -> Path:
     with_speedup = any(c.speedup for c in report.categories)
     fig = Figure(figsize=(max(5.0, 0.8 * len(names)), 6.0 if with_speedup else 3.5))
     axes = fig.subplots(2 if with_speedup else 1, 1, squeeze=False)[:, 0]
-    axes[0].bar(names, [c.spec.spec.accept_length if c.spec.spec else 0.0 for c in report.categories])
+    axes[0].bar(
+        names, [c.spec.spec.accept_length if c.spec.spec else 0.0 for c in report.categories]
+    )
     axes[0].set_ylabel("accept length (tau)")
     if with_speedup:
-        valid = [c.speedup if c.speedup and not c.speedup.num_errors else None for c in report.categories]
-        axes[1].bar(names, [p.speedup if p else 0.0 for p in valid], yerr=[p.speedup_std if p else 0.0 for p in valid],
-                    capsize=3)
+        valid = [
+            c.speedup if c.speedup and not c.speedup.num_errors else None for c in report.categories
+        ]
+        axes[1].bar(
+            names,
+            [p.speedup if p else 0.0 for p in valid],
+            yerr=[p.speedup_std if p else 0.0 for p in valid],
+            capsize=3,
+        )
         axes[1].axhline(1.0, color="gray", linestyle="--")
         axes[1].set_ylabel("speedup (x)")
     for ax in axes:
@@ -191,5 +279,8 @@ def write_suite_report(report: SuiteReport, out_dir: str | Path) -> list[Path]:
     """suite.json, suite.md and suite.png in out_dir (created; each written atomically)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [atomic_write_text(out / "suite.json", json.dumps(report.to_dict(), indent=2)),
-            atomic_write_text(out / "suite.md", suite_markdown(report)), plot_suite(report, out / "suite.png")]
+    return [
+        atomic_write_text(out / "suite.json", json.dumps(report.to_dict(), indent=2)),
+        atomic_write_text(out / "suite.md", suite_markdown(report)),
+        plot_suite(report, out / "suite.png"),
+    ]

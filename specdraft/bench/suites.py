@@ -21,10 +21,22 @@ from pathlib import Path
 
 from specdraft.errors import SpecdraftError
 
-MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+MT_BENCH_CATEGORIES = (
+    "writing",
+    "roleplay",
+    "reasoning",
+    "math",
+    "coding",
+    "extraction",
+    "stem",
+    "humanities",
+)
 SPEC_BENCH_MULTI_TURN = "multi-turn"  # Spec-Bench's name for its MT-bench group
-BUNDLED = {"mt-bench": ("mt_bench", "mt-bench"), "humaneval": ("humaneval", "humaneval"),
-           "gsm8k": ("gsm8k", "gsm8k")}  # name -> (dir, format)
+BUNDLED = {
+    "mt-bench": ("mt_bench", "mt-bench"),
+    "humaneval": ("humaneval", "humaneval"),
+    "gsm8k": ("gsm8k", "gsm8k"),
+}  # name -> (dir, format)
 FORMATS = ("spec-bench", "mt-bench", "humaneval", "gsm8k")
 
 
@@ -64,10 +76,14 @@ def load_suite(name: str) -> Suite:
     """A bundled suite by name; SuiteError listing the suites (and --prompts FILE --format) for
     any other name."""
     if name not in BUNDLED:
-        raise SuiteError(f"no suite {name!r}: the suites are {', '.join(suite_names())}; give another "
-                         f"prompt set as --prompts FILE --format {'|'.join(FORMATS)}")
+        raise SuiteError(
+            f"no suite {name!r}: the suites are {', '.join(suite_names())}; give another "
+            f"prompt set as --prompts FILE --format {'|'.join(FORMATS)}"
+        )
     folder, fmt = BUNDLED[name]
-    text = (resources.files("specdraft.assets") / "suites" / folder / "question.jsonl").read_text("utf-8")
+    text = (resources.files("specdraft.assets") / "suites" / folder / "question.jsonl").read_text(
+        "utf-8"
+    )
     return Suite(name, _questions(text, fmt, f"suite {name}"))
 
 
@@ -95,15 +111,21 @@ def _questions(text: str, fmt: str, name: str) -> tuple[Question, ...]:
     return tuple(questions)
 
 
-ROW_FIELDS = {"spec-bench": '{"category", "turns": [...]}', "mt-bench": '{"category", "turns": [...]}',
-              "humaneval": '{"task_id", "prompt"}', "gsm8k": '{"question"}'}
+ROW_FIELDS = {
+    "spec-bench": '{"category", "turns": [...]}',
+    "mt-bench": '{"category", "turns": [...]}',
+    "humaneval": '{"task_id", "prompt"}',
+    "gsm8k": '{"question"}',
+}
 
 
 def _question(line: str, fmt: str, where: str) -> Question:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise SuiteError(f"{where}: not JSON ({e.msg}); a {fmt} file has one {ROW_FIELDS[fmt]} per line") from None
+        raise SuiteError(
+            f"{where}: not JSON ({e.msg}); a {fmt} file has one {ROW_FIELDS[fmt]} per line"
+        ) from None
     if not isinstance(row, dict):
         row = {}
     if fmt in ("spec-bench", "mt-bench"):
@@ -112,7 +134,11 @@ def _question(line: str, fmt: str, where: str) -> Question:
             category = SPEC_BENCH_MULTI_TURN
     else:
         category, turns = fmt, [row.get("prompt" if fmt == "humaneval" else "question")]
-    if not (isinstance(category, str) and isinstance(turns, list) and turns
-            and all(isinstance(t, str) and t for t in turns)):
+    if not (
+        isinstance(category, str)
+        and isinstance(turns, list)
+        and turns
+        and all(isinstance(t, str) and t for t in turns)
+    ):
         raise SuiteError(f"{where}: expected {ROW_FIELDS[fmt]} with non-empty text (a {fmt} file)")
     return Question(category, tuple(turns))

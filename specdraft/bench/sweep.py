@@ -93,13 +93,22 @@ class BenchConfig:
             if getattr(self, name) is not None:  # kept as base URLs (`check_url`)
                 object.__setattr__(self, name, check_url(getattr(self, name), name))
         if not self.concurrency or any(c < 1 for c in self.concurrency):
-            raise ValueError(f"concurrency {list(self.concurrency)}: give positive integers, e.g. 1,4,16")
+            raise ValueError(
+                f"concurrency {list(self.concurrency)}: give positive integers, e.g. 1,4,16"
+            )
         for name in ("max_tokens", "num_prompts", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} {getattr(self, name)}: must be >= 1")
-        if (self.temperature < 0 or self.warmup < 0 or self.timeout_s <= 0 or not 0 <= self.tie_band < 1
-                or self.wait_s < 0):
-            raise ValueError("temperature, warmup and wait_s must be >= 0, timeout_s > 0, tie_band in [0, 1)")
+        if (
+            self.temperature < 0
+            or self.warmup < 0
+            or self.timeout_s <= 0
+            or not 0 <= self.tie_band < 1
+            or self.wait_s < 0
+        ):
+            raise ValueError(
+                "temperature, warmup and wait_s must be >= 0, timeout_s > 0, tie_band in [0, 1)"
+            )
 
 
 PROMPT_ROW = '{"prompt": "<text>"}, {"text": "<text>"}, a chat {"messages": [...]} or a JSON string'
@@ -113,14 +122,20 @@ def load_prompts(source: str) -> list[str | list[dict[str, Any]]]:
     `client.request_body` sends to /v1/chat/completions. Raises ValueError naming the file and
     line of a bad row (plain text included), or for no prompts."""
     if source == BUILTIN:
-        text, name = (resources.files("specdraft.assets") / "bench_prompts.jsonl").read_text(), "builtin"
+        text, name = (
+            (resources.files("specdraft.assets") / "bench_prompts.jsonl").read_text(),
+            "builtin",
+        )
     else:
         path = Path(source)
         if not path.is_file():
             raise ValueError(f"{source}: prompt file not found (give a JSONL file or 'builtin')")
         text, name = path.read_text(), str(path)
-    prompts = [prompt_of_row(line, name, number) for number, line in enumerate(text.splitlines(), start=1)
-               if line.strip()]
+    prompts = [
+        prompt_of_row(line, name, number)
+        for number, line in enumerate(text.splitlines(), start=1)
+        if line.strip()
+    ]
     if not prompts:
         raise ValueError(f"{name}: no prompts")
     return prompts
@@ -132,8 +147,10 @@ def prompt_of_row(line: str, name: str, number: int) -> str | list[dict[str, Any
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{name}:{number}: not JSON ({e.msg}); a prompts file is JSONL, one {PROMPT_ROW} "
-                         "per line") from None
+        raise ValueError(
+            f"{name}:{number}: not JSON ({e.msg}); a prompts file is JSONL, one {PROMPT_ROW} "
+            "per line"
+        ) from None
     if isinstance(row, dict) and ("messages" in row or "conversations" in row):
         prompt = served_messages(chat_record(f"{name}:{number}", row).messages)
     else:
@@ -191,23 +208,39 @@ class ServerRun:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        return {"url": self.url, "kind": self.kind, "model": self.model,
-                "levels": [level.to_dict() for level in self.levels]}
+        return {
+            "url": self.url,
+            "kind": self.kind,
+            "model": self.model,
+            "levels": [level.to_dict() for level in self.levels],
+        }
 
 
-def level_result(server: Server, concurrency: int, runs: list[tuple[list[RequestRecord], float]],
-                 before: dict[str, Any] | None, after: dict[str, Any] | None) -> LevelResult:
+def level_result(
+    server: Server,
+    concurrency: int,
+    runs: list[tuple[list[RequestRecord], float]],
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> LevelResult:
     """Aggregate the runs (records, wall seconds) of one level; before / after: the server's
     counters (`scrape`) around the level (None for kinds without them). Raises BenchError
     when every request failed."""
     records = [r for run, _ in runs for r in run]
     ok = [r for r in records if r.error is None]
     if not ok:
-        raise BenchError(f"{server.url}: every request failed at concurrency {concurrency}: "
-                           f"{records[0].error}")
-    tpot = [(r.latency_s - r.ttft_s) / (r.num_tokens - 1) for r in ok if r.ttft_s is not None and r.num_tokens > 1]
+        raise BenchError(
+            f"{server.url}: every request failed at concurrency {concurrency}: {records[0].error}"
+        )
+    tpot = [
+        (r.latency_s - r.ttft_s) / (r.num_tokens - 1)
+        for r in ok
+        if r.ttft_s is not None and r.num_tokens > 1
+    ]
     tokens = sum(r.num_tokens for r in ok)
-    per_run = [sum(r.num_tokens for r in run if r.error is None) / duration for run, duration in runs]
+    per_run = [
+        sum(r.num_tokens for r in run if r.error is None) / duration for run, duration in runs
+    ]
     tps, tps_std = mean_std(per_run)
     spec = counter_delta(before, after, f"{server.kind} /metrics") if before is not None else None
     if server.kind == "sglang":
@@ -217,15 +250,33 @@ def level_result(server: Server, concurrency: int, runs: list[tuple[list[Request
     usage_tau = 1 + sum(u["num_accepted_tokens"] for u in usage) / drafts if drafts else None
     errors = [r.error for r in records if r.error is not None]
     no_spec = None
-    if server.kind == "sglang" and spec is None and any(r.usage and "spec_verify_ct" in r.usage for r in ok):
+    if (
+        server.kind == "sglang"
+        and spec is None
+        and any(r.usage and "spec_verify_ct" in r.usage for r in ok)
+    ):
         no_spec = "sglang meta_info (spec_verify_ct 0)"
     elif usage and spec is None and not sum(u.get("num_draft_tokens") or 0 for u in usage):
         no_spec = "usage (no drafted tokens)"
     elif spec is None and before is not None and before["exposed"]:
         no_spec = f"{server.kind} /metrics (speculative counters did not move)"
-    return LevelResult(concurrency, len(records), len(errors), sum(d for _, d in runs), tokens, tps,
-                       Stats.of([r.ttft_s for r in ok if r.ttft_s is not None]), Stats.of(tpot), spec,
-                       usage_tau, errors[0] if errors else None, len(runs), tps_std, per_run, no_spec)
+    return LevelResult(
+        concurrency,
+        len(records),
+        len(errors),
+        sum(d for _, d in runs),
+        tokens,
+        tps,
+        Stats.of([r.ttft_s for r in ok if r.ttft_s is not None]),
+        Stats.of(tpot),
+        spec,
+        usage_tau,
+        errors[0] if errors else None,
+        len(runs),
+        tps_std,
+        per_run,
+        no_spec,
+    )
 
 
 def check_chats(server: Server, batch: list, cfg: BenchConfig) -> None:
@@ -237,19 +288,26 @@ def check_chats(server: Server, batch: list, cfg: BenchConfig) -> None:
         return
     [record], _ = asyncio.run(run_requests(server, [chat], 1, replace(cfg, max_tokens=1)))
     if record.error is not None and record.error.startswith("HTTP 4"):
-        raise BenchError(f"{server.url}: refused a chat row ({record.error}), so every chat row would fail: serve "
-                         'the model with a chat template, or give text rows ({"prompt": ...})')
+        raise BenchError(
+            f"{server.url}: refused a chat row ({record.error}), so every chat row would fail: serve "
+            'the model with a chat template, or give text rows ({"prompt": ...})'
+        )
 
 
 def warm_up(server: Server, batch: list[str], cfg: BenchConfig) -> None:
     """Send the first `cfg.warmup` prompts of `batch` to `server`, one at a time, untimed (first
     requests pay for compilation and caches)."""
     if cfg.warmup:
-        asyncio.run(run_requests(server, batch[:cfg.warmup], 1, cfg))
+        asyncio.run(run_requests(server, batch[: cfg.warmup], 1, cfg))
 
 
-def measure_level(servers: Sequence[Server], batch: list[str], concurrency: int, cfg: BenchConfig,
-                  clock: Callable[[], float] = time.perf_counter) -> list[LevelResult]:
+def measure_level(
+    servers: Sequence[Server],
+    batch: list[str],
+    concurrency: int,
+    cfg: BenchConfig,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[LevelResult]:
     """One concurrency level on every server of `servers` (the speculative one, then the
     baseline), its `cfg.repeats` runs interleaved: run 1 on each server in turn, then run 2,
     and so on, so load drift on the machine during the level reaches every server alike. Each
@@ -261,18 +319,25 @@ def measure_level(servers: Sequence[Server], batch: list[str], concurrency: int,
     runs: list[list[tuple[list[RequestRecord], float]]] = [[] for _ in servers]
     for _ in range(cfg.repeats):
         for server, server_runs in zip(servers, runs):
-            server_runs.append(asyncio.run(run_requests(server, batch, concurrency, cfg, clock=clock)))
+            server_runs.append(
+                asyncio.run(run_requests(server, batch, concurrency, cfg, clock=clock))
+            )
     after = [scrape(server, cfg.timeout_s) for server in servers]
-    return [level_result(server, concurrency, server_runs, b, a)
-            for server, server_runs, b, a in zip(servers, runs, before, after)]
+    return [
+        level_result(server, concurrency, server_runs, b, a)
+        for server, server_runs, b, a in zip(servers, runs, before, after)
+    ]
 
 
 def level_line(role: str, server: Server, level: LevelResult) -> str:
     """The progress line of one server's level: "speculative http://h:8000 (vllm) concurrency 4:
     812.3 ± 4.1 (806.0-816.2) tok/s, tau 2.310" (role: "speculative" or "baseline")."""
     tau = f", tau {level.spec.accept_length:.3f}" if level.spec else ""
-    tps = (f"invalid: {level.num_errors} of {level.num_requests} requests FAILED" if level.num_errors
-           else f"{tps_cell(level)} tok/s")
+    tps = (
+        f"invalid: {level.num_errors} of {level.num_requests} requests FAILED"
+        if level.num_errors
+        else f"{tps_cell(level)} tok/s"
+    )
     return f"{role} {server.url} ({server.kind}) concurrency {level.concurrency}: {tps}{tau}"
 
 
@@ -284,7 +349,9 @@ def tps_cell(level: LevelResult) -> str:
     if level.num_runs < 2:
         return f"{level.tokens_per_s:.1f}"
     runs = level.tokens_per_s_runs
-    return f"{level.tokens_per_s:.1f} ± {level.tokens_per_s_std:.1f} ({min(runs):.1f}-{max(runs):.1f})"
+    return (
+        f"{level.tokens_per_s:.1f} ± {level.tokens_per_s_std:.1f} ({min(runs):.1f}-{max(runs):.1f})"
+    )
 
 
 def baseline_warning(baseline: ServerRun) -> str | None:
@@ -299,10 +366,12 @@ def baseline_warning(baseline: ServerRun) -> str | None:
             tau, source = level.usage_accept_length, "usage"
         else:
             continue
-        return (f"WARNING: the baseline {baseline.url} speculates too (accept length {tau:.2f} from {source} "
-                f"at concurrency {level.concurrency}): this compares speculation with speculation, not with "
-                "plain decoding; restart the baseline without speculation (specdraft serve --no-spec; "
-                "SGLang / vLLM without --speculative-* flags)")
+        return (
+            f"WARNING: the baseline {baseline.url} speculates too (accept length {tau:.2f} from {source} "
+            f"at concurrency {level.concurrency}): this compares speculation with speculation, not with "
+            "plain decoding; restart the baseline without speculation (specdraft serve --no-spec; "
+            "SGLang / vLLM without --speculative-* flags)"
+        )
     return None
 
 
@@ -318,9 +387,11 @@ def speculation_warning(run: ServerRun) -> str | None:
             what = f"accept length 1.00 (no draft accepted) from {level.spec.source}"
         else:
             continue
-        return (f"WARNING: the speculative server {run.url} shows {what} at concurrency {level.concurrency}: "
-                "its tokens/s and any speedup measure no gain from speculation; start it with a working "
-                "drafter (specdraft serve --draft CKPT without --no-spec; SGLang / vLLM with --speculative-* flags)")
+        return (
+            f"WARNING: the speculative server {run.url} shows {what} at concurrency {level.concurrency}: "
+            "its tokens/s and any speedup measure no gain from speculation; start it with a working "
+            "drafter (specdraft serve --draft CKPT without --no-spec; SGLang / vLLM with --speculative-* flags)"
+        )
     return None
 
 
@@ -334,16 +405,24 @@ def failed_requests_warning(runs: Sequence[ServerRun]) -> str | None:
         for level in run.levels:
             if level.num_errors:
                 failed.setdefault(level.concurrency, []).append(
-                    (f"{level.num_errors} of {level.num_requests} requests failed on {run.url}", level.first_error))
+                    (
+                        f"{level.num_errors} of {level.num_requests} requests failed on {run.url}",
+                        level.first_error,
+                    )
+                )
     if not failed:
         return None
-    levels = "; ".join(f"concurrency {c}: {', '.join(text for text, _ in parts)}"
-                       for c, parts in sorted(failed.items()))
+    levels = "; ".join(
+        f"concurrency {c}: {', '.join(text for text, _ in parts)}"
+        for c, parts in sorted(failed.items())
+    )
     first = next(error for parts in failed.values() for _, error in parts if error)
-    return (f"WARNING: failed requests ({levels}; first error: {first}): tokens/s and speedup at "
-            f"{'that level' if len(failed) == 1 else 'those levels'} are invalid; likely the server refused "
-            "requests beyond its queue (HTTP 429: raise specdraft serve --max-queue above the concurrency, or "
-            "lower --concurrency) or they timed out (raise --timeout)")
+    return (
+        f"WARNING: failed requests ({levels}; first error: {first}): tokens/s and speedup at "
+        f"{'that level' if len(failed) == 1 else 'those levels'} are invalid; likely the server refused "
+        "requests beyond its queue (HTTP 429: raise specdraft serve --max-queue above the concurrency, or "
+        "lower --concurrency) or they timed out (raise --timeout)"
+    )
 
 
 @dataclass
@@ -371,8 +450,10 @@ class BenchReport:
         if not self.partial:
             return None
         measured = ", ".join(str(lv.concurrency) for lv in self.spec.levels)
-        return (f"PARTIAL: bench was interrupted; concurrency {', '.join(map(str, self.not_measured))} not measured "
-                f"on every server, so this report covers concurrency {measured} only")
+        return (
+            f"PARTIAL: bench was interrupted; concurrency {', '.join(map(str, self.not_measured))} not measured "
+            f"on every server, so this report covers concurrency {measured} only"
+        )
 
     @property
     def has_verdicts(self) -> bool:
@@ -392,28 +473,48 @@ class BenchReport:
     @property
     def failed_requests_warning(self) -> str | None:
         """`failed_requests_warning` of both runs."""
-        return failed_requests_warning([run for run in (self.spec, self.baseline) if run is not None])
+        return failed_requests_warning(
+            [run for run in (self.spec, self.baseline) if run is not None]
+        )
 
     @property
     def warnings(self) -> list[str]:
         """Every warning that makes the comparison invalid (failed requests, a measured server
         that does not speculate, a baseline that does)."""
-        return [w for w in (self.failed_requests_warning, self.speculation_warning, self.baseline_warning) if w]
+        return [
+            w
+            for w in (self.failed_requests_warning, self.speculation_warning, self.baseline_warning)
+            if w
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        speedups = [{**asdict(p), "verdict": point_verdict(p, self.config.tie_band) if self.has_verdicts
-                     or p.num_errors else None, "valid": not p.num_errors} for p in self.speedups or []]
+        speedups = [
+            {
+                **asdict(p),
+                "verdict": point_verdict(p, self.config.tie_band)
+                if self.has_verdicts or p.num_errors
+                else None,
+                "valid": not p.num_errors,
+            }
+            for p in self.speedups or []
+        ]
         for d in speedups:  # an invalid level has no speedup: no number to mistake for one
             if not d["valid"]:
                 d.update(speedup=None, speedup_std=None, noise=None)
-        return {"config": asdict(self.config), "spec": self.spec.to_dict(),
-                "baseline": self.baseline.to_dict() if self.baseline else None,
-                "speedups": speedups or None, "crossover": asdict(self.crossover),
-                "baseline_warning": self.baseline_warning, "speculation_warning": self.speculation_warning,
-                "failed_requests_warning": self.failed_requests_warning, "partial": self.partial,
-                "interrupted_at_concurrency": self.not_measured[0] if self.partial else None,
-                "concurrency_not_measured": list(self.not_measured)}
+        return {
+            "config": asdict(self.config),
+            "spec": self.spec.to_dict(),
+            "baseline": self.baseline.to_dict() if self.baseline else None,
+            "speedups": speedups or None,
+            "crossover": asdict(self.crossover),
+            "baseline_warning": self.baseline_warning,
+            "speculation_warning": self.speculation_warning,
+            "failed_requests_warning": self.failed_requests_warning,
+            "partial": self.partial,
+            "interrupted_at_concurrency": self.not_measured[0] if self.partial else None,
+            "concurrency_not_measured": list(self.not_measured),
+        }
 
 
 @dataclass
@@ -428,8 +529,12 @@ class Sweep:
     baseline: ServerRun | None = None
 
 
-def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None,
-              sweep: Sweep | None = None, clock: Callable[[], float] = time.perf_counter) -> BenchReport:
+def run_bench(
+    cfg: BenchConfig,
+    progress: Callable[[str], None] | None = None,
+    sweep: Sweep | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> BenchReport:
     """Benchmark cfg.url against cfg.baseline_url (if any) on the same prompts, level by level:
     each concurrency is measured on both servers, its runs alternating between them
     (`measure_level`), before the next starts, so load drift on the machine reaches both alike.
@@ -441,10 +546,15 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None,
     sweep.config = cfg
     prompts = load_prompts(cfg.prompts)
     batch = [prompts[i % len(prompts)] for i in range(cfg.num_prompts)]
-    servers = {"speculative": wait_for_server(cfg.url, cfg.wait_s, cfg.timeout_s, "--url", on_wait=progress)}
+    servers = {
+        "speculative": wait_for_server(
+            cfg.url, cfg.wait_s, cfg.timeout_s, "--url", on_wait=progress
+        )
+    }
     if cfg.baseline_url:
-        servers["baseline"] = wait_for_server(cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url",
-                                              on_wait=progress)
+        servers["baseline"] = wait_for_server(
+            cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url", on_wait=progress
+        )
     runs = {role: ServerRun.of(server) for role, server in servers.items()}
     sweep.spec, sweep.baseline = runs["speculative"], runs.get("baseline")
     for server in servers.values():
@@ -460,21 +570,31 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None,
     return compare(cfg, sweep.spec, sweep.baseline)
 
 
-def compare(cfg: BenchConfig, spec: ServerRun, baseline: ServerRun | None,
-            not_measured: tuple[int, ...] = ()) -> BenchReport:
+def compare(
+    cfg: BenchConfig,
+    spec: ServerRun,
+    baseline: ServerRun | None,
+    not_measured: tuple[int, ...] = (),
+) -> BenchReport:
     """The report of measured runs: speedups at each level (the runs' levels pair up in order)
     and the crossover over the valid ones; not_measured: `BenchReport.not_measured`."""
     if baseline is None:
         return BenchReport(cfg, spec, None, None, find_crossover([], cfg.tie_band), not_measured)
-    speedups = [SpeedupPoint.of(a.concurrency, a.tokens_per_s_runs, b.tokens_per_s_runs, a.num_errors + b.num_errors)
-                for a, b in zip(spec.levels, baseline.levels)]
+    speedups = [
+        SpeedupPoint.of(
+            a.concurrency, a.tokens_per_s_runs, b.tokens_per_s_runs, a.num_errors + b.num_errors
+        )
+        for a, b in zip(spec.levels, baseline.levels)
+    ]
     valid = [p for p in speedups if not p.num_errors]
     if cfg.repeats < MIN_VERDICT_REPEATS:
         crossover = Crossover(None, NO_VERDICT)
     elif not valid:
         crossover = Crossover(None, f"no crossover: {ALL_INVALID}")
     else:
-        crossover = find_crossover(valid, cfg.tie_band, [p.concurrency for p in speedups if p.num_errors])
+        crossover = find_crossover(
+            valid, cfg.tie_band, [p.concurrency for p in speedups if p.num_errors]
+        )
     return BenchReport(cfg, spec, baseline, speedups, crossover, not_measured)
 
 
@@ -490,5 +610,8 @@ def partial_report(sweep: Sweep) -> BenchReport | None:
     done = min(len(run.levels) if run else 0 for run in runs)
     if not done:
         return None
-    spec, baseline = (replace(run, levels=run.levels[:done]) if run else None for run in (sweep.spec, sweep.baseline))
+    spec, baseline = (
+        replace(run, levels=run.levels[:done]) if run else None
+        for run in (sweep.spec, sweep.baseline)
+    )
     return compare(cfg, spec, baseline, tuple(cfg.concurrency[done:]))

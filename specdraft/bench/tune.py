@@ -38,7 +38,13 @@ from typing import Any
 
 import torch
 
-from specdraft.bench.speedup import pick_setting, speedup_text, ties_at_top, timed_passes, timing_summary
+from specdraft.bench.speedup import (
+    pick_setting,
+    speedup_text,
+    ties_at_top,
+    timed_passes,
+    timing_summary,
+)
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detect_layout
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.fast_model import FastTarget, causal_mask
@@ -71,11 +77,16 @@ class TuneConfig:
     repeats: int = 5
 
     def __post_init__(self) -> None:
-        checks = [("max_new_tokens", self.max_new_tokens >= 1), ("probe_steps", self.probe_steps >= 1),
-                  ("topks", bool(self.topks) and all(k >= 1 for k in self.topks)),
-                  ("max_tree_tokens", self.max_tree_tokens >= 2), ("num_measure", self.num_measure >= 1),
-                  ("min_speedup", self.min_speedup > 0), ("verify_repeats", self.verify_repeats >= 1),
-                  ("repeats", self.repeats >= 1)]
+        checks = [
+            ("max_new_tokens", self.max_new_tokens >= 1),
+            ("probe_steps", self.probe_steps >= 1),
+            ("topks", bool(self.topks) and all(k >= 1 for k in self.topks)),
+            ("max_tree_tokens", self.max_tree_tokens >= 2),
+            ("num_measure", self.num_measure >= 1),
+            ("min_speedup", self.min_speedup > 0),
+            ("verify_repeats", self.verify_repeats >= 1),
+            ("repeats", self.repeats >= 1),
+        ]
         for name, ok in checks:
             if not ok:
                 raise ValueError(f"TuneConfig.{name} = {getattr(self, name)!r} is out of range")
@@ -127,24 +138,38 @@ class Measured:
 class Bench:
     """Builds engines over one target + drafter and runs them on the prompts (T = 0)."""
 
-    def __init__(self, target: FastTarget, draft: Eagle3Draft, prompts: Sequence[Sequence[int]],
-                 cfg: TuneConfig) -> None:
-        self.target, self.draft, self.prompts, self.cfg = target, draft, [list(p) for p in prompts], cfg
+    def __init__(
+        self,
+        target: FastTarget,
+        draft: Eagle3Draft,
+        prompts: Sequence[Sequence[int]],
+        cfg: TuneConfig,
+    ) -> None:
+        self.target, self.draft, self.prompts, self.cfg = (
+            target,
+            draft,
+            [list(p) for p in prompts],
+            cfg,
+        )
         self.device = target.output.weight.device
         if not self.prompts or not all(self.prompts):
             raise ValueError("tune needs at least one prompt, none of them empty")
-        longest_tree = max(cfg.max_tree_tokens, cfg.depth + 1,
-                           cfg.current.num_draft_tokens if cfg.current else 0)
+        longest_tree = max(
+            cfg.max_tree_tokens, cfg.depth + 1, cfg.current.num_draft_tokens if cfg.current else 0
+        )
         self.max_seq_len = max(map(len, self.prompts)) + cfg.max_new_tokens + longest_tree
         if self.max_seq_len > target.args.max_position_embeddings:
-            raise ValueError(f"longest prompt + max_new_tokens {cfg.max_new_tokens} + tree {longest_tree} = "
-                             f"{self.max_seq_len} exceeds the target's max_position_embeddings "
-                             f"{target.args.max_position_embeddings}: use shorter prompts or fewer tokens")
+            raise ValueError(
+                f"longest prompt + max_new_tokens {cfg.max_new_tokens} + tree {longest_tree} = "
+                f"{self.max_seq_len} exceeds the target's max_position_embeddings "
+                f"{target.args.max_position_embeddings}: use shorter prompts or fewer tokens"
+            )
 
     def engine(self, spec: SpecConfig | None) -> SpeculativeEngine:
         """A fresh engine (plain decoding for spec None)."""
-        return SpeculativeEngine(self.target, self.draft if spec else None, spec, None, self.max_seq_len,
-                                 self.device)
+        return SpeculativeEngine(
+            self.target, self.draft if spec else None, spec, None, self.max_seq_len, self.device
+        )
 
     def run(self, spec: SpecConfig | None) -> Measured:
         """Generate max_new_tokens for every prompt (after a short warm-up)."""
@@ -161,11 +186,17 @@ class Bench:
         """Median seconds of one target forward (aux states included) over T tokens after a
         prefix of typical length, for each T in sizes (compiled: the verify's graph replay)."""
         engine = self.engine(SpecConfig.chain(1))
-        prefix = min(len(self.prompts[0]) + self.cfg.max_new_tokens // 2, self.max_seq_len - max(sizes))
+        prefix = min(
+            len(self.prompts[0]) + self.cfg.max_new_tokens // 2, self.max_seq_len - max(sizes)
+        )
         vocab = self.target.args.vocab_size
         ids = torch.arange(prefix, device=self.device) % vocab
-        engine.runner.forward(ids, torch.arange(prefix, device=self.device), 0,
-                              causal_mask(0, prefix, self.max_seq_len, device=self.device))
+        engine.runner.forward(
+            ids,
+            torch.arange(prefix, device=self.device),
+            0,
+            causal_mask(0, prefix, self.max_seq_len, device=self.device),
+        )
         times = {}
         for size in sorted(set(sizes)):
             tokens = torch.arange(size, device=self.device) % vocab
@@ -175,7 +206,9 @@ class Bench:
             for _ in range(self.cfg.verify_repeats + 1):  # the first run warms up
                 synchronize(self.device)
                 start = time.perf_counter()
-                engine.runner.forward(tokens, positions, prefix, mask, graphed=True)  # as a verify runs
+                engine.runner.forward(
+                    tokens, positions, prefix, mask, graphed=True
+                )  # as a verify runs
                 synchronize(self.device)
                 samples.append(time.perf_counter() - start)
             times[size] = statistics.median(samples[1:])
@@ -203,16 +236,21 @@ def calibrate(costs: Costs, probe: Measured) -> None:
     """t_draft and t_round of the probe's topk from its run."""
     m, spec = probe.metrics, probe.spec
     costs.t_draft[spec.topk] = m.time_draft_s / (probe.rounds * spec.num_steps)
-    costs.t_round[spec.topk] = max(0.0, (m.time_verify_s + m.time_other_s) / probe.rounds
-                                   - costs.t_verify[spec.num_draft_tokens])
+    costs.t_round[spec.topk] = max(
+        0.0,
+        (m.time_verify_s + m.time_other_s) / probe.rounds - costs.t_verify[spec.num_draft_tokens],
+    )
 
 
 def predict(spec: SpecConfig, probe: Measured, costs: Costs) -> tuple[float, float]:
     """(predicted accept length, predicted decode tokens/s) of `spec` (module docstring)."""
     p = probe.metrics.acceptance_per_position
-    tau = 1.0 + sum(p[:spec.num_steps])
-    seconds = (spec.num_steps * costs.t_draft[spec.topk] + costs.t_verify[spec.num_draft_tokens]
-               + costs.t_round[spec.topk])
+    tau = 1.0 + sum(p[: spec.num_steps])
+    seconds = (
+        spec.num_steps * costs.t_draft[spec.topk]
+        + costs.t_verify[spec.num_draft_tokens]
+        + costs.t_round[spec.topk]
+    )
     return tau, tau / seconds
 
 
@@ -235,10 +273,17 @@ class Candidate:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
-        return {"num_steps": self.spec.num_steps, "topk": self.spec.topk,
-                "num_draft_tokens": self.spec.num_draft_tokens, "predicted_tau": self.predicted_tau,
-                "predicted_tokens_per_s": self.predicted_tps, "measured_tau": self.measured_tau,
-                "measured_tokens_per_s": self.measured_tps, "speedup": self.speedup, "timing": self.timing}
+        return {
+            "num_steps": self.spec.num_steps,
+            "topk": self.spec.topk,
+            "num_draft_tokens": self.spec.num_draft_tokens,
+            "predicted_tau": self.predicted_tau,
+            "predicted_tokens_per_s": self.predicted_tps,
+            "measured_tau": self.measured_tau,
+            "measured_tokens_per_s": self.measured_tps,
+            "speedup": self.speedup,
+            "timing": self.timing,
+        }
 
 
 # ---- the tuner --------------------------------------------------------------------------------
@@ -268,8 +313,10 @@ class TuneReport:
 
     def ties(self, chains_only: bool = False) -> list[Candidate]:
         """The measured candidates (chains only for vLLM) the recommendation was picked among."""
-        return settle([c for c in self.candidates if c.spec.is_chain or not chains_only],
-                      self.config.min_speedup)[1]
+        return settle(
+            [c for c in self.candidates if c.spec.is_chain or not chains_only],
+            self.config.min_speedup,
+        )[1]
 
     def export_command(self, engine: str) -> str | None:
         """`specdraft export ...` to run before launching `engine` ("sglang" | "vllm") with the
@@ -278,14 +325,32 @@ class TuneReport:
         if rec is None or not needs_export(self.draft_path, engine):
             return None
         s = rec.spec
-        return " ".join(["specdraft export", shlex.quote(self.draft_path), shlex.quote(self.served_path(engine)),
-                         "--engine", engine, "--target", shlex.quote(self.target_path), "--num-steps",
-                         str(s.num_steps), *(["--topk", str(s.topk), "--num-draft-tokens", str(s.num_draft_tokens)]
-                                             if engine == "sglang" else [])])
+        return " ".join(
+            [
+                "specdraft export",
+                shlex.quote(self.draft_path),
+                shlex.quote(self.served_path(engine)),
+                "--engine",
+                engine,
+                "--target",
+                shlex.quote(self.target_path),
+                "--num-steps",
+                str(s.num_steps),
+                *(
+                    ["--topk", str(s.topk), "--num-draft-tokens", str(s.num_draft_tokens)]
+                    if engine == "sglang"
+                    else []
+                ),
+            ]
+        )
 
     def served_path(self, engine: str) -> str:
         """The drafter directory the engine loads: the given one, or its export's (DRAFT-engine)."""
-        return f"{self.draft_path.rstrip('/')}-{engine}" if needs_export(self.draft_path, engine) else self.draft_path
+        return (
+            f"{self.draft_path.rstrip('/')}-{engine}"
+            if needs_export(self.draft_path, engine)
+            else self.draft_path
+        )
 
     def sglang_flags(self) -> str:
         """SGLang's launch command of the recommendation, as `specdraft export` prints it
@@ -293,7 +358,9 @@ class TuneReport:
         rec = self.recommendation
         if rec is None:
             return "launch without --speculative-* flags (no speculation)"
-        return launch_command("sglang", self.target_path, Path(self.served_path("sglang")), rec.spec)
+        return launch_command(
+            "sglang", self.target_path, Path(self.served_path("sglang")), rec.spec
+        )
 
     def vllm_flags(self) -> str:
         """vLLM's launch command with the --speculative-config of the best chain
@@ -305,24 +372,45 @@ class TuneReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
+
         def one(c: Candidate | None) -> dict | None:
             return c.to_dict() if c else None
-        return {"num_prompts": self.num_prompts, "max_new_tokens": self.config.max_new_tokens,
-                "probes": {str(k): p.metrics.to_dict() for k, p in self.probes.items()},
-                "costs_s": {"t_verify": self.costs.t_verify, "t_draft": self.costs.t_draft,
-                            "t_round": self.costs.t_round, "t_plain": self.costs.t_plain},
-                "plain": {"predicted_tokens_per_s": self.plain_predicted_tps,
-                          "measured_tokens_per_s": self.plain_measured_tps},
-                "candidates": [c.to_dict() for c in self.candidates], "current": one(self.current),
-                "recommendation": one(self.recommendation), "vllm_recommendation": one(self.vllm_recommendation),
-                "ties": [c.to_dict() for c in self.ties()], "prediction_error": self.prediction_error(),
-                "sglang_flags": self.sglang_flags(), "vllm_flags": self.vllm_flags(),
-                "export_commands": {e: self.export_command(e) for e in ("sglang", "vllm")}}
+
+        return {
+            "num_prompts": self.num_prompts,
+            "max_new_tokens": self.config.max_new_tokens,
+            "probes": {str(k): p.metrics.to_dict() for k, p in self.probes.items()},
+            "costs_s": {
+                "t_verify": self.costs.t_verify,
+                "t_draft": self.costs.t_draft,
+                "t_round": self.costs.t_round,
+                "t_plain": self.costs.t_plain,
+            },
+            "plain": {
+                "predicted_tokens_per_s": self.plain_predicted_tps,
+                "measured_tokens_per_s": self.plain_measured_tps,
+            },
+            "candidates": [c.to_dict() for c in self.candidates],
+            "current": one(self.current),
+            "recommendation": one(self.recommendation),
+            "vllm_recommendation": one(self.vllm_recommendation),
+            "ties": [c.to_dict() for c in self.ties()],
+            "prediction_error": self.prediction_error(),
+            "sglang_flags": self.sglang_flags(),
+            "vllm_flags": self.vllm_flags(),
+            "export_commands": {e: self.export_command(e) for e in ("sglang", "vllm")},
+        }
 
 
-def tune(target: FastTarget, draft: Eagle3Draft, prompts: Sequence[Sequence[int]], cfg: TuneConfig,
-         draft_path: str = "DRAFT", progress: Callable[[str], None] | None = None,
-         bench: Bench | None = None) -> TuneReport:
+def tune(
+    target: FastTarget,
+    draft: Eagle3Draft,
+    prompts: Sequence[Sequence[int]],
+    cfg: TuneConfig,
+    draft_path: str = "DRAFT",
+    progress: Callable[[str], None] | None = None,
+    bench: Bench | None = None,
+) -> TuneReport:
     """Probe acceptance, time the engine, predict every candidate, measure the best, recommend.
 
     prompts: target token ids. bench: what runs and times the settings (default: a `Bench` of
@@ -331,10 +419,18 @@ def tune(target: FastTarget, draft: Eagle3Draft, prompts: Sequence[Sequence[int]
     when the drafter does not fit the target."""
     say = progress or (lambda text: None)
     bench = bench or Bench(target, draft, prompts, cfg)
-    probe_specs = {k: SpecConfig(cfg.depth, k, tree_tokens(cfg.depth, k, cfg.max_tree_tokens)) for k in cfg.all_topks}
-    specs = [SpecConfig(n, k, tree_tokens(n, k, cfg.max_tree_tokens)) for k in cfg.all_topks
-             for n in range(1, cfg.depth + 1)] + ([cfg.current] if cfg.current else [])
-    costs = Costs(bench.time_verify([1] + [s.num_draft_tokens for s in specs + list(probe_specs.values())]))
+    probe_specs = {
+        k: SpecConfig(cfg.depth, k, tree_tokens(cfg.depth, k, cfg.max_tree_tokens))
+        for k in cfg.all_topks
+    }
+    specs = [
+        SpecConfig(n, k, tree_tokens(n, k, cfg.max_tree_tokens))
+        for k in cfg.all_topks
+        for n in range(1, cfg.depth + 1)
+    ] + ([cfg.current] if cfg.current else [])
+    costs = Costs(
+        bench.time_verify([1] + [s.num_draft_tokens for s in specs + list(probe_specs.values())])
+    )
     probes = {}
     for k, spec in probe_specs.items():
         probes[k] = bench.run(spec)
@@ -343,24 +439,45 @@ def tune(target: FastTarget, draft: Eagle3Draft, prompts: Sequence[Sequence[int]
     candidates = {s: Candidate(s, *predict(s, probes[s.topk], costs)) for s in specs}
     ranked = sorted(candidates.values(), key=lambda c: -c.predicted_tps)
     chains = [c for c in ranked if c.spec.is_chain]
-    to_measure = {c.spec: c for c in ranked[:cfg.num_measure] + chains[:1]}
+    to_measure = {c.spec: c for c in ranked[: cfg.num_measure] + chains[:1]}
     if cfg.current:
         to_measure[cfg.current] = candidates[cfg.current]
     runs = timed_passes(dict.fromkeys([None, *to_measure]), cfg.repeats, bench.run)
     plain_tps = [run.tokens_per_s for run in runs[None]]
-    plain = sorted(runs[None], key=lambda run: run.tokens_per_s)[(len(plain_tps) - 1) // 2]  # the median run
-    costs.t_plain = max(0.0, (plain.metrics.time_total_s - plain.metrics.time_prefill_s) / plain.rounds
-                        - costs.t_verify[1])
-    say(f"plain decoding: median {statistics.median(plain_tps):.1f} tok/s over {cfg.repeats} round{'s' * (cfg.repeats != 1)}")
+    plain = sorted(runs[None], key=lambda run: run.tokens_per_s)[
+        (len(plain_tps) - 1) // 2
+    ]  # the median run
+    costs.t_plain = max(
+        0.0,
+        (plain.metrics.time_total_s - plain.metrics.time_prefill_s) / plain.rounds
+        - costs.t_verify[1],
+    )
+    say(
+        f"plain decoding: median {statistics.median(plain_tps):.1f} tok/s over {cfg.repeats} round{'s' * (cfg.repeats != 1)}"
+    )
     for spec, c in to_measure.items():
         c.timing = timing_summary([run.tokens_per_s for run in runs[spec]], plain_tps)
-        c.measured_tau, c.measured_tps, c.speedup = (runs[spec][0].metrics.accept_length, c.timing["tokens_per_s"],
-                                                     c.timing["speedup"])
-        say(f"{spec_text(spec)}: median {c.measured_tps:.1f} tok/s, speedup {speedup_text(c.timing)}")
-    return TuneReport(cfg, len(bench.prompts), probes, costs, 1.0 / (costs.t_verify[1] + costs.t_plain),
-                      statistics.median(plain_tps), ranked, candidates.get(cfg.current) if cfg.current else None,
-                      settle(to_measure.values(), cfg.min_speedup)[0],
-                      settle([c for c in to_measure.values() if c.spec.is_chain], cfg.min_speedup)[0], draft_path)
+        c.measured_tau, c.measured_tps, c.speedup = (
+            runs[spec][0].metrics.accept_length,
+            c.timing["tokens_per_s"],
+            c.timing["speedup"],
+        )
+        say(
+            f"{spec_text(spec)}: median {c.measured_tps:.1f} tok/s, speedup {speedup_text(c.timing)}"
+        )
+    return TuneReport(
+        cfg,
+        len(bench.prompts),
+        probes,
+        costs,
+        1.0 / (costs.t_verify[1] + costs.t_plain),
+        statistics.median(plain_tps),
+        ranked,
+        candidates.get(cfg.current) if cfg.current else None,
+        settle(to_measure.values(), cfg.min_speedup)[0],
+        settle([c for c in to_measure.values() if c.spec.is_chain], cfg.min_speedup)[0],
+        draft_path,
+    )
 
 
 def settle(candidates: Any, min_speedup: float) -> tuple[Candidate | None, list[Candidate]]:
@@ -370,7 +487,9 @@ def settle(candidates: Any, min_speedup: float) -> tuple[Candidate | None, list[
     measured = [c for c in candidates if c.timing is not None]
     rows = [c.row() for c in measured]
     chosen = pick_setting(rows, min_speedup)
-    ties = [c for c, r in zip(measured, rows) if any(r is t for t in ties_at_top(rows, min_speedup))]
+    ties = [
+        c for c, r in zip(measured, rows) if any(r is t for t in ties_at_top(rows, min_speedup))
+    ]
     return next((c for c, r in zip(measured, rows) if r is chosen), None), ties
 
 
@@ -394,8 +513,15 @@ def needs_export(draft_dir: str, engine: str) -> bool:
         return True
 
 
-def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg: TuneConfig, device: str = "cpu",
-               dtype: torch.dtype = torch.float32, progress: Callable[[str], None] | None = None) -> TuneReport:
+def tune_paths(
+    target_dir: str | Path,
+    draft_dir: str | Path,
+    prompts: str,
+    cfg: TuneConfig,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    progress: Callable[[str], None] | None = None,
+) -> TuneReport:
     """`tune` for a target directory (with its tokenizer), a drafter and a prompt source (`sweep.load_prompts`)."""
     from specdraft.bench.sweep import load_prompts
     from specdraft.data.render import prompt_ids
@@ -407,7 +533,13 @@ def tune_paths(target_dir: str | Path, draft_dir: str | Path, prompts: str, cfg:
     return report
 
 
-def load_tuned(target_dir: str | Path, draft_dir: str | Path, cfg: TuneConfig, device="cpu", dtype=torch.float32):
+def load_tuned(
+    target_dir: str | Path,
+    draft_dir: str | Path,
+    cfg: TuneConfig,
+    device="cpu",
+    dtype=torch.float32,
+):
     """(tokenizer, engine) of a target directory and a draft checkpoint, for `tune`. A corrupt
     or incomplete target config.json is a ValueError naming the file and the fix (doctor's words)."""
     from transformers import AutoTokenizer

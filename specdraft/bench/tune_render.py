@@ -14,42 +14,62 @@ def render(report: TuneReport, max_rows: int = 12) -> str:
     predicted and measured (median) tokens/s and speedup (quartiles), the current setting and
     the recommendation as flags."""
     cfg, costs = report.config, report.costs
-    lines = [f"specdraft tune: {report.num_prompts} prompts x {cfg.max_new_tokens} new tokens, temperature 0",
-             "acceptance probes:"]
+    lines = [
+        f"specdraft tune: {report.num_prompts} prompts x {cfg.max_new_tokens} new tokens, temperature 0",
+        "acceptance probes:",
+    ]
     for probe in report.probes.values():
         m = probe.metrics
         p = " ".join(f"{x:.2f}" for x in m.acceptance_per_position)
-        lines.append(f"  {spec_text(probe.spec)}: p_k = {p}; tau {m.accept_length:.3f} = 1 + sum p_k "
-                     f"{1 + sum(m.acceptance_per_position):.3f}")
+        lines.append(
+            f"  {spec_text(probe.spec)}: p_k = {p}; tau {m.accept_length:.3f} = 1 + sum p_k "
+            f"{1 + sum(m.acceptance_per_position):.3f}"
+        )
+
     def ms(d: dict[int, float]) -> str:
         return ", ".join(f"{k}: {v * 1e3:.3f}" for k, v in sorted(d.items()))
 
-    lines += [f"costs (ms): target forward over T tokens {{{ms(costs.t_verify)}}}",
-              (f"  drafter step per topk {{{ms(costs.t_draft)}}}; round overhead per topk "
-               f"{{{ms(costs.t_round)}}}; plain overhead {costs.t_plain * 1e3:.3f}"),
-              "model: tokens/s = (1 + sum_{j<=steps} p_j) / (steps * t_draft + t_verify(draft tokens) + overhead)",
-              (f"plain decoding: measured {report.plain_measured_tps:.1f} tok/s, median of {cfg.repeats} round{'s' * (cfg.repeats != 1)} (the "
-               f"model calibrates its overhead on the median run: 1 / (t_verify(1) + overhead) = "
-               f"{report.plain_predicted_tps:.1f})"),
-              (f"{'setting':<38} {'pred tau':>8} {'pred tok/s':>10} {'meas tau':>8} {'meas tok/s':>10} "
-               "speedup (quartiles)")]
-    shown = [c for i, c in enumerate(report.candidates) if i < max_rows or c.measured_tps is not None]
+    lines += [
+        f"costs (ms): target forward over T tokens {{{ms(costs.t_verify)}}}",
+        (
+            f"  drafter step per topk {{{ms(costs.t_draft)}}}; round overhead per topk "
+            f"{{{ms(costs.t_round)}}}; plain overhead {costs.t_plain * 1e3:.3f}"
+        ),
+        "model: tokens/s = (1 + sum_{j<=steps} p_j) / (steps * t_draft + t_verify(draft tokens) + overhead)",
+        (
+            f"plain decoding: measured {report.plain_measured_tps:.1f} tok/s, median of {cfg.repeats} round{'s' * (cfg.repeats != 1)} (the "
+            f"model calibrates its overhead on the median run: 1 / (t_verify(1) + overhead) = "
+            f"{report.plain_predicted_tps:.1f})"
+        ),
+        (
+            f"{'setting':<38} {'pred tau':>8} {'pred tok/s':>10} {'meas tau':>8} {'meas tok/s':>10} "
+            "speedup (quartiles)"
+        ),
+    ]
+    shown = [
+        c for i, c in enumerate(report.candidates) if i < max_rows or c.measured_tps is not None
+    ]
     for c in shown:
         lines.append(row(spec_text(c.spec), c))
     if report.current:
         lines.append(row("current: " + spec_text(report.current.spec), report.current))
     if report.prediction_error() > PREDICTION_WARN_FACTOR:
-        lines.append(f"warning: predictions are off by up to {report.prediction_error():.1f}x from the "
-                     "measurements (timings taken while the machine was busy?): the recommendation "
-                     "uses the measured column; re-run on a quiet machine for the predicted one")
+        lines.append(
+            f"warning: predictions are off by up to {report.prediction_error():.1f}x from the "
+            "measurements (timings taken while the machine was busy?): the recommendation "
+            "uses the measured column; re-run on a quiet machine for the predicted one"
+        )
     lines += recommendation_lines(report)
     return "\n".join(lines)
 
 
 def row(name: str, c: Candidate) -> str:
     """One table row ('-' where not measured)."""
-    measured = (f"{c.measured_tau:>8.3f} {c.measured_tps:>10.1f} {speedup_text(c.timing)}" if c.timing is not None
-                else f"{'-':>8} {'-':>10} -")
+    measured = (
+        f"{c.measured_tau:>8.3f} {c.measured_tps:>10.1f} {speedup_text(c.timing)}"
+        if c.timing is not None
+        else f"{'-':>8} {'-':>10} -"
+    )
     return f"{name:<38} {c.predicted_tau:>8.3f} {c.predicted_tps:>10.1f} {measured}"
 
 
@@ -57,24 +77,37 @@ def recommendation_lines(report: TuneReport) -> list[str]:
     """The verdict (with the rule, and the settings tied within the noise), the engine flags, and
     the `specdraft export` to run first when the drafter is not an export."""
     rec, cfg = report.recommendation, report.config
-    rule = (f"rule: a median speedup of at least {cfg.min_speedup:.2f}x and a lower quartile above 1x over "
-            f"{cfg.repeats} round{'s' * (cfg.repeats != 1)}, each setting timed once per round in turns with plain decoding")
+    rule = (
+        f"rule: a median speedup of at least {cfg.min_speedup:.2f}x and a lower quartile above 1x over "
+        f"{cfg.repeats} round{'s' * (cfg.repeats != 1)}, each setting timed once per round in turns with plain decoding"
+    )
     if rec is None:
         top = max((c for c in report.candidates if c.timing is not None), key=lambda c: c.speedup)
-        lines = [f"recommendation: no speculation: none beat plain decoding beyond the noise ({rule}); the best "
-                 f"measured, {spec_text(top.spec)}, reached {speedup_text(top.timing)}"]
+        lines = [
+            f"recommendation: no speculation: none beat plain decoding beyond the noise ({rule}); the best "
+            f"measured, {spec_text(top.spec)}, reached {speedup_text(top.timing)}"
+        ]
     else:
-        lines = [f"recommendation: {spec_text(rec.spec)}: median {rec.measured_tps:.1f} tok/s measured, speedup "
-                 f"{speedup_text(rec.timing)} over plain decoding; predicted {rec.predicted_tps:.1f} ({rule})"]
+        lines = [
+            f"recommendation: {spec_text(rec.spec)}: median {rec.measured_tps:.1f} tok/s measured, speedup "
+            f"{speedup_text(rec.timing)} over plain decoding; predicted {rec.predicted_tps:.1f} ({rule})"
+        ]
         ties = [c for c in report.ties() if c is not rec]
         if ties:
-            lines.append("  chosen among settings tied within the noise (half the fastest one's interquartile range): "
-                         + "; ".join(f"{spec_text(c.spec)} {speedup_text(c.timing)}" for c in ties)
-                         + "; the pick has the fewest draft tokens (the same speed for less work)")
-    for engine, name, flags in (("sglang", "SGLang", report.sglang_flags()), ("vllm", "vLLM", report.vllm_flags())):
+            lines.append(
+                "  chosen among settings tied within the noise (half the fastest one's interquartile range): "
+                + "; ".join(f"{spec_text(c.spec)} {speedup_text(c.timing)}" for c in ties)
+                + "; the pick has the fewest draft tokens (the same speed for less work)"
+            )
+    for engine, name, flags in (
+        ("sglang", "SGLang", report.sglang_flags()),
+        ("vllm", "vLLM", report.vllm_flags()),
+    ):
         lines.append(f"  {name}: {flags}")
         command = report.export_command(engine)
         if command:
-            lines.append(f"    {report.draft_path} is specdraft's training layout, not an export; {name} loads "
-                         f"`specdraft export`'s output: first run {command}")
+            lines.append(
+                f"    {report.draft_path} is specdraft's training layout, not an export; {name} loads "
+                f"`specdraft export`'s output: first run {command}"
+            )
     return lines

@@ -39,13 +39,21 @@ class CategoryTune:
         return self.tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else 0.0
 
     def to_dict(self) -> dict:
-        return {"category": self.category, "num_prompts": self.num_prompts, "setting": spec_text(self.spec),
-                "accept_length": self.accept_length, "acceptance_per_position": self.acceptance_per_position,
-                "tokens_per_s": self.tokens_per_s, "plain_tokens_per_s": self.plain_tokens_per_s,
-                "speedup": self.speedup}
+        return {
+            "category": self.category,
+            "num_prompts": self.num_prompts,
+            "setting": spec_text(self.spec),
+            "accept_length": self.accept_length,
+            "acceptance_per_position": self.acceptance_per_position,
+            "tokens_per_s": self.tokens_per_s,
+            "plain_tokens_per_s": self.plain_tokens_per_s,
+            "speedup": self.speedup,
+        }
 
 
-def suite_prompt_ids(tokenizer, suite: Suite, answer: Callable[[list[int]], str]) -> dict[str, list[list[int]]]:
+def suite_prompt_ids(
+    tokenizer, suite: Suite, answer: Callable[[list[int]], str]
+) -> dict[str, list[list[int]]]:
     """{category: the token ids of every turn's prompt} (module doc); answer(ids) -> the target's
     answer text to a prompt, fed back into the question's next turn."""
     out: dict[str, list[list[int]]] = {c: [] for c in suite.categories}
@@ -60,22 +68,38 @@ def suite_prompt_ids(tokenizer, suite: Suite, answer: Callable[[list[int]], str]
     return out
 
 
-def tune_categories(target, draft, cfg: TuneConfig, prompts: dict[str, list[list[int]]],
-                    spec: SpecConfig) -> list[CategoryTune]:
+def tune_categories(
+    target, draft, cfg: TuneConfig, prompts: dict[str, list[list[int]]], spec: SpecConfig
+) -> list[CategoryTune]:
     """`spec` and plain decoding on each category's prompts (one run each)."""
     rows = []
     for category, ids in prompts.items():
         bench = Bench(target, draft, ids, cfg)
         run, plain = bench.run(spec), bench.run(None)
         m = run.metrics
-        rows.append(CategoryTune(category, len(ids), spec, m.accept_length, list(m.acceptance_per_position),
-                                 run.tokens_per_s, plain.tokens_per_s))
+        rows.append(
+            CategoryTune(
+                category,
+                len(ids),
+                spec,
+                m.accept_length,
+                list(m.acceptance_per_position),
+                run.tokens_per_s,
+                plain.tokens_per_s,
+            )
+        )
     return rows
 
 
-def tune_suite_paths(target_dir: str | Path, draft_dir: str | Path, suite: Suite, cfg: TuneConfig,
-                     device: str = "cpu", dtype: torch.dtype = torch.float32,
-                     progress: Callable[[str], None] | None = None) -> tuple[TuneReport, list[CategoryTune]]:
+def tune_suite_paths(
+    target_dir: str | Path,
+    draft_dir: str | Path,
+    suite: Suite,
+    cfg: TuneConfig,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[TuneReport, list[CategoryTune]]:
     """`tune` on `suite` for a target directory and a drafter, and the per-category rows."""
     from specdraft.engine.speculate import SpeculativeEngine
 
@@ -83,15 +107,27 @@ def tune_suite_paths(target_dir: str | Path, draft_dir: str | Path, suite: Suite
 
     def answer(ids: list[int]) -> str:
         device = engine.target.output.weight.device
-        plain = SpeculativeEngine(engine.target, None, None, None, len(ids) + cfg.max_new_tokens, device)
-        return tokenizer.decode(plain.generate(ids, cfg.max_new_tokens).token_ids, skip_special_tokens=True)
+        plain = SpeculativeEngine(
+            engine.target, None, None, None, len(ids) + cfg.max_new_tokens, device
+        )
+        return tokenizer.decode(
+            plain.generate(ids, cfg.max_new_tokens).token_ids, skip_special_tokens=True
+        )
 
     prompts = suite_prompt_ids(tokenizer, suite, answer)
-    report = tune(engine.target, engine.draft, [p for ids in prompts.values() for p in ids], cfg,
-                  str(draft_dir), progress)
+    report = tune(
+        engine.target,
+        engine.draft,
+        [p for ids in prompts.values() for p in ids],
+        cfg,
+        str(draft_dir),
+        progress,
+    )
     report.target_path = str(target_dir)
     chosen = category_setting(report)
-    return report, tune_categories(engine.target, engine.draft, cfg, prompts, chosen) if chosen else []
+    return report, tune_categories(
+        engine.target, engine.draft, cfg, prompts, chosen
+    ) if chosen else []
 
 
 def category_setting(report: TuneReport) -> SpecConfig | None:
@@ -107,11 +143,19 @@ def category_setting(report: TuneReport) -> SpecConfig | None:
 def render_categories(suite: Suite, rows: list[CategoryTune], recommended: bool = True) -> str:
     """The per-category table under the tune report; `recommended` False: its setting is the
     fastest measured one, tune recommending none (`category_setting`)."""
-    which = "the recommendation" if recommended else "the fastest measured; no speculation is recommended"
-    lines = [f"per category of {suite.name} ({spec_text(rows[0].spec)}: {which}; one run each against plain decoding):",
-             f"  {'category':<14} {'prompts':>7} {'tau':>7} {'tok/s':>9} {'plain':>9} {'speedup':>8}  p_k"]
+    which = (
+        "the recommendation"
+        if recommended
+        else "the fastest measured; no speculation is recommended"
+    )
+    lines = [
+        f"per category of {suite.name} ({spec_text(rows[0].spec)}: {which}; one run each against plain decoding):",
+        f"  {'category':<14} {'prompts':>7} {'tau':>7} {'tok/s':>9} {'plain':>9} {'speedup':>8}  p_k",
+    ]
     for r in rows:
         p = " ".join(f"{x:.2f}" for x in r.acceptance_per_position)
-        lines.append(f"  {r.category:<14} {r.num_prompts:>7} {r.accept_length:>7.3f} {r.tokens_per_s:>9.1f} "
-                     f"{r.plain_tokens_per_s:>9.1f} {r.speedup:>7.2f}x  {p}")
+        lines.append(
+            f"  {r.category:<14} {r.num_prompts:>7} {r.accept_length:>7.3f} {r.tokens_per_s:>9.1f} "
+            f"{r.plain_tokens_per_s:>9.1f} {r.speedup:>7.2f}x  {p}"
+        )
     return "\n".join(lines)

@@ -69,8 +69,10 @@ def detect_format(path: str | Path) -> str:
         return "speculators"
     if any(path.rglob("*.ckpt")) or any(path.rglob("*.ckpt.gz")):
         return "specforge"
-    raise CaptureError(f"{path}: no {INDEX} (specdraft), dataset_info.json + {peers.SPECULATORS_HS_DIR}/ "
-                       f"(speculators) or data_{{i}}.ckpt files (SpecForge)")
+    raise CaptureError(
+        f"{path}: no {INDEX} (specdraft), dataset_info.json + {peers.SPECULATORS_HS_DIR}/ "
+        f"(speculators) or data_{{i}}.ckpt files (SpecForge)"
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -92,26 +94,37 @@ def _target_text_config(directory: str | Path, flag: str) -> dict[str, Any]:
 def _norm_eps(store: CaptureStore, target: str | None) -> float:
     directory = target or store.meta["target"].get("name_or_path")
     if not directory or not (Path(directory) / "config.json").is_file():
-        raise CaptureError(f"{store.path / INDEX}: target path {directory!r} has no config.json; "
-                           f"pass --target DIR (SpecForge stores the state after the final norm, "
-                           f"which needs the target's rms_norm_eps)")
+        raise CaptureError(
+            f"{store.path / INDEX}: target path {directory!r} has no config.json; "
+            f"pass --target DIR (SpecForge stores the state after the final norm, "
+            f"which needs the target's rms_norm_eps)"
+        )
     config = _target_text_config(directory, "--target")
     if "rms_norm_eps" not in config:
-        raise CaptureError(f"{Path(directory) / 'config.json'}: no rms_norm_eps; the final norm "
-                           f"SpecForge's files hold cannot be computed")
+        raise CaptureError(
+            f"{Path(directory) / 'config.json'}: no rms_norm_eps; the final norm "
+            f"SpecForge's files hold cannot be computed"
+        )
     return float(config["rms_norm_eps"])
 
 
 def read_specdraft(store: CaptureStore) -> Iterator[dict[str, torch.Tensor]]:
     for i in range(len(store)):
         row = store[i]
-        yield {"input_ids": row["input_ids"].long(), "loss_mask": row["loss_mask"].long(),
-               "aux_hidden": row["aux_hidden"], "last_hidden": row["last_hidden"]}
+        yield {
+            "input_ids": row["input_ids"].long(),
+            "loss_mask": row["loss_mask"].long(),
+            "aux_hidden": row["aux_hidden"],
+            "last_hidden": row["last_hidden"],
+        }
 
 
 def _normed(samples: Iterable[dict], weight: torch.Tensor, eps: float) -> Iterator[dict]:
     for s in samples:
-        yield {**s, "last_hidden": rms_norm(s["last_hidden"], weight.to(s["last_hidden"].device), eps)}
+        yield {
+            **s,
+            "last_hidden": rms_norm(s["last_hidden"], weight.to(s["last_hidden"].device), eps),
+        }
 
 
 def peer_aux_layers(aux_ids, convention: str, target, num_aux: int) -> tuple[int, ...]:
@@ -119,12 +132,16 @@ def peer_aux_layers(aux_ids, convention: str, target, num_aux: int) -> tuple[int
     `conventions.layers_of_option`) for `target` (a `specdraft.target.Target`). Raises
     CaptureError / ConventionError naming the ids."""
     if aux_ids is None:
-        raise CaptureError(f"--aux-layers is required: a peer store does not record which target "
-                           f"layers it holds (give the {num_aux} engine ids it was captured with, "
-                           f"e.g. vLLM's eagle_aux_hidden_state_layer_ids without the last layer)")
+        raise CaptureError(
+            f"--aux-layers is required: a peer store does not record which target "
+            f"layers it holds (give the {num_aux} engine ids it was captured with, "
+            f"e.g. vLLM's eagle_aux_hidden_state_layer_ids without the last layer)"
+        )
     if len(aux_ids) != num_aux:
-        raise CaptureError(f"--aux-layers {','.join(map(str, aux_ids))}: {len(aux_ids)} layers, but "
-                           f"the store holds {num_aux} aux states per token")
+        raise CaptureError(
+            f"--aux-layers {','.join(map(str, aux_ids))}: {len(aux_ids)} layers, but "
+            f"the store holds {num_aux} aux states per token"
+        )
     return tuple(layers_of_option(convention, aux_ids, target.num_layers, target.target_class))
 
 
@@ -138,24 +155,33 @@ class TargetIdentity:
     tokenizer: dict[str, Any]
 
     @classmethod
-    def load(cls, target_dir: str | Path | None, tokenizer_dir: str | Path | None = None) -> TargetIdentity:
+    def load(
+        cls, target_dir: str | Path | None, tokenizer_dir: str | Path | None = None
+    ) -> TargetIdentity:
         from transformers import AutoTokenizer
 
         from specdraft.data.render import tokenizer_fingerprint
         from specdraft.target import load_target
 
         if target_dir is None:
-            raise CaptureError("--target DIR is required: a peer store records no target (specdraft's "
-                               "index needs its config hash, sizes, head weights and tokenizer)")
+            raise CaptureError(
+                "--target DIR is required: a peer store records no target (specdraft's "
+                "index needs its config hash, sizes, head weights and tokenizer)"
+            )
         _target_text_config(target_dir, "--target")
         tokenizer_dir = tokenizer_dir or target_dir
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
         except (OSError, ValueError) as e:
-            raise CaptureError(f"{tokenizer_dir}: no tokenizer ({str(e).splitlines()[0]}); pass "
-                               f"--tokenizer DIR, the tokenizer the store was captured with") from None
-        return cls(load_target(target_dir), str(Path(target_dir).resolve()),
-                   tokenizer_fingerprint(tokenizer))
+            raise CaptureError(
+                f"{tokenizer_dir}: no tokenizer ({str(e).splitlines()[0]}); pass "
+                f"--tokenizer DIR, the tokenizer the store was captured with"
+            ) from None
+        return cls(
+            load_target(target_dir),
+            str(Path(target_dir).resolve()),
+            tokenizer_fingerprint(tokenizer),
+        )
 
 
 def _check_widths(i: int, s: dict, hidden: int, num_aux: int, src: Path) -> None:
@@ -163,8 +189,10 @@ def _check_widths(i: int, s: dict, hidden: int, num_aux: int, src: Path) -> None
     want = {"aux_hidden": (T, num_aux * hidden), "last_hidden": (T, hidden), "loss_mask": (T,)}
     for name, shape in want.items():
         if tuple(s[name].shape) != shape:
-            raise CaptureError(f"{src}: sample {i}: field {name} has shape {list(s[name].shape)}, "
-                               f"expected {list(shape)} (target hidden size {hidden}, {num_aux} aux layers)")
+            raise CaptureError(
+                f"{src}: sample {i}: field {name} has shape {list(s[name].shape)}, "
+                f"expected {list(shape)} (target hidden size {hidden}, {num_aux} aux layers)"
+            )
 
 
 def _checked(samples: Iterable[dict], hidden: int, num_aux: int, src: Path) -> Iterator[dict]:
@@ -177,14 +205,25 @@ def _checked(samples: Iterable[dict], hidden: int, num_aux: int, src: Path) -> I
 def _shard(rows: list[dict]) -> dict[str, torch.Tensor]:
     offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(torch.tensor([r["input_ids"].numel() for r in rows]), 0)
-    return {"input_ids": torch.cat([r["input_ids"] for r in rows]).to(torch.int32),
-            "loss_mask": torch.cat([r["loss_mask"] for r in rows]).to(torch.uint8),
-            "offsets": offsets, "aux_hidden": torch.cat([r["aux_hidden"] for r in rows]),
-            "last_hidden": torch.cat([r["last_hidden"] for r in rows])}
+    return {
+        "input_ids": torch.cat([r["input_ids"] for r in rows]).to(torch.int32),
+        "loss_mask": torch.cat([r["loss_mask"] for r in rows]).to(torch.uint8),
+        "offsets": offsets,
+        "aux_hidden": torch.cat([r["aux_hidden"] for r in rows]),
+        "last_hidden": torch.cat([r["last_hidden"] for r in rows]),
+    }
 
 
-def write_specdraft(samples: Iterable[dict], out: Path, ident: TargetIdentity, aux_layers: tuple[int, ...],
-                    *, after_norm: bool, source: dict[str, Any], src: Path) -> int:
+def write_specdraft(
+    samples: Iterable[dict],
+    out: Path,
+    ident: TargetIdentity,
+    aux_layers: tuple[int, ...],
+    *,
+    after_norm: bool,
+    source: dict[str, Any],
+    src: Path,
+) -> int:
     """Write `samples` as a specdraft capture store into the new directory `out` (shards of at
     most 65,536 tokens, the target head, index.json), readable by `CaptureStore` and training.
     Returns the sample count. Raises CaptureError for a sample whose widths do not fit."""
@@ -202,33 +241,67 @@ def write_specdraft(samples: Iterable[dict], out: Path, ident: TargetIdentity, a
         first = len(kept) - len(rows)
         name = f"shard-{len(index['shards']):05d}.safetensors"
         digest = _save_shard(_shard(rows), out / name)
-        index["shards"].append({"shard": len(index["shards"]), "file": name, "sha256": digest,
-                                "first_sample": first, "num_samples": len(rows),
-                                "num_tokens": sum(r["input_ids"].numel() for r in rows)})
+        index["shards"].append(
+            {
+                "shard": len(index["shards"]),
+                "file": name,
+                "sha256": digest,
+                "first_sample": first,
+                "num_samples": len(rows),
+                "num_tokens": sum(r["input_ids"].numel() for r in rows),
+            }
+        )
         rows.clear()
 
     for i, s in enumerate(samples):
         _check_widths(i, s, H, n_aux, src)
         dtype = dtype or s["aux_hidden"].dtype
-        if rows and sum(r["input_ids"].numel() for r in rows) + s["input_ids"].numel() > _SHARD_TOKENS:
+        if (
+            rows
+            and sum(r["input_ids"].numel() for r in rows) + s["input_ids"].numel() > _SHARD_TOKENS
+        ):
             flush()
-        rows.append({**s, "aux_hidden": s["aux_hidden"].to(dtype), "last_hidden": s["last_hidden"].to(dtype)})
+        rows.append(
+            {
+                **s,
+                "aux_hidden": s["aux_hidden"].to(dtype),
+                "last_hidden": s["last_hidden"].to(dtype),
+            }
+        )
         kept.append(Sample(s["input_ids"].tolist(), s["loss_mask"].tolist()))
     if not kept:
         raise CaptureError(f"{src}: holds no samples")
     flush()
     _save_head(out, target_head_tensors(ident.target), index)
     lengths = [len(s.input_ids) for s in kept]
-    index.update({
-        "format": FORMAT, "format_version": FORMAT_VERSION, "aux_layers": list(aux_layers),
-        "dtype": dtype_name(dtype), "max_length": max(lengths), "shard_tokens": _SHARD_TOKENS,
-        "shard_samples": None, "target": target_meta(ident.target, ident.path),
-        "tokenizer": ident.tokenizer, "chat_template": None, "data": {"converted_from": source},
-        "data_hash": data_hash(kept), "num_samples": len(kept), "num_tokens": sum(lengths),
-        "num_shards": len(index["shards"]),
-        "tensors": {"input_ids": ["int32", ["N"]], "loss_mask": ["uint8", ["N"]], "offsets": ["int64", ["S+1"]],
-                    "aux_hidden": [dtype_name(dtype), ["N", n_aux * H]], "last_hidden": [dtype_name(dtype), ["N", H]]},
-        LAST_HIDDEN_KEY: AFTER_NORM if after_norm else "before_norm", "complete": True})
+    index.update(
+        {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "aux_layers": list(aux_layers),
+            "dtype": dtype_name(dtype),
+            "max_length": max(lengths),
+            "shard_tokens": _SHARD_TOKENS,
+            "shard_samples": None,
+            "target": target_meta(ident.target, ident.path),
+            "tokenizer": ident.tokenizer,
+            "chat_template": None,
+            "data": {"converted_from": source},
+            "data_hash": data_hash(kept),
+            "num_samples": len(kept),
+            "num_tokens": sum(lengths),
+            "num_shards": len(index["shards"]),
+            "tensors": {
+                "input_ids": ["int32", ["N"]],
+                "loss_mask": ["uint8", ["N"]],
+                "offsets": ["int64", ["S+1"]],
+                "aux_hidden": [dtype_name(dtype), ["N", n_aux * H]],
+                "last_hidden": [dtype_name(dtype), ["N", H]],
+            },
+            LAST_HIDDEN_KEY: AFTER_NORM if after_norm else "before_norm",
+            "complete": True,
+        }
+    )
     atomic_write_json(out / INDEX, index)
     return len(kept)
 
@@ -258,12 +331,22 @@ def _peek(samples: Iterator[dict], src: Path) -> tuple[Iterator[dict], int]:
 
 def _check_destination(dst: Path) -> None:
     if dst.is_file() or (dst.is_dir() and any(dst.iterdir())):
-        raise CaptureError(f"{dst}: exists and is not an empty directory; give a new output directory")
+        raise CaptureError(
+            f"{dst}: exists and is not an empty directory; give a new output directory"
+        )
 
 
-def convert_store(src: str | Path, dst: str | Path, to: str, *, target: str | None = None,
-                  tokenizer: str | None = None, aux_layers: tuple[int, ...] | None = None,
-                  convention: str | None = None, compress: bool = False) -> ConvertResult:
+def convert_store(
+    src: str | Path,
+    dst: str | Path,
+    to: str,
+    *,
+    target: str | None = None,
+    tokenizer: str | None = None,
+    aux_layers: tuple[int, ...] | None = None,
+    convention: str | None = None,
+    compress: bool = False,
+) -> ConvertResult:
     """Convert the store at `src` (format detected, `detect_format`) into `dst` (a new directory,
     written whole or not at all) in format `to` ('specdraft', 'speculators' or 'specforge').
 
@@ -286,8 +369,10 @@ def convert_store(src: str | Path, dst: str | Path, to: str, *, target: str | No
     _check_destination(dst)
     samples, after_norm, store = _source_samples(src, source)
     if to == "speculators" and after_norm:
-        raise CaptureError(f"{src}: holds the last hidden state after the final norm (SpecForge's); "
-                           f"speculators needs it before the norm, which cannot be recovered")
+        raise CaptureError(
+            f"{src}: holds the last hidden state after the final norm (SpecForge's); "
+            f"speculators needs it before the norm, which cannot be recovered"
+        )
     samples, num_aux = _peek(samples, src)
     layers = tuple(store.aux_layers) if store is not None else None
     recorded = recorded_index(src) if store is None else None
@@ -296,12 +381,23 @@ def convert_store(src: str | Path, dst: str | Path, to: str, *, target: str | No
             check_given(recorded, src, aux_layers, convention or SOURCE_CONVENTION[source], target)
             layers = tuple(recorded["aux_layers"])
             checked = _checked(samples, recorded["target"]["hidden_size"], len(layers), src)
-            count = restore_store(checked, src, tmp, after_norm and recorded.get(LAST_HIDDEN_KEY) != AFTER_NORM)
+            count = restore_store(
+                checked, src, tmp, after_norm and recorded.get(LAST_HIDDEN_KEY) != AFTER_NORM
+            )
         elif to == "specdraft":
             ident = TargetIdentity.load(target, tokenizer)
-            layers = peer_aux_layers(aux_layers, convention or SOURCE_CONVENTION[source], ident.target, num_aux)
-            count = write_specdraft(samples, tmp, ident, layers, after_norm=after_norm,
-                                    source={"format": source, "path": str(src.resolve())}, src=src)
+            layers = peer_aux_layers(
+                aux_layers, convention or SOURCE_CONVENTION[source], ident.target, num_aux
+            )
+            count = write_specdraft(
+                samples,
+                tmp,
+                ident,
+                layers,
+                after_norm=after_norm,
+                source={"format": source, "path": str(src.resolve())},
+                src=src,
+            )
         elif to == "speculators":
             count = peers.write_speculators(samples, tmp, num_aux)
         else:
@@ -319,8 +415,10 @@ def _norm_of(store: CaptureStore | None, target: str | None) -> tuple[torch.Tens
     if store is not None:
         return store.target_head()["norm.weight"], _norm_eps(store, target)
     if target is None:
-        raise CaptureError("--target DIR is required: SpecForge stores the last hidden state after the "
-                           "target's final norm, which needs the target's norm weight and rms_norm_eps")
+        raise CaptureError(
+            "--target DIR is required: SpecForge stores the last hidden state after the "
+            "target's final norm, which needs the target's norm weight and rms_norm_eps"
+        )
     from specdraft.target import load_target
 
     config = _target_text_config(target, "--target")

@@ -64,18 +64,21 @@ def _check_keys(path: Path, keys: Iterable[str], expected: tuple[str, ...], what
     missing = [k for k in expected if k not in keys]
     extra = sorted(keys - set(expected))
     if missing or extra:
-        parts = ([f"missing {', '.join(missing)}"] if missing else []) + \
-                ([f"extra {', '.join(extra)}"] if extra else [])
-        raise CaptureError(f"{path}: not a {what} ({'; '.join(parts)}; expected exactly "
-                           f"{', '.join(expected)})")
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
+            [f"extra {', '.join(extra)}"] if extra else []
+        )
+        raise CaptureError(
+            f"{path}: not a {what} ({'; '.join(parts)}; expected exactly {', '.join(expected)})"
+        )
 
 
 def _check_shape(path: Path, name: str, tensor, shape: tuple) -> None:
     """CaptureError unless `tensor` is a tensor of `shape` (None = any size there)."""
     if not isinstance(tensor, torch.Tensor):
         raise CaptureError(f"{path}: field {name} is a {type(tensor).__name__}, not a tensor")
-    if len(tensor.shape) != len(shape) or any(s is not None and s != t
-                                              for s, t in zip(shape, tensor.shape)):
+    if len(tensor.shape) != len(shape) or any(
+        s is not None and s != t for s, t in zip(shape, tensor.shape)
+    ):
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise CaptureError(f"{path}: field {name} has shape {list(tensor.shape)}, expected {want}")
 
@@ -95,11 +98,15 @@ def is_speculators_store(path: Path) -> bool:
 def _hs_files(path: Path) -> dict[int, Path]:
     hs_dir = path / SPECULATORS_HS_DIR
     found = {int(m.group(1)): p for p in hs_dir.iterdir() if (m := _HS_NAME.fullmatch(p.name))}
-    others = sorted(p.name for p in hs_dir.iterdir()
-                    if not _HS_NAME.fullmatch(p.name) and not p.name.endswith(".lock"))
+    others = sorted(
+        p.name
+        for p in hs_dir.iterdir()
+        if not _HS_NAME.fullmatch(p.name) and not p.name.endswith(".lock")
+    )
     if others:
-        raise CaptureError(f"{hs_dir}: holds files that are not hs_{{i}}.safetensors "
-                           f"({', '.join(others[:3])})")
+        raise CaptureError(
+            f"{hs_dir}: holds files that are not hs_{{i}}.safetensors ({', '.join(others[:3])})"
+        )
     return found
 
 
@@ -117,14 +124,20 @@ def read_speculators(path: str | Path) -> Iterator[dict[str, torch.Tensor]]:
         rows = load_from_disk(str(path)).with_format("torch")
     except (FileNotFoundError, ValueError) as e:
         raise CaptureError(f"{path}: not a datasets save_to_disk directory ({e})") from None
-    _check_keys(path / "dataset_info.json", rows.column_names, SPECULATORS_COLUMNS,
-                "speculators preprocessed dataset")
+    _check_keys(
+        path / "dataset_info.json",
+        rows.column_names,
+        SPECULATORS_COLUMNS,
+        "speculators preprocessed dataset",
+    )
     files = _hs_files(path)
     if sorted(files) != list(range(len(rows))):
         gaps = sorted(set(range(len(rows))) - set(files))
-        raise CaptureError(f"{path / SPECULATORS_HS_DIR}: hs_{gaps[0] if gaps else max(files)}"
-                           f".safetensors: {'missing' if gaps else 'has no dataset row'} "
-                           f"({len(files)} hs files for {len(rows)} rows)")
+        raise CaptureError(
+            f"{path / SPECULATORS_HS_DIR}: hs_{gaps[0] if gaps else max(files)}"
+            f".safetensors: {'missing' if gaps else 'has no dataset row'} "
+            f"({len(files)} hs files for {len(rows)} rows)"
+        )
     for i in range(len(rows)):
         row, file = rows[i], files[i]
         yield _speculators_sample(file, read_safetensors(file, PEER_FIX, DamagedStore), row)
@@ -137,19 +150,24 @@ def _speculators_sample(file: Path, hs: dict, row: dict) -> dict[str, torch.Tens
     _check_shape(file, "token_ids", hs["token_ids"], (T,))
     _check_shape(file, "hidden_states", hs["hidden_states"], (T, None, None))
     if hs["hidden_states"].shape[1] < 2:
-        raise CaptureError(f"{file}: field hidden_states has {hs['hidden_states'].shape[1]} "
-                           f"layer slots; expected the aux layers and the last layer")
+        raise CaptureError(
+            f"{file}: field hidden_states has {hs['hidden_states'].shape[1]} "
+            f"layer slots; expected the aux layers and the last layer"
+        )
     if not torch.equal(hs["token_ids"].long(), ids):
         raise CaptureError(f"{file}: field token_ids differs from the dataset row's input_ids")
     if mask.shape != ids.shape:
-        raise CaptureError(f"{file.parent.parent}: row {file.stem[3:]}: loss_mask has "
-                           f"{mask.numel()} entries for {T} input_ids")
+        raise CaptureError(
+            f"{file.parent.parent}: row {file.stem[3:]}: loss_mask has "
+            f"{mask.numel()} entries for {T} input_ids"
+        )
     aux, last = _split_aux(hs["hidden_states"])
     return {"input_ids": ids, "loss_mask": mask, "aux_hidden": aux, "last_hidden": last}
 
 
-def write_speculators(samples: Iterable[dict[str, torch.Tensor]], out: str | Path,
-                      num_aux: int) -> int:
+def write_speculators(
+    samples: Iterable[dict[str, torch.Tensor]], out: str | Path, num_aux: int
+) -> int:
     """Write `samples` (before-norm last states) as a speculators offline store into the new
     directory `out`: the dataset (input_ids, loss_mask, seq_len) and hidden_states/hs_{i}.
     Returns the sample count."""
@@ -163,7 +181,9 @@ def write_speculators(samples: Iterable[dict[str, torch.Tensor]], out: str | Pat
         T, H = s["last_hidden"].shape
         stacked = torch.cat([s["aux_hidden"].reshape(T, num_aux, H), s["last_hidden"][:, None]], 1)
         tensors = {"hidden_states": stacked.contiguous(), "token_ids": s["input_ids"].long()}
-        atomic_write(hs_dir / f"hs_{i}.safetensors", lambda tmp, t=tensors: write_safetensors(t, tmp))
+        atomic_write(
+            hs_dir / f"hs_{i}.safetensors", lambda tmp, t=tensors: write_safetensors(t, tmp)
+        )
         columns["input_ids"].append(s["input_ids"].long().tolist())
         columns["loss_mask"].append(s["loss_mask"].long().tolist())
         columns["seq_len"].append(T)
@@ -201,11 +221,15 @@ def _load_ckpt(file: Path) -> dict:
                 return torch.load(io.BytesIO(f.read()), weights_only=True)
         return torch.load(file, weights_only=True)
     except pickle.UnpicklingError:
-        raise CaptureError(f"{file}: holds objects torch.load(weights_only=True) refuses; a SpecForge "
-                           f"file holds a dict of tensors only") from None
+        raise CaptureError(
+            f"{file}: holds objects torch.load(weights_only=True) refuses; a SpecForge "
+            f"file holds a dict of tensors only"
+        ) from None
     except (OSError, EOFError, RuntimeError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else ""
-        raise DamagedStore(f"{file}: unreadable torch.save file ({type(e).__name__}: {first}); {PEER_FIX}") from None
+        raise DamagedStore(
+            f"{file}: unreadable torch.save file ({type(e).__name__}: {first}); {PEER_FIX}"
+        ) from None
 
 
 def read_specforge(path: str | Path) -> Iterator[dict[str, torch.Tensor]]:
@@ -228,14 +252,21 @@ def read_specforge(path: str | Path) -> Iterator[dict[str, torch.Tensor]]:
         _check_shape(file, "aux_hidden_state", data["aux_hidden_state"], (1, T, None))
         H = data["hidden_state"].shape[-1]
         if data["aux_hidden_state"].shape[-1] % H:
-            raise CaptureError(f"{file}: field aux_hidden_state has width "
-                               f"{data['aux_hidden_state'].shape[-1]}, not a multiple of {H}")
-        yield {"input_ids": data["input_ids"].long(), "loss_mask": data["loss_mask"].long(),
-               "aux_hidden": data["aux_hidden_state"][0], "last_hidden": data["hidden_state"][0]}
+            raise CaptureError(
+                f"{file}: field aux_hidden_state has width "
+                f"{data['aux_hidden_state'].shape[-1]}, not a multiple of {H}"
+            )
+        yield {
+            "input_ids": data["input_ids"].long(),
+            "loss_mask": data["loss_mask"].long(),
+            "aux_hidden": data["aux_hidden_state"][0],
+            "last_hidden": data["hidden_state"][0],
+        }
 
 
-def write_specforge(samples: Iterable[dict[str, torch.Tensor]], out: str | Path,
-                    compress: bool = False) -> int:
+def write_specforge(
+    samples: Iterable[dict[str, torch.Tensor]], out: str | Path, compress: bool = False
+) -> int:
     """Write `samples` (after-norm last states) as SpecForge files into the new directory
     `out`: rows_{g}-{g+G}/data_{i}.ckpt (.ckpt.gz when `compress`). Returns the sample count."""
     out = Path(out)
@@ -245,9 +276,12 @@ def write_specforge(samples: Iterable[dict[str, torch.Tensor]], out: str | Path,
         group = (i // SPECFORGE_GROUP) * SPECFORGE_GROUP
         folder = out / f"rows_{group}-{group + SPECFORGE_GROUP}"
         folder.mkdir(exist_ok=True)
-        record = {"input_ids": s["input_ids"].long().clone(), "loss_mask": s["loss_mask"].long().clone(),
-                  "aux_hidden_state": s["aux_hidden"][None].clone(),
-                  "hidden_state": s["last_hidden"][None].clone()}
+        record = {
+            "input_ids": s["input_ids"].long().clone(),
+            "loss_mask": s["loss_mask"].long().clone(),
+            "aux_hidden_state": s["aux_hidden"][None].clone(),
+            "hidden_state": s["last_hidden"][None].clone(),
+        }
         buffer = io.BytesIO()
         torch.save(record, buffer)
         data = gzip.compress(buffer.getvalue(), mtime=0) if compress else buffer.getvalue()

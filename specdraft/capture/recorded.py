@@ -22,7 +22,14 @@ from typing import Any
 import torch
 
 from specdraft.capture.forward import shard_tensors
-from specdraft.capture.store import HEAD, INDEX, CaptureError, CaptureStore, DamagedStore, read_index
+from specdraft.capture.store import (
+    HEAD,
+    INDEX,
+    CaptureError,
+    CaptureStore,
+    DamagedStore,
+    read_index,
+)
 from specdraft.capture.write import _save_shard
 from specdraft.checkpoint import file_sha256, read_safetensors, write_safetensors
 from specdraft.conventions import layers_of_option
@@ -54,28 +61,38 @@ def recorded_index(src: Path) -> dict[str, Any] | None:
     return read_index(path) if path.is_file() else None
 
 
-def check_given(index: dict[str, Any], src: Path, aux_layers, convention: str, target: str | None) -> None:
+def check_given(
+    index: dict[str, Any], src: Path, aux_layers, convention: str, target: str | None
+) -> None:
     """CaptureError when --aux-layers (read in `convention`) or --target name other layers or
     another target than the store `src` records."""
     where = src / RECORD_DIR / INDEX
     recorded = index["target"]
     if aux_layers is not None:
-        layers = layers_of_option(convention, aux_layers, recorded["num_layers"], recorded["target_class"])
+        layers = layers_of_option(
+            convention, aux_layers, recorded["num_layers"], recorded["target_class"]
+        )
         if list(layers) != list(index["aux_layers"]):
-            raise CaptureError(f"--aux-layers {','.join(map(str, aux_layers))} reads as specdraft indices "
-                               f"{list(layers)}, but {where} records {index['aux_layers']}; leave --aux-layers out")
+            raise CaptureError(
+                f"--aux-layers {','.join(map(str, aux_layers))} reads as specdraft indices "
+                f"{list(layers)}, but {where} records {index['aux_layers']}; leave --aux-layers out"
+            )
     if target is not None:
         from specdraft.target.config import config_hash, read_target_config
 
         if config_hash(read_target_config(target)) != recorded["config_hash"]:
-            raise CaptureError(f"--target {target}: another model than the one {where} records "
-                               f"({recorded['name_or_path']}); leave --target out")
+            raise CaptureError(
+                f"--target {target}: another model than the one {where} records "
+                f"({recorded['name_or_path']}); leave --target out"
+            )
 
 
 def _changed(src: Path) -> CaptureError:
-    return CaptureError(f"{src}: its samples are not the ones {src / RECORD_DIR / INDEX} records (data_hash): the "
-                        f"store changed after it was converted; delete {src / RECORD_DIR} and pass --target and "
-                        f"--aux-layers")
+    return CaptureError(
+        f"{src}: its samples are not the ones {src / RECORD_DIR / INDEX} records (data_hash): the "
+        f"store changed after it was converted; delete {src / RECORD_DIR} and pass --target and "
+        f"--aux-layers"
+    )
 
 
 def restore_store(samples: Iterator[dict], src: Path, out: Path, last_from_record: bool) -> int:
@@ -105,7 +122,9 @@ def restore_store(samples: Iterator[dict], src: Path, out: Path, last_from_recor
         raise _changed(src)
     shutil.copyfile(record / HEAD, out / index["target_head"]["file"])
     if file_sha256(out / index["target_head"]["file"]) != index["target_head"]["sha256"]:
-        raise CaptureError(f"{record / HEAD}: checksum differs from the one {record / INDEX} records; "
-                           f"delete {record} and pass --target and --aux-layers")
+        raise CaptureError(
+            f"{record / HEAD}: checksum differs from the one {record / INDEX} records; "
+            f"delete {record} and pass --target and --aux-layers"
+        )
     atomic_write_json(out / INDEX, index)
     return len(kept)

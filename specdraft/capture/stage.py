@@ -51,19 +51,38 @@ class CaptureConfig:
         parse_dtype(self.dtype)
         parse_dtype(self.target_dtype)
         if self.engine not in ENGINES:
-            raise ValueError(f"capture engine {self.engine!r}: expected one of {', '.join(ENGINES)}")
-        given = [f"--{f.name.replace('_', '-')}" for f in fields(VllmOptions)
-                 if getattr(self.vllm, f.name) != f.default]
+            raise ValueError(
+                f"capture engine {self.engine!r}: expected one of {', '.join(ENGINES)}"
+            )
+        given = [
+            f"--{f.name.replace('_', '-')}"
+            for f in fields(VllmOptions)
+            if getattr(self.vllm, f.name) != f.default
+        ]
         if self.engine != "vllm" and given:
-            what, it = ("a vLLM engine option", "it") if len(given) == 1 else ("vLLM engine options", "them")
-            raise ValueError(f"{', '.join(given)}: {what}; capture with --engine vllm, or leave {it} out with "
-                             f"--engine {self.engine}")
+            what, it = (
+                ("a vLLM engine option", "it")
+                if len(given) == 1
+                else ("vLLM engine options", "them")
+            )
+            raise ValueError(
+                f"{', '.join(given)}: {what}; capture with --engine vllm, or leave {it} out with "
+                f"--engine {self.engine}"
+            )
 
 
-def load_inputs(target: str | Path, data: str | Path, *, tokenizer: str | None = None,
-                chat: bool = True, template_kwargs: dict[str, Any] | None = None,
-                skip_bad: bool = False, target_dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu", reasoning: str = "keep"):
+def load_inputs(
+    target: str | Path,
+    data: str | Path,
+    *,
+    tokenizer: str | None = None,
+    chat: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
+    skip_bad: bool = False,
+    target_dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    reasoning: str = "keep",
+):
     """The target, its tokenizer and `data` rendered with it: what capture and online training read.
 
     target: transformers model directory (its tokenizer too unless `tokenizer` is given); data,
@@ -74,14 +93,30 @@ def load_inputs(target: str | Path, data: str | Path, *, tokenizer: str | None =
     from specdraft.target import load_target
 
     model = load_target(target, dtype=target_dtype, device=device)
-    tok, samples = load_samples(target, data, model.vocab_size, tokenizer=tokenizer, chat=chat,
-                                template_kwargs=template_kwargs, skip_bad=skip_bad, reasoning=reasoning)
+    tok, samples = load_samples(
+        target,
+        data,
+        model.vocab_size,
+        tokenizer=tokenizer,
+        chat=chat,
+        template_kwargs=template_kwargs,
+        skip_bad=skip_bad,
+        reasoning=reasoning,
+    )
     return model, tok, samples
 
 
-def load_samples(target: str | Path, data: str | Path, vocab_size: int, *, tokenizer: str | None = None,
-                 chat: bool = True, template_kwargs: dict[str, Any] | None = None, skip_bad: bool = False,
-                 reasoning: str = "keep"):
+def load_samples(
+    target: str | Path,
+    data: str | Path,
+    vocab_size: int,
+    *,
+    tokenizer: str | None = None,
+    chat: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
+    skip_bad: bool = False,
+    reasoning: str = "keep",
+):
     """The target's tokenizer and `data` rendered with it, checked against the target's
     `vocab_size` (as `load_inputs`, without loading the target). Returns (tokenizer, SampleSet)."""
     from transformers import AutoTokenizer
@@ -90,10 +125,18 @@ def load_samples(target: str | Path, data: str | Path, vocab_size: int, *, token
 
     tok = AutoTokenizer.from_pretrained(tokenizer or target)
     if len(tok) > vocab_size:
-        raise ValueError(f"tokenizer has {len(tok)} tokens but the target's vocabulary is "
-                         f"{vocab_size}: pass the target's own tokenizer (--tokenizer)")
-    return tok, load_dataset(data, tok, chat=chat, template_kwargs=template_kwargs, skip_bad=skip_bad,
-                             reasoning=reasoning)
+        raise ValueError(
+            f"tokenizer has {len(tok)} tokens but the target's vocabulary is "
+            f"{vocab_size}: pass the target's own tokenizer (--tokenizer)"
+        )
+    return tok, load_dataset(
+        data,
+        tok,
+        chat=chat,
+        template_kwargs=template_kwargs,
+        skip_bad=skip_bad,
+        reasoning=reasoning,
+    )
 
 
 def check_aux_arg(aux_layers, target: str | Path) -> None:
@@ -117,8 +160,11 @@ def _aux_facts(aux_layers, target: str | Path) -> tuple[list[int], int, str]:
     config = read_target_config(target)
     text = config.get_text_config()
     architecture = (getattr(config, "architectures", None) or [None])[0]
-    return (list(aux_layers or default_aux_layers(text.num_hidden_layers)), text.num_hidden_layers,
-            target_class_of(architecture, text.model_type))
+    return (
+        list(aux_layers or default_aux_layers(text.num_hidden_layers)),
+        text.num_hidden_layers,
+        target_class_of(architecture, text.model_type),
+    )
 
 
 def serving_line(aux_layers, target: str | Path) -> str | None:
@@ -143,9 +189,16 @@ def aux_line(aux_layers, target: str | Path) -> str:
             names.append(f"{label} ids {to_engine_ids(layers, engine, num_layers, target_class)}")
         except ConventionError as e:
             names.append(f"{label}: {e}")
-    origin = (f"given, on this {num_layers}-layer target" if aux_layers
-              else f"the default on this {num_layers}-layer target"
-              + ("; the engines' no-ids default [2, L//2, L-3] collapses below 7 layers" if num_layers < 7 else ""))
+    origin = (
+        f"given, on this {num_layers}-layer target"
+        if aux_layers
+        else f"the default on this {num_layers}-layer target"
+        + (
+            "; the engines' no-ids default [2, L//2, L-3] collapses below 7 layers"
+            if num_layers < 7
+            else ""
+        )
+    )
     return f"aux layers {layers} (specdraft indices, {origin}): " + ", ".join(names)
 
 
@@ -165,14 +218,22 @@ def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
     if cfg.engine == "vllm":
         return _capture_through_vllm(cfg, console)
     target, tokenizer, data = load_inputs(
-        cfg.target, cfg.data, tokenizer=cfg.tokenizer, chat=cfg.chat,
-        template_kwargs=cfg.template_kwargs, skip_bad=cfg.skip_bad,
-        target_dtype=parse_dtype(cfg.target_dtype), device=cfg.device, reasoning=cfg.reasoning)
+        cfg.target,
+        cfg.data,
+        tokenizer=cfg.tokenizer,
+        chat=cfg.chat,
+        template_kwargs=cfg.template_kwargs,
+        skip_bad=cfg.skip_bad,
+        target_dtype=parse_dtype(cfg.target_dtype),
+        device=cfg.device,
+        reasoning=cfg.reasoning,
+    )
     settings = _settings(cfg, cfg.aux_layers or default_aux_layers(target.num_layers))
     _announce(cfg, console)
     extra = _identity(cfg, tokenizer, data, data.num_skipped, console)
-    return write_store(target, data.samples, cfg.out_dir, settings, extra=extra,
-                       device=cfg.device, console=console)
+    return write_store(
+        target, data.samples, cfg.out_dir, settings, extra=extra, device=cfg.device, console=console
+    )
 
 
 def _announce(cfg: CaptureConfig, console) -> None:
@@ -186,8 +247,13 @@ def _announce(cfg: CaptureConfig, console) -> None:
 
 
 def _settings(cfg: CaptureConfig, aux_layers) -> StoreSettings:
-    return StoreSettings(tuple(aux_layers), parse_dtype(cfg.dtype), cfg.max_length, cfg.shard_tokens,
-                         cfg.batch_tokens)
+    return StoreSettings(
+        tuple(aux_layers),
+        parse_dtype(cfg.dtype),
+        cfg.max_length,
+        cfg.shard_tokens,
+        cfg.batch_tokens,
+    )
 
 
 def _identity(cfg: CaptureConfig, tokenizer, data, num_skipped: int, console) -> dict[str, Any]:
@@ -198,10 +264,12 @@ def _identity(cfg: CaptureConfig, tokenizer, data, num_skipped: int, console) ->
 
     if console is not None and num_skipped:
         console.print(skipped_line(num_skipped, cfg.data), style="yellow", markup=False)
-    return {"tokenizer": tokenizer_fingerprint(tokenizer),
-            "chat_template": data.render_info.to_dict(),
-            "target_path": str(Path(cfg.target).resolve()),
-            "data": {"path": str(cfg.data), "num_skipped": num_skipped}}
+    return {
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "chat_template": data.render_info.to_dict(),
+        "target_path": str(Path(cfg.target).resolve()),
+        "data": {"path": str(cfg.data), "num_skipped": num_skipped},
+    }
 
 
 def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
@@ -219,25 +287,56 @@ def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
 
     import_vllm()
     head = HeadTarget(cfg.target, parse_dtype(cfg.target_dtype))
-    tokenizer, data = load_samples(cfg.target, cfg.data, head.vocab_size, tokenizer=cfg.tokenizer,
-                                   chat=cfg.chat, template_kwargs=cfg.template_kwargs, skip_bad=cfg.skip_bad,
-                                   reasoning=cfg.reasoning)
+    tokenizer, data = load_samples(
+        cfg.target,
+        cfg.data,
+        head.vocab_size,
+        tokenizer=cfg.tokenizer,
+        chat=cfg.chat,
+        template_kwargs=cfg.template_kwargs,
+        skip_bad=cfg.skip_bad,
+        reasoning=cfg.reasoning,
+    )
     settings = _settings(cfg, cfg.aux_layers or default_aux_layers(head.num_layers))
     _announce(cfg, console)
-    engine = VllmCapture(cfg.target, head, settings.aux_layers, parse_dtype(cfg.target_dtype), cfg.vllm,
-                         cfg.max_length)
-    samples, too_long = drop_too_long([s.truncated(cfg.max_length) for s in data.samples],
-                                      engine.max_model_len, cfg.skip_bad, cfg.data)
+    engine = VllmCapture(
+        cfg.target,
+        head,
+        settings.aux_layers,
+        parse_dtype(cfg.target_dtype),
+        cfg.vllm,
+        cfg.max_length,
+    )
+    samples, too_long = drop_too_long(
+        [s.truncated(cfg.max_length) for s in data.samples],
+        engine.max_model_len,
+        cfg.skip_bad,
+        cfg.data,
+    )
     extra = _identity(cfg, tokenizer, data, data.num_skipped + too_long, console)
     if cfg.vllm.data_parallel_size > 1:
         from specdraft.capture.vllm_parallel import DataParallelCapture, rank_environments
 
         envs = rank_environments(cfg.vllm.data_parallel_size, cfg.vllm.tensor_parallel_size)
-        return write_store(head, samples, cfg.out_dir, settings, extra=extra, console=console,
-                           run_shards=DataParallelCapture(engine, envs).run)
+        return write_store(
+            head,
+            samples,
+            cfg.out_dir,
+            settings,
+            extra=extra,
+            console=console,
+            run_shards=DataParallelCapture(engine, envs).run,
+        )
     engine.start(Path(cfg.out_dir))
     try:
-        return write_store(head, samples, cfg.out_dir, settings, extra=extra, console=console,
-                           run_shards=in_process(engine.capture_shard))
+        return write_store(
+            head,
+            samples,
+            cfg.out_dir,
+            settings,
+            extra=extra,
+            console=console,
+            run_shards=in_process(engine.capture_shard),
+        )
     finally:
         engine.close()

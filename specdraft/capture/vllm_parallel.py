@@ -36,8 +36,8 @@ from specdraft.capture.store import CaptureError, StoreSettings
 from specdraft.capture.vllm import VllmCapture
 from specdraft.capture.write import ShardJob, save_shard
 
-POLL_S = 1.0      # how often the parent looks for a rank that died without a word
-STOP_S = 60.0     # how long a rank may take to shut its engine down before it is killed
+POLL_S = 1.0  # how often the parent looks for a rank that died without a word
+STOP_S = 60.0  # how long a rank may take to shut its engine down before it is killed
 
 
 def assign(jobs: list[ShardJob], size: int) -> list[list[ShardJob]]:
@@ -55,20 +55,28 @@ def rank_environments(size: int, tp: int) -> list[dict[str, str]]:
     if current_platform.is_cpu():
         cores = sorted(os.sched_getaffinity(0))
         if len(cores) < size * tp:
-            raise CaptureError(f"{need} CPU cores for vLLM's CPU build; this process may use {len(cores)}")
+            raise CaptureError(
+                f"{need} CPU cores for vLLM's CPU build; this process may use {len(cores)}"
+            )
         per_rank = len(cores) // size
         envs = []
         for rank in range(size):
-            mine = cores[rank * per_rank:(rank + 1) * per_rank]
-            workers = [mine[w * (per_rank // tp):(w + 1) * (per_rank // tp)] for w in range(tp)]
-            envs.append({"OMP_NUM_THREADS": str(per_rank),
-                         "VLLM_CPU_OMP_THREADS_BIND": "|".join(",".join(map(str, w)) for w in workers)})
+            mine = cores[rank * per_rank : (rank + 1) * per_rank]
+            workers = [mine[w * (per_rank // tp) : (w + 1) * (per_rank // tp)] for w in range(tp)]
+            envs.append(
+                {
+                    "OMP_NUM_THREADS": str(per_rank),
+                    "VLLM_CPU_OMP_THREADS_BIND": "|".join(",".join(map(str, w)) for w in workers),
+                }
+            )
         return envs
     var = current_platform.device_control_env_var
     visible = _visible_devices(var)
     if len(visible) < size * tp:
-        raise CaptureError(f"{need} devices; {len(visible)} are visible ({var}={os.environ.get(var, '')!r})")
-    return [{var: ",".join(visible[rank * tp:(rank + 1) * tp])} for rank in range(size)]
+        raise CaptureError(
+            f"{need} devices; {len(visible)} are visible ({var}={os.environ.get(var, '')!r})"
+        )
+    return [{var: ",".join(visible[rank * tp : (rank + 1) * tp])} for rank in range(size)]
 
 
 def _visible_devices(var: str) -> list[str]:
@@ -90,7 +98,9 @@ class DataParallelCapture:
     def __init__(self, engine: VllmCapture, envs: list[dict[str, str]]):
         self.engine, self.envs = engine, envs
 
-    def run(self, jobs: list[ShardJob], out_dir: Path, settings: StoreSettings, on_tokens, on_shard) -> None:
+    def run(
+        self, jobs: list[ShardJob], out_dir: Path, settings: StoreSettings, on_tokens, on_shard
+    ) -> None:
         """Capture `jobs` over the ranks; on_tokens(n) and on_shard(entry) run here, as the ranks
         report. Raises CaptureError naming the first rank that failed, with its one-line reason
         (the other ranks are stopped; the shards already reported stay in the index)."""
@@ -102,8 +112,11 @@ class DataParallelCapture:
         try:
             for rank, mine in enumerate(assign(jobs, len(self.envs))):
                 if mine:
-                    processes[rank] = context.Process(target=_rank_main, name=f"specdraft-capture-dp{rank}",
-                                                      args=(rank, self.engine, mine, out_dir, settings, messages))
+                    processes[rank] = context.Process(
+                        target=_rank_main,
+                        name=f"specdraft-capture-dp{rank}",
+                        args=(rank, self.engine, mine, out_dir, settings, messages),
+                    )
                     with _environment(self.envs[rank]):
                         processes[rank].start()
                     left[rank] = len(mine)
@@ -132,8 +145,12 @@ def _next_message(messages, processes: dict, left: dict) -> tuple[str, int, obje
         except queue.Empty:
             for rank, process in processes.items():
                 if left[rank] and process.exitcode is not None:
-                    return ("error", rank, f"its process exited with code {process.exitcode}, {left[rank]} of its "
-                            "shards not captured (killed? out of memory?); re-run the same command to resume")
+                    return (
+                        "error",
+                        rank,
+                        f"its process exited with code {process.exitcode}, {left[rank]} of its "
+                        "shards not captured (killed? out of memory?); re-run the same command to resume",
+                    )
 
 
 def _stop(processes: list, finished: bool) -> None:
@@ -168,8 +185,14 @@ def _exit(signum: int, _frame) -> None:
     raise SystemExit(128 + signum)
 
 
-def _rank_main(rank: int, engine: VllmCapture, jobs: list[ShardJob], out_dir: Path, settings: StoreSettings,
-               messages) -> None:
+def _rank_main(
+    rank: int,
+    engine: VllmCapture,
+    jobs: list[ShardJob],
+    out_dir: Path,
+    settings: StoreSettings,
+    messages,
+) -> None:
     """A rank's process: start its engine, capture and save its shards, report each; any error
     as ("error", rank, one line). The rank leaves the terminal's process group, so Ctrl-C reaches
     the parent alone, which stops the ranks: SIGTERM closes the engine (its engine processes and
@@ -181,11 +204,21 @@ def _rank_main(rank: int, engine: VllmCapture, jobs: list[ShardJob], out_dir: Pa
         try:
             engine.start(out_dir)
             for job in jobs:
-                tensors = engine.capture_shard(job.samples, settings, lambda n: messages.put(("tokens", rank, n)))
+                tensors = engine.capture_shard(
+                    job.samples, settings, lambda n: messages.put(("tokens", rank, n))
+                )
                 messages.put(("shard", rank, save_shard(out_dir, job, tensors)))
         finally:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # closing already: a stop must not cut it short
+            signal.signal(
+                signal.SIGTERM, signal.SIG_IGN
+            )  # closing already: a stop must not cut it short
             engine.close()
     except Exception as e:  # noqa: BLE001 - the rank's reason goes to the parent as one line
         reason = " ".join(str(e).split())
-        messages.put(("error", rank, reason if isinstance(e, CaptureError) else f"{type(e).__name__}: {reason}"))
+        messages.put(
+            (
+                "error",
+                rank,
+                reason if isinstance(e, CaptureError) else f"{type(e).__name__}: {reason}",
+            )
+        )

@@ -34,7 +34,13 @@ from specdraft.capture.store import (
 )
 from specdraft.checkpoint import file_sha256, write_safetensors
 from specdraft.data.render import Sample, data_hash
-from specdraft.files import atomic_write, atomic_write_bytes, atomic_write_json, differing_fields, is_temp_path
+from specdraft.files import (
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_json,
+    differing_fields,
+    is_temp_path,
+)
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,9 @@ def _human(num_bytes: float) -> str:
 
 def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> str:
     """Write one shard's tensors to `path` (atomically); its sha256."""
-    atomic_write(path, lambda tmp: write_safetensors({k: v.contiguous() for k, v in tensors.items()}, tmp))
+    atomic_write(
+        path, lambda tmp: write_safetensors({k: v.contiguous() for k, v in tensors.items()}, tmp)
+    )
     return file_sha256(path)
 
 
@@ -67,29 +75,50 @@ def _new_index(target, samples: list[Sample], settings: StoreSettings, extra: di
     n_aux = len(settings.aux_layers)
     H = target.hidden_size
     return {
-        "format": FORMAT, "format_version": FORMAT_VERSION, **settings.identity(),
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        **settings.identity(),
         "target": target_meta(target, extra.get("target_path")),
-        "tokenizer": extra.get("tokenizer"), "chat_template": extra.get("chat_template"),
-        "data": extra.get("data"), "data_hash": data_hash(samples),
-        "num_samples": len(samples), "num_tokens": sum(len(s.input_ids) for s in samples),
+        "tokenizer": extra.get("tokenizer"),
+        "chat_template": extra.get("chat_template"),
+        "data": extra.get("data"),
+        "data_hash": data_hash(samples),
+        "num_samples": len(samples),
+        "num_tokens": sum(len(s.input_ids) for s in samples),
         "num_shards": len(plan_samples(samples, settings)),
-        "tensors": {"input_ids": ["int32", ["N"]], "loss_mask": ["uint8", ["N"]],
-                    "offsets": ["int64", ["S+1"]],
-                    "aux_hidden": [dtype_name(settings.dtype), ["N", n_aux * H]],
-                    "last_hidden": [dtype_name(settings.dtype), ["N", H]]},
-        "target_head": None, "shards": [], "complete": False,
+        "tensors": {
+            "input_ids": ["int32", ["N"]],
+            "loss_mask": ["uint8", ["N"]],
+            "offsets": ["int64", ["S+1"]],
+            "aux_hidden": [dtype_name(settings.dtype), ["N", n_aux * H]],
+            "last_hidden": [dtype_name(settings.dtype), ["N", H]],
+        },
+        "target_head": None,
+        "shards": [],
+        "complete": False,
     }
 
 
-_IDENTITY_KEYS = ("format_version", "aux_layers", "dtype", "max_length", "shard_tokens",
-                  "shard_samples", "data_hash", "num_samples", "num_tokens")
+_IDENTITY_KEYS = (
+    "format_version",
+    "aux_layers",
+    "dtype",
+    "max_length",
+    "shard_tokens",
+    "shard_samples",
+    "data_hash",
+    "num_samples",
+    "num_tokens",
+)
 _TARGET_KEY = "target config_hash"
 
 
 def _identity(index: dict) -> dict[str, Any]:
     """What a resumed store must match: `_IDENTITY_KEYS` and the target's config hash."""
-    return {**{k: index.get(k) for k in _IDENTITY_KEYS},
-            _TARGET_KEY: (index.get("target") or {}).get("config_hash")}
+    return {
+        **{k: index.get(k) for k in _IDENTITY_KEYS},
+        _TARGET_KEY: (index.get("target") or {}).get("config_hash"),
+    }
 
 
 def _resume_index(out_dir: Path, fresh: dict) -> dict:
@@ -101,11 +130,15 @@ def _resume_index(out_dir: Path, fresh: dict) -> dict:
     if not old.get("shards"):
         return fresh  # no shard captured yet: nothing to keep, whatever the settings were
     was, now = _identity(old), _identity(fresh)
-    diffs = [f"{k} differs" if k == _TARGET_KEY else f"{k}: {was[k]!r} vs now {now[k]!r}"
-             for k in differing_fields(was, now, (*_IDENTITY_KEYS, _TARGET_KEY))]
+    diffs = [
+        f"{k} differs" if k == _TARGET_KEY else f"{k}: {was[k]!r} vs now {now[k]!r}"
+        for k in differing_fields(was, now, (*_IDENTITY_KEYS, _TARGET_KEY))
+    ]
     if diffs:
-        raise CaptureError(f"{path}: this store was captured with other settings ("
-                           f"{'; '.join(diffs)}); use a new output directory or delete {out_dir}")
+        raise CaptureError(
+            f"{path}: this store was captured with other settings ("
+            f"{'; '.join(diffs)}); use a new output directory or delete {out_dir}"
+        )
     return old
 
 
@@ -116,9 +149,11 @@ def _save_head(out_dir: Path, head: dict[str, torch.Tensor], index: dict) -> Non
     digest = hashlib.sha256(data).hexdigest()
     old = index["target_head"]
     if old and old["sha256"] != digest:
-        raise CaptureError(f"{out_dir / HEAD}: the target's head/embedding weights differ from "
-                           f"the ones this store was captured with; use a new output directory "
-                           f"or delete {out_dir}")
+        raise CaptureError(
+            f"{out_dir / HEAD}: the target's head/embedding weights differ from "
+            f"the ones this store was captured with; use a new output directory "
+            f"or delete {out_dir}"
+        )
     if not _valid(out_dir, old):
         atomic_write_bytes(out_dir / HEAD, data)
     index["target_head"] = {"file": HEAD, "sha256": digest}
@@ -137,14 +172,18 @@ def check_store_dir(out_dir: str | Path) -> Path:
     Raises CaptureError."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
-        raise CaptureError(f"{out_dir} is a file; pass a directory: a new or empty one, or a capture "
-                           f"store to resume")
+        raise CaptureError(
+            f"{out_dir} is a file; pass a directory: a new or empty one, or a capture "
+            f"store to resume"
+        )
     if out.is_dir() and not (out / INDEX).exists():
         # a run stopped before its index leaves at most the target head and temp files
         others = [p.name for p in out.iterdir() if p.name != HEAD and not _is_partial(p)]
         if others:
-            raise CaptureError(f"{out_dir}: holds files that are not a capture store ({', '.join(sorted(others)[:3])}"
-                               f"{', ...' if len(others) > 3 else ''}); give a new or empty directory")
+            raise CaptureError(
+                f"{out_dir}: holds files that are not a capture store ({', '.join(sorted(others)[:3])}"
+                f"{', ...' if len(others) > 3 else ''}); give a new or empty directory"
+            )
     return out
 
 
@@ -153,8 +192,9 @@ def _is_partial(path: Path) -> bool:
     return is_temp_path(path) or path.name.endswith(".tmp")
 
 
-def _print_estimate(console, index: dict, settings: StoreSettings, H: int, head_bytes: int,
-                    out_dir: Path) -> int:
+def _print_estimate(
+    console, index: dict, settings: StoreSettings, H: int, head_bytes: int, out_dir: Path
+) -> int:
     """Print the store's size in two short lines, the total, then how it adds up (one line of 123
     columns broke inside its formula at a 100-column terminal); warn when the disk under `out_dir`
     has less free. Returns the estimated bytes (`estimate_disk`)."""
@@ -162,19 +202,35 @@ def _print_estimate(console, index: dict, settings: StoreSettings, H: int, head_
     total = estimate_disk(tokens, H, n_aux, settings.dtype, head_bytes)
     if console is not None:
         shards = index["num_shards"]
-        console.print(f"capture: {index['num_samples']} samples, {tokens} tokens, {shards} "
-                      f"shard{'s' * (shards != 1)}; estimated disk {_human(total)}", markup=False)
-        console.print(f"  = {tokens} tokens x {bytes_per_token(H, n_aux, settings.dtype)} B (ids 4 + mask 1 + "
-                      f"{n_aux + 1}·{H}·{settings.dtype.itemsize}) + target head {_human(head_bytes)}", markup=False)
+        console.print(
+            f"capture: {index['num_samples']} samples, {tokens} tokens, {shards} "
+            f"shard{'s' * (shards != 1)}; estimated disk {_human(total)}",
+            markup=False,
+        )
+        console.print(
+            f"  = {tokens} tokens x {bytes_per_token(H, n_aux, settings.dtype)} B (ids 4 + mask 1 + "
+            f"{n_aux + 1}·{H}·{settings.dtype.itemsize}) + target head {_human(head_bytes)}",
+            markup=False,
+        )
         free = shutil.disk_usage(out_dir).free
         if free < total:
-            console.print(f"warning: only {_human(free)} free under {out_dir}", style="yellow",
-                          markup=False)
+            console.print(
+                f"warning: only {_human(free)} free under {out_dir}", style="yellow", markup=False
+            )
     return total
 
 
-def write_store(target, samples: list[Sample], out_dir: str | Path, settings: StoreSettings, *,
-                extra: dict | None = None, device="cpu", console=None, run_shards=None) -> CaptureResult:
+def write_store(
+    target,
+    samples: list[Sample],
+    out_dir: str | Path,
+    settings: StoreSettings,
+    *,
+    extra: dict | None = None,
+    device="cpu",
+    console=None,
+    run_shards=None,
+) -> CaptureResult:
     """Capture `samples` (truncated to settings.max_length) through `target` into `out_dir`.
 
     target: a `specdraft.target.Target`. extra: identity recorded in index.json: "tokenizer"
@@ -208,16 +264,21 @@ def write_store(target, samples: list[Sample], out_dir: str | Path, settings: St
         index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
         atomic_write_json(out_dir / INDEX, index)
         num_reused = len(done)
-        run_shards = run_shards or in_process(lambda part, st, on_batch: capture_shard(target, part, st, device, on_batch))
+        run_shards = run_shards or in_process(
+            lambda part, st, on_batch: capture_shard(target, part, st, device, on_batch)
+        )
         _capture_missing(run_shards, samples, settings, out_dir, index, done, console)
     except Exception:
-        if created and not done:  # nothing captured: leave no store that a corrected re-run would meet
+        if (
+            created and not done
+        ):  # nothing captured: leave no store that a corrected re-run would meet
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
     index["complete"] = True
     atomic_write_json(out_dir / INDEX, index)
-    return CaptureResult(out_dir, len(samples), index["num_tokens"], index["num_shards"],
-                         num_reused, total)
+    return CaptureResult(
+        out_dir, len(samples), index["num_tokens"], index["num_shards"], num_reused, total
+    )
 
 
 @dataclass(frozen=True)
@@ -235,27 +296,52 @@ def save_shard(out_dir: Path, job: ShardJob, tensors: dict[str, torch.Tensor]) -
     `out_dir`, atomically; its index.json entry (file, sha256, first sample, counts)."""
     name = f"shard-{job.shard:05d}.safetensors"
     digest = _save_shard(tensors, out_dir / name)
-    return {"shard": job.shard, "file": name, "sha256": digest, "first_sample": job.first,
-            "num_samples": len(job.samples), "num_tokens": int(tensors["offsets"][-1])}
+    return {
+        "shard": job.shard,
+        "file": name,
+        "sha256": digest,
+        "first_sample": job.first,
+        "num_samples": len(job.samples),
+        "num_tokens": int(tensors["offsets"][-1]),
+    }
 
 
 def in_process(shard_fn):
     """A `write_store` run_shards that captures the jobs here, one after another, with
     shard_fn(samples, settings, on_batch) -> a shard's tensors."""
-    def run_shards(jobs: list[ShardJob], out_dir: Path, settings: StoreSettings, on_tokens, on_shard) -> None:
+
+    def run_shards(
+        jobs: list[ShardJob], out_dir: Path, settings: StoreSettings, on_tokens, on_shard
+    ) -> None:
         for job in jobs:
             on_shard(save_shard(out_dir, job, shard_fn(job.samples, settings, on_tokens)))
+
     return run_shards
 
 
 def _capture_missing(run_shards, samples, settings, out_dir, index, done, console) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     plan = plan_samples(samples, settings)
-    jobs = [ShardJob(s, first, samples[first:end]) for s, (first, end) in enumerate(plan) if s not in done]
+    jobs = [
+        ShardJob(s, first, samples[first:end])
+        for s, (first, end) in enumerate(plan)
+        if s not in done
+    ]
     num_tokens = sum(len(x.input_ids) for job in jobs for x in job.samples)
-    columns = (TextColumn("capture"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
-               TimeRemainingColumn(elapsed_when_finished=True))  # time left while running, time taken once done
+    columns = (
+        TextColumn("capture"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("tokens"),
+        TimeRemainingColumn(elapsed_when_finished=True),
+    )  # time left while running, time taken once done
 
     def on_shard(entry: dict) -> None:  # the one writer of index.json
         done[entry["shard"]] = entry

@@ -78,22 +78,75 @@ from specdraft.errors import UnusableInput
 from specdraft.files import atomic_dir, replace_dir
 
 __all__ = [
-    "CHECKPOINT_DIR", "SOURCE_FORMS", "DRAFTER_CONFIG_FIX", "FLAGS_FIX", "LAYER_PREFIX", "LAYOUTS", "MANIFEST_FILE",
-    "MANIFEST_FIX", "PROGRESS_FILE", "UNIMPLEMENTED_FLAGS", "WEIGHTS_FILE", "WEIGHT_FILES", "CheckpointError",
-    "Converted", "DirKind", "LoadedDraft", "Manifest", "WeightFiles", "all_finite", "audit", "aux_layers_note",
-    "build_draft", "check_output_dir", "check_vocab_map", "check_weight_headers", "checkpoint_paths",
-    "classify_dir", "config_from_files", "convert_draft", "derived_tensors", "describe_layout", "detect_layout",
-    "draft_tensors", "file_sha256", "find_weights", "has_manifest", "is_training_checkpoint", "load_draft",
-    "load_training_checkpoint", "official_config", "open_safetensors", "owned_embedding_config", "read_config",
-    "read_draft_config", "read_safetensors", "read_sharded", "read_weights", "refuse_other_aux_layers",
-    "refuse_unimplemented_flags", "replace_dir", "save_draft", "source_verifier", "speculators_config",
-    "state_dict_for_layout", "tensor_digest", "unimplemented_flags", "usable_vocab", "verifier_replaced_note",
-    "verify_written", "vocab_map_problems", "write_safetensors", "wrong_dir_message",
+    "CHECKPOINT_DIR",
+    "SOURCE_FORMS",
+    "DRAFTER_CONFIG_FIX",
+    "FLAGS_FIX",
+    "LAYER_PREFIX",
+    "LAYOUTS",
+    "MANIFEST_FILE",
+    "MANIFEST_FIX",
+    "PROGRESS_FILE",
+    "UNIMPLEMENTED_FLAGS",
+    "WEIGHTS_FILE",
+    "WEIGHT_FILES",
+    "CheckpointError",
+    "Converted",
+    "DirKind",
+    "LoadedDraft",
+    "Manifest",
+    "WeightFiles",
+    "all_finite",
+    "audit",
+    "aux_layers_note",
+    "build_draft",
+    "check_output_dir",
+    "check_vocab_map",
+    "check_weight_headers",
+    "checkpoint_paths",
+    "classify_dir",
+    "config_from_files",
+    "convert_draft",
+    "derived_tensors",
+    "describe_layout",
+    "detect_layout",
+    "draft_tensors",
+    "file_sha256",
+    "find_weights",
+    "has_manifest",
+    "is_training_checkpoint",
+    "load_draft",
+    "load_training_checkpoint",
+    "official_config",
+    "open_safetensors",
+    "owned_embedding_config",
+    "read_config",
+    "read_draft_config",
+    "read_safetensors",
+    "read_sharded",
+    "read_weights",
+    "refuse_other_aux_layers",
+    "refuse_unimplemented_flags",
+    "replace_dir",
+    "save_draft",
+    "source_verifier",
+    "speculators_config",
+    "state_dict_for_layout",
+    "tensor_digest",
+    "unimplemented_flags",
+    "usable_vocab",
+    "verifier_replaced_note",
+    "verify_written",
+    "vocab_map_problems",
+    "write_safetensors",
+    "wrong_dir_message",
 ]
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
-SOURCE_FORMS = ("a drafter directory (config.json, model.safetensors) or a training checkpoint "
-                "(RUN/checkpoints/step-N.pt)")  # what load_draft reads: export's CHECKPOINT, the engine's --draft
+SOURCE_FORMS = (
+    "a drafter directory (config.json, model.safetensors) or a training checkpoint "
+    "(RUN/checkpoints/step-N.pt)"
+)  # what load_draft reads: export's CHECKPOINT, the engine's --draft
 
 
 @dataclass
@@ -117,10 +170,17 @@ class Converted:
     derived: tuple[str, ...]
 
 
-def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdraft",
-               manifest: Manifest | None = None, verifier: str | None = None,
-               verifier_architectures: list[str] | None = None, target_class: str | None = None,
-               sglang_version: str | None = None) -> Path:
+def save_draft(
+    model: Eagle3Draft,
+    out_dir: str | Path,
+    *,
+    layout: str = "specdraft",
+    manifest: Manifest | None = None,
+    verifier: str | None = None,
+    verifier_architectures: list[str] | None = None,
+    target_class: str | None = None,
+    sglang_version: str | None = None,
+) -> Path:
     """Write `model` in `layout` under `out_dir`, atomically (temp dir, then rename).
 
     Writes model.safetensors and config.json, and specdraft_manifest.json when a manifest is
@@ -142,15 +202,24 @@ def save_draft(model: Eagle3Draft, out_dir: str | Path, *, layout: str = "specdr
     if verifier_architectures is None:
         verifier_architectures = [recorded["architecture"]] if recorded.get("architecture") else []
     target_class = target_class or recorded.get("target_class") or "llama"
-    config = (speculators_config(model.cfg, dtype, verifier, verifier_architectures, target_class=target_class)
-              if layout == "speculators" else official_config(model.cfg, dtype, target_class, sglang_version))
+    config = (
+        speculators_config(
+            model.cfg, dtype, verifier, verifier_architectures, target_class=target_class
+        )
+        if layout == "speculators"
+        else official_config(model.cfg, dtype, target_class, sglang_version)
+    )
     if layout == "sglang" and AUX_KEY not in config and "eagle_config" not in config:
-        raise CheckpointError(f"aux layers {list(model.cfg.aux_layers)}: no engine id list names them on "
-                              f"{target_class}-class targets{'' if sglang_version is None else ' in SGLang ' + sglang_version}"
-                              ", so the official layout (no manifest) cannot record them: pass --sglang-version, "
-                              "or keep the specdraft layout")
+        raise CheckpointError(
+            f"aux layers {list(model.cfg.aux_layers)}: no engine id list names them on "
+            f"{target_class}-class targets{'' if sglang_version is None else ' in SGLang ' + sglang_version}"
+            ", so the official layout (no manifest) cannot record them: pass --sglang-version, "
+            "or keep the specdraft layout"
+        )
     with atomic_dir(out_dir) as tmp:
-        write_safetensors(state_dict_for_layout(model, layout), tmp / WEIGHTS_FILE, metadata={"format": "pt"})
+        write_safetensors(
+            state_dict_for_layout(model, layout), tmp / WEIGHTS_FILE, metadata={"format": "pt"}
+        )
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         if manifest is not None and layout != "sglang":
             (tmp / MANIFEST_FILE).write_text(manifest.to_json())
@@ -170,19 +239,27 @@ def check_output_dir(out_dir: str | Path, source: str | Path | None = None) -> P
     CheckpointError; UnusableInput for the `source` itself (a usage error: exit 2)."""
     out = Path(out_dir).resolve()
     if source is not None and out == Path(source).resolve():
-        raise UnusableInput(f"{out_dir}: is the checkpoint being read; writing there would replace it: give "
-                              "another output directory")
+        raise UnusableInput(
+            f"{out_dir}: is the checkpoint being read; writing there would replace it: give "
+            "another output directory"
+        )
     if out.exists() and not out.is_dir():
-        raise CheckpointError(f"{out_dir}: is a file; give a new directory (or a drafter directory to replace)")
+        raise CheckpointError(
+            f"{out_dir}: is a file; give a new directory (or a drafter directory to replace)"
+        )
     if out.is_dir() and any(out.iterdir()):
         try:
             detect_layout(out)
         except CheckpointError:
-            raise CheckpointError(f"{out_dir}: holds files that are not an EAGLE-3 drafter; it would be "
-                                  "replaced as a whole: give a new or empty directory") from None
+            raise CheckpointError(
+                f"{out_dir}: holds files that are not an EAGLE-3 drafter; it would be "
+                "replaced as a whole: give a new or empty directory"
+            ) from None
         if not any((out / name).is_file() for name in WEIGHT_FILES):
-            raise CheckpointError(f"{out_dir}: a drafter config without weights ({', '.join(WEIGHT_FILES)}); "
-                                  "give a new or empty directory")
+            raise CheckpointError(
+                f"{out_dir}: a drafter config without weights ({', '.join(WEIGHT_FILES)}); "
+                "give a new or empty directory"
+            )
     return out
 
 
@@ -191,28 +268,44 @@ def detect_layout(path: Path) -> str:
     config = read_config(path)
     if config.get("speculators_model_type") is not None:
         if config["speculators_model_type"] != "eagle3":
-            raise CheckpointError(f"{path}/config.json: speculators_model_type "
-                                  f"{config['speculators_model_type']!r} is not an EAGLE-3 drafter")
+            raise CheckpointError(
+                f"{path}/config.json: speculators_model_type "
+                f"{config['speculators_model_type']!r} is not an EAGLE-3 drafter"
+            )
         return "speculators"
     architectures = config.get("architectures") or []
     if any(a in OFFICIAL_ARCHITECTURES for a in architectures):
         return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
-    if any("eagle" in str(a).lower() for a in architectures) and classify_dir(path).kind == "drafter":
+    if (
+        any("eagle" in str(a).lower() for a in architectures)
+        and classify_dir(path).kind == "drafter"
+    ):
         raise CheckpointError(unimplemented_architecture_message(path, architectures))
     wrong = wrong_dir_message(path, "drafter")
     if wrong:
         raise CheckpointError(wrong)
-    if classify_dir(path).kind == "drafter":  # a drafter key (e.g. draft_vocab_size) under a plain class
+    if (
+        classify_dir(path).kind == "drafter"
+    ):  # a drafter key (e.g. draft_vocab_size) under a plain class
         raise CheckpointError(plain_architecture_message(path, architectures))
-    manifest = (f"though {MANIFEST_FILE} is there; {DRAFTER_CONFIG_FIX}" if (path / MANIFEST_FILE).is_file()
-                else "no manifest")
-    raise CheckpointError(f"{path}/config.json: not an EAGLE-3 draft config (architectures "
-                          f"{config.get('architectures')}, no speculators_model_type, {manifest})")
+    manifest = (
+        f"though {MANIFEST_FILE} is there; {DRAFTER_CONFIG_FIX}"
+        if (path / MANIFEST_FILE).is_file()
+        else "no manifest"
+    )
+    raise CheckpointError(
+        f"{path}/config.json: not an EAGLE-3 draft config (architectures "
+        f"{config.get('architectures')}, no speculators_model_type, {manifest})"
+    )
 
 
-def read_draft_config(path: str | Path, target_num_layers: int | None = None, target_class: str = "llama",
-                      sglang_version: str | None = None,
-                      aux_layers: list[int] | None = None) -> tuple[str, Manifest | None, DraftConfig]:
+def read_draft_config(
+    path: str | Path,
+    target_num_layers: int | None = None,
+    target_class: str = "llama",
+    sglang_version: str | None = None,
+    aux_layers: list[int] | None = None,
+) -> tuple[str, Manifest | None, DraftConfig]:
     """(layout, manifest or None, DraftConfig) of a drafter directory, from its config.json and
     manifest alone (no tensor is read; an owned embedding is marked by `owned_embedding_config`
     once the tensor names are known); CheckpointError naming the file, as `load_draft`. Aux ids
@@ -222,13 +315,32 @@ def read_draft_config(path: str | Path, target_num_layers: int | None = None, ta
     layout = detect_layout(path)
     config = read_config(path)
     manifest = Manifest.read(path / MANIFEST_FILE) if (path / MANIFEST_FILE).exists() else None
-    return layout, manifest, config_from_files(path, layout, config, manifest, target_num_layers, target_class,
-                                               sglang_version, aux_layers)
+    return (
+        layout,
+        manifest,
+        config_from_files(
+            path,
+            layout,
+            config,
+            manifest,
+            target_num_layers,
+            target_class,
+            sglang_version,
+            aux_layers,
+        ),
+    )
 
 
-def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               target_num_layers: int | None = None, target_class: str = "llama",
-               sglang_version: str | None = None, aux_layers: list[int] | None = None) -> LoadedDraft:
+def load_draft(
+    path: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    target_num_layers: int | None = None,
+    target_class: str = "llama",
+    sglang_version: str | None = None,
+    aux_layers: list[int] | None = None,
+) -> LoadedDraft:
     """Load a draft checkpoint strictly, detecting its layout and weights format (`weights`); a
     training checkpoint (`is_training_checkpoint`) is read by `load_training_checkpoint`.
 
@@ -245,7 +357,9 @@ def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
         loaded = load_training_checkpoint(path, aux_layers)
         loaded.model.to(device=device, dtype=dtype)
         return loaded
-    layout, manifest, cfg = read_draft_config(path, target_num_layers, target_class, sglang_version, aux_layers)
+    layout, manifest, cfg = read_draft_config(
+        path, target_num_layers, target_class, sglang_version, aux_layers
+    )
     tensors, files = read_weights(path)
     cfg = owned_embedding_config(cfg, manifest, tensors)
     derived = derived_tensors(tensors)  # before build_draft adds them
@@ -257,10 +371,14 @@ def load_draft(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
 def derived_tensors(tensors: dict[str, torch.Tensor]) -> tuple[str, ...]:
     """The tensors specdraft derives for a file that lacks them: `t2d` from a 1-D `d2t` (NVIDIA
     ModelOpt exports write only d2t; t2d is the mask of d2t's target ids, `data.vocab.t2d_from_d2t`)."""
-    return ("t2d",) if "t2d" not in tensors and "d2t" in tensors and tensors["d2t"].dim() == 1 else ()
+    return (
+        ("t2d",) if "t2d" not in tensors and "d2t" in tensors and tensors["d2t"].dim() == 1 else ()
+    )
 
 
-def draft_tensors(cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> dict[str, torch.Tensor]:
+def draft_tensors(
+    cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path
+) -> dict[str, torch.Tensor]:
     """The tensors specdraft loads from a file named in `layout`: the file's own (SGLang's legacy
     fc_norm names read as the current ones), plus the tensors `derived_tensors` names. The one rule the loader and doctor read a file by: any name that
     matches no parameter, parameter not in the file, or tensor of the wrong shape is a
@@ -274,14 +392,21 @@ def draft_tensors(cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: st
     missing = sorted(set(expected) - set(tensors))
     if unmatched or missing:
         raise CheckpointError(key_mismatch_message(file, layout, unmatched, missing))
-    bad = [f"{k} {tuple(tensors[k].shape)} (expected {tuple(expected[k].shape)})"
-           for k in expected if tensors[k].shape != expected[k].shape]
+    bad = [
+        f"{k} {tuple(tensors[k].shape)} (expected {tuple(expected[k].shape)})"
+        for k in expected
+        if tensors[k].shape != expected[k].shape
+    ]
     if bad:
-        raise CheckpointError(f"{file}: tensors of the wrong shape: {'; '.join(bad)}{fc_width_hint(cfg, tensors)}")
+        raise CheckpointError(
+            f"{file}: tensors of the wrong shape: {'; '.join(bad)}{fc_width_hint(cfg, tensors)}"
+        )
     return tensors
 
 
-def build_draft(cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path) -> Eagle3Draft:
+def build_draft(
+    cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path
+) -> Eagle3Draft:
     """A drafter whose parameters are `tensors` themselves (named in `layout`, checked by
     `draft_tensors`), cast to fc.weight's dtype where a tensor differs: built on the meta device
     and filled with `load_state_dict(assign=True)`, so loading costs the file's size, not twice it.
@@ -291,12 +416,17 @@ def build_draft(cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str,
     with torch.device("meta"):
         model = Eagle3Draft(cfg)
     prefix = LAYER_PREFIX[layout]
-    state = {("midlayer." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in tensors.items()}
+    state = {
+        ("midlayer." + k[len(prefix) :] if k.startswith(prefix) else k): v
+        for k, v in tensors.items()
+    }
     dtype = state["fc.weight"].dtype
     if "embed_tokens.weight" not in state:
         state["embed_tokens.weight"] = torch.empty(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
     model.load_state_dict(state, strict=True, assign=True)
-    model.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # built on meta above
+    model.inv_freq = rope_inv_freq(
+        cfg.head_dim, cfg.rope_theta, cfg.rope_scaling
+    )  # built on meta above
     model.embedding_loaded = cfg.owns_embedding
     return model.to(dtype=dtype)
 
@@ -305,16 +435,22 @@ def key_mismatch_message(file: Path, layout: str, unmatched: list[str], missing:
     """One line naming the keys; suggests the rename when they sit under another layout's prefix (S1)."""
     parts = [f"{file}: {layout} layout"]
     if unmatched:
-        parts.append(f"{len(unmatched)} tensors match no parameter: {', '.join(unmatched[:24])}"
-                     + (" ..." if len(unmatched) > 24 else ""))
+        parts.append(
+            f"{len(unmatched)} tensors match no parameter: {', '.join(unmatched[:24])}"
+            + (" ..." if len(unmatched) > 24 else "")
+        )
     if missing:
-        parts.append(f"{len(missing)} parameters not in the file: {', '.join(missing[:24])}"
-                     + (" ..." if len(missing) > 24 else ""))
+        parts.append(
+            f"{len(missing)} parameters not in the file: {', '.join(missing[:24])}"
+            + (" ..." if len(missing) > 24 else "")
+        )
     want = LAYER_PREFIX[layout]
     for other in set(LAYER_PREFIX.values()) - {want}:
         if any(k.startswith(other) for k in unmatched):
-            parts.append(f"the decoder layer is stored under '{other}*' but this layout reads "
-                         f"'{want}*': rename them (specdraft convert --layout {layout})")
+            parts.append(
+                f"the decoder layer is stored under '{other}*' but this layout reads "
+                f"'{want}*': rename them (specdraft convert --layout {layout})"
+            )
     return "; ".join(parts)
 
 
@@ -322,15 +458,22 @@ def usable_vocab(manifest: Manifest | None) -> int | None:
     """How many target ids are tokens: the tokenizer length the manifest records (a target's
     vocab_size may pad its embedding past it, as Qwen-family configs do), or None when unrecorded."""
     length = ((manifest.tokenizer if manifest is not None else None) or {}).get("length")
-    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+    return (
+        length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+    )
 
 
 def vocab_map_problems(model: Eagle3Draft, manifest: Manifest | None) -> list[str]:
     """The one vocabulary-map rule (FC-02, `data.vocab.validate_vocab_map`), with the bound the
     manifest records (`usable_vocab`): what inspect's audit, doctor, the engine and export refuse."""
     cfg = model.cfg
-    return validate_vocab_map(model.d2t.cpu(), model.t2d.cpu(), cfg.vocab_size, cfg.draft_vocab_size,
-                              usable_vocab(manifest))
+    return validate_vocab_map(
+        model.d2t.cpu(),
+        model.t2d.cpu(),
+        cfg.vocab_size,
+        cfg.draft_vocab_size,
+        usable_vocab(manifest),
+    )
 
 
 def check_vocab_map(model: Eagle3Draft, manifest: Manifest | None, path: str | Path) -> None:
@@ -344,8 +487,11 @@ def audit(model: Eagle3Draft, manifest: Manifest | None = None) -> list[str]:
     """Problems in the tensors a drafter saves (a shared embedding is the target's): NaN/Inf values
     and an invalid d2t/t2d map (FC-02, `vocab_map_problems`: ids past the tokenizer's length the
     manifest records included)."""
-    problems = [f"{name} holds NaN or Inf" for name, t in state_dict_for_layout(model, "sglang").items()
-                if not all_finite(t)]
+    problems = [
+        f"{name} holds NaN or Inf"
+        for name, t in state_dict_for_layout(model, "sglang").items()
+        if not all_finite(t)
+    ]
     return problems + vocab_map_problems(model, manifest)
 
 
@@ -366,10 +512,18 @@ def tensor_digest(t: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_layers: int | None = None,
-                  target_class: str | None = None, sglang_version: str | None = None,
-                  aux_layers: list[int] | None = None, target_architectures: list[str] | None = None,
-                  target_name_or_path: str | None = None) -> Converted:
+def convert_draft(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    layout: str,
+    target_num_layers: int | None = None,
+    target_class: str | None = None,
+    sglang_version: str | None = None,
+    aux_layers: list[int] | None = None,
+    target_architectures: list[str] | None = None,
+    target_name_or_path: str | None = None,
+) -> Converted:
     """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical and
     the drafter config the same (the ``sglang`` layout drops the manifest, so its config.json
     alone must rebuild the drafter).
@@ -389,9 +543,15 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
     """
     check_output_dir(dst, source=src)
     if layout == "specdraft" and not has_manifest(src):  # before asking for the target
-        with_target = "" if target_num_layers else ", with --target DIR (without a manifest the aux ids need it)"
-        raise CheckpointError(f"{src}: no {MANIFEST_FILE}, which the specdraft layout carries and --target "
-                              f"cannot supply; convert to --layout sglang or speculators instead{with_target}")
+        with_target = (
+            ""
+            if target_num_layers
+            else ", with --target DIR (without a manifest the aux ids need it)"
+        )
+        raise CheckpointError(
+            f"{src}: no {MANIFEST_FILE}, which the specdraft layout carries and --target "
+            f"cannot supply; convert to --layout sglang or speculators instead{with_target}"
+        )
     ids = {"target_class": target_class or "llama", "sglang_version": sglang_version}
     source = load_draft(src, target_num_layers=target_num_layers, aux_layers=aux_layers, **ids)
     if target_class is None and source.manifest is not None:
@@ -399,17 +559,35 @@ def convert_draft(src: str | Path, dst: str | Path, *, layout: str, target_num_l
     verifier = {} if is_training_checkpoint(src) else source_verifier(read_config(Path(src)))
     recorded = (source.manifest.target if source.manifest is not None else None) or {}
     name = target_name_or_path or verifier.get("name_or_path") or recorded.get("name_or_path")
-    architectures = target_architectures if target_name_or_path else (
-        ([recorded["architecture"]] if recorded.get("architecture") else verifier.get("architectures")))
-    save_draft(source.model, dst, layout=layout, manifest=source.manifest, verifier=name,
-               verifier_architectures=architectures, **ids)
+    architectures = (
+        target_architectures
+        if target_name_or_path
+        else (
+            [recorded["architecture"]]
+            if recorded.get("architecture")
+            else verifier.get("architectures")
+        )
+    )
+    save_draft(
+        source.model,
+        dst,
+        layout=layout,
+        manifest=source.manifest,
+        verifier=name,
+        verifier_architectures=architectures,
+        **ids,
+    )
     _, manifest, written = read_draft_config(dst, source.model.cfg.target_num_layers, **ids)
     written = owned_embedding_config(written, manifest, state_dict_for_layout(source.model, layout))
     if written != source.model.cfg:
         want, have = source.model.cfg.to_dict(), written.to_dict()
         differ = [f"{k} {want[k]!r} -> {have.get(k)!r}" for k in want if want[k] != have.get(k)]
-        raise CheckpointError(f"{dst}: the drafter config reads back differently: {', '.join(differ)}")
-    return Converted(verify_written(source.model, dst, layout) - len(source.derived), source.derived)
+        raise CheckpointError(
+            f"{dst}: the drafter config reads back differently: {', '.join(differ)}"
+        )
+    return Converted(
+        verify_written(source.model, dst, layout) - len(source.derived), source.derived
+    )
 
 
 def verify_written(expected: Eagle3Draft, out_dir: str | Path, layout: str) -> int:
@@ -422,7 +600,9 @@ def verify_written(expected: Eagle3Draft, out_dir: str | Path, layout: str) -> i
     with open_safetensors(file, "write it again", CheckpointError) as f:
         names = set(f.keys())
     if names != set(want):
-        raise CheckpointError(key_mismatch_message(file, layout, sorted(names - set(want)), sorted(set(want) - names)))
+        raise CheckpointError(
+            key_mismatch_message(file, layout, sorted(names - set(want)), sorted(set(want) - names))
+        )
     for name, tensor in want.items():
         with open_safetensors(file, "write it again", CheckpointError) as f:
             same = tensor_digest(f.get_tensor(name)) == tensor_digest(tensor)
@@ -433,6 +613,7 @@ def verify_written(expected: Eagle3Draft, out_dir: str | Path, layout: str) -> i
 
 # ---------------------------------------------------------------------------------------------
 # Training checkpoints (written by specdraft.train.run_dir)
+
 
 def checkpoint_paths(out_dir: str | Path) -> list[Path]:
     """Complete checkpoints under out_dir/checkpoints, oldest first: step-N.pt files (one
@@ -453,25 +634,40 @@ def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = No
     and for `aux_layers` (--aux-layers) other than its training layers (`refuse_other_aux_layers`).
     """
     path = Path(path)
-    progress = torch.load(path / PROGRESS_FILE if path.is_dir() else path, map_location="cpu",
-                          weights_only=False)
+    progress = torch.load(
+        path / PROGRESS_FILE if path.is_dir() else path, map_location="cpu", weights_only=False
+    )
     if not isinstance(progress, dict) or not {"step", "config"} <= set(progress):
-        raise CheckpointError(f"{path}: a torch.save file but no specdraft training checkpoint (no step and "
-                              f"config); pass {SOURCE_FORMS}")
+        raise CheckpointError(
+            f"{path}: a torch.save file but no specdraft training checkpoint (no step and "
+            f"config); pass {SOURCE_FORMS}"
+        )
     if "manifest" not in progress:
         run = path.parent.parent
-        finish = (f"finish its run (specdraft train SOURCE {run} --resume) and pass {run / 'draft'} instead"
-                  if path.parent.name == CHECKPOINT_DIR else "finish the run that wrote it and pass its draft/ instead")
-        raise CheckpointError(f"{path}: this checkpoint carries no drafter manifest (written by an older "
-                              f"specdraft), and its drafter is built from one, so no command can read it; {finish}")
+        finish = (
+            f"finish its run (specdraft train SOURCE {run} --resume) and pass {run / 'draft'} instead"
+            if path.parent.name == CHECKPOINT_DIR
+            else "finish the run that wrote it and pass its draft/ instead"
+        )
+        raise CheckpointError(
+            f"{path}: this checkpoint carries no drafter manifest (written by an older "
+            f"specdraft), and its drafter is built from one, so no command can read it; {finish}"
+        )
     manifest = Manifest(**progress["manifest"])
     draft = Eagle3Draft(DraftConfig.from_dict(manifest.draft))
     refuse_other_aux_layers(path, draft.cfg.aux_layers, aux_layers)
     model_state = _sharded_model_state(path, draft) if path.is_dir() else progress["model"]
-    draft.load_state_dict({k.removeprefix("draft."): v for k, v in model_state.items()}, strict=True)
+    draft.load_state_dict(
+        {k.removeprefix("draft."): v for k, v in model_state.items()}, strict=True
+    )
     draft.embedding_loaded = True
-    manifest.training = {"steps": progress["step"], "checkpoint": str(path), **progress["records"],
-                         "extensions": progress["extensions"], "config": progress["config"]}
+    manifest.training = {
+        "steps": progress["step"],
+        "checkpoint": str(path),
+        **progress["records"],
+        "extensions": progress["extensions"],
+        "config": progress["config"],
+    }
     return LoadedDraft(model=draft, manifest=manifest, layout="specdraft", path=path)
 
 
@@ -491,6 +687,8 @@ def read_sharded(state: dict[str, Any], path: Path, one_process: bool) -> None:
 
     import torch.distributed.checkpoint as dcp
 
-    with warnings.catch_warnings():  # "... assuming the intent is to load in a single process": it is
+    with (
+        warnings.catch_warnings()
+    ):  # "... assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(state, checkpoint_id=path, no_dist=one_process)

@@ -24,19 +24,51 @@ from specdraft.errors import closest_name
 
 # Keys specdraft reads to build the drafter or the engines' aux ids (draft.DraftConfig,
 # layouts.config_from_files, conventions.aux_layers_from_config).
-READ_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size", "num_attention_heads",
-             "num_key_value_heads", "head_dim", "vocab_size", "draft_vocab_size", "target_hidden_size",
-             "rms_norm_eps", "max_position_embeddings", "rope_theta", "rope_scaling", "rope_parameters",
-             "num_hidden_layers", "tie_word_embeddings", "eagle_config", "eagle_aux_hidden_state_layer_ids",
-             "speculators_model_type", "speculators_version", "speculators_config", "transformer_layer_config")
+READ_KEYS = (
+    "architectures",
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "num_hidden_layers",
+    "tie_word_embeddings",
+    "eagle_config",
+    "eagle_aux_hidden_state_layer_ids",
+    "speculators_model_type",
+    "speculators_version",
+    "speculators_config",
+    "transformer_layer_config",
+)
 # Keys that change nothing the drafter computes at inference (HF boilerplate, token ids, training
 # settings, metadata): any value.
-HARMLESS_KEYS = ("torch_dtype", "dtype", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id",
-                 "use_cache", "initializer_range", "target_model_type", "embed_requires_grad", "_name_or_path",
-                 "decoder_sparse_step", "max_window_layers",
-                 # speculators 0.9.0's saved configs: {"": "config.Eagle3SpeculatorConfig"}, the config class
-                 # (config.py beside it) for transformers' remote code (speculators/config.py _auto_class)
-                 "auto_map")
+HARMLESS_KEYS = (
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "use_cache",
+    "initializer_range",
+    "target_model_type",
+    "embed_requires_grad",
+    "_name_or_path",
+    "decoder_sparse_step",
+    "max_window_layers",
+    # speculators 0.9.0's saved configs: {"": "config.Eagle3SpeculatorConfig"}, the config class
+    # (config.py beside it) for transformers' remote code (speculators/config.py _auto_class)
+    "auto_map",
+)
 # Keys harmless only at these values (what the drafter specdraft implements computes); any other
 # value is refused as an unknown flag would be.
 HARMLESS_VALUES: dict[str, tuple[Any, ...]] = {
@@ -47,8 +79,14 @@ HARMLESS_VALUES: dict[str, tuple[Any, ...]] = {
 }
 # Keys of EAGLE-3 variants judged by their own rule (`layouts.UNIMPLEMENTED_FLAGS` and the norm /
 # sliding-window support that reads them), never by this one; the caller adds UNIMPLEMENTED_FLAGS.
-VARIANT_KEYS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "use_aux_norm",
-                "sliding_window")
+VARIANT_KEYS = (
+    "norm_before_residual",
+    "norm_before_fc",
+    "fc_norm",
+    "norm_output",
+    "use_aux_norm",
+    "sliding_window",
+)
 # eagle_config keys: the aux ids SGLang reads, and ModelOpt's architecture switches at the values
 # of the one-layer EAGLE-3 drafter (None: not set).
 EAGLE_CONFIG_VALUES: dict[str, tuple[Any, ...] | None] = {
@@ -63,8 +101,10 @@ EAGLE_CONFIG_VALUES: dict[str, tuple[Any, ...] | None] = {
     "norm_before_fc": (True, False, None),  # read first by layouts.norm_flags_of_config
 }
 MAX_VALUE_CHARS = 60  # an unknown key's value is cut past this in the refusal
-UNKNOWN_KEYS_FIX = ("if the key does not change the network, remove it from config.json; else train and serve the "
-                    "drafter with the tool that implements it")
+UNKNOWN_KEYS_FIX = (
+    "if the key does not change the network, remove it from config.json; else train and serve the "
+    "drafter with the tool that implements it"
+)
 
 
 def unknown_config_keys(config: dict[str, Any], variant_keys: tuple[str, ...] = ()) -> list[str]:
@@ -78,28 +118,48 @@ def unknown_config_keys(config: dict[str, Any], variant_keys: tuple[str, ...] = 
     layer = config.get("transformer_layer_config")
     if isinstance(layer, dict):
         found += _unknown(layer, "transformer_layer_config.", skip)
-    for where, nested in (("eagle_config.", config.get("eagle_config")),
-                          ("transformer_layer_config.eagle_config.",
-                           layer.get("eagle_config") if isinstance(layer, dict) else None)):
+    for where, nested in (
+        ("eagle_config.", config.get("eagle_config")),
+        (
+            "transformer_layer_config.eagle_config.",
+            layer.get("eagle_config") if isinstance(layer, dict) else None,
+        ),
+    ):
         if isinstance(nested, dict):
-            found += [_entry(where, k, v, EAGLE_CONFIG_VALUES) for k, v in nested.items()
-                      if k not in EAGLE_CONFIG_VALUES or not _allowed(v, EAGLE_CONFIG_VALUES[k])]
+            found += [
+                _entry(where, k, v, EAGLE_CONFIG_VALUES)
+                for k, v in nested.items()
+                if k not in EAGLE_CONFIG_VALUES or not _allowed(v, EAGLE_CONFIG_VALUES[k])
+            ]
     return found
 
 
 def _unknown(config: dict[str, Any], where: str, skip: set[str]) -> list[str]:
     known = set(READ_KEYS) | set(HARMLESS_KEYS) | skip
     names = sorted(known | set(HARMLESS_VALUES) | {"layer_types"})
-    return [_entry(where, k, v, HARMLESS_VALUES, names) for k, v in config.items()
-            if k not in known and not (k in HARMLESS_VALUES and _allowed(v, HARMLESS_VALUES[k]))
-            and not (k == "layer_types" and isinstance(v, list) and set(v) <= {"full_attention"})]
+    return [
+        _entry(where, k, v, HARMLESS_VALUES, names)
+        for k, v in config.items()
+        if k not in known
+        and not (k in HARMLESS_VALUES and _allowed(v, HARMLESS_VALUES[k]))
+        and not (k == "layer_types" and isinstance(v, list) and set(v) <= {"full_attention"})
+    ]
 
 
-def _entry(where: str, key: str, value: Any, valued: dict[str, tuple[Any, ...] | None],
-           names: list[str] | None = None) -> str:
-    """"where.key = value" (a long value cut) and the values the key is harmless at, else the
+def _entry(
+    where: str,
+    key: str,
+    value: Any,
+    valued: dict[str, tuple[Any, ...] | None],
+    names: list[str] | None = None,
+) -> str:
+    """ "where.key = value" (a long value cut) and the values the key is harmless at, else the
     closest of `names` (default: `valued`'s keys) when one is close."""
-    shown = repr(value) if len(repr(value)) <= MAX_VALUE_CHARS else repr(value)[:MAX_VALUE_CHARS - 3] + "..."
+    shown = (
+        repr(value)
+        if len(repr(value)) <= MAX_VALUE_CHARS
+        else repr(value)[: MAX_VALUE_CHARS - 3] + "..."
+    )
     if valued.get(key):
         hint = f" (harmless only as {' / '.join(repr(v) for v in valued[key])})"
     else:
@@ -109,19 +169,28 @@ def _entry(where: str, key: str, value: Any, valued: dict[str, tuple[Any, ...] |
 
 
 def _allowed(value: Any, values: tuple[Any, ...] | None) -> bool:
-    return values is None or any(value == v and type(value) is type(v) for v in values) or (
-        value is None and None in values)
+    return (
+        values is None
+        or any(value == v and type(value) is type(v) for v in values)
+        or (value is None and None in values)
+    )
 
 
 def known_keys_lines(variant_keys: tuple[str, ...] = ()) -> list[str]:
     """What `specdraft inspect CKPT --known-keys` prints: the keys read, the keys harmless at any
     value and at the values given, eagle_config's, and the flags judged by their own rule
     (VARIANT_KEYS and `variant_keys`), one group a line."""
+
     def valued(table: dict[str, tuple[Any, ...] | None]) -> str:
-        return ", ".join(k if vals is None else f"{k} ({' / '.join(repr(v) for v in vals)})"
-                         for k, vals in table.items())
-    return [f"read: {', '.join(READ_KEYS)}",
-            f"harmless at any value: {', '.join(HARMLESS_KEYS)}",
-            f"harmless at these values: {valued(HARMLESS_VALUES)}, layer_types (all 'full_attention')",
-            f"eagle_config: {valued(EAGLE_CONFIG_VALUES)}",
-            f"flags judged by their own rule: {', '.join(VARIANT_KEYS + tuple(variant_keys))}"]
+        return ", ".join(
+            k if vals is None else f"{k} ({' / '.join(repr(v) for v in vals)})"
+            for k, vals in table.items()
+        )
+
+    return [
+        f"read: {', '.join(READ_KEYS)}",
+        f"harmless at any value: {', '.join(HARMLESS_KEYS)}",
+        f"harmless at these values: {valued(HARMLESS_VALUES)}, layer_types (all 'full_attention')",
+        f"eagle_config: {valued(EAGLE_CONFIG_VALUES)}",
+        f"flags judged by their own rule: {', '.join(VARIANT_KEYS + tuple(variant_keys))}",
+    ]

@@ -17,13 +17,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.checkpoint.layouts import DRAFTER_CONFIG_FIX, MANIFEST_FILE, OFFICIAL_ARCHITECTURES, CheckpointError
-from specdraft.conventions.engines import PLAIN_DRAFT_ARCHITECTURE_READ, RELEASES_READ, engines_serving_architecture
+from specdraft.checkpoint.layouts import (
+    DRAFTER_CONFIG_FIX,
+    MANIFEST_FILE,
+    OFFICIAL_ARCHITECTURES,
+    CheckpointError,
+)
+from specdraft.conventions.engines import (
+    PLAIN_DRAFT_ARCHITECTURE_READ,
+    RELEASES_READ,
+    engines_serving_architecture,
+)
 
 # Config keys only an EAGLE-3 drafter's config has (a transformers model's has none of them),
 # at the top or in a speculators transformer_layer_config.
-DRAFTER_CONFIG_KEYS = ("speculators_model_type", "draft_vocab_size", "target_hidden_size", "eagle_config",
-                       "eagle_aux_hidden_state_layer_ids")
+DRAFTER_CONFIG_KEYS = (
+    "speculators_model_type",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_config",
+    "eagle_aux_hidden_state_layer_ids",
+)
 PROGRESS_FILE = "trainer.pt"  # inside a sharded checkpoint directory: the trainer's progress state
 DRAFTER_DIRS = "pass the drafter directory (specdraft train's OUT/draft or an export)"
 
@@ -71,7 +85,9 @@ def _drafter_evidence(path: Path, config: dict[str, Any], architectures: list[st
     for key in DRAFTER_CONFIG_KEYS:
         if key in config or key in layer:
             value = config.get(key, layer.get(key))
-            return f"its config.json has {key}" + ("" if isinstance(value, dict) else f" = {value!r}")
+            return f"its config.json has {key}" + (
+                "" if isinstance(value, dict) else f" = {value!r}"
+            )
     return f"it holds {MANIFEST_FILE}" if (path / MANIFEST_FILE).is_file() else ""
 
 
@@ -80,8 +96,10 @@ def read_config(path: Path, fix: str = DRAFTER_CONFIG_FIX) -> dict[str, Any]:
     JSON object, then `fix` (the one message every command prints for that file)."""
     file = Path(path) / "config.json"
     if not file.exists():  # a run directory or a store given for its drafter: say what to pass
-        raise CheckpointError(wrong_dir_message(path, "drafter") or
-                              f"{file}: missing; a draft checkpoint directory needs config.json")
+        raise CheckpointError(
+            wrong_dir_message(path, "drafter")
+            or f"{file}: missing; a draft checkpoint directory needs config.json"
+        )
     try:
         config = json.loads(file.read_text())
     except json.JSONDecodeError as e:
@@ -101,7 +119,9 @@ def _json_or_none(file: Path) -> Any:
 def _recorded_target(path: Path, config: dict[str, Any]) -> str | None:
     """The target a drafter names: its manifest's target.name_or_path, else the speculators verifier."""
     manifest = _json_or_none(path / MANIFEST_FILE)
-    recorded = ((manifest.get("target") or {}).get("name_or_path") if isinstance(manifest, dict) else None)
+    recorded = (
+        (manifest.get("target") or {}).get("name_or_path") if isinstance(manifest, dict) else None
+    )
     recorded = recorded or source_verifier(config).get("name_or_path")
     return str(recorded) if recorded else None
 
@@ -119,17 +139,21 @@ def verifier_replaced_note(config: dict, written: str | None) -> str | None:
     before = source_verifier(config).get("name_or_path")
     if not before or before == written:
         return None
-    return (f"the source's verifier {before!r} is replaced by {written!r}: `vllm serve` on the written "
-            "drafter loads that one as the target")
+    return (
+        f"the source's verifier {before!r} is replaced by {written!r}: `vllm serve` on the written "
+        "drafter loads that one as the target"
+    )
 
 
 def plain_architecture_message(path: Path, architectures: list[str]) -> str:
     """The one line for a drafter config (a drafter key) whose architectures name a plain model, as the
     official EAGLE-3 trainer writes: what the engines make of it and the value to write."""
-    return (f"{path}/config.json: architectures {architectures} names a plain model, not an EAGLE-3 drafter "
-            f"({PLAIN_DRAFT_ARCHITECTURE_READ}); if it is one (the official EAGLE-3 trainer writes "
-            f"LlamaForCausalLM), set \"architectures\": [\"{OFFICIAL_ARCHITECTURES[0]}\"] in config.json: SGLang, "
-            "vLLM and specdraft load that")
+    return (
+        f"{path}/config.json: architectures {architectures} names a plain model, not an EAGLE-3 drafter "
+        f"({PLAIN_DRAFT_ARCHITECTURE_READ}); if it is one (the official EAGLE-3 trainer writes "
+        f'LlamaForCausalLM), set "architectures": ["{OFFICIAL_ARCHITECTURES[0]}"] in config.json: SGLang, '
+        "vLLM and specdraft load that"
+    )
 
 
 def wrong_dir_message(path: str | Path, want: str, given_as: str = "") -> str | None:
@@ -140,23 +164,44 @@ def wrong_dir_message(path: str | Path, want: str, given_as: str = "") -> str | 
     kind = classify_dir(path)
     given = f"{given_as} {path}" if given_as else str(path)
     if want == "target" and kind.kind == "drafter":
-        which = (f"the one the drafter was trained for: {kind.trained_for}" if kind.trained_for
-                 else "the one the drafter was trained for; the drafter does not record it")
-        return (f"{given} is an EAGLE-3 drafter ({kind.evidence}), not a target model: pass the target "
-                f"model directory ({which})")
+        which = (
+            f"the one the drafter was trained for: {kind.trained_for}"
+            if kind.trained_for
+            else "the one the drafter was trained for; the drafter does not record it"
+        )
+        return (
+            f"{given} is an EAGLE-3 drafter ({kind.evidence}), not a target model: pass the target "
+            f"model directory ({which})"
+        )
     if want == "drafter" and kind.kind == "target":
-        return (f"{given} is a transformers target model ({kind.evidence}), not an EAGLE-3 drafter: "
-                f"{DRAFTER_DIRS}, and this directory as --target")
+        return (
+            f"{given} is a transformers target model ({kind.evidence}), not an EAGLE-3 drafter: "
+            f"{DRAFTER_DIRS}, and this directory as --target"
+        )
     path = Path(path)
-    if kind.kind == "other" and (path / "index.json").is_file() and not (path / "config.json").exists():
+    if (
+        kind.kind == "other"
+        and (path / "index.json").is_file()
+        and not (path / "config.json").exists()
+    ):
         if want == "drafter":
-            return (f"{given} is a capture store (specdraft capture's index.json), not a drafter: train one on it "
-                    f"(specdraft train {path} OUT), then pass OUT/draft")
-        return (f"{given} is a capture store (specdraft capture's index.json), not a target model: pass the "
-                f"target's transformers directory (the store's index.json records its path)")
-    if want == "drafter" and kind.kind == "other" and classify_dir(path / "draft").kind == "drafter":
-        return (f"{given} is a training run directory, not a drafter: pass {path / 'draft'} (the drafter "
-                f"specdraft train writes at the end)")
+            return (
+                f"{given} is a capture store (specdraft capture's index.json), not a drafter: train one on it "
+                f"(specdraft train {path} OUT), then pass OUT/draft"
+            )
+        return (
+            f"{given} is a capture store (specdraft capture's index.json), not a target model: pass the "
+            f"target's transformers directory (the store's index.json records its path)"
+        )
+    if (
+        want == "drafter"
+        and kind.kind == "other"
+        and classify_dir(path / "draft").kind == "drafter"
+    ):
+        return (
+            f"{given} is a training run directory, not a drafter: pass {path / 'draft'} (the drafter "
+            f"specdraft train writes at the end)"
+        )
     return None
 
 
@@ -164,7 +209,11 @@ def is_training_checkpoint(path: str | Path) -> bool:
     """Whether `path` looks like a checkpoint of `checkpoint_paths`: a torch.save file (a zip
     archive, as the trainer writes) or a directory holding PROGRESS_FILE (sharded)."""
     path = Path(path)
-    return (path / PROGRESS_FILE).is_file() if path.is_dir() else path.is_file() and zipfile.is_zipfile(path)
+    return (
+        (path / PROGRESS_FILE).is_file()
+        if path.is_dir()
+        else path.is_file() and zipfile.is_zipfile(path)
+    )
 
 
 def has_manifest(path: str | Path) -> bool:
@@ -177,7 +226,12 @@ def unimplemented_architecture_message(path: Path, architectures: list[str]) -> 
     naming the engines that register it (`conventions.DRAFT_LOADING`) or that none does."""
     served = engines_serving_architecture(list(architectures))
     verb = "registers" if len(served) == 1 else "register"
-    where = (f"{' and '.join(RELEASES_READ[e] for e in served)} {verb} it: serve it there, without specdraft"
-             if served else f"neither {' nor '.join(RELEASES_READ.values())} registers it, so no engine loads it")
-    return (f"{path}/config.json: architectures {architectures} is a draft architecture specdraft does not "
-            f"implement (it implements {', '.join(OFFICIAL_ARCHITECTURES)}); {where}")
+    where = (
+        f"{' and '.join(RELEASES_READ[e] for e in served)} {verb} it: serve it there, without specdraft"
+        if served
+        else f"neither {' nor '.join(RELEASES_READ.values())} registers it, so no engine loads it"
+    )
+    return (
+        f"{path}/config.json: architectures {architectures} is a draft architecture specdraft does not "
+        f"implement (it implements {', '.join(OFFICIAL_ARCHITECTURES)}); {where}"
+    )

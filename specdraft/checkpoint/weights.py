@@ -71,16 +71,22 @@ def open_safetensors(path: str | Path, fix: str, error: type[SpecdraftError] = D
         return safe_open(str(path), framework="pt", device="cpu")
     except SafetensorError as e:
         reason = str(e).removeprefix("Error while deserializing header: ")
-        raise error(f"{path}: cannot be read as safetensors, cut short or damaged ({reason}); {fix}") from None
+        raise error(
+            f"{path}: cannot be read as safetensors, cut short or damaged ({reason}); {fix}"
+        ) from None
 
 
-def read_safetensors(path: str | Path, fix: str, error: type[SpecdraftError] = DamagedFile) -> dict[str, torch.Tensor]:
+def read_safetensors(
+    path: str | Path, fix: str, error: type[SpecdraftError] = DamagedFile
+) -> dict[str, torch.Tensor]:
     """Every tensor of a safetensors file, by name (CPU); a damaged file as `open_safetensors`."""
     with open_safetensors(path, fix, error) as f:
         return {key: f.get_tensor(key) for key in f.keys()}  # noqa: SIM118 (a safe_open handle, no dict)
 
 
-def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(
+    tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
     """safetensors.save_file with the permissions of an ordinary file (0666 less the umask;
     save_file creates it owner-only, which a server running as another user cannot read).
     save_file writes from the tensors' memory: no serialized copy is held."""
@@ -97,11 +103,15 @@ def find_weights(path: str | Path) -> WeightFiles:
     path = Path(path)
     present = [name for name in WEIGHT_FILES if (path / name).is_file()]
     if not present:
-        raise CheckpointError(f"{path / WEIGHTS_FILE}: missing (looked for {', '.join(WEIGHT_FILES)}); a drafter "
-                              f"directory holds its tensors in one of them: {REEXPORT_FIX}")
+        raise CheckpointError(
+            f"{path / WEIGHTS_FILE}: missing (looked for {', '.join(WEIGHT_FILES)}); a drafter "
+            f"directory holds its tensors in one of them: {REEXPORT_FIX}"
+        )
     if len(present) > 1:
-        raise CheckpointError(f"{path}: holds {' and '.join(present)}, so which tensors are the drafter's is "
-                              "ambiguous: keep one of them")
+        raise CheckpointError(
+            f"{path}: holds {' and '.join(present)}, so which tensors are the drafter's is "
+            "ambiguous: keep one of them"
+        )
     entry = path / present[0]
     fmt = "safetensors" if present[0].startswith("model.safetensors") else "torch"
     if not present[0].endswith(".index.json"):
@@ -132,14 +142,18 @@ def _shard_names(index: Path) -> list[str]:
     try:
         weight_map = json.loads(index.read_text()).get("weight_map")
     except (json.JSONDecodeError, AttributeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{index}: not a sharded-weights index ({e}); {REEXPORT_FIX}") from None
+        raise CheckpointError(
+            f"{index}: not a sharded-weights index ({e}); {REEXPORT_FIX}"
+        ) from None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index}: no weight_map (tensor name -> shard file); {REEXPORT_FIX}")
     names = list(dict.fromkeys(str(v) for v in weight_map.values()))
     missing = [n for n in names if not (index.parent / n).is_file()]
     if missing:
-        raise CheckpointError(f"{index}: names shards that are not there: {', '.join(missing)}; copy every "
-                              "shard next to the index")
+        raise CheckpointError(
+            f"{index}: names shards that are not there: {', '.join(missing)}; copy every "
+            "shard next to the index"
+        )
     return names
 
 
@@ -158,8 +172,10 @@ def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], WeightFiles
         part = _read_shard(shard, files.format)
         twice = sorted(set(part) & set(tensors))
         if twice:
-            raise CheckpointError(f"{shard}: holds tensors another shard holds too: {', '.join(twice[:8])}; "
-                                  f"{REEXPORT_FIX}")
+            raise CheckpointError(
+                f"{shard}: holds tensors another shard holds too: {', '.join(twice[:8])}; "
+                f"{REEXPORT_FIX}"
+            )
         tensors.update(part)
     if files.entry not in files.shards:
         _check_index(files.entry, tensors)
@@ -173,17 +189,24 @@ def _read_shard(file: Path, fmt: str) -> dict[str, torch.Tensor]:
         state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise CheckpointError(f"{file}: holds pickled objects that are not tensors, refused unread "
-                              f"(torch.load weights_only: {reason}); convert it to safetensors where it "
-                              "came from, or re-export it") from None
+        raise CheckpointError(
+            f"{file}: holds pickled objects that are not tensors, refused unread "
+            f"(torch.load weights_only: {reason}); convert it to safetensors where it "
+            "came from, or re-export it"
+        ) from None
     except (RuntimeError, OSError, EOFError, ValueError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DamagedCheckpoint(f"{file}: cannot be read as a PyTorch weights file, cut short or damaged "
-                              f"({reason}); {REEXPORT_FIX}") from None
-    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                              for k, v in state.items()):
-        raise CheckpointError(f"{file}: holds a {type(state).__name__}, not a state dict of named tensors; "
-                              f"{REEXPORT_FIX}")
+        raise DamagedCheckpoint(
+            f"{file}: cannot be read as a PyTorch weights file, cut short or damaged "
+            f"({reason}); {REEXPORT_FIX}"
+        ) from None
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise CheckpointError(
+            f"{file}: holds a {type(state).__name__}, not a state dict of named tensors; "
+            f"{REEXPORT_FIX}"
+        )
     return state
 
 
@@ -192,6 +215,13 @@ def _check_index(index: Path, tensors: dict[str, torch.Tensor]) -> None:
     named = set(json.loads(index.read_text())["weight_map"])
     unlisted, absent = sorted(set(tensors) - named), sorted(named - set(tensors))
     if unlisted or absent:
-        parts = ([f"{len(absent)} tensors it lists are in no shard: {', '.join(absent[:8])}"] if absent else []) + (
-            [f"{len(unlisted)} tensors in the shards are not listed: {', '.join(unlisted[:8])}"] if unlisted else [])
+        parts = (
+            [f"{len(absent)} tensors it lists are in no shard: {', '.join(absent[:8])}"]
+            if absent
+            else []
+        ) + (
+            [f"{len(unlisted)} tensors in the shards are not listed: {', '.join(unlisted[:8])}"]
+            if unlisted
+            else []
+        )
         raise CheckpointError(f"{index}: {'; '.join(parts)}; {REEXPORT_FIX}")

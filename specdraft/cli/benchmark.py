@@ -13,13 +13,13 @@ from specdraft.cli.common import (
     check_device,
     check_drafter,
     check_model_dir,
-    url_option,
     engine_dtype,
     make_console,
     positive_int_list,
     set_threads,
     spec_from_flags,
     threads_option,
+    url_option,
     user_errors,
 )
 from specdraft.cli.decode import ENGINE_DEVICE_HELP
@@ -40,62 +40,127 @@ def _same_server(a: str, b: str) -> bool:
     return key(a) == key(b)
 
 
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")  # servers whose speed this machine's load sets
+LOCAL_HOSTS = (
+    "127.0.0.1",
+    "localhost",
+    "0.0.0.0",
+    "::1",
+)  # servers whose speed this machine's load sets
 
 
 @app.command()
 def bench(
-    url: str = typer.Option(..., help="Server with speculation (specdraft, vLLM, SGLang), e.g. "
-                            "http://127.0.0.1:8000 or http://127.0.0.1:8000/v1.", callback=url_option),
-    baseline_url: str = typer.Option("", help="The same engine without speculation (needed for a speedup).",
-                                     callback=url_option),
-    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}, {\"text\": ...} "
-                                "or chat {\"messages\": [...]} rows (plain text is refused)."),
-    concurrency: str = typer.Option("1,4,16", help="Requests in flight, one level each.",
-                                    callback=positive_int_list),
+    url: str = typer.Option(
+        ...,
+        help="Server with speculation (specdraft, vLLM, SGLang), e.g. "
+        "http://127.0.0.1:8000 or http://127.0.0.1:8000/v1.",
+        callback=url_option,
+    ),
+    baseline_url: str = typer.Option(
+        "", help="The same engine without speculation (needed for a speedup).", callback=url_option
+    ),
+    prompts: str = typer.Option(
+        "builtin",
+        help='\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} '
+        'or chat {"messages": [...]} rows (plain text is refused).',
+    ),
+    concurrency: str = typer.Option(
+        "1,4,16", help="Requests in flight, one level each.", callback=positive_int_list
+    ),
     max_tokens: int = typer.Option(128, min=1, help="Tokens per request (ignore_eos)."),
-    num_prompts: int = typer.Option(32, min=1, help="Requests per run of a level (prompts cycled)."),
-    temperature: float = typer.Option(0.0, min=0.0, help="Sampling temperature of the requests (0 = greedy)."),
+    num_prompts: int = typer.Option(
+        32, min=1, help="Requests per run of a level (prompts cycled)."
+    ),
+    temperature: float = typer.Option(
+        0.0, min=0.0, help="Sampling temperature of the requests (0 = greedy)."
+    ),
     out: str = typer.Option("bench-out", help="Directory for bench.json, bench.md and plots."),
     timeout: float = typer.Option(600.0, help="Seconds per request."),
-    repeats: int = typer.Option(3, min=1, help="Runs per level: tokens/s and speedup are reported as mean and "
-                                "standard deviation, and a level is a win or a loss only beyond that noise "
-                                "(1 run: speedups without a verdict)."),
-    wait: float = typer.Option(120.0, min=0, help="Seconds to wait for a server that refuses connections (still "
-                               "starting, e.g. just launched with serve ... &) before failing; 0: try once."),
-    warmup: int = typer.Option(1, min=0, help="Requests sent to each server, one at a time, before any timing "
-                               "(first requests pay for compilation and caches; SGLang bench_serving's "
-                               "--warmup-requests)."),
-    suite: str = typer.Option("", help="A bundled suite (mt-bench, humaneval, gsm8k): chats per category at the first "
-                              "--concurrency, multi-turn questions turn by turn; tau, p_k and speedup per category."),
-    fmt: str = typer.Option("", "--format", help="With --prompts FILE: run FILE as a suite of this format "
-                               "(spec-bench, mt-bench, humaneval, gsm8k)."),
+    repeats: int = typer.Option(
+        3,
+        min=1,
+        help="Runs per level: tokens/s and speedup are reported as mean and "
+        "standard deviation, and a level is a win or a loss only beyond that noise "
+        "(1 run: speedups without a verdict).",
+    ),
+    wait: float = typer.Option(
+        120.0,
+        min=0,
+        help="Seconds to wait for a server that refuses connections (still "
+        "starting, e.g. just launched with serve ... &) before failing; 0: try once.",
+    ),
+    warmup: int = typer.Option(
+        1,
+        min=0,
+        help="Requests sent to each server, one at a time, before any timing "
+        "(first requests pay for compilation and caches; SGLang bench_serving's "
+        "--warmup-requests).",
+    ),
+    suite: str = typer.Option(
+        "",
+        help="A bundled suite (mt-bench, humaneval, gsm8k): chats per category at the first "
+        "--concurrency, multi-turn questions turn by turn; tau, p_k and speedup per category.",
+    ),
+    fmt: str = typer.Option(
+        "",
+        "--format",
+        help="With --prompts FILE: run FILE as a suite of this format "
+        "(spec-bench, mt-bench, humaneval, gsm8k).",
+    ),
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep (or a suite by category)."""
     from specdraft.bench.report import refuse_file_out, write_report
     from specdraft.bench.sweep import BenchConfig, Sweep, run_bench
 
     if baseline_url and _same_server(url, baseline_url):
-        raise typer.BadParameter(f"{url} and {baseline_url} are the same server: measuring one server twice "
-                                 "gives no speedup; give the server without speculation as --baseline-url, or "
-                                 "leave --baseline-url out", param_hint="'--url' / '--baseline-url'")
+        raise typer.BadParameter(
+            f"{url} and {baseline_url} are the same server: measuring one server twice "
+            "gives no speedup; give the server without speculation as --baseline-url, or "
+            "leave --baseline-url out",
+            param_hint="'--url' / '--baseline-url'",
+        )
     console = make_console()
     busy = _busy_note(url, baseline_url)
     if suite or fmt:
         with user_errors(console):
             refuse_file_out(out, "--out")
-            cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
-                              warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
+            cfg = BenchConfig(
+                url,
+                baseline_url or None,
+                prompts,
+                concurrency,
+                max_tokens,
+                num_prompts,
+                temperature,
+                warmup=warmup,
+                timeout_s=timeout,
+                repeats=repeats,
+                wait_s=wait,
+            )
             _run_suite(console, cfg, suite, fmt, out, busy)
         return
     sweep = Sweep()  # filled level by level: Ctrl-C keeps the levels finished on every server
     with user_errors(console):
         refuse_file_out(out, "--out")  # before the benchmark, not after
-        cfg = BenchConfig(url, baseline_url or None, prompts, concurrency, max_tokens, num_prompts, temperature,
-                          warmup=warmup, timeout_s=timeout, repeats=repeats, wait_s=wait)
+        cfg = BenchConfig(
+            url,
+            baseline_url or None,
+            prompts,
+            concurrency,
+            max_tokens,
+            num_prompts,
+            temperature,
+            warmup=warmup,
+            timeout_s=timeout,
+            repeats=repeats,
+            wait_s=wait,
+        )
         try:
-            report = run_bench(cfg, progress=lambda text: console.print(text, markup=False, soft_wrap=True),
-                               sweep=sweep)
+            report = run_bench(
+                cfg,
+                progress=lambda text: console.print(text, markup=False, soft_wrap=True),
+                sweep=sweep,
+            )
             paths = write_report(report, out)
         except KeyboardInterrupt:
             console.print(_write_interrupted(sweep, out), style="red", markup=False, soft_wrap=True)
@@ -110,11 +175,15 @@ def _run_suite(console, cfg, suite: str, fmt: str, out: str, busy: str | None) -
     from specdraft.bench.suites import SuiteError, load_suite, read_suite_file
 
     if suite and fmt:
-        raise SuiteError("give --suite NAME (a bundled suite) or --prompts FILE --format F, not both")
+        raise SuiteError(
+            "give --suite NAME (a bundled suite) or --prompts FILE --format F, not both"
+        )
     if fmt and cfg.prompts == "builtin":
         raise SuiteError(f"--format {fmt} needs --prompts FILE (the {fmt} file to run)")
     chosen = load_suite(suite) if suite else read_suite_file(cfg.prompts, fmt)
-    report = run_suite(cfg, chosen, progress=lambda text: console.print(text, markup=False, soft_wrap=True))
+    report = run_suite(
+        cfg, chosen, progress=lambda text: console.print(text, markup=False, soft_wrap=True)
+    )
     paths = write_suite_report(report, out)
     console.print(suite_markdown(report), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, soft_wrap=True)
@@ -130,8 +199,14 @@ def _busy_note(url: str, baseline_url: str) -> str | None:
 
     from specdraft.machine_load import busy_note
 
-    local = any(httpx.URL(u).host in LOCAL_HOSTS for u in (url, baseline_url) if u.startswith("http"))
-    return busy_note("the tokens/s of servers on this machine", "serve --threads 1 competes less") if local else None
+    local = any(
+        httpx.URL(u).host in LOCAL_HOSTS for u in (url, baseline_url) if u.startswith("http")
+    )
+    return (
+        busy_note("the tokens/s of servers on this machine", "serve --threads 1 competes less")
+        if local
+        else None
+    )
 
 
 def _render_bench(console, report, paths, busy: str | None) -> None:
@@ -157,14 +232,18 @@ def _write_interrupted(sweep, out: str) -> str:
 
     report = partial_report(sweep)
     if report is None:
-        return (f"interrupted: no concurrency level was measured on every server yet, so nothing was written "
-                f"to {out}")
+        return (
+            f"interrupted: no concurrency level was measured on every server yet, so nothing was written "
+            f"to {out}"
+        )
     paths = ", ".join(str(p) for p in write_report(report, out))
     if not report.partial:  # interrupted while the report was being written
         return f"interrupted after every level was measured: wrote {paths}"
     measured = ", ".join(str(lv.concurrency) for lv in report.spec.levels)
-    return (f"interrupted: wrote a partial report of concurrency {measured} (not measured on every server: "
-            f"{', '.join(map(str, report.not_measured))}) to {paths}")
+    return (
+        f"interrupted: wrote a partial report of concurrency {measured} (not measured on every server: "
+        f"{', '.join(map(str, report.not_measured))}) to {paths}"
+    )
 
 
 def _check_min_speedup(value: float) -> float:
@@ -172,39 +251,67 @@ def _check_min_speedup(value: float) -> float:
     import math
 
     if not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"{value}: must be a positive number, e.g. 1.05 (5 % faster than no speculation)")
+        raise typer.BadParameter(
+            f"{value}: must be a positive number, e.g. 1.05 (5 % faster than no speculation)"
+        )
     return value
 
 
 @app.command()
 def tune(
-    target: str = typer.Option(..., help="Target directory (transformers, with its tokenizer).", callback=check_model_dir),
+    target: str = typer.Option(
+        ..., help="Target directory (transformers, with its tokenizer).", callback=check_model_dir
+    ),
     draft: str = typer.Option(..., help=DRAFTER_HELP + ".", callback=check_drafter),
-    prompts: str = typer.Option("builtin", help="'builtin' or a JSONL file of {\"prompt\": ...}, {\"text\": ...} "
-                                "or chat {\"messages\": [...]} rows."),
+    prompts: str = typer.Option(
+        "builtin",
+        help='\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} '
+        'or chat {"messages": [...]} rows.',
+    ),
     max_tokens: int = typer.Option(64, min=1, help="New tokens per prompt (temperature 0)."),
-    num_steps: int = typer.Option(0, min=0, help="Current setting to evaluate too (0 = none): draft depth; "
-                                  "--topk and --num-draft-tokens need it."),
-    topk: int | None = typer.Option(None, min=1, help="Current setting: children per node (1 with --num-steps "
-                                    "alone)."),
-    num_draft_tokens: int = typer.Option(0, min=0, help="Current setting: verified nodes (0 = num_steps + 1 "
-                                         "for a chain; a tree, --topk > 1, needs a value)."),
+    num_steps: int = typer.Option(
+        0,
+        min=0,
+        help="Current setting to evaluate too (0 = none): draft depth; "
+        "--topk and --num-draft-tokens need it.",
+    ),
+    topk: int | None = typer.Option(
+        None, min=1, help="Current setting: children per node (1 with --num-steps alone)."
+    ),
+    num_draft_tokens: int = typer.Option(
+        0,
+        min=0,
+        help="Current setting: verified nodes (0 = num_steps + 1 "
+        "for a chain; a tree, --topk > 1, needs a value).",
+    ),
     probe_steps: int = typer.Option(8, min=1, help="Depth of the acceptance probes."),
-    topks: str = typer.Option("1,2,4", help="Children per node to consider.", callback=positive_int_list),
+    topks: str = typer.Option(
+        "1,2,4", help="Children per node to consider.", callback=positive_int_list
+    ),
     max_tree_tokens: int = typer.Option(16, min=2, help="Cap on a tree's verified nodes."),
     num_measure: int = typer.Option(3, min=1, help="Best predictions to measure for real."),
-    min_speedup: float = typer.Option(1.05, help="Median speedup a recommended setting needs (its lower "
-                                      "quartile must also be above 1x), as the demo's rule; > 0.",
-                                      callback=_check_min_speedup),
-    repeats: int = typer.Option(5, min=1, help="Timing rounds: each measured setting and plain decoding run "
-                                "once per round, order rotated; speedups are medians and quartiles of "
-                                "same-round ratios."),
+    min_speedup: float = typer.Option(
+        1.05,
+        help="Median speedup a recommended setting needs (its lower "
+        "quartile must also be above 1x), as the demo's rule; > 0.",
+        callback=_check_min_speedup,
+    ),
+    repeats: int = typer.Option(
+        5,
+        min=1,
+        help="Timing rounds: each measured setting and plain decoding run "
+        "once per round, order rotated; speedups are medians and quartiles of "
+        "same-round ratios.",
+    ),
     json_out: str = typer.Option("", help="Also write the report as JSON here."),
     device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
     dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
     threads: int | None = threads_option(),
-    suite: str = typer.Option("", help="Tune on a bundled suite's chats (mt-bench, humaneval, gsm8k; instead of --prompts), "
-                              "turn by turn with the target's own answers; then tau, p_k and speedup per category."),
+    suite: str = typer.Option(
+        "",
+        help="Tune on a bundled suite's chats (mt-bench, humaneval, gsm8k; instead of --prompts), "
+        "turn by turn with the target's own answers; then tau, p_k and speedup per category.",
+    ),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
     from specdraft.bench.tune import TuneConfig, tune_paths
@@ -215,8 +322,16 @@ def tune(
     with user_errors(console):
         _refuse_bad_json_out(json_out)
         current = _current_setting(draft, num_steps, topk, num_draft_tokens)
-        cfg = TuneConfig(max_tokens, probe_steps, topks, max_tree_tokens,
-                         num_measure, min_speedup, current, repeats=repeats)
+        cfg = TuneConfig(
+            max_tokens,
+            probe_steps,
+            topks,
+            max_tree_tokens,
+            num_measure,
+            min_speedup,
+            current,
+            repeats=repeats,
+        )
         set_threads(threads)
         say = lambda text: console.print(text, markup=False)  # noqa: E731
         if suite:
@@ -224,13 +339,22 @@ def tune(
             from specdraft.bench.tune_suite import render_categories, tune_suite_paths
 
             chosen = load_suite(suite)
-            report, rows = tune_suite_paths(target, draft, chosen, cfg, device, engine_dtype(dtype), progress=say)
+            report, rows = tune_suite_paths(
+                target, draft, chosen, cfg, device, engine_dtype(dtype), progress=say
+            )
         else:
-            report, rows = tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype), progress=say), []
+            report, rows = (
+                tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype), progress=say),
+                [],
+            )
     console.print(render(report), markup=False, highlight=False, soft_wrap=True)
     if rows:
-        console.print(render_categories(chosen, rows, report.recommendation is not None), markup=False,
-                      highlight=False, soft_wrap=True)
+        console.print(
+            render_categories(chosen, rows, report.recommendation is not None),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     if json_out:
         data = {**report.to_dict(), **({"categories": [r.to_dict() for r in rows]} if rows else {})}
         atomic_write_text(json_out, json.dumps(data, indent=2))
@@ -248,8 +372,16 @@ def _current_setting(draft: str, num_steps: int, topk: int | None, num_draft_tok
     """The SpecConfig of tune's current-setting flags (None without --num-steps); ValueError for
     --topk / --num-draft-tokens without --num-steps (SGLang refuses these without num_steps too)."""
     if not num_steps and (topk or num_draft_tokens):
-        given = " ".join(f"--{name} {v}" for name, v in (("topk", topk), ("num-draft-tokens", num_draft_tokens)) if v)
-        raise ValueError(f"{given} without --num-steps: the current setting needs --num-steps N as well "
-                         "(as SGLang's --speculative-eagle-topk / --speculative-num-draft-tokens need "
-                         "--speculative-num-steps); add --num-steps N, or drop them")
-    return spec_from_flags(False, draft, num_steps, topk or 1, num_draft_tokens) if num_steps else None
+        given = " ".join(
+            f"--{name} {v}"
+            for name, v in (("topk", topk), ("num-draft-tokens", num_draft_tokens))
+            if v
+        )
+        raise ValueError(
+            f"{given} without --num-steps: the current setting needs --num-steps N as well "
+            "(as SGLang's --speculative-eagle-topk / --speculative-num-draft-tokens need "
+            "--speculative-num-steps); add --num-steps N, or drop them"
+        )
+    return (
+        spec_from_flags(False, draft, num_steps, topk or 1, num_draft_tokens) if num_steps else None
+    )

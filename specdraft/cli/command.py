@@ -5,7 +5,9 @@ from __future__ import annotations
 import typer
 from typer.core import TyperCommand
 
-PYDANTIC_PREFIX = "Value error, "  # what typer's pydantic checks put before a ValueError's words (a bad choice)
+PYDANTIC_PREFIX = (
+    "Value error, "  # what typer's pydantic checks put before a ValueError's words (a bad choice)
+)
 
 
 class Command(TyperCommand):
@@ -15,7 +17,9 @@ class Command(TyperCommand):
     "Value error, ")."""
 
     def collect_usage_pieces(self, ctx) -> list[str]:
-        return [piece.removeprefix("{").removesuffix("}") for piece in super().collect_usage_pieces(ctx)]
+        return [
+            piece.removeprefix("{").removesuffix("}") for piece in super().collect_usage_pieces(ctx)
+        ]
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         try:
@@ -31,8 +35,13 @@ class App(typer.Typer):
     width, where typer's boxed panels cut words at 80 columns)."""
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                         rich_markup_mode=None, **kwargs)
+        super().__init__(
+            no_args_is_help=True,
+            add_completion=False,
+            pretty_exceptions_enable=False,
+            rich_markup_mode=None,
+            **kwargs,
+        )
 
     def command(self, *args, **kwargs):
         return super().command(*args, cls=Command, **kwargs)

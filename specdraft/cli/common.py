@@ -42,8 +42,10 @@ EndpointApi = Literal["chat", "completions"]  # regenerate.backends.EndpointBack
 
 
 ReasoningMode = Literal["keep", "drop"]  # data.reasoning.REASONING_MODES
-REASONING_HELP = ("keep: train the assistants' reasoning as the chat template renders it; drop: the "
-                  "template's non-thinking rendering, without it.")
+REASONING_HELP = (
+    "keep: train the assistants' reasoning as the chat template renders it; drop: the "
+    "template's non-thinking rendering, without it."
+)
 
 
 def check_device(value: str) -> str:
@@ -55,8 +57,10 @@ def check_device(value: str) -> str:
     except RuntimeError as e:
         raise typer.BadParameter(f"{value!r} is not a torch device (use cpu or cuda[:N])") from e
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise typer.BadParameter(f"{value!r}: this torch build ({torch.__version__}) sees no CUDA GPU; "
-                                 "use --device cpu or install a CUDA build of torch")
+        raise typer.BadParameter(
+            f"{value!r}: this torch build ({torch.__version__}) sees no CUDA GPU; "
+            "use --device cpu or install a CUDA build of torch"
+        )
     return value
 
 
@@ -67,14 +71,22 @@ def check_model_dir(value: str, param: typer.CallbackParam = None) -> str:
     path = Path(value)
     if value and not (path / "config.json").is_file():
         if not path.expanduser().exists():
-            raise typer.BadParameter(f"{value}: no such directory; pass a transformers model directory")
+            raise typer.BadParameter(
+                f"{value}: no such directory; pass a transformers model directory"
+            )
         if path.is_file():
-            raise typer.BadParameter(f"{value} is a file; pass the model directory that holds it ({path.parent})")
+            raise typer.BadParameter(
+                f"{value} is a file; pass the model directory that holds it ({path.parent})"
+            )
         if (path.expanduser() / "config.json").is_file():
-            raise typer.BadParameter(f"{value}: ~ was not expanded (a shell leaves it as is after '='); pass "
-                                     f"{path.expanduser()}")
+            raise typer.BadParameter(
+                f"{value}: ~ was not expanded (a shell leaves it as is after '='); pass "
+                f"{path.expanduser()}"
+            )
         refuse_wrong_kind(value, "target", param)  # a capture store: named as one
-        raise typer.BadParameter(f"{value}: no config.json here; pass a transformers model directory")
+        raise typer.BadParameter(
+            f"{value}: no config.json here; pass a transformers model directory"
+        )
     if value:
         refuse_wrong_kind(value, "target", param)
     return value
@@ -102,20 +114,30 @@ def check_checkpoint_dir(value: str, param: typer.CallbackParam = None) -> str:
         from specdraft.checkpoint import WEIGHT_FILES
 
         parent = path.parent
-        holds = (parent / "config.json").is_file() and any((parent / name).is_file() for name in WEIGHT_FILES)
-        raise typer.BadParameter(f"{value} is a file; pass the checkpoint directory that holds config.json "
-                                 f"and model.safetensors{f' (here: {parent})' if holds else ''}, not the file")
+        holds = (parent / "config.json").is_file() and any(
+            (parent / name).is_file() for name in WEIGHT_FILES
+        )
+        raise typer.BadParameter(
+            f"{value} is a file; pass the checkpoint directory that holds config.json "
+            f"and model.safetensors{f' (here: {parent})' if holds else ''}, not the file"
+        )
     if not path.is_dir():
-        raise typer.BadParameter(f"{value}: no such directory; pass a draft checkpoint directory "
-                                 "(config.json and model.safetensors)")
+        raise typer.BadParameter(
+            f"{value}: no such directory; pass a draft checkpoint directory "
+            "(config.json and model.safetensors)"
+        )
     refuse_wrong_kind(value, "drafter", param)
     return value
 
 
-UNWRAPPED_WIDTH = 100_000  # columns of a redirected command's Console: no line of its output is this long
+UNWRAPPED_WIDTH = (
+    100_000  # columns of a redirected command's Console: no line of its output is this long
+)
 
 
-REDIRECTED_TEXT_WIDTH = 100  # columns a redirected table's long text cells wrap in, at spaces (doctor's evidence)
+REDIRECTED_TEXT_WIDTH = (
+    100  # columns a redirected table's long text cells wrap in, at spaces (doctor's evidence)
+)
 
 
 def make_console(stderr: bool = False):
@@ -125,7 +147,11 @@ def make_console(stderr: bool = False):
     from rich.console import Console
 
     console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=UNWRAPPED_WIDTH, soft_wrap=True)
+    return (
+        console
+        if console.is_terminal
+        else Console(stderr=stderr, width=UNWRAPPED_WIDTH, soft_wrap=True)
+    )
 
 
 def error(e: Exception, skip_bad_hint: str = "") -> None:
@@ -149,8 +175,12 @@ USAGE_ERROR = 2
 
 
 @contextmanager
-def user_errors(console, skip_bad_hint: str = "", interrupted: Callable[[], str] | None = None,
-                exit_code: int = 1) -> Iterator[None]:
+def user_errors(
+    console,
+    skip_bad_hint: str = "",
+    interrupted: Callable[[], str] | None = None,
+    exit_code: int = 1,
+) -> Iterator[None]:
     """The one exit-code mapping of every command: a `USER_ERRORS` exception prints one line
     (`error`) and exits `exit_code` (1; `USAGE_ERROR` around checks of the options alone), an
     `errors.UnusableInput` (a damaged file, an output that is the input, ...) `USAGE_ERROR` wherever
@@ -183,8 +213,10 @@ def argument(metavar: str, help: str, **kwargs):
 SKIP_BAD_HINT = " (or pass --skip-bad to skip and count bad records)"
 
 
-NUM_DRAFT_TOKENS_HELP = ("Verified nodes incl. the root (0 = num_steps + 1 for a chain; a tree, --topk > 1, "
-                         "needs a value).")
+NUM_DRAFT_TOKENS_HELP = (
+    "Verified nodes incl. the root (0 = num_steps + 1 for a chain; a tree, --topk > 1, "
+    "needs a value)."
+)
 
 
 TOPK_HELP = "Draft tree: children per node (SGLang --speculative-eagle-topk)"
@@ -215,7 +247,10 @@ def check_top_p(value: float) -> float:
     return value
 
 
-LIST_EXAMPLES = {"aux_layers": "2,16,29", "topks": "1,2,4"}  # per option; others: bench --concurrency's
+LIST_EXAMPLES = {
+    "aux_layers": "2,16,29",
+    "topks": "1,2,4",
+}  # per option; others: bench --concurrency's
 
 
 def list_example(param) -> str:
@@ -229,8 +264,10 @@ def int_list(value: str, param: typer.CallbackParam = None) -> tuple[int, ...]:
         try:
             numbers.append(int(item))
         except ValueError:
-            raise typer.BadParameter(f"{value!r}: {item.strip()!r} is not an integer; give comma-separated "
-                                     f"integers, e.g. {list_example(param)}") from None
+            raise typer.BadParameter(
+                f"{value!r}: {item.strip()!r} is not an integer; give comma-separated "
+                f"integers, e.g. {list_example(param)}"
+            ) from None
     return tuple(numbers)
 
 
@@ -238,7 +275,9 @@ def positive_int_list(value: str, param: typer.CallbackParam = None) -> tuple[in
     """`int_list` of at least one integer, each >= 1 (bench --concurrency, tune --topks)."""
     numbers = int_list(value, param)
     if not numbers or min(numbers) < 1:
-        raise typer.BadParameter(f"{value!r}: give comma-separated integers >= 1, e.g. {list_example(param)}")
+        raise typer.BadParameter(
+            f"{value!r}: give comma-separated integers >= 1, e.g. {list_example(param)}"
+        )
     return numbers
 
 
@@ -247,24 +286,31 @@ def aux_layer_list(value: str | None, param: typer.CallbackParam = None) -> tupl
     if value is None:
         return None
     if not value.strip():
-        raise typer.BadParameter(f"{value!r} is empty; leave --aux-layers out for the default layers "
-                                 f"([2, L//2, L-3] for an L-layer target), or give three layers, e.g. "
-                                 f"{list_example(param)}")
+        raise typer.BadParameter(
+            f"{value!r} is empty; leave --aux-layers out for the default layers "
+            f"([2, L//2, L-3] for an L-layer target), or give three layers, e.g. "
+            f"{list_example(param)}"
+        )
     return int_list(value, param)
 
 
 # --aux-layers' help, then what the command needs for it (AUX_NEEDS_TARGET: where --target is optional)
-AUX_OVERRIDE_HELP = ("Aux layers of a drafter without a manifest, replacing what its config.json says (default: its "
-                     "ids, else the engines' default [2, L//2, L-3]): specdraft indices '2,16,29', or ids in a named "
-                     "convention, 'vllm:2,16,29' or 'sglang:1,15,28' (read by the --target's class).")
+AUX_OVERRIDE_HELP = (
+    "Aux layers of a drafter without a manifest, replacing what its config.json says (default: its "
+    "ids, else the engines' default [2, L//2, L-3]): specdraft indices '2,16,29', or ids in a named "
+    "convention, 'vllm:2,16,29' or 'sglang:1,15,28' (read by the --target's class)."
+)
 AUX_NEEDS_TARGET = AUX_OVERRIDE_HELP + " Needs --target."
 
 
 def sglang_version_option():
     """--sglang-version of every command that reads aux ids (`id_reading`): "" = not pinned."""
-    return typer.Option("", help="Pin the SGLang version whose reading of eagle_config ids and of --aux-layers "
-                        "sglang:IDS applies (it depends on the version on DeepSeek/Kimi-class targets), e.g. 0.5.23.",
-                        callback=check_sglang_version)
+    return typer.Option(
+        "",
+        help="Pin the SGLang version whose reading of eagle_config ids and of --aux-layers "
+        "sglang:IDS applies (it depends on the version on DeepSeek/Kimi-class targets), e.g. 0.5.23.",
+        callback=check_sglang_version,
+    )
 
 
 def check_sglang_version(value: str) -> str:
@@ -282,9 +328,13 @@ def check_sglang_version(value: str) -> str:
 
 def threads_option():
     """--threads of every command that runs torch here: None (left out) keeps torch's default (`set_threads`)."""
-    return typer.Option(None, min=1, help="CPU threads torch uses (torch.set_num_threads, set before loading; "
-                        "default: torch's, all cores). Pin it on a busy or shared machine, e.g. --threads 4: torch "
-                        "slows down sharply when its threads compete for cores.")
+    return typer.Option(
+        None,
+        min=1,
+        help="CPU threads torch uses (torch.set_num_threads, set before loading; "
+        "default: torch's, all cores). Pin it on a busy or shared machine, e.g. --threads 4: torch "
+        "slows down sharply when its threads compete for cores.",
+    )
 
 
 def set_threads(threads: int | None) -> None:
@@ -297,11 +347,15 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
-TRUST_REMOTE_CODE_HELP = ("Read a --target config.json whose model_type only its own code (auto_map) defines, "
-                          "running that code (default: refused; known published types are read without it).")
+TRUST_REMOTE_CODE_HELP = (
+    "Read a --target config.json whose model_type only its own code (auto_map) defines, "
+    "running that code (default: refused; known published types are read without it)."
+)
 
 
-def aux_override(value: str | None, param: typer.CallbackParam = None) -> tuple[str, tuple[int, ...]] | None:
+def aux_override(
+    value: str | None, param: typer.CallbackParam = None
+) -> tuple[str, tuple[int, ...]] | None:
     """inspect / convert / export / doctor --aux-layers: (convention, ids) (`conventions.split_aux_option`,
     the list parsed as capture's --aux-layers), None when left out."""
     from specdraft.conventions import split_aux_option
@@ -328,8 +382,13 @@ def read_target(target: str, trust_remote_code: bool = False):
     return read_target_config(target, trust_remote_code)
 
 
-def id_reading(target_config, aux: tuple[str, tuple[int, ...]] | None, sglang_version: str = "",
-               drafter: str = "", target: str = "") -> dict:
+def id_reading(
+    target_config,
+    aux: tuple[str, tuple[int, ...]] | None,
+    sglang_version: str = "",
+    drafter: str = "",
+    target: str = "",
+) -> dict:
     """How to read a drafter's aux ids, as `load_draft` / `convert_draft` / `engine.load.load_engine`
     take it: the layer count and class of the --target's config (`read_target`; None without
     --target), the --sglang-version, and --aux-layers as specdraft indices
@@ -340,8 +399,10 @@ def id_reading(target_config, aux: tuple[str, tuple[int, ...]] | None, sglang_ve
     collapse would hide; a manifest names the aux layers, and the loader checks its record)."""
     if target_config is None:
         if aux is not None:
-            raise UnusableInput("--aux-layers needs --target DIR: aux ids are read by the target's layer count "
-                                "and class")
+            raise UnusableInput(
+                "--aux-layers needs --target DIR: aux ids are read by the target's layer count "
+                "and class"
+            )
         return {"target_num_layers": None, "sglang_version": sglang_version or None}
     from specdraft.conventions import ConventionError, layers_of_option
     from specdraft.target.config import TARGET_CLASSES
@@ -349,24 +410,40 @@ def id_reading(target_config, aux: tuple[str, tuple[int, ...]] | None, sglang_ve
     text = target_config.get_text_config()
     from specdraft.checkpoint import MANIFEST_FILE
 
-    if drafter and (Path(drafter) / "config.json").is_file() and not (Path(drafter) / MANIFEST_FILE).is_file():
+    if (
+        drafter
+        and (Path(drafter) / "config.json").is_file()
+        and not (Path(drafter) / MANIFEST_FILE).is_file()
+    ):
         from specdraft.checkpoint import read_config
         from specdraft.checkpoint.layouts import config_target_sizes
         from specdraft.engine.load import refuse_other_target
 
-        refuse_other_target(config_target_sizes(read_config(Path(drafter))),
-                            {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}, drafter, target)
+        refuse_other_target(
+            config_target_sizes(read_config(Path(drafter))),
+            {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size},
+            drafter,
+            target,
+        )
     target_class = TARGET_CLASSES.get(text.model_type, "llama")
     layers = None
     if aux is not None:
         try:
-            layers = layers_of_option(aux[0], aux[1], text.num_hidden_layers, target_class, sglang_version or None)
+            layers = layers_of_option(
+                aux[0], aux[1], text.num_hidden_layers, target_class, sglang_version or None
+            )
         except ConventionError as e:
-            typed = ",".join(map(str, aux[1]))  # as given: a list without a convention name is specdraft's
+            typed = ",".join(
+                map(str, aux[1])
+            )  # as given: a list without a convention name is specdraft's
             given = typed if aux[0] == "specdraft" else f"{aux[0]}:{typed}"
             raise UnusableInput(f"--aux-layers {given}: {e}") from None
-    return {"target_num_layers": text.num_hidden_layers, "target_class": target_class,
-            "sglang_version": sglang_version or None, "aux_layers": layers}
+    return {
+        "target_num_layers": text.num_hidden_layers,
+        "target_class": target_class,
+        "sglang_version": sglang_version or None,
+        "aux_layers": layers,
+    }
 
 
 def print_version(value: bool) -> None:
@@ -378,9 +455,12 @@ def print_version(value: bool) -> None:
 
 
 @app.callback()
-def main(ctx: typer.Context,
-         _version: bool = flag("--version", "Print specdraft's version and exit.", callback=print_version,
-                                is_eager=True)) -> None:
+def main(
+    ctx: typer.Context,
+    _version: bool = flag(
+        "--version", "Print specdraft's version and exit.", callback=print_version, is_eager=True
+    ),
+) -> None:
     """Train, export, verify and serve EAGLE-3 speculative-decoding drafters."""
     from transformers.utils import logging as hf_logging
 
@@ -403,8 +483,9 @@ def json_kwargs(text: str, option: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise typer.BadParameter(f"{option} {text!r} is not JSON ({e.msg}); e.g. "
-                                 '\'{"enable_thinking": false}\'') from e
+        raise typer.BadParameter(
+            f"{option} {text!r} is not JSON ({e.msg}); e.g. '{{\"enable_thinking\": false}}'"
+        ) from e
     if not isinstance(value, dict):
         raise typer.BadParameter(f"{option} must be a JSON object")
     return value
@@ -434,17 +515,17 @@ def check_drafter(value: str, param: typer.CallbackParam = None) -> str:
     if value:
         from pathlib import Path
 
-        from specdraft.checkpoint import is_training_checkpoint
-
-        from specdraft.checkpoint import SOURCE_FORMS
+        from specdraft.checkpoint import SOURCE_FORMS, is_training_checkpoint
 
         if is_training_checkpoint(value):
             return value
         if not Path(value).exists():
             raise typer.BadParameter(f"{value}: no such file or directory; pass {SOURCE_FORMS}")
         if Path(value).is_file() and Path(value).suffix == ".pt":  # torch.save writes a zip archive
-            raise typer.BadParameter(f"{value}: not a readable training checkpoint (no torch.save archive: cut "
-                                     f"short or damaged); pass another checkpoint of its run, or {SOURCE_FORMS}")
+            raise typer.BadParameter(
+                f"{value}: not a readable training checkpoint (no torch.save archive: cut "
+                f"short or damaged); pass another checkpoint of its run, or {SOURCE_FORMS}"
+            )
     return check_checkpoint_dir(value, param)
 
 
@@ -454,9 +535,11 @@ def check_doctor_drafter(value: str, param: typer.CallbackParam = None) -> str:
     from specdraft.checkpoint import is_training_checkpoint
 
     if is_training_checkpoint(value):
-        raise typer.BadParameter(f"{value} is a training checkpoint, which no engine loads; doctor checks the "
-                                 f"files an engine does: export it first (specdraft export {value} OUT --engine "
-                                 "sglang, vllm or speculators), then run doctor on OUT")
+        raise typer.BadParameter(
+            f"{value} is a training checkpoint, which no engine loads; doctor checks the "
+            f"files an engine does: export it first (specdraft export {value} OUT --engine "
+            "sglang, vllm or speculators), then run doctor on OUT"
+        )
     return check_checkpoint_dir(value, param)
 
 
@@ -473,9 +556,11 @@ def spec_from_flags(no_spec: bool, draft: str, num_steps: int, topk: int, num_dr
         raise ValueError("--draft CKPT is required for speculative decoding (or pass --no-spec)")
     if topk > 1 and not num_draft_tokens:
         most = max_draft_tokens(num_steps, topk)
-        raise ValueError(f"--topk {topk} drafts a tree, which needs --num-draft-tokens (nodes verified per "
-                         f"step incl. the root: 2..{most} with --num-steps {num_steps}), e.g. "
-                         f"--num-draft-tokens {min(most, num_steps * topk + 1)}; or --topk 1 for a chain")
+        raise ValueError(
+            f"--topk {topk} drafts a tree, which needs --num-draft-tokens (nodes verified per "
+            f"step incl. the root: 2..{most} with --num-steps {num_steps}), e.g. "
+            f"--num-draft-tokens {min(most, num_steps * topk + 1)}; or --topk 1 for a chain"
+        )
     return SpecConfig(num_steps, topk, num_draft_tokens or num_steps + 1)
 
 

@@ -17,7 +17,9 @@ store_app = App(help="Hidden-state stores: convert between formats.")
 app.add_typer(store_app, name="store")
 
 
-def peer_aux_ids(value: str | None, param: typer.CallbackParam = None) -> tuple[str | None, tuple[int, ...]] | None:
+def peer_aux_ids(
+    value: str | None, param: typer.CallbackParam = None
+) -> tuple[str | None, tuple[int, ...]] | None:
     """store convert --aux-layers: (the convention it names, None without a name; the ids), parsed as
     inspect / convert / export / doctor parse theirs (`common.aux_override`); None when left out."""
     parsed = aux_override(value, param)
@@ -28,25 +30,34 @@ def peer_aux_ids(value: str | None, param: typer.CallbackParam = None) -> tuple[
 
 @store_app.command()
 def convert(
-    src: str = argument("SRC", "The store to read: specdraft, speculators or SpecForge (detected)."),
+    src: str = argument(
+        "SRC", "The store to read: specdraft, speculators or SpecForge (detected)."
+    ),
     dst: str = argument("DST", "A new directory for the converted store."),
     to: StoreFormat = typer.Option(..., "--to", help="Format to write."),
-    target: str | None = typer.Option(None, help="Target model directory: needed to write a specdraft "
-                                      "store from a peer's (the index records the target; not for a peer "
-                                      "store written from a specdraft one, which keeps that store's index "
-                                      "in specdraft_store/), and to norm the last state for SpecForge when "
-                                      "the store records no target."),
+    target: str | None = typer.Option(
+        None,
+        help="Target model directory: needed to write a specdraft "
+        "store from a peer's (the index records the target; not for a peer "
+        "store written from a specdraft one, which keeps that store's index "
+        "in specdraft_store/), and to norm the last state for SpecForge when "
+        "the store records no target.",
+    ),
     tokenizer: str | None = typer.Option(None, help="Tokenizer directory (default: the target's)."),
     aux_layers: str | None = typer.Option(
-        None, callback=peer_aux_ids,
+        None,
+        callback=peer_aux_ids,
         help="The peer store's aux layers (needed to write a specdraft store from a peer's without "
-             "specdraft_store/): ids in a named "
-             "convention, 'vllm:2,16,29' (vLLM's / speculators' eagle_aux_hidden_state_layer_ids), "
-             "'sglang:1,15,28' (SGLang's, read by the --target's class) or 'specdraft:2,16,29' (specdraft "
-             "indices); a list without a name is read in --aux-convention."),
+        "specdraft_store/): ids in a named "
+        "convention, 'vllm:2,16,29' (vLLM's / speculators' eagle_aux_hidden_state_layer_ids), "
+        "'sglang:1,15,28' (SGLang's, read by the --target's class) or 'specdraft:2,16,29' (specdraft "
+        "indices); a list without a name is read in --aux-convention.",
+    ),
     aux_convention: AuxConvention | None = typer.Option(
-        None, help="Convention of an --aux-layers list without a name (default: vllm for a speculators store, "
-                   "sglang for SpecForge's, the engines whose ids those stores are captured with)."),
+        None,
+        help="Convention of an --aux-layers list without a name (default: vllm for a speculators store, "
+        "sglang for SpecForge's, the engines whose ids those stores are captured with).",
+    ),
     compress: bool = flag("--compress", help="SpecForge: write .ckpt.gz files."),
 ) -> None:
     """Convert the hidden-state store SRC into DST in the format --to, strictly: a missing or
@@ -56,13 +67,28 @@ def convert(
     console = make_console()
     named, ids = aux_layers or (None, None)
     if named is not None and aux_convention is not None and named != aux_convention:
-        raise typer.BadParameter(f"names the {named} convention, --aux-convention {aux_convention}; give one",
-                                 param_hint="--aux-layers")
+        raise typer.BadParameter(
+            f"names the {named} convention, --aux-convention {aux_convention}; give one",
+            param_hint="--aux-layers",
+        )
     with user_errors(console):
-        result = convert_store(src, dst, to, target=target, tokenizer=tokenizer, aux_layers=ids,
-                               convention=named or aux_convention, compress=compress)
-    layers = f"; aux layers (specdraft indices) {list(result.aux_layers)}" if result.aux_layers else ""
-    console.print(f"store convert: wrote {result.num_samples} samples as a {result.format} store at "
-                  f"{result.path} (from the {result.source_format} store {src}){layers}",
-                  style="green", markup=False, soft_wrap=True)
-
+        result = convert_store(
+            src,
+            dst,
+            to,
+            target=target,
+            tokenizer=tokenizer,
+            aux_layers=ids,
+            convention=named or aux_convention,
+            compress=compress,
+        )
+    layers = (
+        f"; aux layers (specdraft indices) {list(result.aux_layers)}" if result.aux_layers else ""
+    )
+    console.print(
+        f"store convert: wrote {result.num_samples} samples as a {result.format} store at "
+        f"{result.path} (from the {result.source_format} store {src}){layers}",
+        style="green",
+        markup=False,
+        soft_wrap=True,
+    )

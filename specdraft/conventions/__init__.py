@@ -24,9 +24,18 @@ ENGINES = ("sglang", "vllm", "speculators")
 # The engines' rule classes (`specdraft.target.config.target_class_of` maps a transformers class to one):
 # llama: Llama/Qwen2/Qwen3/Mistral/Phi-3; deepseek: DeepSeek-V2/V3 and Kimi-K2.5's wrapper;
 # llava: Llava and Mistral3 wrappers over a Llama-family text model; the rest one class each.
-_CLASS_NAMES = {"llama": "Llama", "deepseek": "DeepSeek", "qwen3_moe": "Qwen3-MoE", "gpt_oss": "GPT-OSS",
-                "gemma2": "Gemma 2", "gemma3": "Gemma 3", "llama4": "Llama 4", "qwen2_vl": "Qwen2-VL",
-                "qwen3_vl": "Qwen3-VL", "llava": "Llava/Mistral3"}
+_CLASS_NAMES = {
+    "llama": "Llama",
+    "deepseek": "DeepSeek",
+    "qwen3_moe": "Qwen3-MoE",
+    "gpt_oss": "GPT-OSS",
+    "gemma2": "Gemma 2",
+    "gemma3": "Gemma 3",
+    "llama4": "Llama 4",
+    "qwen2_vl": "Qwen2-VL",
+    "qwen3_vl": "Qwen3-VL",
+    "llava": "Llava/Mistral3",
+}
 TARGET_CLASSES = tuple(_CLASS_NAMES)
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
 # Aux states an engine's fc takes (fc input = 3 x target hidden). SGLang >= 0.5.12 sizes fc from
@@ -35,8 +44,14 @@ NUM_AUX_FIXED = {"sglang": 3, "vllm": 3}
 
 
 # The one dtype table: the names capture, train, export and the CLI take.
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-          "fp16": torch.float16, "float32": torch.float32, "fp32": torch.float32}
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -87,11 +102,16 @@ def _rules(engine: str, target_class: str, sglang_version: str | None) -> list[E
     if engine == "sglang" and sglang_version is not None:
         v = parse_version(sglang_version)
         read = ", ".join(version_label(r) for r in rules)
-        rules = [r for r in rules
-                 if (r.since is None or v >= r.since) and (r.until is None or v < r.until)]
+        rules = [
+            r
+            for r in rules
+            if (r.since is None or v >= r.since) and (r.until is None or v < r.until)
+        ]
         if not rules:
-            raise ConventionError(f"SGLang {sglang_version}'s {_CLASS_NAMES[target_class]} model file was "
-                                  f"not read (rules: {read}); serve a version the table covers")
+            raise ConventionError(
+                f"SGLang {sglang_version}'s {_CLASS_NAMES[target_class]} model file was "
+                f"not read (rules: {read}); serve a version the table covers"
+            )
     return rules
 
 
@@ -104,8 +124,10 @@ def _index_problem(rule: EngineRule, index: int, num_layers: int, engine_id: int
     if index < rule.lowest:
         return f"id {engine_id} (embeddings) is not capturable on {where}"
     if index > num_layers - rule.top:
-        return (f"index {index} (last layer's output, before the final norm) is not capturable "
-                f"on {where}: its capture loop ends before the final norm")
+        return (
+            f"index {index} (last layer's output, before the final norm) is not capturable "
+            f"on {where}: its capture loop ends before the final norm"
+        )
     return None
 
 
@@ -125,8 +147,10 @@ def _plus1(rule: EngineRule, first: int, last: int, first_plus1: int, num_layers
 def _encode(rule: EngineRule, layers: list[int], num_layers: int) -> list[int]:
     plus1 = _plus1(rule, layers[0], max(layers), 2, num_layers)
     if rule.offset == "plus1_if_first_is_1" and layers[0] == 1:
-        raise ConventionError(f"index 1 cannot be the first aux layer on DeepSeek-class targets "
-                              f"in {version_label(rule)}: first id 1 reads as index 2, 0 as 0")
+        raise ConventionError(
+            f"index 1 cannot be the first aux layer on DeepSeek-class targets "
+            f"in {version_label(rule)}: first id 1 reads as index 2, 0 as 0"
+        )
     ids = [i - 1 if plus1 else i for i in layers]
     _check_capturable(rule, layers, ids, num_layers)
     return ids
@@ -149,9 +173,11 @@ def _check_ids(values, engine: str, num_layers: int, what: str) -> list[int]:
         raise ConventionError(f"{what} must be a non-empty list of ints, got {values!r}")
     count = NUM_AUX_FIXED.get(engine)
     if count is not None and len(values) != count:
-        raise ConventionError(f"SGLang and vLLM both read exactly {count} aux states (fc input = {count} x target "
-                              f"hidden size): a drafter trained on {len(values)} serves on neither; got "
-                              f"{len(values)} {what}: {values}")
+        raise ConventionError(
+            f"SGLang and vLLM both read exactly {count} aux states (fc input = {count} x target "
+            f"hidden size): a drafter trained on {len(values)} serves on neither; got "
+            f"{len(values)} {what}: {values}"
+        )
     return values
 
 
@@ -164,13 +190,17 @@ def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[i
             errors.append(str(err))
     if errors:  # with the version unknown, every version's rule must accept the list
         hint = "; pass --sglang-version if you serve a version that can" if results else ""
-        raise ConventionError(f"{(not results and _every_version_refusal(engine, target_class, convert)) or errors[0]}"
-                              f"{hint}")
+        raise ConventionError(
+            f"{(not results and _every_version_refusal(engine, target_class, convert)) or errors[0]}"
+            f"{hint}"
+        )
     if len({tuple(out) for _, out in results}) > 1:
         readings = ", ".join(f"{version_label(r)}: {out}" for r, out in results)
-        raise ConventionError(f"{what} are read differently by SGLang version on "
-                              f"{_CLASS_NAMES[target_class]}-class targets ({readings}); "
-                              "pass --sglang-version")
+        raise ConventionError(
+            f"{what} are read differently by SGLang version on "
+            f"{_CLASS_NAMES[target_class]}-class targets ({readings}); "
+            "pass --sglang-version"
+        )
     return list(results[0][1])
 
 
@@ -209,12 +239,19 @@ def check_aux_flag(aux_layers, num_layers: int) -> None:
         check_aux_layers(list(aux_layers), num_layers)
     except ConventionError as e:
         example = ",".join(map(str, default_aux_layers(num_layers))) if num_layers >= 4 else "0,1,2"
-        raise ValueError(f"--aux-layers {','.join(map(str, aux_layers))}: {e}; give 3 increasing "
-                         f"layers in 0..{num_layers}, e.g. {example}") from None
+        raise ValueError(
+            f"--aux-layers {','.join(map(str, aux_layers))}: {e}; give 3 increasing "
+            f"layers in 0..{num_layers}, e.g. {example}"
+        ) from None
 
 
-def to_engine_ids(layers, engine: str, num_layers: int, target_class: str = "llama",
-                  sglang_version: str | None = None) -> list[int]:
+def to_engine_ids(
+    layers,
+    engine: str,
+    num_layers: int,
+    target_class: str = "llama",
+    sglang_version: str | None = None,
+) -> list[int]:
     """Return the ids ``engine`` must be given to capture specdraft indices ``layers``.
 
     ``layers`` must be strictly increasing (engines concatenate aux states in layer order);
@@ -228,8 +265,13 @@ def to_engine_ids(layers, engine: str, num_layers: int, target_class: str = "lla
     return _resolve(engine, target_class, sglang_version, convert, f"aux layers {layers}")
 
 
-def from_engine_ids(ids, engine: str, num_layers: int, target_class: str = "llama",
-                    sglang_version: str | None = None) -> list[int]:
+def from_engine_ids(
+    ids,
+    engine: str,
+    num_layers: int,
+    target_class: str = "llama",
+    sglang_version: str | None = None,
+) -> list[int]:
     """Return the specdraft indices ``engine`` captures for explicit ``ids``, in capture order.
 
     Raises ConventionError when an id matches no capturable layer, two ids name one layer,
@@ -279,10 +321,10 @@ def default_layers_captured(num_layers: int) -> list[int]:
 # specdraft indices [2, L//2, L-3] for every engine (DESIGN.md section 2, "Defaults").
 ENGINE_DEFAULT_SOURCES = {
     "sglang": "sglang srt/models/llama.py set_eagle3_layers_to_capture (stored source, the 0.5.23 "
-              "line; deepseek_v2.py and the Qwen models alike): layer_ids None -> layers_to_capture "
-              "[2, L//2, L-3] without the +1 explicit ids get, so index i = the input of layer i",
+    "line; deepseek_v2.py and the Qwen models alike): layer_ids None -> layers_to_capture "
+    "[2, L//2, L-3] without the +1 explicit ids get, so index i = the input of layer i",
     "vllm": "vllm model_executor/models/llama.py get_eagle3_aux_hidden_state_layers (stored source, "
-            "the 0.32 line; the Qwen models alike): (2, L//2, L-3), read as-is",
+    "the 0.32 line; the Qwen models alike): (2, L//2, L-3), read as-is",
 }
 
 
@@ -292,8 +334,10 @@ def engines_default_layers(num_layers: int) -> list[int]:
     default names fewer than 3 distinct layers (no drafter of 3 aux states is served by it)."""
     layers = default_layers_captured(num_layers)
     if len(layers) != 3:
-        raise ConventionError(f"the engines' default aux layers [2, L//2, L-3] collapse to {layers} on a "
-                              f"{num_layers}-layer target; write the ids the drafter was trained on")
+        raise ConventionError(
+            f"the engines' default aux layers [2, L//2, L-3] collapse to {layers} on a "
+            f"{num_layers}-layer target; write the ids the drafter was trained on"
+        )
     return layers
 
 
@@ -308,17 +352,26 @@ def split_aux_option(text: str) -> tuple[str, str]:
     if not sep:
         return "specdraft", text
     if name.strip() not in AUX_CONVENTIONS:
-        raise ValueError(f"{text!r}: {name.strip()!r} is no aux-id convention; write "
-                         f"{' | '.join(AUX_CONVENTIONS)}:IDS, e.g. vllm:2,16,29 or sglang:1,15,28")
+        raise ValueError(
+            f"{text!r}: {name.strip()!r} is no aux-id convention; write "
+            f"{' | '.join(AUX_CONVENTIONS)}:IDS, e.g. vllm:2,16,29 or sglang:1,15,28"
+        )
     return name.strip(), rest
 
 
-def layers_of_option(convention: str, ids, num_layers: int, target_class: str = "llama",
-                     sglang_version: str | None = None) -> list[int]:
+def layers_of_option(
+    convention: str,
+    ids,
+    num_layers: int,
+    target_class: str = "llama",
+    sglang_version: str | None = None,
+) -> list[int]:
     """Specdraft indices an --aux-layers value names: ids in `convention` ("specdraft": as given,
     checked by `check_aux_layers`; an engine: `from_engine_ids` by its rule for the target's class
     and SGLang version). Raises ConventionError naming the rule broken."""
-    if convention == "specdraft":  # no engine's count: the drafter's fc width bounds it (`check_aux_count`)
+    if (
+        convention == "specdraft"
+    ):  # no engine's count: the drafter's fc width bounds it (`check_aux_count`)
         return check_aux_layers(list(ids), num_layers, engine="specdraft")
     return from_engine_ids(list(ids), convention, num_layers, target_class, sglang_version)
 
@@ -350,21 +403,30 @@ class AuxReading:
         if not self.differs:
             return []
         sglang, vllm = self.captured("sglang"), self.captured("vllm")
-        return [f"read differently by the two engines: SGLang captures {sglang}, vLLM {vllm} "
-                "(specdraft indices); write the top-level "
-                f"{AUX_KEY} in vLLM's convention and eagle_config.{AUX_KEY} in SGLang's"]
+        return [
+            f"read differently by the two engines: SGLang captures {sglang}, vLLM {vllm} "
+            "(specdraft indices); write the top-level "
+            f"{AUX_KEY} in vLLM's convention and eagle_config.{AUX_KEY} in SGLang's"
+        ]
 
     def misread(self, engine: str) -> list[str]:
         """FC-03: `engine` reads a key written in another engine's convention (`AUX_ID_KEYS`)
         in its own, so it captures other layers than the ids mean; empty when it does not."""
         key = self.vllm_key if engine in ("vllm", "speculators") else "eagle_config"
         owner = AUX_ID_KEYS.get(key)
-        if key is None or owner is None or owner == engine or self.captured(owner) == self.captured(engine):
+        if (
+            key is None
+            or owner is None
+            or owner == engine
+            or self.captured(owner) == self.captured(engine)
+        ):
             return []
-        return [f"{ENGINE_NAMES[engine]} reads the {key} ids, which are in {ENGINE_NAMES[owner]}'s "
-                f"convention, in its own: it captures {self.captured(engine)}, not the "
-                f"{self.captured(owner)} they mean (specdraft indices); write the top-level {AUX_KEY} "
-                f"in vLLM's convention"]
+        return [
+            f"{ENGINE_NAMES[engine]} reads the {key} ids, which are in {ENGINE_NAMES[owner]}'s "
+            f"convention, in its own: it captures {self.captured(engine)}, not the "
+            f"{self.captured(owner)} they mean (specdraft indices); write the top-level {AUX_KEY} "
+            f"in vLLM's convention"
+        ]
 
 
 def _keys(config: dict) -> tuple[list | None, list | None, str | None]:
@@ -372,14 +434,17 @@ def _keys(config: dict) -> tuple[list | None, list | None, str | None]:
     eagle_config = config.get("eagle_config")
     nested = eagle_config.get(AUX_KEY) if isinstance(eagle_config, dict) else None
     if nested is not None and len(nested) == 0:
-        raise ConventionError(f"eagle_config.{AUX_KEY} is empty: SGLang captures no aux states; "
-                              "drop the key for the default or write the ids")
+        raise ConventionError(
+            f"eagle_config.{AUX_KEY} is empty: SGLang captures no aux states; "
+            "drop the key for the default or write the ids"
+        )
     vllm_key = "top-level" if config.get(AUX_KEY) else "eagle_config" if nested else None
     return nested, config.get(AUX_KEY) or nested, vllm_key
 
 
-def default_captured(engine: str, num_layers: int, target_class: str = "llama",
-                     sglang_version: str | None = None) -> list[int]:
+def default_captured(
+    engine: str, num_layers: int, target_class: str = "llama", sglang_version: str | None = None
+) -> list[int]:
     """The layers `engine` captures from a config without ids (`default_layers_captured`);
     ConventionError naming the engine's reason when it serves no EAGLE-3 drafter on the class
     (a rule's `refuse`), so a missing key never reads as a deployment that would work."""
@@ -389,8 +454,13 @@ def default_captured(engine: str, num_layers: int, target_class: str = "llama",
     return default_layers_captured(num_layers)
 
 
-def captured_by(config: dict, engine: str, num_layers: int, target_class: str = "llama",
-                sglang_version: str | None = None) -> list[int]:
+def captured_by(
+    config: dict,
+    engine: str,
+    num_layers: int,
+    target_class: str = "llama",
+    sglang_version: str | None = None,
+) -> list[int]:
     """The specdraft indices `engine` captures from a draft config.json dict, reading only the key
     that engine reads (SGLang: eagle_config's; vLLM and speculators: top-level, else eagle_config's),
     its default when absent. Raises ConventionError when it cannot read the ids it finds."""
@@ -401,8 +471,9 @@ def captured_by(config: dict, engine: str, num_layers: int, target_class: str = 
     return from_engine_ids(ids, engine, num_layers, target_class, sglang_version)
 
 
-def aux_layers_from_config(config: dict, num_layers: int, target_class: str = "llama",
-                           sglang_version: str | None = None) -> AuxReading:
+def aux_layers_from_config(
+    config: dict, num_layers: int, target_class: str = "llama", sglang_version: str | None = None
+) -> AuxReading:
     """Read a draft config.json dict as each engine does (DESIGN.md section 2).
 
     SGLang reads only ``eagle_config.eagle_aux_hidden_state_layer_ids`` and falls back to its
@@ -413,13 +484,21 @@ def aux_layers_from_config(config: dict, num_layers: int, target_class: str = "l
     serves no EAGLE-3 drafter on the class (`default_captured`).
     """
     nested, vllm_ids, vllm_key = _keys(config)
-    read = lambda ids, engine: None if not ids else from_engine_ids(  # noqa: E731
-        ids, engine, num_layers, target_class, sglang_version)
+
+    def read(ids, engine):
+        return (
+            from_engine_ids(ids, engine, num_layers, target_class, sglang_version) if ids else None
+        )
+
     for ids, engine in ((nested, "sglang"), (vllm_ids, "vllm")):
         if not ids:  # the engine's default: refused where it serves no EAGLE-3 drafter on the class
             default_captured(engine, num_layers, target_class, sglang_version)
-    return AuxReading(read(nested, "sglang"), read(vllm_ids, "vllm"),
-                      default_layers_captured(num_layers), vllm_key)
+    return AuxReading(
+        read(nested, "sglang"),
+        read(vllm_ids, "vllm"),
+        default_layers_captured(num_layers),
+        vllm_key,
+    )
 
 
 def lint_sglang_ids(ids) -> list[str]:
@@ -427,10 +506,12 @@ def lint_sglang_ids(ids) -> list[str]:
     ids = list(ids or [])
     if not ids or ids[0] == 1:
         return []
-    return [f"SGLang aux ids {ids} start with {ids[0]}, not 1: SGLang >= 0.5.13 reads such a "
-            "list as-is on DeepSeek-class targets while older versions and Llama/Qwen classes "
-            "add 1, so it captures different layers by version; write ids whose first is 1 "
-            "(specdraft index 2) or pin the SGLang version"]
+    return [
+        f"SGLang aux ids {ids} start with {ids[0]}, not 1: SGLang >= 0.5.13 reads such a "
+        "list as-is on DeepSeek-class targets while older versions and Llama/Qwen classes "
+        "add 1, so it captures different layers by version; write ids whose first is 1 "
+        "(specdraft index 2) or pin the SGLang version"
+    ]
 
 
 def capture_ids(layers, engine: str, num_layers: int, target_class: str = "llama") -> list[int]:
@@ -439,7 +520,11 @@ def capture_ids(layers, engine: str, num_layers: int, target_class: str = "llama
     `ENGINE_RULES` as ``to_engine_ids``. ``layers`` must increase strictly within 0..num_layers.
     Raises ConventionError naming the first index the engine cannot capture on that class."""
     layers = list(layers)
-    if not layers or any(a >= b for a, b in zip(layers, layers[1:])) or not 0 <= layers[0] <= layers[-1] <= num_layers:
+    if (
+        not layers
+        or any(a >= b for a, b in zip(layers, layers[1:]))
+        or not 0 <= layers[0] <= layers[-1] <= num_layers
+    ):
         raise ConventionError(f"layers {layers} must increase strictly within 0..{num_layers}")
     convert = lambda rule: _encode(rule, layers, num_layers)  # noqa: E731
     return _resolve(engine, target_class, None, convert, f"layers {layers}")

@@ -52,35 +52,51 @@ _VLLM_DEEPSEEK = (
 
 
 def _vllm_mixin(file: str) -> tuple[str, str]:
-    return (f"vllm 0.32.0 model_executor/models/{file}",
-            "read 0.32.0 wheel: EagleModelMixin._maybe_add_hidden_state before the first layer "
-            "(id 0 = embeddings) and after layer k (id k), so id L = last output before the norm.")
+    return (
+        f"vllm 0.32.0 model_executor/models/{file}",
+        "read 0.32.0 wheel: EagleModelMixin._maybe_add_hidden_state before the first layer "
+        "(id 0 = embeddings) and after layer k (id k), so id L = last output before the norm.",
+    )
 
 
 def _vllm_refuses(cls: str, file: str) -> dict:
-    return {"source": f"vllm 0.32.0 model_executor/models/{file}",
-            "evidence": "read 0.32.0 wheel: the class does not implement SupportsEagle3",
-            "refuse": f"vLLM 0.32.0 serves no EAGLE-3 drafter on {cls} ({file}: no SupportsEagle3)"}
+    return {
+        "source": f"vllm 0.32.0 model_executor/models/{file}",
+        "evidence": "read 0.32.0 wheel: the class does not implement SupportsEagle3",
+        "refuse": f"vLLM 0.32.0 serves no EAGLE-3 drafter on {cls} ({file}: no SupportsEagle3)",
+    }
 
 
-def _sglang_refuses(cls: str, file: str, why: str = "does not implement set_eagle3_layers_to_capture") -> dict:
-    return {"source": f"sglang 0.5.23 srt/models/{file}",
-            "evidence": "read 0.5.23 wheel (model_runner_components/attention_backend_setup.py raises "
-                        "for a model without set_eagle3_layers_to_capture); older versions not read",
-            "refuse": f"SGLang 0.5.23 serves no EAGLE-3 drafter on {cls}: {file} {why}"}
+def _sglang_refuses(
+    cls: str, file: str, why: str = "does not implement set_eagle3_layers_to_capture"
+) -> dict:
+    return {
+        "source": f"sglang 0.5.23 srt/models/{file}",
+        "evidence": "read 0.5.23 wheel (model_runner_components/attention_backend_setup.py raises "
+        "for a model without set_eagle3_layers_to_capture); older versions not read",
+        "refuse": f"SGLang 0.5.23 serves no EAGLE-3 drafter on {cls}: {file} {why}",
+    }
 
 
-_SGLANG_BOUNDARY = ("read 0.5.23 wheel only: [id + 1]; the marked layer captures its input at the layer "
-                    "boundary (the embeddings when no residual exists yet, layers/layer_boundary/"
-                    "stage.py); nothing after the last layer (index L never captured)")
-_GEMMA3_SGLANG_WHY = ("appends the layer's hidden_states, which for layers >= 1 is the MLP branch after "
-                      "post_feedforward_layernorm with the residual add deferred to the next layer: not "
-                      "the residual stream specdraft trains on (index 0 alone matches: the embeddings "
-                      "scaled by sqrt(H) in Gemma3TextScaledWordEmbedding, as transformers' embed_tokens)")
-_QWEN3_VL_DEEPSTACK = (" DeepStack adds the vision features to layers 1..n's output at image tokens before "
-                       "the capture (none in a text-only prompt, which specdraft captures).")
-_VLLM_QWEN3_VL = _vllm_mixin("qwen3_vl.py (Qwen3LLMModel), qwen3_vl_moe.py (Qwen3MoeLLMModel); "
-                             "Qwen3VL[Moe]ForConditionalGeneration: SupportsEagle3, delegating to the language model")
+_SGLANG_BOUNDARY = (
+    "read 0.5.23 wheel only: [id + 1]; the marked layer captures its input at the layer "
+    "boundary (the embeddings when no residual exists yet, layers/layer_boundary/"
+    "stage.py); nothing after the last layer (index L never captured)"
+)
+_GEMMA3_SGLANG_WHY = (
+    "appends the layer's hidden_states, which for layers >= 1 is the MLP branch after "
+    "post_feedforward_layernorm with the residual add deferred to the next layer: not "
+    "the residual stream specdraft trains on (index 0 alone matches: the embeddings "
+    "scaled by sqrt(H) in Gemma3TextScaledWordEmbedding, as transformers' embed_tokens)"
+)
+_QWEN3_VL_DEEPSTACK = (
+    " DeepStack adds the vision features to layers 1..n's output at image tokens before "
+    "the capture (none in a text-only prompt, which specdraft captures)."
+)
+_VLLM_QWEN3_VL = _vllm_mixin(
+    "qwen3_vl.py (Qwen3LLMModel), qwen3_vl_moe.py (Qwen3MoeLLMModel); "
+    "Qwen3VL[Moe]ForConditionalGeneration: SupportsEagle3, delegating to the language model"
+)
 _SPECULATORS = (
     "speculators config.json top-level key, served by vLLM "
     "(vllm transformers_utils/configs/speculators/algos.py update_eagle3, PR #25961)",
@@ -89,7 +105,13 @@ _SPECULATORS = (
 # Fields: engine, target_class, offset, lowest, top, since, until, source, evidence.
 ENGINE_RULES: tuple[EngineRule, ...] = (
     EngineRule(
-        "sglang", "llama", "plus1", 1, 1, None, (0, 5, 22),
+        "sglang",
+        "llama",
+        "plus1",
+        1,
+        1,
+        None,
+        (0, 5, 22),
         "sglang srt/models/llama.py (qwen2.py, qwen3.py alike; mistral.py reuses Llama)",
         "read 0.5.12-0.5.21 wheels (older: same +1 in stored source): layers_to_capture = "
         "[id + 1]; hidden + residual is taken "
@@ -97,66 +119,195 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "before the final norm (index L never captured); no ids -> [2, L//2, L-3], no +1.",
     ),
     EngineRule(
-        "sglang", "llama", "plus1", 0, 1, (0, 5, 22), None,
+        "sglang",
+        "llama",
+        "plus1",
+        0,
+        1,
+        (0, 5, 22),
+        None,
         "sglang srt/models/llama.py + srt/layers/layer_boundary/stage.py",
         "read 0.5.22/0.5.23 wheels: +1 kept; _prepare_attention captures the bare embeddings "
         "when no residual exists yet (id -1 works; read, not run); index L still not captured.",
     ),
     EngineRule(
-        "sglang", "deepseek", "plus1", 1, 1, None, (0, 5, 13),
+        "sglang",
+        "deepseek",
+        "plus1",
+        1,
+        1,
+        None,
+        (0, 5, 13),
         "sglang srt/models/deepseek_v2.py",
         "read 0.5.12/0.5.12.post1 wheels: [id + 1], hidden + residual before layer i.",
     ),
     EngineRule(
-        "sglang", "deepseek", "plus1_if_first_is_1", 1, 1, (0, 5, 13), (0, 5, 14),
+        "sglang",
+        "deepseek",
+        "plus1_if_first_is_1",
+        1,
+        1,
+        (0, 5, 13),
+        (0, 5, 14),
         "sglang srt/models/deepseek_v2.py",
         "read 0.5.13 wheel: +1 only when layer_ids[0] == 1, else as-is (PR #25454, merged "
         "2026-05-18; absent from 0.5.12.post1); capture still fails before layer 0.",
     ),
     EngineRule(
-        "sglang", "deepseek", "plus1_if_first_is_1", 0, 1, (0, 5, 14), None,
+        "sglang",
+        "deepseek",
+        "plus1_if_first_is_1",
+        0,
+        1,
+        (0, 5, 14),
+        None,
         "sglang srt/models/deepseek_v2.py + srt/layers/communicator.py",
         "read 0.5.14/0.5.17/0.5.23 wheels: first-id rule kept; captures the residual after "
         "prepare_attn, which is the embeddings before layer 0 (read, not run).",
     ),
-    EngineRule("sglang", "qwen3_moe", "plus1", 0, 1, (0, 5, 23), None,
-               "sglang srt/models/qwen3_moe.py + qwen2_moe.py Qwen2MoeModel", _SGLANG_BOUNDARY),
-    EngineRule("sglang", "qwen3_vl", "plus1", 0, 1, (0, 5, 23), None,
-               "sglang srt/models/qwen3_vl.py (Qwen3LLMModel over qwen3.py layers) + qwen3_vl_moe.py "
-               "(Qwen3MoeLLMModel)", _SGLANG_BOUNDARY + _QWEN3_VL_DEEPSTACK),
-    EngineRule("sglang", "llama4", "plus1", 0, 1, (0, 5, 23), None,
-               "sglang srt/models/llama4.py (set_eagle3_layers_to_capture from llama.py)", _SGLANG_BOUNDARY),
-    EngineRule("sglang", "gpt_oss", "plus1_unless_last_is_L", 0, 0, (0, 5, 23), None,
-               "sglang srt/models/gpt_oss.py",
-               "read 0.5.23 wheel only: ids kept as-is when max(ids) == L, else [id + 1]; boundary 0 "
-               "is the embedding output, boundary k the output of block k, boundary L captured by "
-               "the final norm (before it)."),
-    EngineRule("sglang", "gemma2", "as_is", 0, 0, None, None,
-               **_sglang_refuses("Gemma 2 (Gemma2ForCausalLM)", "gemma2.py")),
-    EngineRule("sglang", "gemma3", "plus1", 0, 1, None, None,
-               **_sglang_refuses("Gemma 3 (Gemma3ForCausalLM)", "gemma3_causal.py", _GEMMA3_SGLANG_WHY)),
-    EngineRule("sglang", "qwen2_vl", "as_is", 0, 0, None, None,
-               **_sglang_refuses("Qwen2-VL (Qwen2VLForConditionalGeneration)", "qwen2_vl.py")),
-    EngineRule("sglang", "llava", "as_is", 0, 0, None, None,
-               **_sglang_refuses("Llava / Mistral3 (LlavaForConditionalGeneration, "
-                                 "Mistral3ForConditionalGeneration in mistral.py)", "llava.py")),
+    EngineRule(
+        "sglang",
+        "qwen3_moe",
+        "plus1",
+        0,
+        1,
+        (0, 5, 23),
+        None,
+        "sglang srt/models/qwen3_moe.py + qwen2_moe.py Qwen2MoeModel",
+        _SGLANG_BOUNDARY,
+    ),
+    EngineRule(
+        "sglang",
+        "qwen3_vl",
+        "plus1",
+        0,
+        1,
+        (0, 5, 23),
+        None,
+        "sglang srt/models/qwen3_vl.py (Qwen3LLMModel over qwen3.py layers) + qwen3_vl_moe.py "
+        "(Qwen3MoeLLMModel)",
+        _SGLANG_BOUNDARY + _QWEN3_VL_DEEPSTACK,
+    ),
+    EngineRule(
+        "sglang",
+        "llama4",
+        "plus1",
+        0,
+        1,
+        (0, 5, 23),
+        None,
+        "sglang srt/models/llama4.py (set_eagle3_layers_to_capture from llama.py)",
+        _SGLANG_BOUNDARY,
+    ),
+    EngineRule(
+        "sglang",
+        "gpt_oss",
+        "plus1_unless_last_is_L",
+        0,
+        0,
+        (0, 5, 23),
+        None,
+        "sglang srt/models/gpt_oss.py",
+        "read 0.5.23 wheel only: ids kept as-is when max(ids) == L, else [id + 1]; boundary 0 "
+        "is the embedding output, boundary k the output of block k, boundary L captured by "
+        "the final norm (before it).",
+    ),
+    EngineRule(
+        "sglang",
+        "gemma2",
+        "as_is",
+        0,
+        0,
+        None,
+        None,
+        **_sglang_refuses("Gemma 2 (Gemma2ForCausalLM)", "gemma2.py"),
+    ),
+    EngineRule(
+        "sglang",
+        "gemma3",
+        "plus1",
+        0,
+        1,
+        None,
+        None,
+        **_sglang_refuses("Gemma 3 (Gemma3ForCausalLM)", "gemma3_causal.py", _GEMMA3_SGLANG_WHY),
+    ),
+    EngineRule(
+        "sglang",
+        "qwen2_vl",
+        "as_is",
+        0,
+        0,
+        None,
+        None,
+        **_sglang_refuses("Qwen2-VL (Qwen2VLForConditionalGeneration)", "qwen2_vl.py"),
+    ),
+    EngineRule(
+        "sglang",
+        "llava",
+        "as_is",
+        0,
+        0,
+        None,
+        None,
+        **_sglang_refuses(
+            "Llava / Mistral3 (LlavaForConditionalGeneration, "
+            "Mistral3ForConditionalGeneration in mistral.py)",
+            "llava.py",
+        ),
+    ),
     EngineRule("vllm", "llama", "as_is", 0, 0, None, None, *_VLLM_LLAMA),
     EngineRule("vllm", "deepseek", "as_is", 1, 0, None, None, *_VLLM_DEEPSEEK),
     EngineRule("vllm", "qwen3_moe", "as_is", 0, 0, None, None, *_vllm_mixin("qwen3_moe.py")),
     EngineRule("vllm", "gpt_oss", "as_is", 0, 0, None, None, *_vllm_mixin("gpt_oss.py")),
-    EngineRule("vllm", "llama4", "as_is", 0, 0, None, None,
-               *_vllm_mixin("llama4.py (Llama4ForCausalLM(LlamaForCausalLM), Llama4Model keeps "
-                            "LlamaModel.forward)")),
-    EngineRule("vllm", "qwen3_vl", "as_is", 0, 0, None, None,
-               _VLLM_QWEN3_VL[0], _VLLM_QWEN3_VL[1] + _QWEN3_VL_DEEPSTACK + " v1/spec_decode/llm_base_proposer.py "
-               "names both classes among the multimodal targets it drafts for, and feeds a drafter without "
-               "mrope_section the first M-RoPE row (_set_positions)."),
-    EngineRule("vllm", "llava", "as_is", 0, 0, None, None,
-               *_vllm_mixin("llava.py, mistral3.py (SupportsEagle3, delegating to the language model)")),
-    EngineRule("vllm", "gemma2", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 2", "gemma2.py")),
-    EngineRule("vllm", "gemma3", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 3", "gemma3.py")),
-    EngineRule("vllm", "qwen2_vl", "as_is", 0, 0, None, None, **_vllm_refuses("Qwen2-VL", "qwen2_vl.py")),
+    EngineRule(
+        "vllm",
+        "llama4",
+        "as_is",
+        0,
+        0,
+        None,
+        None,
+        *_vllm_mixin(
+            "llama4.py (Llama4ForCausalLM(LlamaForCausalLM), Llama4Model keeps LlamaModel.forward)"
+        ),
+    ),
+    EngineRule(
+        "vllm",
+        "qwen3_vl",
+        "as_is",
+        0,
+        0,
+        None,
+        None,
+        _VLLM_QWEN3_VL[0],
+        _VLLM_QWEN3_VL[1] + _QWEN3_VL_DEEPSTACK + " v1/spec_decode/llm_base_proposer.py "
+        "names both classes among the multimodal targets it drafts for, and feeds a drafter without "
+        "mrope_section the first M-RoPE row (_set_positions).",
+    ),
+    EngineRule(
+        "vllm",
+        "llava",
+        "as_is",
+        0,
+        0,
+        None,
+        None,
+        *_vllm_mixin("llava.py, mistral3.py (SupportsEagle3, delegating to the language model)"),
+    ),
+    EngineRule(
+        "vllm", "gemma2", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 2", "gemma2.py")
+    ),
+    EngineRule(
+        "vllm", "gemma3", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 3", "gemma3.py")
+    ),
+    EngineRule(
+        "vllm", "qwen2_vl", "as_is", 0, 0, None, None, **_vllm_refuses("Qwen2-VL", "qwen2_vl.py")
+    ),
 )
 # speculators files are served by vLLM: each of its rows is vLLM's, read through the speculators key.
-ENGINE_RULES += tuple(dataclasses.replace(rule, engine="speculators", source=f"{rule.source}; {_SPECULATORS[0]}")
-                      for rule in ENGINE_RULES if rule.engine == "vllm")
+ENGINE_RULES += tuple(
+    dataclasses.replace(rule, engine="speculators", source=f"{rule.source}; {_SPECULATORS[0]}")
+    for rule in ENGINE_RULES
+    if rule.engine == "vllm"
+)

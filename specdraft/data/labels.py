@@ -53,7 +53,8 @@ def check_has_supervision(loss_mask: torch.Tensor) -> None:
         raise ValueError(
             f"batch of {loss_mask.shape[0]} sequences has no supervised token: no position t+2 "
             f"(label of draft position t) is in an assistant turn; check the loss mask / chat "
-            f"template, or drop samples without assistant tokens (or shorter than 3 tokens)")
+            f"template, or drop samples without assistant tokens (or shorter than 3 tokens)"
+        )
 
 
 def token_counts(samples: Iterable[Sample], vocab_size: int) -> torch.Tensor:
@@ -62,9 +63,13 @@ def token_counts(samples: Iterable[Sample], vocab_size: int) -> torch.Tensor:
     outside 0..vocab_size-1 (tokenizer and target disagree)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in samples:
-        ids = torch.tensor(s.input_ids, dtype=torch.long)[torch.tensor(s.loss_mask, dtype=torch.bool)]
+        ids = torch.tensor(s.input_ids, dtype=torch.long)[
+            torch.tensor(s.loss_mask, dtype=torch.bool)
+        ]
         if ids.numel() and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
-            raise ValueError(f"token id {int(ids.max())} outside the target vocabulary of "
-                             f"{vocab_size}: the tokenizer does not belong to this target")
+            raise ValueError(
+                f"token id {int(ids.max())} outside the target vocabulary of "
+                f"{vocab_size}: the tokenizer does not belong to this target"
+            )
         counts += torch.bincount(ids, minlength=vocab_size)
     return counts

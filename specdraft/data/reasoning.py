@@ -44,14 +44,20 @@ EMPTY_THINK = THINK_OPEN + THINK_CLOSE  # a turn written without its reasoning (
 THINKING_SWITCHES = {"enable_thinking": False, "thinking": False}
 
 DROP_HINT = "pass --reasoning drop to train on the answers without the reasoning"
-THINKING_HINT = ("or turn the template's thinking on (--template-kwargs '{{\"{switch}\": true}}'), "
-                 "the rendering the target reasons in")
-NOT_PREFIX_STABLE = ("the chat template renders assistant message {index} differently from the prompt "
-                     "it serves it with (not prefix-stable), so the turn cannot be located exactly; "
-                     "check --template-kwargs / --reasoning")
-NO_DROP = ("--reasoning drop: the chat template's generation prompt opens a think block the target "
-           "always fills (DeepSeek-R1) and it has no non-thinking switch, so there is no rendering "
-           "without reasoning; use --reasoning keep with the target's reasoning")
+THINKING_HINT = (
+    "or turn the template's thinking on (--template-kwargs '{{\"{switch}\": true}}'), "
+    "the rendering the target reasons in"
+)
+NOT_PREFIX_STABLE = (
+    "the chat template renders assistant message {index} differently from the prompt "
+    "it serves it with (not prefix-stable), so the turn cannot be located exactly; "
+    "check --template-kwargs / --reasoning"
+)
+NO_DROP = (
+    "--reasoning drop: the chat template's generation prompt opens a think block the target "
+    "always fills (DeepSeek-R1) and it has no non-thinking switch, so there is no rendering "
+    "without reasoning; use --reasoning keep with the target's reasoning"
+)
 
 
 def check_mode(reasoning: str) -> str:
@@ -99,13 +105,18 @@ def reasoning_kwargs(tokenizer, template_kwargs: dict[str, Any], reasoning: str)
     switch = thinking_switch(tokenizer)
     if switch is None:
         probe = [{"role": "user", "content": "?"}]
-        if _template_text(tokenizer) and opens_think(tokenizer.apply_chat_template(
-                probe, tokenize=False, add_generation_prompt=True, **kwargs)):
+        if _template_text(tokenizer) and opens_think(
+            tokenizer.apply_chat_template(
+                probe, tokenize=False, add_generation_prompt=True, **kwargs
+            )
+        ):
             raise DataError(NO_DROP)
         return kwargs
     if switch in kwargs and kwargs[switch] != THINKING_SWITCHES[switch]:
-        raise DataError(f"--reasoning drop renders with {switch}={THINKING_SWITCHES[switch]}, but "
-                        f"--template-kwargs sets {switch}={kwargs[switch]}; drop one of them")
+        raise DataError(
+            f"--reasoning drop renders with {switch}={THINKING_SWITCHES[switch]}, but "
+            f"--template-kwargs sets {switch}={kwargs[switch]}; drop one of them"
+        )
     kwargs[switch] = THINKING_SWITCHES[switch]
     return kwargs
 
@@ -119,7 +130,7 @@ def split_think(text: str) -> tuple[str | None, str]:
     reasoning, _, answer = text.partition(THINK_CLOSE)
     stripped = reasoning.lstrip()
     if stripped.startswith(THINK_OPEN):
-        reasoning = stripped[len(THINK_OPEN):]
+        reasoning = stripped[len(THINK_OPEN) :]
     return reasoning, answer
 
 
@@ -135,7 +146,9 @@ def message_reasoning(message: dict[str, Any]) -> tuple[str | None, str | None]:
     return None, content
 
 
-def template_messages(tokenizer, messages, reasoning: str) -> tuple[list[dict[str, Any]], dict[int, str]]:
+def template_messages(
+    tokenizer, messages, reasoning: str
+) -> tuple[list[dict[str, Any]], dict[int, str]]:
     """The messages to hand the chat template, and {message index: reasoning} of those that have
     reasoning to train (reasoning="keep"). Every assistant message carries its reasoning under
     `reasoning_field(tokenizer)` only (keep), or none (drop); other fields pass unchanged."""
@@ -163,8 +176,10 @@ def check_rendered(turn_text: str, reasoning: str, index: int, switch: str | Non
     with thinking off)."""
     if reasoning.strip() not in turn_text:
         hint = f" {THINKING_HINT.format(switch=switch)}" if switch else ""
-        raise DataError(f"the chat template does not render the reasoning of message {index} "
-                        f"(it reads no reasoning field or drops it); {DROP_HINT}{hint}")
+        raise DataError(
+            f"the chat template does not render the reasoning of message {index} "
+            f"(it reads no reasoning field or drops it); {DROP_HINT}{hint}"
+        )
 
 
 def opens_think(prompt: str) -> bool:
@@ -195,10 +210,12 @@ def served_turn(prompt: str, rendered: str, reasoning: str | None, index: int) -
     if not rendered.startswith(header):
         raise DataError(NOT_PREFIX_STABLE.format(index=index))
     if reasoning is None:
-        raise DataError(f"assistant message {index} has no reasoning, but the chat template's "
-                        f"generation prompt opens a think block the target fills before answering; "
-                        f"give the reasoning the target produced (regenerate --reasoning keep)")
-    tail = rendered[len(header):]
+        raise DataError(
+            f"assistant message {index} has no reasoning, but the chat template's "
+            f"generation prompt opens a think block the target fills before answering; "
+            f"give the reasoning the target produced (regenerate --reasoning keep)"
+        )
+    tail = rendered[len(header) :]
     if opened:
         return prompt + reasoning + THINK_CLOSE + tail.removeprefix(THINK_CLOSE)
     return prompt + THINK_OPEN + reasoning + THINK_CLOSE + tail.removeprefix(EMPTY_THINK)

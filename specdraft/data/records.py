@@ -24,8 +24,14 @@ from typing import Any
 from specdraft.errors import SpecdraftError
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "system": "system", "tool": "tool"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "tool": "tool",
+}
 
 
 class DataError(SpecdraftError, ValueError):
@@ -68,8 +74,9 @@ class Records:
     chat: bool = True
 
 
-def read_records(path: str | Path, *, chat: bool = True, skip_bad: bool = False,
-                 require_assistant: bool = True) -> Records:
+def read_records(
+    path: str | Path, *, chat: bool = True, skip_bad: bool = False, require_assistant: bool = True
+) -> Records:
     """Read chat (chat=True) or text (chat=False) records from a JSONL file, a `save_to_disk`
     directory, or a plain-text file (documents separated by blank lines; chat=False only).
 
@@ -88,16 +95,18 @@ def read_records(path: str | Path, *, chat: bool = True, skip_bad: bool = False,
             other_mode = other_mode or _other_mode(row, chat)
             if not skip_bad:
                 # records of the other mode all through (e.g. regenerate --no-chat's output): one line
-                if not records and other_mode and all(_other_mode(r, chat) or isinstance(r, _BadRow)
-                                                      for _, r in rows):
+                if (
+                    not records
+                    and other_mode
+                    and all(_other_mode(r, chat) or isinstance(r, _BadRow) for _, r in rows)
+                ):
                     raise DataError(_mode_hint(path, other_mode)) from None
                 raise
             num_skipped += 1
     if not records:
         if other_mode:  # every record skipped, and (some of) them for the mode: say so, not "empty"
             raise DataError(_mode_hint(path, other_mode))
-        raise DataError(f"{path}: no usable records ({num_skipped} skipped); "
-                        f"the dataset is empty")
+        raise DataError(f"{path}: no usable records ({num_skipped} skipped); the dataset is empty")
     return Records(path, records, num_skipped, chat)
 
 
@@ -111,8 +120,10 @@ def _rows(path: Path, chat: bool) -> Iterable[tuple[str, Any]]:
     if path.suffix in (".jsonl", ".json"):
         return _jsonl_rows(path)
     if chat:
-        raise DataError(f"{path} is plain text, not chats: pass --no-chat (or give a .jsonl file of "
-                        f"'messages' or 'conversations' chats)")
+        raise DataError(
+            f"{path} is plain text, not chats: pass --no-chat (or give a .jsonl file of "
+            f"'messages' or 'conversations' chats)"
+        )
     return _text_rows(path)
 
 
@@ -138,7 +149,7 @@ def _mode_hint(path: Path, other_mode: str) -> str:
 
 
 def bad_json(e: json.JSONDecodeError) -> str:
-    """"bad JSON (<reason> at column N)" for one JSONL line (json's reason may end in " at");
+    """ "bad JSON (<reason> at column N)" for one JSONL line (json's reason may end in " at");
     "at the end of the line" where json ran past the line's content into its newline."""
     where = "the end of the line" if e.lineno > 1 else f"column {e.colno}"
     return f"bad JSON ({e.msg.removesuffix(' at')} at {where})"
@@ -181,8 +192,10 @@ def _dataset_rows(path: Path) -> Iterable[tuple[str, Any]]:
         raise DataError(f"{path}: not a directory written by datasets' save_to_disk ({e})") from e
     if isinstance(ds, datasets.DatasetDict):
         if "train" not in ds:
-            raise DataError(f"{path}: DatasetDict without a 'train' split (splits: "
-                            f"{', '.join(ds)}); save the split to use on its own")
+            raise DataError(
+                f"{path}: DatasetDict without a 'train' split (splits: "
+                f"{', '.join(ds)}); save the split to use on its own"
+            )
         ds = ds["train"]
     for i, row in enumerate(ds):
         yield f"{path}:row {i}", row
@@ -201,11 +214,17 @@ def _to_record(source: str, row: Any, chat: bool, require_assistant: bool = True
     if isinstance(row, _BadRow):
         raise _bad(source, row.reason, "write one JSON object per line")
     if not isinstance(row, dict):
-        raise _bad(source, f"expected a JSON object, got {type(row).__name__}",
-                   "write one JSON object per line")
+        raise _bad(
+            source,
+            f"expected a JSON object, got {type(row).__name__}",
+            "write one JSON object per line",
+        )
     if chat:
-        return Record(source, messages=_chat_messages(source, row, require_assistant),
-                      tools=_tools(source, row))
+        return Record(
+            source,
+            messages=_chat_messages(source, row, require_assistant),
+            tools=_tools(source, row),
+        )
     if isinstance(row.get("text"), str) and row["text"].strip():
         return Record(source, text=row["text"])
     if isinstance(row.get("completion"), str) and row["completion"].strip():
@@ -213,14 +232,19 @@ def _to_record(source: str, row: Any, chat: bool, require_assistant: bool = True
         if not isinstance(prompt, str):
             raise _bad(source, "'prompt' is not a string", "give the prompt as a string")
         return Record(source, prompt=prompt, text=row["completion"])
-    raise _bad(source, "no non-empty 'text' or 'completion' field",
-               "give {\"text\": ...} or {\"prompt\": ..., \"completion\": ...}")
+    raise _bad(
+        source,
+        "no non-empty 'text' or 'completion' field",
+        'give {"text": ...} or {"prompt": ..., "completion": ...}',
+    )
 
 
 def served_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """A chat's messages before its last assistant turn (all of them when it has none): the
     prompt a server is sent to produce that turn."""
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
+    last = max(
+        (i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages)
+    )
     return list(messages[:last])
 
 
@@ -230,28 +254,42 @@ def chat_record(source: str, row: Any) -> Record:
     return _to_record(source, row, chat=True, require_assistant=False)
 
 
-MESSAGE_FIELDS = {"assistant": ("reasoning_content", "reasoning", "thinking", "tool_calls"),
-                  "tool": ("tool_call_id", "name")}
+MESSAGE_FIELDS = {
+    "assistant": ("reasoning_content", "reasoning", "thinking", "tool_calls"),
+    "tool": ("tool_call_id", "name"),
+}
 
 
 def _chat_messages(source: str, row: dict, require_assistant: bool) -> tuple[dict[str, Any], ...]:
     if "messages" in row:
-        turns = [(m.get("role"), m) if isinstance(m, dict) else (None, {}) for m in row["messages"] or []]
+        turns = [
+            (m.get("role"), m) if isinstance(m, dict) else (None, {}) for m in row["messages"] or []
+        ]
         known = CHAT_ROLES
     elif "conversations" in row:
-        turns = [(SHAREGPT_ROLES.get(m.get("from")), {**m, "content": m.get("value")})
-                 if isinstance(m, dict) else (None, {}) for m in row["conversations"] or []]
+        turns = [
+            (SHAREGPT_ROLES.get(m.get("from")), {**m, "content": m.get("value")})
+            if isinstance(m, dict)
+            else (None, {})
+            for m in row["conversations"] or []
+        ]
         known = tuple(SHAREGPT_ROLES)
     else:
-        raise _bad(source, "no 'messages' or 'conversations' field",
-                   "give OpenAI {\"messages\": [{\"role\", \"content\"}]} or ShareGPT "
-                   f"{{\"conversations\": [{{\"from\", \"value\"}}]}}, or {NO_CHAT_HINT}")
+        raise _bad(
+            source,
+            "no 'messages' or 'conversations' field",
+            'give OpenAI {"messages": [{"role", "content"}]} or ShareGPT '
+            f'{{"conversations": [{{"from", "value"}}]}}, or {NO_CHAT_HINT}',
+        )
     if not turns:
         raise _bad(source, "empty conversation", "remove the line")
     messages = tuple(_message(source, i, role, m, known) for i, (role, m) in enumerate(turns))
     if require_assistant and not any(m["role"] == "assistant" for m in messages):
-        raise _bad(source, "no assistant turn (nothing to learn)",
-                   "add the assistant's answer, or regenerate it with `specdraft regenerate`")
+        raise _bad(
+            source,
+            "no assistant turn (nothing to learn)",
+            "add the assistant's answer, or regenerate it with `specdraft regenerate`",
+        )
     return messages
 
 
@@ -261,19 +299,32 @@ def _message(source: str, i: int, role: str | None, m: dict, known) -> dict[str,
     if role not in CHAT_ROLES:
         raise _bad(source, f"turn {i} has an unknown role", f"use one of {', '.join(known)}")
     content, tool_calls = m.get("content"), m.get("tool_calls")
-    if tool_calls is not None and (role != "assistant" or not isinstance(tool_calls, list)
-                                   or not all(isinstance(c, dict) for c in tool_calls)):
-        raise _bad(source, f"turn {i} ({role}) has a bad 'tool_calls'",
-                   "give tool calls on assistant turns, as a list of OpenAI tool-call objects")
+    if tool_calls is not None and (
+        role != "assistant"
+        or not isinstance(tool_calls, list)
+        or not all(isinstance(c, dict) for c in tool_calls)
+    ):
+        raise _bad(
+            source,
+            f"turn {i} ({role}) has a bad 'tool_calls'",
+            "give tool calls on assistant turns, as a list of OpenAI tool-call objects",
+        )
     calls_only = role == "assistant" and bool(tool_calls) and content in (None, "")
-    if not calls_only and (not isinstance(content, str) or (role == "assistant" and not content.strip())):
-        raise _bad(source, f"turn {i} ({role}) has empty or non-string content",
-                   "give every turn text content")
+    if not calls_only and (
+        not isinstance(content, str) or (role == "assistant" and not content.strip())
+    ):
+        raise _bad(
+            source,
+            f"turn {i} ({role}) has empty or non-string content",
+            "give every turn text content",
+        )
     message = {"role": role, "content": content}
     for name in MESSAGE_FIELDS.get(role, ()):
         if m.get(name) is not None:
             if name != "tool_calls" and not isinstance(m[name], str):
-                raise _bad(source, f"turn {i} ({role}) has a non-string '{name}'", f"give '{name}' as text")
+                raise _bad(
+                    source, f"turn {i} ({role}) has a non-string '{name}'", f"give '{name}' as text"
+                )
             message[name] = m[name]
     return message
 
@@ -283,7 +334,9 @@ def _tools(source: str, row: dict) -> tuple[dict[str, Any], ...] | None:
     if tools is None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-        raise _bad(source, "'tools' is not a list of objects", "give the OpenAI tool schemas as a list")
+        raise _bad(
+            source, "'tools' is not a list of objects", "give the OpenAI tool schemas as a list"
+        )
     return tuple(tools)
 
 

@@ -41,10 +41,14 @@ from specdraft.data.reasoning import (
 )
 from specdraft.data.records import BadRecord, DataError, Records, read_records, served_messages
 
-NO_TEMPLATE = "the tokenizer has no chat template: for a base model pass --no-chat (capture, regenerate, " \
-              "train --online), or give a tokenizer with a chat template"
-SLOW_TOKENIZER = ("a fast (Rust) tokenizer is needed for character offsets; load the target's "
-                  "tokenizer with use_fast=True")
+NO_TEMPLATE = (
+    "the tokenizer has no chat template: for a base model pass --no-chat (capture, regenerate, "
+    "train --online), or give a tokenizer with a chat template"
+)
+SLOW_TOKENIZER = (
+    "a fast (Rust) tokenizer is needed for character offsets; load the target's "
+    "tokenizer with use_fast=True"
+)
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,10 @@ class Sample:
 
     def __post_init__(self) -> None:
         if len(self.input_ids) != len(self.loss_mask):
-            raise ValueError(f"Sample: {len(self.input_ids)} input_ids but "
-                             f"{len(self.loss_mask)} loss_mask entries")
+            raise ValueError(
+                f"Sample: {len(self.input_ids)} input_ids but "
+                f"{len(self.loss_mask)} loss_mask entries"
+            )
 
     def truncated(self, max_length: int) -> Sample:
         """The first `max_length` tokens (self when already short enough)."""
@@ -86,13 +92,21 @@ class RenderInfo:
     reasoning: str = "keep"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hash": self.template_hash, "kwargs": dict(self.kwargs), "chat": self.chat,
-                "reasoning": self.reasoning}
+        return {
+            "hash": self.template_hash,
+            "kwargs": dict(self.kwargs),
+            "chat": self.chat,
+            "reasoning": self.reasoning,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RenderInfo:
-        return cls(d.get("hash"), dict(d.get("kwargs") or {}), bool(d.get("chat", True)),
-                   d.get("reasoning", "keep"))
+        return cls(
+            d.get("hash"),
+            dict(d.get("kwargs") or {}),
+            bool(d.get("chat", True)),
+            d.get("reasoning", "keep"),
+        )
 
 
 @dataclass(frozen=True)
@@ -122,8 +136,13 @@ def tokenizer_fingerprint(tokenizer) -> dict[str, Any]:
     vocab_hash = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode("utf-8")).hexdigest()
     eos = tokenizer.eos_token_id
     eos_ids = sorted(eos) if isinstance(eos, (list, tuple)) else ([] if eos is None else [eos])
-    return {"vocab_hash": vocab_hash, "bos_id": tokenizer.bos_token_id, "eos_ids": eos_ids,
-            "pad_id": tokenizer.pad_token_id, "length": len(tokenizer)}
+    return {
+        "vocab_hash": vocab_hash,
+        "bos_id": tokenizer.bos_token_id,
+        "eos_ids": eos_ids,
+        "pad_id": tokenizer.pad_token_id,
+        "length": len(tokenizer),
+    }
 
 
 def tokenizer_changes(recorded: dict[str, Any] | None, tokenizer) -> list[str]:
@@ -132,16 +151,23 @@ def tokenizer_changes(recorded: dict[str, Any] | None, tokenizer) -> list[str]:
     if not recorded:
         return []
     now = tokenizer_fingerprint(tokenizer)
-    short = lambda key, value: value[:12] if key == "vocab_hash" and isinstance(value, str) else value  # noqa: E731
-    return [f"{key} {short(key, value)} -> {short(key, now.get(key))}" for key, value in recorded.items()
-            if now.get(key) != value]
+
+    def short(key, value):
+        return value[:12] if key == "vocab_hash" and isinstance(value, str) else value
+
+    return [
+        f"{key} {short(key, value)} -> {short(key, now.get(key))}"
+        for key, value in recorded.items()
+        if now.get(key) != value
+    ]
 
 
 def _render(tokenizer, messages, add_generation_prompt: bool, kwargs: dict, tools=None) -> str:
     if tools:
         kwargs = {**kwargs, "tools": list(tools)}
-    return tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                         add_generation_prompt=add_generation_prompt, **kwargs)
+    return tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )
 
 
 def prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
@@ -149,7 +175,9 @@ def prompt_ids(tokenizer, prompt: str | list[dict]) -> list[int]:
     list of messages) rendered with the chat template, generation prompt added."""
     if isinstance(prompt, str):
         return list(tokenizer(prompt)["input_ids"])
-    return list(tokenizer(_render(tokenizer, prompt, True, {}), add_special_tokens=False)["input_ids"])
+    return list(
+        tokenizer(_render(tokenizer, prompt, True, {}), add_special_tokens=False)["input_ids"]
+    )
 
 
 @dataclass(frozen=True)
@@ -165,8 +193,9 @@ class ChatRendering:
     splits: list[int | None]
 
 
-def _filled_turn(tokenizer, messages, i: int, kwargs: dict, tools, before: str, through: str,
-                 reasoning: str) -> str | None:
+def _filled_turn(
+    tokenizer, messages, i: int, kwargs: dict, tools, before: str, through: str, reasoning: str
+) -> str | None:
     """The chat through assistant message i as served when the template writes the turn's think
     block empty (`EMPTY_THINK`, Kimi-K2-Thinking's last answer turn), else None. `before` is the
     served prompt, `through` the chat through the turn as rendered. A template that also drops the
@@ -182,11 +211,12 @@ def _filled_turn(tokenizer, messages, i: int, kwargs: dict, tools, before: str, 
     turn = _render(tokenizer, plain + [messages[i]], False, kwargs, tools)
     if not turn.startswith(header + EMPTY_THINK):
         return None
-    return before + served_turn(header, turn, reasoning, i)[len(header):]
+    return before + served_turn(header, turn, reasoning, i)[len(header) :]
 
 
-def _turn(tokenizer, messages, i: int, kwargs: dict, tools, kept: dict[int, str],
-          reasoning: str) -> tuple[str, str, bool]:
+def _turn(
+    tokenizer, messages, i: int, kwargs: dict, tools, kept: dict[int, str], reasoning: str
+) -> tuple[str, str, bool]:
     """(prompt, chat through turn i, served) of assistant message i: served=True when the
     generation prompt opens a think block the rendered turn lacks, or the template writes the
     turn's think block empty while it has reasoning to train (Kimi-K2-Thinking), and the turn is
@@ -210,9 +240,14 @@ def _turn(tokenizer, messages, i: int, kwargs: dict, tools, kept: dict[int, str]
     return before, through, False
 
 
-def assistant_char_spans(tokenizer, messages: Sequence[dict[str, Any]],
-                         template_kwargs: dict | None = None, *, tools=None,
-                         reasoning: str = "keep") -> ChatRendering:
+def assistant_char_spans(
+    tokenizer,
+    messages: Sequence[dict[str, Any]],
+    template_kwargs: dict | None = None,
+    *,
+    tools=None,
+    reasoning: str = "keep",
+) -> ChatRendering:
     """Render `messages` with the chat template (reasoning handed to it as
     `specdraft.data.reasoning.template_messages` says) and locate every assistant turn.
 
@@ -233,13 +268,19 @@ def assistant_char_spans(tokenizer, messages: Sequence[dict[str, Any]],
     if not getattr(tokenizer, "chat_template", None):
         raise DataError(NO_TEMPLATE)
     messages, kept = template_messages(tokenizer, messages, reasoning)
-    turns = [_turn(tokenizer, messages, i, kwargs, tools, kept, reasoning)
-             for i, m in enumerate(messages) if m["role"] == "assistant"]
+    turns = [
+        _turn(tokenizer, messages, i, kwargs, tools, kept, reasoning)
+        for i, m in enumerate(messages)
+        if m["role"] == "assistant"
+    ]
     full = _render(tokenizer, messages, False, kwargs, tools)
     if all(full.startswith(through) and not served for _, through, served in turns):
         return ChatRendering([full], [[(len(b), len(t)) for b, t, _ in turns]], [None])
-    return ChatRendering([t for _, t, _ in turns], [[(len(b), len(t))] for b, t, _ in turns],
-                         [len(b) if served else None for b, _, served in turns])
+    return ChatRendering(
+        [t for _, t, _ in turns],
+        [[(len(b), len(t))] for b, t, _ in turns],
+        [len(b) if served else None for b, _, served in turns],
+    )
 
 
 def _encode(tokenizer, text: str, add_special: bool, split: int | None):
@@ -253,8 +294,14 @@ def _encode(tokenizer, text: str, add_special: bool, split: int | None):
     return head_ids + tail_ids, head_offsets + [(s + split, e + split) for s, e in tail_offsets]
 
 
-def _mask_from_spans(tokenizer, text: str, spans: list[tuple[int, int]], add_special: bool,
-                     first_supervised: int = 0, split: int | None = None) -> Sample:
+def _mask_from_spans(
+    tokenizer,
+    text: str,
+    spans: list[tuple[int, int]],
+    add_special: bool,
+    first_supervised: int = 0,
+    split: int | None = None,
+) -> Sample:
     if not getattr(tokenizer, "is_fast", False):
         raise DataError(SLOW_TOKENIZER)
     ids, offsets = _encode(tokenizer, text, add_special, split)
@@ -271,8 +318,14 @@ def _mask_from_spans(tokenizer, text: str, spans: list[tuple[int, int]], add_spe
     return Sample(ids, mask)
 
 
-def render_chat(tokenizer, messages: Sequence[dict[str, Any]], template_kwargs: dict | None = None,
-                *, tools=None, reasoning: str = "keep") -> list[Sample]:
+def render_chat(
+    tokenizer,
+    messages: Sequence[dict[str, Any]],
+    template_kwargs: dict | None = None,
+    *,
+    tools=None,
+    reasoning: str = "keep",
+) -> list[Sample]:
     """Tokenize a chat with the tokenizer's chat template (no extra special tokens, as
     `apply_chat_template(tokenize=True)` does); loss_mask = 1 on the assistant turns' tokens
     (their reasoning, answer and tool calls as rendered; tool results are context). One Sample,
@@ -280,10 +333,13 @@ def render_chat(tokenizer, messages: Sequence[dict[str, Any]], template_kwargs: 
 
     Raises DataError (no chat template, slow tokenizer, reasoning the template cannot render,
     template not prefix-stable)."""
-    rendering = assistant_char_spans(tokenizer, messages, template_kwargs, tools=tools,
-                                     reasoning=reasoning)
-    return [_mask_from_spans(tokenizer, text, spans, add_special=False, split=split)
-            for text, spans, split in zip(rendering.texts, rendering.spans, rendering.splits)]
+    rendering = assistant_char_spans(
+        tokenizer, messages, template_kwargs, tools=tools, reasoning=reasoning
+    )
+    return [
+        _mask_from_spans(tokenizer, text, spans, add_special=False, split=split)
+        for text, spans, split in zip(rendering.texts, rendering.spans, rendering.splits)
+    ]
 
 
 def render_text(tokenizer, text: str, prompt: str = "") -> Sample:
@@ -291,8 +347,9 @@ def render_text(tokenizer, text: str, prompt: str = "") -> Sample:
     loss_mask = 1 on the tokens of `text` (the continuation), never on the first token (it has
     no context). With prompt="" that is every token after the first."""
     full = prompt + text
-    return _mask_from_spans(tokenizer, full, [(len(prompt), len(full))], add_special=True,
-                            first_supervised=1)
+    return _mask_from_spans(
+        tokenizer, full, [(len(prompt), len(full))], add_special=True, first_supervised=1
+    )
 
 
 def check_chat_template(tokenizer, records: Records) -> None:
@@ -303,8 +360,14 @@ def check_chat_template(tokenizer, records: Records) -> None:
         raise DataError(f"{records.path}: {NO_TEMPLATE}")
 
 
-def render_records(tokenizer, records: Records, *, template_kwargs: dict | None = None,
-                   skip_bad: bool = False, reasoning: str = "keep") -> SampleSet:
+def render_records(
+    tokenizer,
+    records: Records,
+    *,
+    template_kwargs: dict | None = None,
+    skip_bad: bool = False,
+    reasoning: str = "keep",
+) -> SampleSet:
     """Render every record (chat records with the template, text records as documents).
     reasoning: "keep" trains the assistants' reasoning as the template renders it, "drop" renders
     without it, with the template's non-thinking switch (`specdraft.data.reasoning`).
@@ -322,8 +385,9 @@ def render_records(tokenizer, records: Records, *, template_kwargs: dict | None 
     for r in records.records:
         try:
             if r.messages is not None:
-                samples.extend(render_chat(tokenizer, r.messages, kwargs, tools=r.tools,
-                                           reasoning=reasoning))
+                samples.extend(
+                    render_chat(tokenizer, r.messages, kwargs, tools=r.tools, reasoning=reasoning)
+                )
             else:
                 samples.append(render_text(tokenizer, r.text, r.prompt))
         except DataError as e:
@@ -332,22 +396,31 @@ def render_records(tokenizer, records: Records, *, template_kwargs: dict | None 
             num_skipped += 1
     if not samples:
         raise DataError(f"{records.path}: no record could be rendered; the dataset is empty")
-    info = RenderInfo(template_hash(tokenizer) if chat else None, kwargs, chat,
-                      reasoning if chat else "keep")
+    info = RenderInfo(
+        template_hash(tokenizer) if chat else None, kwargs, chat, reasoning if chat else "keep"
+    )
     return SampleSet(samples, info, num_skipped)
 
 
-def load_dataset(path: str | Path, tokenizer, *, chat: bool = True,
-                 template_kwargs: dict | None = None, skip_bad: bool = False,
-                 reasoning: str = "keep") -> SampleSet:
+def load_dataset(
+    path: str | Path,
+    tokenizer,
+    *,
+    chat: bool = True,
+    template_kwargs: dict | None = None,
+    skip_bad: bool = False,
+    reasoning: str = "keep",
+) -> SampleSet:
     """`read_records` then `render_records`: the samples of one file or directory."""
     records = read_records(path, chat=chat, skip_bad=skip_bad)
-    return render_records(tokenizer, records, template_kwargs=template_kwargs, skip_bad=skip_bad,
-                          reasoning=reasoning)
+    return render_records(
+        tokenizer, records, template_kwargs=template_kwargs, skip_bad=skip_bad, reasoning=reasoning
+    )
 
 
-def render_parity(tokenizer, chats: Iterable[Sequence[dict[str, str]]], kwargs_a: dict,
-                  kwargs_b: dict) -> list[str]:
+def render_parity(
+    tokenizer, chats: Iterable[Sequence[dict[str, str]]], kwargs_a: dict, kwargs_b: dict
+) -> list[str]:
     """Render each chat with template kwargs `kwargs_a` (e.g. the manifest's) and `kwargs_b`
     (e.g. the server's) and list every difference in token ids (FC-08); [] means parity.
 
@@ -371,7 +444,7 @@ def _first_difference(tokenizer, a: list[int], b: list[int]) -> str | None:
     if a == b:
         return None
     t = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    show = lambda ids: repr(tokenizer.decode(ids[t:t + 3])) if t < len(ids) else "end"  # noqa: E731
+    show = lambda ids: repr(tokenizer.decode(ids[t : t + 3])) if t < len(ids) else "end"  # noqa: E731
     return f"{len(a)} vs {len(b)} tokens, first difference at token {t}: {show(a)} vs {show(b)}"
 
 

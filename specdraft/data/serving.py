@@ -5,9 +5,9 @@ conventions split off for its size (as `data.vocab`): it reads the rule table's 
 from __future__ import annotations
 
 from specdraft.conventions import (
+    _CLASS_NAMES,
     ENGINE_NAMES,
     TARGET_CLASSES,
-    _CLASS_NAMES,
     ConventionError,
     _encode,
     default_aux_layers,
@@ -34,17 +34,26 @@ def serving_problem(layers, num_layers: int, target_class: str | None) -> str | 
     if target_class not in TARGET_CLASSES:
         return None
     layers = list(layers)
-    reasons = {engine: _served(layers, engine, num_layers, target_class) for engine in ("sglang", "vllm")}
+    reasons = {
+        engine: _served(layers, engine, num_layers, target_class) for engine in ("sglang", "vllm")
+    }
     if any(reason is None for reason in reasons.values()):
         return None
     why = "; ".join(f"{ENGINE_NAMES[e]}: {r}" for e, r in reasons.items())
-    serving = [r for r in ENGINE_RULES if r.target_class == target_class and r.refuse is None
-               and r.engine in ("sglang", "vllm")]
+    serving = [
+        r
+        for r in ENGINE_RULES
+        if r.target_class == target_class and r.refuse is None and r.engine in ("sglang", "vllm")
+    ]
     name = _CLASS_NAMES[target_class]
     if not serving:
-        return (f"no engine serves an EAGLE-3 drafter on {name}-class targets ({why}); the drafter "
-                "trains and runs in specdraft's engine, but exports nowhere")
+        return (
+            f"no engine serves an EAGLE-3 drafter on {name}-class targets ({why}); the drafter "
+            "trains and runs in specdraft's engine, but exports nowhere"
+        )
     lo, hi = max(r.lowest for r in serving), num_layers - max(r.top for r in serving)
-    return (f"no engine can capture aux layers {layers} on {name}-class targets ({why}); every "
-            f"engine that serves this class captures indices {lo}..{hi}, e.g. "
-            f"{','.join(map(str, default_aux_layers(num_layers)))}")
+    return (
+        f"no engine can capture aux layers {layers} on {name}-class targets ({why}); every "
+        f"engine that serves this class captures indices {lo}..{hi}, e.g. "
+        f"{','.join(map(str, default_aux_layers(num_layers)))}"
+    )

@@ -19,8 +19,9 @@ class VocabMap:
     t2d: torch.Tensor
 
 
-def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int,
-                    vocab_limit: int | None = None) -> VocabMap:
+def build_vocab_map(
+    token_counts: torch.Tensor, draft_vocab_size: int, vocab_limit: int | None = None
+) -> VocabMap:
     """Draft vocabulary = the ``draft_vocab_size`` most frequent target ids, ids ascending.
 
     token_counts: integer [V] counts of loss-masked target tokens. Ties go to the lower id;
@@ -30,8 +31,10 @@ def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int,
     """
     integer = not token_counts.dtype.is_floating_point and token_counts.dtype != torch.bool
     if token_counts.dim() != 1 or not integer:
-        raise ValueError(f"token_counts must be an integer [V] tensor, got {token_counts.dtype} "
-                         f"{tuple(token_counts.shape)}")
+        raise ValueError(
+            f"token_counts must be an integer [V] tensor, got {token_counts.dtype} "
+            f"{tuple(token_counts.shape)}"
+        )
     if bool((token_counts < 0).any()):
         raise ValueError("token_counts has negative entries")
     vocab_size = token_counts.numel()
@@ -39,8 +42,9 @@ def build_vocab_map(token_counts: torch.Tensor, draft_vocab_size: int,
     if not 0 < usable <= vocab_size:
         raise ValueError(f"vocab_limit {vocab_limit} must be in 1..{vocab_size}")
     if not 0 < draft_vocab_size <= usable:
-        raise ValueError(f"draft_vocab_size {draft_vocab_size} must be in 1..{usable} "
-                         "(usable target vocabulary)")
+        raise ValueError(
+            f"draft_vocab_size {draft_vocab_size} must be in 1..{usable} (usable target vocabulary)"
+        )
     counts = token_counts[:usable].to(torch.int64)
     order = torch.sort(-counts, stable=True).indices  # stable: ties (and zeros) by lower id
     target_ids = order[:draft_vocab_size].sort().values
@@ -85,13 +89,20 @@ def _d2t_cause(d2t, t2d_ids, target, vocab_size: int) -> str | None:
     if direct or (not _is_id_list(target, vocab_size) and _is_id_list(d2t, vocab_size)):
         return f"d2t holds direct target ids, not offsets; store d2t = ids - arange({d2t.numel()})"
     if t2d_ids is not None and d2t.numel() < vocab_size and not bool(d2t.any()):
-        return f"d2t is all zeros (draft id i = target id i) but t2d marks other ids: d2t was " \
-               f"dropped or zero-initialised; {_FIX}"
+        return (
+            f"d2t is all zeros (draft id i = target id i) but t2d marks other ids: d2t was "
+            f"dropped or zero-initialised; {_FIX}"
+        )
     return None
 
 
-def validate_vocab_map(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vocab_size: int,
-                       draft_vocab_size: int, usable: int | None = None) -> list[str]:
+def validate_vocab_map(
+    d2t: torch.Tensor | None,
+    t2d: torch.Tensor | None,
+    vocab_size: int,
+    draft_vocab_size: int,
+    usable: int | None = None,
+) -> list[str]:
     """Problems with a draft checkpoint's vocabulary map (FC-02); an empty list means valid.
 
     d2t: int64 [Vd] offsets; t2d: bool [V] or None. Engines read only d2t (vLLM treats a
@@ -105,9 +116,14 @@ def validate_vocab_map(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vocab
     if draft_vocab_size > vocab_size:
         return [f"draft_vocab_size {draft_vocab_size} exceeds the target vocabulary {vocab_size}"]
     if d2t is None:
-        return [] if draft_vocab_size == vocab_size else [
-            f"d2t missing: draft vocab {draft_vocab_size} < target vocab {vocab_size}, so "
-            f"engines map draft id i to target id i; {_FIX}"]
+        return (
+            []
+            if draft_vocab_size == vocab_size
+            else [
+                f"d2t missing: draft vocab {draft_vocab_size} < target vocab {vocab_size}, so "
+                f"engines map draft id i to target id i; {_FIX}"
+            ]
+        )
     if d2t.dtype != torch.int64 or tuple(d2t.shape) != (draft_vocab_size,):
         return [f"d2t must be int64 [{draft_vocab_size}], got {d2t.dtype} {tuple(d2t.shape)}"]
     problems = []
@@ -120,13 +136,16 @@ def validate_vocab_map(d2t: torch.Tensor | None, t2d: torch.Tensor | None, vocab
         return problems + [cause]
     valid = _is_id_list(target, vocab_size)
     if not valid:
-        problems.append(f"arange + d2t must be strictly increasing ids in [0, {vocab_size}); "
-                        + _FIX)
+        problems.append(
+            f"arange + d2t must be strictly increasing ids in [0, {vocab_size}); " + _FIX
+        )
     if t2d is not None and int(t2d.sum()) != draft_vocab_size:
         problems.append(f"t2d marks {int(t2d.sum())} ids, expected {draft_vocab_size}; {_FIX}")
     if t2d is not None and valid and not bool(t2d[target].all()):
-        problems.append(f"t2d disagrees with d2t: {int((~t2d[target]).sum())} draft tokens map "
-                        f"to target ids t2d does not mark; {_FIX}")
+        problems.append(
+            f"t2d disagrees with d2t: {int((~t2d[target]).sum())} draft tokens map "
+            f"to target ids t2d does not mark; {_FIX}"
+        )
     if valid and (padding := _padding_problem(target, vocab_size, usable)) is not None:
         problems.append(padding)
     return problems
@@ -139,7 +158,9 @@ def _padding_problem(target: torch.Tensor, vocab_size: int, usable: int | None) 
     past = target >= usable
     if not bool(past.any()):
         return None
-    return (f"d2t maps {int(past.sum())} draft ids to target ids {int(target[past][0])}..{int(target.max())}, "
-            f"past the tokenizer's {usable} tokens (rows {usable}..{vocab_size - 1} of the target's "
-            f"embedding are padding no token has); retrain it (specdraft train keeps the draft "
-            f"vocabulary within the tokenizer) or rebuild d2t with build_vocab_map(..., vocab_limit={usable})")
+    return (
+        f"d2t maps {int(past.sum())} draft ids to target ids {int(target[past][0])}..{int(target.max())}, "
+        f"past the tokenizer's {usable} tokens (rows {usable}..{vocab_size - 1} of the target's "
+        f"embedding are padding no token has); retrain it (specdraft train keeps the draft "
+        f"vocabulary within the tokenizer) or rebuild d2t with build_vocab_map(..., vocab_limit={usable})"
+    )

@@ -39,28 +39,49 @@ def stage_settings(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
     from specdraft.stories260k import CONVERTER
 
     return {
-        "data": {"data_sha256": file_sha256(data_source(cfg)), "num_train": cfg.num_train,
-                 "num_heldout": cfg.num_heldout, "seed": cfg.seed},
-        "regenerate": {"target": f"bundled stories260K ({CONVERTER})" if cfg.target is None
-                       else path_label(cfg.target, cfg.out),
-                       "prompt_tokens": cfg.prompt_tokens, "max_new_tokens": cfg.max_new_tokens},
-        "train": {"train_steps": cfg.train_steps, "batch_size": cfg.batch_size, "lr": cfg.lr,
-                  "ttt_steps": cfg.ttt_steps, "seed": cfg.seed},
+        "data": {
+            "data_sha256": file_sha256(data_source(cfg)),
+            "num_train": cfg.num_train,
+            "num_heldout": cfg.num_heldout,
+            "seed": cfg.seed,
+        },
+        "regenerate": {
+            "target": f"bundled stories260K ({CONVERTER})"
+            if cfg.target is None
+            else path_label(cfg.target, cfg.out),
+            "prompt_tokens": cfg.prompt_tokens,
+            "max_new_tokens": cfg.max_new_tokens,
+        },
+        "train": {
+            "train_steps": cfg.train_steps,
+            "batch_size": cfg.batch_size,
+            "lr": cfg.lr,
+            "ttt_steps": cfg.ttt_steps,
+            "seed": cfg.seed,
+        },
     }
 
 
-FLAG_NAMES = {"num_train": "--num-train", "train_steps": "--train-steps", "target": "--target",
-              "data_sha256": "--data (its content)"}
+FLAG_NAMES = {
+    "num_train": "--num-train",
+    "train_steps": "--train-steps",
+    "target": "--target",
+    "data_sha256": "--data (its content)",
+}
 
 
-def stages_to_redo(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> tuple[str | None, list[str]]:
+def stages_to_redo(
+    old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]
+) -> tuple[str | None, list[str]]:
     """The first stage whose recorded settings (`old`) differ from the requested ones (`new`),
     or None, and the differences as "--train-steps 1000 -> 200"."""
     for stage in STAGES:
         before, now = old.get(stage) or {}, new[stage]
-        diffs = [f"{FLAG_NAMES.get(k, k)} {before.get(k, '?') if k != 'data_sha256' else 'changed'}"
-                 + ("" if k == "data_sha256" else f" -> {now.get(k)}")
-                 for k in differing_fields(before, now)]
+        diffs = [
+            f"{FLAG_NAMES.get(k, k)} {before.get(k, '?') if k != 'data_sha256' else 'changed'}"
+            + ("" if k == "data_sha256" else f" -> {now.get(k)}")
+            for k in differing_fields(before, now)
+        ]
         if diffs:
             return stage, diffs
     return None, []
@@ -68,12 +89,15 @@ def stages_to_redo(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]
 
 def stage_outputs(out: Path, stage: str) -> list[Path]:
     """What `stage` and every later cached stage wrote under out (the converted target is kept)."""
-    later = STAGES[STAGES.index(stage):]
+    later = STAGES[STAGES.index(stage) :]
     paths = []
     if "data" in later:
         paths.append(out / "data")
     if "regenerate" in later:
-        paths += sorted((out / "data").glob("*.regen.jsonl*")) + [out / "store", out / "store-heldout"]
+        paths += sorted((out / "data").glob("*.regen.jsonl*")) + [
+            out / "store",
+            out / "store-heldout",
+        ]
     if "train" in later:
         paths += [out / "train", out / "export"]
     return [p for p in paths if p.exists()]
@@ -85,9 +109,13 @@ def reconcile_cache(cfg: DemoConfig, say: Callable[[str], None]) -> None:
     new = stage_settings(cfg)
     stage, diffs = redo_from_record(cfg.out, new)
     if stage is not None:
-        say(f"cached results under {cfg.out} were made with other settings ({'; '.join(diffs)}): "
-            f"redoing the {stage} stage and every later one")
-        for path in stage_outputs(cfg.out, stage):  # data/ holds the regenerated files: gone with it
+        say(
+            f"cached results under {cfg.out} were made with other settings ({'; '.join(diffs)}): "
+            f"redoing the {stage} stage and every later one"
+        )
+        for path in stage_outputs(
+            cfg.out, stage
+        ):  # data/ holds the regenerated files: gone with it
             if path.is_dir():
                 shutil.rmtree(path)
             else:

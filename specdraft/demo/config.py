@@ -39,19 +39,31 @@ class DemoConfig:
     tree: tuple[int, int, int] = (4, 2, 8)  # num_steps, topk, num_draft_tokens
     threads: int | None = 1  # CPU threads; one is fastest for a 260K-parameter model
     timing_repeats: int = 5  # timed passes per setting, taking turns with plain decoding
-    min_speedup: float = 1.05  # median speedup a recommended setting must reach (lower quartile > 1x)
+    min_speedup: float = (
+        1.05  # median speedup a recommended setting must reach (lower quartile > 1x)
+    )
 
     def __post_init__(self) -> None:
-        if self.num_train < 2:  # one for training, one for validation (the batch adapts: train_batch_size)
-            raise UnusableInput(f"--num-train {self.num_train}: the demo needs at least 2 training documents")
+        if (
+            self.num_train < 2
+        ):  # one for training, one for validation (the batch adapts: train_batch_size)
+            raise UnusableInput(
+                f"--num-train {self.num_train}: the demo needs at least 2 training documents"
+            )
         if self.num_heldout < 1:
-            raise UnusableInput(f"num_heldout {self.num_heldout}: the demo needs at least 1 held-out document")
+            raise UnusableInput(
+                f"num_heldout {self.num_heldout}: the demo needs at least 1 held-out document"
+            )
         if self.train_steps < 1:
-            raise UnusableInput(f"--train-steps {self.train_steps}: must be at least 1 (the default is 1000)")
+            raise UnusableInput(
+                f"--train-steps {self.train_steps}: must be at least 1 (the default is 1000)"
+            )
         for name in ("prompt_tokens", "max_new_tokens", "batch_size", "ttt_steps"):
             if getattr(self, name) < 1:
                 raise UnusableInput(f"{name} {getattr(self, name)}: must be at least 1")
         if not self.sweep_steps or min(self.sweep_steps) < 1:
-            raise UnusableInput(f"sweep_steps {self.sweep_steps}: need at least one chain depth, each >= 1")
+            raise UnusableInput(
+                f"sweep_steps {self.sweep_steps}: need at least one chain depth, each >= 1"
+            )
         if self.timing_repeats < 1:
             raise UnusableInput(f"timing_repeats {self.timing_repeats}: must be at least 1")

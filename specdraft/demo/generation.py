@@ -11,12 +11,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from specdraft.bench.speedup import timed_passes, timing_summary
 from specdraft.checkpoint import file_sha256
 from specdraft.demo.cache import path_label
 from specdraft.demo.config import DemoConfig
 from specdraft.files import atomic_write_json, differing_fields
 from specdraft.machine_load import busy_note
-from specdraft.bench.speedup import timed_passes, timing_summary
 
 
 def heldout_prompts(target_dir: Path, heldout_file: Path, prompt_tokens: int) -> list[list[int]]:
@@ -28,13 +28,24 @@ def heldout_prompts(target_dir: Path, heldout_file: Path, prompt_tokens: int) ->
     return [tokenizer(d)["input_ids"][:prompt_tokens] for d in docs]
 
 
-def load_demo_engine(target_dir: Path, draft_dir: Path | None, spec, prompts: list[list[int]],
-                     max_new_tokens: int, device: str):
+def load_demo_engine(
+    target_dir: Path,
+    draft_dir: Path | None,
+    spec,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    device: str,
+):
     """specdraft's engine for one setting (spec None: plain decoding), warmed up."""
     from specdraft.engine.load import load_engine
 
-    engine = load_engine(target_dir, draft_dir, spec, device=device,
-                         max_seq_len=max(len(p) for p in prompts) + max_new_tokens + 64)
+    engine = load_engine(
+        target_dir,
+        draft_dir,
+        spec,
+        device=device,
+        max_seq_len=max(len(p) for p in prompts) + max_new_tokens + 64,
+    )
     engine.generate(prompts[0], 8)  # warm-up, not counted
     return engine
 
@@ -49,12 +60,18 @@ def generation_pass(engine, prompts: list[list[int]], max_new_tokens: int) -> di
         outputs.append(result.token_ids)
         merged = result.metrics if merged is None else merged.merge(result.metrics)
     seconds = time.perf_counter() - start
-    return {"metrics": merged.to_dict(), "tokens_per_s": merged.num_output_tokens / seconds, "outputs": outputs,
-            "accept_length": merged.accept_length, "acceptance": merged.acceptance_per_position}
+    return {
+        "metrics": merged.to_dict(),
+        "tokens_per_s": merged.num_output_tokens / seconds,
+        "outputs": outputs,
+        "accept_length": merged.accept_length,
+        "acceptance": merged.acceptance_per_position,
+    }
 
 
-def stage_generate(cfg: DemoConfig, target_dir: Path, draft_dir: Path,
-                   prompts: list[list[int]]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+def stage_generate(
+    cfg: DemoConfig, target_dir: Path, draft_dir: Path, prompts: list[list[int]]
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
     """Plain decoding, a chain sweep over num_steps and one tree, all greedy on the same engine,
     each timed in cfg.timing_repeats rounds that take turns with plain decoding (timing_summary).
 
@@ -63,27 +80,43 @@ def stage_generate(cfg: DemoConfig, target_dir: Path, draft_dir: Path,
     from specdraft.engine.spec_config import SpecConfig
 
     steps, topk, tokens = cfg.tree
-    settings = {"plain": (None, None), **{f"chain-{n}": (draft_dir, SpecConfig.chain(n)) for n in cfg.sweep_steps},
-                "tree": (draft_dir, SpecConfig(steps, topk, tokens))}
-    engines = {name: load_demo_engine(target_dir, draft, spec, prompts, cfg.max_new_tokens, cfg.device)
-               for name, (draft, spec) in settings.items()}
-    runs = timed_passes(engines, cfg.timing_repeats,
-                        lambda name: generation_pass(engines[name], prompts, cfg.max_new_tokens))
+    settings = {
+        "plain": (None, None),
+        **{f"chain-{n}": (draft_dir, SpecConfig.chain(n)) for n in cfg.sweep_steps},
+        "tree": (draft_dir, SpecConfig(steps, topk, tokens)),
+    }
+    engines = {
+        name: load_demo_engine(target_dir, draft, spec, prompts, cfg.max_new_tokens, cfg.device)
+        for name, (draft, spec) in settings.items()
+    }
+    runs = timed_passes(
+        engines,
+        cfg.timing_repeats,
+        lambda name: generation_pass(engines[name], prompts, cfg.max_new_tokens),
+    )
     plain_outputs = runs["plain"][0]["outputs"]
     for name, setting_runs in runs.items():
         if any(run["outputs"] != plain_outputs for run in setting_runs):
-            raise ValueError(f"speculative output differs from plain greedy decoding at {name} "
-                             f"({settings[name][1]}): the engine is not lossless")
+            raise ValueError(
+                f"speculative output differs from plain greedy decoding at {name} "
+                f"({settings[name][1]}): the engine is not lossless"
+            )
     plain_tps = [run["tokens_per_s"] for run in runs["plain"]]
 
     def row(name: str, shape: dict[str, int]) -> dict[str, Any]:
         first = runs[name][0]
-        return {**shape, "engine_metrics_first_round": first["metrics"],  # the engine's own counts and times
-                **{k: first[k] for k in ("accept_length", "acceptance", "outputs")},
-                **timing_summary([run["tokens_per_s"] for run in runs[name]], plain_tps)}
+        return {
+            **shape,
+            "engine_metrics_first_round": first["metrics"],  # the engine's own counts and times
+            **{k: first[k] for k in ("accept_length", "acceptance", "outputs")},
+            **timing_summary([run["tokens_per_s"] for run in runs[name]], plain_tps),
+        }
 
     baseline = row("plain", {})
-    sweep = [row(f"chain-{n}", {"num_steps": n, "topk": 1, "num_draft_tokens": n + 1}) for n in cfg.sweep_steps]
+    sweep = [
+        row(f"chain-{n}", {"num_steps": n, "topk": 1, "num_draft_tokens": n + 1})
+        for n in cfg.sweep_steps
+    ]
     tree = row("tree", {"num_steps": steps, "topk": topk, "num_draft_tokens": tokens})
     return baseline, sweep, tree
 
@@ -100,8 +133,13 @@ def dir_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def stage_generation(cfg: DemoConfig, target_dir: Path, draft_dir: Path, prompts: list[list[int]],
-                     say: Callable[[str], None]) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], str | None]:
+def stage_generation(
+    cfg: DemoConfig,
+    target_dir: Path,
+    draft_dir: Path,
+    prompts: list[list[int]],
+    say: Callable[[str], None],
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], str | None]:
     """`stage_generate`, cached in out/generation.json: reused (one line says so) when the drafter's
     files, the prompts and the timing settings are the ones it was measured with, so a re-run
     recommends and exports what the first run measured; otherwise timed and written (a temp
@@ -112,22 +150,37 @@ def stage_generation(cfg: DemoConfig, target_dir: Path, draft_dir: Path, prompts
     path = cfg.out / GENERATION_FILE
     saved = saved_generation(path, key)
     if saved is not None:
-        say(f"generation: reused the timing in {path} (same drafter, prompts and settings; delete it to time "
-            "the settings again)")
+        say(
+            f"generation: reused the timing in {path} (same drafter, prompts and settings; delete it to time "
+            "the settings again)"
+        )
         return saved["baseline"], saved["sweep"], saved["tree"], saved.get("busy")
     busy = busy_note("the tokens/s and speedups above") if cfg.device == "cpu" else None
     baseline, sweep, tree = stage_generate(cfg, target_dir, draft_dir, prompts)
-    atomic_write_json(path, {"settings": key, "baseline": baseline, "sweep": sweep, "tree": tree, "busy": busy},
-                      indent=None, sort_keys=False)
+    atomic_write_json(
+        path,
+        {"settings": key, "baseline": baseline, "sweep": sweep, "tree": tree, "busy": busy},
+        indent=None,
+        sort_keys=False,
+    )
     return baseline, sweep, tree, busy
 
 
-def generation_key(cfg: DemoConfig, target_dir: Path, draft_dir: Path, prompts: list[list[int]]) -> dict[str, Any]:
+def generation_key(
+    cfg: DemoConfig, target_dir: Path, draft_dir: Path, prompts: list[list[int]]
+) -> dict[str, Any]:
     """What the timing depends on: the drafter's files, the target, the prompts, the timing settings."""
-    return {"draft_sha256": dir_sha256(draft_dir), "target": path_label(target_dir, cfg.out),
-            "prompts_sha256": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
-            "max_new_tokens": cfg.max_new_tokens, "sweep_steps": list(cfg.sweep_steps), "tree": list(cfg.tree),
-            "timing_repeats": cfg.timing_repeats, "device": cfg.device, "threads": cfg.threads}
+    return {
+        "draft_sha256": dir_sha256(draft_dir),
+        "target": path_label(target_dir, cfg.out),
+        "prompts_sha256": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+        "max_new_tokens": cfg.max_new_tokens,
+        "sweep_steps": list(cfg.sweep_steps),
+        "tree": list(cfg.tree),
+        "timing_repeats": cfg.timing_repeats,
+        "device": cfg.device,
+        "threads": cfg.threads,
+    }
 
 
 def saved_generation(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:

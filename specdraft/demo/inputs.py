@@ -11,8 +11,10 @@ from specdraft.conventions import default_aux_layers
 from specdraft.demo.config import DemoConfig
 from specdraft.errors import UnusableInput
 
-DATA_FORMATS = ("plain text with documents separated by blank lines, or JSONL with a string "
-                '"text" field per line')
+DATA_FORMATS = (
+    "plain text with documents separated by blank lines, or JSONL with a string "
+    '"text" field per line'
+)
 
 
 def parse_documents(text: str, name: str = "the data") -> list[str]:
@@ -30,27 +32,35 @@ def parse_documents(text: str, name: str = "the data") -> list[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise UnusableInput(f"{name} line {number} is not JSON ({e.msg}); the demo reads {DATA_FORMATS}") from e
+            raise UnusableInput(
+                f"{name} line {number} is not JSON ({e.msg}); the demo reads {DATA_FORMATS}"
+            ) from e
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise UnusableInput(f"{name} line {number} has no string \"text\" field (chat \"messages\" records are "
-                             f"not supported here); the demo reads {DATA_FORMATS}")
+            raise UnusableInput(
+                f'{name} line {number} has no string "text" field (chat "messages" records are '
+                f"not supported here); the demo reads {DATA_FORMATS}"
+            )
         doc = "\n".join(part for part in record["text"].splitlines() if part.strip()).strip()
         if doc:
             docs.append(doc)
     return docs
 
 
-def split_documents(text: str, num_train: int, num_heldout: int, seed: int) -> tuple[list[str], list[str]]:
+def split_documents(
+    text: str, num_train: int, num_heldout: int, seed: int
+) -> tuple[list[str], list[str]]:
     """Documents (see parse_documents), shuffled with `seed`, as (train, held-out) lists.
 
     Raises ValueError when the text holds fewer than num_train + num_heldout documents.
     """
     docs = parse_documents(text)
     if len(docs) < num_train + num_heldout:
-        raise ValueError(f"the data holds {len(docs)} documents; the demo needs "
-                         f"{num_train + num_heldout} (lower --num-train)")
+        raise ValueError(
+            f"the data holds {len(docs)} documents; the demo needs "
+            f"{num_train + num_heldout} (lower --num-train)"
+        )
     random.Random(seed).shuffle(docs)
-    return docs[num_heldout:num_heldout + num_train], docs[:num_heldout]
+    return docs[num_heldout : num_heldout + num_train], docs[:num_heldout]
 
 
 def data_source(cfg: DemoConfig) -> Path:
@@ -75,7 +85,9 @@ def check_out(out: Path) -> None:
     existing = next(p for p in (out, *out.parents) if p.exists())
     if not existing.is_dir():
         where = "" if existing == out else f": {existing} is a file"
-        raise UnusableInput(f"--out {out}{where or ' is a file'}; pass a directory (created if missing)")
+        raise UnusableInput(
+            f"--out {out}{where or ' is a file'}; pass a directory (created if missing)"
+        )
 
 
 def check_device(device: str) -> None:
@@ -85,15 +97,23 @@ def check_device(device: str) -> None:
     try:
         dev = torch.device(device)
     except RuntimeError as e:
-        raise UnusableInput(f"--device {device!r} is not a torch device; use cpu or cuda[:N]") from e
+        raise UnusableInput(
+            f"--device {device!r} is not a torch device; use cpu or cuda[:N]"
+        ) from e
     if dev.type not in ("cpu", "cuda"):
-        raise UnusableInput(f"--device {device}: the demo runs on cpu or cuda[:N] only; use --device cpu")
+        raise UnusableInput(
+            f"--device {device}: the demo runs on cpu or cuda[:N] only; use --device cpu"
+        )
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UnusableInput(f"--device {device}: this torch build ({torch.__version__}) sees no CUDA GPU; "
-                         "use --device cpu")
+        raise UnusableInput(
+            f"--device {device}: this torch build ({torch.__version__}) sees no CUDA GPU; "
+            "use --device cpu"
+        )
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise UnusableInput(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
-                         "use cuda:0")
+        raise UnusableInput(
+            f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+            "use cuda:0"
+        )
 
 
 def check_target(path: Path) -> None:
@@ -109,11 +129,17 @@ def check_target(path: Path) -> None:
     except (OSError, json.JSONDecodeError) as e:
         raise UnusableInput(f"--target {path}: cannot read config.json ({e}); {hint}") from e
     architectures = " ".join(raw.get("architectures") or []) if isinstance(raw, dict) else ""
-    if (not isinstance(raw, dict) or "eagle" in architectures.lower() or "speculator" in architectures.lower()
-            or {"draft_vocab_size", "eagle_config", "speculators_config"} & set(raw)
-            or (path / "specdraft_manifest.json").exists()):
-        raise UnusableInput(f"--target {path} is an EAGLE-3 drafter, not a target model; pass the transformers "
-                         "model it drafts for, or leave --target out for the bundled stories260K")
+    if (
+        not isinstance(raw, dict)
+        or "eagle" in architectures.lower()
+        or "speculator" in architectures.lower()
+        or {"draft_vocab_size", "eagle_config", "speculators_config"} & set(raw)
+        or (path / "specdraft_manifest.json").exists()
+    ):
+        raise UnusableInput(
+            f"--target {path} is an EAGLE-3 drafter, not a target model; pass the transformers "
+            "model it drafts for, or leave --target out for the bundled stories260K"
+        )
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -126,8 +152,10 @@ def check_target(path: Path) -> None:
     try:
         AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, TypeError) as e:
-        raise UnusableInput(f"--target {path}: no usable tokenizer ({str(e).splitlines()[0] if str(e) else e!r}); "
-                         "the demo tokenizes prompts with the target's own tokenizer") from e
+        raise UnusableInput(
+            f"--target {path}: no usable tokenizer ({str(e).splitlines()[0] if str(e) else e!r}); "
+            "the demo tokenizes prompts with the target's own tokenizer"
+        ) from e
 
 
 def check_data(cfg: DemoConfig) -> None:
@@ -143,11 +171,17 @@ def check_data(cfg: DemoConfig) -> None:
     need = cfg.num_train + cfg.num_heldout
     if len(docs) < need:
         most = len(docs) - cfg.num_heldout
-        if len(docs) <= 1 or source.suffix in (".jsonl", ".json") and not text.lstrip().startswith("{"):
+        if (
+            len(docs) <= 1
+            or source.suffix in (".jsonl", ".json")
+            and not text.lstrip().startswith("{")
+        ):
             fix = f"pass {DATA_FORMATS}"
         elif most >= 2:
             fix = f"lower --num-train to at most {most}, or pass more documents"
         else:
             fix = f"pass at least {2 + cfg.num_heldout} documents"
-        raise UnusableInput(f"--data {source} holds {len(docs)} document(s); the demo needs {need} "
-                         f"(--num-train {cfg.num_train} + {cfg.num_heldout} held out): {fix}")
+        raise UnusableInput(
+            f"--data {source} holds {len(docs)} document(s); the demo needs {need} "
+            f"(--num-train {cfg.num_train} + {cfg.num_heldout} held out): {fix}"
+        )

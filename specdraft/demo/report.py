@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specdraft.bench.speedup import speedup_text, ties_at_top
 from specdraft.demo.config import DemoConfig
 from specdraft.files import atomic_write_text
-from specdraft.bench.speedup import speedup_text, ties_at_top
 
 
 @dataclass
@@ -24,50 +24,81 @@ class DemoReport:
     baseline: dict[str, Any] = field(default_factory=dict)
     sweep: list[dict[str, Any]] = field(default_factory=list)
     tree: dict[str, Any] = field(default_factory=dict)
-    chosen: dict[str, Any] = field(default_factory=dict)  # empty: no setting beat plain decoding beyond noise
+    chosen: dict[str, Any] = field(
+        default_factory=dict
+    )  # empty: no setting beat plain decoding beyond noise
     verdict: str = ""
     launch_commands: dict[str, str] = field(default_factory=dict)
     lint: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)
-    drafter: dict[str, Any] = field(default_factory=dict)  # dir, steps, batch_size, num_train of the drafter used
-    threads: int | None = 1  # the CPU threads the timing ran on (DemoConfig.threads; None: torch's default)
-    busy: str | None = None  # the busy-machine note of the load when the timing ran (None: idle, or a GPU)
+    drafter: dict[str, Any] = field(
+        default_factory=dict
+    )  # dir, steps, batch_size, num_train of the drafter used
+    threads: int | None = (
+        1  # the CPU threads the timing ran on (DemoConfig.threads; None: torch's default)
+    )
+    busy: str | None = (
+        None  # the busy-machine note of the load when the timing ran (None: idle, or a GPU)
+    )
 
 
 def setting_text(r: dict[str, Any]) -> str:
-    """"num_steps 3, topk 1, num_draft_tokens 4"."""
+    """ "num_steps 3, topk 1, num_draft_tokens 4"."""
     return f"num_steps {r['num_steps']}, topk {r['topk']}, num_draft_tokens {r['num_draft_tokens']}"
 
 
-LOW_TAU = 1.2  # a best accept length below this: the drafter barely accepts (tau 1.00: nothing accepted)
+LOW_TAU = (
+    1.2  # a best accept length below this: the drafter barely accepts (tau 1.00: nothing accepted)
+)
 
 
-def verdict_text(rows: list[dict[str, Any]], chosen: dict[str, Any] | None, repeats: int,
-                 min_speedup: float, train_steps: int | None = None, num_train: int | None = None) -> str:
+def verdict_text(
+    rows: list[dict[str, Any]],
+    chosen: dict[str, Any] | None,
+    repeats: int,
+    min_speedup: float,
+    train_steps: int | None = None,
+    num_train: int | None = None,
+) -> str:
     """One paragraph: the recommended setting and why, or why none is recommended (a drafter that
     barely accepts, best tau below LOW_TAU, is named as the cause rather than a busy machine;
     train_steps / num_train, when given, are quoted in its fix)."""
-    rule = (f"a median speedup of at least {min_speedup:.2f}x and a lower quartile above 1x over {repeats} "
-            "rounds, each setting timed once per round in turns with plain decoding")
+    rule = (
+        f"a median speedup of at least {min_speedup:.2f}x and a lower quartile above 1x over {repeats} "
+        "rounds, each setting timed once per round in turns with plain decoding"
+    )
     if chosen is not None:
         ties = [r for r in ties_at_top(rows, min_speedup) if r is not chosen]
-        tie_note = (f" Within the noise of it: {'; '.join(setting_text(r) + ' ' + speedup_text(r) for r in ties)}"
-                    "; the pick is the one verifying the fewest tokens per step." if ties else "")
-        return (f"Recommended setting: {setting_text(chosen)}: tau {chosen['accept_length']:.2f}, median "
-                f"{chosen['tokens_per_s']:.0f} tokens/s, speedup {speedup_text(chosen)} over the same engine "
-                f"without speculation (rule: {rule}).{tie_note}")
+        tie_note = (
+            f" Within the noise of it: {'; '.join(setting_text(r) + ' ' + speedup_text(r) for r in ties)}"
+            "; the pick is the one verifying the fewest tokens per step."
+            if ties
+            else ""
+        )
+        return (
+            f"Recommended setting: {setting_text(chosen)}: tau {chosen['accept_length']:.2f}, median "
+            f"{chosen['tokens_per_s']:.0f} tokens/s, speedup {speedup_text(chosen)} over the same engine "
+            f"without speculation (rule: {rule}).{tie_note}"
+        )
     best = max(rows, key=lambda r: r["speedup"])
     top_tau = max(r["accept_length"] for r in rows)
     if top_tau < LOW_TAU:
-        now = [f"now --train-steps {train_steps}" if train_steps else "", f"--num-train {num_train}" if num_train else ""]
+        now = [
+            f"now --train-steps {train_steps}" if train_steps else "",
+            f"--num-train {num_train}" if num_train else "",
+        ]
         now_text = f" ({', '.join(n for n in now if n)})" if any(now) else ""
-        return (f"No setting is recommended: the drafter barely accepts any draft token (best tau {top_tau:.2f}; "
-                f"tau 1.00 means none accepted), so speculation only adds work over plain decoding; the best, "
-                f"{setting_text(best)}, measured {speedup_text(best)}. Train the drafter longer (--train-steps) "
-                f"or on more data (--num-train){now_text}, then re-run the demo.")
-    return (f"No setting is recommended: none was faster than plain decoding beyond the noise on this machine "
-            f"(rule: {rule}); the best, {setting_text(best)}, measured {speedup_text(best)}. The machine may be "
-            "busy: re-run the demo on an idle one, or measure on the serving machine with `specdraft bench`.")
+        return (
+            f"No setting is recommended: the drafter barely accepts any draft token (best tau {top_tau:.2f}; "
+            f"tau 1.00 means none accepted), so speculation only adds work over plain decoding; the best, "
+            f"{setting_text(best)}, measured {speedup_text(best)}. Train the drafter longer (--train-steps) "
+            f"or on more data (--num-train){now_text}, then re-run the demo."
+        )
+    return (
+        f"No setting is recommended: none was faster than plain decoding beyond the noise on this machine "
+        f"(rule: {rule}); the best, {setting_text(best)}, measured {speedup_text(best)}. The machine may be "
+        "busy: re-run the demo on an idle one, or measure on the serving machine with `specdraft bench`."
+    )
 
 
 def write_plots(report: DemoReport, out: Path) -> list[str]:
@@ -82,8 +113,12 @@ def write_plots(report: DemoReport, out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     positions = range(1, len(deepest["acceptance"]) + 1)
     ax.bar(positions, deepest["acceptance"], color="tab:blue")
-    ax.set(xlabel="draft position k", ylabel="acceptance p_k", ylim=(0, 1),
-           title=f"per-position acceptance (chain, num_steps={deepest['num_steps']})")
+    ax.set(
+        xlabel="draft position k",
+        ylabel="acceptance p_k",
+        ylim=(0, 1),
+        title=f"per-position acceptance (chain, num_steps={deepest['num_steps']})",
+    )
     fig.tight_layout()
     fig.savefig(out / "acceptance.png", dpi=120)
     plt.close(fig)
@@ -108,37 +143,60 @@ def speculative_section(report: DemoReport) -> list[str]:
     base = report.baseline["tokens_per_s"]
     runs = report.baseline.get("tokens_per_s_runs", [base])
     lines = [
-        "## Speculative decoding on held-out prompts (greedy, batch 1)", "",
+        "## Speculative decoding on held-out prompts (greedy, batch 1)",
+        "",
         f"Each setting was timed in {len(runs)} rounds, taking turns with plain decoding; tokens/s is the "
         "median over rounds, speedup the median (and quartiles: the middle half of the rounds) of its tokens/s "
-        "over plain decoding's in the same round.", "",
-        f"No speculation: {base:.0f} tokens/s (rounds: {min(runs):.0f}-{max(runs):.0f}).", "",
+        "over plain decoding's in the same round.",
+        "",
+        f"No speculation: {base:.0f} tokens/s (rounds: {min(runs):.0f}-{max(runs):.0f}).",
+        "",
     ]
     if max(runs) > 1.1 * min(runs):
-        lines += [f"Warning: plain decoding itself varied {max(runs) / min(runs) - 1:.0%} between rounds: the "
-                  "machine was busy, so these timings are noisy.", ""]
-    lines += ["| num_steps | topk | num_draft_tokens | tau | tokens/s | speedup (quartiles) | acceptance p_k |",
-              "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"Warning: plain decoding itself varied {max(runs) / min(runs) - 1:.0%} between rounds: the "
+            "machine was busy, so these timings are noisy.",
+            "",
+        ]
+    lines += [
+        "| num_steps | topk | num_draft_tokens | tau | tokens/s | speedup (quartiles) | acceptance p_k |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in [*report.sweep, report.tree]:
-        lines.append(f"| {r['num_steps']} | {r['topk']} | {r['num_draft_tokens']} | {r['accept_length']:.2f} "
-                     f"| {r['tokens_per_s']:.0f} | {speedup_text(r)} | "
-                     + ", ".join(f"{p:.2f}" for p in r["acceptance"]) + " |")
+        lines.append(
+            f"| {r['num_steps']} | {r['topk']} | {r['num_draft_tokens']} | {r['accept_length']:.2f} "
+            f"| {r['tokens_per_s']:.0f} | {speedup_text(r)} | "
+            + ", ".join(f"{p:.2f}" for p in r["acceptance"])
+            + " |"
+        )
     slower = [r for r in [*report.sweep, report.tree] if r["speedup"] < 1.0]
     if slower:
-        lines += ["", "Slower than plain decoding (median speedup below 1x): "
-                  + "; ".join(setting_text(r) for r in slower) + "."]
-    return lines + ["", report.verdict, "",
-                    "Every speculative run produced exactly the plain greedy output (lossless at T = 0)."]
+        lines += [
+            "",
+            "Slower than plain decoding (median speedup below 1x): "
+            + "; ".join(setting_text(r) for r in slower)
+            + ".",
+        ]
+    return lines + [
+        "",
+        report.verdict,
+        "",
+        "Every speculative run produced exactly the plain greedy output (lossless at T = 0).",
+    ]
 
 
 def generation_line(report: DemoReport) -> str:
     """The generation stage in one line, printed when it ends (before export and doctor run):
     plain decoding's tokens/s, the fastest setting, the recommended one (the table: summary)."""
     best = max([*report.sweep, report.tree], key=lambda r: r["speedup"])
-    pick = f"recommended: {setting_text(report.chosen)}" if report.chosen else "no setting recommended"
-    return (f"speculative generation: plain decoding {report.baseline['tokens_per_s']:.0f} tokens/s; fastest "
-            f"(highest median speedup over plain decoding in the same round) {setting_text(best)}, "
-            f"tau {best['accept_length']:.2f}, {speedup_text(best)}; {pick}")
+    pick = (
+        f"recommended: {setting_text(report.chosen)}" if report.chosen else "no setting recommended"
+    )
+    return (
+        f"speculative generation: plain decoding {report.baseline['tokens_per_s']:.0f} tokens/s; fastest "
+        f"(highest median speedup over plain decoding in the same round) {setting_text(best)}, "
+        f"tau {best['accept_length']:.2f}, {speedup_text(best)}; {pick}"
+    )
 
 
 def doctor_line(report: DemoReport) -> str:
@@ -151,37 +209,56 @@ def doctor_line(report: DemoReport) -> str:
     seen: dict[str, set[str]] = {}
     for f in report.doctor:
         seen.setdefault(f["check"], set()).add(f["verdict"])
-    worst = [next(v for v in ("fail", "pass", "skip") if v in verdicts) for verdicts in seen.values()]
+    worst = [
+        next(v for v in ("fail", "pass", "skip") if v in verdicts) for verdicts in seen.values()
+    ]
     failed = [f"{f['check']} ({f['samples']})" for f in report.doctor if f["verdict"] == "fail"]
-    failed += [f"lint {engine}: {f['check']}" for engine, findings in report.lint.items()
-               for f in findings if f["verdict"] == "fail"]
+    failed += [
+        f"lint {engine}: {f['check']}"
+        for engine, findings in report.lint.items()
+        for f in findings
+        if f["verdict"] == "fail"
+    ]
     where = f"on each of {len(sets)} sample sets" if len(sets) != 1 else "on sample set"
-    return (f"doctor: {len(seen)} checks, run {where} ({', '.join(sets)}): {counts_text(verdict_counts(worst))}"
-            + (f"; failed: {', '.join(failed)}" if failed else "") + " (report.md has the evidence)")
+    return (
+        f"doctor: {len(seen)} checks, run {where} ({', '.join(sets)}): {counts_text(verdict_counts(worst))}"
+        + (f"; failed: {', '.join(failed)}" if failed else "")
+        + " (report.md has the evidence)"
+    )
 
 
 def summary(report: DemoReport, out: Path) -> str:
     """What `specdraft demo` prints when it is done: the speculative-decoding section of
     report.md, then where the drafter, the report and the plots are."""
-    return "\n".join([*speculative_section(report), "",
-                      f"drafter: {report.drafter['dir']}", *generate_command(report),
-                      f"report: {out / 'report.md'} (training, doctor, launch commands for vLLM / SGLang)",
-                      "plots: " + ", ".join(str(out / p) for p in report.plots)])
+    return "\n".join(
+        [
+            *speculative_section(report),
+            "",
+            f"drafter: {report.drafter['dir']}",
+            *generate_command(report),
+            f"report: {out / 'report.md'} (training, doctor, launch commands for vLLM / SGLang)",
+            "plots: " + ", ".join(str(out / p) for p in report.plots),
+        ]
+    )
 
 
 def generate_command(report: DemoReport) -> list[str]:
-    """"try: specdraft generate ..." and "serve: specdraft serve ..." (README's lines) with the
+    """ "try: specdraft generate ..." and "serve: specdraft serve ..." (README's lines) with the
     recommended setting and the CPU threads the demo's timing ran on (--threads, 1 by default: a
     260K-parameter model's threads only fight each other), or the fastest one when none is recommended
     (generate's and serve's own default, 3 steps, is not what the demo measured best)."""
     rows = [*report.sweep, report.tree]
     setting = report.chosen or max(rows, key=lambda r: r["speedup"])
     why = "" if report.chosen else "  (the fastest setting here; none is recommended)"
-    flags = (f"--target {report.target} --draft {report.drafter['dir']} --num-steps {setting['num_steps']} "
-             f"--topk {setting['topk']} --num-draft-tokens {setting['num_draft_tokens']}")
+    flags = (
+        f"--target {report.target} --draft {report.drafter['dir']} --num-steps {setting['num_steps']} "
+        f"--topk {setting['topk']} --num-draft-tokens {setting['num_draft_tokens']}"
+    )
     threads = f" --threads {report.threads}" if report.threads else ""
-    return [f"try: specdraft generate {flags}{threads} --prompt \"Once upon a time\"{why}",
-            f"serve: specdraft serve {flags}{threads} --port 8000{why}"]
+    return [
+        f'try: specdraft generate {flags}{threads} --prompt "Once upon a time"{why}',
+        f"serve: specdraft serve {flags}{threads} --port 8000{why}",
+    ]
 
 
 def doctor_rows(findings: list[dict[str, Any]]) -> list[str]:
@@ -193,7 +270,11 @@ def doctor_rows(findings: list[dict[str, Any]]) -> list[str]:
         by_check.setdefault(f["check"], []).append(f)
     rows = []
     for check, group in by_check.items():
-        if len(sets) > 1 and len(group) == len(sets) and len({(f["verdict"], f["evidence"]) for f in group}) == 1:
+        if (
+            len(sets) > 1
+            and len(group) == len(sets)
+            and len({(f["verdict"], f["evidence"]) for f in group}) == 1
+        ):
             group = [{**group[0], "samples": " and ".join(sets)}]
         rows += [f"| {f['samples']} | {check} | {f['verdict']} | {f['evidence']} |" for f in group]
     return rows
@@ -202,27 +283,49 @@ def doctor_rows(findings: list[dict[str, Any]]) -> list[str]:
 def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
     """report.md: what ran, tau, per-position acceptance, tokens/s, doctor verdicts, commands."""
     lines = [
-        "# specdraft demo", "",
-        f"Target: `{report.target}`; aux layers (specdraft indices) {report.aux_layers}.", "",
-        "## Training", "",
-        *([f"Drafter: {report.drafter['steps']} optimizer steps (batch {report.drafter.get('batch_size', '?')}) "
-           f"on {report.drafter.get('num_train', '?')} training documents.", ""] if report.drafter else []),
+        "# specdraft demo",
+        "",
+        f"Target: `{report.target}`; aux layers (specdraft indices) {report.aux_layers}.",
+        "",
+        "## Training",
+        "",
+        *(
+            [
+                f"Drafter: {report.drafter['steps']} optimizer steps (batch {report.drafter.get('batch_size', '?')}) "
+                f"on {report.drafter.get('num_train', '?')} training documents.",
+                "",
+            ]
+            if report.drafter
+            else []
+        ),
         f"Validation (simulated tau {report.training.get('tau', float('nan')):.2f}; a "
         f"{len(report.training.get('accuracy', []))}-step chain replayed over the validation text: tau "
         f"{report.training.get('replayed_tau') or float('nan'):.2f}): per-step accuracy "
-        + ", ".join(f"{a:.2f}" for a in report.training.get("accuracy", [])), "",
+        + ", ".join(f"{a:.2f}" for a in report.training.get("accuracy", [])),
+        "",
     ]
     lines += speculative_section(report)
-    lines += ["", "## Doctor", "", "| samples | check | verdict | evidence |", "|---|---|---|---|",
-              *doctor_rows(report.doctor)]
+    lines += [
+        "",
+        "## Doctor",
+        "",
+        "| samples | check | verdict | evidence |",
+        "|---|---|---|---|",
+        *doctor_rows(report.doctor),
+    ]
     for engine, findings in report.lint.items():
         failed = [f["check"] for f in findings if f["verdict"] == "fail"]
         lines.append("")
-        lines.append(f"Lint for {engine}: {'FAIL ' + ', '.join(failed) if failed else 'no failures'}.")
+        lines.append(
+            f"Lint for {engine}: {'FAIL ' + ', '.join(failed) if failed else 'no failures'}."
+        )
     lines += ["", "## Launch on a GPU machine", ""]
     if not report.chosen:
-        lines += ["Not a recommendation (no setting beat plain decoding here): these commands use the setting "
-                  "with the highest median speedup; check it on the GPU machine with `specdraft bench`.", ""]
+        lines += [
+            "Not a recommendation (no setting beat plain decoding here): these commands use the setting "
+            "with the highest median speedup; check it on the GPU machine with `specdraft bench`.",
+            "",
+        ]
     lines += [f"- {engine}: `{command}`" for engine, command in report.launch_commands.items()]
     lines += ["", *[f"![{p}]({p})" for p in report.plots], ""]
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
+from specdraft.bench.speedup import pick_setting
 from specdraft.conventions import default_aux_layers
 from specdraft.demo import stages
 from specdraft.demo.cache import reconcile_cache
@@ -21,7 +22,6 @@ from specdraft.demo.report import (
     verdict_text,
     write_report,
 )
-from specdraft.bench.speedup import pick_setting
 
 Say = Callable[[str], None]
 
@@ -33,19 +33,39 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     target_dir, aux_layers = target_stage(cfg, say)
     reconcile_cache(cfg, say)
     train_file, heldout_file = stages.stage_data(cfg, say)
-    stores = {name: stages.stage_capture(cfg, target_dir, stages.stage_regenerate(cfg, target_dir, data_file, say),
-                                         store, aux_layers, say)
-              for name, data_file, store in (("train", train_file, "store"),
-                                             ("held-out", heldout_file, "store-heldout"))}
+    stores = {
+        name: stages.stage_capture(
+            cfg,
+            target_dir,
+            stages.stage_regenerate(cfg, target_dir, data_file, say),
+            store,
+            aux_layers,
+            say,
+        )
+        for name, data_file, store in (
+            ("train", train_file, "store"),
+            ("held-out", heldout_file, "store-heldout"),
+        )
+    }
     draft_dir, training = stages.stage_train(cfg, stores["train"], target_dir, say)
-    report = DemoReport(target=str(target_dir), aux_layers=aux_layers, training=training.get("validation") or {},
-                        threads=cfg.threads,
-                        drafter={"dir": str(draft_dir), "steps": training.get("steps"), "num_train": cfg.num_train,
-                                 "batch_size": (training.get("config") or {}).get("batch_size")})
+    report = DemoReport(
+        target=str(target_dir),
+        aux_layers=aux_layers,
+        training=training.get("validation") or {},
+        threads=cfg.threads,
+        drafter={
+            "dir": str(draft_dir),
+            "steps": training.get("steps"),
+            "num_train": cfg.num_train,
+            "batch_size": (training.get("config") or {}).get("batch_size"),
+        },
+    )
     say(f"drafter: {training.get('steps')} optimizer steps, at {draft_dir}")
     say("speculative generation vs plain decoding on held-out prompts")
     prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens)
-    report.baseline, report.sweep, report.tree, report.busy = stage_generation(cfg, target_dir, draft_dir, prompts, say)
+    report.baseline, report.sweep, report.tree, report.busy = stage_generation(
+        cfg, target_dir, draft_dir, prompts, say
+    )
     chosen, chain = choose(report, cfg)
     say(generation_line(report))
     exports = export_stage(cfg, report, draft_dir, target_dir, chosen, chain, say)
@@ -65,8 +85,11 @@ def start(cfg: DemoConfig, console: Console) -> Say:
     if cfg.device == "cpu" and cfg.threads:
         torch.set_num_threads(cfg.threads)
 
-    def say(text: str) -> None:  # one line each, whatever the terminal's width (not a terminal: rich wraps at 80)
+    def say(
+        text: str,
+    ) -> None:  # one line each, whatever the terminal's width (not a terminal: rich wraps at 80)
         console.print(f"[bold]demo[/bold] {text}", soft_wrap=True)
+
     return say
 
 
@@ -77,32 +100,58 @@ def target_stage(cfg: DemoConfig, say: Say) -> tuple[Path, list[int]]:
     target_dir = stages.stage_target(cfg, say)
     num_layers = AutoConfig.from_pretrained(str(target_dir)).get_text_config().num_hidden_layers
     aux_layers = list(default_aux_layers(num_layers))
-    say(f"target {target_dir} ({num_layers} layers): aux layers {aux_layers} "
-        + ("(the standard [2, L//2, L-3] collapses below 7 layers)" if num_layers < 7 else ""))
+    say(
+        f"target {target_dir} ({num_layers} layers): aux layers {aux_layers} "
+        + ("(the standard [2, L//2, L-3] collapses below 7 layers)" if num_layers < 7 else "")
+    )
     return target_dir, aux_layers
 
 
-def choose(report: DemoReport, cfg: DemoConfig) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+def choose(
+    report: DemoReport, cfg: DemoConfig
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The recommended setting and the recommended chain (None: none beat plain decoding beyond
     the noise); sets report.verdict and report.chosen."""
     rows = [*report.sweep, report.tree]
     chosen = pick_setting(rows, cfg.min_speedup)
-    chain = chosen if chosen and chosen["topk"] == 1 else pick_setting(report.sweep, cfg.min_speedup)
-    report.verdict = verdict_text(rows, chosen, cfg.timing_repeats, cfg.min_speedup, cfg.train_steps, cfg.num_train)
+    chain = (
+        chosen if chosen and chosen["topk"] == 1 else pick_setting(report.sweep, cfg.min_speedup)
+    )
+    report.verdict = verdict_text(
+        rows, chosen, cfg.timing_repeats, cfg.min_speedup, cfg.train_steps, cfg.num_train
+    )
     report.chosen = {k: v for k, v in (chosen or {}).items() if k != "outputs"}
     return chosen, chain
 
 
-def export_stage(cfg: DemoConfig, report: DemoReport, draft_dir: Path, target_dir: Path,
-                 chosen: dict[str, Any] | None, chain: dict[str, Any] | None, say: Say) -> dict[str, Any]:
+def export_stage(
+    cfg: DemoConfig,
+    report: DemoReport,
+    draft_dir: Path,
+    target_dir: Path,
+    chosen: dict[str, Any] | None,
+    chain: dict[str, Any] | None,
+    say: Say,
+) -> dict[str, Any]:
     """`stages.stage_export` with the recommended setting and chain, or the fastest ones when none
     is recommended; sets report.launch_commands. Returns engine -> ExportResult."""
+
     def fastest(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return max(rows, key=lambda r: r["speedup"])
 
-    exports = stages.stage_export(cfg, draft_dir, target_dir, chosen or fastest([*report.sweep, report.tree]),
-                                  (chain or fastest(report.sweep))["num_steps"])
-    say("export: " + ", ".join(f"{engine} -> {cfg.out / 'export' / engine} ({result.num_tensors} tensors bit-identical)"
-                               for engine, result in exports.items()))
+    exports = stages.stage_export(
+        cfg,
+        draft_dir,
+        target_dir,
+        chosen or fastest([*report.sweep, report.tree]),
+        (chain or fastest(report.sweep))["num_steps"],
+    )
+    say(
+        "export: "
+        + ", ".join(
+            f"{engine} -> {cfg.out / 'export' / engine} ({result.num_tensors} tensors bit-identical)"
+            for engine, result in exports.items()
+        )
+    )
     report.launch_commands = {e: r.launch_command for e, r in exports.items()}
     return exports

@@ -76,7 +76,9 @@ def stage_data(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[Pat
     if train_file.exists() and heldout_file.exists():
         say_reused(say, "data", data_dir)
         return train_file, heldout_file
-    train, heldout = split_documents(data_source(cfg).read_text(), cfg.num_train, cfg.num_heldout, cfg.seed)
+    train, heldout = split_documents(
+        data_source(cfg).read_text(), cfg.num_train, cfg.num_heldout, cfg.seed
+    )
     data_dir.mkdir(parents=True, exist_ok=True)
     for path, docs in ((heldout_file, heldout), (train_file, train)):
         atomic_write_text(path, "\n\n".join(docs) + "\n")
@@ -93,12 +95,13 @@ def regen_complete(out_file: Path, data_file: Path) -> bool:
     return finished_indices(out_file) >= set(range(num_records))
 
 
-def stage_regenerate(cfg: DemoConfig, target_dir: Path, data_file: Path,
-                     say: Callable[[str], None] = print) -> Path:
+def stage_regenerate(
+    cfg: DemoConfig, target_dir: Path, data_file: Path, say: Callable[[str], None] = print
+) -> Path:
     """Replace each document's continuation with the target's greedy output (resumable; a
     complete output is reused without loading the target)."""
-    from specdraft.regenerate.run import RegenConfig, regenerate_file
     from specdraft.regenerate.backends import Sampling
+    from specdraft.regenerate.run import RegenConfig, regenerate_file
 
     out = data_file.with_name(data_file.stem + ".regen.jsonl")
     repoint_regen_settings(out, data_file, target_dir)
@@ -106,10 +109,19 @@ def stage_regenerate(cfg: DemoConfig, target_dir: Path, data_file: Path,
         say_reused(say, "regenerate", out)
         return out
     say(f"regenerate: continuations of {data_file.name} with the target (greedy)")
-    regenerate_file(RegenConfig(data=str(data_file), out=str(out), target=str(target_dir), chat=False,
-                                prompt_tokens=cfg.prompt_tokens, batch_size=32, device=cfg.device,
-                                sampling=Sampling(temperature=0.0, max_new_tokens=cfg.max_new_tokens)),
-                    console=Console(stderr=True))
+    regenerate_file(
+        RegenConfig(
+            data=str(data_file),
+            out=str(out),
+            target=str(target_dir),
+            chat=False,
+            prompt_tokens=cfg.prompt_tokens,
+            batch_size=32,
+            device=cfg.device,
+            sampling=Sampling(temperature=0.0, max_new_tokens=cfg.max_new_tokens),
+        ),
+        console=Console(stderr=True),
+    )
     return out
 
 
@@ -124,8 +136,14 @@ def store_complete(store: Path) -> bool:
     return all((store / e["file"]).is_file() for e in shards)
 
 
-def stage_capture(cfg: DemoConfig, target_dir: Path, regen_file: Path, name: str,
-                  aux_layers: list[int], say: Callable[[str], None] = print) -> Path:
+def stage_capture(
+    cfg: DemoConfig,
+    target_dir: Path,
+    regen_file: Path,
+    name: str,
+    aux_layers: list[int],
+    say: Callable[[str], None] = print,
+) -> Path:
     """Capture the target's aux states over the regenerated data into out/<name> (resumable; a
     finished store is reused without loading the target)."""
     from specdraft.capture.stage import CaptureConfig, capture_dataset
@@ -134,17 +152,28 @@ def stage_capture(cfg: DemoConfig, target_dir: Path, regen_file: Path, name: str
     if store_complete(store):
         say_reused(say, "capture", store)
         return store
-    say(f"capture: the target's aux states (layers {list(aux_layers)}) over {regen_file.name} into {store}")
-    capture_dataset(CaptureConfig(target=str(target_dir), data=str(regen_file), out_dir=str(store),
-                                  aux_layers=tuple(aux_layers), dtype="float32", chat=False,
-                                  max_length=cfg.prompt_tokens + cfg.max_new_tokens + 16,
-                                  device=cfg.device),
-                    console=Console(stderr=True))
+    say(
+        f"capture: the target's aux states (layers {list(aux_layers)}) over {regen_file.name} into {store}"
+    )
+    capture_dataset(
+        CaptureConfig(
+            target=str(target_dir),
+            data=str(regen_file),
+            out_dir=str(store),
+            aux_layers=tuple(aux_layers),
+            dtype="float32",
+            chat=False,
+            max_length=cfg.prompt_tokens + cfg.max_new_tokens + 16,
+            device=cfg.device,
+        ),
+        console=Console(stderr=True),
+    )
     return store
 
 
-def stage_train(cfg: DemoConfig, store: Path, target_dir: Path | None = None,
-                say: Callable[[str], None] = print) -> tuple[Path, dict[str, Any]]:
+def stage_train(
+    cfg: DemoConfig, store: Path, target_dir: Path | None = None, say: Callable[[str], None] = print
+) -> tuple[Path, dict[str, Any]]:
     """Train the drafter on the store (resumes from out/train's last checkpoint). The batch is
     cfg.batch_size, lowered to the training split when that is smaller (`train_batch_size`);
     the returned training record holds its "steps" and "config"."""
@@ -161,20 +190,37 @@ def stage_train(cfg: DemoConfig, store: Path, target_dir: Path | None = None,
     num_samples = json.loads(index.read_text())["num_samples"] if index.exists() else cfg.num_train
     batch_size = train_batch_size(num_samples, cfg.batch_size)
     if batch_size < cfg.batch_size:
-        Console(stderr=True).print(f"demo: batch size {batch_size} (not {cfg.batch_size}): the training split "
-                                   f"holds {num_samples - math.ceil(VAL_FRACTION * num_samples)} of "
-                                   f"{num_samples} samples; raise --num-train for full batches", markup=False)
-    config = TrainConfig(lr=cfg.lr, warmup_steps=50, total_steps=cfg.train_steps, batch_size=batch_size,
-                         max_length=cfg.prompt_tokens + cfg.max_new_tokens + 16, ttt_steps=cfg.ttt_steps,
-                         val_fraction=VAL_FRACTION, seed=cfg.seed, eval_every=max(cfg.train_steps // 4, 1),
-                         save_every=max(cfg.train_steps // 4, 1), device=cfg.device)
-    result = train(config, store, out, resume=True, command="specdraft demo", target_config=target_dir)
+        Console(stderr=True).print(
+            f"demo: batch size {batch_size} (not {cfg.batch_size}): the training split "
+            f"holds {num_samples - math.ceil(VAL_FRACTION * num_samples)} of "
+            f"{num_samples} samples; raise --num-train for full batches",
+            markup=False,
+        )
+    config = TrainConfig(
+        lr=cfg.lr,
+        warmup_steps=50,
+        total_steps=cfg.train_steps,
+        batch_size=batch_size,
+        max_length=cfg.prompt_tokens + cfg.max_new_tokens + 16,
+        ttt_steps=cfg.ttt_steps,
+        val_fraction=VAL_FRACTION,
+        seed=cfg.seed,
+        eval_every=max(cfg.train_steps // 4, 1),
+        save_every=max(cfg.train_steps // 4, 1),
+        device=cfg.device,
+    )
+    result = train(
+        config, store, out, resume=True, command="specdraft demo", target_config=target_dir
+    )
     manifest = json.loads((result.draft_dir / "specdraft_manifest.json").read_text())
-    return draft_dir, manifest["training"]  # under --out as given, as a cached run says (not train's resolved path)
+    return draft_dir, manifest[
+        "training"
+    ]  # under --out as given, as a cached run says (not train's resolved path)
 
 
-def stage_export(cfg: DemoConfig, draft_dir: Path, target_dir: Path, chosen: dict[str, Any],
-                 chain_steps: int) -> dict[str, Any]:
+def stage_export(
+    cfg: DemoConfig, draft_dir: Path, target_dir: Path, chosen: dict[str, Any], chain_steps: int
+) -> dict[str, Any]:
     """Export for vLLM, SGLang and speculators; returns engine -> ExportResult.
 
     SGLang gets the chosen setting; vLLM and speculators (chains only) the fastest chain.
@@ -183,15 +229,26 @@ def stage_export(cfg: DemoConfig, draft_dir: Path, target_dir: Path, chosen: dic
 
     results = {}
     for engine in ("vllm", "sglang", "speculators"):
-        steps, topk, tokens = ((chosen["num_steps"], chosen["topk"], chosen["num_draft_tokens"])
-                               if engine == "sglang" else (chain_steps, 1, chain_steps + 1))
-        results[engine] = export_draft(draft_dir, cfg.out / "export" / engine, engine=engine,
-                                       target=target_dir, num_steps=steps, topk=topk, num_draft_tokens=tokens)
+        steps, topk, tokens = (
+            (chosen["num_steps"], chosen["topk"], chosen["num_draft_tokens"])
+            if engine == "sglang"
+            else (chain_steps, 1, chain_steps + 1)
+        )
+        results[engine] = export_draft(
+            draft_dir,
+            cfg.out / "export" / engine,
+            engine=engine,
+            target=target_dir,
+            num_steps=steps,
+            topk=topk,
+            num_draft_tokens=tokens,
+        )
     return results
 
 
-def stage_doctor(draft_dir: Path, target_dir: Path, stores: dict[str, Path],
-                 exports: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
+def stage_doctor(
+    draft_dir: Path, target_dir: Path, stores: dict[str, Path], exports: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
     """Doctor on the trained drafter (offline acceptance on each store) and lint per export."""
     from dataclasses import asdict as as_dict
 
@@ -204,6 +261,8 @@ def stage_doctor(draft_dir: Path, target_dir: Path, stores: dict[str, Path],
     lint = {}
     for engine in ("sglang", "vllm"):
         args = exports[engine].launch_command
-        report = run_doctor(exports[engine].out_dir, target=target_dir, engine=engine, engine_args=args)
+        report = run_doctor(
+            exports[engine].out_dir, target=target_dir, engine=engine, engine_args=args
+        )
         lint[engine] = [as_dict(f) for f in report.findings]
     return findings, lint

@@ -13,5 +13,13 @@
 from specdraft.doctor.checks import CASES, CHECKS, EXPORT_CASES
 from specdraft.doctor.run import Finding, Report, report_json, report_table, run_doctor
 
-__all__ = ["CASES", "CHECKS", "EXPORT_CASES", "Finding", "Report", "report_json", "report_table",
-           "run_doctor"]
+__all__ = [
+    "CASES",
+    "CHECKS",
+    "EXPORT_CASES",
+    "Finding",
+    "Report",
+    "report_json",
+    "report_table",
+    "run_doctor",
+]

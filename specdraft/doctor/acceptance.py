@@ -41,12 +41,15 @@ ONLINE_P1_GAP, ONLINE_TAU_RATIO = 0.1, 0.85
 # (better) drafter than this checkpoint.
 ONLINE_P1_EXCESS = 0.3
 # The checks that test each likely cause of an acceptance gap.
-GAP_CAUSES = {"target": ("target_matches_training",), "keys": ("keys_match_engine",),
-              "layers": ("engine_captures_training_layers",),
-              "fc": ("fc_width_matches_aux", "aux_width_on_target", "algorithm_is_eagle3"),
-              "vocab map": ("vocab_map_valid", "draft_vocab_size_declared"),
-              "template": ("tokenizer_matches_manifest", "chat_template_matches_manifest"),
-              "rope": ("rope_matches_training",)}
+GAP_CAUSES = {
+    "target": ("target_matches_training",),
+    "keys": ("keys_match_engine",),
+    "layers": ("engine_captures_training_layers",),
+    "fc": ("fc_width_matches_aux", "aux_width_on_target", "algorithm_is_eagle3"),
+    "vocab map": ("vocab_map_valid", "draft_vocab_size_declared"),
+    "template": ("tokenizer_matches_manifest", "chat_template_matches_manifest"),
+    "rope": ("rope_matches_training",),
+}
 
 
 def offline_acceptance_matches_training(ev: Evidence) -> Result:
@@ -56,11 +59,16 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
     under MIN_SCORED times is shown, not judged. Samples that are the drafter's training data
     (`trained_on_samples`) are compared with the training split's accuracy, and said to be."""
     trained_on = trained_on_samples(ev)
-    training = training_accuracy(ev.manifest, ("train",)) if trained_on else training_accuracy(ev.manifest)
+    training = (
+        training_accuracy(ev.manifest, ("train",)) if trained_on else training_accuracy(ev.manifest)
+    )
     if trained_on and training is None:
-        raise Unavailable("--samples is the drafter's training data (its data_hash is the manifest's) and the "
-                          "manifest records no training-split accuracy to compare with (the validation "
-                          "split's would flatter the drafter)", "pass held-out samples")
+        raise Unavailable(
+            "--samples is the drafter's training data (its data_hash is the manifest's) and the "
+            "manifest records no training-split accuracy to compare with (the validation "
+            "split's would flatter the drafter)",
+            "pass held-out samples",
+        )
     steps = len(training[0]) if training else _ttt_steps(ev)
     try:
         run = offline_run(ev, ev.engine, steps)
@@ -68,36 +76,55 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
         return fail(f"the drafter refuses what the engine feeds it: {e}", "see aux_width_on_target")
     offline = run.metrics.accuracy()
     if int(run.metrics.total[0]) == 0:
-        raise Unavailable("no supervised position in the samples (empty loss mask, or labels "
-                          "outside the draft vocabulary)", "give samples with assistant turns")
+        raise Unavailable(
+            "no supervised position in the samples (empty loss mask, or labels "
+            "outside the draft vocabulary)",
+            "give samples with assistant turns",
+        )
     scored = [int(n) for n in run.metrics.total]
-    where = (f"{run.num_samples} samples ({scored[0]} positions scored), aux layers {run.aux_layers} "
-             f"({run.fed_from}), drafter {run.loaded_as}")
+    where = (
+        f"{run.num_samples} samples ({scored[0]} positions scored), aux layers {run.aux_layers} "
+        f"({run.fed_from}), drafter {run.loaded_as}"
+    )
     if training is None:
-        raise Unavailable(f"the manifest has no training metrics; offline accuracy per position "
-                          f"{rates_text(offline)} ({where})", "train with specdraft train")
+        raise Unavailable(
+            f"the manifest has no training metrics; offline accuracy per position "
+            f"{rates_text(offline)} ({where})",
+            "train with specdraft train",
+        )
     if scored[0] < MIN_SCORED:
-        raise Unavailable(f"too little evidence for a verdict: {scored[0]} supervised positions scored over "
-                          f"{run.num_samples} samples, at least {MIN_SCORED} needed (the rate's noise would "
-                          f"match the gap it is checked for); offline accuracy per position {rates_text(offline)}",
-                          "pass more samples (more or longer --samples records, e.g. the capture store; "
-                          "--max-samples caps how many are used)")
-    rows = ", ".join(f"{k + 1}: {t:.2f} / {o:.2f}" for k, (t, o) in enumerate(zip(training[0], offline)))
+        raise Unavailable(
+            f"too little evidence for a verdict: {scored[0]} supervised positions scored over "
+            f"{run.num_samples} samples, at least {MIN_SCORED} needed (the rate's noise would "
+            f"match the gap it is checked for); offline accuracy per position {rates_text(offline)}",
+            "pass more samples (more or longer --samples records, e.g. the capture store; "
+            "--max-samples caps how many are used)",
+        )
+    rows = ", ".join(
+        f"{k + 1}: {t:.2f} / {o:.2f}" for k, (t, o) in enumerate(zip(training[0], offline))
+    )
     text = f"per position {training[1]} / offline: {rows}; {where}"
     if trained_on:
-        text += ("; the samples are the drafter's training data (their data_hash is the manifest's): an "
-                 "optimistic check, held-out samples test what serving sees")
+        text += (
+            "; the samples are the drafter's training data (their data_hash is the manifest's): an "
+            "optimistic check, held-out samples test what serving sees"
+        )
     thin = [k + 1 for k in range(len(offline)) if scored[k] < MIN_SCORED]
     if thin:
         text += f"; positions {thin} not judged (under {MIN_SCORED} positions scored)"
-    gaps = [k + 1 for k, (t, o) in enumerate(zip(training[0], offline))
-            if scored[k] >= MIN_SCORED and (t - o >= MIN_GAP or (t >= 0.1 and o < COLLAPSE_RATIO * t))]
+    gaps = [
+        k + 1
+        for k, (t, o) in enumerate(zip(training[0], offline))
+        if scored[k] >= MIN_SCORED and (t - o >= MIN_GAP or (t >= 0.1 and o < COLLAPSE_RATIO * t))
+    ]
     if gaps:
         fix = _likely_causes(ev)
         if not trained_on and not any(f.verdict == "fail" for f in ev.findings):
-            fix += ("; or samples unlike the training data (e.g. human text where the drafter "
-                    "learned the target's own regenerated outputs): pass the capture store or "
-                    "the target's outputs as --samples")
+            fix += (
+                "; or samples unlike the training data (e.g. human text where the drafter "
+                "learned the target's own regenerated outputs): pass the capture store or "
+                "the target's outputs as --samples"
+            )
         return fail(f"offline far below training at positions {gaps}: {text}", fix)
     return ok(text)
 
@@ -116,10 +143,19 @@ def _ttt_steps(ev: Evidence) -> int:
 
 def _likely_causes(ev: Evidence) -> str:
     failed = {f.check for f in ev.findings if f.verdict == "fail"}
-    named = [f"{cause} ({', '.join(c for c in checks if c in failed)} failed)"
-             for cause, checks in GAP_CAUSES.items() if failed & set(checks)]
-    causes = ", ".join(named) if named else ("none of the static checks failed: look at decoder-layer "
-                                             "keys, aux layers, fc, vocab map, chat template, rope")
+    named = [
+        f"{cause} ({', '.join(c for c in checks if c in failed)} failed)"
+        for cause, checks in GAP_CAUSES.items()
+        if failed & set(checks)
+    ]
+    causes = (
+        ", ".join(named)
+        if named
+        else (
+            "none of the static checks failed: look at decoder-layer "
+            "keys, aux layers, fc, vocab map, chat template, rope"
+        )
+    )
     return f"likely causes: {causes}"
 
 
@@ -133,14 +169,23 @@ def draft_depth_pays_off(ev: Evidence) -> Result:
     try:
         spec = args.spec_config() if args is not None else None
     except ValueError:
-        raise Unavailable("the speculative settings are invalid", "see speculative_settings_valid") from None
+        raise Unavailable(
+            "the speculative settings are invalid", "see speculative_settings_valid"
+        ) from None
     if spec is None and served_by_specdraft(ev):
-        raise Unavailable(f"needs a chain setting: {ev.inputs.server} is specdraft serve, which does not report "
-                          "its --num-steps", "specdraft tune measures the --num-steps / --topk that pay off; "
-                          "restart specdraft serve with them")
+        raise Unavailable(
+            f"needs a chain setting: {ev.inputs.server} is specdraft serve, which does not report "
+            "its --num-steps",
+            "specdraft tune measures the --num-steps / --topk that pay off; "
+            "restart specdraft serve with them",
+        )
     if spec is None or not spec.is_chain:
-        raise Unavailable("needs a chain setting in --engine-args" if spec is None else
-                          "tree settings: measure them with specdraft bench", "")
+        raise Unavailable(
+            "needs a chain setting in --engine-args"
+            if spec is None
+            else "tree settings: measure them with specdraft bench",
+            "",
+        )
     # P(draft k accepted) a round, the drafter replaying the chain's rounds on the samples (a
     # per-position product of alphas would overstate it: rounds crowd where drafts fail)
     replayed = run_on(ev, ev.engine, spec.num_steps, ev.labelled_samples, replay=True).metrics
@@ -150,12 +195,16 @@ def draft_depth_pays_off(ev: Evidence) -> Result:
     def tau(n: int) -> float:
         return 1 + sum(reach[:n])
 
-    text = (f"P(draft k accepted) a round, offline {rates_text(reach[:8])}{' ...' if len(reach) > 8 else ''}; "
-            f"expected accept length {tau(spec.num_steps):.2f} with {spec.num_steps} steps")
+    text = (
+        f"P(draft k accepted) a round, offline {rates_text(reach[:8])}{' ...' if len(reach) > 8 else ''}; "
+        f"expected accept length {tau(spec.num_steps):.2f} with {spec.num_steps} steps"
+    )
     if useful < spec.num_steps:
-        fix = (f"use {useful} steps (expected accept length {tau(useful):.2f})" if useful else
-               "use no speculation: the first draft is accepted with p < "
-               f"{MIN_STEP_GAIN}") + "; confirm with specdraft bench against no speculation"
+        fix = (
+            f"use {useful} steps (expected accept length {tau(useful):.2f})"
+            if useful
+            else f"use no speculation: the first draft is accepted with p < {MIN_STEP_GAIN}"
+        ) + "; confirm with specdraft bench against no speculation"
         return fail(f"steps past {useful} add < {MIN_STEP_GAIN} expected tokens each: {text}", fix)
     return ok(text)
 
@@ -181,8 +230,11 @@ def online_acceptance(ev: Evidence) -> Result:
 
     url = ev.inputs.server
     if url is None:
-        raise Unavailable("no --server", "pass --server URL (a live server) with --samples (the target's own "
-                                         "outputs: a capture store or JSONL)")
+        raise Unavailable(
+            "no --server",
+            "pass --server URL (a live server) with --samples (the target's own "
+            "outputs: a capture store or JSONL)",
+        )
     try:
         server = served(ev)  # an unreachable server fails even without samples
     except Unavailable as e:
@@ -195,18 +247,26 @@ def online_acceptance(ev: Evidence) -> Result:
     largest = largest_served_id(online)
     if largest >= vocab:
         model = online.server.model
-        return fail(f"{url} returns token id {largest}, past the {where}'s vocabulary of "
-                    f"{vocab}: it serves another model ({model!r}, its /v1/models says)",
-                    f"start the server on --target, or pass the model it serves ({model}) as --target")
+        return fail(
+            f"{url} returns token id {largest}, past the {where}'s vocabulary of "
+            f"{vocab}: it serves another model ({model!r}, its /v1/models says)",
+            f"start the server on --target, or pass the model it serves ({model}) as --target",
+        )
     kind = online.server.kind
     sent = f"{online.num_prompts} prompts x {MAX_TOKENS} tokens at T = 0 to {url} ({kind})"
     if online.counts is None:
         if kind == "openai":
-            raise Unavailable(f"{url} exposes no speculative counters (not specdraft, vLLM or SGLang "
-                              "/metrics / meta_info)", "measure acceptance on the server by hand")
-        return fail(f"{sent}: the server verified no drafts (speculation is off on it)",
-                    f"restart specdraft serve with --draft {ev.path} (not --no-spec)" if kind == "specdraft"
-                    else "serve with the drafter (EAGLE-3 speculative settings)")
+            raise Unavailable(
+                f"{url} exposes no speculative counters (not specdraft, vLLM or SGLang "
+                "/metrics / meta_info)",
+                "measure acceptance on the server by hand",
+            )
+        return fail(
+            f"{sent}: the server verified no drafts (speculation is off on it)",
+            f"restart specdraft serve with --draft {ev.path} (not --no-spec)"
+            if kind == "specdraft"
+            else "serve with the drafter (EAGLE-3 speculative settings)",
+        )
     steps = _online_steps(ev, online)
     engine = ev.engine or (kind if kind in ENGINE_NAMES else None)
     try:
@@ -230,37 +290,53 @@ def _online_steps(ev: Evidence, online: OnlineRun) -> int:
     return _ttt_steps(ev)
 
 
-def _online_against_offline(ev: Evidence, online: OnlineRun, offline: OfflineRun, steps: int,
-                            sent: str) -> Result:
+def _online_against_offline(
+    ev: Evidence, online: OnlineRun, offline: OfflineRun, steps: int, sent: str
+) -> Result:
     """The verdict of online against offline replayed rounds (see `online_acceptance`)."""
     counts, url = online.counts, ev.inputs.server
     online_p = counts.acceptance_per_position
     offline_p = offline.metrics.replayed_acceptance() or [0.0] * steps
     tau_on, tau_off = counts.accept_length, offline.metrics.replayed_tau() or 1.0
-    on_row = (f"online p_k {rates_text(online_p)}, tau {tau_on:.2f}" if online_p else
-              f"online tau {tau_on:.2f} ({counts.source}; no per-position counts)")
+    on_row = (
+        f"online p_k {rates_text(online_p)}, tau {tau_on:.2f}"
+        if online_p
+        else f"online tau {tau_on:.2f} ({counts.source}; no per-position counts)"
+    )
     off_row = f"offline p_k {rates_text(offline_p)}, tau {tau_off:.2f}"
-    where = (f"{sent}; offline: the drafter alone replaying {int(offline.metrics.rounds)} rounds of {steps} "
-             f"drafts on the {offline.num_samples} sequences it produced, aux layers {offline.aux_layers} "
-             f"({offline.fed_from}), drafter {offline.loaded_as}")
+    where = (
+        f"{sent}; offline: the drafter alone replaying {int(offline.metrics.rounds)} rounds of {steps} "
+        f"drafts on the {offline.num_samples} sequences it produced, aux layers {offline.aux_layers} "
+        f"({offline.fed_from}), drafter {offline.loaded_as}"
+    )
     gaps = []
     if online_p and online_p[0] < offline_p[0] - ONLINE_P1_GAP:
-        gaps.append(f"online p_1 {online_p[0]:.2f} < offline p_1 {offline_p[0]:.2f} - {ONLINE_P1_GAP}")
+        gaps.append(
+            f"online p_1 {online_p[0]:.2f} < offline p_1 {offline_p[0]:.2f} - {ONLINE_P1_GAP}"
+        )
     if tau_on < ONLINE_TAU_RATIO * tau_off:
         gaps.append(f"online tau {tau_on:.2f} < {ONLINE_TAU_RATIO} x offline tau {tau_off:.2f}")
     text = f"{on_row}; {off_row}; {where}{_retokenized(online)}"
-    first = (f"first make {url} return token ids (specdraft serve and vLLM >= 0.10.2 do on "
-             "return_token_ids, SGLang as output_ids): offline replayed re-tokenized text; then "
-             if online.num_retokenized else "")
+    first = (
+        f"first make {url} return token ids (specdraft serve and vLLM >= 0.10.2 do on "
+        "return_token_ids, SGLang as output_ids): offline replayed re-tokenized text; then "
+        if online.num_retokenized
+        else ""
+    )
     if online_p and online_p[0] > offline_p[0] + ONLINE_P1_EXCESS:
-        return fail(f"the server accepts far more than this checkpoint offline (online p_1 "
-                    f"{online_p[0]:.2f} > offline p_1 {offline_p[0]:.2f} + {ONLINE_P1_EXCESS}): {text}",
-                    first + "the server runs another drafter: doctor the checkpoint it serves, or serve this one")
+        return fail(
+            f"the server accepts far more than this checkpoint offline (online p_1 "
+            f"{online_p[0]:.2f} > offline p_1 {offline_p[0]:.2f} + {ONLINE_P1_EXCESS}): {text}",
+            first
+            + "the server runs another drafter: doctor the checkpoint it serves, or serve this one",
+        )
     if gaps:
-        return fail(f"the server accepts far less than this checkpoint offline ({'; '.join(gaps)}): {text}",
-                    first + "the server is not running this drafter as doctored: check it serves this "
-                    "checkpoint (not another or a stale copy), its loader's keys, the aux layers it "
-                    "captures, fc, the vocab map (d2t), the chat template; " + _likely_causes(ev))
+        return fail(
+            f"the server accepts far less than this checkpoint offline ({'; '.join(gaps)}): {text}",
+            first + "the server is not running this drafter as doctored: check it serves this "
+            "checkpoint (not another or a stale copy), its loader's keys, the aux layers it "
+            "captures, fc, the vocab map (d2t), the chat template; " + _likely_causes(ev),
+        )
     return ok(text)
 
 
@@ -268,15 +344,19 @@ def _retokenized(online: OnlineRun) -> str:
     """Why the rows may differ when outputs came back as text only ("" when all had ids)."""
     if not online.num_retokenized:
         return ""
-    return (f"; {online.num_retokenized} of {online.num_prompts} outputs came back as text only and were "
-            "re-tokenized with the target's tokenizer, which need not give the ids the server ran (an "
-            "output that continues a word gains a word-start piece, SentencePiece 'k' -> '▁k'; BPE "
-            "re-merges pieces; decoding drops special tokens such as EOS): offline then replays other "
-            "sequences than online ran, and the rows may differ by more than noise (offline lower, typically)")
+    return (
+        f"; {online.num_retokenized} of {online.num_prompts} outputs came back as text only and were "
+        "re-tokenized with the target's tokenizer, which need not give the ids the server ran (an "
+        "output that continues a word gains a word-start piece, SentencePiece 'k' -> '▁k'; BPE "
+        "re-merges pieces; decoding drops special tokens such as EOS): offline then replays other "
+        "sequences than online ran, and the rows may differ by more than noise (offline lower, typically)"
+    )
 
 
 def _text_to_ids(ev: Evidence):
     """Ids of a text with the target's tokenizer (loaded only when a server returns text only)."""
+
     def ids(text: str) -> list[int]:
         return list(ev.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     return ids

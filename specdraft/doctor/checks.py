@@ -34,9 +34,9 @@ from specdraft.doctor.lint import (
     fc_width_matches_aux,
     launch_names_these_models,
     lm_head_untied,
-    variant_flags_implemented,
     rope_matches_training,
     speculative_settings_valid,
+    variant_flags_implemented,
 )
 from specdraft.doctor.parity import (
     aux_width_on_target,
@@ -44,12 +44,32 @@ from specdraft.doctor.parity import (
     tokenizer_matches_manifest,
 )
 
-CHECKS = (target_matches_training, verifier_is_target, specdraft_loads, keys_match_engine, shapes_and_dtypes,
-          values_finite, vocab_map_valid, fc_width_matches_aux, aux_ids_read_alike, engine_captures_training_layers,
-          algorithm_is_eagle3, launch_names_these_models, speculative_settings_valid, variant_flags_implemented,
-          draft_vocab_size_declared, lm_head_untied, embedding_and_head_as_trained, rope_matches_training,
-          tokenizer_matches_manifest, chat_template_matches_manifest, aux_width_on_target,
-          offline_acceptance_matches_training, draft_depth_pays_off, online_acceptance)
+CHECKS = (
+    target_matches_training,
+    verifier_is_target,
+    specdraft_loads,
+    keys_match_engine,
+    shapes_and_dtypes,
+    values_finite,
+    vocab_map_valid,
+    fc_width_matches_aux,
+    aux_ids_read_alike,
+    engine_captures_training_layers,
+    algorithm_is_eagle3,
+    launch_names_these_models,
+    speculative_settings_valid,
+    variant_flags_implemented,
+    draft_vocab_size_declared,
+    lm_head_untied,
+    embedding_and_head_as_trained,
+    rope_matches_training,
+    tokenizer_matches_manifest,
+    chat_template_matches_manifest,
+    aux_width_on_target,
+    offline_acceptance_matches_training,
+    draft_depth_pays_off,
+    online_acceptance,
+)
 
 # Field case id (shared/cases/README.md) -> the checks that catch it.
 CASES = {
@@ -60,12 +80,20 @@ CASES = {
     "S5": ["draft_depth_pays_off"],
     "S6": ["offline_acceptance_matches_training", "online_acceptance"],
     "FC-01": ["specdraft_loads", "keys_match_engine", "shapes_and_dtypes"],
-    "FC-02": ["vocab_map_valid", "draft_vocab_size_declared", "offline_acceptance_matches_training"],
+    "FC-02": [
+        "vocab_map_valid",
+        "draft_vocab_size_declared",
+        "offline_acceptance_matches_training",
+    ],
     "FC-03": ["aux_ids_read_alike", "engine_captures_training_layers"],
     "FC-06": ["algorithm_is_eagle3", "fc_width_matches_aux", "speculative_settings_valid"],
     "FC-08": ["tokenizer_matches_manifest", "chat_template_matches_manifest"],
     "FC-09": ["rope_matches_training", "offline_acceptance_matches_training"],
 }
 # Cases `specdraft export` also covers (refuses, or writes the engine's names / ids).
-EXPORT_CASES = {"S1": "writes midlayer.* for SGLang", "S3": "refuses layers an engine cannot capture",
-                "FC-01": "proves every tensor bit-identical", "FC-03": "writes each engine's own ids"}
+EXPORT_CASES = {
+    "S1": "writes midlayer.* for SGLang",
+    "S3": "refuses layers an engine cannot capture",
+    "FC-01": "proves every tensor bit-identical",
+    "FC-03": "writes each engine's own ids",
+}

@@ -9,7 +9,6 @@ skip (or, where the missing piece is itself the fault, a fail). What the user ga
 from __future__ import annotations
 
 import contextlib
-
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,8 +22,8 @@ from specdraft.checkpoint import (
     MANIFEST_FIX,
     CheckpointError,
     Manifest,
-    aux_layers_note,
     WeightFiles,
+    aux_layers_note,
     config_from_files,
     owned_embedding_config,
     read_config,
@@ -32,19 +31,27 @@ from specdraft.checkpoint import (
     state_dict_for_layout,
 )
 from specdraft.checkpoint.layouts import config_without_target
-from specdraft.conventions import AUX_KEY, AuxReading, ConventionError, aux_layers_from_config, captured_by
+from specdraft.conventions import (
+    AUX_KEY,
+    AuxReading,
+    ConventionError,
+    aux_layers_from_config,
+    captured_by,
+)
 from specdraft.conventions.engines import DraftLoading, draft_loading
 from specdraft.data.records import DataError
 from specdraft.doctor.inputs import DOCTOR_ENGINES, DoctorInputs
 from specdraft.doctor.keys import KeyMap, draft_as_loaded, key_map
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.serve.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
 from specdraft.export import TargetFacts
+from specdraft.serve.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
 
 # A drafter without a manifest: only training writes one; export keeps a manifest, never makes one.
-NO_MANIFEST_FIX = ("only `specdraft train` writes the manifest (RUN/draft; `specdraft export` keeps it in what it "
-                   "writes): this check needs a drafter trained by specdraft; exporting this one writes config.json "
-                   "and weights, no manifest")
+NO_MANIFEST_FIX = (
+    "only `specdraft train` writes the manifest (RUN/draft; `specdraft export` keeps it in what it "
+    "writes): this check needs a drafter trained by specdraft; exporting this one writes config.json "
+    "and weights, no manifest"
+)
 
 
 class Unavailable(Exception):
@@ -105,7 +112,7 @@ class Evidence:
 
     @memo
     def layout(self) -> str:
-        """"speculators" when config.json is a speculators config, else "sglang" (official)."""
+        """ "speculators" when config.json is a speculators config, else "sglang" (official)."""
         return "speculators" if self.config.get("speculators_model_type") else "sglang"
 
     @memo
@@ -129,8 +136,10 @@ class Evidence:
     def need_manifest(self) -> Manifest:
         """The manifest, or Unavailable naming what it would have told."""
         if self.manifest is None:
-            raise Unavailable(f"{self.path} has no {MANIFEST_FILE}: what the drafter was trained on "
-                              "is unknown", NO_MANIFEST_FIX)
+            raise Unavailable(
+                f"{self.path} has no {MANIFEST_FILE}: what the drafter was trained on is unknown",
+                NO_MANIFEST_FIX,
+            )
         return self.manifest
 
     @memo
@@ -158,30 +167,39 @@ class Evidence:
         """The target: its directory's config (--target) or the manifest's record."""
         try:
             if self.inputs.target is not None:
-                return TargetFacts.from_target_dir(self.inputs.target, self.inputs.trust_remote_code)
+                return TargetFacts.from_target_dir(
+                    self.inputs.target, self.inputs.trust_remote_code
+                )
             if self.manifest is not None:
                 return TargetFacts.from_manifest(self.manifest)
         except (FileNotFoundError, OSError, ValueError) as e:
-            raise Unavailable(str(e), "pass the target's transformers directory (--target DIR)") from None
-        raise Unavailable("no --target and no manifest: the target is unknown",
-                          "pass the target's transformers directory (--target DIR)")
+            raise Unavailable(
+                str(e), "pass the target's transformers directory (--target DIR)"
+            ) from None
+        raise Unavailable(
+            "no --target and no manifest: the target is unknown",
+            "pass the target's transformers directory (--target DIR)",
+        )
 
     @memo
     def target_config_hash(self) -> str:
         """`target.config_hash` of the --target's config, as training records it in the manifest."""
-        from specdraft.target.config import config_hash
-        from specdraft.target.config import read_target_config
+        from specdraft.target.config import config_hash, read_target_config
 
         target = self.need_target_dir()
         try:
             return config_hash(read_target_config(target, self.inputs.trust_remote_code))
         except (OSError, ValueError) as e:
-            raise Unavailable(f"cannot read {target}/config.json: {e}", "pass a transformers directory") from None
+            raise Unavailable(
+                f"cannot read {target}/config.json: {e}", "pass a transformers directory"
+            ) from None
 
     def need_target_dir(self) -> Path:
         """The --target directory, or Unavailable."""
         if self.inputs.target is None:
-            raise Unavailable("needs the target", "pass the target's transformers directory (--target DIR)")
+            raise Unavailable(
+                "needs the target", "pass the target's transformers directory (--target DIR)"
+            )
         return Path(self.inputs.target)
 
     @memo
@@ -191,10 +209,19 @@ class Evidence:
             return DraftConfig.from_dict(self.manifest.draft)
         facts = self.facts
         try:
-            cfg = config_from_files(self.path, self.layout, self.config, None, facts.num_layers,
-                                    facts.target_class or "llama", self.inputs.sglang_version,
-                                    self.inputs.aux_layers)
-            return owned_embedding_config(cfg, None, self.tensors)  # the file's embed_tokens, as load_draft
+            cfg = config_from_files(
+                self.path,
+                self.layout,
+                self.config,
+                None,
+                facts.num_layers,
+                facts.target_class or "llama",
+                self.inputs.sglang_version,
+                self.inputs.aux_layers,
+            )
+            return owned_embedding_config(
+                cfg, None, self.tensors
+            )  # the file's embed_tokens, as load_draft
         except (CheckpointError, ValueError) as e:
             raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
 
@@ -258,18 +285,28 @@ class Evidence:
         class it serves no EAGLE-3 drafter on) is no finding, and its reading is taken as vLLM's."""
         facts = self.facts
         if facts.target_class is None:
-            raise Unavailable("the target class is unknown (engines read ids by class)",
-                              "pass the target (--target DIR)")
+            raise Unavailable(
+                "the target class is unknown (engines read ids by class)",
+                "pass the target (--target DIR)",
+            )
         try:
-            return aux_layers_from_config(self.config, facts.num_layers, facts.target_class,
-                                          self.inputs.sglang_version)
+            return aux_layers_from_config(
+                self.config, facts.num_layers, facts.target_class, self.inputs.sglang_version
+            )
         except ConventionError as e:
             if "sglang" not in self.engines:
                 with contextlib.suppress(ConventionError):
                     vllm = captured_by(self.config, "vllm", facts.num_layers, facts.target_class)
-                    return AuxReading(vllm, vllm, vllm, "top-level" if self.config.get(AUX_KEY) else "eagle_config")
-            raise Unreadable(f"an engine cannot read the config's aux ids: {e}",
-                             "re-export with `specdraft export`, which writes each engine's ids") from None
+                    return AuxReading(
+                        vllm,
+                        vllm,
+                        vllm,
+                        "top-level" if self.config.get(AUX_KEY) else "eagle_config",
+                    )
+            raise Unreadable(
+                f"an engine cannot read the config's aux ids: {e}",
+                "re-export with `specdraft export`, which writes each engine's ids",
+            ) from None
 
     def aux_capture(self, engine: str) -> tuple[bool, str]:
         """Whether `engine` captures aux states at all, and why (engine_args.aux_capture)."""
@@ -277,8 +314,9 @@ class Evidence:
             args = self.engine_args
         except Unavailable:
             args = None
-        return aux_capture(args if args is not None and args.engine == engine else None,
-                           self.config, engine)
+        return aux_capture(
+            args if args is not None and args.engine == engine else None, self.config, engine
+        )
 
     def loading(self, engine: str) -> list[DraftLoading]:
         """What `engine` loads (`conventions.DRAFT_LOADING`): for SGLang the row of --sglang-version,
@@ -293,8 +331,10 @@ class Evidence:
         the release of `row` reads names (default: the oldest release `loading` covers)."""
         tensors, cfg = self.tensors, self.shape_config
         with torch.device("meta"):
-            expected = {k: tuple(v.shape) for k, v in
-                        state_dict_for_layout(Eagle3Draft(cfg), "sglang").items()}
+            expected = {
+                k: tuple(v.shape)
+                for k, v in state_dict_for_layout(Eagle3Draft(cfg), "sglang").items()
+            }
         if engine is None:
             return key_map(tensors, expected, None, cfg.owns_embedding)
         row = row or self.loading(engine)[0]
@@ -308,10 +348,14 @@ class Evidence:
         try:
             return load_target(self.need_target_dir())
         except ImportError as e:  # e.g. an FP8 quantization_config whose kernels are not installed
-            raise Unavailable(f"cannot run the target here: {e} (checks of sizes read its config.json alone)",
-                              "install what transformers names to run the target's forward") from None
+            raise Unavailable(
+                f"cannot run the target here: {e} (checks of sizes read its config.json alone)",
+                "install what transformers names to run the target's forward",
+            ) from None
         except (FileNotFoundError, ValueError, OSError) as e:
-            raise Unavailable(f"cannot load the target: {e}", "pass a transformers directory") from None
+            raise Unavailable(
+                f"cannot load the target: {e}", "pass a transformers directory"
+            ) from None
 
     @memo
     def tokenizer(self) -> Any:
@@ -322,8 +366,10 @@ class Evidence:
         try:
             return AutoTokenizer.from_pretrained(target, local_files_only=True)
         except (OSError, ValueError) as e:
-            raise Unavailable(f"no tokenizer in {target} ({type(e).__name__})",
-                              "save the target's tokenizer into its directory") from None
+            raise Unavailable(
+                f"no tokenizer in {target} ({type(e).__name__})",
+                "save the target's tokenizer into its directory",
+            ) from None
 
     @memo
     def sample_read(self) -> Any:
@@ -333,10 +379,18 @@ class Evidence:
 
         if self.inputs.samples is None:
             raise Unavailable("needs samples", "pass --samples FILE (a capture store or JSONL)")
-        kwargs = ((self.manifest.chat_template or {}).get("kwargs") if self.manifest else None) or {}
+        kwargs = (
+            (self.manifest.chat_template or {}).get("kwargs") if self.manifest else None
+        ) or {}
         # the tokenizer is loaded only for texts and chats
-        return read_samples(Path(self.inputs.samples), lambda: self.tokenizer, kwargs,
-                            self.inputs.max_samples, self.inputs.max_length, self.inputs.skip_bad)
+        return read_samples(
+            Path(self.inputs.samples),
+            lambda: self.tokenizer,
+            kwargs,
+            self.inputs.max_samples,
+            self.inputs.max_length,
+            self.inputs.skip_bad,
+        )
 
     @property
     def samples(self) -> list:
@@ -347,9 +401,11 @@ class Evidence:
     def labelled_samples(self) -> list:
         """`samples` with the target's outputs to replay offline; Unavailable for a suite's prompts."""
         if self.sample_read.prompts_only:
-            raise Unavailable(f"--samples {self.inputs.samples} holds prompts only",
-                              "give the target's outputs for offline acceptance: a capture store or a "
-                              "regenerated JSONL (specdraft regenerate)")
+            raise Unavailable(
+                f"--samples {self.inputs.samples} holds prompts only",
+                "give the target's outputs for offline acceptance: a capture store or a "
+                "regenerated JSONL (specdraft regenerate)",
+            )
         return self.samples
 
     def notes(self) -> list[str]:
@@ -361,7 +417,9 @@ class Evidence:
 
     def _aux_notes(self) -> list[str]:
         try:
-            note = aux_layers_note(self.config, self.manifest, self.facts.num_layers, self.inputs.aux_layers)
+            note = aux_layers_note(
+                self.config, self.manifest, self.facts.num_layers, self.inputs.aux_layers
+            )
         except (Unavailable, ConventionError):
             return []
         return [note] if note else []
@@ -381,8 +439,8 @@ class Evidence:
         if self.inputs.samples is None:
             return
         try:
-            self.chats  # needs no tokenizer: a bad file is named even without --target
-            self.samples
+            _ = self.chats  # needs no tokenizer: a bad file is named even without --target
+            _ = self.samples
         except Unavailable:
             pass
         except DataError as e:
@@ -404,11 +462,15 @@ class Evidence:
 
     def _build_draft(self, engine: str | None) -> tuple[Eagle3Draft, str]:
         cfg, tensors = self.draft_config, self.tensors
-        keys, served = (self.key_map(engine), self.layer_config) if engine is not None else (None, {})
+        keys, served = (
+            (self.key_map(engine), self.layer_config) if engine is not None else (None, {})
+        )
         try:
             model, how = draft_as_loaded(cfg, tensors, engine, keys, served, self.weights_file)
         except CheckpointError as e:
-            raise Unavailable(f"the checkpoint does not load: {e}", "see keys_match_engine") from None
+            raise Unavailable(
+                f"the checkpoint does not load: {e}", "see keys_match_engine"
+            ) from None
         if not cfg.owns_embedding:
             model.load_target_embedding(self.target.embed_tokens.weight.detach().float())
         return model.eval(), how

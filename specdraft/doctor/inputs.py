@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specdraft.bench.suites import suite_names
 from specdraft.checkpoint import (
     DRAFTER_CONFIG_FIX,
     MANIFEST_FILE,
@@ -17,10 +18,8 @@ from specdraft.checkpoint import (
     read_config,
     refuse_other_aux_layers,
 )
-from specdraft.bench.suites import suite_names
 from specdraft.client import SERVER_WAIT_S
-from specdraft.target.config import check_target_weights
-from specdraft.target.config import read_target_config
+from specdraft.target.config import check_target_weights, read_target_config
 
 DOCTOR_ENGINES = ("sglang", "vllm")
 
@@ -63,20 +62,32 @@ class DoctorInputs:
             raise ValueError("max_samples must be >= 1 and max_length >= 3")
         # A path the user typed that does not exist is an error, never a row of skips.
         if not self.checkpoint.is_dir():
-            raise ValueError(f"{self.checkpoint}: no such directory; pass a draft checkpoint directory")
+            raise ValueError(
+                f"{self.checkpoint}: no such directory; pass a draft checkpoint directory"
+            )
         given_config(self.checkpoint, DRAFTER_CONFIG_FIX)
         check_weight_headers(self.checkpoint)  # cut short: doctor cannot judge it, as bad JSON
         refuse_model_dir(self.checkpoint)
         refuse_aux_override(self.checkpoint, self.aux_layers)
         if self.target is not None and not (self.target / "config.json").is_file():
-            raise ValueError(f"{self.target}: no config.json; pass the target's transformers directory")
+            raise ValueError(
+                f"{self.target}: no config.json; pass the target's transformers directory"
+            )
         if self.target is not None:
             given_config(self.target, "pass a transformers model directory")
-            read_target_config(self.target, self.trust_remote_code)  # unknown remote code: one line, no prompt
+            read_target_config(
+                self.target, self.trust_remote_code
+            )  # unknown remote code: one line, no prompt
             check_target_weights(self.target)  # a truncated download: one line, not a row of skips
-        if self.samples is not None and not self.samples.exists() and str(self.samples) not in suite_names():
-            raise ValueError(f"{self.samples}: no such file or directory; pass a capture store, a JSONL file or a "
-                             f"suite ({', '.join(suite_names())})")
+        if (
+            self.samples is not None
+            and not self.samples.exists()
+            and str(self.samples) not in suite_names()
+        ):
+            raise ValueError(
+                f"{self.samples}: no such file or directory; pass a capture store, a JSONL file or a "
+                f"suite ({', '.join(suite_names())})"
+            )
 
 
 def given_config(path: Path, fix: str) -> dict[str, Any] | None:
@@ -119,5 +130,7 @@ def refuse_model_dir(path: Path) -> None:
     except (OSError, ValueError):
         return
     if isinstance(config, dict) and classify_dir(path).kind != "drafter":
-        raise ValueError(f"{file}: not an EAGLE-3 draft config (no EAGLE-3 architecture, no drafter key such as "
-                         f"speculators_model_type, no {MANIFEST_FILE}): pass the drafter's directory as CHECKPOINT")
+        raise ValueError(
+            f"{file}: not an EAGLE-3 draft config (no EAGLE-3 architecture, no drafter key such as "
+            f"speculators_model_type, no {MANIFEST_FILE}): pass the drafter's directory as CHECKPOINT"
+        )

@@ -39,20 +39,27 @@ class KeyMap:
     misshaped: list[str]
 
 
-
 def file_layout(tensors: dict[str, torch.Tensor]) -> str:
-    """"speculators" when the file names its decoder layer `layers.0.*`, else "sglang" (official)."""
+    """ "speculators" when the file names its decoder layer `layers.0.*`, else "sglang" (official)."""
     return "speculators" if any(k.startswith("layers.0.") for k in tensors) else "sglang"
 
 
-def draft_as_loaded(cfg: DraftConfig, tensors: dict[str, torch.Tensor], engine: str | None,
-                    keys: KeyMap | None, layer_config: dict[str, Any], weights: Path) -> tuple[Eagle3Draft, str]:
+def draft_as_loaded(
+    cfg: DraftConfig,
+    tensors: dict[str, torch.Tensor],
+    engine: str | None,
+    keys: KeyMap | None,
+    layer_config: dict[str, Any],
+    weights: Path,
+) -> tuple[Eagle3Draft, str]:
     """The drafter as `engine` loads `tensors` through `keys` (unloaded parameters keep a seeded
     initialisation, as in the engine; rope as the engine reads `layer_config`), or as specdraft
     loads them (engine None: `checkpoint.build_draft`, the loader's own; CheckpointError naming `weights`).
     Returns the model (float32, not yet given a target embedding) and how it was loaded, in words."""
     if engine is None:
-        return build_draft(cfg, tensors, file_layout(tensors), weights).float(), "as specdraft loads it"
+        return build_draft(
+            cfg, tensors, file_layout(tensors), weights
+        ).float(), "as specdraft loads it"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = Eagle3Draft(served_rope_config(cfg, layer_config))
@@ -60,8 +67,9 @@ def draft_as_loaded(cfg: DraftConfig, tensors: dict[str, torch.Tensor], engine: 
     with torch.no_grad():
         for name, param in keys.mapping.items():
             params[param].copy_(tensors[name])
-    how = (f"as {ENGINE_NAMES[engine]} loads it" + (
-        f" ({len(keys.missing)} parameters left at their initial values)" if keys.missing else ""))
+    how = f"as {ENGINE_NAMES[engine]} loads it" + (
+        f" ({len(keys.missing)} parameters left at their initial values)" if keys.missing else ""
+    )
     return model, how
 
 
@@ -76,8 +84,13 @@ def served_rope_config(cfg: DraftConfig, layer_config: dict[str, Any]) -> DraftC
         return cfg
 
 
-def key_map(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], engine: str | None,
-            owns_embedding: bool, layer_prefixes: tuple[str, ...] = ()) -> KeyMap:
+def key_map(
+    tensors: dict[str, torch.Tensor],
+    expected: dict[str, tuple],
+    engine: str | None,
+    owns_embedding: bool,
+    layer_prefixes: tuple[str, ...] = (),
+) -> KeyMap:
     """Map file names onto official parameter names the way `engine` loads them.
 
     expected: official name -> shape (`midlayer.*`). engine None: specdraft's strict reading
@@ -90,7 +103,9 @@ def key_map(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], engine
         prefixes, optional = layer_prefixes, ENGINE_OPTIONAL
     accepted = dict(expected)
     if engine is not None and not owns_embedding:
-        accepted["embed_tokens.weight"] = None  # engines load it when present (any width check is theirs)
+        accepted["embed_tokens.weight"] = (
+            None  # engines load it when present (any width check is theirs)
+        )
     mapping, unmatched, misshaped, bad_params = {}, [], [], set()
     for name, tensor in tensors.items():
         param = _official_name(name, prefixes)
@@ -102,18 +117,21 @@ def key_map(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], engine
         else:
             mapping[name] = param
     optional = set(optional) - ({"embed_tokens.weight"} if owns_embedding else set())
-    missing = [_display(p, prefixes) for p in expected
-               if p not in optional and p not in bad_params and p not in mapping.values()]
+    missing = [
+        _display(p, prefixes)
+        for p in expected
+        if p not in optional and p not in bad_params and p not in mapping.values()
+    ]
     return KeyMap(mapping, sorted(unmatched), sorted(missing), misshaped)
 
 
 def _official_name(name: str, prefixes: tuple[str, ...]) -> str:
     for prefix in prefixes:
         if name.startswith(prefix):
-            return "midlayer." + name[len(prefix):]
+            return "midlayer." + name[len(prefix) :]
     return "" if name.startswith(("midlayer.", "layers.0.")) else name
 
 
 def _display(param: str, prefixes: tuple[str, ...]) -> str:
     """A parameter under the first prefix the reader accepts (how the file should name it)."""
-    return prefixes[0] + param[len("midlayer."):] if param.startswith("midlayer.") else param
+    return prefixes[0] + param[len("midlayer.") :] if param.startswith("midlayer.") else param

@@ -17,18 +17,23 @@ from specdraft.doctor.verdict import NUM_AUX, Result, engine_name, fail, ok
 from specdraft.draft import rope_from_hf_config
 from specdraft.serve.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
 
-
 # How each engine's command line names (target, draft) (engine_args.py), with {} for the path.
-_MODEL_FLAGS = {"sglang": ("--model-path {}", "--speculative-draft-model-path {}"),
-                "vllm": ("vllm serve {}", '--speculative-config \'{{"model": "{}", ...}}\'')}
-ENGINE_ARGS_FIX = ("pass the SGLang or vLLM launch command (--engine-args \"python -m sglang.launch_server ...\" "
-                   "or \"vllm serve ...\"); specdraft serve needs none: it runs EAGLE-3 and refuses "
-                   "settings an engine would rewrite")
+_MODEL_FLAGS = {
+    "sglang": ("--model-path {}", "--speculative-draft-model-path {}"),
+    "vllm": ("vllm serve {}", '--speculative-config \'{{"model": "{}", ...}}\''),
+}
+ENGINE_ARGS_FIX = (
+    'pass the SGLang or vLLM launch command (--engine-args "python -m sglang.launch_server ..." '
+    'or "vllm serve ..."); specdraft serve needs none: it runs EAGLE-3 and refuses '
+    "settings an engine would rewrite"
+)
 # The same checks when --server is specdraft's own server, which has no launch line of an engine to check
 # (`specdraft serve`: EAGLE-3 only, on the drafter and settings it was started with).
 SPECDRAFT_SERVE_SKIP = "{} is specdraft serve: it has no SGLang or vLLM launch line to check"
-SPECDRAFT_SERVE_FIX = ("none for specdraft serve: it runs EAGLE-3 only, on its --draft, and refuses a --num-steps, "
-                       "--topk or --num-draft-tokens it cannot run; online_acceptance checks the drafter it serves")
+SPECDRAFT_SERVE_FIX = (
+    "none for specdraft serve: it runs EAGLE-3 only, on its --draft, and refuses a --num-steps, "
+    "--topk or --num-draft-tokens it cannot run; online_acceptance checks the drafter it serves"
+)
 
 
 def fc_width_matches_aux(ev: Evidence) -> Result:
@@ -40,30 +45,49 @@ def fc_width_matches_aux(ev: Evidence) -> Result:
     declared = ev.config.get("target_hidden_size") or ev.layer_config.get("target_hidden_size")
     problems = []
     if in_width != NUM_AUX * hidden:
-        problems.append(f"fc.weight {list(ev.tensors['fc.weight'].shape)} takes {in_width} inputs, "
-                        f"but the engines feed {NUM_AUX} aux states x target hidden {hidden} = "
-                        f"{NUM_AUX * hidden}")
+        problems.append(
+            f"fc.weight {list(ev.tensors['fc.weight'].shape)} takes {in_width} inputs, "
+            f"but the engines feed {NUM_AUX} aux states x target hidden {hidden} = "
+            f"{NUM_AUX * hidden}"
+        )
     if declared is None and out_width != hidden:
-        problems.append(f"no target_hidden_size in the config: SGLang sizes fc as 3 x hidden_size "
-                        f"{out_width}, not 3 x {hidden}")
+        problems.append(
+            f"no target_hidden_size in the config: SGLang sizes fc as 3 x hidden_size "
+            f"{out_width}, not 3 x {hidden}"
+        )
     elif declared is not None and declared != hidden:
-        problems.append(f"config target_hidden_size {declared} != the target's hidden size {hidden}")
+        problems.append(
+            f"config target_hidden_size {declared} != the target's hidden size {hidden}"
+        )
     if problems and source != "target":
-        return fail("; ".join(problems), "fc.weight does not fit the drafter's own config: re-export the drafter "
-                    "from its training run")
+        return fail(
+            "; ".join(problems),
+            "fc.weight does not fit the drafter's own config: re-export the drafter "
+            "from its training run",
+        )
     if problems:
-        return fail("; ".join(problems), f"train the drafter on {NUM_AUX} aux layers of this target "
-                    "(fc input 3 x H) and export it with specdraft export")
-    return ok(f"fc takes {in_width} = {NUM_AUX} x {hidden} (target hidden" +
-              ("" if source == "target" else ", as the drafter's config declares it") + ")")
+        return fail(
+            "; ".join(problems),
+            f"train the drafter on {NUM_AUX} aux layers of this target "
+            "(fc input 3 x H) and export it with specdraft export",
+        )
+    return ok(
+        f"fc takes {in_width} = {NUM_AUX} x {hidden} (target hidden"
+        + ("" if source == "target" else ", as the drafter's config declares it")
+        + ")"
+    )
 
 
 def aux_ids_read_alike(ev: Evidence) -> Result:
     """The config's aux ids mean the same layers to every engine that may read it (FC-03)."""
     problems = []
     nested = (ev.config.get("eagle_config") or {}).get(AUX_KEY)
-    if nested and "sglang" in ev.engines and ev.facts.target_class != "llama" \
-            and ev.inputs.sglang_version is None:
+    if (
+        nested
+        and "sglang" in ev.engines
+        and ev.facts.target_class != "llama"
+        and ev.inputs.sglang_version is None
+    ):
         problems += lint_sglang_ids(nested)
     try:
         reading = ev.reading  # one engine: does it read another engine's ids in its own convention?
@@ -71,8 +95,11 @@ def aux_ids_read_alike(ev: Evidence) -> Result:
     except Unreadable as e:
         problems.append(e.reason)
     if problems:
-        return fail("; ".join(problems), "re-export with specdraft export (top-level ids in vLLM's "
-                    "convention, eagle_config ids in SGLang's) or pass --sglang-version")
+        return fail(
+            "; ".join(problems),
+            "re-export with specdraft export (top-level ids in vLLM's "
+            "convention, eagle_config ids in SGLang's) or pass --sglang-version",
+        )
     read = ", ".join(f"{engine_name(e)} reads {reading.captured(e)}" for e in ev.engines)
     return ok(f"{read} (specdraft indices)")
 
@@ -81,7 +108,11 @@ def engine_captures_training_layers(ev: Evidence) -> Result:
     """The layers the engine captures under this config are the training layers (S3, FC-03): the
     manifest's, else the --aux-layers the user names."""
     given = ev.inputs.aux_layers
-    trained = list(given) if ev.manifest is None and given is not None else list(ev.need_manifest().aux_layers)
+    trained = (
+        list(given)
+        if ev.manifest is None and given is not None
+        else list(ev.need_manifest().aux_layers)
+    )
     try:
         reading = ev.reading
     except Unreadable as e:
@@ -90,14 +121,22 @@ def engine_captures_training_layers(ev: Evidence) -> Result:
     for engine in ev.engines:
         captured = reading.captured(engine)
         if captured != trained:
-            order = " (same layers, other order: engines concatenate in layer order)" \
-                if sorted(captured) == sorted(trained) else ""
-            wrong.append(f"{engine_name(engine)} captures {captured} ({_ids_source(ev, engine)}){order}")
+            order = (
+                " (same layers, other order: engines concatenate in layer order)"
+                if sorted(captured) == sorted(trained)
+                else ""
+            )
+            wrong.append(
+                f"{engine_name(engine)} captures {captured} ({_ids_source(ev, engine)}){order}"
+            )
     if wrong:
-        return fail(f"trained on {trained} (specdraft indices); " + "; ".join(wrong),
-                    _express(ev, trained))
-    return ok(f"trained on {trained}; " + ", ".join(
-        f"{engine_name(e)} captures {reading.captured(e)}" for e in ev.engines))
+        return fail(
+            f"trained on {trained} (specdraft indices); " + "; ".join(wrong), _express(ev, trained)
+        )
+    return ok(
+        f"trained on {trained}; "
+        + ", ".join(f"{engine_name(e)} captures {reading.captured(e)}" for e in ev.engines)
+    )
 
 
 def _ids_source(ev: Evidence, engine: str) -> str:
@@ -117,8 +156,9 @@ def _express(ev: Evidence, layers: list[int]) -> str:
         return "engines read ids by target class, which is unknown: pass --target DIR to get them"
     for engine, key in (("vllm", "top-level"), ("sglang", "eagle_config")):
         try:
-            ids = to_engine_ids(layers, engine, facts.num_layers, facts.target_class,
-                                ev.inputs.sglang_version)
+            ids = to_engine_ids(
+                layers, engine, facts.num_layers, facts.target_class, ev.inputs.sglang_version
+            )
             parts.append(f"{engine_name(engine)}: {key} {AUX_KEY} {ids}")
         except ConventionError as e:
             parts.append(f"{engine_name(engine)}: cannot ({e})")
@@ -149,17 +189,25 @@ def algorithm_is_eagle3(ev: Evidence) -> Result:
         return args
     want, flag = EAGLE3_ALGORITHM[args.engine], ALGORITHM_FLAG[args.engine]
     if args.algorithm is None:
-        what = ("SGLang runs without speculation" if args.engine == "sglang" else
-                "vLLM guesses the method from the draft path's name ('eagle-' -> eagle, 'eagle3' -> "
-                "eagle3, else another method)")
+        what = (
+            "SGLang runs without speculation"
+            if args.engine == "sglang"
+            else "vLLM guesses the method from the draft path's name ('eagle-' -> eagle, 'eagle3' -> "
+            "eagle3, else another method)"
+        )
         return fail(f"no {flag}: {what} ({SOURCES[args.engine]})", f"set {flag} {want}")
     if not args.uses_eagle3:
-        return fail(f"{flag} {args.algorithm!r} with an EAGLE-3 drafter: plain EAGLE feeds one H-wide "
-                    "hidden state and captures no aux layers, so fc is skipped (widths match) or "
-                    "the draft is garbage: accept length ~1.0, no warning", f"set {flag} {want}")
+        return fail(
+            f"{flag} {args.algorithm!r} with an EAGLE-3 drafter: plain EAGLE feeds one H-wide "
+            "hidden state and captures no aux layers, so fc is skipped (widths match) or "
+            "the draft is garbage: accept length ~1.0, no warning",
+            f"set {flag} {want}",
+        )
     if args.speculators_config is not None:
-        return ok(f"speculators_model_type {args.algorithm} in {args.speculators_config}: vLLM started on the "
-                  "drafter reads the method from it (EAGLE-3, aux capture)")
+        return ok(
+            f"speculators_model_type {args.algorithm} in {args.speculators_config}: vLLM started on the "
+            "drafter reads the method from it (EAGLE-3, aux capture)"
+        )
     return ok(f"{flag} {args.algorithm} (EAGLE-3, aux capture)")
 
 
@@ -181,20 +229,28 @@ def launch_names_these_models(ev: Evidence) -> Result:
         if given is None:
             unknown.append(f"the command names no {role} ({flag.format(role.upper())})")
         elif not Path(given).is_dir():
-            unknown.append(f"{role} {given!r} is no directory here (a hub name or a path on another machine)")
+            unknown.append(
+                f"{role} {given!r} is no directory here (a hub name or a path on another machine)"
+            )
         elif expected is None:
             unknown.append(f"{role} {given}: no {ours} to compare with")
         elif Path(given).resolve() != Path(expected).resolve():
-            differ.append((f"the command's {role} {given} is not {ours} {expected}", flag.format(expected)))
+            differ.append(
+                (f"the command's {role} {given} is not {ours} {expected}", flag.format(expected))
+            )
         else:
             same.append(f"{role} {given} is {ours}")
     if differ:
-        return fail("; ".join(text for text, _ in differ),
-                    f"launch {engine_name(args.engine)} with {' and '.join(fix for _, fix in differ)}, "
-                    "or point doctor at the models the engine serves")
+        return fail(
+            "; ".join(text for text, _ in differ),
+            f"launch {engine_name(args.engine)} with {' and '.join(fix for _, fix in differ)}, "
+            "or point doctor at the models the engine serves",
+        )
     if unknown:
-        raise Unavailable("cannot compare " + "; ".join(unknown) + "".join(f"; {s}" for s in same),
-                          "name local directories in the launch command to compare them")
+        raise Unavailable(
+            "cannot compare " + "; ".join(unknown) + "".join(f"; {s}" for s in same),
+            "name local directories in the launch command to compare them",
+        )
     return ok("; ".join(same))
 
 
@@ -208,11 +264,19 @@ def speculative_settings_valid(ev: Evidence) -> Result:
     except ValueError as e:
         return fail(str(e), "use the corrected values above (specdraft refuses, never adjusts)")
     if spec is None:
-        raise Unavailable(f"no speculative settings in --engine-args: {engine_name(args.engine)} picks "
-                          "them itself", "pass them explicitly to have them checked")
-    shape = "a chain (num_draft_tokens = steps + 1)" if spec.is_chain else \
-        f"a tree of at most {spec.max_draft_tokens} nodes"
-    return ok(f"steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens}: {shape}")
+        raise Unavailable(
+            f"no speculative settings in --engine-args: {engine_name(args.engine)} picks "
+            "them itself",
+            "pass them explicitly to have them checked",
+        )
+    shape = (
+        "a chain (num_draft_tokens = steps + 1)"
+        if spec.is_chain
+        else f"a tree of at most {spec.max_draft_tokens} nodes"
+    )
+    return ok(
+        f"steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens}: {shape}"
+    )
 
 
 def variant_flags_implemented(ev: Evidence) -> Result:
@@ -224,26 +288,38 @@ def variant_flags_implemented(ev: Evidence) -> Result:
     flagged = unimplemented_flags(ev.config)
     if flagged:
         named = ", ".join(f"{k}: {json.dumps(v)}" for k, v in flagged.items())  # as in the file
-        return fail(f"sets {named}: the engine computes a variant specdraft's drafter does not implement "
-                    "(specdraft's commands refuse to load it)",
-                    f"{' and '.join(flagged)}: {FLAGS_FIX}")
+        return fail(
+            f"sets {named}: the engine computes a variant specdraft's drafter does not implement "
+            "(specdraft's commands refuse to load it)",
+            f"{' and '.join(flagged)}: {FLAGS_FIX}",
+        )
     value = ev.config.get("norm_before_residual", ev.layer_config.get("norm_before_residual"))
     if value is None and ev.layout == "speculators":
-        return fail("speculators config without norm_before_residual: vLLM then assumes true "
-                    "(transformers_utils/configs/speculators/algos.py)",
-                    "write norm_before_residual: false (specdraft export does)")
+        return fail(
+            "speculators config without norm_before_residual: vLLM then assumes true "
+            "(transformers_utils/configs/speculators/algos.py)",
+            "write norm_before_residual: false (specdraft export does)",
+        )
     try:
         flags = norm_flags_of_config(ev.path, ev.config)
     except CheckpointError as e:
         return fail(str(e), "write true or false, one value per flag")
-    if ev.config.get(LEGACY_FC_NORM_FLAG) and not ev.config.get("fc_norm"):  # fc_norm only by its old name
+    if ev.config.get(LEGACY_FC_NORM_FLAG) and not ev.config.get(
+        "fc_norm"
+    ):  # fc_norm only by its old name
         flags = {**flags, LEGACY_FC_NORM_FLAG: True}
-    refused = [reason for engine in ev.engines for name, on in flags.items()
-               if on and (reason := flag_refusal(engine, name))]
+    refused = [
+        reason
+        for engine in ev.engines
+        for name, on in flags.items()
+        if on and (reason := flag_refusal(engine, name))
+    ]
     if refused:
-        return fail(f"{'; '.join(refused)}: that engine computes another drafter than the one trained",
-                    "serve it with an engine that implements the flag (vLLM for norm_before_residual); for "
-                    "use_aux_norm, re-export it (specdraft export writes fc_norm)")
+        return fail(
+            f"{'; '.join(refused)}: that engine computes another drafter than the one trained",
+            "serve it with an engine that implements the flag (vLLM for norm_before_residual); for "
+            "use_aux_norm, re-export it (specdraft export writes fc_norm)",
+        )
     named = ", ".join(f"{name} true" for name, on in flags.items() if on)
     if named:
         engines = " and ".join(engine_name(engine) for engine in ev.engines)
@@ -263,24 +339,34 @@ def draft_vocab_size_declared(ev: Evidence) -> Result:
     if config_vocab is not None and config_vocab != vocab:
         problems.append(f"vocab_size {config_vocab} != the target's {vocab}")
     if declared is None and rows != vocab:
-        problems.append(f"no draft_vocab_size, but lm_head has {rows} rows < vocabulary {vocab}: "
-                        "SGLang then loads the target's full head instead (llama_eagle3.py)")
+        problems.append(
+            f"no draft_vocab_size, but lm_head has {rows} rows < vocabulary {vocab}: "
+            "SGLang then loads the target's full head instead (llama_eagle3.py)"
+        )
     elif declared is not None and declared != rows:
         problems.append(f"draft_vocab_size {declared} != lm_head rows {rows}")
     if problems:
         return fail("; ".join(problems), f"write draft_vocab_size: {rows} (specdraft export does)")
-    return ok(f"draft_vocab_size {declared if declared is not None else '(absent)'}, lm_head {rows} rows, "
-              f"vocabulary {vocab}")
+    return ok(
+        f"draft_vocab_size {declared if declared is not None else '(absent)'}, lm_head {rows} rows, "
+        f"vocabulary {vocab}"
+    )
 
 
 def lm_head_untied(ev: Evidence) -> Result:
     """tie_word_embeddings is not true (SGLang would replace the trained lm_head)."""
     value = ev.config.get("tie_word_embeddings", ev.layer_config.get("tie_word_embeddings"))
     if value is True:
-        return fail("tie_word_embeddings: true: SGLang uses the embedding as the head and drops the "
-                    "trained lm_head (llama_eagle3.py)", "write tie_word_embeddings: false")
-    return ok("tie_word_embeddings false" if value is False else
-              "tie_word_embeddings absent (LlamaConfig default false)")
+        return fail(
+            "tie_word_embeddings: true: SGLang uses the embedding as the head and drops the "
+            "trained lm_head (llama_eagle3.py)",
+            "write tie_word_embeddings: false",
+        )
+    return ok(
+        "tie_word_embeddings false"
+        if value is False
+        else "tie_word_embeddings absent (LlamaConfig default false)"
+    )
 
 
 def embedding_and_head_as_trained(ev: Evidence) -> Result:
@@ -289,24 +375,38 @@ def embedding_and_head_as_trained(ev: Evidence) -> Result:
     one of the same width, and the target's lm_head in place of the trained one when the config
     has no draft_vocab_size; vLLM keeps a distinct owned embedding."""
     cfg = ev.shape_config
-    declared = {**ev.layer_config, **{k: ev.config[k] for k in ("target_hidden_size", "draft_vocab_size")
-                                      if k in ev.config}}
+    declared = {
+        **ev.layer_config,
+        **{k: ev.config[k] for k in ("target_hidden_size", "draft_vocab_size") if k in ev.config},
+    }
     problems, sglang_runs = [], None
     if "sglang" in ev.engines:
         own = ev.tensors.get("embed_tokens.weight") if cfg.owns_embedding else None
         as_trained, sglang_runs = sglang_embedding(declared, own, lambda: _target_embedding(ev))
         if not as_trained:
-            problems.append(f"{sglang_runs} (set_embed keeps the drafter's only when target_hidden_size != "
-                            "hidden_size)")
+            problems.append(
+                f"{sglang_runs} (set_embed keeps the drafter's only when target_hidden_size != "
+                "hidden_size)"
+            )
     if "sglang" in ev.engines and sglang_replaces_head(declared) and "lm_head.weight" in ev.tensors:
-        problems.append("no draft_vocab_size: SGLang loads the target's lm_head in place of the trained one "
-                        "(llama_eagle3.py load_lm_head_from_target)")
+        problems.append(
+            "no draft_vocab_size: SGLang loads the target's lm_head in place of the trained one "
+            "(llama_eagle3.py load_lm_head_from_target)"
+        )
     if problems:
-        return fail("; ".join(problems), "serve it with vLLM (which keeps a distinct owned embedding), or train "
-                    "it sharing the target's embedding; write draft_vocab_size (specdraft export writes it)")
+        return fail(
+            "; ".join(problems),
+            "serve it with vLLM (which keeps a distinct owned embedding), or train "
+            "it sharing the target's embedding; write draft_vocab_size (specdraft export writes it)",
+        )
     own = "its own embedding" if cfg.owns_embedding else "the target's embedding"
-    return ok(", ".join(f"{engine_name(e)} runs it with {sglang_runs if e == 'sglang' else own} and its "
-                        "trained lm_head" for e in ev.engines))
+    return ok(
+        ", ".join(
+            f"{engine_name(e)} runs it with {sglang_runs if e == 'sglang' else own} and its "
+            "trained lm_head"
+            for e in ev.engines
+        )
+    )
 
 
 def _target_embedding(ev: Evidence):
@@ -327,33 +427,57 @@ def rope_matches_training(ev: Evidence) -> Result:
     2048 positions under a Llama-3 target): only a shorter reach than the target's is named."""
     layer = ev.layer_config
     theta, scaling = rope_from_hf_config(layer.get)
-    served = {"rope_theta": theta, "rope_scaling": scaling,
-              "max_position_embeddings": layer.get("max_position_embeddings")}
+    served = {
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "max_position_embeddings": layer.get("max_position_embeddings"),
+    }
     if "rope_parameters" in layer and "rope_theta" not in layer:
-        return fail("rope only under rope_parameters (transformers 5): older loaders ignore it and use "
-                    "rope_theta 10000", f"write rope_theta {theta} and rope_scaling {describe(scaling)} at the "
-                    "top level of config.json (specdraft export writes them)")
+        return fail(
+            "rope only under rope_parameters (transformers 5): older loaders ignore it and use "
+            "rope_theta 10000",
+            f"write rope_theta {theta} and rope_scaling {describe(scaling)} at the "
+            "top level of config.json (specdraft export writes them)",
+        )
     if layer.get("partial_rotary_factor", 1.0) != 1.0:
-        return fail(f"partial_rotary_factor {layer['partial_rotary_factor']}: the drafter's rope is applied to "
-                    "part of each head, which specdraft's drafter does not implement",
-                    "remove partial_rotary_factor if the drafter was trained with full rotary")
+        return fail(
+            f"partial_rotary_factor {layer['partial_rotary_factor']}: the drafter's rope is applied to "
+            "part of each head, which specdraft's drafter does not implement",
+            "remove partial_rotary_factor if the drafter was trained with full rotary",
+        )
     if ev.manifest is None and ev.inputs.target is None:
         raise Unavailable("nothing to compare with", "pass --target DIR or keep the manifest")
     problems = []
     if ev.manifest is not None:
         trained = {k: ev.manifest.draft[k] for k in ROPE_KEYS if k in ev.manifest.draft}
-        problems = [f"{k} {describe(served[k])} (config.json, what the engines use) vs {describe(v)} (training)"
-                    for k, v in trained.items() if v != served[k]]
+        problems = [
+            f"{k} {describe(served[k])} (config.json, what the engines use) vs {describe(v)} (training)"
+            for k, v in trained.items()
+            if v != served[k]
+        ]
     if problems:
-        return fail("; ".join(problems), "write the trained values into config.json, or re-export it from the "
-                    "training run (specdraft export RUN/draft OUT --engine ENGINE writes them)")
+        return fail(
+            "; ".join(problems),
+            "write the trained values into config.json, or re-export it from the "
+            "training run (specdraft export RUN/draft OUT --engine ENGINE writes them)",
+        )
     moved = _target_rope_moved(ev)
     if moved:
-        return fail("; ".join(moved), "serve the target the drafter was trained on, or train a drafter for "
-                    "this target (re-exporting cannot change the target's rope)")
-    record = "as trained" if ev.manifest is not None else "as its config.json declares (no manifest: its only record)"
-    return ok(f"rope_theta {theta}, rope_scaling {describe(scaling)}, max positions "
-              f"{served['max_position_embeddings']}: {record}" + _reach(ev, served["max_position_embeddings"]))
+        return fail(
+            "; ".join(moved),
+            "serve the target the drafter was trained on, or train a drafter for "
+            "this target (re-exporting cannot change the target's rope)",
+        )
+    record = (
+        "as trained"
+        if ev.manifest is not None
+        else "as its config.json declares (no manifest: its only record)"
+    )
+    return ok(
+        f"rope_theta {theta}, rope_scaling {describe(scaling)}, max positions "
+        f"{served['max_position_embeddings']}: {record}"
+        + _reach(ev, served["max_position_embeddings"])
+    )
 
 
 def _target_rope_moved(ev: Evidence) -> list[str]:
@@ -363,10 +487,17 @@ def _target_rope_moved(ev: Evidence) -> list[str]:
     if ev.inputs.target is None or not recorded:
         return []
     f = ev.facts
-    now = {"rope_theta": f.rope_theta, "rope_scaling": f.rope_scaling,
-           "max_position_embeddings": f.max_position_embeddings}
-    return [f"the target's {k} {describe(now[k])} (target {ev.inputs.target}) vs {describe(recorded[k])} "
-            "(the target at training)" for k in ROPE_KEYS if k in recorded and now[k] != recorded[k]]
+    now = {
+        "rope_theta": f.rope_theta,
+        "rope_scaling": f.rope_scaling,
+        "max_position_embeddings": f.max_position_embeddings,
+    }
+    return [
+        f"the target's {k} {describe(now[k])} (target {ev.inputs.target}) vs {describe(recorded[k])} "
+        "(the target at training)"
+        for k in ROPE_KEYS
+        if k in recorded and now[k] != recorded[k]
+    ]
 
 
 def _reach(ev: Evidence, positions) -> str:
@@ -376,6 +507,8 @@ def _reach(ev: Evidence, positions) -> str:
     except Unavailable:
         return ""
     if isinstance(positions, int) and isinstance(target, int) and positions < target:
-        return (f"; the drafter's own {positions} positions are fewer than the target's {target}: keep prompt + "
-                f"output within {positions} (specdraft's engine and server refuse longer requests)")
+        return (
+            f"; the drafter's own {positions} positions are fewer than the target's {target}: keep prompt + "
+            f"output within {positions} (specdraft's engine and server refuse longer requests)"
+        )
     return ""

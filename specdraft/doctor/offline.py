@@ -45,7 +45,9 @@ def run_offline(ev: Evidence, engine: str | None, ttt_steps: int) -> OfflineRun:
     return run_on(ev, engine, ttt_steps, ev.labelled_samples)
 
 
-def run_on(ev: Evidence, engine: str | None, ttt_steps: int, samples: list, replay: bool = False) -> OfflineRun:
+def run_on(
+    ev: Evidence, engine: str | None, ttt_steps: int, samples: list, replay: bool = False
+) -> OfflineRun:
     """`run_offline` on the given `data.Sample`s (e.g. the sequences a server produced).
 
     replay: also replay the rounds a `ttt_steps`-deep chain engine runs at T = 0 over each
@@ -65,8 +67,17 @@ def run_on(ev: Evidence, engine: str | None, ttt_steps: int, samples: list, repl
             ids = torch.tensor([s.input_ids])
             mask = torch.tensor([s.loss_mask], dtype=torch.bool)
             out = target.forward(ids, aux_layers=layers)
-            metrics.add(ttt_loss(draft, ids, out.aux_hidden.float().clone(), out.logits.clone(),
-                                 mask, ttt_steps=ttt_steps, replay=replay))
+            metrics.add(
+                ttt_loss(
+                    draft,
+                    ids,
+                    out.aux_hidden.float().clone(),
+                    out.logits.clone(),
+                    mask,
+                    ttt_steps=ttt_steps,
+                    replay=replay,
+                )
+            )
     return OfflineRun(metrics, layers, fed_from, loaded_as, len(samples))
 
 
@@ -77,13 +88,17 @@ def _layers_fed(ev: Evidence, engine: str | None) -> tuple[list[int], str]:
         return list(ev.draft_config.aux_layers), "the config's layers"
     on, why = ev.aux_capture(engine)
     if not on:
-        raise Unavailable(f"{ENGINE_NAMES[engine]} feeds no aux states: {why}",
-                          "see aux_width_on_target")
-    return ev.reading.captured(engine), f"the layers {ENGINE_NAMES[engine]} captures under this config"
+        raise Unavailable(
+            f"{ENGINE_NAMES[engine]} feeds no aux states: {why}", "see aux_width_on_target"
+        )
+    return ev.reading.captured(
+        engine
+    ), f"the layers {ENGINE_NAMES[engine]} captures under this config"
 
 
-def training_accuracy(manifest: Manifest | None,
-                      splits: tuple[str, ...] = ("validation", "train")) -> tuple[list[float], str] | None:
+def training_accuracy(
+    manifest: Manifest | None, splits: tuple[str, ...] = ("validation", "train")
+) -> tuple[list[float], str] | None:
     """Per-step accuracy recorded at training in the first of `splits` that has it, with its name."""
     training = (manifest.training or {}) if manifest is not None else {}
     for split in splits:
@@ -91,5 +106,3 @@ def training_accuracy(manifest: Manifest | None,
         if record.get("accuracy"):
             return [float(a) for a in record["accuracy"]], f"training ({split} split)"
     return None
-
-

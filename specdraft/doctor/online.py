@@ -25,14 +25,23 @@ from typing import Any
 
 import httpx
 
-from specdraft.client import (SERVER_WAIT_S, ClientError, RequestRecord, Server, SpecCounts, counter_delta, scrape,
-                              sglang_counts, wait_for_server)
+from specdraft.client import (
+    SERVER_WAIT_S,
+    ClientError,
+    RequestRecord,
+    Server,
+    SpecCounts,
+    counter_delta,
+    scrape,
+    sglang_counts,
+    wait_for_server,
+)
 from specdraft.data.render import Sample
 from specdraft.doctor.evidence import Evidence, Unavailable
 from specdraft.doctor.offline import OfflineRun, run_on
 
-MAX_TOKENS = 32          # tokens generated per prompt
-PROMPT_TOKENS = 8        # prompt length when a sample's supervision starts before its 4th token
+MAX_TOKENS = 32  # tokens generated per prompt
+PROMPT_TOKENS = 8  # prompt length when a sample's supervision starts before its 4th token
 TIMEOUT_S = 60.0
 
 
@@ -62,7 +71,7 @@ def prompt_of(sample: Sample) -> list[int]:
         return ids
     first = next((i for i, m in enumerate(sample.loss_mask) if m), len(ids))
     n = first if first >= 4 else PROMPT_TOKENS
-    return ids[:max(1, min(n, len(ids) - 1))]
+    return ids[: max(1, min(n, len(ids) - 1))]
 
 
 def connect(url: str, timeout_s: float = TIMEOUT_S, wait_s: float = SERVER_WAIT_S) -> Server:
@@ -71,7 +80,9 @@ def connect(url: str, timeout_s: float = TIMEOUT_S, wait_s: float = SERVER_WAIT_
     import sys
 
     try:
-        return wait_for_server(url, wait_s, timeout_s, "--server", on_wait=lambda line: print(line, file=sys.stderr))
+        return wait_for_server(
+            url, wait_s, timeout_s, "--server", on_wait=lambda line: print(line, file=sys.stderr)
+        )
     except (RuntimeError, httpx.HTTPError) as e:
         raise ServerError(f"{url} does not answer: {e}") from None
 
@@ -88,6 +99,7 @@ def served(ev: Evidence) -> Server:
             return connect(url, wait_s=ev.inputs.server_wait_s)
         except ServerError as e:
             raise Unavailable(*server_failure(url, e)) from None
+
     return ev.cached("server", connected)
 
 
@@ -105,8 +117,13 @@ def served_by_specdraft(ev: Evidence) -> bool:
         return False
 
 
-def run_online(server: Server, samples: list[Sample], tokenizer: Any, max_tokens: int = MAX_TOKENS,
-               timeout_s: float = TIMEOUT_S) -> OnlineRun:
+def run_online(
+    server: Server,
+    samples: list[Sample],
+    tokenizer: Any,
+    max_tokens: int = MAX_TOKENS,
+    timeout_s: float = TIMEOUT_S,
+) -> OnlineRun:
     """Send each sample's prompt (token ids, temperature 0, ignore_eos, asking for the output's
     token ids) one at a time and read the speculative counters around them. tokenizer: a
     callable returning the ids of a text (used when the server returns no token ids; counted
@@ -118,7 +135,9 @@ def run_online(server: Server, samples: list[Sample], tokenizer: Any, max_tokens
         with httpx.Client(base_url=server.url, timeout=timeout_s) as client:
             for sample in samples:
                 prompt = prompt_of(sample)
-                output, usage, retokenized = _generate(client, server, prompt, max_tokens, tokenizer)
+                output, usage, retokenized = _generate(
+                    client, server, prompt, max_tokens, tokenizer
+                )
                 num_retokenized += retokenized
                 records.append(RequestRecord(None, 0.0, len(output), usage))
                 if output:
@@ -135,8 +154,9 @@ def run_online(server: Server, samples: list[Sample], tokenizer: Any, max_tokens
     return OnlineRun(server, counts, sequences, len(samples), num_retokenized)
 
 
-def _generate(client: httpx.Client, server: Server, prompt: list[int], max_tokens: int,
-              tokenizer: Any) -> tuple[list[int], dict[str, Any] | None, bool]:
+def _generate(
+    client: httpx.Client, server: Server, prompt: list[int], max_tokens: int, tokenizer: Any
+) -> tuple[list[int], dict[str, Any] | None, bool]:
     """(output token ids, usage or meta_info, whether the ids were re-tokenized from text) of
     one non-streamed greedy request."""
     if server.kind == "sglang":
@@ -144,7 +164,12 @@ def _generate(client: httpx.Client, server: Server, prompt: list[int], max_token
         body = _post(client, "/generate", {"input_ids": prompt, "sampling_params": params})
         ids, text, usage = body.get("output_ids"), body.get("text"), body.get("meta_info")
     else:
-        req = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        req = {
+            "model": server.model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+        }
         if server.kind != "openai":
             req["ignore_eos"] = True
         if server.kind in ("vllm", "specdraft"):
@@ -160,13 +185,17 @@ def _generate(client: httpx.Client, server: Server, prompt: list[int], max_token
 def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
     response = client.post(path, json=body)
     if response.status_code != 200:
-        raise ServerError(f"{client.base_url}{path}: HTTP {response.status_code}: {response.text[:300]}")
+        raise ServerError(
+            f"{client.base_url}{path}: HTTP {response.status_code}: {response.text[:300]}"
+        )
     return response.json()
 
 
 def largest_served_id(run: OnlineRun) -> int:
     """The largest token id among the output tokens the server returned (-1 when none came back)."""
-    return max((i for s in run.sequences for i, m in zip(s.input_ids, s.loss_mask) if m), default=-1)
+    return max(
+        (i for s in run.sequences for i, m in zip(s.input_ids, s.loss_mask) if m), default=-1
+    )
 
 
 def offline_on_served(ev: Evidence, engine: str | None, steps: int, run: OnlineRun) -> OfflineRun:

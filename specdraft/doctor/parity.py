@@ -17,8 +17,11 @@ def tokenizer_matches_manifest(ev: Evidence) -> Result:
     if not trained:
         raise Unavailable("the manifest records no tokenizer", "train through specdraft capture")
     served = tokenizer_fingerprint(ev.tokenizer)
-    differ = [f"{k} {describe(served.get(k))} (serving) vs {describe(v)} (training)"
-              for k, v in trained.items() if served.get(k) != v]
+    differ = [
+        f"{k} {describe(served.get(k))} (serving) vs {describe(v)} (training)"
+        for k, v in trained.items()
+        if served.get(k) != v
+    ]
     if differ:
         return fail("; ".join(differ), "serve the tokenizer the drafter was trained with")
     return ok(f"vocabulary hash, special ids and length ({served['length']}) as trained")
@@ -34,19 +37,28 @@ def chat_template_matches_manifest(ev: Evidence) -> Result:
     tokenizer = ev.tokenizer
     served_hash = template_hash(tokenizer)
     if served_hash != trained.get("hash"):
-        return fail(f"chat template hash {str(served_hash)[:12]} (serving) vs "
-                    f"{str(trained.get('hash'))[:12]} (training)", "serve the training template")
+        return fail(
+            f"chat template hash {str(served_hash)[:12]} (serving) vs "
+            f"{str(trained.get('hash'))[:12]} (training)",
+            "serve the training template",
+        )
     kwargs_trained, kwargs_served = trained.get("kwargs") or {}, _served_kwargs(ev)
     chats = ev.chats if ev.inputs.samples is not None else []
     if chats:
         diffs = render_parity(tokenizer, chats, kwargs_trained, kwargs_served)
         if diffs:
-            return fail(f"kwargs {kwargs_trained} (training) vs {kwargs_served} (serving): "
-                        + "; ".join(diffs[:3]), f"serve with chat template kwargs {kwargs_trained}")
+            return fail(
+                f"kwargs {kwargs_trained} (training) vs {kwargs_served} (serving): "
+                + "; ".join(diffs[:3]),
+                f"serve with chat template kwargs {kwargs_trained}",
+            )
         return ok(f"same template; {len(chats)} chats render identically")
     if kwargs_trained != kwargs_served:
-        raise Unavailable(f"template kwargs differ: {kwargs_trained} (training) vs {kwargs_served} "
-                          "(serving); no sample chats to render both ways", "pass --samples chats.jsonl")
+        raise Unavailable(
+            f"template kwargs differ: {kwargs_trained} (training) vs {kwargs_served} "
+            "(serving); no sample chats to render both ways",
+            "pass --samples chats.jsonl",
+        )
     return ok(f"same template hash and kwargs {kwargs_trained}")
 
 
@@ -60,15 +72,19 @@ def _served_kwargs(ev: Evidence) -> dict:
     return dict(args.template_kwargs or {}) if args is not None else {}
 
 
-
 def aux_width_on_target(ev: Evidence) -> Result:
     """On a real target forward, the engine's aux states are as wide as fc's input (S2)."""
     if "fc.weight" not in ev.tensors:
-        raise Unavailable("no fc.weight in the checkpoint: nothing to compare the aux width with",
-                          "see keys_match_engine")
+        raise Unavailable(
+            "no fc.weight in the checkpoint: nothing to compare the aux width with",
+            "see keys_match_engine",
+        )
     target, fc_in = ev.target, ev.tensors["fc.weight"].shape[1]
-    ids = torch.tensor([ev.samples[0].input_ids[:16]]) if ev.inputs.samples is not None \
+    ids = (
+        torch.tensor([ev.samples[0].input_ids[:16]])
+        if ev.inputs.samples is not None
         else torch.arange(1, 9).remainder(target.vocab_size)[None]
+    )
     problems, passes = [], []
     for engine in ev.engines:
         on, why = ev.aux_capture(engine)
@@ -80,15 +96,28 @@ def aux_width_on_target(ev: Evidence) -> Result:
         width = out.aux_hidden.shape[-1] if on else out.last_hidden.shape[-1]
         supplied = f"{len(layers)} states of layers {layers}" if on else f"one hidden state ({why})"
         if width != fc_in:
-            problems.append(f"{engine_name(engine)} supplies {supplied} = width {width}, but fc takes "
-                            f"{fc_in} = {NUM_AUX} x {target.hidden_size}" + (
-                                "; the engine applies fc only when widths differ, so it skips fc "
-                                "silently" if width == ev.draft_config.hidden_size else ""))
+            problems.append(
+                f"{engine_name(engine)} supplies {supplied} = width {width}, but fc takes "
+                f"{fc_in} = {NUM_AUX} x {target.hidden_size}"
+                + (
+                    "; the engine applies fc only when widths differ, so it skips fc silently"
+                    if width == ev.draft_config.hidden_size
+                    else ""
+                )
+            )
             continue
         draft, _ = ev.engine_draft(engine)
-        draft(ids[:, 1:], out.aux_hidden[:, :-1].float(), torch.arange(ids.shape[1] - 1), first_step=True)
+        draft(
+            ids[:, 1:],
+            out.aux_hidden[:, :-1].float(),
+            torch.arange(ids.shape[1] - 1),
+            first_step=True,
+        )
         passes.append(f"{engine_name(engine)} supplies {supplied} = width {width} = fc input")
     if problems:
-        return fail("; ".join(problems), "serve with EAGLE-3 aux capture (--speculative-algorithm "
-                    "EAGLE3 / method eagle3, eagle_config.use_aux_hidden_state true)")
+        return fail(
+            "; ".join(problems),
+            "serve with EAGLE-3 aux capture (--speculative-algorithm "
+            "EAGLE3 / method eagle3, eagle_config.use_aux_hidden_state true)",
+        )
     return ok("; ".join(passes) + f" (target forward on {ids.shape[1]} tokens)")

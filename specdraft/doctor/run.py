@@ -7,9 +7,10 @@ pass). The report fails when any check fails; `specdraft doctor` then exits non-
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from specdraft.checkpoint import wrong_dir_message
 from specdraft.client import SERVER_WAIT_S
@@ -63,13 +64,20 @@ class Report:
         """The inputs (INPUT_FLAGS) skipped checks name as what would run them, each with how many
         checks it would run, in INPUT_FLAGS order; a skip that names none (e.g. for want of the
         drafter's manifest) is not counted."""
-        wanted = [_input_named(f"{f.fix} {f.evidence}") for f in self.findings if f.verdict == "skip"]
+        wanted = [
+            _input_named(f"{f.fix} {f.evidence}") for f in self.findings if f.verdict == "skip"
+        ]
         return {flag: wanted.count(flag) for flag in INPUT_FLAGS if flag in wanted}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: findings, counts, skips_enabled_by and notes."""
-        return {"ok": self.ok, "counts": self.counts(), "skips_enabled_by": self.skips_enabled_by(),
-                "findings": [asdict(f) for f in self.findings], "notes": list(self.notes)}
+        return {
+            "ok": self.ok,
+            "counts": self.counts(),
+            "skips_enabled_by": self.skips_enabled_by(),
+            "findings": [asdict(f) for f in self.findings],
+            "notes": list(self.notes),
+        }
 
 
 # The inputs a skipped check may name as what would let it run, in the order the hint lists them.
@@ -83,21 +91,34 @@ def _input_named(text: str) -> str | None:
 
 
 def skips_text(enabled_by: dict[str, int]) -> str:
-    """"pass --target to run 3 more checks, --samples for 1": what the skipped checks need ("" if
+    """ "pass --target to run 3 more checks, --samples for 1": what the skipped checks need ("" if
     they name no input)."""
     parts = [f"{flag} for {n}" for flag, n in enabled_by.items()]
     if not parts:
         return ""
     first, n = next(iter(enabled_by.items()))
-    return f"pass {first} to run {n} more check{'s' * (n != 1)}" + "".join(", " + p for p in parts[1:])
+    return f"pass {first} to run {n} more check{'s' * (n != 1)}" + "".join(
+        ", " + p for p in parts[1:]
+    )
 
 
-def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engine: str | None = None,
-               engine_args: str | None = None, samples: str | Path | None = None,
-               server: str | None = None, sglang_version: str | None = None, aux_layers: list[int] | None = None,
-               trust_remote_code: bool = False,
-               template_kwargs: dict[str, Any] | None = None, max_samples: int = 32,
-               max_length: int = 512, skip_bad: bool = False, server_wait_s: float = SERVER_WAIT_S) -> Report:
+def run_doctor(
+    checkpoint: str | Path,
+    *,
+    target: str | Path | None = None,
+    engine: str | None = None,
+    engine_args: str | None = None,
+    samples: str | Path | None = None,
+    server: str | None = None,
+    sglang_version: str | None = None,
+    aux_layers: list[int] | None = None,
+    trust_remote_code: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+    max_samples: int = 32,
+    max_length: int = 512,
+    skip_bad: bool = False,
+    server_wait_s: float = SERVER_WAIT_S,
+) -> Report:
     """Check a draft checkpoint against its training record, its target and its deployment.
 
     checkpoint: a draft directory (any layout). target: the target's transformers directory
@@ -123,19 +144,33 @@ def run_doctor(checkpoint: str | Path, *, target: str | Path | None = None, engi
     from specdraft.target import no_progress_bars
 
     if server is not None:
-        server = check_url(server, "--server")  # the base URL, without /v1: paths are appended to it
+        server = check_url(
+            server, "--server"
+        )  # the base URL, without /v1: paths are appended to it
     for path, want, given_as in ((checkpoint, "drafter", ""), (target, "target", "--target")):
         wrong = wrong_dir_message(path, want, given_as) if path else None
         if wrong:
             raise ValueError(wrong)
     inputs = DoctorInputs(
-        Path(checkpoint), target=Path(target) if target else None, engine=engine,
-        engine_args=engine_args, samples=Path(samples) if samples else None, server=server,
-        sglang_version=sglang_version, aux_layers=aux_layers, trust_remote_code=trust_remote_code,
+        Path(checkpoint),
+        target=Path(target) if target else None,
+        engine=engine,
+        engine_args=engine_args,
+        samples=Path(samples) if samples else None,
+        server=server,
+        sglang_version=sglang_version,
+        aux_layers=aux_layers,
+        trust_remote_code=trust_remote_code,
         template_kwargs=template_kwargs,
-        max_samples=max_samples, max_length=max_length, skip_bad=skip_bad, server_wait_s=server_wait_s)
+        max_samples=max_samples,
+        max_length=max_length,
+        skip_bad=skip_bad,
+        server_wait_s=server_wait_s,
+    )
     ev = Evidence(inputs)
-    with no_progress_bars():  # transformers' bars (the target's "Loading weights") stay out of the report
+    with (
+        no_progress_bars()
+    ):  # transformers' bars (the target's "Loading weights") stay out of the report
         ev.read_given_samples()
         for check in CHECKS:
             ev.findings.append(_run_one(check, ev))
@@ -160,11 +195,13 @@ def verdict_counts(verdicts: Iterable[str]) -> dict[str, int]:
 
 
 def counts_text(counts: dict[str, int]) -> str:
-    """"16 pass, 0 fail, 4 skipped": a report's verdicts in one phrase."""
+    """ "16 pass, 0 fail, 4 skipped": a report's verdicts in one phrase."""
     return f"{counts['pass']} pass, {counts['fail']} fail, {counts['skip']} skipped"
 
 
-def report_table(report: Report, title: str = "specdraft doctor", expand: bool = True, wrap_at: int | None = None):
+def report_table(
+    report: Report, title: str = "specdraft doctor", expand: bool = True, wrap_at: int | None = None
+):
     """A rich Table of one row per finding: its verdict, then the check's name over its evidence
     and, when it has one, "fix: ..." (report.notes are not in it). Two columns keep the evidence
     wide at 80 columns; words wrap whole, and a token longer than the line folds, never cut.
@@ -178,11 +215,17 @@ def report_table(report: Report, title: str = "specdraft doctor", expand: bool =
 
     hint = skips_text(report.skips_enabled_by())
     caption = counts_text(report.counts()) + (f"; {hint}" if hint else "")
-    heading = Text(title, no_wrap=True, overflow="ignore") if wrap_at else title  # a terminal wraps it, as ever
+    heading = (
+        Text(title, no_wrap=True, overflow="ignore") if wrap_at else title
+    )  # a terminal wraps it, as ever
     table = Table(title=heading, caption=caption, show_lines=True, expand=expand)
     table.add_column("verdict", no_wrap=True)
     cells = [_finding_cell(f) for f in report.findings]
-    width = max([wrap_at, *(cell_len(word) for cell in cells for word in cell.plain.split())]) if wrap_at else None
+    width = (
+        max([wrap_at, *(cell_len(word) for cell in cells for word in cell.plain.split())])
+        if wrap_at
+        else None
+    )
     table.add_column("check / evidence", overflow="fold", max_width=width)
     for f, cell in zip(report.findings, cells):
         table.add_row(Text(f.verdict.upper(), style=STYLES[f.verdict]), cell)

@@ -44,13 +44,19 @@ class SampleRead:
     data_hash: str | None = None
 
     def skipped_text(self) -> str:
-        """"skipped N of M records (first: file:line reason)"."""
+        """ "skipped N of M records (first: file:line reason)"."""
         first = f" (first: {self.first_skipped})" if self.num_skipped else ""
         return f"skipped {self.num_skipped} of {self.num_records} records{first}"
 
 
-def read_samples(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[str, Any],
-                 max_samples: int, max_length: int, skip_bad: bool = False) -> SampleRead:
+def read_samples(
+    path: Path,
+    tokenizer: Callable[[], Any],
+    template_kwargs: dict[str, Any],
+    max_samples: int,
+    max_length: int,
+    skip_bad: bool = False,
+) -> SampleRead:
     """Up to `max_samples` samples of at least 3 tokens, truncated to `max_length`.
 
     tokenizer: called only for chats and texts (after the file is read, so a bad file is named
@@ -75,24 +81,31 @@ def read_samples(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict
     samples = [s for s in samples if len(s.input_ids) >= MIN_TOKENS]
     if not samples:
         raise DataError(f"{path}: no sample of {MIN_TOKENS} tokens or more; give longer samples")
-    return SampleRead(samples, read.num_records, read.num_skipped, read.first_skipped, data_hash=read.data_hash)
+    return SampleRead(
+        samples, read.num_records, read.num_skipped, read.first_skipped, data_hash=read.data_hash
+    )
 
 
-def _rendered(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[str, Any],
-              skip_bad: bool) -> SampleRead:
+def _rendered(
+    path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[str, Any], skip_bad: bool
+) -> SampleRead:
     """Chats or texts rendered with the target's tokenizer. The first skipped record is found
     by reading (then rendering) again without skipping, only when one was skipped."""
     row = _first_row(path)
     chat = any(k in row for k in ("messages", "conversations"))
     if not chat and "prompt" in row and not any(k in row for k in ("text", "completion")):
-        raise DataError(f"{path}: prompts without what follows them; doctor scores the drafter's guesses of "
-                        "the target's own text, so each row needs it: give {\"prompt\", \"completion\"} rows "
-                        "(the target's outputs) or {\"text\"} rows")
+        raise DataError(
+            f"{path}: prompts without what follows them; doctor scores the drafter's guesses of "
+            'the target\'s own text, so each row needs it: give {"prompt", "completion"} rows '
+            '(the target\'s outputs) or {"text"} rows'
+        )
     records = read_records(path, chat=chat, skip_bad=skip_bad)
     tok = tokenizer()
     if chat and not getattr(tok, "chat_template", None):
-        raise DataError(f"{path}: chats, but the target's tokenizer has no chat template; give "
-                        "texts ({\"text\": ...}) or token ids ({\"input_ids\": [...]})")
+        raise DataError(
+            f"{path}: chats, but the target's tokenizer has no chat template; give "
+            'texts ({"text": ...}) or token ids ({"input_ids": [...]})'
+        )
     rendered = render_records(tok, records, template_kwargs=template_kwargs, skip_bad=skip_bad)
     first = ""
     if rendered.num_skipped:
@@ -103,8 +116,13 @@ def _rendered(path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[st
                 render_records(tok, records, template_kwargs=template_kwargs)
         except DataError as e:
             first = _reason(e)
-    return SampleRead(rendered.samples, len(records.records) + records.num_skipped, rendered.num_skipped, first,
-                      data_hash=data_hash(rendered.samples))
+    return SampleRead(
+        rendered.samples,
+        len(records.records) + records.num_skipped,
+        rendered.num_skipped,
+        first,
+        data_hash=data_hash(rendered.samples),
+    )
 
 
 def _suite_name(path: Path) -> str | None:
@@ -118,16 +136,21 @@ def suite_chats(name: str, max_chats: int) -> list[list[dict[str, str]]]:
     """The first turns of a bundled suite's first `max_chats` questions, as one-message chats."""
     from specdraft.bench.suites import load_suite
 
-    return [[{"role": "user", "content": q.turns[0]}] for q in load_suite(name).questions[:max_chats]]
+    return [
+        [{"role": "user", "content": q.turns[0]}] for q in load_suite(name).questions[:max_chats]
+    ]
 
 
-def _suite_prompts(name: str, tok: Any, template_kwargs: dict[str, Any], max_samples: int,
-                   max_length: int) -> SampleRead:
+def _suite_prompts(
+    name: str, tok: Any, template_kwargs: dict[str, Any], max_samples: int, max_length: int
+) -> SampleRead:
     """A suite's first turns rendered with the chat template and its generation prompt: prompts
     only (loss_mask all 0), for the online check; `SampleRead.prompts_only`."""
     samples = []
     for chat in suite_chats(name, max_samples):
-        text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **template_kwargs)
+        text = tok.apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
         ids = list(tok(text, add_special_tokens=False)["input_ids"])[:max_length]
         samples.append(Sample(ids, [0] * len(ids)))
     return SampleRead(samples, len(samples), prompts_only=True)
@@ -161,8 +184,9 @@ def _first_row(path: Path) -> dict[str, Any]:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{line_no}: {bad_json(e)}; "
-                                    f"give {KINDS}, one JSON object per line") from None
+                    raise DataError(
+                        f"{path}:{line_no}: {bad_json(e)}; give {KINDS}, one JSON object per line"
+                    ) from None
                 return row if isinstance(row, dict) else {}
     raise DataError(f"{path}: empty file; give {KINDS}")
 
@@ -212,10 +236,14 @@ def _token_row(line: str, source: str) -> Sample:
         raise BadRecord(f"{source}: {bad_json(e)}; fix: write one JSON object per line") from None
     ids = row.get("input_ids") if isinstance(row, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-        raise BadRecord(f"{source}: input_ids must be a list of ints; fix: give every row "
-                        "{\"input_ids\": [...], \"loss_mask\": [...]} (loss_mask optional)")
+        raise BadRecord(
+            f"{source}: input_ids must be a list of ints; fix: give every row "
+            '{"input_ids": [...], "loss_mask": [...]} (loss_mask optional)'
+        )
     mask = row.get("loss_mask") or [1] * len(ids)
     if not isinstance(mask, list) or len(mask) != len(ids) or not all(m in (0, 1) for m in mask):
-        raise BadRecord(f"{source}: loss_mask must be {len(ids)} zeros and ones, one per input id; "
-                        "fix: give it per token, or leave it out (all ones)")
+        raise BadRecord(
+            f"{source}: loss_mask must be {len(ids)} zeros and ones, one per input id; "
+            "fix: give it per token, or leave it out (all ones)"
+        )
     return Sample(ids, mask)

@@ -47,10 +47,10 @@ def names_text(names: list[str], limit: int = 8) -> str:
 
 
 def engine_name(engine: str | None) -> str:
-    """"SGLang" | "vLLM" | "specdraft" (engine None)."""
+    """ "SGLang" | "vLLM" | "specdraft" (engine None)."""
     return ENGINE_NAMES[engine]
 
 
 def rates_text(values: list[float]) -> str:
-    """"[0.71, 0.52]": rates at two decimals."""
+    """ "[0.71, 0.52]": rates at two decimals."""
     return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"

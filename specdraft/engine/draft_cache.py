@@ -18,8 +18,14 @@ from specdraft.draft import KV
 class DraftCache:
     """K/V buffers [1, num_kv_heads, max_len, head_dim] (post-RoPE, like `Eagle3Draft` returns)."""
 
-    def __init__(self, num_kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+    def __init__(
+        self,
+        num_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
         shape = (1, num_kv_heads, max_len, head_dim)
         self.k: Tensor = torch.zeros(shape, dtype=dtype, device=device)
         self.v: Tensor = torch.zeros(shape, dtype=dtype, device=device)
@@ -36,7 +42,9 @@ class DraftCache:
         """Raise ValueError when entries start..start+num-1 run past the end of the buffers (the
         check of every writer: `write`, and the Triton steps that write in their kernels)."""
         if start + num > self.max_len:
-            raise ValueError(f"draft cache write of {num} entries at {start} exceeds its size {self.max_len}")
+            raise ValueError(
+                f"draft cache write of {num} entries at {start} exceeds its size {self.max_len}"
+            )
 
     def write(self, kv: KV, start: int) -> None:
         """Store kv (each [1, num_kv_heads, T, head_dim]) at entries start..start+T-1.
@@ -44,8 +52,8 @@ class DraftCache:
         Raises ValueError past the end of the buffers."""
         t = kv.k.shape[2]
         self.check_write(start, t)
-        self.k[:, :, start:start + t] = kv.k
-        self.v[:, :, start:start + t] = kv.v
+        self.k[:, :, start : start + t] = kv.k
+        self.v[:, :, start : start + t] = kv.v
 
     def append(self, kv: KV) -> None:
         """Write kv at the end of the committed entries and commit them."""
@@ -57,8 +65,10 @@ class DraftCache:
 
         Raises ValueError past the end of the buffers."""
         if self.length + num > self.max_len:
-            raise ValueError(f"draft cache commit of {num} entries at {self.length} exceeds its size "
-                             f"{self.max_len}")
+            raise ValueError(
+                f"draft cache commit of {num} entries at {self.length} exceeds its size "
+                f"{self.max_len}"
+            )
         self.length += num
 
     def rollback(self, length: int) -> None:

@@ -29,7 +29,12 @@ from specdraft.engine.graphs import capture_graph
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import TreeExpansion, ancestor_verify_mask, framed_ancestors, select_on_device
+from specdraft.engine.tree import (
+    TreeExpansion,
+    ancestor_verify_mask,
+    framed_ancestors,
+    select_on_device,
+)
 
 
 class GraphedRound:
@@ -49,24 +54,37 @@ class GraphedRound:
     Raises ValueError for a tree without verify_inputs.
     """
 
-    def __init__(self, fast: FastDraft, cache: DraftCache, spec: SpecConfig, draft_to_target: Tensor,
-                 vocab_size: int, verify_inputs: Sequence[Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        fast: FastDraft,
+        cache: DraftCache,
+        spec: SpecConfig,
+        draft_to_target: Tensor,
+        vocab_size: int,
+        verify_inputs: Sequence[Tensor] | None = None,
+    ) -> None:
         if spec.topk > 1 and verify_inputs is None:
             raise ValueError("a graphed tree round writes its verify inputs: give verify_inputs")
         self.fast, self.cache, self.spec = fast, cache, spec
         self.draft_to_target, self.vocab_size = draft_to_target, vocab_size
         self.verify_inputs = tuple(verify_inputs) if spec.topk > 1 else None
-        self.scratch = (spec.num_steps - 1) * spec.topk  # cache entries a round writes past the committed ones
+        self.scratch = (
+            spec.num_steps - 1
+        ) * spec.topk  # cache entries a round writes past the committed ones
         device = cache.k.device
         self.entries = torch.arange(cache.max_len, device=device)  # [max_len]
         # built once, not replayed: the later steps' scratch entries past the committed ones, then
         # their rows' RoPE positions past them (step s: topk rows at committed + s - 1)
         scratch = torch.arange(self.scratch, device=device)
         self.step_offsets = torch.cat([scratch, scratch // spec.topk])
-        self.chain_framed = None  # a chain's verify ancestors: each node sees itself and the nodes before it
+        self.chain_framed = (
+            None  # a chain's verify ancestors: each node sees itself and the nodes before it
+        )
         if spec.topk == 1:
             n = spec.num_steps + 1
-            self.chain_framed = framed_ancestors(torch.ones(n, n, dtype=torch.bool, device=device).tril())
+            self.chain_framed = framed_ancestors(
+                torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            )
         self.graphs: dict[int, tuple[Any, tuple[Tensor, ...], tuple[Tensor, ...]]] = {}
         for m in range(1, min(spec.num_steps + 1, fused_decode.MAX_TOKENS) + 1):
             self.graphs[m] = self.capture(m)
@@ -91,8 +109,14 @@ class GraphedRound:
         graph.replay()
         return tuple(output)
 
-    def round(self, ids: Tensor, aux: Tensor, start: Tensor, count: Tensor | None = None,
-              verify_inputs: Sequence[Tensor] | None = None) -> tuple[Tensor, ...]:
+    def round(
+        self,
+        ids: Tensor,
+        aux: Tensor,
+        start: Tensor,
+        count: Tensor | None = None,
+        verify_inputs: Sequence[Tensor] | None = None,
+    ) -> tuple[Tensor, ...]:
         """The captured round (start [1] long on the device): what `SpeculativeEngine.draft_tree`
         runs step by step, a tree's selection and verify inputs included. Returns what
         `__call__` returns.
@@ -105,29 +129,61 @@ class GraphedRound:
         to `__init__`'s)."""
         m, entries, spec = ids.shape[0], self.entries, self.spec
         if count is None:  # every row pending: the last one is the root's
-            first = start + entries[:m + 1]  # the rows' slots, then the committed entries
+            first = start + entries[: m + 1]  # the rows' slots, then the committed entries
             slots, committed, last = first[:m], first[m:], slice(m - 1, m)
         else:
             slots, committed, last = start + entries[:m], start + count, count - 1
-        logits, hidden = self.fast.triton_step(ids, aux, slots, True, self.cache, slots,
-                                               (entries[None, :] <= slots[:, None]).view(1, 1, m, -1))
-        expansion = TreeExpansion(ids[last], spec.topk, False, SamplingParams(), self.draft_to_target,
-                                  self.vocab_size, None, kernels=self.fast.triton_kernels)
+        logits, hidden = self.fast.triton_step(
+            ids,
+            aux,
+            slots,
+            True,
+            self.cache,
+            slots,
+            (entries[None, :] <= slots[:, None]).view(1, 1, m, -1),
+        )
+        expansion = TreeExpansion(
+            ids[last],
+            spec.topk,
+            False,
+            SamplingParams(),
+            self.draft_to_target,
+            self.vocab_size,
+            None,
+            kernels=self.fast.triton_kernels,
+        )
         tokens, hidden = expansion.expand(logits[last], hidden[last], written=False)
         self.later_steps(expansion, tokens, hidden, committed)
         tokens, scores, parents, _ = expansion.candidates()
         if parents is None:
-            if verify_inputs is not None:  # node i's parent is i - 1: its ancestors are the nodes before it
-                write_verify_inputs(verify_inputs, tokens, None, committed, entries[:tokens.numel()],
-                                    self.chain_framed)
+            if (
+                verify_inputs is not None
+            ):  # node i's parent is i - 1: its ancestors are the nodes before it
+                write_verify_inputs(
+                    verify_inputs,
+                    tokens,
+                    None,
+                    committed,
+                    entries[: tokens.numel()],
+                    self.chain_framed,
+                )
             return tokens, scores
-        keep, tree_parents, depths, framed, ok = select_on_device(parents, scores, spec.num_draft_tokens,
-                                                                  spec.num_steps)
-        write_verify_inputs(self.verify_inputs if verify_inputs is None else verify_inputs, tokens, keep, committed,
-                            depths, framed)
+        keep, tree_parents, depths, framed, ok = select_on_device(
+            parents, scores, spec.num_draft_tokens, spec.num_steps
+        )
+        write_verify_inputs(
+            self.verify_inputs if verify_inputs is None else verify_inputs,
+            tokens,
+            keep,
+            committed,
+            depths,
+            framed,
+        )
         return tree_parents, scores[keep], ok
 
-    def later_steps(self, expansion: TreeExpansion, tokens: Tensor, hidden: Tensor, committed: Tensor) -> None:
+    def later_steps(
+        self, expansion: TreeExpansion, tokens: Tensor, hidden: Tensor, committed: Tensor
+    ) -> None:
         """Steps 1 .. num_steps - 1 of `round` after its first step's expansion (tokens [F],
         hidden [F, H]): each runs the frontier at depth `step` (RoPE position committed + step - 1)
         and expands it; committed: [1] long on the device."""
@@ -142,8 +198,15 @@ class GraphedRound:
         for step in range(1, spec.num_steps):
             rows = slice((step - 1) * f, step * f)
             mask = masks[rows] if f == 1 else expansion.cache_mask(prefix, scratch_slots)
-            logits, hidden = self.fast.triton_step(tokens, hidden, positions[rows], False, self.cache,
-                                                   scratch_slots[rows], mask.view(1, 1, f, -1))
+            logits, hidden = self.fast.triton_step(
+                tokens,
+                hidden,
+                positions[rows],
+                False,
+                self.cache,
+                scratch_slots[rows],
+                mask.view(1, 1, f, -1),
+            )
             if step < spec.num_steps - 1:
                 tokens, hidden = expansion.expand(logits, hidden, written=True)
             else:  # the last step's children: no next frontier
@@ -153,9 +216,13 @@ class GraphedRound:
         """`round`'s input buffers for m pending positions: ids, aux, start (the last entries of
         the cache until a call fills it)."""
         device, dtype = self.cache.k.device, self.fast.fc.dtype
-        return (torch.zeros(m, dtype=torch.long, device=device),
-                torch.zeros(m, self.fast.fc.shape[1], dtype=dtype, device=device),
-                torch.full((1,), self.cache.max_len - m - self.scratch, dtype=torch.long, device=device))
+        return (
+            torch.zeros(m, dtype=torch.long, device=device),
+            torch.zeros(m, self.fast.fc.shape[1], dtype=dtype, device=device),
+            torch.full(
+                (1,), self.cache.max_len - m - self.scratch, dtype=torch.long, device=device
+            ),
+        )
 
     def capture(self, m: int) -> tuple:
         """Warm up (Triton compiles), then capture the round for m pending positions: (graph,
@@ -165,8 +232,14 @@ class GraphedRound:
         return graph, inputs, output
 
 
-def write_verify_inputs(inputs: Sequence[Tensor], tokens: Tensor, keep: Tensor | None, committed: Tensor,
-                        depths: Tensor, framed: Tensor) -> None:
+def write_verify_inputs(
+    inputs: Sequence[Tensor],
+    tokens: Tensor,
+    keep: Tensor | None,
+    committed: Tensor,
+    depths: Tensor,
+    framed: Tensor,
+) -> None:
     """Write a drafted tree's verify inputs in place, on the device: inputs = input_ids [1, N],
     position_ids [1, N], cache_slots [N] long, attn_mask [1, 1, N, S] bool; tokens [M+1] long
     (root first), of which keep [N] long (`tree.select_on_device`) or None (all) are verified;
@@ -179,5 +252,5 @@ def write_verify_inputs(inputs: Sequence[Tensor], tokens: Tensor, keep: Tensor |
     else:
         torch.index_select(tokens, 0, keep, out=input_ids[0])
     torch.add(committed, depths, out=positions[0])
-    torch.add(committed, columns[:depths.numel()], out=slots)
+    torch.add(committed, columns[: depths.numel()], out=slots)
     ancestor_verify_mask(framed, committed, columns, out=mask[0, 0])

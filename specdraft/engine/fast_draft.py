@@ -24,7 +24,8 @@ those weights once more): build a new one after changing the drafter's weights.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -48,17 +49,25 @@ class FastDraft:
         weights = {name: param.detach() for name, param in draft.named_parameters()}  # no autograd
         self.embed, self.fc = weights["embed_tokens.weight"], weights["fc.weight"]
         self.input_fc_norm = weights.get("input_norm.weight")  # norm_before_fc, else None
-        self.fc_norms = [weights[f"fc_norm.{i}.weight"] for i in range(cfg.n_aux)] if cfg.fc_norm else None
+        self.fc_norms = (
+            [weights[f"fc_norm.{i}.weight"] for i in range(cfg.n_aux)] if cfg.fc_norm else None
+        )
         self.norm_before_residual, self.norm_output = cfg.norm_before_residual, cfg.norm_output
         self.input_norm = weights["midlayer.input_layernorm.weight"]
         self.hidden_norm = weights["midlayer.hidden_norm.weight"]
-        self.wqkv = torch.cat([weights[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"])  # rows q|k|v
+        self.wqkv = torch.cat(
+            [weights[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"]
+        )  # rows q|k|v
         self.wo = weights["midlayer.self_attn.o_proj.weight"]
         self.post_attention_norm = weights["midlayer.post_attention_layernorm.weight"]
-        self.w13 = torch.cat([weights[f"midlayer.mlp.{x}_proj.weight"] for x in ("gate", "up")])  # gate|up
+        self.w13 = torch.cat(
+            [weights[f"midlayer.mlp.{x}_proj.weight"] for x in ("gate", "up")]
+        )  # gate|up
         self.w2 = weights["midlayer.mlp.down_proj.weight"]
         self.norm, self.lm_head = weights["norm.weight"], weights["lm_head.weight"]
-        compute = torch.float64 if self.fc.dtype == torch.float64 else torch.float32  # rope_cos_sin's
+        compute = (
+            torch.float64 if self.fc.dtype == torch.float64 else torch.float32
+        )  # rope_cos_sin's
         self.inv_freq = draft.inv_freq.to(self.fc.device, compute)  # converted once, not every step
         self.triton_kernels = False
 
@@ -70,8 +79,16 @@ class FastDraft:
         self.triton_kernels = reason is None
         return reason
 
-    def __call__(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, first_step: bool,
-                 cache: DraftCache, start: int, attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def __call__(
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        first_step: bool,
+        cache: DraftCache,
+        start: int,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """One draft step over T positions, as `Eagle3Draft.forward` for one sequence.
 
         input_ids [T] long (target ids); hidden [T, n_aux*H_target] on the first step, else
@@ -87,49 +104,103 @@ class FastDraft:
             if attn_mask is None:  # every earlier entry, causal among the T
                 attn_mask = causal_mask(start, t, start + t, device=hidden.device)[0, 0]
             slots = torch.arange(start, start + t, device=hidden.device)
-            return self.triton_step(input_ids, hidden, positions, first_step, cache, slots,
-                                    attn_mask.view(1, 1, t, start + t))
-        h = fuse_aux(hidden, self.fc, self.input_fc_norm, self.fc_norms, self.eps) if first_step else hidden
+            return self.triton_step(
+                input_ids,
+                hidden,
+                positions,
+                first_step,
+                cache,
+                slots,
+                attn_mask.view(1, 1, t, start + t),
+            )
+        h = (
+            fuse_aux(hidden, self.fc, self.input_fc_norm, self.fc_norms, self.eps)
+            if first_step
+            else hidden
+        )
         normed_h = rms_norm(h, self.hidden_norm, self.eps)
-        x = torch.cat([rms_norm(F.embedding(input_ids, self.embed), self.input_norm, self.eps), normed_h], dim=-1)
+        x = torch.cat(
+            [rms_norm(F.embedding(input_ids, self.embed), self.input_norm, self.eps), normed_h],
+            dim=-1,
+        )
         cos, sin = rope_cos_sin(positions[None], self.inv_freq, x.dtype)
-        qkv = F.linear(x, self.wqkv).view(1, t, -1, self.head_dim).transpose(1, 2)  # [1, heads, T, D]
+        qkv = (
+            F.linear(x, self.wqkv).view(1, t, -1, self.head_dim).transpose(1, 2)
+        )  # [1, heads, T, D]
         qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=1)
         q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         cache.write(KV(k, v), start)
         past = cache.view(start + t)
         if attn_mask is None and t > 1:
-            attn_mask = causal_mask(start, t, start + t, device=x.device)[0, 0]  # not tril: see tree.verify_mask
-        y = F.scaled_dot_product_attention(q, past.k, past.v, attn_mask=attn_mask,
-                                           enable_gqa=self.num_heads != self.num_kv_heads)
-        r = F.linear(y.transpose(1, 2).reshape(t, -1), self.wo) + (normed_h if self.norm_before_residual else h)
-        gate, up = F.linear(rms_norm(r, self.post_attention_norm, self.eps), self.w13).chunk(2, dim=-1)
+            attn_mask = causal_mask(start, t, start + t, device=x.device)[
+                0, 0
+            ]  # not tril: see tree.verify_mask
+        y = F.scaled_dot_product_attention(
+            q, past.k, past.v, attn_mask=attn_mask, enable_gqa=self.num_heads != self.num_kv_heads
+        )
+        r = F.linear(y.transpose(1, 2).reshape(t, -1), self.wo) + (
+            normed_h if self.norm_before_residual else h
+        )
+        gate, up = F.linear(rms_norm(r, self.post_attention_norm, self.eps), self.w13).chunk(
+            2, dim=-1
+        )
         out = r + F.linear(F.silu(gate) * up, self.w2)
         normed = rms_norm(out, self.norm, self.eps)
         return F.linear(normed, self.lm_head), normed if self.norm_output else out
 
-    def triton_step(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, first_step: bool,
-                    cache: DraftCache, slots: Tensor, attn_mask: Tensor) -> tuple[Tensor, Tensor]:
+    def triton_step(
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        first_step: bool,
+        cache: DraftCache,
+        slots: Tensor,
+        attn_mask: Tensor,
+    ) -> tuple[Tensor, Tensor]:
         """A step through `triton_ops` (after `use_triton`; T <= 64): input_ids, hidden,
         positions as `__call__`; writes the K/V at cache entries slots [T] long, then attends
         where attn_mask [1, 1, T, S] bool says over entries 0..S-1 (S <= cache.max_len).
         Returns what `__call__` returns. Tensor arguments only: `GraphedDraft` captures it."""
-        from specdraft.engine.kernels.triton_ops import add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache
+        from specdraft.engine.kernels.triton_ops import (
+            add_rms_norm,
+            attention,
+            linear,
+            linear_silu_mul,
+            qkv_rope_to_cache,
+        )
 
         t, width = input_ids.shape[0], self.input_norm.shape[0]
         if first_step and (self.input_fc_norm is not None or self.fc_norms is not None):
-            h = fuse_aux(hidden, self.fc, self.input_fc_norm, self.fc_norms, self.eps)  # EAGLE-3.1: torch ops
+            h = fuse_aux(
+                hidden, self.fc, self.input_fc_norm, self.fc_norms, self.eps
+            )  # EAGLE-3.1: torch ops
         else:
             h = linear(hidden, self.fc) if first_step else hidden.contiguous()
         x = torch.empty(t, 2 * width, device=h.device, dtype=h.dtype)
-        add_rms_norm(F.embedding(input_ids, self.embed), None, self.input_norm, self.eps, out=x[:, :width])
+        add_rms_norm(
+            F.embedding(input_ids, self.embed), None, self.input_norm, self.eps, out=x[:, :width]
+        )
         add_rms_norm(h, None, self.hidden_norm, self.eps, out=x[:, width:])
-        q = qkv_rope_to_cache(x, self.wqkv, None, positions[None], slots, self.inv_freq, cache.k, cache.v,
-                              self.num_heads)
+        q = qkv_rope_to_cache(
+            x,
+            self.wqkv,
+            None,
+            positions[None],
+            slots,
+            self.inv_freq,
+            cache.k,
+            cache.v,
+            self.num_heads,
+        )
         y = attention(q, cache.k, cache.v, attn_mask, slots)
         residual = x[:, width:].contiguous() if self.norm_before_residual else h
-        r, normed = add_rms_norm(residual, linear(y.view(t, -1), self.wo), self.post_attention_norm, self.eps)
-        out, normed = add_rms_norm(r, linear(linear_silu_mul(normed, self.w13), self.w2), self.norm, self.eps)
+        r, normed = add_rms_norm(
+            residual, linear(y.view(t, -1), self.wo), self.post_attention_norm, self.eps
+        )
+        out, normed = add_rms_norm(
+            r, linear(linear_silu_mul(normed, self.w13), self.w2), self.norm, self.eps
+        )
         return linear(normed, self.lm_head), normed if self.norm_output else out
 
 
@@ -150,16 +221,30 @@ class GraphedDraft:
     uses (`SpeculativeEngine` does).
     """
 
-    def __init__(self, fast: FastDraft, cache: DraftCache, keys: Iterable[tuple[int, bool, bool]]) -> None:
+    def __init__(
+        self, fast: FastDraft, cache: DraftCache, keys: Iterable[tuple[int, bool, bool]]
+    ) -> None:
         self.fast, self.cache = fast, cache
         self.entries = torch.arange(cache.max_len, device=cache.k.device)  # [max_len]
-        self.graphs: dict[tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...], Any]] = {}
+        self.graphs: dict[
+            tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...], Any]
+        ] = {}
         for key in keys:
-            width = fast.fc.shape[1] if key[1] else fast.fc.shape[0]  # aux states / own hidden state
+            width = (
+                fast.fc.shape[1] if key[1] else fast.fc.shape[0]
+            )  # aux states / own hidden state
             self.graphs[key] = self.capture(*key, width)
 
-    def __call__(self, input_ids: Tensor, hidden: Tensor, positions: Tensor, first_step: bool,
-                 cache: DraftCache, start: int, attn_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def __call__(
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        first_step: bool,
+        cache: DraftCache,
+        start: int,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """As `FastDraft.__call__` (attn_mask [T, start+T] or [1, 1, T, start+T] bool, or None)."""
         t = input_ids.shape[0]
         key = (t, first_step, attn_mask is not None)
@@ -172,29 +257,41 @@ class GraphedDraft:
         pos.copy_(positions)
         start_t.fill_(start)
         if attn_mask is not None:
-            mask[:, :start + t].copy_(attn_mask.view(t, start + t))
-            mask[:, start + t:] = False
+            mask[:, : start + t].copy_(attn_mask.view(t, start + t))
+            mask[:, start + t :] = False
         graph.replay()
         return output
 
-    def step(self, ids: Tensor, hidden: Tensor, positions: Tensor, start: Tensor, mask: Tensor,
-             first_step: bool, masked: bool) -> tuple[Tensor, Tensor]:
+    def step(
+        self,
+        ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        start: Tensor,
+        mask: Tensor,
+        first_step: bool,
+        masked: bool,
+    ) -> tuple[Tensor, Tensor]:
         """The captured step: entries start..start+T-1 (start [1] long); mask [T, max_len] as
         given, or (not masked) every entry before start and causal among the T."""
-        slots = start + self.entries[:ids.shape[0]]
+        slots = start + self.entries[: ids.shape[0]]
         if not masked:
             mask = self.entries[None, :] <= slots[:, None]
-        return self.fast.triton_step(ids, hidden, positions, first_step, self.cache, slots,
-                                     mask.view(1, 1, ids.shape[0], -1))
+        return self.fast.triton_step(
+            ids, hidden, positions, first_step, self.cache, slots, mask.view(1, 1, ids.shape[0], -1)
+        )
 
     def static_inputs(self, t: int, width: int) -> tuple[Tensor, ...]:
         """`step`'s input buffers for `t` positions of `width` hidden features: ids, hidden,
         positions, start (the last t cache entries until a call fills it), mask."""
         device, dtype = self.cache.k.device, self.cache.k.dtype
-        return (torch.zeros(t, dtype=torch.long, device=device), torch.zeros(t, width, dtype=dtype, device=device),
-                torch.zeros(t, dtype=torch.long, device=device),
-                torch.full((1,), self.cache.max_len - t, dtype=torch.long, device=device),
-                torch.ones(t, self.cache.max_len, dtype=torch.bool, device=device))
+        return (
+            torch.zeros(t, dtype=torch.long, device=device),
+            torch.zeros(t, width, dtype=dtype, device=device),
+            torch.zeros(t, dtype=torch.long, device=device),
+            torch.full((1,), self.cache.max_len - t, dtype=torch.long, device=device),
+            torch.ones(t, self.cache.max_len, dtype=torch.bool, device=device),
+        )
 
     def capture(self, t: int, first_step: bool, masked: bool, width: int) -> tuple:
         """Warm up (Triton compiles), then capture the step for `t` positions: (graph, its

@@ -76,11 +76,15 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"ModelArgs: num_heads {self.num_heads} is not a multiple of "
-                             f"num_kv_heads {self.num_kv_heads}")
+            raise ValueError(
+                f"ModelArgs: num_heads {self.num_heads} is not a multiple of "
+                f"num_kv_heads {self.num_kv_heads}"
+            )
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(f"ModelArgs.rope_type {self.rope_type!r} is not implemented; specdraft's "
-                             f"engine supports {', '.join(SUPPORTED_ROPE_TYPES)}")
+            raise ValueError(
+                f"ModelArgs.rope_type {self.rope_type!r} is not implemented; specdraft's "
+                f"engine supports {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
 
     @classmethod
     def from_hf_config(cls, config: dict[str, Any]) -> ModelArgs:
@@ -99,31 +103,43 @@ class ModelArgs:
     @classmethod
     def _from_supported_config(cls, config: dict[str, Any], model_type: str) -> ModelArgs:
         if config.get("hidden_act", "silu") != "silu" or config.get("mlp_bias", False):
-            raise ValueError(f"{model_type} config: hidden_act {config.get('hidden_act')!r} / mlp_bias "
-                             f"{config.get('mlp_bias')} not implemented (SiLU, no MLP bias only)")
+            raise ValueError(
+                f"{model_type} config: hidden_act {config.get('hidden_act')!r} / mlp_bias "
+                f"{config.get('mlp_bias')} not implemented (SiLU, no MLP bias only)"
+            )
         hidden, heads = config["hidden_size"], config["num_attention_heads"]
         attention_bias = bool(config.get("attention_bias") or False) and model_type != "mistral"
         return cls(
-            model_type=model_type, hidden_size=hidden, num_layers=config["num_hidden_layers"],
-            num_heads=heads, num_kv_heads=config.get("num_key_value_heads") or heads,
+            model_type=model_type,
+            hidden_size=hidden,
+            num_layers=config["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=config.get("num_key_value_heads") or heads,
             head_dim=config.get("head_dim") or hidden // heads,
-            intermediate_size=config["intermediate_size"], vocab_size=config["vocab_size"],
+            intermediate_size=config["intermediate_size"],
+            vocab_size=config["vocab_size"],
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=attention_bias or model_type == "qwen2", o_bias=attention_bias,
-            qk_norm=model_type == "qwen3", sliding_window=_sliding_window(config, model_type),
-            **_rope_fields(config))
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias,
+            qk_norm=model_type == "qwen3",
+            sliding_window=_sliding_window(config, model_type),
+            **_rope_fields(config),
+        )
 
 
 def _check_architecture(config: dict[str, Any]) -> str:
     model_type = config.get("model_type")
     architectures = config.get("architectures") or [SUPPORTED_ARCHITECTURES.get(model_type)]
-    if (model_type not in SUPPORTED_ARCHITECTURES
-            or architectures != [SUPPORTED_ARCHITECTURES[model_type]]):
+    if model_type not in SUPPORTED_ARCHITECTURES or architectures != [
+        SUPPORTED_ARCHITECTURES[model_type]
+    ]:
         arch = (config.get("architectures") or [model_type])[0]
-        raise ValueError(f"specdraft's engine serves Llama/Qwen2/Qwen3/Mistral targets; {arch} targets "
-                         f"are captured and trained with specdraft and served by SGLang/vLLM")
+        raise ValueError(
+            f"specdraft's engine serves Llama/Qwen2/Qwen3/Mistral targets; {arch} targets "
+            f"are captured and trained with specdraft and served by SGLang/vLLM"
+        )
     return model_type
 
 
@@ -132,7 +148,10 @@ def _sliding_window(config: dict[str, Any], model_type: str) -> int | None:
     if model_type == "mistral" or "sliding_attention" in (config.get("layer_types") or []):
         return config.get("sliding_window")
     if model_type in ("qwen2", "qwen3") and config.get("use_sliding_window"):
-        if config.get("max_window_layers", config["num_hidden_layers"]) < config["num_hidden_layers"]:
+        if (
+            config.get("max_window_layers", config["num_hidden_layers"])
+            < config["num_hidden_layers"]
+        ):
             return config.get("sliding_window")
     return None
 
@@ -142,19 +161,26 @@ def _rope_fields(config: dict[str, Any]) -> dict[str, Any]:
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"rope type {rope_type!r} is not implemented; specdraft's engine supports "
-                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+        raise ValueError(
+            f"rope type {rope_type!r} is not implemented; specdraft's engine supports "
+            f"{', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
     if params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ValueError("partial_rotary_factor != 1 is not implemented by specdraft's engine")
-    fields = {"rope_theta": float(params.get("rope_theta", config.get("rope_theta", 10000.0))),
-              "rope_type": rope_type}
+    fields = {
+        "rope_theta": float(params.get("rope_theta", config.get("rope_theta", 10000.0))),
+        "rope_type": rope_type,
+    }
     if rope_type in ("linear", "llama3"):
         fields["rope_factor"] = float(params["factor"])
     if rope_type == "llama3":
         fields["rope_low_freq_factor"] = float(params["low_freq_factor"])
         fields["rope_high_freq_factor"] = float(params["high_freq_factor"])
-        fields["rope_original_max_positions"] = int(params.get(
-            "original_max_position_embeddings", config.get("max_position_embeddings", 8192)))
+        fields["rope_original_max_positions"] = int(
+            params.get(
+                "original_max_position_embeddings", config.get("max_position_embeddings", 8192)
+            )
+        )
     return fields
 
 
@@ -176,10 +202,15 @@ class KVCache(nn.Module):
         self.register_buffer("k_cache", k_cache, persistent=False)
         self.register_buffer("v_cache", v_cache, persistent=False)
 
-    def update(self, cache_slots: Tensor, k: Tensor, v: Tensor, num_slots: int) -> tuple[Tensor, Tensor]:
+    def update(
+        self, cache_slots: Tensor, k: Tensor, v: Tensor, num_slots: int
+    ) -> tuple[Tensor, Tensor]:
         """Write k, v [B, n_kv, T, D] at cache_slots [T] (each < num_slots); return this batch's
         caches over slots 0..num_slots-1, [B, n_kv, num_slots, D]."""
-        k_out, v_out = self.k_cache[: k.shape[0], :, :num_slots], self.v_cache[: k.shape[0], :, :num_slots]
+        k_out, v_out = (
+            self.k_cache[: k.shape[0], :, :num_slots],
+            self.v_cache[: k.shape[0], :, :num_slots],
+        )
         k_out.index_copy_(2, cache_slots, k)
         v_out.index_copy_(2, cache_slots, v)
         return k_out, v_out
@@ -199,7 +230,9 @@ class FastTarget(nn.Module):
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.output = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.tie_weights()
-        self.register_buffer("inv_freq", None, persistent=False)  # float32 [head_dim/2], setup_cache
+        self.register_buffer(
+            "inv_freq", None, persistent=False
+        )  # float32 [head_dim/2], setup_cache
         # every layer's K and V, [num_layers, 2, max_batch_size, n_kv, max_seq_len, head_dim] (setup_cache)
         self.register_buffer("kv_stack", None, persistent=False)
         self.max_batch_size = 0
@@ -224,8 +257,13 @@ class FastTarget(nn.Module):
         if self.args.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
-    def setup_cache(self, max_batch_size: int, max_seq_len: int, dtype: torch.dtype | None = None,
-                    device: torch.device | str | None = None) -> None:
+    def setup_cache(
+        self,
+        max_batch_size: int,
+        max_seq_len: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         """(Re)allocate zeroed KV caches [max_batch_size, n_kv, max_seq_len, head_dim] per layer,
         as views of one stacked tensor (`kv_stack`).
 
@@ -235,22 +273,40 @@ class FastTarget(nn.Module):
         """
         args, weight = self.args, self.output.weight
         if args.sliding_window is not None and args.sliding_window < max_seq_len:
-            raise ValueError(f"{args.model_type} target: sliding window {args.sliding_window} < "
-                             f"max_seq_len {max_seq_len}; specdraft's engine implements full attention "
-                             f"only: use max_seq_len <= {args.sliding_window}")
+            raise ValueError(
+                f"{args.model_type} target: sliding window {args.sliding_window} < "
+                f"max_seq_len {max_seq_len}; specdraft's engine implements full attention "
+                f"only: use max_seq_len <= {args.sliding_window}"
+            )
         if max_seq_len > args.max_position_embeddings:
-            raise ValueError(f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
-                             f"{args.max_position_embeddings}")
+            raise ValueError(
+                f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
+                f"{args.max_position_embeddings}"
+            )
         dtype, device = dtype or weight.dtype, device or weight.device
-        self.kv_stack = torch.zeros(args.num_layers, 2, max_batch_size, args.num_kv_heads, max_seq_len,
-                                    args.head_dim, dtype=dtype, device=device)
+        self.kv_stack = torch.zeros(
+            args.num_layers,
+            2,
+            max_batch_size,
+            args.num_kv_heads,
+            max_seq_len,
+            args.head_dim,
+            dtype=dtype,
+            device=device,
+        )
         for layer, (k, v) in zip(self.layers, self.kv_stack):
             layer.attention.kv_cache = KVCache(k, v)
         self.inv_freq = rope_inv_freq(args).to(device)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
-                aux_layers: tuple[int, ...] = ()) -> FastOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        cache_slots: Tensor,
+        attn_mask: Tensor,
+        aux_layers: tuple[int, ...] = (),
+    ) -> FastOutput:
         """Run T new tokens per row against the cache.
 
         input_ids [B, T] long; position_ids [B, T] long (RoPE positions); cache_slots [T] long
@@ -265,7 +321,9 @@ class FastTarget(nn.Module):
         if self.inv_freq is None:
             raise RuntimeError("FastTarget.forward before setup_cache(max_batch_size, max_seq_len)")
         if any(not 0 <= k <= self.args.num_layers for k in aux_layers):
-            raise ValueError(f"aux_layers {list(aux_layers)}: each must be in 0..{self.args.num_layers}")
+            raise ValueError(
+                f"aux_layers {list(aux_layers)}: each must be in 0..{self.args.num_layers}"
+            )
         if self.triton_kernels and input_ids.numel() <= fused_decode.MAX_TOKENS:
             return self.triton_forward(input_ids, position_ids, cache_slots, attn_mask, aux_layers)
         x = self.tok_embeddings(input_ids)
@@ -281,16 +339,32 @@ class FastTarget(nn.Module):
         aux_hidden = torch.cat([streams[k] for k in aux_layers], dim=-1) if aux_layers else None
         return FastOutput(logits=logits, aux_hidden=aux_hidden)
 
-    def triton_forward(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
-                       aux_layers: tuple[int, ...] = ()) -> FastOutput:
+    def triton_forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        cache_slots: Tensor,
+        attn_mask: Tensor,
+        aux_layers: tuple[int, ...] = (),
+    ) -> FastOutput:
         """`forward` through the Triton kernels (`fused_decode.forward`), for B * T <= MAX_TOKENS."""
         bsz, seqlen = input_ids.shape
-        logits, aux = fused_decode.forward(self.tok_embeddings(input_ids).view(bsz * seqlen, -1),
-                                           [layer.kernel_weights() for layer in self.layers], self.norm.weight,
-                                           self.norm.eps, self.output.weight, position_ids, cache_slots, attn_mask,
-                                           self.inv_freq, aux_layers)
-        return FastOutput(logits=logits.view(bsz, seqlen, -1),
-                          aux_hidden=None if aux is None else aux.view(bsz, seqlen, -1))
+        logits, aux = fused_decode.forward(
+            self.tok_embeddings(input_ids).view(bsz * seqlen, -1),
+            [layer.kernel_weights() for layer in self.layers],
+            self.norm.weight,
+            self.norm.eps,
+            self.output.weight,
+            position_ids,
+            cache_slots,
+            attn_mask,
+            self.inv_freq,
+            aux_layers,
+        )
+        return FastOutput(
+            logits=logits.view(bsz, seqlen, -1),
+            aux_hidden=None if aux is None else aux.view(bsz, seqlen, -1),
+        )
 
     @torch.no_grad()
     def compact_cache(self, src_slots: Tensor, dst_start: int) -> None:
@@ -304,10 +378,14 @@ class FastTarget(nn.Module):
         if self.kv_stack is None:
             raise RuntimeError("FastTarget.compact_cache before setup_cache")
         if dst_start + src_slots.numel() > self.max_seq_len:
-            raise ValueError(f"compact_cache: slots {dst_start}..{dst_start + src_slots.numel() - 1} "
-                             f"exceed max_seq_len {self.max_seq_len}")
+            raise ValueError(
+                f"compact_cache: slots {dst_start}..{dst_start + src_slots.numel() - 1} "
+                f"exceed max_seq_len {self.max_seq_len}"
+            )
         stack = self.kv_stack
-        stack[:, :, :, :, dst_start:dst_start + src_slots.numel()] = stack.index_select(4, src_slots)
+        stack[:, :, :, :, dst_start : dst_start + src_slots.numel()] = stack.index_select(
+            4, src_slots
+        )
 
 
 class TransformerBlock(nn.Module):
@@ -321,13 +399,31 @@ class TransformerBlock(nn.Module):
     def kernel_weights(self) -> fused_decode.LayerWeights:
         """This layer's tensors and cache as the Triton forward reads them (after `setup_cache`)."""
         attn, ffn, cache = self.attention, self.feed_forward, self.attention.kv_cache
-        qk = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.q_norm is not None else (None, None, 0.0)
-        return fused_decode.LayerWeights(self.attention_norm.weight, self.attention_norm.eps, attn.wqkv.weight,
-                                         attn.wqkv.bias, *qk, attn.wo.weight, attn.wo.bias, self.ffn_norm.weight,
-                                         self.ffn_norm.eps, ffn.w13.weight, ffn.w2.weight, cache.k_cache,
-                                         cache.v_cache, attn.num_heads)
+        qk = (
+            (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps)
+            if attn.q_norm is not None
+            else (None, None, 0.0)
+        )
+        return fused_decode.LayerWeights(
+            self.attention_norm.weight,
+            self.attention_norm.eps,
+            attn.wqkv.weight,
+            attn.wqkv.bias,
+            *qk,
+            attn.wo.weight,
+            attn.wo.bias,
+            self.ffn_norm.weight,
+            self.ffn_norm.eps,
+            ffn.w13.weight,
+            ffn.w2.weight,
+            cache.k_cache,
+            cache.v_cache,
+            attn.num_heads,
+        )
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache_slots: Tensor, attn_mask: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache_slots: Tensor, attn_mask: Tensor
+    ) -> Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin, cache_slots, attn_mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -335,17 +431,27 @@ class TransformerBlock(nn.Module):
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+        )
         q, kv = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
-        self.wqkv = FusedLinear(args.hidden_size, (q, kv, kv), bias=args.qkv_bias)  # q_proj|k_proj|v_proj
+        self.wqkv = FusedLinear(
+            args.hidden_size, (q, kv, kv), bias=args.qkv_bias
+        )  # q_proj|k_proj|v_proj
         self.wo = nn.Linear(args.num_heads * args.head_dim, args.hidden_size, bias=args.o_bias)
         self.q_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(args.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache_slots: Tensor, attn_mask: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache_slots: Tensor, attn_mask: Tensor
+    ) -> Tensor:
         bsz, seqlen, _ = x.shape
-        qkv = self.wqkv(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)  # [B, q+k+v heads, T, D]
+        qkv = (
+            self.wqkv(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)
+        )  # [B, q+k+v heads, T, D]
         qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=1)
         if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
@@ -353,15 +459,18 @@ class Attention(nn.Module):
         q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         k, v = self.kv_cache.update(cache_slots, k, v, attn_mask.shape[-1])  # [B, n_kv, S, D]
         # Query head h reads KV head h // (num_heads // num_kv_heads), as transformers' repeat_kv.
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                           enable_gqa=self.num_heads != self.num_kv_heads)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, enable_gqa=self.num_heads != self.num_kv_heads
+        )
         return self.wo(y.transpose(1, 2).reshape(bsz, seqlen, self.num_heads * self.head_dim))
 
 
 class FeedForward(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.w13 = FusedLinear(args.hidden_size, (args.intermediate_size,) * 2, bias=False)  # gate|up
+        self.w13 = FusedLinear(
+            args.hidden_size, (args.intermediate_size,) * 2, bias=False
+        )  # gate|up
         self.w2 = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)  # down
 
     def forward(self, x: Tensor) -> Tensor:
@@ -384,22 +493,32 @@ def rope_inv_freq(args: ModelArgs) -> Tensor:
     if args.rope_type == "linear":
         scaling = {"rope_type": "linear", "factor": args.rope_factor}
     elif args.rope_type == "llama3":
-        scaling = {"rope_type": "llama3", "factor": args.rope_factor,
-                   "low_freq_factor": args.rope_low_freq_factor,
-                   "high_freq_factor": args.rope_high_freq_factor,
-                   "original_max_position_embeddings": args.rope_original_max_positions}
+        scaling = {
+            "rope_type": "llama3",
+            "factor": args.rope_factor,
+            "low_freq_factor": args.rope_low_freq_factor,
+            "high_freq_factor": args.rope_high_freq_factor,
+            "original_max_position_embeddings": args.rope_original_max_positions,
+        }
     return draft_rope_inv_freq(args.head_dim, args.rope_theta, scaling).float()
 
 
-def rope_cos_sin(inv_freq: Tensor, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(
+    inv_freq: Tensor, position_ids: Tensor, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
     """cos, sin [B, 1, T, head_dim] in dtype for position_ids [B, T] (computed in float32)."""
     freqs = position_ids[..., None].float() * inv_freq  # [B, T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
-def causal_mask(start: int | Tensor, num_tokens: int, max_seq_len: int, batch_size: int = 1,
-                device: torch.device | str | None = None) -> Tensor:
+def causal_mask(
+    start: int | Tensor,
+    num_tokens: int,
+    max_seq_len: int,
+    batch_size: int = 1,
+    device: torch.device | str | None = None,
+) -> Tensor:
     """Bool mask [batch_size, 1, num_tokens, max_seq_len] for tokens at slots [start, start+T).
 
     Row i attends to slots 0..start+i (True = attend). Prefill: start = cached length (0 for a

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,8 +25,9 @@ from specdraft.engine.sampling import logits_to_probs, sample
 from specdraft.engine.tree import DraftTree, verify_mask
 
 
-def capture_graph(fn: Callable[[], Any], warmups: int = 2,
-                  reset: Callable[[], Any] | None = None) -> tuple[torch.cuda.CUDAGraph, Any]:
+def capture_graph(
+    fn: Callable[[], Any], warmups: int = 2, reset: Callable[[], Any] | None = None
+) -> tuple[torch.cuda.CUDAGraph, Any]:
     """(graph, outputs) of fn captured as a CUDA graph, after `warmups` calls on a side stream
     (Triton and torch.compile compile, and allocations happen, there, outside the capture).
     reset: called before each warm-up call and before the capture (e.g. to put back inputs that
@@ -59,28 +61,39 @@ class StaticInputs:
     captured per placement); `device`: any (tests use the CPU).
     """
 
-    def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[torch.dtype],
-                 device: torch.device, on_host: Sequence[bool]) -> None:
+    def __init__(
+        self,
+        shapes: Sequence[tuple[int, ...]],
+        dtypes: Sequence[torch.dtype],
+        device: torch.device,
+        on_host: Sequence[bool],
+    ) -> None:
         offsets, size, self.host_bytes = [0] * len(shapes), 0, 0
         for i in sorted(range(len(shapes)), key=lambda i: not on_host[i]):  # host inputs first
             offsets[i] = size
-            size += -(-math.prod(shapes[i]) * dtypes[i].itemsize // 8) * 8  # each input 8-byte aligned
+            size += (
+                -(-math.prod(shapes[i]) * dtypes[i].itemsize // 8) * 8
+            )  # each input 8-byte aligned
             if on_host[i]:
                 self.host_bytes = size
         self.on_host = tuple(on_host)
         self.device_buffer = torch.zeros(size, dtype=torch.uint8, device=device)
         self.host_buffer = torch.zeros(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
-        self.tensors = [self.view(self.device_buffer, o, shape, dtype) for o, shape, dtype in
-                        zip(offsets, shapes, dtypes)]
-        self.host_tensors = [self.view(self.host_buffer, o, shape, dtype) for o, shape, dtype in
-                             zip(offsets, shapes, dtypes)]
+        self.tensors = [
+            self.view(self.device_buffer, o, shape, dtype)
+            for o, shape, dtype in zip(offsets, shapes, dtypes)
+        ]
+        self.host_tensors = [
+            self.view(self.host_buffer, o, shape, dtype)
+            for o, shape, dtype in zip(offsets, shapes, dtypes)
+        ]
         # recorded by the staging copy (inside a graph: an external event node)
         self.copied = torch.cuda.Event(external=True) if device.type == "cuda" else None
 
     @staticmethod
     def view(buffer: Tensor, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         """The bytes of one input, as a tensor of its shape and dtype."""
-        return buffer[offset:offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+        return buffer[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
 
     def fill(self, values: Sequence[Tensor]) -> None:
         """Write values (the inputs' shapes and placement; any dtype that casts): those on the
@@ -90,10 +103,14 @@ class StaticInputs:
         (written there by its producer, e.g. `GraphedTarget.device_input_ids`) is not copied."""
         for static, value, on_host in zip(self.tensors, values, self.on_host):
             if value.shape != static.shape:
-                raise ValueError(f"graph input of shape {tuple(value.shape)}, captured for {tuple(static.shape)}")
+                raise ValueError(
+                    f"graph input of shape {tuple(value.shape)}, captured for {tuple(static.shape)}"
+                )
             if value.device != (torch.device("cpu") if on_host else static.device):
-                raise ValueError(f"graph input on {value.device.type}, captured for one on "
-                                 f"{'the CPU' if on_host else static.device.type}")
+                raise ValueError(
+                    f"graph input on {value.device.type}, captured for one on "
+                    f"{'the CPU' if on_host else static.device.type}"
+                )
         if self.host_bytes:
             if self.copied is not None:
                 self.copied.synchronize()  # the last staging copy has left the pinned buffer
@@ -101,13 +118,17 @@ class StaticInputs:
                 if on_host:
                     host.copy_(value)
         for static, value, on_host in zip(self.tensors, values, self.on_host):
-            if not on_host and value.data_ptr() != static.data_ptr():  # not already written in place
+            if (
+                not on_host and value.data_ptr() != static.data_ptr()
+            ):  # not already written in place
                 static.copy_(value)
 
     def stage(self) -> None:
         """Copy the host inputs' bytes to the device (asynchronously, one copy), after `fill`."""
         if self.host_bytes:
-            self.device_buffer[:self.host_bytes].copy_(self.host_buffer[:self.host_bytes], non_blocking=True)
+            self.device_buffer[: self.host_bytes].copy_(
+                self.host_buffer[: self.host_bytes], non_blocking=True
+            )
             if self.copied is not None:
                 self.copied.record()
 
@@ -128,8 +149,14 @@ class GraphedTarget:
         # every cache: a producer that writes a graph's inputs in place keeps valid addresses
         self.inputs: dict[tuple, StaticInputs] = {}
 
-    def __call__(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
-                 aux_layers: tuple[int, ...] = ()) -> Any:
+    def __call__(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        cache_slots: Tensor,
+        attn_mask: Tensor,
+        aux_layers: tuple[int, ...] = (),
+    ) -> Any:
         """Same arguments and output as FastTarget.forward (aux_layers fixed at construction);
         the tensor arguments on the target's device or the CPU."""
         values = (input_ids, position_ids, cache_slots, attn_mask)
@@ -177,22 +204,38 @@ class GraphedTarget:
         cache = self.target.layers[0].attention.kv_cache.k_cache
         key = ("greedy", max_seq_len, cache.data_ptr())
         if key not in self.graphs:
-            self.graphs[key] = self.capture(1, max_seq_len, (False,) * 4, cache.device, feed_argmax=True)
+            self.graphs[key] = self.capture(
+                1, max_seq_len, (False,) * 4, cache.device, feed_argmax=True
+            )
         graph, inputs, token = self.graphs[key]
         return graph, inputs.tensors, token
 
-    def capture(self, t: int, max_seq_len: int, on_host: tuple[bool, ...], device: torch.device,
-                feed_argmax: bool = False) -> tuple:
+    def capture(
+        self,
+        t: int,
+        max_seq_len: int,
+        on_host: tuple[bool, ...],
+        device: torch.device,
+        feed_argmax: bool = False,
+    ) -> tuple:
         """Warm up (compiles), then capture staging + forward for T = t tokens (feed_argmax: and
         `greedy_decode`'s tail, which then is the graph's output instead of the forward's)."""
         key = (t, max_seq_len, on_host)
         if key not in self.inputs:
-            self.inputs[key] = StaticInputs([(1, t), (1, t), (t,), (1, 1, t, max_seq_len)],
-                                            [torch.long, torch.long, torch.long, torch.bool], device, on_host)
+            self.inputs[key] = StaticInputs(
+                [(1, t), (1, t), (t,), (1, 1, t, max_seq_len)],
+                [torch.long, torch.long, torch.long, torch.bool],
+                device,
+                on_host,
+            )
         inputs = self.inputs[key]
         slots = torch.arange(max_seq_len - t, max_seq_len)
-        warm = (torch.zeros(1, t, dtype=torch.long), slots[None], slots,
-                torch.ones(1, 1, t, max_seq_len, dtype=torch.bool))
+        warm = (
+            torch.zeros(1, t, dtype=torch.long),
+            slots[None],
+            slots,
+            torch.ones(1, 1, t, max_seq_len, dtype=torch.bool),
+        )
         warm = [v if host else v.to(device) for v, host in zip(warm, on_host)]
 
         def step() -> Any:
@@ -207,8 +250,9 @@ class GraphedTarget:
             mask.view(-1).index_fill_(0, cache_slots.clamp(max=max_seq_len - 1), True)
             return token
 
-        graph, output = capture_graph(lambda: (inputs.stage(), step())[1], warmups=3,
-                                      reset=lambda: inputs.fill(warm))  # a fed step advanced them
+        graph, output = capture_graph(
+            lambda: (inputs.stage(), step())[1], warmups=3, reset=lambda: inputs.fill(warm)
+        )  # a fed step advanced them
         return graph, inputs, output
 
     def decode_ahead(self, req: Request, max_seq_len: int) -> None:
@@ -221,13 +265,21 @@ class GraphedTarget:
         stages each step's position and mask and draws on the device. The step launched past the last token writes one cache
         slot that no request reads (the engine's check_limits leaves it free) and is dropped.
         max_seq_len: the engine's (the graphs' mask width)."""
-        launch = self.greedy_steps(req, max_seq_len) if req.params.greedy else self.sampled_steps(req, max_seq_len)
-        tokens = torch.empty(2, dtype=torch.long, pin_memory=True)  # the two steps in flight, read back
+        launch = (
+            self.greedy_steps(req, max_seq_len)
+            if req.params.greedy
+            else self.sampled_steps(req, max_seq_len)
+        )
+        tokens = torch.empty(
+            2, dtype=torch.long, pin_memory=True
+        )  # the two steps in flight, read back
         ready = [torch.cuda.Event(), torch.cuda.Event()]
         start, in_flight, slot = time.perf_counter(), 0, 0
         while req.finish_reason is None:
-            token = launch(req.length + in_flight)  # the cache holds req.length tokens, the step in flight one more
-            tokens[slot:slot + 1].copy_(token, non_blocking=True)
+            token = launch(
+                req.length + in_flight
+            )  # the cache holds req.length tokens, the step in flight one more
+            tokens[slot : slot + 1].copy_(token, non_blocking=True)
             ready[slot].record()
             in_flight, slot = in_flight + 1, 1 - slot
             if in_flight == 2:  # read the older step (in `slot` now) while the newer one runs
@@ -250,6 +302,7 @@ class GraphedTarget:
         def launch(position: int) -> Tensor:
             graph.replay()
             return token
+
         return launch
 
     def sampled_steps(self, req: Request, max_seq_len: int) -> Callable[[int], Tensor]:
@@ -262,9 +315,14 @@ class GraphedTarget:
 
         def launch(position: int) -> Tensor:
             mask = verify_mask(root, position, max_seq_len)
-            logits = self(ids[0][None], torch.tensor([position])[None], torch.arange(position, position + 1),
-                          mask).logits[0]
+            logits = self(
+                ids[0][None],
+                torch.tensor([position])[None],
+                torch.arange(position, position + 1),
+                mask,
+            ).logits[0]
             token = sample(logits_to_probs(logits[-1:], req.params), req.generator)
             ids.view(-1).copy_(token)  # the next step's input, before that step's replay
             return token
+
         return launch

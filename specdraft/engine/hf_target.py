@@ -24,7 +24,9 @@ from transformers import DynamicCache
 from specdraft.engine.fast_model import FastOutput, causal_mask
 from specdraft.target import Target, capture_states
 
-TRANSFORMERS_PATH = "transformers (the model's own forward, DynamicCache; no fused kernels or CUDA graphs)"
+TRANSFORMERS_PATH = (
+    "transformers (the model's own forward, DynamicCache; no fused kernels or CUDA graphs)"
+)
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,10 @@ def cache_argument(module: torch.nn.Module) -> str:
     for name in ("cache", "past_key_values"):
         if name in parameters:
             return name
-    raise ValueError(f"{type(module).__name__}.forward takes no KV cache (neither cache= nor past_key_values=): "
-                     "specdraft's engine cannot run it as a target")
+    raise ValueError(
+        f"{type(module).__name__}.forward takes no KV cache (neither cache= nor past_key_values=): "
+        "specdraft's engine cannot run it as a target"
+    )
 
 
 class HFTarget:
@@ -60,13 +64,20 @@ class HFTarget:
     """
 
     triton_kernels = False
-    host_inputs = True  # `TargetRunner.forward` passes the inputs as built (the mask and slots on the host)
+    host_inputs = (
+        True  # `TargetRunner.forward` passes the inputs as built (the mask and slots on the host)
+    )
 
     def __init__(self, target: Target) -> None:
         config = target.config
         self.target, self.model = target, target.model
-        self.args = HFArgs(config.model_type, target.hidden_size, target.num_layers, target.vocab_size,
-                           getattr(config, "max_position_embeddings", None) or 4096)
+        self.args = HFArgs(
+            config.model_type,
+            target.hidden_size,
+            target.num_layers,
+            target.vocab_size,
+            getattr(config, "max_position_embeddings", None) or 4096,
+        )
         self.tok_embeddings = target.embed_tokens  # .weight: the drafter's shared embedding
         self.layers = target.layers
         self.cache: DynamicCache | None = None
@@ -80,28 +91,45 @@ class HFTarget:
         """Why no Triton kernels run: this target runs transformers' own forward."""
         return "transformers-backed target"
 
-    def setup_cache(self, max_batch_size: int, max_seq_len: int, dtype: torch.dtype | None = None,
-                    device: torch.device | str | None = None) -> None:
+    def setup_cache(
+        self,
+        max_batch_size: int,
+        max_seq_len: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
         """A new, empty cache (any batch size: the engine uses 1). Raises ValueError for a
         max_seq_len past the target's max positions."""
         if max_seq_len > self.args.max_position_embeddings:
-            raise ValueError(f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
-                             f"{self.args.max_position_embeddings}")
+            raise ValueError(
+                f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
+                f"{self.args.max_position_embeddings}"
+            )
         self.cache = DynamicCache()
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
 
-    def model_masks(self, attn_mask: Tensor, position_ids: Tensor, start: int) -> Tensor | dict[str, Tensor] | None:
+    def model_masks(
+        self, attn_mask: Tensor, position_ids: Tensor, start: int
+    ) -> Tensor | dict[str, Tensor] | None:
         """What the model's forward takes as attention_mask for the engine's bool mask [1, 1, T, S]
         (S = start + T): None when that mask is causal over the slots and on the host (prefill,
         decode, a chain: the model builds the same masks from its cache, windows and chunks
         included, or none), else `layer_masks` on the model's device. A mask on the device is
         not read (that would wait for the device)."""
         n = position_ids.shape[-1]
-        causal = attn_mask.device.type == "cpu" and (  # a decode step's mask is causal iff it is all True
-            bool(attn_mask.all()) if n == 1 else torch.equal(attn_mask, causal_mask(start, n, start + n)))
+        causal = (
+            attn_mask.device.type == "cpu"
+            and (  # a decode step's mask is causal iff it is all True
+                bool(attn_mask.all())
+                if n == 1
+                else torch.equal(attn_mask, causal_mask(start, n, start + n))
+            )
+        )
         return None if causal else self.layer_masks(attn_mask, position_ids, start)
 
-    def layer_masks(self, attn_mask: Tensor, position_ids: Tensor, start: int) -> Tensor | dict[str, Tensor]:
+    def layer_masks(
+        self, attn_mask: Tensor, position_ids: Tensor, start: int
+    ) -> Tensor | dict[str, Tensor]:
         """The engine's bool mask [1, 1, T, S] (S = start + T) as the model's additive masks in its
         dtype on its device: one tensor, or {layer type: mask} for a config with `layer_types`
         (the form the model's forward takes in place of building its own). Key slot s < start
@@ -115,15 +143,25 @@ class HFTarget:
             same_chunk = position_ids[0][:, None] // self._chunk == keys[None, :] // self._chunk
             allowed["chunked_attention"] = attn_mask & same_chunk
         weight = self.tok_embeddings.weight
-        additive = {name: torch.zeros(m.shape, dtype=weight.dtype, device=m.device)
-                    .masked_fill_(~m, torch.finfo(weight.dtype).min).to(weight.device) for name, m in allowed.items()}
+        additive = {
+            name: torch.zeros(m.shape, dtype=weight.dtype, device=m.device)
+            .masked_fill_(~m, torch.finfo(weight.dtype).min)
+            .to(weight.device)
+            for name, m in allowed.items()
+        }
         if self._layer_types:
             return {name: additive[name] for name in set(self._layer_types)}
         uses_window = self._window is not None and self.args.model_type in ("mistral", "phi3")
         return additive["sliding_attention" if uses_window else "full_attention"]
 
-    def __call__(self, input_ids: Tensor, position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor,
-                 aux_layers: tuple[int, ...] = ()) -> FastOutput:
+    def __call__(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        cache_slots: Tensor,
+        attn_mask: Tensor,
+        aux_layers: tuple[int, ...] = (),
+    ) -> FastOutput:
         """T new tokens written at slots start..start+T-1 (`fast_model.FastTarget.forward`'s shapes:
         input_ids / position_ids [B, T], every row the same positions, cache_slots [T], attn_mask
         [B, 1, T, S >= start + T] bool; columns past start + T are dropped; on the host or the
@@ -136,19 +174,30 @@ class HFTarget:
         start, n = int(cache_slots[0]), cache_slots.numel()
         cached = self.cache.get_seq_length()
         if start > cached or attn_mask.shape[-1] < start + n:
-            raise RuntimeError(f"HFTarget: slots {start}..{start + n - 1} with {cached} cached and a mask of "
-                               f"{attn_mask.shape[-1]} columns; expected contiguous slots from <= {cached}")
+            raise RuntimeError(
+                f"HFTarget: slots {start}..{start + n - 1} with {cached} cached and a mask of "
+                f"{attn_mask.shape[-1]} columns; expected contiguous slots from <= {cached}"
+            )
         if start < cached:
             self.truncate(start)
-        attn_mask = attn_mask[..., :start + n]  # a wider mask (e.g. max_seq_len) covers slots not cached
+        attn_mask = attn_mask[
+            ..., : start + n
+        ]  # a wider mask (e.g. max_seq_len) covers slots not cached
         mask = self.model_masks(attn_mask, position_ids, start)
         device = self.tok_embeddings.weight.device
         with torch.inference_mode(), capture_states(self.layers, set(aux_layers)) as states:
-            out = self.target.causal_lm(input_ids=input_ids.to(device), position_ids=position_ids.to(device),
-                                        attention_mask=mask, use_cache=True, **{self._cache_argument: self.cache})
+            out = self.target.causal_lm(
+                input_ids=input_ids.to(device),
+                position_ids=position_ids.to(device),
+                attention_mask=mask,
+                use_cache=True,
+                **{self._cache_argument: self.cache},
+            )
         if self.cache.get_seq_length() != start + n:
-            raise RuntimeError(f"HFTarget: {type(self.target.causal_lm).__name__} wrote {self.cache.get_seq_length()} "
-                               f"cache slots, expected {start + n}: its forward did not use the cache")
+            raise RuntimeError(
+                f"HFTarget: {type(self.target.causal_lm).__name__} wrote {self.cache.get_seq_length()} "
+                f"cache slots, expected {start + n}: its forward did not use the cache"
+            )
         aux = torch.cat([states[k] for k in aux_layers], dim=-1) if aux_layers else None
         return FastOutput(logits=out.logits.float(), aux_hidden=aux)
 
@@ -160,11 +209,13 @@ class HFTarget:
         the slots after them. Raises ValueError past max_seq_len."""
         n = src_slots.numel()
         if dst_start + n > self.max_seq_len:
-            raise ValueError(f"compact_cache: slots {dst_start}..{dst_start + n - 1} exceed max_seq_len "
-                             f"{self.max_seq_len}")
+            raise ValueError(
+                f"compact_cache: slots {dst_start}..{dst_start + n - 1} exceed max_seq_len "
+                f"{self.max_seq_len}"
+            )
         for layer in self.cache.layers:
             for tensor in (layer.keys, layer.values):
-                tensor[:, :, dst_start:dst_start + n] = tensor[:, :, src_slots]
+                tensor[:, :, dst_start : dst_start + n] = tensor[:, :, src_slots]
         self.truncate(dst_start + n)
 
     def truncate(self, length: int) -> None:

@@ -20,10 +20,17 @@ from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 
 
-def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: SpecConfig | None,
-                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                max_seq_len: int | None = None, tokenizer: Any = None,
-                compile: bool = False, reading: dict[str, Any] | None = None) -> SpeculativeEngine:
+def load_engine(
+    target_dir: str | Path,
+    draft_dir: str | Path | None,
+    spec: SpecConfig | None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    max_seq_len: int | None = None,
+    tokenizer: Any = None,
+    compile: bool = False,
+    reading: dict[str, Any] | None = None,
+) -> SpeculativeEngine:
     """Load the target (`load_engine_target`: the fast path where it applies, else the
     transformers-backed one; `engine.target_path` says which, a note says why) and (optionally)
     a draft checkpoint, and pair them. compile applies to the fast path only.
@@ -53,8 +60,9 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     if speculative:
         loaded = load_paired_draft(draft_dir, target, target_dir, device, dtype, reading)
         draft = loaded.model
-    engine = SpeculativeEngine(target, draft, spec, None, max_seq_len, device, tokenizer,
-                               compile and path_note is None)  # no CUDA graphs of transformers' forward
+    engine = SpeculativeEngine(
+        target, draft, spec, None, max_seq_len, device, tokenizer, compile and path_note is None
+    )  # no CUDA graphs of transformers' forward
     engine.target_path = "fast" if path_note is None else "transformers"
     engine.notes = [path_note] if path_note else []
     if draft is not None:
@@ -63,8 +71,9 @@ def load_engine(target_dir: str | Path, draft_dir: str | Path | None, spec: Spec
     return engine
 
 
-def load_engine_target(target_dir: str | Path, dtype: torch.dtype,
-                       device: torch.device | str) -> tuple[Any, str | None]:
+def load_engine_target(
+    target_dir: str | Path, dtype: torch.dtype, device: torch.device | str
+) -> tuple[Any, str | None]:
     """The engine's target: a `FastTarget` where its config applies (Llama/Qwen2/Qwen3/Mistral,
     `ModelArgs.from_hf_config`), else any decoder LM `specdraft.target.load_target` reads, behind
     an `hf_target.HFTarget`; with None, or the one-line note saying the transformers path runs
@@ -74,12 +83,16 @@ def load_engine_target(target_dir: str | Path, dtype: torch.dtype,
 
     config_path = Path(target_dir) / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path}: not found (expected a transformers model directory)")
+        raise FileNotFoundError(
+            f"{config_path}: not found (expected a transformers model directory)"
+        )
     try:
         ModelArgs.from_hf_config(json.loads(config_path.read_text()))
     except ValueError as why:
-        note = (f"target runs on the {TRANSFORMERS_PATH}, slower than the fast path, which does not "
-                f"apply: {why}")
+        note = (
+            f"target runs on the {TRANSFORMERS_PATH}, slower than the fast path, which does not "
+            f"apply: {why}"
+        )
         return HFTarget(load_target(target_dir, dtype=dtype, device=device)), note
     return load_fast_target(target_dir, dtype=dtype, device=device), None
 
@@ -98,20 +111,32 @@ def refuse_run_directory(path: Path) -> None:
     if run is not None:
         steps = checkpoint_paths(run)
         example = steps[-1] if steps else run / CHECKPOINT_DIR / "step-N.pt"
-        raise ValueError(f"{path} is {what}, not a drafter: pass {run / 'draft'} (the drafter train "
-                         f"writes at the end) or one of its checkpoints, e.g. {example}")
+        raise ValueError(
+            f"{path} is {what}, not a drafter: pass {run / 'draft'} (the drafter train "
+            f"writes at the end) or one of its checkpoints, e.g. {example}"
+        )
 
 
-def load_paired_draft(draft_dir: str | Path, target: FastTarget, target_dir: str | Path,
-                      device: torch.device | str, dtype: torch.dtype, reading: dict[str, Any] | None = None) -> Any:
+def load_paired_draft(
+    draft_dir: str | Path,
+    target: FastTarget,
+    target_dir: str | Path,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    reading: dict[str, Any] | None = None,
+) -> Any:
     """The drafter at draft_dir (a drafter directory or a training checkpoint), in eval mode, in
     `dtype` on `device`, with the target's embedding unless it owns one: the loader's result
     (.model, .manifest); a directory read by `reading` (`load_engine`'s). Raises ValueError when it was trained for another target (`check_trained_for`,
     `check_manifest`), CheckpointError for a wrong vocabulary map (`checkpoint.check_vocab_map`)."""
     from specdraft.checkpoint import check_vocab_map, load_draft
 
-    loaded = load_draft(draft_dir, device=device, dtype=dtype,
-                        **{**(reading or {}), "target_num_layers": target.args.num_layers})
+    loaded = load_draft(
+        draft_dir,
+        device=device,
+        dtype=dtype,
+        **{**(reading or {}), "target_num_layers": target.args.num_layers},
+    )
     draft = loaded.model.eval()
     check_trained_for(loaded.manifest, draft, target, draft_dir, target_dir)
     if not draft.cfg.owns_embedding:
@@ -128,24 +153,42 @@ def aux_layers_notes(loaded: Any, aux_layers: list[int] | None) -> list[str]:
 
     if loaded.manifest is not None:
         return []
-    note = aux_layers_note(read_config(loaded.path), None, loaded.model.cfg.target_num_layers, aux_layers)
+    note = aux_layers_note(
+        read_config(loaded.path), None, loaded.model.cfg.target_num_layers, aux_layers
+    )
     return [note] if note else []
 
 
-def check_trained_for(manifest: Any, draft: Eagle3Draft, target: FastTarget, draft_dir: str | Path,
-                      target_dir: str | Path) -> None:
+def check_trained_for(
+    manifest: Any,
+    draft: Eagle3Draft,
+    target: FastTarget,
+    draft_dir: str | Path,
+    target_dir: str | Path,
+) -> None:
     """Raise ValueError naming both targets when the drafter was trained for another one: the
     manifest's target record, else the sizes its config was built for, against the target's."""
     cfg, args = draft.cfg, target.args
-    trained = (dict(manifest.target) if manifest is not None else
-               {"num_layers": cfg.target_num_layers, "hidden_size": cfg.target_hidden_size,
-                "vocab_size": cfg.vocab_size})
-    given = {"num_layers": args.num_layers, "hidden_size": args.hidden_size, "vocab_size": args.vocab_size}
+    trained = (
+        dict(manifest.target)
+        if manifest is not None
+        else {
+            "num_layers": cfg.target_num_layers,
+            "hidden_size": cfg.target_hidden_size,
+            "vocab_size": cfg.vocab_size,
+        }
+    )
+    given = {
+        "num_layers": args.num_layers,
+        "hidden_size": args.hidden_size,
+        "vocab_size": args.vocab_size,
+    }
     refuse_other_target(trained, given, draft_dir, target_dir)
 
 
-def refuse_other_target(trained: dict[str, Any], given: dict[str, Any], draft_dir: str | Path,
-                        target_dir: str | Path) -> None:
+def refuse_other_target(
+    trained: dict[str, Any], given: dict[str, Any], draft_dir: str | Path, target_dir: str | Path
+) -> None:
     """Raise ValueError naming both targets when a size the drafter records (`trained`:
     num_layers, hidden_size, vocab_size, name_or_path; a size absent or None is not compared)
     differs from the target's (`given`)."""
@@ -154,19 +197,37 @@ def refuse_other_target(trained: dict[str, Any], given: dict[str, Any], draft_di
         return
 
     def sizes(r: dict) -> str:
-        parts = (f"{r.get('num_layers')} layers", f"hidden {r.get('hidden_size')}", f"vocab {r.get('vocab_size')}")
-        return ", ".join(p for p, key in zip(parts, ("num_layers", "hidden_size", "vocab_size"))
-                         if r.get(key) is not None)
+        parts = (
+            f"{r.get('num_layers')} layers",
+            f"hidden {r.get('hidden_size')}",
+            f"vocab {r.get('vocab_size')}",
+        )
+        return ", ".join(
+            p
+            for p, key in zip(parts, ("num_layers", "hidden_size", "vocab_size"))
+            if r.get(key) is not None
+        )
+
     recorded = trained.get("name_or_path")
-    trained_for = (f"{recorded} ({sizes(trained)})" if recorded
-                   else f"one of {sizes(trained)} (path not recorded)")
-    raise ValueError(f"{draft_dir}: this drafter was trained for another target: {trained_for}, not "
-                     f"{target_dir} ({sizes(given)}; {', '.join(differ)} differ{'s' * (len(differ) == 1)}); "
-                     f"pass the target it was trained for, or a drafter trained for {target_dir}")
+    trained_for = (
+        f"{recorded} ({sizes(trained)})"
+        if recorded
+        else f"one of {sizes(trained)} (path not recorded)"
+    )
+    raise ValueError(
+        f"{draft_dir}: this drafter was trained for another target: {trained_for}, not "
+        f"{target_dir} ({sizes(given)}; {', '.join(differ)} differ{'s' * (len(differ) == 1)}); "
+        f"pass the target it was trained for, or a drafter trained for {target_dir}"
+    )
 
 
-def pairing_notes(manifest: Any, draft_dir: str | Path, target_dir: str | Path, spec: SpecConfig,
-                  tokenizer: Any = None) -> list[str]:
+def pairing_notes(
+    manifest: Any,
+    draft_dir: str | Path,
+    target_dir: str | Path,
+    spec: SpecConfig,
+    tokenizer: Any = None,
+) -> list[str]:
     """What loads but is not what the drafter was trained for (each a one-line note; the sizes
     were checked before): a target config whose hash differs from the manifest's record (the same
     sizes, e.g. another rope_theta: the aux states move; a transformers release that adds config
@@ -181,27 +242,42 @@ def pairing_notes(manifest: Any, draft_dir: str | Path, target_dir: str | Path, 
     if manifest is None:
         return []
     notes = []
-    recorded, config = manifest.target.get("config_hash"), AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    recorded, config = (
+        manifest.target.get("config_hash"),
+        AutoConfig.from_pretrained(target_dir, local_files_only=True),
+    )
     digest = config_hash(config)
     if recorded and digest != recorded:
         text = config.get_text_config()
         rope_theta, rope_scaling = rope_from_hf_config(lambda k, d=None: getattr(text, k, d))
-        now = {"rope_theta": rope_theta, "rope_scaling": rope_scaling,
-               "max_position_embeddings": getattr(text, "max_position_embeddings", None)}
-        changed = [f"{key} {manifest.target[key]} -> {value}" for key, value in now.items()
-                   if key in manifest.target and manifest.target[key] != value]
+        now = {
+            "rope_theta": rope_theta,
+            "rope_scaling": rope_scaling,
+            "max_position_embeddings": getattr(text, "max_position_embeddings", None),
+        }
+        changed = [
+            f"{key} {manifest.target[key]} -> {value}"
+            for key, value in now.items()
+            if key in manifest.target and manifest.target[key] != value
+        ]
         what = ", ".join(changed) or f"config hash {recorded[:12]} -> {digest[:12]}"
-        notes.append(f"{target_dir}: its config differs from the one the drafter was trained on ({what}): "
-                     f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference")
+        notes.append(
+            f"{target_dir}: its config differs from the one the drafter was trained on ({what}): "
+            f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference"
+        )
     notes += tokenizer_notes(manifest, tokenizer, draft_dir, target_dir)
     ttt_steps = ((manifest.training or {}).get("config") or {}).get("ttt_steps")
     if ttt_steps and spec.num_steps > ttt_steps:
-        notes.append(f"num_steps {spec.num_steps} > the drafter's {ttt_steps} training-time-test steps: draft "
-                     f"steps past {ttt_steps} were never trained and are rarely accepted")
+        notes.append(
+            f"num_steps {spec.num_steps} > the drafter's {ttt_steps} training-time-test steps: draft "
+            f"steps past {ttt_steps} were never trained and are rarely accepted"
+        )
     return notes
 
 
-def tokenizer_notes(manifest: Any, tokenizer: Any, draft_dir: str | Path, target_dir: str | Path) -> list[str]:
+def tokenizer_notes(
+    manifest: Any, tokenizer: Any, draft_dir: str | Path, target_dir: str | Path
+) -> list[str]:
     """The one-line note (generate, serve, export) when `tokenizer`'s fingerprint differs from the
     one the manifest records (`data.render.tokenizer_changes`); [] when it matches or either is absent."""
     from specdraft.data.render import tokenizer_changes
@@ -211,8 +287,10 @@ def tokenizer_notes(manifest: Any, tokenizer: Any, draft_dir: str | Path, target
     changed = tokenizer_changes(manifest.tokenizer, tokenizer)
     if not changed:
         return []
-    return [f"{target_dir}: its tokenizer differs from the one the drafter was trained with ({', '.join(changed)}): "
-            f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference"]
+    return [
+        f"{target_dir}: its tokenizer differs from the one the drafter was trained with ({', '.join(changed)}): "
+        f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference"
+    ]
 
 
 def check_manifest(manifest: Any, draft: Eagle3Draft, target: FastTarget, path: Path) -> None:
@@ -221,10 +299,15 @@ def check_manifest(manifest: Any, draft: Eagle3Draft, target: FastTarget, path: 
         return
     problems = []
     if list(manifest.aux_layers) != list(draft.cfg.aux_layers):
-        problems.append(f"manifest aux_layers {manifest.aux_layers} != drafter config "
-                        f"{list(draft.cfg.aux_layers)}")
-    for key, value in (("hidden_size", target.args.hidden_size), ("num_layers", target.args.num_layers),
-                       ("vocab_size", target.args.vocab_size)):
+        problems.append(
+            f"manifest aux_layers {manifest.aux_layers} != drafter config "
+            f"{list(draft.cfg.aux_layers)}"
+        )
+    for key, value in (
+        ("hidden_size", target.args.hidden_size),
+        ("num_layers", target.args.num_layers),
+        ("vocab_size", target.args.vocab_size),
+    ):
         if key in manifest.target and manifest.target[key] != value:
             problems.append(f"manifest target {key} {manifest.target[key]} != the target's {value}")
     if problems:
@@ -282,8 +365,9 @@ def checkpoint_destinations(model: FastTarget) -> dict[str, Tensor]:
     return destinations
 
 
-def load_fast_target(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-                     device: torch.device | str = "cpu") -> FastTarget:
+def load_fast_target(
+    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> FastTarget:
     """Load a transformers Llama/Qwen2/Qwen3/Mistral directory (config.json + safetensors,
     single or sharded with model.safetensors.index.json) strictly, in `dtype` on `device`.
 
@@ -297,7 +381,9 @@ def load_fast_target(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path}: not found (expected a transformers model directory)")
+        raise FileNotFoundError(
+            f"{config_path}: not found (expected a transformers model directory)"
+        )
     args = ModelArgs.from_hf_config(json.loads(config_path.read_text()))
     with torch.device("meta"):
         model = FastTarget(args).to(dtype)
@@ -313,8 +399,10 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     files = target_weight_files(model_dir)
     for file in files:
         if not file.is_file():
-            raise FileNotFoundError(f"{file}: not found (specdraft loads model.safetensors or the shards "
-                                    f"named by model.safetensors.index.json)")
+            raise FileNotFoundError(
+                f"{file}: not found (specdraft loads model.safetensors or the shards "
+                f"named by model.safetensors.index.json)"
+            )
     return files
 
 
@@ -337,17 +425,23 @@ def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
                     filled.add(key)
     missing = sorted(set(expected) - filled)
     if unmatched or missing:
-        raise ValueError(f"strict load of {model_dir}: checkpoint tensors that match no parameter: "
-                         f"{', '.join(unmatched) or 'none'}; parameters no tensor fills: "
-                         f"{', '.join(missing) or 'none'}")
-    if stored_head is not None and not torch.equal(stored_head[0].to(model.output.weight),
-                                                   model.output.weight):
-        raise ValueError(f"{model_dir / stored_head[1]}: lm_head.weight differs from "
-                         f"model.embed_tokens.weight but config.json says tie_word_embeddings: true")
+        raise ValueError(
+            f"strict load of {model_dir}: checkpoint tensors that match no parameter: "
+            f"{', '.join(unmatched) or 'none'}; parameters no tensor fills: "
+            f"{', '.join(missing) or 'none'}"
+        )
+    if stored_head is not None and not torch.equal(
+        stored_head[0].to(model.output.weight), model.output.weight
+    ):
+        raise ValueError(
+            f"{model_dir / stored_head[1]}: lm_head.weight differs from "
+            f"model.embed_tokens.weight but config.json says tie_word_embeddings: true"
+        )
 
 
 def _copy_tensor(param: Tensor, tensor: Tensor, key: str, file: Path) -> None:
     if tensor.shape != param.shape:
-        raise ValueError(f"{file}: {key} has shape {list(tensor.shape)}, the config implies "
-                         f"{list(param.shape)}")
+        raise ValueError(
+            f"{file}: {key} has shape {list(tensor.shape)}, the config implies {list(param.shape)}"
+        )
     param.copy_(tensor)

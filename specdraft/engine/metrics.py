@@ -62,7 +62,9 @@ class SpecMetrics:
     @property
     def acceptance_rate(self) -> float:
         """Accepted drafts / drafted tokens (0.0 without drafts)."""
-        return self.num_accepted_tokens / self.num_drafted_tokens if self.num_drafted_tokens else 0.0
+        return (
+            self.num_accepted_tokens / self.num_drafted_tokens if self.num_drafted_tokens else 0.0
+        )
 
     @property
     def time_total_s(self) -> float:
@@ -79,31 +81,46 @@ class SpecMetrics:
         accepted = sum over positions, and tau = 1 + sum p_k to rounding (M1)."""
         assert self.num_emitted_tokens == self.num_accepted_tokens + self.num_verify_steps, (
             f"emitted {self.num_emitted_tokens} != accepted {self.num_accepted_tokens} + "
-            f"steps {self.num_verify_steps}")
+            f"steps {self.num_verify_steps}"
+        )
         assert sum(self.accepted_per_position) == self.num_accepted_tokens, (
             f"per-position accepted {self.accepted_per_position} do not sum to "
-            f"{self.num_accepted_tokens}")
+            f"{self.num_accepted_tokens}"
+        )
         if self.num_verify_steps:
             tau, from_p = self.accept_length, 1 + sum(self.acceptance_per_position)
             assert abs(tau - from_p) <= TAU_TOLERANCE * max(1.0, tau), (
-                f"tau {tau} != 1 + sum p_k = {from_p}")
+                f"tau {tau} != 1 + sum p_k = {from_p}"
+            )
 
     def merge(self, other: SpecMetrics) -> SpecMetrics:
         """A new SpecMetrics with every count and time summed (per-position lists aligned)."""
         n = max(len(self.accepted_per_position), len(other.accepted_per_position))
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
-        merged = {k: getattr(self, k) + getattr(other, k) for k in asdict(self)
-                  if k != "accepted_per_position"}
-        return SpecMetrics(**merged, accepted_per_position=[
-            a + b for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))])
+        merged = {
+            k: getattr(self, k) + getattr(other, k)
+            for k in asdict(self)
+            if k != "accepted_per_position"
+        }
+        return SpecMetrics(
+            **merged,
+            accepted_per_position=[
+                a + b
+                for a, b in zip(pad(self.accepted_per_position), pad(other.accepted_per_position))
+            ],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Raw counts and times plus the derived values (after `check`)."""
         self.check()
-        return {**asdict(self), "accept_length": self.accept_length,
-                "acceptance_per_position": self.acceptance_per_position,
-                "acceptance_rate": self.acceptance_rate, "time_total_s": self.time_total_s,
-                "tokens_per_s": self.tokens_per_s}
+        return {
+            **asdict(self),
+            "accept_length": self.accept_length,
+            "acceptance_per_position": self.acceptance_per_position,
+            "acceptance_rate": self.acceptance_rate,
+            "time_total_s": self.time_total_s,
+            "tokens_per_s": self.tokens_per_s,
+        }
 
 
 def metrics_table(metrics: SpecMetrics, title: str = "speculative decoding") -> Table:
@@ -118,9 +135,11 @@ def metrics_table(metrics: SpecMetrics, title: str = "speculative decoding") -> 
         ("drafted / accepted", f"{metrics.num_drafted_tokens} / {metrics.num_accepted_tokens}"),
         ("accept length tau", f"{metrics.accept_length:.3f}"),
         ("acceptance p_k", " ".join(f"{p:.2f}" for p in metrics.acceptance_per_position) or "-"),
-        ("time prefill / draft / verify / other (s)",
-         f"{metrics.time_prefill_s:.3f} / {metrics.time_draft_s:.3f} / "
-         f"{metrics.time_verify_s:.3f} / {metrics.time_other_s:.3f}"),
+        (
+            "time prefill / draft / verify / other (s)",
+            f"{metrics.time_prefill_s:.3f} / {metrics.time_draft_s:.3f} / "
+            f"{metrics.time_verify_s:.3f} / {metrics.time_other_s:.3f}",
+        ),
         ("tokens/s", f"{metrics.tokens_per_s:.1f}"),
     ]
     for name, value in rows:

@@ -10,8 +10,9 @@ appends tokens until EOS, a stop string or the length limit; `finish` turns it i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,8 +36,9 @@ class GenerationResult:
     metrics: SpecMetrics
 
 
-def check_request(prompt_ids: Sequence[int], max_new_tokens: int, stop: Sequence[str] | None,
-                  tokenizer: Any) -> None:
+def check_request(
+    prompt_ids: Sequence[int], max_new_tokens: int, stop: Sequence[str] | None, tokenizer: Any
+) -> None:
     """Raise ValueError for an empty prompt, max_new_tokens < 1, or stop strings without a tokenizer."""
     if not prompt_ids:
         raise ValueError("empty prompt: need at least one token id")
@@ -67,19 +69,39 @@ class Request:
     pending_aux: Tensor | None = None  # [m, n_aux*H] the target's aux states at those positions
 
     @classmethod
-    def new(cls, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams, eos_ids: Sequence[int],
-            stop: Sequence[str] | None, seed: int | None, on_tokens: TokenCallback | None, tokenizer: Any,
-            device: torch.device, num_steps: int) -> Request:
+    def new(
+        cls,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        params: SamplingParams,
+        eos_ids: Sequence[int],
+        stop: Sequence[str] | None,
+        seed: int | None,
+        on_tokens: TokenCallback | None,
+        tokenizer: Any,
+        device: torch.device,
+        num_steps: int,
+    ) -> Request:
         """A fresh request (checked by `check_request` first): a sampling generator on `device`
         seeded with `seed` (None = random; none for greedy), metrics for num_steps draft steps."""
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=device)
             generator.manual_seed(seed) if seed is not None else generator.seed()
-        metrics = SpecMetrics(num_requests=1, num_prompt_tokens=len(prompt_ids),
-                              accepted_per_position=[0] * num_steps)
-        return cls(prompt_ids, params, max_new_tokens, frozenset(eos_ids), tuple(stop or ()), generator,
-                   on_tokens, metrics, tokenizer)
+        metrics = SpecMetrics(
+            num_requests=1, num_prompt_tokens=len(prompt_ids), accepted_per_position=[0] * num_steps
+        )
+        return cls(
+            prompt_ids,
+            params,
+            max_new_tokens,
+            frozenset(eos_ids),
+            tuple(stop or ()),
+            generator,
+            on_tokens,
+            metrics,
+            tokenizer,
+        )
 
     def emit(self, tokens: list[int]) -> None:
         """Append tokens until a stop condition; call the stream callback with the kept ones."""
@@ -106,7 +128,9 @@ class Request:
         decoding all of it after every token was quadratic."""
         ids, window = self.output_ids, 4 * max(map(len, self.stop)) + 8
         cut = max(0, len(ids) - window)
-        context = (list(self.prompt_ids[-CONTEXT_TOKENS:]) + ids[max(0, cut - CONTEXT_TOKENS):cut])[-CONTEXT_TOKENS:]
+        context = (
+            list(self.prompt_ids[-CONTEXT_TOKENS:]) + ids[max(0, cut - CONTEXT_TOKENS) : cut]
+        )[-CONTEXT_TOKENS:]
         tail = decode_continuation(self.tokenizer, context, ids[cut:])
         return any(s in tail for s in self.stop)
 
@@ -116,22 +140,27 @@ class Request:
             return None
         text = decode_continuation(self.tokenizer, self.prompt_ids, self.output_ids)
         cuts = [text.find(s) for s in self.stop if s in text]
-        return text[:min(cuts)] if cuts else text
+        return text[: min(cuts)] if cuts else text
 
     def finish(self, start: float) -> GenerationResult:
         """The result of a finished request whose generation began at time.perf_counter() `start`:
         the wall time not spent in prefill, drafting or verifying is the metrics' time_other_s.
         Raises what `SpecMetrics.check` raises."""
         m = self.metrics
-        m.time_other_s = max(0.0, time.perf_counter() - start - m.time_prefill_s - m.time_draft_s
-                             - m.time_verify_s)
+        m.time_other_s = max(
+            0.0, time.perf_counter() - start - m.time_prefill_s - m.time_draft_s - m.time_verify_s
+        )
         m.num_output_tokens = len(self.output_ids)
         m.check()
         return GenerationResult(self.output_ids, self.text(), self.finish_reason, m)
 
 
-def decode_continuation(tokenizer: Any, prompt_ids: Sequence[int], output_ids: Sequence[int],
-                        skip_special_tokens: bool = False) -> str:
+def decode_continuation(
+    tokenizer: Any,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    skip_special_tokens: bool = False,
+) -> str:
     """The text output_ids add after prompt_ids.
 
     Decoding the output alone loses what depends on the tokens before it: SentencePiece-style
@@ -142,10 +171,12 @@ def decode_continuation(tokenizer: Any, prompt_ids: Sequence[int], output_ids: S
     character split across the boundary), the output alone. tokenizer: anything with
     decode(list[int]) -> str (and a skip_special_tokens keyword when that is asked for).
     """
-    options = {"skip_special_tokens": True} if skip_special_tokens else {}  # plain decode(ids) suffices
+    options = (
+        {"skip_special_tokens": True} if skip_special_tokens else {}
+    )  # plain decode(ids) suffices
     context = list(prompt_ids[-CONTEXT_TOKENS:])
     head = tokenizer.decode(context, **options)
     text = tokenizer.decode(context + list(output_ids), **options)
     if text.startswith(head):
-        return text[len(head):]
+        return text[len(head) :]
     return tokenizer.decode(list(output_ids), **options)

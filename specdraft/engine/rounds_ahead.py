@@ -55,8 +55,9 @@ class RoundsAhead:
     cache's last ones, the target cache's last num_draft_tokens slots.
     """
 
-    def __init__(self, rounds: GraphedRound, target: FastTarget, aux_layers: Sequence[int],
-                 max_seq_len: int) -> None:
+    def __init__(
+        self, rounds: GraphedRound, target: FastTarget, aux_layers: Sequence[int], max_seq_len: int
+    ) -> None:
         cache, spec = rounds.cache, rounds.spec
         n, rows, device = spec.num_draft_tokens, padded_rows(spec), cache.k.device
         self.rounds, self.target, self.aux_layers = rounds, target, tuple(aux_layers)
@@ -65,27 +66,45 @@ class RoundsAhead:
         # the state a draft round reads: pending ids [rows] and aux states [rows, n_aux*H] (the
         # first `count` are pending), count [1], start [1] (the draft cache's committed entries)
         self.ids = torch.zeros(rows, dtype=torch.long, device=device)
-        self.aux = torch.zeros(rows, rounds.fast.fc.shape[1], dtype=rounds.fast.fc.dtype, device=device)
+        self.aux = torch.zeros(
+            rows, rounds.fast.fc.shape[1], dtype=rounds.fast.fc.dtype, device=device
+        )
         self.count = torch.ones(1, dtype=torch.long, device=device)
         self.start = torch.zeros(1, dtype=torch.long, device=device)
-        self.inputs = [torch.zeros(1, n, dtype=torch.long, device=device),
-                       torch.zeros(1, n, dtype=torch.long, device=device),
-                       torch.zeros(n, dtype=torch.long, device=device),
-                       torch.zeros(1, 1, n, max_seq_len, dtype=torch.bool, device=device)]
-        self.selected = torch.ones(1, dtype=torch.bool, device=device)  # the round's selection is a tree
-        self.parents = torch.full((n,), -1, dtype=torch.long, device=device)  # a tree's, as the round selected them
-        self.verdict = torch.zeros(rows + 2, dtype=torch.long, device=device)  # argmaxes [rows], accepted, ok
+        self.inputs = [
+            torch.zeros(1, n, dtype=torch.long, device=device),
+            torch.zeros(1, n, dtype=torch.long, device=device),
+            torch.zeros(n, dtype=torch.long, device=device),
+            torch.zeros(1, 1, n, max_seq_len, dtype=torch.bool, device=device),
+        ]
+        self.selected = torch.ones(
+            1, dtype=torch.bool, device=device
+        )  # the round's selection is a tree
+        self.parents = torch.full(
+            (n,), -1, dtype=torch.long, device=device
+        )  # a tree's, as the round selected them
+        self.verdict = torch.zeros(
+            rows + 2, dtype=torch.long, device=device
+        )  # argmaxes [rows], accepted, ok
         cuda = device.type == "cuda"
-        self.host = torch.zeros(2, rows + 2, dtype=torch.long, pin_memory=cuda)  # two rounds in flight
+        self.host = torch.zeros(
+            2, rows + 2, dtype=torch.long, pin_memory=cuda
+        )  # two rounds in flight
         self.ready = [torch.cuda.Event() for _ in range(2)] if cuda else None
-        self.timing = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(2)] if cuda else None
+        self.timing = (
+            [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(2)]
+            if cuda
+            else None
+        )
         self.draft_graph = capture_graph(self.draft, reset=self.park)[0]
         self.verify_graphs: dict[int, torch.cuda.CUDAGraph] = {}  # by the target cache's address
 
     def draft(self) -> None:
         """The captured draft round: from the state, writing the verify's inputs."""
         out = self.rounds.round(self.ids, self.aux, self.start, self.count, self.inputs)
-        if self.tree:  # (parents, scores, ok): ok False when the selection kept a node without its parent
+        if (
+            self.tree
+        ):  # (parents, scores, ok): ok False when the selection kept a node without its parent
             self.parents.copy_(out[0])
             self.selected.copy_(out[2])
 
@@ -97,12 +116,17 @@ class RoundsAhead:
         out = self.target(*self.inputs, self.aux_layers)
         choices, aux = out.logits[0].argmax(-1), out.aux_hidden[0]  # [n], [n, n_aux*H]
         if self.tree:
-            from specdraft.engine.kernels import greedy_walk  # Triton: the interpreter without a GPU
-            path, accepted, ok = greedy_walk.greedy_path(input_ids[0], self.parents, choices, self.rows)
+            from specdraft.engine.kernels import (
+                greedy_walk,
+            )  # Triton: the interpreter without a GPU
+
+            path, accepted, ok = greedy_walk.greedy_path(
+                input_ids[0], self.parents, choices, self.rows
+            )
             # the path's K/V to slots prefix + 0..rows-1, gathered first (sources overlap them); the
             # slots past its end get the root's, which the next verify overwrites
             stack = self.target.kv_stack
-            stack.index_copy_(4, slots[:self.rows], stack.index_select(4, slots[path]))
+            stack.index_copy_(4, slots[: self.rows], stack.index_select(4, slots[path]))
             choices, aux = choices[path], aux[path]
         else:  # a chain's path is its first nodes (rows = n, in place): the drafts equal to the choice before them
             accepted = (input_ids[0, 1:] == choices[:-1]).long().cumprod(0).sum(0, keepdim=True)
@@ -166,7 +190,9 @@ class RoundsAhead:
         flights: deque[list] = deque()
         slot, clock, drafting = 0, time.perf_counter(), 0.0
         while req.finish_reason is None:
-            ahead = len(req.output_ids) + self.rows < req.max_new_tokens  # the oldest cannot end it by length
+            ahead = (
+                len(req.output_ids) + self.rows < req.max_new_tokens
+            )  # the oldest cannot end it by length
             while len(flights) < (2 if ahead else 1):
                 start = cache.length if not flights else flights[-1][1] + flights[-1][2]
                 flights.append([slot, start, None if flights else pending])
@@ -192,11 +218,17 @@ class RoundsAhead:
         values = self.host[slot].tolist()
         accepted, ok = values[self.rows], values[self.rows + 1]
         if not ok:
-            raise RuntimeError("draft tree of a round run ahead is no tree of distinct siblings: a node kept "
-                               "without its parent (scores not monotone along paths) or two siblings with one token")
+            raise RuntimeError(
+                "draft tree of a round run ahead is no tree of distinct siblings: a node kept "
+                "without its parent (scores not monotone along paths) or two siblings with one token"
+            )
         self.rounds.cache.commit(pending)
         req.length += accepted + 1
         req.metrics.record_step(self.n - 1, accepted)
-        req.emit(values[:accepted + 1])
-        seconds = self.timing[slot][0].elapsed_time(self.timing[slot][1]) / 1e3 if self.timing is not None else 0.0
+        req.emit(values[: accepted + 1])
+        seconds = (
+            self.timing[slot][0].elapsed_time(self.timing[slot][1]) / 1e3
+            if self.timing is not None
+            else 0.0
+        )
         return accepted + 1, seconds

@@ -66,7 +66,8 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     """
     if params.greedy:
         return torch.zeros_like(logits, dtype=torch.float32).scatter_(
-            -1, logits.argmax(-1, keepdim=True), 1.0)
+            -1, logits.argmax(-1, keepdim=True), 1.0
+        )
     x = logits.float() / params.temperature
     if 0 < params.top_k < x.shape[-1]:
         kth = x.topk(params.top_k, dim=-1).values[..., -1:]
@@ -74,7 +75,9 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     if params.top_p < 1.0:
         sorted_x, order = x.sort(dim=-1, descending=True)
         sorted_p = sorted_x.softmax(-1)
-        drop = sorted_p.cumsum(-1) - sorted_p >= params.top_p  # mass before it already reaches top_p
+        drop = (
+            sorted_p.cumsum(-1) - sorted_p >= params.top_p
+        )  # mass before it already reaches top_p
         x = x.scatter(-1, order, sorted_x.masked_fill(drop, float("-inf")))
     return x.softmax(-1)
 
@@ -113,8 +116,9 @@ def verify_greedy(parents: list[int], tokens: list[int], target_logits: Tensor) 
     return walk(parents, tokens, target_logits.argmax(-1).tolist())
 
 
-def verify_tree(parents: list[int], tokens: list[int], target_probs: Tensor,
-                generator: torch.Generator | None) -> Verdict:
+def verify_tree(
+    parents: list[int], tokens: list[int], target_probs: Tensor, generator: torch.Generator | None
+) -> Verdict:
     """T > 0, target-only: at each visited node draw x ~ p(node); descend if x is a child.
 
     target_probs: [N, V] float (from `logits_to_probs`). One draw per node is made up front
@@ -123,8 +127,9 @@ def verify_tree(parents: list[int], tokens: list[int], target_probs: Tensor,
     return walk(parents, tokens, sample(target_probs, generator).tolist())
 
 
-def verify_chain(target_probs: Tensor, draft_probs: Tensor, drafts: Tensor,
-                 generator: torch.Generator | None) -> Verdict:
+def verify_chain(
+    target_probs: Tensor, draft_probs: Tensor, drafts: Tensor, generator: torch.Generator | None
+) -> Verdict:
     """T > 0 chain with drafts sampled from q: speculative sampling (Leviathan et al. 2023).
 
     target_probs: [n+1, V], row i = p after node i (node 0 = root, node i = draft i).

@@ -43,7 +43,8 @@ class SpecConfig:
                 f"{self.num_draft_tokens}: a tree verifies 2 <= num_draft_tokens <= 1 + topk + "
                 f"(num_steps - 1) * topk^2 = {self.max_draft_tokens} nodes (the candidates its "
                 f"expansion produces, plus the root); use num_draft_tokens in 2..{self.max_draft_tokens}"
-                f" or more steps / a larger topk")
+                f" or more steps / a larger topk"
+            )
 
     @classmethod
     def chain(cls, num_steps: int) -> SpecConfig:
@@ -67,14 +68,20 @@ class SpecConfig:
 
     def sglang_args(self) -> list[str]:
         """The SGLang launch arguments that express this setting."""
-        return ["--speculative-num-steps", str(self.num_steps), "--speculative-eagle-topk",
-                str(self.topk), "--speculative-num-draft-tokens", str(self.num_draft_tokens)]
+        return [
+            "--speculative-num-steps",
+            str(self.num_steps),
+            "--speculative-eagle-topk",
+            str(self.topk),
+            "--speculative-num-draft-tokens",
+            str(self.num_draft_tokens),
+        ]
 
 
 def max_draft_tokens(num_steps: int, topk: int) -> int:
     """Nodes a tree of `num_steps` levels and `topk` children per node can verify, the root
     included: 1 + topk + (num_steps - 1)·topk² (SGLang's bound on num_draft_tokens)."""
-    return 1 + topk + (num_steps - 1) * topk ** 2
+    return 1 + topk + (num_steps - 1) * topk**2
 
 
 def chain_rule_message(num_steps: int, num_draft_tokens: int, engine: str = "sglang") -> str:
@@ -82,19 +89,29 @@ def chain_rule_message(num_steps: int, num_draft_tokens: int, engine: str = "sgl
     engine "vllm" (which runs chains only): the chain fixes alone."""
     fixes = [f"num_steps {num_steps} / num_draft_tokens {num_steps + 1} (keep the depth)"]
     if num_draft_tokens >= 2:
-        fixes.append(f"num_steps {num_draft_tokens - 1} / num_draft_tokens {num_draft_tokens} "
-                     f"(keep the verified count)")
+        fixes.append(
+            f"num_steps {num_draft_tokens - 1} / num_draft_tokens {num_draft_tokens} "
+            f"(keep the verified count)"
+        )
     if engine == "vllm":
-        return (f"speculative settings num_steps {num_steps}, num_draft_tokens {num_draft_tokens}: vLLM runs "
-                f"chains only (num_speculative_tokens = num_steps), which verify num_steps + 1 = "
-                f"{num_steps + 1} nodes; use {' or '.join(fixes)}")
+        return (
+            f"speculative settings num_steps {num_steps}, num_draft_tokens {num_draft_tokens}: vLLM runs "
+            f"chains only (num_speculative_tokens = num_steps), which verify num_steps + 1 = "
+            f"{num_steps + 1} nodes; use {' or '.join(fixes)}"
+        )
     tree = smallest_tree(num_steps, num_draft_tokens)
-    tree_text = (f"or a tree (topk > 1), e.g. topk {tree.topk}, num_steps {tree.num_steps}, "
-                 f"num_draft_tokens {tree.num_draft_tokens}" if tree else "or a tree (topk > 1)")
-    return (f"speculative settings topk 1, num_steps {num_steps}, num_draft_tokens {num_draft_tokens}: "
-            f"with topk 1 (a chain) num_draft_tokens must be num_steps + 1 = {num_steps + 1}; SGLang "
-            f"would silently set num_draft_tokens = {num_steps + 1}, specdraft refuses. Use topk 1 with "
-            f"{' or '.join(fixes)}, {tree_text}")
+    tree_text = (
+        f"or a tree (topk > 1), e.g. topk {tree.topk}, num_steps {tree.num_steps}, "
+        f"num_draft_tokens {tree.num_draft_tokens}"
+        if tree
+        else "or a tree (topk > 1)"
+    )
+    return (
+        f"speculative settings topk 1, num_steps {num_steps}, num_draft_tokens {num_draft_tokens}: "
+        f"with topk 1 (a chain) num_draft_tokens must be num_steps + 1 = {num_steps + 1}; SGLang "
+        f"would silently set num_draft_tokens = {num_steps + 1}, specdraft refuses. Use topk 1 with "
+        f"{' or '.join(fixes)}, {tree_text}"
+    )
 
 
 def smallest_tree(num_steps: int, num_draft_tokens: int) -> SpecConfig | None:

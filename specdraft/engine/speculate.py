@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -42,11 +43,18 @@ from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.graphs import GraphedTarget
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.metrics import SpecMetrics
-from specdraft.engine.rounds_ahead import RoundsAhead, padded_rows
 from specdraft.engine.requests import GenerationResult, Request, TokenCallback, check_request
+from specdraft.engine.rounds_ahead import RoundsAhead, padded_rows
 from specdraft.engine.sampling import SamplingParams, Verdict, logits_to_probs, sample
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import DraftTree, SelectedTree, TreeExpansion, depths_of, tree_of, verify_mask
+from specdraft.engine.tree import (
+    DraftTree,
+    SelectedTree,
+    TreeExpansion,
+    depths_of,
+    tree_of,
+    verify_mask,
+)
 
 # Attention kernels for the drafter. Not cuDNN: it builds an execution plan for every new
 # shape, and the drafter's past grows every round (benchmarks/RESULTS.md). The target
@@ -73,9 +81,17 @@ class SpeculativeEngine:
     aux layers) or topk exceeds the draft vocabulary.
     """
 
-    def __init__(self, target: FastTarget, draft: Eagle3Draft | None, spec: SpecConfig | None,
-                 aux_layers: Sequence[int] | None, max_seq_len: int, device: torch.device | str,
-                 tokenizer: Any = None, compile: bool = False) -> None:
+    def __init__(
+        self,
+        target: FastTarget,
+        draft: Eagle3Draft | None,
+        spec: SpecConfig | None,
+        aux_layers: Sequence[int] | None,
+        max_seq_len: int,
+        device: torch.device | str,
+        tokenizer: Any = None,
+        compile: bool = False,
+    ) -> None:
         self.target, self.device, self.tokenizer = target, torch.device(device), tokenizer
         self.draft = draft if spec is not None else None
         self.spec = spec if draft is not None else None
@@ -85,17 +101,24 @@ class SpeculativeEngine:
             self.aux_layers = tuple(aux_layers if aux_layers is not None else draft.cfg.aux_layers)
         self.total = SpecMetrics()
         self.notes: list[str] = []  # what a user should know about the pairing (`load_engine`)
-        self.runner = TargetRunner(target, self.aux_layers, max_seq_len, self.device)  # allocates the cache
+        self.runner = TargetRunner(
+            target, self.aux_layers, max_seq_len, self.device
+        )  # allocates the cache
         if self.draft is not None:
             self.setup_draft()
         self.run_round: GraphedRound | None = None  # greedy rounds as one graph (compile=True)
         self.rounds_ahead: RoundsAhead | None = None  # greedy rounds one round ahead (compile=True)
         # a graphed round's GPU time (it runs behind the host: read once the verdict is read)
-        self.round_events = ((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                             if self.device.type == "cuda" else None)
+        self.round_events = (
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            if self.device.type == "cuda"
+            else None
+        )
         self.round_timed = False
         self.target_kernels = self.draft_kernels = "torch"
-        self.target_path = "fast"  # or "transformers" (`hf_target.HFTarget`, set by `load.load_engine`)
+        self.target_path = (
+            "fast"  # or "transformers" (`hf_target.HFTarget`, set by `load.load_engine`)
+        )
         if compile and self.device.type == "cuda":
             self.compile()
 
@@ -105,10 +128,16 @@ class SpeculativeEngine:
         check_pairing(self.target, draft, self.aux_layers, spec)
         cfg, scratch = draft.cfg, (spec.num_steps - 1) * spec.topk
         # + MAX_TOKENS entries no request reaches: GraphedDraft's captures write there
-        self.draft_cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim,
-                                      self.max_seq_len + scratch + fused_decode.MAX_TOKENS, draft.fc.weight.dtype,
-                                      self.device)
-        self.draft_vocab = draft.draft_to_target(torch.arange(cfg.draft_vocab_size, device=self.device))
+        self.draft_cache = DraftCache(
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            self.max_seq_len + scratch + fused_decode.MAX_TOKENS,
+            draft.fc.weight.dtype,
+            self.device,
+        )
+        self.draft_vocab = draft.draft_to_target(
+            torch.arange(cfg.draft_vocab_size, device=self.device)
+        )
         self.fast_draft = FastDraft(draft)
         self.run_draft: FastDraft | GraphedDraft = self.fast_draft
 
@@ -121,19 +150,37 @@ class SpeculativeEngine:
             return
         reason, spec = self.fast_draft.use_triton(), self.spec
         if reason is None:
-            self.run_draft = GraphedDraft(self.fast_draft, self.draft_cache, draft_graph_keys(spec.num_steps, spec.topk))
-            self.run_round = GraphedRound(self.fast_draft, self.draft_cache, spec, self.draft_vocab,
-                                          self.target.args.vocab_size, self.verify_inputs() if spec.topk > 1 else None)
+            self.run_draft = GraphedDraft(
+                self.fast_draft, self.draft_cache, draft_graph_keys(spec.num_steps, spec.topk)
+            )
+            self.run_round = GraphedRound(
+                self.fast_draft,
+                self.draft_cache,
+                spec,
+                self.draft_vocab,
+                self.target.args.vocab_size,
+                self.verify_inputs() if spec.topk > 1 else None,
+            )
             if padded_rows(spec) <= fused_decode.MAX_TOKENS:  # a padded round's first drafter step
-                self.rounds_ahead = RoundsAhead(self.run_round, self.target, self.aux_layers, self.max_seq_len)
+                self.rounds_ahead = RoundsAhead(
+                    self.run_round, self.target, self.aux_layers, self.max_seq_len
+                )
         self.draft_kernels = "triton" if reason is None else f"torch, eager ({reason})"
 
     # ---- public -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, eos_ids: Sequence[int] = (),
-                 stop: Sequence[str] | None = None, seed: int | None = None,
-                 on_tokens: TokenCallback | None = None) -> GenerationResult:
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        eos_ids: Sequence[int] = (),
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+        on_tokens: TokenCallback | None = None,
+    ) -> GenerationResult:
         """Generate up to max_new_tokens after prompt_ids (target vocabulary ids).
 
         temperature 0 = greedy (output = the target's greedy output); > 0 samples losslessly
@@ -143,14 +190,23 @@ class SpeculativeEngine:
         of newly emitted ids. Raises ValueError for an empty prompt, max_new_tokens < 1, stop
         strings without tokenizer, or a length beyond the caches / max positions (with numbers).
         """
-        req = self.new_request(list(prompt_ids), max_new_tokens, SamplingParams(temperature, top_p, top_k),
-                               eos_ids, stop, seed, on_tokens)
+        req = self.new_request(
+            list(prompt_ids),
+            max_new_tokens,
+            SamplingParams(temperature, top_p, top_k),
+            eos_ids,
+            stop,
+            seed,
+            on_tokens,
+        )
         start = time.perf_counter()
         req.emit([self.prefill(req)])
         if self.draft is None and self.runner.graphed is not None and req.finish_reason is None:
             self.runner.graphed.decode_ahead(req, self.max_seq_len)
         if self.rounds_ahead is not None and req.params.greedy and req.finish_reason is None:
-            self.step(req)  # the prompt's pending positions: more than a round from device state holds
+            self.step(
+                req
+            )  # the prompt's pending positions: more than a round from device state holds
             if req.finish_reason is None:
                 self.rounds_ahead.run(req)
         while req.finish_reason is None:
@@ -159,28 +215,58 @@ class SpeculativeEngine:
         self.total = self.total.merge(result.metrics)
         return result
 
-    def new_request(self, prompt_ids: list[int], max_new_tokens: int, params: SamplingParams,
-                    eos_ids: Sequence[int], stop: Sequence[str] | None, seed: int | None,
-                    on_tokens: TokenCallback | None) -> Request:
+    def new_request(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        params: SamplingParams,
+        eos_ids: Sequence[int],
+        stop: Sequence[str] | None,
+        seed: int | None,
+        on_tokens: TokenCallback | None,
+    ) -> Request:
         """Validate a request and build its state (checks lengths before any compute)."""
         check_request(prompt_ids, max_new_tokens, stop, self.tokenizer)
         self.check_limits(len(prompt_ids), max_new_tokens)
-        return Request.new(prompt_ids, max_new_tokens, params, eos_ids, stop, seed, on_tokens, self.tokenizer,
-                           self.device, self.spec.num_steps if self.spec else 0)
+        return Request.new(
+            prompt_ids,
+            max_new_tokens,
+            params,
+            eos_ids,
+            stop,
+            seed,
+            on_tokens,
+            self.tokenizer,
+            self.device,
+            self.spec.num_steps if self.spec else 0,
+        )
 
     def context_limits(self) -> list[tuple[str, int]]:
         """Each limit on a request's length as (what sets it, the longest prompt + max_new_tokens
         it allows): the target's and the drafter's max positions, and the cache, which also holds
         one round's verified nodes (max_seq_len - num_draft_tokens; 1 without a drafter)."""
         tree = self.spec.num_draft_tokens if self.spec else 1
-        limits = [(f"the target's max_position_embeddings {self.target.args.max_position_embeddings}",
-                   self.target.args.max_position_embeddings)]
+        limits = [
+            (
+                f"the target's max_position_embeddings {self.target.args.max_position_embeddings}",
+                self.target.args.max_position_embeddings,
+            )
+        ]
         if self.draft is not None:
-            limits.append((f"the drafter's max_position_embeddings {self.draft.cfg.max_position_embeddings}",
-                           self.draft.cfg.max_position_embeddings))
-        limits.append((f"the engine's max_seq_len {self.max_seq_len} less {tree} verified "
-                       f"node{'s' if tree > 1 else ''}"
-                       f" ({self.max_seq_len - tree})", self.max_seq_len - tree))
+            limits.append(
+                (
+                    f"the drafter's max_position_embeddings {self.draft.cfg.max_position_embeddings}",
+                    self.draft.cfg.max_position_embeddings,
+                )
+            )
+        limits.append(
+            (
+                f"the engine's max_seq_len {self.max_seq_len} less {tree} verified "
+                f"node{'s' if tree > 1 else ''}"
+                f" ({self.max_seq_len - tree})",
+                self.max_seq_len - tree,
+            )
+        )
         return limits
 
     def longest_request(self) -> int:
@@ -203,19 +289,27 @@ class SpeculativeEngine:
             advice = f"shorten the prompt to at most {longest - max_new_tokens} tokens"
         else:
             advice = f"shorten the prompt and ask for fewer new tokens (together at most {longest})"
-        needed = total + (self.spec.num_draft_tokens if self.spec else 1)  # the cache this request needs
+        needed = total + (
+            self.spec.num_draft_tokens if self.spec else 1
+        )  # the cache this request needs
         if name.startswith("the drafter"):
             advice += ", or decode without the drafter (its positions then do not bind)"
         elif all(total <= limit for _, limit in limits[:-1]) and needed <= limits[0][1]:
             advice += f", or build the engine with max_seq_len >= {needed}"
-        raise ValueError(f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} = {total} tokens "
-                         f"exceeds {name}: {advice}")
+        raise ValueError(
+            f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} = {total} tokens "
+            f"exceeds {name}: {advice}"
+        )
 
     # ---- the loop -----------------------------------------------------------------------------
     def step(self, req: Request) -> None:
         """One speculative round: draft a tree, verify it in one target forward, accept, commit."""
         t0 = time.perf_counter()
-        tree = self.draft_tree(req) if self.draft is not None else DraftTree.root_only(req.output_ids[-1])
+        tree = (
+            self.draft_tree(req)
+            if self.draft is not None
+            else DraftTree.root_only(req.output_ids[-1])
+        )
         t1 = time.perf_counter()
         tree, tokens, verdict, aux = self.verify(req, tree)
         emitted = [tokens[node] for node in verdict.accepted] + [verdict.bonus]
@@ -225,13 +319,17 @@ class SpeculativeEngine:
         if self.round_timed:
             start, end = self.round_events
             drafting, self.round_timed = min(t2 - t1, start.elapsed_time(end) / 1e3), False
-        if self.draft is not None:  # plain decoding's root-only tree is bookkeeping ("other"), not drafting
+        if (
+            self.draft is not None
+        ):  # plain decoding's root-only tree is bookkeeping ("other"), not drafting
             req.metrics.time_draft_s += t1 - t0 + drafting
         req.metrics.time_verify_s += t2 - t1 - drafting
         req.metrics.record_step(tree.num_nodes - 1, len(verdict.accepted))
         req.emit(emitted)
 
-    def verify(self, req: Request, tree: DraftTree | SelectedTree) -> tuple[DraftTree, list[int], Verdict, Tensor | None]:
+    def verify(
+        self, req: Request, tree: DraftTree | SelectedTree
+    ) -> tuple[DraftTree, list[int], Verdict, Tensor | None]:
         """ONE target forward over the tree (root + drafts, tree mask, depth positions), then
         `accept`: (the tree, its tokens as a list, the verdict, aux states [N, n_aux*H] or None)."""
         if isinstance(tree, SelectedTree):  # the verify's inputs are on the device already
@@ -239,8 +337,9 @@ class SpeculativeEngine:
             tree, tokens, verdict = self.read_selected(req, tree, logits)
             return tree, tokens, verdict, aux
         mask = verify_mask(tree, req.length, self.runner.mask_width(req.length + tree.num_nodes))
-        logits, aux = self.runner.forward(tree.tokens, req.length + torch.tensor(tree.depths), req.length, mask,
-                                          graphed=True)
+        logits, aux = self.runner.forward(
+            tree.tokens, req.length + torch.tensor(tree.depths), req.length, mask, graphed=True
+        )
         tokens = tree.tokens.tolist()
         return tree, tokens, self.accept(req, tree, tokens, logits), aux
 
@@ -250,8 +349,12 @@ class SpeculativeEngine:
         self.runner.reserve()  # the target's cache may have been rebuilt by another user
         n = len(req.prompt_ids)
         ids = torch.tensor(req.prompt_ids, device=self.device)
-        logits, aux = self.runner.forward(ids, torch.arange(n, device=self.device), 0,
-                                          causal_mask(0, n, self.runner.mask_width(n), device=self.device))
+        logits, aux = self.runner.forward(
+            ids,
+            torch.arange(n, device=self.device),
+            0,
+            causal_mask(0, n, self.runner.mask_width(n), device=self.device),
+        )
         token = int(sample(logits_to_probs(logits[-1], req.params), req.generator))
         req.length = n
         if self.draft is not None:
@@ -291,8 +394,10 @@ class SpeculativeEngine:
         cache.commit(m)
         if spec.topk > 1:  # its tree's positions start at the draft cache's committed entries
             if cache.length != req.length:
-                raise RuntimeError(f"draft cache holds {cache.length} entries, the target {req.length}: "
-                                   "a graphed tree round would verify at wrong positions")
+                raise RuntimeError(
+                    f"draft cache holds {cache.length} entries, the target {req.length}: "
+                    "a graphed tree round would verify at wrong positions"
+                )
             return SelectedTree(*candidates)
         return tree_of(*candidates, None, None, spec.num_draft_tokens, out)
 
@@ -301,24 +406,50 @@ class SpeculativeEngine:
         steps, each expanding the frontier (`TreeExpansion`); sampled: a chain drawn at T > 0."""
         draft, cache, spec = self.run_draft, self.draft_cache, self.spec
         start, m = cache.length, req.pending_ids.numel()
-        expansion = TreeExpansion(req.output_ids[-1], spec.topk, sampled, req.params, self.draft_vocab,
-                                  self.target.args.vocab_size, req.generator, kernels=self.fast_draft.triton_kernels)
+        expansion = TreeExpansion(
+            req.output_ids[-1],
+            spec.topk,
+            sampled,
+            req.params,
+            self.draft_vocab,
+            self.target.args.vocab_size,
+            req.generator,
+            kernels=self.fast_draft.triton_kernels,
+        )
         with self.draft_attention():
             positions = torch.arange(start, start + m, device=self.device)
-            logits, hidden = draft(req.pending_ids, req.pending_aux, positions, first_step=True, cache=cache,
-                                   start=start)
+            logits, hidden = draft(
+                req.pending_ids,
+                req.pending_aux,
+                positions,
+                first_step=True,
+                cache=cache,
+                start=start,
+            )
             cache.commit(m)
             tokens, hidden = expansion.expand(logits[-1:], hidden[-1:], written=False)
-            for step in range(1, spec.num_steps):  # frontier at depth `step`, RoPE position t + step
+            for step in range(
+                1, spec.num_steps
+            ):  # frontier at depth `step`, RoPE position t + step
                 past = cache.length + expansion.num_scratch
-                position = torch.full((tokens.numel(),), cache.length - 1 + step, device=self.device)
-                logits, hidden = draft(tokens, hidden, position, first_step=False, cache=cache, start=past,
-                                       attn_mask=expansion.draft_mask(cache.length))
+                position = torch.full(
+                    (tokens.numel(),), cache.length - 1 + step, device=self.device
+                )
+                logits, hidden = draft(
+                    tokens,
+                    hidden,
+                    position,
+                    first_step=False,
+                    cache=cache,
+                    start=past,
+                    attn_mask=expansion.draft_mask(cache.length),
+                )
                 tokens, hidden = expansion.expand(logits, hidden, written=True)
         return expansion.tree(spec.num_draft_tokens, out=out)
 
-    def read_selected(self, req: Request, selected: SelectedTree,
-                      logits: Tensor) -> tuple[DraftTree, list[int], Verdict]:
+    def read_selected(
+        self, req: Request, selected: SelectedTree, logits: Tensor
+    ) -> tuple[DraftTree, list[int], Verdict]:
         """The tree a graphed round selected, its tokens and the verdict (`accept`'s rules for a
         tree of top-k children: the target's argmax, or one draw from p per node), from one
         read of the device after the verify. Raises RuntimeError when the selection kept a node
@@ -329,11 +460,15 @@ class SpeculativeEngine:
         else:
             choices = sample(logits_to_probs(logits, req.params), req.generator)
         n = token_ids.numel()
-        packed = torch.cat([token_ids, selected.parents, choices, selected.ok.view(1).long()]).tolist()
+        packed = torch.cat(
+            [token_ids, selected.parents, choices, selected.ok.view(1).long()]
+        ).tolist()
         if not packed[-1]:
-            raise RuntimeError("draft tree selection kept nodes without their parents: scores are not monotone "
-                               "along paths")
-        tokens, parents, choice = packed[:n], packed[n:2 * n], packed[2 * n:3 * n]
+            raise RuntimeError(
+                "draft tree selection kept nodes without their parents: scores are not monotone "
+                "along paths"
+            )
+        tokens, parents, choice = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
         tree = DraftTree(token_ids, parents, depths_of(parents), selected.scores)
         return tree, tokens, sampling.walk(parents, tokens, choice)
 
@@ -344,7 +479,11 @@ class SpeculativeEngine:
     def draft_attention(self) -> contextlib.AbstractContextManager:
         """The drafter's attention kernels (CUDA: not cuDNN, see DRAFT_SDPA_BACKENDS); on the CPU
         nothing to choose, and entering sdpa_kernel costs more than a drafter matmul."""
-        return sdpa_kernel(DRAFT_SDPA_BACKENDS) if self.device.type == "cuda" else contextlib.nullcontext()
+        return (
+            sdpa_kernel(DRAFT_SDPA_BACKENDS)
+            if self.device.type == "cuda"
+            else contextlib.nullcontext()
+        )
 
     def accept(self, req: Request, tree: DraftTree, tokens: list[int], logits: Tensor) -> Verdict:
         """Apply the acceptance rule that keeps this tree lossless (see `sampling`); tokens =
@@ -356,18 +495,22 @@ class SpeculativeEngine:
             return sampling.verify_chain(probs, tree.draft_probs, tree.tokens[1:], req.generator)
         return sampling.verify_tree(tree.parents, tokens, probs, req.generator)
 
-    def commit(self, req: Request, verdict: Verdict, emitted: list[int], aux: Tensor | None) -> None:
+    def commit(
+        self, req: Request, verdict: Verdict, emitted: list[int], aux: Tensor | None
+    ) -> None:
         """Keep the accepted path in the target cache; queue its aux states for the drafter
         (emitted: the accepted tokens and the bonus, which follow the path's positions)."""
         path = [0] + verdict.accepted
-        contiguous = path[-1] == len(path) - 1  # a path is increasing: 0..n-1 is the only one ending at n-1
+        contiguous = (
+            path[-1] == len(path) - 1
+        )  # a path is increasing: 0..n-1 is the only one ending at n-1
         nodes = None if contiguous else torch.tensor(path, device=self.device)
         if nodes is not None:
             self.target.compact_cache(nodes + req.length, req.length)
         req.length += len(path)
         if self.draft is not None:
             req.pending_ids = torch.tensor(emitted, device=self.device)
-            kept = aux[:len(path)] if nodes is None else aux[nodes]
+            kept = aux[: len(path)] if nodes is None else aux[nodes]
             req.pending_aux = kept.to(self.fast_draft.fc.dtype)
 
 
@@ -377,9 +520,19 @@ class TargetRunner:
     eager until `compile` (CUDA only), then decode and verify forwards replay CUDA graphs
     (`graphs.GraphedTarget`)."""
 
-    def __init__(self, target: FastTarget, aux_layers: tuple[int, ...], max_seq_len: int,
-                 device: torch.device) -> None:
-        self.target, self.aux_layers, self.max_seq_len, self.device = target, aux_layers, max_seq_len, device
+    def __init__(
+        self,
+        target: FastTarget,
+        aux_layers: tuple[int, ...],
+        max_seq_len: int,
+        device: torch.device,
+    ) -> None:
+        self.target, self.aux_layers, self.max_seq_len, self.device = (
+            target,
+            aux_layers,
+            max_seq_len,
+            device,
+        )
         self.graphed: GraphedTarget | None = None
         # `hf_target.HFTarget` reads the mask and slots on the host: its inputs are not copied
         self.host_inputs = getattr(target, "host_inputs", False)
@@ -408,8 +561,9 @@ class TargetRunner:
         compiled layers and CUDA graphs)."""
         return self.max_seq_len if self.graphed is not None else num_slots
 
-    def forward(self, tokens: Tensor, positions: Tensor, start: int, mask: Tensor,
-                graphed: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, tokens: Tensor, positions: Tensor, start: int, mask: Tensor, graphed: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """Target forward of T tokens written at slots start..start+T-1: logits [T, V] float32,
         aux states [T, n_aux*H] (None in plain decoding). tokens [T], positions [T] long and
         mask [1, 1, T, S] bool on the CPU or the engine device. graphed: replay a CUDA graph
@@ -434,9 +588,15 @@ class TargetRunner:
         if self.graphed is not None:
             return self.graphed.device_inputs(n, self.max_seq_len)
         if self.verify_buffers is None:
-            self.verify_buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for shape, dtype in
-                                   (((1, n), torch.long), ((1, n), torch.long), ((n,), torch.long),
-                                    ((1, 1, n, self.max_seq_len), torch.bool))]
+            self.verify_buffers = [
+                torch.zeros(shape, dtype=dtype, device=self.device)
+                for shape, dtype in (
+                    ((1, n), torch.long),
+                    ((1, n), torch.long),
+                    ((n,), torch.long),
+                    ((1, 1, n, self.max_seq_len), torch.bool),
+                )
+            ]
         return self.verify_buffers
 
     def forward_in_place(self, inputs: Sequence[Tensor]) -> tuple[Tensor, Tensor | None]:
@@ -451,26 +611,36 @@ class TargetRunner:
         return None if self.graphed is None else self.graphed.device_input_ids(n, self.max_seq_len)
 
 
-def check_pairing(target: FastTarget, draft: Eagle3Draft, aux_layers: tuple[int, ...],
-                  spec: SpecConfig) -> None:
+def check_pairing(
+    target: FastTarget, draft: Eagle3Draft, aux_layers: tuple[int, ...], spec: SpecConfig
+) -> None:
     """Raise ValueError naming the mismatch when `draft` was not built for `target` / `aux_layers`."""
     cfg, args = draft.cfg, target.args
     problems = []
     if cfg.target_hidden_size != args.hidden_size:
-        problems.append(f"drafter target_hidden_size {cfg.target_hidden_size} != target hidden_size "
-                        f"{args.hidden_size}")
+        problems.append(
+            f"drafter target_hidden_size {cfg.target_hidden_size} != target hidden_size "
+            f"{args.hidden_size}"
+        )
     if cfg.vocab_size != args.vocab_size:
-        problems.append(f"drafter vocab_size {cfg.vocab_size} != target vocab_size {args.vocab_size}")
+        problems.append(
+            f"drafter vocab_size {cfg.vocab_size} != target vocab_size {args.vocab_size}"
+        )
     if cfg.target_num_layers != args.num_layers:
-        problems.append(f"drafter target_num_layers {cfg.target_num_layers} != target num_layers "
-                        f"{args.num_layers}")
+        problems.append(
+            f"drafter target_num_layers {cfg.target_num_layers} != target num_layers "
+            f"{args.num_layers}"
+        )
     if tuple(aux_layers) != tuple(cfg.aux_layers):
-        problems.append(f"aux layers {list(aux_layers)} != the drafter's training layers "
-                        f"{list(cfg.aux_layers)}")
+        problems.append(
+            f"aux layers {list(aux_layers)} != the drafter's training layers {list(cfg.aux_layers)}"
+        )
     if spec.topk > cfg.draft_vocab_size:
         problems.append(f"topk {spec.topk} > draft vocabulary {cfg.draft_vocab_size}")
     if not draft.embedding_loaded:
-        problems.append("the drafter's shared embedding is not loaded (call "
-                        "draft.load_target_embedding(target.tok_embeddings.weight))")
+        problems.append(
+            "the drafter's shared embedding is not loaded (call "
+            "draft.load_target_embedding(target.tok_embeddings.weight))"
+        )
     if problems:
         raise ValueError("drafter does not fit the target: " + "; ".join(problems))

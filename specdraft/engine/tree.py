@@ -93,7 +93,9 @@ def verify_mask(tree: DraftTree, prefix_len: int, num_slots: int) -> Tensor:
         # across every CPU thread, costly on a many-core host: benchmarks/RESULTS.md)
         return causal_mask(prefix_len, n, num_slots)
     framed = framed_ancestors(tree.ancestor_mask())
-    return ancestor_verify_mask(framed, torch.tensor([prefix_len]), torch.arange(num_slots))[None, None]
+    return ancestor_verify_mask(framed, torch.tensor([prefix_len]), torch.arange(num_slots))[
+        None, None
+    ]
 
 
 def select(parents: list[int], scores: Tensor, num_keep: int) -> list[int]:
@@ -108,13 +110,16 @@ def select(parents: list[int], scores: Tensor, num_keep: int) -> list[int]:
     kept = set(keep)
     orphans = [i for i in keep[1:] if parents[i] not in kept]
     if orphans:
-        raise RuntimeError(f"draft tree selection kept nodes {orphans} without their parents: "
-                           "scores are not monotone along paths")
+        raise RuntimeError(
+            f"draft tree selection kept nodes {orphans} without their parents: "
+            "scores are not monotone along paths"
+        )
     return keep
 
 
-def select_on_device(parents: Tensor, scores: Tensor, num_keep: int,
-                     max_depth: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def select_on_device(
+    parents: Tensor, scores: Tensor, num_keep: int, max_depth: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """`select` and `tree_of`'s bookkeeping without leaving the device: fixed shapes, no host
     sync, so a CUDA graph can capture it (`GraphedRound` selects a tree's nodes and writes its
     verify inputs before the host sees them).
@@ -157,11 +162,13 @@ def framed_ancestors(ancestors: Tensor) -> Tensor:
     n = ancestors.shape[0]
     framed = torch.zeros(n, n + 2, dtype=torch.bool, device=ancestors.device)
     framed[:, 0] = True
-    framed[:, 1:n + 1] = ancestors
+    framed[:, 1 : n + 1] = ancestors
     return framed
 
 
-def ancestor_verify_mask(framed: Tensor, prefix_len: Tensor, columns: Tensor, out: Tensor | None = None) -> Tensor:
+def ancestor_verify_mask(
+    framed: Tensor, prefix_len: Tensor, columns: Tensor, out: Tensor | None = None
+) -> Tensor:
     """The verify mask [N, S] bool of a tree written at slots prefix_len .. prefix_len + N - 1,
     from tensors on any device (`verify_mask` on the host, a graphed round on the GPU): every
     node sees the prefix, then its ancestors and itself. framed: [N, N+2] bool
@@ -186,26 +193,43 @@ class TreeExpansion:
     scratch entry is an ancestor of the next row (no draft mask) and every node is verified.
     """
 
-    def __init__(self, root_token: int | Tensor, topk: int, sampled: bool, params: SamplingParams,
-                 draft_to_target: Tensor, vocab_size: int, generator: torch.Generator | None,
-                 kernels: bool = False) -> None:
+    def __init__(
+        self,
+        root_token: int | Tensor,
+        topk: int,
+        sampled: bool,
+        params: SamplingParams,
+        draft_to_target: Tensor,
+        vocab_size: int,
+        generator: torch.Generator | None,
+        kernels: bool = False,
+    ) -> None:
         device = draft_to_target.device
         self.topk, self.sampled, self.params, self.generator = topk, sampled, params, generator
         self.kernels = False
         if kernels and not sampled:
             from specdraft.engine.kernels.expand_ops import MAX_VOCAB
+
             self.kernels = draft_to_target.numel() <= MAX_VOCAB
         self.draft_to_target, self.vocab_size = draft_to_target, vocab_size
-        root = root_token if isinstance(root_token, Tensor) else draft_to_target.new_tensor([root_token])
+        root = (
+            root_token
+            if isinstance(root_token, Tensor)
+            else draft_to_target.new_tensor([root_token])
+        )
         self.tokens = [root]
         self.scores = [torch.zeros(1, device=device)]
         self.probs: list[Tensor] = []
         self.num_nodes = 1
-        self.num_scratch = 0  # draft-cache scratch entries written so far (frontier rows of steps >= 1)
+        self.num_scratch = (
+            0  # draft-cache scratch entries written so far (frontier rows of steps >= 1)
+        )
         self.frontier_scores = self.scores[0]
         if topk > 1:  # a tree's bookkeeping (device tensors, no host copy: capturable)
             self.root_parent = torch.full((1,), -1, device=device)
-            self.frontiers = [torch.zeros(1, dtype=torch.long, device=device)]  # node ids [F] of each frontier
+            self.frontiers = [
+                torch.zeros(1, dtype=torch.long, device=device)
+            ]  # node ids [F] of each frontier
             # [F, C]: the scratch entries each frontier row sees once the frontier is written there
             # (C = num_scratch + F): its ancestors' and its own; the root's row sees none
             self.seen = torch.zeros(1, 0, dtype=torch.bool, device=device)
@@ -218,7 +242,9 @@ class TreeExpansion:
         if self.topk == 1:
             return None
         f, device = self.seen.shape[0], self.seen.device
-        return torch.cat([torch.ones(f, committed, dtype=torch.bool, device=device), self.seen], dim=1)[None, None]
+        return torch.cat(
+            [torch.ones(f, committed, dtype=torch.bool, device=device), self.seen], dim=1
+        )[None, None]
 
     def cache_mask(self, prefix: Tensor, scratch_slots: Tensor) -> Tensor:
         """A tree's `draft_mask` over the whole draft cache, from device values (what a CUDA
@@ -227,9 +253,12 @@ class TreeExpansion:
         entry (committed + 0, 1, ...)."""
         if self.kernels:
             from specdraft.engine.kernels.expand_ops import tree_mask
+
             return tree_mask(self.seen, scratch_slots[:1], prefix.numel())
         f, width = self.seen.shape
-        return prefix.expand(f, -1).clone().scatter_(1, scratch_slots[:width].expand(f, -1), self.seen)
+        return (
+            prefix.expand(f, -1).clone().scatter_(1, scratch_slots[:width].expand(f, -1), self.seen)
+        )
 
     def expand(self, logits: Tensor, hidden: Tensor, written: bool) -> tuple[Tensor, Tensor]:
         """Add the children of the frontier and move the frontier to the best topk of them.
@@ -245,15 +274,22 @@ class TreeExpansion:
             return tokens, hidden
         if self.kernels:
             from specdraft.engine.kernels.expand_ops import next_frontier
+
             self.frontier_scores, nodes, tokens, hidden, self.seen = next_frontier(
-                scores, tokens, hidden, self.seen[:, :self.num_scratch], self.topk, self.topk,
-                self.num_nodes - scores.numel())
+                scores,
+                tokens,
+                hidden,
+                self.seen[:, : self.num_scratch],
+                self.topk,
+                self.topk,
+                self.num_nodes - scores.numel(),
+            )
             self.frontiers.append(nodes)
             return tokens, hidden
         self.frontier_scores, best = scores.topk(self.topk)
         rows = best // self.topk
         self.frontiers.append(best + (self.num_nodes - scores.numel()))
-        self.seen = torch.cat([self.seen[:, :self.num_scratch][rows], self.eye], 1)
+        self.seen = torch.cat([self.seen[:, : self.num_scratch][rows], self.eye], 1)
         return tokens[best], hidden[rows]
 
     def add_children(self, logits: Tensor, written: bool) -> tuple[Tensor, Tensor]:
@@ -263,6 +299,7 @@ class TreeExpansion:
         f, k = logits.shape[0], 1 if self.sampled else self.topk
         if self.kernels:
             from specdraft.engine.kernels.expand_ops import child_topk
+
             tokens, scores = child_topk(logits, self.frontier_scores, self.draft_to_target, k)
         else:
             tokens, scores = self.torch_children(logits)
@@ -278,11 +315,15 @@ class TreeExpansion:
         if self.sampled:
             q = logits_to_probs(logits, self.params)  # [1, Vd]
             child = sample(q, self.generator)[:, None]
-            self.probs.append(q.new_zeros(1, self.vocab_size).index_copy_(1, self.draft_to_target, q))
+            self.probs.append(
+                q.new_zeros(1, self.vocab_size).index_copy_(1, self.draft_to_target, q)
+            )
             values = logp.gather(1, child)
         else:
             values, child = logp.topk(self.topk, dim=-1)  # [F, k]
-        return self.draft_to_target[child].reshape(-1), (self.frontier_scores[:, None] + values).reshape(-1)
+        return self.draft_to_target[child].reshape(-1), (
+            self.frontier_scores[:, None] + values
+        ).reshape(-1)
 
     def candidates(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """Every node so far, root first: tokens [M+1] long (target ids), scores [M+1] float32,
@@ -290,8 +331,10 @@ class TreeExpansion:
         sampled chain's q) or None."""
         parents = None
         if self.topk > 1:  # every frontier that has children has topk of each node, in order
-            frontiers = torch.cat(self.frontiers[:len(self.tokens) - 1])
-            parents = torch.cat([self.root_parent, frontiers[:, None].expand(-1, self.topk).reshape(-1)])
+            frontiers = torch.cat(self.frontiers[: len(self.tokens) - 1])
+            parents = torch.cat(
+                [self.root_parent, frontiers[:, None].expand(-1, self.topk).reshape(-1)]
+            )
         probs = torch.cat(self.probs) if self.probs else None
         return torch.cat(self.tokens), torch.cat(self.scores), parents, probs
 
@@ -301,8 +344,14 @@ class TreeExpansion:
         return tree_of(*self.candidates(), num_draft_tokens, out)
 
 
-def tree_of(tokens: Tensor, scores: Tensor, parents: Tensor | None, probs: Tensor | None,
-            num_draft_tokens: int, out: Tensor | None = None) -> DraftTree:
+def tree_of(
+    tokens: Tensor,
+    scores: Tensor,
+    parents: Tensor | None,
+    probs: Tensor | None,
+    num_draft_tokens: int,
+    out: Tensor | None = None,
+) -> DraftTree:
     """The DraftTree of the root plus the best num_draft_tokens - 1 of `TreeExpansion.candidates`
     (a chain: every node, in order). out: a [num_draft_tokens] long tensor on the drafter's
     device that receives the tree's tokens (a graphed target's input buffer,
@@ -311,8 +360,13 @@ def tree_of(tokens: Tensor, scores: Tensor, parents: Tensor | None, probs: Tenso
     if parents is None:  # a chain: every node, in order
         n = tokens.numel()
         check_out(out, n)
-        return DraftTree(tokens if out is None else out.copy_(tokens), list(range(-1, n - 1)), list(range(n)),
-                         scores, probs)
+        return DraftTree(
+            tokens if out is None else out.copy_(tokens),
+            list(range(-1, n - 1)),
+            list(range(n)),
+            scores,
+            probs,
+        )
     parent_list = parents.tolist()
     keep = select(parent_list, scores, num_draft_tokens)
     check_out(out, len(keep))
@@ -320,8 +374,13 @@ def tree_of(tokens: Tensor, scores: Tensor, parents: Tensor | None, probs: Tenso
     new_parents = [-1] + [index[parent_list[node]] for node in keep[1:]]
     keep_t = torch.tensor(keep, device=tokens.device)
     kept = tokens[keep_t] if out is None else torch.index_select(tokens, 0, keep_t, out=out)
-    return DraftTree(kept, new_parents, depths_of(new_parents), scores[keep_t],
-                     None if probs is None else probs[keep_t[1:] - 1])
+    return DraftTree(
+        kept,
+        new_parents,
+        depths_of(new_parents),
+        scores[keep_t],
+        None if probs is None else probs[keep_t[1:] - 1],
+    )
 
 
 def depths_of(parents: list[int]) -> list[int]:
@@ -335,5 +394,7 @@ def depths_of(parents: list[int]) -> list[int]:
 def check_out(out: Tensor | None, num_nodes: int) -> None:
     """Raise ValueError when a tree of num_nodes nodes cannot be written to out (None: nothing to check)."""
     if out is not None and out.shape != (num_nodes,):
-        raise ValueError(f"a draft tree of {num_nodes} nodes written to a token buffer of shape "
-                         f"{tuple(out.shape)}: the verify graph was built for another num_draft_tokens")
+        raise ValueError(
+            f"a draft tree of {num_nodes} nodes written to a token buffer of shape "
+            f"{tuple(out.shape)}: the verify graph was built for another num_draft_tokens"
+        )

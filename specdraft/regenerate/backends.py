@@ -86,8 +86,15 @@ class LocalBackend:
     Stops at the target's end ids (`target.config.end_token_ids`: the generation config's EOS ids
     and the tokenizer's)."""
 
-    def __init__(self, model_dir: str | Path, *, tokenizer_dir: str | Path | None = None,
-                 batch_size: int = 8, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        tokenizer_dir: str | Path | None = None,
+        batch_size: int = 8,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from specdraft.target.config import check_target_weights, end_token_ids
@@ -99,7 +106,9 @@ class LocalBackend:
         self.model.eval()
         self.batch_size, self.device = batch_size, device
         self.eos_ids = end_token_ids(self.tokenizer, self.model.generation_config)
-        pad = self.tokenizer.pad_token_id  # else an end id, else 0: left padding is masked, any id serves
+        pad = (
+            self.tokenizer.pad_token_id
+        )  # else an end id, else 0: left padding is masked, any id serves
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
 
     def describe(self) -> dict[str, Any]:
@@ -111,13 +120,15 @@ class LocalBackend:
         ids = torch.full((len(prompts), longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for b, p in enumerate(prompts):  # left padding: every prompt ends at the same column
-            ids[b, longest - len(p.ids):] = torch.tensor(p.ids)
-            mask[b, longest - len(p.ids):] = 1
+            ids[b, longest - len(p.ids) :] = torch.tensor(p.ids)
+            mask[b, longest - len(p.ids) :] = 1
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(sampling.seed + prompts[0].index)
             out = self.model.generate(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                generation_config=self._generation_config(sampling))
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                generation_config=self._generation_config(sampling),
+            )
         return [self._decode(p, row[longest:].tolist()) for p, row in zip(prompts, out.cpu())]
 
     def _generation_config(self, sampling: Sampling):
@@ -125,18 +136,25 @@ class LocalBackend:
 
         greedy = sampling.temperature == 0
         return GenerationConfig(
-            max_new_tokens=sampling.max_new_tokens, do_sample=not greedy,
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p, top_k=None,
-            eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id)
+            top_p=None if greedy else sampling.top_p,
+            top_k=None,
+            eos_token_id=self.eos_ids or None,
+            pad_token_id=self.pad_id,
+        )
 
     def _decode(self, prompt: Prompt, new_ids: list[int]) -> Completion:
         """The answer up to its first EOS, decoded as the continuation of its prompt (chat or
         text), as the endpoint path and `serve` do: decoded alone, a SentencePiece answer would
         lose its word-start space and re-tokenise to other ids than the target generated."""
         stop = next((i for i, t in enumerate(new_ids) if t in self.eos_ids), len(new_ids))
-        return Completion(decode_continuation(self.tokenizer, prompt.ids, new_ids[:stop],
-                                              skip_special_tokens=True))
+        return Completion(
+            decode_continuation(
+                self.tokenizer, prompt.ids, new_ids[:stop], skip_special_tokens=True
+            )
+        )
 
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -152,9 +170,19 @@ class EndpointBackend:
     connection errors; other statuses fail at once. Raises RegenerationError naming the URL.
     batch_size: prompts per `complete` call (default 4 · concurrency); a failed call loses them."""
 
-    def __init__(self, base_url: str, model: str, *, api: str = "chat", concurrency: int = 8,
-                 timeout_s: float = 120.0, max_retries: int = 5, backoff_s: float = 1.0,
-                 api_key: str | None = None, batch_size: int | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api: str = "chat",
+        concurrency: int = 8,
+        timeout_s: float = 120.0,
+        max_retries: int = 5,
+        backoff_s: float = 1.0,
+        api_key: str | None = None,
+        batch_size: int | None = None,
+    ):
         import httpx
 
         from specdraft.client import base_url as api_root
@@ -177,13 +205,18 @@ class EndpointBackend:
             return list(pool.map(lambda p: self._complete_one(p, sampling), prompts))
 
     def _body(self, prompt: Prompt, sampling: Sampling) -> dict[str, Any]:
-        body = {"model": self.model, "max_tokens": sampling.max_new_tokens,
-                "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "seed": sampling.seed + prompt.index}
+        body = {
+            "model": self.model,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed + prompt.index,
+        }
         if self.api == "chat":
             if prompt.messages is None:
-                raise RegenerationError("the no-chat mode needs api='completions' (--api "
-                                        "completions)")
+                raise RegenerationError(
+                    "the no-chat mode needs api='completions' (--api completions)"
+                )
             body["messages"] = prompt.messages
             if prompt.template_kwargs:
                 body["chat_template_kwargs"] = prompt.template_kwargs
@@ -203,16 +236,19 @@ class EndpointBackend:
                 response = self.client.post(self.url, json=body)
             except (httpx.TimeoutException, httpx.TransportError) as e:
                 if last:
-                    raise RegenerationError(f"{self.url}: {type(e).__name__} after "
-                                            f"{attempt + 1} attempts (record {prompt.index})") from e
+                    raise RegenerationError(
+                        f"{self.url}: {type(e).__name__} after "
+                        f"{attempt + 1} attempts (record {prompt.index})"
+                    ) from e
             else:
                 if response.status_code == 200:
                     return self._parse(response, prompt)
                 if last or response.status_code not in RETRY_STATUS:
                     raise RegenerationError(
                         f"{self.url}: HTTP {response.status_code} after {attempt + 1} attempts "
-                        f"(record {prompt.index}): {response.text[:200]}")
-            time.sleep(self.backoff_s * 2 ** attempt)
+                        f"(record {prompt.index}): {response.text[:200]}"
+                    )
+            time.sleep(self.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
     def _parse(self, response, prompt: Prompt) -> Completion:
@@ -223,11 +259,16 @@ class EndpointBackend:
         try:
             choice = response.json()["choices"][0]
             message = choice["message"] if self.api == "chat" else {"content": choice["text"]}
-            reasoning = next((message[k] for k in REASONING_RESPONSE_FIELDS if message.get(k)), None)
-            return Completion(message["content"] or "", reasoning, message.get("tool_calls") or None)
+            reasoning = next(
+                (message[k] for k in REASONING_RESPONSE_FIELDS if message.get(k)), None
+            )
+            return Completion(
+                message["content"] or "", reasoning, message.get("tool_calls") or None
+            )
         except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise RegenerationError(f"{self.url}: unexpected response for record {prompt.index}: "
-                                    f"{response.text[:200]}") from e
+            raise RegenerationError(
+                f"{self.url}: unexpected response for record {prompt.index}: {response.text[:200]}"
+            ) from e
 
 
 def served_model(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:
@@ -244,8 +285,10 @@ def served_model(base_url: str, api_key: str | None = None, timeout_s: float = 1
         response.raise_for_status()
         ids = [m["id"] for m in response.json()["data"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"--endpoint needs --model, the served model's name (asking {url} for it "
-                         f"failed: {type(e).__name__})") from None
+        raise ValueError(
+            f"--endpoint needs --model, the served model's name (asking {url} for it "
+            f"failed: {type(e).__name__})"
+        ) from None
     if len(ids) != 1:
         listed = f"it serves {', '.join(map(str, ids))}" if ids else "it lists none"
         raise ValueError(f"--endpoint needs --model, the served model's name ({url}: {listed})")

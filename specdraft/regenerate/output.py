@@ -30,8 +30,10 @@ def check_out_path(out_path: str | Path, data: str | Path | None = None) -> Path
     if data is not None and out_path.resolve() == Path(data).resolve():
         raise RegenerationError(f"OUT is the input file DATA ({data}): give a new output path")
     if out_path.is_dir():
-        raise RegenerationError(f"{out_path} is a directory; OUT must be a JSONL file path, e.g. "
-                                f"{out_path / 'regenerated.jsonl'}")
+        raise RegenerationError(
+            f"{out_path} is a directory; OUT must be a JSONL file path, e.g. "
+            f"{out_path / 'regenerated.jsonl'}"
+        )
     return out_path
 
 
@@ -51,15 +53,18 @@ def check_settings(out_path: Path, settings: dict) -> None:
     RegenerationError for an output without its sidecar, or one written with other settings."""
     sidecar = settings_path(out_path)
     if out_path.exists() and not sidecar.exists():
-        raise RegenerationError(f"{out_path} exists without its settings file {sidecar.name}; "
-                                f"use a new output path or delete it")
+        raise RegenerationError(
+            f"{out_path} exists without its settings file {sidecar.name}; "
+            f"use a new output path or delete it"
+        )
     if sidecar.exists() and out_path.exists():
         old = json.loads(sidecar.read_text())
         diffs = differing_fields(old, settings)
         if diffs:
             raise RegenerationError(
                 f"{out_path} was produced with other settings ({', '.join(diffs)} differ{'s' * (len(diffs) == 1)}; see "
-                f"{sidecar}); use a new output path or delete both files")
+                f"{sidecar}); use a new output path or delete both files"
+            )
         return
     atomic_write_json(sidecar, settings)
 
@@ -79,8 +84,9 @@ def finished_indices(out_path: Path) -> set[int]:
         try:
             done.add(int(json.loads(line)["index"]))
         except (ValueError, KeyError, TypeError) as e:
-            raise RegenerationError(f"{out_path}:{line_no}: not a regenerated record ({e}); "
-                                    f"delete the line or the file") from e
+            raise RegenerationError(
+                f"{out_path}:{line_no}: not a regenerated record ({e}); delete the line or the file"
+            ) from e
     return done
 
 
@@ -88,5 +94,10 @@ def records_hash(records: Records) -> str:
     """sha256 (hex) of the records' contents, in order: the sidecar's `input_hash`."""
     h = hashlib.sha256()
     for r in records.records:
-        h.update(json.dumps([r.messages, r.prompt, r.text, *([r.tools] if r.tools else [])]).encode("utf-8") + b"\n")
+        h.update(
+            json.dumps([r.messages, r.prompt, r.text, *([r.tools] if r.tools else [])]).encode(
+                "utf-8"
+            )
+            + b"\n"
+        )
     return h.hexdigest()

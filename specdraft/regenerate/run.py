@@ -30,7 +30,13 @@ from specdraft.regenerate.backends import (
     RegenerationError,
     Sampling,
 )
-from specdraft.regenerate.output import check_out_path, check_settings, finished_indices, records_hash, settings_path
+from specdraft.regenerate.output import (
+    check_out_path,
+    check_settings,
+    finished_indices,
+    records_hash,
+    settings_path,
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,9 @@ class RegenResult:
 
 def _render_ids(tokenizer, messages, template_kwargs: dict, tools=None) -> tuple[str, list[int]]:
     kwargs = {**template_kwargs, "tools": list(tools)} if tools else template_kwargs
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **kwargs
+    )
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -75,8 +83,9 @@ def _chat_prompt(index, messages, tokenizer, template_kwargs, reasoning: str, to
     request = _request_messages(messages, reasoning)
     if tokenizer is None:
         return Prompt(index, messages=request, template_kwargs=template_kwargs, tools=tools)
-    text, ids = _render_ids(tokenizer, template_messages(tokenizer, messages, reasoning)[0],
-                            template_kwargs, tools)
+    text, ids = _render_ids(
+        tokenizer, template_messages(tokenizer, messages, reasoning)[0], template_kwargs, tools
+    )
     return Prompt(index, request, text, ids, template_kwargs, tools)
 
 
@@ -84,8 +93,11 @@ def _assistant_turn(answer: Completion, reasoning: str) -> dict:
     """The regenerated assistant message: content, plus the reasoning (reasoning="keep")."""
     from specdraft.data.reasoning import split_think
 
-    r, content = ((answer.reasoning, answer.content) if answer.reasoning is not None
-                  else split_think(answer.content))
+    r, content = (
+        (answer.reasoning, answer.content)
+        if answer.reasoning is not None
+        else split_think(answer.content)
+    )
     turn = {"role": "assistant", "content": content}
     if reasoning == "keep" and r is not None and r.strip():
         turn["reasoning_content"] = r
@@ -94,8 +106,9 @@ def _assistant_turn(answer: Completion, reasoning: str) -> dict:
     return turn
 
 
-def _regenerate_chats(chunk: list[tuple[int, Record]], backend, sampling, tokenizer,
-                      template_kwargs, reasoning: str) -> list[dict]:
+def _regenerate_chats(
+    chunk: list[tuple[int, Record]], backend, sampling, tokenizer, template_kwargs, reasoning: str
+) -> list[dict]:
     chats = {i: [dict(m) for m in r.messages] for i, r in chunk}
     records = dict(chunk)
     turns = {i: [j for j, m in enumerate(c) if m["role"] == "assistant"] for i, c in chats.items()}
@@ -104,16 +117,27 @@ def _regenerate_chats(chunk: list[tuple[int, Record]], backend, sampling, tokeni
             turns[i].append(len(c))  # a prompt-only chat gets one assistant turn appended
     for k in range(max(len(t) for t in turns.values())):
         active = [i for i in chats if len(turns[i]) > k]
-        prompts = [_chat_prompt(i, chats[i][: turns[i][k]], tokenizer, template_kwargs, reasoning,
-                                records[i].tools) for i in active]
+        prompts = [
+            _chat_prompt(
+                i, chats[i][: turns[i][k]], tokenizer, template_kwargs, reasoning, records[i].tools
+            )
+            for i in active
+        ]
         for i, answer in zip(active, backend.complete(prompts, sampling)):
             turn = _assistant_turn(answer, reasoning)
             if turns[i][k] == len(chats[i]):
                 chats[i].append(turn)
             else:
                 chats[i][turns[i][k]] = turn
-    return [{"index": i, "source": r.source, "messages": chats[i], **({"tools": list(r.tools)} if r.tools else {})}
-            for i, r in chunk]
+    return [
+        {
+            "index": i,
+            "source": r.source,
+            "messages": chats[i],
+            **({"tools": list(r.tools)} if r.tools else {}),
+        }
+        for i, r in chunk
+    ]
 
 
 def _text_prompt(index: int, record: Record, tokenizer, prompt_tokens: int) -> Prompt:
@@ -127,13 +151,24 @@ def _text_prompt(index: int, record: Record, tokenizer, prompt_tokens: int) -> P
 def _regenerate_texts(chunk, backend, sampling, tokenizer, prompt_tokens) -> list[dict]:
     prompts = [_text_prompt(i, r, tokenizer, prompt_tokens) for i, r in chunk]
     outs = backend.complete(prompts, sampling)
-    return [{"index": i, "source": r.source, "prompt": p.text, "completion": o.content}
-            for (i, r), p, o in zip(chunk, prompts, outs)]
+    return [
+        {"index": i, "source": r.source, "prompt": p.text, "completion": o.content}
+        for (i, r), p, o in zip(chunk, prompts, outs)
+    ]
 
 
-def regenerate(records: Records, out_path: str | Path, backend: Backend, sampling: Sampling, *,
-               tokenizer=None, template_kwargs: dict | None = None, prompt_tokens: int = 32,
-               console=None, reasoning: str = "keep") -> RegenResult:
+def regenerate(
+    records: Records,
+    out_path: str | Path,
+    backend: Backend,
+    sampling: Sampling,
+    *,
+    tokenizer=None,
+    template_kwargs: dict | None = None,
+    prompt_tokens: int = 32,
+    console=None,
+    reasoning: str = "keep",
+) -> RegenResult:
     """Regenerate every record of `records` into JSONL `out_path` (resumable; see module doc).
 
     records: `read_records(..., require_assistant=False)`; chat records regenerate assistant
@@ -152,49 +187,79 @@ def regenerate(records: Records, out_path: str | Path, backend: Backend, samplin
     kwargs = dict(template_kwargs or {})
     if check_mode(reasoning) == "drop" and records.chat:
         if tokenizer is None:
-            raise ValueError("--reasoning drop with --endpoint needs --tokenizer (the target's "
-                             "tokenizer: its chat template names the non-thinking switch)")
+            raise ValueError(
+                "--reasoning drop with --endpoint needs --tokenizer (the target's "
+                "tokenizer: its chat template names the non-thinking switch)"
+            )
         kwargs = reasoning_kwargs(tokenizer, kwargs, reasoning)
     if not records.chat and tokenizer is None:
         raise ValueError("the no-chat mode needs the target's tokenizer to cut prompts")
     if tokenizer is not None:
         check_chat_template(tokenizer, records)
     created = not out_path.exists()
-    check_settings(out_path, {
-        "input": str(records.path.resolve()), "input_hash": records_hash(records),
-        "num_records": len(records.records), "chat": records.chat, "backend": backend.describe(),
-        "sampling": asdict(sampling), "template_kwargs": kwargs, "reasoning": reasoning,
-        "prompt_tokens": None if records.chat else prompt_tokens})
+    check_settings(
+        out_path,
+        {
+            "input": str(records.path.resolve()),
+            "input_hash": records_hash(records),
+            "num_records": len(records.records),
+            "chat": records.chat,
+            "backend": backend.describe(),
+            "sampling": asdict(sampling),
+            "template_kwargs": kwargs,
+            "reasoning": reasoning,
+            "prompt_tokens": None if records.chat else prompt_tokens,
+        },
+    )
     done = finished_indices(out_path)
     todo = [(i, r) for i, r in enumerate(records.records) if i not in done]
     try:
-        num_written, num_empty = _write_rows(records, todo, out_path, backend, sampling, tokenizer,
-                                             kwargs, prompt_tokens, console, reasoning)
+        num_written, num_empty = _write_rows(
+            records,
+            todo,
+            out_path,
+            backend,
+            sampling,
+            tokenizer,
+            kwargs,
+            prompt_tokens,
+            console,
+            reasoning,
+        )
     except BaseException:
-        if created and out_path.exists() and out_path.stat().st_size == 0:  # nothing produced: leave no files
+        if (
+            created and out_path.exists() and out_path.stat().st_size == 0
+        ):  # nothing produced: leave no files
             out_path.unlink()
             settings_path(out_path).unlink(missing_ok=True)
         raise
     return RegenResult(out_path, num_written, len(done), num_empty)
 
 
-def _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs, prompt_tokens,
-                console, reasoning) -> tuple[int, int]:
+def _write_rows(
+    records, todo, out_path, backend, sampling, tokenizer, kwargs, prompt_tokens, console, reasoning
+) -> tuple[int, int]:
     """Regenerate `todo` in batches, appending each finished row with no empty answer to
     `out_path`; (rows written, rows left out as empty)."""
     num_written = num_empty = 0
     with open(out_path, "a", encoding="utf-8") as f, _progress(console, len(todo)) as advance:
         for start in range(0, len(todo), backend.batch_size):
-            chunk = todo[start:start + backend.batch_size]
+            chunk = todo[start : start + backend.batch_size]
             try:
-                rows = (_regenerate_chats(chunk, backend, sampling, tokenizer, kwargs, reasoning)
-                        if records.chat else
-                        _regenerate_texts(chunk, backend, sampling, tokenizer, prompt_tokens))
+                rows = (
+                    _regenerate_chats(chunk, backend, sampling, tokenizer, kwargs, reasoning)
+                    if records.chat
+                    else _regenerate_texts(chunk, backend, sampling, tokenizer, prompt_tokens)
+                )
             except RegenerationError as e:
-                if start == 0 and f.tell() == 0:  # nothing written: the caller removes the empty file
+                if (
+                    start == 0 and f.tell() == 0
+                ):  # nothing written: the caller removes the empty file
                     raise
-                raise RegenerationError(f"{e}; finished records are kept in {out_path}: re-run "
-                                        f"the same command to resume") from e
+                raise RegenerationError(
+                    f"{e}; finished records are kept in {out_path}: re-run "
+                    f"the same command to resume"
+                ) from e
             for row in rows:
                 if _is_empty(row):
                     num_empty += 1
@@ -208,8 +273,12 @@ def _write_rows(records, todo, out_path, backend, sampling, tokenizer, kwargs, p
 
 def _is_empty(row: dict) -> bool:
     if "messages" in row:
-        return any(m["role"] == "assistant" and not (m["content"] or "").strip() and not m.get("tool_calls")
-                   for m in row["messages"])
+        return any(
+            m["role"] == "assistant"
+            and not (m["content"] or "").strip()
+            and not m.get("tool_calls")
+            for m in row["messages"]
+        )
     return not row["completion"].strip()
 
 
@@ -219,8 +288,13 @@ class _progress:
     def __init__(self, console, total: int):
         from rich.progress import Progress, TimeRemainingColumn
 
-        columns = (*Progress.get_default_columns()[:-1], TimeRemainingColumn(elapsed_when_finished=True))
-        self.bar = Progress(*columns, console=console, disable=console is None)  # time taken once done, not 0:00:00
+        columns = (
+            *Progress.get_default_columns()[:-1],
+            TimeRemainingColumn(elapsed_when_finished=True),
+        )
+        self.bar = Progress(
+            *columns, console=console, disable=console is None
+        )  # time taken once done, not 0:00:00
         self.task = self.bar.add_task("regenerate", total=total)
 
     def __enter__(self):
@@ -260,8 +334,10 @@ class RegenConfig:
 
     def __post_init__(self) -> None:
         if (self.target is None) == (self.endpoint is None):
-            raise ValueError("RegenConfig: give exactly one of target (a local model directory) "
-                             "or endpoint (an OpenAI-compatible URL)")
+            raise ValueError(
+                "RegenConfig: give exactly one of target (a local model directory) "
+                "or endpoint (an OpenAI-compatible URL)"
+            )
         if self.endpoint and not self.model:
             raise ValueError("model is empty: an endpoint needs the served model's name (--model)")
         if self.prompt_tokens <= 0:
@@ -279,16 +355,31 @@ def regenerate_file(cfg: RegenConfig, console=None) -> RegenResult:
         console.print(skipped_line(records.num_skipped, cfg.data), style="yellow", markup=False)
     tokenizer = None
     if cfg.target is not None:
-        backend = LocalBackend(cfg.target, tokenizer_dir=cfg.tokenizer,
-                               batch_size=cfg.batch_size, device=cfg.device)
+        backend = LocalBackend(
+            cfg.target, tokenizer_dir=cfg.tokenizer, batch_size=cfg.batch_size, device=cfg.device
+        )
     else:
-        backend = EndpointBackend(cfg.endpoint, cfg.model, api=cfg.api,
-                                  concurrency=cfg.concurrency, timeout_s=cfg.timeout_s,
-                                  max_retries=cfg.max_retries, api_key=cfg.api_key)
+        backend = EndpointBackend(
+            cfg.endpoint,
+            cfg.model,
+            api=cfg.api,
+            concurrency=cfg.concurrency,
+            timeout_s=cfg.timeout_s,
+            max_retries=cfg.max_retries,
+            api_key=cfg.api_key,
+        )
         if cfg.tokenizer:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
-    return regenerate(records, cfg.out, backend, cfg.sampling, tokenizer=tokenizer,
-                      template_kwargs=cfg.template_kwargs, prompt_tokens=cfg.prompt_tokens,
-                      console=console, reasoning=cfg.reasoning)
+    return regenerate(
+        records,
+        cfg.out,
+        backend,
+        cfg.sampling,
+        tokenizer=tokenizer,
+        template_kwargs=cfg.template_kwargs,
+        prompt_tokens=cfg.prompt_tokens,
+        console=console,
+        reasoning=cfg.reasoning,
+    )

@@ -39,12 +39,18 @@ SOURCES = {
     "sglang": "sglang srt/server_args.py, srt/speculative/eagle_worker.py",
     "vllm": "vllm config/speculative.py, v1/worker/gpu_model_runner.py",
 }
-_SGLANG_INTS = {"--speculative-num-steps": "num_steps", "--speculative-eagle-topk": "topk",
-                "--speculative-num-draft-tokens": "num_draft_tokens"}
-_SGLANG_STRINGS = {"--speculative-algorithm": "algorithm",
-                   "--speculative-draft-model-path": "draft_model",
-                   "--speculative-draft": "draft_model", "--model-path": "target_model",
-                   "--model": "target_model"}
+_SGLANG_INTS = {
+    "--speculative-num-steps": "num_steps",
+    "--speculative-eagle-topk": "topk",
+    "--speculative-num-draft-tokens": "num_draft_tokens",
+}
+_SGLANG_STRINGS = {
+    "--speculative-algorithm": "algorithm",
+    "--speculative-draft-model-path": "draft_model",
+    "--speculative-draft": "draft_model",
+    "--model-path": "target_model",
+    "--model": "target_model",
+}
 _VLLM_JSON = ("--speculative-config", "--default-chat-template-kwargs")
 
 
@@ -86,14 +92,19 @@ class EngineArgs:
         """
         if self.engine == "vllm":
             return None if self.num_steps is None else SpecConfig.chain(self.num_steps)
-        given = {"--speculative-num-steps": self.num_steps, "--speculative-eagle-topk": self.topk,
-                 "--speculative-num-draft-tokens": self.num_draft_tokens}
+        given = {
+            "--speculative-num-steps": self.num_steps,
+            "--speculative-eagle-topk": self.topk,
+            "--speculative-num-draft-tokens": self.num_draft_tokens,
+        }
         missing = [flag for flag, value in given.items() if value is None]
         if len(missing) == 3:
             return None
         if missing:
-            raise ValueError(f"SGLang speculative settings are incomplete: {', '.join(missing)} "
-                             "not given; pass all three (or none to let SGLang choose)")
+            raise ValueError(
+                f"SGLang speculative settings are incomplete: {', '.join(missing)} "
+                "not given; pass all three (or none to let SGLang choose)"
+            )
         return SpecConfig(self.num_steps, self.topk, self.num_draft_tokens)
 
 
@@ -140,10 +151,14 @@ def _speculators_launch(args: EngineArgs) -> EngineArgs:
     methods = spec.get("proposal_methods") or [{}]
     steps = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
     verifier = spec.get("verifier") if isinstance(spec.get("verifier"), dict) else {}
-    return dataclasses.replace(args, algorithm=config.get("speculators_model_type"),
-                               num_steps=None if steps is None else _int("speculative_tokens", steps),
-                               draft_model=args.target_model, target_model=verifier.get("name_or_path"),
-                               speculators_config=str(file))
+    return dataclasses.replace(
+        args,
+        algorithm=config.get("speculators_model_type"),
+        num_steps=None if steps is None else _int("speculative_tokens", steps),
+        draft_model=args.target_model,
+        target_model=verifier.get("name_or_path"),
+        speculators_config=str(file),
+    )
 
 
 def _tokens(command: str | Sequence[str]) -> list[str]:
@@ -188,8 +203,10 @@ def _json(flag: str, value: str | None) -> Any:
     try:
         return json.loads(value)  # type: ignore[arg-type]
     except (TypeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{flag} {value!r} is not JSON ({e}); write e.g. "
-                         '\'{"method": "eagle3", "num_speculative_tokens": 3}\'') from None
+        raise ValueError(
+            f"{flag} {value!r} is not JSON ({e}); write e.g. "
+            '\'{"method": "eagle3", "num_speculative_tokens": 3}\''
+        ) from None
 
 
 def _sglang_args(pairs: list[tuple[str, str | None]]) -> EngineArgs:
@@ -228,13 +245,20 @@ def _vllm_args(pairs: list[tuple[str, str | None]], tokens: list[str]) -> Engine
             continue
         flags[flag] = str(value)
     steps = spec.get("num_speculative_tokens")
-    return EngineArgs("vllm", algorithm=spec.get("method"),
-                      num_steps=None if steps is None else _int("num_speculative_tokens", steps),
-                      draft_model=spec.get("model"), target_model=target,
-                      template_kwargs=template_kwargs, flags=flags)
+    return EngineArgs(
+        "vllm",
+        algorithm=spec.get("method"),
+        num_steps=None if steps is None else _int("num_speculative_tokens", steps),
+        draft_model=spec.get("model"),
+        target_model=target,
+        template_kwargs=template_kwargs,
+        flags=flags,
+    )
 
 
-def aux_capture(args: EngineArgs | None, draft_config: dict[str, Any], engine: str) -> tuple[bool, str]:
+def aux_capture(
+    args: EngineArgs | None, draft_config: dict[str, Any], engine: str
+) -> tuple[bool, str]:
     """Whether `engine` captures aux hidden states for this drafter, and why.
 
     Off when the algorithm is not EAGLE-3 (the engine then feeds one H-wide hidden state) or
@@ -242,8 +266,10 @@ def aux_capture(args: EngineArgs | None, draft_config: dict[str, Any], engine: s
     the algorithm is assumed to be EAGLE-3.
     """
     if args is not None and args.algorithm is not None and not args.uses_eagle3:
-        return False, (f"{ALGORITHM_FLAG[engine]} {args.algorithm!r} is not "
-                       f"{EAGLE3_ALGORITHM[engine]!r}, so {engine} captures no aux states")
+        return False, (
+            f"{ALGORITHM_FLAG[engine]} {args.algorithm!r} is not "
+            f"{EAGLE3_ALGORITHM[engine]!r}, so {engine} captures no aux states"
+        )
     eagle_config = draft_config.get("eagle_config")
     if isinstance(eagle_config, dict) and eagle_config.get("use_aux_hidden_state", True) is False:
         return False, "the draft config sets eagle_config.use_aux_hidden_state: false"

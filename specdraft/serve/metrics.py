@@ -32,18 +32,26 @@ class SpecCounters:
         from prometheus_client import Counter
 
         names, spec = list(labels), prefix + "spec_decode_"
-        self.num_drafts = Counter(spec + "num_drafts", "Verification steps (speculative rounds)", names,
-                                  registry=registry)
-        self.num_draft_tokens = Counter(spec + "num_draft_tokens", "Draft tokens verified", names,
-                                        registry=registry)
-        self.num_accepted_tokens = Counter(spec + "num_accepted_tokens", "Draft tokens accepted", names,
-                                           registry=registry)
-        self.accepted_per_pos = Counter(spec + "num_accepted_tokens_per_pos",
-                                        "Accepted drafts at each depth (position 0 = first draft)",
-                                        [*names, "position"], registry=registry)
+        self.num_drafts = Counter(
+            spec + "num_drafts", "Verification steps (speculative rounds)", names, registry=registry
+        )
+        self.num_draft_tokens = Counter(
+            spec + "num_draft_tokens", "Draft tokens verified", names, registry=registry
+        )
+        self.num_accepted_tokens = Counter(
+            spec + "num_accepted_tokens", "Draft tokens accepted", names, registry=registry
+        )
+        self.accepted_per_pos = Counter(
+            spec + "num_accepted_tokens_per_pos",
+            "Accepted drafts at each depth (position 0 = first draft)",
+            [*names, "position"],
+            registry=registry,
+        )
         # the samples each request adds to (a labelled counter's child, exposed at 0 from the start)
-        self.totals = [c.labels(**labels) if labels else c
-                       for c in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens)]
+        self.totals = [
+            c.labels(**labels) if labels else c
+            for c in (self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens)
+        ]
         self.labels = labels
         for k in range(num_positions):
             self.accepted_per_pos.labels(**labels, position=str(k))
@@ -51,7 +59,9 @@ class SpecCounters:
     def record(self, result: GenerationResult) -> None:
         """Add one finished request's speculative counts."""
         m = result.metrics
-        for total, value in zip(self.totals, (m.num_verify_steps, m.num_drafted_tokens, m.num_accepted_tokens)):
+        for total, value in zip(
+            self.totals, (m.num_verify_steps, m.num_drafted_tokens, m.num_accepted_tokens)
+        ):
             total.inc(value)
         for k, count in enumerate(m.accepted_per_position):
             self.accepted_per_pos.labels(**self.labels, position=str(k)).inc(count)
@@ -65,26 +75,44 @@ class ServerMetrics:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = r = CollectorRegistry()
-        self.spec = [SpecCounters("specdraft:", {}, num_positions, r),
-                     SpecCounters("vllm:", {"model_name": model_name, "engine": VLLM_ENGINE}, num_positions, r)]
-        self.requests = Counter("specdraft:request_success", "Finished requests", ["finished_reason"],
-                                registry=r)
-        self.rejected = Counter("specdraft:request_rejected", "Requests refused: queue full (429)",
-                                registry=r)
-        self.cancelled = Counter("specdraft:request_cancelled", "Requests stopped by a disconnect",
-                                 registry=r)
-        self.prompt_tokens = Counter("specdraft:prompt_tokens", "Prompt tokens processed", registry=r)
-        self.generation_tokens = Counter("specdraft:generation_tokens", "Tokens generated", registry=r)
-        self.ttft = Histogram("specdraft:time_to_first_token_seconds", "Arrival to first token",
-                              registry=r)
-        self.tpot = Histogram("specdraft:time_per_output_token_seconds",
-                              "(last - first token time) / (tokens - 1), per request",
-                              buckets=TPOT_BUCKETS, registry=r)
+        self.spec = [
+            SpecCounters("specdraft:", {}, num_positions, r),
+            SpecCounters(
+                "vllm:", {"model_name": model_name, "engine": VLLM_ENGINE}, num_positions, r
+            ),
+        ]
+        self.requests = Counter(
+            "specdraft:request_success", "Finished requests", ["finished_reason"], registry=r
+        )
+        self.rejected = Counter(
+            "specdraft:request_rejected", "Requests refused: queue full (429)", registry=r
+        )
+        self.cancelled = Counter(
+            "specdraft:request_cancelled", "Requests stopped by a disconnect", registry=r
+        )
+        self.prompt_tokens = Counter(
+            "specdraft:prompt_tokens", "Prompt tokens processed", registry=r
+        )
+        self.generation_tokens = Counter(
+            "specdraft:generation_tokens", "Tokens generated", registry=r
+        )
+        self.ttft = Histogram(
+            "specdraft:time_to_first_token_seconds", "Arrival to first token", registry=r
+        )
+        self.tpot = Histogram(
+            "specdraft:time_per_output_token_seconds",
+            "(last - first token time) / (tokens - 1), per request",
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
         self.waiting = Gauge("specdraft:num_requests_waiting", "Requests in the queue", registry=r)
-        self.running = Gauge("specdraft:num_requests_running", "Requests running (0 or 1)", registry=r)
+        self.running = Gauge(
+            "specdraft:num_requests_running", "Requests running (0 or 1)", registry=r
+        )
 
-    def record(self, result: GenerationResult, speculative: bool, arrival: float, first: float,
-               end: float) -> None:
+    def record(
+        self, result: GenerationResult, speculative: bool, arrival: float, first: float, end: float
+    ) -> None:
         """Count one finished request (spec counters only on a speculative engine)."""
         m = result.metrics
         if speculative:

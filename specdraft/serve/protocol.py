@@ -34,15 +34,33 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -
 class RequestError(Exception):
     """A request the server refuses: HTTP `status` with OpenAI's error body."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None,
-                 status: int = 400, kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        status: int = 400,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
-        self.message, self.param, self.code, self.status, self.kind = message, param, code, status, kind
+        self.message, self.param, self.code, self.status, self.kind = (
+            message,
+            param,
+            code,
+            status,
+            kind,
+        )
 
     def body(self) -> dict[str, Any]:
         """`{"error": {"message", "type", "param", "code"}}`."""
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 # ---- request parsing --------------------------------------------------------------------------
@@ -63,8 +81,14 @@ class GenerationRequest:
     return_token_ids: bool = False
 
 
-_TYPES = {"int": (int,), "number": (int, float), "bool": (bool,), "str": (str,), "object": (dict,),
-          "array": (list,)}
+_TYPES = {
+    "int": (int,),
+    "number": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+    "object": (dict,),
+    "array": (list,),
+}
 
 
 def get_field(body: dict, name: str, kind: str, default: Any = None, required: bool = False) -> Any:
@@ -77,8 +101,11 @@ def get_field(body: dict, name: str, kind: str, default: Any = None, required: b
         return default
     is_bool = isinstance(value, bool)
     if not isinstance(value, _TYPES[kind]) or (is_bool and kind in ("int", "number")):
-        raise RequestError(f"'{name}' must be of type {kind}, got {type(value).__name__} {value!r}",
-                           param=name, code="invalid_type")
+        raise RequestError(
+            f"'{name}' must be of type {kind}, got {type(value).__name__} {value!r}",
+            param=name,
+            code="invalid_type",
+        )
     return value
 
 
@@ -120,13 +147,18 @@ def refuse_unsupported(body: dict) -> None:
     a value other than one that asks for nothing (null counts as absent; false is not 0)."""
     for name, (neutral, lacks) in UNSUPPORTED.items():
         value = body.get(name)
-        if value is None or any((type(value) is bool) == (type(v) is bool) and value == v for v in neutral):
+        if value is None or any(
+            (type(value) is bool) == (type(v) is bool) and value == v for v in neutral
+        ):
             continue
         shown = json.dumps(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         allowed = f" (or send {' / '.join(json.dumps(v) for v in neutral)})" if neutral else ""
-        raise RequestError(f"'{name}' = {shown} is not supported: {lacks}; leave it out{allowed}",
-                           param=name, code="unsupported")
+        raise RequestError(
+            f"'{name}' = {shown} is not supported: {lacks}; leave it out{allowed}",
+            param=name,
+            code="unsupported",
+        )
 
 
 def parse_common(body: dict, prompt_ids: list[int], default_max_tokens: int) -> GenerationRequest:
@@ -142,18 +174,29 @@ def parse_common(body: dict, prompt_ids: list[int], default_max_tokens: int) -> 
     temperature = get_field(body, "temperature", "number", 1.0)
     top_p = get_field(body, "top_p", "number", 1.0)
     top_k = get_field(body, "top_k", "int", 0)
-    checks = [("max_tokens", max_tokens >= 1, ">= 1"), ("temperature", temperature >= 0, ">= 0"),
-              ("top_p", 0 < top_p <= 1, "in (0, 1]"), ("top_k", top_k >= -1, ">= 0 (-1 or 0 = off)")]
+    checks = [
+        ("max_tokens", max_tokens >= 1, ">= 1"),
+        ("temperature", temperature >= 0, ">= 0"),
+        ("top_p", 0 < top_p <= 1, "in (0, 1]"),
+        ("top_k", top_k >= -1, ">= 0 (-1 or 0 = off)"),
+    ]
     for name, ok, rule in checks:
         if not ok:
             raise RequestError(f"'{name}' = {body.get(name)!r}: must be {rule}", param=name)
     options = get_field(body, "stream_options", "object", {})
-    return GenerationRequest(prompt_ids, max_tokens, float(temperature), float(top_p), max(top_k, 0),
-                             tuple(stop), get_field(body, "seed", "int"),
-                             get_field(body, "ignore_eos", "bool", False),
-                             get_field(body, "stream", "bool", False),
-                             bool(get_field(options, "include_usage", "bool", False)),
-                             get_field(body, "return_token_ids", "bool", False))
+    return GenerationRequest(
+        prompt_ids,
+        max_tokens,
+        float(temperature),
+        float(top_p),
+        max(top_k, 0),
+        tuple(stop),
+        get_field(body, "seed", "int"),
+        get_field(body, "ignore_eos", "bool", False),
+        get_field(body, "stream", "bool", False),
+        bool(get_field(options, "include_usage", "bool", False)),
+        get_field(body, "return_token_ids", "bool", False),
+    )
 
 
 def prompt_ids_of(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
@@ -163,13 +206,18 @@ def prompt_ids_of(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         ids = list(tokenizer(prompt)["input_ids"])
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    ):
         ids = prompt
         if any(not 0 <= t < vocab_size for t in ids):
             raise RequestError(f"'prompt' token ids must be in 0..{vocab_size - 1}", param="prompt")
     else:
-        raise RequestError("'prompt' must be a string or a list of token ids (one prompt per "
-                           "request)", param="prompt", code="invalid_type")
+        raise RequestError(
+            "'prompt' must be a string or a list of token ids (one prompt per request)",
+            param="prompt",
+            code="invalid_type",
+        )
     if not ids:
         raise RequestError("'prompt' is empty", param="prompt")
     return ids
@@ -183,17 +231,22 @@ def chat_prompt_ids(body: dict, tokenizer: Any) -> list[int]:
         raise RequestError("'messages' is empty", param="messages")
     rendered = [message_of(m, i) for i, m in enumerate(messages)]
     if not getattr(tokenizer, "chat_template", None):
-        raise RequestError("this model's tokenizer has no chat template: use /v1/completions",
-                           param="messages", code="no_chat_template")
+        raise RequestError(
+            "this model's tokenizer has no chat template: use /v1/completions",
+            param="messages",
+            code="no_chat_template",
+        )
     kwargs = get_field(body, "chat_template_kwargs", "object", {})
     from jinja2 import TemplateError
 
     try:
-        text = tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True,
-                                             **kwargs)
+        text = tokenizer.apply_chat_template(
+            rendered, tokenize=False, add_generation_prompt=True, **kwargs
+        )
     except (TemplateError, ValueError, TypeError) as e:  # the template refuses these messages
-        raise RequestError(f"the chat template failed on these messages: {e}",
-                           param="messages") from None
+        raise RequestError(
+            f"the chat template failed on these messages: {e}", param="messages"
+        ) from None
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -256,11 +309,16 @@ class TextStream:
         self.tokenizer, self.stop = tokenizer, stop
         self.context = list(prompt_ids[-CONTEXT_TOKENS:])  # the ids before the window
         self.window: list[int] = []  # ids whose text may still change
-        self.settled, self.base = "", 0  # settled text from character `base` of the output's text on
+        self.settled, self.base = (
+            "",
+            0,
+        )  # settled text from character `base` of the output's text on
         self.tail = ""  # the window's text
         self.end: int | None = None  # where the first stop string begins, once found
         self.sent = 0  # characters of the output's text released
-        self.keep = max((len(s) - 1 for s in stop), default=0)  # settled characters a stop may start in
+        self.keep = max(
+            (len(s) - 1 for s in stop), default=0
+        )  # settled characters a stop may start in
 
     def push(self, ids: list[int]) -> str:
         """Add new ids; return the newly releasable text."""
@@ -274,11 +332,18 @@ class TextStream:
         if cuts:
             self.end = self.base + min(cuts)
             return self.release(self.end)
-        unfinished = len(self.tail) - len(self.tail.rstrip(REPLACEMENT))  # more ids may make them a character
-        visible = text[:len(text) - unfinished]  # a stop string may begin before an unfinished character too
-        safe = len(visible) - max((n for s in self.stop for n in range(1, len(s)) if visible.endswith(s[:n])),
-                                  default=0)
-        while safe > max(self.sent - self.base, len(self.settled)) and text[safe - 1] == REPLACEMENT:
+        unfinished = len(self.tail) - len(
+            self.tail.rstrip(REPLACEMENT)
+        )  # more ids may make them a character
+        visible = text[
+            : len(text) - unfinished
+        ]  # a stop string may begin before an unfinished character too
+        safe = len(visible) - max(
+            (n for s in self.stop for n in range(1, len(s)) if visible.endswith(s[:n])), default=0
+        )
+        while (
+            safe > max(self.sent - self.base, len(self.settled)) and text[safe - 1] == REPLACEMENT
+        ):
             safe -= 1
         return self.release(self.base + safe)
 
@@ -289,7 +354,7 @@ class TextStream:
     def release(self, end: int) -> str:
         """The output's text from `sent` to `end` (none if end is not past it)."""
         text = self.settled + self.tail
-        out = text[self.sent - self.base:end - self.base] if end > self.sent else ""
+        out = text[self.sent - self.base : end - self.base] if end > self.sent else ""
         self.sent = max(self.sent, end)
         return out
 
@@ -330,10 +395,17 @@ class TextStream:
         # the next context must stay inside the invalid run: ids that decode alone to a character
         # would begin the next window's bytes cleanly, though the whole decode shows them as U+FFFD
         ids = self.context + self.window
-        num = next((n for n in range(len(self.window) - UNFINISHED_IDS, 0, -1)
-                    if REPLACEMENT in self.tokenizer.decode(ids[:len(self.context) + n][-CONTEXT_TOKENS:],
-                                                            skip_special_tokens=True)),
-                   len(self.window) - UNFINISHED_IDS)
+        num = next(
+            (
+                n
+                for n in range(len(self.window) - UNFINISHED_IDS, 0, -1)
+                if REPLACEMENT
+                in self.tokenizer.decode(
+                    ids[: len(self.context) + n][-CONTEXT_TOKENS:], skip_special_tokens=True
+                )
+            ),
+            len(self.window) - UNFINISHED_IDS,
+        )
         return num, self.decode(self.context, self.window[:num])
 
     def clean_context(self, ids: list[int]) -> list[int] | None:
@@ -348,7 +420,9 @@ class TextStream:
 
     def finish(self) -> str:
         """The rest of the text at the end of generation."""
-        return self.release(self.base + len(self.settled + self.tail) if self.end is None else self.end)
+        return self.release(
+            self.base + len(self.settled + self.tail) if self.end is None else self.end
+        )
 
 
 # ---- response bodies --------------------------------------------------------------------------
@@ -357,11 +431,17 @@ def usage_of(result: GenerationResult) -> dict[str, Any]:
     m = result.metrics
     m.check()
     prompt, completion = m.num_prompt_tokens, len(result.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "num_drafts": m.num_verify_steps, "num_draft_tokens": m.num_drafted_tokens,
-            "num_accepted_tokens": m.num_accepted_tokens,
-            "num_accepted_tokens_per_pos": list(m.accepted_per_position),
-            "accept_length": m.accept_length, "acceptance_per_position": m.acceptance_per_position}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "num_drafts": m.num_verify_steps,
+        "num_draft_tokens": m.num_drafted_tokens,
+        "num_accepted_tokens": m.num_accepted_tokens,
+        "num_accepted_tokens_per_pos": list(m.accepted_per_position),
+        "accept_length": m.accept_length,
+        "acceptance_per_position": m.acceptance_per_position,
+    }
 
 
 def sse(payload: dict) -> str:
@@ -388,11 +468,19 @@ class ResponseShape:
 
     def head(self, stream: bool) -> dict[str, Any]:
         """id, object, created, model."""
-        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if stream and self.chat else "")
-        return {"id": ("chatcmpl-" if self.chat else "cmpl-") + self.id, "object": kind,
-                "created": self.created, "model": self.model}
+        kind = ("chat.completion" if self.chat else "text_completion") + (
+            ".chunk" if stream and self.chat else ""
+        )
+        return {
+            "id": ("chatcmpl-" if self.chat else "cmpl-") + self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+        }
 
-    def chunk(self, piece: str | dict, finish_reason: str | None, token_ids: Sequence[int] = ()) -> dict[str, Any]:
+    def chunk(
+        self, piece: str | dict, finish_reason: str | None, token_ids: Sequence[int] = ()
+    ) -> dict[str, Any]:
         """A streamed chunk carrying `piece` (text, or a chat delta dict) and, when token ids
         were asked for, the output ids it adds."""
         if self.chat:
@@ -409,9 +497,16 @@ class ResponseShape:
     def full(self, text: str, result: GenerationResult) -> dict[str, Any]:
         """The non-streamed body with usage."""
         reason = FINISH_REASONS[result.finish_reason]
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                   "finish_reason": reason} if self.chat else
-                  {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+        choice = (
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": reason,
+            }
+            if self.chat
+            else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        )
         if self.prompt_token_ids is not None:
             choice.update(prompt_token_ids=self.prompt_token_ids, token_ids=list(result.token_ids))
         return {**self.head(stream=False), "choices": [choice], "usage": usage_of(result)}

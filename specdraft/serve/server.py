@@ -39,9 +39,20 @@ from typing import Any
 
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.serve.metrics import ServerMetrics
-from specdraft.serve.protocol import (FINISH_REASONS, GenerationRequest, RequestError, ResponseShape, TextStream,
-                                    chat_prompt_ids, context_room, get_field, parse_common, prompt_ids_of, sse,
-                                    usage_of)
+from specdraft.serve.protocol import (
+    FINISH_REASONS,
+    GenerationRequest,
+    RequestError,
+    ResponseShape,
+    TextStream,
+    chat_prompt_ids,
+    context_room,
+    get_field,
+    parse_common,
+    prompt_ids_of,
+    sse,
+    usage_of,
+)
 
 log = logging.getLogger("specdraft.serve")
 DEFAULT_MAX_QUEUE = 64
@@ -73,13 +84,27 @@ class StepLog:
 
     def record(self, num_tokens: int, elapsed_s: float, num_waiting: int) -> None:
         """Count one verification step that kept `num_tokens` tokens in `elapsed_s`."""
-        self.steps, self.tokens, self.busy_s = self.steps + 1, self.tokens + num_tokens, self.busy_s + elapsed_s
+        self.steps, self.tokens, self.busy_s = (
+            self.steps + 1,
+            self.tokens + num_tokens,
+            self.busy_s + elapsed_s,
+        )
         if not self.every or self.steps < self.every:
             return
-        rate = (self.tokens - self.steps) / (self.steps * self.drafts_per_step) if self.drafts_per_step else 0.0
-        log.info("decode: %d verification steps, accept len %.2f, accept rate %.2f, gen throughput "
-                 "(token/s) %.1f, #queue-req %d", self.steps, self.tokens / self.steps, rate,
-                 self.tokens / self.busy_s if self.busy_s > 0 else 0.0, num_waiting)
+        rate = (
+            (self.tokens - self.steps) / (self.steps * self.drafts_per_step)
+            if self.drafts_per_step
+            else 0.0
+        )
+        log.info(
+            "decode: %d verification steps, accept len %.2f, accept rate %.2f, gen throughput "
+            "(token/s) %.1f, #queue-req %d",
+            self.steps,
+            self.tokens / self.steps,
+            rate,
+            self.tokens / self.busy_s if self.busy_s > 0 else 0.0,
+            num_waiting,
+        )
         self.steps, self.tokens, self.busy_s = 0, 0, 0.0
 
 
@@ -87,10 +112,18 @@ class EngineWorker:
     """Runs queued jobs on one thread, one at a time (the engine is batch 1); a request ends at
     an id of `end_ids` unless it asks `ignore_eos`."""
 
-    def __init__(self, engine: SpeculativeEngine, end_ids: Sequence[int], metrics: ServerMetrics,
-                 max_queue: int, log_every: int) -> None:
+    def __init__(
+        self,
+        engine: SpeculativeEngine,
+        end_ids: Sequence[int],
+        metrics: ServerMetrics,
+        max_queue: int,
+        log_every: int,
+    ) -> None:
         if max_queue < 1:
-            raise ValueError(f"max_queue {max_queue}: must be >= 1 (requests waiting besides the running one)")
+            raise ValueError(
+                f"max_queue {max_queue}: must be >= 1 (requests waiting besides the running one)"
+            )
         self.engine, self.metrics = engine, metrics
         self.eos_ids = tuple(end_ids)
         self.jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
@@ -105,8 +138,12 @@ class EngineWorker:
             self.jobs.put_nowait(job)
         except queue.Full:
             self.metrics.rejected.inc()
-            raise RequestError(f"server busy: {self.jobs.maxsize} requests already waiting; retry later",
-                               code="queue_full", status=429, kind="server_busy") from None
+            raise RequestError(
+                f"server busy: {self.jobs.maxsize} requests already waiting; retry later",
+                code="queue_full",
+                status=429,
+                kind="server_busy",
+            ) from None
         self.metrics.waiting.set(self.jobs.qsize())
 
     def loop(self) -> None:
@@ -137,9 +174,17 @@ class EngineWorker:
             job.post(("tokens", ids))
 
         try:
-            result = self.engine.generate(req.prompt_ids, req.max_tokens, req.temperature, req.top_p,
-                                          req.top_k, () if req.ignore_eos else self.eos_ids,
-                                          req.stop or None, req.seed, on_tokens)
+            result = self.engine.generate(
+                req.prompt_ids,
+                req.max_tokens,
+                req.temperature,
+                req.top_p,
+                req.top_k,
+                () if req.ignore_eos else self.eos_ids,
+                req.stop or None,
+                req.seed,
+                on_tokens,
+            )
         except GenerationCancelled:
             self.metrics.cancelled.inc()
             job.post(("cancelled", None))
@@ -179,8 +224,15 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def create_app(engine: SpeculativeEngine, tokenizer: Any, model_name: str,
-               max_queue: int = DEFAULT_MAX_QUEUE, log_every: int = 0, *, end_ids: Sequence[int]) -> Any:
+def create_app(
+    engine: SpeculativeEngine,
+    tokenizer: Any,
+    model_name: str,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    log_every: int = 0,
+    *,
+    end_ids: Sequence[int],
+) -> Any:
     """A FastAPI app serving `engine` under `model_name`; its worker thread starts now.
 
     tokenizer: the target's (transformers) tokenizer: prompts, chat template, text.
@@ -196,8 +248,13 @@ def create_app(engine: SpeculativeEngine, tokenizer: Any, model_name: str,
         engine.tokenizer = tokenizer
     steps = engine.spec.num_steps if engine.spec else 0
     metrics = ServerMetrics(steps, model_name)
-    state = ServerState(engine, tokenizer, model_name, metrics,
-                        EngineWorker(engine, end_ids, metrics, max_queue, log_every))
+    state = ServerState(
+        engine,
+        tokenizer,
+        model_name,
+        metrics,
+        EngineWorker(engine, end_ids, metrics, max_queue, log_every),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -241,11 +298,17 @@ def check_model(state: ServerState, model: str) -> None:
     """RequestError 404 unless `model` is the served name: type invalid_request_error, code
     model_not_found, as OpenAI's API answers an unknown model."""
     if model != state.model_name:
-        raise RequestError(f"model '{model}' does not exist; this server serves '{state.model_name}'",
-                           param="model", code="model_not_found", status=404)
+        raise RequestError(
+            f"model '{model}' does not exist; this server serves '{state.model_name}'",
+            param="model",
+            code="model_not_found",
+            status=404,
+        )
 
 
-def checked(state: ServerState, body: dict, prompt_ids: list[int], default_max: int) -> GenerationRequest:
+def checked(
+    state: ServerState, body: dict, prompt_ids: list[int], default_max: int
+) -> GenerationRequest:
     """parse_common + the context check (400 context_length_exceeded before any compute)."""
     req = parse_common(body, prompt_ids, default_max)
     try:
@@ -272,14 +335,23 @@ async def chat_completions(request: Any) -> Any:
     ids = chat_prompt_ids(body, state.tokenizer)
     if body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": get_field(body, "max_completion_tokens", "int")}
-    return await respond(request, state, checked(state, body, ids, max(1, context_room(state.engine, len(ids)))),
-                         chat=True)
+    return await respond(
+        request,
+        state,
+        checked(state, body, ids, max(1, context_room(state.engine, len(ids)))),
+        chat=True,
+    )
 
 
 def model_card(state: ServerState) -> dict[str, Any]:
     """The served model as OpenAI's model object (and vLLM's max_model_len: the room left)."""
-    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specdraft",
-            "max_model_len": context_room(state.engine, 0)}
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "specdraft",
+        "max_model_len": context_room(state.engine, 0),
+    }
 
 
 async def models(request: Any) -> Any:
@@ -304,8 +376,14 @@ async def health(request: Any) -> Any:
 
     worker = request.app.state.server.worker
     alive = worker.thread.is_alive()
-    return JSONResponse({"status": "ok" if alive else "dead", "running": int(worker.running is not None),
-                         "waiting": worker.jobs.qsize()}, status_code=200 if alive else 503)
+    return JSONResponse(
+        {
+            "status": "ok" if alive else "dead",
+            "running": int(worker.running is not None),
+            "waiting": worker.jobs.qsize(),
+        },
+        status_code=200 if alive else 503,
+    )
 
 
 async def prometheus_metrics(request: Any) -> Any:
@@ -313,8 +391,9 @@ async def prometheus_metrics(request: Any) -> Any:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.responses import Response
 
-    return Response(generate_latest(request.app.state.server.metrics.registry),
-                    media_type=CONTENT_TYPE_LATEST)
+    return Response(
+        generate_latest(request.app.state.server.metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )
 
 
 # ---- responses --------------------------------------------------------------------------------
@@ -334,11 +413,17 @@ async def respond(request: Any, state: ServerState, req: GenerationRequest, chat
     state.worker.submit(job)
     shape = ResponseShape(state.model_name, chat, req.prompt_ids if req.return_token_ids else None)
     if req.stream:
-        return StreamingResponse(stream_chunks(state, job, events, shape), media_type="text/event-stream")
+        return StreamingResponse(
+            stream_chunks(state, job, events, shape), media_type="text/event-stream"
+        )
     kind, value = await wait_for_end(request, job, events)
     if kind != "done":
-        return JSONResponse(RequestError(value or "request cancelled", code=kind, status=500,
-                                         kind="server_error").body(), status_code=500)
+        return JSONResponse(
+            RequestError(
+                value or "request cancelled", code=kind, status=500, kind="server_error"
+            ).body(),
+            status_code=500,
+        )
     text = TextStream(state.tokenizer, req.stop, req.prompt_ids)
     return JSONResponse(shape.full(text.push(value.token_ids) + text.finish(), value))
 
@@ -359,8 +444,9 @@ async def wait_for_end(request: Any, job: Job, events: asyncio.Queue) -> tuple[s
         job.cancelled.set()  # no-op once finished
 
 
-async def stream_chunks(state: ServerState, job: Job, events: asyncio.Queue,
-                        shape: ResponseShape) -> AsyncIterator[str]:
+async def stream_chunks(
+    state: ServerState, job: Job, events: asyncio.Queue, shape: ResponseShape
+) -> AsyncIterator[str]:
     """SSE: text chunks, a final chunk with finish_reason, the usage chunk when asked, [DONE].
     Token ids held back with their text (a possible stop string) travel with the next chunk.
     Closing the stream (client disconnect) cancels the job."""
@@ -382,7 +468,11 @@ async def stream_chunks(state: ServerState, job: Job, events: asyncio.Queue,
                 if job.request.include_usage:
                     yield sse({**shape.chunk("", None), "choices": [], "usage": usage_of(value)})
             else:
-                yield sse(RequestError(value or "request cancelled", code=kind, kind="server_error").body())
+                yield sse(
+                    RequestError(
+                        value or "request cancelled", code=kind, kind="server_error"
+                    ).body()
+                )
             yield "data: [DONE]\n\n"
             return
     finally:
@@ -410,7 +500,9 @@ class RunningServer:
         self.stop()
 
 
-def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 20.0) -> RunningServer:
+def serve_in_thread(
+    app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 20.0
+) -> RunningServer:
     """Start uvicorn for `app` on a thread, bound to host:port (0 = a free port); return once
     it accepts connections. Raises RuntimeError when it has not started within timeout_s."""
     import socket
@@ -419,17 +511,22 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s:
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it (Linux)
+    sock.setsockopt(
+        socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
+    )  # accepted sockets inherit it (Linux)
     sock.bind((host, port))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
-                              name="specdraft-uvicorn")
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="specdraft-uvicorn"
+    )
     thread.start()
     deadline = time.monotonic() + timeout_s
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
             server.should_exit = True
-            raise RuntimeError(f"uvicorn did not start on {host}:{sock.getsockname()[1]} within {timeout_s} s")
+            raise RuntimeError(
+                f"uvicorn did not start on {host}:{sock.getsockname()[1]} within {timeout_s} s"
+            )
         time.sleep(0.01)
     return RunningServer(f"http://{host}:{sock.getsockname()[1]}", server, thread)
 
@@ -442,10 +539,19 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 8000) -> None:
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
-def build_app(target_dir: str, draft_dir: str | None, spec: Any, device: str = "cpu", dtype: Any = None,
-              max_seq_len: int | None = None, model_name: str | None = None,
-              max_queue: int = DEFAULT_MAX_QUEUE, log_every: int = 0, compile: bool = False,
-              reading: dict[str, Any] | None = None) -> Any:
+def build_app(
+    target_dir: str,
+    draft_dir: str | None,
+    spec: Any,
+    device: str = "cpu",
+    dtype: Any = None,
+    max_seq_len: int | None = None,
+    model_name: str | None = None,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    log_every: int = 0,
+    compile: bool = False,
+    reading: dict[str, Any] | None = None,
+) -> Any:
     """Load the target (with its tokenizer) and the drafter (a manifest-less one read by
     `load_engine`'s `reading`), and `create_app` for them, ending generations at the target's
     end ids (`target.config.end_token_ids`: the tokenizer's EOS and generation_config.json's).
@@ -464,7 +570,22 @@ def build_app(target_dir: str, draft_dir: str | None, spec: Any, device: str = "
     from specdraft.target.config import end_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
-    engine = load_engine(target_dir, draft_dir if spec is not None else None, spec, device,
-                         dtype or torch.float32, max_seq_len, tokenizer, compile=compile, reading=reading)
-    return create_app(engine, tokenizer, model_name or Path(target_dir).resolve().name, max_queue, log_every,
-                      end_ids=end_token_ids(tokenizer, target_dir))
+    engine = load_engine(
+        target_dir,
+        draft_dir if spec is not None else None,
+        spec,
+        device,
+        dtype or torch.float32,
+        max_seq_len,
+        tokenizer,
+        compile=compile,
+        reading=reading,
+    )
+    return create_app(
+        engine,
+        tokenizer,
+        model_name or Path(target_dir).resolve().name,
+        max_queue,
+        log_every,
+        end_ids=end_token_ids(tokenizer, target_dir),
+    )

@@ -34,7 +34,6 @@ from specdraft.target.config import (
     target_class_of,
 )
 
-
 # Per-class deviations (transformers 5.24 modeling_gemma2.py / modeling_gemma3.py): the final
 # norm scales by (1 + weight), so the Llama-form weight a store records is 1 + weight.
 _NORM_PLUS_ONE = frozenset({"gemma2", "gemma3_text"})
@@ -239,8 +238,11 @@ def head_weight_keys(config: PretrainedConfig) -> tuple[str, dict[str, str]]:
         model = model_class(copy.deepcopy(config))
     decoder = text_decoder(model)
     path = {module: name for name, module in model.named_modules()}
-    parts = {"norm.weight": decoder.norm, "lm_head.weight": model.get_output_embeddings(),
-             "embed_tokens.weight": decoder.embed_tokens}
+    parts = {
+        "norm.weight": decoder.norm,
+        "lm_head.weight": model.get_output_embeddings(),
+        "embed_tokens.weight": decoder.embed_tokens,
+    }
     return model_class.__name__, {name: f"{path[module]}.weight" for name, module in parts.items()}
 
 
@@ -278,7 +280,10 @@ def causal_lm(model: PreTrainedModel) -> nn.Module:
     the wrapper's lm_head (Llama4ForConditionalGeneration: its own forward fails on text-only
     input in transformers 5.24, reading image_outputs of the text model's output), else `model`."""
     inner = getattr(model, "language_model", None)
-    if isinstance(inner, PreTrainedModel) and inner.get_output_embeddings() is model.get_output_embeddings():
+    if (
+        isinstance(inner, PreTrainedModel)
+        and inner.get_output_embeddings() is model.get_output_embeddings()
+    ):
         return inner
     return model
 
@@ -296,9 +301,11 @@ def text_decoder(model: PreTrainedModel) -> nn.Module:
         decoder = inner
     missing = [part for part in ("embed_tokens", "layers", "norm") if not hasattr(decoder, part)]
     if missing or model.get_output_embeddings() is None:
-        raise ValueError(f"unsupported target class {type(model).__name__}: its text decoder "
-                         f"{type(decoder).__name__} has no {', '.join(missing) or 'lm_head'}; specdraft "
-                         "reads a decoder with embed_tokens, layers and norm under an lm_head")
+        raise ValueError(
+            f"unsupported target class {type(model).__name__}: its text decoder "
+            f"{type(decoder).__name__} has no {', '.join(missing) or 'lm_head'}; specdraft "
+            "reads a decoder with embed_tokens, layers and norm under an lm_head"
+        )
     return decoder
 
 

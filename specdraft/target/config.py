@@ -18,7 +18,6 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specdraft.errors import SpecdraftError
 
-
 # Config model_type -> class built when a config names no `architectures` (transformers 5.24's
 # auto mappings: a multimodal model_type builds its conditional-generation wrapper).
 DEFAULT_CLASSES: dict[str, str] = {
@@ -81,7 +80,9 @@ _WRAPPER_CLASSES: dict[str, str] = {
 # transformers class -> the class name the engines load the same checkpoint as, where they differ
 # (sglang 0.5.23 kimi_k25.py / vllm 0.32.0 kimi_k25.py: KimiK25ForConditionalGeneration, the
 # name Kimi-K2.5's published config.json gives).
-ENGINE_ARCHITECTURES: dict[str, str] = {"Kimi_K25ForConditionalGeneration": "KimiK25ForConditionalGeneration"}
+ENGINE_ARCHITECTURES: dict[str, str] = {
+    "Kimi_K25ForConditionalGeneration": "KimiK25ForConditionalGeneration"
+}
 
 
 def target_class_of(architecture: str | None, text_model_type: str) -> str | None:
@@ -108,23 +109,35 @@ _VOLATILE_CONFIG_KEYS = frozenset(
 )
 
 
-TARGET_CONFIG_FIX = ("restore config.json from where the model came from (its Hugging Face repository or the "
-                     "original download), or pass another transformers model directory")
+TARGET_CONFIG_FIX = (
+    "restore config.json from where the model came from (its Hugging Face repository or the "
+    "original download), or pass another transformers model directory"
+)
 
 
 # Keys every decoder target's config.json holds (a multimodal one in text_config) that specdraft reads.
-TARGET_REQUIRED_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
-                        "intermediate_size", "vocab_size")
+TARGET_REQUIRED_KEYS = (
+    "model_type",
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 
 
-def check_target_config(path: str | Path, config: dict, keys: Sequence[str] = TARGET_REQUIRED_KEYS) -> None:
+def check_target_config(
+    path: str | Path, config: dict, keys: Sequence[str] = TARGET_REQUIRED_KEYS
+) -> None:
     """ValueError naming `path`/config.json, the `keys` it lacks (at the top or in text_config)
     and the fix (TARGET_CONFIG_FIX); transformers would default a missing layer count silently."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     missing = [k for k in keys if config.get(k) is None and text.get(k) is None]
     if missing:
-        raise ValueError(f"{Path(path) / 'config.json'}: missing {', '.join(missing)}, which a transformers "
-                         f"model config holds; {TARGET_CONFIG_FIX}")
+        raise ValueError(
+            f"{Path(path) / 'config.json'}: missing {', '.join(missing)}, which a transformers "
+            f"model config holds; {TARGET_CONFIG_FIX}"
+        )
 
 
 # model_type a published config names with its own code (auto_map) -> the transformers model_type
@@ -164,14 +177,20 @@ def read_target_config(path: str | Path, trust_remote_code: bool = False) -> Pre
         return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     if isinstance(data, dict) and data.get("auto_map") and not trust_remote_code:
         known = ", ".join(sorted(PUBLISHED_MODEL_TYPES))
-        raise TargetConfigError(f"{file}: model_type {model_type!r} is defined by the model's own code (auto_map), "
-                                f"which specdraft does not run unasked (it reads {known} and transformers' own "
-                                "types); pass --trust-remote-code to run that code, or a target of a known type")
-    return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+        raise TargetConfigError(
+            f"{file}: model_type {model_type!r} is defined by the model's own code (auto_map), "
+            f"which specdraft does not run unasked (it reads {known} and transformers' own "
+            "types); pass --trust-remote-code to run that code, or a target of a known type"
+        )
+    return AutoConfig.from_pretrained(
+        path, local_files_only=True, trust_remote_code=trust_remote_code
+    )
 
 
-TARGET_WEIGHTS_FIX = ("re-download the target's weights from where the model came from (its Hugging Face "
-                      "repository or the original download)")
+TARGET_WEIGHTS_FIX = (
+    "re-download the target's weights from where the model came from (its Hugging Face "
+    "repository or the original download)"
+)
 
 
 def target_weight_files(path: str | Path) -> list[Path]:
@@ -180,7 +199,10 @@ def target_weight_files(path: str | Path) -> list[Path]:
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        return [
+            path / name
+            for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        ]
     return [path / "model.safetensors"]
 
 
@@ -227,12 +249,20 @@ def end_token_ids(tokenizer: Any, generation: str | Path | GenerationConfig) -> 
     EOS one of them). `generation`: a loaded model's generation_config, or the target directory
     (`target_generation_config`). `generate`, `serve` and `regenerate` stop here.
     Raises ValueError naming the source when eos_token_id is not an int or a list of ints."""
-    config = generation if isinstance(generation, GenerationConfig) else target_generation_config(generation)
+    config = (
+        generation
+        if isinstance(generation, GenerationConfig)
+        else target_generation_config(generation)
+    )
     listed = config.eos_token_id
     listed = [listed] if isinstance(listed, int) else (listed or [])
-    if not isinstance(listed, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in listed):
+    if not isinstance(listed, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in listed
+    ):
         where = "the loaded target" if isinstance(generation, GenerationConfig) else generation
-        raise ValueError(f"{where}: generation config eos_token_id {config.eos_token_id!r} is not a token id or "
-                         "a list of them; write an int or a list of ints as eos_token_id in generation_config.json")
+        raise ValueError(
+            f"{where}: generation config eos_token_id {config.eos_token_id!r} is not a token id or "
+            "a list of them; write an int or a list of ints as eos_token_id in generation_config.json"
+        )
     own = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     return sorted({*listed, *own})

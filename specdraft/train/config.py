@@ -35,11 +35,20 @@ RUN_LENGTH_FIELDS = frozenset({"total_steps", "epochs"})
 BATCH_SPLIT_FIELDS = frozenset({"grad_accum_steps"})
 # The `specdraft train` flag of each TrainConfig field it sets (cli/pipeline.py); errors name these, and
 # any other field by its --config key, since users type flags, not field names.
-FLAG_OF_FIELD = {"total_steps": "--steps", "epochs": "--epochs", "lr": "--lr", "batch_size": "--batch-size",
-                 "grad_accum_steps": "--grad-accum-steps", "max_length": "--max-length",
-                 "ttt_steps": "--ttt-steps", "draft_vocab_size": "--draft-vocab-size",
-                 "precision": "--precision", "aux_layers": "--aux-layers", "warmup_steps": "--warmup-steps",
-                 "save_every": "--save-every"}
+FLAG_OF_FIELD = {
+    "total_steps": "--steps",
+    "epochs": "--epochs",
+    "lr": "--lr",
+    "batch_size": "--batch-size",
+    "grad_accum_steps": "--grad-accum-steps",
+    "max_length": "--max-length",
+    "ttt_steps": "--ttt-steps",
+    "draft_vocab_size": "--draft-vocab-size",
+    "precision": "--precision",
+    "aux_layers": "--aux-layers",
+    "warmup_steps": "--warmup-steps",
+    "save_every": "--save-every",
+}
 
 
 def flag(name: str) -> str:
@@ -89,23 +98,37 @@ class TrainConfig:
     device: str = "auto"
 
     def __post_init__(self) -> None:
-        positive = ("lr", "batch_size", "grad_accum_steps", "max_length", "ttt_steps", "eval_every",
-                    "save_every", "keep_checkpoints")
+        positive = (
+            "lr",
+            "batch_size",
+            "grad_accum_steps",
+            "max_length",
+            "ttt_steps",
+            "eval_every",
+            "save_every",
+            "keep_checkpoints",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be positive")
-        if not math.isfinite(self.lr):  # nan passes `<= 0`; torch's optimizer would say "Invalid learning rate"
+        if not math.isfinite(
+            self.lr
+        ):  # nan passes `<= 0`; torch's optimizer would say "Invalid learning rate"
             raise UnusableInput(f"{flag('lr')} {self.lr}: must be a finite positive number")
         if self.total_steps is not None and self.epochs is not None:
-            raise UnusableInput(f"total_steps {self.total_steps} and epochs {self.epochs} both set (--config): keep "
-                                 "one run length, or pass --steps or --epochs, which replaces both")
+            raise UnusableInput(
+                f"total_steps {self.total_steps} and epochs {self.epochs} both set (--config): keep "
+                "one run length, or pass --steps or --epochs, which replaces both"
+            )
         for name in ("total_steps", "epochs"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be positive")
         if not 0.0 <= self.val_fraction < 1.0:
             raise UnusableInput(f"{flag('val_fraction')} {self.val_fraction}: must be in [0, 1)")
         if self.precision not in PRECISIONS:
-            raise UnusableInput(f"{flag('precision')} {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+            raise UnusableInput(
+                f"{flag('precision')} {self.precision!r}: choose one of {', '.join(PRECISIONS)}"
+            )
         for name in ("warmup_steps", "grad_clip", "weight_decay"):
             if getattr(self, name) < 0:
                 raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be >= 0")
@@ -135,7 +158,7 @@ class TrainConfig:
 
 
 def unknown_keys_text(values: dict[str, Any]) -> str:
-    """"unknown keys: KEY (did you mean FIELD?), ...; TrainConfig fields are ..." for the keys of
+    """ "unknown keys: KEY (did you mean FIELD?), ...; TrainConfig fields are ..." for the keys of
     `values` that are no TrainConfig field, each with the field it is closest to (`closest_name`)."""
     fields = TrainConfig.__dataclass_fields__
     named = []
@@ -150,7 +173,7 @@ def batch_order(train_ids: Sequence[int], epoch: int, config: TrainConfig) -> li
     g = torch.Generator().manual_seed(permutation_seed(config.seed, epoch))
     order = [train_ids[i] for i in torch.randperm(len(train_ids), generator=g).tolist()]
     b = config.batch_size
-    return [order[i:i + b] for i in range(0, len(order) - b + 1, b)]
+    return [order[i : i + b] for i in range(0, len(order) - b + 1, b)]
 
 
 def permutation_seed(seed: int, epoch: int) -> int:
@@ -184,8 +207,11 @@ def resume_config(out_dir: str | Path, given: dict[str, Any]) -> TrainConfig:
     paths = checkpoint_paths(Path(out_dir))
     if not paths:
         return TrainConfig.from_dict(given)
-    saved = {k: v for k, v in checkpoint_config(paths[-1]).items()
-             if k in TrainConfig.__dataclass_fields__ and k != "device"}
+    saved = {
+        k: v
+        for k, v in checkpoint_config(paths[-1]).items()
+        if k in TrainConfig.__dataclass_fields__ and k != "device"
+    }
     if "total_steps" in given or "epochs" in given:
         saved.update(total_steps=None, epochs=None)
     return TrainConfig.from_dict({**saved, **given})
@@ -199,9 +225,11 @@ def refuse_changed_settings(config: TrainConfig, saved: dict[str, Any], source: 
     differ = differing_fields(saved, now, [k for k in now if k not in may_change])
     if differ:
         changes = ", ".join(f"{flag(k)} {saved.get(k)!r} -> {getattr(config, k)!r}" for k in differ)
-        raise SettingsMismatch(f"{source}: this checkpoint was trained with other settings ({changes}); leave them "
-                               f"out to resume with the checkpoint's values (only the run length, --steps / "
-                               f"--epochs, may change, as may --grad-accum-steps), or train into a new OUT directory")
+        raise SettingsMismatch(
+            f"{source}: this checkpoint was trained with other settings ({changes}); leave them "
+            f"out to resume with the checkpoint's values (only the run length, --steps / "
+            f"--epochs, may change, as may --grad-accum-steps), or train into a new OUT directory"
+        )
 
 
 def config_file_values(config: str | Path | None) -> dict[str, Any]:
@@ -213,18 +241,27 @@ def config_file_values(config: str | Path | None) -> dict[str, Any]:
     except OSError as e:
         raise UnusableInput(f"--config {config}: cannot read it ({e.strerror})") from None
     except json.JSONDecodeError as e:
-        raise UnusableInput(f"--config {config}: not JSON ({e.msg.removesuffix(' at')} at line {e.lineno} "
-                             f"column {e.colno})") from None
+        raise UnusableInput(
+            f"--config {config}: not JSON ({e.msg.removesuffix(' at')} at line {e.lineno} "
+            f"column {e.colno})"
+        ) from None
     if not isinstance(values, dict):
-        raise UnusableInput(f"--config {config}: expected a JSON object of TrainConfig fields, e.g. "
-                             '{"lr": 0.0003, "ttt_steps": 7}')
+        raise UnusableInput(
+            f"--config {config}: expected a JSON object of TrainConfig fields, e.g. "
+            '{"lr": 0.0003, "ttt_steps": 7}'
+        )
     if set(values) - set(TrainConfig.__dataclass_fields__):
         raise UnusableInput(f"--config {config}: {unknown_keys_text(values)}")
     return values
 
 
-def run_config(config_file: str | Path | None, flags: dict[str, Any], out_dir: str | Path, resume: bool,
-               say: Callable[[str], None] = lambda line: None) -> TrainConfig:
+def run_config(
+    config_file: str | Path | None,
+    flags: dict[str, Any],
+    out_dir: str | Path,
+    resume: bool,
+    say: Callable[[str], None] = lambda line: None,
+) -> TrainConfig:
     """The TrainConfig of `specdraft train`: the --config file's keys, then the `flags` given (TrainConfig
     fields; None = not given) over them; a run length flag (total_steps / epochs) replaces both of
     the file's. With `resume`, the settings not given come from out_dir's newest checkpoint
@@ -233,8 +270,10 @@ def run_config(config_file: str | Path | None, flags: dict[str, Any], out_dir: s
     directory."""
     steps, epochs = flags.get("total_steps"), flags.get("epochs")
     if steps is not None and epochs is not None:
-        raise UnusableInput(f"--steps {steps} and --epochs {epochs} both set: give one run length "
-                             "(neither = one epoch)")
+        raise UnusableInput(
+            f"--steps {steps} and --epochs {epochs} both set: give one run length "
+            "(neither = one epoch)"
+        )
     values = config_file_values(config_file)
     if steps is not None or epochs is not None:
         values.update(total_steps=None, epochs=None)
@@ -243,35 +282,62 @@ def run_config(config_file: str | Path | None, flags: dict[str, Any], out_dir: s
         return TrainConfig.from_dict(values)
     check_run_dir(out_dir)  # before saying anything about it
     saved = checkpoint_paths(out_dir)
-    say(f"resuming from {saved[-1]} with its settings" if saved else
-        f"--resume: no checkpoint in {out_dir} yet: starting at step 0")
+    say(
+        f"resuming from {saved[-1]} with its settings"
+        if saved
+        else f"--resume: no checkpoint in {out_dir} yet: starting at step 0"
+    )
     return resume_config(out_dir, values)
 
 
-def train_source(source: str, online: bool, target: str, *, no_chat: bool = False,
-                 template_kwargs: dict[str, Any] | None = None, target_dtype: str | None = None,
-                 skip_bad: bool = False, reasoning: str | None = None) -> str | OnlineSource:
+def train_source(
+    source: str,
+    online: bool,
+    target: str,
+    *,
+    no_chat: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+    target_dtype: str | None = None,
+    skip_bad: bool = False,
+    reasoning: str | None = None,
+) -> str | OnlineSource:
     """`specdraft train`'s SOURCE: a store directory, or with `online` an OnlineSource running
     `target` (in `target_dtype`, default float32). Raises UnusableInput for an option that does not
     fit the mode, ValueError for a SOURCE that is no store directory."""
     if online:
         if not target:
-            raise UnusableInput("--online needs --target: the target model directory to run in the loop")
-        return OnlineSource(target, source, chat=not no_chat, template_kwargs=template_kwargs or {},
-                            target_dtype=target_dtype or "float32", skip_bad=skip_bad,
-                            reasoning=reasoning or "keep")
+            raise UnusableInput(
+                "--online needs --target: the target model directory to run in the loop"
+            )
+        return OnlineSource(
+            target,
+            source,
+            chat=not no_chat,
+            template_kwargs=template_kwargs or {},
+            target_dtype=target_dtype or "float32",
+            skip_bad=skip_bad,
+            reasoning=reasoning or "keep",
+        )
     path = Path(source)
     if path.is_file():
-        raise ValueError(f"{source} is a data file, not a capture store directory: train on it with "
-                         f"--online --target DIR (the target runs in the loop), or capture it first "
-                         f"(specdraft capture TARGET {source} STORE) and train on STORE")
+        raise ValueError(
+            f"{source} is a data file, not a capture store directory: train on it with "
+            f"--online --target DIR (the target runs in the loop), or capture it first "
+            f"(specdraft capture TARGET {source} STORE) and train on STORE"
+        )
     if not path.exists():
-        raise ValueError(f"{source}: no such directory; SOURCE is a capture store directory "
-                         "(specdraft capture), or with --online --target DIR a data file")
+        raise ValueError(
+            f"{source}: no such directory; SOURCE is a capture store directory "
+            "(specdraft capture), or with --online --target DIR a data file"
+        )
     if no_chat or template_kwargs or reasoning:
-        raise UnusableInput("--no-chat, --template-kwargs and --reasoning apply with --online only (a "
-                             "store was rendered at capture)")
+        raise UnusableInput(
+            "--no-chat, --template-kwargs and --reasoning apply with --online only (a "
+            "store was rendered at capture)"
+        )
     if target_dtype or skip_bad:
-        raise UnusableInput("--target-dtype and --skip-bad apply with --online only (a store was captured "
-                             "with them: specdraft capture --target-dtype / --skip-bad)")
+        raise UnusableInput(
+            "--target-dtype and --skip-bad apply with --online only (a store was captured "
+            "with them: specdraft capture --target-dtype / --skip-bad)"
+        )
     return source

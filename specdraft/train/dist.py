@@ -52,7 +52,7 @@ class Ranks:
 
 
 def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """"auto" -> cuda (this rank's GPU) when available, else cpu; "cuda" -> cuda:local_rank."""
+    """ "auto" -> cuda (this rank's GPU) when available, else cpu; "cuda" -> cuda:local_rank."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)

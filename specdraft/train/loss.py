@@ -57,8 +57,13 @@ class TTTOutput:
     round_accepted: torch.Tensor
 
 
-def target_logits(last_hidden: torch.Tensor, norm_weight: torch.Tensor, lm_head_weight: torch.Tensor,
-                  eps: float, softcap: float | None = None) -> torch.Tensor:
+def target_logits(
+    last_hidden: torch.Tensor,
+    norm_weight: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    eps: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """The target's logits from its last pre-norm hidden state (Llama-style RMSNorm + lm_head).
 
     last_hidden: [..., H] (specdraft index L, before the final norm), any float dtype.
@@ -70,8 +75,10 @@ def target_logits(last_hidden: torch.Tensor, norm_weight: torch.Tensor, lm_head_
     """
     h = last_hidden.shape[-1]
     if norm_weight.shape != (h,) or lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != h:
-        raise ValueError(f"target head shapes norm {tuple(norm_weight.shape)}, lm_head "
-                         f"{tuple(lm_head_weight.shape)} do not fit hidden width {h}")
+        raise ValueError(
+            f"target head shapes norm {tuple(norm_weight.shape)}, lm_head "
+            f"{tuple(lm_head_weight.shape)} do not fit hidden width {h}"
+        )
     x = last_hidden.float()
     x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(last_hidden.dtype)
     x = norm_weight * x
@@ -81,7 +88,7 @@ def target_logits(last_hidden: torch.Tensor, norm_weight: torch.Tensor, lm_head_
 
 def step_weights(ttt_steps: int, step_weight: float) -> list[float]:
     """Loss weight of each unroll step: step_weight ** k for k = 0..ttt_steps-1."""
-    return [step_weight ** k for k in range(ttt_steps)]
+    return [step_weight**k for k in range(ttt_steps)]
 
 
 def ttt_attention_mask(seq_len: int, step: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -126,8 +133,13 @@ def flex_by_default(device: torch.device, head_dim: int) -> bool:
     return device.type == "cuda" and head_dim >= FLEX_MIN_HEAD_DIM
 
 
-def ttt_unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tensor,
-               ttt_steps: int, flex: bool | None = None) -> list[DraftOutput]:
+def ttt_unroll(
+    draft: Eagle3Draft,
+    input_ids: torch.Tensor,
+    aux_hidden: torch.Tensor,
+    ttt_steps: int,
+    flex: bool | None = None,
+) -> list[DraftOutput]:
     """Run the draft `ttt_steps` times over every base position of a batch (vectorized).
 
     input_ids:  [B, T] long target ids x_0..x_{T-1} (right-padded; padding never reaches a
@@ -143,19 +155,30 @@ def ttt_unroll(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Te
     positions = torch.arange(t, device=device)
     outputs: list[DraftOutput] = []
     for k in range(ttt_steps):
-        out = draft(shift_left(input_ids, 1 + k),
-                    aux_hidden if k == 0 else outputs[-1].hidden,
-                    (positions + k).expand(b, t),
-                    first_step=k == 0,
-                    attn_mask=ttt_block_mask(t, k, device) if flex else ttt_attention_mask(t, k, device),
-                    past_kv=KV.cat([o.kv for o in outputs]) if outputs else None)
+        out = draft(
+            shift_left(input_ids, 1 + k),
+            aux_hidden if k == 0 else outputs[-1].hidden,
+            (positions + k).expand(b, t),
+            first_step=k == 0,
+            attn_mask=ttt_block_mask(t, k, device) if flex else ttt_attention_mask(t, k, device),
+            past_kv=KV.cat([o.kv for o in outputs]) if outputs else None,
+        )
         outputs.append(out)
     return outputs
 
 
-def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tensor,
-             target_logits: torch.Tensor, loss_mask: torch.Tensor, *, ttt_steps: int = 7,
-             step_weight: float = 0.8, flex: bool | None = None, replay: bool = False) -> TTTOutput:
+def ttt_loss(
+    draft: Eagle3Draft,
+    input_ids: torch.Tensor,
+    aux_hidden: torch.Tensor,
+    target_logits: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    ttt_steps: int = 7,
+    step_weight: float = 0.8,
+    flex: bool | None = None,
+    replay: bool = False,
+) -> TTTOutput:
     """TTT loss and metrics of one batch.
 
     input_ids:     [B, T] long; loss_mask: [B, T] (nonzero = assistant token, the label).
@@ -172,8 +195,10 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps = {ttt_steps}: need at least 1")
     if target_logits.shape[:2] != input_ids.shape or loss_mask.shape != input_ids.shape:
-        raise ValueError(f"shapes disagree: input_ids {tuple(input_ids.shape)}, target_logits "
-                         f"{tuple(target_logits.shape)}, loss_mask {tuple(loss_mask.shape)}")
+        raise ValueError(
+            f"shapes disagree: input_ids {tuple(input_ids.shape)}, target_logits "
+            f"{tuple(target_logits.shape)}, loss_mask {tuple(loss_mask.shape)}"
+        )
     target = _target_side(draft, target_logits)
     outputs = ttt_unroll(draft, input_ids, aux_hidden, ttt_steps, flex)
     sums, correct, total, cond_correct, cond_total, drafted = [], [], [], [], [], []
@@ -182,7 +207,7 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
         mask = supervision_mask(loss_mask, target.in_vocab, k)
         q_log = out.logits.float().log_softmax(-1)
         cross = (shift_left(target.p, 1 + k) * q_log).sum(-1)
-        kl = shift_left(target.neg_entropy, 1 + k) - cross                  # [B, T]
+        kl = shift_left(target.neg_entropy, 1 + k) - cross  # [B, T]
         sums.append(torch.where(mask, kl, 0.0).sum())
         with torch.no_grad():
             drafted.append(draft.draft_to_target(out.logits.argmax(-1)))
@@ -195,10 +220,15 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
             cond_total.append(cond.sum())
             chain_ok = cond & hit
     step_loss_sums, total_t = torch.stack(sums), torch.stack(total)
-    rounds, round_accepted = torch.zeros((), dtype=torch.long), torch.zeros(ttt_steps, dtype=torch.long)
+    rounds, round_accepted = (
+        torch.zeros((), dtype=torch.long),
+        torch.zeros(ttt_steps, dtype=torch.long),
+    )
     if replay:
         with torch.no_grad():
-            hits = (torch.stack(drafted) == greedy_choices(target.argmax, ttt_steps)).cpu()  # [K, B, T]
+            hits = (
+                torch.stack(drafted) == greedy_choices(target.argmax, ttt_steps)
+            ).cpu()  # [K, B, T]
             for b in range(input_ids.shape[0]):
                 n, per_pos = replay_rounds(hits[:, b], loss_mask[b].bool().cpu())
                 rounds += n
@@ -208,9 +238,13 @@ def ttt_loss(draft: Eagle3Draft, input_ids: torch.Tensor, aux_hidden: torch.Tens
         loss=weighted_loss(step_loss_sums, total_t, step_weight),
         step_loss_sums=step_loss_sums,
         step_losses=(step_loss_sums.detach() / total_t.clamp(min=1)),
-        correct=torch.stack(correct), total=total_t,
-        cond_correct=torch.stack(cond_correct), cond_total=torch.stack(cond_total),
-        rounds=rounds.to(device), round_accepted=round_accepted.to(device))
+        correct=torch.stack(correct),
+        total=total_t,
+        cond_correct=torch.stack(cond_correct),
+        cond_total=torch.stack(cond_total),
+        rounds=rounds.to(device),
+        round_accepted=round_accepted.to(device),
+    )
 
 
 def greedy_choices(argmax: torch.Tensor, num_steps: int) -> torch.Tensor:
@@ -219,7 +253,9 @@ def greedy_choices(argmax: torch.Tensor, num_steps: int) -> torch.Tensor:
     from base t must propose at T = 0 (DESIGN.md §2 token alignment)."""
     rows = (argmax[None] if argmax.dim() == 1 else argmax).clone()
     rows[..., -1] = -1  # the last position's argmax chooses a token past the sequence
-    return torch.stack([shift_left(rows, 1 + k, -1) for k in range(num_steps)]).reshape(num_steps, *argmax.shape)
+    return torch.stack([shift_left(rows, 1 + k, -1) for k in range(num_steps)]).reshape(
+        num_steps, *argmax.shape
+    )
 
 
 def replay_rounds(hits: torch.Tensor, supervised: torch.Tensor) -> tuple[int, list[int]]:
@@ -269,8 +305,9 @@ def supervision_mask(loss_mask: torch.Tensor, in_vocab: torch.Tensor, step: int)
 
 
 @torch.no_grad()
-def supervised_counts(draft: Eagle3Draft, target_logits: torch.Tensor, loss_mask: torch.Tensor,
-                      ttt_steps: int) -> torch.Tensor:
+def supervised_counts(
+    draft: Eagle3Draft, target_logits: torch.Tensor, loss_mask: torch.Tensor, ttt_steps: int
+) -> torch.Tensor:
     """[K] int64: supervised positions per TTT step of a batch, i.e. `ttt_loss(...).total`,
     without running the draft (only its vocabulary map), so that a trainer knows a whole
     optimizer step's counts before the first micro-batch's backward.
@@ -285,10 +322,10 @@ def supervised_counts(draft: Eagle3Draft, target_logits: torch.Tensor, loss_mask
 class _TargetSide:
     """Per target position j (all [B, T, ...], no grad): what the draft must match there."""
 
-    p: torch.Tensor            # [B, T, Vd] float32 softmax over the draft vocabulary
+    p: torch.Tensor  # [B, T, Vd] float32 softmax over the draft vocabulary
     neg_entropy: torch.Tensor  # [B, T] float32 sum p log p
-    argmax: torch.Tensor       # [B, T] long target id of the target's argmax
-    in_vocab: torch.Tensor     # [B, T] bool: the target's argmax is in the draft vocabulary
+    argmax: torch.Tensor  # [B, T] long target id of the target's argmax
+    in_vocab: torch.Tensor  # [B, T] bool: the target's argmax is in the draft vocabulary
 
 
 @torch.no_grad()
@@ -300,15 +337,20 @@ def _target_side(draft: Eagle3Draft, target_logits: torch.Tensor) -> _TargetSide
     return _TargetSide(p, torch.special.xlogy(p, p).sum(-1), argmax, draft.t2d[argmax])
 
 
-def weighted_loss(step_loss_sums: torch.Tensor, counts: torch.Tensor, step_weight: float) -> torch.Tensor:
+def weighted_loss(
+    step_loss_sums: torch.Tensor, counts: torch.Tensor, step_weight: float
+) -> torch.Tensor:
     """sum_k step_weight**k * step_loss_sums[k] / max(counts[k], 1); scalar, differentiable.
 
     step_loss_sums: [K] float; counts: [K] the number of positions each sum runs over (a
     distributed trainer passes counts summed over ranks, times the world size, so that the
     averaged gradients equal one process's).
     """
-    weights = torch.tensor(step_weights(len(step_loss_sums), step_weight),
-                           dtype=step_loss_sums.dtype, device=step_loss_sums.device)
+    weights = torch.tensor(
+        step_weights(len(step_loss_sums), step_weight),
+        dtype=step_loss_sums.dtype,
+        device=step_loss_sums.device,
+    )
     return (weights * step_loss_sums / counts.to(step_loss_sums.dtype).clamp(min=1)).sum()
 
 
@@ -330,8 +372,15 @@ class TTTMetrics:
     @classmethod
     def zeros(cls, ttt_steps: int) -> TTTMetrics:
         z = torch.zeros(ttt_steps, dtype=torch.long)
-        return cls(z.clone(), z.clone(), z.clone(), z.clone(), torch.zeros(ttt_steps, dtype=torch.float64),
-                   torch.zeros((), dtype=torch.long), z.clone())
+        return cls(
+            z.clone(),
+            z.clone(),
+            z.clone(),
+            z.clone(),
+            torch.zeros(ttt_steps, dtype=torch.float64),
+            torch.zeros((), dtype=torch.long),
+            z.clone(),
+        )
 
     def add(self, out: TTTOutput) -> None:
         """Accumulate one batch's counts (moved to the CPU)."""
@@ -377,11 +426,19 @@ class TTTMetrics:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready summary: rates and the raw counts they come from."""
-        return {"accuracy": self.accuracy(), "alpha": self.alpha(), "tau": self.tau(),
-                "step_losses": self.step_losses(), "correct": self.correct.tolist(),
-                "total": self.total.tolist(), "cond_correct": self.cond_correct.tolist(),
-                "cond_total": self.cond_total.tolist(), "replayed_rounds": int(self.rounds),
-                "replayed_acceptance": self.replayed_acceptance(), "replayed_tau": self.replayed_tau()}
+        return {
+            "accuracy": self.accuracy(),
+            "alpha": self.alpha(),
+            "tau": self.tau(),
+            "step_losses": self.step_losses(),
+            "correct": self.correct.tolist(),
+            "total": self.total.tolist(),
+            "cond_correct": self.cond_correct.tolist(),
+            "cond_total": self.cond_total.tolist(),
+            "replayed_rounds": int(self.rounds),
+            "replayed_acceptance": self.replayed_acceptance(),
+            "replayed_tau": self.replayed_tau(),
+        }
 
 
 def _rates(num: torch.Tensor, den: torch.Tensor) -> list[float]:

@@ -26,14 +26,21 @@ def plain_line(record: dict[str, Any], total: int, done: int, elapsed_s: float) 
     step = record["step"]
     tokens = int(record["total"][0]) if record.get("total") else 0
     rate = f"{tokens * done / elapsed_s:.0f}" if elapsed_s > 0 else "-"
-    left = (datetime.timedelta(seconds=round(elapsed_s / done * (total - step)))
-            if done and elapsed_s > 0 else "-")
-    return (f"train step {step}/{total}  loss {record['loss']:.4f}  accuracy {record['accuracy'][0]:.3f}  "
-            f"tokens/s {rate}  ETA {left}")
+    left = (
+        datetime.timedelta(seconds=round(elapsed_s / done * (total - step)))
+        if done and elapsed_s > 0
+        else "-"
+    )
+    return (
+        f"train step {step}/{total}  loss {record['loss']:.4f}  accuracy {record['accuracy'][0]:.3f}  "
+        f"tokens/s {rate}  ETA {left}"
+    )
 
 
 @contextlib.contextmanager
-def training_progress(enabled: bool, total: int, start: int) -> Iterator[Callable[[dict[str, Any]], None]]:
+def training_progress(
+    enabled: bool, total: int, start: int
+) -> Iterator[Callable[[dict[str, Any]], None]]:
     """Yields advance(record), called once per step with `Trainer.train_step`'s record: a rich
     bar when stdout is a terminal (rich's Console.is_terminal), else a `plain_line` every
     `plain_every(total)` steps and at the last; nothing when not `enabled`."""
@@ -49,12 +56,24 @@ def training_progress(enabled: bool, total: int, start: int) -> Iterator[Callabl
             done[0] += 1
             if record["step"] % every == 0 or record["step"] == total:
                 print(plain_line(record, total, done[0], time.monotonic() - began), flush=True)
+
         yield line
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
-    columns = (TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(elapsed_when_finished=True),
-               TextColumn("loss {task.fields[loss]}"))  # time left while running, time taken once done
+    columns = (
+        TextColumn("train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(elapsed_when_finished=True),
+        TextColumn("loss {task.fields[loss]}"),
+    )  # time left while running, time taken once done
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("train", total=total, completed=start, loss="-")
         yield lambda record: bar.update(task, advance=1, loss=f"{record['loss']:.4f}")

@@ -52,8 +52,12 @@ def checkpoint_config(path: Path) -> dict[str, Any]:
 def checkpoint_progress(path: Path) -> dict[str, Any]:
     """A checkpoint's state (`Trainer.progress_state` keys; weights mapped, not read)."""
     path = Path(path)
-    return torch.load(path / PROGRESS_FILE if path.is_dir() else path, map_location="cpu",
-                      weights_only=False, mmap=not path.is_dir())
+    return torch.load(
+        path / PROGRESS_FILE if path.is_dir() else path,
+        map_location="cpu",
+        weights_only=False,
+        mmap=not path.is_dir(),
+    )
 
 
 def check_run_dir(out_dir: Path) -> None:
@@ -61,16 +65,22 @@ def check_run_dir(out_dir: Path) -> None:
     or a directory of other files only, would get checkpoints mixed into it."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise FileExistsError(f"{out_dir} is a file; the run directory OUT must be a directory (it receives "
-                              "checkpoints/, metrics.jsonl, tensorboard/, draft/): give a new directory")
+        raise FileExistsError(
+            f"{out_dir} is a file; the run directory OUT must be a directory (it receives "
+            "checkpoints/, metrics.jsonl, tensorboard/, draft/): give a new directory"
+        )
     entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     if entries and not RUN_ENTRIES & set(entries):
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-        raise FileExistsError(f"{out_dir} holds no training run but other files ({shown}): give a new or empty "
-                              f"directory as OUT (--resume continues a run directory)")
+        raise FileExistsError(
+            f"{out_dir} holds no training run but other files ({shown}): give a new or empty "
+            f"directory as OUT (--resume continues a run directory)"
+        )
 
 
-def check_same_data(saved: dict[str, Any], info: TargetInfo, num_samples: int, source: Path) -> None:
+def check_same_data(
+    saved: dict[str, Any], info: TargetInfo, num_samples: int, source: Path
+) -> None:
     """Refuse to resume the checkpoint `source`, whose state is `saved` (`Trainer.progress_state`),
     on data of another target (`sources.same_target`), other aux layers, or other samples than
     `info`'s (`num_samples` of them): the data hash the checkpoint's manifest records
@@ -85,15 +95,21 @@ def check_same_data(saved: dict[str, Any], info: TargetInfo, num_samples: int, s
     if target and now and not same_target(target, now):
         diffs.append(f"target {describe_target(target)} -> {describe_target(now)}")
     if layers and layers != tuple(info.aux_layers):
-        diffs.append(f"aux layers {','.join(map(str, layers))} -> {','.join(map(str, info.aux_layers))}")
+        diffs.append(
+            f"aux layers {','.join(map(str, layers))} -> {','.join(map(str, info.aux_layers))}"
+        )
     was_hash, now_hash = manifest.get("data_hash"), info.manifest_fields.get("data_hash")
     if was_hash and now_hash and was_hash != now_hash:
-        diffs.append(f"data hash {_describe_data(was_hash, saved.get('num_samples'))} -> "
-                     f"{_describe_data(now_hash, num_samples)}")
+        diffs.append(
+            f"data hash {_describe_data(was_hash, saved.get('num_samples'))} -> "
+            f"{_describe_data(now_hash, num_samples)}"
+        )
     if diffs:
-        raise ValueError(f"{source}: this checkpoint was trained on other data ({'; '.join(diffs)}): resume with "
-                         f"the store (or --online data file and --target) it was trained on, or train into a new "
-                         f"OUT directory")
+        raise ValueError(
+            f"{source}: this checkpoint was trained on other data ({'; '.join(diffs)}): resume with "
+            f"the store (or --online data file and --target) it was trained on, or train into a new "
+            f"OUT directory"
+        )
 
 
 def _describe_data(digest: str, num_samples: int | None) -> str:
@@ -123,7 +139,9 @@ def write_sharded_checkpoint(trainer: Any, out_dir: Path) -> Path:
     ranks = trainer.ranks
     folder = Path(out_dir) / CHECKPOINT_DIR
     path = folder / f"step-{trainer.step:08d}"
-    tmp = folder / f".{path.name}.tmp"  # one name for all ranks (not files.temp_path's per-process one)
+    tmp = (
+        folder / f".{path.name}.tmp"
+    )  # one name for all ranks (not files.temp_path's per-process one)
     if ranks.main:
         folder.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
@@ -162,12 +180,16 @@ class MetricsLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and self.path.exists():
-            keep = [ln for ln in self.path.read_text().splitlines()
-                    if ln and json.loads(ln)["step"] <= resume_step]
+            keep = [
+                ln
+                for ln in self.path.read_text().splitlines()
+                if ln and json.loads(ln)["step"] <= resume_step
+            ]
             atomic_write_text(self.path, "".join(ln + "\n" for ln in keep))
         elif resume_step is None:
             self.path.unlink(missing_ok=True)
         from torch.utils.tensorboard import SummaryWriter  # lazy: tensorboard is an extra
+
         self.writer = SummaryWriter(str(Path(out_dir) / "tensorboard"), purge_step=resume_step)
 
     def write(self, record: dict[str, Any]) -> None:
@@ -188,9 +210,13 @@ class MetricsLog:
             self.writer.close()
 
 
-def save_final_draft(draft: Eagle3Draft, out_dir: Path, manifest: Manifest, training: dict[str, Any]) -> Path:
+def save_final_draft(
+    draft: Eagle3Draft, out_dir: Path, manifest: Manifest, training: dict[str, Any]
+) -> Path:
     """Save the trained drafter in the specdraft layout with `manifest`, its `training` set."""
-    return save_draft(draft, out_dir, layout="specdraft", manifest=replace(manifest, training=training))
+    return save_draft(
+        draft, out_dir, layout="specdraft", manifest=replace(manifest, training=training)
+    )
 
 
 def resume_from(trainer: Any, out_dir: Path, resume: bool) -> int | None:
@@ -198,8 +224,10 @@ def resume_from(trainer: Any, out_dir: Path, resume: bool) -> int | None:
     a fresh run). FileExistsError for checkpoints there without `resume`."""
     paths = checkpoint_paths(out_dir)
     if paths and not resume:
-        raise FileExistsError(f"{out_dir} already holds checkpoints ({paths[-1].name}): pass --resume to "
-                              f"continue its run (with its settings), or train into a new OUT directory")
+        raise FileExistsError(
+            f"{out_dir} already holds checkpoints ({paths[-1].name}): pass --resume to "
+            f"continue its run (with its settings), or train into a new OUT directory"
+        )
     if not paths:
         return None
     if paths[-1].is_dir():
@@ -223,15 +251,19 @@ def moved_data(trainer: Any, saved: dict[str, int], source: Path) -> str:
     data changed; a checkpoint with a data hash is refused before, by `check_same_data`)."""
     epoch, index, now = saved["epoch"], saved["batch_index"], trainer.position(trainer.step)
     if (epoch, index) == (now["epoch"], now["batch_index"]):  # same split, another shuffle
-        return (f"{source}: this checkpoint's data order (shuffle seed {saved['permutation_seed']}) is not "
-                f"this specdraft's ({now['permutation_seed']}): train into a new OUT directory")
+        return (
+            f"{source}: this checkpoint's data order (shuffle seed {saved['permutation_seed']}) is not "
+            f"this specdraft's ({now['permutation_seed']}): train into a new OUT directory"
+        )
     # step = epoch * batches per epoch + index; in epoch 0 only a lower bound is known
     was = f"{(trainer.step - index) // epoch}" if epoch else f"at least {index + 1}"
-    return (f"{source}: the training split now has {trainer.batches_per_epoch} batches of --batch-size "
-            f"{trainer.config.batch_size} per epoch ({len(trainer.train_ids)} training samples), but had {was} when "
-            f"this checkpoint was written (its step {trainer.step} was batch {index + 1} of epoch {epoch + 1}): "
-            f"the data changed since; resume with the store (or --online data file) it was trained on, or "
-            f"train into a new OUT directory")
+    return (
+        f"{source}: the training split now has {trainer.batches_per_epoch} batches of --batch-size "
+        f"{trainer.config.batch_size} per epoch ({len(trainer.train_ids)} training samples), but had {was} when "
+        f"this checkpoint was written (its step {trainer.step} was batch {index + 1} of epoch {epoch + 1}): "
+        f"the data changed since; resume with the store (or --online data file) it was trained on, or "
+        f"train into a new OUT directory"
+    )
 
 
 def interrupted_message(out_dir: str | Path) -> str:

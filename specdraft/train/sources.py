@@ -83,8 +83,8 @@ def pad_samples(samples: Sequence[Sample], max_length: int) -> tuple[torch.Tenso
     ids = torch.zeros(len(samples), t_len, dtype=torch.long)
     mask = torch.zeros(len(samples), t_len, dtype=torch.bool)
     for i, s in enumerate(samples):
-        ids[i, :len(s.input_ids)] = torch.tensor(s.input_ids)
-        mask[i, :len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.bool)
+        ids[i, : len(s.input_ids)] = torch.tensor(s.input_ids)
+        mask[i, : len(s.loss_mask)] = torch.tensor(s.loss_mask, dtype=torch.bool)
     return ids, mask
 
 
@@ -92,7 +92,7 @@ def _right_pad(rows: Sequence[torch.Tensor], t_len: int) -> torch.Tensor:
     """Stack [T_i, ...] tensors into [B, t_len, ...], zero-padded on the right."""
     out = rows[0].new_zeros(len(rows), t_len, *rows[0].shape[1:])
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r[:t_len]
+        out[i, : len(r)] = r[:t_len]
     return out
 
 
@@ -122,10 +122,14 @@ class OnlineSource:
         from specdraft.conventions import DTYPES
 
         if self.target_dtype not in DTYPES:
-            raise ValueError(f"--target-dtype {self.target_dtype!r}: choose one of {', '.join(DTYPES)}")
+            raise ValueError(
+                f"--target-dtype {self.target_dtype!r}: choose one of {', '.join(DTYPES)}"
+            )
         if (Path(self.data) / INDEX).is_file():
-            raise ValueError(f"{self.data} is a capture store (specdraft capture), not a data file: drop --online "
-                             f"to train on the store offline (--target only if the target it recorded moved)")
+            raise ValueError(
+                f"{self.data} is a capture store (specdraft capture), not a data file: drop --online "
+                f"to train on the store offline (--target only if the target it recorded moved)"
+            )
 
 
 class OnlineData:
@@ -137,10 +141,17 @@ class OnlineData:
     num_skipped: bad records skipped while reading the data (OnlineSource.skip_bad).
     """
 
-    def __init__(self, target: Any, samples: Sequence[Sample],
-                 aux_layers: Sequence[int] | None = None, *, name_or_path: str | None = None,
-                 tokenizer: Any = None, render_info: RenderInfo | None = None,
-                 num_skipped: int = 0) -> None:
+    def __init__(
+        self,
+        target: Any,
+        samples: Sequence[Sample],
+        aux_layers: Sequence[int] | None = None,
+        *,
+        name_or_path: str | None = None,
+        tokenizer: Any = None,
+        render_info: RenderInfo | None = None,
+        num_skipped: int = 0,
+    ) -> None:
         from specdraft.capture.forward import target_meta
         from specdraft.conventions import check_aux_flag
 
@@ -152,27 +163,47 @@ class OnlineData:
             config=target.config,
             aux_layers=tuple(aux_layers or default_aux_layers(target.num_layers)),
             embed_weight=target.embed_tokens.weight.detach(),
-            manifest_fields={"target": target_meta(target, name_or_path),
-                             "tokenizer": tokenizer_fingerprint(tokenizer) if tokenizer else None,
-                             "chat_template": render_info.to_dict() if render_info else None,
-                             "data_hash": data_hash(self.samples)},
-            vocab_limit=len(tokenizer) if tokenizer else None)
+            manifest_fields={
+                "target": target_meta(target, name_or_path),
+                "tokenizer": tokenizer_fingerprint(tokenizer) if tokenizer else None,
+                "chat_template": render_info.to_dict() if render_info else None,
+                "data_hash": data_hash(self.samples),
+            },
+            vocab_limit=len(tokenizer) if tokenizer else None,
+        )
 
     @classmethod
-    def load(cls, source: OnlineSource, aux_layers: Sequence[int] | None = None,
-             device: str | torch.device = "cpu") -> OnlineData:
+    def load(
+        cls,
+        source: OnlineSource,
+        aux_layers: Sequence[int] | None = None,
+        device: str | torch.device = "cpu",
+    ) -> OnlineData:
         """Load `source`'s target onto `device` in `source.target_dtype` and render its data with
         the target's tokenizer. Raises DataError naming the data file for a bad record (unless
         source.skip_bad), ValueError for a tokenizer that does not belong to the target."""
         from specdraft.capture.stage import load_inputs
         from specdraft.conventions import parse_dtype
 
-        target, tokenizer, data = load_inputs(source.target, source.data, chat=source.chat,
-                                              template_kwargs=source.template_kwargs,
-                                              skip_bad=source.skip_bad, reasoning=source.reasoning,
-                                              target_dtype=parse_dtype(source.target_dtype), device=device)
-        return cls(target, data.samples, aux_layers, name_or_path=str(Path(source.target).resolve()),
-                   tokenizer=tokenizer, render_info=data.render_info, num_skipped=data.num_skipped)
+        target, tokenizer, data = load_inputs(
+            source.target,
+            source.data,
+            chat=source.chat,
+            template_kwargs=source.template_kwargs,
+            skip_bad=source.skip_bad,
+            reasoning=source.reasoning,
+            target_dtype=parse_dtype(source.target_dtype),
+            device=device,
+        )
+        return cls(
+            target,
+            data.samples,
+            aux_layers,
+            name_or_path=str(Path(source.target).resolve()),
+            tokenizer=tokenizer,
+            render_info=data.render_info,
+            num_skipped=data.num_skipped,
+        )
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -183,14 +214,22 @@ class OnlineData:
 
     def batch(self, sample_ids: Sequence[int], max_length: int, device: torch.device) -> Batch:
         ids, mask = pad_samples([self.samples[i] for i in sample_ids], max_length)
-        lengths = torch.tensor([min(len(self.samples[i].input_ids), max_length) for i in sample_ids])
+        lengths = torch.tensor(
+            [min(len(self.samples[i].input_ids), max_length) for i in sample_ids]
+        )
         attention = (torch.arange(ids.shape[1]) < lengths[:, None]).long()
         t_device = self.target.embed_tokens.weight.device
-        out = self.target.forward(ids.to(t_device), attention.to(t_device),
-                                  aux_layers=self.info.aux_layers)
+        out = self.target.forward(
+            ids.to(t_device), attention.to(t_device), aux_layers=self.info.aux_layers
+        )
         # clone: the target runs in inference mode, and autograd cannot save inference tensors
-        return Batch(list(sample_ids), ids.to(device), mask.to(device),
-                     out.aux_hidden.clone().to(device, torch.float32), out.logits.clone().to(device))
+        return Batch(
+            list(sample_ids),
+            ids.to(device),
+            mask.to(device),
+            out.aux_hidden.clone().to(device, torch.float32),
+            out.logits.clone().to(device),
+        )
 
 
 class StoreData:
@@ -217,13 +256,17 @@ class StoreData:
         self._after_norm = meta.get(LAST_HIDDEN_KEY) == AFTER_NORM
         tokenizer = meta.get("tokenizer") or {}
         self.info = TargetInfo(
-            config=self.config, aux_layers=tuple(self.store.aux_layers),
+            config=self.config,
+            aux_layers=tuple(self.store.aux_layers),
             embed_weight=head["embed_tokens.weight"],
-            manifest_fields={"target": {k: v for k, v in meta["target"].items()},
-                             "tokenizer": meta.get("tokenizer"),
-                             "chat_template": meta.get("chat_template"),
-                             "data_hash": meta.get("data_hash")},
-            vocab_limit=tokenizer.get("length"))
+            manifest_fields={
+                "target": {k: v for k, v in meta["target"].items()},
+                "tokenizer": meta.get("tokenizer"),
+                "chat_template": meta.get("chat_template"),
+                "data_hash": meta.get("data_hash"),
+            },
+            vocab_limit=tokenizer.get("length"),
+        )
 
     def __len__(self) -> int:
         return len(self.store)
@@ -239,7 +282,7 @@ class StoreData:
             shard = self.store.shard_tensors(s, "input_ids", "loss_mask", "offsets")
             lengths = shard["offsets"].diff()
             first = entry["first_sample"]
-            rows = chosen[first:first + lengths.numel()].repeat_interleave(lengths)
+            rows = chosen[first : first + lengths.numel()].repeat_interleave(lengths)
             ids = shard["input_ids"].long()[shard["loss_mask"].bool() & rows]
             counts += torch.bincount(ids, minlength=counts.numel())
         return counts
@@ -255,10 +298,16 @@ class StoreData:
         if self._after_norm:  # converted from SpecForge: the state is already normed
             logits = F.linear(pad("last_hidden").to(self._lm_head.dtype), self._lm_head).float()
         else:
-            logits = target_logits(pad("last_hidden"), self._norm, self._lm_head, eps,
-                                   _config_get(self.config, "final_logit_softcapping"))
-        return Batch(list(sample_ids), pad("input_ids"), pad("loss_mask"),
-                     pad("aux_hidden").float(), logits)
+            logits = target_logits(
+                pad("last_hidden"),
+                self._norm,
+                self._lm_head,
+                eps,
+                _config_get(self.config, "final_logit_softcapping"),
+            )
+        return Batch(
+            list(sample_ids), pad("input_ids"), pad("loss_mask"), pad("aux_hidden").float(), logits
+        )
 
 
 def _config_get(config: Any, key: str, default: Any = None) -> Any:
@@ -274,8 +323,10 @@ def _store_target_config(store: Any, override: Any = None) -> Any:
         return override
     path = override or store.meta["target"].get("name_or_path")
     if not path or not (Path(path) / "config.json").is_file():
-        raise FileNotFoundError(f"{store.path / 'index.json'}: target path {path!r} has no "
-                                f"config.json; pass the target directory (train --target DIR)")
+        raise FileNotFoundError(
+            f"{store.path / 'index.json'}: target path {path!r} has no "
+            f"config.json; pass the target directory (train --target DIR)"
+        )
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     if override:
         _check_store_target(store, config, override)
@@ -306,19 +357,28 @@ def _check_store_target(store: Any, config: Any, directory: str | Path) -> None:
     from specdraft.target.config import config_hash
 
     text = config.get_text_config()
-    given = {"name_or_path": str(directory), "config_hash": config_hash(config),
-             "num_layers": getattr(text, "num_hidden_layers", None),
-             "hidden_size": getattr(text, "hidden_size", None), "vocab_size": getattr(text, "vocab_size", None)}
+    given = {
+        "name_or_path": str(directory),
+        "config_hash": config_hash(config),
+        "num_layers": getattr(text, "num_hidden_layers", None),
+        "hidden_size": getattr(text, "hidden_size", None),
+        "vocab_size": getattr(text, "vocab_size", None),
+    }
     recorded = store.meta["target"]
     if not same_target(recorded, given):
-        raise ValueError(f"--target {directory}: not the target this store was captured from ("
-                         f"{store.path / 'index.json'} records {describe_target(recorded)}; --target is "
-                         f"{describe_target(given)}): pass that target's directory, or leave --target out")
+        raise ValueError(
+            f"--target {directory}: not the target this store was captured from ("
+            f"{store.path / 'index.json'} records {describe_target(recorded)}; --target is "
+            f"{describe_target(given)}): pass that target's directory, or leave --target out"
+        )
 
 
-def open_data(source: str | Path | OnlineSource | TrainData, target_config: Any = None,
-              aux_layers: Sequence[int] | None = None,
-              device: str | torch.device = "cpu") -> TrainData:
+def open_data(
+    source: str | Path | OnlineSource | TrainData,
+    target_config: Any = None,
+    aux_layers: Sequence[int] | None = None,
+    device: str | torch.device = "cpu",
+) -> TrainData:
     """A TrainData for `source`: a capture store directory, an OnlineSource (its target loaded
     onto `device`), or a TrainData as is.
 
@@ -330,8 +390,10 @@ def open_data(source: str | Path | OnlineSource | TrainData, target_config: Any 
     data = StoreData(source, target_config) if isinstance(source, (str, Path)) else source
     if aux_layers is not None and tuple(aux_layers) != data.info.aux_layers:
         held = ",".join(map(str, data.info.aux_layers))
-        raise ValueError(f"--aux-layers {','.join(map(str, aux_layers))} asked for, but the training data holds "
-                         f"layers {held}: drop --aux-layers (or pass --aux-layers {held}), or capture those layers")
+        raise ValueError(
+            f"--aux-layers {','.join(map(str, aux_layers))} asked for, but the training data holds "
+            f"layers {held}: drop --aux-layers (or pass --aux-layers {held}), or capture those layers"
+        )
     return data
 
 

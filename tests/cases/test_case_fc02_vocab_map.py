@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from specdraft.data.vocab import build_vocab_map, draft_to_target_ids, target_ids_of_draft_vocab, validate_vocab_map
+from specdraft.data.vocab import (
+    build_vocab_map,
+    draft_to_target_ids,
+    target_ids_of_draft_vocab,
+    validate_vocab_map,
+)
 
 VOCAB, DRAFT_VOCAB = 512, 256
 

@@ -36,7 +36,8 @@ def test_case_fc03_export_writes_each_engine_its_own_ids():
     config = {
         "eagle_aux_hidden_state_layer_ids": to_engine_ids(TRAINED, "vllm", NUM_LAYERS),
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": to_engine_ids(TRAINED, "sglang", NUM_LAYERS)},
+            "eagle_aux_hidden_state_layer_ids": to_engine_ids(TRAINED, "sglang", NUM_LAYERS)
+        },
     }
     reading = aux_layers_from_config(config, NUM_LAYERS)
     assert reading.captured("sglang") == reading.captured("vllm") == TRAINED

@@ -29,11 +29,16 @@ def nested_only(src, dst, target, ids):
 
 def test_case_fc03_nested_only_file_is_read_differently(llama, tmp_path):
     draft, target = llama
-    ckpt = nested_only(draft, tmp_path / "n", target, [1, 3, 4])  # SGLang's convention for [2, 4, 5]
+    ckpt = nested_only(
+        draft, tmp_path / "n", target, [1, 3, 4]
+    )  # SGLang's convention for [2, 4, 5]
     report = run_doctor(ckpt, target=target)
     lint = report.finding("aux_ids_read_alike")
     assert lint.verdict == "fail"
-    assert "SGLang captures [2, 4, 5], vLLM [1, 3, 4]" in lint.evidence and "top-level" in lint.evidence
+    assert (
+        "SGLang captures [2, 4, 5], vLLM [1, 3, 4]" in lint.evidence
+        and "top-level" in lint.evidence
+    )
     parity = report.finding("engine_captures_training_layers")
     assert parity.verdict == "fail" and "vLLM captures [1, 3, 4]" in parity.evidence
     assert "SGLang" not in parity.evidence.split("trained on")[1].split(";")[1]  # SGLang is right
@@ -42,7 +47,9 @@ def test_case_fc03_nested_only_file_is_read_differently(llama, tmp_path):
 def test_case_fc03_vllm_ids_read_by_sglang_are_off_by_one(llama, tmp_path):
     draft, target = llama
     ckpt = nested_only(draft, tmp_path / "n", target, [2, 4, 5])  # vLLM's convention, SGLang's key
-    finding = run_doctor(ckpt, target=target, engine="sglang").finding("engine_captures_training_layers")
+    finding = run_doctor(ckpt, target=target, engine="sglang").finding(
+        "engine_captures_training_layers"
+    )
     assert finding.verdict == "fail" and "SGLang captures [3, 5, 6]" in finding.evidence
     assert "SGLang: eagle_config eagle_aux_hidden_state_layer_ids [1, 3, 4]" in finding.fix
 
@@ -59,7 +66,9 @@ def test_case_fc03_export_writes_each_engine_its_ids_and_passes(llama, tmp_path)
 def test_case_fc03_deepseek_first_id_not_one_is_flagged(tmp_path):
     draft, target = draft_checkpoint(tmp_path, arch="deepseek_v3", num_layers=8, aux=(3, 4, 5))
     export_draft(draft, tmp_path / "d", engine="sglang", target=target, sglang_version="0.5.14")
-    finding = run_doctor(tmp_path / "d", target=target, engine="sglang").finding("aux_ids_read_alike")
+    finding = run_doctor(tmp_path / "d", target=target, engine="sglang").finding(
+        "aux_ids_read_alike"
+    )
     assert finding.verdict == "fail" and "start with 3, not 1" in finding.evidence
     pinned = run_doctor(tmp_path / "d", target=target, engine="sglang", sglang_version="0.5.14")
     assert pinned.finding("aux_ids_read_alike").verdict == "pass"
@@ -75,15 +84,25 @@ def test_case_fc03_nested_only_file_fails_for_vllm_alone(llama, tmp_path, with_m
     from specdraft.cli import app
 
     draft, target = llama
-    ckpt = nested_only(draft, tmp_path / "n", target, [1, 3, 4])  # SGLang's convention for [2, 4, 5]
+    ckpt = nested_only(
+        draft, tmp_path / "n", target, [1, 3, 4]
+    )  # SGLang's convention for [2, 4, 5]
     if not with_manifest:
         (ckpt / "specdraft_manifest.json").unlink()
     report = run_doctor(ckpt, target=target, engine="vllm")
     lint = report.finding("aux_ids_read_alike")
     assert lint.verdict == "fail", lint
-    assert "vLLM reads the eagle_config ids" in lint.evidence and "captures [1, 3, 4], not the [2, 4, 5]" \
-        in lint.evidence
-    assert run_doctor(ckpt, target=target, engine="sglang").finding("aux_ids_read_alike").verdict == "pass"
-    result = CliRunner().invoke(app, ["doctor", str(ckpt), "--target", str(target), "--engine", "vllm"],
-                                env={"COLUMNS": "400"})
+    assert (
+        "vLLM reads the eagle_config ids" in lint.evidence
+        and "captures [1, 3, 4], not the [2, 4, 5]" in lint.evidence
+    )
+    assert (
+        run_doctor(ckpt, target=target, engine="sglang").finding("aux_ids_read_alike").verdict
+        == "pass"
+    )
+    result = CliRunner().invoke(
+        app,
+        ["doctor", str(ckpt), "--target", str(target), "--engine", "vllm"],
+        env={"COLUMNS": "400"},
+    )
     assert result.exit_code == 1 and "aux_ids_read_alike" in result.output, result.output

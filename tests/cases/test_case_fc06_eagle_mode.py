@@ -23,30 +23,51 @@ def algorithm(ckpt, engine, args):
 
 
 def test_case_fc06_sglang_plain_eagle_fails(ckpt):
-    report = algorithm(ckpt, "sglang", "--speculative-algorithm EAGLE --speculative-num-steps 3 "
-                                       "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+    report = algorithm(
+        ckpt,
+        "sglang",
+        "--speculative-algorithm EAGLE --speculative-num-steps 3 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
+    )
     finding = report.finding("algorithm_is_eagle3")
     assert finding.verdict == "fail"
     assert "--speculative-algorithm 'EAGLE' with an EAGLE-3 drafter" in finding.evidence
-    assert "accept length ~1.0" in finding.evidence and finding.fix == "set --speculative-algorithm EAGLE3"
+    assert (
+        "accept length ~1.0" in finding.evidence
+        and finding.fix == "set --speculative-algorithm EAGLE3"
+    )
     assert report.finding("aux_width_on_target").verdict == "fail"
 
 
 def test_case_fc06_vllm_method_eagle_fails(ckpt):
-    finding = algorithm(ckpt, "vllm", "vllm serve T --speculative-config "
-                        "'{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'").finding("algorithm_is_eagle3")
-    assert finding.verdict == "fail" and "plain EAGLE feeds one H-wide hidden state" in finding.evidence
+    finding = algorithm(
+        ckpt,
+        "vllm",
+        'vllm serve T --speculative-config \'{"method": "eagle", "num_speculative_tokens": 3}\'',
+    ).finding("algorithm_is_eagle3")
+    assert (
+        finding.verdict == "fail"
+        and "plain EAGLE feeds one H-wide hidden state" in finding.evidence
+    )
 
 
 def test_case_fc06_vllm_without_method_fails_naming_the_guess(ckpt):
-    finding = algorithm(ckpt, "vllm", "vllm serve T --speculative-config "
-                        "'{\"model\": \"/drafts/d\", \"num_speculative_tokens\": 3}'").finding("algorithm_is_eagle3")
-    assert finding.verdict == "fail" and "guesses the method from the draft path" in finding.evidence
+    finding = algorithm(
+        ckpt,
+        "vllm",
+        'vllm serve T --speculative-config \'{"model": "/drafts/d", "num_speculative_tokens": 3}\'',
+    ).finding("algorithm_is_eagle3")
+    assert (
+        finding.verdict == "fail" and "guesses the method from the draft path" in finding.evidence
+    )
     assert "vllm config/speculative.py" in finding.evidence
 
 
 def test_case_fc06_eagle3_passes(ckpt):
-    finding = algorithm(ckpt, "vllm", "vllm serve T --speculative-config "
-                        "'{\"method\": \"eagle3\", \"num_speculative_tokens\": 3}'").finding("algorithm_is_eagle3")
+    finding = algorithm(
+        ckpt,
+        "vllm",
+        'vllm serve T --speculative-config \'{"method": "eagle3", "num_speculative_tokens": 3}\'',
+    ).finding("algorithm_is_eagle3")
     assert finding.verdict == "pass"
     assert algorithm(ckpt, "sglang", None).finding("algorithm_is_eagle3").verdict == "skip"

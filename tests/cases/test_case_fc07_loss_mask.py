@@ -20,10 +20,12 @@ from specdraft.data.labels import (
 from specdraft.data.render import render_chat
 from tests.tiny_tokenizer import tiny_chat_tokenizer
 
-TWO_TURNS = [{"role": "user", "content": "hello"},
-             {"role": "assistant", "content": "hi ."},
-             {"role": "user", "content": "tell me a story"},
-             {"role": "assistant", "content": "once upon a time"}]
+TWO_TURNS = [
+    {"role": "user", "content": "hello"},
+    {"role": "assistant", "content": "hi ."},
+    {"role": "user", "content": "tell me a story"},
+    {"role": "assistant", "content": "once upon a time"},
+]
 # <s> <|user|> hello <|end|> <|assistant|> hi . <|end|> <|user|> tell me a story <|end|>
 #  0      1      2      3          4       5  6    7       8      9  10 11  12     13
 # <|assistant|> once upon a time <|end|>
@@ -47,12 +49,14 @@ def test_case_fc07_supervised_iff_label_is_assistant(step):
     assert out.shape == mask.shape and out.dtype == torch.bool
     T = mask.shape[1]
     for b in range(2):
-        expected = [label_position(t, step) < T and bool(mask[b, label_position(t, step)])
-                    for t in range(T)]
+        expected = [
+            label_position(t, step) < T and bool(mask[b, label_position(t, step)]) for t in range(T)
+        ]
         assert out[b].tolist() == expected
     supervised = [t for t in range(T) if out[0, t]]
-    assert [label_position(t, step) for t in supervised] == [p for p in ASSISTANT_POSITIONS
-                                                             if p - 2 - step >= 0]
+    assert [label_position(t, step) for t in supervised] == [
+        p for p in ASSISTANT_POSITIONS if p - 2 - step >= 0
+    ]
 
 
 def test_case_fc07_first_assistant_token_predicted_from_last_prompt_position():

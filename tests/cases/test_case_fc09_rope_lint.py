@@ -24,13 +24,18 @@ def ckpt(tmp_path_factory):
 def rope(draft, target, tmp_path, edit):
     export_draft(draft, tmp_path / "out", engine="vllm", target=target)
     edit_config(tmp_path / "out", edit)
-    return run_doctor(tmp_path / "out", target=target, engine="vllm").finding("rope_matches_training")
+    return run_doctor(tmp_path / "out", target=target, engine="vllm").finding(
+        "rope_matches_training"
+    )
 
 
 def test_case_fc09_rope_theta_differs(ckpt, tmp_path):
     finding = rope(*ckpt, tmp_path, lambda c: c.update(rope_theta=500000.0))
     assert finding.verdict == "fail"
-    assert "rope_theta 500000.0 (config.json, what the engines use) vs 10000.0 (training)" in finding.evidence
+    assert (
+        "rope_theta 500000.0 (config.json, what the engines use) vs 10000.0 (training)"
+        in finding.evidence
+    )
     assert finding.fix.startswith("write the trained values into config.json, or re-export it")
 
 
@@ -45,33 +50,66 @@ def test_case_fc09_a_target_with_another_rope_names_the_target_as_the_fix(ckpt, 
         if isinstance(config.get("rope_parameters"), dict):
             config["rope_parameters"]["rope_theta"] = 500000.0
         config["rope_theta"] = 500000.0
+
     edit_config(moved, set_theta)
     finding = run_doctor(draft, target=moved).finding("rope_matches_training")
     assert finding.verdict == "fail", finding
     assert "the target's rope_theta 500000.0 (target " in finding.evidence
     assert "vs 10000.0 (the target at training)" in finding.evidence
-    assert finding.fix.startswith("serve the target the drafter was trained on, or train a drafter for this target")
-    assert rope(draft, target, tmp_path / "x", lambda c: c.update(rope_theta=500000.0)).fix.startswith("write the trained")
+    assert finding.fix.startswith(
+        "serve the target the drafter was trained on, or train a drafter for this target"
+    )
+    assert rope(
+        draft, target, tmp_path / "x", lambda c: c.update(rope_theta=500000.0)
+    ).fix.startswith("write the trained")
 
 
 def test_case_fc09_only_rope_parameters_is_flagged(ckpt, tmp_path):
-    finding = rope(*ckpt, tmp_path, lambda c: (c.pop("rope_theta"), c.pop("rope_scaling"), c.update(
-        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})))
-    assert finding.verdict == "fail" and "older loaders ignore it and use rope_theta 10000" in finding.evidence
-    assert finding.fix.startswith("write rope_theta 10000.0 and rope_scaling None at the top level of config.json")
+    finding = rope(
+        *ckpt,
+        tmp_path,
+        lambda c: (
+            c.pop("rope_theta"),
+            c.pop("rope_scaling"),
+            c.update(rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}),
+        ),
+    )
+    assert (
+        finding.verdict == "fail"
+        and "older loaders ignore it and use rope_theta 10000" in finding.evidence
+    )
+    assert finding.fix.startswith(
+        "write rope_theta 10000.0 and rope_scaling None at the top level of config.json"
+    )
 
 
 def test_case_fc09_scaling_positions_and_partial_rotary(ckpt, tmp_path):
-    finding = rope(*ckpt, tmp_path, lambda c: c.update(
-        rope_scaling={"rope_type": "linear", "factor": 4.0}, max_position_embeddings=1024,
-        partial_rotary_factor=0.5))
+    finding = rope(
+        *ckpt,
+        tmp_path,
+        lambda c: c.update(
+            rope_scaling={"rope_type": "linear", "factor": 4.0},
+            max_position_embeddings=1024,
+            partial_rotary_factor=0.5,
+        ),
+    )
     assert finding.verdict == "fail" and "partial_rotary_factor 0.5" in finding.evidence
-    finding = rope(*ckpt, tmp_path / "s", lambda c: c.update(
-        rope_scaling={"rope_type": "linear", "factor": 4.0}, max_position_embeddings=1024))
+    finding = rope(
+        *ckpt,
+        tmp_path / "s",
+        lambda c: c.update(
+            rope_scaling={"rope_type": "linear", "factor": 4.0}, max_position_embeddings=1024
+        ),
+    )
     assert finding.verdict == "fail"
-    assert 'rope_scaling {"factor": 4.0, "rope_type": "linear"} (config.json, what the engines use) vs None ' \
+    assert (
+        'rope_scaling {"factor": 4.0, "rope_type": "linear"} (config.json, what the engines use) vs None '
         "(training)" in finding.evidence
-    assert "max_position_embeddings 1024 (config.json, what the engines use) vs 256 (training)" in finding.evidence
+    )
+    assert (
+        "max_position_embeddings 1024 (config.json, what the engines use) vs 256 (training)"
+        in finding.evidence
+    )
 
 
 def test_case_fc09_matching_rope_passes(ckpt, tmp_path):
@@ -88,9 +126,12 @@ def test_case_fc09_offline_run_flags_later_positions(tmp_path_factory, tmp_path)
     # later steps: the offline run, which feeds back the drafter's own states, does not reach them
     manifest["training"]["validation"]["accuracy"] = [first, 0.98, 0.98]
     file.write_text(json.dumps(manifest))
-    finding = run_doctor(tmp_path / "out", target=world.target, engine="vllm",
-                         samples=world.samples).finding("offline_acceptance_matches_training")
-    assert finding.verdict == "fail" and "far below training at positions [2, 3]" in finding.evidence
+    finding = run_doctor(
+        tmp_path / "out", target=world.target, engine="vllm", samples=world.samples
+    ).finding("offline_acceptance_matches_training")
+    assert (
+        finding.verdict == "fail" and "far below training at positions [2, 3]" in finding.evidence
+    )
 
 
 def test_case_fc09_a_drafters_own_rope_is_its_own_choice(ckpt, tmp_path):
@@ -102,13 +143,29 @@ def test_case_fc09_a_drafters_own_rope_is_its_own_choice(ckpt, tmp_path):
     draft, target = ckpt
     bare = shutil.copytree(draft, tmp_path / "bare")
     (bare / "specdraft_manifest.json").unlink()
-    edit_config(bare, lambda c: (c.pop("rope_theta"), c.pop("rope_scaling"), c.update(max_position_embeddings=128)))
+    edit_config(
+        bare,
+        lambda c: (
+            c.pop("rope_theta"),
+            c.pop("rope_scaling"),
+            c.update(max_position_embeddings=128),
+        ),
+    )
     moved = shutil.copytree(target, tmp_path / "target")
-    edit_config(moved, lambda c: c.update(rope_theta=500000.0, rope_parameters={"rope_theta": 500000.0,
-                                                                                  "rope_type": "default"}))
+    edit_config(
+        moved,
+        lambda c: c.update(
+            rope_theta=500000.0, rope_parameters={"rope_theta": 500000.0, "rope_type": "default"}
+        ),
+    )
     finding = run_doctor(bare, target=moved).finding("rope_matches_training")
     assert finding.verdict == "pass", finding
-    assert "rope_theta 10000.0, rope_scaling None, max positions 128: as its config.json declares" in finding.evidence
-    assert "the drafter's own 128 positions are fewer than the target's 256: keep prompt + output within 128" \
+    assert (
+        "rope_theta 10000.0, rope_scaling None, max positions 128: as its config.json declares"
         in finding.evidence
+    )
+    assert (
+        "the drafter's own 128 positions are fewer than the target's 256: keep prompt + output within 128"
+        in finding.evidence
+    )
     assert "rope_parameters" not in finding.evidence

@@ -15,7 +15,13 @@ import torch
 from scipy.stats import chisquare
 
 from specdraft.engine import speculate
-from specdraft.engine.sampling import SamplingParams, Verdict, logits_to_probs, sample, verify_greedy
+from specdraft.engine.sampling import (
+    SamplingParams,
+    Verdict,
+    logits_to_probs,
+    sample,
+    verify_greedy,
+)
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import VOCAB, one_thread, random_prompts, target_pass, tiny_setup  # noqa: F401
 
@@ -50,8 +56,9 @@ def chi_square_pvalue(setup, spec: SpecConfig, params: SamplingParams) -> float:
         joint = exact_joint(setup, prompt, params).reshape(-1) * SAMPLES_PER_PROMPT
         counts = np.zeros(VOCAB * VOCAB)
         for s in range(SAMPLES_PER_PROMPT):
-            x1, x2 = engine.generate(prompt, 2, params.temperature, params.top_p, params.top_k,
-                                     seed=1000 * i + s).token_ids
+            x1, x2 = engine.generate(
+                prompt, 2, params.temperature, params.top_p, params.top_k, seed=1000 * i + s
+            ).token_ids
             counts[x1 * VOCAB + x2] += 1
         big = joint >= MIN_EXPECTED
         observed += [*counts[big], counts[~big].sum()]
@@ -106,7 +113,9 @@ def test_case_fc10_sampling_varies_with_the_seed_and_repeats_with_it():
     setup = tiny_setup("llama")
     engine = setup.engine(setup.trained, SpecConfig(3, 2, 6))
     prompt = random_prompts(1, PROMPT_LEN, seed=21)[0]
-    outputs = [tuple(engine.generate(prompt, 12, temperature=1.0, seed=s).token_ids) for s in range(6)]
+    outputs = [
+        tuple(engine.generate(prompt, 12, temperature=1.0, seed=s).token_ids) for s in range(6)
+    ]
     assert len(set(outputs)) > 1
     assert engine.generate(prompt, 12, temperature=1.0, seed=3).token_ids == list(outputs[3])
     greedy = {tuple(engine.generate(prompt, 12, seed=s).token_ids) for s in range(3)}

@@ -41,6 +41,10 @@ def test_case_fc14_tree_holds_the_chain_drafts_with_equal_scores():
         chain = _first_tree(setup.engine(setup.trained, SpecConfig.chain(2)), prompt)
         tree = _first_tree(setup.engine(setup.trained, full), prompt)
         d1, d2 = chain.tokens[1:].tolist()
-        node1 = next(i for i in range(1, tree.num_nodes) if tree.parents[i] == 0 and tree.tokens[i] == d1)
-        node2 = next(i for i in range(1, tree.num_nodes) if tree.parents[i] == node1 and tree.tokens[i] == d2)
+        node1 = next(
+            i for i in range(1, tree.num_nodes) if tree.parents[i] == 0 and tree.tokens[i] == d1
+        )
+        node2 = next(
+            i for i in range(1, tree.num_nodes) if tree.parents[i] == node1 and tree.tokens[i] == d2
+        )
         torch.testing.assert_close(tree.scores[[node1, node2]], chain.scores[1:], rtol=0, atol=1e-5)

@@ -16,11 +16,22 @@ from specdraft.train.loss import flex_by_default, ttt_loss, ttt_unroll
 STEPS = 4
 
 
-def tiny_draft(seed: int = 0, vocab: int = 48, draft_vocab: int = 48, dtype=torch.float64) -> Eagle3Draft:
-    cfg = DraftConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
-                      intermediate_size=32, target_hidden_size=16, vocab_size=vocab,
-                      draft_vocab_size=draft_vocab, aux_layers=(1, 2, 3), target_num_layers=4,
-                      max_position_embeddings=128)
+def tiny_draft(
+    seed: int = 0, vocab: int = 48, draft_vocab: int = 48, dtype=torch.float64
+) -> Eagle3Draft:
+    cfg = DraftConfig(
+        hidden_size=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=4,
+        intermediate_size=32,
+        target_hidden_size=16,
+        vocab_size=vocab,
+        draft_vocab_size=draft_vocab,
+        aux_layers=(1, 2, 3),
+        target_num_layers=4,
+        max_position_embeddings=128,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         draft = Eagle3Draft(cfg)
@@ -31,24 +42,38 @@ def tiny_draft(seed: int = 0, vocab: int = 48, draft_vocab: int = 48, dtype=torc
     return draft.to(dtype)
 
 
-def naive_unroll(draft: Eagle3Draft, ids: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def naive_unroll(
+    draft: Eagle3Draft, ids: torch.Tensor, aux: torch.Tensor, steps: int
+) -> list[torch.Tensor]:
     """Per-step logits [1, T, Vd], one query at a time with an explicit engine cache."""
     t_len = ids.shape[1]
     padded = torch.cat([ids, ids.new_zeros(1, steps + 1)], 1)  # same fill as the vectorized path
     kv0: list[KV] = []
-    hidden = {}   # (k, t) -> [1, 1, H]
-    kvs = {}      # (k, t) -> KV of one position
-    logits = [torch.zeros(1, t_len, draft.cfg.draft_vocab_size, dtype=aux.dtype) for _ in range(steps)]
+    hidden = {}  # (k, t) -> [1, 1, H]
+    kvs = {}  # (k, t) -> KV of one position
+    logits = [
+        torch.zeros(1, t_len, draft.cfg.draft_vocab_size, dtype=aux.dtype) for _ in range(steps)
+    ]
     for t in range(t_len):
-        out = draft(padded[:, t + 1:t + 2], aux[:, t:t + 1], torch.tensor([[t]]), first_step=True,
-                    past_kv=KV.cat(kv0) if kv0 else None)
+        out = draft(
+            padded[:, t + 1 : t + 2],
+            aux[:, t : t + 1],
+            torch.tensor([[t]]),
+            first_step=True,
+            past_kv=KV.cat(kv0) if kv0 else None,
+        )
         kv0.append(out.kv)
         hidden[0, t], logits[0][:, t] = out.hidden, out.logits[:, 0]
     for t in range(t_len):
         for k in range(1, steps):
-            cache = kv0[:t + 1] + [kvs[j, t] for j in range(1, k)]
-            out = draft(padded[:, t + 1 + k:t + 2 + k], hidden[k - 1, t], torch.tensor([[t + k]]),
-                        first_step=False, past_kv=KV.cat(cache))
+            cache = kv0[: t + 1] + [kvs[j, t] for j in range(1, k)]
+            out = draft(
+                padded[:, t + 1 + k : t + 2 + k],
+                hidden[k - 1, t],
+                torch.tensor([[t + k]]),
+                first_step=False,
+                past_kv=KV.cat(cache),
+            )
             kvs[k, t], hidden[k, t], logits[k][:, t] = out.kv, out.hidden, out.logits[:, 0]
     return logits
 
@@ -107,7 +132,9 @@ def test_case_fc07_loss_runs_on_exactly_the_supervised_positions():
     ids, aux = inputs(3, t_len)
     loss_mask = torch.zeros(1, t_len, dtype=torch.bool)
     loss_mask[0, 4:7] = loss_mask[0, 10:13] = True
-    logits = torch.randn(1, t_len, 48, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    logits = torch.randn(
+        1, t_len, 48, generator=torch.Generator().manual_seed(5), dtype=torch.float64
+    )
     out = ttt_loss(draft, ids, aux, logits, loss_mask, ttt_steps=STEPS)
     outputs = ttt_unroll(draft, ids, aux, STEPS)
     p = logits.softmax(-1)
@@ -117,8 +144,9 @@ def test_case_fc07_loss_runs_on_exactly_the_supervised_positions():
         # the reference sum: KL(p_{t+1+k} || q) over the expected base positions only
         q_log = outputs[k].logits[0].log_softmax(-1)
         ref = sum((p[0, t + 1 + k] * (p[0, t + 1 + k].log() - q_log[t])).sum() for t in expected)
-        torch.testing.assert_close(out.step_loss_sums[k].double(), torch.as_tensor(ref).double(),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            out.step_loss_sums[k].double(), torch.as_tensor(ref).double(), rtol=1e-5, atol=1e-6
+        )
     # the first assistant token (index 4) is predicted at step 0 from base 2: input token x_3 is
     # the last prompt token and the target distribution is the target's at position 3
     first = next(t for t in range(t_len) if loss_mask[0, t + 2])
@@ -129,8 +157,8 @@ def test_case_fc07_target_argmax_outside_draft_vocab_is_not_supervised():
     draft = tiny_draft(0, vocab=48, draft_vocab=40)  # d2t = 0: draft vocab = target ids 0..39
     ids, aux = inputs(4)
     logits = torch.zeros(1, 9, 48, dtype=torch.float64)
-    logits[0, :, 45] = 5.0           # argmax outside the draft vocabulary everywhere ...
-    logits[0, 4, 45], logits[0, 4, 7] = 0.0, 5.0   # ... except at target position 4
+    logits[0, :, 45] = 5.0  # argmax outside the draft vocabulary everywhere ...
+    logits[0, 4, 45], logits[0, 4, 7] = 0.0, 5.0  # ... except at target position 4
     loss_mask = torch.ones(1, 9, dtype=torch.bool)
     out = ttt_loss(draft, ids, aux, logits, loss_mask, ttt_steps=STEPS)
     # target position 4 is base t = 3 - k at step k

@@ -18,7 +18,9 @@ def test_case_m1_tau_from_raw_counts_equals_one_plus_sum_pk():
     for m in [r.metrics for r in results] + [engine.total]:
         assert m.accept_length == m.num_emitted_tokens / m.num_verify_steps
         assert abs(m.accept_length - (1 + sum(m.acceptance_per_position))) < 1e-12
-        assert m.acceptance_per_position == [a / m.num_verify_steps for a in m.accepted_per_position]
+        assert m.acceptance_per_position == [
+            a / m.num_verify_steps for a in m.accepted_per_position
+        ]
         assert all(a >= b for a, b in zip(m.accepted_per_position, m.accepted_per_position[1:]))
         assert len(m.accepted_per_position) == 4 and m.num_drafted_tokens == 15 * m.num_verify_steps
         m.check()
@@ -33,12 +35,20 @@ def test_case_m1_tau_from_raw_counts_equals_one_plus_sum_pk():
 
 
 def test_case_m1_inconsistent_counts_fail_the_check():
-    m = SpecMetrics(num_verify_steps=4, num_accepted_tokens=3, num_emitted_tokens=7,
-                    accepted_per_position=[2, 0])
+    m = SpecMetrics(
+        num_verify_steps=4,
+        num_accepted_tokens=3,
+        num_emitted_tokens=7,
+        accepted_per_position=[2, 0],
+    )
     with pytest.raises(AssertionError, match=r"do not sum to 3"):
         m.check()
-    m = SpecMetrics(num_verify_steps=4, num_accepted_tokens=3, num_emitted_tokens=8,
-                    accepted_per_position=[2, 1])
+    m = SpecMetrics(
+        num_verify_steps=4,
+        num_accepted_tokens=3,
+        num_emitted_tokens=8,
+        accepted_per_position=[2, 1],
+    )
     with pytest.raises(AssertionError, match="emitted 8 != accepted 3"):
         m.check()
 

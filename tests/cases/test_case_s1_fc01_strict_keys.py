@@ -17,8 +17,15 @@ def rewrite_weights(directory, edit):
 
 def test_case_s1_layers0_keys_under_sglang_config(tmp_path):
     save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
-    rewrite_weights(tmp_path / "d", lambda t: t.update(
-        {k.replace("midlayer.", "layers.0."): t.pop(k) for k in [k for k in t if k.startswith("midlayer.")]}))
+    rewrite_weights(
+        tmp_path / "d",
+        lambda t: t.update(
+            {
+                k.replace("midlayer.", "layers.0."): t.pop(k)
+                for k in [k for k in t if k.startswith("midlayer.")]
+            }
+        ),
+    )
     with pytest.raises(CheckpointError) as err:
         load_draft(tmp_path / "d", target_num_layers=5)
     message = str(err.value)
@@ -49,6 +56,8 @@ def test_case_fc01_missing_tensor_is_named(tmp_path):
 
 def test_case_fc01_extra_tensor_is_named(tmp_path):
     save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
-    rewrite_weights(tmp_path / "d", lambda t: t.update({"midlayer.extra_norm.weight": torch.ones(32)}))
+    rewrite_weights(
+        tmp_path / "d", lambda t: t.update({"midlayer.extra_norm.weight": torch.ones(32)})
+    )
     with pytest.raises(CheckpointError, match="match no parameter: midlayer.extra_norm.weight"):
         load_draft(tmp_path / "d", target_num_layers=5)

@@ -34,16 +34,22 @@ def test_case_s2_aux_capture_off_in_config_fails(healthy, tmp_path):
     edit_config(ckpt, lambda c: c["eagle_config"].update(use_aux_hidden_state=False))
     finding = run_doctor(ckpt, target=target, engine="sglang").finding("aux_width_on_target")
     assert finding.verdict == "fail"
-    assert "SGLang supplies one hidden state (the draft config sets eagle_config.use_aux_hidden_state: " \
-           "false) = width 32, but fc takes 96 = 3 x 32" in finding.evidence
+    assert (
+        "SGLang supplies one hidden state (the draft config sets eagle_config.use_aux_hidden_state: "
+        "false) = width 32, but fc takes 96 = 3 x 32" in finding.evidence
+    )
     assert "skips fc silently" in finding.evidence
 
 
 def test_case_s2_plain_eagle_algorithm_supplies_one_state(healthy):
     out, target = healthy
-    report = run_doctor(out, target=target, engine="sglang",
-                        engine_args="--speculative-algorithm EAGLE --speculative-num-steps 3 "
-                                    "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+    report = run_doctor(
+        out,
+        target=target,
+        engine="sglang",
+        engine_args="--speculative-algorithm EAGLE --speculative-num-steps 3 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
+    )
     finding = report.finding("aux_width_on_target")
     assert finding.verdict == "fail" and "'EAGLE' is not 'EAGLE3'" in finding.evidence
     assert report.finding("offline_acceptance_matches_training").verdict == "skip"
@@ -65,8 +71,11 @@ def test_case_s2_fc_of_another_width_fails_the_lint(healthy, tmp_path):
     (ckpt / "specdraft_manifest.json").write_text(json.dumps(manifest))
     report = run_doctor(ckpt, target=target, engine="sglang")
     lint = report.finding("fc_width_matches_aux")
-    assert lint.verdict == "fail" and "takes 64 inputs, but the engines feed 3 aux states x target " \
-        "hidden 32 = 96" in lint.evidence
+    assert (
+        lint.verdict == "fail"
+        and "takes 64 inputs, but the engines feed 3 aux states x target hidden 32 = 96"
+        in lint.evidence
+    )
     assert report.finding("aux_width_on_target").verdict == "fail"
 
 
@@ -74,5 +83,7 @@ def test_case_s2_cli(healthy, tmp_path):
     out, target = healthy
     ckpt = copy_export(out, tmp_path / "off", target)
     edit_config(ckpt, lambda c: c["eagle_config"].update(use_aux_hidden_state=False))
-    result = CliRunner().invoke(app, ["doctor", str(ckpt), "--target", str(target), "--engine", "sglang"])
+    result = CliRunner().invoke(
+        app, ["doctor", str(ckpt), "--target", str(target), "--engine", "sglang"]
+    )
     assert result.exit_code == 1 and "aux_width_on_target" in result.output

@@ -23,19 +23,34 @@ def world(tmp_path_factory):
 
 def test_case_s3_sglang_config_meaning_3_7_10_fails_with_both_lists(world, tmp_path):
     export_draft(world.draft, tmp_path / "v", engine="vllm", target=world.target)
-    edit_config(tmp_path / "v", lambda c: (c.pop("eagle_aux_hidden_state_layer_ids"), c.update(
-        eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 6, 9], "use_aux_hidden_state": True})))
+    edit_config(
+        tmp_path / "v",
+        lambda c: (
+            c.pop("eagle_aux_hidden_state_layer_ids"),
+            c.update(
+                eagle_config={
+                    "eagle_aux_hidden_state_layer_ids": [2, 6, 9],
+                    "use_aux_hidden_state": True,
+                }
+            ),
+        ),
+    )
     finding = run_doctor(tmp_path / "v", target=world.target, engine="sglang").finding(
-        "engine_captures_training_layers")
+        "engine_captures_training_layers"
+    )
     assert finding.verdict == "fail"
     assert "trained on [0, 3, 7] (specdraft indices)" in finding.evidence
     assert "SGLang captures [3, 7, 10] (eagle_config ids [2, 6, 9])" in finding.evidence
     assert "vLLM: top-level eagle_aux_hidden_state_layer_ids [0, 3, 7]" in finding.fix
-    assert "SGLang: cannot (id -1 (embeddings) is not capturable on Llama-class targets" in finding.fix
+    assert (
+        "SGLang: cannot (id -1 (embeddings) is not capturable on Llama-class targets" in finding.fix
+    )
 
 
 def test_case_s3_export_sglang_refuses_and_vllm_writes_training_ids(world, tmp_path):
-    with pytest.raises(ExportError, match=r"id -1 \(embeddings\) is not capturable on Llama-class targets"):
+    with pytest.raises(
+        ExportError, match=r"id -1 \(embeddings\) is not capturable on Llama-class targets"
+    ):
         export_draft(world.draft, tmp_path / "s", engine="sglang", target=world.target)
     result = export_draft(world.draft, tmp_path / "v", engine="vllm", target=world.target)
     assert result.config["eagle_aux_hidden_state_layer_ids"] == [0, 3, 7]
@@ -57,7 +72,9 @@ def test_case_s3_offline_acceptance_with_wrong_layers_is_far_below(world, tmp_pa
     edit_config(tmp_path / "wrong", lambda c: c.update(eagle_aux_hidden_state_layer_ids=[3, 7, 10]))
     right, wrong = accuracy(tmp_path / "right", world), accuracy(tmp_path / "wrong", world)
     assert right[0] > 0.6 and wrong[0] < 0.5 * right[0], (right, wrong)
-    report = run_doctor(tmp_path / "wrong", target=world.target, engine="vllm", samples=world.samples)
+    report = run_doctor(
+        tmp_path / "wrong", target=world.target, engine="vllm", samples=world.samples
+    )
     finding = report.finding("offline_acceptance_matches_training")
     assert finding.verdict == "fail" and "aux layers [3, 7, 10]" in finding.evidence
     assert "layers (engine_captures_training_layers failed)" in finding.fix

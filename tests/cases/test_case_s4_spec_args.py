@@ -13,9 +13,11 @@ from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
 from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
-S4 = ("python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3 "
-      "--speculative-draft-model-path D --speculative-eagle-topk 1 --speculative-num-steps 1 "
-      "--speculative-num-draft-tokens 16")
+S4 = (
+    "python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3 "
+    "--speculative-draft-model-path D --speculative-eagle-topk 1 --speculative-num-steps 1 "
+    "--speculative-num-draft-tokens 16"
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,18 +42,29 @@ def test_case_s4_topk1_draft_tokens_16_fails_with_corrected_values(ckpt):
 
 
 def test_case_s4_consistent_settings_pass(ckpt):
-    chain = settings(ckpt, "--speculative-algorithm EAGLE3 --speculative-num-steps 15 "
-                           "--speculative-eagle-topk 1 --speculative-num-draft-tokens 16")
+    chain = settings(
+        ckpt,
+        "--speculative-algorithm EAGLE3 --speculative-num-steps 15 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 16",
+    )
     assert chain.verdict == "pass" and "a chain" in chain.evidence
 
 
 def test_case_fc06_tree_bound_is_the_expansion_size(ckpt):
     # topk 4, steps 3: up to 1 + 4 + 2·16 = 37 nodes (the field's "1 + steps·topk" = 13 is wrong)
-    ok = settings(ckpt, "--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 20")
+    ok = settings(
+        ckpt,
+        "--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 20",
+    )
     assert ok.verdict == "pass" and "at most 37 nodes" in ok.evidence
-    bad = settings(ckpt, "--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 38")
-    assert bad.verdict == "fail" and "2 <= num_draft_tokens <= 1 + topk + (num_steps - 1) * topk^2 = 37" \
-        in bad.evidence
+    bad = settings(
+        ckpt,
+        "--speculative-num-steps 3 --speculative-eagle-topk 4 --speculative-num-draft-tokens 38",
+    )
+    assert (
+        bad.verdict == "fail"
+        and "2 <= num_draft_tokens <= 1 + topk + (num_steps - 1) * topk^2 = 37" in bad.evidence
+    )
 
 
 def test_case_s4_incomplete_or_unparsable_settings(ckpt):
@@ -64,14 +77,20 @@ def test_case_s4_incomplete_or_unparsable_settings(ckpt):
 
 
 def test_case_s4_vllm_chain_length(ckpt):
-    finding = run_doctor(ckpt, engine="vllm", engine_args="vllm serve T --speculative-config "
-                         "'{\"method\": \"eagle3\", \"num_speculative_tokens\": 5}'"
-                         ).finding("speculative_settings_valid")
+    finding = run_doctor(
+        ckpt,
+        engine="vllm",
+        engine_args="vllm serve T --speculative-config "
+        '\'{"method": "eagle3", "num_speculative_tokens": 5}\'',
+    ).finding("speculative_settings_valid")
     assert finding.verdict == "pass" and "steps 5, topk 1, draft tokens 6" in finding.evidence
 
 
 def test_case_s4_cli(ckpt):
-    result = CliRunner().invoke(app, ["doctor", str(ckpt), "--engine", "sglang", "--engine-args", S4],
-                                env={"COLUMNS": "240"})
+    result = CliRunner().invoke(
+        app,
+        ["doctor", str(ckpt), "--engine", "sglang", "--engine-args", S4],
+        env={"COLUMNS": "240"},
+    )
     assert result.exit_code == 1
     assert "speculative_settings_valid" in result.output and "num_draft_tokens 16" in result.output

@@ -34,7 +34,9 @@ def test_case_s5_bench_reports_speedup_below_one(tmp_path):
     tok = word_tokenizer()
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(4, 8, seed=50))
     clock = VirtualClock()
-    spec_engine = modelled_engine(engine(own_target(setup), setup.untrained, DEEP, tok), clock, 0.01, 0.001)
+    spec_engine = modelled_engine(
+        engine(own_target(setup), setup.untrained, DEEP, tok), clock, 0.01, 0.001
+    )
     plain_engine = modelled_engine(engine(own_target(setup), None, None, tok), clock, 0.01, 0.001)
     with running(spec_engine, tok) as spec, running(plain_engine, tok) as plain:
         cfg = BenchConfig(spec.url, plain.url, str(prompts), (1, 2), max_tokens=24, num_prompts=4)
@@ -43,7 +45,10 @@ def test_case_s5_bench_reports_speedup_below_one(tmp_path):
     assert all(p.speedup < 1.0 for p in report.speedups), report.speedups
     text = markdown(report)
     assert "loses at every concurrency measured" in text
-    assert f"| 1 | {report.speedups[0].speedup:.2f}x | {report.speedups[0].speedup_std:.2f} | loses |" in text
+    assert (
+        f"| 1 | {report.speedups[0].speedup:.2f}x | {report.speedups[0].speedup_std:.2f} | loses |"
+        in text
+    )
 
 
 def check_report(report, current_speedup_below: float = 1.0) -> str:
@@ -64,19 +69,27 @@ def test_case_s5_tune_recommends_no_speculation_when_drafting_costs_like_the_tar
     setup = tiny_setup("llama")
     cfg = TuneConfig(max_new_tokens=24, probe_steps=4, topks=(1,), num_measure=2, current=DEEP)
     prompts = random_prompts(3, 8, seed=51)
-    bench = modelled_bench(setup.target, setup.untrained, prompts, cfg, verify_s=0.01, draft_s=0.005)
+    bench = modelled_bench(
+        setup.target, setup.untrained, prompts, cfg, verify_s=0.01, draft_s=0.005
+    )
     report = tune(setup.target, setup.untrained, prompts, cfg, bench=bench)
     text = check_report(report, current_speedup_below=0.5)
     assert report.recommendation is None and report.vllm_recommendation is None
-    assert "recommendation: no speculation" in text and "launch without --speculative-* flags" in text
+    assert (
+        "recommendation: no speculation" in text and "launch without --speculative-* flags" in text
+    )
 
 
 def test_case_s5_tune_on_a_memory_bound_target_recommends_fewer_steps_or_none():
     """A target forward of 10 ms whatever its tokens (a large model on a GPU) and 1 ms draft steps,
     given, not timed: 15 cheap drafts still lose."""
     setup = tiny_setup("llama")
-    cfg = TuneConfig(max_new_tokens=16, probe_steps=3, topks=(1,), num_measure=2, current=DEEP, repeats=2)
+    cfg = TuneConfig(
+        max_new_tokens=16, probe_steps=3, topks=(1,), num_measure=2, current=DEEP, repeats=2
+    )
     prompts = random_prompts(3, 8, seed=52)
-    bench = modelled_bench(setup.target, setup.untrained, prompts, cfg, verify_s=0.01, draft_s=0.001)
+    bench = modelled_bench(
+        setup.target, setup.untrained, prompts, cfg, verify_s=0.01, draft_s=0.001
+    )
     report = tune(setup.target, setup.untrained, prompts, cfg, bench=bench)
     check_report(report)

@@ -27,46 +27,61 @@ def test_int_list():
     assert int_list("1,4,16") == (1, 4, 16)
     assert int_list(" 2, 3 ") == (2, 3)
     assert int_list("") == ()
-    with pytest.raises(typer.BadParameter, match=r"'1,a,3': 'a' is not an integer; give comma-separated integers"):
+    with pytest.raises(
+        typer.BadParameter, match=r"'1,a,3': 'a' is not an integer; give comma-separated integers"
+    ):
         int_list("1,a,3")
     with pytest.raises(typer.BadParameter, match=r"'' is not an integer"):
         int_list("1,,3")
 
 
-@pytest.mark.parametrize("args", [
-    ["bench", "--url", "http://127.0.0.1:1", "--concurrency", "a,b"],
-    ["tune", "--topks", "1,x", "--target", "unused", "--draft", "unused"],
-    ["capture", "{dir}", "data.jsonl", "out", "--aux-layers", "2,three"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "--url", "http://127.0.0.1:1", "--concurrency", "a,b"],
+        ["tune", "--topks", "1,x", "--target", "unused", "--draft", "unused"],
+        ["capture", "{dir}", "data.jsonl", "out", "--aux-layers", "2,three"],
+    ],
+)
 def test_integer_list_options_give_a_usage_error(args, tmp_path):
     (tmp_path / "config.json").write_text("{}")  # passes capture's --target check
     result = invoke([a.replace("{dir}", str(tmp_path)) for a in args])
     assert result.exit_code == 2, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
-    assert re.search(r"Invalid value for '--(concurrency|topks|aux-layers)': '[^']+': '\w+' is not an integer",
-                     flat(result.output)), result.output
+    assert re.search(
+        r"Invalid value for '--(concurrency|topks|aux-layers)': '[^']+': '\w+' is not an integer",
+        flat(result.output),
+    ), result.output
 
 
 def test_inspect_given_a_file_names_the_directory(tmp_path, monkeypatch):
     ckpt = tmp_path / "draft"
     ckpt.mkdir()
     (ckpt / "model.safetensors").write_bytes(b"")
-    stray = invoke(["inspect", str(ckpt / "model.safetensors")])  # no config.json: no checkpoint to name
+    stray = invoke(
+        ["inspect", str(ckpt / "model.safetensors")]
+    )  # no config.json: no checkpoint to name
     assert stray.exit_code == 2 and "here:" not in stray.output, stray.output
     assert "model.safetensors, not the file" in flat(stray.output)
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "demo.out").write_text("a stray file")  # the fresh-user trial: "(here: .)", no checkpoint there
+    (tmp_path / "demo.out").write_text(
+        "a stray file"
+    )  # the fresh-user trial: "(here: .)", no checkpoint there
     stray = invoke(["inspect", "demo.out"])
     assert stray.exit_code == 2 and "here:" not in stray.output, stray.output
     (ckpt / "config.json").write_text("{}")
     result = invoke(["inspect", str(ckpt / "model.safetensors")])
     assert result.exit_code == 2
     text = flat(result.output)
-    assert (f"{ckpt / 'model.safetensors'} is a file; pass the checkpoint directory that holds config.json and "
-            f"model.safetensors (here: {ckpt}), not the file") in text
+    assert (
+        f"{ckpt / 'model.safetensors'} is a file; pass the checkpoint directory that holds config.json and "
+        f"model.safetensors (here: {ckpt}), not the file"
+    ) in text
     assert "config.json: missing" not in text
     missing = invoke(["inspect", str(tmp_path / "nowhere")])
-    assert missing.exit_code == 2 and f"{tmp_path / 'nowhere'}: no such file or directory" in flat(missing.output)
+    assert missing.exit_code == 2 and f"{tmp_path / 'nowhere'}: no such file or directory" in flat(
+        missing.output
+    )
     with pytest.raises(typer.BadParameter, match="is a file"):
         check_checkpoint_dir(str(ckpt / "model.safetensors"))
     assert check_checkpoint_dir(str(ckpt)) == str(ckpt)
@@ -75,13 +90,27 @@ def test_inspect_given_a_file_names_the_directory(tmp_path, monkeypatch):
 def test_bench_and_tune_check_their_output_paths_before_running(tmp_path):
     """A result file path that cannot be written is refused before minutes of measuring."""
     (tmp_path / "file").write_text("x")
-    bench = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "file")])
-    assert bench.exit_code == 1 and "--out" in bench.output and "is a file" in bench.output, bench.output
+    bench = CliRunner().invoke(
+        app, ["bench", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "file")]
+    )
+    assert bench.exit_code == 1 and "--out" in bench.output and "is a file" in bench.output, (
+        bench.output
+    )
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")  # never loaded: the check comes first
     for bad in (tmp_path, tmp_path / "missing" / "t.json"):
-        tune = CliRunner().invoke(app, ["tune", "--target", str(tmp_path / "model"), "--draft",
-                                        str(tmp_path / "model"), "--json-out", str(bad)])
+        tune = CliRunner().invoke(
+            app,
+            [
+                "tune",
+                "--target",
+                str(tmp_path / "model"),
+                "--draft",
+                str(tmp_path / "model"),
+                "--json-out",
+                str(bad),
+            ],
+        )
         assert tune.exit_code == 1 and "--json-out" in tune.output, tune.output
 
 
@@ -105,7 +134,7 @@ def test_inspect_summarises_the_manifest_and_prints_it_whole_on_request(tmp_path
     assert lines[-1] == "audit: PASS" and len(lines) - start < 20
     whole = invoke(["inspect", str(ckpt), "--manifest"])
     assert whole.exit_code == 0 and "manifest (--manifest" not in whole.output
-    body = whole.output[whole.output.index("{\n"):whole.output.rindex("}") + 1]
+    body = whole.output[whole.output.index("{\n") : whole.output.rindex("}") + 1]
     assert json.loads(body)["training"]["validation"]["accuracy"] == [0.5] * 40
 
 
@@ -117,16 +146,26 @@ def test_version_option_prints_what_the_version_command_prints():
     assert option.output == command.output == f"{__version__}\n"
 
 
-@pytest.mark.parametrize("command, names", [
-    ("doctor", ["CHECKPOINT"]), ("export", ["CHECKPOINT", "OUT"]), ("inspect", ["CHECKPOINT"]),
-    ("capture", ["TARGET", "DATA", "OUT"]), ("regenerate", ["DATA", "OUT"]), ("convert", ["SRC", "DST"]),
-    ("train", ["SOURCE", "OUT"]), ("store convert", ["SRC", "DST"]),
-])
+@pytest.mark.parametrize(
+    "command, names",
+    [
+        ("doctor", ["CHECKPOINT"]),
+        ("export", ["CHECKPOINT", "OUT"]),
+        ("inspect", ["CHECKPOINT"]),
+        ("capture", ["TARGET", "DATA", "OUT"]),
+        ("regenerate", ["DATA", "OUT"]),
+        ("convert", ["SRC", "DST"]),
+        ("train", ["SOURCE", "OUT"]),
+        ("store convert", ["SRC", "DST"]),
+    ],
+)
 def test_usage_lines_name_positional_arguments_in_upper_case(command, names):
     """Not typer's `{checkpoint}` nor `{CHECKPOINT}`: the plain names the commands' descriptions use
     (CHECKPOINT, OUT), in help and in a usage error's usage line."""
     words = command.split()
     for output in (invoke([*words, "--help"]).output, invoke(words).output):
         usage = output.splitlines()[0]
-        assert usage.startswith("Usage: ") and usage.endswith(f" {command} [OPTIONS] {' '.join(names)}"), usage
+        assert usage.startswith("Usage: ") and usage.endswith(
+            f" {command} [OPTIONS] {' '.join(names)}"
+        ), usage
     assert f"Missing argument '{names[0]}'" in invoke(words).output

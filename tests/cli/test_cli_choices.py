@@ -42,23 +42,29 @@ def invoke(args: list[str]):
 def test_a_value_outside_the_choices_is_a_usage_error_listing_them(command, option, values):
     result = invoke([command, option, "int8"])
     assert result.exit_code == 2, result.output
-    listed = ", ".join(f"'{value}'" for value in values)  # specdraft's words, not pydantic's "Value error, ..."
-    assert f"Error: Invalid value for '{option}': 'int8' is not one of {listed}.\n" in result.output, result.output
+    listed = ", ".join(
+        f"'{value}'" for value in values
+    )  # specdraft's words, not pydantic's "Value error, ..."
+    assert (
+        f"Error: Invalid value for '{option}': 'int8' is not one of {listed}.\n" in result.output
+    ), result.output
     assert "Traceback" not in result.output and "error: " not in result.output
 
 
 @pytest.mark.parametrize("command,option,values", CHOICES, ids=IDS)
 def test_every_choice_is_accepted_and_shown_in_help(command, option, values):
     for value in values:
-        result = invoke([command, option, value])  # then refused for what is missing, not for the value
+        result = invoke(
+            [command, option, value]
+        )  # then refused for what is missing, not for the value
         assert result.exit_code == 2 and "Missing " in result.output, (value, result.output)
         assert "Invalid value" not in result.output, (value, result.output)
     assert f"{option} <{'|'.join(values)}>" in invoke([command, "--help"]).output
 
 
 def test_the_choices_match_the_library():
-    from specdraft.conventions import DTYPES
     from specdraft.checkpoint import LAYOUTS
+    from specdraft.conventions import DTYPES
     from specdraft.doctor.inputs import DOCTOR_ENGINES
     from specdraft.export import EXPORT_ENGINES
     from specdraft.train.config import PRECISIONS
@@ -69,7 +75,8 @@ def test_the_choices_match_the_library():
     assert set(get_args(cli.ExportEngine)) == set(EXPORT_ENGINES)
     assert set(get_args(cli.DoctorEngine)) == set(DOCTOR_ENGINES)
     assert {name: cli.engine_dtype(name) for name in get_args(cli.EngineDtype)} == {
-        name: DTYPES[name] for name in ENGINE_DTYPES}
+        name: DTYPES[name] for name in ENGINE_DTYPES
+    }
 
 
 class Stop(ValueError):
@@ -80,6 +87,7 @@ def _record(calls: list[dict]):
     def fake(*args, **kwargs):
         calls.append(kwargs)
         raise Stop("stopped after parsing")
+
     return fake
 
 
@@ -91,10 +99,16 @@ def test_export_dtype_and_doctor_engine_left_out_mean_keep_and_all(monkeypatch, 
     monkeypatch.setattr(specdraft.export, "export_draft", _record(calls))
     monkeypatch.setattr(specdraft.doctor, "run_doctor", _record(calls))
     for extra in ([], ["--dtype", "bfloat16"]):
-        result = invoke(["export", str(tmp_path), str(tmp_path / "out"), "--engine", "vllm", *extra])
+        result = invoke(
+            ["export", str(tmp_path), str(tmp_path / "out"), "--engine", "vllm", *extra]
+        )
         assert "stopped after parsing" in result.output, result.output
     for extra in ([], ["--engine", "sglang"]):
         result = invoke(["doctor", str(tmp_path), *extra])
         assert "stopped after parsing" in result.output, result.output
     assert [(c.get("engine"), c.get("dtype")) for c in calls] == [
-        ("vllm", None), ("vllm", "bfloat16"), (None, None), ("sglang", None)]
+        ("vllm", None),
+        ("vllm", "bfloat16"),
+        (None, None),
+        ("sglang", None),
+    ]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from specdraft.export import ExportError, export_draft, spec_for_export
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.cli.test_cli import flat, invoke
+from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -31,42 +31,96 @@ def usage_error(args: list[str], option: str) -> str:
 
 # ------------------------------------------------------------------------------ 1. ports
 
+
 @pytest.mark.parametrize("port", ["99999", "-1", "0"])
 def test_serve_port_out_of_range_is_a_usage_error(world, port):
     _, _, bare = world
     text = usage_error(["serve", "--target", str(bare), "--no-spec", "--port", port], "--port")
-    assert "Input should be " + ("less than or equal to 65535" if port == "99999" else
-                                 "greater than or equal to 1") in text
+    assert (
+        "Input should be "
+        + ("less than or equal to 65535" if port == "99999" else "greater than or equal to 1")
+        in text
+    )
 
 
-@pytest.mark.parametrize("args", [
-    ["bench", "--url", "http://127.0.0.1:abc", "--wait", "0"],
-    ["bench", "--url", "http://127.0.0.1:99999", "--wait", "0"],
-    ["bench", "--url", "http://127.0.0.1:8000", "--baseline-url", "http://127.0.0.1:70000", "--wait", "0"],
-    ["regenerate", "d.jsonl", "o.jsonl", "--endpoint", "http://127.0.0.1:99999", "--model", "m"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "--url", "http://127.0.0.1:abc", "--wait", "0"],
+        ["bench", "--url", "http://127.0.0.1:99999", "--wait", "0"],
+        [
+            "bench",
+            "--url",
+            "http://127.0.0.1:8000",
+            "--baseline-url",
+            "http://127.0.0.1:70000",
+            "--wait",
+            "0",
+        ],
+        [
+            "regenerate",
+            "d.jsonl",
+            "o.jsonl",
+            "--endpoint",
+            "http://127.0.0.1:99999",
+            "--model",
+            "m",
+        ],
+    ],
+)
 def test_url_port_out_of_range_is_a_usage_error(args):
-    option = next(a for a in args if a in ("--url", "--baseline-url", "--endpoint") and
-                  not args[args.index(a) + 1].endswith(":8000"))
+    option = next(
+        a
+        for a in args
+        if a in ("--url", "--baseline-url", "--endpoint")
+        and not args[args.index(a) + 1].endswith(":8000")
+    )
     text = usage_error(args, option)
     assert "port" in text and "1..65535" in text
 
 
 # ------------------------------------------------------------ 2. export's speculative settings
 
-@pytest.mark.parametrize("flag, value", [("--num-steps", "0"), ("--topk", "0"), ("--num-steps", "-2"),
-                                         ("--topk", "-1"), ("--num-draft-tokens", "-1")])
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--num-steps", "0"),
+        ("--topk", "0"),
+        ("--num-steps", "-2"),
+        ("--topk", "-1"),
+        ("--num-draft-tokens", "-1"),
+    ],
+)
 def test_export_settings_out_of_range_are_usage_errors(world, tmp_path, flag, value):
     draft, target, _ = world
-    text = usage_error(["export", str(draft), str(tmp_path / "o"), "--engine", "sglang", "--target", str(target),
-                        flag, value], flag)
+    text = usage_error(
+        [
+            "export",
+            str(draft),
+            str(tmp_path / "o"),
+            "--engine",
+            "sglang",
+            "--target",
+            str(target),
+            flag,
+            value,
+        ],
+        flag,
+    )
     assert "Input should be greater than or equal to" in text and "SpecConfig" not in text
     assert not (tmp_path / "o").exists()
 
 
 def test_export_library_refuses_zero_instead_of_defaulting():
-    assert spec_for_export("sglang", 3, 1, None).num_draft_tokens == 4  # None: num_steps + 1 for a chain
-    for steps, topk, tokens, name in ((0, 1, None, "num_steps"), (3, 0, None, "topk"), (3, 1, 0, "num_draft_tokens")):
+    assert (
+        spec_for_export("sglang", 3, 1, None).num_draft_tokens == 4
+    )  # None: num_steps + 1 for a chain
+    for steps, topk, tokens, name in (
+        (0, 1, None, "num_steps"),
+        (3, 0, None, "topk"),
+        (3, 1, 0, "num_draft_tokens"),
+    ):
         with pytest.raises(ValueError, match=rf"^{name} 0: must be >= 1"):
             spec_for_export("sglang", steps, topk, tokens)
 
@@ -80,6 +134,7 @@ def test_export_help_shares_generate_and_serve_wording():
 
 # ------------------------------------------------------------------- 3. vLLM's chain rule
 
+
 def test_vllm_export_with_other_draft_tokens_names_vllm_chains_only(world, tmp_path):
     draft, target, _ = world
     for engine in ("vllm", "speculators"):
@@ -87,11 +142,29 @@ def test_vllm_export_with_other_draft_tokens_names_vllm_chains_only(world, tmp_p
             spec_for_export(engine, 3, 1, 5)
         message = str(info.value)
         assert "vLLM runs chains only (num_speculative_tokens = num_steps)" in message, message
-        assert "num_steps 3 / num_draft_tokens 4" in message and "num_steps 4 / num_draft_tokens 5" in message
+        assert (
+            "num_steps 3 / num_draft_tokens 4" in message
+            and "num_steps 4 / num_draft_tokens 5" in message
+        )
         assert "SGLang" not in message and "tree" not in message and "topk" not in message
-    result = invoke(["export", str(draft), str(tmp_path / "v"), "--engine", "vllm", "--target", str(target),
-                     "--num-draft-tokens", "5"])
-    assert result.exit_code == 2 and "vLLM runs chains only" in result.output and "SGLang" not in result.output
+    result = invoke(
+        [
+            "export",
+            str(draft),
+            str(tmp_path / "v"),
+            "--engine",
+            "vllm",
+            "--target",
+            str(target),
+            "--num-draft-tokens",
+            "5",
+        ]
+    )
+    assert (
+        result.exit_code == 2
+        and "vLLM runs chains only" in result.output
+        and "SGLang" not in result.output
+    )
     # SGLang's wording is unchanged (case S4)
     with pytest.raises(ExportError, match="SGLang would silently set num_draft_tokens = 4"):
         spec_for_export("sglang", 3, 1, 5)
@@ -99,11 +172,15 @@ def test_vllm_export_with_other_draft_tokens_names_vllm_chains_only(world, tmp_p
 
 # --------------------------------------------------------------- 4. the ids line per engine
 
-@pytest.mark.parametrize("engine, shown, hidden", [
-    ("speculators", "top-level ids [2, 3, 4] (vLLM)", "eagle_config"),
-    ("vllm", "top-level ids [2, 3, 4] (vLLM), eagle_config ids [1, 2, 3] (SGLang)", "None"),
-    ("sglang", "top-level ids [2, 3, 4] (vLLM), eagle_config ids [1, 2, 3] (SGLang)", "None"),
-])
+
+@pytest.mark.parametrize(
+    "engine, shown, hidden",
+    [
+        ("speculators", "top-level ids [2, 3, 4] (vLLM)", "eagle_config"),
+        ("vllm", "top-level ids [2, 3, 4] (vLLM), eagle_config ids [1, 2, 3] (SGLang)", "None"),
+        ("sglang", "top-level ids [2, 3, 4] (vLLM), eagle_config ids [1, 2, 3] (SGLang)", "None"),
+    ],
+)
 def test_export_prints_only_the_ids_its_layout_has(world, tmp_path, engine, shown, hidden):
     draft, target, _ = world
     result = export_draft(draft, tmp_path / engine, engine=engine, target=target)
@@ -113,8 +190,17 @@ def test_export_prints_only_the_ids_its_layout_has(world, tmp_path, engine, show
 
 # ------------------------------------------------------------- 5. sampling before loading
 
-@pytest.mark.parametrize("flag, value", [("--top-p", "1.5"), ("--top-p", "0"), ("--top-p", "-0.1"),
-                                         ("--sampling-top-k", "-1"), ("--temperature", "-1")])
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--top-p", "1.5"),
+        ("--top-p", "0"),
+        ("--top-p", "-0.1"),
+        ("--sampling-top-k", "-1"),
+        ("--temperature", "-1"),
+    ],
+)
 def test_generate_sampling_out_of_range_is_the_only_output(world, flag, value):
     _, _, bare = world
     result = invoke(["generate", "--target", str(bare), "--prompt", "hi", flag, value])
@@ -125,36 +211,55 @@ def test_generate_sampling_out_of_range_is_the_only_output(world, flag, value):
 
 
 def test_regenerate_top_p_out_of_range_is_a_usage_error():
-    text = usage_error(["regenerate", "d.jsonl", "o.jsonl", "--endpoint", "http://h:1", "--model", "m",
-                        "--top-p", "1.5"], "--top-p")
+    text = usage_error(
+        [
+            "regenerate",
+            "d.jsonl",
+            "o.jsonl",
+            "--endpoint",
+            "http://h:1",
+            "--model",
+            "m",
+            "--top-p",
+            "1.5",
+        ],
+        "--top-p",
+    )
     assert "Sampling.top_p" not in text and "1.5: must be in (0, 1] (1 = off)" in text
 
 
 # ------------------------------------------------------------ 6. a missing .pt for --draft
+
 
 @pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["serve"], ["tune"]])
 def test_missing_training_checkpoint_names_both_draft_forms(world, tmp_path, command):
     _, _, bare = world
     missing = tmp_path / "run" / "checkpoints" / "step-99999.pt"
     text = usage_error(command + ["--target", str(bare), "--draft", str(missing)], "--draft")
-    assert (f"{missing}: no such file or directory; pass a drafter directory (config.json, model.safetensors) "
-            "or a training checkpoint (RUN/checkpoints/step-N.pt)") in text
+    assert (
+        f"{missing}: no such file or directory; pass a drafter directory (config.json, model.safetensors) "
+        "or a training checkpoint (RUN/checkpoints/step-N.pt)"
+    ) in text
 
 
 # ------------------------------------------------------------------ 7. one exit code for ranges
 
-@pytest.mark.parametrize("args, option", [
-    (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0"], "--concurrency"),
-    (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "1,-4"], "--concurrency"),
-    (["bench", "--url", "http://127.0.0.1:9", "--concurrency", ""], "--concurrency"),
-    (["bench", "--url", "http://127.0.0.1:9", "--repeats", "0"], "--repeats"),
-    (["bench", "--url", "http://127.0.0.1:9", "--max-tokens", "0"], "--max-tokens"),
-    (["bench", "--url", "http://127.0.0.1:9", "--num-prompts", "0"], "--num-prompts"),
-    (["serve", "--target", "{bare}", "--no-spec", "--max-queue", "-5"], "--max-queue"),
-    (["serve", "--target", "{bare}", "--no-spec", "--threads", "0"], "--threads"),
-    (["generate", "--target", "{bare}", "--prompt", "hi", "--threads", "0"], "--threads"),
-    (["tune", "--topks", "0,2", "--target", "{bare}", "--draft", "{bare}"], "--topks"),
-])
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0"], "--concurrency"),
+        (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "1,-4"], "--concurrency"),
+        (["bench", "--url", "http://127.0.0.1:9", "--concurrency", ""], "--concurrency"),
+        (["bench", "--url", "http://127.0.0.1:9", "--repeats", "0"], "--repeats"),
+        (["bench", "--url", "http://127.0.0.1:9", "--max-tokens", "0"], "--max-tokens"),
+        (["bench", "--url", "http://127.0.0.1:9", "--num-prompts", "0"], "--num-prompts"),
+        (["serve", "--target", "{bare}", "--no-spec", "--max-queue", "-5"], "--max-queue"),
+        (["serve", "--target", "{bare}", "--no-spec", "--threads", "0"], "--threads"),
+        (["generate", "--target", "{bare}", "--prompt", "hi", "--threads", "0"], "--threads"),
+        (["tune", "--topks", "0,2", "--target", "{bare}", "--draft", "{bare}"], "--topks"),
+    ],
+)
 def test_numeric_ranges_are_usage_errors(world, args, option):
     _, _, bare = world
     usage_error([a.replace("{bare}", str(bare)) for a in args], option)
@@ -162,11 +267,21 @@ def test_numeric_ranges_are_usage_errors(world, args, option):
 
 # ------------------------------------------------------------------ 8. capture's options
 
-@pytest.mark.parametrize("flag, value", [("--max-length", "0"), ("--shard-tokens", "0"), ("--batch-tokens", "0"),
-                                         ("--max-length", "-5")])
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--max-length", "0"),
+        ("--shard-tokens", "0"),
+        ("--batch-tokens", "0"),
+        ("--max-length", "-5"),
+    ],
+)
 def test_capture_numbers_out_of_range_are_usage_errors(world, tmp_path, flag, value):
     _, _, bare = world
-    text = usage_error(["capture", str(bare), str(tmp_path / "d.jsonl"), str(tmp_path / "o"), flag, value], flag)
+    text = usage_error(
+        ["capture", str(bare), str(tmp_path / "d.jsonl"), str(tmp_path / "o"), flag, value], flag
+    )
     assert "Input should be greater than or equal to 1" in text and "StoreSettings" not in text
     assert not (tmp_path / "o").exists()
 
@@ -175,11 +290,16 @@ def test_capture_numbers_out_of_range_are_usage_errors(world, tmp_path, flag, va
 @pytest.mark.parametrize("value", ["", " "])
 def test_empty_aux_layers_is_a_usage_error(world, tmp_path, value, command):
     _, _, bare = world
-    args = ([str(bare), str(tmp_path / "d.jsonl"), str(tmp_path / "o")] if command == "capture" else
-            [str(tmp_path / "store"), str(tmp_path / "run")])
+    args = (
+        [str(bare), str(tmp_path / "d.jsonl"), str(tmp_path / "o")]
+        if command == "capture"
+        else [str(tmp_path / "store"), str(tmp_path / "run")]
+    )
     text = usage_error([command, *args, "--aux-layers", value], "--aux-layers")
-    assert (f"{value!r} is empty; leave --aux-layers out for the default layers ([2, L//2, L-3] for an L-layer target), "
-            "or give three layers, e.g. 2,16,29") in text
+    assert (
+        f"{value!r} is empty; leave --aux-layers out for the default layers ([2, L//2, L-3] for an L-layer target), "
+        "or give three layers, e.g. 2,16,29"
+    ) in text
 
 
 def test_capture_aux_layers_left_out_mean_the_default(world, tmp_path, monkeypatch):
@@ -200,12 +320,31 @@ def test_capture_aux_layers_left_out_mean_the_default(world, tmp_path, monkeypat
     assert seen == [None, (1, 2, 3)]  # None: conventions.default_aux_layers of the target
 
 
-@pytest.mark.parametrize("args, option, example", [
-    (["capture", "{bare}", "d.jsonl", "o", "--aux-layers", "2,x,4"], "--aux-layers", "e.g. 2,16,29"),
-    (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "1,x"], "--concurrency", "e.g. 1,4,16"),
-    (["tune", "--target", "{bare}", "--draft", "{bare}", "--topks", "1,x"], "--topks", "e.g. 1,2,4"),
-    (["tune", "--target", "{bare}", "--draft", "{bare}", "--topks", "0"], "--topks", "e.g. 1,2,4"),
-])
+@pytest.mark.parametrize(
+    "args, option, example",
+    [
+        (
+            ["capture", "{bare}", "d.jsonl", "o", "--aux-layers", "2,x,4"],
+            "--aux-layers",
+            "e.g. 2,16,29",
+        ),
+        (
+            ["bench", "--url", "http://127.0.0.1:9", "--concurrency", "1,x"],
+            "--concurrency",
+            "e.g. 1,4,16",
+        ),
+        (
+            ["tune", "--target", "{bare}", "--draft", "{bare}", "--topks", "1,x"],
+            "--topks",
+            "e.g. 1,2,4",
+        ),
+        (
+            ["tune", "--target", "{bare}", "--draft", "{bare}", "--topks", "0"],
+            "--topks",
+            "e.g. 1,2,4",
+        ),
+    ],
+)
 def test_integer_list_errors_give_an_example_for_their_option(world, args, option, example):
     _, _, bare = world
     text = usage_error([a.replace("{bare}", str(bare)) for a in args], option)
@@ -214,31 +353,57 @@ def test_integer_list_errors_give_an_example_for_their_option(world, args, optio
 
 # ---------------------------------------------------------- 9. bench: one server given twice
 
-@pytest.mark.parametrize("url, baseline", [
-    ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
-    ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
-    ("http://LocalHost:8000", "http://localhost:8000/"),
-    ("http://gpu-box", "http://gpu-box:80"),
-    ("https://gpu-box:443/", "https://GPU-BOX"),
-    ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),  # the OpenAI clients' form is the same server
-    ("http://gpu-box:8000/v1/", "http://GPU-BOX:8000/"),
-    ("http://localhost:8000/v1", "http://127.0.0.1:8000/v1//"),
-])
+
+@pytest.mark.parametrize(
+    "url, baseline",
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+        ("http://LocalHost:8000", "http://localhost:8000/"),
+        ("http://gpu-box", "http://gpu-box:80"),
+        ("https://gpu-box:443/", "https://GPU-BOX"),
+        (
+            "http://127.0.0.1:8000/v1",
+            "http://127.0.0.1:8000",
+        ),  # the OpenAI clients' form is the same server
+        ("http://gpu-box:8000/v1/", "http://GPU-BOX:8000/"),
+        ("http://localhost:8000/v1", "http://127.0.0.1:8000/v1//"),
+    ],
+)
 def test_bench_refuses_one_server_as_both(url, baseline, tmp_path):
-    result = invoke(["bench", "--url", url, "--baseline-url", baseline, "--wait", "0", "--out", str(tmp_path / "o")])
+    result = invoke(
+        [
+            "bench",
+            "--url",
+            url,
+            "--baseline-url",
+            baseline,
+            "--wait",
+            "0",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert result.exit_code == 2, result.output
     text = flat(result.output)
-    assert (f"Invalid value for '--url' / '--baseline-url': {url} and {baseline} are the same server: measuring "
-            "one server twice gives no speedup; give the server without speculation as --baseline-url, or leave "
-            "--baseline-url out") in text, text
+    assert (
+        f"Invalid value for '--url' / '--baseline-url': {url} and {baseline} are the same server: measuring "
+        "one server twice gives no speedup; give the server without speculation as --baseline-url, or leave "
+        "--baseline-url out"
+    ) in text, text
     assert not (tmp_path / "o").exists()
 
 
 def test_distinct_servers_are_not_the_same_server():
     from specdraft.cli.benchmark import _same_server
 
-    for a, b in (("http://h:8000", "http://h:8001"), ("http://h:8000", "https://h:8000"),
-                 ("http://h:8000", "http://g:8000"), ("http://h:8000/a", "http://h:8000/b"),
-                 ("http://h:8000/v1", "http://h:8001"), ("http://h:8000/a/v1", "http://h:8000/b/v1"),
-                 ("http://v1:8000", "http://h:8000/v1")):
+    for a, b in (
+        ("http://h:8000", "http://h:8001"),
+        ("http://h:8000", "https://h:8000"),
+        ("http://h:8000", "http://g:8000"),
+        ("http://h:8000/a", "http://h:8000/b"),
+        ("http://h:8000/v1", "http://h:8001"),
+        ("http://h:8000/a/v1", "http://h:8000/b/v1"),
+        ("http://v1:8000", "http://h:8000/v1"),
+    ):
         assert not _same_server(a, b), (a, b)

@@ -11,8 +11,8 @@ import shutil
 import pytest
 
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, convert_draft, load_draft
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.cli.test_cli import flat, invoke
+from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.tiny_tokenizer import save_tiny_tokenizer
 
 DRAFTER_FIX = "re-export the drafter from its training run (specdraft export RUN/draft OUT --engine"
@@ -45,26 +45,49 @@ def without_keys(src, dst, *keys):
 
 
 def commands(draft, target, out):
-    return {"inspect": ["inspect", str(draft), "--target", str(target)],
-            "convert": ["convert", str(draft), str(out), "--layout", "speculators", "--target", str(target)],
-            "generate": ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "hello",
-                         "--max-new-tokens", "2"],
-            "export": ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)]}
+    return {
+        "inspect": ["inspect", str(draft), "--target", str(target)],
+        "convert": [
+            "convert",
+            str(draft),
+            str(out),
+            "--layout",
+            "speculators",
+            "--target",
+            str(target),
+        ],
+        "generate": [
+            "generate",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompt",
+            "hello",
+            "--max-new-tokens",
+            "2",
+        ],
+        "export": ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)],
+    }
 
 
 def one_error(result, *fragments: str, code: int = 1) -> str:
     """The one error line of a refused command (exit `code`: 1 refused while loading, 2 a bad
     option value or unusable input), holding every fragment."""
     assert result.exit_code == code, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+        result.exception
+    )
     text = flat(result.output)
     assert text.startswith("error: ") and text.count("error: ") == 1, result.output
     assert all(f in text for f in fragments), text
     return text
 
 
-CORRUPT = {"not-json": ("{not json", "config.json: not valid JSON ("),
-           "list": ("[1, 2]", "config.json: not a JSON object (a list)")}
+CORRUPT = {
+    "not-json": ("{not json", "config.json: not valid JSON ("),
+    "list": ("[1, 2]", "config.json: not a JSON object (a list)"),
+}
 
 
 @pytest.mark.parametrize("command", ["inspect", "convert", "generate", "export"])
@@ -75,8 +98,11 @@ def test_corrupt_config(world, tmp_path, command, kind, which):
     text, what = CORRUPT[kind]
     bad = broken_copy(draft if which == "drafter" else target, tmp_path / "bad", text)
     dirs = (bad, target) if which == "drafter" else (draft, bad)
-    fixes = ((DRAFTER_FIX, "or restore config.json from where the checkpoint came from") if which == "drafter"
-             else (TARGET_FIX,))
+    fixes = (
+        (DRAFTER_FIX, "or restore config.json from where the checkpoint came from")
+        if which == "drafter"
+        else (TARGET_FIX,)
+    )
     one_error(invoke(commands(*dirs, tmp_path / "out")[command]), f"{bad}/{what}", *fixes)
 
 
@@ -85,7 +111,9 @@ def test_the_loader_names_the_fix_for_a_corrupt_drafter_config(world, tmp_path):
     bad = broken_copy(world[0], tmp_path / "bad", "{not json")
     with pytest.raises(CheckpointError) as e:
         load_draft(bad)
-    assert str(e.value).startswith(f"{bad}/config.json: not valid JSON (") and DRAFTER_FIX in str(e.value)
+    assert str(e.value).startswith(f"{bad}/config.json: not valid JSON (") and DRAFTER_FIX in str(
+        e.value
+    )
 
 
 @pytest.mark.parametrize("command", ["inspect", "convert", "generate"])
@@ -93,8 +121,11 @@ def test_target_config_without_layer_count(world, tmp_path, command):
     """transformers would default num_hidden_layers to 32 and read a plain drafter's aux ids wrong."""
     _, plain, target = world
     bad = without_keys(target, tmp_path / "bad", "num_hidden_layers")
-    one_error(invoke(commands(plain, bad, tmp_path / "out")[command]),
-              f"{bad}/config.json: missing num_hidden_layers, which a transformers model config holds", TARGET_FIX)
+    one_error(
+        invoke(commands(plain, bad, tmp_path / "out")[command]),
+        f"{bad}/config.json: missing num_hidden_layers, which a transformers model config holds",
+        TARGET_FIX,
+    )
 
 
 @pytest.mark.parametrize("command", ["inspect", "convert", "generate"])
@@ -102,25 +133,38 @@ def test_plain_drafter_config_without_sizes(world, tmp_path, command):
     """Without a manifest the drafter is built from config.json: a missing size was a TypeError."""
     _, plain, target = world
     bad = without_keys(plain, tmp_path / "bad", "hidden_size", "num_attention_heads")
-    one_error(invoke(commands(bad, target, tmp_path / "out")[command]),
-              f"{bad}/config.json: missing hidden_size, num_attention_heads (without a specdraft manifest",
-              DRAFTER_FIX)
+    one_error(
+        invoke(commands(bad, target, tmp_path / "out")[command]),
+        f"{bad}/config.json: missing hidden_size, num_attention_heads (without a specdraft manifest",
+        DRAFTER_FIX,
+    )
 
 
 def test_generate_target_config_without_model_sizes(world, tmp_path):
     draft, _, target = world
     bad = without_keys(target, tmp_path / "bad", "hidden_size", "intermediate_size")
-    one_error(invoke(commands(draft, bad, tmp_path / "out")["generate"]),
-              f"{bad}/config.json: missing hidden_size, intermediate_size", TARGET_FIX)
+    one_error(
+        invoke(commands(draft, bad, tmp_path / "out")["generate"]),
+        f"{bad}/config.json: missing hidden_size, intermediate_size",
+        TARGET_FIX,
+    )
 
 
-MANIFEST_FIX = (f"re-export the drafter from its training run (specdraft export RUN/draft OUT --engine "
-                f"sglang|vllm|speculators, which writes the manifest); without the run, delete {MANIFEST_FILE}: "
-                "the drafter then loads from its config.json alone (pass --target DIR)")
+MANIFEST_FIX = (
+    f"re-export the drafter from its training run (specdraft export RUN/draft OUT --engine "
+    f"sglang|vllm|speculators, which writes the manifest); without the run, delete {MANIFEST_FILE}: "
+    "the drafter then loads from its config.json alone (pass --target DIR)"
+)
 
 
-@pytest.mark.parametrize("text, what", [("{not json", "not valid JSON ("), ("[]", "not a JSON object (a list)"),
-                                        ("{}", "manifest keys ['aux_layers', 'draft', 'target'] missing")])
+@pytest.mark.parametrize(
+    "text, what",
+    [
+        ("{not json", "not valid JSON ("),
+        ("[]", "not a JSON object (a list)"),
+        ("{}", "manifest keys ['aux_layers', 'draft', 'target'] missing"),
+    ],
+)
 def test_corrupt_manifest_names_a_fix_without_the_run(world, tmp_path, text, what):
     draft, _, target = world
     bad = tmp_path / "bad"
@@ -128,9 +172,13 @@ def test_corrupt_manifest_names_a_fix_without_the_run(world, tmp_path, text, wha
     (bad / MANIFEST_FILE).write_text(text)
     with pytest.raises(CheckpointError) as e:
         load_draft(bad)
-    assert str(e.value).startswith(f"{bad / MANIFEST_FILE}: {what}") and str(e.value).endswith(MANIFEST_FIX)
+    assert str(e.value).startswith(f"{bad / MANIFEST_FILE}: {what}") and str(e.value).endswith(
+        MANIFEST_FIX
+    )
     one_error(invoke(["inspect", str(bad)]), f"{bad / MANIFEST_FILE}: {what}", MANIFEST_FIX)
-    (bad / MANIFEST_FILE).unlink()  # the advice works: the drafter loads without it, given the target
+    (
+        bad / MANIFEST_FILE
+    ).unlink()  # the advice works: the drafter loads without it, given the target
     assert invoke(["inspect", str(bad), "--target", str(target)]).exit_code == 0
 
 
@@ -138,10 +186,18 @@ def run_commands(draft, target, tmp_path):
     """capture, regenerate --target and tune given `target`: each reads its config.json first."""
     data = tmp_path / "data.jsonl"
     data.write_text('{"text": "hello world"}\n')
-    return {"capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
-            "regenerate": ["regenerate", str(data), str(tmp_path / "out.jsonl"), "--target", str(target),
-                           "--no-chat"],
-            "tune": ["tune", "--target", str(target), "--draft", str(draft), "--max-tokens", "2"]}
+    return {
+        "capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
+        "regenerate": [
+            "regenerate",
+            str(data),
+            str(tmp_path / "out.jsonl"),
+            "--target",
+            str(target),
+            "--no-chat",
+        ],
+        "tune": ["tune", "--target", str(target), "--draft", str(draft), "--max-tokens", "2"],
+    }
 
 
 @pytest.mark.parametrize("command", ["capture", "regenerate", "tune"])

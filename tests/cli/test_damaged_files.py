@@ -28,17 +28,34 @@ def world(tmp_path_factory):
     draft, target = draft_checkpoint(root)
     save_tiny_tokenizer(target)
     data = root / "data.jsonl"
-    data.write_text("".join(f'{{"text": "story {i}: the cat sat on the mat and looked at the dog"}}\n'
-                            for i in range(8)))
-    capture = ["capture", str(target), str(data), str(root / "store"), "--no-chat", "--aux-layers", "2,3,4",
-               "--dtype", "fp32", "--shard-tokens", "64"]
+    data.write_text(
+        "".join(
+            f'{{"text": "story {i}: the cat sat on the mat and looked at the dog"}}\n'
+            for i in range(8)
+        )
+    )
+    capture = [
+        "capture",
+        str(target),
+        str(data),
+        str(root / "store"),
+        "--no-chat",
+        "--aux-layers",
+        "2,3,4",
+        "--dtype",
+        "fp32",
+        "--shard-tokens",
+        "64",
+    ]
     assert invoke(capture).exit_code == 0
     return draft, target, capture
 
 
 def one_error(result, *fragments: str) -> None:
     assert result.exit_code == 2, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
+        result.exception
+    )
     text = flat(result.output)
     assert text.startswith("error: ") and text.count("error: ") == 1, result.output
     assert all(f in text for f in fragments), text
@@ -58,13 +75,38 @@ def free_port() -> int:
 def target_commands(draft, target, tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text('{"text": "hello world"}\n')
-    return {"generate": ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "hello",
-                         "--max-new-tokens", "2"],
-            "serve": ["serve", "--target", str(target), "--draft", str(draft), "--port", str(free_port())],
-            "capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
-            "regenerate": ["regenerate", str(data), str(tmp_path / "out.jsonl"), "--target", str(target),
-                           "--no-chat"],
-            "doctor": ["doctor", str(draft), "--target", str(target)]}
+    return {
+        "generate": [
+            "generate",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompt",
+            "hello",
+            "--max-new-tokens",
+            "2",
+        ],
+        "serve": [
+            "serve",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--port",
+            str(free_port()),
+        ],
+        "capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
+        "regenerate": [
+            "regenerate",
+            str(data),
+            str(tmp_path / "out.jsonl"),
+            "--target",
+            str(target),
+            "--no-chat",
+        ],
+        "doctor": ["doctor", str(draft), "--target", str(target)],
+    }
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.001], ids=["in-the-data", "in-the-header"])
@@ -74,18 +116,40 @@ def test_truncated_target_weights(world, tmp_path, command, keep):
     bad = tmp_path / "target"
     shutil.copytree(target, bad)
     truncate(bad / "model.safetensors", keep)
-    one_error(invoke(target_commands(draft, bad, tmp_path)[command]),
-              f"{bad / 'model.safetensors'}: cannot be read as safetensors, cut short or damaged (", TARGET_FIX)
+    one_error(
+        invoke(target_commands(draft, bad, tmp_path)[command]),
+        f"{bad / 'model.safetensors'}: cannot be read as safetensors, cut short or damaged (",
+        TARGET_FIX,
+    )
 
 
 def drafter_commands(draft, target, tmp_path):
-    return {"inspect": ["inspect", str(draft)],
-            "generate": ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "hello",
-                         "--max-new-tokens", "2"],
-            "export": ["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"],
-            "convert": ["convert", str(draft), str(tmp_path / "out"), "--layout", "sglang"],
-            "serve": ["serve", "--target", str(target), "--draft", str(draft), "--port", str(free_port())],
-            "doctor": ["doctor", str(draft)]}
+    return {
+        "inspect": ["inspect", str(draft)],
+        "generate": [
+            "generate",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompt",
+            "hello",
+            "--max-new-tokens",
+            "2",
+        ],
+        "export": ["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"],
+        "convert": ["convert", str(draft), str(tmp_path / "out"), "--layout", "sglang"],
+        "serve": [
+            "serve",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--port",
+            str(free_port()),
+        ],
+        "doctor": ["doctor", str(draft)],
+    }
 
 
 @pytest.mark.parametrize("keep", [0.5, 0.001], ids=["in-the-data", "in-the-header"])
@@ -97,17 +161,39 @@ def test_truncated_drafter_weights(world, tmp_path, command, keep):
     bad = tmp_path / "draft"
     shutil.copytree(draft, bad)
     truncate(bad / "model.safetensors", keep)
-    one_error(invoke(drafter_commands(bad, target, tmp_path)[command]),
-              f"{bad / 'model.safetensors'}: cannot be read as safetensors, cut short or damaged (",
-              "restore the file from where the drafter came from, or re-export it")
+    one_error(
+        invoke(drafter_commands(bad, target, tmp_path)[command]),
+        f"{bad / 'model.safetensors'}: cannot be read as safetensors, cut short or damaged (",
+        "restore the file from where the drafter came from, or re-export it",
+    )
     assert not (tmp_path / "out").exists()
 
 
 def shard_commands(draft, store, tmp_path):
-    return {"train": ["train", str(store), str(tmp_path / "run"), "--steps", "1", "--batch-size", "2",
-                      "--ttt-steps", "1", "--draft-vocab-size", "32"],
-            "store convert": ["store", "convert", str(store), str(tmp_path / "peer"), "--to", "speculators"],
-            "doctor": ["doctor", str(draft), "--samples", str(store)]}
+    return {
+        "train": [
+            "train",
+            str(store),
+            str(tmp_path / "run"),
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--ttt-steps",
+            "1",
+            "--draft-vocab-size",
+            "32",
+        ],
+        "store convert": [
+            "store",
+            "convert",
+            str(store),
+            str(tmp_path / "peer"),
+            "--to",
+            "speculators",
+        ],
+        "doctor": ["doctor", str(draft), "--samples", str(store)],
+    }
 
 
 @pytest.mark.parametrize("command", ["train", "store convert", "doctor"])
@@ -116,9 +202,11 @@ def test_truncated_capture_shard(world, tmp_path, command):
     store = tmp_path / "store"
     shutil.copytree(capture[3], store)
     truncate(store / SHARD)
-    one_error(invoke(shard_commands(draft, store, tmp_path)[command]),
-              f"{store / SHARD}: cannot be read as safetensors, cut short or damaged (",
-              f"re-run `specdraft capture` with the same arguments into {store}")
+    one_error(
+        invoke(shard_commands(draft, store, tmp_path)[command]),
+        f"{store / SHARD}: cannot be read as safetensors, cut short or damaged (",
+        f"re-run `specdraft capture` with the same arguments into {store}",
+    )
 
 
 def test_rerunning_capture_redoes_a_truncated_shard(world, tmp_path):

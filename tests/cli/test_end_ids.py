@@ -35,7 +35,7 @@ def ends(tmp_path_factory):
     target = tmp_path_factory.mktemp("ends") / "target"
     shutil.copytree(setup.target_dir, target)
     ids = word_tokenizer()(PROMPT)["input_ids"]
-    out = greedy_sequences(setup.target, [ids], NUM_NEW)[0, len(ids):].tolist()
+    out = greedy_sequences(setup.target, [ids], NUM_NEW)[0, len(ids) :].tolist()
     k = next(i for i in range(3, NUM_NEW) if out[i] not in out[:i])
     eos = next(i for i in range(VOCAB) if i not in out)
     word_tokenizer(eos=f"w{eos}").save_pretrained(target)
@@ -50,8 +50,9 @@ def text_of(ids: list[int]) -> str:
 def test_end_ids_join_the_tokenizer_eos_and_the_generation_config(ends, tmp_path):
     target, out, k = ends
     tokenizer = word_tokenizer(eos="w3")
-    assert end_token_ids(tokenizer, target) == sorted({3, *json.loads(
-        (target / "generation_config.json").read_text())["eos_token_id"]})
+    assert end_token_ids(tokenizer, target) == sorted(
+        {3, *json.loads((target / "generation_config.json").read_text())["eos_token_id"]}
+    )
     assert end_token_ids(tokenizer, GenerationConfig(eos_token_id=9)) == [3, 9]
     assert end_token_ids(tokenizer, GenerationConfig(eos_token_id=[9, 3, 1])) == [1, 3, 9]
     assert end_token_ids(word_tokenizer(), GenerationConfig()) == []  # neither names one
@@ -60,18 +61,29 @@ def test_end_ids_join_the_tokenizer_eos_and_the_generation_config(ends, tmp_path
     (bare / "generation_config.json").unlink()
     assert end_token_ids(tokenizer, bare) == [2, 3]  # the tiny Llama config's eos_token_id 2
     (bare / "generation_config.json").write_text(json.dumps({"eos_token_id": "w3"}))
-    with pytest.raises(ValueError, match=f"{bare}: generation config eos_token_id 'w3' is not a token id"):
+    with pytest.raises(
+        ValueError, match=f"{bare}: generation config eos_token_id 'w3' is not a token id"
+    ):
         end_token_ids(tokenizer, bare)
 
 
 def test_generate_stops_at_a_generation_config_end_id(ends):
     target, out, k = ends
-    common = ["generate", "--target", str(target), "--prompt", PROMPT, "--max-new-tokens", str(NUM_NEW),
-              "--max-seq-len", "64"]
+    common = [
+        "generate",
+        "--target",
+        str(target),
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        str(NUM_NEW),
+        "--max-seq-len",
+        "64",
+    ]
     result = CliRunner().invoke(app, common)
     assert result.exit_code == 0, result.output
     streamed = result.output.split("\n")[0]  # the prompt, then the generated text
-    assert streamed == PROMPT + text_of(out[:k + 1])  # before the fix: all NUM_NEW tokens
+    assert streamed == PROMPT + text_of(out[: k + 1])  # before the fix: all NUM_NEW tokens
     assert f"output tokens             │ {k + 1:>13}" in result.output
     past = CliRunner().invoke(app, common + ["--ignore-eos"])
     assert past.exit_code == 0, past.output
@@ -84,8 +96,10 @@ def test_serve_stops_at_a_generation_config_end_id(ends):
         client = httpx.Client(base_url=server.url, timeout=30)
         body = {"prompt": PROMPT, "temperature": 0, "max_tokens": NUM_NEW}
         stopped = client.post("/v1/completions", json=body).json()["choices"][0]
-        assert (stopped["text"], stopped["finish_reason"]) == (text_of(out[:k + 1]), "stop")
-        past = client.post("/v1/completions", json={**body, "ignore_eos": True}).json()["choices"][0]
+        assert (stopped["text"], stopped["finish_reason"]) == (text_of(out[: k + 1]), "stop")
+        past = client.post("/v1/completions", json={**body, "ignore_eos": True}).json()["choices"][
+            0
+        ]
         assert (past["text"], past["finish_reason"]) == (text_of(out), "length")
 
 

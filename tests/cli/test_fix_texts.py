@@ -21,7 +21,9 @@ def test_export_names_the_sglang_version_flag(tmp_path):
     draft, _ = draft_checkpoint(tmp_path, arch="deepseek_v3", num_layers=8, aux=(1, 4, 5))
     result = invoke(["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"])
     text = flat(result.output)
-    assert result.exit_code == 1 and "pass --sglang-version if you serve a version that can" in text, text
+    assert (
+        result.exit_code == 1 and "pass --sglang-version if you serve a version that can" in text
+    ), text
     assert "sglang_version" not in text
 
 
@@ -31,10 +33,16 @@ def test_a_drafter_with_short_max_positions_is_told_to_keep_requests_within_them
     manifest = json.loads((draft / "specdraft_manifest.json").read_text())
     manifest["draft"]["max_position_embeddings"] = 128  # trained so: the config is as trained
     (draft / "specdraft_manifest.json").write_text(json.dumps(manifest))
-    finding = run_doctor(draft, target=target).finding("rope_matches_training")  # its own choice: no fail
-    assert finding.verdict == "pass" and "max positions 128: as trained" in finding.evidence, finding
-    assert "the drafter's own 128 positions are fewer than the target's 256: keep prompt + output within 128" \
+    finding = run_doctor(draft, target=target).finding(
+        "rope_matches_training"
+    )  # its own choice: no fail
+    assert finding.verdict == "pass" and "max positions 128: as trained" in finding.evidence, (
+        finding
+    )
+    assert (
+        "the drafter's own 128 positions are fewer than the target's 256: keep prompt + output within 128"
         in finding.evidence
+    )
     assert "serve the target the drafter was trained on" not in finding.fix
 
 
@@ -48,12 +56,24 @@ def target_with_tokenizer(tmp_path_factory):
 def test_generate_refuses_a_too_long_request_before_echoing_the_prompt(target_with_tokenizer):
     """A request past the engine's limits is refused before the prompt is echoed: stdout (a file
     the text is piped to) stays empty, the error is stderr's one line."""
-    result = invoke(["generate", "--target", str(target_with_tokenizer), "--prompt", "hello how",
-                     "--max-new-tokens", "300"])
+    result = invoke(
+        [
+            "generate",
+            "--target",
+            str(target_with_tokenizer),
+            "--prompt",
+            "hello how",
+            "--max-new-tokens",
+            "300",
+        ]
+    )
     assert result.exit_code == 1, result.output
     assert result.stdout == ""
     assert result.stderr.startswith("error: prompt ") and len(result.stderr.splitlines()) == 1
-    assert "exceeds the engine's max_seq_len 256 less 1 verified node (255): ask for at most" in flat(result.stderr)
+    assert (
+        "exceeds the engine's max_seq_len 256 less 1 verified node (255): ask for at most"
+        in flat(result.stderr)
+    )
 
 
 def test_doctor_on_a_deepseek_target_draws_no_loading_bar(tmp_path, capfd):
@@ -82,8 +102,11 @@ def test_doctor_command_on_a_deepseek_target_draws_no_loading_bar(tmp_path):
 def test_inspect_names_the_drafters_variant_flags(tmp_path):
     """The summary says which EAGLE-3 variant the drafter is (its norm flags), or that it is the plain one."""
     plain, _ = draft_checkpoint(tmp_path / "plain")
-    variant, _ = draft_checkpoint(tmp_path / "variant", draft_kw={"norm_before_residual": True, "norm_output": True})
+    variant, _ = draft_checkpoint(
+        tmp_path / "variant", draft_kw={"norm_before_residual": True, "norm_output": True}
+    )
     assert "variant flags: none (plain EAGLE-3)" in flat(invoke(["inspect", str(plain)]).output)
     result = invoke(["inspect", str(variant)])
-    assert result.exit_code == 0 and "variant flags: norm_before_residual, norm_output" in flat(result.output), \
+    assert result.exit_code == 0 and "variant flags: norm_before_residual, norm_output" in flat(
         result.output
+    ), result.output

@@ -24,17 +24,28 @@ def option_help(text: str, option: str) -> str:
     return re.sub(r"\[[^\]]*\]", "", re.sub(rf"^\s*{option}(\s+<[^>]+>)?", "", line)).strip()
 
 
-@pytest.mark.parametrize("command, options", [
-    ("generate", ["--max-new-tokens", "--device"]), ("serve", ["--device"]), ("tune", ["--device"]),
-    ("demo", ["--threads"]),
-])
+@pytest.mark.parametrize(
+    "command, options",
+    [
+        ("generate", ["--max-new-tokens", "--device"]),
+        ("serve", ["--device"]),
+        ("tune", ["--device"]),
+        ("demo", ["--threads"]),
+    ],
+)
 def test_options_have_help(command, options):
     text = help_of(command)
     for option in options:
-        assert re.search(r"[a-z]{3,}", option_help(text, option)), (command, option, option_help(text, option))
+        assert re.search(r"[a-z]{3,}", option_help(text, option)), (
+            command,
+            option,
+            option_help(text, option),
+        )
     if command == "demo":
         flat = " ".join(text.split())
-        assert "the try: / serve: lines printed at the end use the same. [default: 1; x>=1]" in flat, flat
+        assert (
+            "the try: / serve: lines printed at the end use the same. [default: 1; x>=1]" in flat
+        ), flat
 
 
 def test_train_shows_its_defaults_as_the_other_commands_do():
@@ -44,11 +55,18 @@ def test_train_shows_its_defaults_as_the_other_commands_do():
 
     flat = " ".join(help_of("train").split())
     defaults = TrainConfig()
-    for option, key in (("--batch-size", "batch_size"), ("--grad-accum-steps", "grad_accum_steps"),
-                        ("--max-length", "max_length"), ("--ttt-steps", "ttt_steps"),
-                        ("--warmup-steps", "warmup_steps"), ("--save-every", "save_every"),
-                        ("--precision", "precision")):
-        assert re.search(rf"{option} <[^>]+> [^<]*\[default: {getattr(defaults, key)}\]", flat), option
+    for option, key in (
+        ("--batch-size", "batch_size"),
+        ("--grad-accum-steps", "grad_accum_steps"),
+        ("--max-length", "max_length"),
+        ("--ttt-steps", "ttt_steps"),
+        ("--warmup-steps", "warmup_steps"),
+        ("--save-every", "save_every"),
+        ("--precision", "precision"),
+    ):
+        assert re.search(rf"{option} <[^>]+> [^<]*\[default: {getattr(defaults, key)}\]", flat), (
+            option
+        )
     assert not re.search(r"\(\d+\)", flat)
 
 
@@ -62,18 +80,28 @@ def test_every_option_of_every_command_says_what_it_does():
         if not hasattr(command, "commands"):
             yield " ".join(path), command
 
-    silent = [(path, param.opts[0]) for path, command in commands(typer.main.get_command(app), [])
-              for param in command.params if param.param_type_name == "option" and not (param.help or "").strip()]
+    silent = [
+        (path, param.opts[0])
+        for path, command in commands(typer.main.get_command(app), [])
+        for param in command.params
+        if param.param_type_name == "option" and not (param.help or "").strip()
+    ]
     assert silent == []
 
 
-@pytest.mark.parametrize("command, needs", [("generate", "Used only with --draft (refused without it or with "
-                                             "--no-spec)."), ("serve", "Used only with --draft"),
-                                            ("inspect", "Needs --target."), ("doctor", "Needs --target.")])
+@pytest.mark.parametrize(
+    "command, needs",
+    [
+        ("generate", "Used only with --draft (refused without it or with --no-spec)."),
+        ("serve", "Used only with --draft"),
+        ("inspect", "Needs --target."),
+        ("doctor", "Needs --target."),
+    ],
+)
 def test_aux_layers_help_names_what_the_command_needs_for_it(command, needs):
     """generate / serve require --target: their --aux-layers needs --draft (a drafter to read it for)."""
     text = " ".join(help_of(command).split())
-    aux = text[text.index("--aux-layers"):]
-    aux = aux[:aux.index("class).") + 80]  # the sentence after the common text
+    aux = text[text.index("--aux-layers") :]
+    aux = aux[: aux.index("class).") + 80]  # the sentence after the common text
     assert needs in aux, aux
     assert ("Needs --target" in aux) == (command in ("inspect", "doctor")), aux

@@ -33,11 +33,24 @@ def _target(root, model_type="deepseek_v3"):
 
 
 def _drafter(root, aux, manifest_class=None):
-    cfg = DraftConfig.from_target(tiny_config("deepseek_v3", num_layers=LAYERS), aux, draft_vocab_size=64)
-    manifest = None if manifest_class is None else Manifest(
-        draft=cfg.to_dict(), target={"num_layers": LAYERS, "target_class": manifest_class}, aux_layers=list(aux))
-    return save_draft(seeded_draft(cfg), root / "draft", layout="sglang" if manifest is None else "specdraft",
-                      manifest=manifest)
+    cfg = DraftConfig.from_target(
+        tiny_config("deepseek_v3", num_layers=LAYERS), aux, draft_vocab_size=64
+    )
+    manifest = (
+        None
+        if manifest_class is None
+        else Manifest(
+            draft=cfg.to_dict(),
+            target={"num_layers": LAYERS, "target_class": manifest_class},
+            aux_layers=list(aux),
+        )
+    )
+    return save_draft(
+        seeded_draft(cfg),
+        root / "draft",
+        layout="sglang" if manifest is None else "specdraft",
+        manifest=manifest,
+    )
 
 
 @pytest.fixture
@@ -54,20 +67,39 @@ def sglang_only(tmp_path):
 def test_inspect_reads_nested_ids_by_the_targets_class_and_version(sglang_only):
     draft, target = sglang_only
     for version, layers in (("0.5.23", [2, 30, 58]), ("0.5.12", [3, 31, 59])):
-        result = invoke(["inspect", str(draft), "--target", str(target), "--sglang-version", version])
+        result = invoke(
+            ["inspect", str(draft), "--target", str(target), "--sglang-version", version]
+        )
         assert result.exit_code == 0, result.output
         assert f"aux layers (specdraft indices): {layers} of {LAYERS}" in flat(result.output)
-    result = invoke(["inspect", str(draft), "--target", str(target)])  # the reading depends on the version
+    result = invoke(
+        ["inspect", str(draft), "--target", str(target)]
+    )  # the reading depends on the version
     text = flat(result.output)
-    assert result.exit_code == 1 and "read differently by SGLang version" in text and "--sglang-version" in text
+    assert (
+        result.exit_code == 1
+        and "read differently by SGLang version" in text
+        and "--sglang-version" in text
+    )
     assert "[3, 31, 59] of 61" not in text  # the Llama rule's reading, whatever the class, before
 
 
 def test_convert_writes_two_id_lists_that_agree(sglang_only, tmp_path):
     draft, target = sglang_only
     out = tmp_path / "out"
-    result = invoke(["convert", str(draft), str(out), "--layout", "sglang", "--target", str(target),
-                     "--sglang-version", "0.5.23"])
+    result = invoke(
+        [
+            "convert",
+            str(draft),
+            str(out),
+            "--layout",
+            "sglang",
+            "--target",
+            str(target),
+            "--sglang-version",
+            "0.5.23",
+        ]
+    )
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())
     assert config[KEY] == [2, 30, 58] and config["eagle_config"][KEY] == [1, 29, 57]
@@ -75,7 +107,9 @@ def test_convert_writes_two_id_lists_that_agree(sglang_only, tmp_path):
     assert reading.sglang == reading.vllm == [2, 30, 58]
 
 
-@pytest.mark.parametrize("version, nested", [(None, None), ("0.5.23", [3, 30, 58]), ("0.5.12", [2, 29, 57])])
+@pytest.mark.parametrize(
+    "version, nested", [(None, None), ("0.5.23", [3, 30, 58]), ("0.5.12", [2, 29, 57])]
+)
 def test_a_drafter_of_a_deepseek_target_never_gets_disagreeing_ids(tmp_path, version, nested):
     """First index 3: SGLang >= 0.5.13 writes it as-is on DeepSeek targets, older versions as 2;
     the Llama rule wrote [2, 29, 57], which 0.5.13+ reads as layers [2, 29, 57]."""
@@ -97,11 +131,15 @@ def test_two_lists_that_disagree_by_the_class_rule_are_refused(sglang_only):
     config[KEY] = [3, 31, 59]  # the Llama rule's reading of [2, 30, 58]: wrong for 0.5.23 DeepSeek
     (draft / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="name different layers"):
-        load_draft(draft, target_num_layers=LAYERS, target_class="deepseek", sglang_version="0.5.23")
+        load_draft(
+            draft, target_num_layers=LAYERS, target_class="deepseek", sglang_version="0.5.23"
+        )
 
 
 @pytest.mark.parametrize("command", ["generate", "serve"])
-def test_generate_and_serve_read_sglang_ids_by_the_sglang_version(sglang_only, command, monkeypatch):
+def test_generate_and_serve_read_sglang_ids_by_the_sglang_version(
+    sglang_only, command, monkeypatch
+):
     """--aux-layers sglang:2,30,58 on a DeepSeek-class target names other layers by SGLang version:
     --sglang-version picks one, and the reading reaches the engine's loader; without it, the refusal
     names the flag, which these commands take too."""
@@ -118,13 +156,25 @@ def test_generate_and_serve_read_sglang_ids_by_the_sglang_version(sglang_only, c
 
     monkeypatch.setattr(specdraft.engine.load, "load_engine", stop)
     monkeypatch.setattr(specdraft.serve.server, "build_app", stop)
-    args = [command, "--target", str(target), "--draft", str(draft), "--aux-layers", "sglang:2,30,58",
-            *(["--prompt", "hi"] if command == "generate" else ["--port", "8123"])]
+    args = [
+        command,
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--aux-layers",
+        "sglang:2,30,58",
+        *(["--prompt", "hi"] if command == "generate" else ["--port", "8123"]),
+    ]
     for version, layers in (("0.5.23", [2, 30, 58]), ("0.5.12", [3, 31, 59])):
         result = invoke([*args, "--sglang-version", version])
         assert flat(result.output) == "error: stopped before loading", result.output
-        assert readings.pop() == {"target_num_layers": LAYERS, "target_class": "deepseek",
-                                  "sglang_version": version, "aux_layers": layers}
+        assert readings.pop() == {
+            "target_num_layers": LAYERS,
+            "target_class": "deepseek",
+            "sglang_version": version,
+            "aux_layers": layers,
+        }
     text = flat(invoke(args).output)
     assert "read differently by SGLang version" in text and "pass --sglang-version" in text, text
     assert not readings

@@ -35,8 +35,9 @@ def test_export_refuses_a_file_and_a_target_model_directory(llama, tmp_path):
     draft, target = llama
     config = (target / "config.json").read_text()
     for out in (target / "config.json", target):
-        result = CliRunner().invoke(app, ["export", str(draft), str(out), "--engine", "vllm",
-                                          "--target", str(target)])
+        result = CliRunner().invoke(
+            app, ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)]
+        )
         assert result.exit_code == 1, result.output
         assert "error:" in result.output and "Traceback" not in result.output
     assert (target / "config.json").read_text() == config
@@ -47,12 +48,16 @@ def test_export_and_convert_refuse_to_write_over_their_source(llama, tmp_path):
     a usage error (exit 2, one line), the drafter left as it was."""
     draft, _ = llama
     before = {f.name: f.read_bytes() for f in draft.iterdir()}
-    for args in (["export", draft, draft, "--engine", "vllm", "--dtype", "bf16"],
-                 ["convert", draft, draft, "--layout", "sglang"]):
+    for args in (
+        ["export", draft, draft, "--engine", "vllm", "--dtype", "bf16"],
+        ["convert", draft, draft, "--layout", "sglang"],
+    ):
         result = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "400"})
         assert result.exit_code == 2, result.output
-        assert result.output == (f"error: {draft}: is the checkpoint being read; writing there would replace it: "
-                                 "give another output directory\n")
+        assert result.output == (
+            f"error: {draft}: is the checkpoint being read; writing there would replace it: "
+            "give another output directory\n"
+        )
     assert {f.name: f.read_bytes() for f in draft.iterdir()} == before
 
 
@@ -60,7 +65,9 @@ def test_convert_refuses_a_directory_of_other_files(llama, tmp_path):
     draft, _ = llama
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "data.bin").write_bytes(b"x")
-    result = CliRunner().invoke(app, ["convert", str(draft), str(tmp_path / "other"), "--layout", "sglang"])
+    result = CliRunner().invoke(
+        app, ["convert", str(draft), str(tmp_path / "other"), "--layout", "sglang"]
+    )
     assert result.exit_code == 1 and "not an EAGLE-3 drafter" in result.output, result.output
     assert (tmp_path / "other" / "data.bin").read_bytes() == b"x"
 

@@ -26,7 +26,9 @@ def clock(monkeypatch):
     """Every read of rich's clock is 10 s later: a bar of two steps takes tens of seconds."""
     ticks = itertools.count(0.0, 10.0)
     monkeypatch.setattr("rich.console.monotonic", lambda: next(ticks))  # consoles made from here on
-    monkeypatch.setattr(rich.get_console(), "get_time", lambda: next(ticks))  # the global one (train's bar)
+    monkeypatch.setattr(
+        rich.get_console(), "get_time", lambda: next(ticks)
+    )  # the global one (train's bar)
 
 
 def last_line(text: str) -> str:
@@ -34,11 +36,15 @@ def last_line(text: str) -> str:
 
 
 def test_a_finished_train_bar_shows_the_time_taken(clock, capsys, monkeypatch):
-    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))  # the bar is a terminal's
+    monkeypatch.setattr(
+        Console, "is_terminal", property(lambda self: True)
+    )  # the bar is a terminal's
     with train_progress(True, 2, 0) as advance:
         advance({"step": 1, "loss": 1.0})
         advance({"step": 2, "loss": 0.5})
-    line = last_line(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", capsys.readouterr().out))  # the terminal's codes off
+    line = last_line(
+        re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", capsys.readouterr().out)
+    )  # the terminal's codes off
     assert "2/2" in line and "0:00:00" not in line and "loss 0.5000" in line, line
 
 
@@ -55,7 +61,12 @@ def test_a_finished_capture_bar_shows_the_time_taken(clock, tmp_path):
     target = load_target(save_tiny_model("llama", tmp_path / "tiny", num_layers=4))
     buf = io.StringIO()
     samples = [Sample([1, 5, 6, 7], [0, 0, 1, 1]), Sample([1, 8, 9], [0, 1, 1])]
-    write_store(target, samples, tmp_path / "s", StoreSettings((1, 2, 3), torch.bfloat16, shard_tokens=4),
-                console=Console(file=buf, width=200))
+    write_store(
+        target,
+        samples,
+        tmp_path / "s",
+        StoreSettings((1, 2, 3), torch.bfloat16, shard_tokens=4),
+        console=Console(file=buf, width=200),
+    )
     line = last_line(buf.getvalue())
     assert "capture" in line and "7/7 tokens" in line and "0:00:00" not in line, line

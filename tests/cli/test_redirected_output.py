@@ -18,15 +18,21 @@ def test_a_long_path_survives_unbroken_when_redirected(tmp_path):
     out = root / "exported-for-sglang"
     assert len(str(out)) > 120
     runner = CliRunner()
-    result = runner.invoke(app, ["export", str(draft), str(out), "--engine", "sglang", "--target", str(target)])
+    result = runner.invoke(
+        app, ["export", str(draft), str(out), "--engine", "sglang", "--target", str(target)]
+    )
     assert result.exit_code == 0, result.output
     assert f"wrote {out} for sglang: " in result.output  # on one line
     doctor = runner.invoke(app, ["doctor", str(out), "--target", str(target)])
     assert f"specdraft doctor {out}" in doctor.output  # the table's title
     rows = [line for line in doctor.output.splitlines() if line.startswith("│")]
     assert rows and len({len(line) for line in rows}) == 1  # one table, as wide as its longest line
-    assert max(len(line) for line in doctor.output.splitlines()) < 1000  # not padded to the console's width
-    assert f" {target} " in doctor.output  # the evidence's path on one line: the column is as wide as it
+    assert (
+        max(len(line) for line in doctor.output.splitlines()) < 1000
+    )  # not padded to the console's width
+    assert (
+        f" {target} " in doctor.output
+    )  # the evidence's path on one line: the column is as wide as it
     assert len(rows[0]) < len(str(target)) + 30  # and its other text wraps at spaces
 
 
@@ -42,5 +48,7 @@ def test_doctor_table_redirected_wraps_its_evidence_at_a_readable_width(tmp_path
     rows = [line for line in doctor.stdout.splitlines() if line.startswith("│")]
     assert rows and len({len(line) for line in rows}) == 1  # one table
     assert REDIRECTED_TEXT_WIDTH < len(rows[0]) <= REDIRECTED_TEXT_WIDTH + len("│ verdict │  │")
-    assert "fix: " + " ".join(ENGINE_ARGS_FIX.split()) in cells_text(rows)  # every word kept, wrapped at spaces
+    assert "fix: " + " ".join(ENGINE_ARGS_FIX.split()) in cells_text(
+        rows
+    )  # every word kept, wrapped at spaces
     assert f"trained for target {target} (" in cells_text(rows)

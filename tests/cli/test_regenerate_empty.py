@@ -38,17 +38,37 @@ def test_empty_answers_are_left_out_and_counted(server, tmp_path, chat_target_di
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS))
     out = tmp_path / "out.jsonl"
-    result = invoke(["regenerate", str(data), str(out), "--endpoint", server.url, "--model", "tiny"])
+    result = invoke(
+        ["regenerate", str(data), str(out), "--endpoint", server.url, "--model", "tiny"]
+    )
     assert result.exit_code == 0, result.output
-    assert (f"{out}: 3 records written, 0 kept from an earlier run, 2 left out (the target's answer was empty)"
-            in flat(result.output))
+    assert (
+        f"{out}: 3 records written, 0 kept from an earlier run, 2 left out (the target's answer was empty)"
+        in flat(result.output)
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["index"] for r in rows] == [0, 3, 4]  # chat 1 ("two") and chat 2 ("three") answered empty
+    assert [r["index"] for r in rows] == [
+        0,
+        3,
+        4,
+    ]  # chat 1 ("two") and chat 2 ("three") answered empty
     assert all(m["content"].strip() for r in rows for m in r["messages"])
     again = invoke(["regenerate", str(data), str(out), "--endpoint", server.url, "--model", "tiny"])
-    assert "0 records written, 3 kept from an earlier run, 2 left out" in flat(again.output)  # asked again
+    assert "0 records written, 3 kept from an earlier run, 2 left out" in flat(
+        again.output
+    )  # asked again
     assert out.read_text().count("\n") == 3
-    capture = invoke(["capture", str(chat_target_dir), str(out), str(tmp_path / "store"), "--aux-layers", "1,2,3",
-                      "--dtype", "fp32"])
+    capture = invoke(
+        [
+            "capture",
+            str(chat_target_dir),
+            str(out),
+            str(tmp_path / "store"),
+            "--aux-layers",
+            "1,2,3",
+            "--dtype",
+            "fp32",
+        ]
+    )
     assert capture.exit_code == 0, capture.output
     assert len(CaptureStore(tmp_path / "store")) == 3

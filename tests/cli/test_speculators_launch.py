@@ -22,7 +22,17 @@ def exported(tmp_path_factory):
     """(speculators export, target, the launch line export printed)."""
     root = tmp_path_factory.mktemp("spec")
     draft, target = draft_checkpoint(root)
-    result = invoke(["export", str(draft), str(root / "out"), "--engine", "speculators", "--target", str(target)])
+    result = invoke(
+        [
+            "export",
+            str(draft),
+            str(root / "out"),
+            "--engine",
+            "speculators",
+            "--target",
+            str(target),
+        ]
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     heading = next(i for i, line in enumerate(lines) if line.startswith("launch ("))
@@ -38,20 +48,57 @@ def test_the_launch_line_says_which_setting_it_serves_and_whence(exported, tmp_p
     that pass a tuned one (the demo's summary recommends its own); given options are named as given."""
     out, target, _ = exported
     draft = out.parent / "draft"
-    result = invoke(["export", str(draft), str(tmp_path / "a"), "--engine", "sglang", "--target", str(target)])
+    result = invoke(
+        ["export", str(draft), str(tmp_path / "a"), "--engine", "sglang", "--target", str(target)]
+    )
     assert result.exit_code == 0, result.output
     assert launch_heading(result.output) == (
         "launch (steps 3, topk 1, draft tokens 4: export's default, not tuned; the demo's summary and specdraft "
-        "tune measure the fastest setting: pass theirs as --num-steps, --topk, --num-draft-tokens):")
-    assert "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4" in result.output
-    result = invoke(["export", str(draft), str(tmp_path / "b"), "--engine", "sglang", "--target", str(target),
-                     "--num-steps", "5"])
-    assert launch_heading(result.output) == ("launch (steps 5, topk 1, draft tokens 6: --num-steps as given, the "
-                                             "rest export's defaults):")
-    result = invoke(["export", str(draft), str(tmp_path / "c"), "--engine", "sglang", "--target", str(target),
-                     "--num-steps", "4", "--topk", "2", "--num-draft-tokens", "7"])
+        "tune measure the fastest setting: pass theirs as --num-steps, --topk, --num-draft-tokens):"
+    )
+    assert (
+        "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+        in result.output
+    )
+    result = invoke(
+        [
+            "export",
+            str(draft),
+            str(tmp_path / "b"),
+            "--engine",
+            "sglang",
+            "--target",
+            str(target),
+            "--num-steps",
+            "5",
+        ]
+    )
+    assert launch_heading(result.output) == (
+        "launch (steps 5, topk 1, draft tokens 6: --num-steps as given, the "
+        "rest export's defaults):"
+    )
+    result = invoke(
+        [
+            "export",
+            str(draft),
+            str(tmp_path / "c"),
+            "--engine",
+            "sglang",
+            "--target",
+            str(target),
+            "--num-steps",
+            "4",
+            "--topk",
+            "2",
+            "--num-draft-tokens",
+            "7",
+        ]
+    )
     assert launch_heading(result.output) == "launch (steps 4, topk 2, draft tokens 7, as given):"
-    assert "--speculative-num-steps 4 --speculative-eagle-topk 2 --speculative-num-draft-tokens 7" in result.output
+    assert (
+        "--speculative-num-steps 4 --speculative-eagle-topk 2 --speculative-num-draft-tokens 7"
+        in result.output
+    )
 
 
 def findings(report) -> dict:
@@ -61,11 +108,15 @@ def findings(report) -> dict:
 def test_the_launch_line_export_prints_passes_doctor(exported):
     out, target, launch = exported
     assert launch == f"vllm serve {out.resolve()}"
-    result = invoke(["doctor", str(out), "--target", str(target), "--engine-args", launch, "--json"])
+    result = invoke(
+        ["doctor", str(out), "--target", str(target), "--engine-args", launch, "--json"]
+    )
     checks = findings(json.loads(result.output))
     assert checks["algorithm_is_eagle3"]["verdict"] == "pass", checks["algorithm_is_eagle3"]
     assert "speculators_model_type eagle3 in" in checks["algorithm_is_eagle3"]["evidence"]
-    assert checks["speculative_settings_valid"]["evidence"].startswith("steps 3, topk 1, draft tokens 4")
+    assert checks["speculative_settings_valid"]["evidence"].startswith(
+        "steps 3, topk 1, draft tokens 4"
+    )
     assert checks["verifier_is_target"]["verdict"] == "pass", checks["verifier_is_target"]
     # no target of its own on the line (verifier_is_target covers the one vLLM loads): the draft is compared
     assert checks["launch_names_these_models"]["evidence"] == f"draft {out.resolve()} is CHECKPOINT"
@@ -74,7 +125,9 @@ def test_the_launch_line_export_prints_passes_doctor(exported):
 
 def test_vllm_started_on_the_target_without_a_method_still_fails(exported):
     out, target, _ = exported
-    finding = run_doctor(out, target=target, engine_args=f"vllm serve {target}").finding("algorithm_is_eagle3")
+    finding = run_doctor(out, target=target, engine_args=f"vllm serve {target}").finding(
+        "algorithm_is_eagle3"
+    )
     assert finding.verdict == "fail" and "vLLM guesses the method" in finding.evidence
 
 
@@ -93,22 +146,39 @@ def test_a_verifier_other_than_the_target_fails_doctor_naming_what_vllm_loads(ot
     drafter, target = other_verifier
     finding = run_doctor(drafter, target=target).finding("verifier_is_target")
     assert finding.verdict == "fail"
-    assert f"`vllm serve {drafter}` loads verifier '{OTHER}' (a hub name or a path not on this machine) as the " \
+    assert (
+        f"`vllm serve {drafter}` loads verifier '{OTHER}' (a hub name or a path not on this machine) as the "
         f"target, not --target {target}" in finding.evidence
+    )
     assert f"--engine speculators --target {target}" in finding.fix
-    launched_on_target = (f"vllm serve {target} --speculative-config "
-                          f"'{{\"method\": \"eagle3\", \"model\": \"{drafter}\", \"num_speculative_tokens\": 3}}'")
-    assert run_doctor(drafter, target=target, engine_args=launched_on_target).finding(
-        "verifier_is_target").verdict == "pass"  # vLLM reads no verifier then
+    launched_on_target = (
+        f"vllm serve {target} --speculative-config "
+        f'\'{{"method": "eagle3", "model": "{drafter}", "num_speculative_tokens": 3}}\''
+    )
+    assert (
+        run_doctor(drafter, target=target, engine_args=launched_on_target)
+        .finding("verifier_is_target")
+        .verdict
+        == "pass"
+    )  # vLLM reads no verifier then
 
 
 @pytest.mark.parametrize("command", ["convert", "export"])
-def test_convert_and_export_both_record_the_target_and_say_what_they_replace(other_verifier, tmp_path, command):
+def test_convert_and_export_both_record_the_target_and_say_what_they_replace(
+    other_verifier, tmp_path, command
+):
     drafter, target = other_verifier
     mode = ["--layout", "speculators"] if command == "convert" else ["--engine", "speculators"]
     result = invoke([command, str(drafter), str(tmp_path / "out"), *mode, "--target", str(target)])
     assert result.exit_code == 0, result.output
-    written = json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"]["verifier"]
+    written = json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"][
+        "verifier"
+    ]
     assert written["name_or_path"] == str(target.resolve())
-    assert f"the source's verifier '{OTHER}' is replaced by '{target.resolve()}': `vllm serve` on the written drafter loads that one as the target" in flat(result.output)
-    assert run_doctor(tmp_path / "out", target=target).finding("verifier_is_target").verdict == "pass"
+    assert (
+        f"the source's verifier '{OTHER}' is replaced by '{target.resolve()}': `vllm serve` on the written drafter loads that one as the target"
+        in flat(result.output)
+    )
+    assert (
+        run_doctor(tmp_path / "out", target=target).finding("verifier_is_target").verdict == "pass"
+    )

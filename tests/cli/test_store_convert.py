@@ -20,8 +20,12 @@ from tests.tiny_tokenizer import CHAT
 def store(chat_target_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("convert")
     data = tmp / "chats.jsonl"
-    data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in [CHAT, CHAT[:3], CHAT[1:3], CHAT]))
-    capture_dataset(CaptureConfig(str(chat_target_dir), str(data), str(tmp / "store"), max_length=30))
+    data.write_text(
+        "".join(json.dumps({"messages": c}) + "\n" for c in [CHAT, CHAT[:3], CHAT[1:3], CHAT])
+    )
+    capture_dataset(
+        CaptureConfig(str(chat_target_dir), str(data), str(tmp / "store"), max_length=30)
+    )
     return tmp / "store"
 
 
@@ -30,40 +34,100 @@ def invoke(*args):
 
 
 @pytest.mark.parametrize("peer, aux_ids", [("speculators", "1,2,3"), ("specforge", "0,1,2")])
-def test_train_runs_on_a_store_converted_from_a_peer(store, chat_target_dir, tmp_path, peer, aux_ids):
+def test_train_runs_on_a_store_converted_from_a_peer(
+    store, chat_target_dir, tmp_path, peer, aux_ids
+):
     out = invoke("store", "convert", store, tmp_path / peer, "--to", peer)
     assert out.exit_code == 0, out.output
     assert f"wrote 4 samples as a {peer} store" in out.output
-    back = invoke("store", "convert", tmp_path / peer, tmp_path / "back", "--to", "specdraft",
-                  "--target", chat_target_dir, "--aux-layers", aux_ids)
+    back = invoke(
+        "store",
+        "convert",
+        tmp_path / peer,
+        tmp_path / "back",
+        "--to",
+        "specdraft",
+        "--target",
+        chat_target_dir,
+        "--aux-layers",
+        aux_ids,
+    )
     assert back.exit_code == 0, back.output
     assert "aux layers (specdraft indices) [1, 2, 3]" in back.output
-    doctor_samples = [read_samples(p, lambda: None, {}, 10, 64).samples for p in (store, tmp_path / "back")]
+    doctor_samples = [
+        read_samples(p, lambda: None, {}, 10, 64).samples for p in (store, tmp_path / "back")
+    ]
     assert doctor_samples[0] == doctor_samples[1] and len(doctor_samples[0]) == 4
-    run = invoke("train", tmp_path / "back", tmp_path / "run", "--steps", "2", "--batch-size", "2",
-                 "--ttt-steps", "1", "--max-length", "64")
+    run = invoke(
+        "train",
+        tmp_path / "back",
+        tmp_path / "run",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--ttt-steps",
+        "1",
+        "--max-length",
+        "64",
+    )
     assert run.exit_code == 0, run.output
     assert load_draft(tmp_path / "run" / "draft").manifest.aux_layers == [1, 2, 3]
 
 
 def test_bad_peer_stores_are_one_line_naming_file_and_field(store, chat_target_dir, tmp_path):
-    assert invoke("store", "convert", store, tmp_path / "spec", "--to", "speculators").exit_code == 0
+    assert (
+        invoke("store", "convert", store, tmp_path / "spec", "--to", "speculators").exit_code == 0
+    )
     hs = tmp_path / "spec" / "hidden_states" / "hs_1.safetensors"
     tensors = load_file(str(hs))
     save_file({"hidden_states": tensors["hidden_states"]}, str(hs))
-    out = invoke("store", "convert", tmp_path / "spec", tmp_path / "x", "--to", "specdraft",
-                 "--target", chat_target_dir, "--aux-layers", "1,2,3")
+    out = invoke(
+        "store",
+        "convert",
+        tmp_path / "spec",
+        tmp_path / "x",
+        "--to",
+        "specdraft",
+        "--target",
+        chat_target_dir,
+        "--aux-layers",
+        "1,2,3",
+    )
     assert out.exit_code == 1 and "Traceback" not in out.output
-    assert out.output.strip() == (f"error: {hs}: not a speculators hidden-state file (missing token_ids; "
-                                  f"expected exactly hidden_states, token_ids)")
+    assert out.output.strip() == (
+        f"error: {hs}: not a speculators hidden-state file (missing token_ids; "
+        f"expected exactly hidden_states, token_ids)"
+    )
     save_file({**tensors, "hidden_states": tensors["hidden_states"][:, :2].contiguous()}, str(hs))
-    out = invoke("store", "convert", tmp_path / "spec", tmp_path / "x", "--to", "specdraft",
-                 "--target", chat_target_dir, "--aux-layers", "1,2,3")
+    out = invoke(
+        "store",
+        "convert",
+        tmp_path / "spec",
+        tmp_path / "x",
+        "--to",
+        "specdraft",
+        "--target",
+        chat_target_dir,
+        "--aux-layers",
+        "1,2,3",
+    )
     assert out.exit_code == 1 and "sample 1: field aux_hidden has shape" in out.output
     hs.write_bytes(b"not safetensors")
-    out = invoke("store", "convert", tmp_path / "spec", tmp_path / "x", "--to", "specforge",
-                 "--target", chat_target_dir)
-    assert out.exit_code == 2 and f"{hs}: cannot be read as safetensors, cut short or damaged (" in out.output
+    out = invoke(
+        "store",
+        "convert",
+        tmp_path / "spec",
+        tmp_path / "x",
+        "--to",
+        "specforge",
+        "--target",
+        chat_target_dir,
+    )
+    assert (
+        out.exit_code == 2
+        and f"{hs}: cannot be read as safetensors, cut short or damaged (" in out.output
+    )
     assert "; restore the file, or write the store again with the tool that made it" in out.output
     assert not (tmp_path / "x").exists()
 
@@ -90,15 +154,59 @@ def test_the_options_choices_are_the_librarys():
 def test_aux_layers_take_the_named_forms_of_the_other_commands(store, chat_target_dir, tmp_path):
     assert invoke("store", "convert", store, tmp_path / "sf", "--to", "specforge").exit_code == 0
     back = ("store", "convert", tmp_path / "sf")
-    for i, given in enumerate([("sglang:0,1,2",), ("vllm:1,2,3",), ("specdraft:1,2,3",),
-                               ("1,2,3", "--aux-convention", "specdraft"), ("0,1,2",)]):  # last: SpecForge's sglang
-        out = invoke(*back, tmp_path / f"b{i}", "--to", "specdraft", "--target", chat_target_dir, "--aux-layers", *given)
-        assert out.exit_code == 0 and "aux layers (specdraft indices) [1, 2, 3]" in out.output, (given, out.output)
-    both = invoke(*back, tmp_path / "x", "--to", "specdraft", "--target", chat_target_dir,
-                  "--aux-layers", "vllm:1,2,3", "--aux-convention", "sglang")
-    assert both.exit_code == 2 and "names the vllm convention, --aux-convention sglang" in both.output
-    bad = invoke(*back, tmp_path / "x", "--to", "specdraft", "--target", chat_target_dir, "--aux-layers", "eagle:1,2,3")
-    assert bad.exit_code == 2 and "'eagle' is no aux-id convention" in bad.output and not (tmp_path / "x").exists()
+    for i, given in enumerate(
+        [
+            ("sglang:0,1,2",),
+            ("vllm:1,2,3",),
+            ("specdraft:1,2,3",),
+            ("1,2,3", "--aux-convention", "specdraft"),
+            ("0,1,2",),
+        ]
+    ):  # last: SpecForge's sglang
+        out = invoke(
+            *back,
+            tmp_path / f"b{i}",
+            "--to",
+            "specdraft",
+            "--target",
+            chat_target_dir,
+            "--aux-layers",
+            *given,
+        )
+        assert out.exit_code == 0 and "aux layers (specdraft indices) [1, 2, 3]" in out.output, (
+            given,
+            out.output,
+        )
+    both = invoke(
+        *back,
+        tmp_path / "x",
+        "--to",
+        "specdraft",
+        "--target",
+        chat_target_dir,
+        "--aux-layers",
+        "vllm:1,2,3",
+        "--aux-convention",
+        "sglang",
+    )
+    assert (
+        both.exit_code == 2 and "names the vllm convention, --aux-convention sglang" in both.output
+    )
+    bad = invoke(
+        *back,
+        tmp_path / "x",
+        "--to",
+        "specdraft",
+        "--target",
+        chat_target_dir,
+        "--aux-layers",
+        "eagle:1,2,3",
+    )
+    assert (
+        bad.exit_code == 2
+        and "'eagle' is no aux-id convention" in bad.output
+        and not (tmp_path / "x").exists()
+    )
 
 
 @pytest.mark.parametrize("peer", ["speculators", "specforge"])
@@ -107,12 +215,33 @@ def test_a_round_trip_store_names_its_layers_for_train_and_doctor(store, tmp_pat
     layers, training reads them into the manifest, and doctor --samples sees the drafter's own data."""
     assert invoke("store", "convert", store, tmp_path / peer, "--to", peer).exit_code == 0
     back = invoke("store", "convert", tmp_path / peer, tmp_path / "back", "--to", "specdraft")
-    assert back.exit_code == 0 and "aux layers (specdraft indices) [1, 2, 3]" in back.output, back.output
+    assert back.exit_code == 0 and "aux layers (specdraft indices) [1, 2, 3]" in back.output, (
+        back.output
+    )
     index = json.loads((tmp_path / "back" / "index.json").read_text())
-    assert index == json.loads((store / "index.json").read_text()) and index["aux_layers"] == [1, 2, 3]
-    run = invoke("train", tmp_path / "back", tmp_path / "run", "--steps", "1", "--batch-size", "2",
-                 "--ttt-steps", "1", "--max-length", "64")
+    assert index == json.loads((store / "index.json").read_text()) and index["aux_layers"] == [
+        1,
+        2,
+        3,
+    ]
+    run = invoke(
+        "train",
+        tmp_path / "back",
+        tmp_path / "run",
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--ttt-steps",
+        "1",
+        "--max-length",
+        "64",
+    )
     assert run.exit_code == 0, run.output
     manifest = load_draft(tmp_path / "run" / "draft").manifest
     assert manifest.aux_layers == [1, 2, 3]
-    assert read_samples(tmp_path / "back", lambda: None, {}, 10, 64).data_hash == manifest.data_hash is not None
+    assert (
+        read_samples(tmp_path / "back", lambda: None, {}, 10, 64).data_hash
+        == manifest.data_hash
+        is not None
+    )

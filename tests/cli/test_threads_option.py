@@ -17,10 +17,17 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("command, stage", [("capture", "specdraft.capture.stage.capture_dataset"),
-                                            ("regenerate", "specdraft.regenerate.run.regenerate_file"),
-                                            ("train", "specdraft.train.config.train_source")])
-def test_threads_are_set_before_the_stage_runs(tmp_path, monkeypatch, restore_threads, command, stage):
+@pytest.mark.parametrize(
+    "command, stage",
+    [
+        ("capture", "specdraft.capture.stage.capture_dataset"),
+        ("regenerate", "specdraft.regenerate.run.regenerate_file"),
+        ("train", "specdraft.train.config.train_source"),
+    ],
+)
+def test_threads_are_set_before_the_stage_runs(
+    tmp_path, monkeypatch, restore_threads, command, stage
+):
     target = save_tiny_model("llama", tmp_path / "target")
     data = tmp_path / "data.jsonl"
     data.write_text('{"text": "hello"}\n')
@@ -33,9 +40,24 @@ def test_threads_are_set_before_the_stage_runs(tmp_path, monkeypatch, restore_th
     module, name = stage.rsplit(".", 1)
     monkeypatch.setattr(module + "." + name, stage_runs)
     threads = torch.get_num_threads() + 1
-    args = {"capture": [str(target), str(data), str(tmp_path / "store")],
-            "regenerate": [str(data), str(tmp_path / "out.jsonl"), "--target", str(target), "--no-chat"],
-            "train": [str(data), str(tmp_path / "run"), "--online", "--target", str(target), "--no-chat"]}[command]
+    args = {
+        "capture": [str(target), str(data), str(tmp_path / "store")],
+        "regenerate": [
+            str(data),
+            str(tmp_path / "out.jsonl"),
+            "--target",
+            str(target),
+            "--no-chat",
+        ],
+        "train": [
+            str(data),
+            str(tmp_path / "run"),
+            "--online",
+            "--target",
+            str(target),
+            "--no-chat",
+        ],
+    }[command]
     result = invoke([command, *args, "--threads", str(threads)])
     assert "stopped by the test" in result.output and result.exit_code == 1, result.output
     assert seen == [threads]
@@ -45,6 +67,6 @@ def test_threads_are_set_before_the_stage_runs(tmp_path, monkeypatch, restore_th
 def test_threads_help_is_generates(command):
     def threads_help(name: str) -> str:
         text = flat(invoke([name, "--help"]).output)
-        return text[text.index("--threads"):][:200]
+        return text[text.index("--threads") :][:200]
 
     assert threads_help(command) == threads_help("generate")

@@ -27,11 +27,24 @@ def flagged(tmp_path_factory):
 
 
 def commands(draft, target, out):
-    return {"inspect": ["inspect", str(draft), "--target", str(target)],
-            "export": ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)],
-            "convert": ["convert", str(draft), str(out), "--layout", "sglang", "--target", str(target)],
-            "generate": ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "hello how",
-                         "--max-new-tokens", "2", "--max-seq-len", "32"]}
+    return {
+        "inspect": ["inspect", str(draft), "--target", str(target)],
+        "export": ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)],
+        "convert": ["convert", str(draft), str(out), "--layout", "sglang", "--target", str(target)],
+        "generate": [
+            "generate",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompt",
+            "hello how",
+            "--max-new-tokens",
+            "2",
+            "--max-seq-len",
+            "32",
+        ],
+    }
 
 
 @pytest.mark.parametrize("with_manifest", [True, False])
@@ -42,22 +55,27 @@ def test_every_command_refuses_an_unimplemented_flag(flagged, tmp_path, command,
     result = invoke(commands(chosen, target, tmp_path / "out")[command])
     text = flat(result.output)
     assert result.exit_code == 1, result.output
-    assert f"{chosen}/config.json: sets mlp_bias: true, which specdraft's drafter does not implement" \
-        in text, text
+    assert (
+        f"{chosen}/config.json: sets mlp_bias: true, which specdraft's drafter does not implement"
+        in text
+    ), text
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("with_manifest", [True, False])
 def test_doctor_names_the_flag_that_is_set(flagged, with_manifest):
     draft, bare, target = flagged
-    finding = run_doctor(draft if with_manifest else bare, target=target).finding("variant_flags_implemented")
+    finding = run_doctor(draft if with_manifest else bare, target=target).finding(
+        "variant_flags_implemented"
+    )
     assert finding.verdict == "fail"
     assert "sets mlp_bias: true" in finding.evidence and finding.fix.startswith("mlp_bias: ")
     assert "norm_before_residual" not in finding.fix
 
 
 def test_the_rule_reads_the_layer_config_of_a_speculators_file():
-    assert unimplemented_flags({"transformer_layer_config": {"mlp_bias": True}, "fc_norm": False}) == \
-        {"mlp_bias": True}
+    assert unimplemented_flags(
+        {"transformer_layer_config": {"mlp_bias": True}, "fc_norm": False}
+    ) == {"mlp_bias": True}
     assert unimplemented_flags({"norm_before_residual": False}) == {}
     assert set(unimplemented_flags({k: 1 for k in UNIMPLEMENTED_FLAGS})) == set(UNIMPLEMENTED_FLAGS)

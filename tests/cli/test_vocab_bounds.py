@@ -125,18 +125,40 @@ def retokenized(tmp_path_factory, sound):
 def assert_one_note(output: str, draft, target) -> None:
     lines = [line for line in output.splitlines() if "its tokenizer differs" in line]
     assert len(lines) == 1, output
-    assert lines[0].startswith(f"note: {target}: its tokenizer differs from the one the drafter was "
-                               "trained with (vocab_hash "), lines[0]
+    assert lines[0].startswith(
+        f"note: {target}: its tokenizer differs from the one the drafter was "
+        "trained with (vocab_hash "
+    ), lines[0]
     assert "length 85 -> 86" in lines[0]
     assert lines[0].endswith(f"`specdraft doctor {draft} --target {target}` names the difference")
 
 
 def test_generate_notes_a_tokenizer_that_differs_from_the_manifest(retokenized, sound):
     draft, target = retokenized
-    result = run("generate", "--target", target, "--draft", draft, "--prompt", "hello", "--max-new-tokens", "2")
+    result = run(
+        "generate",
+        "--target",
+        target,
+        "--draft",
+        draft,
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "2",
+    )
     assert result.exit_code == 0, result.output
     assert_one_note(result.output, draft, target)
-    same = run("generate", "--target", sound[1], "--draft", sound[0], "--prompt", "hello", "--max-new-tokens", "2")
+    same = run(
+        "generate",
+        "--target",
+        sound[1],
+        "--draft",
+        sound[0],
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "2",
+    )
     assert "its tokenizer differs" not in same.output, same.output
 
 

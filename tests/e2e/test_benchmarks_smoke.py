@@ -31,8 +31,20 @@ SMOKE_RUNS = {
     "capture_throughput.py": (["--tiny"], "transformers"),  # vllm: null where vLLM is not installed
     "hf_target_speed.py": (["--tiny"], "plain_over_hf_generate_median"),  # after the chain3 line
     "side_by_side.py": (["--tiny"], "specdraft"),  # speculators: null where it is not installed
-    "shell_target.py": (["--check", "--shape", "tiny", "--model", str(PYCODE), "--prompts", "1", "--new-tokens", "12"],
-                        "max_abs_logits_diff"),
+    "shell_target.py": (
+        [
+            "--check",
+            "--shape",
+            "tiny",
+            "--model",
+            str(PYCODE),
+            "--prompts",
+            "1",
+            "--new-tokens",
+            "12",
+        ],
+        "max_abs_logits_diff",
+    ),
 }
 
 pytestmark = pytest.mark.benchmarks
@@ -40,9 +52,19 @@ pytestmark = pytest.mark.benchmarks
 
 def run_smoke(script: str, args: list[str]) -> subprocess.CompletedProcess:
     """`python benchmarks/<script> <args>` from the repository root, importing this checkout."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], check=False, cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
 
 
 def last_json_line(stdout: str) -> dict:
@@ -59,8 +81,14 @@ def last_json_line(stdout: str) -> dict:
 
 def test_every_benchmark_has_a_smoke_run():
     """A benchmark is a script in benchmarks/ (helpers such as tiny_pair.py have no __main__)."""
-    scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py") if '__name__ == "__main__"' in p.read_text()}
-    assert scripts == set(SMOKE_RUNS), "a benchmark without a smoke run (or a stale entry): edit SMOKE_RUNS"
+    scripts = {
+        p.name
+        for p in (ROOT / "benchmarks").glob("*.py")
+        if '__name__ == "__main__"' in p.read_text()
+    }
+    assert scripts == set(SMOKE_RUNS), (
+        "a benchmark without a smoke run (or a stale entry): edit SMOKE_RUNS"
+    )
 
 
 @pytest.mark.parametrize("script", sorted(SMOKE_RUNS))

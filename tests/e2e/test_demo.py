@@ -20,8 +20,17 @@ def test_split_documents_is_seeded_and_disjoint():
 
 
 def test_demo_runs_end_to_end_and_resumes(tmp_path):
-    cfg = DemoConfig(out=tmp_path / "demo", num_train=48, num_heldout=3, train_steps=40, batch_size=8,
-                     max_new_tokens=24, sweep_steps=(1, 2), tree=(2, 2, 4), timing_repeats=3)
+    cfg = DemoConfig(
+        out=tmp_path / "demo",
+        num_train=48,
+        num_heldout=3,
+        train_steps=40,
+        batch_size=8,
+        max_new_tokens=24,
+        sweep_steps=(1, 2),
+        tree=(2, 2, 4),
+        timing_repeats=3,
+    )
     report = run_demo(cfg)  # raises if any speculative output differs from plain greedy decoding
     assert report.aux_layers == [2, 3, 4]
     assert {r["num_steps"] for r in report.sweep} == {1, 2}
@@ -34,7 +43,10 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     for name in ("report.md", "report.json", "acceptance.png", "throughput.png"):
         assert (cfg.out / name).stat().st_size > 0
     for run in [*report.sweep, report.tree, report.baseline]:
-        assert len(run["tokens_per_s_runs"]) == 3 and run["speedup_low"] <= run["speedup"] <= run["speedup_high"]
+        assert (
+            len(run["tokens_per_s_runs"]) == 3
+            and run["speedup_low"] <= run["speedup"] <= run["speedup_high"]
+        )
     chosen = json.loads((cfg.out / "report.json").read_text())["chosen"]
     if chosen:  # recommended only when faster than plain decoding in every round
         assert chosen["num_steps"] in (1, 2) and chosen["speedup_q1"] > 1.0
@@ -42,7 +54,9 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     else:
         assert report.verdict.startswith("No setting is recommended")
     assert report.verdict in (cfg.out / "report.md").read_text()
-    printed = summary(report, cfg.out)  # what the CLI prints last: the table, the verdict once, the paths
+    printed = summary(
+        report, cfg.out
+    )  # what the CLI prints last: the table, the verdict once, the paths
     assert printed.count(report.verdict) == 1 and "| num_steps | topk |" in printed
     assert f"drafter: {cfg.out / 'train' / 'draft'}" in printed
     assert f"plots: {cfg.out / 'acceptance.png'}, {cfg.out / 'throughput.png'}" in printed
@@ -51,5 +65,7 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path):
     assert sorted(p.name for p in (cfg.out / "train" / "draft").iterdir()) == draft_files
     assert again.baseline["outputs"] == report.baseline["outputs"]
     # the timing is reused too: the same measurement, hence the same recommendation and exports
-    assert [r["tokens_per_s_runs"] for r in again.sweep] == [r["tokens_per_s_runs"] for r in report.sweep]
+    assert [r["tokens_per_s_runs"] for r in again.sweep] == [
+        r["tokens_per_s_runs"] for r in report.sweep
+    ]
     assert again.verdict == report.verdict and again.launch_commands == report.launch_commands

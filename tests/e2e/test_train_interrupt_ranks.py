@@ -17,7 +17,13 @@ import torch
 
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.train import dist
-from tests.unit.train.test_train_loop import ONE_THREAD_ENV, REPO, needs_torchrun, read_metrics, small_config
+from tests.unit.train.test_train_loop import (
+    ONE_THREAD_ENV,
+    REPO,
+    needs_torchrun,
+    read_metrics,
+    small_config,
+)
 
 STEPS, SAVE_EVERY = 30, 1000  # no --save-every checkpoint before the end
 
@@ -31,7 +37,9 @@ def wait_for_steps(run, proc: subprocess.Popen, steps: int, timeout: float) -> N
         if sum('"split": "train"' in line for line in lines) >= steps:
             return
         time.sleep(0.05)
-    raise AssertionError(f"no {steps} steps in {run} after {timeout} s (torchrun exit code {proc.poll()})")
+    raise AssertionError(
+        f"no {steps} steps in {run} after {timeout} s (torchrun exit code {proc.poll()})"
+    )
 
 
 @needs_torchrun
@@ -40,14 +48,30 @@ def test_ctrl_c_under_torchrun_checkpoints_the_current_step_and_resume_finishes(
     ranks write a sharded checkpoint of the step they agree on (step 3 or later; no --save-every
     step), say so and exit within seconds; --resume continues from it to the last step (~14 s)."""
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps(small_config(total_steps=STEPS, save_every=SAVE_EVERY, val_fraction=0.0).to_dict()))
+    cfg.write_text(
+        json.dumps(
+            small_config(total_steps=STEPS, save_every=SAVE_EVERY, val_fraction=0.0).to_dict()
+        )
+    )
     run, out = tmp_path / "run", tmp_path / "out.txt"
-    command = ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "specdraft.cli", "train", str(store),
-               str(run), "--config", str(cfg)]
+    command = [
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "specdraft.cli",
+        "train",
+        str(store),
+        str(run),
+        "--config",
+        str(cfg),
+    ]
     env = {**ONE_THREAD_ENV, "PYTHONPATH": str(REPO)}
     with out.open("w") as log:
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # its own process group, as a terminal's job
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )  # its own process group, as a terminal's job
     try:
         wait_for_steps(run, proc, 3, timeout=60)
         os.killpg(proc.pid, signal.SIGINT)
@@ -61,7 +85,9 @@ def test_ctrl_c_under_torchrun_checkpoints_the_current_step_and_resume_finishes(
     saved = checkpoint_paths(run)
     assert len(saved) == 1, output[-3000:]
     step = int(saved[0].name.removeprefix("step-"))
-    assert 3 <= step < STEPS and saved[0].is_dir() and len(list(saved[0].glob("*.distcp"))) == 2, saved
+    assert 3 <= step < STEPS and saved[0].is_dir() and len(list(saved[0].glob("*.distcp"))) == 2, (
+        saved
+    )
     assert f"interrupted; newest checkpoint: {saved[0]}" in output, output[-3000:]
     assert not list((run / "checkpoints").glob(".*"))  # no temp directory left
     assert not (run / "draft").exists()
@@ -85,9 +111,13 @@ def test_on_several_ranks_a_first_signal_is_only_noted_and_a_second_aborts_at_on
 def assert_resumes_to_the_end(command: list[str], env: dict, run, checkpoint, steps: int) -> None:
     """`command --resume` continues from `checkpoint` to step `steps`, each step logged once, and
     writes the final drafter."""
-    resumed = subprocess.run([*command, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
+    resumed = subprocess.run(
+        [*command, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {checkpoint}" in resumed.stdout
-    assert [r["step"] for r in read_metrics(run)] == list(range(1, steps + 1))  # one run's log, each step once
+    assert [r["step"] for r in read_metrics(run)] == list(
+        range(1, steps + 1)
+    )  # one run's log, each step once
     manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
     assert manifest["training"]["steps"] == steps

@@ -19,9 +19,22 @@ def test_sigterm_to_one_process_checkpoints_the_current_step_and_resume_finishes
     """SIGTERM after a few steps: the run writes step-N.pt of the step it was on (no --save-every
     step), prints the resume hint and exits 130 as for Ctrl-C; --resume runs to the last step."""
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps(small_config(total_steps=STEPS, save_every=SAVE_EVERY, val_fraction=0.0).to_dict()))
+    cfg.write_text(
+        json.dumps(
+            small_config(total_steps=STEPS, save_every=SAVE_EVERY, val_fraction=0.0).to_dict()
+        )
+    )
     run, out = tmp_path / "run", tmp_path / "out.txt"
-    command = [sys.executable, "-m", "specdraft.cli", "train", str(store), str(run), "--config", str(cfg)]
+    command = [
+        sys.executable,
+        "-m",
+        "specdraft.cli",
+        "train",
+        str(store),
+        str(run),
+        "--config",
+        str(cfg),
+    ]
     env = {**ONE_THREAD_ENV, "PYTHONPATH": str(REPO)}
     with out.open("w") as log:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

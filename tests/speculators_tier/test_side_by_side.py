@@ -20,7 +20,13 @@ def test_tiny_side_by_side_trains_and_scores_both():
     assert line["speculators_skipped"] is None
     for trainer in ("specdraft", "speculators"):
         row = line[trainer]
-        assert row["steps"] == line["steps"] == 3, (trainer, row)  # --max-steps ends the run, not one epoch
+        assert row["steps"] == line["steps"] == 3, (
+            trainer,
+            row,
+        )  # --max-steps ends the run, not one epoch
         assert row["train_tokens_per_s"] > 0
         for k in (3, 5):
-            assert 1.0 <= row[f"replayed_tau_chain{k}"] <= k + 1 and 1.0 <= row[f"engine_tau_chain{k}"] <= k + 1
+            assert (
+                1.0 <= row[f"replayed_tau_chain{k}"] <= k + 1
+                and 1.0 <= row[f"engine_tau_chain{k}"] <= k + 1
+            )

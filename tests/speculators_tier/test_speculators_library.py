@@ -19,7 +19,10 @@ from tests.drafts import FLAG_COMBINATIONS, flag_id
 
 pytestmark = pytest.mark.speculators
 
-TTT_STEPS, T = 3, 128  # speculators builds flex block masks of 128-token blocks: T a multiple of 128
+TTT_STEPS, T = (
+    3,
+    128,
+)  # speculators builds flex block masks of 128-token blocks: T a multiple of 128
 # Every combination speculators' config accepts (it refuses norm_before_fc with fc_norm).
 ACCEPTED = [f for f in FLAG_COMBINATIONS if not all(f[k] for k in SPECULATORS_EXCLUSIVE_FLAGS)]
 
@@ -30,7 +33,9 @@ def exported(root, flags, engine="speculators"):
     out = root / engine
     export_draft(draft, out, engine=engine, target=target)
     model = load_draft(out).model.eval()
-    model.load_target_embedding(load_file(str(target / "model.safetensors"))["model.embed_tokens.weight"])
+    model.load_target_embedding(
+        load_file(str(target / "model.safetensors"))["model.embed_tokens.weight"]
+    )
     return model, out, target
 
 
@@ -50,8 +55,13 @@ def speculators_step_logits(model, ids, aux) -> list[torch.Tensor]:
     logits = []
     hook = model.lm_head.register_forward_hook(lambda _m, _i, out: logits.append(out))
     try:
-        model(hidden_states=aux, input_ids=shift_left(ids, 1), document_ids=torch.zeros_like(ids),
-              position_ids=torch.arange(T)[None], ttt_steps=TTT_STEPS)
+        model(
+            hidden_states=aux,
+            input_ids=shift_left(ids, 1),
+            document_ids=torch.zeros_like(ids),
+            position_ids=torch.arange(T)[None],
+            ttt_steps=TTT_STEPS,
+        )
     finally:
         hook.remove()
     return logits
@@ -78,7 +88,9 @@ def test_speculators_loads_the_export_and_its_forward_equals_specdraft(tmp_path,
     got = speculators_step_logits(theirs, ids, aux)
     assert len(got) == TTT_STEPS
     for step, (a, b) in enumerate(zip(got, expected)):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, s=step: f"TTT step {s}: {m}")
+        torch.testing.assert_close(
+            a, b, rtol=1e-5, atol=1e-5, msg=lambda m, s=step: f"TTT step {s}: {m}"
+        )
 
 
 @pytest.mark.parametrize("norm_before_residual", [False, True])
@@ -90,9 +102,14 @@ def test_speculators_converter_output_loads_in_specdraft(tmp_path, norm_before_r
     flags = dict.fromkeys(NORM_FLAGS, False) | {"norm_before_residual": norm_before_residual}
     ours, out, target = exported(tmp_path, flags, engine="vllm")
     converted = tmp_path / "converted"
-    Eagle3Converter().convert(out, converted, base_model=str(target), validate=False,
-                              norm_before_residual=norm_before_residual,
-                              eagle_aux_hidden_state_layer_ids=[2, 3, 4])
+    Eagle3Converter().convert(
+        out,
+        converted,
+        base_model=str(target),
+        validate=False,
+        norm_before_residual=norm_before_residual,
+        eagle_aux_hidden_state_layer_ids=[2, 3, 4],
+    )
     loaded = load_draft(converted, target_num_layers=ours.cfg.target_num_layers)
     assert loaded.layout == "speculators"
     assert loaded.model.cfg.norm_before_residual is norm_before_residual

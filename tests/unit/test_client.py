@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.client import BadURL, ClientError, Server, ServerUnreachable, check_url, detect_server, scrape
+from specdraft.client import (
+    BadURL,
+    ClientError,
+    Server,
+    ServerUnreachable,
+    check_url,
+    detect_server,
+    scrape,
+)
 from specdraft.errors import SpecdraftError
 from specdraft.serve.server import serve_in_thread
 
 
 def test_error_classes_keep_their_old_bases():
-    assert issubclass(ServerUnreachable, SpecdraftError) and issubclass(ServerUnreachable, RuntimeError)
+    assert issubclass(ServerUnreachable, SpecdraftError) and issubclass(
+        ServerUnreachable, RuntimeError
+    )
     assert issubclass(ClientError, SpecdraftError) and issubclass(ClientError, RuntimeError)
     assert issubclass(BadURL, SpecdraftError) and issubclass(BadURL, ValueError)
     with pytest.raises(BadURL, match="must start with http://"):
@@ -38,7 +48,9 @@ def broken_metrics_app():
 
 def test_a_failing_metrics_endpoint_is_one_line_naming_it():
     with serve_in_thread(broken_metrics_app()) as server:
-        assert detect_server(server.url) == Server(server.url, "openai", "m")  # no prefix: a plain server
+        assert detect_server(server.url) == Server(
+            server.url, "openai", "m"
+        )  # no prefix: a plain server
         with pytest.raises(ClientError) as info:
             scrape(Server(server.url, "vllm", "m"), timeout_s=10.0)
     message = str(info.value)

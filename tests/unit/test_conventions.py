@@ -16,7 +16,12 @@ from specdraft.conventions import (
     to_engine_ids,
 )
 from specdraft.conventions.rules import ENGINE_RULES
-from specdraft.data.vocab import build_vocab_map, draft_to_target_ids, target_ids_of_draft_vocab, validate_vocab_map
+from specdraft.data.vocab import (
+    build_vocab_map,
+    draft_to_target_ids,
+    target_ids_of_draft_vocab,
+    validate_vocab_map,
+)
 
 # L -> (specdraft default, SGLang ids on Llama class, any version)
 DEPTHS = {
@@ -43,11 +48,16 @@ def test_defaults_and_ids_per_depth(num_layers):
 
 @pytest.mark.parametrize("num_layers", sorted(DEPTHS))
 def test_round_trip_wherever_expressible(num_layers):
-    candidates = [default_aux_layers(num_layers), [1, 2, num_layers - 1], [0, 3, num_layers],
-                  [3, num_layers // 2 + 1, num_layers - 1]]
+    candidates = [
+        default_aux_layers(num_layers),
+        [1, 2, num_layers - 1],
+        [0, 3, num_layers],
+        [3, num_layers // 2 + 1, num_layers - 1],
+    ]
     num_round_trips = 0
     for engine, target_class, version, layers in itertools.product(
-            ["sglang", "vllm", "speculators"], ["llama", "deepseek"], SGLANG_VERSIONS, candidates):
+        ["sglang", "vllm", "speculators"], ["llama", "deepseek"], SGLANG_VERSIONS, candidates
+    ):
         try:
             ids = to_engine_ids(layers, engine, num_layers, target_class, version)
         except ConventionError:
@@ -114,7 +124,10 @@ def test_vllm_last_layer_and_embeddings_by_class():
     # vLLM 0.32 deepseek_v2.py: index L is appended after the loop; index 0 has no residual yet
     assert to_engine_ids([2, 6, 12], "vllm", 12, "deepseek") == [2, 6, 12]
     assert from_engine_ids([2, 6, 12], "vllm", 12, "deepseek") == [2, 6, 12]
-    with pytest.raises(ConventionError, match="id 0 .embeddings. is not capturable on DeepSeek-class targets in vLLM"):
+    with pytest.raises(
+        ConventionError,
+        match="id 0 .embeddings. is not capturable on DeepSeek-class targets in vLLM",
+    ):
         to_engine_ids([0, 6, 9], "vllm", 12, "deepseek")
     with pytest.raises(ConventionError, match="outside 0..12"):
         from_engine_ids([2, 6, 13], "vllm", 12)
@@ -201,8 +214,9 @@ def test_aux_layers_from_config_readings():
     assert reading.differs
     both = dict(nested_only, eagle_aux_hidden_state_layer_ids=[2, 16, 29])
     assert not aux_layers_from_config(both, 32).differs
-    neither = aux_layers_from_config({"eagle_config": {}, "eagle_aux_hidden_state_layer_ids": []},
-                                     32)
+    neither = aux_layers_from_config(
+        {"eagle_config": {}, "eagle_aux_hidden_state_layer_ids": []}, 32
+    )
     assert (neither.sglang, neither.vllm) == (None, None)
     assert neither.captured("sglang") == neither.captured("vllm") == [2, 16, 29]
     assert neither.problems() == []
@@ -277,8 +291,10 @@ def test_validate_vocab_map_bounds_the_map_by_the_tokenizers_length():
     assert validate_vocab_map(vmap.d2t, vmap.t2d, 8, 4, usable=7) == []
     assert validate_vocab_map(vmap.d2t, vmap.t2d, 8, 4) == []  # no bound recorded: the vocabulary's
     (problem,) = validate_vocab_map(vmap.d2t, vmap.t2d, 8, 4, usable=6)
-    assert problem.startswith("d2t maps 1 draft ids to target ids 6..6, past the tokenizer's 6 tokens "
-                              "(rows 6..7 of the target's embedding are padding")
+    assert problem.startswith(
+        "d2t maps 1 draft ids to target ids 6..6, past the tokenizer's 6 tokens "
+        "(rows 6..7 of the target's embedding are padding"
+    )
     assert "vocab_limit=6" in problem
     full = build_vocab_map(torch.ones(8, dtype=torch.int64), 8)
     assert validate_vocab_map(full.d2t, full.t2d, 8, 8, usable=6) == []

@@ -34,16 +34,23 @@ def test_sglang_gpt_oss_keeps_ids_that_name_index_l():
     assert from_engine_ids([1, 5, 8], "sglang", L, "gpt_oss") == [2, 6, 9]
 
 
-@pytest.mark.parametrize(("engine", "target_class", "reason"), [
-    ("vllm", "gemma2", "vLLM 0.32.0 serves no EAGLE-3 drafter on Gemma 2 .gemma2.py: no SupportsEagle3"),
-    ("vllm", "gemma3", "vLLM 0.32.0 serves no EAGLE-3 drafter on Gemma 3"),
-    ("vllm", "qwen2_vl", "vLLM 0.32.0 serves no EAGLE-3 drafter on Qwen2-VL"),
-    ("speculators", "gemma3", "vLLM 0.32.0 serves no EAGLE-3 drafter on Gemma 3"),
-    ("sglang", "gemma2", "gemma2.py does not implement set_eagle3_layers_to_capture"),
-    ("sglang", "qwen2_vl", "qwen2_vl.py does not implement set_eagle3_layers_to_capture"),
-    ("sglang", "llava", "Mistral3ForConditionalGeneration"),
-    ("sglang", "gemma3", "MLP branch .* not the residual stream"),
-])
+@pytest.mark.parametrize(
+    ("engine", "target_class", "reason"),
+    [
+        (
+            "vllm",
+            "gemma2",
+            "vLLM 0.32.0 serves no EAGLE-3 drafter on Gemma 2 .gemma2.py: no SupportsEagle3",
+        ),
+        ("vllm", "gemma3", "vLLM 0.32.0 serves no EAGLE-3 drafter on Gemma 3"),
+        ("vllm", "qwen2_vl", "vLLM 0.32.0 serves no EAGLE-3 drafter on Qwen2-VL"),
+        ("speculators", "gemma3", "vLLM 0.32.0 serves no EAGLE-3 drafter on Gemma 3"),
+        ("sglang", "gemma2", "gemma2.py does not implement set_eagle3_layers_to_capture"),
+        ("sglang", "qwen2_vl", "qwen2_vl.py does not implement set_eagle3_layers_to_capture"),
+        ("sglang", "llava", "Mistral3ForConditionalGeneration"),
+        ("sglang", "gemma3", "MLP branch .* not the residual stream"),
+    ],
+)
 def test_engines_refuse_classes_they_do_not_serve(engine, target_class, reason):
     with pytest.raises(ConventionError, match=reason):
         to_engine_ids([2, 6, 9], engine, L, target_class)
@@ -63,7 +70,8 @@ def test_serving_problem_names_reasons_and_the_layers_engines_serve():
     assert serving_problem([2, 6, 9], L, "llama") is None
     assert serving_problem([0, 6, 12], L, "llama") is None  # vLLM captures both ends
     assert serving_problem([0, 6, 12], L, "qwen2_vl").startswith(
-        "no engine serves an EAGLE-3 drafter on Qwen2-VL-class targets (SGLang: SGLang 0.5.23")
+        "no engine serves an EAGLE-3 drafter on Qwen2-VL-class targets (SGLang: SGLang 0.5.23"
+    )
     line = serving_problem([0, 3, 6], 8, "deepseek")  # vLLM: no embeddings; SGLang < 0.5.14: none
     assert line is None  # SGLang >= 0.5.14 captures the embeddings on DeepSeek
     line = serving_problem([0, 4, 8], 8, "deepseek")
@@ -78,12 +86,26 @@ def test_capture_and_train_name_the_serving_problem_before_any_work(tmp_path):
     from tests.tiny_models import save_tiny_model
 
     path = save_tiny_model("gemma2", tmp_path / "g", num_layers=8)
-    assert "no engine serves an EAGLE-3 drafter on Gemma 2-class targets" in serving_line(None, path)
+    assert "no engine serves an EAGLE-3 drafter on Gemma 2-class targets" in serving_line(
+        None, path
+    )
     assert serving_line([2, 4, 5], save_tiny_model("llama", tmp_path / "l", num_layers=8)) is None
-    info = TargetInfo(config=None, aux_layers=(0, 4, 8), embed_weight=None, vocab_limit=None,
-                      manifest_fields={"target": {"num_layers": 8, "target_class": "deepseek",
-                                                  "architecture": "DeepseekV3ForCausalLM"}})
+    info = TargetInfo(
+        config=None,
+        aux_layers=(0, 4, 8),
+        embed_weight=None,
+        vocab_limit=None,
+        manifest_fields={
+            "target": {
+                "num_layers": 8,
+                "target_class": "deepseek",
+                "architecture": "DeepseekV3ForCausalLM",
+            }
+        },
+    )
     assert "no engine can capture aux layers [0, 4, 8] on DeepSeek-class" in serving_note(info)
-    info.manifest_fields["target"]["architecture"] = "LlavaForConditionalGeneration"  # recorded "llama"
+    info.manifest_fields["target"]["architecture"] = (
+        "LlavaForConditionalGeneration"  # recorded "llama"
+    )
     info.manifest_fields["target"]["target_class"] = "llama"
     assert serving_note(info) is None  # vLLM serves Llava with both ends

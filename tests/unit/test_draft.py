@@ -52,7 +52,9 @@ def reference_step(p, cfg, token, h, pos, past):
     r = attn + (normed_h if cfg.norm_before_residual else h)  # vLLM's _norm_before_residual
     m = rms(r, p["midlayer.post_attention_layernorm.weight"], eps)
     mlp = p["midlayer.mlp.down_proj.weight"] @ (
-        torch.nn.functional.silu(p["midlayer.mlp.gate_proj.weight"] @ m) * (p["midlayer.mlp.up_proj.weight"] @ m))
+        torch.nn.functional.silu(p["midlayer.mlp.gate_proj.weight"] @ m)
+        * (p["midlayer.mlp.up_proj.weight"] @ m)
+    )
     out = r + mlp
     normed = rms(out, p["norm.weight"], eps)
     logits = p["lm_head.weight"] @ normed
@@ -66,9 +68,10 @@ def reference_fuse(p, cfg, aux):
     if cfg.norm_before_fc:
         aux = rms(aux, p["input_norm.weight"], eps)
     if cfg.fc_norm:
-        aux = torch.cat([rms(c, p[f"fc_norm.{i}.weight"], eps) for i, c in enumerate(aux.chunk(cfg.n_aux))])
+        aux = torch.cat(
+            [rms(c, p[f"fc_norm.{i}.weight"], eps) for i, c in enumerate(aux.chunk(cfg.n_aux))]
+        )
     return p["fc.weight"] @ aux
-
 
 
 @pytest.mark.parametrize("flags", FLAG_COMBINATIONS, ids=flag_id)
@@ -83,7 +86,9 @@ def test_forward_matches_equations_float64(flags):
     first = model(ids, aux, torch.arange(T), first_step=True)
     # Second draft step for the last position, attending to the first step's cache.
     ids2 = torch.randint(0, cfg.vocab_size, (1, 1))
-    second = model(ids2, first.hidden[:, -1:], torch.tensor([T]), first_step=False, past_kv=first.kv)
+    second = model(
+        ids2, first.hidden[:, -1:], torch.tensor([T]), first_step=False, past_kv=first.kv
+    )
 
     past = []
     for t in range(T):
@@ -105,7 +110,9 @@ def test_incremental_cache_equals_full_forward():
     full = model(ids, aux, torch.arange(6), first_step=True)
     head = model(ids[:, :4], aux[:, :4], torch.arange(4), first_step=True)
     tail = model(ids[:, 4:], aux[:, 4:], torch.arange(4, 6), first_step=True, past_kv=head.kv)
-    torch.testing.assert_close(torch.cat([head.logits, tail.logits], 1), full.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        torch.cat([head.logits, tail.logits], 1), full.logits, rtol=1e-5, atol=1e-5
+    )
     both = KV.cat([head.kv, tail.kv])
     torch.testing.assert_close(both.k, full.kv.k, rtol=1e-5, atol=1e-5)
 
@@ -113,30 +120,45 @@ def test_incremental_cache_equals_full_forward():
 def test_later_step_rejects_aux_width():
     model = tiny_draft()
     with pytest.raises(ValueError, match="own hidden state"):
-        model(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, 96), torch.zeros(1, dtype=torch.long),
-              first_step=False)
+        model(
+            torch.zeros(1, 1, dtype=torch.long),
+            torch.zeros(1, 1, 96),
+            torch.zeros(1, dtype=torch.long),
+            first_step=False,
+        )
 
 
 def test_shared_embedding_must_be_loaded():
     cfg = DraftConfig.from_target(tiny_config("llama", num_layers=5), (2, 3, 4))
     model = Eagle3Draft(cfg)
     with pytest.raises(RuntimeError, match="load_target_embedding"):
-        model(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, 96), torch.zeros(1, dtype=torch.long),
-              first_step=True)
+        model(
+            torch.zeros(1, 1, dtype=torch.long),
+            torch.zeros(1, 1, 96),
+            torch.zeros(1, dtype=torch.long),
+            first_step=True,
+        )
     model.load_target_embedding(torch.ones(128, 32))
-    out = model(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, 96), torch.zeros(1, dtype=torch.long),
-                first_step=True)
+    out = model(
+        torch.zeros(1, 1, dtype=torch.long),
+        torch.zeros(1, 1, 96),
+        torch.zeros(1, dtype=torch.long),
+        first_step=True,
+    )
     assert out.logits.shape == (1, 1, 128)
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("norm_output", 1, "true or false"),
-    ("tie_word_embeddings", True, "lm_head"),
-    ("aux_layers", (2, 2, 4), "distinct"),
-    ("aux_layers", (2, 3, 6), "0..5"),
-    ("draft_vocab_size", 999, "exceeds"),
-    ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "yarn"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("norm_output", 1, "true or false"),
+        ("tie_word_embeddings", True, "lm_head"),
+        ("aux_layers", (2, 2, 4), "distinct"),
+        ("aux_layers", (2, 3, 6), "0..5"),
+        ("draft_vocab_size", 999, "exceeds"),
+        ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "yarn"),
+    ],
+)
 def test_config_refuses(field, value, match):
     overrides = {"aux_layers": (2, 3, 4), field: value}
     with pytest.raises(ValueError, match=match):
@@ -146,7 +168,12 @@ def test_config_refuses(field, value, match):
 def test_config_from_target_defaults_and_owned_embedding():
     target = tiny_config("llama", num_layers=5)
     cfg = DraftConfig.from_target(target, (2, 3, 4))
-    assert (cfg.hidden_size, cfg.target_hidden_size, cfg.vocab_size, cfg.draft_vocab_size) == (32, 32, 128, 128)
+    assert (cfg.hidden_size, cfg.target_hidden_size, cfg.vocab_size, cfg.draft_vocab_size) == (
+        32,
+        32,
+        128,
+        128,
+    )
     assert not cfg.owns_embedding and cfg.n_aux == 3
     wide = DraftConfig.from_target(target, (2, 3, 4), hidden_size=64, num_attention_heads=8)
     assert wide.owns_embedding
@@ -156,7 +183,10 @@ def test_config_from_target_defaults_and_owned_embedding():
 
 def test_eagle31_norms_are_parameters_under_the_engines_names():
     """input_norm [n·H_target] and fc_norm.{i} [H_target] (SGLang / vLLM / speculators names)."""
-    names = {k: tuple(v.shape) for k, v in tiny_draft(norm_before_fc=True, fc_norm=True).state_dict().items()}
+    names = {
+        k: tuple(v.shape)
+        for k, v in tiny_draft(norm_before_fc=True, fc_norm=True).state_dict().items()
+    }
     assert names["input_norm.weight"] == (96,)
     assert [names[f"fc_norm.{i}.weight"] for i in range(3)] == [(32,)] * 3
     assert not any(k.startswith(("input_norm", "fc_norm")) for k in tiny_draft().state_dict())

@@ -34,13 +34,21 @@ def test_sglang_export_layout_ids_and_launch_command(llama, tmp_path):
     result = export_draft(draft, tmp_path / "out", engine="sglang", target=target, num_steps=4)
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config == result.config
-    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 2, 3],
-                                      "use_aux_hidden_state": True}
+    assert config["eagle_config"] == {
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+        "use_aux_hidden_state": True,
+    }
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
-    assert (config["draft_vocab_size"], config["norm_before_residual"],
-            config["tie_word_embeddings"], config["rope_theta"]) == (64, False, False, 10000.0)
+    assert (
+        config["draft_vocab_size"],
+        config["norm_before_residual"],
+        config["tie_word_embeddings"],
+        config["rope_theta"],
+    ) == (64, False, False, 10000.0)
     keys = set(load_file(str(tmp_path / "out" / "model.safetensors")))
-    assert "midlayer.self_attn.q_proj.weight" in keys and not any(k.startswith("layers.") for k in keys)
+    assert "midlayer.self_attn.q_proj.weight" in keys and not any(
+        k.startswith("layers.") for k in keys
+    )
     exported = json.loads((tmp_path / "out" / "specdraft_manifest.json").read_text())
     assert exported.pop("extra") == {"export": {"engine": "sglang"}}  # what tune tells an export by
     source = json.loads((draft / "specdraft_manifest.json").read_text())
@@ -49,7 +57,8 @@ def test_sglang_export_layout_ids_and_launch_command(llama, tmp_path):
     assert result.launch_command == (
         f"python -m sglang.launch_server --model-path {target.resolve()} --speculative-algorithm EAGLE3 "
         f"--speculative-draft-model-path {(tmp_path / 'out').resolve()} --speculative-num-steps 4 "
-        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 5")
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 5"
+    )
     same_tensors(load_draft(draft).model, load_draft(tmp_path / "out").model)
 
 
@@ -60,7 +69,10 @@ def test_vllm_export_writes_top_level_ids_and_chain_command(llama, tmp_path):
     words = shlex.split(result.launch_command)
     assert words[:3] == ["vllm", "serve", str(target.resolve())]
     assert json.loads(words[words.index("--speculative-config") + 1]) == {
-        "method": "eagle3", "model": str((tmp_path / "v").resolve()), "num_speculative_tokens": 5}
+        "method": "eagle3",
+        "model": str((tmp_path / "v").resolve()),
+        "num_speculative_tokens": 5,
+    }
 
 
 def test_export_casts_to_bf16_exactly(llama, tmp_path):
@@ -88,12 +100,16 @@ def test_speculators_export_names_verifier_and_round_trips(llama, tmp_path):
     result = export_draft(draft, tmp_path / "s", engine="speculators", target=target, num_steps=2)
     config = result.config
     assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
-    assert config["speculators_config"]["verifier"] == {"name_or_path": str(target.resolve()),
-                                                        "architectures": ["LlamaForCausalLM"]}
+    assert config["speculators_config"]["verifier"] == {
+        "name_or_path": str(target.resolve()),
+        "architectures": ["LlamaForCausalLM"],
+    }
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 2
     assert "eagle_config" not in config and config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
     keys = set(load_file(str(tmp_path / "s" / "model.safetensors")))
-    assert "layers.0.mlp.up_proj.weight" in keys and not any(k.startswith("midlayer.") for k in keys)
+    assert "layers.0.mlp.up_proj.weight" in keys and not any(
+        k.startswith("midlayer.") for k in keys
+    )
     assert any("must resolve on the serving host" in n for n in result.notes)
     assert result.launch_command == f"vllm serve {(tmp_path / 's').resolve()}"
     loaded = load_draft(tmp_path / "s")
@@ -108,7 +124,9 @@ def test_speculators_verifier_name_is_written_as_given(llama, tmp_path):
 
 
 def test_export_refuses_an_aux_count_engines_cannot_feed(tmp_path):
-    draft, _ = draft_checkpoint(tmp_path)  # then rewritten as a 2-aux drafter (save_draft refuses one)
+    draft, _ = draft_checkpoint(
+        tmp_path
+    )  # then rewritten as a 2-aux drafter (save_draft refuses one)
     edit_weights(draft, lambda t: t.update({"fc.weight": t["fc.weight"][:, :64].contiguous()}))
     manifest = json.loads((draft / "specdraft_manifest.json").read_text())
     manifest["aux_layers"] = manifest["draft"]["aux_layers"] = [2, 4]
@@ -123,8 +141,12 @@ def test_export_refuses_deepseek_ids_whose_reading_depends_on_sglang_version(tmp
     draft, target = draft_checkpoint(tmp_path, arch="deepseek_v3", num_layers=8, aux=(3, 4, 5))
     with pytest.raises(ExportError, match="read differently by SGLang version on DeepSeek-class"):
         export_draft(draft, tmp_path / "out", engine="sglang", target=target)
-    old = export_draft(draft, tmp_path / "old", engine="sglang", target=target, sglang_version="0.5.12")
-    new = export_draft(draft, tmp_path / "new", engine="sglang", target=target, sglang_version="0.5.14")
+    old = export_draft(
+        draft, tmp_path / "old", engine="sglang", target=target, sglang_version="0.5.12"
+    )
+    new = export_draft(
+        draft, tmp_path / "new", engine="sglang", target=target, sglang_version="0.5.14"
+    )
     assert old.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
     assert new.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [3, 4, 5]
 
@@ -132,7 +154,9 @@ def test_export_refuses_deepseek_ids_whose_reading_depends_on_sglang_version(tmp
 def test_export_refuses_invalid_speculative_settings(llama, tmp_path):
     draft, _ = llama
     with pytest.raises(ExportError, match=r"num_draft_tokens must be num_steps \+ 1 = 2"):
-        export_draft(draft, tmp_path / "o", engine="sglang", num_steps=1, topk=1, num_draft_tokens=16)
+        export_draft(
+            draft, tmp_path / "o", engine="sglang", num_steps=1, topk=1, num_draft_tokens=16
+        )
     with pytest.raises(ExportError, match="drafts a chain"):
         export_draft(draft, tmp_path / "o", engine="vllm", topk=2, num_draft_tokens=4)
     with pytest.raises(ExportError, match="needs --num-draft-tokens in 2..11"):
@@ -150,10 +174,26 @@ def test_export_refuses_another_target(llama, tmp_path):
 def test_cli_export_prints_launch_command_and_refuses_with_reason(llama, tmp_path):
     draft, target = llama
     runner = CliRunner()
-    done = runner.invoke(app, ["export", str(draft), str(tmp_path / "o"), "--engine", "sglang",
-                               "--target", str(target)])
+    done = runner.invoke(
+        app,
+        ["export", str(draft), str(tmp_path / "o"), "--engine", "sglang", "--target", str(target)],
+    )
     assert done.exit_code == 0, done.output
     assert "bit-identical" in done.output and "--speculative-algorithm EAGLE3" in done.output
-    refused = runner.invoke(app, ["export", str(draft), str(tmp_path / "x"), "--engine", "sglang",
-                                  "--num-steps", "1", "--num-draft-tokens", "16"])
-    assert refused.exit_code == 2 and "num_steps 15 / num_draft_tokens 16" in refused.output  # a usage error
+    refused = runner.invoke(
+        app,
+        [
+            "export",
+            str(draft),
+            str(tmp_path / "x"),
+            "--engine",
+            "sglang",
+            "--num-steps",
+            "1",
+            "--num-draft-tokens",
+            "16",
+        ],
+    )
+    assert (
+        refused.exit_code == 2 and "num_steps 15 / num_draft_tokens 16" in refused.output
+    )  # a usage error

@@ -44,15 +44,24 @@ def test_doctor_fails_a_flag_the_checked_engine_does_not_implement(tmp_path):
     for SGLang, naming SGLang's file and version."""
     from specdraft.doctor import run_doctor
 
-    draft, target = draft_checkpoint(tmp_path / "m", draft_kw={"norm_before_residual": True, "norm_output": True})
+    draft, target = draft_checkpoint(
+        tmp_path / "m", draft_kw={"norm_before_residual": True, "norm_output": True}
+    )
     export_draft(draft, tmp_path / "v", engine="vllm", target=target)
-    for_vllm = run_doctor(tmp_path / "v", target=target, engine="vllm").finding("variant_flags_implemented")
+    for_vllm = run_doctor(tmp_path / "v", target=target, engine="vllm").finding(
+        "variant_flags_implemented"
+    )
     assert for_vllm.verdict == "pass" and for_vllm.evidence == (
-        "norm_before_residual true, norm_output true: implemented by vLLM and specdraft's drafter")
-    for_sglang = run_doctor(tmp_path / "v", target=target, engine="sglang").finding("variant_flags_implemented")
+        "norm_before_residual true, norm_output true: implemented by vLLM and specdraft's drafter"
+    )
+    for_sglang = run_doctor(tmp_path / "v", target=target, engine="sglang").finding(
+        "variant_flags_implemented"
+    )
     assert for_sglang.verdict == "fail"
-    assert "SGLang does not implement norm_before_residual (sglang 0.5.23 srt/models/llama_eagle3.py" \
+    assert (
+        "SGLang does not implement norm_before_residual (sglang 0.5.23 srt/models/llama_eagle3.py"
         in for_sglang.evidence
+    )
 
 
 def test_doctor_fails_the_legacy_fc_norm_key_for_vllm(tmp_path):
@@ -64,7 +73,13 @@ def test_doctor_fails_the_legacy_fc_norm_key_for_vllm(tmp_path):
     export_draft(draft, tmp_path / "s", engine="sglang", target=target)
     edit_config(tmp_path / "s", lambda c: c.update(use_aux_norm=c.pop("fc_norm")))
     assert load_draft(tmp_path / "s").model.cfg.fc_norm
-    for_sglang = run_doctor(tmp_path / "s", target=target, engine="sglang").finding("variant_flags_implemented")
+    for_sglang = run_doctor(tmp_path / "s", target=target, engine="sglang").finding(
+        "variant_flags_implemented"
+    )
     assert for_sglang.verdict == "pass" and "fc_norm" in for_sglang.evidence
-    for_vllm = run_doctor(tmp_path / "s", target=target, engine="vllm").finding("variant_flags_implemented")
-    assert for_vllm.verdict == "fail" and "vLLM does not implement use_aux_norm" in for_vllm.evidence
+    for_vllm = run_doctor(tmp_path / "s", target=target, engine="vllm").finding(
+        "variant_flags_implemented"
+    )
+    assert (
+        for_vllm.verdict == "fail" and "vLLM does not implement use_aux_norm" in for_vllm.evidence
+    )

@@ -16,8 +16,10 @@ def test_a_note_when_half_the_cores_or_more_are_busy(monkeypatch, load, busy):
     note = busy_note("the tokens/s above", "try X")
     assert (note is not None) == busy
     if busy:
-        assert note == (f"note: the machine was busy when this started (load {load:.1f} on 2 cores): the tokens/s "
-                        "above are lower and noisier than on an idle machine; try X")
+        assert note == (
+            f"note: the machine was busy when this started (load {load:.1f} on 2 cores): the tokens/s "
+            "above are lower and noisier than on an idle machine; try X"
+        )
 
 
 def test_no_note_where_the_load_is_unknown(monkeypatch):

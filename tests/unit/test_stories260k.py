@@ -102,10 +102,14 @@ def llama2c_encode(text: str, pieces) -> list[int]:
         ids[best[1] : best[1] + 2] = [best[2]]
 
 
-def llama2c_logits(header: Llama2cHeader, weights: dict[str, torch.Tensor], ids: list[int]) -> torch.Tensor:
+def llama2c_logits(
+    header: Llama2cHeader, weights: dict[str, torch.Tensor], ids: list[int]
+) -> torch.Tensor:
     """llama2.c's `forward` over a whole sequence: [T] ids -> [T, V] logits (float32)."""
     head_size, num_tokens = header.head_size, len(ids)
-    angle = torch.arange(num_tokens)[:, None] / 10000.0 ** (torch.arange(0, head_size, 2) / head_size)
+    angle = torch.arange(num_tokens)[:, None] / 10000.0 ** (
+        torch.arange(0, head_size, 2) / head_size
+    )
     cos, sin = angle.cos()[:, None], angle.sin()[:, None]  # [T, 1, hd/2]
 
     def rope(t):  # [T, heads, hd]: rotate (even, odd) pairs
@@ -125,9 +129,17 @@ def llama2c_logits(header: Llama2cHeader, weights: dict[str, torch.Tensor], ids:
         v = (h @ weights["wv"][layer].T).view(num_tokens, header.num_kv_heads, head_size)
         k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
         attention = (torch.einsum("qhd,khd->hqk", q, k) / head_size**0.5 + mask).softmax(-1)
-        x = x + torch.einsum("hqk,khd->qhd", attention, v).reshape(num_tokens, -1) @ weights["wo"][layer].T
+        x = (
+            x
+            + torch.einsum("hqk,khd->qhd", attention, v).reshape(num_tokens, -1)
+            @ weights["wo"][layer].T
+        )
         h = rmsnorm(x, weights["rms_ffn"][layer])
-        x = x + (F.silu(h @ weights["w1"][layer].T) * (h @ weights["w3"][layer].T)) @ weights["w2"][layer].T
+        x = (
+            x
+            + (F.silu(h @ weights["w1"][layer].T) * (h @ weights["w3"][layer].T))
+            @ weights["w2"][layer].T
+        )
     return rmsnorm(x, weights["rms_final"]) @ weights["token_embedding"].T
 
 
@@ -161,7 +173,10 @@ def test_converted_logits_match_llama2c_forward(model, checkpoint, sample, token
 def test_greedy_from_bos_reproduces_known_good_text(model, tokenizer, expected):
     with torch.no_grad():
         output = model.generate(
-            torch.tensor([[stories260k.BOS_ID]]), max_new_tokens=200, do_sample=False, pad_token_id=stories260k.EOS_ID
+            torch.tensor([[stories260k.BOS_ID]]),
+            max_new_tokens=200,
+            do_sample=False,
+            pad_token_id=stories260k.EOS_ID,
         )[0]
     assert len(output) == 201
     assert output[:64].tolist() == expected["greedy_ids_from_bos_64"]
@@ -171,7 +186,9 @@ def test_greedy_from_bos_reproduces_known_good_text(model, tokenizer, expected):
 def test_mean_nll_on_tinystories_sample(model, tokenizer, sample):
     ids = tokenizer(sample[:40_000], add_special_tokens=False)["input_ids"]
     body = CHUNK_LEN - 1
-    chunks = torch.tensor([[stories260k.BOS_ID] + ids[i * body : (i + 1) * body] for i in range(NUM_NLL_CHUNKS)])
+    chunks = torch.tensor(
+        [[stories260k.BOS_ID] + ids[i * body : (i + 1) * body] for i in range(NUM_NLL_CHUNKS)]
+    )
     with torch.no_grad():
         logits = model(chunks).logits[:, :-1]
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunks[:, 1:].reshape(-1))
@@ -204,11 +221,21 @@ def test_converted_config(converted):
     raw = json.loads((converted / "config.json").read_text())
     assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == 10000.0
     config = AutoConfig.from_pretrained(converted)
-    assert config.rope_parameters["rope_theta"] == 10000.0 and config.rope_parameters["rope_type"] == "default"
-    assert (config.rms_norm_eps, config.max_position_embeddings, config.tie_word_embeddings) == (1e-5, 512, True)
+    assert (
+        config.rope_parameters["rope_theta"] == 10000.0
+        and config.rope_parameters["rope_type"] == "default"
+    )
+    assert (config.rms_norm_eps, config.max_position_embeddings, config.tie_word_embeddings) == (
+        1e-5,
+        512,
+        True,
+    )
     assert (config.bos_token_id, config.eos_token_id, config.head_dim) == (1, 2, 8)
     generation = json.loads((converted / "generation_config.json").read_text())
-    assert (generation["bos_token_id"], generation["eos_token_id"]) == (1, [2, 1])  # EOS, and BOS (run.c)
+    assert (generation["bos_token_id"], generation["eos_token_id"]) == (
+        1,
+        [2, 1],
+    )  # EOS, and BOS (run.c)
     assert (converted / "LICENSE").is_file()
 
 
@@ -216,8 +243,17 @@ def test_generation_ends_at_bos_where_a_story_ends(converted, tokenizer):
     """The model ends a story with BOS (it was trained on stories each opened by BOS), where
     llama2.c's run.c stops; before, `generate` ran on into a second story until the limit."""
     assert end_token_ids(tokenizer, converted) == [stories260k.BOS_ID, stories260k.EOS_ID]
-    command = ["generate", "--target", str(converted), "--prompt", "Once upon a time", "--max-new-tokens", "400",
-               "--threads", "1"]
+    command = [
+        "generate",
+        "--target",
+        str(converted),
+        "--prompt",
+        "Once upon a time",
+        "--max-new-tokens",
+        "400",
+        "--threads",
+        "1",
+    ]
     stopped, past = (CliRunner().invoke(app, command + flags) for flags in ([], ["--ignore-eos"]))
     assert stopped.exit_code == past.exit_code == 0, stopped.output + past.output
     story, table = stopped.output.split("<s>\n", 1)  # the text ends at the first BOS
@@ -240,7 +276,9 @@ def test_sha256_mismatch_names_the_file(tmp_path):
     data[5000] ^= 1  # same size and header, different weights: the circulating bad copy's kind
     (source / CHECKPOINT_FILE).write_bytes(bytes(data))
     expected = SOURCE_SHA256[CHECKPOINT_FILE]
-    with pytest.raises(ValueError, match=rf"{CHECKPOINT_FILE}: sha256 [0-9a-f]{{64}}, expected {expected}"):
+    with pytest.raises(
+        ValueError, match=rf"{CHECKPOINT_FILE}: sha256 [0-9a-f]{{64}}, expected {expected}"
+    ):
         convert_stories260k(tmp_path / "out", source_dir=source)
     assert not (tmp_path / "out").exists()
 
@@ -249,7 +287,9 @@ def test_truncated_or_corrupt_checkpoint_raises(tmp_path):
     data = (bundled_dir() / CHECKPOINT_FILE).read_bytes()
     truncated = tmp_path / "truncated.bin"
     truncated.write_bytes(data[:-4096])
-    with pytest.raises(ValueError, match=r"truncated\.bin: 1,052,444 bytes, but its header .* implies 1,056,540"):
+    with pytest.raises(
+        ValueError, match=r"truncated\.bin: 1,052,444 bytes, but its header .* implies 1,056,540"
+    ):
         read_llama2c_checkpoint(truncated)
     garbage = tmp_path / "garbage.bin"
     garbage.write_bytes(b"\xff" * 28 + data[28:])
@@ -276,7 +316,10 @@ def test_conversion_is_skipped_when_current_and_redone_when_stale(tmp_path):
     (out / stories260k.SOURCE_RECORD_FILE).write_text(json.dumps(record))
     assert not stories260k.is_converted(out)
     convert_stories260k(out)
-    assert json.loads((out / stories260k.SOURCE_RECORD_FILE).read_text())["converter"] != "an older converter"
+    assert (
+        json.loads((out / stories260k.SOURCE_RECORD_FILE).read_text())["converter"]
+        != "an older converter"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no staging or old folders left
 
 

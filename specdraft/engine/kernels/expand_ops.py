@@ -26,12 +26,23 @@ from torch import Tensor
 from specdraft.engine.kernels.triton_ops import pdl_launch
 
 MASK_BLOCK = 1024  # draft-cache entries a `tree_mask` program writes
-MAX_VOCAB = 4096  # the largest draft vocabulary `child_topk` takes: a program holds its row in registers
+MAX_VOCAB = (
+    4096  # the largest draft vocabulary `child_topk` takes: a program holds its row in registers
+)
 
 
 @triton.jit
-def _child_topk_kernel(logits_ptr, row_scores_ptr, d2t_ptr, tokens_ptr, scores_ptr, V,
-                       K: tl.constexpr, BLOCK_V: tl.constexpr, USE_PDL: tl.constexpr):
+def _child_topk_kernel(
+    logits_ptr,
+    row_scores_ptr,
+    d2t_ptr,
+    tokens_ptr,
+    scores_ptr,
+    V,
+    K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     """Program r: children r*K .. r*K+K-1, the K best draft ids of logits row r, best first."""
     r = tl.program_id(0)
     cols = tl.arange(0, BLOCK_V)
@@ -51,7 +62,9 @@ def _child_topk_kernel(logits_ptr, row_scores_ptr, d2t_ptr, tokens_ptr, scores_p
         tl.store(tokens_ptr + r * K + j, tl.load(d2t_ptr + child))
 
 
-def child_topk(logits: Tensor, row_scores: Tensor, draft_to_target: Tensor, k: int) -> tuple[Tensor, Tensor]:
+def child_topk(
+    logits: Tensor, row_scores: Tensor, draft_to_target: Tensor, k: int
+) -> tuple[Tensor, Tensor]:
     """Every frontier row's k best children: logits [F, Vd] (any float dtype, contiguous);
     row_scores [F] float32 (each row's path score); draft_to_target [Vd] long. Returns tokens
     [F*k] long (target ids) and scores [F*k] float32 (row score + log_softmax(logits[r])[child],
@@ -59,21 +72,50 @@ def child_topk(logits: Tensor, row_scores: Tensor, draft_to_target: Tensor, k: i
     (`TreeExpansion` expands through torch ops there)."""
     f, vocab = logits.shape
     if not k <= vocab <= MAX_VOCAB:
-        raise ValueError(f"top-{k} children of a draft vocabulary of {vocab} (kernel: k <= vocabulary <= {MAX_VOCAB})")
+        raise ValueError(
+            f"top-{k} children of a draft vocabulary of {vocab} (kernel: k <= vocabulary <= {MAX_VOCAB})"
+        )
     tokens = torch.empty(f * k, dtype=torch.long, device=logits.device)
     scores = torch.empty(f * k, dtype=torch.float32, device=logits.device)
     block_v = triton.next_power_of_2(vocab)
-    _child_topk_kernel[(f,)](logits.contiguous(), row_scores.float().contiguous(), draft_to_target, tokens, scores,
-                             vocab, K=k, BLOCK_V=block_v, num_warps=min(16, max(4, block_v // 1024)),
-                             **pdl_launch(logits.device))
+    _child_topk_kernel[(f,)](
+        logits.contiguous(),
+        row_scores.float().contiguous(),
+        draft_to_target,
+        tokens,
+        scores,
+        vocab,
+        K=k,
+        BLOCK_V=block_v,
+        num_warps=min(16, max(4, block_v // 1024)),
+        **pdl_launch(logits.device),
+    )
     return tokens, scores
 
 
 @triton.jit
-def _next_frontier_kernel(scores_ptr, tokens_ptr, hidden_ptr, seen_ptr, out_scores_ptr, out_nodes_ptr,
-                          out_tokens_ptr, out_hidden_ptr, out_seen_ptr, N, H, C, seen_stride, node_offset,
-                          K: tl.constexpr, P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-                          BLOCK_C: tl.constexpr, USE_PDL: tl.constexpr):
+def _next_frontier_kernel(
+    scores_ptr,
+    tokens_ptr,
+    hidden_ptr,
+    seen_ptr,
+    out_scores_ptr,
+    out_nodes_ptr,
+    out_tokens_ptr,
+    out_hidden_ptr,
+    out_seen_ptr,
+    N,
+    H,
+    C,
+    seen_stride,
+    node_offset,
+    K: tl.constexpr,
+    P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     """Program p: frontier row p, the candidate that a stable descending sort puts p-th."""
     p = tl.program_id(0)
     i = tl.arange(0, BLOCK_N)
@@ -84,8 +126,12 @@ def _next_frontier_kernel(scores_ptr, tokens_ptr, hidden_ptr, seen_ptr, out_scor
     valid = i < N
     s_i = tl.load(scores_ptr + i, mask=valid, other=-float("inf"))
     s_j = tl.load(scores_ptr + j, mask=j < N, other=-float("inf"))
-    beats = ((s_j[None, :] > s_i[:, None]) | ((s_j[None, :] == s_i[:, None]) & (j[None, :] < i[:, None])))
-    rank = tl.sum((beats & (j[None, :] < N)).to(tl.int32), axis=1)  # [BLOCK_N]: candidates ahead of i
+    beats = (s_j[None, :] > s_i[:, None]) | (
+        (s_j[None, :] == s_i[:, None]) & (j[None, :] < i[:, None])
+    )
+    rank = tl.sum(
+        (beats & (j[None, :] < N)).to(tl.int32), axis=1
+    )  # [BLOCK_N]: candidates ahead of i
     best = tl.minimum(tl.min(tl.where((rank == p) & valid, i, BLOCK_N), axis=0), N - 1)
     tl.store(out_scores_ptr + p, tl.load(scores_ptr + best))
     tl.store(out_nodes_ptr + p, best + node_offset)
@@ -93,15 +139,20 @@ def _next_frontier_kernel(scores_ptr, tokens_ptr, hidden_ptr, seen_ptr, out_scor
     row = best // K
     for h in tl.range(0, H, BLOCK_H):
         cols = h + tl.arange(0, BLOCK_H)
-        tl.store(out_hidden_ptr + p * H + cols, tl.load(hidden_ptr + row * H + cols, mask=cols < H), mask=cols < H)
+        tl.store(
+            out_hidden_ptr + p * H + cols,
+            tl.load(hidden_ptr + row * H + cols, mask=cols < H),
+            mask=cols < H,
+        )
     c = tl.arange(0, BLOCK_C)
     old = tl.load(seen_ptr + row * seen_stride + c, mask=c < C, other=0)
     own = tl.where(c - C == p, 1, 0).to(old.dtype)  # the row's own new entry, C + p
     tl.store(out_seen_ptr + p * (C + P) + c, tl.where(c < C, old, own), mask=c < C + P)
 
 
-def next_frontier(scores: Tensor, tokens: Tensor, hidden: Tensor, seen: Tensor, k: int, p: int,
-                  node_offset: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def next_frontier(
+    scores: Tensor, tokens: Tensor, hidden: Tensor, seen: Tensor, k: int, p: int, node_offset: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The next frontier of a tree expansion: the p best of the N = F*k children (`child_topk`'s
     scores [N] float32 and tokens [N] long, row r's children at r*k .. r*k+k-1), ties to the
     earlier child. hidden: [F, H] each row's output (a child's next input is its parent row's);
@@ -109,7 +160,7 @@ def next_frontier(scores: Tensor, tokens: Tensor, hidden: Tensor, seen: Tensor, 
     the node id of child 0. Returns scores [p] float32, node ids [p] long, tokens [p] long, hidden
     [p, H] (hidden's dtype) and seen [p, C + p] bool (the parent row's C entries, then the row
     itself at C + its index). Raises ValueError when p > N."""
-    n, (f, width), c = scores.numel(), hidden.shape, seen.shape[1]
+    n, width, c = scores.numel(), hidden.shape[1], seen.shape[1]
     if p > n:
         raise ValueError(f"a frontier of {p} out of {n} children")
     device = scores.device
@@ -118,17 +169,38 @@ def next_frontier(scores: Tensor, tokens: Tensor, hidden: Tensor, seen: Tensor, 
     out_tokens = torch.empty(p, dtype=torch.long, device=device)
     out_hidden = torch.empty(p, width, dtype=hidden.dtype, device=device)
     out_seen = torch.empty(p, c + p, dtype=torch.bool, device=device)
-    seen_bytes = seen.view(torch.uint8) if c else out_seen.view(torch.uint8)  # any valid pointer when C = 0
-    _next_frontier_kernel[(p,)](scores, tokens, hidden.contiguous(), seen_bytes, out_scores, nodes, out_tokens,
-                                out_hidden, out_seen.view(torch.uint8), n, width, c, seen.stride(0) if c else 0,
-                                node_offset, K=k, P=p, BLOCK_N=triton.next_power_of_2(n),
-                                BLOCK_H=min(4096, triton.next_power_of_2(width)),
-                                BLOCK_C=triton.next_power_of_2(c + p), **pdl_launch(device))
+    seen_bytes = (
+        seen.view(torch.uint8) if c else out_seen.view(torch.uint8)
+    )  # any valid pointer when C = 0
+    _next_frontier_kernel[(p,)](
+        scores,
+        tokens,
+        hidden.contiguous(),
+        seen_bytes,
+        out_scores,
+        nodes,
+        out_tokens,
+        out_hidden,
+        out_seen.view(torch.uint8),
+        n,
+        width,
+        c,
+        seen.stride(0) if c else 0,
+        node_offset,
+        K=k,
+        P=p,
+        BLOCK_N=triton.next_power_of_2(n),
+        BLOCK_H=min(4096, triton.next_power_of_2(width)),
+        BLOCK_C=triton.next_power_of_2(c + p),
+        **pdl_launch(device),
+    )
     return out_scores, nodes, out_tokens, out_hidden, out_seen
 
 
 @triton.jit
-def _tree_mask_kernel(seen_ptr, committed_ptr, mask_ptr, W, L, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def _tree_mask_kernel(
+    seen_ptr, committed_ptr, mask_ptr, W, L, BLOCK: tl.constexpr, USE_PDL: tl.constexpr
+):
     """Program (p, b): entries b*BLOCK .. of row p."""
     p, b = tl.program_id(0), tl.program_id(1)
     e = b * BLOCK + tl.arange(0, BLOCK)
@@ -148,7 +220,13 @@ def tree_mask(seen: Tensor, committed: Tensor, length: int) -> Tensor:
     (`next_frontier`), nothing past them (what `TreeExpansion.cache_mask` builds with torch)."""
     p, width = seen.shape
     mask = torch.empty(p, length, dtype=torch.bool, device=seen.device)
-    _tree_mask_kernel[(p, triton.cdiv(length, MASK_BLOCK))](seen.contiguous().view(torch.uint8), committed,
-                                                            mask.view(torch.uint8), width, length,
-                                                            BLOCK=MASK_BLOCK, **pdl_launch(seen.device))
+    _tree_mask_kernel[(p, triton.cdiv(length, MASK_BLOCK))](
+        seen.contiguous().view(torch.uint8),
+        committed,
+        mask.view(torch.uint8),
+        width,
+        length,
+        BLOCK=MASK_BLOCK,
+        **pdl_launch(seen.device),
+    )
     return mask

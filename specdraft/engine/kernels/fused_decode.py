@@ -15,8 +15,8 @@ path.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -64,9 +64,18 @@ def kernel_support(weight: Tensor, head_dim: int) -> str | None:
     return None
 
 
-def forward(x: Tensor, layers: Sequence[LayerWeights], norm: Tensor, norm_eps: float, output: Tensor,
-            position_ids: Tensor, cache_slots: Tensor, attn_mask: Tensor, inv_freq: Tensor,
-            aux_layers: tuple[int, ...]) -> tuple[Tensor, Tensor | None]:
+def forward(
+    x: Tensor,
+    layers: Sequence[LayerWeights],
+    norm: Tensor,
+    norm_eps: float,
+    output: Tensor,
+    position_ids: Tensor,
+    cache_slots: Tensor,
+    attn_mask: Tensor,
+    inv_freq: Tensor,
+    aux_layers: tuple[int, ...],
+) -> tuple[Tensor, Tensor | None]:
     """The forward of N = B * T <= MAX_TOKENS embedded tokens x [N, H] (position_ids [B, T],
     cache_slots [T] long, attn_mask [B, 1, T, S] bool, inv_freq [D/2] float32, as
     `FastTarget.forward` takes them): logits [N, V] float32 and the residual streams after
@@ -85,22 +94,58 @@ def forward(x: Tensor, layers: Sequence[LayerWeights], norm: Tensor, norm_eps: f
     return logits, aux_hidden
 
 
-def block_forward(layer: LayerWeights, x: Tensor, normed: Tensor, position_ids: Tensor,
-                  cache_slots: Tensor, attn_mask: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+def block_forward(
+    layer: LayerWeights,
+    x: Tensor,
+    normed: Tensor,
+    position_ids: Tensor,
+    cache_slots: Tensor,
+    attn_mask: Tensor,
+    inv_freq: Tensor,
+) -> tuple[Tensor, Tensor]:
     """One decoder layer: x [B*T, H] the residual stream, normed = attention_norm(x). Writes the
     layer's K/V at cache_slots and returns (h, d), the layer's output being h + d (the caller
     fuses that add into the next norm)."""
-    from specdraft.engine.kernels.triton_ops import (add_rms_norm, attention, linear, linear_silu_mul,
-                                                     qkv_rope_to_cache, rope_to_cache)
+    from specdraft.engine.kernels.triton_ops import (
+        add_rms_norm,
+        attention,
+        linear,
+        linear_silu_mul,
+        qkv_rope_to_cache,
+        rope_to_cache,
+    )
 
     if layer.q_norm is None and layer.k_cache.dtype == normed.dtype:
-        q = qkv_rope_to_cache(normed, layer.wqkv, layer.wqkv_bias, position_ids, cache_slots, inv_freq,
-                              layer.k_cache, layer.v_cache, layer.num_heads)
+        q = qkv_rope_to_cache(
+            normed,
+            layer.wqkv,
+            layer.wqkv_bias,
+            position_ids,
+            cache_slots,
+            inv_freq,
+            layer.k_cache,
+            layer.v_cache,
+            layer.num_heads,
+        )
     else:  # q-/k-norm reduce over whole heads before RoPE: a kernel of its own
-        qk_norms = (layer.q_norm, layer.k_norm, layer.qk_norm_eps) if layer.q_norm is not None else ()
-        q = rope_to_cache(linear(normed, layer.wqkv, layer.wqkv_bias), position_ids, cache_slots, inv_freq,
-                          layer.k_cache, layer.v_cache, layer.num_heads, *qk_norms)
+        qk_norms = (
+            (layer.q_norm, layer.k_norm, layer.qk_norm_eps) if layer.q_norm is not None else ()
+        )
+        q = rope_to_cache(
+            linear(normed, layer.wqkv, layer.wqkv_bias),
+            position_ids,
+            cache_slots,
+            inv_freq,
+            layer.k_cache,
+            layer.v_cache,
+            layer.num_heads,
+            *qk_norms,
+        )
     y = attention(q, layer.k_cache, layer.v_cache, attn_mask, cache_slots)
-    h, normed = add_rms_norm(x, linear(y.view(x.shape[0], -1), layer.wo, layer.wo_bias),
-                             layer.ffn_norm, layer.ffn_norm_eps)
+    h, normed = add_rms_norm(
+        x,
+        linear(y.view(x.shape[0], -1), layer.wo, layer.wo_bias),
+        layer.ffn_norm,
+        layer.ffn_norm_eps,
+    )
     return h, linear(linear_silu_mul(normed, layer.w13), layer.w2)

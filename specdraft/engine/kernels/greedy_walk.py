@@ -13,8 +13,17 @@ from torch import Tensor
 
 
 @triton.jit
-def _greedy_path_kernel(tokens_ptr, parents_ptr, choices_ptr, path_ptr, accepted_ptr, ok_ptr, N,
-                        LENGTH: tl.constexpr, BLOCK_N: tl.constexpr):
+def _greedy_path_kernel(
+    tokens_ptr,
+    parents_ptr,
+    choices_ptr,
+    path_ptr,
+    accepted_ptr,
+    ok_ptr,
+    N,
+    LENGTH: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """One program: the walk from the root, one depth a step."""
     i = tl.arange(0, BLOCK_N)
     valid = i < N
@@ -39,7 +48,9 @@ def _greedy_path_kernel(tokens_ptr, parents_ptr, choices_ptr, path_ptr, accepted
     tl.store(ok_ptr, ok.to(tl.uint8))
 
 
-def greedy_path(tokens: Tensor, parents: Tensor, choices: Tensor, length: int) -> tuple[Tensor, Tensor, Tensor]:
+def greedy_path(
+    tokens: Tensor, parents: Tensor, choices: Tensor, length: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """The greedy walk of a tree on the device: from the root, step to the child whose token is
     the target's choice after the current node, while there is one.
 
@@ -55,6 +66,15 @@ def greedy_path(tokens: Tensor, parents: Tensor, choices: Tensor, length: int) -
     path = torch.empty(length, dtype=torch.long, device=device)
     accepted = torch.empty(1, dtype=torch.long, device=device)
     ok = torch.empty(1, dtype=torch.bool, device=device)
-    _greedy_path_kernel[(1,)](tokens, parents, choices, path, accepted, ok.view(torch.uint8), n,
-                              LENGTH=length, BLOCK_N=triton.next_power_of_2(n))
+    _greedy_path_kernel[(1,)](
+        tokens,
+        parents,
+        choices,
+        path,
+        accepted,
+        ok.view(torch.uint8),
+        n,
+        LENGTH=length,
+        BLOCK_N=triton.next_power_of_2(n),
+    )
     return path, accepted, ok

@@ -58,7 +58,7 @@ def windows(files: list[Path], rng: random.Random) -> list[str]:
             continue
         starts = [0] + [i + 1 for i, c in enumerate(text[:-WINDOW_CHARS]) if c == "\n"]
         start = rng.choice(starts)
-        out.append(text[start:start + WINDOW_CHARS])
+        out.append(text[start : start + WINDOW_CHARS])
     return out
 
 
@@ -73,9 +73,17 @@ def run(cmd: list[str], log: Path) -> None:
 def portable(text: str, target: Path, work: Path) -> str:
     """`text` with the build machine's directories replaced: the target's by its folder's name,
     the work folder by $WORK, this repository's by paths relative to its root."""
-    for path, name in ((target.resolve(), target.resolve().name), (work.resolve(), "$WORK"), (REPO, ".")):
-        def rename(match: re.Match, name: str = name) -> str:  # "DIR/x" -> "name/x", "DIR" -> "name"
+    for path, name in (
+        (target.resolve(), target.resolve().name),
+        (work.resolve(), "$WORK"),
+        (REPO, "."),
+    ):
+
+        def rename(
+            match: re.Match, name: str = name
+        ) -> str:  # "DIR/x" -> "name/x", "DIR" -> "name"
             return ("" if name == "." else name + "/") if match[1] else name
+
         text = re.sub(re.escape(str(path)) + r"(?:(/)|(?![\w./-]))", rename, text)
     return text
 
@@ -83,6 +91,7 @@ def portable(text: str, target: Path, work: Path) -> str:
 def make_portable(draft_dir: Path, target: Path, work: Path) -> None:
     """Rewrite every string in the drafter's JSON files with `portable` (same JSON layout as
     specdraft writes it: sorted keys, indent 2, no final newline)."""
+
     def walk(value):
         if isinstance(value, str):
             return portable(value, target, work)
@@ -95,11 +104,15 @@ def make_portable(draft_dir: Path, target: Path, work: Path) -> None:
     for name in PORTABLE_FILES:
         file = draft_dir / name
         if file.exists():
-            file.write_text(json.dumps(walk(json.loads(file.read_text())), indent=2, sort_keys=True))
+            file.write_text(
+                json.dumps(walk(json.loads(file.read_text())), indent=2, sort_keys=True)
+            )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--target", required=True)
     parser.add_argument("--work", required=True, type=Path)
     parser.add_argument("--device", default="cuda")
@@ -107,13 +120,25 @@ def main() -> None:
     parser.add_argument("--test-prompts", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--train-steps", type=int, help="override train_config.json (smoke runs)")
-    parser.add_argument("--size", choices=sorted(TRAIN_CONFIGS), default="small",
-                        help="small: the committed CI drafter; full: the benchmark drafter (see above)")
-    parser.add_argument("--out", type=Path, help="export here (default: this folder's draft/ for small, "
-                                                  "<work>/draft-full for full)")
-    parser.add_argument("--stop-after-regenerate", action="store_true",
-                        help="end after step 2 (a GPU call too short for the whole build)")
-    parser.add_argument("--regen", type=Path, help="take step 2's output from this file instead of running it")
+    parser.add_argument(
+        "--size",
+        choices=sorted(TRAIN_CONFIGS),
+        default="small",
+        help="small: the committed CI drafter; full: the benchmark drafter (see above)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="export here (default: this folder's draft/ for small, <work>/draft-full for full)",
+    )
+    parser.add_argument(
+        "--stop-after-regenerate",
+        action="store_true",
+        help="end after step 2 (a GPU call too short for the whole build)",
+    )
+    parser.add_argument(
+        "--regen", type=Path, help="take step 2's output from this file instead of running it"
+    )
     args = parser.parse_args()
     work: Path = args.work
     small = args.size == "small"
@@ -125,8 +150,8 @@ def main() -> None:
     files = sorted({f for root in roots for f in Path(root).rglob("*.py")})
     rng = random.Random(0)
     rng.shuffle(files)
-    test = windows(files[-4 * args.test_prompts:], rng)[:args.test_prompts]
-    train = windows(files[:-4 * args.test_prompts], rng)[:args.train_prompts]
+    test = windows(files[-4 * args.test_prompts :], rng)[: args.test_prompts]
+    train = windows(files[: -4 * args.test_prompts], rng)[: args.train_prompts]
     with (work / "train_prompts.jsonl").open("w") as f:
         f.writelines(json.dumps({"text": p}) + "\n" for p in train)
     with ((HERE if small else work) / "prompts.jsonl").open("w") as f:
@@ -136,18 +161,74 @@ def main() -> None:
     cli = [sys.executable, "-m", "specdraft.cli"]
     regen = args.regen or work / "regen.jsonl"
     if not args.regen:
-        run(cli + ["regenerate", str(work / "train_prompts.jsonl"), str(regen),
-                   "--target", args.target, "--no-chat", "--device", args.device, "--batch-size", "512",
-                   "--prompt-tokens", str(PROMPT_TOKENS), "--max-new-tokens", str(args.max_new_tokens)], log)
+        run(
+            cli
+            + [
+                "regenerate",
+                str(work / "train_prompts.jsonl"),
+                str(regen),
+                "--target",
+                args.target,
+                "--no-chat",
+                "--device",
+                args.device,
+                "--batch-size",
+                "512",
+                "--prompt-tokens",
+                str(PROMPT_TOKENS),
+                "--max-new-tokens",
+                str(args.max_new_tokens),
+            ],
+            log,
+        )
     if args.stop_after_regenerate:
         return
-    run(cli + ["capture", args.target, str(regen), str(work / "store"), "--no-chat", "--skip-bad",
-               "--device", args.device, "--max-length", "512"], log)
+    run(
+        cli
+        + [
+            "capture",
+            args.target,
+            str(regen),
+            str(work / "store"),
+            "--no-chat",
+            "--skip-bad",
+            "--device",
+            args.device,
+            "--max-length",
+            "512",
+        ],
+        log,
+    )
     precision = "bf16" if args.device.startswith("cuda") else "fp32"
-    run(cli + ["train", str(work / "store"), str(work / "run"), "--config", str(TRAIN_CONFIGS[args.size]),
-               "--precision", precision, *(["--steps", str(args.train_steps)] if args.train_steps else [])], log)
-    run(cli + ["export", str(work / "run" / "draft"), str(out), "--engine", "vllm",
-               "--target", args.target, "--dtype", "bf16"], log)
+    run(
+        cli
+        + [
+            "train",
+            str(work / "store"),
+            str(work / "run"),
+            "--config",
+            str(TRAIN_CONFIGS[args.size]),
+            "--precision",
+            precision,
+            *(["--steps", str(args.train_steps)] if args.train_steps else []),
+        ],
+        log,
+    )
+    run(
+        cli
+        + [
+            "export",
+            str(work / "run" / "draft"),
+            str(out),
+            "--engine",
+            "vllm",
+            "--target",
+            args.target,
+            "--dtype",
+            "bf16",
+        ],
+        log,
+    )
     make_portable(out, Path(args.target), work)
 
 

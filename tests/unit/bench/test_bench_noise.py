@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 
 from specdraft.bench.report import markdown
-from specdraft.bench.stats import NOISY_SPREAD, SpeedupPoint, find_crossover, noise_note, noisy_runs, verdict
+from specdraft.bench.stats import (
+    NOISY_SPREAD,
+    SpeedupPoint,
+    find_crossover,
+    noise_note,
+    noisy_runs,
+    verdict,
+)
 from specdraft.bench.sweep import BenchConfig, BenchReport, ServerRun
 
 BUSY = [1141.0, 115.0, 100.0]  # mean 452, sd 597: the trial's numbers
@@ -17,25 +24,41 @@ STEADY = [1200.0, 1190.0, 1210.0]
 
 def report_of(points: list[SpeedupPoint]) -> BenchReport:
     cfg = BenchConfig("http://127.0.0.1:1", "http://127.0.0.1:2", repeats=3)
-    return BenchReport(cfg, ServerRun(cfg.url, "specdraft", "m"), ServerRun(cfg.baseline_url, "specdraft", "m"),
-                       points, find_crossover(points, cfg.tie_band))
+    return BenchReport(
+        cfg,
+        ServerRun(cfg.url, "specdraft", "m"),
+        ServerRun(cfg.baseline_url, "specdraft", "m"),
+        points,
+        find_crossover(points, cfg.tie_band),
+    )
 
 
 def test_noisy_runs_names_the_servers_whose_spread_exceeds_the_limit():
-    assert noisy_runs({"speculative": BUSY, "baseline": STEADY}) == "speculative 452 ± 597 tok/s (sd/mean 1.32)"
+    assert (
+        noisy_runs({"speculative": BUSY, "baseline": STEADY})
+        == "speculative 452 ± 597 tok/s (sd/mean 1.32)"
+    )
     both = noisy_runs({"speculative": BUSY, "baseline": [100.0, 300.0]})
-    assert both == "speculative 452 ± 597 tok/s (sd/mean 1.32); baseline 200 ± 141 tok/s (sd/mean 0.71)"
+    assert (
+        both
+        == "speculative 452 ± 597 tok/s (sd/mean 1.32); baseline 200 ± 141 tok/s (sd/mean 0.71)"
+    )
     assert noisy_runs({"speculative": STEADY, "baseline": STEADY}) is None
     assert noisy_runs({"speculative": [5000.0], "baseline": [1.0]}) is None  # one run: no spread
     assert noisy_runs({"speculative": [0.0, 0.0]}) is None  # every request failed: nothing to judge
-    edge = [100.0, 100.0 + NOISY_SPREAD * 100.0 * 2 ** 0.5]  # sd / mean just below the limit
-    assert noisy_runs({"baseline": edge}) is None and noisy_runs({"baseline": edge}, limit=0.2) is not None
+    edge = [100.0, 100.0 + NOISY_SPREAD * 100.0 * 2**0.5]  # sd / mean just below the limit
+    assert (
+        noisy_runs({"baseline": edge}) is None
+        and noisy_runs({"baseline": edge}, limit=0.2) is not None
+    )
 
 
 def test_a_noisy_level_is_reported_inconclusive_with_its_numbers():
     noisy = SpeedupPoint.of(4, BUSY, STEADY)
     assert noisy.noise == "speculative 452 ± 597 tok/s (sd/mean 1.32)"
-    assert verdict(noisy, 0.05) == "loses"  # the verdict of the means is kept, and qualified in the report
+    assert (
+        verdict(noisy, 0.05) == "loses"
+    )  # the verdict of the means is kept, and qualified in the report
     loud_baseline = SpeedupPoint.of(8, STEADY, [2000.0, 600.0, 700.0])
     assert loud_baseline.noise == "baseline 1100 ± 781 tok/s (sd/mean 0.71)"
     steady = SpeedupPoint.of(1, [2400.0, 2410.0, 2390.0], STEADY)
@@ -43,14 +66,19 @@ def test_a_noisy_level_is_reported_inconclusive_with_its_numbers():
     text = markdown(report_of([steady, noisy, loud_baseline]))
     assert f"| 1 | {steady.speedup:.2f}x | {steady.speedup_std:.2f} | wins | steady |" in text
     # before: "| 4 | 0.38x | 0.50 | loses |" with nothing saying the runs were noise
-    assert f"| 4 | {noisy.speedup:.2f}x | {noisy.speedup_std:.2f} | loses | noisy: verdict inconclusive |" in text
+    assert (
+        f"| 4 | {noisy.speedup:.2f}x | {noisy.speedup_std:.2f} | loses | noisy: verdict inconclusive |"
+        in text
+    )
     assert "| 8 | 1.09x | 0.77 | ties | noisy: verdict inconclusive |" in text
     note = noise_note([steady, noisy, loud_baseline])
     assert note in text.splitlines()
-    assert note == ("Noisy runs (sd/mean above 0.25), so the verdict there and any crossover it sets are inconclusive: "
-                    "concurrency 4: speculative 452 ± 597 tok/s (sd/mean 1.32); concurrency 8: baseline 1100 ± 781 "
-                    "tok/s (sd/mean 0.71); re-run on an idle machine, or with more --num-prompts so each run lasts "
-                    "longer")
+    assert note == (
+        "Noisy runs (sd/mean above 0.25), so the verdict there and any crossover it sets are inconclusive: "
+        "concurrency 4: speculative 452 ± 597 tok/s (sd/mean 1.32); concurrency 8: baseline 1100 ± 781 "
+        "tok/s (sd/mean 0.71); re-run on an idle machine, or with more --num-prompts so each run lasts "
+        "longer"
+    )
     assert "WARNING" not in text  # its own kind: the WARNING lines stay the server-setup ones
 
 

@@ -47,16 +47,28 @@ def test_bench_waits_for_a_server_that_starts_listening_late(tmp_path):
 
     def start_late() -> None:
         time.sleep(1.0)
-        started.append(serve_in_thread(fake_vllm_app(lambda active: 0.001, tokens_per_step=2, num_spec=3),
-                                       port=port))
+        started.append(
+            serve_in_thread(
+                fake_vllm_app(lambda active: 0.001, tokens_per_step=2, num_spec=3), port=port
+            )
+        )
 
     thread = threading.Thread(target=start_late, daemon=True)
     thread.start()
     said: list[str] = []
     prompts = write_prompts(tmp_path / "prompts.jsonl", ["w1 w2"])
     try:
-        cfg = BenchConfig(f"http://127.0.0.1:{port}", None, str(prompts), (1,), max_tokens=4, num_prompts=2,
-                          warmup=0, repeats=1, wait_s=30.0)
+        cfg = BenchConfig(
+            f"http://127.0.0.1:{port}",
+            None,
+            str(prompts),
+            (1,),
+            max_tokens=4,
+            num_prompts=2,
+            warmup=0,
+            repeats=1,
+            wait_s=30.0,
+        )
         report = run_bench(cfg, progress=said.append)
     finally:
         thread.join()
@@ -85,10 +97,23 @@ def test_a_url_nothing_listens_on_fails_within_the_wait_naming_url_wait_and_fix(
 def test_run_bench_names_the_baseline_flag_when_the_baseline_never_starts(tmp_path):
     prompts = write_prompts(tmp_path / "prompts.jsonl", ["w1 w2"])
     baseline = f"http://127.0.0.1:{free_port()}"
-    with serve_in_thread(fake_vllm_app(lambda active: 0.001, tokens_per_step=2, num_spec=3)) as spec:
-        cfg = BenchConfig(spec.url, baseline, str(prompts), (1,), max_tokens=4, num_prompts=2, warmup=0,
-                          repeats=1, wait_s=0.5)
-        with pytest.raises(RuntimeError, match=r"after waiting \d s; .*pass the right --baseline-url$"):
+    with serve_in_thread(
+        fake_vllm_app(lambda active: 0.001, tokens_per_step=2, num_spec=3)
+    ) as spec:
+        cfg = BenchConfig(
+            spec.url,
+            baseline,
+            str(prompts),
+            (1,),
+            max_tokens=4,
+            num_prompts=2,
+            warmup=0,
+            repeats=1,
+            wait_s=0.5,
+        )
+        with pytest.raises(
+            RuntimeError, match=r"after waiting \d s; .*pass the right --baseline-url$"
+        ):
             run_bench(cfg)
 
 
@@ -99,8 +124,17 @@ def test_a_dead_baseline_fails_before_the_measured_server_gets_a_request(tmp_pat
     steps: list[int] = []
     said: list[str] = []
     with serve_in_thread(fake_vllm_app(lambda active: steps.append(active) or 0.001, 2, 3)) as spec:
-        cfg = BenchConfig(spec.url, f"http://127.0.0.1:{free_port()}", str(prompts), (1,), max_tokens=4,
-                          num_prompts=2, warmup=1, repeats=1, wait_s=0.5)
+        cfg = BenchConfig(
+            spec.url,
+            f"http://127.0.0.1:{free_port()}",
+            str(prompts),
+            (1,),
+            max_tokens=4,
+            num_prompts=2,
+            warmup=1,
+            repeats=1,
+            wait_s=0.5,
+        )
         with pytest.raises(RuntimeError, match=r"pass the right --baseline-url$"):
             run_bench(cfg, progress=said.append)
     assert steps == [] and not any("concurrency" in line for line in said), said
@@ -133,25 +167,35 @@ BAND = "by more than 5% and its run-to-run deviation"
 def test_crossover_when_speculation_wins_everywhere():
     cross = find_crossover(steady((1, 1.8), (4, 1.4), (16, 1.2)), tie_band=0.05)
     assert cross.concurrency is None
-    assert cross.text == (f"no crossover: speculation wins {BAND} at every concurrency measured "
-                          "(up to 16, speedup 1.20x ± 0.02 there)")
+    assert cross.text == (
+        f"no crossover: speculation wins {BAND} at every concurrency measured "
+        "(up to 16, speedup 1.20x ± 0.02 there)"
+    )
 
 
 def test_crossover_when_speculation_loses_everywhere():
     cross = find_crossover(steady((1, 0.8), (4, 0.7), (16, 0.6)), tie_band=0.05)
     assert cross.concurrency is None
-    assert cross.text == ("no crossover: speculation loses at every concurrency measured "
-                          "(best speedup 0.80x ± 0.02 at concurrency 1)")
-    ties = find_crossover(steady((1, 0.8), (4, 1.01)), tie_band=0.05)  # a loss and a tie: no win anywhere
-    assert ties.text == (f"no crossover: speculation does not win {BAND} at any concurrency measured "
-                         "(best speedup 1.01x ± 0.02 at concurrency 4)")
+    assert cross.text == (
+        "no crossover: speculation loses at every concurrency measured "
+        "(best speedup 0.80x ± 0.02 at concurrency 1)"
+    )
+    ties = find_crossover(
+        steady((1, 0.8), (4, 1.01)), tie_band=0.05
+    )  # a loss and a tie: no win anywhere
+    assert ties.text == (
+        f"no crossover: speculation does not win {BAND} at any concurrency measured "
+        "(best speedup 1.01x ± 0.02 at concurrency 4)"
+    )
 
 
 def test_crossover_when_speculation_wins_then_stops():
     cross = find_crossover(steady((1, 1.8), (4, 1.3), (16, 0.9)), tie_band=0.05)
     assert cross.concurrency == 16
-    assert cross.text == (f"crossover: speculation stops winning {BAND} between concurrency 4 "
-                          "(speedup 1.30x ± 0.02) and 16 (speedup 0.90x ± 0.02)")
+    assert cross.text == (
+        f"crossover: speculation stops winning {BAND} between concurrency 4 "
+        "(speedup 1.30x ± 0.02) and 16 (speedup 0.90x ± 0.02)"
+    )
     again = find_crossover(steady((1, 1.8), (4, 1.0), (16, 1.3)), tie_band=0.05)  # and wins again
     assert again.concurrency == 4 and again.text.endswith("; it wins again at concurrency 16")
 
@@ -161,20 +205,30 @@ def test_crossover_when_speculation_does_not_win_then_wins():
     does not win by more than 5% and its run-to-run deviation below concurrency 4, then wins"."""
     cross = find_crossover(steady((1, 1.02), (4, 1.3), (16, 1.5)), tie_band=0.05)
     assert cross.concurrency is None
-    assert cross.text == ("speculation wins from concurrency 4 on (speedup 1.30x ± 0.02 there); below "
-                          f"concurrency 4 it does not win {BAND}; no crossover: it does not stop winning up "
-                          "to concurrency 16, the highest measured")
+    assert cross.text == (
+        "speculation wins from concurrency 4 on (speedup 1.30x ± 0.02 there); below "
+        f"concurrency 4 it does not win {BAND}; no crossover: it does not stop winning up "
+        "to concurrency 16, the highest measured"
+    )
     assert "then wins" not in cross.text
 
 
 def report_of(points: list[SpeedupPoint], repeats: int) -> BenchReport:
     cfg = BenchConfig("http://127.0.0.1:1", "http://127.0.0.1:2", repeats=repeats)
-    return BenchReport(cfg, ServerRun(cfg.url, "specdraft", "m"), ServerRun(cfg.baseline_url, "specdraft", "m"),
-                       points, find_crossover(points, cfg.tie_band))
+    return BenchReport(
+        cfg,
+        ServerRun(cfg.url, "specdraft", "m"),
+        ServerRun(cfg.baseline_url, "specdraft", "m"),
+        points,
+        find_crossover(points, cfg.tie_band),
+    )
 
 
 def test_the_noise_column_says_steady_noisy_or_one_run():
-    points = [SpeedupPoint(1, 1.5, 0.02), SpeedupPoint(4, 1.1, 0.4, "speculative 452 ± 597 tok/s (sd/mean 1.32)")]
+    points = [
+        SpeedupPoint(1, 1.5, 0.02),
+        SpeedupPoint(4, 1.1, 0.4, "speculative 452 ± 597 tok/s (sd/mean 1.32)"),
+    ]
     text = markdown(report_of(points, repeats=3))
     assert "| concurrency | speedup (ratio of means) | sd | verdict | run-to-run noise |" in text
     assert "| 1 | 1.50x | 0.02 | wins | steady |" in text
@@ -189,8 +243,17 @@ def test_doctor_waits_for_its_server_as_bench_does(capsys):
 
     port = free_port()
     started: list = []
-    thread = threading.Thread(target=lambda: (time.sleep(1.0), started.append(serve_in_thread(
-        fake_vllm_app(lambda active: 0.001, tokens_per_step=2, num_spec=3), port=port))), daemon=True)
+    thread = threading.Thread(
+        target=lambda: (
+            time.sleep(1.0),
+            started.append(
+                serve_in_thread(
+                    fake_vllm_app(lambda active: 0.001, tokens_per_step=2, num_spec=3), port=port
+                )
+            ),
+        ),
+        daemon=True,
+    )
     thread.start()
     try:
         server = connect(f"http://127.0.0.1:{port}", wait_s=30.0)

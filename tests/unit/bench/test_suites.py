@@ -33,10 +33,16 @@ def test_bundled_suites_and_unknown_names():
     assert len(mt.questions) == 80 and mt.categories == list(MT_BENCH_CATEGORIES)
     assert all(len(mt.in_category(c)) == 10 for c in mt.categories)
     assert all(len(q.turns) == 2 for q in mt.questions)
-    assert mt.questions[0].turns[1] == "Rewrite your previous response. Start every sentence with the letter A."
+    assert (
+        mt.questions[0].turns[1]
+        == "Rewrite your previous response. Start every sentence with the letter A."
+    )
     gsm = load_suite("gsm8k")
     assert len(gsm.questions) == 25 and gsm.categories == ["gsm8k"]
-    with pytest.raises(SuiteError, match=r"no suite 'spec-bench': the suites are gsm8k, humaneval, mt-bench; .*--format"):
+    with pytest.raises(
+        SuiteError,
+        match=r"no suite 'spec-bench': the suites are gsm8k, humaneval, mt-bench; .*--format",
+    ):
         load_suite("spec-bench")
 
 
@@ -45,21 +51,31 @@ def test_humaneval_prompts_are_bundled():
     he = load_suite("humaneval")
     assert len(he.questions) == 164 and he.categories == ["humaneval"]
     assert all(len(q.turns) == 1 and q.turns[0].strip() for q in he.questions)
-    assert he.questions[0].turns[0].startswith("from typing import List\n\n\ndef has_close_elements(")
+    assert (
+        he.questions[0].turns[0].startswith("from typing import List\n\n\ndef has_close_elements(")
+    )
     assert "def sort_numbers(numbers: str) -> str:" in he.questions[19].turns[0]  # HumanEval/19
     assert "def generate_integers(a, b):" in he.questions[163].turns[0]  # HumanEval/163
-    rows = (resources.files("specdraft.assets") / "suites" / "humaneval" / "question.jsonl").read_text("utf-8")
-    assert [json.loads(r)["task_id"] for r in rows.splitlines()] == [f"HumanEval/{i}" for i in range(164)]
+    rows = (
+        resources.files("specdraft.assets") / "suites" / "humaneval" / "question.jsonl"
+    ).read_text("utf-8")
+    assert [json.loads(r)["task_id"] for r in rows.splitlines()] == [
+        f"HumanEval/{i}" for i in range(164)
+    ]
     for name in ("LICENSE", "SOURCE.md"):
         assert (resources.files("specdraft.assets") / "suites" / "humaneval" / name).is_file()
-    listed = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--suite", "nope", "--wait", "0"])
+    listed = CliRunner().invoke(
+        app, ["bench", "--url", "http://127.0.0.1:9", "--suite", "nope", "--wait", "0"]
+    )
     assert listed.exit_code == 1 and "the suites are gsm8k, humaneval, mt-bench" in listed.output
 
 
 def test_spec_bench_groups_the_mt_bench_categories_and_humaneval_reads_gzip(tmp_path):
-    rows = [{"question_id": 1, "category": "writing", "turns": ["a", "b"]},
-            {"question_id": 2, "category": "coding", "turns": ["c", "d"]},
-            {"question_id": 3, "category": "translation", "turns": ["e"]}]
+    rows = [
+        {"question_id": 1, "category": "writing", "turns": ["a", "b"]},
+        {"question_id": 2, "category": "coding", "turns": ["c", "d"]},
+        {"question_id": 3, "category": "translation", "turns": ["e"]},
+    ]
     path = tmp_path / "question.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     spec_bench = read_suite_file(path, "spec-bench")
@@ -75,8 +91,14 @@ def test_spec_bench_groups_the_mt_bench_categories_and_humaneval_reads_gzip(tmp_
         read_suite_file(path, "spec-bench")
 
 
-SUITE = Suite("tiny", (Question("chat", ("w5 w6 w7", "w8 w9")), Question("chat", ("w10 w11", "w12")),
-                       Question("single", ("w13 w14 w15",))))
+SUITE = Suite(
+    "tiny",
+    (
+        Question("chat", ("w5 w6 w7", "w8 w9")),
+        Question("chat", ("w10 w11", "w12")),
+        Question("single", ("w13 w14 w15",)),
+    ),
+)
 
 
 def test_suite_runs_turn_by_turn_and_reports_per_category(servers, tmp_path, monkeypatch):  # noqa: F811
@@ -96,7 +118,9 @@ def test_suite_runs_turn_by_turn_and_reports_per_category(servers, tmp_path, mon
     assert chat.spec.num_requests == 2 * (2 + 2) and single.spec.num_requests == 2
     assert chat.spec.num_output_tokens == 2 * 4 * 6
     for c in report.categories:
-        assert c.spec.spec.accept_length == pytest.approx(c.spec.usage_accept_length)  # tau per category
+        assert c.spec.spec.accept_length == pytest.approx(
+            c.spec.usage_accept_length
+        )  # tau per category
         assert c.spec.spec.accept_length == pytest.approx(c.spec.spec.tau_from_positions)
         assert c.baseline.spec is None
         assert c.speedup.speedup == pytest.approx(c.spec.tokens_per_s / c.baseline.tokens_per_s)
@@ -104,7 +128,10 @@ def test_suite_runs_turn_by_turn_and_reports_per_category(servers, tmp_path, mon
     turn2 = [batch for url, batch in sent if len(batch[0]) == 3]
     assert len(turn2) == 2 * 2 and all(b == turn2[0] for b in turn2)
     first, answer, second = turn2[0][0]
-    assert (first, second) == ({"role": "user", "content": "w5 w6 w7"}, {"role": "user", "content": "w8 w9"})
+    assert (first, second) == (
+        {"role": "user", "content": "w5 w6 w7"},
+        {"role": "user", "content": "w8 w9"},
+    )
     assert answer["role"] == "assistant" and len(answer["content"].split()) == 6
     paths = write_suite_report(report, tmp_path / "out")
     assert sorted(p.name for p in paths) == ["suite.json", "suite.md", "suite.png"]
@@ -116,26 +143,74 @@ def test_suite_runs_turn_by_turn_and_reports_per_category(servers, tmp_path, mon
 
 def test_bench_cli_suite_file_and_unknown_suite(servers, tmp_path, monkeypatch):  # noqa: F811
     spec, plain = servers
-    unknown = CliRunner().invoke(app, ["bench", "--url", spec.url, "--suite", "nope", "--out", str(tmp_path / "o")])
+    unknown = CliRunner().invoke(
+        app, ["bench", "--url", spec.url, "--suite", "nope", "--out", str(tmp_path / "o")]
+    )
     assert unknown.exit_code == 1 and "the suites are gsm8k, humaneval, mt-bench" in unknown.output
     path = tmp_path / "question.jsonl"
-    path.write_text(json.dumps({"category": "math", "turns": ["w20 w21", "w22"]}) + "\n"
-                    + json.dumps({"category": "rag", "turns": ["w23 w24"]}) + "\n")
-    ok = CliRunner().invoke(app, ["bench", "--url", spec.url, "--baseline-url", plain.url, "--prompts", str(path),
-                                  "--format", "spec-bench", "--concurrency", "1", "--max-tokens", "4",
-                                  "--repeats", "1", "--out", str(tmp_path / "o")])
+    path.write_text(
+        json.dumps({"category": "math", "turns": ["w20 w21", "w22"]})
+        + "\n"
+        + json.dumps({"category": "rag", "turns": ["w23 w24"]})
+        + "\n"
+    )
+    ok = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            spec.url,
+            "--baseline-url",
+            plain.url,
+            "--prompts",
+            str(path),
+            "--format",
+            "spec-bench",
+            "--concurrency",
+            "1",
+            "--max-tokens",
+            "4",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
     assert ok.exit_code == 0, ok.output
     assert "| multi-turn | 1 | 2 | " in ok.output and "| rag | 1 | 1 | " in ok.output
     assert (tmp_path / "o" / "suite.png").is_file()
     assert "machine was busy" not in ok.output
-    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 0.0, 0.0))  # the servers run on this busy machine
-    busy = CliRunner().invoke(app, ["bench", "--url", spec.url, "--baseline-url", plain.url, "--suite", "gsm8k",
-                                    "--num-prompts", "1", "--concurrency", "1", "--max-tokens", "2",
-                                    "--repeats", "1", "--out", str(tmp_path / "b")])
+    monkeypatch.setattr(
+        os, "getloadavg", lambda: (64.0, 0.0, 0.0)
+    )  # the servers run on this busy machine
+    busy = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            spec.url,
+            "--baseline-url",
+            plain.url,
+            "--suite",
+            "gsm8k",
+            "--num-prompts",
+            "1",
+            "--concurrency",
+            "1",
+            "--max-tokens",
+            "2",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path / "b"),
+        ],
+    )
     assert busy.exit_code == 0, busy.output
     last = busy.output.strip().splitlines()[-1]  # after the report, where the sweep's note is
-    assert last.startswith("note: the machine was busy when this started (load 64.0") and \
-        "the tokens/s of servers on this machine" in last, busy.output
+    assert (
+        last.startswith("note: the machine was busy when this started (load 64.0")
+        and "the tokens/s of servers on this machine" in last
+    ), busy.output
 
 
 def test_a_suite_against_a_server_without_a_chat_template_says_what_it_needs():
@@ -154,4 +229,7 @@ def test_a_suite_against_a_server_without_a_chat_template_says_what_it_needs():
             run_suite(cfg, SUITE)
     message = str(refused.value)
     assert "HTTP 400: this model's tokenizer has no chat template: use /v1/completions" in message
-    assert '{"error"' not in message and "sends chat completions, rendered by the server's chat template" in message
+    assert (
+        '{"error"' not in message
+        and "sends chat completions, rendered by the server's chat template" in message
+    )

@@ -21,7 +21,13 @@ from tests.tune_helpers import modelled_bench
 
 def test_tree_tokens_and_config_checks():
     assert [tree_tokens(n, 1, 16) for n in (1, 3, 8)] == [2, 4, 9]
-    assert [tree_tokens(n, 2, 16) for n in (1, 2, 3, 4, 5)] == [3, 7, 11, 15, 16]  # 1 + k + (n-1) k^2, capped
+    assert [tree_tokens(n, 2, 16) for n in (1, 2, 3, 4, 5)] == [
+        3,
+        7,
+        11,
+        15,
+        16,
+    ]  # 1 + k + (n-1) k^2, capped
     cfg = TuneConfig(probe_steps=4, topks=(2,), current=SpecConfig(6, 4, 10))
     assert cfg.depth == 6 and cfg.all_topks == [1, 2, 4]
     with pytest.raises(ValueError, match="num_measure"):
@@ -30,7 +36,10 @@ def test_tree_tokens_and_config_checks():
 
 def test_predict_follows_the_round_model():
     """tokens/s = (1 + sum_{j<=n} p_j) / (n t_draft + t_verify(m) + t_round)."""
-    probe = Measured(SpecConfig.chain(4), SpecMetrics(num_verify_steps=100, accepted_per_position=[60, 30, 10, 5]))
+    probe = Measured(
+        SpecConfig.chain(4),
+        SpecMetrics(num_verify_steps=100, accepted_per_position=[60, 30, 10, 5]),
+    )
     costs = Costs({3: 0.010, 5: 0.011}, t_draft={1: 0.001}, t_round={1: 0.0005})
     tau, tps = predict(SpecConfig.chain(2), probe, costs)
     assert tau == pytest.approx(1.9) and tps == pytest.approx(1.9 / (2 * 0.001 + 0.010 + 0.0005))
@@ -57,10 +66,16 @@ def test_tune_recommends_speculation_on_a_memory_bound_target():
     assert rec is report.vllm_recommendation
     assert report.sglang_flags().endswith(" ".join(rec.spec.sglang_args()))
     config = json.loads(report.vllm_flags().split("--speculative-config ")[1].strip("'"))
-    assert config == {"method": "eagle3", "model": "/ckpt/draft", "num_speculative_tokens": rec.spec.num_steps}
+    assert config == {
+        "method": "eagle3",
+        "model": "/ckpt/draft",
+        "num_speculative_tokens": rec.spec.num_steps,
+    }
     text = render(report)
     assert f"recommendation: steps {rec.spec.num_steps}, topk 1" in text and "pred tok/s" in text
-    assert rec.timing["speedup_q1"] > 1.0 and "speedup (quartiles)" in text  # demo's rule (test_tune_pick)
+    assert (
+        rec.timing["speedup_q1"] > 1.0 and "speedup (quartiles)" in text
+    )  # demo's rule (test_tune_pick)
     assert json.loads(json.dumps(report.to_dict()))["recommendation"]["speedup"] == rec.speedup
     assert report.prediction_error() < 1.3 and "warning: predictions" not in text
     # a measurement 3x off its prediction (a busy machine) is called out, not passed over
@@ -73,16 +88,50 @@ def test_tune_cli(tmp_path):
     setup = tiny_setup("llama")
     target, draft = saved_pair(setup, tmp_path, trained=False)
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
-    result = CliRunner().invoke(app, ["tune", "--target", str(target), "--draft", str(draft), "--prompts",
-                                      str(prompts), "--max-tokens", "8", "--probe-steps", "2", "--topks", "1,2",
-                                      "--num-measure", "1", "--num-steps", "3", "--json-out",
-                                      str(tmp_path / "tune.json")])
+    result = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            "8",
+            "--probe-steps",
+            "2",
+            "--topks",
+            "1,2",
+            "--num-measure",
+            "1",
+            "--num-steps",
+            "3",
+            "--json-out",
+            str(tmp_path / "tune.json"),
+        ],
+    )
     assert result.exit_code == 0, result.output
-    assert "current: steps 3, topk 1, draft tokens 4" in result.output and "SGLang:" in result.output
+    assert (
+        "current: steps 3, topk 1, draft tokens 4" in result.output and "SGLang:" in result.output
+    )
     data = json.loads((tmp_path / "tune.json").read_text())
     assert data["current"]["num_steps"] == 3 and set(data["probes"]) == {"1", "2"}
-    bad = CliRunner().invoke(app, ["tune", "--target", str(target), "--draft", str(draft), "--num-steps", "3",
-                                   "--num-draft-tokens", "9"])
+    bad = CliRunner().invoke(
+        app,
+        [
+            "tune",
+            "--target",
+            str(target),
+            "--draft",
+            str(draft),
+            "--num-steps",
+            "3",
+            "--num-draft-tokens",
+            "9",
+        ],
+    )
     assert bad.exit_code == 1 and "num_draft_tokens must be num_steps + 1" in bad.output
 
 
@@ -104,18 +153,26 @@ def test_tune_cli_refuses_topk_or_draft_tokens_without_num_steps(tmp_path, monke
 
     monkeypatch.setattr(specdraft.bench.tune, "tune_paths", fake_tune_paths)
     base = ["tune", "--target", str(target), "--draft", str(draft)]
-    for flags, given in (("--topk 4", "--topk 4"), ("--topk 1", "--topk 1"),
-                         ("--num-draft-tokens 8", "--num-draft-tokens 8"),
-                         ("--topk 2 --num-draft-tokens 5", "--topk 2 --num-draft-tokens 5"),
-                         ("--num-steps 0 --topk 2", "--topk 2")):
+    for flags, given in (
+        ("--topk 4", "--topk 4"),
+        ("--topk 1", "--topk 1"),
+        ("--num-draft-tokens 8", "--num-draft-tokens 8"),
+        ("--topk 2 --num-draft-tokens 5", "--topk 2 --num-draft-tokens 5"),
+        ("--num-steps 0 --topk 2", "--topk 2"),
+    ):
         result = CliRunner().invoke(app, base + flags.split())
         assert result.exit_code == 1, flags
         lines = result.output.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith(f"error: {given} without --num-steps: "), result.output
+        assert len(lines) == 1 and lines[0].startswith(f"error: {given} without --num-steps: "), (
+            result.output
+        )
         assert "add --num-steps N" in lines[0]
     assert seen == []  # nothing ran
     # with --num-steps the setting is complete; --topk defaults to 1 (a chain) only then
-    for flags in (["--num-steps", "2", "--topk", "2", "--num-draft-tokens", "5"], ["--num-steps", "3"]):
+    for flags in (
+        ["--num-steps", "2", "--topk", "2", "--num-draft-tokens", "5"],
+        ["--num-steps", "3"],
+    ):
         result = CliRunner().invoke(app, base + flags)
         assert result.exit_code == 1 and "error: stop after the config" in result.output
     assert seen == [SpecConfig(2, 2, 5), SpecConfig(3, 1, 4)]
@@ -144,8 +201,13 @@ def test_tune_threads_are_set_before_loading(tmp_path, monkeypatch):
     assert result.exit_code == 1 and "error: stop here" in result.output, result.output
     assert seen == [3]  # one_thread restores the setting afterwards
     refused = CliRunner().invoke(app, base + ["--threads", "0"])
-    assert refused.exit_code == 2 and "Invalid value for '--threads'" in refused.output, refused.output
+    assert refused.exit_code == 2 and "Invalid value for '--threads'" in refused.output, (
+        refused.output
+    )
     assert seen == [3]
     torch.set_num_threads(2)
-    assert CliRunner().invoke(app, base).exit_code == 1 and seen == [3, 2]  # left out: the setting stays
+    assert CliRunner().invoke(app, base).exit_code == 1 and seen == [
+        3,
+        2,
+    ]  # left out: the setting stays
     assert "torch.set_num_threads" in CliRunner().invoke(app, ["tune", "--help"]).output

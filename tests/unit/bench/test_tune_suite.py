@@ -24,11 +24,17 @@ def test_turns_carry_the_targets_own_answers():
 
     suite = Suite("s", (Question("a", ("w1 w2", "w3")), Question("b", ("w4",))))
     prompts = suite_prompt_ids(tok, suite, answer)
-    render = lambda chat: tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),  # noqa: E731
-                              add_special_tokens=False)["input_ids"]
+    render = lambda chat: tok(  # noqa: E731
+        tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False,
+    )["input_ids"]
     first = [{"role": "user", "content": "w1 w2"}]
-    assert prompts["a"] == [render(first), render([*first, {"role": "assistant", "content": "w7 w8"},
-                                                   {"role": "user", "content": "w3"}])]
+    assert prompts["a"] == [
+        render(first),
+        render(
+            [*first, {"role": "assistant", "content": "w7 w8"}, {"role": "user", "content": "w3"}]
+        ),
+    ]
     assert prompts["b"] == [render([{"role": "user", "content": "w4"}])]
     assert asked == [render(first)]  # only a question with a next turn is answered
 
@@ -36,11 +42,28 @@ def test_turns_carry_the_targets_own_answers():
 def test_tune_cli_suite_reports_per_category(tmp_path):
     setup = tiny_setup("llama")
     target, draft = saved_pair(setup, tmp_path)
-    base = ["tune", "--target", str(target), "--draft", str(draft), "--max-tokens", "4", "--probe-steps", "2",
-            "--topks", "1", "--num-measure", "1", "--repeats", "1"]
+    base = [
+        "tune",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--max-tokens",
+        "4",
+        "--probe-steps",
+        "2",
+        "--topks",
+        "1",
+        "--num-measure",
+        "1",
+        "--repeats",
+        "1",
+    ]
     unknown = CliRunner().invoke(app, [*base, "--suite", "nope"])
     assert unknown.exit_code == 1 and "the suites are gsm8k, humaneval, mt-bench" in unknown.output
-    result = CliRunner().invoke(app, [*base, "--suite", "gsm8k", "--json-out", str(tmp_path / "t.json")])
+    result = CliRunner().invoke(
+        app, [*base, "--suite", "gsm8k", "--json-out", str(tmp_path / "t.json")]
+    )
     assert result.exit_code == 0, result.output
     assert "per category of gsm8k" in result.output and "25 prompts" in result.output
     assert " 1 round" in result.output and " 1 rounds" not in result.output
@@ -59,12 +82,22 @@ def test_the_categories_run_the_recommendation_else_the_fastest_measured_setting
     from specdraft.engine.spec_config import SpecConfig
 
     fast, slow = SpecConfig.chain(1), SpecConfig(3, 2, 6)
-    candidates = [SimpleNamespace(spec=slow, measured_tps=10.0), SimpleNamespace(spec=fast, measured_tps=12.0),
-                  SimpleNamespace(spec=SpecConfig.chain(8), measured_tps=None)]
-    assert category_setting(SimpleNamespace(recommendation=SimpleNamespace(spec=slow), candidates=candidates)) == slow
+    candidates = [
+        SimpleNamespace(spec=slow, measured_tps=10.0),
+        SimpleNamespace(spec=fast, measured_tps=12.0),
+        SimpleNamespace(spec=SpecConfig.chain(8), measured_tps=None),
+    ]
+    assert (
+        category_setting(
+            SimpleNamespace(recommendation=SimpleNamespace(spec=slow), candidates=candidates)
+        )
+        == slow
+    )
     assert category_setting(SimpleNamespace(recommendation=None, candidates=candidates)) == fast
     assert category_setting(SimpleNamespace(recommendation=None, candidates=candidates[2:])) is None
     row = CategoryTune("math", 2, fast, 1.5, [0.5], 9.0, 12.0)
     suite = SimpleNamespace(name="gsm8k")
-    assert ": the fastest measured; no speculation is recommended;" in render_categories(suite, [row], False)
+    assert ": the fastest measured; no speculation is recommended;" in render_categories(
+        suite, [row], False
+    )
     assert ": the recommendation;" in render_categories(suite, [row])

@@ -27,7 +27,9 @@ class FakeVllmCapture:
     def close(self) -> None:
         pass
 
-    def capture_shard(self, samples: list[Sample], settings: StoreSettings, on_batch=None) -> dict[str, torch.Tensor]:
+    def capture_shard(
+        self, samples: list[Sample], settings: StoreSettings, on_batch=None
+    ) -> dict[str, torch.Tensor]:
         if any(list(s.input_ids) == self.fail_on for s in samples):
             if self.die:
                 os._exit(9)

@@ -16,13 +16,25 @@ from specdraft.capture.stage import CaptureConfig, capture_dataset
 from specdraft.capture.store import CaptureError, CaptureStore, StoreSettings, estimate_disk
 from specdraft.capture.write import write_store
 from specdraft.cli import app
-from specdraft.data.render import Sample, data_hash, load_dataset, template_hash, tokenizer_fingerprint
+from specdraft.data.render import (
+    Sample,
+    data_hash,
+    load_dataset,
+    template_hash,
+    tokenizer_fingerprint,
+)
 from specdraft.target import load_target
-from tests.tiny_tokenizer import CHAT, save_tiny_tokenizer, tiny_chat_tokenizer
 from tests.tiny_models import save_tiny_model
+from tests.tiny_tokenizer import CHAT, save_tiny_tokenizer, tiny_chat_tokenizer
 
-CHATS = [CHAT, CHAT[:3], CHAT[1:3], [CHAT[1], {"role": "assistant", "content": "no ."}], CHAT[3:],
-         CHAT]
+CHATS = [
+    CHAT,
+    CHAT[:3],
+    CHAT[1:3],
+    [CHAT[1], {"role": "assistant", "content": "no ."}],
+    CHAT[3:],
+    CHAT,
+]
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +66,17 @@ def test_store_round_trip_matches_direct_forward(chat_target_dir, data_file, tmp
     assert shard_plan([5, 100, 5], 10) == [(0, 1), (1, 2), (2, 3)]
     for i, s in enumerate(samples):
         item = store[i]
-        ref = target.forward(torch.tensor([s.input_ids]), aux_layers=[1, 2, 3],
-                             return_logits=False)
+        ref = target.forward(torch.tensor([s.input_ids]), aux_layers=[1, 2, 3], return_logits=False)
         assert item["input_ids"].tolist() == s.input_ids and item["input_ids"].dtype == torch.long
         assert item["loss_mask"].tolist() == [bool(m) for m in s.loss_mask]
         assert item["aux_hidden"].dtype == torch.bfloat16 and item["aux_hidden"].shape == (
-            len(s.input_ids), 3 * 32)
+            len(s.input_ids),
+            3 * 32,
+        )
         for name in ("aux_hidden", "last_hidden"):  # equal up to one bf16 rounding
-            torch.testing.assert_close(item[name].float(), getattr(ref, name)[0].float(),
-                                       rtol=2 ** -7, atol=1e-6)
+            torch.testing.assert_close(
+                item[name].float(), getattr(ref, name)[0].float(), rtol=2**-7, atol=1e-6
+            )
     head = store.target_head()
     assert torch.equal(head["lm_head.weight"], target.lm_head.weight)
     assert torch.equal(head["norm.weight"], target.final_norm.weight)
@@ -84,8 +98,12 @@ def test_resume_after_crash_gives_identical_store(chat_target_dir, data_file, tm
     index = json.loads((crashed / "index.json").read_text())
     index["shards"], index["complete"] = index["shards"][:2], False  # shard 2 never listed
     (crashed / "index.json").write_text(json.dumps(index))
-    (crashed / "shard-00002.safetensors.tmp").write_bytes(b"partial")  # an older specdraft's temp name
-    (crashed / ".shard-00002.safetensors.tmp-4242").write_bytes(b"partial")  # files.temp_path of a killed run
+    (crashed / "shard-00002.safetensors.tmp").write_bytes(
+        b"partial"
+    )  # an older specdraft's temp name
+    (crashed / ".shard-00002.safetensors.tmp-4242").write_bytes(
+        b"partial"
+    )  # files.temp_path of a killed run
     (crashed / "shard-00002.safetensors").unlink()
     (crashed / "shard-00000.safetensors").unlink()  # a listed shard lost too
     with pytest.raises(CaptureError, match="unfinished store"):
@@ -133,19 +151,38 @@ def test_disk_estimate_is_printed_first(chat_target_dir, tmp_path, width):
     expected = estimate_disk(7, 32, 3, torch.bfloat16, head)
     assert expected == 7 * (5 + 4 * 32 * 2) + head
     first, second = buf.getvalue().splitlines()[:2]
-    assert first == f"capture: 2 samples, 7 tokens, 2 shards; estimated disk {expected / 1024:.1f} KiB"
-    assert second == (f"  = 7 tokens x {5 + 4 * 32 * 2} B (ids 4 + mask 1 + 4·32·2) + target head "
-                      f"{head / 1024:.1f} KiB")
+    assert (
+        first == f"capture: 2 samples, 7 tokens, 2 shards; estimated disk {expected / 1024:.1f} KiB"
+    )
+    assert second == (
+        f"  = 7 tokens x {5 + 4 * 32 * 2} B (ids 4 + mask 1 + 4·32·2) + target head "
+        f"{head / 1024:.1f} KiB"
+    )
     shard_bytes = sum(p.stat().st_size for p in (tmp_path / "s").glob("shard-*"))
     assert 7 * (5 + 4 * 32 * 2) < shard_bytes < 7 * (5 + 4 * 32 * 2) + 2 * 1024  # headers only
 
 
 def test_cli_capture(chat_target_dir, data_file, tmp_path):
     out = tmp_path / "cli"
-    result = CliRunner().invoke(app, [
-        "capture", str(chat_target_dir), str(data_file), str(out), "--aux-layers", "0,2,4",
-        "--dtype", "fp32", "--max-length", "24", "--shard-tokens", "40",
-        "--template-kwargs", '{"enable_thinking": true}'])
+    result = CliRunner().invoke(
+        app,
+        [
+            "capture",
+            str(chat_target_dir),
+            str(data_file),
+            str(out),
+            "--aux-layers",
+            "0,2,4",
+            "--dtype",
+            "fp32",
+            "--max-length",
+            "24",
+            "--shard-tokens",
+            "40",
+            "--template-kwargs",
+            '{"enable_thinking": true}',
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "estimated disk" in result.output
     store = CaptureStore(out)

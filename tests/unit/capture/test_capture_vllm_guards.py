@@ -29,10 +29,21 @@ def no_vllm(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake_import)
 
 
-def test_engine_vllm_without_vllm_is_one_line_naming_the_package(chat_target_dir, tmp_path, no_vllm):
+def test_engine_vllm_without_vllm_is_one_line_naming_the_package(
+    chat_target_dir, tmp_path, no_vllm
+):
     data = tmp_path / "chats.jsonl"
-    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                             {"role": "assistant", "content": "yo"}]}) + "\n")
+    data.write_text(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "yo"},
+                ]
+            }
+        )
+        + "\n"
+    )
     result = capture(chat_target_dir, data, tmp_path / "store", "--engine", "vllm")
     one_line_error(result, "vLLM is not installed", "pip install vllm", "--engine transformers")
     assert not (tmp_path / "store").exists()
@@ -60,13 +71,26 @@ def test_vllm_options_with_the_transformers_engine_are_one_line(chat_target_dir,
     """--tensor-parallel-size / --data-parallel-size / ... run nothing without --engine vllm."""
     data = tmp_path / "texts.jsonl"
     data.write_text(json.dumps({"text": "hello there"}) + "\n")
-    result = capture(chat_target_dir, data, tmp_path / "store", "--tensor-parallel-size", 2,
-                     "--data-parallel-size", 2, "--enforce-eager")
-    line = one_line_error(result, "--tensor-parallel-size, --data-parallel-size, --enforce-eager: vLLM engine "
-                                  "options; capture with --engine vllm, or leave them out with --engine transformers")
+    result = capture(
+        chat_target_dir,
+        data,
+        tmp_path / "store",
+        "--tensor-parallel-size",
+        2,
+        "--data-parallel-size",
+        2,
+        "--enforce-eager",
+    )
+    line = one_line_error(
+        result,
+        "--tensor-parallel-size, --data-parallel-size, --enforce-eager: vLLM engine "
+        "options; capture with --engine vllm, or leave them out with --engine transformers",
+    )
     assert "--max-model-len" not in line and not (tmp_path / "store").exists()
     result = capture(chat_target_dir, data, tmp_path / "store", "--max-model-len", 64)
-    one_line_error(result, "--max-model-len: a vLLM engine option; capture with --engine vllm, or leave it out")
+    one_line_error(
+        result, "--max-model-len: a vLLM engine option; capture with --engine vllm, or leave it out"
+    )
     result = capture(chat_target_dir, data, tmp_path / "store", "--attention-backend", "CPU_MLA")
     one_line_error(result, "--attention-backend: a vLLM engine option; capture with --engine vllm")
 
@@ -74,8 +98,16 @@ def test_vllm_options_with_the_transformers_engine_are_one_line(chat_target_dir,
 def test_engine_arguments_name_the_attention_backend_only_when_given(chat_target_dir):
     """--attention-backend reaches vllm.LLM under vLLM's EngineArgs name; absent, vLLM chooses."""
     head = HeadTarget(chat_target_dir)
-    chosen = VllmCapture(chat_target_dir, head, (1, 2, 3), torch.float32, VllmOptions(attention_backend="CPU_MLA"),
-                         max_length=32).engine_kwargs(Path("files"))
+    chosen = VllmCapture(
+        chat_target_dir,
+        head,
+        (1, 2, 3),
+        torch.float32,
+        VllmOptions(attention_backend="CPU_MLA"),
+        max_length=32,
+    ).engine_kwargs(Path("files"))
     assert chosen["attention_backend"] == "CPU_MLA"
-    default = VllmCapture(chat_target_dir, head, (1, 2, 3), torch.float32, VllmOptions(), max_length=32)
+    default = VllmCapture(
+        chat_target_dir, head, (1, 2, 3), torch.float32, VllmOptions(), max_length=32
+    )
     assert "attention_backend" not in default.engine_kwargs(Path("files"))

@@ -28,8 +28,11 @@ def make_store(target_dir, tmp_path, dtype: str):
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS))
     out = tmp_path / f"store-{dtype}"
-    capture_dataset(CaptureConfig(str(target_dir), str(data), str(out), dtype=dtype, shard_tokens=40,
-                                  max_length=30))
+    capture_dataset(
+        CaptureConfig(
+            str(target_dir), str(data), str(out), dtype=dtype, shard_tokens=40, max_length=30
+        )
+    )
     return out
 
 
@@ -57,8 +60,13 @@ def test_specdraft_to_speculators_and_back_is_exact(bf16_store, chat_target_dir,
     assert hs["hidden_states"].shape == (T, 4, 32)  # 3 aux slots then the last layer, stacked
     assert torch.equal(hs["hidden_states"][:, 1], first["aux_hidden"][:, 32:64])
     assert torch.equal(hs["hidden_states"][:, 3], first["last_hidden"])
-    result = convert_store(tmp_path / "spec", tmp_path / "back", "specdraft", target=str(chat_target_dir),
-                           aux_layers=(1, 2, 3))  # vLLM ids on a Llama: specdraft indices as they are
+    result = convert_store(
+        tmp_path / "spec",
+        tmp_path / "back",
+        "specdraft",
+        target=str(chat_target_dir),
+        aux_layers=(1, 2, 3),
+    )  # vLLM ids on a Llama: specdraft indices as they are
     assert result.num_samples == len(CHATS) and result.aux_layers == (1, 2, 3)
     for a, b in zip(rows(bf16_store), rows(tmp_path / "back"), strict=True):
         for name in FIELDS:
@@ -71,8 +79,9 @@ def test_specdraft_to_speculators_and_back_is_exact(bf16_store, chat_target_dir,
     new.verify()
 
 
-def test_specdraft_to_specforge_norms_the_last_state_and_back_trains_the_same(fp32_store, chat_target_dir,
-                                                                              tmp_path):
+def test_specdraft_to_specforge_norms_the_last_state_and_back_trains_the_same(
+    fp32_store, chat_target_dir, tmp_path
+):
     """SpecForge holds the last state after the final norm: to SpecForge it is normed; a store
     SpecForge made (no specdraft record beside it) comes back in specdraft with the index saying
     so, and the target logits training computes are the same."""
@@ -89,8 +98,13 @@ def test_specdraft_to_specforge_norms_the_last_state_and_back_trains_the_same(fp
     eps = json.loads((chat_target_dir / "config.json").read_text())["rms_norm_eps"]
     assert torch.equal(raw["hidden_state"][0], rms_norm(first["last_hidden"], norm, eps))
     shutil.rmtree(tmp_path / "sf" / RECORD_DIR)
-    convert_store(tmp_path / "sf", tmp_path / "back", "specdraft", target=str(chat_target_dir),
-                  aux_layers=(0, 1, 2))  # SGLang ids: index - 1 on a Llama
+    convert_store(
+        tmp_path / "sf",
+        tmp_path / "back",
+        "specdraft",
+        target=str(chat_target_dir),
+        aux_layers=(0, 1, 2),
+    )  # SGLang ids: index - 1 on a Llama
     back = CaptureStore(tmp_path / "back")
     assert back.meta["last_hidden"] == AFTER_NORM and back.aux_layers == [1, 2, 3]
     for a, b in zip(rows(fp32_store), rows(tmp_path / "back"), strict=True):
@@ -129,27 +143,35 @@ def test_peer_files_with_a_missing_or_extra_field_are_refused_by_name(bf16_store
     convert_store(bf16_store, tmp_path / "spec", "speculators")
     hs_path = tmp_path / "spec" / "hidden_states" / "hs_2.safetensors"
     save_file({**load_file(str(hs_path)), "logits": torch.zeros(2)}, str(hs_path))
-    with pytest.raises(CaptureError, match=r"hs_2\.safetensors: not a speculators hidden-state file "
-                                           r"\(extra logits;"):
+    with pytest.raises(
+        CaptureError,
+        match=r"hs_2\.safetensors: not a speculators hidden-state file "
+        r"\(extra logits;",
+    ):
         list(read_speculators(tmp_path / "spec"))
     convert_store(bf16_store, tmp_path / "sf", "specforge")
     ckpt = next((tmp_path / "sf").rglob("data_1.ckpt"))
     data = torch.load(ckpt, weights_only=True)
     del data["loss_mask"]
     torch.save(data, ckpt)
-    with pytest.raises(CaptureError, match=r"data_1\.ckpt: not a SpecForge hidden-state file \(missing loss_mask;"):
+    with pytest.raises(
+        CaptureError, match=r"data_1\.ckpt: not a SpecForge hidden-state file \(missing loss_mask;"
+    ):
         list(read_specforge(tmp_path / "sf"))
     data["loss_mask"] = torch.ones(3, dtype=torch.long)
     torch.save(data, ckpt)
-    with pytest.raises(CaptureError, match=r"data_1\.ckpt: field loss_mask has shape \[3\], expected \[\d+\]"):
+    with pytest.raises(
+        CaptureError, match=r"data_1\.ckpt: field loss_mask has shape \[3\], expected \[\d+\]"
+    ):
         list(read_specforge(tmp_path / "sf"))
     ckpt.write_bytes(ckpt.read_bytes()[:100])
     with pytest.raises(CaptureError, match=r"data_1\.ckpt: unreadable torch.save file"):
         list(read_specforge(tmp_path / "sf"))
 
 
-def test_a_peer_store_without_target_or_aux_layers_is_refused_naming_the_option(bf16_store, chat_target_dir,
-                                                                                 tmp_path):
+def test_a_peer_store_without_target_or_aux_layers_is_refused_naming_the_option(
+    bf16_store, chat_target_dir, tmp_path
+):
     convert_store(bf16_store, tmp_path / "spec", "speculators")
     shutil.rmtree(tmp_path / "spec" / RECORD_DIR)  # as speculators writes it
     with pytest.raises(CaptureError, match="--target DIR is required"):
@@ -157,12 +179,19 @@ def test_a_peer_store_without_target_or_aux_layers_is_refused_naming_the_option(
     with pytest.raises(CaptureError, match="--aux-layers is required"):
         convert_store(tmp_path / "spec", tmp_path / "a", "specdraft", target=str(chat_target_dir))
     with pytest.raises(CaptureError, match="2 layers, but the store holds 3"):
-        convert_store(tmp_path / "spec", tmp_path / "a", "specdraft", target=str(chat_target_dir),
-                      aux_layers=(1, 2))
+        convert_store(
+            tmp_path / "spec",
+            tmp_path / "a",
+            "specdraft",
+            target=str(chat_target_dir),
+            aux_layers=(1, 2),
+        )
     assert not (tmp_path / "a").exists()
 
 
-def test_speculators_to_specforge_norms_with_the_targets_weights(bf16_store, chat_target_dir, tmp_path):
+def test_speculators_to_specforge_norms_with_the_targets_weights(
+    bf16_store, chat_target_dir, tmp_path
+):
     convert_store(bf16_store, tmp_path / "spec", "speculators")
     with pytest.raises(CaptureError, match="--target DIR is required"):
         convert_store(tmp_path / "spec", tmp_path / "a", "specforge")
@@ -175,7 +204,9 @@ def test_speculators_to_specforge_norms_with_the_targets_weights(bf16_store, cha
 def test_a_pickled_object_in_a_specforge_file_is_refused(tmp_path):
     (tmp_path / "rows_0-2000").mkdir()
     torch.save({"input_ids": object()}, tmp_path / "rows_0-2000" / "data_0.ckpt")
-    with pytest.raises(CaptureError, match=r"data_0\.ckpt: holds objects torch.load\(weights_only=True\) refuses"):
+    with pytest.raises(
+        CaptureError, match=r"data_0\.ckpt: holds objects torch.load\(weights_only=True\) refuses"
+    ):
         list(read_specforge(tmp_path))
 
 
@@ -188,19 +219,34 @@ def test_a_store_converted_to_a_peer_comes_back_the_same_store(bf16_store, tmp_p
     result = convert_store(tmp_path / "peer", tmp_path / "back", "specdraft")
     assert result.aux_layers == (1, 2, 3)
     old, new = CaptureStore(bf16_store), CaptureStore(tmp_path / "back")
-    assert new.meta == old.meta and new.meta["chat_template"]["chat"] and new.meta["max_length"] == 30
+    assert (
+        new.meta == old.meta and new.meta["chat_template"]["chat"] and new.meta["max_length"] == 30
+    )
     for a, b in zip(rows(bf16_store), rows(tmp_path / "back"), strict=True):
         for name in FIELDS:
             assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
     new.verify()
 
 
-def test_a_recorded_store_refuses_other_layers_and_changed_samples(bf16_store, chat_target_dir, tmp_path):
+def test_a_recorded_store_refuses_other_layers_and_changed_samples(
+    bf16_store, chat_target_dir, tmp_path
+):
     convert_store(bf16_store, tmp_path / "sf", "specforge")
-    with pytest.raises(CaptureError, match=r"--aux-layers 2,3,4 reads as specdraft indices \[2, 3, 4\], but .*"
-                                           r"specdraft_store/index.json records \[1, 2, 3\]"):
-        convert_store(tmp_path / "sf", tmp_path / "a", "specdraft", aux_layers=(2, 3, 4), convention="vllm")
-    convert_store(tmp_path / "sf", tmp_path / "a", "specdraft", aux_layers=(0, 1, 2), target=str(chat_target_dir))
+    with pytest.raises(
+        CaptureError,
+        match=r"--aux-layers 2,3,4 reads as specdraft indices \[2, 3, 4\], but .*"
+        r"specdraft_store/index.json records \[1, 2, 3\]",
+    ):
+        convert_store(
+            tmp_path / "sf", tmp_path / "a", "specdraft", aux_layers=(2, 3, 4), convention="vllm"
+        )
+    convert_store(
+        tmp_path / "sf",
+        tmp_path / "a",
+        "specdraft",
+        aux_layers=(0, 1, 2),
+        target=str(chat_target_dir),
+    )
     next((tmp_path / "sf").rglob(f"data_{len(CHATS) - 1}.ckpt")).unlink()
     with pytest.raises(CaptureError, match="its samples are not the ones .* records"):
         convert_store(tmp_path / "sf", tmp_path / "b", "specdraft")

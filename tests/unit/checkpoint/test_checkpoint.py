@@ -6,8 +6,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdraft.checkpoint import (LAYOUTS, CheckpointError, Manifest, audit, detect_layout, load_draft,
-                                  save_draft, state_dict_for_layout)
+from specdraft.checkpoint import (
+    LAYOUTS,
+    CheckpointError,
+    Manifest,
+    audit,
+    detect_layout,
+    load_draft,
+    save_draft,
+    state_dict_for_layout,
+)
 from tests.drafts import tiny_draft, tiny_manifest
 
 
@@ -41,7 +49,9 @@ def test_layout_key_names(tmp_path):
 
 
 def test_owned_embedding_is_saved_and_loaded(tmp_path):
-    model = tiny_draft(hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
+    model = tiny_draft(
+        hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32
+    )
     assert model.cfg.owns_embedding
     save_draft(model, tmp_path / "d", layout="sglang")
     assert "embed_tokens.weight" in load_file(str(tmp_path / "d" / "model.safetensors"))
@@ -93,7 +103,9 @@ def test_save_replaces_atomically(tmp_path):
     save_draft(model, tmp_path / "d", layout="sglang")
     save_draft(tiny_draft(seed=1), tmp_path / "d", layout="sglang")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
-    assert not torch.equal(load_draft(tmp_path / "d", target_num_layers=5).model.fc.weight, model.fc.weight)
+    assert not torch.equal(
+        load_draft(tmp_path / "d", target_num_layers=5).model.fc.weight, model.fc.weight
+    )
 
 
 @pytest.mark.parametrize("flag", ["embed_norm", "attention_bias", "mlp_bias"])
@@ -186,5 +198,7 @@ def test_a_manifest_missing_keys_is_a_one_line_error(tmp_path):
     from specdraft.checkpoint import CheckpointError, Manifest
 
     (tmp_path / "m.json").write_text("{}")
-    with pytest.raises(CheckpointError, match=r"manifest keys \['aux_layers', 'draft', 'target'\] missing"):
+    with pytest.raises(
+        CheckpointError, match=r"manifest keys \['aux_layers', 'draft', 'target'\] missing"
+    ):
         Manifest.read(tmp_path / "m.json")

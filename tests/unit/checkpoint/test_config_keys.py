@@ -14,20 +14,52 @@ from tests.drafts import tiny_draft
 
 # Keys (and the values that matter) of published drafter configs, beyond what specdraft writes.
 SPECFORGE_QWEN3_8B = {  # SpecForge configs/qwen3-8b-eagle3.json (a6b6b02)
-    "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
-    "initializer_range": 0.02, "max_window_layers": 36, "sliding_window": None, "use_cache": True,
-    "use_sliding_window": False, "transformers_version": "4.51.0"}
-SPECFORGE_QWEN35_MOE = {"decoder_sparse_step": 1, "attention_dropout": 0.0, "use_sliding_window": False}
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "initializer_range": 0.02,
+    "max_window_layers": 36,
+    "sliding_window": None,
+    "use_cache": True,
+    "use_sliding_window": False,
+    "transformers_version": "4.51.0",
+}
+SPECFORGE_QWEN35_MOE = {
+    "decoder_sparse_step": 1,
+    "attention_dropout": 0.0,
+    "use_sliding_window": False,
+}
 SPECFORGE_QWEN25_VL = {"target_model_type": "qwen2_5_vl", "pretraining_tp": 1, "pad_token_id": 0}
-EAGLE_TRAINEAGLE3 = {"bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": 0,  # SafeAILab/EAGLE 9666a81
-                     "initializer_range": 0.02, "torch_dtype": "float16", "use_cache": True}
+EAGLE_TRAINEAGLE3 = {
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "pad_token_id": 0,  # SafeAILab/EAGLE 9666a81
+    "initializer_range": 0.02,
+    "torch_dtype": "float16",
+    "use_cache": True,
+}
 # speculators 0.9.0: the config.json of its trainer's checkpoints (saved with its config.py)
-SPECULATORS_TRAINER = {"auto_map": {"": "config.Eagle3SpeculatorConfig"}, "embed_requires_grad": False}
-MODELOPT = {"attention_bias": False, "mlp_bias": False, "pretraining_tp": 1, "attention_dropout": 0.0,  # 0.47.0
-            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True,
-                             "use_input_layernorm_in_first_layer": True, "use_last_layernorm": True,
-                             "use_mtp_layernorm": False, "next_layer_regular": True, "parallel_draft_step": 1,
-                             "parallel_draft_heads_num_layers": None}}
+SPECULATORS_TRAINER = {
+    "auto_map": {"": "config.Eagle3SpeculatorConfig"},
+    "embed_requires_grad": False,
+}
+MODELOPT = {
+    "attention_bias": False,
+    "mlp_bias": False,
+    "pretraining_tp": 1,
+    "attention_dropout": 0.0,  # 0.47.0
+    "eagle_config": {
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+        "use_aux_hidden_state": True,
+        "use_input_layernorm_in_first_layer": True,
+        "use_last_layernorm": True,
+        "use_mtp_layernorm": False,
+        "next_layer_regular": True,
+        "parallel_draft_step": 1,
+        "parallel_draft_heads_num_layers": None,
+    },
+}
 
 
 def edit_config(directory, **keys):
@@ -36,8 +68,17 @@ def edit_config(directory, **keys):
     (directory / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("keys", [SPECFORGE_QWEN3_8B, SPECFORGE_QWEN35_MOE, SPECFORGE_QWEN25_VL, EAGLE_TRAINEAGLE3,
-                                  MODELOPT, SPECULATORS_TRAINER])
+@pytest.mark.parametrize(
+    "keys",
+    [
+        SPECFORGE_QWEN3_8B,
+        SPECFORGE_QWEN35_MOE,
+        SPECFORGE_QWEN25_VL,
+        EAGLE_TRAINEAGLE3,
+        MODELOPT,
+        SPECULATORS_TRAINER,
+    ],
+)
 def test_published_keys_load(tmp_path, keys):
     save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
     edit_config(tmp_path / "d", **keys)
@@ -50,19 +91,45 @@ def test_speculators_trainer_layer_config_keys_pass():
 
     for config in (LlamaConfig(num_hidden_layers=1), Qwen3Config(num_hidden_layers=1)):
         layer = config.to_diff_dict()
-        assert unknown_config_keys({"speculators_model_type": "eagle3", "transformer_layer_config": layer,
-                                    "embed_requires_grad": False, "norm_before_fc": False}, UNIMPLEMENTED_FLAGS) == []
+        assert (
+            unknown_config_keys(
+                {
+                    "speculators_model_type": "eagle3",
+                    "transformer_layer_config": layer,
+                    "embed_requires_grad": False,
+                    "norm_before_fc": False,
+                },
+                UNIMPLEMENTED_FLAGS,
+            )
+            == []
+        )
 
 
-@pytest.mark.parametrize(("keys", "named"), [
-    ({"moe_intermediate_size": 768}, "moe_intermediate_size = 768 (closest known key: intermediate_size)"),
-    ({"quantization_config": {"quant_method": "fp8"}}, "quantization_config = {'quant_method': 'fp8'};"),
-    ({"rope_thetta": 1e6}, "rope_thetta = 1000000.0 (closest known key: rope_theta)"),
-    ({"hidden_act": "gelu"}, "hidden_act = 'gelu' (harmless only as 'silu')"),
-    ({"use_sliding_window": True}, "use_sliding_window = True (harmless only as False / None)"),
-    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_mtp_layernorm": True}},
-     "eagle_config.use_mtp_layernorm = True (harmless only as False / None)"),
-])
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        (
+            {"moe_intermediate_size": 768},
+            "moe_intermediate_size = 768 (closest known key: intermediate_size)",
+        ),
+        (
+            {"quantization_config": {"quant_method": "fp8"}},
+            "quantization_config = {'quant_method': 'fp8'};",
+        ),
+        ({"rope_thetta": 1e6}, "rope_thetta = 1000000.0 (closest known key: rope_theta)"),
+        ({"hidden_act": "gelu"}, "hidden_act = 'gelu' (harmless only as 'silu')"),
+        ({"use_sliding_window": True}, "use_sliding_window = True (harmless only as False / None)"),
+        (
+            {
+                "eagle_config": {
+                    "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+                    "use_mtp_layernorm": True,
+                }
+            },
+            "eagle_config.use_mtp_layernorm = True (harmless only as False / None)",
+        ),
+    ],
+)
 def test_an_unknown_key_is_refused_naming_it(tmp_path, keys, named):
     """One readable line: the key, what is known of it, the fix and where the known keys are
     listed (not the list itself); doctor says the loader's words."""
@@ -71,7 +138,10 @@ def test_an_unknown_key_is_refused_naming_it(tmp_path, keys, named):
     with pytest.raises(CheckpointError, match="does not know to be harmless") as refused:
         load_draft(tmp_path / "d", target_num_layers=5)
     message = str(refused.value)
-    assert named in message and f"`specdraft inspect {tmp_path / 'd'} --known-keys` lists the keys known" in message
+    assert (
+        named in message
+        and f"`specdraft inspect {tmp_path / 'd'} --known-keys` lists the keys known" in message
+    )
     assert "rms_norm_eps" not in message and len(message.replace(str(tmp_path / "d"), "")) < 350
     finding = run_doctor(tmp_path / "d").finding("specdraft_loads")
     assert finding.verdict == "fail" and finding.evidence.endswith(message)
@@ -87,15 +157,21 @@ def test_inspect_known_keys_lists_the_keys_and_the_checkpoints_others(tmp_path):
     save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
     result = CliRunner().invoke(app, ["inspect", str(tmp_path / "d"), "--known-keys"])
     lines = result.output.splitlines()
-    assert result.exit_code == 0 and lines[0].startswith("read: architectures, model_type, hidden_size")
+    assert result.exit_code == 0 and lines[0].startswith(
+        "read: architectures, model_type, hidden_size"
+    )
     assert lines[-1] == f"{tmp_path / 'd'}/config.json: no other keys"
-    assert any(line.startswith("flags judged by their own rule: norm_before_residual") and "mlp_bias" in line
-               for line in lines)
+    assert any(
+        line.startswith("flags judged by their own rule: norm_before_residual")
+        and "mlp_bias" in line
+        for line in lines
+    )
     edit_config(tmp_path / "d", rope_thetta=1e6)
     result = CliRunner().invoke(app, ["inspect", str(tmp_path / "d"), "--known-keys"])
     assert result.exit_code == 1 and result.output.splitlines()[-1] == (
         f"{tmp_path / 'd'}/config.json: neither read nor known harmless: rope_thetta = 1000000.0 "
-        "(closest known key: rope_theta)")
+        "(closest known key: rope_theta)"
+    )
 
 
 def test_inspect_refuses_an_unknown_key_in_a_speculators_layer_config(tmp_path):

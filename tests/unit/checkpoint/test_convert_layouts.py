@@ -13,8 +13,11 @@ from tests.drafts import tiny_draft, tiny_manifest
 
 
 def convert(src, dst, layout: str):
-    result = CliRunner().invoke(app, ["convert", str(src), str(dst), "--layout", layout],
-                                env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+    result = CliRunner().invoke(
+        app,
+        ["convert", str(src), str(dst), "--layout", layout],
+        env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"},
+    )
     assert result.exit_code == 0, result.output
     return " ".join(result.output.split())
 
@@ -36,7 +39,9 @@ def test_sglang_and_specdraft_layouts_differ_exactly_by_the_manifest(tmp_path):
     assert json.loads(specdraft[MANIFEST_FILE]) == json.loads(manifest.to_json())
     assert "no specdraft manifest" in said_sglang and "specdraft manifest (" not in said_sglang
     assert "+ specdraft manifest" in said_specdraft and "left out" not in said_specdraft
-    assert "manifest is left out of the official layout (--layout specdraft keeps it)" in said_sglang
+    assert (
+        "manifest is left out of the official layout (--layout specdraft keeps it)" in said_sglang
+    )
 
 
 def test_the_sglang_layout_reads_back_to_the_same_drafter(tmp_path):
@@ -52,12 +57,15 @@ def test_a_config_that_reads_back_differently_is_refused(tmp_path, monkeypatch):
     """Without the manifest only config.json describes the drafter: convert proves it rebuilds the same one."""
     import pytest
 
-    from specdraft.checkpoint import layouts
-    from specdraft.checkpoint import CheckpointError, convert_draft
+    from specdraft.checkpoint import CheckpointError, convert_draft, layouts
 
     model = tiny_draft()
     src = save_draft(model, tmp_path / "src", layout="specdraft", manifest=tiny_manifest(model))
     real = layouts.base_llama_config
-    monkeypatch.setattr(layouts, "base_llama_config", lambda cfg, dtype: {**real(cfg, dtype), "rms_norm_eps": 0.5})
-    with pytest.raises(CheckpointError, match=r"config reads back differently: rms_norm_eps 1e-0\d -> 0.5"):
+    monkeypatch.setattr(
+        layouts, "base_llama_config", lambda cfg, dtype: {**real(cfg, dtype), "rms_norm_eps": 0.5}
+    )
+    with pytest.raises(
+        CheckpointError, match=r"config reads back differently: rms_norm_eps 1e-0\d -> 0.5"
+    ):
         convert_draft(src, tmp_path / "sglang", layout="sglang")

@@ -52,14 +52,20 @@ def set_architectures(directory, architectures):
 def test_a_draft_architecture_no_engine_loads(tmp_path):
     save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
     set_architectures(tmp_path / "d", ["GptOssForCausalLMEagle3"])
-    with pytest.raises(CheckpointError, match=r"\['GptOssForCausalLMEagle3'\] is a draft architecture specdraft "
-                       r"does not implement .*neither SGLang 0\.5\.23 nor vLLM 0\.32 registers it") as refused:
+    with pytest.raises(
+        CheckpointError,
+        match=r"\['GptOssForCausalLMEagle3'\] is a draft architecture specdraft "
+        r"does not implement .*neither SGLang 0\.5\.23 nor vLLM 0\.32 registers it",
+    ) as refused:
         load_draft(tmp_path / "d", target_num_layers=5)
     report = run_doctor(tmp_path / "d")
     assert report.finding("specdraft_loads").evidence == str(refused.value)
     keys = report.finding("keys_match_engine")
     assert keys.verdict == "fail"
-    assert "SGLang would not load this drafter: architectures ['GptOssForCausalLMEagle3'] is no EAGLE-3" in keys.evidence
+    assert (
+        "SGLang would not load this drafter: architectures ['GptOssForCausalLMEagle3'] is no EAGLE-3"
+        in keys.evidence
+    )
     assert "vLLM would not load this drafter" in keys.evidence and "registry.py" in keys.evidence
 
 
@@ -69,4 +75,7 @@ def test_an_architecture_only_vllm_registers_names_it(tmp_path):
     with pytest.raises(CheckpointError, match="vLLM 0.32 registers it: serve it there"):
         load_draft(tmp_path / "d", target_num_layers=5)
     keys = run_doctor(tmp_path / "d").finding("keys_match_engine")
-    assert "SGLang would not load this drafter" in keys.evidence and "vLLM loads all 15 tensors" in keys.evidence
+    assert (
+        "SGLang would not load this drafter" in keys.evidence
+        and "vLLM loads all 15 tensors" in keys.evidence
+    )

@@ -34,8 +34,13 @@ def outputs(model) -> torch.Tensor:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_layout_writes_the_flags_and_reads_them_back(tmp_path, layout, flags):
     model = tiny_draft(**flags)
-    save_draft(model, tmp_path / "d", layout=layout, manifest=tiny_manifest(model) if layout == "specdraft" else None,
-               verifier="/models/target")
+    save_draft(
+        model,
+        tmp_path / "d",
+        layout=layout,
+        manifest=tiny_manifest(model) if layout == "specdraft" else None,
+        verifier="/models/target",
+    )
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     assert config["norm_before_residual"] is flags["norm_before_residual"]
     assert {k for k in NORM_FLAGS[1:] if config.get(k)} == {k for k in NORM_FLAGS[1:] if flags[k]}
@@ -54,11 +59,18 @@ def test_norm_before_fc_under_eagle_config_and_legacy_fc_norm_names_are_read(tmp
         config.pop("norm_before_fc"), config.pop("fc_norm")
         config["eagle_config"]["norm_before_fc"] = True
         config["use_aux_norm"] = True
+
     edit_config(tmp_path / "d", legacy)
     file = tmp_path / "d" / "model.safetensors"
-    names = {"fc_norm.0.": "aux_norm_low.", "fc_norm.1.": "aux_norm_mid.", "fc_norm.2.": "aux_norm_high."}
-    tensors = {next((names[p] + k[len(p):] for p in names if k.startswith(p)), k): v
-               for k, v in load_file(str(file)).items()}
+    names = {
+        "fc_norm.0.": "aux_norm_low.",
+        "fc_norm.1.": "aux_norm_mid.",
+        "fc_norm.2.": "aux_norm_high.",
+    }
+    tensors = {
+        next((names[p] + k[len(p) :] for p in names if k.startswith(p)), k): v
+        for k, v in load_file(str(file)).items()
+    }
     assert "aux_norm_mid.weight" in tensors
     save_file(tensors, str(file))
     loaded = load_draft(tmp_path / "d", target_num_layers=5).model
@@ -67,11 +79,20 @@ def test_norm_before_fc_under_eagle_config_and_legacy_fc_norm_names_are_read(tmp
     torch.testing.assert_close(outputs(loaded), outputs(model), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("edit,match", [
-    (lambda c: c.update(norm_output=True), r"norm_output True \(config.json\) vs False \(manifest\)"),
-    (lambda c: c.update(norm_before_residual="yes"), 'norm_before_residual: "yes" must be true or false'),
-    (lambda c: c.update(fc_norm=False, use_aux_norm=True), "disagree"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (
+            lambda c: c.update(norm_output=True),
+            r"norm_output True \(config.json\) vs False \(manifest\)",
+        ),
+        (
+            lambda c: c.update(norm_before_residual="yes"),
+            'norm_before_residual: "yes" must be true or false',
+        ),
+        (lambda c: c.update(fc_norm=False, use_aux_norm=True), "disagree"),
+    ],
+)
 def test_a_config_that_says_another_drafter_is_refused(tmp_path, edit, match):
     model = tiny_draft()
     save_draft(model, tmp_path / "d", layout="specdraft", manifest=tiny_manifest(model))
@@ -87,24 +108,41 @@ def test_a_sliding_window_draft_layer_is_refused(tmp_path, layout):
 
     def slide(config):
         layer = config["transformer_layer_config"] if layout == "speculators" else config
-        layer.update(layer_types=["sliding_attention"], sliding_window=2048, use_sliding_window=True)
+        layer.update(
+            layer_types=["sliding_attention"], sliding_window=2048, use_sliding_window=True
+        )
+
     edit_config(tmp_path / "d", slide)
-    with pytest.raises(CheckpointError, match=r"layer_types \['sliding_attention'\] with sliding_window 2048: "
-                                              "vLLM and speculators window"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"layer_types \['sliding_attention'\] with sliding_window 2048: "
+        "vLLM and speculators window",
+    ):
         load_draft(tmp_path / "d", target_num_layers=5)
-    edit_config(tmp_path / "d", lambda c: (c.get("transformer_layer_config") or c).update(
-        layer_types=["full_attention"], use_sliding_window=False))
+    edit_config(
+        tmp_path / "d",
+        lambda c: (c.get("transformer_layer_config") or c).update(
+            layer_types=["full_attention"], use_sliding_window=False
+        ),
+    )
     assert load_draft(tmp_path / "d", target_num_layers=5).model.cfg.aux_layers == (2, 3, 4)
 
 
-def test_a_speculators_config_without_norm_before_residual_is_refused_by_loader_and_doctor(tmp_path):
+def test_a_speculators_config_without_norm_before_residual_is_refused_by_loader_and_doctor(
+    tmp_path,
+):
     """vLLM reads an omitted norm_before_residual as true, the speculators library as false."""
     from specdraft.doctor import run_doctor
 
     save_draft(tiny_draft(), tmp_path / "d", layout="speculators", verifier="/models/target")
     edit_config(tmp_path / "d", lambda c: c.pop("norm_before_residual"))
-    with pytest.raises(CheckpointError, match="a speculators config without norm_before_residual: vLLM 0.32 "
-                                              "reads it as true, the speculators library as false") as refused:
+    with pytest.raises(
+        CheckpointError,
+        match="a speculators config without norm_before_residual: vLLM 0.32 "
+        "reads it as true, the speculators library as false",
+    ) as refused:
         load_draft(tmp_path / "d", target_num_layers=5)
     finding = run_doctor(tmp_path / "d").finding("specdraft_loads")
-    assert finding.verdict == "fail" and finding.evidence.endswith(str(refused.value))  # the loader's words
+    assert finding.verdict == "fail" and finding.evidence.endswith(
+        str(refused.value)
+    )  # the loader's words

@@ -13,7 +13,11 @@ import pytest
 import torch
 
 from specdraft.checkpoint import convert_draft, load_draft, tensor_digest
-from specdraft.conventions.engines import EMBEDDING_SOURCES, sglang_replaces_embedding, sglang_replaces_head
+from specdraft.conventions.engines import (
+    EMBEDDING_SOURCES,
+    sglang_replaces_embedding,
+    sglang_replaces_head,
+)
 from specdraft.doctor import run_doctor
 from specdraft.engine.load import load_engine
 from specdraft.export import ExportError, export_draft
@@ -32,7 +36,10 @@ def owned(tmp_path_factory):
 
 
 def test_the_engines_rules_are_recorded():
-    assert "_maybe_share_embeddings" in EMBEDDING_SOURCES["vllm"] and "set_embed" in EMBEDDING_SOURCES["sglang"]
+    assert (
+        "_maybe_share_embeddings" in EMBEDDING_SOURCES["vllm"]
+        and "set_embed" in EMBEDDING_SOURCES["sglang"]
+    )
     assert sglang_replaces_embedding({"hidden_size": 32, "target_hidden_size": 32})
     assert sglang_replaces_embedding({"hidden_size": 32})
     assert not sglang_replaces_embedding({"hidden_size": 32, "target_hidden_size": 64})
@@ -60,7 +67,9 @@ def test_an_owned_embedding_round_trips_every_layout(owned, tmp_path, layout):
     draft, _, embedding = owned
     assert convert_draft(draft, tmp_path / "out", layout=layout, target_num_layers=5).num_copied > 0
     back = load_draft(tmp_path / "out", target_num_layers=5).model
-    assert back.cfg.embedding_owned and tensor_digest(back.embed_tokens.weight) == tensor_digest(embedding)
+    assert back.cfg.embedding_owned and tensor_digest(back.embed_tokens.weight) == tensor_digest(
+        embedding
+    )
 
 
 def test_doctor_fails_it_for_sglang_and_passes_it_for_vllm(owned):
@@ -68,19 +77,32 @@ def test_doctor_fails_it_for_sglang_and_passes_it_for_vllm(owned):
     vllm = run_doctor(draft, target=target, engine="vllm")
     assert vllm.finding("keys_match_engine").verdict == "pass"
     assert vllm.finding("embedding_and_head_as_trained").verdict == "pass"
-    assert "vLLM runs it with its own embedding" in vllm.finding("embedding_and_head_as_trained").evidence
-    sglang = run_doctor(draft, target=target, engine="sglang").finding("embedding_and_head_as_trained")
-    assert sglang.verdict == "fail" and "SGLang puts the target's embedding in place of the drafter's own" \
-        in sglang.evidence
-    assert "which differs from it" in sglang.evidence and sglang.fix.startswith("serve it with vLLM")
+    assert (
+        "vLLM runs it with its own embedding"
+        in vllm.finding("embedding_and_head_as_trained").evidence
+    )
+    sglang = run_doctor(draft, target=target, engine="sglang").finding(
+        "embedding_and_head_as_trained"
+    )
+    assert (
+        sglang.verdict == "fail"
+        and "SGLang puts the target's embedding in place of the drafter's own" in sglang.evidence
+    )
+    assert "which differs from it" in sglang.evidence and sglang.fix.startswith(
+        "serve it with vLLM"
+    )
 
 
 def test_doctor_fails_a_config_without_draft_vocab_size_for_sglang(tmp_path):
     draft, target = draft_checkpoint(tmp_path, layout="sglang")
     edit_config(draft, lambda c: c.pop("draft_vocab_size"))
-    finding = run_doctor(draft, target=target, engine="sglang").finding("embedding_and_head_as_trained")
-    assert finding.verdict == "fail" and "SGLang loads the target's lm_head in place of the trained one" \
-        in finding.evidence
+    finding = run_doctor(draft, target=target, engine="sglang").finding(
+        "embedding_and_head_as_trained"
+    )
+    assert (
+        finding.verdict == "fail"
+        and "SGLang loads the target's lm_head in place of the trained one" in finding.evidence
+    )
 
 
 def test_export_writes_both_sizes_and_refuses_sglang(owned, tmp_path):
@@ -91,10 +113,15 @@ def test_export_writes_both_sizes_and_refuses_sglang(owned, tmp_path):
         assert config["target_hidden_size"] == 32 and config["draft_vocab_size"] == 64, engine
         back = load_draft(tmp_path / engine, target_num_layers=5).model
         assert torch.equal(back.embed_tokens.weight, embedding), engine
-    with pytest.raises(ExportError, match="SGLang puts the target's embedding in place of the drafter's own "
-                       "embed_tokens, which differs from it") as refused:
+    with pytest.raises(
+        ExportError,
+        match="SGLang puts the target's embedding in place of the drafter's own "
+        "embed_tokens, which differs from it",
+    ) as refused:
         export_draft(draft, tmp_path / "sglang", engine="sglang", target=target)
-    assert "conventions" not in str(refused.value) and "export --engine vllm or speculators" in str(refused.value)
+    assert "conventions" not in str(refused.value) and "export --engine vllm or speculators" in str(
+        refused.value
+    )
 
 
 @pytest.fixture(scope="module")
@@ -110,14 +137,22 @@ def frozen(tmp_path_factory):
 def test_sglang_export_and_doctor_agree_on_an_embedding_identical_to_the_targets(frozen, tmp_path):
     draft, target = frozen
     result = export_draft(draft, tmp_path / "sglang", engine="sglang", target=target)
-    assert any("embed_tokens.weight is kept: SGLang runs the target's embedding, identical to the drafter's "
-               "own" in note for note in result.notes)
+    assert any(
+        "embed_tokens.weight is kept: SGLang runs the target's embedding, identical to the drafter's "
+        "own" in note
+        for note in result.notes
+    )
     back = load_draft(tmp_path / "sglang", target_num_layers=5).model
     assert back.cfg.embedding_owned  # the files hold it, bit-exactly (export re-reads every tensor)
     for path in (draft, tmp_path / "sglang"):
-        finding = run_doctor(path, target=target, engine="sglang").finding("embedding_and_head_as_trained")
+        finding = run_doctor(path, target=target, engine="sglang").finding(
+            "embedding_and_head_as_trained"
+        )
         assert finding.verdict == "pass", path
-        assert "SGLang runs it with the target's embedding, identical to the drafter's own" in finding.evidence
+        assert (
+            "SGLang runs it with the target's embedding, identical to the drafter's own"
+            in finding.evidence
+        )
 
 
 def test_the_one_sglang_embedding_rule():
@@ -125,13 +160,21 @@ def test_the_one_sglang_embedding_rule():
 
     same = {"hidden_size": 32, "target_hidden_size": 32}
     own = torch.randn(8, 32, generator=torch.Generator().manual_seed(4)).half()
-    assert sglang_embedding(same, own, lambda: own.float()) == \
-        (True, "the target's embedding, identical to the drafter's own embed_tokens")
+    assert sglang_embedding(same, own, lambda: own.float()) == (
+        True,
+        "the target's embedding, identical to the drafter's own embed_tokens",
+    )
     assert sglang_embedding(same, own, lambda: own.float() + 1)[0] is False
-    assert sglang_embedding(same, own, lambda: None) == (False, "SGLang puts the target's embedding in place of "
-                                                         "the drafter's own embed_tokens; not compared with the "
-                                                         "target's (pass --target DIR)")
-    assert sglang_embedding({"hidden_size": 32, "target_hidden_size": 64}, own, lambda: 1 / 0)[0] is True
+    assert sglang_embedding(same, own, lambda: None) == (
+        False,
+        "SGLang puts the target's embedding in place of "
+        "the drafter's own embed_tokens; not compared with the "
+        "target's (pass --target DIR)",
+    )
+    assert (
+        sglang_embedding({"hidden_size": 32, "target_hidden_size": 64}, own, lambda: 1 / 0)[0]
+        is True
+    )
     assert sglang_embedding(same, None, lambda: 1 / 0)[0] is True
 
 
@@ -146,9 +189,21 @@ def test_a_bf16_embedding_in_an_fp16_drafter_is_judged_as_stored(tmp_path):
     embedding = tensors[key].to(torch.bfloat16)
     embedding[0, :4] = 1e-7  # below fp16's smallest subnormal: 0 after the loader's cast
     save_file({**tensors, key: embedding}, target / "model.safetensors", metadata={"format": "pt"})
-    edit_weights(draft, lambda t: t.update({**{k: v.half() for k, v in t.items() if v.is_floating_point()},
-                                            OWN: embedding.clone()}))
+    edit_weights(
+        draft,
+        lambda t: t.update(
+            {**{k: v.half() for k, v in t.items() if v.is_floating_point()}, OWN: embedding.clone()}
+        ),
+    )
     result = export_draft(draft, tmp_path / "sglang", engine="sglang", target=target)
-    assert any("identical to the drafter's own embed_tokens (set_embed), so as trained; written as torch.float16 "
-               "like every tensor here (the source stores it as torch.bfloat16)" in note for note in result.notes)
-    assert run_doctor(draft, target=target, engine="sglang").finding("embedding_and_head_as_trained").verdict == "pass"
+    assert any(
+        "identical to the drafter's own embed_tokens (set_embed), so as trained; written as torch.float16 "
+        "like every tensor here (the source stores it as torch.bfloat16)" in note
+        for note in result.notes
+    )
+    assert (
+        run_doctor(draft, target=target, engine="sglang")
+        .finding("embedding_and_head_as_trained")
+        .verdict
+        == "pass"
+    )

@@ -35,8 +35,13 @@ from tests.tiny_models import tiny_config
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "published_configs"
 # Consistent shrink: hidden 32 = 4 heads x 8, KV heads 2 (or 4 where the config has as many as heads).
-SHRUNK = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4, "head_dim": 8,
-          "vocab_size": 256}
+SHRUNK = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_attention_heads": 4,
+    "head_dim": 8,
+    "vocab_size": 256,
+}
 DRAFT_VOCAB = 64
 
 
@@ -60,10 +65,18 @@ PUBLISHED = [
     Published("specforge-qwen3-30B-A3B-eagle3.1.json", "qwen3", 48, [2, 24, 45]),
     Published("specforge-qwen3-vl-8b-eagle3.json", "qwen3_vl", 36, [2, 18, 33]),
     Published("specforge-qwen3-vl-30b-a3b-eagle3.json", "qwen3_vl_moe", 48, [2, 24, 45]),
-    Published("eagle-traineagle3-config.json", "llama", 32, None,
-              refuse="architectures ['LlamaForCausalLM'] names a plain model, not an EAGLE-3 drafter", flip="reader"),
+    Published(
+        "eagle-traineagle3-config.json",
+        "llama",
+        32,
+        None,
+        refuse="architectures ['LlamaForCausalLM'] names a plain model, not an EAGLE-3 drafter",
+        flip="reader",
+    ),
     Published("speculators-0.9.0-converter-llama3-8b.json", "llama", 32, [2, 16, 29]),
-    Published("speculators-0.9.0-trainer-llama3-8b.json", "llama", 32, [2, 16, 29], owned_embedding=True),
+    Published(
+        "speculators-0.9.0-trainer-llama3-8b.json", "llama", 32, [2, 16, 29], owned_embedding=True
+    ),
     Published("modelopt-llama-eagle3-export.json", "llama", 32, [2, 16, 29], t2d=False),
 ]
 
@@ -73,8 +86,10 @@ def shrink(config: dict) -> dict:
     out = json.loads(json.dumps(config))
     layer = out.get("transformer_layer_config", out)
     kv = 4 if layer.get("num_key_value_heads") == layer.get("num_attention_heads") else 2
-    layer.update({k: v for k, v in SHRUNK.items() if k != "head_dim" or "head_dim" in layer},
-                 num_key_value_heads=kv)
+    layer.update(
+        {k: v for k, v in SHRUNK.items() if k != "head_dim" or "head_dim" in layer},
+        num_key_value_heads=kv,
+    )
     for where in (out, layer):
         if where.get("draft_vocab_size") is not None:
             where["draft_vocab_size"] = DRAFT_VOCAB
@@ -85,7 +100,9 @@ def shrink(config: dict) -> dict:
 
 def write_target(root: Path, case: Published) -> tuple[Path, str]:
     """A target directory (config.json only: ids and sizes need nothing else) and its class."""
-    config = tiny_config(case.target, num_layers=case.num_layers, hidden_size=32, vocab_size=256, head_dim=8)
+    config = tiny_config(
+        case.target, num_layers=case.num_layers, hidden_size=32, vocab_size=256, head_dim=8
+    )
     path = root / "target"
     path.mkdir()
     (path / "config.json").write_text(config.to_json_string())
@@ -95,9 +112,13 @@ def write_target(root: Path, case: Published) -> tuple[Path, str]:
 def write_drafter(root: Path, case: Published, config: dict) -> tuple[Path, dict]:
     """The drafter directory: the shrunk config.json and seeded tensors under the layout's names."""
     layer = config.get("transformer_layer_config", config)
-    cfg = DraftConfig.from_target({**layer, "num_hidden_layers": case.num_layers}, case.aux or [2, 3, 4],
-                                  draft_vocab_size=DRAFT_VOCAB, embedding_owned=case.owned_embedding,
-                                  **norm_flags_of_config(root, config))
+    cfg = DraftConfig.from_target(
+        {**layer, "num_hidden_layers": case.num_layers},
+        case.aux or [2, 3, 4],
+        draft_vocab_size=DRAFT_VOCAB,
+        embedding_owned=case.owned_embedding,
+        **norm_flags_of_config(root, config),
+    )
     layout = "speculators" if "speculators_model_type" in config else "sglang"
     tensors = state_dict_for_layout(seeded_draft(cfg), layout)
     if not case.t2d:
@@ -118,33 +139,51 @@ def test_a_published_config(tmp_path, case):
     if case.refuse is not None:
         with pytest.raises(CheckpointError) as refused:
             load_draft(draft, **reading)
-        assert case.refuse in str(refused.value) and str(draft) in str(refused.value), (case.flip, refused.value)
+        assert case.refuse in str(refused.value) and str(draft) in str(refused.value), (
+            case.flip,
+            refused.value,
+        )
         return
     loaded = load_draft(draft, **reading)
     assert list(loaded.model.cfg.aux_layers) == case.aux
-    digests = {name: tensor_digest(t) for name, t in state_dict_for_layout(loaded.model, "sglang").items()}
+    digests = {
+        name: tensor_digest(t) for name, t in state_dict_for_layout(loaded.model, "sglang").items()
+    }
     derived = () if case.t2d else ("t2d",)  # ModelOpt writes d2t only: t2d is derived, not copied
     for layout in ("sglang", "speculators"):
         out = tmp_path / layout
-        assert convert_draft(draft, out, layout=layout, **reading) == Converted(len(tensors), derived)
+        assert convert_draft(draft, out, layout=layout, **reading) == Converted(
+            len(tensors), derived
+        )
         back = load_draft(out, **reading).model
         assert list(back.cfg.aux_layers) == case.aux
-        assert {n: tensor_digest(t) for n, t in state_dict_for_layout(back, "sglang").items()} == digests, layout
+        assert {
+            n: tensor_digest(t) for n, t in state_dict_for_layout(back, "sglang").items()
+        } == digests, layout
     result = export_draft(draft, tmp_path / "vllm", engine="vllm", target=target)
     written = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert written["eagle_aux_hidden_state_layer_ids"] == case.aux  # vLLM reads these ids as-is
     assert written["draft_vocab_size"] == DRAFT_VOCAB and written["target_hidden_size"] == 32
-    assert (result.num_tensors, result.derived) == (len(tensors), derived)  # export writes the derived t2d too
+    assert (result.num_tensors, result.derived) == (
+        len(tensors),
+        derived,
+    )  # export writes the derived t2d too
 
 
 def test_every_fixture_has_a_case_and_a_source():
     sources = json.loads((FIXTURES / "SOURCES.json").read_text())
     files = sorted(p.name for p in FIXTURES.glob("*.json") if p.name != "SOURCES.json")
-    assert files == sorted(c.file for c in PUBLISHED) == sorted(k for k in sources if not k.startswith("_"))
+    assert (
+        files
+        == sorted(c.file for c in PUBLISHED)
+        == sorted(k for k in sources if not k.startswith("_"))
+    )
     assert all(sources[f]["commit"] and sources[f]["source"] for f in files)
 
 
-@pytest.mark.parametrize("file", ["specforge-qwen3-vl-8b-eagle3.json", "specforge-qwen3-vl-30b-a3b-eagle3.json"])
+@pytest.mark.parametrize(
+    "file", ["specforge-qwen3-vl-8b-eagle3.json", "specforge-qwen3-vl-30b-a3b-eagle3.json"]
+)
 def test_specforge_qwen3_vl_mrope_reads_as_rope_over_text_positions(tmp_path, file):
     """SpecForge writes the target's interleaved M-RoPE sections into its Qwen3-VL drafters; on a
     text-only prompt the three position rows are equal, so the drafter is 1-D RoPE at that theta."""
@@ -168,9 +207,17 @@ def test_the_eagle3_trainer_config_refusal_names_the_way_forward_and_it_works(tm
     with pytest.raises(CheckpointError) as refused:
         load_draft(draft, **reading)
     message = str(refused.value)
-    assert "Eagle3LlamaForCausalLM" in message and "SGLang 0.5.23 as its plain Llama model" in message
+    assert (
+        "Eagle3LlamaForCausalLM" in message and "SGLang 0.5.23 as its plain Llama model" in message
+    )
     assert 'set "architectures": ["LlamaForCausalLMEagle3"] in config.json' in message
     assert "conventions" not in message and "\n" not in message
-    (draft / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForCausalLMEagle3"]}))
+    (draft / "config.json").write_text(
+        json.dumps({**config, "architectures": ["LlamaForCausalLMEagle3"]})
+    )
     model = load_draft(draft, **reading).model
-    assert torch.equal(model.fc.weight, tensors["fc.weight"]) and model.cfg.aux_layers == (2, 16, 29)
+    assert torch.equal(model.fc.weight, tensors["fc.weight"]) and model.cfg.aux_layers == (
+        2,
+        16,
+        29,
+    )

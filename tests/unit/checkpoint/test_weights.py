@@ -8,7 +8,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from specdraft.checkpoint import CheckpointError, convert_draft, load_draft, save_draft, state_dict_for_layout
+from specdraft.checkpoint import (
+    CheckpointError,
+    convert_draft,
+    load_draft,
+    save_draft,
+    state_dict_for_layout,
+)
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from tests.drafts import tiny_draft
@@ -31,14 +37,19 @@ def reshape_weights(directory, fmt: str) -> dict:
         torch.save(tensors, directory / "pytorch_model.bin")
         return tensors
     names = sorted(tensors)
-    halves = {"a": names[: len(names) // 2], "b": names[len(names) // 2:]}
-    ext, index = ("bin", "pytorch_model.bin.index.json") if fmt == "sharded-bin" else (
-        "safetensors", "model.safetensors.index.json")
+    halves = {"a": names[: len(names) // 2], "b": names[len(names) // 2 :]}
+    ext, index = (
+        ("bin", "pytorch_model.bin.index.json")
+        if fmt == "sharded-bin"
+        else ("safetensors", "model.safetensors.index.json")
+    )
     weight_map = {}
     for part, keys in halves.items():
         shard = f"model-0000{'1' if part == 'a' else '2'}-of-00002.{ext}"
         chunk = {k: tensors[k] for k in keys}
-        torch.save(chunk, directory / shard) if ext == "bin" else save_file(chunk, str(directory / shard))
+        torch.save(chunk, directory / shard) if ext == "bin" else save_file(
+            chunk, str(directory / shard)
+        )
         weight_map.update(dict.fromkeys(keys, shard))
     (directory / index).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return tensors
@@ -53,14 +64,21 @@ def test_every_weights_format_loads_bit_exactly(tmp_path, fmt, layout):
     for name, tensor in state_dict_for_layout(model, "sglang").items():
         have = state_dict_for_layout(loaded, "sglang")[name]
         assert have.dtype == tensor.dtype and torch.equal(have, tensor), name
-    assert convert_draft(directory, tmp_path / "out", layout="sglang", target_num_layers=5).num_copied == 15
-    assert set(load_file(str(tmp_path / "out" / "model.safetensors"))) == set(state_dict_for_layout(model, "sglang"))
+    assert (
+        convert_draft(directory, tmp_path / "out", layout="sglang", target_num_layers=5).num_copied
+        == 15
+    )
+    assert set(load_file(str(tmp_path / "out" / "model.safetensors"))) == set(
+        state_dict_for_layout(model, "sglang")
+    )
 
 
 def test_inspect_and_doctor_read_a_pytorch_bin(tmp_path):
     directory, _ = sglang_dir(tmp_path)
     reshape_weights(directory, "bin")
-    result = CliRunner().invoke(app, ["inspect", str(directory), "--target", str(make_target(tmp_path))])
+    result = CliRunner().invoke(
+        app, ["inspect", str(directory), "--target", str(make_target(tmp_path))]
+    )
     assert result.exit_code == 0, result.output
     assert "audit: PASS" in result.output
     report = run_doctor(directory, engine="vllm")
@@ -79,9 +97,13 @@ def test_a_pickled_object_in_a_bin_is_refused_unread(tmp_path):
     directory, _ = sglang_dir(tmp_path)
     tensors = reshape_weights(directory, "bin")
     torch.save({**tensors, "extra": torch.nn.Linear(2, 2)}, directory / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match=r"pytorch_model.bin: holds pickled objects that are not tensors"):
+    with pytest.raises(
+        CheckpointError, match=r"pytorch_model.bin: holds pickled objects that are not tensors"
+    ):
         load_draft(directory, target_num_layers=5)
-    with pytest.raises(CheckpointError, match="holds pickled objects"):  # unreadable: no table, as cut short
+    with pytest.raises(
+        CheckpointError, match="holds pickled objects"
+    ):  # unreadable: no table, as cut short
         run_doctor(directory, engine="vllm")
 
 
@@ -90,9 +112,13 @@ def test_a_truncated_bin_is_one_line_naming_the_file(tmp_path):
     reshape_weights(directory, "bin")
     file = directory / "pytorch_model.bin"
     file.write_bytes(file.read_bytes()[:2000])
-    with pytest.raises(CheckpointError, match=r"pytorch_model.bin: cannot be read as a PyTorch weights file"):
+    with pytest.raises(
+        CheckpointError, match=r"pytorch_model.bin: cannot be read as a PyTorch weights file"
+    ):
         load_draft(directory, target_num_layers=5)
-    result = CliRunner().invoke(app, ["inspect", str(directory), "--target", str(make_target(tmp_path))])
+    result = CliRunner().invoke(
+        app, ["inspect", str(directory), "--target", str(make_target(tmp_path))]
+    )
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "pytorch_model.bin: cannot be read" in " ".join(result.output.split())
 
@@ -104,10 +130,14 @@ def test_a_sharded_index_naming_a_missing_shard_or_other_names(tmp_path):
     data = json.loads(index.read_text())
     data["weight_map"]["extra.weight"] = "model-00001-of-00002.safetensors"
     index.write_text(json.dumps(data))
-    with pytest.raises(CheckpointError, match=r"index.json: 1 tensors it lists are in no shard: extra.weight"):
+    with pytest.raises(
+        CheckpointError, match=r"index.json: 1 tensors it lists are in no shard: extra.weight"
+    ):
         load_draft(directory, target_num_layers=5)
     (directory / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(CheckpointError, match=r"names shards that are not there: model-00002-of-00002"):
+    with pytest.raises(
+        CheckpointError, match=r"names shards that are not there: model-00002-of-00002"
+    ):
         load_draft(directory, target_num_layers=5)
 
 
@@ -123,13 +153,19 @@ def test_loader_and_doctor_read_an_owned_embedding_alike(tmp_path):
     loads it as the drafter's own embedding and doctor's specdraft_loads finding agrees."""
     directory, model = sglang_dir(tmp_path, layout="speculators")
     tensors = load_file(str(directory / "model.safetensors"))
-    owned = torch.randn(model.cfg.vocab_size, model.cfg.hidden_size, generator=torch.Generator().manual_seed(3))
+    owned = torch.randn(
+        model.cfg.vocab_size, model.cfg.hidden_size, generator=torch.Generator().manual_seed(3)
+    )
     tensors["embed_tokens.weight"] = owned.to(tensors["fc.weight"].dtype)
     save_file(tensors, str(directory / "model.safetensors"))
     loaded = load_draft(directory, target_num_layers=5).model
-    assert loaded.cfg.embedding_owned and torch.equal(loaded.embed_tokens.weight, tensors["embed_tokens.weight"])
+    assert loaded.cfg.embedding_owned and torch.equal(
+        loaded.embed_tokens.weight, tensors["embed_tokens.weight"]
+    )
     report = run_doctor(directory)
-    assert report.finding("specdraft_loads").verdict == "pass", report.finding("specdraft_loads").evidence
+    assert report.finding("specdraft_loads").verdict == "pass", report.finding(
+        "specdraft_loads"
+    ).evidence
 
 
 def test_the_loaded_drafter_holds_the_tensors_read_without_a_copy(tmp_path):
@@ -141,5 +177,8 @@ def test_the_loaded_drafter_holds_the_tensors_read_without_a_copy(tmp_path):
     tensors, files = read_weights(directory)
     built = build_draft(model.cfg, tensors, "sglang", files.entry)
     assert built.fc.weight.data_ptr() == tensors["fc.weight"].data_ptr()
-    assert built.midlayer.mlp.down_proj.weight.data_ptr() == tensors["midlayer.mlp.down_proj.weight"].data_ptr()
+    assert (
+        built.midlayer.mlp.down_proj.weight.data_ptr()
+        == tensors["midlayer.mlp.down_proj.weight"].data_ptr()
+    )
     assert torch.equal(built.lm_head.weight, model.lm_head.weight)

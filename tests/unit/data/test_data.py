@@ -29,16 +29,29 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 
 def tokens(tok, sample: Sample, masked: bool) -> list[str]:
-    return [t for t, m in zip(tok.convert_ids_to_tokens(sample.input_ids), sample.loss_mask)
-            if m == masked]
+    return [
+        t
+        for t, m in zip(tok.convert_ids_to_tokens(sample.input_ids), sample.loss_mask)
+        if m == masked
+    ]
 
 
 def test_chat_mask_is_exactly_the_assistant_turns():
     tok = tiny_chat_tokenizer()
     (s,) = render_chat(tok, CHAT)
     assert s.input_ids == tok.apply_chat_template(CHAT, tokenize=True)["input_ids"]
-    assert tokens(tok, s, True) == ["i", "am", "fine", ",", "thanks", ".", "<|end|>",
-                                    "paris", ".", "<|end|>"]
+    assert tokens(tok, s, True) == [
+        "i",
+        "am",
+        "fine",
+        ",",
+        "thanks",
+        ".",
+        "<|end|>",
+        "paris",
+        ".",
+        "<|end|>",
+    ]
     assert "<|assistant|>" in tokens(tok, s, False)
 
 
@@ -69,7 +82,8 @@ def test_prompt_completion_supervises_the_completion_only():
     assert tokens(tok, s, False) == ["<s>", "once", "upon", "a", "time"]
     # A tokenizer that appends EOS: the EOS is a label of the continuation, BOS never is.
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
     s = render_text(tok, "a cat .", prompt="once upon ")
     assert tokens(tok, s, True) == ["a", "cat", ".", "</s>"]
     assert render_text(tok, "a cat .").loss_mask == [0, 1, 1, 1, 1]
@@ -83,13 +97,16 @@ def test_save_to_disk_dataset(tmp_path):
     assert data.samples == render_chat(tiny_chat_tokenizer(), CHAT)
 
 
-@pytest.mark.parametrize("line, reason", [
-    ("{not json", "bad JSON"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, "unknown role"),
-    ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant turn"),
-    ({"messages": []}, "empty conversation"),
-    ({"prompt": "x"}, "no 'messages' or 'conversations'"),
-])
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ("{not json", "bad JSON"),
+        ({"messages": [{"role": "robot", "content": "hi"}]}, "unknown role"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant turn"),
+        ({"messages": []}, "empty conversation"),
+        ({"prompt": "x"}, "no 'messages' or 'conversations'"),
+    ],
+)
 def test_bad_line_names_file_line_and_fix(tmp_path, line, reason):
     path = write_jsonl(tmp_path / "d.jsonl", [{"messages": CHAT}, line, {"messages": CHAT}])
     with pytest.raises(DataError, match=reason) as err:
@@ -110,9 +127,11 @@ def test_empty_dataset_names_the_file(tmp_path):
 def test_template_rewriting_history_gives_one_sample_per_turn(tmp_path):
     # Drops every assistant turn except the last one (history rewriting): each turn is trained
     # in the context the server renders for it, the dropped turn absent from the second sample.
-    template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
-                "<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endif %}{% endfor %}"
-                "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    template = (
+        "{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
+        "<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+    )
     tok = tiny_chat_tokenizer(template)
     first, second = render_chat(tok, CHAT)
     assert tokens(tok, first, True) == ["i", "am", "fine", ",", "thanks", ".", "<|end|>"]
@@ -124,8 +143,10 @@ def test_template_rewriting_history_gives_one_sample_per_turn(tmp_path):
 
 def test_turn_rendered_unlike_its_prompt_is_refused(tmp_path):
     # The generation prompt opens "<|user|>" where the rendered turn opens "<|assistant|>".
-    template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
-                "{% if add_generation_prompt %}<|user|> {% endif %}")
+    template = (
+        "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+        "{% if add_generation_prompt %}<|user|> {% endif %}"
+    )
     tok = tiny_chat_tokenizer(template)
     with pytest.raises(DataError, match="not prefix-stable"):
         render_chat(tok, CHAT)

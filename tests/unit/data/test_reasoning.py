@@ -16,12 +16,27 @@ Q = {"role": "user", "content": "What is 2+2?"}
 A = {"role": "assistant", "content": "4", "reasoning_content": "Add two and two."}
 Q2 = {"role": "user", "content": "And 3+3?"}
 A2 = {"role": "assistant", "content": "6", "reasoning_content": "Three and three."}
-TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Weather of a city",
-                                           "parameters": {"type": "object", "properties": {
-                                               "city": {"type": "string"}}}}}]
-CALL = {"role": "assistant", "content": "", "tool_calls": [
-    {"id": "call_1", "type": "function",
-     "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+        }
+    ],
+}
 RESULT = {"role": "tool", "tool_call_id": "call_1", "name": "weather", "content": "sunny, 21C"}
 FINAL = {"role": "assistant", "content": "It is sunny."}
 
@@ -31,7 +46,9 @@ def masked_text(tok, sample) -> str:
 
 
 def parity(tok, sample, messages, **kwargs) -> bool:
-    return sample.input_ids == tok.apply_chat_template(messages, tokenize=True, **kwargs)["input_ids"]
+    return (
+        sample.input_ids == tok.apply_chat_template(messages, tokenize=True, **kwargs)["input_ids"]
+    )
 
 
 def write_jsonl(path, rows):
@@ -77,7 +94,10 @@ def test_reasoning_the_template_cannot_render_names_the_record_and_drop(tmp_path
     # V3.1 renders with thinking off by default.
     tok = template_tokenizer("deepseek_v3_1")
     path = write_jsonl(tmp_path / "r.jsonl", [{"messages": [Q, Q2, A]}])
-    with pytest.raises(BadRecord, match=rf"^{path}:1: .*reasoning of message 2.*--reasoning drop to train on the answers"):
+    with pytest.raises(
+        BadRecord,
+        match=rf"^{path}:1: .*reasoning of message 2.*--reasoning drop to train on the answers",
+    ):
         load_dataset(path, tok)
     with pytest.raises(BadRecord, match=r"""--template-kwargs '\{"thinking": true\}'"""):
         load_dataset(path, tok)
@@ -86,8 +106,9 @@ def test_reasoning_the_template_cannot_render_names_the_record_and_drop(tmp_path
 def served(tok, prompt_messages, continuation, **kwargs) -> tuple[list[int], list[int]]:
     """(ids, mask) of a turn as a server produces it: the prompt rendered with the generation
     prompt, tokenized, then the target's continuation tokenized, the loss over it only."""
-    prompt = tok.apply_chat_template(prompt_messages, tokenize=False, add_generation_prompt=True,
-                                     **kwargs)
+    prompt = tok.apply_chat_template(
+        prompt_messages, tokenize=False, add_generation_prompt=True, **kwargs
+    )
     head = tok(prompt, add_special_tokens=False)["input_ids"]
     tail = tok(continuation, add_special_tokens=False)["input_ids"]
     return head + tail, [0] * len(head) + [1] * len(tail)
@@ -101,16 +122,22 @@ def test_deepseek_r1_trains_the_turn_as_served():
     # R1's generation prompt opens "<think>\n"; the template strips reasoning from every turn.
     tok = template_tokenizer("deepseek_r1")
     (s,) = render_chat(tok, [Q, A])
-    assert tok.apply_chat_template([Q], tokenize=False, add_generation_prompt=True).endswith("<think>\n")
+    assert tok.apply_chat_template([Q], tokenize=False, add_generation_prompt=True).endswith(
+        "<think>\n"
+    )
     assert ids_mask(s) == served(tok, [Q], "Add two and two.</think>4<｜end▁of▁sentence｜>")
     # A think block inside content, as the server without a reasoning parser returns it.
     inline = {"role": "assistant", "content": "Add two and two.\n</think>\n\n4"}
     (s_inline,) = render_chat(tok, [Q, inline])
-    assert ids_mask(s_inline) == served(tok, [Q], "Add two and two.\n</think>\n\n4<｜end▁of▁sentence｜>")
+    assert ids_mask(s_inline) == served(
+        tok, [Q], "Add two and two.\n</think>\n\n4<｜end▁of▁sentence｜>"
+    )
     # Multi-turn: each turn as served, earlier turns as the template renders them (no reasoning).
     first, second = render_chat(tok, [Q, A, Q2, A2])
     assert first == s
-    assert ids_mask(second) == served(tok, [Q, A, Q2], "Three and three.</think>6<｜end▁of▁sentence｜>")
+    assert ids_mask(second) == served(
+        tok, [Q, A, Q2], "Three and three.</think>6<｜end▁of▁sentence｜>"
+    )
     assert "Add two" not in tok.decode(second.input_ids)
 
 
@@ -132,8 +159,9 @@ def test_deepseek_v31_thinking_trains_the_turn_as_served():
     # thinking=True opens "<think>" in the generation prompt; the template writes "</think>A".
     tok = template_tokenizer("deepseek_v3_1")
     (s,) = render_chat(tok, [Q, A], {"thinking": True})
-    assert ids_mask(s) == served(tok, [Q], "Add two and two.</think>4<｜end▁of▁sentence｜>",
-                                 thinking=True)
+    assert ids_mask(s) == served(
+        tok, [Q], "Add two and two.</think>4<｜end▁of▁sentence｜>", thinking=True
+    )
 
 
 def test_deepseek_v31_drop_renders_the_non_thinking_turn():
@@ -148,8 +176,10 @@ def test_gpt_oss_trains_the_analysis_and_final_channels():
     a = {"role": "assistant", "content": "4", "thinking": "Add two and two."}
     (s,) = render_chat(tok, [Q, a])
     assert parity(tok, s, [Q, a])
-    assert masked_text(tok, s) == ("<|channel|>analysis<|message|>Add two and two.<|end|>"
-                                   "<|start|>assistant<|channel|>final<|message|>4<|return|>")
+    assert masked_text(tok, s) == (
+        "<|channel|>analysis<|message|>Add two and two.<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>4<|return|>"
+    )
     # SGLang's reasoning_content is handed to the template as `thinking`, the field it reads.
     assert render_chat(tok, [Q, A]) == [s]
     first, second = render_chat(tok, [Q, A, Q2, A2])  # earlier turns' analysis is dropped
@@ -161,9 +191,11 @@ def test_kimi_k2_thinking_trains_reasoning_of_the_pending_tool_call():
     call = {**CALL, "reasoning_content": "Look it up."}
     (s,) = render_chat(tok, [Q, call, RESULT], tools=TOOLS)
     assert parity(tok, s, [Q, call, RESULT], tools=TOOLS)
-    assert masked_text(tok, s) == ('<think>Look it up.</think><|tool_calls_section_begin|>'
-                                   '<|tool_call_begin|>call_1<|tool_call_argument_begin|>'
-                                   '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
+    assert masked_text(tok, s) == (
+        "<think>Look it up.</think><|tool_calls_section_begin|>"
+        "<|tool_call_begin|>call_1<|tool_call_argument_begin|>"
+        '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
+    )
     assert "sunny" in tok.decode(s.input_ids)  # the tool result is context, not a label
 
 
@@ -196,9 +228,12 @@ def test_kimi_k2_thinking_answer_after_tool_calls_is_served_after_their_reasonin
     final = {**FINAL, "reasoning_content": "Report it."}
     first, second = render_chat(tok, [Q, call, RESULT, final], tools=TOOLS)
     assert parity(tok, first, [Q, call], tools=TOOLS)
-    assert masked_text(tok, first).startswith("<think>Look it up.</think><|tool_calls_section_begin|>")
-    assert ids_mask(second) == served(tok, [Q, call, RESULT], "<think>Report it.</think>It is sunny.<|im_end|>",
-                                      tools=TOOLS)
+    assert masked_text(tok, first).startswith(
+        "<think>Look it up.</think><|tool_calls_section_begin|>"
+    )
+    assert ids_mask(second) == served(
+        tok, [Q, call, RESULT], "<think>Report it.</think>It is sunny.<|im_end|>", tools=TOOLS
+    )
     assert "Look it up." in tok.decode(second.input_ids)
 
 
@@ -207,17 +242,21 @@ def test_tool_calls_are_trained_and_tool_results_are_not(tmp_path):
     chat = [Q, CALL, RESULT, FINAL]
     (s,) = render_chat(tok, chat, tools=TOOLS)
     assert parity(tok, s, chat, tools=TOOLS)
-    assert masked_text(tok, s) == ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>weather<｜tool▁sep｜>'
-                                   '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
-                                   '<｜end▁of▁sentence｜>It is sunny.<｜end▁of▁sentence｜>')
+    assert masked_text(tok, s) == (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>weather<｜tool▁sep｜>"
+        '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
+        "<｜end▁of▁sentence｜>It is sunny.<｜end▁of▁sentence｜>"
+    )
     # Qwen3 renders the call turn with an (empty) think block while it is the last turn: one
     # sample per turn, the tool response unmasked in the second.
     qwen = template_tokenizer("qwen3")
     path = write_jsonl(tmp_path / "t.jsonl", [{"messages": chat, "tools": TOOLS}])
     first, second = load_dataset(path, qwen).samples
     assert parity(qwen, first, chat[:2], tools=TOOLS) and parity(qwen, second, chat, tools=TOOLS)
-    assert masked_text(qwen, first) == ('<think>\n\n</think>\n\n<tool_call>\n{"name": "weather", '
-                                        '"arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n')
+    assert masked_text(qwen, first) == (
+        '<think>\n\n</think>\n\n<tool_call>\n{"name": "weather", '
+        '"arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
+    )
     assert "sunny, 21C" in qwen.decode(second.input_ids)
     assert "sunny, 21C" not in masked_text(qwen, second)
     assert masked_text(qwen, second) == "<think>\n\n</think>\n\nIt is sunny.<|im_end|>\n"

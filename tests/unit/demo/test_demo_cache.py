@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from specdraft.bench.speedup import timing_summary
 from specdraft.demo import cache, generation, stages
 from specdraft.demo.cache import reconcile_cache, stages_to_redo
 from specdraft.demo.config import DemoConfig
@@ -23,21 +24,32 @@ from specdraft.demo.report import (
     verdict_text,
 )
 from specdraft.demo.stages import train_batch_size
-from specdraft.bench.speedup import timing_summary
 
 
 def fake_outputs(out):
     """The files each cached stage leaves under out."""
-    files = ["data/train.txt", "data/heldout.txt", "data/train.regen.jsonl", "data/train.regen.jsonl.settings.json",
-             "store/index.json", "store-heldout/index.json", "train/draft/specdraft_manifest.json",
-             "export/sglang/config.json", "target/config.json"]
+    files = [
+        "data/train.txt",
+        "data/heldout.txt",
+        "data/train.regen.jsonl",
+        "data/train.regen.jsonl.settings.json",
+        "store/index.json",
+        "store-heldout/index.json",
+        "train/draft/specdraft_manifest.json",
+        "export/sglang/config.json",
+        "target/config.json",
+    ]
     for name in files:
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text("{}")
 
 
 def existing(out):
-    return sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != "demo_settings.json")
+    return sorted(
+        str(p.relative_to(out))
+        for p in out.rglob("*")
+        if p.is_file() and p.name != "demo_settings.json"
+    )
 
 
 def test_other_train_steps_redo_training_and_keep_the_earlier_stages(tmp_path):
@@ -48,12 +60,23 @@ def test_other_train_steps_redo_training_and_keep_the_earlier_stages(tmp_path):
     reconcile_cache(replace(cfg, train_steps=200), said.append)
     assert len(said) == 1 and "--train-steps 1000 -> 200" in said[0]
     assert "redoing the train stage and every later one" in said[0]
-    assert existing(tmp_path) == ["data/heldout.txt", "data/train.regen.jsonl", "data/train.regen.jsonl.settings.json",
-                                  "data/train.txt", "store-heldout/index.json", "store/index.json", "target/config.json"]
-    reconcile_cache(replace(cfg, train_steps=200), lambda text: pytest.fail(f"same settings: {text}"))
+    assert existing(tmp_path) == [
+        "data/heldout.txt",
+        "data/train.regen.jsonl",
+        "data/train.regen.jsonl.settings.json",
+        "data/train.txt",
+        "store-heldout/index.json",
+        "store/index.json",
+        "target/config.json",
+    ]
+    reconcile_cache(
+        replace(cfg, train_steps=200), lambda text: pytest.fail(f"same settings: {text}")
+    )
     fake_outputs(tmp_path)
     said = []
-    reconcile_cache(cfg, said.append)  # and back: the 200-step drafter is not reused for 1000 either
+    reconcile_cache(
+        cfg, said.append
+    )  # and back: the 200-step drafter is not reused for 1000 either
     assert "--train-steps 200 -> 1000" in said[0] and not (tmp_path / "train").exists()
 
 
@@ -81,9 +104,14 @@ def test_another_conversion_of_the_bundled_target_redoes_regeneration():
 
     new = cache.stage_settings(DemoConfig())
     assert new["regenerate"]["target"] == f"bundled stories260K ({CONVERTER})"
-    old = {**new, "regenerate": {**new["regenerate"], "target": "bundled stories260K"}}  # recorded before v2
+    old = {
+        **new,
+        "regenerate": {**new["regenerate"], "target": "bundled stories260K"},
+    }  # recorded before v2
     stage, diffs = stages_to_redo(old, new)
-    assert stage == "regenerate" and diffs == [f"--target bundled stories260K -> bundled stories260K ({CONVERTER})"]
+    assert stage == "regenerate" and diffs == [
+        f"--target bundled stories260K -> bundled stories260K ({CONVERTER})"
+    ]
 
 
 def test_a_demo_directory_without_a_settings_record_is_redone(tmp_path):
@@ -101,13 +129,20 @@ def test_the_record_names_paths_relative_to_out(tmp_path):
     reconcile_cache(cfg, print)
     fake_outputs(a)
     shutil.copytree(a, b)
-    reconcile_cache(DemoConfig(out=b, target=b / "target"), lambda text: pytest.fail(f"moved, not changed: {text}"))
+    reconcile_cache(
+        DemoConfig(out=b, target=b / "target"),
+        lambda text: pytest.fail(f"moved, not changed: {text}"),
+    )
     assert existing(b) == existing(a)
 
 
 def test_a_copied_demo_directory_resumes_regeneration(tmp_path):
     data = tmp_path / "docs.txt"
-    data.write_text("\n\n".join(f"Once upon a time there was a cat number {i} who liked fish." for i in range(3)))
+    data.write_text(
+        "\n\n".join(
+            f"Once upon a time there was a cat number {i} who liked fish." for i in range(3)
+        )
+    )
     a, b = tmp_path / "a", tmp_path / "b"
     cfg = DemoConfig(out=a, data=data, num_train=2, num_heldout=1, max_new_tokens=4)
     target = stages.stage_target(cfg)
@@ -132,7 +167,9 @@ def test_the_batch_adapts_to_the_training_split(num_samples, batch):
     from specdraft.train.loop import TrainConfig, split_samples
 
     assert train_batch_size(num_samples, 8) == batch
-    train_ids, _ = split_samples(num_samples, TrainConfig(val_fraction=stages.VAL_FRACTION, batch_size=batch))
+    train_ids, _ = split_samples(
+        num_samples, TrainConfig(val_fraction=stages.VAL_FRACTION, batch_size=batch)
+    )
     assert len(train_ids) >= batch  # at least one batch per epoch: the trainer accepts it
 
 
@@ -144,6 +181,7 @@ def test_two_training_documents_train_with_batch_one(tmp_path, monkeypatch):
     def train(config, store, out, **kwargs):
         seen["config"] = config
         raise RuntimeError("stop here")
+
     monkeypatch.setattr(loop, "train", train)
     store = tmp_path / "store"
     store.mkdir()
@@ -156,26 +194,49 @@ def test_two_training_documents_train_with_batch_one(tmp_path, monkeypatch):
 
 
 def row(steps, tau, speedups):
-    return {"num_steps": steps, "topk": 1, "num_draft_tokens": steps + 1, "accept_length": tau,
-            "acceptance": [0.0] * steps, **timing_summary([1000.0 * s for s in speedups], [1000.0] * len(speedups))}
+    return {
+        "num_steps": steps,
+        "topk": 1,
+        "num_draft_tokens": steps + 1,
+        "accept_length": tau,
+        "acceptance": [0.0] * steps,
+        **timing_summary([1000.0 * s for s in speedups], [1000.0] * len(speedups)),
+    }
 
 
 def test_a_drafter_that_accepts_nothing_is_named_not_a_busy_machine():
     rows = [row(1, 1.0, [0.8, 0.82, 0.79]), row(2, 1.01, [0.7, 0.72, 0.69])]
     text = verdict_text(rows, None, 3, 1.05, train_steps=5, num_train=10)
-    assert text.startswith("No setting is recommended: the drafter barely accepts any draft token (best tau 1.01")
-    assert "Train the drafter longer (--train-steps) or on more data (--num-train) (now --train-steps 5, " \
-           "--num-train 10)" in text
+    assert text.startswith(
+        "No setting is recommended: the drafter barely accepts any draft token (best tau 1.01"
+    )
+    assert (
+        "Train the drafter longer (--train-steps) or on more data (--num-train) (now --train-steps 5, "
+        "--num-train 10)" in text
+    )
     assert "busy" not in text
     accepting = [row(2, 2.1, [0.95, 0.97, 0.96])]  # a drafter that accepts: the timing is to blame
-    assert "The machine may be busy" in verdict_text(accepting, None, 3, 1.05, train_steps=5, num_train=10)
+    assert "The machine may be busy" in verdict_text(
+        accepting, None, 3, 1.05, train_steps=5, num_train=10
+    )
 
 
 def test_the_report_states_the_drafters_training_steps(tmp_path):
     sweep = [row(1, 1.0, [0.9, 0.9, 0.9])]
-    baseline = {"accept_length": 1.0, "acceptance": [], **timing_summary([1000.0] * 3, [1000.0] * 3)}
-    report = DemoReport(target="t", aux_layers=[2, 3, 4], baseline=baseline, sweep=sweep, tree=sweep[0],
-                        verdict="v", drafter={"steps": 200, "batch_size": 8, "num_train": 800})
+    baseline = {
+        "accept_length": 1.0,
+        "acceptance": [],
+        **timing_summary([1000.0] * 3, [1000.0] * 3),
+    }
+    report = DemoReport(
+        target="t",
+        aux_layers=[2, 3, 4],
+        baseline=baseline,
+        sweep=sweep,
+        tree=sweep[0],
+        verdict="v",
+        drafter={"steps": 200, "batch_size": 8, "num_train": 800},
+    )
     text = report_markdown(report, DemoConfig(out=tmp_path))
     assert "Drafter: 200 optimizer steps (batch 8) on 800 training documents." in text
 
@@ -187,8 +248,11 @@ def test_the_drafter_path_is_as_given_under_out_on_the_first_run_and_a_rerun(tmp
 
     def train(config, store, out, **kwargs):  # what train returns: the drafter under out, resolved
         (out / "draft").mkdir(parents=True)
-        (out / "draft" / "specdraft_manifest.json").write_text(json.dumps({"training": {"steps": 5}}))
+        (out / "draft" / "specdraft_manifest.json").write_text(
+            json.dumps({"training": {"steps": 5}})
+        )
         return loop.TrainResult(5, 1.0, None, (out / "draft").resolve(), out / "metrics.jsonl")
+
     monkeypatch.setattr(loop, "train", train)
     monkeypatch.chdir(tmp_path)
     cfg = DemoConfig(out=Path("demo"), num_train=2, train_steps=5)
@@ -203,20 +267,37 @@ def test_the_summary_names_a_generate_command_with_the_measured_setting(tmp_path
     default, 3 steps, is another one), or the fastest one, said to be unrecommended."""
     sweep = [row(1, 1.8, [1.2, 1.2, 1.2]), row(4, 3.3, [1.5, 1.5, 1.5])]
     tree = {**row(4, 3.6, [1.3, 1.3, 1.3]), "topk": 2, "num_draft_tokens": 8}
-    baseline = {"accept_length": 1.0, "acceptance": [], **timing_summary([1000.0] * 3, [1000.0] * 3)}
-    report = DemoReport(target="demo/target", aux_layers=[2, 3, 4], baseline=baseline, sweep=sweep, tree=tree,
-                        verdict="v", chosen={k: v for k, v in sweep[1].items()},
-                        drafter={"dir": "demo/train/draft"})
-    flags = "--target demo/target --draft demo/train/draft --num-steps 4 --topk 1 --num-draft-tokens 5"
+    baseline = {
+        "accept_length": 1.0,
+        "acceptance": [],
+        **timing_summary([1000.0] * 3, [1000.0] * 3),
+    }
+    report = DemoReport(
+        target="demo/target",
+        aux_layers=[2, 3, 4],
+        baseline=baseline,
+        sweep=sweep,
+        tree=tree,
+        verdict="v",
+        chosen={k: v for k, v in sweep[1].items()},
+        drafter={"dir": "demo/train/draft"},
+    )
+    flags = (
+        "--target demo/target --draft demo/train/draft --num-steps 4 --topk 1 --num-draft-tokens 5"
+    )
     lines = summary(report, tmp_path).splitlines()
     assert f'try: specdraft generate {flags} --threads 1 --prompt "Once upon a time"' in lines
     assert f"serve: specdraft serve {flags} --threads 1 --port 8000" in lines
     report.chosen, report.tree = {}, {**tree, "speedup": 2.0}
     generate, serve = generate_command(report)
-    assert generate.startswith("try: specdraft generate --target demo/target --draft "
-                               "demo/train/draft --num-steps 4 --topk 2 --num-draft-tokens 8")
+    assert generate.startswith(
+        "try: specdraft generate --target demo/target --draft "
+        "demo/train/draft --num-steps 4 --topk 2 --num-draft-tokens 8"
+    )
     assert generate.endswith("(the fastest setting here; none is recommended)")
-    assert "--num-steps 4 --topk 2 --num-draft-tokens 8" in serve and serve.endswith("none is recommended)")
+    assert "--num-steps 4 --topk 2 --num-draft-tokens 8" in serve and serve.endswith(
+        "none is recommended)"
+    )
     report.threads = 4  # demo --threads 4: the printed lines run as the timing did
     assert all(" --threads 4 " in line for line in generate_command(report))
 
@@ -231,7 +312,11 @@ def test_a_rerun_reuses_the_timing_of_the_same_drafter_and_settings(tmp_path, mo
 
     def stage_generate(cfg, target_dir, draft_dir, prompts):
         timed.append(len(timed))
-        return {"tokens_per_s": 100.0 + len(timed)}, [{"num_steps": 1, "round": len(timed)}], {"topk": 2}
+        return (
+            {"tokens_per_s": 100.0 + len(timed)},
+            [{"num_steps": 1, "round": len(timed)}],
+            {"topk": 2},
+        )
 
     monkeypatch.setattr(generation, "stage_generate", stage_generate)
     cfg = DemoConfig(out=tmp_path / "demo", num_train=2)
@@ -239,14 +324,20 @@ def test_a_rerun_reuses_the_timing_of_the_same_drafter_and_settings(tmp_path, mo
     draft.mkdir(parents=True)
     (draft / "model.safetensors").write_bytes(b"weights")
     said: list[str] = []
-    run = lambda c=cfg, prompts=[[1, 2, 3]]: generation.stage_generation(c, tmp_path / "t", draft, prompts, said.append)
+    run = lambda c=cfg, prompts=[[1, 2, 3]]: generation.stage_generation(  # noqa: E731
+        c, tmp_path / "t", draft, prompts, said.append
+    )
     notes = ["note: busy when timed"]  # the load during the first timing; idle after it
     monkeypatch.setattr(generation, "busy_note", lambda numbers: notes.pop(0) if notes else None)
     first = run()
     assert first[3] == "note: busy when timed"
-    assert run() == first and len(timed) == 1  # the reused timing keeps its own note, not the load now
-    assert said == [f"generation: reused the timing in {cfg.out / 'generation.json'} (same drafter, prompts and "
-                    "settings; delete it to time the settings again)"]
+    assert (
+        run() == first and len(timed) == 1
+    )  # the reused timing keeps its own note, not the load now
+    assert said == [
+        f"generation: reused the timing in {cfg.out / 'generation.json'} (same drafter, prompts and "
+        "settings; delete it to time the settings again)"
+    ]
     (draft / "model.safetensors").write_bytes(b"retrained")
     assert run()[1] == [{"num_steps": 1, "round": 2}] and len(timed) == 2
     run(prompts=[[1, 2, 4]])
@@ -254,4 +345,7 @@ def test_a_rerun_reuses_the_timing_of_the_same_drafter_and_settings(tmp_path, mo
     assert len(timed) == 4
     (cfg.out / "generation.json").write_text("{not json")
     run(replace(cfg, timing_repeats=3))
-    assert len(timed) == 5 and json.loads((cfg.out / "generation.json").read_text())["baseline"]["tokens_per_s"] == 105
+    assert (
+        len(timed) == 5
+        and json.loads((cfg.out / "generation.json").read_text())["baseline"]["tokens_per_s"] == 105
+    )

@@ -23,8 +23,10 @@ def invoke(args: list[str]):
 @pytest.fixture
 def no_stages(monkeypatch):
     """Fail the test if the first expensive stage (converting the target) starts."""
+
     def stage_target(cfg, say=print):
         raise AssertionError("a stage ran before the inputs were checked")
+
     monkeypatch.setattr(demo, "stage_target", stage_target)
 
 
@@ -40,26 +42,43 @@ def one_error_line(result, *fragments: str, exit_code: int = 2) -> str:
 
 def drafter_dir(path):
     path.mkdir()
-    (path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "num_hidden_layers": 1,
-        "hidden_size": 64, "num_attention_heads": 8, "vocab_size": 512, "draft_vocab_size": 512}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "model_type": "llama",
+                "num_hidden_layers": 1,
+                "hidden_size": 64,
+                "num_attention_heads": 8,
+                "vocab_size": 512,
+                "draft_vocab_size": 512,
+            }
+        )
+    )
     return path
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["--num-train", "0"], ["--num-train 0", "at least 2"]),
-    (["--train-steps", "0"], ["--train-steps 0", "at least 1"]),
-    (["--train-steps", "-5"], ["--train-steps -5", "at least 1"]),
-    (["--device", "mps"], ["--device mps", "cpu or cuda"]),
-])
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--num-train", "0"], ["--num-train 0", "at least 2"]),
+        (["--train-steps", "0"], ["--train-steps 0", "at least 1"]),
+        (["--train-steps", "-5"], ["--train-steps -5", "at least 1"]),
+        (["--device", "mps"], ["--device mps", "cpu or cuda"]),
+    ],
+)
 def test_bad_flags_are_one_line_before_any_stage(tmp_path, no_stages, args, fragments):
     one_error_line(invoke(["--out", str(tmp_path / "out"), *args]), *fragments)
     assert not (tmp_path / "out").exists()
 
 
 def test_missing_data_file_is_refused_before_the_target_is_converted(tmp_path, no_stages):
-    one_error_line(invoke(["--out", str(tmp_path / "out"), "--data", str(tmp_path / "missing.txt")]),
-                   "--data", "missing.txt", "no such file")  # exit 2, as a missing --target's (it was 1)
+    one_error_line(
+        invoke(["--out", str(tmp_path / "out"), "--data", str(tmp_path / "missing.txt")]),
+        "--data",
+        "missing.txt",
+        "no such file",
+    )  # exit 2, as a missing --target's (it was 1)
     missing_target = invoke(["--out", str(tmp_path / "out"), "--target", str(tmp_path / "nowhere")])
     assert missing_target.exit_code == 2, missing_target.output
     assert not (tmp_path / "out").exists()
@@ -68,24 +87,43 @@ def test_missing_data_file_is_refused_before_the_target_is_converted(tmp_path, n
 def test_too_few_documents_names_the_count_and_the_fix(tmp_path, no_stages):
     data = tmp_path / "small.txt"
     data.write_text("\n\n".join(f"story {i}" for i in range(16)))
-    line = one_error_line(invoke(["--out", str(tmp_path / "out"), "--data", str(data)]),
-                          "holds 16 document(s)", "needs 816", "--num-train")
+    line = one_error_line(
+        invoke(["--out", str(tmp_path / "out"), "--data", str(data)]),
+        "holds 16 document(s)",
+        "needs 816",
+        "--num-train",
+    )
     assert "at most 0" not in line  # 16 documents minus 16 held out: more documents are the fix
     data.write_text("\n\n".join(f"story {i}" for i in range(40)))
-    one_error_line(invoke(["--out", str(tmp_path / "out"), "--data", str(data)]),
-                   "lower --num-train to at most 24")
+    one_error_line(
+        invoke(["--out", str(tmp_path / "out"), "--data", str(data)]),
+        "lower --num-train to at most 24",
+    )
 
 
 def test_jsonl_data_without_text_field_is_one_line_and_names_the_formats(tmp_path, no_stages):
     data = tmp_path / "chat.jsonl"
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    one_error_line(invoke(["--out", str(tmp_path / "out"), "--data", str(data)]),
-                   "line 1", '"text"', "blank lines", "JSONL")
+    one_error_line(
+        invoke(["--out", str(tmp_path / "out"), "--data", str(data)]),
+        "line 1",
+        '"text"',
+        "blank lines",
+        "JSONL",
+    )
 
 
 def test_jsonl_text_records_are_documents():
-    text = "\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(["one\n\ntwo", "three", ""])) + "\n"
-    assert parse_documents(text) == ["one\ntwo", "three"]  # inner blank lines would split a document later
+    text = (
+        "\n".join(
+            json.dumps({"text": t, "id": i}) for i, t in enumerate(["one\n\ntwo", "three", ""])
+        )
+        + "\n"
+    )
+    assert parse_documents(text) == [
+        "one\ntwo",
+        "three",
+    ]  # inner blank lines would split a document later
     assert parse_documents("a\nb\n\n\nc\n") == ["a\nb", "c"]
     with pytest.raises(ValueError, match="line 2 is not JSON"):
         parse_documents('{"text": "x"}\nnot json\n')
@@ -101,29 +139,51 @@ def test_jsonl_data_passes_the_input_check(tmp_path):
 
 def test_drafter_as_target_is_refused_before_any_stage(tmp_path, no_stages):
     target = drafter_dir(tmp_path / "draft")
-    one_error_line(invoke(["--out", str(tmp_path / "out"), "--target", str(target)]),
-                   f"--target {target}", "EAGLE-3 drafter", "not a target model",
-                   exit_code=1)  # every command's --target check (cli.common.refuse_wrong_kind)
+    one_error_line(
+        invoke(["--out", str(tmp_path / "out"), "--target", str(target)]),
+        f"--target {target}",
+        "EAGLE-3 drafter",
+        "not a target model",
+        exit_code=1,
+    )  # every command's --target check (cli.common.refuse_wrong_kind)
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match="EAGLE-3 drafter, not a target model.*leave --target out"):
-        check_inputs(DemoConfig(out=tmp_path / "out", target=target))  # the library path, without the CLI
+        check_inputs(
+            DemoConfig(out=tmp_path / "out", target=target)
+        )  # the library path, without the CLI
 
 
 def test_target_with_too_few_layers_is_refused(tmp_path, no_stages):
     target = tmp_path / "tiny"
     target.mkdir()
-    (target / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
-        "hidden_size": 64, "num_attention_heads": 8, "vocab_size": 512}))
-    one_error_line(invoke(["--out", str(tmp_path / "out"), "--target", str(target)]),
-                   f"--target {target}", "too few layers", "at least 4 decoder layers")
+    (target / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "hidden_size": 64,
+                "num_attention_heads": 8,
+                "vocab_size": 512,
+            }
+        )
+    )
+    one_error_line(
+        invoke(["--out", str(tmp_path / "out"), "--target", str(target)]),
+        f"--target {target}",
+        "too few layers",
+        "at least 4 decoder layers",
+    )
 
 
 def test_a_later_stage_error_is_one_line(tmp_path, monkeypatch):
     def stage_target(cfg, say=print):
         raise CaptureError("capture: the store is full")
+
     monkeypatch.setattr(demo, "stage_target", stage_target)
-    one_error_line(invoke(["--out", str(tmp_path / "out")]), "capture: the store is full", exit_code=1)
+    one_error_line(
+        invoke(["--out", str(tmp_path / "out")]), "capture: the store is full", exit_code=1
+    )
 
 
 def test_few_train_steps_give_a_valid_training_config(tmp_path, monkeypatch):
@@ -134,6 +194,7 @@ def test_few_train_steps_give_a_valid_training_config(tmp_path, monkeypatch):
     def train(config, store, out, **kwargs):
         seen["config"] = config
         raise RuntimeError("stop here")
+
     monkeypatch.setattr(loop, "train", train)
     with pytest.raises(RuntimeError, match="stop here"):  # not "--config key eval_every 0"
         demo.stage_train(DemoConfig(out=tmp_path, train_steps=2), tmp_path / "store")
@@ -145,6 +206,10 @@ def test_out_that_is_a_file_is_one_line_before_any_stage(tmp_path, no_stages, su
     afile = tmp_path / "afile"
     afile.write_text("not a directory")
     out = afile / sub if sub else afile
-    line = one_error_line(invoke(["--out", str(out)]), f"--out {out}", f"{afile} is a file",
-                          "pass a directory (created if missing)")
+    line = one_error_line(
+        invoke(["--out", str(out)]),
+        f"--out {out}",
+        f"{afile} is a file",
+        "pass a directory (created if missing)",
+    )
     assert "Errno" not in line and afile.read_text() == "not a directory"

@@ -14,10 +14,25 @@ from specdraft.export import export_draft
 from specdraft.serve.engine_args import detect_engine, parse_engine_args
 from tests.doctor_helpers import draft_checkpoint, edit_config, edit_weights, one_thread  # noqa: F401
 
-REQUIRED_CASES = ("S1", "S2", "S3", "S4", "S5", "S6", "FC-01", "FC-02", "FC-03", "FC-06", "FC-08", "FC-09")
-GOOD_SGLANG = ("python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3 "
-               "--speculative-draft-model-path D --speculative-num-steps 3 "
-               "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+REQUIRED_CASES = (
+    "S1",
+    "S2",
+    "S3",
+    "S4",
+    "S5",
+    "S6",
+    "FC-01",
+    "FC-02",
+    "FC-03",
+    "FC-06",
+    "FC-08",
+    "FC-09",
+)
+GOOD_SGLANG = (
+    "python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3 "
+    "--speculative-draft-model-path D --speculative-num-steps 3 "
+    "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +59,31 @@ def test_every_case_id_is_covered_by_a_check_or_export():
 
 def test_parse_sglang_and_vllm_flags():
     sglang = parse_engine_args(GOOD_SGLANG + " --trust-remote-code --tp 2", "sglang")
-    assert (sglang.algorithm, sglang.num_steps, sglang.topk, sglang.num_draft_tokens) == ("EAGLE3", 3, 1, 4)
+    assert (sglang.algorithm, sglang.num_steps, sglang.topk, sglang.num_draft_tokens) == (
+        "EAGLE3",
+        3,
+        1,
+        4,
+    )
     assert (sglang.target_model, sglang.draft_model) == ("T", "D") and sglang.uses_eagle3
     assert parse_engine_args("--speculative_num_steps=5", "sglang").num_steps == 5
-    vllm = parse_engine_args("vllm serve meta/llama --speculative-config "
-                             "'{\"method\": \"eagle3\", \"model\": \"/d\", \"num_speculative_tokens\": 4}'"
-                             " --default-chat-template-kwargs '{\"enable_thinking\": false}'", "vllm")
-    assert (vllm.algorithm, vllm.num_steps, vllm.draft_model, vllm.target_model) == ("eagle3", 4, "/d", "meta/llama")
+    vllm = parse_engine_args(
+        "vllm serve meta/llama --speculative-config "
+        '\'{"method": "eagle3", "model": "/d", "num_speculative_tokens": 4}\''
+        " --default-chat-template-kwargs '{\"enable_thinking\": false}'",
+        "vllm",
+    )
+    assert (vllm.algorithm, vllm.num_steps, vllm.draft_model, vllm.target_model) == (
+        "eagle3",
+        4,
+        "/d",
+        "meta/llama",
+    )
     assert vllm.template_kwargs == {"enable_thinking": False}
     assert vllm.spec_config().num_draft_tokens == 5
-    dotted = parse_engine_args("--speculative-config.method eagle --speculative-config.num_speculative_tokens 2",
-                               "vllm")
+    dotted = parse_engine_args(
+        "--speculative-config.method eagle --speculative-config.num_speculative_tokens 2", "vllm"
+    )
     assert (dotted.algorithm, dotted.num_steps) == ("eagle", 2)
     assert detect_engine(GOOD_SGLANG) == "sglang" and detect_engine("vllm serve x") == "vllm"
     with pytest.raises(ValueError, match="--speculative-num-steps 'three' is not an integer"):
@@ -68,18 +97,30 @@ def test_healthy_export_passes_and_every_skip_says_why(exported):
     report = run_doctor(out, target=target, engine="sglang", engine_args=GOOD_SGLANG)
     got = verdicts(report)
     assert report.ok, [f for f in report.failed]
-    for check in ("keys_match_engine", "shapes_and_dtypes", "values_finite", "vocab_map_valid",
-                  "fc_width_matches_aux", "aux_ids_read_alike", "engine_captures_training_layers",
-                  "algorithm_is_eagle3", "speculative_settings_valid", "variant_flags_implemented",
-                  "draft_vocab_size_declared", "lm_head_untied", "rope_matches_training",
-                  "aux_width_on_target"):
+    for check in (
+        "keys_match_engine",
+        "shapes_and_dtypes",
+        "values_finite",
+        "vocab_map_valid",
+        "fc_width_matches_aux",
+        "aux_ids_read_alike",
+        "engine_captures_training_layers",
+        "algorithm_is_eagle3",
+        "speculative_settings_valid",
+        "variant_flags_implemented",
+        "draft_vocab_size_declared",
+        "lm_head_untied",
+        "rope_matches_training",
+        "aux_width_on_target",
+    ):
         assert got[check] == "pass", (check, report.finding(check))
     skips = [f for f in report.findings if f.verdict == "skip"]
     assert {f.check for f in skips} >= {"offline_acceptance_matches_training", "online_acceptance"}
     assert all(f.evidence for f in skips)
     assert "SGLang captures [2, 3, 4]" in report.finding("engine_captures_training_layers").evidence
     assert report.finding("variant_flags_implemented").evidence == (
-        "no variant flag set (norm_before_residual false): the plain EAGLE-3 drafter")
+        "no variant flag set (norm_before_residual false): the plain EAGLE-3 drafter"
+    )
 
 
 def test_missing_weights_file_is_a_failing_finding_not_a_crash(exported, tmp_path):
@@ -109,7 +150,10 @@ def test_case_fc02_doctor_requires_draft_vocab_size(exported, tmp_path):
     edit_config(bad, lambda c: c.pop("draft_vocab_size"))
     finding = run_doctor(bad, target=target, engine="sglang").finding("draft_vocab_size_declared")
     assert finding.verdict == "fail"
-    assert "lm_head has 64 rows < vocabulary 128" in finding.evidence and "full head" in finding.evidence
+    assert (
+        "lm_head has 64 rows < vocabulary 128" in finding.evidence
+        and "full head" in finding.evidence
+    )
 
 
 def test_speculators_config_without_norm_before_residual_fails(exported, tmp_path):
@@ -142,20 +186,30 @@ def test_nan_weight_fails(exported, tmp_path):
 def test_unreachable_server_fails_naming_it(exported):
     out, target = exported
     finding = run_doctor(out, target=target, server="http://localhost:1", server_wait_s=0).finding(
-        "online_acceptance")
+        "online_acceptance"
+    )
     assert finding.verdict == "fail" and "http://localhost:1" in finding.evidence
 
 
 def test_cli_doctor_json_and_exit_codes(exported):
     out, target = exported
     runner = CliRunner()
-    good = runner.invoke(app, ["doctor", str(out), "--target", str(target), "--engine", "sglang", "--json"])
+    good = runner.invoke(
+        app, ["doctor", str(out), "--target", str(target), "--engine", "sglang", "--json"]
+    )
     assert good.exit_code == 0, good.output
     report = json.loads(good.stdout)
     assert report["ok"] and report["counts"]["fail"] == 0
     assert {f["check"] for f in report["findings"]} == {c.__name__ for c in CHECKS}
-    bad = runner.invoke(app, ["doctor", str(out), "--engine-args",
-                              "--speculative-algorithm EAGLE --speculative-num-steps 2"])
+    bad = runner.invoke(
+        app,
+        [
+            "doctor",
+            str(out),
+            "--engine-args",
+            "--speculative-algorithm EAGLE --speculative-num-steps 2",
+        ],
+    )
     assert bad.exit_code == 1
     assert "algorithm_is_eagle3" in bad.output and "FAIL" in bad.output
 
@@ -189,7 +243,9 @@ def test_missing_fc_weight_is_named_without_an_empty_skip_list(exported, tmp_pat
     edit_weights(tmp_path / "d", lambda t: t.pop("fc.weight"))
     finding = run_doctor(tmp_path / "d", target=target, engine="vllm").finding("keys_match_engine")
     assert finding.verdict == "fail"
-    assert finding.evidence.startswith("vLLM would leave 1 parameters at their initial values [fc.weight]")
+    assert finding.evidence.startswith(
+        "vLLM would leave 1 parameters at their initial values [fc.weight]"
+    )
     assert "skip" not in finding.evidence
 
 
@@ -202,7 +258,12 @@ def test_checks_of_the_engine_command_line_fail_on_an_unreadable_one_and_skip_wi
     for check in ("algorithm_is_eagle3", "speculative_settings_valid"):
         finding = unreadable.finding(check)
         assert finding.verdict == "fail" and finding.fix == "fix the command line", finding
-        assert finding.evidence.startswith("--engine-args: --speculative-num-steps 'three' is not an integer")
+        assert finding.evidence.startswith(
+            "--engine-args: --speculative-num-steps 'three' is not an integer"
+        )
         skipped = absent.finding(check)
         assert (skipped.verdict, skipped.evidence) == ("skip", "no --engine-args"), skipped
-        assert skipped.fix.startswith("pass the SGLang or vLLM launch command") and "specdraft serve needs none" in skipped.fix
+        assert (
+            skipped.fix.startswith("pass the SGLang or vLLM launch command")
+            and "specdraft serve needs none" in skipped.fix
+        )

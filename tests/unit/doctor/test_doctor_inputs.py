@@ -45,7 +45,11 @@ def test_corrupt_config_is_an_unusable_input(world, tmp_path, which):
     the fix, exit 2, no table (run_doctor raises)."""
     draft, target = world
     bad = truncated_copy(target if which == "target" else draft, tmp_path / f"bad-{which}")
-    result = doctor_cli(draft, "--target", bad) if which == "target" else doctor_cli(bad, "--target", target)
+    result = (
+        doctor_cli(draft, "--target", bad)
+        if which == "target"
+        else doctor_cli(bad, "--target", target)
+    )
     assert result.exit_code == 2, result.output
     line = result.output.strip()
     assert len(line.splitlines()) == 1, result.output
@@ -56,9 +60,13 @@ def test_corrupt_config_is_an_unusable_input(world, tmp_path, which):
         run_doctor(draft, target=bad) if which == "target" else run_doctor(bad, target=target)
 
 
-@pytest.mark.parametrize("name, reading", [("model.safetensors", "safetensors"),
-                                           ("pytorch_model.bin", "a PyTorch weights file")])
-def test_truncated_drafter_weights_are_an_unusable_input_as_bad_json(world, tmp_path, name, reading):
+@pytest.mark.parametrize(
+    "name, reading",
+    [("model.safetensors", "safetensors"), ("pytorch_model.bin", "a PyTorch weights file")],
+)
+def test_truncated_drafter_weights_are_an_unusable_input_as_bad_json(
+    world, tmp_path, name, reading
+):
     """A CHECKPOINT whose weights file (model.safetensors or pytorch_model.bin) is cut short exits 2
     with one line, as bad JSON does (it was a FAIL row and exit 1)."""
     draft, target = world
@@ -81,20 +89,27 @@ def test_target_config_that_is_no_json_object_is_refused(world, tmp_path):
     draft, target = world
     shutil.copytree(target, tmp_path / "t")
     (tmp_path / "t" / "config.json").write_text("[]")
-    with pytest.raises(ValueError, match=r"config.json: not a JSON object \(a list\); pass a transformers"):
+    with pytest.raises(
+        ValueError, match=r"config.json: not a JSON object \(a list\); pass a transformers"
+    ):
         run_doctor(draft, target=tmp_path / "t")
 
 
 def write_samples(path, samples):
-    path.write_text("".join(json.dumps({"input_ids": s.input_ids, "loss_mask": s.loss_mask}) + "\n"
-                            for s in samples))
+    path.write_text(
+        "".join(
+            json.dumps({"input_ids": s.input_ids, "loss_mask": s.loss_mask}) + "\n" for s in samples
+        )
+    )
     return path
 
 
 def test_one_tiny_sample_is_too_little_evidence_for_an_offline_verdict(world, tmp_path):
     draft, target = world
     one = write_samples(tmp_path / "one.jsonl", random_samples(1, seed=3))
-    finding = run_doctor(draft, target=target, samples=one).finding("offline_acceptance_matches_training")
+    finding = run_doctor(draft, target=target, samples=one).finding(
+        "offline_acceptance_matches_training"
+    )
     assert finding.verdict == "skip", finding
     assert "positions scored over 1 samples" in finding.evidence
     assert f"at least {MIN_SCORED} needed" in finding.evidence
@@ -104,9 +119,13 @@ def test_one_tiny_sample_is_too_little_evidence_for_an_offline_verdict(world, tm
 def test_enough_samples_still_fail_the_same_drafter(world, tmp_path):
     draft, target = world
     many = write_samples(tmp_path / "many.jsonl", random_samples(16, seed=3))
-    finding = run_doctor(draft, target=target, samples=many).finding("offline_acceptance_matches_training")
+    finding = run_doctor(draft, target=target, samples=many).finding(
+        "offline_acceptance_matches_training"
+    )
     assert finding.verdict == "fail", finding
-    assert "offline far below training" in finding.evidence and "positions scored" in finding.evidence
+    assert (
+        "offline far below training" in finding.evidence and "positions scored" in finding.evidence
+    )
 
 
 def test_corrupt_manifest_names_a_fix_that_needs_no_manifest(world, tmp_path):

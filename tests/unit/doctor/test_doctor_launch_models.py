@@ -14,19 +14,25 @@ CHECK = "launch_names_these_models"
 
 
 def vllm(target, draft) -> str:
-    return (f"vllm serve {target} --speculative-config "
-            f"'{{\"method\":\"eagle3\",\"model\":\"{draft}\",\"num_speculative_tokens\":3}}'")
+    return (
+        f"vllm serve {target} --speculative-config "
+        f'\'{{"method":"eagle3","model":"{draft}","num_speculative_tokens":3}}\''
+    )
 
 
 def sglang(target, draft) -> str:
-    return (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
-            f"--speculative-draft-model-path {draft} --speculative-num-steps 3 "
-            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+    return (
+        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 "
+        f"--speculative-draft-model-path {draft} --speculative-num-steps 3 "
+        "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
+    )
 
 
 # (launch, engine name, how the fix names the target, how it names the draft)
-ENGINES = [(vllm, "vLLM", "vllm serve {}", '--speculative-config \'{{"model": "{}", ...}}\''),
-           (sglang, "SGLang", "--model-path {}", "--speculative-draft-model-path {}")]
+ENGINES = [
+    (vllm, "vLLM", "vllm serve {}", '--speculative-config \'{{"model": "{}", ...}}\''),
+    (sglang, "SGLang", "--model-path {}", "--speculative-draft-model-path {}"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,9 @@ def test_the_right_models_pass(world, launch):
 
 def test_a_hub_name_is_a_skip_that_says_so(world):
     out, target, _ = world
-    finding = run_doctor(out, target=target, engine_args=vllm("meta-llama/Llama-3.1-8B", out)).finding(CHECK)
+    finding = run_doctor(
+        out, target=target, engine_args=vllm("meta-llama/Llama-3.1-8B", out)
+    ).finding(CHECK)
     assert finding.verdict == "skip", finding
     assert "target 'meta-llama/Llama-3.1-8B' is no directory here (a hub name" in finding.evidence
     assert f"draft {out} is CHECKPOINT" in finding.evidence

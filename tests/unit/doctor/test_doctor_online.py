@@ -34,7 +34,8 @@ def serve(target, draft):
 
 def doctor(draft, target, samples, url):
     return run_doctor(draft, target=target, samples=samples, server=url, max_samples=8).finding(
-        "online_acceptance")
+        "online_acceptance"
+    )
 
 
 def with_shifted_d2t(draft, dst):
@@ -73,7 +74,9 @@ def test_online_acceptance_healthy_server_passes(world):
 
 def test_online_acceptance_server_with_wrong_d2t_fails(world, tmp_path):
     draft, target, samples = world
-    finding = doctor_against_server(draft, with_shifted_d2t(draft, tmp_path / "wrong"), target, samples)
+    finding = doctor_against_server(
+        draft, with_shifted_d2t(draft, tmp_path / "wrong"), target, samples
+    )
     print(finding)
     assert finding.verdict == "fail", finding
     assert "online p_1" in finding.evidence and "offline p_1" in finding.evidence
@@ -83,9 +86,14 @@ def test_online_acceptance_server_with_wrong_d2t_fails(world, tmp_path):
 def test_online_acceptance_server_running_another_drafter_fails(world, tmp_path):
     """A server far better than the doctored checkpoint serves some other drafter."""
     draft, target, samples = world
-    finding = doctor_against_server(with_shifted_d2t(draft, tmp_path / "broken"), draft, target, samples)
+    finding = doctor_against_server(
+        with_shifted_d2t(draft, tmp_path / "broken"), draft, target, samples
+    )
     assert finding.verdict == "fail", finding
-    assert "accepts far more than this checkpoint" in finding.evidence and "another drafter" in finding.fix
+    assert (
+        "accepts far more than this checkpoint" in finding.evidence
+        and "another drafter" in finding.fix
+    )
 
 
 def test_against_specdraft_serve_the_launch_checks_advise_its_options(world):
@@ -100,26 +108,40 @@ def test_against_specdraft_serve_the_launch_checks_advise_its_options(world):
     for check in ("algorithm_is_eagle3", "launch_names_these_models", "speculative_settings_valid"):
         finding = report.finding(check)
         assert finding.verdict == "skip", finding
-        assert finding.evidence == f"{server.url} is specdraft serve: it has no SGLang or vLLM launch line to check"
+        assert (
+            finding.evidence
+            == f"{server.url} is specdraft serve: it has no SGLang or vLLM launch line to check"
+        )
         assert finding.fix == SPECDRAFT_SERVE_FIX and "--engine-args" not in finding.fix
     depth = report.finding("draft_depth_pays_off")
     assert depth.verdict == "skip" and "--engine-args" not in depth.evidence, depth
-    assert depth.fix == ("specdraft tune measures the --num-steps / --topk that pay off; restart specdraft serve "
-                         "with them")
-    assert "--engine-args" not in report.skips_enabled_by()  # the table's caption names no such input
+    assert depth.fix == (
+        "specdraft tune measures the --num-steps / --topk that pay off; restart specdraft serve "
+        "with them"
+    )
+    assert (
+        "--engine-args" not in report.skips_enabled_by()
+    )  # the table's caption names no such input
     assert report.finding("online_acceptance").verdict == "pass"
     alone = run_doctor(draft, target=target, samples=samples, max_samples=8)
-    assert alone.finding("algorithm_is_eagle3").fix == ENGINE_ARGS_FIX and "--engine-args" in alone.skips_enabled_by()
+    assert (
+        alone.finding("algorithm_is_eagle3").fix == ENGINE_ARGS_FIX
+        and "--engine-args" in alone.skips_enabled_by()
+    )
 
 
 def test_a_specdraft_server_that_drafts_nothing_is_told_to_start_with_the_drafter(world):
     draft, target, samples = world
-    server = serve_in_thread(build_app(str(target), None, None, max_seq_len=128))  # specdraft serve --no-spec
+    server = serve_in_thread(
+        build_app(str(target), None, None, max_seq_len=128)
+    )  # specdraft serve --no-spec
     try:
         finding = doctor(draft, target, samples, server.url)
     finally:
         server.stop()
-    assert finding.verdict == "fail" and "the server verified no drafts" in finding.evidence, finding
+    assert finding.verdict == "fail" and "the server verified no drafts" in finding.evidence, (
+        finding
+    )
     assert finding.fix == f"restart specdraft serve with --draft {draft} (not --no-spec)"
 
 
@@ -129,8 +151,9 @@ def test_online_acceptance_unreachable_server_fails(world):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    finding = run_doctor(draft, target=target, samples=samples, server=url, max_samples=8,
-                         server_wait_s=0).finding("online_acceptance")
+    finding = run_doctor(
+        draft, target=target, samples=samples, server=url, max_samples=8, server_wait_s=0
+    ).finding("online_acceptance")
     assert finding.verdict == "fail"
     assert url in finding.evidence
 
@@ -138,13 +161,16 @@ def test_online_acceptance_unreachable_server_fails(world):
 def test_online_acceptance_without_server_skips(world):
     draft, target, samples = world
     finding = run_doctor(draft, target=target, samples=samples).finding("online_acceptance")
-    assert finding.verdict == "skip" and "--server URL" in finding.fix and "--samples" in finding.fix
+    assert (
+        finding.verdict == "skip" and "--server URL" in finding.fix and "--samples" in finding.fix
+    )
 
 
 def test_online_acceptance_unreachable_server_fails_without_samples(world):
     draft, target, _ = world
-    finding = run_doctor(draft, target=target, server="http://127.0.0.1:1", server_wait_s=0).finding(
-        "online_acceptance")
+    finding = run_doctor(
+        draft, target=target, server="http://127.0.0.1:1", server_wait_s=0
+    ).finding("online_acceptance")
     assert finding.verdict == "fail" and "http://127.0.0.1:1" in finding.evidence
 
 
@@ -161,12 +187,25 @@ def test_replayed_rounds_equal_the_engine_counts(world):
     engine = load_engine(target, draft, SPEC)
     prompts = random_prompts(8, 12, seed=11)
     results = [engine.generate(p, 40) for p in prompts]
-    served = [Sample(p + r.token_ids, [0] * len(p) + [1] * len(r.token_ids)) for p, r in zip(prompts, results)]
-    replay = run_on(Evidence(DoctorInputs(draft, target=target)), None, SPEC.num_steps, served, replay=True).metrics
+    served = [
+        Sample(p + r.token_ids, [0] * len(p) + [1] * len(r.token_ids))
+        for p, r in zip(prompts, results)
+    ]
+    replay = run_on(
+        Evidence(DoctorInputs(draft, target=target)), None, SPEC.num_steps, served, replay=True
+    ).metrics
     steps = sum(r.metrics.num_verify_steps for r in results)
-    per_pos = [sum(r.metrics.accepted_per_position[k] for r in results
-                   if k < len(r.metrics.accepted_per_position)) for k in range(SPEC.num_steps)]
-    assert 0 < per_pos[0] < steps, per_pos  # a drafter that is neither always right nor always wrong
+    per_pos = [
+        sum(
+            r.metrics.accepted_per_position[k]
+            for r in results
+            if k < len(r.metrics.accepted_per_position)
+        )
+        for k in range(SPEC.num_steps)
+    ]
+    assert 0 < per_pos[0] < steps, (
+        per_pos
+    )  # a drafter that is neither always right nor always wrong
     assert (int(replay.rounds), replay.round_accepted.tolist()) == (steps, per_pos)
 
 
@@ -176,8 +215,9 @@ def test_replay_rounds_walks_the_chain():
     from specdraft.train.loss import greedy_choices, replay_rounds
 
     # K = 2 steps, T = 9 tokens
-    hits = torch.tensor([[0, 1, 0, 1, 1, 0, 1, 0, 0],
-                         [0, 1, 0, 0, 1, 0, 0, 0, 0]], dtype=torch.bool)
+    hits = torch.tensor(
+        [[0, 1, 0, 1, 1, 0, 1, 0, 0], [0, 1, 0, 0, 1, 0, 0, 0, 0]], dtype=torch.bool
+    )
 
     def from_(a: int, end: int = 9) -> torch.Tensor:
         return torch.tensor([a <= i < end for i in range(9)])
@@ -191,7 +231,10 @@ def test_replay_rounds_walks_the_chain():
     # a run 2..5: base 1 accepts tokens 3 and 4 -> base 4: token 6 is outside; two runs add up.
     assert replay_rounds(hits, from_(2, 6)) == (1, [1, 1])
     assert replay_rounds(hits, from_(2, 6) | from_(8)) == (1, [1, 1])  # 7 + 2 = 9: no round
-    assert greedy_choices(torch.tensor([5, 6, 7, 8]), 2).tolist() == [[6, 7, -1, -1], [7, -1, -1, -1]]
+    assert greedy_choices(torch.tensor([5, 6, 7, 8]), 2).tolist() == [
+        [6, 7, -1, -1],
+        [7, -1, -1, -1],
+    ]
 
 
 def test_validation_replays_the_rounds_of_the_ttt_depth():
@@ -208,7 +251,9 @@ def test_validation_replays_the_rounds_of_the_ttt_depth():
     with torch.no_grad():
         plain = ttt_loss(draft, ids, aux, logits, mask, ttt_steps=3)
         out = ttt_loss(draft, ids, aux, logits, mask, ttt_steps=3, replay=True)
-        drafts = torch.stack([draft.draft_to_target(o.logits[0].argmax(-1)) for o in ttt_unroll(draft, ids, aux, 3)])
+        drafts = torch.stack(
+            [draft.draft_to_target(o.logits[0].argmax(-1)) for o in ttt_unroll(draft, ids, aux, 3)]
+        )
     assert int(plain.rounds) == 0 and plain.round_accepted.tolist() == [0, 0, 0]
     want = replay_rounds(drafts == greedy_choices(logits[0].argmax(-1), 3), mask[0])
     assert (int(out.rounds), out.round_accepted.tolist()) == want and want[0] >= 3
@@ -234,16 +279,23 @@ def other_model_app(vocab: int):
     @app.get("/metrics")
     async def metrics():
         n = float(tokens[0])
-        lines = [f"# TYPE vllm:spec_decode_{name} counter\nvllm:spec_decode_{name}_total {value}"
-                 for name, value in (("num_drafts", n), ("num_draft_tokens", 3 * n), ("num_accepted_tokens", n))]
+        lines = [
+            f"# TYPE vllm:spec_decode_{name} counter\nvllm:spec_decode_{name}_total {value}"
+            for name, value in (
+                ("num_drafts", n),
+                ("num_draft_tokens", 3 * n),
+                ("num_accepted_tokens", n),
+            )
+        ]
         return PlainTextResponse("\n".join(lines) + "\n")
 
     @app.post("/v1/completions")
     async def completions(body: dict):
         ids = [vocab - 1 - k for k in range(body["max_tokens"])]
         tokens[0] += len(ids)
-        return JSONResponse({"choices": [{"text": "", "token_ids": ids}],
-                             "usage": {"completion_tokens": len(ids)}})
+        return JSONResponse(
+            {"choices": [{"text": "", "token_ids": ids}], "usage": {"completion_tokens": len(ids)}}
+        )
 
     return app
 

@@ -15,7 +15,8 @@ def test_doctor_server_without_samples_is_one_line_naming_the_fix(tmp_path):
     assert result.exit_code == 2, result.output
     assert " ".join(result.output.split()) == (
         "error: --server http://127.0.0.1:1 needs --samples: pass --samples FILE with the target's own outputs "
-        "(a capture store or JSONL, e.g. the demo's store-heldout) for the online acceptance check")
+        "(a capture store or JSONL, e.g. the demo's store-heldout) for the online acceptance check"
+    )
     help_text = " ".join(CliRunner().invoke(app, ["doctor", "--help"]).output.split())
     assert "needs --samples" in help_text.replace("│ ", "").replace(" │", "")
 
@@ -25,17 +26,25 @@ def test_doctor_server_without_scheme_is_refused_as_bench_refuses_it(tmp_path):
     with pytest.raises(ValueError) as bench_error:
         check_url("localhost:8011", "--server")
     for extra in ([], ["--samples", str(tmp_path / "samples.jsonl")]):
-        result = CliRunner().invoke(app, ["doctor", str(tmp_path), "--server", "localhost:8011", *extra])
+        result = CliRunner().invoke(
+            app, ["doctor", str(tmp_path), "--server", "localhost:8011", *extra]
+        )
         assert result.exit_code == 2, result.output
         assert " ".join(result.output.split()) == f"error: {bench_error.value}"
-        assert "must start with http:// or https://" in result.output and "does not answer" not in result.output
+        assert (
+            "must start with http:// or https://" in result.output
+            and "does not answer" not in result.output
+        )
     with pytest.raises(ValueError, match="must start with http:// or https://"):
         run_doctor(tmp_path, server="localhost:8011", samples=tmp_path / "samples.jsonl")
 
 
 def test_url_scheme_in_any_case_passes_and_another_scheme_gets_a_fitting_example():
     assert check_url("HTTP://localhost:8011") == "HTTP://localhost:8011"
-    with pytest.raises(ValueError, match=r"'ftp://h:80': must start with http:// or https:// \(e\.g\. http://h:80\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"'ftp://h:80': must start with http:// or https:// \(e\.g\. http://h:80\)$",
+    ):
         check_url("ftp://h:80", "--url")
 
 
@@ -50,14 +59,34 @@ def test_doctor_server_with_a_trailing_slash_or_v1_is_the_server(tmp_path):
     from tests.serve_helpers import word_tokenizer
 
     draft, target, samples = served_world(tmp_path, word_tokenizer())
-    server = serve_in_thread(build_app(str(target), str(draft), SpecConfig(num_steps=3, topk=1, num_draft_tokens=4),
-                                       max_seq_len=128))
+    server = serve_in_thread(
+        build_app(
+            str(target),
+            str(draft),
+            SpecConfig(num_steps=3, topk=1, num_draft_tokens=4),
+            max_seq_len=128,
+        )
+    )
     try:
-        result = CliRunner().invoke(app, ["doctor", str(draft), "--target", str(target), "--samples", str(samples),
-                                          "--server", server.url + "/v1/", "--max-samples", "8", "--json"])
+        result = CliRunner().invoke(
+            app,
+            [
+                "doctor",
+                str(draft),
+                "--target",
+                str(target),
+                "--samples",
+                str(samples),
+                "--server",
+                server.url + "/v1/",
+                "--max-samples",
+                "8",
+                "--json",
+            ],
+        )
     finally:
         server.stop()
-    data = json.loads(result.output[result.output.index("{"):])
+    data = json.loads(result.output[result.output.index("{") :])
     online = next(f for f in data["findings"] if f["check"] == "online_acceptance")
     assert online["verdict"] == "pass", online
     assert f"to {server.url} (specdraft)" in online["evidence"]
@@ -67,7 +96,10 @@ def test_a_server_url_ending_in_v1_is_the_base_url(tmp_path):
     """doctor --server URL/v1 (the OpenAI clients' form) is the server at URL, as bench and
     regenerate take it: no longer refused, checked on to the next rule (--samples)."""
     assert check_url("http://127.0.0.1:8011/v1/", "--server") == "http://127.0.0.1:8011"
-    result = CliRunner().invoke(app, ["doctor", str(tmp_path), "--server", "http://127.0.0.1:8011/v1/"])
+    result = CliRunner().invoke(
+        app, ["doctor", str(tmp_path), "--server", "http://127.0.0.1:8011/v1/"]
+    )
     assert result.exit_code == 2, result.output
     assert " ".join(result.output.split()).startswith(
-        "error: --server http://127.0.0.1:8011/v1/ needs --samples: pass --samples FILE")
+        "error: --server http://127.0.0.1:8011/v1/ needs --samples: pass --samples FILE"
+    )

@@ -5,7 +5,6 @@ offline then replays other sequences, and the evidence says so."""
 
 from __future__ import annotations
 
-
 import pytest
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
@@ -26,7 +25,7 @@ def bpe_tokenizer() -> PreTrainedTokenizerFast:
     """BPE over the tiny vocabulary: ids 0..7 = "a".."h", ids 8..63 = the pairs "aa", "ab", ...
     (merged). Decoding fuses pieces, so ids 0, 1 ("a", "b") come back as id 9 ("ab")."""
     vocab = {c: i for i, c in enumerate(LETTERS)}
-    pairs = [(x, y) for x in LETTERS for y in LETTERS][:VOCAB - len(LETTERS)]
+    pairs = [(x, y) for x in LETTERS for y in LETTERS][: VOCAB - len(LETTERS)]
     vocab.update({x + y: len(LETTERS) + i for i, (x, y) in enumerate(pairs)})
     backend = Tokenizer(models.BPE(vocab, pairs))
     backend.decoder = decoders.Fuse()
@@ -44,8 +43,9 @@ def online_finding(world):
     draft, target, samples = world
     server = serve_in_thread(build_app(str(target), str(draft), SPEC, max_seq_len=128))
     try:
-        return run_doctor(draft, target=target, samples=samples, server=server.url,
-                          max_samples=8).finding("online_acceptance")
+        return run_doctor(
+            draft, target=target, samples=samples, server=server.url, max_samples=8
+        ).finding("online_acceptance")
     finally:
         server.stop()
 
@@ -74,7 +74,9 @@ def test_online_and_offline_p1_agree_on_specdraft_server(world):
 def test_a_text_only_server_is_re_tokenized_and_the_evidence_says_so(world, monkeypatch):
     """A server that ignores return_token_ids (specdraft serve before it had it): doctor
     re-tokenizes its text, offline replays other sequences, and the report says why."""
-    monkeypatch.setattr(serve_module, "ResponseShape", lambda model, chat, ids: ResponseShape(model, chat))
+    monkeypatch.setattr(
+        serve_module, "ResponseShape", lambda model, chat, ids: ResponseShape(model, chat)
+    )
     finding = online_finding(world)
     online, offline = rows(finding.evidence)
     assert offline[0] < online[0] - 0.1, finding

@@ -12,7 +12,12 @@ from specdraft.data.render import data_hash, load_dataset
 from specdraft.doctor.samples import read_samples
 from tests.tiny_tokenizer import tiny_chat_tokenizer
 
-TEXTS = ["hello , how are you ?", "i am fine , thanks .", "what is the capital of france ?", "paris ."]
+TEXTS = [
+    "hello , how are you ?",
+    "i am fine , thanks .",
+    "what is the capital of france ?",
+    "paris .",
+]
 
 
 def test_a_texts_file_carries_the_data_hash_training_records_for_it(tmp_path):
@@ -21,7 +26,9 @@ def test_a_texts_file_carries_the_data_hash_training_records_for_it(tmp_path):
     texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     read = read_samples(texts, lambda: tok, {}, max_samples=2, max_length=4)
     assert len(read.samples) == 2 and all(len(s.input_ids) <= 4 for s in read.samples)
-    assert read.data_hash == data_hash(load_dataset(texts, tok, chat=False).samples)  # the whole file, as trained
+    assert read.data_hash == data_hash(
+        load_dataset(texts, tok, chat=False).samples
+    )  # the whole file, as trained
 
 
 def test_input_ids_rows_of_the_training_data_hash_as_it(store, tmp_path):
@@ -30,15 +37,23 @@ def test_input_ids_rows_of_the_training_data_hash_as_it(store, tmp_path):
     from specdraft.capture.store import CaptureStore
 
     captured = CaptureStore(store)
-    rows = [{"input_ids": captured[i]["input_ids"].tolist(), "loss_mask": captured[i]["loss_mask"].int().tolist()}
-            for i in range(len(captured))]
+    rows = [
+        {
+            "input_ids": captured[i]["input_ids"].tolist(),
+            "loss_mask": captured[i]["loss_mask"].int().tolist(),
+        }
+        for i in range(len(captured))
+    ]
     file = tmp_path / "ids.jsonl"
     file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     read = read_samples(file, lambda: None, {}, max_samples=2, max_length=8)
     assert len(read.samples) == 2 and read.num_records == len(rows) > 2
     assert read.data_hash == captured.meta["data_hash"]  # every row hashed, not the 2 read
     file.write_text("".join(json.dumps(r) + "\n" for r in rows[:-1]))
-    assert read_samples(file, lambda: None, {}, max_samples=2, max_length=8).data_hash != captured.meta["data_hash"]
+    assert (
+        read_samples(file, lambda: None, {}, max_samples=2, max_length=8).data_hash
+        != captured.meta["data_hash"]
+    )
 
 
 def test_prompts_alone_are_refused_in_one_line_saying_what_doctor_needs(tmp_path):
@@ -50,9 +65,11 @@ def test_prompts_alone_are_refused_in_one_line_saying_what_doctor_needs(tmp_path
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS))
     with pytest.raises(DataError) as e:
         read_samples(prompts, tiny_chat_tokenizer, {}, max_samples=2, max_length=8)
-    assert str(e.value) == (f"{prompts}: prompts without what follows them; doctor scores the drafter's guesses "
-                            "of the target's own text, so each row needs it: give {\"prompt\", \"completion\"} "
-                            "rows (the target's outputs) or {\"text\"} rows")
+    assert str(e.value) == (
+        f"{prompts}: prompts without what follows them; doctor scores the drafter's guesses "
+        'of the target\'s own text, so each row needs it: give {"prompt", "completion"} '
+        'rows (the target\'s outputs) or {"text"} rows'
+    )
 
 
 def test_a_chat_prompt_is_tokenized_as_a_server_renders_it():

@@ -9,15 +9,17 @@ import json
 import pytest
 
 from specdraft.doctor import run_doctor
+from tests.cli.test_cli import flat, invoke
 from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.serve_helpers import word_tokenizer
-from tests.cli.test_cli import flat, invoke
 
 # Renders a user turn holding "w9" differently once later turns exist (not prefix-stable), so a
 # chat that starts with one cannot be rendered with its assistant span (a render-time BadRecord).
-TEMPLATE = ("{% for m in messages %}{% if 'w9' in m['content'] and not loop.last %}w8 {% endif %}"
-            "{% if m['role'] == 'assistant' %}w3 {% endif %}{{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}w3 {% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{% if 'w9' in m['content'] and not loop.last %}w8 {% endif %}"
+    "{% if m['role'] == 'assistant' %}w3 {% endif %}{{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}w3 {% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,34 +52,48 @@ def notes(world, samples, skip_bad=True):
 def test_token_rows_skipped_are_counted_with_the_first(world, tmp_path):
     good = '{"input_ids": [1, 2, 3, 4, 5]}'
     path = write_lines(tmp_path / "ids.jsonl", [good, "{", good, '{"input_ids": "x"}', good])
-    assert notes(world, path) == [f"--samples {path}: skipped 2 of 5 records (first: {path}:2: bad JSON "
-                                  "(Expecting property name enclosed in double quotes at the end of the line))"]
+    assert notes(world, path) == [
+        f"--samples {path}: skipped 2 of 5 records (first: {path}:2: bad JSON "
+        "(Expecting property name enclosed in double quotes at the end of the line))"
+    ]
     clean = write_lines(tmp_path / "clean.jsonl", [good, good])
     assert notes(world, clean) == [f"--samples {clean}: skipped 0 of 2 records"]
     assert notes(world, clean, skip_bad=False) == []
 
 
 def test_chats_skipped_on_reading_and_rendering_are_counted(world, tmp_path):
-    path = write_lines(tmp_path / "chats.jsonl", [chat("w4 w1"), chat("w5 w1", None), chat("w9 w1"),
-                                                   chat("w4 w5")])
-    assert notes(world, path) == [f"--samples {path}: skipped 2 of 4 records (first: {path}:2: no assistant "
-                                  "turn (nothing to learn))"]
-    render_only = write_lines(tmp_path / "render.jsonl", [chat("w4 w1"), chat("w9 w1"), chat("w4 w5")])
+    path = write_lines(
+        tmp_path / "chats.jsonl", [chat("w4 w1"), chat("w5 w1", None), chat("w9 w1"), chat("w4 w5")]
+    )
+    assert notes(world, path) == [
+        f"--samples {path}: skipped 2 of 4 records (first: {path}:2: no assistant "
+        "turn (nothing to learn))"
+    ]
+    render_only = write_lines(
+        tmp_path / "render.jsonl", [chat("w4 w1"), chat("w9 w1"), chat("w4 w5")]
+    )
     assert notes(world, render_only) == [
         f"--samples {render_only}: skipped 1 of 3 records (first: {render_only}:2: the chat template renders "
         "assistant message 1 differently from the prompt it serves it with (not prefix-stable), so the turn "
-        "cannot be located exactly; check --template-kwargs / --reasoning)"]
+        "cannot be located exactly; check --template-kwargs / --reasoning)"
+    ]
 
 
 def test_cli_prints_the_count_and_json_carries_it(world, tmp_path):
     draft, target = world
     good = '{"input_ids": [1, 2, 3, 4, 5]}'
-    path = write_lines(tmp_path / "ids.jsonl", [good, '{"input_ids": [1, 2], "loss_mask": [1]}', good])
+    path = write_lines(
+        tmp_path / "ids.jsonl", [good, '{"input_ids": [1, 2], "loss_mask": [1]}', good]
+    )
     args = ["doctor", str(draft), "--target", str(target), "--samples", str(path), "--skip-bad"]
     table = invoke(args)
     assert table.exit_code == 0, table.output
-    assert f"note: --samples {path}: skipped 1 of 3 records (first: {path}:2: loss_mask must be 2 zeros" \
+    assert (
+        f"note: --samples {path}: skipped 1 of 3 records (first: {path}:2: loss_mask must be 2 zeros"
         in flat(table.output)
+    )
     report = json.loads(invoke(args + ["--json"]).stdout)
-    assert report["notes"] == [f"--samples {path}: skipped 1 of 3 records (first: {path}:2: loss_mask must be "
-                               "2 zeros and ones, one per input id)"]
+    assert report["notes"] == [
+        f"--samples {path}: skipped 1 of 3 records (first: {path}:2: loss_mask must be "
+        "2 zeros and ones, one per input id)"
+    ]

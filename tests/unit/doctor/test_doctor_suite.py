@@ -20,15 +20,20 @@ def world(tmp_path_factory):
 
 def test_samples_suite_name_prompts_the_server_and_skips_offline(world):
     draft, target, _ = world
-    server = serve_in_thread(build_app(str(target), str(draft), SpecConfig(3, 1, 4), max_seq_len=256))
+    server = serve_in_thread(
+        build_app(str(target), str(draft), SpecConfig(3, 1, 4), max_seq_len=256)
+    )
     try:
-        report = run_doctor(draft, target=target, samples="gsm8k", server=server.url, max_samples=4,
-                            max_length=96)
+        report = run_doctor(
+            draft, target=target, samples="gsm8k", server=server.url, max_samples=4, max_length=96
+        )
     finally:
         server.stop()
     online = report.finding("online_acceptance")
     assert online.verdict != "skip" and "online p_k [" in online.evidence, online
     offline = report.finding("offline_acceptance_matches_training")
-    assert offline.verdict == "skip" and "--samples gsm8k holds prompts only" in str(offline), offline
+    assert offline.verdict == "skip" and "--samples gsm8k holds prompts only" in str(offline), (
+        offline
+    )
     with pytest.raises(ValueError, match="a suite \\(gsm8k, humaneval, mt-bench\\)"):
         run_doctor(draft, target=target, samples="no-such-suite")

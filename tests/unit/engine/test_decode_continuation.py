@@ -9,7 +9,12 @@ import pytest
 
 from specdraft.engine.requests import decode_continuation
 from specdraft.serve.protocol import TextStream
-from specdraft.stories260k import TOKENIZER_FILE, build_tokenizer, bundled_dir, read_llama2c_tokenizer
+from specdraft.stories260k import (
+    TOKENIZER_FILE,
+    build_tokenizer,
+    bundled_dir,
+    read_llama2c_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +25,8 @@ def tokenizer():
 def split(tokenizer, prompt: str, full: str) -> tuple[list[int], list[int]]:
     ids = tokenizer(full)["input_ids"]
     prompt_ids = tokenizer(prompt)["input_ids"]
-    assert ids[:len(prompt_ids)] == prompt_ids
-    return prompt_ids, ids[len(prompt_ids):]
+    assert ids[: len(prompt_ids)] == prompt_ids
+    return prompt_ids, ids[len(prompt_ids) :]
 
 
 def test_the_continuation_keeps_its_leading_space(tokenizer):
@@ -29,7 +34,9 @@ def test_the_continuation_keeps_its_leading_space(tokenizer):
     assert tokenizer.decode(output_ids) == "a time, there was a cat."  # the bug: the space is gone
     assert decode_continuation(tokenizer, prompt_ids, output_ids) == " a time, there was a cat."
     assert decode_continuation(tokenizer, prompt_ids, []) == ""
-    assert decode_continuation(tokenizer, [], output_ids) == "a time, there was a cat."  # no prompt: as it was
+    assert (
+        decode_continuation(tokenizer, [], output_ids) == "a time, there was a cat."
+    )  # no prompt: as it was
 
 
 def test_text_stream_releases_the_continuation_with_its_space(tokenizer):

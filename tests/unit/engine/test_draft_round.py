@@ -21,7 +21,11 @@ from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.tree import TreeExpansion, tree_of, verify_mask
 from tests.drafts import tiny_draft
 
-SETTINGS = {"chain7": SpecConfig.chain(7), "tree5x4_16": SpecConfig(5, 4, 16), "tree6x8_32": SpecConfig(6, 8, 32)}
+SETTINGS = {
+    "chain7": SpecConfig.chain(7),
+    "tree5x4_16": SpecConfig(5, 4, 16),
+    "tree6x8_32": SpecConfig(6, 8, 32),
+}
 # aten ops of one round (m = 1, bf16 logits) outside its drafter steps; the rounds ran 90, 237
 # and 276 before their constants were built once and their bookkeeping folded (#25); with the
 # expansion's Triton kernels (each launch counted as one op)
@@ -48,24 +52,43 @@ class OpCounter(TorchDispatchMode):
 def _setup(spec: SpecConfig, dtype: torch.dtype, monkeypatch, counter: OpCounter | None = None):
     """(GraphedRound without graphs, its drafter, its cache, the tree's verify buffers): the
     drafter's steps run its torch path (Triton's interpreter would take minutes), uncounted."""
+
     def torch_step(fast, ids, hidden, positions, first_step, cache, slots, mask):
         if counter is not None:
             counter.paused = True
         start, t = int(slots[0]), ids.shape[0]  # a step's slots are contiguous
-        out = fast(ids, hidden, positions, first_step, cache, start, mask[..., :start + t])
+        out = fast(ids, hidden, positions, first_step, cache, start, mask[..., : start + t])
         if counter is not None:
             counter.paused = False
         return out
 
     monkeypatch.setattr(FastDraft, "triton_step", torch_step)
-    monkeypatch.setattr(GraphedRound, "capture", lambda self, m: (None, self.static_inputs(m), None))
+    monkeypatch.setattr(
+        GraphedRound, "capture", lambda self, m: (None, self.static_inputs(m), None)
+    )
     torch.manual_seed(0)
-    draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64, target_hidden_size=64,
-                       vocab_size=200, num_attention_heads=4, num_key_value_heads=2).to(dtype).eval()
+    draft = (
+        tiny_draft(
+            num_layers=2,
+            aux_layers=(0, 1, 2),
+            head_dim=16,
+            hidden_size=64,
+            target_hidden_size=64,
+            vocab_size=200,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+        .to(dtype)
+        .eval()
+    )
     cfg = draft.cfg
-    cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim, 96 + fused_decode.MAX_TOKENS, dtype, "cpu")
+    cache = DraftCache(
+        cfg.num_key_value_heads, cfg.head_dim, 96 + fused_decode.MAX_TOKENS, dtype, "cpu"
+    )
     gen = torch.Generator().manual_seed(1)
-    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))  # the committed entries the round attends to
+    cache.k.copy_(
+        torch.randn(cache.k.shape, generator=gen)
+    )  # the committed entries the round attends to
     cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
     n = spec.num_draft_tokens
     inputs = [torch.zeros(shape, dtype=torch.long) for shape in ((1, n), (1, n), (n,))]
@@ -78,7 +101,9 @@ def _setup(spec: SpecConfig, dtype: torch.dtype, monkeypatch, counter: OpCounter
 
 def _pending(m: int, width: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(m)
-    return torch.randint(0, 128, (m,), generator=gen), torch.randn(m, width, generator=gen).to(dtype)
+    return torch.randint(0, 128, (m,), generator=gen), torch.randn(m, width, generator=gen).to(
+        dtype
+    )
 
 
 def _count_expand_kernels(monkeypatch, counter: OpCounter) -> None:
@@ -87,15 +112,19 @@ def _count_expand_kernels(monkeypatch, counter: OpCounter) -> None:
     from specdraft.engine.kernels import expand_ops
 
     init = TreeExpansion.__init__
-    monkeypatch.setattr(TreeExpansion, "__init__", lambda self, *args, **kwargs: init(self, *args, kernels=True))
+    monkeypatch.setattr(
+        TreeExpansion, "__init__", lambda self, *args, **kwargs: init(self, *args, kernels=True)
+    )
     for name in EXPAND_KERNELS:
-        def launch(*args, kernel=getattr(expand_ops, name), name=name):
+
+        def launch(*args, kernel=getattr(expand_ops, name), name=name):  # noqa: B008
             counter.paused = True
             try:
                 return kernel(*args)
             finally:
                 counter.paused = False
                 counter.ops[name] += 1
+
         monkeypatch.setattr(expand_ops, name, launch)
 
 
@@ -114,14 +143,18 @@ def test_round_runs_few_torch_ops_around_its_drafter_steps(name, kernels, monkey
     if kernels:
         pytest.importorskip("triton")
         if torch.cuda.is_available():
-            pytest.skip("the interpreter's count (the kernels would be compiled for CUDA and given CPU tensors)")
+            pytest.skip(
+                "the interpreter's count (the kernels would be compiled for CUDA and given CPU tensors)"
+            )
         _count_expand_kernels(monkeypatch, counter)
     ids, aux = _pending(1, fast.fc.shape[1], torch.bfloat16)
     with counter:
         out = rounds.round(ids, aux, torch.tensor([COMMITTED]))
     assert len(out) == (2 if spec.topk == 1 else 3)
     if kernels:
-        moves = spec.num_steps - 1 if spec.topk > 1 else 0  # a tree's frontiers moved, each one's mask built
+        moves = (
+            spec.num_steps - 1 if spec.topk > 1 else 0
+        )  # a tree's frontiers moved, each one's mask built
         assert [counter.ops[k] for k in EXPAND_KERNELS] == [spec.num_steps, moves, moves]
         assert counter.ops["_log_softmax"] == counter.ops["topk"] == 0
         assert sum(counter.ops.values()) <= MAX_OPS_KERNELS[name], counter.ops
@@ -130,8 +163,14 @@ def test_round_runs_few_torch_ops_around_its_drafter_steps(name, kernels, monkey
     assert sum(counter.ops.values()) <= MAX_OPS[name], counter.ops
 
 
-def _step_by_step(fast: FastDraft, cache: DraftCache, spec: SpecConfig, ids: torch.Tensor, aux: torch.Tensor,
-                  vocab: torch.Tensor):
+def _step_by_step(
+    fast: FastDraft,
+    cache: DraftCache,
+    spec: SpecConfig,
+    ids: torch.Tensor,
+    aux: torch.Tensor,
+    vocab: torch.Tensor,
+):
     """`SpeculativeEngine.draft_steps`' round (greedy) from entry COMMITTED: the DraftTree."""
     m = ids.shape[0]
     expansion = TreeExpansion(int(ids[-1]), spec.topk, False, SamplingParams(), vocab, 128, None)
@@ -140,8 +179,15 @@ def _step_by_step(fast: FastDraft, cache: DraftCache, spec: SpecConfig, ids: tor
     tokens, hidden = expansion.expand(logits[-1:], hidden[-1:], written=False)
     for step in range(1, spec.num_steps):
         position = torch.full((tokens.numel(),), committed - 1 + step)
-        logits, hidden = fast(tokens, hidden, position, False, cache, committed + expansion.num_scratch,
-                              expansion.draft_mask(committed))
+        logits, hidden = fast(
+            tokens,
+            hidden,
+            position,
+            False,
+            cache,
+            committed + expansion.num_scratch,
+            expansion.draft_mask(committed),
+        )
         tokens, hidden = expansion.expand(logits, hidden, written=True)
     return tree_of(*expansion.candidates(), spec.num_draft_tokens)
 
@@ -156,10 +202,16 @@ def test_round_drafts_the_step_by_step_tree_bit_for_bit(name, kernels, monkeypat
     torch ops or its Triton kernels (`kernels.expand_ops`, Triton's interpreter on the CPU)."""
     if kernels:
         pytest.importorskip("triton")
-        if torch.cuda.is_available():  # the kernels would be compiled for CUDA and given these CPU tensors
-            pytest.skip("the interpreter's check of the kernels in a round (test_expand_ops covers CUDA)")
+        if (
+            torch.cuda.is_available()
+        ):  # the kernels would be compiled for CUDA and given these CPU tensors
+            pytest.skip(
+                "the interpreter's check of the kernels in a round (test_expand_ops covers CUDA)"
+            )
         init = TreeExpansion.__init__
-        monkeypatch.setattr(TreeExpansion, "__init__", lambda self, *args, **kwargs: init(self, *args, kernels=True))
+        monkeypatch.setattr(
+            TreeExpansion, "__init__", lambda self, *args, **kwargs: init(self, *args, kernels=True)
+        )
     spec = SETTINGS.get(name, SpecConfig(3, 3, 8))
     rounds, fast, cache, inputs = _setup(spec, torch.float32, monkeypatch)
     ref_cache = DraftCache(2, 16, cache.max_len, torch.float32, "cpu")
@@ -181,4 +233,6 @@ def test_round_drafts_the_step_by_step_tree_bit_for_bit(name, kernels, monkeypat
         assert positions[0].tolist() == [committed + depth for depth in tree.depths]
         assert slots.tolist() == list(range(committed, committed + spec.num_draft_tokens))
         assert torch.equal(mask, verify_mask(tree, committed, NUM_SLOTS))
-        assert max(tree.depths) >= 2 and len(set(tree.parents)) > 2  # nodes below depth 1, several parents
+        assert (
+            max(tree.depths) >= 2 and len(set(tree.parents)) > 2
+        )  # nodes below depth 1, several parents

@@ -44,8 +44,13 @@ FLAGS = pytest.mark.parametrize("flags", FLAG_COMBINATIONS, ids=flag_id)
 def test_first_step_after_a_cached_past_matches_the_drafter(dtype, flags):
     model, fast, cache, ids, aux = _setup(dtype, flags)
     positions = torch.arange(PAST, PAST + T)
-    ref = model(ids[None, PAST:], aux[None, PAST:], positions[None], first_step=True,
-                past_kv=cache.view(PAST))
+    ref = model(
+        ids[None, PAST:],
+        aux[None, PAST:],
+        positions[None],
+        first_step=True,
+        past_kv=cache.view(PAST),
+    )
     logits, hidden = fast(ids[PAST:], aux[PAST:], positions, True, cache, PAST)
     _assert_close(logits, ref.logits[0], dtype)
     _assert_close(hidden, ref.hidden[0], dtype)
@@ -64,27 +69,45 @@ def test_tree_step_under_a_scratch_mask_matches_the_drafter(dtype, flags):
     model, fast, cache, ids, _ = _setup(dtype, flags)
     cfg = model.cfg
     gen = torch.Generator().manual_seed(1)
-    scratch = KV(*(torch.randn(1, cfg.num_key_value_heads, 2, cfg.head_dim, generator=gen).to(dtype)
-                   for _ in range(2)))
+    scratch = KV(
+        *(
+            torch.randn(1, cfg.num_key_value_heads, 2, cfg.head_dim, generator=gen).to(dtype)
+            for _ in range(2)
+        )
+    )
     cache.write(scratch, PAST)
     hidden_in = torch.randn(2, cfg.hidden_size, generator=gen).to(dtype)
     eye = torch.eye(2, dtype=torch.bool)
     mask = torch.cat([torch.ones(2, PAST, dtype=torch.bool), eye, eye], dim=1)  # [2, PAST + 2 + 2]
     positions = torch.full((2,), PAST + 1)
-    ref = model(ids[None, :2], hidden_in[None], positions[None], first_step=False,
-                attn_mask=mask[None, None], past_kv=cache.view(PAST + 2))
+    ref = model(
+        ids[None, :2],
+        hidden_in[None],
+        positions[None],
+        first_step=False,
+        attn_mask=mask[None, None],
+        past_kv=cache.view(PAST + 2),
+    )
     logits, hidden = fast(ids[:2], hidden_in, positions, False, cache, PAST + 2, mask)
     _assert_close(logits, ref.logits[0], dtype)
     _assert_close(hidden, ref.hidden[0], dtype)
-    _assert_close(cache.view(PAST + 4).k[:, :, PAST + 2:], ref.kv.k, dtype)
+    _assert_close(cache.view(PAST + 4).k[:, :, PAST + 2 :], ref.kv.k, dtype)
 
 
 def test_graph_keys_cover_every_step_a_setting_runs_after_its_first_round():
     from specdraft.engine.fast_draft import draft_graph_keys
     from specdraft.engine.kernels import fused_decode
 
-    first = [(t, True, False) for t in range(1, 5)]  # a verify accepts 0..3 drafts, plus the bonus token
+    first = [
+        (t, True, False) for t in range(1, 5)
+    ]  # a verify accepts 0..3 drafts, plus the bonus token
     assert draft_graph_keys(3, 1) == first + [(1, False, False)]  # chain steps: one row, no mask
-    assert draft_graph_keys(3, 4) == first + [(4, False, True)]  # tree steps: topk rows under a mask
+    assert draft_graph_keys(3, 4) == first + [
+        (4, False, True)
+    ]  # tree steps: topk rows under a mask
     assert draft_graph_keys(1, 1) == [(1, True, False), (2, True, False)]  # no later steps
-    assert draft_graph_keys(70, 1)[-2] == (fused_decode.MAX_TOKENS, True, False)  # at most MAX_TOKENS positions
+    assert draft_graph_keys(70, 1)[-2] == (
+        fused_decode.MAX_TOKENS,
+        True,
+        False,
+    )  # at most MAX_TOKENS positions

@@ -18,7 +18,9 @@ from tests.cases.test_case_fc10_temperature import PASS_P, chi_square_pvalue
 from tests.engine_helpers import greedy_sequences, hf_setup, one_thread, random_prompts  # noqa: F401
 from tests.tiny_models import ARCHITECTURES, MORE_ARCHITECTURES, save_tiny_model
 
-CLASSES = [a for a in ARCHITECTURES + MORE_ARCHITECTURES if a != "deepseek_v2"]  # V3 covers MLA + MoE
+CLASSES = [
+    a for a in ARCHITECTURES + MORE_ARCHITECTURES if a != "deepseek_v2"
+]  # V3 covers MLA + MoE
 NUM_PROMPTS, PROMPT_LEN, NUM_NEW = 4, 6, 12  # 18 positions: past the tiny windows / chunks of 4
 
 
@@ -32,8 +34,19 @@ def test_cached_forward_with_dropped_slots_equals_the_full_forward(arch):
     out = target(ids[:, :6], torch.arange(6)[None], torch.arange(6), causal_mask(0, 6, 6), (0, 4))
     errors = [(out.logits[0] - full[:6]).abs().max()]
     for p in range(6, 14):  # a rejected 2-token draft first, then the real token over it
-        target(torch.tensor([[5, 7]]), torch.tensor([[p, p + 1]]), torch.arange(p, p + 2), causal_mask(p, 2, p + 2))
-        out = target(ids[:, p:p + 1], torch.tensor([[p]]), torch.tensor([p]), causal_mask(p, 1, p + 1), (0, 4))
+        target(
+            torch.tensor([[5, 7]]),
+            torch.tensor([[p, p + 1]]),
+            torch.arange(p, p + 2),
+            causal_mask(p, 2, p + 2),
+        )
+        out = target(
+            ids[:, p : p + 1],
+            torch.tensor([[p]]),
+            torch.tensor([p]),
+            causal_mask(p, 1, p + 1),
+            (0, 4),
+        )
         errors.append((out.logits[0, 0] - full[p]).abs().max())
     assert max(errors) < 1e-5, arch
     assert out.aux_hidden.shape == (1, 1, 2 * target.args.hidden_size)
@@ -49,16 +62,30 @@ def test_speculative_greedy_equals_target_greedy(arch):
     for spec in (SpecConfig.chain(3), SpecConfig(3, 2, 6)):
         engine = setup.engine(setup.trained, spec)
         assert [engine.generate(p, NUM_NEW).token_ids for p in prompts] == reference, (arch, spec)
-        assert engine.total.accept_length > 1.0, (arch, spec)  # drafts are accepted: paths are committed
+        assert engine.total.accept_length > 1.0, (
+            arch,
+            spec,
+        )  # drafts are accepted: paths are committed
 
 
 def _decode_logits(target, ids):
     """Logits of a prefill of 6, then per position a rejected 2-token chain and the real token."""
     target.setup_cache(1, 64)
-    logits = [target(ids[:, :6], torch.arange(6)[None], torch.arange(6), causal_mask(0, 6, 6)).logits[0]]
+    logits = [
+        target(ids[:, :6], torch.arange(6)[None], torch.arange(6), causal_mask(0, 6, 6)).logits[0]
+    ]
     for p in range(6, ids.shape[1]):
-        target(torch.tensor([[5, 7]]), torch.tensor([[p, p + 1]]), torch.arange(p, p + 2), causal_mask(p, 2, p + 2))
-        logits.append(target(ids[:, p:p + 1], torch.tensor([[p]]), torch.tensor([p]), causal_mask(p, 1, p + 1)).logits[0])
+        target(
+            torch.tensor([[5, 7]]),
+            torch.tensor([[p, p + 1]]),
+            torch.arange(p, p + 2),
+            causal_mask(p, 2, p + 2),
+        )
+        logits.append(
+            target(
+                ids[:, p : p + 1], torch.tensor([[p]]), torch.tensor([p]), causal_mask(p, 1, p + 1)
+            ).logits[0]
+        )
     return torch.cat(logits)
 
 
@@ -87,8 +114,13 @@ CHAIN, TREE = SpecConfig.chain(2), SpecConfig(2, 2, 4)
 # (each mode draws FC-10's 3 x 400 samples, one engine run each): soft-capped logits; MLA + MoE
 # routing (speculative sampling against the drafter's probabilities); sliding layers and attention
 # sinks in tree masks.
-SAMPLED = {"gemma2-chain": ("gemma2", CHAIN), "gemma2-tree": ("gemma2", TREE),
-           "deepseek_v3-chain": ("deepseek_v3", CHAIN), "gemma3-tree": ("gemma3", TREE), "gpt_oss-tree": ("gpt_oss", TREE)}
+SAMPLED = {
+    "gemma2-chain": ("gemma2", CHAIN),
+    "gemma2-tree": ("gemma2", TREE),
+    "deepseek_v3-chain": ("deepseek_v3", CHAIN),
+    "gemma3-tree": ("gemma3", TREE),
+    "gpt_oss-tree": ("gpt_oss", TREE),
+}
 
 
 @pytest.mark.parametrize(("arch", "spec"), list(SAMPLED.values()), ids=list(SAMPLED))
@@ -103,7 +135,10 @@ def test_load_engine_uses_the_fast_path_where_it_applies(tmp_path):
     assert slow.target_path == "transformers"
     assert slow.notes[0].startswith("target runs on the transformers (the model's own forward")
     assert "Gemma3ForCausalLM" in slow.notes[0]
-    assert slow.generate([1, 2, 3], 4).token_ids == greedy_sequences(slow.target, [[1, 2, 3]], 4)[0, 3:].tolist()
+    assert (
+        slow.generate([1, 2, 3], 4).token_ids
+        == greedy_sequences(slow.target, [[1, 2, 3]], 4)[0, 3:].tolist()
+    )
 
 
 def test_a_mask_as_wide_as_the_cache_is_accepted():
@@ -144,10 +179,19 @@ def test_the_cache_goes_under_the_name_the_models_forward_takes():
 def test_a_forward_that_ignores_the_cache_is_an_error_not_a_cacheless_run():
     target = hf_setup("gemma2").target
     forward = target.target.causal_lm.forward
-    target.target.causal_lm.forward = lambda *args, cache=None, past_key_values=None, **kwargs: forward(*args, **kwargs)
+    target.target.causal_lm.forward = lambda *args, cache=None, past_key_values=None, **kwargs: (
+        forward(*args, **kwargs)
+    )
     try:
         target.setup_cache(1, 64)
-        with pytest.raises(RuntimeError, match="wrote 0 cache slots, expected 6: its forward did not use the cache"):
-            target(torch.tensor(random_prompts(1, 6, seed=4)), torch.arange(6)[None], torch.arange(6), causal_mask(0, 6, 6))
+        with pytest.raises(
+            RuntimeError, match="wrote 0 cache slots, expected 6: its forward did not use the cache"
+        ):
+            target(
+                torch.tensor(random_prompts(1, 6, seed=4)),
+                torch.arange(6)[None],
+                torch.arange(6),
+                causal_mask(0, 6, 6),
+            )
     finally:
         del target.target.causal_lm.forward

@@ -7,8 +7,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdraft.engine.sampling import (SamplingParams, children_of, logits_to_probs, verify_chain,
-                                       verify_greedy, verify_tree)
+from specdraft.engine.sampling import (
+    SamplingParams,
+    children_of,
+    logits_to_probs,
+    verify_chain,
+    verify_greedy,
+    verify_tree,
+)
 
 P_VALUE = 1e-3
 
@@ -20,7 +26,9 @@ def test_greedy_probs_are_one_hot_at_argmax():
 
 def test_temperature_top_k_top_p_exact():
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
-    assert torch.allclose(logits_to_probs(logits, SamplingParams(1.0)), torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert torch.allclose(
+        logits_to_probs(logits, SamplingParams(1.0)), torch.tensor([0.5, 0.3, 0.15, 0.05])
+    )
     hot = logits_to_probs(logits, SamplingParams(2.0))
     assert torch.allclose(hot, (logits / 2).softmax(-1))
     top2 = logits_to_probs(logits, SamplingParams(1.0, top_k=2))
@@ -32,8 +40,14 @@ def test_temperature_top_k_top_p_exact():
     assert tiny_p.tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("kwargs, field", [(dict(temperature=-1.0), "temperature"),
-                                           (dict(top_p=0.0), "top_p"), (dict(top_k=-2), "top_k")])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_k=-2), "top_k"),
+    ],
+)
 def test_sampling_params_refuse_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)

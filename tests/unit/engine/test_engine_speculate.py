@@ -15,15 +15,26 @@ import transformers
 
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.graphs import StaticInputs
 from specdraft.engine.load import load_engine
+from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
-from tests.engine_helpers import (AUX_LAYERS, MAX_SEQ, greedy_sequences, one_thread,  # noqa: F401
-                                  random_prompts, target_pass, tiny_setup)
+from tests.engine_helpers import (
+    AUX_LAYERS,
+    MAX_SEQ,
+    greedy_sequences,
+    one_thread,  # noqa: F401
+    random_prompts,
+    target_pass,
+    tiny_setup,
+)
 
 NUM_PROMPTS, PROMPT_LEN, NUM_NEW = 20, 8, 24
-SPECS = {"chain3": SpecConfig.chain(3), "tree3x2": SpecConfig(3, 2, 6), "tree4x4": SpecConfig(4, 4, 16)}
+SPECS = {
+    "chain3": SpecConfig.chain(3),
+    "tree3x2": SpecConfig(3, 2, 6),
+    "tree4x4": SpecConfig(4, 4, 16),
+}
 
 
 def _greedy_reference(setup, prompts):
@@ -60,7 +71,9 @@ def test_greedy_output_equals_target_greedy_on_a_context_heavy_target():
 def test_plain_decoding_equals_transformers_greedy():
     setup = tiny_setup("llama")
     prompts = random_prompts(NUM_PROMPTS, PROMPT_LEN, seed=12)
-    model = transformers.AutoModelForCausalLM.from_pretrained(setup.target_dir, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        setup.target_dir, dtype=torch.float32
+    ).eval()
     ids = torch.tensor(prompts)
     with torch.no_grad():
         for _ in range(NUM_NEW):
@@ -68,8 +81,12 @@ def test_plain_decoding_equals_transformers_greedy():
     engine = setup.engine(None, None)
     results = [engine.generate(p, NUM_NEW) for p in prompts]
     assert [r.token_ids for r in results] == ids[:, PROMPT_LEN:].tolist()
-    assert all(r.metrics.accept_length == 1.0 and r.metrics.num_drafted_tokens == 0 for r in results)
-    assert all(r.metrics.time_draft_s == 0.0 and r.metrics.time_verify_s > 0 for r in results)  # no drafter
+    assert all(
+        r.metrics.accept_length == 1.0 and r.metrics.num_drafted_tokens == 0 for r in results
+    )
+    assert all(
+        r.metrics.time_draft_s == 0.0 and r.metrics.time_verify_s > 0 for r in results
+    )  # no drafter
 
 
 @torch.no_grad()
@@ -83,36 +100,53 @@ def test_caches_after_generation_equal_a_fresh_prefill():
     assert result.metrics.accepted_per_position[1] > 0  # some depth-2 acceptances happened
     tokens = torch.tensor([prompt + result.token_ids])
     num_target = tokens.shape[1] - 1  # every output token but the last is in the target cache
-    engine_k = [layer.attention.kv_cache.k_cache[:, :, :num_target].clone() for layer in setup.target.layers]
+    engine_k = [
+        layer.attention.kv_cache.k_cache[:, :, :num_target].clone() for layer in setup.target.layers
+    ]
     num_draft = engine.draft_cache.length
     draft_k = engine.draft_cache.k[:, :, :num_draft].clone()
     _, aux = target_pass(setup.target, tokens[:, :num_target])
     for layer, cached in zip(setup.target.layers, engine_k):
-        torch.testing.assert_close(layer.attention.kv_cache.k_cache[:, :, :num_target], cached,
-                                   rtol=1e-5, atol=1e-5)
-    fresh = setup.trained(tokens[:, 1:num_draft + 1], aux[:, :num_draft], torch.arange(num_draft)[None],
-                          first_step=True)
+        torch.testing.assert_close(
+            layer.attention.kv_cache.k_cache[:, :, :num_target], cached, rtol=1e-5, atol=1e-5
+        )
+    fresh = setup.trained(
+        tokens[:, 1 : num_draft + 1],
+        aux[:, :num_draft],
+        torch.arange(num_draft)[None],
+        first_step=True,
+    )
     torch.testing.assert_close(fresh.kv.k, draft_k, rtol=1e-5, atol=1e-5)
 
 
 def test_limits_are_refused_before_generation_with_numbers():
     setup = tiny_setup("llama")
     engine = setup.engine(setup.untrained, SPECS["tree4x4"])  # max_seq_len 128, max positions 256
-    with pytest.raises(ValueError, match=r"prompt 100 \+ max_new_tokens 20 = 120 tokens exceeds the engine's "
-                                         r"max_seq_len 128 less 16 verified nodes \(112\): ask for at most 12 "
-                                         r"new tokens, or build the engine with max_seq_len >= 136"):
+    with pytest.raises(
+        ValueError,
+        match=r"prompt 100 \+ max_new_tokens 20 = 120 tokens exceeds the engine's "
+        r"max_seq_len 128 less 16 verified nodes \(112\): ask for at most 12 "
+        r"new tokens, or build the engine with max_seq_len >= 136",
+    ):
         engine.generate([1] * 100, 20)
     wide = SpeculativeEngine(setup.target, None, None, None, 256, "cpu")
-    with pytest.raises(ValueError, match=r"= 300 tokens exceeds the engine's max_seq_len 256 less 1 verified "
-                                         r"node \(255\): ask for at most 55 new tokens$"):
+    with pytest.raises(
+        ValueError,
+        match=r"= 300 tokens exceeds the engine's max_seq_len 256 less 1 verified "
+        r"node \(255\): ask for at most 55 new tokens$",
+    ):
         wide.generate([1] * 200, 100)
     cfg = dataclasses.replace(setup.untrained.cfg, max_position_embeddings=64)
     short = Eagle3Draft(cfg).eval()
     short.load_target_embedding(setup.target.tok_embeddings.weight)
     engine = setup.engine(short, SPECS["chain3"])
-    with pytest.raises(ValueError, match="= 70 tokens exceeds the drafter's max_position_embeddings 64"):
+    with pytest.raises(
+        ValueError, match="= 70 tokens exceeds the drafter's max_position_embeddings 64"
+    ):
         engine.generate([1] * 50, 20)
-    assert len(engine.generate([1] * 40, 20).token_ids) == 20  # the engine still serves valid requests
+    assert (
+        len(engine.generate([1] * 40, 20).token_ids) == 20
+    )  # the engine still serves valid requests
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate([], 5)
 
@@ -126,14 +160,22 @@ def test_every_length_error_applies_one_rule_and_advises_only_what_can_be_done()
     for max_new in (5000, 255):  # past the positions, then past the cache only
         with pytest.raises(ValueError) as refused:
             engine.check_limits(1, max_new)
-        assert str(refused.value).endswith(f"ask for at most {engine.longest_request() - 1} new tokens")
+        assert str(refused.value).endswith(
+            f"ask for at most {engine.longest_request() - 1} new tokens"
+        )
     engine.check_limits(1, engine.longest_request() - 1)  # the advised request is accepted
     longest = engine.longest_request()
-    for max_new in (20, longest + 5):  # a prompt past the limit on its own: shorten it (and the answer)
+    for max_new in (
+        20,
+        longest + 5,
+    ):  # a prompt past the limit on its own: shorten it (and the answer)
         with pytest.raises(ValueError) as refused:
             engine.check_limits(longest + 10, max_new)
-        advice = (f"shorten the prompt to at most {longest - 20} tokens" if max_new == 20 else
-                  f"shorten the prompt and ask for fewer new tokens (together at most {longest})")
+        advice = (
+            f"shorten the prompt to at most {longest - 20} tokens"
+            if max_new == 20
+            else f"shorten the prompt and ask for fewer new tokens (together at most {longest})"
+        )
         assert str(refused.value).endswith(advice)
     engine.check_limits(longest - 20, 20)  # the advised prompt is accepted
 
@@ -153,7 +195,11 @@ def test_eos_stop_strings_and_streaming():
     engine = setup.engine(setup.trained, SPECS["tree3x2"], tokenizer=CharTokenizer())
     chunks = []
     full = engine.generate(prompt, NUM_NEW, on_tokens=chunks.append)
-    assert full.token_ids == reference and sum(chunks, []) == reference and full.finish_reason == "length"
+    assert (
+        full.token_ids == reference
+        and sum(chunks, []) == reference
+        and full.finish_reason == "length"
+    )
     eos = reference[6]
     cut = reference.index(eos) + 1
     result = engine.generate(prompt, NUM_NEW, eos_ids=(eos,))
@@ -162,7 +208,7 @@ def test_eos_stop_strings_and_streaming():
     first = CharTokenizer.decode(reference).find(stop)
     result = engine.generate(prompt, NUM_NEW, stop=[stop])
     assert result.finish_reason == "stop" and result.text == CharTokenizer.decode(reference)[:first]
-    assert result.token_ids == reference[:first + 2]
+    assert result.token_ids == reference[: first + 2]
     plain = setup.engine(None, None)
     with pytest.raises(ValueError, match="stop strings need a tokenizer"):
         plain.generate(prompt, 4, stop=["x"])
@@ -195,48 +241,79 @@ def test_stop_strings_decode_only_the_outputs_tail():
     stop = CharTokenizer.decode(reference[70:73])
     first = CharTokenizer.decode(reference).find(stop)
     stopped = engine.generate(prompt, 100, stop=[stop])
-    assert stopped.finish_reason == "stop" and stopped.token_ids == reference[:first + 3]
+    assert stopped.finish_reason == "stop" and stopped.token_ids == reference[: first + 3]
 
 
 def _manifest(draft, setup, aux_layers):
     args = setup.target.args
-    return Manifest(draft=draft.cfg.to_dict(), aux_layers=list(aux_layers),
-                    target={"hidden_size": args.hidden_size, "num_layers": args.num_layers,
-                            "vocab_size": args.vocab_size})
+    return Manifest(
+        draft=draft.cfg.to_dict(),
+        aux_layers=list(aux_layers),
+        target={
+            "hidden_size": args.hidden_size,
+            "num_layers": args.num_layers,
+            "vocab_size": args.vocab_size,
+        },
+    )
 
 
 def test_load_engine_pairs_a_saved_drafter(tmp_path):
     setup = tiny_setup("llama")
-    draft_dir = save_draft(setup.trained, tmp_path / "draft", manifest=_manifest(setup.trained, setup, AUX_LAYERS))
+    draft_dir = save_draft(
+        setup.trained, tmp_path / "draft", manifest=_manifest(setup.trained, setup, AUX_LAYERS)
+    )
     engine = load_engine(setup.target_dir, draft_dir, SPECS["chain3"], max_seq_len=MAX_SEQ)
     prompts = random_prompts(3, PROMPT_LEN, seed=15)
-    assert [engine.generate(p, NUM_NEW).token_ids for p in prompts] == _greedy_reference(setup, prompts)
+    assert [engine.generate(p, NUM_NEW).token_ids for p in prompts] == _greedy_reference(
+        setup, prompts
+    )
     assert engine.total.num_requests == 3 and engine.total.accept_length > 1.0
-    bad = save_draft(setup.trained, tmp_path / "bad", manifest=_manifest(setup.trained, setup, (1, 2, 3)))
-    with pytest.raises(ValueError, match=r"manifest aux_layers \[1, 2, 3\] != drafter config \[1, 2, 4\]"):
+    bad = save_draft(
+        setup.trained, tmp_path / "bad", manifest=_manifest(setup.trained, setup, (1, 2, 3))
+    )
+    with pytest.raises(
+        ValueError, match=r"manifest aux_layers \[1, 2, 3\] != drafter config \[1, 2, 4\]"
+    ):
         load_engine(setup.target_dir, bad, SPECS["chain3"], max_seq_len=MAX_SEQ)
     assert load_engine(setup.target_dir, None, None, max_seq_len=MAX_SEQ).draft is None
 
 
 def test_a_drafter_for_another_target_is_refused():
     setup = tiny_setup("llama")
-    cfg = DraftConfig.from_target(dict(hidden_size=16, num_attention_heads=2, intermediate_size=32,
-                                       vocab_size=80, num_hidden_layers=5, max_position_embeddings=256),
-                                  (1, 2, 3))
+    cfg = DraftConfig.from_target(
+        dict(
+            hidden_size=16,
+            num_attention_heads=2,
+            intermediate_size=32,
+            vocab_size=80,
+            num_hidden_layers=5,
+            max_position_embeddings=256,
+        ),
+        (1, 2, 3),
+    )
     other = Eagle3Draft(cfg)
-    with pytest.raises(ValueError, match="target_hidden_size 16 != target hidden_size 32.*vocab_size 80 "
-                                         "!= target vocab_size 64.*target_num_layers 5 != target num_layers"
-                                         " 4.*embedding is not loaded"):
+    with pytest.raises(
+        ValueError,
+        match="target_hidden_size 16 != target hidden_size 32.*vocab_size 80 "
+        "!= target vocab_size 64.*target_num_layers 5 != target num_layers"
+        " 4.*embedding is not loaded",
+    ):
         setup.engine(other, SPECS["chain3"])
-    with pytest.raises(ValueError, match=r"aux layers \[1, 2, 3\] != the drafter's training layers"):
+    with pytest.raises(
+        ValueError, match=r"aux layers \[1, 2, 3\] != the drafter's training layers"
+    ):
         SpeculativeEngine(setup.target, setup.trained, SPECS["chain3"], (1, 2, 3), MAX_SEQ, "cpu")
 
 
 def test_static_inputs_stage_host_values_into_their_own_bytes():
     """A graph's inputs share one buffer: each lands in its own aligned bytes (an odd-sized bool
     mask before an int64 input), host values through the host buffer and one staging copy."""
-    inputs = StaticInputs([(1, 3), (1, 1, 3, 5), (3,)], [torch.long, torch.bool, torch.long], torch.device("cpu"),
-                          on_host=(True, True, True))
+    inputs = StaticInputs(
+        [(1, 3), (1, 1, 3, 5), (3,)],
+        [torch.long, torch.bool, torch.long],
+        torch.device("cpu"),
+        on_host=(True, True, True),
+    )
     mask = torch.rand(1, 1, 3, 5, generator=torch.Generator().manual_seed(0)) < 0.5
     inputs.fill((torch.tensor([[7, -2, 9]]), mask, torch.tensor([40, 41, 1 << 40])))
     assert inputs.tensors[0].tolist() == [[0, 0, 0]]  # on the device only once staged
@@ -265,11 +342,19 @@ def test_static_inputs_do_not_copy_a_device_value_written_in_place():
             self.copies += func is torch.ops.aten.copy_.default
             return func(*args, **(kwargs or {}))
 
-    inputs = StaticInputs([(1, 3), (3,)], [torch.long, torch.long], torch.device("cpu"), on_host=(False, False))
+    inputs = StaticInputs(
+        [(1, 3), (3,)], [torch.long, torch.long], torch.device("cpu"), on_host=(False, False)
+    )
     inputs.tensors[0].copy_(torch.tensor([[4, 5, 6]]))
     with CountCopies() as mode:
-        inputs.fill((inputs.tensors[0][0][None], torch.tensor([1, 2, 3])))  # a view of the same bytes
-    assert mode.copies == 1 and inputs.tensors[0].tolist() == [[4, 5, 6]] and inputs.tensors[1].tolist() == [1, 2, 3]
+        inputs.fill(
+            (inputs.tensors[0][0][None], torch.tensor([1, 2, 3]))
+        )  # a view of the same bytes
+    assert (
+        mode.copies == 1
+        and inputs.tensors[0].tolist() == [[4, 5, 6]]
+        and inputs.tensors[1].tolist() == [1, 2, 3]
+    )
     with CountCopies() as mode:
         inputs.fill((torch.tensor([[7, 8, 9]]), inputs.tensors[1]))
     assert mode.copies == 1 and inputs.tensors[0].tolist() == [[7, 8, 9]]
@@ -278,17 +363,33 @@ def test_static_inputs_do_not_copy_a_device_value_written_in_place():
 def test_static_inputs_stage_only_the_host_values():
     """Host inputs come first in the buffer and the staging copy covers just them: it must not
     overwrite an input given on the device (copied to its place before the graph's staging)."""
-    inputs = StaticInputs([(1, 3), (1, 1, 3, 5), (3,)], [torch.long, torch.bool, torch.long], torch.device("cpu"),
-                          on_host=(False, True, False))
+    inputs = StaticInputs(
+        [(1, 3), (1, 1, 3, 5), (3,)],
+        [torch.long, torch.bool, torch.long],
+        torch.device("cpu"),
+        on_host=(False, True, False),
+    )
     assert inputs.host_bytes == 16  # the 15-byte mask, 8-byte aligned
     assert inputs.tensors[1].data_ptr() == inputs.device_buffer.data_ptr()
     inputs.tensors[0].copy_(torch.tensor([[4, 5, 6]]))  # as fill does for a device input
     inputs.host_tensors[1].fill_(True)
     inputs.stage()
     assert inputs.tensors[0].tolist() == [[4, 5, 6]] and bool(inputs.tensors[1].all())
-    with pytest.raises(ValueError, match="graph input on meta, captured for one on cpu"):  # meta: another device
-        inputs.fill((torch.ones(1, 3, dtype=torch.long, device="meta"), torch.ones(1, 1, 3, 5, dtype=torch.bool),
-                     torch.tensor([5, 6, 7])))
+    with pytest.raises(
+        ValueError, match="graph input on meta, captured for one on cpu"
+    ):  # meta: another device
+        inputs.fill(
+            (
+                torch.ones(1, 3, dtype=torch.long, device="meta"),
+                torch.ones(1, 1, 3, 5, dtype=torch.bool),
+                torch.tensor([5, 6, 7]),
+            )
+        )
     with pytest.raises(ValueError, match="graph input on meta, captured for one on the CPU"):
-        inputs.fill((torch.tensor([[1, 2, 3]]), torch.ones(1, 1, 3, 5, dtype=torch.bool, device="meta"),
-                     torch.tensor([5, 6, 7])))
+        inputs.fill(
+            (
+                torch.tensor([[1, 2, 3]]),
+                torch.ones(1, 1, 3, 5, dtype=torch.bool, device="meta"),
+                torch.tensor([5, 6, 7]),
+            )
+        )

@@ -8,8 +8,15 @@ import torch
 
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.tree import (DraftTree, TreeExpansion, select, select_on_device, verify_mask,
-                                  ancestor_verify_mask, framed_ancestors)
+from specdraft.engine.tree import (
+    DraftTree,
+    TreeExpansion,
+    ancestor_verify_mask,
+    framed_ancestors,
+    select,
+    select_on_device,
+    verify_mask,
+)
 from tests.engine_helpers import one_thread, random_prompts, target_pass, tiny_setup  # noqa: F401
 
 
@@ -27,14 +34,26 @@ def test_select_refuses_orphans():
 
 def test_ancestor_and_verify_masks():
     tree = DraftTree(torch.tensor([9, 3, 5, 7]), [-1, 0, 0, 1], [0, 1, 1, 2], torch.zeros(4))
-    assert tree.ancestor_mask().int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+    assert tree.ancestor_mask().int().tolist() == [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 0, 1, 0],
+        [1, 1, 0, 1],
+    ]
     mask = verify_mask(tree, prefix_len=2, num_slots=8)
     assert mask.shape == (1, 1, 4, 8)
-    assert mask[0, 0].int().tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0],
-                                         [1, 1, 1, 0, 1, 0, 0, 0], [1, 1, 1, 1, 0, 1, 0, 0]]
+    assert mask[0, 0].int().tolist() == [
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 1, 0, 0],
+    ]
     chain = DraftTree(torch.tensor([9, 3, 5]), [-1, 0, 1], [0, 1, 2], torch.zeros(3))
     assert verify_mask(chain, prefix_len=2, num_slots=6)[0, 0].int().tolist() == [
-        [1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]]
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 0],
+    ]
 
 
 @pytest.mark.parametrize("topk,num_steps,num_keep", [(2, 3, 6), (3, 4, 10), (4, 2, 8), (2, 5, 11)])
@@ -53,7 +72,9 @@ def test_selection_on_the_device_is_the_host_selection(topk, num_steps, num_keep
             rows, written = topk, True
         tokens, scores, parents, _ = exp.candidates()
         ref = exp.tree(num_keep)
-        keep, tree_parents, depths, framed, ok = select_on_device(parents, scores, num_keep, num_steps)
+        keep, tree_parents, depths, framed, ok = select_on_device(
+            parents, scores, num_keep, num_steps
+        )
         assert bool(ok)
         assert tokens[keep].tolist() == ref.tokens.tolist()
         assert (tree_parents.tolist(), depths.tolist()) == (ref.parents, ref.depths)
@@ -61,7 +82,10 @@ def test_selection_on_the_device_is_the_host_selection(topk, num_steps, num_keep
         for start in (prefix, width - 2):  # the tree inside the slots, then running past them
             mask = ancestor_verify_mask(framed, torch.tensor([start]), torch.arange(width))
             assert torch.equal(mask, _verify_mask_of(ref.ancestor_mask(), start, width))
-        assert torch.equal(verify_mask(ref, prefix, width)[0, 0], _verify_mask_of(ref.ancestor_mask(), prefix, width))
+        assert torch.equal(
+            verify_mask(ref, prefix, width)[0, 0],
+            _verify_mask_of(ref.ancestor_mask(), prefix, width),
+        )
 
 
 def _verify_mask_of(ancestors: torch.Tensor, start: int, width: int) -> torch.Tensor:
@@ -119,15 +143,18 @@ def test_cache_mask_is_the_draft_mask_over_the_whole_cache(topk):
             got = exp.cache_mask(entries < committed, committed + entries)
             want = torch.zeros(tokens.numel(), 20, dtype=torch.bool)
             mask = exp.draft_mask(committed)
-            want[:, :mask.shape[-1]] = mask[0, 0]
+            want[:, : mask.shape[-1]] = mask[0, 0]
             assert torch.equal(got, want)
-    assert exp.num_scratch == 2 * topk and exp.seen.sum(1).tolist() == [3] * topk  # 2 ancestors, itself
+    assert (
+        exp.num_scratch == 2 * topk and exp.seen.sum(1).tolist() == [3] * topk
+    )  # 2 ancestors, itself
 
 
 @pytest.mark.parametrize("topk, steps, num_draft_tokens", [(1, 3, 4), (2, 3, 6)])
 def test_tree_tokens_written_into_a_given_buffer(topk, steps, num_draft_tokens):
     """tree(out=buf) (the engine's graphed verify input) puts the tokens a plain tree() returns
     into buf itself, and refuses a buffer of another size instead of resizing it."""
+
     def expanded() -> TreeExpansion:
         torch.manual_seed(1)
         exp = TreeExpansion(1, topk, False, SamplingParams(), torch.arange(16) * 3, 48, None)
@@ -139,11 +166,17 @@ def test_tree_tokens_written_into_a_given_buffer(topk, steps, num_draft_tokens):
     ref = expanded().tree(num_draft_tokens)
     buffer = torch.full((2, num_draft_tokens), -1)
     tree = expanded().tree(num_draft_tokens, out=buffer[0])
-    assert tree.tokens.data_ptr() == buffer.data_ptr() and buffer[1].tolist() == [-1] * num_draft_tokens
+    assert (
+        tree.tokens.data_ptr() == buffer.data_ptr()
+        and buffer[1].tolist() == [-1] * num_draft_tokens
+    )
     assert buffer[0].tolist() == ref.tokens.tolist() and tree.parents == ref.parents
     assert torch.equal(tree.scores, ref.scores) and tree.depths == ref.depths
-    with pytest.raises(ValueError, match=f"tree of {num_draft_tokens} nodes written to a token buffer of "
-                                         f"shape \\({num_draft_tokens + 1},\\)"):
+    with pytest.raises(
+        ValueError,
+        match=f"tree of {num_draft_tokens} nodes written to a token buffer of "
+        f"shape \\({num_draft_tokens + 1},\\)",
+    ):
         expanded().tree(num_draft_tokens, out=torch.zeros(num_draft_tokens + 1, dtype=torch.long))
 
 
@@ -176,7 +209,12 @@ def test_tree_scores_equal_chain_runs_along_each_path():
             score += logits.log_softmax(-1)[draft_id[token]].item()
             if depth == len(path):
                 break
-            out = draft(torch.tensor([[token]]), hidden, torch.tensor([[n - 1 + depth]]),
-                        first_step=False, past_kv=kv)
+            out = draft(
+                torch.tensor([[token]]),
+                hidden,
+                torch.tensor([[n - 1 + depth]]),
+                first_step=False,
+                past_kv=kv,
+            )
             logits, hidden, kv = out.logits[0, -1], out.hidden, type(kv).cat([kv, out.kv])
         assert abs(score - float(tree.scores[node])) < 1e-4, (node, path)

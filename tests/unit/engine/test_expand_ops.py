@@ -32,7 +32,7 @@ def _stable_top(values: torch.Tensor, k: int) -> torch.Tensor:
 @pytest.mark.parametrize("f, vocab, k", [(1, 100, 1), (3, 100, 4), (8, 513, 8)])
 def test_child_topk_is_log_softmax_top_k_with_ties_to_the_lower_id(f, vocab, k):
     logits = (torch.randn(f, vocab, generator=_gen(0)) * 4).round() / 2  # coarse values: many ties
-    logits[0, :k + 2] = logits[0].max()  # the best value k + 2 times in row 0
+    logits[0, : k + 2] = logits[0].max()  # the best value k + 2 times in row 0
     row_scores = -torch.rand(f, generator=_gen(1))
     d2t = torch.randperm(4 * vocab, generator=_gen(2))[:vocab]
     tokens, scores = child_topk(logits.to(DEVICE), row_scores.to(DEVICE), d2t.to(DEVICE), k)
@@ -46,32 +46,60 @@ def test_child_topk_is_log_softmax_top_k_with_ties_to_the_lower_id(f, vocab, k):
 
 def test_child_topk_refuses_more_children_than_the_vocabulary_and_vocabularies_past_its_limit():
     with pytest.raises(ValueError, match="top-5 children of a draft vocabulary of 4"):
-        child_topk(torch.zeros(1, 4, device=DEVICE), torch.zeros(1, device=DEVICE),
-                   torch.arange(4, device=DEVICE), 5)
+        child_topk(
+            torch.zeros(1, 4, device=DEVICE),
+            torch.zeros(1, device=DEVICE),
+            torch.arange(4, device=DEVICE),
+            5,
+        )
     with pytest.raises(ValueError, match="vocabulary of 4097 .kernel: k <= vocabulary <= 4096"):
-        child_topk(torch.zeros(1, 4097, device=DEVICE), torch.zeros(1, device=DEVICE),
-                   torch.arange(4097, device=DEVICE), 2)
+        child_topk(
+            torch.zeros(1, 4097, device=DEVICE),
+            torch.zeros(1, device=DEVICE),
+            torch.arange(4097, device=DEVICE),
+            2,
+        )
 
 
 def test_an_expansion_past_the_kernels_vocabulary_runs_the_torch_ops():
     """A drafter with more draft ids than a kernel program holds (32000, SpecForge's usual) keeps
     the torch expansion; sampled chains always do."""
+
     def expansion(vocab: int, sampled: bool = False) -> TreeExpansion:
-        return TreeExpansion(0, 4, sampled, SamplingParams(), torch.arange(vocab, device=DEVICE), vocab, None,
-                             kernels=True)
-    assert expansion(4096).kernels and not expansion(32000).kernels and not expansion(4096, sampled=True).kernels
-    tokens, scores = expansion(32000).add_children(torch.randn(1, 32000, generator=_gen(0)).to(DEVICE), False)
+        return TreeExpansion(
+            0,
+            4,
+            sampled,
+            SamplingParams(),
+            torch.arange(vocab, device=DEVICE),
+            vocab,
+            None,
+            kernels=True,
+        )
+
+    assert (
+        expansion(4096).kernels
+        and not expansion(32000).kernels
+        and not expansion(4096, sampled=True).kernels
+    )
+    tokens, scores = expansion(32000).add_children(
+        torch.randn(1, 32000, generator=_gen(0)).to(DEVICE), False
+    )
     assert tokens.shape == scores.shape == (4,)
 
 
 @pytest.mark.parametrize("f, k, c", [(1, 4, 0), (4, 4, 8), (3, 3, 5)])
 def test_next_frontier_takes_the_stable_best_children_and_their_rows(f, k, c):
     n, width = f * k, 40
-    scores = -(torch.randint(0, 6, (n,), generator=_gen(0)).float() / 4)  # ties across rows and within
+    scores = -(
+        torch.randint(0, 6, (n,), generator=_gen(0)).float() / 4
+    )  # ties across rows and within
     tokens = torch.randint(0, 1000, (n,), generator=_gen(1))
     hidden = torch.randn(f, width, generator=_gen(2))
     wide = torch.rand(f, c + 3, generator=_gen(3)) > 0.5  # seen's first c columns: a strided view
-    got = next_frontier(scores.to(DEVICE), tokens.to(DEVICE), hidden.to(DEVICE), wide.to(DEVICE)[:, :c], k, k, 7)
+    got = next_frontier(
+        scores.to(DEVICE), tokens.to(DEVICE), hidden.to(DEVICE), wide.to(DEVICE)[:, :c], k, k, 7
+    )
     best = _stable_top(scores, k)
     rows = best // k
     seen = torch.cat([wide[:, :c][rows], torch.eye(k, dtype=torch.bool)], 1)
@@ -81,8 +109,15 @@ def test_next_frontier_takes_the_stable_best_children_and_their_rows(f, k, c):
 
 def test_next_frontier_refuses_a_frontier_larger_than_the_children():
     with pytest.raises(ValueError, match="a frontier of 5 out of 4 children"):
-        next_frontier(torch.zeros(4, device=DEVICE), torch.zeros(4, dtype=torch.long, device=DEVICE),
-                      torch.zeros(1, 8, device=DEVICE), torch.zeros(1, 0, dtype=torch.bool, device=DEVICE), 4, 5, 0)
+        next_frontier(
+            torch.zeros(4, device=DEVICE),
+            torch.zeros(4, dtype=torch.long, device=DEVICE),
+            torch.zeros(1, 8, device=DEVICE),
+            torch.zeros(1, 0, dtype=torch.bool, device=DEVICE),
+            4,
+            5,
+            0,
+        )
 
 
 def test_tree_mask_is_the_committed_entries_then_what_each_row_sees():
@@ -91,7 +126,7 @@ def test_tree_mask_is_the_committed_entries_then_what_each_row_sees():
     got = tree_mask(seen.to(DEVICE), torch.tensor([committed], device=DEVICE), length).cpu()
     ref = torch.zeros(4, length, dtype=torch.bool)
     ref[:, :committed] = True
-    ref[:, committed:committed + 12] = seen
+    ref[:, committed : committed + 12] = seen
     assert torch.equal(got, ref)
 
 
@@ -101,8 +136,19 @@ def test_an_expansion_through_the_kernels_is_the_torch_expansion(topk, steps):
     masks; scores to float32 rounding."""
     vocab, width, committed, length = 64, 16, 9, 64
     d2t = torch.randperm(200, generator=_gen(0))[:vocab].to(DEVICE)
-    expansions = [TreeExpansion(torch.tensor([5], device=DEVICE), topk, False, SamplingParams(), d2t, 200, None,
-                                kernels=kernels) for kernels in (False, True)]
+    expansions = [
+        TreeExpansion(
+            torch.tensor([5], device=DEVICE),
+            topk,
+            False,
+            SamplingParams(),
+            d2t,
+            200,
+            None,
+            kernels=kernels,
+        )
+        for kernels in (False, True)
+    ]
     prefix = torch.arange(length, device=DEVICE) < committed
     slots = committed + torch.arange(length - committed, device=DEVICE)
     gen, rows = _gen(1), 1
@@ -115,6 +161,8 @@ def test_an_expansion_through_the_kernels_is_the_torch_expansion(topk, steps):
             assert torch.equal(expansions[0].seen, expansions[1].seen)
             assert torch.equal(*(e.cache_mask(prefix, slots) for e in expansions))
         rows = topk
-    (tokens, scores, parents, _), (k_tokens, k_scores, k_parents, _) = (e.candidates() for e in expansions)
+    (tokens, scores, parents, _), (k_tokens, k_scores, k_parents, _) = (
+        e.candidates() for e in expansions
+    )
     assert torch.equal(tokens, k_tokens) and (parents is None or torch.equal(parents, k_parents))
     torch.testing.assert_close(k_scores, scores, rtol=0, atol=1e-5)

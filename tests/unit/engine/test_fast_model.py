@@ -12,24 +12,41 @@ from safetensors.torch import load_file, save_file
 
 from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask
 from specdraft.engine.load import load_fast_target
+from tests.paths import PYCODE
 from tests.tiny_models import save_tiny_model, tiny_config, tiny_model
 
 NUM_LAYERS = 4
 MAX_SEQ = 32
 TOL = 1e-5
-from tests.paths import PYCODE
 
 # case -> (arch, tiny_config overrides); together: tied and untied heads, GQA, qkv bias,
 # qk-norm with head_dim != hidden/heads, and the three rope types.
 CASES = {
     "llama-tied": ("llama", dict(tie_word_embeddings=True)),
-    "llama-llama3rope": ("llama", dict(rope_parameters=dict(
-        rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-        original_max_position_embeddings=64))),
+    "llama-llama3rope": (
+        "llama",
+        dict(
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=10000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=64,
+            )
+        ),
+    ),
     "qwen2-bias": ("qwen2", dict()),
-    "qwen3-qknorm-tied": ("qwen3", dict(
-        tie_word_embeddings=True, head_dim=16, num_attention_heads=4, num_key_value_heads=2,
-        rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
+    "qwen3-qknorm-tied": (
+        "qwen3",
+        dict(
+            tie_word_embeddings=True,
+            head_dim=16,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0),
+        ),
+    ),
     "mistral": ("mistral", dict()),
 }
 
@@ -61,7 +78,9 @@ def _prefill(fast: FastTarget, ids: torch.Tensor, aux_layers: tuple[int, ...] = 
     batch, length = ids.shape
     fast.setup_cache(batch, MAX_SEQ)
     positions = torch.arange(length).expand(batch, length)
-    return fast(ids, positions, torch.arange(length), causal_mask(0, length, MAX_SEQ, batch), aux_layers)
+    return fast(
+        ids, positions, torch.arange(length), causal_mask(0, length, MAX_SEQ, batch), aux_layers
+    )
 
 
 def _hf_last_logits(hf, ids: torch.Tensor) -> torch.Tensor:
@@ -87,7 +106,7 @@ def test_decode_token_by_token_matches_full_forward(pair):
     steps = [out.logits]
     for t in range(5, 12):
         positions = torch.full((2, 1), t)
-        step = fast(ids[:, t:t + 1], positions, torch.tensor([t]), causal_mask(t, 1, MAX_SEQ, 2))
+        step = fast(ids[:, t : t + 1], positions, torch.tensor([t]), causal_mask(t, 1, MAX_SEQ, 2))
         steps.append(step.logits)
     assert (torch.cat(steps, dim=1) - expected).abs().max() < TOL
 
@@ -112,16 +131,19 @@ def test_aux_hidden_matches_transformers_streams(pair):
     ids = _ids(2, 10, seed=2)
     captured = []
     hook = hf.model.layers[-1].register_forward_hook(
-        lambda module, args, output: captured.append(output[0] if isinstance(output, tuple) else output))
+        lambda module, args, output: captured.append(
+            output[0] if isinstance(output, tuple) else output
+        )
+    )
     hidden_states = hf(ids, output_hidden_states=True).hidden_states
     hook.remove()
     hidden = hf.config.hidden_size
     aux = _prefill(fast, ids, aux_layers=(0, 1, NUM_LAYERS)).aux_hidden
     assert aux.shape == (2, 10, 3 * hidden)
     for i, reference in enumerate((hidden_states[0], hidden_states[1], captured[0])):
-        assert (aux[..., i * hidden:(i + 1) * hidden] - reference).abs().max() < TOL
+        assert (aux[..., i * hidden : (i + 1) * hidden] - reference).abs().max() < TOL
     reordered = _prefill(fast, ids, aux_layers=(NUM_LAYERS, 0)).aux_hidden
-    assert torch.equal(reordered, torch.cat([aux[..., 2 * hidden:], aux[..., :hidden]], dim=-1))
+    assert torch.equal(reordered, torch.cat([aux[..., 2 * hidden :], aux[..., :hidden]], dim=-1))
 
 
 # A 4-node draft tree after a 6-token prompt: node 0 is the root, nodes 1 and 2 its children
@@ -170,8 +192,12 @@ def test_compact_cache_then_decode_matches_fresh_forward(pair):
     fast.compact_cache(PROMPT_LEN + torch.tensor(accepted), dst_start=PROMPT_LEN)
     length = PROMPT_LEN + len(accepted)
     next_ids = _ids(2, 1, seed=7)
-    step = fast(next_ids, torch.full((2, 1), length), torch.tensor([length]),
-                causal_mask(length, 1, MAX_SEQ, 2))
+    step = fast(
+        next_ids,
+        torch.full((2, 1), length),
+        torch.tensor([length]),
+        causal_mask(length, 1, MAX_SEQ, 2),
+    )
     expected = _hf_last_logits(hf, torch.cat([prompt, nodes[:, accepted], next_ids], dim=1))
     assert (step.logits[:, 0] - expected).abs().max() < TOL
 
@@ -181,13 +207,26 @@ def test_compact_cache_moves_every_layers_and_rows_slots_and_nothing_else():
     """One gather over the stacked cache: for each layer, K and V, batch row and kv head, slots
     src land at dst_start.. in order (src overlapping the destination), other slots keep
     their values, and the layers' caches are views of the stack the forward writes."""
-    args = ModelArgs(model_type="llama", hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=8,
-                     intermediate_size=48, vocab_size=64, max_position_embeddings=64)
+    args = ModelArgs(
+        model_type="llama",
+        hidden_size=32,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
     fast = FastTarget(args)
     fast.setup_cache(2, 16)
-    fast.kv_stack.copy_(torch.randn(fast.kv_stack.shape, generator=torch.Generator().manual_seed(0)))
-    before = [(layer.attention.kv_cache.k_cache.clone(), layer.attention.kv_cache.v_cache.clone())
-              for layer in fast.layers]
+    fast.kv_stack.copy_(
+        torch.randn(fast.kv_stack.shape, generator=torch.Generator().manual_seed(0))
+    )
+    before = [
+        (layer.attention.kv_cache.k_cache.clone(), layer.attention.kv_cache.v_cache.clone())
+        for layer in fast.layers
+    ]
     src, dst_start = torch.tensor([5, 7, 8, 11]), 6  # slot 7 is read and written, 8 too
     fast.compact_cache(src, dst_start)
     moved = list(range(dst_start, dst_start + src.numel()))
@@ -195,7 +234,9 @@ def test_compact_cache_moves_every_layers_and_rows_slots_and_nothing_else():
     for layer, (k, v) in zip(fast.layers, before):
         cache = layer.attention.kv_cache
         for new, old in ((cache.k_cache, k), (cache.v_cache, v)):
-            assert torch.equal(new[:, :, moved], old[:, :, src]) and torch.equal(new[:, :, kept], old[:, :, kept])
+            assert torch.equal(new[:, :, moved], old[:, :, src]) and torch.equal(
+                new[:, :, kept], old[:, :, kept]
+            )
     with pytest.raises(ValueError, match="exceed max_seq_len 16"):
         fast.compact_cache(src, 13)
 
@@ -212,24 +253,35 @@ def test_causal_mask_rows():
 
 
 def test_rope_read_from_old_and_new_config_layouts():
-    old = tiny_config("llama").to_dict() | {"rope_theta": 500000.0,
-                                            "rope_scaling": {"type": "linear", "factor": 4.0}}
+    old = tiny_config("llama").to_dict() | {
+        "rope_theta": 500000.0,
+        "rope_scaling": {"type": "linear", "factor": 4.0},
+    }
     old.pop("rope_parameters")
     args = ModelArgs.from_hf_config(old)
     assert (args.rope_type, args.rope_theta, args.rope_factor) == ("linear", 500000.0, 4.0)
-    new = tiny_config("llama", rope_parameters={"rope_type": "default", "rope_theta": 1234.0}).to_dict()
+    new = tiny_config(
+        "llama", rope_parameters={"rope_type": "default", "rope_theta": 1234.0}
+    ).to_dict()
     assert ModelArgs.from_hf_config(new).rope_theta == 1234.0
     qwen2 = ModelArgs.from_hf_config(tiny_config("qwen2").to_dict())
     assert (qwen2.qkv_bias, qwen2.o_bias, qwen2.qk_norm) == (True, False, False)
 
 
-@pytest.mark.parametrize("arch, name", [("deepseek_v3", "DeepseekV3ForCausalLM"),
-                                        ("llava", "LlavaForConditionalGeneration"),
-                                        ("llama", "LlamaForCausalLMEagle3")])
+@pytest.mark.parametrize(
+    "arch, name",
+    [
+        ("deepseek_v3", "DeepseekV3ForCausalLM"),
+        ("llava", "LlavaForConditionalGeneration"),
+        ("llama", "LlamaForCausalLMEagle3"),
+    ],
+)
 def test_other_architectures_are_refused(arch, name):
     config = tiny_config(arch).to_dict() | {"architectures": [name]}
-    message = (f"specdraft's engine serves Llama/Qwen2/Qwen3/Mistral targets; {name} targets are "
-               "captured and trained with specdraft and served by SGLang/vLLM")
+    message = (
+        f"specdraft's engine serves Llama/Qwen2/Qwen3/Mistral targets; {name} targets are "
+        "captured and trained with specdraft and served by SGLang/vLLM"
+    )
     with pytest.raises(ValueError, match=message):
         ModelArgs.from_hf_config(config)
 
@@ -249,13 +301,20 @@ def test_sliding_window_shorter_than_max_seq_is_refused():
     fast.setup_cache(1, 16)
     with pytest.raises(ValueError, match="sliding window 16 < max_seq_len 32.*full attention only"):
         fast.setup_cache(1, 32)
-    qwen2 = tiny_config("qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=2).to_dict()
+    qwen2 = tiny_config(
+        "qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=2
+    ).to_dict()
     assert ModelArgs.from_hf_config(qwen2).sliding_window == 8
 
 
 def test_forward_before_setup_cache_and_bad_aux_layers_raise():
     fast = FastTarget(ModelArgs.from_hf_config(tiny_config("llama", num_layers=2).to_dict()))
-    ids, positions, slots, mask = _ids(1, 3), torch.arange(3)[None], torch.arange(3), causal_mask(0, 3, 8)
+    ids, positions, slots, mask = (
+        _ids(1, 3),
+        torch.arange(3)[None],
+        torch.arange(3),
+        causal_mask(0, 3, 8),
+    )
     with pytest.raises(RuntimeError, match="before setup_cache"):
         fast(ids, positions, slots, mask)
     fast.setup_cache(1, 8)
@@ -287,7 +346,9 @@ def test_strict_load_names_extra_and_missing_tensors(tmp_path):
 def test_strict_load_refuses_wrong_shape_and_untied_head_of_tied_config(tmp_path):
     path = save_tiny_model("llama", tmp_path / "m", num_layers=2)
     _rewrite_checkpoint(path, lambda t: t.update({"model.norm.weight": torch.ones(31)}))
-    with pytest.raises(ValueError, match=r"model.norm.weight has shape \[31\], the config implies \[32\]"):
+    with pytest.raises(
+        ValueError, match=r"model.norm.weight has shape \[31\], the config implies \[32\]"
+    ):
         load_fast_target(path)
     tied = save_tiny_model("llama", tmp_path / "t", num_layers=2, tie_word_embeddings=True)
     _rewrite_checkpoint(tied, lambda t: t.update({"lm_head.weight": torch.zeros(128, 32)}))
@@ -300,10 +361,14 @@ def test_strict_load_refuses_wrong_shape_and_untied_head_of_tied_config(tmp_path
 @torch.no_grad()
 def test_pycode_25m_logits_match_transformers():
     if not PYCODE.is_dir():
-        pytest.skip(f"{PYCODE} is absent: the real-model parity check needs the pycode-25m checkpoint")
+        pytest.skip(
+            f"{PYCODE} is absent: the real-model parity check needs the pycode-25m checkpoint"
+        )
     hf = transformers.LlamaForCausalLM.from_pretrained(PYCODE, dtype=torch.float32).eval()
     fast = load_fast_target(PYCODE, dtype=torch.float32)
-    ids = torch.randint(0, hf.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, hf.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0)
+    )
     fast.setup_cache(1, 32)
     out = fast(ids, torch.arange(32)[None], torch.arange(32), causal_mask(0, 32, 32))
     assert (out.logits - hf(ids).logits).abs().max() < 1e-4

@@ -17,7 +17,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.engine.test_triton_ops import ARGS, CUDA, DEVICE, DTYPE, _random_target, replay_rounds_eagerly
+from tests.unit.engine.test_triton_ops import (
+    ARGS,
+    CUDA,
+    DEVICE,
+    DTYPE,
+    _random_target,
+    replay_rounds_eagerly,
+)
 
 CHAIN, TREE = (2, 64), (5, 8)  # (tokens the heads choose among, the draft vocabulary)
 
@@ -30,7 +37,7 @@ def _eager_capture(fn, warmups=2, reset=None):
 def _torch_step(fast, ids, hidden, positions, first_step, cache, slots, mask):
     """`FastDraft.triton_step` through the torch path: slots are contiguous in a round."""
     start, t = int(slots[0]), ids.shape[0]
-    return fast(ids, hidden, positions, first_step, cache, start, mask[..., :start + t])
+    return fast(ids, hidden, positions, first_step, cache, start, mask[..., : start + t])
 
 
 @torch.no_grad()
@@ -42,12 +49,29 @@ def _pair(num_tokens: int, draft_vocab_size: int):
 
     target = _random_target(ARGS["llama"])
     torch.manual_seed(0)
-    draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64, target_hidden_size=64,
-                       vocab_size=200, num_attention_heads=4, num_key_value_heads=2,
-                       draft_vocab_size=draft_vocab_size).to(DEVICE, DTYPE).eval()
+    draft = (
+        tiny_draft(
+            num_layers=2,
+            aux_layers=(0, 1, 2),
+            head_dim=16,
+            hidden_size=64,
+            target_hidden_size=64,
+            vocab_size=200,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            draft_vocab_size=draft_vocab_size,
+        )
+        .to(DEVICE, DTYPE)
+        .eval()
+    )
     tokens = draft.draft_to_target(torch.arange(num_tokens, device=DEVICE)).tolist()
-    for weight, rows, seed in ((draft.lm_head.weight, list(range(num_tokens)), 5), (target.output.weight, tokens, 6)):
-        directions = torch.randn(num_tokens - 1, weight.shape[1], generator=torch.Generator().manual_seed(seed))
+    for weight, rows, seed in (
+        (draft.lm_head.weight, list(range(num_tokens)), 5),
+        (target.output.weight, tokens, 6),
+    ):
+        directions = torch.randn(
+            num_tokens - 1, weight.shape[1], generator=torch.Generator().manual_seed(seed)
+        )
         head = torch.zeros_like(weight)
         head[rows] = torch.cat([directions, -directions.sum(0, keepdim=True)]).to(weight)
         weight.data = head  # the target's head is not tied to its embedding
@@ -63,6 +87,7 @@ def pairs():
         if key not in built:
             built[key] = _pair(*key)
         return built[key]
+
     return pair
 
 
@@ -82,10 +107,18 @@ def _engines(pair, monkeypatch, spec):
     engines = []
     for ahead in (False, True):
         engine = SpeculativeEngine(target, draft, spec, None, 64, DEVICE)
-        engine.run_round = GraphedRound(engine.fast_draft, engine.draft_cache, spec, engine.draft_vocab,
-                                        target.args.vocab_size, engine.verify_inputs() if spec.topk > 1 else None)
+        engine.run_round = GraphedRound(
+            engine.fast_draft,
+            engine.draft_cache,
+            spec,
+            engine.draft_vocab,
+            target.args.vocab_size,
+            engine.verify_inputs() if spec.topk > 1 else None,
+        )
         if ahead:
-            engine.rounds_ahead = rounds_ahead.RoundsAhead(engine.run_round, target, engine.aux_layers, 64)
+            engine.rounds_ahead = rounds_ahead.RoundsAhead(
+                engine.run_round, target, engine.aux_layers, 64
+            )
             _log_launches(engine)
         engines.append(engine)
     return engines
@@ -100,6 +133,7 @@ def _log_launches(engine) -> None:
     def logged_launch(slot, start):
         engine.launched.append(start > engine.draft_cache.length)
         return launch(slot, start)
+
     engine.rounds_ahead.launch = logged_launch
 
 
@@ -112,28 +146,36 @@ def _run_both(step, ahead, prompt, max_new_tokens, **kwargs):
     batches, streamed = [], []
     ahead.launched.clear()
     ref = step.generate(prompt, max_new_tokens, on_tokens=batches.append, **kwargs)
-    ref_kv = step.target.kv_stack[..., :len(prompt) + len(ref.token_ids) - 1, :].clone()
+    ref_kv = step.target.kv_stack[..., : len(prompt) + len(ref.token_ids) - 1, :].clone()
     got = ahead.generate(prompt, max_new_tokens, on_tokens=streamed.extend, **kwargs)
-    got_kv = ahead.target.kv_stack[..., :len(prompt) + len(got.token_ids) - 1, :]
+    got_kv = ahead.target.kv_stack[..., : len(prompt) + len(got.token_ids) - 1, :]
     assert got.token_ids == ref.token_ids == streamed
     assert got.metrics.num_verify_steps == ref.metrics.num_verify_steps
     assert got.metrics.accepted_per_position == ref.metrics.accepted_per_position
-    assert ahead.draft_cache.length == step.draft_cache.length  # the host's books: the entries committed
+    assert (
+        ahead.draft_cache.length == step.draft_cache.length
+    )  # the host's books: the entries committed
     torch.testing.assert_close(got_kv, ref_kv, rtol=1e-4, atol=1e-5)
     # the runner's round i > 0 is launched ahead iff its round i - 1 cannot end the request by
     # length; the output before that one: ends[i] (batches: the prefill's token, the first round's
     # run step by step, then the runner's)
-    ends = [sum(map(len, batches[:k + 1])) for k in range(len(batches))]
-    assert ahead.launched == [i > 0 and ends[i] + ahead.rounds_ahead.rows < max_new_tokens
-                              for i in range(len(ahead.launched))]
-    read = got.metrics.num_verify_steps - 1 if ahead.launched else 0  # the first round runs step by step
+    ends = [sum(map(len, batches[: k + 1])) for k in range(len(batches))]
+    assert ahead.launched == [
+        i > 0 and ends[i] + ahead.rounds_ahead.rows < max_new_tokens
+        for i in range(len(ahead.launched))
+    ]
+    read = (
+        got.metrics.num_verify_steps - 1 if ahead.launched else 0
+    )  # the first round runs step by step
     assert len(ahead.launched) - read in ((0, 1) if got.finish_reason == "eos" else (0,))
     return got, batches
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("setting", [(3, 1, 4), (2, 1, 3), (3, 2, 6), (4, 2, 4), (2, 2, 5), (3, 3, 8), (3, 4, 10),
-                                     (2, 4, 16)])
+@pytest.mark.parametrize(
+    "setting",
+    [(3, 1, 4), (2, 1, 3), (3, 2, 6), (4, 2, 4), (2, 2, 5), (3, 3, 8), (3, 4, 10), (2, 4, 16)],
+)
 def test_rounds_run_ahead_and_emit_the_step_by_step_tokens(pairs, monkeypatch, setting):
     """Greedy rounds run ahead (round k + 1 launched before round k's verdict is read; the walk,
     a tree's accepted path's K/V compacted, the next round's pending ids, aux states, count and
@@ -149,20 +191,37 @@ def test_rounds_run_ahead_and_emit_the_step_by_step_tokens(pairs, monkeypatch, s
     step, ahead = _engines(pairs(CHAIN if spec.topk == 1 else TREE), monkeypatch, spec)
     prompt = torch.randint(0, 200, (12,), generator=torch.Generator().manual_seed(3)).tolist()
     got, batches = _run_both(step, ahead, prompt, 36)
-    accepted, rounds, depth = got.metrics.accepted_per_position, got.metrics.num_verify_steps, padded_rows(spec) - 1
-    assert rounds > accepted[0] and accepted[depth - 1] > 0  # rounds accepted none, some and all they could
-    ends = [sum(map(len, batches[:i + 1])) for i in range(len(batches))]  # output length after each round
-    distances = {next(end for end in ends if end >= n) - n: n for n in range(ends[1] + 1, ends[-1] + 1)}
-    assert sorted(distances) == list(range(depth + 1))  # 0 = at a round's end, up to a round's size - 1
-    full = {end for end, batch in zip(ends[2:], batches[2:]) if len(batch) == depth + 1}  # ends of rounds
+    accepted, rounds, depth = (
+        got.metrics.accepted_per_position,
+        got.metrics.num_verify_steps,
+        padded_rows(spec) - 1,
+    )
+    assert (
+        rounds > accepted[0] and accepted[depth - 1] > 0
+    )  # rounds accepted none, some and all they could
+    ends = [
+        sum(map(len, batches[: i + 1])) for i in range(len(batches))
+    ]  # output length after each round
+    distances = {
+        next(end for end in ends if end >= n) - n: n for n in range(ends[1] + 1, ends[-1] + 1)
+    }
+    assert sorted(distances) == list(
+        range(depth + 1)
+    )  # 0 = at a round's end, up to a round's size - 1
+    full = {
+        end for end, batch in zip(ends[2:], batches[2:]) if len(batch) == depth + 1
+    }  # ends of rounds
     assert full  # that accepted all: no round may be launched ahead of them
     for n in sorted(full | set(distances.values())):
         _run_both(step, ahead, prompt, n)
-    inside = [i for i, token in enumerate(got.token_ids) if i >= ends[1] and got.token_ids.index(token) == i
-              and i + 1 not in ends]
+    inside = [
+        i
+        for i, token in enumerate(got.token_ids)
+        if i >= ends[1] and got.token_ids.index(token) == i and i + 1 not in ends
+    ]
     eos = got.token_ids[inside[0]]
     stopped, _ = _run_both(step, ahead, prompt, 36, eos_ids=[eos])
-    assert stopped.token_ids == got.token_ids[:inside[0] + 1] and stopped.finish_reason == "eos"
+    assert stopped.token_ids == got.token_ids[: inside[0] + 1] and stopped.finish_reason == "eos"
     ahead.rounds_ahead.run = None  # a sampled request would fail here
     _run_both(step, ahead, prompt, 8, temperature=1.0, seed=4)
 
@@ -188,12 +247,19 @@ def test_greedy_path_is_the_walk_of_verify_greedy():
         choices = torch.randint(0, 3, (n,), generator=gen).tolist()
         verdict = walk(parents, tokens, choices)
         length = max(depths_of(parents)) + 1  # the longest path's nodes
-        path, accepted, ok = (t.cpu() for t in greedy_path(*(torch.tensor(x, device=DEVICE) for x in
-                                                             (tokens, parents, choices)), length))
+        path, accepted, ok = (
+            t.cpu()
+            for t in greedy_path(
+                *(torch.tensor(x, device=DEVICE) for x in (tokens, parents, choices)), length
+            )
+        )
         assert bool(ok) and int(accepted) == len(verdict.accepted)
         assert path.tolist() == [0] + verdict.accepted + [0] * (length - 1 - len(verdict.accepted))
         assert choices[int(path[int(accepted)])] == verdict.bonus
-    for parents, tokens, choices in (([-1, 0, 0], [0, 1, 1], [1, 0, 0]), ([-1, 0, 1, 1], [0, 1, 2, 2], [1, 2, 0, 0])):
+    for parents, tokens, choices in (
+        ([-1, 0, 0], [0, 1, 1], [1, 0, 0]),
+        ([-1, 0, 1, 1], [0, 1, 2, 2], [1, 2, 0, 0]),
+    ):
         out = greedy_path(*(torch.tensor(x, device=DEVICE) for x in (tokens, parents, choices)), 3)
         assert not bool(out[2])
 
@@ -225,7 +291,10 @@ def test_a_compiled_engine_runs_ahead_and_emits_its_step_by_step_tokens(pairs, s
     target, draft = pairs(CHAIN)
     target = copy.deepcopy(target)  # compile=True compiles the target's layers in place
     engine = SpeculativeEngine(target, draft, SpecConfig(*setting), None, 64, DEVICE, compile=True)
-    assert engine.rounds_ahead is not None and engine.target_kernels == engine.draft_kernels == "triton"
+    assert (
+        engine.rounds_ahead is not None
+        and engine.target_kernels == engine.draft_kernels == "triton"
+    )
     prompt = list(range(1, 13))
     got = engine.generate(prompt, 24)
     engine.rounds_ahead = None

@@ -18,13 +18,21 @@ import torch.nn.functional as F
 if importlib.util.find_spec("triton") is None:
     pytest.skip("Triton is not installed (pip install triton)", allow_module_level=True)
 CUDA = torch.cuda.is_available()
-assert CUDA or os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py sets TRITON_INTERPRET without a GPU"
+assert CUDA or os.environ.get("TRITON_INTERPRET") == "1", (
+    "tests/conftest.py sets TRITON_INTERPRET without a GPU"
+)
 
 from specdraft.draft import NORM_FLAGS, apply_rope, rms_norm  # noqa: E402
-from specdraft.engine.kernels import triton_ops  # noqa: E402
 from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask, rope_cos_sin  # noqa: E402
-from specdraft.engine.kernels.triton_ops import (add_rms_norm, attention, linear, linear_silu_mul, qkv_rope_to_cache,  # noqa: E402
-                                         rope_to_cache)
+from specdraft.engine.kernels import triton_ops  # noqa: E402
+from specdraft.engine.kernels.triton_ops import (  # noqa: E402
+    add_rms_norm,
+    attention,
+    linear,
+    linear_silu_mul,
+    qkv_rope_to_cache,  # noqa: E402
+    rope_to_cache,
+)
 
 DEVICE = "cuda" if CUDA else "cpu"
 DTYPE = torch.bfloat16 if CUDA else torch.float32
@@ -41,7 +49,9 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.double().cpu() - ref).norm() / ref.norm()).item()
 
 
-@pytest.mark.parametrize("m", [1, 3, 16, 40, 64])  # GEMV, thin GEMM of 16 rows (padded / full), of 64 (padded / full)
+@pytest.mark.parametrize(
+    "m", [1, 3, 16, 40, 64]
+)  # GEMV, thin GEMM of 16 rows (padded / full), of 64 (padded / full)
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("k", [96, 9000])  # one K block or several (both configurations), ragged
 def test_linear_matches_torch(m, bias, k):
@@ -97,7 +107,9 @@ def test_qkv_rope_to_cache_is_linear_then_rope_to_cache(m, bias):
     assert q.shape == (m, nq, d)
     assert _rel_err(q, q_ref) < TOL  # equal up to the matmul's summation order
     assert _rel_err(caches[2], caches[0]) < TOL and _rel_err(caches[3], caches[1]) < TOL
-    assert (caches[2][:, :, 0] == 7).all() and (caches[3][:, :, 0] == 7).all()  # slot 0: not written
+    assert (caches[2][:, :, 0] == 7).all() and (
+        caches[3][:, :, 0] == 7
+    ).all()  # slot 0: not written
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
@@ -123,10 +135,14 @@ def test_rope_to_cache_matches_torch_and_writes_only_its_slots(qk_norm):
     assert torch.equal(v_cache[:, :, slots], v_ref)
     untouched = torch.ones(cache_len, dtype=torch.bool)
     untouched[slots.cpu()] = False
-    assert (k_cache[:, :, untouched.to(DEVICE)] == 7).all() and (v_cache[:, :, untouched.to(DEVICE)] == 7).all()
+    assert (k_cache[:, :, untouched.to(DEVICE)] == 7).all() and (
+        v_cache[:, :, untouched.to(DEVICE)] == 7
+    ).all()
 
 
-@pytest.mark.parametrize("t,group", [(1, 4), (5, 2), (16, 1), (40, 4)])  # (40, 4): 3 tiles of 64 rows, one partial
+@pytest.mark.parametrize(
+    "t,group", [(1, 4), (5, 2), (16, 1), (40, 4)]
+)  # (40, 4): 3 tiles of 64 rows, one partial
 @pytest.mark.parametrize("min_programs", [4, 264])  # splits of 5 blocks of 64 slots, or of one
 def test_attention_matches_sdpa_under_masks(t, group, min_programs, monkeypatch):
     monkeypatch.setattr(triton_ops, "MIN_ATTENTION_PROGRAMS", min_programs)
@@ -140,10 +156,16 @@ def test_attention_matches_sdpa_under_masks(t, group, min_programs, monkeypatch)
     mask[..., 0, 600 - 1] = True  # every row sees a slot (row 0 its last one only, if t == 1)
     mask[..., 1:, 400] = True
     mask = mask.to(DEVICE)
-    got = attention(q, k_cache, v_cache, mask, torch.arange(num_slots - t, num_slots, device=DEVICE))
+    got = attention(
+        q, k_cache, v_cache, mask, torch.arange(num_slots - t, num_slots, device=DEVICE)
+    )
     ref = F.scaled_dot_product_attention(
-        q.double().cpu().view(1, t, nq, d).transpose(1, 2), k_cache[:, :, :num_slots].double().cpu(),
-        v_cache[:, :, :num_slots].double().cpu(), attn_mask=mask.cpu(), enable_gqa=True)
+        q.double().cpu().view(1, t, nq, d).transpose(1, 2),
+        k_cache[:, :, :num_slots].double().cpu(),
+        v_cache[:, :, :num_slots].double().cpu(),
+        attn_mask=mask.cpu(),
+        enable_gqa=True,
+    )
     assert _rel_err(got, ref.transpose(1, 2)[0]) < TOL
 
 
@@ -165,21 +187,52 @@ def test_attention_reads_the_slots_the_kernel_before_it_wrote(t):
     q = qkv_rope_to_cache(x, wqkv, None, slots[None], slots, inv_freq, *caches, nq)
     got = attention(q, *caches, mask, slots)
     ref = F.scaled_dot_product_attention(
-        q.double().cpu().view(1, t, nq, d).transpose(1, 2), *(c[:, :, :640].double().cpu() for c in caches),
-        attn_mask=mask.cpu(), enable_gqa=True)
+        q.double().cpu().view(1, t, nq, d).transpose(1, 2),
+        *(c[:, :, :640].double().cpu() for c in caches),
+        attn_mask=mask.cpu(),
+        enable_gqa=True,
+    )
     assert not (caches[0][:, :, slots] == 7).any()
     assert _rel_err(got, ref.transpose(1, 2)[0]) < TOL
 
 
 ARGS = {
-    "llama": ModelArgs(model_type="llama", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                       head_dim=16, intermediate_size=96, vocab_size=200, max_position_embeddings=512),
-    "qwen2-bias": ModelArgs(model_type="qwen2", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1,
-                            head_dim=16, intermediate_size=96, vocab_size=200, qkv_bias=True,
-                            max_position_embeddings=512),
-    "qwen3-qknorm": ModelArgs(model_type="qwen3", hidden_size=64, num_layers=2, num_heads=8, num_kv_heads=2,
-                              head_dim=16, intermediate_size=96, vocab_size=200, qk_norm=True,
-                              tie_word_embeddings=True, max_position_embeddings=512),
+    "llama": ModelArgs(
+        model_type="llama",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        vocab_size=200,
+        max_position_embeddings=512,
+    ),
+    "qwen2-bias": ModelArgs(
+        model_type="qwen2",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=16,
+        intermediate_size=96,
+        vocab_size=200,
+        qkv_bias=True,
+        max_position_embeddings=512,
+    ),
+    "qwen3-qknorm": ModelArgs(
+        model_type="qwen3",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        vocab_size=200,
+        qk_norm=True,
+        tie_word_embeddings=True,
+        max_position_embeddings=512,
+    ),
 }
 
 
@@ -188,13 +241,19 @@ def _random_target(args: ModelArgs) -> FastTarget:
     model = FastTarget(args)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(1 + 0.1 * torch.randn_like(param) if "norm" in name else 0.2 * torch.randn_like(param))
+            param.copy_(
+                1 + 0.1 * torch.randn_like(param)
+                if "norm" in name
+                else 0.2 * torch.randn_like(param)
+            )
     return model.to(DEVICE, DTYPE).eval()
 
 
 def _snapshot(model: FastTarget) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.attention.kv_cache.k_cache.clone(), layer.attention.kv_cache.v_cache.clone())
-            for layer in model.layers]
+    return [
+        (layer.attention.kv_cache.k_cache.clone(), layer.attention.kv_cache.v_cache.clone())
+        for layer in model.layers
+    ]
 
 
 def _restore(model: FastTarget, caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -215,15 +274,32 @@ def test_fused_forward_matches_torch_path(name):
     prompt = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     for m in (model, exact):
         m.setup_cache(1, max_seq)
-        m(prompt, torch.arange(20, device=DEVICE)[None], torch.arange(20, device=DEVICE),
-          causal_mask(0, 20, max_seq, device=DEVICE))
+        m(
+            prompt,
+            torch.arange(20, device=DEVICE)[None],
+            torch.arange(20, device=DEVICE),
+            causal_mask(0, 20, max_seq, device=DEVICE),
+        )
     tree_mask = causal_mask(21, 5, max_seq).clone()
     tree_mask[0, 0, 2:4, 22] = False  # node 2 is node 1's sibling, node 3 node 2's child
-    chunk = torch.randint(0, 200, (1, 40), generator=torch.Generator().manual_seed(2))  # > 16 tokens: 64-row GEMMs
-    steps = [(torch.tensor([[5]]), torch.tensor([[20]]), torch.tensor([20]), causal_mask(20, 1, max_seq)),
-             (torch.tensor([[9, 3, 4, 8, 1]]), torch.tensor([[21, 22, 22, 23, 24]]), torch.arange(21, 26),
-              tree_mask),
-             (chunk, torch.arange(26, 66)[None], torch.arange(26, 66), causal_mask(26, 40, max_seq))]
+    chunk = torch.randint(
+        0, 200, (1, 40), generator=torch.Generator().manual_seed(2)
+    )  # > 16 tokens: 64-row GEMMs
+    steps = [
+        (
+            torch.tensor([[5]]),
+            torch.tensor([[20]]),
+            torch.tensor([20]),
+            causal_mask(20, 1, max_seq),
+        ),
+        (
+            torch.tensor([[9, 3, 4, 8, 1]]),
+            torch.tensor([[21, 22, 22, 23, 24]]),
+            torch.arange(21, 26),
+            tree_mask,
+        ),
+        (chunk, torch.arange(26, 66)[None], torch.arange(26, 66), causal_mask(26, 40, max_seq)),
+    ]
     for step in steps:
         ids, positions, slots, mask = (tensor.to(DEVICE) for tensor in step)
         truth = exact(ids, positions, slots, mask, aux_layers=(0, 1, 2))
@@ -234,8 +310,10 @@ def test_fused_forward_matches_torch_path(name):
         got = model.triton_forward(ids, positions, slots, mask, (0, 1, 2))
         assert got.logits.dtype == torch.float32 and got.logits.shape == ref.logits.shape
         for field in ("logits", "aux_hidden"):  # no further from the truth than the torch path
-            got_err, ref_err = _rel_err(getattr(got, field), getattr(truth, field)), _rel_err(
-                getattr(ref, field), getattr(truth, field))
+            got_err, ref_err = (
+                _rel_err(getattr(got, field), getattr(truth, field)),
+                _rel_err(getattr(ref, field), getattr(truth, field)),
+            )
             assert got_err <= max(2 * ref_err, 1e-5), (field, got_err, ref_err)
         for layer, k_ref in zip(model.layers, ref_keys):
             assert _rel_err(layer.attention.kv_cache.k_cache, k_ref) < TOL
@@ -249,13 +327,24 @@ def test_use_triton_says_why_not():
     if CUDA:
         assert "bf16 / fp16 only" in model.to("cuda").use_triton()
         assert model.to(torch.bfloat16).use_triton() is None and model.triton_kernels
-    small_heads = FastTarget(ModelArgs(model_type="llama", hidden_size=32, num_layers=1, num_heads=4,
-                                       num_kv_heads=4, head_dim=8, intermediate_size=64, vocab_size=50))
+    small_heads = FastTarget(
+        ModelArgs(
+            model_type="llama",
+            hidden_size=32,
+            num_layers=1,
+            num_heads=4,
+            num_kv_heads=4,
+            head_dim=8,
+            intermediate_size=64,
+            vocab_size=50,
+        )
+    )
     assert small_heads.triton_support() is not None
 
 
-
-@pytest.mark.parametrize("flags", [{}, dict.fromkeys(NORM_FLAGS, True)], ids=["none", "every_norm_flag"])
+@pytest.mark.parametrize(
+    "flags", [{}, dict.fromkeys(NORM_FLAGS, True)], ids=["none", "every_norm_flag"]
+)
 @torch.no_grad()
 def test_fast_draft_triton_step_matches_its_torch_step(flags):
     """FastDraft's Triton step against its torch step (itself checked against Eagle3Draft in
@@ -274,20 +363,37 @@ def test_fast_draft_triton_step_matches_its_torch_step(flags):
     ids = torch.randint(0, cfg.vocab_size, (3,), generator=gen).to(DEVICE)
     aux = (torch.randn(3, cfg.n_aux * cfg.target_hidden_size, generator=gen)).to(DEVICE, DTYPE)
     hidden = torch.randn(3, cfg.hidden_size, generator=gen).to(DEVICE, DTYPE)
-    scratch_mask = torch.cat([torch.ones(3, past + 3, dtype=torch.bool), torch.eye(3, dtype=torch.bool)], 1)
+    scratch_mask = torch.cat(
+        [torch.ones(3, past + 3, dtype=torch.bool), torch.eye(3, dtype=torch.bool)], 1
+    )
     steps = [  # (ids, hidden, positions, first_step, start, mask)
         (ids, aux, torch.arange(past, past + 3), True, past, None),
         (ids[:1], hidden[:1], torch.tensor([past + 3]), False, past + 3, None),
-        (ids, hidden, torch.full((3,), past + 4), False, past + 3, scratch_mask[None, None].to(DEVICE)),  # engine's
+        (
+            ids,
+            hidden,
+            torch.full((3,), past + 4),
+            False,
+            past + 3,
+            scratch_mask[None, None].to(DEVICE),
+        ),  # engine's
     ]
     for step_ids, step_hidden, positions, first, start, mask in steps:
-        past_k, past_v = (torch.randn(1, cfg.num_key_value_heads, 16, cfg.head_dim, generator=gen) for _ in range(2))
+        past_k, past_v = (
+            torch.randn(1, cfg.num_key_value_heads, 16, cfg.head_dim, generator=gen)
+            for _ in range(2)
+        )
         caches = []
         for triton_kernels in (False, True):  # the same past for both paths
             cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim, 16, DTYPE, DEVICE)
             cache.k.copy_(past_k), cache.v.copy_(past_v)
             fast.triton_kernels = triton_kernels
-            caches.append((cache, fast(step_ids, step_hidden, positions.to(DEVICE), first, cache, start, mask)))
+            caches.append(
+                (
+                    cache,
+                    fast(step_ids, step_hidden, positions.to(DEVICE), first, cache, start, mask),
+                )
+            )
         (ref_cache, (ref_logits, ref_hidden)), (cache, (logits, hidden_out)) = caches
         assert _rel_err(logits, ref_logits) < TOL and _rel_err(hidden_out, ref_hidden) < TOL
         assert _rel_err(cache.k, ref_cache.k) < TOL and _rel_err(cache.v, ref_cache.v) < TOL
@@ -307,8 +413,16 @@ def test_engine_with_the_triton_drafter_emits_the_torch_drafters_tokens():
 
     target = _random_target(ARGS["llama"])
     torch.manual_seed(0)
-    draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64,
-                       target_hidden_size=64, vocab_size=200, num_attention_heads=4, num_key_value_heads=2)
+    draft = tiny_draft(
+        num_layers=2,
+        aux_layers=(0, 1, 2),
+        head_dim=16,
+        hidden_size=64,
+        target_hidden_size=64,
+        vocab_size=200,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     draft = draft.to(DEVICE, DTYPE).eval()
     prompt = torch.randint(0, 200, (12,), generator=torch.Generator().manual_seed(2)).tolist()
     outputs, trees = [], []
@@ -316,7 +430,9 @@ def test_engine_with_the_triton_drafter_emits_the_torch_drafters_tokens():
         engine = SpeculativeEngine(target, draft, SpecConfig(3, 2, 6), None, 64, DEVICE)
         engine.fast_draft.triton_kernels = triton_kernels
         rounds, draft_tree = [], engine.draft_tree
-        engine.draft_tree = lambda req: rounds.append(draft_tree(req)) or rounds[-1]
+        engine.draft_tree = lambda req, rounds=rounds, draft_tree=draft_tree: (
+            rounds.append(draft_tree(req)) or rounds[-1]
+        )
         outputs.append(engine.generate(prompt, 8).token_ids)
         trees.append(rounds)
     assert outputs[0] == outputs[1] and len(outputs[0]) == 8
@@ -351,12 +467,20 @@ def test_graphed_draft_replays_what_fast_draft_computes(monkeypatch):
     draft = tiny_draft(head_dim=16).to(DEVICE, DTYPE).eval()
     cfg, fast = draft.cfg, FastDraft(draft)
     fast.triton_kernels = True
-    caches = [DraftCache(cfg.num_key_value_heads, cfg.head_dim, 48, DTYPE, DEVICE) for _ in range(2)]
+    caches = [
+        DraftCache(cfg.num_key_value_heads, cfg.head_dim, 48, DTYPE, DEVICE) for _ in range(2)
+    ]
     if not CUDA:
+
         def capture(self, t, first_step, masked, width):
             inputs = self.static_inputs(t, width)
             outputs = self.step(*inputs, first_step, masked)
-            return _EagerGraph(lambda: self.step(*inputs, first_step, masked), outputs), inputs, outputs
+            return (
+                _EagerGraph(lambda: self.step(*inputs, first_step, masked), outputs),
+                inputs,
+                outputs,
+            )
+
         monkeypatch.setattr(GraphedDraft, "capture", capture)
     keys = [(3, True, False), (1, False, False), (3, False, True)]
     graphed = GraphedDraft(fast, caches[1], keys)
@@ -365,14 +489,23 @@ def test_graphed_draft_replays_what_fast_draft_computes(monkeypatch):
     ids = torch.randint(0, cfg.vocab_size, (20,), generator=gen).to(DEVICE)
     aux = torch.randn(20, cfg.n_aux * cfg.target_hidden_size, generator=gen).to(DEVICE, DTYPE)
     hidden = torch.randn(3, cfg.hidden_size, generator=gen).to(DEVICE, DTYPE)
-    tree_mask = torch.cat([torch.ones(3, 12, dtype=torch.bool), torch.eye(3, dtype=torch.bool)], 1)[None, None]
+    tree_mask = torch.cat([torch.ones(3, 12, dtype=torch.bool), torch.eye(3, dtype=torch.bool)], 1)[
+        None, None
+    ]
     steps = [  # (ids, hidden, positions, first_step, start, mask)
         (ids[:3], aux[:3], torch.arange(6, 9), True, 6, None),
         (ids[:1], hidden[:1], torch.tensor([9]), False, 9, None),
         (ids[1:2], hidden[1:2], torch.tensor([10]), False, 10, None),
         (ids[:3], hidden, torch.full((3,), 11), False, 12, tree_mask.to(DEVICE)),
         (ids, aux, torch.arange(20), True, 0, None),  # > 16 positions: not graphed
-        (ids[:2], aux[:2], torch.arange(20, 22), True, 20, None),  # a key not captured: run as it is
+        (
+            ids[:2],
+            aux[:2],
+            torch.arange(20, 22),
+            True,
+            20,
+            None,
+        ),  # a key not captured: run as it is
     ]
     for cache in caches:
         cache.k.copy_(torch.randn(cache.k.shape, generator=torch.Generator().manual_seed(3)))
@@ -396,20 +529,42 @@ def test_compiled_engine_runs_target_and_drafter_through_triton_graphs():
     from tests.drafts import tiny_draft
 
     target = _random_target(ARGS["llama"])
-    draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64, target_hidden_size=64,
-                       vocab_size=200, num_attention_heads=4, num_key_value_heads=2).to(DEVICE, DTYPE).eval()
+    draft = (
+        tiny_draft(
+            num_layers=2,
+            aux_layers=(0, 1, 2),
+            head_dim=16,
+            hidden_size=64,
+            target_hidden_size=64,
+            vocab_size=200,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+        .to(DEVICE, DTYPE)
+        .eval()
+    )
     engine = SpeculativeEngine(target, draft, SpecConfig(3, 2, 6), None, 64, DEVICE, compile=True)
     assert (engine.target_kernels, engine.draft_kernels) == ("triton", "triton")
     assert isinstance(engine.run_draft, GraphedDraft)
     result = engine.generate(list(range(1, 13)), 8)
-    assert set(engine.run_draft.graphs) == {(1, True, False), (2, True, False), (3, True, False), (4, True, False),
-                                            (2, False, True)}  # first steps after a verify, masked tree steps
+    assert set(engine.run_draft.graphs) == {
+        (1, True, False),
+        (2, True, False),
+        (3, True, False),
+        (4, True, False),
+        (2, False, True),
+    }  # first steps after a verify, masked tree steps
     assert len(result.token_ids) == 8
     plain = SpeculativeEngine(target, None, None, None, 64, DEVICE, compile=True)
     assert len(plain.generate(list(range(1, 13)), 8).token_ids) == 8
-    assert [key[0] for key in plain.runner.graphed.graphs] == ["greedy"]  # greedy: one self-feeding decode graph
+    assert [key[0] for key in plain.runner.graphed.graphs] == [
+        "greedy"
+    ]  # greedy: one self-feeding decode graph
     assert len(plain.generate(list(range(1, 13)), 8, temperature=1.0, seed=0).token_ids) == 8
-    assert sorted(str(key[0]) for key in plain.runner.graphed.graphs) == ["1", "greedy"]  # sampled: staged from the host
+    assert sorted(str(key[0]) for key in plain.runner.graphed.graphs) == [
+        "1",
+        "greedy",
+    ]  # sampled: staged from the host
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs and compiled target layers")
@@ -425,16 +580,32 @@ def test_compiled_tree_rounds_write_the_verify_inputs_of_a_rebuilt_cache():
 
     target = _random_target(ARGS["llama"])
     torch.manual_seed(0)
-    draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64, target_hidden_size=64,
-                       vocab_size=200, num_attention_heads=4, num_key_value_heads=2).to(DEVICE, DTYPE).eval()
+    draft = (
+        tiny_draft(
+            num_layers=2,
+            aux_layers=(0, 1, 2),
+            head_dim=16,
+            hidden_size=64,
+            target_hidden_size=64,
+            vocab_size=200,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+        .to(DEVICE, DTYPE)
+        .eval()
+    )
     engine = SpeculativeEngine(target, draft, SpecConfig(3, 2, 6), None, 64, DEVICE, compile=True)
     prompt = list(range(1, 13))
     first = engine.generate(prompt, 16)
     assert first.metrics.num_verify_steps > 2 and engine.run_round is not None
     old_cache = target.kv_stack  # held: the rebuilt caches cannot reuse its memory (and address)
-    SpeculativeEngine(target, None, None, None, 48, DEVICE).generate(prompt, 4)  # rebuilds the target's cache
+    SpeculativeEngine(target, None, None, None, 48, DEVICE).generate(
+        prompt, 4
+    )  # rebuilds the target's cache
     assert engine.generate(prompt, 16).token_ids == first.token_ids
-    assert len({key[2] for key in engine.runner.graphed.graphs}) == 2  # graphs of both caches, one set of inputs
+    assert (
+        len({key[2] for key in engine.runner.graphed.graphs}) == 2
+    )  # graphs of both caches, one set of inputs
     assert target.kv_stack.data_ptr() != old_cache.data_ptr()
 
 
@@ -457,6 +628,7 @@ def replay_rounds_eagerly(monkeypatch) -> None:
         inputs = self.static_inputs(m)
         graph = _LazyGraph(lambda: self.round(*inputs))
         return graph, inputs, graph.outputs
+
     monkeypatch.setattr(GraphedRound, "capture", capture)
 
 
@@ -478,13 +650,24 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
 
     if not CUDA:
         replay_rounds_eagerly(monkeypatch)
-    setting = {"chain3": SpecConfig.chain(3), "tree3x2_6": SpecConfig(3, 2, 6),
-               "tree3x2_6_sampled": SpecConfig(3, 2, 6)}[spec]
+    setting = {
+        "chain3": SpecConfig.chain(3),
+        "tree3x2_6": SpecConfig(3, 2, 6),
+        "tree3x2_6_sampled": SpecConfig(3, 2, 6),
+    }[spec]
     sampling = {"temperature": 1.0, "seed": 3} if spec.endswith("sampled") else {}
     target = _random_target(ARGS["llama"])
     torch.manual_seed(0)
-    draft = tiny_draft(num_layers=2, aux_layers=(0, 1, 2), head_dim=16, hidden_size=64,
-                       target_hidden_size=64, vocab_size=200, num_attention_heads=4, num_key_value_heads=2)
+    draft = tiny_draft(
+        num_layers=2,
+        aux_layers=(0, 1, 2),
+        head_dim=16,
+        hidden_size=64,
+        target_hidden_size=64,
+        vocab_size=200,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     for name in ("q_proj", "k_proj"):  # peaked attention: a position off by one moves the scores
         getattr(draft.midlayer.self_attn, name).weight.mul_(8)
     draft = draft.to(DEVICE, DTYPE).eval()
@@ -494,15 +677,23 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
         engine = SpeculativeEngine(target, draft, setting, None, 32, DEVICE)
         if graphed:
             tree_inputs = engine.verify_inputs() if setting.topk > 1 else None
-            engine.run_round = GraphedRound(engine.fast_draft, engine.draft_cache, setting, engine.draft_vocab,
-                                            target.args.vocab_size, tree_inputs)
+            engine.run_round = GraphedRound(
+                engine.fast_draft,
+                engine.draft_cache,
+                setting,
+                engine.draft_vocab,
+                target.args.vocab_size,
+                tree_inputs,
+            )
             assert set(engine.run_round.graphs) == {1, 2, 3, 4}  # every count of accepted positions
         rounds, inputs = [], []  # per verify: (tokens, parents, depths, scores); its target inputs
 
         def draft_tree(req, run=engine.draft_tree, rounds=rounds):
             tree = run(req)  # a graphed round's tokens and scores: its graph's outputs, reused
             if isinstance(tree, DraftTree):  # else selected on the device: recorded when read
-                rounds.append((tree.tokens.tolist(), tree.parents, tree.depths, tree.scores.clone()))
+                rounds.append(
+                    (tree.tokens.tolist(), tree.parents, tree.depths, tree.scores.clone())
+                )
             return tree
 
         def read_selected(req, selected, logits, run=engine.read_selected, rounds=rounds):
@@ -510,10 +701,14 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
             rounds.append((tokens, tree.parents, tree.depths, tree.scores.clone()))
             return tree, tokens, verdict
 
-        def forward(tokens, positions, start, mask, graphed=False, run=engine.runner.forward, inputs=inputs):
+        def forward(
+            tokens, positions, start, mask, graphed=False, run=engine.runner.forward, inputs=inputs
+        ):
             if tokens.numel() == setting.num_draft_tokens:  # a verify, not the prefill
                 slots = torch.arange(start, start + tokens.numel())
-                inputs.append([x.cpu().clone() for x in (tokens[None], positions[None], slots, mask)])
+                inputs.append(
+                    [x.cpu().clone() for x in (tokens[None], positions[None], slots, mask)]
+                )
             return run(tokens, positions, start, mask, graphed)
 
         def forward_in_place(tensors, run=engine.runner.forward_in_place, inputs=inputs):
@@ -527,11 +722,14 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
     assert outputs[0] == outputs[1] and len(outputs[0]) == 6
     (ref_rounds, ref_inputs), (rounds, inputs) = trees
     assert len(ref_rounds) == len(rounds) > 2 and len(ref_inputs) == len(inputs) == len(rounds)
-    for (ref_tokens, ref_parents, ref_depths, ref_scores), (tokens, parents, depths, scores) in zip(ref_rounds,
-                                                                                                  rounds):
+    for (ref_tokens, ref_parents, ref_depths, ref_scores), (tokens, parents, depths, scores) in zip(
+        ref_rounds, rounds
+    ):
         assert (tokens, parents, depths) == (ref_tokens, ref_parents, ref_depths)
         assert _rel_err(scores, ref_scores) < TOL
-    for ref, got in zip(ref_inputs, inputs):  # ids, positions, slots; the mask over the slots in use
+    for ref, got in zip(
+        ref_inputs, inputs
+    ):  # ids, positions, slots; the mask over the slots in use
         assert all(torch.equal(a, b) for a, b in zip(ref[:3], got[:3]))
         width = ref[3].shape[-1]
         assert torch.equal(ref[3], got[3][..., :width]) and not got[3][..., width:].any()
@@ -556,8 +754,10 @@ def test_compiled_plain_decoding_runs_ahead_and_emits_the_eager_tokens():
     assert result.metrics.num_verify_steps == 23  # one per token after the prefill's
     eos = eager[9]
     stopped = compiled.generate(prompt, 24, eos_ids=[eos])
-    assert stopped.token_ids == eager[:eager.index(eos) + 1] and stopped.finish_reason == "eos"
+    assert stopped.token_ids == eager[: eager.index(eos) + 1] and stopped.finish_reason == "eos"
     assert compiled.generate(prompt, 2).token_ids == eager[:2]
     other = list(range(3, 20))  # another prompt and length: the graph's inputs are set per request
-    assert compiled.generate(other, 12).token_ids == SpeculativeEngine(target, None, None, None, 64,
-                                                                       DEVICE).generate(other, 12).token_ids
+    assert (
+        compiled.generate(other, 12).token_ids
+        == SpeculativeEngine(target, None, None, None, 64, DEVICE).generate(other, 12).token_ids
+    )

@@ -33,24 +33,41 @@ def target(tmp_path_factory):
 def generated_ids(target, prompt_ids: list[int], num: int) -> list[int]:
     model = AutoModelForCausalLM.from_pretrained(target).eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=num, do_sample=False,
-                             eos_token_id=2, pad_token_id=2)
-    return out[0, len(prompt_ids):].tolist()
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            max_new_tokens=num,
+            do_sample=False,
+            eos_token_id=2,
+            pad_token_id=2,
+        )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def test_local_chat_answers_re_tokenise_to_the_generated_ids(target, tmp_path):
     data = tmp_path / "chats.jsonl"
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in PROMPTS))
+    data.write_text(
+        "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in PROMPTS)
+    )
     out = tmp_path / "out.jsonl"
-    regenerate(read_records(data, require_assistant=False), out, LocalBackend(target), Sampling(max_new_tokens=8))
+    regenerate(
+        read_records(data, require_assistant=False),
+        out,
+        LocalBackend(target),
+        Sampling(max_new_tokens=8),
+    )
     tokenizer = AutoTokenizer.from_pretrained(target)
     word_starts = 0
     for prompt, line in zip(PROMPTS, out.read_text().splitlines()):
         answer = json.loads(line)["messages"][-1]["content"]
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         new_ids = generated_ids(target, prompt_ids, 8)
-        assert tokenizer(prompt + answer, add_special_tokens=False)["input_ids"] == prompt_ids + new_ids
-        if tokenizer.convert_ids_to_tokens(new_ids[0]).startswith("\u2581"):  # the answer starts a word
+        assert (
+            tokenizer(prompt + answer, add_special_tokens=False)["input_ids"]
+            == prompt_ids + new_ids
+        )
+        if tokenizer.convert_ids_to_tokens(new_ids[0]).startswith(
+            "\u2581"
+        ):  # the answer starts a word
             word_starts += 1
             assert answer.startswith(" ") and not tokenizer.decode(new_ids).startswith(" ")
     assert word_starts >= 1  # the case that lost its space

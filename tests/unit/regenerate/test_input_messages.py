@@ -21,8 +21,16 @@ def test_regenerate_into_its_own_input_is_refused_first(tmp_path):
     data = tmp_path / "tt.jsonl"
     data.write_text(json.dumps({"text": "hello"}) + "\n")
     before = data.read_text()
-    result = invoke(["regenerate", str(data), str(tmp_path / "." / "tt.jsonl"), "--endpoint", "http://127.0.0.1:9",
-                     "--no-chat"])
+    result = invoke(
+        [
+            "regenerate",
+            str(data),
+            str(tmp_path / "." / "tt.jsonl"),
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "--no-chat",
+        ]
+    )
     one_error(result, f"OUT is the input file DATA ({data}): give a new output path")
     assert "delete" not in result.output and data.read_text() == before
 
@@ -55,8 +63,11 @@ def test_served_model_is_the_one_listed(models_server):
     served.append("tiny")
     assert served_model(url) == "tiny" and served_model(url + "/v1/") == "tiny"
     served.append("other")
-    with pytest.raises(ValueError, match=r"^--endpoint needs --model, the served model's name \(.*/v1/models: "
-                                         r"it serves tiny, other\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--endpoint needs --model, the served model's name \(.*/v1/models: "
+        r"it serves tiny, other\)$",
+    ):
         served_model(url)
     served.clear()
     with pytest.raises(ValueError, match=r"/v1/models: it lists none\)$"):
@@ -69,14 +80,18 @@ def test_regenerate_endpoint_without_model(server, tmp_path, monkeypatch):  # no
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS[:2]))
     out = tmp_path / "out.jsonl"
-    text = one_error(invoke(["regenerate", str(data), str(out), "--endpoint", server.url]),
-                     f"error: --endpoint needs --model, the served model's name (asking {server.url}/v1/models "
-                     "for it failed: HTTPStatusError)")
+    text = one_error(
+        invoke(["regenerate", str(data), str(out), "--endpoint", server.url]),
+        f"error: --endpoint needs --model, the served model's name (asking {server.url}/v1/models "
+        "for it failed: HTTPStatusError)",
+    )
     assert "RegenConfig" not in text and not out.exists()
     monkeypatch.setattr("specdraft.regenerate.backends.served_model", lambda url, key: "tiny")
     result = invoke(["regenerate", str(data), str(out), "--endpoint", server.url])
     assert result.exit_code == 0, result.output
-    assert f"--model not given: using tiny, the one model {server.url} serves" in flat(result.output)
+    assert f"--model not given: using tiny, the one model {server.url} serves" in flat(
+        result.output
+    )
     assert [body["model"] for _, body in server.requests] == ["tiny"] * 3
     assert [r["messages"][-1]["content"] for r in read_out(out)] == ["re hello", "re two"]
 
@@ -84,33 +99,61 @@ def test_regenerate_endpoint_without_model(server, tmp_path, monkeypatch):  # no
 @pytest.mark.parametrize("value", ["-3", "0", "nan"])
 def test_tune_min_speedup_out_of_range_is_a_usage_error(world, value):  # noqa: F811
     draft, _, target = world
-    result = invoke(["tune", "--target", str(target), "--draft", str(draft), "--min-speedup", value])
+    result = invoke(
+        ["tune", "--target", str(target), "--draft", str(draft), "--min-speedup", value]
+    )
     assert result.exit_code == 2, result.output
     text = flat(result.output)
-    assert "--min-speedup" in text and "must be a positive number" in text and "TuneConfig" not in text
+    assert (
+        "--min-speedup" in text and "must be a positive number" in text and "TuneConfig" not in text
+    )
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_train_lr_not_finite(store, tmp_path, value):
-    text = one_error(invoke(["train", str(store), str(tmp_path / "run"), "--lr", value, "--steps", "1"]),
-                     f"error: --lr {value}: must be a finite positive number", code=2)
+    text = one_error(
+        invoke(["train", str(store), str(tmp_path / "run"), "--lr", value, "--steps", "1"]),
+        f"error: --lr {value}: must be a finite positive number",
+        code=2,
+    )
     assert "Invalid learning rate" not in text and not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_train_lr_nan_from_config(store, tmp_path):
     config = tmp_path / "train.json"
     config.write_text('{"lr": NaN}')
-    one_error(invoke(["train", str(store), str(tmp_path / "run"), "--config", str(config), "--steps", "1"]),
-              "error: --lr nan: must be a finite positive number", code=2)
+    one_error(
+        invoke(
+            ["train", str(store), str(tmp_path / "run"), "--config", str(config), "--steps", "1"]
+        ),
+        "error: --lr nan: must be a finite positive number",
+        code=2,
+    )
 
 
 @pytest.mark.parametrize("with_target", [False, True])
-def test_convert_to_specdraft_without_manifest_names_the_layouts_that_work(world, tmp_path, with_target):  # noqa: F811
+def test_convert_to_specdraft_without_manifest_names_the_layouts_that_work(
+    world, tmp_path, with_target
+):  # noqa: F811
     _, plain, target = world
     args = ["convert", str(plain), str(tmp_path / "out"), "--layout", "specdraft"]
-    text = one_error(invoke(args + (["--target", str(target)] if with_target else [])),
-                     f"{plain}: no {MANIFEST_FILE}, which the specdraft layout carries and --target cannot supply; "
-                     "convert to --layout sglang or speculators instead")
+    text = one_error(
+        invoke(args + (["--target", str(target)] if with_target else [])),
+        f"{plain}: no {MANIFEST_FILE}, which the specdraft layout carries and --target cannot supply; "
+        "convert to --layout sglang or speculators instead",
+    )
     assert text.endswith("(without a manifest the aux ids need it)") != with_target
-    assert invoke(["convert", str(plain), str(tmp_path / "out"), "--layout", "sglang", "--target",
-                   str(target)]).exit_code == 0
+    assert (
+        invoke(
+            [
+                "convert",
+                str(plain),
+                str(tmp_path / "out"),
+                "--layout",
+                "sglang",
+                "--target",
+                str(target),
+            ]
+        ).exit_code
+        == 0
+    )

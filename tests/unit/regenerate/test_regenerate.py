@@ -13,16 +13,26 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.data.records import read_records
 from specdraft.data.render import load_dataset
-from specdraft.regenerate.backends import EndpointBackend, LocalBackend, Prompt, RegenerationError, Sampling
+from specdraft.regenerate.backends import (
+    EndpointBackend,
+    LocalBackend,
+    Prompt,
+    RegenerationError,
+    Sampling,
+)
 from specdraft.regenerate.output import settings_path
 from specdraft.regenerate.run import regenerate
-from tests.tiny_tokenizer import save_tiny_tokenizer, tiny_chat_tokenizer
 from tests.tiny_models import save_tiny_model
+from tests.tiny_tokenizer import save_tiny_tokenizer, tiny_chat_tokenizer
 
 CHATS = [
     [{"role": "user", "content": "hello"}],
-    [{"role": "user", "content": "one"}, {"role": "assistant", "content": "old"},
-     {"role": "user", "content": "two"}, {"role": "assistant", "content": "old"}],
+    [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "old"},
+        {"role": "user", "content": "two"},
+        {"role": "assistant", "content": "old"},
+    ],
     [{"role": "system", "content": "be helpful"}, {"role": "user", "content": "three"}],
     [{"role": "user", "content": "four"}, {"role": "assistant", "content": "old"}],
     [{"role": "user", "content": "five"}],
@@ -96,8 +106,13 @@ def test_endpoint_chat_regenerates_every_turn_with_retry(server, tmp_path):
     server.failures = {"two": [500], "three": [503, 429]}
     sampling = Sampling(temperature=0.7, top_p=0.9, max_new_tokens=16, seed=5)
     out = tmp_path / "out.jsonl"
-    result = regenerate(chat_records(tmp_path), out, backend(server), sampling,
-                        template_kwargs={"enable_thinking": False})
+    result = regenerate(
+        chat_records(tmp_path),
+        out,
+        backend(server),
+        sampling,
+        template_kwargs={"enable_thinking": False},
+    )
     assert (result.num_done, result.num_kept, result.num_empty) == (5, 0, 0)
     rows = read_out(out)
     assert [r["index"] for r in rows] == [0, 1, 2, 3, 4]
@@ -112,8 +127,12 @@ def test_endpoint_chat_regenerates_every_turn_with_retry(server, tmp_path):
     assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["model"] == "tiny"
     assert {b["seed"] for _, b in server.requests} == {5, 6, 7, 8, 9}
     sidecar = json.loads(settings_path(out).read_text())
-    assert sidecar["sampling"] == {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 16,
-                                   "seed": 5}
+    assert sidecar["sampling"] == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "max_new_tokens": 16,
+        "seed": 5,
+    }
     assert sidecar["backend"]["url"] == server.url + "/v1/chat/completions"
     data = load_dataset(out, tiny_chat_tokenizer())  # the output is training data
     assert len(data.samples) == 5
@@ -149,7 +168,10 @@ def test_other_settings_and_client_errors_are_refused(server, tmp_path):
     with pytest.raises(RegenerationError, match="HTTP 400 after 1 attempts.*boom") as failed:
         regenerate(records, tmp_path / "other.jsonl", backend(server), Sampling())
     # the first batch failed: no file is left, so none is named as holding finished records
-    assert "finished records are kept" not in str(failed.value) and not (tmp_path / "other.jsonl").exists()
+    assert (
+        "finished records are kept" not in str(failed.value)
+        and not (tmp_path / "other.jsonl").exists()
+    )
 
 
 def test_endpoint_completions_no_chat_sends_prompt_token_ids(server, tmp_path):
@@ -158,11 +180,14 @@ def test_endpoint_completions_no_chat_sends_prompt_token_ids(server, tmp_path):
     path.write_text("once upon a time there was a little girl\n\nthe cat sat\n")
     records = read_records(path, chat=False)
     out = tmp_path / "out.jsonl"
-    regenerate(records, out, backend(server, api="completions"), Sampling(), tokenizer=tok,
-               prompt_tokens=4)
+    regenerate(
+        records, out, backend(server, api="completions"), Sampling(), tokenizer=tok, prompt_tokens=4
+    )
     prompts = [b["prompt"] for _, b in server.requests]
     # Requests run concurrently, so the server may see them in either order.
-    assert sorted(prompts) == sorted([tok("once upon a")["input_ids"], tok("the cat sat")["input_ids"]])
+    assert sorted(prompts) == sorted(
+        [tok("once upon a")["input_ids"], tok("the cat sat")["input_ids"]]
+    )
     rows = read_out(out)
     assert rows[0]["prompt"] == "once upon a" and rows[0]["completion"] == " 4 tokens"
     again = read_records(out, chat=False)
@@ -206,7 +231,9 @@ def test_local_backend_without_end_or_pad_ids_generates_to_the_limit(model_dir, 
     backend = LocalBackend(bare, batch_size=2)
     assert backend.eos_ids == [] and backend.pad_id == 0
     assert backend._generation_config(Sampling(max_new_tokens=5)).eos_token_id is None
-    out = backend.complete([Prompt(ids=[3, 4, 5], index=0), Prompt(ids=[6, 7], index=1)], Sampling(max_new_tokens=5))
+    out = backend.complete(
+        [Prompt(ids=[3, 4, 5], index=0), Prompt(ids=[6, 7], index=1)], Sampling(max_new_tokens=5)
+    )
     assert len(out) == 2 and all(c.content for c in out)
 
 
@@ -214,8 +241,13 @@ def test_local_backend_no_chat_continues_the_first_tokens(model_dir, tmp_path):
     path = tmp_path / "docs.txt"
     path.write_text("once upon a time there was a girl\n\nthe dog sat on the mat\n")
     out = tmp_path / "out.jsonl"
-    regenerate(read_records(path, chat=False), out, LocalBackend(model_dir), Sampling(
-        max_new_tokens=5), prompt_tokens=3)
+    regenerate(
+        read_records(path, chat=False),
+        out,
+        LocalBackend(model_dir),
+        Sampling(max_new_tokens=5),
+        prompt_tokens=3,
+    )
     rows = read_out(out)
     assert [r["prompt"] for r in rows] == ["once upon", "the dog"]  # BOS + 2 words
     assert all(isinstance(r["completion"], str) for r in rows)
@@ -225,10 +257,26 @@ def test_cli_regenerate(server, tmp_path):
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS[:2]))
     out = tmp_path / "out.jsonl"
-    result = CliRunner().invoke(app, [
-        "regenerate", str(data), str(out), "--endpoint", server.url, "--model", "tiny",
-        "--temperature", "0.5", "--seed", "3", "--concurrency", "2",
-        "--template-kwargs", '{"enable_thinking": true}'])
+    result = CliRunner().invoke(
+        app,
+        [
+            "regenerate",
+            str(data),
+            str(out),
+            "--endpoint",
+            server.url,
+            "--model",
+            "tiny",
+            "--temperature",
+            "0.5",
+            "--seed",
+            "3",
+            "--concurrency",
+            "2",
+            "--template-kwargs",
+            '{"enable_thinking": true}',
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "2 records" in result.output
     assert [r["messages"][-1]["content"] for r in read_out(out)] == ["re hello", "re two"]

@@ -14,7 +14,13 @@ from safetensors.torch import load_file
 
 from specdraft.train.loop import TrainConfig, train
 from specdraft.train.sources import OnlineData
-from tests.unit.train.test_train_loop import AUX, make_samples, make_target, read_metrics, small_config
+from tests.unit.train.test_train_loop import (
+    AUX,
+    make_samples,
+    make_target,
+    read_metrics,
+    small_config,
+)
 
 
 class Recording:
@@ -60,8 +66,11 @@ def test_micro_batches_give_the_weights_of_one_batch(online, tmp_path):
 
 
 def test_a_batch_that_does_not_split_into_micro_batches_is_refused(online, tmp_path):
-    with pytest.raises(ValueError, match=r"^--batch-size 8 does not split into 1 rank\(s\) x --grad-accum-steps 3 "
-                                         r"micro-batches: use a multiple of 3 or --grad-accum-steps 2$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--batch-size 8 does not split into 1 rank\(s\) x --grad-accum-steps 3 "
+        r"micro-batches: use a multiple of 3 or --grad-accum-steps 2$",
+    ):
         train(small_config(grad_accum_steps=3), online, tmp_path / "run", progress=False)
     with pytest.raises(ValueError, match="^--grad-accum-steps 0: must be positive$"):
         TrainConfig(grad_accum_steps=0)

@@ -18,9 +18,20 @@ from specdraft.train.loop import train
 from tests.cli.test_cli import flat, invoke
 from tests.unit.train.test_train_loop import one_thread, read_metrics, small_config  # noqa: F401
 
-
-ARGS = ["--batch-size", "4", "--ttt-steps", "2", "--draft-vocab-size", "96", "--save-every", "3",
-        "--warmup-steps", "2", "--lr", "0.003"]
+ARGS = [
+    "--batch-size",
+    "4",
+    "--ttt-steps",
+    "2",
+    "--draft-vocab-size",
+    "96",
+    "--save-every",
+    "3",
+    "--warmup-steps",
+    "2",
+    "--lr",
+    "0.003",
+]
 
 
 def train_cli(store, run, *extra: str):
@@ -42,14 +53,16 @@ def test_resume_with_more_steps_extends_the_run_from_its_checkpoint(store, tmp_p
     text = flat(more.output)
     assert f"resuming from {run / 'checkpoints' / 'step-00000006.pt'}" in text
     new_lr = 0.003 * lr_lambda(6, 2, 12, 0.0)
-    assert (f"note: run length 6 -> 12 steps: the learning-rate schedule (warm-up 2 steps, cosine decay to 0.0 x "
-            f"lr 0.003) is recomputed for 12 steps; step 7 runs at lr {new_lr:.3g} (the old schedule: 0)") in text
+    assert (
+        f"note: run length 6 -> 12 steps: the learning-rate schedule (warm-up 2 steps, cosine decay to 0.0 x "
+        f"lr 0.003) is recomputed for 12 steps; step 7 runs at lr {new_lr:.3g} (the old schedule: 0)"
+    ) in text
     assert "12 steps, last train loss" in text
 
     records = read_metrics(run)
     train_records = [r for r in records if r["split"] == "train"]
     assert [r["step"] for r in train_records] == list(range(1, 13))
-    assert records[:len(first_records)] == first_records  # steps 1..6 not re-run
+    assert records[: len(first_records)] == first_records  # steps 1..6 not re-run
     assert [p.name for p in checkpoint_paths(run)] == ["step-00000009.pt", "step-00000012.pt"]
     lrs = {r["step"]: r["lr"] for r in train_records}
     assert lrs[6] == pytest.approx(0.003 * lr_lambda(5, 2, 6, 0.0))  # the first run's schedule
@@ -82,7 +95,9 @@ def test_an_extended_run_resumes_bit_identical(store, tmp_path):
         assert torch.equal(a[key], b[key]), key
     assert read_metrics(tmp_path / "a") == read_metrics(tmp_path / "b")
     manifest = json.loads((again.draft_dir / "specdraft_manifest.json").read_text())
-    assert manifest["training"]["extensions"] == [{"step": 6, "from_total_steps": 6, "to_total_steps": 12}]
+    assert manifest["training"]["extensions"] == [
+        {"step": 6, "from_total_steps": 6, "to_total_steps": 12}
+    ]
 
 
 def test_resume_refuses_a_run_length_below_the_checkpoint_and_names_changed_flags(store, tmp_path):
@@ -90,9 +105,13 @@ def test_resume_refuses_a_run_length_below_the_checkpoint_and_names_changed_flag
     assert train_cli(store, run, "--steps", "6").exit_code == 0
     shorter = train_cli(store, run, "--steps", "4", "--resume")
     assert shorter.exit_code == 1
-    assert (f"error: {run / 'checkpoints' / 'step-00000006.pt'} is at step 6, past this run's 4 steps: pass "
-            "--steps 6 or more") in flat(shorter.output)
-    other = invoke(["train", str(store), str(run), *ARGS[:-2], "--lr", "0.001", "--steps", "12", "--resume"])
+    assert (
+        f"error: {run / 'checkpoints' / 'step-00000006.pt'} is at step 6, past this run's 4 steps: pass "
+        "--steps 6 or more"
+    ) in flat(shorter.output)
+    other = invoke(
+        ["train", str(store), str(run), *ARGS[:-2], "--lr", "0.001", "--steps", "12", "--resume"]
+    )
     assert other.exit_code == 1
     text = flat(other.output)
     assert "this checkpoint was trained with other settings (--lr 0.003 -> 0.001)" in text
@@ -100,24 +119,41 @@ def test_resume_refuses_a_run_length_below_the_checkpoint_and_names_changed_flag
     assert "TrainConfig" not in text
 
 
-@pytest.mark.parametrize("values, message, code", [
-    ({"batch_size": 0}, "error: --batch-size 0: must be positive", 2),
-    ({"eval_every": 0}, "error: --config key eval_every 0: must be positive", 2),
-    ({"val_fraction": 1.5}, "error: --config key val_fraction 1.5: must be in [0, 1)", 2),
-    ({"warmup_steps": -1}, "error: --warmup-steps -1: must be >= 0", 2),
-    ({"batch_size": 1000}, "training samples are fewer than one batch of --batch-size 1000: lower --batch-size", 1),
-    ({"batch_size": 6, "grad_accum_steps": 4}, "error: --batch-size 6 does not split into 1 rank(s) x "
-                                               "--grad-accum-steps 4 micro-batches: use a multiple of 4 "
-                                               "or --grad-accum-steps 3", 1),
-    ({"precision": "bf16"}, "error: --precision bf16 autocasts on CUDA only; use --precision fp32 on the CPU", 1),
-])
+@pytest.mark.parametrize(
+    "values, message, code",
+    [
+        ({"batch_size": 0}, "error: --batch-size 0: must be positive", 2),
+        ({"eval_every": 0}, "error: --config key eval_every 0: must be positive", 2),
+        ({"val_fraction": 1.5}, "error: --config key val_fraction 1.5: must be in [0, 1)", 2),
+        ({"warmup_steps": -1}, "error: --warmup-steps -1: must be >= 0", 2),
+        (
+            {"batch_size": 1000},
+            "training samples are fewer than one batch of --batch-size 1000: lower --batch-size",
+            1,
+        ),
+        (
+            {"batch_size": 6, "grad_accum_steps": 4},
+            "error: --batch-size 6 does not split into 1 rank(s) x "
+            "--grad-accum-steps 4 micro-batches: use a multiple of 4 "
+            "or --grad-accum-steps 3",
+            1,
+        ),
+        (
+            {"precision": "bf16"},
+            "error: --precision bf16 autocasts on CUDA only; use --precision fp32 on the CPU",
+            1,
+        ),
+    ],
+)
 def test_train_errors_name_the_flags_users_type(store, tmp_path, values, message, code):
     """A bad value from --config (flags are range-checked by typer first) is named by its flag,
     or by its --config key when train has no flag for it; never as TrainConfig.<field>. A value
     TrainConfig refuses is a usage error (exit 2); one refused for the data or the machine, 1."""
     config = tmp_path / "cfg.json"
     config.write_text(json.dumps(values))
-    result = invoke(["train", str(store), str(tmp_path / "run"), "--config", str(config), "--steps", "2"])
+    result = invoke(
+        ["train", str(store), str(tmp_path / "run"), "--config", str(config), "--steps", "2"]
+    )
     assert result.exit_code == code, result.output
     assert message in flat(result.output) and "TrainConfig" not in result.output
 

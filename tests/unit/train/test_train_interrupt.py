@@ -45,7 +45,9 @@ def train_steps(run) -> list[int]:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_inside_a_step_lets_it_finish_then_checkpoints_it(world, tmp_path, monkeypatch, signum):  # noqa: F811
+def test_a_signal_inside_a_step_lets_it_finish_then_checkpoints_it(
+    world, tmp_path, monkeypatch, signum
+):  # noqa: F811
     """The signal arrives inside step 4's backward pass (a torch call): the step ends, its
     metrics line is written, step-4.pt is saved (no --save-every step), KeyboardInterrupt."""
     _, _, store = world
@@ -59,7 +61,9 @@ def test_a_signal_inside_a_step_lets_it_finish_then_checkpoints_it(world, tmp_pa
     assert train_steps(tmp_path / "run") == [1, 2, 3, 4]
 
 
-def test_a_signal_during_a_checkpoint_write_stops_after_it_and_resume_is_exact(world, tmp_path, monkeypatch):  # noqa: F811
+def test_a_signal_during_a_checkpoint_write_stops_after_it_and_resume_is_exact(
+    world, tmp_path, monkeypatch
+):  # noqa: F811
     """SIGTERM while step 10's --save-every checkpoint is being written: the write finishes (a
     loadable step-10.pt, no second one), training stops there, every step's metrics line is
     written once, and --resume ends with the weights of a run never interrupted."""
@@ -90,7 +94,9 @@ def test_a_second_signal_aborts_at_once_unsaved(world, tmp_path, monkeypatch):  
     step 4 is neither logged nor saved, and the handlers from before are back."""
     _, _, store = world
     cfg = small_config(total_steps=STEPS, save_every=1000, val_fraction=0.0)
-    signal_inside(monkeypatch, Trainer, "accumulate", at_step=3, signums=(signal.SIGINT, signal.SIGINT))
+    signal_inside(
+        monkeypatch, Trainer, "accumulate", at_step=3, signums=(signal.SIGINT, signal.SIGINT)
+    )
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, store, tmp_path / "run", progress=False)

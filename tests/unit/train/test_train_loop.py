@@ -22,9 +22,9 @@ from safetensors.torch import load_file
 
 from specdraft.capture.store import StoreSettings
 from specdraft.capture.write import write_store
+from specdraft.checkpoint import checkpoint_paths
 from specdraft.data.render import Sample
 from specdraft.target import load_target
-from specdraft.checkpoint import checkpoint_paths
 from specdraft.train.config import TrainConfig, split_samples
 from specdraft.train.loop import Trainer, TrainingError, train
 from specdraft.train.sources import OnlineData, StoreData, pad_samples
@@ -39,7 +39,9 @@ def make_samples(n: int, seed: int = 0) -> list[Sample]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
-        prompt = torch.randint(1, VOCAB, (int(torch.randint(3, 6, (1,), generator=g)),), generator=g)
+        prompt = torch.randint(
+            1, VOCAB, (int(torch.randint(3, 6, (1,), generator=g)),), generator=g
+        )
         pattern = torch.randint(1, 40, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g)
         answer = pattern.repeat(10)[: int(torch.randint(16, 28, (1,), generator=g))]
         out.append(Sample(prompt.tolist() + answer.tolist(), [0] * len(prompt) + [1] * len(answer)))
@@ -47,7 +49,9 @@ def make_samples(n: int, seed: int = 0) -> list[Sample]:
 
 
 def make_target(path: Path):
-    target = load_target(tiny_config("llama", num_layers=4, hidden_size=32, vocab_size=VOCAB), seed=0)
+    target = load_target(
+        tiny_config("llama", num_layers=4, hidden_size=32, vocab_size=VOCAB), seed=0
+    )
     with torch.no_grad():
         target.lm_head.weight.mul_(8.0)  # peaked distributions (max prob ~0.06 -> well above 1/V)
     target.model.save_pretrained(path)
@@ -72,8 +76,13 @@ def make_world(root: Path):
     their fp32 capture store root/store on layers AUX."""
     target = make_target(root / "target")
     samples = make_samples(200)
-    write_store(target, samples, root / "store", StoreSettings(AUX, dtype=torch.float32, shard_tokens=2048),
-                extra={"target_path": str(root / "target")})
+    write_store(
+        target,
+        samples,
+        root / "store",
+        StoreSettings(AUX, dtype=torch.float32, shard_tokens=2048),
+        extra={"target_path": str(root / "target")},
+    )
     return target, samples, root / "store"
 
 
@@ -84,8 +93,17 @@ def world(tmp_path_factory):
 
 
 def small_config(**kw) -> TrainConfig:
-    base = dict(lr=3e-3, warmup_steps=10, total_steps=40, batch_size=8, ttt_steps=3,
-                draft_vocab_size=96, val_fraction=0.1, eval_every=20, save_every=10)
+    base = dict(
+        lr=3e-3,
+        warmup_steps=10,
+        total_steps=40,
+        batch_size=8,
+        ttt_steps=3,
+        draft_vocab_size=96,
+        val_fraction=0.1,
+        eval_every=20,
+        save_every=10,
+    )
     return TrainConfig(**{**base, **kw})
 
 
@@ -99,12 +117,16 @@ def test_offline_store_and_online_target_give_the_same_loss(world, tmp_path):
     offline = StoreData(store)
     online = OnlineData(target, samples, AUX)
     every = range(len(samples))
-    assert torch.equal(offline.token_counts(every), online.token_counts(every))  # vocab map inputs agree
+    assert torch.equal(
+        offline.token_counts(every), online.token_counts(every)
+    )  # vocab map inputs agree
     a = offline.batch([3, 7, 11], 64, torch.device("cpu"))
     b = online.batch([3, 7, 11], 64, torch.device("cpu"))
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.loss_mask, b.loss_mask)
-    real = torch.arange(a.input_ids.shape[1]) < torch.tensor(
-        [len(samples[i].input_ids) for i in (3, 7, 11)])[:, None]  # padding differs, unread
+    real = (
+        torch.arange(a.input_ids.shape[1])
+        < torch.tensor([len(samples[i].input_ids) for i in (3, 7, 11)])[:, None]
+    )  # padding differs, unread
     torch.testing.assert_close(a.aux_hidden[real], b.aux_hidden[real])
     torch.testing.assert_close(a.target_logits[real], b.target_logits[real], rtol=1e-5, atol=1e-5)
     cfg = small_config(total_steps=2, val_fraction=0.0)
@@ -158,9 +180,14 @@ def test_resume_after_sigkill_ends_bit_identical(world, tmp_path):
     cfg = small_config(total_steps=40, save_every=10, eval_every=15)
     straight = train(cfg, store, tmp_path / "straight", progress=False)
     run = tmp_path / "killed"
-    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, json.dumps(cfg.to_dict()), str(store),
-                           str(run), "23"], cwd=REPO, env=ONE_THREAD_ENV, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, json.dumps(cfg.to_dict()), str(store), str(run), "23"],
+        cwd=REPO,
+        env=ONE_THREAD_ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -9, proc.stderr
     assert [p.name for p in checkpoint_paths(run)] == ["step-00000010.pt", "step-00000020.pt"]
     assert not (run / "draft").exists()
@@ -173,8 +200,9 @@ def test_resume_after_sigkill_ends_bit_identical(world, tmp_path):
     for key in a:
         assert torch.equal(a[key], b[key]), key
     # the log reads as one run: steps 1..40 once each, same losses
-    assert [r["loss"] for r in read_metrics(run) if r["split"] == "train"] == \
-        [r["loss"] for r in read_metrics(tmp_path / "straight") if r["split"] == "train"]
+    assert [r["loss"] for r in read_metrics(run) if r["split"] == "train"] == [
+        r["loss"] for r in read_metrics(tmp_path / "straight") if r["split"] == "train"
+    ]
 
 
 class Poisoned:
@@ -202,7 +230,12 @@ def test_the_norm_flags_train_through_draft_overrides(world, tmp_path):
     (`specdraft train --config`): the loss falls, the EAGLE-3.1 norms are trained, and the saved
     drafter's config.json carries the flags the engines read."""
     _, _, store = world
-    flags = {"norm_before_residual": True, "norm_before_fc": True, "fc_norm": True, "norm_output": True}
+    flags = {
+        "norm_before_residual": True,
+        "norm_before_fc": True,
+        "fc_norm": True,
+        "norm_output": True,
+    }
     train(small_config(draft_overrides=flags), store, tmp_path / "run", progress=False)
     records = [r for r in read_metrics(tmp_path / "run") if r["split"] == "train"]
     assert sum(r["loss"] for r in records[-5:]) < 0.8 * sum(r["loss"] for r in records[:5])
@@ -231,13 +264,18 @@ def test_case_fc07_batch_without_supervision_stops_training(world, tmp_path):
 
 def test_aux_layers_other_than_the_stores_are_refused(world, tmp_path):
     _, _, store = world
-    with pytest.raises(ValueError, match=r"--aux-layers 1,2 asked for, but the training data holds "
-                                         r"layers 1,2,3: drop --aux-layers \(or pass --aux-layers 1,2,3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"--aux-layers 1,2 asked for, but the training data holds "
+        r"layers 1,2,3: drop --aux-layers \(or pass --aux-layers 1,2,3\)",
+    ):
         train(small_config(aux_layers=(1, 2)), store, tmp_path / "run", progress=False)
 
 
 def test_train_config_is_validated():
-    with pytest.raises(ValueError, match="both set .--config.: keep one run length, or pass --steps or --epochs"):
+    with pytest.raises(
+        ValueError, match="both set .--config.: keep one run length, or pass --steps or --epochs"
+    ):
         TrainConfig(total_steps=3, epochs=1)
     with pytest.raises(ValueError, match="^--precision 'fp16': choose one of fp32, bf16$"):
         TrainConfig(precision="fp16")
@@ -262,9 +300,14 @@ needs_torchrun = pytest.mark.skipif(shutil.which("torchrun") is None, reason="to
 
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     """torchrun --standalone --nproc-per-node 2 ARGS in the repository (gloo on the CPU)."""
-    return subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "2", *args], cwd=REPO,
-                          env={**ONE_THREAD_ENV, "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=110)
+    return subprocess.run(
+        ["torchrun", "--standalone", "--nproc-per-node", "2", *args],
+        cwd=REPO,
+        env={**ONE_THREAD_ENV, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -275,8 +318,15 @@ def two_ranks(world, tmp_path_factory):
     root = tmp_path_factory.mktemp("two_ranks")
     cfg = small_config(total_steps=6, save_every=3, eval_every=3, lr=1e-3, grad_accum_steps=2)
     (root / "cfg.json").write_text(json.dumps(cfg.to_dict()))
-    proc = torchrun("-m", "specdraft.cli", "train", str(store), str(root / "run"), "--config",
-                    str(root / "cfg.json"))
+    proc = torchrun(
+        "-m",
+        "specdraft.cli",
+        "train",
+        str(store),
+        str(root / "run"),
+        "--config",
+        str(root / "cfg.json"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root / "cfg.json", root / "run"
 
@@ -307,8 +357,9 @@ def test_two_process_run_matches_one_process(world, two_ranks, tmp_path):
 
 
 @needs_torchrun
-def test_two_rank_run_killed_and_resumed_from_a_sharded_checkpoint_ends_bit_identical(world, two_ranks,
-                                                                                        tmp_path):
+def test_two_rank_run_killed_and_resumed_from_a_sharded_checkpoint_ends_bit_identical(
+    world, two_ranks, tmp_path
+):
     """Both ranks SIGKILLed at step 4 (last checkpoint: step 3, written with
     torch.distributed.checkpoint, one shard file per rank), resumed with --resume: the same
     weights, bit for bit, and the same losses as the uninterrupted 2-rank run (~12 s)."""
@@ -323,15 +374,18 @@ def test_two_rank_run_killed_and_resumed_from_a_sharded_checkpoint_ends_bit_iden
     assert (checkpoint / ".metadata").is_file() and (checkpoint / "trainer.pt").is_file()
     assert len(list(checkpoint.glob("*.distcp"))) == 2
     assert not (run / "draft").exists()
-    proc = torchrun("-m", "specdraft.cli", "train", str(store), str(run), "--config", str(cfg_file), "--resume")
+    proc = torchrun(
+        "-m", "specdraft.cli", "train", str(store), str(run), "--config", str(cfg_file), "--resume"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     a = load_file(str(straight / "draft" / "model.safetensors"))
     b = load_file(str(run / "draft" / "model.safetensors"))
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    assert [r["loss"] for r in read_metrics(run) if r["split"] == "train"] == \
-        [r["loss"] for r in read_metrics(straight) if r["split"] == "train"]
+    assert [r["loss"] for r in read_metrics(run) if r["split"] == "train"] == [
+        r["loss"] for r in read_metrics(straight) if r["split"] == "train"
+    ]
 
 
 @needs_torchrun
@@ -348,7 +402,9 @@ def test_a_two_rank_sharded_checkpoint_exports_its_step(world, two_ranks, tmp_pa
     assert manifest["training"]["steps"] == 3 and manifest["training"]["config"]["total_steps"] == 6
     cfg = TrainConfig.from_dict({**json.loads(cfg_file.read_text()), "grad_accum_steps": 1})
     train(cfg, store, tmp_path / "one", progress=False)
-    export_draft(tmp_path / "one" / "checkpoints" / "step-00000003.pt", tmp_path / "single", engine="sglang")
+    export_draft(
+        tmp_path / "one" / "checkpoints" / "step-00000003.pt", tmp_path / "single", engine="sglang"
+    )
     single = load_file(str(tmp_path / "single" / "model.safetensors"))
     written = load_file(str(tmp_path / "two" / "model.safetensors"))
     assert written.keys() == single.keys()
@@ -356,8 +412,8 @@ def test_a_two_rank_sharded_checkpoint_exports_its_step(world, two_ranks, tmp_pa
         torch.testing.assert_close(written[key], single[key], rtol=1e-3, atol=1e-4)
 
 
-
 # ------------------------------------------------------------- resuming on another number of ranks
+
 
 class Stop(Exception):
     """Raised from on_step to interrupt an in-process run after a step."""
@@ -367,6 +423,7 @@ def stop_at(step: int):
     def on_step(done: int) -> None:
         if done == step:
             raise Stop
+
     return on_step
 
 
@@ -391,7 +448,9 @@ def loaded_state(cfg: TrainConfig, store: Path, checkpoint: Path, ranks=None) ->
     if checkpoint.is_dir():
         trainer.load_sharded_state(checkpoint)
     else:
-        trainer.load_state(torch.load(checkpoint, map_location="cpu", weights_only=False), checkpoint)
+        trainer.load_state(
+            torch.load(checkpoint, map_location="cpu", weights_only=False), checkpoint
+        )
     state = trainer.state()
     return {"step": trainer.step, "model": state["model"], "optimizer": state["optimizer"]}
 
@@ -432,25 +491,42 @@ def assert_same(a, b, where: str = "") -> None:
 
 
 @needs_torchrun
-def test_checkpoints_load_bit_identical_on_another_number_of_ranks(world, two_ranks, one_process, tmp_path):
+def test_checkpoints_load_bit_identical_on_another_number_of_ranks(
+    world, two_ranks, one_process, tmp_path
+):
     """A 2-rank sharded step-3 directory loaded by one process, and a one-process step-3.pt loaded
     by 2 ranks (FSDP2 shards), hold the same step, weights and AdamW moments, bit for bit, as
     each loaded on the ranks that wrote it (~7 s)."""
     _, _, store = world
     cfg_file, two = two_ranks
-    cfg = TrainConfig.from_dict(json.loads(cfg_file.read_text()))  # 2 micro-batches: splits either way
-    sharded, single = two / "checkpoints" / "step-00000003", one_process[1] / "checkpoints" / "step-00000003.pt"
+    cfg = TrainConfig.from_dict(
+        json.loads(cfg_file.read_text())
+    )  # 2 micro-batches: splits either way
+    sharded, single = (
+        two / "checkpoints" / "step-00000003",
+        one_process[1] / "checkpoints" / "step-00000003.pt",
+    )
     (tmp_path / "load.py").write_text(LOAD_SCRIPT)
-    proc = torchrun(str(tmp_path / "load.py"), cfg_file.read_text(), str(store), str(tmp_path), str(sharded),
-                    str(single))
+    proc = torchrun(
+        str(tmp_path / "load.py"),
+        cfg_file.read_text(),
+        str(store),
+        str(tmp_path),
+        str(sharded),
+        str(single),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    on_two = {p: torch.load(tmp_path / f"{p.name}.loaded", weights_only=False) for p in (sharded, single)}
+    on_two = {
+        p: torch.load(tmp_path / f"{p.name}.loaded", weights_only=False) for p in (sharded, single)
+    }
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         on_one = {p: loaded_state(cfg, store, p) for p in (sharded, single)}
     assert not [w for w in caught if "torch.distributed is disabled" in str(w.message)]
     saved = torch.load(single, weights_only=False)
-    assert_same(on_one[single], {"step": 3, "model": saved["model"], "optimizer": saved["optimizer"]})
+    assert_same(
+        on_one[single], {"step": 3, "model": saved["model"], "optimizer": saved["optimizer"]}
+    )
     assert on_one[sharded]["step"] == 3 and saved["optimizer"]["state"]  # AdamW moments exist
     for path in (sharded, single):
         assert_same(on_one[path], on_two[path], path.name)
@@ -494,8 +570,14 @@ def test_a_two_rank_run_resumes_on_one_process(world, two_ranks, tmp_path):
     steps: list[int] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = train(TrainConfig.from_dict(json.loads(cfg_file.read_text())), store, run, resume=True,
-                       progress=False, on_step=steps.append)
+        result = train(
+            TrainConfig.from_dict(json.loads(cfg_file.read_text())),
+            store,
+            run,
+            resume=True,
+            progress=False,
+            on_step=steps.append,
+        )
     assert not [w for w in caught if "torch.distributed is disabled" in str(w.message)]
     assert steps == [4, 5, 6] and result.steps == 6
     assert [p.name for p in checkpoint_paths(run)] == ["step-00000003", "step-00000006.pt"]
@@ -503,8 +585,9 @@ def test_a_two_rank_run_resumes_on_one_process(world, two_ranks, tmp_path):
 
 
 @needs_torchrun
-def test_a_one_process_run_resumes_on_two_ranks_with_fewer_micro_batches(world, two_ranks, one_process,
-                                                                          tmp_path):
+def test_a_one_process_run_resumes_on_two_ranks_with_fewer_micro_batches(
+    world, two_ranks, one_process, tmp_path
+):
     """The one-process run stopped after step 4 (4 micro-batches of 2; newest checkpoint step 3),
     resumed by 2 ranks with --grad-accum-steps 2 (each rank's 4 sequences as 2 micro-batches of
     2): steps 4-6 run on the resharded state, with the losses and final weights of the
@@ -514,18 +597,28 @@ def test_a_one_process_run_resumes_on_two_ranks_with_fewer_micro_batches(world, 
     run = tmp_path / "run"
     shutil.copytree(one_process[1], run)
     (tmp_path / "resume.py").write_text(RESUME_SCRIPT)
-    proc = torchrun(str(tmp_path / "resume.py"), cfg_file.read_text(), str(store), str(run),
-                    str(tmp_path / "steps.json"))
+    proc = torchrun(
+        str(tmp_path / "resume.py"),
+        cfg_file.read_text(),
+        str(store),
+        str(run),
+        str(tmp_path / "steps.json"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "steps.json").read_text()) == {"steps": [4, 5, 6], "final": 6}
     assert [p.name for p in checkpoint_paths(run)] == ["step-00000003.pt", "step-00000006"]
     assert_close_runs(run, two)
     manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
-    assert manifest["training"]["steps"] == 6 and manifest["training"]["config"]["grad_accum_steps"] == 2
+    assert (
+        manifest["training"]["steps"] == 6
+        and manifest["training"]["config"]["grad_accum_steps"] == 2
+    )
 
 
 def test_pad_samples_truncates_and_pads():
-    ids, mask = pad_samples([Sample([5, 6, 7], [0, 1, 1]), Sample([1, 2, 3, 4, 5], [0, 0, 1, 1, 1])], 4)
+    ids, mask = pad_samples(
+        [Sample([5, 6, 7], [0, 1, 1]), Sample([1, 2, 3, 4, 5], [0, 0, 1, 1, 1])], 4
+    )
     assert ids.tolist() == [[5, 6, 7, 0], [1, 2, 3, 4]]
     assert mask.tolist() == [[False, True, True, False], [False, False, True, True]]
 
@@ -536,8 +629,19 @@ def test_cli_train_runs_and_refuses_a_second_run_into_the_same_dir(world, tmp_pa
     from specdraft.cli import app
 
     _, _, store = world
-    args = ["train", str(store), str(tmp_path / "run"), "--steps", "3", "--batch-size", "4",
-            "--ttt-steps", "2", "--draft-vocab-size", "96"]
+    args = [
+        "train",
+        str(store),
+        str(tmp_path / "run"),
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--ttt-steps",
+        "2",
+        "--draft-vocab-size",
+        "96",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "3 steps" in result.output and "simulated tau" in result.output
@@ -547,7 +651,9 @@ def test_cli_train_runs_and_refuses_a_second_run_into_the_same_dir(world, tmp_pa
     assert again.exit_code == 1 and "--resume" in again.output
 
 
-def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrupt(world, tmp_path, monkeypatch):
+def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrupt(
+    world, tmp_path, monkeypatch
+):
     from typer.testing import CliRunner
 
     import specdraft.train.loop as loop
@@ -555,19 +661,38 @@ def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrup
 
     _, _, store = world
     run = tmp_path / "run"
-    args = ["train", str(store), str(run), "--steps", "4", "--batch-size", "4", "--ttt-steps", "2",
-            "--draft-vocab-size", "96", "--save-every", "2"]
+    args = [
+        "train",
+        str(store),
+        str(run),
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--ttt-steps",
+        "2",
+        "--draft-vocab-size",
+        "96",
+        "--save-every",
+        "2",
+    ]
     fresh = CliRunner().invoke(app, args + ["--resume"])
     assert fresh.exit_code == 0, fresh.output
     assert f"--resume: no checkpoint in {run} yet: starting at step 0" in fresh.output
     assert "note: warm-up 100 steps >= the run's 4: the learning rate never reached" in fresh.output
-    quiet = CliRunner().invoke(app, [*args[:2], str(tmp_path / "q"), *args[3:], "--warmup-steps", "2"])
+    quiet = CliRunner().invoke(
+        app, [*args[:2], str(tmp_path / "q"), *args[3:], "--warmup-steps", "2"]
+    )
     assert quiet.exit_code == 0 and "warm-up" not in quiet.output, quiet.output
     saved = [p.name for p in checkpoint_paths(tmp_path / "q")]
     assert saved == ["step-00000002.pt", "step-00000004.pt"]  # --save-every 2
 
-    done = CliRunner().invoke(app, [*args[:2], str(tmp_path / "q"), *args[3:], "--warmup-steps", "2", "--resume"])
-    assert done.exit_code == 0 and "is already at step 4 of 4: nothing to train" in done.output, done.output
+    done = CliRunner().invoke(
+        app, [*args[:2], str(tmp_path / "q"), *args[3:], "--warmup-steps", "2", "--resume"]
+    )
+    assert done.exit_code == 0 and "is already at step 4 of 4: nothing to train" in done.output, (
+        done.output
+    )
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -579,7 +704,9 @@ def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrup
     assert "interrupted; newest checkpoint:" in stopped.output and "--resume" in stopped.output
 
 
-def test_progress_off_a_terminal_is_a_plain_line_per_few_steps(world, tmp_path, capsys, monkeypatch):
+def test_progress_off_a_terminal_is_a_plain_line_per_few_steps(
+    world, tmp_path, capsys, monkeypatch
+):
     """stdout not a terminal (pytest's capture, as a log file): one flushed line per
     `plain_every` steps and at the last, with the step's loss and accuracy as metrics.jsonl has
     them; on a terminal the bar, not these lines."""
@@ -594,12 +721,18 @@ def test_progress_off_a_terminal_is_a_plain_line_per_few_steps(world, tmp_path, 
     train(cfg, store, tmp_path / "log", progress=True)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("train step")]
     every = plain_every(50)
-    assert every == 3 and [int(line.split()[2].split("/")[0]) for line in lines] == [*range(every, 50, every), 50]
+    assert every == 3 and [int(line.split()[2].split("/")[0]) for line in lines] == [
+        *range(every, 50, every),
+        50,
+    ]
     records = {r["step"]: r for r in read_metrics(tmp_path / "log") if r["split"] == "train"}
     for line in lines:
         step = int(line.split()[2].split("/")[0])
-        assert re.fullmatch(rf"train step {step}/50  loss {records[step]['loss']:.4f}  accuracy "
-                            rf"{records[step]['accuracy'][0]:.3f}  tokens/s \d+  ETA \d+:\d\d:\d\d", line), line
+        assert re.fullmatch(
+            rf"train step {step}/50  loss {records[step]['loss']:.4f}  accuracy "
+            rf"{records[step]['accuracy'][0]:.3f}  tokens/s \d+  ETA \d+:\d\d:\d\d",
+            line,
+        ), line
     monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
     train(small_config(total_steps=3, val_fraction=0.0), store, tmp_path / "tty", progress=True)
     assert "train step" not in capsys.readouterr().out

@@ -6,8 +6,17 @@ import pytest
 import torch
 
 from specdraft.target import load_target
-from specdraft.train.loss import (TTTMetrics, shift_left, step_weights, supervised_counts, target_logits,
-                                  ttt_attention_mask, ttt_loss, ttt_unroll, weighted_loss)
+from specdraft.train.loss import (
+    TTTMetrics,
+    shift_left,
+    step_weights,
+    supervised_counts,
+    target_logits,
+    ttt_attention_mask,
+    ttt_loss,
+    ttt_unroll,
+    weighted_loss,
+)
 from tests.cases.test_case_fc14_ttt_attention import tiny_draft
 from tests.tiny_models import tiny_config
 
@@ -19,8 +28,9 @@ def test_target_logits_from_last_hidden_equal_the_targets(arch):
     target = load_target(tiny_config(arch, num_layers=3), seed=1)
     ids = torch.randint(0, 128, (2, 11), generator=torch.Generator().manual_seed(0))
     out = target.forward(ids, aux_layers=[1])
-    logits = target_logits(out.last_hidden, target.final_norm.weight, target.lm_head.weight,
-                           target.config.rms_norm_eps)
+    logits = target_logits(
+        out.last_hidden, target.final_norm.weight, target.lm_head.weight, target.config.rms_norm_eps
+    )
     assert logits.dtype == torch.float32
     torch.testing.assert_close(logits, out.logits, rtol=1e-6, atol=1e-6)
 
@@ -57,12 +67,16 @@ def batch(seed: int, vocab: int = 48, t_len: int = 12):
 def test_counts_match_a_position_loop():
     """correct/total/cond counts against a plain loop over (b, t, k) with the documented rules."""
     draft = tiny_draft(2, vocab=48, draft_vocab=30)
-    draft.d2t.copy_(torch.arange(30) // 2)  # draft id i -> target id i + i // 2 (0, 1, 3, 4, 6, ...)
+    draft.d2t.copy_(
+        torch.arange(30) // 2
+    )  # draft id i -> target id i + i // 2 (0, 1, 3, 4, 6, ...)
     draft.t2d.zero_()
     draft.t2d[torch.arange(30) + draft.d2t] = True
     ids, aux, logits, loss_mask = batch(0)
     with torch.no_grad():
-        preds = [draft.draft_to_target(o.logits.argmax(-1)) for o in ttt_unroll(draft, ids, aux, STEPS)]
+        preds = [
+            draft.draft_to_target(o.logits.argmax(-1)) for o in ttt_unroll(draft, ids, aux, STEPS)
+        ]
     # make step 0 right at most positions: target argmax at t+1 := the draft's step-0 guess at t
     agree = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)) < 0.8
     for b, t in agree[:, :-1].nonzero().tolist():
@@ -75,7 +89,11 @@ def test_counts_match_a_position_loop():
             chain = True  # supervised and correct at all earlier steps
             for k in range(STEPS):
                 j = t + 1 + k  # target position
-                sup = j + 1 < t_len and bool(loss_mask[b, j + 1]) and bool(draft.t2d[logits[b, j].argmax()])
+                sup = (
+                    j + 1 < t_len
+                    and bool(loss_mask[b, j + 1])
+                    and bool(draft.t2d[logits[b, j].argmax()])
+                )
                 hit = sup and int(preds[k][b, t]) == int(logits[b, j].argmax())
                 total[k] += sup
                 correct[k] += hit
@@ -93,7 +111,7 @@ def test_loss_is_weighted_mean_kl_and_ignores_logits_outside_the_draft_vocab():
     ids, aux, logits, loss_mask = batch(1)
     logits[..., 5] += 20  # argmax in the draft vocabulary everywhere
     out = ttt_loss(draft, ids, aux, logits, loss_mask, ttt_steps=STEPS, step_weight=0.5)
-    expected = sum(0.5 ** k * out.step_losses[k] for k in range(STEPS))
+    expected = sum(0.5**k * out.step_losses[k] for k in range(STEPS))
     torch.testing.assert_close(out.loss.detach(), expected.to(out.loss.dtype))
     assert bool((out.step_losses > 0).all())
     changed = logits.clone()

@@ -18,8 +18,8 @@ from specdraft.capture.store import StoreSettings
 from specdraft.capture.write import write_store
 from specdraft.checkpoint import load_draft
 from specdraft.cli import app
-from specdraft.data.vocab import target_ids_of_draft_vocab
 from specdraft.data.render import Sample, tokenizer_fingerprint
+from specdraft.data.vocab import target_ids_of_draft_vocab
 from specdraft.target import load_target
 from specdraft.train.config import TrainConfig, split_samples
 from tests.tiny_models import tiny_config
@@ -50,15 +50,37 @@ def store(tmp_path_factory):
     for i in range(NUM_SAMPLES):
         answer = [VAL_ID] * 40 if i in val_ids else TRAIN_IDS
         samples.append(Sample([1, 2, 3] + answer, [0, 0, 0] + [1] * len(answer)))
-    write_store(target, samples, root / "store", StoreSettings((1, 2, 3), dtype=torch.float32),
-                extra={"target_path": str(root / "target"),
-                       "tokenizer": tokenizer_fingerprint(tiny_chat_tokenizer())})
+    write_store(
+        target,
+        samples,
+        root / "store",
+        StoreSettings((1, 2, 3), dtype=torch.float32),
+        extra={
+            "target_path": str(root / "target"),
+            "tokenizer": tokenizer_fingerprint(tiny_chat_tokenizer()),
+        },
+    )
     return root / "store"
 
 
 def train(store, out, *flags: str):
-    result = CliRunner().invoke(app, ["train", str(store), str(out), "--steps", "1", "--batch-size", "4",
-                                      "--ttt-steps", "1", "--max-length", "64", *flags])
+    result = CliRunner().invoke(
+        app,
+        [
+            "train",
+            str(store),
+            str(out),
+            "--steps",
+            "1",
+            "--batch-size",
+            "4",
+            "--ttt-steps",
+            "1",
+            "--max-length",
+            "64",
+            *flags,
+        ],
+    )
     assert result.exit_code == 0, result.output
     return load_draft(out / "draft").model
 
