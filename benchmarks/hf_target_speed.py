@@ -38,7 +38,7 @@ from specdraft.engine.load import load_paired_draft
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.stories260k import convert_stories260k
-from specdraft.target import load_target
+from specdraft.targets import load_target
 
 MAX_SEQ = 512
 

@@ -282,7 +282,7 @@ def score(draft_dir: str, target: str, prompts: list[list[int]], new_tokens: int
     from specdraft.checkpoint import load_draft
     from specdraft.engine.load import load_engine
     from specdraft.engine.spec_config import SpecConfig
-    from specdraft.target import load_target
+    from specdraft.targets import load_target
     from specdraft.train.loss import TTTMetrics, ttt_loss
 
     plain = load_engine(target, None, None, max_seq_len=512)

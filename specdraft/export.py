@@ -100,7 +100,7 @@ class TargetFacts:
         """Read a transformers target directory's config.json (nothing else is loaded), as
         published (`target.read_target_config`: no prompt, no quantization kernels; remote code
         only with `trust_remote_code`)."""
-        from specdraft.target.config import (
+        from specdraft.targets.config import (
             read_target_config,
             target_class_of,
         )  # the engines' class table
@@ -126,7 +126,7 @@ class TargetFacts:
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> TargetFacts:
         """The target as the manifest recorded it at training (CheckpointError when too thin)."""
-        from specdraft.target.config import target_class_of
+        from specdraft.targets.config import target_class_of
 
         t, draft = manifest.target or {}, manifest.draft or {}
         num_layers = t.get("num_layers") or draft.get("target_num_layers")
@@ -285,7 +285,7 @@ def _config_for(
 ) -> dict[str, Any]:
     top, nested = ids
     if engine == "speculators":
-        from specdraft.target.config import ENGINE_ARCHITECTURES
+        from specdraft.targets.config import ENGINE_ARCHITECTURES
 
         # the class name vLLM loads the target as
         architectures = (
@@ -471,7 +471,7 @@ def _embedding_notes(
     (kept in the files: vLLM and specdraft read it); ExportError when SGLang would run another
     embedding than the trained one (`conventions.engines.sglang_embedding`, doctor's rule too, on
     the tensor as the source stores it: the loader casts it to fc's dtype)."""
-    from specdraft.target import target_embedding
+    from specdraft.targets import target_embedding
 
     cfg = source.model.cfg
     if engine != "sglang" or not cfg.owns_embedding:

@@ -16,7 +16,7 @@ from specdraft.capture.write import write_store
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.data.render import Sample
 from specdraft.draft import DraftConfig
-from specdraft.target import load_target
+from specdraft.targets import load_target
 from specdraft.train.loop import TrainConfig, train
 from specdraft.train.sources import OnlineData
 from tests.drafts import seeded_draft

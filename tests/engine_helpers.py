@@ -164,7 +164,7 @@ def hf_setup(arch: str) -> TinySetup:
     engine target (`engine.hf_target.HFTarget`), with an untrained drafter and one trained 30 steps;
     target_dir is None (built in code)."""
     from specdraft.engine.hf_target import HFTarget
-    from specdraft.target import Target
+    from specdraft.targets import Target
 
     std, head_scale = INITS["smooth"]
     model = tiny_model(arch, seed=0, initializer_range=std, **TARGET_KW)

@@ -546,7 +546,7 @@ def load_tuned(
 
     from specdraft.doctor.inputs import given_config
     from specdraft.engine.load import load_engine
-    from specdraft.target.config import TARGET_CONFIG_FIX, check_target_config
+    from specdraft.targets.config import TARGET_CONFIG_FIX, check_target_config
 
     config = given_config(Path(target_dir), TARGET_CONFIG_FIX)
     if config is not None:  # no config.json: left to the loader

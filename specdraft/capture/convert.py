@@ -129,7 +129,7 @@ def _normed(samples: Iterable[dict], weight: torch.Tensor, eps: float) -> Iterat
 
 def peer_aux_layers(aux_ids, convention: str, target, num_aux: int) -> tuple[int, ...]:
     """Specdraft indices of `aux_ids` read in `convention` (one of `conventions.AUX_CONVENTIONS`,
-    `conventions.layers_of_option`) for `target` (a `specdraft.target.Target`). Raises
+    `conventions.layers_of_option`) for `target` (a `specdraft.targets.Target`). Raises
     CaptureError / ConventionError naming the ids."""
     if aux_ids is None:
         raise CaptureError(
@@ -150,7 +150,7 @@ class TargetIdentity:
     """What a specdraft index records of the target a peer store came from: `--target DIR`
     (and `--tokenizer DIR`, default the target's)."""
 
-    target: Any  # specdraft.target.Target
+    target: Any  # specdraft.targets.Target
     path: str
     tokenizer: dict[str, Any]
 
@@ -161,7 +161,7 @@ class TargetIdentity:
         from transformers import AutoTokenizer
 
         from specdraft.data.render import tokenizer_fingerprint
-        from specdraft.target import load_target
+        from specdraft.targets import load_target
 
         if target_dir is None:
             raise CaptureError(
@@ -419,7 +419,7 @@ def _norm_of(store: CaptureStore | None, target: str | None) -> tuple[torch.Tens
             "--target DIR is required: SpecForge stores the last hidden state after the "
             "target's final norm, which needs the target's norm weight and rms_norm_eps"
         )
-    from specdraft.target import load_target
+    from specdraft.targets import load_target
 
     config = _target_text_config(target, "--target")
     if "rms_norm_eps" not in config:

@@ -122,7 +122,7 @@ def target_head_tensors(target) -> dict[str, torch.Tensor]:
 def target_meta(target, name_or_path: str | None) -> dict[str, Any]:
     """What a store index and a manifest record about a loaded target (`Target`)."""
     from specdraft.draft import rope_from_hf_config
-    from specdraft.target.config import config_hash
+    from specdraft.targets.config import config_hash
 
     cfg = target.config
     rope_theta, rope_scaling = rope_from_hf_config(lambda k, d=None: getattr(cfg, k, d))

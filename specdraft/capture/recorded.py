@@ -78,7 +78,7 @@ def check_given(
                 f"{list(layers)}, but {where} records {index['aux_layers']}; leave --aux-layers out"
             )
     if target is not None:
-        from specdraft.target.config import config_hash, read_target_config
+        from specdraft.targets.config import config_hash, read_target_config
 
         if config_hash(read_target_config(target)) != recorded["config_hash"]:
             raise CaptureError(

@@ -90,7 +90,7 @@ def load_inputs(
     Returns (Target, tokenizer, SampleSet). Raises DataError (bad data, naming the file) and
     ValueError (a tokenizer longer than the target's vocabulary: it belongs to another model).
     """
-    from specdraft.target import load_target
+    from specdraft.targets import load_target
 
     model = load_target(target, dtype=target_dtype, device=device)
     tok, samples = load_samples(
@@ -155,7 +155,7 @@ def _aux_facts(aux_layers, target: str | Path) -> tuple[list[int], int, str]:
     """(the aux layers a capture uses: `aux_layers` or the default, the target's layer count, its
     class), from the target directory's config.json alone."""
     from specdraft.conventions import default_aux_layers
-    from specdraft.target.config import read_target_config, target_class_of
+    from specdraft.targets.config import read_target_config, target_class_of
 
     config = read_target_config(target)
     text = config.get_text_config()

@@ -77,8 +77,8 @@ class HeadTarget:
     weight the checkpoint lacks."""
 
     def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32):
-        from specdraft.target import head_weight_keys
-        from specdraft.target.config import TARGET_CLASSES, read_target_config, target_class_of
+        from specdraft.targets import head_weight_keys
+        from specdraft.targets.config import TARGET_CLASSES, read_target_config, target_class_of
 
         full = read_target_config(path)
         self.config = full.get_text_config()
@@ -100,7 +100,7 @@ class HeadTarget:
 
     def head_norm_weight(self) -> torch.Tensor:
         """The final norm as a Llama-form weight (`target.llama_form_norm`), as `Target`'s."""
-        from specdraft.target import llama_form_norm
+        from specdraft.targets import llama_form_norm
 
         return llama_form_norm(self.final_norm.weight, self.config.model_type)
 
@@ -112,7 +112,7 @@ def _read_weights(
     files; a tied lm_head without its own key takes the embedding's."""
     from safetensors import safe_open
 
-    from specdraft.target.config import target_weight_files
+    from specdraft.targets.config import target_weight_files
 
     wanted = {key: name for name, key in keys.items()}
     found: dict[str, torch.Tensor] = {}

@@ -233,7 +233,7 @@ def write_store(
 ) -> CaptureResult:
     """Capture `samples` (truncated to settings.max_length) through `target` into `out_dir`.
 
-    target: a `specdraft.target.Target`. extra: identity recorded in index.json: "tokenizer"
+    target: a `specdraft.targets.Target`. extra: identity recorded in index.json: "tokenizer"
     (`tokenizer_fingerprint`), "chat_template" (`RenderInfo.to_dict()`), "data" (source and
     skipped count), "target_path". console: a rich Console for the disk estimate and the
     progress bar (None = silent). run_shards(jobs, out_dir, settings, on_tokens, on_shard)

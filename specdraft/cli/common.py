@@ -376,7 +376,7 @@ def read_target(target: str, trust_remote_code: bool = False):
     unreadable or lacks model_type / num_hidden_layers (`refuse_bad_configs`)."""
     if not target:
         return None
-    from specdraft.target.config import read_target_config
+    from specdraft.targets.config import read_target_config
 
     refuse_bad_configs("", target, ("model_type", "num_hidden_layers"))
     return read_target_config(target, trust_remote_code)
@@ -405,7 +405,7 @@ def id_reading(
             )
         return {"target_num_layers": None, "sglang_version": sglang_version or None}
     from specdraft.conventions import ConventionError, layers_of_option
-    from specdraft.target.config import TARGET_CLASSES
+    from specdraft.targets.config import TARGET_CLASSES
 
     text = target_config.get_text_config()
     from specdraft.checkpoint import MANIFEST_FILE
@@ -499,7 +499,11 @@ def refuse_bad_configs(draft: str, target: str, target_keys: tuple[str, ...] | N
 
     from specdraft.checkpoint import DRAFTER_CONFIG_FIX
     from specdraft.doctor.inputs import given_config
-    from specdraft.target.config import TARGET_CONFIG_FIX, TARGET_REQUIRED_KEYS, check_target_config
+    from specdraft.targets.config import (
+        TARGET_CONFIG_FIX,
+        TARGET_REQUIRED_KEYS,
+        check_target_config,
+    )
 
     if draft:
         given_config(Path(draft), DRAFTER_CONFIG_FIX)

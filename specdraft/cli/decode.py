@@ -255,7 +255,7 @@ def _echo_and_generate(
     target directory's end ids (`target.config.end_token_ids`, read before the echo) unless
     `ignore_eos`; an error raised by the engine (or Ctrl-C) first ends that line, so its message
     starts a line of its own."""
-    from specdraft.target.config import end_token_ids
+    from specdraft.targets.config import end_token_ids
 
     eos = [] if ignore_eos else end_token_ids(tokenizer, target)
     console.print(prompt, end="", style="dim", markup=False, highlight=False, soft_wrap=True)

@@ -21,7 +21,7 @@ from specdraft.conventions.rules import ENGINE_RULES, EngineRule
 from specdraft.errors import SpecdraftError
 
 ENGINES = ("sglang", "vllm", "speculators")
-# The engines' rule classes (`specdraft.target.config.target_class_of` maps a transformers class to one):
+# The engines' rule classes (`specdraft.targets.config.target_class_of` maps a transformers class to one):
 # llama: Llama/Qwen2/Qwen3/Mistral/Phi-3; deepseek: DeepSeek-V2/V3 and Kimi-K2.5's wrapper;
 # llava: Llava and Mistral3 wrappers over a Llama-family text model; the rest one class each.
 _CLASS_NAMES = {

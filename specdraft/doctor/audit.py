@@ -68,7 +68,7 @@ def verifier_is_target(ev: Evidence) -> Result:
     (`conventions.engines.SPECULATORS_VERIFIER_READ`), is --target: its name_or_path resolves
     to the --target directory and its architectures hold the class vLLM loads it as. vLLM
     started on the target with --speculative-config reads no verifier (a pass)."""
-    from specdraft.target.config import ENGINE_ARCHITECTURES
+    from specdraft.targets.config import ENGINE_ARCHITECTURES
 
     if ev.layout != "speculators" or "vllm" not in ev.engines:
         return ok(

@@ -184,7 +184,7 @@ class Evidence:
     @memo
     def target_config_hash(self) -> str:
         """`target.config_hash` of the --target's config, as training records it in the manifest."""
-        from specdraft.target.config import config_hash, read_target_config
+        from specdraft.targets.config import config_hash, read_target_config
 
         target = self.need_target_dir()
         try:
@@ -342,8 +342,8 @@ class Evidence:
 
     @memo
     def target(self) -> Any:
-        """The target model (specdraft.target.Target, float32, CPU)."""
-        from specdraft.target import load_target
+        """The target model (specdraft.targets.Target, float32, CPU)."""
+        from specdraft.targets import load_target
 
         try:
             return load_target(self.need_target_dir())

@@ -19,7 +19,7 @@ from specdraft.checkpoint import (
     refuse_other_aux_layers,
 )
 from specdraft.client import SERVER_WAIT_S
-from specdraft.target.config import check_target_weights, read_target_config
+from specdraft.targets.config import check_target_weights, read_target_config
 
 DOCTOR_ENGINES = ("sglang", "vllm")
 

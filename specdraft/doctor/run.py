@@ -141,7 +141,7 @@ def run_doctor(
     dropped). A checkpoint that can be read but is wrong is a failing finding.
     """
     from specdraft.client import check_url
-    from specdraft.target import no_progress_bars
+    from specdraft.targets import no_progress_bars
 
     if server is not None:
         server = check_url(

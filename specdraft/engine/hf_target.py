@@ -1,4 +1,4 @@
-"""A transformers-backed target for `SpeculativeEngine`: any decoder LM `specdraft.target` loads
+"""A transformers-backed target for `SpeculativeEngine`: any decoder LM `specdraft.targets` loads
 (Gemma, GPT-OSS, Llama 4, DeepSeek-V3, the multimodal wrappers' text decoders, ...), run through
 the model's own forward with a `transformers.DynamicCache`, cropped on rejection.
 
@@ -22,7 +22,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from specdraft.engine.fast_model import FastOutput, causal_mask
-from specdraft.target import Target, capture_states
+from specdraft.targets import Target, capture_states
 
 TRANSFORMERS_PATH = (
     "transformers (the model's own forward, DynamicCache; no fused kernels or CUDA graphs)"
@@ -56,7 +56,7 @@ def cache_argument(module: torch.nn.Module) -> str:
 
 
 class HFTarget:
-    """A `specdraft.target.Target` with a KV cache (rows share positions and slots).
+    """A `specdraft.targets.Target` with a KV cache (rows share positions and slots).
 
     The cache holds the K/V of slots 0..n-1 in order; a forward that writes from slot `start`
     first drops every slot >= start (the last round's rejected drafts), so slot = position for

@@ -75,11 +75,11 @@ def load_engine_target(
     target_dir: str | Path, dtype: torch.dtype, device: torch.device | str
 ) -> tuple[Any, str | None]:
     """The engine's target: a `FastTarget` where its config applies (Llama/Qwen2/Qwen3/Mistral,
-    `ModelArgs.from_hf_config`), else any decoder LM `specdraft.target.load_target` reads, behind
+    `ModelArgs.from_hf_config`), else any decoder LM `specdraft.targets.load_target` reads, behind
     an `hf_target.HFTarget`; with None, or the one-line note saying the transformers path runs
     and why. Raises what the loader it picks raises (FileNotFoundError, ValueError)."""
     from specdraft.engine.hf_target import TRANSFORMERS_PATH, HFTarget  # imports transformers
-    from specdraft.target import load_target
+    from specdraft.targets import load_target
 
     config_path = Path(target_dir) / "config.json"
     if not config_path.is_file():
@@ -237,7 +237,7 @@ def pairing_notes(
     from transformers import AutoConfig
 
     from specdraft.draft import rope_from_hf_config
-    from specdraft.target.config import config_hash
+    from specdraft.targets.config import config_hash
 
     if manifest is None:
         return []
@@ -394,7 +394,7 @@ def load_fast_target(
 
 
 def _checkpoint_files(model_dir: Path) -> list[Path]:
-    from specdraft.target.config import target_weight_files
+    from specdraft.targets.config import target_weight_files
 
     files = target_weight_files(model_dir)
     for file in files:
@@ -409,7 +409,7 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
 @torch.no_grad()
 def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
     from specdraft.checkpoint import open_safetensors
-    from specdraft.target.config import TARGET_WEIGHTS_FIX
+    from specdraft.targets.config import TARGET_WEIGHTS_FIX
 
     expected = checkpoint_destinations(model)
     filled, unmatched, stored_head = set(), [], None

@@ -97,7 +97,7 @@ class LocalBackend:
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from specdraft.target.config import check_target_weights, end_token_ids
+        from specdraft.targets.config import check_target_weights, end_token_ids
 
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or model_dir))

@@ -567,7 +567,7 @@ def build_app(
     from transformers import AutoTokenizer
 
     from specdraft.engine.load import load_engine
-    from specdraft.target.config import end_token_ids
+    from specdraft.targets.config import end_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     engine = load_engine(

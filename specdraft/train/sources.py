@@ -135,7 +135,7 @@ class OnlineSource:
 class OnlineData:
     """Token sequences run through a live target at every batch (no store on disk).
 
-    target: a `specdraft.target.Target`; samples: `specdraft.data.render.Sample`s; aux_layers:
+    target: a `specdraft.targets.Target`; samples: `specdraft.data.render.Sample`s; aux_layers:
     specdraft indices (default: `conventions.default_aux_layers(L)`). name_or_path, tokenizer
     and render_info (`data.RenderInfo`), when known, are recorded in the drafter's manifest.
     num_skipped: bad records skipped while reading the data (OnlineSource.skip_bad).
@@ -354,7 +354,7 @@ def same_target(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def _check_store_target(store: Any, config: Any, directory: str | Path) -> None:
     """Refuse a `--target` directory whose model is not the target `store` was captured from."""
-    from specdraft.target.config import config_hash
+    from specdraft.targets.config import config_hash
 
     text = config.get_text_config()
     given = {
@@ -401,7 +401,7 @@ def serving_note(info: TargetInfo) -> str | None:
     """`conventions.serving_problem` for the target and aux layers the drafter trains on (the
     class from the recorded architecture, else the recorded target class); None when served."""
     from specdraft.data.serving import serving_problem
-    from specdraft.target.config import target_class_of
+    from specdraft.targets.config import target_class_of
 
     target = info.manifest_fields.get("target") or {}
     if not target.get("num_layers"):

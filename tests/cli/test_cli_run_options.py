@@ -115,7 +115,7 @@ def test_threads_are_set_before_loading(tmp_path, command, monkeypatch):
         raise OSError("stop here")
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", record)
-    from specdraft.target.config import (
+    from specdraft.targets.config import (
         TARGET_REQUIRED_KEYS,
     )  # generate refuses a config without them first
 

@@ -46,12 +46,12 @@ def test_manifest_less_speculators_convert_records_the_targets_architecture(tmp_
 
 def test_convert_reads_the_targets_config_once(tmp_path, monkeypatch):
     """Aux ids and the verifier's architectures come from one read (remote code, if trusted, runs once)."""
-    import specdraft.target.config
+    import specdraft.targets.config
 
     reads = []
-    read = specdraft.target.config.read_target_config
+    read = specdraft.targets.config.read_target_config
     monkeypatch.setattr(
-        specdraft.target.config,
+        specdraft.targets.config,
         "read_target_config",
         lambda *a, **k: reads.append(a) or read(*a, **k),
     )

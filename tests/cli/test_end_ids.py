@@ -18,7 +18,7 @@ from specdraft.cli import app
 from specdraft.engine.requests import decode_continuation
 from specdraft.regenerate.backends import LocalBackend, Prompt, Sampling
 from specdraft.serve.server import build_app, serve_in_thread
-from specdraft.target.config import end_token_ids
+from specdraft.targets.config import end_token_ids
 from tests.engine_helpers import VOCAB, greedy_sequences, one_thread, tiny_setup  # noqa: F401
 from tests.serve_helpers import word_tokenizer
 

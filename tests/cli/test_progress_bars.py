@@ -16,7 +16,7 @@ from specdraft.capture.store import StoreSettings
 from specdraft.capture.write import write_store
 from specdraft.data.render import Sample
 from specdraft.regenerate.run import _progress as regen_progress
-from specdraft.target import load_target
+from specdraft.targets import load_target
 from specdraft.train.progress import training_progress as train_progress
 from tests.tiny_models import save_tiny_model
 

@@ -36,7 +36,7 @@ from specdraft.stories260k import (
     read_llama2c_tokenizer,
     verify_sha256,
 )
-from specdraft.target.config import end_token_ids
+from specdraft.targets.config import end_token_ids
 
 KNOWN_GOOD_START = (
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "

@@ -1,4 +1,4 @@
-"""specdraft.target: hook capture vs transformers' hidden_states, loading, config hash.
+"""specdraft.targets: hook capture vs transformers' hidden_states, loading, config hash.
 
 What transformers 5 (checked on 5.24) returns, for every architecture tested here:
 - `hidden_states[0]` is the input of decoder layer 1 (it is recorded by a hook on that layer),
@@ -14,9 +14,9 @@ import pytest
 import torch
 import transformers
 
-import specdraft.target as target_module
-from specdraft.target import Target, TargetOutput, load_target
-from specdraft.target.config import config_hash
+import specdraft.targets as target_module
+from specdraft.targets import Target, TargetOutput, load_target
+from specdraft.targets.config import config_hash
 from tests.tiny_models import ARCHITECTURES, save_tiny_model, tiny_config, tiny_model
 
 NUM_LAYERS = 4

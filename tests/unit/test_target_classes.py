@@ -1,4 +1,4 @@
-"""specdraft.target on every further decoder class of issue #22 (transformers 5.24): hook capture
+"""specdraft.targets on every further decoder class of issue #22 (transformers 5.24): hook capture
 against the model's own `output_hidden_states`, index L before the final norm, the head a store
 records reproducing the model's logits, and the per-class deviations (Gemma's scaled embeddings
 and (1 + w) norm, Gemma 2's logit soft-capping, Llama 4's decoder under `model`, Qwen3-VL's
@@ -13,7 +13,7 @@ import torch
 
 from specdraft.capture.forward import target_head_tensors
 from specdraft.draft import rope_cos_sin, rope_from_hf_config, rope_inv_freq
-from specdraft.target import Target, load_target
+from specdraft.targets import Target, load_target
 from specdraft.train.loss import target_logits
 from tests.tiny_models import MORE_ARCHITECTURES, tiny_config
 

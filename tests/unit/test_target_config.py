@@ -12,7 +12,7 @@ import pytest
 
 from specdraft.doctor import run_doctor
 from specdraft.export import TargetFacts
-from specdraft.target.config import PUBLISHED_MODEL_TYPES, TargetConfigError, read_target_config
+from specdraft.targets.config import PUBLISHED_MODEL_TYPES, TargetConfigError, read_target_config
 from tests.cli.test_cli import flat, invoke
 from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
 

@@ -25,7 +25,7 @@ import torch
 from specdraft.checkpoint import save_draft
 from specdraft.data.vocab import build_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.target import Target
+from specdraft.targets import Target
 from specdraft.train.loss import TTTMetrics, ttt_loss
 from tests.tiny_models import tiny_model
 

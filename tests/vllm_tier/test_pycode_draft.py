@@ -39,7 +39,7 @@ from specdraft.doctor.offline import run_on
 from specdraft.doctor.run import Report, run_doctor
 from specdraft.engine.load import load_engine
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.target import Target, load_target
+from specdraft.targets import Target, load_target
 from tests.vllm_tier import harness as h
 
 pytestmark = pytest.mark.vllm

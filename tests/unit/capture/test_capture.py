@@ -23,7 +23,7 @@ from specdraft.data.render import (
     template_hash,
     tokenizer_fingerprint,
 )
-from specdraft.target import load_target
+from specdraft.targets import load_target
 from tests.tiny_models import save_tiny_model
 from tests.tiny_tokenizer import CHAT, save_tiny_tokenizer, tiny_chat_tokenizer
 

@@ -12,7 +12,7 @@ import torch
 from specdraft.capture.forward import target_head_tensors, target_meta
 from specdraft.capture.vllm import HeadTarget, VllmCapture, VllmOptions, request_ids
 from specdraft.conventions import ConventionError
-from specdraft.target import load_target
+from specdraft.targets import load_target
 from tests.unit.capture.test_capture_guards import capture, one_line_error
 
 

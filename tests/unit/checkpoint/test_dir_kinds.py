@@ -17,7 +17,7 @@ from specdraft.checkpoint import (
     wrong_dir_message,
 )
 from specdraft.doctor import run_doctor
-from specdraft.target import load_target
+from specdraft.targets import load_target
 from tests.cli.test_cli import invoke
 from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 

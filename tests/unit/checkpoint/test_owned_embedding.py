@@ -127,7 +127,7 @@ def test_export_writes_both_sizes_and_refuses_sglang(owned, tmp_path):
 @pytest.fixture(scope="module")
 def frozen(tmp_path_factory):
     """(drafter owning a bit-exact copy of the target's embedding, as SpecForge's frozen one, target)."""
-    from specdraft.target import target_embedding
+    from specdraft.targets import target_embedding
 
     draft, target = draft_checkpoint(tmp_path_factory.mktemp("frozen"), layout="sglang")
     edit_weights(draft, lambda t: t.update({OWN: target_embedding(target).clone()}))

@@ -29,7 +29,7 @@ from specdraft.checkpoint import (
 from specdraft.checkpoint.layouts import norm_flags_of_config
 from specdraft.draft import DraftConfig
 from specdraft.export import export_draft
-from specdraft.target.config import TARGET_CLASSES
+from specdraft.targets.config import TARGET_CLASSES
 from tests.drafts import seeded_draft
 from tests.tiny_models import tiny_config
 

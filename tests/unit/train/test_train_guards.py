@@ -45,7 +45,7 @@ def make_store(
     """(target dir, store dir): a tiny Llama of `num_layers` saved under root/name-target (the same
     network for the same `num_layers`) and a capture store of `num_samples` samples
     (`make_samples(num_samples, seed)`) on layers `aux`."""
-    from specdraft.target import load_target
+    from specdraft.targets import load_target
 
     target = load_target(
         tiny_config("llama", num_layers=num_layers, hidden_size=32, vocab_size=VOCAB), seed=0

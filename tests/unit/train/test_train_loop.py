@@ -24,7 +24,7 @@ from specdraft.capture.store import StoreSettings
 from specdraft.capture.write import write_store
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.data.render import Sample
-from specdraft.target import load_target
+from specdraft.targets import load_target
 from specdraft.train.config import TrainConfig, split_samples
 from specdraft.train.loop import Trainer, TrainingError, train
 from specdraft.train.sources import OnlineData, StoreData, pad_samples

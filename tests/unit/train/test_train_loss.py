@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdraft.target import load_target
+from specdraft.targets import load_target
 from specdraft.train.loss import (
     TTTMetrics,
     shift_left,

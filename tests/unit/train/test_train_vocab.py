@@ -20,7 +20,7 @@ from specdraft.checkpoint import load_draft
 from specdraft.cli import app
 from specdraft.data.render import Sample, tokenizer_fingerprint
 from specdraft.data.vocab import target_ids_of_draft_vocab
-from specdraft.target import load_target
+from specdraft.targets import load_target
 from specdraft.train.config import TrainConfig, split_samples
 from tests.tiny_models import tiny_config
 from tests.tiny_tokenizer import tiny_chat_tokenizer

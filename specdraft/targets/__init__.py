@@ -26,7 +26,7 @@ import transformers
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from specdraft.target.config import (
+from specdraft.targets.config import (
     DEFAULT_CLASSES,
     TARGET_CLASSES,
     check_target_weights,
@@ -252,7 +252,7 @@ def target_embedding(path: str | Path) -> torch.Tensor:
     else is read. Raises FileNotFoundError naming the directory when no file holds it."""
     from safetensors import safe_open
 
-    from specdraft.target.config import target_weight_files
+    from specdraft.targets.config import target_weight_files
 
     key = head_weight_keys(read_target_config(path))[1]["embed_tokens.weight"]
     for file in target_weight_files(path):
