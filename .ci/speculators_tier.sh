@@ -7,7 +7,7 @@
 # `import transformers`. So: torch 2.13.0 first, then speculators with --no-deps and the
 # dependencies it declares (its METADATA) less those two (hs-connectors, datasets, openai, aiohttp
 # and httpx are imported by `import speculators` itself, through speculators/train/data.py).
-# Exits 0 with a "skipped: <reason>" line only when these cannot be installed; any other failure fails.
+# An install that fails three times (`tier_retry`) fails CI with its reason, as does any test.
 # Env: SPECDRAFT_SPECULATORS_VENV (default /tmp/specdraft-speculators-venv), SPECDRAFT_SPECULATORS_REBUILD=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,13 +28,13 @@ source .ci/tier_common.sh
 
 if tier_needs_install "${SPECDRAFT_SPECULATORS_REBUILD:-0}"; then
   rm -rf "$venv"
-  python3 -m venv "$venv" || tier_skip "cannot create a venv at $venv"
+  python3 -m venv "$venv" || tier_fail "cannot create a venv at $venv"
   py="$venv/bin/python"
-  if ! { "$py" -m pip install torch==2.13.0 && "$py" -m pip install "${DEPS[@]}" &&
-         "$py" -m pip install --no-deps "speculators==$SPECULATORS_VERSION"; } >"$log" 2>&1; then
-    tail -n 5 "$log"
+  : >"$log"
+  if ! { tier_retry "$py" -m pip install torch==2.13.0 && tier_retry "$py" -m pip install "${DEPS[@]}" &&
+         tier_retry "$py" -m pip install --no-deps "speculators==$SPECULATORS_VERSION"; }; then
     rm -rf "$venv"
-    tier_skip "speculators==$SPECULATORS_VERSION or its dependencies cannot be installed here (pip log: $log)"
+    tier_fail "speculators==$SPECULATORS_VERSION or its dependencies could not be installed in 3 attempts (pip log: $log)"
   fi
   touch "$stamp"
   echo "speculators tier: installed speculators $SPECULATORS_VERSION into $venv in" \

