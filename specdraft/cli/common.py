@@ -55,9 +55,9 @@ def error(e: Exception, skip_bad_hint: str = "") -> None:
     make_console(stderr=True).print(f"error: {e}{hint}", style="red", markup=False, soft_wrap=True)
 
 
-# What a command reports as one line and exit 1: specdraft's own errors, bad values and files the OS
-# refused. Anything else is a bug and keeps its traceback.
-USER_ERRORS = (SpecdraftError, ValueError, OSError)
+# What a command reports as one line and exit 1: specdraft's own errors, raised where the input is
+# read. Anything else is a bug: its summary and traceback (`command.report_bug`), exit 1.
+USER_ERRORS = SpecdraftError
 
 
 # click's exit code for a bad option value; also that of specdraft's checks of option combinations and
@@ -79,7 +79,7 @@ def user_errors(
     """The one exit-code mapping of every command: a `USER_ERRORS` exception prints one line
     (`error`) and exits `exit_code` (1; `USAGE_ERROR` around checks of the options alone), one of
     `usage_errors` (`errors.UnusableInput`: a damaged file, an output that is the input, ...;
-    doctor: any ValueError, an input it cannot judge) `USAGE_ERROR` wherever it is raised; Ctrl-C prints `interrupted; <interrupted()>` when given (what was kept and how to
+    doctor: any that is a ValueError, an input it cannot judge) `USAGE_ERROR` wherever it is raised; Ctrl-C prints `interrupted; <interrupted()>` when given (what was kept and how to
     resume) and exits 130. Usage errors (typer.BadParameter) exit 2 before a command runs."""
     try:
         yield
