@@ -1,28 +1,89 @@
-"""Commands that measure a server: bench, tune."""
+"""`specdraft bench`: a server with speculation against its baseline, over a concurrency sweep or a
+suite by category."""
 
 from __future__ import annotations
 
-import json
+from typing import Annotated
 
 import typer
 
-from specdraft.cli.common import (
-    DRAFTER_HELP,
-    EngineDtype,
-    app,
-    check_device,
-    check_drafter,
-    check_model_dir,
-    engine_dtype,
-    make_console,
-    positive_int_list,
-    set_threads,
-    spec_from_flags,
-    threads_option,
-    url_option,
-    user_errors,
-)
-from specdraft.cli.decode import ENGINE_DEVICE_HELP
+from specdraft.cli.checks import positive_int_list, url_option
+from specdraft.cli.common import app, make_console, user_errors
+
+Url = Annotated[
+    str,
+    typer.Option(
+        help="Server with speculation (specdraft, vLLM, SGLang), e.g. "
+        "http://127.0.0.1:8000 or http://127.0.0.1:8000/v1.",
+        callback=url_option,
+    ),
+]
+BaselineUrl = Annotated[
+    str,
+    typer.Option(
+        help="The same engine without speculation (needed for a speedup).", callback=url_option
+    ),
+]
+BenchPrompts = Annotated[
+    str,
+    typer.Option(
+        help='\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} '
+        'or chat {"messages": [...]} rows (plain text is refused).',
+    ),
+]
+Concurrency = Annotated[
+    str, typer.Option(help="Requests in flight, one level each.", callback=positive_int_list)
+]
+BenchMaxTokens = Annotated[int, typer.Option(min=1, help="Tokens per request (ignore_eos).")]
+NumPrompts = Annotated[
+    int, typer.Option(min=1, help="Requests per run of a level (prompts cycled).")
+]
+BenchTemperature = Annotated[
+    float, typer.Option(min=0.0, help="Sampling temperature of the requests (0 = greedy).")
+]
+BenchOut = Annotated[str, typer.Option(help="Directory for bench.json, bench.md and plots.")]
+Timeout = Annotated[float, typer.Option(help="Seconds per request.")]
+BenchRepeats = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Runs per level: tokens/s and speedup are reported as mean and "
+        "standard deviation, and a level is a win or a loss only beyond that noise "
+        "(1 run: speedups without a verdict).",
+    ),
+]
+BenchWait = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="Seconds to wait for a server that refuses connections (still "
+        "starting, e.g. just launched with serve ... &) before failing; 0: try once.",
+    ),
+]
+Warmup = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="Requests sent to each server, one at a time, before any timing "
+        "(first requests pay for compilation and caches; SGLang bench_serving's "
+        "--warmup-requests).",
+    ),
+]
+BenchSuite = Annotated[
+    str,
+    typer.Option(
+        help="A bundled suite (mt-bench, humaneval, gsm8k): chats per category at the first "
+        "--concurrency, multi-turn questions turn by turn; tau, p_k and speedup per category.",
+    ),
+]
+SuiteFormat = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="With --prompts FILE: run FILE as a suite of this format "
+        "(spec-bench, mt-bench, humaneval, gsm8k).",
+    ),
+]
 
 
 def _same_server(a: str, b: str) -> bool:
@@ -48,70 +109,8 @@ LOCAL_HOSTS = (
 )  # servers whose speed this machine's load sets
 
 
-@app.command()
-def bench(
-    url: str = typer.Option(
-        ...,
-        help="Server with speculation (specdraft, vLLM, SGLang), e.g. "
-        "http://127.0.0.1:8000 or http://127.0.0.1:8000/v1.",
-        callback=url_option,
-    ),
-    baseline_url: str = typer.Option(
-        "", help="The same engine without speculation (needed for a speedup).", callback=url_option
-    ),
-    prompts: str = typer.Option(
-        "builtin",
-        help='\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} '
-        'or chat {"messages": [...]} rows (plain text is refused).',
-    ),
-    concurrency: str = typer.Option(
-        "1,4,16", help="Requests in flight, one level each.", callback=positive_int_list
-    ),
-    max_tokens: int = typer.Option(128, min=1, help="Tokens per request (ignore_eos)."),
-    num_prompts: int = typer.Option(
-        32, min=1, help="Requests per run of a level (prompts cycled)."
-    ),
-    temperature: float = typer.Option(
-        0.0, min=0.0, help="Sampling temperature of the requests (0 = greedy)."
-    ),
-    out: str = typer.Option("bench-out", help="Directory for bench.json, bench.md and plots."),
-    timeout: float = typer.Option(600.0, help="Seconds per request."),
-    repeats: int = typer.Option(
-        3,
-        min=1,
-        help="Runs per level: tokens/s and speedup are reported as mean and "
-        "standard deviation, and a level is a win or a loss only beyond that noise "
-        "(1 run: speedups without a verdict).",
-    ),
-    wait: float = typer.Option(
-        120.0,
-        min=0,
-        help="Seconds to wait for a server that refuses connections (still "
-        "starting, e.g. just launched with serve ... &) before failing; 0: try once.",
-    ),
-    warmup: int = typer.Option(
-        1,
-        min=0,
-        help="Requests sent to each server, one at a time, before any timing "
-        "(first requests pay for compilation and caches; SGLang bench_serving's "
-        "--warmup-requests).",
-    ),
-    suite: str = typer.Option(
-        "",
-        help="A bundled suite (mt-bench, humaneval, gsm8k): chats per category at the first "
-        "--concurrency, multi-turn questions turn by turn; tau, p_k and speedup per category.",
-    ),
-    fmt: str = typer.Option(
-        "",
-        "--format",
-        help="With --prompts FILE: run FILE as a suite of this format "
-        "(spec-bench, mt-bench, humaneval, gsm8k).",
-    ),
-) -> None:
-    """Benchmark a server against its no-speculation baseline over a concurrency sweep (or a suite by category)."""
-    from specdraft.bench.report import refuse_file_out, write_report
-    from specdraft.bench.sweep import BenchConfig, Sweep, run_bench
-
+def refuse_same_server(url: str, baseline_url: str) -> None:
+    """bench --baseline-url naming --url's server (`_same_server`): a usage error, nothing measured."""
     if baseline_url and _same_server(url, baseline_url):
         raise typer.BadParameter(
             f"{url} and {baseline_url} are the same server: measuring one server twice "
@@ -119,27 +118,32 @@ def bench(
             "leave --baseline-url out",
             param_hint="'--url' / '--baseline-url'",
         )
+
+
+@app.command()
+def bench(
+    url: Url,
+    baseline_url: BaselineUrl = "",
+    prompts: BenchPrompts = "builtin",
+    concurrency: Concurrency = "1,4,16",
+    max_tokens: BenchMaxTokens = 128,
+    num_prompts: NumPrompts = 32,
+    temperature: BenchTemperature = 0.0,
+    out: BenchOut = "bench-out",
+    timeout: Timeout = 600.0,
+    repeats: BenchRepeats = 3,
+    wait: BenchWait = 120.0,
+    warmup: Warmup = 1,
+    suite: BenchSuite = "",
+    fmt: SuiteFormat = "",
+) -> None:
+    """Benchmark a server against its no-speculation baseline over a concurrency sweep (or a suite by category)."""
+    from specdraft.bench.report import refuse_file_out
+    from specdraft.bench.sweep import BenchConfig
+
+    refuse_same_server(url, baseline_url)
     console = make_console()
     busy = _busy_note(url, baseline_url)
-    if suite or fmt:
-        with user_errors(console):
-            refuse_file_out(out, "--out")
-            cfg = BenchConfig(
-                url,
-                baseline_url or None,
-                prompts,
-                concurrency,
-                max_tokens,
-                num_prompts,
-                temperature,
-                warmup=warmup,
-                timeout_s=timeout,
-                repeats=repeats,
-                wait_s=wait,
-            )
-            _run_suite(console, cfg, suite, fmt, out, busy)
-        return
-    sweep = Sweep()  # filled level by level: Ctrl-C keeps the levels finished on every server
     with user_errors(console):
         refuse_file_out(out, "--out")  # before the benchmark, not after
         cfg = BenchConfig(
@@ -155,17 +159,30 @@ def bench(
             repeats=repeats,
             wait_s=wait,
         )
-        try:
-            report = run_bench(
-                cfg,
-                progress=lambda text: console.print(text, markup=False, soft_wrap=True),
-                sweep=sweep,
-            )
-            paths = write_report(report, out)
-        except KeyboardInterrupt:
-            console.print(_write_interrupted(sweep, out), style="red", markup=False, soft_wrap=True)
-            raise
+        if suite or fmt:
+            _run_suite(console, cfg, suite, fmt, out, busy)
+            return
+        report, paths = _run_sweep(console, cfg, out)
     _render_bench(console, report, paths, busy)
+
+
+def _run_sweep(console, cfg, out: str):
+    """`bench`'s concurrency sweep and its report written to `out`: (report, paths). Ctrl-C writes
+    the levels finished on every server first (`_write_interrupted`)."""
+    from specdraft.bench.report import write_report
+    from specdraft.bench.sweep import Sweep, run_bench
+
+    sweep = Sweep()  # filled level by level: Ctrl-C keeps the levels finished on every server
+    try:
+        report = run_bench(
+            cfg,
+            progress=lambda text: console.print(text, markup=False, soft_wrap=True),
+            sweep=sweep,
+        )
+        return report, write_report(report, out)
+    except KeyboardInterrupt:
+        console.print(_write_interrupted(sweep, out), style="red", markup=False, soft_wrap=True)
+        raise
 
 
 def _run_suite(console, cfg, suite: str, fmt: str, out: str, busy: str | None) -> None:
@@ -243,145 +260,4 @@ def _write_interrupted(sweep, out: str) -> str:
     return (
         f"interrupted: wrote a partial report of concurrency {measured} (not measured on every server: "
         f"{', '.join(map(str, report.not_measured))}) to {paths}"
-    )
-
-
-def _check_min_speedup(value: float) -> float:
-    """--min-speedup: a positive number (TuneConfig's range), a usage error otherwise."""
-    import math
-
-    if not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(
-            f"{value}: must be a positive number, e.g. 1.05 (5 % faster than no speculation)"
-        )
-    return value
-
-
-@app.command()
-def tune(
-    target: str = typer.Option(
-        ..., help="Target directory (transformers, with its tokenizer).", callback=check_model_dir
-    ),
-    draft: str = typer.Option(..., help=DRAFTER_HELP + ".", callback=check_drafter),
-    prompts: str = typer.Option(
-        "builtin",
-        help='\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} '
-        'or chat {"messages": [...]} rows.',
-    ),
-    max_tokens: int = typer.Option(64, min=1, help="New tokens per prompt (temperature 0)."),
-    num_steps: int = typer.Option(
-        0,
-        min=0,
-        help="Current setting to evaluate too (0 = none): draft depth; "
-        "--topk and --num-draft-tokens need it.",
-    ),
-    topk: int | None = typer.Option(
-        None, min=1, help="Current setting: children per node (1 with --num-steps alone)."
-    ),
-    num_draft_tokens: int = typer.Option(
-        0,
-        min=0,
-        help="Current setting: verified nodes (0 = num_steps + 1 "
-        "for a chain; a tree, --topk > 1, needs a value).",
-    ),
-    probe_steps: int = typer.Option(8, min=1, help="Depth of the acceptance probes."),
-    topks: str = typer.Option(
-        "1,2,4", help="Children per node to consider.", callback=positive_int_list
-    ),
-    max_tree_tokens: int = typer.Option(16, min=2, help="Cap on a tree's verified nodes."),
-    num_measure: int = typer.Option(3, min=1, help="Best predictions to measure for real."),
-    min_speedup: float = typer.Option(
-        1.05,
-        help="Median speedup a recommended setting needs (its lower "
-        "quartile must also be above 1x), as the demo's rule; > 0.",
-        callback=_check_min_speedup,
-    ),
-    repeats: int = typer.Option(
-        5,
-        min=1,
-        help="Timing rounds: each measured setting and plain decoding run "
-        "once per round, order rotated; speedups are medians and quartiles of "
-        "same-round ratios.",
-    ),
-    json_out: str = typer.Option("", help="Also write the report as JSON here."),
-    device: str = typer.Option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device),
-    dtype: EngineDtype = typer.Option("fp32", help="Dtype the target and drafter run in."),
-    threads: int | None = threads_option(),
-    suite: str = typer.Option(
-        "",
-        help="Tune on a bundled suite's chats (mt-bench, humaneval, gsm8k; instead of --prompts), "
-        "turn by turn with the target's own answers; then tau, p_k and speedup per category.",
-    ),
-) -> None:
-    """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
-    from specdraft.bench.tune import TuneConfig, tune_paths
-    from specdraft.bench.tune_render import render
-    from specdraft.files import atomic_write_text
-
-    console = make_console()
-    with user_errors(console):
-        _refuse_bad_json_out(json_out)
-        current = _current_setting(draft, num_steps, topk, num_draft_tokens)
-        cfg = TuneConfig(
-            max_tokens,
-            probe_steps,
-            topks,
-            max_tree_tokens,
-            num_measure,
-            min_speedup,
-            current,
-            repeats=repeats,
-        )
-        set_threads(threads)
-        say = lambda text: console.print(text, markup=False)  # noqa: E731
-        if suite:
-            from specdraft.bench.suites import load_suite
-            from specdraft.bench.tune_suite import render_categories, tune_suite_paths
-
-            chosen = load_suite(suite)
-            report, rows = tune_suite_paths(
-                target, draft, chosen, cfg, device, engine_dtype(dtype), progress=say
-            )
-        else:
-            report, rows = (
-                tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype), progress=say),
-                [],
-            )
-    console.print(render(report), markup=False, highlight=False, soft_wrap=True)
-    if rows:
-        console.print(
-            render_categories(chosen, rows, report.recommendation is not None),
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
-    if json_out:
-        data = {**report.to_dict(), **({"categories": [r.to_dict() for r in rows]} if rows else {})}
-        atomic_write_text(json_out, json.dumps(data, indent=2))
-
-
-def _refuse_bad_json_out(json_out: str) -> None:
-    """--json-out: empty, or a file path in an existing directory (ValueError before tuning)."""
-    from pathlib import Path
-
-    if json_out and (Path(json_out).is_dir() or not Path(json_out).resolve().parent.is_dir()):
-        raise ValueError(f"--json-out {json_out}: give a file path in an existing directory")
-
-
-def _current_setting(draft: str, num_steps: int, topk: int | None, num_draft_tokens: int):
-    """The SpecConfig of tune's current-setting flags (None without --num-steps); ValueError for
-    --topk / --num-draft-tokens without --num-steps (SGLang refuses these without num_steps too)."""
-    if not num_steps and (topk or num_draft_tokens):
-        given = " ".join(
-            f"--{name} {v}"
-            for name, v in (("topk", topk), ("num-draft-tokens", num_draft_tokens))
-            if v
-        )
-        raise ValueError(
-            f"{given} without --num-steps: the current setting needs --num-steps N as well "
-            "(as SGLang's --speculative-eagle-topk / --speculative-num-draft-tokens need "
-            "--speculative-num-steps); add --num-steps N, or drop them"
-        )
-    return (
-        spec_from_flags(False, draft, num_steps, topk or 1, num_draft_tokens) if num_steps else None
     )

@@ -1,9 +1,14 @@
-"""The typer app class of `specdraft` and of its sub-apps, and the class of every command it makes."""
+"""The typer app class of `specdraft` and of its sub-apps, and the class of every command it makes:
+its usage line, its bad-value message, and what a bug prints (`report_bug`)."""
 
 from __future__ import annotations
 
+import sys
+import traceback
+
 import typer
 from typer.core import TyperCommand
+from typer.exceptions import TyperException
 
 PYDANTIC_PREFIX = (
     "Value error, "  # what typer's pydantic checks put before a ValueError's words (a bad choice)
@@ -21,12 +26,32 @@ class Command(TyperCommand):
             piece.removeprefix("{").removesuffix("}") for piece in super().collect_usage_pieces(ctx)
         ]
 
+    def invoke(self, ctx):
+        """Run the command; an exception that is no user error (`common.user_errors` prints those)
+        and no click exit is a bug: `report_bug`, exit 1."""
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, TyperException):  # exits and usage errors: click's
+            raise
+        except Exception as e:
+            report_bug(e)
+            raise typer.Exit(1) from e
+
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         try:
             return super().parse_args(ctx, args)
         except typer.BadParameter as e:
             e.message = e.message.removeprefix(PYDANTIC_PREFIX)
             raise
+
+
+def report_bug(e: Exception) -> None:
+    """A bug's one-line summary, then its traceback, on stderr (a user error is one line alone)."""
+    print(
+        f"error: unexpected {type(e).__name__}: {e} (a bug in specdraft; the traceback follows)",
+        file=sys.stderr,
+    )
+    traceback.print_exception(e, file=sys.stderr)
 
 
 class App(typer.Typer):

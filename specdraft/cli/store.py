@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import typer
 
+from specdraft.cli.checks import peer_aux_ids
 from specdraft.cli.command import App
-from specdraft.cli.common import app, argument, aux_override, flag, make_console, user_errors
+from specdraft.cli.common import app, make_console, user_errors
+from specdraft.cli.options import argument, flag
 
 StoreFormat = Literal["specdraft", "speculators", "specforge"]  # capture.convert.FORMATS
 AuxConvention = Literal["specdraft", "vllm", "sglang"]  # capture.convert.CONVENTIONS
@@ -17,35 +19,27 @@ store_app = App(help="Hidden-state stores: convert between formats.")
 app.add_typer(store_app, name="store")
 
 
-def peer_aux_ids(
-    value: str | None, param: typer.CallbackParam = None
-) -> tuple[str | None, tuple[int, ...]] | None:
-    """store convert --aux-layers: (the convention it names, None without a name; the ids), parsed as
-    inspect / convert / export / doctor parse theirs (`common.aux_override`); None when left out."""
-    parsed = aux_override(value, param)
-    if parsed is None:
-        return None
-    return (parsed[0] if ":" in value else None), parsed[1]
-
-
-@store_app.command()
-def convert(
-    src: str = argument(
-        "SRC", "The store to read: specdraft, speculators or SpecForge (detected)."
-    ),
-    dst: str = argument("DST", "A new directory for the converted store."),
-    to: StoreFormat = typer.Option(..., "--to", help="Format to write."),
-    target: str | None = typer.Option(
-        None,
+StoreSource = Annotated[
+    str, argument("SRC", "The store to read: specdraft, speculators or SpecForge (detected).")
+]
+StoreDestination = Annotated[str, argument("DST", "A new directory for the converted store.")]
+To = Annotated[StoreFormat, typer.Option("--to", help="Format to write.")]
+StoreTarget = Annotated[
+    str | None,
+    typer.Option(
         help="Target model directory: needed to write a specdraft "
         "store from a peer's (the index records the target; not for a peer "
         "store written from a specdraft one, which keeps that store's index "
         "in specdraft_store/), and to norm the last state for SpecForge when "
         "the store records no target.",
     ),
-    tokenizer: str | None = typer.Option(None, help="Tokenizer directory (default: the target's)."),
-    aux_layers: str | None = typer.Option(
-        None,
+]
+StoreTokenizer = Annotated[
+    str | None, typer.Option(help="Tokenizer directory (default: the target's).")
+]
+PeerAuxLayers = Annotated[
+    str | None,
+    typer.Option(
         callback=peer_aux_ids,
         help="The peer store's aux layers (needed to write a specdraft store from a peer's without "
         "specdraft_store/): ids in a named "
@@ -53,12 +47,27 @@ def convert(
         "'sglang:1,15,28' (SGLang's, read by the --target's class) or 'specdraft:2,16,29' (specdraft "
         "indices); a list without a name is read in --aux-convention.",
     ),
-    aux_convention: AuxConvention | None = typer.Option(
-        None,
+]
+AuxConventionOption = Annotated[
+    AuxConvention | None,
+    typer.Option(
         help="Convention of an --aux-layers list without a name (default: vllm for a speculators store, "
         "sglang for SpecForge's, the engines whose ids those stores are captured with).",
     ),
-    compress: bool = flag("--compress", help="SpecForge: write .ckpt.gz files."),
+]
+Compress = Annotated[bool, flag("--compress", help="SpecForge: write .ckpt.gz files.")]
+
+
+@store_app.command()
+def convert(
+    src: StoreSource,
+    dst: StoreDestination,
+    to: To,
+    target: StoreTarget = None,
+    tokenizer: StoreTokenizer = None,
+    aux_layers: PeerAuxLayers = None,
+    aux_convention: AuxConventionOption = None,
+    compress: Compress = False,
 ) -> None:
     """Convert the hidden-state store SRC into DST in the format --to, strictly: a missing or
     extra field, a wrong shape or an unreadable file is named and nothing is written."""

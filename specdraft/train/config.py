@@ -1,11 +1,11 @@
-"""A training run's settings: TrainConfig, and the one merge of a --config file, the flags given
-and a resumed checkpoint's settings (`run_config`, what `specdraft train` calls), with the data
-order and lr schedule that follow from them.
+"""The one merge of a --config file, the flags given and a resumed checkpoint's settings into a
+run's TrainConfig (`run_config`, what `specdraft train` calls), the data order and lr schedule that
+follow from it, and `specdraft train`'s SOURCE (`train_source`).
 
-A resumed run may change only what does not shape its weights (BOOKKEEPING_FIELDS), its length
-(RUN_LENGTH_FIELDS: the lr schedule is recomputed) and how a rank splits a batch
-(BATCH_SPLIT_FIELDS); every other setting must match the checkpoint's (`refuse_changed_settings`).
-Errors name a field by the `specdraft train` flag that sets it (`flag`).
+A resumed run may change only the settings its declaration lets it (`settings.MAY_CHANGE_ON_RESUME`:
+what does not shape its weights, its length, how a rank splits a batch); every other setting must
+match the checkpoint's (`refuse_changed_settings`). Errors name a field by the `specdraft train`
+flag that sets it (`settings.flag`).
 """
 
 from __future__ import annotations
@@ -13,159 +13,21 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from specdraft.checkpoint import checkpoint_paths
-from specdraft.errors import SettingsMismatch, UnusableInput, closest_name
+from specdraft.errors import SettingsMismatch, SpecdraftError, UnusableInput
 from specdraft.files import differing_fields
 from specdraft.train.run_dir import check_run_dir, checkpoint_config
+from specdraft.train.settings import MAY_CHANGE_ON_RESUME, TrainConfig, flag, unknown_keys_text
 from specdraft.train.sources import OnlineSource
 
-PRECISIONS = ("fp32", "bf16")
-# TrainConfig fields a resumed run may change: they do not change the weights it ends with.
-BOOKKEEPING_FIELDS = frozenset({"eval_every", "save_every", "keep_checkpoints", "device"})
-# ... and the run's length, which a resumed run may extend (the lr schedule is recomputed for it).
-RUN_LENGTH_FIELDS = frozenset({"total_steps", "epochs"})
-# ... and how a rank splits its share of a batch, which changes the weights by float rounding only
-# (as the number of ranks does): a run resumed on other ranks may need another split to fit memory.
-BATCH_SPLIT_FIELDS = frozenset({"grad_accum_steps"})
-# The `specdraft train` flag of each TrainConfig field it sets (cli/pipeline.py); errors name these, and
-# any other field by its --config key, since users type flags, not field names.
-FLAG_OF_FIELD = {
-    "total_steps": "--steps",
-    "epochs": "--epochs",
-    "lr": "--lr",
-    "batch_size": "--batch-size",
-    "grad_accum_steps": "--grad-accum-steps",
-    "max_length": "--max-length",
-    "ttt_steps": "--ttt-steps",
-    "draft_vocab_size": "--draft-vocab-size",
-    "precision": "--precision",
-    "aux_layers": "--aux-layers",
-    "warmup_steps": "--warmup-steps",
-    "save_every": "--save-every",
-}
 
-
-def flag(name: str) -> str:
-    """How a user sets TrainConfig field `name`: its `specdraft train` flag, else its --config key."""
-    return FLAG_OF_FIELD.get(name, f"--config key {name}")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Hyper-parameters of one training run (grouped by stage). Unset sizes come from the target.
-
-    Length of the run: exactly one of `total_steps` (optimizer steps) or `epochs` (passes over
-    the training split; the last partial global batch of an epoch is dropped); neither = 1 epoch.
-    `batch_size` counts sequences per optimizer step over all ranks; each rank runs its share as
-    `grad_accum_steps` micro-batches of batch_size / (world size · grad_accum_steps) sequences,
-    which must divide exactly. `aux_layers` picks an online target's layers (a store or TrainData
-    holding other layers is an error). `precision` "bf16" autocasts on CUDA only (fp32 master
-    weights); on the CPU it is an error. `draft_overrides` replace DraftConfig fields derived
-    from the target.
-    """
-
-    # optimisation
-    lr: float = 1e-4
-    warmup_steps: int = 100
-    total_steps: int | None = None
-    epochs: int | None = None
-    batch_size: int = 8
-    grad_accum_steps: int = 1
-    max_length: int = 2048
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
-    min_lr_ratio: float = 0.0
-    # training-time test
-    ttt_steps: int = 7
-    step_weight: float = 0.8
-    # drafter
-    draft_vocab_size: int | None = None
-    aux_layers: tuple[int, ...] | None = None
-    draft_overrides: dict[str, Any] = field(default_factory=dict)
-    # data and bookkeeping
-    val_fraction: float = 0.05
-    seed: int = 0
-    eval_every: int = 500
-    save_every: int = 500
-    keep_checkpoints: int = 2
-    precision: str = "fp32"
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        positive = (
-            "lr",
-            "batch_size",
-            "grad_accum_steps",
-            "max_length",
-            "ttt_steps",
-            "eval_every",
-            "save_every",
-            "keep_checkpoints",
-        )
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be positive")
-        if not math.isfinite(
-            self.lr
-        ):  # nan passes `<= 0`; torch's optimizer would say "Invalid learning rate"
-            raise UnusableInput(f"{flag('lr')} {self.lr}: must be a finite positive number")
-        if self.total_steps is not None and self.epochs is not None:
-            raise UnusableInput(
-                f"total_steps {self.total_steps} and epochs {self.epochs} both set (--config): keep "
-                "one run length, or pass --steps or --epochs, which replaces both"
-            )
-        for name in ("total_steps", "epochs"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be positive")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise UnusableInput(f"{flag('val_fraction')} {self.val_fraction}: must be in [0, 1)")
-        if self.precision not in PRECISIONS:
-            raise UnusableInput(
-                f"{flag('precision')} {self.precision!r}: choose one of {', '.join(PRECISIONS)}"
-            )
-        for name in ("warmup_steps", "grad_clip", "weight_decay"):
-            if getattr(self, name) < 0:
-                raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be >= 0")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise UnusableInput(f"{flag('min_lr_ratio')} {self.min_lr_ratio}: must be in [0, 1]")
-        if not 0.0 < self.step_weight <= 1.0:
-            raise UnusableInput(f"{flag('step_weight')} {self.step_weight}: must be in (0, 1]")
-        if self.aux_layers is not None:
-            object.__setattr__(self, "aux_layers", tuple(self.aux_layers))
-
-    def num_steps(self, batches_per_epoch: int) -> int:
-        """Total optimizer steps for a training split of `batches_per_epoch` global batches."""
-        return self.total_steps or (self.epochs or 1) * batches_per_epoch
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field."""
-        d = asdict(self)
-        d["aux_layers"] = list(self.aux_layers) if self.aux_layers is not None else None
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Inverse of `to_dict`; an unknown key is an UnusableInput naming it (`unknown_keys_text`)."""
-        if set(d) - set(cls.__dataclass_fields__):
-            raise UnusableInput(f"TrainConfig: {unknown_keys_text(d)}")
-        return cls(**d)
-
-
-def unknown_keys_text(values: dict[str, Any]) -> str:
-    """ "unknown keys: KEY (did you mean FIELD?), ...; TrainConfig fields are ..." for the keys of
-    `values` that are no TrainConfig field, each with the field it is closest to (`closest_name`)."""
-    fields = TrainConfig.__dataclass_fields__
-    named = []
-    for key in sorted(set(values) - set(fields)):
-        close = closest_name(key, fields)
-        named.append(f"{key}" + (f" (did you mean {close}?)" if close else ""))
-    return f"unknown keys: {', '.join(named)}; TrainConfig fields are {', '.join(fields)}"
+class SourceError(SpecdraftError, ValueError):
+    """A `specdraft train` SOURCE that is no capture store directory (a data file, a missing path)."""
 
 
 def batch_order(train_ids: Sequence[int], epoch: int, config: TrainConfig) -> list[list[int]]:
@@ -220,9 +82,8 @@ def resume_config(out_dir: str | Path, given: dict[str, Any]) -> TrainConfig:
 def refuse_changed_settings(config: TrainConfig, saved: dict[str, Any], source: Path) -> None:
     """SettingsMismatch (a ValueError) naming the flags when `config` differs from the checkpoint
     `source`'s settings `saved` (a TrainConfig dict) in anything that shapes the weights."""
-    may_change = BOOKKEEPING_FIELDS | RUN_LENGTH_FIELDS | BATCH_SPLIT_FIELDS
     now = config.to_dict()
-    differ = differing_fields(saved, now, [k for k in now if k not in may_change])
+    differ = differing_fields(saved, now, [k for k in now if k not in MAY_CHANGE_ON_RESUME])
     if differ:
         changes = ", ".join(f"{flag(k)} {saved.get(k)!r} -> {getattr(config, k)!r}" for k in differ)
         raise SettingsMismatch(
@@ -257,10 +118,10 @@ def config_file_values(config: str | Path | None) -> dict[str, Any]:
 
 def run_config(
     config_file: str | Path | None,
-    flags: dict[str, Any],
     out_dir: str | Path,
     resume: bool,
     say: Callable[[str], None] = lambda line: None,
+    **flags: Any,
 ) -> TrainConfig:
     """The TrainConfig of `specdraft train`: the --config file's keys, then the `flags` given (TrainConfig
     fields; None = not given) over them; a run length flag (total_steps / epochs) replaces both of
@@ -303,7 +164,7 @@ def train_source(
 ) -> str | OnlineSource:
     """`specdraft train`'s SOURCE: a store directory, or with `online` an OnlineSource running
     `target` (in `target_dtype`, default float32). Raises UnusableInput for an option that does not
-    fit the mode, ValueError for a SOURCE that is no store directory."""
+    fit the mode, SourceError for a SOURCE that is no store directory (`check_store_source`)."""
     if online:
         if not target:
             raise UnusableInput(
@@ -318,18 +179,7 @@ def train_source(
             skip_bad=skip_bad,
             reasoning=reasoning or "keep",
         )
-    path = Path(source)
-    if path.is_file():
-        raise ValueError(
-            f"{source} is a data file, not a capture store directory: train on it with "
-            f"--online --target DIR (the target runs in the loop), or capture it first "
-            f"(specdraft capture TARGET {source} STORE) and train on STORE"
-        )
-    if not path.exists():
-        raise ValueError(
-            f"{source}: no such directory; SOURCE is a capture store directory "
-            "(specdraft capture), or with --online --target DIR a data file"
-        )
+    check_store_source(source)
     if no_chat or template_kwargs or reasoning:
         raise UnusableInput(
             "--no-chat, --template-kwargs and --reasoning apply with --online only (a "
@@ -341,3 +191,20 @@ def train_source(
             "with them: specdraft capture --target-dtype / --skip-bad)"
         )
     return source
+
+
+def check_store_source(source: str) -> None:
+    """SourceError naming the fix when an offline SOURCE is a file (data to train --online on, or
+    to capture first) or does not exist."""
+    path = Path(source)
+    if path.is_file():
+        raise SourceError(
+            f"{source} is a data file, not a capture store directory: train on it with "
+            f"--online --target DIR (the target runs in the loop), or capture it first "
+            f"(specdraft capture TARGET {source} STORE) and train on STORE"
+        )
+    if not path.exists():
+        raise SourceError(
+            f"{source}: no such directory; SOURCE is a capture store directory "
+            "(specdraft capture), or with --online --target DIR a data file"
+        )

@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from specdraft.cli import app
-from specdraft.cli.common import check_checkpoint_dir, int_list
+from specdraft.cli.checks import check_checkpoint_dir, int_list
 
 
 def flat(output: str) -> str:

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specdraft.cli import app
-from specdraft.cli import common as cli
+from specdraft.cli import options as cli
+from specdraft.cli.engine_setting import engine_dtype
 
 DTYPE_NAMES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
 ENGINE_DTYPES = ("fp32", "bf16", "fp16")
@@ -67,14 +68,12 @@ def test_the_choices_match_the_library():
     from specdraft.conventions import DTYPES
     from specdraft.doctor.inputs import DOCTOR_ENGINES
     from specdraft.export import EXPORT_ENGINES
-    from specdraft.train.config import PRECISIONS
 
     assert set(get_args(cli.DtypeName)) == set(DTYPES)
-    assert set(get_args(cli.Precision)) == set(PRECISIONS)
     assert set(get_args(cli.Layout)) == set(LAYOUTS)
     assert set(get_args(cli.ExportEngine)) == set(EXPORT_ENGINES)
     assert set(get_args(cli.DoctorEngine)) == set(DOCTOR_ENGINES)
-    assert {name: cli.engine_dtype(name) for name in get_args(cli.EngineDtype)} == {
+    assert {name: engine_dtype(name) for name in get_args(cli.EngineDtype)} == {
         name: DTYPES[name] for name in ENGINE_DTYPES
     }
 

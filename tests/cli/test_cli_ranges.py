@@ -126,7 +126,7 @@ def test_export_library_refuses_zero_instead_of_defaulting():
 
 
 def test_export_help_shares_generate_and_serve_wording():
-    from specdraft.cli.common import NUM_DRAFT_TOKENS_HELP
+    from specdraft.cli.options import NUM_DRAFT_TOKENS_HELP
 
     help_text = flat(invoke(["export", "--help"]).output)
     assert flat(NUM_DRAFT_TOKENS_HELP) in help_text and "x>=1" in help_text

@@ -13,6 +13,7 @@ import pytest
 from specdraft.checkpoint import CheckpointError, Manifest, load_draft, save_draft
 from specdraft.conventions import aux_layers_from_config
 from specdraft.draft import DraftConfig
+from specdraft.errors import SpecdraftError
 from tests.cli.test_cli import flat, invoke
 from tests.drafts import seeded_draft
 from tests.tiny_models import tiny_config
@@ -152,7 +153,7 @@ def test_generate_and_serve_read_sglang_ids_by_the_sglang_version(
 
     def stop(*args, reading=None, **kwargs):
         readings.append(reading)
-        raise ValueError("stopped before loading")
+        raise SpecdraftError("stopped before loading")
 
     monkeypatch.setattr(specdraft.engine.load, "load_engine", stop)
     monkeypatch.setattr(specdraft.serve.server, "build_app", stop)

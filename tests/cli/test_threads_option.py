@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdraft.errors import SpecdraftError
 from tests.cli.test_cli import flat, invoke
 from tests.tiny_models import save_tiny_model
 
@@ -35,7 +36,7 @@ def test_threads_are_set_before_the_stage_runs(
 
     def stage_runs(*args, **kwargs):
         seen.append(torch.get_num_threads())
-        raise ValueError("stopped by the test")
+        raise SpecdraftError("stopped by the test")
 
     module, name = stage.rsplit(".", 1)
     monkeypatch.setattr(module + "." + name, stage_runs)

@@ -13,8 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from specdraft.checkpoint import checkpoint_paths
-from specdraft.train.config import FLAG_OF_FIELD, TrainConfig, lr_lambda
+from specdraft.train.config import TrainConfig, lr_lambda
 from specdraft.train.loop import train
+from specdraft.train.settings import FLAG_OF_FIELD
 from tests.cli.test_cli import flat, invoke
 from tests.unit.train.test_train_loop import one_thread, read_metrics, small_config  # noqa: F401
 

@@ -1,0 +1,144 @@
+"""What the commands that run specdraft's engine (generate, serve, tune) build from their options:
+the speculative setting (`engine.spec_config.SpecConfig`, built once and passed whole), the torch
+dtype, and the --compile warm-up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from specdraft.cli.common import USAGE_ERROR, OptionError, user_errors
+from specdraft.cli.options import EngineDtype
+
+WARM_UP_TOKENS = 16  # the --compile warm-up: enough steps to compile and capture decode and verify
+
+
+@dataclass(frozen=True)
+class DraftingOptions:
+    """generate's / serve's drafting options as given (None: left out; --topk 1 and --num-steps 3
+    then); --aux-layers as `checks.aux_override` parsed it, --sglang-version "" when not pinned."""
+
+    topk: int | None = None
+    num_steps: int | None = None
+    num_draft_tokens: int | None = None
+    aux_layers: tuple[str, tuple[int, ...]] | None = None
+    sglang_version: str = ""
+
+    def given(self) -> str:
+        """The options given, as flags: "--topk, --num-steps" ("" for none)."""
+        values = {
+            "--topk": self.topk,
+            "--num-steps": self.num_steps,
+            "--num-draft-tokens": self.num_draft_tokens,
+            "--aux-layers": self.aux_layers,
+            "--sglang-version": self.sglang_version or None,
+        }
+        return ", ".join(name for name, value in values.items() if value is not None)
+
+
+def decoding_spec(
+    drafting: DraftingOptions,
+    draft: str,
+    no_spec: bool,
+    compile: bool,
+    device: str,
+    plain_without_draft: bool = False,
+):
+    """generate's / serve's SpecConfig of its drafting options, None for plain decoding (--no-spec,
+    or no --draft when `plain_without_draft`; else --draft is required). A combination of options
+    that cannot run (`refuse_compile_off_cuda`, `refuse_unused_drafting`, `spec_from_flags`) is a
+    usage error: one line, exit `USAGE_ERROR`, as click's for a bad value, before anything loads."""
+    with user_errors(None, exit_code=USAGE_ERROR):  # no Ctrl-C message: nothing runs yet
+        refuse_compile_off_cuda(compile, device)
+        refuse_unused_drafting(drafting.given(), no_spec, draft)
+        return spec_from_flags(
+            no_spec or (plain_without_draft and not draft),
+            draft,
+            3 if drafting.num_steps is None else drafting.num_steps,
+            1 if drafting.topk is None else drafting.topk,
+            drafting.num_draft_tokens or 0,
+        )
+
+
+def refuse_compile_off_cuda(compile: bool, device: str) -> None:
+    """--compile replays CUDA graphs: OptionError naming the fix on a non-CUDA --device (call it
+    before any model loads)."""
+    if compile and not device.startswith("cuda"):
+        raise OptionError(
+            f"--compile needs a CUDA device (CUDA graphs), not --device {device}: "
+            f"pass --device cuda, or drop --compile"
+        )
+
+
+def refuse_unused_drafting(named: str, no_spec: bool, draft: str) -> None:
+    """OptionError when drafting options are given explicitly (`named`: `DraftingOptions.given`)
+    but would be ignored: with --no-spec, or without --draft."""
+    if named and no_spec:
+        raise OptionError(
+            f"{named}: drafting settings, but --no-spec decodes plainly (they would be "
+            f"ignored): drop {named}, or drop --no-spec"
+        )
+    if named and not draft:
+        raise OptionError(
+            f"{named}: drafting settings, but no --draft is given (plain decoding): "
+            f"add --draft CKPT, or drop {named}"
+        )
+
+
+def spec_from_flags(no_spec: bool, draft: str, num_steps: int, topk: int, num_draft_tokens: int):
+    """The SpecConfig of the speculative flags (None with --no-spec); OptionError names the rule."""
+    from specdraft.engine.spec_config import SpecConfig, max_draft_tokens
+
+    if no_spec:
+        return None
+    if not draft:
+        raise OptionError("--draft CKPT is required for speculative decoding (or pass --no-spec)")
+    if topk > 1 and not num_draft_tokens:
+        most = max_draft_tokens(num_steps, topk)
+        raise OptionError(
+            f"--topk {topk} drafts a tree, which needs --num-draft-tokens (nodes verified per "
+            f"step incl. the root: 2..{most} with --num-steps {num_steps}), e.g. "
+            f"--num-draft-tokens {min(most, num_steps * topk + 1)}; or --topk 1 for a chain"
+        )
+    return SpecConfig(num_steps, topk, num_draft_tokens or num_steps + 1)
+
+
+def current_setting(draft: str, num_steps: int, topk: int | None, num_draft_tokens: int):
+    """The SpecConfig of tune's current-setting flags (None without --num-steps); OptionError for
+    --topk / --num-draft-tokens without --num-steps (SGLang refuses these without num_steps too)."""
+    if not num_steps and (topk or num_draft_tokens):
+        given = " ".join(
+            f"--{name} {v}"
+            for name, v in (("topk", topk), ("num-draft-tokens", num_draft_tokens))
+            if v
+        )
+        raise OptionError(
+            f"{given} without --num-steps: the current setting needs --num-steps N as well "
+            "(as SGLang's --speculative-eagle-topk / --speculative-num-draft-tokens need "
+            "--speculative-num-steps); add --num-steps N, or drop them"
+        )
+    return (
+        spec_from_flags(False, draft, num_steps, topk or 1, num_draft_tokens) if num_steps else None
+    )
+
+
+def engine_dtype(name: EngineDtype):
+    """--dtype of generate / serve / tune as a torch dtype (`conventions.parse_dtype`)."""
+    from specdraft.conventions import parse_dtype
+
+    return parse_dtype(name)
+
+
+def warm_up_compiled(generation: Callable[[], object], console) -> None:
+    """--compile: run `generation`, one short generation that compiles the target layers and
+    captures the CUDA graphs, timed in one line, so what runs next (generate's metrics, serve's
+    requests) is the engine's time, not the compiler's."""
+    import time
+
+    started = time.perf_counter()
+    generation()
+    console.print(
+        f"compiled and captured CUDA graphs in {time.perf_counter() - started:.1f} s "
+        f"(a warm-up generation, not in the metrics)",
+        markup=False,
+    )

@@ -1,0 +1,162 @@
+"""The options and arguments more than one command takes, each declared once (a typer `Annotated`
+alias: type, help, range, callback); a command's signature names the alias and its default.
+
+Options with a fixed set of values are `Literal`s: click refuses any other value (exit 2, the
+choices listed) and --help shows them. Each mirrors the library's own table
+(tests/cli/test_cli_choices.py keeps them equal), written out here so that importing the CLI stays
+free of torch.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import typer
+
+from specdraft.cli.checks import (
+    aux_override,
+    check_device,
+    check_drafter,
+    check_model_dir,
+    check_sglang_version,
+    check_top_p,
+    json_object,
+)
+
+DtypeName = Literal["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"]  # conventions.DTYPES
+EngineDtype = Literal["fp32", "bf16", "fp16"]  # engine_dtype
+Layout = Literal["sglang", "speculators", "specdraft"]  # checkpoint.LAYOUTS
+ExportEngine = Literal["sglang", "vllm", "speculators"]  # export.EXPORT_ENGINES
+DoctorEngine = Literal["sglang", "vllm"]  # doctor.inputs.DOCTOR_ENGINES
+CaptureEngine = Literal["transformers", "vllm"]  # capture.stage.ENGINES
+EndpointApi = Literal["chat", "completions"]  # regenerate.backends.EndpointBackend
+ReasoningMode = Literal["keep", "drop"]  # data.reasoning.REASONING_MODES
+
+
+def flag(name: str, help: str, **kwargs):
+    """A boolean option set by `name` alone (False in the signature: off by default); its help
+    shows no value type (typer would show `--name <bool>`). kwargs: more typer.Option settings."""
+    return typer.Option(name, help=help, metavar="", **kwargs)
+
+
+def argument(metavar: str, help: str, **kwargs):
+    """A required positional argument named `metavar` (upper case, as the commands' docstrings name
+    it) in usage lines (`Command`), help and errors: typer 0.27+ shows the parameter's own lower-case
+    name (`{checkpoint}`) otherwise. kwargs: more typer.Argument settings (a callback)."""
+    return typer.Argument(metavar=metavar, help=help, **kwargs)
+
+
+REASONING_HELP = (
+    "keep: train the assistants' reasoning as the chat template renders it; drop: the "
+    "template's non-thinking rendering, without it."
+)
+DRAFTER_HELP = "Draft checkpoint directory, or a training checkpoint (RUN/checkpoints/step-N.pt)"
+TRUST_REMOTE_CODE_HELP = (
+    "Read a --target config.json whose model_type only its own code (auto_map) defines, "
+    "running that code (default: refused; known published types are read without it)."
+)
+# --aux-layers' help, then what the command needs for it (AUX_NEEDS_TARGET: where --target is optional)
+AUX_OVERRIDE_HELP = (
+    "Aux layers of a drafter without a manifest, replacing what its config.json says (default: its "
+    "ids, else the engines' default [2, L//2, L-3]): specdraft indices '2,16,29', or ids in a named "
+    "convention, 'vllm:2,16,29' or 'sglang:1,15,28' (read by the --target's class)."
+)
+AUX_NEEDS_TARGET = AUX_OVERRIDE_HELP + " Needs --target."
+AUX_NEEDS_DRAFT = " Used only with --draft (refused without it or with --no-spec)."
+ENGINE_DEVICE_HELP = "Device the target and drafter run on: cpu, cuda or cuda:N."
+COMPILE_HELP = (
+    "CUDA: compiled target layers replayed as CUDA graphs, decode / verify through Triton kernels "
+    "with bf16 / fp16 (a warm-up generation compiles first, a minute or more on large targets)."
+)
+THREADS_HELP = (
+    "CPU threads torch uses (torch.set_num_threads, set before loading; default: torch's, all "
+    "cores). Pin it on a busy or shared machine, e.g. --threads 4: torch slows down sharply when "
+    "its threads compete for cores."
+)
+
+# the drafters and targets
+TargetDir = Annotated[
+    str,
+    typer.Option(
+        help="Target directory (transformers, with its tokenizer).", callback=check_model_dir
+    ),
+]
+TargetForIds = Annotated[
+    str,
+    typer.Option(
+        help="Target directory: needed to read aux ids without a manifest.",
+        callback=check_model_dir,
+    ),
+]
+AuxOverride = Annotated[str | None, typer.Option(help=AUX_NEEDS_TARGET, callback=aux_override)]
+DraftAuxOverride = Annotated[
+    str | None, typer.Option(help=AUX_OVERRIDE_HELP + AUX_NEEDS_DRAFT, callback=aux_override)
+]
+SglangVersion = Annotated[
+    str,
+    typer.Option(
+        help="Pin the SGLang version whose reading of eagle_config ids and of --aux-layers "
+        "sglang:IDS applies (it depends on the version on DeepSeek/Kimi-class targets), e.g. 0.5.23.",
+        callback=check_sglang_version,
+    ),
+]
+TrustRemoteCode = Annotated[bool, flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP)]
+
+# running torch here
+EngineDevice = Annotated[str, typer.Option(help=ENGINE_DEVICE_HELP, callback=check_device)]
+EngineDtypeOption = Annotated[
+    EngineDtype, typer.Option(help="Dtype the target and drafter run in.")
+]
+Threads = Annotated[int | None, typer.Option(min=1, help=THREADS_HELP)]
+MaxSeqLen = Annotated[int, typer.Option(min=0, help="Cache size (0 = min(max positions, 4096)).")]
+Compile = Annotated[bool, flag("--compile", help=COMPILE_HELP)]
+TopP = Annotated[
+    float, typer.Option(help="Nucleus sampling mass, in (0, 1] (1 = off).", callback=check_top_p)
+]
+
+# the data
+SkipBad = Annotated[bool, flag("--skip-bad", help="Skip and count bad records.")]
+TemplateKwargs = Annotated[
+    str, typer.Option(help="JSON kwargs for the chat template.", callback=json_object)
+]
+
+# the speculative setting (SGLang's names): generate's and serve's, then export's
+NUM_DRAFT_TOKENS_HELP = (
+    "Verified nodes incl. the root (0 = num_steps + 1 for a chain; a tree, --topk > 1, "
+    "needs a value)."
+)
+TOPK_HELP = "Draft tree: children per node (SGLang --speculative-eagle-topk)"
+NUM_STEPS_HELP = "Draft depth (SGLang --speculative-num-steps)"
+DraftTopk = Annotated[
+    int | None, typer.Option(min=1, help=TOPK_HELP + "; default 1; used only with --draft.")
+]
+DraftNumSteps = Annotated[
+    int | None, typer.Option(min=1, help=NUM_STEPS_HELP + "; default 3; used only with --draft.")
+]
+DraftNumDraftTokens = Annotated[
+    int | None, typer.Option(min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft.")
+]
+ServeTopk = Annotated[int | None, typer.Option(min=1, help=TOPK_HELP + "; default 1.")]
+ServeNumSteps = Annotated[int | None, typer.Option(min=1, help=NUM_STEPS_HELP + "; default 3.")]
+ServeNumDraftTokens = Annotated[int | None, typer.Option(min=0, help=NUM_DRAFT_TOKENS_HELP)]
+ExportNumSteps = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help=NUM_STEPS_HELP + " in the launch command (vLLM: num_speculative_tokens); default 3.",
+    ),
+]
+ExportTopk = Annotated[
+    int | None,
+    typer.Option(min=1, help=TOPK_HELP + "; default 1, a chain, the only shape vLLM runs."),
+]
+ExportNumDraftTokens = Annotated[int, typer.Option(min=0, help=NUM_DRAFT_TOKENS_HELP)]
+
+# the draft of generate / serve / tune
+PlainDraft = Annotated[
+    str, typer.Option(help=DRAFTER_HELP + " (omit for plain decoding).", callback=check_drafter)
+]
+ServeDraft = Annotated[
+    str, typer.Option(help=DRAFTER_HELP + " (omit with --no-spec).", callback=check_drafter)
+]
+TuneDraft = Annotated[str, typer.Option(help=DRAFTER_HELP + ".", callback=check_drafter)]

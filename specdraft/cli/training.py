@@ -1,0 +1,167 @@
+"""`specdraft train`: a drafter trained on a capture store or on the target online."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from specdraft.cli.checks import check_model_dir, json_object
+from specdraft.cli.common import SKIP_BAD_HINT, app, make_console, set_threads, user_errors
+from specdraft.cli.options import REASONING_HELP, DtypeName, ReasoningMode, Threads, argument, flag
+from specdraft.cli.train_options import with_settings
+
+TrainSource = Annotated[
+    str,
+    argument(
+        "SOURCE",
+        "Capture store directory (`specdraft capture`); with --online, JSONL chats/texts, "
+        "save_to_disk dir or text file.",
+    ),
+]
+RunDir = Annotated[
+    str, argument("OUT", "Run directory: checkpoints/, metrics.jsonl, tensorboard/, draft/.")
+]
+ConfigFile = Annotated[
+    str, typer.Option(help="TrainConfig JSON file; the options below override it.")
+]
+TrainTarget = Annotated[
+    str,
+    typer.Option(
+        help="Target directory: the live target with --online; offline only when the store's "
+        "recorded path moved.",
+        callback=check_model_dir,
+    ),
+]
+Online = Annotated[
+    bool,
+    flag("--online", help="Run --target on SOURCE's records at every step (no capture store)."),
+]
+OnlineNoChat = Annotated[bool, flag("--no-chat", help="With --online: plain text (base models).")]
+OnlineTemplateKwargs = Annotated[
+    str,
+    typer.Option(help="With --online: JSON kwargs for the chat template.", callback=json_object),
+]
+OnlineTargetDtype = Annotated[
+    DtypeName | None,
+    typer.Option(help="With --online: dtype the target runs in.  [default: float32]"),
+]
+OnlineSkipBad = Annotated[
+    bool, flag("--skip-bad", help="With --online: skip and count bad records.")
+]
+OnlineReasoning = Annotated[
+    ReasoningMode | None,
+    typer.Option(help=f"With --online: {REASONING_HELP}  [default: keep]"),
+]
+Resume = Annotated[
+    bool,
+    flag(
+        "--resume",
+        help="Continue from OUT's newest checkpoint with its settings (options left out come from "
+        "it); a larger --steps / --epochs extends the run (the lr schedule is recomputed).",
+    ),
+]
+
+
+@app.command()
+@with_settings(after="config")
+def train(
+    source: TrainSource,
+    out: RunDir,
+    config: ConfigFile = "",
+    target: TrainTarget = "",
+    online: Online = False,
+    no_chat: OnlineNoChat = False,
+    template_kwargs: OnlineTemplateKwargs = "{}",
+    target_dtype: OnlineTargetDtype = None,
+    skip_bad: OnlineSkipBad = False,
+    reasoning: OnlineReasoning = None,
+    resume: Resume = False,
+    threads: Threads = None,
+    **settings: Any,
+) -> None:
+    """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...).
+
+    The device is chosen automatically: the GPU when torch sees one (under torchrun, each rank's
+    LOCAL_RANK GPU), else the CPU.
+    """
+    import sys
+
+    from specdraft.train.config import run_config, train_source
+    from specdraft.train.loop import train as run_training
+    from specdraft.train.run_dir import interrupted_message
+
+    console = make_console()
+
+    def say(text: str) -> None:
+        console.print(text, markup=False, soft_wrap=True)
+
+    with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_message(out)):
+        set_threads(threads)
+        data = train_source(
+            source,
+            online,
+            target,
+            no_chat=no_chat,
+            template_kwargs=template_kwargs,
+            target_dtype=target_dtype,
+            skip_bad=skip_bad,
+            reasoning=reasoning,
+        )
+        cfg = run_config(config, out, resume, say, **settings)
+        result = run_training(
+            cfg,
+            data,
+            out,
+            resume=resume,
+            command=" ".join(["specdraft", *sys.argv[1:]]),
+            target_config=target or None,
+            on_note=lambda text: say(f"note: {text}"),
+        )
+    _render_train(console, out, cfg, result)
+
+
+def _render_train(console, out: str, cfg, result) -> None:
+    """What a finished `specdraft train` prints on rank 0: steps, loss, files, a warm-up note, validation."""
+    if result.draft_dir is None:
+        return  # not rank 0
+    if result.train_loss is None:  # resumed at the last step
+        console.print(
+            f"{out} is already at step {result.steps} of {result.steps}: nothing to train; draft "
+            f"{result.draft_dir}",
+            markup=False,
+            soft_wrap=True,
+        )
+    else:
+        console.print(
+            f"{result.steps} steps, last train loss {result.train_loss:.4f}; draft "
+            f"{result.draft_dir}; metrics {result.metrics_path}",
+            markup=False,
+        )
+    if cfg.warmup_steps >= result.steps:
+        console.print(
+            f"note: warm-up {cfg.warmup_steps} steps >= the run's {result.steps}: the learning rate "
+            f"never reached {cfg.lr} (pass --warmup-steps)",
+            markup=False,
+            soft_wrap=True,
+        )
+    if result.validation:
+        _render_validation(console, result.validation)
+
+
+def _render_validation(console, validation: dict) -> None:
+    acc = " ".join(f"{a:.3f}" for a in validation["accuracy"])
+    alpha = " ".join(f"{a:.3f}" for a in validation["alpha"])
+    console.print(
+        f"validation accuracy per step {acc}; alpha {alpha}; simulated tau {validation['tau']:.3f}",
+        markup=False,
+    )
+    if validation.get("replayed_tau") is not None:
+        steps = len(validation["accuracy"])
+        p = " ".join(f"{a:.3f}" for a in validation["replayed_acceptance"])
+        console.print(
+            f"a {steps}-step chain engine at T = 0 on the validation text: p_k {p}, tau "
+            f"{validation['replayed_tau']:.3f} over {validation['replayed_rounds']} "
+            "rounds",
+            markup=False,
+        )

@@ -1,0 +1,167 @@
+"""`specdraft tune`: the speculative settings of specdraft's engine here, predicted and measured."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from specdraft.cli.checks import check_min_speedup, positive_int_list
+from specdraft.cli.common import OptionError, app, make_console, set_threads, user_errors
+from specdraft.cli.engine_setting import current_setting, engine_dtype
+from specdraft.cli.options import EngineDevice, EngineDtypeOption, TargetDir, Threads, TuneDraft
+
+TunePrompts = Annotated[
+    str,
+    typer.Option(
+        help='\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} '
+        'or chat {"messages": [...]} rows.',
+    ),
+]
+TuneMaxTokens = Annotated[int, typer.Option(min=1, help="New tokens per prompt (temperature 0).")]
+CurrentNumSteps = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="Current setting to evaluate too (0 = none): draft depth; "
+        "--topk and --num-draft-tokens need it.",
+    ),
+]
+CurrentTopk = Annotated[
+    int | None,
+    typer.Option(min=1, help="Current setting: children per node (1 with --num-steps alone)."),
+]
+CurrentNumDraftTokens = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="Current setting: verified nodes (0 = num_steps + 1 "
+        "for a chain; a tree, --topk > 1, needs a value).",
+    ),
+]
+ProbeSteps = Annotated[int, typer.Option(min=1, help="Depth of the acceptance probes.")]
+Topks = Annotated[
+    str, typer.Option(help="Children per node to consider.", callback=positive_int_list)
+]
+MaxTreeTokens = Annotated[int, typer.Option(min=2, help="Cap on a tree's verified nodes.")]
+NumMeasure = Annotated[int, typer.Option(min=1, help="Best predictions to measure for real.")]
+MinSpeedup = Annotated[
+    float,
+    typer.Option(
+        help="Median speedup a recommended setting needs (its lower "
+        "quartile must also be above 1x), as the demo's rule; > 0.",
+        callback=check_min_speedup,
+    ),
+]
+TuneRepeats = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Timing rounds: each measured setting and plain decoding run "
+        "once per round, order rotated; speedups are medians and quartiles of "
+        "same-round ratios.",
+    ),
+]
+JsonOut = Annotated[str, typer.Option(help="Also write the report as JSON here.")]
+TuneSuite = Annotated[
+    str,
+    typer.Option(
+        help="Tune on a bundled suite's chats (mt-bench, humaneval, gsm8k; instead of --prompts), "
+        "turn by turn with the target's own answers; then tau, p_k and speedup per category.",
+    ),
+]
+
+
+@app.command()
+def tune(
+    target: TargetDir,
+    draft: TuneDraft,
+    prompts: TunePrompts = "builtin",
+    max_tokens: TuneMaxTokens = 64,
+    num_steps: CurrentNumSteps = 0,
+    topk: CurrentTopk = None,
+    num_draft_tokens: CurrentNumDraftTokens = 0,
+    probe_steps: ProbeSteps = 8,
+    topks: Topks = "1,2,4",
+    max_tree_tokens: MaxTreeTokens = 16,
+    num_measure: NumMeasure = 3,
+    min_speedup: MinSpeedup = 1.05,
+    repeats: TuneRepeats = 5,
+    json_out: JsonOut = "",
+    device: EngineDevice = "cpu",
+    dtype: EngineDtypeOption = "fp32",
+    threads: Threads = None,
+    suite: TuneSuite = "",
+) -> None:
+    """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
+    from specdraft.bench.tune import TuneConfig
+
+    console = make_console()
+    with user_errors(console):
+        _refuse_bad_json_out(json_out)
+        cfg = TuneConfig(
+            max_tokens,
+            probe_steps,
+            topks,
+            max_tree_tokens,
+            num_measure,
+            min_speedup,
+            current_setting(draft, num_steps, topk, num_draft_tokens),
+            repeats=repeats,
+        )
+        set_threads(threads)
+        report, rows, chosen = _run_tune(console, target, draft, prompts, suite, cfg, device, dtype)
+    _render_tune(console, report, rows, chosen, json_out)
+
+
+def _run_tune(console, target: str, draft: str, prompts: str, suite: str, cfg, device: str, dtype):
+    """tune on --suite's chats (`bench.tune_suite.tune_suite_paths`: report, rows per category,
+    the suite) or on --prompts (`bench.tune.tune_paths`: report, no rows, no suite)."""
+    from specdraft.bench.tune import tune_paths
+
+    def say(text: str) -> None:
+        console.print(text, markup=False)
+
+    if not suite:
+        return (
+            tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype), progress=say),
+            [],
+            None,
+        )
+    from specdraft.bench.suites import load_suite
+    from specdraft.bench.tune_suite import tune_suite_paths
+
+    chosen = load_suite(suite)
+    report, rows = tune_suite_paths(
+        target, draft, chosen, cfg, device, engine_dtype(dtype), progress=say
+    )
+    return report, rows, chosen
+
+
+def _render_tune(console, report, rows, chosen, json_out: str) -> None:
+    """tune's report (`bench.tune_render.render`), its categories with --suite, and --json-out."""
+    from specdraft.bench.tune_render import render
+    from specdraft.files import atomic_write_text
+
+    console.print(render(report), markup=False, highlight=False, soft_wrap=True)
+    if rows:
+        from specdraft.bench.tune_suite import render_categories
+
+        console.print(
+            render_categories(chosen, rows, report.recommendation is not None),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    if json_out:
+        data = {**report.to_dict(), **({"categories": [r.to_dict() for r in rows]} if rows else {})}
+        atomic_write_text(json_out, json.dumps(data, indent=2))
+
+
+def _refuse_bad_json_out(json_out: str) -> None:
+    """--json-out: empty, or a file path in an existing directory (OptionError before tuning)."""
+    from pathlib import Path
+
+    if json_out and (Path(json_out).is_dir() or not Path(json_out).resolve().parent.is_dir()):
+        raise OptionError(f"--json-out {json_out}: give a file path in an existing directory")

@@ -1,0 +1,227 @@
+"""A training run's settings, each declared once: `TrainConfig`, whose fields carry their help text,
+the `specdraft train` flag that sets them (the others are --config keys only), the flag's range and
+how a resumed run treats them (`setting`). The CLI's options of `specdraft train`, its --config keys
+(`unknown_keys_text`) and the resume check (`MAY_CHANGE_ON_RESUME`) are derived from these
+declarations. Importing this module imports no torch (the CLI builds its options from it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from typing import Any
+
+from specdraft.errors import UnusableInput, closest_name
+
+PRECISIONS = ("fp32", "bf16")
+
+# How a resumed run treats a setting (`config.refuse_changed_settings`):
+MATCH = "match"  # it shapes the weights: it must be the checkpoint's
+BOOKKEEPING = "bookkeeping"  # may change: it does not change the weights the run ends with
+RUN_LENGTH = "run length"  # may change: a resumed run may extend, the lr schedule is recomputed
+# may change: how a rank splits its share of a batch changes the weights by float rounding only (as
+# the number of ranks does): a run resumed on other ranks may need another split to fit memory
+BATCH_SPLIT = "batch split"
+
+
+def setting(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    resume: str = MATCH,
+    factory: Any = MISSING,
+    **option: Any,
+) -> Any:
+    """A TrainConfig field: its `default` (or `factory`), its `help` (the --help of `flag` and
+    what the --config key means), the `specdraft train` flag that sets it (None: a --config key
+    only), how a resumed run treats it (MATCH, BOOKKEEPING, RUN_LENGTH or BATCH_SPLIT), and
+    `option`: the flag's range (min=1) or `choices`."""
+    metadata = {"help": help, "flag": flag, "resume": resume, "option": option}
+    return field(default=default, default_factory=factory, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one training run (grouped by stage). Unset sizes come from the target.
+
+    Length of the run: exactly one of `total_steps` (optimizer steps) or `epochs` (passes over
+    the training split; the last partial global batch of an epoch is dropped); neither = 1 epoch.
+    `batch_size` counts sequences per optimizer step over all ranks; each rank runs its share as
+    `grad_accum_steps` micro-batches of batch_size / (world size · grad_accum_steps) sequences,
+    which must divide exactly. `aux_layers` picks an online target's layers (a store or TrainData
+    holding other layers is an error). `precision` "bf16" autocasts on CUDA only (fp32 master
+    weights); on the CPU it is an error. `draft_overrides` replace DraftConfig fields derived
+    from the target.
+    """
+
+    # optimisation
+    lr: float = setting(
+        1e-4,
+        "Peak learning rate, after warm-up (1e-4: suits long runs on large data; small data / short "
+        "runs need a larger one, e.g. the demo's --lr 3e-3 --ttt-steps 4 for 1000 steps on 800 "
+        "documents).",
+        flag="--lr",
+    )
+    warmup_steps: int = setting(
+        100, "Linear learning-rate warm-up steps.", flag="--warmup-steps", min=0
+    )
+    total_steps: int | None = setting(
+        None,
+        "Total optimizer steps (instead of --epochs; neither = one epoch).",
+        flag="--steps",
+        resume=RUN_LENGTH,
+        min=1,
+    )
+    epochs: int | None = setting(
+        None,
+        "Passes over the training split (neither --steps nor --epochs = one epoch).",
+        flag="--epochs",
+        resume=RUN_LENGTH,
+        min=1,
+    )
+    batch_size: int = setting(8, "Sequences per step, over all ranks.", flag="--batch-size", min=1)
+    grad_accum_steps: int = setting(
+        1,
+        "Micro-batches per step on each rank.",
+        flag="--grad-accum-steps",
+        resume=BATCH_SPLIT,
+        min=1,
+    )
+    max_length: int = setting(
+        2048, "Truncate samples to this many tokens.", flag="--max-length", min=1
+    )
+    grad_clip: float = setting(1.0, "Gradient norm clipping (0 = off).")
+    weight_decay: float = setting(0.0, "AdamW weight decay.")
+    min_lr_ratio: float = setting(0.0, "The cosine schedule's last lr, as a fraction of lr.")
+    # training-time test
+    ttt_steps: int = setting(7, "Training-time-test unroll steps.", flag="--ttt-steps", min=1)
+    step_weight: float = setting(0.8, "Loss weight of unroll step k: step_weight ** k.")
+    # drafter
+    draft_vocab_size: int | None = setting(
+        None,
+        "Default: the usable vocabulary, the tokenizer's length (vocab_size may pad past it).",
+        flag="--draft-vocab-size",
+        min=1,
+    )
+    aux_layers: tuple[int, ...] | None = setting(
+        None,
+        "Specdraft indices, e.g. '2,3,4' (online default: [2, L//2, L-3] for an L-layer target; a "
+        "store's must match).",
+        flag="--aux-layers",
+    )
+    draft_overrides: dict[str, Any] = setting(
+        help="DraftConfig fields replacing those derived from the target.", factory=dict
+    )
+    # data and bookkeeping
+    val_fraction: float = setting(0.05, "Fraction of the samples held out for validation.")
+    seed: int = setting(0, "Seed of the validation split and the data order.")
+    eval_every: int = setting(500, "Validate every N steps.", resume=BOOKKEEPING)
+    save_every: int = setting(
+        500,
+        "Checkpoint every N steps and at the end, under OUT/checkpoints; the newest 2 are kept "
+        "(--config key keep_checkpoints).",
+        flag="--save-every",
+        resume=BOOKKEEPING,
+        min=1,
+    )
+    keep_checkpoints: int = setting(2, "Checkpoints kept, the newest.", resume=BOOKKEEPING)
+    precision: str = setting(
+        "fp32", "fp32 | bf16 (CUDA autocast).", flag="--precision", choices=PRECISIONS
+    )
+    device: str = setting(
+        "auto", "auto: the GPU when torch sees one, else the CPU.", resume=BOOKKEEPING
+    )
+
+    def __post_init__(self) -> None:
+        positive = (
+            "lr",
+            "batch_size",
+            "grad_accum_steps",
+            "max_length",
+            "ttt_steps",
+            "eval_every",
+            "save_every",
+            "keep_checkpoints",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be positive")
+        if not math.isfinite(
+            self.lr
+        ):  # nan passes `<= 0`; torch's optimizer would say "Invalid learning rate"
+            raise UnusableInput(f"{flag('lr')} {self.lr}: must be a finite positive number")
+        self._check_run_length()
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise UnusableInput(f"{flag('val_fraction')} {self.val_fraction}: must be in [0, 1)")
+        if self.precision not in PRECISIONS:
+            raise UnusableInput(
+                f"{flag('precision')} {self.precision!r}: choose one of {', '.join(PRECISIONS)}"
+            )
+        for name in ("warmup_steps", "grad_clip", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be >= 0")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise UnusableInput(f"{flag('min_lr_ratio')} {self.min_lr_ratio}: must be in [0, 1]")
+        if not 0.0 < self.step_weight <= 1.0:
+            raise UnusableInput(f"{flag('step_weight')} {self.step_weight}: must be in (0, 1]")
+        if self.aux_layers is not None:
+            object.__setattr__(self, "aux_layers", tuple(self.aux_layers))
+
+    def _check_run_length(self) -> None:
+        """UnusableInput for both run lengths set (a --config file) or one that is not positive."""
+        if self.total_steps is not None and self.epochs is not None:
+            raise UnusableInput(
+                f"total_steps {self.total_steps} and epochs {self.epochs} both set (--config): keep "
+                "one run length, or pass --steps or --epochs, which replaces both"
+            )
+        for name in ("total_steps", "epochs"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise UnusableInput(f"{flag(name)} {getattr(self, name)}: must be positive")
+
+    def num_steps(self, batches_per_epoch: int) -> int:
+        """Total optimizer steps for a training split of `batches_per_epoch` global batches."""
+        return self.total_steps or (self.epochs or 1) * batches_per_epoch
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field."""
+        d = asdict(self)
+        d["aux_layers"] = list(self.aux_layers) if self.aux_layers is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """Inverse of `to_dict`; an unknown key is an UnusableInput naming it (`unknown_keys_text`)."""
+        if set(d) - set(cls.__dataclass_fields__):
+            raise UnusableInput(f"TrainConfig: {unknown_keys_text(d)}")
+        return cls(**d)
+
+
+def flagged_settings() -> list[Field]:
+    """The TrainConfig fields `specdraft train` sets by a flag, in their declared order."""
+    return [f for f in fields(TrainConfig) if f.metadata["flag"]]
+
+
+# The `specdraft train` flag of each TrainConfig field it sets; errors name these, and any other
+# field by its --config key, since users type flags, not field names.
+FLAG_OF_FIELD = {f.name: f.metadata["flag"] for f in flagged_settings()}
+# The fields a resumed run may change (every other must be the checkpoint's).
+MAY_CHANGE_ON_RESUME = frozenset(
+    f.name for f in fields(TrainConfig) if f.metadata["resume"] != MATCH
+)
+
+
+def flag(name: str) -> str:
+    """How a user sets TrainConfig field `name`: its `specdraft train` flag, else its --config key."""
+    return FLAG_OF_FIELD.get(name, f"--config key {name}")
+
+
+def unknown_keys_text(values: dict[str, Any]) -> str:
+    """ "unknown keys: KEY (did you mean FIELD?), ...; TrainConfig fields are ..." for the keys of
+    `values` that are no TrainConfig field, each with the field it is closest to (`closest_name`)."""
+    known = TrainConfig.__dataclass_fields__
+    named = []
+    for key in sorted(set(values) - set(known)):
+        close = closest_name(key, known)
+        named.append(f"{key}" + (f" (did you mean {close}?)" if close else ""))
+    return f"unknown keys: {', '.join(named)}; TrainConfig fields are {', '.join(known)}"
