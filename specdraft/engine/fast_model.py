@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from specdraft.draft import RMSNorm, apply_rope
 from specdraft.draft import rope_inv_freq as draft_rope_inv_freq
+from specdraft.engine.errors import EngineError
 from specdraft.engine.kernels import fused_decode
 
 # model_type -> transformers architecture; anything else is refused (DeepSeek, MoE, VLMs ...).
@@ -76,12 +77,12 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise EngineError(
                 f"ModelArgs: num_heads {self.num_heads} is not a multiple of "
                 f"num_kv_heads {self.num_kv_heads}"
             )
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
+            raise EngineError(
                 f"ModelArgs.rope_type {self.rope_type!r} is not implemented; specdraft's "
                 f"engine supports {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
@@ -98,12 +99,12 @@ class ModelArgs:
         try:
             return cls._from_supported_config(config, model_type)
         except KeyError as missing:
-            raise ValueError(f"{model_type} config: missing key {missing}") from None
+            raise EngineError(f"{model_type} config: missing key {missing}") from None
 
     @classmethod
     def _from_supported_config(cls, config: dict[str, Any], model_type: str) -> ModelArgs:
         if config.get("hidden_act", "silu") != "silu" or config.get("mlp_bias", False):
-            raise ValueError(
+            raise EngineError(
                 f"{model_type} config: hidden_act {config.get('hidden_act')!r} / mlp_bias "
                 f"{config.get('mlp_bias')} not implemented (SiLU, no MLP bias only)"
             )
@@ -136,7 +137,7 @@ def _check_architecture(config: dict[str, Any]) -> str:
         SUPPORTED_ARCHITECTURES[model_type]
     ]:
         arch = (config.get("architectures") or [model_type])[0]
-        raise ValueError(
+        raise EngineError(
             f"specdraft's engine serves Llama/Qwen2/Qwen3/Mistral targets; {arch} targets "
             f"are captured and trained with specdraft and served by SGLang/vLLM"
         )
@@ -161,12 +162,12 @@ def _rope_fields(config: dict[str, Any]) -> dict[str, Any]:
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
+        raise EngineError(
             f"rope type {rope_type!r} is not implemented; specdraft's engine supports "
             f"{', '.join(SUPPORTED_ROPE_TYPES)}"
         )
     if params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError("partial_rotary_factor != 1 is not implemented by specdraft's engine")
+        raise EngineError("partial_rotary_factor != 1 is not implemented by specdraft's engine")
     fields = {
         "rope_theta": float(params.get("rope_theta", config.get("rope_theta", 10000.0))),
         "rope_type": rope_type,
@@ -273,13 +274,13 @@ class FastTarget(nn.Module):
         """
         args, weight = self.args, self.output.weight
         if args.sliding_window is not None and args.sliding_window < max_seq_len:
-            raise ValueError(
+            raise EngineError(
                 f"{args.model_type} target: sliding window {args.sliding_window} < "
                 f"max_seq_len {max_seq_len}; specdraft's engine implements full attention "
                 f"only: use max_seq_len <= {args.sliding_window}"
             )
         if max_seq_len > args.max_position_embeddings:
-            raise ValueError(
+            raise EngineError(
                 f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
                 f"{args.max_position_embeddings}"
             )
@@ -321,7 +322,7 @@ class FastTarget(nn.Module):
         if self.inv_freq is None:
             raise RuntimeError("FastTarget.forward before setup_cache(max_batch_size, max_seq_len)")
         if any(not 0 <= k <= self.args.num_layers for k in aux_layers):
-            raise ValueError(
+            raise EngineError(
                 f"aux_layers {list(aux_layers)}: each must be in 0..{self.args.num_layers}"
             )
         if self.triton_kernels and input_ids.numel() <= fused_decode.MAX_TOKENS:

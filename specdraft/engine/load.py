@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from specdraft.draft import Eagle3Draft
+from specdraft.engine.errors import EngineError, EngineFileMissing
 from specdraft.engine.fast_model import FastTarget, FusedLinear, ModelArgs
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
@@ -83,7 +84,7 @@ def load_engine_target(
 
     config_path = Path(target_dir) / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(
+        raise EngineFileMissing(
             f"{config_path}: not found (expected a transformers model directory)"
         )
     try:
@@ -111,7 +112,7 @@ def refuse_run_directory(path: Path) -> None:
     if run is not None:
         steps = checkpoint_paths(run)
         example = steps[-1] if steps else run / CHECKPOINT_DIR / "step-N.pt"
-        raise ValueError(
+        raise EngineError(
             f"{path} is {what}, not a drafter: pass {run / 'draft'} (the drafter train "
             f"writes at the end) or one of its checkpoints, e.g. {example}"
         )
@@ -214,7 +215,7 @@ def refuse_other_target(
         if recorded
         else f"one of {sizes(trained)} (path not recorded)"
     )
-    raise ValueError(
+    raise EngineError(
         f"{draft_dir}: this drafter was trained for another target: {trained_for}, not "
         f"{target_dir} ({sizes(given)}; {', '.join(differ)} differ{'s' * (len(differ) == 1)}); "
         f"pass the target it was trained for, or a drafter trained for {target_dir}"
@@ -311,7 +312,7 @@ def check_manifest(manifest: Any, draft: Eagle3Draft, target: FastTarget, path: 
         if key in manifest.target and manifest.target[key] != value:
             problems.append(f"manifest target {key} {manifest.target[key]} != the target's {value}")
     if problems:
-        raise ValueError(f"{path}: drafter was trained for another target: " + "; ".join(problems))
+        raise EngineError(f"{path}: drafter was trained for another target: " + "; ".join(problems))
 
 
 # transformers name -> FastTarget name: the one table of the checkpoint layout. Under a layer, the
@@ -381,7 +382,7 @@ def load_fast_target(
     model_dir = Path(model_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(
+        raise EngineFileMissing(
             f"{config_path}: not found (expected a transformers model directory)"
         )
     args = ModelArgs.from_hf_config(json.loads(config_path.read_text()))
@@ -399,7 +400,7 @@ def _checkpoint_files(model_dir: Path) -> list[Path]:
     files = target_weight_files(model_dir)
     for file in files:
         if not file.is_file():
-            raise FileNotFoundError(
+            raise EngineFileMissing(
                 f"{file}: not found (specdraft loads model.safetensors or the shards "
                 f"named by model.safetensors.index.json)"
             )
@@ -425,7 +426,7 @@ def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
                     filled.add(key)
     missing = sorted(set(expected) - filled)
     if unmatched or missing:
-        raise ValueError(
+        raise EngineError(
             f"strict load of {model_dir}: checkpoint tensors that match no parameter: "
             f"{', '.join(unmatched) or 'none'}; parameters no tensor fills: "
             f"{', '.join(missing) or 'none'}"
@@ -433,7 +434,7 @@ def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
     if stored_head is not None and not torch.equal(
         stored_head[0].to(model.output.weight), model.output.weight
     ):
-        raise ValueError(
+        raise EngineError(
             f"{model_dir / stored_head[1]}: lm_head.weight differs from "
             f"model.embed_tokens.weight but config.json says tie_word_embeddings: true"
         )
@@ -441,7 +442,7 @@ def _load_checkpoint(model: FastTarget, model_dir: Path) -> None:
 
 def _copy_tensor(param: Tensor, tensor: Tensor, key: str, file: Path) -> None:
     if tensor.shape != param.shape:
-        raise ValueError(
+        raise EngineError(
             f"{file}: {key} has shape {list(tensor.shape)}, the config implies {list(param.shape)}"
         )
     param.copy_(tensor)
