@@ -9,8 +9,9 @@ import pytest
 
 from specdraft.draft import DraftConfig, DraftError
 from specdraft.engine.errors import EngineError, EngineFileMissing
-from specdraft.engine.fast_model import FastTarget, ModelArgs
-from specdraft.engine.load import load_fast_target
+from specdraft.engine.fast_config import ModelArgs
+from specdraft.engine.fast_load import load_fast_target
+from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.requests import check_request
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig, SpecConfigError
