@@ -44,8 +44,9 @@ from torch.nn.attention import sdpa_kernel
 
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.engine.draft_cache import DraftCache
+from specdraft.engine.fast_config import ModelArgs
 from specdraft.engine.fast_draft import FastDraft
-from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask
+from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.graphs import GraphedTarget
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig

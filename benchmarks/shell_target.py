@@ -52,8 +52,9 @@ from torch import Tensor
 
 from specdraft.checkpoint import load_draft, save_draft
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask
-from specdraft.engine.load import checkpoint_destinations, load_fast_target
+from specdraft.engine.fast_config import ModelArgs
+from specdraft.engine.fast_load import checkpoint_destinations, load_fast_target
+from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.requests import Request
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine

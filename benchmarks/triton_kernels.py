@@ -37,7 +37,8 @@ if (
 from engine_speed import graphed  # benchmarks/, the script's directory
 
 from specdraft.engine.fast_model import causal_mask
-from specdraft.engine.kernels.triton_ops import attention, linear
+from specdraft.engine.kernels.attention_ops import attention
+from specdraft.engine.kernels.linear_ops import linear
 
 PROJECTIONS = {
     "qkv_proj": (6144, 4096),

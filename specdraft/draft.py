@@ -38,6 +38,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from specdraft.errors import SpecdraftError
+
+
+class DraftError(SpecdraftError, ValueError):
+    """A drafter config, input or embedding that does not fit this drafter (named in the message)."""
+
+
 # Rope scaling types this drafter implements; anything else is refused, never approximated.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 # The norm placements of published EAGLE-3 variants (the module docstring says what each does).
@@ -89,39 +96,39 @@ class DraftConfig:
             "max_position_embeddings",
         ):
             if getattr(self, name) <= 0:
-                raise ValueError(f"DraftConfig.{name} = {getattr(self, name)}: must be positive")
+                raise DraftError(f"DraftConfig.{name} = {getattr(self, name)}: must be positive")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
+            raise DraftError(
                 f"DraftConfig: num_attention_heads {self.num_attention_heads} is not a multiple of "
                 f"num_key_value_heads {self.num_key_value_heads}"
             )
         if self.draft_vocab_size > self.vocab_size:
-            raise ValueError(
+            raise DraftError(
                 f"DraftConfig.draft_vocab_size {self.draft_vocab_size} exceeds the "
                 f"target vocab_size {self.vocab_size}"
             )
         if len(set(self.aux_layers)) != len(self.aux_layers) or not self.aux_layers:
-            raise ValueError(
+            raise DraftError(
                 f"DraftConfig.aux_layers {list(self.aux_layers)}: need distinct layers"
             )
         if not all(0 <= k <= self.target_num_layers for k in self.aux_layers):
-            raise ValueError(
+            raise DraftError(
                 f"DraftConfig.aux_layers {list(self.aux_layers)}: each index must be in "
                 f"0..{self.target_num_layers} (the target's residual streams)"
             )
         for name in NORM_FLAGS:
             if type(getattr(self, name)) is not bool:  # 1 or "true" from a JSON config is an error
-                raise ValueError(
+                raise DraftError(
                     f"DraftConfig.{name} = {getattr(self, name)!r}: must be true or false"
                 )
         if self.tie_word_embeddings:
-            raise ValueError(
+            raise DraftError(
                 "DraftConfig.tie_word_embeddings must be false: SGLang replaces a tied "
                 "drafter's trained lm_head with the embedding"
             )
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
+            raise DraftError(
                 f"DraftConfig.rope_scaling type {rope_type!r} is not implemented "
                 f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
             )
@@ -191,7 +198,7 @@ class DraftConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"DraftConfig: unknown keys {unknown}")
+            raise DraftError(f"DraftConfig: unknown keys {unknown}")
         return cls(**{**d, "aux_layers": tuple(d["aux_layers"])})
 
 
@@ -471,13 +478,13 @@ class Eagle3Draft(nn.Module):
         if width == expected:
             return
         if first_step:
-            raise ValueError(
+            raise DraftError(
                 f"draft first step needs the target's {self.cfg.n_aux} aux hidden states "
                 f"concatenated (layers {list(self.cfg.aux_layers)}, width {self.cfg.n_aux} x "
                 f"{self.cfg.target_hidden_size} = {expected}), got width {width}: the target side "
                 f"is not capturing the aux layers"
             )
-        raise ValueError(
+        raise DraftError(
             f"draft later step needs the drafter's own hidden state (width {expected}), "
             f"got width {width}"
         )
@@ -547,7 +554,7 @@ class Eagle3Draft(nn.Module):
     def load_target_embedding(self, weight: torch.Tensor) -> None:
         """Copy the target's input embedding [vocab, H] into the (frozen) shared embedding."""
         if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
-            raise ValueError(
+            raise DraftError(
                 f"target embedding shape {tuple(weight.shape)} != drafter's "
                 f"{tuple(self.embed_tokens.weight.shape)}"
             )

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from specdraft.data.vocab import build_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.engine.fast_load import load_fast_target
 from specdraft.engine.fast_model import FastTarget, causal_mask
-from specdraft.engine.load import load_fast_target
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 from tests.tiny_models import tiny_model

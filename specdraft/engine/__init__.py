@@ -4,8 +4,10 @@ Following one token from `specdraft generate` (cli/decode.py) to the verificatio
 `load` -> `speculate` -> `requests` -> `fast_draft` -> `tree` -> `fast_model` -> `sampling`
 (compiled: `graphs`, `draft_round` and `rounds_ahead` too).
 - `load`: `load_engine` (a target directory and a drafter or training checkpoint, paired and
-  checked against the drafter's manifest; `pairing_notes`), and `load_fast_target` (a
-  transformers checkpoint into a FastTarget, strictly).
+  checked against the drafter's manifest; `pairing_notes`); `fast_config`: `ModelArgs`, the
+  target configs the fast path runs; `fast_load`: `load_fast_target` (a transformers checkpoint
+  into a FastTarget, strictly, through one table of the checkpoint layout).
+- `errors`: `EngineError`, what the engine refuses of a target, drafter, request or setting.
 - `speculate`: `SpeculativeEngine`, the loop: generate, prefill, step (draft, verify, accept,
   commit); `TargetRunner`, the target's forwards (eager, or CUDA graphs once compiled); the
   drafter's fit to the target (`check_pairing`).
@@ -27,7 +29,7 @@ Following one token from `specdraft generate` (cli/decode.py) to the verificatio
 - `sampling`: logits to probabilities; greedy, chain and tree acceptance rules.
 - `spec_config`: `SpecConfig` (num_steps, topk, num_draft_tokens).
 - `metrics`: per-request and summed `SpecMetrics` (acceptance, timings).
-- `kernels/`: the Triton kernels (`triton_ops`) and the target forward built from them
+- `kernels/`: the Triton kernels (`linear_ops`, `norm_rope_ops`, `attention_ops`, launched through `pdl`) and the target forward built from them
   (`fused_decode`), taking weights and caches.
 
 Other architectures (DeepSeek-V3 / MLA, MoE, multimodal) are captured and trained with

@@ -11,7 +11,7 @@ checks), with the engine's cache protocol and fewer operations per step:
 Norm and RoPE are `draft.py`'s functions, so the numerics are the drafter's by construction.
 
 After `use_triton()` (CUDA, bf16 / fp16) a step of up to 64 positions runs through
-`triton_ops` instead, as the target's decode does (`fused_decode`): eleven launches in all
+the Triton kernels (`kernels.linear_ops`, `norm_rope_ops`, `attention_ops`) instead, as the target's decode does (`fused_decode`): eleven launches in all
 (twelve on a first step, with fc), where the torch step makes about forty small ones besides
 its matmuls; RoPE and the K/V writes in the q|k|v matmul's epilogue, silu(gate) * up in the
 gate|up matmul's. RoPE is then computed in
@@ -158,17 +158,13 @@ class FastDraft:
         slots: Tensor,
         attn_mask: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        """A step through `triton_ops` (after `use_triton`; T <= 64): input_ids, hidden,
+        """A step through the Triton kernels (after `use_triton`; T <= 64): input_ids, hidden,
         positions as `__call__`; writes the K/V at cache entries slots [T] long, then attends
         where attn_mask [1, 1, T, S] bool says over entries 0..S-1 (S <= cache.max_len).
         Returns what `__call__` returns. Tensor arguments only: `GraphedDraft` captures it."""
-        from specdraft.engine.kernels.triton_ops import (
-            add_rms_norm,
-            attention,
-            linear,
-            linear_silu_mul,
-            qkv_rope_to_cache,
-        )
+        from specdraft.engine.kernels.attention_ops import attention
+        from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache
+        from specdraft.engine.kernels.norm_rope_ops import add_rms_norm
 
         t, width = input_ids.shape[0], self.input_norm.shape[0]
         if first_step and (self.input_fc_norm is not None or self.fc_norms is not None):

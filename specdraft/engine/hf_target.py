@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from specdraft.engine.errors import EngineError
 from specdraft.engine.fast_model import FastOutput, causal_mask
 from specdraft.targets import Target, capture_states
 
@@ -49,7 +50,7 @@ def cache_argument(module: torch.nn.Module) -> str:
     for name in ("cache", "past_key_values"):
         if name in parameters:
             return name
-    raise ValueError(
+    raise EngineError(
         f"{type(module).__name__}.forward takes no KV cache (neither cache= nor past_key_values=): "
         "specdraft's engine cannot run it as a target"
     )
@@ -101,7 +102,7 @@ class HFTarget:
         """A new, empty cache (any batch size: the engine uses 1). Raises ValueError for a
         max_seq_len past the target's max positions."""
         if max_seq_len > self.args.max_position_embeddings:
-            raise ValueError(
+            raise EngineError(
                 f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
                 f"{self.args.max_position_embeddings}"
             )

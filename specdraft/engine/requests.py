@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from specdraft.engine.errors import EngineError
 from specdraft.engine.metrics import SpecMetrics
 from specdraft.engine.sampling import SamplingParams
 
@@ -41,11 +42,11 @@ def check_request(
 ) -> None:
     """Raise ValueError for an empty prompt, max_new_tokens < 1, or stop strings without a tokenizer."""
     if not prompt_ids:
-        raise ValueError("empty prompt: need at least one token id")
+        raise EngineError("empty prompt: need at least one token id")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens {max_new_tokens}: must be >= 1")
+        raise EngineError(f"max_new_tokens {max_new_tokens}: must be >= 1")
     if stop and tokenizer is None:
-        raise ValueError("stop strings need a tokenizer: build the engine with tokenizer=...")
+        raise EngineError("stop strings need a tokenizer: build the engine with tokenizer=...")
 
 
 @dataclass

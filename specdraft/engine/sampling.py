@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specdraft.engine.errors import EngineError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -36,11 +38,11 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
-            raise ValueError(f"temperature {self.temperature}: must be >= 0 (0 = greedy)")
+            raise EngineError(f"temperature {self.temperature}: must be >= 0 (0 = greedy)")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p {self.top_p}: must be in (0, 1] (1 = off)")
+            raise EngineError(f"top_p {self.top_p}: must be in (0, 1] (1 = off)")
         if self.top_k < 0:
-            raise ValueError(f"top_k {self.top_k}: must be >= 0 (0 = off)")
+            raise EngineError(f"top_k {self.top_k}: must be >= 0 (0 = off)")
 
     @property
     def greedy(self) -> bool:

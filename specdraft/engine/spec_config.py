@@ -17,12 +17,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdraft.errors import SpecdraftError
+
+
+class SpecConfigError(SpecdraftError, ValueError):
+    """A speculative setting (num_steps, topk, num_draft_tokens) that breaks a rule; the message
+    names the rule and valid alternatives."""
+
 
 @dataclass(frozen=True)
 class SpecConfig:
     """One speculative setting (SGLang's meaning of each field); validated on construction.
 
-    Raises ValueError naming the rule that a triple breaks and valid alternatives; an invalid
+    Raises SpecConfigError (a ValueError) naming the rule that a triple breaks and valid alternatives; an invalid
     triple is never adjusted.
     """
 
@@ -34,11 +41,11 @@ class SpecConfig:
         for name in ("num_steps", "topk", "num_draft_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"SpecConfig.{name} = {value!r}: must be a positive integer")
+                raise SpecConfigError(f"SpecConfig.{name} = {value!r}: must be a positive integer")
         if self.topk == 1 and self.num_draft_tokens != self.num_steps + 1:
-            raise ValueError(chain_rule_message(self.num_steps, self.num_draft_tokens))
+            raise SpecConfigError(chain_rule_message(self.num_steps, self.num_draft_tokens))
         if self.topk > 1 and not 2 <= self.num_draft_tokens <= self.max_draft_tokens:
-            raise ValueError(
+            raise SpecConfigError(
                 f"speculative settings topk {self.topk}, num_steps {self.num_steps}, num_draft_tokens "
                 f"{self.num_draft_tokens}: a tree verifies 2 <= num_draft_tokens <= 1 + topk + "
                 f"(num_steps - 1) * topk^2 = {self.max_draft_tokens} nodes (the candidates its "

@@ -38,6 +38,7 @@ from specdraft.draft import Eagle3Draft
 from specdraft.engine import sampling
 from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.draft_round import GraphedRound
+from specdraft.engine.errors import EngineError
 from specdraft.engine.fast_draft import FastDraft, GraphedDraft, draft_graph_keys
 from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.graphs import GraphedTarget
@@ -296,7 +297,7 @@ class SpeculativeEngine:
             advice += ", or decode without the drafter (its positions then do not bind)"
         elif all(total <= limit for _, limit in limits[:-1]) and needed <= limits[0][1]:
             advice += f", or build the engine with max_seq_len >= {needed}"
-        raise ValueError(
+        raise EngineError(
             f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} = {total} tokens "
             f"exceeds {name}: {advice}"
         )
@@ -643,4 +644,4 @@ def check_pairing(
             "draft.load_target_embedding(target.tok_embeddings.weight))"
         )
     if problems:
-        raise ValueError("drafter does not fit the target: " + "; ".join(problems))
+        raise EngineError("drafter does not fit the target: " + "; ".join(problems))

@@ -1,8 +1,9 @@
 """The engine's Triton kernels and the forwards built from them (CUDA, bf16 / fp16).
 
-- `triton_ops`: the kernels (GEMV / thin GEMM with fused epilogues, add + RMSNorm, RoPE and
-  K/V cache writes, split-KV attention over a static cache); import it only where Triton is
-  installed.
+- the kernels, by family (import them only where Triton is installed): `linear_ops` (GEMV /
+  thin GEMM with fused epilogues: silu * up, RoPE + K/V cache writes), `norm_rope_ops` (add +
+  RMSNorm; per-head norm, RoPE and K/V cache writes), `attention_ops` (split-KV attention over
+  a static cache); `pdl`: their launch with programmatic dependent launch on Hopper.
 - `expand_ops`: a greedy draft round's expansion (children's log-softmax and top-k, the next
   frontier, its draft-cache mask) in three launches a tree step; import it only where Triton is
   installed.

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from specdraft.engine.kernels.triton_ops import pdl_launch
+from specdraft.engine.kernels.pdl import pdl_launch
 
 MASK_BLOCK = 1024  # draft-cache entries a `tree_mask` program writes
 MAX_VOCAB = (

@@ -80,7 +80,8 @@ def forward(
     cache_slots [T] long, attn_mask [B, 1, T, S] bool, inv_freq [D/2] float32, as
     `FastTarget.forward` takes them): logits [N, V] float32 and the residual streams after
     `aux_layers` (specdraft indices) concatenated, [N, len(aux_layers) * H], or None."""
-    from specdraft.engine.kernels.triton_ops import add_rms_norm, linear
+    from specdraft.engine.kernels.linear_ops import linear
+    from specdraft.engine.kernels.norm_rope_ops import add_rms_norm
 
     delta, streams = None, {}
     for k, layer in enumerate(layers):
@@ -106,14 +107,9 @@ def block_forward(
     """One decoder layer: x [B*T, H] the residual stream, normed = attention_norm(x). Writes the
     layer's K/V at cache_slots and returns (h, d), the layer's output being h + d (the caller
     fuses that add into the next norm)."""
-    from specdraft.engine.kernels.triton_ops import (
-        add_rms_norm,
-        attention,
-        linear,
-        linear_silu_mul,
-        qkv_rope_to_cache,
-        rope_to_cache,
-    )
+    from specdraft.engine.kernels.attention_ops import attention
+    from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache
+    from specdraft.engine.kernels.norm_rope_ops import add_rms_norm, rope_to_cache
 
     if layer.q_norm is None and layer.k_cache.dtype == normed.dtype:
         q = qkv_rope_to_cache(

@@ -1,4 +1,4 @@
-"""specdraft.engine.kernels.triton_ops and fused_decode against torch: the fused linear (prologues and
+"""specdraft.engine.kernels (linear_ops, norm_rope_ops, attention_ops) and fused_decode against torch: the fused linear (prologues and
 epilogues), RoPE + in-place cache writes, split-KV attention under masks, and whole decode /
 verify forwards of tiny targets against FastTarget's torch path.
 
@@ -23,16 +23,12 @@ assert CUDA or os.environ.get("TRITON_INTERPRET") == "1", (
 )
 
 from specdraft.draft import NORM_FLAGS, apply_rope, rms_norm  # noqa: E402
-from specdraft.engine.fast_model import FastTarget, ModelArgs, causal_mask, rope_cos_sin  # noqa: E402
-from specdraft.engine.kernels import triton_ops  # noqa: E402
-from specdraft.engine.kernels.triton_ops import (  # noqa: E402
-    add_rms_norm,
-    attention,
-    linear,
-    linear_silu_mul,
-    qkv_rope_to_cache,  # noqa: E402
-    rope_to_cache,
-)
+from specdraft.engine.fast_config import ModelArgs  # noqa: E402
+from specdraft.engine.fast_model import FastTarget, causal_mask, rope_cos_sin  # noqa: E402
+from specdraft.engine.kernels import attention_ops  # noqa: E402
+from specdraft.engine.kernels.attention_ops import attention  # noqa: E402
+from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache  # noqa: E402
+from specdraft.engine.kernels.norm_rope_ops import add_rms_norm, rope_to_cache  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 DTYPE = torch.bfloat16 if CUDA else torch.float32
@@ -145,7 +141,7 @@ def test_rope_to_cache_matches_torch_and_writes_only_its_slots(qk_norm):
 )  # (40, 4): 3 tiles of 64 rows, one partial
 @pytest.mark.parametrize("min_programs", [4, 264])  # splits of 5 blocks of 64 slots, or of one
 def test_attention_matches_sdpa_under_masks(t, group, min_programs, monkeypatch):
-    monkeypatch.setattr(triton_ops, "MIN_ATTENTION_PROGRAMS", min_programs)
+    monkeypatch.setattr(attention_ops, "MIN_ATTENTION_PROGRAMS", min_programs)
     nkv, d, cache_len, num_slots = 2, 16, 700, 600  # 10 blocks of 64 slots, the last partial
     nq = group * nkv
     q = _randn(t, nq, d, seed=1)
