@@ -416,7 +416,7 @@ def id_reading(
         and not (Path(drafter) / MANIFEST_FILE).is_file()
     ):
         from specdraft.checkpoint import read_config
-        from specdraft.checkpoint.layouts import config_target_sizes
+        from specdraft.checkpoint.config_read import config_target_sizes
         from specdraft.engine.load import refuse_other_target
 
         refuse_other_target(
