@@ -6,7 +6,8 @@ one, never a mix. What they write gets an ordinary file's mode (0666 less the um
 mode the writer created it with (safetensors and `save_pretrained` create owner-only files).
 An output that a later run may resume (a capture store, a regenerated file,
 a training run, the demo's stages) records its settings; `refuse_other_settings` compares a
-resumed run's settings with them and names every field that differs.
+resumed run's settings with them and names every field that differs. `unreadable` says in a
+few words why a file a user gave could not be read, for the one-line error naming it.
 """
 
 from __future__ import annotations
@@ -106,6 +107,14 @@ def replace_dir(src: Path, dst: Path) -> None:
         os.replace(dst, old)
     os.replace(src, dst)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def unreadable(e: OSError | UnicodeDecodeError) -> str:
+    """Why reading a file failed, in a few words for a one-line error: the OS's reason
+    ("Permission denied", "Is a directory") or "not UTF-8 text"."""
+    if isinstance(e, UnicodeDecodeError):
+        return "not UTF-8 text"
+    return e.strerror or str(e)
 
 
 def differing_fields(

@@ -3,8 +3,9 @@
 Every engine ignores a config key it does not know, so a key that changes the network (a new
 norm, an MoE layer, a quantization) but that specdraft does not read would be served, checked
 and converted as a plain EAGLE-3 drafter without a word. Here any key outside these lists is a
-CheckpointError naming the keys and the fix (`layouts.refuse_unknown_keys`; `specdraft inspect CKPT
---known-keys` prints the lists).
+CheckpointError naming the keys and the fix (`refuse_unknown_keys`; `specdraft inspect CKPT
+--known-keys` prints the lists), as is a flag of an EAGLE-3 variant specdraft does not implement
+(`refuse_unimplemented_flags`, `refuse_sliding_window`).
 
 The lists are built from the drafter configs the field publishes, read for this:
 SpecForge ``configs/*eagle3*.json`` (26 files at commit a6b6b02, 2026-08-08), speculators 0.9.0
@@ -12,18 +13,30 @@ SpecForge ``configs/*eagle3*.json`` (26 files at commit a6b6b02, 2026-08-08), sp
 ``transformer_layer_config``: a transformers LlamaConfig / Qwen3Config), EAGLE's
 ``eagle/traineagle3/config.json`` (SafeAILab/EAGLE 9666a81) and NVIDIA ModelOpt 0.47.0
 (``torch/export/plugins/hf_spec_configs.py`` llama_eagle_template_config). Flags of EAGLE-3
-variants (`layouts.UNIMPLEMENTED_FLAGS`, and the norm / sliding-window keys of `VARIANT_KEYS`)
-are judged by their own rule, not here.
+variants (`UNIMPLEMENTED_FLAGS`, and the norm / sliding-window keys of `VARIANT_KEYS`) are
+judged by their own rule, not by the lists.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from specdraft.checkpoint.layouts import CheckpointError
+from specdraft.conventions.engines import SLIDING_LAYER_TYPE
 from specdraft.errors import closest_name
 
+# Config flags of EAGLE-3 variants that specdraft's drafter does not implement: if set, refuse.
+UNIMPLEMENTED_FLAGS = ("embed_norm", "attention_bias", "mlp_bias")
+# What to do about a config.json that sets one of UNIMPLEMENTED_FLAGS.
+FLAGS_FIX = (
+    "a drafter specdraft trained or exported never sets them: remove the flag (or write false) if "
+    "the drafter was trained without it, else use the trainer that implements it"
+)
+
 # Keys specdraft reads to build the drafter or the engines' aux ids (draft.DraftConfig,
-# layouts.config_from_files, conventions.aux_layers_from_config).
+# config_read.config_from_files, conventions.aux_layers_from_config).
 READ_KEYS = (
     "architectures",
     "model_type",
@@ -77,7 +90,7 @@ HARMLESS_VALUES: dict[str, tuple[Any, ...]] = {
     "pretraining_tp": (1, None),
     "use_sliding_window": (False, None),
 }
-# Keys of EAGLE-3 variants judged by their own rule (`layouts.UNIMPLEMENTED_FLAGS` and the norm /
+# Keys of EAGLE-3 variants judged by their own rule (`UNIMPLEMENTED_FLAGS` and the norm /
 # sliding-window support that reads them), never by this one; the caller adds UNIMPLEMENTED_FLAGS.
 VARIANT_KEYS = (
     "norm_before_residual",
@@ -98,7 +111,7 @@ EAGLE_CONFIG_VALUES: dict[str, tuple[Any, ...] | None] = {
     "next_layer_regular": (True, None),
     "parallel_draft_step": (1, None),
     "parallel_draft_heads_num_layers": None,  # read only when parallel_draft_step > 1
-    "norm_before_fc": (True, False, None),  # read first by layouts.norm_flags_of_config
+    "norm_before_fc": (True, False, None),  # read first by config_read.norm_flags_of_config
 }
 MAX_VALUE_CHARS = 60  # an unknown key's value is cut past this in the refusal
 UNKNOWN_KEYS_FIX = (
@@ -194,3 +207,55 @@ def known_keys_lines(variant_keys: tuple[str, ...] = ()) -> list[str]:
         f"eagle_config: {valued(EAGLE_CONFIG_VALUES)}",
         f"flags judged by their own rule: {', '.join(VARIANT_KEYS + tuple(variant_keys))}",
     ]
+
+
+def refuse_sliding_window(where: str, layer: dict[str, Any]) -> None:
+    """A draft layer config whose layer_types[0] is "sliding_attention" (what speculators' trainer
+    writes, window 2048) is a CheckpointError: vLLM and speculators then window the drafter's
+    attention (`conventions.SLIDING_LAYER_TYPE`), which specdraft's drafter does not implement."""
+    layer_types = layer.get("layer_types")
+    if isinstance(layer_types, list) and layer_types and layer_types[0] == SLIDING_LAYER_TYPE:
+        raise CheckpointError(
+            f"{where}: layer_types [{SLIDING_LAYER_TYPE!r}] with sliding_window {layer.get('sliding_window')}: "
+            "vLLM and speculators window this drafter's attention, specdraft's drafter attends over the whole "
+            "context (no sliding window) and would compute another drafter for longer contexts; retrain with "
+            "full attention (speculators' trainer: --full-attention-indices 0)"
+        )
+
+
+def unimplemented_flags(config: dict[str, Any]) -> dict[str, Any]:
+    """The UNIMPLEMENTED_FLAGS a drafter's config.json sets (any value but false, null, 0 or
+    empty), at the top or in a speculators transformer_layer_config, with their values."""
+    layer = config.get("transformer_layer_config")
+    layer = layer if isinstance(layer, dict) else {}
+    return {
+        k: config.get(k, layer.get(k)) for k in UNIMPLEMENTED_FLAGS if config.get(k) or layer.get(k)
+    }
+
+
+def refuse_unimplemented_flags(path: Path, config: dict[str, Any]) -> None:
+    """The one rule every command loads a drafter by: a config.json that sets a flag specdraft's
+    drafter does not implement is a CheckpointError naming the file, the flags and the fix (the
+    engine would compute another network than the one specdraft trained and checks)."""
+    flagged = unimplemented_flags(config)
+    if flagged:
+        named = ", ".join(f"{k}: {json.dumps(v)}" for k, v in flagged.items())
+        raise CheckpointError(
+            f"{path}/config.json: sets {named}, which specdraft's drafter does not implement "
+            f"(it would compute another network than was trained); {FLAGS_FIX}"
+        )
+
+
+def refuse_unknown_keys(path: Path, config: dict[str, Any]) -> None:
+    """The one rule for the rest of config.json: a key specdraft neither reads nor knows to be
+    harmless (`config_keys`) is a CheckpointError naming the file, the keys with their values (and
+    the closest known key), the fix and the command that lists the known keys (every engine would
+    ignore such a key without a word)."""
+    unknown = unknown_config_keys(config, UNIMPLEMENTED_FLAGS)
+    if unknown:
+        what = "a key" if len(unknown) == 1 else f"{len(unknown)} keys"
+        raise CheckpointError(
+            f"{path}/config.json: {what} specdraft does not read and does not know "
+            f"to be harmless: {'; '.join(unknown)}; {UNKNOWN_KEYS_FIX} "
+            f"(`specdraft inspect {path} --known-keys` lists the keys known)"
+        )

@@ -22,12 +22,14 @@ from specdraft.checkpoint.layouts import (
     MANIFEST_FILE,
     OFFICIAL_ARCHITECTURES,
     CheckpointError,
+    UnreadableCheckpointFile,
 )
 from specdraft.conventions.engines import (
     PLAIN_DRAFT_ARCHITECTURE_READ,
     RELEASES_READ,
     engines_serving_architecture,
 )
+from specdraft.files import unreadable
 
 # Config keys only an EAGLE-3 drafter's config has (a transformers model's has none of them),
 # at the top or in a speculators transformer_layer_config.
@@ -92,8 +94,9 @@ def _drafter_evidence(path: Path, config: dict[str, Any], architectures: list[st
 
 
 def read_config(path: Path, fix: str = DRAFTER_CONFIG_FIX) -> dict[str, Any]:
-    """config.json of a checkpoint dir; CheckpointError for a missing file, and for bad JSON or no
-    JSON object, then `fix` (the one message every command prints for that file)."""
+    """config.json of a checkpoint dir; CheckpointError for a missing file, bad JSON (or not text)
+    or no JSON object, UnreadableCheckpointFile for one the OS will not read (permissions, a
+    directory), then `fix` (the one message every command prints for that file)."""
     file = Path(path) / "config.json"
     if not file.exists():  # a run directory or a store given for its drafter: say what to pass
         raise CheckpointError(
@@ -104,6 +107,11 @@ def read_config(path: Path, fix: str = DRAFTER_CONFIG_FIX) -> dict[str, Any]:
         config = json.loads(file.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{file}: not valid JSON ({e}); {fix}") from e
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{file}: not valid JSON ({unreadable(e)}); {fix}") from e
+    except OSError as e:
+        reason = unreadable(e)
+        raise UnreadableCheckpointFile(f"{file}: cannot be read ({reason}); {fix}", reason) from e
     if not isinstance(config, dict):
         raise CheckpointError(f"{file}: not a JSON object (a {type(config).__name__}); {fix}")
     return config

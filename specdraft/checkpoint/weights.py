@@ -141,7 +141,7 @@ def _shard_names(index: Path) -> list[str]:
     """The shard files an index's weight_map names, in first-use order; CheckpointError if bad."""
     try:
         weight_map = json.loads(index.read_text()).get("weight_map")
-    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError, OSError) as e:
         raise CheckpointError(
             f"{index}: not a sharded-weights index ({e}); {REEXPORT_FIX}"
         ) from None

@@ -155,7 +155,7 @@ def print_files_without_target(console, checkpoint: str) -> None:
         read_config,
         read_weights,
     )
-    from specdraft.checkpoint.layouts import config_without_target
+    from specdraft.checkpoint.config_read import config_without_target
 
     path = Path(checkpoint)
     config, (tensors, files), layout = read_config(path), read_weights(path), detect_layout(path)
@@ -358,7 +358,7 @@ def print_flag_notes(console, path, layout: str) -> None:
     """A note per drafter flag that the engine a `layout` is written for does not implement
     (`conventions.engines.flag_refusal`): convert writes the flags as they are, export refuses them."""
     from specdraft.checkpoint import read_config
-    from specdraft.checkpoint.layouts import norm_flags_of_config
+    from specdraft.checkpoint.config_read import norm_flags_of_config
     from specdraft.conventions.engines import flag_refusal
 
     engine = "speculators" if layout == "speculators" else "sglang"

@@ -85,7 +85,7 @@ def refuse_other_target(drafter: str, target: str, text) -> None:
     if not drafter or not (path / "config.json").is_file() or (path / MANIFEST_FILE).is_file():
         return
     from specdraft.checkpoint import read_config
-    from specdraft.checkpoint.layouts import config_target_sizes
+    from specdraft.checkpoint.config_read import config_target_sizes
     from specdraft.engine.load import refuse_other_target as refuse
 
     refuse(

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specdraft.conventions import ENGINE_NAMES, ConventionError, parse_version, version_label
+from specdraft.conventions.ids import ENGINE_NAMES, ConventionError, parse_version, version_label
 
 
 @dataclass(frozen=True)

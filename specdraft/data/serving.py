@@ -5,13 +5,12 @@ conventions split off for its size (as `data.vocab`): it reads the rule table's 
 from __future__ import annotations
 
 from specdraft.conventions import (
-    _CLASS_NAMES,
     ENGINE_NAMES,
     TARGET_CLASSES,
     ConventionError,
-    _encode,
     default_aux_layers,
 )
+from specdraft.conventions.ids import _CLASS_NAMES, _encode
 from specdraft.conventions.rules import ENGINE_RULES
 
 

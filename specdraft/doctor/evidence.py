@@ -30,7 +30,7 @@ from specdraft.checkpoint import (
     read_weights,
     state_dict_for_layout,
 )
-from specdraft.checkpoint.layouts import config_without_target
+from specdraft.checkpoint.config_read import config_without_target
 from specdraft.conventions import (
     AUX_KEY,
     AuxReading,

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from specdraft.checkpoint import FLAGS_FIX, CheckpointError, unimplemented_flags
-from specdraft.checkpoint.layouts import LEGACY_FC_NORM_FLAG, norm_flags_of_config
+from specdraft.checkpoint.config_read import LEGACY_FC_NORM_FLAG, norm_flags_of_config
 from specdraft.conventions import AUX_KEY, ConventionError, lint_sglang_ids, to_engine_ids
 from specdraft.conventions.engines import flag_refusal, sglang_embedding, sglang_replaces_head
 from specdraft.doctor.evidence import Evidence, Unavailable, Unreadable, describe

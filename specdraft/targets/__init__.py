@@ -26,9 +26,13 @@ import transformers
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel
 
+from specdraft.conventions import ConventionError
 from specdraft.targets.config import (
     DEFAULT_CLASSES,
     TARGET_CLASSES,
+    TargetConfigError,
+    TargetFileError,
+    TargetFileMissing,
     check_target_weights,
     read_target_config,
     target_class_of,
@@ -64,15 +68,15 @@ class Target:
     and its `embed_tokens`, `layers` (L modules) and `final_norm`; `lm_head`; `num_layers` (L),
     `hidden_size`, `vocab_size`; `architecture`, the transformers class name, e.g. "LlamaForCausalLM".
 
-    Raises ValueError naming the class when its text model_type is not in `TARGET_CLASSES` or
-    no text decoder with embed_tokens, layers and norm is found.
+    Raises TargetConfigError (a ValueError) naming the class when its text model_type is not in
+    `TARGET_CLASSES` or no text decoder with embed_tokens, layers and norm is found.
     """
 
     def __init__(self, model: PreTrainedModel):
         name = type(model).__name__
         text_config = model.config.get_text_config()
         if text_config.model_type not in TARGET_CLASSES:
-            raise ValueError(
+            raise TargetConfigError(
                 f"unsupported text model_type {text_config.model_type!r} in {name}; "
                 f"supported: {', '.join(TARGET_CLASSES)}"
             )
@@ -89,7 +93,7 @@ class Target:
         self.hidden_size, self.vocab_size = text_config.hidden_size, text_config.vocab_size
         self.architecture = name
         if len(self.layers) != text_config.num_hidden_layers:
-            raise ValueError(
+            raise TargetConfigError(
                 f"{name} has {len(self.layers)} decoder layers but its text config "
                 f"says num_hidden_layers={text_config.num_hidden_layers}"
             )
@@ -120,7 +124,8 @@ class Target:
         return_logits=False skips the lm_head (logits is None).
         Runs under torch.inference_mode: the outputs are inference tensors (clone them
         outside inference mode before they enter autograd).
-        Raises ValueError for an index out of 0..L, a repeated index or a non-int.
+        Raises ConventionError (a ValueError) for an index out of 0..L, a repeated index or a
+        non-int.
         """
         indices = self._check_aux_layers(aux_layers)
         last = self.num_layers
@@ -149,12 +154,12 @@ class Target:
         indices = list(aux_layers)
         for k in indices:
             if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= self.num_layers:
-                raise ValueError(
+                raise ConventionError(
                     f"aux layer {k!r} is not a specdraft index in 0..{self.num_layers} "
                     f"(0 = embeddings, {self.num_layers} = last layer output before the norm)"
                 )
         if len(set(indices)) != len(indices):
-            raise ValueError(f"aux layers {indices} repeat an index; name each layer once")
+            raise ConventionError(f"aux layers {indices} repeat an index; name each layer once")
         return indices
 
 
@@ -209,9 +214,11 @@ def load_target(
     missing or unexpected weights are an error. Nothing is downloaded.
     A config gives a randomly initialised model, seeded by `seed` (values depend on seed,
     dtype and device type); the global RNG is left as it was. The model is in eval mode.
-    Raises FileNotFoundError for a path without config.json, ValueError for an EAGLE-3 drafter
-    directory, an unsupported class (naming it) or a checkpoint whose weights do not match the model,
-    DamagedFile (also a ValueError) for a truncated weights file (`check_target_weights`).
+    Raises TargetFileMissing (a FileNotFoundError) for a path without config.json,
+    TargetConfigError (a ValueError) for an EAGLE-3 drafter directory, an unsupported class (naming
+    it) or a checkpoint whose weights do not match the model (TargetFileError, an OSError, for
+    weight files transformers cannot read), DamagedFile (also a ValueError) for a truncated
+    weights file (`check_target_weights`).
     """
     if isinstance(source, PretrainedConfig):
         model_class = _model_class(source)
@@ -232,7 +239,8 @@ def head_weight_keys(config: PretrainedConfig) -> tuple[str, dict[str, str]]:
     ("norm.weight", "lm_head.weight", "embed_tokens.weight" -> e.g. "model.norm.weight"): the
     module paths of its text decoder's norm and embedding and of its lm_head (`text_decoder`),
     in the class built on the meta device (no memory, no weights read). What a capture that runs
-    the network elsewhere (vLLM) reads from the files. Raises ValueError naming an unsupported class."""
+    the network elsewhere (vLLM) reads from the files. Raises TargetConfigError naming an
+    unsupported class."""
     model_class = _model_class(config)
     with torch.device("meta"):
         model = model_class(copy.deepcopy(config))
@@ -249,18 +257,18 @@ def head_weight_keys(config: PretrainedConfig) -> tuple[str, dict[str, str]]:
 def target_embedding(path: str | Path) -> torch.Tensor:
     """The input embedding [vocab, hidden] of the target directory `path`, as stored (its dtype),
     read from its safetensors files by the key its class gives it (`head_weight_keys`); nothing
-    else is read. Raises FileNotFoundError naming the directory when no file holds it."""
-    from safetensors import safe_open
-
-    from specdraft.targets.config import target_weight_files
+    else is read. Raises TargetFileMissing (a FileNotFoundError) naming the directory when no
+    file holds it, DamagedFile for a file cut short (`checkpoint.open_safetensors`)."""
+    from specdraft.checkpoint import open_safetensors
+    from specdraft.targets.config import TARGET_WEIGHTS_FIX, target_weight_files
 
     key = head_weight_keys(read_target_config(path))[1]["embed_tokens.weight"]
     for file in target_weight_files(path):
         if file.is_file():
-            with safe_open(str(file), "pt") as f:
+            with open_safetensors(file, TARGET_WEIGHTS_FIX) as f:
                 if key in f.keys():
                     return f.get_tensor(key)
-    raise FileNotFoundError(f"{path}: no safetensors file holds the target's embedding {key}")
+    raise TargetFileMissing(f"{path}: no safetensors file holds the target's embedding {key}")
 
 
 def _model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
@@ -268,7 +276,7 @@ def _model_class(config: PretrainedConfig) -> type[PreTrainedModel]:
     name = architectures[0] if architectures else DEFAULT_CLASSES.get(config.model_type)
     model_class = getattr(transformers, name, None) if name else None
     if model_class is None:
-        raise ValueError(
+        raise TargetConfigError(
             f"unsupported target class {name or '(none)'} (model_type {config.model_type!r}); "
             f"supported: {', '.join(DEFAULT_CLASSES.values())}"
         )
@@ -292,7 +300,7 @@ def text_decoder(model: PreTrainedModel) -> nn.Module:
     """The text decoder of a causal LM or a multimodal wrapper: `get_decoder()` (transformers 5),
     else its `.model` (Llama4ForCausalLM: get_decoder() returns itself in 5.24, its
     base_model_prefix names no attribute; Llama4ForConditionalGeneration's is that class).
-    Raises ValueError naming the class when the decoder lacks embed_tokens, layers or norm."""
+    Raises TargetConfigError naming the class when the decoder lacks embed_tokens, layers or norm."""
     decoder = model.get_decoder()
     for _ in range(2):  # Llama4ForConditionalGeneration: get_decoder() is a Llama4ForCausalLM
         inner = getattr(decoder, "model", None)
@@ -301,7 +309,7 @@ def text_decoder(model: PreTrainedModel) -> nn.Module:
         decoder = inner
     missing = [part for part in ("embed_tokens", "layers", "norm") if not hasattr(decoder, part)]
     if missing or model.get_output_embeddings() is None:
-        raise ValueError(
+        raise TargetConfigError(
             f"unsupported target class {type(model).__name__}: its text decoder "
             f"{type(decoder).__name__} has no {', '.join(missing) or 'lm_head'}; specdraft "
             "reads a decoder with embed_tokens, layers and norm under an lm_head"
@@ -332,21 +340,24 @@ def _load_directory(path: Path, dtype: torch.dtype, device: str | torch.device) 
     from specdraft.checkpoint import wrong_dir_message
 
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path}: no config.json; pass a transformers model directory")
+        raise TargetFileMissing(f"{path}: no config.json; pass a transformers model directory")
     wrong = wrong_dir_message(path, "target")
     if wrong:
-        raise ValueError(wrong)
+        raise TargetConfigError(wrong)
     config = read_target_config(path)  # as published: never prompts for remote code
     model_class = _model_class(config)
     check_target_weights(path)
-    with no_progress_bars():
-        model, info = model_class.from_pretrained(
-            path, config=config, local_files_only=True, dtype=dtype, output_loading_info=True
-        )
+    try:
+        with no_progress_bars():
+            model, info = model_class.from_pretrained(
+                path, config=config, local_files_only=True, dtype=dtype, output_loading_info=True
+            )
+    except OSError as e:  # a weight file transformers looks for and does not find
+        raise TargetFileError(str(e)) from e
     problems = {k: sorted(info[k]) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     problems = {k: v for k, v in problems.items() if v}
     if problems:
-        raise ValueError(f"{path}: weights do not match {model_class.__name__}: {problems}")
+        raise TargetConfigError(f"{path}: weights do not match {model_class.__name__}: {problems}")
     return model.to(device)
 
 

@@ -17,6 +17,7 @@ from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from specdraft.errors import SpecdraftError
+from specdraft.files import unreadable
 
 # Config model_type -> class built when a config names no `architectures` (transformers 5.24's
 # auto mappings: a multimodal model_type builds its conditional-generation wrapper).
@@ -109,6 +110,25 @@ _VOLATILE_CONFIG_KEYS = frozenset(
 )
 
 
+class TargetConfigError(SpecdraftError, ValueError):
+    """A target directory specdraft will not read: its config.json (missing keys, not JSON, unknown
+    remote code), an unsupported class, weights that do not match it; names the file and the fix."""
+
+
+class TargetFileError(SpecdraftError, OSError):
+    """A file of the target directory the OS or transformers would not read (permissions, a
+    directory, a file transformers looks for and does not find); names the file. An OSError, as
+    the error it replaces (not a TargetConfigError), whose `strerror` keeps the OS's reason."""
+
+    def __init__(self, message: str, strerror: str | None = None) -> None:
+        super().__init__(message)
+        self.strerror = strerror
+
+
+class TargetFileMissing(TargetFileError, FileNotFoundError):
+    """A file the target directory must hold and does not (config.json, the embedding's weights)."""
+
+
 TARGET_CONFIG_FIX = (
     "restore config.json from where the model came from (its Hugging Face repository or the "
     "original download), or pass another transformers model directory"
@@ -129,12 +149,12 @@ TARGET_REQUIRED_KEYS = (
 def check_target_config(
     path: str | Path, config: dict, keys: Sequence[str] = TARGET_REQUIRED_KEYS
 ) -> None:
-    """ValueError naming `path`/config.json, the `keys` it lacks (at the top or in text_config)
+    """TargetConfigError naming `path`/config.json, the `keys` it lacks (at the top or in text_config)
     and the fix (TARGET_CONFIG_FIX); transformers would default a missing layer count silently."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     missing = [k for k in keys if config.get(k) is None and text.get(k) is None]
     if missing:
-        raise ValueError(
+        raise TargetConfigError(
             f"{Path(path) / 'config.json'}: missing {', '.join(missing)}, which a transformers "
             f"model config holds; {TARGET_CONFIG_FIX}"
         )
@@ -150,10 +170,6 @@ PUBLISHED_MODEL_TYPES = {"kimi_k2": "deepseek_v3"}
 REMOTE_CODE_KEYS = ("auto_map",)
 
 
-class TargetConfigError(SpecdraftError, ValueError):
-    """A target config.json specdraft will not read (unknown remote code); names the file and the fix."""
-
-
 def read_target_config(path: str | Path, trust_remote_code: bool = False) -> PretrainedConfig:
     """The transformers config of the target directory `path`, read without prompting.
 
@@ -162,19 +178,51 @@ def read_target_config(path: str | Path, trust_remote_code: bool = False) -> Pre
     transformers' own class (`trust_remote_code=False`: a published `auto_map` beside it is not
     run); any other with an `auto_map` raises TargetConfigError naming `--trust-remote-code`
     unless `trust_remote_code`. A `quantization_config` is kept as data: no kernel is imported.
-    Raises FileNotFoundError without config.json, ValueError for a config transformers rejects.
+    Raises TargetFileMissing without config.json, TargetConfigError for one that is not JSON or
+    that transformers rejects (TargetFileError, an OSError, when transformers cannot read a file).
     """
     path = Path(path)
     file = path / "config.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"{path}: no config.json; pass the target's transformers directory")
-    data = json.loads(file.read_text())
+    data = _config_json(file)
     model_type = data.get("model_type") if isinstance(data, dict) else None
-    if model_type in PUBLISHED_MODEL_TYPES:
-        fields = {k: v for k, v in data.items() if k not in ("model_type", *REMOTE_CODE_KEYS)}
-        return AutoConfig.for_model(PUBLISHED_MODEL_TYPES[model_type], **fields)
-    if model_type in CONFIG_MAPPING:
-        return AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    known = model_type in CONFIG_MAPPING
+    if model_type not in PUBLISHED_MODEL_TYPES and not known:
+        _refuse_remote_code(file, data, model_type, trust_remote_code)
+    try:
+        if model_type in PUBLISHED_MODEL_TYPES:
+            fields = {k: v for k, v in data.items() if k not in ("model_type", *REMOTE_CODE_KEYS)}
+            return AutoConfig.for_model(PUBLISHED_MODEL_TYPES[model_type], **fields)
+        return AutoConfig.from_pretrained(
+            path, local_files_only=True, trust_remote_code=trust_remote_code and not known
+        )
+    except OSError as e:
+        raise TargetFileError(str(e)) from e
+    except ValueError as e:
+        raise TargetConfigError(str(e)) from e
+
+
+def _config_json(file: Path) -> Any:
+    """The JSON value of a target's config.json; TargetFileMissing when it is not there,
+    TargetFileError when it cannot be read, TargetConfigError when it is not JSON text."""
+    if not file.is_file():
+        raise TargetFileMissing(
+            f"{file.parent}: no config.json; pass the target's transformers directory"
+        )
+    try:
+        return json.loads(file.read_text())
+    except OSError as e:
+        reason = unreadable(e)
+        raise TargetFileError(
+            f"{file}: cannot be read ({reason}); {TARGET_CONFIG_FIX}", reason
+        ) from e
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        reason = unreadable(e) if isinstance(e, UnicodeDecodeError) else str(e)
+        raise TargetConfigError(f"{file}: not valid JSON ({reason}); {TARGET_CONFIG_FIX}") from e
+
+
+def _refuse_remote_code(file: Path, data: Any, model_type: Any, trust_remote_code: bool) -> None:
+    """TargetConfigError naming `--trust-remote-code` for a model_type only the model's own code
+    (`auto_map`) defines, unless `trust_remote_code`."""
     if isinstance(data, dict) and data.get("auto_map") and not trust_remote_code:
         known = ", ".join(sorted(PUBLISHED_MODEL_TYPES))
         raise TargetConfigError(
@@ -182,9 +230,6 @@ def read_target_config(path: str | Path, trust_remote_code: bool = False) -> Pre
             f"which specdraft does not run unasked (it reads {known} and transformers' own "
             "types); pass --trust-remote-code to run that code, or a target of a known type"
         )
-    return AutoConfig.from_pretrained(
-        path, local_files_only=True, trust_remote_code=trust_remote_code
-    )
 
 
 TARGET_WEIGHTS_FIX = (
@@ -195,15 +240,20 @@ TARGET_WEIGHTS_FIX = (
 
 def target_weight_files(path: str | Path) -> list[Path]:
     """The safetensors files of a transformers target directory: the shards its
-    model.safetensors.index.json names, else model.safetensors (present or not)."""
+    model.safetensors.index.json names, else model.safetensors (present or not).
+    TargetConfigError naming an index that cannot be read or holds no weight_map."""
     path = Path(path)
     index = path / "model.safetensors.index.json"
-    if index.is_file():
-        return [
-            path / name
-            for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        ]
-    return [path / "model.safetensors"]
+    if not index.is_file():
+        return [path / "model.safetensors"]
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / name for name in sorted(set(weight_map.values()))]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        reason = unreadable(e) if isinstance(e, OSError | UnicodeDecodeError) else repr(e)
+        raise TargetConfigError(
+            f"{index}: not a sharded-weights index ({reason}); {TARGET_WEIGHTS_FIX}"
+        ) from None
 
 
 def check_target_weights(path: str | Path) -> None:
@@ -234,11 +284,14 @@ def config_hash(config: PretrainedConfig) -> str:
 def target_generation_config(path: str | Path) -> GenerationConfig:
     """The generation config transformers gives a model loaded from the target directory `path`:
     its generation_config.json, else the one built from its config.json (`read_target_config`,
-    `GenerationConfig.from_model_config`: config.json's eos_token_id). Raises OSError naming a
-    generation_config.json that is not JSON, and what `read_target_config` raises."""
+    `GenerationConfig.from_model_config`: config.json's eos_token_id). Raises TargetFileError (an
+    OSError) naming a generation_config.json that is not JSON, and what `read_target_config` raises."""
     path = Path(path)
     if (path / "generation_config.json").is_file():
-        return GenerationConfig.from_pretrained(path, local_files_only=True)
+        try:
+            return GenerationConfig.from_pretrained(path, local_files_only=True)
+        except OSError as e:
+            raise TargetFileError(str(e)) from e
     return GenerationConfig.from_model_config(read_target_config(path))
 
 
@@ -248,7 +301,7 @@ def end_token_ids(tokenizer: Any, generation: str | Path | GenerationConfig) -> 
     `generate` and vLLM stop at (Llama-3.1-Instruct: [128001, 128008, 128009], the tokenizer's
     EOS one of them). `generation`: a loaded model's generation_config, or the target directory
     (`target_generation_config`). `generate`, `serve` and `regenerate` stop here.
-    Raises ValueError naming the source when eos_token_id is not an int or a list of ints."""
+    Raises TargetConfigError naming the source when eos_token_id is not an int or a list of ints."""
     config = (
         generation
         if isinstance(generation, GenerationConfig)
@@ -260,7 +313,7 @@ def end_token_ids(tokenizer: Any, generation: str | Path | GenerationConfig) -> 
         isinstance(i, int) and not isinstance(i, bool) for i in listed
     ):
         where = "the loaded target" if isinstance(generation, GenerationConfig) else generation
-        raise ValueError(
+        raise TargetConfigError(
             f"{where}: generation config eos_token_id {config.eos_token_id!r} is not a token id or "
             "a list of them; write an int or a list of ints as eos_token_id in generation_config.json"
         )

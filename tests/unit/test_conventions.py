@@ -298,3 +298,22 @@ def test_validate_vocab_map_bounds_the_map_by_the_tokenizers_length():
     assert "vocab_limit=6" in problem
     full = build_vocab_map(torch.ones(8, dtype=torch.int64), 8)
     assert validate_vocab_map(full.d2t, full.t2d, 8, 8, usable=6) == []
+
+
+def test_a_users_dtype_and_aux_layers_are_refused_as_specdraft_errors():
+    from specdraft.conventions import (
+        ConventionError,
+        UnknownDtype,
+        check_aux_flag,
+        parse_dtype,
+        split_aux_option,
+    )
+    from specdraft.errors import SpecdraftError
+
+    with pytest.raises(UnknownDtype, match="unknown dtype 'int4'; use one of bfloat16, bf16") as e:
+        parse_dtype("int4")
+    assert isinstance(e.value, SpecdraftError) and isinstance(e.value, ValueError)
+    with pytest.raises(ConventionError, match="'hf' is no aux-id convention; write specdraft"):
+        split_aux_option("hf:1,2,3")
+    with pytest.raises(ConventionError, match=r"--aux-layers 3,2,1: .*give 3 increasing layers"):
+        check_aux_flag([3, 2, 1], 8)

@@ -15,8 +15,10 @@ import torch
 import transformers
 
 import specdraft.targets as target_module
+from specdraft.conventions import ConventionError
+from specdraft.errors import SpecdraftError
 from specdraft.targets import Target, TargetOutput, load_target
-from specdraft.targets.config import config_hash
+from specdraft.targets.config import TargetConfigError, TargetFileMissing, config_hash
 from tests.tiny_models import ARCHITECTURES, save_tiny_model, tiny_config, tiny_model
 
 NUM_LAYERS = 4
@@ -219,7 +221,7 @@ def test_hooks_removed_after_forward_and_on_error(llama_target):
 
 @pytest.mark.parametrize("aux_layers", [[-1], [NUM_LAYERS + 1], [1, 1], [True], [1.0]])
 def test_bad_aux_layers_raise(llama_target, aux_layers):
-    with pytest.raises(ValueError, match="aux layer"):
+    with pytest.raises(ConventionError, match="aux layer"):  # a SpecdraftError and ValueError
         llama_target.forward(_inputs()[0], aux_layers=aux_layers)
 
 
@@ -305,8 +307,9 @@ def test_loading_draws_no_progress_bar_and_restores_the_setting(tmp_path, capfd)
 
 
 def test_missing_directory_raises(tmp_path):
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(TargetFileMissing, match="config.json") as caught:
         load_target(tmp_path)
+    assert isinstance(caught.value, FileNotFoundError) and isinstance(caught.value, SpecdraftError)
 
 
 def test_load_is_strict(tmp_path):
@@ -314,7 +317,7 @@ def test_load_is_strict(tmp_path):
     config = transformers.AutoConfig.from_pretrained(path)
     config.num_hidden_layers = 3  # the checkpoint lacks layer 3's weights
     config.save_pretrained(path)
-    with pytest.raises(ValueError, match="missing_keys.*layers.2"):
+    with pytest.raises(TargetConfigError, match="missing_keys.*layers.2"):
         load_target(path)
 
 

@@ -110,3 +110,55 @@ def test_trust_remote_code_is_what_the_refusal_names(tmp_path, deepseek, monkeyp
         )  # transformers looked for it
         assert "is defined by the model's own code" not in text, text  # the refusal is lifted
         assert "Traceback" not in result.output
+
+
+def test_a_target_config_that_is_missing_or_not_json_is_one_named_error(tmp_path):
+    from specdraft.errors import SpecdraftError
+    from specdraft.targets.config import TargetFileMissing
+
+    with pytest.raises(TargetFileMissing, match="no config.json; pass the target's") as caught:
+        read_target_config(tmp_path)
+    assert isinstance(caught.value, FileNotFoundError) and isinstance(caught.value, SpecdraftError)
+    (tmp_path / "config.json").write_text("{bad")
+    with pytest.raises(TargetConfigError, match=r"config.json: not valid JSON \(Expecting"):
+        read_target_config(tmp_path)
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(TargetConfigError, match=r"not valid JSON \(not UTF-8 text\); restore"):
+        read_target_config(tmp_path)
+
+
+def test_a_damaged_weights_index_and_generation_config_are_named(tmp_path):
+    from specdraft.targets.config import (
+        TargetFileError,
+        end_token_ids,
+        target_generation_config,
+        target_weight_files,
+    )
+    from tests.tiny_models import save_tiny_model
+
+    target = save_tiny_model("llama", tmp_path / "t", num_layers=2)
+    (target / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    with pytest.raises(TargetConfigError, match=r"index.json: not a sharded-weights index \("):
+        target_weight_files(target)
+    (target / "generation_config.json").write_text("{bad")
+    with pytest.raises(TargetFileError, match="generation_config.json' is not a valid JSON"):
+        target_generation_config(target)
+    (target / "generation_config.json").write_text('{"eos_token_id": "two"}')
+
+    class Tokenizer:
+        eos_token_id = 2
+
+    with pytest.raises(TargetConfigError, match="eos_token_id 'two' is not a token id"):
+        end_token_ids(Tokenizer(), target)
+
+
+def test_a_target_embedding_in_a_damaged_file_is_named(tmp_path):
+    from specdraft.errors import DamagedFile
+    from specdraft.targets import target_embedding
+    from tests.tiny_models import save_tiny_model
+
+    target = save_tiny_model("llama", tmp_path / "t", num_layers=2)
+    weights = target / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a download cut short
+    with pytest.raises(DamagedFile, match="model.safetensors: cannot be read as safetensors"):
+        target_embedding(target)

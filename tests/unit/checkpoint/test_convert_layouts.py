@@ -57,13 +57,15 @@ def test_a_config_that_reads_back_differently_is_refused(tmp_path, monkeypatch):
     """Without the manifest only config.json describes the drafter: convert proves it rebuilds the same one."""
     import pytest
 
-    from specdraft.checkpoint import CheckpointError, convert_draft, layouts
+    from specdraft.checkpoint import CheckpointError, config_write, convert_draft
 
     model = tiny_draft()
     src = save_draft(model, tmp_path / "src", layout="specdraft", manifest=tiny_manifest(model))
-    real = layouts.base_llama_config
+    real = config_write.base_llama_config
     monkeypatch.setattr(
-        layouts, "base_llama_config", lambda cfg, dtype: {**real(cfg, dtype), "rms_norm_eps": 0.5}
+        config_write,
+        "base_llama_config",
+        lambda cfg, dtype: {**real(cfg, dtype), "rms_norm_eps": 0.5},
     )
     with pytest.raises(
         CheckpointError, match=r"config reads back differently: rms_norm_eps 1e-0\d -> 0.5"

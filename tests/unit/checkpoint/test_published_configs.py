@@ -26,7 +26,7 @@ from specdraft.checkpoint import (
     tensor_digest,
     write_safetensors,
 )
-from specdraft.checkpoint.layouts import norm_flags_of_config
+from specdraft.checkpoint.config_read import norm_flags_of_config
 from specdraft.draft import DraftConfig
 from specdraft.export import export_draft
 from specdraft.targets.config import TARGET_CLASSES

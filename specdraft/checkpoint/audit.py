@@ -1,0 +1,78 @@
+"""What a drafter's tensors are worth: NaN / Inf values, the vocabulary map (FC-02), and the
+digests that prove two tensors or files bit-identical."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from specdraft.checkpoint.layouts import CheckpointError, state_dict_for_layout
+from specdraft.checkpoint.manifest import Manifest
+from specdraft.data.vocab import validate_vocab_map
+from specdraft.draft import Eagle3Draft
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 (hex) of a file's bytes, read in chunks (a store shard, a drafter, a downloaded model)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def usable_vocab(manifest: Manifest | None) -> int | None:
+    """How many target ids are tokens: the tokenizer length the manifest records (a target's
+    vocab_size may pad its embedding past it, as Qwen-family configs do), or None when unrecorded."""
+    length = ((manifest.tokenizer if manifest is not None else None) or {}).get("length")
+    return (
+        length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+    )
+
+
+def vocab_map_problems(model: Eagle3Draft, manifest: Manifest | None) -> list[str]:
+    """The one vocabulary-map rule (FC-02, `data.vocab.validate_vocab_map`), with the bound the
+    manifest records (`usable_vocab`): what inspect's audit, doctor, the engine and export refuse."""
+    cfg = model.cfg
+    return validate_vocab_map(
+        model.d2t.cpu(),
+        model.t2d.cpu(),
+        cfg.vocab_size,
+        cfg.draft_vocab_size,
+        usable_vocab(manifest),
+    )
+
+
+def check_vocab_map(model: Eagle3Draft, manifest: Manifest | None, path: str | Path) -> None:
+    """Raise CheckpointError naming `path` when `vocab_map_problems` finds any."""
+    problems = vocab_map_problems(model, manifest)
+    if problems:
+        raise CheckpointError(f"{path}: its vocabulary map (d2t) is wrong: {'; '.join(problems)}")
+
+
+def audit(model: Eagle3Draft, manifest: Manifest | None = None) -> list[str]:
+    """Problems in the tensors a drafter saves (a shared embedding is the target's): NaN/Inf values
+    and an invalid d2t/t2d map (FC-02, `vocab_map_problems`: ids past the tokenizer's length the
+    manifest records included)."""
+    problems = [
+        f"{name} holds NaN or Inf"
+        for name, t in state_dict_for_layout(model, "sglang").items()
+        if not all_finite(t)
+    ]
+    return problems + vocab_map_problems(model, manifest)
+
+
+def all_finite(t: torch.Tensor, chunk: int = 1 << 22) -> bool:
+    """No NaN or Inf in `t` (True for non-float tensors), checked `chunk` elements at a time:
+    isfinite of a whole bf16 weight allocates float32 temporaries of its size (a drafter's lm_head:
+    hundreds of MB), chunks keep the check to a few MB whatever the tensor."""
+    if not t.is_floating_point():
+        return True
+    flat = t.detach().reshape(-1)
+    return all(bool(torch.isfinite(part).all()) for part in flat.split(chunk))
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's raw bytes (dtype and shape included), for bit-exact comparisons."""
+    h = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())  # hashed in place
+    return h.hexdigest()

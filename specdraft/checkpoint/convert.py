@@ -1,0 +1,156 @@
+"""Rewriting a drafter in another layout, then proving the written files the same drafter: every
+tensor bit-identical (`verify_written`, export's proof too) and the config read back equal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdraft.checkpoint.audit import tensor_digest
+from specdraft.checkpoint.config_read import owned_embedding_config
+from specdraft.checkpoint.dirs import (
+    has_manifest,
+    is_training_checkpoint,
+    read_config,
+    source_verifier,
+)
+from specdraft.checkpoint.layouts import (
+    MANIFEST_FILE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    state_dict_for_layout,
+)
+from specdraft.checkpoint.load import key_mismatch_message, load_draft, read_draft_config
+from specdraft.checkpoint.manifest import LoadedDraft
+from specdraft.checkpoint.save import check_output_dir, save_draft
+from specdraft.checkpoint.weights import open_safetensors
+from specdraft.draft import Eagle3Draft
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What `convert_draft` proved: how many tensors are bit-identical to the source's, and the
+    ones derived because the source has none (written, not copied)."""
+
+    num_copied: int
+    derived: tuple[str, ...]
+
+
+def convert_draft(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    layout: str,
+    target_num_layers: int | None = None,
+    target_class: str | None = None,
+    sglang_version: str | None = None,
+    aux_layers: list[int] | None = None,
+    target_architectures: list[str] | None = None,
+    target_name_or_path: str | None = None,
+) -> Converted:
+    """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical and
+    the drafter config the same (the ``sglang`` layout drops the manifest, so its config.json
+    alone must rebuild the drafter).
+
+    A specdraft-layout destination needs the source's manifest; speculators carries it too.
+    Aux ids are read and written by the rule of `target_class` (default: the manifest's, else
+    "llama") and `sglang_version`; the written file's two id lists name the same layers.
+    A speculators destination records `target_name_or_path` (the --target directory) and
+    `target_architectures` as its verifier, as export does (replacing another the source names:
+    `verifier_replaced_note`), else the verifier the source records (its own speculators
+    verifier, or the manifest's target); None when nothing names it (vLLM started on the drafter
+    then has no target).
+    Returns how many tensors are bit-identical to the source's, and the derived ones (the source
+    has none: `derived_tensors`); raises CheckpointError when a tensor differs or is
+    missing (case FC-01), or the re-read config differs. Costs about the source's size in memory
+    (the written file is re-read one tensor at a time, `verify_written`).
+    """
+    check_output_dir(dst, source=src)
+    if layout == "specdraft":  # before asking for the target
+        _refuse_without_manifest(src, target_num_layers)
+    ids = {"target_class": target_class or "llama", "sglang_version": sglang_version}
+    source = load_draft(src, target_num_layers=target_num_layers, aux_layers=aux_layers, **ids)
+    if target_class is None and source.manifest is not None:
+        ids["target_class"] = (source.manifest.target or {}).get("target_class") or "llama"
+    name, architectures = _verifier_record(source, src, target_name_or_path, target_architectures)
+    save_draft(
+        source.model,
+        dst,
+        layout=layout,
+        manifest=source.manifest,
+        verifier=name,
+        verifier_architectures=architectures,
+        **ids,
+    )
+    _check_config_reads_back(source, dst, layout, ids)
+    return Converted(
+        verify_written(source.model, dst, layout) - len(source.derived), source.derived
+    )
+
+
+def _refuse_without_manifest(src: str | Path, target_num_layers: int | None) -> None:
+    """CheckpointError naming `src` when it carries no manifest, which the specdraft layout
+    carries and no --target can supply (the other layouts can be written instead)."""
+    if has_manifest(src):
+        return
+    with_target = (
+        "" if target_num_layers else ", with --target DIR (without a manifest the aux ids need it)"
+    )
+    raise CheckpointError(
+        f"{src}: no {MANIFEST_FILE}, which the specdraft layout carries and --target "
+        f"cannot supply; convert to --layout sglang or speculators instead{with_target}"
+    )
+
+
+def _verifier_record(
+    source: LoadedDraft,
+    src: str | Path,
+    target_name_or_path: str | None,
+    target_architectures: list[str] | None,
+) -> tuple[str | None, list[str] | None]:
+    """(verifier name_or_path, architectures) a speculators destination records: the --target's
+    when given, else the source's speculators verifier or the manifest's target (`convert_draft`)."""
+    verifier = {} if is_training_checkpoint(src) else source_verifier(read_config(Path(src)))
+    recorded = (source.manifest.target if source.manifest is not None else None) or {}
+    name = target_name_or_path or verifier.get("name_or_path") or recorded.get("name_or_path")
+    if target_name_or_path:
+        return name, target_architectures
+    if recorded.get("architecture"):
+        return name, [recorded["architecture"]]
+    return name, verifier.get("architectures")
+
+
+def _check_config_reads_back(
+    source: LoadedDraft, dst: str | Path, layout: str, ids: dict[str, str | None]
+) -> None:
+    """CheckpointError naming `dst` and the fields when its files rebuild another DraftConfig than
+    the source's (the ``sglang`` layout has no manifest: its config.json alone must rebuild it)."""
+    _, manifest, written = read_draft_config(dst, source.model.cfg.target_num_layers, **ids)
+    written = owned_embedding_config(written, manifest, state_dict_for_layout(source.model, layout))
+    if written != source.model.cfg:
+        want, have = source.model.cfg.to_dict(), written.to_dict()
+        differ = [f"{k} {want[k]!r} -> {have.get(k)!r}" for k in want if want[k] != have.get(k)]
+        raise CheckpointError(
+            f"{dst}: the drafter config reads back differently: {', '.join(differ)}"
+        )
+
+
+def verify_written(expected: Eagle3Draft, out_dir: str | Path, layout: str) -> int:
+    """Prove `out_dir`/model.safetensors (as `save_draft` and export write it) holds exactly
+    `expected`'s tensors in `layout`, bit for bit. Each tensor is read back through its own
+    `open_safetensors` handle and let go before the next, so proving costs one tensor's size.
+    Returns how many; CheckpointError names the first that differs, is missing or is not expected."""
+    want = state_dict_for_layout(expected, layout)
+    file = Path(out_dir) / WEIGHTS_FILE
+    with open_safetensors(file, "write it again", CheckpointError) as f:
+        names = set(f.keys())
+    if names != set(want):
+        raise CheckpointError(
+            key_mismatch_message(file, layout, sorted(names - set(want)), sorted(set(want) - names))
+        )
+    for name, tensor in want.items():
+        with open_safetensors(file, "write it again", CheckpointError) as f:
+            same = tensor_digest(f.get_tensor(name)) == tensor_digest(tensor)
+        if not same:
+            raise CheckpointError(f"{file}: tensor {name} differs after writing")
+    return len(want)

@@ -1,0 +1,111 @@
+"""The training checkpoints a run writes under RUN/checkpoints (by `specdraft.train.run_dir`),
+read here so that loading a drafter never imports the trainer: step-N.pt files (one process)
+and sharded step-N directories (torch.distributed.checkpoint, several ranks)."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdraft.checkpoint.config_read import refuse_other_aux_layers
+from specdraft.checkpoint.dirs import PROGRESS_FILE
+from specdraft.checkpoint.layouts import SOURCE_FORMS, CheckpointError
+from specdraft.checkpoint.manifest import LoadedDraft, Manifest
+from specdraft.checkpoint.weights import DamagedCheckpoint
+from specdraft.draft import DraftConfig, Eagle3Draft
+
+CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
+
+
+def checkpoint_paths(out_dir: str | Path) -> list[Path]:
+    """Complete checkpoints under out_dir/checkpoints, oldest first: step-N.pt files (one
+    process) and step-N directories (several ranks); temp names start with "." and are skipped."""
+    return sorted((Path(out_dir) / CHECKPOINT_DIR).glob("step-*"))
+
+
+def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = None) -> LoadedDraft:
+    """The drafter of a training checkpoint (a step-N.pt file or a sharded step-N directory
+    under RUN/checkpoints), on the CPU in fp32, with the manifest the checkpoint carries; its
+    `training` records the step and checkpoint, the config, and the newest train and validation
+    metrics (each with its own step). Layout "specdraft".
+
+    Raises CheckpointError naming the file for a torch.save file that is no specdraft training
+    checkpoint (no step and config), DamagedCheckpoint for one cut short or damaged (torch.load
+    fails), CheckpointError for a checkpoint that carries no manifest (written
+    by specdraft before checkpoints did; every command's drafter config comes from it): the
+    command that finishes its run is named instead;
+    and for `aux_layers` (--aux-layers) other than its training layers (`refuse_other_aux_layers`).
+    """
+    path = Path(path)
+    progress = _read_progress(path / PROGRESS_FILE if path.is_dir() else path)
+    if not isinstance(progress, dict) or not {"step", "config"} <= set(progress):
+        raise CheckpointError(
+            f"{path}: a torch.save file but no specdraft training checkpoint (no step and "
+            f"config); pass {SOURCE_FORMS}"
+        )
+    if "manifest" not in progress:
+        run = path.parent.parent
+        finish = (
+            f"finish its run (specdraft train SOURCE {run} --resume) and pass {run / 'draft'} instead"
+            if path.parent.name == CHECKPOINT_DIR
+            else "finish the run that wrote it and pass its draft/ instead"
+        )
+        raise CheckpointError(
+            f"{path}: this checkpoint carries no drafter manifest (written by an older "
+            f"specdraft), and its drafter is built from one, so no command can read it; {finish}"
+        )
+    manifest = Manifest(**progress["manifest"])
+    draft = Eagle3Draft(DraftConfig.from_dict(manifest.draft))
+    refuse_other_aux_layers(path, draft.cfg.aux_layers, aux_layers)
+    model_state = _sharded_model_state(path, draft) if path.is_dir() else progress["model"]
+    draft.load_state_dict(
+        {k.removeprefix("draft."): v for k, v in model_state.items()}, strict=True
+    )
+    draft.embedding_loaded = True
+    manifest.training = {
+        "steps": progress["step"],
+        "checkpoint": str(path),
+        **progress["records"],
+        "extensions": progress["extensions"],
+        "config": progress["config"],
+    }
+    return LoadedDraft(model=draft, manifest=manifest, layout="specdraft", path=path)
+
+
+def _read_progress(file: Path) -> Any:
+    """`torch.load` of a training checkpoint's progress file (the trainer's own pickle: model,
+    optimizer, records); DamagedCheckpoint naming `file` when it is cut short or damaged."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=False)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DamagedCheckpoint(
+            f"{file}: cannot be read as a training checkpoint, cut short or damaged ({reason}); "
+            "pass another of the run's checkpoints, or its draft/"
+        ) from None
+
+
+def _sharded_model_state(path: Path, draft: Eagle3Draft) -> dict[str, torch.Tensor]:
+    """The drafter's full tensors from a torch.distributed.checkpoint directory, read in this
+    one process (shards of any world size are gathered into `draft`-shaped tensors)."""
+    state = {"model": {f"draft.{k}": v.clone() for k, v in draft.state_dict().items()}}
+    read_sharded(state, path, one_process=True)
+    return state["model"]
+
+
+def read_sharded(state: dict[str, Any], path: Path, one_process: bool) -> None:
+    """Load the torch.distributed.checkpoint directory `path` into `state` in place, resharded to
+    `state`'s tensors: each rank its shards (a collective), or with `one_process` whole tensors
+    read here, whatever number of ranks wrote them."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    with (
+        warnings.catch_warnings()
+    ):  # "... assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=path, no_dist=one_process)
