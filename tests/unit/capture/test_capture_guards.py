@@ -228,8 +228,8 @@ def test_regenerate_interrupted_says_what_was_kept(chat_target_dir, chats, tmp_p
     with monkeypatch.context() as m:
         m.setattr(
             regenerate_run,
-            "_regenerate_chats",
-            interrupt_second_call(regenerate_run._regenerate_chats),
+            "regenerate_chats",
+            interrupt_second_call(regenerate_run.regenerate_chats),
         )
         result = run(
             "regenerate",
