@@ -283,7 +283,8 @@ def score(draft_dir: str, target: str, prompts: list[list[int]], new_tokens: int
     from specdraft.engine.load import load_engine
     from specdraft.engine.spec_config import SpecConfig
     from specdraft.targets import load_target
-    from specdraft.train.loss import TTTMetrics, ttt_loss
+    from specdraft.train.loss import ttt_loss
+    from specdraft.train.metrics import TTTMetrics
 
     plain = load_engine(target, None, None, max_seq_len=512)
     continuations = [plain.generate(p, new_tokens).token_ids for p in prompts]

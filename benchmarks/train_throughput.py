@@ -37,9 +37,9 @@ import torch
 
 from specdraft.train.config import TrainConfig
 from specdraft.train.dist import setup_dist
-from specdraft.train.loop import Trainer
 from specdraft.train.loss import target_logits, ttt_loss
 from specdraft.train.sources import Batch, TargetInfo
+from specdraft.train.trainer import Trainer
 
 PEAK_FLOPS = 989e12
 

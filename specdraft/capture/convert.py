@@ -1,9 +1,9 @@
 """`specdraft store convert`: a hidden-state store from one format to another (specdraft,
 speculators, SpecForge; `peers` holds the peer formats and what their files hold).
 
-What specdraft's index needs and a peer store lacks is asked for, never guessed: the target
-directory (its config hash, sizes, head weights and tokenizer) and the aux layers, given as
-engine ids in a named convention (`conventions.layers_of_option`). A peer store written here
+What specdraft's index needs and a peer store lacks is asked for, never guessed (`from_peer`:
+the target directory and the aux layers, given as engine ids in a named convention). A peer
+store written here
 from a specdraft store keeps that store's index beside its files (`recorded`): converting it
 back needs neither and gives the same store.
 
@@ -16,34 +16,34 @@ only lm_head) and cannot become a speculators store.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from specdraft.capture import peers
+from specdraft.capture.from_peer import (
+    TargetIdentity,
+    checked_samples,
+    peer_aux_layers,
+    target_text_config,
+    write_specdraft,
+)
 from specdraft.capture.recorded import check_given, recorded_index, restore_store, write_record
 from specdraft.capture.store import (
-    FORMAT,
-    FORMAT_VERSION,
+    AFTER_NORM,
     INDEX,
+    LAST_HIDDEN_KEY,
     CaptureError,
     CaptureStore,
-    dtype_name,
 )
-from specdraft.conventions import layers_of_option
-from specdraft.files import atomic_dir, atomic_write_json
+from specdraft.files import atomic_dir
 
 FORMATS = ("specdraft", "speculators", "specforge")
 CONVENTIONS = ("specdraft", "vllm", "sglang")
 # which engine wrote each peer's aux ids: the convention --aux-layers is read in by default
 SOURCE_CONVENTION = {"speculators": "vllm", "specforge": "sglang"}
-LAST_HIDDEN_KEY = "last_hidden"  # index.json: "before_norm" (absent = before) or "after_norm"
-AFTER_NORM = "after_norm"
-_SHARD_TOKENS = 65536
 
 
 @dataclass(frozen=True)
@@ -83,14 +83,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (weight * y).to(x.dtype)
 
 
-def _target_text_config(directory: str | Path, flag: str) -> dict[str, Any]:
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise CaptureError(f"{path}: not found; {flag} must be the target model's directory")
-    config = json.loads(path.read_text())
-    return config.get("text_config") or config
-
-
 def _norm_eps(store: CaptureStore, target: str | None) -> float:
     directory = target or store.meta["target"].get("name_or_path")
     if not directory or not (Path(directory) / "config.json").is_file():
@@ -99,7 +91,7 @@ def _norm_eps(store: CaptureStore, target: str | None) -> float:
             f"pass --target DIR (SpecForge stores the state after the final norm, "
             f"which needs the target's rms_norm_eps)"
         )
-    config = _target_text_config(directory, "--target")
+    config = target_text_config(directory, "--target")
     if "rms_norm_eps" not in config:
         raise CaptureError(
             f"{Path(directory) / 'config.json'}: no rms_norm_eps; the final norm "
@@ -127,185 +119,6 @@ def _normed(samples: Iterable[dict], weight: torch.Tensor, eps: float) -> Iterat
         }
 
 
-def peer_aux_layers(aux_ids, convention: str, target, num_aux: int) -> tuple[int, ...]:
-    """Specdraft indices of `aux_ids` read in `convention` (one of `conventions.AUX_CONVENTIONS`,
-    `conventions.layers_of_option`) for `target` (a `specdraft.targets.Target`). Raises
-    CaptureError / ConventionError naming the ids."""
-    if aux_ids is None:
-        raise CaptureError(
-            f"--aux-layers is required: a peer store does not record which target "
-            f"layers it holds (give the {num_aux} engine ids it was captured with, "
-            f"e.g. vLLM's eagle_aux_hidden_state_layer_ids without the last layer)"
-        )
-    if len(aux_ids) != num_aux:
-        raise CaptureError(
-            f"--aux-layers {','.join(map(str, aux_ids))}: {len(aux_ids)} layers, but "
-            f"the store holds {num_aux} aux states per token"
-        )
-    return tuple(layers_of_option(convention, aux_ids, target.num_layers, target.target_class))
-
-
-@dataclass(frozen=True)
-class TargetIdentity:
-    """What a specdraft index records of the target a peer store came from: `--target DIR`
-    (and `--tokenizer DIR`, default the target's)."""
-
-    target: Any  # specdraft.targets.Target
-    path: str
-    tokenizer: dict[str, Any]
-
-    @classmethod
-    def load(
-        cls, target_dir: str | Path | None, tokenizer_dir: str | Path | None = None
-    ) -> TargetIdentity:
-        from transformers import AutoTokenizer
-
-        from specdraft.data.render import tokenizer_fingerprint
-        from specdraft.targets import load_target
-
-        if target_dir is None:
-            raise CaptureError(
-                "--target DIR is required: a peer store records no target (specdraft's "
-                "index needs its config hash, sizes, head weights and tokenizer)"
-            )
-        _target_text_config(target_dir, "--target")
-        tokenizer_dir = tokenizer_dir or target_dir
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise CaptureError(
-                f"{tokenizer_dir}: no tokenizer ({str(e).splitlines()[0]}); pass "
-                f"--tokenizer DIR, the tokenizer the store was captured with"
-            ) from None
-        return cls(
-            load_target(target_dir),
-            str(Path(target_dir).resolve()),
-            tokenizer_fingerprint(tokenizer),
-        )
-
-
-def _check_widths(i: int, s: dict, hidden: int, num_aux: int, src: Path) -> None:
-    T = s["input_ids"].numel()
-    want = {"aux_hidden": (T, num_aux * hidden), "last_hidden": (T, hidden), "loss_mask": (T,)}
-    for name, shape in want.items():
-        if tuple(s[name].shape) != shape:
-            raise CaptureError(
-                f"{src}: sample {i}: field {name} has shape {list(s[name].shape)}, "
-                f"expected {list(shape)} (target hidden size {hidden}, {num_aux} aux layers)"
-            )
-
-
-def _checked(samples: Iterable[dict], hidden: int, num_aux: int, src: Path) -> Iterator[dict]:
-    """`samples`, each after `_check_widths`."""
-    for i, s in enumerate(samples):
-        _check_widths(i, s, hidden, num_aux, src)
-        yield s
-
-
-def _shard(rows: list[dict]) -> dict[str, torch.Tensor]:
-    offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(torch.tensor([r["input_ids"].numel() for r in rows]), 0)
-    return {
-        "input_ids": torch.cat([r["input_ids"] for r in rows]).to(torch.int32),
-        "loss_mask": torch.cat([r["loss_mask"] for r in rows]).to(torch.uint8),
-        "offsets": offsets,
-        "aux_hidden": torch.cat([r["aux_hidden"] for r in rows]),
-        "last_hidden": torch.cat([r["last_hidden"] for r in rows]),
-    }
-
-
-def write_specdraft(
-    samples: Iterable[dict],
-    out: Path,
-    ident: TargetIdentity,
-    aux_layers: tuple[int, ...],
-    *,
-    after_norm: bool,
-    source: dict[str, Any],
-    src: Path,
-) -> int:
-    """Write `samples` as a specdraft capture store into the new directory `out` (shards of at
-    most 65,536 tokens, the target head, index.json), readable by `CaptureStore` and training.
-    Returns the sample count. Raises CaptureError for a sample whose widths do not fit."""
-    from specdraft.capture.forward import target_head_tensors, target_meta
-    from specdraft.capture.write import _save_head, _save_shard
-    from specdraft.data.render import Sample, data_hash
-
-    H, n_aux = ident.target.hidden_size, len(aux_layers)
-    index: dict[str, Any] = {"target_head": None, "shards": []}
-    kept: list[Sample] = []
-    rows: list[dict] = []
-    dtype = None
-
-    def flush() -> None:
-        first = len(kept) - len(rows)
-        name = f"shard-{len(index['shards']):05d}.safetensors"
-        digest = _save_shard(_shard(rows), out / name)
-        index["shards"].append(
-            {
-                "shard": len(index["shards"]),
-                "file": name,
-                "sha256": digest,
-                "first_sample": first,
-                "num_samples": len(rows),
-                "num_tokens": sum(r["input_ids"].numel() for r in rows),
-            }
-        )
-        rows.clear()
-
-    for i, s in enumerate(samples):
-        _check_widths(i, s, H, n_aux, src)
-        dtype = dtype or s["aux_hidden"].dtype
-        if (
-            rows
-            and sum(r["input_ids"].numel() for r in rows) + s["input_ids"].numel() > _SHARD_TOKENS
-        ):
-            flush()
-        rows.append(
-            {
-                **s,
-                "aux_hidden": s["aux_hidden"].to(dtype),
-                "last_hidden": s["last_hidden"].to(dtype),
-            }
-        )
-        kept.append(Sample(s["input_ids"].tolist(), s["loss_mask"].tolist()))
-    if not kept:
-        raise CaptureError(f"{src}: holds no samples")
-    flush()
-    _save_head(out, target_head_tensors(ident.target), index)
-    lengths = [len(s.input_ids) for s in kept]
-    index.update(
-        {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "aux_layers": list(aux_layers),
-            "dtype": dtype_name(dtype),
-            "max_length": max(lengths),
-            "shard_tokens": _SHARD_TOKENS,
-            "shard_samples": None,
-            "target": target_meta(ident.target, ident.path),
-            "tokenizer": ident.tokenizer,
-            "chat_template": None,
-            "data": {"converted_from": source},
-            "data_hash": data_hash(kept),
-            "num_samples": len(kept),
-            "num_tokens": sum(lengths),
-            "num_shards": len(index["shards"]),
-            "tensors": {
-                "input_ids": ["int32", ["N"]],
-                "loss_mask": ["uint8", ["N"]],
-                "offsets": ["int64", ["S+1"]],
-                "aux_hidden": [dtype_name(dtype), ["N", n_aux * H]],
-                "last_hidden": [dtype_name(dtype), ["N", H]],
-            },
-            LAST_HIDDEN_KEY: AFTER_NORM if after_norm else "before_norm",
-            "complete": True,
-        }
-    )
-    atomic_write_json(out / INDEX, index)
-    return len(kept)
-
-
 def _source_samples(src: Path, source: str) -> tuple[Iterator[dict], bool, CaptureStore | None]:
     """(samples, whether last_hidden is after the final norm, the specdraft store or None)."""
     if source == "specdraft":
@@ -327,6 +140,18 @@ def _peek(samples: Iterator[dict], src: Path) -> tuple[Iterator[dict], int]:
         yield from samples
 
     return chained(), first["aux_hidden"].shape[-1] // first["last_hidden"].shape[-1]
+
+
+def _source_format(src: Path, dst: Path, to: str) -> str:
+    """The format of the store `src` (`detect_format`); CaptureError for an unknown `to`, a store
+    already in it, or a `dst` that is not a new or empty directory."""
+    if to not in FORMATS:
+        raise CaptureError(f"--to {to!r}: unknown store format; use one of {', '.join(FORMATS)}")
+    source = detect_format(src)
+    if source == to:
+        raise CaptureError(f"{src}: already a {to} store; nothing to convert")
+    _check_destination(dst)
+    return source
 
 
 def _check_destination(dst: Path) -> None:
@@ -361,12 +186,7 @@ def convert_store(
     .ckpt.gz. Raises CaptureError naming the file and field for bad input.
     """
     src, dst = Path(src), Path(dst)
-    if to not in FORMATS:
-        raise CaptureError(f"--to {to!r}: unknown store format; use one of {', '.join(FORMATS)}")
-    source = detect_format(src)
-    if source == to:
-        raise CaptureError(f"{src}: already a {to} store; nothing to convert")
-    _check_destination(dst)
+    source = _source_format(src, dst, to)
     samples, after_norm, store = _source_samples(src, source)
     if to == "speculators" and after_norm:
         raise CaptureError(
@@ -375,29 +195,10 @@ def convert_store(
         )
     samples, num_aux = _peek(samples, src)
     layers = tuple(store.aux_layers) if store is not None else None
-    recorded = recorded_index(src) if store is None else None
     with atomic_dir(dst) as tmp:
-        if to == "specdraft" and recorded is not None:
-            check_given(recorded, src, aux_layers, convention or SOURCE_CONVENTION[source], target)
-            layers = tuple(recorded["aux_layers"])
-            checked = _checked(samples, recorded["target"]["hidden_size"], len(layers), src)
-            count = restore_store(
-                checked, src, tmp, after_norm and recorded.get(LAST_HIDDEN_KEY) != AFTER_NORM
-            )
-        elif to == "specdraft":
-            ident = TargetIdentity.load(target, tokenizer)
-            layers = peer_aux_layers(
-                aux_layers, convention or SOURCE_CONVENTION[source], ident.target, num_aux
-            )
-            count = write_specdraft(
-                samples,
-                tmp,
-                ident,
-                layers,
-                after_norm=after_norm,
-                source={"format": source, "path": str(src.resolve())},
-                src=src,
-            )
+        if to == "specdraft":
+            given = (target, tokenizer, aux_layers, convention or SOURCE_CONVENTION[source])
+            count, layers = _to_specdraft(samples, src, tmp, source, after_norm, num_aux, given)
         elif to == "speculators":
             count = peers.write_speculators(samples, tmp, num_aux)
         else:
@@ -407,6 +208,35 @@ def convert_store(
         if store is not None:
             write_record(store, tmp, keep_last_hidden=to == "specforge" and not after_norm)
     return ConvertResult(dst, source, to, count, layers)
+
+
+def _to_specdraft(
+    samples: Iterator[dict],
+    src: Path,
+    out: Path,
+    source: str,
+    after_norm: bool,
+    num_aux: int,
+    given: tuple[str | None, str | None, tuple[int, ...] | None, str],
+) -> tuple[int, tuple[int, ...]]:
+    """Write the peer store `src`'s samples as a specdraft store into `out`: the store its
+    `recorded` index keeps, else one made with the given (target, tokenizer, aux ids, convention)
+    (`from_peer`). Returns (the sample count, the aux layers as specdraft indices)."""
+    target, tokenizer, aux_layers, convention = given
+    recorded = recorded_index(src)
+    if recorded is not None:
+        check_given(recorded, src, aux_layers, convention, target)
+        layers = tuple(recorded["aux_layers"])
+        checked = checked_samples(samples, recorded["target"]["hidden_size"], len(layers), src)
+        last_from_record = after_norm and recorded.get(LAST_HIDDEN_KEY) != AFTER_NORM
+        return restore_store(checked, src, out, last_from_record), layers
+    ident = TargetIdentity.load(target, tokenizer)
+    layers = peer_aux_layers(aux_layers, convention, ident.target, num_aux)
+    origin = {"format": source, "path": str(src.resolve())}
+    count = write_specdraft(
+        samples, out, ident, layers, after_norm=after_norm, source=origin, src=src
+    )
+    return count, layers
 
 
 def _norm_of(store: CaptureStore | None, target: str | None) -> tuple[torch.Tensor, float]:
@@ -421,7 +251,7 @@ def _norm_of(store: CaptureStore | None, target: str | None) -> tuple[torch.Tens
         )
     from specdraft.targets import load_target
 
-    config = _target_text_config(target, "--target")
+    config = target_text_config(target, "--target")
     if "rms_norm_eps" not in config:
         raise CaptureError(f"{Path(target) / 'config.json'}: no rms_norm_eps")
     return load_target(target).final_norm.weight.detach().clone(), float(config["rms_norm_eps"])

@@ -8,12 +8,16 @@ from typing import Any
 
 import torch
 
-from specdraft.capture.store import StoreSettings
+from specdraft.capture.store import CaptureError, StoreSettings
 from specdraft.capture.vllm import VllmOptions
 from specdraft.capture.write import CaptureResult, check_store_dir, in_process, write_store
 from specdraft.conventions import parse_dtype
 
 ENGINES = ("transformers", "vllm")  # what runs the target: `capture_dataset`
+
+
+class TokenizerNotFound(CaptureError, OSError):
+    """The tokenizer directory (--tokenizer, else the target's) holds no tokenizer."""
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class CaptureConfig:
         parse_dtype(self.dtype)
         parse_dtype(self.target_dtype)
         if self.engine not in ENGINES:
-            raise ValueError(
+            raise CaptureError(
                 f"capture engine {self.engine!r}: expected one of {', '.join(ENGINES)}"
             )
         given = [
@@ -65,7 +69,7 @@ class CaptureConfig:
                 if len(given) == 1
                 else ("vLLM engine options", "them")
             )
-            raise ValueError(
+            raise CaptureError(
                 f"{', '.join(given)}: {what}; capture with --engine vllm, or leave {it} out with "
                 f"--engine {self.engine}"
             )
@@ -87,8 +91,9 @@ def load_inputs(
 
     target: transformers model directory (its tokenizer too unless `tokenizer` is given); data,
     chat, template_kwargs, skip_bad, reasoning: as `specdraft.data.render.load_dataset`.
-    Returns (Target, tokenizer, SampleSet). Raises DataError (bad data, naming the file) and
-    ValueError (a tokenizer longer than the target's vocabulary: it belongs to another model).
+    Returns (Target, tokenizer, SampleSet). Raises DataError (bad data, naming the file),
+    TokenizerNotFound (an OSError) for a directory without a tokenizer, and CaptureError (a
+    ValueError) for a tokenizer longer than the target's vocabulary: it belongs to another model.
     """
     from specdraft.targets import load_target
 
@@ -123,9 +128,15 @@ def load_samples(
 
     from specdraft.data.render import load_dataset
 
-    tok = AutoTokenizer.from_pretrained(tokenizer or target)
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer or target)
+    except (OSError, ValueError) as e:
+        raise TokenizerNotFound(
+            f"{tokenizer or target}: no tokenizer ({str(e).splitlines()[0]}); pass --tokenizer "
+            f"DIR, the target's tokenizer"
+        ) from None
     if len(tok) > vocab_size:
-        raise ValueError(
+        raise CaptureError(
             f"tokenizer has {len(tok)} tokens but the target's vocabulary is "
             f"{vocab_size}: pass the target's own tokenizer (--tokenizer)"
         )
@@ -314,6 +325,13 @@ def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
         cfg.data,
     )
     extra = _identity(cfg, tokenizer, data, data.num_skipped + too_long, console)
+    return _write_through_vllm(cfg, engine, head, samples, settings, extra, console)
+
+
+def _write_through_vllm(cfg: CaptureConfig, engine, head, samples, settings, extra, console):
+    """`write_store` of `samples` with vLLM's `engine` running the network: one engine process
+    per rank with --data-parallel-size M > 1 (`capture.vllm_parallel`), else `engine` started
+    here, before the store is touched, and closed after."""
     if cfg.vllm.data_parallel_size > 1:
         from specdraft.capture.vllm_parallel import DataParallelCapture, rank_environments
 

@@ -36,6 +36,10 @@ FORMAT_VERSION = 1
 INDEX = "index.json"
 HEAD = "target_head.safetensors"
 FIX_CORRUPT = "delete it and re-run capture to redo it"
+# index.json's record of where the last hidden state is: "before_norm" (absent = before the
+# target's final norm, as capture writes it) or "after_norm" (converted from SpecForge's files)
+LAST_HIDDEN_KEY = "last_hidden"
+AFTER_NORM = "after_norm"
 
 
 class CaptureError(SpecdraftError, ValueError):
@@ -73,13 +77,15 @@ class StoreSettings:
     def __post_init__(self) -> None:
         for name in ("max_length", "shard_tokens", "batch_tokens"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"StoreSettings.{name} = {getattr(self, name)}: must be positive")
+                raise CaptureError(
+                    f"StoreSettings.{name} = {getattr(self, name)}: must be positive"
+                )
         if self.shard_samples is not None and self.shard_samples <= 0:
-            raise ValueError(
+            raise CaptureError(
                 f"StoreSettings.shard_samples = {self.shard_samples}: must be positive (or None)"
             )
         if not self.aux_layers:
-            raise ValueError("StoreSettings.aux_layers is empty: name the aux layers to capture")
+            raise CaptureError("StoreSettings.aux_layers is empty: name the aux layers to capture")
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -103,11 +109,29 @@ def estimate_disk(
     return num_tokens * bytes_per_token(hidden_size, n_aux, dtype) + head_bytes
 
 
+def tensor_layout(n_aux: int, hidden_size: int, dtype: torch.dtype) -> dict[str, list]:
+    """index.json's "tensors": each shard tensor's dtype name and shape (N tokens, S samples)."""
+    return {
+        "input_ids": ["int32", ["N"]],
+        "loss_mask": ["uint8", ["N"]],
+        "offsets": ["int64", ["S+1"]],
+        "aux_hidden": [dtype_name(dtype), ["N", n_aux * hidden_size]],
+        "last_hidden": [dtype_name(dtype), ["N", hidden_size]],
+    }
+
+
 def read_index(path: Path) -> dict[str, Any]:
-    """A store's index.json; CaptureError naming the file when it is not valid JSON."""
+    """A store's index.json; CaptureError naming the file when it cannot be read or is not valid
+    JSON."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        text = path.read_bytes()
+    except OSError as e:
+        raise CaptureError(
+            f"{path}: cannot be read ({e.strerror}); give a readable capture store"
+        ) from None
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CaptureError(
             f"{path}: not valid JSON ({e}); the store's index is damaged: capture into a new "
             f"directory (or delete {path.parent} and re-run capture)"

@@ -73,8 +73,8 @@ class HeadTarget:
     the text config, sizes, class, and the final norm / lm_head / embedding weights in `dtype`
     (the attributes `forward.target_meta` and `forward.target_head_tensors` read of a `Target`).
 
-    Raises ValueError naming an unsupported class; CaptureError naming the file for a head
-    weight the checkpoint lacks."""
+    Raises CaptureError (a ValueError) naming an unsupported class, and naming the file for a
+    head weight the checkpoint lacks."""
 
     def __init__(self, path: str | Path, dtype: torch.dtype = torch.float32):
         from specdraft.targets import head_weight_keys
@@ -83,7 +83,7 @@ class HeadTarget:
         full = read_target_config(path)
         self.config = full.get_text_config()
         if self.config.model_type not in TARGET_CLASSES:
-            raise ValueError(
+            raise CaptureError(
                 f"unsupported text model_type {self.config.model_type!r}; supported: "
                 f"{', '.join(TARGET_CLASSES)}"
             )

@@ -28,9 +28,9 @@ from specdraft.capture.store import (
     CaptureError,
     StoreSettings,
     bytes_per_token,
-    dtype_name,
     estimate_disk,
     read_index,
+    tensor_layout,
 )
 from specdraft.checkpoint import file_sha256, write_safetensors
 from specdraft.data.render import Sample, data_hash
@@ -72,8 +72,6 @@ def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> str:
 
 
 def _new_index(target, samples: list[Sample], settings: StoreSettings, extra: dict) -> dict:
-    n_aux = len(settings.aux_layers)
-    H = target.hidden_size
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -86,13 +84,7 @@ def _new_index(target, samples: list[Sample], settings: StoreSettings, extra: di
         "num_samples": len(samples),
         "num_tokens": sum(len(s.input_ids) for s in samples),
         "num_shards": len(plan_samples(samples, settings)),
-        "tensors": {
-            "input_ids": ["int32", ["N"]],
-            "loss_mask": ["uint8", ["N"]],
-            "offsets": ["int64", ["S+1"]],
-            "aux_hidden": [dtype_name(settings.dtype), ["N", n_aux * H]],
-            "last_hidden": [dtype_name(settings.dtype), ["N", H]],
-        },
+        "tensors": tensor_layout(len(settings.aux_layers), target.hidden_size, settings.dtype),
         "target_head": None,
         "shards": [],
         "complete": False,
@@ -257,21 +249,11 @@ def write_store(
     total = _print_estimate(console, index, settings, target.hidden_size, head_bytes, out_dir)
     done: dict[int, dict] = {}
     try:
-        for tmp in [p for p in out_dir.iterdir() if _is_partial(p)]:
-            tmp.unlink()  # partial files of an interrupted run
-        _save_head(out_dir, head, index)
-        done.update({e["shard"]: e for e in index["shards"] if _valid(out_dir, e)})
-        index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
-        atomic_write_json(out_dir / INDEX, index)
-        num_reused = len(done)
-        run_shards = run_shards or in_process(
-            lambda part, st, on_batch: capture_shard(target, part, st, device, on_batch)
-        )
+        num_reused = _keep_valid(out_dir, head, index, done)
+        run_shards = run_shards or _here(target, device)
         _capture_missing(run_shards, samples, settings, out_dir, index, done, console)
     except Exception:
-        if (
-            created and not done
-        ):  # nothing captured: leave no store that a corrected re-run would meet
+        if created and not done:  # nothing captured: leave no store a corrected re-run would meet
             shutil.rmtree(out_dir, ignore_errors=True)
         raise
     index["complete"] = True
@@ -279,6 +261,24 @@ def write_store(
     return CaptureResult(
         out_dir, len(samples), index["num_tokens"], index["num_shards"], num_reused, total
     )
+
+
+def _here(target, device):
+    """`write_store`'s default run_shards: `forward.capture_shard` through `target` on `device`."""
+    return in_process(lambda part, st, on_batch: capture_shard(target, part, st, device, on_batch))
+
+
+def _keep_valid(out_dir: Path, head: dict[str, torch.Tensor], index: dict, done: dict) -> int:
+    """Start or resume the store in `out_dir`: delete what an interrupted run left half-written,
+    write the target head (`_save_head`), keep the listed shards whose checksum matches (into
+    `done`, by shard number) and write index.json listing them. Returns their count."""
+    for tmp in [p for p in out_dir.iterdir() if _is_partial(p)]:
+        tmp.unlink()  # partial files of an interrupted run
+    _save_head(out_dir, head, index)
+    done.update({e["shard"]: e for e in index["shards"] if _valid(out_dir, e)})
+    index["shards"] = sorted(done.values(), key=lambda e: e["shard"])
+    atomic_write_json(out_dir / INDEX, index)
+    return len(done)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
+from specdraft.data.records import DataError
 from specdraft.data.render import Sample
 
 
@@ -45,12 +46,12 @@ def draft_loss_mask(loss_mask: torch.Tensor, step: int) -> torch.Tensor:
 
 
 def check_has_supervision(loss_mask: torch.Tensor) -> None:
-    """Raise ValueError if no draft position of the batch has a label at step 0.
+    """Raise DataError (a ValueError) if no draft position of the batch has a label at step 0.
 
     loss_mask: [B, T] bool. A batch whose labels are all outside assistant turns (or whose
     sequences are shorter than 3 tokens) would train on nothing and report a 0/0 accuracy."""
     if not bool(draft_loss_mask(loss_mask, 0).any()):
-        raise ValueError(
+        raise DataError(
             f"batch of {loss_mask.shape[0]} sequences has no supervised token: no position t+2 "
             f"(label of draft position t) is in an assistant turn; check the loss mask / chat "
             f"template, or drop samples without assistant tokens (or shorter than 3 tokens)"
@@ -59,15 +60,15 @@ def check_has_supervision(loss_mask: torch.Tensor) -> None:
 
 def token_counts(samples: Iterable[Sample], vocab_size: int) -> torch.Tensor:
     """How often each target token id is a label: LongTensor [vocab_size] counting loss-masked
-    tokens only (the input to `data.vocab.build_vocab_map`). Raises ValueError for an id
-    outside 0..vocab_size-1 (tokenizer and target disagree)."""
+    tokens only (the input to `data.vocab.build_vocab_map`). Raises DataError (a ValueError) for
+    an id outside 0..vocab_size-1 (tokenizer and target disagree)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for s in samples:
         ids = torch.tensor(s.input_ids, dtype=torch.long)[
             torch.tensor(s.loss_mask, dtype=torch.bool)
         ]
         if ids.numel() and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
-            raise ValueError(
+            raise DataError(
                 f"token id {int(ids.max())} outside the target vocabulary of "
                 f"{vocab_size}: the tokenizer does not belong to this target"
             )

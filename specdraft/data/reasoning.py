@@ -61,9 +61,10 @@ NO_DROP = (
 
 
 def check_mode(reasoning: str) -> str:
-    """`reasoning` itself; ValueError naming --reasoning unless it is "keep" or "drop"."""
+    """`reasoning` itself; DataError (a ValueError) naming --reasoning unless it is "keep" or
+    "drop"."""
     if reasoning not in REASONING_MODES:
-        raise ValueError(f"--reasoning {reasoning!r}: use one of {', '.join(REASONING_MODES)}")
+        raise DataError(f"--reasoning {reasoning!r}: use one of {', '.join(REASONING_MODES)}")
     return reasoning
 
 

@@ -155,30 +155,41 @@ def bad_json(e: json.JSONDecodeError) -> str:
     return f"bad JSON ({e.msg.removesuffix(' at')} at {where})"
 
 
+def _lines(path: Path) -> Iterable[tuple[int, str]]:
+    """(line number, line) of the UTF-8 file `path`; DataError naming it when it cannot be read
+    (permissions, not UTF-8)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            yield from enumerate(f, start=1)
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else f"not UTF-8 text: {e.reason}"
+        raise DataError(
+            f"{path}: cannot be read ({reason}); give a UTF-8 JSONL or text file"
+        ) from None
+
+
 def _jsonl_rows(path: Path) -> Iterable[tuple[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            source = f"{path}:{line_no}"
-            try:
-                yield source, json.loads(line)
-            except json.JSONDecodeError as e:
-                yield source, _BadRow(bad_json(e))
+    for line_no, line in _lines(path):
+        if not line.strip():
+            continue
+        source = f"{path}:{line_no}"
+        try:
+            yield source, json.loads(line)
+        except json.JSONDecodeError as e:
+            yield source, _BadRow(bad_json(e))
 
 
 def _text_rows(path: Path) -> Iterable[tuple[str, Any]]:
     block: list[str] = []
     start = 0
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if line.strip():
-                if not block:
-                    start = line_no
-                block.append(line.rstrip("\n"))
-            elif block:
-                yield f"{path}:{start}", {"text": "\n".join(block)}
-                block = []
+    for line_no, line in _lines(path):
+        if line.strip():
+            if not block:
+                start = line_no
+            block.append(line.rstrip("\n"))
+        elif block:
+            yield f"{path}:{start}", {"text": "\n".join(block)}
+            block = []
     if block:
         yield f"{path}:{start}", {"text": "\n".join(block)}
 

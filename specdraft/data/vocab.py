@@ -10,6 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
+from specdraft.errors import SpecdraftError
+
+
+class DraftVocabSizeError(SpecdraftError, ValueError):
+    """A draft vocabulary size (--draft-vocab-size) the target's usable vocabulary cannot hold."""
+
 
 @dataclass(frozen=True)
 class VocabMap:
@@ -27,7 +33,8 @@ def build_vocab_map(
     token_counts: integer [V] counts of loss-masked target tokens. Ties go to the lower id;
     ids >= ``vocab_limit`` (tokenizer length; embedding padding rows) are never chosen. When
     fewer ids have a nonzero count, the lowest-id unused tokens fill the rest. Raises
-    ValueError on bad counts or when draft_vocab_size exceeds the usable vocabulary.
+    ValueError on bad counts, DraftVocabSizeError (a ValueError) when draft_vocab_size exceeds
+    the usable vocabulary.
     """
     integer = not token_counts.dtype.is_floating_point and token_counts.dtype != torch.bool
     if token_counts.dim() != 1 or not integer:
@@ -42,7 +49,7 @@ def build_vocab_map(
     if not 0 < usable <= vocab_size:
         raise ValueError(f"vocab_limit {vocab_limit} must be in 1..{vocab_size}")
     if not 0 < draft_vocab_size <= usable:
-        raise ValueError(
+        raise DraftVocabSizeError(
             f"draft_vocab_size {draft_vocab_size} must be in 1..{usable} (usable target vocabulary)"
         )
     counts = token_counts[:usable].to(torch.int64)
@@ -96,6 +103,27 @@ def _d2t_cause(d2t, t2d_ids, target, vocab_size: int) -> str | None:
     return None
 
 
+def _unusable_d2t(
+    d2t: torch.Tensor | None, vocab_size: int, draft_vocab_size: int
+) -> list[str] | None:
+    """`validate_vocab_map`'s answer when there is no d2t to check further (a draft vocabulary past
+    the target's, a missing d2t, one of the wrong dtype or shape); None when d2t can be checked."""
+    if draft_vocab_size > vocab_size:
+        return [f"draft_vocab_size {draft_vocab_size} exceeds the target vocabulary {vocab_size}"]
+    if d2t is None:
+        return (
+            []
+            if draft_vocab_size == vocab_size
+            else [
+                f"d2t missing: draft vocab {draft_vocab_size} < target vocab {vocab_size}, so "
+                f"engines map draft id i to target id i; {_FIX}"
+            ]
+        )
+    if d2t.dtype != torch.int64 or tuple(d2t.shape) != (draft_vocab_size,):
+        return [f"d2t must be int64 [{draft_vocab_size}], got {d2t.dtype} {tuple(d2t.shape)}"]
+    return None
+
+
 def validate_vocab_map(
     d2t: torch.Tensor | None,
     t2d: torch.Tensor | None,
@@ -113,19 +141,8 @@ def validate_vocab_map(
     target ids from it on are the embedding's padding rows, which no token has, and a map
     into them is a problem; a draft vocabulary that is the whole target vocabulary (no map) is not.
     """
-    if draft_vocab_size > vocab_size:
-        return [f"draft_vocab_size {draft_vocab_size} exceeds the target vocabulary {vocab_size}"]
-    if d2t is None:
-        return (
-            []
-            if draft_vocab_size == vocab_size
-            else [
-                f"d2t missing: draft vocab {draft_vocab_size} < target vocab {vocab_size}, so "
-                f"engines map draft id i to target id i; {_FIX}"
-            ]
-        )
-    if d2t.dtype != torch.int64 or tuple(d2t.shape) != (draft_vocab_size,):
-        return [f"d2t must be int64 [{draft_vocab_size}], got {d2t.dtype} {tuple(d2t.shape)}"]
+    if (unusable := _unusable_d2t(d2t, vocab_size, draft_vocab_size)) is not None:
+        return unusable
     problems = []
     if t2d is not None and (t2d.dtype != torch.bool or tuple(t2d.shape) != (vocab_size,)):
         problems.append(f"t2d must be bool [{vocab_size}], got {t2d.dtype} {tuple(t2d.shape)}")

@@ -56,7 +56,8 @@ def run_on(
     (prod alpha_i) overstates them, as rounds crowd where drafts fail. Compare a server's
     counters with the replay.
     """
-    from specdraft.train.loss import TTTMetrics, ttt_loss
+    from specdraft.train.loss import ttt_loss
+    from specdraft.train.metrics import TTTMetrics
 
     layers, fed_from = _layers_fed(ev, engine)
     draft, loaded_as = ev.engine_draft(engine)

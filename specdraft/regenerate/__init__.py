@@ -4,6 +4,7 @@ best on them).
 - `backends`: who writes the answers: `LocalBackend` (transformers `generate`) and
   `EndpointBackend` (an OpenAI-compatible server); `Sampling`, `Prompt`, `RegenerationError`.
 - `output`: the resumable JSONL output and its settings sidecar.
-- `run`: regenerating chats turn by turn or text continuations (`regenerate`), and the whole
-  `specdraft regenerate` stage (`RegenConfig`, `regenerate_file`).
+- `turns`: what is asked for each record and written back (chats turn by turn, continuations).
+- `run`: regenerating a dataset into the output (`regenerate`), and the whole `specdraft
+  regenerate` stage (`RegenConfig`, `regenerate_file`).
 """

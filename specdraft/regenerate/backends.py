@@ -23,6 +23,11 @@ class RegenerationError(SpecdraftError, RuntimeError):
     """A request that failed for good, or an output file that cannot be resumed."""
 
 
+class RegenerationSettingError(RegenerationError, ValueError):
+    """A regenerate setting that cannot work: a sampling value out of range, an unknown api, no
+    served model to name, a mode the given tokenizer cannot serve."""
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Sampling settings, recorded in the sidecar. temperature 0 = greedy (top_p ignored).
@@ -35,11 +40,15 @@ class Sampling:
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
-            raise ValueError(f"Sampling.temperature = {self.temperature}: must be >= 0")
+            raise RegenerationSettingError(
+                f"Sampling.temperature = {self.temperature}: must be >= 0"
+            )
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"Sampling.top_p = {self.top_p}: must be in (0, 1]")
+            raise RegenerationSettingError(f"Sampling.top_p = {self.top_p}: must be in (0, 1]")
         if self.max_new_tokens <= 0:
-            raise ValueError(f"Sampling.max_new_tokens = {self.max_new_tokens}: must be positive")
+            raise RegenerationSettingError(
+                f"Sampling.max_new_tokens = {self.max_new_tokens}: must be positive"
+            )
 
 
 @dataclass(frozen=True)
@@ -188,7 +197,7 @@ class EndpointBackend:
         from specdraft.client import base_url as api_root
 
         if api not in ("chat", "completions"):
-            raise ValueError(f"api {api!r}: use 'chat' or 'completions'")
+            raise RegenerationSettingError(f"api {api!r}: use 'chat' or 'completions'")
         root = api_root(base_url)
         self.url = f"{root}/v1/chat/completions" if api == "chat" else f"{root}/v1/completions"
         self.model, self.api, self.concurrency = model, api, concurrency
@@ -273,7 +282,8 @@ class EndpointBackend:
 
 def served_model(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:
     """The one model an OpenAI-compatible server at `base_url` serves (GET /v1/models). Raises
-    ValueError naming --model when the server lists none or several, or cannot be asked."""
+    RegenerationSettingError (a ValueError) naming --model when the server lists none or several,
+    or cannot be asked."""
     import httpx
 
     from specdraft.client import base_url as api_root
@@ -285,11 +295,13 @@ def served_model(base_url: str, api_key: str | None = None, timeout_s: float = 1
         response.raise_for_status()
         ids = [m["id"] for m in response.json()["data"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(
+        raise RegenerationSettingError(
             f"--endpoint needs --model, the served model's name (asking {url} for it "
             f"failed: {type(e).__name__})"
         ) from None
     if len(ids) != 1:
         listed = f"it serves {', '.join(map(str, ids))}" if ids else "it lists none"
-        raise ValueError(f"--endpoint needs --model, the served model's name ({url}: {listed})")
+        raise RegenerationSettingError(
+            f"--endpoint needs --model, the served model's name ({url}: {listed})"
+        )
     return str(ids[0])

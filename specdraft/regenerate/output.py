@@ -50,7 +50,8 @@ def interrupted_regenerate(out_path: str | Path) -> str:
 
 def check_settings(out_path: Path, settings: dict) -> None:
     """Write the sidecar, or compare with the one an earlier run wrote. Raises
-    RegenerationError for an output without its sidecar, or one written with other settings."""
+    RegenerationError for an output without its sidecar, a sidecar that cannot be read, or one
+    written with other settings."""
     sidecar = settings_path(out_path)
     if out_path.exists() and not sidecar.exists():
         raise RegenerationError(
@@ -58,7 +59,13 @@ def check_settings(out_path: Path, settings: dict) -> None:
             f"use a new output path or delete it"
         )
     if sidecar.exists() and out_path.exists():
-        old = json.loads(sidecar.read_text())
+        try:
+            old = json.loads(sidecar.read_text())
+        except (OSError, ValueError) as e:
+            raise RegenerationError(
+                f"{sidecar}: cannot be read as JSON ({e}); use a new output path or delete "
+                f"{out_path} and {sidecar.name}"
+            ) from None
         diffs = differing_fields(old, settings)
         if diffs:
             raise RegenerationError(

@@ -20,14 +20,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.data.records import Record, Records
+from specdraft.data.records import Records
 from specdraft.regenerate.backends import (
     Backend,
-    Completion,
     EndpointBackend,
     LocalBackend,
-    Prompt,
     RegenerationError,
+    RegenerationSettingError,
     Sampling,
 )
 from specdraft.regenerate.output import (
@@ -37,6 +36,7 @@ from specdraft.regenerate.output import (
     records_hash,
     settings_path,
 )
+from specdraft.regenerate.turns import regenerate_chats, regenerate_texts
 
 
 @dataclass(frozen=True)
@@ -49,112 +49,6 @@ class RegenResult:
     num_done: int
     num_kept: int
     num_empty: int
-
-
-def _render_ids(tokenizer, messages, template_kwargs: dict, tools=None) -> tuple[str, list[int]]:
-    kwargs = {**template_kwargs, "tools": list(tools)} if tools else template_kwargs
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **kwargs
-    )
-    return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def _request_messages(messages, reasoning: str) -> list[dict]:
-    """Messages as sent to a server: an assistant's reasoning as `reasoning_content` (what vLLM
-    and SGLang both take, `conventions.REASONING_RESPONSE_FIELDS`), none with reasoning="drop"."""
-    from specdraft.data.reasoning import RECORD_FIELDS, message_reasoning
-
-    out = []
-    for m in messages:
-        if m["role"] != "assistant":
-            out.append(dict(m))
-            continue
-        r, content = message_reasoning(m)
-        msg = {**{k: v for k, v in m.items() if k not in RECORD_FIELDS}, "content": content}
-        if reasoning == "keep" and r:
-            msg["reasoning_content"] = r
-        out.append(msg)
-    return out
-
-
-def _chat_prompt(index, messages, tokenizer, template_kwargs, reasoning: str, tools=None) -> Prompt:
-    from specdraft.data.reasoning import template_messages
-
-    request = _request_messages(messages, reasoning)
-    if tokenizer is None:
-        return Prompt(index, messages=request, template_kwargs=template_kwargs, tools=tools)
-    text, ids = _render_ids(
-        tokenizer, template_messages(tokenizer, messages, reasoning)[0], template_kwargs, tools
-    )
-    return Prompt(index, request, text, ids, template_kwargs, tools)
-
-
-def _assistant_turn(answer: Completion, reasoning: str) -> dict:
-    """The regenerated assistant message: content, plus the reasoning (reasoning="keep")."""
-    from specdraft.data.reasoning import split_think
-
-    r, content = (
-        (answer.reasoning, answer.content)
-        if answer.reasoning is not None
-        else split_think(answer.content)
-    )
-    turn = {"role": "assistant", "content": content}
-    if reasoning == "keep" and r is not None and r.strip():
-        turn["reasoning_content"] = r
-    if answer.tool_calls:
-        turn["tool_calls"] = answer.tool_calls
-    return turn
-
-
-def _regenerate_chats(
-    chunk: list[tuple[int, Record]], backend, sampling, tokenizer, template_kwargs, reasoning: str
-) -> list[dict]:
-    chats = {i: [dict(m) for m in r.messages] for i, r in chunk}
-    records = dict(chunk)
-    turns = {i: [j for j, m in enumerate(c) if m["role"] == "assistant"] for i, c in chats.items()}
-    for i, c in chats.items():
-        if c[-1]["role"] != "assistant":
-            turns[i].append(len(c))  # a prompt-only chat gets one assistant turn appended
-    for k in range(max(len(t) for t in turns.values())):
-        active = [i for i in chats if len(turns[i]) > k]
-        prompts = [
-            _chat_prompt(
-                i, chats[i][: turns[i][k]], tokenizer, template_kwargs, reasoning, records[i].tools
-            )
-            for i in active
-        ]
-        for i, answer in zip(active, backend.complete(prompts, sampling)):
-            turn = _assistant_turn(answer, reasoning)
-            if turns[i][k] == len(chats[i]):
-                chats[i].append(turn)
-            else:
-                chats[i][turns[i][k]] = turn
-    return [
-        {
-            "index": i,
-            "source": r.source,
-            "messages": chats[i],
-            **({"tools": list(r.tools)} if r.tools else {}),
-        }
-        for i, r in chunk
-    ]
-
-
-def _text_prompt(index: int, record: Record, tokenizer, prompt_tokens: int) -> Prompt:
-    if record.prompt:
-        ids = list(tokenizer(record.prompt)["input_ids"])
-        return Prompt(index, text=record.prompt, ids=ids)
-    ids = list(tokenizer(record.text)["input_ids"])[:prompt_tokens]
-    return Prompt(index, text=tokenizer.decode(ids, skip_special_tokens=True), ids=ids)
-
-
-def _regenerate_texts(chunk, backend, sampling, tokenizer, prompt_tokens) -> list[dict]:
-    prompts = [_text_prompt(i, r, tokenizer, prompt_tokens) for i, r in chunk]
-    outs = backend.complete(prompts, sampling)
-    return [
-        {"index": i, "source": r.source, "prompt": p.text, "completion": o.content}
-        for (i, r), p, o in zip(chunk, prompts, outs)
-    ]
 
 
 def regenerate(
@@ -177,40 +71,15 @@ def regenerate(
     prompts are also rendered to exact token ids (used by api='completions').
     console: rich Console for a progress bar (None = silent). reasoning: "keep" | "drop" (module
     doc); "drop" needs the tokenizer (its template names the non-thinking switch).
-    Raises RegenerationError (failed request after retries, output of other settings).
+    Raises RegenerationError (failed request after retries, output of other settings),
+    RegenerationSettingError (a ValueError) for a mode the tokenizer at hand cannot serve.
     """
-    from specdraft.data.reasoning import check_mode, reasoning_kwargs
-    from specdraft.data.render import check_chat_template
-
     out_path = check_out_path(out_path)
     tokenizer = tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)
-    kwargs = dict(template_kwargs or {})
-    if check_mode(reasoning) == "drop" and records.chat:
-        if tokenizer is None:
-            raise ValueError(
-                "--reasoning drop with --endpoint needs --tokenizer (the target's "
-                "tokenizer: its chat template names the non-thinking switch)"
-            )
-        kwargs = reasoning_kwargs(tokenizer, kwargs, reasoning)
-    if not records.chat and tokenizer is None:
-        raise ValueError("the no-chat mode needs the target's tokenizer to cut prompts")
-    if tokenizer is not None:
-        check_chat_template(tokenizer, records)
+    kwargs = _template_kwargs(records, tokenizer, dict(template_kwargs or {}), reasoning)
     created = not out_path.exists()
-    check_settings(
-        out_path,
-        {
-            "input": str(records.path.resolve()),
-            "input_hash": records_hash(records),
-            "num_records": len(records.records),
-            "chat": records.chat,
-            "backend": backend.describe(),
-            "sampling": asdict(sampling),
-            "template_kwargs": kwargs,
-            "reasoning": reasoning,
-            "prompt_tokens": None if records.chat else prompt_tokens,
-        },
-    )
+    settings = _settings(records, backend, sampling, kwargs, reasoning, prompt_tokens)
+    check_settings(out_path, settings)
     done = finished_indices(out_path)
     todo = [(i, r) for i, r in enumerate(records.records) if i not in done]
     try:
@@ -227,13 +96,52 @@ def regenerate(
             reasoning,
         )
     except BaseException:
-        if (
-            created and out_path.exists() and out_path.stat().st_size == 0
-        ):  # nothing produced: leave no files
+        if created and out_path.exists() and out_path.stat().st_size == 0:  # leave no files
             out_path.unlink()
             settings_path(out_path).unlink(missing_ok=True)
         raise
     return RegenResult(out_path, num_written, len(done), num_empty)
+
+
+def _settings(
+    records: Records, backend, sampling: Sampling, kwargs, reasoning, prompt_tokens
+) -> dict:
+    """What the output's settings sidecar records (`output.check_settings`): the input and its
+    hash, the mode, the backend, sampling, template kwargs, reasoning and (no-chat) prompt length."""
+    return {
+        "input": str(records.path.resolve()),
+        "input_hash": records_hash(records),
+        "num_records": len(records.records),
+        "chat": records.chat,
+        "backend": backend.describe(),
+        "sampling": asdict(sampling),
+        "template_kwargs": kwargs,
+        "reasoning": reasoning,
+        "prompt_tokens": None if records.chat else prompt_tokens,
+    }
+
+
+def _template_kwargs(records: Records, tokenizer, kwargs: dict, reasoning: str) -> dict:
+    """The chat-template kwargs `regenerate` renders with: `kwargs`, plus the template's
+    non-thinking switch with reasoning="drop". Raises RegenerationSettingError when the mode
+    needs the tokenizer and there is none, DataError for chats and a tokenizer without a template."""
+    from specdraft.data.reasoning import check_mode, reasoning_kwargs
+    from specdraft.data.render import check_chat_template
+
+    if check_mode(reasoning) == "drop" and records.chat:
+        if tokenizer is None:
+            raise RegenerationSettingError(
+                "--reasoning drop with --endpoint needs --tokenizer (the target's "
+                "tokenizer: its chat template names the non-thinking switch)"
+            )
+        kwargs = reasoning_kwargs(tokenizer, kwargs, reasoning)
+    if not records.chat and tokenizer is None:
+        raise RegenerationSettingError(
+            "the no-chat mode needs the target's tokenizer to cut prompts"
+        )
+    if tokenizer is not None:
+        check_chat_template(tokenizer, records)
+    return kwargs
 
 
 def _write_rows(
@@ -247,14 +155,12 @@ def _write_rows(
             chunk = todo[start : start + backend.batch_size]
             try:
                 rows = (
-                    _regenerate_chats(chunk, backend, sampling, tokenizer, kwargs, reasoning)
+                    regenerate_chats(chunk, backend, sampling, tokenizer, kwargs, reasoning)
                     if records.chat
-                    else _regenerate_texts(chunk, backend, sampling, tokenizer, prompt_tokens)
+                    else regenerate_texts(chunk, backend, sampling, tokenizer, prompt_tokens)
                 )
             except RegenerationError as e:
-                if (
-                    start == 0 and f.tell() == 0
-                ):  # nothing written: the caller removes the empty file
+                if start == 0 and f.tell() == 0:  # nothing written: the caller removes it
                     raise
                 raise RegenerationError(
                     f"{e}; finished records are kept in {out_path}: re-run "
@@ -292,9 +198,8 @@ class _progress:
             *Progress.get_default_columns()[:-1],
             TimeRemainingColumn(elapsed_when_finished=True),
         )
-        self.bar = Progress(
-            *columns, console=console, disable=console is None
-        )  # time taken once done, not 0:00:00
+        # TimeRemainingColumn: the time taken once done, not 0:00:00
+        self.bar = Progress(*columns, console=console, disable=console is None)
         self.task = self.bar.add_task("regenerate", total=total)
 
     def __enter__(self):
@@ -334,19 +239,24 @@ class RegenConfig:
 
     def __post_init__(self) -> None:
         if (self.target is None) == (self.endpoint is None):
-            raise ValueError(
+            raise RegenerationSettingError(
                 "RegenConfig: give exactly one of target (a local model directory) "
                 "or endpoint (an OpenAI-compatible URL)"
             )
         if self.endpoint and not self.model:
-            raise ValueError("model is empty: an endpoint needs the served model's name (--model)")
+            raise RegenerationSettingError(
+                "model is empty: an endpoint needs the served model's name (--model)"
+            )
         if self.prompt_tokens <= 0:
-            raise ValueError(f"RegenConfig.prompt_tokens = {self.prompt_tokens}: must be positive")
+            raise RegenerationSettingError(
+                f"RegenConfig.prompt_tokens = {self.prompt_tokens}: must be positive"
+            )
 
 
 def regenerate_file(cfg: RegenConfig, console=None) -> RegenResult:
     """Read cfg.data, build the backend, `regenerate` into cfg.out. Raises DataError (bad input),
-    RegenerationError (failed requests, output of other settings), ValueError (bad config)."""
+    RegenerationError (failed requests, output of other settings), RegenerationSettingError (a
+    ValueError: bad config)."""
     from specdraft.data.records import read_records, skipped_line
 
     check_out_path(cfg.out, cfg.data)

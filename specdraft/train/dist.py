@@ -1,5 +1,15 @@
 """The processes of a training run: this rank's place (`Ranks`, from torchrun's environment) and
 the signals that stop a run cleanly at a step boundary (`interrupt_flag`).
+
+Under torchrun (torch.distributed.elastic, torch 2.13): workers are started in sessions of
+their own (SubprocessHandler: start_new_session), so a terminal's Ctrl-C reaches torchrun
+only. Its agent catches SIGINT, SIGTERM, SIGHUP and SIGQUIT (TORCHELASTIC_SIGNALS_TO_HANDLE)
+and sends that signal to every worker's process group (SubprocessContext._close), so a
+worker sees SIGINT for Ctrl-C and SIGTERM when torchrun itself is terminated. Then it waits
+--shutdown-timeout seconds (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30) for all workers
+together and SIGKILLs those left: the rest of the step, its evaluation and the checkpoint
+must fit in that time (a killed write leaves the previous checkpoint). A second Ctrl-C to
+torchrun, during that wait, makes it send SIGTERM.
 """
 
 from __future__ import annotations
@@ -72,6 +82,47 @@ def setup_dist(device: str) -> Ranks:
     return Ranks(rank, world, dev, owns)
 
 
+class StopRequest:
+    """The first SIGINT or SIGTERM as a flag (`on_signal` only records it); the second puts the
+    previous handlers back and re-raises the signal: KeyboardInterrupt (SIGINT) or the default
+    exit (SIGTERM), at once."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self.caught: list[int] = []
+        self.previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        """Handle SIGINT and SIGTERM here, in the main thread only (elsewhere nothing is caught);
+        a handler installed outside Python (getsignal None) is left alone."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is not None:
+                self.previous[signum] = signal.signal(signum, self.on_signal)
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous.clear()
+
+    def on_signal(self, signum: int, frame: Any) -> None:
+        if self.caught:  # the second: abort as without this handler
+            self.restore()
+            signal.raise_signal(signum)
+            return
+        self.caught.append(signum)
+
+    def interrupted(self) -> bool:
+        """Whether a stop was requested: on one process the flag; on several ranks, whether any
+        rank was signalled (one int all-reduced with MAX on the group's device), a collective."""
+        if self.ranks.world == 1:
+            return bool(self.caught)
+        flag = torch.tensor([int(bool(self.caught))], device=self.ranks.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 @contextlib.contextmanager
 def interrupt_flag(ranks: Ranks):
     """Turn the first SIGINT (Ctrl-C) or SIGTERM (what schedulers and `kill` send first) into a
@@ -81,49 +132,17 @@ def interrupt_flag(ranks: Ranks):
     with MAX on the group's device, beside the step's own syncs). The caller then checkpoints
     that step (a collective on several ranks) and raises KeyboardInterrupt. The handler only
     sets the flag, so no torch call, collective, metrics line or checkpoint write is cut short:
-    a KeyboardInterrupt raised inside a torch call can surface as another exception.
-
-    Under torchrun (torch.distributed.elastic, torch 2.13): workers are started in sessions of
-    their own (SubprocessHandler: start_new_session), so a terminal's Ctrl-C reaches torchrun
-    only. Its agent catches SIGINT, SIGTERM, SIGHUP and SIGQUIT (TORCHELASTIC_SIGNALS_TO_HANDLE)
-    and sends that signal to every worker's process group (SubprocessContext._close), so a
-    worker sees SIGINT for Ctrl-C and SIGTERM when torchrun itself is terminated. Then it waits
-    --shutdown-timeout seconds (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default 30) for all workers
-    together and SIGKILLs those left: the rest of the step, its evaluation and the checkpoint
-    must fit in that time (a killed write leaves the previous checkpoint). A second Ctrl-C to
-    torchrun, during that wait, makes it send SIGTERM.
+    a KeyboardInterrupt raised inside a torch call can surface as another exception. How the
+    signals reach the workers of torchrun, and in what time they must stop: the module doc.
 
     A second SIGINT or SIGTERM puts the previous handlers back and re-raises the signal:
     KeyboardInterrupt (SIGINT) or the default exit (SIGTERM), at once, unsaved (checkpoint
     writes are atomic: the previous checkpoint stays). Handlers live in the main thread only;
-    elsewhere nothing is caught (but the ranks still agree)."""
-    caught: list[int] = []
-    previous: dict[int, Any] = {}
-
-    def restore() -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        previous.clear()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if caught:  # the second: abort as without this handler
-            restore()
-            signal.raise_signal(signum)
-            return
-        caught.append(signum)
-
-    def interrupted() -> bool:
-        if ranks.world == 1:
-            return bool(caught)
-        flag = torch.tensor([int(bool(caught))], device=ranks.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(signum) is not None:  # None: a handler installed outside Python
-                previous[signum] = signal.signal(signum, on_signal)
+    elsewhere nothing is caught (but the ranks still agree). On exit the previous handlers are
+    back."""
+    stop = StopRequest(ranks)
+    stop.install()
     try:
-        yield interrupted
+        yield stop.interrupted
     finally:
-        restore()
+        stop.restore()

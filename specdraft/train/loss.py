@@ -18,7 +18,7 @@ the keys of steps 0..k-1 as `past_kv` and the mask [causal | diag | ... | diag].
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -26,35 +26,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from specdraft.data.labels import draft_loss_mask
 from specdraft.draft import KV, DraftOutput, Eagle3Draft
-
-
-@dataclass
-class TTTOutput:
-    """Loss and raw metric counts of one TTT unroll over a batch (K = unroll steps).
-
-    loss:            scalar float32, differentiable: sum_k w_k * step_loss_sums[k] / total[k].
-    step_loss_sums:  [K] float32, differentiable: per-step KL(p_target || q_draft) summed over
-                     supervised positions (a distributed trainer normalises by global counts).
-    step_losses:     [K] float32, detached: per-step mean KL over supervised positions (0 if none).
-    correct, total:  [K] int64: supervised positions whose draft argmax (mapped through d2t)
-                     equals the target argmax, and all supervised positions, per step.
-    cond_correct, cond_total: [K] int64: the same restricted to base positions supervised at
-                     steps 0..k whose steps 0..k-1 were all correct (alpha_k's numerator and
-                     denominator).
-    rounds, round_accepted: [] and [K] int64: a K-step chain engine's verification rounds at
-                     T = 0 over the supervised runs, and the rounds whose drafts 1..k+1 were all
-                     accepted (`replay_rounds`; zeros unless ttt_loss(replay=True)).
-    """
-
-    loss: torch.Tensor
-    step_loss_sums: torch.Tensor
-    step_losses: torch.Tensor
-    correct: torch.Tensor
-    total: torch.Tensor
-    cond_correct: torch.Tensor
-    cond_total: torch.Tensor
-    rounds: torch.Tensor
-    round_accepted: torch.Tensor
+from specdraft.train.metrics import TTTOutput
 
 
 def target_logits(
@@ -192,6 +164,69 @@ def ttt_loss(
     the positions, for validation).
     Raises ValueError when ttt_steps < 1 or the shapes disagree.
     """
+    _check_inputs(input_ids, target_logits, loss_mask, ttt_steps)
+    target = _target_side(draft, target_logits)
+    outputs = ttt_unroll(draft, input_ids, aux_hidden, ttt_steps, flex)
+    steps = _step_counts(draft, outputs, target, loss_mask)
+    step_loss_sums, total_t = torch.stack(steps.sums), torch.stack(steps.total)
+    rounds, round_accepted = _replayed(steps.drafted, target.argmax, loss_mask, ttt_steps, replay)
+    device = total_t.device
+    return TTTOutput(
+        loss=weighted_loss(step_loss_sums, total_t, step_weight),
+        step_loss_sums=step_loss_sums,
+        step_losses=(step_loss_sums.detach() / total_t.clamp(min=1)),
+        correct=torch.stack(steps.correct),
+        total=total_t,
+        cond_correct=torch.stack(steps.cond_correct),
+        cond_total=torch.stack(steps.cond_total),
+        rounds=rounds.to(device),
+        round_accepted=round_accepted.to(device),
+    )
+
+
+@dataclass
+class _StepCounts:
+    """Per TTT step k (one entry each): the KL sum over supervised positions (differentiable),
+    the counts of `TTTOutput` (scalars), and the draft's argmax as target ids [B, T]."""
+
+    sums: list[torch.Tensor] = field(default_factory=list)
+    correct: list[torch.Tensor] = field(default_factory=list)
+    total: list[torch.Tensor] = field(default_factory=list)
+    cond_correct: list[torch.Tensor] = field(default_factory=list)
+    cond_total: list[torch.Tensor] = field(default_factory=list)
+    drafted: list[torch.Tensor] = field(default_factory=list)
+
+
+def _step_counts(
+    draft: Eagle3Draft, outputs: list[DraftOutput], target: _TargetSide, loss_mask: torch.Tensor
+) -> _StepCounts:
+    """Each unroll step's KL sum and counts against the target side `target` (`ttt_loss`)."""
+    steps = _StepCounts()
+    chain_ok = torch.ones_like(target.in_vocab)  # supervised and correct at every earlier step
+    for k, out in enumerate(outputs):
+        mask = supervision_mask(loss_mask, target.in_vocab, k)
+        q_log = out.logits.float().log_softmax(-1)
+        cross = (shift_left(target.p, 1 + k) * q_log).sum(-1)
+        kl = shift_left(target.neg_entropy, 1 + k) - cross  # [B, T]
+        steps.sums.append(torch.where(mask, kl, 0.0).sum())
+        with torch.no_grad():
+            steps.drafted.append(draft.draft_to_target(out.logits.argmax(-1)))
+            hit = steps.drafted[-1] == shift_left(target.argmax, 1 + k)
+            hit &= mask
+            cond = chain_ok & mask
+            steps.correct.append(hit.sum())
+            steps.total.append(mask.sum())
+            steps.cond_correct.append((hit & cond).sum())
+            steps.cond_total.append(cond.sum())
+            chain_ok = cond & hit
+    return steps
+
+
+def _check_inputs(
+    input_ids: torch.Tensor, target_logits: torch.Tensor, loss_mask: torch.Tensor, ttt_steps: int
+) -> None:
+    """ValueError unless ttt_steps >= 1 and target_logits [B, T, V], loss_mask [B, T] fit
+    input_ids [B, T]."""
     if ttt_steps < 1:
         raise ValueError(f"ttt_steps = {ttt_steps}: need at least 1")
     if target_logits.shape[:2] != input_ids.shape or loss_mask.shape != input_ids.shape:
@@ -199,52 +234,29 @@ def ttt_loss(
             f"shapes disagree: input_ids {tuple(input_ids.shape)}, target_logits "
             f"{tuple(target_logits.shape)}, loss_mask {tuple(loss_mask.shape)}"
         )
-    target = _target_side(draft, target_logits)
-    outputs = ttt_unroll(draft, input_ids, aux_hidden, ttt_steps, flex)
-    sums, correct, total, cond_correct, cond_total, drafted = [], [], [], [], [], []
-    chain_ok = torch.ones_like(target.in_vocab)  # supervised and correct at every earlier step
-    for k, out in enumerate(outputs):
-        mask = supervision_mask(loss_mask, target.in_vocab, k)
-        q_log = out.logits.float().log_softmax(-1)
-        cross = (shift_left(target.p, 1 + k) * q_log).sum(-1)
-        kl = shift_left(target.neg_entropy, 1 + k) - cross  # [B, T]
-        sums.append(torch.where(mask, kl, 0.0).sum())
-        with torch.no_grad():
-            drafted.append(draft.draft_to_target(out.logits.argmax(-1)))
-            hit = drafted[-1] == shift_left(target.argmax, 1 + k)
-            hit &= mask
-            cond = chain_ok & mask
-            correct.append(hit.sum())
-            total.append(mask.sum())
-            cond_correct.append((hit & cond).sum())
-            cond_total.append(cond.sum())
-            chain_ok = cond & hit
-    step_loss_sums, total_t = torch.stack(sums), torch.stack(total)
-    rounds, round_accepted = (
-        torch.zeros((), dtype=torch.long),
-        torch.zeros(ttt_steps, dtype=torch.long),
-    )
-    if replay:
-        with torch.no_grad():
-            hits = (
-                torch.stack(drafted) == greedy_choices(target.argmax, ttt_steps)
-            ).cpu()  # [K, B, T]
-            for b in range(input_ids.shape[0]):
-                n, per_pos = replay_rounds(hits[:, b], loss_mask[b].bool().cpu())
-                rounds += n
-                round_accepted += torch.tensor(per_pos)
-    device = total_t.device
-    return TTTOutput(
-        loss=weighted_loss(step_loss_sums, total_t, step_weight),
-        step_loss_sums=step_loss_sums,
-        step_losses=(step_loss_sums.detach() / total_t.clamp(min=1)),
-        correct=torch.stack(correct),
-        total=total_t,
-        cond_correct=torch.stack(cond_correct),
-        cond_total=torch.stack(cond_total),
-        rounds=rounds.to(device),
-        round_accepted=round_accepted.to(device),
-    )
+
+
+@torch.no_grad()
+def _replayed(
+    drafted: list[torch.Tensor],
+    argmax: torch.Tensor,
+    loss_mask: torch.Tensor,
+    ttt_steps: int,
+    replay: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rounds [] int64, round_accepted [K] int64) of a chain engine over every row of a batch
+    (`replay_rounds`), from each step's drafted target ids [B, T] and the target's argmax [B, T];
+    zeros without `replay`."""
+    rounds = torch.zeros((), dtype=torch.long)
+    round_accepted = torch.zeros(ttt_steps, dtype=torch.long)
+    if not replay:
+        return rounds, round_accepted
+    hits = (torch.stack(drafted) == greedy_choices(argmax, ttt_steps)).cpu()  # [K, B, T]
+    for b in range(loss_mask.shape[0]):
+        n, per_pos = replay_rounds(hits[:, b], loss_mask[b].bool().cpu())
+        rounds += n
+        round_accepted += torch.tensor(per_pos)
+    return rounds, round_accepted
 
 
 def greedy_choices(argmax: torch.Tensor, num_steps: int) -> torch.Tensor:
@@ -352,94 +364,3 @@ def weighted_loss(
         device=step_loss_sums.device,
     )
     return (weights * step_loss_sums / counts.to(step_loss_sums.dtype).clamp(min=1)).sum()
-
-
-@dataclass
-class TTTMetrics:
-    """Raw counts aggregated over batches; every rate is computed from them (never averaged).
-
-    Each field is [K] int64 (see TTTOutput). `loss_sums` [K] float64 sums of per-position KL.
-    """
-
-    correct: torch.Tensor
-    total: torch.Tensor
-    cond_correct: torch.Tensor
-    cond_total: torch.Tensor
-    loss_sums: torch.Tensor
-    rounds: torch.Tensor
-    round_accepted: torch.Tensor
-
-    @classmethod
-    def zeros(cls, ttt_steps: int) -> TTTMetrics:
-        z = torch.zeros(ttt_steps, dtype=torch.long)
-        return cls(
-            z.clone(),
-            z.clone(),
-            z.clone(),
-            z.clone(),
-            torch.zeros(ttt_steps, dtype=torch.float64),
-            torch.zeros((), dtype=torch.long),
-            z.clone(),
-        )
-
-    def add(self, out: TTTOutput) -> None:
-        """Accumulate one batch's counts (moved to the CPU)."""
-        self.correct += out.correct.cpu()
-        self.total += out.total.cpu()
-        self.cond_correct += out.cond_correct.cpu()
-        self.cond_total += out.cond_total.cpu()
-        self.loss_sums += out.step_loss_sums.detach().double().cpu()
-        self.rounds += out.rounds.cpu()
-        self.round_accepted += out.round_accepted.cpu()
-
-    def accuracy(self) -> list[float]:
-        """Per-step accuracy over supervised positions (0.0 where a step had none)."""
-        return _rates(self.correct, self.total)
-
-    def alpha(self) -> list[float]:
-        """Conditional acceptance alpha_k = P(step k correct | steps < k all correct)."""
-        return _rates(self.cond_correct, self.cond_total)
-
-    def tau(self) -> float:
-        """Simulated accept length 1 + sum_k prod_{i<=k} alpha_i (tokens per verification), a
-        per-position estimate; `replayed_tau` counts the rounds an engine would run."""
-        tau, prod = 1.0, 1.0
-        for a in self.alpha():
-            prod *= a
-            tau += prod
-        return tau
-
-    def replayed_acceptance(self) -> list[float]:
-        """p_k of a ttt_steps-step chain engine at T = 0: rounds whose drafts 1..k+1 were all
-        accepted / rounds (empty without replayed rounds)."""
-        rounds = int(self.rounds)
-        return [int(a) / rounds for a in self.round_accepted] if rounds else []
-
-    def replayed_tau(self) -> float | None:
-        """Accept length of that chain engine, 1 + accepted drafts / rounds (None without rounds)."""
-        rounds = int(self.rounds)
-        return 1 + int(self.round_accepted.sum()) / rounds if rounds else None
-
-    def step_losses(self) -> list[float]:
-        """Per-step mean KL over supervised positions."""
-        return [float(s) / max(int(n), 1) for s, n in zip(self.loss_sums, self.total)]
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready summary: rates and the raw counts they come from."""
-        return {
-            "accuracy": self.accuracy(),
-            "alpha": self.alpha(),
-            "tau": self.tau(),
-            "step_losses": self.step_losses(),
-            "correct": self.correct.tolist(),
-            "total": self.total.tolist(),
-            "cond_correct": self.cond_correct.tolist(),
-            "cond_total": self.cond_total.tolist(),
-            "replayed_rounds": int(self.rounds),
-            "replayed_acceptance": self.replayed_acceptance(),
-            "replayed_tau": self.replayed_tau(),
-        }
-
-
-def _rates(num: torch.Tensor, den: torch.Tensor) -> list[float]:
-    return [int(a) / int(b) if int(b) else 0.0 for a, b in zip(num, den)]

@@ -35,8 +35,11 @@ from specdraft.checkpoint import (
     save_draft,
 )
 from specdraft.draft import Eagle3Draft
+from specdraft.errors import SettingsMismatch
 from specdraft.files import atomic_write, atomic_write_text, replace_dir
-from specdraft.train.sources import TargetInfo, describe_target, same_target
+from specdraft.train.errors import RunDirInUse
+from specdraft.train.sources import TargetInfo
+from specdraft.train.store_data import describe_target, same_target
 
 METRICS_FILE = "metrics.jsonl"
 # What a run directory holds; an OUT with other files only is not one, and is refused.
@@ -61,18 +64,18 @@ def checkpoint_progress(path: Path) -> dict[str, Any]:
 
 
 def check_run_dir(out_dir: Path) -> None:
-    """FileExistsError unless `out_dir` is missing, empty or a run directory (RUN_ENTRIES): a file,
-    or a directory of other files only, would get checkpoints mixed into it."""
+    """RunDirInUse (a FileExistsError) unless `out_dir` is missing, empty or a run directory
+    (RUN_ENTRIES): a file, or a directory of other files only, would get checkpoints mixed into it."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise FileExistsError(
+        raise RunDirInUse(
             f"{out_dir} is a file; the run directory OUT must be a directory (it receives "
             "checkpoints/, metrics.jsonl, tensorboard/, draft/): give a new directory"
         )
     entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
     if entries and not RUN_ENTRIES & set(entries):
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-        raise FileExistsError(
+        raise RunDirInUse(
             f"{out_dir} holds no training run but other files ({shown}): give a new or empty "
             f"directory as OUT (--resume continues a run directory)"
         )
@@ -87,7 +90,8 @@ def check_same_data(
     (`specdraft.data.data_hash`, from the store's index or the --online data as rendered) against
     `info`'s. Its weights and its place in the data order fit its own data only, and the manifest
     would record the new data as the drafter's. What a checkpoint does not record (older
-    specdraft: no manifest, no data hash, no sample count) is not checked."""
+    specdraft: no manifest, no data hash, no sample count) is not checked. Raises SettingsMismatch
+    (a ValueError) naming what differs."""
     manifest = saved.get("manifest") or {}
     target, layers = manifest.get("target"), tuple(manifest.get("aux_layers") or ())
     now = info.manifest_fields.get("target")
@@ -105,7 +109,7 @@ def check_same_data(
             f"{_describe_data(now_hash, num_samples)}"
         )
     if diffs:
-        raise ValueError(
+        raise SettingsMismatch(
             f"{source}: this checkpoint was trained on other data ({'; '.join(diffs)}): resume with "
             f"the store (or --online data file and --target) it was trained on, or train into a new "
             f"OUT directory"
@@ -126,7 +130,7 @@ def write_checkpoint(state: dict[str, Any], out_dir: Path, keep: int) -> Path:
 
 
 def write_sharded_checkpoint(trainer: Any, out_dir: Path) -> Path:
-    """Write a loop.Trainer's state with torch.distributed.checkpoint, atomically; a collective.
+    """Write a trainer.Trainer's state with torch.distributed.checkpoint, atomically; a collective.
 
     Every rank writes its shards of the draft and optimizer (`Trainer.sharded_state`) into
     out_dir/checkpoints/.step-N.tmp and rank 0 adds PROGRESS_FILE (`Trainer.progress_state`);
@@ -220,11 +224,11 @@ def save_final_draft(
 
 
 def resume_from(trainer: Any, out_dir: Path, resume: bool) -> int | None:
-    """Load out_dir's newest checkpoint into a loop.Trainer when resuming; returns its step (None:
-    a fresh run). FileExistsError for checkpoints there without `resume`."""
+    """Load out_dir's newest checkpoint into a trainer.Trainer when resuming; returns its step (None:
+    a fresh run). RunDirInUse (a FileExistsError) for checkpoints there without `resume`."""
     paths = checkpoint_paths(out_dir)
     if paths and not resume:
-        raise FileExistsError(
+        raise RunDirInUse(
             f"{out_dir} already holds checkpoints ({paths[-1].name}): pass --resume to "
             f"continue its run (with its settings), or train into a new OUT directory"
         )
@@ -243,27 +247,6 @@ def save_checkpoint(trainer: Any, out_dir: Path) -> None:
         write_sharded_checkpoint(trainer, out_dir)
     else:
         write_checkpoint(trainer.state(), out_dir, trainer.config.keep_checkpoints)
-
-
-def moved_data(trainer: Any, saved: dict[str, int], source: Path) -> str:
-    """Why the checkpoint `source`'s data position `saved` (`Trainer.position`) is not the
-    loop.Trainer `trainer`'s at its step, in a user's terms: the training split has another number of batches per epoch (the
-    data changed; a checkpoint with a data hash is refused before, by `check_same_data`)."""
-    epoch, index, now = saved["epoch"], saved["batch_index"], trainer.position(trainer.step)
-    if (epoch, index) == (now["epoch"], now["batch_index"]):  # same split, another shuffle
-        return (
-            f"{source}: this checkpoint's data order (shuffle seed {saved['permutation_seed']}) is not "
-            f"this specdraft's ({now['permutation_seed']}): train into a new OUT directory"
-        )
-    # step = epoch * batches per epoch + index; in epoch 0 only a lower bound is known
-    was = f"{(trainer.step - index) // epoch}" if epoch else f"at least {index + 1}"
-    return (
-        f"{source}: the training split now has {trainer.batches_per_epoch} batches of --batch-size "
-        f"{trainer.config.batch_size} per epoch ({len(trainer.train_ids)} training samples), but had {was} when "
-        f"this checkpoint was written (its step {trainer.step} was batch {index + 1} of epoch {epoch + 1}): "
-        f"the data changed since; resume with the store (or --online data file) it was trained on, or "
-        f"train into a new OUT directory"
-    )
 
 
 def interrupted_message(out_dir: str | Path) -> str:

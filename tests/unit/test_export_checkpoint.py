@@ -15,9 +15,10 @@ from safetensors.torch import load_file
 
 from specdraft.checkpoint import CheckpointError, load_draft
 from specdraft.export import export_draft
-from specdraft.train.loop import Trainer, train
+from specdraft.train.loop import train
 from specdraft.train.run_dir import write_sharded_checkpoint
-from specdraft.train.sources import StoreData
+from specdraft.train.store_data import StoreData
+from specdraft.train.trainer import Trainer
 from tests.cli.test_cli import flat, invoke
 from tests.unit.train.test_train_loop import one_thread, small_config  # noqa: F401
 

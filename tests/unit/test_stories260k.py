@@ -28,14 +28,13 @@ from specdraft.stories260k import (
     SAMPLE_FILE,
     SOURCE_SHA256,
     TOKENIZER_FILE,
-    Llama2cHeader,
     build_tokenizer,
     bundled_dir,
     convert_stories260k,
-    read_llama2c_checkpoint,
     read_llama2c_tokenizer,
     verify_sha256,
 )
+from specdraft.stories260k.llama2c import Llama2cHeader, read_llama2c_checkpoint
 from specdraft.targets.config import end_token_ids
 
 KNOWN_GOOD_START = (

@@ -26,7 +26,8 @@ from specdraft.checkpoint import save_draft
 from specdraft.data.vocab import build_vocab_map
 from specdraft.draft import DraftConfig, Eagle3Draft
 from specdraft.targets import Target
-from specdraft.train.loss import TTTMetrics, ttt_loss
+from specdraft.train.loss import ttt_loss
+from specdraft.train.metrics import TTTMetrics
 from tests.tiny_models import tiny_model
 
 VOCAB = 256

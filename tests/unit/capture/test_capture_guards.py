@@ -100,7 +100,7 @@ def test_failure_before_the_first_shard_leaves_no_store(
     out = tmp_path / "store"
 
     def fail(*args, **kwargs):
-        raise ValueError("boom")
+        raise CaptureError("boom")  # a user error: printed as one line (any other is a bug)
 
     with monkeypatch.context() as m:
         m.setattr(capture_write, "capture_shard", fail)
@@ -228,8 +228,8 @@ def test_regenerate_interrupted_says_what_was_kept(chat_target_dir, chats, tmp_p
     with monkeypatch.context() as m:
         m.setattr(
             regenerate_run,
-            "_regenerate_chats",
-            interrupt_second_call(regenerate_run._regenerate_chats),
+            "regenerate_chats",
+            interrupt_second_call(regenerate_run.regenerate_chats),
         )
         result = run(
             "regenerate",

@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdraft.capture.convert import AFTER_NORM, convert_store, rms_norm
+from specdraft.capture.convert import convert_store, rms_norm
 from specdraft.capture.peers import read_specforge, read_speculators
 from specdraft.capture.recorded import RECORD_DIR
 from specdraft.capture.stage import CaptureConfig, capture_dataset
-from specdraft.capture.store import CaptureError, CaptureStore
-from specdraft.train.sources import StoreData
+from specdraft.capture.store import AFTER_NORM, CaptureError, CaptureStore
+from specdraft.train.store_data import StoreData
 from tests.tiny_tokenizer import CHAT
 
 CHATS = [CHAT, CHAT[:3], CHAT[1:3], CHAT[3:]]

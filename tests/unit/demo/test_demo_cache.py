@@ -164,7 +164,7 @@ def test_a_copied_demo_directory_resumes_regeneration(tmp_path):
 
 @pytest.mark.parametrize("num_samples,batch", [(2, 1), (3, 2), (8, 7), (9, 8), (10, 8), (800, 8)])
 def test_the_batch_adapts_to_the_training_split(num_samples, batch):
-    from specdraft.train.loop import TrainConfig, split_samples
+    from specdraft.train.config import TrainConfig, split_samples
 
     assert train_batch_size(num_samples, 8) == batch
     train_ids, _ = split_samples(

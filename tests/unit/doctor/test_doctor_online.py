@@ -240,7 +240,8 @@ def test_replay_rounds_walks_the_chain():
 def test_validation_replays_the_rounds_of_the_ttt_depth():
     """ttt_loss(replay=True) counts the rounds replay_rounds walks on each row, with the
     target's argmax as the greedy choice; without replay the counts stay zero."""
-    from specdraft.train.loss import TTTMetrics, greedy_choices, replay_rounds, ttt_loss, ttt_unroll
+    from specdraft.train.loss import greedy_choices, replay_rounds, ttt_loss, ttt_unroll
+    from specdraft.train.metrics import TTTMetrics
     from tests.cases.test_case_fc14_ttt_attention import inputs, tiny_draft
 
     draft = tiny_draft(0)

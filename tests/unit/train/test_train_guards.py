@@ -22,7 +22,7 @@ from specdraft.checkpoint import checkpoint_paths
 from specdraft.cli import app
 from specdraft.train.config import TrainConfig
 from specdraft.train.loop import train
-from specdraft.train.sources import StoreData
+from specdraft.train.store_data import StoreData
 from tests.tiny_models import save_tiny_model, tiny_config
 from tests.tiny_tokenizer import save_tiny_tokenizer
 from tests.unit.train.test_train_loop import make_samples, one_thread  # noqa: F401

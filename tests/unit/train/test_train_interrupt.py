@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 import specdraft.train.run_dir as run_dir
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.train import dist
-from specdraft.train.loop import Trainer, train
+from specdraft.train.loop import train
+from specdraft.train.trainer import Trainer
 from tests.unit.train.test_train_loop import read_metrics, small_config, world  # noqa: F401 (fixture)
 
 STEPS = 20

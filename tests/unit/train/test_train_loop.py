@@ -26,8 +26,11 @@ from specdraft.checkpoint import checkpoint_paths
 from specdraft.data.render import Sample
 from specdraft.targets import load_target
 from specdraft.train.config import TrainConfig, split_samples
-from specdraft.train.loop import Trainer, TrainingError, train
-from specdraft.train.sources import OnlineData, StoreData, pad_samples
+from specdraft.train.errors import TrainingError
+from specdraft.train.loop import train
+from specdraft.train.sources import OnlineData, pad_samples
+from specdraft.train.store_data import StoreData
+from specdraft.train.trainer import Trainer
 from tests.tiny_models import tiny_config
 
 REPO = Path(__file__).resolve().parents[3]

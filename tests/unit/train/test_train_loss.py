@@ -7,7 +7,6 @@ import torch
 
 from specdraft.targets import load_target
 from specdraft.train.loss import (
-    TTTMetrics,
     shift_left,
     step_weights,
     supervised_counts,
@@ -17,6 +16,7 @@ from specdraft.train.loss import (
     ttt_unroll,
     weighted_loss,
 )
+from specdraft.train.metrics import TTTMetrics
 from tests.cases.test_case_fc14_ttt_attention import tiny_draft
 from tests.tiny_models import tiny_config
 

@@ -4,6 +4,7 @@ The package ships Karpathy's stories260K (a 260K-parameter TinyStories Llama, MI
 512-piece tokenizer in llama2.c's binary formats (`specdraft/assets/stories260K/`, README
 there for provenance). `convert_stories260k` writes a float32 `LlamaForCausalLM` directory
 with a matching tokenizer, which the rest of specdraft loads like any transformers target.
+The checkpoint format and its transformers names: `llama2c`; the tokenizer's, here.
 Formats: shared/models/README.md and llama2.c's `run.c` (`read_checkpoint`, `encode`).
 """
 
@@ -12,18 +13,24 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
-import torch
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
 from tokenizers.models import BPE
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from specdraft.checkpoint import file_sha256
 from specdraft.files import atomic_dir
+from specdraft.stories260k.llama2c import (
+    BOS_ID,
+    EOS_ID,
+    UNK_ID,
+    Llama2cError,
+    llama_config,
+    llama_state_dict,
+    read_llama2c_checkpoint,
+)
 
 CHECKPOINT_FILE = "stories260K.bin"
 TOKENIZER_FILE = "tok512.bin"
@@ -40,7 +47,6 @@ CONVERTER_VERSION = 2  # 2: generation_config.json ends at BOS too (`END_IDS`)
 CONVERTER = f"specdraft.stories260k v{CONVERTER_VERSION}"  # recorded in a conversion; the demo's cache keys on it
 CONVERTED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json")
 
-UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 # The ids a generation ends at (generation_config.json's eos_token_id): EOS, and BOS, which
 # the model emits where a story ends (llama2.c's tinystories.py encodes each training story
 # with bos=True, eos=False); llama2.c's run.c stops there: "the BOS (=1) token delimits sequences".
@@ -48,61 +54,6 @@ END_IDS = [EOS_ID, BOS_ID]
 SPECIAL_PIECES = ("<unk>", "<s>", "</s>")
 BYTE_OFFSET = 3  # byte b is id 3 + b, piece "<0xBB>"
 SPACE_PIECE = "\u2581"  # "▁", SentencePiece's visible space
-ROPE_THETA = 10000.0
-RMS_NORM_EPS = 1e-5
-
-HEADER = struct.Struct("<7i")
-
-
-@dataclass(frozen=True)
-class Llama2cHeader:
-    """The 7-int32 header of a llama2.c legacy checkpoint (`Config` in llama2.c's run.c)."""
-
-    dim: int
-    hidden_dim: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    vocab_size: int
-    seq_len: int
-    shared_classifier: (
-        bool  # stored as the sign of vocab_size: positive = classifier is the embedding
-    )
-
-    @property
-    def head_size(self) -> int:
-        return self.dim // self.num_heads
-
-    @property
-    def kv_dim(self) -> int:
-        return self.num_kv_heads * self.head_size
-
-    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Shapes of the stored float32 arrays, in file order (rows = out, columns = in)."""
-        num_layers, dim, hidden, kv_dim = self.num_layers, self.dim, self.hidden_dim, self.kv_dim
-        shapes = {
-            "token_embedding": (self.vocab_size, dim),
-            "rms_att": (num_layers, dim),
-            "wq": (num_layers, dim, dim),
-            "wk": (num_layers, kv_dim, dim),
-            "wv": (num_layers, kv_dim, dim),
-            "wo": (num_layers, dim, dim),
-            "rms_ffn": (num_layers, dim),
-            "w1": (num_layers, hidden, dim),
-            "w2": (num_layers, dim, hidden),
-            "w3": (num_layers, hidden, dim),
-            "rms_final": (dim,),
-            # Precomputed RoPE tables, unused: the rotation is recomputed from theta.
-            "freq_cis_real": (self.seq_len, self.head_size // 2),
-            "freq_cis_imag": (self.seq_len, self.head_size // 2),
-        }
-        if not self.shared_classifier:
-            shapes["wcls"] = (self.vocab_size, dim)
-        return shapes
-
-    def num_file_bytes(self) -> int:
-        """The exact size of a file with this header."""
-        return HEADER.size + 4 * sum(int(np.prod(shape)) for shape in self.tensor_shapes().values())
 
 
 def bundled_dir() -> Path:
@@ -116,7 +67,8 @@ def bundled_dir() -> Path:
 
 
 def verify_sha256(path: Path, expected: str) -> str:
-    """Return the file's sha256 if it equals `expected`, else raise a one-line ValueError.
+    """Return the file's sha256 if it equals `expected`, else raise a one-line Llama2cError (a
+    ValueError).
 
     The error names the file and both digests. A modified stories260K.bin with the original
     size and header circulates in public repositories (it generates gibberish), hence a hash
@@ -124,7 +76,7 @@ def verify_sha256(path: Path, expected: str) -> str:
     """
     actual = file_sha256(path)
     if actual != expected:
-        raise ValueError(
+        raise Llama2cError(
             f"{path}: sha256 {actual}, expected {expected}: corrupted or a different file (a modified "
             f"copy of stories260K.bin with the same size and header circulates and generates gibberish); "
             f"use the files bundled in specdraft/assets/stories260K"
@@ -132,82 +84,26 @@ def verify_sha256(path: Path, expected: str) -> str:
     return actual
 
 
-def read_llama2c_checkpoint(path: Path) -> tuple[Llama2cHeader, dict[str, torch.Tensor]]:
-    """Read a llama2.c legacy checkpoint: its header and float32 tensors in llama2.c's layout.
-
-    Tensors are named as in llama2.c (`token_embedding` [V, D], `wq` [L, D, D], `w1` [L, H, D],
-    ..., `rms_final` [D], `wcls` [V, D] only when the classifier is not shared); the unused
-    RoPE tables are dropped. Raises ValueError naming the file when the header is implausible
-    or the size differs from what the header implies (truncated or not this format).
-    """
-    path = Path(path)
-    data = path.read_bytes()
-    if len(data) < HEADER.size:
-        raise ValueError(f"{path}: {len(data)} bytes, too short for a llama2.c checkpoint header")
-    header = _parse_header(path, HEADER.unpack_from(data, 0))
-    expected = header.num_file_bytes()
-    if len(data) != expected:
-        raise ValueError(
-            f"{path}: {len(data):,} bytes, but its header {header} implies {expected:,}: "
-            f"truncated, or not a llama2.c legacy checkpoint"
-        )
-    values = np.frombuffer(data, dtype="<f4", offset=HEADER.size)
-    tensors, start = {}, 0
-    for name, shape in header.tensor_shapes().items():
-        count = int(np.prod(shape))
-        if not name.startswith("freq_cis"):
-            tensors[name] = torch.from_numpy(values[start : start + count].reshape(shape).copy())
-        start += count
-    if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
-        raise ValueError(f"{path}: contains NaN or infinite weights: corrupted checkpoint")
-    return header, tensors
-
-
-def _parse_header(path: Path, fields: tuple[int, ...]) -> Llama2cHeader:
-    dim, hidden_dim, num_layers, num_heads, num_kv_heads, vocab_size, seq_len = fields
-    plausible = (
-        min(dim, hidden_dim, num_layers, num_heads, num_kv_heads, seq_len, abs(vocab_size)) > 0
-        and max(dim, hidden_dim, abs(vocab_size), seq_len) <= 1 << 20
-        and dim % num_heads == 0
-        and num_heads % num_kv_heads == 0
-        and (dim // num_heads) % 2 == 0
-    )
-    if not plausible:
-        raise ValueError(
-            f"{path}: implausible llama2.c header {fields}: corrupted or not a llama2.c file"
-        )
-    return Llama2cHeader(
-        dim,
-        hidden_dim,
-        num_layers,
-        num_heads,
-        num_kv_heads,
-        abs(vocab_size),
-        seq_len,
-        vocab_size > 0,
-    )
-
-
 def read_llama2c_tokenizer(path: Path) -> list[tuple[bytes, float]]:
     """Read a llama2.c tokenizer file: (piece bytes, score) per id, in id order.
 
     Layout: int32 max_token_length, then per piece float32 score, int32 length, bytes. Spaces
     are stored as " " (not "▁"); llama2.c stores BOS/EOS as "\\n<s>\\n" and "\\n</s>\\n".
-    Raises ValueError naming the file when it is truncated or malformed.
+    Raises Llama2cError (a ValueError) naming the file when it is truncated or malformed.
     """
     path = Path(path)
     data = path.read_bytes()
     if len(data) < 4:
-        raise ValueError(f"{path}: {len(data)} bytes, too short for a llama2.c tokenizer")
+        raise Llama2cError(f"{path}: {len(data)} bytes, too short for a llama2.c tokenizer")
     (max_length,) = struct.unpack_from("<i", data, 0)
     pieces, offset = [], 4
     while offset < len(data):
         if offset + 8 > len(data):
-            raise ValueError(f"{path}: truncated in the entry of token {len(pieces)}")
+            raise Llama2cError(f"{path}: truncated in the entry of token {len(pieces)}")
         score, length = struct.unpack_from("<fi", data, offset)
         offset += 8
         if not 0 < length <= max_length or offset + length > len(data):
-            raise ValueError(
+            raise Llama2cError(
                 f"{path}: token {len(pieces)} has length {length} (max {max_length}): truncated or corrupt"
             )
         pieces.append((data[offset : offset + length], score))
@@ -230,6 +126,22 @@ def build_tokenizer(
     as a space (llama2.c: 3 bytes), and "<s>", "</s>", "<unk>" as their special ids (as every
     transformers Llama tokenizer does; llama2.c spells them out).
     """
+    bos = SPECIAL_PIECES[BOS_ID]
+    return PreTrainedTokenizerFast(
+        tokenizer_object=_bpe_tokenizer(pieces),
+        unk_token=SPECIAL_PIECES[UNK_ID],
+        bos_token=bos,
+        eos_token=SPECIAL_PIECES[EOS_ID],
+        add_bos_token=True,
+        add_eos_token=False,
+        clean_up_tokenization_spaces=False,
+        model_max_length=model_max_length,
+    )
+
+
+def _bpe_tokenizer(pieces: list[tuple[bytes, float]]) -> Tokenizer:
+    """`build_tokenizer`'s `tokenizers` object: the BPE model with byte fallback and merges by
+    score, the "▁" normalizer and decoder, the special pieces, BOS prepended."""
     vocab, scores = _vocab_and_scores(pieces)
     model = BPE(
         vocab=vocab,
@@ -257,23 +169,14 @@ def build_tokenizer(
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, BOS_ID)]
     )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        unk_token=SPECIAL_PIECES[UNK_ID],
-        bos_token=bos,
-        eos_token=SPECIAL_PIECES[EOS_ID],
-        add_bos_token=True,
-        add_eos_token=False,
-        clean_up_tokenization_spaces=False,
-        model_max_length=model_max_length,
-    )
+    return tokenizer
 
 
 def _vocab_and_scores(pieces: list[tuple[bytes, float]]) -> tuple[dict[str, int], list[float]]:
     """Piece strings in the "▁" convention, checking llama2.c's fixed ids for specials and bytes."""
     first_regular = BYTE_OFFSET + 256
     if len(pieces) <= first_regular:
-        raise ValueError(
+        raise Llama2cError(
             f"tokenizer has {len(pieces)} pieces; llama2.c's layout needs over {first_regular}"
         )
     vocab = {}
@@ -281,17 +184,17 @@ def _vocab_and_scores(pieces: list[tuple[bytes, float]]) -> tuple[dict[str, int]
         if token_id < BYTE_OFFSET:
             piece = SPECIAL_PIECES[token_id]
             if raw.strip() != piece.encode():
-                raise ValueError(f"tokenizer piece {token_id} is {raw!r}, expected {piece!r}")
+                raise Llama2cError(f"tokenizer piece {token_id} is {raw!r}, expected {piece!r}")
         elif token_id < first_regular:
             piece = f"<0x{token_id - BYTE_OFFSET:02X}>"
             if raw != piece.encode():
-                raise ValueError(
+                raise Llama2cError(
                     f"tokenizer piece {token_id} is {raw!r}, expected byte piece {piece!r}"
                 )
         else:
             piece = raw.decode("utf-8").replace(" ", SPACE_PIECE)
         if piece in vocab:
-            raise ValueError(
+            raise Llama2cError(
                 f"tokenizer piece {piece!r} appears twice (ids {vocab[piece]} and {token_id})"
             )
         vocab[piece] = token_id
@@ -310,63 +213,6 @@ def _merges_by_score(vocab: dict[str, int], scores: list[float]) -> list[tuple[s
     return [(left, right) for *_, left, right in sorted(ranked)]
 
 
-def llama_state_dict(
-    header: Llama2cHeader, tensors: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    """Map llama2.c tensors to transformers `LlamaForCausalLM` names (float32, tied head).
-
-    llama2.c rotates interleaved (even, odd) pairs of a head, transformers the two halves, so
-    the rows of wq and wk are permuted per head: (head_size/2, 2) pairs -> (2, head_size/2).
-    """
-    embedding = tensors["token_embedding"]
-    state = {"model.embed_tokens.weight": embedding, "model.norm.weight": tensors["rms_final"]}
-    state["lm_head.weight"] = embedding if header.shared_classifier else tensors["wcls"]
-    for layer in range(header.num_layers):
-        prefix = f"model.layers.{layer}."
-        state |= {
-            prefix + "input_layernorm.weight": tensors["rms_att"][layer],
-            prefix + "self_attn.q_proj.weight": _halves_from_pairs(
-                tensors["wq"][layer], header.num_heads
-            ),
-            prefix + "self_attn.k_proj.weight": _halves_from_pairs(
-                tensors["wk"][layer], header.num_kv_heads
-            ),
-            prefix + "self_attn.v_proj.weight": tensors["wv"][layer],
-            prefix + "self_attn.o_proj.weight": tensors["wo"][layer],
-            prefix + "post_attention_layernorm.weight": tensors["rms_ffn"][layer],
-            prefix + "mlp.gate_proj.weight": tensors["w1"][layer],
-            prefix + "mlp.up_proj.weight": tensors["w3"][layer],
-            prefix + "mlp.down_proj.weight": tensors["w2"][layer],
-        }
-    return {name: tensor.contiguous() for name, tensor in state.items()}
-
-
-def _halves_from_pairs(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
-    # weight: [num_heads * head_size, dim], rows (r0, i0, r1, i1, ...) per head -> (r0, r1, ..., i0, i1, ...)
-    rows, dim = weight.shape
-    return weight.view(num_heads, rows // num_heads // 2, 2, dim).transpose(1, 2).reshape(rows, dim)
-
-
-def llama_config(header: Llama2cHeader) -> LlamaConfig:
-    """The transformers `LlamaConfig` of a llama2.c checkpoint (theta 10000, eps 1e-5, float32)."""
-    return LlamaConfig(
-        vocab_size=header.vocab_size,
-        hidden_size=header.dim,
-        intermediate_size=header.hidden_dim,
-        num_hidden_layers=header.num_layers,
-        num_attention_heads=header.num_heads,
-        num_key_value_heads=header.num_kv_heads,
-        head_dim=header.head_size,
-        max_position_embeddings=header.seq_len,
-        rms_norm_eps=RMS_NORM_EPS,
-        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
-        tie_word_embeddings=header.shared_classifier,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        dtype="float32",
-    )
-
-
 def convert_stories260k(out_dir: Path, *, source_dir: Path | None = None) -> Path:
     """Write stories260K as a transformers `LlamaForCausalLM` directory; return `out_dir`.
 
@@ -376,7 +222,8 @@ def convert_stories260k(out_dir: Path, *, source_dir: Path | None = None) -> Pat
     record of the source hashes and the converter (`CONVERTER`). Written to a temporary sibling
     folder, then renamed into place. Returns at once when `out_dir` already holds a conversion
     of the same files by this converter version (an older one's is converted again).
-    Raises ValueError for a bad source file, or when `out_dir` is a non-empty folder that is
+    Raises Llama2cError (a ValueError) for a bad source file, or when `out_dir` is a non-empty
+    folder that is
     not a stories260K conversion (it is never overwritten).
     """
     out_dir = Path(out_dir)
@@ -393,7 +240,7 @@ def convert_stories260k(out_dir: Path, *, source_dir: Path | None = None) -> Pat
 def is_converted(out_dir: Path, *, source_dir: Path | None = None) -> bool:
     """True when `out_dir` already holds what `convert_stories260k` would write there (it returns at
     once): a conversion of the same source files (default: the bundled ones) by this converter version.
-    Raises ValueError for a bad source file."""
+    Raises Llama2cError (a ValueError) for a bad source file."""
     return _holds_conversion(
         Path(out_dir), _source_record(bundled_dir() if source_dir is None else Path(source_dir))
     )
@@ -419,7 +266,7 @@ def _write_conversion(folder: Path, source_dir: Path, record: dict) -> None:
     header, tensors = read_llama2c_checkpoint(source_dir / CHECKPOINT_FILE)
     pieces = read_llama2c_tokenizer(source_dir / TOKENIZER_FILE)
     if len(pieces) != header.vocab_size:
-        raise ValueError(
+        raise Llama2cError(
             f"{source_dir / TOKENIZER_FILE}: {len(pieces)} pieces, "
             f"but {CHECKPOINT_FILE} has vocab {header.vocab_size}"
         )
@@ -453,9 +300,9 @@ def _read_record(out_dir: Path) -> dict | None:
 
 def _check_replaceable(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"{out_dir}: exists and is not a folder; choose another output folder")
+        raise Llama2cError(f"{out_dir}: exists and is not a folder; choose another output folder")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / SOURCE_RECORD_FILE).exists():
-        raise ValueError(
+        raise Llama2cError(
             f"{out_dir}: not empty and not a stories260K conversion (no {SOURCE_RECORD_FILE}); "
             f"choose an empty or new folder"
         )
