@@ -6,6 +6,7 @@ load themselves). Also fixtures several modules share: `store` (training) and `c
 (capture)."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -20,6 +21,18 @@ def idle_machine(monkeypatch):
     """os.getloadavg reads 0: what the CLIs print does not depend on the machine's load."""
     if hasattr(os, "getloadavg"):
         monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+
+
+@pytest.fixture(autouse=True)
+def python_signal_handlers():
+    """Python's own SIGINT handler (KeyboardInterrupt) and SIGTERM's default in each test, as an
+    interactive run has them: pytest started as a shell's background job inherits SIGINT ignored,
+    which the trainer rightly leaves ignored (`train.dist.StopRequest.install`)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    before_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGINT, before)
+    signal.signal(signal.SIGTERM, before_term)
 
 
 @pytest.fixture(scope="module")

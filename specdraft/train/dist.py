@@ -94,11 +94,12 @@ class StopRequest:
 
     def install(self) -> None:
         """Handle SIGINT and SIGTERM here, in the main thread only (elsewhere nothing is caught);
-        a handler installed outside Python (getsignal None) is left alone."""
+        a handler installed outside Python (getsignal None) and a signal the process was started
+        ignoring (SIG_IGN: a shell's background job ignores SIGINT) are left alone."""
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(signum) is not None:
+            if signal.getsignal(signum) not in (None, signal.SIG_IGN):
                 self.previous[signum] = signal.signal(signum, self.on_signal)
 
     def restore(self) -> None:

@@ -119,3 +119,17 @@ def test_on_one_process_a_first_signal_is_only_noted():
             signal.raise_signal(signal.SIGINT)
             pytest.fail("the second signal did not abort")
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_signal_the_process_was_started_ignoring_stays_ignored(monkeypatch):
+    """A run started as a shell's background job (SIGINT ignored): SIGINT neither stops it nor is
+    noted; SIGTERM still is."""
+    monkeypatch.setattr(
+        signal, "getsignal", lambda s: signal.SIG_IGN if s == signal.SIGINT else signal.SIG_DFL
+    )
+    installed = []
+    monkeypatch.setattr(signal, "signal", lambda s, h: installed.append(s))
+    ranks = dist.Ranks(rank=0, world=1, device=torch.device("cpu"), owns_group=False)
+    with dist.interrupt_flag(ranks):
+        pass
+    assert signal.SIGINT not in installed and signal.SIGTERM in installed
