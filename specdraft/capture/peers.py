@@ -35,6 +35,7 @@ A sample here is a dict: input_ids [T] int64, loss_mask [T] int64 (0/1), aux_hid
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import pickle
@@ -191,8 +192,27 @@ def write_speculators(
     # speculators' reader compares row tensors with torch.equal: its preprocessing saves the rows
     # in torch format (speculators 0.9.0 data_generation/preprocessing.py, set_format(type="torch")).
     rows.set_format(type="torch")
-    rows.save_to_disk(str(out))
+    with quiet_datasets():  # its "Saving the dataset" bar is not specdraft's output
+        rows.save_to_disk(str(out))
     return len(columns["seq_len"])
+
+
+@contextlib.contextmanager
+def quiet_datasets():
+    """The datasets library's progress bars off in the block, as they were after it."""
+    from datasets.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    was_disabled = are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            enable_progress_bars()
 
 
 # ---------------------------------------------------------------- SpecForge

@@ -251,3 +251,17 @@ def test_a_recorded_store_refuses_other_layers_and_changed_samples(
     with pytest.raises(CaptureError, match="its samples are not the ones .* records"):
         convert_store(tmp_path / "sf", tmp_path / "b", "specdraft")
     assert not (tmp_path / "b").exists()
+
+
+def test_converting_to_speculators_prints_no_progress_bar_of_the_datasets_library(
+    bf16_store, tmp_path, capsys
+):
+    """store convert's output is specdraft's own: datasets' "Saving the dataset" bar stays off
+    (and its setting is as before after the write)."""
+    from datasets.utils import are_progress_bars_disabled
+
+    before = are_progress_bars_disabled()
+    convert_store(bf16_store, tmp_path / "spec", "speculators")
+    captured = capsys.readouterr()
+    assert "Saving the dataset" not in captured.err + captured.out
+    assert are_progress_bars_disabled() == before
