@@ -138,15 +138,30 @@ def _render_train(console, out: str, cfg, result) -> None:
             f"{result.draft_dir}; metrics {result.metrics_path}",
             markup=False,
         )
-    if cfg.warmup_steps >= result.steps:
-        console.print(
-            f"note: warm-up {cfg.warmup_steps} steps >= the run's {result.steps}: the learning rate "
-            f"never reached {cfg.lr} (pass --warmup-steps)",
-            markup=False,
-            soft_wrap=True,
-        )
     if result.validation:
         _render_validation(console, result.validation)
+        if result.validation["tau"] < LOW_TAU:
+            console.print(low_tau_note(result.validation["tau"], result.steps, cfg), markup=False)
+
+
+# a simulated tau below it: the drafter accepts almost nothing (a drafter worth serving reaches 2+)
+LOW_TAU = 1.1
+
+
+def low_tau_note(tau: float, steps: int, cfg) -> str:
+    """What a drafter that accepts almost nothing means, and its likely causes in this run."""
+    causes = []
+    if cfg.warmup_steps >= steps:
+        causes.append(f"the lr warm-up ({cfg.warmup_steps} steps) outlasted the run")
+    causes.append(
+        f"too little training ({steps} steps at --lr {cfg.lr}: small data or short runs need a "
+        "larger lr, e.g. --lr 3e-3 as the demo)"
+    )
+    causes.append("too little data (capture more samples)")
+    return (
+        f"warning: simulated tau {tau:.3f} < {LOW_TAU}: this drafter accepts almost nothing and "
+        f"speculation with it would be slower than none; likely: {'; '.join(causes)}"
+    )
 
 
 def _render_validation(console, validation: dict) -> None:

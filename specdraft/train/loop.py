@@ -162,7 +162,22 @@ def _start(
             on_note(skipped_line(data.num_skipped, source.data))
         if trainer.resume_note:
             on_note(trainer.resume_note)
+        if (line := warmup_note(trainer)) is not None:
+            on_note(line)
     return trainer, resumed
+
+
+def warmup_note(trainer: Trainer) -> str | None:
+    """Said before the first step when the lr warm-up outlasts the run: the learning rate would
+    never reach --lr (a short run on little data then learns almost nothing); None otherwise."""
+    c, total = trainer.config, trainer.total_steps
+    if c.warmup_steps < total or trainer.step >= total:
+        return None
+    return (
+        f"warm-up {c.warmup_steps} steps >= this run's {total} steps: the learning rate would never "
+        f"reach {c.lr}; pass --warmup-steps {max(1, total // 10)} (a tenth of the run), or train "
+        "longer (--steps / --epochs)"
+    )
 
 
 def _training_data(

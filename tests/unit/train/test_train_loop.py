@@ -682,7 +682,11 @@ def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrup
     fresh = CliRunner().invoke(app, args + ["--resume"])
     assert fresh.exit_code == 0, fresh.output
     assert f"--resume: no checkpoint in {run} yet: starting at step 0" in fresh.output
-    assert "note: warm-up 100 steps >= the run's 4: the learning rate never reached" in fresh.output
+    warm = "note: warm-up 100 steps >= this run's 4 steps: the learning rate would never reach"
+    assert warm in fresh.output and "--warmup-steps 1 (a tenth of the run)" in fresh.output
+    assert fresh.output.index(warm) < fresh.output.index("4 steps, last train loss")  # said first
+    assert "warning: simulated tau" in fresh.output and "accepts almost nothing" in fresh.output
+    assert "the lr warm-up (100 steps) outlasted the run" in fresh.output
     quiet = CliRunner().invoke(
         app, [*args[:2], str(tmp_path / "q"), *args[3:], "--warmup-steps", "2"]
     )
