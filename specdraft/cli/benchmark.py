@@ -109,8 +109,9 @@ def bench(
     ),
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep (or a suite by category)."""
+    from specdraft.bench.config import BenchConfig
     from specdraft.bench.report import refuse_file_out, write_report
-    from specdraft.bench.sweep import BenchConfig, Sweep, run_bench
+    from specdraft.bench.sweep import Sweep, run_bench
 
     if baseline_url and _same_server(url, baseline_url):
         raise typer.BadParameter(
@@ -314,7 +315,8 @@ def tune(
     ),
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
-    from specdraft.bench.tune import TuneConfig, tune_paths
+    from specdraft.bench.tune import tune_paths
+    from specdraft.bench.tune_model import TuneConfig
     from specdraft.bench.tune_render import render
     from specdraft.files import atomic_write_text
 

@@ -9,7 +9,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specdraft.bench.tune import Costs, Measured, TuneConfig, predict, tree_tokens, tune
+from specdraft.bench.tune import tune
+from specdraft.bench.tune_model import Costs, Measured, TuneConfig, predict, tree_tokens
 from specdraft.bench.tune_render import render
 from specdraft.cli import app
 from specdraft.engine.metrics import SpecMetrics
