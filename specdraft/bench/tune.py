@@ -178,15 +178,15 @@ def load_tuned(
     dtype=torch.float32,
 ):
     """(tokenizer, engine) of a target directory and a draft checkpoint, for `tune`. A corrupt
-    or incomplete target config.json is a ValueError naming the file and the fix (doctor's words)."""
-    from transformers import AutoTokenizer
-
+    or incomplete target config.json is a ValueError naming the file and the fix (doctor's words),
+    a tokenizer that does not load a `serve.worker.ServeError` naming the directory."""
     from specdraft.doctor.inputs import given_config
     from specdraft.engine.load import load_engine
+    from specdraft.serve.server import target_tokenizer
     from specdraft.targets.config import TARGET_CONFIG_FIX, check_target_config
 
     config = given_config(Path(target_dir), TARGET_CONFIG_FIX)
     if config is not None:  # no config.json: left to the loader
         check_target_config(target_dir, config)
-    tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    tokenizer = target_tokenizer(target_dir)
     return tokenizer, load_engine(target_dir, draft_dir, SpecConfig.chain(cfg.depth), device, dtype)

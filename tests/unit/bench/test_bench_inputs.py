@@ -4,14 +4,19 @@ missing or unreadable, a report directory that cannot be made."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from specdraft.bench.config import BenchConfig, BenchInputError
 from specdraft.bench.prompts import load_prompts
 from specdraft.bench.report import make_out_dir
 from specdraft.bench.suites import SuiteError, read_suite_file
+from specdraft.bench.tune import load_tuned
 from specdraft.bench.tune_model import TuneConfig
 from specdraft.errors import SpecdraftError
+from specdraft.serve.worker import ServeError
+from tests.engine_helpers import tiny_setup
 
 
 def test_bad_settings_are_bench_input_errors_and_still_value_errors():
@@ -52,3 +57,10 @@ def test_a_suite_file_that_cannot_be_read_is_named(tmp_path):
     binary.write_bytes(b'{"category": "\xff", "turns": ["hi"]}\n')
     with pytest.raises(SuiteError, match=f"^{binary}: not UTF-8 text"):
         read_suite_file(binary, "spec-bench")
+
+
+def test_a_target_without_a_tokenizer_is_named_by_tune(tmp_path):
+    target = tmp_path / "target"
+    shutil.copytree(tiny_setup("llama").target_dir, target)  # config and weights, no tokenizer
+    with pytest.raises(ServeError, match=f"^{target}: no tokenizer could be loaded"):
+        load_tuned(target, tmp_path / "draft", TuneConfig())
