@@ -213,7 +213,8 @@ def target_tokenizer(target_dir: str | Path) -> Any:
     try:
         return AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     except (OSError, ValueError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__  # transformers' own words
         raise ServeError(
-            f"{target_dir}: no tokenizer could be loaded ({type(e).__name__}); save the "
-            "target's tokenizer into its directory"
+            f"{target_dir}: no tokenizer could be loaded ({why}); save the target's tokenizer "
+            "into its directory"
         ) from None

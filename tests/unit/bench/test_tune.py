@@ -9,6 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from specdraft.bench.config import BenchInputError
 from specdraft.bench.tune import tune
 from specdraft.bench.tune_model import Costs, Measured, TuneConfig, predict, tree_tokens
 from specdraft.bench.tune_render import render
@@ -150,7 +151,7 @@ def test_tune_cli_refuses_topk_or_draft_tokens_without_num_steps(tmp_path, monke
 
     def fake_tune_paths(target_dir, draft_dir, prompts, cfg, *args, **kwargs):
         seen.append(cfg.current)
-        raise ValueError("stop after the config")
+        raise BenchInputError("stop after the config")  # a user error: one line
 
     monkeypatch.setattr(specdraft.bench.tune, "tune_paths", fake_tune_paths)
     base = ["tune", "--target", str(target), "--draft", str(draft)]
@@ -194,7 +195,7 @@ def test_tune_threads_are_set_before_loading(tmp_path, monkeypatch):
 
     def fake_tune_paths(*args, **kwargs):
         seen.append(torch.get_num_threads())
-        raise ValueError("stop here")
+        raise BenchInputError("stop here")  # a user error: one line
 
     monkeypatch.setattr(specdraft.bench.tune, "tune_paths", fake_tune_paths)
     base = ["tune", "--target", str(target), "--draft", str(draft)]
