@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specdraft.bench.tune import Bench, Measured
+from specdraft.bench.tune_bench import Bench
+from specdraft.bench.tune_model import Measured
 from specdraft.engine.spec_config import SpecConfig
 
 

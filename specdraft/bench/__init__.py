@@ -2,7 +2,9 @@
 engine over candidate settings. Import the modules themselves:
 
 - `sweep`: `run_bench`, a concurrency sweep against an OpenAI-compatible server (and its
-  baseline), `BenchConfig`, `BenchReport`, interrupted sweeps (`Sweep`, `partial_report`).
+  baseline), interrupted sweeps (`Sweep`, `partial_report`); `config`: `BenchConfig` and the
+  errors; `prompts`: the prompts sent; `levels`: one server's levels; `comparison`: `BenchReport`,
+  speedups and the warnings.
 - `stats`: summaries, run-to-run noise, speedup points, verdicts and the crossover.
 - `report`: bench.md (`markdown`), the plots, `write_report`.
 - `tune`: the cost model that predicts and measures settings on specdraft's engine, and the

@@ -16,8 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specdraft.bench.comparison import BenchReport
+from specdraft.bench.config import BenchInputError
+from specdraft.bench.levels import LevelResult, ServerRun, tps_cell
 from specdraft.bench.stats import NO_BASELINE, SpeedupPoint, noise_note, verdict
-from specdraft.bench.sweep import BenchReport, LevelResult, tps_cell
 from specdraft.files import atomic_write, atomic_write_text
 
 
@@ -53,43 +55,51 @@ def markdown(report: BenchReport) -> str:
     for warning in (report.failed_requests_warning, report.speculation_warning):
         lines += [warning, ""] if warning else []
     for title, run in (("speculative", report.spec), ("baseline", report.baseline)):
-        if run is None:
-            continue
-        lines += [
-            f"## {title}: {run.url} ({run.kind}, model {run.model})",
-            "",
-            "| concurrency | tok/s mean ± sd (min-max) | TTFT ms mean / p50 / p99 | TPOT ms mean / p50 / p99 "
-            "| tau | p_k | errors |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for lv in run.levels:
-            tau, p = spec_cell(lv)
-            ttft = " / ".join(fmt(v, 1e3) for v in (lv.ttft_s.mean, lv.ttft_s.p50, lv.ttft_s.p99))
-            tpot = " / ".join(
-                fmt(v, 1e3, 2) for v in (lv.tpot_s.mean, lv.tpot_s.p50, lv.tpot_s.p99)
-            )
-            lines.append(
-                f"| {lv.concurrency} | {tps_cell(lv)} | {ttft} | {tpot} | {tau} | {p} | {lv.num_errors} |"
-            )
-        lines.append("")
+        if run is not None:
+            lines += server_table(title, run)
     lines += ["## speedup (tokens/s with speculation / baseline, same prompts)", ""]
     if report.baseline_warning:
         lines += [report.baseline_warning, ""]
     if report.speedups is None:
         lines += [NO_BASELINE, ""]  # the crossover says nothing more
     else:
-        lines += [
-            "| concurrency | speedup (ratio of means) | sd | verdict | run-to-run noise |",
-            "|---|---|---|---|---|",
-        ]
-        judged = (
-            report.has_verdicts
-        )  # one run: no sd, no verdict ("-"), no spread to call steady or noisy
-        lines += [speedup_row(p, judged, cfg.tie_band) for p in report.speedups]
-        note = noise_note([p for p in report.speedups if not p.num_errors])
-        lines += ["", note] if note else []
-        lines += ["", report.crossover.text, ""]
+        lines += speedup_table(report)
     return "\n".join(lines)
+
+
+def server_table(title: str, run: ServerRun) -> list[str]:
+    """The markdown lines of one server's levels: tokens/s, TTFT, TPOT, tau, p_k, errors."""
+    lines = [
+        f"## {title}: {run.url} ({run.kind}, model {run.model})",
+        "",
+        "| concurrency | tok/s mean ± sd (min-max) | TTFT ms mean / p50 / p99 | TPOT ms mean / p50 / p99 "
+        "| tau | p_k | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for lv in run.levels:
+        tau, p = spec_cell(lv)
+        ttft = " / ".join(fmt(v, 1e3) for v in (lv.ttft_s.mean, lv.ttft_s.p50, lv.ttft_s.p99))
+        tpot = " / ".join(fmt(v, 1e3, 2) for v in (lv.tpot_s.mean, lv.tpot_s.p50, lv.tpot_s.p99))
+        lines.append(
+            f"| {lv.concurrency} | {tps_cell(lv)} | {ttft} | {tpot} | {tau} | {p} | {lv.num_errors} |"
+        )
+    return [*lines, ""]
+
+
+def speedup_table(report: BenchReport) -> list[str]:
+    """The markdown lines of the speedups (a baseline was measured), the noise note and the
+    crossover."""
+    lines = [
+        "| concurrency | speedup (ratio of means) | sd | verdict | run-to-run noise |",
+        "|---|---|---|---|---|",
+    ]
+    judged = (
+        report.has_verdicts
+    )  # one run: no sd, no verdict ("-"), no spread to call steady or noisy
+    lines += [speedup_row(p, judged, report.config.tie_band) for p in report.speedups]
+    note = noise_note([p for p in report.speedups if not p.num_errors])
+    lines += ["", note] if note else []
+    return [*lines, "", report.crossover.text, ""]
 
 
 def speedup_row(point: SpeedupPoint, judged: bool, tie_band: float) -> str:
@@ -189,17 +199,30 @@ def save_figure(fig: Any, ax: Any, ylabel: str, path: Path, ticks: list[int]) ->
 
 
 def refuse_file_out(out_dir: str | Path, option: str = "out_dir") -> None:
-    """ValueError when `out_dir` is an existing file (`write_report` needs a directory there):
-    call it before a sweep, not after."""
+    """BenchInputError (a ValueError) when `out_dir` is an existing file (`write_report` needs a
+    directory there): call it before a sweep, not after."""
     if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise ValueError(f"{option} {out_dir} is a file; give a directory")
+        raise BenchInputError(f"{option} {out_dir} is a file; give a directory")
+
+
+def make_out_dir(out_dir: str | Path) -> Path:
+    """`out_dir` made (with its parents) for a report; BenchInputError naming it when the OS
+    refuses (no permission, a parent that is a file)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BenchInputError(
+            f"{out}: cannot create the report directory ({e.strerror or e}); give --out a "
+            "directory you can write"
+        ) from None
+    return out
 
 
 def write_report(report: BenchReport, out_dir: str | Path) -> list[Path]:
     """bench.json, bench.md and the plots in out_dir (created; each file written atomically; a
     partial report, `partial_report`, the same way, marked as such in both)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_out_dir(out_dir)
     paths = []
     for name, text in (
         ("bench.json", json.dumps(report.to_dict(), indent=2)),

@@ -1,7 +1,7 @@
 """`bench --suite`: a suite (`specdraft.bench.suites`) against a server and its baseline, category
 by category, at one concurrency.
 
-Each category is measured as a bench level (`sweep.level_result`): its questions are sent as
+Each category is measured as a bench level (`levels.level_result`): its questions are sent as
 chats (/v1/chat/completions, the server's own chat template), turn by turn: turn k of a question
 carries the earlier turns and the speculative server's own answers to them (from its first run),
 so a multi-turn question (MT-bench) is asked as a conversation. Every turn runs `repeats` times
@@ -22,16 +22,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specdraft.bench.config import BenchConfig, BenchError
+from specdraft.bench.levels import LevelResult, level_result
+from specdraft.bench.report import make_out_dir
 from specdraft.bench.stats import SpeedupPoint
 from specdraft.bench.suites import Question, Suite
-from specdraft.bench.sweep import (
-    BenchConfig,
-    BenchError,
-    LevelResult,
-    check_chats,
-    level_result,
-    warm_up,
-)
+from specdraft.bench.sweep import check_chats, warm_up
 from specdraft.client import RequestRecord, Server, run_requests, scrape, wait_for_server
 from specdraft.files import atomic_write, atomic_write_text
 
@@ -277,8 +273,7 @@ def plot_suite(report: SuiteReport, path: Path) -> Path:
 
 def write_suite_report(report: SuiteReport, out_dir: str | Path) -> list[Path]:
     """suite.json, suite.md and suite.png in out_dir (created; each written atomically)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_out_dir(out_dir)
     return [
         atomic_write_text(out / "suite.json", json.dumps(report.to_dict(), indent=2)),
         atomic_write_text(out / "suite.md", suite_markdown(report)),

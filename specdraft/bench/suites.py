@@ -89,15 +89,21 @@ def load_suite(name: str) -> Suite:
 
 def read_suite_file(path: str | Path, fmt: str) -> Suite:
     """The suite in a user's file of format `fmt` (`FORMATS`; .gz read as gzip). Raises
-    SuiteError for an unknown format, a missing file, or a row that is not of the format."""
+    SuiteError for an unknown format, a missing or unreadable file, or a row that is not of the
+    format."""
     if fmt not in FORMATS:
         raise SuiteError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     path = Path(path)
     if not path.is_file():
         raise SuiteError(f"{path}: no such file (a {fmt} question file)")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:  # no permission; a .gz that is no gzip file (gzip.BadGzipFile)
+        raise SuiteError(f"{path}: cannot be read ({e.strerror or e}); give a {fmt} file") from None
+    except UnicodeDecodeError:
+        raise SuiteError(f"{path}: not UTF-8 text; give a {fmt} file (JSONL)") from None
     return Suite(f"{fmt} ({path.name})", _questions(text, fmt, str(path)))
 
 

@@ -4,7 +4,8 @@ candidates and the recommendation with the engine flags."""
 from __future__ import annotations
 
 from specdraft.bench.speedup import speedup_text
-from specdraft.bench.tune import Candidate, TuneReport, spec_text
+from specdraft.bench.tune_model import Candidate, spec_text
+from specdraft.bench.tune_report import TuneReport
 
 PREDICTION_WARN_FACTOR = 2.0  # predicted vs measured tokens/s beyond which render warns
 
@@ -13,34 +14,11 @@ def render(report: TuneReport, max_rows: int = 12) -> str:
     """The report as text: probes (with tau = 1 + sum p_k), costs, model, candidates with
     predicted and measured (median) tokens/s and speedup (quartiles), the current setting and
     the recommendation as flags."""
-    cfg, costs = report.config, report.costs
+    cfg = report.config
     lines = [
         f"specdraft tune: {report.num_prompts} prompts x {cfg.max_new_tokens} new tokens, temperature 0",
-        "acceptance probes:",
-    ]
-    for probe in report.probes.values():
-        m = probe.metrics
-        p = " ".join(f"{x:.2f}" for x in m.acceptance_per_position)
-        lines.append(
-            f"  {spec_text(probe.spec)}: p_k = {p}; tau {m.accept_length:.3f} = 1 + sum p_k "
-            f"{1 + sum(m.acceptance_per_position):.3f}"
-        )
-
-    def ms(d: dict[int, float]) -> str:
-        return ", ".join(f"{k}: {v * 1e3:.3f}" for k, v in sorted(d.items()))
-
-    lines += [
-        f"costs (ms): target forward over T tokens {{{ms(costs.t_verify)}}}",
-        (
-            f"  drafter step per topk {{{ms(costs.t_draft)}}}; round overhead per topk "
-            f"{{{ms(costs.t_round)}}}; plain overhead {costs.t_plain * 1e3:.3f}"
-        ),
-        "model: tokens/s = (1 + sum_{j<=steps} p_j) / (steps * t_draft + t_verify(draft tokens) + overhead)",
-        (
-            f"plain decoding: measured {report.plain_measured_tps:.1f} tok/s, median of {cfg.repeats} round{'s' * (cfg.repeats != 1)} (the "
-            f"model calibrates its overhead on the median run: 1 / (t_verify(1) + overhead) = "
-            f"{report.plain_predicted_tps:.1f})"
-        ),
+        *probe_lines(report),
+        *cost_lines(report),
         (
             f"{'setting':<38} {'pred tau':>8} {'pred tok/s':>10} {'meas tau':>8} {'meas tok/s':>10} "
             "speedup (quartiles)"
@@ -61,6 +39,41 @@ def render(report: TuneReport, max_rows: int = 12) -> str:
         )
     lines += recommendation_lines(report)
     return "\n".join(lines)
+
+
+def probe_lines(report: TuneReport) -> list[str]:
+    """The acceptance probes: p_k per position and tau = 1 + sum p_k (the M1 check)."""
+    lines = ["acceptance probes:"]
+    for probe in report.probes.values():
+        m = probe.metrics
+        p = " ".join(f"{x:.2f}" for x in m.acceptance_per_position)
+        lines.append(
+            f"  {spec_text(probe.spec)}: p_k = {p}; tau {m.accept_length:.3f} = 1 + sum p_k "
+            f"{1 + sum(m.acceptance_per_position):.3f}"
+        )
+    return lines
+
+
+def cost_lines(report: TuneReport) -> list[str]:
+    """The timed costs (ms), the model, and plain decoding measured against its prediction."""
+    cfg, costs = report.config, report.costs
+
+    def ms(d: dict[int, float]) -> str:
+        return ", ".join(f"{k}: {v * 1e3:.3f}" for k, v in sorted(d.items()))
+
+    return [
+        f"costs (ms): target forward over T tokens {{{ms(costs.t_verify)}}}",
+        (
+            f"  drafter step per topk {{{ms(costs.t_draft)}}}; round overhead per topk "
+            f"{{{ms(costs.t_round)}}}; plain overhead {costs.t_plain * 1e3:.3f}"
+        ),
+        "model: tokens/s = (1 + sum_{j<=steps} p_j) / (steps * t_draft + t_verify(draft tokens) + overhead)",
+        (
+            f"plain decoding: measured {report.plain_measured_tps:.1f} tok/s, median of {cfg.repeats} round{'s' * (cfg.repeats != 1)} (the "
+            f"model calibrates its overhead on the median run: 1 / (t_verify(1) + overhead) = "
+            f"{report.plain_predicted_tps:.1f})"
+        ),
+    ]
 
 
 def row(name: str, c: Candidate) -> str:

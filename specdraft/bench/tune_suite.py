@@ -17,7 +17,10 @@ from pathlib import Path
 import torch
 
 from specdraft.bench.suites import Suite
-from specdraft.bench.tune import Bench, TuneConfig, TuneReport, load_tuned, spec_text, tune
+from specdraft.bench.tune import load_tuned, tune
+from specdraft.bench.tune_bench import Bench
+from specdraft.bench.tune_model import TuneConfig, spec_text
+from specdraft.bench.tune_report import TuneReport
 from specdraft.data.render import prompt_ids
 from specdraft.engine.spec_config import SpecConfig
 

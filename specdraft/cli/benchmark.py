@@ -139,7 +139,7 @@ def bench(
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep (or a suite by category)."""
     from specdraft.bench.report import refuse_file_out
-    from specdraft.bench.sweep import BenchConfig
+    from specdraft.bench.config import BenchConfig
 
     refuse_same_server(url, baseline_url)
     console = make_console()

@@ -95,7 +95,7 @@ def tune(
     suite: TuneSuite = "",
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
-    from specdraft.bench.tune import TuneConfig
+    from specdraft.bench.tune_model import TuneConfig
 
     console = make_console()
     with user_errors(console):

@@ -51,11 +51,12 @@ def split_documents(
 ) -> tuple[list[str], list[str]]:
     """Documents (see parse_documents), shuffled with `seed`, as (train, held-out) lists.
 
-    Raises ValueError when the text holds fewer than num_train + num_heldout documents.
+    Raises UnusableInput (a ValueError) when the text holds fewer than num_train + num_heldout
+    documents.
     """
     docs = parse_documents(text)
     if len(docs) < num_train + num_heldout:
-        raise ValueError(
+        raise UnusableInput(
             f"the data holds {len(docs)} documents; the demo needs "
             f"{num_train + num_heldout} (lower --num-train)"
         )

@@ -22,6 +22,7 @@ from specdraft.demo.report import (
     verdict_text,
     write_report,
 )
+from specdraft.errors import UnusableInput
 
 Say = Callable[[str], None]
 
@@ -81,7 +82,12 @@ def start(cfg: DemoConfig, console: Console) -> Say:
     import torch
 
     check_inputs(cfg)
-    cfg.out.mkdir(parents=True, exist_ok=True)
+    try:
+        cfg.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # no permission: check_inputs has refused a file in its place
+        raise UnusableInput(
+            f"--out {cfg.out}: cannot create it ({e.strerror or e}); pass a directory you can write"
+        ) from None
     if cfg.device == "cpu" and cfg.threads:
         torch.set_num_threads(cfg.threads)
 

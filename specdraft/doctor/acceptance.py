@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from specdraft.doctor.evidence import Evidence, Unavailable
+from specdraft.doctor.evidence import Evidence
+from specdraft.doctor.file_evidence import Unavailable
 from specdraft.doctor.keys import ENGINE_NAMES
 from specdraft.doctor.offline import (
     DEFAULT_TTT_STEPS,
@@ -59,47 +60,19 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
     under MIN_SCORED times is shown, not judged. Samples that are the drafter's training data
     (`trained_on_samples`) are compared with the training split's accuracy, and said to be."""
     trained_on = trained_on_samples(ev)
-    training = (
-        training_accuracy(ev.manifest, ("train",)) if trained_on else training_accuracy(ev.manifest)
-    )
-    if trained_on and training is None:
-        raise Unavailable(
-            "--samples is the drafter's training data (its data_hash is the manifest's) and the "
-            "manifest records no training-split accuracy to compare with (the validation "
-            "split's would flatter the drafter)",
-            "pass held-out samples",
-        )
+    training = _training_rates(ev, trained_on)
     steps = len(training[0]) if training else _ttt_steps(ev)
     try:
         run = offline_run(ev, ev.engine, steps)
     except ValueError as e:  # the drafter refuses the aux states it is given (S2)
         return fail(f"the drafter refuses what the engine feeds it: {e}", "see aux_width_on_target")
     offline = run.metrics.accuracy()
-    if int(run.metrics.total[0]) == 0:
-        raise Unavailable(
-            "no supervised position in the samples (empty loss mask, or labels "
-            "outside the draft vocabulary)",
-            "give samples with assistant turns",
-        )
     scored = [int(n) for n in run.metrics.total]
     where = (
         f"{run.num_samples} samples ({scored[0]} positions scored), aux layers {run.aux_layers} "
         f"({run.fed_from}), drafter {run.loaded_as}"
     )
-    if training is None:
-        raise Unavailable(
-            f"the manifest has no training metrics; offline accuracy per position "
-            f"{rates_text(offline)} ({where})",
-            "train with specdraft train",
-        )
-    if scored[0] < MIN_SCORED:
-        raise Unavailable(
-            f"too little evidence for a verdict: {scored[0]} supervised positions scored over "
-            f"{run.num_samples} samples, at least {MIN_SCORED} needed (the rate's noise would "
-            f"match the gap it is checked for); offline accuracy per position {rates_text(offline)}",
-            "pass more samples (more or longer --samples records, e.g. the capture store; "
-            "--max-samples caps how many are used)",
-        )
+    _refuse_thin_evidence(run.num_samples, offline, scored, training, where)
     rows = ", ".join(
         f"{k + 1}: {t:.2f} / {o:.2f}" for k, (t, o) in enumerate(zip(training[0], offline))
     )
@@ -118,15 +91,66 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
         if scored[k] >= MIN_SCORED and (t - o >= MIN_GAP or (t >= 0.1 and o < COLLAPSE_RATIO * t))
     ]
     if gaps:
-        fix = _likely_causes(ev)
-        if not trained_on and not any(f.verdict == "fail" for f in ev.findings):
-            fix += (
-                "; or samples unlike the training data (e.g. human text where the drafter "
-                "learned the target's own regenerated outputs): pass the capture store or "
-                "the target's outputs as --samples"
-            )
-        return fail(f"offline far below training at positions {gaps}: {text}", fix)
+        return fail(
+            f"offline far below training at positions {gaps}: {text}", _gap_fix(ev, trained_on)
+        )
     return ok(text)
+
+
+def _training_rates(ev: Evidence, trained_on: bool):
+    """The training accuracy per position to compare with (`offline.training_accuracy`): the
+    training split's for samples the drafter was trained on, else the validation split's (None
+    without metrics); Unavailable when trained-on samples have no training-split accuracy."""
+    if not trained_on:
+        return training_accuracy(ev.manifest)
+    training = training_accuracy(ev.manifest, ("train",))
+    if training is None:
+        raise Unavailable(
+            "--samples is the drafter's training data (its data_hash is the manifest's) and the "
+            "manifest records no training-split accuracy to compare with (the validation "
+            "split's would flatter the drafter)",
+            "pass held-out samples",
+        )
+    return training
+
+
+def _refuse_thin_evidence(
+    num_samples: int, offline: list[float], scored: list[int], training, where: str
+) -> None:
+    """Unavailable when the offline run cannot be judged: no supervised position, no training
+    metrics to compare with, or under MIN_SCORED positions scored at the first step."""
+    if scored[0] == 0:
+        raise Unavailable(
+            "no supervised position in the samples (empty loss mask, or labels "
+            "outside the draft vocabulary)",
+            "give samples with assistant turns",
+        )
+    if training is None:
+        raise Unavailable(
+            f"the manifest has no training metrics; offline accuracy per position "
+            f"{rates_text(offline)} ({where})",
+            "train with specdraft train",
+        )
+    if scored[0] < MIN_SCORED:
+        raise Unavailable(
+            f"too little evidence for a verdict: {scored[0]} supervised positions scored over "
+            f"{num_samples} samples, at least {MIN_SCORED} needed (the rate's noise would "
+            f"match the gap it is checked for); offline accuracy per position {rates_text(offline)}",
+            "pass more samples (more or longer --samples records, e.g. the capture store; "
+            "--max-samples caps how many are used)",
+        )
+
+
+def _gap_fix(ev: Evidence, trained_on: bool) -> str:
+    """The fix of an offline gap: the likely causes, and unlike samples when no check failed."""
+    fix = _likely_causes(ev)
+    if not trained_on and not any(f.verdict == "fail" for f in ev.findings):
+        fix += (
+            "; or samples unlike the training data (e.g. human text where the drafter "
+            "learned the target's own regenerated outputs): pass the capture store or "
+            "the target's outputs as --samples"
+        )
+    return fix
 
 
 def trained_on_samples(ev: Evidence) -> bool:
@@ -221,7 +245,6 @@ def online_acceptance(ev: Evidence) -> Result:
     from specdraft.doctor.online import (
         MAX_TOKENS,
         ServerError,
-        largest_served_id,
         offline_on_served,
         run_online,
         served,
@@ -243,6 +266,27 @@ def online_acceptance(ev: Evidence) -> Result:
         online = run_online(server, ev.samples, _text_to_ids(ev))
     except ServerError as e:
         return fail(*server_failure(url, e))
+    kind = online.server.kind
+    sent = f"{online.num_prompts} prompts x {MAX_TOKENS} tokens at T = 0 to {url} ({kind})"
+    unusable = _online_unusable(ev, online, sent)
+    if unusable is not None:
+        return unusable
+    steps = _online_steps(ev, online)
+    engine = ev.engine or (kind if kind in ENGINE_NAMES else None)
+    try:
+        offline = offline_on_served(ev, engine, steps, online)
+    except ValueError as e:
+        return fail(f"the drafter refuses what the engine feeds it: {e}", "see aux_width_on_target")
+    return _online_against_offline(ev, online, offline, steps, sent)
+
+
+def _online_unusable(ev: Evidence, online: OnlineRun, sent: str) -> Result | None:
+    """A fail when the server's answers cannot be compared with this checkpoint: token ids past
+    the target's vocabulary (another model), or no draft verified (speculation off); Unavailable
+    for a plain OpenAI server without speculative counters; None when they can."""
+    from specdraft.doctor.online import largest_served_id
+
+    url, kind = ev.inputs.server, online.server.kind
     vocab, where = ev.target_sizes()[1:]
     largest = largest_served_id(online)
     if largest >= vocab:
@@ -252,28 +296,20 @@ def online_acceptance(ev: Evidence) -> Result:
             f"{vocab}: it serves another model ({model!r}, its /v1/models says)",
             f"start the server on --target, or pass the model it serves ({model}) as --target",
         )
-    kind = online.server.kind
-    sent = f"{online.num_prompts} prompts x {MAX_TOKENS} tokens at T = 0 to {url} ({kind})"
-    if online.counts is None:
-        if kind == "openai":
-            raise Unavailable(
-                f"{url} exposes no speculative counters (not specdraft, vLLM or SGLang "
-                "/metrics / meta_info)",
-                "measure acceptance on the server by hand",
-            )
-        return fail(
-            f"{sent}: the server verified no drafts (speculation is off on it)",
-            f"restart specdraft serve with --draft {ev.path} (not --no-spec)"
-            if kind == "specdraft"
-            else "serve with the drafter (EAGLE-3 speculative settings)",
+    if online.counts is not None:
+        return None
+    if kind == "openai":
+        raise Unavailable(
+            f"{url} exposes no speculative counters (not specdraft, vLLM or SGLang "
+            "/metrics / meta_info)",
+            "measure acceptance on the server by hand",
         )
-    steps = _online_steps(ev, online)
-    engine = ev.engine or (kind if kind in ENGINE_NAMES else None)
-    try:
-        offline = offline_on_served(ev, engine, steps, online)
-    except ValueError as e:
-        return fail(f"the drafter refuses what the engine feeds it: {e}", "see aux_width_on_target")
-    return _online_against_offline(ev, online, offline, steps, sent)
+    return fail(
+        f"{sent}: the server verified no drafts (speculation is off on it)",
+        f"restart specdraft serve with --draft {ev.path} (not --no-spec)"
+        if kind == "specdraft"
+        else "serve with the drafter (EAGLE-3 speculative settings)",
+    )
 
 
 def _online_steps(ev: Evidence, online: OnlineRun) -> int:

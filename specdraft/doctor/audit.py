@@ -16,11 +16,8 @@ from specdraft.checkpoint import (
 )
 from specdraft.conventions.engines import DraftLoading, loading_label
 from specdraft.data.vocab import validate_vocab_map
-from specdraft.doctor.evidence import (
-    Broken,
-    Evidence,
-    Unavailable,
-)
+from specdraft.doctor.evidence import Evidence
+from specdraft.doctor.file_evidence import Broken, Unavailable
 from specdraft.doctor.keys import KeyMap
 from specdraft.doctor.verdict import Result, engine_name, fail, names_text, ok
 

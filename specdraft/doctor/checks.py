@@ -2,7 +2,8 @@
 
 One function per verification rule, each named for what it verifies (`verdict.Result`):
 - `audit.py`: the checkpoint's own files (target identity, tensor names, shapes, vocab map);
-- `lint.py`: the config and the serving command line as each engine reads them;
+- `lint.py`: the config as each engine reads it; `launch.py`: the serving command line;
+  `rope.py`: the rope the engines build;
 - `parity.py`: serving feeds what training did (tokenizer, chat template, aux width);
 - `acceptance.py`: acceptance offline, per chain step and on a live server.
 `CASES` maps every field case id (shared/cases) to the checks that catch it; `specdraft export`
@@ -25,17 +26,18 @@ from specdraft.doctor.audit import (
     verifier_is_target,
     vocab_map_valid,
 )
-from specdraft.doctor.lint import (
+from specdraft.doctor.launch import (
     algorithm_is_eagle3,
+    launch_names_these_models,
+    speculative_settings_valid,
+)
+from specdraft.doctor.lint import (
     aux_ids_read_alike,
     draft_vocab_size_declared,
     embedding_and_head_as_trained,
     engine_captures_training_layers,
     fc_width_matches_aux,
-    launch_names_these_models,
     lm_head_untied,
-    rope_matches_training,
-    speculative_settings_valid,
     variant_flags_implemented,
 )
 from specdraft.doctor.parity import (
@@ -43,6 +45,7 @@ from specdraft.doctor.parity import (
     chat_template_matches_manifest,
     tokenizer_matches_manifest,
 )
+from specdraft.doctor.rope import rope_matches_training
 
 CHECKS = (
     target_matches_training,

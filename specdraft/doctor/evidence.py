@@ -1,36 +1,22 @@
-"""What the doctor looks at, gathered once and lazily: files, target, tokenizer, samples, runs.
+"""What the doctor looks at, gathered once and lazily: the drafter's and the target's files
+(`file_evidence.FileEvidence`), and on top of them what the engines read (the --engine-args, the
+engines checked, the aux ids each reads, the weight names each loads, the drafter as each loads
+it) and the samples (--samples read, its chats, the notes about them).
 
-Every piece is computed on first use and cached, value or failure alike. A piece that cannot be
-had raises `Unavailable` with the reason and what would provide it; a check turns that into a
-skip (or, where the missing piece is itself the fault, a fail). What the user gave is
-`inputs.DoctorInputs`; how each engine reads the weights is `keys.py`.
+A piece that cannot be had raises `Unavailable` with the reason and what would provide it; a
+check turns that into a skip (or, where the missing piece is itself the fault, a fail). What the
+user gave is `inputs.DoctorInputs`; how each engine reads the weights is `keys.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specdraft.checkpoint import (
-    MANIFEST_FILE,
-    MANIFEST_FIX,
-    CheckpointError,
-    Manifest,
-    WeightFiles,
-    aux_layers_note,
-    config_from_files,
-    owned_embedding_config,
-    read_config,
-    read_weights,
-    state_dict_for_layout,
-)
-from specdraft.checkpoint.config_read import config_without_target
+from specdraft.checkpoint import CheckpointError, aux_layers_note, state_dict_for_layout
 from specdraft.conventions import (
     AUX_KEY,
     AuxReading,
@@ -40,215 +26,20 @@ from specdraft.conventions import (
 )
 from specdraft.conventions.engines import DraftLoading, draft_loading
 from specdraft.data.records import DataError
-from specdraft.doctor.inputs import DOCTOR_ENGINES, DoctorInputs
+from specdraft.doctor.file_evidence import Broken, FileEvidence, Unavailable, memo
+from specdraft.doctor.inputs import DOCTOR_ENGINES
 from specdraft.doctor.keys import KeyMap, draft_as_loaded, key_map
-from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.export import TargetFacts
+from specdraft.draft import Eagle3Draft
 from specdraft.serve.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
-
-# A drafter without a manifest: only training writes one; export keeps a manifest, never makes one.
-NO_MANIFEST_FIX = (
-    "only `specdraft train` writes the manifest (RUN/draft; `specdraft export` keeps it in what it "
-    "writes): this check needs a drafter trained by specdraft; exporting this one writes config.json "
-    "and weights, no manifest"
-)
-
-
-class Unavailable(Exception):
-    """Evidence that cannot be had: `reason` (why) and `fix` (what would provide it)."""
-
-    def __init__(self, reason: str, fix: str = "") -> None:
-        super().__init__(reason)
-        self.reason, self.fix = reason, fix
-
-
-class Broken(Unavailable):
-    """The checkpoint's own files are at fault (unreadable, inconsistent): a fail, not a skip."""
 
 
 class Unreadable(Broken):
     """An engine cannot read the config's aux ids."""
 
 
-def memo(fn: Callable) -> property:
-    """A property computed once per instance (`Evidence.cached`, keyed by the function's name)."""
-    prop = property(lambda self: self.cached(fn.__name__, lambda: fn(self)))
-    prop.__doc__ = fn.__doc__
-    return prop
-
-
-@dataclass
-class Evidence:
-    """Lazily gathered evidence for one doctor run (see module doc)."""
-
-    inputs: DoctorInputs
-    findings: list = field(default_factory=list)  # findings so far, in check order (run.py)
-    _cache: dict[str, tuple[bool, Any]] = field(default_factory=dict)
-
-    def cached(self, key: str, compute: Callable[[], Any]) -> Any:
-        """compute() once per key; an Unavailable it raises is cached and re-raised too."""
-        if key not in self._cache:
-            try:
-                self._cache[key] = (True, compute())
-            except Unavailable as e:
-                self._cache[key] = (False, e)
-        ok, value = self._cache[key]
-        if not ok:
-            raise value
-        return value
-
-    @property
-    def path(self) -> Path:
-        """The checkpoint directory."""
-        return Path(self.inputs.checkpoint)
-
-    @memo
-    def config(self) -> dict[str, Any]:
-        """config.json as written."""
-        try:
-            return read_config(self.path)
-        except CheckpointError as e:
-            raise Broken(str(e), "point doctor at a draft checkpoint directory") from None
-
-    @memo
-    def layout(self) -> str:
-        """ "speculators" when config.json is a speculators config, else "sglang" (official)."""
-        return "speculators" if self.config.get("speculators_model_type") else "sglang"
-
-    @memo
-    def layer_config(self) -> dict[str, Any]:
-        """The Llama-shaped part of the config (speculators: transformer_layer_config)."""
-        if self.layout == "speculators":
-            return self.config.get("transformer_layer_config") or {}
-        return self.config
-
-    @memo
-    def manifest(self) -> Manifest | None:
-        """specdraft_manifest.json, or None when the directory has none."""
-        file = self.path / MANIFEST_FILE
-        if not file.exists():
-            return None
-        try:
-            return Manifest.read(file)
-        except (CheckpointError, TypeError) as e:
-            raise Broken(str(e).removesuffix(f"; {MANIFEST_FIX}"), MANIFEST_FIX) from None
-
-    def need_manifest(self) -> Manifest:
-        """The manifest, or Unavailable naming what it would have told."""
-        if self.manifest is None:
-            raise Unavailable(
-                f"{self.path} has no {MANIFEST_FILE}: what the drafter was trained on is unknown",
-                NO_MANIFEST_FIX,
-            )
-        return self.manifest
-
-    @memo
-    def weights(self) -> tuple[dict[str, torch.Tensor], WeightFiles]:
-        """Every tensor of the drafter's weight files, by its name there, read by the loader's
-        own reader (`checkpoint.read_weights`: any format it reads, the same refusals)."""
-        try:
-            return read_weights(self.path)
-        except CheckpointError as e:
-            message, _, fix = str(e).rpartition("; ")
-            raise Broken(message or fix, fix if message else "re-export it") from None
-
-    @property
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Every tensor of the weight files, by its name there (`weights`)."""
-        return self.weights[0]
-
-    @property
-    def weights_file(self) -> Path:
-        """The weights file findings name (a sharded save's index)."""
-        return self.weights[1].entry
-
-    @memo
-    def facts(self) -> TargetFacts:
-        """The target: its directory's config (--target) or the manifest's record."""
-        try:
-            if self.inputs.target is not None:
-                return TargetFacts.from_target_dir(
-                    self.inputs.target, self.inputs.trust_remote_code
-                )
-            if self.manifest is not None:
-                return TargetFacts.from_manifest(self.manifest)
-        except (FileNotFoundError, OSError, ValueError) as e:
-            raise Unavailable(
-                str(e), "pass the target's transformers directory (--target DIR)"
-            ) from None
-        raise Unavailable(
-            "no --target and no manifest: the target is unknown",
-            "pass the target's transformers directory (--target DIR)",
-        )
-
-    @memo
-    def target_config_hash(self) -> str:
-        """`target.config_hash` of the --target's config, as training records it in the manifest."""
-        from specdraft.targets.config import config_hash, read_target_config
-
-        target = self.need_target_dir()
-        try:
-            return config_hash(read_target_config(target, self.inputs.trust_remote_code))
-        except (OSError, ValueError) as e:
-            raise Unavailable(
-                f"cannot read {target}/config.json: {e}", "pass a transformers directory"
-            ) from None
-
-    def need_target_dir(self) -> Path:
-        """The --target directory, or Unavailable."""
-        if self.inputs.target is None:
-            raise Unavailable(
-                "needs the target", "pass the target's transformers directory (--target DIR)"
-            )
-        return Path(self.inputs.target)
-
-    @memo
-    def draft_config(self) -> DraftConfig:
-        """The DraftConfig the drafter was trained with (manifest) or its config declares."""
-        if self.manifest is not None:
-            return DraftConfig.from_dict(self.manifest.draft)
-        facts = self.facts
-        try:
-            cfg = config_from_files(
-                self.path,
-                self.layout,
-                self.config,
-                None,
-                facts.num_layers,
-                facts.target_class or "llama",
-                self.inputs.sglang_version,
-                self.inputs.aux_layers,
-            )
-            return owned_embedding_config(
-                cfg, None, self.tensors
-            )  # the file's embed_tokens, as load_draft
-        except (CheckpointError, ValueError) as e:
-            raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
-
-    @memo
-    def shape_config(self) -> DraftConfig:
-        """The DraftConfig that fixes the tensors' names and shapes: `draft_config`, or, when the
-        target's layer count is unknown (no --target, no manifest), config.json read with a
-        stand-in count that admits its aux ids (aux layers set no tensor's shape)."""
-        try:
-            return self.draft_config
-        except Broken:
-            raise
-        except Unavailable:
-            pass
-        try:
-            return config_without_target(self.path, self.layout, self.config, self.tensors)
-        except (CheckpointError, ValueError) as e:
-            raise Broken(f"cannot read the draft config: {e}", "fix config.json") from None
-
-    def target_sizes(self) -> tuple[int, int, str]:
-        """(hidden size, vocabulary, where from) of the target the checks compare with: the
-        target's (`facts`), else what the drafter's own config says it was built for."""
-        try:
-            return self.facts.hidden_size, self.facts.vocab_size, "target"
-        except Unavailable:
-            cfg = self.shape_config
-            return cfg.target_hidden_size, cfg.vocab_size, "the drafter's config"
+class Evidence(FileEvidence):
+    """Lazily gathered evidence for one doctor run (module doc): the files', then the engines'
+    and the samples'."""
 
     @memo
     def engine_args(self) -> EngineArgs | None:
@@ -339,37 +130,6 @@ class Evidence:
             return key_map(tensors, expected, None, cfg.owns_embedding)
         row = row or self.loading(engine)[0]
         return key_map(tensors, expected, engine, cfg.owns_embedding, row.layer_prefixes)
-
-    @memo
-    def target(self) -> Any:
-        """The target model (specdraft.targets.Target, float32, CPU)."""
-        from specdraft.targets import load_target
-
-        try:
-            return load_target(self.need_target_dir())
-        except ImportError as e:  # e.g. an FP8 quantization_config whose kernels are not installed
-            raise Unavailable(
-                f"cannot run the target here: {e} (checks of sizes read its config.json alone)",
-                "install what transformers names to run the target's forward",
-            ) from None
-        except (FileNotFoundError, ValueError, OSError) as e:
-            raise Unavailable(
-                f"cannot load the target: {e}", "pass a transformers directory"
-            ) from None
-
-    @memo
-    def tokenizer(self) -> Any:
-        """The target directory's tokenizer."""
-        from transformers import AutoTokenizer
-
-        target = self.need_target_dir()
-        try:
-            return AutoTokenizer.from_pretrained(target, local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise Unavailable(
-                f"no tokenizer in {target} ({type(e).__name__})",
-                "save the target's tokenizer into its directory",
-            ) from None
 
     @memo
     def sample_read(self) -> Any:
@@ -474,8 +234,3 @@ class Evidence:
         if not cfg.owns_embedding:
             model.load_target_embedding(self.target.embed_tokens.weight.detach().float())
         return model.eval(), how
-
-
-def describe(value: Any) -> str:
-    """Compact JSON-ish rendering of a config value for evidence text."""
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else repr(value)

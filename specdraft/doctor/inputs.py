@@ -19,9 +19,15 @@ from specdraft.checkpoint import (
     refuse_other_aux_layers,
 )
 from specdraft.client import SERVER_WAIT_S
+from specdraft.errors import SpecdraftError
 from specdraft.targets.config import check_target_weights, read_target_config
 
 DOCTOR_ENGINES = ("sglang", "vllm")
+
+
+class DoctorInputError(SpecdraftError, ValueError):
+    """An input doctor cannot judge: a path that does not exist, a directory of the wrong kind, a
+    config.json that cannot be read, a bad option value. `specdraft doctor` exits 2 for it."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,10 @@ class DoctorInputs:
     records instead of refusing the file. template_kwargs: the chat template kwargs the server
     uses (default: vLLM's --default-chat-template-kwargs, else {}). max_samples / max_length
     bound the offline run. server_wait_s: how long to wait for a server that refuses
-    connections (still starting) before the online check fails.
+    connections (still starting) before the online check fails. Raises DoctorInputError for an
+    input doctor cannot judge (and what `given_config`, `checkpoint.check_weight_headers`,
+    `target.config.read_target_config` / `check_target_weights` and
+    `checkpoint.refuse_other_aux_layers` raise).
     """
 
     checkpoint: Path
@@ -57,12 +66,14 @@ class DoctorInputs:
 
     def __post_init__(self) -> None:
         if self.engine is not None and self.engine not in DOCTOR_ENGINES:
-            raise ValueError(f"engine {self.engine!r}: choose one of {', '.join(DOCTOR_ENGINES)}")
+            raise DoctorInputError(
+                f"engine {self.engine!r}: choose one of {', '.join(DOCTOR_ENGINES)}"
+            )
         if self.max_samples < 1 or self.max_length < 3:
-            raise ValueError("max_samples must be >= 1 and max_length >= 3")
+            raise DoctorInputError("max_samples must be >= 1 and max_length >= 3")
         # A path the user typed that does not exist is an error, never a row of skips.
         if not self.checkpoint.is_dir():
-            raise ValueError(
+            raise DoctorInputError(
                 f"{self.checkpoint}: no such directory; pass a draft checkpoint directory"
             )
         given_config(self.checkpoint, DRAFTER_CONFIG_FIX)
@@ -70,7 +81,7 @@ class DoctorInputs:
         refuse_model_dir(self.checkpoint)
         refuse_aux_override(self.checkpoint, self.aux_layers)
         if self.target is not None and not (self.target / "config.json").is_file():
-            raise ValueError(
+            raise DoctorInputError(
                 f"{self.target}: no config.json; pass the target's transformers directory"
             )
         if self.target is not None:
@@ -84,7 +95,7 @@ class DoctorInputs:
             and not self.samples.exists()
             and str(self.samples) not in suite_names()
         ):
-            raise ValueError(
+            raise DoctorInputError(
                 f"{self.samples}: no such file or directory; pass a capture store, a JSONL file or a "
                 f"suite ({', '.join(suite_names())})"
             )
@@ -92,7 +103,7 @@ class DoctorInputs:
 
 def given_config(path: Path, fix: str) -> dict[str, Any] | None:
     """`path`/config.json of a directory the user named (None when there is none: left to the
-    checks); ValueError naming the file when it is there but unreadable, not valid JSON
+    checks); DoctorInputError (a ValueError) naming the file when it is there but unreadable, not valid JSON
     (`checkpoint.read_config`'s words) or not a JSON object, then `fix`: doctor cannot judge
     the directory, so this is an unusable input, never a row of skips or fails."""
     file = path / "config.json"
@@ -101,9 +112,9 @@ def given_config(path: Path, fix: str) -> dict[str, Any] | None:
     try:
         return read_config(path, fix)
     except CheckpointError as e:
-        raise ValueError(str(e)) from None
+        raise DoctorInputError(str(e)) from None
     except OSError as e:
-        raise ValueError(f"{file}: cannot be read ({e.strerror or e}); {fix}") from None
+        raise DoctorInputError(f"{file}: cannot be read ({e.strerror or e}); {fix}") from None
 
 
 def refuse_aux_override(path: Path, aux_layers: list[int] | None) -> None:
@@ -121,7 +132,7 @@ def refuse_aux_override(path: Path, aux_layers: list[int] | None) -> None:
 
 
 def refuse_model_dir(path: Path) -> None:
-    """ValueError when `path`/config.json can be read but marks no drafter (`checkpoint.classify_dir`;
+    """DoctorInputError when `path`/config.json can be read but marks no drafter (`checkpoint.classify_dir`;
     `run_doctor` has already named a target model given as CHECKPOINT). A missing config is left
     to the checks (a failing finding); an unreadable one `given_config` has refused."""
     file = path / "config.json"
@@ -130,7 +141,7 @@ def refuse_model_dir(path: Path) -> None:
     except (OSError, ValueError):
         return
     if isinstance(config, dict) and classify_dir(path).kind != "drafter":
-        raise ValueError(
+        raise DoctorInputError(
             f"{file}: not an EAGLE-3 draft config (no EAGLE-3 architecture, no drafter key such as "
             f"speculators_model_type, no {MANIFEST_FILE}): pass the drafter's directory as CHECKPOINT"
         )

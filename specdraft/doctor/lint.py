@@ -1,39 +1,19 @@
-"""Checks of the config and the serving command line as each engine reads them: fc width, aux
-ids and the layers they capture, the algorithm and speculative settings, the EAGLE-3 variant
-flags, draft vocabulary size, head tying, the embedding and head each engine runs, rope (S2-S4,
-FC-03, FC-06, FC-09)."""
+"""Checks of the config as each engine reads it: fc width, aux ids and the layers they capture,
+the EAGLE-3 variant flags, draft vocabulary size, head tying, the embedding and head each engine
+runs (S2, S3, FC-02, FC-03, FC-06). The launch command's checks are `launch.py`, rope's
+`rope.py`."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from specdraft.checkpoint import FLAGS_FIX, CheckpointError, unimplemented_flags
 from specdraft.checkpoint.config_read import LEGACY_FC_NORM_FLAG, norm_flags_of_config
 from specdraft.conventions import AUX_KEY, ConventionError, lint_sglang_ids, to_engine_ids
 from specdraft.conventions.engines import flag_refusal, sglang_embedding, sglang_replaces_head
-from specdraft.doctor.evidence import Evidence, Unavailable, Unreadable, describe
+from specdraft.doctor.evidence import Evidence, Unreadable
+from specdraft.doctor.file_evidence import Unavailable
 from specdraft.doctor.verdict import NUM_AUX, Result, engine_name, fail, ok
-from specdraft.draft import rope_from_hf_config
-from specdraft.serve.engine_args import ALGORITHM_FLAG, EAGLE3_ALGORITHM, SOURCES, EngineArgs
-
-# How each engine's command line names (target, draft) (engine_args.py), with {} for the path.
-_MODEL_FLAGS = {
-    "sglang": ("--model-path {}", "--speculative-draft-model-path {}"),
-    "vllm": ("vllm serve {}", '--speculative-config \'{{"model": "{}", ...}}\''),
-}
-ENGINE_ARGS_FIX = (
-    'pass the SGLang or vLLM launch command (--engine-args "python -m sglang.launch_server ..." '
-    'or "vllm serve ..."); specdraft serve needs none: it runs EAGLE-3 and refuses '
-    "settings an engine would rewrite"
-)
-# The same checks when --server is specdraft's own server, which has no launch line of an engine to check
-# (`specdraft serve`: EAGLE-3 only, on the drafter and settings it was started with).
-SPECDRAFT_SERVE_SKIP = "{} is specdraft serve: it has no SGLang or vLLM launch line to check"
-SPECDRAFT_SERVE_FIX = (
-    "none for specdraft serve: it runs EAGLE-3 only, on its --draft, and refuses a --num-steps, "
-    "--topk or --num-draft-tokens it cannot run; online_acceptance checks the drafter it serves"
-)
 
 
 def fc_width_matches_aux(ev: Evidence) -> Result:
@@ -163,120 +143,6 @@ def _express(ev: Evidence, layers: list[int]) -> str:
         except ConventionError as e:
             parts.append(f"{engine_name(engine)}: cannot ({e})")
     return "; ".join(parts) + "; specdraft export --engine ENGINE writes them"
-
-
-def _given_engine_args(ev: Evidence) -> EngineArgs | Result:
-    """The parsed --engine-args of a check that needs them, or a fail when they cannot be read
-    (the user's command line is at fault); raises Unavailable (a skip) when none were given,
-    saying so in specdraft serve's terms when --server is specdraft's own server."""
-    from specdraft.doctor.online import served_by_specdraft  # httpx: imported when a check runs
-
-    try:
-        args = ev.engine_args
-    except Unavailable as e:
-        return fail(e.reason, e.fix)
-    if args is None and served_by_specdraft(ev):
-        raise Unavailable(SPECDRAFT_SERVE_SKIP.format(ev.inputs.server), SPECDRAFT_SERVE_FIX)
-    if args is None:
-        raise Unavailable("no --engine-args", ENGINE_ARGS_FIX)
-    return args
-
-
-def algorithm_is_eagle3(ev: Evidence) -> Result:
-    """The engine runs the EAGLE-3 algorithm, which the drafter's architecture needs (FC-06)."""
-    args = _given_engine_args(ev)
-    if isinstance(args, Result):
-        return args
-    want, flag = EAGLE3_ALGORITHM[args.engine], ALGORITHM_FLAG[args.engine]
-    if args.algorithm is None:
-        what = (
-            "SGLang runs without speculation"
-            if args.engine == "sglang"
-            else "vLLM guesses the method from the draft path's name ('eagle-' -> eagle, 'eagle3' -> "
-            "eagle3, else another method)"
-        )
-        return fail(f"no {flag}: {what} ({SOURCES[args.engine]})", f"set {flag} {want}")
-    if not args.uses_eagle3:
-        return fail(
-            f"{flag} {args.algorithm!r} with an EAGLE-3 drafter: plain EAGLE feeds one H-wide "
-            "hidden state and captures no aux layers, so fc is skipped (widths match) or "
-            "the draft is garbage: accept length ~1.0, no warning",
-            f"set {flag} {want}",
-        )
-    if args.speculators_config is not None:
-        return ok(
-            f"speculators_model_type {args.algorithm} in {args.speculators_config}: vLLM started on the "
-            "drafter reads the method from it (EAGLE-3, aux capture)"
-        )
-    return ok(f"{flag} {args.algorithm} (EAGLE-3, aux capture)")
-
-
-def launch_names_these_models(ev: Evidence) -> Result:
-    """The launch command serves --target and drafts with CHECKPOINT: its target (`vllm serve
-    MODEL` / --model, SGLang --model-path) and its draft (speculative-config "model", SGLang
-    --speculative-draft-model-path) resolve to those directories. A name that is no directory
-    here (a hub name, a path on another machine) cannot be compared: a skip that names it.
-    `vllm serve DRAFTER` names no target of its own: verifier_is_target checks the one it loads."""
-    args = _given_engine_args(ev)
-    if isinstance(args, Result):
-        return args
-    flags = _MODEL_FLAGS[args.engine]
-    named = [("draft", args.draft_model, ev.path, flags[1], "CHECKPOINT")]
-    if args.speculators_config is None:
-        named.insert(0, ("target", args.target_model, ev.inputs.target, flags[0], "--target"))
-    same, differ, unknown = [], [], []
-    for role, given, expected, flag, ours in named:
-        if given is None:
-            unknown.append(f"the command names no {role} ({flag.format(role.upper())})")
-        elif not Path(given).is_dir():
-            unknown.append(
-                f"{role} {given!r} is no directory here (a hub name or a path on another machine)"
-            )
-        elif expected is None:
-            unknown.append(f"{role} {given}: no {ours} to compare with")
-        elif Path(given).resolve() != Path(expected).resolve():
-            differ.append(
-                (f"the command's {role} {given} is not {ours} {expected}", flag.format(expected))
-            )
-        else:
-            same.append(f"{role} {given} is {ours}")
-    if differ:
-        return fail(
-            "; ".join(text for text, _ in differ),
-            f"launch {engine_name(args.engine)} with {' and '.join(fix for _, fix in differ)}, "
-            "or point doctor at the models the engine serves",
-        )
-    if unknown:
-        raise Unavailable(
-            "cannot compare " + "; ".join(unknown) + "".join(f"; {s}" for s in same),
-            "name local directories in the launch command to compare them",
-        )
-    return ok("; ".join(same))
-
-
-def speculative_settings_valid(ev: Evidence) -> Result:
-    """steps / topk / draft tokens obey the engine's rule, so it does not rewrite them (S4, FC-06)."""
-    args = _given_engine_args(ev)
-    if isinstance(args, Result):
-        return args
-    try:
-        spec = args.spec_config()
-    except ValueError as e:
-        return fail(str(e), "use the corrected values above (specdraft refuses, never adjusts)")
-    if spec is None:
-        raise Unavailable(
-            f"no speculative settings in --engine-args: {engine_name(args.engine)} picks "
-            "them itself",
-            "pass them explicitly to have them checked",
-        )
-    shape = (
-        "a chain (num_draft_tokens = steps + 1)"
-        if spec.is_chain
-        else f"a tree of at most {spec.max_draft_tokens} nodes"
-    )
-    return ok(
-        f"steps {spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens}: {shape}"
-    )
 
 
 def variant_flags_implemented(ev: Evidence) -> Result:
@@ -415,100 +281,3 @@ def _target_embedding(ev: Evidence):
         return ev.target.embed_tokens.weight.detach()
     except Unavailable:
         return None
-
-
-ROPE_KEYS = ("rope_theta", "rope_scaling", "max_position_embeddings")
-
-
-def rope_matches_training(ev: Evidence) -> Result:
-    """The rope theta / scaling and max positions the engines build the drafter with (its own
-    config.json) are the ones it was trained with, and the target is the one it was trained
-    against (FC-09). A drafter's own rope is its own choice (SpecForge's drafters keep 10000 and
-    2048 positions under a Llama-3 target): only a shorter reach than the target's is named."""
-    layer = ev.layer_config
-    theta, scaling = rope_from_hf_config(layer.get)
-    served = {
-        "rope_theta": theta,
-        "rope_scaling": scaling,
-        "max_position_embeddings": layer.get("max_position_embeddings"),
-    }
-    if "rope_parameters" in layer and "rope_theta" not in layer:
-        return fail(
-            "rope only under rope_parameters (transformers 5): older loaders ignore it and use "
-            "rope_theta 10000",
-            f"write rope_theta {theta} and rope_scaling {describe(scaling)} at the "
-            "top level of config.json (specdraft export writes them)",
-        )
-    if layer.get("partial_rotary_factor", 1.0) != 1.0:
-        return fail(
-            f"partial_rotary_factor {layer['partial_rotary_factor']}: the drafter's rope is applied to "
-            "part of each head, which specdraft's drafter does not implement",
-            "remove partial_rotary_factor if the drafter was trained with full rotary",
-        )
-    if ev.manifest is None and ev.inputs.target is None:
-        raise Unavailable("nothing to compare with", "pass --target DIR or keep the manifest")
-    problems = []
-    if ev.manifest is not None:
-        trained = {k: ev.manifest.draft[k] for k in ROPE_KEYS if k in ev.manifest.draft}
-        problems = [
-            f"{k} {describe(served[k])} (config.json, what the engines use) vs {describe(v)} (training)"
-            for k, v in trained.items()
-            if v != served[k]
-        ]
-    if problems:
-        return fail(
-            "; ".join(problems),
-            "write the trained values into config.json, or re-export it from the "
-            "training run (specdraft export RUN/draft OUT --engine ENGINE writes them)",
-        )
-    moved = _target_rope_moved(ev)
-    if moved:
-        return fail(
-            "; ".join(moved),
-            "serve the target the drafter was trained on, or train a drafter for "
-            "this target (re-exporting cannot change the target's rope)",
-        )
-    record = (
-        "as trained"
-        if ev.manifest is not None
-        else "as its config.json declares (no manifest: its only record)"
-    )
-    return ok(
-        f"rope_theta {theta}, rope_scaling {describe(scaling)}, max positions "
-        f"{served['max_position_embeddings']}: {record}"
-        + _reach(ev, served["max_position_embeddings"])
-    )
-
-
-def _target_rope_moved(ev: Evidence) -> list[str]:
-    """How the --target's rope / max positions differ from what the manifest recorded of the
-    target at training (another target than trained); [] without both."""
-    recorded = (ev.manifest.target or {}) if ev.manifest is not None else {}
-    if ev.inputs.target is None or not recorded:
-        return []
-    f = ev.facts
-    now = {
-        "rope_theta": f.rope_theta,
-        "rope_scaling": f.rope_scaling,
-        "max_position_embeddings": f.max_position_embeddings,
-    }
-    return [
-        f"the target's {k} {describe(now[k])} (target {ev.inputs.target}) vs {describe(recorded[k])} "
-        "(the target at training)"
-        for k in ROPE_KEYS
-        if k in recorded and now[k] != recorded[k]
-    ]
-
-
-def _reach(ev: Evidence, positions) -> str:
-    """The evidence's note when the drafter reaches fewer positions than the target serves."""
-    try:
-        target = ev.facts.max_position_embeddings
-    except Unavailable:
-        return ""
-    if isinstance(positions, int) and isinstance(target, int) and positions < target:
-        return (
-            f"; the drafter's own {positions} positions are fewer than the target's {target}: keep prompt + "
-            f"output within {positions} (specdraft's engine and server refuse longer requests)"
-        )
-    return ""

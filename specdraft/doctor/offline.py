@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from specdraft.checkpoint import Manifest
-from specdraft.doctor.evidence import Evidence, Unavailable
+from specdraft.doctor.evidence import Evidence
+from specdraft.doctor.file_evidence import Unavailable
 from specdraft.doctor.keys import ENGINE_NAMES
 
 DEFAULT_TTT_STEPS = 5

@@ -37,7 +37,8 @@ from specdraft.client import (
     wait_for_server,
 )
 from specdraft.data.render import Sample
-from specdraft.doctor.evidence import Evidence, Unavailable
+from specdraft.doctor.evidence import Evidence
+from specdraft.doctor.file_evidence import Unavailable
 from specdraft.doctor.offline import OfflineRun, run_on
 
 MAX_TOKENS = 32  # tokens generated per prompt

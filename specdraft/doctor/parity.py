@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from specdraft.doctor.evidence import Evidence, Unavailable, Unreadable, describe
+from specdraft.doctor.evidence import Evidence, Unreadable
+from specdraft.doctor.file_evidence import Unavailable, describe
 from specdraft.doctor.verdict import NUM_AUX, Result, engine_name, fail, ok
 
 

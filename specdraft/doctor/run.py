@@ -15,8 +15,9 @@ from typing import Any
 from specdraft.checkpoint import wrong_dir_message
 from specdraft.client import SERVER_WAIT_S
 from specdraft.doctor.checks import CHECKS
-from specdraft.doctor.evidence import Evidence, Unavailable
-from specdraft.doctor.inputs import DoctorInputs
+from specdraft.doctor.evidence import Evidence
+from specdraft.doctor.file_evidence import Unavailable
+from specdraft.doctor.inputs import DoctorInputError, DoctorInputs
 from specdraft.doctor.verdict import VERDICTS, Result
 
 
@@ -119,38 +120,22 @@ def run_doctor(
     skip_bad: bool = False,
     server_wait_s: float = SERVER_WAIT_S,
 ) -> Report:
-    """Check a draft checkpoint against its training record, its target and its deployment.
-
-    checkpoint: a draft directory (any layout). target: the target's transformers directory
-    (capture parity, acceptance, tokenizer). engine: "sglang" | "vllm" (default: the engine
-    engine_args names, else every engine the layout serves). engine_args: the serving command
-    line. samples: capture store or JSONL (offline acceptance, render parity; skip_bad skips
-    its bad records and counts them in Report.notes). server: a live server's URL (online
-    acceptance: the sample prompts at T = 0, its counters vs offline on the sequences it
-    produced; waited for up to server_wait_s seconds while it refuses connections, as bench
-    waits). sglang_version pins SGLang's id reading; aux_layers: a manifest-less drafter's training
-    layers (specdraft indices, --aux-layers); trust_remote_code: read a --target config whose
-    model_type only its own code defines; template_kwargs: the server's chat
-    template kwargs. Returns a Report; raises ValueError only for invalid arguments: a path that
-    does not exist, a CHECKPOINT that is no drafter (e.g. the target), a --target that is a
-    drafter (`checkpoint.wrong_dir_message` words both), a config.json of either that is
-    not valid JSON (`inputs.given_config`), a safetensors weight file of either cut short
-    (`checkpoint.check_weight_headers`, `target.check_target_weights`), aux_layers other than the manifest records
-    (`inputs.refuse_aux_override`), a --samples file that cannot be read (DataError naming the file and line), a server URL without http:// or
-    https:// or without a host (`client.check_url`, as bench checks it; a trailing /v1 is
-    dropped). A checkpoint that can be read but is wrong is a failing finding.
+    """Check a draft checkpoint against its training record, its target and its deployment:
+    every check the inputs allow, in `checks.CHECKS` order, one Finding each. The arguments are
+    `inputs.DoctorInputs`'s fields (paths as str or Path; None: not given); server, a live
+    server's URL, is kept as its base URL (`client.check_url`, as bench checks it). Returns a
+    Report; raises ValueError only for invalid arguments: DoctorInputError for a path that does
+    not exist, a CHECKPOINT that is no drafter (e.g. the target) or a --target that is a drafter
+    (`checkpoint.wrong_dir_message` words both), a config.json of either that is not valid JSON
+    (`inputs.given_config`); what `DoctorInputs` refuses (a safetensors file cut short,
+    aux_layers other than the manifest records); DataError for a --samples file that cannot be
+    read (naming the file and line); BadURL for a server URL without http:// or https:// or a
+    host. A checkpoint that can be read but is wrong is a failing finding.
     """
     from specdraft.client import check_url
-    from specdraft.targets import no_progress_bars
 
-    if server is not None:
-        server = check_url(
-            server, "--server"
-        )  # the base URL, without /v1: paths are appended to it
-    for path, want, given_as in ((checkpoint, "drafter", ""), (target, "target", "--target")):
-        wrong = wrong_dir_message(path, want, given_as) if path else None
-        if wrong:
-            raise ValueError(wrong)
+    server = check_url(server, "--server") if server is not None else None  # paths are appended
+    refuse_wrong_dirs(checkpoint, target)
     inputs = DoctorInputs(
         Path(checkpoint),
         target=Path(target) if target else None,
@@ -167,10 +152,24 @@ def run_doctor(
         skip_bad=skip_bad,
         server_wait_s=server_wait_s,
     )
-    ev = Evidence(inputs)
-    with (
-        no_progress_bars()
-    ):  # transformers' bars (the target's "Loading weights") stay out of the report
+    return run_checks(Evidence(inputs))
+
+
+def refuse_wrong_dirs(checkpoint: str | Path, target: str | Path | None) -> None:
+    """DoctorInputError when CHECKPOINT is no drafter or --target is no target
+    (`checkpoint.wrong_dir_message`)."""
+    for path, want, given_as in ((checkpoint, "drafter", ""), (target, "target", "--target")):
+        wrong = wrong_dir_message(path, want, given_as) if path else None
+        if wrong:
+            raise DoctorInputError(wrong)
+
+
+def run_checks(ev: Evidence) -> Report:
+    """Read --samples (a bad file is an error), run every check in order, and report."""
+    from specdraft.targets import no_progress_bars
+
+    # transformers' bars (the target's "Loading weights") stay out of the report
+    with no_progress_bars():
         ev.read_given_samples()
         for check in CHECKS:
             ev.findings.append(_run_one(check, ev))

@@ -168,7 +168,10 @@ def read_chats(path: Path, max_chats: int, skip_bad: bool = False) -> list[list[
         return suite_chats(str(path), max_chats)
     if (path / "index.json").is_file() or not path.exists():
         return []
-    row = _first_row(path)
+    try:
+        row = _first_row(path)
+    except (OSError, UnicodeDecodeError) as e:  # read first: a file not UTF-8 is named here
+        raise DataError(f"{path}: unreadable ({e}); give {KINDS}") from None
     if not any(k in row for k in ("messages", "conversations")):
         return []
     records = read_records(path, chat=True, skip_bad=skip_bad).records

@@ -1,7 +1,7 @@
 """What a check returns: a `Result` (verdict, evidence, fix), and the words checks share.
 
 A check takes the `Evidence` and returns a `Result`; run.py names it after the function. A check
-that lacks an input raises `evidence.Unavailable`, which becomes a skip with the reason (a skip
+that lacks an input raises `file_evidence.Unavailable`, which becomes a skip with the reason (a skip
 is never a pass).
 """
 

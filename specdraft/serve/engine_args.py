@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.engine.spec_config import SpecConfig
+from specdraft.errors import SpecdraftError
 
 ENGINES = ("sglang", "vllm")
 # The algorithm value each engine needs to run an EAGLE-3 drafter with aux capture.
@@ -52,6 +53,11 @@ _SGLANG_STRINGS = {
     "--model": "target_model",
 }
 _VLLM_JSON = ("--speculative-config", "--default-chat-template-kwargs")
+
+
+class EngineArgsError(SpecdraftError, ValueError):
+    """A launch command line whose speculative flags cannot be read: a number that is not an
+    integer, JSON that does not parse, unbalanced quotes, incomplete SGLang settings."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,8 @@ class EngineArgs:
 
         SGLang: all three of steps / topk / draft tokens, or none (SGLang then chooses).
         vLLM: a chain of num_speculative_tokens. Raises ValueError naming the rule a triple
-        breaks (SpecConfig's message: the corrected values), or the missing flags.
+        breaks (SpecConfig's message: the corrected values), or EngineArgsError (a ValueError)
+        naming the missing flags.
         """
         if self.engine == "vllm":
             return None if self.num_steps is None else SpecConfig.chain(self.num_steps)
@@ -101,7 +108,7 @@ class EngineArgs:
         if len(missing) == 3:
             return None
         if missing:
-            raise ValueError(
+            raise EngineArgsError(
                 f"SGLang speculative settings are incomplete: {', '.join(missing)} "
                 "not given; pass all three (or none to let SGLang choose)"
             )
@@ -122,11 +129,12 @@ def detect_engine(command: str | Sequence[str]) -> str | None:
 def parse_engine_args(command: str | Sequence[str], engine: str) -> EngineArgs:
     """Read the speculative flags of an SGLang or vLLM command line (a string or argv list).
 
-    Accepts `--flag value` and `--flag=value`, underscores or hyphens. Raises ValueError
-    naming the flag for a number that is not an integer or a JSON value that does not parse.
+    Accepts `--flag value` and `--flag=value`, underscores or hyphens. Raises EngineArgsError (a
+    ValueError) naming the flag for a number that is not an integer or a JSON value that does not
+    parse, or for a command line with unbalanced quotes.
     """
     if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
+        raise EngineArgsError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES)}")
     pairs = _flag_values(_tokens(command))
     if engine == "sglang":
         return _sglang_args(pairs)
@@ -162,7 +170,15 @@ def _speculators_launch(args: EngineArgs) -> EngineArgs:
 
 
 def _tokens(command: str | Sequence[str]) -> list[str]:
-    return shlex.split(command) if isinstance(command, str) else list(command)
+    """The words of a command line as a shell splits them; EngineArgsError for unbalanced quotes."""
+    if not isinstance(command, str):
+        return list(command)
+    try:
+        return shlex.split(command)
+    except ValueError as e:  # "No closing quotation"
+        raise EngineArgsError(
+            f"{command!r}: {e}; quote the launch command as a shell would"
+        ) from None
 
 
 def _flag(token: str) -> str:
@@ -196,14 +212,14 @@ def _int(flag: str, value: str | None) -> int:
     try:
         return int(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ValueError(f"{flag} {value!r} is not an integer") from None
+        raise EngineArgsError(f"{flag} {value!r} is not an integer") from None
 
 
 def _json(flag: str, value: str | None) -> Any:
     try:
         return json.loads(value)  # type: ignore[arg-type]
     except (TypeError, json.JSONDecodeError) as e:
-        raise ValueError(
+        raise EngineArgsError(
             f"{flag} {value!r} is not JSON ({e}); write e.g. "
             '\'{"method": "eagle3", "num_speculative_tokens": 3}\''
         ) from None
@@ -232,7 +248,7 @@ def _vllm_args(pairs: list[tuple[str, str | None]], tokens: list[str]) -> Engine
         if flag == "--speculative-config":
             parsed = _json(flag, value)
             if not isinstance(parsed, dict):
-                raise ValueError(f"{flag} must be a JSON object, got {parsed!r}")
+                raise EngineArgsError(f"{flag} must be a JSON object, got {parsed!r}")
             spec.update(parsed)
         elif flag.startswith("--speculative-config."):
             key = flag.removeprefix("--speculative-config.").replace("-", "_")

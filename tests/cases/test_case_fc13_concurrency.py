@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 
+from specdraft.bench.config import BenchConfig
 from specdraft.bench.report import markdown, write_report
 from specdraft.bench.stats import SpeedupPoint, find_crossover, verdict
-from specdraft.bench.sweep import BenchConfig, run_bench
+from specdraft.bench.sweep import run_bench
 from specdraft.serve.server import serve_in_thread
 from tests.serve_helpers import fake_vllm_app, write_prompts
 

@@ -5,9 +5,11 @@ steps or no speculation."""
 
 from __future__ import annotations
 
+from specdraft.bench.config import BenchConfig
 from specdraft.bench.report import markdown
-from specdraft.bench.sweep import BenchConfig, run_bench
-from specdraft.bench.tune import TuneConfig, tune
+from specdraft.bench.sweep import run_bench
+from specdraft.bench.tune import tune
+from specdraft.bench.tune_model import TuneConfig
 from specdraft.bench.tune_render import render
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401

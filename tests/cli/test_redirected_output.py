@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.cli.common import REDIRECTED_TEXT_WIDTH
-from specdraft.doctor.lint import ENGINE_ARGS_FIX
+from specdraft.doctor.launch import ENGINE_ARGS_FIX
 from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 

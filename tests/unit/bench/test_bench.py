@@ -13,9 +13,11 @@ import os
 import pytest
 from typer.testing import CliRunner
 
+from specdraft.bench.config import BenchConfig
+from specdraft.bench.prompts import load_prompts
 from specdraft.bench.report import markdown, plot_data, write_report
 from specdraft.bench.stats import NO_BASELINE, NO_VERDICT, SpeedupPoint, find_crossover, verdict
-from specdraft.bench.sweep import BenchConfig, load_prompts, run_bench
+from specdraft.bench.sweep import run_bench
 from specdraft.cli import app
 from specdraft.client import check_url, counter_delta, detect_server, scrape_counters
 from specdraft.engine.spec_config import SpecConfig
@@ -861,7 +863,7 @@ def test_chat_rows_to_a_server_without_a_chat_template_stop_before_the_sweep(tmp
     """A server that refuses the first chat (no chat template) would refuse every chat row of the
     file, each request failing: bench stops after that one request, in one line (it measured the
     text rows and counted every chat row as a failed request)."""
-    from specdraft.bench.sweep import BenchError
+    from specdraft.bench.config import BenchError
 
     setup = tiny_setup("llama")
     tok = word_tokenizer()

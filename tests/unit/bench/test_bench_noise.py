@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from specdraft.bench.comparison import BenchReport
+from specdraft.bench.config import BenchConfig
+from specdraft.bench.levels import ServerRun
 from specdraft.bench.report import markdown
 from specdraft.bench.stats import (
     NOISY_SPREAD,
@@ -16,7 +19,6 @@ from specdraft.bench.stats import (
     noisy_runs,
     verdict,
 )
-from specdraft.bench.sweep import BenchConfig, BenchReport, ServerRun
 
 BUSY = [1141.0, 115.0, 100.0]  # mean 452, sd 597: the trial's numbers
 STEADY = [1200.0, 1190.0, 1210.0]

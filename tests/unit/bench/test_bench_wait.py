@@ -12,9 +12,12 @@ import time
 
 import pytest
 
+from specdraft.bench.comparison import BenchReport
+from specdraft.bench.config import BenchConfig
+from specdraft.bench.levels import ServerRun
 from specdraft.bench.report import markdown
 from specdraft.bench.stats import SpeedupPoint, find_crossover
-from specdraft.bench.sweep import BenchConfig, BenchReport, ServerRun, run_bench
+from specdraft.bench.sweep import run_bench
 from specdraft.client import wait_for_server
 from specdraft.serve.server import serve_in_thread
 from tests.serve_helpers import fake_vllm_app, write_prompts

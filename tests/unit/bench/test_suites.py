@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from specdraft.bench import suite_run
+from specdraft.bench.config import BenchConfig
 from specdraft.bench.suite_run import run_suite, write_suite_report
 from specdraft.bench.suites import (
     MT_BENCH_CATEGORIES,
@@ -22,7 +23,6 @@ from specdraft.bench.suites import (
     load_suite,
     read_suite_file,
 )
-from specdraft.bench.sweep import BenchConfig
 from specdraft.cli import app
 from tests.engine_helpers import one_thread  # noqa: F401
 from tests.unit.bench.test_bench import servers  # noqa: F401
@@ -215,7 +215,7 @@ def test_bench_cli_suite_file_and_unknown_suite(servers, tmp_path, monkeypatch):
 
 def test_a_suite_against_a_server_without_a_chat_template_says_what_it_needs():
     """The server's one-line reason (not its JSON body) and what a suite needs of it."""
-    from specdraft.bench.sweep import BenchError
+    from specdraft.bench.config import BenchError
     from specdraft.engine.spec_config import SpecConfig
     from tests.engine_helpers import tiny_setup
     from tests.serve_helpers import engine, own_target, running, word_tokenizer

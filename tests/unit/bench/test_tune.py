@@ -9,7 +9,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from specdraft.bench.tune import Costs, Measured, TuneConfig, predict, tree_tokens, tune
+from specdraft.bench.config import BenchInputError
+from specdraft.bench.tune import tune
+from specdraft.bench.tune_model import Costs, Measured, TuneConfig, predict, tree_tokens
 from specdraft.bench.tune_render import render
 from specdraft.cli import app
 from specdraft.engine.metrics import SpecMetrics
@@ -149,7 +151,7 @@ def test_tune_cli_refuses_topk_or_draft_tokens_without_num_steps(tmp_path, monke
 
     def fake_tune_paths(target_dir, draft_dir, prompts, cfg, *args, **kwargs):
         seen.append(cfg.current)
-        raise ValueError("stop after the config")
+        raise BenchInputError("stop after the config")  # a user error: one line
 
     monkeypatch.setattr(specdraft.bench.tune, "tune_paths", fake_tune_paths)
     base = ["tune", "--target", str(target), "--draft", str(draft)]
@@ -193,7 +195,7 @@ def test_tune_threads_are_set_before_loading(tmp_path, monkeypatch):
 
     def fake_tune_paths(*args, **kwargs):
         seen.append(torch.get_num_threads())
-        raise ValueError("stop here")
+        raise BenchInputError("stop here")  # a user error: one line
 
     monkeypatch.setattr(specdraft.bench.tune, "tune_paths", fake_tune_paths)
     base = ["tune", "--target", str(target), "--draft", str(draft)]

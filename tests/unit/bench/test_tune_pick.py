@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 
 import specdraft.bench.tune
+import specdraft.bench.tune_report
 import specdraft.demo.generation
 import specdraft.demo.report
 import specdraft.demo.run
 from specdraft.bench import speedup
-from specdraft.bench.tune import Candidate, Costs, TuneConfig, TuneReport, needs_export, settle
+from specdraft.bench.tune_model import Candidate, Costs, TuneConfig
 from specdraft.bench.tune_render import render
+from specdraft.bench.tune_report import TuneReport, needs_export, settle
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import AUX_LAYERS, tiny_setup
@@ -56,7 +58,7 @@ def test_demo_and_tune_share_one_implementation():
             assert getattr(module, name) is getattr(speedup, name)
     assert (
         specdraft.bench.tune.timed_passes is speedup.timed_passes
-        and specdraft.bench.tune.pick_setting is speedup.pick_setting
+        and specdraft.bench.tune_report.pick_setting is speedup.pick_setting
     )
 
 

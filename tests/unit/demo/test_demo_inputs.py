@@ -5,15 +5,18 @@ traceback)."""
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 from typer.testing import CliRunner
 
+import specdraft.demo.run as run
 import specdraft.demo.stages as demo
 from specdraft.capture.store import CaptureError
 from specdraft.cli import app
 from specdraft.demo.config import DemoConfig
-from specdraft.demo.inputs import check_inputs, parse_documents
+from specdraft.demo.inputs import check_inputs, parse_documents, split_documents
+from specdraft.errors import UnusableInput
 
 
 def invoke(args: list[str]):
@@ -213,3 +216,22 @@ def test_out_that_is_a_file_is_one_line_before_any_stage(tmp_path, no_stages, su
         "pass a directory (created if missing)",
     )
     assert "Errno" not in line and afile.read_text() == "not a directory"
+
+
+def test_too_few_documents_to_split_is_an_unusable_input():
+    text = "\n\n".join(f"doc {i}" for i in range(10))
+    with pytest.raises(UnusableInput, match="holds 10 documents; the demo needs 11"):
+        split_documents(text, 10, 1, seed=0)
+
+
+def test_an_out_the_os_refuses_to_create_is_one_line(tmp_path, monkeypatch):
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(run, "check_inputs", lambda cfg: None)
+    monkeypatch.setattr(pathlib.Path, "mkdir", refuse)
+    out = tmp_path / "out"
+    with pytest.raises(
+        UnusableInput, match=f"^--out {out}: cannot create it \\(Permission denied\\)"
+    ):
+        run.start(DemoConfig(out=out), console=None)

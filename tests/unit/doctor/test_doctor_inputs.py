@@ -13,8 +13,11 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from specdraft.cli import app
+from specdraft.data.records import DataError
 from specdraft.doctor import run_doctor
 from specdraft.doctor.acceptance import MIN_SCORED
+from specdraft.doctor.inputs import DoctorInputError
+from specdraft.errors import SpecdraftError
 from tests.doctor_helpers import draft_checkpoint, one_thread, random_samples  # noqa: F401
 
 # A seeded (untrained) drafter whose manifest claims high training accuracy: offline far below.
@@ -140,3 +143,26 @@ def test_corrupt_manifest_names_a_fix_that_needs_no_manifest(world, tmp_path):
     assert finding.verdict == "fail", finding
     assert finding.evidence.startswith(f"{tmp_path / 'bad' / MANIFEST_FILE}: not valid JSON (")
     assert finding.fix == MANIFEST_FIX and "re-export" not in finding.evidence
+
+
+def test_inputs_doctor_cannot_judge_are_doctor_input_errors(world, tmp_path):
+    """Each is a SpecdraftError (one line at the CLI) and still a ValueError (exit 2)."""
+    draft, target = world
+    with pytest.raises(DoctorInputError, match=f"^{tmp_path / 'none'}: no such directory"):
+        run_doctor(tmp_path / "none")
+    with pytest.raises(DoctorInputError, match="max_samples must be >= 1"):
+        run_doctor(draft, max_samples=0)
+    with pytest.raises(DoctorInputError, match=f"^{tmp_path / 'x.jsonl'}: no such file"):
+        run_doctor(draft, samples=tmp_path / "x.jsonl")
+    assert issubclass(DoctorInputError, SpecdraftError) and issubclass(DoctorInputError, ValueError)
+
+
+def test_samples_that_are_not_utf8_are_named_in_one_line(world, tmp_path):
+    """A --samples file that is not UTF-8 text: a DataError naming it (was a bare decode error)."""
+    draft, target = world
+    bad = tmp_path / "chats.jsonl"
+    bad.write_bytes(b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}\n')
+    with pytest.raises(DataError, match=f"^--samples {bad}: unreadable .*codec"):
+        run_doctor(draft, target=target, samples=bad)
+    result = doctor_cli(draft, "--target", target, "--samples", bad)
+    assert result.exit_code == 2 and result.output.startswith(f"error: --samples {bad}: unreadable")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specdraft.doctor import run_doctor
-from specdraft.doctor.lint import ENGINE_ARGS_FIX, SPECDRAFT_SERVE_FIX
+from specdraft.doctor.launch import ENGINE_ARGS_FIX, SPECDRAFT_SERVE_FIX
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.serve.server import build_app, serve_in_thread
 from tests.doctor_helpers import edit_weights, served_world

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from specdraft.engine.requests import decode_continuation
-from specdraft.serve.protocol import TextStream
+from specdraft.serve.text_stream import TextStream
 from specdraft.stories260k import (
     TOKENIZER_FILE,
     build_tokenizer,

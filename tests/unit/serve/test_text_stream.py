@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from specdraft.engine.requests import CONTEXT_TOKENS, decode_continuation
-from specdraft.serve.protocol import MAX_WINDOW, TextStream
+from specdraft.serve.text_stream import MAX_WINDOW, TextStream
 from specdraft.stories260k import (
     TOKENIZER_FILE,
     build_tokenizer,

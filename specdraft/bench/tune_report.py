@@ -1,0 +1,162 @@
+"""What tune concludes (`TuneReport`): the candidates, the recommendation by demo's rule
+(`settle`, `bench.speedup`) and the commands that launch it on each engine."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdraft.bench.speedup import pick_setting, ties_at_top
+from specdraft.bench.tune_model import Candidate, Costs, Measured, TuneConfig
+from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detect_layout
+from specdraft.export import launch_command
+
+
+@dataclass
+class TuneReport:
+    """Probes, costs, plain decoding, candidates (best predicted first), the current setting and
+    the recommendations (None = no speculation)."""
+
+    config: TuneConfig
+    num_prompts: int
+    probes: dict[int, Measured]
+    costs: Costs
+    plain_predicted_tps: float
+    plain_measured_tps: float
+    candidates: list[Candidate]
+    current: Candidate | None
+    recommendation: Candidate | None
+    vllm_recommendation: Candidate | None
+    draft_path: str = "DRAFT"
+    target_path: str = "TARGET"
+
+    def prediction_error(self) -> float:
+        """The largest factor between predicted and measured tokens/s over the measured
+        candidates (1.0 = exact; 1.0 when nothing was measured)."""
+        pairs = [(c.predicted_tps, c.measured_tps) for c in self.candidates if c.measured_tps]
+        return max((max(p / m, m / p) for p, m in pairs if p > 0 and m > 0), default=1.0)
+
+    def ties(self, chains_only: bool = False) -> list[Candidate]:
+        """The measured candidates (chains only for vLLM) the recommendation was picked among."""
+        return settle(
+            [c for c in self.candidates if c.spec.is_chain or not chains_only],
+            self.config.min_speedup,
+        )[1]
+
+    def export_command(self, engine: str) -> str | None:
+        """`specdraft export ...` to run before launching `engine` ("sglang" | "vllm") with the
+        recommendation, or None when the drafter directory serves as it is (`needs_export`)."""
+        rec = self.recommendation if engine == "sglang" else self.vllm_recommendation
+        if rec is None or not needs_export(self.draft_path, engine):
+            return None
+        s = rec.spec
+        return " ".join(
+            [
+                "specdraft export",
+                shlex.quote(self.draft_path),
+                shlex.quote(self.served_path(engine)),
+                "--engine",
+                engine,
+                "--target",
+                shlex.quote(self.target_path),
+                "--num-steps",
+                str(s.num_steps),
+                *(
+                    ["--topk", str(s.topk), "--num-draft-tokens", str(s.num_draft_tokens)]
+                    if engine == "sglang"
+                    else []
+                ),
+            ]
+        )
+
+    def served_path(self, engine: str) -> str:
+        """The drafter directory the engine loads: the given one, or its export's (DRAFT-engine)."""
+        return (
+            f"{self.draft_path.rstrip('/')}-{engine}"
+            if needs_export(self.draft_path, engine)
+            else self.draft_path
+        )
+
+    def sglang_flags(self) -> str:
+        """SGLang's launch command of the recommendation, as `specdraft export` prints it
+        (`export.launch_command`), or the advice to launch without speculation."""
+        rec = self.recommendation
+        if rec is None:
+            return "launch without --speculative-* flags (no speculation)"
+        return launch_command(
+            "sglang", self.target_path, Path(self.served_path("sglang")), rec.spec
+        )
+
+    def vllm_flags(self) -> str:
+        """vLLM's launch command with the --speculative-config of the best chain
+        (`export.launch_command`), or the advice to launch without speculation."""
+        rec = self.vllm_recommendation
+        if rec is None:
+            return "launch without --speculative-config (no speculation)"
+        return launch_command("vllm", self.target_path, Path(self.served_path("vllm")), rec.spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+
+        def one(c: Candidate | None) -> dict | None:
+            return c.to_dict() if c else None
+
+        return {
+            "num_prompts": self.num_prompts,
+            "max_new_tokens": self.config.max_new_tokens,
+            "probes": {str(k): p.metrics.to_dict() for k, p in self.probes.items()},
+            "costs_s": {
+                "t_verify": self.costs.t_verify,
+                "t_draft": self.costs.t_draft,
+                "t_round": self.costs.t_round,
+                "t_plain": self.costs.t_plain,
+            },
+            "plain": {
+                "predicted_tokens_per_s": self.plain_predicted_tps,
+                "measured_tokens_per_s": self.plain_measured_tps,
+            },
+            "candidates": [c.to_dict() for c in self.candidates],
+            "current": one(self.current),
+            "recommendation": one(self.recommendation),
+            "vllm_recommendation": one(self.vllm_recommendation),
+            "ties": [c.to_dict() for c in self.ties()],
+            "prediction_error": self.prediction_error(),
+            "sglang_flags": self.sglang_flags(),
+            "vllm_flags": self.vllm_flags(),
+            "export_commands": {e: self.export_command(e) for e in ("sglang", "vllm")},
+        }
+
+
+def settle(candidates: Any, min_speedup: float) -> tuple[Candidate | None, list[Candidate]]:
+    """(the recommendation, the candidates tied at the top it was picked among) of the measured
+    `candidates`, by `speedup.pick_setting` / `ties_at_top`, demo's rule; (None, []) when none
+    beats plain decoding beyond the noise."""
+    measured = [c for c in candidates if c.timing is not None]
+    rows = [c.row() for c in measured]
+    chosen = pick_setting(rows, min_speedup)
+    ties = [
+        c for c, r in zip(measured, rows) if any(r is t for t in ties_at_top(rows, min_speedup))
+    ]
+    return next((c for c, r in zip(measured, rows) if r is chosen), None), ties
+
+
+def needs_export(draft_dir: str, engine: str) -> bool:
+    """Whether `engine` ("sglang" | "vllm") needs `specdraft export`'s output rather than
+    `draft_dir`: True for specdraft's training layout (SGLang layout + specdraft manifest, what
+    `specdraft train` writes, `checkpoint.describe_layout`) unless its manifest records an
+    export (extra["export"]), and for the speculators layout under SGLang (vLLM reads it); an
+    official SGLang-layout directory without a manifest serves as it is. A directory that is
+    not a readable drafter (e.g. a placeholder) is named as given."""
+    path = Path(draft_dir)
+    try:
+        layout = detect_layout(path)
+    except (CheckpointError, OSError):
+        return False
+    if layout != "specdraft":
+        return layout == "speculators" and engine == "sglang"
+    try:
+        return "export" not in Manifest.read(path / MANIFEST_FILE).extra
+    except (CheckpointError, OSError, ValueError):
+        return True
