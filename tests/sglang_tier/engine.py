@@ -186,6 +186,7 @@ def load(path: str | Path, *, draft: bool, dtype: str) -> Loaded:
     args = _publish(Path(path), dtype)
     _start()
     config = ModelConfig.from_server_args(args, model_path=str(path), is_draft_model=draft)
+    _dp_attention(args, config)
     cls = get_model_architecture(config)[0]
     with _nan_first(cls) as given:
         model = get_model(
@@ -195,6 +196,18 @@ def load(path: str | Path, *, draft: bool, dtype: str) -> Loaded:
         )
     unwritten = [n for n, p in model.named_parameters() if torch.isnan(p.float()).any()]
     return Loaded(model.eval(), given, unwritten)
+
+
+def _dp_attention(args, config) -> None:
+    """switch 6: 0.5.1x keeps the attention data-parallel widths (size 1 here) in module globals
+    that its initialize_dp_attention(args, model_config) sets and Qwen3's attention reads;
+    >= 0.5.2x derives them from the published args."""
+    import inspect
+
+    from sglang.srt.layers import dp_attention
+
+    if "model_config" in inspect.signature(dp_attention.initialize_dp_attention).parameters:
+        dp_attention.initialize_dp_attention(args, config)
 
 
 def set_embed(model: torch.nn.Module, embedding: torch.Tensor) -> None:
