@@ -14,7 +14,7 @@ import torch
 
 from specdraft.conventions import parse_version
 from specdraft.conventions.engines import sglang_replaces_embedding, sglang_replaces_head
-from tests.doctor_helpers import edit_weights, one_thread, rename_layer  # noqa: F401 (autouse)
+from tests.doctor_helpers import edit_config, edit_weights, one_thread, rename_layer  # noqa: F401 (autouse)
 from tests.sglang_tier import engine
 from tests.sglang_tier.accounting import account, layer_module
 from tests.sglang_tier.worlds import doctor, read_export, sglang_export
@@ -106,3 +106,25 @@ def test_decoder_layer_module_is_the_one_draft_loading_names(tmp_path):
     """DRAFT_LOADING's rows: one `midlayer` module before 0.5.12, a `layers` ModuleList after."""
     loaded = load_draft(sglang_export(tmp_path))
     assert layer_module(loaded.model) == ("layers.0" if NEW_LAYER_NAMES else "midlayer")
+
+
+def test_number_of_aux_states_sglang_builds_fc_for(tmp_path):
+    """NUM_AUX_FIXED's note: from 0.5.12 on SGLang sizes fc from num_aux_hidden_states, else the
+    length of eagle_config's ids; 0.5.10 hard-codes three (the export writes 3 ids: both agree)."""
+    export = sglang_export(tmp_path)
+    hidden = export.config["target_hidden_size"]
+    edit_config(export.path, lambda c: c.update(num_aux_hidden_states=2))
+    if NEW_LAYER_NAMES:  # the file's fc.weight [H, 3H] then meets an fc [H, 2H]: a shape error
+        with pytest.raises(AssertionError):
+            load_draft(export)
+        edit_config(export.path, lambda c: c.pop("num_aux_hidden_states"))
+        edit_config(
+            export.path, lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3])
+        )
+        config = read_export(export.path, export.target).config
+        with pytest.raises(AssertionError):
+            load_draft(read_export(export.path, export.target))
+        assert len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) == 2
+    else:
+        loaded = load_draft(read_export(export.path, export.target))
+        assert loaded.model.model.fc.weight.shape[1] == 3 * hidden
