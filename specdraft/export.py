@@ -64,7 +64,7 @@ EXPORT_ENGINES = ("sglang", "vllm", "speculators")
 LAYOUT_OF_ENGINE = {"sglang": "sglang", "vllm": "sglang", "speculators": "speculators"}
 # Which engine's reading of the written config must give back the training layers.
 READER_OF_ENGINE = {"sglang": "sglang", "vllm": "vllm", "speculators": "vllm"}
-NUM_AUX = 3  # SGLang and vLLM (which serves speculators files) hard-code three aux states
+NUM_AUX = 3  # vLLM, SGLang < 0.5.12 hard-code 3 aux states; >= 0.5.12 sizes fc from config
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
