@@ -138,8 +138,8 @@ def bench(
     fmt: SuiteFormat = "",
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep (or a suite by category)."""
-    from specdraft.bench.report import refuse_file_out
     from specdraft.bench.config import BenchConfig
+    from specdraft.bench.report import refuse_file_out
 
     refuse_same_server(url, baseline_url)
     console = make_console()

@@ -17,13 +17,15 @@ from specdraft.conventions.ids import ENGINE_NAMES, ConventionError, parse_versi
 @dataclass(frozen=True)
 class FlagRule:
     """Whether one engine computes one drafter config flag as specdraft's drafter does
-    (`draft.py`'s module docstring says what each flag computes)."""
+    (`draft.py`'s module docstring says what each flag computes). since: the first SGLang release
+    that implements it (older ones build the drafter without it and run), None: every one read."""
 
     flag: str
     engine: str
     implemented: bool
     source: str
     evidence: str
+    since: tuple[int, ...] | None = None
 
 
 _SG = "sglang 0.5.23 srt/models/llama_eagle3.py"
@@ -60,7 +62,9 @@ FLAG_RULES: tuple[FlagRule, ...] = (
         "sglang",
         True,
         _SG,
-        "eagle_config key, else top-level; input_norm [n·H_target]",
+        "eagle_config key, else top-level; input_norm [n·H_target]; absent from 0.5.16 and older "
+        "(run on 0.5.10, 0.5.12: tests/sglang_tier)",
+        (0, 5, 17),
     ),
     FlagRule(
         "norm_before_fc",
@@ -75,7 +79,9 @@ FLAG_RULES: tuple[FlagRule, ...] = (
         "sglang",
         True,
         _SG,
-        "top-level fc_norm or legacy use_aux_norm; fc_norm.{i} (legacy aux_norm_low/mid/high)",
+        "top-level fc_norm or legacy use_aux_norm; fc_norm.{i} (legacy aux_norm_low/mid/high); "
+        "absent from 0.5.11 and older (run on 0.5.10: tests/sglang_tier)",
+        (0, 5, 12),
     ),
     FlagRule(
         "fc_norm",
@@ -91,7 +97,7 @@ FLAG_RULES: tuple[FlagRule, ...] = (
         _SP,
         "top-level; speculators' Eagle3SpeculatorConfig refuses it together with norm_before_fc",
     ),
-    FlagRule("use_aux_norm", "sglang", True, _SG, "SGLang's legacy name of fc_norm"),
+    FlagRule("use_aux_norm", "sglang", True, _SG, "SGLang's legacy name of fc_norm", (0, 5, 12)),
     FlagRule(
         "use_aux_norm",
         "vllm",
@@ -103,7 +109,13 @@ FLAG_RULES: tuple[FlagRule, ...] = (
         "use_aux_norm", "speculators", False, _SP, "only fc_norm is copied into vLLM's config"
     ),
     FlagRule(
-        "norm_output", "sglang", True, _SG, "the normed output is the next step's hidden state"
+        "norm_output",
+        "sglang",
+        True,
+        _SG,
+        "the normed output is the next step's hidden state; absent from 0.5.11 and older (run on "
+        "0.5.10: tests/sglang_tier)",
+        (0, 5, 12),
     ),
     FlagRule("norm_output", "vllm", True, _VL, "aux_output = the post-norm hidden states"),
     FlagRule(

@@ -13,7 +13,7 @@ from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 from specdraft.errors import SpecdraftError
 from specdraft.export.target_facts import TargetFacts
 
-NUM_AUX = 3  # SGLang and vLLM (which serves speculators files) hard-code three aux states
+NUM_AUX = 3  # vLLM, SGLang < 0.5.12 hard-code 3 aux states; >= 0.5.12 sizes fc from config
 
 
 class ExportError(SpecdraftError, ValueError):

@@ -42,5 +42,5 @@ def test_an_install_that_always_fails_fails_the_tier_with_its_reason(tmp_path):
 
 
 def test_no_tier_script_turns_an_install_failure_into_a_pass():
-    for name in ("vllm_tier.sh", "speculators_tier.sh", "tier_common.sh"):
+    for name in ("vllm_tier.sh", "speculators_tier.sh", "sglang_tier.sh", "tier_common.sh"):
         assert "tier_skip" not in (REPO / ".ci" / name).read_text(), name
