@@ -48,7 +48,7 @@ from specdraft.bench.speedup import (
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detect_layout
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.fast_model import FastTarget, causal_mask
-from specdraft.engine.metrics import SpecMetrics
+from specdraft.engine.requests import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.export import launch_command
