@@ -43,14 +43,14 @@ from gpu_timing import replay_ms  # benchmarks/, the script's directory
 from torch.nn.attention import sdpa_kernel
 
 from specdraft.draft import DraftConfig, Eagle3Draft
-from specdraft.engine.draft_cache import DraftCache
+from specdraft.engine.eagle import DRAFT_SDPA_BACKENDS, DraftCache, FastDraft
 from specdraft.engine.fast_config import ModelArgs
-from specdraft.engine.fast_draft import FastDraft
 from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.graphs import GraphedTarget
+from specdraft.engine.round import speculative_round
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from specdraft.engine.speculate import DRAFT_SDPA_BACKENDS, SpeculativeEngine
+from specdraft.engine.speculate import SpeculativeEngine
 
 LLAMA_8B = ModelArgs(
     model_type="llama",
@@ -358,12 +358,12 @@ def profile_draft_round(engine: SpeculativeEngine, prompt: list[int]) -> list[di
 
     req = engine.new_request(prompt, 8, SamplingParams(), (), None, None, None)
     req.emit([engine.prefill(req)])
-    engine.step(req)
+    speculative_round(req, engine.proposer, engine.runner)
     activities = [ProfilerActivity.CPU] + (
         [ProfilerActivity.CUDA] if engine.device.type == "cuda" else []
     )
     with profile(activities=activities) as prof:
-        engine.draft_tree(req)
+        engine.proposer.propose(req)
     rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:12]
     return [
         {

@@ -614,7 +614,7 @@ def draft_round_ms(engine: SpeculativeEngine, acceptance: list[float], prefix: i
     positions m = accepted + 1 as the run saw them (P(accepted >= a) = acceptance[a - 1]); greedy
     rounds run ahead (`RoundsAhead`) draft every round after the first over its padded rows:
     that graph's time."""
-    rounds = engine.run_round
+    rounds = engine.proposer.rounds
     if rounds is None:
         return None
     if engine.rounds_ahead is not None:  # every round after the first: the padded round's one graph
@@ -776,14 +776,14 @@ def bench(
         report("tune", tune_shell(pair, prompts))
 
 
-# (owner, method) of each timed phase: the engine's round methods, the target runner's forwards, a request's emit
+# (owner, method) of each timed phase: the proposer's, the target runner's (its forwards, a
+# tree's commit), a request's emit (a proposal's `accept`, on a new object each round, is not timed)
 ROUND_PHASES = (
-    ("engine", "draft_tree"),
+    ("proposer", "propose"),
     ("runner", "forward_in_place"),
-    ("engine", "read_selected"),
     ("runner", "forward"),
-    ("engine", "accept"),
-    ("engine", "commit"),
+    ("runner", "commit"),
+    ("proposer", "accepted"),
     ("request", "emit"),
 )
 
@@ -812,7 +812,7 @@ def phase_times(pair: Pair, spec: SpecConfig, prompts: list[list[int]], new_toke
         wrapper.__wrapped__ = method
         setattr(owner, name, wrapper)
 
-    owners = {"engine": engine, "runner": engine.runner, "request": Request}
+    owners = {"proposer": engine.proposer, "runner": engine.runner, "request": Request}
     for owner, name in ROUND_PHASES:
         timed(owners[owner], name)
     timed(pair.target, "compact_cache")

@@ -13,7 +13,7 @@ from specdraft.bench.config import BenchInputError
 from specdraft.bench.tune_model import Measured, TuneConfig
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.fast_model import FastTarget, causal_mask
-from specdraft.engine.metrics import SpecMetrics
+from specdraft.engine.requests import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdraft.bench.config import BenchInputError
-from specdraft.engine.metrics import SpecMetrics
+from specdraft.engine.requests import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
 
 

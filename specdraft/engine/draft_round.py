@@ -17,14 +17,13 @@ T > 0 samples its drafts from a generator each step and runs step by step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from specdraft.engine.draft_cache import DraftCache
-from specdraft.engine.fast_draft import FastDraft
+from specdraft.engine.eagle import DraftCache, FastDraft
 from specdraft.engine.graphs import capture_graph
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.sampling import SamplingParams
@@ -117,7 +116,7 @@ class GraphedRound:
         count: Tensor | None = None,
         verify_inputs: Sequence[Tensor] | None = None,
     ) -> tuple[Tensor, ...]:
-        """The captured round (start [1] long on the device): what `SpeculativeEngine.draft_tree`
+        """The captured round (start [1] long on the device): what `EagleChain.propose`
         runs step by step, a tree's selection and verify inputs included. Returns what
         `__call__` returns.
 
@@ -254,3 +253,108 @@ def write_verify_inputs(
     torch.add(committed, depths, out=positions[0])
     torch.add(committed, columns[: depths.numel()], out=slots)
     ancestor_verify_mask(framed, committed, columns, out=mask[0, 0])
+
+
+class GraphedDraft:
+    """CUDA-graph replays of `FastDraft.triton_step` on one `DraftCache`, called like a
+    `FastDraft`: one graph per key (T positions, first step or not, mask given or not), all
+    captured at construction (`draft_graph_keys` lists those of a speculative setting). Other
+    steps (a prompt's first step) and other caches run the FastDraft as it is.
+
+    Eagerly a Triton step is bound by its launches on the host, many times its GPU time; a
+    replay costs a few small copies and one launch. Graphs are captured up front because
+    capturing on first use cost more than it saved: a request then compiled and captured the
+    first steps its warm-up had not met (benchmarks/RESULTS.md).
+    Graphs attend over the whole cache (entries past the step are masked; the attention kernel
+    skips their blocks), so the shapes are static. Inputs are copied into static buffers;
+    outputs are valid until the next call with the same key. Capture warms up by writing the
+    last T entries of the cache: give the cache `fused_decode.MAX_TOKENS` entries that no request
+    uses (`SpeculativeEngine` does).
+    """
+
+    def __init__(
+        self, fast: FastDraft, cache: DraftCache, keys: Iterable[tuple[int, bool, bool]]
+    ) -> None:
+        self.fast, self.cache = fast, cache
+        self.entries = torch.arange(cache.max_len, device=cache.k.device)  # [max_len]
+        self.graphs: dict[
+            tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, tuple[Tensor, ...], Any]
+        ] = {}
+        for key in keys:
+            width = (
+                fast.fc.shape[1] if key[1] else fast.fc.shape[0]
+            )  # aux states / own hidden state
+            self.graphs[key] = self.capture(*key, width)
+
+    def __call__(
+        self,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        first_step: bool,
+        cache: DraftCache,
+        start: int,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """As `FastDraft.__call__` (attn_mask [T, start+T] or [1, 1, T, start+T] bool, or None)."""
+        t = input_ids.shape[0]
+        key = (t, first_step, attn_mask is not None)
+        if cache is not self.cache or key not in self.graphs:
+            return self.fast(input_ids, hidden, positions, first_step, cache, start, attn_mask)
+        cache.check_write(start, t)
+        graph, (ids, hid, pos, start_t, mask), output = self.graphs[key]
+        ids.copy_(input_ids)
+        hid.copy_(hidden)
+        pos.copy_(positions)
+        start_t.fill_(start)
+        if attn_mask is not None:
+            mask[:, : start + t].copy_(attn_mask.view(t, start + t))
+            mask[:, start + t :] = False
+        graph.replay()
+        return output
+
+    def step(
+        self,
+        ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        start: Tensor,
+        mask: Tensor,
+        first_step: bool,
+        masked: bool,
+    ) -> tuple[Tensor, Tensor]:
+        """The captured step: entries start..start+T-1 (start [1] long); mask [T, max_len] as
+        given, or (not masked) every entry before start and causal among the T."""
+        slots = start + self.entries[: ids.shape[0]]
+        if not masked:
+            mask = self.entries[None, :] <= slots[:, None]
+        return self.fast.triton_step(
+            ids, hidden, positions, first_step, self.cache, slots, mask.view(1, 1, ids.shape[0], -1)
+        )
+
+    def static_inputs(self, t: int, width: int) -> tuple[Tensor, ...]:
+        """`step`'s input buffers for `t` positions of `width` hidden features: ids, hidden,
+        positions, start (the last t cache entries until a call fills it), mask."""
+        device, dtype = self.cache.k.device, self.cache.k.dtype
+        return (
+            torch.zeros(t, dtype=torch.long, device=device),
+            torch.zeros(t, width, dtype=dtype, device=device),
+            torch.zeros(t, dtype=torch.long, device=device),
+            torch.full((1,), self.cache.max_len - t, dtype=torch.long, device=device),
+            torch.ones(t, self.cache.max_len, dtype=torch.bool, device=device),
+        )
+
+    def capture(self, t: int, first_step: bool, masked: bool, width: int) -> tuple:
+        """Warm up (Triton compiles), then capture the step for `t` positions: (graph, its
+        `static_inputs`, its outputs)."""
+        inputs = self.static_inputs(t, width)
+        graph, output = capture_graph(lambda: self.step(*inputs, first_step, masked))
+        return graph, inputs, output
+
+
+def draft_graph_keys(num_steps: int, topk: int) -> list[tuple[int, bool, bool]]:
+    """The `GraphedDraft` keys a speculative setting runs after its first round: first steps over
+    the 1..num_steps+1 positions a verification can accept, and the later steps (topk rows, a
+    tree's under a mask; none for num_steps 1). Each key is (T, first step, masked)."""
+    keys = [(t, True, False) for t in range(1, min(num_steps + 1, fused_decode.MAX_TOKENS) + 1)]
+    return keys + ([(topk, False, topk > 1)] if num_steps > 1 else [])

@@ -3,7 +3,7 @@ the engine (`capture_graph`: the target's here, the drafter's steps in `fast_dra
 whole draft rounds in `draft_round.GraphedRound`).
 
 - `GraphedTarget`: `FastTarget.forward` as CUDA-graph replays, one graph per token count,
-  placement of the inputs and KV cache (what `speculate.TargetRunner` replays once compiled),
+  placement of the inputs and KV cache (what `round.TargetRunner` replays once compiled),
   and plain decoding with the host one step ahead of the GPU (`decode_ahead`).
 - `StaticInputs`: a graph's input tensors at fixed addresses in one device buffer, host values
   staged in one copy.
@@ -22,7 +22,6 @@ from torch import Tensor
 from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.requests import Request
 from specdraft.engine.sampling import logits_to_probs, sample
-from specdraft.engine.tree import DraftTree, verify_mask
 
 
 def capture_graph(
@@ -311,10 +310,9 @@ class GraphedTarget:
         input; returns it ([1] long on the device)."""
         ids = self.device_input_ids(1, max_seq_len)  # [1, 1]: the graph reads it in place
         ids.fill_(req.output_ids[-1])
-        root = DraftTree.root_only(0)  # a decode step's mask is a root-only tree's
 
         def launch(position: int) -> Tensor:
-            mask = verify_mask(root, position, max_seq_len)
+            mask = causal_mask(position, 1, max_seq_len)  # on the host: staged in one copy
             logits = self(
                 ids[0][None],
                 torch.tensor([position])[None],

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specdraft.engine.fast_model import causal_mask
 from specdraft.engine.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -54,12 +53,6 @@ class DraftTree:
         """True when node i's parent is i - 1 (a chain, or the root alone)."""
         return all(parent == i - 1 for i, parent in enumerate(self.parents))
 
-    @classmethod
-    def root_only(cls, token: int) -> DraftTree:
-        """A tree with no drafts: verification = one plain decode step (tensors on the CPU: the
-        token is known there, and the target's inputs are staged from there)."""
-        return cls(torch.tensor([token]), [-1], [0], torch.zeros(1))
-
     def ancestor_mask(self) -> Tensor:
         """[N, N] bool on the CPU: [i, j] True iff j is i or an ancestor of i."""
         rows: list[list[bool]] = []
@@ -70,29 +63,13 @@ class DraftTree:
         return torch.tensor(rows)
 
 
-@dataclass
-class SelectedTree:
-    """A tree that a graphed round selected on the device (`GraphedRound`, `select_on_device`):
-    its tokens, positions, slots and mask are already in the verify forward's inputs.
-    parents: [N] long (-1 for the root); scores: [N] float32; ok: [] bool, False when the
-    selection kept a node without its parent (read with the verdict's inputs, then raised)."""
-
-    parents: Tensor
-    scores: Tensor
-    ok: Tensor
-
-
-def verify_mask(tree: DraftTree, prefix_len: int, num_slots: int) -> Tensor:
+def verify_mask(ancestors: Tensor, prefix_len: int, num_slots: int) -> Tensor:
     """Target attention mask [1, 1, N, num_slots] bool on the CPU over cache slots
     0..num_slots-1 (at least prefix_len + N) for a tree written at slots
     prefix_len..prefix_len+N-1: every node sees the whole prefix, then its ancestors and itself
-    (for a chain: causal). Built on the host: a graphed target stages it with its other inputs
-    in one copy (`GraphedTarget`)."""
-    n = tree.num_nodes
-    if tree.is_chain:  # node i sees slots 0..prefix_len+i (a comparison: tril splits a few rows
-        # across every CPU thread, costly on a many-core host: benchmarks/RESULTS.md)
-        return causal_mask(prefix_len, n, num_slots)
-    framed = framed_ancestors(tree.ancestor_mask())
+    (ancestors [N, N] bool, `DraftTree.ancestor_mask`; a chain's mask is `causal_mask`'s). Built
+    on the host: a graphed target stages it with its other inputs in one copy (`GraphedTarget`)."""
+    framed = framed_ancestors(ancestors)
     return ancestor_verify_mask(framed, torch.tensor([prefix_len]), torch.arange(num_slots))[
         None, None
     ]

@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specdraft.engine import speculate
+from specdraft.engine import sampling
 from specdraft.engine.sampling import (
     SamplingParams,
     Verdict,
@@ -104,7 +104,7 @@ BIASED = {  # name -> (setting, sampling functions replaced)
 def test_case_fc10_biased_verifier_fails_the_same_test(name, monkeypatch):
     setting, replaced = BIASED[name]
     for function, biased in replaced.items():
-        monkeypatch.setattr(speculate.sampling, function, biased)
+        monkeypatch.setattr(sampling, function, biased)
     spec, params = SETTINGS[setting]
     assert chi_square_pvalue(tiny_setup("llama"), spec, params) < FAIL_P
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdraft.engine.eagle_tree import EagleTree
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
@@ -27,10 +28,22 @@ def test_case_fc14_topk2_tree_reproduces_topk1_greedy_tokens(arch):
     assert tree.total.accept_length >= chain.total.accept_length > 1.0
 
 
-def _first_tree(engine, prompt):
+def _first_tree(engine, prompt, proposer=None):
+    """The first round's draft tree; proposer: a class to draft with instead of the engine's
+    (`EagleTree` on a chain setting: the tree steps with topk 1, which give scores)."""
+    if proposer is not None:
+        engine.proposer = proposer(
+            engine.fast_draft,
+            engine.draft_cache,
+            engine.spec,
+            engine.draft_vocab,
+            engine.target.args.vocab_size,
+            engine.runner,
+        )
     req = engine.new_request(prompt, 8, SamplingParams(), (), None, None, None)
     req.emit([engine.prefill(req)])
-    return engine.draft_tree(req)
+    proposal = engine.proposer.propose(req)
+    return proposal.tree if proposer is not None or engine.spec.topk > 1 else proposal
 
 
 @torch.no_grad()
@@ -38,7 +51,9 @@ def test_case_fc14_tree_holds_the_chain_drafts_with_equal_scores():
     setup = tiny_setup("llama")
     full = SpecConfig(2, 2, SpecConfig(2, 2, 2).max_draft_tokens)  # every candidate kept: 1 + 2 + 4
     for prompt in random_prompts(5, PROMPT_LEN, seed=31):
-        chain = _first_tree(setup.engine(setup.trained, SpecConfig.chain(2)), prompt)
+        drafted = _first_tree(setup.engine(setup.trained, SpecConfig.chain(2)), prompt)
+        chain = _first_tree(setup.engine(setup.trained, SpecConfig.chain(2)), prompt, EagleTree)
+        assert drafted.tokens.tolist() == chain.tokens.tolist()  # EagleChain = the topk-1 tree
         tree = _first_tree(setup.engine(setup.trained, full), prompt)
         d1, d2 = chain.tokens[1:].tolist()
         node1 = next(

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from specdraft.engine.metrics import SpecMetrics, metrics_table
+from specdraft.engine.metrics import metrics_table
+from specdraft.engine.requests import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
 

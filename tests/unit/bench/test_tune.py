@@ -14,7 +14,7 @@ from specdraft.bench.tune import tune
 from specdraft.bench.tune_model import Costs, Measured, TuneConfig, predict, tree_tokens
 from specdraft.bench.tune_render import render
 from specdraft.cli import app
-from specdraft.engine.metrics import SpecMetrics
+from specdraft.engine.requests import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
 from tests.serve_helpers import saved_pair, text_prompts, write_prompts

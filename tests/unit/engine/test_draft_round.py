@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specdraft.engine.draft_cache import DraftCache
 from specdraft.engine.draft_round import GraphedRound
-from specdraft.engine.fast_draft import FastDraft
+from specdraft.engine.eagle import DraftCache, FastDraft
+from specdraft.engine.fast_model import causal_mask
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
@@ -232,7 +232,14 @@ def test_round_drafts_the_step_by_step_tree_bit_for_bit(name, kernels, monkeypat
         assert torch.equal(input_ids[0], tree.tokens)
         assert positions[0].tolist() == [committed + depth for depth in tree.depths]
         assert slots.tolist() == list(range(committed, committed + spec.num_draft_tokens))
-        assert torch.equal(mask, verify_mask(tree, committed, NUM_SLOTS))
+        assert torch.equal(mask, _host_mask(tree, committed, NUM_SLOTS))
         assert (
             max(tree.depths) >= 2 and len(set(tree.parents)) > 2
         )  # nodes below depth 1, several parents
+
+
+def _host_mask(tree, prefix_len, num_slots):
+    """The verify's host mask of a DraftTree, as `round.TargetRunner.verify` builds it."""
+    if tree.is_chain:
+        return causal_mask(prefix_len, tree.num_nodes, num_slots)
+    return verify_mask(tree.ancestor_mask(), prefix_len, num_slots)

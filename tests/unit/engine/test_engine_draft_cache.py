@@ -1,4 +1,4 @@
-"""specdraft.engine.draft_cache: append, views without copies, scratch writes, rollback, bounds."""
+"""specdraft.engine.eagle.DraftCache: append, views without copies, scratch writes, rollback, bounds."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdraft.draft import KV
-from specdraft.engine.draft_cache import DraftCache
+from specdraft.engine.eagle import DraftCache
 
 
 def _kv(length: int, value: float) -> KV:

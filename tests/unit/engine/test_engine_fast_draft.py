@@ -1,4 +1,4 @@
-"""specdraft.engine.fast_draft: FastDraft computes what Eagle3Draft computes (logits, hidden
+"""specdraft.engine.eagle: FastDraft computes what Eagle3Draft computes (logits, hidden
 state, the K/V it writes into the cache), for a first step over several positions after a
 cached past and for a tree step of two frontier rows under a scratch mask; float64, float32 and
 bfloat16 (to each dtype's rounding); for every combination of the norm flags (`NORM_FLAGS`)."""
@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from specdraft.draft import KV
-from specdraft.engine.draft_cache import DraftCache
-from specdraft.engine.fast_draft import FastDraft
+from specdraft.engine.eagle import DraftCache, FastDraft
 from tests.drafts import FLAG_COMBINATIONS, flag_id, tiny_draft
 
 PAST, T = 5, 3
@@ -95,7 +94,7 @@ def test_tree_step_under_a_scratch_mask_matches_the_drafter(dtype, flags):
 
 
 def test_graph_keys_cover_every_step_a_setting_runs_after_its_first_round():
-    from specdraft.engine.fast_draft import draft_graph_keys
+    from specdraft.engine.draft_round import draft_graph_keys
     from specdraft.engine.kernels import fused_decode
 
     first = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdraft.engine.fast_model import causal_mask
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.tree import (
@@ -40,7 +41,7 @@ def test_ancestor_and_verify_masks():
         [1, 0, 1, 0],
         [1, 1, 0, 1],
     ]
-    mask = verify_mask(tree, prefix_len=2, num_slots=8)
+    mask = _host_mask(tree, prefix_len=2, num_slots=8)
     assert mask.shape == (1, 1, 4, 8)
     assert mask[0, 0].int().tolist() == [
         [1, 1, 1, 0, 0, 0, 0, 0],
@@ -49,7 +50,7 @@ def test_ancestor_and_verify_masks():
         [1, 1, 1, 1, 0, 1, 0, 0],
     ]
     chain = DraftTree(torch.tensor([9, 3, 5]), [-1, 0, 1], [0, 1, 2], torch.zeros(3))
-    assert verify_mask(chain, prefix_len=2, num_slots=6)[0, 0].int().tolist() == [
+    assert _host_mask(chain, prefix_len=2, num_slots=6)[0, 0].int().tolist() == [
         [1, 1, 1, 0, 0, 0],
         [1, 1, 1, 1, 0, 0],
         [1, 1, 1, 1, 1, 0],
@@ -83,7 +84,7 @@ def test_selection_on_the_device_is_the_host_selection(topk, num_steps, num_keep
             mask = ancestor_verify_mask(framed, torch.tensor([start]), torch.arange(width))
             assert torch.equal(mask, _verify_mask_of(ref.ancestor_mask(), start, width))
         assert torch.equal(
-            verify_mask(ref, prefix, width)[0, 0],
+            _host_mask(ref, prefix, width)[0, 0],
             _verify_mask_of(ref.ancestor_mask(), prefix, width),
         )
 
@@ -190,7 +191,7 @@ def test_tree_scores_equal_chain_runs_along_each_path():
     prompt = random_prompts(1, 10, seed=5)[0]
     req = engine.new_request(prompt, 8, SamplingParams(), (), None, None, None)
     req.emit([engine.prefill(req)])
-    tree = engine.draft_tree(req)
+    tree = engine.proposer.propose(req).tree
     assert tree.num_nodes == 12 and max(tree.depths) >= 2
     ids = torch.tensor([prompt + req.output_ids])
     _, aux = target_pass(setup.target, ids[:, :-1])
@@ -218,3 +219,10 @@ def test_tree_scores_equal_chain_runs_along_each_path():
             )
             logits, hidden, kv = out.logits[0, -1], out.hidden, type(kv).cat([kv, out.kv])
         assert abs(score - float(tree.scores[node])) < 1e-4, (node, path)
+
+
+def _host_mask(tree, prefix_len, num_slots):
+    """The verify's host mask of a DraftTree, as `round.TargetRunner.verify` builds it."""
+    if tree.is_chain:
+        return causal_mask(prefix_len, tree.num_nodes, num_slots)
+    return verify_mask(tree.ancestor_mask(), prefix_len, num_slots)

@@ -96,7 +96,7 @@ def _engines(pair, monkeypatch, spec):
     graphed draft rounds (eager replays without a GPU)."""
     from specdraft.engine import rounds_ahead
     from specdraft.engine.draft_round import GraphedRound
-    from specdraft.engine.fast_draft import FastDraft
+    from specdraft.engine.eagle import FastDraft
     from specdraft.engine.speculate import SpeculativeEngine
 
     if not CUDA:
@@ -107,17 +107,17 @@ def _engines(pair, monkeypatch, spec):
     engines = []
     for ahead in (False, True):
         engine = SpeculativeEngine(target, draft, spec, None, 64, DEVICE)
-        engine.run_round = GraphedRound(
+        engine.proposer.rounds = GraphedRound(
             engine.fast_draft,
             engine.draft_cache,
             spec,
             engine.draft_vocab,
             target.args.vocab_size,
-            engine.verify_inputs() if spec.topk > 1 else None,
+            engine.runner.verify_inputs(spec.num_draft_tokens) if spec.topk > 1 else None,
         )
         if ahead:
             engine.rounds_ahead = rounds_ahead.RoundsAhead(
-                engine.run_round, target, engine.aux_layers, 64
+                engine.proposer.rounds, target, engine.aux_layers, 64
             )
             _log_launches(engine)
         engines.append(engine)
