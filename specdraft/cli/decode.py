@@ -90,31 +90,19 @@ def generate(
     alone); stderr: notes, then the metrics table. Errors are one line on stderr; exit 2: a bad option
     value or combination (before anything loads) or an unusable input (a weights file cut short), 1:
     an input refused while loading or generating."""
-    from specdraft.machine_load import busy_note
-
     drafting = DraftingOptions(topk, num_steps, num_draft_tokens, aux_layers, sglang_version)
     spec = decoding_spec(drafting, draft, no_spec, compile, device, plain_without_draft=True)
     console, info = make_console(), make_console(stderr=True)  # the text; what is said about it
-    remedy = "fewer threads (e.g. --threads 1) compete less" if threads != 1 else ""
-    busy = busy_note("the tokens/s above", remedy) if device == "cpu" else None
+    busy = _busy_note(device, threads)
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": sampling_top_k, "seed": seed}
     with user_errors(info):
         torch_dtype = engine_dtype(dtype)
         set_threads(threads)
         engine, tokenizer = _load_engine(
-            target,
-            draft,
-            spec,
-            drafting,
-            device,
-            torch_dtype,
-            info,
-            max_seq_len=max_seq_len,
-            compile=compile,
+            target, draft, spec, drafting, device, torch_dtype, info, max_seq_len, compile
         )
-        ids = tokenizer(prompt, verbose=False)[
-            "input_ids"
-        ]  # the check below says more than its warning
+        # verbose=False: the length check below says more than the tokenizer's warning
+        ids = tokenizer(prompt, verbose=False)["input_ids"]
         engine.check_limits(len(ids), max_new_tokens)  # before the prompt is echoed
         if compile:  # compile and capture first: the metrics below are then the engine's
             n = min(max_new_tokens, WARM_UP_TOKENS)
@@ -126,6 +114,16 @@ def generate(
     _print_generate_summary(info, engine, result, no_spec, compile, busy)
 
 
+def _busy_note(device: str, threads: int | None):
+    """The busy-machine note for generate's tokens/s on the CPU (`machine_load.busy_note`)."""
+    from specdraft.machine_load import busy_note
+
+    if device != "cpu":
+        return None
+    remedy = "fewer threads (e.g. --threads 1) compete less" if threads != 1 else ""
+    return busy_note("the tokens/s above", remedy)
+
+
 def _load_engine(
     target: str,
     draft: str,
@@ -134,7 +132,6 @@ def _load_engine(
     device: str,
     dtype,
     info,
-    *,
     max_seq_len: int,
     compile: bool,
 ):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -144,6 +145,11 @@ def capture(
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         set_threads(threads)
         result = capture_dataset(cfg, console=console)
+    _render_capture(console, result)
+
+
+def _render_capture(console, result) -> None:
+    """What a finished `specdraft capture` prints: the store, its size, what an earlier run kept."""
     n, kept = result.num_shards, result.num_reused
     console.print(
         f"capture store at {result.path}: {result.num_samples} samples, {result.num_tokens} "
@@ -216,9 +222,7 @@ def regenerate(
     threads: Threads = None,
 ) -> None:
     """Replace the answers in DATA with the target's own outputs, written to OUT."""
-    import os
-
-    from specdraft.regenerate.backends import Sampling, served_model
+    from specdraft.regenerate.backends import Sampling
     from specdraft.regenerate.output import check_out_path, interrupted_regenerate
     from specdraft.regenerate.run import RegenConfig, regenerate_file
 
@@ -227,12 +231,7 @@ def regenerate(
         check_out_path(out, data)  # before asking the endpoint for its model
         refuse_bad_configs("", target, ("model_type",))
         if endpoint and not target and not model:
-            model = served_model(endpoint, os.environ.get("OPENAI_API_KEY"))
-            console.print(
-                f"--model not given: using {model}, the one model {endpoint} serves",
-                markup=False,
-                soft_wrap=True,
-            )
+            model = _served_model(console, endpoint)
         cfg = config_of(
             RegenConfig,
             ctx.params,
@@ -242,10 +241,33 @@ def regenerate(
             tokenizer=tokenizer or None,
             chat=not no_chat,
             sampling=config_of(Sampling, ctx.params),
-            api_key=os.environ.get("OPENAI_API_KEY"),
+            api_key=api_key(),
         )
         set_threads(threads)
         result = regenerate_file(cfg, console=console)
+    _render_regenerate(console, result)
+
+
+def api_key() -> str | None:
+    """The endpoint's API key: OPENAI_API_KEY, as the OpenAI clients read it (None when unset)."""
+    return os.environ.get("OPENAI_API_KEY")
+
+
+def _served_model(console, endpoint: str) -> str:
+    """regenerate --endpoint without --model: the one model the endpoint serves, said in a line."""
+    from specdraft.regenerate.backends import served_model
+
+    model = served_model(endpoint, api_key())
+    console.print(
+        f"--model not given: using {model}, the one model {endpoint} serves",
+        markup=False,
+        soft_wrap=True,
+    )
+    return model
+
+
+def _render_regenerate(console, result) -> None:
+    """What a finished `specdraft regenerate` prints: records written, kept and left out."""
     empty = (
         f", {result.num_empty} left out (the target's answer was empty)" if result.num_empty else ""
     )

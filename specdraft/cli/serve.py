@@ -86,11 +86,7 @@ def serve(
     drafting = DraftingOptions(topk, num_steps, num_draft_tokens, aux_layers, sglang_version)
     spec = decoding_spec(drafting, draft, no_spec, compile, device)
     with user_errors(console):
-        reading = (
-            id_reading(read_target(target), aux_layers, sglang_version, draft, target)
-            if spec is not None
-            else None
-        )
+        reading = _reading(spec, target, draft, aux_layers, sglang_version)
         check_port_free(host, port)  # before the model loads
         set_threads(threads)
         server_app = build_app(
@@ -110,6 +106,13 @@ def serve(
     line = serving_line(server_app.state.server.model_name, target, draft, spec, host, port)
     console.print(line, markup=False, soft_wrap=True)
     run_server(server_app, host, port)
+
+
+def _reading(spec, target: str, draft: str, aux_layers, sglang_version: str):
+    """How to read the drafter's aux ids (`id_reading`); None for plain decoding."""
+    if spec is None:
+        return None
+    return id_reading(read_target(target), aux_layers, sglang_version, draft, target)
 
 
 def _announce_engine(console, state, compile: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 import typer
@@ -85,17 +86,12 @@ def train(
     The device is chosen automatically: the GPU when torch sees one (under torchrun, each rank's
     LOCAL_RANK GPU), else the CPU.
     """
-    import sys
-
     from specdraft.train.config import run_config, train_source
     from specdraft.train.loop import train as run_training
     from specdraft.train.run_dir import interrupted_message
 
     console = make_console()
-
-    def say(text: str) -> None:
-        console.print(text, markup=False, soft_wrap=True)
-
+    say = functools.partial(console.print, markup=False, soft_wrap=True)
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_message(out)):
         set_threads(threads)
         data = train_source(
@@ -114,11 +110,18 @@ def train(
             data,
             out,
             resume=resume,
-            command=" ".join(["specdraft", *sys.argv[1:]]),
+            command=command_line(),
             target_config=target or None,
             on_note=lambda text: say(f"note: {text}"),
         )
     _render_train(console, out, cfg, result)
+
+
+def command_line() -> str:
+    """This process's command as the manifest records it: `specdraft` and its arguments."""
+    import sys
+
+    return " ".join(["specdraft", *sys.argv[1:]])
 
 
 def _render_train(console, out: str, cfg, result) -> None:
