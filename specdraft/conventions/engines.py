@@ -151,13 +151,22 @@ SPECULATORS_LAUNCH_READ = (
 SPECULATORS_EXCLUSIVE_FLAGS = ("norm_before_fc", "fc_norm")
 
 
-def flag_refusal(engine: str, flag: str) -> str | None:
+def flag_refusal(engine: str, flag: str, sglang_version: str | None = None) -> str | None:
     """Why `engine` would compute another drafter than one that sets `flag`, with the engine file
-    and version (`FLAG_RULES`), or None when it implements the flag."""
+    and version (`FLAG_RULES`), or None when it implements the flag. sglang_version: the SGLang
+    release served (None: the newest read); one older than the rule's `since` builds the drafter
+    without the flag, silently, and is refused here."""
     for rule in FLAG_RULES:
-        if rule.flag == flag and rule.engine == engine and not rule.implemented:
+        if rule.flag != flag or rule.engine != engine:
+            continue
+        if not rule.implemented:
             return (
                 f"{ENGINE_NAMES[engine]} does not implement {flag} ({rule.source}: {rule.evidence})"
+            )
+        if rule.since and sglang_version and parse_version(sglang_version) < rule.since:
+            return (
+                f"SGLang {sglang_version} does not implement {flag}: it reads it from "
+                f"{'.'.join(map(str, rule.since))} on ({rule.source}: {rule.evidence})"
             )
     return None
 

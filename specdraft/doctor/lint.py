@@ -178,7 +178,7 @@ def variant_flags_implemented(ev: Evidence) -> Result:
         reason
         for engine in ev.engines
         for name, on in flags.items()
-        if on and (reason := flag_refusal(engine, name))
+        if on and (reason := flag_refusal(engine, name, ev.inputs.sglang_version))
     ]
     if refused:
         return fail(

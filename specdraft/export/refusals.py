@@ -64,7 +64,7 @@ def engine_ids(
     """
     if len(layers) != NUM_AUX:
         raise ExportError(
-            f"cannot export for {engine}: SGLang and vLLM hard-code {NUM_AUX} aux "
+            f"cannot export for {engine}: vLLM and SGLang before 0.5.12 hard-code {NUM_AUX} aux "
             f"states (fc input = {NUM_AUX} x target hidden); this drafter fuses "
             f"{len(layers)} (layers {layers})"
         )
@@ -98,13 +98,15 @@ def engine_ids(
     return (other_ids, ids, notes) if engine == "sglang" else (ids, other_ids, notes)
 
 
-def check_norm_flags(engine: str, cfg: DraftConfig) -> None:
+def check_norm_flags(engine: str, cfg: DraftConfig, sglang_version: str | None = None) -> None:
     """Raise ExportError when `engine` does not compute one of the norm flags the drafter sets
     (`conventions.FLAG_RULES`: SGLang has no norm_before_residual), or, for the speculators
     layout, sets both flags the speculators library refuses together. The flags an engine
     implements are written unchanged (`checkpoint.config_write.norm_flags_config`)."""
     set_flags = [name for name in NORM_FLAGS if getattr(cfg, name)]
-    reasons = [reason for name in set_flags if (reason := flag_refusal(engine, name))]
+    reasons = [
+        reason for name in set_flags if (reason := flag_refusal(engine, name, sglang_version))
+    ]
     if reasons:
         raise ExportError(
             f"cannot export for {engine}: {'; '.join(reasons)}; this drafter was trained with it "

@@ -187,7 +187,7 @@ def export_draft(
     spec = spec_for_export(engine, num_steps, topk, num_draft_tokens)
     out_dir = check_output_dir(out_dir, source=checkpoint)
     source, facts = _read_source(checkpoint, target, trust_remote_code, sglang_version, aux_layers)
-    notes = _check_drafter(engine, source, facts, checkpoint, target, dtype)
+    notes = _check_drafter(engine, source, facts, checkpoint, target, dtype, sglang_version)
     layers = list(source.model.cfg.aux_layers)
     top, nested, id_notes = engine_ids(layers, engine, facts, sglang_version)
     verifier, verifier_notes = verifier_of(engine, verifier, facts, checkpoint)
@@ -236,11 +236,12 @@ def _check_drafter(
     checkpoint: str | Path,
     target: str | Path | None,
     dtype: str | torch.dtype | None,
+    sglang_version: str | None,
 ) -> list[str]:
-    """The drafter against the engine and the target (norm flags, sizes, embedding: ExportError),
-    then cast to `dtype`; the notes so far."""
+    """The drafter against the engine and the target (norm flags, for `sglang_version` when given;
+    sizes, embedding: ExportError), then cast to `dtype`; the notes so far."""
     cfg = source.model.cfg
-    check_norm_flags(engine, cfg)
+    check_norm_flags(engine, cfg, sglang_version)
     notes = check_target(cfg, facts) + embedding_notes(engine, source, checkpoint, target)
     if dtype is not None and parse_dtype(dtype) != source.model.fc.weight.dtype:
         notes.append(

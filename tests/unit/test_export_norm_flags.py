@@ -83,3 +83,31 @@ def test_doctor_fails_the_legacy_fc_norm_key_for_vllm(tmp_path):
     assert (
         for_vllm.verdict == "fail" and "vLLM does not implement use_aux_norm" in for_vllm.evidence
     )
+
+
+@pytest.mark.parametrize(
+    ("flag", "old", "new"),
+    [("fc_norm", "0.5.10", "0.5.12"), ("norm_before_fc", "0.5.12", "0.5.17")],
+)
+def test_an_sglang_release_older_than_a_flag_is_refused_by_export_and_failed_by_doctor(
+    tmp_path, flag, old, new
+):
+    """SGLang reads fc_norm / norm_output from 0.5.12 and norm_before_fc from 0.5.17 on (run in
+    tests/sglang_tier): an older release builds the drafter without the flag, silently. export
+    --sglang-version OLD refuses it naming both releases; doctor --sglang-version OLD fails it;
+    NEW passes both."""
+    from specdraft.doctor import run_doctor
+
+    draft, target = draft_checkpoint(tmp_path / "m", draft_kw={flag: True})
+    with pytest.raises(
+        ExportError, match=f"SGLang {old} does not implement {flag}: it reads it from {new} on"
+    ):
+        export_draft(draft, tmp_path / "old", engine="sglang", target=target, sglang_version=old)
+    assert not (tmp_path / "old").exists()
+    export_draft(draft, tmp_path / "new", engine="sglang", target=target, sglang_version=new)
+    finding = lambda v: run_doctor(  # noqa: E731
+        tmp_path / "new", target=target, engine="sglang", sglang_version=v
+    ).finding("variant_flags_implemented")
+    assert finding(new).verdict == "pass"
+    failed = finding(old)
+    assert failed.verdict == "fail" and f"SGLang {old} does not implement {flag}" in failed.evidence
