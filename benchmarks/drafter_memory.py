@@ -29,7 +29,8 @@ import torch
 from transformers import LlamaConfig
 
 from specdraft.checkpoint import official_config, state_dict_for_layout, write_safetensors
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig
 
 SHAPES = {
     "full": {

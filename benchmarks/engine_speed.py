@@ -42,7 +42,8 @@ import torch
 from gpu_timing import replay_ms  # benchmarks/, the script's directory
 from torch.nn.attention import sdpa_kernel
 
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig
 from specdraft.engine.eagle import DRAFT_SDPA_BACKENDS, DraftCache, FastDraft
 from specdraft.engine.fast_config import ModelArgs
 from specdraft.engine.fast_model import FastTarget, causal_mask

@@ -51,7 +51,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from specdraft.checkpoint import load_draft, save_draft
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig
 from specdraft.engine.fast_config import ModelArgs
 from specdraft.engine.fast_load import checkpoint_destinations, load_fast_target
 from specdraft.engine.fast_model import FastTarget, causal_mask

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from specdraft.checkpoint import Manifest, save_draft
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig
 from specdraft.stories260k import SAMPLE_FILE, bundled_dir, convert_stories260k
 
 AUX_LAYERS = (2, 3, 4)  # [2, L//2, L-3] collapses for stories260K's 5 layers (DESIGN.md §2)

@@ -15,7 +15,7 @@ from specdraft.capture.store import StoreSettings
 from specdraft.capture.write import write_store
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.data.render import Sample
-from specdraft.draft import DraftConfig
+from specdraft.draft_config import DraftConfig
 from specdraft.targets import load_target
 from specdraft.train.loop import TrainConfig, train
 from specdraft.train.sources import OnlineData

@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from specdraft.checkpoint import Manifest
-from specdraft.draft import NORM_FLAGS, DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import NORM_FLAGS, DraftConfig
 from tests.tiny_models import tiny_config
 
 # Every combination of the four norm flags (speculators' trainer default: norm_before_residual,

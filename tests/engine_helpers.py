@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.data.vocab import build_vocab_map
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig
 from specdraft.engine.fast_load import load_fast_target
 from specdraft.engine.fast_model import FastTarget, causal_mask
 from specdraft.engine.spec_config import SpecConfig

@@ -121,7 +121,7 @@ def target_head_tensors(target) -> dict[str, torch.Tensor]:
 
 def target_meta(target, name_or_path: str | None) -> dict[str, Any]:
     """What a store index and a manifest record about a loaded target (`Target`)."""
-    from specdraft.draft import rope_from_hf_config
+    from specdraft.draft_config import rope_from_hf_config
     from specdraft.targets.config import config_hash
 
     cfg = target.config

@@ -35,7 +35,7 @@ FLAGS_FIX = (
     "the drafter was trained without it, else use the trainer that implements it"
 )
 
-# Keys specdraft reads to build the drafter or the engines' aux ids (draft.DraftConfig,
+# Keys specdraft reads to build the drafter or the engines' aux ids (draft_config.DraftConfig,
 # config_read.config_from_files, conventions.aux_layers_from_config).
 READ_KEYS = (
     "architectures",

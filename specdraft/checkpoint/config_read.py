@@ -27,7 +27,7 @@ from specdraft.checkpoint.layouts import (
 )
 from specdraft.checkpoint.manifest import Manifest
 from specdraft.conventions import AUX_KEY, engines_default_layers, from_engine_ids
-from specdraft.draft import NORM_FLAGS, DraftConfig, rope_from_hf_config
+from specdraft.draft_config import NORM_FLAGS, DraftConfig, rope_from_hf_config
 
 # SGLang's legacy name of the fc_norm flag (sglang 0.5.23 srt/models/llama_eagle3.py
 # `legacy_name_map`), read as fc_norm.
@@ -146,7 +146,7 @@ def refuse_other_aux_layers(
 
 
 def norm_flags_of_config(path: Path, config: dict[str, Any]) -> dict[str, bool]:
-    """The `draft.NORM_FLAGS` a drafter's config.json sets, read as the engines read them
+    """The `draft_config.NORM_FLAGS` a drafter's config.json sets, read as the engines read them
     (`conventions.FLAG_RULES`): top-level keys; norm_before_fc in eagle_config first; fc_norm also
     under SGLang's legacy `use_aux_norm`. Absent or null = false; any other non-boolean value, or
     two keys of one flag that disagree, is a CheckpointError naming the file. A speculators config

@@ -10,7 +10,7 @@ import torch
 
 from specdraft.checkpoint.layouts import OFFICIAL_ARCHITECTURES
 from specdraft.conventions import AUX_KEY, to_engine_ids
-from specdraft.draft import NORM_FLAGS, DraftConfig
+from specdraft.draft_config import NORM_FLAGS, DraftConfig
 
 
 def official_config(

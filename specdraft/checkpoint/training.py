@@ -15,7 +15,8 @@ from specdraft.checkpoint.dirs import PROGRESS_FILE
 from specdraft.checkpoint.layouts import SOURCE_FORMS, CheckpointError
 from specdraft.checkpoint.manifest import LoadedDraft, Manifest
 from specdraft.checkpoint.weights import DamagedCheckpoint
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig
 
 CHECKPOINT_DIR = "checkpoints"  # a training run's checkpoints: RUN/checkpoints/step-N.pt or step-N/
 

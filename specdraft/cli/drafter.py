@@ -94,7 +94,7 @@ def print_loaded(console, checkpoint: str, loaded, reading: IdReading) -> None:
         is_training_checkpoint,
         state_dict_for_layout,
     )
-    from specdraft.draft import NORM_FLAGS
+    from specdraft.draft_config import NORM_FLAGS
 
     training = loaded.manifest.training if is_training_checkpoint(checkpoint) else None
     described = (

@@ -30,7 +30,7 @@ from specdraft.checkpoint import (
 )
 from specdraft.checkpoint.config_read import config_without_target
 from specdraft.doctor.inputs import DoctorInputs
-from specdraft.draft import DraftConfig
+from specdraft.draft_config import DraftConfig
 from specdraft.export import TargetFacts
 
 # A drafter without a manifest: only training writes one; export keeps a manifest, never makes one.

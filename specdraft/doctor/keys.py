@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from specdraft.checkpoint import LAYER_PREFIX, build_draft
-from specdraft.draft import DraftConfig, Eagle3Draft, rope_from_hf_config
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig, rope_from_hf_config
 
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", None: "specdraft"}
 # Names every engine treats as optional (see module doc).

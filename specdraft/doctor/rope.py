@@ -6,7 +6,7 @@ from __future__ import annotations
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.file_evidence import Unavailable, describe
 from specdraft.doctor.verdict import Result, fail, ok
-from specdraft.draft import rope_from_hf_config
+from specdraft.draft_config import rope_from_hf_config
 
 ROPE_KEYS = ("rope_theta", "rope_scaling", "max_position_embeddings")
 

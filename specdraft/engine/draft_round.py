@@ -126,7 +126,17 @@ class GraphedRound:
         and nothing reads their outputs); verify_inputs: where the verify inputs are written
         (input_ids, position_ids, cache_slots, attn_mask as `__init__`'s; a tree's by default
         to `__init__`'s)."""
-        m, entries, spec = ids.shape[0], self.entries, self.spec
+        expansion, tokens, hidden, committed = self.first_step(ids, aux, start, count)
+        self.later_steps(expansion, tokens, hidden, committed)
+        return self.verify_outputs(expansion, committed, verify_inputs)
+
+    def first_step(
+        self, ids: Tensor, aux: Tensor, start: Tensor, count: Tensor | None
+    ) -> tuple[TreeExpansion, Tensor, Tensor, Tensor]:
+        """`round`'s first step over its m rows (ids, aux, start, count as `round`'s) and its
+        expansion from the root's row: the expansion, its children's tokens [F] and hidden
+        [F, H], and the committed entries [1] long (where the later steps' scratch begins)."""
+        m, entries = ids.shape[0], self.entries
         if count is None:  # every row pending: the last one is the root's
             first = start + entries[: m + 1]  # the rows' slots, then the committed entries
             slots, committed, last = first[:m], first[m:], slice(m - 1, m)
@@ -143,7 +153,7 @@ class GraphedRound:
         )
         expansion = TreeExpansion(
             ids[last],
-            spec.topk,
+            self.spec.topk,
             False,
             SamplingParams(),
             self.draft_to_target,
@@ -152,33 +162,7 @@ class GraphedRound:
             kernels=self.fast.triton_kernels,
         )
         tokens, hidden = expansion.expand(logits[last], hidden[last], written=False)
-        self.later_steps(expansion, tokens, hidden, committed)
-        tokens, scores, parents, _ = expansion.candidates()
-        if parents is None:
-            if (
-                verify_inputs is not None
-            ):  # node i's parent is i - 1: its ancestors are the nodes before it
-                write_verify_inputs(
-                    verify_inputs,
-                    tokens,
-                    None,
-                    committed,
-                    entries[: tokens.numel()],
-                    self.chain_framed,
-                )
-            return tokens, scores
-        keep, tree_parents, depths, framed, ok = select_on_device(
-            parents, scores, spec.num_draft_tokens, spec.num_steps
-        )
-        write_verify_inputs(
-            self.verify_inputs if verify_inputs is None else verify_inputs,
-            tokens,
-            keep,
-            committed,
-            depths,
-            framed,
-        )
-        return tree_parents, scores[keep], ok
+        return expansion, tokens, hidden, committed
 
     def later_steps(
         self, expansion: TreeExpansion, tokens: Tensor, hidden: Tensor, committed: Tensor
@@ -210,6 +194,42 @@ class GraphedRound:
                 tokens, hidden = expansion.expand(logits, hidden, written=True)
             else:  # the last step's children: no next frontier
                 expansion.add_children(logits, written=True)
+
+    def verify_outputs(
+        self,
+        expansion: TreeExpansion,
+        committed: Tensor,
+        verify_inputs: Sequence[Tensor] | None,
+    ) -> tuple[Tensor, ...]:
+        """`round`'s outputs after its last step: a chain's (tokens, scores), its verify inputs
+        written where verify_inputs is given; a tree's selection (`select_on_device`) and its
+        verify inputs written (to `__init__`'s by default). committed: [1] long on the device."""
+        entries, spec = self.entries, self.spec
+        tokens, scores, parents, _ = expansion.candidates()
+        if parents is None:
+            # node i's parent is i - 1: its ancestors are the nodes before it
+            if verify_inputs is not None:
+                write_verify_inputs(
+                    verify_inputs,
+                    tokens,
+                    None,
+                    committed,
+                    entries[: tokens.numel()],
+                    self.chain_framed,
+                )
+            return tokens, scores
+        keep, tree_parents, depths, framed, ok = select_on_device(
+            parents, scores, spec.num_draft_tokens, spec.num_steps
+        )
+        write_verify_inputs(
+            self.verify_inputs if verify_inputs is None else verify_inputs,
+            tokens,
+            keep,
+            committed,
+            depths,
+            framed,
+        )
+        return tree_parents, scores[keep], ok
 
     def static_inputs(self, m: int) -> tuple[Tensor, Tensor, Tensor]:
         """`round`'s input buffers for m pending positions: ids, aux, start (the last entries of

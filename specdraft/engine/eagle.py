@@ -95,61 +95,43 @@ class FastDraft:
         start: int,
         attn_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """One draft step over T positions, as `Eagle3Draft.forward` for one sequence.
-
-        input_ids [T] long (target ids); hidden [T, n_aux*H_target] on the first step, else
-        [T, H]; positions [T] long (RoPE). Writes the step's K/V at cache entries
-        start..start+T-1, then attends over entries 0..start+T-1 where attn_mask [T, start+T]
-        (or [1, 1, T, start+T]) bool says, or (None) to every earlier entry and causally among the T.
-        Returns logits [T, draft vocab] and the output [T, H] a later step reads as its hidden
-        (pre-norm; post-norm for `norm_output`).
-        """
+        """One draft step over T positions, as `Eagle3Draft.forward` for one sequence: input_ids
+        [T] long (target ids); hidden [T, n_aux*H_target] on the first step, else [T, H];
+        positions [T] long (RoPE). Writes the step's K/V at cache entries start..start+T-1, then
+        attends over entries 0..start+T-1 where attn_mask [T, start+T] (or [1, 1, T, start+T])
+        bool says, or (None) to every earlier entry and causally among the T. Returns logits
+        [T, draft vocab] and the output [T, H] a later step reads as its hidden (pre-norm;
+        post-norm for `norm_output`)."""
         t = input_ids.shape[0]
         if self.triton_kernels and t <= fused_decode.MAX_TOKENS:
             cache.check_write(start, t)
             if attn_mask is None:  # every earlier entry, causal among the T
                 attn_mask = causal_mask(start, t, start + t, device=hidden.device)[0, 0]
             slots = torch.arange(start, start + t, device=hidden.device)
-            return self.triton_step(
-                input_ids,
-                hidden,
-                positions,
-                first_step,
-                cache,
-                slots,
-                attn_mask.view(1, 1, t, start + t),
-            )
-        h = (
-            fuse_aux(hidden, self.fc, self.input_fc_norm, self.fc_norms, self.eps)
-            if first_step
-            else hidden
-        )
+            mask = attn_mask.view(1, 1, t, start + t)
+            return self.triton_step(input_ids, hidden, positions, first_step, cache, slots, mask)
+        h = hidden
+        if first_step:
+            h = fuse_aux(hidden, self.fc, self.input_fc_norm, self.fc_norms, self.eps)
         normed_h = rms_norm(h, self.hidden_norm, self.eps)
-        x = torch.cat(
-            [rms_norm(F.embedding(input_ids, self.embed), self.input_norm, self.eps), normed_h],
-            dim=-1,
-        )
+        emb = rms_norm(F.embedding(input_ids, self.embed), self.input_norm, self.eps)
+        x = torch.cat([emb, normed_h], dim=-1)
         cos, sin = rope_cos_sin(positions[None], self.inv_freq, x.dtype)
-        qkv = (
-            F.linear(x, self.wqkv).view(1, t, -1, self.head_dim).transpose(1, 2)
-        )  # [1, heads, T, D]
+        # q|k|v heads: [1, heads, T, D]
+        qkv = F.linear(x, self.wqkv).view(1, t, -1, self.head_dim).transpose(1, 2)
         qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=1)
         q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         cache.write(KV(k, v), start)
         past = cache.view(start + t)
-        if attn_mask is None and t > 1:
-            attn_mask = causal_mask(start, t, start + t, device=x.device)[
-                0, 0
-            ]  # not tril: see tree.verify_mask
+        if attn_mask is None and t > 1:  # not tril: see tree.verify_mask
+            attn_mask = causal_mask(start, t, start + t, device=x.device)[0, 0]
         y = F.scaled_dot_product_attention(
             q, past.k, past.v, attn_mask=attn_mask, enable_gqa=self.num_heads != self.num_kv_heads
         )
-        r = F.linear(y.transpose(1, 2).reshape(t, -1), self.wo) + (
-            normed_h if self.norm_before_residual else h
-        )
-        gate, up = F.linear(rms_norm(r, self.post_attention_norm, self.eps), self.w13).chunk(
-            2, dim=-1
-        )
+        residual = normed_h if self.norm_before_residual else h
+        r = F.linear(y.transpose(1, 2).reshape(t, -1), self.wo) + residual
+        normed_r = rms_norm(r, self.post_attention_norm, self.eps)
+        gate, up = F.linear(normed_r, self.w13).chunk(2, dim=-1)
         out = r + F.linear(F.silu(gate) * up, self.w2)
         normed = rms_norm(out, self.norm, self.eps)
         return F.linear(normed, self.lm_head), normed if self.norm_output else out

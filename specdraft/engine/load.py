@@ -222,6 +222,40 @@ def refuse_other_target(
     )
 
 
+def config_notes(manifest: Any, draft_dir: str | Path, target_dir: str | Path) -> list[str]:
+    """`pairing_notes`' note on the target config (none when its hash matches the manifest's
+    record, or none is recorded): the rope / max-positions values that changed, else the hash."""
+    from transformers import AutoConfig
+
+    from specdraft.draft_config import rope_from_hf_config
+    from specdraft.targets.config import config_hash
+
+    recorded, config = (
+        manifest.target.get("config_hash"),
+        AutoConfig.from_pretrained(target_dir, local_files_only=True),
+    )
+    digest = config_hash(config)
+    if not recorded or digest == recorded:
+        return []
+    text = config.get_text_config()
+    rope_theta, rope_scaling = rope_from_hf_config(lambda k, d=None: getattr(text, k, d))
+    now = {
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "max_position_embeddings": getattr(text, "max_position_embeddings", None),
+    }
+    changed = [
+        f"{key} {manifest.target[key]} -> {value}"
+        for key, value in now.items()
+        if key in manifest.target and manifest.target[key] != value
+    ]
+    what = ", ".join(changed) or f"config hash {recorded[:12]} -> {digest[:12]}"
+    return [
+        f"{target_dir}: its config differs from the one the drafter was trained on ({what}): "
+        f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference"
+    ]
+
+
 def pairing_notes(
     manifest: Any,
     draft_dir: str | Path,
@@ -235,37 +269,9 @@ def pairing_notes(
     fields changes the hash too, so this is a note, not an error), a tokenizer (when given) whose
     fingerprint differs from the manifest's (`tokenizer_notes`), and num_steps past the drafter's
     TTT steps (positions training never unrolled to). No manifest: nothing to compare."""
-    from transformers import AutoConfig
-
-    from specdraft.draft import rope_from_hf_config
-    from specdraft.targets.config import config_hash
-
     if manifest is None:
         return []
-    notes = []
-    recorded, config = (
-        manifest.target.get("config_hash"),
-        AutoConfig.from_pretrained(target_dir, local_files_only=True),
-    )
-    digest = config_hash(config)
-    if recorded and digest != recorded:
-        text = config.get_text_config()
-        rope_theta, rope_scaling = rope_from_hf_config(lambda k, d=None: getattr(text, k, d))
-        now = {
-            "rope_theta": rope_theta,
-            "rope_scaling": rope_scaling,
-            "max_position_embeddings": getattr(text, "max_position_embeddings", None),
-        }
-        changed = [
-            f"{key} {manifest.target[key]} -> {value}"
-            for key, value in now.items()
-            if key in manifest.target and manifest.target[key] != value
-        ]
-        what = ", ".join(changed) or f"config hash {recorded[:12]} -> {digest[:12]}"
-        notes.append(
-            f"{target_dir}: its config differs from the one the drafter was trained on ({what}): "
-            f"acceptance may drop; `specdraft doctor {draft_dir} --target {target_dir}` names the difference"
-        )
+    notes = config_notes(manifest, draft_dir, target_dir)
     notes += tokenizer_notes(manifest, tokenizer, draft_dir, target_dir)
     ttt_steps = ((manifest.training or {}).get("config") or {}).get("ttt_steps")
     if ttt_steps and spec.num_steps > ttt_steps:

@@ -8,7 +8,7 @@ from specdraft.conventions.engines import (
     SPECULATORS_EXCLUSIVE_FLAGS,
     flag_refusal,
 )
-from specdraft.draft import NORM_FLAGS, DraftConfig
+from specdraft.draft_config import NORM_FLAGS, DraftConfig
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 from specdraft.errors import SpecdraftError
 from specdraft.export.target_facts import TargetFacts

@@ -11,7 +11,7 @@ from specdraft.checkpoint import (
     CheckpointError,
     Manifest,
 )
-from specdraft.draft import rope_from_hf_config
+from specdraft.draft_config import rope_from_hf_config
 
 
 @dataclass(frozen=True)

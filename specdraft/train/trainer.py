@@ -20,7 +20,8 @@ from torch import nn
 
 from specdraft.checkpoint import Manifest, tensor_digest
 from specdraft.data.vocab import build_vocab_map
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig
 from specdraft.train.config import TrainConfig, lr_lambda, permutation_seed, split_samples
 from specdraft.train.dist import Ranks, resolve_device
 from specdraft.train.errors import BadTrainSetting, TrainingError

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdraft.draft import KV, DraftConfig, Eagle3Draft
+from specdraft.draft import KV, Eagle3Draft
+from specdraft.draft_config import DraftConfig
 from specdraft.train.loss import flex_by_default, ttt_loss, ttt_unroll
 
 STEPS = 4

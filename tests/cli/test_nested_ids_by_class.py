@@ -12,7 +12,7 @@ import pytest
 
 from specdraft.checkpoint import CheckpointError, Manifest, load_draft, save_draft
 from specdraft.conventions import aux_layers_from_config
-from specdraft.draft import DraftConfig
+from specdraft.draft_config import DraftConfig
 from specdraft.errors import SpecdraftError
 from tests.cli.test_cli import flat, invoke
 from tests.drafts import seeded_draft

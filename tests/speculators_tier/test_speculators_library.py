@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from specdraft.checkpoint import load_draft
 from specdraft.conventions.engines import SPECULATORS_EXCLUSIVE_FLAGS
-from specdraft.draft import NORM_FLAGS
+from specdraft.draft_config import NORM_FLAGS
 from specdraft.export import export_draft
 from specdraft.train.loss import shift_left, ttt_unroll
 from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401 (autouse: one torch thread)

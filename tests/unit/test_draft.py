@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from specdraft.draft import KV, DraftConfig, Eagle3Draft
+from specdraft.draft import KV, Eagle3Draft
+from specdraft.draft_config import DraftConfig
 from tests.drafts import FLAG_COMBINATIONS, flag_id, tiny_draft
 from tests.tiny_models import tiny_config
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specdraft.checkpoint import load_draft
-from specdraft.draft import NORM_FLAGS
+from specdraft.draft_config import NORM_FLAGS
 from specdraft.export import EXPORT_ENGINES, ExportError, export_draft
 from tests.doctor_helpers import draft_checkpoint
 from tests.drafts import FLAG_COMBINATIONS, flag_id

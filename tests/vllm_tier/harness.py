@@ -24,7 +24,8 @@ import torch
 
 from specdraft.checkpoint import save_draft
 from specdraft.data.vocab import build_vocab_map
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig
 from specdraft.targets import Target
 from specdraft.train.loss import ttt_loss
 from specdraft.train.metrics import TTTMetrics

@@ -31,7 +31,8 @@ from specdraft.data.vocab import build_vocab_map
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.inputs import DoctorInputs
 from specdraft.doctor.offline import run_on
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig
 from specdraft.engine.load import load_engine
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.targets import Target, load_target

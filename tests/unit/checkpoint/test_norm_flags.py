@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdraft.checkpoint import LAYOUTS, CheckpointError, load_draft, save_draft
-from specdraft.draft import NORM_FLAGS
+from specdraft.draft_config import NORM_FLAGS
 from tests.doctor_helpers import edit_config
 from tests.drafts import FLAG_COMBINATIONS, flag_id, tiny_draft, tiny_manifest
 

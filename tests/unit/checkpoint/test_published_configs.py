@@ -27,7 +27,7 @@ from specdraft.checkpoint import (
     write_safetensors,
 )
 from specdraft.checkpoint.config_read import norm_flags_of_config
-from specdraft.draft import DraftConfig
+from specdraft.draft_config import DraftConfig
 from specdraft.export import export_draft
 from specdraft.targets.config import TARGET_CLASSES
 from tests.drafts import seeded_draft

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from specdraft.draft import DraftConfig, DraftError
+from specdraft.draft_config import DraftConfig, DraftError
 from specdraft.engine.errors import EngineError, EngineFileMissing
 from specdraft.engine.fast_config import ModelArgs
 from specdraft.engine.fast_load import load_fast_target

@@ -14,7 +14,8 @@ import torch
 import transformers
 
 from specdraft.checkpoint import Manifest, save_draft
-from specdraft.draft import DraftConfig, Eagle3Draft
+from specdraft.draft import Eagle3Draft
+from specdraft.draft_config import DraftConfig
 from specdraft.engine.graphs import StaticInputs
 from specdraft.engine.load import load_engine
 from specdraft.engine.spec_config import SpecConfig

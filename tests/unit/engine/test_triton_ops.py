@@ -22,7 +22,8 @@ assert CUDA or os.environ.get("TRITON_INTERPRET") == "1", (
     "tests/conftest.py sets TRITON_INTERPRET without a GPU"
 )
 
-from specdraft.draft import NORM_FLAGS, apply_rope, rms_norm  # noqa: E402
+from specdraft.draft import apply_rope, rms_norm  # noqa: E402
+from specdraft.draft_config import NORM_FLAGS  # noqa: E402
 from specdraft.engine.fast_config import ModelArgs  # noqa: E402
 from specdraft.engine.fast_model import FastTarget, causal_mask, rope_cos_sin  # noqa: E402
 from specdraft.engine.kernels import attention_ops  # noqa: E402

@@ -1,0 +1,194 @@
+"""The drafter's config: `DraftConfig` (shape and wiring of an EAGLE-3 drafter), its checks, and
+what it reads from a transformers target config (`from_target`, `rope_from_hf_config`).
+
+The norm flags (`NORM_FLAGS`) are the placements of the published EAGLE-3 variants; what each
+computes, as SGLang and vLLM compute it: `draft.py`'s module docstring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from specdraft.errors import SpecdraftError
+
+
+class DraftError(SpecdraftError, ValueError):
+    """A drafter config, input or embedding that does not fit this drafter (named in the message)."""
+
+
+# Rope scaling types this drafter implements; anything else is refused, never approximated.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# The norm placements of published EAGLE-3 variants (`draft.py`'s docstring says what each does).
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """Shape and wiring of an EAGLE-3 drafter.
+
+    Sizes are counts; `aux_layers` are specdraft indices of the target's residual stream
+    (0 = embeddings, k = output of decoder layer k, L = last layer before the final norm).
+    `vocab_size` is the target's vocabulary, `draft_vocab_size` the drafter's head.
+    `embedding_owned`: the drafter carries its own `embed_tokens` at the target's width too
+    (speculators' trainer saves one; a drafter that trains its embedding); see `owns_embedding`.
+    """
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    target_hidden_size: int
+    vocab_size: int
+    draft_vocab_size: int
+    aux_layers: tuple[int, ...]
+    target_num_layers: int
+    max_position_embeddings: int
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    rms_norm_eps: float = 1e-6
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    tie_word_embeddings: bool = False
+    embedding_owned: bool = False
+
+    def __post_init__(self) -> None:
+        for name in (
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "target_hidden_size",
+            "vocab_size",
+            "draft_vocab_size",
+            "max_position_embeddings",
+        ):
+            if getattr(self, name) <= 0:
+                raise DraftError(f"DraftConfig.{name} = {getattr(self, name)}: must be positive")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise DraftError(
+                f"DraftConfig: num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.draft_vocab_size > self.vocab_size:
+            raise DraftError(
+                f"DraftConfig.draft_vocab_size {self.draft_vocab_size} exceeds the "
+                f"target vocab_size {self.vocab_size}"
+            )
+        if len(set(self.aux_layers)) != len(self.aux_layers) or not self.aux_layers:
+            raise DraftError(
+                f"DraftConfig.aux_layers {list(self.aux_layers)}: need distinct layers"
+            )
+        if not all(0 <= k <= self.target_num_layers for k in self.aux_layers):
+            raise DraftError(
+                f"DraftConfig.aux_layers {list(self.aux_layers)}: each index must be in "
+                f"0..{self.target_num_layers} (the target's residual streams)"
+            )
+        for name in NORM_FLAGS:
+            if type(getattr(self, name)) is not bool:  # 1 or "true" from a JSON config is an error
+                raise DraftError(
+                    f"DraftConfig.{name} = {getattr(self, name)!r}: must be true or false"
+                )
+        if self.tie_word_embeddings:
+            raise DraftError(
+                "DraftConfig.tie_word_embeddings must be false: SGLang replaces a tied "
+                "drafter's trained lm_head with the embedding"
+            )
+        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise DraftError(
+                f"DraftConfig.rope_scaling type {rope_type!r} is not implemented "
+                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+            )
+
+    @property
+    def n_aux(self) -> int:
+        """Number of aux hidden states the first step fuses (3 for SGLang and vLLM)."""
+        return len(self.aux_layers)
+
+    @property
+    def owns_embedding(self) -> bool:
+        """True when the drafter uses its own `embed_tokens` (saved with it), not the target's:
+        always at another width (SGLang and vLLM share the target's only when the widths match),
+        and at the same width when `embedding_owned` (the engines differ there:
+        `conventions.EMBEDDING_SOURCES`)."""
+        return self.embedding_owned or self.hidden_size != self.target_hidden_size
+
+    @classmethod
+    def from_target(
+        cls,
+        target_config: Any,
+        aux_layers: tuple[int, ...] | list[int] = (),
+        draft_vocab_size: int | None = None,
+        **overrides: Any,
+    ) -> DraftConfig:
+        """Derive a drafter config from a transformers target config.
+
+        Hidden size, heads, intermediate size, rope and max positions default to the target's
+        (the drafter then shares the target's embedding); `overrides` replace any field.
+        """
+        get = (
+            target_config.get
+            if isinstance(target_config, dict)
+            else (lambda k, d=None: getattr(target_config, k, d))
+        )
+        heads = get("num_attention_heads")
+        rope_theta, rope_scaling = rope_from_hf_config(get)
+        values: dict[str, Any] = dict(
+            hidden_size=get("hidden_size"),
+            num_attention_heads=heads,
+            num_key_value_heads=get("num_key_value_heads") or heads,
+            head_dim=get("head_dim") or get("hidden_size") // heads,
+            intermediate_size=get("intermediate_size"),
+            target_hidden_size=get("hidden_size"),
+            vocab_size=get("vocab_size"),
+            draft_vocab_size=draft_vocab_size or get("vocab_size"),
+            aux_layers=tuple(aux_layers),
+            target_num_layers=get("num_hidden_layers"),
+            max_position_embeddings=get("max_position_embeddings"),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            rms_norm_eps=get("rms_norm_eps", 1e-6),
+        )
+        values.update(overrides)
+        values["aux_layers"] = tuple(values["aux_layers"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field (aux_layers as a list)."""
+        d = asdict(self)
+        d["aux_layers"] = list(self.aux_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DraftConfig:
+        """Inverse of `to_dict`; an unknown key is an error naming it."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise DraftError(f"DraftConfig: unknown keys {unknown}")
+        return cls(**{**d, "aux_layers": tuple(d["aux_layers"])})
+
+
+def rope_from_hf_config(get: Any) -> tuple[float, dict[str, Any] | None]:
+    """Read (rope_theta, rope_scaling) from a transformers config accessor `get(key, default)`.
+
+    transformers 5 stores both in `rope_parameters`; older configs use the two top-level keys.
+    """
+    params = get("rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta = float(params["rope_theta"])
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        if scaling.get("rope_type", "default") == "default":
+            return theta, None
+        return theta, scaling
+    scaling = get("rope_scaling", None)
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    if scaling and "rope_type" not in scaling:
+        scaling = {**scaling, "rope_type": scaling["type"]}
+    return float(get("rope_theta", 10000.0)), scaling
