@@ -137,7 +137,8 @@ def _template_kwargs(records: Records, tokenizer, kwargs: dict, reasoning: str) 
         kwargs = reasoning_kwargs(tokenizer, kwargs, reasoning)
     if not records.chat and tokenizer is None:
         raise RegenerationSettingError(
-            "the no-chat mode needs the target's tokenizer to cut prompts"
+            "--no-chat with --endpoint needs --tokenizer DIR (the target's tokenizer: it cuts "
+            "each text into a prompt of --prompt-tokens tokens), or pass --target DIR"
         )
     if tokenizer is not None:
         check_chat_template(tokenizer, records)

@@ -283,3 +283,17 @@ def test_cli_regenerate(server, tmp_path):
     assert json.loads(settings_path(out).read_text())["sampling"]["temperature"] == 0.5
     bad = CliRunner().invoke(app, ["regenerate", str(data), str(out), "--model", "tiny"])
     assert bad.exit_code != 0 and "exactly one of" in bad.output
+
+
+def test_cli_no_chat_with_an_endpoint_and_no_tokenizer_names_the_option(server, tmp_path):
+    """--no-chat against an endpoint cuts each text into a prompt with the target's tokenizer:
+    without one, the error names --tokenizer (and --target), not only what is missing."""
+    data = tmp_path / "texts.jsonl"
+    data.write_text(json.dumps({"text": "a b c d e f g h"}) + "\n")
+    args = ["regenerate", str(data), str(tmp_path / "out.jsonl"), "--endpoint", server.url]
+    result = CliRunner().invoke(
+        app, [*args, "--model", "tiny", "--no-chat", "--api", "completions"]
+    )
+    assert result.exit_code == 1, result.output
+    assert "--no-chat with --endpoint needs --tokenizer DIR" in result.output
+    assert "or pass --target DIR" in result.output
