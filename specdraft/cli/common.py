@@ -112,10 +112,12 @@ def set_threads(threads: int | None) -> None:
 
 
 def print_version(value: bool) -> None:
-    """--version: print specdraft's version as `specdraft version` does, then exit 0 (an eager
-    option: before any command runs)."""
+    """--version: print specdraft's version, then exit 0 (an eager option: before any command
+    runs; the one way to ask, as `vllm --version` and `pip --version`)."""
     if value:
-        version()
+        from specdraft import __version__
+
+        typer.echo(__version__)
         raise typer.Exit()
 
 
@@ -139,11 +141,3 @@ def main(
     if hf_logging.is_progress_bar_enabled():
         hf_logging.disable_progress_bar()
         ctx.call_on_close(hf_logging.enable_progress_bar)
-
-
-@app.command()
-def version() -> None:
-    """Print specdraft's version."""
-    from specdraft import __version__
-
-    typer.echo(__version__)

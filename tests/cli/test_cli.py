@@ -138,12 +138,13 @@ def test_inspect_summarises_the_manifest_and_prints_it_whole_on_request(tmp_path
     assert json.loads(body)["training"]["validation"]["accuracy"] == [0.5] * 40
 
 
-def test_version_option_prints_what_the_version_command_prints():
+def test_the_version_is_asked_one_way():
+    """`specdraft --version` prints the version; there is no second way (a `version` command)."""
     from specdraft import __version__
 
     option, command = invoke(["--version"]), invoke(["version"])
-    assert (option.exit_code, command.exit_code) == (0, 0), option.output
-    assert option.output == command.output == f"{__version__}\n"
+    assert option.exit_code == 0 and option.output == f"{__version__}\n", option.output
+    assert command.exit_code == 2 and "No such command 'version'" in command.output
 
 
 @pytest.mark.parametrize(
