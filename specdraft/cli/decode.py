@@ -260,7 +260,10 @@ def plain_metrics_table(metrics, title: str):
 
 
 DemoOut = Annotated[str, typer.Option(help="Working directory; a re-run resumes from it.")]
-DemoDevice = Annotated[str, typer.Option(help="cpu | cuda", callback=check_device)]
+DemoDevice = Annotated[
+    str,
+    typer.Option(help="Device every stage runs on: cpu, cuda or cuda:N.", callback=check_device),
+]
 DemoTarget = Annotated[
     str,
     typer.Option(
