@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from specdraft.cli import app
+from specdraft.conventions.engines import FLAG_RULES
+from specdraft.conventions.ids import parse_version
 from specdraft.export import export_draft
 from tests.doctor_helpers import draft_checkpoint
 from tests.sglang_tier.engine import VERSION
@@ -41,13 +43,28 @@ def read_export(path: Path, target: Path) -> Export:
 
 
 def sglang_export(root: Path, arch: str = "llama", dtype: str = "fp32", flags=None) -> Export:
-    """A seeded drafter (norm flags `flags`) for a tiny `arch` target, exported for this SGLang."""
+    """A seeded drafter (norm flags `flags`) for a tiny `arch` target, exported for this SGLang.
+    One that sets a flag this release does not read yet (FlagRule.since), which `export
+    --sglang-version` refuses, is exported for the newest release instead: the tests then show
+    what this one computes from such a file (the drafter without the flag)."""
     draft, target = draft_checkpoint(
         root, arch=arch, num_layers=NUM_LAYERS, aux=AUX_LAYERS, draft_kw=flags
     )
     out = root / "sglang"
-    export_draft(draft, out, engine="sglang", target=target, dtype=dtype, sglang_version=VERSION)
+    set_flags = {name for name, on in (flags or {}).items() if on}
+    version = None if set_flags & late_flags() else VERSION
+    export_draft(draft, out, engine="sglang", target=target, dtype=dtype, sglang_version=version)
     return read_export(out, target)
+
+
+def late_flags() -> set[str]:
+    """The norm flags SGLang reads only from a release after this one (FLAG_RULES' `since`)."""
+    version = parse_version(VERSION)
+    return {
+        r.flag
+        for r in FLAG_RULES
+        if r.engine == "sglang" and r.since is not None and version < r.since
+    }
 
 
 def doctor(directory: Path, target: Path) -> dict[str, dict]:
