@@ -31,7 +31,7 @@ from specdraft.cli.options import (
     TopP,
     flag,
 )
-from specdraft.cli.reading import id_reading, read_target, refuse_bad_configs
+from specdraft.cli.reading import engine_reading, refuse_bad_configs
 
 Prompt = Annotated[str, typer.Option(help="Prompt text (tokenized as is, no chat template).")]
 Temperature = Annotated[
@@ -143,10 +143,8 @@ def _load_engine(
     from specdraft.engine.load import load_engine
 
     refuse_bad_configs(draft if spec is not None else "", target)
-    reading = (
-        id_reading(read_target(target), drafting.aux_layers, drafting.sglang_version, draft, target)
-        if spec is not None
-        else None
+    reading = engine_reading(
+        spec is not None, target, draft, drafting.aux_layers, drafting.sglang_version
     )
     tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
     engine = load_engine(
@@ -158,7 +156,7 @@ def _load_engine(
         max_seq_len or None,
         tokenizer,
         compile=compile,
-        reading=None if reading is None else reading.keywords(),
+        reading=reading,
     )
     for note in engine.notes:
         info.print(f"note: {note}", markup=False, soft_wrap=True)

@@ -30,6 +30,17 @@ class IdReading:
         return given
 
 
+def engine_reading(
+    speculating: bool, target: str, draft: str, aux_layers, sglang_version: str
+) -> dict | None:
+    """The `reading` keywords generate's and serve's engine loads the drafter with (`id_reading`
+    of --target, --aux-layers and --sglang-version, as `engine.load.load_engine` takes them);
+    None for plain decoding, which reads no aux ids."""
+    if not speculating:
+        return None
+    return id_reading(read_target(target), aux_layers, sglang_version, draft, target).keywords()
+
+
 def read_target(target: str, trust_remote_code: bool = False):
     """A --target's config.json as published (`target.read_target_config`: read once, for every use
     a command makes of it), None when no --target is given; --trust-remote-code reads one whose

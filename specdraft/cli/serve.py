@@ -29,7 +29,7 @@ from specdraft.cli.options import (
     Threads,
     flag,
 )
-from specdraft.cli.reading import id_reading, read_target
+from specdraft.cli.reading import engine_reading
 from specdraft.client import MAX_PORT
 
 WARM_UP_PROMPT = "Hello"  # serve's warm-up prompt (generate warms up on the user's prompt)
@@ -86,7 +86,7 @@ def serve(
     drafting = DraftingOptions(topk, num_steps, num_draft_tokens, aux_layers, sglang_version)
     spec = decoding_spec(drafting, draft, no_spec, compile, device)
     with user_errors(console):
-        reading = _reading(spec, target, draft, aux_layers, sglang_version)
+        reading = engine_reading(spec is not None, target, draft, aux_layers, sglang_version)
         check_port_free(host, port)  # before the model loads
         set_threads(threads)
         server_app = build_app(
@@ -100,19 +100,12 @@ def serve(
             max_queue,
             log_every,
             compile=compile,
-            reading=None if reading is None else reading.keywords(),
+            reading=reading,
         )
         _announce_engine(console, server_app.state.server, compile)
     line = serving_line(server_app.state.server.model_name, target, draft, spec, host, port)
     console.print(line, markup=False, soft_wrap=True)
     run_server(server_app, host, port)
-
-
-def _reading(spec, target: str, draft: str, aux_layers, sglang_version: str):
-    """How to read the drafter's aux ids (`id_reading`); None for plain decoding."""
-    if spec is None:
-        return None
-    return id_reading(read_target(target), aux_layers, sglang_version, draft, target)
 
 
 def _announce_engine(console, state, compile: bool) -> None:
