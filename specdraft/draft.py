@@ -29,9 +29,7 @@ error that names the aux layers it expected.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,33 +37,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from specdraft.draft_config import DraftConfig, DraftError
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """RoPE inverse frequencies [head_dim/2], float64, for default / linear / llama3 scaling.
-
-    llama3 scaling follows Meta's Llama 3.1 reference (`apply_scaling`), as transformers does.
-    """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    rope_type = (scaling or {}).get("rope_type", "default")
-    if rope_type == "linear":
-        inv_freq = inv_freq / scaling["factor"]
-    elif rope_type == "llama3":
-        factor, low, high = (
-            scaling["factor"],
-            scaling["low_freq_factor"],
-            scaling["high_freq_factor"],
-        )
-        old_len = scaling["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        inv_freq = torch.where(
-            wavelen > old_len / low,
-            inv_freq / factor,
-            torch.where(wavelen < old_len / high, inv_freq, smoothed),
-        )
-    return inv_freq
+from specdraft.draft_rope import rope_attention_factor, rope_inv_freq
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -153,6 +125,7 @@ class Attention(nn.Module):
             2 * cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim, bias=False
         )
         self.o_proj = nn.Linear(cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.rope_scale = rope_attention_factor(cfg.rope_scaling)
 
     def forward(
         self,
@@ -167,6 +140,8 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.rope_scale != 1.0:  # yarn: the engines scale cos and sin, so q and k
+            q, k = q * self.rope_scale, k * self.rope_scale
         new_kv = KV(k, v)
         if past_kv is not None:
             k, v = torch.cat([past_kv.k, k], dim=2), torch.cat([past_kv.v, v], dim=2)

@@ -18,7 +18,19 @@ class DraftError(SpecdraftError, ValueError):
 
 
 # Rope scaling types this drafter implements; anything else is refused, never approximated.
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# The yarn keys that transformers (`_compute_yarn_parameters`), SGLang and vLLM (`get_rope`) all
+# read alike (GPT-OSS writes these). attention_factor / attn_factor / extrapolation_factor /
+# mscale* are each read by some of the three only, so a drafter holding them is refused.
+YARN_KEYS = (
+    "rope_type",
+    "type",
+    "factor",
+    "original_max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "truncate",
+)
 # The norm placements of published EAGLE-3 variants (`draft.py`'s docstring says what each does).
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
@@ -98,12 +110,7 @@ class DraftConfig:
                 "DraftConfig.tie_word_embeddings must be false: SGLang replaces a tied "
                 "drafter's trained lm_head with the embedding"
             )
-        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise DraftError(
-                f"DraftConfig.rope_scaling type {rope_type!r} is not implemented "
-                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
-            )
+        check_rope_scaling(self.rope_scaling)
 
     @property
     def n_aux(self) -> int:
@@ -172,6 +179,29 @@ class DraftConfig:
         if unknown:
             raise DraftError(f"DraftConfig: unknown keys {unknown}")
         return cls(**{**d, "aux_layers": tuple(d["aux_layers"])})
+
+
+def check_rope_scaling(scaling: dict[str, Any] | None) -> None:
+    """Raise DraftError unless the drafter implements `scaling` as the engines apply it: a type
+    in SUPPORTED_ROPE_TYPES; for yarn, `factor` and `original_max_position_embeddings` given and
+    no key outside YARN_KEYS."""
+    rope_type = (scaling or {}).get("rope_type", "default")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise DraftError(
+            f"DraftConfig.rope_scaling type {rope_type!r} is not implemented "
+            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    if rope_type != "yarn":
+        return
+    missing = [k for k in ("factor", "original_max_position_embeddings") if scaling.get(k) is None]
+    unread = sorted(set(scaling) - set(YARN_KEYS))
+    if missing or unread:
+        problem = f"needs {', '.join(missing)}" if missing else f"holds {', '.join(unread)}"
+        raise DraftError(
+            f"DraftConfig.rope_scaling yarn {problem}: the drafter implements yarn from "
+            f"{', '.join(YARN_KEYS[2:])} only (what transformers, SGLang and vLLM read alike); "
+            f"give a rope_scaling with those keys (train: draft_overrides)"
+        )
 
 
 def rope_from_hf_config(get: Any) -> tuple[float, dict[str, Any] | None]:

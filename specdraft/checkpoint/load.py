@@ -38,8 +38,9 @@ from specdraft.checkpoint.manifest import LoadedDraft, Manifest
 from specdraft.checkpoint.training import load_training_checkpoint
 from specdraft.checkpoint.weights import read_weights
 from specdraft.data.vocab import t2d_from_d2t
-from specdraft.draft import Eagle3Draft, rope_inv_freq
+from specdraft.draft import Eagle3Draft
 from specdraft.draft_config import DraftConfig
+from specdraft.draft_rope import rope_inv_freq
 
 
 def detect_layout(path: Path) -> str:

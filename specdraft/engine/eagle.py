@@ -61,8 +61,12 @@ class FastDraft:
         self.norm_before_residual, self.norm_output = cfg.norm_before_residual, cfg.norm_output
         self.input_norm = weights["midlayer.input_layernorm.weight"]
         self.hidden_norm = weights["midlayer.hidden_norm.weight"]
+        scale = draft.midlayer.self_attn.rope_scale  # yarn's on cos/sin: rope is linear, so on q, k
         self.wqkv = torch.cat(
-            [weights[f"midlayer.self_attn.{x}_proj.weight"] for x in "qkv"]
+            [
+                weights[f"midlayer.self_attn.{x}_proj.weight"] * s
+                for x, s in zip("qkv", (scale, scale, 1))
+            ]
         )  # rows q|k|v
         self.wo = weights["midlayer.self_attn.o_proj.weight"]
         self.post_attention_norm = weights["midlayer.post_attention_layernorm.weight"]

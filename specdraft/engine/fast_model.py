@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specdraft.draft import RMSNorm, apply_rope
-from specdraft.draft import rope_inv_freq as draft_rope_inv_freq
+from specdraft.draft_rope import rope_inv_freq as draft_rope_inv_freq
 from specdraft.engine.errors import EngineError
 from specdraft.engine.fast_config import ModelArgs
 from specdraft.engine.kernels import fused_decode

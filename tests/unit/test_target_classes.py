@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from specdraft.capture.forward import target_head_tensors
-from specdraft.draft import rope_cos_sin, rope_inv_freq
+from specdraft.draft import rope_cos_sin
 from specdraft.draft_config import rope_from_hf_config
+from specdraft.draft_rope import rope_inv_freq
 from specdraft.targets import Target, load_target
 from specdraft.train.loss import target_logits
 from tests.tiny_models import MORE_ARCHITECTURES, tiny_config

@@ -1,7 +1,8 @@
 """specdraft.engine.eagle: FastDraft computes what Eagle3Draft computes (logits, hidden
 state, the K/V it writes into the cache), for a first step over several positions after a
 cached past and for a tree step of two frontier rows under a scratch mask; float64, float32 and
-bfloat16 (to each dtype's rounding); for every combination of the norm flags (`NORM_FLAGS`)."""
+bfloat16 (to each dtype's rounding); for every combination of the norm flags (`NORM_FLAGS`);
+with yarn's cos/sin factor (GPT-OSS's rope)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import pytest
 import torch
 
 from specdraft.draft import KV
+from specdraft.draft_config import DraftConfig
 from specdraft.engine.eagle import DraftCache, FastDraft
-from tests.drafts import FLAG_COMBINATIONS, flag_id, tiny_draft
+from tests.drafts import FLAG_COMBINATIONS, flag_id, seeded_draft, tiny_draft
+from tests.tiny_models import tiny_config
 
 PAST, T = 5, 3
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -110,3 +113,31 @@ def test_graph_keys_cover_every_step_a_setting_runs_after_its_first_round():
         True,
         False,
     )  # at most MAX_TOKENS positions
+
+
+YARN = {  # GPT-OSS's rope
+    "rope_type": "yarn",
+    "rope_theta": 150000.0,
+    "factor": 32.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+
+
+@torch.no_grad()
+def test_engine_fast_draft_applies_the_yarn_factor():
+    """FastDraft (the engine's drafter) folds yarn's factor into its q|k weights: the same logits
+    and K as the drafter (without it, q·k would be off by the factor squared)."""
+    target = tiny_config(
+        "llama", num_layers=4, rope_parameters=YARN, max_position_embeddings=131072
+    )
+    model = seeded_draft(DraftConfig.from_target(target, (1, 2, 3), 64), 0).eval()
+    cfg = model.cfg
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (4,), generator=gen)
+    aux = torch.randn(4, cfg.n_aux * cfg.target_hidden_size, generator=gen)
+    ref = model(ids[None], aux[None], torch.arange(4)[None], first_step=True)
+    cache = DraftCache(cfg.num_key_value_heads, cfg.head_dim, 8, torch.float32, "cpu")
+    logits, _ = FastDraft(model)(ids, aux, torch.arange(4), True, cache, 0)
+    torch.testing.assert_close(logits, ref.logits[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.view(4).k, ref.kv.k, rtol=1e-5, atol=1e-5)
