@@ -61,6 +61,17 @@ _CLASSES = {
     "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),
     "llama4_mm": ("Llama4Config", "Llama4ForConditionalGeneration"),
 }
+# GPT-OSS's own rope (transformers' GptOssConfig default, as its config.json writes it); the tiny
+# "gpt_oss" keeps the default rope unless given `rope_parameters=GPT_OSS_ROPE`.
+GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 150000.0,
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
 # Per-arch text-config fields on top of the dense ones: MoE sizes, window / chunk sizes that a
 # short test sequence crosses (so the per-layer masks matter), soft-capping.
 _EXTRA = {

@@ -13,18 +13,8 @@ from specdraft.draft import apply_rope, rope_cos_sin
 from specdraft.draft_config import DraftConfig, DraftError
 from specdraft.draft_rope import rope_attention_factor, rope_inv_freq
 from tests.drafts import seeded_draft
-from tests.tiny_models import tiny_config
+from tests.tiny_models import GPT_OSS_ROPE, tiny_config
 
-# GPT-OSS's own rope (transformers' GptOssConfig default, as its config.json writes it)
-GPT_OSS_ROPE = {
-    "rope_type": "yarn",
-    "rope_theta": 150000.0,
-    "factor": 32.0,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "truncate": False,
-    "original_max_position_embeddings": 4096,
-}
 # A truncating yarn (truncate left out: true), as Qwen's long-context configs write it
 QWEN_YARN = {
     "rope_type": "yarn",

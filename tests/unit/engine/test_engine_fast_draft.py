@@ -13,7 +13,7 @@ from specdraft.draft import KV
 from specdraft.draft_config import DraftConfig
 from specdraft.engine.eagle import DraftCache, FastDraft
 from tests.drafts import FLAG_COMBINATIONS, flag_id, seeded_draft, tiny_draft
-from tests.tiny_models import tiny_config
+from tests.tiny_models import GPT_OSS_ROPE, tiny_config
 
 PAST, T = 5, 3
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -115,21 +115,12 @@ def test_graph_keys_cover_every_step_a_setting_runs_after_its_first_round():
     )  # at most MAX_TOKENS positions
 
 
-YARN = {  # GPT-OSS's rope
-    "rope_type": "yarn",
-    "rope_theta": 150000.0,
-    "factor": 32.0,
-    "truncate": False,
-    "original_max_position_embeddings": 4096,
-}
-
-
 @torch.no_grad()
 def test_engine_fast_draft_applies_the_yarn_factor():
     """FastDraft (the engine's drafter) folds yarn's factor into its q|k weights: the same logits
     and K as the drafter (without it, q·k would be off by the factor squared)."""
     target = tiny_config(
-        "llama", num_layers=4, rope_parameters=YARN, max_position_embeddings=131072
+        "llama", num_layers=4, rope_parameters=GPT_OSS_ROPE, max_position_embeddings=131072
     )
     model = seeded_draft(DraftConfig.from_target(target, (1, 2, 3), 64), 0).eval()
     cfg = model.cfg

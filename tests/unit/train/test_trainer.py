@@ -9,18 +9,8 @@ import json
 from typer.testing import CliRunner
 
 from specdraft.cli import app
-from tests.tiny_models import save_tiny_model
+from tests.tiny_models import GPT_OSS_ROPE, save_tiny_model
 from tests.tiny_tokenizer import CHAT, tiny_chat_tokenizer
-
-GPT_OSS_ROPE = {  # transformers' GptOssConfig default, as GPT-OSS's config.json writes it
-    "rope_type": "yarn",
-    "rope_theta": 150000.0,
-    "factor": 32.0,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "truncate": False,
-    "original_max_position_embeddings": 4096,
-}
 
 
 def run(*args):
