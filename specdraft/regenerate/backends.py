@@ -91,7 +91,9 @@ class Backend(Protocol):
 class LocalBackend:
     """The target itself through transformers `generate` (greedy or sampled), left-padded batches.
 
-    model_dir: transformers model directory (and tokenizer unless `tokenizer_dir` is given).
+    model_dir: transformers model directory (and tokenizer unless `tokenizer_dir` is given),
+    loaded as capture loads it (`targets.load_target`: the class its config names, multimodal
+    wrappers included; its errors name the directory); `generate` runs on its `causal_lm`.
     Stops at the target's end ids (`target.config.end_token_ids`: the generation config's EOS ids
     and the tokenizer's)."""
 
@@ -104,15 +106,14 @@ class LocalBackend:
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
     ):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        from specdraft.targets.config import check_target_weights, end_token_ids
+        from specdraft.targets import load_target
+        from specdraft.targets.config import end_token_ids
 
         self.model_dir = str(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or model_dir))
-        check_target_weights(model_dir)  # a truncated download: one line naming it, not a traceback
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).to(device)
-        self.model.eval()
+        self.model = load_target(model_dir, dtype=dtype, device=device).causal_lm
         self.batch_size, self.device = batch_size, device
         self.eos_ids = end_token_ids(self.tokenizer, self.model.generation_config)
         pad = (
