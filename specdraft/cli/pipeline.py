@@ -75,7 +75,11 @@ DataParallelSize = Annotated[
 ]
 MaxModelLen = Annotated[
     int | None,
-    typer.Option(min=2, help="With --engine vllm: longest request (default: --max-length + 1)."),
+    typer.Option(
+        min=2,
+        help="With --engine vllm: longest request (default: --max-length + 1, within the "
+        "target's positions).",
+    ),
 ]
 GpuMemoryUtilization = Annotated[
     float | None,

@@ -9,7 +9,8 @@ same store; a drafter trained 200 steps on each store gives validation replayed 
 (a small drafter: MLP 256 wide, draft vocabulary 512, 2 TTT steps, batch 4, so that it trains in
 seconds on the CPU); two data-parallel engines (--data-parallel-size 2, one core each) write the
 one engine's store. MLA: a tiny DeepseekV3 captures from layer 1 as transformers does; index 0
-and a target vLLM cannot load are refused in one line with the fallback.
+and a target vLLM cannot load are refused in one line with the fallback. The default lengths fit
+pycode-25m's 2,048 positions.
 """
 
 from __future__ import annotations
@@ -195,6 +196,19 @@ def test_too_long_request_is_named_or_skipped(world):
     samples = [Sample([5] * n, [1] * n) for n in (10, 63, 64, 90)]
     kept, dropped = drop_too_long(samples, 64, True, "data.jsonl")
     assert [len(s.input_ids) for s in kept] == [10, 63] and dropped == 2
+
+
+def test_default_lengths_fit_pycode_25m(world):
+    """No length option (--max-length 2048) on pycode-25m's 2,048 positions: vLLM starts with
+    --max-model-len 2048 and the samples are cut to 2047 tokens (--max-length + 1 = 2049 was
+    refused by vLLM after its start-up)."""
+    root, data = world
+    out = root / "default-lengths"
+    cfg = CaptureConfig(
+        str(PYCODE), str(data), str(out), dtype="float32", chat=False, engine="vllm"
+    )
+    capture_dataset(cfg)
+    assert CaptureStore(out).meta["max_length"] == 2047
 
 
 def save_deepseek(root: Path) -> Path:
