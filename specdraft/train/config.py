@@ -13,17 +13,23 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from specdraft.checkpoint import checkpoint_paths
+from specdraft.draft_config import DraftConfig
 from specdraft.errors import SettingsMismatch, SpecdraftError, UnusableInput
 from specdraft.files import differing_fields
 from specdraft.train.run_dir import check_run_dir, checkpoint_config
 from specdraft.train.settings import MAY_CHANGE_ON_RESUME, TrainConfig, flag, unknown_keys_text
-from specdraft.train.sources import OnlineSource
+from specdraft.train.sources import OnlineSource, TargetInfo
+
+# The settings whose default (None) a run resolves at its start, from its data (`resolved_config`);
+# checkpoints store the resolved values.
+RESOLVED_AT_START = ("draft_vocab_size", "aux_layers")
 
 
 class SourceError(SpecdraftError, ValueError):
@@ -79,13 +85,61 @@ def resume_config(out_dir: str | Path, given: dict[str, Any]) -> TrainConfig:
     return TrainConfig.from_dict({**saved, **given})
 
 
+def draft_config(config: TrainConfig, info: TargetInfo) -> DraftConfig:
+    """The drafter's config for `info`'s target (`DraftConfig.from_target`, `draft_overrides`
+    over it). The draft vocabulary defaults to the usable one: the tokenizer's length
+    (`info.vocab_limit`; a target's vocab_size may pad past it), else the target's vocabulary."""
+    return DraftConfig.from_target(
+        info.config,
+        info.aux_layers,
+        config.draft_vocab_size or info.vocab_limit,
+        **config.draft_overrides,
+    )
+
+
+def resolved_config(config: TrainConfig, info: TargetInfo) -> TrainConfig:
+    """`config` with the defaults RESOLVED_AT_START as the values the run uses on `info`'s data:
+    draft_vocab_size the drafter's (`draft_config`), aux_layers the data's. A run trains,
+    checkpoints and compares on resume these values, so that re-passing a default's value is no
+    change. Raises DraftError as `DraftConfig.from_target`."""
+    return replace(
+        config,
+        draft_vocab_size=draft_config(config, info).draft_vocab_size,
+        aux_layers=tuple(info.aux_layers),
+    )
+
+
+def resolve_saved(
+    saved: dict[str, Any], info: TargetInfo, source: Path
+) -> tuple[dict[str, Any], str | None]:
+    """A checkpoint's settings with the defaults RESOLVED_AT_START that it holds unresolved (None:
+    checkpoints of specdraft before issue #34 stored them so) resolved as this run resolves them
+    (`resolved_config` on the same data), and the line saying so (None: nothing resolved)."""
+    unresolved = [k for k in RESOLVED_AT_START if k in saved and saved[k] is None]
+    if not unresolved:
+        return saved, None
+    known = {k: v for k, v in saved.items() if k in TrainConfig.__dataclass_fields__}
+    resolved = resolved_config(TrainConfig.from_dict(known), info).to_dict()
+    taken = ", ".join(f"{flag(k)} {shown(resolved[k])}" for k in unresolved)
+    note = (
+        f"{source} records the default of {', '.join(flag(k) for k in unresolved)} unresolved "
+        f"(an older specdraft): taken as {taken}, the default on this data"
+    )
+    return {**saved, **{k: resolved[k] for k in unresolved}}, note
+
+
+def shown(value: Any) -> str:
+    """A setting's value as its flag takes it: a list of layers as "1,2,3"."""
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else repr(value)
+
+
 def refuse_changed_settings(config: TrainConfig, saved: dict[str, Any], source: Path) -> None:
     """SettingsMismatch (a ValueError) naming the flags when `config` differs from the checkpoint
     `source`'s settings `saved` (a TrainConfig dict) in anything that shapes the weights."""
     now = config.to_dict()
     differ = differing_fields(saved, now, [k for k in now if k not in MAY_CHANGE_ON_RESUME])
     if differ:
-        changes = ", ".join(f"{flag(k)} {saved.get(k)!r} -> {getattr(config, k)!r}" for k in differ)
+        changes = ", ".join(f"{flag(k)} {shown(saved.get(k))} -> {shown(now[k])}" for k in differ)
         raise SettingsMismatch(
             f"{source}: this checkpoint was trained with other settings ({changes}); leave them "
             f"out to resume with the checkpoint's values (only the run length, --steps / "

@@ -160,8 +160,9 @@ def _start(
     if notes:
         if isinstance(source, OnlineSource) and data.num_skipped:
             on_note(skipped_line(data.num_skipped, source.data))
-        if trainer.resume_note:
-            on_note(trainer.resume_note)
+        for line in (trainer.settings_note, trainer.resume_note):
+            if line:
+                on_note(line)
         if (line := warmup_note(trainer)) is not None:
             on_note(line)
     return trainer, resumed

@@ -20,7 +20,7 @@ import torch
 from specdraft.checkpoint import PROGRESS_FILE, read_sharded
 from specdraft.draft import Eagle3Draft
 from specdraft.errors import SettingsMismatch
-from specdraft.train.config import TrainConfig, refuse_changed_settings
+from specdraft.train.config import TrainConfig, refuse_changed_settings, resolve_saved
 
 
 class TrainerState:
@@ -83,7 +83,7 @@ class TrainerState:
             set_optimizer_state_dict,
         )
 
-        refuse_changed_settings(self.config, state["config"], source)
+        refuse_changed_settings(self.config, self._saved_settings(state["config"], source), source)
         opts = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, state["model"], options=opts)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=opts)
@@ -95,7 +95,7 @@ class TrainerState:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         progress = torch.load(path / PROGRESS_FILE, map_location="cpu", weights_only=False)
-        refuse_changed_settings(self.config, progress["config"], path)
+        refuse_changed_settings(self.config, self._saved_settings(progress["config"], path), path)
         state = self.sharded_state()
         read_sharded(state, path, one_process=self.ranks.world == 1)
         set_state_dict(
@@ -105,6 +105,12 @@ class TrainerState:
             optim_state_dict=state["optimizer"],
         )
         self._restore_progress(progress, path)
+
+    def _saved_settings(self, saved: dict[str, Any], source: Path) -> dict[str, Any]:
+        """A checkpoint's settings, its unresolved defaults resolved (`config.resolve_saved`,
+        said in `settings_note`)."""
+        saved, self.settings_note = resolve_saved(saved, self.data.info, source)
+        return saved
 
     def _restore_progress(self, progress: dict[str, Any], source: Path) -> None:
         self.scheduler.load_state_dict(progress["scheduler"])

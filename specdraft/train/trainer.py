@@ -21,8 +21,14 @@ from torch import nn
 from specdraft.checkpoint import Manifest, tensor_digest
 from specdraft.data.vocab import build_vocab_map
 from specdraft.draft import Eagle3Draft
-from specdraft.draft_config import DraftConfig
-from specdraft.train.config import TrainConfig, lr_lambda, permutation_seed, split_samples
+from specdraft.train.config import (
+    TrainConfig,
+    draft_config,
+    lr_lambda,
+    permutation_seed,
+    resolved_config,
+    split_samples,
+)
 from specdraft.train.dist import Ranks, resolve_device
 from specdraft.train.errors import BadTrainSetting, TrainingError
 from specdraft.train.loss import supervised_counts, ttt_loss, weighted_loss
@@ -32,16 +38,10 @@ from specdraft.train.state import TrainerState
 
 
 def build_draft(config: TrainConfig, info: TargetInfo, token_counts: torch.Tensor) -> Eagle3Draft:
-    """A fresh drafter for `info`'s target: seeded init, vocab map from loss-masked counts (of
-    the training split), the target's embedding (unless the drafter owns one). The draft
-    vocabulary defaults to the usable one: the tokenizer's length (`info.vocab_limit`; a
-    target's vocab_size may pad past it), else the target's vocabulary."""
-    cfg = DraftConfig.from_target(
-        info.config,
-        info.aux_layers,
-        config.draft_vocab_size or info.vocab_limit,
-        **config.draft_overrides,
-    )
+    """A fresh drafter for `info`'s target (`config.draft_config`): seeded init, vocab map from
+    loss-masked counts (of the training split), the target's embedding (unless the drafter owns
+    one)."""
+    cfg = draft_config(config, info)
     vocab = build_vocab_map(token_counts, cfg.draft_vocab_size, info.vocab_limit)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
@@ -136,6 +136,7 @@ class Trainer(TrainerState):
         command: str | None = None,
     ) -> None:
         ranks = ranks or Ranks(0, 1, resolve_device(config.device), False)
+        config = resolved_config(config, data.info)  # what checkpoints store and resume compares
         self.config, self.data, self.ranks = config, data, ranks
         self.micro_batch_size = micro_batch_size(config, ranks)
         if config.precision == "bf16" and ranks.device.type != "cuda":
@@ -172,6 +173,7 @@ class Trainer(TrainerState):
         self.resume_note: str | None = (
             None  # one line for the user when a resume changed the schedule
         )
+        self.settings_note: str | None = None  # one line when a resume resolved old defaults
 
     def _schedule(self, last_step: int) -> torch.optim.lr_scheduler.LambdaLR:
         """The lr schedule over `total_steps` (`lr_lambda`), positioned after optimizer step

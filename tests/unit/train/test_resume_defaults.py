@@ -145,3 +145,47 @@ def test_train_help_shows_every_default_and_the_device():
         defaults.keep_checkpoints == 2
         and "the newest 2 are kept (--config key keep_checkpoints)" in text
     )
+
+
+def test_resume_compares_the_values_the_defaults_resolved_to(store, tmp_path):
+    """A run started without --draft-vocab-size / --aux-layers stores the values it used (the
+    target's 128 rows, the store's layers 1,2,3): re-passing them resumes, another value is
+    refused naming the effective one (it said "None -> 96")."""
+    run = tmp_path / "run"
+    first = invoke(["train", str(store), str(run), "--batch-size", "4", "--steps", "2"])
+    assert first.exit_code == 0, first.output
+    config = trained_config(run)
+    assert (config["draft_vocab_size"], config["aux_layers"]) == (128, [1, 2, 3])
+    same = ["--draft-vocab-size", "128", "--aux-layers", "1,2,3", "--steps", "3"]
+    again = invoke(["train", str(store), str(run), "--resume", *same])
+    assert again.exit_code == 0, again.output
+    other = invoke(["train", str(store), str(run), "--resume", "--draft-vocab-size", "96"])
+    assert other.exit_code == 1
+    assert "other settings (--draft-vocab-size 128 -> 96)" in flat(other.output)
+
+
+def test_an_old_checkpoint_holding_unresolved_defaults_resumes(store, tmp_path):
+    """Checkpoints of an older specdraft hold None for both: resolved as this run resolves them
+    (said in one line), then compared."""
+    run = tmp_path / "run"
+    assert (
+        invoke(["train", str(store), str(run), "--batch-size", "4", "--steps", "2"]).exit_code == 0
+    )
+    path = checkpoint_paths(run)[-1]
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    state["config"].update(draft_vocab_size=None, aux_layers=None)
+    torch.save(state, path)
+    given = ["--draft-vocab-size", "128", "--aux-layers", "1,2,3", "--steps", "3"]
+    resumed = invoke(["train", str(store), str(run), "--resume", *given])
+    assert resumed.exit_code == 0, resumed.output
+    assert (
+        f"{path} records the default of --draft-vocab-size, --aux-layers unresolved (an older "
+        "specdraft): taken as --draft-vocab-size 128, --aux-layers 1,2,3, the default on this data"
+    ) in flat(resumed.output)
+    assert trained_config(run)["draft_vocab_size"] == 128
+    newest = checkpoint_paths(run)[-1]
+    state = torch.load(newest, map_location="cpu", weights_only=False)
+    state["config"].update(draft_vocab_size=None)
+    torch.save(state, newest)
+    other = invoke(["train", str(store), str(run), "--resume", "--draft-vocab-size", "96"])
+    assert other.exit_code == 1 and "(--draft-vocab-size 128 -> 96)" in flat(other.output)
