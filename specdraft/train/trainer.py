@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from specdraft.checkpoint import Manifest, tensor_digest
+from specdraft.data.labels import draft_loss_mask
 from specdraft.data.vocab import build_vocab_map
 from specdraft.draft import Eagle3Draft
 from specdraft.train.config import (
@@ -274,12 +275,26 @@ class Trainer(TrainerState):
             )
         )
         if int(totals[0]) == 0:
-            raise TrainingError(
-                f"step {self.step}: batch of samples {sample_ids} has no supervised "
-                f"position (no label in an assistant turn inside the draft vocabulary); "
-                f"check the loss mask / chat template or drop these samples"
-            )
+            raise TrainingError(self._unsupervised_message(batches, sample_ids))
         return batches, totals
+
+    def _unsupervised_message(self, batches: list[Batch], sample_ids: list[int]) -> str:
+        """Why the step's batch has no supervised position: no label in an assistant turn (the
+        loss mask, or the chat template that made it), or labels whose target argmax is outside
+        the draft vocabulary every time (it is too small). A collective (every rank gets here)."""
+        labelled = int(self.ranks.sum(sum(draft_loss_mask(b.loss_mask, 0).sum() for b in batches)))
+        head = f"step {self.step}: batch of samples {sample_ids} has no supervised position"
+        if labelled == 0:
+            return (
+                f"{head} (no label in an assistant turn); check the loss mask / chat template "
+                f"or drop these samples"
+            )
+        draft_vocab = self.model.draft.cfg.draft_vocab_size
+        return (
+            f"{head}: at each of its {labelled} labelled positions the target's argmax is outside "
+            f"the draft vocabulary (--draft-vocab-size {draft_vocab}, the most frequent labels); "
+            f"pass a larger --draft-vocab-size (default: the tokenizer's length)"
+        )
 
     def accumulate(self, batch: Batch, totals: torch.Tensor, sync: bool) -> TTTOutput:
         """Forward and backward of one micro-batch; adds its share to the parameters' gradients.
