@@ -11,9 +11,10 @@ depth and m = min(the tree's nodes, max_tree_tokens); a depth-n candidate reuses
 values, an approximation (pruning to m nodes selects differently at each depth), which is why
 the best candidates are then measured.
 Costs, on this machine and engine (`tune_bench.Bench`): t_verify(T) = median time of one target forward
-over T tokens after a prefix, timed directly for every T a candidate needs; t_draft(k) = a
-probe's drafting time / (rounds * steps); t_round(k) = the rest of a probe's round time beyond
-t_verify (acceptance, cache commit, output); t_plain likewise from the plain run. Speeds are
+over T tokens after a prefix, timed directly for every T a candidate needs; t_draft(k) and
+t_round(k) = slope and intercept of a round's time beyond t_verify against its steps, through
+the deep probe and a 1-step probe of the same topk (`tune_model.calibrate`: a round's fixed
+drafting cost is not spread over the deep probe's steps); t_plain likewise from the plain run. Speeds are
 decode tokens per second: tokens after the first / time after the prefill.
 The `num_measure` best predictions, the best chain and the current setting are run for real,
 each once per round with plain decoding in `repeats` rounds (order rotated each round), and
@@ -108,11 +109,15 @@ def tune(
 def run_probes(
     bench: Bench, probe_specs: dict[int, SpecConfig], costs: Costs, say: Callable[[str], None]
 ) -> dict[int, Measured]:
-    """Run each topk's acceptance probe (`TuneConfig.depth` steps) and calibrate `costs` on it."""
+    """Run each topk's acceptance probe (`TuneConfig.depth` steps) and a 1-step one of the same
+    topk, and calibrate `costs` on the two (`tune_model.calibrate`); the deep probes by topk."""
     probes = {}
     for k, spec in probe_specs.items():
         probes[k] = bench.run(spec)
-        calibrate(costs, probes[k])
+        shallow = None
+        if spec.num_steps > 1:
+            shallow = bench.run(SpecConfig(1, k, tree_tokens(1, k, bench.cfg.max_tree_tokens)))
+        calibrate(costs, probes[k], shallow)
         say(f"probe topk {k}, {spec.num_steps} steps: tau {probes[k].metrics.accept_length:.3f}")
     return probes
 

@@ -11,7 +11,14 @@ from typer.testing import CliRunner
 
 from specdraft.bench.config import BenchInputError
 from specdraft.bench.tune import tune
-from specdraft.bench.tune_model import Costs, Measured, TuneConfig, predict, tree_tokens
+from specdraft.bench.tune_model import (
+    Costs,
+    Measured,
+    TuneConfig,
+    calibrate,
+    predict,
+    tree_tokens,
+)
 from specdraft.bench.tune_render import render
 from specdraft.cli import app
 from specdraft.engine.requests import SpecMetrics
@@ -213,3 +220,38 @@ def test_tune_threads_are_set_before_loading(tmp_path, monkeypatch):
         2,
     ]  # left out: the setting stays
     assert "torch.set_num_threads" in CliRunner().invoke(app, ["tune", "--help"]).output
+
+
+def test_calibrate_puts_a_rounds_fixed_drafting_cost_in_the_round_overhead():
+    """Synthetic timings: a round drafts for F + n s (a fixed first-step cost F, s per step),
+    verifies in t_verify(n + 1) and spends o on the rest. Fitted on the deep probe alone, F was
+    spread over its 8 steps, so a 3-step chain came out (5/8) F too fast (tune predicted 35-40 %
+    above its measurements) and the round overhead below plain decoding's; the line through a
+    1-step and an 8-step probe gives s and F + o exactly."""
+    fixed, step, other, rounds = 0.004, 0.001, 0.0003, 50
+    t_verify = {n + 1: 0.010 + 0.0002 * n for n in range(1, 9)}
+
+    def probe(n: int) -> Measured:
+        draft = rounds * (fixed + n * step)
+        return Measured(
+            SpecConfig.chain(n),
+            SpecMetrics(
+                num_verify_steps=rounds,
+                accepted_per_position=[25] + [0] * (n - 1),
+                time_prefill_s=0.5,
+                time_draft_s=draft,
+                time_verify_s=rounds * t_verify[n + 1],
+                time_other_s=rounds * other,
+            ),
+        )
+
+    costs = Costs(dict(t_verify))
+    calibrate(costs, probe(8), probe(1))
+    assert costs.t_draft[1] == pytest.approx(step) and costs.t_round[1] == pytest.approx(
+        fixed + other
+    )
+    _, tps = predict(SpecConfig.chain(3), probe(8), costs)
+    assert tps == pytest.approx(1.5 / (fixed + 3 * step + t_verify[4] + other))
+    alone = Costs(dict(t_verify))
+    calibrate(alone, probe(8))  # one probe: drafting per step, as before
+    assert alone.t_draft[1] == pytest.approx(fixed / 8 + step)
