@@ -52,6 +52,7 @@ from specdraft.bench.tune_report import TuneReport, settle
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.spec_config import SpecConfig
+from specdraft.machine_load import busy_note
 
 
 def tune(
@@ -71,15 +72,8 @@ def tune(
     or (from the engine) ValueError when the drafter does not fit the target."""
     say = progress or (lambda text: None)
     bench = bench or Bench(target, draft, prompts, cfg)
-    probe_specs = {
-        k: SpecConfig(cfg.depth, k, tree_tokens(cfg.depth, k, cfg.max_tree_tokens))
-        for k in cfg.all_topks
-    }
-    specs = [
-        SpecConfig(n, k, tree_tokens(n, k, cfg.max_tree_tokens))
-        for k in cfg.all_topks
-        for n in range(1, cfg.depth + 1)
-    ] + ([cfg.current] if cfg.current else [])
+    busy = busy_note("the tokens/s above") if bench.device.type == "cpu" else None
+    probe_specs, specs = settings_to_try(cfg)
     costs = Costs(
         bench.time_verify([1] + [s.num_draft_tokens for s in specs + list(probe_specs.values())])
     )
@@ -91,7 +85,7 @@ def tune(
     if cfg.current:
         to_measure[cfg.current] = candidates[cfg.current]
     plain_tps = measure(bench, to_measure, costs, cfg, say)
-    return TuneReport(
+    report = TuneReport(
         cfg,
         len(bench.prompts),
         probes,
@@ -104,6 +98,23 @@ def tune(
         settle([c for c in to_measure.values() if c.spec.is_chain], cfg.min_speedup)[0],
         draft_path,
     )
+    report.busy = busy
+    return report
+
+
+def settings_to_try(cfg: TuneConfig) -> tuple[dict[int, SpecConfig], list[SpecConfig]]:
+    """The deep acceptance probe of each topk, and the candidates: every depth 1..cfg.depth of
+    each topk (trees capped at cfg.max_tree_tokens), then the current setting."""
+    probe_specs = {
+        k: SpecConfig(cfg.depth, k, tree_tokens(cfg.depth, k, cfg.max_tree_tokens))
+        for k in cfg.all_topks
+    }
+    specs = [
+        SpecConfig(n, k, tree_tokens(n, k, cfg.max_tree_tokens))
+        for k in cfg.all_topks
+        for n in range(1, cfg.depth + 1)
+    ]
+    return probe_specs, specs + ([cfg.current] if cfg.current else [])
 
 
 def run_probes(
@@ -171,7 +182,7 @@ def tune_paths(
     tokenizer, engine = load_tuned(target_dir, draft_dir, cfg, device, dtype)
     ids = [prompt_ids(tokenizer, p) for p in load_prompts(prompts)]
     report = tune(engine.target, engine.draft, ids, cfg, str(draft_dir), progress)
-    report.target_path = str(target_dir)
+    report.target_path, report.prompt_set = str(target_dir), prompts
     return report
 
 

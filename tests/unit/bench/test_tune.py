@@ -255,3 +255,30 @@ def test_calibrate_puts_a_rounds_fixed_drafting_cost_in_the_round_overhead():
     alone = Costs(dict(t_verify))
     calibrate(alone, probe(8))  # one probe: drafting per step, as before
     assert alone.t_draft[1] == pytest.approx(fixed / 8 + step)
+
+
+def test_tune_measures_the_default_setting_names_its_prompts_and_says_the_machine_was_busy(
+    tmp_path, monkeypatch
+):
+    """Without --num-steps tune still measures the 3-step chain generate and serve run (the demo
+    recommended it while tune never timed it); the report names its prompt set, says in one
+    sentence why bench and the demo differ, and notes a busy machine as bench and demo do."""
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 0.0, 0.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    setup = tiny_setup("llama")
+    target, draft = saved_pair(setup, tmp_path, trained=False)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
+    args = ["tune", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts)]
+    args += ["--max-tokens", "8", "--probe-steps", "2", "--topks", "1", "--num-measure", "1"]
+    args += ["--repeats", "1", "--json-out", str(tmp_path / "tune.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "tune.json").read_text())
+    assert data["current"]["num_steps"] == 3 and data["current"]["speedup"] is not None
+    assert "current: steps 3, topk 1, draft tokens 4" in result.output
+    assert f"2 prompts ({prompts}) x 8 new tokens" in result.output
+    assert "why these numbers differ from bench's and the demo's:" in result.output
+    assert "note: the machine was busy when this started (load 7.0 on 2 cores)" in result.output
+    assert data["prompt_set"] == str(prompts) and data["busy"].startswith("note: the machine")
