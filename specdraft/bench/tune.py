@@ -53,6 +53,7 @@ from specdraft.draft import Eagle3Draft
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.machine_load import busy_note
+from specdraft.train.progress import counted_progress
 
 
 def tune(
@@ -121,15 +122,21 @@ def run_probes(
     bench: Bench, probe_specs: dict[int, SpecConfig], costs: Costs, say: Callable[[str], None]
 ) -> dict[int, Measured]:
     """Run each topk's acceptance probe (`TuneConfig.depth` steps) and a 1-step one of the same
-    topk, and calibrate `costs` on the two (`tune_model.calibrate`); the deep probes by topk."""
-    probes = {}
-    for k, spec in probe_specs.items():
-        probes[k] = bench.run(spec)
-        shallow = None
-        if spec.num_steps > 1:
-            shallow = bench.run(SpecConfig(1, k, tree_tokens(1, k, bench.cfg.max_tree_tokens)))
-        calibrate(costs, probes[k], shallow)
-        say(f"probe topk {k}, {spec.num_steps} steps: tau {probes[k].metrics.accept_length:.3f}")
+    topk, and calibrate `costs` on the two (`tune_model.calibrate`); the deep probes by topk.
+    The runs done and the time left are shown meanwhile (`train.progress.counted_progress`)."""
+    probes, total = {}, sum(1 + (spec.num_steps > 1) for spec in probe_specs.values())
+    with counted_progress("tune probe runs", total) as advance:
+        for k, spec in probe_specs.items():
+            probes[k], shallow = bench.run(spec), None
+            advance()
+            if spec.num_steps > 1:
+                one_step = SpecConfig(1, k, tree_tokens(1, k, bench.cfg.max_tree_tokens))
+                shallow = bench.run(one_step)
+                advance()
+            calibrate(costs, probes[k], shallow)
+            say(
+                f"probe topk {k}, {spec.num_steps} steps: tau {probes[k].metrics.accept_length:.3f}"
+            )
     return probes
 
 
@@ -142,8 +149,17 @@ def measure(
 ) -> list[float]:
     """Run the candidates `to_measure` for real, each once per round with plain decoding in
     `cfg.repeats` rounds (`speedup.timed_passes`), filling their measurement and `costs.t_plain`
-    (from the median plain run); plain decoding's tokens/s of every round."""
-    runs = timed_passes(dict.fromkeys([None, *to_measure]), cfg.repeats, bench.run)
+    (from the median plain run), showing the runs done and the time left; plain decoding's
+    tokens/s of every round."""
+    names = dict.fromkeys([None, *to_measure])
+    with counted_progress("tune timing runs", len(names) * cfg.repeats) as advance:
+
+        def run(spec: SpecConfig | None) -> Measured:
+            measured = bench.run(spec)
+            advance()
+            return measured
+
+        runs = timed_passes(names, cfg.repeats, run)
     plain_tps = [run.tokens_per_s for run in runs[None]]
     plain = sorted(runs[None], key=lambda run: run.tokens_per_s)[(len(plain_tps) - 1) // 2]
     costs.t_plain = max(

@@ -207,13 +207,18 @@ def other_servers():
         yield spec, plain
 
 
-def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path):
+def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path, capsys):
     spec, plain = servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(6, 8, seed=20))
     cfg = BenchConfig(
         spec.url, plain.url, str(prompts), (1, 3), max_tokens=12, num_prompts=6, repeats=2
     )
     report = run_bench(cfg)
+    # 2 levels x 2 runs x 2 servers, each counted with the time left (off a terminal: lines)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("  ETA ")[0] for line in lines if line.startswith("bench runs")] == [
+        f"bench runs (all levels) {i}/8" for i in range(1, 9)
+    ]
     assert (report.spec.kind, report.baseline.kind) == ("specdraft", "specdraft")
     for level in report.spec.levels + report.baseline.levels:
         assert (

@@ -5,6 +5,7 @@ engine's acceptance is real, no assertion depends on this machine's speed)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -282,3 +283,6 @@ def test_tune_measures_the_default_setting_names_its_prompts_and_says_the_machin
     assert "why these numbers differ from bench's and the demo's:" in result.output
     assert "note: the machine was busy when this started (load 7.0 on 2 cores)" in result.output
     assert data["prompt_set"] == str(prompts) and data["busy"].startswith("note: the machine")
+    # its long stages show the runs done and the time left (plain lines off a terminal)
+    assert "tune probe runs 2/2  ETA " in result.output  # the deep probe and the 1-step one
+    assert re.search(r"tune timing runs (\d+)/\1  ETA \d+:\d\d:\d\d", result.output)
