@@ -15,7 +15,7 @@ from specdraft.bench.speedup import timed_passes, timing_summary
 from specdraft.checkpoint import file_sha256
 from specdraft.demo.cache import path_label
 from specdraft.demo.config import DemoConfig
-from specdraft.files import atomic_write_json, differing_fields
+from specdraft.files import atomic_write_json, atomic_write_text, differing_fields
 from specdraft.machine_load import busy_note
 from specdraft.train.progress import counted_progress
 
@@ -27,6 +27,23 @@ def heldout_prompts(target_dir: Path, heldout_file: Path, prompt_tokens: int) ->
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     docs = [d for d in heldout_file.read_text().split("\n\n") if d.strip()]
     return [tokenizer(d)["input_ids"][:prompt_tokens] for d in docs]
+
+
+TUNE_PROMPTS_FILE = "heldout-prompts.jsonl"  # under out/data: the timed prompts, for `tune`
+
+
+def write_tune_prompts(target_dir: Path, prompts: list[list[int]], data_dir: Path) -> Path:
+    """data_dir/TUNE_PROMPTS_FILE: the timed prompts as {"prompt": text} rows (the target's
+    tokenizer decodes them), so `specdraft tune --prompts` times the demo's own prompt set."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    rows = [
+        json.dumps({"prompt": tokenizer.decode(ids, skip_special_tokens=True)}) for ids in prompts
+    ]
+    path = data_dir / TUNE_PROMPTS_FILE
+    atomic_write_text(path, "\n".join(rows) + "\n")
+    return path
 
 
 def load_demo_engine(

@@ -40,6 +40,10 @@ class DemoReport:
     busy: str | None = (
         None  # the busy-machine note of the load when the timing ran (None: idle, or a GPU)
     )
+    prompts_file: str = (
+        ""  # the timed prompts as a tune --prompts file (generation.TUNE_PROMPTS_FILE)
+    )
+    max_new_tokens: int = 0  # per prompt, in the timing
 
 
 def setting_text(r: dict[str, Any]) -> str:
@@ -182,6 +186,31 @@ def speculative_section(report: DemoReport) -> list[str]:
         report.verdict,
         "",
         "Every speculative run produced exactly the plain greedy output (lossless at T = 0).",
+        *other_numbers(report),
+    ]
+
+
+def other_numbers(report: DemoReport) -> list[str]:
+    """Why `tune` and `bench` give other numbers, in one sentence, and the `tune` line that times
+    the demo's prompts and its recommended (else fastest) setting again ([] without the prompts)."""
+    if not report.prompts_file:
+        return []
+    setting = report.chosen or max([*report.sweep, report.tree], key=lambda r: r["speedup"])
+    flags = (
+        f"--target {report.target} --draft {report.drafter['dir']} --prompts {report.prompts_file} "
+        f"--max-tokens {report.max_new_tokens} --num-steps {setting['num_steps']} "
+        f"--topk {setting['topk']} --num-draft-tokens {setting['num_draft_tokens']}"
+        + (f" --threads {report.threads}" if report.threads else "")
+    )
+    return [
+        "",
+        f"These numbers are specdraft's engine in this process, one request at a time, on the demo's "
+        f"held-out prompts ({report.max_new_tokens} new tokens each, tokens/s counting the prefill): "
+        "`specdraft tune` on the same prompts and setting measures the same speedup, while "
+        "`specdraft bench` times a server over HTTP, with requests in flight at once and its own "
+        "prompts, so its tokens/s and speedups differ.",
+        "",
+        f"check: specdraft tune {flags}",
     ]
 
 

@@ -13,7 +13,7 @@ from specdraft.conventions import default_aux_layers
 from specdraft.demo import stages
 from specdraft.demo.cache import reconcile_cache
 from specdraft.demo.config import DemoConfig
-from specdraft.demo.generation import heldout_prompts, stage_generation
+from specdraft.demo.generation import heldout_prompts, stage_generation, write_tune_prompts
 from specdraft.demo.inputs import check_inputs
 from specdraft.demo.report import (
     DemoReport,
@@ -54,6 +54,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
         aux_layers=aux_layers,
         training=training.get("validation") or {},
         threads=cfg.threads,
+        max_new_tokens=cfg.max_new_tokens,
         drafter={
             "dir": str(draft_dir),
             "steps": training.get("steps"),
@@ -64,6 +65,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     say(f"drafter: {training.get('steps')} optimizer steps, at {draft_dir}")
     say("speculative generation vs plain decoding on held-out prompts")
     prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens)
+    report.prompts_file = str(write_tune_prompts(target_dir, prompts, heldout_file.parent))
     report.baseline, report.sweep, report.tree, report.busy = stage_generation(
         cfg, target_dir, draft_dir, prompts, say
     )
