@@ -105,42 +105,6 @@ def verdict_text(
     )
 
 
-def write_plots(report: DemoReport, out: Path) -> list[str]:
-    """Per-position acceptance, and tau and tokens/s against num_steps, as PNG files."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r["num_steps"] for r in report.sweep]
-    deepest = max(report.sweep, key=lambda r: r["num_steps"])
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    positions = range(1, len(deepest["acceptance"]) + 1)
-    ax.bar(positions, deepest["acceptance"], color="tab:blue")
-    ax.set(
-        xlabel="draft position k",
-        ylabel="acceptance p_k",
-        ylim=(0, 1),
-        title=f"per-position acceptance (chain, num_steps={deepest['num_steps']})",
-    )
-    fig.tight_layout()
-    fig.savefig(out / "acceptance.png", dpi=120)
-    plt.close(fig)
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    left.plot(steps, [r["accept_length"] for r in report.sweep], "o-")
-    left.set(xlabel="num_steps (chain)", ylabel="accept length tau", title="tau vs num_steps")
-    right.plot(steps, [r["tokens_per_s"] for r in report.sweep], "o-", label="speculative")
-    right.axhline(report.baseline["tokens_per_s"], color="gray", ls="--", label="no speculation")
-    right.set(xlabel="num_steps (chain)", ylabel="tokens/s", title="throughput vs num_steps")
-    right.set_ylim(bottom=0)  # from zero: a cut axis would exaggerate the speedup
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=120)
-    plt.close(fig)
-    return ["acceptance.png", "throughput.png"]
-
-
 def speculative_section(report: DemoReport) -> list[str]:
     """report.md's speculative-decoding section (markdown lines): how settings were timed, the
     plain baseline, one table row per setting (tau, tokens/s, speedup, p_k), the verdict."""
@@ -361,7 +325,7 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
 
 
 def write_report(report: DemoReport, cfg: DemoConfig) -> None:
-    """The plots, report.json and report.md under cfg.out (report.plots names the plots)."""
-    report.plots = write_plots(report, cfg.out)
+    """report.json and report.md under cfg.out (report.plots names the plots written before,
+    `plots.write_plots`)."""
     atomic_write_text(cfg.out / "report.json", json.dumps(asdict(report), indent=2, default=str))
     atomic_write_text(cfg.out / "report.md", report_markdown(report, cfg))
