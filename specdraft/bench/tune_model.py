@@ -117,15 +117,17 @@ def calibrate(costs: Costs, deep: Measured, shallow: Measured | None = None) -> 
     (1 step) as well as the `deep` one, the line through both: a round's fixed drafting cost
     (the first step's extend over the accepted tokens, the proposal's bookkeeping) lands in
     t_round, not spread over the deep probe's steps, which under-predicted a short chain's
-    round. Without one, t_draft is the deep probe's drafting time per step and t_round the rest."""
+    round. Without one, or where timing noise makes that line fall with the steps, t_draft is the
+    deep probe's drafting time per step and t_round the rest."""
     k, depth = deep.spec.topk, deep.spec.num_steps
     rest = round_rest_s(deep, costs)
-    if shallow is None or depth == shallow.spec.num_steps:
-        step = deep.metrics.time_draft_s / (deep.rounds * depth)
-    else:
+    step = 0.0
+    if shallow is not None and depth != shallow.spec.num_steps:
         step = (rest - round_rest_s(shallow, costs)) / (depth - shallow.spec.num_steps)
-    costs.t_draft[k] = max(0.0, step)
-    costs.t_round[k] = max(0.0, rest - depth * costs.t_draft[k])
+    if step <= 0:
+        step = deep.metrics.time_draft_s / (deep.rounds * depth)
+    costs.t_draft[k] = step
+    costs.t_round[k] = max(0.0, rest - depth * step)
 
 
 def predict(spec: SpecConfig, probe: Measured, costs: Costs) -> tuple[float, float]:

@@ -256,6 +256,11 @@ def test_calibrate_puts_a_rounds_fixed_drafting_cost_in_the_round_overhead():
     alone = Costs(dict(t_verify))
     calibrate(alone, probe(8))  # one probe: drafting per step, as before
     assert alone.t_draft[1] == pytest.approx(fixed / 8 + step)
+    slow = probe(1)  # a load spike on the 1-step probe: the line would fall with the steps
+    slow.metrics.time_other_s += rounds * 0.05
+    noisy = Costs(dict(t_verify))
+    calibrate(noisy, probe(8), slow)
+    assert noisy.t_draft[1] == pytest.approx(fixed / 8 + step)  # never 0 (free drafting)
 
 
 def test_tune_measures_the_default_setting_names_its_prompts_and_says_the_machine_was_busy(
