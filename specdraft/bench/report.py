@@ -24,10 +24,10 @@ from specdraft.bench.stats import NO_BASELINE, SpeedupPoint, noise_note, verdict
 from specdraft.files import atomic_write, atomic_write_text
 
 OTHER_NUMBERS = (
-    "Why these numbers differ from `specdraft tune`'s and the demo's: bench times servers over HTTP "
-    "(request handling, streaming, scheduling) with requests in flight at once on the prompts "
-    "above, while tune and the demo time specdraft's engine in one process, one request at a time, "
-    "so compare speedups of one setting on one prompt set."
+    "Why these numbers differ from `specdraft tune`'s and the demo's: bench times servers "
+    "over HTTP (request handling, streaming, scheduling) with requests in flight at once on "
+    "the prompts above, while tune and the demo time specdraft's engine in one process, one "
+    "request at a time, so compare speedups of one setting on one prompt set."
 )
 
 

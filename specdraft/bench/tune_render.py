@@ -23,8 +23,8 @@ def render(report: TuneReport, max_rows: int = 12) -> str:
     the recommendation as flags."""
     cfg = report.config
     lines = [
-        f"specdraft tune: {report.num_prompts} prompts ({report.prompt_set}) x {cfg.max_new_tokens} "
-        "new tokens, temperature 0",
+        f"specdraft tune: {report.num_prompts} prompts ({report.prompt_set}) x "
+        f"{cfg.max_new_tokens} new tokens, temperature 0",
         *probe_lines(report),
         *cost_lines(report),
         (

@@ -244,8 +244,9 @@ def _print_generate_summary(
 
 
 ONE_RUN = (
-    "one generation is no speed measurement (one prompt, one pass, not warmed up): `specdraft tune` "
-    "times settings against plain decoding in rounds on this engine, `specdraft bench` a server"
+    "one generation is no speed measurement (one prompt, one pass, not warmed up): "
+    "`specdraft tune` times settings against plain decoding in rounds on this engine, "
+    "`specdraft bench` a server"
 )
 
 

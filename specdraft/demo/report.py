@@ -168,8 +168,9 @@ def other_numbers(report: DemoReport) -> list[str]:
     )
     return [
         "",
-        f"These numbers are specdraft's engine in this process, one request at a time, on the demo's "
-        f"held-out prompts ({report.max_new_tokens} new tokens each, tokens/s counting the prefill): "
+        "These numbers are specdraft's engine in this process, one request at a time, on the "
+        f"demo's held-out prompts ({report.max_new_tokens} new tokens each, tokens/s counting "
+        "the prefill): "
         "`specdraft tune` on the same prompts and setting measures the same speedup, while "
         "`specdraft bench` times a server over HTTP, with requests in flight at once and its own "
         "prompts, so its tokens/s and speedups differ.",
