@@ -13,6 +13,7 @@ warnings (null when they do not apply); and `partial`, `interrupted_at_concurren
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,13 @@ from specdraft.bench.config import BenchInputError
 from specdraft.bench.levels import LevelResult, ServerRun, tps_cell
 from specdraft.bench.stats import NO_BASELINE, SpeedupPoint, noise_note, verdict
 from specdraft.files import atomic_write, atomic_write_text
+
+OTHER_NUMBERS = (
+    "Why these numbers differ from `specdraft tune`'s and the demo's: bench times servers "
+    "over HTTP (request handling, streaming, scheduling) with requests in flight at once on "
+    "the prompts above, while tune and the demo time specdraft's engine in one process, one "
+    "request at a time, so compare speedups of one setting on one prompt set."
+)
 
 
 def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -51,7 +59,7 @@ def markdown(report: BenchReport) -> str:
         f"temperature {cfg.temperature}, ignore_eos {cfg.ignore_eos}, prompts {cfg.prompts}"
     )
     lines = [report.partial_note, ""] if report.partial else []
-    lines += ["# specdraft bench", "", settings, ""]
+    lines += ["# specdraft bench", "", settings, "", OTHER_NUMBERS, ""]
     for warning in (report.failed_requests_warning, report.speculation_warning):
         lines += [warning, ""] if warning else []
     for title, run in (("speculative", report.spec), ("baseline", report.baseline)):
@@ -122,66 +130,92 @@ def noise_cell(point: SpeedupPoint, judged: bool) -> str:
     return "steady" if judged else "one run: no spread"
 
 
-Series = tuple[list[int], list[float], list[float]]  # concurrencies, values, their sd
+Series = tuple[list[int], list[float], list[float] | None]  # concurrencies, values, sd or None
 
 
-def plot_data(report: BenchReport) -> dict[str, tuple[str, dict[str, Series]]]:
-    """What throughput.png and tpot.png draw: per file its y label and, per server ("speculative",
-    "baseline"), the points. Both leave out a level with failed requests: its tokens/s and TPOT
-    count the successful requests alone, which ran with fewer requests in flight than the level
-    names (invalid, `tps_cell`)."""
-    runs = [("speculative", report.spec), ("baseline", report.baseline)]
-    series = {
-        "throughput.png": (
-            "output tokens/s (mean ± sd)",
-            lambda lv: (lv.tokens_per_s, lv.tokens_per_s_std),
+@dataclass(frozen=True)
+class Plot:
+    """One bench figure as drawn: its title, y label, per server (or "speedup") the points, whose
+    sd is None where it has no error bars (one run per level, TPOT's p50), whether the y axis
+    starts at 0 (tokens/s, TPOT: a cut axis would exaggerate a difference), and a dashed reference
+    line (y, legend label) or None."""
+
+    title: str
+    ylabel: str
+    lines: dict[str, Series]
+    from_zero: bool = True
+    reference: tuple[float, str] | None = None
+
+
+def plot_data(report: BenchReport) -> dict[str, Plot]:
+    """What throughput.png, tpot.png and (with a valid speedup) speedup.png draw. A level with
+    failed requests is left out: its tokens/s and TPOT count the successful requests alone,
+    which ran with fewer requests in flight than the level names (invalid, `tps_cell`)."""
+    bars = report.config.repeats > 1  # one run: no spread to draw
+    runs = [(t, r) for t, r in (("speculative", report.spec), ("baseline", report.baseline)) if r]
+
+    def lines(value: Any, sd: Any) -> dict[str, Series]:
+        valid = {title: [lv for lv in run.levels if not lv.num_errors] for title, run in runs}
+        return {
+            title: (
+                [lv.concurrency for lv in levels],
+                [value(lv) for lv in levels],
+                [sd(lv) for lv in levels] if sd else None,
+            )
+            for title, levels in valid.items()
+        }
+
+    data = {
+        "throughput.png": Plot(
+            "output throughput vs concurrency",
+            "output tokens/s" + (" (mean ± sd)" if bars else ""),
+            lines(lambda lv: lv.tokens_per_s, (lambda lv: lv.tokens_per_s_std) if bars else None),
         ),
-        "tpot.png": ("TPOT p50 (ms)", lambda lv: ((lv.tpot_s.p50 or 0.0) * 1e3, 0.0)),
+        "tpot.png": Plot(
+            "time per output token vs concurrency",
+            "TPOT p50 (ms)",
+            lines(lambda lv: (lv.tpot_s.p50 or 0.0) * 1e3, None),
+        ),
     }
-    data = {}
-    for name, (label, value) in series.items():
-        data[name] = (label, {})
-        for title, run in runs:
-            if run is not None:
-                levels = [lv for lv in run.levels if not lv.num_errors]
-                data[name][1][title] = (
-                    [lv.concurrency for lv in levels],
-                    [value(lv)[0] for lv in levels],
-                    [value(lv)[1] for lv in levels],
+    points = [p for p in report.speedups or [] if not p.num_errors]  # invalid: not drawn
+    if points:
+        data["speedup.png"] = Plot(
+            "speedup over the baseline vs concurrency",
+            "speedup (x)" + (" (± sd)" if bars else ""),
+            {
+                "speedup": (
+                    [p.concurrency for p in points],
+                    [p.speedup for p in points],
+                    [p.speedup_std for p in points] if bars else None,
                 )
+            },
+            from_zero=False,
+            reference=(1.0, "no speculation"),
+        )
     return data
 
 
 def plot(report: BenchReport, out_dir: Path) -> list[Path]:
-    """throughput.png, tpot.png and (with a baseline) speedup.png against concurrency."""
+    """The figures of `plot_data` against concurrency, as PNG files in out_dir."""
     from matplotlib.figure import Figure
 
     runs = [report.spec, report.baseline]
     ticks = sorted({lv.concurrency for run in runs if run is not None for lv in run.levels})
     paths = []
-    for name, (label, lines) in plot_data(report).items():
+    for name, spec in plot_data(report).items():
         fig = Figure(figsize=(5, 3.5))
         ax = fig.add_subplot()
-        for title, (x, y, err) in lines.items():
-            if x:
+        for title, (x, y, err) in spec.lines.items():
+            if x and err is None:
+                ax.plot(x, y, "o-", label=title)
+            elif x:
                 ax.errorbar(x, y, yerr=err, fmt="o-", capsize=3, label=title)
-        paths.append(save_figure(fig, ax, label, out_dir / name, ticks))
-    points = [
-        p for p in report.speedups or [] if not p.num_errors
-    ]  # an invalid speedup is not drawn
-    if points:
-        fig = Figure(figsize=(5, 3.5))
-        ax = fig.add_subplot()
-        ax.errorbar(
-            [p.concurrency for p in points],
-            [p.speedup for p in points],
-            yerr=[p.speedup_std for p in points],
-            fmt="o-",
-            capsize=3,
-            label="speedup (± sd)",
-        )
-        ax.axhline(1.0, color="gray", linestyle="--", label="no speculation")
-        paths.append(save_figure(fig, ax, "speedup (x)", out_dir / "speedup.png", ticks))
+        if spec.reference:
+            ax.axhline(spec.reference[0], color="gray", linestyle="--", label=spec.reference[1])
+        if spec.from_zero:
+            ax.set_ylim(bottom=0)
+        ax.set_title(spec.title)
+        paths.append(save_figure(fig, ax, spec.ylabel, out_dir / name, ticks))
     return paths
 
 

@@ -30,6 +30,7 @@ from specdraft.bench.config import BenchConfig, BenchError
 from specdraft.bench.levels import LevelResult, ServerRun, level_line, level_result
 from specdraft.bench.prompts import load_prompts
 from specdraft.client import RequestRecord, Server, run_requests, scrape, wait_for_server
+from specdraft.train.progress import counted_progress
 
 
 def check_chats(server: Server, batch: list, cfg: BenchConfig) -> None:
@@ -60,14 +61,15 @@ def measure_level(
     concurrency: int,
     cfg: BenchConfig,
     clock: Callable[[], float] = time.perf_counter,
+    on_run: Callable[[], None] = lambda: None,
 ) -> list[LevelResult]:
     """One concurrency level on every server of `servers` (the speculative one, then the
     baseline), its `cfg.repeats` runs interleaved: run 1 on each server in turn, then run 2,
     and so on, so load drift on the machine during the level reaches every server alike. Each
     server's counters are read before and after the whole level (`scrape`: a server counts
-    only its own requests). clock: seconds now, for the runs' wall time, TTFT and latency.
-    Returns one LevelResult per server, in order; raises BenchError (`level_result`) when every
-    request to a server failed."""
+    only its own requests). clock: seconds now, for the runs' wall time, TTFT and latency;
+    on_run: called after each run (progress). Returns one LevelResult per server, in order;
+    raises BenchError (`level_result`) when every request to a server failed."""
     before = [scrape(server, cfg.timeout_s) for server in servers]
     runs: list[list[tuple[list[RequestRecord], float]]] = [[] for _ in servers]
     for _ in range(cfg.repeats):
@@ -75,6 +77,7 @@ def measure_level(
             server_runs.append(
                 asyncio.run(run_requests(server, batch, concurrency, cfg, clock=clock))
             )
+            on_run()
     after = [scrape(server, cfg.timeout_s) for server in servers]
     return [
         level_result(server, concurrency, server_runs, b, a)
@@ -125,14 +128,32 @@ def run_bench(
     for server in servers.values():
         check_chats(server, batch, cfg)
         warm_up(server, batch, cfg)
-    for concurrency in cfg.concurrency:
-        levels = measure_level(list(servers.values()), batch, concurrency, cfg, clock)
-        for run, level in zip(runs.values(), levels):  # finished on every server: kept on Ctrl-C
-            run.levels.append(level)
-        if progress:
-            for (role, server), level in zip(servers.items(), levels):
-                progress(level_line(role, server, level))
+    measure_levels(cfg, servers, runs, batch, progress, clock)
     return compare(cfg, sweep.spec, sweep.baseline)
+
+
+def measure_levels(
+    cfg: BenchConfig,
+    servers: dict[str, Server],
+    runs: dict[str, ServerRun],
+    batch: list,
+    progress: Callable[[str], None] | None,
+    clock: Callable[[], float],
+) -> None:
+    """Every level of the sweep in turn (`measure_level`), appended to the servers' `runs` as it
+    finishes on all of them (kept on Ctrl-C) and told to `progress` (`level_line`); the runs done
+    of the sweep and the time left are shown meanwhile (`train.progress.counted_progress`)."""
+    total = len(cfg.concurrency) * cfg.repeats * len(servers)
+    with counted_progress("bench runs (all levels)", total) as advance:
+        for concurrency in cfg.concurrency:
+            levels = measure_level(
+                list(servers.values()), batch, concurrency, cfg, clock, on_run=advance
+            )
+            for run, level in zip(runs.values(), levels):
+                run.levels.append(level)
+            if progress:
+                for (role, server), level in zip(servers.items(), levels):
+                    progress(level_line(role, server, level))
 
 
 def partial_report(sweep: Sweep) -> BenchReport | None:

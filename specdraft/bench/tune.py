@@ -11,10 +11,11 @@ depth and m = min(the tree's nodes, max_tree_tokens); a depth-n candidate reuses
 values, an approximation (pruning to m nodes selects differently at each depth), which is why
 the best candidates are then measured.
 Costs, on this machine and engine (`tune_bench.Bench`): t_verify(T) = median time of one target forward
-over T tokens after a prefix, timed directly for every T a candidate needs; t_draft(k) = a
-probe's drafting time / (rounds * steps); t_round(k) = the rest of a probe's round time beyond
-t_verify (acceptance, cache commit, output); t_plain likewise from the plain run. Speeds are
-decode tokens per second: tokens after the first / time after the prefill.
+over T tokens after a prefix, timed directly for every T a candidate needs; t_draft(k) and
+t_round(k) = slope and intercept of a round's time beyond t_verify against its steps, through
+the deep probe and a 1-step probe of the same topk (`tune_model.calibrate`: a round's fixed
+drafting cost is not spread over the deep probe's steps); t_plain likewise from the plain run.
+Speeds are decode tokens per second: tokens after the first / time after the prefill.
 The `num_measure` best predictions, the best chain and the current setting are run for real,
 each once per round with plain decoding in `repeats` rounds (order rotated each round), and
 recommended by the rule `specdraft demo` uses (`specdraft.bench.speedup`): a median same-round
@@ -51,6 +52,8 @@ from specdraft.bench.tune_report import TuneReport, settle
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.spec_config import SpecConfig
+from specdraft.machine_load import busy_note
+from specdraft.train.progress import counted_progress
 
 
 def tune(
@@ -70,15 +73,8 @@ def tune(
     or (from the engine) ValueError when the drafter does not fit the target."""
     say = progress or (lambda text: None)
     bench = bench or Bench(target, draft, prompts, cfg)
-    probe_specs = {
-        k: SpecConfig(cfg.depth, k, tree_tokens(cfg.depth, k, cfg.max_tree_tokens))
-        for k in cfg.all_topks
-    }
-    specs = [
-        SpecConfig(n, k, tree_tokens(n, k, cfg.max_tree_tokens))
-        for k in cfg.all_topks
-        for n in range(1, cfg.depth + 1)
-    ] + ([cfg.current] if cfg.current else [])
+    busy = busy_note("the tokens/s above") if bench.device.type == "cpu" else None
+    probe_specs, specs = settings_to_try(cfg)
     costs = Costs(
         bench.time_verify([1] + [s.num_draft_tokens for s in specs + list(probe_specs.values())])
     )
@@ -90,7 +86,7 @@ def tune(
     if cfg.current:
         to_measure[cfg.current] = candidates[cfg.current]
     plain_tps = measure(bench, to_measure, costs, cfg, say)
-    return TuneReport(
+    report = TuneReport(
         cfg,
         len(bench.prompts),
         probes,
@@ -103,17 +99,44 @@ def tune(
         settle([c for c in to_measure.values() if c.spec.is_chain], cfg.min_speedup)[0],
         draft_path,
     )
+    report.busy = busy
+    return report
+
+
+def settings_to_try(cfg: TuneConfig) -> tuple[dict[int, SpecConfig], list[SpecConfig]]:
+    """The deep acceptance probe of each topk, and the candidates: every depth 1..cfg.depth of
+    each topk (trees capped at cfg.max_tree_tokens), then the current setting."""
+    probe_specs = {
+        k: SpecConfig(cfg.depth, k, tree_tokens(cfg.depth, k, cfg.max_tree_tokens))
+        for k in cfg.all_topks
+    }
+    specs = [
+        SpecConfig(n, k, tree_tokens(n, k, cfg.max_tree_tokens))
+        for k in cfg.all_topks
+        for n in range(1, cfg.depth + 1)
+    ]
+    return probe_specs, specs + ([cfg.current] if cfg.current else [])
 
 
 def run_probes(
     bench: Bench, probe_specs: dict[int, SpecConfig], costs: Costs, say: Callable[[str], None]
 ) -> dict[int, Measured]:
-    """Run each topk's acceptance probe (`TuneConfig.depth` steps) and calibrate `costs` on it."""
-    probes = {}
-    for k, spec in probe_specs.items():
-        probes[k] = bench.run(spec)
-        calibrate(costs, probes[k])
-        say(f"probe topk {k}, {spec.num_steps} steps: tau {probes[k].metrics.accept_length:.3f}")
+    """Run each topk's acceptance probe (`TuneConfig.depth` steps) and a 1-step one of the same
+    topk, and calibrate `costs` on the two (`tune_model.calibrate`); the deep probes by topk.
+    The runs done and the time left are shown meanwhile (`train.progress.counted_progress`)."""
+    probes, total = {}, sum(1 + (spec.num_steps > 1) for spec in probe_specs.values())
+    with counted_progress("tune probe runs", total) as advance:
+        for k, spec in probe_specs.items():
+            probes[k], shallow = bench.run(spec), None
+            advance()
+            if spec.num_steps > 1:
+                one_step = SpecConfig(1, k, tree_tokens(1, k, bench.cfg.max_tree_tokens))
+                shallow = bench.run(one_step)
+                advance()
+            calibrate(costs, probes[k], shallow)
+            say(
+                f"probe topk {k}, {spec.num_steps} steps: tau {probes[k].metrics.accept_length:.3f}"
+            )
     return probes
 
 
@@ -126,8 +149,17 @@ def measure(
 ) -> list[float]:
     """Run the candidates `to_measure` for real, each once per round with plain decoding in
     `cfg.repeats` rounds (`speedup.timed_passes`), filling their measurement and `costs.t_plain`
-    (from the median plain run); plain decoding's tokens/s of every round."""
-    runs = timed_passes(dict.fromkeys([None, *to_measure]), cfg.repeats, bench.run)
+    (from the median plain run), showing the runs done and the time left; plain decoding's
+    tokens/s of every round."""
+    names = dict.fromkeys([None, *to_measure])
+    with counted_progress("tune timing runs", len(names) * cfg.repeats) as advance:
+
+        def run(spec: SpecConfig | None) -> Measured:
+            measured = bench.run(spec)
+            advance()
+            return measured
+
+        runs = timed_passes(names, cfg.repeats, run)
     plain_tps = [run.tokens_per_s for run in runs[None]]
     plain = sorted(runs[None], key=lambda run: run.tokens_per_s)[(len(plain_tps) - 1) // 2]
     costs.t_plain = max(
@@ -166,7 +198,7 @@ def tune_paths(
     tokenizer, engine = load_tuned(target_dir, draft_dir, cfg, device, dtype)
     ids = [prompt_ids(tokenizer, p) for p in load_prompts(prompts)]
     report = tune(engine.target, engine.draft, ids, cfg, str(draft_dir), progress)
-    report.target_path = str(target_dir)
+    report.target_path, report.prompt_set = str(target_dir), prompts
     return report
 
 

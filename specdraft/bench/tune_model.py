@@ -103,14 +103,31 @@ class Costs:
     t_plain: float = 0.0
 
 
-def calibrate(costs: Costs, probe: Measured) -> None:
-    """t_draft and t_round of the probe's topk from its run."""
-    m, spec = probe.metrics, probe.spec
-    costs.t_draft[spec.topk] = m.time_draft_s / (probe.rounds * spec.num_steps)
-    costs.t_round[spec.topk] = max(
-        0.0,
-        (m.time_verify_s + m.time_other_s) / probe.rounds - costs.t_verify[spec.num_draft_tokens],
-    )
+def round_rest_s(probe: Measured, costs: Costs) -> float:
+    """Seconds per round of `probe` beyond its target forward: decode time (after the prefill) per
+    round less t_verify(its draft tokens); drafting, acceptance, cache commit and output."""
+    m = probe.metrics
+    busy = m.time_total_s - m.time_prefill_s
+    return busy / probe.rounds - costs.t_verify[probe.spec.num_draft_tokens]
+
+
+def calibrate(costs: Costs, deep: Measured, shallow: Measured | None = None) -> None:
+    """t_draft and t_round of the probes' topk, so that a round of n steps costs
+    n * t_draft + t_round beyond its target forward (`round_rest_s`). With a `shallow` probe
+    (1 step) as well as the `deep` one, the line through both: a round's fixed drafting cost
+    (the first step's extend over the accepted tokens, the proposal's bookkeeping) lands in
+    t_round, not spread over the deep probe's steps, which under-predicted a short chain's
+    round. Without one, or where timing noise makes that line fall with the steps, t_draft is the
+    deep probe's drafting time per step and t_round the rest."""
+    k, depth = deep.spec.topk, deep.spec.num_steps
+    rest = round_rest_s(deep, costs)
+    step = 0.0
+    if shallow is not None and depth != shallow.spec.num_steps:
+        step = (rest - round_rest_s(shallow, costs)) / (depth - shallow.spec.num_steps)
+    if step <= 0:
+        step = deep.metrics.time_draft_s / (deep.rounds * depth)
+    costs.t_draft[k] = step
+    costs.t_round[k] = max(0.0, rest - depth * step)
 
 
 def predict(spec: SpecConfig, probe: Measured, costs: Costs) -> tuple[float, float]:

@@ -8,6 +8,13 @@ from specdraft.bench.tune_model import Candidate, spec_text
 from specdraft.bench.tune_report import TuneReport
 
 PREDICTION_WARN_FACTOR = 2.0  # predicted vs measured tokens/s beyond which render warns
+OTHER_NUMBERS = (
+    "why these numbers differ from bench's and the demo's: tune times specdraft's engine in this "
+    "process, one request at a time (decode tokens/s, after the prefill), while `specdraft bench` "
+    "adds a server's HTTP and scheduling overhead and requests in flight at once, and the demo "
+    "times its own held-out prompts (its report prints the tune line that repeats it), so compare "
+    "speedups of one setting on one prompt set"
+)
 
 
 def render(report: TuneReport, max_rows: int = 12) -> str:
@@ -16,7 +23,8 @@ def render(report: TuneReport, max_rows: int = 12) -> str:
     the recommendation as flags."""
     cfg = report.config
     lines = [
-        f"specdraft tune: {report.num_prompts} prompts x {cfg.max_new_tokens} new tokens, temperature 0",
+        f"specdraft tune: {report.num_prompts} prompts ({report.prompt_set}) x "
+        f"{cfg.max_new_tokens} new tokens, temperature 0",
         *probe_lines(report),
         *cost_lines(report),
         (
@@ -38,6 +46,7 @@ def render(report: TuneReport, max_rows: int = 12) -> str:
             "uses the measured column; re-run on a quiet machine for the predicted one"
         )
     lines += recommendation_lines(report)
+    lines += [OTHER_NUMBERS, *([report.busy] if report.busy else [])]
     return "\n".join(lines)
 
 

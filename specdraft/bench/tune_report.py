@@ -17,7 +17,9 @@ from specdraft.export import launch_command
 @dataclass
 class TuneReport:
     """Probes, costs, plain decoding, candidates (best predicted first), the current setting and
-    the recommendations (None = no speculation)."""
+    the recommendations (None = no speculation); prompt_set: what the prompts were ("builtin", a
+    file, a suite); busy: the busy-machine note of the load when the timing began (None: idle, a
+    GPU)."""
 
     config: TuneConfig
     num_prompts: int
@@ -31,6 +33,8 @@ class TuneReport:
     vllm_recommendation: Candidate | None
     draft_path: str = "DRAFT"
     target_path: str = "TARGET"
+    prompt_set: str = "given"
+    busy: str | None = None
 
     def prediction_error(self) -> float:
         """The largest factor between predicted and measured tokens/s over the measured
@@ -105,6 +109,8 @@ class TuneReport:
 
         return {
             "num_prompts": self.num_prompts,
+            "prompt_set": self.prompt_set,
+            "busy": self.busy,
             "max_new_tokens": self.config.max_new_tokens,
             "probes": {str(k): p.metrics.to_dict() for k, p in self.probes.items()},
             "costs_s": {

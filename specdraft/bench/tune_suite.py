@@ -126,7 +126,7 @@ def tune_suite_paths(
         str(draft_dir),
         progress,
     )
-    report.target_path = str(target_dir)
+    report.target_path, report.prompt_set = str(target_dir), f"the {suite.name} suite"
     chosen = category_setting(report)
     return report, tune_categories(
         engine.target, engine.draft, cfg, prompts, chosen

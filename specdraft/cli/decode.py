@@ -217,7 +217,8 @@ def _print_generate_summary(
     console, engine, result, no_spec: bool, compile: bool, busy: str | None
 ) -> None:
     """generate's metrics table under the engine's setting (plain decoding: with --no-spec or
-    without --draft), the kernels a --compile run used, and the busy-machine note when there is one."""
+    without --draft), the kernels a --compile run used, that one run is no speed measurement (naming
+    tune and bench), and the busy-machine note when there is one."""
     from specdraft.engine.metrics import metrics_table
 
     spec = engine.spec
@@ -237,8 +238,16 @@ def _print_generate_summary(
             f"target forwards of up to 16 tokens: {engine.target_kernels} kernels{drafter}",
             markup=False,
         )
+    console.print(ONE_RUN, markup=False, soft_wrap=True)
     if busy:
         console.print(busy, style="yellow", markup=False, soft_wrap=True)
+
+
+ONE_RUN = (
+    "one generation is no speed measurement (one prompt, one pass, not warmed up): "
+    "`specdraft tune` times settings against plain decoding in rounds on this engine, "
+    "`specdraft bench` a server"
+)
 
 
 def plain_metrics_table(metrics, title: str):

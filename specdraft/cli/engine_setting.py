@@ -11,6 +11,7 @@ from specdraft.cli.common import USAGE_ERROR, OptionError, user_errors
 from specdraft.cli.options import EngineDtype
 
 WARM_UP_TOKENS = 16  # the --compile warm-up: enough steps to compile and capture decode and verify
+DEFAULT_NUM_STEPS = 3  # generate's and serve's chain without --num-steps (tune measures it too)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def decoding_spec(
         return spec_from_flags(
             no_spec or (plain_without_draft and not draft),
             draft,
-            3 if drafting.num_steps is None else drafting.num_steps,
+            DEFAULT_NUM_STEPS if drafting.num_steps is None else drafting.num_steps,
             1 if drafting.topk is None else drafting.topk,
             drafting.num_draft_tokens or 0,
         )
@@ -104,8 +105,10 @@ def spec_from_flags(no_spec: bool, draft: str, num_steps: int, topk: int, num_dr
 
 
 def current_setting(draft: str, num_steps: int, topk: int | None, num_draft_tokens: int):
-    """The SpecConfig of tune's current-setting flags (None without --num-steps); OptionError for
-    --topk / --num-draft-tokens without --num-steps (SGLang refuses these without num_steps too)."""
+    """The SpecConfig of tune's current-setting flags; without --num-steps the chain generate and
+    serve run by default (DEFAULT_NUM_STEPS), so tune always measures the setting a user has.
+    OptionError for --topk / --num-draft-tokens without --num-steps (SGLang refuses these without
+    num_steps too)."""
     if not num_steps and (topk or num_draft_tokens):
         given = " ".join(
             f"--{name} {v}"
@@ -117,8 +120,8 @@ def current_setting(draft: str, num_steps: int, topk: int | None, num_draft_toke
             "(as SGLang's --speculative-eagle-topk / --speculative-num-draft-tokens need "
             "--speculative-num-steps); add --num-steps N, or drop them"
         )
-    return (
-        spec_from_flags(False, draft, num_steps, topk or 1, num_draft_tokens) if num_steps else None
+    return spec_from_flags(
+        False, draft, num_steps or DEFAULT_NUM_STEPS, topk or 1, num_draft_tokens
     )
 
 

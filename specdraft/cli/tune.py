@@ -24,8 +24,8 @@ CurrentNumSteps = Annotated[
     int,
     typer.Option(
         min=0,
-        help="Current setting to evaluate too (0 = none): draft depth; "
-        "--topk and --num-draft-tokens need it.",
+        help="Current setting, always measured too: draft depth (0 = the 3-step chain generate "
+        "and serve run by default); --topk and --num-draft-tokens need it.",
     ),
 ]
 CurrentTopk = Annotated[

@@ -15,8 +15,9 @@ from specdraft.bench.speedup import timed_passes, timing_summary
 from specdraft.checkpoint import file_sha256
 from specdraft.demo.cache import path_label
 from specdraft.demo.config import DemoConfig
-from specdraft.files import atomic_write_json, differing_fields
+from specdraft.files import atomic_write_json, atomic_write_text, differing_fields
 from specdraft.machine_load import busy_note
+from specdraft.train.progress import counted_progress
 
 
 def heldout_prompts(target_dir: Path, heldout_file: Path, prompt_tokens: int) -> list[list[int]]:
@@ -26,6 +27,23 @@ def heldout_prompts(target_dir: Path, heldout_file: Path, prompt_tokens: int) ->
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     docs = [d for d in heldout_file.read_text().split("\n\n") if d.strip()]
     return [tokenizer(d)["input_ids"][:prompt_tokens] for d in docs]
+
+
+TUNE_PROMPTS_FILE = "heldout-prompts.jsonl"  # under out/data: the timed prompts, for `tune`
+
+
+def write_tune_prompts(target_dir: Path, prompts: list[list[int]], data_dir: Path) -> Path:
+    """data_dir/TUNE_PROMPTS_FILE: the timed prompts as {"prompt": text} rows (the target's
+    tokenizer decodes them), so `specdraft tune --prompts` times the demo's own prompt set."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    rows = [
+        json.dumps({"prompt": tokenizer.decode(ids, skip_special_tokens=True)}) for ids in prompts
+    ]
+    path = data_dir / TUNE_PROMPTS_FILE
+    atomic_write_text(path, "\n".join(rows) + "\n")
+    return path
 
 
 def load_demo_engine(
@@ -89,18 +107,8 @@ def stage_generate(
         name: load_demo_engine(target_dir, draft, spec, prompts, cfg.max_new_tokens, cfg.device)
         for name, (draft, spec) in settings.items()
     }
-    runs = timed_passes(
-        engines,
-        cfg.timing_repeats,
-        lambda name: generation_pass(engines[name], prompts, cfg.max_new_tokens),
-    )
-    plain_outputs = runs["plain"][0]["outputs"]
-    for name, setting_runs in runs.items():
-        if any(run["outputs"] != plain_outputs for run in setting_runs):
-            raise ValueError(
-                f"speculative output differs from plain greedy decoding at {name} "
-                f"({settings[name][1]}): the engine is not lossless"
-            )
+    runs = timed_generation(engines, prompts, cfg)
+    refuse_lossy(runs, settings)
     plain_tps = [run["tokens_per_s"] for run in runs["plain"]]
 
     def row(name: str, shape: dict[str, int]) -> dict[str, Any]:
@@ -119,6 +127,33 @@ def stage_generate(
     ]
     tree = row("tree", {"num_steps": steps, "topk": topk, "num_draft_tokens": tokens})
     return baseline, sweep, tree
+
+
+def timed_generation(
+    engines: dict[str, Any], prompts: list[list[int]], cfg: DemoConfig
+) -> dict[str, list[dict[str, Any]]]:
+    """`generation_pass` of every engine in cfg.timing_repeats rounds (`speedup.timed_passes`),
+    with a count and the time left of the passes (`train.progress.counted_progress`)."""
+    total = len(engines) * cfg.timing_repeats
+    with counted_progress("demo timing passes", total) as advance:
+
+        def timed(name: str) -> dict[str, Any]:
+            run = generation_pass(engines[name], prompts, cfg.max_new_tokens)
+            advance()
+            return run
+
+        return timed_passes(engines, cfg.timing_repeats, timed)
+
+
+def refuse_lossy(runs: dict[str, list[dict[str, Any]]], settings: dict[str, Any]) -> None:
+    """ValueError naming the setting whose output differs from plain greedy decoding's."""
+    plain_outputs = runs["plain"][0]["outputs"]
+    for name, setting_runs in runs.items():
+        if any(run["outputs"] != plain_outputs for run in setting_runs):
+            raise ValueError(
+                f"speculative output differs from plain greedy decoding at {name} "
+                f"({settings[name][1]}): the engine is not lossless"
+            )
 
 
 GENERATION_FILE = "generation.json"

@@ -40,6 +40,10 @@ class DemoReport:
     busy: str | None = (
         None  # the busy-machine note of the load when the timing ran (None: idle, or a GPU)
     )
+    prompts_file: str = (
+        ""  # the timed prompts as a tune --prompts file (generation.TUNE_PROMPTS_FILE)
+    )
+    max_new_tokens: int = 0  # per prompt, in the timing
 
 
 def setting_text(r: dict[str, Any]) -> str:
@@ -101,42 +105,6 @@ def verdict_text(
     )
 
 
-def write_plots(report: DemoReport, out: Path) -> list[str]:
-    """Per-position acceptance, and tau and tokens/s against num_steps, as PNG files."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [r["num_steps"] for r in report.sweep]
-    deepest = max(report.sweep, key=lambda r: r["num_steps"])
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    positions = range(1, len(deepest["acceptance"]) + 1)
-    ax.bar(positions, deepest["acceptance"], color="tab:blue")
-    ax.set(
-        xlabel="draft position k",
-        ylabel="acceptance p_k",
-        ylim=(0, 1),
-        title=f"per-position acceptance (chain, num_steps={deepest['num_steps']})",
-    )
-    fig.tight_layout()
-    fig.savefig(out / "acceptance.png", dpi=120)
-    plt.close(fig)
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    left.plot(steps, [r["accept_length"] for r in report.sweep], "o-")
-    left.set(xlabel="num_steps (chain)", ylabel="accept length tau", title="tau vs num_steps")
-    right.plot(steps, [r["tokens_per_s"] for r in report.sweep], "o-", label="speculative")
-    right.axhline(report.baseline["tokens_per_s"], color="gray", ls="--", label="no speculation")
-    right.set(xlabel="num_steps (chain)", ylabel="tokens/s", title="throughput vs num_steps")
-    right.set_ylim(bottom=0)  # from zero: a cut axis would exaggerate the speedup
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=120)
-    plt.close(fig)
-    return ["acceptance.png", "throughput.png"]
-
-
 def speculative_section(report: DemoReport) -> list[str]:
     """report.md's speculative-decoding section (markdown lines): how settings were timed, the
     plain baseline, one table row per setting (tau, tokens/s, speedup, p_k), the verdict."""
@@ -182,6 +150,32 @@ def speculative_section(report: DemoReport) -> list[str]:
         report.verdict,
         "",
         "Every speculative run produced exactly the plain greedy output (lossless at T = 0).",
+        *other_numbers(report),
+    ]
+
+
+def other_numbers(report: DemoReport) -> list[str]:
+    """Why `tune` and `bench` give other numbers, in one sentence, and the `tune` line that times
+    the demo's prompts and its recommended (else fastest) setting again ([] without the prompts)."""
+    if not report.prompts_file:
+        return []
+    setting = report.chosen or max([*report.sweep, report.tree], key=lambda r: r["speedup"])
+    flags = (
+        f"--target {report.target} --draft {report.drafter['dir']} --prompts {report.prompts_file} "
+        f"--max-tokens {report.max_new_tokens} --num-steps {setting['num_steps']} "
+        f"--topk {setting['topk']} --num-draft-tokens {setting['num_draft_tokens']}"
+        + (f" --threads {report.threads}" if report.threads else "")
+    )
+    return [
+        "",
+        "These numbers are specdraft's engine in this process, one request at a time, on the "
+        f"demo's held-out prompts ({report.max_new_tokens} new tokens each, tokens/s counting "
+        "the prefill): "
+        "`specdraft tune` on the same prompts and setting measures the same speedup, while "
+        "`specdraft bench` times a server over HTTP, with requests in flight at once and its own "
+        "prompts, so its tokens/s and speedups differ.",
+        "",
+        f"check: specdraft tune {flags}",
     ]
 
 
@@ -332,7 +326,7 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
 
 
 def write_report(report: DemoReport, cfg: DemoConfig) -> None:
-    """The plots, report.json and report.md under cfg.out (report.plots names the plots)."""
-    report.plots = write_plots(report, cfg.out)
+    """report.json and report.md under cfg.out (report.plots names the plots written before,
+    `plots.write_plots`)."""
     atomic_write_text(cfg.out / "report.json", json.dumps(asdict(report), indent=2, default=str))
     atomic_write_text(cfg.out / "report.md", report_markdown(report, cfg))

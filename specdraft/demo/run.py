@@ -13,8 +13,9 @@ from specdraft.conventions import default_aux_layers
 from specdraft.demo import stages
 from specdraft.demo.cache import reconcile_cache
 from specdraft.demo.config import DemoConfig
-from specdraft.demo.generation import heldout_prompts, stage_generation
+from specdraft.demo.generation import heldout_prompts, stage_generation, write_tune_prompts
 from specdraft.demo.inputs import check_inputs
+from specdraft.demo.plots import write_plots
 from specdraft.demo.report import (
     DemoReport,
     doctor_line,
@@ -49,21 +50,11 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
         )
     }
     draft_dir, training = stages.stage_train(cfg, stores["train"], target_dir, say)
-    report = DemoReport(
-        target=str(target_dir),
-        aux_layers=aux_layers,
-        training=training.get("validation") or {},
-        threads=cfg.threads,
-        drafter={
-            "dir": str(draft_dir),
-            "steps": training.get("steps"),
-            "num_train": cfg.num_train,
-            "batch_size": (training.get("config") or {}).get("batch_size"),
-        },
-    )
+    report = drafter_report(cfg, target_dir, aux_layers, draft_dir, training)
     say(f"drafter: {training.get('steps')} optimizer steps, at {draft_dir}")
     say("speculative generation vs plain decoding on held-out prompts")
     prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens)
+    report.prompts_file = str(write_tune_prompts(target_dir, prompts, heldout_file.parent))
     report.baseline, report.sweep, report.tree, report.busy = stage_generation(
         cfg, target_dir, draft_dir, prompts, say
     )
@@ -73,8 +64,32 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     say("doctor")
     report.doctor, report.lint = stages.stage_doctor(draft_dir, target_dir, stores, exports)
     say(doctor_line(report))
+    report.plots = write_plots(report, cfg.out)
     write_report(report, cfg)
     return report
+
+
+def drafter_report(
+    cfg: DemoConfig,
+    target_dir: Path,
+    aux_layers: list[int],
+    draft_dir: Path,
+    training: dict[str, Any],
+) -> DemoReport:
+    """The report so far: the target, the drafter and its training record (`stage_train`'s)."""
+    return DemoReport(
+        target=str(target_dir),
+        aux_layers=aux_layers,
+        training=training.get("validation") or {},
+        threads=cfg.threads,
+        max_new_tokens=cfg.max_new_tokens,
+        drafter={
+            "dir": str(draft_dir),
+            "steps": training.get("steps"),
+            "num_train": cfg.num_train,
+            "batch_size": (training.get("config") or {}).get("batch_size"),
+        },
+    )
 
 
 def start(cfg: DemoConfig, console: Console) -> Say:

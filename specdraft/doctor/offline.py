@@ -55,16 +55,19 @@ def run_on(
     sample's supervised runs (metrics.replayed_acceptance / replayed_tau; train.loss.replay_rounds).
     On a sequence an engine produced these are its own counts; per-position acceptance
     (prod alpha_i) overstates them, as rounds crowd where drafts fail. Compare a server's
-    counters with the replay.
+    counters with the replay. Shows the samples done and the time left
+    (`train.progress.counted_progress`).
     """
     from specdraft.train.loss import ttt_loss
     from specdraft.train.metrics import TTTMetrics
+    from specdraft.train.progress import counted_progress
 
     layers, fed_from = _layers_fed(ev, engine)
     draft, loaded_as = ev.engine_draft(engine)
     target = ev.target
     metrics = TTTMetrics.zeros(ttt_steps)
-    with torch.no_grad():
+    label = "doctor offline replay" if replay else "doctor offline acceptance"
+    with torch.no_grad(), counted_progress(f"{label} (samples)", len(samples)) as advance:
         for s in samples:
             ids = torch.tensor([s.input_ids])
             mask = torch.tensor([s.loss_mask], dtype=torch.bool)
@@ -80,6 +83,7 @@ def run_on(
                     replay=replay,
                 )
             )
+            advance()
     return OfflineRun(metrics, layers, fed_from, loaded_as, len(samples))
 
 

@@ -40,6 +40,7 @@ from specdraft.data.render import Sample
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.file_evidence import Unavailable
 from specdraft.doctor.offline import OfflineRun, run_on
+from specdraft.train.progress import counted_progress
 
 MAX_TOKENS = 32  # tokens generated per prompt
 PROMPT_TOKENS = 8  # prompt length when a sample's supervision starts before its 4th token
@@ -128,12 +129,16 @@ def run_online(
     """Send each sample's prompt (token ids, temperature 0, ignore_eos, asking for the output's
     token ids) one at a time and read the speculative counters around them. tokenizer: a
     callable returning the ids of a text (used when the server returns no token ids; counted
-    in num_retokenized). Raises ServerError."""
+    in num_retokenized). Shows the requests done and the time left
+    (`train.progress.counted_progress`). Raises ServerError."""
     url = server.url
     sequences, records, num_retokenized = [], [], 0
     try:
         before = scrape(server, timeout_s)
-        with httpx.Client(base_url=server.url, timeout=timeout_s) as client:
+        with (
+            httpx.Client(base_url=server.url, timeout=timeout_s) as client,
+            counted_progress("doctor online acceptance (requests)", len(samples)) as advance,
+        ):
             for sample in samples:
                 prompt = prompt_of(sample)
                 output, usage, retokenized = _generate(
@@ -143,6 +148,7 @@ def run_online(
                 records.append(RequestRecord(None, 0.0, len(output), usage))
                 if output:
                     sequences.append(Sample(prompt + output, [0] * len(prompt) + [1] * len(output)))
+                advance()
         after = scrape(server, timeout_s)
     except (httpx.HTTPError, ClientError) as e:  # ClientError: client.scrape's, naming /metrics
         raise ServerError(f"{url}: {type(e).__name__}: {e}") from None

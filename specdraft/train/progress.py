@@ -1,12 +1,14 @@
 """What `train` shows while it runs: rich's bar on a terminal; where stdout is not one (a log
 file, a pipe), a plain line every few steps, flushed at once, since a redrawn bar writes nothing
-a file keeps until the run ends."""
+a file keeps until the run ends. `counted_progress` is the same display for any other long stage
+(the demo's timing, bench's runs, doctor's acceptance, tune's measurements), on stderr."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +21,14 @@ def plain_every(total: int) -> int:
     return max(1, math.ceil(total / PLAIN_LINES))
 
 
+def time_left(elapsed_s: float, done: int, remaining: int) -> str:
+    """The ETA of `remaining` items at the pace of `done` items in `elapsed_s` seconds: "0:01:05",
+    or "-" before the pace is known."""
+    if not done or elapsed_s <= 0:
+        return "-"
+    return str(datetime.timedelta(seconds=round(elapsed_s / done * remaining)))
+
+
 def plain_line(record: dict[str, Any], total: int, done: int, elapsed_s: float) -> str:
     """One progress line: the step of `total`, the loss and first-position accuracy of the step's
     `record` (`Trainer.train_step`'s), supervised tokens per second and the time left, from the
@@ -26,15 +36,59 @@ def plain_line(record: dict[str, Any], total: int, done: int, elapsed_s: float) 
     step = record["step"]
     tokens = int(record["total"][0]) if record.get("total") else 0
     rate = f"{tokens * done / elapsed_s:.0f}" if elapsed_s > 0 else "-"
-    left = (
-        datetime.timedelta(seconds=round(elapsed_s / done * (total - step)))
-        if done and elapsed_s > 0
-        else "-"
-    )
     return (
         f"train step {step}/{total}  loss {record['loss']:.4f}  accuracy {record['accuracy'][0]:.3f}  "
-        f"tokens/s {rate}  ETA {left}"
+        f"tokens/s {rate}  ETA {time_left(elapsed_s, done, total - step)}"
     )
+
+
+def progress_bar(label: str, *fields: Any, stderr: bool = False):
+    """rich's Progress of a count: `label`, the bar, done/total, the time left while running and
+    the time taken once done, then `fields` (more rich columns); on stdout's console (rich's
+    global one) unless `stderr`."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(elapsed_when_finished=True),
+        *fields,
+    )
+    return Progress(*columns, transient=False, console=Console(stderr=True) if stderr else None)
+
+
+@contextlib.contextmanager
+def counted_progress(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[], None]]:
+    """Yields advance(), called once per item of a `total`-item stage: a rich bar on stderr when it
+    is a terminal, else a plain line "label 3/12  ETA 0:00:40" every `plain_every(total)` items
+    and at the last (flushed at once); nothing when not `enabled`."""
+    from rich.console import Console
+
+    if not enabled:
+        yield lambda: None
+        return
+    if not Console(stderr=True).is_terminal:
+        every, began, done = plain_every(total), time.monotonic(), [0]
+
+        def line() -> None:
+            done[0] += 1
+            if done[0] % every == 0 or done[0] == total:
+                left = time_left(time.monotonic() - began, done[0], total - done[0])
+                print(f"{label} {done[0]}/{total}  ETA {left}", file=sys.stderr, flush=True)
+
+        yield line
+        return
+    with progress_bar(label, stderr=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda: bar.update(task, advance=1)
 
 
 @contextlib.contextmanager
@@ -59,21 +113,8 @@ def training_progress(
 
         yield line
         return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeRemainingColumn,
-    )
+    from rich.progress import TextColumn
 
-    columns = (
-        TextColumn("train"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(elapsed_when_finished=True),
-        TextColumn("loss {task.fields[loss]}"),
-    )  # time left while running, time taken once done
-    with Progress(*columns, transient=False) as bar:
+    with progress_bar("train", TextColumn("loss {task.fields[loss]}")) as bar:
         task = bar.add_task("train", total=total, completed=start, loss="-")
         yield lambda record: bar.update(task, advance=1, loss=f"{record['loss']:.4f}")

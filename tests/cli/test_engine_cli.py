@@ -63,6 +63,8 @@ def test_generate_streams_text_and_prints_metrics(tmp_path, monkeypatch):
         (prompt + expected).split()
     ) and spec.stdout.endswith("\n")
     assert "accept length tau" in spec.stderr and "tokens/s" in spec.stderr
+    assert "one generation is no speed measurement" in spec.stderr  # what measures speed:
+    assert "`specdraft tune`" in spec.stderr and "`specdraft bench`" in spec.stderr
     defaults = CliRunner().invoke(app, common + ["--draft", str(draft_dir)])  # topk 1, num_steps 3
     assert defaults.exit_code == 0, defaults.output
     assert expected in defaults.output.replace("\n", "")

@@ -207,13 +207,18 @@ def other_servers():
         yield spec, plain
 
 
-def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path):
+def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path, capsys):
     spec, plain = servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(6, 8, seed=20))
     cfg = BenchConfig(
         spec.url, plain.url, str(prompts), (1, 3), max_tokens=12, num_prompts=6, repeats=2
     )
     report = run_bench(cfg)
+    # 2 levels x 2 runs x 2 servers, each counted with the time left (off a terminal: lines)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split("  ETA ")[0] for line in lines if line.startswith("bench runs")] == [
+        f"bench runs (all levels) {i}/8" for i in range(1, 9)
+    ]
     assert (report.spec.kind, report.baseline.kind) == ("specdraft", "specdraft")
     for level in report.spec.levels + report.baseline.levels:
         assert (
@@ -770,10 +775,10 @@ def test_a_level_with_failed_requests_reports_no_speedup_and_exits_1(
     assert crossover in text
     # throughput.png and tpot.png: the failed level is not drawn (its TPOT ran under less load);
     # the baseline's valid level is
-    (_, throughput), (_, tpot) = plotted[0]["throughput.png"], plotted[0]["tpot.png"]
+    throughput, tpot = plotted[0]["throughput.png"].lines, plotted[0]["tpot.png"].lines
     assert throughput["speculative"][0] == tpot["speculative"][0] == [1]
     tpot_ms = data["spec"]["levels"][0]["tpot_s"]["p50"] * 1e3
-    assert tpot["speculative"][1:] == ([pytest.approx(tpot_ms)], [0.0])
+    assert tpot["speculative"][1:] == ([pytest.approx(tpot_ms)], None)  # a p50: no error bars
     base_levels = [1] if data["baseline"]["levels"][1]["num_errors"] else [1, 4]
     assert throughput["baseline"][0] == tpot["baseline"][0] == base_levels
 

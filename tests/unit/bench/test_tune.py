@@ -5,13 +5,21 @@ engine's acceptance is real, no assertion depends on this machine's speed)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
 
 from specdraft.bench.config import BenchInputError
 from specdraft.bench.tune import tune
-from specdraft.bench.tune_model import Costs, Measured, TuneConfig, predict, tree_tokens
+from specdraft.bench.tune_model import (
+    Costs,
+    Measured,
+    TuneConfig,
+    calibrate,
+    predict,
+    tree_tokens,
+)
 from specdraft.bench.tune_render import render
 from specdraft.cli import app
 from specdraft.engine.requests import SpecMetrics
@@ -213,3 +221,73 @@ def test_tune_threads_are_set_before_loading(tmp_path, monkeypatch):
         2,
     ]  # left out: the setting stays
     assert "torch.set_num_threads" in CliRunner().invoke(app, ["tune", "--help"]).output
+
+
+def test_calibrate_puts_a_rounds_fixed_drafting_cost_in_the_round_overhead():
+    """Synthetic timings: a round drafts for F + n s (a fixed first-step cost F, s per step),
+    verifies in t_verify(n + 1) and spends o on the rest. Fitted on the deep probe alone, F was
+    spread over its 8 steps, so a 3-step chain came out (5/8) F too fast (tune predicted 35-40 %
+    above its measurements) and the round overhead below plain decoding's; the line through a
+    1-step and an 8-step probe gives s and F + o exactly."""
+    fixed, step, other, rounds = 0.004, 0.001, 0.0003, 50
+    t_verify = {n + 1: 0.010 + 0.0002 * n for n in range(1, 9)}
+
+    def probe(n: int) -> Measured:
+        draft = rounds * (fixed + n * step)
+        return Measured(
+            SpecConfig.chain(n),
+            SpecMetrics(
+                num_verify_steps=rounds,
+                accepted_per_position=[25] + [0] * (n - 1),
+                time_prefill_s=0.5,
+                time_draft_s=draft,
+                time_verify_s=rounds * t_verify[n + 1],
+                time_other_s=rounds * other,
+            ),
+        )
+
+    costs = Costs(dict(t_verify))
+    calibrate(costs, probe(8), probe(1))
+    assert costs.t_draft[1] == pytest.approx(step) and costs.t_round[1] == pytest.approx(
+        fixed + other
+    )
+    _, tps = predict(SpecConfig.chain(3), probe(8), costs)
+    assert tps == pytest.approx(1.5 / (fixed + 3 * step + t_verify[4] + other))
+    alone = Costs(dict(t_verify))
+    calibrate(alone, probe(8))  # one probe: drafting per step, as before
+    assert alone.t_draft[1] == pytest.approx(fixed / 8 + step)
+    slow = probe(1)  # a load spike on the 1-step probe: the line would fall with the steps
+    slow.metrics.time_other_s += rounds * 0.05
+    noisy = Costs(dict(t_verify))
+    calibrate(noisy, probe(8), slow)
+    assert noisy.t_draft[1] == pytest.approx(fixed / 8 + step)  # never 0 (free drafting)
+
+
+def test_tune_measures_the_default_setting_names_its_prompts_and_says_the_machine_was_busy(
+    tmp_path, monkeypatch
+):
+    """Without --num-steps tune still measures the 3-step chain generate and serve run (the demo
+    recommended it while tune never timed it); the report names its prompt set, says in one
+    sentence why bench and the demo differ, and notes a busy machine as bench and demo do."""
+    import os
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (7.0, 0.0, 0.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    setup = tiny_setup("llama")
+    target, draft = saved_pair(setup, tmp_path, trained=False)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
+    args = ["tune", "--target", str(target), "--draft", str(draft), "--prompts", str(prompts)]
+    args += ["--max-tokens", "8", "--probe-steps", "2", "--topks", "1", "--num-measure", "1"]
+    args += ["--repeats", "1", "--json-out", str(tmp_path / "tune.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "tune.json").read_text())
+    assert data["current"]["num_steps"] == 3 and data["current"]["speedup"] is not None
+    assert "current: steps 3, topk 1, draft tokens 4" in result.output
+    assert f"2 prompts ({prompts}) x 8 new tokens" in result.output
+    assert "why these numbers differ from bench's and the demo's:" in result.output
+    assert "note: the machine was busy when this started (load 7.0 on 2 cores)" in result.output
+    assert data["prompt_set"] == str(prompts) and data["busy"].startswith("note: the machine")
+    # its long stages show the runs done and the time left (plain lines off a terminal)
+    assert "tune probe runs 2/2  ETA " in result.output  # the deep probe and the 1-step one
+    assert re.search(r"tune timing runs (\d+)/\1  ETA \d+:\d\d:\d\d", result.output)

@@ -69,7 +69,8 @@ def test_tune_cli_suite_reports_per_category(tmp_path):
     assert " 1 round" in result.output and " 1 rounds" not in result.output
     (row,) = json.loads((tmp_path / "t.json").read_text())["categories"]
     assert row["category"] == "gsm8k" and row["num_prompts"] == 25
-    assert row["accept_length"] >= 1 and len(row["acceptance_per_position"]) <= 2
+    # at most the probe depth, raised to 3 by the default 3-step chain tune always measures
+    assert row["accept_length"] >= 1 and len(row["acceptance_per_position"]) <= 3
     assert row["speedup"] == row["tokens_per_s"] / row["plain_tokens_per_s"]
 
 

@@ -4,6 +4,7 @@ naming the gap, an unreachable URL fails naming it."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 
@@ -63,13 +64,16 @@ def doctor_against_server(draft, served, target, samples):
         server.stop()
 
 
-def test_online_acceptance_healthy_server_passes(world):
+def test_online_acceptance_healthy_server_passes(world, capsys):
     draft, target, samples = world
     finding = doctor_against_server(draft, draft, target, samples)
-    print(finding)
     assert finding.verdict == "pass", finding
     assert "online p_k [" in finding.evidence and "offline p_k [" in finding.evidence
     assert "(specdraft)" in finding.evidence
+    # the long stages show a count and the time left (plain lines off a terminal, on stderr)
+    err = capsys.readouterr().err
+    for stage in ("online acceptance (requests)", "offline acceptance (samples)"):
+        assert re.search(rf"doctor {re.escape(stage)} (\d+)/\1  ETA \d+:\d\d:\d\d", err), err
 
 
 def test_online_acceptance_server_with_wrong_d2t_fails(world, tmp_path):

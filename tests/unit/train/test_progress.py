@@ -1,0 +1,50 @@
+"""specdraft.train.progress.counted_progress: the count and time left of any long stage, as
+training shows them (rich's bar on a terminal, plain lines otherwise), on stderr."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+from rich.console import Console
+
+import specdraft.train.progress
+from specdraft.train.progress import counted_progress, time_left
+
+
+def test_plain_lines_off_a_terminal_count_and_give_the_time_left(monkeypatch, capsys):
+    ticks = itertools.count(0.0, 10.0)  # every item takes 10 s
+    monkeypatch.setattr(specdraft.train.progress.time, "monotonic", lambda: next(ticks))
+    with counted_progress("timing", 4) as advance:
+        for _ in range(4):
+            advance()
+    captured = capsys.readouterr()
+    assert captured.out == ""  # stdout keeps a command's results (doctor --json, generate's text)
+    assert captured.err.splitlines() == [
+        "timing 1/4  ETA 0:00:30",
+        "timing 2/4  ETA 0:00:20",
+        "timing 3/4  ETA 0:00:10",
+        "timing 4/4  ETA 0:00:00",
+    ]
+    assert time_left(0.0, 0, 5) == "-"  # no pace yet
+
+
+def test_a_plain_line_every_few_items_of_a_long_stage(capsys):
+    with counted_progress("bench runs", 100) as advance:
+        for _ in range(100):
+            advance()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 20 and lines[0].startswith("bench runs 5/100  ETA ")
+    assert lines[-1].startswith("bench runs 100/100  ETA ")
+
+
+def test_a_bar_on_a_terminal_and_nothing_when_disabled(monkeypatch, capsys):
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+    with counted_progress("doctor offline acceptance", 3) as advance:
+        for _ in range(3):
+            advance()
+    err = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", capsys.readouterr().err)
+    assert "doctor offline acceptance" in err and "3/3" in err
+    with counted_progress("quiet", 3, enabled=False) as advance:
+        advance()
+    assert capsys.readouterr().err == ""
