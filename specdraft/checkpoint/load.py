@@ -159,10 +159,11 @@ def draft_tensors(
     cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path
 ) -> dict[str, torch.Tensor]:
     """The tensors specdraft loads from a file named in `layout`: the file's own (SGLang's legacy
-    fc_norm names read as the current ones), plus the tensors `derived_tensors` names. The one rule the loader and doctor read a file by: any name that
+    fc_norm names, and a decoder layer under the other of `LAYER_NAMES`, read as the layout's:
+    `canonical_tensor_names`), plus the tensors `derived_tensors` names. The one rule the loader and doctor read a file by: any name that
     matches no parameter, parameter not in the file, or tensor of the wrong shape is a
     CheckpointError naming `file` and them (cases S1, FC-01)."""
-    tensors = canonical_tensor_names(tensors)
+    tensors = canonical_tensor_names(tensors, layout)
     if "t2d" in derived_tensors(tensors):
         tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
     with torch.device("meta"):

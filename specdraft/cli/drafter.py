@@ -13,6 +13,7 @@ from specdraft.cli.common import app, make_console, user_errors
 from specdraft.cli.options import (
     DRAFTER_HELP,
     AuxOverride,
+    LayerNames,
     Layout,
     SglangVersion,
     TargetForIds,
@@ -45,6 +46,13 @@ ConvertLayout = Annotated[
         help="sglang (official EAGLE-3: config.json + model.safetensors, no "
         "specdraft manifest) | speculators (vLLM's; keeps the manifest) | specdraft "
         "(the sglang files + specdraft's manifest)",
+    ),
+]
+ConvertLayerNames = Annotated[
+    LayerNames | None,
+    typer.Option(
+        help="The decoder layer's tensor names: midlayer (SGLang's, read by every release) or "
+        "layers.0 (ModelOpt's, TorchSpec's; SGLang < 0.5.12 skips it). Default: the layout's own.",
     ),
 ]
 
@@ -263,6 +271,7 @@ def convert(
     aux_layers: AuxOverride = None,
     trust_remote_code: TrustRemoteCode = False,
     sglang_version: SglangVersion = "",
+    layer_names: ConvertLayerNames = None,
 ) -> None:
     """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
     from specdraft.checkpoint import convert_draft, has_manifest
@@ -279,6 +288,7 @@ def convert(
             **reading.keywords(),
             target_architectures=list(given.architectures or []) or None if given else None,
             target_name_or_path=str(Path(target).resolve()) if target else None,
+            layer_names=layer_names,
         )
     print_aux_note(console, src, True if has_manifest(src) else None, reading)
     print_converted(console, src, Path(dst), layout, converted)
