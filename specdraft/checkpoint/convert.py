@@ -77,14 +77,27 @@ def convert_draft(
     source = load_draft(src, target_num_layers=target_num_layers, aux_layers=aux_layers, **ids)
     if target_class is None and source.manifest is not None:
         ids["target_class"] = (source.manifest.target or {}).get("target_class") or "llama"
-    name, architectures = _verifier_record(source, src, target_name_or_path, target_architectures)
+    verifier = _verifier_record(source, src, target_name_or_path, target_architectures)
+    return _write_and_prove(source, dst, layout, ids, verifier, layer_names)
+
+
+def _write_and_prove(
+    source: LoadedDraft,
+    dst: str | Path,
+    layout: str,
+    ids: dict[str, str | None],
+    verifier: tuple[str | None, list[str] | None],
+    layer_names: str | None,
+) -> Converted:
+    """`convert_draft`'s writing: `source` saved in `layout` at `dst` with `verifier` (name,
+    architectures), its config read back and its tensors proven bit-identical."""
     save_draft(
         source.model,
         dst,
         layout=layout,
         manifest=source.manifest,
-        verifier=name,
-        verifier_architectures=architectures,
+        verifier=verifier[0],
+        verifier_architectures=verifier[1],
         layer_names=layer_names,
         **ids,
     )
