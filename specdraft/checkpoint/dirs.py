@@ -21,6 +21,7 @@ from specdraft.checkpoint.layouts import (
     DRAFTER_CONFIG_FIX,
     MANIFEST_FILE,
     OFFICIAL_ARCHITECTURES,
+    READ_ARCHITECTURES,
     CheckpointError,
     UnreadableCheckpointFile,
 )
@@ -80,7 +81,7 @@ def classify_dir(path: str | Path) -> DirKind:
 
 def _drafter_evidence(path: Path, config: dict[str, Any], architectures: list[str]) -> str:
     """What marks a drafter: an EAGLE-3 architecture, a drafter-only key, a manifest ("" if none)."""
-    if set(architectures) & set(OFFICIAL_ARCHITECTURES):
+    if set(architectures) & set(READ_ARCHITECTURES):
         return f"its config.json says architectures {architectures}"
     layer = config.get("transformer_layer_config")
     layer = layer if isinstance(layer, dict) else {}
@@ -90,6 +91,8 @@ def _drafter_evidence(path: Path, config: dict[str, Any], architectures: list[st
             return f"its config.json has {key}" + (
                 "" if isinstance(value, dict) else f" = {value!r}"
             )
+    if any("eagle3" in a.lower() for a in architectures):  # one specdraft does not read
+        return f"its config.json says architectures {architectures}"  # (DeepSeekForCausalLMEagle3)
     return f"it holds {MANIFEST_FILE}" if (path / MANIFEST_FILE).is_file() else ""
 
 
@@ -241,5 +244,5 @@ def unimplemented_architecture_message(path: Path, architectures: list[str]) -> 
     )
     return (
         f"{path}/config.json: architectures {architectures} is a draft architecture specdraft does not "
-        f"implement (it implements {', '.join(OFFICIAL_ARCHITECTURES)}); {where}"
+        f"implement (it implements {', '.join(READ_ARCHITECTURES)}); {where}"
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from specdraft.conventions import ENGINE_NAMES
+from specdraft.conventions.config_reads import LLAMA_EAGLE3_ARCHITECTURES
 from specdraft.conventions.engines import (
     engines_serving_architecture,
     engines_serving_speculators,
@@ -31,6 +32,9 @@ LAYOUTS = ("specdraft", "sglang", "speculators")
 MANIFEST_FILE = "specdraft_manifest.json"
 WEIGHTS_FILE = "model.safetensors"
 OFFICIAL_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
+# The architectures read as the official drafter, in the official layout: vLLM's own name of it
+# too (`conventions.config_reads.LLAMA_EAGLE3_ARCHITECTURES`); files are written with the official.
+READ_ARCHITECTURES = LLAMA_EAGLE3_ARCHITECTURES
 # Decoder-layer prefix of each layout (the only name that differs between them).
 LAYER_PREFIX = {"specdraft": "midlayer.", "sglang": "midlayer.", "speculators": "layers.0."}
 # The two names of the decoder layer a file may use in any layout (convert's --layer-names): vLLM

@@ -194,7 +194,7 @@ def export_draft(
     config = engine_config(engine, source.model, (top, nested), facts, verifier, spec)
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
     notes += ids_notes(layers, top, nested) + id_notes + verifier_notes
-    notes += source_notes(source, checkpoint, aux_layers)
+    notes += source_notes(source, checkpoint, aux_layers, config)
     notes += target_tokenizer_notes(source, checkpoint, target)
     command = launch_command(engine, verifier or "TARGET", out_dir.resolve(), spec)
     num_copied = num_tensors - len(source.derived)

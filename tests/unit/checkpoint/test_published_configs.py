@@ -55,6 +55,9 @@ class Published:
     flip: str | None = None  # the helper whose work lifts the refusal
     owned_embedding: bool = False  # the file holds embed_tokens.weight
     t2d: bool = True  # the file holds t2d
+    layer_names: str = "midlayer"  # the decoder layer's names in the file (ModelOpt: layers.0)
+    full_vocab: bool = False  # lm_head over the whole vocabulary, no d2t / t2d (TorchSpec's Kimi)
+    sglang_version: str | None = None  # where SGLang's reading of its ids depends on the version
 
 
 PUBLISHED = [
@@ -77,7 +80,49 @@ PUBLISHED = [
     Published(
         "speculators-0.9.0-trainer-llama3-8b.json", "llama", 32, [2, 16, 29], owned_embedding=True
     ),
-    Published("modelopt-llama-eagle3-export.json", "llama", 32, [2, 16, 29], t2d=False),
+    Published(
+        "modelopt-llama-eagle3-export.json",
+        "llama",
+        32,
+        [2, 16, 29],
+        t2d=False,
+        layer_names="layers.0",
+    ),
+    Published("specforge-qwen25-7b-eagle3.json", "qwen2", 28, [2, 14, 25]),
+    Published(
+        "specforge-kimi-k25-eagle3.json", "deepseek_v3", 61, [2, 30, 58], sglang_version="0.5.23"
+    ),
+    Published(
+        "specforge-gpt-oss-20B-eagle3.json",
+        "gpt_oss",
+        24,
+        None,
+        refuse="['GptOssForCausalLMEagle3'] is a draft architecture specdraft does not implement",
+    ),
+    Published(
+        "torchspec-kimi-k25-eagle3.json",
+        "deepseek_v3",
+        61,
+        [2, 30, 58],
+        layer_names="layers.0",
+        full_vocab=True,
+    ),
+    Published(
+        "torchspec-qwen3-8b-eagle3-mla.json",
+        "qwen3",
+        36,
+        None,
+        refuse="['DeepSeekForCausalLMEagle3'] is a draft architecture specdraft does not implement",
+    ),
+    Published("angelslim-qwen3-30b-a3b-eagle3.json", "qwen3_moe", 48, [2, 24, 45]),
+    Published("angelslim-qwen3-vl-4b-eagle3-mrope.json", "qwen3_vl", 36, [2, 18, 33]),
+    Published(
+        "angelslim-qwen2.5-7b-eagle3.json",
+        "qwen2",
+        28,
+        None,
+        refuse="num_hidden_layers = 28; specdraft implements the one-layer EAGLE-3 drafter",
+    ),
 ]
 
 
@@ -113,16 +158,18 @@ def write_drafter(root: Path, case: Published, config: dict) -> tuple[Path, dict
     """The drafter directory: the shrunk config.json and seeded tensors under the layout's names."""
     layer = config.get("transformer_layer_config", config)
     cfg = DraftConfig.from_target(
-        {**layer, "num_hidden_layers": case.num_layers},
+        {**layer, "num_hidden_layers": case.num_layers, "rope_scaling": None},  # rope: no tensor
         case.aux or [2, 3, 4],
-        draft_vocab_size=DRAFT_VOCAB,
+        draft_vocab_size=None if case.full_vocab else DRAFT_VOCAB,
         embedding_owned=case.owned_embedding,
         **norm_flags_of_config(root, config),
     )
     layout = "speculators" if "speculators_model_type" in config else "sglang"
-    tensors = state_dict_for_layout(seeded_draft(cfg), layout)
+    tensors = state_dict_for_layout(seeded_draft(cfg), layout, case.layer_names)
     if not case.t2d:
         tensors.pop("t2d")
+    if case.full_vocab:
+        tensors.pop("d2t"), tensors.pop("t2d")
     path = root / "draft"
     path.mkdir()
     (path / "config.json").write_text(json.dumps(config, indent=2))
@@ -135,7 +182,11 @@ def test_a_published_config(tmp_path, case):
     config = shrink(json.loads((FIXTURES / case.file).read_text()))
     target, target_class = write_target(tmp_path, case)
     draft, tensors = write_drafter(tmp_path, case, config)
-    reading = {"target_num_layers": case.num_layers, "target_class": target_class}
+    reading = {
+        "target_num_layers": case.num_layers,
+        "target_class": target_class,
+        "sglang_version": case.sglang_version,
+    }
     if case.refuse is not None:
         with pytest.raises(CheckpointError) as refused:
             load_draft(draft, **reading)
@@ -149,7 +200,8 @@ def test_a_published_config(tmp_path, case):
     digests = {
         name: tensor_digest(t) for name, t in state_dict_for_layout(loaded.model, "sglang").items()
     }
-    derived = () if case.t2d else ("t2d",)  # ModelOpt writes d2t only: t2d is derived, not copied
+    # ModelOpt writes d2t only: t2d is derived, not copied; no map at all: the identity, derived
+    derived = ("d2t", "t2d") if case.full_vocab else () if case.t2d else ("t2d",)
     for layout in ("sglang", "speculators"):
         out = tmp_path / layout
         assert convert_draft(draft, out, layout=layout, **reading) == Converted(
@@ -160,10 +212,13 @@ def test_a_published_config(tmp_path, case):
         assert {
             n: tensor_digest(t) for n, t in state_dict_for_layout(back, "sglang").items()
         } == digests, layout
-    result = export_draft(draft, tmp_path / "vllm", engine="vllm", target=target)
+    result = export_draft(
+        draft, tmp_path / "vllm", engine="vllm", target=target, sglang_version=case.sglang_version
+    )
     written = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert written["eagle_aux_hidden_state_layer_ids"] == case.aux  # vLLM reads these ids as-is
-    assert written["draft_vocab_size"] == DRAFT_VOCAB and written["target_hidden_size"] == 32
+    draft_vocab = 256 if case.full_vocab else DRAFT_VOCAB
+    assert written["draft_vocab_size"] == draft_vocab and written["target_hidden_size"] == 32
     assert (result.num_tensors, result.derived) == (
         len(tensors),
         derived,
