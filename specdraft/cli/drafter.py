@@ -70,7 +70,7 @@ def inspect(
     elif loaded.manifest is not None:
         for line in _manifest_lines(json.loads(loaded.manifest.to_json())):
             console.print(line, markup=False, soft_wrap=True)
-    print_audit(console, loaded)
+    print_audit(console, loaded, target)
 
 
 def print_loaded(console, checkpoint: str, loaded, reading: IdReading) -> None:
@@ -118,11 +118,13 @@ def tensor_table(tensors: dict, title: str | None = None):
     return table
 
 
-def print_audit(console, loaded) -> None:
-    """inspect's audit verdict (`checkpoint.audit`): a line per problem and exit 1, else PASS."""
-    from specdraft.checkpoint import audit
+def print_audit(console, loaded, target: str) -> None:
+    """inspect's audit verdict (`checkpoint.audit`, the vocabulary map bound by the tokenizer's
+    length: the manifest's record, else the --target's tokenizer): a line per problem and exit
+    1, else PASS."""
+    from specdraft.checkpoint import audit, tokenizer_length
 
-    problems = audit(loaded.model, loaded.manifest)
+    problems = audit(loaded.model, loaded.manifest, tokenizer_length(target or None))
     for problem in problems:
         console.print(f"audit: FAIL {problem}", style="red", markup=False)
     if problems:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdraft.checkpoint import (
+    TOKENIZER_FILES,
     LoadedDraft,
     aux_layers_note,
     is_training_checkpoint,
@@ -21,12 +22,6 @@ from specdraft.conventions.engines import (
 )
 from specdraft.export.refusals import ExportError
 from specdraft.export.target_facts import TargetFacts
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-)  # a directory's tokenizer
 
 
 def embedding_notes(
