@@ -17,7 +17,9 @@ from specdraft.conventions.config_reads import (
     ABSENT_DRAFT_VOCAB_READ,
     ARCHITECTURE_READ,
     TIED_HEAD_READ,
+    TRAINER_ARCHITECTURE,
 )
+from specdraft.conventions.engines import PLAIN_DRAFT_ARCHITECTURE_READ
 
 # Keys a written config.json may hold otherwise than its source without changing what an engine
 # computes: the aux ids (export and convert write each engine's convention and say so) and
@@ -50,6 +52,12 @@ def reading_notes(config: dict[str, Any]) -> list[str]:
         notes.append(
             f"architectures {architectures}, vLLM's name of the Llama EAGLE-3 drafter: read as "
             f"{official} ({ARCHITECTURE_READ}); export and convert write {official}"
+        )
+    if architectures == [TRAINER_ARCHITECTURE]:
+        notes.append(
+            f"architectures {architectures}, the official EAGLE-3 trainer's: read as {official}, "
+            f"as vLLM reads it; {PLAIN_DRAFT_ARCHITECTURE_READ}: serve it on SGLang only as "
+            f"exported (export and convert write {official})"
         )
     if _layer(config).get("tie_word_embeddings") is True:
         notes.append(f"tie_word_embeddings true: {TIED_HEAD_READ}; export and convert write false")

@@ -157,13 +157,14 @@ def verifier_replaced_note(config: dict, written: str | None) -> str | None:
 
 
 def plain_architecture_message(path: Path, architectures: list[str]) -> str:
-    """The one line for a drafter config (a drafter key) whose architectures name a plain model, as the
-    official EAGLE-3 trainer writes: what the engines make of it and the value to write."""
+    """The one line for a drafter config (a drafter key) whose architectures name a plain model
+    other than the official EAGLE-3 trainer's (read: `load.detect_layout`): what the engines make
+    of such a value and the value to write."""
     return (
         f"{path}/config.json: architectures {architectures} names a plain model, not an EAGLE-3 drafter "
-        f"({PLAIN_DRAFT_ARCHITECTURE_READ}); if it is one (the official EAGLE-3 trainer writes "
-        f'LlamaForCausalLM), set "architectures": ["{OFFICIAL_ARCHITECTURES[0]}"] in config.json: SGLang, '
-        "vLLM and specdraft load that"
+        f"({PLAIN_DRAFT_ARCHITECTURE_READ}); if it is one, set "
+        f'"architectures": ["{OFFICIAL_ARCHITECTURES[0]}"] in config.json: SGLang, vLLM and '
+        "specdraft load that"
     )
 
 

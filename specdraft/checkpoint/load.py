@@ -37,13 +37,16 @@ from specdraft.checkpoint.layouts import (
 from specdraft.checkpoint.manifest import LoadedDraft, Manifest
 from specdraft.checkpoint.training import load_training_checkpoint
 from specdraft.checkpoint.weights import read_weights
+from specdraft.conventions.config_reads import TRAINER_ARCHITECTURE
 from specdraft.data.vocab import t2d_from_d2t
 from specdraft.draft import Eagle3Draft, rope_inv_freq
 from specdraft.draft_config import DraftConfig
 
 
 def detect_layout(path: Path) -> str:
-    """Layout of a checkpoint directory, from its files; CheckpointError when none matches."""
+    """Layout of a checkpoint directory, from its files; CheckpointError when none matches. The
+    official EAGLE-3 trainer's drafter config (architectures LlamaForCausalLM and a drafter key,
+    `conventions.config_reads.TRAINER_ARCHITECTURE`) is the official layout, as vLLM reads it."""
     config = read_config(path)
     if config.get("speculators_model_type") is not None:
         if config["speculators_model_type"] != "eagle3":
@@ -63,9 +66,9 @@ def detect_layout(path: Path) -> str:
     wrong = wrong_dir_message(path, "drafter")
     if wrong:
         raise CheckpointError(wrong)
-    if (
-        classify_dir(path).kind == "drafter"
-    ):  # a drafter key (e.g. draft_vocab_size) under a plain class
+    if classify_dir(path).kind == "drafter":  # a drafter key (e.g. draft_vocab_size), a plain class
+        if architectures == [TRAINER_ARCHITECTURE]:  # the official trainer's: vLLM's drafter
+            return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
         raise CheckpointError(plain_architecture_message(path, architectures))
     manifest = (
         f"though {MANIFEST_FILE} is there; {DRAFTER_CONFIG_FIX}"

@@ -20,6 +20,12 @@ ARCHITECTURE_READ = (
     "vLLM 0.32 registers it as its Llama EAGLE-3 drafter (model_executor/models/registry.py), "
     "SGLang 0.5.23 registers only LlamaForCausalLMEagle3 (srt/models/llama_eagle3.py EntryClass)"
 )
+# The official EAGLE-3 trainer's drafter config names the target's class (SafeAILab/EAGLE
+# eagle/traineagle3/config.json): vllm 0.32.0 transformers_utils/configs/eagle.py (EAGLEConfig,
+# method eagle3) loads LlamaForCausalLM as Eagle3LlamaForCausalLM, the same network; sglang 0.5.23
+# builds its plain Llama model (srt/models/llama.py EntryClass), another network
+# (`engines.PLAIN_DRAFT_ARCHITECTURE_READ`).
+TRAINER_ARCHITECTURE = "LlamaForCausalLM"
 # tie_word_embeddings: true. sglang srt/models/llama_eagle3.py (0.5.10, 0.5.12, 0.5.23):
 # `if config.tie_word_embeddings: self.lm_head = self.model.embed_tokens`, the target's embedding
 # after set_embed; vllm 0.32.0 model_executor/models/llama_eagle3.py does not read the key.

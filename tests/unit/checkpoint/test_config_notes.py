@@ -112,3 +112,15 @@ def test_a_tied_head_is_said_by_inspect_and_export(tmp_path):
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert written["tie_word_embeddings"] is False
     assert any("tie_word_embeddings true -> false" in n for n in result.notes)
+
+
+def test_the_trainer_architecture_loads_for_vllm_and_fails_for_sglang(tmp_path):
+    """architectures ["LlamaForCausalLM"] (the official EAGLE-3 trainer's): vLLM serves the
+    drafter (EAGLEConfig renames it Eagle3LlamaForCausalLM), SGLang builds its plain Llama."""
+    draft, target = draft_checkpoint(tmp_path, layout="sglang")
+    edit_config(draft, lambda c: c.update(architectures=["LlamaForCausalLM"]))
+    assert load_draft(draft, target_num_layers=5).layout == "sglang"
+    vllm = run_doctor(draft, target=target, engine="vllm").finding("keys_match_engine")
+    sglang = run_doctor(draft, target=target, engine="sglang").finding("keys_match_engine")
+    assert vllm.verdict == "pass", vllm
+    assert sglang.verdict == "fail" and "would not load this drafter" in sglang.evidence

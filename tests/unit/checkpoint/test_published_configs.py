@@ -4,8 +4,9 @@ sizes shrunk consistently, random tensors of the names and shapes it implies. Ea
 the right aux layers, round-trips bit-exactly through every layout, and exports for vLLM, or is
 refused with the reason.
 
-EAGLE's own traineagle3 config names `LlamaForCausalLM` (the target's class, not a draft
-architecture) and stays refused with that reason.
+EAGLE's own traineagle3 config names `LlamaForCausalLM`, which vLLM serves as its EAGLE-3
+drafter (SGLang as its plain Llama): read as vLLM reads it, with a note (issue #34). A plain
+class other than the trainer's under a drafter key stays refused with that reason.
 """
 
 from __future__ import annotations
@@ -68,14 +69,7 @@ PUBLISHED = [
     Published("specforge-qwen3-30B-A3B-eagle3.1.json", "qwen3", 48, [2, 24, 45]),
     Published("specforge-qwen3-vl-8b-eagle3.json", "qwen3_vl", 36, [2, 18, 33]),
     Published("specforge-qwen3-vl-30b-a3b-eagle3.json", "qwen3_vl_moe", 48, [2, 24, 45]),
-    Published(
-        "eagle-traineagle3-config.json",
-        "llama",
-        32,
-        None,
-        refuse="architectures ['LlamaForCausalLM'] names a plain model, not an EAGLE-3 drafter",
-        flip="reader",
-    ),
+    Published("eagle-traineagle3-config.json", "llama", 32, [2, 16, 29]),
     Published("speculators-0.9.0-converter-llama3-8b.json", "llama", 32, [2, 16, 29]),
     Published(
         "speculators-0.9.0-trainer-llama3-8b.json", "llama", 32, [2, 16, 29], owned_embedding=True
@@ -251,28 +245,31 @@ def test_specforge_qwen3_vl_mrope_reads_as_rope_over_text_positions(tmp_path, fi
     assert (cfg.rope_theta, cfg.rope_scaling) == (5e6, None)
 
 
-def test_the_eagle3_trainer_config_refusal_names_the_way_forward_and_it_works(tmp_path):
-    """The official EAGLE-3 trainer writes architectures ["LlamaForCausalLM"], which SGLang builds as its
-    plain Llama: the refusal says what each engine makes of it and the value to write; written, it loads."""
+def test_the_eagle3_trainer_config_reads_as_vllm_reads_it_and_says_what_sglang_builds(tmp_path):
+    """The official EAGLE-3 trainer writes architectures ["LlamaForCausalLM"]: vLLM (method eagle3)
+    serves it as Eagle3LlamaForCausalLM, SGLang builds its plain Llama. It loads, the note says
+    both; another plain class under a drafter key stays refused with the value to write."""
+    from specdraft.checkpoint.config_notes import reading_notes
+
     case = next(c for c in PUBLISHED if c.file == "eagle-traineagle3-config.json")
     config = shrink(json.loads((FIXTURES / case.file).read_text()))
     _, target_class = write_target(tmp_path, case)
     draft, tensors = write_drafter(tmp_path, case, config)
     reading = {"target_num_layers": case.num_layers, "target_class": target_class}
-    with pytest.raises(CheckpointError) as refused:
-        load_draft(draft, **reading)
-    message = str(refused.value)
-    assert (
-        "Eagle3LlamaForCausalLM" in message and "SGLang 0.5.23 as its plain Llama model" in message
-    )
-    assert 'set "architectures": ["LlamaForCausalLMEagle3"] in config.json' in message
-    assert "conventions" not in message and "\n" not in message
-    (draft / "config.json").write_text(
-        json.dumps({**config, "architectures": ["LlamaForCausalLMEagle3"]})
-    )
     model = load_draft(draft, **reading).model
     assert torch.equal(model.fc.weight, tensors["fc.weight"]) and model.cfg.aux_layers == (
         2,
         16,
         29,
     )
+    (note,) = [n for n in reading_notes(config) if "official EAGLE-3 trainer's" in n]
+    assert "Eagle3LlamaForCausalLM" in note and "SGLang 0.5.23 as its plain Llama model" in note
+    (draft / "config.json").write_text(
+        json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]})
+    )
+    with pytest.raises(CheckpointError) as refused:
+        load_draft(draft, **reading)
+    message = str(refused.value)
+    assert "names a plain model, not an EAGLE-3 drafter" in message
+    assert 'set "architectures": ["LlamaForCausalLMEagle3"] in config.json' in message
+    assert "conventions" not in message and "\n" not in message
