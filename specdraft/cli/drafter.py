@@ -199,9 +199,13 @@ def written_aux_ids_line(config: dict) -> str:
 
 def print_known_keys(console, checkpoint: str) -> None:
     """inspect --known-keys: the known keys (`config_keys.known_keys_lines`), then CHECKPOINT's
-    unknown ones, one a line; exits 0, or 1 when there are unknown ones."""
+    ignored ones and refused ones, one a line; exits 0, or 1 when there are refused ones."""
     from specdraft.checkpoint import UNIMPLEMENTED_FLAGS, is_training_checkpoint, read_config
-    from specdraft.checkpoint.config_keys import known_keys_lines, unknown_config_keys
+    from specdraft.checkpoint.config_keys import (
+        ignored_config_keys,
+        known_keys_lines,
+        unknown_config_keys,
+    )
 
     for line in known_keys_lines(UNIMPLEMENTED_FLAGS):
         console.print(line, markup=False, soft_wrap=True)
@@ -215,7 +219,15 @@ def print_known_keys(console, checkpoint: str) -> None:
         raise typer.Exit(0)
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
-        unknown = unknown_config_keys(read_config(Path(checkpoint)), UNIMPLEMENTED_FLAGS)
+        config = read_config(Path(checkpoint))
+        unknown = unknown_config_keys(config, UNIMPLEMENTED_FLAGS)
+    ignored = ignored_config_keys(config)
+    for key in ignored:
+        console.print(
+            f"{checkpoint}/config.json: ignored (no engine reads it): {key}",
+            markup=False,
+            soft_wrap=True,
+        )
     for entry in unknown:
         console.print(
             f"{checkpoint}/config.json: neither read nor known harmless: {entry}",
@@ -224,7 +236,8 @@ def print_known_keys(console, checkpoint: str) -> None:
             soft_wrap=True,
         )
     if not unknown:
-        console.print(f"{checkpoint}/config.json: no other keys", markup=False, soft_wrap=True)
+        none = "no refused keys" if ignored else "no other keys"
+        console.print(f"{checkpoint}/config.json: {none}", markup=False, soft_wrap=True)
     raise typer.Exit(1 if unknown else 0)
 
 

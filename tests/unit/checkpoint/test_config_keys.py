@@ -166,6 +166,12 @@ def test_inspect_known_keys_lists_the_keys_and_the_checkpoints_others(tmp_path):
         and "mlp_bias" in line
         for line in lines
     )
+    edit_config(tmp_path / "d", use_mrope=False)
+    result = CliRunner().invoke(app, ["inspect", str(tmp_path / "d"), "--known-keys"])
+    assert result.exit_code == 0 and result.output.splitlines()[-2:] == [
+        f"{tmp_path / 'd'}/config.json: ignored (no engine reads it): use_mrope",
+        f"{tmp_path / 'd'}/config.json: no refused keys",
+    ]
     edit_config(tmp_path / "d", rope_thetta=1e6)
     result = CliRunner().invoke(app, ["inspect", str(tmp_path / "d"), "--known-keys"])
     assert result.exit_code == 1 and result.output.splitlines()[-1] == (
