@@ -44,12 +44,15 @@ def tokenizer_length(target_dir: str | Path | None) -> int | None:
 
 def usable_vocab(manifest: Manifest | None, known_length: int | None = None) -> int | None:
     """How many target ids are tokens: the tokenizer length the manifest records (a target's
-    vocab_size may pad its embedding past it, as Qwen-family configs do), else `known_length`
-    (the target's tokenizer, `tokenizer_length`), else None."""
-    length = ((manifest.tokenizer if manifest is not None else None) or {}).get("length")
-    if isinstance(length, int) and not isinstance(length, bool) and length > 0:
-        return length
-    return known_length
+    vocab_size may pad its embedding past it, as Qwen-family configs do); without a manifest,
+    `known_length` (the target's tokenizer, `tokenizer_length`); else None (a manifest that
+    records no tokenizer is read as it was trained: unbounded)."""
+    if manifest is None:
+        return known_length
+    length = (manifest.tokenizer or {}).get("length")
+    return (
+        length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
+    )
 
 
 def vocab_map_problems(
@@ -57,7 +60,7 @@ def vocab_map_problems(
 ) -> list[str]:
     """The one vocabulary-map rule (FC-02, `data.vocab.validate_vocab_map`), bound by the
     tokenizer's length whenever it is known (`usable_vocab`: the manifest's record, else
-    `known_length`): what inspect's audit, doctor, the engine and export refuse."""
+    `known_length` without a manifest): what inspect's audit, doctor, the engine and export refuse."""
     cfg = model.cfg
     return validate_vocab_map(
         model.d2t.cpu(),
@@ -85,7 +88,7 @@ def audit(
 ) -> list[str]:
     """Problems in the tensors a drafter saves (a shared embedding is the target's): NaN/Inf values
     and an invalid d2t/t2d map (FC-02, `vocab_map_problems`: ids past the tokenizer's length, the
-    manifest's record else `known_length`, included)."""
+    manifest's record, without a manifest `known_length`, included)."""
     problems = [
         f"{name} holds NaN or Inf"
         for name, t in state_dict_for_layout(model, "sglang").items()

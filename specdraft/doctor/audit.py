@@ -274,7 +274,7 @@ def vocab_map_valid(ev: Evidence) -> Result:
             "no lm_head.weight, so the draft vocabulary size is unknown", "see keys_match_engine"
         )
     _, vocab, _ = ev.target_sizes()  # without the target: the vocabulary its config declares
-    try:  # the tokenizer's length (the manifest's, else the target's): ids past it are padding rows
+    try:  # the tokenizer's length (the manifest's; without one the target's): ids past it are padding
         usable = usable_vocab(ev.manifest, _tokenizer_length(ev))
     except Unavailable:  # a damaged manifest is the manifest check's finding
         usable = None
