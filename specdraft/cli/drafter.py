@@ -120,8 +120,8 @@ def tensor_table(tensors: dict, title: str | None = None):
 
 def print_audit(console, loaded, target: str) -> None:
     """inspect's audit verdict (`checkpoint.audit`, the vocabulary map bound by the tokenizer's
-    length: the manifest's record, without a manifest the --target's tokenizer): a line per problem and exit
-    1, else PASS."""
+    length: the manifest's record, without a manifest the --target's tokenizer): a line per
+    problem and exit 1, else PASS."""
     from specdraft.checkpoint import audit, tokenizer_length
 
     problems = audit(loaded.model, loaded.manifest, tokenizer_length(target or None))
