@@ -27,7 +27,8 @@ def flag_id(flags: dict[str, bool]) -> str:
 
 def seeded_draft(cfg: DraftConfig, seed: int = 0) -> Eagle3Draft:
     """A drafter with every tensor seeded and non-trivial (norms perturbed) and the even target
-    ids as its draft vocabulary (d2t[i] = i, so d2t is not the identity). RNG state is kept."""
+    ids as its draft vocabulary (d2t[i] = i, so d2t is not the identity); a draft vocabulary as
+    large as the target's is the identity map. RNG state is kept."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Eagle3Draft(cfg)
@@ -36,9 +37,10 @@ def seeded_draft(cfg: DraftConfig, seed: int = 0) -> Eagle3Draft:
                 if "norm" in name:  # every RMSNorm, the EAGLE-3.1 fc_norm.{i} included
                     p.add_(0.1 * torch.randn_like(p))
     vocab = cfg.draft_vocab_size
-    model.d2t.copy_(torch.arange(vocab))
-    model.t2d.zero_()
-    model.t2d[torch.arange(vocab) * 2] = True
+    full = vocab == cfg.vocab_size
+    model.d2t.copy_(torch.zeros(vocab) if full else torch.arange(vocab))
+    model.t2d.fill_(full)
+    model.t2d[torch.arange(vocab) * (1 if full else 2)] = True
     model.embedding_loaded = True
     return model
 

@@ -21,11 +21,13 @@ Loading is strict: unlike every loader in the field, `load` refuses what does no
 from __future__ import annotations
 
 from specdraft.checkpoint.audit import (
+    TOKENIZER_FILES,
     all_finite,
     audit,
     check_vocab_map,
     file_sha256,
     tensor_digest,
+    tokenizer_length,
     usable_vocab,
     vocab_map_problems,
 )
@@ -96,6 +98,7 @@ from specdraft.checkpoint.weights import (
 __all__ = [
     "CHECKPOINT_DIR",
     "SOURCE_FORMS",
+    "TOKENIZER_FILES",
     "DRAFTER_CONFIG_FIX",
     "FLAGS_FIX",
     "LAYER_PREFIX",
@@ -148,6 +151,7 @@ __all__ = [
     "speculators_config",
     "state_dict_for_layout",
     "tensor_digest",
+    "tokenizer_length",
     "unimplemented_flags",
     "usable_vocab",
     "verifier_replaced_note",

@@ -20,45 +20,81 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def usable_vocab(manifest: Manifest | None) -> int | None:
+# The files of a tokenizer saved in a model directory (any one of them: transformers loads it).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+)
+
+
+def tokenizer_length(target_dir: str | Path | None) -> int | None:
+    """How many tokens the tokenizer saved in `target_dir` has (`len(tokenizer)`, added tokens
+    included); None without a directory, tokenizer files in it (TOKENIZER_FILES), or one
+    transformers can read."""
+    if target_dir is None or not any((Path(target_dir) / n).is_file() for n in TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return len(AutoTokenizer.from_pretrained(target_dir, local_files_only=True))
+    except (OSError, ValueError):
+        return None
+
+
+def usable_vocab(manifest: Manifest | None, known_length: int | None = None) -> int | None:
     """How many target ids are tokens: the tokenizer length the manifest records (a target's
-    vocab_size may pad its embedding past it, as Qwen-family configs do), or None when unrecorded."""
-    length = ((manifest.tokenizer if manifest is not None else None) or {}).get("length")
+    vocab_size may pad its embedding past it, as Qwen-family configs do); without a manifest,
+    `known_length` (the target's tokenizer, `tokenizer_length`); else None (a manifest that
+    records no tokenizer is read as it was trained: unbounded)."""
+    if manifest is None:
+        return known_length
+    length = (manifest.tokenizer or {}).get("length")
     return (
         length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
     )
 
 
-def vocab_map_problems(model: Eagle3Draft, manifest: Manifest | None) -> list[str]:
-    """The one vocabulary-map rule (FC-02, `data.vocab.validate_vocab_map`), with the bound the
-    manifest records (`usable_vocab`): what inspect's audit, doctor, the engine and export refuse."""
+def vocab_map_problems(
+    model: Eagle3Draft, manifest: Manifest | None, known_length: int | None = None
+) -> list[str]:
+    """The one vocabulary-map rule (FC-02, `data.vocab.validate_vocab_map`), bound by the
+    tokenizer's length whenever it is known (`usable_vocab`: the manifest's record, else
+    `known_length` without a manifest): what inspect's audit, doctor, the engine and export refuse."""
     cfg = model.cfg
     return validate_vocab_map(
         model.d2t.cpu(),
         model.t2d.cpu(),
         cfg.vocab_size,
         cfg.draft_vocab_size,
-        usable_vocab(manifest),
+        usable_vocab(manifest, known_length),
     )
 
 
-def check_vocab_map(model: Eagle3Draft, manifest: Manifest | None, path: str | Path) -> None:
+def check_vocab_map(
+    model: Eagle3Draft,
+    manifest: Manifest | None,
+    path: str | Path,
+    known_length: int | None = None,
+) -> None:
     """Raise CheckpointError naming `path` when `vocab_map_problems` finds any."""
-    problems = vocab_map_problems(model, manifest)
+    problems = vocab_map_problems(model, manifest, known_length)
     if problems:
         raise CheckpointError(f"{path}: its vocabulary map (d2t) is wrong: {'; '.join(problems)}")
 
 
-def audit(model: Eagle3Draft, manifest: Manifest | None = None) -> list[str]:
+def audit(
+    model: Eagle3Draft, manifest: Manifest | None = None, known_length: int | None = None
+) -> list[str]:
     """Problems in the tensors a drafter saves (a shared embedding is the target's): NaN/Inf values
-    and an invalid d2t/t2d map (FC-02, `vocab_map_problems`: ids past the tokenizer's length the
-    manifest records included)."""
+    and an invalid d2t/t2d map (FC-02, `vocab_map_problems`: ids past the tokenizer's length, the
+    manifest's record, without a manifest `known_length`, included)."""
     problems = [
         f"{name} holds NaN or Inf"
         for name, t in state_dict_for_layout(model, "sglang").items()
         if not all_finite(t)
     ]
-    return problems + vocab_map_problems(model, manifest)
+    return problems + vocab_map_problems(model, manifest, known_length)
 
 
 def all_finite(t: torch.Tensor, chunk: int = 1 << 22) -> bool:

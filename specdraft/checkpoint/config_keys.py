@@ -1,11 +1,14 @@
-"""The config.json keys a drafter may hold: the ones specdraft reads, and the ones known harmless.
+"""The config.json keys a drafter may hold: the ones specdraft reads, the ones known harmless,
+and the rule for the others.
 
-Every engine ignores a config key it does not know, so a key that changes the network (a new
-norm, an MoE layer, a quantization) but that specdraft does not read would be served, checked
-and converted as a plain EAGLE-3 drafter without a word. Here any key outside these lists is a
-CheckpointError naming the keys and the fix (`refuse_unknown_keys`; `specdraft inspect CKPT
---known-keys` prints the lists), as is a flag of an EAGLE-3 variant specdraft does not implement
-(`refuse_unimplemented_flags`, `refuse_sliding_window`).
+Every engine ignores a config key it does not read. The rule (`sort_config_keys`): a key an
+engine reads that specdraft's drafter does not compute as the engine does
+(`conventions.config_reads`: quantization_config, a value other than the harmless ones), or a
+likely misspelling of a known key (closest-match, difflib), is a CheckpointError naming the keys
+and the fix (`refuse_unknown_keys`; `specdraft inspect CKPT --known-keys` prints the lists); any
+other key no engine reads is ignored, as the engines ignore it, and named in one line
+(`ignored_keys_note`). A flag of an EAGLE-3 variant specdraft does not implement is refused by
+its own rule (`refuse_unimplemented_flags`, `refuse_sliding_window`).
 
 The lists are built from the drafter configs the field publishes, read for this:
 SpecForge ``configs/*eagle3*.json`` (26 files at commit a6b6b02, 2026-08-08), speculators 0.9.0
@@ -24,6 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.checkpoint.layouts import CheckpointError
+from specdraft.conventions.config_reads import (
+    ENGINE_READ_REFUSED,
+    ENGINE_READ_VALUES,
+    NUM_AUX_KEY,
+    PUBLISHED_IGNORED_KEYS,
+)
 from specdraft.conventions.engines import SLIDING_LAYER_TYPE
 from specdraft.errors import closest_name
 
@@ -57,6 +66,7 @@ READ_KEYS = (
     "tie_word_embeddings",
     "eagle_config",
     "eagle_aux_hidden_state_layer_ids",
+    NUM_AUX_KEY,
     "speculators_model_type",
     "speculators_version",
     "speculators_config",
@@ -82,13 +92,15 @@ HARMLESS_KEYS = (
     # (config.py beside it) for transformers' remote code (speculators/config.py _auto_class)
     "auto_map",
 )
-# Keys harmless only at these values (what the drafter specdraft implements computes); any other
-# value is refused as an unknown flag would be.
+# Keys harmless only at these values (what the drafter specdraft implements computes), the keys
+# an engine reads of the drafter included (`conventions.config_reads.ENGINE_READ_VALUES`); any
+# other value is refused.
 HARMLESS_VALUES: dict[str, tuple[Any, ...]] = {
     "hidden_act": ("silu",),
     "attention_dropout": (0, 0.0, None),
     "pretraining_tp": (1, None),
     "use_sliding_window": (False, None),
+    **ENGINE_READ_VALUES,
 }
 # Keys of EAGLE-3 variants judged by their own rule (`UNIMPLEMENTED_FLAGS` and the norm /
 # sliding-window support that reads them), never by this one; the caller adds UNIMPLEMENTED_FLAGS.
@@ -122,15 +134,30 @@ UNKNOWN_KEYS_FIX = (
 
 def unknown_config_keys(config: dict[str, Any], variant_keys: tuple[str, ...] = ()) -> list[str]:
     """The keys of a drafter's config.json (its top level, a speculators transformer_layer_config
-    and eagle_config) that are neither read, known harmless nor `variant_keys` / VARIANT_KEYS
-    (judged elsewhere), as "where.key = value", followed by what is known of the key: the values
-    it is harmless at, else the closest known key where one is close (difflib), e.g.
-    "rope_thetta = 1e6 (closest known key: rope_theta)"."""
+    and eagle_config) that the rule refuses (`sort_config_keys`), as "where.key = value",
+    followed by what is known of the key: the values it is harmless at, else the closest known
+    key where one is close (difflib), e.g. "rope_thetta = 1e6 (closest known key: rope_theta)"."""
+    return sort_config_keys(config, variant_keys)[0]
+
+
+def ignored_config_keys(config: dict[str, Any]) -> list[str]:
+    """The keys of a drafter's config.json that no engine reads and specdraft ignores as they
+    do (`sort_config_keys`), as "where.key"."""
+    return sort_config_keys(config, UNIMPLEMENTED_FLAGS)[1]
+
+
+def sort_config_keys(
+    config: dict[str, Any], variant_keys: tuple[str, ...] = ()
+) -> tuple[list[str], list[str]]:
+    """(refused entries, ignored keys) of a drafter's config.json: the keys neither read, known
+    harmless nor `variant_keys` / VARIANT_KEYS (judged elsewhere), sorted by the module's rule;
+    eagle_config keys (ModelOpt's architecture switches) outside EAGLE_CONFIG_VALUES are refused."""
     skip = set(variant_keys) | set(VARIANT_KEYS)
-    found = _unknown(config, "", skip)
+    refused, ignored = _unknown(config, "", skip)
     layer = config.get("transformer_layer_config")
     if isinstance(layer, dict):
-        found += _unknown(layer, "transformer_layer_config.", skip)
+        more, more_ignored = _unknown(layer, "transformer_layer_config.", skip)
+        refused, ignored = refused + more, ignored + more_ignored
     for where, nested in (
         ("eagle_config.", config.get("eagle_config")),
         (
@@ -139,24 +166,47 @@ def unknown_config_keys(config: dict[str, Any], variant_keys: tuple[str, ...] = 
         ),
     ):
         if isinstance(nested, dict):
-            found += [
+            refused += [
                 _entry(where, k, v, EAGLE_CONFIG_VALUES)
                 for k, v in nested.items()
                 if k not in EAGLE_CONFIG_VALUES or not _allowed(v, EAGLE_CONFIG_VALUES[k])
             ]
-    return found
+    return refused, ignored
 
 
-def _unknown(config: dict[str, Any], where: str, skip: set[str]) -> list[str]:
+def _unknown(config: dict[str, Any], where: str, skip: set[str]) -> tuple[list[str], list[str]]:
+    """(refused entries, ignored "where.key") among `config`'s keys outside the known ones."""
     known = set(READ_KEYS) | set(HARMLESS_KEYS) | skip
     names = sorted(known | set(HARMLESS_VALUES) | {"layer_types"})
-    return [
-        _entry(where, k, v, HARMLESS_VALUES, names)
-        for k, v in config.items()
-        if k not in known
-        and not (k in HARMLESS_VALUES and _allowed(v, HARMLESS_VALUES[k]))
-        and not (k == "layer_types" and isinstance(v, list) and set(v) <= {"full_attention"})
-    ]
+    refused, ignored = [], []
+    for k, v in config.items():
+        if (
+            k in known
+            or (k in HARMLESS_VALUES and _allowed(v, HARMLESS_VALUES[k]))
+            or (k == "layer_types" and isinstance(v, list) and set(v) <= {"full_attention"})
+        ):
+            continue
+        if (
+            k in HARMLESS_VALUES
+            or k in ENGINE_READ_REFUSED
+            or (k not in PUBLISHED_IGNORED_KEYS and closest_name(k, names))
+        ):
+            refused.append(_entry(where, k, v, HARMLESS_VALUES, names))
+        else:
+            ignored.append(where + k)
+    return refused, ignored
+
+
+def ignored_keys_note(config: dict[str, Any]) -> str | None:
+    """The one line naming the config.json keys no engine reads, which specdraft ignores too
+    (`ignored_config_keys`); None when there are none."""
+    ignored = ignored_config_keys(config)
+    if not ignored:
+        return None
+    return (
+        f"config.json keys no engine reads, ignored (as SGLang and vLLM ignore them): "
+        f"{', '.join(ignored)}"
+    )
 
 
 def _entry(
@@ -206,6 +256,8 @@ def known_keys_lines(variant_keys: tuple[str, ...] = ()) -> list[str]:
         f"harmless at these values: {valued(HARMLESS_VALUES)}, layer_types (all 'full_attention')",
         f"eagle_config: {valued(EAGLE_CONFIG_VALUES)}",
         f"flags judged by their own rule: {', '.join(VARIANT_KEYS + tuple(variant_keys))}",
+        f"refused at any value (an engine reads it): {', '.join(ENGINE_READ_REFUSED)}; any other "
+        "key no engine reads is ignored, one close to a known key refused as a misspelling",
     ]
 
 
@@ -247,10 +299,10 @@ def refuse_unimplemented_flags(path: Path, config: dict[str, Any]) -> None:
 
 
 def refuse_unknown_keys(path: Path, config: dict[str, Any]) -> None:
-    """The one rule for the rest of config.json: a key specdraft neither reads nor knows to be
-    harmless (`config_keys`) is a CheckpointError naming the file, the keys with their values (and
-    the closest known key), the fix and the command that lists the known keys (every engine would
-    ignore such a key without a word)."""
+    """The one rule for the rest of config.json: a key the module's rule refuses (an engine reads
+    it and specdraft's drafter would compute otherwise, or a likely misspelling of a known key)
+    is a CheckpointError naming the file, the keys with their values (and the closest known
+    key), the fix and the command that lists the known keys."""
     unknown = unknown_config_keys(config, UNIMPLEMENTED_FLAGS)
     if unknown:
         what = "a key" if len(unknown) == 1 else f"{len(unknown)} keys"

@@ -27,6 +27,7 @@ from specdraft.checkpoint.layouts import (
 )
 from specdraft.checkpoint.manifest import Manifest
 from specdraft.conventions import AUX_KEY, engines_default_layers, from_engine_ids
+from specdraft.conventions.config_reads import NUM_AUX_KEY
 from specdraft.draft_config import NORM_FLAGS, DraftConfig, rope_from_hf_config
 
 # SGLang's legacy name of the fc_norm flag (sglang 0.5.23 srt/models/llama_eagle3.py
@@ -69,14 +70,30 @@ def config_from_files(
     refuse_unknown_keys(path, config)
     flags = norm_flags_of_config(path, config)
     if manifest is not None:
-        return _manifest_config(path, manifest, flags, aux_layers)
-    _refuse_manifestless(path, where, layer, target_num_layers)
+        cfg = _manifest_config(path, manifest, flags, aux_layers)
+    else:
+        _refuse_manifestless(path, where, layer, target_num_layers)
+        ids = aux_layers_of_config(
+            path, config, target_num_layers, target_class, sglang_version, aux_layers
+        )
+        cfg = _manifestless_config(config, layer, ids, target_num_layers, flags)
+    refuse_other_aux_count(path, config, cfg)
+    return cfg
+
+
+def _manifestless_config(
+    config: dict[str, Any],
+    layer: dict[str, Any],
+    aux_layers: list[int],
+    target_num_layers: int,
+    flags: dict[str, bool],
+) -> DraftConfig:
+    """The DraftConfig a manifest-less config.json (`layer`: its layer config) declares, on
+    `aux_layers` of a `target_num_layers`-layer target; DraftError for values it refuses."""
     rope_theta, rope_scaling = rope_from_hf_config(layer.get)
     return DraftConfig.from_target(
         layer,
-        aux_layers_of_config(
-            path, config, target_num_layers, target_class, sglang_version, aux_layers
-        ),
+        aux_layers,
         draft_vocab_size=config.get("draft_vocab_size") or layer.get("draft_vocab_size"),
         target_hidden_size=config.get("target_hidden_size") or layer["hidden_size"],
         target_num_layers=target_num_layers,
@@ -84,6 +101,19 @@ def config_from_files(
         rope_scaling=rope_scaling,
         **flags,
     )
+
+
+def refuse_other_aux_count(path: Path, config: dict[str, Any], cfg: DraftConfig) -> None:
+    """CheckpointError naming the file when its num_aux_hidden_states (the count of aux states
+    fc takes, which SGLang >= 0.5.12 and vLLM read first: `conventions.config_reads.NUM_AUX_KEY`)
+    is not the count of the aux layers the drafter reads."""
+    count = config.get(NUM_AUX_KEY)
+    if count is not None and count != cfg.n_aux:
+        raise CheckpointError(
+            f"{path}/config.json: {NUM_AUX_KEY} = {count!r}, but the drafter reads "
+            f"{cfg.n_aux} aux layers {list(cfg.aux_layers)}: the engines would size fc for "
+            f"{count!r}; write {cfg.n_aux} (or name {count!r} layers with --aux-layers)"
+        )
 
 
 def _refuse_manifestless(

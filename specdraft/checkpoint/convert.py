@@ -18,6 +18,7 @@ from specdraft.checkpoint.layouts import (
     MANIFEST_FILE,
     WEIGHTS_FILE,
     CheckpointError,
+    layer_prefix,
     state_dict_for_layout,
 )
 from specdraft.checkpoint.load import key_mismatch_message, load_draft, read_draft_config
@@ -47,6 +48,7 @@ def convert_draft(
     aux_layers: list[int] | None = None,
     target_architectures: list[str] | None = None,
     target_name_or_path: str | None = None,
+    layer_names: str | None = None,
 ) -> Converted:
     """Rewrite a drafter in `layout`, then re-read both and prove every tensor bit-identical and
     the drafter config the same (the ``sglang`` layout drops the manifest, so its config.json
@@ -59,33 +61,49 @@ def convert_draft(
     `target_architectures` as its verifier, as export does (replacing another the source names:
     `verifier_replaced_note`), else the verifier the source records (its own speculators
     verifier, or the manifest's target); None when nothing names it (vLLM started on the drafter
-    then has no target).
+    then has no target). `layer_names`: the written decoder layer's names, "midlayer" or
+    "layers.0" (`layouts.LAYER_NAMES`; default: the layout's own), either read by vLLM 0.32 and
+    SGLang >= 0.5.12.
     Returns how many tensors are bit-identical to the source's, and the derived ones (the source
     has none: `derived_tensors`); raises CheckpointError when a tensor differs or is
     missing (case FC-01), or the re-read config differs. Costs about the source's size in memory
     (the written file is re-read one tensor at a time, `verify_written`).
     """
     check_output_dir(dst, source=src)
+    layer_prefix(layout, layer_names)  # an unknown name is refused before any reading
     if layout == "specdraft":  # before asking for the target
         _refuse_without_manifest(src, target_num_layers)
     ids = {"target_class": target_class or "llama", "sglang_version": sglang_version}
     source = load_draft(src, target_num_layers=target_num_layers, aux_layers=aux_layers, **ids)
     if target_class is None and source.manifest is not None:
         ids["target_class"] = (source.manifest.target or {}).get("target_class") or "llama"
-    name, architectures = _verifier_record(source, src, target_name_or_path, target_architectures)
+    verifier = _verifier_record(source, src, target_name_or_path, target_architectures)
+    return _write_and_prove(source, dst, layout, ids, verifier, layer_names)
+
+
+def _write_and_prove(
+    source: LoadedDraft,
+    dst: str | Path,
+    layout: str,
+    ids: dict[str, str | None],
+    verifier: tuple[str | None, list[str] | None],
+    layer_names: str | None,
+) -> Converted:
+    """`convert_draft`'s writing: `source` saved in `layout` at `dst` with `verifier` (name,
+    architectures), its config read back and its tensors proven bit-identical."""
     save_draft(
         source.model,
         dst,
         layout=layout,
         manifest=source.manifest,
-        verifier=name,
-        verifier_architectures=architectures,
+        verifier=verifier[0],
+        verifier_architectures=verifier[1],
+        layer_names=layer_names,
         **ids,
     )
     _check_config_reads_back(source, dst, layout, ids)
-    return Converted(
-        verify_written(source.model, dst, layout) - len(source.derived), source.derived
-    )
+    copied = verify_written(source.model, dst, layout, layer_names) - len(source.derived)
+    return Converted(copied, source.derived)
 
 
 def _refuse_without_manifest(src: str | Path, target_num_layers: int | None) -> None:
@@ -135,12 +153,14 @@ def _check_config_reads_back(
         )
 
 
-def verify_written(expected: Eagle3Draft, out_dir: str | Path, layout: str) -> int:
+def verify_written(
+    expected: Eagle3Draft, out_dir: str | Path, layout: str, layer_names: str | None = None
+) -> int:
     """Prove `out_dir`/model.safetensors (as `save_draft` and export write it) holds exactly
-    `expected`'s tensors in `layout`, bit for bit. Each tensor is read back through its own
+    `expected`'s tensors in `layout` (decoder layer under `layer_names`), bit for bit. Each tensor is read back through its own
     `open_safetensors` handle and let go before the next, so proving costs one tensor's size.
     Returns how many; CheckpointError names the first that differs, is missing or is not expected."""
-    want = state_dict_for_layout(expected, layout)
+    want = state_dict_for_layout(expected, layout, layer_names)
     file = Path(out_dir) / WEIGHTS_FILE
     with open_safetensors(file, "write it again", CheckpointError) as f:
         names = set(f.keys())

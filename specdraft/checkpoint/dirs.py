@@ -21,6 +21,7 @@ from specdraft.checkpoint.layouts import (
     DRAFTER_CONFIG_FIX,
     MANIFEST_FILE,
     OFFICIAL_ARCHITECTURES,
+    READ_ARCHITECTURES,
     CheckpointError,
     UnreadableCheckpointFile,
 )
@@ -80,7 +81,7 @@ def classify_dir(path: str | Path) -> DirKind:
 
 def _drafter_evidence(path: Path, config: dict[str, Any], architectures: list[str]) -> str:
     """What marks a drafter: an EAGLE-3 architecture, a drafter-only key, a manifest ("" if none)."""
-    if set(architectures) & set(OFFICIAL_ARCHITECTURES):
+    if set(architectures) & set(READ_ARCHITECTURES):
         return f"its config.json says architectures {architectures}"
     layer = config.get("transformer_layer_config")
     layer = layer if isinstance(layer, dict) else {}
@@ -90,6 +91,8 @@ def _drafter_evidence(path: Path, config: dict[str, Any], architectures: list[st
             return f"its config.json has {key}" + (
                 "" if isinstance(value, dict) else f" = {value!r}"
             )
+    if any("eagle3" in a.lower() for a in architectures):  # one specdraft does not read
+        return f"its config.json says architectures {architectures}"  # (DeepSeekForCausalLMEagle3)
     return f"it holds {MANIFEST_FILE}" if (path / MANIFEST_FILE).is_file() else ""
 
 
@@ -154,13 +157,14 @@ def verifier_replaced_note(config: dict, written: str | None) -> str | None:
 
 
 def plain_architecture_message(path: Path, architectures: list[str]) -> str:
-    """The one line for a drafter config (a drafter key) whose architectures name a plain model, as the
-    official EAGLE-3 trainer writes: what the engines make of it and the value to write."""
+    """The one line for a drafter config (a drafter key) whose architectures name a plain model
+    other than the official EAGLE-3 trainer's (read: `load.detect_layout`): what the engines make
+    of such a value and the value to write."""
     return (
         f"{path}/config.json: architectures {architectures} names a plain model, not an EAGLE-3 drafter "
-        f"({PLAIN_DRAFT_ARCHITECTURE_READ}); if it is one (the official EAGLE-3 trainer writes "
-        f'LlamaForCausalLM), set "architectures": ["{OFFICIAL_ARCHITECTURES[0]}"] in config.json: SGLang, '
-        "vLLM and specdraft load that"
+        f"({PLAIN_DRAFT_ARCHITECTURE_READ}); if it is one, set "
+        f'"architectures": ["{OFFICIAL_ARCHITECTURES[0]}"] in config.json: SGLang, vLLM and '
+        "specdraft load that"
     )
 
 
@@ -241,5 +245,5 @@ def unimplemented_architecture_message(path: Path, architectures: list[str]) -> 
     )
     return (
         f"{path}/config.json: architectures {architectures} is a draft architecture specdraft does not "
-        f"implement (it implements {', '.join(OFFICIAL_ARCHITECTURES)}); {where}"
+        f"implement (it implements {', '.join(READ_ARCHITECTURES)}); {where}"
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from specdraft.conventions import ENGINE_NAMES
+from specdraft.conventions.config_reads import LLAMA_EAGLE3_ARCHITECTURES
 from specdraft.conventions.engines import (
     engines_serving_architecture,
     engines_serving_speculators,
@@ -31,8 +32,15 @@ LAYOUTS = ("specdraft", "sglang", "speculators")
 MANIFEST_FILE = "specdraft_manifest.json"
 WEIGHTS_FILE = "model.safetensors"
 OFFICIAL_ARCHITECTURES = ("LlamaForCausalLMEagle3",)
+# The architectures read as the official drafter, in the official layout: vLLM's own name of it
+# too (`conventions.config_reads.LLAMA_EAGLE3_ARCHITECTURES`); files are written with the official.
+READ_ARCHITECTURES = LLAMA_EAGLE3_ARCHITECTURES
 # Decoder-layer prefix of each layout (the only name that differs between them).
 LAYER_PREFIX = {"specdraft": "midlayer.", "sglang": "midlayer.", "speculators": "layers.0."}
+# The two names of the decoder layer a file may use in any layout (convert's --layer-names): vLLM
+# 0.32 and SGLang >= 0.5.12 read either (`conventions.DRAFT_LOADING`); NVIDIA ModelOpt's
+# EagleExporter and TorchSpec write `layers.0` under the official architecture.
+LAYER_NAMES = ("midlayer", "layers.0")
 # SGLang's legacy names of the fc_norm tensors (sglang 0.5.23 srt/models/llama_eagle3.py
 # `legacy_name_map`), read as the current names.
 LEGACY_TENSOR_NAMES = {
@@ -101,19 +109,23 @@ def _engine_list(engines: list[str]) -> str:
     return " and ".join(ENGINE_NAMES[e] for e in engines)
 
 
-def state_dict_for_layout(model: Eagle3Draft, layout: str) -> dict[str, torch.Tensor]:
-    """The tensors one layout stores, under that layout's names (contiguous, detached).
+def state_dict_for_layout(
+    model: Eagle3Draft, layout: str, layer_names: str | None = None
+) -> dict[str, torch.Tensor]:
+    """The tensors one layout stores, under that layout's names (contiguous, detached), the
+    decoder layer under `layer_names` (one of LAYER_NAMES; None: the layout's own, LAYER_PREFIX).
 
     The shared embedding is left out unless the drafter owns it (SGLang and vLLM take the
     target's embedding when the widths match).
     """
     check_layout(layout)
+    prefix = layer_prefix(layout, layer_names)
     out = {}
     for name, tensor in model.state_dict().items():
         if name == "embed_tokens.weight" and not model.cfg.owns_embedding:
             continue
         if name.startswith("midlayer."):
-            name = LAYER_PREFIX[layout] + name[len("midlayer.") :]
+            name = prefix + name[len("midlayer.") :]
         out[name] = tensor.detach().contiguous()
     return out
 
@@ -124,13 +136,42 @@ def check_layout(layout: str) -> None:
         raise CheckpointError(f"unknown layout {layout!r}: choose one of {', '.join(LAYOUTS)}")
 
 
-def canonical_tensor_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`tensors` with SGLang's legacy fc_norm names (`LEGACY_TENSOR_NAMES`) renamed to the current ones."""
+def layer_prefix(layout: str, layer_names: str | None = None) -> str:
+    """The decoder-layer prefix a file of `layout` is written with: `layer_names` + "." (one of
+    LAYER_NAMES), else the layout's own (LAYER_PREFIX); CheckpointError for another name."""
+    if layer_names is None:
+        return LAYER_PREFIX[layout]
+    if layer_names not in LAYER_NAMES:
+        raise CheckpointError(
+            f"unknown layer names {layer_names!r}: choose one of {', '.join(LAYER_NAMES)}"
+        )
+    return layer_names + "."
+
+
+def file_layer_names(tensors) -> str | None:
+    """The one of LAYER_NAMES a file names its decoder layer with (None: neither, or both)."""
+    found = [n for n in LAYER_NAMES if any(k.startswith(n + ".") for k in tensors)]
+    return found[0] if len(found) == 1 else None
+
+
+def canonical_tensor_names(
+    tensors: dict[str, torch.Tensor], layout: str
+) -> dict[str, torch.Tensor]:
+    """`tensors` under `layout`'s names, as the engines read them: SGLang's legacy fc_norm names
+    (`LEGACY_TENSOR_NAMES`) renamed to the current ones, and a decoder layer stored under the
+    other of LAYER_NAMES only (ModelOpt's and TorchSpec's `layers.0.*` in the official layout)
+    renamed to the layout's prefix. A file using both names is left as it is (the loader names
+    the strays)."""
+    own = LAYER_PREFIX[layout]
+    names = file_layer_names(tensors)
+    other = names + "." if names is not None and names + "." != own else None
 
     def rename(name: str) -> str:
         for legacy, new in LEGACY_TENSOR_NAMES.items():
             if name.startswith(legacy):
                 return new + name[len(legacy) :]
+        if other is not None and name.startswith(other):
+            return own + name[len(other) :]
         return name
 
     return {rename(name): tensor for name, tensor in tensors.items()}

@@ -29,7 +29,7 @@ from specdraft.checkpoint.layouts import (
     DRAFTER_CONFIG_FIX,
     LAYER_PREFIX,
     MANIFEST_FILE,
-    OFFICIAL_ARCHITECTURES,
+    READ_ARCHITECTURES,
     CheckpointError,
     canonical_tensor_names,
     state_dict_for_layout,
@@ -37,6 +37,7 @@ from specdraft.checkpoint.layouts import (
 from specdraft.checkpoint.manifest import LoadedDraft, Manifest
 from specdraft.checkpoint.training import load_training_checkpoint
 from specdraft.checkpoint.weights import read_weights
+from specdraft.conventions.config_reads import TRAINER_ARCHITECTURE
 from specdraft.data.vocab import t2d_from_d2t
 from specdraft.draft import Eagle3Draft
 from specdraft.draft_config import DraftConfig
@@ -44,7 +45,9 @@ from specdraft.draft_rope import rope_inv_freq
 
 
 def detect_layout(path: Path) -> str:
-    """Layout of a checkpoint directory, from its files; CheckpointError when none matches."""
+    """Layout of a checkpoint directory, from its files; CheckpointError when none matches. The
+    official EAGLE-3 trainer's drafter config (architectures LlamaForCausalLM and a drafter key,
+    `conventions.config_reads.TRAINER_ARCHITECTURE`) is the official layout, as vLLM reads it."""
     config = read_config(path)
     if config.get("speculators_model_type") is not None:
         if config["speculators_model_type"] != "eagle3":
@@ -54,7 +57,7 @@ def detect_layout(path: Path) -> str:
             )
         return "speculators"
     architectures = config.get("architectures") or []
-    if any(a in OFFICIAL_ARCHITECTURES for a in architectures):
+    if any(a in READ_ARCHITECTURES for a in architectures):
         return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
     if (
         any("eagle" in str(a).lower() for a in architectures)
@@ -64,9 +67,9 @@ def detect_layout(path: Path) -> str:
     wrong = wrong_dir_message(path, "drafter")
     if wrong:
         raise CheckpointError(wrong)
-    if (
-        classify_dir(path).kind == "drafter"
-    ):  # a drafter key (e.g. draft_vocab_size) under a plain class
+    if classify_dir(path).kind == "drafter":  # a drafter key (e.g. draft_vocab_size), a plain class
+        if architectures == [TRAINER_ARCHITECTURE]:  # the official trainer's: vLLM's drafter
+            return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
         raise CheckpointError(plain_architecture_message(path, architectures))
     manifest = (
         f"though {MANIFEST_FILE} is there; {DRAFTER_CONFIG_FIX}"
@@ -142,29 +145,40 @@ def load_draft(
     )
     tensors, files = read_weights(path)
     cfg = owned_embedding_config(cfg, manifest, tensors)
-    derived = derived_tensors(tensors)  # before build_draft adds them
+    derived = derived_tensors(tensors, cfg.vocab_size)  # before build_draft adds them
     model = build_draft(cfg, tensors, layout, files.entry)
     model.to(device=device, dtype=dtype)
     return LoadedDraft(model=model, manifest=manifest, layout=layout, path=path, derived=derived)
 
 
-def derived_tensors(tensors: dict[str, torch.Tensor]) -> tuple[str, ...]:
+def derived_tensors(tensors: dict[str, torch.Tensor], vocab_size: int) -> tuple[str, ...]:
     """The tensors specdraft derives for a file that lacks them: `t2d` from a 1-D `d2t` (NVIDIA
-    ModelOpt exports write only d2t; t2d is the mask of d2t's target ids, `data.vocab.t2d_from_d2t`)."""
-    return (
-        ("t2d",) if "t2d" not in tensors and "d2t" in tensors and tensors["d2t"].dim() == 1 else ()
-    )
+    ModelOpt exports write only d2t; t2d is the mask of d2t's target ids, `data.vocab.t2d_from_d2t`);
+    both as the identity map when the file has neither and its lm_head.weight has `vocab_size`
+    rows, the target's whole vocabulary (TorchSpec's full-vocabulary drafters: vLLM reads no d2t
+    as the identity, `conventions.config_reads.ABSENT_DRAFT_VOCAB_READ`)."""
+    if "t2d" not in tensors and "d2t" in tensors and tensors["d2t"].dim() == 1:
+        return ("t2d",)
+    head = tensors.get("lm_head.weight")
+    if "d2t" in tensors or "t2d" in tensors or head is None or head.dim() != 2:
+        return ()
+    return ("d2t", "t2d") if head.shape[0] == vocab_size else ()
 
 
 def draft_tensors(
     cfg: DraftConfig, tensors: dict[str, torch.Tensor], layout: str, file: Path
 ) -> dict[str, torch.Tensor]:
     """The tensors specdraft loads from a file named in `layout`: the file's own (SGLang's legacy
-    fc_norm names read as the current ones), plus the tensors `derived_tensors` names. The one rule the loader and doctor read a file by: any name that
+    fc_norm names, and a decoder layer under the other of `LAYER_NAMES`, read as the layout's:
+    `canonical_tensor_names`), plus the tensors `derived_tensors` names. The one rule the loader and doctor read a file by: any name that
     matches no parameter, parameter not in the file, or tensor of the wrong shape is a
     CheckpointError naming `file` and them (cases S1, FC-01)."""
-    tensors = canonical_tensor_names(tensors)
-    if "t2d" in derived_tensors(tensors):
+    tensors = canonical_tensor_names(tensors, layout)
+    derived = derived_tensors(tensors, cfg.vocab_size)
+    if "d2t" in derived:  # the identity map: offsets 0, every target id a draft id
+        tensors["d2t"] = torch.zeros(cfg.vocab_size, dtype=torch.int64)
+        tensors["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
+    elif "t2d" in derived:
         tensors["t2d"] = t2d_from_d2t(tensors["d2t"], cfg.vocab_size)
     with torch.device("meta"):
         expected = state_dict_for_layout(Eagle3Draft(cfg), layout)

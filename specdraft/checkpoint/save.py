@@ -34,6 +34,7 @@ def save_draft(
     verifier_architectures: list[str] | None = None,
     target_class: str | None = None,
     sglang_version: str | None = None,
+    layer_names: str | None = None,
 ) -> Path:
     """Write `model` in `layout` under `out_dir`, atomically (temp dir, then rename).
 
@@ -43,11 +44,13 @@ def save_draft(
     are the speculators `verifier.name_or_path` and `verifier.architectures` (default: the target
     path and architecture the manifest records; [] when nothing records the architecture).
     `target_class` / `sglang_version` pick the engines' id rules (`config_write.official_config`;
-    default: the class the manifest records, else "llama").
-    Raises CheckpointError (a ValueError) for an unknown layout, a specdraft layout without
-    manifest, or aux layers the ``sglang`` layout cannot record.
+    default: the class the manifest records, else "llama"). `layer_names`: the decoder layer's
+    names (`layouts.LAYER_NAMES`; default: the layout's own).
+    Raises CheckpointError (a ValueError) for an unknown layout or layer names, a specdraft
+    layout without manifest, or aux layers the ``sglang`` layout cannot record.
     """
     check_layout(layout)
+    tensors = state_dict_for_layout(model, layout, layer_names)
     if layout == "specdraft" and manifest is None:
         raise CheckpointError(
             "the specdraft layout needs a manifest (what the drafter was trained on)"
@@ -57,9 +60,7 @@ def save_draft(
         model, layout, manifest, verifier, verifier_architectures, target_class, sglang_version
     )
     with atomic_dir(out_dir) as tmp:
-        write_safetensors(
-            state_dict_for_layout(model, layout), tmp / WEIGHTS_FILE, metadata={"format": "pt"}
-        )
+        write_safetensors(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         if manifest is not None and layout != "sglang":
             (tmp / MANIFEST_FILE).write_text(manifest.to_json())

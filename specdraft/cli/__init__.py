@@ -7,7 +7,8 @@ callbacks); importing a command module registers its commands, in the order `spe
 lists them.
 """
 
-from specdraft.cli import pipeline, training, drafter, deploy, decode, serve, benchmark, tune, store  # noqa: F401, I001
+from specdraft.cli import pipeline, training, drafter, convert  # noqa: F401, I001
+from specdraft.cli import deploy, decode, serve, benchmark, tune, store  # noqa: F401, I001
 from specdraft.cli.common import app
 
 __all__ = ["app"]

@@ -16,7 +16,7 @@ from specdraft.cli.common import (
     make_console,
     user_errors,
 )
-from specdraft.cli.drafter import derived_text
+from specdraft.cli.convert import derived_text
 from specdraft.cli.options import (
     AuxOverride,
     DoctorEngine,

@@ -13,7 +13,6 @@ from specdraft.cli.common import app, make_console, user_errors
 from specdraft.cli.options import (
     DRAFTER_HELP,
     AuxOverride,
-    Layout,
     SglangVersion,
     TargetForIds,
     TrustRemoteCode,
@@ -33,18 +32,6 @@ KnownKeys = Annotated[
         "--known-keys",
         help="List the config.json keys specdraft reads or knows to be "
         "harmless, and CHECKPOINT's others, instead (exit 1 when it has others).",
-    ),
-]
-ConvertSource = Annotated[
-    str, argument("SRC", DRAFTER_HELP + " (layout detected).", callback=check_drafter)
-]
-ConvertOut = Annotated[str, argument("DST", "Output directory.")]
-ConvertLayout = Annotated[
-    Layout,
-    typer.Option(
-        help="sglang (official EAGLE-3: config.json + model.safetensors, no "
-        "specdraft manifest) | speculators (vLLM's; keeps the manifest) | specdraft "
-        "(the sglang files + specdraft's manifest)",
     ),
 ]
 
@@ -83,7 +70,7 @@ def inspect(
     elif loaded.manifest is not None:
         for line in _manifest_lines(json.loads(loaded.manifest.to_json())):
             console.print(line, markup=False, soft_wrap=True)
-    print_audit(console, loaded)
+    print_audit(console, loaded, target)
 
 
 def print_loaded(console, checkpoint: str, loaded, reading: IdReading) -> None:
@@ -104,6 +91,8 @@ def print_loaded(console, checkpoint: str, loaded, reading: IdReading) -> None:
     )
     console.print(f"{checkpoint}: {described}", markup=False, soft_wrap=True)
     print_aux_note(console, checkpoint, loaded.manifest, reading)
+    if loaded.manifest is None:
+        print_reading_notes(console, checkpoint)
     console.print(tensor_table(state_dict_for_layout(loaded.model, loaded.layout)))
     cfg = loaded.model.cfg
     variant = [name for name in NORM_FLAGS if getattr(cfg, name)]
@@ -129,11 +118,13 @@ def tensor_table(tensors: dict, title: str | None = None):
     return table
 
 
-def print_audit(console, loaded) -> None:
-    """inspect's audit verdict (`checkpoint.audit`): a line per problem and exit 1, else PASS."""
-    from specdraft.checkpoint import audit
+def print_audit(console, loaded, target: str) -> None:
+    """inspect's audit verdict (`checkpoint.audit`, the vocabulary map bound by the tokenizer's
+    length: the manifest's record, without a manifest the --target's tokenizer): a line per
+    problem and exit 1, else PASS."""
+    from specdraft.checkpoint import audit, tokenizer_length
 
-    problems = audit(loaded.model, loaded.manifest)
+    problems = audit(loaded.model, loaded.manifest, tokenizer_length(target or None))
     for problem in problems:
         console.print(f"audit: FAIL {problem}", style="red", markup=False)
     if problems:
@@ -163,6 +154,7 @@ def print_files_without_target(console, checkpoint: str) -> None:
         config_without_target(path, layout, config, tensors), tensors, layout, files.entry
     )
     console.print(f"{checkpoint}: {describe_layout(layout, False)}", markup=False, soft_wrap=True)
+    print_reading_notes(console, checkpoint)
     console.print(tensor_table(tensors, f"tensors of {files.entry.name}"))
     for line in (
         written_aux_ids_line(config),
@@ -173,6 +165,16 @@ def print_files_without_target(console, checkpoint: str) -> None:
         "not run)",
     ):
         console.print(line, markup=False, soft_wrap=True)
+
+
+def print_reading_notes(console, checkpoint: str) -> None:
+    """A "note:" line per value of a manifest-less drafter's config.json an engine reads otherwise
+    than specdraft, or no engine reads (`checkpoint.config_notes.reading_notes`)."""
+    from specdraft.checkpoint import read_config
+    from specdraft.checkpoint.config_notes import reading_notes
+
+    for note in reading_notes(read_config(Path(checkpoint))):
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
 
 
 def written_aux_ids_line(config: dict) -> str:
@@ -197,9 +199,13 @@ def written_aux_ids_line(config: dict) -> str:
 
 def print_known_keys(console, checkpoint: str) -> None:
     """inspect --known-keys: the known keys (`config_keys.known_keys_lines`), then CHECKPOINT's
-    unknown ones, one a line; exits 0, or 1 when there are unknown ones."""
+    ignored ones and refused ones, one a line; exits 0, or 1 when there are refused ones."""
     from specdraft.checkpoint import UNIMPLEMENTED_FLAGS, is_training_checkpoint, read_config
-    from specdraft.checkpoint.config_keys import known_keys_lines, unknown_config_keys
+    from specdraft.checkpoint.config_keys import (
+        ignored_config_keys,
+        known_keys_lines,
+        unknown_config_keys,
+    )
 
     for line in known_keys_lines(UNIMPLEMENTED_FLAGS):
         console.print(line, markup=False, soft_wrap=True)
@@ -213,7 +219,15 @@ def print_known_keys(console, checkpoint: str) -> None:
         raise typer.Exit(0)
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
-        unknown = unknown_config_keys(read_config(Path(checkpoint)), UNIMPLEMENTED_FLAGS)
+        config = read_config(Path(checkpoint))
+        unknown = unknown_config_keys(config, UNIMPLEMENTED_FLAGS)
+    ignored = ignored_config_keys(config)
+    for key in ignored:
+        console.print(
+            f"{checkpoint}/config.json: ignored (no engine reads it): {key}",
+            markup=False,
+            soft_wrap=True,
+        )
     for entry in unknown:
         console.print(
             f"{checkpoint}/config.json: neither read nor known harmless: {entry}",
@@ -222,7 +236,8 @@ def print_known_keys(console, checkpoint: str) -> None:
             soft_wrap=True,
         )
     if not unknown:
-        console.print(f"{checkpoint}/config.json: no other keys", markup=False, soft_wrap=True)
+        none = "no refused keys" if ignored else "no other keys"
+        console.print(f"{checkpoint}/config.json: {none}", markup=False, soft_wrap=True)
     raise typer.Exit(1 if unknown else 0)
 
 
@@ -252,123 +267,3 @@ def print_aux_note(console, checkpoint: str, manifest, reading: IdReading) -> No
     )
     if note:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
-
-
-@app.command()
-def convert(
-    src: ConvertSource,
-    dst: ConvertOut,
-    layout: ConvertLayout,
-    target: TargetForIds = "",
-    aux_layers: AuxOverride = None,
-    trust_remote_code: TrustRemoteCode = False,
-    sglang_version: SglangVersion = "",
-) -> None:
-    """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
-    from specdraft.checkpoint import convert_draft, has_manifest
-
-    console = make_console()
-    with user_errors(console):
-        refuse_bad_configs(src, "")
-        given = read_target(target, trust_remote_code)  # once: aux ids and the verifier's names
-        reading = id_reading(given, aux_layers, sglang_version, src, target)
-        converted = convert_draft(
-            src,
-            dst,
-            layout=layout,
-            **reading.keywords(),
-            target_architectures=list(given.architectures or []) or None if given else None,
-            target_name_or_path=str(Path(target).resolve()) if target else None,
-        )
-    print_aux_note(console, src, True if has_manifest(src) else None, reading)
-    print_converted(console, src, Path(dst), layout, converted)
-
-
-def print_converted(console, src: str, dst: Path, layout: str, converted) -> None:
-    """convert's lines after writing `dst`: its layout as inspect says and files, the tensors proven
-    bit-identical, then what the layout needs said (the verifier, a manifest left out, flag notes)."""
-    from specdraft.checkpoint import MANIFEST_FILE, describe_layout, detect_layout, has_manifest
-
-    on_disk = describe_layout(detect_layout(dst), (dst / MANIFEST_FILE).is_file())
-    files = ", ".join(sorted(p.name for p in dst.iterdir()))
-    console.print(
-        f"wrote {dst} ({on_disk}): {files}; {converted.num_copied} tensors, each bit-identical to {src}"
-        + derived_text(converted.derived, src),
-        markup=False,
-        soft_wrap=True,
-    )
-    if layout == "speculators":
-        print_verifier(console, src, dst)
-    if layout == "sglang" and has_manifest(src):
-        console.print(
-            f"{src}'s manifest is left out of the official layout (--layout specdraft keeps it); "
-            "reading it back needs the target (--target DIR)",
-            markup=False,
-            soft_wrap=True,
-        )
-    print_flag_notes(console, dst, layout)
-
-
-def print_verifier(console, src: str, dst: Path) -> None:
-    """A speculators drafter's verifier line (`verifier_line`), and a note when it replaced the one
-    `src` named (`checkpoint.verifier_replaced_note`)."""
-    from specdraft.checkpoint import is_training_checkpoint, read_config, verifier_replaced_note
-
-    console.print(verifier_line(dst), markup=False, soft_wrap=True)
-    written = json.loads((dst / "config.json").read_text())["speculators_config"]["verifier"]
-    replaced = (
-        None
-        if is_training_checkpoint(src)
-        else verifier_replaced_note(read_config(Path(src)), written["name_or_path"])
-    )
-    if replaced:
-        console.print(f"note: {replaced}", markup=False, soft_wrap=True)
-
-
-def derived_text(derived: tuple[str, ...], source) -> str:
-    """convert / export's words for the tensors derived because `source` has none (`checkpoint.derived_tensors`)."""
-    return f"; {', '.join(derived)} derived from d2t ({source} has none)" if derived else ""
-
-
-def verifier_line(dst) -> str:
-    """What a speculators drafter at `dst` records as its verifier (vLLM's target when started on
-    the drafter, `conventions.engines.SPECULATORS_VERIFIER_READ`), and how to fill what is missing."""
-    from specdraft.conventions.engines import SPECULATORS_VERIFIER_READ
-
-    verifier = json.loads((dst / "config.json").read_text())["speculators_config"]["verifier"]
-    architectures = verifier.get("architectures")
-    known = (
-        f"architectures {architectures}"
-        if architectures
-        else "architectures unknown (pass --target DIR)"
-    )
-    if verifier.get("name_or_path"):
-        return (
-            f"verifier: {verifier['name_or_path']!r}, {known} (`vllm serve {dst}` serves it as the target: "
-            "it must resolve on the serving host)"
-        )
-    return (
-        f"note: verifier.name_or_path is null, so `vllm serve {dst}` has no target ({SPECULATORS_VERIFIER_READ}): "
-        f"pass --target DIR to record its path, or launch vLLM on the target (specdraft export --engine vllm "
-        f"prints the command); {known}"
-    )
-
-
-def print_flag_notes(console, path, layout: str) -> None:
-    """A note per drafter flag that the engine a `layout` is written for does not implement
-    (`conventions.engines.flag_refusal`): convert writes the flags as they are, export refuses them."""
-    from specdraft.checkpoint import read_config
-    from specdraft.checkpoint.config_read import norm_flags_of_config
-    from specdraft.conventions.engines import flag_refusal
-
-    engine = "speculators" if layout == "speculators" else "sglang"
-    flags = norm_flags_of_config(path, read_config(path))
-    for name in (name for name, on in flags.items() if on):
-        reason = flag_refusal(engine, name)
-        if reason:
-            console.print(
-                f"note: {reason}: do not serve {path} there (specdraft export --engine ENGINE "
-                "checks what each engine computes)",
-                markup=False,
-                soft_wrap=True,
-            )

@@ -26,6 +26,7 @@ from specdraft.cli.checks import (
 DtypeName = Literal["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"]  # conventions.DTYPES
 EngineDtype = Literal["fp32", "bf16", "fp16"]  # engine_dtype
 Layout = Literal["sglang", "speculators", "specdraft"]  # checkpoint.LAYOUTS
+LayerNames = Literal["midlayer", "layers.0"]  # checkpoint.layouts.LAYER_NAMES
 ExportEngine = Literal["sglang", "vllm", "speculators"]  # export.EXPORT_ENGINES
 DoctorEngine = Literal["sglang", "vllm"]  # doctor.inputs.DOCTOR_ENGINES
 CaptureEngine = Literal["transformers", "vllm"]  # capture.stage.ENGINES

@@ -305,6 +305,7 @@ DRAFT_LOADING: tuple[DraftLoading, ...] = (
         (
             "Eagle3LlamaForCausalLM",
             "LlamaForCausalLMEagle3",
+            "LlamaForCausalLM",  # as Eagle3LlamaForCausalLM: PLAIN_DRAFT_ARCHITECTURE_READ
             "Eagle3Qwen2_5vlForCausalLM",
             "Eagle3Qwen3vlForCausalLM",
             "Eagle3Qwen3ForCausalLM",

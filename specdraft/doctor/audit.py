@@ -274,8 +274,8 @@ def vocab_map_valid(ev: Evidence) -> Result:
             "no lm_head.weight, so the draft vocabulary size is unknown", "see keys_match_engine"
         )
     _, vocab, _ = ev.target_sizes()  # without the target: the vocabulary its config declares
-    try:
-        usable = usable_vocab(ev.manifest)  # the tokenizer's length: ids past it are padding rows
+    try:  # the tokenizer's length (the manifest's; without one the target's): ids past it are padding
+        usable = usable_vocab(ev.manifest, _tokenizer_length(ev))
     except Unavailable:  # a damaged manifest is the manifest check's finding
         usable = None
     problems = validate_vocab_map(
@@ -290,3 +290,11 @@ def vocab_map_valid(ev: Evidence) -> Result:
     t2d = "consistent with t2d" if "t2d" in ev.tensors else "no t2d (engines do not read it)"
     bound = f"{usable}, the tokenizer's length" if usable is not None and usable < vocab else vocab
     return ok(f"d2t maps {draft_vocab} draft ids to increasing target ids in [0, {bound}); {t2d}")
+
+
+def _tokenizer_length(ev: Evidence) -> int | None:
+    """len() of the target's tokenizer (None: no target, or no tokenizer in it)."""
+    try:
+        return len(ev.tokenizer)
+    except Unavailable:
+        return None

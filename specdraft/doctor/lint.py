@@ -10,7 +10,8 @@ import json
 from specdraft.checkpoint import FLAGS_FIX, CheckpointError, unimplemented_flags
 from specdraft.checkpoint.config_read import LEGACY_FC_NORM_FLAG, norm_flags_of_config
 from specdraft.conventions import AUX_KEY, ConventionError, lint_sglang_ids, to_engine_ids
-from specdraft.conventions.engines import flag_refusal, sglang_embedding, sglang_replaces_head
+from specdraft.conventions.config_reads import sglang_head
+from specdraft.conventions.engines import flag_refusal, sglang_embedding
 from specdraft.doctor.evidence import Evidence, Unreadable
 from specdraft.doctor.file_evidence import Unavailable
 from specdraft.doctor.verdict import NUM_AUX, Result, engine_name, fail, ok
@@ -254,11 +255,11 @@ def embedding_and_head_as_trained(ev: Evidence) -> Result:
                 f"{sglang_runs} (set_embed keeps the drafter's only when target_hidden_size != "
                 "hidden_size)"
             )
-    if "sglang" in ev.engines and sglang_replaces_head(declared) and "lm_head.weight" in ev.tensors:
-        problems.append(
-            "no draft_vocab_size: SGLang loads the target's lm_head in place of the trained one "
-            "(llama_eagle3.py load_lm_head_from_target)"
-        )
+    head_as_trained, sglang_head_runs = sglang_head(
+        declared, ev.tensors.get("lm_head.weight"), lambda: _target_head(ev)
+    )
+    if "sglang" in ev.engines and not head_as_trained:
+        problems.append(sglang_head_runs)
     if problems:
         return fail(
             "; ".join(problems),
@@ -268,11 +269,19 @@ def embedding_and_head_as_trained(ev: Evidence) -> Result:
     own = "its own embedding" if cfg.owns_embedding else "the target's embedding"
     return ok(
         ", ".join(
-            f"{engine_name(e)} runs it with {sglang_runs if e == 'sglang' else own} and its "
-            "trained lm_head"
+            f"{engine_name(e)} runs it with {sglang_runs if e == 'sglang' else own} and "
+            + (sglang_head_runs if e == "sglang" else "its trained lm_head")
             for e in ev.engines
         )
     )
+
+
+def _target_head(ev: Evidence):
+    """The target's lm_head weight (None: no target to compare with)."""
+    try:
+        return ev.target.lm_head.weight.detach()
+    except Unavailable:
+        return None
 
 
 def _target_embedding(ev: Evidence):

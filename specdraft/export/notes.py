@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specdraft.checkpoint import (
+    TOKENIZER_FILES,
     LoadedDraft,
     aux_layers_note,
     is_training_checkpoint,
@@ -14,18 +15,13 @@ from specdraft.checkpoint import (
     read_weights,
     verifier_replaced_note,
 )
+from specdraft.checkpoint.config_notes import changed_values_note, reading_notes
 from specdraft.conventions.engines import (
     sglang_embedding,
     sglang_replaces_embedding,
 )
 from specdraft.export.refusals import ExportError
 from specdraft.export.target_facts import TargetFacts
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-)  # a directory's tokenizer
 
 
 def embedding_notes(
@@ -104,23 +100,32 @@ def verifier_of(
 
 
 def source_notes(
-    source: LoadedDraft, checkpoint: str | Path, aux_layers: list[int] | None
+    source: LoadedDraft, checkpoint: str | Path, aux_layers: list[int] | None, written: dict
 ) -> list[str]:
-    """What the source's manifest means for the export: none (and where the aux layers came from,
-    `config_read.aux_layers_note`), or a training checkpoint's step."""
-    if source.manifest is None:
-        aux = aux_layers_note(
-            read_config(Path(checkpoint)), None, source.model.cfg.target_num_layers, aux_layers
-        )
-        return ["the source has no specdraft manifest: doctor cannot compare with training"] + (
-            [aux] if aux else []
-        )
-    if "checkpoint" in (source.manifest.training or {}):
+    """What the source means for the export: without a manifest, that (and where the aux layers
+    came from, `config_read.aux_layers_note`; what the engines read of its config.json,
+    `config_notes.reading_notes`), or a training checkpoint's step; then each value the
+    `written` config.json gives otherwise than the source's (`config_notes.changed_values_note`)."""
+    training = (source.manifest.training if source.manifest is not None else None) or {}
+    if "checkpoint" in training:
         return [
-            f"the drafter of training checkpoint {checkpoint} (step {source.manifest.training['steps']}); "
+            f"the drafter of training checkpoint {checkpoint} (step {training['steps']}); "
             "its manifest records the step"
         ]
-    return []
+    if is_training_checkpoint(checkpoint):
+        return []
+    config = read_config(Path(checkpoint))
+    changed = changed_values_note(config, written)
+    notes = [changed] if changed else []
+    if source.manifest is None:
+        aux = aux_layers_note(config, None, source.model.cfg.target_num_layers, aux_layers)
+        notes = (
+            ["the source has no specdraft manifest: doctor cannot compare with training"]
+            + ([aux] if aux else [])
+            + reading_notes(config)
+            + notes
+        )
+    return notes
 
 
 def target_tokenizer_notes(

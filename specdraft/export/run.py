@@ -25,6 +25,7 @@ from specdraft.checkpoint import (
     official_config,
     speculators_config,
     state_dict_for_layout,
+    tokenizer_length,
     verify_written,
     write_safetensors,
 )
@@ -194,7 +195,7 @@ def export_draft(
     config = engine_config(engine, source.model, (top, nested), facts, verifier, spec)
     num_tensors = _write_and_verify(source, out_dir, config, engine, facts, sglang_version, layers)
     notes += ids_notes(layers, top, nested) + id_notes + verifier_notes
-    notes += source_notes(source, checkpoint, aux_layers)
+    notes += source_notes(source, checkpoint, aux_layers, config)
     notes += target_tokenizer_notes(source, checkpoint, target)
     command = launch_command(engine, verifier or "TARGET", out_dir.resolve(), spec)
     num_copied = num_tensors - len(source.derived)
@@ -210,7 +211,8 @@ def _read_source(
 ) -> tuple[LoadedDraft, TargetFacts]:
     """The source drafter (`load_source`, its aux ids read by the --target's class) and the target
     facts (the --target's, else the manifest's); ExportError when neither names the target,
-    CheckpointError for a wrong vocabulary map (`checkpoint.check_vocab_map`)."""
+    CheckpointError for a wrong vocabulary map (`checkpoint.check_vocab_map`, bound by the
+    --target's tokenizer when the manifest records none)."""
     given = TargetFacts.from_target_dir(target, trust_remote_code) if target is not None else None
     reading = (
         {
@@ -225,7 +227,7 @@ def _read_source(
     facts = given or resolve_target(None, source.manifest)
     if facts is None:
         raise ExportError(f"{checkpoint}: no manifest to say what the target is; pass --target DIR")
-    check_vocab_map(source.model, source.manifest, checkpoint)
+    check_vocab_map(source.model, source.manifest, checkpoint, tokenizer_length(target))
     return source, facts
 
 

@@ -15,17 +15,28 @@ def rewrite_weights(directory, edit):
     save_file(tensors, str(file))
 
 
-def test_case_s1_layers0_keys_under_sglang_config(tmp_path):
+def _to_layers0(tensors, keep_midlayer: int = 0):
+    """Rename the decoder layer midlayer.* -> layers.0.* (ModelOpt's and TorchSpec's names),
+    keeping the first `keep_midlayer` names as they are (a file mixing both)."""
+    names = [k for k in tensors if k.startswith("midlayer.")][keep_midlayer:]
+    tensors.update({k.replace("midlayer.", "layers.0."): tensors.pop(k) for k in names})
+
+
+def test_case_s1_layers0_keys_under_sglang_config_load(tmp_path):
+    """vLLM and SGLang >= 0.5.12 load layers.0.* under the official architecture (issue #34 item 1):
+    specdraft reads them as the same tensors (doctor fails them for SGLang < 0.5.12 only)."""
+    model = tiny_draft()
+    save_draft(model, tmp_path / "d", layout="sglang")
+    rewrite_weights(tmp_path / "d", _to_layers0)
+    loaded = load_draft(tmp_path / "d", target_num_layers=5).model
+    for name, tensor in model.state_dict().items():
+        if name != "embed_tokens.weight":
+            assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_case_s1_both_layer_names_in_one_file_are_refused(tmp_path):
     save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
-    rewrite_weights(
-        tmp_path / "d",
-        lambda t: t.update(
-            {
-                k.replace("midlayer.", "layers.0."): t.pop(k)
-                for k in [k for k in t if k.startswith("midlayer.")]
-            }
-        ),
-    )
+    rewrite_weights(tmp_path / "d", lambda t: _to_layers0(t, keep_midlayer=1))
     with pytest.raises(CheckpointError) as err:
         load_draft(tmp_path / "d", target_num_layers=5)
     message = str(err.value)

@@ -23,7 +23,7 @@ TARGET_FIX = "restore config.json from where the model came from"
 def world(tmp_path_factory):
     """(draft dir with manifest, the same drafter without one (sglang layout), target dir with tokenizer)."""
     root = tmp_path_factory.mktemp("corrupt")
-    draft, target = draft_checkpoint(root)
+    draft, target = draft_checkpoint(root, draft_vocab_size=42)  # d2t ids < the tokenizer's 85
     save_tiny_tokenizer(target)
     convert_draft(draft, root / "plain", layout="sglang", target_num_layers=5)
     return draft, root / "plain", target

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from specdraft.checkpoint import MANIFEST_FILE, load_draft, save_draft
@@ -12,10 +15,10 @@ from specdraft.cli import app
 from tests.drafts import tiny_draft, tiny_manifest
 
 
-def convert(src, dst, layout: str):
+def convert(src, dst, layout: str, *options: str):
     result = CliRunner().invoke(
         app,
-        ["convert", str(src), str(dst), "--layout", layout],
+        ["convert", str(src), str(dst), "--layout", layout, *options],
         env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"},
     )
     assert result.exit_code == 0, result.output
@@ -71,3 +74,30 @@ def test_a_config_that_reads_back_differently_is_refused(tmp_path, monkeypatch):
         CheckpointError, match=r"config reads back differently: rms_norm_eps 1e-0\d -> 0.5"
     ):
         convert_draft(src, tmp_path / "sglang", layout="sglang")
+
+
+@pytest.mark.parametrize("layout", ["sglang", "speculators"])
+@pytest.mark.parametrize("names", ["midlayer", "layers.0"])
+def test_convert_writes_either_layer_name_on_request(tmp_path, layout, names):
+    """--layer-names writes the decoder layer as SGLang's midlayer.* or ModelOpt's layers.0.*
+    (issue #34 item 1); the written drafter reads back bit-identical."""
+    model = tiny_draft()
+    src = save_draft(model, tmp_path / "src", layout="specdraft", manifest=tiny_manifest(model))
+    convert(src, tmp_path / "out", layout, "--layer-names", names)
+    keys = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert sum(k.startswith(names + ".") for k in keys) == 10
+    other = "layers.0." if names == "midlayer" else "midlayer."
+    assert not any(k.startswith(other) for k in keys)
+    back = load_draft(tmp_path / "out", target_num_layers=model.cfg.target_num_layers).model
+    assert torch.equal(
+        back.midlayer.self_attn.q_proj.weight, model.midlayer.self_attn.q_proj.weight
+    )
+
+
+def test_convert_refuses_unknown_layer_names(tmp_path):
+    from specdraft.checkpoint import CheckpointError, convert_draft
+
+    model = tiny_draft()
+    src = save_draft(model, tmp_path / "src", layout="specdraft", manifest=tiny_manifest(model))
+    with pytest.raises(CheckpointError, match="unknown layer names 'layers.1'"):
+        convert_draft(src, tmp_path / "out", layout="sglang", layer_names="layers.1")

@@ -4,8 +4,9 @@ sizes shrunk consistently, random tensors of the names and shapes it implies. Ea
 the right aux layers, round-trips bit-exactly through every layout, and exports for vLLM, or is
 refused with the reason.
 
-EAGLE's own traineagle3 config names `LlamaForCausalLM` (the target's class, not a draft
-architecture) and stays refused with that reason.
+EAGLE's own traineagle3 config names `LlamaForCausalLM`, which vLLM serves as its EAGLE-3
+drafter (SGLang as its plain Llama): read as vLLM reads it, with a note (issue #34). A plain
+class other than the trainer's under a drafter key stays refused with that reason.
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ class Published:
     num_layers: int  # the target's decoder layers (Llama-3.1-8B 32, Llama-4-Scout 48, ...)
     aux: list[int] | None  # specdraft indices it must load with; None when refused
     refuse: str | None = None  # words of the refusal
-    flip: str | None = None  # the helper whose work lifts the refusal
     owned_embedding: bool = False  # the file holds embed_tokens.weight
     t2d: bool = True  # the file holds t2d
+    layer_names: str = "midlayer"  # the decoder layer's names in the file (ModelOpt: layers.0)
+    full_vocab: bool = False  # lm_head over the whole vocabulary, no d2t / t2d (TorchSpec's Kimi)
+    sglang_version: str | None = None  # where SGLang's reading of its ids depends on the version
 
 
 PUBLISHED = [
@@ -65,19 +68,54 @@ PUBLISHED = [
     Published("specforge-qwen3-30B-A3B-eagle3.1.json", "qwen3", 48, [2, 24, 45]),
     Published("specforge-qwen3-vl-8b-eagle3.json", "qwen3_vl", 36, [2, 18, 33]),
     Published("specforge-qwen3-vl-30b-a3b-eagle3.json", "qwen3_vl_moe", 48, [2, 24, 45]),
-    Published(
-        "eagle-traineagle3-config.json",
-        "llama",
-        32,
-        None,
-        refuse="architectures ['LlamaForCausalLM'] names a plain model, not an EAGLE-3 drafter",
-        flip="reader",
-    ),
+    Published("eagle-traineagle3-config.json", "llama", 32, [2, 16, 29]),
     Published("speculators-0.9.0-converter-llama3-8b.json", "llama", 32, [2, 16, 29]),
     Published(
         "speculators-0.9.0-trainer-llama3-8b.json", "llama", 32, [2, 16, 29], owned_embedding=True
     ),
-    Published("modelopt-llama-eagle3-export.json", "llama", 32, [2, 16, 29], t2d=False),
+    Published(
+        "modelopt-llama-eagle3-export.json",
+        "llama",
+        32,
+        [2, 16, 29],
+        t2d=False,
+        layer_names="layers.0",
+    ),
+    Published("specforge-qwen25-7b-eagle3.json", "qwen2", 28, [2, 14, 25]),
+    Published(
+        "specforge-kimi-k25-eagle3.json", "deepseek_v3", 61, [2, 30, 58], sglang_version="0.5.23"
+    ),
+    Published(
+        "specforge-gpt-oss-20B-eagle3.json",
+        "gpt_oss",
+        24,
+        None,
+        refuse="['GptOssForCausalLMEagle3'] is a draft architecture specdraft does not implement",
+    ),
+    Published(
+        "torchspec-kimi-k25-eagle3.json",
+        "deepseek_v3",
+        61,
+        [2, 30, 58],
+        layer_names="layers.0",
+        full_vocab=True,
+    ),
+    Published(
+        "torchspec-qwen3-8b-eagle3-mla.json",
+        "qwen3",
+        36,
+        None,
+        refuse="['DeepSeekForCausalLMEagle3'] is a draft architecture specdraft does not implement",
+    ),
+    Published("angelslim-qwen3-30b-a3b-eagle3.json", "qwen3_moe", 48, [2, 24, 45]),
+    Published("angelslim-qwen3-vl-4b-eagle3-mrope.json", "qwen3_vl", 36, [2, 18, 33]),
+    Published(
+        "angelslim-qwen2.5-7b-eagle3.json",
+        "qwen2",
+        28,
+        None,
+        refuse="num_hidden_layers = 28; specdraft implements the one-layer EAGLE-3 drafter",
+    ),
 ]
 
 
@@ -113,16 +151,18 @@ def write_drafter(root: Path, case: Published, config: dict) -> tuple[Path, dict
     """The drafter directory: the shrunk config.json and seeded tensors under the layout's names."""
     layer = config.get("transformer_layer_config", config)
     cfg = DraftConfig.from_target(
-        {**layer, "num_hidden_layers": case.num_layers},
+        {**layer, "num_hidden_layers": case.num_layers, "rope_scaling": None},  # rope: no tensor
         case.aux or [2, 3, 4],
-        draft_vocab_size=DRAFT_VOCAB,
+        draft_vocab_size=None if case.full_vocab else DRAFT_VOCAB,
         embedding_owned=case.owned_embedding,
         **norm_flags_of_config(root, config),
     )
     layout = "speculators" if "speculators_model_type" in config else "sglang"
-    tensors = state_dict_for_layout(seeded_draft(cfg), layout)
+    tensors = state_dict_for_layout(seeded_draft(cfg), layout, case.layer_names)
     if not case.t2d:
         tensors.pop("t2d")
+    if case.full_vocab:
+        tensors.pop("d2t"), tensors.pop("t2d")
     path = root / "draft"
     path.mkdir()
     (path / "config.json").write_text(json.dumps(config, indent=2))
@@ -135,21 +175,23 @@ def test_a_published_config(tmp_path, case):
     config = shrink(json.loads((FIXTURES / case.file).read_text()))
     target, target_class = write_target(tmp_path, case)
     draft, tensors = write_drafter(tmp_path, case, config)
-    reading = {"target_num_layers": case.num_layers, "target_class": target_class}
+    reading = {
+        "target_num_layers": case.num_layers,
+        "target_class": target_class,
+        "sglang_version": case.sglang_version,
+    }
     if case.refuse is not None:
         with pytest.raises(CheckpointError) as refused:
             load_draft(draft, **reading)
-        assert case.refuse in str(refused.value) and str(draft) in str(refused.value), (
-            case.flip,
-            refused.value,
-        )
+        assert case.refuse in str(refused.value) and str(draft) in str(refused.value), refused.value
         return
     loaded = load_draft(draft, **reading)
     assert list(loaded.model.cfg.aux_layers) == case.aux
     digests = {
         name: tensor_digest(t) for name, t in state_dict_for_layout(loaded.model, "sglang").items()
     }
-    derived = () if case.t2d else ("t2d",)  # ModelOpt writes d2t only: t2d is derived, not copied
+    # ModelOpt writes d2t only: t2d is derived, not copied; no map at all: the identity, derived
+    derived = ("d2t", "t2d") if case.full_vocab else () if case.t2d else ("t2d",)
     for layout in ("sglang", "speculators"):
         out = tmp_path / layout
         assert convert_draft(draft, out, layout=layout, **reading) == Converted(
@@ -160,10 +202,13 @@ def test_a_published_config(tmp_path, case):
         assert {
             n: tensor_digest(t) for n, t in state_dict_for_layout(back, "sglang").items()
         } == digests, layout
-    result = export_draft(draft, tmp_path / "vllm", engine="vllm", target=target)
+    result = export_draft(
+        draft, tmp_path / "vllm", engine="vllm", target=target, sglang_version=case.sglang_version
+    )
     written = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert written["eagle_aux_hidden_state_layer_ids"] == case.aux  # vLLM reads these ids as-is
-    assert written["draft_vocab_size"] == DRAFT_VOCAB and written["target_hidden_size"] == 32
+    draft_vocab = 256 if case.full_vocab else DRAFT_VOCAB
+    assert written["draft_vocab_size"] == draft_vocab and written["target_hidden_size"] == 32
     assert (result.num_tensors, result.derived) == (
         len(tensors),
         derived,
@@ -196,28 +241,31 @@ def test_specforge_qwen3_vl_mrope_reads_as_rope_over_text_positions(tmp_path, fi
     assert (cfg.rope_theta, cfg.rope_scaling) == (5e6, None)
 
 
-def test_the_eagle3_trainer_config_refusal_names_the_way_forward_and_it_works(tmp_path):
-    """The official EAGLE-3 trainer writes architectures ["LlamaForCausalLM"], which SGLang builds as its
-    plain Llama: the refusal says what each engine makes of it and the value to write; written, it loads."""
+def test_the_eagle3_trainer_config_reads_as_vllm_reads_it_and_says_what_sglang_builds(tmp_path):
+    """The official EAGLE-3 trainer writes architectures ["LlamaForCausalLM"]: vLLM (method eagle3)
+    serves it as Eagle3LlamaForCausalLM, SGLang builds its plain Llama. It loads, the note says
+    both; another plain class under a drafter key stays refused with the value to write."""
+    from specdraft.checkpoint.config_notes import reading_notes
+
     case = next(c for c in PUBLISHED if c.file == "eagle-traineagle3-config.json")
     config = shrink(json.loads((FIXTURES / case.file).read_text()))
     _, target_class = write_target(tmp_path, case)
     draft, tensors = write_drafter(tmp_path, case, config)
     reading = {"target_num_layers": case.num_layers, "target_class": target_class}
-    with pytest.raises(CheckpointError) as refused:
-        load_draft(draft, **reading)
-    message = str(refused.value)
-    assert (
-        "Eagle3LlamaForCausalLM" in message and "SGLang 0.5.23 as its plain Llama model" in message
-    )
-    assert 'set "architectures": ["LlamaForCausalLMEagle3"] in config.json' in message
-    assert "conventions" not in message and "\n" not in message
-    (draft / "config.json").write_text(
-        json.dumps({**config, "architectures": ["LlamaForCausalLMEagle3"]})
-    )
     model = load_draft(draft, **reading).model
     assert torch.equal(model.fc.weight, tensors["fc.weight"]) and model.cfg.aux_layers == (
         2,
         16,
         29,
     )
+    (note,) = [n for n in reading_notes(config) if "official EAGLE-3 trainer's" in n]
+    assert "Eagle3LlamaForCausalLM" in note and "SGLang 0.5.23 as its plain Llama model" in note
+    (draft / "config.json").write_text(
+        json.dumps({**config, "architectures": ["Qwen3ForCausalLM"]})
+    )
+    with pytest.raises(CheckpointError) as refused:
+        load_draft(draft, **reading)
+    message = str(refused.value)
+    assert "names a plain model, not an EAGLE-3 drafter" in message
+    assert 'set "architectures": ["LlamaForCausalLMEagle3"] in config.json' in message
+    assert "conventions" not in message and "\n" not in message
