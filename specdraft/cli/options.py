@@ -119,6 +119,11 @@ SkipBad = Annotated[bool, flag("--skip-bad", help="Skip and count bad records.")
 TemplateKwargs = Annotated[
     str, typer.Option(help="JSON kwargs for the chat template.", callback=json_object)
 ]
+CHAT_TEMPLATE_HELP = (
+    "Jinja chat template file that renders chats instead of the tokenizer's own (as vllm serve "
+    "and SGLang take --chat-template FILE); the manifest records its hash."
+)
+ChatTemplate = Annotated[str, typer.Option(metavar="FILE", help=CHAT_TEMPLATE_HELP)]
 
 # the speculative setting (SGLang's names): generate's and serve's, then export's
 NUM_DRAFT_TOKENS_HELP = (
