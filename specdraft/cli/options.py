@@ -120,8 +120,8 @@ TemplateKwargs = Annotated[
     str, typer.Option(help="JSON kwargs for the chat template.", callback=json_object)
 ]
 CHAT_TEMPLATE_HELP = (
-    "Jinja chat template file that renders chats instead of the tokenizer's own (as vllm serve "
-    "and SGLang take --chat-template FILE); the manifest records its hash."
+    "Jinja chat template file that renders chats in place of the tokenizer's own, as vllm serve "
+    "and SGLang take --chat-template FILE (training records its hash; doctor: the one served)."
 )
 ChatTemplate = Annotated[str, typer.Option(metavar="FILE", help=CHAT_TEMPLATE_HELP)]
 
