@@ -12,6 +12,7 @@ from specdraft.capture.store import CaptureError, StoreSettings
 from specdraft.capture.vllm import VllmOptions
 from specdraft.capture.write import CaptureResult, check_store_dir, in_process, write_store
 from specdraft.conventions import parse_dtype
+from specdraft.data.template import check_template_mode, use_chat_template
 
 ENGINES = ("transformers", "vllm")  # what runs the target: `capture_dataset`
 
@@ -28,7 +29,8 @@ class CaptureConfig:
     data: JSONL / save_to_disk dir / text file (see specdraft.data.records). aux_layers: specdraft indices
     (None = conventions.default_aux_layers). dtype: storage dtype name. target_dtype: compute
     dtype of the target. chat=False renders plain text (base models). template_kwargs go to
-    apply_chat_template (e.g. {"enable_thinking": False}). reasoning: "keep" | "drop"
+    apply_chat_template (e.g. {"enable_thinking": False}). chat_template: a Jinja file rendering
+    the chats instead of the tokenizer's own template (`data.template`). reasoning: "keep" | "drop"
     (`specdraft.data.reasoning`). engine: "transformers" (the target in this process on
     `device`) or "vllm" (`capture.vllm`, engine arguments in `vllm`).
     """
@@ -46,6 +48,7 @@ class CaptureConfig:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     skip_bad: bool = False
     tokenizer: str | None = None
+    chat_template: str | None = None
     reasoning: str = "keep"
     device: str = "cpu"
     engine: str = "transformers"
@@ -54,6 +57,7 @@ class CaptureConfig:
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
         parse_dtype(self.target_dtype)
+        check_template_mode(self.chat_template, self.chat)
         if self.engine not in ENGINES:
             raise CaptureError(
                 f"capture engine {self.engine!r}: expected one of {', '.join(ENGINES)}"
@@ -82,6 +86,7 @@ def load_inputs(
     tokenizer: str | None = None,
     chat: bool = True,
     template_kwargs: dict[str, Any] | None = None,
+    chat_template: str | None = None,
     skip_bad: bool = False,
     target_dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
@@ -90,7 +95,8 @@ def load_inputs(
     """The target, its tokenizer and `data` rendered with it: what capture and online training read.
 
     target: transformers model directory (its tokenizer too unless `tokenizer` is given); data,
-    chat, template_kwargs, skip_bad, reasoning: as `specdraft.data.render.load_dataset`.
+    chat, template_kwargs, skip_bad, reasoning: as `specdraft.data.render.load_dataset`;
+    chat_template: a Jinja file replacing the tokenizer's template (`data.template`).
     Returns (Target, tokenizer, SampleSet). Raises DataError (bad data, naming the file),
     TokenizerNotFound (an OSError) for a directory without a tokenizer, and CaptureError (a
     ValueError) for a tokenizer longer than the target's vocabulary: it belongs to another model.
@@ -105,6 +111,7 @@ def load_inputs(
         tokenizer=tokenizer,
         chat=chat,
         template_kwargs=template_kwargs,
+        chat_template=chat_template,
         skip_bad=skip_bad,
         reasoning=reasoning,
     )
@@ -119,10 +126,11 @@ def load_samples(
     tokenizer: str | None = None,
     chat: bool = True,
     template_kwargs: dict[str, Any] | None = None,
+    chat_template: str | None = None,
     skip_bad: bool = False,
     reasoning: str = "keep",
 ):
-    """The target's tokenizer and `data` rendered with it, checked against the target's
+    """The target's tokenizer (its template replaced by `chat_template`'s file, if given) and `data` rendered with it, checked against the target's
     `vocab_size` (as `load_inputs`, without loading the target). Returns (tokenizer, SampleSet)."""
     from transformers import AutoTokenizer
 
@@ -140,6 +148,7 @@ def load_samples(
             f"tokenizer has {len(tok)} tokens but the target's vocabulary is "
             f"{vocab_size}: pass the target's own tokenizer (--tokenizer)"
         )
+    use_chat_template(tok, chat_template, chat=chat)
     return tok, load_dataset(
         data,
         tok,
@@ -234,6 +243,7 @@ def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
         tokenizer=cfg.tokenizer,
         chat=cfg.chat,
         template_kwargs=cfg.template_kwargs,
+        chat_template=cfg.chat_template,
         skip_bad=cfg.skip_bad,
         target_dtype=parse_dtype(cfg.target_dtype),
         device=cfg.device,
@@ -315,6 +325,7 @@ def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
         tokenizer=cfg.tokenizer,
         chat=cfg.chat,
         template_kwargs=cfg.template_kwargs,
+        chat_template=cfg.chat_template,
         skip_bad=cfg.skip_bad,
         reasoning=cfg.reasoning,
     )

@@ -16,6 +16,7 @@ from specdraft.cli.engine_setting import (
     warm_up_compiled,
 )
 from specdraft.cli.options import (
+    ChatTemplate,
     Compile,
     DraftAuxOverride,
     DraftNumDraftTokens,
@@ -282,7 +283,8 @@ DemoData = Annotated[
     str,
     typer.Option(
         help="Text file of documents separated by blank lines, or JSONL with a "
-        '"text" field per line (default: the TinyStories sample).',
+        '"text" field per line (default: the TinyStories sample); with --chat-template, JSONL '
+        "chats.",
     ),
 ]
 TrainSteps = Annotated[int, typer.Option(help="Drafter optimizer steps.")]
@@ -304,6 +306,7 @@ def demo(
     device: DemoDevice = "cpu",
     target: DemoTarget = "",
     data: DemoData = "",
+    chat_template: ChatTemplate = "",
     train_steps: TrainSteps = 1000,
     num_train: NumTrain = 800,
     threads: DemoThreads = 1,
@@ -327,6 +330,7 @@ def demo(
             device=device,
             target=Path(target) if target else None,
             data=Path(data) if data else None,
+            chat_template=Path(chat_template) if chat_template else None,
             train_steps=train_steps,
             num_train=num_train,
             threads=threads,

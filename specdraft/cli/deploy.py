@@ -19,6 +19,7 @@ from specdraft.cli.common import (
 from specdraft.cli.convert import derived_text
 from specdraft.cli.options import (
     AuxOverride,
+    ChatTemplate,
     DoctorEngine,
     DtypeName,
     ExportEngine,
@@ -214,6 +215,7 @@ def doctor(
     aux_layers: AuxOverride = None,
     trust_remote_code: TrustRemoteCode = False,
     template_kwargs: ServerTemplateKwargs = "",
+    chat_template: ChatTemplate = "",
     max_samples: MaxSamples = 32,
     json_output: JsonOutput = False,
     strict: Strict = False,
@@ -245,6 +247,7 @@ def doctor(
             skip_bad=skip_bad,
             server_wait_s=wait,
             template_kwargs=template_kwargs,
+            chat_template=chat_template or None,
         )
     print_report(console, report, checkpoint, json_output, strict)
 

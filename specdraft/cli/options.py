@@ -120,6 +120,11 @@ SkipBad = Annotated[bool, flag("--skip-bad", help="Skip and count bad records.")
 TemplateKwargs = Annotated[
     str, typer.Option(help="JSON kwargs for the chat template.", callback=json_object)
 ]
+CHAT_TEMPLATE_HELP = (
+    "Jinja chat template file that renders chats in place of the tokenizer's own, as vllm serve "
+    "and SGLang take --chat-template FILE (training records its hash; doctor: the one served)."
+)
+ChatTemplate = Annotated[str, typer.Option(metavar="FILE", help=CHAT_TEMPLATE_HELP)]
 
 # the speculative setting (SGLang's names): generate's and serve's, then export's
 NUM_DRAFT_TOKENS_HELP = (

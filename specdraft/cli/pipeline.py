@@ -24,6 +24,7 @@ from specdraft.cli.common import (
 from specdraft.cli.options import (
     REASONING_HELP,
     CaptureEngine,
+    ChatTemplate,
     DtypeName,
     EndpointApi,
     ReasoningMode,
@@ -118,6 +119,7 @@ def capture(
     batch_tokens: BatchTokens = 16384,
     no_chat: NoChat = False,
     template_kwargs: TemplateKwargs = "{}",
+    chat_template: ChatTemplate = "",
     tokenizer: CaptureTokenizer = "",
     skip_bad: SkipBad = False,
     device: CaptureDevice = "cpu",
@@ -217,6 +219,7 @@ def regenerate(
     max_new_tokens: AnswerTokens = 256,
     seed: SamplingSeed = 0,
     template_kwargs: TemplateKwargs = "{}",
+    chat_template: ChatTemplate = "",
     concurrency: Concurrency = 8,
     batch_size: BatchSize = 8,
     max_retries: MaxRetries = 5,

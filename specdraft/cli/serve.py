@@ -15,6 +15,7 @@ from specdraft.cli.engine_setting import (
     warm_up_compiled,
 )
 from specdraft.cli.options import (
+    ChatTemplate,
     Compile,
     DraftAuxOverride,
     EngineDevice,
@@ -72,6 +73,7 @@ def serve(
     max_queue: MaxQueue = 64,
     log_every: LogEvery = 100,
     model_name: ModelName = "",
+    chat_template: ChatTemplate = "",
     max_seq_len: MaxSeqLen = 0,
     device: EngineDevice = "cpu",
     dtype: EngineDtypeOption = "fp32",
@@ -101,6 +103,7 @@ def serve(
             log_every,
             compile=compile,
             reading=reading,
+            chat_template=chat_template or None,
         )
         _announce_engine(console, server_app.state.server, compile)
     line = serving_line(server_app.state.server.model_name, target, draft, spec, host, port)

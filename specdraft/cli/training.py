@@ -9,7 +9,15 @@ import typer
 
 from specdraft.cli.checks import check_model_dir, json_object
 from specdraft.cli.common import SKIP_BAD_HINT, app, make_console, set_threads, user_errors
-from specdraft.cli.options import REASONING_HELP, DtypeName, ReasoningMode, Threads, argument, flag
+from specdraft.cli.options import (
+    REASONING_HELP,
+    ChatTemplate,
+    DtypeName,
+    ReasoningMode,
+    Threads,
+    argument,
+    flag,
+)
 from specdraft.cli.train_options import with_settings
 
 TrainSource = Annotated[
@@ -43,6 +51,9 @@ OnlineTemplateKwargs = Annotated[
     str,
     typer.Option(help="With --online: JSON kwargs for the chat template.", callback=json_object),
 ]
+OnlineTokenizer = Annotated[
+    str, typer.Option(help="With --online: tokenizer directory (default: the target's).")
+]
 OnlineTargetDtype = Annotated[
     DtypeName | None,
     typer.Option(help="With --online: dtype the target runs in.  [default: float32]"),
@@ -67,6 +78,7 @@ Resume = Annotated[
 @app.command()
 @with_settings(after="config")
 def train(
+    ctx: typer.Context,
     source: TrainSource,
     out: RunDir,
     config: ConfigFile = "",
@@ -74,6 +86,8 @@ def train(
     online: Online = False,
     no_chat: OnlineNoChat = False,
     template_kwargs: OnlineTemplateKwargs = "{}",
+    chat_template: ChatTemplate = "",
+    tokenizer: OnlineTokenizer = "",
     target_dtype: OnlineTargetDtype = None,
     skip_bad: OnlineSkipBad = False,
     reasoning: OnlineReasoning = None,
@@ -86,7 +100,7 @@ def train(
     The device is chosen automatically: the GPU when torch sees one (under torchrun, each rank's
     LOCAL_RANK GPU), else the CPU.
     """
-    from specdraft.train.config import run_config, train_source
+    from specdraft.train.config import ONLINE_OPTIONS, run_config, train_source
     from specdraft.train.loop import train as run_training
     from specdraft.train.run_dir import interrupted_message
 
@@ -94,16 +108,7 @@ def train(
     say = functools.partial(console.print, markup=False, soft_wrap=True)
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_message(out)):
         set_threads(threads)
-        data = train_source(
-            source,
-            online,
-            target,
-            no_chat=no_chat,
-            template_kwargs=template_kwargs,
-            target_dtype=target_dtype,
-            skip_bad=skip_bad,
-            reasoning=reasoning,
-        )
+        data = train_source(source, online, target, **{k: ctx.params[k] for k in ONLINE_OPTIONS})
         cfg = run_config(config, out, resume, say, **settings)
         result = run_training(
             cfg,

@@ -20,6 +20,7 @@ import torch
 
 from specdraft.data.reasoning import reasoning_kwargs
 from specdraft.data.records import BadRecord, DataError, Records, read_records, served_messages
+from specdraft.data.template import template_fingerprint
 from specdraft.data.turns import NO_TEMPLATE, assistant_char_spans, render_template
 
 SLOW_TOKENIZER = (
@@ -96,14 +97,8 @@ class SampleSet:
 
 
 def template_hash(tokenizer) -> str | None:
-    """sha256 (hex) of the tokenizer's chat template text (a dict of named templates is hashed
-    as sorted JSON); None when the tokenizer has no chat template."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
-        return None
-    if not isinstance(template, str):
-        template = json.dumps(template, sort_keys=True)
-    return hashlib.sha256(template.encode("utf-8")).hexdigest()
+    """`template.template_fingerprint` of the tokenizer's chat template (None without one)."""
+    return template_fingerprint(getattr(tokenizer, "chat_template", None))
 
 
 def tokenizer_fingerprint(tokenizer) -> dict[str, Any]:

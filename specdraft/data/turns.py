@@ -33,8 +33,8 @@ from specdraft.data.reasoning import (
 from specdraft.data.records import DataError
 
 NO_TEMPLATE = (
-    "the tokenizer has no chat template: for a base model pass --no-chat (capture, regenerate, "
-    "train --online), or give a tokenizer with a chat template"
+    "the tokenizer has no chat template: give one with --chat-template FILE (a Jinja file, as "
+    "vLLM and SGLang take it), or pass --no-chat to train on plain text (base models)"
 )
 
 

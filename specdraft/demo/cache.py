@@ -33,14 +33,17 @@ def path_label(path: Path, out: Path) -> str:
 
 
 def stage_settings(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
-    """The settings that shape each cached stage's output (the data by its content, not its path;
-    the bundled target by its converter's version, which sets where its generations end).
-    Later stages (generation, export, doctor, the report) are redone on every run."""
+    """The settings that shape each cached stage's output (the data and a --chat-template by
+    their content, not their paths; the bundled target by its converter's version, which sets
+    where its generations end). Later stages (generation, export, doctor, the report) are redone
+    on every run."""
     from specdraft.stories260k import CONVERTER
 
+    template = cfg.chat_template
     return {
         "data": {
             "data_sha256": file_sha256(data_source(cfg)),
+            "chat_template_sha256": file_sha256(template) if template is not None else None,
             "num_train": cfg.num_train,
             "num_heldout": cfg.num_heldout,
             "seed": cfg.seed,
@@ -62,11 +65,13 @@ def stage_settings(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
     }
 
 
+HASHED = ("data_sha256", "chat_template_sha256")  # said as "changed", not as two hashes
 FLAG_NAMES = {
     "num_train": "--num-train",
     "train_steps": "--train-steps",
     "target": "--target",
     "data_sha256": "--data (its content)",
+    "chat_template_sha256": "--chat-template (its content)",
 }
 
 
@@ -78,8 +83,8 @@ def stages_to_redo(
     for stage in STAGES:
         before, now = old.get(stage) or {}, new[stage]
         diffs = [
-            f"{FLAG_NAMES.get(k, k)} {before.get(k, '?') if k != 'data_sha256' else 'changed'}"
-            + ("" if k == "data_sha256" else f" -> {now.get(k)}")
+            f"{FLAG_NAMES.get(k, k)} {before.get(k, '?') if k not in HASHED else 'changed'}"
+            + ("" if k in HASHED else f" -> {now.get(k)}")
             for k in differing_fields(before, now)
         ]
         if diffs:

@@ -13,7 +13,8 @@ class DemoConfig:
     """Settings of one demo run.
 
     target: a transformers model directory, or None for the bundled stories260K.
-    data: documents separated by blank lines (default: the bundled TinyStories sample).
+    data: documents separated by blank lines (default: the bundled TinyStories sample); with
+    `chat_template` (a Jinja file, `data.template`), JSONL chats rendered with it at every stage.
     prompt_tokens: prompt length cut from each document; max_new_tokens: continuation length
     (regeneration and the generation benchmark). num_train / num_heldout: documents used.
     train_steps, batch_size, lr: drafter training. sweep_steps: chain depths measured.
@@ -25,6 +26,7 @@ class DemoConfig:
     out: Path = Path("specdraft-demo")
     target: Path | None = None
     data: Path | None = None
+    chat_template: Path | None = None
     device: str = "cpu"
     prompt_tokens: int = 8
     max_new_tokens: int = 96
@@ -67,3 +69,11 @@ class DemoConfig:
             )
         if self.timing_repeats < 1:
             raise UnusableInput(f"timing_repeats {self.timing_repeats}: must be at least 1")
+
+    @property
+    def max_length(self) -> int:
+        """Tokens a sample may hold in capture and training: a document's prompt and
+        continuation (plain text), or 2048 for a chat (its turns as the template renders them)."""
+        if self.chat_template is not None:
+            return 2048
+        return self.prompt_tokens + self.max_new_tokens + 16

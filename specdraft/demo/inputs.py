@@ -37,8 +37,8 @@ def parse_documents(text: str, name: str = "the data") -> list[str]:
             ) from e
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise UnusableInput(
-                f'{name} line {number} has no string "text" field (chat "messages" records are '
-                f"not supported here); the demo reads {DATA_FORMATS}"
+                f'{name} line {number} has no string "text" field (chat "messages" records '
+                f"need --chat-template FILE); the demo reads {DATA_FORMATS}"
             )
         doc = "\n".join(part for part in record["text"].splitlines() if part.strip()).strip()
         if doc:
@@ -47,17 +47,18 @@ def parse_documents(text: str, name: str = "the data") -> list[str]:
 
 
 def split_documents(
-    text: str, num_train: int, num_heldout: int, seed: int
+    text: str, num_train: int, num_heldout: int, seed: int, chats: bool = False
 ) -> tuple[list[str], list[str]]:
-    """Documents (see parse_documents), shuffled with `seed`, as (train, held-out) lists.
+    """Documents (see parse_documents) or, with `chats`, the lines of a JSONL chats file (one
+    chat each, checked by `check_chats`), shuffled with `seed`, as (train, held-out) lists.
 
     Raises UnusableInput (a ValueError) when the text holds fewer than num_train + num_heldout
     documents.
     """
-    docs = parse_documents(text)
+    docs = [line for line in text.splitlines() if line.strip()] if chats else parse_documents(text)
     if len(docs) < num_train + num_heldout:
         raise UnusableInput(
-            f"the data holds {len(docs)} documents; the demo needs "
+            f"the data holds {len(docs)} {'chats' if chats else 'documents'}; the demo needs "
             f"{num_train + num_heldout} (lower --num-train)"
         )
     random.Random(seed).shuffle(docs)
@@ -160,10 +161,14 @@ def check_target(path: Path) -> None:
 
 
 def check_data(cfg: DemoConfig) -> None:
-    """The data file exists, parses, and holds num_train + num_heldout documents."""
+    """The data file exists, parses, and holds num_train + num_heldout documents (chats, with
+    --chat-template: `check_chats`)."""
     source = data_source(cfg)
     if not source.is_file():
         raise UnusableInput(f"--data {source}: no such file; pass {DATA_FORMATS}")
+    if cfg.chat_template is not None:
+        check_chats(cfg, source)
+        return
     try:
         text = source.read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -185,4 +190,24 @@ def check_data(cfg: DemoConfig) -> None:
         raise UnusableInput(
             f"--data {source} holds {len(docs)} document(s); the demo needs {need} "
             f"(--num-train {cfg.num_train} + {cfg.num_heldout} held out): {fix}"
+        )
+
+
+def check_chats(cfg: DemoConfig, source: Path) -> None:
+    """With --chat-template: the template file can be read, and --data holds num_train +
+    num_heldout JSONL chats, each read as `data.records` reads one (no assistant turn needed:
+    the target writes the answers). UnusableInput naming the file and the fix."""
+    from specdraft.data.records import DataError, read_records
+    from specdraft.data.template import read_chat_template
+
+    try:
+        read_chat_template(cfg.chat_template)
+        num_chats = len(read_records(source, chat=True, require_assistant=False).records)
+    except DataError as e:
+        raise UnusableInput(str(e)) from None
+    need = cfg.num_train + cfg.num_heldout
+    if num_chats < need:
+        raise UnusableInput(
+            f"--data {source} holds {num_chats} chat(s); the demo needs {need} (--num-train "
+            f"{cfg.num_train} + {cfg.num_heldout} held out): lower --num-train, or pass more chats"
         )

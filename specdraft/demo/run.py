@@ -53,7 +53,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     report = drafter_report(cfg, target_dir, aux_layers, draft_dir, training)
     say(f"drafter: {training.get('steps')} optimizer steps, at {draft_dir}")
     say("speculative generation vs plain decoding on held-out prompts")
-    prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens)
+    prompts = heldout_prompts(target_dir, heldout_file, cfg)
     report.prompts_file = str(write_tune_prompts(target_dir, prompts, heldout_file.parent))
     report.baseline, report.sweep, report.tree, report.busy = stage_generation(
         cfg, target_dir, draft_dir, prompts, say
@@ -62,7 +62,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     say(generation_line(report))
     exports = export_stage(cfg, report, draft_dir, target_dir, chosen, chain, say)
     say("doctor")
-    report.doctor, report.lint = stages.stage_doctor(draft_dir, target_dir, stores, exports)
+    report.doctor, report.lint = stages.stage_doctor(draft_dir, target_dir, stores, exports, cfg)
     say(doctor_line(report))
     report.plots = write_plots(report, cfg.out)
     write_report(report, cfg)
@@ -174,5 +174,7 @@ def export_stage(
             for engine, result in exports.items()
         )
     )
-    report.launch_commands = {e: r.launch_command for e, r in exports.items()}
+    report.launch_commands = {
+        e: stages.served_command(cfg, r.launch_command) for e, r in exports.items()
+    }
     return exports

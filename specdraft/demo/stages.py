@@ -70,28 +70,30 @@ def say_reused(say: Callable[[str], None], stage: str, path: Path) -> None:
 
 
 def stage_data(cfg: DemoConfig, say: Callable[[str], None] = print) -> tuple[Path, Path]:
-    """Write train.txt and heldout.txt (blank-line separated documents) under out/data."""
-    data_dir = cfg.out / "data"
-    train_file, heldout_file = data_dir / "train.txt", data_dir / "heldout.txt"
+    """Write train.txt and heldout.txt (blank-line separated documents) under out/data, or with
+    --chat-template train.jsonl and heldout.jsonl (one chat a line)."""
+    data_dir, chats = cfg.out / "data", cfg.chat_template is not None
+    suffix, separator, what = (".jsonl", "\n", "chats") if chats else (".txt", "\n\n", "documents")
+    train_file, heldout_file = data_dir / f"train{suffix}", data_dir / f"heldout{suffix}"
     if train_file.exists() and heldout_file.exists():
         say_reused(say, "data", data_dir)
         return train_file, heldout_file
     train, heldout = split_documents(
-        data_source(cfg).read_text(), cfg.num_train, cfg.num_heldout, cfg.seed
+        data_source(cfg).read_text(), cfg.num_train, cfg.num_heldout, cfg.seed, chats
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     for path, docs in ((heldout_file, heldout), (train_file, train)):
-        atomic_write_text(path, "\n\n".join(docs) + "\n")
-    say(f"data: {len(train)} training and {len(heldout)} held-out documents in {data_dir}")
+        atomic_write_text(path, separator.join(docs) + "\n")
+    say(f"data: {len(train)} training and {len(heldout)} held-out {what} in {data_dir}")
     return train_file, heldout_file
 
 
-def regen_complete(out_file: Path, data_file: Path) -> bool:
-    """Every record of `data_file` has its regenerated line in `out_file`."""
+def regen_complete(out_file: Path, data_file: Path, chat: bool) -> bool:
+    """Every record of `data_file` (chats or texts) has its regenerated line in `out_file`."""
     from specdraft.data.records import read_records
     from specdraft.regenerate.output import finished_indices
 
-    num_records = len(read_records(data_file, chat=False, require_assistant=False).records)
+    num_records = len(read_records(data_file, chat=chat, require_assistant=False).records)
     return finished_indices(out_file) >= set(range(num_records))
 
 
@@ -105,16 +107,20 @@ def stage_regenerate(
 
     out = data_file.with_name(data_file.stem + ".regen.jsonl")
     repoint_regen_settings(out, data_file, target_dir)
-    if regen_complete(out, data_file):
+    chat = cfg.chat_template is not None
+    if regen_complete(out, data_file, chat):
         say_reused(say, "regenerate", out)
         return out
-    say(f"regenerate: continuations of {data_file.name} with the target (greedy)")
+    say(
+        f"regenerate: {'answers' if chat else 'continuations'} of {data_file.name} with the target (greedy)"
+    )
     regenerate_file(
         RegenConfig(
             data=str(data_file),
             out=str(out),
             target=str(target_dir),
-            chat=False,
+            chat=chat,
+            chat_template=str(cfg.chat_template) if chat else None,
             prompt_tokens=cfg.prompt_tokens,
             batch_size=32,
             device=cfg.device,
@@ -162,8 +168,9 @@ def stage_capture(
             out_dir=str(store),
             aux_layers=tuple(aux_layers),
             dtype="float32",
-            chat=False,
-            max_length=cfg.prompt_tokens + cfg.max_new_tokens + 16,
+            chat=cfg.chat_template is not None,
+            chat_template=str(cfg.chat_template) if cfg.chat_template else None,
+            max_length=cfg.max_length,
             device=cfg.device,
         ),
         console=Console(stderr=True),
@@ -201,7 +208,7 @@ def stage_train(
         warmup_steps=50,
         total_steps=cfg.train_steps,
         batch_size=batch_size,
-        max_length=cfg.prompt_tokens + cfg.max_new_tokens + 16,
+        max_length=cfg.max_length,
         ttt_steps=cfg.ttt_steps,
         val_fraction=VAL_FRACTION,
         seed=cfg.seed,
@@ -247,22 +254,37 @@ def stage_export(
 
 
 def stage_doctor(
-    draft_dir: Path, target_dir: Path, stores: dict[str, Path], exports: dict[str, Any]
+    draft_dir: Path,
+    target_dir: Path,
+    stores: dict[str, Path],
+    exports: dict[str, Any],
+    cfg: DemoConfig,
 ) -> tuple[list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
-    """Doctor on the trained drafter (offline acceptance on each store) and lint per export."""
+    """Doctor on the trained drafter (offline acceptance on each store, served with
+    --chat-template) and lint per export (with its launch command as served: `served_command`)."""
     from dataclasses import asdict as as_dict
 
     from specdraft.doctor.run import run_doctor
 
     findings = []
     for name, store in stores.items():
-        report = run_doctor(draft_dir, target=target_dir, samples=store)
+        report = run_doctor(
+            draft_dir, target=target_dir, samples=store, chat_template=cfg.chat_template
+        )
         findings += [{"samples": name, **as_dict(f)} for f in report.findings]
     lint = {}
     for engine in ("sglang", "vllm"):
-        args = exports[engine].launch_command
+        args = served_command(cfg, exports[engine].launch_command)
         report = run_doctor(
             exports[engine].out_dir, target=target_dir, engine=engine, engine_args=args
         )
         lint[engine] = [as_dict(f) for f in report.findings]
     return findings, lint
+
+
+def served_command(cfg: DemoConfig, launch_command: str) -> str:
+    """An export's launch command as the demo's data is served: with `--chat-template FILE`
+    (vLLM's and SGLang's flag) when the demo trained on chats rendered with it."""
+    if cfg.chat_template is None:
+        return launch_command
+    return f"{launch_command} --chat-template {cfg.chat_template}"

@@ -62,6 +62,18 @@ class Evidence(FileEvidence):
             return self.inputs.engine
         return detect_engine(self.inputs.engine_args) if self.inputs.engine_args else None
 
+    def served_template(self) -> tuple[str, str] | None:
+        """(file, engine reading it) of the chat template serving uses: --chat-template (read
+        as the engine checked reads it, vLLM's way when none is named), else the launch line's
+        --chat-template (read as its engine does); None: the target tokenizer's own."""
+        if self.inputs.chat_template is not None:
+            return str(self.inputs.chat_template), self.engine or "vllm"
+        try:
+            args = self.engine_args
+        except Unavailable:
+            return None
+        return (args.chat_template, args.engine) if args and args.chat_template else None
+
     @property
     def engines(self) -> list[str]:
         """Engines to check: the named one, else every engine that serves this layout."""

@@ -250,18 +250,37 @@ class FileEvidence:
                 f"cannot load the target: {e}", "pass a transformers directory"
             ) from None
 
+    def served_template(self) -> tuple[str, str] | None:
+        """(file, engine reading it: "vllm" | "sglang") of the chat template serving uses in
+        place of the target tokenizer's own; None: the tokenizer's own. The files alone do not
+        say: `evidence.Evidence` reads it from --chat-template and the launch line."""
+        return None
+
     @memo
     def tokenizer(self) -> Any:
-        """The target directory's tokenizer."""
+        """The target directory's tokenizer, with the chat template serving uses
+        (`served_template`)."""
         from transformers import AutoTokenizer
+
+        from specdraft.data.records import DataError
+        from specdraft.data.template import use_chat_template
 
         target = self.need_target_dir()
         try:
-            return AutoTokenizer.from_pretrained(target, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
         except (OSError, ValueError) as e:
             raise Unavailable(
                 f"no tokenizer in {target} ({type(e).__name__})",
                 "save the target's tokenizer into its directory",
+            ) from None
+        served = self.served_template()
+        if served is None:
+            return tokenizer
+        try:
+            return use_chat_template(tokenizer, served[0], engine=served[1])
+        except DataError as e:  # a launch line's template: a file on the serving host, a name
+            raise Unavailable(
+                f"the served chat template: {e}", "pass --chat-template FILE, the file it names"
             ) from None
 
 

@@ -19,6 +19,8 @@ from specdraft.checkpoint import (
     refuse_other_aux_layers,
 )
 from specdraft.client import SERVER_WAIT_S
+from specdraft.data.records import DataError
+from specdraft.data.template import read_chat_template
 from specdraft.errors import SpecdraftError
 from specdraft.targets.config import check_target_weights, read_target_config
 
@@ -41,7 +43,9 @@ class DoctorInputs:
     trust_remote_code: read a --target config whose model_type only its own code defines. samples: a capture store directory or a
     JSONL of token ids ({"input_ids", "loss_mask"}), chats or texts; skip_bad skips its bad
     records instead of refusing the file. template_kwargs: the chat template kwargs the server
-    uses (default: vLLM's --default-chat-template-kwargs, else {}). max_samples / max_length
+    uses (default: vLLM's --default-chat-template-kwargs, else {}). chat_template: the Jinja
+    file serving renders chats with (default: the launch line's --chat-template, else the
+    target tokenizer's own). max_samples / max_length
     bound the offline run. server_wait_s: how long to wait for a server that refuses
     connections (still starting) before the online check fails. Raises DoctorInputError for an
     input doctor cannot judge (and what `given_config`, `checkpoint.check_weight_headers`,
@@ -59,6 +63,7 @@ class DoctorInputs:
     aux_layers: list[int] | None = None
     trust_remote_code: bool = False
     template_kwargs: dict[str, Any] | None = None
+    chat_template: Path | None = None
     max_samples: int = 32
     max_length: int = 512
     skip_bad: bool = False
@@ -90,6 +95,11 @@ class DoctorInputs:
                 self.target, self.trust_remote_code
             )  # unknown remote code: one line, no prompt
             check_target_weights(self.target)  # a truncated download: one line, not a row of skips
+        if self.chat_template is not None:
+            try:
+                read_chat_template(self.chat_template)
+            except DataError as e:
+                raise DoctorInputError(str(e)) from None
         if (
             self.samples is not None
             and not self.samples.exists()

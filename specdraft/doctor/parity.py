@@ -29,20 +29,21 @@ def tokenizer_matches_manifest(ev: Evidence) -> Result:
 
 
 def chat_template_matches_manifest(ev: Evidence) -> Result:
-    """Serving renders chats token for token as training did: template hash, kwargs (FC-08)."""
+    """Serving renders chats token for token as training did: template hash, kwargs (FC-08); a
+    drafter trained on plain text is served plain (no --chat-template)."""
     from specdraft.data.render import render_parity, template_hash
 
     trained = ev.need_manifest().chat_template
-    if not trained or not trained.get("chat", True):
-        raise Unavailable("trained without a chat template (plain text)", "")
-    tokenizer = ev.tokenizer
-    served_hash = template_hash(tokenizer)
-    if served_hash != trained.get("hash"):
-        return fail(
-            f"chat template hash {str(served_hash)[:12]} (serving) vs "
-            f"{str(trained.get('hash'))[:12]} (training)",
-            "serve the training template",
-        )
+    if not trained:
+        raise Unavailable("the manifest records no chat template", "train through specdraft")
+    if not trained.get("chat", True):
+        return _plain_text_served(ev.served_template())
+    tokenizer, same = ev.tokenizer, "same template"
+    if template_hash(tokenizer) != trained.get("hash"):
+        other = _other_template(ev, tokenizer, trained)
+        if other is not None:
+            return other
+        same = "the training template file as SGLang reads it"
     kwargs_trained, kwargs_served = trained.get("kwargs") or {}, _served_kwargs(ev)
     chats = ev.chats if ev.inputs.samples is not None else []
     if chats:
@@ -53,7 +54,7 @@ def chat_template_matches_manifest(ev: Evidence) -> Result:
                 + "; ".join(diffs[:3]),
                 f"serve with chat template kwargs {kwargs_trained}",
             )
-        return ok(f"same template; {len(chats)} chats render identically")
+        return ok(f"{same}; {len(chats)} chats render identically")
     if kwargs_trained != kwargs_served:
         raise Unavailable(
             f"template kwargs differ: {kwargs_trained} (training) vs {kwargs_served} "
@@ -61,6 +62,70 @@ def chat_template_matches_manifest(ev: Evidence) -> Result:
             "pass --samples chats.jsonl",
         )
     return ok(f"same template hash and kwargs {kwargs_trained}")
+
+
+def _plain_text_served(served: tuple[str, str] | None) -> Result:
+    """The verdict for a drafter trained on plain text (--no-chat): a pass served without a
+    chat template file, a fail served with one."""
+    if served is None:
+        return ok("trained on plain text (--no-chat) and served without --chat-template")
+    return fail(
+        f"trained on plain text (--no-chat), served with chat template {served[0]}: its "
+        "chats reach the drafter rendered as it never saw them",
+        f"train on chats rendered with it (--chat-template {served[0]}), or serve without it",
+    )
+
+
+def _other_template(ev: Evidence, tokenizer, trained: dict) -> Result | None:
+    """The verdict when serving's template hash is not training's: a fail naming both hashes,
+    unless serving is SGLang reading the very file training rendered with (SGLang strips its
+    outer newlines and unescapes `\\n`: `data.template`) and the sample chats render alike
+    both ways (None: go on to the kwargs); without sample chats, a skip."""
+    from specdraft.data.render import render_parity, template_hash
+    from specdraft.data.template import read_chat_template, template_fingerprint
+
+    served, hash_trained = ev.served_template(), str(trained.get("hash"))[:12]
+    evidence = (
+        f"chat template hash {(template_hash(tokenizer) or 'none')[:12]} (serving: "
+        f"{_served_text(served, tokenizer)}) vs {hash_trained} (training)"
+    )
+    fix = "serve the training template (the --chat-template FILE given to capture / train)"
+    if served is None or served[1] != "sglang":
+        return fail(evidence, fix)
+    as_written = read_chat_template(served[0])
+    if template_fingerprint(as_written) != trained.get("hash"):
+        return fail(evidence, fix)
+    chats = ev.chats if ev.inputs.samples is not None else []
+    if not chats:
+        raise Unavailable(
+            f"{evidence}; {served[0]} as written is the training template: no sample chats to "
+            "render it as SGLang reads it and as written",
+            "pass --samples chats.jsonl",
+        )
+    kwargs = trained.get("kwargs") or {}
+    diffs = render_parity(
+        tokenizer,
+        chats,
+        {**kwargs, "chat_template": as_written},
+        {**kwargs, "chat_template": tokenizer.chat_template},
+    )
+    if diffs:
+        return fail(
+            f"{evidence}: {served[0]} as SGLang reads it renders otherwise: "
+            + "; ".join(diffs[:3]),
+            f"drop {served[0]}'s outer newlines (and write no \\n outside its strings), then "
+            "capture and train with it again",
+        )
+    return None
+
+
+def _served_text(served: tuple[str, str] | None, tokenizer) -> str:
+    """Where the served template comes from, for evidence: the file (and SGLang's reading of
+    it), or the target tokenizer's own template."""
+    if served is None:
+        own = getattr(tokenizer, "chat_template", None)
+        return "the target tokenizer's own template" if own else "the target's tokenizer has none"
+    return served[0] + (" as SGLang reads it" if served[1] == "sglang" else "")
 
 
 def _served_kwargs(ev: Evidence) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.checkpoint import wrong_dir_message
-from specdraft.client import SERVER_WAIT_S
+from specdraft.client import SERVER_WAIT_S, check_url
 from specdraft.doctor.checks import CHECKS
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.file_evidence import Unavailable
@@ -115,6 +115,7 @@ def run_doctor(
     aux_layers: list[int] | None = None,
     trust_remote_code: bool = False,
     template_kwargs: dict[str, Any] | None = None,
+    chat_template: str | Path | None = None,
     max_samples: int = 32,
     max_length: int = 512,
     skip_bad: bool = False,
@@ -130,10 +131,7 @@ def run_doctor(
     (`inputs.given_config`); what `DoctorInputs` refuses (a safetensors file cut short,
     aux_layers other than the manifest records); DataError for a --samples file that cannot be
     read (naming the file and line); BadURL for a server URL without http:// or https:// or a
-    host. A checkpoint that can be read but is wrong is a failing finding.
-    """
-    from specdraft.client import check_url
-
+    host. A checkpoint that can be read but is wrong is a failing finding."""
     server = check_url(server, "--server") if server is not None else None  # paths are appended
     refuse_wrong_dirs(checkpoint, target)
     inputs = DoctorInputs(
@@ -147,6 +145,7 @@ def run_doctor(
         aux_layers=aux_layers,
         trust_remote_code=trust_remote_code,
         template_kwargs=template_kwargs,
+        chat_template=Path(chat_template) if chat_template else None,
         max_samples=max_samples,
         max_length=max_length,
         skip_bad=skip_bad,

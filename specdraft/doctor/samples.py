@@ -89,7 +89,8 @@ def read_samples(
 def _rendered(
     path: Path, tokenizer: Callable[[], Any], template_kwargs: dict[str, Any], skip_bad: bool
 ) -> SampleRead:
-    """Chats or texts rendered with the target's tokenizer. The first skipped record is found
+    """Chats or texts rendered with the target's tokenizer (with the served chat template:
+    `Evidence.tokenizer`). The first skipped record is found
     by reading (then rendering) again without skipping, only when one was skipped."""
     row = _first_row(path)
     chat = any(k in row for k in ("messages", "conversations"))
@@ -103,8 +104,9 @@ def _rendered(
     tok = tokenizer()
     if chat and not getattr(tok, "chat_template", None):
         raise DataError(
-            f"{path}: chats, but the target's tokenizer has no chat template; give "
-            'texts ({"text": ...}) or token ids ({"input_ids": [...]})'
+            f"{path}: chats, but the target's tokenizer has no chat template; pass the one "
+            'serving uses (--chat-template FILE), or give texts ({"text": ...}) or token ids '
+            '({"input_ids": [...]})'
         )
     rendered = render_records(tok, records, template_kwargs=template_kwargs, skip_bad=skip_bad)
     first = ""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.data.records import Records
+from specdraft.data.template import check_template_mode, use_chat_template
 from specdraft.regenerate.backends import (
     Backend,
     EndpointBackend,
@@ -216,7 +217,9 @@ class RegenConfig:
     """Inputs of `specdraft regenerate`: exactly one of `target` (local model directory) or
     `endpoint` (OpenAI-compatible base URL, with `model`). tokenizer: the target's tokenizer
     directory (default: `target`); needed by an endpoint for the no-chat mode and for exact
-    token-id prompts with api='completions'."""
+    token-id prompts with api='completions'. chat_template: a Jinja file rendering the chats
+    instead of the tokenizer's template (`data.template`; an endpoint's chat API renders with
+    the server's own, so it needs api='completions' and `tokenizer`)."""
 
     data: str
     out: str
@@ -225,6 +228,7 @@ class RegenConfig:
     model: str = ""
     api: str = "chat"
     tokenizer: str | None = None
+    chat_template: str | None = None
     chat: bool = True
     prompt_tokens: int = 32
     sampling: Sampling = Sampling()
@@ -251,6 +255,13 @@ class RegenConfig:
         if self.prompt_tokens <= 0:
             raise RegenerationSettingError(
                 f"RegenConfig.prompt_tokens = {self.prompt_tokens}: must be positive"
+            )
+        check_template_mode(self.chat_template, self.chat)
+        if self.chat_template and self.endpoint and (self.api == "chat" or not self.tokenizer):
+            raise RegenerationSettingError(
+                f"--chat-template {self.chat_template} with --endpoint needs --api completions "
+                "--tokenizer DIR (the chat API renders with the server's own template: start the "
+                "server with --chat-template instead)"
             )
 
 
@@ -283,6 +294,8 @@ def regenerate_file(cfg: RegenConfig, console=None) -> RegenResult:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+    if cfg.chat_template:  # an endpoint with a template has a tokenizer (`RegenConfig`)
+        use_chat_template(tokenizer or backend.tokenizer, cfg.chat_template, chat=cfg.chat)
     return regenerate(
         records,
         cfg.out,

@@ -7,12 +7,14 @@ flag is passed over. How each engine reads them (re-check when bumping an engine
   (EAGLE3 captures aux hidden states; EAGLE is EAGLE-2 and feeds one hidden state),
   `--speculative-num-steps`, `--speculative-eagle-topk`, `--speculative-num-draft-tokens`
   (with all three unset it picks them itself), `--speculative-draft-model-path`,
-  `--model-path`.
+  `--model-path`, `--chat-template` (a Jinja file, `srt/managers/template_manager.py`; also a
+  built-in template name or a .json conversation file).
 - vLLM (`config/speculative.py`, `v1/worker/gpu_model_runner.py`): `--speculative-config
   JSON` (or dotted `--speculative-config.KEY VALUE`) with `method` ("eagle3" captures aux
   states; without a method vLLM guesses it from the draft path: "eagle-" -> eagle, "eagle3"
   -> eagle3), `model`, `num_speculative_tokens` (chain length = num_steps);
-  `--default-chat-template-kwargs JSON`; the target is `vllm serve MODEL` or `--model`. Started
+  `--default-chat-template-kwargs JSON`, `--chat-template` (a Jinja file, or the template itself);
+  the target is `vllm serve MODEL` or `--model`. Started
   on a speculators drafter (`vllm serve DRAFTER`, no --speculative-config), vLLM reads method,
   draft length and target from DRAFTER/config.json (`conventions.engines.SPECULATORS_LAUNCH_READ`).
 - Both engines capture aux states only for EAGLE-3 and only when the draft config's
@@ -51,6 +53,7 @@ _SGLANG_STRINGS = {
     "--speculative-draft": "draft_model",
     "--model-path": "target_model",
     "--model": "target_model",
+    "--chat-template": "chat_template",
 }
 _VLLM_JSON = ("--speculative-config", "--default-chat-template-kwargs")
 
@@ -68,7 +71,8 @@ class EngineArgs:
     speculative-config `method`, as written. num_steps: draft depth (vLLM
     num_speculative_tokens). topk / num_draft_tokens: SGLang only (vLLM drafts a chain).
     draft_model / target_model: paths or names as written. template_kwargs: vLLM
-    `--default-chat-template-kwargs`. flags: every flag read, as written (for evidence).
+    `--default-chat-template-kwargs`. chat_template: `--chat-template`, as written (both
+    engines: a Jinja file; a name or inline template otherwise). flags: every flag read, as written (for evidence).
     speculators_config: the speculators drafter's config.json vLLM read algorithm, num_steps and
     target from (`vllm serve DRAFTER`), else None.
     """
@@ -81,6 +85,7 @@ class EngineArgs:
     draft_model: str | None = None
     target_model: str | None = None
     template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None
     flags: dict[str, str] = field(default_factory=dict)
     speculators_config: str | None = None
 
@@ -242,7 +247,7 @@ def _sglang_args(pairs: list[tuple[str, str | None]]) -> EngineArgs:
 def _vllm_args(pairs: list[tuple[str, str | None]], tokens: list[str]) -> EngineArgs:
     spec: dict[str, Any] = {}
     flags: dict[str, str] = {}
-    template_kwargs = None
+    template_kwargs, named = None, {}
     target = tokens[tokens.index("serve") + 1] if "serve" in tokens[:-1] else None
     for flag, value in pairs:
         if flag == "--speculative-config":
@@ -255,8 +260,8 @@ def _vllm_args(pairs: list[tuple[str, str | None]], tokens: list[str]) -> Engine
             spec[key] = _int(flag, value) if key == "num_speculative_tokens" else value
         elif flag == "--default-chat-template-kwargs":
             template_kwargs = _json(flag, value)
-        elif flag == "--model":
-            target = value
+        elif flag in ("--model", "--chat-template"):
+            named[flag] = value
         else:
             continue
         flags[flag] = str(value)
@@ -266,8 +271,9 @@ def _vllm_args(pairs: list[tuple[str, str | None]], tokens: list[str]) -> Engine
         algorithm=spec.get("method"),
         num_steps=None if steps is None else _int("num_speculative_tokens", steps),
         draft_model=spec.get("model"),
-        target_model=target,
+        target_model=named.get("--model", target),
         template_kwargs=template_kwargs,
+        chat_template=named.get("--chat-template"),
         flags=flags,
     )
 

@@ -168,22 +168,23 @@ def build_app(
     log_every: int = 0,
     compile: bool = False,
     reading: dict[str, Any] | None = None,
+    chat_template: str | None = None,
 ) -> Any:
-    """Load the target (with its tokenizer) and the drafter (a manifest-less one read by
-    `load_engine`'s `reading`), and `create_app` for them, ending generations at the target's
-    end ids (`target.config.end_token_ids`: the tokenizer's EOS and generation_config.json's).
+    """Load the target (with its tokenizer and `chat_template`: `target_tokenizer`) and the
+    drafter (a manifest-less one read by `load_engine`'s `reading`), and `create_app` for them,
+    ending generations at the target's end ids (`target.config.end_token_ids`: the tokenizer's
+    EOS and generation_config.json's).
 
     spec: SpecConfig, or None for plain decoding (draft_dir is then ignored). model_name
     defaults to the target directory's name. compile: `load_engine`'s (CUDA graphs; the app's
     `state.server.engine` then needs a warm-up generation before it serves). Raises what
-    `load_engine` raises (mismatched drafter, unreadable checkpoints) and ServeError (a
-    ValueError) naming the target directory when its tokenizer cannot be loaded."""
+    `load_engine` and `target_tokenizer` raise (mismatched drafter, unreadable checkpoints)."""
     import torch
 
     from specdraft.engine.load import load_engine
     from specdraft.targets.config import end_token_ids
 
-    tokenizer = target_tokenizer(target_dir)
+    tokenizer = target_tokenizer(target_dir, chat_template)
     engine = load_engine(
         target_dir,
         draft_dir if spec is not None else None,
@@ -205,16 +206,21 @@ def build_app(
     )
 
 
-def target_tokenizer(target_dir: str | Path) -> Any:
-    """The target directory's tokenizer (transformers, local files only), for serve and tune;
-    ServeError (a ValueError) naming the directory when it does not load."""
+def target_tokenizer(target_dir: str | Path, chat_template: str | None = None) -> Any:
+    """The target directory's tokenizer (transformers, local files only), for serve and tune,
+    its chat template replaced by the Jinja file `chat_template` when given (`data.template`).
+    ServeError (a ValueError) naming the directory when it does not load; DataError naming a
+    template file that cannot be read."""
     from transformers import AutoTokenizer
 
+    from specdraft.data.template import use_chat_template
+
     try:
-        return AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     except (OSError, ValueError) as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__  # transformers' own words
         raise ServeError(
             f"{target_dir}: no tokenizer could be loaded ({why}); save the target's tokenizer "
             "into its directory"
         ) from None
+    return use_chat_template(tokenizer, chat_template)

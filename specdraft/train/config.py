@@ -205,6 +205,18 @@ def run_config(
     return resume_config(out_dir, values)
 
 
+# train_source's keywords: `specdraft train`'s options that apply with --online (their names)
+ONLINE_OPTIONS = (
+    "no_chat",
+    "template_kwargs",
+    "chat_template",
+    "tokenizer",
+    "target_dtype",
+    "skip_bad",
+    "reasoning",
+)
+
+
 def train_source(
     source: str,
     online: bool,
@@ -212,13 +224,18 @@ def train_source(
     *,
     no_chat: bool = False,
     template_kwargs: dict[str, Any] | None = None,
+    chat_template: str | None = None,
+    tokenizer: str | None = None,
     target_dtype: str | None = None,
     skip_bad: bool = False,
     reasoning: str | None = None,
 ) -> str | OnlineSource:
     """`specdraft train`'s SOURCE: a store directory, or with `online` an OnlineSource running
-    `target` (in `target_dtype`, default float32). Raises UnusableInput for an option that does not
-    fit the mode, SourceError for a SOURCE that is no store directory (`check_store_source`)."""
+    `target` (in `target_dtype`, default float32) with `tokenizer` (default: the target's) and
+    the Jinja file `chat_template` (default: the tokenizer's template). Offline, a
+    `chat_template` must be the one the store was rendered with (`check_store_template`).
+    Raises UnusableInput for an option that does not fit the mode, SourceError for a SOURCE
+    that is no store directory (`check_store_source`)."""
     if online:
         if not target:
             raise UnusableInput(
@@ -229,22 +246,53 @@ def train_source(
             source,
             chat=not no_chat,
             template_kwargs=template_kwargs or {},
+            chat_template=chat_template or None,
+            tokenizer=tokenizer or None,
             target_dtype=target_dtype or "float32",
             skip_bad=skip_bad,
             reasoning=reasoning or "keep",
         )
     check_store_source(source)
-    if no_chat or template_kwargs or reasoning:
+    if no_chat or template_kwargs or reasoning or tokenizer:
         raise UnusableInput(
-            "--no-chat, --template-kwargs and --reasoning apply with --online only (a "
-            "store was rendered at capture)"
+            "--no-chat, --template-kwargs, --tokenizer and --reasoning apply with --online only "
+            "(a store was rendered at capture)"
         )
     if target_dtype or skip_bad:
         raise UnusableInput(
             "--target-dtype and --skip-bad apply with --online only (a store was captured "
             "with them: specdraft capture --target-dtype / --skip-bad)"
         )
+    if chat_template:
+        check_store_template(source, chat_template)
     return source
+
+
+def check_store_template(store: str, chat_template: str) -> None:
+    """UnusableInput naming both fingerprints (12 characters) when the capture store `store` was
+    not rendered with the Jinja file `chat_template` (`data.template`); DataError for a file
+    that cannot be read."""
+    from specdraft.capture.store import INDEX, read_index
+    from specdraft.data.template import read_chat_template, template_fingerprint
+
+    given = template_fingerprint(read_chat_template(chat_template))
+    rendered = read_index(Path(store) / INDEX).get("chat_template")
+    if not rendered:
+        raise UnusableInput(
+            f"--chat-template {chat_template}: {store} records no chat template (not written by "
+            "specdraft capture); drop --chat-template"
+        )
+    if not rendered.get("chat", True):
+        raise UnusableInput(
+            f"--chat-template {chat_template}: {store} was captured as plain text (--no-chat); "
+            "drop --chat-template, or capture the chats with it"
+        )
+    if rendered.get("hash") != given:
+        raise UnusableInput(
+            f"--chat-template {chat_template} (hash {given[:12]}): {store} was rendered with "
+            f"chat template hash {str(rendered.get('hash'))[:12]}; capture with this template, "
+            "or drop --chat-template"
+        )
 
 
 def check_store_source(source: str) -> None:

@@ -91,7 +91,9 @@ class OnlineSource:
     """Where online training reads: a target directory (model + tokenizer) and a data file.
 
     data: JSONL chats/texts, a `save_to_disk` directory or a text file (`specdraft.data`);
-    chat=False renders plain text (base models); template_kwargs go to apply_chat_template.
+    chat=False renders plain text (base models); template_kwargs go to apply_chat_template;
+    chat_template: a Jinja file rendering the chats instead of the tokenizer's template
+    (`data.template`). tokenizer: the tokenizer directory (default: the target's).
     target_dtype: the dtype the target runs in ("float32" | "bfloat16" | "float16", or fp32 /
     bf16 / fp16; its aux states and logits reach the drafter as float32 either way).
     skip_bad: skip and count bad data records instead of refusing the file (as capture does).
@@ -104,6 +106,8 @@ class OnlineSource:
     data: str
     chat: bool = True
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    chat_template: str | None = None
+    tokenizer: str | None = None
     target_dtype: str = "float32"
     skip_bad: bool = False
     reasoning: str = "keep"
@@ -111,6 +115,9 @@ class OnlineSource:
     def __post_init__(self) -> None:
         from specdraft.capture.store import INDEX
         from specdraft.conventions import DTYPES
+        from specdraft.data.template import check_template_mode
+
+        check_template_mode(self.chat_template, self.chat)
 
         if self.target_dtype not in DTYPES:
             raise BadTrainSetting(
@@ -179,8 +186,10 @@ class OnlineData:
         target, tokenizer, data = load_inputs(
             source.target,
             source.data,
+            tokenizer=source.tokenizer,
             chat=source.chat,
             template_kwargs=source.template_kwargs,
+            chat_template=source.chat_template,
             skip_bad=source.skip_bad,
             reasoning=source.reasoning,
             target_dtype=parse_dtype(source.target_dtype),

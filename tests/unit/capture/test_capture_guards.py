@@ -195,6 +195,47 @@ def test_regenerate_without_chat_template_leaves_nothing(base_model_dir, chats, 
     assert ok.exit_code == 0, ok.output
 
 
+def test_a_base_model_renders_chats_with_a_template_file(base_model_dir, chats, tmp_path):
+    """--chat-template FILE gets chats past a tokenizer without a template (no more circle
+    between "pass --no-chat" and "drop --no-chat"); with --no-chat it is refused."""
+    from specdraft.data.template import template_fingerprint
+    from tests.tiny_tokenizer import TEMPLATE
+
+    template = tmp_path / "chat.jinja"
+    template.write_text(TEMPLATE)
+    line = one_line_error(
+        run("regenerate", chats, tmp_path / "r.jsonl", "--target", base_model_dir)
+    )
+    assert "give one with --chat-template FILE" in line and "--no-chat" in line
+    out = tmp_path / "regen.jsonl"
+    regen = run(
+        "regenerate", chats, out, "--target", base_model_dir, "--chat-template", template,
+        "--max-new-tokens", 2,
+    )  # fmt: skip
+    assert regen.exit_code == 0, regen.output
+    assert len(out.read_text().splitlines()) == 3
+    captured = capture(base_model_dir, chats, tmp_path / "store", "--chat-template", template)
+    assert captured.exit_code == 0, captured.output
+    index = json.loads((tmp_path / "store" / INDEX).read_text())
+    assert index["chat_template"]["hash"] == template_fingerprint(TEMPLATE)
+    one_line_error(
+        capture(
+            base_model_dir, chats, tmp_path / "plain", "--no-chat", "--chat-template", template
+        ),
+        f"--chat-template {template} with --no-chat",
+    )
+
+
+def test_an_endpoint_s_chat_api_cannot_take_a_template_file(chats, tmp_path):
+    from specdraft.regenerate.run import RegenConfig, RegenerationSettingError
+
+    with pytest.raises(RegenerationSettingError, match="needs --api completions --tokenizer DIR"):
+        RegenConfig(
+            str(chats), str(tmp_path / "o.jsonl"), endpoint="http://h:1", model="m",
+            chat_template="chat.jinja",
+        )  # fmt: skip
+
+
 def test_regenerate_into_a_directory_is_refused(chat_target_dir, chats, tmp_path):
     mydir = tmp_path / "mydir"
     mydir.mkdir()

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.run import run_demo
+from tests.demo_helpers import tiny_demo_config
 
 
 def tiny_demo(tmp_path) -> DemoConfig:
@@ -19,18 +20,7 @@ def tiny_demo(tmp_path) -> DemoConfig:
             f"Once upon a time there was a cat number {i} who liked fish." for i in range(4)
         )
     )
-    return DemoConfig(
-        out=tmp_path / "demo",
-        data=data,
-        num_train=3,
-        num_heldout=1,
-        max_new_tokens=4,
-        train_steps=2,
-        batch_size=2,
-        sweep_steps=(1,),
-        tree=(1, 2, 3),
-        timing_repeats=1,
-    )
+    return tiny_demo_config(tmp_path / "demo", data)
 
 
 def demo_output(cfg: DemoConfig, capsys, width: int = 400) -> tuple[str, str]:

@@ -92,6 +92,15 @@ def test_parse_sglang_and_vllm_flags():
         parse_engine_args("--speculative-config {method:", "vllm")
 
 
+def test_both_engines_launch_chat_template_is_read():
+    sglang = parse_engine_args(GOOD_SGLANG + " --chat-template /t/chat.jinja", "sglang")
+    vllm = parse_engine_args("vllm serve m --chat-template=/t/chat.jinja --model x", "vllm")
+    assert sglang.chat_template == vllm.chat_template == "/t/chat.jinja"
+    assert (
+        vllm.target_model == "x" and parse_engine_args("vllm serve m", "vllm").chat_template is None
+    )
+
+
 def test_healthy_export_passes_and_every_skip_says_why(exported):
     out, target = exported
     report = run_doctor(out, target=target, engine="sglang", engine_args=GOOD_SGLANG)

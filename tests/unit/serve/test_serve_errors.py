@@ -38,3 +38,25 @@ def test_unreadable_launch_flags_are_engine_args_errors():
     incomplete = parse_engine_args("sglang --speculative-num-steps 3", "sglang")
     with pytest.raises(EngineArgsError, match="SGLang speculative settings are incomplete"):
         incomplete.spec_config()
+
+
+def test_serve_reads_its_chat_template_file_before_the_model(tmp_path):
+    """`serve --chat-template FILE` reaches the tokenizer: a file that cannot be read is one line
+    naming it, before any model loads; a readable one replaces the tokenizer's template."""
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+    from specdraft.serve.server import target_tokenizer
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_setup("llama").target_dir, target)
+    word_tokenizer().save_pretrained(target)
+    missing = tmp_path / "missing.jinja"
+    result = CliRunner().invoke(
+        app, ["serve", "--target", str(target), "--no-spec", "--chat-template", str(missing)]
+    )
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"error: --chat-template {missing}: cannot read it")
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert target_tokenizer(target, str(template)).chat_template == template.read_text()

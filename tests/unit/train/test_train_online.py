@@ -243,3 +243,70 @@ def test_cli_online_only_options_are_refused_offline_and_checked(target_dir, cha
         in bad.output
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_online_trains_a_base_tokenizer_with_a_template_file(target_dir, chats_file, tmp_path):
+    """--tokenizer DIR (no chat template: a base model's) and --chat-template FILE: the chats
+    render through the file, and the manifest records its hash, as for a tokenizer's own."""
+    from specdraft.data.template import template_fingerprint
+    from tests.tiny_tokenizer import TEMPLATE
+
+    base = tmp_path / "base_tokenizer"
+    tiny_chat_tokenizer(template=None).save_pretrained(base)  # a base model
+    template = tmp_path / "chat.jinja"
+    template.write_text(TEMPLATE)
+    args = ["train", str(chats_file), "--online", "--target", str(target_dir), *TRAIN_ARGS]
+    refused = CliRunner().invoke(
+        app, [*args[:2], str(tmp_path / "a"), *args[2:], "--tokenizer", str(base)]
+    )
+    assert refused.exit_code == 1 and "give one with --chat-template FILE" in refused.output
+    run = tmp_path / "run"
+    result = CliRunner().invoke(
+        app,
+        [
+            *args[:2],
+            str(run),
+            *args[2:],
+            "--tokenizer",
+            str(base),
+            "--chat-template",
+            str(template),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
+    assert manifest["chat_template"]["hash"] == template_fingerprint(TEMPLATE)
+    assert manifest["data_hash"] == data_hash(
+        load_dataset(chats_file, tiny_chat_tokenizer()).samples
+    )
+
+
+def test_offline_chat_template_must_be_the_store_s(store, tmp_path):
+    """Offline, a store was rendered at capture: --chat-template names the file it was rendered
+    with; another file is refused naming both hashes, as is one for a store recording none."""
+    import shutil
+
+    from specdraft.data.template import template_fingerprint
+    from tests.tiny_tokenizer import TEMPLATE
+
+    other = tmp_path / "other.jinja"
+    other.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    train = ["train", str(tmp_path / "copy"), str(tmp_path / "run"), "--chat-template", str(other)]
+    none = CliRunner().invoke(app, [*train[:1], str(store), *train[2:]])
+    assert none.exit_code == 2 and "records no chat template" in none.output, none.output
+    shutil.copytree(store, tmp_path / "copy")
+    index = json.loads((tmp_path / "copy" / "index.json").read_text())
+    index["chat_template"] = {"hash": template_fingerprint(TEMPLATE), "kwargs": {}, "chat": True}
+    (tmp_path / "copy" / "index.json").write_text(json.dumps(index))
+    result = CliRunner().invoke(app, train)
+    assert result.exit_code == 2, result.output
+    assert (
+        f"(hash {template_fingerprint(other.read_text())[:12]}): {tmp_path / 'copy'} was rendered "
+        f"with chat template hash {template_fingerprint(TEMPLATE)[:12]}; capture with this"
+    ) in result.output.replace("\n", "")
+    tokenizer = CliRunner().invoke(
+        app, ["train", str(store), str(tmp_path / "run"), "--tokenizer", str(tmp_path)]
+    )
+    assert tokenizer.exit_code == 2 and "--tokenizer and --reasoning apply with --online" in (
+        tokenizer.output
+    )
