@@ -23,6 +23,7 @@ from specdraft.conventions import (
     ConventionError,
     aux_layers_from_config,
     captured_by,
+    unknown_class_text,
 )
 from specdraft.conventions.engines import DraftLoading, draft_loading
 from specdraft.data.records import DataError
@@ -30,6 +31,7 @@ from specdraft.doctor.file_evidence import Broken, FileEvidence, Unavailable, me
 from specdraft.doctor.inputs import DOCTOR_ENGINES
 from specdraft.doctor.keys import KeyMap, draft_as_loaded, key_map
 from specdraft.draft import Eagle3Draft
+from specdraft.export import TargetFacts
 from specdraft.serve.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
 
 
@@ -71,16 +73,22 @@ class Evidence(FileEvidence):
 
     @memo
     def reading(self) -> AuxReading:
-        """How each engine reads the config's aux ids, in specdraft indices. With --engine vllm
-        (SGLang not checked), SGLang's ids are not read: an SGLang that cannot read them (e.g. a
-        class it serves no EAGLE-3 drafter on) is no finding, and its reading is taken as vLLM's."""
-        facts = self.facts
-        if facts.target_class is None:
-            raise Unavailable(
-                "the target class is unknown (engines read ids by class)",
-                "pass the target (--target DIR)",
-            )
+        """How each engine checked reads the config's aux ids, in specdraft indices. With --engine
+        sglang, SGLang's rules alone: vLLM's reading of the file is no finding, and SGLang's is
+        taken for both. With --engine vllm (SGLang not checked), SGLang's ids are read only to say
+        what they mean: an SGLang that cannot read them (e.g. a class it serves no EAGLE-3 drafter
+        on) is no finding, and its reading is taken as vLLM's."""
+        facts = self.known_class
         try:
+            if self.engines == ["sglang"]:
+                sglang = captured_by(
+                    self.config,
+                    "sglang",
+                    facts.num_layers,
+                    facts.target_class,
+                    self.inputs.sglang_version,
+                )
+                return AuxReading(sglang, sglang, sglang, "eagle_config")
             return aux_layers_from_config(
                 self.config, facts.num_layers, facts.target_class, self.inputs.sglang_version
             )
@@ -98,6 +106,25 @@ class Evidence(FileEvidence):
                 f"an engine cannot read the config's aux ids: {e}",
                 "re-export with `specdraft export`, which writes each engine's ids",
             ) from None
+
+    @property
+    def known_class(self) -> TargetFacts:
+        """The target's facts when its engine rule class is known (engines read aux ids by class);
+        Unavailable naming the target's class when no engine rule is known for it, or naming
+        --target when neither --target nor the manifest says which class it is."""
+        facts = self.facts
+        if facts.target_class is not None:
+            return facts
+        if facts.architecture is None and self.inputs.target is None:
+            raise Unavailable(
+                "the target class is unknown (engines read aux ids by class)",
+                "pass the target (--target DIR)",
+            )
+        raise Unavailable(
+            f"{unknown_class_text(facts.architecture, facts.source)}; the checks of the aux "
+            "layers the engines capture cannot run",
+            "serve a target of a class in the table, or check the layers by hand",
+        )
 
     def aux_capture(self, engine: str) -> tuple[bool, str]:
         """Whether `engine` captures aux states at all, and why (engine_args.aux_capture)."""

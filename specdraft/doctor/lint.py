@@ -62,13 +62,8 @@ def aux_ids_read_alike(ev: Evidence) -> Result:
     """The config's aux ids mean the same layers to every engine that may read it (FC-03)."""
     problems = []
     nested = (ev.config.get("eagle_config") or {}).get(AUX_KEY)
-    if (
-        nested
-        and "sglang" in ev.engines
-        and ev.facts.target_class != "llama"
-        and ev.inputs.sglang_version is None
-    ):
-        problems += lint_sglang_ids(nested)
+    if nested and "sglang" in ev.engines and ev.inputs.sglang_version is None:
+        problems += lint_sglang_ids(nested, ev.known_class.target_class)
     try:
         reading = ev.reading  # one engine: does it read another engine's ids in its own convention?
         problems += reading.problems() if len(ev.engines) > 1 else reading.misread(ev.engines[0])
