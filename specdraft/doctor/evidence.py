@@ -126,6 +126,18 @@ class Evidence(FileEvidence):
             "serve a target of a class in the table, or check the layers by hand",
         )
 
+    def ids_source(self, engine: str) -> str:
+        """Where `engine` takes its aux ids from in config.json, in words (its default when none)."""
+        nested = (self.config.get("eagle_config") or {}).get(AUX_KEY)
+        top = self.config.get(AUX_KEY)
+        if engine == "sglang":
+            return (
+                f"eagle_config ids {nested}" if nested else "no eagle_config ids: SGLang's default"
+            )
+        if top or nested:
+            return f"top-level ids {top}" if top else f"eagle_config ids {nested}, read as-is"
+        return "no ids: vLLM's default"
+
     def aux_capture(self, engine: str) -> tuple[bool, str]:
         """Whether `engine` captures aux states at all, and why (engine_args.aux_capture)."""
         try:

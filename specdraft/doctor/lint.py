@@ -102,7 +102,7 @@ def engine_captures_training_layers(ev: Evidence) -> Result:
                 else ""
             )
             wrong.append(
-                f"{engine_name(engine)} captures {captured} ({_ids_source(ev, engine)}){order}"
+                f"{engine_name(engine)} captures {captured} ({ev.ids_source(engine)}){order}"
             )
     if wrong:
         return fail(
@@ -112,16 +112,6 @@ def engine_captures_training_layers(ev: Evidence) -> Result:
         f"trained on {trained}; "
         + ", ".join(f"{engine_name(e)} captures {reading.captured(e)}" for e in ev.engines)
     )
-
-
-def _ids_source(ev: Evidence, engine: str) -> str:
-    nested = (ev.config.get("eagle_config") or {}).get(AUX_KEY)
-    top = ev.config.get(AUX_KEY)
-    if engine == "sglang":
-        return f"eagle_config ids {nested}" if nested else "no eagle_config ids: SGLang's default"
-    if top or nested:
-        return f"top-level ids {top}" if top else f"eagle_config ids {nested}, read as-is"
-    return "no ids: vLLM's default"
 
 
 def _express(ev: Evidence, layers: list[int]) -> str:
