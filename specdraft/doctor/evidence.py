@@ -27,7 +27,7 @@ from specdraft.conventions import (
 )
 from specdraft.conventions.engines import DraftLoading, draft_loading
 from specdraft.data.records import DataError
-from specdraft.doctor.file_evidence import Broken, FileEvidence, Unavailable, memo
+from specdraft.doctor.file_evidence import Broken, FileEvidence, Unavailable, Unloadable, memo
 from specdraft.doctor.inputs import DOCTOR_ENGINES
 from specdraft.doctor.keys import KeyMap, draft_as_loaded, key_map
 from specdraft.draft import Eagle3Draft
@@ -211,8 +211,17 @@ class Evidence(FileEvidence):
         """Report lines about the inputs: where a manifest-less drafter's aux layers came from
         when its config names none (`layouts.aux_layers_note`); with skip_bad, what was skipped in
         --samples (nothing when the samples could not be read for want of a tokenizer: no check
-        used them)."""
-        return self._aux_notes() + self._skipped_notes()
+        used them); the --target transformers could not load, with the checks that skipped for it."""
+        return self._aux_notes() + self._skipped_notes() + self._target_notes()
+
+    def _target_notes(self) -> list[str]:
+        loaded, value = self._cache.get("target", (True, None))
+        if loaded or not isinstance(value, Unloadable):
+            return []
+        skipped = [
+            f.check for f in self.findings if f.verdict == "skip" and f.evidence == value.reason
+        ]
+        return [f"{value.reason}: skipped {', '.join(skipped)}; the other checks ran"]
 
     def _aux_notes(self) -> list[str]:
         try:
