@@ -81,31 +81,27 @@ class Evidence(FileEvidence):
         facts = self.known_class
         try:
             if self.engines == ["sglang"]:
-                sglang = captured_by(
-                    self.config,
-                    "sglang",
-                    facts.num_layers,
-                    facts.target_class,
-                    self.inputs.sglang_version,
-                )
-                return AuxReading(sglang, sglang, sglang, "eagle_config")
+                return self._taken_for_both("sglang")
             return aux_layers_from_config(
                 self.config, facts.num_layers, facts.target_class, self.inputs.sglang_version
             )
         except ConventionError as e:
             if "sglang" not in self.engines:
                 with contextlib.suppress(ConventionError):
-                    vllm = captured_by(self.config, "vllm", facts.num_layers, facts.target_class)
-                    return AuxReading(
-                        vllm,
-                        vllm,
-                        vllm,
-                        "top-level" if self.config.get(AUX_KEY) else "eagle_config",
-                    )
+                    return self._taken_for_both("vllm")
             raise Unreadable(
                 f"an engine cannot read the config's aux ids: {e}",
                 "re-export with `specdraft export`, which writes each engine's ids",
             ) from None
+
+    def _taken_for_both(self, engine: str) -> AuxReading:
+        """`engine`'s reading of the config's aux ids (`conventions.captured_by`, --sglang-version
+        for SGLang), taken for both engines: the other one is not checked."""
+        facts = self.known_class
+        version = self.inputs.sglang_version if engine == "sglang" else None
+        ids = captured_by(self.config, engine, facts.num_layers, facts.target_class, version)
+        key = "top-level" if engine != "sglang" and self.config.get(AUX_KEY) else "eagle_config"
+        return AuxReading(ids, ids, ids, key)
 
     @property
     def known_class(self) -> TargetFacts:
