@@ -39,6 +39,10 @@ class Unreadable(Broken):
     """An engine cannot read the config's aux ids."""
 
 
+class UnknownClass(Unavailable):
+    """The target's class is none the engine rules cover: the checks of aux ids skip."""
+
+
 class Evidence(FileEvidence):
     """Lazily gathered evidence for one doctor run (module doc): the files', then the engines'
     and the samples'."""
@@ -103,7 +107,7 @@ class Evidence(FileEvidence):
         key = "top-level" if engine != "sglang" and self.config.get(AUX_KEY) else "eagle_config"
         return AuxReading(ids, ids, ids, key)
 
-    @property
+    @memo
     def known_class(self) -> TargetFacts:
         """The target's facts when its engine rule class is known (engines read aux ids by class);
         Unavailable naming the target's class when no engine rule is known for it, or naming
@@ -116,7 +120,7 @@ class Evidence(FileEvidence):
                 "the target class is unknown (engines read aux ids by class)",
                 "pass the target (--target DIR)",
             )
-        raise Unavailable(
+        raise UnknownClass(
             f"{unknown_class_text(facts.architecture, facts.source)}; the checks of the aux "
             "layers the engines capture cannot run",
             "serve a target of a class in the table, or check the layers by hand",
@@ -207,17 +211,23 @@ class Evidence(FileEvidence):
         """Report lines about the inputs: where a manifest-less drafter's aux layers came from
         when its config names none (`layouts.aux_layers_note`); with skip_bad, what was skipped in
         --samples (nothing when the samples could not be read for want of a tokenizer: no check
-        used them); the --target transformers could not load, with the checks that skipped for it."""
+        used them); a --target transformers could not load or of a class no engine rule
+        covers, with the checks that skipped for it (`_target_notes`)."""
         return self._aux_notes() + self._skipped_notes() + self._target_notes()
 
     def _target_notes(self) -> list[str]:
-        loaded, value = self._cache.get("target", (True, None))
-        if loaded or not isinstance(value, Unloadable):
-            return []
-        skipped = [
-            f.check for f in self.findings if f.verdict == "skip" and f.evidence == value.reason
-        ]
-        return [f"{value.reason}: skipped {', '.join(skipped)}; the other checks ran"]
+        """One line per target fact the checks lacked (a model transformers cannot load, a
+        class no engine rule covers), naming the checks that skipped for it."""
+        notes = []
+        for key in ("target", "known_class"):
+            found, value = self._cache.get(key, (True, None))
+            if found or not isinstance(value, (Unloadable, UnknownClass)):
+                continue
+            skipped = [
+                f.check for f in self.findings if f.verdict == "skip" and f.evidence == value.reason
+            ]
+            notes.append(f"{value.reason}: skipped {', '.join(skipped)}; the other checks ran")
+        return notes
 
     def _aux_notes(self) -> list[str]:
         try:

@@ -71,6 +71,8 @@ def test_unsupported_target_class_is_named_and_strict_fails(tmp_path, config_cla
         assert f"no engine rule is known for the target class {architecture}" in finding.evidence
         assert "--target" not in finding.fix + finding.evidence
     assert report.finding("keys_match_engine").verdict == "pass"
+    (note,) = [n for n in report.notes if "no engine rule is known" in n]
+    assert "skipped aux_ids_read_alike" in note and note.endswith("the other checks ran")
     assert "--target" not in report.skips_enabled_by()
     result = CliRunner().invoke(
         app,
