@@ -145,6 +145,41 @@ def context_target(path: Path):
     return target
 
 
+def train_on_store(target, samples: list[Sample], root: Path, aux_layers, total_steps: int):
+    """Capture `samples` from `target` (a loaded specdraft Target saved under root/"target") on
+    `aux_layers` into root/"store", and train a drafter there for `total_steps` steps (draft
+    vocabulary 96, 3 TTT steps, a validation split) into root/"run"; returns the TrainResult."""
+    write_store(
+        target,
+        samples,
+        root / "store",
+        StoreSettings(tuple(aux_layers), dtype=torch.float32, shard_tokens=8192),
+        extra={"target_path": str(root / "target")},
+    )
+    config = TrainConfig(
+        lr=3e-3,
+        warmup_steps=10,
+        total_steps=total_steps,
+        batch_size=8,
+        ttt_steps=3,
+        draft_vocab_size=96,
+        val_fraction=0.1,
+        eval_every=1000,
+        save_every=1000,
+    )
+    return train(config, root / "store", root / "run", progress=False)
+
+
+def write_samples(path: Path, samples: list[Sample]) -> Path:
+    """`samples` as a JSONL of token ids ({"input_ids", "loss_mask"}), doctor's --samples."""
+    path.write_text(
+        "".join(
+            json.dumps({"input_ids": s.input_ids, "loss_mask": s.loss_mask}) + "\n" for s in samples
+        )
+    )
+    return path
+
+
 def trained_world(tmp_path_factory) -> TrainedWorld:
     """Build once per test process (about 7 s on one CPU thread)."""
     if "world" not in _WORLD:
@@ -152,31 +187,8 @@ def trained_world(tmp_path_factory) -> TrainedWorld:
             root = tmp_path_factory.mktemp("trained")
             target = context_target(root / "target")
             samples = random_samples(200)
-            write_store(
-                target,
-                samples,
-                root / "store",
-                StoreSettings(TRAINED_LAYERS, dtype=torch.float32, shard_tokens=8192),
-                extra={"target_path": str(root / "target")},
-            )
-            (root / "samples.jsonl").write_text(
-                "".join(
-                    json.dumps({"input_ids": s.input_ids, "loss_mask": s.loss_mask}) + "\n"
-                    for s in samples[:32]
-                )
-            )
-            config = TrainConfig(
-                lr=3e-3,
-                warmup_steps=10,
-                total_steps=400,
-                batch_size=8,
-                ttt_steps=3,
-                draft_vocab_size=96,
-                val_fraction=0.1,
-                eval_every=1000,
-                save_every=1000,
-            )
-            result = train(config, root / "store", root / "run", progress=False)
+            result = train_on_store(target, samples, root, TRAINED_LAYERS, 400)
+            write_samples(root / "samples.jsonl", samples[:32])
         _WORLD["world"] = TrainedWorld(
             root / "target", result.draft_dir, root / "samples.jsonl", root / "store"
         )
@@ -209,3 +221,22 @@ def served_world(root: Path, tokenizer) -> tuple[Path, Path, Path]:
         )
     )
     return root / "draft", target, samples
+
+
+def unsupported_target(root: Path, config_class: str) -> tuple[Path, Path]:
+    """(drafter dir without manifest, target dir holding only config.json) for a 7-layer target of
+    a class no engine rule covers: transformers' `config_class` (e.g. "Qwen3_5TextConfig", Qwen3.5's
+    hybrid attention; "Gemma4TextConfig"), its architecture the matching ...ForCausalLM."""
+    import transformers
+
+    from tests.tiny_models import _dense_kwargs
+
+    sizes = _dense_kwargs(7, 32, 128, 8)
+    config = getattr(transformers, config_class)(**sizes)
+    config.architectures = [config_class.replace("TextConfig", "ForCausalLM")]
+    (root / "target").mkdir(parents=True)
+    (root / "target" / "config.json").write_text(config.to_json_string())
+    # the drafter of a Llama of the same sizes (Gemma 4's per-layer config has no global head_dim)
+    cfg = DraftConfig.from_target(transformers.LlamaConfig(**sizes), (2, 3, 4), draft_vocab_size=64)
+    save_draft(seeded_draft(cfg), root / "draft", layout="sglang")
+    return root / "draft", root / "target"

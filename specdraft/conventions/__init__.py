@@ -47,6 +47,7 @@ from specdraft.conventions.ids import (
     from_engine_ids,
     parse_version,
     to_engine_ids,
+    unknown_class_text,
     version_label,
 )
 from specdraft.conventions.options import (
@@ -86,5 +87,6 @@ __all__ = [
     "parse_version",
     "split_aux_option",
     "to_engine_ids",
+    "unknown_class_text",
     "version_label",
 ]

@@ -11,6 +11,7 @@ from specdraft.conventions.ids import (
     AUX_KEY,
     ENGINE_NAMES,
     ConventionError,
+    class_label,
     from_engine_ids,
     rules_for,
 )
@@ -147,14 +148,21 @@ def aux_layers_from_config(
     )
 
 
-def lint_sglang_ids(ids) -> list[str]:
-    """Problems with an explicit SGLang id list (FC-03); empty when none."""
+def lint_sglang_ids(ids, target_class: str) -> list[str]:
+    """Problems with an explicit SGLang id list on a `target_class` target (FC-03): a first id
+    other than 1 where SGLang's rows of the class read a list by its first id (offset
+    "plus1_if_first_is_1", read from DeepSeek's model file only), so that versions read it
+    differently; empty when none, and for every class whose SGLang rows add 1 whatever the list."""
     ids = list(ids or [])
-    if not ids or ids[0] == 1:
+    by_first = [
+        r for r in rules_for("sglang", target_class, None) if r.offset == "plus1_if_first_is_1"
+    ]
+    if not ids or ids[0] == 1 or not by_first:
         return []
+    since = ".".join(map(str, by_first[0].since or ()))
     return [
-        f"SGLang aux ids {ids} start with {ids[0]}, not 1: SGLang >= 0.5.13 reads such a "
-        "list as-is on DeepSeek-class targets while older versions and Llama/Qwen classes "
-        "add 1, so it captures different layers by version; write ids whose first is 1 "
+        f"SGLang aux ids {ids} start with {ids[0]}, not 1: SGLang >= {since} reads such a "
+        f"list as-is on {class_label(target_class)}-class targets while older versions add 1, "
+        "so it captures different layers by version; write ids whose first is 1 "
         "(specdraft index 2) or pin the SGLang version"
     ]

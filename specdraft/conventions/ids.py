@@ -9,6 +9,7 @@ decoder layer *before* the final norm.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from specdraft.conventions.rules import ENGINE_RULES, EngineRule
@@ -42,6 +43,21 @@ class ConventionError(SpecdraftError, ValueError):
 
 
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "speculators": "speculators"}
+
+
+def class_label(target_class: str) -> str:
+    """A target class of `TARGET_CLASSES` in user terms, e.g. "DeepSeek" for "deepseek"."""
+    return _CLASS_NAMES[target_class]
+
+
+def unknown_class_text(architecture: str | None, source: str) -> str:
+    """Why engines' aux ids cannot be judged for a target whose class no `ENGINE_RULES` row covers
+    (e.g. Qwen3.5's hybrid attention, Gemma 4), naming its class and where it was read."""
+    return (
+        f"no engine rule is known for the target class {architecture or '(none named)'} "
+        f"({source}): specdraft has read how the engines number aux layers on "
+        f"{', '.join(_CLASS_NAMES.values())} targets only"
+    )
 
 
 def parse_version(version: str) -> tuple[int, ...]:
@@ -157,13 +173,14 @@ def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[i
         try:
             results.append((rule, convert(rule)))
         except ConventionError as err:
-            errors.append(str(err))
-    if errors:  # with the version unknown, every version's rule must accept the list
-        hint = "; pass --sglang-version if you serve a version that can" if results else ""
+            errors.append((rule, str(err)))
+    if errors and results:  # with the version unknown, every version's rule must accept the list
+        can = _merged_label([rule for rule, _ in results])
         raise ConventionError(
-            f"{(not results and _every_version_refusal(engine, target_class, convert)) or errors[0]}"
-            f"{hint}"
+            f"{_refusals_text(errors)}; pass --sglang-version if you serve {can}, which can"
         )
+    if errors:
+        raise ConventionError(_every_version_refusal(engine, target_class, convert) or errors[0][1])
     if len({tuple(out) for _, out in results}) > 1:
         readings = ", ".join(f"{version_label(r)}: {out}" for r, out in results)
         raise ConventionError(
@@ -172,6 +189,27 @@ def _resolve(engine, target_class, sglang_version, convert, what: str) -> list[i
             "pass --sglang-version"
         )
     return list(results[0][1])
+
+
+def _refusals_text(refusals: list[tuple[EngineRule, str]]) -> str:
+    """The (rule, message) refusals in one text: messages alike but for their rule's version range
+    said once, over the ranges merged (`_merged_label`), so each bound printed is where the rule
+    changes."""
+    groups: dict[str, list[EngineRule]] = {}
+    for rule, message in refusals:
+        bounded = rule.since is not None or rule.until is not None
+        key = message.replace(version_label(rule), "\0") if bounded else message
+        groups.setdefault(key, []).append(rule)
+    return "; ".join(key.replace("\0", _merged_label(rules)) for key, rules in groups.items())
+
+
+def _merged_label(rules: list[EngineRule]) -> str:
+    """The version ranges of `rules` as one label when they are contiguous ("SGLang >= 0.5.13"
+    for [0.5.13, 0.5.14) and [0.5.14, -)), else each range's, joined by "or"."""
+    rules = sorted(rules, key=lambda r: r.since or ())
+    if all(a.until is not None and a.until == b.since for a, b in zip(rules, rules[1:])):
+        return version_label(dataclasses.replace(rules[0], until=rules[-1].until))
+    return " or ".join(version_label(r) for r in rules)
 
 
 def _every_version_refusal(engine: str, target_class: str, convert) -> str | None:

@@ -79,7 +79,7 @@ def _sglang_refuses(
 
 
 _SGLANG_BOUNDARY = (
-    "read 0.5.23 wheel only: [id + 1]; the marked layer captures its input at the layer "
+    "[id + 1]; the marked layer captures its input at the layer "
     "boundary (the embeddings when no residual exists yet, layers/layer_boundary/"
     "stage.py); nothing after the last layer (index L never captured)"
 )
@@ -150,8 +150,8 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         (0, 5, 13),
         (0, 5, 14),
         "sglang srt/models/deepseek_v2.py",
-        "read 0.5.13 wheel: +1 only when layer_ids[0] == 1, else as-is (PR #25454, merged "
-        "2026-05-18; absent from 0.5.12.post1); capture still fails before layer 0.",
+        "read 0.5.13, 0.5.13.post1 wheels: +1 only when layer_ids[0] == 1, else as-is (PR "
+        "#25454, merged 2026-05-18; absent from 0.5.12.post1); capture still fails before layer 0.",
     ),
     EngineRule(
         "sglang",
@@ -171,10 +171,13 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "plus1",
         0,
         1,
-        (0, 5, 23),
+        (0, 5, 10),
         None,
         "sglang srt/models/qwen3_moe.py + qwen2_moe.py Qwen2MoeModel",
-        _SGLANG_BOUNDARY,
+        "read 0.5.10-0.5.23 wheels: [id + 1]; the marked layer captures its input: until 0.5.20 "
+        "the residual after prepare_attn (layers/communicator.py, the embeddings before layer "
+        "0), from 0.5.21 at the layer boundary (layers/layer_boundary/stage.py); nothing after "
+        "the last layer (index L never captured)",
     ),
     EngineRule(
         "sglang",
@@ -182,11 +185,26 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "plus1",
         0,
         1,
-        (0, 5, 23),
+        (0, 5, 11),
         None,
         "sglang srt/models/qwen3_vl.py (Qwen3LLMModel over qwen3.py layers) + qwen3_vl_moe.py "
         "(Qwen3MoeLLMModel)",
-        _SGLANG_BOUNDARY + _QWEN3_VL_DEEPSTACK,
+        "read 0.5.10-0.5.23 wheels: no set_eagle3_layers_to_capture in 0.5.10; from 0.5.11 "
+        "[id + 1], the marked layer's input captured (hidden + residual, the embeddings before "
+        "layer 0; from 0.5.21 at the layer boundary); index L never captured."
+        + _QWEN3_VL_DEEPSTACK,
+    ),
+    EngineRule(
+        "sglang",
+        "llama4",
+        "plus1",
+        1,
+        1,
+        (0, 5, 10),
+        (0, 5, 21),
+        "sglang srt/models/llama4.py (set_eagle3_layers_to_capture from llama.py)",
+        "read 0.5.10-0.5.20 wheels: [id + 1]; Llama4Model.forward takes hidden + residual before "
+        "layer i, residual is None before layer 0 (id -1 raises); index L never captured.",
     ),
     EngineRule(
         "sglang",
@@ -194,10 +212,22 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "plus1",
         0,
         1,
-        (0, 5, 23),
+        (0, 5, 21),
         None,
         "sglang srt/models/llama4.py (set_eagle3_layers_to_capture from llama.py)",
-        _SGLANG_BOUNDARY,
+        "read 0.5.21-0.5.23 wheels: " + _SGLANG_BOUNDARY,
+    ),
+    EngineRule(
+        "sglang",
+        "gpt_oss",
+        "plus1",
+        1,
+        1,
+        (0, 5, 10),
+        (0, 5, 17),
+        "sglang srt/models/gpt_oss.py",
+        "read 0.5.10-0.5.16 wheels: [id + 1]; hidden + residual before layer i, residual is None "
+        "before layer 0 (id -1 raises); index L never captured.",
     ),
     EngineRule(
         "sglang",
@@ -205,12 +235,12 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "plus1_unless_last_is_L",
         0,
         0,
-        (0, 5, 23),
+        (0, 5, 17),
         None,
         "sglang srt/models/gpt_oss.py",
-        "read 0.5.23 wheel only: ids kept as-is when max(ids) == L, else [id + 1]; boundary 0 "
-        "is the embedding output, boundary k the output of block k, boundary L captured by "
-        "the final norm (before it).",
+        "read 0.5.17-0.5.23 wheels: ids kept as-is when max(ids) == L, else [id + 1]; boundary 0 "
+        "is the embedding output, boundary k the output of block k, boundary L captured before "
+        "the final norm (from 0.5.21 by the layer boundary and final_norm).",
     ),
     EngineRule(
         "sglang",

@@ -23,18 +23,24 @@ from specdraft.conventions import (
     ConventionError,
     aux_layers_from_config,
     captured_by,
+    unknown_class_text,
 )
 from specdraft.conventions.engines import DraftLoading, draft_loading
 from specdraft.data.records import DataError
-from specdraft.doctor.file_evidence import Broken, FileEvidence, Unavailable, memo
+from specdraft.doctor.file_evidence import Broken, FileEvidence, Unavailable, Unloadable, memo
 from specdraft.doctor.inputs import DOCTOR_ENGINES
 from specdraft.doctor.keys import KeyMap, draft_as_loaded, key_map
 from specdraft.draft import Eagle3Draft
+from specdraft.export import TargetFacts
 from specdraft.serve.engine_args import EngineArgs, aux_capture, detect_engine, parse_engine_args
 
 
 class Unreadable(Broken):
     """An engine cannot read the config's aux ids."""
+
+
+class UnknownClass(Unavailable):
+    """The target's class is none the engine rules cover: the checks of aux ids skip."""
 
 
 class Evidence(FileEvidence):
@@ -83,33 +89,66 @@ class Evidence(FileEvidence):
 
     @memo
     def reading(self) -> AuxReading:
-        """How each engine reads the config's aux ids, in specdraft indices. With --engine vllm
-        (SGLang not checked), SGLang's ids are not read: an SGLang that cannot read them (e.g. a
-        class it serves no EAGLE-3 drafter on) is no finding, and its reading is taken as vLLM's."""
-        facts = self.facts
-        if facts.target_class is None:
-            raise Unavailable(
-                "the target class is unknown (engines read ids by class)",
-                "pass the target (--target DIR)",
-            )
+        """How each engine checked reads the config's aux ids, in specdraft indices. With --engine
+        sglang, SGLang's rules alone: vLLM's reading of the file is no finding, and SGLang's is
+        taken for both. With --engine vllm (SGLang not checked), SGLang's ids are read only to say
+        what they mean: an SGLang that cannot read them (e.g. a class it serves no EAGLE-3 drafter
+        on) is no finding, and its reading is taken as vLLM's."""
+        facts = self.known_class
         try:
+            if self.engines == ["sglang"]:
+                return self._taken_for_both("sglang")
             return aux_layers_from_config(
                 self.config, facts.num_layers, facts.target_class, self.inputs.sglang_version
             )
         except ConventionError as e:
             if "sglang" not in self.engines:
                 with contextlib.suppress(ConventionError):
-                    vllm = captured_by(self.config, "vllm", facts.num_layers, facts.target_class)
-                    return AuxReading(
-                        vllm,
-                        vllm,
-                        vllm,
-                        "top-level" if self.config.get(AUX_KEY) else "eagle_config",
-                    )
+                    return self._taken_for_both("vllm")
             raise Unreadable(
                 f"an engine cannot read the config's aux ids: {e}",
                 "re-export with `specdraft export`, which writes each engine's ids",
             ) from None
+
+    def _taken_for_both(self, engine: str) -> AuxReading:
+        """`engine`'s reading of the config's aux ids (`conventions.captured_by`, --sglang-version
+        for SGLang), taken for both engines: the other one is not checked."""
+        facts = self.known_class
+        version = self.inputs.sglang_version if engine == "sglang" else None
+        ids = captured_by(self.config, engine, facts.num_layers, facts.target_class, version)
+        key = "top-level" if engine != "sglang" and self.config.get(AUX_KEY) else "eagle_config"
+        return AuxReading(ids, ids, ids, key)
+
+    @memo
+    def known_class(self) -> TargetFacts:
+        """The target's facts when its engine rule class is known (engines read aux ids by class);
+        Unavailable naming the target's class when no engine rule is known for it, or naming
+        --target when neither --target nor the manifest says which class it is."""
+        facts = self.facts
+        if facts.target_class is not None:
+            return facts
+        if facts.architecture is None and self.inputs.target is None:
+            raise Unavailable(
+                "the target class is unknown (engines read aux ids by class)",
+                "pass the target (--target DIR)",
+            )
+        raise UnknownClass(
+            f"{unknown_class_text(facts.architecture, facts.source)}; the checks of the aux "
+            "layers the engines capture cannot run",
+            "serve a target of a class in the table, or check the layers by hand",
+        )
+
+    def ids_source(self, engine: str) -> str:
+        """Where `engine` takes its aux ids from in config.json, in words (its default when none)."""
+        nested = (self.config.get("eagle_config") or {}).get(AUX_KEY)
+        top = self.config.get(AUX_KEY)
+        if engine == "sglang":
+            return (
+                f"eagle_config ids {nested}" if nested else "no eagle_config ids: SGLang's default"
+            )
+        if top or nested:
+            return f"top-level ids {top}" if top else f"eagle_config ids {nested}, read as-is"
+        return "no ids: vLLM's default"
 
     def aux_capture(self, engine: str) -> tuple[bool, str]:
         """Whether `engine` captures aux states at all, and why (engine_args.aux_capture)."""
@@ -184,8 +223,23 @@ class Evidence(FileEvidence):
         """Report lines about the inputs: where a manifest-less drafter's aux layers came from
         when its config names none (`layouts.aux_layers_note`); with skip_bad, what was skipped in
         --samples (nothing when the samples could not be read for want of a tokenizer: no check
-        used them)."""
-        return self._aux_notes() + self._skipped_notes()
+        used them); a --target transformers could not load or of a class no engine rule
+        covers, with the checks that skipped for it (`_target_notes`)."""
+        return self._aux_notes() + self._skipped_notes() + self._target_notes()
+
+    def _target_notes(self) -> list[str]:
+        """One line per target fact the checks lacked (a model transformers cannot load, a
+        class no engine rule covers), naming the checks that skipped for it."""
+        notes = []
+        for key in ("target", "known_class"):
+            found, value = self._cache.get(key, (True, None))
+            if found or not isinstance(value, (Unloadable, UnknownClass)):
+                continue
+            skipped = [
+                f.check for f in self.findings if f.verdict == "skip" and f.evidence == value.reason
+            ]
+            notes.append(f"{value.reason}: skipped {', '.join(skipped)}; the other checks ran")
+        return notes
 
     def _aux_notes(self) -> list[str]:
         try:

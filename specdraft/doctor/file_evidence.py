@@ -53,6 +53,11 @@ class Broken(Unavailable):
     """The checkpoint's own files are at fault (unreadable, inconsistent): a fail, not a skip."""
 
 
+class Unloadable(Unavailable):
+    """The --target's config reads but transformers cannot build or fill its model: the checks
+    that run the target skip with this reason; the report's notes say it once."""
+
+
 def memo(fn: Callable) -> property:
     """A property computed once per instance (`Evidence.cached`, keyed by the function's name)."""
     prop = property(lambda self: self.cached(fn.__name__, lambda: fn(self)))
@@ -235,11 +240,17 @@ class FileEvidence:
 
     @memo
     def target(self) -> Any:
-        """The target model (specdraft.targets.Target, float32, CPU)."""
+        """The target model (specdraft.targets.Target, float32, CPU). A directory transformers
+        cannot build or fill (e.g. a wrapper saved by another transformers release: its
+        from_pretrained raises RuntimeError for mismatched sizes, TypeError / AttributeError /
+        KeyError in a class that reads the config otherwise) is Unavailable naming the directory
+        and the loader's reason in one line (`target_unloadable`): the checks that run the target
+        skip, the others still run."""
         from specdraft.targets import load_target
 
+        target = self.need_target_dir()
         try:
-            return load_target(self.need_target_dir())
+            return load_target(target)
         except ImportError as e:  # e.g. an FP8 quantization_config whose kernels are not installed
             raise Unavailable(
                 f"cannot run the target here: {e} (checks of sizes read its config.json alone)",
@@ -248,6 +259,12 @@ class FileEvidence:
         except (FileNotFoundError, ValueError, OSError) as e:
             raise Unavailable(
                 f"cannot load the target: {e}", "pass a transformers directory"
+            ) from None
+        except (RuntimeError, TypeError, AttributeError, KeyError) as e:
+            raise Unloadable(
+                target_unloadable(target, e),
+                "load the target with the transformers release that saved it, or re-save it "
+                "with this one (checks of sizes read its config.json alone)",
             ) from None
 
     def served_template(self) -> tuple[str, str] | None:
@@ -282,6 +299,13 @@ class FileEvidence:
             raise Unavailable(
                 f"the served chat template: {e}", "pass --chat-template FILE, the file it names"
             ) from None
+
+
+def target_unloadable(target: Path, error: BaseException) -> str:
+    """One line: transformers cannot load the model in `target`, and the loader's reason (its
+    exception's type and first line)."""
+    reason = (str(error).strip().splitlines() or [""])[0]
+    return f"transformers cannot load the target {target} ({type(error).__name__}: {reason})"
 
 
 def describe(value: Any) -> str:

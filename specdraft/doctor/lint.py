@@ -63,13 +63,8 @@ def aux_ids_read_alike(ev: Evidence) -> Result:
     """The config's aux ids mean the same layers to every engine that may read it (FC-03)."""
     problems = []
     nested = (ev.config.get("eagle_config") or {}).get(AUX_KEY)
-    if (
-        nested
-        and "sglang" in ev.engines
-        and ev.facts.target_class != "llama"
-        and ev.inputs.sglang_version is None
-    ):
-        problems += lint_sglang_ids(nested)
+    if nested and "sglang" in ev.engines and ev.inputs.sglang_version is None:
+        problems += lint_sglang_ids(nested, ev.known_class.target_class)
     try:
         reading = ev.reading  # one engine: does it read another engine's ids in its own convention?
         problems += reading.problems() if len(ev.engines) > 1 else reading.misread(ev.engines[0])
@@ -108,7 +103,7 @@ def engine_captures_training_layers(ev: Evidence) -> Result:
                 else ""
             )
             wrong.append(
-                f"{engine_name(engine)} captures {captured} ({_ids_source(ev, engine)}){order}"
+                f"{engine_name(engine)} captures {captured} ({ev.ids_source(engine)}){order}"
             )
     if wrong:
         return fail(
@@ -118,16 +113,6 @@ def engine_captures_training_layers(ev: Evidence) -> Result:
         f"trained on {trained}; "
         + ", ".join(f"{engine_name(e)} captures {reading.captured(e)}" for e in ev.engines)
     )
-
-
-def _ids_source(ev: Evidence, engine: str) -> str:
-    nested = (ev.config.get("eagle_config") or {}).get(AUX_KEY)
-    top = ev.config.get(AUX_KEY)
-    if engine == "sglang":
-        return f"eagle_config ids {nested}" if nested else "no eagle_config ids: SGLang's default"
-    if top or nested:
-        return f"top-level ids {top}" if top else f"eagle_config ids {nested}, read as-is"
-    return "no ids: vLLM's default"
 
 
 def _express(ev: Evidence, layers: list[int]) -> str:

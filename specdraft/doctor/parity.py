@@ -139,7 +139,8 @@ def _served_kwargs(ev: Evidence) -> dict:
 
 
 def aux_width_on_target(ev: Evidence) -> Result:
-    """On a real target forward, the engine's aux states are as wide as fc's input (S2)."""
+    """On a real target forward, the engine's aux states are as wide as fc's input (S2); a
+    mismatch's fix names its cause (`_width_fix`)."""
     if "fc.weight" not in ev.tensors:
         raise Unavailable(
             "no fc.weight in the checkpoint: nothing to compare the aux width with",
@@ -151,7 +152,7 @@ def aux_width_on_target(ev: Evidence) -> Result:
         if ev.inputs.samples is not None
         else torch.arange(1, 9).remainder(target.vocab_size)[None]
     )
-    problems, passes = [], []
+    problems, fixes, passes = [], [], []
     for engine in ev.engines:
         on, why = ev.aux_capture(engine)
         try:
@@ -164,13 +165,14 @@ def aux_width_on_target(ev: Evidence) -> Result:
         if width != fc_in:
             problems.append(
                 f"{engine_name(engine)} supplies {supplied} = width {width}, but fc takes "
-                f"{fc_in} = {NUM_AUX} x {target.hidden_size}"
+                f"{fc_in} = {NUM_AUX} x {fc_in // NUM_AUX}"
                 + (
                     "; the engine applies fc only when widths differ, so it skips fc silently"
                     if width == ev.draft_config.hidden_size
                     else ""
                 )
             )
+            fixes.append(_width_fix(ev, engine, layers if on else None, fc_in, target.hidden_size))
             continue
         draft, _ = ev.engine_draft(engine)
         draft(
@@ -181,9 +183,26 @@ def aux_width_on_target(ev: Evidence) -> Result:
         )
         passes.append(f"{engine_name(engine)} supplies {supplied} = width {width} = fc input")
     if problems:
-        return fail(
-            "; ".join(problems),
-            "serve with EAGLE-3 aux capture (--speculative-algorithm "
-            "EAGLE3 / method eagle3, eagle_config.use_aux_hidden_state true)",
-        )
+        return fail("; ".join(problems), "; ".join(dict.fromkeys(fixes)))
     return ok("; ".join(passes) + f" (target forward on {ids.shape[1]} tokens)")
+
+
+def _width_fix(ev: Evidence, engine: str, layers: list[int] | None, fc_in: int, hidden: int):
+    """The fix of an aux width other than fc's input, by its cause: a drafter built for another
+    hidden size, no aux capture (layers None), or another count of layers than the 3 fc fuses
+    (e.g. the engine's default ids, which collapse on a short target)."""
+    if fc_in != NUM_AUX * hidden:
+        return (
+            f"the drafter was built for a target of hidden size {fc_in // NUM_AUX}, not this "
+            f"target's {hidden}: serve it with the target it was trained on, or train a drafter "
+            "on this one"
+        )
+    if layers is None:
+        return (
+            "serve with EAGLE-3 aux capture (--speculative-algorithm EAGLE3 / method eagle3, "
+            "eagle_config.use_aux_hidden_state true)"
+        )
+    return (
+        f"{engine_name(engine)} captures {len(layers)} layers ({ev.ids_source(engine)}), not the "
+        f"{NUM_AUX} fc fuses: write the trained layers' ids (specdraft export writes each engine's)"
+    )

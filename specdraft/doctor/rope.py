@@ -9,6 +9,9 @@ from specdraft.doctor.verdict import Result, fail, ok
 from specdraft.draft_config import rope_from_hf_config
 
 ROPE_KEYS = ("rope_theta", "rope_scaling", "max_position_embeddings")
+# The rope_theta a loader that ignores rope_parameters (transformers 4's LlamaConfig default,
+# SGLang's and vLLM's llama_eagle3 config) builds: a config that means it needs no top-level key.
+LEGACY_DEFAULT_THETA = 10000.0
 
 
 def rope_matches_training(ev: Evidence) -> Result:
@@ -50,14 +53,17 @@ def rope_matches_training(ev: Evidence) -> Result:
     return ok(
         f"rope_theta {theta}, rope_scaling {describe(scaling)}, max positions "
         f"{served['max_position_embeddings']}: {record}"
+        + _legacy_note(layer)
         + _reach(ev, served["max_position_embeddings"])
     )
 
 
 def _rope_engines_misread(layer: dict, theta, scaling) -> Result | None:
     """A fail when the engines cannot build the rope the config means: rope only under
-    rope_parameters (transformers 5), or a partial rotary factor; None otherwise."""
-    if "rope_parameters" in layer and "rope_theta" not in layer:
+    rope_parameters (transformers 5) other than the default older loaders build anyway
+    (LEGACY_DEFAULT_THETA, no scaling), or a partial rotary factor; None otherwise."""
+    legacy_default = theta == LEGACY_DEFAULT_THETA and scaling is None
+    if "rope_parameters" in layer and "rope_theta" not in layer and not legacy_default:
         return fail(
             "rope only under rope_parameters (transformers 5): older loaders ignore it and use "
             "rope_theta 10000",
@@ -71,6 +77,16 @@ def _rope_engines_misread(layer: dict, theta, scaling) -> Result | None:
             "remove partial_rotary_factor if the drafter was trained with full rotary",
         )
     return None
+
+
+def _legacy_note(layer: dict) -> str:
+    """The evidence's note on a rope given only under rope_parameters that passes (the default)."""
+    if "rope_parameters" in layer and "rope_theta" not in layer:
+        return (
+            f"; given under rope_parameters only, which older loaders ignore, building rope_theta "
+            f"{LEGACY_DEFAULT_THETA} without scaling: the same rope"
+        )
+    return ""
 
 
 def _rope_not_as_trained(ev: Evidence, served: dict) -> list[str]:

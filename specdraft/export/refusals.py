@@ -3,7 +3,7 @@ norm flags an engine would read differently from training, a target of other siz
 
 from __future__ import annotations
 
-from specdraft.conventions import ConventionError, to_engine_ids
+from specdraft.conventions import ConventionError, to_engine_ids, unknown_class_text
 from specdraft.conventions.engines import (
     SPECULATORS_EXCLUSIVE_FLAGS,
     flag_refusal,
@@ -68,10 +68,16 @@ def engine_ids(
             f"states (fc input = {NUM_AUX} x target hidden); this drafter fuses "
             f"{len(layers)} (layers {layers})"
         )
-    if facts.target_class is None:
+    if facts.target_class is None and facts.architecture is None and facts.source == "manifest":
         raise ExportError(
             "the target class (Llama/Qwen, DeepSeek, ...) is unknown, and engines read "
             "aux ids by class: pass the target (--target DIR)"
+        )
+    if facts.target_class is None:
+        raise ExportError(
+            f"cannot export for {engine}: {unknown_class_text(facts.architecture, facts.source)}, "
+            "so which ids make it capture the trained layers is not known; serve a target of a "
+            "class in the table"
         )
 
     def convert(eng: str) -> list[int]:

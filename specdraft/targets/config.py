@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -179,7 +180,9 @@ def read_target_config(path: str | Path, trust_remote_code: bool = False) -> Pre
     run); any other with an `auto_map` raises TargetConfigError naming `--trust-remote-code`
     unless `trust_remote_code`. A `quantization_config` is kept as data: no kernel is imported.
     Raises TargetFileMissing without config.json, TargetConfigError for one that is not JSON or
-    that transformers rejects (TargetFileError, an OSError, when transformers cannot read a file).
+    that transformers rejects, naming the file (a field value its strict config class refuses
+    included, e.g. a config saved by another release; TargetFileError, an OSError, when
+    transformers cannot read a file).
     """
     path = Path(path)
     file = path / "config.json"
@@ -199,6 +202,9 @@ def read_target_config(path: str | Path, trust_remote_code: bool = False) -> Pre
         raise TargetFileError(str(e)) from e
     except ValueError as e:
         raise TargetConfigError(str(e)) from e
+    except (TypeError, StrictDataclassError) as e:  # a field value its strict config class rejects
+        reason = " ".join(str(e).split())
+        raise TargetConfigError(f"{file}: transformers cannot read it ({reason})") from e
 
 
 def _config_json(file: Path) -> Any:

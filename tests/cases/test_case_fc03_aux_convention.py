@@ -42,11 +42,14 @@ def test_case_fc03_export_writes_each_engine_its_own_ids():
     reading = aux_layers_from_config(config, NUM_LAYERS)
     assert reading.captured("sglang") == reading.captured("vllm") == TRAINED
     assert reading.problems() == []
-    assert lint_sglang_ids(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]) == []
+    assert (
+        lint_sglang_ids(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"], "deepseek")
+        == []
+    )
 
 
 def test_case_fc03_lint_first_id_not_one():
-    (problem,) = lint_sglang_ids([2, 16, 29])
+    (problem,) = lint_sglang_ids([2, 16, 29], "deepseek")
     assert "start with 2, not 1" in problem and "by version" in problem
     # the reason: DeepSeek-class SGLang reads that list differently across 0.5.13
     assert from_engine_ids([2, 16, 29], "sglang", NUM_LAYERS, "deepseek", "0.5.12") == [3, 17, 30]

@@ -64,22 +64,27 @@ def test_case_fc09_a_target_with_another_rope_names_the_target_as_the_fix(ckpt, 
     ).fix.startswith("write the trained")
 
 
-def test_case_fc09_only_rope_parameters_is_flagged(ckpt, tmp_path):
-    finding = rope(
-        *ckpt,
-        tmp_path,
-        lambda c: (
-            c.pop("rope_theta"),
-            c.pop("rope_scaling"),
-            c.update(rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}),
-        ),
-    )
+def test_case_fc09_only_rope_parameters_is_flagged_unless_the_legacy_default(ckpt, tmp_path):
+    """Rope only under rope_parameters: older loaders ignore it and build rope_theta 10000 without
+    scaling, so theta 10000 is the same rope (issue #34 item 7: it failed); another theta fails."""
+
+    def only_parameters(theta):
+        def edit(config):
+            del config["rope_theta"], config["rope_scaling"]
+            config["rope_parameters"] = {"rope_theta": theta, "rope_type": "default"}
+
+        return edit
+
+    finding = rope(*ckpt, tmp_path / "default", only_parameters(10000.0))
+    assert finding.verdict == "pass", finding
+    assert "given under rope_parameters only, which older loaders ignore" in finding.evidence
+    finding = rope(*ckpt, tmp_path / "moved", only_parameters(500000.0))
     assert (
         finding.verdict == "fail"
         and "older loaders ignore it and use rope_theta 10000" in finding.evidence
     )
     assert finding.fix.startswith(
-        "write rope_theta 10000.0 and rope_scaling None at the top level of config.json"
+        "write rope_theta 500000.0 and rope_scaling None at the top level of config.json"
     )
 
 

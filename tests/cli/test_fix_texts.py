@@ -22,7 +22,12 @@ def test_export_names_the_sglang_version_flag(tmp_path):
     result = invoke(["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"])
     text = flat(result.output)
     assert (
-        result.exit_code == 1 and "pass --sglang-version if you serve a version that can" in text
+        result.exit_code == 1
+        and (
+            "on DeepSeek-class targets in SGLang >= 0.5.13: first id 1 reads as index 2, 0 as 0; "
+            "pass --sglang-version if you serve SGLang < 0.5.13, which can"
+        )
+        in text
     ), text
     assert "sglang_version" not in text
 

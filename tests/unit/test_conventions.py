@@ -236,9 +236,9 @@ def test_aux_layers_from_config_deepseek_needs_version():
 
 
 def test_lint_sglang_ids():
-    assert lint_sglang_ids([1, 15, 28]) == []
-    assert lint_sglang_ids(None) == []
-    (problem,) = lint_sglang_ids([2, 16, 29])
+    assert lint_sglang_ids([1, 15, 28], "deepseek") == []
+    assert lint_sglang_ids(None, "deepseek") == []
+    (problem,) = lint_sglang_ids([2, 16, 29], "deepseek")
     assert "not 1" in problem and "0.5.13" in problem
 
 
@@ -317,3 +317,15 @@ def test_a_users_dtype_and_aux_layers_are_refused_as_specdraft_errors():
         split_aux_option("hf:1,2,3")
     with pytest.raises(ConventionError, match=r"--aux-layers 3,2,1: .*give 3 increasing layers"):
         check_aux_flag([3, 2, 1], 8)
+
+
+def test_unknown_sglang_version_names_each_refusing_range_and_where_the_rule_changes():
+    """DeepSeek, embeddings among the aux layers (issue #34 item 11): SGLang < 0.5.13 and 0.5.13
+    both refuse them (0.5.13 captures before layer 0 too); the rule changes at 0.5.14."""
+    with pytest.raises(ConventionError) as err:
+        to_engine_ids([0, 3, 5], "sglang", 7, "deepseek")
+    message = str(err.value)
+    assert "targets in SGLang < 0.5.13;" in message
+    assert "targets in SGLang >= 0.5.13, < 0.5.14;" in message
+    assert message.endswith("pass --sglang-version if you serve SGLang >= 0.5.14, which can")
+    assert to_engine_ids([0, 3, 5], "sglang", 7, "deepseek", "0.5.14") == [0, 3, 5]

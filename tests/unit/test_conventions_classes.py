@@ -13,10 +13,32 @@ L = 12
 
 @pytest.mark.parametrize("target_class", ["qwen3_moe", "llama4", "qwen3_vl"])
 def test_sglang_boundary_classes_add_one_and_never_capture_index_l(target_class):
-    assert to_engine_ids([0, 6, 9], "sglang", L, target_class) == [-1, 5, 8]
-    assert from_engine_ids([-1, 5, 8], "sglang", L, target_class) == [0, 6, 9]
+    assert to_engine_ids([0, 6, 9], "sglang", L, target_class, "0.5.23") == [-1, 5, 8]
+    assert from_engine_ids([-1, 5, 8], "sglang", L, target_class, "0.5.23") == [0, 6, 9]
     with pytest.raises(ConventionError, match="index 12 .* not capturable"):
         to_engine_ids([2, 6, 12], "sglang", L, target_class)
+
+
+@pytest.mark.parametrize(
+    ("target_class", "version"), [("qwen3_moe", "0.5.10"), ("qwen3_vl", "0.5.11")]
+)
+def test_sglang_captures_the_embeddings_on_qwen3_moe_and_vl_since_first_read(target_class, version):
+    """0.5.10-0.5.20 capture the residual after prepare_attn (qwen3_moe) or hidden when no
+    residual exists yet (qwen3_vl): the embeddings before layer 0, in every version read."""
+    assert to_engine_ids([0, 6, 9], "sglang", L, target_class) == [-1, 5, 8]
+    assert to_engine_ids([0, 6, 9], "sglang", L, target_class, version) == [-1, 5, 8]
+    with pytest.raises(ConventionError, match="model file was not read"):
+        to_engine_ids([0, 6, 9], "sglang", L, target_class, "0.5.9")
+
+
+def test_sglang_llama4_captures_the_embeddings_from_0_5_21():
+    """llama4.py before 0.5.21 takes hidden + residual before layer i (residual None before
+    layer 0); from 0.5.21 the layer boundary captures the embeddings."""
+    with pytest.raises(ConventionError, match=r"in SGLang >= 0.5.10, < 0.5.21; .*SGLang >= 0.5.21"):
+        to_engine_ids([0, 6, 9], "sglang", L, "llama4")
+    with pytest.raises(ConventionError, match="embeddings"):
+        to_engine_ids([0, 6, 9], "sglang", L, "llama4", "0.5.20")
+    assert to_engine_ids([1, 6, 9], "sglang", L, "llama4") == [0, 5, 8]
 
 
 @pytest.mark.parametrize("target_class", ["qwen3_moe", "gpt_oss", "llama4", "llava", "qwen3_vl"])
@@ -27,11 +49,23 @@ def test_vllm_mixin_classes_capture_embeddings_to_index_l(target_class, engine):
 
 
 def test_sglang_gpt_oss_keeps_ids_that_name_index_l():
-    # gpt_oss.py 0.5.23: as-is when max(ids) == L (the final-norm boundary), else + 1
-    assert to_engine_ids([2, 6, 12], "sglang", L, "gpt_oss") == [2, 6, 12]
-    assert from_engine_ids([2, 6, 12], "sglang", L, "gpt_oss") == [2, 6, 12]
-    assert to_engine_ids([0, 6, 9], "sglang", L, "gpt_oss") == [-1, 5, 8]
+    # gpt_oss.py 0.5.17-0.5.23: as-is when max(ids) == L (the final-norm boundary), else + 1
+    for version in ("0.5.17", "0.5.23"):
+        assert to_engine_ids([2, 6, 12], "sglang", L, "gpt_oss", version) == [2, 6, 12]
+        assert from_engine_ids([2, 6, 12], "sglang", L, "gpt_oss", version) == [2, 6, 12]
+        assert to_engine_ids([0, 6, 9], "sglang", L, "gpt_oss", version) == [-1, 5, 8]
     assert from_engine_ids([1, 5, 8], "sglang", L, "gpt_oss") == [2, 6, 9]
+
+
+def test_sglang_gpt_oss_before_0_5_17_adds_one_to_every_list():
+    """gpt_oss.py 0.5.10-0.5.16: [id + 1], hidden + residual before layer i: neither the
+    embeddings nor index L; without --sglang-version, a list naming either is refused."""
+    assert from_engine_ids([2, 6, 10], "sglang", L, "gpt_oss", "0.5.16") == [3, 7, 11]
+    with pytest.raises(ConventionError, match="not capturable .* SGLang >= 0.5.17, which can"):
+        to_engine_ids([2, 6, 12], "sglang", L, "gpt_oss")
+    with pytest.raises(ConventionError, match="embeddings"):
+        to_engine_ids([0, 6, 9], "sglang", L, "gpt_oss", "0.5.16")
+    assert to_engine_ids([1, 6, 9], "sglang", L, "gpt_oss") == [0, 5, 8]
 
 
 @pytest.mark.parametrize(
@@ -59,8 +93,11 @@ def test_engines_refuse_classes_they_do_not_serve(engine, target_class, reason):
 
 
 def test_sglang_version_not_read_is_refused():
-    with pytest.raises(ConventionError, match="SGLang 0.5.20's Qwen3-MoE model file was not read"):
-        to_engine_ids([2, 6, 9], "sglang", L, "qwen3_moe", "0.5.20")
+    with pytest.raises(ConventionError, match="SGLang 0.5.9's Qwen3-MoE model file was not read"):
+        to_engine_ids([2, 6, 9], "sglang", L, "qwen3_moe", "0.5.9")
+    with pytest.raises(ConventionError, match="SGLang 0.5.10's Qwen3-VL model file was not read"):
+        to_engine_ids([2, 6, 9], "sglang", L, "qwen3_vl", "0.5.10")
+    assert to_engine_ids([2, 6, 9], "sglang", L, "qwen3_moe", "0.5.20") == [1, 5, 8]
     assert to_engine_ids([2, 6, 9], "sglang", L, "qwen3_moe", "0.5.23") == [1, 5, 8]
 
 
