@@ -105,3 +105,43 @@ def test_aux_layers_help_names_what_the_command_needs_for_it(command, needs):
     aux = aux[: aux.index("class).") + 80]  # the sentence after the common text
     assert needs in aux, aux
     assert ("Needs --target" in aux) == (command in ("inspect", "doctor")), aux
+
+
+def test_every_option_with_a_default_shows_it():
+    """Walks every command typer builds: an option whose default is a value (not None, "" or a
+    flag's False, which mean "not given") shows `[default: ...]`; a train option, None so that a
+    --config file or a checkpoint can set it, shows TrainConfig's default when it has one
+    (`--lr` showed none)."""
+    import click
+    import typer
+
+    from specdraft.train.settings import TrainConfig, flagged_settings
+
+    def commands(command, path):
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from commands(sub, [*path, name])
+        if not hasattr(command, "commands"):
+            yield " ".join(path), command
+
+    def help_text(command, param) -> str:
+        record = param.get_help_record(click.Context(command))
+        return " ".join(record[1].split()) if record else ""
+
+    train_defaults = {
+        f.metadata["flag"]: getattr(TrainConfig(), f.name)
+        for f in flagged_settings()
+        if getattr(TrainConfig(), f.name) is not None
+    }
+    hidden = []
+    for path, command in commands(typer.main.get_command(app), []):
+        for param in command.params:
+            if param.param_type_name != "option" or param.name == "help":
+                continue
+            text = help_text(command, param)
+            if param.default not in (None, "", False) and "[default: " not in text:
+                hidden.append((path, param.opts[0], param.default))
+            expected = train_defaults.get(param.opts[0]) if path == "train" else None
+            if expected is not None and f"[default: {expected}]" not in text:
+                hidden.append((path, param.opts[0], expected))
+    assert hidden == []
+    assert len(train_defaults) >= 8  # --lr, --warmup-steps, --batch-size, ...
