@@ -79,6 +79,10 @@ def test_models_health_and_metrics_endpoints(server):
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny"]
     assert models["data"][0]["max_model_len"] == 128 - 4  # cache minus one 4-node chain
+    # the setting it runs, which doctor's draft_depth_pays_off reads (`client.Server.speculative`)
+    setting = {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}
+    assert models["data"][0]["speculative_setting"] == setting
+    assert detect_server(server.url).speculative == setting
     assert client.get("/health").json() == {"status": "ok", "running": 0, "waiting": 0}
     names = {f.name for f in text_string_to_metric_families(client.get("/metrics").text)}
     for name in (
