@@ -145,3 +145,27 @@ def test_every_option_with_a_default_shows_it():
                 hidden.append((path, param.opts[0], expected))
     assert hidden == []
     assert len(train_defaults) >= 8  # --lr, --warmup-steps, --batch-size, ...
+
+
+def test_the_readme_names_each_commands_arguments_as_its_usage_line():
+    """`specdraft train STORE OUT` in the README, `SOURCE OUT` in the CLI's usage: the README's
+    command lines spell the positional arguments as `--help` does."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    lines = re.findall(r"`specdraft ([a-z]+(?: [a-z]+)?) ((?:[A-Z][A-Z_]*(?: |`))+)", readme)
+    assert len(lines) >= 8, lines
+    wrong = []
+    for command, args in lines:
+        usage = re.search(r"Usage: \S+ [a-z ]+\[OPTIONS\] (.*)", help_of_path(command))
+        if args.replace("`", "").split() != usage.group(1).split()[: len(args.split())]:
+            wrong.append((command, args, usage.group(1)))
+    assert wrong == []
+
+
+def help_of_path(command: str) -> str:
+    result = CliRunner().invoke(
+        app, [*command.split(), "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"}
+    )
+    assert result.exit_code == 0, result.output
+    return result.output
