@@ -10,6 +10,7 @@ from typing import Any
 
 from specdraft.bench.speedup import speedup_text, ties_at_top
 from specdraft.demo.config import DemoConfig
+from specdraft.demo.portable import portable_paths, target_line
 from specdraft.files import atomic_write_text
 
 
@@ -281,7 +282,9 @@ def doctor_rows(findings: list[dict[str, Any]]) -> list[str]:
 
 
 def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
-    """report.md: what ran, tau, per-position acceptance, tokens/s, doctor verdicts, commands."""
+    """report.md: what ran, tau, per-position acceptance, tokens/s, doctor verdicts, commands;
+    its paths relative to cfg.out, where it lies, a target outside it as $TARGET
+    (`portable.portable_paths`)."""
     lines = [
         "# specdraft demo",
         "",
@@ -320,6 +323,12 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
             f"Lint for {engine}: {'FAIL ' + ', '.join(failed) if failed else 'no failures'}."
         )
     lines += ["", "## Launch on a GPU machine", ""]
+    lines += [
+        "Copy this report's folder to the machine and run these from inside it: every path in "
+        "this report is relative to the folder.",
+        *target_line(cfg.out, cfg.target),
+        "",
+    ]
     if not report.chosen:
         lines += [
             "Not a recommendation (no setting beat plain decoding here): these commands use the setting "
@@ -328,7 +337,7 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         ]
     lines += [f"- {engine}: `{command}`" for engine, command in report.launch_commands.items()]
     lines += ["", *[f"![{p}]({p})" for p in report.plots], ""]
-    return "\n".join(lines)
+    return portable_paths("\n".join(lines), cfg.out, cfg.target)
 
 
 def write_report(report: DemoReport, cfg: DemoConfig) -> None:
