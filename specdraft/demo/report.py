@@ -247,7 +247,7 @@ def generate_command(report: DemoReport) -> list[str]:
     """ "try: specdraft generate ..." and "serve: specdraft serve ..." (README's lines) with the
     recommended setting and the CPU threads the demo's timing ran on (--threads, 1 by default: a
     260K-parameter model's threads only fight each other), or the fastest one when none is recommended
-    (generate's and serve's own default, 3 steps, is not what the demo measured best)."""
+    (generate's and serve's own default, 3 steps, is not what the demo recommends)."""
     rows = [*report.sweep, report.tree]
     setting = report.chosen or max(rows, key=lambda r: r["speedup"])
     why = "" if report.chosen else "  (the fastest setting here; none is recommended)"
