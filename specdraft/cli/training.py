@@ -11,6 +11,7 @@ from specdraft.cli.checks import check_model_dir, json_object
 from specdraft.cli.common import SKIP_BAD_HINT, app, make_console, set_threads, user_errors
 from specdraft.cli.options import REASONING_HELP, DtypeName, ReasoningMode, Threads, argument, flag
 from specdraft.cli.train_options import with_settings
+from specdraft.machine_load import DEFAULT_THREADS
 
 TrainSource = Annotated[
     str,
@@ -78,7 +79,7 @@ def train(
     skip_bad: OnlineSkipBad = False,
     reasoning: OnlineReasoning = None,
     resume: Resume = False,
-    threads: Threads = None,
+    threads: Threads = DEFAULT_THREADS,
     **settings: Any,
 ) -> None:
     """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...).

@@ -12,6 +12,7 @@ from specdraft.bench.speedup import speedup_text, ties_at_top
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.portable import portable_paths, target_line
 from specdraft.files import atomic_write_text
+from specdraft.machine_load import DEFAULT_THREADS
 
 
 @dataclass
@@ -36,7 +37,7 @@ class DemoReport:
         default_factory=dict
     )  # dir, steps, batch_size, num_train of the drafter used
     threads: int | None = (
-        1  # the CPU threads the timing ran on (DemoConfig.threads; None: torch's default)
+        DEFAULT_THREADS  # the CPU threads the timing ran on (DemoConfig.threads; None: torch's)
     )
     busy: str | None = (
         None  # the busy-machine note of the load when the timing ran (None: idle, or a GPU)
@@ -245,8 +246,8 @@ def summary(report: DemoReport, out: Path) -> str:
 
 def generate_command(report: DemoReport) -> list[str]:
     """ "try: specdraft generate ..." and "serve: specdraft serve ..." (README's lines) with the
-    recommended setting and the CPU threads the demo's timing ran on (--threads, 1 by default: a
-    260K-parameter model's threads only fight each other), or the fastest one when none is recommended
+    recommended setting and the CPU threads the demo's timing ran on (--threads, every command's
+    `machine_load.DEFAULT_THREADS` by default), or the fastest one when none is recommended
     (generate's and serve's own default, 3 steps, is not what the demo recommends)."""
     rows = [*report.sweep, report.tree]
     setting = report.chosen or max(rows, key=lambda r: r["speedup"])
@@ -322,8 +323,17 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         lines.append(
             f"Lint for {engine}: {'FAIL ' + ', '.join(failed) if failed else 'no failures'}."
         )
-    lines += ["", "## Launch on a GPU machine", ""]
-    lines += [
+    lines += launch_section(report, cfg)
+    lines += ["", *[f"![{p}]({p})" for p in report.plots], ""]
+    return portable_paths("\n".join(lines), cfg.out, cfg.target)
+
+
+def launch_section(report: DemoReport, cfg: DemoConfig) -> list[str]:
+    """report.md's launch commands, with where to run them and what to set first."""
+    lines = [
+        "",
+        "## Launch on a GPU machine",
+        "",
         "Copy this report's folder to the machine and run these from inside it: every path in "
         "this report is relative to the folder.",
         *target_line(cfg.out, cfg.target),
@@ -335,9 +345,9 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
             "with the highest median speedup; check it on the GPU machine with `specdraft bench`.",
             "",
         ]
-    lines += [f"- {engine}: `{command}`" for engine, command in report.launch_commands.items()]
-    lines += ["", *[f"![{p}]({p})" for p in report.plots], ""]
-    return portable_paths("\n".join(lines), cfg.out, cfg.target)
+    return lines + [
+        f"- {engine}: `{command}`" for engine, command in report.launch_commands.items()
+    ]
 
 
 def write_report(report: DemoReport, cfg: DemoConfig) -> None:

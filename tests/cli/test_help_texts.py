@@ -41,10 +41,11 @@ def test_options_have_help(command, options):
             option,
             option_help(text, option),
         )
-    if command == "demo":
+    if command == "demo":  # every command's --threads help and default (test_threads_option.py)
         flat = " ".join(text.split())
         assert (
-            "the try: / serve: lines printed at the end use the same. [default: 1; x>=1]" in flat
+            "more, e.g. --threads 8, for a large model with the cores to itself. [default: 1; x>=1]"
+            in flat
         ), flat
 
 
