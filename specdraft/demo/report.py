@@ -345,9 +345,15 @@ def launch_section(report: DemoReport, cfg: DemoConfig) -> list[str]:
             "with the highest median speedup; check it on the GPU machine with `specdraft bench`.",
             "",
         ]
-    return lines + [
-        f"- {engine}: `{command}`" for engine, command in report.launch_commands.items()
-    ]
+    lines += [f"- {engine}: `{command}`" for engine, command in report.launch_commands.items()]
+    if "speculators" in report.launch_commands:
+        lines += [
+            "",
+            "vLLM takes the speculators export's target from its config.json "
+            "(`speculators_config.verifier.name_or_path`: the target's path on this machine): on "
+            "another machine, write the target's path there into it.",
+        ]
+    return lines
 
 
 def write_report(report: DemoReport, cfg: DemoConfig) -> None:

@@ -61,6 +61,7 @@ def test_report_paths_are_relative_to_the_report(tmp_path, monkeypatch):
     assert str(tmp_path) not in text and "specdraft-demo" not in text, text
     assert '"model": "./export/vllm"' in text and "vllm serve ./target --speculative-config" in text
     assert "`vllm serve ./export/speculators`" in text
+    assert "(`speculators_config.verifier.name_or_path`: the target's path on this machine)" in text
     assert "trained for target ./target; --target ./target is the same model." in text
     assert "run these from inside it: every path in this report is relative to the folder" in text
     assert "$TARGET" not in text
