@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import os
 
+# The CPU threads torch uses in every command, the demo's too (--threads): one. On the CPU
+# specdraft runs small models (stories260K, pycode-25m), whose threads only fight each other, and
+# the README's serve lines put two servers and a benchmark on one machine (benchmarks/RESULTS.md,
+# "CPU threads").
+DEFAULT_THREADS = 1
+
 
 def busy_note(numbers: str, remedy: str = "") -> str | None:
     """A one-line note when the 1-minute load average is at least half the core count (Unix

@@ -23,7 +23,8 @@ speedup of at least `min_speedup` with a lower quartile above 1x; of the setting
 the noise of the fastest, the one with the fewest draft tokens; else no speculation. vLLM
 drafts chains: its recommendation is picked among the chains.
 The launch flags name the drafter directory when an engine can load it as it is (an export);
-for specdraft's training layout they name the output of the `specdraft export` command shown.
+for specdraft's training layout they name its export already on disk (the demo's, say:
+`export.existing_export`), else the output of the `specdraft export` command shown.
 The settings and costs: `tune_model`; the report: `tune_report.TuneReport`, as text
 `tune_render.render`.
 """

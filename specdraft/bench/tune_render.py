@@ -3,9 +3,12 @@ candidates and the recommendation with the engine flags."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from specdraft.bench.speedup import speedup_text
 from specdraft.bench.tune_model import Candidate, spec_text
 from specdraft.bench.tune_report import TuneReport
+from specdraft.checkpoint import describe_layout, detect_layout, has_manifest
 
 PREDICTION_WARN_FACTOR = 2.0  # predicted vs measured tokens/s beyond which render warns
 OTHER_NUMBERS = (
@@ -126,10 +129,22 @@ def recommendation_lines(report: TuneReport) -> list[str]:
         ("vllm", "vLLM", report.vllm_flags()),
     ):
         lines.append(f"  {name}: {flags}")
-        command = report.export_command(engine)
-        if command:
-            lines.append(
-                f"    {report.draft_path} is specdraft's training layout, not an export; {name} loads "
-                f"`specdraft export`'s output: first run {command}"
-            )
+        lines += _export_lines(report, engine, name)
     return lines
+
+
+def _export_lines(report: TuneReport, engine: str, name: str) -> list[str]:
+    """What the launch line's drafter directory is, when it is not the drafter given: the
+    drafter's layout as inspect and doctor name it (`checkpoint.describe_layout`), then the
+    export on disk it names, or the `specdraft export` that writes it."""
+    found, command = report.existing(engine), report.export_command(engine)
+    if found is None and command is None:
+        return []
+    path = Path(report.draft_path)
+    what = f"    {path}: {describe_layout(detect_layout(path), has_manifest(path))}; "
+    if found is not None:
+        return [what + f"the line names its {name} export, already at {found}"]
+    return [
+        what + f"`specdraft export` checks it against {name}'s rules and writes "
+        f"{report.served_path(engine)}: first run {command}"
+    ]

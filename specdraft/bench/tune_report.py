@@ -11,7 +11,7 @@ from typing import Any
 from specdraft.bench.speedup import pick_setting, ties_at_top
 from specdraft.bench.tune_model import Candidate, Costs, Measured, TuneConfig
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detect_layout
-from specdraft.export import launch_command
+from specdraft.export import existing_export, launch_command, suggested_export_dir
 
 
 @dataclass
@@ -51,9 +51,10 @@ class TuneReport:
 
     def export_command(self, engine: str) -> str | None:
         """`specdraft export ...` to run before launching `engine` ("sglang" | "vllm") with the
-        recommendation, or None when the drafter directory serves as it is (`needs_export`)."""
+        recommendation, or None when the drafter directory serves as it is (`needs_export`) or
+        its export is on disk already (`export.existing_export`)."""
         rec = self.recommendation if engine == "sglang" else self.vllm_recommendation
-        if rec is None or not needs_export(self.draft_path, engine):
+        if rec is None or not needs_export(self.draft_path, engine) or self.existing(engine):
             return None
         s = rec.spec
         return " ".join(
@@ -75,13 +76,20 @@ class TuneReport:
             ]
         )
 
+    def existing(self, engine: str) -> str | None:
+        """The export of the drafter for `engine` already on disk (the demo's, or one an earlier
+        tune line wrote: `export.existing_export`), when the drafter needs one; else None."""
+        if not needs_export(self.draft_path, engine):
+            return None
+        found = existing_export(self.draft_path, engine)
+        return None if found is None else str(found)
+
     def served_path(self, engine: str) -> str:
-        """The drafter directory the engine loads: the given one, or its export's (DRAFT-engine)."""
-        return (
-            f"{self.draft_path.rstrip('/')}-{engine}"
-            if needs_export(self.draft_path, engine)
-            else self.draft_path
-        )
+        """The drafter directory the engine loads: the given one, its export on disk, or where
+        `export_command` writes one (`export.suggested_export_dir`: DRAFT-ENGINE)."""
+        if not needs_export(self.draft_path, engine):
+            return self.draft_path
+        return self.existing(engine) or str(suggested_export_dir(self.draft_path, engine))
 
     def sglang_flags(self) -> str:
         """SGLang's launch command of the recommendation, as `specdraft export` prints it

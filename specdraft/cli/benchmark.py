@@ -220,7 +220,10 @@ def _busy_note(url: str, baseline_url: str) -> str | None:
         httpx.URL(u).host in LOCAL_HOSTS for u in (url, baseline_url) if u.startswith("http")
     )
     return (
-        busy_note("the tokens/s of servers on this machine", "serve --threads 1 competes less")
+        busy_note(
+            "the tokens/s of servers on this machine",
+            "servers of one thread each (serve's default --threads 1) compete less",
+        )
         if local
         else None
     )

@@ -101,11 +101,9 @@ def config_of(cls, params: Mapping[str, Any], **given: Any):
     return cls(**{**values, **given})
 
 
-def set_threads(threads: int | None) -> None:
+def set_threads(threads: int) -> None:
     """--threads N (N >= 1, the option's range): torch.set_num_threads(N) (call it before any model
-    loads); None keeps torch's default (all cores)."""
-    if threads is None:
-        return
+    loads)."""
     import torch
 
     torch.set_num_threads(threads)

@@ -33,6 +33,7 @@ from specdraft.cli.options import (
     flag,
 )
 from specdraft.cli.reading import engine_reading, refuse_bad_configs
+from specdraft.machine_load import DEFAULT_THREADS
 
 Prompt = Annotated[str, typer.Option(help="Prompt text (tokenized as is, no chat template).")]
 Temperature = Annotated[
@@ -84,7 +85,7 @@ def generate(
     device: EngineDevice = "cpu",
     dtype: EngineDtypeOption = "fp32",
     compile: Compile = False,
-    threads: Threads = None,
+    threads: Threads = DEFAULT_THREADS,
 ) -> None:
     """Generate with specdraft's engine: speculative decoding with --draft, plain decoding without it
     (or with --no-spec). stdout: the prompt and its continuation, streamed (`> out.txt` keeps the text
@@ -115,7 +116,7 @@ def generate(
     _print_generate_summary(info, engine, result, no_spec, compile, busy)
 
 
-def _busy_note(device: str, threads: int | None):
+def _busy_note(device: str, threads: int):
     """The busy-machine note for generate's tokens/s on the CPU (`machine_load.busy_note`)."""
     from specdraft.machine_load import busy_note
 
@@ -289,15 +290,6 @@ DemoData = Annotated[
 ]
 TrainSteps = Annotated[int, typer.Option(help="Drafter optimizer steps.")]
 NumTrain = Annotated[int, typer.Option(help="Training documents.")]
-DemoThreads = Annotated[
-    int,
-    typer.Option(
-        min=1,
-        help="CPU threads torch uses (1: the fastest for the bundled "
-        "260K-parameter model, whose threads only compete); the try: / serve: lines "
-        "printed at the end use the same.",
-    ),
-]
 
 
 @app.command()
@@ -309,7 +301,7 @@ def demo(
     chat_template: ChatTemplate = "",
     train_steps: TrainSteps = 1000,
     num_train: NumTrain = 800,
-    threads: DemoThreads = 1,
+    threads: Threads = DEFAULT_THREADS,
 ) -> None:
     """Run the whole pipeline on a real target and write report.md with plots. Stages, in the order
     they run and print: target, data, regenerate, capture, train, speculative generation vs plain

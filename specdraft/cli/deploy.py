@@ -104,7 +104,7 @@ Server = Annotated[
     typer.Option(
         help="Live server URL, e.g. http://127.0.0.1:8000 or .../v1 (online "
         "acceptance; needs --samples: prompts with the target's own outputs, e.g. the "
-        "demo's store-heldout).",
+        "demo's store-heldout, or a suite's prompts).",
     ),
 ]
 ServerTemplateKwargs = Annotated[

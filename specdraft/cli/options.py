@@ -70,9 +70,10 @@ COMPILE_HELP = (
     "with bf16 / fp16 (a warm-up generation compiles first, a minute or more on large targets)."
 )
 THREADS_HELP = (
-    "CPU threads torch uses (torch.set_num_threads, set before loading; default: torch's, all "
-    "cores). Pin it on a busy or shared machine, e.g. --threads 4: torch slows down sharply when "
-    "its threads compete for cores."
+    "CPU threads torch uses (torch.set_num_threads, set before loading): one by default, the "
+    "fastest for small models and for servers sharing a machine (torch slows down sharply when "
+    "its threads compete for cores); more, e.g. --threads 8, for a large model with the cores to "
+    "itself."
 )
 
 # the drafters and targets
@@ -108,7 +109,7 @@ EngineDevice = Annotated[str, typer.Option(help=ENGINE_DEVICE_HELP, callback=che
 EngineDtypeOption = Annotated[
     EngineDtype, typer.Option(help="Dtype the target and drafter run in.")
 ]
-Threads = Annotated[int | None, typer.Option(min=1, help=THREADS_HELP)]
+Threads = Annotated[int, typer.Option(min=1, help=THREADS_HELP)]
 MaxSeqLen = Annotated[int, typer.Option(min=0, help="Cache size (0 = min(max positions, 4096)).")]
 Compile = Annotated[bool, flag("--compile", help=COMPILE_HELP)]
 TopP = Annotated[

@@ -36,6 +36,7 @@ from specdraft.cli.options import (
     flag,
 )
 from specdraft.cli.reading import refuse_bad_configs
+from specdraft.machine_load import DEFAULT_THREADS
 
 CaptureTarget = Annotated[
     str, argument("TARGET", "Target model directory (transformers).", callback=check_model_dir)
@@ -131,7 +132,7 @@ def capture(
     gpu_memory_utilization: GpuMemoryUtilization = None,
     enforce_eager: EnforceEager = False,
     attention_backend: AttentionBackend = None,
-    threads: Threads = None,
+    threads: Threads = DEFAULT_THREADS,
 ) -> None:
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
     from specdraft.capture.stage import CaptureConfig, capture_dataset
@@ -226,7 +227,7 @@ def regenerate(
     skip_bad: SkipBad = False,
     device: LocalDevice = "cpu",
     reasoning: RegenReasoning = "keep",
-    threads: Threads = None,
+    threads: Threads = DEFAULT_THREADS,
 ) -> None:
     """Replace the answers in DATA with the target's own outputs, written to OUT."""
     from specdraft.regenerate.backends import Sampling

@@ -32,6 +32,7 @@ from specdraft.cli.options import (
 )
 from specdraft.cli.reading import engine_reading
 from specdraft.client import MAX_PORT
+from specdraft.machine_load import DEFAULT_THREADS
 
 WARM_UP_PROMPT = "Hello"  # serve's warm-up prompt (generate warms up on the user's prompt)
 
@@ -78,7 +79,7 @@ def serve(
     device: EngineDevice = "cpu",
     dtype: EngineDtypeOption = "fp32",
     compile: Compile = False,
-    threads: Threads = None,
+    threads: Threads = DEFAULT_THREADS,
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
     from specdraft.serve.server import build_app

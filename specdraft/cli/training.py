@@ -19,6 +19,7 @@ from specdraft.cli.options import (
     flag,
 )
 from specdraft.cli.train_options import with_settings
+from specdraft.machine_load import DEFAULT_THREADS
 
 TrainSource = Annotated[
     str,
@@ -92,7 +93,7 @@ def train(
     skip_bad: OnlineSkipBad = False,
     reasoning: OnlineReasoning = None,
     resume: Resume = False,
-    threads: Threads = None,
+    threads: Threads = DEFAULT_THREADS,
     **settings: Any,
 ) -> None:
     """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...).

@@ -11,6 +11,7 @@ from specdraft.cli.checks import check_min_speedup, positive_int_list
 from specdraft.cli.common import OptionError, app, make_console, set_threads, user_errors
 from specdraft.cli.engine_setting import current_setting, engine_dtype
 from specdraft.cli.options import EngineDevice, EngineDtypeOption, TargetDir, Threads, TuneDraft
+from specdraft.machine_load import DEFAULT_THREADS
 
 TunePrompts = Annotated[
     str,
@@ -91,7 +92,7 @@ def tune(
     json_out: JsonOut = "",
     device: EngineDevice = "cpu",
     dtype: EngineDtypeOption = "fp32",
-    threads: Threads = None,
+    threads: Threads = DEFAULT_THREADS,
     suite: TuneSuite = "",
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""

@@ -3,7 +3,7 @@ modules import from `specdraft.client` are listed in `__all__`; the modules (DES
 
 - `urls`: a server is named by its base URL (`check_url`, `base_url`); paths such as /v1/models,
   /v1/completions, /generate and /metrics are appended to it;
-- `servers`: finding a server's kind and model (`detect_server`), waiting for one still
+- `servers`: finding a server's kind, model and reported setting (`detect_server`), waiting for one still
   starting (`wait_for_server`);
 - `requests`: streamed requests, timed (`send`, `run_requests`, `RequestRecord`);
 - `counts`: the speculative counters it exposes (`scrape`, `counter_delta`, `SpecCounts`,
@@ -24,6 +24,7 @@ from specdraft.client.counts import (
 from specdraft.client.requests import RequestRecord, run_requests, send
 from specdraft.client.servers import (
     SERVER_WAIT_S,
+    SPECULATIVE_SETTING_KEY,
     ClientError,
     Server,
     ServerUnreachable,
@@ -35,6 +36,7 @@ from specdraft.client.urls import MAX_PORT, BadURL, base_url, check_port, check_
 __all__ = [
     "MAX_PORT",
     "SERVER_WAIT_S",
+    "SPECULATIVE_SETTING_KEY",
     "BadURL",
     "ClientError",
     "RequestRecord",

@@ -1,5 +1,6 @@
 """Finding a server: `detect_server` finds the kind (from the /metrics prefix, else SGLang's
-/get_model_info) and the served model (/v1/models); `wait_for_server` retries it while nothing
+/get_model_info) and the served model with the setting specdraft serve reports (/v1/models);
+`wait_for_server` retries it while nothing
 accepts connections (a server still starting). Errors a user sees are `ClientError`s."""
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from specdraft.errors import SpecdraftError
 SERVER_WAIT_S = 120.0
 SERVER_POLL_S = 0.5
 METRIC_PREFIX = {"specdraft": "specdraft:", "vllm": "vllm:"}
+# The key of specdraft serve's /v1/models card that holds the speculative setting it runs
+# ({"num_steps", "topk", "num_draft_tokens"}, null without speculation); other servers have none.
+SPECULATIVE_SETTING_KEY = "speculative_setting"
 
 
 class ClientError(SpecdraftError, RuntimeError):
@@ -41,11 +45,14 @@ def first_line(e: Exception) -> str:
 
 @dataclass(frozen=True)
 class Server:
-    """A server under test: base URL, kind (specdraft | vllm | sglang | openai), served model."""
+    """A server under test: base URL, kind (specdraft | vllm | sglang | openai), served model,
+    and the speculative setting its /v1/models card reports (`SPECULATIVE_SETTING_KEY`: specdraft
+    serve's num_steps / topk / num_draft_tokens; None when the card names none)."""
 
     url: str
     kind: str
     model: str
+    speculative: dict[str, int] | None = None
 
 
 def detect_server(
@@ -64,19 +71,21 @@ def detect_server(
         timeout_s, connect=timeout_s if connect_timeout_s is None else connect_timeout_s
     )
     with httpx.Client(base_url=url, timeout=timeout) as client:
-        model = _served_model(client, url)
+        card = _model_card(client, url)
         try:
-            return Server(url, _kind(client), model)
+            return Server(url, _kind(client), card["id"], card.get(SPECULATIVE_SETTING_KEY))
         except httpx.HTTPError as e:
             raise ClientError(f"{url}: {type(e).__name__}: {first_line(e)}") from None
 
 
-def _served_model(client: httpx.Client, url: str) -> str:
-    """The first model of the server's /v1/models (detect_server's errors)."""
+def _model_card(client: httpx.Client, url: str) -> dict:
+    """The id and reported setting of the first model of the server's /v1/models (detect_server's
+    errors)."""
     try:
         listing = client.get("/v1/models")
         listing.raise_for_status()
-        return listing.json()["data"][0]["id"]
+        card = listing.json()["data"][0]
+        return {"id": card["id"], SPECULATIVE_SETTING_KEY: card.get(SPECULATIVE_SETTING_KEY)}
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
         raise ServerUnreachable(
             f"{url}: no OpenAI-compatible /v1/models ({first_line(e)})", first_line(e)

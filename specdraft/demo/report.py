@@ -10,7 +10,9 @@ from typing import Any
 
 from specdraft.bench.speedup import speedup_text, ties_at_top
 from specdraft.demo.config import DemoConfig
+from specdraft.demo.portable import portable_paths, target_line
 from specdraft.files import atomic_write_text
+from specdraft.machine_load import DEFAULT_THREADS
 
 
 @dataclass
@@ -35,7 +37,7 @@ class DemoReport:
         default_factory=dict
     )  # dir, steps, batch_size, num_train of the drafter used
     threads: int | None = (
-        1  # the CPU threads the timing ran on (DemoConfig.threads; None: torch's default)
+        DEFAULT_THREADS  # the CPU threads the timing ran on (DemoConfig.threads; None: torch's)
     )
     busy: str | None = (
         None  # the busy-machine note of the load when the timing ran (None: idle, or a GPU)
@@ -238,9 +240,9 @@ def summary(report: DemoReport, out: Path) -> str:
 
 def generate_command(report: DemoReport) -> list[str]:
     """ "try: specdraft generate ..." and "serve: specdraft serve ..." (README's lines) with the
-    recommended setting and the CPU threads the demo's timing ran on (--threads, 1 by default: a
-    260K-parameter model's threads only fight each other), or the fastest one when none is recommended
-    (generate's and serve's own default, 3 steps, is not what the demo measured best)."""
+    recommended setting and the CPU threads the demo's timing ran on (--threads, every command's
+    `machine_load.DEFAULT_THREADS` by default), or the fastest one when none is recommended
+    (generate's and serve's own default, 3 steps, is not what the demo recommends)."""
     rows = [*report.sweep, report.tree]
     setting = report.chosen or max(rows, key=lambda r: r["speedup"])
     why = "" if report.chosen else "  (the fastest setting here; none is recommended)"
@@ -275,7 +277,9 @@ def doctor_rows(findings: list[dict[str, Any]]) -> list[str]:
 
 
 def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
-    """report.md: what ran, tau, per-position acceptance, tokens/s, doctor verdicts, commands."""
+    """report.md: what ran, tau, per-position acceptance, tokens/s, doctor verdicts, commands;
+    its paths relative to cfg.out, where it lies, a target outside it as $TARGET
+    (`portable.portable_paths`)."""
     lines = [
         "# specdraft demo",
         "",
@@ -313,7 +317,22 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         lines.append(
             f"Lint for {engine}: {'FAIL ' + ', '.join(failed) if failed else 'no failures'}."
         )
-    lines += ["", "## Launch on a GPU machine", ""]
+    lines += launch_section(report, cfg)
+    lines += ["", *[f"![{p}]({p})" for p in report.plots], ""]
+    return portable_paths("\n".join(lines), cfg.out, cfg.target)
+
+
+def launch_section(report: DemoReport, cfg: DemoConfig) -> list[str]:
+    """report.md's launch commands, with where to run them and what to set first."""
+    lines = [
+        "",
+        "## Launch on a GPU machine",
+        "",
+        "Copy this report's folder to the machine and run these from inside it: every path in "
+        "this report is relative to the folder.",
+        *target_line(cfg.out, cfg.target),
+        "",
+    ]
     if not report.chosen:
         lines += [
             "Not a recommendation (no setting beat plain decoding here): these commands use the setting "
@@ -321,8 +340,14 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
             "",
         ]
     lines += [f"- {engine}: `{command}`" for engine, command in report.launch_commands.items()]
-    lines += ["", *[f"![{p}]({p})" for p in report.plots], ""]
-    return "\n".join(lines)
+    if "speculators" in report.launch_commands:
+        lines += [
+            "",
+            "vLLM takes the speculators export's target from its config.json "
+            "(`speculators_config.verifier.name_or_path`: the target's path on this machine): on "
+            "another machine, write the target's path there into it.",
+        ]
+    return lines
 
 
 def write_report(report: DemoReport, cfg: DemoConfig) -> None:

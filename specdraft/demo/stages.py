@@ -232,7 +232,7 @@ def stage_export(
 
     SGLang gets the chosen setting; vLLM and speculators (chains only) the fastest chain.
     """
-    from specdraft.export import export_draft
+    from specdraft.export import export_dir_beside_run, export_draft
 
     results = {}
     for engine in ("vllm", "sglang", "speculators"):
@@ -243,7 +243,7 @@ def stage_export(
         )
         results[engine] = export_draft(
             draft_dir,
-            cfg.out / "export" / engine,
+            export_dir_beside_run(draft_dir, engine),  # OUT/export/ENGINE
             engine=engine,
             target=target_dir,
             num_steps=steps,

@@ -1,6 +1,6 @@
 """Checks of how often the drafter's drafts are accepted: offline on samples against training
-(S6), per configured chain step (S5), and on a live server against offline on the sequences
-the server produced (S6)."""
+(S6), and on a live server against offline on the sequences the server produced (S6); per
+configured chain step (S5): `depth`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from specdraft.doctor.keys import ENGINE_NAMES
 from specdraft.doctor.offline import (
     DEFAULT_TTT_STEPS,
     offline_run,
-    run_on,
     training_accuracy,
 )
 from specdraft.doctor.verdict import Result, fail, ok, rates_text
@@ -31,8 +30,6 @@ MIN_GAP, COLLAPSE_RATIO = 0.2, 0.25
 # sqrt(0.09/100) = 0.03) 2.5. Positions of one sample are correlated, hence the headroom; one
 # short text (10-30 positions, standard error up to 0.16) would fail by chance.
 MIN_SCORED = 100
-# A draft step is worth running while it adds at least this many expected tokens.
-MIN_STEP_GAIN = 0.1
 # Online vs offline rounds replayed on the same (server-produced) sequences: fail when online
 # p_1 is more than ONLINE_P1_GAP below offline, or online tau under ONLINE_TAU_RATIO x offline
 # tau. The replay reproduces a server that computes alike (vLLM-CPU fp32: within 0.01); the
@@ -181,56 +178,6 @@ def _likely_causes(ev: Evidence) -> str:
         )
     )
     return f"likely causes: {causes}"
-
-
-def draft_depth_pays_off(ev: Evidence) -> Result:
-    """Each configured chain step adds at least MIN_STEP_GAIN expected tokens a round, the
-    drafter replaying the chain's rounds on the samples (S5; bench measures). Without a setting,
-    a skip; against specdraft serve, one naming its options."""
-    from specdraft.doctor.online import served_by_specdraft  # httpx: imported when a check runs
-
-    args = ev.engine_args
-    try:
-        spec = args.spec_config() if args is not None else None
-    except ValueError:
-        raise Unavailable(
-            "the speculative settings are invalid", "see speculative_settings_valid"
-        ) from None
-    if spec is None and served_by_specdraft(ev):
-        raise Unavailable(
-            f"needs a chain setting: {ev.inputs.server} is specdraft serve, which does not report "
-            "its --num-steps",
-            "specdraft tune measures the --num-steps / --topk that pay off; "
-            "restart specdraft serve with them",
-        )
-    if spec is None or not spec.is_chain:
-        raise Unavailable(
-            "needs a chain setting in --engine-args"
-            if spec is None
-            else "tree settings: measure them with specdraft bench",
-            "",
-        )
-    # P(draft k accepted) a round, the drafter replaying the chain's rounds on the samples (a
-    # per-position product of alphas would overstate it: rounds crowd where drafts fail)
-    replayed = run_on(ev, ev.engine, spec.num_steps, ev.labelled_samples, replay=True).metrics
-    reach = replayed.replayed_acceptance() or [0.0] * spec.num_steps
-    useful = next((k for k, r in enumerate(reach) if r < MIN_STEP_GAIN), len(reach))
-
-    def tau(n: int) -> float:
-        return 1 + sum(reach[:n])
-
-    text = (
-        f"P(draft k accepted) a round, offline {rates_text(reach[:8])}{' ...' if len(reach) > 8 else ''}; "
-        f"expected accept length {tau(spec.num_steps):.2f} with {spec.num_steps} steps"
-    )
-    if useful < spec.num_steps:
-        fix = (
-            f"use {useful} steps (expected accept length {tau(useful):.2f})"
-            if useful
-            else f"use no speculation: the first draft is accepted with p < {MIN_STEP_GAIN}"
-        ) + "; confirm with specdraft bench against no speculation"
-        return fail(f"steps past {useful} add < {MIN_STEP_GAIN} expected tokens each: {text}", fix)
-    return ok(text)
 
 
 def online_acceptance(ev: Evidence) -> Result:

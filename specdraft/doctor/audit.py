@@ -10,8 +10,10 @@ import torch
 from specdraft.checkpoint import (
     CheckpointError,
     all_finite,
+    describe_layout,
     detect_layout,
     draft_tensors,
+    has_manifest,
     usable_vocab,
 )
 from specdraft.conventions.engines import DraftLoading, loading_label
@@ -149,9 +151,8 @@ def specdraft_loads(ev: Evidence) -> Result:
         if "t2d" not in tensors and "d2t" in tensors
         else ""
     )
-    return ok(
-        f"specdraft loads all {len(tensors)} tensors of {file.name} ({layout} layout){derived}"
-    )
+    described = describe_layout(layout, has_manifest(ev.path))  # as inspect and tune name it
+    return ok(f"specdraft loads all {len(tensors)} tensors of {file.name} ({described}){derived}")
 
 
 def keys_match_engine(ev: Evidence) -> Result:

@@ -12,11 +12,7 @@ covers S1, S3, FC-01 and FC-03 as well (`EXPORT_CASES`).
 
 from __future__ import annotations
 
-from specdraft.doctor.acceptance import (
-    draft_depth_pays_off,
-    offline_acceptance_matches_training,
-    online_acceptance,
-)
+from specdraft.doctor.acceptance import offline_acceptance_matches_training, online_acceptance
 from specdraft.doctor.audit import (
     keys_match_engine,
     shapes_and_dtypes,
@@ -26,6 +22,7 @@ from specdraft.doctor.audit import (
     verifier_is_target,
     vocab_map_valid,
 )
+from specdraft.doctor.depth import draft_depth_pays_off
 from specdraft.doctor.launch import (
     algorithm_is_eagle3,
     launch_names_these_models,

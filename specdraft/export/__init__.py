@@ -17,11 +17,13 @@ The source is a drafter directory (any layout) or a training checkpoint that `tr
 
 The package's modules: `target_facts` (what is known of the target, and from where),
 `refusals` (ExportError and each rule an export is refused by), `notes` (what the export tells
-the user), `run` (`export_draft`: read, check, write, prove; the launch command).
+the user), `run` (`export_draft`: read, check, write, prove; the launch command), `found`
+(where exports are written, and an export of a drafter already on disk).
 """
 
 from __future__ import annotations
 
+from specdraft.export.found import existing_export, export_dir_beside_run, suggested_export_dir
 from specdraft.export.refusals import ExportError, spec_for_export
 from specdraft.export.run import EXPORT_ENGINES, ExportResult, export_draft, launch_command
 from specdraft.export.target_facts import TargetFacts
@@ -31,7 +33,10 @@ __all__ = [
     "ExportError",
     "ExportResult",
     "TargetFacts",
+    "existing_export",
+    "export_dir_beside_run",
     "export_draft",
     "launch_command",
     "spec_for_export",
+    "suggested_export_dir",
 ]

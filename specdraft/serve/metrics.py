@@ -8,9 +8,9 @@
   count the same steps; a scraper reads one prefix (specdraft.client: "specdraft:" on this server).
   prometheus_client exposes a counter with the suffix `_total`, as vLLM does; `position` is
   0-based (0 = first draft). They move only on a speculative engine, for finished requests.
-- Requests (finished by reason, refused with 429, cancelled by a disconnect), prompt and
-  generated tokens, time to first token, time per output token, waiting / running requests:
-  `specdraft:` names only.
+- Requests (finished by reason, refused with 429, cancelled by a disconnect while running or
+  waiting), prompt and generated tokens, time to first token, time per output token, waiting /
+  running requests: `specdraft:` names only.
 Imports prometheus_client only when built.
 """
 
@@ -88,7 +88,9 @@ class ServerMetrics:
             "specdraft:request_rejected", "Requests refused: queue full (429)", registry=r
         )
         self.cancelled = Counter(
-            "specdraft:request_cancelled", "Requests stopped by a disconnect", registry=r
+            "specdraft:request_cancelled",
+            "Requests stopped by a disconnect, running or waiting, or by shutdown",
+            registry=r,
         )
         self.prompt_tokens = Counter(
             "specdraft:prompt_tokens", "Prompt tokens processed", registry=r

@@ -10,9 +10,10 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from specdraft.client import SPECULATIVE_SETTING_KEY
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.serve.metrics import ServerMetrics
 from specdraft.serve.protocol import (
@@ -103,13 +104,17 @@ async def chat_completions(request: Any) -> Any:
 
 
 def model_card(state: ServerState) -> dict[str, Any]:
-    """The served model as OpenAI's model object (and vLLM's max_model_len: the room left)."""
+    """The served model as OpenAI's model object (and vLLM's max_model_len: the room left), with
+    the speculative setting the server runs under `SPECULATIVE_SETTING_KEY` (`num_steps`, `topk`,
+    `num_draft_tokens`, SGLang's meanings; null without speculation), which doctor reads."""
+    spec = state.engine.spec
     return {
         "id": state.model_name,
         "object": "model",
         "created": state.created,
         "owned_by": "specdraft",
         "max_model_len": context_room(state.engine, 0),
+        SPECULATIVE_SETTING_KEY: None if spec is None else asdict(spec),
     }
 
 

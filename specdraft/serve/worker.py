@@ -7,7 +7,10 @@ server makes is in this module.
   beyond). No batching: concurrency only queues.
 - A client that disconnects stops its generation at the next verification step: the engine's
   `on_tokens` callback raises `GenerationCancelled` (the engine restarts from a prefill on
-  every request, so an interrupted `generate` leaves nothing behind).
+  every request, so an interrupted `generate` leaves nothing behind); one that disconnects while
+  its request waits has it dropped when its turn comes. Both count as cancelled, as do the
+  requests `close` drops: a request that arrives counts once, as a success, a cancellation or a
+  rejection (429), unless its generation fails.
 - Every `log_every` verification steps the worker logs accept length, acceptance rate and
   tokens/s over the steps since the last line (like SGLang's decode log; counts kept tokens).
 """
@@ -127,7 +130,8 @@ class EngineWorker:
         """Take jobs until the stop sentinel (None)."""
         while (job := self.jobs.get()) is not None:
             self.metrics.waiting.set(self.jobs.qsize())
-            if job.cancelled.is_set():
+            if job.cancelled.is_set():  # its client left while it waited
+                self.metrics.cancelled.inc()
                 job.post(("cancelled", None))
                 continue
             self.running = job
@@ -183,6 +187,7 @@ class EngineWorker:
             except queue.Empty:
                 break
             if job is not None:
+                self.metrics.cancelled.inc()
                 job.post(("cancelled", None))
         self.jobs.put(None)
         self.thread.join(timeout_s)

@@ -41,10 +41,11 @@ def test_options_have_help(command, options):
             option,
             option_help(text, option),
         )
-    if command == "demo":
+    if command == "demo":  # every command's --threads help and default (test_threads_option.py)
         flat = " ".join(text.split())
         assert (
-            "the try: / serve: lines printed at the end use the same. [default: 1; x>=1]" in flat
+            "more, e.g. --threads 8, for a large model with the cores to itself. [default: 1; x>=1]"
+            in flat
         ), flat
 
 
@@ -105,3 +106,67 @@ def test_aux_layers_help_names_what_the_command_needs_for_it(command, needs):
     aux = aux[: aux.index("class).") + 80]  # the sentence after the common text
     assert needs in aux, aux
     assert ("Needs --target" in aux) == (command in ("inspect", "doctor")), aux
+
+
+def test_every_option_with_a_default_shows_it():
+    """Walks every command typer builds: an option whose default is a value (not None, "" or a
+    flag's False, which mean "not given") shows `[default: ...]`; a train option, None so that a
+    --config file or a checkpoint can set it, shows TrainConfig's default when it has one
+    (`--lr` showed none)."""
+    import click
+    import typer
+
+    from specdraft.train.settings import TrainConfig, flagged_settings
+
+    def commands(command, path):
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from commands(sub, [*path, name])
+        if not hasattr(command, "commands"):
+            yield " ".join(path), command
+
+    def help_text(command, param) -> str:
+        record = param.get_help_record(click.Context(command))
+        return " ".join(record[1].split()) if record else ""
+
+    train_defaults = {
+        f.metadata["flag"]: getattr(TrainConfig(), f.name)
+        for f in flagged_settings()
+        if getattr(TrainConfig(), f.name) is not None
+    }
+    hidden = []
+    for path, command in commands(typer.main.get_command(app), []):
+        for param in command.params:
+            if param.param_type_name != "option" or param.name == "help":
+                continue
+            text = help_text(command, param)
+            if param.default not in (None, "", False) and "[default: " not in text:
+                hidden.append((path, param.opts[0], param.default))
+            expected = train_defaults.get(param.opts[0]) if path == "train" else None
+            if expected is not None and f"[default: {expected}]" not in text:
+                hidden.append((path, param.opts[0], expected))
+    assert hidden == []
+    assert len(train_defaults) >= 8  # --lr, --warmup-steps, --batch-size, ...
+
+
+def test_the_readme_names_each_commands_arguments_as_its_usage_line():
+    """`specdraft train STORE OUT` in the README, `SOURCE OUT` in the CLI's usage: the README's
+    command lines spell the positional arguments as `--help` does."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    lines = re.findall(r"`specdraft ([a-z]+(?: [a-z]+)?) ((?:[A-Z][A-Z_]*(?: |`))+)", readme)
+    assert len(lines) >= 8, lines
+    wrong = []
+    for command, args in lines:
+        usage = re.search(r"Usage: \S+ [a-z ]+\[OPTIONS\] (.*)", help_of_path(command))
+        if args.replace("`", "").split() != usage.group(1).split()[: len(args.split())]:
+            wrong.append((command, args, usage.group(1)))
+    assert wrong == []
+
+
+def help_of_path(command: str) -> str:
+    result = CliRunner().invoke(
+        app, [*command.split(), "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"}
+    )
+    assert result.exit_code == 0, result.output
+    return result.output

@@ -71,3 +71,32 @@ def test_threads_help_is_generates(command):
         return text[text.index("--threads") :][:200]
 
     assert threads_help(command) == threads_help("generate")
+
+
+def test_every_command_has_the_one_threads_default_and_the_readme_states_it():
+    """--threads: 1 in demo, torch's all cores elsewhere, was two defaults; now every command's is
+    `machine_load.DEFAULT_THREADS`, with one help text, and the README says which."""
+    from pathlib import Path
+
+    import typer
+
+    from specdraft.cli import app
+    from specdraft.machine_load import DEFAULT_THREADS
+
+    def commands(command, path):
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from commands(sub, [*path, name])
+        if not hasattr(command, "commands"):
+            yield " ".join(path), command
+
+    threads = {
+        path: (param.default, param.help)
+        for path, command in commands(typer.main.get_command(app), [])
+        for param in command.params
+        if "--threads" in param.opts
+    }
+    assert {"demo", "generate", "serve", "tune", "train", "capture", "regenerate"} <= set(threads)
+    assert {default for default, _ in threads.values()} == {DEFAULT_THREADS}
+    assert len({text for _, text in threads.values()}) == 1, threads
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    assert f"one CPU thread by default (`--threads {DEFAULT_THREADS}`;" in readme

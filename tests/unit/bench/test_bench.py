@@ -328,7 +328,7 @@ def test_bench_cli(servers, tmp_path, monkeypatch):
     )  # the servers run on this busy machine
     result = CliRunner().invoke(app, common + ["--out", str(tmp_path / "a")])
     assert result.exit_code == 0, result.output
-    assert "machine was busy" in result.output and "serve --threads 1" in result.output
+    assert "machine was busy" in result.output and "(serve's default --threads 1)" in result.output
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert NO_BASELINE in result.output and (tmp_path / "a" / "bench.md").is_file()
     assert (

@@ -15,7 +15,7 @@ from specdraft.bench import speedup
 from specdraft.bench.tune_model import Candidate, Costs, TuneConfig
 from specdraft.bench.tune_render import render
 from specdraft.bench.tune_report import TuneReport, needs_export, settle
-from specdraft.checkpoint import Manifest, save_draft
+from specdraft.checkpoint import Manifest, describe_layout, save_draft
 from specdraft.engine.spec_config import SpecConfig
 from tests.engine_helpers import AUX_LAYERS, tiny_setup
 
@@ -143,7 +143,7 @@ def test_flags_name_an_export_or_the_export_to_run_first(tmp_path):
         trained / "specdraft_manifest.json"
     )  # as `specdraft export` marks its copy
     marked.extra["export"] = {"engine": "sglang"}  # (tests/unit/test_export.py checks that it does)
-    exported = save_draft(setup.untrained, tmp_path / "train" / "draft-sglang", manifest=marked)
+    exported = save_draft(setup.untrained, tmp_path / "exported", manifest=marked)
     assert not needs_export(str(exported), "sglang")
 
     rec = measured(SpecConfig(3, 2, 7), [1.30, 1.28, 1.32, 1.29, 1.31])
@@ -177,9 +177,63 @@ def test_flags_name_an_export_or_the_export_to_run_first(tmp_path):
         f"first run {r.export_command('sglang')}" in text
         and f"first run {r.export_command('vllm')}" in text
     )
-    assert "is specdraft's training layout, not an export" in text
+    assert f"{trained}: {describe_layout('specdraft', True)}; `specdraft export` checks" in text
+    assert f"writes {out}: first run" in text  # where the new export goes
     # an export (the official layout) is launched from where it is, with no export step
     r = report([rec, chain], str(official))
     assert f"--speculative-draft-model-path {official} " in r.sglang_flags()
     assert r.export_command("sglang") is None and "specdraft export" not in render(r)
     assert r.to_dict()["export_commands"] == {"sglang": None, "vllm": None}
+
+
+def saved_with_manifest(setup, directory, export_engine: str | None = None):
+    """The tiny untrained drafter saved with a manifest at `directory`; with export_engine, the
+    manifest marked as `specdraft export` marks its copy (extra["export"])."""
+    args = setup.target.args
+    manifest = Manifest(
+        draft=setup.untrained.cfg.to_dict(),
+        aux_layers=list(AUX_LAYERS),
+        target={"hidden_size": args.hidden_size, "num_layers": args.num_layers},
+    )
+    if export_engine:
+        manifest.extra["export"] = {"engine": export_engine}
+    return save_draft(setup.untrained, directory, manifest=manifest)
+
+
+def test_flags_name_the_demos_export_when_it_is_on_disk(tmp_path):
+    """tune after the demo: the launch lines name OUT/export/ENGINE, the exports the demo wrote,
+    with no export step (they named new folders DRAFT-sglang / DRAFT-vllm); an export of
+    another drafter there is not taken for it."""
+    setup = tiny_setup("llama")
+    draft = saved_with_manifest(setup, tmp_path / "out" / "train" / "draft")
+    sglang = saved_with_manifest(setup, tmp_path / "out" / "export" / "sglang", "sglang")
+    other = saved_with_manifest(setup, tmp_path / "out" / "export" / "vllm", "vllm")
+    manifest = Manifest.read(other / "specdraft_manifest.json")
+    manifest.data_hash = "another drafter's data"
+    (other / "specdraft_manifest.json").write_text(manifest.to_json())
+    rec = measured(SpecConfig.chain(2), [1.20, 1.18, 1.22, 1.19, 1.21])
+    r = report([rec], str(draft), "/models/target")
+    assert r.export_command("sglang") is None
+    assert f"--speculative-draft-model-path {sglang} " in r.sglang_flags()
+    assert f"the line names its SGLang export, already at {sglang}" in render(r)
+    assert r.served_path("vllm") == f"{draft}-vllm" and r.export_command("vllm") is not None
+
+
+def test_inspect_doctor_and_tune_describe_the_training_layout_alike(tmp_path):
+    """One truth: inspect's first line, doctor's specdraft_loads evidence and tune's line on the
+    drafter it names all say what `checkpoint.describe_layout` says (tune said "not an export"
+    while inspect and doctor said SGLang and vLLM load it)."""
+    from typer.testing import CliRunner
+
+    from specdraft.cli import app
+    from specdraft.doctor import run_doctor
+
+    setup = tiny_setup("llama")
+    draft = saved_with_manifest(setup, tmp_path / "train" / "draft")
+    described = describe_layout("specdraft", True)
+    inspected = CliRunner().invoke(app, ["inspect", str(draft)], env={"COLUMNS": "300"}).output
+    assert inspected.splitlines()[0] == f"{draft}: {described}"
+    loads = run_doctor(draft).finding("specdraft_loads")
+    assert f"({described})" in loads.evidence, loads
+    rec = measured(SpecConfig.chain(2), [1.20, 1.18, 1.22, 1.19, 1.21])
+    assert f"{draft}: {described}; " in render(report([rec], str(draft), "/models/target"))

@@ -139,3 +139,31 @@ def test_the_doctor_table_shows_a_check_alike_on_both_sample_sets_once():
         "| train | acceptance | pass | 0.41 |",
         "| held-out | acceptance | warn | 0.20 |",
     ]
+
+
+def test_the_serve_line_carries_the_recommended_setting_as_the_readme_says(tmp_path):
+    """The summary's serve line names the recommended setting, not the fastest one, and the
+    README's serve section says so (it said the line carries the setting "measured best")."""
+    from pathlib import Path
+
+    from specdraft.demo.report import summary
+
+    fastest, tied = row(3, [1.52, 1.50, 1.51]), row(1, [1.50, 1.49, 1.50])
+    baseline = {"accept_length": 1.0, "acceptance": [], **timing_summary([1000.0] * 3, [1.0] * 3)}
+    report = DemoReport(
+        target="t",
+        aux_layers=[2, 3, 4],
+        baseline=baseline,
+        sweep=[tied, fastest],
+        tree=row(2, [0.9, 0.9, 0.9], topk=2, tokens=4),
+        chosen=tied,
+        drafter={"dir": "d"},
+    )
+    serve = next(
+        line for line in summary(report, tmp_path).splitlines() if line.startswith("serve:")
+    )
+    assert "--num-steps 1 --topk 1 --num-draft-tokens 2" in serve, serve
+    readme = " ".join((Path(__file__).parents[3] / "README.md").read_text().split())
+    section = readme[readme.index("## Serve, check and benchmark") :][:1200]
+    assert "measured best" not in readme
+    assert "the same first line (`serve: ...`) with its recommended setting" in section

@@ -117,12 +117,8 @@ def test_against_specdraft_serve_the_launch_checks_advise_its_options(world):
             == f"{server.url} is specdraft serve: it has no SGLang or vLLM launch line to check"
         )
         assert finding.fix == SPECDRAFT_SERVE_FIX and "--engine-args" not in finding.fix
-    depth = report.finding("draft_depth_pays_off")
-    assert depth.verdict == "skip" and "--engine-args" not in depth.evidence, depth
-    assert depth.fix == (
-        "specdraft tune measures the --num-steps / --topk that pay off; restart specdraft serve "
-        "with them"
-    )
+    depth = report.finding("draft_depth_pays_off")  # on the chain the server reports running
+    assert depth.verdict != "skip" and "with 3 steps" in depth.evidence, depth
     assert (
         "--engine-args" not in report.skips_enabled_by()
     )  # the table's caption names no such input
@@ -140,13 +136,17 @@ def test_a_specdraft_server_that_drafts_nothing_is_told_to_start_with_the_drafte
         build_app(str(target), None, None, max_seq_len=128)
     )  # specdraft serve --no-spec
     try:
-        finding = doctor(draft, target, samples, server.url)
+        report = run_doctor(draft, target=target, samples=samples, server=server.url, max_samples=8)
     finally:
         server.stop()
+    finding = report.finding("online_acceptance")
     assert finding.verdict == "fail" and "the server verified no drafts" in finding.evidence, (
         finding
     )
     assert finding.fix == f"restart specdraft serve with --draft {draft} (not --no-spec)"
+    depth = report.finding("draft_depth_pays_off")
+    assert depth.verdict == "skip" and "without speculation" in depth.evidence, depth
+    assert depth.fix == f"restart specdraft serve with --draft {draft}"
 
 
 def test_online_acceptance_unreachable_server_fails(world):

@@ -37,3 +37,27 @@ def test_samples_suite_name_prompts_the_server_and_skips_offline(world):
     )
     with pytest.raises(ValueError, match="a suite \\(gsm8k, humaneval, mt-bench\\)"):
         run_doctor(draft, target=target, samples="no-such-suite")
+
+
+def test_the_readme_and_the_help_name_the_suites_doctor_takes_as_samples():
+    """One truth: doctor's error for a missing --samples offers the suites, so the README's
+    sentence on `doctor --samples` and the --server help name them too (the README said doctor
+    takes no prompts alone)."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from specdraft.bench.suites import suite_names
+    from specdraft.cli import app
+
+    readme = " ".join((Path(__file__).parents[3] / "README.md").read_text().split())
+    said = readme[readme.index("`doctor --samples` takes") :][:400]
+    server_help = " ".join(
+        CliRunner()
+        .invoke(app, ["doctor", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+        .output.split()
+    )
+    server_help = server_help[server_help.index("--server <str>") :][:300]
+    for name in suite_names():
+        assert f"`{name}`" in said, said
+    assert "or a suite's prompts" in server_help, server_help

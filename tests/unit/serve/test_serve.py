@@ -79,6 +79,10 @@ def test_models_health_and_metrics_endpoints(server):
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny"]
     assert models["data"][0]["max_model_len"] == 128 - 4  # cache minus one 4-node chain
+    # the setting it runs, which doctor's draft_depth_pays_off reads (`client.Server.speculative`)
+    setting = {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}
+    assert models["data"][0]["speculative_setting"] == setting
+    assert detect_server(server.url).speculative == setting
     assert client.get("/health").json() == {"status": "ok", "running": 0, "waiting": 0}
     names = {f.name for f in text_string_to_metric_families(client.get("/metrics").text)}
     for name in (
@@ -480,6 +484,40 @@ def test_full_queue_gets_429_and_recovers():
         )
         assert completion(client, prompt="w8", max_tokens=3).status_code == 200
         assert metric(client, "specdraft:request_rejected_total") == 1
+
+
+def send_request(url: str, body: dict) -> socket.socket:
+    """A raw /v1/completions request, sent; returns the socket without reading the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+    )
+    return sock
+
+
+def test_a_queued_request_whose_client_left_counts_as_cancelled():
+    """arrivals = success + cancelled + rejected: a waiting request whose client disconnected
+    before the worker took it was dropped without counting."""
+    setup = tiny_setup("llama")
+    tok = word_tokenizer()
+    slow = engine(slow_target(setup.target, 0.02), None, None, tok, max_seq_len=256)  # 4 s / 200
+    with running(slow, tok, max_queue=2) as srv:
+        client = httpx.Client(base_url=srv.url, timeout=30)
+        busy = open_stream(srv.url, "w1 w2 w3", 200)  # running
+        wait_health(client, running=1)
+        queued = send_request(srv.url, {"prompt": "w7", "max_tokens": 3, "temperature": 0})
+        wait_health(client, waiting=1)
+        queued.close()
+        time.sleep(4 * 0.25)  # the server polls a waiting client every 0.25 s (DISCONNECT_POLL_S)
+        busy.close()
+        assert completion(client, prompt="w8", max_tokens=3).status_code == 200
+        wait_health(client, running=0, waiting=0)
+        success = metric(client, "specdraft:request_success_total")
+        cancelled = metric(client, "specdraft:request_cancelled_total")
+        assert (success, cancelled, metric(client, "specdraft:request_rejected_total")) == (1, 2, 0)
 
 
 def test_plain_server_usage_and_log_line(caplog):
