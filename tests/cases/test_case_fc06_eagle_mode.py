@@ -7,7 +7,7 @@ import pytest
 
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Case FC-10: temperature must not be ignored in verification.
 
-T = 0 output equals the target's greedy output (also tests/unit/engine/test_engine_speculate.py). At T = 1
+T = 0 output equals the target's greedy output (also tests/unit/engine/test_speculate.py). At T = 1
 the first two generated tokens of the speculative engine follow the target's exact two-token
 joint distribution (computed from its logits), by a chi-square test over 3 prompts x 400
 samples (p > 1e-3), also with top-k / top-p; deliberately biased verifiers (always accept the
@@ -23,7 +23,7 @@ from specdraft.engine.sampling import (
     verify_greedy,
 )
 from specdraft.engine.spec_config import SpecConfig
-from tests.engine_helpers import VOCAB, one_thread, random_prompts, target_pass, tiny_setup  # noqa: F401
+from tests.support.engine_helpers import VOCAB, one_thread, random_prompts, target_pass, tiny_setup  # noqa: F401
 
 NUM_PROMPTS, SAMPLES_PER_PROMPT, PROMPT_LEN = 3, 400, 6
 PASS_P, FAIL_P = 1e-3, 1e-6

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, edit_config, edit_weights, one_thread  # noqa: F401
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, edit_weights, one_thread  # noqa: F401
 
 
 @pytest.fixture(scope="module")

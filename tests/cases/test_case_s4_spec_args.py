@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 S4 = (
     "python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3 "

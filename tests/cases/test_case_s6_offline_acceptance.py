@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import (
+from tests.support.doctor_helpers import (
     edit_config,
     edit_weights,
     one_thread,  # noqa: F401
@@ -89,7 +89,7 @@ def test_case_s6_s3_wiring_shows_as_a_large_gap(world, healthy, tmp_path):
 def test_case_s6_held_out_samples_show_no_gap(world, healthy, tmp_path):
     import json
 
-    from tests.doctor_helpers import random_samples
+    from tests.support.doctor_helpers import random_samples
 
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text(

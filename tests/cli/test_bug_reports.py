@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 import specdraft.engine.speculate
 from specdraft.cli import app
 from tests.cli.test_engine_cli import _target_with_tokenizer
-from tests.engine_helpers import tiny_setup
+from tests.support.engine_helpers import tiny_setup
 
 
 def test_a_bug_inside_the_engine_prints_its_traceback_and_exits_1(tmp_path, monkeypatch):

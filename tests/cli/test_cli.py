@@ -119,7 +119,7 @@ def test_inspect_summarises_the_manifest_and_prints_it_whole_on_request(tmp_path
     import json
 
     from specdraft.checkpoint import save_draft
-    from tests.drafts import tiny_draft, tiny_manifest
+    from tests.support.drafts import tiny_draft, tiny_manifest
 
     model = tiny_draft()
     manifest = tiny_manifest(model)

@@ -7,7 +7,7 @@ import pytest
 
 from specdraft.export import ExportError, export_draft, spec_for_export
 from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 
 @pytest.fixture(scope="module")

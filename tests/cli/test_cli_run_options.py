@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 import specdraft.engine.load as engine_load
 import specdraft.serve.server
 from specdraft.cli import app
-from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
-from tests.serve_helpers import word_tokenizer
-from tests.tiny_models import save_tiny_model
+from tests.support.engine_helpers import one_thread, tiny_setup  # noqa: F401
+from tests.support.serve_helpers import word_tokenizer
+from tests.support.tiny_models import save_tiny_model
 
 
 def _free_port() -> int:

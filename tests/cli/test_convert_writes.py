@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 
 from specdraft.checkpoint import save_draft
 from specdraft.cli import app
-from tests.drafts import tiny_draft
-from tests.tiny_models import save_tiny_model
+from tests.support.drafts import tiny_draft
+from tests.support.tiny_models import save_tiny_model
 
 
 def test_manifest_less_speculators_convert_records_the_targets_architecture(tmp_path):
@@ -78,7 +78,7 @@ def test_convert_reads_the_targets_config_once(tmp_path, monkeypatch):
 
 def test_a_verifier_nothing_names_is_said_in_one_line(tmp_path):
     """A manifest that records no target path, converted without --target: name_or_path is null."""
-    from tests.doctor_helpers import draft_checkpoint
+    from tests.support.doctor_helpers import draft_checkpoint
 
     draft, _ = draft_checkpoint(tmp_path)
     manifest = json.loads((draft / "specdraft_manifest.json").read_text())

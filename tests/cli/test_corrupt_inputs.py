@@ -12,8 +12,8 @@ import pytest
 
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, convert_draft, load_draft
 from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 DRAFTER_FIX = "re-export the drafter from its training run (specdraft export RUN/draft OUT --engine"
 TARGET_FIX = "restore config.json from where the model came from"

@@ -14,8 +14,8 @@ import socket
 import pytest
 
 from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 TARGET_FIX = "re-download the target's weights from where the model came from"
 SHARD = "shard-00000.safetensors"

@@ -13,8 +13,8 @@ from specdraft.checkpoint import CheckpointError, convert_draft, load_draft
 from specdraft.conventions import ENGINE_DEFAULT_SOURCES, ConventionError, engines_default_layers
 from specdraft.doctor import run_doctor
 from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 
@@ -211,7 +211,7 @@ def test_generate_and_serve_say_the_default_and_take_aux_layers(bare, monkeypatc
 def test_a_target_of_other_sizes_is_named_before_the_default_ids_collapse(bare, tmp_path):
     """A 6-layer target (the default collapses there) of another hidden size and vocabulary: the
     sizes are the error, not the collapse, on inspect, export and generate."""
-    from tests.tiny_models import save_tiny_model
+    from tests.support.tiny_models import save_tiny_model
 
     draft, _ = bare
     other = save_tiny_model(

@@ -19,8 +19,8 @@ from specdraft.engine.requests import decode_continuation
 from specdraft.regenerate.backends import LocalBackend, Prompt, Sampling
 from specdraft.serve.server import build_app, serve_in_thread
 from specdraft.targets.config import end_token_ids
-from tests.engine_helpers import VOCAB, greedy_sequences, one_thread, tiny_setup  # noqa: F401
-from tests.serve_helpers import word_tokenizer
+from tests.support.engine_helpers import VOCAB, greedy_sequences, one_thread, tiny_setup  # noqa: F401
+from tests.support.serve_helpers import word_tokenizer
 
 PROMPT = "w1 w5 w9 w13 w2 w7"
 NUM_NEW = 12

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.cli import app
-from tests.drafts import save_training_checkpoint
-from tests.engine_helpers import AUX_LAYERS, VOCAB, greedy_sequences, one_thread, tiny_setup  # noqa: F401
+from tests.support.drafts import save_training_checkpoint
+from tests.support.engine_helpers import AUX_LAYERS, VOCAB, greedy_sequences, one_thread, tiny_setup  # noqa: F401
 
 
 def _target_with_tokenizer(setup, path):

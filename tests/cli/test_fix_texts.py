@@ -11,9 +11,9 @@ import pytest
 
 from specdraft.doctor import run_doctor
 from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
-from tests.tiny_models import save_tiny_model
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.tiny_models import save_tiny_model
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 
 def test_export_names_the_sglang_version_flag(tmp_path):

@@ -15,9 +15,9 @@ from specdraft.conventions import aux_layers_from_config
 from specdraft.draft_config import DraftConfig
 from specdraft.errors import SpecdraftError
 from tests.cli.test_cli import flat, invoke
-from tests.drafts import seeded_draft
-from tests.tiny_models import tiny_config
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.drafts import seeded_draft
+from tests.support.tiny_models import tiny_config
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 LAYERS = 61

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from specdraft.checkpoint import CheckpointError, check_output_dir, load_draft, save_draft
 from specdraft.cli import app
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 
 @pytest.fixture(scope="module")

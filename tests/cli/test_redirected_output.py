@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.cli.common import REDIRECTED_TEXT_WIDTH
 from specdraft.doctor.launch import ENGINE_ARGS_FIX
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 
 def test_a_long_path_survives_unbroken_when_redirected(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from specdraft.capture.store import CaptureStore
 from tests.cli.test_cli import flat, invoke
-from tests.unit.regenerate.test_regenerate import CHATS, FakeServer
+from tests.unit.regenerate.test_run import CHATS, FakeServer
 
 
 class EmptyAnswers(FakeServer):

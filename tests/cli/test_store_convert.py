@@ -13,7 +13,7 @@ from specdraft.capture.stage import CaptureConfig, capture_dataset
 from specdraft.checkpoint import load_draft
 from specdraft.cli import app
 from specdraft.doctor.samples import read_samples
-from tests.tiny_tokenizer import CHAT
+from tests.support.tiny_tokenizer import CHAT
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import pytest
 from specdraft.checkpoint import UNIMPLEMENTED_FLAGS, unimplemented_flags
 from specdraft.doctor import run_doctor
 from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

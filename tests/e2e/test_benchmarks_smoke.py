@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.paths import PYCODE
+from tests.support.paths import PYCODE
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300  # a loaded 2-core machine; each takes seconds when idle

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specdraft.cli import app
-from tests.tiny_models import MORE_ARCHITECTURES, save_tiny_model
-from tests.tiny_tokenizer import CHAT, tiny_chat_tokenizer
+from tests.support.tiny_models import MORE_ARCHITECTURES, save_tiny_model
+from tests.support.tiny_tokenizer import CHAT, tiny_chat_tokenizer
 
 NUM_LAYERS = 8
 # class -> (engine -> the phrase of its refusal, or None: written)

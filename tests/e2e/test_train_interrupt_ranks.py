@@ -17,7 +17,7 @@ import torch
 
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.train import dist
-from tests.unit.train.test_train_loop import (
+from tests.unit.train.test_loop import (
     ONE_THREAD_ENV,
     REPO,
     needs_torchrun,

@@ -7,8 +7,8 @@ import torch
 
 from specdraft.draft import KV, Eagle3Draft
 from specdraft.draft_config import DraftConfig
-from tests.drafts import FLAG_COMBINATIONS, flag_id, tiny_draft
-from tests.tiny_models import tiny_config
+from tests.support.drafts import FLAG_COMBINATIONS, flag_id, tiny_draft
+from tests.support.tiny_models import tiny_config
 
 
 def rms(x, w, eps):

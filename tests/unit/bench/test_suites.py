@@ -24,8 +24,8 @@ from specdraft.bench.suites import (
     read_suite_file,
 )
 from specdraft.cli import app
-from tests.engine_helpers import one_thread  # noqa: F401
-from tests.unit.bench.test_bench import servers  # noqa: F401
+from tests.support.engine_helpers import one_thread  # noqa: F401
+from tests.unit.bench.test_sweep import servers  # noqa: F401
 
 
 def test_bundled_suites_and_unknown_names():
@@ -217,8 +217,8 @@ def test_a_suite_against_a_server_without_a_chat_template_says_what_it_needs():
     """The server's one-line reason (not its JSON body) and what a suite needs of it."""
     from specdraft.bench.config import BenchError
     from specdraft.engine.spec_config import SpecConfig
-    from tests.engine_helpers import tiny_setup
-    from tests.serve_helpers import engine, own_target, running, word_tokenizer
+    from tests.support.engine_helpers import tiny_setup
+    from tests.support.serve_helpers import engine, own_target, running, word_tokenizer
 
     setup = tiny_setup("llama")
     tok = word_tokenizer()

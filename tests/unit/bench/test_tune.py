@@ -1,5 +1,5 @@
 """specdraft.bench.tune: the cost model, and end-to-end tuning on the tiny target (timings from a
-cost model of a memory-bound GPU target, where speculation can win: `tests.tune_helpers`; the
+cost model of a memory-bound GPU target, where speculation can win: `tests.support.tune_helpers`; the
 engine's acceptance is real, no assertion depends on this machine's speed)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from specdraft.bench.tune_render import render
 from specdraft.cli import app
 from specdraft.engine.requests import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
-from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
-from tests.serve_helpers import saved_pair, text_prompts, write_prompts
-from tests.tune_helpers import modelled_bench
+from tests.support.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.support.serve_helpers import saved_pair, text_prompts, write_prompts
+from tests.support.tune_helpers import modelled_bench
 
 
 def test_tree_tokens_and_config_checks():
@@ -77,7 +77,7 @@ def test_tune_recommends_speculation_on_a_memory_bound_target():
     assert f"recommendation: steps {rec.spec.num_steps}, topk 1" in text and "pred tok/s" in text
     assert (
         rec.timing["speedup_q1"] > 1.0 and "speedup (quartiles)" in text
-    )  # demo's rule (test_tune_pick)
+    )  # demo's rule (test_tune_report)
     assert json.loads(json.dumps(report.to_dict()))["recommendation"]["speedup"] == rec.speedup
     assert report.prediction_error() < 1.3 and "warning: predictions" not in text
     # a measurement 3x off its prediction (a busy machine) is called out, not passed over

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from specdraft.bench.suites import Question, Suite
 from specdraft.bench.tune_suite import suite_prompt_ids
 from specdraft.cli import app
-from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
-from tests.serve_helpers import saved_pair, word_tokenizer
+from tests.support.engine_helpers import one_thread, tiny_setup  # noqa: F401
+from tests.support.serve_helpers import saved_pair, word_tokenizer
 
 
 def test_turns_carry_the_targets_own_answers():

@@ -19,7 +19,7 @@ from specdraft.engine.kernels import fused_decode
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.tree import TreeExpansion, tree_of, verify_mask
-from tests.drafts import tiny_draft
+from tests.support.drafts import tiny_draft
 
 SETTINGS = {
     "chain7": SpecConfig.chain(7),

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.engine.test_triton_ops import (
+from tests.unit.engine.kernels.test_fused_decode import (
     ARGS,
     CUDA,
     DEVICE,
@@ -45,7 +45,7 @@ def _pair(num_tokens: int, draft_vocab_size: int):
     """(target, drafter) whose heads score num_tokens tokens (the drafter's draft ids 0.., the
     target's their target ids) with the last hidden state along num_tokens - 1 random directions
     and minus their sum, every other token 0: each one's greedy choice is one of them."""
-    from tests.drafts import tiny_draft
+    from tests.support.drafts import tiny_draft
 
     target = _random_target(ARGS["llama"])
     torch.manual_seed(0)
