@@ -38,9 +38,9 @@ def python_signal_handlers():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """The capture store of tests/unit/train/test_loop.py's tiny target and samples (`make_world`),
+    """The capture store of the trainer's tiny target and samples (`tests.support.train_world`),
     for the train / resume / export modules that train from it."""
-    from tests.unit.train.test_loop import make_world
+    from tests.support.train_world import make_world
 
     return make_world(tmp_path_factory.mktemp("train"))[2]
 

@@ -7,13 +7,12 @@ from typer.testing import CliRunner
 
 import specdraft.engine.speculate
 from specdraft.cli import app
-from tests.cli.test_engine_cli import _target_with_tokenizer
-from tests.support.engine_helpers import tiny_setup
+from tests.support.engine_helpers import copy_with_word_tokenizer, tiny_setup
 
 
 def test_a_bug_inside_the_engine_prints_its_traceback_and_exits_1(tmp_path, monkeypatch):
     setup = tiny_setup("llama")
-    _target_with_tokenizer(setup, tmp_path / "target")
+    copy_with_word_tokenizer(setup, tmp_path / "target")
 
     def broken(*args, **kwargs):
         raise KeyError("boom")
@@ -42,7 +41,7 @@ def test_a_bug_inside_the_engine_prints_its_traceback_and_exits_1(tmp_path, monk
 
 def test_a_bad_input_is_one_line_without_a_traceback(tmp_path):
     setup = tiny_setup("llama")
-    _target_with_tokenizer(setup, tmp_path / "target")
+    copy_with_word_tokenizer(setup, tmp_path / "target")
     result = CliRunner().invoke(
         app,
         ["generate", "--target", str(tmp_path / "target"), "--prompt", "hi", "--topk", "2"],

@@ -12,15 +12,7 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.cli.checks import check_checkpoint_dir, int_list
-
-
-def flat(output: str) -> str:
-    """Typer's boxed error on one line (box drawing and wrapping removed)."""
-    return " ".join(re.sub(r"[\u2500-\u257f]", " ", output).split())
-
-
-def invoke(args: list[str]):
-    return CliRunner().invoke(app, args, env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+from tests.support.cli import flat, invoke
 
 
 def test_int_list():

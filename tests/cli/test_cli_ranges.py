@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specdraft.export import ExportError, export_draft, spec_for_export
-from tests.cli.test_cli import flat, invoke
+from tests.support.cli import flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 

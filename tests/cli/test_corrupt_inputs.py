@@ -10,23 +10,16 @@ import shutil
 
 import pytest
 
-from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, convert_draft, load_draft
-from tests.cli.test_cli import flat, invoke
+from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, load_draft
+from tests.support.cli import (
+    invoke,
+    one_error,
+    world,  # noqa: F401 (fixture)
+)
 from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 DRAFTER_FIX = "re-export the drafter from its training run (specdraft export RUN/draft OUT --engine"
 TARGET_FIX = "restore config.json from where the model came from"
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """(draft dir with manifest, the same drafter without one (sglang layout), target dir with tokenizer)."""
-    root = tmp_path_factory.mktemp("corrupt")
-    draft, target = draft_checkpoint(root)
-    save_tiny_tokenizer(target)
-    convert_draft(draft, root / "plain", layout="sglang", target_num_layers=5)
-    return draft, root / "plain", target
 
 
 def broken_copy(src, dst, text: str):
@@ -69,19 +62,6 @@ def commands(draft, target, out):
         ],
         "export": ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)],
     }
-
-
-def one_error(result, *fragments: str, code: int = 1) -> str:
-    """The one error line of a refused command (exit `code`: 1 refused while loading, 2 a bad
-    option value or unusable input), holding every fragment."""
-    assert result.exit_code == code, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
-        result.exception
-    )
-    text = flat(result.output)
-    assert text.startswith("error: ") and text.count("error: ") == 1, result.output
-    assert all(f in text for f in fragments), text
-    return text
 
 
 CORRUPT = {

@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from tests.cli.test_cli import flat, invoke
+from tests.support.cli import flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.support.tiny_tokenizer import save_tiny_tokenizer
 

@@ -12,7 +12,7 @@ import pytest
 from specdraft.checkpoint import CheckpointError, convert_draft, load_draft
 from specdraft.conventions import ENGINE_DEFAULT_SOURCES, ConventionError, engines_default_layers
 from specdraft.doctor import run_doctor
-from tests.cli.test_cli import flat, invoke
+from tests.support.cli import flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
 from tests.support.tiny_tokenizer import save_tiny_tokenizer
 

@@ -4,31 +4,26 @@ the metrics table to stderr; speculative, --no-spec and draft-less runs print th
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.cli import app
 from tests.support.drafts import save_training_checkpoint
-from tests.support.engine_helpers import AUX_LAYERS, VOCAB, greedy_sequences, one_thread, tiny_setup  # noqa: F401
-
-
-def _target_with_tokenizer(setup, path):
-    shutil.copytree(setup.target_dir, path)
-    words = models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0")
-    tok = Tokenizer(words)
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(path)
-    return PreTrainedTokenizerFast.from_pretrained(path)
+from tests.support.engine_helpers import (  # noqa: F401
+    AUX_LAYERS,
+    VOCAB,
+    copy_with_word_tokenizer,
+    greedy_sequences,
+    one_thread,
+    tiny_setup,
+)
 
 
 def test_generate_streams_text_and_prints_metrics(tmp_path, monkeypatch):
     setup = tiny_setup("llama")
-    tokenizer = _target_with_tokenizer(setup, tmp_path / "target")
+    tokenizer = copy_with_word_tokenizer(setup, tmp_path / "target")
     args = setup.target.args
     manifest = Manifest(
         draft=setup.trained.cfg.to_dict(),
@@ -146,7 +141,7 @@ def test_generate_takes_a_training_checkpoint_and_points_a_run_directory_at_one(
     from specdraft.engine.spec_config import SpecConfig
 
     setup = tiny_setup("llama")
-    tokenizer = _target_with_tokenizer(setup, tmp_path / "target")
+    tokenizer = copy_with_word_tokenizer(setup, tmp_path / "target")
     step = _training_run(setup, tmp_path / "run")
     engine = load_engine(tmp_path / "target", step, SpecConfig.chain(3))
     expected_state = setup.trained.state_dict()

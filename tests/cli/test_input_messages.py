@@ -12,9 +12,8 @@ import pytest
 
 from specdraft.checkpoint import MANIFEST_FILE
 from specdraft.regenerate.backends import served_model
-from tests.cli.test_cli import flat, invoke
-from tests.cli.test_corrupt_inputs import one_error, world  # noqa: F401
-from tests.unit.regenerate.test_run import CHATS, read_out, server  # noqa: F401
+from tests.support.cli import flat, invoke, one_error, world  # noqa: F401
+from tests.support.regenerate import CHATS, read_out, server  # noqa: F401
 
 
 def test_regenerate_into_its_own_input_is_refused_first(tmp_path):

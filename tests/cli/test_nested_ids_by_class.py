@@ -14,7 +14,7 @@ from specdraft.checkpoint import CheckpointError, Manifest, load_draft, save_dra
 from specdraft.conventions import aux_layers_from_config
 from specdraft.draft_config import DraftConfig
 from specdraft.errors import SpecdraftError
-from tests.cli.test_cli import flat, invoke
+from tests.support.cli import flat, invoke
 from tests.support.drafts import seeded_draft
 from tests.support.tiny_models import tiny_config
 from tests.support.tiny_tokenizer import save_tiny_tokenizer

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from specdraft.capture.store import CaptureStore
-from tests.cli.test_cli import flat, invoke
-from tests.unit.regenerate.test_run import CHATS, FakeServer
+from tests.support.cli import flat, invoke
+from tests.support.regenerate import CHATS, FakeServer
 
 
 class EmptyAnswers(FakeServer):

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from specdraft.doctor import run_doctor
-from tests.cli.test_cli import flat, invoke
+from tests.support.cli import flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
 
 OTHER = "meta-llama/Llama-3.1-8B-Instruct"  # what speculators' converter config names

@@ -13,7 +13,7 @@ import pytest
 from specdraft.data.records import BadRecord, DataError, read_records
 from specdraft.doctor import CHECKS, run_doctor
 from specdraft.engine.spec_config import SpecConfig
-from tests.cli.test_cli import flat, invoke
+from tests.support.cli import flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.support.tiny_models import save_tiny_model
 from tests.support.tiny_tokenizer import save_tiny_tokenizer

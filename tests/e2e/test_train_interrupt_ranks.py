@@ -10,36 +10,22 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 import torch
 
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.train import dist
-from tests.unit.train.test_loop import (
+from tests.support.train_world import (
     ONE_THREAD_ENV,
     REPO,
+    assert_resumes_to_the_end,
     needs_torchrun,
-    read_metrics,
     small_config,
+    wait_for_steps,
 )
 
 STEPS, SAVE_EVERY = 30, 1000  # no --save-every checkpoint before the end
-
-
-def wait_for_steps(run, proc: subprocess.Popen, steps: int, timeout: float) -> None:
-    """Poll rank 0's metrics.jsonl until it records `steps` training steps."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and proc.poll() is None:
-        log = run / "metrics.jsonl"
-        lines = log.read_text().splitlines() if log.exists() else []
-        if sum('"split": "train"' in line for line in lines) >= steps:
-            return
-        time.sleep(0.05)
-    raise AssertionError(
-        f"no {steps} steps in {run} after {timeout} s (torchrun exit code {proc.poll()})"
-    )
 
 
 @needs_torchrun
@@ -106,18 +92,3 @@ def test_on_several_ranks_a_first_signal_is_only_noted_and_a_second_aborts_at_on
             signal.raise_signal(signal.SIGINT)
             pytest.fail("the second signal did not abort")
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
-
-
-def assert_resumes_to_the_end(command: list[str], env: dict, run, checkpoint, steps: int) -> None:
-    """`command --resume` continues from `checkpoint` to step `steps`, each step logged once, and
-    writes the final drafter."""
-    resumed = subprocess.run(
-        [*command, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from {checkpoint}" in resumed.stdout
-    assert [r["step"] for r in read_metrics(run)] == list(
-        range(1, steps + 1)
-    )  # one run's log, each step once
-    manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
-    assert manifest["training"]["steps"] == steps

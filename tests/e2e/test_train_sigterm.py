@@ -9,8 +9,13 @@ import subprocess
 import sys
 
 from specdraft.checkpoint import checkpoint_paths
-from tests.e2e.test_train_interrupt_ranks import assert_resumes_to_the_end, wait_for_steps
-from tests.unit.train.test_loop import ONE_THREAD_ENV, REPO, small_config
+from tests.support.train_world import (
+    ONE_THREAD_ENV,
+    REPO,
+    assert_resumes_to_the_end,
+    small_config,
+    wait_for_steps,
+)
 
 STEPS, SAVE_EVERY = 30, 1000  # no --save-every checkpoint before the end
 

@@ -89,3 +89,39 @@ def save_training_checkpoint(
         path,
     )
     return path
+
+
+def ttt_draft(
+    seed: int = 0, vocab: int = 48, draft_vocab: int = 48, dtype=torch.float64
+) -> Eagle3Draft:
+    """A seeded drafter for the TTT tests (float64 by default; 16 wide, aux layers 1-3 of a
+    4-layer target of width 16, the target embedding random), its weights scaled up 10x."""
+    cfg = DraftConfig(
+        hidden_size=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=4,
+        intermediate_size=32,
+        target_hidden_size=16,
+        vocab_size=vocab,
+        draft_vocab_size=draft_vocab,
+        aux_layers=(1, 2, 3),
+        target_num_layers=4,
+        max_position_embeddings=128,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        draft = Eagle3Draft(cfg)
+        draft.load_target_embedding(torch.randn(vocab, 16))
+        # scale up so attention weights are far from uniform: a wrong key set shows clearly
+        for p in draft.parameters():
+            p.data.mul_(10.0)
+    return draft.to(dtype)
+
+
+def ttt_inputs(seed: int, t_len: int = 9, vocab: int = 48):
+    """(ids [1, t_len] long, aux [1, t_len, 48] float64) for `ttt_draft`, seeded."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (1, t_len), generator=g)
+    aux = torch.randn(1, t_len, 48, generator=g, dtype=torch.float64)
+    return ids, aux

@@ -14,19 +14,28 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from scipy.stats import chisquare
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
 
 from specdraft.data.vocab import build_vocab_map
 from specdraft.draft import Eagle3Draft
 from specdraft.draft_config import DraftConfig
 from specdraft.engine.fast_load import load_fast_target
 from specdraft.engine.fast_model import FastTarget, causal_mask
+from specdraft.engine.sampling import (
+    SamplingParams,
+    logits_to_probs,
+)
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 from tests.support.tiny_models import tiny_model
@@ -178,3 +187,54 @@ def hf_setup(arch: str) -> TinySetup:
     trained = make_draft(target, hf_config, seed=3, draft_vocab_size=48, sequences=sequences)
     train_first_step(trained, target, sequences, steps=30)
     return TinySetup(None, target, untrained, trained)
+
+
+def copy_with_word_tokenizer(setup, path):
+    """setup's target copied to path with a word-level tokenizer of its VOCAB ids (w0 .. w{VOCAB-1});
+    returns the tokenizer."""
+    shutil.copytree(setup.target_dir, path)
+    words = models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0")
+    tok = Tokenizer(words)
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(path)
+    return PreTrainedTokenizerFast.from_pretrained(path)
+
+
+NUM_PROMPTS, SAMPLES_PER_PROMPT, PROMPT_LEN = 3, 400, 6
+
+
+PASS_P, FAIL_P = 1e-3, 1e-6
+
+
+MIN_EXPECTED = 5.0
+
+
+@torch.no_grad()
+def exact_joint(setup, prompt: list[int], params: SamplingParams) -> np.ndarray:
+    """P(x1, x2 | prompt) [V, V] from the target's logits (the same logits_to_probs)."""
+    logits, _ = target_pass(setup.target, torch.tensor([prompt]))
+    first = logits_to_probs(logits[0, -1], params)
+    batch = torch.tensor([prompt + [x] for x in range(VOCAB)])
+    logits, _ = target_pass(setup.target, batch)
+    second = logits_to_probs(logits[:, -1], params)
+    joint = (first[:, None] * second).double().numpy()
+    return joint / joint.sum()
+
+
+def chi_square_pvalue(setup, spec: SpecConfig, params: SamplingParams) -> float:
+    """Pooled chi-square p-value of the engine's first two tokens against the exact joint;
+    cells expected below MIN_EXPECTED are merged per prompt."""
+    engine = setup.engine(setup.trained, spec)
+    observed, expected = [], []
+    for i, prompt in enumerate(random_prompts(NUM_PROMPTS, PROMPT_LEN, seed=20)):
+        joint = exact_joint(setup, prompt, params).reshape(-1) * SAMPLES_PER_PROMPT
+        counts = np.zeros(VOCAB * VOCAB)
+        for s in range(SAMPLES_PER_PROMPT):
+            x1, x2 = engine.generate(
+                prompt, 2, params.temperature, params.top_p, params.top_k, seed=1000 * i + s
+            ).token_ids
+            counts[x1 * VOCAB + x2] += 1
+        big = joint >= MIN_EXPECTED
+        observed += [*counts[big], counts[~big].sum()]
+        expected += [*joint[big], joint[~big].sum()]
+    return chisquare(observed, expected, ddof=NUM_PROMPTS - 1).pvalue

@@ -13,15 +13,25 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.engine.fast_model import FastTarget
+from specdraft.engine.requests import decode_continuation
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.serve.server import RunningServer, create_app, serve_in_thread
-from tests.support.engine_helpers import AUX_LAYERS, MAX_SEQ, VOCAB, TinySetup, random_prompts
+from tests.support.engine_helpers import (
+    AUX_LAYERS,
+    MAX_SEQ,
+    VOCAB,
+    TinySetup,
+    greedy_sequences,
+    random_prompts,
+    tiny_setup,
+)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['content'] }} {% endfor %}"
@@ -262,3 +272,25 @@ def fake_sglang_app(tokens_per_verify: int):
     app.add_route("/get_model_info", model_info, methods=["GET"])
     app.add_route("/generate", generate, methods=["POST"])
     return app
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """A speculative specdraft server (trained drafter, 3-step chain) and a plain one."""
+    setup = tiny_setup("llama")
+    tok = word_tokenizer()
+    with (
+        running(engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok), tok) as spec,
+        running(engine(own_target(setup), None, None, tok), tok) as plain,
+    ):
+        yield spec, plain
+
+
+NUM_NEW = 12
+
+
+def greedy_text(prompt: str, num_new: int = NUM_NEW, ids: list[int] | None = None) -> str:
+    tok = word_tokenizer()
+    ids = ids or tok(prompt)["input_ids"]
+    out = greedy_sequences(tiny_setup("llama").target, [ids], num_new)[0, len(ids) :].tolist()
+    return decode_continuation(tok, ids, out)  # as the server decodes: "w1 w2" continues " w40 ..."

@@ -25,7 +25,7 @@ from specdraft.bench.suites import (
 )
 from specdraft.cli import app
 from tests.support.engine_helpers import one_thread  # noqa: F401
-from tests.unit.bench.test_sweep import servers  # noqa: F401
+from tests.support.serve_helpers import servers  # noqa: F401
 
 
 def test_bundled_suites_and_unknown_names():

@@ -29,6 +29,7 @@ from tests.support.serve_helpers import (
     fake_vllm_app,
     own_target,
     running,
+    servers,  # noqa: F401 (fixture)
     slow_target,
     text_prompts,
     word_tokenizer,
@@ -180,18 +181,6 @@ def test_verdict_needs_the_mean_beyond_the_noise():
     assert verdict(SpeedupPoint(1, 0.8, 0.1), tie_band=0.05) == "loses"
     assert verdict(SpeedupPoint(1, 0.97, 0.0), tie_band=0.05) == "ties"
     assert verdict(SpeedupPoint(1, 0.97, 0.0)) == "loses"  # no band, no spread
-
-
-@pytest.fixture(scope="module")
-def servers():
-    """A speculative specdraft server (trained drafter, 3-step chain) and a plain one."""
-    setup = tiny_setup("llama")
-    tok = word_tokenizer()
-    with (
-        running(engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok), tok) as spec,
-        running(engine(own_target(setup), None, None, tok), tok) as plain,
-    ):
-        yield spec, plain
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 import specdraft.capture.write as capture_write
 import specdraft.regenerate.run as regenerate_run
 from specdraft.capture.store import FORMAT, INDEX, CaptureError, CaptureStore
-from specdraft.cli import app
 from specdraft.conventions import ConventionError, check_aux_layers, to_engine_ids
+from tests.support.capture import capture, one_line_error, run
 from tests.support.tiny_models import save_tiny_model
 from tests.support.tiny_tokenizer import CHAT, tiny_chat_tokenizer
 
@@ -33,28 +32,6 @@ def chats(tmp_path):
     path = tmp_path / "chats.jsonl"
     path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in [CHAT, CHAT[:3], CHAT]))
     return path
-
-
-def run(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def capture(chat_target_dir, data, out, *extra):
-    return run(
-        "capture", chat_target_dir, data, out, "--shard-tokens", 20, "--max-length", 30, *extra
-    )
-
-
-def one_line_error(result, *needles):
-    lines = [
-        line for line in result.output.strip().splitlines() if not line.startswith("aux layers ")
-    ]
-    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: "), (
-        result.output
-    )
-    for needle in needles:
-        assert needle in lines[0], result.output
-    return lines[0]
 
 
 def test_check_aux_layers_is_the_rule_to_engine_ids_applies():

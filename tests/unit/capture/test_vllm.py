@@ -13,7 +13,7 @@ from specdraft.capture.forward import target_head_tensors, target_meta
 from specdraft.capture.vllm import HeadTarget, VllmCapture, VllmOptions, request_ids
 from specdraft.conventions import ConventionError
 from specdraft.targets import load_target
-from tests.unit.capture.test_stage_guards import capture, one_line_error
+from tests.support.capture import capture, one_line_error
 
 
 @pytest.fixture

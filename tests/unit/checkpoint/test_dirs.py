@@ -18,7 +18,7 @@ from specdraft.checkpoint import (
 )
 from specdraft.doctor import run_doctor
 from specdraft.targets import load_target
-from tests.cli.test_cli import invoke
+from tests.support.cli import invoke
 from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 DRAFTER_DIRS = "pass the drafter directory (specdraft train's OUT/draft or an export), and this directory as --target"

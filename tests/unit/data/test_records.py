@@ -9,7 +9,7 @@ import json
 import pytest
 
 from specdraft.data.records import BadRecord, DataError, read_records
-from tests.cli.test_cli import flat, invoke
+from tests.support.cli import flat, invoke
 from tests.support.tiny_models import save_tiny_model
 from tests.support.tiny_tokenizer import save_tiny_tokenizer
 

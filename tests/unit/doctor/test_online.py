@@ -242,10 +242,10 @@ def test_validation_replays_the_rounds_of_the_ttt_depth():
     target's argmax as the greedy choice; without replay the counts stay zero."""
     from specdraft.train.loss import greedy_choices, replay_rounds, ttt_loss, ttt_unroll
     from specdraft.train.metrics import TTTMetrics
-    from tests.cases.test_case_fc14_ttt_attention import inputs, tiny_draft
+    from tests.support.drafts import ttt_draft, ttt_inputs
 
-    draft = tiny_draft(0)
-    ids, aux = inputs(4, t_len=12)
+    draft = ttt_draft(0)
+    ids, aux = ttt_inputs(4, t_len=12)
     logits = torch.randn(1, 12, 48, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     mask = torch.zeros(1, 12, dtype=torch.bool)
     mask[0, 3:] = True

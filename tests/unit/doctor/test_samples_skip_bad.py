@@ -9,7 +9,7 @@ import json
 import pytest
 
 from specdraft.doctor import run_doctor
-from tests.cli.test_cli import flat, invoke
+from tests.support.cli import flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.support.serve_helpers import word_tokenizer
 

@@ -14,8 +14,14 @@ from specdraft.engine.hf_target import cache_argument
 from specdraft.engine.load import load_engine
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from tests.cases.test_case_fc10_temperature import PASS_P, chi_square_pvalue
-from tests.support.engine_helpers import greedy_sequences, hf_setup, one_thread, random_prompts  # noqa: F401
+from tests.support.engine_helpers import (  # noqa: F401
+    PASS_P,
+    chi_square_pvalue,
+    greedy_sequences,
+    hf_setup,
+    one_thread,
+    random_prompts,
+)
 from tests.support.tiny_models import ARCHITECTURES, MORE_ARCHITECTURES, save_tiny_model
 
 CLASSES = [

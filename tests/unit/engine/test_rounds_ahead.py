@@ -17,12 +17,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.engine.kernels.test_fused_decode import (
+from tests.support.kernels import (
     ARGS,
     CUDA,
     DEVICE,
     DTYPE,
-    _random_target,
+    random_target,
     replay_rounds_eagerly,
 )
 
@@ -47,7 +47,7 @@ def _pair(num_tokens: int, draft_vocab_size: int):
     and minus their sum, every other token 0: each one's greedy choice is one of them."""
     from tests.support.drafts import tiny_draft
 
-    target = _random_target(ARGS["llama"])
+    target = random_target(ARGS["llama"])
     torch.manual_seed(0)
     draft = (
         tiny_draft(

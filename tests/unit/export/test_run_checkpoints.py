@@ -19,8 +19,8 @@ from specdraft.train.loop import train
 from specdraft.train.run_dir import write_sharded_checkpoint
 from specdraft.train.store_data import StoreData
 from specdraft.train.trainer import Trainer
-from tests.cli.test_cli import flat, invoke
-from tests.unit.train.test_loop import one_thread, small_config  # noqa: F401
+from tests.support.cli import flat, invoke
+from tests.support.train_world import one_thread, small_config  # noqa: F401
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 from specdraft.data.render import load_dataset
 from specdraft.regenerate.backends import Completion, Sampling
 from specdraft.regenerate.run import regenerate
+from tests.support.regenerate import FakeServer, backend, chat_records, read_out
 from tests.support.tiny_tokenizer import template_tokenizer
-from tests.unit.regenerate.test_run import FakeServer, backend, chat_records, read_out
 
 TWO_TURNS = [
     [

@@ -23,12 +23,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specdraft.client import counter_delta, detect_server, scrape, scrape_counters
-from specdraft.engine.requests import decode_continuation
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.serve.server import build_app, serve_in_thread
 from tests.support.engine_helpers import greedy_sequences, one_thread, tiny_setup  # noqa: F401
 from tests.support.serve_helpers import (
+    NUM_NEW,
     engine,
+    greedy_text,
     own_target,
     running,
     saved_pair,
@@ -36,8 +37,6 @@ from tests.support.serve_helpers import (
     text_prompts,
     word_tokenizer,
 )
-
-NUM_NEW = 12
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +48,6 @@ def server():
         engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok), tok, log_every=4
     ) as srv:
         yield srv
-
-
-def greedy_text(prompt: str, num_new: int = NUM_NEW, ids: list[int] | None = None) -> str:
-    tok = word_tokenizer()
-    ids = ids or tok(prompt)["input_ids"]
-    out = greedy_sequences(tiny_setup("llama").target, [ids], num_new)[0, len(ids) :].tolist()
-    return decode_continuation(tok, ids, out)  # as the server decodes: "w1 w2" continues " w40 ..."
 
 
 def completion(client: httpx.Client, **body) -> httpx.Response:

@@ -9,8 +9,15 @@ import pytest
 
 from specdraft.engine.spec_config import SpecConfig
 from tests.support.engine_helpers import tiny_setup
-from tests.support.serve_helpers import engine, own_target, running, text_prompts, word_tokenizer
-from tests.unit.serve.test_server import NUM_NEW, greedy_text
+from tests.support.serve_helpers import (
+    NUM_NEW,
+    engine,
+    greedy_text,
+    own_target,
+    running,
+    text_prompts,
+    word_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")

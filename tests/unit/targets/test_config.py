@@ -13,7 +13,7 @@ import pytest
 from specdraft.doctor import run_doctor
 from specdraft.export import TargetFacts
 from specdraft.targets.config import PUBLISHED_MODEL_TYPES, TargetConfigError, read_target_config
-from tests.cli.test_cli import flat, invoke
+from tests.support.cli import flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
 
 # DeepSeek-V3's published quantization_config (deepseek-ai/DeepSeek-V3 config.json).

@@ -16,8 +16,8 @@ from specdraft.checkpoint import checkpoint_paths
 from specdraft.train.config import TrainConfig, lr_lambda
 from specdraft.train.loop import train
 from specdraft.train.settings import FLAG_OF_FIELD
-from tests.cli.test_cli import flat, invoke
-from tests.unit.train.test_loop import one_thread, read_metrics, small_config  # noqa: F401
+from tests.support.cli import flat, invoke
+from tests.support.train_world import one_thread, read_metrics, small_config  # noqa: F401
 
 ARGS = [
     "--batch-size",

@@ -12,8 +12,8 @@ import torch
 
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.train.config import TrainConfig, resume_config
-from tests.cli.test_cli import flat, invoke
-from tests.unit.train.test_loop import one_thread  # noqa: F401
+from tests.support.cli import flat, invoke
+from tests.support.train_world import one_thread  # noqa: F401
 
 FIRST = [
     "--batch-size",

@@ -15,7 +15,7 @@ from specdraft.checkpoint import checkpoint_paths
 from specdraft.train import dist
 from specdraft.train.loop import train
 from specdraft.train.trainer import Trainer
-from tests.unit.train.test_loop import read_metrics, small_config, world  # noqa: F401 (fixture)
+from tests.support.train_world import read_metrics, small_config, world  # noqa: F401 (fixture)
 
 STEPS = 20
 

@@ -9,7 +9,6 @@ its argmax is then a fixed function of the context that the drafter can learn fr
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,98 +19,24 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specdraft.capture.store import StoreSettings
-from specdraft.capture.write import write_store
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.data.render import Sample
-from specdraft.targets import load_target
 from specdraft.train.config import TrainConfig, split_samples
 from specdraft.train.errors import TrainingError
 from specdraft.train.loop import train
 from specdraft.train.sources import OnlineData, pad_samples
 from specdraft.train.store_data import StoreData
-from specdraft.train.trainer import Trainer
-from tests.support.tiny_models import tiny_config
-
-REPO = Path(__file__).resolve().parents[3]
-VOCAB = 128
-AUX = (1, 2, 3)
-
-
-def make_samples(n: int, seed: int = 0) -> list[Sample]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        prompt = torch.randint(
-            1, VOCAB, (int(torch.randint(3, 6, (1,), generator=g)),), generator=g
-        )
-        pattern = torch.randint(1, 40, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g)
-        answer = pattern.repeat(10)[: int(torch.randint(16, 28, (1,), generator=g))]
-        out.append(Sample(prompt.tolist() + answer.tolist(), [0] * len(prompt) + [1] * len(answer)))
-    return out
-
-
-def make_target(path: Path):
-    target = load_target(
-        tiny_config("llama", num_layers=4, hidden_size=32, vocab_size=VOCAB), seed=0
-    )
-    with torch.no_grad():
-        target.lm_head.weight.mul_(8.0)  # peaked distributions (max prob ~0.06 -> well above 1/V)
-    target.model.save_pretrained(path)
-    return target
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine OpenMP spinning makes runs 10-20x slower.
-    Subprocesses get OMP_NUM_THREADS=1 too (same thread count = same float reductions)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def make_world(root: Path):
-    """(target, samples, store path): the tiny target saved under root/target, 200 samples, and
-    their fp32 capture store root/store on layers AUX."""
-    target = make_target(root / "target")
-    samples = make_samples(200)
-    write_store(
-        target,
-        samples,
-        root / "store",
-        StoreSettings(AUX, dtype=torch.float32, shard_tokens=2048),
-        extra={"target_path": str(root / "target")},
-    )
-    return target, samples, root / "store"
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """(target, samples, store path) shared by the tests of this module."""
-    return make_world(tmp_path_factory.mktemp("train"))
-
-
-def small_config(**kw) -> TrainConfig:
-    base = dict(
-        lr=3e-3,
-        warmup_steps=10,
-        total_steps=40,
-        batch_size=8,
-        ttt_steps=3,
-        draft_vocab_size=96,
-        val_fraction=0.1,
-        eval_every=20,
-        save_every=10,
-    )
-    return TrainConfig(**{**base, **kw})
-
-
-def read_metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+from tests.support.train_world import (  # noqa: F401 (fixture)
+    AUX,
+    ONE_THREAD_ENV,
+    REPO,
+    loaded_state,
+    needs_torchrun,
+    one_thread,
+    read_metrics,
+    small_config,
+    world,
+)
 
 
 def test_offline_store_and_online_target_give_the_same_loss(world, tmp_path):
@@ -298,9 +223,6 @@ def test_checkpoints_are_atomic_and_pruned(world, tmp_path):
     assert set(state["rng"]) == {"torch", "cuda", "python"}
 
 
-needs_torchrun = pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
-
-
 def torchrun(*args: str) -> subprocess.CompletedProcess:
     """torchrun --standalone --nproc-per-node 2 ARGS in the repository (gloo on the CPU)."""
     return subprocess.run(
@@ -444,20 +366,6 @@ def one_process(world, two_ranks, tmp_path_factory):
     return cfg, run
 
 
-def loaded_state(cfg: TrainConfig, store: Path, checkpoint: Path, ranks=None) -> dict:
-    """A fresh Trainer on `ranks` (default: one process) after loading `checkpoint`: its step and
-    full (gathered) model and optimizer state."""
-    trainer = Trainer(cfg, StoreData(store), ranks)
-    if checkpoint.is_dir():
-        trainer.load_sharded_state(checkpoint)
-    else:
-        trainer.load_state(
-            torch.load(checkpoint, map_location="cpu", weights_only=False), checkpoint
-        )
-    state = trainer.state()
-    return {"step": trainer.step, "model": state["model"], "optimizer": state["optimizer"]}
-
-
 LOAD_SCRIPT = """
 import json, sys
 from pathlib import Path
@@ -465,7 +373,7 @@ import torch
 import torch.distributed as dist
 from specdraft.train.config import TrainConfig
 from specdraft.train.dist import setup_dist
-from tests.unit.train.test_loop import loaded_state
+from tests.support.train_world import loaded_state
 cfg, store, out = TrainConfig.from_dict(json.loads(sys.argv[1])), Path(sys.argv[2]), Path(sys.argv[3])
 ranks = setup_dist(cfg.device)
 for checkpoint in sys.argv[4:]:

@@ -25,7 +25,7 @@ from specdraft.train.loop import train
 from specdraft.train.store_data import StoreData
 from tests.support.tiny_models import save_tiny_model, tiny_config
 from tests.support.tiny_tokenizer import save_tiny_tokenizer
-from tests.unit.train.test_loop import make_samples, one_thread  # noqa: F401
+from tests.support.train_world import make_samples, one_thread  # noqa: F401
 
 VOCAB = 128
 CFG = dict(

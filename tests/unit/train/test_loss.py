@@ -17,7 +17,7 @@ from specdraft.train.loss import (
     weighted_loss,
 )
 from specdraft.train.metrics import TTTMetrics
-from tests.cases.test_case_fc14_ttt_attention import tiny_draft
+from tests.support.drafts import ttt_draft
 from tests.support.tiny_models import tiny_config
 
 STEPS = 3
@@ -66,7 +66,7 @@ def batch(seed: int, vocab: int = 48, t_len: int = 12):
 
 def test_counts_match_a_position_loop():
     """correct/total/cond counts against a plain loop over (b, t, k) with the documented rules."""
-    draft = tiny_draft(2, vocab=48, draft_vocab=30)
+    draft = ttt_draft(2, vocab=48, draft_vocab=30)
     draft.d2t.copy_(
         torch.arange(30) // 2
     )  # draft id i -> target id i + i // 2 (0, 1, 3, 4, 6, ...)
@@ -107,7 +107,7 @@ def test_counts_match_a_position_loop():
 
 
 def test_loss_is_weighted_mean_kl_and_ignores_logits_outside_the_draft_vocab():
-    draft = tiny_draft(1, vocab=48, draft_vocab=40)  # draft vocab = target ids 0..39
+    draft = ttt_draft(1, vocab=48, draft_vocab=40)  # draft vocab = target ids 0..39
     ids, aux, logits, loss_mask = batch(1)
     logits[..., 5] += 20  # argmax in the draft vocabulary everywhere
     out = ttt_loss(draft, ids, aux, logits, loss_mask, ttt_steps=STEPS, step_weight=0.5)
@@ -123,7 +123,7 @@ def test_loss_is_weighted_mean_kl_and_ignores_logits_outside_the_draft_vocab():
 
 
 def test_ttt_loss_refuses_bad_inputs():
-    draft = tiny_draft(0)
+    draft = ttt_draft(0)
     ids, aux, logits, loss_mask = batch(0)
     with pytest.raises(ValueError, match="at least 1"):
         ttt_loss(draft, ids, aux, logits, loss_mask, ttt_steps=0)

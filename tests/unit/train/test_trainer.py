@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from specdraft.train.loop import TrainConfig, train
 from specdraft.train.sources import OnlineData
-from tests.unit.train.test_loop import (
+from tests.support.train_world import (
     AUX,
     make_samples,
     make_target,

@@ -8,31 +8,30 @@ checks their indexing, masking and arithmetic. On a GPU they run compiled, in bf
 from __future__ import annotations
 
 import copy
-import importlib.util
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("Triton is not installed (pip install triton)", allow_module_level=True)
-CUDA = torch.cuda.is_available()
-assert CUDA or os.environ.get("TRITON_INTERPRET") == "1", (
-    "tests/conftest.py sets TRITON_INTERPRET without a GPU"
+from tests.support.kernels import (  # skips this module without Triton
+    ARGS,
+    CUDA,
+    DEVICE,
+    DTYPE,
+    random_target,
+    replay_rounds_eagerly,
 )
 
-from specdraft.draft import apply_rope, rms_norm  # noqa: E402
-from specdraft.draft_config import NORM_FLAGS  # noqa: E402
-from specdraft.engine.fast_config import ModelArgs  # noqa: E402
-from specdraft.engine.fast_model import FastTarget, causal_mask, rope_cos_sin  # noqa: E402
-from specdraft.engine.kernels import attention_ops  # noqa: E402
-from specdraft.engine.kernels.attention_ops import attention  # noqa: E402
-from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache  # noqa: E402
-from specdraft.engine.kernels.norm_rope_ops import add_rms_norm, rope_to_cache  # noqa: E402
+# isort: split
+from specdraft.draft import apply_rope, rms_norm
+from specdraft.draft_config import NORM_FLAGS
+from specdraft.engine.fast_config import ModelArgs
+from specdraft.engine.fast_model import FastTarget, causal_mask, rope_cos_sin
+from specdraft.engine.kernels import attention_ops
+from specdraft.engine.kernels.attention_ops import attention
+from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache
+from specdraft.engine.kernels.norm_rope_ops import add_rms_norm, rope_to_cache
 
-DEVICE = "cuda" if CUDA else "cpu"
-DTYPE = torch.bfloat16 if CUDA else torch.float32
 TOL = 2e-2 if CUDA else 1e-5  # relative error; bf16 rounds at ~4e-3
 
 
@@ -193,59 +192,6 @@ def test_attention_reads_the_slots_the_kernel_before_it_wrote(t):
     assert _rel_err(got, ref.transpose(1, 2)[0]) < TOL
 
 
-ARGS = {
-    "llama": ModelArgs(
-        model_type="llama",
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_size=96,
-        vocab_size=200,
-        max_position_embeddings=512,
-    ),
-    "qwen2-bias": ModelArgs(
-        model_type="qwen2",
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=1,
-        head_dim=16,
-        intermediate_size=96,
-        vocab_size=200,
-        qkv_bias=True,
-        max_position_embeddings=512,
-    ),
-    "qwen3-qknorm": ModelArgs(
-        model_type="qwen3",
-        hidden_size=64,
-        num_layers=2,
-        num_heads=8,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_size=96,
-        vocab_size=200,
-        qk_norm=True,
-        tie_word_embeddings=True,
-        max_position_embeddings=512,
-    ),
-}
-
-
-def _random_target(args: ModelArgs) -> FastTarget:
-    torch.manual_seed(0)
-    model = FastTarget(args)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(
-                1 + 0.1 * torch.randn_like(param)
-                if "norm" in name
-                else 0.2 * torch.randn_like(param)
-            )
-    return model.to(DEVICE, DTYPE).eval()
-
-
 def _snapshot(model: FastTarget) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [
         (layer.attention.kv_cache.k_cache.clone(), layer.attention.kv_cache.v_cache.clone())
@@ -265,7 +211,7 @@ def test_fused_forward_matches_torch_path(name):
     """A decode step, a 5-node tree verify (depth positions, a sibling-blind mask), then a
     40-token verify, through both paths from the same cache; both compared with the torch path
     in float64."""
-    model = _random_target(ARGS[name])
+    model = random_target(ARGS[name])
     exact = copy.deepcopy(model).double()
     max_seq = 300
     prompt = torch.randint(0, 200, (1, 20), generator=torch.Generator().manual_seed(1)).to(DEVICE)
@@ -407,7 +353,7 @@ def test_engine_with_the_triton_drafter_emits_the_torch_drafters_tokens():
     from specdraft.engine.speculate import SpeculativeEngine
     from tests.support.drafts import tiny_draft
 
-    target = _random_target(ARGS["llama"])
+    target = random_target(ARGS["llama"])
     torch.manual_seed(0)
     draft = tiny_draft(
         num_layers=2,
@@ -525,7 +471,7 @@ def test_compiled_engine_runs_target_and_drafter_through_triton_graphs():
     from specdraft.engine.speculate import SpeculativeEngine
     from tests.support.drafts import tiny_draft
 
-    target = _random_target(ARGS["llama"])
+    target = random_target(ARGS["llama"])
     draft = (
         tiny_draft(
             num_layers=2,
@@ -575,7 +521,7 @@ def test_compiled_tree_rounds_write_the_verify_inputs_of_a_rebuilt_cache():
     from specdraft.engine.speculate import SpeculativeEngine
     from tests.support.drafts import tiny_draft
 
-    target = _random_target(ARGS["llama"])
+    target = random_target(ARGS["llama"])
     torch.manual_seed(0)
     draft = (
         tiny_draft(
@@ -606,29 +552,6 @@ def test_compiled_tree_rounds_write_the_verify_inputs_of_a_rebuilt_cache():
     assert target.kv_stack.data_ptr() != old_cache.data_ptr()
 
 
-class _LazyGraph:
-    """Stands in for a captured CUDA graph without a GPU: replay recomputes the outputs (into
-    the same list)."""
-
-    def __init__(self, fn):
-        self.fn, self.outputs = fn, []
-
-    def replay(self):
-        self.outputs[:] = self.fn()
-
-
-def replay_rounds_eagerly(monkeypatch) -> None:
-    """Without a GPU, `GraphedRound.capture` returns a `_LazyGraph` over its static inputs."""
-    from specdraft.engine.draft_round import GraphedRound
-
-    def capture(self, m):
-        inputs = self.static_inputs(m)
-        graph = _LazyGraph(lambda: self.round(*inputs))
-        return graph, inputs, graph.outputs
-
-    monkeypatch.setattr(GraphedRound, "capture", capture)
-
-
 @torch.no_grad()
 @pytest.mark.parametrize("spec", ["chain3", "tree3x2_6", "tree3x2_6_sampled"])
 def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
@@ -653,7 +576,7 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
         "tree3x2_6_sampled": SpecConfig(3, 2, 6),
     }[spec]
     sampling = {"temperature": 1.0, "seed": 3} if spec.endswith("sampled") else {}
-    target = _random_target(ARGS["llama"])
+    target = random_target(ARGS["llama"])
     torch.manual_seed(0)
     draft = tiny_draft(
         num_layers=2,
@@ -754,7 +677,7 @@ def test_compiled_plain_decoding_runs_ahead_and_emits_the_eager_tokens():
     float32, the same kernels either way."""
     from specdraft.engine.speculate import SpeculativeEngine
 
-    target = _random_target(ARGS["llama"]).float()
+    target = random_target(ARGS["llama"]).float()
     prompt = list(range(1, 13))
     eager = SpeculativeEngine(target, None, None, None, 64, DEVICE).generate(prompt, 24).token_ids
     compiled = SpeculativeEngine(target, None, None, None, 64, DEVICE, compile=True)
