@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
+from tests.support.cli import cli_args
 from tests.support.doctor_helpers import (
     edit_config,
     edit_weights,
@@ -195,16 +196,7 @@ def test_case_s5_depth_past_useful_acceptance_fails(world, healthy):
 def test_case_s6_cli_prints_both_side_by_side(world, healthy):
     result = CliRunner().invoke(
         app,
-        [
-            "doctor",
-            str(healthy),
-            "--target",
-            str(world.target),
-            "--engine",
-            "vllm",
-            "--samples",
-            str(world.samples),
-        ],
+        cli_args("doctor", healthy, target=world.target, engine="vllm", samples=world.samples),
         env={"COLUMNS": "240"},
     )
     assert result.exit_code == 0, result.output

@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 import specdraft.engine.speculate
 from specdraft.cli import app
+from tests.support.cli import cli_args
 from tests.support.engine_helpers import copy_with_word_tokenizer, tiny_setup
 
 
@@ -20,15 +21,7 @@ def test_a_bug_inside_the_engine_prints_its_traceback_and_exits_1(tmp_path, monk
     monkeypatch.setattr(specdraft.engine.speculate.SpeculativeEngine, "generate", broken)
     result = CliRunner().invoke(
         app,
-        [
-            "generate",
-            "--target",
-            str(tmp_path / "target"),
-            "--prompt",
-            "w1 w2",
-            "--max-new-tokens",
-            "4",
-        ],
+        cli_args("generate", target=tmp_path / "target", prompt="w1 w2", max_new_tokens=4),
     )
     assert result.exit_code == 1, result.output
     assert (
@@ -44,7 +37,7 @@ def test_a_bad_input_is_one_line_without_a_traceback(tmp_path):
     copy_with_word_tokenizer(setup, tmp_path / "target")
     result = CliRunner().invoke(
         app,
-        ["generate", "--target", str(tmp_path / "target"), "--prompt", "hi", "--topk", "2"],
+        cli_args("generate", target=tmp_path / "target", prompt="hi", topk=2),
     )
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.cli.checks import check_checkpoint_dir, int_list
-from tests.support.cli import flat, invoke
+from tests.support.cli import cli_args, flat, invoke
 
 
 def test_int_list():
@@ -31,8 +31,8 @@ def test_int_list():
     "args",
     [
         ["bench", "--url", "http://127.0.0.1:1", "--concurrency", "a,b"],
-        ["tune", "--topks", "1,x", "--target", "unused", "--draft", "unused"],
-        ["capture", "{dir}", "data.jsonl", "out", "--aux-layers", "2,three"],
+        cli_args("tune", topks="1,x", target="unused", draft="unused"),
+        cli_args("capture", "{dir}", "data.jsonl", "out", aux_layers="2,three"),
     ],
 )
 def test_integer_list_options_give_a_usage_error(args, tmp_path):
@@ -93,15 +93,7 @@ def test_bench_and_tune_check_their_output_paths_before_running(tmp_path):
     for bad in (tmp_path, tmp_path / "missing" / "t.json"):
         tune = CliRunner().invoke(
             app,
-            [
-                "tune",
-                "--target",
-                str(tmp_path / "model"),
-                "--draft",
-                str(tmp_path / "model"),
-                "--json-out",
-                str(bad),
-            ],
+            cli_args("tune", target=tmp_path / "model", draft=tmp_path / "model", json_out=bad),
         )
         assert tune.exit_code == 1 and "--json-out" in tune.output, tune.output
 

@@ -12,6 +12,7 @@ import pytest
 
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, load_draft
 from tests.support.cli import (
+    cli_args,
     invoke,
     one_error,
     world,  # noqa: F401 (fixture)
@@ -40,27 +41,11 @@ def without_keys(src, dst, *keys):
 def commands(draft, target, out):
     return {
         "inspect": ["inspect", str(draft), "--target", str(target)],
-        "convert": [
-            "convert",
-            str(draft),
-            str(out),
-            "--layout",
-            "speculators",
-            "--target",
-            str(target),
-        ],
-        "generate": [
-            "generate",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--prompt",
-            "hello",
-            "--max-new-tokens",
-            "2",
-        ],
-        "export": ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)],
+        "convert": cli_args("convert", draft, out, layout="speculators", target=target),
+        "generate": cli_args(
+            "generate", target=target, draft=draft, prompt="hello", max_new_tokens=2
+        ),
+        "export": cli_args("export", draft, out, engine="vllm", target=target),
     }
 
 
@@ -168,15 +153,10 @@ def run_commands(draft, target, tmp_path):
     data.write_text('{"text": "hello world"}\n')
     return {
         "capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
-        "regenerate": [
-            "regenerate",
-            str(data),
-            str(tmp_path / "out.jsonl"),
-            "--target",
-            str(target),
-            "--no-chat",
-        ],
-        "tune": ["tune", "--target", str(target), "--draft", str(draft), "--max-tokens", "2"],
+        "regenerate": cli_args(
+            "regenerate", data, tmp_path / "out.jsonl", target=target, no_chat=True
+        ),
+        "tune": cli_args("tune", target=target, draft=draft, max_tokens=2),
     }
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from specdraft.doctor import run_doctor
-from tests.support.cli import flat, invoke
+from tests.support.cli import cli_args, flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
 from tests.support.tiny_models import save_tiny_model
 from tests.support.tiny_tokenizer import save_tiny_tokenizer
@@ -57,15 +57,7 @@ def test_generate_refuses_a_too_long_request_before_echoing_the_prompt(target_wi
     """A request past the engine's limits is refused before the prompt is echoed: stdout (a file
     the text is piped to) stays empty, the error is stderr's one line."""
     result = invoke(
-        [
-            "generate",
-            "--target",
-            str(target_with_tokenizer),
-            "--prompt",
-            "hello how",
-            "--max-new-tokens",
-            "300",
-        ]
+        cli_args("generate", target=target_with_tokenizer, prompt="hello how", max_new_tokens=300)
     )
     assert result.exit_code == 1, result.output
     assert result.stdout == ""

@@ -12,7 +12,7 @@ import pytest
 
 from specdraft.checkpoint import MANIFEST_FILE
 from specdraft.regenerate.backends import served_model
-from tests.support.cli import flat, invoke, one_error, world  # noqa: F401
+from tests.support.cli import cli_args, flat, invoke, one_error, world  # noqa: F401
 from tests.support.regenerate import CHATS, read_out, server  # noqa: F401
 
 
@@ -21,14 +21,13 @@ def test_regenerate_into_its_own_input_is_refused_first(tmp_path):
     data.write_text(json.dumps({"text": "hello"}) + "\n")
     before = data.read_text()
     result = invoke(
-        [
+        cli_args(
             "regenerate",
-            str(data),
-            str(tmp_path / "." / "tt.jsonl"),
-            "--endpoint",
-            "http://127.0.0.1:9",
-            "--no-chat",
-        ]
+            data,
+            tmp_path / "." / "tt.jsonl",
+            endpoint="http://127.0.0.1:9",
+            no_chat=True,
+        )
     )
     one_error(result, f"OUT is the input file DATA ({data}): give a new output path")
     assert "delete" not in result.output and data.read_text() == before
@@ -98,9 +97,7 @@ def test_regenerate_endpoint_without_model(server, tmp_path, monkeypatch):  # no
 @pytest.mark.parametrize("value", ["-3", "0", "nan"])
 def test_tune_min_speedup_out_of_range_is_a_usage_error(world, value):  # noqa: F811
     draft, _, target = world
-    result = invoke(
-        ["tune", "--target", str(target), "--draft", str(draft), "--min-speedup", value]
-    )
+    result = invoke(cli_args("tune", target=target, draft=draft, min_speedup=value))
     assert result.exit_code == 2, result.output
     text = flat(result.output)
     assert (
@@ -111,7 +108,7 @@ def test_tune_min_speedup_out_of_range_is_a_usage_error(world, value):  # noqa: 
 @pytest.mark.parametrize("value", ["nan", "inf"])
 def test_train_lr_not_finite(store, tmp_path, value):
     text = one_error(
-        invoke(["train", str(store), str(tmp_path / "run"), "--lr", value, "--steps", "1"]),
+        invoke(cli_args("train", store, tmp_path / "run", lr=value, steps=1)),
         f"error: --lr {value}: must be a finite positive number",
         code=2,
     )
@@ -122,9 +119,7 @@ def test_train_lr_nan_from_config(store, tmp_path):
     config = tmp_path / "train.json"
     config.write_text('{"lr": NaN}')
     one_error(
-        invoke(
-            ["train", str(store), str(tmp_path / "run"), "--config", str(config), "--steps", "1"]
-        ),
+        invoke(cli_args("train", store, tmp_path / "run", config=config, steps=1)),
         "error: --lr nan: must be a finite positive number",
         code=2,
     )
@@ -144,15 +139,7 @@ def test_convert_to_specdraft_without_manifest_names_the_layouts_that_work(
     assert text.endswith("(without a manifest the aux ids need it)") != with_target
     assert (
         invoke(
-            [
-                "convert",
-                str(plain),
-                str(tmp_path / "out"),
-                "--layout",
-                "sglang",
-                "--target",
-                str(target),
-            ]
+            cli_args("convert", plain, tmp_path / "out", layout="sglang", target=target)
         ).exit_code
         == 0
     )

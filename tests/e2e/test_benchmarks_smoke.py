@@ -11,6 +11,7 @@ import importlib.util
 import pytest
 
 from tests.support.benchmarks import ROOT, last_json_line, run_smoke
+from tests.support.cli import cli_options
 from tests.support.paths import PYCODE
 
 # benchmark -> (its smoke-run arguments, a key its last JSON line holds)
@@ -25,17 +26,7 @@ SMOKE_RUNS = {
     "hf_target_speed.py": (["--tiny"], "plain_over_hf_generate_median"),  # after the chain3 line
     "side_by_side.py": (["--tiny"], "specdraft"),  # speculators: null where it is not installed
     "shell_target.py": (
-        [
-            "--check",
-            "--shape",
-            "tiny",
-            "--model",
-            str(PYCODE),
-            "--prompts",
-            "1",
-            "--new-tokens",
-            "12",
-        ],
+        cli_options(check=True, shape="tiny", model=PYCODE, prompts=1, new_tokens=12),
         "max_abs_logits_diff",
     ),
 }

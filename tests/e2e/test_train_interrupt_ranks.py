@@ -6,7 +6,6 @@ passes it on to each worker and SIGKILLs those still alive after its shutdown ti
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,12 +19,13 @@ from tests.support.train_world import (
     ONE_THREAD_ENV,
     REPO,
     assert_resumes_to_the_end,
+    long_run_config,
     needs_torchrun,
-    small_config,
+    train_module_args,
     wait_for_steps,
 )
 
-STEPS, SAVE_EVERY = 30, 1000  # no --save-every checkpoint before the end
+STEPS = 30
 
 
 @needs_torchrun
@@ -33,25 +33,14 @@ def test_ctrl_c_under_torchrun_checkpoints_the_current_step_and_resume_finishes(
     """Ctrl-C (SIGINT to torchrun's process group) after a few steps of a 2-rank run: both
     ranks write a sharded checkpoint of the step they agree on (step 3 or later; no --save-every
     step), say so and exit within seconds; --resume continues from it to the last step (~14 s)."""
-    cfg = tmp_path / "cfg.json"
-    cfg.write_text(
-        json.dumps(
-            small_config(total_steps=STEPS, save_every=SAVE_EVERY, val_fraction=0.0).to_dict()
-        )
-    )
+    cfg = long_run_config(tmp_path, STEPS)
     run, out = tmp_path / "run", tmp_path / "out.txt"
     command = [
         "torchrun",
         "--standalone",
         "--nproc-per-node",
         "2",
-        "-m",
-        "specdraft.cli",
-        "train",
-        str(store),
-        str(run),
-        "--config",
-        str(cfg),
+        *train_module_args(store, run, cfg),
     ]
     env = {**ONE_THREAD_ENV, "PYTHONPATH": str(REPO)}
     with out.open("w") as log:

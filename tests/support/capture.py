@@ -1,4 +1,5 @@
-"""Running `specdraft capture` in-process on the tiny chat target and reading its one-line errors."""
+"""Running `specdraft capture` in-process on the tiny chat target and reading its one-line
+errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Running specdraft's CLI in-process (typer's CliRunner, wide terminal) and reading its one-line errors."""
+"""Running specdraft's CLI in-process (typer's CliRunner, wide terminal), its argument lists, and
+its one-line errors."""
 
 from __future__ import annotations
 
@@ -16,6 +17,22 @@ from tests.support.tiny_tokenizer import save_tiny_tokenizer
 def flat(output: str) -> str:
     """Typer's boxed error on one line (box drawing and wrapping removed)."""
     return " ".join(re.sub(r"[\u2500-\u257f]", " ", output).split())
+
+
+def cli_options(**options) -> list[str]:
+    """--option value for each option in the order given, as strings (underscores in a name
+    become dashes; True stands for a flag without a value)."""
+    args = []
+    for name, value in options.items():
+        args.append("--" + name.replace("_", "-"))
+        if value is not True:
+            args.append(str(value))
+    return args
+
+
+def cli_args(command: str, *positional, **options) -> list[str]:
+    """[command, *positional, *cli_options(**options)] as strings."""
+    return [command, *map(str, positional), *cli_options(**options)]
 
 
 def invoke(args: list[str]):

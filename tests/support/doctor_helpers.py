@@ -11,16 +11,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdraft.capture.store import StoreSettings
-from specdraft.capture.write import write_store
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.data.render import Sample
 from specdraft.draft_config import DraftConfig
+from specdraft.export import export_draft
 from specdraft.targets import load_target
-from specdraft.train.loop import TrainConfig, train
+from specdraft.train.loop import train
 from specdraft.train.sources import OnlineData
 from tests.support.drafts import seeded_draft
 from tests.support.tiny_models import save_tiny_model, tiny_config
+from tests.support.train_world import small_config, write_fp32_store
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -70,6 +70,13 @@ def draft_checkpoint(
     )
     save_draft(model, root / "draft", layout=layout, manifest=manifest)
     return root / "draft", target_dir
+
+
+def sglang_export(root: Path) -> tuple[Path, Path]:
+    """(root/sglang, target): `draft_checkpoint(root)`'s healthy drafter exported for SGLang."""
+    draft, target = draft_checkpoint(root)
+    export_draft(draft, root / "sglang", engine="sglang", target=target)
+    return root / "sglang", target
 
 
 def edit_config(directory: Path, edit) -> dict:
@@ -152,30 +159,14 @@ def trained_world(tmp_path_factory) -> TrainedWorld:
             root = tmp_path_factory.mktemp("trained")
             target = context_target(root / "target")
             samples = random_samples(200)
-            write_store(
-                target,
-                samples,
-                root / "store",
-                StoreSettings(TRAINED_LAYERS, dtype=torch.float32, shard_tokens=8192),
-                extra={"target_path": str(root / "target")},
-            )
+            write_fp32_store(target, samples, root, TRAINED_LAYERS, shard_tokens=8192)
             (root / "samples.jsonl").write_text(
                 "".join(
                     json.dumps({"input_ids": s.input_ids, "loss_mask": s.loss_mask}) + "\n"
                     for s in samples[:32]
                 )
             )
-            config = TrainConfig(
-                lr=3e-3,
-                warmup_steps=10,
-                total_steps=400,
-                batch_size=8,
-                ttt_steps=3,
-                draft_vocab_size=96,
-                val_fraction=0.1,
-                eval_every=1000,
-                save_every=1000,
-            )
+            config = small_config(total_steps=400, eval_every=1000, save_every=1000)
             result = train(config, root / "store", root / "run", progress=False)
         _WORLD["world"] = TrainedWorld(
             root / "target", result.draft_dir, root / "samples.jsonl", root / "store"

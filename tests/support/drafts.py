@@ -61,6 +61,22 @@ def tiny_draft(
     return seeded_draft(cfg, seed).to(dtype)
 
 
+def engine_draft(**overrides) -> Eagle3Draft:
+    """`tiny_draft` at the width of the engine tests' 2-layer targets (support.kernels.ARGS: 64
+    wide, 4 heads of 16 over 2 K/V heads, 200 ids), aux layers 0, 1, 2; float32."""
+    shape = dict(
+        num_layers=2,
+        aux_layers=(0, 1, 2),
+        head_dim=16,
+        hidden_size=64,
+        target_hidden_size=64,
+        vocab_size=200,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return tiny_draft(**{**shape, **overrides})
+
+
 def tiny_manifest(model: Eagle3Draft) -> Manifest:
     """A manifest naming the drafter's config and aux layers."""
     return Manifest(

@@ -1,17 +1,17 @@
-"""A fake OpenAI-compatible endpoint and chat records for regenerate's tests (the endpoint backend, the CLI)."""
+"""A fake OpenAI-compatible endpoint and chat records for regenerate's tests (the endpoint
+backend, the CLI)."""
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from specdraft.data.records import read_records
-from specdraft.regenerate.backends import (
-    EndpointBackend,
-)
+from specdraft.regenerate.backends import EndpointBackend
 
 CHATS = [
     [{"role": "user", "content": "hello"}],
@@ -56,7 +56,7 @@ class FakeServer:
 
     def answer(self, path: str, body: dict) -> tuple[int, dict]:
         if path.endswith("/chat/completions"):
-            word = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+            word = last_user_turn(body)
             reply = {"choices": [{"message": {"role": "assistant", "content": f"re {word}"}}]}
         else:
             word = str(body["prompt"])
@@ -67,12 +67,21 @@ class FakeServer:
             return (pending.pop(0), {}) if pending else (200, reply)
 
 
+def served(server: FakeServer) -> Iterator[FakeServer]:
+    """A fixture's body: yields `server`, then shuts it down."""
+    yield server
+    server.httpd.shutdown()
+    server.httpd.server_close()
+
+
+def last_user_turn(body: dict) -> str:
+    """The content of a chat request's last user message."""
+    return [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+
+
 @pytest.fixture
 def server():
-    s = FakeServer()
-    yield s
-    s.httpd.shutdown()
-    s.httpd.server_close()
+    yield from served(FakeServer())
 
 
 def chat_records(tmp_path, chats=CHATS):

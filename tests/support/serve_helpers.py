@@ -23,6 +23,7 @@ from specdraft.engine.requests import decode_continuation
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.serve.server import RunningServer, create_app, serve_in_thread
+from tests.support.cli import cli_args
 from tests.support.engine_helpers import (
     AUX_LAYERS,
     MAX_SEQ,
@@ -154,9 +155,27 @@ def running(
         server.stop()
 
 
+@contextlib.contextmanager
+def spec_server(**kwargs) -> Iterator[RunningServer]:
+    """A speculative specdraft server of the tiny Llama (its briefly trained drafter, a 3-step
+    chain, the word tokenizer); kwargs go to `running`."""
+    setup = tiny_setup("llama")
+    tok = word_tokenizer()
+    eng = engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok)
+    with running(eng, tok, **kwargs) as server:
+        yield server
+
+
 def own_target(setup) -> FastTarget:
     """A private copy of the shared tiny target (two engines used at once must not share caches)."""
     return copy.deepcopy(setup.target)
+
+
+def bench_args(url, out, **options) -> list[str]:
+    """`specdraft bench --url URL ... --out OUT`: concurrency 1, 4 tokens, 2 prompts, 1 repeat
+    unless `options` (cli_args names) say otherwise."""
+    given = {"concurrency": "1", "max_tokens": "4", "num_prompts": "2", "repeats": "1", **options}
+    return cli_args("bench", url=url, **given, out=out)
 
 
 def fake_vllm_app(step_s, tokens_per_step: int, num_spec: int):
@@ -274,16 +293,22 @@ def fake_sglang_app(tokens_per_verify: int):
     return app
 
 
-@pytest.fixture(scope="module")
-def servers():
-    """A speculative specdraft server (trained drafter, 3-step chain) and a plain one."""
-    setup = tiny_setup("llama")
+@contextlib.contextmanager
+def spec_and_plain_servers() -> Iterator[tuple[RunningServer, RunningServer]]:
+    """A speculative specdraft server (trained drafter, 3-step chain) and a plain one, running."""
     tok = word_tokenizer()
     with (
-        running(engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok), tok) as spec,
-        running(engine(own_target(setup), None, None, tok), tok) as plain,
+        spec_server() as spec,
+        running(engine(own_target(tiny_setup("llama")), None, None, tok), tok) as plain,
     ):
         yield spec, plain
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """`spec_and_plain_servers` for the module."""
+    with spec_and_plain_servers() as pair:
+        yield pair
 
 
 NUM_NEW = 12

@@ -205,6 +205,20 @@ def _qwen2_vl_config(text: dict) -> PretrainedConfig:
     )
 
 
+_VISION_TOWER = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2)  # the tiny width
+
+
+def _media_token_ids(text: dict) -> dict[str, int]:
+    """The image, video and vision start / end token ids: the text vocabulary's last four."""
+    v = text["vocab_size"]
+    return dict(
+        image_token_id=v - 1,
+        video_token_id=v - 2,
+        vision_start_token_id=v - 3,
+        vision_end_token_id=v - 4,
+    )
+
+
 def _qwen3_vl_config(text: dict, moe: bool = False) -> PretrainedConfig:
     # DeepStack merges the vision tower's layer-0 features into decoder layer 1's output at image
     # tokens (none in a text-only prompt); interleaved M-RoPE over head_dim 8: sections t, h, w = 2, 1, 1.
@@ -232,23 +246,13 @@ def _qwen3_vl_config(text: dict, moe: bool = False) -> PretrainedConfig:
         },
     )
     config_class = transformers.Qwen3VLMoeConfig if moe else transformers.Qwen3VLConfig
-    v = text["vocab_size"]
-    return config_class(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=v - 1,
-        video_token_id=v - 2,
-        vision_start_token_id=v - 3,
-        vision_end_token_id=v - 4,
-    )
+    return config_class(text_config=text, vision_config=vision, **_media_token_ids(text))
 
 
 def _mistral3_config(text: dict) -> PretrainedConfig:
     vision = transformers.PixtralVisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
+        **_VISION_TOWER,
         num_hidden_layers=1,
-        num_attention_heads=2,
         image_size=16,
         patch_size=8,
         head_dim=8,
@@ -265,24 +269,18 @@ def _kimi_config(text: dict) -> PretrainedConfig:
     from transformers.models.kimi_k25 import Kimi_K25Config, Kimi_K25VisionConfig
 
     vision = Kimi_K25VisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
+        **_VISION_TOWER,
         num_hidden_layers=1,
-        num_attention_heads=2,
         patch_size=2,
         pos_emb_height=4,
         pos_emb_width=4,
         pos_emb_time=1,
     )
-    v = text["vocab_size"]
     return Kimi_K25Config(
         text_config=transformers.DeepseekV3Config(**text),
         vision_config=vision,
         projection_hidden_size=16,
-        image_token_id=v - 1,
-        video_token_id=v - 2,
-        vision_start_token_id=v - 3,
-        vision_end_token_id=v - 4,
+        **_media_token_ids(text),
         tie_word_embeddings=False,
     )
 
@@ -291,10 +289,8 @@ def _llava_config(text_config: PretrainedConfig | dict) -> PretrainedConfig:
     if isinstance(text_config, dict):
         text_config = transformers.LlamaConfig(**text_config)
     vision_config = transformers.CLIPVisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
+        **_VISION_TOWER,
         num_hidden_layers=2,
-        num_attention_heads=2,
         image_size=16,
         patch_size=8,
         projection_dim=16,
@@ -310,10 +306,8 @@ def _llava_config(text_config: PretrainedConfig | dict) -> PretrainedConfig:
 
 def _llama4_config(text: dict) -> PretrainedConfig:
     vision = transformers.Llama4VisionConfig(
-        hidden_size=16,
-        intermediate_size=32,
+        **_VISION_TOWER,
         num_hidden_layers=1,
-        num_attention_heads=2,
         image_size=16,
         patch_size=8,
         vision_output_dim=16,

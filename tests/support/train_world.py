@@ -1,4 +1,8 @@
-"""The trainer's tiny world: a seeded tiny Llama target whose lm_head is scaled up (peaked next-token distributions), synthetic samples (random prompt tokens, then a supervised answer repeating a short random pattern) and their fp32 capture store on layers AUX; a small TrainConfig and the run's metrics."""
+"""The trainer's tiny world: a seeded tiny Llama target whose lm_head is scaled up (peaked
+next-token distributions, so that its argmax is a function of the context a drafter can learn),
+synthetic samples (random prompt tokens, then a supervised answer repeating a short random
+pattern) and their fp32 capture store on layers AUX; a small TrainConfig, the run's metrics, and
+the helpers of the interrupt tests."""
 
 from __future__ import annotations
 
@@ -69,14 +73,16 @@ def make_world(root: Path):
     their fp32 capture store root/store on layers AUX."""
     target = make_target(root / "target")
     samples = make_samples(200)
-    write_store(
-        target,
-        samples,
-        root / "store",
-        StoreSettings(AUX, dtype=torch.float32, shard_tokens=2048),
-        extra={"target_path": str(root / "target")},
-    )
-    return target, samples, root / "store"
+    return target, samples, write_fp32_store(target, samples, root, AUX, shard_tokens=2048)
+
+
+def write_fp32_store(target, samples, root: Path, layers, shard_tokens: int) -> Path:
+    """root/store: the fp32 capture store of `samples` on `layers` of `target`, saved as
+    root/target (the store's index names it)."""
+    settings = StoreSettings(layers, dtype=torch.float32, shard_tokens=shard_tokens)
+    extra = {"target_path": str(root / "target")}
+    write_store(target, samples, root / "store", settings, extra=extra)
+    return root / "store"
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +154,18 @@ def assert_resumes_to_the_end(command: list[str], env: dict, run, checkpoint, st
     )  # one run's log, each step once
     manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
     assert manifest["training"]["steps"] == steps
+
+
+def long_run_config(tmp_path: Path, steps: int) -> Path:
+    """tmp_path/cfg.json: `small_config` for `steps` steps, without validation and without a
+    --save-every checkpoint before the end (a checkpoint found mid-run is the interrupt's)."""
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(
+        json.dumps(small_config(total_steps=steps, save_every=1000, val_fraction=0.0).to_dict())
+    )
+    return cfg
+
+
+def train_module_args(store: Path, run: Path, cfg: Path) -> list[str]:
+    """`-m specdraft.cli train STORE RUN --config CFG`, after python's or torchrun's own options."""
+    return ["-m", "specdraft.cli", "train", str(store), str(run), "--config", str(cfg)]

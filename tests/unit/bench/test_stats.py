@@ -7,32 +7,18 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.bench.comparison import BenchReport
-from specdraft.bench.config import BenchConfig
-from specdraft.bench.levels import ServerRun
 from specdraft.bench.report import markdown
 from specdraft.bench.stats import (
     NOISY_SPREAD,
     SpeedupPoint,
-    find_crossover,
     noise_note,
     noisy_runs,
     verdict,
 )
+from tests.support.bench import report_of
 
 BUSY = [1141.0, 115.0, 100.0]  # mean 452, sd 597: the trial's numbers
 STEADY = [1200.0, 1190.0, 1210.0]
-
-
-def report_of(points: list[SpeedupPoint]) -> BenchReport:
-    cfg = BenchConfig("http://127.0.0.1:1", "http://127.0.0.1:2", repeats=3)
-    return BenchReport(
-        cfg,
-        ServerRun(cfg.url, "specdraft", "m"),
-        ServerRun(cfg.baseline_url, "specdraft", "m"),
-        points,
-        find_crossover(points, cfg.tie_band),
-    )
 
 
 def test_noisy_runs_names_the_servers_whose_spread_exceeds_the_limit():

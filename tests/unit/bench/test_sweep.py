@@ -22,8 +22,10 @@ from specdraft.cli import app
 from specdraft.client import check_url, counter_delta, detect_server, scrape_counters
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.serve.server import serve_in_thread
+from tests.support.cli import cli_args, cli_options
 from tests.support.engine_helpers import one_thread, tiny_setup  # noqa: F401
 from tests.support.serve_helpers import (
+    bench_args,
     engine,
     fake_sglang_app,
     fake_vllm_app,
@@ -31,6 +33,7 @@ from tests.support.serve_helpers import (
     running,
     servers,  # noqa: F401 (fixture)
     slow_target,
+    spec_and_plain_servers,
     text_prompts,
     word_tokenizer,
     write_prompts,
@@ -187,13 +190,8 @@ def test_verdict_needs_the_mean_beyond_the_noise():
 def other_servers():
     """A second speculative and a second plain server, like `servers` (bench refuses one server
     given as both --url and --baseline-url)."""
-    setup = tiny_setup("llama")
-    tok = word_tokenizer()
-    with (
-        running(engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok), tok) as spec,
-        running(engine(own_target(setup), None, None, tok), tok) as plain,
-    ):
-        yield spec, plain
+    with spec_and_plain_servers() as pair:
+        yield pair
 
 
 def test_bench_against_specdraft_servers_with_baseline(servers, tmp_path):
@@ -292,21 +290,15 @@ def test_bench_without_baseline_never_reports_a_speedup(servers, tmp_path):
 def test_bench_cli(servers, tmp_path, monkeypatch):
     spec, plain = servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=22))
-    common = [
+    common = cli_args(
         "bench",
-        "--url",
-        spec.url,
-        "--prompts",
-        str(prompts),
-        "--concurrency",
-        "1,2",
-        "--max-tokens",
-        "6",
-        "--num-prompts",
-        "2",
-        "--repeats",
-        "2",
-    ]
+        url=spec.url,
+        prompts=prompts,
+        concurrency="1,2",
+        max_tokens=6,
+        num_prompts=2,
+        repeats=2,
+    )
     monkeypatch.setattr(
         os, "getloadavg", lambda: (64.0, 0.0, 0.0)
     )  # the servers run on this busy machine
@@ -320,16 +312,14 @@ def test_bench_cli(servers, tmp_path, monkeypatch):
         == 2
     )
     result = CliRunner().invoke(
-        app, common + ["--baseline-url", plain.url, "--warmup", "3", "--out", str(tmp_path / "b")]
+        app, common + cli_options(baseline_url=plain.url, warmup=3, out=tmp_path / "b")
     )
     assert result.exit_code == 0 and "speedup" in result.output and "x |" in result.output
     assert "(after 3 warm-up requests per server)" in result.output
     assert json.loads((tmp_path / "b" / "bench.json").read_text())["config"]["warmup"] == 3
     bad = CliRunner().invoke(app, ["bench", "--url", "localhost:1", "--out", str(tmp_path / "c")])
     assert bad.exit_code == 1 and "must start with http://" in bad.output
-    bad = CliRunner().invoke(
-        app, ["bench", "--url", spec.url, "--repeats", "0", "--out", str(tmp_path / "d")]
-    )
+    bad = CliRunner().invoke(app, cli_args("bench", url=spec.url, repeats=0, out=tmp_path / "d"))
     assert bad.exit_code == 2 and "Invalid value for '--repeats'" in bad.output
 
 
@@ -398,9 +388,7 @@ def test_a_url_ending_in_an_endpoint_is_refused_naming_the_base_url(
     with pytest.raises(ValueError) as error:
         check_url(given, "--url")
     assert str(error.value) == message
-    result = CliRunner().invoke(
-        app, ["bench", "--url", given, "--wait", "0", "--out", str(tmp_path / "o")]
-    )
+    result = CliRunner().invoke(app, cli_args("bench", url=given, wait=0, out=tmp_path / "o"))
     assert result.exit_code == 1 and " ".join(result.output.split()) == (
         "error: " + message.replace("--url", "url", 1)
     ), result.output
@@ -430,23 +418,7 @@ def test_bench_cli_takes_a_url_ending_in_v1(tmp_path):
         assert detect_server(server.url + "/v1/").url == server.url
         result = CliRunner().invoke(
             app,
-            [
-                "bench",
-                "--url",
-                server.url + "/v1",
-                "--prompts",
-                str(prompts),
-                "--concurrency",
-                "1",
-                "--max-tokens",
-                "4",
-                "--num-prompts",
-                "2",
-                "--repeats",
-                "1",
-                "--out",
-                str(tmp_path / "out"),
-            ],
+            bench_args(server.url + "/v1", tmp_path / "out", prompts=prompts),
         )
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
@@ -464,25 +436,14 @@ def test_one_run_per_level_gives_speedups_but_no_verdict(servers, tmp_path):
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=23))
     result = CliRunner().invoke(
         app,
-        [
-            "bench",
-            "--url",
+        bench_args(
             spec.url,
-            "--baseline-url",
-            plain.url,
-            "--prompts",
-            str(prompts),
-            "--concurrency",
-            "1,2",
-            "--max-tokens",
-            "6",
-            "--num-prompts",
-            "2",
-            "--repeats",
-            "1",
-            "--out",
-            str(tmp_path / "out"),
-        ],
+            tmp_path / "out",
+            baseline_url=plain.url,
+            prompts=prompts,
+            concurrency="1,2",
+            max_tokens=6,
+        ),
     )
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
@@ -506,25 +467,14 @@ def test_bench_cli_warns_when_the_baseline_speculates(servers, other_servers, tm
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=24))
     result = CliRunner().invoke(
         app,
-        [
-            "bench",
-            "--url",
+        bench_args(
             spec.url,
-            "--baseline-url",
-            spec_baseline.url,
-            "--prompts",
-            str(prompts),
-            "--concurrency",
-            "1",
-            "--max-tokens",
-            "6",
-            "--num-prompts",
-            "2",
-            "--repeats",
-            "2",
-            "--out",
-            str(tmp_path / "out"),
-        ],
+            tmp_path / "out",
+            baseline_url=spec_baseline.url,
+            prompts=prompts,
+            max_tokens=6,
+            repeats=2,
+        ),
     )
     assert result.exit_code == 1, (
         result.output
@@ -584,15 +534,9 @@ def test_a_plain_text_or_wrong_shaped_prompts_file_is_refused_naming_file_and_li
         load_prompts(str(tmp_path / "shape.txt"))
     result = CliRunner().invoke(
         app,
-        [
-            "bench",
-            "--url",
-            "http://127.0.0.1:1",
-            "--prompts",
-            str(tmp_path / "small.txt"),
-            "--out",
-            str(tmp_path / "out"),
-        ],
+        cli_args(
+            "bench", url="http://127.0.0.1:1", prompts=tmp_path / "small.txt", out=tmp_path / "out"
+        ),
     )
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     assert result.output.startswith(f"error: {tmp_path / 'small.txt'}:1: not JSON")
@@ -607,18 +551,7 @@ def test_bench_cli_warns_when_the_measured_server_does_not_speculate(
     spec, plain = servers
     _, plain_baseline = other_servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=25))
-    common = [
-        "--prompts",
-        str(prompts),
-        "--concurrency",
-        "1",
-        "--max-tokens",
-        "6",
-        "--num-prompts",
-        "2",
-        "--repeats",
-        "2",
-    ]
+    common = cli_options(prompts=prompts, concurrency=1, max_tokens=6, num_prompts=2, repeats=2)
     result = CliRunner().invoke(
         app,
         [
@@ -691,25 +624,16 @@ def test_a_level_with_failed_requests_reports_no_speedup_and_exits_1(
     with running(slow, tok, max_queue=1) as queued:
         result = CliRunner().invoke(
             app,
-            [
-                "bench",
-                "--url",
+            bench_args(
                 queued.url,
-                "--baseline-url",
-                plain.url,
-                "--prompts",
-                str(prompts),
-                "--concurrency",
-                "1,4",
-                "--max-tokens",
-                "6",
-                "--num-prompts",
-                "4",
-                "--repeats",
-                "2",
-                "--out",
-                str(tmp_path / "out"),
-            ],
+                tmp_path / "out",
+                baseline_url=plain.url,
+                prompts=prompts,
+                concurrency="1,4",
+                max_tokens=6,
+                num_prompts=4,
+                repeats=2,
+            ),
         )
     assert result.exit_code == 1, result.output
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
@@ -773,25 +697,9 @@ def test_bench_cli_takes_urls_with_a_trailing_slash(servers, tmp_path):
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=27))
     result = CliRunner().invoke(
         app,
-        [
-            "bench",
-            "--url",
-            spec.url + "/",
-            "--baseline-url",
-            plain.url + "//",
-            "--prompts",
-            str(prompts),
-            "--concurrency",
-            "1",
-            "--max-tokens",
-            "4",
-            "--num-prompts",
-            "2",
-            "--repeats",
-            "1",
-            "--out",
-            str(tmp_path / "out"),
-        ],
+        bench_args(
+            spec.url + "/", tmp_path / "out", baseline_url=plain.url + "//", prompts=prompts
+        ),
     )
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
@@ -814,17 +722,13 @@ def test_one_server_by_two_loopback_names_is_the_same_server(host, tmp_path):
     assert not _same_server("http://gpu-box:8400", f"http://{host}:8400")
     result = CliRunner().invoke(
         app,
-        [
+        cli_args(
             "bench",
-            "--url",
-            "http://127.0.0.1:8400",
-            "--baseline-url",
-            f"http://{host}:8400",
-            "--wait",
-            "0",
-            "--out",
-            str(tmp_path / "o"),
-        ],
+            url="http://127.0.0.1:8400",
+            baseline_url=f"http://{host}:8400",
+            wait=0,
+            out=tmp_path / "o",
+        ),
     )
     assert result.exit_code == 2 and "are the same server" in " ".join(result.output.split()), (
         result.output
@@ -876,19 +780,14 @@ def test_chat_rows_to_a_server_without_a_chat_template_stop_before_the_sweep(tmp
             run_bench(cfg, progress=said.append)
         result = CliRunner().invoke(
             app,
-            [
+            cli_args(
                 "bench",
-                "--url",
-                plain.url,
-                "--prompts",
-                str(tmp_path / "mixed.jsonl"),
-                "--concurrency",
-                "1",
-                "--repeats",
-                "1",
-                "--out",
-                str(tmp_path / "o"),
-            ],
+                url=plain.url,
+                prompts=tmp_path / "mixed.jsonl",
+                concurrency=1,
+                repeats=1,
+                out=tmp_path / "o",
+            ),
         )
     assert str(refused.value) == (
         f"{plain.url}: refused a chat row (HTTP 400: this model's tokenizer has no chat "

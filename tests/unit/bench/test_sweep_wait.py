@@ -12,15 +12,29 @@ import time
 
 import pytest
 
-from specdraft.bench.comparison import BenchReport
 from specdraft.bench.config import BenchConfig
-from specdraft.bench.levels import ServerRun
 from specdraft.bench.report import markdown
 from specdraft.bench.stats import SpeedupPoint, find_crossover
 from specdraft.bench.sweep import run_bench
 from specdraft.client import wait_for_server
 from specdraft.serve.server import serve_in_thread
+from tests.support.bench import report_of
 from tests.support.serve_helpers import fake_vllm_app, write_prompts
+
+
+def one_level(url, baseline, prompts, wait_s: float, warmup: int = 0) -> BenchConfig:
+    """bench at concurrency 1 (2 prompts of 4 tokens, one run) waiting up to wait_s for servers."""
+    return BenchConfig(
+        url,
+        baseline,
+        str(prompts),
+        (1,),
+        max_tokens=4,
+        num_prompts=2,
+        warmup=warmup,
+        repeats=1,
+        wait_s=wait_s,
+    )
 
 
 def free_port() -> int:
@@ -61,17 +75,7 @@ def test_bench_waits_for_a_server_that_starts_listening_late(tmp_path):
     said: list[str] = []
     prompts = write_prompts(tmp_path / "prompts.jsonl", ["w1 w2"])
     try:
-        cfg = BenchConfig(
-            f"http://127.0.0.1:{port}",
-            None,
-            str(prompts),
-            (1,),
-            max_tokens=4,
-            num_prompts=2,
-            warmup=0,
-            repeats=1,
-            wait_s=30.0,
-        )
+        cfg = one_level(f"http://127.0.0.1:{port}", None, prompts, wait_s=30.0)
         report = run_bench(cfg, progress=said.append)
     finally:
         thread.join()
@@ -103,17 +107,7 @@ def test_run_bench_names_the_baseline_flag_when_the_baseline_never_starts(tmp_pa
     with serve_in_thread(
         fake_vllm_app(lambda active: 0.001, tokens_per_step=2, num_spec=3)
     ) as spec:
-        cfg = BenchConfig(
-            spec.url,
-            baseline,
-            str(prompts),
-            (1,),
-            max_tokens=4,
-            num_prompts=2,
-            warmup=0,
-            repeats=1,
-            wait_s=0.5,
-        )
+        cfg = one_level(spec.url, baseline, prompts, wait_s=0.5)
         with pytest.raises(
             RuntimeError, match=r"after waiting \d s; .*pass the right --baseline-url$"
         ):
@@ -127,17 +121,7 @@ def test_a_dead_baseline_fails_before_the_measured_server_gets_a_request(tmp_pat
     steps: list[int] = []
     said: list[str] = []
     with serve_in_thread(fake_vllm_app(lambda active: steps.append(active) or 0.001, 2, 3)) as spec:
-        cfg = BenchConfig(
-            spec.url,
-            f"http://127.0.0.1:{free_port()}",
-            str(prompts),
-            (1,),
-            max_tokens=4,
-            num_prompts=2,
-            warmup=1,
-            repeats=1,
-            wait_s=0.5,
-        )
+        cfg = one_level(spec.url, f"http://127.0.0.1:{free_port()}", prompts, wait_s=0.5, warmup=1)
         with pytest.raises(RuntimeError, match=r"pass the right --baseline-url$"):
             run_bench(cfg, progress=said.append)
     assert steps == [] and not any("concurrency" in line for line in said), said
@@ -214,17 +198,6 @@ def test_crossover_when_speculation_does_not_win_then_wins():
         "to concurrency 16, the highest measured"
     )
     assert "then wins" not in cross.text
-
-
-def report_of(points: list[SpeedupPoint], repeats: int) -> BenchReport:
-    cfg = BenchConfig("http://127.0.0.1:1", "http://127.0.0.1:2", repeats=repeats)
-    return BenchReport(
-        cfg,
-        ServerRun(cfg.url, "specdraft", "m"),
-        ServerRun(cfg.baseline_url, "specdraft", "m"),
-        points,
-        find_crossover(points, cfg.tie_band),
-    )
 
 
 def test_the_noise_column_says_steady_noisy_or_one_run():

@@ -16,6 +16,7 @@ from specdraft.bench.tune_render import render
 from specdraft.cli import app
 from specdraft.engine.requests import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
+from tests.support.cli import cli_args, cli_options
 from tests.support.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
 from tests.support.serve_helpers import saved_pair, text_prompts, write_prompts
 from tests.support.tune_helpers import modelled_bench
@@ -92,27 +93,18 @@ def test_tune_cli(tmp_path):
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
     result = CliRunner().invoke(
         app,
-        [
+        cli_args(
             "tune",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--prompts",
-            str(prompts),
-            "--max-tokens",
-            "8",
-            "--probe-steps",
-            "2",
-            "--topks",
-            "1,2",
-            "--num-measure",
-            "1",
-            "--num-steps",
-            "3",
-            "--json-out",
-            str(tmp_path / "tune.json"),
-        ],
+            target=target,
+            draft=draft,
+            prompts=prompts,
+            max_tokens=8,
+            probe_steps=2,
+            topks="1,2",
+            num_measure=1,
+            num_steps=3,
+            json_out=tmp_path / "tune.json",
+        ),
     )
     assert result.exit_code == 0, result.output
     assert (
@@ -122,17 +114,7 @@ def test_tune_cli(tmp_path):
     assert data["current"]["num_steps"] == 3 and set(data["probes"]) == {"1", "2"}
     bad = CliRunner().invoke(
         app,
-        [
-            "tune",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--num-steps",
-            "3",
-            "--num-draft-tokens",
-            "9",
-        ],
+        cli_args("tune", target=target, draft=draft, num_steps=3, num_draft_tokens=9),
     )
     assert bad.exit_code == 1 and "num_draft_tokens must be num_steps + 1" in bad.output
 
@@ -172,7 +154,7 @@ def test_tune_cli_refuses_topk_or_draft_tokens_without_num_steps(tmp_path, monke
     assert seen == []  # nothing ran
     # with --num-steps the setting is complete; --topk defaults to 1 (a chain) only then
     for flags in (
-        ["--num-steps", "2", "--topk", "2", "--num-draft-tokens", "5"],
+        cli_options(num_steps=2, topk=2, num_draft_tokens=5),
         ["--num-steps", "3"],
     ):
         result = CliRunner().invoke(app, base + flags)

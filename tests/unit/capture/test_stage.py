@@ -24,6 +24,7 @@ from specdraft.data.render import (
     tokenizer_fingerprint,
 )
 from specdraft.targets import load_target
+from tests.support.cli import cli_args
 from tests.support.tiny_models import save_tiny_model
 from tests.support.tiny_tokenizer import CHAT, save_tiny_tokenizer, tiny_chat_tokenizer
 
@@ -166,22 +167,17 @@ def test_cli_capture(chat_target_dir, data_file, tmp_path):
     out = tmp_path / "cli"
     result = CliRunner().invoke(
         app,
-        [
+        cli_args(
             "capture",
-            str(chat_target_dir),
-            str(data_file),
-            str(out),
-            "--aux-layers",
-            "0,2,4",
-            "--dtype",
-            "fp32",
-            "--max-length",
-            "24",
-            "--shard-tokens",
-            "40",
-            "--template-kwargs",
-            '{"enable_thinking": true}',
-        ],
+            chat_target_dir,
+            data_file,
+            out,
+            aux_layers="0,2,4",
+            dtype="fp32",
+            max_length=24,
+            shard_tokens=40,
+            template_kwargs='{"enable_thinking": true}',
+        ),
     )
     assert result.exit_code == 0, result.output
     assert "estimated disk" in result.output

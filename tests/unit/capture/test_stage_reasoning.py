@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from specdraft.capture.store import CaptureStore
 from specdraft.cli import app
+from tests.support.cli import cli_args
 
 CHATS = [
     [
@@ -35,16 +36,7 @@ def test_cli_reasoning_the_template_cannot_render_then_drop(chat_target_dir, tmp
     assert "--reasoning drop" in keep.output
     drop = CliRunner().invoke(
         app,
-        [
-            "capture",
-            str(chat_target_dir),
-            str(data),
-            str(tmp_path / "b"),
-            "--reasoning",
-            "drop",
-            "--dtype",
-            "fp32",
-        ],
+        cli_args("capture", chat_target_dir, data, tmp_path / "b", reasoning="drop", dtype="fp32"),
     )
     assert drop.exit_code == 0, drop.output
     store = CaptureStore(tmp_path / "b")
@@ -60,22 +52,17 @@ def test_cli_reasoning_the_template_cannot_render_then_drop(chat_target_dir, tmp
 def test_cli_train_online_reasoning_drop_is_recorded(chat_target_dir, tmp_path):
     data = tmp_path / "r.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS * 4))
-    args = [
+    args = cli_args(
         "train",
-        str(data),
-        str(tmp_path / "run"),
-        "--online",
-        "--target",
-        str(chat_target_dir),
-        "--steps",
-        "1",
-        "--batch-size",
-        "2",
-        "--ttt-steps",
-        "2",
-        "--draft-vocab-size",
-        "32",
-    ]
+        data,
+        tmp_path / "run",
+        online=True,
+        target=chat_target_dir,
+        steps=1,
+        batch_size=2,
+        ttt_steps=2,
+        draft_vocab_size=32,
+    )
     keep = CliRunner().invoke(app, args)
     assert keep.exit_code == 1 and "--reasoning drop" in keep.output and f"{data}:1:" in keep.output
     drop = CliRunner().invoke(app, [*args, "--reasoning", "drop"])

@@ -18,7 +18,7 @@ from specdraft.checkpoint import (
 )
 from specdraft.doctor import run_doctor
 from specdraft.targets import load_target
-from tests.support.cli import invoke
+from tests.support.cli import cli_args, invoke
 from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 DRAFTER_DIRS = "pass the drafter directory (specdraft train's OUT/draft or an export), and this directory as --target"
@@ -138,7 +138,7 @@ def test_a_drafter_as_target_in_the_library_and_without_a_manifest(world):
         (["convert", "{t}", "{out}", "--layout", "sglang"], ""),
         (["export", "{t}", "{out}", "--engine", "sglang"], ""),
         (["doctor", "{t}"], ""),
-        (["generate", "--target", "{t}", "--draft", "{t}", "--prompt", "hi"], "--draft "),
+        (cli_args("generate", target="{t}", draft="{t}", prompt="hi"), "--draft "),
         (["serve", "--target", "{t}", "--draft", "{t}"], "--draft "),
         (["tune", "--target", "{t}", "--draft", "{t}"], "--draft "),
     ],
@@ -159,24 +159,8 @@ def test_a_target_as_drafter_is_one_line_naming_the_fix(world, tmp_path, args, g
 def test_inspect_names_the_layout_it_sees(world, tmp_path):
     draft, target, spec, bare = world
     for args in (
-        [
-            "export",
-            str(draft),
-            str(tmp_path / "sglang-export"),
-            "--engine",
-            "sglang",
-            "--target",
-            str(target),
-        ],
-        [
-            "export",
-            str(draft),
-            str(tmp_path / "vllm-export"),
-            "--engine",
-            "vllm",
-            "--target",
-            str(target),
-        ],
+        cli_args("export", draft, tmp_path / "sglang-export", engine="sglang", target=target),
+        cli_args("export", draft, tmp_path / "vllm-export", engine="vllm", target=target),
         ["convert", str(draft), str(tmp_path / "as-sglang"), "--layout", "sglang"],
         ["convert", str(draft), str(tmp_path / "as-specdraft"), "--layout", "specdraft"],
         ["convert", str(draft), str(tmp_path / "as-speculators"), "--layout", "speculators"],
@@ -242,7 +226,7 @@ def test_a_run_directory_or_a_store_where_a_drafter_belongs_names_what_to_pass(w
         f"error: {run} is a training run directory, not a drafter: pass "
         f"{run / 'draft'} (the drafter specdraft train writes at the end)"
     )
-    result = invoke(["generate", "--target", str(target), "--draft", str(store), "--prompt", "a"])
+    result = invoke(cli_args("generate", target=target, draft=store, prompt="a"))
     assert result.exit_code == 1, result.output
     assert (
         f"--draft {store} is a capture store (specdraft capture's index.json), not a drafter: train one on it "

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from specdraft.data.records import BadRecord, DataError, read_records
-from tests.support.cli import flat, invoke
+from tests.support.cli import cli_args, flat, invoke
 from tests.support.tiny_models import save_tiny_model
 from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
@@ -87,7 +87,7 @@ def test_commands_say_pass_no_chat_for_regenerated_no_chat_output(target, tmp_pa
     args = {
         "capture": ["capture", str(target), str(path), str(out)],
         "regenerate": ["regenerate", str(path), str(out / "r.jsonl"), "--target", str(target)],
-        "train": ["train", str(path), str(out), "--online", "--target", str(target)],
+        "train": cli_args("train", path, out, online=True, target=target),
     }[command]
     for extra in ([], ["--skip-bad"]):
         result = invoke(args + extra)
@@ -112,7 +112,7 @@ def test_bad_json_and_skip_counts_read_as_english(target, tmp_path):
         info.value
     )
     result = invoke(
-        ["capture", str(target), str(path), str(tmp_path / "store"), "--no-chat", "--skip-bad"]
+        cli_args("capture", target, path, tmp_path / "store", no_chat=True, skip_bad=True)
     )
     assert result.exit_code == 0, result.output
     assert f"skipped 1 bad record in {path}" in flat(result.output)

@@ -24,6 +24,7 @@ from specdraft.demo.report import (
     verdict_text,
 )
 from specdraft.demo.stages import train_batch_size
+from tests.support.demo import plain_baseline
 
 
 def fake_outputs(out):
@@ -223,11 +224,7 @@ def test_a_drafter_that_accepts_nothing_is_named_not_a_busy_machine():
 
 def test_the_report_states_the_drafters_training_steps(tmp_path):
     sweep = [row(1, 1.0, [0.9, 0.9, 0.9])]
-    baseline = {
-        "accept_length": 1.0,
-        "acceptance": [],
-        **timing_summary([1000.0] * 3, [1000.0] * 3),
-    }
+    baseline = plain_baseline([1000.0] * 3, [1000.0] * 3)
     report = DemoReport(
         target="t",
         aux_layers=[2, 3, 4],
@@ -267,11 +264,7 @@ def test_the_summary_names_a_generate_command_with_the_measured_setting(tmp_path
     default, 3 steps, is another one), or the fastest one, said to be unrecommended."""
     sweep = [row(1, 1.8, [1.2, 1.2, 1.2]), row(4, 3.3, [1.5, 1.5, 1.5])]
     tree = {**row(4, 3.6, [1.3, 1.3, 1.3]), "topk": 2, "num_draft_tokens": 8}
-    baseline = {
-        "accept_length": 1.0,
-        "acceptance": [],
-        **timing_summary([1000.0] * 3, [1000.0] * 3),
-    }
+    baseline = plain_baseline([1000.0] * 3, [1000.0] * 3)
     report = DemoReport(
         target="demo/target",
         aux_layers=[2, 3, 4],

@@ -8,6 +8,7 @@ import pytest
 from specdraft.bench.speedup import pick_setting, timed_passes, timing_summary
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.report import DemoReport, report_markdown, verdict_text
+from tests.support.demo import plain_baseline
 
 
 def row(steps: int, speedups: list[float], topk: int = 1, tokens: int | None = None) -> dict:
@@ -97,11 +98,7 @@ def test_no_recommendation_unless_faster_beyond_the_noise(speedups):
 def test_report_says_when_nothing_is_recommended_and_when_the_machine_was_busy(tmp_path):
     sweep = [row(1, [0.9, 0.95, 0.92]), row(2, [1.0, 1.1, 0.97])]
     tree = row(2, [0.8, 0.85, 0.82], topk=2, tokens=4)
-    baseline = {
-        "accept_length": 1.0,
-        "acceptance": [],
-        **timing_summary([1000.0, 1300.0, 1100.0], [1.0] * 3),
-    }
+    baseline = plain_baseline([1000.0, 1300.0, 1100.0], [1.0] * 3)
     report = DemoReport(
         target="t",
         aux_layers=[2, 3, 4],

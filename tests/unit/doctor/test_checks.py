@@ -12,7 +12,13 @@ from specdraft.cli import app
 from specdraft.doctor import CASES, CHECKS, EXPORT_CASES, run_doctor
 from specdraft.export import export_draft
 from specdraft.serve.engine_args import detect_engine, parse_engine_args
-from tests.support.doctor_helpers import draft_checkpoint, edit_config, edit_weights, one_thread  # noqa: F401
+from tests.support.cli import cli_args
+from tests.support.doctor_helpers import (  # noqa: F401
+    edit_config,
+    edit_weights,
+    one_thread,
+    sglang_export,
+)
 
 REQUIRED_CASES = (
     "S1",
@@ -39,9 +45,7 @@ GOOD_SGLANG = (
 def exported(tmp_path_factory):
     """(sglang export dir, target dir) of a healthy 5-layer drafter on [2, 3, 4]."""
     root = tmp_path_factory.mktemp("healthy")
-    draft, target = draft_checkpoint(root)
-    export_draft(draft, root / "sglang", engine="sglang", target=target)
-    return root / "sglang", target
+    return sglang_export(root)
 
 
 def verdicts(report) -> dict[str, str]:
@@ -134,20 +138,28 @@ def test_missing_weights_file_is_a_failing_finding_not_a_crash(exported, tmp_pat
     assert report.finding("values_finite").verdict == "skip"
 
 
-def test_case_fc02_doctor_names_a_zeroed_d2t(exported, tmp_path):
+def edited_export(exported, dst, engine: str = "sglang", weights=None, config=None):
+    """`exported`'s drafter exported again to dst for `engine`, then its tensors and / or its
+    config.json edited in place (`edit_weights` / `edit_config` functions)."""
     out, target = exported
-    bad = tmp_path / "bad"
-    export_draft(out, bad, engine="sglang", target=target)
-    edit_weights(bad, lambda t: t["d2t"].zero_())
+    export_draft(out, dst, engine=engine, target=target)
+    if weights is not None:
+        edit_weights(dst, weights)
+    if config is not None:
+        edit_config(dst, config)
+    return dst
+
+
+def test_case_fc02_doctor_names_a_zeroed_d2t(exported, tmp_path):
+    target = exported[1]
+    bad = edited_export(exported, tmp_path / "bad", weights=lambda t: t["d2t"].zero_())
     finding = run_doctor(bad, target=target, engine="sglang").finding("vocab_map_valid")
     assert finding.verdict == "fail" and "d2t is all zeros" in finding.evidence
 
 
 def test_case_fc02_doctor_requires_draft_vocab_size(exported, tmp_path):
-    out, target = exported
-    bad = tmp_path / "bad"
-    export_draft(out, bad, engine="sglang", target=target)
-    edit_config(bad, lambda c: c.pop("draft_vocab_size"))
+    target = exported[1]
+    bad = edited_export(exported, tmp_path / "bad", config=lambda c: c.pop("draft_vocab_size"))
     finding = run_doctor(bad, target=target, engine="sglang").finding("draft_vocab_size_declared")
     assert finding.verdict == "fail"
     assert (
@@ -157,28 +169,31 @@ def test_case_fc02_doctor_requires_draft_vocab_size(exported, tmp_path):
 
 
 def test_speculators_config_without_norm_before_residual_fails(exported, tmp_path):
-    out, target = exported
-    spec = tmp_path / "spec"
-    export_draft(out, spec, engine="speculators", target=target)
-    edit_config(spec, lambda c: c.pop("norm_before_residual"))
+    target = exported[1]
+    spec = edited_export(
+        exported,
+        tmp_path / "spec",
+        engine="speculators",
+        config=lambda c: c.pop("norm_before_residual"),
+    )
     finding = run_doctor(spec, target=target).finding("variant_flags_implemented")
     assert finding.verdict == "fail" and "vLLM then assumes true" in finding.evidence
 
 
 def test_tied_head_fails(exported, tmp_path):
-    out, target = exported
-    bad = tmp_path / "tied"
-    export_draft(out, bad, engine="sglang", target=target)
-    edit_config(bad, lambda c: c.update(tie_word_embeddings=True))
+    target = exported[1]
+    bad = edited_export(
+        exported, tmp_path / "tied", config=lambda c: c.update(tie_word_embeddings=True)
+    )
     finding = run_doctor(bad, target=target, engine="sglang").finding("lm_head_untied")
     assert finding.verdict == "fail" and "drops the trained lm_head" in finding.evidence
 
 
 def test_nan_weight_fails(exported, tmp_path):
-    out, target = exported
-    bad = tmp_path / "nan"
-    export_draft(out, bad, engine="sglang", target=target)
-    edit_weights(bad, lambda t: t["norm.weight"].__setitem__(0, float("nan")))
+    target = exported[1]
+    bad = edited_export(
+        exported, tmp_path / "nan", weights=lambda t: t["norm.weight"].__setitem__(0, float("nan"))
+    )
     finding = run_doctor(bad, target=target, engine="sglang").finding("values_finite")
     assert finding.verdict == "fail" and "norm.weight" in finding.evidence
 
@@ -194,9 +209,7 @@ def test_unreachable_server_fails_naming_it(exported):
 def test_cli_doctor_json_and_exit_codes(exported):
     out, target = exported
     runner = CliRunner()
-    good = runner.invoke(
-        app, ["doctor", str(out), "--target", str(target), "--engine", "sglang", "--json"]
-    )
+    good = runner.invoke(app, cli_args("doctor", out, target=target, engine="sglang", json=True))
     assert good.exit_code == 0, good.output
     report = json.loads(good.stdout)
     assert report["ok"] and report["counts"]["fail"] == 0

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.client import check_url
 from specdraft.doctor import run_doctor
+from tests.support.cli import cli_args
 
 
 def test_doctor_server_without_samples_is_one_line_naming_the_fix(tmp_path):
@@ -60,29 +61,20 @@ def test_doctor_server_with_a_trailing_slash_or_v1_is_the_server(tmp_path):
 
     draft, target, samples = served_world(tmp_path, word_tokenizer())
     server = serve_in_thread(
-        build_app(
-            str(target),
-            str(draft),
-            SpecConfig(num_steps=3, topk=1, num_draft_tokens=4),
-            max_seq_len=128,
-        )
+        build_app(str(target), str(draft), SpecConfig.chain(3), max_seq_len=128)
     )
     try:
         result = CliRunner().invoke(
             app,
-            [
+            cli_args(
                 "doctor",
-                str(draft),
-                "--target",
-                str(target),
-                "--samples",
-                str(samples),
-                "--server",
-                server.url + "/v1/",
-                "--max-samples",
-                "8",
-                "--json",
-            ],
+                draft,
+                target=target,
+                samples=samples,
+                server=server.url + "/v1/",
+                max_samples=8,
+                json=True,
+            ),
         )
     finally:
         server.stop()

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from specdraft.doctor import run_doctor
-from tests.support.cli import flat, invoke
+from tests.support.cli import cli_args, flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.support.serve_helpers import word_tokenizer
 
@@ -85,7 +85,7 @@ def test_cli_prints_the_count_and_json_carries_it(world, tmp_path):
     path = write_lines(
         tmp_path / "ids.jsonl", [good, '{"input_ids": [1, 2], "loss_mask": [1]}', good]
     )
-    args = ["doctor", str(draft), "--target", str(target), "--samples", str(path), "--skip-bad"]
+    args = cli_args("doctor", draft, target=target, samples=path, skip_bad=True)
     table = invoke(args)
     assert table.exit_code == 0, table.output
     assert (

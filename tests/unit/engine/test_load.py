@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.engine.load import load_engine
 from specdraft.engine.spec_config import SpecConfig
+from tests.support.cli import cli_args
 from tests.support.doctor_helpers import draft_checkpoint, edit_config
 from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
@@ -63,19 +64,9 @@ def test_generate_prints_the_notes(world, tmp_path):
     draft, target = world
     result = CliRunner().invoke(
         app,
-        [
-            "generate",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--prompt",
-            "a b",
-            "--max-new-tokens",
-            "2",
-            "--num-steps",
-            "5",
-        ],
+        cli_args(
+            "generate", target=target, draft=draft, prompt="a b", max_new_tokens=2, num_steps=5
+        ),
         env={"COLUMNS": "400"},
     )
     assert "note: num_steps 5 > the drafter's 2 training-time-test steps" in result.output, (

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.engine.spec_config import SpecConfig
+from tests.support.cli import cli_args, cli_options
 
 
 def test_case_s4_chain_with_wrong_draft_tokens_is_refused_with_fixes():
@@ -59,14 +60,9 @@ def test_chain_helper_and_vllm_length():
     spec = SpecConfig.chain(5)
     assert (spec.num_steps, spec.topk, spec.num_draft_tokens) == (5, 1, 6)
     assert spec.num_speculative_tokens == 5 and spec.is_chain
-    assert spec.sglang_args() == [
-        "--speculative-num-steps",
-        "5",
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        "6",
-    ]
+    assert spec.sglang_args() == cli_options(
+        speculative_num_steps=5, speculative_eagle_topk=1, speculative_num_draft_tokens=6
+    )
 
 
 def test_case_s4_generate_cli_refuses_before_loading(tmp_path):
@@ -75,21 +71,15 @@ def test_case_s4_generate_cli_refuses_before_loading(tmp_path):
     (tmp_path / "empty-draft").mkdir()  # a directory (--draft is checked), never read
     result = CliRunner().invoke(
         app,
-        [
+        cli_args(
             "generate",
-            "--target",
-            str(tmp_path / "unloadable"),
-            "--draft",
-            str(tmp_path / "empty-draft"),
-            "--prompt",
-            "hi",
-            "--topk",
-            "1",
-            "--num-steps",
-            "1",
-            "--num-draft-tokens",
-            "16",
-        ],
+            target=tmp_path / "unloadable",
+            draft=tmp_path / "empty-draft",
+            prompt="hi",
+            topk=1,
+            num_steps=1,
+            num_draft_tokens=16,
+        ),
     )
     assert result.exit_code == 2  # a usage error: the options cannot run together
     assert "SGLang would silently set num_draft_tokens = 2" in result.stderr

@@ -11,6 +11,7 @@ from specdraft.checkpoint import MANIFEST_FILE, convert_draft
 from specdraft.cli import app
 from specdraft.engine.load import load_engine
 from specdraft.engine.spec_config import SpecConfig
+from tests.support.cli import cli_args
 from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.support.serve_helpers import word_tokenizer
 from tests.support.tiny_models import save_tiny_model
@@ -35,17 +36,7 @@ def other_target(path, **sizes):
 def generate(target, draft):
     return CliRunner().invoke(
         app,
-        [
-            "generate",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--prompt",
-            "w1 w2 w3",
-            "--max-new-tokens",
-            "4",
-        ],
+        cli_args("generate", target=target, draft=draft, prompt="w1 w2 w3", max_new_tokens=4),
     )
 
 
@@ -106,9 +97,7 @@ def test_the_target_it_was_trained_for_still_generates(trained_for_b):
 def test_serve_refuses_it_the_same_way_before_binding(trained_for_b, tmp_path):
     draft, target_b = trained_for_b
     target_a = other_target(tmp_path / "a", hidden_size=48)
-    result = CliRunner().invoke(
-        app, ["serve", "--target", str(target_a), "--draft", str(draft), "--port", "1"]
-    )
+    result = CliRunner().invoke(app, cli_args("serve", target=target_a, draft=draft, port=1))
     assert result.exit_code == 1, result.output
     assert (
         f"this drafter was trained for another target: {target_b.resolve()} (5 layers, hidden 32, vocab 128)"

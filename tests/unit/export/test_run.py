@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from specdraft.checkpoint import load_draft
 from specdraft.cli import app
 from specdraft.export import ExportError, export_draft
+from tests.support.cli import cli_args
 from tests.support.doctor_helpers import draft_checkpoint, edit_weights, one_thread  # noqa: F401
 
 
@@ -176,23 +177,15 @@ def test_cli_export_prints_launch_command_and_refuses_with_reason(llama, tmp_pat
     runner = CliRunner()
     done = runner.invoke(
         app,
-        ["export", str(draft), str(tmp_path / "o"), "--engine", "sglang", "--target", str(target)],
+        cli_args("export", draft, tmp_path / "o", engine="sglang", target=target),
     )
     assert done.exit_code == 0, done.output
     assert "bit-identical" in done.output and "--speculative-algorithm EAGLE3" in done.output
     refused = runner.invoke(
         app,
-        [
-            "export",
-            str(draft),
-            str(tmp_path / "x"),
-            "--engine",
-            "sglang",
-            "--num-steps",
-            "1",
-            "--num-draft-tokens",
-            "16",
-        ],
+        cli_args(
+            "export", draft, tmp_path / "x", engine="sglang", num_steps=1, num_draft_tokens=16
+        ),
     )
     assert (
         refused.exit_code == 2 and "num_steps 15 / num_draft_tokens 16" in refused.output

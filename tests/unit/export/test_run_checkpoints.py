@@ -172,6 +172,18 @@ def sharded(store, run, tmp_path_factory):
     return write_sharded_checkpoint(trainer, tmp_path_factory.mktemp("sharded"))
 
 
+def convert_equals_export(ckpt, tmp_path, layout: str, engine: str) -> None:
+    """`convert CKPT tmp_path/conv --layout LAYOUT` writes the tensors `export_draft` writes to
+    tmp_path/exp for `engine`, bit for bit."""
+    converted = invoke(["convert", str(ckpt), str(tmp_path / "conv"), "--layout", layout])
+    assert converted.exit_code == 0, converted.output
+    exported = export_draft(ckpt, tmp_path / "exp", engine=engine)
+    a = load_file(str(tmp_path / "conv" / "model.safetensors"))
+    b = load_file(str(tmp_path / "exp" / "model.safetensors"))
+    assert a.keys() == b.keys() and exported.num_tensors == len(a)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("form", ["file", "sharded"])
 def test_inspect_and_convert_read_a_training_checkpoint_as_export_does(
     run, sharded, tmp_path, form
@@ -187,18 +199,7 @@ def test_inspect_and_convert_read_a_training_checkpoint_as_export_does(
     assert keys.exit_code == 0 and f"{ckpt}: a training checkpoint, no config.json" in flat(
         keys.output
     )
-    converted = invoke(["convert", str(ckpt), str(tmp_path / "conv"), "--layout", "specdraft"])
-    assert converted.exit_code == 0, converted.output
-    exported = export_draft(ckpt, tmp_path / "exp", engine="sglang")
-    a, b = (
-        load_file(str(tmp_path / "conv" / "model.safetensors")),
-        load_file(str(tmp_path / "exp" / "model.safetensors")),
-    )
-    assert (
-        a.keys() == b.keys()
-        and exported.num_tensors == len(a)
-        and all(torch.equal(a[k], b[k]) for k in a)
-    )
+    convert_equals_export(ckpt, tmp_path, "specdraft", "sglang")
     manifest = json.loads((tmp_path / "conv" / "specdraft_manifest.json").read_text())
     assert manifest["training"]["steps"] == 3 and manifest["training"]["checkpoint"] == str(ckpt)
 
@@ -228,15 +229,4 @@ def test_a_training_checkpoint_converts_and_exports_to_the_speculators_layout(
     """The speculators layout reads the source's verifier record: a training checkpoint has none
     (no config.json), so both write the target given, or null, without reading one."""
     ckpt = run / "checkpoints" / "step-00000003.pt" if form == "file" else sharded
-    converted = invoke(["convert", str(ckpt), str(tmp_path / "conv"), "--layout", "speculators"])
-    assert converted.exit_code == 0, converted.output
-    exported = export_draft(ckpt, tmp_path / "exp", engine="speculators")
-    a, b = (
-        load_file(str(tmp_path / "conv" / "model.safetensors")),
-        load_file(str(tmp_path / "exp" / "model.safetensors")),
-    )
-    assert (
-        a.keys() == b.keys()
-        and exported.num_tensors == len(a)
-        and all(torch.equal(a[k], b[k]) for k in a)
-    )
+    convert_equals_export(ckpt, tmp_path, "speculators", "speculators")

@@ -19,6 +19,7 @@ from specdraft.regenerate.backends import (
 )
 from specdraft.regenerate.output import settings_path
 from specdraft.regenerate.run import regenerate
+from tests.support.cli import cli_args
 from tests.support.regenerate import (
     CHATS,
     backend,
@@ -187,23 +188,17 @@ def test_cli_regenerate(server, tmp_path):
     out = tmp_path / "out.jsonl"
     result = CliRunner().invoke(
         app,
-        [
+        cli_args(
             "regenerate",
-            str(data),
-            str(out),
-            "--endpoint",
-            server.url,
-            "--model",
-            "tiny",
-            "--temperature",
-            "0.5",
-            "--seed",
-            "3",
-            "--concurrency",
-            "2",
-            "--template-kwargs",
-            '{"enable_thinking": true}',
-        ],
+            data,
+            out,
+            endpoint=server.url,
+            model="tiny",
+            temperature="0.5",
+            seed=3,
+            concurrency=2,
+            template_kwargs='{"enable_thinking": true}',
+        ),
     )
     assert result.exit_code == 0, result.output
     assert "2 records" in result.output

@@ -11,7 +11,14 @@ import pytest
 from specdraft.data.render import load_dataset
 from specdraft.regenerate.backends import Completion, Sampling
 from specdraft.regenerate.run import regenerate
-from tests.support.regenerate import FakeServer, backend, chat_records, read_out
+from tests.support.regenerate import (
+    FakeServer,
+    backend,
+    chat_records,
+    last_user_turn,
+    read_out,
+    served,
+)
 from tests.support.tiny_tokenizer import template_tokenizer
 
 TWO_TURNS = [
@@ -29,7 +36,7 @@ class ReasoningServer(FakeServer):
 
     def answer(self, path, body):
         status, reply = super().answer(path, body)
-        word = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        word = last_user_turn(body)
         key = "reasoning" if word == "one" else "reasoning_content"
         if status == 200:
             reply["choices"][0]["message"][key] = f"think {word}"
@@ -38,10 +45,7 @@ class ReasoningServer(FakeServer):
 
 @pytest.fixture
 def rserver():
-    s = ReasoningServer()
-    yield s
-    s.httpd.shutdown()
-    s.httpd.server_close()
+    yield from served(ReasoningServer())
 
 
 def test_endpoint_keeps_the_reasoning_of_both_servers(rserver, tmp_path):

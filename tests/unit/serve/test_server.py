@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specdraft.client import counter_delta, detect_server, scrape, scrape_counters
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.serve.server import build_app, serve_in_thread
+from tests.support.cli import cli_args
 from tests.support.engine_helpers import greedy_sequences, one_thread, tiny_setup  # noqa: F401
 from tests.support.serve_helpers import (
     NUM_NEW,
@@ -34,6 +35,7 @@ from tests.support.serve_helpers import (
     running,
     saved_pair,
     slow_target,
+    spec_server,
     text_prompts,
     word_tokenizer,
 )
@@ -42,11 +44,7 @@ from tests.support.serve_helpers import (
 @pytest.fixture(scope="module")
 def server():
     """A speculative server (briefly trained drafter, 3-step chain) for the module."""
-    setup = tiny_setup("llama")
-    tok = word_tokenizer()
-    with running(
-        engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok), tok, log_every=4
-    ) as srv:
+    with spec_server(log_every=4) as srv:
         yield srv
 
 
@@ -531,14 +529,7 @@ def test_serve_on_a_busy_port_is_one_line_before_the_model_loads(monkeypatch):
         port = busy.getsockname()[1]
         result = CliRunner().invoke(
             app,
-            [
-                "serve",
-                "--target",
-                str(tiny_setup("llama").target_dir),
-                "--no-spec",
-                "--port",
-                str(port),
-            ],
+            cli_args("serve", target=tiny_setup("llama").target_dir, no_spec=True, port=port),
         )
     assert result.exit_code == 1, result.output
     lines = result.output.strip().splitlines()

@@ -7,14 +7,10 @@ from __future__ import annotations
 import openai
 import pytest
 
-from specdraft.engine.spec_config import SpecConfig
-from tests.support.engine_helpers import tiny_setup
 from tests.support.serve_helpers import (
     NUM_NEW,
-    engine,
     greedy_text,
-    own_target,
-    running,
+    spec_server,
     text_prompts,
     word_tokenizer,
 )
@@ -22,9 +18,7 @@ from tests.support.serve_helpers import (
 
 @pytest.fixture(scope="module")
 def client():
-    setup = tiny_setup("llama")
-    tok = word_tokenizer()
-    with running(engine(own_target(setup), setup.trained, SpecConfig.chain(3), tok), tok) as srv:
+    with spec_server() as srv:
         with openai.OpenAI(
             base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=30
         ) as c:

@@ -36,6 +36,7 @@ from specdraft.stories260k import (
 )
 from specdraft.stories260k.llama2c import Llama2cHeader, read_llama2c_checkpoint
 from specdraft.targets.config import end_token_ids
+from tests.support.cli import cli_args
 
 KNOWN_GOOD_START = (
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
@@ -242,17 +243,9 @@ def test_generation_ends_at_bos_where_a_story_ends(converted, tokenizer):
     """The model ends a story with BOS (it was trained on stories each opened by BOS), where
     llama2.c's run.c stops; before, `generate` ran on into a second story until the limit."""
     assert end_token_ids(tokenizer, converted) == [stories260k.BOS_ID, stories260k.EOS_ID]
-    command = [
-        "generate",
-        "--target",
-        str(converted),
-        "--prompt",
-        "Once upon a time",
-        "--max-new-tokens",
-        "400",
-        "--threads",
-        "1",
-    ]
+    command = cli_args(
+        "generate", target=converted, prompt="Once upon a time", max_new_tokens=400, threads=1
+    )
     stopped, past = (CliRunner().invoke(app, command + flags) for flags in ([], ["--ignore-eos"]))
     assert stopped.exit_code == past.exit_code == 0, stopped.output + past.output
     story, table = stopped.output.split("<s>\n", 1)  # the text ends at the first BOS

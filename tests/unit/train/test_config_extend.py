@@ -16,23 +16,12 @@ from specdraft.checkpoint import checkpoint_paths
 from specdraft.train.config import TrainConfig, lr_lambda
 from specdraft.train.loop import train
 from specdraft.train.settings import FLAG_OF_FIELD
-from tests.support.cli import flat, invoke
+from tests.support.cli import cli_args, cli_options, flat, invoke
 from tests.support.train_world import one_thread, read_metrics, small_config  # noqa: F401
 
-ARGS = [
-    "--batch-size",
-    "4",
-    "--ttt-steps",
-    "2",
-    "--draft-vocab-size",
-    "96",
-    "--save-every",
-    "3",
-    "--warmup-steps",
-    "2",
-    "--lr",
-    "0.003",
-]
+ARGS = cli_options(
+    batch_size=4, ttt_steps=2, draft_vocab_size=96, save_every=3, warmup_steps=2, lr="0.003"
+)
 
 
 def train_cli(store, run, *extra: str):
@@ -152,9 +141,7 @@ def test_train_errors_name_the_flags_users_type(store, tmp_path, values, message
     TrainConfig refuses is a usage error (exit 2); one refused for the data or the machine, 1."""
     config = tmp_path / "cfg.json"
     config.write_text(json.dumps(values))
-    result = invoke(
-        ["train", str(store), str(tmp_path / "run"), "--config", str(config), "--steps", "2"]
-    )
+    result = invoke(cli_args("train", store, tmp_path / "run", config=config, steps=2))
     assert result.exit_code == code, result.output
     assert message in flat(result.output) and "TrainConfig" not in result.output
 

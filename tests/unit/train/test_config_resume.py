@@ -12,23 +12,12 @@ import torch
 
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.train.config import TrainConfig, resume_config
-from tests.support.cli import flat, invoke
+from tests.support.cli import cli_args, cli_options, flat, invoke
 from tests.support.train_world import one_thread  # noqa: F401
 
-FIRST = [
-    "--batch-size",
-    "4",
-    "--ttt-steps",
-    "2",
-    "--draft-vocab-size",
-    "96",
-    "--save-every",
-    "3",
-    "--warmup-steps",
-    "5",
-    "--lr",
-    "0.003",
-]
+FIRST = cli_options(
+    batch_size=4, ttt_steps=2, draft_vocab_size=96, save_every=3, warmup_steps=5, lr="0.003"
+)
 
 
 def trained_config(run) -> dict:
@@ -46,7 +35,7 @@ def test_resume_takes_the_settings_left_out_from_the_checkpoint(store, tmp_path)
     assert f"resuming from {run / 'checkpoints' / 'step-00000003.pt'} with its settings" in text
     assert "is already at step 3 of 3: nothing to train" in text
 
-    longer = invoke(["train", str(store), str(run), "--resume", "--steps", "6"])
+    longer = invoke(cli_args("train", store, run, resume=True, steps=6))
     assert longer.exit_code == 0, longer.output
     text = flat(longer.output)
     assert "other settings" not in text and "6 steps, last train loss" in text
@@ -62,18 +51,14 @@ def test_resume_takes_the_settings_left_out_from_the_checkpoint(store, tmp_path)
         config["total_steps"],
     ) == (5, 0.003, 4, 2, 96, 3, 6)
 
-    again = invoke(
-        ["train", str(store), str(run), "--resume", "--warmup-steps", "5", "--steps", "9"]
-    )
+    again = invoke(cli_args("train", store, run, resume=True, warmup_steps=5, steps=9))
     assert again.exit_code == 0, again.output  # a flag given with the checkpoint's value is fine
 
 
 def test_resume_refuses_only_the_settings_given_that_differ(store, tmp_path):
     run = tmp_path / "run"
     assert invoke(["train", str(store), str(run), *FIRST, "--steps", "3"]).exit_code == 0
-    other = invoke(
-        ["train", str(store), str(run), "--resume", "--warmup-steps", "100", "--steps", "6"]
-    )
+    other = invoke(cli_args("train", store, run, resume=True, warmup_steps=100, steps=6))
     assert other.exit_code == 1
     text = flat(other.output)
     assert (
@@ -83,7 +68,7 @@ def test_resume_refuses_only_the_settings_given_that_differ(store, tmp_path):
     assert "--lr" not in text and "--batch-size" not in text  # not given: taken, not compared
     config = tmp_path / "cfg.json"
     config.write_text(json.dumps({"seed": 1}))
-    keyed = invoke(["train", str(store), str(run), "--resume", "--config", str(config)])
+    keyed = invoke(cli_args("train", store, run, resume=True, config=config))
     assert keyed.exit_code == 1
     assert "other settings (--config key seed 0 -> 1)" in flat(keyed.output)
 
@@ -96,15 +81,13 @@ def test_resume_config_replaces_the_run_length_given(store, tmp_path):
     steps = resume_config(run, {"total_steps": 60})
     assert (steps.epochs, steps.total_steps, steps.warmup_steps) == (None, 60, 5)
     assert resume_config(tmp_path / "empty", {"lr": 0.1}) == TrainConfig(lr=0.1)
-    cli = invoke(
-        ["train", str(store), str(run), "--resume", "--steps", "60"]
-    )  # checkpoint has epochs 1
+    cli = invoke(cli_args("train", store, run, resume=True, steps=60))  # checkpoint has epochs 1
     assert cli.exit_code == 0, cli.output
     assert "both set" not in flat(cli.output) and "60 steps, last train loss" in flat(cli.output)
 
 
 def test_train_errors_name_the_flags_given(store, tmp_path):
-    both = invoke(["train", str(store), str(tmp_path / "run"), "--steps", "5", "--epochs", "1"])
+    both = invoke(cli_args("train", store, tmp_path / "run", steps=5, epochs=1))
     assert both.exit_code == 2  # a usage error, as the bad --config below
     text = flat(both.output)
     assert (

@@ -26,6 +26,7 @@ from specdraft.train.errors import TrainingError
 from specdraft.train.loop import train
 from specdraft.train.sources import OnlineData, pad_samples
 from specdraft.train.store_data import StoreData
+from tests.support.cli import cli_args
 from tests.support.train_world import (  # noqa: F401 (fixture)
     AUX,
     ONE_THREAD_ENV,
@@ -540,19 +541,9 @@ def test_cli_train_runs_and_refuses_a_second_run_into_the_same_dir(world, tmp_pa
     from specdraft.cli import app
 
     _, _, store = world
-    args = [
-        "train",
-        str(store),
-        str(tmp_path / "run"),
-        "--steps",
-        "3",
-        "--batch-size",
-        "4",
-        "--ttt-steps",
-        "2",
-        "--draft-vocab-size",
-        "96",
-    ]
+    args = cli_args(
+        "train", store, tmp_path / "run", steps=3, batch_size=4, ttt_steps=2, draft_vocab_size=96
+    )
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "3 steps" in result.output and "simulated tau" in result.output
@@ -572,21 +563,9 @@ def test_cli_train_says_where_it_resumes_warns_on_warmup_and_reports_an_interrup
 
     _, _, store = world
     run = tmp_path / "run"
-    args = [
-        "train",
-        str(store),
-        str(run),
-        "--steps",
-        "4",
-        "--batch-size",
-        "4",
-        "--ttt-steps",
-        "2",
-        "--draft-vocab-size",
-        "96",
-        "--save-every",
-        "2",
-    ]
+    args = cli_args(
+        "train", store, run, steps=4, batch_size=4, ttt_steps=2, draft_vocab_size=96, save_every=2
+    )
     fresh = CliRunner().invoke(app, args + ["--resume"])
     assert fresh.exit_code == 0, fresh.output
     assert f"--resume: no checkpoint in {run} yet: starting at step 0" in fresh.output

@@ -23,6 +23,7 @@ from specdraft.cli import app
 from specdraft.train.config import TrainConfig
 from specdraft.train.loop import train
 from specdraft.train.store_data import StoreData
+from tests.support.cli import cli_args
 from tests.support.tiny_models import save_tiny_model, tiny_config
 from tests.support.tiny_tokenizer import save_tiny_tokenizer
 from tests.support.train_world import make_samples, one_thread  # noqa: F401
@@ -85,6 +86,13 @@ def trained(stores, tmp_path_factory):
     return run
 
 
+def resume_to_step_3(store, run):
+    """`train(..., resume=True)` of `run` on `store` up to step 3 (CFG otherwise)."""
+    return train(
+        TrainConfig.from_dict({**CFG, "total_steps": 3}), store, run, resume=True, progress=False
+    )
+
+
 @pytest.mark.parametrize(
     "other, says", [("six", "6 layers"), ("a_aux", "aux layers 1,2,3 -> 1,2,4")]
 )
@@ -95,25 +103,15 @@ def test_resume_refuses_a_store_of_another_target_or_layers(stores, trained, tmp
     shutil.copytree(trained, run)
     before = (run / "draft" / "specdraft_manifest.json").read_text()
     with pytest.raises(ValueError, match="resume with the store") as e:
-        train(
-            TrainConfig.from_dict({**CFG, "total_steps": 3}),
-            stores[other][1],
-            run,
-            resume=True,
-            progress=False,
-        )
+        resume_to_step_3(stores[other][1], run)
     assert says in str(e.value) and "\n" not in str(e.value)
     assert [p.name for p in checkpoint_paths(run)] == ["step-00000002.pt"]
     assert (run / "draft" / "specdraft_manifest.json").read_text() == before
-    result = CliRunner().invoke(
-        app, ["train", str(stores[other][1]), str(run), "--resume", "--steps", "3"]
-    )
+    result = CliRunner().invoke(app, cli_args("train", stores[other][1], run, resume=True, steps=3))
     assert result.exit_code == 1 and "error:" in result.output and says in result.output, (
         result.output
     )
-    ok = CliRunner().invoke(
-        app, ["train", str(stores["a"][1]), str(run), "--resume", "--steps", "3"]
-    )
+    ok = CliRunner().invoke(app, cli_args("train", stores["a"][1], run, resume=True, steps=3))
     assert ok.exit_code == 0, ok.output
 
 
@@ -140,13 +138,7 @@ def test_resume_refuses_other_samples_of_the_same_target(stores, trained, tmp_pa
     before = (run / "draft" / "specdraft_manifest.json").read_text()
     was, now = data_hash(stores["a"][1])[:12], data_hash(stores[other][1])[:12]
     with pytest.raises(ValueError) as e:
-        train(
-            TrainConfig.from_dict({**CFG, "total_steps": 3}),
-            stores[other][1],
-            run,
-            resume=True,
-            progress=False,
-        )
+        resume_to_step_3(stores[other][1], run)
     says = (
         f"{run / 'checkpoints' / 'step-00000002.pt'}: this checkpoint was trained on other data (data hash "
         f"{was} ({counts[0]}) -> {now} ({counts[1]})): resume with the store (or --online data file and "
@@ -155,9 +147,7 @@ def test_resume_refuses_other_samples_of_the_same_target(stores, trained, tmp_pa
     assert str(e.value) == says
     assert [p.name for p in checkpoint_paths(run)] == ["step-00000002.pt"]
     assert (run / "draft" / "specdraft_manifest.json").read_text() == before
-    result = CliRunner().invoke(
-        app, ["train", str(stores[other][1]), str(run), "--resume", "--steps", "3"]
-    )
+    result = CliRunner().invoke(app, cli_args("train", stores[other][1], run, resume=True, steps=3))
     assert result.exit_code == 1 and f"error: {says}" in result.output, result.output
     assert [p.name for p in checkpoint_paths(run)] == ["step-00000002.pt"]
 
@@ -165,7 +155,7 @@ def test_resume_refuses_other_samples_of_the_same_target(stores, trained, tmp_pa
 def test_resume_on_the_same_store_records_its_data(stores, trained, tmp_path):
     run = copy_run(trained, tmp_path)
     store = stores["a"][1]
-    result = CliRunner().invoke(app, ["train", str(store), str(run), "--resume", "--steps", "3"])
+    result = CliRunner().invoke(app, cli_args("train", store, run, resume=True, steps=3))
     assert result.exit_code == 0, result.output
     state = torch.load(checkpoint_paths(run)[-1], map_location="cpu", weights_only=False)
     assert state["step"] == 3 and state["num_samples"] == 24
@@ -217,9 +207,7 @@ def test_a_checkpoint_without_data_hash_on_a_smaller_split_says_what_changed(
             progress=False,
         )
     assert str(e.value) == says
-    result = CliRunner().invoke(
-        app, ["train", str(stores["a8"][1]), str(run), "--resume", "--steps", "3"]
-    )
+    result = CliRunner().invoke(app, cli_args("train", stores["a8"][1], run, resume=True, steps=3))
     assert result.exit_code == 1 and f"error: {says}" in result.output, result.output
     assert [p.name for p in checkpoint_paths(run)] == ["step-00000002.pt"]
 
@@ -231,17 +219,7 @@ def test_target_flag_must_be_the_store_target(stores, tmp_path):
         StoreData(store, stores["six"][0])
     result = CliRunner().invoke(
         app,
-        [
-            "train",
-            str(store),
-            str(tmp_path / "run"),
-            "--target",
-            str(stores["six"][0]),
-            "--steps",
-            "1",
-            "--batch-size",
-            "4",
-        ],
+        cli_args("train", store, tmp_path / "run", target=stores["six"][0], steps=1, batch_size=4),
     )
     assert (
         result.exit_code == 1 and "not the target this store was captured from" in result.output
@@ -284,19 +262,9 @@ def test_cli_ctrl_c_names_the_checkpoint_it_saved(stores, tmp_path, monkeypatch)
     interrupt_after(monkeypatch, 3)
     result = CliRunner().invoke(
         app,
-        [
-            "train",
-            str(stores["a"][1]),
-            str(run),
-            "--steps",
-            "4",
-            "--batch-size",
-            "4",
-            "--ttt-steps",
-            "2",
-            "--draft-vocab-size",
-            "96",
-        ],
+        cli_args(
+            "train", stores["a"][1], run, steps=4, batch_size=4, ttt_steps=2, draft_vocab_size=96
+        ),
     )
     assert result.exit_code == 130, result.output
     assert (
@@ -331,19 +299,16 @@ def test_online_aux_layers_out_of_range_are_named_by_the_flag(online_target, tmp
     data.write_text("".join('{"text": "the cat sat on the mat"}\n' for _ in range(8)))
     result = CliRunner().invoke(
         app,
-        [
+        cli_args(
             "train",
-            str(data),
-            str(tmp_path / "run"),
-            "--online",
-            "--target",
-            str(online_target),
-            "--aux-layers",
-            "1,2,7",
-            "--no-chat",
-            "--batch-size",
-            "4",
-        ],
+            data,
+            tmp_path / "run",
+            online=True,
+            target=online_target,
+            aux_layers="1,2,7",
+            no_chat=True,
+            batch_size=4,
+        ),
     )
     assert result.exit_code == 1, result.output
     assert (
@@ -404,14 +369,7 @@ def test_online_resume_refuses_another_data_file(online_target, tmp_path):
 def test_online_on_a_capture_store_says_to_drop_online(stores, online_target, tmp_path):
     result = CliRunner().invoke(
         app,
-        [
-            "train",
-            str(stores["a"][1]),
-            str(tmp_path / "run"),
-            "--online",
-            "--target",
-            str(online_target),
-        ],
+        cli_args("train", stores["a"][1], tmp_path / "run", online=True, target=online_target),
     )
     assert result.exit_code == 1, result.output
     assert "is a capture store" in result.output and "drop --online" in result.output
@@ -428,7 +386,7 @@ def test_train_refuses_a_directory_of_unrelated_files(stores, tmp_path, resume):
     assert sorted(p.name for p in out.iterdir()) == ["important.txt"]
     result = CliRunner().invoke(
         app,
-        ["train", str(stores["a"][1]), str(out), "--steps", "1", "--batch-size", "4"]
+        cli_args("train", stores["a"][1], out, steps=1, batch_size=4)
         + (["--resume"] if resume else []),
     )
     assert result.exit_code == 1 and "holds no training run" in result.output, result.output

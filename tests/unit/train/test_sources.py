@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.data.render import data_hash, load_dataset, tokenizer_fingerprint
 from specdraft.train.sources import OnlineData, OnlineSource
+from tests.support.cli import cli_args, cli_options
 from tests.support.tiny_models import save_tiny_model
 from tests.support.tiny_tokenizer import WORDS, save_tiny_tokenizer, tiny_chat_tokenizer
 
@@ -37,32 +38,25 @@ def chats_file(tmp_path_factory):
     return path
 
 
+def train_online(chats_file, tmp_path, target_dir, **options):
+    """`train --online CHATS_FILE tmp_path/run --target TARGET_DIR` with cli_args `options`."""
+    args = cli_args("train", chats_file, tmp_path / "run", online=True, target=target_dir)
+    return CliRunner().invoke(app, args + cli_options(**options))
+
+
 def test_cli_trains_online_and_records_the_data_in_the_manifest(target_dir, chats_file, tmp_path):
     run = tmp_path / "run"
-    result = CliRunner().invoke(
-        app,
-        [
-            "train",
-            str(chats_file),
-            str(run),
-            "--online",
-            "--target",
-            str(target_dir),
-            "--aux-layers",
-            "1,2,3",
-            "--template-kwargs",
-            '{"enable_thinking": true}',
-            "--steps",
-            "3",
-            "--batch-size",
-            "4",
-            "--grad-accum-steps",
-            "2",
-            "--ttt-steps",
-            "2",
-            "--draft-vocab-size",
-            "64",
-        ],
+    result = train_online(
+        chats_file,
+        tmp_path,
+        target_dir,
+        aux_layers="1,2,3",
+        template_kwargs='{"enable_thinking": true}',
+        steps=3,
+        batch_size=4,
+        grad_accum_steps=2,
+        ttt_steps=2,
+        draft_vocab_size=64,
     )
     assert result.exit_code == 0, result.output
     assert "3 steps" in result.output
@@ -87,16 +81,7 @@ def test_cli_online_bad_data_file_is_a_one_line_error_naming_it(target_dir, tmp_
     )  # no answer
     result = CliRunner().invoke(
         app,
-        [
-            "train",
-            str(bad),
-            str(tmp_path / "run"),
-            "--online",
-            "--target",
-            str(target_dir),
-            "--steps",
-            "1",
-        ],
+        cli_args("train", bad, tmp_path / "run", online=True, target=target_dir, steps=1),
     )
     assert result.exit_code == 1
     assert result.output.startswith("error: ") and str(bad) in result.output
@@ -108,21 +93,7 @@ def test_cli_online_aux_layers_of_another_count_name_the_engines_rule(
     target_dir, chats_file, tmp_path
 ):
     """Not "vllm hard-codes": both engines read 3 aux states, so such a drafter serves on neither."""
-    result = CliRunner().invoke(
-        app,
-        [
-            "train",
-            str(chats_file),
-            str(tmp_path / "run"),
-            "--online",
-            "--target",
-            str(target_dir),
-            "--aux-layers",
-            "1,3",
-            "--steps",
-            "1",
-        ],
-    )
+    result = train_online(chats_file, tmp_path, target_dir, aux_layers="1,3", steps=1)
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
     assert " ".join(result.output.split()) == (
         "error: --aux-layers 1,3: SGLang and vLLM both read exactly 3 aux states (fc input = 3 x target hidden "
@@ -141,18 +112,9 @@ def test_cli_online_options_need_their_mode(target_dir, chats_file, tmp_path):
     assert no_online.exit_code == 2 and "apply with --online only" in no_online.output
 
 
-TRAIN_ARGS = [
-    "--aux-layers",
-    "1,2,3",
-    "--steps",
-    "2",
-    "--batch-size",
-    "4",
-    "--ttt-steps",
-    "2",
-    "--draft-vocab-size",
-    "64",
-]
+TRAIN_ARGS = cli_options(
+    aux_layers="1,2,3", steps=2, batch_size=4, ttt_steps=2, draft_vocab_size=64
+)
 
 
 def train_losses(run) -> list[float]:
@@ -224,19 +186,7 @@ def test_cli_online_only_options_are_refused_offline_and_checked(target_dir, cha
             offline.exit_code == 2
             and "--target-dtype and --skip-bad apply with --online only" in offline.output
         )
-    bad = CliRunner().invoke(
-        app,
-        [
-            "train",
-            str(chats_file),
-            str(tmp_path / "run"),
-            "--online",
-            "--target",
-            str(target_dir),
-            "--target-dtype",
-            "int8",
-        ],
-    )
+    bad = train_online(chats_file, tmp_path, target_dir, target_dtype="int8")
     assert bad.exit_code == 2 and "Invalid value for '--target-dtype'" in bad.output
     assert (
         "'int8' is not one of 'bf16', 'fp16', 'fp32', 'bfloat16', 'float16', 'float32'"

@@ -13,14 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.support.kernels import (  # skips this module without Triton
-    ARGS,
-    CUDA,
-    DEVICE,
-    DTYPE,
-    random_target,
-    replay_rounds_eagerly,
-)
+# skips this module without Triton
+from tests.support.kernels import ARGS, CUDA, DEVICE, DTYPE, random_target, replay_rounds_eagerly
 
 # isort: split
 from specdraft.draft import apply_rope, rms_norm
@@ -351,20 +345,11 @@ def test_engine_with_the_triton_drafter_emits_the_torch_drafters_tokens():
     the interpreter makes each round slow.)"""
     from specdraft.engine.spec_config import SpecConfig
     from specdraft.engine.speculate import SpeculativeEngine
-    from tests.support.drafts import tiny_draft
+    from tests.support.drafts import engine_draft
 
     target = random_target(ARGS["llama"])
     torch.manual_seed(0)
-    draft = tiny_draft(
-        num_layers=2,
-        aux_layers=(0, 1, 2),
-        head_dim=16,
-        hidden_size=64,
-        target_hidden_size=64,
-        vocab_size=200,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    draft = engine_draft()
     draft = draft.to(DEVICE, DTYPE).eval()
     prompt = torch.randint(0, 200, (12,), generator=torch.Generator().manual_seed(2)).tolist()
     outputs, trees = [], []
@@ -469,23 +454,10 @@ def test_compiled_engine_runs_target_and_drafter_through_triton_graphs():
     from specdraft.engine.draft_round import GraphedDraft
     from specdraft.engine.spec_config import SpecConfig
     from specdraft.engine.speculate import SpeculativeEngine
-    from tests.support.drafts import tiny_draft
+    from tests.support.drafts import engine_draft
 
     target = random_target(ARGS["llama"])
-    draft = (
-        tiny_draft(
-            num_layers=2,
-            aux_layers=(0, 1, 2),
-            head_dim=16,
-            hidden_size=64,
-            target_hidden_size=64,
-            vocab_size=200,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-        .to(DEVICE, DTYPE)
-        .eval()
-    )
+    draft = engine_draft().to(DEVICE, DTYPE).eval()
     engine = SpeculativeEngine(target, draft, SpecConfig(3, 2, 6), None, 64, DEVICE, compile=True)
     assert (engine.target_kernels, engine.draft_kernels) == ("triton", "triton")
     assert isinstance(engine.proposer.run_draft, GraphedDraft)
@@ -519,24 +491,11 @@ def test_compiled_tree_rounds_write_the_verify_inputs_of_a_rebuilt_cache():
     and after (a round writing stale buffers verifies other tokens)."""
     from specdraft.engine.spec_config import SpecConfig
     from specdraft.engine.speculate import SpeculativeEngine
-    from tests.support.drafts import tiny_draft
+    from tests.support.drafts import engine_draft
 
     target = random_target(ARGS["llama"])
     torch.manual_seed(0)
-    draft = (
-        tiny_draft(
-            num_layers=2,
-            aux_layers=(0, 1, 2),
-            head_dim=16,
-            hidden_size=64,
-            target_hidden_size=64,
-            vocab_size=200,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-        .to(DEVICE, DTYPE)
-        .eval()
-    )
+    draft = engine_draft().to(DEVICE, DTYPE).eval()
     engine = SpeculativeEngine(target, draft, SpecConfig(3, 2, 6), None, 64, DEVICE, compile=True)
     prompt = list(range(1, 13))
     first = engine.generate(prompt, 16)
@@ -566,7 +525,7 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
     from specdraft.engine.eagle_tree import SelectedProposal
     from specdraft.engine.spec_config import SpecConfig
     from specdraft.engine.speculate import SpeculativeEngine
-    from tests.support.drafts import tiny_draft
+    from tests.support.drafts import engine_draft
 
     if not CUDA:
         replay_rounds_eagerly(monkeypatch)
@@ -578,16 +537,7 @@ def test_graphed_round_drafts_the_step_by_step_trees(monkeypatch, spec):
     sampling = {"temperature": 1.0, "seed": 3} if spec.endswith("sampled") else {}
     target = random_target(ARGS["llama"])
     torch.manual_seed(0)
-    draft = tiny_draft(
-        num_layers=2,
-        aux_layers=(0, 1, 2),
-        head_dim=16,
-        hidden_size=64,
-        target_hidden_size=64,
-        vocab_size=200,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    draft = engine_draft()
     for name in ("q_proj", "k_proj"):  # peaked attention: a position off by one moves the scores
         getattr(draft.midlayer.self_attn, name).weight.mul_(8)
     draft = draft.to(DEVICE, DTYPE).eval()
