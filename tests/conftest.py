@@ -1,6 +1,7 @@
 """Test-wide settings: one torch thread (tiny models; two threads fight on the 2-core CI machine),
-and without a GPU, Triton kernels run in Triton's interpreter (tests/unit/engine/test_triton_ops.py). The
-variable must be set before anything imports Triton: torch's compiler may import it early.
+and without a GPU, Triton kernels run in Triton's interpreter
+(tests/unit/engine/kernels/test_fused_decode.py). The variable must be set before anything
+imports Triton: torch's compiler may import it early.
 Every test sees an idle machine (no busy-machine notes in outputs; tests of the note set the
 load themselves). Also fixtures several modules share: `store` (training) and `chat_target_dir`
 (capture)."""
@@ -37,18 +38,18 @@ def python_signal_handlers():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """The capture store of tests/unit/train/test_train_loop.py's tiny target and samples (`make_world`),
+    """The capture store of the trainer's tiny target and samples (`tests.support.train_world`),
     for the train / resume / export modules that train from it."""
-    from tests.unit.train.test_train_loop import make_world
+    from tests.support.train_world import make_world
 
     return make_world(tmp_path_factory.mktemp("train"))[2]
 
 
 @pytest.fixture(scope="module")
 def chat_target_dir(tmp_path_factory):
-    """A saved tiny 4-layer Llama target with the tiny chat tokenizer (tests/tiny_tokenizer.py)."""
-    from tests.tiny_models import save_tiny_model
-    from tests.tiny_tokenizer import save_tiny_tokenizer
+    """A saved tiny 4-layer Llama target with the tiny chat tokenizer (tests/support/tiny_tokenizer.py)."""
+    from tests.support.tiny_models import save_tiny_model
+    from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
     path = save_tiny_model("llama", tmp_path_factory.mktemp("target") / "tiny", num_layers=4)
     save_tiny_tokenizer(path)

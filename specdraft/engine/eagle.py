@@ -1,7 +1,7 @@
 """EAGLE-3 drafting on the engine's hot path: the drafter's steps (`FastDraft`), its K/V cache
 (`DraftCache`) and the chain proposer (`EagleChain`; the tree's is `eagle_tree.EagleTree`).
 
-`FastDraft` computes what `Eagle3Draft.forward` computes (parity: test_engine_fast_draft.py)
+`FastDraft` computes what `Eagle3Draft.forward` computes (parity: tests/unit/engine/test_eagle.py)
 with the engine's cache protocol and fewer operations per step: q/k/v and gate/up as one matmul
 each (weights stacked once: build a new FastDraft after changing the drafter's weights); K/V
 written into the `DraftCache` and attended in place; tensors and functions, not modules (batch
@@ -10,7 +10,7 @@ written into the `DraftCache` and attended in place; tensors and functions, not 
 Triton kernels (`kernels.linear_ops`, `norm_rope_ops`, `attention_ops`): eleven launches
 (twelve on a first step, with fc) where torch makes about forty, RoPE and the K/V writes in
 the q|k|v matmul's epilogue, silu(gate) * up in the gate|up matmul's; RoPE then in float32
-(agrees to bf16 rounding: test_triton_ops.py); `draft_round.GraphedDraft` replays them as
+(agrees to bf16 rounding: tests/unit/engine/kernels/test_fused_decode.py); `draft_round.GraphedDraft` replays them as
 CUDA graphs.
 
 The draft cache: entries 0..length-1 are the first-step K/V at committed positions (one per

@@ -9,7 +9,8 @@ import pytest
 
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.cli import cli_args
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 
@@ -102,7 +103,7 @@ def test_case_fc03_nested_only_file_fails_for_vllm_alone(llama, tmp_path, with_m
     )
     result = CliRunner().invoke(
         app,
-        ["doctor", str(ckpt), "--target", str(target), "--engine", "vllm"],
+        cli_args("doctor", ckpt, target=target, engine="vllm"),
         env={"COLUMNS": "400"},
     )
     assert result.exit_code == 1 and "aux_ids_read_alike" in result.output, result.output

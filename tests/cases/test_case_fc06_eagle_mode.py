@@ -6,16 +6,13 @@ from __future__ import annotations
 import pytest
 
 from specdraft.doctor import run_doctor
-from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.doctor_helpers import one_thread, sglang_export  # noqa: F401
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("fc06")
-    draft, target = draft_checkpoint(root)
-    export_draft(draft, root / "out", engine="sglang", target=target)
-    return root / "out", target
+    return sglang_export(root)
 
 
 def algorithm(ckpt, engine, args):

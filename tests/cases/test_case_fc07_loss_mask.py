@@ -18,7 +18,7 @@ from specdraft.data.labels import (
     target_logit_position,
 )
 from specdraft.data.render import render_chat
-from tests.tiny_tokenizer import tiny_chat_tokenizer
+from tests.support.tiny_tokenizer import tiny_chat_tokenizer
 
 TWO_TURNS = [
     {"role": "user", "content": "hello"},

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from specdraft.data.render import RenderInfo, load_dataset, render_parity, template_hash
-from tests.tiny_tokenizer import CHAT, tiny_chat_tokenizer
+from tests.support.tiny_tokenizer import CHAT, tiny_chat_tokenizer
 
 
 def test_case_fc08_render_info_stores_hash_and_kwargs(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 from specdraft.data.render import template_hash, tokenizer_fingerprint
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.tiny_tokenizer import CHAT, tiny_chat_tokenizer
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.tiny_tokenizer import CHAT, tiny_chat_tokenizer
 
 
 @pytest.fixture(scope="module")

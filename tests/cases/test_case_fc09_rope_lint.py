@@ -11,7 +11,7 @@ import pytest
 
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread, trained_world  # noqa: F401
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread, trained_world  # noqa: F401
 
 
 @pytest.fixture(scope="module")

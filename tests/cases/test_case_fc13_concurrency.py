@@ -17,7 +17,7 @@ from specdraft.bench.report import markdown, write_report
 from specdraft.bench.stats import SpeedupPoint, find_crossover, verdict
 from specdraft.bench.sweep import run_bench
 from specdraft.serve.server import serve_in_thread
-from tests.serve_helpers import fake_vllm_app, write_prompts
+from tests.support.serve_helpers import fake_vllm_app, write_prompts
 
 # concurrency -> (tokens/s of each speculative run, tokens/s of each baseline run)
 BATCHED = {

@@ -12,7 +12,7 @@ import torch
 from specdraft.engine.eagle_tree import EagleTree
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
-from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.support.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
 
 NUM_PROMPTS, PROMPT_LEN, NUM_NEW = 20, 8, 24
 

@@ -11,36 +11,10 @@ import pytest
 import torch
 
 from specdraft.draft import KV, Eagle3Draft
-from specdraft.draft_config import DraftConfig
 from specdraft.train.loss import flex_by_default, ttt_loss, ttt_unroll
+from tests.support.drafts import ttt_draft, ttt_inputs
 
 STEPS = 4
-
-
-def tiny_draft(
-    seed: int = 0, vocab: int = 48, draft_vocab: int = 48, dtype=torch.float64
-) -> Eagle3Draft:
-    cfg = DraftConfig(
-        hidden_size=16,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=4,
-        intermediate_size=32,
-        target_hidden_size=16,
-        vocab_size=vocab,
-        draft_vocab_size=draft_vocab,
-        aux_layers=(1, 2, 3),
-        target_num_layers=4,
-        max_position_embeddings=128,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        draft = Eagle3Draft(cfg)
-        draft.load_target_embedding(torch.randn(vocab, 16))
-        # scale up so attention weights are far from uniform: a wrong key set shows clearly
-        for p in draft.parameters():
-            p.data.mul_(10.0)
-    return draft.to(dtype)
 
 
 def naive_unroll(
@@ -79,20 +53,13 @@ def naive_unroll(
     return logits
 
 
-def inputs(seed: int, t_len: int = 9, vocab: int = 48):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (1, t_len), generator=g)
-    aux = torch.randn(1, t_len, 48, generator=g, dtype=torch.float64)
-    return ids, aux
-
-
 @pytest.mark.parametrize("flex", [False, True], ids=["sdpa", "flex"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_case_fc14_vectorized_ttt_equals_naive_recursion(seed, flex):
     """Both attention paths of the unroll: SDPA with the dense mask, flex with the block mask
     (the CUDA default; eager here)."""
-    draft = tiny_draft(seed)
-    ids, aux = inputs(seed)
+    draft = ttt_draft(seed)
+    ids, aux = ttt_inputs(seed)
     with torch.no_grad():
         fast = [o.logits for o in ttt_unroll(draft, ids, aux, STEPS, flex=flex)]
         slow = naive_unroll(draft, ids, aux, STEPS)
@@ -116,8 +83,8 @@ def test_case_fc14_causal_mask_at_later_steps_is_caught(monkeypatch):
         causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
         return torch.cat([causal] * (step + 1), dim=1)[None, None]
 
-    draft = tiny_draft(0)
-    ids, aux = inputs(0)
+    draft = ttt_draft(0)
+    ids, aux = ttt_inputs(0)
     monkeypatch.setattr(loss, "ttt_attention_mask", all_causal)
     with torch.no_grad():
         fast = [o.logits for o in ttt_unroll(draft, ids, aux, STEPS)]
@@ -128,9 +95,9 @@ def test_case_fc14_causal_mask_at_later_steps_is_caught(monkeypatch):
 
 def test_case_fc07_loss_runs_on_exactly_the_supervised_positions():
     """Two-turn chat: prompt 0..3, answer 4..6, prompt 7..9, answer 10..12 (loss_mask = answers)."""
-    draft = tiny_draft(0)
+    draft = ttt_draft(0)
     t_len = 13
-    ids, aux = inputs(3, t_len)
+    ids, aux = ttt_inputs(3, t_len)
     loss_mask = torch.zeros(1, t_len, dtype=torch.bool)
     loss_mask[0, 4:7] = loss_mask[0, 10:13] = True
     logits = torch.randn(
@@ -155,8 +122,8 @@ def test_case_fc07_loss_runs_on_exactly_the_supervised_positions():
 
 
 def test_case_fc07_target_argmax_outside_draft_vocab_is_not_supervised():
-    draft = tiny_draft(0, vocab=48, draft_vocab=40)  # d2t = 0: draft vocab = target ids 0..39
-    ids, aux = inputs(4)
+    draft = ttt_draft(0, vocab=48, draft_vocab=40)  # d2t = 0: draft vocab = target ids 0..39
+    ids, aux = ttt_inputs(4)
     logits = torch.zeros(1, 9, 48, dtype=torch.float64)
     logits[0, :, 45] = 5.0  # argmax outside the draft vocabulary everywhere ...
     logits[0, 4, 45], logits[0, 4, 7] = 0.0, 5.0  # ... except at target position 4

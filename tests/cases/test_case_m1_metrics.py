@@ -9,7 +9,7 @@ from rich.console import Console
 from specdraft.engine.metrics import metrics_table
 from specdraft.engine.requests import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
-from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.support.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
 
 
 def test_case_m1_tau_from_raw_counts_equals_one_plus_sum_pk():

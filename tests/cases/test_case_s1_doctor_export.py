@@ -16,7 +16,8 @@ from specdraft.checkpoint import load_draft, save_draft
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, edit_weights, one_thread, rename_layer  # noqa: F401
+from tests.support.cli import cli_args
+from tests.support.doctor_helpers import draft_checkpoint, edit_weights, one_thread, rename_layer  # noqa: F401
 
 
 @pytest.fixture
@@ -85,7 +86,7 @@ def test_case_s1_export_sglang_writes_midlayer_and_doctor_passes(tmp_path):
 def test_case_s1_cli_doctor_exits_nonzero(s1):
     ckpt, target = s1
     result = CliRunner().invoke(
-        app, ["doctor", str(ckpt), "--target", str(target), "--engine", "sglang", "--json"]
+        app, cli_args("doctor", ckpt, target=target, engine="sglang", json=True)
     )
     assert result.exit_code == 1
     report = json.loads(result.stdout)

@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdraft.checkpoint import CheckpointError, load_draft, save_draft
-from tests.drafts import tiny_draft
+from tests.support.drafts import tiny_draft
 
 
 def rewrite_weights(directory, edit):

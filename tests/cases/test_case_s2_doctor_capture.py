@@ -12,15 +12,19 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, edit_config, edit_weights, one_thread  # noqa: F401
+from tests.support.cli import cli_args
+from tests.support.doctor_helpers import (  # noqa: F401
+    edit_config,
+    edit_weights,
+    one_thread,
+    sglang_export,
+)
 
 
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
     root = tmp_path_factory.mktemp("s2")
-    draft, target = draft_checkpoint(root)
-    export_draft(draft, root / "sglang", engine="sglang", target=target)
-    return root / "sglang", target
+    return sglang_export(root)
 
 
 def copy_export(src, dst, target):
@@ -83,7 +87,5 @@ def test_case_s2_cli(healthy, tmp_path):
     out, target = healthy
     ckpt = copy_export(out, tmp_path / "off", target)
     edit_config(ckpt, lambda c: c["eagle_config"].update(use_aux_hidden_state=False))
-    result = CliRunner().invoke(
-        app, ["doctor", str(ckpt), "--target", str(target), "--engine", "sglang"]
-    )
+    result = CliRunner().invoke(app, cli_args("doctor", ckpt, target=target, engine="sglang"))
     assert result.exit_code == 1 and "aux_width_on_target" in result.output

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tests.drafts import tiny_draft
+from tests.support.drafts import tiny_draft
 
 
 def test_case_s2_single_hidden_state_is_refused_naming_aux_layers():

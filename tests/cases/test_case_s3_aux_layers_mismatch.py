@@ -13,7 +13,7 @@ from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.inputs import DoctorInputs
 from specdraft.doctor.offline import offline_run
 from specdraft.export import ExportError, export_draft
-from tests.doctor_helpers import edit_config, one_thread, trained_world  # noqa: F401
+from tests.support.doctor_helpers import edit_config, one_thread, trained_world  # noqa: F401
 
 
 @pytest.fixture(scope="module")

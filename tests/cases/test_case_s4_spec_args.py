@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
-from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.cli import cli_args
+from tests.support.doctor_helpers import one_thread, sglang_export  # noqa: F401
 
 S4 = (
     "python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3 "
@@ -23,9 +23,7 @@ S4 = (
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("s4")
-    draft, target = draft_checkpoint(root)
-    export_draft(draft, root / "sglang", engine="sglang", target=target)
-    return root / "sglang"
+    return sglang_export(root)[0]
 
 
 def settings(ckpt, args: str):
@@ -89,7 +87,7 @@ def test_case_s4_vllm_chain_length(ckpt):
 def test_case_s4_cli(ckpt):
     result = CliRunner().invoke(
         app,
-        ["doctor", str(ckpt), "--engine", "sglang", "--engine-args", S4],
+        cli_args("doctor", ckpt, engine="sglang", engine_args=S4),
         env={"COLUMNS": "240"},
     )
     assert result.exit_code == 1

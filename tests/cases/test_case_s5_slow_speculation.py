@@ -12,8 +12,8 @@ from specdraft.bench.tune import tune
 from specdraft.bench.tune_model import TuneConfig
 from specdraft.bench.tune_render import render
 from specdraft.engine.spec_config import SpecConfig
-from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
-from tests.serve_helpers import (
+from tests.support.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.support.serve_helpers import (
     VirtualClock,
     engine,
     modelled_engine,
@@ -23,7 +23,7 @@ from tests.serve_helpers import (
     word_tokenizer,
     write_prompts,
 )
-from tests.tune_helpers import modelled_bench
+from tests.support.tune_helpers import modelled_bench
 
 DEEP = SpecConfig.chain(15)
 
@@ -67,7 +67,7 @@ def check_report(report, current_speedup_below: float = 1.0) -> str:
 
 def test_case_s5_tune_recommends_no_speculation_when_drafting_costs_like_the_target():
     """As on the CPU, the tiny drafter's step costs about half a target step (given, not timed:
-    `tests.tune_helpers`): nothing wins."""
+    `tests.support.tune_helpers`): nothing wins."""
     setup = tiny_setup("llama")
     cfg = TuneConfig(max_new_tokens=24, probe_steps=4, topks=(1,), num_measure=2, current=DEEP)
     prompts = random_prompts(3, 8, seed=51)

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import (
+from tests.support.cli import cli_args
+from tests.support.doctor_helpers import (
     edit_config,
     edit_weights,
     one_thread,  # noqa: F401
@@ -89,7 +90,7 @@ def test_case_s6_s3_wiring_shows_as_a_large_gap(world, healthy, tmp_path):
 def test_case_s6_held_out_samples_show_no_gap(world, healthy, tmp_path):
     import json
 
-    from tests.doctor_helpers import random_samples
+    from tests.support.doctor_helpers import random_samples
 
     held_out = tmp_path / "held_out.jsonl"
     held_out.write_text(
@@ -195,16 +196,7 @@ def test_case_s5_depth_past_useful_acceptance_fails(world, healthy):
 def test_case_s6_cli_prints_both_side_by_side(world, healthy):
     result = CliRunner().invoke(
         app,
-        [
-            "doctor",
-            str(healthy),
-            "--target",
-            str(world.target),
-            "--engine",
-            "vllm",
-            "--samples",
-            str(world.samples),
-        ],
+        cli_args("doctor", healthy, target=world.target, engine="vllm", samples=world.samples),
         env={"COLUMNS": "240"},
     )
     assert result.exit_code == 0, result.output

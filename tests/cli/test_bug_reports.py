@@ -7,13 +7,13 @@ from typer.testing import CliRunner
 
 import specdraft.engine.speculate
 from specdraft.cli import app
-from tests.cli.test_engine_cli import _target_with_tokenizer
-from tests.engine_helpers import tiny_setup
+from tests.support.cli import cli_args
+from tests.support.engine_helpers import copy_with_word_tokenizer, tiny_setup
 
 
 def test_a_bug_inside_the_engine_prints_its_traceback_and_exits_1(tmp_path, monkeypatch):
     setup = tiny_setup("llama")
-    _target_with_tokenizer(setup, tmp_path / "target")
+    copy_with_word_tokenizer(setup, tmp_path / "target")
 
     def broken(*args, **kwargs):
         raise KeyError("boom")
@@ -21,15 +21,7 @@ def test_a_bug_inside_the_engine_prints_its_traceback_and_exits_1(tmp_path, monk
     monkeypatch.setattr(specdraft.engine.speculate.SpeculativeEngine, "generate", broken)
     result = CliRunner().invoke(
         app,
-        [
-            "generate",
-            "--target",
-            str(tmp_path / "target"),
-            "--prompt",
-            "w1 w2",
-            "--max-new-tokens",
-            "4",
-        ],
+        cli_args("generate", target=tmp_path / "target", prompt="w1 w2", max_new_tokens=4),
     )
     assert result.exit_code == 1, result.output
     assert (
@@ -42,10 +34,10 @@ def test_a_bug_inside_the_engine_prints_its_traceback_and_exits_1(tmp_path, monk
 
 def test_a_bad_input_is_one_line_without_a_traceback(tmp_path):
     setup = tiny_setup("llama")
-    _target_with_tokenizer(setup, tmp_path / "target")
+    copy_with_word_tokenizer(setup, tmp_path / "target")
     result = CliRunner().invoke(
         app,
-        ["generate", "--target", str(tmp_path / "target"), "--prompt", "hi", "--topk", "2"],
+        cli_args("generate", target=tmp_path / "target", prompt="hi", topk=2),
     )
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]

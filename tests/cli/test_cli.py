@@ -12,15 +12,7 @@ from typer.testing import CliRunner
 
 from specdraft.cli import app
 from specdraft.cli.checks import check_checkpoint_dir, int_list
-
-
-def flat(output: str) -> str:
-    """Typer's boxed error on one line (box drawing and wrapping removed)."""
-    return " ".join(re.sub(r"[\u2500-\u257f]", " ", output).split())
-
-
-def invoke(args: list[str]):
-    return CliRunner().invoke(app, args, env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
+from tests.support.cli import cli_args, flat, invoke
 
 
 def test_int_list():
@@ -39,8 +31,8 @@ def test_int_list():
     "args",
     [
         ["bench", "--url", "http://127.0.0.1:1", "--concurrency", "a,b"],
-        ["tune", "--topks", "1,x", "--target", "unused", "--draft", "unused"],
-        ["capture", "{dir}", "data.jsonl", "out", "--aux-layers", "2,three"],
+        cli_args("tune", topks="1,x", target="unused", draft="unused"),
+        cli_args("capture", "{dir}", "data.jsonl", "out", aux_layers="2,three"),
     ],
 )
 def test_integer_list_options_give_a_usage_error(args, tmp_path):
@@ -101,15 +93,7 @@ def test_bench_and_tune_check_their_output_paths_before_running(tmp_path):
     for bad in (tmp_path, tmp_path / "missing" / "t.json"):
         tune = CliRunner().invoke(
             app,
-            [
-                "tune",
-                "--target",
-                str(tmp_path / "model"),
-                "--draft",
-                str(tmp_path / "model"),
-                "--json-out",
-                str(bad),
-            ],
+            cli_args("tune", target=tmp_path / "model", draft=tmp_path / "model", json_out=bad),
         )
         assert tune.exit_code == 1 and "--json-out" in tune.output, tune.output
 
@@ -119,7 +103,7 @@ def test_inspect_summarises_the_manifest_and_prints_it_whole_on_request(tmp_path
     import json
 
     from specdraft.checkpoint import save_draft
-    from tests.drafts import tiny_draft, tiny_manifest
+    from tests.support.drafts import tiny_draft, tiny_manifest
 
     model = tiny_draft()
     manifest = tiny_manifest(model)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from specdraft.export import ExportError, export_draft, spec_for_export
-from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.cli import cli_args, flat, invoke
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def usage_error(args: list[str], option: str) -> str:
 @pytest.mark.parametrize("port", ["99999", "-1", "0"])
 def test_serve_port_out_of_range_is_a_usage_error(world, port):
     _, _, bare = world
-    text = usage_error(["serve", "--target", str(bare), "--no-spec", "--port", port], "--port")
+    text = usage_error(cli_args("serve", target=bare, no_spec=True, port=port), "--port")
     assert (
         "Input should be "
         + ("less than or equal to 65535" if port == "99999" else "greater than or equal to 1")
@@ -48,24 +48,10 @@ def test_serve_port_out_of_range_is_a_usage_error(world, port):
     [
         ["bench", "--url", "http://127.0.0.1:abc", "--wait", "0"],
         ["bench", "--url", "http://127.0.0.1:99999", "--wait", "0"],
-        [
-            "bench",
-            "--url",
-            "http://127.0.0.1:8000",
-            "--baseline-url",
-            "http://127.0.0.1:70000",
-            "--wait",
-            "0",
-        ],
-        [
-            "regenerate",
-            "d.jsonl",
-            "o.jsonl",
-            "--endpoint",
-            "http://127.0.0.1:99999",
-            "--model",
-            "m",
-        ],
+        cli_args(
+            "bench", url="http://127.0.0.1:8000", baseline_url="http://127.0.0.1:70000", wait=0
+        ),
+        cli_args("regenerate", "d.jsonl", "o.jsonl", endpoint="http://127.0.0.1:99999", model="m"),
     ],
 )
 def test_url_port_out_of_range_is_a_usage_error(args):
@@ -148,17 +134,7 @@ def test_vllm_export_with_other_draft_tokens_names_vllm_chains_only(world, tmp_p
         )
         assert "SGLang" not in message and "tree" not in message and "topk" not in message
     result = invoke(
-        [
-            "export",
-            str(draft),
-            str(tmp_path / "v"),
-            "--engine",
-            "vllm",
-            "--target",
-            str(target),
-            "--num-draft-tokens",
-            "5",
-        ]
+        cli_args("export", draft, tmp_path / "v", engine="vllm", target=target, num_draft_tokens=5)
     )
     assert (
         result.exit_code == 2
@@ -212,17 +188,7 @@ def test_generate_sampling_out_of_range_is_the_only_output(world, flag, value):
 
 def test_regenerate_top_p_out_of_range_is_a_usage_error():
     text = usage_error(
-        [
-            "regenerate",
-            "d.jsonl",
-            "o.jsonl",
-            "--endpoint",
-            "http://h:1",
-            "--model",
-            "m",
-            "--top-p",
-            "1.5",
-        ],
+        cli_args("regenerate", "d.jsonl", "o.jsonl", endpoint="http://h:1", model="m", top_p="1.5"),
         "--top-p",
     )
     assert "Sampling.top_p" not in text and "1.5: must be in (0, 1] (1 = off)" in text
@@ -254,10 +220,10 @@ def test_missing_training_checkpoint_names_both_draft_forms(world, tmp_path, com
         (["bench", "--url", "http://127.0.0.1:9", "--repeats", "0"], "--repeats"),
         (["bench", "--url", "http://127.0.0.1:9", "--max-tokens", "0"], "--max-tokens"),
         (["bench", "--url", "http://127.0.0.1:9", "--num-prompts", "0"], "--num-prompts"),
-        (["serve", "--target", "{bare}", "--no-spec", "--max-queue", "-5"], "--max-queue"),
-        (["serve", "--target", "{bare}", "--no-spec", "--threads", "0"], "--threads"),
-        (["generate", "--target", "{bare}", "--prompt", "hi", "--threads", "0"], "--threads"),
-        (["tune", "--topks", "0,2", "--target", "{bare}", "--draft", "{bare}"], "--topks"),
+        (cli_args("serve", target="{bare}", no_spec=True, max_queue=-5), "--max-queue"),
+        (cli_args("serve", target="{bare}", no_spec=True, threads=0), "--threads"),
+        (cli_args("generate", target="{bare}", prompt="hi", threads=0), "--threads"),
+        (cli_args("tune", topks="0,2", target="{bare}", draft="{bare}"), "--topks"),
     ],
 )
 def test_numeric_ranges_are_usage_errors(world, args, option):
@@ -324,7 +290,7 @@ def test_capture_aux_layers_left_out_mean_the_default(world, tmp_path, monkeypat
     "args, option, example",
     [
         (
-            ["capture", "{bare}", "d.jsonl", "o", "--aux-layers", "2,x,4"],
+            cli_args("capture", "{bare}", "d.jsonl", "o", aux_layers="2,x,4"),
             "--aux-layers",
             "e.g. 2,16,29",
         ),
@@ -334,12 +300,12 @@ def test_capture_aux_layers_left_out_mean_the_default(world, tmp_path, monkeypat
             "e.g. 1,4,16",
         ),
         (
-            ["tune", "--target", "{bare}", "--draft", "{bare}", "--topks", "1,x"],
+            cli_args("tune", target="{bare}", draft="{bare}", topks="1,x"),
             "--topks",
             "e.g. 1,2,4",
         ),
         (
-            ["tune", "--target", "{bare}", "--draft", "{bare}", "--topks", "0"],
+            cli_args("tune", target="{bare}", draft="{bare}", topks=0),
             "--topks",
             "e.g. 1,2,4",
         ),
@@ -371,19 +337,7 @@ def test_integer_list_errors_give_an_example_for_their_option(world, args, optio
     ],
 )
 def test_bench_refuses_one_server_as_both(url, baseline, tmp_path):
-    result = invoke(
-        [
-            "bench",
-            "--url",
-            url,
-            "--baseline-url",
-            baseline,
-            "--wait",
-            "0",
-            "--out",
-            str(tmp_path / "o"),
-        ]
-    )
+    result = invoke(cli_args("bench", url=url, baseline_url=baseline, wait=0, out=tmp_path / "o"))
     assert result.exit_code == 2, result.output
     text = flat(result.output)
     assert (

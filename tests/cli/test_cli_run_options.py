@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 import specdraft.engine.load as engine_load
 import specdraft.serve.server
 from specdraft.cli import app
-from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
-from tests.serve_helpers import word_tokenizer
-from tests.tiny_models import save_tiny_model
+from tests.support.cli import cli_args
+from tests.support.engine_helpers import one_thread, tiny_setup  # noqa: F401
+from tests.support.serve_helpers import word_tokenizer
+from tests.support.tiny_models import save_tiny_model
 
 
 def _free_port() -> int:
@@ -163,18 +164,15 @@ def test_commands_draw_no_transformers_progress_bar(tmp_path):
     data.write_text('{"text": "w1 w2 w3 w4 w5 w6"}\n')
     assert hf_logging.is_progress_bar_enabled()
     result = invoke(
-        [
+        cli_args(
             "regenerate",
-            str(data),
-            str(tmp_path / "out.jsonl"),
-            "--target",
-            str(target),
-            "--no-chat",
-            "--prompt-tokens",
-            "2",
-            "--max-new-tokens",
-            "3",
-        ]
+            data,
+            tmp_path / "out.jsonl",
+            target=target,
+            no_chat=True,
+            prompt_tokens=2,
+            max_new_tokens=3,
+        )
     )
     assert result.exit_code == 0, result.output
     assert "1 records written" in result.output

@@ -8,26 +8,26 @@ from typer.testing import CliRunner
 
 from specdraft.checkpoint import save_draft
 from specdraft.cli import app
-from tests.drafts import tiny_draft
-from tests.tiny_models import save_tiny_model
+from tests.support.cli import cli_args
+from tests.support.drafts import tiny_draft
+from tests.support.tiny_models import save_tiny_model
 
 
-def test_manifest_less_speculators_convert_records_the_targets_architecture(tmp_path):
+def convert_a_plain_drafter(tmp_path):
+    """(target, result): a drafter without manifest (sglang layout) in tmp_path/d converted to the
+    speculators layout in tmp_path/out with --target, a saved tiny 5-layer Qwen3."""
     save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
     target = save_tiny_model("qwen3", tmp_path / "target", num_layers=5)
     result = CliRunner().invoke(
         app,
-        [
-            "convert",
-            str(tmp_path / "d"),
-            str(tmp_path / "out"),
-            "--layout",
-            "speculators",
-            "--target",
-            str(target),
-        ],
+        cli_args("convert", tmp_path / "d", tmp_path / "out", layout="speculators", target=target),
     )
     assert result.exit_code == 0, result.output
+    return target, result
+
+
+def test_manifest_less_speculators_convert_records_the_targets_architecture(tmp_path):
+    target, result = convert_a_plain_drafter(tmp_path)
     verifier = json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"][
         "verifier"
     ]
@@ -55,21 +55,7 @@ def test_convert_reads_the_targets_config_once(tmp_path, monkeypatch):
         "read_target_config",
         lambda *a, **k: reads.append(a) or read(*a, **k),
     )
-    save_draft(tiny_draft(), tmp_path / "d", layout="sglang")
-    target = save_tiny_model("qwen3", tmp_path / "target", num_layers=5)
-    result = CliRunner().invoke(
-        app,
-        [
-            "convert",
-            str(tmp_path / "d"),
-            str(tmp_path / "out"),
-            "--layout",
-            "speculators",
-            "--target",
-            str(target),
-        ],
-    )
-    assert result.exit_code == 0, result.output
+    target, result = convert_a_plain_drafter(tmp_path)
     assert len(reads) == 1, reads
     assert json.loads((tmp_path / "out" / "config.json").read_text())["speculators_config"][
         "verifier"
@@ -78,7 +64,7 @@ def test_convert_reads_the_targets_config_once(tmp_path, monkeypatch):
 
 def test_a_verifier_nothing_names_is_said_in_one_line(tmp_path):
     """A manifest that records no target path, converted without --target: name_or_path is null."""
-    from tests.doctor_helpers import draft_checkpoint
+    from tests.support.doctor_helpers import draft_checkpoint
 
     draft, _ = draft_checkpoint(tmp_path)
     manifest = json.loads((draft / "specdraft_manifest.json").read_text())
@@ -115,15 +101,9 @@ def test_speculators_convert_records_the_target_as_export_does(tmp_path):
     assert (
         runner.invoke(
             app,
-            [
-                "convert",
-                str(tmp_path / "s"),
-                str(tmp_path / "t"),
-                "--layout",
-                "speculators",
-                "--target",
-                str(target),
-            ],
+            cli_args(
+                "convert", tmp_path / "s", tmp_path / "t", layout="speculators", target=target
+            ),
         ).exit_code
         == 0
     )
@@ -143,30 +123,14 @@ def test_convert_to_the_sglang_layout_notes_a_flag_sglang_does_not_implement(tmp
     target = save_tiny_model("llama", tmp_path / "target", num_layers=5)
     result = CliRunner().invoke(
         app,
-        [
-            "convert",
-            str(tmp_path / "d"),
-            str(tmp_path / "out"),
-            "--layout",
-            "sglang",
-            "--target",
-            str(target),
-        ],
+        cli_args("convert", tmp_path / "d", tmp_path / "out", layout="sglang", target=target),
     )
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "note: SGLang does not implement norm_before_residual" in text, text
     plain = CliRunner().invoke(
         app,
-        [
-            "convert",
-            str(tmp_path / "d"),
-            str(tmp_path / "out2"),
-            "--layout",
-            "speculators",
-            "--target",
-            str(target),
-        ],
+        cli_args("convert", tmp_path / "d", tmp_path / "out2", layout="speculators", target=target),
     )
     assert plain.exit_code == 0 and "does not implement" not in plain.output, (
         plain.output
@@ -186,28 +150,12 @@ def test_a_t2d_derived_from_d2t_is_not_counted_as_copied(tmp_path):
     derived = f"14 tensors, each bit-identical to {tmp_path / 'd'}; t2d derived from d2t ({tmp_path / 'd'} has none)"
     result = CliRunner().invoke(
         app,
-        [
-            "convert",
-            str(tmp_path / "d"),
-            str(tmp_path / "out"),
-            "--layout",
-            "sglang",
-            "--target",
-            str(target),
-        ],
+        cli_args("convert", tmp_path / "d", tmp_path / "out", layout="sglang", target=target),
     )
     assert result.exit_code == 0 and derived in " ".join(result.output.split()), result.output
     result = CliRunner().invoke(
         app,
-        [
-            "export",
-            str(tmp_path / "d"),
-            str(tmp_path / "exp"),
-            "--engine",
-            "vllm",
-            "--target",
-            str(target),
-        ],
+        cli_args("export", tmp_path / "d", tmp_path / "exp", engine="vllm", target=target),
     )
     assert result.exit_code == 0, result.output
     assert (

@@ -10,23 +10,17 @@ import shutil
 
 import pytest
 
-from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, convert_draft, load_draft
-from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, load_draft
+from tests.support.cli import (
+    cli_args,
+    invoke,
+    one_error,
+    world,  # noqa: F401 (fixture)
+)
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 DRAFTER_FIX = "re-export the drafter from its training run (specdraft export RUN/draft OUT --engine"
 TARGET_FIX = "restore config.json from where the model came from"
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """(draft dir with manifest, the same drafter without one (sglang layout), target dir with tokenizer)."""
-    root = tmp_path_factory.mktemp("corrupt")
-    draft, target = draft_checkpoint(root, draft_vocab_size=42)  # d2t ids < the tokenizer's 85
-    save_tiny_tokenizer(target)
-    convert_draft(draft, root / "plain", layout="sglang", target_num_layers=5)
-    return draft, root / "plain", target
 
 
 def broken_copy(src, dst, text: str):
@@ -47,41 +41,12 @@ def without_keys(src, dst, *keys):
 def commands(draft, target, out):
     return {
         "inspect": ["inspect", str(draft), "--target", str(target)],
-        "convert": [
-            "convert",
-            str(draft),
-            str(out),
-            "--layout",
-            "speculators",
-            "--target",
-            str(target),
-        ],
-        "generate": [
-            "generate",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--prompt",
-            "hello",
-            "--max-new-tokens",
-            "2",
-        ],
-        "export": ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)],
+        "convert": cli_args("convert", draft, out, layout="speculators", target=target),
+        "generate": cli_args(
+            "generate", target=target, draft=draft, prompt="hello", max_new_tokens=2
+        ),
+        "export": cli_args("export", draft, out, engine="vllm", target=target),
     }
-
-
-def one_error(result, *fragments: str, code: int = 1) -> str:
-    """The one error line of a refused command (exit `code`: 1 refused while loading, 2 a bad
-    option value or unusable input), holding every fragment."""
-    assert result.exit_code == code, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(
-        result.exception
-    )
-    text = flat(result.output)
-    assert text.startswith("error: ") and text.count("error: ") == 1, result.output
-    assert all(f in text for f in fragments), text
-    return text
 
 
 CORRUPT = {
@@ -188,15 +153,10 @@ def run_commands(draft, target, tmp_path):
     data.write_text('{"text": "hello world"}\n')
     return {
         "capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
-        "regenerate": [
-            "regenerate",
-            str(data),
-            str(tmp_path / "out.jsonl"),
-            "--target",
-            str(target),
-            "--no-chat",
-        ],
-        "tune": ["tune", "--target", str(target), "--draft", str(draft), "--max-tokens", "2"],
+        "regenerate": cli_args(
+            "regenerate", data, tmp_path / "out.jsonl", target=target, no_chat=True
+        ),
+        "tune": cli_args("tune", target=target, draft=draft, max_tokens=2),
     }
 
 

@@ -13,9 +13,9 @@ import socket
 
 import pytest
 
-from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.cli import cli_args, flat, invoke
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 TARGET_FIX = "re-download the target's weights from where the model came from"
 SHARD = "shard-00000.safetensors"
@@ -34,19 +34,16 @@ def world(tmp_path_factory):
             for i in range(8)
         )
     )
-    capture = [
+    capture = cli_args(
         "capture",
-        str(target),
-        str(data),
-        str(root / "store"),
-        "--no-chat",
-        "--aux-layers",
-        "2,3,4",
-        "--dtype",
-        "fp32",
-        "--shard-tokens",
-        "64",
-    ]
+        target,
+        data,
+        root / "store",
+        no_chat=True,
+        aux_layers="2,3,4",
+        dtype="fp32",
+        shard_tokens=64,
+    )
     assert invoke(capture).exit_code == 0
     return draft, target, capture
 
@@ -76,35 +73,14 @@ def target_commands(draft, target, tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text('{"text": "hello world"}\n')
     return {
-        "generate": [
-            "generate",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--prompt",
-            "hello",
-            "--max-new-tokens",
-            "2",
-        ],
-        "serve": [
-            "serve",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--port",
-            str(free_port()),
-        ],
+        "generate": cli_args(
+            "generate", target=target, draft=draft, prompt="hello", max_new_tokens=2
+        ),
+        "serve": cli_args("serve", target=target, draft=draft, port=free_port()),
         "capture": ["capture", str(target), str(data), str(tmp_path / "store"), "--no-chat"],
-        "regenerate": [
-            "regenerate",
-            str(data),
-            str(tmp_path / "out.jsonl"),
-            "--target",
-            str(target),
-            "--no-chat",
-        ],
+        "regenerate": cli_args(
+            "regenerate", data, tmp_path / "out.jsonl", target=target, no_chat=True
+        ),
         "doctor": ["doctor", str(draft), "--target", str(target)],
     }
 
@@ -126,28 +102,12 @@ def test_truncated_target_weights(world, tmp_path, command, keep):
 def drafter_commands(draft, target, tmp_path):
     return {
         "inspect": ["inspect", str(draft)],
-        "generate": [
-            "generate",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--prompt",
-            "hello",
-            "--max-new-tokens",
-            "2",
-        ],
+        "generate": cli_args(
+            "generate", target=target, draft=draft, prompt="hello", max_new_tokens=2
+        ),
         "export": ["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"],
         "convert": ["convert", str(draft), str(tmp_path / "out"), "--layout", "sglang"],
-        "serve": [
-            "serve",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--port",
-            str(free_port()),
-        ],
+        "serve": cli_args("serve", target=target, draft=draft, port=free_port()),
         "doctor": ["doctor", str(draft)],
     }
 
@@ -171,27 +131,16 @@ def test_truncated_drafter_weights(world, tmp_path, command, keep):
 
 def shard_commands(draft, store, tmp_path):
     return {
-        "train": [
+        "train": cli_args(
             "train",
-            str(store),
-            str(tmp_path / "run"),
-            "--steps",
-            "1",
-            "--batch-size",
-            "2",
-            "--ttt-steps",
-            "1",
-            "--draft-vocab-size",
-            "32",
-        ],
-        "store convert": [
-            "store",
-            "convert",
-            str(store),
-            str(tmp_path / "peer"),
-            "--to",
-            "speculators",
-        ],
+            store,
+            tmp_path / "run",
+            steps=1,
+            batch_size=2,
+            ttt_steps=1,
+            draft_vocab_size=32,
+        ),
+        "store convert": cli_args("store", "convert", store, tmp_path / "peer", to="speculators"),
         "doctor": ["doctor", str(draft), "--samples", str(store)],
     }
 

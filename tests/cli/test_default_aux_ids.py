@@ -12,9 +12,9 @@ import pytest
 from specdraft.checkpoint import CheckpointError, convert_draft, load_draft
 from specdraft.conventions import ENGINE_DEFAULT_SOURCES, ConventionError, engines_default_layers
 from specdraft.doctor import run_doctor
-from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.cli import cli_args, flat, invoke
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 
@@ -74,7 +74,7 @@ def test_inspect_says_so_in_one_line(bare):
 )
 def test_aux_layers_in_a_named_convention_overrides(bare, value, layers):
     draft, target = bare
-    result = invoke(["inspect", str(draft), "--target", str(target), "--aux-layers", value])
+    result = invoke(cli_args("inspect", draft, target=target, aux_layers=value))
     text = flat(result.output)
     assert result.exit_code == 0, result.output
     assert f"aux layers (specdraft indices): {layers} of 8" in text
@@ -91,7 +91,7 @@ def test_aux_layers_is_refused_in_one_line_when_unreadable(bare):
         ("1,2", "the drafter's fc takes 3 aux states", 1),
         ("3,2,1", "must increase strictly", 2),
     ):
-        result = invoke(["inspect", str(draft), "--target", str(target), "--aux-layers", value])
+        result = invoke(cli_args("inspect", draft, target=target, aux_layers=value))
         assert result.exit_code == code and words in flat(result.output), (value, result.output)
         assert "Traceback" not in result.output
     result = invoke(["inspect", str(draft), "--aux-layers", "2,4,5"])
@@ -105,26 +105,14 @@ def test_aux_layers_is_refused_in_one_line_when_unreadable(bare):
 def test_convert_and_export_write_the_layers_explicitly(bare, tmp_path):
     draft, target = bare
     out = tmp_path / "conv"
-    result = invoke(
-        ["convert", str(draft), str(out), "--layout", "sglang", "--target", str(target)]
-    )
+    result = invoke(cli_args("convert", draft, out, layout="sglang", target=target))
     assert result.exit_code == 0, result.output
     assert "using the engines' default" in flat(result.output)
     config = json.loads((out / "config.json").read_text())
     assert config[KEY] == [2, 4, 5] and config["eagle_config"][KEY] == [1, 3, 4]
     out = tmp_path / "exp"
     result = invoke(
-        [
-            "export",
-            str(draft),
-            str(out),
-            "--engine",
-            "vllm",
-            "--target",
-            str(target),
-            "--aux-layers",
-            "vllm:1,3,6",
-        ]
+        cli_args("export", draft, out, engine="vllm", target=target, aux_layers="vllm:1,3,6")
     )
     assert result.exit_code == 0, result.output
     assert "from --aux-layers" in flat(result.output)
@@ -155,7 +143,7 @@ def test_doctor_compares_the_engines_default_with_aux_layers(bare):
     )
     assert finding.verdict == "fail"
     assert "trained on [1, 3, 6]" in finding.evidence and "captures [2, 4, 5]" in finding.evidence
-    result = invoke(["doctor", str(draft), "--target", str(target), "--aux-layers", "sglang:1,3,4"])
+    result = invoke(cli_args("doctor", draft, target=target, aux_layers="sglang:1,3,4"))
     assert "engine_captures_training_layers" in result.output and "Traceback" not in result.output
     assert result.exit_code == 0, result.output
 
@@ -200,9 +188,7 @@ def test_generate_and_serve_say_the_default_and_take_aux_layers(bare, monkeypatc
         in flat(result.output)
     ), result.output
     assert list(served[0].state.server.engine.draft.cfg.aux_layers) == [1, 3, 6]
-    result = invoke(
-        ["serve", "--target", str(target), "--no-spec", "--aux-layers", "2,4,5", "--port", "8123"]
-    )
+    result = invoke(cli_args("serve", target=target, no_spec=True, aux_layers="2,4,5", port=8123))
     assert result.exit_code == 2 and "--aux-layers: drafting settings, but --no-spec" in flat(
         result.stderr
     )
@@ -211,7 +197,7 @@ def test_generate_and_serve_say_the_default_and_take_aux_layers(bare, monkeypatc
 def test_a_target_of_other_sizes_is_named_before_the_default_ids_collapse(bare, tmp_path):
     """A 6-layer target (the default collapses there) of another hidden size and vocabulary: the
     sizes are the error, not the collapse, on inspect, export and generate."""
-    from tests.tiny_models import save_tiny_model
+    from tests.support.tiny_models import save_tiny_model
 
     draft, _ = bare
     other = save_tiny_model(
@@ -220,8 +206,8 @@ def test_a_target_of_other_sizes_is_named_before_the_default_ids_collapse(bare, 
     save_tiny_tokenizer(other)
     for args in (
         ["inspect", str(draft), "--target", str(other)],
-        ["export", str(draft), str(tmp_path / "out"), "--engine", "vllm", "--target", str(other)],
-        ["generate", "--target", str(other), "--draft", str(draft), "--prompt", "hello"],
+        cli_args("export", draft, tmp_path / "out", engine="vllm", target=other),
+        cli_args("generate", target=other, draft=draft, prompt="hello"),
     ):
         result = invoke(args)
         text = flat(result.output)
@@ -252,9 +238,7 @@ def test_aux_layers_messages_name_the_real_constraint_and_echo_what_was_typed(ba
             in text
             and "hard-codes" not in text
         ), text
-    text = flat(
-        invoke(["inspect", str(draft), "--target", str(target), "--aux-layers", "3,2,1"]).output
-    )
+    text = flat(invoke(cli_args("inspect", draft, target=target, aux_layers="3,2,1")).output)
     assert "--aux-layers 3,2,1: " in text and "specdraft:" not in text, text
     for pinned in ([], ["--sglang-version", "0.5.23"]):
         result = invoke(
@@ -274,7 +258,7 @@ def test_aux_layers_messages_name_the_real_constraint_and_echo_what_was_typed(ba
             "on Llama-class targets in SGLang < 0.5.22 and SGLang >= 0.5.22 alike"
             in flat(result.output)
         ), result.output
-    result = invoke(["inspect", str(draft), "--target", str(target), "--sglang-version", "abc"])
+    result = invoke(cli_args("inspect", draft, target=target, sglang_version="abc"))
     assert result.exit_code == 2 and "'abc' is not a version: write one like 0.5.23" in flat(
         result.output
     )

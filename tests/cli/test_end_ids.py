@@ -19,8 +19,9 @@ from specdraft.engine.requests import decode_continuation
 from specdraft.regenerate.backends import LocalBackend, Prompt, Sampling
 from specdraft.serve.server import build_app, serve_in_thread
 from specdraft.targets.config import end_token_ids
-from tests.engine_helpers import VOCAB, greedy_sequences, one_thread, tiny_setup  # noqa: F401
-from tests.serve_helpers import word_tokenizer
+from tests.support.cli import cli_args
+from tests.support.engine_helpers import VOCAB, greedy_sequences, one_thread, tiny_setup  # noqa: F401
+from tests.support.serve_helpers import word_tokenizer
 
 PROMPT = "w1 w5 w9 w13 w2 w7"
 NUM_NEW = 12
@@ -69,17 +70,9 @@ def test_end_ids_join_the_tokenizer_eos_and_the_generation_config(ends, tmp_path
 
 def test_generate_stops_at_a_generation_config_end_id(ends):
     target, out, k = ends
-    common = [
-        "generate",
-        "--target",
-        str(target),
-        "--prompt",
-        PROMPT,
-        "--max-new-tokens",
-        str(NUM_NEW),
-        "--max-seq-len",
-        "64",
-    ]
+    common = cli_args(
+        "generate", target=target, prompt=PROMPT, max_new_tokens=NUM_NEW, max_seq_len=64
+    )
     result = CliRunner().invoke(app, common)
     assert result.exit_code == 0, result.output
     streamed = result.output.split("\n")[0]  # the prompt, then the generated text

@@ -4,31 +4,27 @@ the metrics table to stderr; speculative, --no-spec and draft-less runs print th
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 from typer.testing import CliRunner
 
 from specdraft.checkpoint import Manifest, save_draft
 from specdraft.cli import app
-from tests.drafts import save_training_checkpoint
-from tests.engine_helpers import AUX_LAYERS, VOCAB, greedy_sequences, one_thread, tiny_setup  # noqa: F401
-
-
-def _target_with_tokenizer(setup, path):
-    shutil.copytree(setup.target_dir, path)
-    words = models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0")
-    tok = Tokenizer(words)
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0").save_pretrained(path)
-    return PreTrainedTokenizerFast.from_pretrained(path)
+from tests.support.cli import cli_args, cli_options
+from tests.support.drafts import save_training_checkpoint
+from tests.support.engine_helpers import (  # noqa: F401
+    AUX_LAYERS,
+    VOCAB,
+    copy_with_word_tokenizer,
+    greedy_sequences,
+    one_thread,
+    tiny_setup,
+)
 
 
 def test_generate_streams_text_and_prints_metrics(tmp_path, monkeypatch):
     setup = tiny_setup("llama")
-    tokenizer = _target_with_tokenizer(setup, tmp_path / "target")
+    tokenizer = copy_with_word_tokenizer(setup, tmp_path / "target")
     args = setup.target.args
     manifest = Manifest(
         draft=setup.trained.cfg.to_dict(),
@@ -39,21 +35,12 @@ def test_generate_streams_text_and_prints_metrics(tmp_path, monkeypatch):
     prompt = "w1 w5 w9 w13 w2 w7"
     ids = tokenizer(prompt)["input_ids"]
     expected = tokenizer.decode(greedy_sequences(setup.target, [ids], 12)[0, len(ids) :].tolist())
-    common = [
-        "generate",
-        "--target",
-        str(tmp_path / "target"),
-        "--prompt",
-        prompt,
-        "--max-new-tokens",
-        "12",
-        "--max-seq-len",
-        "64",
-    ]
+    common = cli_args(
+        "generate", target=tmp_path / "target", prompt=prompt, max_new_tokens=12, max_seq_len=64
+    )
     spec = CliRunner().invoke(
         app,
-        common
-        + ["--draft", str(draft_dir), "--topk", "2", "--num-steps", "3", "--num-draft-tokens", "6"],
+        common + cli_options(draft=draft_dir, topk=2, num_steps=3, num_draft_tokens=6),
     )
     assert spec.exit_code == 0, spec.output
     assert expected in spec.output.replace("\n", "")
@@ -104,7 +91,7 @@ def test_generate_streams_text_and_prints_metrics(tmp_path, monkeypatch):
         (["--num-steps", "3"], "--num-steps"),
         (["--num-draft-tokens", "0"], "--num-draft-tokens"),
         (
-            ["--num-steps", "5", "--topk", "2", "--num-draft-tokens", "8"],
+            cli_options(num_steps=5, topk=2, num_draft_tokens=8),
             "--topk, --num-steps, --num-draft-tokens",
         ),
     ],
@@ -148,7 +135,7 @@ def test_generate_takes_a_training_checkpoint_and_points_a_run_directory_at_one(
     from specdraft.engine.spec_config import SpecConfig
 
     setup = tiny_setup("llama")
-    tokenizer = _target_with_tokenizer(setup, tmp_path / "target")
+    tokenizer = copy_with_word_tokenizer(setup, tmp_path / "target")
     step = _training_run(setup, tmp_path / "run")
     engine = load_engine(tmp_path / "target", step, SpecConfig.chain(3))
     expected_state = setup.trained.state_dict()
@@ -156,17 +143,9 @@ def test_generate_takes_a_training_checkpoint_and_points_a_run_directory_at_one(
     prompt = "w1 w5 w9 w13 w2 w7"
     ids = tokenizer(prompt)["input_ids"]
     expected = tokenizer.decode(greedy_sequences(setup.target, [ids], 12)[0, len(ids) :].tolist())
-    common = [
-        "generate",
-        "--target",
-        str(tmp_path / "target"),
-        "--prompt",
-        prompt,
-        "--max-new-tokens",
-        "12",
-        "--max-seq-len",
-        "64",
-    ]
+    common = cli_args(
+        "generate", target=tmp_path / "target", prompt=prompt, max_new_tokens=12, max_seq_len=64
+    )
     result = CliRunner().invoke(app, common + ["--draft", str(step)])
     assert result.exit_code == 0, result.output
     assert (

@@ -10,10 +10,10 @@ import json
 import pytest
 
 from specdraft.doctor import run_doctor
-from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
-from tests.tiny_models import save_tiny_model
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.cli import cli_args, flat, invoke
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.tiny_models import save_tiny_model
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 
 def test_export_names_the_sglang_version_flag(tmp_path):
@@ -62,15 +62,7 @@ def test_generate_refuses_a_too_long_request_before_echoing_the_prompt(target_wi
     """A request past the engine's limits is refused before the prompt is echoed: stdout (a file
     the text is piped to) stays empty, the error is stderr's one line."""
     result = invoke(
-        [
-            "generate",
-            "--target",
-            str(target_with_tokenizer),
-            "--prompt",
-            "hello how",
-            "--max-new-tokens",
-            "300",
-        ]
+        cli_args("generate", target=target_with_tokenizer, prompt="hello how", max_new_tokens=300)
     )
     assert result.exit_code == 1, result.output
     assert result.stdout == ""

@@ -14,10 +14,10 @@ from specdraft.checkpoint import CheckpointError, Manifest, load_draft, save_dra
 from specdraft.conventions import aux_layers_from_config
 from specdraft.draft_config import DraftConfig
 from specdraft.errors import SpecdraftError
-from tests.cli.test_cli import flat, invoke
-from tests.drafts import seeded_draft
-from tests.tiny_models import tiny_config
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.cli import cli_args, flat, invoke
+from tests.support.drafts import seeded_draft
+from tests.support.tiny_models import tiny_config
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 LAYERS = 61
@@ -68,9 +68,7 @@ def sglang_only(tmp_path):
 def test_inspect_reads_nested_ids_by_the_targets_class_and_version(sglang_only):
     draft, target = sglang_only
     for version, layers in (("0.5.23", [2, 30, 58]), ("0.5.12", [3, 31, 59])):
-        result = invoke(
-            ["inspect", str(draft), "--target", str(target), "--sglang-version", version]
-        )
+        result = invoke(cli_args("inspect", draft, target=target, sglang_version=version))
         assert result.exit_code == 0, result.output
         assert f"aux layers (specdraft indices): {layers} of {LAYERS}" in flat(result.output)
     result = invoke(
@@ -89,17 +87,7 @@ def test_convert_writes_two_id_lists_that_agree(sglang_only, tmp_path):
     draft, target = sglang_only
     out = tmp_path / "out"
     result = invoke(
-        [
-            "convert",
-            str(draft),
-            str(out),
-            "--layout",
-            "sglang",
-            "--target",
-            str(target),
-            "--sglang-version",
-            "0.5.23",
-        ]
+        cli_args("convert", draft, out, layout="sglang", target=target, sglang_version="0.5.23")
     )
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from specdraft.checkpoint import CheckpointError, check_output_dir, load_draft, save_draft
 from specdraft.cli import app
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.cli import cli_args
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def test_export_refuses_a_file_and_a_target_model_directory(llama, tmp_path):
     config = (target / "config.json").read_text()
     for out in (target / "config.json", target):
         result = CliRunner().invoke(
-            app, ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)]
+            app, cli_args("export", draft, out, engine="vllm", target=target)
         )
         assert result.exit_code == 1, result.output
         assert "error:" in result.output and "Traceback" not in result.output
@@ -49,7 +50,7 @@ def test_export_and_convert_refuse_to_write_over_their_source(llama, tmp_path):
     draft, _ = llama
     before = {f.name: f.read_bytes() for f in draft.iterdir()}
     for args in (
-        ["export", draft, draft, "--engine", "vllm", "--dtype", "bf16"],
+        cli_args("export", draft, draft, engine="vllm", dtype="bf16"),
         ["convert", draft, draft, "--layout", "sglang"],
     ):
         result = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "400"})

@@ -18,7 +18,7 @@ from specdraft.data.render import Sample
 from specdraft.regenerate.run import _progress as regen_progress
 from specdraft.targets import load_target
 from specdraft.train.progress import training_progress as train_progress
-from tests.tiny_models import save_tiny_model
+from tests.support.tiny_models import save_tiny_model
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import json
 import pytest
 
 from specdraft.checkpoint import load_draft
-from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.drafts import save_training_checkpoint
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.cli import flat, invoke
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.drafts import save_training_checkpoint
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

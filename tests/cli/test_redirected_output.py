@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.cli.common import REDIRECTED_TEXT_WIDTH
 from specdraft.doctor.launch import ENGINE_ARGS_FIX
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.cli import cli_args
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 
 
 def test_a_long_path_survives_unbroken_when_redirected(tmp_path):
@@ -18,9 +19,7 @@ def test_a_long_path_survives_unbroken_when_redirected(tmp_path):
     out = root / "exported-for-sglang"
     assert len(str(out)) > 120
     runner = CliRunner()
-    result = runner.invoke(
-        app, ["export", str(draft), str(out), "--engine", "sglang", "--target", str(target)]
-    )
+    result = runner.invoke(app, cli_args("export", draft, out, engine="sglang", target=target))
     assert result.exit_code == 0, result.output
     assert f"wrote {out} for sglang: " in result.output  # on one line
     doctor = runner.invoke(app, ["doctor", str(out), "--target", str(target)])

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from specdraft.capture.store import CaptureStore
-from tests.cli.test_cli import flat, invoke
-from tests.unit.regenerate.test_regenerate import CHATS, FakeServer
+from tests.support.cli import cli_args, flat, invoke
+from tests.support.regenerate import CHATS, FakeServer, last_user_turn, served
 
 
 class EmptyAnswers(FakeServer):
@@ -20,7 +20,7 @@ class EmptyAnswers(FakeServer):
 
     def answer(self, path: str, body: dict) -> tuple[int, dict]:
         status, reply = super().answer(path, body)
-        word = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        word = last_user_turn(body)
         if status == 200 and word in self.empty:
             reply["choices"][0]["message"]["content"] = " \n"
         return status, reply
@@ -28,19 +28,14 @@ class EmptyAnswers(FakeServer):
 
 @pytest.fixture
 def server():
-    s = EmptyAnswers()
-    yield s
-    s.httpd.shutdown()
-    s.httpd.server_close()
+    yield from served(EmptyAnswers())
 
 
 def test_empty_answers_are_left_out_and_counted(server, tmp_path, chat_target_dir):
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS))
     out = tmp_path / "out.jsonl"
-    result = invoke(
-        ["regenerate", str(data), str(out), "--endpoint", server.url, "--model", "tiny"]
-    )
+    result = invoke(cli_args("regenerate", data, out, endpoint=server.url, model="tiny"))
     assert result.exit_code == 0, result.output
     assert (
         f"{out}: 3 records written, 0 kept from an earlier run, 2 left out (the target's answer was empty)"
@@ -53,22 +48,15 @@ def test_empty_answers_are_left_out_and_counted(server, tmp_path, chat_target_di
         4,
     ]  # chat 1 ("two") and chat 2 ("three") answered empty
     assert all(m["content"].strip() for r in rows for m in r["messages"])
-    again = invoke(["regenerate", str(data), str(out), "--endpoint", server.url, "--model", "tiny"])
+    again = invoke(cli_args("regenerate", data, out, endpoint=server.url, model="tiny"))
     assert "0 records written, 3 kept from an earlier run, 2 left out" in flat(
         again.output
     )  # asked again
     assert out.read_text().count("\n") == 3
     capture = invoke(
-        [
-            "capture",
-            str(chat_target_dir),
-            str(out),
-            str(tmp_path / "store"),
-            "--aux-layers",
-            "1,2,3",
-            "--dtype",
-            "fp32",
-        ]
+        cli_args(
+            "capture", chat_target_dir, out, tmp_path / "store", aux_layers="1,2,3", dtype="fp32"
+        )
     )
     assert capture.exit_code == 0, capture.output
     assert len(CaptureStore(tmp_path / "store")) == 3

@@ -11,8 +11,8 @@ import json
 import pytest
 
 from specdraft.doctor import run_doctor
-from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.cli import cli_args, flat, invoke
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
 
 OTHER = "meta-llama/Llama-3.1-8B-Instruct"  # what speculators' converter config names
 
@@ -22,17 +22,7 @@ def exported(tmp_path_factory):
     """(speculators export, target, the launch line export printed)."""
     root = tmp_path_factory.mktemp("spec")
     draft, target = draft_checkpoint(root)
-    result = invoke(
-        [
-            "export",
-            str(draft),
-            str(root / "out"),
-            "--engine",
-            "speculators",
-            "--target",
-            str(target),
-        ]
-    )
+    result = invoke(cli_args("export", draft, root / "out", engine="speculators", target=target))
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     heading = next(i for i, line in enumerate(lines) if line.startswith("launch ("))
@@ -48,9 +38,7 @@ def test_the_launch_line_says_which_setting_it_serves_and_whence(exported, tmp_p
     that pass a tuned one (the demo's summary recommends its own); given options are named as given."""
     out, target, _ = exported
     draft = out.parent / "draft"
-    result = invoke(
-        ["export", str(draft), str(tmp_path / "a"), "--engine", "sglang", "--target", str(target)]
-    )
+    result = invoke(cli_args("export", draft, tmp_path / "a", engine="sglang", target=target))
     assert result.exit_code == 0, result.output
     assert launch_heading(result.output) == (
         "launch (steps 3, topk 1, draft tokens 4: export's default, not tuned; the demo's summary and specdraft "
@@ -61,38 +49,23 @@ def test_the_launch_line_says_which_setting_it_serves_and_whence(exported, tmp_p
         in result.output
     )
     result = invoke(
-        [
-            "export",
-            str(draft),
-            str(tmp_path / "b"),
-            "--engine",
-            "sglang",
-            "--target",
-            str(target),
-            "--num-steps",
-            "5",
-        ]
+        cli_args("export", draft, tmp_path / "b", engine="sglang", target=target, num_steps=5)
     )
     assert launch_heading(result.output) == (
         "launch (steps 5, topk 1, draft tokens 6: --num-steps as given, the "
         "rest export's defaults):"
     )
     result = invoke(
-        [
+        cli_args(
             "export",
-            str(draft),
-            str(tmp_path / "c"),
-            "--engine",
-            "sglang",
-            "--target",
-            str(target),
-            "--num-steps",
-            "4",
-            "--topk",
-            "2",
-            "--num-draft-tokens",
-            "7",
-        ]
+            draft,
+            tmp_path / "c",
+            engine="sglang",
+            target=target,
+            num_steps=4,
+            topk=2,
+            num_draft_tokens=7,
+        )
     )
     assert launch_heading(result.output) == "launch (steps 4, topk 2, draft tokens 7, as given):"
     assert (
@@ -108,9 +81,7 @@ def findings(report) -> dict:
 def test_the_launch_line_export_prints_passes_doctor(exported):
     out, target, launch = exported
     assert launch == f"vllm serve {out.resolve()}"
-    result = invoke(
-        ["doctor", str(out), "--target", str(target), "--engine-args", launch, "--json"]
-    )
+    result = invoke(cli_args("doctor", out, target=target, engine_args=launch, json=True))
     checks = findings(json.loads(result.output))
     assert checks["algorithm_is_eagle3"]["verdict"] == "pass", checks["algorithm_is_eagle3"]
     assert "speculators_model_type eagle3 in" in checks["algorithm_is_eagle3"]["evidence"]

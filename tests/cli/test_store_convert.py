@@ -13,7 +13,8 @@ from specdraft.capture.stage import CaptureConfig, capture_dataset
 from specdraft.checkpoint import load_draft
 from specdraft.cli import app
 from specdraft.doctor.samples import read_samples
-from tests.tiny_tokenizer import CHAT
+from tests.support.cli import cli_args
+from tests.support.tiny_tokenizer import CHAT
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,19 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "400"})
 
 
+def to_specdraft(peer_store, out, target, aux_layers: str, **options):
+    """`store convert PEER_STORE OUT --to specdraft --target TARGET --aux-layers AUX`."""
+    args = cli_args("store", "convert", peer_store, out, to="specdraft", target=target, **options)
+    return invoke(*args, "--aux-layers", aux_layers)
+
+
+def train_briefly(store, run, steps: int):
+    """`train STORE RUN` for `steps` steps of batch 2, one TTT step, sequences up to 64 tokens."""
+    return invoke(
+        *cli_args("train", store, run, steps=steps, batch_size=2, ttt_steps=1, max_length=64)
+    )
+
+
 @pytest.mark.parametrize("peer, aux_ids", [("speculators", "1,2,3"), ("specforge", "0,1,2")])
 def test_train_runs_on_a_store_converted_from_a_peer(
     store, chat_target_dir, tmp_path, peer, aux_ids
@@ -40,37 +54,14 @@ def test_train_runs_on_a_store_converted_from_a_peer(
     out = invoke("store", "convert", store, tmp_path / peer, "--to", peer)
     assert out.exit_code == 0, out.output
     assert f"wrote 4 samples as a {peer} store" in out.output
-    back = invoke(
-        "store",
-        "convert",
-        tmp_path / peer,
-        tmp_path / "back",
-        "--to",
-        "specdraft",
-        "--target",
-        chat_target_dir,
-        "--aux-layers",
-        aux_ids,
-    )
+    back = to_specdraft(tmp_path / peer, tmp_path / "back", chat_target_dir, aux_ids)
     assert back.exit_code == 0, back.output
     assert "aux layers (specdraft indices) [1, 2, 3]" in back.output
     doctor_samples = [
         read_samples(p, lambda: None, {}, 10, 64).samples for p in (store, tmp_path / "back")
     ]
     assert doctor_samples[0] == doctor_samples[1] and len(doctor_samples[0]) == 4
-    run = invoke(
-        "train",
-        tmp_path / "back",
-        tmp_path / "run",
-        "--steps",
-        "2",
-        "--batch-size",
-        "2",
-        "--ttt-steps",
-        "1",
-        "--max-length",
-        "64",
-    )
+    run = train_briefly(tmp_path / "back", tmp_path / "run", 2)
     assert run.exit_code == 0, run.output
     assert load_draft(tmp_path / "run" / "draft").manifest.aux_layers == [1, 2, 3]
 
@@ -82,36 +73,14 @@ def test_bad_peer_stores_are_one_line_naming_file_and_field(store, chat_target_d
     hs = tmp_path / "spec" / "hidden_states" / "hs_1.safetensors"
     tensors = load_file(str(hs))
     save_file({"hidden_states": tensors["hidden_states"]}, str(hs))
-    out = invoke(
-        "store",
-        "convert",
-        tmp_path / "spec",
-        tmp_path / "x",
-        "--to",
-        "specdraft",
-        "--target",
-        chat_target_dir,
-        "--aux-layers",
-        "1,2,3",
-    )
+    out = to_specdraft(tmp_path / "spec", tmp_path / "x", chat_target_dir, "1,2,3")
     assert out.exit_code == 1 and "Traceback" not in out.output
     assert out.output.strip() == (
         f"error: {hs}: not a speculators hidden-state file (missing token_ids; "
         f"expected exactly hidden_states, token_ids)"
     )
     save_file({**tensors, "hidden_states": tensors["hidden_states"][:, :2].contiguous()}, str(hs))
-    out = invoke(
-        "store",
-        "convert",
-        tmp_path / "spec",
-        tmp_path / "x",
-        "--to",
-        "specdraft",
-        "--target",
-        chat_target_dir,
-        "--aux-layers",
-        "1,2,3",
-    )
+    out = to_specdraft(tmp_path / "spec", tmp_path / "x", chat_target_dir, "1,2,3")
     assert out.exit_code == 1 and "sample 1: field aux_hidden has shape" in out.output
     hs.write_bytes(b"not safetensors")
     out = invoke(
@@ -153,55 +122,27 @@ def test_the_options_choices_are_the_librarys():
 
 def test_aux_layers_take_the_named_forms_of_the_other_commands(store, chat_target_dir, tmp_path):
     assert invoke("store", "convert", store, tmp_path / "sf", "--to", "specforge").exit_code == 0
-    back = ("store", "convert", tmp_path / "sf")
-    for i, given in enumerate(
+    for i, (given, options) in enumerate(
         [
-            ("sglang:0,1,2",),
-            ("vllm:1,2,3",),
-            ("specdraft:1,2,3",),
-            ("1,2,3", "--aux-convention", "specdraft"),
-            ("0,1,2",),
+            ("sglang:0,1,2", {}),
+            ("vllm:1,2,3", {}),
+            ("specdraft:1,2,3", {}),
+            ("1,2,3", {"aux_convention": "specdraft"}),
+            ("0,1,2", {}),
         ]
     ):  # last: SpecForge's sglang
-        out = invoke(
-            *back,
-            tmp_path / f"b{i}",
-            "--to",
-            "specdraft",
-            "--target",
-            chat_target_dir,
-            "--aux-layers",
-            *given,
-        )
+        out = to_specdraft(tmp_path / "sf", tmp_path / f"b{i}", chat_target_dir, given, **options)
         assert out.exit_code == 0 and "aux layers (specdraft indices) [1, 2, 3]" in out.output, (
             given,
             out.output,
         )
-    both = invoke(
-        *back,
-        tmp_path / "x",
-        "--to",
-        "specdraft",
-        "--target",
-        chat_target_dir,
-        "--aux-layers",
-        "vllm:1,2,3",
-        "--aux-convention",
-        "sglang",
+    both = to_specdraft(
+        tmp_path / "sf", tmp_path / "x", chat_target_dir, "vllm:1,2,3", aux_convention="sglang"
     )
     assert (
         both.exit_code == 2 and "names the vllm convention, --aux-convention sglang" in both.output
     )
-    bad = invoke(
-        *back,
-        tmp_path / "x",
-        "--to",
-        "specdraft",
-        "--target",
-        chat_target_dir,
-        "--aux-layers",
-        "eagle:1,2,3",
-    )
+    bad = to_specdraft(tmp_path / "sf", tmp_path / "x", chat_target_dir, "eagle:1,2,3")
     assert (
         bad.exit_code == 2
         and "'eagle' is no aux-id convention" in bad.output
@@ -224,19 +165,7 @@ def test_a_round_trip_store_names_its_layers_for_train_and_doctor(store, tmp_pat
         2,
         3,
     ]
-    run = invoke(
-        "train",
-        tmp_path / "back",
-        tmp_path / "run",
-        "--steps",
-        "1",
-        "--batch-size",
-        "2",
-        "--ttt-steps",
-        "1",
-        "--max-length",
-        "64",
-    )
+    run = train_briefly(tmp_path / "back", tmp_path / "run", 1)
     assert run.exit_code == 0, run.output
     manifest = load_draft(tmp_path / "run" / "draft").manifest
     assert manifest.aux_layers == [1, 2, 3]

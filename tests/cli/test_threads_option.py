@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from specdraft.errors import SpecdraftError
-from tests.cli.test_cli import flat, invoke
-from tests.tiny_models import save_tiny_model
+from tests.support.cli import flat, invoke
+from tests.support.tiny_models import save_tiny_model
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import pytest
 
 from specdraft.checkpoint import UNIMPLEMENTED_FLAGS, unimplemented_flags
 from specdraft.doctor import run_doctor
-from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.cli import cli_args, flat, invoke
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -29,21 +29,16 @@ def flagged(tmp_path_factory):
 def commands(draft, target, out):
     return {
         "inspect": ["inspect", str(draft), "--target", str(target)],
-        "export": ["export", str(draft), str(out), "--engine", "vllm", "--target", str(target)],
-        "convert": ["convert", str(draft), str(out), "--layout", "sglang", "--target", str(target)],
-        "generate": [
+        "export": cli_args("export", draft, out, engine="vllm", target=target),
+        "convert": cli_args("convert", draft, out, layout="sglang", target=target),
+        "generate": cli_args(
             "generate",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--prompt",
-            "hello how",
-            "--max-new-tokens",
-            "2",
-            "--max-seq-len",
-            "32",
-        ],
+            target=target,
+            draft=draft,
+            prompt="hello how",
+            max_new_tokens=2,
+            max_seq_len=32,
+        ),
     }
 
 

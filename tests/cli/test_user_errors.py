@@ -13,10 +13,10 @@ import pytest
 from specdraft.data.records import BadRecord, DataError, read_records
 from specdraft.doctor import CHECKS, run_doctor
 from specdraft.engine.spec_config import SpecConfig
-from tests.cli.test_cli import flat, invoke
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.tiny_models import save_tiny_model
-from tests.tiny_tokenizer import save_tiny_tokenizer
+from tests.support.cli import cli_args, flat, invoke
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.tiny_models import save_tiny_model
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -111,21 +111,12 @@ def test_unreadable_samples_are_an_error_naming_file_and_line(world, tmp_path, l
 def test_doctor_cli_refuses_a_broken_samples_file_and_skip_bad_skips_it(world, tmp_path):
     draft, target, _ = world
     bad = write_lines(tmp_path / "bad.jsonl", ['{"input_ids": [1, 2, 3, 4, 5]}', "{"])
-    result = invoke(["doctor", str(draft), "--target", str(target), "--samples", str(bad)])
+    result = invoke(cli_args("doctor", draft, target=target, samples=bad))
     assert result.exit_code == 2, result.output
     assert f"--samples {bad}:2: bad JSON" in flat(result.output)
     assert "(or pass --skip-bad to skip and count bad records)" in flat(result.output)
     skipped = invoke(
-        [
-            "doctor",
-            str(draft),
-            "--target",
-            str(target),
-            "--samples",
-            str(bad),
-            "--skip-bad",
-            "--json",
-        ]
+        cli_args("doctor", draft, target=target, samples=bad, skip_bad=True, json=True)
     )
     assert skipped.exit_code == 0, skipped.output
     assert json.loads(skipped.stdout)["ok"]
@@ -161,15 +152,9 @@ def test_data_errors_name_no_option_a_caller_may_lack(tmp_path):
 def test_train_online_and_capture_say_how_they_skip_bad_records(target_with_tokenizer, tmp_path):
     bad = write_lines(tmp_path / "data.jsonl", ['{"text": "hello how are you"}', "{oops"])
     train = invoke(
-        [
-            "train",
-            str(bad),
-            str(tmp_path / "run"),
-            "--online",
-            "--target",
-            str(target_with_tokenizer),
-            "--no-chat",
-        ]
+        cli_args(
+            "train", bad, tmp_path / "run", online=True, target=target_with_tokenizer, no_chat=True
+        )
     )
     assert train.exit_code == 1, train.output
     text = flat(train.output)
@@ -191,17 +176,13 @@ def test_train_online_and_capture_say_how_they_skip_bad_records(target_with_toke
 def test_generate_without_draft_decodes_plainly_as_its_help_says(target_with_tokenizer):
     assert "omit for plain decoding" in flat(invoke(["generate", "--help"]).output)
     result = invoke(
-        [
+        cli_args(
             "generate",
-            "--target",
-            str(target_with_tokenizer),
-            "--prompt",
-            "hello how",
-            "--max-new-tokens",
-            "4",
-            "--max-seq-len",
-            "32",
-        ]
+            target=target_with_tokenizer,
+            prompt="hello how",
+            max_new_tokens=4,
+            max_seq_len=32,
+        )
     )
     assert result.exit_code == 0, result.output
     assert "plain decoding (no --draft)" in result.output
@@ -327,7 +308,7 @@ def test_train_out_that_is_a_file_says_out_is_a_directory(tmp_path):
     "command",
     [
         ["export", "{draft}", "{out}", "--engine", "sglang"],
-        ["generate", "--target", "{target}", "--draft", "{draft}", "--prompt", "hi"],
+        cli_args("generate", target="{target}", draft="{draft}", prompt="hi"),
         ["serve", "--target", "{target}", "--draft", "{draft}"],
     ],
 )
@@ -349,17 +330,9 @@ def test_tree_without_num_draft_tokens_names_the_flag_and_a_valid_value(tmp_path
     (tmp_path / "target" / "config.json").write_text("{}")
     (tmp_path / "draft").mkdir()
     result = invoke(
-        [
-            "generate",
-            "--target",
-            str(tmp_path / "target"),
-            "--prompt",
-            "hi",
-            "--draft",
-            str(tmp_path / "draft"),
-            "--topk",
-            "4",
-        ]
+        cli_args(
+            "generate", target=tmp_path / "target", prompt="hi", draft=tmp_path / "draft", topk=4
+        )
     )
     assert result.exit_code == 2, result.output  # a usage error, as --topk 0 is
     text = flat(result.output)
@@ -376,7 +349,7 @@ def test_tree_without_num_draft_tokens_names_the_flag_and_a_valid_value(tmp_path
     [
         (["train", "{dir}", "{dir}/run", "--batch-size", "0"], "--batch-size"),
         (["train", "{dir}", "{dir}/run", "--ttt-steps", "0"], "--ttt-steps"),
-        (["generate", "--target", "{dir}", "--prompt", "hi", "--num-steps", "0"], "--num-steps"),
+        (cli_args("generate", target="{dir}", prompt="hi", num_steps=0), "--num-steps"),
     ],
 )
 def test_out_of_range_options_are_named_by_their_flag(tmp_path, args, flag):

@@ -23,8 +23,8 @@ from specdraft.doctor import run_doctor
 from specdraft.engine.load import load_engine
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.serve.server import build_app
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401 (fixture)
-from tests.tiny_tokenizer import tiny_chat_tokenizer
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401 (fixture)
+from tests.support.tiny_tokenizer import tiny_chat_tokenizer
 
 ENV = {"COLUMNS": "400"}
 PADDING = "d2t maps 21 draft ids to target ids 86..126, past the tokenizer's 85 tokens"

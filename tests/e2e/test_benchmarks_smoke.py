@@ -7,18 +7,12 @@ package moves under them."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from tests.paths import PYCODE
-
-ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT_S = 300  # a loaded 2-core machine; each takes seconds when idle
+from tests.support.benchmarks import ROOT, last_json_line, run_smoke
+from tests.support.cli import cli_options
+from tests.support.paths import PYCODE
 
 # benchmark -> (its smoke-run arguments, a key its last JSON line holds)
 SMOKE_RUNS = {
@@ -32,51 +26,12 @@ SMOKE_RUNS = {
     "hf_target_speed.py": (["--tiny"], "plain_over_hf_generate_median"),  # after the chain3 line
     "side_by_side.py": (["--tiny"], "specdraft"),  # speculators: null where it is not installed
     "shell_target.py": (
-        [
-            "--check",
-            "--shape",
-            "tiny",
-            "--model",
-            str(PYCODE),
-            "--prompts",
-            "1",
-            "--new-tokens",
-            "12",
-        ],
+        cli_options(check=True, shape="tiny", model=PYCODE, prompts=1, new_tokens=12),
         "max_abs_logits_diff",
     ),
 }
 
 pytestmark = pytest.mark.benchmarks
-
-
-def run_smoke(script: str, args: list[str]) -> subprocess.CompletedProcess:
-    """`python benchmarks/<script> <args>` from the repository root, importing this checkout."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    )
-    return subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-
-
-def last_json_line(stdout: str) -> dict:
-    """The last stdout line that parses as a JSON object."""
-    for line in reversed(stdout.splitlines()):
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            return value
-    raise AssertionError(f"no JSON result line in:\n{stdout}")
 
 
 def test_every_benchmark_has_a_smoke_run():

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.data.template import template_fingerprint
 from specdraft.serve.server import build_app, serve_in_thread
-from tests.tiny_models import save_tiny_model
-from tests.tiny_tokenizer import TEMPLATE, WORDS, tiny_chat_tokenizer
+from tests.support.tiny_models import save_tiny_model
+from tests.support.tiny_tokenizer import TEMPLATE, WORDS, tiny_chat_tokenizer
 
 OTHER_TEMPLATE = TEMPLATE.replace("<|end|> ", "</s> ")  # another template, same tokens
 

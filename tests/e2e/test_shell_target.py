@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.paths import PYCODE
+from tests.support.paths import PYCODE
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "shell_target.py"
 

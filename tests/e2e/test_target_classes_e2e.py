@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specdraft.cli import app
-from tests.tiny_models import MORE_ARCHITECTURES, save_tiny_model
-from tests.tiny_tokenizer import CHAT, tiny_chat_tokenizer
+from tests.support.tiny_models import MORE_ARCHITECTURES, save_tiny_model
+from tests.support.tiny_tokenizer import CHAT, tiny_chat_tokenizer
 
 NUM_LAYERS = 8
 # class -> (engine -> the phrase of its refusal, or None: written)
@@ -124,12 +124,7 @@ def test_serve_and_doctors_online_check_on_the_transformers_path(arch, chats, tm
     )
     draft = tmp_path / "run" / "draft"
     server = serve_in_thread(
-        build_app(
-            str(target),
-            str(draft),
-            SpecConfig(num_steps=3, topk=1, num_draft_tokens=4),
-            max_seq_len=128,
-        )
+        build_app(str(target), str(draft), SpecConfig.chain(3), max_seq_len=128)
     )
     try:
         result = run(

@@ -6,40 +6,26 @@ passes it on to each worker and SIGKILLs those still alive after its shutdown ti
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 import torch
 
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.train import dist
-from tests.unit.train.test_train_loop import (
+from tests.support.train_world import (
     ONE_THREAD_ENV,
     REPO,
+    assert_resumes_to_the_end,
+    long_run_config,
     needs_torchrun,
-    read_metrics,
-    small_config,
+    train_module_args,
+    wait_for_steps,
 )
 
-STEPS, SAVE_EVERY = 30, 1000  # no --save-every checkpoint before the end
-
-
-def wait_for_steps(run, proc: subprocess.Popen, steps: int, timeout: float) -> None:
-    """Poll rank 0's metrics.jsonl until it records `steps` training steps."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and proc.poll() is None:
-        log = run / "metrics.jsonl"
-        lines = log.read_text().splitlines() if log.exists() else []
-        if sum('"split": "train"' in line for line in lines) >= steps:
-            return
-        time.sleep(0.05)
-    raise AssertionError(
-        f"no {steps} steps in {run} after {timeout} s (torchrun exit code {proc.poll()})"
-    )
+STEPS = 30
 
 
 @needs_torchrun
@@ -47,25 +33,14 @@ def test_ctrl_c_under_torchrun_checkpoints_the_current_step_and_resume_finishes(
     """Ctrl-C (SIGINT to torchrun's process group) after a few steps of a 2-rank run: both
     ranks write a sharded checkpoint of the step they agree on (step 3 or later; no --save-every
     step), say so and exit within seconds; --resume continues from it to the last step (~14 s)."""
-    cfg = tmp_path / "cfg.json"
-    cfg.write_text(
-        json.dumps(
-            small_config(total_steps=STEPS, save_every=SAVE_EVERY, val_fraction=0.0).to_dict()
-        )
-    )
+    cfg = long_run_config(tmp_path, STEPS)
     run, out = tmp_path / "run", tmp_path / "out.txt"
     command = [
         "torchrun",
         "--standalone",
         "--nproc-per-node",
         "2",
-        "-m",
-        "specdraft.cli",
-        "train",
-        str(store),
-        str(run),
-        "--config",
-        str(cfg),
+        *train_module_args(store, run, cfg),
     ]
     env = {**ONE_THREAD_ENV, "PYTHONPATH": str(REPO)}
     with out.open("w") as log:
@@ -106,18 +81,3 @@ def test_on_several_ranks_a_first_signal_is_only_noted_and_a_second_aborts_at_on
             signal.raise_signal(signal.SIGINT)
             pytest.fail("the second signal did not abort")
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
-
-
-def assert_resumes_to_the_end(command: list[str], env: dict, run, checkpoint, steps: int) -> None:
-    """`command --resume` continues from `checkpoint` to step `steps`, each step logged once, and
-    writes the final drafter."""
-    resumed = subprocess.run(
-        [*command, "--resume"], cwd=REPO, env=env, capture_output=True, text=True, timeout=110
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resuming from {checkpoint}" in resumed.stdout
-    assert [r["step"] for r in read_metrics(run)] == list(
-        range(1, steps + 1)
-    )  # one run's log, each step once
-    manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())
-    assert manifest["training"]["steps"] == steps

@@ -3,38 +3,29 @@ checkpoints the current step as Ctrl-C does, and --resume goes on from it."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
 
 from specdraft.checkpoint import checkpoint_paths
-from tests.e2e.test_train_interrupt_ranks import assert_resumes_to_the_end, wait_for_steps
-from tests.unit.train.test_train_loop import ONE_THREAD_ENV, REPO, small_config
+from tests.support.train_world import (
+    ONE_THREAD_ENV,
+    REPO,
+    assert_resumes_to_the_end,
+    long_run_config,
+    train_module_args,
+    wait_for_steps,
+)
 
-STEPS, SAVE_EVERY = 30, 1000  # no --save-every checkpoint before the end
+STEPS = 30
 
 
 def test_sigterm_to_one_process_checkpoints_the_current_step_and_resume_finishes(store, tmp_path):
     """SIGTERM after a few steps: the run writes step-N.pt of the step it was on (no --save-every
     step), prints the resume hint and exits 130 as for Ctrl-C; --resume runs to the last step."""
-    cfg = tmp_path / "cfg.json"
-    cfg.write_text(
-        json.dumps(
-            small_config(total_steps=STEPS, save_every=SAVE_EVERY, val_fraction=0.0).to_dict()
-        )
-    )
+    cfg = long_run_config(tmp_path, STEPS)
     run, out = tmp_path / "run", tmp_path / "out.txt"
-    command = [
-        sys.executable,
-        "-m",
-        "specdraft.cli",
-        "train",
-        str(store),
-        str(run),
-        "--config",
-        str(cfg),
-    ]
+    command = [sys.executable, *train_module_args(store, run, cfg)]
     env = {**ONE_THREAD_ENV, "PYTHONPATH": str(REPO)}
     with out.open("w") as log:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

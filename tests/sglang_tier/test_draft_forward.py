@@ -18,9 +18,9 @@ from specdraft.checkpoint import load_draft
 from specdraft.conventions import parse_version
 from specdraft.conventions.engines import FLAG_RULES
 from specdraft.draft_config import NORM_FLAGS
-from tests.doctor_helpers import edit_config, one_thread  # noqa: F401 (autouse: one torch thread)
 from tests.sglang_tier import engine
 from tests.sglang_tier.worlds import sglang_export
+from tests.support.doctor_helpers import edit_config, one_thread  # noqa: F401 (autouse: one torch thread)
 
 T = 12  # prompt positions
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -14,10 +14,10 @@ import torch
 
 from specdraft.conventions import parse_version
 from specdraft.conventions.engines import sglang_replaces_embedding, sglang_replaces_head
-from tests.doctor_helpers import edit_config, edit_weights, one_thread, rename_layer  # noqa: F401 (autouse)
 from tests.sglang_tier import engine
 from tests.sglang_tier.accounting import account, layer_module
 from tests.sglang_tier.worlds import doctor, read_export, sglang_export
+from tests.support.doctor_helpers import edit_config, edit_weights, one_thread, rename_layer  # noqa: F401 (autouse)
 
 EMBEDDING = "model.embed_tokens.weight"  # not in the file: SGLang's worker sets the target's
 NEW_LAYER_NAMES = parse_version(engine.VERSION) >= (0, 5, 12)  # DRAFT_LOADING: layers.0.* loads

@@ -13,9 +13,9 @@ from specdraft.capture.write import write_store
 from specdraft.conventions import captured_by
 from specdraft.data.render import Sample
 from specdraft.targets import load_target
-from tests.doctor_helpers import one_thread  # noqa: F401 (autouse: one torch thread)
 from tests.sglang_tier import engine
 from tests.sglang_tier.worlds import AUX_LAYERS, NUM_LAYERS, sglang_export
+from tests.support.doctor_helpers import one_thread  # noqa: F401 (autouse: one torch thread)
 
 PROMPT = [5, 17, 99, 3, 42, 8, 77, 61, 23, 110, 4, 56]
 TARGET_CLASSES = {

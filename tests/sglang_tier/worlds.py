@@ -15,8 +15,8 @@ from specdraft.cli import app
 from specdraft.conventions.engines import FLAG_RULES
 from specdraft.conventions.ids import parse_version
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint
 from tests.sglang_tier.engine import VERSION
+from tests.support.doctor_helpers import draft_checkpoint
 
 NUM_LAYERS = 5
 AUX_LAYERS = (2, 3, 4)  # specdraft indices; SGLang ids [1, 2, 3] on every pinned version

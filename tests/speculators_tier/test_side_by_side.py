@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.e2e.test_benchmarks_smoke import last_json_line, run_smoke
+from tests.support.benchmarks import last_json_line, run_smoke
 
 pytestmark = pytest.mark.speculators
 

@@ -14,8 +14,8 @@ from specdraft.conventions.engines import SPECULATORS_EXCLUSIVE_FLAGS
 from specdraft.draft_config import NORM_FLAGS
 from specdraft.export import export_draft
 from specdraft.train.loss import shift_left, ttt_unroll
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401 (autouse: one torch thread)
-from tests.drafts import FLAG_COMBINATIONS, flag_id
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401 (autouse: one torch thread)
+from tests.support.drafts import FLAG_COMBINATIONS, flag_id
 
 pytestmark = pytest.mark.speculators
 

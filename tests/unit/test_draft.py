@@ -7,8 +7,8 @@ import torch
 
 from specdraft.draft import KV, Eagle3Draft
 from specdraft.draft_config import DraftConfig
-from tests.drafts import FLAG_COMBINATIONS, flag_id, tiny_draft
-from tests.tiny_models import tiny_config
+from tests.support.drafts import FLAG_COMBINATIONS, flag_id, tiny_draft
+from tests.support.tiny_models import tiny_config
 
 
 def rms(x, w, eps):
@@ -118,34 +118,30 @@ def test_incremental_cache_equals_full_forward():
     torch.testing.assert_close(both.k, full.kv.k, rtol=1e-5, atol=1e-5)
 
 
+def one_position(model, first_step: bool):
+    """`model` on one position: token 0 at position 0 with an all-zero aux input of width 96 (the
+    first step's fc input, 3 x 32)."""
+    return model(
+        torch.zeros(1, 1, dtype=torch.long),
+        torch.zeros(1, 1, 96),
+        torch.zeros(1, dtype=torch.long),
+        first_step=first_step,
+    )
+
+
 def test_later_step_rejects_aux_width():
     model = tiny_draft()
     with pytest.raises(ValueError, match="own hidden state"):
-        model(
-            torch.zeros(1, 1, dtype=torch.long),
-            torch.zeros(1, 1, 96),
-            torch.zeros(1, dtype=torch.long),
-            first_step=False,
-        )
+        one_position(model, first_step=False)
 
 
 def test_shared_embedding_must_be_loaded():
     cfg = DraftConfig.from_target(tiny_config("llama", num_layers=5), (2, 3, 4))
     model = Eagle3Draft(cfg)
     with pytest.raises(RuntimeError, match="load_target_embedding"):
-        model(
-            torch.zeros(1, 1, dtype=torch.long),
-            torch.zeros(1, 1, 96),
-            torch.zeros(1, dtype=torch.long),
-            first_step=True,
-        )
+        one_position(model, first_step=True)
     model.load_target_embedding(torch.ones(128, 32))
-    out = model(
-        torch.zeros(1, 1, dtype=torch.long),
-        torch.zeros(1, 1, 96),
-        torch.zeros(1, dtype=torch.long),
-        first_step=True,
-    )
+    out = one_position(model, first_step=True)
     assert out.logits.shape == (1, 1, 128)
 
 

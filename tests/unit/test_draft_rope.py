@@ -12,8 +12,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from specdraft.draft import apply_rope, rope_cos_sin
 from specdraft.draft_config import DraftConfig, DraftError
 from specdraft.draft_rope import rope_attention_factor, rope_inv_freq
-from tests.drafts import seeded_draft
-from tests.tiny_models import GPT_OSS_ROPE, tiny_config
+from tests.support.drafts import seeded_draft
+from tests.support.tiny_models import GPT_OSS_ROPE, tiny_config
 
 # A truncating yarn (truncate left out: true), as Qwen's long-context configs write it
 QWEN_YARN = {

@@ -29,7 +29,7 @@ from specdraft.draft_config import DraftConfig
 from specdraft.targets import Target
 from specdraft.train.loss import ttt_loss
 from specdraft.train.metrics import TTTMetrics
-from tests.tiny_models import tiny_model
+from tests.support.tiny_models import tiny_model
 
 VOCAB = 256
 NUM_LAYERS = 6

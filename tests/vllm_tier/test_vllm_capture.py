@@ -28,8 +28,8 @@ from specdraft.data.records import DataError
 from specdraft.data.render import Sample
 from specdraft.train.config import TrainConfig
 from specdraft.train.loop import train
-from tests.paths import PYCODE, REPO
-from tests.tiny_models import tiny_model
+from tests.support.paths import PYCODE, REPO
+from tests.support.tiny_models import tiny_model
 from tests.vllm_tier import harness as h
 
 pytestmark = pytest.mark.vllm

@@ -4,7 +4,7 @@
 mask hides; a second kernel combines the splits by their log-sum-exp. With PDL (`pdl`, Hopper)
 it reads blocks of cached K / V before the kernel that writes the new slots finishes. Computed in
 float32 without intermediate rounding (bf16 rounding of the torch path, not bit for bit);
-tests/unit/engine/test_triton_ops.py checks it against torch. Import this module only where
+tests/unit/engine/kernels/test_fused_decode.py checks it against torch. Import this module only where
 Triton is installed.
 """
 

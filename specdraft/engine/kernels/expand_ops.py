@@ -13,7 +13,7 @@ Ties go to the lower index (the lower draft id, the earlier child), so a round i
 every device; torch.topk leaves the order of equal values unspecified, and bf16 logits tie
 often. The log-softmax rounds as torch's does ((x - max) - log(sum exp(x - max))), with Triton's
 exp and log: scores agree with the torch path to float32 rounding, not bit for bit
-(tests/unit/engine/test_expand_ops.py). Import this module only where Triton is installed.
+(tests/unit/engine/kernels/test_expand_ops.py). Import this module only where Triton is installed.
 """
 
 from __future__ import annotations

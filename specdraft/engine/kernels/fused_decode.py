@@ -8,7 +8,7 @@ matmul). On Hopper the launches overlap (programmatic dependent launch): each ma
 its first weights, attention its first block of cached K / V, while the kernel before it
 finishes. The forward takes the layers' tensors (`LayerWeights`) and caches, not a model:
 `FastTarget.forward` (engine/fast_model.py) calls it for at most `MAX_TOKENS` tokens once
-`FastTarget.use_triton()` has succeeded; tests/unit/engine/test_triton_ops.py compares it with the torch
+`FastTarget.use_triton()` has succeeded; tests/unit/engine/kernels/test_fused_decode.py compares it with the torch
 path.
 """
 

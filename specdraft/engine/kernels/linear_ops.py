@@ -10,7 +10,7 @@ benchmarks/RESULTS.md) and replace the small ops around the matmuls:
 - `qkv_rope_to_cache`: RoPE of q and k, K and V written into the cache, in the epilogue
   (what `norm_rope_ops.rope_to_cache` does after a plain `linear`).
 Launched with PDL on Hopper (`pdl`). Numerics: silu rounds where the torch path rounds; RoPE is
-computed in float32 (bf16 rounding, not bit for bit). tests/unit/engine/test_triton_ops.py checks
+computed in float32 (bf16 rounding, not bit for bit). tests/unit/engine/kernels/test_fused_decode.py checks
 each kernel against torch (on the CPU through Triton's interpreter, TRITON_INTERPRET=1). Import
 this module only where Triton is installed.
 """

@@ -7,7 +7,7 @@ and RoPE with the K/V cache writes.
   k, K and V written into the static cache at their slots, in place (the compiled torch path
   rewrote each layer's whole cache); returns the rotated q. RoPE in float32: bf16 rounding, not
   bit for bit.
-Launched with PDL on Hopper (`pdl`); tests/unit/engine/test_triton_ops.py checks them against
+Launched with PDL on Hopper (`pdl`); tests/unit/engine/kernels/test_fused_decode.py checks them against
 torch. Import this module only where Triton is installed.
 """
 

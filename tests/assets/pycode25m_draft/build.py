@@ -16,7 +16,7 @@ Steps, each a specdraft command recorded in `<work>/commands.txt`:
 6. the exported JSON files made portable (`make_portable`): the target's directory becomes its
    folder's name (`pycode-25m`, found on a host as ../shared/models/pycode-25m), the work folder
    `$WORK`, paths inside this repository relative to its root. The committed files must not
-   name the build machine's directories (tests/unit/test_assets_portable.py).
+   name the build machine's directories (tests/unit/assets/test_assets.py).
 
 `--size full` trains the full-size drafter instead (`train_config_full.json`: draft vocabulary
 4096, MLP 1408 wide as the target's, 4,000 steps; 12 MB in bf16, for GPU benchmarks such as

@@ -24,8 +24,12 @@ from specdraft.bench.suites import (
     read_suite_file,
 )
 from specdraft.cli import app
-from tests.engine_helpers import one_thread  # noqa: F401
-from tests.unit.bench.test_bench import servers  # noqa: F401
+from tests.support.cli import cli_args
+from tests.support.engine_helpers import one_thread  # noqa: F401
+from tests.support.serve_helpers import (
+    bench_args,
+    servers,  # noqa: F401
+)
 
 
 def test_bundled_suites_and_unknown_names():
@@ -65,7 +69,7 @@ def test_humaneval_prompts_are_bundled():
     for name in ("LICENSE", "SOURCE.md"):
         assert (resources.files("specdraft.assets") / "suites" / "humaneval" / name).is_file()
     listed = CliRunner().invoke(
-        app, ["bench", "--url", "http://127.0.0.1:9", "--suite", "nope", "--wait", "0"]
+        app, cli_args("bench", url="http://127.0.0.1:9", suite="nope", wait=0)
     )
     assert listed.exit_code == 1 and "the suites are gsm8k, humaneval, mt-bench" in listed.output
 
@@ -144,7 +148,7 @@ def test_suite_runs_turn_by_turn_and_reports_per_category(servers, tmp_path, mon
 def test_bench_cli_suite_file_and_unknown_suite(servers, tmp_path, monkeypatch):  # noqa: F811
     spec, plain = servers
     unknown = CliRunner().invoke(
-        app, ["bench", "--url", spec.url, "--suite", "nope", "--out", str(tmp_path / "o")]
+        app, cli_args("bench", url=spec.url, suite="nope", out=tmp_path / "o")
     )
     assert unknown.exit_code == 1 and "the suites are gsm8k, humaneval, mt-bench" in unknown.output
     path = tmp_path / "question.jsonl"
@@ -156,25 +160,17 @@ def test_bench_cli_suite_file_and_unknown_suite(servers, tmp_path, monkeypatch):
     )
     ok = CliRunner().invoke(
         app,
-        [
+        cli_args(
             "bench",
-            "--url",
-            spec.url,
-            "--baseline-url",
-            plain.url,
-            "--prompts",
-            str(path),
-            "--format",
-            "spec-bench",
-            "--concurrency",
-            "1",
-            "--max-tokens",
-            "4",
-            "--repeats",
-            "1",
-            "--out",
-            str(tmp_path / "o"),
-        ],
+            url=spec.url,
+            baseline_url=plain.url,
+            prompts=path,
+            format="spec-bench",
+            concurrency=1,
+            max_tokens=4,
+            repeats=1,
+            out=tmp_path / "o",
+        ),
     )
     assert ok.exit_code == 0, ok.output
     assert "| multi-turn | 1 | 2 | " in ok.output and "| rag | 1 | 1 | " in ok.output
@@ -185,25 +181,14 @@ def test_bench_cli_suite_file_and_unknown_suite(servers, tmp_path, monkeypatch):
     )  # the servers run on this busy machine
     busy = CliRunner().invoke(
         app,
-        [
-            "bench",
-            "--url",
+        bench_args(
             spec.url,
-            "--baseline-url",
-            plain.url,
-            "--suite",
-            "gsm8k",
-            "--num-prompts",
-            "1",
-            "--concurrency",
-            "1",
-            "--max-tokens",
-            "2",
-            "--repeats",
-            "1",
-            "--out",
-            str(tmp_path / "b"),
-        ],
+            tmp_path / "b",
+            baseline_url=plain.url,
+            suite="gsm8k",
+            num_prompts=1,
+            max_tokens=2,
+        ),
     )
     assert busy.exit_code == 0, busy.output
     last = busy.output.strip().splitlines()[-1]  # after the report, where the sweep's note is
@@ -217,8 +202,8 @@ def test_a_suite_against_a_server_without_a_chat_template_says_what_it_needs():
     """The server's one-line reason (not its JSON body) and what a suite needs of it."""
     from specdraft.bench.config import BenchError
     from specdraft.engine.spec_config import SpecConfig
-    from tests.engine_helpers import tiny_setup
-    from tests.serve_helpers import engine, own_target, running, word_tokenizer
+    from tests.support.engine_helpers import tiny_setup
+    from tests.support.serve_helpers import engine, own_target, running, word_tokenizer
 
     setup = tiny_setup("llama")
     tok = word_tokenizer()

@@ -1,5 +1,5 @@
 """specdraft.bench.tune: the cost model, and end-to-end tuning on the tiny target (timings from a
-cost model of a memory-bound GPU target, where speculation can win: `tests.tune_helpers`; the
+cost model of a memory-bound GPU target, where speculation can win: `tests.support.tune_helpers`; the
 engine's acceptance is real, no assertion depends on this machine's speed)."""
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from specdraft.bench.tune_render import render
 from specdraft.cli import app
 from specdraft.engine.requests import SpecMetrics
 from specdraft.engine.spec_config import SpecConfig
-from tests.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
-from tests.serve_helpers import saved_pair, text_prompts, write_prompts
-from tests.tune_helpers import modelled_bench
+from tests.support.cli import cli_args, cli_options
+from tests.support.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.support.serve_helpers import saved_pair, text_prompts, write_prompts
+from tests.support.tune_helpers import modelled_bench
 
 
 def test_tree_tokens_and_config_checks():
@@ -85,7 +86,7 @@ def test_tune_recommends_speculation_on_a_memory_bound_target():
     assert f"recommendation: steps {rec.spec.num_steps}, topk 1" in text and "pred tok/s" in text
     assert (
         rec.timing["speedup_q1"] > 1.0 and "speedup (quartiles)" in text
-    )  # demo's rule (test_tune_pick)
+    )  # demo's rule (test_tune_report)
     assert json.loads(json.dumps(report.to_dict()))["recommendation"]["speedup"] == rec.speedup
     assert report.prediction_error() < 1.3 and "warning: predictions" not in text
     # a measurement 3x off its prediction (a busy machine) is called out, not passed over
@@ -100,27 +101,18 @@ def test_tune_cli(tmp_path):
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
     result = CliRunner().invoke(
         app,
-        [
+        cli_args(
             "tune",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--prompts",
-            str(prompts),
-            "--max-tokens",
-            "8",
-            "--probe-steps",
-            "2",
-            "--topks",
-            "1,2",
-            "--num-measure",
-            "1",
-            "--num-steps",
-            "3",
-            "--json-out",
-            str(tmp_path / "tune.json"),
-        ],
+            target=target,
+            draft=draft,
+            prompts=prompts,
+            max_tokens=8,
+            probe_steps=2,
+            topks="1,2",
+            num_measure=1,
+            num_steps=3,
+            json_out=tmp_path / "tune.json",
+        ),
     )
     assert result.exit_code == 0, result.output
     assert (
@@ -130,17 +122,7 @@ def test_tune_cli(tmp_path):
     assert data["current"]["num_steps"] == 3 and set(data["probes"]) == {"1", "2"}
     bad = CliRunner().invoke(
         app,
-        [
-            "tune",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--num-steps",
-            "3",
-            "--num-draft-tokens",
-            "9",
-        ],
+        cli_args("tune", target=target, draft=draft, num_steps=3, num_draft_tokens=9),
     )
     assert bad.exit_code == 1 and "num_draft_tokens must be num_steps + 1" in bad.output
 
@@ -180,7 +162,7 @@ def test_tune_cli_refuses_topk_or_draft_tokens_without_num_steps(tmp_path, monke
     assert seen == []  # nothing ran
     # with --num-steps the setting is complete; --topk defaults to 1 (a chain) only then
     for flags in (
-        ["--num-steps", "2", "--topk", "2", "--num-draft-tokens", "5"],
+        cli_options(num_steps=2, topk=2, num_draft_tokens=5),
         ["--num-steps", "3"],
     ):
         result = CliRunner().invoke(app, base + flags)

@@ -10,8 +10,9 @@ from typer.testing import CliRunner
 from specdraft.bench.suites import Question, Suite
 from specdraft.bench.tune_suite import suite_prompt_ids
 from specdraft.cli import app
-from tests.engine_helpers import one_thread, tiny_setup  # noqa: F401
-from tests.serve_helpers import saved_pair, word_tokenizer
+from tests.support.cli import cli_args
+from tests.support.engine_helpers import one_thread, tiny_setup  # noqa: F401
+from tests.support.serve_helpers import saved_pair, word_tokenizer
 
 
 def test_turns_carry_the_targets_own_answers():
@@ -42,23 +43,16 @@ def test_turns_carry_the_targets_own_answers():
 def test_tune_cli_suite_reports_per_category(tmp_path):
     setup = tiny_setup("llama")
     target, draft = saved_pair(setup, tmp_path)
-    base = [
+    base = cli_args(
         "tune",
-        "--target",
-        str(target),
-        "--draft",
-        str(draft),
-        "--max-tokens",
-        "4",
-        "--probe-steps",
-        "2",
-        "--topks",
-        "1",
-        "--num-measure",
-        "1",
-        "--repeats",
-        "1",
-    ]
+        target=target,
+        draft=draft,
+        max_tokens=4,
+        probe_steps=2,
+        topks=1,
+        num_measure=1,
+        repeats=1,
+    )
     unknown = CliRunner().invoke(app, [*base, "--suite", "nope"])
     assert unknown.exit_code == 1 and "the suites are gsm8k, humaneval, mt-bench" in unknown.output
     result = CliRunner().invoke(

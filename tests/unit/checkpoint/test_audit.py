@@ -11,8 +11,8 @@ from specdraft.checkpoint import CheckpointError, tokenizer_length
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.tiny_tokenizer import tiny_chat_tokenizer
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.tiny_tokenizer import tiny_chat_tokenizer
 
 PAST = "past the tokenizer's 85 tokens"  # the tiny tokenizer has 85, the target vocab_size 128
 

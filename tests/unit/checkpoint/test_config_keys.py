@@ -10,7 +10,7 @@ from specdraft.checkpoint import UNIMPLEMENTED_FLAGS, CheckpointError, load_draf
 from specdraft.checkpoint.config_keys import unknown_config_keys
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
-from tests.drafts import tiny_draft
+from tests.support.drafts import tiny_draft
 
 # Keys (and the values that matter) of published drafter configs, beyond what specdraft writes.
 SPECFORGE_QWEN3_8B = {  # SpecForge configs/qwen3-8b-eagle3.json (a6b6b02)
@@ -187,7 +187,7 @@ def test_inspect_names_a_key_no_engine_reads_in_a_speculators_layer_config_as_ig
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     config["transformer_layer_config"]["num_experts"] = 8
     (tmp_path / "d" / "config.json").write_text(json.dumps(config))
-    from tests.tiny_models import save_tiny_model
+    from tests.support.tiny_models import save_tiny_model
 
     target = save_tiny_model("llama", tmp_path / "target", num_layers=5)
     result = CliRunner().invoke(app, ["inspect", str(tmp_path / "d"), "--target", str(target)])

@@ -16,7 +16,7 @@ from specdraft.checkpoint import load_draft
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, edit_config, edit_weights, one_thread  # noqa: F401
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, edit_weights, one_thread  # noqa: F401
 
 VOCAB = 128  # the tiny target's vocabulary
 

@@ -17,7 +17,7 @@ from specdraft.checkpoint import (
 )
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
-from tests.drafts import tiny_draft
+from tests.support.drafts import tiny_draft
 
 
 def sglang_dir(tmp_path, name="d", layout="sglang"):
@@ -88,7 +88,7 @@ def test_inspect_and_doctor_read_a_pytorch_bin(tmp_path):
 
 
 def make_target(tmp_path):
-    from tests.tiny_models import save_tiny_model
+    from tests.support.tiny_models import save_tiny_model
 
     return save_tiny_model("llama", tmp_path / "target", num_layers=5)
 

@@ -10,7 +10,7 @@ import pytest
 
 from specdraft.data.records import BadRecord, DataError
 from specdraft.data.render import load_dataset, render_chat
-from tests.tiny_tokenizer import template_tokenizer
+from tests.support.tiny_tokenizer import template_tokenizer
 
 Q = {"role": "user", "content": "What is 2+2?"}
 A = {"role": "assistant", "content": "4", "reasoning_content": "Add two and two."}

@@ -8,7 +8,7 @@ import pytest
 from specdraft.data.records import DataError
 from specdraft.data.render import render_chat, template_hash
 from specdraft.data.template import read_chat_template, template_fingerprint, use_chat_template
-from tests.tiny_tokenizer import CHAT, TEMPLATE, tiny_chat_tokenizer
+from tests.support.tiny_tokenizer import CHAT, TEMPLATE, tiny_chat_tokenizer
 
 
 def test_a_template_file_renders_as_the_tokenizer_s_own_and_has_its_hash(tmp_path):

@@ -16,7 +16,7 @@ from specdraft.demo.config import DemoConfig
 from specdraft.demo.inputs import check_inputs
 from specdraft.demo.run import run_demo
 from specdraft.errors import UnusableInput
-from tests.demo_helpers import tiny_demo_config
+from tests.support.demo import tiny_demo_config
 
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

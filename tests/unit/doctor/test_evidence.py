@@ -12,14 +12,14 @@ from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
 from specdraft.targets import load_target
-from tests.doctor_helpers import (  # noqa: F401
+from tests.support.doctor_helpers import (  # noqa: F401
     one_thread,
     random_samples,
     train_on_store,
     unsupported_target,
     write_samples,
 )
-from tests.tiny_models import save_tiny_model
+from tests.support.tiny_models import save_tiny_model
 
 AUX = (0, 3, 5)  # index 0: the embeddings, capturable by SGLang >= 0.5.14 on DeepSeek, not vLLM
 

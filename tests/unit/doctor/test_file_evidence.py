@@ -1,50 +1,74 @@
-"""A --target whose config transformers reads but whose model it cannot load (issue #34 item 9:
-a Kimi-K2.5-style wrapper saved by another transformers release) is one line naming the
-directory and the loader's reason, and every check that needs no target weights still runs; a
-config transformers rejects is one `error:` line (exit 2), never a traceback."""
+"""`specdraft doctor DRAFT` without --target checks everything the drafter's own files fix: key
+names and shapes, the vocabulary map and fc width from its config (a missing fc.weight fails);
+the summary names the input that would run the skipped checks; --strict fails on any skip
+(issue #20 item 11)."""
 
 from __future__ import annotations
 
-from typer.testing import CliRunner
+import json
 
-from specdraft.cli import app
+import pytest
+
 from specdraft.doctor import run_doctor
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.cli import flat, invoke
+from tests.support.doctor_helpers import draft_checkpoint, edit_weights, one_thread  # noqa: F401
+
+OWN_FILES = (
+    "keys_match_engine",
+    "shapes_and_dtypes",
+    "values_finite",
+    "vocab_map_valid",
+    "variant_flags_implemented",
+    "draft_vocab_size_declared",
+    "lm_head_untied",
+)
 
 
-def doctor_cli(*args):
-    return CliRunner().invoke(app, ["doctor", *map(str, args)], env={"COLUMNS": "200"})
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory):
+    """A drafter in the SGLang layout (no manifest), as downloaded: its files only."""
+    draft, _ = draft_checkpoint(tmp_path_factory.mktemp("own"), layout="sglang")
+    return draft
 
 
-def test_a_target_transformers_cannot_load_skips_only_what_runs_it(tmp_path):
-    draft, target = draft_checkpoint(tmp_path, arch="kimi_k25", num_layers=7, aux=(2, 3, 5))
-    # 3 heads where the weights hold 4: from_pretrained raises RuntimeError (mismatched sizes)
-    edit_config(target, lambda c: c["text_config"].update(num_attention_heads=3))
-    report = run_doctor(draft, target=target, engine="sglang")
-    width = report.finding("aux_width_on_target")
-    assert width.verdict == "skip", width
-    assert width.evidence.startswith(
-        f"transformers cannot load the target {target} (RuntimeError: "
-    )
-    assert len(width.evidence.splitlines()) == 1
-    for check in ("specdraft_loads", "keys_match_engine", "aux_ids_read_alike", "vocab_map_valid"):
+def test_without_target_the_drafters_own_files_are_checked(bare):
+    report = run_doctor(bare)
+    for check in OWN_FILES + ("fc_width_matches_aux",):
         assert report.finding(check).verdict == "pass", report.finding(check)
-    (note,) = [n for n in report.notes if "cannot load" in n]
-    assert note.endswith("skipped aux_width_on_target; the other checks ran")
-    result = doctor_cli(draft, "--target", target, "--engine", "sglang")
+    assert "fc takes 96 = 3 x 32" in report.finding("fc_width_matches_aux").evidence
+    assert report.skips_enabled_by() == {
+        "--target": 3,
+        "--engine-args": 4,
+        "--samples": 1,
+        "--server": 1,
+    }
+
+
+def test_a_drafter_without_fc_weight_fails_without_target(bare, tmp_path):
+    import shutil
+
+    draft = shutil.copytree(bare, tmp_path / "d")
+    edit_weights(draft, lambda t: t.pop("fc.weight"))
+    keys = run_doctor(draft).finding("keys_match_engine")
     assert (
-        "Traceback" not in result.output
-        and result.exception is None
-        or (isinstance(result.exception, SystemExit))
-    ), result.output
-    assert f"transformers cannot load the target {target}" in " ".join(result.output.split())
+        keys.verdict == "fail"
+        and "leave 1 parameters at their initial values [fc.weight]" in keys.evidence
+    )
+    result = invoke(["doctor", str(draft)])
+    text = flat(result.output)
+    assert result.exit_code == 1, result.output
+    assert "2 fail" in text and "pass --target to run 2 more checks, --engine-args for 4" in text, (
+        text
+    )
 
 
-def test_a_target_config_transformers_rejects_is_one_error_line(tmp_path):
-    draft, target = draft_checkpoint(tmp_path, arch="kimi_k25", num_layers=7, aux=(2, 3, 5))
-    edit_config(target, lambda c: c["text_config"].update(n_routed_experts="4"))
-    result = doctor_cli(draft, "--target", target)
-    assert result.exit_code == 2, result.output
-    (line,) = result.output.strip().splitlines()
-    assert line.startswith(f"error: {target}/config.json: transformers cannot read it (")
-    assert "n_routed_experts" in line
+def test_strict_fails_on_a_skip(bare):
+    assert invoke(["doctor", str(bare)]).exit_code == 0
+    strict = invoke(["doctor", str(bare), "--strict"])
+    assert strict.exit_code == 1 and "--strict: 13 checks skipped" in flat(strict.output), (
+        strict.output
+    )
+    as_json = invoke(["doctor", str(bare), "--strict", "--json"])
+    assert (
+        as_json.exit_code == 1 and json.loads(as_json.output)["skips_enabled_by"]["--target"] == 3
+    )

@@ -9,7 +9,7 @@ import pytest
 
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
-from tests.tiny_models import save_tiny_model
+from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.tiny_models import save_tiny_model
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 EAGLE = (

@@ -10,8 +10,8 @@ import pytest
 
 from specdraft.data.template import template_fingerprint
 from specdraft.doctor import run_doctor
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.tiny_tokenizer import CHAT, TEMPLATE, tiny_chat_tokenizer
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.tiny_tokenizer import CHAT, TEMPLATE, tiny_chat_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Doctor on correct exports raises no false alarm (issue #34, "done when"): for every target
-class an engine serves a drafter on (every tiny architecture of tests/tiny_models.py but Gemma 2 /
+class an engine serves a drafter on (every tiny architecture of tests/support/tiny_models.py but Gemma 2 /
 3 and Qwen2-VL, which no engine serves), a drafter exported for each engine that serves the
 class, on the default aux layers and on others, gets 0 FAIL from `doctor --engine` of it."""
 
@@ -9,8 +9,8 @@ import pytest
 
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
-from tests.tiny_models import ARCHITECTURES, MORE_ARCHITECTURES
+from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
+from tests.support.tiny_models import ARCHITECTURES, MORE_ARCHITECTURES
 
 SERVED_BY_NONE = ("gemma2", "gemma3", "qwen2_vl")
 # SGLang 0.5.23 serves no EAGLE-3 drafter on Llava / Mistral3 (llava.py: no capture method)

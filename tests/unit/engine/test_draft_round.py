@@ -19,7 +19,7 @@ from specdraft.engine.kernels import fused_decode
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.tree import TreeExpansion, tree_of, verify_mask
-from tests.drafts import tiny_draft
+from tests.support.drafts import engine_draft
 
 SETTINGS = {
     "chain7": SpecConfig.chain(7),
@@ -67,20 +67,7 @@ def _setup(spec: SpecConfig, dtype: torch.dtype, monkeypatch, counter: OpCounter
         GraphedRound, "capture", lambda self, m: (None, self.static_inputs(m), None)
     )
     torch.manual_seed(0)
-    draft = (
-        tiny_draft(
-            num_layers=2,
-            aux_layers=(0, 1, 2),
-            head_dim=16,
-            hidden_size=64,
-            target_hidden_size=64,
-            vocab_size=200,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-        .to(dtype)
-        .eval()
-    )
+    draft = engine_draft().to(dtype).eval()
     cfg = draft.cfg
     cache = DraftCache(
         cfg.num_key_value_heads, cfg.head_dim, 96 + fused_decode.MAX_TOKENS, dtype, "cpu"

@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 from specdraft.engine.fast_config import ModelArgs
 from specdraft.engine.fast_load import load_fast_target
 from specdraft.engine.fast_model import FastTarget, causal_mask
-from tests.paths import PYCODE
-from tests.tiny_models import save_tiny_model, tiny_config, tiny_model
+from tests.support.paths import PYCODE
+from tests.support.tiny_models import save_tiny_model, tiny_config, tiny_model
 
 NUM_LAYERS = 4
 MAX_SEQ = 32

@@ -4,7 +4,7 @@ proposer of fixed tokens) runs through the same round, losslessly: a new method 
 import torch
 
 from specdraft.engine.round import Proposal
-from tests.engine_helpers import random_prompts, tiny_setup
+from tests.support.engine_helpers import random_prompts, tiny_setup
 
 
 class FixedBlock:

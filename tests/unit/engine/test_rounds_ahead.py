@@ -17,14 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.unit.engine.test_triton_ops import (
-    ARGS,
-    CUDA,
-    DEVICE,
-    DTYPE,
-    _random_target,
-    replay_rounds_eagerly,
-)
+from tests.support.kernels import ARGS, CUDA, DEVICE, DTYPE, random_target, replay_rounds_eagerly
 
 CHAIN, TREE = (2, 64), (5, 8)  # (tokens the heads choose among, the draft vocabulary)
 
@@ -45,25 +38,11 @@ def _pair(num_tokens: int, draft_vocab_size: int):
     """(target, drafter) whose heads score num_tokens tokens (the drafter's draft ids 0.., the
     target's their target ids) with the last hidden state along num_tokens - 1 random directions
     and minus their sum, every other token 0: each one's greedy choice is one of them."""
-    from tests.drafts import tiny_draft
+    from tests.support.drafts import engine_draft
 
-    target = _random_target(ARGS["llama"])
+    target = random_target(ARGS["llama"])
     torch.manual_seed(0)
-    draft = (
-        tiny_draft(
-            num_layers=2,
-            aux_layers=(0, 1, 2),
-            head_dim=16,
-            hidden_size=64,
-            target_hidden_size=64,
-            vocab_size=200,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            draft_vocab_size=draft_vocab_size,
-        )
-        .to(DEVICE, DTYPE)
-        .eval()
-    )
+    draft = engine_draft(draft_vocab_size=draft_vocab_size).to(DEVICE, DTYPE).eval()
     tokens = draft.draft_to_target(torch.arange(num_tokens, device=DEVICE)).tolist()
     for weight, rows, seed in (
         (draft.lm_head.weight, list(range(num_tokens)), 5),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specdraft.export import ExportError, export_draft
-from tests.doctor_helpers import one_thread, unsupported_target  # noqa: F401
+from tests.support.doctor_helpers import one_thread, unsupported_target  # noqa: F401
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from specdraft.cli import app
-from tests.tiny_models import save_tiny_model
-from tests.tiny_tokenizer import tiny_chat_tokenizer
+from tests.support.tiny_models import save_tiny_model
+from tests.support.tiny_tokenizer import tiny_chat_tokenizer
 
 
 @pytest.mark.parametrize("arch", ["qwen3_vl", "mistral3"])

@@ -15,8 +15,8 @@ from specdraft.train.config import TrainConfig
 from specdraft.train.errors import TrainingError
 from specdraft.train.loop import train
 from specdraft.train.store_data import StoreData
-from tests.tiny_models import GPT_OSS_ROPE, save_tiny_model
-from tests.tiny_tokenizer import CHAT, tiny_chat_tokenizer
+from tests.support.tiny_models import GPT_OSS_ROPE, save_tiny_model
+from tests.support.tiny_tokenizer import CHAT, tiny_chat_tokenizer
 
 
 def run(*args):
