@@ -20,9 +20,11 @@ from specdraft.machine_load import busy_note
 from specdraft.train.progress import counted_progress
 
 
-def heldout_prompts(target_dir: Path, heldout_file: Path, cfg: DemoConfig) -> list[list[int]]:
-    """Token ids of the first `cfg.prompt_tokens` tokens of each held-out document, or with
-    --chat-template, of each held-out chat's prompt as a server renders it with the file (its
+def heldout_prompts(
+    target_dir: Path, heldout_file: Path, prompt_tokens: int, chat_template: Path | None = None
+) -> list[list[int]]:
+    """Token ids of the first `prompt_tokens` tokens of each held-out document, or with
+    `chat_template` (--chat-template), of each held-out chat's prompt as a server renders it with the file (its
     messages before the last assistant turn, generation prompt added: `data.render.prompt_ids`)."""
     from transformers import AutoTokenizer
 
@@ -31,12 +33,12 @@ def heldout_prompts(target_dir: Path, heldout_file: Path, cfg: DemoConfig) -> li
     from specdraft.data.template import use_chat_template
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    if cfg.chat_template is not None:
-        use_chat_template(tokenizer, cfg.chat_template)
+    if chat_template is not None:
+        use_chat_template(tokenizer, chat_template)
         chats = read_records(heldout_file, chat=True, require_assistant=False).records
         return [prompt_ids(tokenizer, served_messages(list(c.messages))) for c in chats]
     docs = [d for d in heldout_file.read_text().split("\n\n") if d.strip()]
-    return [tokenizer(d)["input_ids"][: cfg.prompt_tokens] for d in docs]
+    return [tokenizer(d)["input_ids"][:prompt_tokens] for d in docs]
 
 
 TUNE_PROMPTS_FILE = "heldout-prompts.jsonl"  # under out/data: the timed prompts, for `tune`

@@ -53,7 +53,7 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     report = drafter_report(cfg, target_dir, aux_layers, draft_dir, training)
     say(f"drafter: {training.get('steps')} optimizer steps, at {draft_dir}")
     say("speculative generation vs plain decoding on held-out prompts")
-    prompts = heldout_prompts(target_dir, heldout_file, cfg)
+    prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens, cfg.chat_template)
     report.prompts_file = str(write_tune_prompts(target_dir, prompts, heldout_file.parent))
     report.baseline, report.sweep, report.tree, report.busy = stage_generation(
         cfg, target_dir, draft_dir, prompts, say

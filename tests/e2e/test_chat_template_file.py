@@ -84,7 +84,7 @@ def test_served_with_the_training_template_doctor_passes(world, drafter):
         "doctor", drafter, "--target", target, "--engine", "vllm",
         "--chat-template", template, "--samples", chats, "--json",
     )  # fmt: skip
-    findings = {f["check"]: f for f in json.loads(result.output)["findings"]}
+    findings = {f["check"]: f for f in json.loads(result.stdout)["findings"]}
     chat = findings["chat_template_matches_manifest"]
     assert chat["verdict"] == "pass", chat
     assert "chats render identically" in chat["evidence"]
@@ -101,7 +101,7 @@ def test_served_with_another_template_doctor_fails_naming_both_hashes(world, dra
         "--chat-template", other, "--samples", chats, "--json",
     )  # fmt: skip
     assert result.exit_code == 1, result.output
-    findings = {f["check"]: f for f in json.loads(result.output)["findings"]}
+    findings = {f["check"]: f for f in json.loads(result.stdout)["findings"]}
     chat = findings["chat_template_matches_manifest"]
     served = template_fingerprint(other.read_text())[:12]
     trained = template_fingerprint(template.read_text())[:12]

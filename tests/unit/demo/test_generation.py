@@ -37,7 +37,6 @@ def test_the_tune_prompts_file_holds_the_timed_prompts(tmp_path):
 
     from specdraft.bench.prompts import load_prompts
     from specdraft.data.render import prompt_ids
-    from specdraft.demo.config import DemoConfig
     from specdraft.demo.generation import heldout_prompts, write_tune_prompts
     from specdraft.stories260k import convert_stories260k
 
@@ -45,7 +44,7 @@ def test_the_tune_prompts_file_holds_the_timed_prompts(tmp_path):
     convert_stories260k(target)
     heldout = tmp_path / "heldout.txt"
     heldout.write_text("Once upon a time, there was a girl.\n\nTom and his dog went to the park.\n")
-    prompts = heldout_prompts(target, heldout, DemoConfig(prompt_tokens=8))
+    prompts = heldout_prompts(target, heldout, 8)
     path = write_tune_prompts(target, prompts, tmp_path)
     assert path == tmp_path / "heldout-prompts.jsonl"
     tokenizer = AutoTokenizer.from_pretrained(str(target))
