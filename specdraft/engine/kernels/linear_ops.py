@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from specdraft.engine.kernels.norm_rope_ops import KVWrite
 from specdraft.engine.kernels.pdl import pdl_launch, pdl_wait
 
 THIN_GEMM_ROWS = 64  # rows a `linear` call takes (a thin GEMM pads them to 16, 32 or 64)
@@ -186,12 +187,20 @@ def _launch_linear(
     num_out: int,
     half: int,
     epilogue: tl.constexpr,
-    rope: tuple = (None, None, None, None, None, 1, 0, 0, 0),
+    write: KVWrite | None = None,
 ) -> None:
-    """Launch the GEMV (one row of x) or thin GEMM (2-64 rows) for `num_out` outputs per row."""
+    """Launch the GEMV (one row of x) or thin GEMM (2-64 rows) for `num_out` outputs per row;
+    `write`: the ROPE epilogue's (None for the others)."""
     m, k = x.shape
     if m > THIN_GEMM_ROWS:
         raise ValueError(f"triton linear: {m} rows, at most {THIN_GEMM_ROWS}")
+    w = write
+    rope = (
+        (w.position_ids, w.cache_slots, w.inv_freq, w.k_cache, w.v_cache, w.position_ids.shape[1])
+        + (w.num_heads, w.k_cache.shape[1], w.k_cache.shape[2])
+        if w is not None
+        else (None, None, None, None, None, 1, 0, 0, 0)
+    )
     pos, slots, inv_freq, k_cache, v_cache, t, num_heads, num_kv_heads, cache_len = rope
     block_n, block_k, num_stages = _linear_config(
         m, weight.shape[0], k, epilogue.value != PLAIN.value
@@ -256,36 +265,15 @@ def linear_silu_mul(x: Tensor, w13: Tensor) -> Tensor:
     return y
 
 
-def qkv_rope_to_cache(
-    x: Tensor,
-    wqkv: Tensor,
-    bias: Tensor | None,
-    position_ids: Tensor,
-    cache_slots: Tensor,
-    inv_freq: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    num_heads: int,
-) -> Tensor:
+def qkv_rope_to_cache(x: Tensor, wqkv: Tensor, bias: Tensor | None, write: KVWrite) -> Tensor:
     """The fused q|k|v projection with RoPE and the cache writes in its epilogue: what
-    `rope_to_cache(linear(x, wqkv, bias), ...)` does without q-/k-norm, in one kernel.
+    `rope_to_cache(linear(x, wqkv, bias), write)` does without q-/k-norm, in one kernel.
 
-    x [B*T, K] (M <= 64 rows); wqkv [(nq + 2 n_kv) * D, K], bias the same rows or None; the
-    other arguments as `rope_to_cache`. Returns q [B*T, nq, D] in x's dtype.
+    x [B*T, K] (M <= 64 rows); wqkv [(nq + 2 n_kv) * D, K], bias the same rows or None; write as
+    `rope_to_cache`'s. Returns q [B*T, nq, D] in x's dtype.
     """
     x = x.contiguous()
-    num_kv_heads, cache_len, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    q = torch.empty(x.shape[0], num_heads, head_dim, device=x.device, dtype=x.dtype)
-    rope = (
-        position_ids,
-        cache_slots,
-        inv_freq,
-        k_cache,
-        v_cache,
-        position_ids.shape[1],
-        num_heads,
-        num_kv_heads,
-        cache_len,
-    )
-    _launch_linear(x, wqkv, bias, q, wqkv.shape[0] // 2, head_dim // 2, ROPE, rope)
+    head_dim = write.k_cache.shape[3]
+    q = torch.empty(x.shape[0], write.num_heads, head_dim, device=x.device, dtype=x.dtype)
+    _launch_linear(x, wqkv, bias, q, wqkv.shape[0] // 2, head_dim // 2, ROPE, write)
     return q
