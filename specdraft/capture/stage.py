@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -332,29 +333,16 @@ def _write_through_vllm(cfg: CaptureConfig, engine, head, samples, settings, ext
     """`write_store` of `samples` with vLLM's `engine` running the network: one engine process
     per rank with --data-parallel-size M > 1 (`capture.vllm_parallel`), else `engine` started
     here, before the store is touched, and closed after."""
+    write = functools.partial(
+        write_store, head, samples, cfg.out_dir, settings, extra=extra, console=console
+    )
     if cfg.vllm.data_parallel_size > 1:
         from specdraft.capture.vllm_parallel import DataParallelCapture, rank_environments
 
         envs = rank_environments(cfg.vllm.data_parallel_size, cfg.vllm.tensor_parallel_size)
-        return write_store(
-            head,
-            samples,
-            cfg.out_dir,
-            settings,
-            extra=extra,
-            console=console,
-            run_shards=DataParallelCapture(engine, envs).run,
-        )
+        return write(run_shards=DataParallelCapture(engine, envs).run)
     engine.start(Path(cfg.out_dir))
     try:
-        return write_store(
-            head,
-            samples,
-            cfg.out_dir,
-            settings,
-            extra=extra,
-            console=console,
-            run_shards=in_process(engine.capture_shard),
-        )
+        return write(run_shards=in_process(engine.capture_shard))
     finally:
         engine.close()
