@@ -194,14 +194,6 @@ def _launch_linear(
     m, k = x.shape
     if m > THIN_GEMM_ROWS:
         raise ValueError(f"triton linear: {m} rows, at most {THIN_GEMM_ROWS}")
-    w = write
-    rope = (
-        (w.position_ids, w.cache_slots, w.inv_freq, w.k_cache, w.v_cache, w.position_ids.shape[1])
-        + (w.num_heads, w.k_cache.shape[1], w.k_cache.shape[2])
-        if w is not None
-        else (None, None, None, None, None, 1, 0, 0, 0)
-    )
-    pos, slots, inv_freq, k_cache, v_cache, t, num_heads, num_kv_heads, cache_len = rope
     block_n, block_k, num_stages = _linear_config(
         m, weight.shape[0], k, epilogue.value != PLAIN.value
     )
@@ -225,18 +217,20 @@ def _launch_linear(
         num_out,
         k,
         half,
-        t,
-        pos,
-        slots,
-        inv_freq,
-        k_cache,
-        v_cache,
-        num_heads,
-        num_kv_heads,
-        cache_len,
+        *_rope_arguments(write),
         BLOCK_M=1 if m == 1 else max(16, triton.next_power_of_2(m)),
         **common,
     )
+
+
+def _rope_arguments(write: KVWrite | None) -> tuple:
+    """The kernel's arguments T .. cache_len for the ROPE epilogue's `write` (placeholders the
+    other epilogues do not read for None)."""
+    if write is None:
+        return (1, None, None, None, None, None, 0, 0, 0)
+    pos, k_cache = write.position_ids, write.k_cache
+    kv = (k_cache, write.v_cache, write.num_heads, k_cache.shape[1], k_cache.shape[2])
+    return (pos.shape[1], pos, write.cache_slots, write.inv_freq, *kv)
 
 
 def linear(
