@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from specdraft.bench.config import BUILTIN, BenchInputError
-from specdraft.data.records import chat_record, served_messages
+from specdraft.data.records import chat_record, json_line, served_messages
 
 PROMPT_ROW = '{"prompt": "<text>"}, {"text": "<text>"}, a chat {"messages": [...]} or a JSON string'
 
@@ -59,13 +58,8 @@ def read_prompt_file(source: str) -> str:
 def prompt_of_row(line: str, name: str, number: int) -> str | list[dict[str, Any]]:
     """The prompt of one JSONL row (`load_prompts`); a chat row's is its messages before its last
     assistant turn (`data.render.served_messages`)."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise BenchInputError(
-            f"{name}:{number}: not JSON ({e.msg}); a prompts file is JSONL, one {PROMPT_ROW} "
-            "per line"
-        ) from None
+    fix = f"a prompts file is JSONL, one {PROMPT_ROW} per line"
+    row = json_line(line, BenchInputError, f"{name}:{number}", fix)
     if isinstance(row, dict) and ("messages" in row or "conversations" in row):
         prompt = served_messages(chat_record(f"{name}:{number}", row).messages)
     else:

@@ -27,8 +27,8 @@ from specdraft.bench.levels import LevelResult, level_result
 from specdraft.bench.report import make_out_dir
 from specdraft.bench.stats import SpeedupPoint
 from specdraft.bench.suites import Question, Suite
-from specdraft.bench.sweep import check_chats, warm_up
-from specdraft.client import RequestRecord, Server, run_requests, scrape, wait_for_server
+from specdraft.bench.sweep import check_chats, wait_for_servers, warm_up
+from specdraft.client import RequestRecord, Server, run_requests, scrape
 from specdraft.files import atomic_write, atomic_write_text
 
 
@@ -97,15 +97,7 @@ def run_suite(
     cfg.concurrency[0] (module doc). Servers are waited for and warmed up first (`run_bench`'s
     rules); progress is told one line per category. Raises BenchError when every request of a
     category failed on a server."""
-    servers = {
-        "speculative": wait_for_server(
-            cfg.url, cfg.wait_s, cfg.timeout_s, "--url", on_wait=progress
-        )
-    }
-    if cfg.baseline_url:
-        servers["baseline"] = wait_for_server(
-            cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url", on_wait=progress
-        )
+    servers = wait_for_servers(cfg, progress)
     try:
         return _measure_suite(cfg, suite, servers, progress, clock)
     except BenchError as e:  # say what a suite needs of the server

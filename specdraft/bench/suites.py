@@ -14,7 +14,6 @@ qa / rag rows come from Natural Questions, CC BY-SA 3.0).
 from __future__ import annotations
 
 import gzip
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -126,12 +125,9 @@ ROW_FIELDS = {
 
 
 def _question(line: str, fmt: str, where: str) -> Question:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise SuiteError(
-            f"{where}: not JSON ({e.msg}); a {fmt} file has one {ROW_FIELDS[fmt]} per line"
-        ) from None
+    from specdraft.data.records import json_line
+
+    row = json_line(line, SuiteError, where, f"a {fmt} file has one {ROW_FIELDS[fmt]} per line")
     if not isinstance(row, dict):
         row = {}
     if fmt in ("spec-bench", "mt-bench"):

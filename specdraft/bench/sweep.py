@@ -33,6 +33,17 @@ from specdraft.client import RequestRecord, Server, run_requests, scrape, wait_f
 from specdraft.train.progress import counted_progress
 
 
+def wait_for_servers(cfg: BenchConfig, progress: Callable[[str], None] | None) -> dict[str, Server]:
+    """{"speculative": cfg.url's server, "baseline": cfg.baseline_url's (when given)}, each waited
+    for (`client.wait_for_server`, progress told while it waits; an error names its option)."""
+    urls = {"speculative": (cfg.url, "--url"), "baseline": (cfg.baseline_url, "--baseline-url")}
+    return {
+        role: wait_for_server(url, cfg.wait_s, cfg.timeout_s, option, on_wait=progress)
+        for role, (url, option) in urls.items()
+        if url
+    }
+
+
 def check_chats(server: Server, batch: list, cfg: BenchConfig) -> None:
     """When `batch` holds chats, send the first one to `server` once (1 token): a server that
     refuses it (HTTP 4xx, e.g. a model without a chat template) would refuse every chat row, each
@@ -114,15 +125,7 @@ def run_bench(
     sweep.config = cfg
     prompts = load_prompts(cfg.prompts)
     batch = [prompts[i % len(prompts)] for i in range(cfg.num_prompts)]
-    servers = {
-        "speculative": wait_for_server(
-            cfg.url, cfg.wait_s, cfg.timeout_s, "--url", on_wait=progress
-        )
-    }
-    if cfg.baseline_url:
-        servers["baseline"] = wait_for_server(
-            cfg.baseline_url, cfg.wait_s, cfg.timeout_s, "--baseline-url", on_wait=progress
-        )
+    servers = wait_for_servers(cfg, progress)
     runs = {role: ServerRun.of(server) for role, server in servers.items()}
     sweep.spec, sweep.baseline = runs["speculative"], runs.get("baseline")
     for server in servers.values():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from specdraft.capture.store import CaptureError, StoreSettings
 from specdraft.capture.vllm import VllmOptions
 from specdraft.capture.write import CaptureResult, check_store_dir, in_process, write_store
 from specdraft.conventions import parse_dtype
+from specdraft.data.render import Rendering
 from specdraft.data.template import check_template_mode, use_chat_template
 
 ENGINES = ("transformers", "vllm")  # what runs the target: `capture_dataset`
@@ -82,39 +84,25 @@ class CaptureConfig:
 def load_inputs(
     target: str | Path,
     data: str | Path,
+    rendering: Rendering,
     *,
     tokenizer: str | None = None,
-    chat: bool = True,
-    template_kwargs: dict[str, Any] | None = None,
-    chat_template: str | None = None,
-    skip_bad: bool = False,
     target_dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
-    reasoning: str = "keep",
 ):
     """The target, its tokenizer and `data` rendered with it: what capture and online training read.
 
-    target: transformers model directory (its tokenizer too unless `tokenizer` is given); data,
-    chat, template_kwargs, skip_bad, reasoning: as `specdraft.data.render.load_dataset`;
-    chat_template: a Jinja file replacing the tokenizer's template (`data.template`).
-    Returns (Target, tokenizer, SampleSet). Raises DataError (bad data, naming the file),
-    TokenizerNotFound (an OSError) for a directory without a tokenizer, and CaptureError (a
-    ValueError) for a tokenizer longer than the target's vocabulary: it belongs to another model.
+    target: transformers model directory (its tokenizer too unless `tokenizer` is given); data
+    rendered as `rendering` says (`data.render.Rendering`: its chat_template, a Jinja file,
+    replaces the tokenizer's template, `data.template`). Returns (Target, tokenizer,
+    SampleSet). Raises DataError (bad data, naming the file), TokenizerNotFound (an OSError) for a
+    directory without a tokenizer, and CaptureError (a ValueError) for a tokenizer longer than the
+    target's vocabulary: it belongs to another model.
     """
     from specdraft.targets import load_target
 
     model = load_target(target, dtype=target_dtype, device=device)
-    tok, samples = load_samples(
-        target,
-        data,
-        model.vocab_size,
-        tokenizer=tokenizer,
-        chat=chat,
-        template_kwargs=template_kwargs,
-        chat_template=chat_template,
-        skip_bad=skip_bad,
-        reasoning=reasoning,
-    )
+    tok, samples = load_samples(target, data, model.vocab_size, rendering, tokenizer=tokenizer)
     return model, tok, samples
 
 
@@ -122,19 +110,13 @@ def load_samples(
     target: str | Path,
     data: str | Path,
     vocab_size: int,
+    rendering: Rendering,
     *,
     tokenizer: str | None = None,
-    chat: bool = True,
-    template_kwargs: dict[str, Any] | None = None,
-    chat_template: str | None = None,
-    skip_bad: bool = False,
-    reasoning: str = "keep",
 ):
-    """The target's tokenizer (its template replaced by `chat_template`'s file, if given) and `data` rendered with it, checked against the target's
-    `vocab_size` (as `load_inputs`, without loading the target). Returns (tokenizer, SampleSet)."""
+    """The target's tokenizer (its template replaced by `rendering.chat_template`'s file, if given)
+    and `data` rendered with it, checked against the target's `vocab_size` (as `load_inputs`, without loading the target). Returns (tokenizer, SampleSet)."""
     from transformers import AutoTokenizer
-
-    from specdraft.data.render import load_dataset
 
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer or target)
@@ -148,15 +130,8 @@ def load_samples(
             f"tokenizer has {len(tok)} tokens but the target's vocabulary is "
             f"{vocab_size}: pass the target's own tokenizer (--tokenizer)"
         )
-    use_chat_template(tok, chat_template, chat=chat)
-    return tok, load_dataset(
-        data,
-        tok,
-        chat=chat,
-        template_kwargs=template_kwargs,
-        skip_bad=skip_bad,
-        reasoning=reasoning,
-    )
+    use_chat_template(tok, rendering.chat_template, chat=rendering.chat)
+    return tok, rendering.load(data, tok)
 
 
 def check_aux_arg(aux_layers, target: str | Path) -> None:
@@ -240,14 +215,10 @@ def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
     target, tokenizer, data = load_inputs(
         cfg.target,
         cfg.data,
+        Rendering.of(cfg),
         tokenizer=cfg.tokenizer,
-        chat=cfg.chat,
-        template_kwargs=cfg.template_kwargs,
-        chat_template=cfg.chat_template,
-        skip_bad=cfg.skip_bad,
         target_dtype=parse_dtype(cfg.target_dtype),
         device=cfg.device,
-        reasoning=cfg.reasoning,
     )
     settings = _settings(cfg, cfg.aux_layers or default_aux_layers(target.num_layers))
     _announce(cfg, console)
@@ -319,15 +290,7 @@ def _capture_through_vllm(cfg: CaptureConfig, console) -> CaptureResult:
     import_vllm()
     head = HeadTarget(cfg.target, parse_dtype(cfg.target_dtype))
     tokenizer, data = load_samples(
-        cfg.target,
-        cfg.data,
-        head.vocab_size,
-        tokenizer=cfg.tokenizer,
-        chat=cfg.chat,
-        template_kwargs=cfg.template_kwargs,
-        chat_template=cfg.chat_template,
-        skip_bad=cfg.skip_bad,
-        reasoning=cfg.reasoning,
+        cfg.target, cfg.data, head.vocab_size, Rendering.of(cfg), tokenizer=cfg.tokenizer
     )
     aux_layers = cfg.aux_layers or default_aux_layers(head.num_layers)
     engine = VllmCapture(
@@ -351,29 +314,16 @@ def _write_through_vllm(cfg: CaptureConfig, engine, head, samples, settings, ext
     """`write_store` of `samples` with vLLM's `engine` running the network: one engine process
     per rank with --data-parallel-size M > 1 (`capture.vllm_parallel`), else `engine` started
     here, before the store is touched, and closed after."""
+    write = functools.partial(
+        write_store, head, samples, cfg.out_dir, settings, extra=extra, console=console
+    )
     if cfg.vllm.data_parallel_size > 1:
         from specdraft.capture.vllm_parallel import DataParallelCapture, rank_environments
 
         envs = rank_environments(cfg.vllm.data_parallel_size, cfg.vllm.tensor_parallel_size)
-        return write_store(
-            head,
-            samples,
-            cfg.out_dir,
-            settings,
-            extra=extra,
-            console=console,
-            run_shards=DataParallelCapture(engine, envs).run,
-        )
+        return write(run_shards=DataParallelCapture(engine, envs).run)
     engine.start(Path(cfg.out_dir))
     try:
-        return write_store(
-            head,
-            samples,
-            cfg.out_dir,
-            settings,
-            extra=extra,
-            console=console,
-            run_shards=in_process(engine.capture_shard),
-        )
+        return write(run_shards=in_process(engine.capture_shard))
     finally:
         engine.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 import typer
@@ -92,13 +92,27 @@ def user_errors(
         raise typer.Exit(USAGE_ERROR if isinstance(e, usage_errors) else exit_code) from e
 
 
-def config_of(cls, params: Mapping[str, Any], **given: Any):
+def config_of(cls, params: Mapping[str, Any], read_apart: tuple[str, ...] = (), **given: Any):
     """The frozen config `cls` (a dataclass) of a command's options: each field from the option of
-    its name in `params` (click's `ctx.params`: the values after their callbacks), `given` over
-    them (a field the options say otherwise: `chat=not no_chat`); a field no option names keeps its
-    default. The config validates itself (`__post_init__`)."""
-    values = {f.name: params[f.name] for f in fields(cls) if f.name in params}
-    return cls(**{**values, **given})
+    its name in `params` (click's `ctx.params`: the values after their callbacks, `option_fields`),
+    `given` over them (a field the options say otherwise: `chat=not no_chat`; a nested config,
+    whose fields take the options of their names); a field no option names keeps its default.
+    Every option must land somewhere: a field of `cls` or of a nested config, or one named in
+    `read_apart` (read by the command itself, or into a `given` field: "no_chat"); RuntimeError (a
+    bug: a renamed field would drop its option silently) naming the others. The config validates
+    itself (`__post_init__`)."""
+    taken = {f.name for f in fields(cls)} | set(given) | set(read_apart)
+    for value in given.values():
+        taken |= {f.name for f in fields(value)} if is_dataclass(value) else set()
+    lost = sorted(set(params) - taken)
+    if lost:
+        raise RuntimeError(f"options {lost} map to no field of {cls.__name__} (nor are read apart)")
+    return cls(**{**option_fields(cls, params), **given})
+
+
+def option_fields(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of the dataclass `cls` that an option of the same name in `params` sets."""
+    return {f.name: params[f.name] for f in fields(cls) if f.name in params}
 
 
 def set_threads(threads: int) -> None:

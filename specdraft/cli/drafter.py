@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,7 +19,10 @@ from specdraft.cli.options import (
     argument,
     flag,
 )
-from specdraft.cli.reading import IdReading, id_reading, read_target, refuse_bad_configs
+from specdraft.cli.reading import id_reading, read_target, refuse_bad_configs
+
+if TYPE_CHECKING:
+    from specdraft.checkpoint.id_reading import IdReading
 
 Drafter = Annotated[str, argument("CHECKPOINT", DRAFTER_HELP + ".", callback=check_drafter)]
 WholeManifest = Annotated[

@@ -18,6 +18,7 @@ from specdraft.cli.common import (
     app,
     config_of,
     make_console,
+    option_fields,
     set_threads,
     user_errors,
 )
@@ -144,10 +145,11 @@ def capture(
         cfg = config_of(
             CaptureConfig,
             ctx.params,
+            ("out", "no_chat", "threads"),
             out_dir=out,
             chat=not no_chat,
             tokenizer=tokenizer or None,
-            vllm=config_of(VllmOptions, ctx.params),
+            vllm=VllmOptions(**option_fields(VllmOptions, ctx.params)),
         )
         refuse_bad_configs("", target, ("model_type", "num_hidden_layers", "hidden_size"))
         set_threads(threads)
@@ -243,12 +245,13 @@ def regenerate(
         cfg = config_of(
             RegenConfig,
             ctx.params,
+            ("no_chat", "threads"),
             target=target or None,
             endpoint=endpoint or None,
             model=model,
             tokenizer=tokenizer or None,
             chat=not no_chat,
-            sampling=config_of(Sampling, ctx.params),
+            sampling=Sampling(**option_fields(Sampling, ctx.params)),
             api_key=api_key(),
         )
         set_threads(threads)

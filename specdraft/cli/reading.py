@@ -1,44 +1,27 @@
 """What the commands that read a drafter's aux ids take from --target, --aux-layers and
---sglang-version (`IdReading`), and the check of the drafter's and the target's config.json before
-any loader reads them (`refuse_bad_configs`)."""
+--sglang-version (`checkpoint.id_reading.IdReading`), and the check of the drafter's and the
+target's config.json before any loader reads them (`refuse_bad_configs`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specdraft.errors import UnusableInput
 
-
-@dataclass(frozen=True)
-class IdReading:
-    """How to read a drafter's aux ids, in the keywords of `checkpoint.load_draft` /
-    `convert_draft` / `engine.load.load_engine`'s `reading` (`keywords`): the --target's layer
-    count (None without --target) and class (None: the loader's default), the --sglang-version
-    (None: not pinned) and --aux-layers as specdraft indices (None: left out)."""
-
-    target_num_layers: int | None = None
-    target_class: str | None = None
-    sglang_version: str | None = None
-    aux_layers: list[int] | None = None
-
-    def keywords(self) -> dict:
-        """The loaders' keyword arguments: the fields, without a target_class left to the loader."""
-        given = asdict(self)
-        if self.target_class is None:
-            del given["target_class"]
-        return given
+if TYPE_CHECKING:  # the checkpoint package imports torch: not at the CLI's start
+    from specdraft.checkpoint.id_reading import IdReading
 
 
 def engine_reading(
     speculating: bool, target: str, draft: str, aux_layers, sglang_version: str
-) -> dict | None:
-    """The `reading` keywords generate's and serve's engine loads the drafter with (`id_reading`
-    of --target, --aux-layers and --sglang-version, as `engine.load.load_engine` takes them);
-    None for plain decoding, which reads no aux ids."""
+) -> IdReading | None:
+    """The `IdReading` generate's and serve's engine loads the drafter with (`id_reading` of
+    --target, --aux-layers and --sglang-version, as `engine.load.load_engine` takes it); None for
+    plain decoding, which reads no aux ids."""
     if not speculating:
         return None
-    return id_reading(read_target(target), aux_layers, sglang_version, draft, target).keywords()
+    return id_reading(read_target(target), aux_layers, sglang_version, draft, target)
 
 
 def read_target(target: str, trust_remote_code: bool = False):
@@ -65,6 +48,8 @@ def id_reading(
     --sglang-version and --aux-layers (`conventions.layers_of_option`). UnusableInput naming the
     flag: --aux-layers without --target or naming layers its convention cannot; before that, the
     check that a manifest-less `drafter` was built for this target (`refuse_other_target`)."""
+    from specdraft.checkpoint.id_reading import IdReading
+
     if target_config is None:
         if aux is not None:
             raise UnusableInput(

@@ -155,6 +155,15 @@ def bad_json(e: json.JSONDecodeError) -> str:
     return f"bad JSON ({e.msg.removesuffix(' at')} at {where})"
 
 
+def json_line(line: str, error: type[SpecdraftError], where: str, fix: str) -> Any:
+    """The JSON value on one JSONL line; `error` "<where>: bad JSON (<reason> at column N); <fix>"
+    (`bad_json`) when the line holds none."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: {bad_json(e)}; {fix}") from None
+
+
 def _lines(path: Path) -> Iterable[tuple[int, str]]:
     """(line number, line) of the UTF-8 file `path`; DataError naming it when it cannot be read
     (permissions, not UTF-8)."""

@@ -281,6 +281,44 @@ def load_dataset(
     )
 
 
+@dataclass(frozen=True)
+class Rendering:
+    """How a stage renders its data file (`load_dataset`'s settings, from capture's and online
+    training's options): chat (False: plain text), the chat template's kwargs, skip_bad (skip and
+    count bad records instead of refusing the file), reasoning ("keep" | "drop"), chat_template (a
+    Jinja file replacing the tokenizer's template, `data.template`; applied by the loaders that
+    open the tokenizer)."""
+
+    chat: bool = True
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    skip_bad: bool = False
+    reasoning: str = "keep"
+    chat_template: str | None = None
+
+    @classmethod
+    def of(cls, settings: Any) -> Rendering:
+        """The rendering a stage's settings name (capture's `CaptureConfig`, online training's
+        `OnlineSource`: their chat, template_kwargs, skip_bad, reasoning and chat_template fields)."""
+        return cls(
+            settings.chat,
+            settings.template_kwargs,
+            settings.skip_bad,
+            settings.reasoning,
+            settings.chat_template,
+        )
+
+    def load(self, path: str | Path, tokenizer) -> SampleSet:
+        """The samples of `path` rendered with `tokenizer` so (`load_dataset`)."""
+        return load_dataset(
+            path,
+            tokenizer,
+            chat=self.chat,
+            template_kwargs=self.template_kwargs,
+            skip_bad=self.skip_bad,
+            reasoning=self.reasoning,
+        )
+
+
 def render_parity(
     tokenizer, chats: Iterable[Sequence[dict[str, str]]], kwargs_a: dict, kwargs_b: dict
 ) -> list[str]:

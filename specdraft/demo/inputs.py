@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 from specdraft.conventions import default_aux_layers
+from specdraft.data.records import json_line
 from specdraft.demo.config import DemoConfig
 from specdraft.errors import UnusableInput
 
@@ -29,12 +30,8 @@ def parse_documents(text: str, name: str = "the data") -> list[str]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UnusableInput(
-                f"{name} line {number} is not JSON ({e.msg}); the demo reads {DATA_FORMATS}"
-            ) from e
+        where, fix = f"{name} line {number}", f"the demo reads {DATA_FORMATS}"
+        record = json_line(line, UnusableInput, where, fix)
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise UnusableInput(
                 f'{name} line {number} has no string "text" field (chat "messages" records '

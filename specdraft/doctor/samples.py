@@ -13,13 +13,12 @@ one bad record, which skip_bad skips and counts: `SampleRead.skipped_text`), nev
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.data.records import BadRecord, DataError, bad_json, read_records
+from specdraft.data.records import BadRecord, DataError, json_line, read_records
 from specdraft.data.render import DataHash, Sample, data_hash, render_records
 
 MIN_TOKENS = 3  # a draft position t needs tokens t+1 and t+2
@@ -186,12 +185,8 @@ def _first_row(path: Path) -> dict[str, Any]:
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(
-                        f"{path}:{line_no}: {bad_json(e)}; give {KINDS}, one JSON object per line"
-                    ) from None
+                fix = f"give {KINDS}, one JSON object per line"
+                row = json_line(line, DataError, f"{path}:{line_no}", fix)
                 return row if isinstance(row, dict) else {}
     raise DataError(f"{path}: empty file; give {KINDS}")
 
@@ -235,10 +230,7 @@ def _token_rows(path: Path, max_samples: int, skip_bad: bool) -> SampleRead:
 
 def _token_row(line: str, source: str) -> Sample:
     """One {"input_ids", "loss_mask"?} row; BadRecord naming `source` (file:line) otherwise."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise BadRecord(f"{source}: {bad_json(e)}; fix: write one JSON object per line") from None
+    row = json_line(line, BadRecord, source, "fix: write one JSON object per line")
     ids = row.get("input_ids") if isinstance(row, dict) else None
     if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
         raise BadRecord(

@@ -156,7 +156,7 @@ class FastDraft:
         Returns what `__call__` returns. Tensor arguments only: `GraphedDraft` captures it."""
         from specdraft.engine.kernels.attention_ops import attention
         from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache
-        from specdraft.engine.kernels.norm_rope_ops import add_rms_norm
+        from specdraft.engine.kernels.norm_rope_ops import KVWrite, add_rms_norm
 
         t, width = input_ids.shape[0], self.input_norm.shape[0]
         if first_step and (self.input_fc_norm is not None or self.fc_norms is not None):
@@ -170,17 +170,8 @@ class FastDraft:
             F.embedding(input_ids, self.embed), None, self.input_norm, self.eps, out=x[:, :width]
         )
         add_rms_norm(h, None, self.hidden_norm, self.eps, out=x[:, width:])
-        q = qkv_rope_to_cache(
-            x,
-            self.wqkv,
-            None,
-            positions[None],
-            slots,
-            self.inv_freq,
-            cache.k,
-            cache.v,
-            self.num_heads,
-        )
+        write = KVWrite(positions[None], slots, self.inv_freq, cache.k, cache.v, self.num_heads)
+        q = qkv_rope_to_cache(x, self.wqkv, None, write)
         y = attention(q, cache.k, cache.v, attn_mask, slots)
         residual = x[:, width:].contiguous() if self.norm_before_residual else h
         r, normed = add_rms_norm(

@@ -162,3 +162,13 @@ def _rope_fields(config: dict[str, Any]) -> dict[str, Any]:
             )
         )
     return fields
+
+
+def check_cache_length(max_seq_len: int, max_position_embeddings: int) -> None:
+    """EngineError naming both when a target's cache of max_seq_len slots would hold positions
+    past its max_position_embeddings (`setup_cache` of either target)."""
+    if max_seq_len > max_position_embeddings:
+        raise EngineError(
+            f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
+            f"{max_position_embeddings}"
+        )

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from specdraft.draft import RMSNorm, apply_rope
 from specdraft.draft_rope import rope_inv_freq as draft_rope_inv_freq
 from specdraft.engine.errors import EngineError
-from specdraft.engine.fast_config import ModelArgs
+from specdraft.engine.fast_config import ModelArgs, check_cache_length
 from specdraft.engine.kernels import fused_decode
 
 
@@ -129,11 +129,7 @@ class FastTarget(nn.Module):
                 f"max_seq_len {max_seq_len}; specdraft's engine implements full attention "
                 f"only: use max_seq_len <= {args.sliding_window}"
             )
-        if max_seq_len > args.max_position_embeddings:
-            raise EngineError(
-                f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
-                f"{args.max_position_embeddings}"
-            )
+        check_cache_length(max_seq_len, args.max_position_embeddings)
         dtype, device = dtype or weight.dtype, device or weight.device
         self.kv_stack = torch.zeros(
             args.num_layers,

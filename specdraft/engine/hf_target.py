@@ -22,6 +22,7 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from specdraft.engine.errors import EngineError
+from specdraft.engine.fast_config import check_cache_length
 from specdraft.engine.fast_model import FastOutput, causal_mask
 from specdraft.targets import Target, capture_states
 
@@ -101,11 +102,7 @@ class HFTarget:
     ) -> None:
         """A new, empty cache (any batch size: the engine uses 1). Raises ValueError for a
         max_seq_len past the target's max positions."""
-        if max_seq_len > self.args.max_position_embeddings:
-            raise EngineError(
-                f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
-                f"{self.args.max_position_embeddings}"
-            )
+        check_cache_length(max_seq_len, self.args.max_position_embeddings)
         self.cache = DynamicCache()
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
 

@@ -7,11 +7,13 @@ and the notes on what loads but differs from the drafter's training (`pairing_no
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from specdraft.checkpoint.id_reading import IdReading
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.errors import EngineError, EngineFileMissing
 from specdraft.engine.fast_config import ModelArgs
@@ -30,7 +32,7 @@ def load_engine(
     max_seq_len: int | None = None,
     tokenizer: Any = None,
     compile: bool = False,
-    reading: dict[str, Any] | None = None,
+    reading: IdReading | None = None,
 ) -> SpeculativeEngine:
     """Load the target (`load_engine_target`: the fast path where it applies, else the
     transformers-backed one; `engine.target_path` says which, a note says why) and (optionally)
@@ -45,9 +47,9 @@ def load_engine(
     draft_dir may also be a training checkpoint (RUN/checkpoints/step-N.pt or a sharded step-N
     directory, `checkpoint.load_training_checkpoint`: the drafter and its manifest come from it);
     a run directory or its checkpoints directory is refused naming RUN/draft and a step-N file.
-    reading: how a drafter directory without a manifest names its aux layers, `load_draft`'s
-    target_class / sglang_version / aux_layers (`cli.common.id_reading`: --aux-layers); the layer
-    count is the target's. A drafter that records its aux layers (manifest, training checkpoint)
+    reading: how a drafter directory without a manifest names its aux layers (`IdReading`:
+    target_class / sglang_version / aux_layers, `cli.reading.id_reading` of --aux-layers; None:
+    the loader's defaults); the layer count is the target's. A drafter that records its aux layers (manifest, training checkpoint)
     refuses other aux_layers (`checkpoint.refuse_other_aux_layers`). What loads but differs from the drafter's training is in the engine's
     `notes` (`pairing_notes`), and so is where a manifest-less drafter's aux layers came from
     when its config names none (`checkpoint.aux_layers_note`).
@@ -68,7 +70,7 @@ def load_engine(
     engine.notes = [path_note] if path_note else []
     if draft is not None:
         engine.notes += pairing_notes(loaded.manifest, draft_dir, target_dir, spec, tokenizer)
-        engine.notes += aux_layers_notes(loaded, (reading or {}).get("aux_layers"))
+        engine.notes += aux_layers_notes(loaded, reading.aux_layers if reading else None)
     return engine
 
 
@@ -124,7 +126,7 @@ def load_paired_draft(
     target_dir: str | Path,
     device: torch.device | str,
     dtype: torch.dtype,
-    reading: dict[str, Any] | None = None,
+    reading: IdReading | None = None,
 ) -> Any:
     """The drafter at draft_dir (a drafter directory or a training checkpoint), in eval mode, in
     `dtype` on `device`, with the target's embedding unless it owns one: the loader's result
@@ -132,12 +134,8 @@ def load_paired_draft(
     `check_manifest`), CheckpointError for a wrong vocabulary map (`checkpoint.check_vocab_map`)."""
     from specdraft.checkpoint import check_vocab_map, load_draft
 
-    loaded = load_draft(
-        draft_dir,
-        device=device,
-        dtype=dtype,
-        **{**(reading or {}), "target_num_layers": target.args.num_layers},
-    )
+    reading = replace(reading or IdReading(), target_num_layers=target.args.num_layers)
+    loaded = load_draft(draft_dir, device=device, dtype=dtype, **reading.keywords())
     draft = loaded.model.eval()
     check_trained_for(loaded.manifest, draft, target, draft_dir, target_dir)
     if not draft.cfg.owns_embedding:

@@ -29,6 +29,7 @@ from specdraft.checkpoint import (
     verify_written,
     write_safetensors,
 )
+from specdraft.checkpoint.id_reading import IdReading
 from specdraft.conventions import AUX_KEY, captured_by, parse_dtype
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.spec_config import SpecConfig
@@ -72,12 +73,10 @@ class ExportResult:
     derived: tuple[str, ...] = ()
 
 
-def load_source(
-    checkpoint: str | Path, target_num_layers: int | None, **reading: Any
-) -> LoadedDraft:
-    """What export reads (`checkpoint.load_draft`, given `reading`: target class, SGLang version,
-    aux_layers): a drafter directory or a training checkpoint (its manifest records the step;
-    reading's aux_layers must be its own). Raises CheckpointError naming the path for anything
+def load_source(checkpoint: str | Path, reading: IdReading) -> LoadedDraft:
+    """What export reads (`checkpoint.load_draft`, given `reading`: the target's layer count and
+    class, SGLang version, aux_layers): a drafter directory or a training checkpoint (its manifest
+    records the step; reading's aux_layers must be its own). Raises CheckpointError naming the path for anything
     else (e.g. a drafter's model.safetensors given instead of its directory)."""
     path = Path(checkpoint)
     accepted = SOURCE_FORMS
@@ -88,7 +87,7 @@ def load_source(
         )
     if not path.exists():
         raise CheckpointError(f"{checkpoint}: no such file or directory; pass {accepted}")
-    return load_draft(path, target_num_layers=target_num_layers, **reading)
+    return load_draft(path, **reading.keywords())
 
 
 def engine_config(
@@ -215,15 +214,11 @@ def _read_source(
     --target's tokenizer when the manifest records none)."""
     given = TargetFacts.from_target_dir(target, trust_remote_code) if target is not None else None
     reading = (
-        {
-            "target_class": given.target_class or "llama",
-            "sglang_version": sglang_version,
-            "aux_layers": aux_layers,
-        }
+        IdReading(given.num_layers, given.target_class or "llama", sglang_version, aux_layers)
         if given
-        else {}
+        else IdReading()
     )
-    source = load_source(checkpoint, given.num_layers if given else None, **reading)
+    source = load_source(checkpoint, reading)
     facts = given or resolve_target(None, source.manifest)
     if facts is None:
         raise ExportError(f"{checkpoint}: no manifest to say what the target is; pass --target DIR")

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specdraft.checkpoint.id_reading import IdReading
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.serve.metrics import ServerMetrics
 from specdraft.serve.protocol import RequestError
@@ -167,7 +168,7 @@ def build_app(
     max_queue: int = DEFAULT_MAX_QUEUE,
     log_every: int = 0,
     compile: bool = False,
-    reading: dict[str, Any] | None = None,
+    reading: IdReading | None = None,
     chat_template: str | None = None,
 ) -> Any:
     """Load the target (with its tokenizer and `chat_template`: `target_tokenizer`) and the

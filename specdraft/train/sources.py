@@ -27,7 +27,7 @@ import torch
 
 from specdraft.conventions import default_aux_layers
 from specdraft.data.labels import token_counts
-from specdraft.data.render import RenderInfo, Sample, data_hash, tokenizer_fingerprint
+from specdraft.data.render import RenderInfo, Rendering, Sample, data_hash, tokenizer_fingerprint
 from specdraft.train.errors import BadTrainSetting
 
 
@@ -186,12 +186,7 @@ class OnlineData:
         target, tokenizer, data = load_inputs(
             source.target,
             source.data,
-            tokenizer=source.tokenizer,
-            chat=source.chat,
-            template_kwargs=source.template_kwargs,
-            chat_template=source.chat_template,
-            skip_bad=source.skip_bad,
-            reasoning=source.reasoning,
+            Rendering.of(source),
             target_dtype=parse_dtype(source.target_dtype),
             device=device,
         )

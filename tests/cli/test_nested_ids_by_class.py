@@ -11,6 +11,7 @@ import json
 import pytest
 
 from specdraft.checkpoint import CheckpointError, Manifest, load_draft, save_draft
+from specdraft.checkpoint.id_reading import IdReading
 from specdraft.conventions import aux_layers_from_config
 from specdraft.draft_config import DraftConfig
 from specdraft.errors import SpecdraftError
@@ -158,12 +159,7 @@ def test_generate_and_serve_read_sglang_ids_by_the_sglang_version(
     for version, layers in (("0.5.23", [2, 30, 58]), ("0.5.12", [3, 31, 59])):
         result = invoke([*args, "--sglang-version", version])
         assert flat(result.output) == "error: stopped before loading", result.output
-        assert readings.pop() == {
-            "target_num_layers": LAYERS,
-            "target_class": "deepseek",
-            "sglang_version": version,
-            "aux_layers": layers,
-        }
+        assert readings.pop() == IdReading(LAYERS, "deepseek", version, layers)
     text = flat(invoke(args).output)
     assert "read differently by SGLang version" in text and "pass --sglang-version" in text, text
     assert not readings

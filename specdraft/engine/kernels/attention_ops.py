@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from specdraft.engine.kernels.pdl import pdl_launch
+from specdraft.engine.kernels.pdl import pdl_launch, pdl_wait
 
 BLOCK_SLOTS = 64  # cache slots per inner attention step
 MIN_ATTENTION_PROGRAMS = 264  # two waves on a 132-SM H100 / H200: the cache is read in parallel
@@ -27,33 +27,18 @@ ATTENTION_ROWS = (
 
 
 @triton.jit
-def _load_block(
-    mask_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    mask_rows,
-    r_mask,
-    kv_base,
-    s,
-    num_slots,
-    d,
-    HEAD_DIM: tl.constexpr,
-):
-    """Slots s [S] of one kv head: (visible [R, S], the mask at rows mask_rows [R] (offsets),
-    k, v [S, D]); K and V are read only at slots some row sees (0 elsewhere)."""
+def _load_block(mask_at, k_at, v_at, r_mask, s, num_slots, d, HEAD_DIM: tl.constexpr):
+    """Slots s [S] of one kv head: (visible [R, S], the mask at its rows' pointers mask_at [R],
+    k, v [S, D] from that head's caches at k_at, v_at); K and V are read only at slots some row
+    sees (0 elsewhere)."""
     s_mask = s < num_slots
     visible = (
-        tl.load(
-            mask_ptr + mask_rows[:, None] + s[None, :],
-            mask=r_mask[:, None] & s_mask[None, :],
-            other=0,
-        )
-        != 0
+        tl.load(mask_at[:, None] + s[None, :], mask=r_mask[:, None] & s_mask[None, :], other=0) != 0
     )
     read = (s_mask & (tl.max(visible.to(tl.int32), axis=0) > 0))[:, None]
-    kv_offsets = kv_base + s[:, None] * HEAD_DIM + d[None, :]
-    k = tl.load(k_cache_ptr + kv_offsets, mask=read, other=0.0)
-    v = tl.load(v_cache_ptr + kv_offsets, mask=read, other=0.0)  # in flight with k
+    kv_offsets = s[:, None] * HEAD_DIM + d[None, :]
+    k = tl.load(k_at + kv_offsets, mask=read, other=0.0)
+    v = tl.load(v_at + kv_offsets, mask=read, other=0.0)  # in flight with k
     return visible, k, v
 
 
@@ -111,30 +96,17 @@ def _attention_split_kernel(
     r_mask = t < T
     d = tl.arange(0, HEAD_DIM)
     kv_base = (b * num_kv_heads + kv_head) * cache_len * HEAD_DIM
-    mask_rows = b * mask_b_stride + t * mask_t_stride
+    k_at, v_at = k_cache_ptr + kv_base, v_cache_ptr + kv_base
+    mask_at = mask_ptr + b * mask_b_stride + t * mask_t_stride
     start = split * SPLIT
     s = start + tl.arange(0, BLOCK_S)
-    visible, k, v = _load_block(
-        mask_ptr, k_cache_ptr, v_cache_ptr, mask_rows, r_mask, kv_base, s, num_slots, d, HEAD_DIM
-    )
+    visible, k, v = _load_block(mask_at, k_at, v_at, r_mask, s, num_slots, d, HEAD_DIM)
     if USE_PDL:
         new = tl.load(slot_ptr + tl.arange(0, BLOCK_T), mask=tl.arange(0, BLOCK_T) < T, other=-1)
         written = tl.max(((new >= start) & (new < start + BLOCK_S)).to(tl.int32), axis=0) > 0
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        pdl_wait(USE_PDL)
         if written:
-            visible, k, v = _load_block(
-                mask_ptr,
-                k_cache_ptr,
-                v_cache_ptr,
-                mask_rows,
-                r_mask,
-                kv_base,
-                s,
-                num_slots,
-                d,
-                HEAD_DIM,
-            )
+            visible, k, v = _load_block(mask_at, k_at, v_at, r_mask, s, num_slots, d, HEAD_DIM)
     q_rows = (b * T + t) * (num_kv_heads * GROUP) + kv_head * GROUP + g
     q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + d[None, :], mask=r_mask[:, None], other=0.0)
     m_i = tl.full((BLOCK_R,), float("-inf"), dtype=tl.float32)
@@ -143,18 +115,7 @@ def _attention_split_kernel(
     m_i, l_i, acc = _attend_block(q, k, v, visible, m_i, l_i, acc, scale)
     for block in range(1, SPLIT // BLOCK_S):
         s = start + block * BLOCK_S + tl.arange(0, BLOCK_S)
-        visible, k, v = _load_block(
-            mask_ptr,
-            k_cache_ptr,
-            v_cache_ptr,
-            mask_rows,
-            r_mask,
-            kv_base,
-            s,
-            num_slots,
-            d,
-            HEAD_DIM,
-        )
+        visible, k, v = _load_block(mask_at, k_at, v_at, r_mask, s, num_slots, d, HEAD_DIM)
         if tl.max(visible.to(tl.int32)) > 0:  # a block the mask hides: nothing read, nothing to add
             m_i, l_i, acc = _attend_block(q, k, v, visible, m_i, l_i, acc, scale)
     seen = l_i > 0
@@ -180,9 +141,7 @@ def _attention_combine_kernel(
     USE_PDL: tl.constexpr,
 ):
     """Program (b * n_kv + kv head, row r): sum of the splits' outputs weighted by exp(lse)."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     bh, r = tl.program_id(0), tl.program_id(1)
     b, kv_head = bh // num_kv_heads, bh % num_kv_heads
     t, g = r // GROUP, r % GROUP

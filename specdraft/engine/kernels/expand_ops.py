@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from specdraft.engine.kernels.pdl import pdl_launch
+from specdraft.engine.kernels.pdl import pdl_launch, pdl_wait
 
 MASK_BLOCK = 1024  # draft-cache entries a `tree_mask` program writes
 MAX_VOCAB = (
@@ -46,9 +46,7 @@ def _child_topk_kernel(
     """Program r: children r*K .. r*K+K-1, the K best draft ids of logits row r, best first."""
     r = tl.program_id(0)
     cols = tl.arange(0, BLOCK_V)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     x = tl.load(logits_ptr + r * V + cols, mask=cols < V, other=-float("inf")).to(tl.float32)
     top = tl.max(x, axis=0)
     log_sum = tl.log(tl.sum(tl.exp(x - top), axis=0))
@@ -87,8 +85,7 @@ def child_topk(
         vocab,
         K=k,
         BLOCK_V=block_v,
-        num_warps=min(16, max(4, block_v // 1024)),
-        **pdl_launch(logits.device),
+        **pdl_launch(logits.device, block_v, 1024),
     )
     return tokens, scores
 
@@ -120,9 +117,7 @@ def _next_frontier_kernel(
     p = tl.program_id(0)
     i = tl.arange(0, BLOCK_N)
     j = tl.arange(0, BLOCK_N)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     valid = i < N
     s_i = tl.load(scores_ptr + i, mask=valid, other=-float("inf"))
     s_j = tl.load(scores_ptr + j, mask=j < N, other=-float("inf"))
@@ -204,9 +199,7 @@ def _tree_mask_kernel(
     """Program (p, b): entries b*BLOCK .. of row p."""
     p, b = tl.program_id(0), tl.program_id(1)
     e = b * BLOCK + tl.arange(0, BLOCK)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     committed = tl.load(committed_ptr)
     scratch = e - committed
     in_tree = (scratch >= 0) & (scratch < W)

@@ -109,34 +109,18 @@ def block_forward(
     fuses that add into the next norm)."""
     from specdraft.engine.kernels.attention_ops import attention
     from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache
-    from specdraft.engine.kernels.norm_rope_ops import add_rms_norm, rope_to_cache
+    from specdraft.engine.kernels.norm_rope_ops import KVWrite, add_rms_norm, rope_to_cache
 
+    write = KVWrite(
+        position_ids, cache_slots, inv_freq, layer.k_cache, layer.v_cache, layer.num_heads
+    )
     if layer.q_norm is None and layer.k_cache.dtype == normed.dtype:
-        q = qkv_rope_to_cache(
-            normed,
-            layer.wqkv,
-            layer.wqkv_bias,
-            position_ids,
-            cache_slots,
-            inv_freq,
-            layer.k_cache,
-            layer.v_cache,
-            layer.num_heads,
-        )
+        q = qkv_rope_to_cache(normed, layer.wqkv, layer.wqkv_bias, write)
     else:  # q-/k-norm reduce over whole heads before RoPE: a kernel of its own
         qk_norms = (
             (layer.q_norm, layer.k_norm, layer.qk_norm_eps) if layer.q_norm is not None else ()
         )
-        q = rope_to_cache(
-            linear(normed, layer.wqkv, layer.wqkv_bias),
-            position_ids,
-            cache_slots,
-            inv_freq,
-            layer.k_cache,
-            layer.v_cache,
-            layer.num_heads,
-            *qk_norms,
-        )
+        q = rope_to_cache(linear(normed, layer.wqkv, layer.wqkv_bias), write, *qk_norms)
     y = attention(q, layer.k_cache, layer.v_cache, attn_mask, cache_slots)
     h, normed = add_rms_norm(
         x,

@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from specdraft.engine.kernels.pdl import pdl_launch
+from specdraft.engine.kernels.norm_rope_ops import KVWrite
+from specdraft.engine.kernels.pdl import pdl_launch, pdl_wait
 
 THIN_GEMM_ROWS = 64  # rows a `linear` call takes (a thin GEMM pads them to 16, 32 or 64)
 
@@ -32,16 +33,26 @@ PLAIN, SILU_MUL, ROPE = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 
 
 @triton.jit
-def _linear_epilogue(
-    y_a,
-    y_b,
-    n,
-    m,
-    mask,
-    M,
+def _load_rows(w_ptr, rows, HALF, K, kb, n_mask, ks, PAIRED: tl.constexpr, BLOCK_K: tl.constexpr):
+    """K block kb of weight rows `rows` and, when PAIRED, of rows + HALF ([BLOCK_N, BLOCK_K] each)."""
+    offs_k = kb * BLOCK_K + ks
+    w_mask = n_mask[:, None] & (offs_k < K)[None, :]
+    w_a = tl.load(w_ptr + rows[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
+    w_b = w_a
+    if PAIRED:
+        w_b = tl.load(w_ptr + (rows + HALF)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
+    return w_a, w_b
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr,
+    w_ptr,
     bias_ptr,
     y_ptr,
+    M,
     N,
+    K,
     HALF,
     T,
     pos_ptr,
@@ -54,16 +65,64 @@ def _linear_epilogue(
     cache_len,
     HAS_BIAS: tl.constexpr,
     EPILOGUE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    K_BLOCKS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    """Store outputs n of rows m (broadcast together; y_a, y_b float32 sums of rows a(n), a(n) + HALF).
+    """BLOCK_N outputs n of the M rows m of x: y_a, y_b the float32 sums of weight rows a(n) and
+    a(n) + HALF (unless PLAIN), then the epilogue. BLOCK_M 1: a GEMV of one token, products summed
+    in registers, the next K block's weights loaded while this one is summed; with PDL the first
+    block is requested before waiting for the kernel that wrote x. Else a thin GEMM of all
+    M <= BLOCK_M rows: tensor-core dots over BLOCK_M (16, 32 or 64) padded rows, after the wait.
 
-    PLAIN: y[m, n] = y_a (+ bias[n]). SILU_MUL: y[m, n] = silu(gate) * up, gate = y_a, up = y_b,
-    rounded as F.silu then *. ROPE (fused q|k|v projection, HALF = head_dim / 2): pair n is
-    element j = n % HALF of head n // HALF and its partner j + HALF; q heads are rotated into
+    Epilogue. PLAIN: y[m, n] = y_a (+ bias[n]). SILU_MUL: y[m, n] = silu(gate) * up, gate = y_a,
+    up = y_b, rounded as F.silu then *. ROPE (fused q|k|v projection, HALF = head_dim / 2): pair n
+    is element j = n % HALF of head n // HALF and its partner j + HALF; q heads are rotated into
     y [M, nq, D], k heads rotated and v heads as they are written into the caches at slot
     slot[m % T] of batch row m // T. Values are rounded to the weights' dtype first, as the
     unfused path rounds the projection's output before RoPE.
     """
+    if BLOCK_M != 1:
+        pdl_wait(USE_PDL)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    rows = n // HALF * (2 * HALF) + n % HALF if EPILOGUE != PLAIN else n
+    ks = tl.arange(0, BLOCK_K)
+    if BLOCK_M == 1:
+        acc_a = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc_b = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        w_a, w_b = _load_rows(w_ptr, rows, HALF, K, 0, n_mask, ks, EPILOGUE != PLAIN, BLOCK_K)
+        pdl_wait(USE_PDL)
+        for kb in range(K_BLOCKS):
+            offs_k = kb * BLOCK_K + ks
+            x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
+            acc_a += w_a.to(tl.float32) * x
+            if EPILOGUE != PLAIN:
+                acc_b += w_b.to(tl.float32) * x
+            w_a, w_b = _load_rows(
+                w_ptr, rows, HALF, K, kb + 1, n_mask, ks, EPILOGUE != PLAIN, BLOCK_K
+            )
+        y_a, y_b, m, mask = tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1), 0, n_mask
+    else:
+        offs_m = tl.arange(0, BLOCK_M)
+        m_mask = offs_m < M
+        y_a = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        y_b = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for kb in range(K_BLOCKS):
+            offs_k = kb * BLOCK_K + ks
+            w_a, w_b = _load_rows(w_ptr, rows, HALF, K, kb, n_mask, ks, EPILOGUE != PLAIN, BLOCK_K)
+            x = tl.load(
+                x_ptr + offs_m[:, None] * K + offs_k[None, :],
+                mask=m_mask[:, None] & (offs_k < K)[None, :],
+                other=0.0,
+            )
+            y_a = tl.dot(w_a, tl.trans(x), y_a)
+            if EPILOGUE != PLAIN:
+                y_b = tl.dot(w_b, tl.trans(x), y_b)
+        n, m, mask = n[:, None], offs_m[None, :], n_mask[:, None] & m_mask[None, :]
+    # the epilogue: outputs n of rows m (broadcast together)
     if EPILOGUE == PLAIN:
         if HAS_BIAS:
             y_a += tl.load(bias_ptr + n, mask=mask, other=0.0).to(tl.float32)
@@ -103,164 +162,6 @@ def _linear_epilogue(
         tl.store(dst + HALF, b.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _load_rows(w_ptr, rows, HALF, K, kb, n_mask, ks, PAIRED: tl.constexpr, BLOCK_K: tl.constexpr):
-    """K block kb of weight rows `rows` and, when PAIRED, of rows + HALF ([BLOCK_N, BLOCK_K] each)."""
-    offs_k = kb * BLOCK_K + ks
-    w_mask = n_mask[:, None] & (offs_k < K)[None, :]
-    w_a = tl.load(w_ptr + rows[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
-    w_b = w_a
-    if PAIRED:
-        w_b = tl.load(w_ptr + (rows + HALF)[:, None] * K + offs_k[None, :], mask=w_mask, other=0.0)
-    return w_a, w_b
-
-
-@triton.jit
-def _gemv_kernel(
-    x_ptr,
-    w_ptr,
-    bias_ptr,
-    y_ptr,
-    N,
-    K,
-    HALF,
-    T,
-    pos_ptr,
-    slot_ptr,
-    inv_freq_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    num_heads,
-    num_kv_heads,
-    cache_len,
-    HAS_BIAS: tl.constexpr,
-    EPILOGUE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    K_BLOCKS: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """One token, BLOCK_N outputs n (weight rows a(n), and a(n) + HALF unless PLAIN): products
-    summed in registers, the next K block's weights loaded while this one is summed. With PDL
-    the first block is requested before waiting for the kernel that wrote x."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < N
-    rows = n // HALF * (2 * HALF) + n % HALF if EPILOGUE != PLAIN else n
-    ks = tl.arange(0, BLOCK_K)
-    acc_a = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    w_a, w_b = _load_rows(w_ptr, rows, HALF, K, 0, n_mask, ks, EPILOGUE != PLAIN, BLOCK_K)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    for kb in range(K_BLOCKS):
-        offs_k = kb * BLOCK_K + ks
-        x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
-        acc_a += w_a.to(tl.float32) * x
-        if EPILOGUE != PLAIN:
-            acc_b += w_b.to(tl.float32) * x
-        w_a, w_b = _load_rows(w_ptr, rows, HALF, K, kb + 1, n_mask, ks, EPILOGUE != PLAIN, BLOCK_K)
-    _linear_epilogue(
-        tl.sum(acc_a, axis=1),
-        tl.sum(acc_b, axis=1),
-        n,
-        0,
-        n_mask,
-        1,
-        bias_ptr,
-        y_ptr,
-        N,
-        HALF,
-        T,
-        pos_ptr,
-        slot_ptr,
-        inv_freq_ptr,
-        k_cache_ptr,
-        v_cache_ptr,
-        num_heads,
-        num_kv_heads,
-        cache_len,
-        HAS_BIAS,
-        EPILOGUE,
-    )
-
-
-@triton.jit
-def _thin_gemm_kernel(
-    x_ptr,
-    w_ptr,
-    bias_ptr,
-    y_ptr,
-    M,
-    N,
-    K,
-    HALF,
-    T,
-    pos_ptr,
-    slot_ptr,
-    inv_freq_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    num_heads,
-    num_kv_heads,
-    cache_len,
-    HAS_BIAS: tl.constexpr,
-    EPILOGUE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    K_BLOCKS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """All M <= BLOCK_M rows m, BLOCK_N outputs n (as `_gemv_kernel`): tensor-core dots over
-    BLOCK_M (16, 32 or 64) padded rows."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < N
-    rows = n // HALF * (2 * HALF) + n % HALF if EPILOGUE != PLAIN else n
-    offs_m = tl.arange(0, BLOCK_M)
-    m_mask = offs_m < M
-    ks = tl.arange(0, BLOCK_K)
-    acc_a = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for kb in range(K_BLOCKS):
-        offs_k = kb * BLOCK_K + ks
-        w_a, w_b = _load_rows(w_ptr, rows, HALF, K, kb, n_mask, ks, EPILOGUE != PLAIN, BLOCK_K)
-        x = tl.load(
-            x_ptr + offs_m[:, None] * K + offs_k[None, :],
-            mask=m_mask[:, None] & (offs_k < K)[None, :],
-            other=0.0,
-        )
-        acc_a = tl.dot(w_a, tl.trans(x), acc_a)
-        if EPILOGUE != PLAIN:
-            acc_b = tl.dot(w_b, tl.trans(x), acc_b)
-    _linear_epilogue(
-        acc_a,
-        acc_b,
-        n[:, None],
-        offs_m[None, :],
-        n_mask[:, None] & m_mask[None, :],
-        M,
-        bias_ptr,
-        y_ptr,
-        N,
-        HALF,
-        T,
-        pos_ptr,
-        slot_ptr,
-        inv_freq_ptr,
-        k_cache_ptr,
-        v_cache_ptr,
-        num_heads,
-        num_kv_heads,
-        cache_len,
-        HAS_BIAS,
-        EPILOGUE,
-    )
-
-
 def _linear_config(m: int, rows: int, k: int, paired: bool) -> tuple[int, int, int]:
     """(BLOCK_N outputs, BLOCK_K, num_stages) from sweeps inside the whole forward's graph
     (benchmarks/RESULTS.md): one configuration for 2-32 rows; for 33-64 rows, 3 stages where
@@ -286,13 +187,13 @@ def _launch_linear(
     num_out: int,
     half: int,
     epilogue: tl.constexpr,
-    rope: tuple = (None, None, None, None, None, 1, 0, 0, 0),
+    write: KVWrite | None = None,
 ) -> None:
-    """Launch the GEMV (one row of x) or thin GEMM (2-64 rows) for `num_out` outputs per row."""
+    """Launch the GEMV (one row of x) or thin GEMM (2-64 rows) for `num_out` outputs per row;
+    `write`: the ROPE epilogue's (None for the others)."""
     m, k = x.shape
     if m > THIN_GEMM_ROWS:
         raise ValueError(f"triton linear: {m} rows, at most {THIN_GEMM_ROWS}")
-    pos, slots, inv_freq, k_cache, v_cache, t, num_heads, num_kv_heads, cache_len = rope
     block_n, block_k, num_stages = _linear_config(
         m, weight.shape[0], k, epilogue.value != PLAIN.value
     )
@@ -307,14 +208,29 @@ def _launch_linear(
         num_stages=num_stages,
         **pdl_launch(x.device),
     )
-    grid = (triton.cdiv(num_out, block_n),)
-    tail = (num_out, k, half, t, pos, slots, inv_freq, k_cache, v_cache)
-    tail += (num_heads, num_kv_heads, cache_len)
-    if m == 1:
-        _gemv_kernel[grid](x, weight, bias, y, *tail, **common)
-    else:
-        block_m = max(16, triton.next_power_of_2(m))
-        _thin_gemm_kernel[grid](x, weight, bias, y, m, *tail, BLOCK_M=block_m, **common)
+    _linear_kernel[(triton.cdiv(num_out, block_n),)](
+        x,
+        weight,
+        bias,
+        y,
+        m,
+        num_out,
+        k,
+        half,
+        *_rope_arguments(write),
+        BLOCK_M=1 if m == 1 else max(16, triton.next_power_of_2(m)),
+        **common,
+    )
+
+
+def _rope_arguments(write: KVWrite | None) -> tuple:
+    """The kernel's arguments T .. cache_len for the ROPE epilogue's `write` (placeholders the
+    other epilogues do not read for None)."""
+    if write is None:
+        return (1, None, None, None, None, None, 0, 0, 0)
+    pos, k_cache = write.position_ids, write.k_cache
+    kv = (k_cache, write.v_cache, write.num_heads, k_cache.shape[1], k_cache.shape[2])
+    return (pos.shape[1], pos, write.cache_slots, write.inv_freq, *kv)
 
 
 def linear(
@@ -343,36 +259,15 @@ def linear_silu_mul(x: Tensor, w13: Tensor) -> Tensor:
     return y
 
 
-def qkv_rope_to_cache(
-    x: Tensor,
-    wqkv: Tensor,
-    bias: Tensor | None,
-    position_ids: Tensor,
-    cache_slots: Tensor,
-    inv_freq: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    num_heads: int,
-) -> Tensor:
+def qkv_rope_to_cache(x: Tensor, wqkv: Tensor, bias: Tensor | None, write: KVWrite) -> Tensor:
     """The fused q|k|v projection with RoPE and the cache writes in its epilogue: what
-    `rope_to_cache(linear(x, wqkv, bias), ...)` does without q-/k-norm, in one kernel.
+    `rope_to_cache(linear(x, wqkv, bias), write)` does without q-/k-norm, in one kernel.
 
-    x [B*T, K] (M <= 64 rows); wqkv [(nq + 2 n_kv) * D, K], bias the same rows or None; the
-    other arguments as `rope_to_cache`. Returns q [B*T, nq, D] in x's dtype.
+    x [B*T, K] (M <= 64 rows); wqkv [(nq + 2 n_kv) * D, K], bias the same rows or None; write as
+    `rope_to_cache`'s. Returns q [B*T, nq, D] in x's dtype.
     """
     x = x.contiguous()
-    num_kv_heads, cache_len, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    q = torch.empty(x.shape[0], num_heads, head_dim, device=x.device, dtype=x.dtype)
-    rope = (
-        position_ids,
-        cache_slots,
-        inv_freq,
-        k_cache,
-        v_cache,
-        position_ids.shape[1],
-        num_heads,
-        num_kv_heads,
-        cache_len,
-    )
-    _launch_linear(x, wqkv, bias, q, wqkv.shape[0] // 2, head_dim // 2, ROPE, rope)
+    head_dim = write.k_cache.shape[3]
+    q = torch.empty(x.shape[0], write.num_heads, head_dim, device=x.device, dtype=x.dtype)
+    _launch_linear(x, wqkv, bias, q, wqkv.shape[0] // 2, head_dim // 2, ROPE, write)
     return q

@@ -13,12 +13,14 @@ torch. Import this module only where Triton is installed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from specdraft.engine.kernels.pdl import pdl_launch
+from specdraft.engine.kernels.pdl import pdl_launch, pdl_wait
 
 
 @triton.jit
@@ -40,9 +42,7 @@ def _add_rms_norm_kernel(
     cols = tl.arange(0, BLOCK_H)
     col_mask = cols < H
     weight = tl.load(weight_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     x = tl.load(x_ptr + m * H + cols, mask=col_mask, other=0.0)
     if HAS_DELTA:
         x = x.to(tl.float32) + tl.load(delta_ptr + m * H + cols, mask=col_mask, other=0.0).to(
@@ -83,8 +83,7 @@ def add_rms_norm(
         eps,
         HAS_DELTA=delta is not None,
         BLOCK_H=block_h,
-        num_warps=min(16, max(4, block_h // 512)),
-        **pdl_launch(x.device),
+        **pdl_launch(x.device, block_h, 512),
     )
     return total, out
 
@@ -110,9 +109,7 @@ def _rope_to_cache_kernel(
     USE_PDL: tl.constexpr,
 ):
     """Program (m, h): head h of token m; h < nq: rotated q; then k heads (to the cache); then v."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     m, h = tl.program_id(0), tl.program_id(1)
     half = tl.arange(0, HEAD_DIM // 2)
     row = qkv_ptr + (m * (num_heads + 2 * num_kv_heads) + h) * HEAD_DIM
@@ -145,14 +142,24 @@ def _rope_to_cache_kernel(
     tl.store(dst + HEAD_DIM // 2 + half, x2.to(dst.dtype.element_ty))
 
 
+@dataclass(frozen=True)
+class KVWrite:
+    """Where a forward's new K / V go and how q and k are rotated (`rope_to_cache`,
+    `linear_ops.qkv_rope_to_cache`): position_ids [B, T] long (RoPE positions), cache_slots [T]
+    long (shared by the batch), inv_freq [D/2] float32, k_cache / v_cache [B_max, n_kv, S_max, D]
+    contiguous (written in place), num_heads: the q heads, before the k and v heads."""
+
+    position_ids: Tensor
+    cache_slots: Tensor
+    inv_freq: Tensor
+    k_cache: Tensor
+    v_cache: Tensor
+    num_heads: int
+
+
 def rope_to_cache(
     qkv: Tensor,
-    position_ids: Tensor,
-    cache_slots: Tensor,
-    inv_freq: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    num_heads: int,
+    write: KVWrite,
     q_norm: Tensor | None = None,
     k_norm: Tensor | None = None,
     eps: float = 0.0,
@@ -160,24 +167,23 @@ def rope_to_cache(
     """Rotate q and k of new tokens, write K and V into the cache in place, return rotated q.
 
     qkv: [B*T, (nq + 2 n_kv) * D] contiguous (the fused projection's output, q | k | v heads);
-    position_ids [B, T] long (RoPE positions); cache_slots [T] long (shared by the batch);
-    inv_freq [D/2] float32; k_cache, v_cache [B_max, n_kv, S_max, D] contiguous;
-    q_norm / k_norm [D]: per-head RMSNorm weights before RoPE (Qwen3), or None.
-    Returns q [B*T, nq, D] in qkv's dtype.
+    write: the positions, slots, inv_freq, caches and nq (`KVWrite`); q_norm / k_norm [D]:
+    per-head RMSNorm weights before RoPE (Qwen3), or None. Returns q [B*T, nq, D] in qkv's dtype.
     """
+    num_heads, k_cache = write.num_heads, write.k_cache
     num_kv_heads, cache_len, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    m, t = qkv.shape[0], position_ids.shape[1]
+    m, t = qkv.shape[0], write.position_ids.shape[1]
     q = torch.empty(m, num_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
     _rope_to_cache_kernel[(m, num_heads + 2 * num_kv_heads)](
         qkv,
-        position_ids,
-        cache_slots,
-        inv_freq,
+        write.position_ids,
+        write.cache_slots,
+        write.inv_freq,
         q_norm,
         k_norm,
         q,
         k_cache,
-        v_cache,
+        write.v_cache,
         t,
         num_heads,
         num_kv_heads,

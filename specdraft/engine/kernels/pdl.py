@@ -13,6 +13,8 @@ import functools
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 
 @functools.cache
@@ -27,6 +29,21 @@ def use_pdl(device: torch.device) -> bool:
     )
 
 
-def pdl_launch(device: torch.device) -> dict:
-    """Launch arguments of a kernel with a USE_PDL parameter: {USE_PDL, launch_pdl} when `use_pdl`."""
-    return {"USE_PDL": True, "launch_pdl": True} if use_pdl(device) else {"USE_PDL": False}
+def pdl_launch(device: torch.device, block: int = 0, per_warp: int = 1) -> dict:
+    """Launch arguments of a kernel with a USE_PDL parameter: {USE_PDL, launch_pdl} when `use_pdl`;
+    with a `block` of elements per program, also num_warps: one per `per_warp` elements, 4 to 16."""
+    warps = {"num_warps": min(16, max(4, block // per_warp))} if block else {}
+    return (
+        {"USE_PDL": True, "launch_pdl": True, **warps}
+        if use_pdl(device)
+        else {"USE_PDL": False, **warps}
+    )
+
+
+@triton.jit
+def pdl_wait(USE_PDL: tl.constexpr):
+    """With PDL: wait for the kernel before this one (griddepcontrol.wait), then let the next one
+    start; nothing without."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

@@ -533,7 +533,7 @@ def test_a_plain_text_or_wrong_shaped_prompts_file_is_refused_naming_file_and_li
     (tmp_path / "small.txt").write_text("Once upon a time\nthere was\n")
     (tmp_path / "shape.txt").write_text('{"prompt": "ok"}\n{"question": "no"}\n')
     rows = r'\{"prompt": "<text>"\}, \{"text": "<text>"\}, a chat \{"messages": \[...\]\} or a JSON string per line'
-    with pytest.raises(ValueError, match=r"small.txt:1: not JSON .*one " + rows):
+    with pytest.raises(ValueError, match=r"small.txt:1: bad JSON .*one " + rows):
         load_prompts(str(tmp_path / "small.txt"))
     with pytest.raises(ValueError, match=r"shape.txt:2: expected " + rows):
         load_prompts(str(tmp_path / "shape.txt"))
@@ -544,7 +544,7 @@ def test_a_plain_text_or_wrong_shaped_prompts_file_is_refused_naming_file_and_li
         ),
     )
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
-    assert result.output.startswith(f"error: {tmp_path / 'small.txt'}:1: not JSON")
+    assert result.output.startswith(f"error: {tmp_path / 'small.txt'}:1: bad JSON")
 
 
 def test_bench_cli_warns_when_the_measured_server_does_not_speculate(

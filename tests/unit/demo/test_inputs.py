@@ -128,7 +128,7 @@ def test_jsonl_text_records_are_documents():
         "three",
     ]  # inner blank lines would split a document later
     assert parse_documents("a\nb\n\n\nc\n") == ["a\nb", "c"]
-    with pytest.raises(ValueError, match="line 2 is not JSON"):
+    with pytest.raises(ValueError, match="line 2: bad JSON"):
         parse_documents('{"text": "x"}\nnot json\n')
 
 

@@ -24,7 +24,7 @@ from specdraft.engine.fast_model import FastTarget, causal_mask, rope_cos_sin
 from specdraft.engine.kernels import attention_ops
 from specdraft.engine.kernels.attention_ops import attention
 from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache
-from specdraft.engine.kernels.norm_rope_ops import add_rms_norm, rope_to_cache
+from specdraft.engine.kernels.norm_rope_ops import KVWrite, add_rms_norm, rope_to_cache
 
 TOL = 2e-2 if CUDA else 1e-5  # relative error; bf16 rounds at ~4e-3
 
@@ -92,8 +92,8 @@ def test_qkv_rope_to_cache_is_linear_then_rope_to_cache(m, bias):
     slots = torch.tensor([5, 9, 2][:m], device=DEVICE)
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
     caches = [torch.full((1, nkv, cache_len, d), 7.0, device=DEVICE, dtype=DTYPE) for _ in range(4)]
-    q_ref = rope_to_cache(linear(x, wqkv, b), positions, slots, inv_freq, caches[0], caches[1], nq)
-    q = qkv_rope_to_cache(x, wqkv, b, positions, slots, inv_freq, caches[2], caches[3], nq)
+    q_ref = rope_to_cache(linear(x, wqkv, b), KVWrite(positions, slots, inv_freq, *caches[:2], nq))
+    q = qkv_rope_to_cache(x, wqkv, b, KVWrite(positions, slots, inv_freq, *caches[2:], nq))
     assert q.shape == (m, nq, d)
     assert _rel_err(q, q_ref) < TOL  # equal up to the matmul's summation order
     assert _rel_err(caches[2], caches[0]) < TOL and _rel_err(caches[3], caches[1]) < TOL
@@ -112,7 +112,7 @@ def test_rope_to_cache_matches_torch_and_writes_only_its_slots(qk_norm):
     k_cache = torch.full((1, nkv, cache_len, d), 7.0, device=DEVICE, dtype=DTYPE)
     v_cache = k_cache.clone()
     norms = (_randn(d, seed=2) + 1, _randn(d, seed=3) + 1, 1e-6) if qk_norm else ()
-    q = rope_to_cache(qkv, positions, slots, inv_freq, k_cache, v_cache, nq, *norms)
+    q = rope_to_cache(qkv, KVWrite(positions, slots, inv_freq, k_cache, v_cache, nq), *norms)
 
     heads = qkv.view(1, t, nq + 2 * nkv, d).transpose(1, 2)  # [1, heads, T, D]
     q_ref, k_ref, v_ref = heads.split([nq, nkv, nkv], dim=1)
@@ -174,7 +174,7 @@ def test_attention_reads_the_slots_the_kernel_before_it_wrote(t):
         cache[:, :, slots] = 7.0
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
     mask = causal_mask(300, t, 640, device=DEVICE)
-    q = qkv_rope_to_cache(x, wqkv, None, slots[None], slots, inv_freq, *caches, nq)
+    q = qkv_rope_to_cache(x, wqkv, None, KVWrite(slots[None], slots, inv_freq, *caches, nq))
     got = attention(q, *caches, mask, slots)
     ref = F.scaled_dot_product_attention(
         q.double().cpu().view(1, t, nq, d).transpose(1, 2),
