@@ -240,8 +240,7 @@ def regenerate(
     with user_errors(console, SKIP_BAD_HINT, interrupted=lambda: interrupted_regenerate(out)):
         check_out_path(out, data)  # before asking the endpoint for its model
         refuse_bad_configs("", target, ("model_type",))
-        if endpoint and not target and not model:
-            model = _served_model(console, endpoint)
+        model = model or (_served_model(console, endpoint) if endpoint and not target else "")
         cfg = config_of(
             RegenConfig,
             ctx.params,
