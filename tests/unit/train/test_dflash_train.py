@@ -1,0 +1,147 @@
+"""`specdraft train --method dflash` (specdraft/train/dflash_train.py) on a tiny seeded target's
+capture store: the loss falls, an interrupted run resumes to the same weights bit for bit, the
+method is recorded and a resume may not change it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from specdraft.capture.store import StoreSettings
+from specdraft.capture.write import write_store
+from specdraft.checkpoint import checkpoint_paths
+from specdraft.cli import app
+from specdraft.data.render import Sample
+from specdraft.errors import SettingsMismatch
+from specdraft.targets import load_target
+from specdraft.train.config import TrainConfig
+from specdraft.train.errors import BadTrainSetting
+from specdraft.train.loop import train
+from specdraft.train.run_dir import checkpoint_config
+from specdraft.train.sources import OnlineData
+from tests.engine_helpers import one_thread  # noqa: F401 (autouse: one torch thread)
+from tests.tiny_models import tiny_config
+
+VOCAB = 128
+AUX = (1, 2, 3)
+DRAFT = {"mask_token_id": VOCAB - 1, "num_hidden_layers": 1}
+
+
+def make_samples(n: int) -> list[Sample]:
+    """A few unsupervised prompt tokens, then an answer repeating a short random pattern."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        prompt = torch.randint(1, VOCAB - 1, (3,), generator=g).tolist()
+        pattern = torch.randint(1, 40, (int(torch.randint(2, 4, (1,), generator=g)),), generator=g)
+        answer = pattern.repeat(10)[:20].tolist()
+        out.append(Sample(prompt + answer, [0] * 3 + [1] * 20))
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """(target, samples, store path): a tiny target, 48 samples and their capture store."""
+    root = tmp_path_factory.mktemp("dflash")
+    target = load_target(
+        tiny_config("llama", num_layers=4, hidden_size=32, vocab_size=VOCAB), seed=0
+    )
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8.0)  # the drafter's head too: logits wide enough to learn
+    target.model.save_pretrained(root / "target")
+    samples = make_samples(48)
+    write_store(
+        target,
+        samples,
+        root / "store",
+        StoreSettings(AUX, dtype=torch.float32, shard_tokens=2048),
+        extra={"target_path": str(root / "target")},
+    )
+    return target, samples, root / "store"
+
+
+@pytest.fixture(scope="module")
+def store(world) -> Path:
+    return world[2]
+
+
+def config(**kw) -> TrainConfig:
+    base = dict(
+        method="dflash",
+        block_size=4,
+        num_anchors=6,
+        lr=3e-3,
+        warmup_steps=2,
+        total_steps=20,
+        batch_size=8,
+        val_fraction=0.0,
+        save_every=5,
+        draft_overrides=DRAFT,
+    )
+    return TrainConfig(**{**base, **kw})
+
+
+def train_losses(run: Path) -> list[float]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r["split"] == "train"]
+
+
+def test_the_cli_trains_a_dflash_drafter_whose_loss_falls(store, tmp_path):
+    (tmp_path / "cfg.json").write_text(json.dumps({"draft_overrides": DRAFT, "num_anchors": 6}))
+    args = ["train", str(store), str(tmp_path / "run"), "--method", "dflash", "--block-size", "4"]
+    args += ["--steps", "30", "--batch-size", "8", "--lr", "3e-3", "--warmup-steps", "2"]
+    result = CliRunner().invoke(app, [*args, "--config", str(tmp_path / "cfg.json")])
+    assert result.exit_code == 0, result.output
+    losses = train_losses(tmp_path / "run")
+    assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.7 * losses[0], losses
+    draft = tmp_path / "run" / "draft"
+    written = json.loads((draft / "config.json").read_text())
+    assert written["architectures"] == ["DFlashDraftModel"]
+    assert written["dflash_config"] == {
+        "block_size": 4,
+        "mask_token_id": VOCAB - 1,
+        "target_layer_ids": [0, 1, 2],
+    }
+    assert "fc.weight" in load_file(str(draft / "model.safetensors"))
+    manifest = json.loads((draft / "specdraft_manifest.json").read_text())
+    assert manifest["extra"] == {"method": "dflash"} and manifest["aux_layers"] == list(AUX)
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(store, tmp_path):
+    straight = train(config(), store, tmp_path / "straight", progress=False)
+
+    def stop(step: int) -> None:
+        if step == 10:
+            raise KeyboardInterrupt
+
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        train(config(), store, run, progress=False, on_step=stop)
+    assert checkpoint_config(checkpoint_paths(run)[-1])["method"] == "dflash"
+    with pytest.raises(SettingsMismatch, match="--method 'dflash' -> 'eagle3'"):
+        train(config(method="eagle3", draft_overrides={}), store, run, resume=True, progress=False)
+    resumed = train(config(), store, run, resume=True, progress=False)
+    a = load_file(str(straight.draft_dir / "model.safetensors"))
+    b = load_file(str(resumed.draft_dir / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert train_losses(run) == train_losses(tmp_path / "straight")
+
+
+def test_a_target_without_a_spare_embedding_row_needs_a_mask_token(store, tmp_path):
+    with pytest.raises(BadTrainSetting, match='draft_overrides {"mask_token_id": ID}'):
+        train(config(draft_overrides={}), store, tmp_path / "run", progress=False)
+
+
+def test_online_training_computes_what_the_store_does(world, tmp_path):
+    target, samples, store = world
+    offline = train(config(total_steps=3), store, tmp_path / "off", progress=False)
+    data = OnlineData(target, samples, AUX)
+    online = train(config(total_steps=3), data, tmp_path / "on", progress=False)
+    assert online.train_loss == pytest.approx(offline.train_loss, rel=1e-5)
