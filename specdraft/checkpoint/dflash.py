@@ -48,10 +48,23 @@ def dflash_config_json(cfg: DFlashConfig) -> dict[str, Any]:
     }
 
 
+def is_dflash_dir(path: Path) -> bool:
+    """Whether `path` holds a DFlash drafter: weights and a config.json naming DFLASH_ARCHITECTURE."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    named = isinstance(config, dict) and config.get("architectures") == [DFLASH_ARCHITECTURE]
+    return named and (path / WEIGHTS_FILE).is_file()
+
+
 def save_dflash_draft(draft: DFlashDraft, out_dir: str | Path, manifest: Manifest) -> Path:
     """Write `draft` (its own tensors only: the embedding and lm_head are the target's) with
-    `manifest` under out_dir, atomically. Raises CheckpointError as `check_output_dir`."""
-    out_dir = check_output_dir(out_dir)
+    `manifest` under out_dir, atomically, replacing an earlier DFlash drafter there. Raises
+    CheckpointError as `check_output_dir` for anything else there."""
+    out_dir = Path(out_dir).resolve()
+    if not is_dflash_dir(out_dir):
+        out_dir = check_output_dir(out_dir)
     tensors = {k: v.detach().contiguous().cpu() for k, v in draft.state_dict().items()}
     with atomic_dir(out_dir) as tmp:
         write_safetensors(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})

@@ -132,6 +132,8 @@ def test_an_interrupted_run_resumes_to_the_same_weights(store, tmp_path):
     for key in a:
         assert torch.equal(a[key], b[key]), key
     assert train_losses(run) == train_losses(tmp_path / "straight")
+    again = train(config(), store, run, resume=True, progress=False)  # rewrites its drafter
+    assert load_file(str(again.draft_dir / "model.safetensors")).keys() == a.keys()
 
 
 def test_a_target_without_a_spare_embedding_row_needs_a_mask_token(store, tmp_path):
