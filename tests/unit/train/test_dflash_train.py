@@ -5,6 +5,9 @@ method is recorded and a resume may not change it."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,7 @@ from specdraft.train.sources import OnlineData
 from tests.engine_helpers import one_thread  # noqa: F401 (autouse: one torch thread)
 from tests.tiny_models import tiny_config
 
+REPO = Path(__file__).resolve().parents[3]
 VOCAB = 128
 AUX = (1, 2, 3)
 DRAFT = {"mask_token_id": VOCAB - 1, "num_hidden_layers": 1}
@@ -147,3 +151,36 @@ def test_online_training_computes_what_the_store_does(world, tmp_path):
     data = OnlineData(target, samples, AUX)
     online = train(config(total_steps=3), data, tmp_path / "on", progress=False)
     assert online.train_loss == pytest.approx(offline.train_loss, rel=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
+def test_two_ranks_with_micro_batches_match_one_process(store, tmp_path):
+    """torchrun --nproc-per-node 2 (gloo, FSDP2, 2 micro-batches per rank) draws the same anchors
+    and gives the same losses and weights as one process (to rounding)."""
+    cfg = config(total_steps=4, grad_accum_steps=2)
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg.to_dict()))
+    two = tmp_path / "two"
+    args = [
+        "-m",
+        "specdraft.cli",
+        "train",
+        str(store),
+        str(two),
+        "--config",
+        str(tmp_path / "cfg.json"),
+    ]
+    proc = subprocess.run(
+        ["torchrun", "--standalone", "--nproc-per-node", "2", *args],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = train(config(total_steps=4), store, tmp_path / "one", progress=False)
+    assert train_losses(two) == pytest.approx(train_losses(tmp_path / "one"), rel=1e-4)
+    w1 = load_file(str(one.draft_dir / "model.safetensors"))
+    w2 = load_file(str(two / "draft" / "model.safetensors"))
+    for key in w1:
+        torch.testing.assert_close(w1[key], w2[key], rtol=1e-3, atol=1e-4)
