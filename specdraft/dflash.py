@@ -1,4 +1,4 @@
-"""The DFlash block drafter: a few decoder layers that predict a whole block of tokens in one forward.
+"""The DFlash block drafter: a few decoder layers predicting a whole block of tokens in one forward.
 
 What z-lab's reference (`dflash/model.py` DFlashDraftModel) and SGLang (`srt/models/dflash.py`)
 compute, written out once; the format facts and their sources: `conventions.dflash.DFLASH_FACTS`.
@@ -77,7 +77,8 @@ class DFlashConfig:
         if not self.target_layer_ids or bad:
             raise DraftError(
                 f"DFlash target_layer_ids {list(self.target_layer_ids)}: need ids of decoder "
-                f"layers 0..{self.target_num_layers - 1} (specdraft indices 1..{self.target_num_layers})"
+                f"layers 0..{self.target_num_layers - 1} (specdraft indices "
+                f"1..{self.target_num_layers})"
             )
 
     @property
@@ -96,6 +97,12 @@ class DFlashConfig:
             raise DraftError(
                 f"aux layers {list(aux_layers)}: DFlash reads decoder-layer outputs (specdraft "
                 "indices >= 1), not the embeddings (index 0); capture other layers"
+            )
+        unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
+        if unknown:
+            raise DraftError(
+                f"draft_overrides {', '.join(unknown)}: no DFlashConfig field; the fields are "
+                f"{', '.join(f.name for f in fields(cls))}"
             )
         base = asdict(DraftConfig.from_target(target_config, aux_layers))
         values = {f.name: base[f.name] for f in fields(cls) if f.name in base}

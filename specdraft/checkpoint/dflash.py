@@ -49,7 +49,8 @@ def dflash_config_json(cfg: DFlashConfig) -> dict[str, Any]:
 
 
 def is_dflash_dir(path: Path) -> bool:
-    """Whether `path` holds a DFlash drafter: weights and a config.json naming DFLASH_ARCHITECTURE."""
+    """Whether `path` holds a DFlash drafter: weights, and a config.json naming
+    DFLASH_ARCHITECTURE."""
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):

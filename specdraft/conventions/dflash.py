@@ -1,6 +1,6 @@
 """What the engines and reference trainers read of a DFlash drafter: the target layers chosen by
-default (`dflash_target_layer_ids`), the config keys (`DFLASH_FACTS`), each with the file and version
-it was read from. Re-check the rows when bumping an engine.
+default (`dflash_target_layer_ids`), the config keys (`DFLASH_FACTS`), each with the file and
+version it was read from. Re-check the rows when bumping an engine.
 
 DFlash numbers target layers 0-based, id i = the output of decoder layer i (transformers'
 ``hidden_states[i + 1]``: z-lab dflash/model.py `extract_context_feature`, offset 1), so a
@@ -34,7 +34,8 @@ DFLASH_FACTS: tuple[DFlashFact, ...] = (
         "target layer ids",
         "sglang",
         "dflash_config.target_layer_ids, 0-based (hidden state after layer i); none given: "
-        "build_target_layer_ids(L, num_draft_layers), one layer: [L//2], else round(1 + i·(L-4)/(n-1))",
+        "build_target_layer_ids(L, num_draft_layers), one layer: [L//2], "
+        "else round(1 + i·(L-4)/(n-1))",
         _SGL_UTILS,
     ),
     DFlashFact(
@@ -52,9 +53,9 @@ DFLASH_FACTS: tuple[DFlashFact, ...] = (
     DFlashFact(
         "tensor names",
         "sglang",
-        "layers.{i}.self_attn.{q,k,v,o}_proj / q_norm / k_norm, layers.{i}.mlp.{gate,up,down}_proj, "
-        "layers.{i}.{input,post_attention}_layernorm, fc, hidden_norm, norm; no embedding or "
-        "lm_head (the target's)",
+        "layers.{i}.self_attn.{q,k,v,o}_proj / q_norm / k_norm, "
+        "layers.{i}.mlp.{gate,up,down}_proj, layers.{i}.{input,post_attention}_layernorm, fc, "
+        "hidden_norm, norm; no embedding or lm_head (the target's)",
         _SGL_MODEL,
     ),
     DFlashFact(

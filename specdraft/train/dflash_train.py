@@ -1,5 +1,5 @@
-"""`--method dflash` as a Trainer runs it: the drafter built for the data's target, its block loss as
-one module's forward (`DFlashModel`) and a batch's inputs with their anchors (`DFlashObjective`).
+"""`--method dflash` as a Trainer runs it: the drafter built for the data's target, its block loss
+as one module's forward (`DFlashModel`) and a batch's inputs with their anchors (`DFlashObjective`).
 
 The anchors of a sample are a function of (seed, step, sample id) only (`anchor_seed`), so a resumed
 run, another number of ranks or another micro-batch split draws the same blocks; validation draws
@@ -32,7 +32,8 @@ VALIDATION_STEP = -1  # the anchor draw of every validation pass
 
 def default_mask_token(info: TargetInfo) -> int:
     """The first id past the tokenizer, where z-lab's recipe adds '<|MASK|>' (Qwen3: 151669), when
-    the target's embedding has that row. Raises BadTrainSetting naming the --config key otherwise."""
+    the target's embedding has that row. Raises BadTrainSetting naming the --config key
+    otherwise."""
     vocab_size = info.embed_weight.shape[0]
     if info.vocab_limit is None or info.vocab_limit >= vocab_size:
         known = "unknown" if info.vocab_limit is None else str(info.vocab_limit)
@@ -95,7 +96,8 @@ class DFlashModel(nn.Module):
 
 
 def anchor_seed(seed: int, step: int, sample_id: int) -> int:
-    """The seed of one sample's anchor draw at optimizer step `step` (VALIDATION_STEP: validation)."""
+    """The seed of one sample's anchor draw at optimizer step `step` (VALIDATION_STEP:
+    validation's)."""
     return ((seed * 1_000_003 + step + 1) * 1_000_033 + sample_id) % 2**63
 
 
@@ -137,5 +139,6 @@ class DFlashObjective:
         )
 
     def loss(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """The weighted mean of per-position loss sums [K] over counts [K] (`weighted_block_loss`)."""
+        """The weighted mean of per-position loss sums [K] over counts [K]
+        (`weighted_block_loss`)."""
         return weighted_block_loss(sums, counts, self.config.loss_decay_gamma)

@@ -105,5 +105,7 @@ def test_config_from_target_and_its_refusals():
         DFlashConfig.from_target(target, (1, 2, 3), 128)
     with pytest.raises(DraftError, match="index 0"):
         DFlashConfig.from_target(target, (0, 2, 3), 127)
+    with pytest.raises(DraftError, match="draft_overrides norm_output: no DFlashConfig field"):
+        DFlashConfig.from_target(target, (1, 2, 3), 127, norm_output=True)
     with pytest.raises(DraftError, match="block_size 1"):
         tiny_cfg(block_size=1)

@@ -128,7 +128,12 @@ def test_an_interrupted_run_resumes_to_the_same_weights(store, tmp_path):
         train(config(), store, run, progress=False, on_step=stop)
     assert checkpoint_config(checkpoint_paths(run)[-1])["method"] == "dflash"
     with pytest.raises(SettingsMismatch, match="--method 'dflash' -> 'eagle3'"):
-        train(config(method="eagle3", draft_overrides={}), store, run, resume=True, progress=False)
+        train(config(method="eagle3"), store, run, resume=True, progress=False)
+    refused = CliRunner().invoke(
+        app, ["train", str(store), str(run), "--resume", "--method", "eagle3"]
+    )
+    assert refused.exit_code == 1 and "Traceback" not in refused.output, refused.output
+    assert "--method 'dflash' -> 'eagle3'" in refused.output
     resumed = train(config(), store, run, resume=True, progress=False)
     a = load_file(str(straight.draft_dir / "model.safetensors"))
     b = load_file(str(resumed.draft_dir / "model.safetensors"))
