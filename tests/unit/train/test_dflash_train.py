@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -117,15 +118,18 @@ def test_the_cli_trains_a_dflash_drafter_whose_loss_falls(store, tmp_path):
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(store, tmp_path):
+    """SIGTERM during step 7 (no --save-every step) checkpoints step 7 and stops, as for EAGLE-3;
+    the resumed run ends with the uninterrupted run's weights and losses, bit for bit."""
     straight = train(config(), store, tmp_path / "straight", progress=False)
 
     def stop(step: int) -> None:
-        if step == 10:
-            raise KeyboardInterrupt
+        if step == 7:
+            signal.raise_signal(signal.SIGTERM)
 
     run = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         train(config(), store, run, progress=False, on_step=stop)
+    assert [p.name for p in checkpoint_paths(run)] == ["step-00000005.pt", "step-00000007.pt"]
     assert checkpoint_config(checkpoint_paths(run)[-1])["method"] == "dflash"
     with pytest.raises(SettingsMismatch, match="--method 'dflash' -> 'eagle3'"):
         train(config(method="eagle3"), store, run, resume=True, progress=False)
