@@ -33,6 +33,7 @@ from specdraft.conventions.dflash import dflash_aux_layers
 from specdraft.draft import MLP, RMSNorm, apply_rope, cast, rope_cos_sin, rope_inv_freq
 from specdraft.draft_config import DraftConfig, DraftError
 
+DFLASH_ARCHITECTURE = "DFlashDraftModel"  # config.json architectures: z-lab's and SGLang's class
 DEFAULT_BLOCK_SIZE = 16  # SGLang resolve_block_size(default=16), z-lab's b16 drafters
 DEFAULT_NUM_LAYERS = 5  # z-lab Qwen3-8B-DFlash-b16: 5 layers, target_layer_ids [1, 9, 17, 25, 33]
 

@@ -13,10 +13,8 @@ from specdraft.checkpoint.layouts import MANIFEST_FILE, WEIGHTS_FILE
 from specdraft.checkpoint.manifest import Manifest
 from specdraft.checkpoint.save import check_output_dir
 from specdraft.checkpoint.weights import write_safetensors
-from specdraft.dflash import DFlashConfig, DFlashDraft
+from specdraft.dflash import DFLASH_ARCHITECTURE, DFlashConfig, DFlashDraft
 from specdraft.files import atomic_dir
-
-DFLASH_ARCHITECTURE = "DFlashDraftModel"  # z-lab dflash/model.py, SGLang srt/models/dflash.py
 
 
 def dflash_config_json(cfg: DFlashConfig) -> dict[str, Any]:

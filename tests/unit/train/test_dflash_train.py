@@ -115,6 +115,11 @@ def test_the_cli_trains_a_dflash_drafter_whose_loss_falls(store, tmp_path):
     assert "fc.weight" in load_file(str(draft / "model.safetensors"))
     manifest = json.loads((draft / "specdraft_manifest.json").read_text())
     assert manifest["extra"] == {"method": "dflash"} and manifest["aux_layers"] == list(AUX)
+    export = ["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"]
+    for command in (["inspect", str(draft)], export):  # one line each, until they read DFlash
+        refused = CliRunner().invoke(app, command)
+        assert refused.exit_code != 0 and "Traceback" not in refused.output, refused.output
+        assert "a DFlash drafter (DFlashDraftModel)" in refused.output, refused.output
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(store, tmp_path):
