@@ -71,7 +71,8 @@ DFLASH_FACTS: tuple[DFlashFact, ...] = (
         "cross-entropy on the data token at block position k >= 1 (position k predicts token "
         "anchor + k), loss-masked, weighted mean; optional weight exp(-(k-1)/loss_decay_gamma) "
         "(default None: uniform); anchors sampled per sequence among loss-masked positions "
-        "<= T - block_size, at most num_anchors (512); each block sees context < its anchor",
+        "<= T - block_size (T: the padded length), at most num_anchors (512); each block sees "
+        "context < its anchor",
         _SPECFORGE,
     ),
 )

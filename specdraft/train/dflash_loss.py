@@ -40,14 +40,19 @@ def sample_anchors(
     num_anchors: int,
     seeds: Sequence[int],
 ) -> Blocks:
-    """Up to num_anchors anchors per row, drawn without replacement among the positions
-    a <= T - block_size with loss_mask[a] (SpecForge `_sample_anchor_positions`), sorted.
+    """Up to num_anchors anchors per row, drawn without replacement among the positions a with
+    loss_mask[a] whose block ends inside the row's supervised text (a + block_size - 1 <= its
+    last loss-masked position), sorted. SpecForge (`_sample_anchor_positions`) bounds a by the
+    padded length T - block_size instead, which makes a row's anchors depend on its batch.
 
     loss_mask: [B, T]; seeds: one int per row, the row's own draw (the same row draws the same
     anchors in any batch, on any rank or micro-batch split). N is the largest row's count (at
     least 1: a row without a valid position keeps no block).
     """
-    valid = loss_mask[:, : max(loss_mask.shape[1] - block_size, 0) + 1].bool().cpu()
+    mask = loss_mask.bool().cpu()
+    index = torch.arange(mask.shape[1])
+    last = torch.where(mask, index, -1).max(dim=1).values  # [B], -1: nothing supervised
+    valid = mask & (index[None, :] <= (last + 1 - block_size)[:, None])
     rows = []
     for row, seed in zip(valid, seeds):
         positions = row.nonzero().flatten()

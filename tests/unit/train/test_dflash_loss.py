@@ -39,9 +39,11 @@ def test_anchors_are_loss_masked_positions_that_leave_room_for_a_block():
     assert first == sorted(first) and set(first) <= {2, 3, 4, 5, 6} and len(set(first)) == 3
     assert blocks.keep.tolist() == [[True, True, True], [True, False, False]]
     assert blocks.anchors[1, 0] == 6  # the only position <= T - 4 in the answer
-    # a row's draw is its seed's: the same in another batch
+    # a row's draw is its seed's: the same in another batch, padded to another length
     alone = sample_anchors(loss_mask[:1], 4, 3, seeds=[7])
     assert torch.equal(alone.anchors[0], blocks.anchors[0])
+    padded = torch.cat([loss_mask, torch.zeros(2, 5, dtype=loss_mask.dtype)], dim=1)
+    assert torch.equal(sample_anchors(padded, 4, 3, seeds=[7, 8]).anchors, blocks.anchors)
     assert not torch.equal(sample_anchors(loss_mask[:1], 4, 3, seeds=[9]).anchors, alone.anchors)
 
 
