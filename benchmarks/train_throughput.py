@@ -1,4 +1,4 @@
-"""Training throughput and MFU of an EAGLE-3 drafter on synthetic aux states.
+"""Training throughput and MFU of an EAGLE-3 (or --method dflash: DFlash) drafter on synthetic aux states.
 
 Default shape: a Llama-3.1-8B drafter (hidden 4096, 32 heads, 8 kv heads, intermediate 14336,
 target vocab 128256, draft vocab 32000), sequences of 2048 tokens, TTT unroll 7, bf16 autocast.
@@ -24,6 +24,15 @@ Prints one JSON line. Definitions:
 --attention-ab also times the TTT loss forward + backward with flex attention and with SDPA
 (dense mask) and prints the largest gradient difference between them.
 
+--method dflash trains a DFlash block drafter instead (z-lab's b16 shape: --draft-layers 5,
+--block-size 16, --num-anchors 512 blocks per sequence; the target's embedding and lm_head frozen):
+  tokens_per_s = context positions per second (global batch x length / step time);
+  block_positions_per_s = drafted block positions (anchors x (block_size - 1)) per second.
+  mfu = 6 · (q, o, MLP params · block tokens + k, v params · (context + block tokens)) per layer
+        + 6 · fc · context tokens + 4 · V · H · drafted positions (the frozen lm_head: forward and
+        input gradient) + attention FLOPs 3 · 4 · heads · head_dim · useful pairs (a block attends
+        its anchor's context and its own block; the dense SDPA mask computes all of them).
+
 Measured figures: benchmarks/RESULTS.md (train_throughput).
 """
 
@@ -36,6 +45,7 @@ import time
 import torch
 
 from specdraft.train.config import TrainConfig
+from specdraft.train.dflash_loss import Blocks
 from specdraft.train.dist import setup_dist
 from specdraft.train.loss import target_logits, ttt_loss
 from specdraft.train.sources import Batch, TargetInfo
@@ -102,6 +112,8 @@ class SyntheticData:
             embed_weight=torch.randn(v, h, generator=g) * 0.02,
             manifest_fields={"target": target},
         )
+        self.lm_head = (torch.randn(v, h, generator=g) * 0.02).to(device, dtype)
+        self.info.lm_head_weight = self.lm_head  # a DFlash drafter shares it
         self.counts = torch.randint(0, 1000, (v,), generator=g)
         # one row per sample of the global batch, the same on every rank (seeded on the CPU)
         self.input_ids = torch.randint(0, v, (batch_size, t), generator=g).to(device)
@@ -109,7 +121,6 @@ class SyntheticData:
         self.aux_hidden = torch.randn(batch_size, t, n_aux * h, generator=g).to(device, dtype)
         self.last_hidden = torch.randn(batch_size, t, h, generator=g).to(device, dtype)
         self.norm_weight = torch.ones(h, device=device, dtype=dtype)
-        self.lm_head = (torch.randn(v, h, generator=g) * 0.02).to(device, dtype)
         self.target_logits = self.recompute_logits()
         self.batch_size = batch_size
 
@@ -159,6 +170,31 @@ def flops_per_step(
     return dense + attention, dense - 6 * fc * tokens * (ttt - 1) + attention, attention
 
 
+def dflash_flops_per_step(
+    shape: dict, draft: torch.nn.Module, blocks: Blocks
+) -> tuple[float, float]:
+    """(FLOPs of one DFlash training step per the module doc's formula, attention FLOPs), for
+    the step's anchor draw `blocks` ([B, N] anchors and keep)."""
+    cfg, t = draft.cfg, shape["seq_len"]
+    bs, kept = cfg.block_size, int(blocks.keep.sum())
+    block_tokens, context = kept * bs, blocks.keep.shape[0] * t
+    q_width, kv_width = (
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+    )
+    h = cfg.hidden_size
+    per_block_token = 2 * h * q_width + 3 * h * cfg.intermediate_size
+    per_any_token = 2 * h * kv_width
+    layers = cfg.num_hidden_layers * (
+        per_block_token * block_tokens + per_any_token * (context + block_tokens)
+    )
+    dense = 6 * layers + 6 * draft.fc.weight.numel() * context
+    head = 4 * cfg.vocab_size * h * kept * (bs - 1)
+    pairs = float(((blocks.anchors + bs) * bs * blocks.keep).sum())
+    attention = 3 * 4 * cfg.num_attention_heads * cfg.head_dim * pairs
+    return dense + head + attention, attention
+
+
 def shape_and_defaults(args: argparse.Namespace) -> dict:
     """The shape to run (SHAPES, with --seq-len); fills args' unset counts (--tiny: a smoke run's)."""
     shape = dict(SHAPES["tiny" if args.tiny else "8b"])
@@ -166,6 +202,8 @@ def shape_and_defaults(args: argparse.Namespace) -> dict:
     args.ttt_steps = args.ttt_steps or (2 if args.tiny else 7)
     args.iters = args.iters or (1 if args.tiny else 10)
     args.warmup = args.warmup if args.warmup >= 0 else (1 if args.tiny else 3)
+    args.num_anchors = args.num_anchors or (8 if args.tiny else 512)
+    args.draft_layers = args.draft_layers or (2 if args.tiny else 5)
     return shape
 
 
@@ -182,6 +220,10 @@ def main() -> None:
         "--warmup", type=int, default=-1, help="untimed steps first (default: 3; tiny: 1)"
     )
     parser.add_argument("--precision", default="", help="bf16 | fp32 (default: bf16 on CUDA)")
+    parser.add_argument("--method", default="eagle3", choices=("eagle3", "dflash"))
+    parser.add_argument("--block-size", type=int, default=16, help="dflash: tokens per block")
+    parser.add_argument("--num-anchors", type=int, default=0, help="dflash (default 512; tiny 8)")
+    parser.add_argument("--draft-layers", type=int, default=0, help="dflash (default 5; tiny 2)")
     parser.add_argument(
         "--attention-ab",
         action="store_true",
@@ -208,6 +250,14 @@ def main() -> None:
         val_fraction=0.0,
         precision=precision,
         device=device.type,
+        method=args.method,
+        block_size=args.block_size,
+        num_anchors=args.num_anchors,
+        draft_overrides=(
+            {"mask_token_id": shape["vocab_size"] - 1, "num_hidden_layers": args.draft_layers}
+            if args.method == "dflash"
+            else {}
+        ),
     )
     trainer = Trainer(config, data, ranks)
     ids = list(range(args.batch_size))
@@ -222,7 +272,18 @@ def main() -> None:
     step_s = timed(step, args.iters, device)
     head_s = timed(data.recompute_logits, args.iters, device)
     draft = trainer.model.draft
-    flops, flops_fc_once, attention = flops_per_step(shape, draft, args.batch_size, args.ttt_steps)
+    extra = {}
+    if args.method == "dflash":
+        inputs = trainer.objective.inputs(data.batch(ids, 0, device), trainer.step)
+        blocks = Blocks(inputs["anchors"], inputs["keep"])
+        flops, attention = dflash_flops_per_step(shape, draft, blocks)
+        flops_fc_once = flops
+        positions = int(blocks.keep.sum()) * (args.block_size - 1)
+        extra = {"block_size": args.block_size, "block_positions_per_s": positions / step_s}
+    else:
+        flops, flops_fc_once, attention = flops_per_step(
+            shape, draft, args.batch_size, args.ttt_steps
+        )
     tokens = args.batch_size * shape["seq_len"]
     v, h = shape["vocab_size"], shape["hidden_size"]
     if not ranks.main:
@@ -236,6 +297,7 @@ def main() -> None:
                 "precision": precision,
                 "batch_size": args.batch_size,
                 "seq_len": shape["seq_len"],
+                "method": args.method,
                 "ttt_steps": args.ttt_steps,
                 "trainable_params": sum(p.numel() for p in draft.parameters() if p.requires_grad),
                 "step_s": step_s,
@@ -251,10 +313,13 @@ def main() -> None:
                 if device.type == "cuda"
                 else None,
                 "losses": losses,
+                **extra,
             }
         )
     )
-    if args.attention_ab and ranks.world == 1:  # (a rank alone cannot run an FSDP-sharded drafter)
+    if (
+        args.attention_ab and ranks.world == 1 and args.method == "eagle3"
+    ):  # (a rank alone cannot run an FSDP-sharded drafter)
         print(json.dumps({"attention_ab": attention_ab(trainer, data, args, device)}))
 
 

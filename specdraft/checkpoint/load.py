@@ -39,6 +39,7 @@ from specdraft.checkpoint.training import load_training_checkpoint
 from specdraft.checkpoint.weights import read_weights
 from specdraft.conventions.config_reads import TRAINER_ARCHITECTURE
 from specdraft.data.vocab import t2d_from_d2t
+from specdraft.dflash import DFLASH_ARCHITECTURE
 from specdraft.draft import Eagle3Draft
 from specdraft.draft_config import DraftConfig
 from specdraft.draft_rope import rope_inv_freq
@@ -57,6 +58,11 @@ def detect_layout(path: Path) -> str:
             )
         return "speculators"
     architectures = config.get("architectures") or []
+    if DFLASH_ARCHITECTURE in architectures:
+        raise CheckpointError(
+            f"{path}/config.json: a DFlash drafter ({DFLASH_ARCHITECTURE}); specdraft trains "
+            "DFlash drafters (train --method dflash) but does not load, export or check them yet"
+        )
     if any(a in READ_ARCHITECTURES for a in architectures):
         return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
     if (

@@ -34,6 +34,8 @@ from specdraft.checkpoint import (
     checkpoint_paths,
     save_draft,
 )
+from specdraft.checkpoint.dflash import save_dflash_draft
+from specdraft.dflash import DFlashDraft
 from specdraft.draft import Eagle3Draft
 from specdraft.errors import SettingsMismatch
 from specdraft.files import atomic_write, atomic_write_text, replace_dir
@@ -215,12 +217,13 @@ class MetricsLog:
 
 
 def save_final_draft(
-    draft: Eagle3Draft, out_dir: Path, manifest: Manifest, training: dict[str, Any]
+    draft: Eagle3Draft | DFlashDraft, out_dir: Path, manifest: Manifest, training: dict[str, Any]
 ) -> Path:
     """Save the trained drafter in the specdraft layout with `manifest`, its `training` set."""
-    return save_draft(
-        draft, out_dir, layout="specdraft", manifest=replace(manifest, training=training)
-    )
+    manifest = replace(manifest, training=training)
+    if isinstance(draft, DFlashDraft):
+        return save_dflash_draft(draft, out_dir, manifest)
+    return save_draft(draft, out_dir, layout="specdraft", manifest=manifest)
 
 
 def resume_from(trainer: Any, out_dir: Path, resume: bool) -> int | None:

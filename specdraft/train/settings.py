@@ -14,6 +14,8 @@ from typing import Any
 from specdraft.errors import UnusableInput, closest_name
 
 PRECISIONS = ("fp32", "bf16")
+# The drafting methods `specdraft train --method` trains (EAGLE-3 the default).
+METHODS = ("eagle3", "dflash")
 
 # How a resumed run treats a setting (`config.refuse_changed_settings`):
 MATCH = "match"  # it shapes the weights: it must be the checkpoint's
@@ -94,9 +96,27 @@ class TrainConfig:
     grad_clip: float = setting(1.0, "Gradient norm clipping (0 = off).")
     weight_decay: float = setting(0.0, "AdamW weight decay.")
     min_lr_ratio: float = setting(0.0, "The cosine schedule's last lr, as a fraction of lr.")
+    # method
+    method: str = setting(
+        "eagle3",
+        "Drafter to train: eagle3 (TTT unroll) or dflash (block drafter, block-wise loss).",
+        flag="--method",
+        choices=METHODS,
+    )
     # training-time test
     ttt_steps: int = setting(7, "Training-time-test unroll steps.", flag="--ttt-steps", min=1)
     step_weight: float = setting(0.8, "Loss weight of unroll step k: step_weight ** k.")
+    # DFlash (--method dflash; SpecForge OnlineDFlashModel's settings)
+    block_size: int = setting(
+        16,
+        "DFlash block size: tokens per draft forward, the anchor included.",
+        flag="--block-size",
+        min=2,
+    )
+    num_anchors: int = setting(512, "DFlash blocks sampled per sequence (at most).")
+    loss_decay_gamma: float | None = setting(
+        None, "DFlash loss weight of block position k: exp(-(k-1)/gamma); None: uniform."
+    )
     # drafter
     draft_vocab_size: int | None = setting(
         None,
@@ -143,6 +163,7 @@ class TrainConfig:
             "eval_every",
             "save_every",
             "keep_checkpoints",
+            "num_anchors",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -154,6 +175,7 @@ class TrainConfig:
         self._check_run_length()
         if not 0.0 <= self.val_fraction < 1.0:
             raise UnusableInput(f"{flag('val_fraction')} {self.val_fraction}: must be in [0, 1)")
+        self._check_method()
         if self.precision not in PRECISIONS:
             raise UnusableInput(
                 f"{flag('precision')} {self.precision!r}: choose one of {', '.join(PRECISIONS)}"
@@ -167,6 +189,19 @@ class TrainConfig:
             raise UnusableInput(f"{flag('step_weight')} {self.step_weight}: must be in (0, 1]")
         if self.aux_layers is not None:
             object.__setattr__(self, "aux_layers", tuple(self.aux_layers))
+
+    def _check_method(self) -> None:
+        """UnusableInput for an unknown method or a DFlash setting it cannot train with."""
+        if self.method not in METHODS:
+            raise UnusableInput(
+                f"{flag('method')} {self.method!r}: choose one of {', '.join(METHODS)}"
+            )
+        if self.block_size < 2:
+            raise UnusableInput(f"{flag('block_size')} {self.block_size}: must be at least 2")
+        if self.loss_decay_gamma is not None and not self.loss_decay_gamma > 0:
+            raise UnusableInput(
+                f"{flag('loss_decay_gamma')} {self.loss_decay_gamma}: must be positive (or null)"
+            )
 
     def _check_run_length(self) -> None:
         """UnusableInput for both run lengths set (a --config file) or one that is not positive."""

@@ -53,6 +53,7 @@ class TargetInfo:
     config: transformers text config or its dict (sizes, rope, rms_norm_eps).
     manifest_fields: Manifest fields known from the source: target, tokenizer, chat_template,
     data_hash. vocab_limit: tokenizer length (draft vocabulary never past it), or None.
+    lm_head_weight: the target's lm_head (a DFlash drafter shares it), or None.
     """
 
     config: Any
@@ -60,6 +61,7 @@ class TargetInfo:
     embed_weight: torch.Tensor  # [V, H_target]
     manifest_fields: dict[str, Any]
     vocab_limit: int | None = None
+    lm_head_weight: torch.Tensor | None = None  # [V, H_target]
 
 
 class TrainData(Protocol):
@@ -168,6 +170,7 @@ class OnlineData:
                 "data_hash": data_hash(self.samples),
             },
             vocab_limit=len(tokenizer) if tokenizer else None,
+            lm_head_weight=target.lm_head.weight.detach(),
         )
 
     @classmethod

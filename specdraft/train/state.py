@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from specdraft.checkpoint import PROGRESS_FILE, read_sharded
+from specdraft.dflash import DFlashDraft
 from specdraft.draft import Eagle3Draft
 from specdraft.errors import SettingsMismatch
 from specdraft.train.config import TrainConfig, refuse_changed_settings, resolve_saved
@@ -157,13 +158,16 @@ class TrainerState:
             f"{self.scheduler.get_last_lr()[0]:.3g} (the old schedule: {old_lr:.3g})"
         )
 
-    def full_draft(self, model_state: dict[str, torch.Tensor]) -> Eagle3Draft:
-        """A CPU Eagle3Draft holding `model_state` (from `state()["model"]`), strictly loaded."""
-        draft = Eagle3Draft(self.model.draft.cfg)
+    def full_draft(self, model_state: dict[str, torch.Tensor]) -> Eagle3Draft | DFlashDraft:
+        """A CPU drafter of this run's class holding `model_state` (from `state()["model"]`),
+        strictly loaded (a DFlash drafter without the target's embedding and lm_head, which
+        it does not save)."""
+        draft = type(self.model.draft)(self.model.draft.cfg)
         draft.load_state_dict(
             {k.removeprefix("draft."): v for k, v in model_state.items()}, strict=True
         )
-        draft.embedding_loaded = True
+        if isinstance(draft, Eagle3Draft):
+            draft.embedding_loaded = True
         return draft
 
 

@@ -61,6 +61,7 @@ class StoreData:
                 "data_hash": meta.get("data_hash"),
             },
             vocab_limit=tokenizer.get("length"),
+            lm_head_weight=self._lm_head,
         )
 
     def __len__(self) -> int:

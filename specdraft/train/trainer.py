@@ -30,6 +30,7 @@ from specdraft.train.config import (
     resolved_config,
     split_samples,
 )
+from specdraft.train.dflash_train import VALIDATION_STEP, DFlashObjective
 from specdraft.train.dist import Ranks, resolve_device
 from specdraft.train.errors import BadTrainSetting, TrainingError
 from specdraft.train.loss import supervised_counts, ttt_loss, weighted_loss
@@ -101,6 +102,52 @@ class TTTModel(nn.Module):
         return {f.name: getattr(out, f.name) for f in fields(out)}
 
 
+class Eagle3Objective:
+    """`--method eagle3`: the model a Trainer trains (`TTTModel`), the manifest, a batch's inputs,
+    its counts and loss over K = ttt_steps unroll steps (`loss.ttt_loss`)."""
+
+    def __init__(
+        self, config: TrainConfig, info: TargetInfo, token_counts: torch.Tensor, command: str | None
+    ) -> None:
+        self.config = config
+        draft = build_draft(config, info, token_counts)
+        self.model = TTTModel(draft)
+        self.num_positions = config.ttt_steps
+        self.manifest = draft_manifest(draft, info, command)
+
+    def inputs(self, batch: Batch, step: int) -> dict[str, Any]:
+        """The model's keyword inputs for `batch` (the same at every step)."""
+        c = self.config
+        return {
+            "input_ids": batch.input_ids,
+            "aux_hidden": batch.aux_hidden,
+            "target_logits": batch.target_logits,
+            "loss_mask": batch.loss_mask,
+            "ttt_steps": c.ttt_steps,
+            "step_weight": c.step_weight,
+        }
+
+    def counts(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """[K] supervised positions of these inputs, without running the drafter."""
+        return supervised_counts(
+            self.model.draft, inputs["target_logits"], inputs["loss_mask"], self.config.ttt_steps
+        )
+
+    def loss(self, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """sum_k step_weight**k · sums[k] / counts[k] (`loss.weighted_loss`)."""
+        return weighted_loss(sums, counts, self.config.step_weight)
+
+
+def objective_for(
+    config: TrainConfig, data: TrainData, train_ids: Sequence[int], command: str | None
+) -> Eagle3Objective | DFlashObjective:
+    """The objective of `config.method`, its drafter built for `data`'s target (the EAGLE-3 vocab
+    map from the training split's token counts: validation held out)."""
+    if config.method == "dflash":
+        return DFlashObjective(config, data.info, command)
+    return Eagle3Objective(config, data.info, data.token_counts(train_ids), command)
+
+
 def micro_batch_size(config: TrainConfig, ranks: Ranks) -> int:
     """Sequences per forward on one rank: batch_size / (world x grad_accum_steps). Raises
     BadTrainSetting when the batch does not split so (naming a --grad-accum-steps that does)."""
@@ -152,11 +199,9 @@ class Trainer(TrainerState):
                 f"--batch-size {config.batch_size}: lower --batch-size or add data"
             )
         self.total_steps = config.num_steps(self.batches_per_epoch)
-        draft = build_draft(
-            config, data.info, data.token_counts(self.train_ids)
-        )  # validation held out
-        self.manifest = draft_manifest(draft, data.info, command)
-        self.model = TTTModel(draft).to(ranks.device)
+        self.objective = objective_for(config, data, self.train_ids, command)
+        self.manifest = self.objective.manifest
+        self.model = self.objective.model.to(ranks.device)
         if ranks.world > 1:
             from torch.distributed.fsdp import fully_shard
 
@@ -203,20 +248,12 @@ class Trainer(TrainerState):
         m = self.micro_batch_size
         return [mine[i : i + m] for i in range(0, len(mine), m)]
 
-    def forward(self, batch: Batch, replay: bool = False) -> TTTOutput:
-        """TTT loss and counts of one batch on this rank (counts local to the rank); with
-        `replay`, also a chain engine's rounds (validation)."""
+    def forward(self, inputs: dict[str, Any], replay: bool = False) -> TTTOutput:
+        """Loss and counts of one batch's `objective.inputs` on this rank (counts local to the
+        rank); with `replay`, also a chain engine's rounds (EAGLE-3 validation)."""
         bf16 = self.config.precision == "bf16"
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            out = self.model(
-                batch.input_ids,
-                batch.aux_hidden,
-                batch.target_logits,
-                batch.loss_mask,
-                self.config.ttt_steps,
-                self.config.step_weight,
-                replay,
-            )
+            out = self.model(**inputs, replay=replay)
         return TTTOutput(**out)
 
     def train_step(self, sample_ids: list[int]) -> dict[str, Any]:
@@ -233,11 +270,11 @@ class Trainer(TrainerState):
         c = self.config
         batches, totals = self._load_step(sample_ids)
         self.optimizer.zero_grad(set_to_none=True)
-        local = TTTMetrics.zeros(c.ttt_steps)
+        local = TTTMetrics.zeros(self.objective.num_positions)
         for i, batch in enumerate(batches):
             local.add(self.accumulate(batch, totals, sync=i == len(batches) - 1))
         metrics = _global(local, self.ranks)
-        loss_value = float(weighted_loss(metrics.loss_sums, metrics.total, c.step_weight))
+        loss_value = float(self.objective.loss(metrics.loss_sums, metrics.total))
         if not math.isfinite(loss_value):
             raise TrainingError(
                 f"step {self.step}: loss is {loss_value} on the batch of samples "
@@ -259,32 +296,29 @@ class Trainer(TrainerState):
             **metrics.to_dict(),
         }
 
-    def _load_step(self, sample_ids: list[int]) -> tuple[list[Batch], torch.Tensor]:
-        """This rank's micro-batches of the global batch `sample_ids`, and the step's supervised
-        positions per TTT step [K] summed over every micro-batch and rank. Raises TrainingError
-        when the step has none."""
+    def _load_step(self, sample_ids: list[int]) -> tuple[list[dict[str, Any]], torch.Tensor]:
+        """This rank's micro-batches of the global batch `sample_ids` as the objective's inputs,
+        and the step's supervised positions per TTT step (block position) [K] summed over every
+        micro-batch and rank. Raises TrainingError when the step has none."""
         c, ranks = self.config, self.ranks
         batches = [
-            self.data.batch(ids, c.max_length, ranks.device)
+            self.objective.inputs(self.data.batch(ids, c.max_length, ranks.device), self.step)
             for ids in self.micro_batches(sample_ids)
         ]
-        totals = ranks.sum(
-            sum(
-                supervised_counts(self.model.draft, b.target_logits, b.loss_mask, c.ttt_steps)
-                for b in batches
-            )
-        )
+        totals = ranks.sum(sum(self.objective.counts(b) for b in batches))
         if int(totals[0]) == 0:
             raise TrainingError(self._unsupervised_message(batches, sample_ids))
         return batches, totals
 
-    def _unsupervised_message(self, batches: list[Batch], sample_ids: list[int]) -> str:
+    def _unsupervised_message(self, batches: list[dict[str, Any]], sample_ids: list[int]) -> str:
         """Why the step's batch has no supervised position: no label in an assistant turn (the
-        loss mask, or the chat template that made it), or labels whose target argmax is outside
-        the draft vocabulary every time (it is too small). A collective (every rank gets here)."""
-        labelled = int(self.ranks.sum(sum(draft_loss_mask(b.loss_mask, 0).sum() for b in batches)))
+        loss mask, or the chat template that made it), or (EAGLE-3) labels whose target argmax is
+        outside the draft vocabulary every time (it is too small). batches: the objective's inputs.
+        A collective (every rank gets here)."""
+        masks = (b["loss_mask"] for b in batches)
+        labelled = int(self.ranks.sum(sum(draft_loss_mask(m, 0).sum() for m in masks)))
         head = f"step {self.step}: batch of samples {sample_ids} has no supervised position"
-        if labelled == 0:
+        if labelled == 0 or self.config.method != "eagle3":
             return (
                 f"{head} (no label in an assistant turn); check the loss mask / chat template "
                 f"or drop these samples"
@@ -296,12 +330,14 @@ class Trainer(TrainerState):
             f"pass a larger --draft-vocab-size (default: the tokenizer's length)"
         )
 
-    def accumulate(self, batch: Batch, totals: torch.Tensor, sync: bool) -> TTTOutput:
+    def accumulate(self, batch: dict[str, Any], totals: torch.Tensor, sync: bool) -> TTTOutput:
         """Forward and backward of one micro-batch; adds its share to the parameters' gradients.
 
-        totals: [K] supervised positions per TTT step of the whole optimizer step (all
-        micro-batches, all ranks). The loss is sum_k w_k · (this micro-batch's KL sum at step k)
-        / totals[k], times the world size since FSDP averages gradients over ranks.
+        batch: the micro-batch's `objective.inputs`. totals: [K] supervised positions per TTT
+        step (DFlash: block position) of the whole optimizer step (all micro-batches, all ranks).
+        The loss is `objective.loss` of this micro-batch's loss sums over totals (EAGLE-3:
+        sum_k w_k · KL sum at step k / totals[k]), times the world size since FSDP averages
+        gradients over ranks.
         sync=False (every micro-batch but the step's last) keeps FSDP2 from reduce-scattering:
         gradients accumulate unsharded on each rank and are reduced once, after the last.
         Returns the micro-batch's output (counts local to this rank).
@@ -309,7 +345,7 @@ class Trainer(TrainerState):
         if self.ranks.world > 1:
             self.model.set_requires_gradient_sync(sync)
         out = self.forward(batch)
-        loss = weighted_loss(out.step_loss_sums, totals, self.config.step_weight)
+        loss = self.objective.loss(out.step_loss_sums, totals)
         (loss * self.ranks.world).backward()
         return out
 
@@ -319,14 +355,13 @@ class Trainer(TrainerState):
         micro-batch per rank (a rank without a sample in the last chunk runs a duplicate whose
         counts are dropped, so FSDP's collectives stay matched)."""
         c, ranks = self.config, self.ranks
-        metrics = TTTMetrics.zeros(c.ttt_steps)
+        metrics = TTTMetrics.zeros(self.objective.num_positions)
         size = self.micro_batch_size * ranks.world
         for i in range(0, len(self.val_ids), size):
             chunk = self.val_ids[i : i + size]
             mine = chunk[ranks.rank :: ranks.world]
-            out = self.forward(
-                self.data.batch(mine or chunk[:1], c.max_length, ranks.device), replay=True
-            )
+            batch = self.data.batch(mine or chunk[:1], c.max_length, ranks.device)
+            out = self.forward(self.objective.inputs(batch, VALIDATION_STEP), replay=True)
             if mine:
                 metrics.add(out)
         return _global(metrics, ranks)

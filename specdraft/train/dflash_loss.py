@@ -1,0 +1,178 @@
+"""DFlash's block-wise training: anchors sampled per sequence, the block mask, the loss and its
+counts. Pure functions over tensors, as SpecForge's `OnlineDFlashModel` (specforge/core/dflash.py)
+trains it; TTT-free (one drafter forward per batch).
+
+For a sequence x_0 .. x_{T-1} and an anchor a: the block holds x_a then block_size-1 mask tokens
+at RoPE positions a .. a+block_size-1; it attends to the target's states at positions < a (the
+context an engine has when x_a is the token it just chose) and to its own block, bidirectionally;
+blocks never see each other. Block position k (1..block_size-1) predicts x_{a+k}, supervised iff
+a+k < T and loss_mask[a+k]. The loss is SpecForge's: cross-entropy on the data token x_{a+k} over
+the full vocabulary, a weighted mean over the supervised positions with weight
+exp(-(k-1)/loss_decay_gamma) (None: uniform, SpecForge's default).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specdraft.dflash import DFlashDraft
+from specdraft.train.metrics import TTTOutput
+
+
+@dataclass
+class Blocks:
+    """The blocks of one batch (N per row, the rows' unused ones with keep False).
+
+    anchors: [B, N] long positions; keep: [B, N] bool, the block is real."""
+
+    anchors: torch.Tensor
+    keep: torch.Tensor
+
+
+def sample_anchors(
+    loss_mask: torch.Tensor,
+    block_size: int,
+    num_anchors: int,
+    seeds: Sequence[int],
+) -> Blocks:
+    """Up to num_anchors anchors per row, drawn without replacement among the positions a with
+    loss_mask[a] whose block ends inside the row's supervised text (a + block_size - 1 <= its
+    last loss-masked position), sorted. SpecForge (`_sample_anchor_positions`) bounds a by the
+    padded length T - block_size instead, which makes a row's anchors depend on its batch.
+
+    loss_mask: [B, T]; seeds: one int per row, the row's own draw (the same row draws the same
+    anchors in any batch, on any rank or micro-batch split). N is the largest row's count (at
+    least 1: a row without a valid position keeps no block).
+    """
+    mask = loss_mask.bool().cpu()
+    index = torch.arange(mask.shape[1])
+    last = torch.where(mask, index, -1).max(dim=1).values  # [B], -1: nothing supervised
+    valid = mask & (index[None, :] <= (last + 1 - block_size)[:, None])
+    rows = []
+    for row, seed in zip(valid, seeds):
+        positions = row.nonzero().flatten()
+        g = torch.Generator().manual_seed(seed)
+        chosen = positions[torch.randperm(len(positions), generator=g)[:num_anchors]]
+        rows.append(chosen.sort().values)
+    n = max(1, max(len(r) for r in rows))
+    anchors = torch.zeros(len(rows), n, dtype=torch.long)
+    keep = torch.zeros(len(rows), n, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        anchors[i, : len(r)], keep[i, : len(r)] = r, True
+    return Blocks(anchors.to(loss_mask.device), keep.to(loss_mask.device))
+
+
+def block_mask(blocks: Blocks, seq_len: int, block_size: int) -> torch.Tensor:
+    """Bool [B, 1, N·block_size, seq_len + N·block_size], True = attend (SpecForge
+    `create_dflash_sdpa_mask`): block n's queries see context keys < its anchor and the keys of
+    their own block; an unused block sees only its own block (never a row with no key)."""
+    b, n = blocks.anchors.shape
+    device = blocks.anchors.device
+    q_block = torch.arange(n * block_size, device=device) // block_size  # [Q]
+    anchor = blocks.anchors.repeat_interleave(block_size, dim=1)  # [B, Q]
+    keep = blocks.keep.repeat_interleave(block_size, dim=1)
+    ctx = torch.arange(seq_len, device=device)[None, None, :] < anchor[:, :, None]  # [B, Q, S]
+    own = (q_block[:, None] == q_block[None, :]).expand(b, -1, -1)  # [B, Q, Q]
+    return torch.cat([ctx & keep[:, :, None], own], dim=2)[:, None]
+
+
+def block_inputs(
+    input_ids: torch.Tensor, blocks: Blocks, block_size: int, mask_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block_ids [B, N·block_size], position_ids [B, T + N·block_size]): each block the anchor
+    token then mask tokens, at positions anchor + 0..block_size-1 after the context's 0..T-1."""
+    b, t = input_ids.shape
+    offsets = torch.arange(block_size, device=input_ids.device)
+    block_ids = torch.full((b, blocks.anchors.shape[1], block_size), mask_token_id)
+    block_ids = block_ids.to(input_ids.device)
+    block_ids[:, :, 0] = input_ids.gather(1, blocks.anchors)
+    positions = (blocks.anchors[:, :, None] + offsets).flatten(1)
+    context = torch.arange(t, device=input_ids.device).expand(b, t)
+    return block_ids.flatten(1), torch.cat([context, positions], dim=1)
+
+
+def block_labels(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, blocks: Blocks, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(labels [B, N, block_size-1] long, supervised [B, N, block_size-1] bool): x_{a+k} for
+    k = 1..block_size-1, supervised iff the block is kept, a+k < T and loss_mask[a+k]."""
+    t = input_ids.shape[1]
+    index = blocks.anchors[:, :, None] + torch.arange(1, block_size, device=input_ids.device)
+    inside = index < t
+    safe = index.clamp(max=t - 1).flatten(1)
+    labels = input_ids.gather(1, safe).view(index.shape)
+    masked = loss_mask.bool().gather(1, safe).view(index.shape)
+    return labels, masked & inside & blocks.keep[:, :, None]
+
+
+def position_weights(block_size: int, gamma: float | None) -> list[float]:
+    """Loss weight of block positions k = 1..block_size-1: exp(-(k-1)/gamma), 1 without gamma."""
+    return [1.0 if gamma is None else math.exp(-(k - 1) / gamma) for k in range(1, block_size)]
+
+
+def dflash_loss(
+    draft: DFlashDraft,
+    input_ids: torch.Tensor,
+    aux_hidden: torch.Tensor,
+    loss_mask: torch.Tensor,
+    blocks: Blocks,
+    loss_decay_gamma: float | None = None,
+) -> TTTOutput:
+    """The block loss and per-position counts of one batch, as a TTTOutput over K = block_size-1
+    block positions (step k = block position k+1; cond_* count positions whose earlier block
+    positions were all drafted right: a chain verifier's acceptance; no replayed rounds).
+
+    input_ids, loss_mask: [B, T]; aux_hidden: [B, T, n·H_target]; blocks: `sample_anchors`'.
+    """
+    bs = draft.cfg.block_size
+    block_ids, positions = block_inputs(input_ids, blocks, bs, draft.cfg.mask_token_id)
+    mask = block_mask(blocks, input_ids.shape[1], bs)
+    hidden = draft(block_ids, aux_hidden, positions, mask)
+    b, n = blocks.anchors.shape
+    drafted = hidden.view(b, n, bs, -1)[:, :, 1:]  # position 0 holds the anchor, predicts nothing
+    logits = draft.logits(drafted).float()
+    labels, supervised = block_labels(input_ids, loss_mask, blocks, bs)
+    ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(b, n, -1)
+    sums = torch.where(supervised, ce, 0.0).sum((0, 1))  # [K]
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == labels) & supervised
+        chain = torch.cat([torch.ones_like(hit[..., :1]), hit[..., :-1]], -1).cumprod(-1).bool()
+        cond = chain & supervised
+    total = supervised.sum((0, 1))
+    k = torch.zeros_like(total)
+    return TTTOutput(
+        loss=weighted_block_loss(sums, total, loss_decay_gamma),
+        step_loss_sums=sums,
+        step_losses=sums.detach() / total.clamp(min=1),
+        correct=hit.sum((0, 1)),
+        total=total,
+        cond_correct=(hit & cond).sum((0, 1)),
+        cond_total=cond.sum((0, 1)),
+        rounds=k.sum(),
+        round_accepted=k,
+    )
+
+
+@torch.no_grad()
+def block_counts(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, blocks: Blocks, block_size: int
+) -> torch.Tensor:
+    """[K] int64: supervised positions per block position, `dflash_loss(...).total` without the
+    drafter (a trainer's whole-step counts before the first backward)."""
+    return block_labels(input_ids, loss_mask, blocks, block_size)[1].sum((0, 1))
+
+
+def weighted_block_loss(
+    sums: torch.Tensor, counts: torch.Tensor, gamma: float | None
+) -> torch.Tensor:
+    """sum_k w_k · sums[k] / sum_k w_k · counts[k] (SpecForge's weighted mean; `position_weights`);
+    scalar, differentiable. sums: [K] float; counts: [K] (a distributed trainer's global counts)."""
+    weights = torch.tensor(
+        position_weights(len(sums) + 1, gamma), dtype=sums.dtype, device=sums.device
+    )
+    return (weights * sums).sum() / (weights * counts.to(sums.dtype)).sum().clamp(min=1e-6)
