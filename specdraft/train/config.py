@@ -99,14 +99,14 @@ def draft_config(config: TrainConfig, info: TargetInfo) -> DraftConfig:
 
 def resolved_config(config: TrainConfig, info: TargetInfo) -> TrainConfig:
     """`config` with the defaults RESOLVED_AT_START as the values the run uses on `info`'s data:
-    draft_vocab_size the drafter's (`draft_config`), aux_layers the data's. A run trains,
-    checkpoints and compares on resume these values, so that re-passing a default's value is no
-    change. Raises DraftError as `DraftConfig.from_target`."""
-    return replace(
-        config,
-        draft_vocab_size=draft_config(config, info).draft_vocab_size,
-        aux_layers=tuple(info.aux_layers),
-    )
+    draft_vocab_size the EAGLE-3 drafter's (`draft_config`; a DFlash drafter predicts over the
+    target's vocabulary and has none), aux_layers the data's. A run trains, checkpoints and
+    compares on resume these values, so that re-passing a default's value is no change. Raises
+    DraftError as `DraftConfig.from_target`."""
+    vocab = config.draft_vocab_size
+    if config.method == "eagle3":
+        vocab = draft_config(config, info).draft_vocab_size
+    return replace(config, draft_vocab_size=vocab, aux_layers=tuple(info.aux_layers))
 
 
 def resolve_saved(
@@ -131,6 +131,18 @@ def resolve_saved(
 def shown(value: Any) -> str:
     """A setting's value as its flag takes it: a list of layers as "1,2,3"."""
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else repr(value)
+
+
+def refuse_changed_early(
+    config: TrainConfig, saved: dict[str, Any], info: TargetInfo, source: Path
+) -> None:
+    """`refuse_changed_settings` before a drafter is built (another --method, say): `saved`
+    resolved as `resolve_saved`, and each default `config` leaves out (None) taken as the
+    checkpoint's resolved value, since the data was checked to be the same
+    (`run_dir.check_same_data`). Raises SettingsMismatch."""
+    saved, _ = resolve_saved(saved, info, source)
+    given = {k: saved[k] for k in RESOLVED_AT_START if getattr(config, k) is None and k in saved}
+    refuse_changed_settings(replace(config, **given), saved, source)
 
 
 def refuse_changed_settings(config: TrainConfig, saved: dict[str, Any], source: Path) -> None:

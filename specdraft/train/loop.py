@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from specdraft.checkpoint import checkpoint_paths
 from specdraft.data.records import skipped_line
-from specdraft.train.config import TrainConfig, batch_order, refuse_changed_settings
+from specdraft.train.config import TrainConfig, batch_order, refuse_changed_early
 from specdraft.train.dist import Ranks, interrupt_flag, setup_dist
 from specdraft.train.errors import BadTrainSetting
 from specdraft.train.progress import training_progress
@@ -191,7 +191,7 @@ def _training_data(
 ) -> TrainData:
     """`train`'s data on this rank's device; resuming, checked against the newest checkpoint's
     (`run_dir.check_same_data`) before the aux layers asked for are, and the settings too
-    (`config.refuse_changed_settings`: before a drafter of other settings, another --method, is
+    (`config.refuse_changed_early`: before a drafter of other settings, another --method, is
     built)."""
     newest = checkpoint_paths(out_dir)[-1:] if resume else []
     # resuming on a store: its target and layers checked against the checkpoint's, then the layers asked
@@ -200,7 +200,7 @@ def _training_data(
     if newest:
         progress = checkpoint_progress(newest[0])
         check_same_data(progress, data.info, len(data), newest[0])
-        refuse_changed_settings(config, progress["config"], newest[0])
+        refuse_changed_early(config, progress["config"], data.info, newest[0])
     return open_data(data, aux_layers=config.aux_layers)
 
 
