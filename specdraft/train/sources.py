@@ -190,6 +190,7 @@ class OnlineData:
             source.target,
             source.data,
             Rendering.of(source),
+            tokenizer=source.tokenizer,
             target_dtype=parse_dtype(source.target_dtype),
             device=device,
         )
