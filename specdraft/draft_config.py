@@ -7,6 +7,8 @@ computes, as SGLang and vLLM compute it: `draft.py`'s module docstring.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -136,31 +138,33 @@ class DraftConfig:
         """Derive a drafter config from a transformers target config.
 
         Hidden size, heads, intermediate size, rope and max positions default to the target's
-        (the drafter then shares the target's embedding); `overrides` replace any field.
+        (the drafter then shares the target's embedding); `overrides` replace any field. Raises
+        DraftError for a value the target config holds per layer (`_target_value`).
         """
         get = (
             target_config.get
             if isinstance(target_config, dict)
-            else (lambda k, d=None: getattr(target_config, k, d))
+            else functools.partial(_target_value, target_config)
         )
         heads = get("num_attention_heads")
         rope_theta, rope_scaling = rope_from_hf_config(get)
-        values: dict[str, Any] = dict(
-            hidden_size=get("hidden_size"),
-            num_attention_heads=heads,
-            num_key_value_heads=get("num_key_value_heads") or heads,
-            head_dim=get("head_dim") or get("hidden_size") // heads,
-            intermediate_size=get("intermediate_size"),
-            target_hidden_size=get("hidden_size"),
-            vocab_size=get("vocab_size"),
-            draft_vocab_size=draft_vocab_size or get("vocab_size"),
-            aux_layers=tuple(aux_layers),
-            target_num_layers=get("num_hidden_layers"),
-            max_position_embeddings=get("max_position_embeddings"),
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            rms_norm_eps=get("rms_norm_eps", 1e-6),
+        derived: dict[str, Callable[[], Any]] = dict(  # read only when no override replaces it
+            hidden_size=lambda: get("hidden_size"),
+            num_attention_heads=lambda: heads,
+            num_key_value_heads=lambda: get("num_key_value_heads") or heads,
+            head_dim=lambda: get("head_dim") or get("hidden_size") // heads,
+            intermediate_size=lambda: get("intermediate_size"),
+            target_hidden_size=lambda: get("hidden_size"),
+            vocab_size=lambda: get("vocab_size"),
+            draft_vocab_size=lambda: draft_vocab_size or get("vocab_size"),
+            aux_layers=lambda: tuple(aux_layers),
+            target_num_layers=lambda: get("num_hidden_layers"),
+            max_position_embeddings=lambda: get("max_position_embeddings"),
+            rope_theta=lambda: rope_theta,
+            rope_scaling=lambda: rope_scaling,
+            rms_norm_eps=lambda: get("rms_norm_eps", 1e-6),
         )
+        values = {k: read() for k, read in derived.items() if k not in overrides}
         values.update(overrides)
         values["aux_layers"] = tuple(values["aux_layers"])
         return cls(**values)
@@ -222,3 +226,16 @@ def rope_from_hf_config(get: Any) -> tuple[float, dict[str, Any] | None]:
     if scaling and "rope_type" not in scaling:
         scaling = {**scaling, "rope_type": scaling["type"]}
     return float(get("rope_theta", 10000.0)), scaling
+
+
+def _target_value(config: Any, key: str, default: Any = None) -> Any:
+    """`config.key` (default when absent). A heterogeneous config (Gemma 4's per-layer head_dim:
+    transformers raises on the global read) is a DraftError naming the class, the key and the
+    override that gives the drafter one value."""
+    try:
+        return getattr(config, key, default)
+    except Exception as e:  # noqa: BLE001 (transformers' per-layer access error has no common base)
+        raise DraftError(
+            f"{type(config).__name__}: {key} differs by layer ({str(e).splitlines()[0][:120]}); "
+            f'the drafter takes one value: pass draft_overrides {{"{key}": N}}'
+        ) from None
