@@ -30,6 +30,7 @@ from specdraft.bench.suites import Question, Suite
 from specdraft.bench.sweep import check_chats, wait_for_servers, warm_up
 from specdraft.client import RequestRecord, Server, run_requests, scrape
 from specdraft.files import atomic_write, atomic_write_text
+from specdraft.train.progress import counted_progress
 
 
 @dataclass
@@ -119,32 +120,45 @@ def _measure_suite(
         check_chats(server, first, cfg)
         warm_up(server, first, cfg)
     concurrency, results = cfg.concurrency[0], []
-    for category in suite.categories:
-        questions = suite.in_category(category)
-        levels = measure_category(list(servers.values()), questions, concurrency, cfg, clock)
-        speedup = (
-            SpeedupPoint.of(
-                concurrency,
-                levels[0].tokens_per_s_runs,
-                levels[1].tokens_per_s_runs,
-                levels[0].num_errors + levels[1].num_errors,
-            )
-            if len(levels) > 1
-            else None
-        )
-        results.append(
-            CategoryResult(
-                category,
-                len(questions),
-                max(len(q.turns) for q in questions),
-                levels[0],
-                levels[1] if len(levels) > 1 else None,
-                speedup,
-            )
-        )
-        if progress:
-            progress(category_line(results[-1]))
+    count = counted_progress("bench suite (categories)", len(suite.categories), bool(progress))
+    with count as advance:
+        for category in suite.categories:
+            results.append(_measure_category(cfg, suite, category, servers, concurrency, clock))
+            advance()
+            if progress:
+                progress(category_line(results[-1]))
     return SuiteReport(suite.name, cfg, concurrency, servers, results)
+
+
+def _measure_category(
+    cfg: BenchConfig,
+    suite: Suite,
+    category: str,
+    servers: dict[str, Server],
+    concurrency: int,
+    clock: Callable[[], float],
+) -> CategoryResult:
+    """One category of `suite` on every server, with its speedup when a baseline runs."""
+    questions = suite.in_category(category)
+    levels = measure_category(list(servers.values()), questions, concurrency, cfg, clock)
+    speedup = (
+        SpeedupPoint.of(
+            concurrency,
+            levels[0].tokens_per_s_runs,
+            levels[1].tokens_per_s_runs,
+            levels[0].num_errors + levels[1].num_errors,
+        )
+        if len(levels) > 1
+        else None
+    )
+    return CategoryResult(
+        category,
+        len(questions),
+        max(len(q.turns) for q in questions),
+        levels[0],
+        levels[1] if len(levels) > 1 else None,
+        speedup,
+    )
 
 
 def measure_category(

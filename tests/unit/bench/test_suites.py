@@ -105,6 +105,22 @@ SUITE = Suite(
 )
 
 
+def test_a_suite_run_counts_its_categories_with_a_time_left(servers, capsys):  # noqa: F811
+    """#35 item 4: a suite (minutes on a CPU) shows a count and an ETA per category on stderr,
+    beside the category lines it tells `progress`; silent without progress."""
+    spec, plain = servers
+    cfg = BenchConfig(spec.url, plain.url, concurrency=(2,), max_tokens=2, repeats=1, warmup=0)
+    run_suite(cfg, SUITE, progress=lambda line: None)
+    counts = [
+        line.split("  ETA ")[0]
+        for line in capsys.readouterr().err.splitlines()
+        if line.startswith("bench suite (categories)")
+    ]
+    assert counts == ["bench suite (categories) 1/2", "bench suite (categories) 2/2"]
+    run_suite(cfg, SUITE)
+    assert "bench suite" not in capsys.readouterr().err
+
+
 def test_suite_runs_turn_by_turn_and_reports_per_category(servers, tmp_path, monkeypatch):  # noqa: F811
     spec, plain = servers
     sent = []
