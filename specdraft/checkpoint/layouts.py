@@ -17,6 +17,8 @@ manifest is `manifest.Manifest`. CheckpointError, the package's error, names the
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from specdraft.conventions import ENGINE_NAMES
@@ -25,6 +27,7 @@ from specdraft.conventions.engines import (
     engines_serving_architecture,
     engines_serving_speculators,
 )
+from specdraft.dflash import DFLASH_ARCHITECTURE
 from specdraft.draft import Eagle3Draft
 from specdraft.errors import SpecdraftError
 
@@ -56,6 +59,15 @@ SOURCE_FORMS = (
 
 class CheckpointError(SpecdraftError, ValueError):
     """A draft checkpoint that cannot be loaded exactly as written; the message names the file."""
+
+
+def dflash_refusal(where: str | Path) -> CheckpointError:
+    """The one line for a DFlash drafter (its config, manifest or training checkpoint) given to a
+    command that reads EAGLE-3 drafters: specdraft trains them (train --method dflash) only."""
+    return CheckpointError(
+        f"{where}: a DFlash drafter ({DFLASH_ARCHITECTURE}); specdraft trains DFlash drafters "
+        "(train --method dflash) but does not load, export or check them yet"
+    )
 
 
 class UnreadableCheckpointFile(SpecdraftError, OSError):

@@ -32,6 +32,7 @@ from specdraft.checkpoint.layouts import (
     READ_ARCHITECTURES,
     CheckpointError,
     canonical_tensor_names,
+    dflash_refusal,
     state_dict_for_layout,
 )
 from specdraft.checkpoint.manifest import LoadedDraft, Manifest
@@ -59,10 +60,7 @@ def detect_layout(path: Path) -> str:
         return "speculators"
     architectures = config.get("architectures") or []
     if DFLASH_ARCHITECTURE in architectures:
-        raise CheckpointError(
-            f"{path}/config.json: a DFlash drafter ({DFLASH_ARCHITECTURE}); specdraft trains "
-            "DFlash drafters (train --method dflash) but does not load, export or check them yet"
-        )
+        raise dflash_refusal(f"{path}/config.json")
     if any(a in READ_ARCHITECTURES for a in architectures):
         return "specdraft" if (path / MANIFEST_FILE).exists() else "sglang"
     if (

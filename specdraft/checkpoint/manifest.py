@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from specdraft import __version__
-from specdraft.checkpoint.layouts import MANIFEST_FIX, CheckpointError, UnreadableCheckpointFile
+from specdraft.checkpoint.layouts import (
+    MANIFEST_FIX,
+    CheckpointError,
+    UnreadableCheckpointFile,
+    dflash_refusal,
+)
 from specdraft.draft import Eagle3Draft
 from specdraft.files import unreadable
 
@@ -61,6 +66,8 @@ class Manifest:
             raise CheckpointError(
                 f"{path}: not a JSON object (a {type(data).__name__}); {MANIFEST_FIX}"
             )
+        if (data.get("extra") or {}).get("method") == "dflash":
+            raise dflash_refusal(path)
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
             raise CheckpointError(

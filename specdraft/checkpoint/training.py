@@ -12,7 +12,7 @@ import torch
 
 from specdraft.checkpoint.config_read import refuse_other_aux_layers
 from specdraft.checkpoint.dirs import PROGRESS_FILE
-from specdraft.checkpoint.layouts import SOURCE_FORMS, CheckpointError
+from specdraft.checkpoint.layouts import SOURCE_FORMS, CheckpointError, dflash_refusal
 from specdraft.checkpoint.manifest import LoadedDraft, Manifest
 from specdraft.checkpoint.weights import DamagedCheckpoint
 from specdraft.draft import Eagle3Draft
@@ -58,6 +58,8 @@ def load_training_checkpoint(path: str | Path, aux_layers: list[int] | None = No
             f"{path}: this checkpoint carries no drafter manifest (written by an older "
             f"specdraft), and its drafter is built from one, so no command can read it; {finish}"
         )
+    if (progress.get("config") or {}).get("method") == "dflash":
+        raise dflash_refusal(path)
     manifest = Manifest(**progress["manifest"])
     draft = Eagle3Draft(DraftConfig.from_dict(manifest.draft))
     refuse_other_aux_layers(path, draft.cfg.aux_layers, aux_layers)

@@ -46,6 +46,7 @@ class DemoReport:
         ""  # the timed prompts as a tune --prompts file (generation.TUNE_PROMPTS_FILE)
     )
     max_new_tokens: int = 0  # per prompt, in the timing
+    chat_template: str | None = None  # demo --chat-template: the file the serve: line serves with
 
 
 def setting_text(r: dict[str, Any]) -> str:
@@ -251,9 +252,10 @@ def generate_command(report: DemoReport) -> list[str]:
         f"--topk {setting['topk']} --num-draft-tokens {setting['num_draft_tokens']}"
     )
     threads = f" --threads {report.threads}" if report.threads else ""
+    served = f" --chat-template {report.chat_template}" if report.chat_template else ""
     return [
         f'try: specdraft generate {flags}{threads} --prompt "Once upon a time"{why}',
-        f"serve: specdraft serve {flags}{threads} --port 8000{why}",
+        f"serve: specdraft serve {flags}{threads}{served} --port 8000{why}",
     ]
 
 

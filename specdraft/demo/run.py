@@ -83,6 +83,7 @@ def drafter_report(
         training=training.get("validation") or {},
         threads=cfg.threads,
         max_new_tokens=cfg.max_new_tokens,
+        chat_template=str(cfg.chat_template) if cfg.chat_template is not None else None,
         drafter={
             "dir": str(draft_dir),
             "steps": training.get("steps"),

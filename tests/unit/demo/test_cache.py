@@ -293,6 +293,9 @@ def test_the_summary_names_a_generate_command_with_the_measured_setting(tmp_path
     )
     report.threads = 4  # demo --threads 4: the printed lines run as the timing did
     assert all(" --threads 4 " in line for line in generate_command(report))
+    report.chat_template = "chat.jinja"  # demo --chat-template: the server renders chats so too
+    generate, serve = generate_command(report)
+    assert " --chat-template chat.jinja --port 8000" in serve and "--chat-template" not in generate
 
 
 def test_a_rerun_reuses_the_timing_of_the_same_drafter_and_settings(tmp_path, monkeypatch):
