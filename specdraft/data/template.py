@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.data.records import DataError
+from specdraft.files import unreadable
 
 TEMPLATE_READERS = ("vllm", "sglang")  # how each engine reads a --chat-template file
 
@@ -49,9 +50,9 @@ def read_chat_template(path: str | Path, engine: str = "vllm") -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise DataError(
-            f"--chat-template {path}: cannot read it ({reason}); give a Jinja chat template file"
+            f"--chat-template {path}: cannot read it ({unreadable(e)}); give a Jinja chat template "
+            "file"
         ) from None
     if not text.strip():
         raise DataError(f"--chat-template {path}: the file is empty; give a Jinja chat template")
