@@ -75,6 +75,26 @@ def convert(
         )
     print_aux_note(console, src, True if has_manifest(src) else None, reading)
     print_converted(console, src, Path(dst), layout, converted)
+    if layer_names == "layers.0":
+        console.print(layers0_note(), markup=False, soft_wrap=True)
+
+
+def layers0_note() -> str:
+    """The line after `convert --layer-names layers.0`: the SGLang releases that skip such a
+    decoder layer silently (`conventions.engines.DRAFT_LOADING`), and the check that catches it."""
+    from specdraft.conventions.engines import DRAFT_LOADING
+
+    until = [
+        row.until
+        for row in DRAFT_LOADING
+        if row.engine == "sglang" and row.until and "layers.0." not in row.layer_prefixes
+    ]
+    bound = ".".join(map(str, max(until)))
+    return (
+        f"note: SGLang before {bound} skips layers.0.* tensors without a word (the layer keeps its "
+        f"initial values): serve this file with SGLang {bound} or later, or vLLM "
+        "(doctor --engine sglang --sglang-version V checks it)"
+    )
 
 
 def print_converted(console, src: str, dst: Path, layout: str, converted) -> None:
