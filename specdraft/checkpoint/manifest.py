@@ -46,9 +46,10 @@ class Manifest:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
     @classmethod
-    def read(cls, path: Path) -> Manifest:
+    def read(cls, path: Path, *, dflash: bool = False) -> Manifest:
         """Read a manifest file; bad JSON (or not text) or unknown keys raise CheckpointError naming
-        the file, a file the OS will not read UnreadableCheckpointFile."""
+        the file, a file the OS will not read UnreadableCheckpointFile. A DFlash drafter's manifest
+        is refused (`dflash_refusal`) unless the caller reads DFlash drafters (`dflash`)."""
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as e:
@@ -66,7 +67,7 @@ class Manifest:
             raise CheckpointError(
                 f"{path}: not a JSON object (a {type(data).__name__}); {MANIFEST_FIX}"
             )
-        if (data.get("extra") or {}).get("method") == "dflash":
+        if (data.get("extra") or {}).get("method") == "dflash" and not dflash:
             raise dflash_refusal(path)
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:

@@ -10,35 +10,12 @@ from specdraft.conventions.dflash import dflash_aux_layers, dflash_target_layer_
 from specdraft.dflash import DFlashConfig, DFlashDraft
 from specdraft.draft_config import DraftError
 from specdraft.train.dflash_loss import Blocks, block_inputs, block_mask
+from tests.support.dflash import TINY_BLOCK as BLOCK
+from tests.support.dflash import tiny_dflash_cfg as tiny_cfg
+from tests.support.dflash import tiny_dflash_draft as tiny_draft
 from tests.support.tiny_models import tiny_config
 
-BLOCK = 4
 SEQ = 12
-
-
-def tiny_cfg(**kw) -> DFlashConfig:
-    base = dict(
-        hidden_size=32,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        intermediate_size=64,
-        vocab_size=50,
-        target_layer_ids=(0, 1, 2),
-        target_num_layers=4,
-        mask_token_id=49,
-        max_position_embeddings=128,
-        num_hidden_layers=2,
-        block_size=BLOCK,
-    )
-    return DFlashConfig(**{**base, **kw})
-
-
-def tiny_draft() -> DFlashDraft:
-    torch.manual_seed(0)
-    draft = DFlashDraft(tiny_cfg())
-    draft.load_target_head(torch.randn(50, 32), torch.randn(50, 32))
-    return draft.double()
 
 
 def run(draft, ids, aux, anchors):

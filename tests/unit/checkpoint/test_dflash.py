@@ -8,10 +8,13 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from specdraft.checkpoint import CheckpointError
+from specdraft.checkpoint.dflash import load_dflash_draft, save_dflash_draft
 from specdraft.checkpoint.manifest import Manifest
 from specdraft.checkpoint.training import load_training_checkpoint
+from tests.support.dflash import tiny_dflash_draft
 
 LINE = "a DFlash drafter (DFlashDraftModel); specdraft trains DFlash drafters (train --method dflash) but does not"
 DFLASH_DRAFT = {"block_size": 16, "mask_token_id": 7, "num_hidden_layers": 5}
@@ -34,3 +37,53 @@ def test_a_dflash_training_checkpoint_is_the_dflash_line(tmp_path):
     with pytest.raises(CheckpointError) as raised:
         load_training_checkpoint(path)
     assert str(raised.value).startswith(f"{path}: {LINE}")
+
+
+def saved_dflash(tmp_path, **kw):
+    draft = tiny_dflash_draft(**kw).float()
+    manifest = Manifest(draft=draft.cfg.to_dict(), target={}, aux_layers=[1, 2, 3])
+    manifest.extra["method"] = "dflash"
+    return draft, save_dflash_draft(draft, tmp_path / "draft", manifest)
+
+
+def test_a_saved_dflash_drafter_loads_back_exactly(tmp_path):
+    draft, out = saved_dflash(tmp_path)
+    loaded, manifest = load_dflash_draft(out)
+    assert loaded.cfg == draft.cfg
+    assert manifest.extra == {"method": "dflash"} and manifest.aux_layers == [1, 2, 3]
+    mine, theirs = loaded.state_dict(), draft.state_dict()
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_a_tensor_that_matches_nothing_and_one_missing_are_named(tmp_path):
+    _, out = saved_dflash(tmp_path)
+    tensors = load_file(out / "model.safetensors")
+    tensors["midlayer.fc.weight"] = tensors.pop("fc.weight")
+    save_file(tensors, out / "model.safetensors")
+    with pytest.raises(CheckpointError) as raised:
+        load_dflash_draft(out)
+    message = str(raised.value)
+    assert message.startswith(f"{out / 'model.safetensors'}: not the DFlash drafter")
+    assert "matching no parameter: midlayer.fc.weight" in message
+    assert "no tensor fills: fc.weight" in message
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding_window set"),
+        ({"attention_bias": True}, "attention_bias set"),
+        ({"hidden_act": "gelu"}, "hidden_act set"),
+        ({"dflash_config": {"block_size": 4}}, "'dflash_config.mask_token_id'"),
+        ({"num_target_layers": 2}, "target_layer_ids [0, 1, 2]: need ids of decoder layers 0..1"),
+    ],
+)
+def test_a_network_the_drafter_does_not_compute_is_refused(tmp_path, change, named):
+    _, out = saved_dflash(tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(CheckpointError) as raised:
+        load_dflash_draft(out)
+    assert str(raised.value).startswith(f"{out / 'config.json'}: ")
+    assert named in str(raised.value)
