@@ -16,6 +16,7 @@ from tests.support.paths import PYCODE
 
 # benchmark -> (its smoke-run arguments, a key its last JSON line holds)
 SMOKE_RUNS = {
+    "acceptance_by_position.py": (["--tiny"], "drafters"),
     "engine_speed.py": (["--tiny"], "goal_end_to_end"),
     "triton_kernels.py": (["--tiny"], "attention_16_tokens"),
     "pycode_speed.py": (["--tiny"], "tree5x4_16"),
