@@ -76,6 +76,21 @@ def config(world, out: str, aux, engine: str, **kw) -> CaptureConfig:
     )
 
 
+def eager_vllm_config(target: Path, data: Path, out: Path, aux: tuple) -> CaptureConfig:
+    """A capture of `target` through vLLM (eager), no chat template, MAX_LENGTH tokens, the
+    default dtype and shard size."""
+    return CaptureConfig(
+        str(target),
+        str(data),
+        str(out),
+        aux_layers=aux,
+        chat=False,
+        engine="vllm",
+        max_length=MAX_LENGTH,
+        vllm=EAGER,
+    )
+
+
 def stores_equal(a: CaptureStore, b: CaptureStore) -> dict:
     """Token ids and masks identical; the largest state difference relative to the largest value."""
     assert len(a) == len(b) and a.meta["num_shards"] == b.meta["num_shards"] > 1
@@ -245,16 +260,7 @@ def test_deepseek_mla_target_captures_from_layer_1(world):
     report = stores_equal(stores["transformers"], stores["vllm"])
     h.REPORT["vllm_capture_deepseek_123"] = report
     assert report["max_abs_diff"] <= RTOL * report["max_abs_value"], report
-    cfg = CaptureConfig(
-        str(target),
-        str(data),
-        str(root / "ds-0"),
-        aux_layers=(0, 2, 3),
-        chat=False,
-        engine="vllm",
-        max_length=MAX_LENGTH,
-        vllm=EAGER,
-    )
+    cfg = eager_vllm_config(target, data, root / "ds-0", (0, 2, 3))
     with pytest.raises(
         CaptureError, match=r"\(embeddings\) is not capturable on DeepSeek.*--engine transformers"
     ):
@@ -267,16 +273,7 @@ def test_a_target_vllm_cannot_load_is_one_line_and_writes_nothing(world):
     deepseek_v2.py loader expects): vLLM's reason in one line, the fallback, no store."""
     root, data = world
     target = save_deepseek(root, "deepseek-moe", dense=False)
-    cfg = CaptureConfig(
-        str(target),
-        str(data),
-        str(root / "moe"),
-        aux_layers=(1, 2, 3),
-        chat=False,
-        engine="vllm",
-        max_length=MAX_LENGTH,
-        vllm=EAGER,
-    )
+    cfg = eager_vllm_config(target, data, root / "moe", (1, 2, 3))
     with pytest.raises(CaptureError, match="vLLM cannot capture aux hidden states of") as err:
         capture_dataset(cfg)
     message = str(err.value)
