@@ -272,14 +272,8 @@ def _mistral3_config(text: dict) -> PretrainedConfig:
 def _kimi_config(text: dict) -> PretrainedConfig:
     from transformers.models.kimi_k25 import Kimi_K25Config, Kimi_K25VisionConfig
 
-    vision = Kimi_K25VisionConfig(
-        **_VISION_TOWER,
-        num_hidden_layers=1,
-        patch_size=2,
-        pos_emb_height=4,
-        pos_emb_width=4,
-        pos_emb_time=1,
-    )
+    grid = dict(pos_emb_height=4, pos_emb_width=4, pos_emb_time=1)  # 4 x 4 patches, one frame
+    vision = Kimi_K25VisionConfig(**_VISION_TOWER, num_hidden_layers=1, patch_size=2, **grid)
     return Kimi_K25Config(
         text_config=transformers.DeepseekV3Config(**text),
         vision_config=vision,

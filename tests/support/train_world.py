@@ -84,18 +84,10 @@ def world(tmp_path_factory):
 
 
 def small_config(**kw) -> TrainConfig:
-    base = dict(
-        lr=3e-3,
-        warmup_steps=10,
-        total_steps=40,
-        batch_size=8,
-        ttt_steps=3,
-        draft_vocab_size=96,
-        val_fraction=0.1,
-        eval_every=20,
-        save_every=10,
-    )
-    return TrainConfig(**{**base, **kw})
+    schedule = dict(lr=3e-3, warmup_steps=10, total_steps=40, batch_size=8)
+    evaluation = dict(val_fraction=0.1, eval_every=20, save_every=10)
+    drafter = dict(ttt_steps=3, draft_vocab_size=96)
+    return TrainConfig(**{**schedule, **drafter, **evaluation, **kw})
 
 
 def read_metrics(run: Path) -> list[dict]:
