@@ -17,10 +17,20 @@ SEQ = 12
 
 
 def tiny_cfg(**kw) -> DFlashConfig:
-    heads = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=8)
-    width = dict(hidden_size=32, intermediate_size=64, vocab_size=50, max_position_embeddings=128)
-    target = dict(target_layer_ids=(0, 1, 2), target_num_layers=4, mask_token_id=49)
-    base = dict(**heads, **width, **target, num_hidden_layers=2, block_size=BLOCK)
+    base = dict(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=64,
+        vocab_size=50,
+        target_layer_ids=(0, 1, 2),
+        target_num_layers=4,
+        mask_token_id=49,
+        max_position_embeddings=128,
+        num_hidden_layers=2,
+        block_size=BLOCK,
+    )
     return DFlashConfig(**{**base, **kw})
 
 
