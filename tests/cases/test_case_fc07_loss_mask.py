@@ -18,14 +18,9 @@ from specdraft.data.labels import (
     target_logit_position,
 )
 from specdraft.data.render import render_chat
-from tests.support.tiny_tokenizer import tiny_chat_tokenizer
+from tests.support.tiny_tokenizer import tiny_chat_tokenizer, turns
 
-TWO_TURNS = [
-    {"role": "user", "content": "hello"},
-    {"role": "assistant", "content": "hi ."},
-    {"role": "user", "content": "tell me a story"},
-    {"role": "assistant", "content": "once upon a time"},
-]
+TWO_TURNS = turns("hello", "hi .", "tell me a story", "once upon a time")
 # <s> <|user|> hello <|end|> <|assistant|> hi . <|end|> <|user|> tell me a story <|end|>
 #  0      1      2      3          4       5  6    7       8      9  10 11  12     13
 # <|assistant|> once upon a time <|end|>

@@ -11,13 +11,9 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.doctor import run_doctor
 from tests.support.cli import cli_args
-from tests.support.doctor_helpers import one_thread, sglang_export  # noqa: F401
+from tests.support.doctor_helpers import one_thread, sglang_export, sglang_launch  # noqa: F401
 
-S4 = (
-    "python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3 "
-    "--speculative-draft-model-path D --speculative-eagle-topk 1 --speculative-num-steps 1 "
-    "--speculative-num-draft-tokens 16"
-)
+S4 = sglang_launch(eagle_topk=1, num_steps=1, num_draft_tokens=16)
 
 
 @pytest.fixture(scope="module")

@@ -63,6 +63,14 @@ def truncate(path, keep: float = 0.5):
     path.write_bytes(data[: int(len(data) * keep)])
 
 
+def cut_copy(directory, to, file: str = "model.safetensors", keep: float = 0.5):
+    """(the copy of `directory` at `to` whose `file` is cut to `keep` of its bytes, the message
+    fragment that names that file as damaged)."""
+    shutil.copytree(directory, to)
+    truncate(to / file, keep)
+    return to, f"{to / file}: cannot be read as safetensors, cut short or damaged ("
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -89,14 +97,8 @@ def target_commands(draft, target, tmp_path):
 @pytest.mark.parametrize("command", ["generate", "serve", "capture", "regenerate", "doctor"])
 def test_truncated_target_weights(world, tmp_path, command, keep):
     draft, target, _ = world
-    bad = tmp_path / "target"
-    shutil.copytree(target, bad)
-    truncate(bad / "model.safetensors", keep)
-    one_error(
-        invoke(target_commands(draft, bad, tmp_path)[command]),
-        f"{bad / 'model.safetensors'}: cannot be read as safetensors, cut short or damaged (",
-        TARGET_FIX,
-    )
+    bad, damaged = cut_copy(target, tmp_path / "target", keep=keep)
+    one_error(invoke(target_commands(draft, bad, tmp_path)[command]), damaged, TARGET_FIX)
 
 
 def drafter_commands(draft, target, tmp_path):
@@ -118,12 +120,10 @@ def test_truncated_drafter_weights(world, tmp_path, command, keep):
     """The same exit as doctor's in every command (it was 1 outside doctor), through the one mapping
     of `cli.common.user_errors`; nothing is written."""
     draft, target, _ = world
-    bad = tmp_path / "draft"
-    shutil.copytree(draft, bad)
-    truncate(bad / "model.safetensors", keep)
+    bad, damaged = cut_copy(draft, tmp_path / "draft", keep=keep)
     one_error(
         invoke(drafter_commands(bad, target, tmp_path)[command]),
-        f"{bad / 'model.safetensors'}: cannot be read as safetensors, cut short or damaged (",
+        damaged,
         "restore the file from where the drafter came from, or re-export it",
     )
     assert not (tmp_path / "out").exists()
@@ -148,12 +148,10 @@ def shard_commands(draft, store, tmp_path):
 @pytest.mark.parametrize("command", ["train", "store convert", "doctor"])
 def test_truncated_capture_shard(world, tmp_path, command):
     draft, _, capture = world
-    store = tmp_path / "store"
-    shutil.copytree(capture[3], store)
-    truncate(store / SHARD)
+    store, damaged = cut_copy(capture[3], tmp_path / "store", SHARD)
     one_error(
         invoke(shard_commands(draft, store, tmp_path)[command]),
-        f"{store / SHARD}: cannot be read as safetensors, cut short or damaged (",
+        damaged,
         f"re-run `specdraft capture` with the same arguments into {store}",
     )
 

@@ -35,6 +35,13 @@ def cli_args(command: str, *positional, **options) -> list[str]:
     return [command, *map(str, positional), *cli_options(**options)]
 
 
+def train_online(data, tmp_path, target_dir, **options):
+    """CliRunner's result of `train --online DATA tmp_path/run --target TARGET_DIR` with
+    cli_options `options`."""
+    args = cli_args("train", data, tmp_path / "run", online=True, target=target_dir)
+    return CliRunner().invoke(app, args + cli_options(**options))
+
+
 def invoke(args: list[str]):
     return CliRunner().invoke(app, args, env={"COLUMNS": "400", "TERMINAL_WIDTH": "400"})
 

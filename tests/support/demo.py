@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specdraft.bench.speedup import timing_summary
 from specdraft.demo.config import DemoConfig
+from specdraft.demo.report import DemoReport
 
 
 def plain_baseline(tokens_per_s: list[float], plain_tokens_per_s: list[float]) -> dict:
@@ -14,6 +15,16 @@ def plain_baseline(tokens_per_s: list[float], plain_tokens_per_s: list[float]) -
     with `timing_summary(tokens_per_s, plain_tokens_per_s)` (tokens/s per pass)."""
     timing = timing_summary(tokens_per_s, plain_tokens_per_s)
     return {"accept_length": 1.0, "acceptance": [], **timing}
+
+
+def sweep_report(sweep: list[dict], tree: dict, baseline: dict | None = None, **fields):
+    """A DemoReport of these sweep rows and tree row on target "t", aux layers [2, 3, 4], against
+    `baseline` (default: plain decoding at 1000 tokens/s in every pass, `plain_baseline`), with
+    `fields` (DemoReport's) over them."""
+    if baseline is None:
+        baseline = plain_baseline([1000.0] * 3, [1000.0] * 3)
+    given = {"target": "t", "aux_layers": [2, 3, 4], **fields}
+    return DemoReport(baseline=baseline, sweep=sweep, tree=tree, **given)
 
 
 def tiny_demo_config(out: Path, data: Path, **changes) -> DemoConfig:

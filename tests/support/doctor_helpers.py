@@ -32,6 +32,17 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def sglang_launch(algorithm: str = "EAGLE3", **speculative) -> str:
+    """An SGLang launch line of target T and drafter D as a user pastes it to doctor:
+    `--speculative-algorithm ALGORITHM`, then `--speculative-<name> <value>` for each of
+    `speculative` in the order given (underscores written as dashes)."""
+    flags = " ".join(f"--speculative-{k.replace('_', '-')} {v}" for k, v in speculative.items())
+    return (
+        f"python -m sglang.launch_server --model-path T --speculative-algorithm {algorithm} "
+        f"--speculative-draft-model-path D {flags}"
+    )
+
+
 def target_fields(target_dir: Path, aux_layers) -> dict:
     """The manifest fields training records about a target (train.sources.OnlineData's)."""
     target = load_target(target_dir)

@@ -66,17 +66,9 @@ def tiny_draft(
 def engine_draft(**overrides) -> Eagle3Draft:
     """`tiny_draft` at the width of the engine tests' 2-layer targets (support.kernels.ARGS: 64
     wide, 4 heads of 16 over 2 K/V heads, 200 ids), aux layers 0, 1, 2; float32."""
-    shape = dict(
-        num_layers=2,
-        aux_layers=(0, 1, 2),
-        head_dim=16,
-        hidden_size=64,
-        target_hidden_size=64,
-        vocab_size=200,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return tiny_draft(**{**shape, **overrides})
+    heads = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    width = dict(hidden_size=64, target_hidden_size=64, vocab_size=200)
+    return tiny_draft(**{"num_layers": 2, "aux_layers": (0, 1, 2), **heads, **width, **overrides})
 
 
 def tiny_manifest(model: Eagle3Draft) -> Manifest:
@@ -114,19 +106,10 @@ def ttt_draft(
 ) -> Eagle3Draft:
     """A seeded drafter for the TTT tests (float64 by default; 16 wide, aux layers 1-3 of a
     4-layer target of width 16, the target embedding random), its weights scaled up 10x."""
-    cfg = DraftConfig(
-        hidden_size=16,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=4,
-        intermediate_size=32,
-        target_hidden_size=16,
-        vocab_size=vocab,
-        draft_vocab_size=draft_vocab,
-        aux_layers=(1, 2, 3),
-        target_num_layers=4,
-        max_position_embeddings=128,
-    )
+    heads = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=4)
+    width = dict(hidden_size=16, intermediate_size=32, target_hidden_size=16)
+    target = dict(aux_layers=(1, 2, 3), target_num_layers=4, max_position_embeddings=128)
+    cfg = DraftConfig(**heads, **width, vocab_size=vocab, draft_vocab_size=draft_vocab, **target)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         draft = Eagle3Draft(cfg)

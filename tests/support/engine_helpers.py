@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 from scipy.stats import chisquare
@@ -38,6 +37,7 @@ from specdraft.engine.sampling import (
 )
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
+from tests.support.threads import one_thread  # noqa: F401 (a fixture, imported from here)
 from tests.support.tiny_models import tiny_model
 
 VOCAB = 64
@@ -45,15 +45,6 @@ AUX_LAYERS = (1, 2, 4)
 TARGET_KW = dict(vocab_size=VOCAB, num_layers=4, hidden_size=32)
 INITS = {"smooth": (0.02, 30.0), "chaotic": (0.4, 1.0)}  # weight std, lm_head scale
 MAX_SEQ = 128
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Run a test on one torch thread (tiny models; shared 2-core machines oversubscribe)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @dataclass

@@ -26,16 +26,8 @@ DTYPE = torch.bfloat16 if CUDA else torch.float32
 
 
 # tiny FastTarget shapes: llama (GQA 4 / 2), qwen2 with qkv bias (MQA), qwen3 with qk-norm, tied
-_SHAPE = dict(
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    intermediate_size=96,
-    vocab_size=200,
-    max_position_embeddings=512,
-)
+_SHAPE = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16)
+_SHAPE |= dict(intermediate_size=96, vocab_size=200, max_position_embeddings=512)
 ARGS = {
     "llama": ModelArgs(model_type="llama", **_SHAPE),
     "qwen2-bias": ModelArgs(model_type="qwen2", **{**_SHAPE, "num_kv_heads": 1}, qkv_bias=True),

@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+from typer.testing import CliRunner
 
 from specdraft.checkpoint import Manifest, save_draft
+from specdraft.cli import app
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.requests import decode_continuation
 from specdraft.engine.spec_config import SpecConfig
@@ -176,6 +178,12 @@ def bench_args(url, out, **options) -> list[str]:
     unless `options` (cli_args names) say otherwise."""
     given = {"concurrency": "1", "max_tokens": "4", "num_prompts": "2", "repeats": "1", **options}
     return cli_args("bench", url=url, **given, out=out)
+
+
+def invoke_bench(url, out, **options):
+    """CliRunner's result of `specdraft bench` run in-process with `bench_args(url, out,
+    **options)`."""
+    return CliRunner().invoke(app, bench_args(url, out, **options))
 
 
 def fake_vllm_app(step_s, tokens_per_step: int, num_spec: int):

@@ -135,6 +135,8 @@ def _dense_kwargs(num_layers: int, hidden_size: int, vocab_size: int, head_dim: 
 def _mla_moe_kwargs(num_layers: int, hidden_size: int, vocab_size: int, head_dim: int) -> dict:
     # MLA: head_dim sets the no-rope query/key part and the value head; rope part is half of it.
     # MoE: 4 routed experts in 2 groups, 2 per token, 1 shared; layer 1 dense, the rest MoE.
+    mla = dict(q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=head_dim, v_head_dim=head_dim)
+    moe = dict(n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1)
     return dict(
         num_hidden_layers=num_layers,
         hidden_size=hidden_size,
@@ -142,15 +144,9 @@ def _mla_moe_kwargs(num_layers: int, hidden_size: int, vocab_size: int, head_dim
         vocab_size=vocab_size,
         num_attention_heads=4,
         num_key_value_heads=4,
-        q_lora_rank=16,
-        kv_lora_rank=16,
         qk_rope_head_dim=max(2, head_dim // 2),
-        qk_nope_head_dim=head_dim,
-        v_head_dim=head_dim,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_group=2,
-        topk_group=1,
+        **mla,
+        **moe,
         n_shared_experts=1,
         moe_intermediate_size=hidden_size // 2,
         first_k_dense_replace=1,
@@ -217,6 +213,7 @@ def _qwen2_vl_config(text: dict) -> PretrainedConfig:
 
 
 _VISION_TOWER = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2)  # the tiny width
+_IMAGES = dict(image_size=16, patch_size=8)  # 16 x 16 images: 2 x 2 patches of 8
 
 
 def _media_token_ids(text: dict) -> dict[str, int]:
@@ -262,11 +259,7 @@ def _qwen3_vl_config(text: dict, moe: bool = False) -> PretrainedConfig:
 
 def _mistral3_config(text: dict) -> PretrainedConfig:
     vision = transformers.PixtralVisionConfig(
-        **_VISION_TOWER,
-        num_hidden_layers=1,
-        image_size=16,
-        patch_size=8,
-        head_dim=8,
+        **_VISION_TOWER, **_IMAGES, num_hidden_layers=1, head_dim=8
     )
     return transformers.Mistral3Config(
         vision_config=vision,
@@ -279,14 +272,8 @@ def _mistral3_config(text: dict) -> PretrainedConfig:
 def _kimi_config(text: dict) -> PretrainedConfig:
     from transformers.models.kimi_k25 import Kimi_K25Config, Kimi_K25VisionConfig
 
-    vision = Kimi_K25VisionConfig(
-        **_VISION_TOWER,
-        num_hidden_layers=1,
-        patch_size=2,
-        pos_emb_height=4,
-        pos_emb_width=4,
-        pos_emb_time=1,
-    )
+    grid = dict(pos_emb_height=4, pos_emb_width=4, pos_emb_time=1)  # 4 x 4 patches, one frame
+    vision = Kimi_K25VisionConfig(**_VISION_TOWER, num_hidden_layers=1, patch_size=2, **grid)
     return Kimi_K25Config(
         text_config=transformers.DeepseekV3Config(**text),
         vision_config=vision,
@@ -300,11 +287,7 @@ def _llava_config(text_config: PretrainedConfig | dict) -> PretrainedConfig:
     if isinstance(text_config, dict):
         text_config = transformers.LlamaConfig(**text_config)
     vision_config = transformers.CLIPVisionConfig(
-        **_VISION_TOWER,
-        num_hidden_layers=2,
-        image_size=16,
-        patch_size=8,
-        projection_dim=16,
+        **_VISION_TOWER, **_IMAGES, num_hidden_layers=2, projection_dim=16
     )
     return transformers.LlavaConfig(
         vision_config=vision_config,
@@ -318,9 +301,8 @@ def _llava_config(text_config: PretrainedConfig | dict) -> PretrainedConfig:
 def _llama4_config(text: dict) -> PretrainedConfig:
     vision = transformers.Llama4VisionConfig(
         **_VISION_TOWER,
+        **_IMAGES,
         num_hidden_layers=1,
-        image_size=16,
-        patch_size=8,
         vision_output_dim=16,
         projector_input_dim=16,
         projector_output_dim=16,

@@ -39,6 +39,12 @@ TEMPLATE = (
     "{% endif %}"
 )
 
+
+def turns(*contents: str) -> list[dict[str, str]]:
+    """Chat messages (OpenAI form) with these contents, user and assistant in turn, user first."""
+    return [{"role": ("user", "assistant")[i % 2], "content": c} for i, c in enumerate(contents)]
+
+
 CHAT = [
     {"role": "system", "content": "be helpful ."},
     {"role": "user", "content": "hello , how are you ?"},

@@ -24,6 +24,7 @@ from specdraft.train.config import TrainConfig
 from specdraft.train.store_data import StoreData
 from specdraft.train.trainer import Trainer
 from tests.support.paths import REPO
+from tests.support.threads import one_thread  # noqa: F401 (a fixture, imported from here)
 from tests.support.tiny_models import tiny_config
 
 VOCAB = 128
@@ -55,16 +56,7 @@ def make_target(path: Path):
     return target
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine OpenMP spinning makes runs 10-20x slower.
-    Subprocesses get OMP_NUM_THREADS=1 too (same thread count = same float reductions)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
+# subprocesses get one thread too (the same thread count: the same float reductions)
 ONE_THREAD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -92,18 +84,10 @@ def world(tmp_path_factory):
 
 
 def small_config(**kw) -> TrainConfig:
-    base = dict(
-        lr=3e-3,
-        warmup_steps=10,
-        total_steps=40,
-        batch_size=8,
-        ttt_steps=3,
-        draft_vocab_size=96,
-        val_fraction=0.1,
-        eval_every=20,
-        save_every=10,
-    )
-    return TrainConfig(**{**base, **kw})
+    schedule = dict(lr=3e-3, warmup_steps=10, total_steps=40, batch_size=8)
+    evaluation = dict(val_fraction=0.1, eval_every=20, save_every=10)
+    drafter = dict(ttt_steps=3, draft_vocab_size=96)
+    return TrainConfig(**{**schedule, **drafter, **evaluation, **kw})
 
 
 def read_metrics(run: Path) -> list[dict]:

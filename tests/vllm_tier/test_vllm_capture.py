@@ -76,6 +76,21 @@ def config(world, out: str, aux, engine: str, **kw) -> CaptureConfig:
     )
 
 
+def eager_vllm_config(target: Path, data: Path, out: Path, aux: tuple) -> CaptureConfig:
+    """A capture of `target` through vLLM (eager), no chat template, MAX_LENGTH tokens, the
+    default dtype and shard size."""
+    return CaptureConfig(
+        str(target),
+        str(data),
+        str(out),
+        aux_layers=aux,
+        chat=False,
+        engine="vllm",
+        max_length=MAX_LENGTH,
+        vllm=EAGER,
+    )
+
+
 def stores_equal(a: CaptureStore, b: CaptureStore) -> dict:
     """Token ids and masks identical; the largest state difference relative to the largest value."""
     assert len(a) == len(b) and a.meta["num_shards"] == b.meta["num_shards"] > 1
@@ -168,19 +183,10 @@ def test_drafters_trained_on_either_store_agree(stores, tmp_path):
     """200 steps on each store (same seed): validation replayed tau within 0.02."""
     taus = {}
     for engine, store in stores.items():
-        cfg = TrainConfig(
-            lr=3e-3,
-            warmup_steps=20,
-            total_steps=200,
-            batch_size=4,
-            ttt_steps=2,
-            draft_vocab_size=512,
-            val_fraction=0.25,
-            eval_every=200,
-            save_every=200,
-            draft_overrides={"intermediate_size": 256},
-            seed=0,
-        )
+        schedule = dict(lr=3e-3, warmup_steps=20, total_steps=200, batch_size=4, seed=0)
+        evaluation = dict(val_fraction=0.25, eval_every=200, save_every=200)
+        small = dict(ttt_steps=2, draft_vocab_size=512, draft_overrides={"intermediate_size": 256})
+        cfg = TrainConfig(**schedule, **evaluation, **small)
         result = train(cfg, store.path, tmp_path / engine, progress=False)
         taus[engine] = result.validation["replayed_tau"]
     h.REPORT["vllm_capture_train_tau"] = taus
@@ -211,25 +217,21 @@ def test_default_lengths_fit_pycode_25m(world):
     assert CaptureStore(out).meta["max_length"] == 2047
 
 
-def save_deepseek(root: Path) -> Path:
-    """A tiny DeepseekV3 (MLA) vLLM's CPU build runs: latent 512 + rope 64 (its MLA kernels take
-    head size 576 only), dense MLPs (the tiny MoE gate lacks e_score_correction_bias, which
-    vLLM's loader expects), pycode-25m's tokenizer."""
+def save_deepseek(root: Path, name: str = "deepseek", dense: bool = True) -> Path:
+    """`root / name` (written once): a tiny 4-layer DeepseekV3 (MLA) vLLM's CPU build runs:
+    latent 512 + rope 64 (its MLA kernels take head size 576 only), pycode-25m's tokenizer;
+    dense MLPs in every layer, or with `dense=False` tiny_model's MoE layers after the first (the
+    tiny MoE gate lacks e_score_correction_bias, which vLLM's loader expects)."""
     from transformers import AutoTokenizer
 
-    target = root / "deepseek"
+    target = root / name
     if not target.is_dir():
-        tiny_model(
-            "deepseek_v3",
-            seed=0,
-            num_layers=4,
-            vocab_size=4096,
-            hidden_size=128,
-            head_dim=64,
-            first_k_dense_replace=4,
-            kv_lora_rank=512,
-            qk_rope_head_dim=64,
-        ).save_pretrained(target)
+        layers = {"first_k_dense_replace": 4} if dense else {}
+        mla = dict(head_dim=64, kv_lora_rank=512, qk_rope_head_dim=64)
+        model = tiny_model(
+            "deepseek_v3", seed=0, num_layers=4, vocab_size=4096, hidden_size=128, **mla, **layers
+        )
+        model.save_pretrained(target)
         AutoTokenizer.from_pretrained(str(PYCODE)).save_pretrained(target)
     return target
 
@@ -258,16 +260,7 @@ def test_deepseek_mla_target_captures_from_layer_1(world):
     report = stores_equal(stores["transformers"], stores["vllm"])
     h.REPORT["vllm_capture_deepseek_123"] = report
     assert report["max_abs_diff"] <= RTOL * report["max_abs_value"], report
-    cfg = CaptureConfig(
-        str(target),
-        str(data),
-        str(root / "ds-0"),
-        aux_layers=(0, 2, 3),
-        chat=False,
-        engine="vllm",
-        max_length=MAX_LENGTH,
-        vllm=EAGER,
-    )
+    cfg = eager_vllm_config(target, data, root / "ds-0", (0, 2, 3))
     with pytest.raises(
         CaptureError, match=r"\(embeddings\) is not capturable on DeepSeek.*--engine transformers"
     ):
@@ -278,31 +271,9 @@ def test_deepseek_mla_target_captures_from_layer_1(world):
 def test_a_target_vllm_cannot_load_is_one_line_and_writes_nothing(world):
     """The tiny MoE DeepseekV3 (its gate has no e_score_correction_bias, which vLLM's
     deepseek_v2.py loader expects): vLLM's reason in one line, the fallback, no store."""
-    from transformers import AutoTokenizer
-
     root, data = world
-    target = root / "deepseek-moe"
-    tiny_model(
-        "deepseek_v3",
-        seed=0,
-        num_layers=4,
-        vocab_size=4096,
-        hidden_size=128,
-        head_dim=64,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-    ).save_pretrained(target)
-    AutoTokenizer.from_pretrained(str(PYCODE)).save_pretrained(target)
-    cfg = CaptureConfig(
-        str(target),
-        str(data),
-        str(root / "moe"),
-        aux_layers=(1, 2, 3),
-        chat=False,
-        engine="vllm",
-        max_length=MAX_LENGTH,
-        vllm=EAGER,
-    )
+    target = save_deepseek(root, "deepseek-moe", dense=False)
+    cfg = eager_vllm_config(target, data, root / "moe", (1, 2, 3))
     with pytest.raises(CaptureError, match="vLLM cannot capture aux hidden states of") as err:
         capture_dataset(cfg)
     message = str(err.value)

@@ -22,13 +22,13 @@ from specdraft.cli import app
 from specdraft.client import check_url, counter_delta, detect_server, scrape_counters
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.serve.server import serve_in_thread
-from tests.support.cli import cli_args, cli_options
+from tests.support.cli import cli_args
 from tests.support.engine_helpers import one_thread, tiny_setup  # noqa: F401
 from tests.support.serve_helpers import (
-    bench_args,
     engine,
     fake_sglang_app,
     fake_vllm_app,
+    invoke_bench,
     own_target,
     running,
     servers,  # noqa: F401 (fixture)
@@ -295,19 +295,11 @@ def test_bench_without_baseline_never_reports_a_speedup(servers, tmp_path):
 def test_bench_cli(servers, tmp_path, monkeypatch):
     spec, plain = servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=22))
-    common = cli_args(
-        "bench",
-        url=spec.url,
-        prompts=prompts,
-        concurrency="1,2",
-        max_tokens=6,
-        num_prompts=2,
-        repeats=2,
-    )
+    common = dict(prompts=prompts, concurrency="1,2", max_tokens=6, num_prompts=2, repeats=2)
     monkeypatch.setattr(
         os, "getloadavg", lambda: (64.0, 0.0, 0.0)
     )  # the servers run on this busy machine
-    result = CliRunner().invoke(app, common + ["--out", str(tmp_path / "a")])
+    result = invoke_bench(spec.url, tmp_path / "a", **common)
     assert result.exit_code == 0, result.output
     assert "machine was busy" in result.output and "(serve's default --threads 1)" in result.output
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
@@ -316,9 +308,7 @@ def test_bench_cli(servers, tmp_path, monkeypatch):
         json.loads((tmp_path / "a" / "bench.json").read_text())["spec"]["levels"][0]["num_runs"]
         == 2
     )
-    result = CliRunner().invoke(
-        app, common + cli_options(baseline_url=plain.url, warmup=3, out=tmp_path / "b")
-    )
+    result = invoke_bench(spec.url, tmp_path / "b", **common, baseline_url=plain.url, warmup=3)
     assert result.exit_code == 0 and "speedup" in result.output and "x |" in result.output
     assert "(after 3 warm-up requests per server)" in result.output
     assert json.loads((tmp_path / "b" / "bench.json").read_text())["config"]["warmup"] == 3
@@ -421,10 +411,7 @@ def test_bench_cli_takes_a_url_ending_in_v1(tmp_path):
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 6, seed=28))
     with serve_in_thread(fake_vllm_app(lambda active: 0.001, 2, 3)) as server:
         assert detect_server(server.url + "/v1/").url == server.url
-        result = CliRunner().invoke(
-            app,
-            bench_args(server.url + "/v1", tmp_path / "out", prompts=prompts),
-        )
+        result = invoke_bench(server.url + "/v1", tmp_path / "out", prompts=prompts)
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["config"]["url"] == data["spec"]["url"] == server.url
@@ -439,17 +426,8 @@ def test_one_run_per_level_gives_speedups_but_no_verdict(servers, tmp_path):
     what a verdict needs."""
     spec, plain = servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=23))
-    result = CliRunner().invoke(
-        app,
-        bench_args(
-            spec.url,
-            tmp_path / "out",
-            baseline_url=plain.url,
-            prompts=prompts,
-            concurrency="1,2",
-            max_tokens=6,
-        ),
-    )
+    options = dict(baseline_url=plain.url, prompts=prompts, concurrency="1,2", max_tokens=6)
+    result = invoke_bench(spec.url, tmp_path / "out", **options)
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert [p["concurrency"] for p in data["speedups"]] == [1, 2] and all(
@@ -470,17 +448,8 @@ def test_bench_cli_warns_when_the_baseline_speculates(servers, other_servers, tm
     spec, _ = servers
     spec_baseline, _ = other_servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=24))
-    result = CliRunner().invoke(
-        app,
-        bench_args(
-            spec.url,
-            tmp_path / "out",
-            baseline_url=spec_baseline.url,
-            prompts=prompts,
-            max_tokens=6,
-            repeats=2,
-        ),
-    )
+    options = dict(baseline_url=spec_baseline.url, prompts=prompts, max_tokens=6, repeats=2)
+    result = invoke_bench(spec.url, tmp_path / "out", **options)
     assert result.exit_code == 1, (
         result.output
     )  # the comparison is invalid; the report is still written
@@ -556,20 +525,8 @@ def test_bench_cli_warns_when_the_measured_server_does_not_speculate(
     spec, plain = servers
     _, plain_baseline = other_servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=25))
-    common = cli_options(prompts=prompts, concurrency=1, max_tokens=6, num_prompts=2, repeats=2)
-    result = CliRunner().invoke(
-        app,
-        [
-            "bench",
-            "--url",
-            plain.url,
-            "--baseline-url",
-            plain_baseline.url,
-            *common,
-            "--out",
-            str(tmp_path / "out"),
-        ],
-    )
+    common = dict(prompts=prompts, concurrency=1, max_tokens=6, num_prompts=2, repeats=2)
+    result = invoke_bench(plain.url, tmp_path / "out", baseline_url=plain_baseline.url, **common)
     assert result.exit_code == 1, result.output  # no speculation measured: scripts must notice
     warnings = [line for line in result.output.splitlines() if "WARNING" in line]
     assert (
@@ -583,19 +540,7 @@ def test_bench_cli_warns_when_the_measured_server_does_not_speculate(
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["speculation_warning"] == warnings[0] and data["baseline_warning"] is None
     assert data["spec"]["levels"][0]["no_spec_signal"] is not None
-    ok = CliRunner().invoke(
-        app,
-        [
-            "bench",
-            "--url",
-            spec.url,
-            "--baseline-url",
-            plain.url,
-            *common,
-            "--out",
-            str(tmp_path / "ok"),
-        ],
-    )
+    ok = invoke_bench(spec.url, tmp_path / "ok", baseline_url=plain.url, **common)
     assert ok.exit_code == 0 and "WARNING" not in ok.output, ok.output
     with serve_in_thread(
         fake_vllm_app(lambda active: 0.001, 1, 0)
@@ -627,19 +572,8 @@ def test_a_level_with_failed_requests_reports_no_speedup_and_exits_1(
     slow = engine(slow_target(own_target(setup), 0.02), setup.trained, SpecConfig.chain(3), tok)
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(4, 8, seed=26))
     with running(slow, tok, max_queue=1) as queued:
-        result = CliRunner().invoke(
-            app,
-            bench_args(
-                queued.url,
-                tmp_path / "out",
-                baseline_url=plain.url,
-                prompts=prompts,
-                concurrency="1,4",
-                max_tokens=6,
-                num_prompts=4,
-                repeats=2,
-            ),
-        )
+        options = dict(prompts=prompts, concurrency="1,4", max_tokens=6, num_prompts=4, repeats=2)
+        result = invoke_bench(queued.url, tmp_path / "out", baseline_url=plain.url, **options)
     assert result.exit_code == 1, result.output
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     errors = data["spec"]["levels"][1]["num_errors"] + data["baseline"]["levels"][1]["num_errors"]
@@ -700,11 +634,8 @@ def test_bench_cli_takes_urls_with_a_trailing_slash(servers, tmp_path):
     """http://host:port/ is the server at http://host:port (not requests to //metrics)."""
     spec, plain = servers
     prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=27))
-    result = CliRunner().invoke(
-        app,
-        bench_args(
-            spec.url + "/", tmp_path / "out", baseline_url=plain.url + "//", prompts=prompts
-        ),
+    result = invoke_bench(
+        spec.url + "/", tmp_path / "out", baseline_url=plain.url + "//", prompts=prompts
     )
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "out" / "bench.json").read_text())

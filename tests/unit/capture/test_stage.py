@@ -165,20 +165,10 @@ def test_disk_estimate_is_printed_first(chat_target_dir, tmp_path, width):
 
 def test_cli_capture(chat_target_dir, data_file, tmp_path):
     out = tmp_path / "cli"
-    result = CliRunner().invoke(
-        app,
-        cli_args(
-            "capture",
-            chat_target_dir,
-            data_file,
-            out,
-            aux_layers="0,2,4",
-            dtype="fp32",
-            max_length=24,
-            shard_tokens=40,
-            template_kwargs='{"enable_thinking": true}',
-        ),
-    )
+    layout = dict(aux_layers="0,2,4", dtype="fp32", max_length=24, shard_tokens=40)
+    thinking = '{"enable_thinking": true}'
+    args = cli_args("capture", chat_target_dir, data_file, out, **layout, template_kwargs=thinking)
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "estimated disk" in result.output
     store = CaptureStore(out)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from specdraft.capture.store import CaptureStore
 from specdraft.cli import app
-from tests.support.cli import cli_args
+from tests.support.cli import cli_args, train_online
 
 CHATS = [
     [
@@ -52,20 +52,10 @@ def test_cli_reasoning_the_template_cannot_render_then_drop(chat_target_dir, tmp
 def test_cli_train_online_reasoning_drop_is_recorded(chat_target_dir, tmp_path):
     data = tmp_path / "r.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS * 4))
-    args = cli_args(
-        "train",
-        data,
-        tmp_path / "run",
-        online=True,
-        target=chat_target_dir,
-        steps=1,
-        batch_size=2,
-        ttt_steps=2,
-        draft_vocab_size=32,
-    )
-    keep = CliRunner().invoke(app, args)
+    sizes = dict(steps=1, batch_size=2, ttt_steps=2, draft_vocab_size=32)
+    keep = train_online(data, tmp_path, chat_target_dir, **sizes)
     assert keep.exit_code == 1 and "--reasoning drop" in keep.output and f"{data}:1:" in keep.output
-    drop = CliRunner().invoke(app, [*args, "--reasoning", "drop"])
+    drop = train_online(data, tmp_path, chat_target_dir, **sizes, reasoning="drop")
     assert drop.exit_code == 0, drop.output
     manifest = json.loads((tmp_path / "run" / "draft" / "specdraft_manifest.json").read_text())
     assert manifest["chat_template"]["reasoning"] == "drop"

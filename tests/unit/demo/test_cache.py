@@ -17,14 +17,13 @@ from specdraft.demo import cache, generation, stages
 from specdraft.demo.cache import reconcile_cache, stages_to_redo
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.report import (
-    DemoReport,
     generate_command,
     report_markdown,
     summary,
     verdict_text,
 )
 from specdraft.demo.stages import train_batch_size
-from tests.support.demo import plain_baseline
+from tests.support.demo import sweep_report
 
 
 def fake_outputs(out):
@@ -174,16 +173,8 @@ def test_the_batch_adapts_to_the_training_split(num_samples, batch):
     assert len(train_ids) >= batch  # at least one batch per epoch: the trainer accepts it
 
 
-def test_two_training_documents_train_with_batch_one(tmp_path, monkeypatch):
-    import specdraft.train.loop as loop
-
-    seen = {}
-
-    def train(config, store, out, **kwargs):
-        seen["config"] = config
-        raise RuntimeError("stop here")
-
-    monkeypatch.setattr(loop, "train", train)
+def test_two_training_documents_train_with_batch_one(tmp_path, stopped_train):
+    seen = stopped_train
     store = tmp_path / "store"
     store.mkdir()
     (store / "index.json").write_text(json.dumps({"num_samples": 2}))
@@ -224,16 +215,8 @@ def test_a_drafter_that_accepts_nothing_is_named_not_a_busy_machine():
 
 def test_the_report_states_the_drafters_training_steps(tmp_path):
     sweep = [row(1, 1.0, [0.9, 0.9, 0.9])]
-    baseline = plain_baseline([1000.0] * 3, [1000.0] * 3)
-    report = DemoReport(
-        target="t",
-        aux_layers=[2, 3, 4],
-        baseline=baseline,
-        sweep=sweep,
-        tree=sweep[0],
-        verdict="v",
-        drafter={"steps": 200, "batch_size": 8, "num_train": 800},
-    )
+    drafter = {"steps": 200, "batch_size": 8, "num_train": 800}
+    report = sweep_report(sweep, sweep[0], verdict="v", drafter=drafter)
     text = report_markdown(report, DemoConfig(out=tmp_path))
     assert "Drafter: 200 optimizer steps (batch 8) on 800 training documents." in text
 
@@ -264,13 +247,10 @@ def test_the_summary_names_a_generate_command_with_the_measured_setting(tmp_path
     default, 3 steps, is another one), or the fastest one, said to be unrecommended."""
     sweep = [row(1, 1.8, [1.2, 1.2, 1.2]), row(4, 3.3, [1.5, 1.5, 1.5])]
     tree = {**row(4, 3.6, [1.3, 1.3, 1.3]), "topk": 2, "num_draft_tokens": 8}
-    baseline = plain_baseline([1000.0] * 3, [1000.0] * 3)
-    report = DemoReport(
+    report = sweep_report(
+        sweep,
+        tree,
         target="demo/target",
-        aux_layers=[2, 3, 4],
-        baseline=baseline,
-        sweep=sweep,
-        tree=tree,
         verdict="v",
         chosen={k: v for k, v in sweep[1].items()},
         drafter={"dir": "demo/train/draft"},

@@ -189,16 +189,8 @@ def test_a_later_stage_error_is_one_line(tmp_path, monkeypatch):
     )
 
 
-def test_few_train_steps_give_a_valid_training_config(tmp_path, monkeypatch):
-    import specdraft.train.loop as loop
-
-    seen = {}
-
-    def train(config, store, out, **kwargs):
-        seen["config"] = config
-        raise RuntimeError("stop here")
-
-    monkeypatch.setattr(loop, "train", train)
+def test_few_train_steps_give_a_valid_training_config(tmp_path, stopped_train):
+    seen = stopped_train
     with pytest.raises(RuntimeError, match="stop here"):  # not "--config key eval_every 0"
         demo.stage_train(DemoConfig(out=tmp_path, train_steps=2), tmp_path / "store")
     assert seen["config"].eval_every == 1 and seen["config"].total_steps == 2

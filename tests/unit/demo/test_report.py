@@ -8,7 +8,7 @@ import pytest
 from specdraft.bench.speedup import pick_setting, timed_passes, timing_summary
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.report import DemoReport, report_markdown, verdict_text
-from tests.support.demo import plain_baseline
+from tests.support.demo import plain_baseline, sweep_report
 
 
 def row(steps: int, speedups: list[float], topk: int = 1, tokens: int | None = None) -> dict:
@@ -99,12 +99,10 @@ def test_report_says_when_nothing_is_recommended_and_when_the_machine_was_busy(t
     sweep = [row(1, [0.9, 0.95, 0.92]), row(2, [1.0, 1.1, 0.97])]
     tree = row(2, [0.8, 0.85, 0.82], topk=2, tokens=4)
     baseline = plain_baseline([1000.0, 1300.0, 1100.0], [1.0] * 3)
-    report = DemoReport(
-        target="t",
-        aux_layers=[2, 3, 4],
-        baseline=baseline,
-        sweep=sweep,
-        tree=tree,
+    report = sweep_report(
+        sweep,
+        tree,
+        baseline,
         verdict=verdict_text([*sweep, tree], None, 3, 1.05),
         launch_commands={"sglang": "python -m sglang.launch_server ..."},
     )

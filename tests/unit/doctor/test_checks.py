@@ -18,6 +18,7 @@ from tests.support.doctor_helpers import (  # noqa: F401
     edit_weights,
     one_thread,
     sglang_export,
+    sglang_launch,
 )
 
 REQUIRED_CASES = (
@@ -34,11 +35,7 @@ REQUIRED_CASES = (
     "FC-08",
     "FC-09",
 )
-GOOD_SGLANG = (
-    "python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3 "
-    "--speculative-draft-model-path D --speculative-num-steps 3 "
-    "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4"
-)
+GOOD_SGLANG = sglang_launch(num_steps=3, eagle_topk=1, num_draft_tokens=4)
 
 
 @pytest.fixture(scope="module")

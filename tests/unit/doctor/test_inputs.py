@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -107,12 +108,17 @@ def write_samples(path, samples):
     return path
 
 
-def test_one_tiny_sample_is_too_little_evidence_for_an_offline_verdict(world, tmp_path):
+def offline_finding(world, path: Path, num_samples: int):
+    """Doctor's offline-acceptance finding on the world's drafter and target, over `num_samples`
+    random samples (seed 3) written to `path`."""
     draft, target = world
-    one = write_samples(tmp_path / "one.jsonl", random_samples(1, seed=3))
-    finding = run_doctor(draft, target=target, samples=one).finding(
-        "offline_acceptance_matches_training"
-    )
+    samples = write_samples(path, random_samples(num_samples, seed=3))
+    report = run_doctor(draft, target=target, samples=samples)
+    return report.finding("offline_acceptance_matches_training")
+
+
+def test_one_tiny_sample_is_too_little_evidence_for_an_offline_verdict(world, tmp_path):
+    finding = offline_finding(world, tmp_path / "one.jsonl", 1)
     assert finding.verdict == "skip", finding
     assert "positions scored over 1 samples" in finding.evidence
     assert f"at least {MIN_SCORED} needed" in finding.evidence
@@ -120,11 +126,7 @@ def test_one_tiny_sample_is_too_little_evidence_for_an_offline_verdict(world, tm
 
 
 def test_enough_samples_still_fail_the_same_drafter(world, tmp_path):
-    draft, target = world
-    many = write_samples(tmp_path / "many.jsonl", random_samples(16, seed=3))
-    finding = run_doctor(draft, target=target, samples=many).finding(
-        "offline_acceptance_matches_training"
-    )
+    finding = offline_finding(world, tmp_path / "many.jsonl", 16)
     assert finding.verdict == "fail", finding
     assert (
         "offline far below training" in finding.evidence and "positions scored" in finding.evidence

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 from specdraft.doctor import run_doctor
 from specdraft.export import export_draft
-from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
+from tests.support.doctor_helpers import (  # noqa: F401
+    draft_checkpoint,
+    edit_config,
+    one_thread,
+    sglang_launch,
+)
 from tests.support.tiny_models import save_tiny_model
 
 KEY = "eagle_aux_hidden_state_layer_ids"
-EAGLE = (
-    "python -m sglang.launch_server --model-path T --speculative-algorithm {} "
-    "--speculative-draft-model-path D --speculative-num-steps 3 --speculative-eagle-topk 1 "
-    "--speculative-num-draft-tokens 4"
-)
+EAGLE = sglang_launch("{}", num_steps=3, eagle_topk=1, num_draft_tokens=4)
 
 
 def width_finding(draft, target, **kw):

@@ -208,17 +208,8 @@ def test_compact_cache_moves_every_layers_and_rows_slots_and_nothing_else():
     """One gather over the stacked cache: for each layer, K and V, batch row and kv head, slots
     src land at dst_start.. in order (src overlapping the destination), other slots keep
     their values, and the layers' caches are views of the stack the forward writes."""
-    args = ModelArgs(
-        model_type="llama",
-        hidden_size=32,
-        num_layers=3,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        intermediate_size=48,
-        vocab_size=64,
-        max_position_embeddings=64,
-    )
+    # 32 wide, 3 layers, 4 heads over 2 K/V heads of 8, MLP 48, 64 ids, 64 positions
+    args = ModelArgs("llama", 32, 3, 4, 2, 8, 48, 64, max_position_embeddings=64)
     fast = FastTarget(args)
     fast.setup_cache(2, 16)
     fast.kv_stack.copy_(

@@ -281,17 +281,9 @@ def test_load_engine_pairs_a_saved_drafter(tmp_path):
 
 def test_a_drafter_for_another_target_is_refused():
     setup = tiny_setup("llama")
-    cfg = DraftConfig.from_target(
-        dict(
-            hidden_size=16,
-            num_attention_heads=2,
-            intermediate_size=32,
-            vocab_size=80,
-            num_hidden_layers=5,
-            max_position_embeddings=256,
-        ),
-        (1, 2, 3),
-    )
+    width = dict(hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=80)
+    other_target = dict(**width, num_hidden_layers=5, max_position_embeddings=256)
+    cfg = DraftConfig.from_target(other_target, (1, 2, 3))
     other = Eagle3Draft(cfg)
     with pytest.raises(
         ValueError,

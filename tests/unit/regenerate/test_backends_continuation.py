@@ -49,12 +49,8 @@ def test_local_chat_answers_re_tokenise_to_the_generated_ids(target, tmp_path):
         "".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in PROMPTS)
     )
     out = tmp_path / "out.jsonl"
-    regenerate(
-        read_records(data, require_assistant=False),
-        out,
-        LocalBackend(target),
-        Sampling(max_new_tokens=8),
-    )
+    records = read_records(data, require_assistant=False)
+    regenerate(records, out, LocalBackend(target), Sampling(max_new_tokens=8))
     tokenizer = AutoTokenizer.from_pretrained(target)
     word_starts = 0
     for prompt, line in zip(PROMPTS, out.read_text().splitlines()):

@@ -170,13 +170,8 @@ def test_local_backend_no_chat_continues_the_first_tokens(model_dir, tmp_path):
     path = tmp_path / "docs.txt"
     path.write_text("once upon a time there was a girl\n\nthe dog sat on the mat\n")
     out = tmp_path / "out.jsonl"
-    regenerate(
-        read_records(path, chat=False),
-        out,
-        LocalBackend(model_dir),
-        Sampling(max_new_tokens=5),
-        prompt_tokens=3,
-    )
+    records = read_records(path, chat=False)
+    regenerate(records, out, LocalBackend(model_dir), Sampling(max_new_tokens=5), prompt_tokens=3)
     rows = read_out(out)
     assert [r["prompt"] for r in rows] == ["once upon", "the dog"]  # BOS + 2 words
     assert all(isinstance(r["completion"], str) for r in rows)
@@ -186,20 +181,12 @@ def test_cli_regenerate(server, tmp_path):
     data = tmp_path / "chats.jsonl"
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS[:2]))
     out = tmp_path / "out.jsonl"
-    result = CliRunner().invoke(
-        app,
-        cli_args(
-            "regenerate",
-            data,
-            out,
-            endpoint=server.url,
-            model="tiny",
-            temperature="0.5",
-            seed=3,
-            concurrency=2,
-            template_kwargs='{"enable_thinking": true}',
-        ),
+    sampling = dict(model="tiny", temperature="0.5", seed=3, concurrency=2)
+    thinking = '{"enable_thinking": true}'
+    args = cli_args(
+        "regenerate", data, out, endpoint=server.url, **sampling, template_kwargs=thinking
     )
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "2 records" in result.output
     assert [r["messages"][-1]["content"] for r in read_out(out)] == ["re hello", "re two"]

@@ -19,15 +19,9 @@ from tests.support.regenerate import (
     read_out,
     served,
 )
-from tests.support.tiny_tokenizer import template_tokenizer
+from tests.support.tiny_tokenizer import template_tokenizer, turns
 
-TWO_TURNS = [
-    [
-        {"role": "user", "content": "one"},
-        {"role": "assistant", "content": "old"},
-        {"role": "user", "content": "two"},
-    ]
-]
+TWO_TURNS = [turns("one", "old", "two")]
 
 
 class ReasoningServer(FakeServer):

@@ -37,19 +37,9 @@ DRAFT = {"mask_token_id": VOCAB - 1, "num_hidden_layers": 1}
 
 
 def config(**kw) -> TrainConfig:
-    base = dict(
-        method="dflash",
-        block_size=4,
-        num_anchors=6,
-        lr=3e-3,
-        warmup_steps=2,
-        total_steps=20,
-        batch_size=8,
-        val_fraction=0.0,
-        save_every=5,
-        draft_overrides=DRAFT,
-    )
-    return TrainConfig(**{**base, **kw})
+    dflash = dict(method="dflash", block_size=4, num_anchors=6, draft_overrides=DRAFT)
+    schedule = dict(lr=3e-3, warmup_steps=2, total_steps=20, batch_size=8)
+    return TrainConfig(**{**dflash, **schedule, "val_fraction": 0.0, "save_every": 5, **kw})
 
 
 def train_losses(run: Path) -> list[float]:

@@ -236,6 +236,12 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def torchrun_script(tmp_path: Path, name: str, script: str, *args) -> subprocess.CompletedProcess:
+    """`torchrun` (2 ranks) of `script` written to tmp_path/name, its arguments `args` as strings."""
+    (tmp_path / name).write_text(script)
+    return torchrun(str(tmp_path / name), *map(str, args))
+
+
 @pytest.fixture(scope="module")
 def two_ranks(world, tmp_path_factory):
     """(config file, run dir) of an uninterrupted 2-rank run: 6 steps of batch 8, each rank's 4
@@ -291,9 +297,8 @@ def test_two_rank_run_killed_and_resumed_from_a_sharded_checkpoint_ends_bit_iden
     weights, bit for bit, and the same losses as the uninterrupted 2-rank run (~12 s)."""
     _, _, store = world
     cfg_file, straight = two_ranks
-    (tmp_path / "kill.py").write_text(KILL_SCRIPT)
     run = tmp_path / "killed"
-    proc = torchrun(str(tmp_path / "kill.py"), cfg_file.read_text(), str(store), str(run), "4")
+    proc = torchrun_script(tmp_path, "kill.py", KILL_SCRIPT, cfg_file.read_text(), store, run, 4)
     assert proc.returncode != 0
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-00000003"]  # no temp left
     checkpoint = run / "checkpoints" / "step-00000003"
@@ -418,15 +423,8 @@ def test_checkpoints_load_bit_identical_on_another_number_of_ranks(
         two / "checkpoints" / "step-00000003",
         one_process[1] / "checkpoints" / "step-00000003.pt",
     )
-    (tmp_path / "load.py").write_text(LOAD_SCRIPT)
-    proc = torchrun(
-        str(tmp_path / "load.py"),
-        cfg_file.read_text(),
-        str(store),
-        str(tmp_path),
-        str(sharded),
-        str(single),
-    )
+    args = (cfg_file.read_text(), store, tmp_path, sharded, single)
+    proc = torchrun_script(tmp_path, "load.py", LOAD_SCRIPT, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     on_two = {
         p: torch.load(tmp_path / f"{p.name}.loaded", weights_only=False) for p in (sharded, single)
@@ -508,14 +506,8 @@ def test_a_one_process_run_resumes_on_two_ranks_with_fewer_micro_batches(
     cfg_file, two = two_ranks
     run = tmp_path / "run"
     shutil.copytree(one_process[1], run)
-    (tmp_path / "resume.py").write_text(RESUME_SCRIPT)
-    proc = torchrun(
-        str(tmp_path / "resume.py"),
-        cfg_file.read_text(),
-        str(store),
-        str(run),
-        str(tmp_path / "steps.json"),
-    )
+    args = (cfg_file.read_text(), store, run, tmp_path / "steps.json")
+    proc = torchrun_script(tmp_path, "resume.py", RESUME_SCRIPT, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "steps.json").read_text()) == {"steps": [4, 5, 6], "final": 6}
     assert [p.name for p in checkpoint_paths(run)] == ["step-00000003.pt", "step-00000006"]

@@ -29,15 +29,8 @@ from tests.support.tiny_tokenizer import save_tiny_tokenizer
 from tests.support.train_world import make_samples, one_thread  # noqa: F401
 
 VOCAB = 128
-CFG = dict(
-    total_steps=4,
-    batch_size=4,
-    ttt_steps=2,
-    draft_vocab_size=96,
-    warmup_steps=1,
-    save_every=100,
-    val_fraction=0.0,
-)
+CFG = dict(total_steps=4, batch_size=4, ttt_steps=2, draft_vocab_size=96, warmup_steps=1)
+CFG |= dict(save_every=100, val_fraction=0.0)
 
 
 def make_store(

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from specdraft.cli import app
 from specdraft.data.render import data_hash, load_dataset, tokenizer_fingerprint
 from specdraft.train.sources import OnlineData, OnlineSource
-from tests.support.cli import cli_args, cli_options
+from tests.support.cli import cli_args, cli_options, train_online
 from tests.support.tiny_models import save_tiny_model
 from tests.support.tiny_tokenizer import WORDS, save_tiny_tokenizer, tiny_chat_tokenizer
 
@@ -38,26 +38,11 @@ def chats_file(tmp_path_factory):
     return path
 
 
-def train_online(chats_file, tmp_path, target_dir, **options):
-    """`train --online CHATS_FILE tmp_path/run --target TARGET_DIR` with cli_args `options`."""
-    args = cli_args("train", chats_file, tmp_path / "run", online=True, target=target_dir)
-    return CliRunner().invoke(app, args + cli_options(**options))
-
-
 def test_cli_trains_online_and_records_the_data_in_the_manifest(target_dir, chats_file, tmp_path):
     run = tmp_path / "run"
-    result = train_online(
-        chats_file,
-        tmp_path,
-        target_dir,
-        aux_layers="1,2,3",
-        template_kwargs='{"enable_thinking": true}',
-        steps=3,
-        batch_size=4,
-        grad_accum_steps=2,
-        ttt_steps=2,
-        draft_vocab_size=64,
-    )
+    thinking = dict(aux_layers="1,2,3", template_kwargs='{"enable_thinking": true}')
+    sizes = dict(steps=3, batch_size=4, grad_accum_steps=2, ttt_steps=2, draft_vocab_size=64)
+    result = train_online(chats_file, tmp_path, target_dir, **thinking, **sizes)
     assert result.exit_code == 0, result.output
     assert "3 steps" in result.output
     manifest = json.loads((run / "draft" / "specdraft_manifest.json").read_text())

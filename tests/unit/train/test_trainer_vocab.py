@@ -22,20 +22,13 @@ from specdraft.data.render import Sample, tokenizer_fingerprint
 from specdraft.data.vocab import target_ids_of_draft_vocab
 from specdraft.targets import load_target
 from specdraft.train.config import TrainConfig, split_samples
+from tests.support.threads import one_thread  # noqa: F401
 from tests.support.tiny_models import tiny_config
 from tests.support.tiny_tokenizer import tiny_chat_tokenizer
 
 NUM_SAMPLES = 40
 TRAIN_IDS = list(range(10, 50))  # each supervised once per training sample
 VAL_ID = 80  # supervised 40 times per validation sample
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -264,18 +264,8 @@ def test_use_triton_says_why_not():
     if CUDA:
         assert "bf16 / fp16 only" in model.to("cuda").use_triton()
         assert model.to(torch.bfloat16).use_triton() is None and model.triton_kernels
-    small_heads = FastTarget(
-        ModelArgs(
-            model_type="llama",
-            hidden_size=32,
-            num_layers=1,
-            num_heads=4,
-            num_kv_heads=4,
-            head_dim=8,
-            intermediate_size=64,
-            vocab_size=50,
-        )
-    )
+    # 32 wide, 1 layer, 4 heads and 4 K/V heads of 8, MLP 64, 50 ids
+    small_heads = FastTarget(ModelArgs("llama", 32, 1, 4, 4, 8, 64, 50))
     assert small_heads.triton_support() is not None
 
 
