@@ -31,20 +31,21 @@ from specdraft.cli.options import (
     Threads,
     TopP,
     flag,
+    option,
 )
 from specdraft.cli.reading import engine_reading, refuse_bad_configs
-from specdraft.machine_load import DEFAULT_THREADS
 
 Prompt = Annotated[str, typer.Option(help="Prompt text (tokenized as is, no chat template).")]
 Temperature = Annotated[
-    float, typer.Option(min=0.0, help="0 = greedy (output = the target's greedy output).")
+    float, option(0.0, min=0.0, help="0 = greedy (output = the target's greedy output).")
 ]
 SamplingTopK = Annotated[
-    int, typer.Option(min=0, help="Sample from the k most likely tokens (0 = off).")
+    int, option(0, min=0, help="Sample from the k most likely tokens (0 = off).")
 ]
 MaxNewTokens = Annotated[
     int,
-    typer.Option(
+    option(
+        128,
         min=1,
         help="Most tokens to generate after the prompt (fewer at EOS "
         "unless --ignore-eos); prompt + these must fit the engine's longest request.",
@@ -61,31 +62,31 @@ IgnoreEos = Annotated[
         "generation_config.json's eos_token_id).",
     ),
 ]
-Seed = Annotated[int, typer.Option(help="Sampling seed.")]
+Seed = Annotated[int, option(0, help="Sampling seed.")]
 
 
 @app.command()
 def generate(
     target: TargetDir,
     prompt: Prompt,
-    draft: PlainDraft = "",
-    temperature: Temperature = 0.0,
-    top_p: TopP = 1.0,
-    sampling_top_k: SamplingTopK = 0,
-    topk: DraftTopk = None,
-    num_steps: DraftNumSteps = None,
-    num_draft_tokens: DraftNumDraftTokens = None,
-    aux_layers: DraftAuxOverride = None,
-    sglang_version: SglangVersion = "",
-    max_new_tokens: MaxNewTokens = 128,
-    no_spec: NoSpec = False,
-    ignore_eos: IgnoreEos = False,
-    seed: Seed = 0,
-    max_seq_len: MaxSeqLen = 0,
-    device: EngineDevice = "cpu",
-    dtype: EngineDtypeOption = "fp32",
-    compile: Compile = False,
-    threads: Threads = DEFAULT_THREADS,
+    draft: PlainDraft,
+    temperature: Temperature,
+    top_p: TopP,
+    sampling_top_k: SamplingTopK,
+    topk: DraftTopk,
+    num_steps: DraftNumSteps,
+    num_draft_tokens: DraftNumDraftTokens,
+    aux_layers: DraftAuxOverride,
+    sglang_version: SglangVersion,
+    max_new_tokens: MaxNewTokens,
+    no_spec: NoSpec,
+    ignore_eos: IgnoreEos,
+    seed: Seed,
+    max_seq_len: MaxSeqLen,
+    device: EngineDevice,
+    dtype: EngineDtypeOption,
+    compile: Compile,
+    threads: Threads,
 ) -> None:
     """Generate with specdraft's engine: speculative decoding with --draft, plain decoding without it
     (or with --no-spec). stdout: the prompt and its continuation, streamed (`> out.txt` keeps the text
@@ -268,40 +269,44 @@ def plain_metrics_table(metrics, title: str):
     return table
 
 
-DemoOut = Annotated[str, typer.Option(help="Working directory; a re-run resumes from it.")]
+DemoOut = Annotated[
+    str, option("specdraft-demo", help="Working directory; a re-run resumes from it.")
+]
 DemoDevice = Annotated[
     str,
-    typer.Option(help="Device every stage runs on: cpu, cuda or cuda:N.", callback=check_device),
+    option("cpu", help="Device every stage runs on: cpu, cuda or cuda:N.", callback=check_device),
 ]
 DemoTarget = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="A local transformers model (default: the bundled stories260K).",
         callback=check_model_dir,
     ),
 ]
 DemoData = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="Text file of documents separated by blank lines, or JSONL with a "
         '"text" field per line (default: the TinyStories sample); with --chat-template, JSONL '
         "chats.",
     ),
 ]
-TrainSteps = Annotated[int, typer.Option(help="Drafter optimizer steps.")]
-NumTrain = Annotated[int, typer.Option(help="Training documents.")]
+TrainSteps = Annotated[int, option(1000, help="Drafter optimizer steps.")]
+NumTrain = Annotated[int, option(800, help="Training documents.")]
 
 
 @app.command()
 def demo(
-    out: DemoOut = "specdraft-demo",
-    device: DemoDevice = "cpu",
-    target: DemoTarget = "",
-    data: DemoData = "",
-    chat_template: ChatTemplate = "",
-    train_steps: TrainSteps = 1000,
-    num_train: NumTrain = 800,
-    threads: Threads = DEFAULT_THREADS,
+    out: DemoOut,
+    device: DemoDevice,
+    target: DemoTarget,
+    data: DemoData,
+    chat_template: ChatTemplate,
+    train_steps: TrainSteps,
+    num_train: NumTrain,
+    threads: Threads,
 ) -> None:
     """Run the whole pipeline on a real target and write report.md with plots. Stages, in the order
     they run and print: target, data, regenerate, capture, train, speculative generation vs plain

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import typer
-
 from specdraft.cli.common import OptionError, app, make_console, set_threads, user_errors
 from specdraft.cli.engine_setting import (
     WARM_UP_TOKENS,
@@ -29,15 +27,15 @@ from specdraft.cli.options import (
     TargetDir,
     Threads,
     flag,
+    option,
 )
 from specdraft.cli.reading import engine_reading
 from specdraft.client import MAX_PORT
-from specdraft.machine_load import DEFAULT_THREADS
 
 WARM_UP_PROMPT = "Hello"  # serve's warm-up prompt (generate warms up on the user's prompt)
 
-Host = Annotated[str, typer.Option(help="Bind address (loopback by default).")]
-Port = Annotated[int, typer.Option(min=1, max=MAX_PORT, help="Port to listen on.")]
+Host = Annotated[str, option("127.0.0.1", help="Bind address (loopback by default).")]
+Port = Annotated[int, option(8000, min=1, max=MAX_PORT, help="Port to listen on.")]
 NoSpec = Annotated[
     bool,
     flag(
@@ -46,40 +44,38 @@ NoSpec = Annotated[
     ),
 ]
 MaxQueue = Annotated[
-    int, typer.Option(min=1, help="Requests waiting besides the running one (429 beyond).")
+    int, option(64, min=1, help="Requests waiting besides the running one (429 beyond).")
 ]
 LogEvery = Annotated[
     int,
-    typer.Option(
-        min=0, help="Log accept length and tokens/s every N verification steps (0 = off)."
-    ),
+    option(100, min=0, help="Log accept length and tokens/s every N verification steps (0 = off)."),
 ]
 ModelName = Annotated[
-    str, typer.Option(help="Served model name (default: the target directory's name).")
+    str, option("", help="Served model name (default: the target directory's name).")
 ]
 
 
 @app.command()
 def serve(
     target: TargetDir,
-    draft: ServeDraft = "",
-    host: Host = "127.0.0.1",
-    port: Port = 8000,
-    topk: ServeTopk = None,
-    num_steps: ServeNumSteps = None,
-    num_draft_tokens: ServeNumDraftTokens = None,
-    aux_layers: DraftAuxOverride = None,
-    sglang_version: SglangVersion = "",
-    no_spec: NoSpec = False,
-    max_queue: MaxQueue = 64,
-    log_every: LogEvery = 100,
-    model_name: ModelName = "",
-    chat_template: ChatTemplate = "",
-    max_seq_len: MaxSeqLen = 0,
-    device: EngineDevice = "cpu",
-    dtype: EngineDtypeOption = "fp32",
-    compile: Compile = False,
-    threads: Threads = DEFAULT_THREADS,
+    draft: ServeDraft,
+    host: Host,
+    port: Port,
+    topk: ServeTopk,
+    num_steps: ServeNumSteps,
+    num_draft_tokens: ServeNumDraftTokens,
+    aux_layers: DraftAuxOverride,
+    sglang_version: SglangVersion,
+    no_spec: NoSpec,
+    max_queue: MaxQueue,
+    log_every: LogEvery,
+    model_name: ModelName,
+    chat_template: ChatTemplate,
+    max_seq_len: MaxSeqLen,
+    device: EngineDevice,
+    dtype: EngineDtypeOption,
+    compile: Compile,
+    threads: Threads,
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
     from specdraft.serve.server import build_app
