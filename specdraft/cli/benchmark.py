@@ -9,7 +9,7 @@ import typer
 
 from specdraft.cli.checks import positive_int_list, url_option
 from specdraft.cli.common import app, make_console, user_errors
-from specdraft.cli.options import option
+from specdraft.cli.options import PROMPTS_HELP, option
 
 Url = Annotated[
     str,
@@ -25,14 +25,7 @@ BaselineUrl = Annotated[
         "", help="The same engine without speculation (needed for a speedup).", callback=url_option
     ),
 ]
-BenchPrompts = Annotated[
-    str,
-    option(
-        "builtin",
-        help='\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} '
-        'or chat {"messages": [...]} rows (plain text is refused).',
-    ),
-]
+BenchPrompts = Annotated[str, option("builtin", help=PROMPTS_HELP + " (plain text is refused).")]
 Concurrency = Annotated[
     str, option("1,4,16", help="Requests in flight, one level each.", callback=positive_int_list)
 ]

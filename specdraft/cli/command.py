@@ -1,18 +1,17 @@
 """The typer app class of `specdraft` and of its sub-apps, and the class of every command it makes:
-its usage line, its bad-value message, what a bug prints (`report_bug`), and the defaults its
-options declare (`DeclaredOption`)."""
+its usage line, its bad-value message, what a bug prints (`report_bug`); its parameters as their options declare them
+(`declared.declared_signature`)."""
 
 from __future__ import annotations
 
-import inspect
 import sys
 import traceback
-from typing import Annotated, Any, get_args, get_origin
 
 import typer
 from typer.core import TyperCommand
 from typer.exceptions import TyperException
-from typer.models import OptionInfo
+
+from specdraft.cli.declared import declared_signature
 
 PYDANTIC_PREFIX = (
     "Value error, "  # what typer's pydantic checks put before a ValueError's words (a bad choice)
@@ -73,44 +72,7 @@ class App(typer.Typer):
         )
 
     def command(self, *args, **kwargs):
-        """typer's command decorator, each command a `Command` whose parameters take the defaults
-        their options declare (`with_declared_defaults`)."""
+        """typer's command decorator, each command a `Command` whose parameters are as their
+        options declare them (`declared.declared_signature`: defaults, option groups)."""
         register = super().command(*args, cls=Command, **kwargs)
-        return lambda function: register(with_declared_defaults(function))
-
-
-class DeclaredOption(OptionInfo):
-    """typer's option declaration with the default it declares (`options.option`, `options.flag`):
-    every command that takes the option names its alias alone (`workers: Workers,`), and
-    `App.command` gives the parameter this default."""
-
-    def __init__(self, default: Any, declared: OptionInfo) -> None:
-        self.__dict__.update(vars(declared))
-        self.declared_default = default
-
-
-def with_declared_defaults(function):
-    """`function` with a `__signature__` (the one typer reads) in which each parameter without
-    `= value` whose annotation is a `DeclaredOption` has its default; a parameter with neither
-    stays required (an argument, or a required option). TypeError (a bug) when a parameter gives
-    both."""
-    signature = inspect.signature(function, eval_str=True)
-    params = []
-    for param in signature.parameters.values():
-        declared = _declared(param.annotation)
-        if declared is not None and param.default is not param.empty:
-            raise TypeError(f"{function.__name__}({param.name}): a default in both places")
-        params.append(
-            param if declared is None else param.replace(default=declared.declared_default)
-        )
-    function.__signature__ = signature.replace(parameters=params)
-    return function
-
-
-def _declared(annotation) -> DeclaredOption | None:
-    """The `DeclaredOption` of an `Annotated` alias, or None."""
-    if get_origin(annotation) is not Annotated:
-        return None
-    return next(
-        (item for item in get_args(annotation)[1:] if isinstance(item, DeclaredOption)), None
-    )
+        return lambda function: register(declared_signature(function))

@@ -8,25 +8,10 @@ import typer
 
 from specdraft.cli.checks import check_device, check_model_dir
 from specdraft.cli.common import app, make_console, set_threads, user_errors
-from specdraft.cli.engine_setting import (
-    WARM_UP_TOKENS,
-    DraftingOptions,
-    decoding_spec,
-    engine_dtype,
-    warm_up_compiled,
-)
+from specdraft.cli.engine_setting import EngineRun, PlainDrafting, decoding_spec, warm_up_compiled
 from specdraft.cli.options import (
     ChatTemplate,
-    Compile,
-    DraftAuxOverride,
-    DraftNumDraftTokens,
-    DraftNumSteps,
-    DraftTopk,
-    EngineDevice,
-    EngineDtypeOption,
-    MaxSeqLen,
     PlainDraft,
-    SglangVersion,
     TargetDir,
     Threads,
     TopP,
@@ -73,48 +58,40 @@ def generate(
     temperature: Temperature,
     top_p: TopP,
     sampling_top_k: SamplingTopK,
-    topk: DraftTopk,
-    num_steps: DraftNumSteps,
-    num_draft_tokens: DraftNumDraftTokens,
-    aux_layers: DraftAuxOverride,
-    sglang_version: SglangVersion,
+    drafting: PlainDrafting,
     max_new_tokens: MaxNewTokens,
     no_spec: NoSpec,
     ignore_eos: IgnoreEos,
     seed: Seed,
-    max_seq_len: MaxSeqLen,
-    device: EngineDevice,
-    dtype: EngineDtypeOption,
-    compile: Compile,
-    threads: Threads,
+    run: EngineRun,
 ) -> None:
     """Generate with specdraft's engine: speculative decoding with --draft, plain decoding without it
     (or with --no-spec). stdout: the prompt and its continuation, streamed (`> out.txt` keeps the text
     alone); stderr: notes, then the metrics table. Errors are one line on stderr; exit 2: a bad option
     value or combination (before anything loads) or an unusable input (a weights file cut short), 1:
     an input refused while loading or generating."""
-    drafting = DraftingOptions(topk, num_steps, num_draft_tokens, aux_layers, sglang_version)
-    spec = decoding_spec(drafting, draft, no_spec, compile, device, plain_without_draft=True)
+    spec = decoding_spec(
+        drafting, draft, no_spec, run.compile, run.device, plain_without_draft=True
+    )
     console, info = make_console(), make_console(stderr=True)  # the text; what is said about it
-    busy = _busy_note(device, threads)
+    busy = _busy_note(run.device, run.threads)
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": sampling_top_k, "seed": seed}
     with user_errors(info):
-        torch_dtype = engine_dtype(dtype)
-        set_threads(threads)
-        engine, tokenizer = _load_engine(
-            target, draft, spec, drafting, device, torch_dtype, info, max_seq_len, compile
-        )
+        torch_dtype = run.torch_dtype()
+        set_threads(run.threads)
+        engine, tokenizer = _load_engine(target, draft, spec, drafting, run, torch_dtype, info)
         # verbose=False: the length check below says more than the tokenizer's warning
         ids = tokenizer(prompt, verbose=False)["input_ids"]
         engine.check_limits(len(ids), max_new_tokens)  # before the prompt is echoed
-        if compile:  # compile and capture first: the metrics below are then the engine's
-            n = min(max_new_tokens, WARM_UP_TOKENS)
-            warm_up_compiled(lambda: engine.generate(ids, n, **sampling), info)
+        if run.compile:  # compile and capture first: the metrics below are then the engine's
+            warm_up_compiled(
+                lambda n: engine.generate(ids, min(max_new_tokens, n), **sampling), info
+            )
         result = _echo_and_generate(
             console, engine, prompt, ids, max_new_tokens, tokenizer, sampling, target, ignore_eos
         )
     console.print()
-    _print_generate_summary(info, engine, result, no_spec, compile, busy)
+    _print_generate_summary(info, engine, result, no_spec, run.compile, busy)
 
 
 def _busy_note(device: str, threads: int):
@@ -128,15 +105,7 @@ def _busy_note(device: str, threads: int):
 
 
 def _load_engine(
-    target: str,
-    draft: str,
-    spec,
-    drafting: DraftingOptions,
-    device: str,
-    dtype,
-    info,
-    max_seq_len: int,
-    compile: bool,
+    target: str, draft: str, spec, drafting: PlainDrafting, run: EngineRun, dtype, info
 ):
     """generate's engine and the target's tokenizer: the configs checked (`refuse_bad_configs`),
     the drafter's aux ids read by --target (`id_reading`) when it decodes speculatively, then
@@ -154,11 +123,11 @@ def _load_engine(
         target,
         draft if spec is not None else None,
         spec,
-        device,
+        run.device,
         dtype,
-        max_seq_len or None,
+        run.max_seq_len or None,
         tokenizer,
-        compile=compile,
+        compile=run.compile,
         reading=reading,
     )
     for note in engine.notes:

@@ -22,7 +22,7 @@ from specdraft.cli.checks import (
     check_top_p,
     json_object,
 )
-from specdraft.cli.command import DeclaredOption
+from specdraft.cli.declared import DeclaredOption
 from specdraft.machine_load import DEFAULT_THREADS
 
 DtypeName = Literal["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"]  # conventions.DTYPES
@@ -39,7 +39,8 @@ ReasoningMode = Literal["keep", "drop"]  # data.reasoning.REASONING_MODES
 def option(default: Any, *names: str, **kwargs) -> DeclaredOption:
     """An option that defaults to `default`, declared with its type in one alias
     (`Annotated[int, option(8, min=1, help=...)]`, the default first as in `typer.Option(8, ...)`);
-    a command names the alias alone and `App.command` gives it the default. names: its flags
+    a command names the alias alone and `declared.declared_signature` gives it
+    the default. names: its flags
     (default: the parameter's name, `--max-tokens`); kwargs: typer.Option's settings."""
     return DeclaredOption(default, typer.Option(*names, **kwargs))
 
@@ -171,6 +172,11 @@ ExportTopk = Annotated[
     option(None, min=1, help=TOPK_HELP + "; default 1, a chain, the only shape vLLM runs."),
 ]
 ExportNumDraftTokens = Annotated[int, option(0, min=0, help=NUM_DRAFT_TOKENS_HELP)]
+
+# the prompts of bench and tune (`bench.prompts.load_prompts`)
+PROMPTS_HELP = (
+    '\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} or chat {"messages": [...]} rows'
+)
 
 # the draft of generate / serve / tune
 PlainDraft = Annotated[

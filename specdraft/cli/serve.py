@@ -5,27 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from specdraft.cli.common import OptionError, app, make_console, set_threads, user_errors
-from specdraft.cli.engine_setting import (
-    WARM_UP_TOKENS,
-    DraftingOptions,
-    decoding_spec,
-    engine_dtype,
-    warm_up_compiled,
-)
+from specdraft.cli.engine_setting import DraftingOptions, EngineRun, decoding_spec, warm_up_compiled
 from specdraft.cli.options import (
     ChatTemplate,
-    Compile,
-    DraftAuxOverride,
-    EngineDevice,
-    EngineDtypeOption,
-    MaxSeqLen,
     ServeDraft,
-    ServeNumDraftTokens,
-    ServeNumSteps,
-    ServeTopk,
-    SglangVersion,
     TargetDir,
-    Threads,
     flag,
     option,
 )
@@ -61,48 +45,41 @@ def serve(
     draft: ServeDraft,
     host: Host,
     port: Port,
-    topk: ServeTopk,
-    num_steps: ServeNumSteps,
-    num_draft_tokens: ServeNumDraftTokens,
-    aux_layers: DraftAuxOverride,
-    sglang_version: SglangVersion,
+    drafting: DraftingOptions,
     no_spec: NoSpec,
     max_queue: MaxQueue,
     log_every: LogEvery,
     model_name: ModelName,
     chat_template: ChatTemplate,
-    max_seq_len: MaxSeqLen,
-    device: EngineDevice,
-    dtype: EngineDtypeOption,
-    compile: Compile,
-    threads: Threads,
+    run: EngineRun,
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
     from specdraft.serve.server import build_app
     from specdraft.serve.server import serve as run_server
 
     console = make_console()
-    drafting = DraftingOptions(topk, num_steps, num_draft_tokens, aux_layers, sglang_version)
-    spec = decoding_spec(drafting, draft, no_spec, compile, device)
+    spec = decoding_spec(drafting, draft, no_spec, run.compile, run.device)
     with user_errors(console):
-        reading = engine_reading(spec is not None, target, draft, aux_layers, sglang_version)
+        reading = engine_reading(
+            spec is not None, target, draft, drafting.aux_layers, drafting.sglang_version
+        )
         check_port_free(host, port)  # before the model loads
-        set_threads(threads)
+        set_threads(run.threads)
         server_app = build_app(
             target,
             draft or None,
             spec,
-            device,
-            engine_dtype(dtype),
-            max_seq_len or None,
+            run.device,
+            run.torch_dtype(),
+            run.max_seq_len or None,
             model_name or None,
             max_queue,
             log_every,
-            compile=compile,
+            compile=run.compile,
             reading=reading,
             chat_template=chat_template or None,
         )
-        _announce_engine(console, server_app.state.server, compile)
+        _announce_engine(console, server_app.state.server, run.compile)
     line = serving_line(server_app.state.server.model_name, target, draft, spec, host, port)
     console.print(line, markup=False, soft_wrap=True)
     run_server(server_app, host, port)
@@ -115,7 +92,7 @@ def _announce_engine(console, state, compile: bool) -> None:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     if compile:
         prompt_ids = state.tokenizer(WARM_UP_PROMPT)["input_ids"]
-        warm_up_compiled(lambda: state.engine.generate(prompt_ids, WARM_UP_TOKENS), console)
+        warm_up_compiled(lambda n: state.engine.generate(prompt_ids, n), console)
 
 
 def check_port_free(host: str, port: int) -> None:

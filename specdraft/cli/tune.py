@@ -9,6 +9,7 @@ from specdraft.cli.checks import check_min_speedup, positive_int_list
 from specdraft.cli.common import OptionError, app, make_console, set_threads, user_errors
 from specdraft.cli.engine_setting import current_setting, engine_dtype
 from specdraft.cli.options import (
+    PROMPTS_HELP,
     EngineDevice,
     EngineDtypeOption,
     TargetDir,
@@ -17,14 +18,7 @@ from specdraft.cli.options import (
     option,
 )
 
-TunePrompts = Annotated[
-    str,
-    option(
-        "builtin",
-        help='\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} '
-        'or chat {"messages": [...]} rows.',
-    ),
-]
+TunePrompts = Annotated[str, option("builtin", help=PROMPTS_HELP + ".")]
 TuneMaxTokens = Annotated[int, option(64, min=1, help="New tokens per prompt (temperature 0).")]
 CurrentNumSteps = Annotated[
     int,
@@ -129,24 +123,19 @@ def tune(
 def _run_tune(console, target: str, draft: str, prompts: str, suite: str, cfg, device: str, dtype):
     """tune on --suite's chats (`bench.tune_suite.tune_suite_paths`: report, rows per category,
     the suite) or on --prompts (`bench.tune.tune_paths`: report, no rows, no suite)."""
-    from specdraft.bench.tune import tune_paths
+    from specdraft.bench.tune import TunedPair, tune_paths
 
     def say(text: str) -> None:
         console.print(text, markup=False)
 
+    pair = TunedPair(target, draft, device, engine_dtype(dtype))
     if not suite:
-        return (
-            tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype), progress=say),
-            [],
-            None,
-        )
+        return tune_paths(pair, prompts, cfg, progress=say), [], None
     from specdraft.bench.suites import load_suite
     from specdraft.bench.tune_suite import tune_suite_paths
 
     chosen = load_suite(suite)
-    report, rows = tune_suite_paths(
-        target, draft, chosen, cfg, device, engine_dtype(dtype), progress=say
-    )
+    report, rows = tune_suite_paths(pair, chosen, cfg, progress=say)
     return report, rows, chosen
 
 
