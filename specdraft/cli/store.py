@@ -74,7 +74,7 @@ def convert(
 ) -> None:
     """Convert the hidden-state store SRC into DST in the format --to, strictly: a missing or
     extra field, a wrong shape or an unreadable file is named and nothing is written."""
-    from specdraft.capture.convert import convert_store
+    from specdraft.capture.convert import PeerInputs, convert_store
 
     console = make_console()
     named, ids = aux_layers or (None, None)
@@ -84,16 +84,8 @@ def convert(
             param_hint="--aux-layers",
         )
     with user_errors(console):
-        result = convert_store(
-            src,
-            dst,
-            to,
-            target=target,
-            tokenizer=tokenizer,
-            aux_layers=ids,
-            convention=named or aux_convention,
-            compress=compress,
-        )
+        given = PeerInputs(target, tokenizer, ids, named or aux_convention)
+        result = convert_store(src, dst, to, given, compress=compress)
     layers = (
         f"; aux layers (specdraft indices) {list(result.aux_layers)}" if result.aux_layers else ""
     )
