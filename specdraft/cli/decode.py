@@ -77,9 +77,8 @@ def generate(
     busy = _busy_note(run.device, run.threads)
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": sampling_top_k, "seed": seed}
     with user_errors(info):
-        torch_dtype = run.torch_dtype()
         set_threads(run.threads)
-        engine, tokenizer = _load_engine(target, draft, spec, drafting, run, torch_dtype, info)
+        engine, tokenizer = _load_engine(target, draft, spec, drafting, run, info)
         # verbose=False: the length check below says more than the tokenizer's warning
         ids = tokenizer(prompt, verbose=False)["input_ids"]
         engine.check_limits(len(ids), max_new_tokens)  # before the prompt is echoed
@@ -104,9 +103,7 @@ def _busy_note(device: str, threads: int):
     return busy_note("the tokens/s above", remedy)
 
 
-def _load_engine(
-    target: str, draft: str, spec, drafting: PlainDrafting, run: EngineRun, dtype, info
-):
+def _load_engine(target: str, draft: str, spec, drafting: PlainDrafting, run: EngineRun, info):
     """generate's engine and the target's tokenizer: the configs checked (`refuse_bad_configs`),
     the drafter's aux ids read by --target (`id_reading`) when it decodes speculatively, then
     `engine.load.load_engine`; its notes printed to `info`."""
@@ -124,7 +121,7 @@ def _load_engine(
         draft if spec is not None else None,
         spec,
         run.device,
-        dtype,
+        run.torch_dtype(),
         run.max_seq_len or None,
         tokenizer,
         compile=run.compile,
