@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -183,23 +184,32 @@ def measure(
     return plain_tps
 
 
+@dataclass(frozen=True)
+class TunedPair:
+    """The target directory (with its tokenizer) and the drafter `tune` measures, as given to
+    `tune_paths` / `tune_suite.tune_suite_paths`, and the device and dtype they run in."""
+
+    target_dir: str | Path
+    draft_dir: str | Path
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+
+    def load(self, cfg: TuneConfig):
+        """(tokenizer, engine) of the pair (`load_tuned`, which names the errors)."""
+        return load_tuned(self.target_dir, self.draft_dir, cfg, self.device, self.dtype)
+
+
 def tune_paths(
-    target_dir: str | Path,
-    draft_dir: str | Path,
-    prompts: str,
-    cfg: TuneConfig,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    progress: Callable[[str], None] | None = None,
+    pair: TunedPair, prompts: str, cfg: TuneConfig, progress: Callable[[str], None] | None = None
 ) -> TuneReport:
-    """`tune` for a target directory (with its tokenizer), a drafter and a prompt source (`prompts.load_prompts`)."""
+    """`tune` for a target and drafter on disk and a prompt source (`prompts.load_prompts`)."""
     from specdraft.bench.prompts import load_prompts
     from specdraft.data.render import prompt_ids
 
-    tokenizer, engine = load_tuned(target_dir, draft_dir, cfg, device, dtype)
+    tokenizer, engine = pair.load(cfg)
     ids = [prompt_ids(tokenizer, p) for p in load_prompts(prompts)]
-    report = tune(engine.target, engine.draft, ids, cfg, str(draft_dir), progress)
-    report.target_path, report.prompt_set = str(target_dir), prompts
+    report = tune(engine.target, engine.draft, ids, cfg, str(pair.draft_dir), progress)
+    report.target_path, report.prompt_set = str(pair.target_dir), prompts
     return report
 
 

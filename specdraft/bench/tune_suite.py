@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-
-import torch
 
 from specdraft.bench.suites import Suite
-from specdraft.bench.tune import load_tuned, tune
+from specdraft.bench.tune import TunedPair, tune
 from specdraft.bench.tune_bench import Bench
 from specdraft.bench.tune_model import TuneConfig, spec_text
 from specdraft.bench.tune_report import TuneReport
@@ -95,18 +92,12 @@ def tune_categories(
 
 
 def tune_suite_paths(
-    target_dir: str | Path,
-    draft_dir: str | Path,
-    suite: Suite,
-    cfg: TuneConfig,
-    device: str = "cpu",
-    dtype: torch.dtype = torch.float32,
-    progress: Callable[[str], None] | None = None,
+    pair: TunedPair, suite: Suite, cfg: TuneConfig, progress: Callable[[str], None] | None = None
 ) -> tuple[TuneReport, list[CategoryTune]]:
-    """`tune` on `suite` for a target directory and a drafter, and the per-category rows."""
+    """`tune` on `suite` for a target and drafter on disk, and the per-category rows."""
     from specdraft.engine.speculate import SpeculativeEngine
 
-    tokenizer, engine = load_tuned(target_dir, draft_dir, cfg, device, dtype)
+    tokenizer, engine = pair.load(cfg)
 
     def answer(ids: list[int]) -> str:
         device = engine.target.output.weight.device
@@ -123,10 +114,10 @@ def tune_suite_paths(
         engine.draft,
         [p for ids in prompts.values() for p in ids],
         cfg,
-        str(draft_dir),
+        str(pair.draft_dir),
         progress,
     )
-    report.target_path, report.prompt_set = str(target_dir), f"the {suite.name} suite"
+    report.target_path, report.prompt_set = str(pair.target_dir), f"the {suite.name} suite"
     chosen = category_setting(report)
     return report, tune_categories(
         engine.target, engine.draft, cfg, prompts, chosen

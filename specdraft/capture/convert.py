@@ -16,6 +16,7 @@ only lm_head) and cannot become a speculators store.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,20 @@ FORMATS = ("specdraft", "speculators", "specforge")
 CONVENTIONS = ("specdraft", "vllm", "sglang")
 # which engine wrote each peer's aux ids: the convention --aux-layers is read in by default
 SOURCE_CONVENTION = {"speculators": "vllm", "specforge": "sglang"}
+
+
+@dataclass(frozen=True)
+class PeerInputs:
+    """What the user gives `convert_store` about a peer store (None: not given): the target and
+    tokenizer directories, needed to make a specdraft store from a peer's without a record (its
+    index records the target) and to norm before-norm states for SpecForge when the store records
+    no target path; the peer's aux ids and the convention they are in (default: the engine that
+    writes that peer's ids, `SOURCE_CONVENTION`)."""
+
+    target: str | None = None
+    tokenizer: str | None = None
+    aux_layers: tuple[int, ...] | None = None
+    convention: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,11 +180,8 @@ def convert_store(
     src: str | Path,
     dst: str | Path,
     to: str,
+    given: PeerInputs | None = None,
     *,
-    target: str | None = None,
-    tokenizer: str | None = None,
-    aux_layers: tuple[int, ...] | None = None,
-    convention: str | None = None,
     compress: bool = False,
 ) -> ConvertResult:
     """Convert the store at `src` (format detected, `detect_format`) into `dst` (a new directory,
@@ -179,13 +191,10 @@ def convert_store(
     files lack of it) in `recorded.RECORD_DIR`, and comes back as the same store: same index,
     same tensors, without target or aux_layers (given, they must name the recorded ones).
 
-    target / tokenizer: directories; needed to make a specdraft store from a peer's without a
-    record (its index records the target) and to norm before-norm states for SpecForge when the
-    store records no target path. aux_layers + convention: the peer's aux ids and the convention they are in
-    (default: the engine that writes that peer's ids, `SOURCE_CONVENTION`). compress: SpecForge
-    .ckpt.gz. Raises CaptureError naming the file and field for bad input.
+    given: the target, tokenizer, aux ids and their convention (`PeerInputs`; None: none given).
+    compress: SpecForge .ckpt.gz. Raises CaptureError naming the file and field for bad input.
     """
-    src, dst = Path(src), Path(dst)
+    src, dst, given = Path(src), Path(dst), given or PeerInputs()
     source = _source_format(src, dst, to)
     samples, after_norm, store = _source_samples(src, source)
     if to == "speculators" and after_norm:
@@ -197,13 +206,14 @@ def convert_store(
     layers = tuple(store.aux_layers) if store is not None else None
     with atomic_dir(dst) as tmp:
         if to == "specdraft":
-            given = (target, tokenizer, aux_layers, convention or SOURCE_CONVENTION[source])
+            convention = given.convention or SOURCE_CONVENTION[source]
+            given = dataclasses.replace(given, convention=convention)
             count, layers = _to_specdraft(samples, src, tmp, source, after_norm, num_aux, given)
         elif to == "speculators":
             count = peers.write_speculators(samples, tmp, num_aux)
         else:
             if not after_norm:
-                samples = _normed(samples, *_norm_of(store, target))
+                samples = _normed(samples, *_norm_of(store, given.target))
             count = peers.write_specforge(samples, tmp, compress)
         if store is not None:
             write_record(store, tmp, keep_last_hidden=to == "specforge" and not after_norm)
@@ -217,21 +227,20 @@ def _to_specdraft(
     source: str,
     after_norm: bool,
     num_aux: int,
-    given: tuple[str | None, str | None, tuple[int, ...] | None, str],
+    given: PeerInputs,
 ) -> tuple[int, tuple[int, ...]]:
     """Write the peer store `src`'s samples as a specdraft store into `out`: the store its
-    `recorded` index keeps, else one made with the given (target, tokenizer, aux ids, convention)
+    `recorded` index keeps, else one made with what is `given` (its convention resolved)
     (`from_peer`). Returns (the sample count, the aux layers as specdraft indices)."""
-    target, tokenizer, aux_layers, convention = given
     recorded = recorded_index(src)
     if recorded is not None:
-        check_given(recorded, src, aux_layers, convention, target)
+        check_given(recorded, src, given.aux_layers, given.convention, given.target)
         layers = tuple(recorded["aux_layers"])
         checked = checked_samples(samples, recorded["target"]["hidden_size"], len(layers), src)
         last_from_record = after_norm and recorded.get(LAST_HIDDEN_KEY) != AFTER_NORM
         return restore_store(checked, src, out, last_from_record), layers
-    ident = TargetIdentity.load(target, tokenizer)
-    layers = peer_aux_layers(aux_layers, convention, ident.target, num_aux)
+    ident = TargetIdentity.load(given.target, given.tokenizer)
+    layers = peer_aux_layers(given.aux_layers, given.convention, ident.target, num_aux)
     origin = {"format": source, "path": str(src.resolve())}
     count = write_specdraft(
         samples, out, ident, layers, after_norm=after_norm, source=origin, src=src

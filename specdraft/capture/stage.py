@@ -81,28 +81,25 @@ class CaptureConfig:
             )
 
 
-def load_inputs(
-    target: str | Path,
-    data: str | Path,
-    rendering: Rendering,
-    *,
-    tokenizer: str | None = None,
-    target_dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-):
-    """The target, its tokenizer and `data` rendered with it: what capture and online training read.
-
-    target: transformers model directory (its tokenizer too unless `tokenizer` is given); data
-    rendered as `rendering` says (`data.render.Rendering`: its chat_template, a Jinja file,
-    replaces the tokenizer's template, `data.template`). Returns (Target, tokenizer,
-    SampleSet). Raises DataError (bad data, naming the file), TokenizerNotFound (an OSError) for a
-    directory without a tokenizer, and CaptureError (a ValueError) for a tokenizer longer than the
-    target's vocabulary: it belongs to another model.
+def load_inputs(source, device: str | torch.device = "cpu"):
+    """The target, its tokenizer and the data of `source` rendered with it: what capture and
+    online training read. source: a `CaptureConfig` or a `train.sources.OnlineSource`: its target,
+    a transformers model directory (its tokenizer too unless `source.tokenizer` names one), loaded
+    in `source.target_dtype` (a dtype name) onto `device`; its data rendered as its rendering
+    fields say (`data.render.Rendering.of`: a chat_template Jinja file replaces the tokenizer's
+    template, `data.template`). Returns (Target, tokenizer, SampleSet). Raises DataError (bad
+    data, naming the file), TokenizerNotFound (an OSError) for a directory without a tokenizer,
+    and CaptureError (a ValueError) for a tokenizer longer than the target's vocabulary: it
+    belongs to another model.
     """
     from specdraft.targets import load_target
 
-    model = load_target(target, dtype=target_dtype, device=device)
-    tok, samples = load_samples(target, data, model.vocab_size, rendering, tokenizer=tokenizer)
+    target = source.target
+    model = load_target(target, dtype=parse_dtype(source.target_dtype), device=device)
+    rendering = Rendering.of(source)
+    tok, samples = load_samples(
+        target, source.data, model.vocab_size, rendering, tokenizer=source.tokenizer
+    )
     return model, tok, samples
 
 
@@ -212,14 +209,7 @@ def capture_dataset(cfg: CaptureConfig, console=None) -> CaptureResult:
         check_aux_arg(cfg.aux_layers, cfg.target)
     if cfg.engine == "vllm":
         return _capture_through_vllm(cfg, console)
-    target, tokenizer, data = load_inputs(
-        cfg.target,
-        cfg.data,
-        Rendering.of(cfg),
-        tokenizer=cfg.tokenizer,
-        target_dtype=parse_dtype(cfg.target_dtype),
-        device=cfg.device,
-    )
+    target, tokenizer, data = load_inputs(cfg, cfg.device)
     settings = _settings(cfg, cfg.aux_layers or default_aux_layers(target.num_layers))
     _announce(cfg, console)
     extra = _identity(cfg, tokenizer, data, data.num_skipped, console)

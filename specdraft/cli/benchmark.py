@@ -9,6 +9,7 @@ import typer
 
 from specdraft.cli.checks import positive_int_list, url_option
 from specdraft.cli.common import app, make_console, user_errors
+from specdraft.cli.options import PROMPTS_HELP, option
 
 Url = Annotated[
     str,
@@ -20,32 +21,25 @@ Url = Annotated[
 ]
 BaselineUrl = Annotated[
     str,
-    typer.Option(
-        help="The same engine without speculation (needed for a speedup).", callback=url_option
+    option(
+        "", help="The same engine without speculation (needed for a speedup).", callback=url_option
     ),
 ]
-BenchPrompts = Annotated[
-    str,
-    typer.Option(
-        help='\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} '
-        'or chat {"messages": [...]} rows (plain text is refused).',
-    ),
-]
+BenchPrompts = Annotated[str, option("builtin", help=PROMPTS_HELP + " (plain text is refused).")]
 Concurrency = Annotated[
-    str, typer.Option(help="Requests in flight, one level each.", callback=positive_int_list)
+    str, option("1,4,16", help="Requests in flight, one level each.", callback=positive_int_list)
 ]
-BenchMaxTokens = Annotated[int, typer.Option(min=1, help="Tokens per request (ignore_eos).")]
-NumPrompts = Annotated[
-    int, typer.Option(min=1, help="Requests per run of a level (prompts cycled).")
-]
+BenchMaxTokens = Annotated[int, option(128, min=1, help="Tokens per request (ignore_eos).")]
+NumPrompts = Annotated[int, option(32, min=1, help="Requests per run of a level (prompts cycled).")]
 BenchTemperature = Annotated[
-    float, typer.Option(min=0.0, help="Sampling temperature of the requests (0 = greedy).")
+    float, option(0.0, min=0.0, help="Sampling temperature of the requests (0 = greedy).")
 ]
-BenchOut = Annotated[str, typer.Option(help="Directory for bench.json, bench.md and plots.")]
-Timeout = Annotated[float, typer.Option(help="Seconds per request.")]
+BenchOut = Annotated[str, option("bench-out", help="Directory for bench.json, bench.md and plots.")]
+Timeout = Annotated[float, option(600.0, help="Seconds per request.")]
 BenchRepeats = Annotated[
     int,
-    typer.Option(
+    option(
+        3,
         min=1,
         help="Runs per level: tokens/s and speedup are reported as mean and "
         "standard deviation, and a level is a win or a loss only beyond that noise "
@@ -54,7 +48,8 @@ BenchRepeats = Annotated[
 ]
 BenchWait = Annotated[
     float,
-    typer.Option(
+    option(
+        120.0,
         min=0,
         help="Seconds to wait for a server that refuses connections (still "
         "starting, e.g. just launched with serve ... &) before failing; 0: try once.",
@@ -62,7 +57,8 @@ BenchWait = Annotated[
 ]
 Warmup = Annotated[
     int,
-    typer.Option(
+    option(
+        1,
         min=0,
         help="Requests sent to each server, one at a time, before any timing "
         "(first requests pay for compilation and caches; SGLang bench_serving's "
@@ -71,14 +67,16 @@ Warmup = Annotated[
 ]
 BenchSuite = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="A bundled suite (mt-bench, humaneval, gsm8k): chats per category at the first "
         "--concurrency, multi-turn questions turn by turn; tau, p_k and speedup per category.",
     ),
 ]
 SuiteFormat = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         "--format",
         help="With --prompts FILE: run FILE as a suite of this format "
         "(spec-bench, mt-bench, humaneval, gsm8k).",
@@ -123,19 +121,19 @@ def refuse_same_server(url: str, baseline_url: str) -> None:
 @app.command()
 def bench(
     url: Url,
-    baseline_url: BaselineUrl = "",
-    prompts: BenchPrompts = "builtin",
-    concurrency: Concurrency = "1,4,16",
-    max_tokens: BenchMaxTokens = 128,
-    num_prompts: NumPrompts = 32,
-    temperature: BenchTemperature = 0.0,
-    out: BenchOut = "bench-out",
-    timeout: Timeout = 600.0,
-    repeats: BenchRepeats = 3,
-    wait: BenchWait = 120.0,
-    warmup: Warmup = 1,
-    suite: BenchSuite = "",
-    fmt: SuiteFormat = "",
+    baseline_url: BaselineUrl,
+    prompts: BenchPrompts,
+    concurrency: Concurrency,
+    max_tokens: BenchMaxTokens,
+    num_prompts: NumPrompts,
+    temperature: BenchTemperature,
+    out: BenchOut,
+    timeout: Timeout,
+    repeats: BenchRepeats,
+    wait: BenchWait,
+    warmup: Warmup,
+    suite: BenchSuite,
+    fmt: SuiteFormat,
 ) -> None:
     """Benchmark a server against its no-speculation baseline over a concurrency sweep (or a suite by category)."""
     from specdraft.bench.config import BenchConfig

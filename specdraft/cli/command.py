@@ -1,5 +1,6 @@
 """The typer app class of `specdraft` and of its sub-apps, and the class of every command it makes:
-its usage line, its bad-value message, and what a bug prints (`report_bug`)."""
+its usage line, its bad-value message, what a bug prints (`report_bug`); its parameters as their options declare them
+(`declared.declared_signature`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import traceback
 import typer
 from typer.core import TyperCommand
 from typer.exceptions import TyperException
+
+from specdraft.cli.declared import declared_signature
 
 PYDANTIC_PREFIX = (
     "Value error, "  # what typer's pydantic checks put before a ValueError's words (a bad choice)
@@ -69,4 +72,7 @@ class App(typer.Typer):
         )
 
     def command(self, *args, **kwargs):
-        return super().command(*args, cls=Command, **kwargs)
+        """typer's command decorator, each command a `Command` whose parameters are as their
+        options declare them (`declared.declared_signature`: defaults, option groups)."""
+        register = super().command(*args, cls=Command, **kwargs)
+        return lambda function: register(declared_signature(function))

@@ -21,6 +21,7 @@ from specdraft.cli.options import (
     TargetForIds,
     TrustRemoteCode,
     argument,
+    option,
 )
 from specdraft.cli.reading import id_reading, read_target, refuse_bad_configs
 
@@ -38,7 +39,8 @@ ConvertLayout = Annotated[
 ]
 ConvertLayerNames = Annotated[
     LayerNames | None,
-    typer.Option(
+    option(
+        None,
         help="The decoder layer's tensor names: midlayer (SGLang's, read by every release) or "
         "layers.0 (ModelOpt's, TorchSpec's; SGLang < 0.5.12 skips it). Default: the layout's own.",
     ),
@@ -50,11 +52,11 @@ def convert(
     src: ConvertSource,
     dst: ConvertOut,
     layout: ConvertLayout,
-    target: TargetForIds = "",
-    aux_layers: AuxOverride = None,
-    trust_remote_code: TrustRemoteCode = False,
-    sglang_version: SglangVersion = "",
-    layer_names: ConvertLayerNames = None,
+    target: TargetForIds,
+    aux_layers: AuxOverride,
+    trust_remote_code: TrustRemoteCode,
+    sglang_version: SglangVersion,
+    layer_names: ConvertLayerNames,
 ) -> None:
     """Rewrite a drafter in another layout, losslessly (every tensor checked bit-identical)."""
     from specdraft.checkpoint import convert_draft, has_manifest

@@ -8,43 +8,29 @@ import typer
 
 from specdraft.cli.checks import check_device, check_model_dir
 from specdraft.cli.common import app, make_console, set_threads, user_errors
-from specdraft.cli.engine_setting import (
-    WARM_UP_TOKENS,
-    DraftingOptions,
-    decoding_spec,
-    engine_dtype,
-    warm_up_compiled,
-)
+from specdraft.cli.engine_setting import EngineRun, PlainDrafting, decoding_spec, warm_up_compiled
 from specdraft.cli.options import (
     ChatTemplate,
-    Compile,
-    DraftAuxOverride,
-    DraftNumDraftTokens,
-    DraftNumSteps,
-    DraftTopk,
-    EngineDevice,
-    EngineDtypeOption,
-    MaxSeqLen,
     PlainDraft,
-    SglangVersion,
     TargetDir,
     Threads,
     TopP,
     flag,
+    option,
 )
 from specdraft.cli.reading import engine_reading, refuse_bad_configs
-from specdraft.machine_load import DEFAULT_THREADS
 
 Prompt = Annotated[str, typer.Option(help="Prompt text (tokenized as is, no chat template).")]
 Temperature = Annotated[
-    float, typer.Option(min=0.0, help="0 = greedy (output = the target's greedy output).")
+    float, option(0.0, min=0.0, help="0 = greedy (output = the target's greedy output).")
 ]
 SamplingTopK = Annotated[
-    int, typer.Option(min=0, help="Sample from the k most likely tokens (0 = off).")
+    int, option(0, min=0, help="Sample from the k most likely tokens (0 = off).")
 ]
 MaxNewTokens = Annotated[
     int,
-    typer.Option(
+    option(
+        128,
         min=1,
         help="Most tokens to generate after the prompt (fewer at EOS "
         "unless --ignore-eos); prompt + these must fit the engine's longest request.",
@@ -61,59 +47,50 @@ IgnoreEos = Annotated[
         "generation_config.json's eos_token_id).",
     ),
 ]
-Seed = Annotated[int, typer.Option(help="Sampling seed.")]
+Seed = Annotated[int, option(0, help="Sampling seed.")]
 
 
 @app.command()
 def generate(
     target: TargetDir,
     prompt: Prompt,
-    draft: PlainDraft = "",
-    temperature: Temperature = 0.0,
-    top_p: TopP = 1.0,
-    sampling_top_k: SamplingTopK = 0,
-    topk: DraftTopk = None,
-    num_steps: DraftNumSteps = None,
-    num_draft_tokens: DraftNumDraftTokens = None,
-    aux_layers: DraftAuxOverride = None,
-    sglang_version: SglangVersion = "",
-    max_new_tokens: MaxNewTokens = 128,
-    no_spec: NoSpec = False,
-    ignore_eos: IgnoreEos = False,
-    seed: Seed = 0,
-    max_seq_len: MaxSeqLen = 0,
-    device: EngineDevice = "cpu",
-    dtype: EngineDtypeOption = "fp32",
-    compile: Compile = False,
-    threads: Threads = DEFAULT_THREADS,
+    draft: PlainDraft,
+    temperature: Temperature,
+    top_p: TopP,
+    sampling_top_k: SamplingTopK,
+    drafting: PlainDrafting,
+    max_new_tokens: MaxNewTokens,
+    no_spec: NoSpec,
+    ignore_eos: IgnoreEos,
+    seed: Seed,
+    run: EngineRun,
 ) -> None:
     """Generate with specdraft's engine: speculative decoding with --draft, plain decoding without it
     (or with --no-spec). stdout: the prompt and its continuation, streamed (`> out.txt` keeps the text
     alone); stderr: notes, then the metrics table. Errors are one line on stderr; exit 2: a bad option
     value or combination (before anything loads) or an unusable input (a weights file cut short), 1:
     an input refused while loading or generating."""
-    drafting = DraftingOptions(topk, num_steps, num_draft_tokens, aux_layers, sglang_version)
-    spec = decoding_spec(drafting, draft, no_spec, compile, device, plain_without_draft=True)
+    spec = decoding_spec(
+        drafting, draft, no_spec, run.compile, run.device, plain_without_draft=True
+    )
     console, info = make_console(), make_console(stderr=True)  # the text; what is said about it
-    busy = _busy_note(device, threads)
+    busy = _busy_note(run.device, run.threads)
     sampling = {"temperature": temperature, "top_p": top_p, "top_k": sampling_top_k, "seed": seed}
     with user_errors(info):
-        torch_dtype = engine_dtype(dtype)
-        set_threads(threads)
-        engine, tokenizer = _load_engine(
-            target, draft, spec, drafting, device, torch_dtype, info, max_seq_len, compile
-        )
+        set_threads(run.threads)
+        engine, tokenizer = _load_engine(target, draft, spec, drafting, run, info)
         # verbose=False: the length check below says more than the tokenizer's warning
         ids = tokenizer(prompt, verbose=False)["input_ids"]
         engine.check_limits(len(ids), max_new_tokens)  # before the prompt is echoed
-        if compile:  # compile and capture first: the metrics below are then the engine's
-            n = min(max_new_tokens, WARM_UP_TOKENS)
-            warm_up_compiled(lambda: engine.generate(ids, n, **sampling), info)
+        if run.compile:  # compile and capture first: the metrics below are then the engine's
+            warm_up_compiled(
+                lambda n: engine.generate(ids, min(max_new_tokens, n), **sampling), info
+            )
         result = _echo_and_generate(
             console, engine, prompt, ids, max_new_tokens, tokenizer, sampling, target, ignore_eos
         )
     console.print()
-    _print_generate_summary(info, engine, result, no_spec, compile, busy)
+    _print_generate_summary(info, engine, result, no_spec, run.compile, busy)
 
 
 def _busy_note(device: str, threads: int):
@@ -126,17 +103,7 @@ def _busy_note(device: str, threads: int):
     return busy_note("the tokens/s above", remedy)
 
 
-def _load_engine(
-    target: str,
-    draft: str,
-    spec,
-    drafting: DraftingOptions,
-    device: str,
-    dtype,
-    info,
-    max_seq_len: int,
-    compile: bool,
-):
+def _load_engine(target: str, draft: str, spec, drafting: PlainDrafting, run: EngineRun, info):
     """generate's engine and the target's tokenizer: the configs checked (`refuse_bad_configs`),
     the drafter's aux ids read by --target (`id_reading`) when it decodes speculatively, then
     `engine.load.load_engine`; its notes printed to `info`."""
@@ -153,11 +120,11 @@ def _load_engine(
         target,
         draft if spec is not None else None,
         spec,
-        device,
-        dtype,
-        max_seq_len or None,
+        run.device,
+        run.torch_dtype(),
+        run.max_seq_len or None,
         tokenizer,
-        compile=compile,
+        compile=run.compile,
         reading=reading,
     )
     for note in engine.notes:
@@ -268,40 +235,44 @@ def plain_metrics_table(metrics, title: str):
     return table
 
 
-DemoOut = Annotated[str, typer.Option(help="Working directory; a re-run resumes from it.")]
+DemoOut = Annotated[
+    str, option("specdraft-demo", help="Working directory; a re-run resumes from it.")
+]
 DemoDevice = Annotated[
     str,
-    typer.Option(help="Device every stage runs on: cpu, cuda or cuda:N.", callback=check_device),
+    option("cpu", help="Device every stage runs on: cpu, cuda or cuda:N.", callback=check_device),
 ]
 DemoTarget = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="A local transformers model (default: the bundled stories260K).",
         callback=check_model_dir,
     ),
 ]
 DemoData = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="Text file of documents separated by blank lines, or JSONL with a "
         '"text" field per line (default: the TinyStories sample); with --chat-template, JSONL '
         "chats.",
     ),
 ]
-TrainSteps = Annotated[int, typer.Option(help="Drafter optimizer steps.")]
-NumTrain = Annotated[int, typer.Option(help="Training documents.")]
+TrainSteps = Annotated[int, option(1000, help="Drafter optimizer steps.")]
+NumTrain = Annotated[int, option(800, help="Training documents.")]
 
 
 @app.command()
 def demo(
-    out: DemoOut = "specdraft-demo",
-    device: DemoDevice = "cpu",
-    target: DemoTarget = "",
-    data: DemoData = "",
-    chat_template: ChatTemplate = "",
-    train_steps: TrainSteps = 1000,
-    num_train: NumTrain = 800,
-    threads: Threads = DEFAULT_THREADS,
+    out: DemoOut,
+    device: DemoDevice,
+    target: DemoTarget,
+    data: DemoData,
+    chat_template: ChatTemplate,
+    train_steps: TrainSteps,
+    num_train: NumTrain,
+    threads: Threads,
 ) -> None:
     """Run the whole pipeline on a real target and write report.md with plots. Stages, in the order
     they run and print: target, data, regenerate, capture, train, speculative generation vs plain

@@ -30,6 +30,7 @@ from specdraft.cli.options import (
     TrustRemoteCode,
     argument,
     flag,
+    option,
 )
 from specdraft.cli.reading import id_reading, read_target
 
@@ -46,18 +47,17 @@ ExportOut = Annotated[str, argument("OUT", "Output directory (replaced atomicall
 ExportEngineOption = Annotated[ExportEngine, typer.Option(help="Engine to export for.")]
 ExportTarget = Annotated[
     str,
-    typer.Option(
-        help="Target directory (default: the manifest's record).", callback=check_model_dir
-    ),
+    option("", help="Target directory (default: the manifest's record).", callback=check_model_dir),
 ]
 Verifier = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="speculators verifier.name_or_path (must resolve where "
         "the server runs; default: the target's absolute path).",
     ),
 ]
-CastDtype = Annotated[DtypeName | None, typer.Option(help="Cast floating tensors (default: keep).")]
+CastDtype = Annotated[DtypeName | None, option(None, help="Cast floating tensors (default: keep).")]
 
 DoctorCheckpoint = Annotated[
     str,
@@ -69,21 +69,25 @@ DoctorCheckpoint = Annotated[
 ]
 DoctorTarget = Annotated[
     str,
-    typer.Option(
-        help="Target directory: capture parity, acceptance, tokenizer.", callback=check_model_dir
+    option(
+        "",
+        help="Target directory: capture parity, acceptance, tokenizer.",
+        callback=check_model_dir,
     ),
 ]
 DoctorEngineOption = Annotated[
     DoctorEngine | None,
-    typer.Option(
+    option(
+        None,
         help="Engine to check for (default: from --engine-args, "
         "else all; a speculators drafter: vllm, which serves it).",
     ),
 ]
-EngineArgs = Annotated[str, typer.Option(help="The engine's launch command line, quoted.")]
+EngineArgs = Annotated[str, option("", help="The engine's launch command line, quoted.")]
 Samples = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="Capture store, JSONL (token ids, chats or texts) or a suite name "
         "(mt-bench, humaneval, gsm8k: prompts for --server and render parity).",
     ),
@@ -93,7 +97,8 @@ DoctorSkipBad = Annotated[
 ]
 DoctorWait = Annotated[
     float,
-    typer.Option(
+    option(
+        120.0,
         min=0,
         help="Seconds to wait for a --server that refuses connections (still "
         "starting) before the online check fails; 0: try once.",
@@ -101,16 +106,17 @@ DoctorWait = Annotated[
 ]
 Server = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="Live server URL, e.g. http://127.0.0.1:8000 or .../v1 (online "
         "acceptance; needs --samples: prompts with the target's own outputs, e.g. the "
         "demo's store-heldout, or a suite's prompts).",
     ),
 ]
 ServerTemplateKwargs = Annotated[
-    str, typer.Option(help="The server's chat template kwargs (JSON).", callback=json_object)
+    str, option("", help="The server's chat template kwargs (JSON).", callback=json_object)
 ]
-MaxSamples = Annotated[int, typer.Option(min=1, help="Samples for the offline run.")]
+MaxSamples = Annotated[int, option(32, min=1, help="Samples for the offline run.")]
 JsonOutput = Annotated[bool, flag("--json", help="Print the report as JSON.")]
 Strict = Annotated[
     bool,
@@ -123,15 +129,15 @@ def export(
     checkpoint: ExportCheckpoint,
     out: ExportOut,
     engine: ExportEngineOption,
-    target: ExportTarget = "",
-    verifier: Verifier = "",
-    sglang_version: SglangVersion = "",
-    num_steps: ExportNumSteps = None,
-    topk: ExportTopk = None,
-    num_draft_tokens: ExportNumDraftTokens = 0,
-    dtype: CastDtype = None,
-    aux_layers: AuxOverride = None,
-    trust_remote_code: TrustRemoteCode = False,
+    target: ExportTarget,
+    verifier: Verifier,
+    sglang_version: SglangVersion,
+    num_steps: ExportNumSteps,
+    topk: ExportTopk,
+    num_draft_tokens: ExportNumDraftTokens,
+    dtype: CastDtype,
+    aux_layers: AuxOverride,
+    trust_remote_code: TrustRemoteCode,
 ) -> None:
     """Write CHECKPOINT for one engine, prove every tensor bit-identical, print the launch command.
     Exit 2: a bad option value or combination (an invalid --num-steps / --topk / --num-draft-tokens
@@ -204,21 +210,21 @@ def launch_heading(spec, given: list[str]) -> str:
 @app.command()
 def doctor(
     checkpoint: DoctorCheckpoint,
-    target: DoctorTarget = "",
-    engine: DoctorEngineOption = None,
-    engine_args: EngineArgs = "",
-    samples: Samples = "",
-    skip_bad: DoctorSkipBad = False,
-    wait: DoctorWait = 120.0,
-    server: Server = "",
-    sglang_version: SglangVersion = "",
-    aux_layers: AuxOverride = None,
-    trust_remote_code: TrustRemoteCode = False,
-    template_kwargs: ServerTemplateKwargs = "",
-    chat_template: ChatTemplate = "",
-    max_samples: MaxSamples = 32,
-    json_output: JsonOutput = False,
-    strict: Strict = False,
+    target: DoctorTarget,
+    engine: DoctorEngineOption,
+    engine_args: EngineArgs,
+    samples: Samples,
+    skip_bad: DoctorSkipBad,
+    wait: DoctorWait,
+    server: Server,
+    sglang_version: SglangVersion,
+    aux_layers: AuxOverride,
+    trust_remote_code: TrustRemoteCode,
+    template_kwargs: ServerTemplateKwargs,
+    chat_template: ChatTemplate,
+    max_samples: MaxSamples,
+    json_output: JsonOutput,
+    strict: Strict,
 ) -> None:
     """Check a drafter against its training record, target and deployment (exit 1 on a fail, on a
     skip with --strict, or on a

@@ -42,12 +42,12 @@ KnownKeys = Annotated[
 @app.command()
 def inspect(
     checkpoint: Drafter,
-    target: TargetForIds = "",
-    manifest: WholeManifest = False,
-    aux_layers: AuxOverride = None,
-    trust_remote_code: TrustRemoteCode = False,
-    sglang_version: SglangVersion = "",
-    known_keys: KnownKeys = False,
+    target: TargetForIds,
+    manifest: WholeManifest,
+    aux_layers: AuxOverride,
+    trust_remote_code: TrustRemoteCode,
+    sglang_version: SglangVersion,
+    known_keys: KnownKeys,
 ) -> None:
     """Show a drafter's layout, tensors, manifest and audit verdict (exit 1 on a failed audit); a
     drafter without a manifest, given no --target: its files alone (layout, tensors, aux ids as written)."""

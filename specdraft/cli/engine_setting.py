@@ -8,22 +8,39 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specdraft.cli.common import USAGE_ERROR, OptionError, user_errors
-from specdraft.cli.options import EngineDtype
+from specdraft.cli.declared import OptionGroup
+from specdraft.cli.options import (
+    Compile,
+    DraftAuxOverride,
+    DraftNumDraftTokens,
+    DraftNumSteps,
+    DraftTopk,
+    EngineDevice,
+    EngineDtype,
+    EngineDtypeOption,
+    MaxSeqLen,
+    ServeNumDraftTokens,
+    ServeNumSteps,
+    ServeTopk,
+    SglangVersion,
+    Threads,
+)
 
 WARM_UP_TOKENS = 16  # the --compile warm-up: enough steps to compile and capture decode and verify
 DEFAULT_NUM_STEPS = 3  # generate's and serve's chain without --num-steps (tune measures it too)
 
 
 @dataclass(frozen=True)
-class DraftingOptions:
-    """generate's / serve's drafting options as given (None: left out; --topk 1 and --num-steps 3
-    then); --aux-layers as `checks.aux_override` parsed it, --sglang-version "" when not pinned."""
+class DraftingOptions(OptionGroup):
+    """serve's drafting options as given, one option each (`declared.OptionGroup`): ints or None
+    (left out: --topk 1 and --num-steps 3 then), --aux-layers as `checks.aux_override` parsed it
+    (None: left out), --sglang-version "" when not pinned."""
 
-    topk: int | None = None
-    num_steps: int | None = None
-    num_draft_tokens: int | None = None
-    aux_layers: tuple[str, tuple[int, ...]] | None = None
-    sglang_version: str = ""
+    topk: ServeTopk
+    num_steps: ServeNumSteps
+    num_draft_tokens: ServeNumDraftTokens
+    aux_layers: DraftAuxOverride
+    sglang_version: SglangVersion
 
     def given(self) -> str:
         """The options given, as flags: "--topk, --num-steps" ("" for none)."""
@@ -35,6 +52,33 @@ class DraftingOptions:
             "--sglang-version": self.sglang_version or None,
         }
         return ", ".join(name for name, value in values.items() if value is not None)
+
+
+@dataclass(frozen=True)
+class PlainDrafting(DraftingOptions):
+    """generate's drafting options: serve's, whose help says they are used only with --draft
+    (generate decodes plainly without one)."""
+
+    topk: DraftTopk
+    num_steps: DraftNumSteps
+    num_draft_tokens: DraftNumDraftTokens
+
+
+@dataclass(frozen=True)
+class EngineRun(OptionGroup):
+    """generate's and serve's options of the engine they run here (`declared.OptionGroup`): the
+    cache size (0: the target's positions, at most 4096), the device, the dtype's name, --compile
+    and the torch threads."""
+
+    max_seq_len: MaxSeqLen
+    device: EngineDevice
+    dtype: EngineDtypeOption
+    compile: Compile
+    threads: Threads
+
+    def torch_dtype(self):
+        """--dtype as a torch dtype (`engine_dtype`)."""
+        return engine_dtype(self.dtype)
 
 
 def decoding_spec(
@@ -132,14 +176,15 @@ def engine_dtype(name: EngineDtype):
     return parse_dtype(name)
 
 
-def warm_up_compiled(generation: Callable[[], object], console) -> None:
-    """--compile: run `generation`, one short generation that compiles the target layers and
-    captures the CUDA graphs, timed in one line, so what runs next (generate's metrics, serve's
-    requests) is the engine's time, not the compiler's."""
+def warm_up_compiled(generation: Callable[[int], object], console) -> None:
+    """--compile: run `generation(WARM_UP_TOKENS)`, one short generation of at most that many
+    tokens that compiles the target layers and captures the CUDA graphs, timed in one line, so
+    what runs next (generate's metrics, serve's requests) is the engine's time, not the
+    compiler's."""
     import time
 
     started = time.perf_counter()
-    generation()
+    generation(WARM_UP_TOKENS)
     console.print(
         f"compiled and captured CUDA graphs in {time.perf_counter() - started:.1f} s "
         f"(a warm-up generation, not in the metrics)",

@@ -1,5 +1,5 @@
 """The options and arguments more than one command takes, each declared once (a typer `Annotated`
-alias: type, help, range, callback); a command's signature names the alias and its default.
+alias: type, default, help, range, callback); a command's signature names the alias alone.
 
 Options with a fixed set of values are `Literal`s: click refuses any other value (exit 2, the
 choices listed) and --help shows them. Each mirrors the library's own table
@@ -9,7 +9,7 @@ free of torch.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 
@@ -22,6 +22,8 @@ from specdraft.cli.checks import (
     check_top_p,
     json_object,
 )
+from specdraft.cli.declared import DeclaredOption
+from specdraft.machine_load import DEFAULT_THREADS
 
 DtypeName = Literal["bf16", "fp16", "fp32", "bfloat16", "float16", "float32"]  # conventions.DTYPES
 EngineDtype = Literal["fp32", "bf16", "fp16"]  # engine_dtype
@@ -34,10 +36,19 @@ EndpointApi = Literal["chat", "completions"]  # regenerate.backends.EndpointBack
 ReasoningMode = Literal["keep", "drop"]  # data.reasoning.REASONING_MODES
 
 
-def flag(name: str, help: str, **kwargs):
-    """A boolean option set by `name` alone (False in the signature: off by default); its help
-    shows no value type (typer would show `--name <bool>`). kwargs: more typer.Option settings."""
-    return typer.Option(name, help=help, metavar="", **kwargs)
+def option(default: Any, *names: str, **kwargs) -> DeclaredOption:
+    """An option that defaults to `default`, declared with its type in one alias
+    (`Annotated[int, option(8, min=1, help=...)]`, the default first as in `typer.Option(8, ...)`);
+    a command names the alias alone and `declared.declared_signature` gives it
+    the default. names: its flags
+    (default: the parameter's name, `--max-tokens`); kwargs: typer.Option's settings."""
+    return DeclaredOption(default, typer.Option(*names, **kwargs))
+
+
+def flag(name: str, help: str, **kwargs) -> DeclaredOption:
+    """A boolean option set by `name` alone, off by default; its help shows no value type (typer
+    would show `--name <bool>`). kwargs: more typer.Option settings."""
+    return option(False, name, help=help, metavar="", **kwargs)
 
 
 def argument(metavar: str, help: str, **kwargs):
@@ -85,18 +96,20 @@ TargetDir = Annotated[
 ]
 TargetForIds = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="Target directory: needed to read aux ids without a manifest.",
         callback=check_model_dir,
     ),
 ]
-AuxOverride = Annotated[str | None, typer.Option(help=AUX_NEEDS_TARGET, callback=aux_override)]
+AuxOverride = Annotated[str | None, option(None, help=AUX_NEEDS_TARGET, callback=aux_override)]
 DraftAuxOverride = Annotated[
-    str | None, typer.Option(help=AUX_OVERRIDE_HELP + AUX_NEEDS_DRAFT, callback=aux_override)
+    str | None, option(None, help=AUX_OVERRIDE_HELP + AUX_NEEDS_DRAFT, callback=aux_override)
 ]
 SglangVersion = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="Pin the SGLang version whose reading of eagle_config ids and of --aux-layers "
         "sglang:IDS applies (it depends on the version on DeepSeek/Kimi-class targets), e.g. 0.5.23.",
         callback=check_sglang_version,
@@ -105,27 +118,27 @@ SglangVersion = Annotated[
 TrustRemoteCode = Annotated[bool, flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP)]
 
 # running torch here
-EngineDevice = Annotated[str, typer.Option(help=ENGINE_DEVICE_HELP, callback=check_device)]
+EngineDevice = Annotated[str, option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device)]
 EngineDtypeOption = Annotated[
-    EngineDtype, typer.Option(help="Dtype the target and drafter run in.")
+    EngineDtype, option("fp32", help="Dtype the target and drafter run in.")
 ]
-Threads = Annotated[int, typer.Option(min=1, help=THREADS_HELP)]
-MaxSeqLen = Annotated[int, typer.Option(min=0, help="Cache size (0 = min(max positions, 4096)).")]
+Threads = Annotated[int, option(DEFAULT_THREADS, min=1, help=THREADS_HELP)]
+MaxSeqLen = Annotated[int, option(0, min=0, help="Cache size (0 = min(max positions, 4096)).")]
 Compile = Annotated[bool, flag("--compile", help=COMPILE_HELP)]
 TopP = Annotated[
-    float, typer.Option(help="Nucleus sampling mass, in (0, 1] (1 = off).", callback=check_top_p)
+    float, option(1.0, help="Nucleus sampling mass, in (0, 1] (1 = off).", callback=check_top_p)
 ]
 
 # the data
 SkipBad = Annotated[bool, flag("--skip-bad", help="Skip and count bad records.")]
 TemplateKwargs = Annotated[
-    str, typer.Option(help="JSON kwargs for the chat template.", callback=json_object)
+    str, option("{}", help="JSON kwargs for the chat template.", callback=json_object)
 ]
 CHAT_TEMPLATE_HELP = (
     "Jinja chat template file that renders chats in place of the tokenizer's own, as vllm serve "
     "and SGLang take --chat-template FILE (training records its hash; doctor: the one served)."
 )
-ChatTemplate = Annotated[str, typer.Option(metavar="FILE", help=CHAT_TEMPLATE_HELP)]
+ChatTemplate = Annotated[str, option("", metavar="FILE", help=CHAT_TEMPLATE_HELP)]
 
 # the speculative setting (SGLang's names): generate's and serve's, then export's
 NUM_DRAFT_TOKENS_HELP = (
@@ -135,35 +148,41 @@ NUM_DRAFT_TOKENS_HELP = (
 TOPK_HELP = "Draft tree: children per node (SGLang --speculative-eagle-topk)"
 NUM_STEPS_HELP = "Draft depth (SGLang --speculative-num-steps)"
 DraftTopk = Annotated[
-    int | None, typer.Option(min=1, help=TOPK_HELP + "; default 1; used only with --draft.")
+    int | None, option(None, min=1, help=TOPK_HELP + "; default 1; used only with --draft.")
 ]
 DraftNumSteps = Annotated[
-    int | None, typer.Option(min=1, help=NUM_STEPS_HELP + "; default 3; used only with --draft.")
+    int | None, option(None, min=1, help=NUM_STEPS_HELP + "; default 3; used only with --draft.")
 ]
 DraftNumDraftTokens = Annotated[
-    int | None, typer.Option(min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft.")
+    int | None, option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft.")
 ]
-ServeTopk = Annotated[int | None, typer.Option(min=1, help=TOPK_HELP + "; default 1.")]
-ServeNumSteps = Annotated[int | None, typer.Option(min=1, help=NUM_STEPS_HELP + "; default 3.")]
-ServeNumDraftTokens = Annotated[int | None, typer.Option(min=0, help=NUM_DRAFT_TOKENS_HELP)]
+ServeTopk = Annotated[int | None, option(None, min=1, help=TOPK_HELP + "; default 1.")]
+ServeNumSteps = Annotated[int | None, option(None, min=1, help=NUM_STEPS_HELP + "; default 3.")]
+ServeNumDraftTokens = Annotated[int | None, option(None, min=0, help=NUM_DRAFT_TOKENS_HELP)]
 ExportNumSteps = Annotated[
     int | None,
-    typer.Option(
+    option(
+        None,
         min=1,
         help=NUM_STEPS_HELP + " in the launch command (vLLM: num_speculative_tokens); default 3.",
     ),
 ]
 ExportTopk = Annotated[
     int | None,
-    typer.Option(min=1, help=TOPK_HELP + "; default 1, a chain, the only shape vLLM runs."),
+    option(None, min=1, help=TOPK_HELP + "; default 1, a chain, the only shape vLLM runs."),
 ]
-ExportNumDraftTokens = Annotated[int, typer.Option(min=0, help=NUM_DRAFT_TOKENS_HELP)]
+ExportNumDraftTokens = Annotated[int, option(0, min=0, help=NUM_DRAFT_TOKENS_HELP)]
+
+# the prompts of bench and tune (`bench.prompts.load_prompts`)
+PROMPTS_HELP = (
+    '\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} or chat {"messages": [...]} rows'
+)
 
 # the draft of generate / serve / tune
 PlainDraft = Annotated[
-    str, typer.Option(help=DRAFTER_HELP + " (omit for plain decoding).", callback=check_drafter)
+    str, option("", help=DRAFTER_HELP + " (omit for plain decoding).", callback=check_drafter)
 ]
 ServeDraft = Annotated[
-    str, typer.Option(help=DRAFTER_HELP + " (omit with --no-spec).", callback=check_drafter)
+    str, option("", help=DRAFTER_HELP + " (omit with --no-spec).", callback=check_drafter)
 ]
 TuneDraft = Annotated[str, typer.Option(help=DRAFTER_HELP + ".", callback=check_drafter)]

@@ -35,9 +35,9 @@ from specdraft.cli.options import (
     TopP,
     argument,
     flag,
+    option,
 )
 from specdraft.cli.reading import refuse_bad_configs
-from specdraft.machine_load import DEFAULT_THREADS
 
 CaptureTarget = Annotated[
     str, argument("TARGET", "Target model directory (transformers).", callback=check_model_dir)
@@ -46,39 +46,40 @@ CaptureData = Annotated[str, argument("DATA", "JSONL chats/texts, save_to_disk d
 StoreOut = Annotated[str, argument("OUT", "Output store directory (resumed if it exists).")]
 CaptureAuxLayers = Annotated[
     str | None,
-    typer.Option(
+    option(
+        None,
         help="Specdraft indices, e.g. '2,3,4' (default: [2, L//2, L-3] for an L-layer target).",
         callback=aux_layer_list,
     ),
 ]
-StoreDtype = Annotated[DtypeName, typer.Option(help="Storage dtype of hidden states.")]
-TargetDtype = Annotated[DtypeName, typer.Option(help="Dtype the target runs in.")]
-MaxLength = Annotated[int, typer.Option(min=1, help="Truncate samples to this many tokens.")]
-ShardTokens = Annotated[int, typer.Option(min=1, help="Tokens per shard (bounds memory).")]
-BatchTokens = Annotated[int, typer.Option(min=1, help="Padded tokens per target forward.")]
+StoreDtype = Annotated[DtypeName, option("bf16", help="Storage dtype of hidden states.")]
+TargetDtype = Annotated[DtypeName, option("fp32", help="Dtype the target runs in.")]
+MaxLength = Annotated[int, option(2048, min=1, help="Truncate samples to this many tokens.")]
+ShardTokens = Annotated[int, option(65536, min=1, help="Tokens per shard (bounds memory).")]
+BatchTokens = Annotated[int, option(16384, min=1, help="Padded tokens per target forward.")]
 NoChat = Annotated[bool, flag("--no-chat", help="Plain text (base models).")]
-CaptureTokenizer = Annotated[str, typer.Option(help="Tokenizer directory (default: the target's).")]
-CaptureDevice = Annotated[str, typer.Option(help="Device for the target.", callback=check_device)]
-CaptureReasoning = Annotated[ReasoningMode, typer.Option(help=REASONING_HELP)]
+CaptureTokenizer = Annotated[str, option("", help="Tokenizer directory (default: the target's).")]
+CaptureDevice = Annotated[str, option("cpu", help="Device for the target.", callback=check_device)]
+CaptureReasoning = Annotated[ReasoningMode, option("keep", help=REASONING_HELP)]
 CaptureEngineOption = Annotated[
     CaptureEngine,
-    typer.Option(
+    option(
+        "transformers",
         help="What runs the target: transformers (here, on "
         "--device) or vllm (its engine; the options below).",
     ),
 ]
-TensorParallelSize = Annotated[
-    int, typer.Option(min=1, help="With --engine vllm: GPUs per engine.")
-]
+TensorParallelSize = Annotated[int, option(1, min=1, help="With --engine vllm: GPUs per engine.")]
 DataParallelSize = Annotated[
     int,
-    typer.Option(
-        min=1, help="With --engine vllm: engines, one process each, on GPUs r*TP..(r+1)*TP-1."
+    option(
+        1, min=1, help="With --engine vllm: engines, one process each, on GPUs r*TP..(r+1)*TP-1."
     ),
 ]
 MaxModelLen = Annotated[
     int | None,
-    typer.Option(
+    option(
+        None,
         min=2,
         help="With --engine vllm: longest request (default: --max-length + 1, within the "
         "target's positions).",
@@ -86,8 +87,8 @@ MaxModelLen = Annotated[
 ]
 GpuMemoryUtilization = Annotated[
     float | None,
-    typer.Option(
-        min=0.0, max=1.0, help="With --engine vllm: GPU memory fraction (default: vLLM's)."
+    option(
+        None, min=0.0, max=1.0, help="With --engine vllm: GPU memory fraction (default: vLLM's)."
     ),
 ]
 EnforceEager = Annotated[
@@ -100,7 +101,8 @@ EnforceEager = Annotated[
 ]
 AttentionBackend = Annotated[
     str | None,
-    typer.Option(
+    option(
+        None,
         help="With --engine vllm: vLLM's attention backend "
         "(e.g. FLASH_ATTN, CPU_MLA; default: vLLM's choice).",
     ),
@@ -113,27 +115,27 @@ def capture(
     target: CaptureTarget,
     data: CaptureData,
     out: StoreOut,
-    aux_layers: CaptureAuxLayers = None,
-    dtype: StoreDtype = "bf16",
-    target_dtype: TargetDtype = "fp32",
-    max_length: MaxLength = 2048,
-    shard_tokens: ShardTokens = 65536,
-    batch_tokens: BatchTokens = 16384,
-    no_chat: NoChat = False,
-    template_kwargs: TemplateKwargs = "{}",
-    chat_template: ChatTemplate = "",
-    tokenizer: CaptureTokenizer = "",
-    skip_bad: SkipBad = False,
-    device: CaptureDevice = "cpu",
-    reasoning: CaptureReasoning = "keep",
-    engine: CaptureEngineOption = "transformers",
-    tensor_parallel_size: TensorParallelSize = 1,
-    data_parallel_size: DataParallelSize = 1,
-    max_model_len: MaxModelLen = None,
-    gpu_memory_utilization: GpuMemoryUtilization = None,
-    enforce_eager: EnforceEager = False,
-    attention_backend: AttentionBackend = None,
-    threads: Threads = DEFAULT_THREADS,
+    aux_layers: CaptureAuxLayers,
+    dtype: StoreDtype,
+    target_dtype: TargetDtype,
+    max_length: MaxLength,
+    shard_tokens: ShardTokens,
+    batch_tokens: BatchTokens,
+    no_chat: NoChat,
+    template_kwargs: TemplateKwargs,
+    chat_template: ChatTemplate,
+    tokenizer: CaptureTokenizer,
+    skip_bad: SkipBad,
+    device: CaptureDevice,
+    reasoning: CaptureReasoning,
+    engine: CaptureEngineOption,
+    tensor_parallel_size: TensorParallelSize,
+    data_parallel_size: DataParallelSize,
+    max_model_len: MaxModelLen,
+    gpu_memory_utilization: GpuMemoryUtilization,
+    enforce_eager: EnforceEager,
+    attention_backend: AttentionBackend,
+    threads: Threads,
 ) -> None:
     """Run the target over DATA and write a sharded hidden-state store to OUT."""
     from specdraft.capture.stage import CaptureConfig, capture_dataset
@@ -173,31 +175,34 @@ RegenData = Annotated[str, argument("DATA", "JSONL chats (or texts with --no-cha
 RegenOut = Annotated[str, argument("OUT", "Output JSONL (resumed if it exists).")]
 LocalTarget = Annotated[
     str,
-    typer.Option(help="Local target model directory (transformers).", callback=check_model_dir),
+    option("", help="Local target model directory (transformers).", callback=check_model_dir),
 ]
 Endpoint = Annotated[
     str,
-    typer.Option(help="OpenAI-compatible base URL, e.g. http://host:8000.", callback=url_option),
+    option("", help="OpenAI-compatible base URL, e.g. http://host:8000.", callback=url_option),
 ]
-ServedModel = Annotated[str, typer.Option(help="Served model name (with --endpoint).")]
-Api = Annotated[EndpointApi, typer.Option(help="Endpoint API.")]
-RegenTokenizer = Annotated[str, typer.Option(help="Target tokenizer dir (no-chat / completions).")]
+ServedModel = Annotated[str, option("", help="Served model name (with --endpoint).")]
+Api = Annotated[EndpointApi, option("chat", help="Endpoint API.")]
+RegenTokenizer = Annotated[str, option("", help="Target tokenizer dir (no-chat / completions).")]
 ContinueText = Annotated[bool, flag("--no-chat", help="Continue plain text (base models).")]
 PromptTokens = Annotated[
-    int, typer.Option(min=1, help="No-chat prompt = first N tokens of a document.")
+    int, option(32, min=1, help="No-chat prompt = first N tokens of a document.")
 ]
-Greedy = Annotated[float, typer.Option(min=0.0, help="0 = greedy.")]
+Greedy = Annotated[float, option(0.0, min=0.0, help="0 = greedy.")]
 AnswerTokens = Annotated[
-    int, typer.Option(min=1, help="Longest answer / continuation the target writes per record.")
+    int, option(256, min=1, help="Longest answer / continuation the target writes per record.")
 ]
-SamplingSeed = Annotated[int, typer.Option(help="Sampling seed (with --temperature > 0).")]
-Concurrency = Annotated[int, typer.Option(min=1, help="Requests in flight (endpoint).")]
-BatchSize = Annotated[int, typer.Option(min=1, help="Prompts per generate call (local target).")]
-MaxRetries = Annotated[int, typer.Option(min=0, help="Retries on 5xx / timeouts (endpoint).")]
-LocalDevice = Annotated[str, typer.Option(help="Device for a local target.", callback=check_device)]
+SamplingSeed = Annotated[int, option(0, help="Sampling seed (with --temperature > 0).")]
+Concurrency = Annotated[int, option(8, min=1, help="Requests in flight (endpoint).")]
+BatchSize = Annotated[int, option(8, min=1, help="Prompts per generate call (local target).")]
+MaxRetries = Annotated[int, option(5, min=0, help="Retries on 5xx / timeouts (endpoint).")]
+LocalDevice = Annotated[
+    str, option("cpu", help="Device for a local target.", callback=check_device)
+]
 RegenReasoning = Annotated[
     ReasoningMode,
-    typer.Option(
+    option(
+        "keep",
         help="keep: write the target's reasoning with each "
         "answer; drop: ask for non-thinking answers (the template's "
         "switch) and write none.",
@@ -210,26 +215,26 @@ def regenerate(
     ctx: typer.Context,
     data: RegenData,
     out: RegenOut,
-    target: LocalTarget = "",
-    endpoint: Endpoint = "",
-    model: ServedModel = "",
-    api: Api = "chat",
-    tokenizer: RegenTokenizer = "",
-    no_chat: ContinueText = False,
-    prompt_tokens: PromptTokens = 32,
-    temperature: Greedy = 0.0,
-    top_p: TopP = 1.0,
-    max_new_tokens: AnswerTokens = 256,
-    seed: SamplingSeed = 0,
-    template_kwargs: TemplateKwargs = "{}",
-    chat_template: ChatTemplate = "",
-    concurrency: Concurrency = 8,
-    batch_size: BatchSize = 8,
-    max_retries: MaxRetries = 5,
-    skip_bad: SkipBad = False,
-    device: LocalDevice = "cpu",
-    reasoning: RegenReasoning = "keep",
-    threads: Threads = DEFAULT_THREADS,
+    target: LocalTarget,
+    endpoint: Endpoint,
+    model: ServedModel,
+    api: Api,
+    tokenizer: RegenTokenizer,
+    no_chat: ContinueText,
+    prompt_tokens: PromptTokens,
+    temperature: Greedy,
+    top_p: TopP,
+    max_new_tokens: AnswerTokens,
+    seed: SamplingSeed,
+    template_kwargs: TemplateKwargs,
+    chat_template: ChatTemplate,
+    concurrency: Concurrency,
+    batch_size: BatchSize,
+    max_retries: MaxRetries,
+    skip_bad: SkipBad,
+    device: LocalDevice,
+    reasoning: RegenReasoning,
+    threads: Threads,
 ) -> None:
     """Replace the answers in DATA with the target's own outputs, written to OUT."""
     from specdraft.regenerate.backends import Sampling

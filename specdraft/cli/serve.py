@@ -4,40 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import typer
-
 from specdraft.cli.common import OptionError, app, make_console, set_threads, user_errors
-from specdraft.cli.engine_setting import (
-    WARM_UP_TOKENS,
-    DraftingOptions,
-    decoding_spec,
-    engine_dtype,
-    warm_up_compiled,
-)
+from specdraft.cli.engine_setting import DraftingOptions, EngineRun, decoding_spec, warm_up_compiled
 from specdraft.cli.options import (
     ChatTemplate,
-    Compile,
-    DraftAuxOverride,
-    EngineDevice,
-    EngineDtypeOption,
-    MaxSeqLen,
     ServeDraft,
-    ServeNumDraftTokens,
-    ServeNumSteps,
-    ServeTopk,
-    SglangVersion,
     TargetDir,
-    Threads,
     flag,
+    option,
 )
 from specdraft.cli.reading import engine_reading
 from specdraft.client import MAX_PORT
-from specdraft.machine_load import DEFAULT_THREADS
 
 WARM_UP_PROMPT = "Hello"  # serve's warm-up prompt (generate warms up on the user's prompt)
 
-Host = Annotated[str, typer.Option(help="Bind address (loopback by default).")]
-Port = Annotated[int, typer.Option(min=1, max=MAX_PORT, help="Port to listen on.")]
+Host = Annotated[str, option("127.0.0.1", help="Bind address (loopback by default).")]
+Port = Annotated[int, option(8000, min=1, max=MAX_PORT, help="Port to listen on.")]
 NoSpec = Annotated[
     bool,
     flag(
@@ -46,67 +28,58 @@ NoSpec = Annotated[
     ),
 ]
 MaxQueue = Annotated[
-    int, typer.Option(min=1, help="Requests waiting besides the running one (429 beyond).")
+    int, option(64, min=1, help="Requests waiting besides the running one (429 beyond).")
 ]
 LogEvery = Annotated[
     int,
-    typer.Option(
-        min=0, help="Log accept length and tokens/s every N verification steps (0 = off)."
-    ),
+    option(100, min=0, help="Log accept length and tokens/s every N verification steps (0 = off)."),
 ]
 ModelName = Annotated[
-    str, typer.Option(help="Served model name (default: the target directory's name).")
+    str, option("", help="Served model name (default: the target directory's name).")
 ]
 
 
 @app.command()
 def serve(
     target: TargetDir,
-    draft: ServeDraft = "",
-    host: Host = "127.0.0.1",
-    port: Port = 8000,
-    topk: ServeTopk = None,
-    num_steps: ServeNumSteps = None,
-    num_draft_tokens: ServeNumDraftTokens = None,
-    aux_layers: DraftAuxOverride = None,
-    sglang_version: SglangVersion = "",
-    no_spec: NoSpec = False,
-    max_queue: MaxQueue = 64,
-    log_every: LogEvery = 100,
-    model_name: ModelName = "",
-    chat_template: ChatTemplate = "",
-    max_seq_len: MaxSeqLen = 0,
-    device: EngineDevice = "cpu",
-    dtype: EngineDtypeOption = "fp32",
-    compile: Compile = False,
-    threads: Threads = DEFAULT_THREADS,
+    draft: ServeDraft,
+    host: Host,
+    port: Port,
+    drafting: DraftingOptions,
+    no_spec: NoSpec,
+    max_queue: MaxQueue,
+    log_every: LogEvery,
+    model_name: ModelName,
+    chat_template: ChatTemplate,
+    run: EngineRun,
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
     from specdraft.serve.server import build_app
     from specdraft.serve.server import serve as run_server
 
     console = make_console()
-    drafting = DraftingOptions(topk, num_steps, num_draft_tokens, aux_layers, sglang_version)
-    spec = decoding_spec(drafting, draft, no_spec, compile, device)
+    spec = decoding_spec(drafting, draft, no_spec, run.compile, run.device)
     with user_errors(console):
-        reading = engine_reading(spec is not None, target, draft, aux_layers, sglang_version)
+        reading = engine_reading(
+            spec is not None, target, draft, drafting.aux_layers, drafting.sglang_version
+        )
         check_port_free(host, port)  # before the model loads
-        set_threads(threads)
+        set_threads(run.threads)
         server_app = build_app(
             target,
             draft or None,
             spec,
-            device,
-            engine_dtype(dtype),
-            max_seq_len or None,
+            run.device,
+            run.torch_dtype(),
+            run.max_seq_len or None,
             model_name or None,
             max_queue,
             log_every,
-            compile=compile,
+            compile=run.compile,
             reading=reading,
             chat_template=chat_template or None,
         )
-        _announce_engine(console, server_app.state.server, compile)
+        _announce_engine(console, server_app.state.server, run.compile)
     line = serving_line(server_app.state.server.model_name, target, draft, spec, host, port)
     console.print(line, markup=False, soft_wrap=True)
     run_server(server_app, host, port)
@@ -119,7 +92,7 @@ def _announce_engine(console, state, compile: bool) -> None:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     if compile:
         prompt_ids = state.tokenizer(WARM_UP_PROMPT)["input_ids"]
-        warm_up_compiled(lambda: state.engine.generate(prompt_ids, WARM_UP_TOKENS), console)
+        warm_up_compiled(lambda n: state.engine.generate(prompt_ids, n), console)
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -10,7 +10,7 @@ import typer
 from specdraft.cli.checks import peer_aux_ids
 from specdraft.cli.command import App
 from specdraft.cli.common import app, make_console, user_errors
-from specdraft.cli.options import argument, flag
+from specdraft.cli.options import argument, flag, option
 
 StoreFormat = Literal["specdraft", "speculators", "specforge"]  # capture.convert.FORMATS
 AuxConvention = Literal["specdraft", "vllm", "sglang"]  # capture.convert.CONVENTIONS
@@ -26,7 +26,8 @@ StoreDestination = Annotated[str, argument("DST", "A new directory for the conve
 To = Annotated[StoreFormat, typer.Option("--to", help="Format to write.")]
 StoreTarget = Annotated[
     str | None,
-    typer.Option(
+    option(
+        None,
         help="Target model directory: needed to write a specdraft "
         "store from a peer's (the index records the target; not for a peer "
         "store written from a specdraft one, which keeps that store's index "
@@ -35,11 +36,12 @@ StoreTarget = Annotated[
     ),
 ]
 StoreTokenizer = Annotated[
-    str | None, typer.Option(help="Tokenizer directory (default: the target's).")
+    str | None, option(None, help="Tokenizer directory (default: the target's).")
 ]
 PeerAuxLayers = Annotated[
     str | None,
-    typer.Option(
+    option(
+        None,
         callback=peer_aux_ids,
         help="The peer store's aux layers (needed to write a specdraft store from a peer's without "
         "specdraft_store/): ids in a named "
@@ -50,7 +52,8 @@ PeerAuxLayers = Annotated[
 ]
 AuxConventionOption = Annotated[
     AuxConvention | None,
-    typer.Option(
+    option(
+        None,
         help="Convention of an --aux-layers list without a name (default: vllm for a speculators store, "
         "sglang for SpecForge's, the engines whose ids those stores are captured with).",
     ),
@@ -63,15 +66,15 @@ def convert(
     src: StoreSource,
     dst: StoreDestination,
     to: To,
-    target: StoreTarget = None,
-    tokenizer: StoreTokenizer = None,
-    aux_layers: PeerAuxLayers = None,
-    aux_convention: AuxConventionOption = None,
-    compress: Compress = False,
+    target: StoreTarget,
+    tokenizer: StoreTokenizer,
+    aux_layers: PeerAuxLayers,
+    aux_convention: AuxConventionOption,
+    compress: Compress,
 ) -> None:
     """Convert the hidden-state store SRC into DST in the format --to, strictly: a missing or
     extra field, a wrong shape or an unreadable file is named and nothing is written."""
-    from specdraft.capture.convert import convert_store
+    from specdraft.capture.convert import PeerInputs, convert_store
 
     console = make_console()
     named, ids = aux_layers or (None, None)
@@ -81,16 +84,8 @@ def convert(
             param_hint="--aux-layers",
         )
     with user_errors(console):
-        result = convert_store(
-            src,
-            dst,
-            to,
-            target=target,
-            tokenizer=tokenizer,
-            aux_layers=ids,
-            convention=named or aux_convention,
-            compress=compress,
-        )
+        given = PeerInputs(target, tokenizer, ids, named or aux_convention)
+        result = convert_store(src, dst, to, given, compress=compress)
     layers = (
         f"; aux layers (specdraft indices) {list(result.aux_layers)}" if result.aux_layers else ""
     )

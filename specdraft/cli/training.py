@@ -17,9 +17,9 @@ from specdraft.cli.options import (
     Threads,
     argument,
     flag,
+    option,
 )
 from specdraft.cli.train_options import with_settings
-from specdraft.machine_load import DEFAULT_THREADS
 
 TrainSource = Annotated[
     str,
@@ -33,11 +33,12 @@ RunDir = Annotated[
     str, argument("OUT", "Run directory: checkpoints/, metrics.jsonl, tensorboard/, draft/.")
 ]
 ConfigFile = Annotated[
-    str, typer.Option(help="TrainConfig JSON file; the options below override it.")
+    str, option("", help="TrainConfig JSON file; the options below override it.")
 ]
 TrainTarget = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="Target directory: the live target with --online; offline only when the store's "
         "recorded path moved.",
         callback=check_model_dir,
@@ -50,21 +51,21 @@ Online = Annotated[
 OnlineNoChat = Annotated[bool, flag("--no-chat", help="With --online: plain text (base models).")]
 OnlineTemplateKwargs = Annotated[
     str,
-    typer.Option(help="With --online: JSON kwargs for the chat template.", callback=json_object),
+    option("{}", help="With --online: JSON kwargs for the chat template.", callback=json_object),
 ]
 OnlineTokenizer = Annotated[
-    str, typer.Option(help="With --online: tokenizer directory (default: the target's).")
+    str, option("", help="With --online: tokenizer directory (default: the target's).")
 ]
 OnlineTargetDtype = Annotated[
     DtypeName | None,
-    typer.Option(help="With --online: dtype the target runs in.  [default: float32]"),
+    option(None, help="With --online: dtype the target runs in.  [default: float32]"),
 ]
 OnlineSkipBad = Annotated[
     bool, flag("--skip-bad", help="With --online: skip and count bad records.")
 ]
 OnlineReasoning = Annotated[
     ReasoningMode | None,
-    typer.Option(help=f"With --online: {REASONING_HELP}  [default: keep]"),
+    option(None, help=f"With --online: {REASONING_HELP}  [default: keep]"),
 ]
 Resume = Annotated[
     bool,
@@ -82,18 +83,18 @@ def train(
     ctx: typer.Context,
     source: TrainSource,
     out: RunDir,
-    config: ConfigFile = "",
-    target: TrainTarget = "",
-    online: Online = False,
-    no_chat: OnlineNoChat = False,
-    template_kwargs: OnlineTemplateKwargs = "{}",
-    chat_template: ChatTemplate = "",
-    tokenizer: OnlineTokenizer = "",
-    target_dtype: OnlineTargetDtype = None,
-    skip_bad: OnlineSkipBad = False,
-    reasoning: OnlineReasoning = None,
-    resume: Resume = False,
-    threads: Threads = DEFAULT_THREADS,
+    config: ConfigFile,
+    target: TrainTarget,
+    online: Online,
+    no_chat: OnlineNoChat,
+    template_kwargs: OnlineTemplateKwargs,
+    chat_template: ChatTemplate,
+    tokenizer: OnlineTokenizer,
+    target_dtype: OnlineTargetDtype,
+    skip_bad: OnlineSkipBad,
+    reasoning: OnlineReasoning,
+    resume: Resume,
+    threads: Threads,
     **settings: Any,
 ) -> None:
     """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...).

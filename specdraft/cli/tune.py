@@ -5,25 +5,25 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
-import typer
-
 from specdraft.cli.checks import check_min_speedup, positive_int_list
 from specdraft.cli.common import OptionError, app, make_console, set_threads, user_errors
 from specdraft.cli.engine_setting import current_setting, engine_dtype
-from specdraft.cli.options import EngineDevice, EngineDtypeOption, TargetDir, Threads, TuneDraft
-from specdraft.machine_load import DEFAULT_THREADS
+from specdraft.cli.options import (
+    PROMPTS_HELP,
+    EngineDevice,
+    EngineDtypeOption,
+    TargetDir,
+    Threads,
+    TuneDraft,
+    option,
+)
 
-TunePrompts = Annotated[
-    str,
-    typer.Option(
-        help='\'builtin\' or a JSONL file of {"prompt": ...}, {"text": ...} '
-        'or chat {"messages": [...]} rows.',
-    ),
-]
-TuneMaxTokens = Annotated[int, typer.Option(min=1, help="New tokens per prompt (temperature 0).")]
+TunePrompts = Annotated[str, option("builtin", help=PROMPTS_HELP + ".")]
+TuneMaxTokens = Annotated[int, option(64, min=1, help="New tokens per prompt (temperature 0).")]
 CurrentNumSteps = Annotated[
     int,
-    typer.Option(
+    option(
+        0,
         min=0,
         help="Current setting, always measured too: draft depth (0 = the 3-step chain generate "
         "and serve run by default); --topk and --num-draft-tokens need it.",
@@ -31,25 +31,27 @@ CurrentNumSteps = Annotated[
 ]
 CurrentTopk = Annotated[
     int | None,
-    typer.Option(min=1, help="Current setting: children per node (1 with --num-steps alone)."),
+    option(None, min=1, help="Current setting: children per node (1 with --num-steps alone)."),
 ]
 CurrentNumDraftTokens = Annotated[
     int,
-    typer.Option(
+    option(
+        0,
         min=0,
         help="Current setting: verified nodes (0 = num_steps + 1 "
         "for a chain; a tree, --topk > 1, needs a value).",
     ),
 ]
-ProbeSteps = Annotated[int, typer.Option(min=1, help="Depth of the acceptance probes.")]
+ProbeSteps = Annotated[int, option(8, min=1, help="Depth of the acceptance probes.")]
 Topks = Annotated[
-    str, typer.Option(help="Children per node to consider.", callback=positive_int_list)
+    str, option("1,2,4", help="Children per node to consider.", callback=positive_int_list)
 ]
-MaxTreeTokens = Annotated[int, typer.Option(min=2, help="Cap on a tree's verified nodes.")]
-NumMeasure = Annotated[int, typer.Option(min=1, help="Best predictions to measure for real.")]
+MaxTreeTokens = Annotated[int, option(16, min=2, help="Cap on a tree's verified nodes.")]
+NumMeasure = Annotated[int, option(3, min=1, help="Best predictions to measure for real.")]
 MinSpeedup = Annotated[
     float,
-    typer.Option(
+    option(
+        1.05,
         help="Median speedup a recommended setting needs (its lower "
         "quartile must also be above 1x), as the demo's rule; > 0.",
         callback=check_min_speedup,
@@ -57,17 +59,19 @@ MinSpeedup = Annotated[
 ]
 TuneRepeats = Annotated[
     int,
-    typer.Option(
+    option(
+        5,
         min=1,
         help="Timing rounds: each measured setting and plain decoding run "
         "once per round, order rotated; speedups are medians and quartiles of "
         "same-round ratios.",
     ),
 ]
-JsonOut = Annotated[str, typer.Option(help="Also write the report as JSON here.")]
+JsonOut = Annotated[str, option("", help="Also write the report as JSON here.")]
 TuneSuite = Annotated[
     str,
-    typer.Option(
+    option(
+        "",
         help="Tune on a bundled suite's chats (mt-bench, humaneval, gsm8k; instead of --prompts), "
         "turn by turn with the target's own answers; then tau, p_k and speedup per category.",
     ),
@@ -78,22 +82,22 @@ TuneSuite = Annotated[
 def tune(
     target: TargetDir,
     draft: TuneDraft,
-    prompts: TunePrompts = "builtin",
-    max_tokens: TuneMaxTokens = 64,
-    num_steps: CurrentNumSteps = 0,
-    topk: CurrentTopk = None,
-    num_draft_tokens: CurrentNumDraftTokens = 0,
-    probe_steps: ProbeSteps = 8,
-    topks: Topks = "1,2,4",
-    max_tree_tokens: MaxTreeTokens = 16,
-    num_measure: NumMeasure = 3,
-    min_speedup: MinSpeedup = 1.05,
-    repeats: TuneRepeats = 5,
-    json_out: JsonOut = "",
-    device: EngineDevice = "cpu",
-    dtype: EngineDtypeOption = "fp32",
-    threads: Threads = DEFAULT_THREADS,
-    suite: TuneSuite = "",
+    prompts: TunePrompts,
+    max_tokens: TuneMaxTokens,
+    num_steps: CurrentNumSteps,
+    topk: CurrentTopk,
+    num_draft_tokens: CurrentNumDraftTokens,
+    probe_steps: ProbeSteps,
+    topks: Topks,
+    max_tree_tokens: MaxTreeTokens,
+    num_measure: NumMeasure,
+    min_speedup: MinSpeedup,
+    repeats: TuneRepeats,
+    json_out: JsonOut,
+    device: EngineDevice,
+    dtype: EngineDtypeOption,
+    threads: Threads,
+    suite: TuneSuite,
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
     from specdraft.bench.tune_model import TuneConfig
@@ -119,24 +123,19 @@ def tune(
 def _run_tune(console, target: str, draft: str, prompts: str, suite: str, cfg, device: str, dtype):
     """tune on --suite's chats (`bench.tune_suite.tune_suite_paths`: report, rows per category,
     the suite) or on --prompts (`bench.tune.tune_paths`: report, no rows, no suite)."""
-    from specdraft.bench.tune import tune_paths
+    from specdraft.bench.tune import TunedPair, tune_paths
 
     def say(text: str) -> None:
         console.print(text, markup=False)
 
+    pair = TunedPair(target, draft, device, engine_dtype(dtype))
     if not suite:
-        return (
-            tune_paths(target, draft, prompts, cfg, device, engine_dtype(dtype), progress=say),
-            [],
-            None,
-        )
+        return tune_paths(pair, prompts, cfg, progress=say), [], None
     from specdraft.bench.suites import load_suite
     from specdraft.bench.tune_suite import tune_suite_paths
 
     chosen = load_suite(suite)
-    report, rows = tune_suite_paths(
-        target, draft, chosen, cfg, device, engine_dtype(dtype), progress=say
-    )
+    report, rows = tune_suite_paths(pair, chosen, cfg, progress=say)
     return report, rows, chosen
 
 

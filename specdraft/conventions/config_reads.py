@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specdraft.conventions.engines import sglang_replaces_head
+from specdraft.conventions.engines import sglang_in_place, sglang_replaces_head
 
 # The draft architectures that name the one-layer Llama EAGLE-3 drafter: the official (SGLang's)
 # name and vLLM's own class name (AngelSlim saves it). vllm 0.32.0 model_executor/models/
@@ -87,15 +87,4 @@ def sglang_head(layer_config: dict, own: Any, target: Any) -> tuple[bool, str]:
     trained; compared in float32 (exact for fp16 / bf16 values)."""
     if own is None or not sglang_replaces_head(layer_config):
         return True, "its trained lm_head"
-    theirs = target()
-    if theirs is None:
-        return False, (
-            "no draft_vocab_size: SGLang loads the target's lm_head in place of the trained one "
-            "(llama_eagle3.py load_lm_head_from_target); not compared with the target's (pass --target DIR)"
-        )
-    if tuple(own.shape) == tuple(theirs.shape) and bool((own.float() == theirs.float()).all()):
-        return True, "the target's lm_head, identical to the drafter's trained one"
-    return False, (
-        "no draft_vocab_size: SGLang loads the target's lm_head in place of the trained one, "
-        "which differs from it (llama_eagle3.py load_lm_head_from_target)"
-    )
+    return sglang_in_place("lm_head", own, target)

@@ -224,18 +224,39 @@ def sglang_embedding(layer_config: dict, own: Any, target: Callable[[], Any]) ->
         return True, "the target's embedding (the drafter ships none)"
     if not sglang_replaces_embedding(layer_config):
         return True, "its own embedding (config target_hidden_size differs from hidden_size)"
+    return sglang_in_place("embed_tokens", own, target)
+
+
+# SGLang's tensor in place of a drafter's own (`sglang_in_place`), in user terms: the replacement,
+# a bit-identical one, why a different one differs, what is named when nothing is compared.
+IN_PLACE = {
+    "lm_head": (
+        "no draft_vocab_size: SGLang loads the target's lm_head in place of the trained one",
+        "the target's lm_head, identical to the drafter's trained one",
+        "llama_eagle3.py load_lm_head_from_target",
+        " (llama_eagle3.py load_lm_head_from_target)",
+    ),
+    "embed_tokens": (
+        "SGLang puts the target's embedding in place of the drafter's own embed_tokens",
+        "the target's embedding, identical to the drafter's own embed_tokens",
+        "the drafter trained its own",
+        "",
+    ),
+}
+
+
+def sglang_in_place(tensor: str, own: Any, target: Callable[[], Any]) -> tuple[bool, str]:
+    """(as_trained, what) of a drafter whose `tensor` ("lm_head" or "embed_tokens", `IN_PLACE`)
+    SGLang replaces with the target's: own, the drafter's weight; target, returns the target's
+    (None when no target is given: not as trained, not compared). A replacement bit-identical to
+    `own` is as trained; compared in float32 (exact for fp16 / bf16 values)."""
+    replaced, identical, differs, named = IN_PLACE[tensor]
     theirs = target()
     if theirs is None:
-        return False, (
-            "SGLang puts the target's embedding in place of the drafter's own embed_tokens; not "
-            "compared with the target's (pass --target DIR)"
-        )
+        return False, f"{replaced}{named}; not compared with the target's (pass --target DIR)"
     if tuple(own.shape) == tuple(theirs.shape) and bool((own.float() == theirs.float()).all()):
-        return True, "the target's embedding, identical to the drafter's own embed_tokens"
-    return False, (
-        "SGLang puts the target's embedding in place of the drafter's own embed_tokens, which "
-        "differs from it (the drafter trained its own)"
-    )
+        return True, identical
+    return False, f"{replaced}, which differs from it ({differs})"
 
 
 def sglang_replaces_head(layer_config: dict) -> bool:

@@ -32,6 +32,37 @@ class EngineRule:
     refuse: str | None = None
 
 
+def _capturable(indices: str) -> tuple[int, int]:
+    """(lowest, top) of a row's capturable specdraft indices written "lowest..L-top" ("1..L-1",
+    "0..L")."""
+    lowest, _, last = indices.partition("..")
+    return int(lowest), int(last.removeprefix("L").removeprefix("-") or 0)
+
+
+def _versions(span: str) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """(since, until) of a row's SGLang versions written "since-until", either side open when
+    left out ("0.5.13-0.5.14", "-0.5.22", "0.5.22-"; "": every version)."""
+    since, _, until = span.partition("-")
+    read = lambda version: tuple(map(int, version.split("."))) if version else None  # noqa: E731
+    return read(since), read(until)
+
+
+def _sglang(target_class: str, offset: str, capturable: str, versions: str, *texts, **refusal):
+    """An SGLang row: `EngineRule`'s fields, the capturable indices as `_capturable` reads them
+    and the version range as `_versions` does; texts: source, evidence (or `refusal`'s keys)."""
+    since, until = _versions(versions)
+    return EngineRule(
+        "sglang", target_class, offset, *_capturable(capturable), since, until, *texts, **refusal
+    )
+
+
+def _vllm(target_class: str, capturable: str, *texts, **refusal):
+    """A vLLM row (ids as-is, every version read): as `_sglang`'s."""
+    return EngineRule(
+        "vllm", target_class, "as_is", *_capturable(capturable), None, None, *texts, **refusal
+    )
+
+
 _VLLM_LLAMA = (
     "vllm model_executor/models/llama.py + interfaces.py EagleModelMixin",
     "EagleModelMixin (vLLM PR #36063, merged 2026-03-04): id 0 = embeddings, id k = hidden + "
@@ -102,91 +133,69 @@ _SPECULATORS = (
     "(vllm transformers_utils/configs/speculators/algos.py update_eagle3, PR #25961)",
     "copied as-is into vLLM's config, so read as vLLM reads it; speculators' trainer unread.",
 )
-# Fields: engine, target_class, offset, lowest, top, since, until, source, evidence.
 ENGINE_RULES: tuple[EngineRule, ...] = (
-    EngineRule(
-        "sglang",
+    _sglang(
         "llama",
         "plus1",
-        1,
-        1,
-        None,
-        (0, 5, 22),
+        "1..L-1",
+        "-0.5.22",
         "sglang srt/models/llama.py (qwen2.py, qwen3.py alike; mistral.py reuses Llama)",
         "read 0.5.12-0.5.21 wheels (older: same +1 in stored source): layers_to_capture = "
         "[id + 1]; hidden + residual is taken "
         "before layer i, residual is None before layer 0 (id -1 raises) and the loop ends "
         "before the final norm (index L never captured); no ids -> [2, L//2, L-3], no +1.",
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "llama",
         "plus1",
-        0,
-        1,
-        (0, 5, 22),
-        None,
+        "0..L-1",
+        "0.5.22-",
         "sglang srt/models/llama.py + srt/layers/layer_boundary/stage.py",
         "read 0.5.22/0.5.23 wheels: +1 kept; _prepare_attention captures the bare embeddings "
         "when no residual exists yet (id -1 works; read, not run); index L still not captured.",
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "deepseek",
         "plus1",
-        1,
-        1,
-        None,
-        (0, 5, 13),
+        "1..L-1",
+        "-0.5.13",
         "sglang srt/models/deepseek_v2.py",
         "read 0.5.12/0.5.12.post1 wheels: [id + 1], hidden + residual before layer i.",
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "deepseek",
         "plus1_if_first_is_1",
-        1,
-        1,
-        (0, 5, 13),
-        (0, 5, 14),
+        "1..L-1",
+        "0.5.13-0.5.14",
         "sglang srt/models/deepseek_v2.py",
         "read 0.5.13, 0.5.13.post1 wheels: +1 only when layer_ids[0] == 1, else as-is (PR "
         "#25454, merged 2026-05-18; absent from 0.5.12.post1); capture still fails before layer 0.",
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "deepseek",
         "plus1_if_first_is_1",
-        0,
-        1,
-        (0, 5, 14),
-        None,
+        "0..L-1",
+        "0.5.14-",
         "sglang srt/models/deepseek_v2.py + srt/layers/communicator.py",
         "read 0.5.14/0.5.17/0.5.23 wheels: first-id rule kept; captures the residual after "
         "prepare_attn, which is the embeddings before layer 0 (read, not run).",
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "qwen3_moe",
         "plus1",
-        0,
-        1,
-        (0, 5, 10),
-        None,
+        "0..L-1",
+        "0.5.10-",
         "sglang srt/models/qwen3_moe.py + qwen2_moe.py Qwen2MoeModel",
         "read 0.5.10-0.5.23 wheels: [id + 1]; the marked layer captures its input: until 0.5.20 "
         "the residual after prepare_attn (layers/communicator.py, the embeddings before layer "
         "0), from 0.5.21 at the layer boundary (layers/layer_boundary/stage.py); nothing after "
         "the last layer (index L never captured)",
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "qwen3_vl",
         "plus1",
-        0,
-        1,
-        (0, 5, 11),
-        None,
+        "0..L-1",
+        "0.5.11-",
         "sglang srt/models/qwen3_vl.py (Qwen3LLMModel over qwen3.py layers) + qwen3_vl_moe.py "
         "(Qwen3MoeLLMModel)",
         "read 0.5.10-0.5.23 wheels: no set_eagle3_layers_to_capture in 0.5.10; from 0.5.11 "
@@ -194,146 +203,97 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "layer 0; from 0.5.21 at the layer boundary); index L never captured."
         + _QWEN3_VL_DEEPSTACK,
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "llama4",
         "plus1",
-        1,
-        1,
-        (0, 5, 10),
-        (0, 5, 21),
+        "1..L-1",
+        "0.5.10-0.5.21",
         "sglang srt/models/llama4.py (set_eagle3_layers_to_capture from llama.py)",
         "read 0.5.10-0.5.20 wheels: [id + 1]; Llama4Model.forward takes hidden + residual before "
         "layer i, residual is None before layer 0 (id -1 raises); index L never captured.",
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "llama4",
         "plus1",
-        0,
-        1,
-        (0, 5, 21),
-        None,
+        "0..L-1",
+        "0.5.21-",
         "sglang srt/models/llama4.py (set_eagle3_layers_to_capture from llama.py)",
         "read 0.5.21-0.5.23 wheels: " + _SGLANG_BOUNDARY,
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "gpt_oss",
         "plus1",
-        1,
-        1,
-        (0, 5, 10),
-        (0, 5, 17),
+        "1..L-1",
+        "0.5.10-0.5.17",
         "sglang srt/models/gpt_oss.py",
         "read 0.5.10-0.5.16 wheels: [id + 1]; hidden + residual before layer i, residual is None "
         "before layer 0 (id -1 raises); index L never captured.",
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "gpt_oss",
         "plus1_unless_last_is_L",
-        0,
-        0,
-        (0, 5, 17),
-        None,
+        "0..L",
+        "0.5.17-",
         "sglang srt/models/gpt_oss.py",
         "read 0.5.17-0.5.23 wheels: ids kept as-is when max(ids) == L, else [id + 1]; boundary 0 "
         "is the embedding output, boundary k the output of block k, boundary L captured before "
         "the final norm (from 0.5.21 by the layer boundary and final_norm).",
     ),
-    EngineRule(
-        "sglang",
-        "gemma2",
-        "as_is",
-        0,
-        0,
-        None,
-        None,
-        **_sglang_refuses("Gemma 2 (Gemma2ForCausalLM)", "gemma2.py"),
+    _sglang(
+        "gemma2", "as_is", "0..L", "", **_sglang_refuses("Gemma 2 (Gemma2ForCausalLM)", "gemma2.py")
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "gemma3",
         "plus1",
-        0,
-        1,
-        None,
-        None,
+        "0..L-1",
+        "",
         **_sglang_refuses("Gemma 3 (Gemma3ForCausalLM)", "gemma3_causal.py", _GEMMA3_SGLANG_WHY),
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "qwen2_vl",
         "as_is",
-        0,
-        0,
-        None,
-        None,
+        "0..L",
+        "",
         **_sglang_refuses("Qwen2-VL (Qwen2VLForConditionalGeneration)", "qwen2_vl.py"),
     ),
-    EngineRule(
-        "sglang",
+    _sglang(
         "llava",
         "as_is",
-        0,
-        0,
-        None,
-        None,
+        "0..L",
+        "",
         **_sglang_refuses(
             "Llava / Mistral3 (LlavaForConditionalGeneration, "
             "Mistral3ForConditionalGeneration in mistral.py)",
             "llava.py",
         ),
     ),
-    EngineRule("vllm", "llama", "as_is", 0, 0, None, None, *_VLLM_LLAMA),
-    EngineRule("vllm", "deepseek", "as_is", 1, 0, None, None, *_VLLM_DEEPSEEK),
-    EngineRule("vllm", "qwen3_moe", "as_is", 0, 0, None, None, *_vllm_mixin("qwen3_moe.py")),
-    EngineRule("vllm", "gpt_oss", "as_is", 0, 0, None, None, *_vllm_mixin("gpt_oss.py")),
-    EngineRule(
-        "vllm",
+    _vllm("llama", "0..L", *_VLLM_LLAMA),
+    _vllm("deepseek", "1..L", *_VLLM_DEEPSEEK),
+    _vllm("qwen3_moe", "0..L", *_vllm_mixin("qwen3_moe.py")),
+    _vllm("gpt_oss", "0..L", *_vllm_mixin("gpt_oss.py")),
+    _vllm(
         "llama4",
-        "as_is",
-        0,
-        0,
-        None,
-        None,
+        "0..L",
         *_vllm_mixin(
             "llama4.py (Llama4ForCausalLM(LlamaForCausalLM), Llama4Model keeps LlamaModel.forward)"
         ),
     ),
-    EngineRule(
-        "vllm",
+    _vllm(
         "qwen3_vl",
-        "as_is",
-        0,
-        0,
-        None,
-        None,
+        "0..L",
         _VLLM_QWEN3_VL[0],
         _VLLM_QWEN3_VL[1] + _QWEN3_VL_DEEPSTACK + " v1/spec_decode/llm_base_proposer.py "
         "names both classes among the multimodal targets it drafts for, and feeds a drafter without "
         "mrope_section the first M-RoPE row (_set_positions).",
     ),
-    EngineRule(
-        "vllm",
+    _vllm(
         "llava",
-        "as_is",
-        0,
-        0,
-        None,
-        None,
+        "0..L",
         *_vllm_mixin("llava.py, mistral3.py (SupportsEagle3, delegating to the language model)"),
     ),
-    EngineRule(
-        "vllm", "gemma2", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 2", "gemma2.py")
-    ),
-    EngineRule(
-        "vllm", "gemma3", "as_is", 0, 0, None, None, **_vllm_refuses("Gemma 3", "gemma3.py")
-    ),
-    EngineRule(
-        "vllm", "qwen2_vl", "as_is", 0, 0, None, None, **_vllm_refuses("Qwen2-VL", "qwen2_vl.py")
-    ),
+    _vllm("gemma2", "0..L", **_vllm_refuses("Gemma 2", "gemma2.py")),
+    _vllm("gemma3", "0..L", **_vllm_refuses("Gemma 3", "gemma3.py")),
+    _vllm("qwen2_vl", "0..L", **_vllm_refuses("Qwen2-VL", "qwen2_vl.py")),
 )
 # speculators files are served by vLLM: each of its rows is vLLM's, read through the speculators key.
 ENGINE_RULES += tuple(

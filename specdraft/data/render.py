@@ -182,23 +182,17 @@ def _mask_from_spans(
 
 
 def render_chat(
-    tokenizer,
-    messages: Sequence[dict[str, Any]],
-    template_kwargs: dict | None = None,
-    *,
-    tools=None,
-    reasoning: str = "keep",
+    tokenizer, messages: Sequence[dict[str, Any]], template_kwargs: dict | None = None, **given: Any
 ) -> list[Sample]:
     """Tokenize a chat with the tokenizer's chat template (no extra special tokens, as
     `apply_chat_template(tokenize=True)` does); loss_mask = 1 on the assistant turns' tokens
     (their reasoning, answer and tool calls as rendered; tool results are context). One Sample,
-    or one per assistant turn for templates that rewrite history (`assistant_char_spans`).
+    or one per assistant turn for templates that rewrite history (`assistant_char_spans`, whose
+    keywords `given` are: tools, reasoning).
 
     Raises DataError (no chat template, slow tokenizer, reasoning the template cannot render,
     template not prefix-stable)."""
-    rendering = assistant_char_spans(
-        tokenizer, messages, template_kwargs, tools=tools, reasoning=reasoning
-    )
+    rendering = assistant_char_spans(tokenizer, messages, template_kwargs, **given)
     return [
         _mask_from_spans(tokenizer, text, spans, add_special=False, split=split)
         for text, spans, split in zip(rendering.texts, rendering.spans, rendering.splits)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from specdraft.errors import UnusableInput
 from specdraft.machine_load import DEFAULT_THREADS
+
+
+def positive(default: int):
+    """A DemoConfig count that must be at least 1 (`DemoConfig.__post_init__` names it otherwise)."""
+    return field(default=default, metadata={"positive": True})
 
 
 @dataclass(frozen=True)
@@ -29,14 +34,14 @@ class DemoConfig:
     data: Path | None = None
     chat_template: Path | None = None
     device: str = "cpu"
-    prompt_tokens: int = 8
-    max_new_tokens: int = 96
+    prompt_tokens: int = positive(8)
+    max_new_tokens: int = positive(96)
     num_train: int = 800
     num_heldout: int = 16
     train_steps: int = 1000
-    batch_size: int = 8
+    batch_size: int = positive(8)
     lr: float = 3e-3
-    ttt_steps: int = 4
+    ttt_steps: int = positive(4)
     seed: int = 0
     sweep_steps: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     tree: tuple[int, int, int] = (4, 2, 8)  # num_steps, topk, num_draft_tokens
@@ -61,7 +66,7 @@ class DemoConfig:
             raise UnusableInput(
                 f"--train-steps {self.train_steps}: must be at least 1 (the default is 1000)"
             )
-        for name in ("prompt_tokens", "max_new_tokens", "batch_size", "ttt_steps"):
+        for name in (f.name for f in fields(self) if f.metadata.get("positive")):
             if getattr(self, name) < 1:
                 raise UnusableInput(f"{name} {getattr(self, name)}: must be at least 1")
         if not self.sweep_steps or min(self.sweep_steps) < 1:

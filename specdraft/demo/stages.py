@@ -97,6 +97,18 @@ def regen_complete(out_file: Path, data_file: Path, chat: bool) -> bool:
     return finished_indices(out_file) >= set(range(num_records))
 
 
+def stage_inputs(cfg: DemoConfig, target_dir: Path) -> dict[str, Any]:
+    """The fields regenerate's and capture's configs take from the demo's: the target directory,
+    the device, and the chat template (chat: whether there is one; its path as a str)."""
+    chat = cfg.chat_template is not None
+    return {
+        "target": str(target_dir),
+        "device": cfg.device,
+        "chat": chat,
+        "chat_template": str(cfg.chat_template) if chat else None,
+    }
+
+
 def stage_regenerate(
     cfg: DemoConfig, target_dir: Path, data_file: Path, say: Callable[[str], None] = print
 ) -> Path:
@@ -118,13 +130,10 @@ def stage_regenerate(
         RegenConfig(
             data=str(data_file),
             out=str(out),
-            target=str(target_dir),
-            chat=chat,
-            chat_template=str(cfg.chat_template) if chat else None,
             prompt_tokens=cfg.prompt_tokens,
             batch_size=32,
-            device=cfg.device,
             sampling=Sampling(temperature=0.0, max_new_tokens=cfg.max_new_tokens),
+            **stage_inputs(cfg, target_dir),
         ),
         console=Console(stderr=True),
     )
@@ -163,15 +172,12 @@ def stage_capture(
     )
     capture_dataset(
         CaptureConfig(
-            target=str(target_dir),
             data=str(regen_file),
             out_dir=str(store),
             aux_layers=tuple(aux_layers),
             dtype="float32",
-            chat=cfg.chat_template is not None,
-            chat_template=str(cfg.chat_template) if cfg.chat_template else None,
             max_length=cfg.max_length,
-            device=cfg.device,
+            **stage_inputs(cfg, target_dir),
         ),
         console=Console(stderr=True),
     )

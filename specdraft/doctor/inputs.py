@@ -25,6 +25,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.targets.config import check_target_weights, read_target_config
 
 DOCTOR_ENGINES = ("sglang", "vllm")
+PATHS = ("target", "samples", "chat_template")  # DoctorInputs' optional paths
 
 
 class DoctorInputError(SpecdraftError, ValueError):
@@ -34,7 +35,8 @@ class DoctorInputError(SpecdraftError, ValueError):
 
 @dataclass(frozen=True)
 class DoctorInputs:
-    """What the user gave `specdraft doctor` (paths as given; None = not given).
+    """What the user gave `specdraft doctor` (None = not given; paths as str or Path, held as Path,
+    "" = not given: `PATHS`).
 
     engine: "sglang" | "vllm" (None: guessed from engine_args, else every engine the layout
     serves). engine_args: the engine's command line. aux_layers: the training layers (specdraft
@@ -53,23 +55,27 @@ class DoctorInputs:
     `checkpoint.refuse_other_aux_layers` raise).
     """
 
-    checkpoint: Path
-    target: Path | None = None
+    checkpoint: Path | str
+    target: Path | str | None = None
     engine: str | None = None
     engine_args: str | None = None
-    samples: Path | None = None
+    samples: Path | str | None = None
     server: str | None = None
     sglang_version: str | None = None
     aux_layers: list[int] | None = None
     trust_remote_code: bool = False
     template_kwargs: dict[str, Any] | None = None
-    chat_template: Path | None = None
+    chat_template: Path | str | None = None
     max_samples: int = 32
     max_length: int = 512
     skip_bad: bool = False
     server_wait_s: float = SERVER_WAIT_S
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "checkpoint", Path(self.checkpoint))
+        for name in PATHS:
+            given = getattr(self, name)
+            object.__setattr__(self, name, Path(given) if given else None)
         if self.engine is not None and self.engine not in DOCTOR_ENGINES:
             raise DoctorInputError(
                 f"engine {self.engine!r}: choose one of {', '.join(DOCTOR_ENGINES)}"

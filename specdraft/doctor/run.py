@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.checkpoint import wrong_dir_message
-from specdraft.client import SERVER_WAIT_S, check_url
+from specdraft.client import check_url
 from specdraft.doctor.checks import CHECKS
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.file_evidence import Unavailable
@@ -103,55 +103,22 @@ def skips_text(enabled_by: dict[str, int]) -> str:
     )
 
 
-def run_doctor(
-    checkpoint: str | Path,
-    *,
-    target: str | Path | None = None,
-    engine: str | None = None,
-    engine_args: str | None = None,
-    samples: str | Path | None = None,
-    server: str | None = None,
-    sglang_version: str | None = None,
-    aux_layers: list[int] | None = None,
-    trust_remote_code: bool = False,
-    template_kwargs: dict[str, Any] | None = None,
-    chat_template: str | Path | None = None,
-    max_samples: int = 32,
-    max_length: int = 512,
-    skip_bad: bool = False,
-    server_wait_s: float = SERVER_WAIT_S,
-) -> Report:
+def run_doctor(checkpoint: str | Path, **given: Any) -> Report:
     """Check a draft checkpoint against its training record, its target and its deployment:
-    every check the inputs allow, in `checks.CHECKS` order, one Finding each. The arguments are
-    `inputs.DoctorInputs`'s fields (paths as str or Path; None: not given); server, a live
-    server's URL, is kept as its base URL (`client.check_url`, as bench checks it). Returns a
-    Report; raises ValueError only for invalid arguments: DoctorInputError for a path that does
-    not exist, a CHECKPOINT that is no drafter (e.g. the target) or a --target that is a drafter
+    every check the inputs allow, in `checks.CHECKS` order, one Finding each. `given`: the
+    fields of `inputs.DoctorInputs` by keyword, declared there (paths as str or Path; None, ""
+    or left out: not given); server, a live server's URL, is kept as its base URL
+    (`client.check_url`, as bench checks it). Returns a Report; raises ValueError only for
+    invalid arguments: DoctorInputError for a path that does not exist, a CHECKPOINT that is no drafter (e.g. the target) or a --target that is a drafter
     (`checkpoint.wrong_dir_message` words both), a config.json of either that is not valid JSON
     (`inputs.given_config`); what `DoctorInputs` refuses (a safetensors file cut short,
     aux_layers other than the manifest records); DataError for a --samples file that cannot be
     read (naming the file and line); BadURL for a server URL without http:// or https:// or a
     host. A checkpoint that can be read but is wrong is a failing finding."""
-    server = check_url(server, "--server") if server is not None else None  # paths are appended
-    refuse_wrong_dirs(checkpoint, target)
-    inputs = DoctorInputs(
-        Path(checkpoint),
-        target=Path(target) if target else None,
-        engine=engine,
-        engine_args=engine_args,
-        samples=Path(samples) if samples else None,
-        server=server,
-        sglang_version=sglang_version,
-        aux_layers=aux_layers,
-        trust_remote_code=trust_remote_code,
-        template_kwargs=template_kwargs,
-        chat_template=Path(chat_template) if chat_template else None,
-        max_samples=max_samples,
-        max_length=max_length,
-        skip_bad=skip_bad,
-        server_wait_s=server_wait_s,
-    )
-    return run_checks(Evidence(inputs))
+    if given.get("server") is not None:  # paths are appended
+        given["server"] = check_url(given["server"], "--server")
+    refuse_wrong_dirs(checkpoint, given.get("target"))
+    return run_checks(Evidence(DoctorInputs(checkpoint, **given)))
 
 
 def refuse_wrong_dirs(checkpoint: str | Path, target: str | Path | None) -> None:

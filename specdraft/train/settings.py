@@ -43,6 +43,12 @@ def setting(
     return field(default=default, default_factory=factory, metadata=metadata)
 
 
+def run_length(help: str, flag: str) -> Any:
+    """A setting of the run's length (`total_steps` or `epochs`: one of them, or neither for one
+    epoch): None (not given) by default, at least 1, and a resumed run may extend it."""
+    return setting(None, help, flag=flag, resume=RUN_LENGTH, min=1)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Hyper-parameters of one training run (grouped by stage). Unset sizes come from the target.
@@ -68,19 +74,11 @@ class TrainConfig:
     warmup_steps: int = setting(
         100, "Linear learning-rate warm-up steps.", flag="--warmup-steps", min=0
     )
-    total_steps: int | None = setting(
-        None,
-        "Total optimizer steps (instead of --epochs; neither = one epoch).",
-        flag="--steps",
-        resume=RUN_LENGTH,
-        min=1,
+    total_steps: int | None = run_length(
+        "Total optimizer steps (instead of --epochs; neither = one epoch).", "--steps"
     )
-    epochs: int | None = setting(
-        None,
-        "Passes over the training split (neither --steps nor --epochs = one epoch).",
-        flag="--epochs",
-        resume=RUN_LENGTH,
-        min=1,
+    epochs: int | None = run_length(
+        "Passes over the training split (neither --steps nor --epochs = one epoch).", "--epochs"
     )
     batch_size: int = setting(8, "Sequences per step, over all ranks.", flag="--batch-size", min=1)
     grad_accum_steps: int = setting(

@@ -27,7 +27,7 @@ import torch
 
 from specdraft.conventions import default_aux_layers
 from specdraft.data.labels import token_counts
-from specdraft.data.render import RenderInfo, Rendering, Sample, data_hash, tokenizer_fingerprint
+from specdraft.data.render import RenderInfo, Sample, data_hash, tokenizer_fingerprint
 from specdraft.train.errors import BadTrainSetting
 
 
@@ -184,16 +184,8 @@ class OnlineData:
         the target's tokenizer. Raises DataError naming the data file for a bad record (unless
         source.skip_bad), ValueError for a tokenizer that does not belong to the target."""
         from specdraft.capture.stage import load_inputs
-        from specdraft.conventions import parse_dtype
 
-        target, tokenizer, data = load_inputs(
-            source.target,
-            source.data,
-            Rendering.of(source),
-            tokenizer=source.tokenizer,
-            target_dtype=parse_dtype(source.target_dtype),
-            device=device,
-        )
+        target, tokenizer, data = load_inputs(source, device)
         return cls(
             target,
             data.samples,

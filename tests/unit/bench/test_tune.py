@@ -140,7 +140,7 @@ def test_tune_cli_refuses_topk_or_draft_tokens_without_num_steps(tmp_path, monke
     draft.mkdir()
     seen = []
 
-    def fake_tune_paths(target_dir, draft_dir, prompts, cfg, *args, **kwargs):
+    def fake_tune_paths(pair, prompts, cfg, *args, **kwargs):
         seen.append(cfg.current)
         raise BenchInputError("stop after the config")  # a user error: one line
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdraft.capture.convert import convert_store, rms_norm
+from specdraft.capture.convert import PeerInputs, convert_store, rms_norm
 from specdraft.capture.peers import read_specforge, read_speculators
 from specdraft.capture.recorded import RECORD_DIR
 from specdraft.capture.stage import CaptureConfig, capture_dataset
@@ -64,8 +64,7 @@ def test_specdraft_to_speculators_and_back_is_exact(bf16_store, chat_target_dir,
         tmp_path / "spec",
         tmp_path / "back",
         "specdraft",
-        target=str(chat_target_dir),
-        aux_layers=(1, 2, 3),
+        PeerInputs(target=str(chat_target_dir), aux_layers=(1, 2, 3)),
     )  # vLLM ids on a Llama: specdraft indices as they are
     assert result.num_samples == len(CHATS) and result.aux_layers == (1, 2, 3)
     for a, b in zip(rows(bf16_store), rows(tmp_path / "back"), strict=True):
@@ -102,8 +101,7 @@ def test_specdraft_to_specforge_norms_the_last_state_and_back_trains_the_same(
         tmp_path / "sf",
         tmp_path / "back",
         "specdraft",
-        target=str(chat_target_dir),
-        aux_layers=(0, 1, 2),
+        PeerInputs(target=str(chat_target_dir), aux_layers=(0, 1, 2)),
     )  # SGLang ids: index - 1 on a Llama
     back = CaptureStore(tmp_path / "back")
     assert back.meta["last_hidden"] == AFTER_NORM and back.aux_layers == [1, 2, 3]
@@ -175,16 +173,19 @@ def test_a_peer_store_without_target_or_aux_layers_is_refused_naming_the_option(
     convert_store(bf16_store, tmp_path / "spec", "speculators")
     shutil.rmtree(tmp_path / "spec" / RECORD_DIR)  # as speculators writes it
     with pytest.raises(CaptureError, match="--target DIR is required"):
-        convert_store(tmp_path / "spec", tmp_path / "a", "specdraft", aux_layers=(1, 2, 3))
+        convert_store(
+            tmp_path / "spec", tmp_path / "a", "specdraft", PeerInputs(aux_layers=(1, 2, 3))
+        )
     with pytest.raises(CaptureError, match="--aux-layers is required"):
-        convert_store(tmp_path / "spec", tmp_path / "a", "specdraft", target=str(chat_target_dir))
+        convert_store(
+            tmp_path / "spec", tmp_path / "a", "specdraft", PeerInputs(target=str(chat_target_dir))
+        )
     with pytest.raises(CaptureError, match="2 layers, but the store holds 3"):
         convert_store(
             tmp_path / "spec",
             tmp_path / "a",
             "specdraft",
-            target=str(chat_target_dir),
-            aux_layers=(1, 2),
+            PeerInputs(target=str(chat_target_dir), aux_layers=(1, 2)),
         )
     assert not (tmp_path / "a").exists()
 
@@ -195,7 +196,9 @@ def test_speculators_to_specforge_norms_with_the_targets_weights(
     convert_store(bf16_store, tmp_path / "spec", "speculators")
     with pytest.raises(CaptureError, match="--target DIR is required"):
         convert_store(tmp_path / "spec", tmp_path / "a", "specforge")
-    convert_store(tmp_path / "spec", tmp_path / "a", "specforge", target=str(chat_target_dir))
+    convert_store(
+        tmp_path / "spec", tmp_path / "a", "specforge", PeerInputs(target=str(chat_target_dir))
+    )
     convert_store(bf16_store, tmp_path / "b", "specforge")
     for a, b in zip(read_specforge(tmp_path / "a"), read_specforge(tmp_path / "b"), strict=True):
         assert all(torch.equal(a[k], b[k]) for k in FIELDS)
@@ -238,14 +241,16 @@ def test_a_recorded_store_refuses_other_layers_and_changed_samples(
         r"specdraft_store/index.json records \[1, 2, 3\]",
     ):
         convert_store(
-            tmp_path / "sf", tmp_path / "a", "specdraft", aux_layers=(2, 3, 4), convention="vllm"
+            tmp_path / "sf",
+            tmp_path / "a",
+            "specdraft",
+            PeerInputs(aux_layers=(2, 3, 4), convention="vllm"),
         )
     convert_store(
         tmp_path / "sf",
         tmp_path / "a",
         "specdraft",
-        aux_layers=(0, 1, 2),
-        target=str(chat_target_dir),
+        PeerInputs(aux_layers=(0, 1, 2), target=str(chat_target_dir)),
     )
     next((tmp_path / "sf").rglob(f"data_{len(CHATS) - 1}.ckpt")).unlink()
     with pytest.raises(CaptureError, match="its samples are not the ones .* records"):
