@@ -54,6 +54,12 @@ LogEvery = Annotated[
         min=0, help="Log accept length and tokens/s every N verification steps (0 = off)."
     ),
 ]
+MaxRequestBytes = Annotated[
+    int,
+    typer.Option(
+        min=1, help="Largest request body taken, in bytes (HTTP 413 beyond; default 4 MiB)."
+    ),
+]
 ModelName = Annotated[
     str, typer.Option(help="Served model name (default: the target directory's name).")
 ]
@@ -72,6 +78,7 @@ def serve(
     sglang_version: SglangVersion = "",
     no_spec: NoSpec = False,
     max_queue: MaxQueue = 64,
+    max_request_bytes: MaxRequestBytes = 4 * 2**20,
     log_every: LogEvery = 100,
     model_name: ModelName = "",
     chat_template: ChatTemplate = "",
@@ -82,8 +89,7 @@ def serve(
     threads: Threads = DEFAULT_THREADS,
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
-    from specdraft.serve.server import build_app
-    from specdraft.serve.server import serve as run_server
+    from specdraft.serve import server
 
     console = make_console()
     drafting = DraftingOptions(topk, num_steps, num_draft_tokens, aux_layers, sglang_version)
@@ -92,7 +98,7 @@ def serve(
         reading = engine_reading(spec is not None, target, draft, aux_layers, sglang_version)
         check_port_free(host, port)  # before the model loads
         set_threads(threads)
-        server_app = build_app(
+        server_app = server.build_app(
             target,
             draft or None,
             spec,
@@ -105,11 +111,20 @@ def serve(
             compile=compile,
             reading=reading,
             chat_template=chat_template or None,
+            max_request_bytes=max_request_bytes,
         )
         _announce_engine(console, server_app.state.server, compile)
-    line = serving_line(server_app.state.server.model_name, target, draft, spec, host, port)
+    _run(console, server_app, target, draft, spec, host, port)
+
+
+def _run(console, server_app, target: str, draft: str, spec, host: str, port: int) -> None:
+    """Say what is served (`serving_line`), then serve it until interrupted."""
+    from specdraft.serve import server
+
+    name = server_app.state.server.model_name
+    line = serving_line(name, target, draft, spec, host, port)
     console.print(line, markup=False, soft_wrap=True)
-    run_server(server_app, host, port)
+    server.serve(server_app, host, port)
 
 
 def _announce_engine(console, state, compile: bool) -> None:

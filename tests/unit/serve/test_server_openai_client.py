@@ -88,7 +88,7 @@ def test_refusals_are_the_clients_typed_exceptions(client):
     assert refused.value.code == "unsupported" and "'logit_bias'" in refused.value.message
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "w1"}], presence_penalty=1.0
+            model="tiny", messages=[{"role": "user", "content": "w1"}], presence_penalty=3.0
         )
     assert refused.value.param == "presence_penalty"
     with pytest.raises(openai.NotFoundError) as missing:
