@@ -50,8 +50,6 @@ from specdraft.serve.routes import (
 )
 from specdraft.serve.worker import DEFAULT_MAX_QUEUE, EngineWorker, ServeError
 
-DEFAULT_MAX_POSITIONS = 4096  # the longest default request (as `load_engine`'s cache default)
-
 
 def create_app(
     engine: SpeculativeEngine,
@@ -198,8 +196,8 @@ def build_app(
     ending generations at the target's end ids (`target.config.end_token_ids`: the tokenizer's
     EOS and generation_config.json's).
 
-    spec: SpecConfig, or None for plain decoding (draft_dir is then ignored). max_seq_len (the
-    cache) defaults to `default_cache_len`; model_name to the target directory's name. compile: `load_engine`'s (CUDA graphs; the app's
+    spec: SpecConfig, or None for plain decoding (draft_dir is then ignored). model_name
+    defaults to the target directory's name. compile: `load_engine`'s (CUDA graphs; the app's
     `state.server.engine` then needs a warm-up generation before it serves). Raises what
     `load_engine` and `target_tokenizer` raise (mismatched drafter, unreadable checkpoints)."""
     import torch
@@ -214,7 +212,7 @@ def build_app(
         spec,
         device,
         dtype or torch.float32,
-        max_seq_len or default_cache_len(target_dir, spec),
+        max_seq_len,
         tokenizer,
         compile=compile,
         reading=reading,
@@ -228,20 +226,6 @@ def build_app(
         end_ids=end_token_ids(tokenizer, target_dir),
         max_request_bytes=max_request_bytes,
     )
-
-
-def default_cache_len(target_dir: str | Path, spec: Any) -> int:
-    """The cache a server allocates when not told: the target's max positions (at most
-    `DEFAULT_MAX_POSITIONS`) plus one round's verified nodes (`spec.num_draft_tokens`; 1 for
-    plain decoding), which the cache holds beyond the longest request
-    (`SpeculativeEngine.context_limits`): a cache of just the positions would take 2,044-token
-    requests of a 2,048-position target under a 4-node chain. Raises what `read_target_config`
-    raises."""
-    from specdraft.targets.config import read_target_config
-
-    config = read_target_config(target_dir).get_text_config()
-    positions = min(config.max_position_embeddings, DEFAULT_MAX_POSITIONS)
-    return positions + (spec.num_draft_tokens if spec is not None else 1)
 
 
 def target_tokenizer(target_dir: str | Path, chat_template: str | None = None) -> Any:
