@@ -204,8 +204,21 @@ def parse_common(
         logprobs_of(body, chat),
         float(presence),
         float(frequency),
-        not chat and get_field(body, "echo", "bool", False),
+        echo_of(body, chat),
     )
+
+
+def echo_of(body: dict, chat: bool) -> bool:
+    """Completions' `echo`; chat's (vLLM: prepend the last message) is refused when true."""
+    echo = get_field(body, "echo", "bool", False)
+    if echo and chat:
+        raise RequestError(
+            "'echo' = true is not supported in chat: the last message is not prepended; leave "
+            "it out (or send false)",
+            param="echo",
+            code="unsupported",
+        )
+    return echo
 
 
 def logprobs_of(body: dict, chat: bool) -> int | None:

@@ -138,6 +138,8 @@ def test_chat_logprobs_and_top_logprobs_streamed_and_not(client):
     assert plain["choices"][0]["logprobs"] is None
     refused = client.post("/v1/chat/completions", json={**body, "top_logprobs": 2})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "top_logprobs"
+    echo = client.post("/v1/chat/completions", json={**body, "echo": True}).json()["error"]
+    assert (echo["param"], echo["code"]) == ("echo", "unsupported")
 
 
 def test_penalties_are_served_as_the_engine_verifies_them(client):
