@@ -34,6 +34,10 @@ LogEvery = Annotated[
     int,
     option(100, min=0, help="Log accept length and tokens/s every N verification steps (0 = off)."),
 ]
+MaxRequestBytes = Annotated[
+    int,
+    option(4 * 2**20, min=1, help="Largest request body taken, in bytes (HTTP 413 beyond)."),
+]
 ModelName = Annotated[
     str, option("", help="Served model name (default: the target directory's name).")
 ]
@@ -48,14 +52,14 @@ def serve(
     drafting: DraftingOptions,
     no_spec: NoSpec,
     max_queue: MaxQueue,
+    max_request_bytes: MaxRequestBytes,
     log_every: LogEvery,
     model_name: ModelName,
     chat_template: ChatTemplate,
     run: EngineRun,
 ) -> None:
     """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
-    from specdraft.serve.server import build_app
-    from specdraft.serve.server import serve as run_server
+    from specdraft.serve import server
 
     console = make_console()
     spec = decoding_spec(drafting, draft, no_spec, run.compile, run.device)
@@ -65,7 +69,7 @@ def serve(
         )
         check_port_free(host, port)  # before the model loads
         set_threads(run.threads)
-        server_app = build_app(
+        server_app = server.build_app(
             target,
             draft or None,
             spec,
@@ -78,11 +82,20 @@ def serve(
             compile=run.compile,
             reading=reading,
             chat_template=chat_template or None,
+            max_request_bytes=max_request_bytes,
         )
         _announce_engine(console, server_app.state.server, run.compile)
-    line = serving_line(server_app.state.server.model_name, target, draft, spec, host, port)
+    _run(console, server_app, target, draft, spec, host, port)
+
+
+def _run(console, server_app, target: str, draft: str, spec, host: str, port: int) -> None:
+    """Say what is served (`serving_line`), then serve it until interrupted."""
+    from specdraft.serve import server
+
+    name = server_app.state.server.model_name
+    line = serving_line(name, target, draft, spec, host, port)
     console.print(line, markup=False, soft_wrap=True)
-    run_server(server_app, host, port)
+    server.serve(server_app, host, port)
 
 
 def _announce_engine(console, state, compile: bool) -> None:

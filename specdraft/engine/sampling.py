@@ -12,6 +12,10 @@
   min(1, p(d)/q(d)), on rejection draw from normalised max(p - q, 0) (Leviathan et al. 2023,
   "Fast Inference from Transformers via Speculative Decoding", Alg. 1; Chen et al. 2023).
 
+- `apply_penalties`: OpenAI's presence / frequency penalties on logits, before temperature (as
+  vLLM's sampler applies them, over the output's tokens only); applied to the target's logits
+  before any rule above they keep it lossless: the rules then match the penalised target.
+
 A tree is given by `parents` (node 0 is the root, parents[0] = -1, parents[i] < i) and
 `tokens` (target ids). Every rule returns a `Verdict`: the accepted nodes and the bonus token.
 """
@@ -82,6 +86,15 @@ def logits_to_probs(logits: Tensor, params: SamplingParams) -> Tensor:
         )  # mass before it already reaches top_p
         x = x.scatter(-1, order, sorted_x.masked_fill(drop, float("-inf")))
     return x.softmax(-1)
+
+
+def apply_penalties(logits: Tensor, counts: Tensor, presence: float, frequency: float) -> Tensor:
+    """logits - frequency * counts - presence * (counts > 0): OpenAI's presence / frequency
+    penalties (vllm model_executor/layers/utils.py apply_penalties, the same order: before
+    temperature). logits [..., V] float; counts [..., V], each token's occurrences in the output
+    so far (of the path to that row). Returns a new float32 tensor."""
+    counts = counts.to(logits.device, torch.float32)
+    return logits.float() - frequency * counts - presence * (counts > 0).float()
 
 
 def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:

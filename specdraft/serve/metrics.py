@@ -8,16 +8,22 @@
   count the same steps; a scraper reads one prefix (specdraft.client: "specdraft:" on this server).
   prometheus_client exposes a counter with the suffix `_total`, as vLLM does; `position` is
   0-based (0 = first draft). They move only on a speculative engine, for finished requests.
-- Requests (finished by reason, refused with 429, cancelled by a disconnect while running or
-  waiting), prompt and generated tokens, time to first token, time per output token, waiting /
-  running requests: `specdraft:` names only.
+- Requests: vLLM's request metrics (`conventions.vllm_serving.REQUEST_METRICS`: running /
+  waiting requests, finished ones by reason, prompt and generated tokens, time to first token,
+  inter-token latency, time per output token, end-to-end, queue, inference, prefill and decode
+  seconds, with vLLM's buckets) under both prefixes, vLLM's with its labels (`RequestMetrics`);
+  requests refused with 429 or cancelled (a disconnect while running or waiting, shutdown) and
+  the older `specdraft:time_per_output_token_seconds`: `specdraft:` names only.
 Imports prometheus_client only when built.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from specdraft.conventions.vllm_serving import REQUEST_METRICS
 from specdraft.engine.speculate import GenerationResult
-from specdraft.serve.protocol import FINISH_REASONS
+from specdraft.serve.responses import FINISH_REASONS
 
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 SPEC_PREFIXES = ("specdraft:", "vllm:")  # the speculative counters' two names
@@ -67,23 +73,82 @@ class SpecCounters:
             self.accepted_per_pos.labels(**self.labels, position=str(k)).inc(count)
 
 
+class RequestMetrics:
+    """vLLM's request metrics (`conventions.vllm_serving.REQUEST_METRICS`) under one prefix,
+    `labels` on every sample (vLLM's model_name / engine; none for specdraft's). `metric(name)`:
+    the labelled child (a metric with extra labels: the parent, to label further)."""
+
+    def __init__(self, prefix: str, labels: dict[str, str], registry) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        kinds = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+        self.labels, self.metrics = labels, {}
+        for m in REQUEST_METRICS:
+            extra = {"buckets": m.buckets} if m.buckets else {}
+            metric = kinds[m.kind](
+                prefix + m.name, m.doc, [*labels, *m.labels], registry=registry, **extra
+            )
+            self.metrics[m.name] = metric.labels(**labels) if labels and not m.labels else metric
+
+    def metric(self, name: str):
+        """The metric (labelled with `labels` unless it has labels of its own)."""
+        return self.metrics[name]
+
+    def set_queue(self, running: int, waiting: int) -> None:
+        """The running / waiting gauges."""
+        self.metric("num_requests_running").set(running)
+        self.metric("num_requests_waiting").set(waiting)
+
+    def record(self, result: GenerationResult, times: RequestTimes) -> None:
+        """Count one finished request: tokens, reason, its phases' seconds, its step gaps."""
+        reason = FINISH_REASONS[result.finish_reason]
+        self.metric("request_success").labels(**self.labels, finished_reason=reason).inc()
+        self.metric("prompt_tokens").inc(result.metrics.num_prompt_tokens)
+        self.metric("generation_tokens").inc(len(result.token_ids))
+        steps = times.steps
+        for name, seconds in (
+            ("time_to_first_token_seconds", steps[0] - times.arrival),
+            ("e2e_request_latency_seconds", steps[-1] - times.arrival),
+            ("request_queue_time_seconds", times.start - times.arrival),
+            ("request_inference_time_seconds", steps[-1] - times.start),
+            ("request_prefill_time_seconds", steps[0] - times.start),
+            ("request_decode_time_seconds", steps[-1] - steps[0]),
+        ):
+            self.metric(name).observe(seconds)
+        for a, b in zip(steps, steps[1:]):
+            self.metric("inter_token_latency_seconds").observe(b - a)
+        if len(result.token_ids) > 1:
+            tpot = (steps[-1] - steps[0]) / (len(result.token_ids) - 1)
+            self.metric("request_time_per_output_token_seconds").observe(tpot)
+
+
+@dataclass
+class RequestTimes:
+    """A request's time.perf_counter() seconds: arrival (queued), start (its generation began),
+    steps (each batch of tokens: the prefill's first token, then every verification step)."""
+
+    arrival: float
+    start: float
+    steps: list[float]
+
+
 class ServerMetrics:
     """Prometheus metrics in their own CollectorRegistry (names: see the module docstring).
     model_name: the served name (vLLM's `model_name` label); num_positions: draft depth."""
 
     def __init__(self, num_positions: int, model_name: str = "") -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.registry = r = CollectorRegistry()
+        vllm_labels = {"model_name": model_name, "engine": VLLM_ENGINE}
         self.spec = [
             SpecCounters("specdraft:", {}, num_positions, r),
-            SpecCounters(
-                "vllm:", {"model_name": model_name, "engine": VLLM_ENGINE}, num_positions, r
-            ),
+            SpecCounters("vllm:", vllm_labels, num_positions, r),
         ]
-        self.requests = Counter(
-            "specdraft:request_success", "Finished requests", ["finished_reason"], registry=r
-        )
+        self.request_sets = [
+            RequestMetrics("specdraft:", {}, r),
+            RequestMetrics("vllm:", vllm_labels, r),
+        ]
         self.rejected = Counter(
             "specdraft:request_rejected", "Requests refused: queue full (429)", registry=r
         )
@@ -92,37 +157,24 @@ class ServerMetrics:
             "Requests stopped by a disconnect, running or waiting, or by shutdown",
             registry=r,
         )
-        self.prompt_tokens = Counter(
-            "specdraft:prompt_tokens", "Prompt tokens processed", registry=r
-        )
-        self.generation_tokens = Counter(
-            "specdraft:generation_tokens", "Tokens generated", registry=r
-        )
-        self.ttft = Histogram(
-            "specdraft:time_to_first_token_seconds", "Arrival to first token", registry=r
-        )
         self.tpot = Histogram(
             "specdraft:time_per_output_token_seconds",
             "(last - first token time) / (tokens - 1), per request",
             buckets=TPOT_BUCKETS,
             registry=r,
         )
-        self.waiting = Gauge("specdraft:num_requests_waiting", "Requests in the queue", registry=r)
-        self.running = Gauge(
-            "specdraft:num_requests_running", "Requests running (0 or 1)", registry=r
-        )
 
-    def record(
-        self, result: GenerationResult, speculative: bool, arrival: float, first: float, end: float
-    ) -> None:
+    def set_queue(self, running: int, waiting: int) -> None:
+        """Requests running and waiting, under both names."""
+        for requests in self.request_sets:
+            requests.set_queue(running, waiting)
+
+    def record(self, result: GenerationResult, speculative: bool, times: RequestTimes) -> None:
         """Count one finished request (spec counters only on a speculative engine)."""
-        m = result.metrics
         if speculative:
             for counters in self.spec:
                 counters.record(result)
-        self.requests.labels(finished_reason=FINISH_REASONS[result.finish_reason]).inc()
-        self.prompt_tokens.inc(m.num_prompt_tokens)
-        self.generation_tokens.inc(len(result.token_ids))
-        self.ttft.observe(first - arrival)
+        for requests in self.request_sets:
+            requests.record(result, times)
         if len(result.token_ids) > 1:
-            self.tpot.observe((end - first) / (len(result.token_ids) - 1))
+            self.tpot.observe((times.steps[-1] - times.steps[0]) / (len(result.token_ids) - 1))

@@ -5,10 +5,9 @@
   `prompt_ids_of` and `chat_prompt_ids` turn a completion prompt or chat `messages` (the
   tokenizer's chat template) into target token ids. A bad request raises `RequestError`, which
   carries the HTTP status and OpenAI's error body.
-- Responses: `ResponseShape` builds completion / chat.completion bodies and SSE chunks (`sse`),
-  with the prompt's and the output's token ids when asked (`return_token_ids`, vLLM's names: text does not round-trip to the same
-  ids, so a client that measures on the tokens the server ran needs them); `usage_of` adds the
-  raw speculative counts and `accept_length` = 1 + accepted / drafts to OpenAI's usage.
+- `prompt_list` / `prompts_of`: a completion request's prompts (one, or a list as vLLM takes it); `num_choices`:
+  `n`; `logprobs_of`: chat's `logprobs` / `top_logprobs` or completions' `logprobs`; presence /
+  frequency penalties in OpenAI's range. The response bodies are `serve.responses`.
 The fields the server does not implement are one table, `UNSUPPORTED`: any value but the
 one that asks for nothing gets 400 naming the field.
 Imports neither FastAPI, uvicorn nor prometheus_client (jinja2 only when a chat is rendered).
@@ -17,15 +16,8 @@ Imports neither FastAPI, uvicorn nor prometheus_client (jinja2 only when a chat 
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from specdraft.engine.requests import GenerationResult
-
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}  # engine -> OpenAI
 
 
 class RequestError(Exception):
@@ -76,6 +68,15 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     return_token_ids: bool = False
+    logprobs: int | None = None  # top alternatives per emitted token (None: no logprobs)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    echo: bool = False  # completions: the prompt (and its scores, with logprobs) comes first
+
+    @property
+    def scored(self) -> bool:
+        """Whether the engine's verification needs `serve.scoring` (logprobs or penalties)."""
+        return self.logprobs is not None or bool(self.presence_penalty or self.frequency_penalty)
 
 
 _TYPES = {
@@ -110,16 +111,10 @@ def get_field(body: dict, name: str, kind: str, default: Any = None, required: b
 # for nothing, which are accepted; what the server lacks). Any other value is refused with 400
 # naming the field (`refuse_unsupported`), so that no client is silently served something else.
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "n": ((1,), "the server returns one completion per request"),
     "best_of": ((1,), "the server returns one completion per request"),
-    "echo": ((False,), "the prompt is not echoed"),
-    "logprobs": ((False,), "no log-probabilities are returned"),
-    "top_logprobs": ((0,), "no log-probabilities are returned"),
-    "prompt_logprobs": ((), "no log-probabilities are returned"),
+    "prompt_logprobs": ((), "no prompt log-probabilities apart from echo with logprobs"),
     "logit_bias": (({},), "the sampler has no logit bias"),
-    "presence_penalty": ((0,), "the sampler has no penalties"),
-    "frequency_penalty": ((0,), "the sampler has no penalties"),
-    "repetition_penalty": ((1,), "the sampler has no penalties"),
+    "repetition_penalty": ((1,), "the sampler has presence / frequency penalties only"),
     "min_p": ((0,), "the sampler has no min_p"),
     "min_tokens": ((0,), "EOS and stop strings are never held back"),
     "suffix": (("",), "there is no insertion mode"),
@@ -158,10 +153,18 @@ def refuse_unsupported(body: dict) -> None:
         )
 
 
-def parse_common(body: dict, prompt_ids: list[int], default_max_tokens: int) -> GenerationRequest:
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (and OpenAI's chat top_logprobs bound)
+PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's range of presence_penalty / frequency_penalty
+MAX_CHOICES = 16  # n at most: choices run one after another on a batch-1 engine
+
+
+def parse_common(
+    body: dict, prompt_ids: list[int], default_max_tokens: int, chat: bool = False
+) -> GenerationRequest:
     """The sampling and streaming fields shared by completions and chat (OpenAI names, vLLM's
-    top_k / ignore_eos / return_token_ids extensions); raises RequestError for a bad value or
-    a field the server does not implement (`refuse_unsupported`)."""
+    top_k / ignore_eos / return_token_ids extensions; `logprobs_of` reads chat's or completions'
+    logprobs); raises RequestError for a bad value or a field the server does not implement
+    (`refuse_unsupported`)."""
     refuse_unsupported(body)
     stop = body.get("stop")
     stop = (stop,) if isinstance(stop, str) else stop or ()
@@ -171,11 +174,16 @@ def parse_common(body: dict, prompt_ids: list[int], default_max_tokens: int) -> 
     temperature = get_field(body, "temperature", "number", 1.0)
     top_p = get_field(body, "top_p", "number", 1.0)
     top_k = get_field(body, "top_k", "int", 0)
+    presence = get_field(body, "presence_penalty", "number", 0.0)
+    frequency = get_field(body, "frequency_penalty", "number", 0.0)
+    low, high = PENALTY_RANGE
     checks = [
         ("max_tokens", max_tokens >= 1, ">= 1"),
         ("temperature", temperature >= 0, ">= 0"),
         ("top_p", 0 < top_p <= 1, "in (0, 1]"),
         ("top_k", top_k >= -1, ">= 0 (-1 or 0 = off)"),
+        ("presence_penalty", low <= presence <= high, f"in [{low}, {high}]"),
+        ("frequency_penalty", low <= frequency <= high, f"in [{low}, {high}]"),
     ]
     for name, ok, rule in checks:
         if not ok:
@@ -193,14 +201,78 @@ def parse_common(body: dict, prompt_ids: list[int], default_max_tokens: int) -> 
         get_field(body, "stream", "bool", False),
         bool(get_field(options, "include_usage", "bool", False)),
         get_field(body, "return_token_ids", "bool", False),
+        logprobs_of(body, chat),
+        float(presence),
+        float(frequency),
+        echo_of(body, chat),
     )
 
 
-def prompt_ids_of(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
-    """Token ids of a completion prompt: a string, a list of ids, or a one-element list of
-    either (one prompt per request). Raises RequestError otherwise."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+def echo_of(body: dict, chat: bool) -> bool:
+    """Completions' `echo`; chat's (vLLM: prepend the last message) is refused when true."""
+    echo = get_field(body, "echo", "bool", False)
+    if echo and chat:
+        raise RequestError(
+            "'echo' = true is not supported in chat: the last message is not prepended; leave "
+            "it out (or send false)",
+            param="echo",
+            code="unsupported",
+        )
+    return echo
+
+
+def logprobs_of(body: dict, chat: bool) -> int | None:
+    """The top alternatives asked per emitted token, None when no logprobs are asked: chat's
+    `logprobs` (bool) with `top_logprobs` (0..MAX_LOGPROBS, only with logprobs true), or
+    completions' `logprobs` (an int 0..MAX_LOGPROBS; 0 = the emitted token's alone)."""
+    if chat:
+        top = get_field(body, "top_logprobs", "int")
+        if not get_field(body, "logprobs", "bool", False):
+            if top:
+                raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+            return None
+        name, value = "top_logprobs", top or 0
+    else:
+        name, value = "logprobs", get_field(body, "logprobs", "int")
+        if value is None:
+            return None
+    if not 0 <= value <= MAX_LOGPROBS:
+        raise RequestError(f"'{name}' = {value}: must be in 0..{MAX_LOGPROBS}", param=name)
+    return value
+
+
+def num_choices(body: dict) -> int:
+    """`n`, the choices per prompt (1..MAX_CHOICES); RequestError otherwise."""
+    n = get_field(body, "n", "int", 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise RequestError(f"'n' = {n}: must be in 1..{MAX_CHOICES}", param="n")
+    return n
+
+
+def prompt_list(prompt: Any) -> list:
+    """A completion request's prompts as given: a string, a list of ids, or a list of either (a
+    batch, as vLLM takes it). Raises RequestError for anything else or an empty list."""
+    if isinstance(prompt, str) or (
+        isinstance(prompt, list) and prompt and not isinstance(prompt[0], (str, list))
+    ):
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise RequestError(
+            "'prompt' must be a string, a list of token ids, or a non-empty list of either",
+            param="prompt",
+            code="invalid_type",
+        )
+    return prompt
+
+
+def prompts_of(prompts: list, tokenizer: Any, vocab_size: int) -> list[list[int]]:
+    """Token ids of each prompt of `prompt_list` (`prompt_ids_of`)."""
+    return [prompt_ids_of(p, tokenizer, vocab_size) for p in prompts]
+
+
+def prompt_ids_of(prompt: Any, tokenizer: Any, vocab_size: int, param: str = "prompt") -> list[int]:
+    """Token ids of one prompt (the field `param`): a string or a list of ids. Raises
+    RequestError otherwise, or for an empty prompt or an id outside the vocabulary."""
     if isinstance(prompt, str):
         ids = list(tokenizer(prompt)["input_ids"])
     elif isinstance(prompt, list) and all(
@@ -208,21 +280,28 @@ def prompt_ids_of(prompt: Any, tokenizer: Any, vocab_size: int) -> list[int]:
     ):
         ids = prompt
         if any(not 0 <= t < vocab_size for t in ids):
-            raise RequestError(f"'prompt' token ids must be in 0..{vocab_size - 1}", param="prompt")
+            raise RequestError(f"'{param}' token ids must be in 0..{vocab_size - 1}", param=param)
     else:
         raise RequestError(
-            "'prompt' must be a string or a list of token ids (one prompt per request)",
-            param="prompt",
+            f"'{param}' must be a string or a list of token ids, or a list of them",
+            param=param,
             code="invalid_type",
         )
     if not ids:
-        raise RequestError("'prompt' is empty", param="prompt")
+        raise RequestError(f"'{param}' is empty", param=param)
     return ids
 
 
 def chat_prompt_ids(body: dict, tokenizer: Any) -> list[int]:
-    """Render `messages` with the tokenizer's chat template (generation prompt added, the
-    request's `chat_template_kwargs` passed on) and tokenize without extra special tokens."""
+    """`render_chat` (generation prompt added), tokenized without extra special tokens."""
+    text = render_chat(body, tokenizer, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_chat(body: dict, tokenizer: Any, add_generation_prompt: bool) -> str:
+    """`messages` rendered with the tokenizer's chat template (the request's
+    `chat_template_kwargs` passed on). RequestError for bad messages, no template, or a
+    template that refuses them."""
     messages = get_field(body, "messages", "array", required=True)
     if not messages:
         raise RequestError("'messages' is empty", param="messages")
@@ -237,14 +316,13 @@ def chat_prompt_ids(body: dict, tokenizer: Any) -> list[int]:
     from jinja2 import TemplateError
 
     try:
-        text = tokenizer.apply_chat_template(
-            rendered, tokenize=False, add_generation_prompt=True, **kwargs
+        return tokenizer.apply_chat_template(
+            rendered, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
         )
     except (TemplateError, ValueError, TypeError) as e:  # the template refuses these messages
         raise RequestError(
             f"the chat template failed on these messages: {e}", param="messages"
         ) from None
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def message_of(message: Any, index: int) -> dict[str, str]:
@@ -261,90 +339,3 @@ def message_of(message: Any, index: int) -> dict[str, str]:
     if not isinstance(content, str):
         raise RequestError(f"{param}.content must be a string", param=param, code="invalid_type")
     return {"role": message["role"], "content": content}
-
-
-# ---- response bodies --------------------------------------------------------------------------
-def usage_of(result: GenerationResult) -> dict[str, Any]:
-    """OpenAI usage plus the raw speculative counts and accept length (1 + accepted / drafts)."""
-    m = result.metrics
-    m.check()
-    prompt, completion = m.num_prompt_tokens, len(result.token_ids)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "num_drafts": m.num_verify_steps,
-        "num_draft_tokens": m.num_drafted_tokens,
-        "num_accepted_tokens": m.num_accepted_tokens,
-        "num_accepted_tokens_per_pos": list(m.accepted_per_position),
-        "accept_length": m.accept_length,
-        "acceptance_per_position": m.acceptance_per_position,
-    }
-
-
-def sse(payload: dict) -> str:
-    """One server-sent event."""
-    return f"data: {json.dumps(payload)}\n\n"
-
-
-@dataclass
-class ResponseShape:
-    """OpenAI's completion / chat.completion bodies and chunks for one request.
-
-    prompt_token_ids: the prompt's ids when the request asked for token ids (vLLM's
-    return_token_ids: the body's choice carries `prompt_token_ids` and `token_ids`; streamed,
-    the first chunk carries `prompt_token_ids` and each chunk the `token_ids` it adds); None
-    otherwise.
-    """
-
-    model: str
-    chat: bool
-    prompt_token_ids: list[int] | None = None
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    created: int = field(default_factory=lambda: int(time.time()))
-    prompt_sent: bool = False  # streamed: the first chunk went out (with prompt_token_ids)
-
-    def head(self, stream: bool) -> dict[str, Any]:
-        """id, object, created, model."""
-        kind = ("chat.completion" if self.chat else "text_completion") + (
-            ".chunk" if stream and self.chat else ""
-        )
-        return {
-            "id": ("chatcmpl-" if self.chat else "cmpl-") + self.id,
-            "object": kind,
-            "created": self.created,
-            "model": self.model,
-        }
-
-    def chunk(
-        self, piece: str | dict, finish_reason: str | None, token_ids: Sequence[int] = ()
-    ) -> dict[str, Any]:
-        """A streamed chunk carrying `piece` (text, or a chat delta dict) and, when token ids
-        were asked for, the output ids it adds."""
-        if self.chat:
-            delta = piece if isinstance(piece, dict) else ({"content": piece} if piece else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish_reason}
-        if self.prompt_token_ids is not None:
-            if not self.prompt_sent:
-                choice["prompt_token_ids"], self.prompt_sent = self.prompt_token_ids, True
-            choice["token_ids"] = list(token_ids)
-        return {**self.head(stream=True), "choices": [choice]}
-
-    def full(self, text: str, result: GenerationResult) -> dict[str, Any]:
-        """The non-streamed body with usage."""
-        reason = FINISH_REASONS[result.finish_reason]
-        choice = (
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": reason,
-            }
-            if self.chat
-            else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-        )
-        if self.prompt_token_ids is not None:
-            choice.update(prompt_token_ids=self.prompt_token_ids, token_ids=list(result.token_ids))
-        return {**self.head(stream=False), "choices": [choice], "usage": usage_of(result)}

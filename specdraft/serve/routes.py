@@ -1,7 +1,9 @@
-"""The server's routes: `/v1/completions` and `/v1/chat/completions` (SSE streaming or not),
-`/v1/models` and `/v1/models/{id}`, `/health`, `/metrics`; what they share (`ServerState`), and
-the answers: one JSON body, or SSE chunks as the worker's events arrive. Starlette and
-prometheus_client are imported when a route runs.
+"""The server's generation routes, `/v1/completions` and `/v1/chat/completions` (SSE streaming
+or not), what every route shares (`ServerState`), and the reading of a request: its body, read up
+to `max_request_bytes` (413 beyond, before the rest arrives), then parsed and tokenized on a
+thread (`asyncio.to_thread`), so that a large prompt does not hold the event loop (`/health`, the
+streams of other requests). The answers are `serve.answers`; the other routes `serve.info_routes`.
+Starlette is imported when a route runs.
 """
 
 from __future__ import annotations
@@ -9,40 +11,49 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specdraft.client import SPECULATIVE_SETTING_KEY
 from specdraft.engine.speculate import SpeculativeEngine
+from specdraft.serve.answers import Choice, full_body, stream_chunks, wait_for_all
 from specdraft.serve.metrics import ServerMetrics
 from specdraft.serve.protocol import (
-    FINISH_REASONS,
     GenerationRequest,
     RequestError,
-    ResponseShape,
     chat_prompt_ids,
     get_field,
-    prompt_ids_of,
-    sse,
-    usage_of,
+    num_choices,
+    prompt_list,
+    prompts_of,
 )
-from specdraft.serve.text_stream import TextStream
+from specdraft.serve.responses import ResponseShape, usage_of
 from specdraft.serve.worker import EngineWorker, Job, checked, context_room
 
-DISCONNECT_POLL_S = 0.25
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20  # a request body's limit (--max-request-bytes)
 
 
 @dataclass
 class ServerState:
-    """What the route handlers share: engine, tokenizer, served name, metrics, worker."""
+    """What the route handlers share: engine, tokenizer, served name, metrics, worker, and the
+    largest request body taken (bytes)."""
 
     engine: SpeculativeEngine
     tokenizer: Any
     model_name: str
     metrics: ServerMetrics
     worker: EngineWorker
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Parsed:
+    """A generation request read: its sequences (prompt-major, n per prompt), the echo text of
+    each prompt, and the prompts' token count (usage counts each prompt once)."""
+
+    requests: list[GenerationRequest]
+    echoes: list[str]
+    num_prompt_tokens: int
 
 
 async def request_error_response(request: Any, error: RequestError) -> Any:
@@ -52,10 +63,37 @@ async def request_error_response(request: Any, error: RequestError) -> Any:
     return JSONResponse(error.body(), status_code=error.status)
 
 
-async def read_body(request: Any, state: ServerState) -> dict:
+async def read_raw(request: Any, state: ServerState) -> bytes:
+    """The request's body, at most `state.max_request_bytes`: RequestError 413 when its
+    Content-Length says more (before reading it) or, without one, once more has arrived."""
+    limit = state.max_request_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large(int(declared), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(size, limit, at_least=True)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(size: int, limit: int, at_least: bool = False) -> RequestError:
+    """413 with the one-line reason."""
+    return RequestError(
+        f"request body of {'more than ' if at_least else ''}{size} bytes exceeds the server's "
+        f"limit of {limit} bytes: send a shorter prompt, or start the server with a larger "
+        "--max-request-bytes",
+        code="request_too_large",
+        status=413,
+    )
+
+
+def body_of(raw: bytes, state: ServerState) -> dict:
     """The request's JSON object; RequestError for bad JSON, a non-object or another model."""
     try:
-        body = json.loads(await request.body())
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RequestError(f"request body is not valid JSON: {e}", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -64,6 +102,11 @@ async def read_body(request: Any, state: ServerState) -> dict:
     if model is not None:
         check_model(state, model)
     return body
+
+
+async def read_body(request: Any, state: ServerState) -> dict:
+    """`read_raw`, then `body_of` on a thread."""
+    return await asyncio.to_thread(body_of, await read_raw(request, state), state)
 
 
 def check_model(state: ServerState, model: str) -> None:
@@ -78,166 +121,91 @@ def check_model(state: ServerState, model: str) -> None:
         )
 
 
-async def completions(request: Any) -> Any:
-    """POST /v1/completions."""
-    state: ServerState = request.app.state.server
-    body = await read_body(request, state)
+def sequences(
+    state: ServerState, body: dict, prompts: list[list[int]], default_max: int | None, chat: bool
+) -> list[GenerationRequest]:
+    """n checked requests per prompt (`checked`; default_max None: the room each prompt
+    leaves); with a seed, sequence j of a prompt samples with seed + j (distinct choices)."""
+    n, out = num_choices(body), []
+    for ids in prompts:
+        room = default_max or max(1, context_room(state.engine, len(ids)))
+        req = checked(state.engine, body, ids, room, chat)
+        out += [req if req.seed is None else replace(req, seed=req.seed + j) for j in range(n)]
+    return out
+
+
+def parse_completion(raw: bytes, state: ServerState) -> Parsed:
+    """A /v1/completions body read: its prompts tokenized (`prompts_of`), n sequences each."""
+    body = body_of(raw, state)
     if body.get("prompt") is None:
         raise RequestError("'prompt' is a required property", param="prompt", code="missing_field")
-    ids = prompt_ids_of(body["prompt"], state.tokenizer, state.engine.target.args.vocab_size)
-    return await respond(request, state, checked(state.engine, body, ids, 16), chat=False)
+    given = prompt_list(body["prompt"])
+    prompts = prompts_of(given, state.tokenizer, state.engine.target.args.vocab_size)
+    echoes = [""] * len(prompts)
+    if get_field(body, "echo", "bool", False):
+        echoes = [p if isinstance(p, str) else state.tokenizer.decode(p) for p in given]
+    requests = sequences(state, body, prompts, 16, chat=False)
+    return Parsed(requests, echoes, sum(map(len, prompts)))
 
 
-async def chat_completions(request: Any) -> Any:
-    """POST /v1/chat/completions (max_completion_tokens or max_tokens; default: the room left)."""
-    state: ServerState = request.app.state.server
-    body = await read_body(request, state)
+def parse_chat(raw: bytes, state: ServerState) -> Parsed:
+    """A /v1/chat/completions body read (max_completion_tokens or max_tokens; default: the room
+    left), its messages rendered and tokenized (`chat_prompt_ids`)."""
+    body = body_of(raw, state)
     ids = chat_prompt_ids(body, state.tokenizer)
     if body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": get_field(body, "max_completion_tokens", "int")}
-    return await respond(
-        request,
-        state,
-        checked(state.engine, body, ids, max(1, context_room(state.engine, len(ids)))),
-        chat=True,
-    )
+    return Parsed(sequences(state, body, [ids], None, chat=True), [""], len(ids))
 
 
-def model_card(state: ServerState) -> dict[str, Any]:
-    """The served model as OpenAI's model object (and vLLM's max_model_len: the room left), with
-    the speculative setting the server runs under `SPECULATIVE_SETTING_KEY` (`num_steps`, `topk`,
-    `num_draft_tokens`, SGLang's meanings; null without speculation), which doctor reads."""
-    spec = state.engine.spec
-    return {
-        "id": state.model_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "specdraft",
-        "max_model_len": context_room(state.engine, 0),
-        SPECULATIVE_SETTING_KEY: None if spec is None else asdict(spec),
-    }
-
-
-async def models(request: Any) -> Any:
-    """GET /v1/models: the one served model."""
-    from starlette.responses import JSONResponse
-
-    return JSONResponse({"object": "list", "data": [model_card(request.app.state.server)]})
-
-
-async def model(request: Any) -> Any:
-    """GET /v1/models/{id}: the served model, or 404 model_not_found."""
-    from starlette.responses import JSONResponse
-
+async def completions(request: Any) -> Any:
+    """POST /v1/completions."""
     state: ServerState = request.app.state.server
-    check_model(state, request.path_params["model_id"])
-    return JSONResponse(model_card(state))
+    raw = await read_raw(request, state)
+    return await respond(request, state, await asyncio.to_thread(parse_completion, raw, state))
 
 
-async def health(request: Any) -> Any:
-    """GET /health: 200 while the worker thread lives (503 otherwise), with queue state."""
-    from starlette.responses import JSONResponse
-
-    worker = request.app.state.server.worker
-    alive = worker.thread.is_alive()
-    return JSONResponse(
-        {
-            "status": "ok" if alive else "dead",
-            "running": int(worker.running is not None),
-            "waiting": worker.jobs.qsize(),
-        },
-        status_code=200 if alive else 503,
-    )
+async def chat_completions(request: Any) -> Any:
+    """POST /v1/chat/completions."""
+    state: ServerState = request.app.state.server
+    raw = await read_raw(request, state)
+    parsed = await asyncio.to_thread(parse_chat, raw, state)
+    return await respond(request, state, parsed, chat=True)
 
 
-async def prometheus_metrics(request: Any) -> Any:
-    """GET /metrics: Prometheus text exposition of the server's registry."""
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-    from starlette.responses import Response
-
-    return Response(
-        generate_latest(request.app.state.server.metrics.registry), media_type=CONTENT_TYPE_LATEST
-    )
-
-
-# ---- responses --------------------------------------------------------------------------------
-async def respond(request: Any, state: ServerState, req: GenerationRequest, chat: bool) -> Any:
-    """Queue the request; answer with SSE chunks (stream) or one JSON body."""
+async def respond(request: Any, state: ServerState, parsed: Parsed, chat: bool = False) -> Any:
+    """Queue the request's sequences; answer with SSE chunks (stream) or one JSON body."""
     from starlette.responses import JSONResponse, StreamingResponse
 
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
-    def post(event: tuple[str, Any]) -> None:
-        try:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-        except RuntimeError:  # the request's loop is gone (server shutting down)
-            pass
-
-    job = Job(req, post)
-    state.worker.submit(job)
-    shape = ResponseShape(state.model_name, chat, req.prompt_ids if req.return_token_ids else None)
-    if req.stream:
-        return StreamingResponse(
-            stream_chunks(state, job, events, shape), media_type="text/event-stream"
-        )
-    kind, value = await wait_for_end(request, job, events)
-    if kind != "done":
-        return JSONResponse(
-            RequestError(
-                value or "request cancelled", code=kind, status=500, kind="server_error"
-            ).body(),
-            status_code=500,
-        )
-    text = TextStream(state.tokenizer, req.stop, req.prompt_ids)
-    return JSONResponse(shape.full(text.push(value.token_ids) + text.finish(), value))
-
-
-async def wait_for_end(request: Any, job: Job, events: asyncio.Queue) -> tuple[str, Any]:
-    """Wait for the job's final event; cancel it when the client disconnects."""
-    try:
-        while True:
+    def poster(index: int):
+        def post(event: tuple[str, Any]) -> None:
             try:
-                kind, value = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
-            except TimeoutError:
-                if await request.is_disconnected():
-                    return "cancelled", None
-                continue
-            if kind != "tokens":
-                return kind, value
-    finally:
-        job.cancelled.set()  # no-op once finished
+                loop.call_soon_threadsafe(events.put_nowait, (index, *event))
+            except RuntimeError:  # the request's loop is gone (server shutting down)
+                pass
 
+        return post
 
-async def stream_chunks(
-    state: ServerState, job: Job, events: asyncio.Queue, shape: ResponseShape
-) -> AsyncIterator[str]:
-    """SSE: text chunks, a final chunk with finish_reason, the usage chunk when asked, [DONE].
-    Token ids held back with their text (a possible stop string) travel with the next chunk.
-    Closing the stream (client disconnect) cancels the job."""
-    text = TextStream(state.tokenizer, job.request.stop, job.request.prompt_ids)
-    pending: list[int] = []  # output ids not yet sent in a chunk
-    try:
-        if shape.chat:
-            yield sse(shape.chunk({"role": "assistant", "content": ""}, None))
-        while True:
-            kind, value = await events.get()
-            if kind == "tokens":
-                pending += value
-                if piece := text.push(value):
-                    yield sse(shape.chunk(piece, None, pending))
-                    pending = []
-                continue
-            if kind == "done":
-                yield sse(shape.chunk(text.finish(), FINISH_REASONS[value.finish_reason], pending))
-                if job.request.include_usage:
-                    yield sse({**shape.chunk("", None), "choices": [], "usage": usage_of(value)})
-            else:
-                yield sse(
-                    RequestError(
-                        value or "request cancelled", code=kind, kind="server_error"
-                    ).body()
-                )
-            yield "data: [DONE]\n\n"
-            return
-    finally:
-        job.cancelled.set()
+    reqs, n = parsed.requests, len(parsed.requests) // len(parsed.echoes)
+    jobs = [Job(req, poster(i)) for i, req in enumerate(reqs)]
+    state.worker.submit(jobs)
+    shape = ResponseShape(state.model_name, chat, reqs[0].return_token_ids)
+    choices = [
+        Choice.of(i, req, state.tokenizer, chat, parsed.echoes[i // n])
+        for i, req in enumerate(reqs)
+    ]
+    if reqs[0].stream:
+        usage = None
+        if reqs[0].include_usage:
+            usage = lambda results: usage_of(results, parsed.num_prompt_tokens)  # noqa: E731
+        chunks = stream_chunks(jobs, events, shape, choices, usage)
+        return StreamingResponse(chunks, media_type="text/event-stream")
+    kind, value = await wait_for_all(request, jobs, events, choices)
+    if kind != "done":
+        error = RequestError(
+            value or "request cancelled", code=kind, status=500, kind="server_error"
+        )
+        return JSONResponse(error.body(), status_code=500)
+    return JSONResponse(full_body(shape, choices, parsed.num_prompt_tokens))

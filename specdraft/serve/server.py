@@ -1,11 +1,14 @@
 """OpenAI-compatible server over specdraft's engine, one sequence at a time.
 
 Endpoints: `/v1/completions` and `/v1/chat/completions` (SSE streaming or not; chat through
-the tokenizer's chat template), `/v1/models` and `/v1/models/{id}`, `/health`, `/metrics`
-(Prometheus, own registry).
+the tokenizer's chat template; a list of prompts, `n`, `echo`, `logprobs` / `top_logprobs`,
+presence / frequency penalties), `/v1/models` and `/v1/models/{id}`, `/health`, `/metrics`
+(Prometheus, own registry), and vLLM's `/version`, `/tokenize`, `/detokenize`.
 
 - One worker thread runs the engine, requests queued and cancelled on disconnect
   (`serve.worker`, where every call into the engine is).
+- A body over `max_request_bytes` gets 413 before the rest of it is read; bodies are parsed and
+  tokenized on a thread, off the event loop (`serve.routes`).
 - A malformed request (bad JSON, missing field, wrong type, unsupported option) gets 400 with
   OpenAI's error body `{"error": {"message", "type", "param", "code"}}`; an unknown model 404;
   a prompt that does not fit the context 400 (`engine.check_limits`) before any compute.
@@ -15,8 +18,10 @@ the tokenizer's chat template), `/v1/models` and `/v1/models/{id}`, `/health`, `
   special tokens, does not always give back when re-tokenized (`specdraft doctor --server`).
   `/metrics` exposes the speculative counters under specdraft's names and vLLM's
   (`vllm:spec_decode_*` with vLLM's labels), the rest under specdraft's: `specdraft.serve.metrics`.
-The routes and their answers are `serve.routes`; request parsing and response shapes
-`serve.protocol`, streamed text `serve.text_stream`.
+The generation routes are `serve.routes`, their answers `serve.answers`, the other routes
+`serve.info_routes`; request parsing `serve.protocol`, response shapes `serve.responses` and
+`serve.logprobs`, streamed text `serve.text_stream`, the target's scores and penalties in the
+engine's round `serve.scoring`.
 FastAPI, uvicorn and prometheus_client are imported only when a server is built.
 """
 
@@ -33,16 +38,14 @@ from typing import Any
 
 from specdraft.checkpoint.id_reading import IdReading
 from specdraft.engine.speculate import SpeculativeEngine
+from specdraft.serve import info_routes
 from specdraft.serve.metrics import ServerMetrics
 from specdraft.serve.protocol import RequestError
 from specdraft.serve.routes import (
+    DEFAULT_MAX_REQUEST_BYTES,
     ServerState,
     chat_completions,
     completions,
-    health,
-    model,
-    models,
-    prometheus_metrics,
     request_error_response,
 )
 from specdraft.serve.worker import DEFAULT_MAX_QUEUE, EngineWorker, ServeError
@@ -56,6 +59,7 @@ def create_app(
     log_every: int = 0,
     *,
     end_ids: Sequence[int],
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> Any:
     """A FastAPI app serving `engine` under `model_name`; its worker thread starts now.
 
@@ -63,11 +67,14 @@ def create_app(
     end_ids: the ids a generation ends at (`target.config.end_token_ids`; a request's
     `ignore_eos` runs past them).
     max_queue: requests that may wait besides the running one (429 beyond); log_every:
-    verification steps between log lines (0 = off). The engine gets the tokenizer when it has
-    none (stop strings). Raises ServeError (a ValueError) for max_queue < 1.
+    verification steps between log lines (0 = off); max_request_bytes: the largest request
+    body taken (413 beyond). The engine gets the tokenizer when it has none (stop strings).
+    Raises ServeError (a ValueError) for max_queue < 1 or max_request_bytes < 1.
     """
     from fastapi import FastAPI
 
+    if max_request_bytes < 1:
+        raise ServeError(f"max_request_bytes {max_request_bytes}: must be >= 1")
     if engine.tokenizer is None:
         engine.tokenizer = tokenizer
     steps = engine.spec.num_steps if engine.spec else 0
@@ -78,6 +85,7 @@ def create_app(
         model_name,
         metrics,
         EngineWorker(engine, end_ids, metrics, max_queue, log_every),
+        max_request_bytes,
     )
 
     @contextlib.asynccontextmanager
@@ -89,12 +97,23 @@ def create_app(
     app.state.server = state
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
-    app.add_route("/v1/models", models, methods=["GET"])
-    app.add_route("/v1/models/{model_id:path}", model, methods=["GET"])
-    app.add_route("/health", health, methods=["GET"])
-    app.add_route("/metrics", prometheus_metrics, methods=["GET"])
+    for path, route in INFO_ROUTES.items():
+        app.add_route(path, getattr(info_routes, route), methods=[INFO_METHODS.get(path, "GET")])
     app.add_exception_handler(RequestError, request_error_response)
     return app
+
+
+# path -> handler in `serve.info_routes` (GET unless INFO_METHODS says otherwise)
+INFO_ROUTES = {
+    "/v1/models": "models",
+    "/v1/models/{model_id:path}": "model",
+    "/health": "health",
+    "/metrics": "prometheus_metrics",
+    "/version": "version",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
+}
+INFO_METHODS = {"/tokenize": "POST", "/detokenize": "POST"}
 
 
 # ---- running ----------------------------------------------------------------------------------
@@ -170,6 +189,7 @@ def build_app(
     compile: bool = False,
     reading: IdReading | None = None,
     chat_template: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> Any:
     """Load the target (with its tokenizer and `chat_template`: `target_tokenizer`) and the
     drafter (a manifest-less one read by `load_engine`'s `reading`), and `create_app` for them,
@@ -204,6 +224,7 @@ def build_app(
         max_queue,
         log_every,
         end_ids=end_token_ids(tokenizer, target_dir),
+        max_request_bytes=max_request_bytes,
     )
 
 

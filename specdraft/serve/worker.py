@@ -3,8 +3,12 @@
 request must fit before it is queued (`checked`, `context_room`). Every call into the engine the
 server makes is in this module.
 
-- Requests wait in a bounded queue (`max_queue` waiting requests besides the running one; 429
-  beyond). No batching: concurrency only queues.
+- Requests wait in a bounded queue (`max_queue` waiting sequences besides the running one; 429
+  beyond). A request of several sequences (a list of prompts, n > 1) queues them together, one
+  job each, and they run one after another. No batching: concurrency only queues.
+- A request that asks for logprobs or penalties runs with `serve.scoring.ScoredTarget` as the
+  engine's round target; its events then carry the target's scores of its tokens (and of its
+  prompt, for echo).
 - A client that disconnects stops its generation at the next verification step: the engine's
   `on_tokens` callback raises `GenerationCancelled` (the engine restarts from a prefill on
   every request, so an interrupted `generate` leaves nothing behind); one that disconnects while
@@ -17,6 +21,7 @@ server makes is in this module.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -27,8 +32,9 @@ from typing import Any
 
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.errors import SpecdraftError
-from specdraft.serve.metrics import ServerMetrics
+from specdraft.serve.metrics import RequestTimes, ServerMetrics
 from specdraft.serve.protocol import GenerationRequest, RequestError, parse_common
+from specdraft.serve.scoring import ScoredTarget, scoring
 
 log = logging.getLogger("specdraft.serve")
 DEFAULT_MAX_QUEUE = 64
@@ -45,8 +51,10 @@ class GenerationCancelled(Exception):
 
 @dataclass
 class Job:
-    """One queued request. post(event) hands an event to the request's event loop (thread-safe);
-    events: ("tokens", ids), ("done", GenerationResult), ("error", message), ("cancelled", None)."""
+    """One queued sequence. post(event) hands an event to the request's event loop (thread-safe);
+    events: ("prompt", [TokenScore]) (echo with logprobs, before the first tokens), ("tokens",
+    (ids, [TokenScore] or None)), ("done", GenerationResult), ("error", message),
+    ("cancelled", None)."""
 
     request: GenerationRequest
     post: Callable[[tuple[str, Any]], None]
@@ -112,39 +120,62 @@ class EngineWorker:
         self.thread = threading.Thread(target=self.loop, name="specdraft-engine", daemon=True)
         self.thread.start()
 
-    def submit(self, job: Job) -> None:
-        """Queue a job; raises RequestError 429 when the queue is full."""
-        try:
-            self.jobs.put_nowait(job)
-        except queue.Full:
+    def submit(self, jobs: Sequence[Job]) -> None:
+        """Queue a request's jobs, all or none (called from the event loop's thread only, so
+        the room checked is there); RequestError 400 for more jobs than the queue holds, 429
+        when the queue has no room for them now."""
+        size = self.jobs.maxsize
+        if len(jobs) > size:
+            raise RequestError(
+                f"this request needs {len(jobs)} sequences (prompts x n); the queue holds "
+                f"{size} (--max-queue): send fewer prompts or a smaller n",
+                param="n",
+            )
+        if self.jobs.qsize() + len(jobs) > size:
             self.metrics.rejected.inc()
             raise RequestError(
-                f"server busy: {self.jobs.maxsize} requests already waiting; retry later",
+                f"server busy: {self.jobs.qsize()} of {size} sequences already waiting; retry "
+                "later",
                 code="queue_full",
                 status=429,
                 kind="server_busy",
-            ) from None
-        self.metrics.waiting.set(self.jobs.qsize())
+            )
+        for job in jobs:
+            self.jobs.put_nowait(job)
+        self.set_queue()
+
+    def set_queue(self) -> None:
+        """The running / waiting gauges from the worker's state."""
+        self.metrics.set_queue(int(self.running is not None), self.jobs.qsize())
 
     def loop(self) -> None:
         """Take jobs until the stop sentinel (None)."""
         while (job := self.jobs.get()) is not None:
-            self.metrics.waiting.set(self.jobs.qsize())
             if job.cancelled.is_set():  # its client left while it waited
+                self.set_queue()
                 self.metrics.cancelled.inc()
                 job.post(("cancelled", None))
                 continue
             self.running = job
-            self.metrics.running.set(1)
+            self.set_queue()
             try:
                 self.run(job)
             finally:
                 self.running = None
-                self.metrics.running.set(0)
+                self.set_queue()
 
     def run(self, job: Job) -> None:
-        """Generate one request, streaming its tokens through job.post."""
-        req, times = job.request, []
+        """Generate one sequence, streaming its tokens (and scores) through job.post."""
+        req, times, start = job.request, [], time.perf_counter()
+        target = None
+        if req.scored:
+            target = ScoredTarget(
+                self.engine.runner,
+                req.logprobs,
+                req.presence_penalty,
+                req.frequency_penalty,
+                prompt_scores=req.echo,
+            )
 
         def on_tokens(ids: list[int]) -> None:
             if job.cancelled.is_set():
@@ -152,20 +183,13 @@ class EngineWorker:
             times.append(time.perf_counter())
             if len(times) > 1:  # the first call is the prefill's token, not a verification step
                 self.step_log.record(len(ids), times[-1] - times[-2], self.jobs.qsize())
-            job.post(("tokens", ids))
+            elif target is not None and target.prompt:
+                job.post(("prompt", target.prompt))
+            job.post(("tokens", (ids, None if target is None else target.take(ids))))
 
         try:
-            result = self.engine.generate(
-                req.prompt_ids,
-                req.max_tokens,
-                req.temperature,
-                req.top_p,
-                req.top_k,
-                () if req.ignore_eos else self.eos_ids,
-                req.stop or None,
-                req.seed,
-                on_tokens,
-            )
+            with scoring(self.engine, target) if target else contextlib.nullcontext():
+                result = self.generate(req, on_tokens)
         except GenerationCancelled:
             self.metrics.cancelled.inc()
             job.post(("cancelled", None))
@@ -174,8 +198,23 @@ class EngineWorker:
             log.exception("generation failed")
             job.post(("error", f"generation failed: {type(e).__name__}: {e}"))
             return
-        self.metrics.record(result, self.engine.spec is not None, job.arrival, times[0], times[-1])
+        speculative = self.engine.spec is not None
+        self.metrics.record(result, speculative, RequestTimes(job.arrival, start, times))
         job.post(("done", result))
+
+    def generate(self, req: GenerationRequest, on_tokens: Callable) -> Any:
+        """The engine's generation of `req` (ending at the end ids unless it ignores EOS)."""
+        return self.engine.generate(
+            req.prompt_ids,
+            req.max_tokens,
+            req.temperature,
+            req.top_p,
+            req.top_k,
+            () if req.ignore_eos else self.eos_ids,
+            req.stop or None,
+            req.seed,
+            on_tokens,
+        )
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Cancel the running and waiting jobs and stop the thread."""
@@ -194,10 +233,14 @@ class EngineWorker:
 
 
 def checked(
-    engine: SpeculativeEngine, body: dict, prompt_ids: list[int], default_max: int
+    engine: SpeculativeEngine,
+    body: dict,
+    prompt_ids: list[int],
+    default_max: int,
+    chat: bool = False,
 ) -> GenerationRequest:
     """parse_common + the context check (400 context_length_exceeded before any compute)."""
-    req = parse_common(body, prompt_ids, default_max)
+    req = parse_common(body, prompt_ids, default_max, chat)
     try:
         engine.check_limits(len(prompt_ids), req.max_tokens)
     except ValueError as e:

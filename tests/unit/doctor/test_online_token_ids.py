@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerFast
 from specdraft.doctor import run_doctor
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.serve import routes as serve_module
-from specdraft.serve.protocol import ResponseShape
+from specdraft.serve.responses import ResponseShape
 from specdraft.serve.server import build_app, serve_in_thread
 from tests.support.doctor_helpers import served_world
 from tests.support.engine_helpers import VOCAB, one_thread  # noqa: F401 (fixture)

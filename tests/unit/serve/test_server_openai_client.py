@@ -88,7 +88,7 @@ def test_refusals_are_the_clients_typed_exceptions(client):
     assert refused.value.code == "unsupported" and "'logit_bias'" in refused.value.message
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "w1"}], presence_penalty=1.0
+            model="tiny", messages=[{"role": "user", "content": "w1"}], presence_penalty=3.0
         )
     assert refused.value.param == "presence_penalty"
     with pytest.raises(openai.NotFoundError) as missing:
@@ -97,3 +97,39 @@ def test_refusals_are_the_clients_typed_exceptions(client):
     assert "'gpt-4' does not exist" in missing.value.message
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="w1", max_tokens=2)
+
+
+def test_a_list_of_prompts_n_echo_and_logprobs_through_the_client(client):
+    prompts = text_prompts(2, 6, seed=13)
+    out = client.completions.create(
+        model="tiny", prompt=prompts, n=2, max_tokens=6, temperature=0, logprobs=2
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    for choice in out.choices:
+        assert choice.text == greedy_text(prompts[choice.index // 2], 6)
+        lp = choice.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+        assert all(top[t] == v for t, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs))
+    assert out.usage.prompt_tokens == 12 and out.usage.completion_tokens == 24
+    echoed = client.completions.create(
+        model="tiny", prompt=prompts[0], max_tokens=6, temperature=0, echo=True
+    )
+    assert echoed.choices[0].text == prompts[0] + greedy_text(prompts[0], 6)
+
+
+def test_chat_logprobs_and_penalties_through_the_client(client):
+    messages = [{"role": "user", "content": text_prompts(1, 5, seed=14)[0]}]
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        presence_penalty=0.5,
+        frequency_penalty=0.5,
+    )
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens == 6
+    assert all(len(e.top_logprobs) == 3 and e.bytes == list(e.token.encode()) for e in content)
+    assert "".join(" " + e.token for e in content) == out.choices[0].message.content
