@@ -172,6 +172,15 @@ DFLASH_FACTS: tuple[DFlashFact, ...] = (
         "src/speculators/models/dflash/config.py, core.py (main, 2026)",
     ),
     DFlashFact(
+        "draft attention",
+        "vllm",
+        "a speculators DFlash config: dflash_config.causal = not sliding_window_non_causal "
+        "(absent: True), an override of every layer's causality; speculators' default false "
+        "runs full-attention layers causally, which speculators trains bidirectionally",
+        f"{_VLLM} transformers_utils/configs/speculators/algos.py update_dflash; "
+        "model_executor/models/qwen3_dflash.py _dflash_layer_causal",
+    ),
+    DFlashFact(
         "serves on the CPU",
         "vllm",
         VLLM_CPU_DFLASH,

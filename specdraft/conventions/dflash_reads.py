@@ -42,6 +42,25 @@ def nested(config: dict[str, Any], key: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def vllm_reading(config: dict[str, Any]) -> dict[str, Any]:
+    """The config vLLM 0.32 builds from a speculators DFlash config (algos.update_dflash): the
+    transformer_layer_config with the aux ids top-level, dflash_config.target_layer_ids = aux - 1
+    and dflash_config.causal = not sliding_window_non_causal (default True), which
+    `_dflash_layer_causal` applies to every layer. Any other config is returned as it is."""
+    if config.get("speculators_model_type") != "dflash":
+        return config
+    aux = list(config.get("aux_hidden_state_layer_ids") or [])
+    return {
+        **config.get("transformer_layer_config", {}),
+        "eagle_aux_hidden_state_layer_ids": aux,
+        "dflash_config": {
+            "mask_token_id": config.get("mask_token_id"),
+            "target_layer_ids": [i - 1 for i in aux],
+            "causal": not config.get("sliding_window_non_causal", True),
+        },
+    }
+
+
 def engine_aux_layers(config: dict[str, Any], engine: str) -> tuple[int, ...] | None:
     """The specdraft indices `engine` captures for the drafter of `config` (None: the config names
     none and vLLM falls back to the target's own default). SGLang: dflash_config.target_layer_ids,

@@ -16,7 +16,7 @@ from specdraft.checkpoint.manifest import Manifest
 from specdraft.checkpoint.training import load_training_checkpoint
 from tests.support.dflash import tiny_dflash_draft
 
-LINE = "a DFlash drafter (DFlashDraftModel); specdraft trains DFlash drafters (train --method dflash) but does not"
+LINE = "a DFlash drafter (DFlashDraftModel), which this reads as EAGLE-3 only; inspect, export"
 DFLASH_DRAFT = {"block_size": 16, "mask_token_id": 7, "num_hidden_layers": 5}
 
 
