@@ -121,3 +121,23 @@ def engine_num_speculative_tokens(engine: str, block_size: int) -> int:
 def served_block_size(engine: str, num_speculative_tokens: int) -> int:
     """The block an engine runs under its setting (`engine_num_speculative_tokens`'s inverse)."""
     return num_speculative_tokens if engine == "sglang" else num_speculative_tokens + 1
+
+
+def trained_attention(config: dict[str, Any]) -> list[LayerAttention]:
+    """Each draft layer's attention as the reference trainers build it from the config:
+    transformers' Qwen3Config layer types (layer_types, else sliding_attention for layers >=
+    max_window_layers when use_sliding_window), full layers bidirectional, sliding layers causal
+    (speculators': bidirectional when sliding_window_non_causal; z-lab's and SpecForge's: causal,
+    as both engines run them). specdraft's own drafter: every layer full, bidirectional."""
+    layer = config.get("transformer_layer_config")
+    speculators = isinstance(layer, dict) and config.get("speculators_model_type") == "dflash"
+    base = layer if speculators else config
+    num_layers = int(base["num_hidden_layers"])
+    types = base.get("layer_types")
+    if not types:
+        first_sliding = int(base.get("max_window_layers", num_layers))
+        sliding = bool(base.get("use_sliding_window"))
+        types = [SLIDING if sliding and i >= first_sliding else "full" for i in range(num_layers)]
+    causal = not config.get("sliding_window_non_causal", False) if speculators else True
+    window = base.get("sliding_window")
+    return [LayerAttention(window, causal) if t == SLIDING else TRAINED_ATTENTION for t in types]
