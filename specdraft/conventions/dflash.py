@@ -175,8 +175,9 @@ DFLASH_FACTS: tuple[DFlashFact, ...] = (
         "draft attention",
         "vllm",
         "a speculators DFlash config: dflash_config.causal = not sliding_window_non_causal "
-        "(absent: True), an override of every layer's causality; speculators' default false "
-        "runs full-attention layers causally, which speculators trains bidirectionally",
+        "(absent: read as true), an override of every layer's causality; the false speculators "
+        "writes by default runs full-attention layers causally, which speculators trains "
+        "bidirectionally",
         f"{_VLLM} transformers_utils/configs/speculators/algos.py update_dflash; "
         "model_executor/models/qwen3_dflash.py _dflash_layer_causal",
     ),
