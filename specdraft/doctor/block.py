@@ -16,6 +16,7 @@ from typing import Any
 from specdraft.checkpoint import CheckpointError
 from specdraft.checkpoint.dflash import load_dflash_draft
 from specdraft.checkpoint.dflash_forms import weights_kind
+from specdraft.checkpoint.layouts import TargetNeeded
 from specdraft.conventions import dflash_reads as reads
 from specdraft.conventions.dflash import DFLASH_FACTS
 from specdraft.dflash import DFLASH_ARCHITECTURE, DFlashDraft
@@ -44,6 +45,10 @@ class BlockEvidence(Evidence):
         layers = self.facts.num_layers if self.inputs.target is not None else None
         try:
             return load_dflash_draft(self.path, target_num_layers=layers)[0]
+        except TargetNeeded as e:  # a form without the target's layer count: an input missing
+            raise Unavailable(
+                str(e), "pass the target's transformers directory (--target DIR)"
+            ) from None
         except CheckpointError as e:
             raise Broken(str(e), REEXPORT) from None
 
@@ -54,6 +59,7 @@ class BlockEvidence(Evidence):
             return self.drafter
         except Broken:
             raise Unavailable("the drafter does not load (dflash_files_load)", REEXPORT) from None
+        # an Unavailable (no --target for a speculators form) skips as it is
 
     @property
     def engines(self) -> list[str]:

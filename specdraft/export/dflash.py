@@ -37,7 +37,13 @@ from specdraft.export.target_facts import TargetFacts
 from specdraft.files import atomic_dir
 
 # export's options that set an EAGLE-3 chain or tree; a DFlash drafter's setting is its block.
-EAGLE3_ONLY_OPTIONS = ("--num-steps", "--topk", "--num-draft-tokens", "--aux-layers")
+EAGLE3_ONLY_OPTIONS = (
+    "--num-steps",
+    "--topk",
+    "--num-draft-tokens",
+    "--aux-layers",
+    "--sglang-version",
+)
 
 
 @dataclass(frozen=True)
