@@ -123,10 +123,17 @@ def _check_tensors(expected: dict, tensors: dict, file: Path) -> None:
         for k, v in expected.items()
         if k in tensors and tensors[k].shape != v.shape
     ]
+    fc, want = tensors.get("fc.weight"), expected["fc.weight"]
+    layers = (
+        f" (fc.weight reads {fc.shape[1] // want.shape[0]} target layers' states, the config "
+        f"names {want.shape[1] // want.shape[0]} in dflash_config.target_layer_ids)"
+        if fc is not None and fc.dim() == 2 and fc.shape[1] != want.shape[1]
+        else ""
+    )
     problems = [
         f"tensors matching no parameter: {', '.join(unknown[:8])}" if unknown else "",
         f"parameters no tensor fills: {', '.join(unfilled[:8])}" if unfilled else "",
-        f"shapes: {'; '.join(shapes[:8])}" if shapes else "",
+        f"shapes: {'; '.join(shapes[:8])}{layers}" if shapes else "",
     ]
     if any(problems):
         found = "; ".join(p for p in problems if p)

@@ -186,3 +186,12 @@ def test_dflash_weights_under_an_eagle3_config_are_named(tmp_path):
     save_file(tiny_dflash_draft().float().state_dict(), out / "model.safetensors")
     with pytest.raises(CheckpointError, match="these are a DFlash drafter's tensors"):
         load_draft(out)
+
+
+def test_an_id_list_of_another_length_than_fc_names_both_counts(tmp_path):
+    config = {**SPECFORGE, "dflash_config": {"mask_token_id": 49, "target_layer_ids": [0, 2]}}
+    out, _ = published(tmp_path, config)
+    with pytest.raises(CheckpointError) as raised:
+        load_dflash_draft(out)
+    assert "fc.weight (32, 96) != (32, 64)" in str(raised.value)
+    assert "fc.weight reads 3 target layers' states, the config names 2" in str(raised.value)

@@ -233,3 +233,13 @@ def test_dflash_weights_under_an_eagle3_config_fail_with_that_cause(tmp_path):
     failed = [f for f in run_doctor(out).findings if f.verdict == "fail"]
     assert any("these are a DFlash drafter's tensors" in f.evidence for f in failed), failed
     assert json.loads((out / "config.json").read_text())["architectures"] != ["DFlashDraftModel"]
+
+
+def test_a_speculators_drafter_without_its_targets_layer_count_skips(world, tmp_path):
+    export = copy_of(world, tmp_path, "speculators")
+    (export / "specdraft_manifest.json").unlink()
+    report = run_doctor(export)
+    load = finding(report, "dflash_files_load")
+    assert load.verdict == "skip" and "the target's layer count is not in the file" in load.evidence
+    assert "--target" in load.fix
+    assert finding(run_doctor(export, target=world[1]), "dflash_files_load").verdict == "pass"
