@@ -169,7 +169,8 @@ DFLASH_FACTS: tuple[DFlashFact, ...] = (
         " = id - 1), mask_token_id, draft_vocab_size, speculators_config.proposal_methods[0]."
         "speculative_tokens (block_size - 1); no embed_tokens, no lm_head at full vocabulary",
         f"{_VLLM} transformers_utils/configs/speculators/algos.py update_dflash; speculators "
-        "src/speculators/models/dflash/config.py, core.py (main, 2026)",
+        "src/speculators/models/dflash/config.py, core.py (main, 2026; DFlash since speculators "
+        "0.5.0, so in the 0.9.0 the speculators tier pins)",
     ),
     DFlashFact(
         "draft attention",
