@@ -1,7 +1,8 @@
 """The doctor's checks of a block drafter (DFlash): the files load as the drafter they say they
 are, the engine's block setting serves the trained block, the mask token is the training one in
 the serving tokenizer, each engine captures the training layers and runs each draft layer's
-attention as training did. Each reads the engine rules of `conventions.dflash_reads` (sources:
+attention as training did; with the EAGLE-3 doctor's checks of the target, tokenizer and chat
+template against the manifest. Each reads the engine rules of `conventions.dflash_reads` (sources:
 `conventions.dflash.DFLASH_FACTS`) and returns a Result; `BLOCK_CHECKS` is their order.
 
 The drafter run alone on training samples (per-position acceptance within the block against
@@ -20,8 +21,10 @@ from specdraft.checkpoint.layouts import TargetNeeded
 from specdraft.conventions import dflash_reads as reads
 from specdraft.conventions.dflash import DFLASH_FACTS
 from specdraft.dflash import DFLASH_ARCHITECTURE, DFlashDraft
+from specdraft.doctor.audit import target_matches_training
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.file_evidence import Broken, Unavailable, memo
+from specdraft.doctor.parity import chat_template_matches_manifest, tokenizer_matches_manifest
 from specdraft.doctor.verdict import Result, engine_name, fail, ok
 
 DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's DEFAULT_DFLASH_MASK_TOKEN, z-lab's tokenizer addition
@@ -260,10 +263,13 @@ def block_acceptance_offline(ev: BlockEvidence) -> Result:
 
 
 BLOCK_CHECKS = (
+    target_matches_training,  # the EAGLE-3 doctor's, on the manifest and --target alike
     config_kind_matches_weights,
     dflash_files_load,
     block_size_matches_engine,
     mask_token_matches_training,
+    tokenizer_matches_manifest,
+    chat_template_matches_manifest,
     target_layers_as_engines_read,
     draft_attention_as_engines_run,
     block_acceptance_offline,

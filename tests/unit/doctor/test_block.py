@@ -56,10 +56,13 @@ def test_an_export_for_its_target_passes_every_check_that_can_run(world):
     report = run_doctor(export, target=target, engine_args=VLLM.format(3))
     verdicts = {f.check: f.verdict for f in report.findings}
     assert verdicts == {
+        "target_matches_training": "pass",
         "config_kind_matches_weights": "pass",
         "dflash_files_load": "pass",
         "block_size_matches_engine": "pass",
         "mask_token_matches_training": "pass",
+        "tokenizer_matches_manifest": "pass",
+        "chat_template_matches_manifest": "skip",  # the manifest records none
         "target_layers_as_engines_read": "pass",
         "draft_attention_as_engines_run": "pass",
         "block_acceptance_offline": "skip",
