@@ -12,7 +12,6 @@ does not import (conftest.py); it has not been run outside the CI tier.
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 
 from specdraft.checkpoint.dflash import save_dflash_draft
@@ -21,13 +20,10 @@ from specdraft.dflash import DFlashConfig, DFlashDraft
 from specdraft.export.dflash import export_dflash
 from tests.vllm_tier.harness import (
     AUX_LAYERS,
-    MAX_TOKENS,
     VOCAB,
     build_target,
-    counter_delta,
     random_prompts,
     run_vllm,
-    spec_counters,
 )
 
 BLOCK = 4
@@ -61,43 +57,13 @@ def dflash_export(root: Path, target: Path) -> Path:
     return export_dflash(trained, root / "export", "vllm", target=target).out_dir
 
 
-def run_dflash(target: Path, draft: Path, prompts: list[list[int]]) -> tuple[list, dict]:
-    """vLLM in-process with the DFlash export: (outputs at T = 0, spec-decode counter deltas)."""
-    from vllm import LLM, SamplingParams
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-    from vllm.inputs import TokensPrompt
-
-    spec = {"method": "dflash", "model": str(draft), "num_speculative_tokens": BLOCK - 1}
-    llm = LLM(
-        model=str(target),
-        dtype="float32",
-        enforce_eager=True,
-        disable_log_stats=False,
-        max_model_len=256,
-        seed=0,
-        enable_prefix_caching=False,
-        speculative_config=spec,
-    )
-    try:
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        before = spec_counters(llm.get_metrics())
-        done = llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
-        )
-        counters = counter_delta(before, spec_counters(llm.get_metrics()))
-        return [list(o.outputs[0].token_ids) for o in done], counters
-    finally:
-        del llm
-        gc.collect()
-        cleanup_dist_env_and_memory()
-
-
 def test_vllm_cpu_serves_the_dflash_export_losslessly(tmp_path):
     target = build_target(tmp_path / "target")
     draft = dflash_export(tmp_path, target)
     prompts = random_prompts(4, (8, 16), seed=3)
     plain = run_vllm(target, prompts).outputs
-    outputs, counters = run_dflash(target, draft, prompts)
+    served = run_vllm(target, prompts, draft, num_spec=BLOCK - 1, method="dflash")
+    outputs, counters = served.outputs, served.counters
     assert outputs == plain
     assert counters["num_drafts"] > 0, counters
     assert counters["num_draft_tokens"] == (BLOCK - 1) * counters["num_drafts"], counters
