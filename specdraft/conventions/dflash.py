@@ -46,10 +46,11 @@ DFLASH_FACTS: tuple[DFlashFact, ...] = (
     DFlashFact(
         "target layer ids",
         "sglang",
-        "dflash_config.target_layer_ids, 0-based (hidden state after layer i); none given: "
-        "build_target_layer_ids(L, num_draft_layers), one layer: [L//2], "
-        "else round(1 + i·(L-4)/(n-1))",
-        _SGL_UTILS,
+        "dflash_config.target_layer_ids, 0-based (hidden state after layer i), each < the "
+        "runtime target's L (else an error); none given: build_target_layer_ids(L, "
+        "num_draft_layers) of the runtime target's L (a differing num_target_layers is only a "
+        "warning), one layer: [L//2], else round(1 + i·(L-4)/(n-1))",
+        _SGL_UTILS + "; sglang 0.5.22 model_runner_components/spec_aux_hidden_state.py",
     ),
     DFlashFact(
         "target layer ids", "z-lab", "dflash_config.target_layer_ids, hidden_states[id + 1]", _ZLAB

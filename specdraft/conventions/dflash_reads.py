@@ -61,11 +61,14 @@ def vllm_reading(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def engine_aux_layers(config: dict[str, Any], engine: str) -> tuple[int, ...] | None:
-    """The specdraft indices `engine` captures for the drafter of `config` (None: the config names
-    none and vLLM falls back to the target's own default). SGLang: dflash_config.target_layer_ids,
-    else top-level target_layer_ids, else `dflash_target_layer_ids` of num_target_layers (else the
-    draft's own layer count, as SGLang's DFlashDraftModel does); each id + 1. vLLM: the top-level
+def engine_aux_layers(
+    config: dict[str, Any], engine: str, target_num_layers: int | None = None
+) -> tuple[int, ...] | None:
+    """The specdraft indices `engine` captures for the drafter of `config` on a target of
+    `target_num_layers` (None: the config's num_target_layers); None: the config names none and
+    vLLM falls back to the target's own default. SGLang: dflash_config.target_layer_ids, else
+    top-level target_layer_ids, else `dflash_target_layer_ids` of the runtime target's layer count
+    (sglang 0.5.22 model_runner_components/spec_aux_hidden_state.py); each id + 1. vLLM: the top-level
     eagle_aux_hidden_state_layer_ids as-is, else dflash_config.target_layer_ids + 1, which a
     non-empty eagle_config replaces by its own list (vLLM 0.32's V1 runner)."""
     block = nested(config, "dflash_config")
@@ -73,7 +76,9 @@ def engine_aux_layers(config: dict[str, Any], engine: str) -> tuple[int, ...] | 
         ids = block.get("target_layer_ids", config.get("target_layer_ids"))
         if ids is None:
             draft_layers = int(config["num_hidden_layers"])
-            target = block.get("num_target_layers", config.get("num_target_layers"))
+            target = target_num_layers or block.get(
+                "num_target_layers", config.get("num_target_layers")
+            )
             ids = dflash_target_layer_ids(int(target or draft_layers), draft_layers)
         return dflash_aux_layers([int(i) for i in ids])
     ids = config.get("eagle_aux_hidden_state_layer_ids")

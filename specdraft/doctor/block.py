@@ -206,7 +206,7 @@ def target_layers_as_engines_read(ev: BlockEvidence) -> Result:
             f"layers (trained on {cfg.target_num_layers})",
             "serve the target it was trained on",
         )
-    seen = {e: reads.engine_aux_layers(ev.reading(e), e) for e in ev.engines}
+    seen = {e: reads.engine_aux_layers(ev.reading(e), e, layers) for e in ev.engines}
     wrong = {e: got for e, got in seen.items() if got != trained}
     if wrong:
         named = "; ".join(

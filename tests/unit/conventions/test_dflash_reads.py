@@ -42,6 +42,8 @@ def test_sglang_builds_default_ids_from_num_target_layers():
     config = {"num_hidden_layers": 5, "num_target_layers": 36, "dflash_config": {}}
     assert engine_aux_layers(config, "sglang") == (2, 10, 18, 26, 34)  # [1, 9, 17, 25, 33] + 1
     assert engine_aux_layers(config, "vllm") is None
+    # the runtime target's layer count decides, not the config's (SGLang only warns)
+    assert engine_aux_layers(config, "sglang", target_num_layers=28) == (2, 8, 14, 20, 26)
 
 
 def test_layer_attention_per_engine():
