@@ -120,7 +120,7 @@ def block_size_matches_engine(ev: BlockEvidence) -> Result:
         raise Unavailable("no --engine-args", ENGINE_ARGS_FIX)
     block, engine = ev.need_drafter().cfg.block_size, args.engine
     want = reads.engine_num_speculative_tokens(engine, block)
-    if (args.algorithm or "").lower() != ALGORITHM[engine].lower():
+    if served_method(args) != ALGORITHM[engine].lower():
         return fail(
             f"{engine_name(engine)} runs {args.algorithm or 'no speculative method'}, not "
             f"{ALGORITHM[engine]}: the DFlash drafter would not be run as one",
@@ -138,6 +138,16 @@ def block_size_matches_engine(ev: BlockEvidence) -> Result:
         )
     fewer = f" (of the {want} trained)" if given < want else ""
     return ok(f"{launch_setting(engine, given)}{fewer} serves the trained block of {block}")
+
+
+def served_method(args) -> str:
+    """The speculative method the launch line runs, lower case: the one named, else (vLLM) the one
+    vLLM 0.32 guesses from the draft path, "dflash" when the path names it
+    (config/speculative.py); "" for none."""
+    if args.algorithm:
+        return args.algorithm.lower()
+    named = args.engine == "vllm" and "dflash" in (args.draft_model or "").lower()
+    return "dflash" if named else ""
 
 
 def launch_setting(engine: str, value: int) -> str:

@@ -85,6 +85,16 @@ def test_an_export_for_its_target_passes_every_check_that_can_run(world):
         (SGLANG.format("DFLASH") + " --speculative-num-draft-tokens 8", "fail", "SGLang drafts 8"),
         (SGLANG.format("DFLASH") + " --speculative-dflash-block-size 16", "fail", "drafts 16"),
         (SGLANG.format("EAGLE3"), "fail", "SGLang runs EAGLE3, not DFLASH"),
+        (
+            'vllm serve T --speculative-config \'{"model": "/d/dflash-b4", "num_speculative_tokens": 3}\'',
+            "pass",
+            "block of 4",
+        ),
+        (
+            'vllm serve T --speculative-config \'{"model": "/d/x", "num_speculative_tokens": 3}\'',
+            "fail",
+            "vLLM runs no speculative method, not dflash",
+        ),
     ],
 )
 def test_block_size_against_the_launch_line(world, launch, verdict, said):
