@@ -17,6 +17,7 @@ from specdraft.conventions.dflash import dflash_aux_layers, dflash_target_layer_
 
 DFLASH_ENGINES = ("sglang", "vllm")
 SLIDING = "sliding_attention"
+DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's DEFAULT_DFLASH_MASK_TOKEN, z-lab's tokenizer addition
 
 
 @dataclass(frozen=True)
@@ -146,3 +147,22 @@ def trained_attention(config: dict[str, Any]) -> list[LayerAttention]:
     causal = not config.get("sliding_window_non_causal", False) if speculators else True
     window = base.get("sliding_window")
     return [LayerAttention(window, causal) if t == SLIDING else TRAINED_ATTENTION for t in types]
+
+
+def mask_token_conflict(config: dict[str, Any], vocab: dict[str, int]) -> tuple[str, int] | None:
+    """(text, id) when the tokenizer vocabulary `vocab` holds the mask token's text
+    (dflash_config.mask_token, default DEFAULT_MASK_TOKEN) at another id than the config's
+    mask_token_id: SGLang 0.5.22 refuses to start (dflash_worker_v2.py _resolve_mask_token_id);
+    None otherwise."""
+    block = nested(config, "dflash_config")
+    mask = block.get("mask_token_id", config.get("mask_token_id"))
+    text = mask_token_text(config)
+    found = vocab.get(text)
+    return (text, found) if found is not None and mask is not None and found != mask else None
+
+
+def mask_token_text(config: dict[str, Any]) -> str:
+    """The mask token's text SGLang resolves: dflash_config.mask_token, else the top-level
+    mask_token, else DEFAULT_MASK_TOKEN (dflash_utils.parse_dflash_draft_config)."""
+    block = nested(config, "dflash_config")
+    return block.get("mask_token") or config.get("mask_token") or DEFAULT_MASK_TOKEN

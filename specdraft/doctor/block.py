@@ -27,7 +27,6 @@ from specdraft.doctor.file_evidence import Broken, Unavailable, memo
 from specdraft.doctor.parity import chat_template_matches_manifest, tokenizer_matches_manifest
 from specdraft.doctor.verdict import Result, engine_name, fail, ok
 
-DEFAULT_MASK_TOKEN = "<|MASK|>"  # SGLang's DEFAULT_DFLASH_MASK_TOKEN, z-lab's tokenizer addition
 ALGORITHM = {"sglang": "DFLASH", "vllm": "dflash"}
 ENGINE_ARGS_FIX = (
     'pass the launch command (--engine-args "python -m sglang.launch_server ..." or "vllm serve '
@@ -182,20 +181,21 @@ def mask_token_matches_training(ev: BlockEvidence) -> Result:
 def _mask_in_tokenizer(ev: BlockEvidence, mask: int, trained_length: int | None) -> Result:
     """The serving tokenizer's side of `mask_token_matches_training`."""
     tokenizer = ev.tokenizer
-    text = (ev.config.get("dflash_config") or {}).get("mask_token") or DEFAULT_MASK_TOKEN
-    found = tokenizer.get_vocab().get(text)
-    if found is not None and found != mask:
+    conflict = reads.mask_token_conflict(ev.reading("sglang"), tokenizer.get_vocab())
+    if conflict is not None:
+        text, found = conflict
         return fail(
             f"the serving tokenizer holds {text!r} at id {found}, the drafter's mask token is "
             f"{mask}: SGLang refuses to start (its mask_token_id check)",
             f"serve the tokenizer training used, or drop {text!r} from it",
         )
+    held = tokenizer.convert_ids_to_tokens(mask) if mask < len(tokenizer) else None
     spare_at_training = trained_length is not None and mask >= trained_length
-    if spare_at_training and found is None and mask < len(tokenizer):
+    if spare_at_training and held not in (None, reads.mask_token_text(ev.config)):
         return fail(
             f"mask token {mask} was a spare row at training (tokenizer length {trained_length}), "
-            f"the serving tokenizer ({len(tokenizer)} ids) has "
-            f"{tokenizer.convert_ids_to_tokens(mask)!r} there: that token would read as the mask",
+            f"the serving tokenizer ({len(tokenizer)} ids) has {held!r} there: that token would "
+            "read as the mask",
             "serve the tokenizer training used",
         )
     return ok(

@@ -98,6 +98,8 @@ def export_dflash(
     )
     facts = given or (TargetFacts.from_manifest(manifest) if manifest else None)
     notes = _check_target(model, facts, checkpoint)
+    if target:
+        _refuse_mask_conflict(model, Path(target))
     if dtype is not None and parse_dtype(dtype) != model.fc.weight.dtype:
         notes.append(f"floating tensors cast from {model.fc.weight.dtype} to {parse_dtype(dtype)}")
         model.to(parse_dtype(dtype))
@@ -138,6 +140,25 @@ def _check_target(model: DFlashDraft, facts: TargetFacts | None, checkpoint) -> 
             f"token {cfg.mask_token_id} belong to that target); pass its own target"
         )
     return []
+
+
+def _refuse_mask_conflict(model: DFlashDraft, target: Path) -> None:
+    """ExportError when the target's tokenizer holds the mask token's text at another id than the
+    drafter's (`dflash_reads.mask_token_conflict`: SGLang would refuse to start); a target
+    without a tokenizer transformers reads is not checked."""
+    from transformers import AutoTokenizer
+
+    try:
+        vocab = AutoTokenizer.from_pretrained(target, local_files_only=True).get_vocab()
+    except (OSError, ValueError):
+        return
+    conflict = reads.mask_token_conflict(dflash_config_json(model.cfg), vocab)
+    if conflict is not None:
+        raise ExportError(
+            f"{target}: its tokenizer holds {conflict[0]!r} at id {conflict[1]}, the drafter's "
+            f"mask token is {model.cfg.mask_token_id}: SGLang refuses to start on it; serve the "
+            "tokenizer the drafter was trained with"
+        )
 
 
 def engine_config(

@@ -18,9 +18,10 @@ from specdraft.conventions.dflash_reads import (
     engine_aux_layers,
     vllm_reading,
 )
+from specdraft.dflash import DFlashDraft
 from specdraft.export import ExportError
 from specdraft.export.dflash import export_dflash, refuse_eagle3_options
-from tests.support.dflash import tiny_dflash_draft
+from tests.support.dflash import tiny_dflash_cfg, tiny_dflash_draft
 
 TARGET = {"num_layers": 4, "hidden_size": 32, "vocab_size": 50, "name_or_path": "/models/t"}
 
@@ -86,3 +87,23 @@ def test_eagle3_options_are_one_line():
     with pytest.raises(ExportError, match="--num-steps, --topk: EAGLE-3 settings, and D is a DF"):
         refuse_eagle3_options("D", ["--num-steps", "--topk"])
     refuse_eagle3_options("D", [])
+
+
+def test_a_target_tokenizer_with_the_mask_text_elsewhere_is_refused(tmp_path):
+    from tests.support.tiny_models import save_tiny_model
+    from tests.support.tiny_tokenizer import tiny_chat_tokenizer
+
+    draft = DFlashDraft(tiny_dflash_cfg(vocab_size=128, mask_token_id=85))
+    target = {"num_layers": 4, "hidden_size": 32, "vocab_size": 128}
+    manifest = Manifest(draft=draft.cfg.to_dict(), target=target, aux_layers=[1, 2, 3])
+    source = save_dflash_draft(draft, tmp_path / "draft", manifest)
+    target_dir = save_tiny_model("llama", tmp_path / "target", vocab_size=128)
+    tokenizer = tiny_chat_tokenizer()
+    tokenizer.add_tokens(["extra"])
+    tokenizer.add_special_tokens({"mask_token": "<|MASK|>"})  # id 86, not the drafter's 85
+    tokenizer.save_pretrained(target_dir)
+    with pytest.raises(
+        ExportError, match="holds '<|MASK|>' at id 86, the drafter's mask token is 85"
+    ):
+        export_dflash(source, tmp_path / "out", "sglang", target=target_dir)
+    assert not (tmp_path / "out").exists()
