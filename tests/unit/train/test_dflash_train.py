@@ -85,6 +85,13 @@ def test_the_cli_trains_a_dflash_drafter_whose_loss_falls(store, tmp_path):
     assert exported.exit_code == 0, exported.output
     assert "--speculative-algorithm DFLASH" in exported.output
     assert "--speculative-num-draft-tokens 4" in exported.output
+    launch = "python -m sglang.launch_server --model-path T --speculative-algorithm DFLASH"
+    doctor = ["doctor", str(tmp_path / "out"), "--target", str(store.parent / "target")]
+    checked = CliRunner().invoke(app, [*doctor, "--engine-args", launch, "--json"])
+    assert checked.exit_code == 0, checked.output  # the trained export passes its target
+    verdicts = {f["check"]: f["verdict"] for f in json.loads(checked.output)["findings"]}
+    assert verdicts["target_matches_training"] == verdicts["block_size_matches_engine"] == "pass"
+    assert verdicts["target_layers_as_engines_read"] == "pass"
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(store, tmp_path):
