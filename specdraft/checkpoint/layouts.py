@@ -63,10 +63,11 @@ class CheckpointError(SpecdraftError, ValueError):
 
 def dflash_refusal(where: str | Path) -> CheckpointError:
     """The one line for a DFlash drafter (its config, manifest or training checkpoint) given to a
-    command that reads EAGLE-3 drafters: specdraft trains them (train --method dflash) only."""
+    command or option that reads EAGLE-3 drafters only; inspect, export and doctor read a DFlash
+    drafter's directory (`checkpoint.dflash`)."""
     return CheckpointError(
-        f"{where}: a DFlash drafter ({DFLASH_ARCHITECTURE}); specdraft trains DFlash drafters "
-        "(train --method dflash) but does not load, export or check them yet"
+        f"{where}: a DFlash drafter ({DFLASH_ARCHITECTURE}), which this reads as EAGLE-3 only; "
+        "inspect, export and doctor take its drafter directory (RUN/draft, or an export)"
     )
 
 

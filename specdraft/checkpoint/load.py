@@ -17,6 +17,7 @@ from specdraft.checkpoint.config_read import (
     fc_width_hint,
     owned_embedding_config,
 )
+from specdraft.checkpoint.dflash_forms import weights_kind
 from specdraft.checkpoint.dirs import (
     classify_dir,
     is_training_checkpoint,
@@ -241,6 +242,11 @@ def key_mismatch_message(file: Path, layout: str, unmatched: list[str], missing:
         parts.append(
             f"{len(missing)} parameters not in the file: {', '.join(missing[:24])}"
             + (" ..." if len(missing) > 24 else "")
+        )
+    if weights_kind(unmatched) == "dflash":
+        parts.append(
+            f"these are a DFlash drafter's tensors (hidden_norm, layers.N.self_attn.q_norm): its "
+            f"config.json should name {DFLASH_ARCHITECTURE} (specdraft export RUN/draft OUT writes it)"
         )
     want = LAYER_PREFIX[layout]
     for other in set(LAYER_PREFIX.values()) - {want}:

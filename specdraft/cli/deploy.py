@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -145,6 +146,11 @@ def export(
     from specdraft.export import export_draft, spec_for_export
 
     console = make_console()
+    given = options_given(num_steps, topk, num_draft_tokens, aux_layers, sglang_version)
+    if is_dflash_source(checkpoint):
+        inputs = {"target": target, "verifier": verifier, "dtype": dtype}
+        export_block_drafter(console, checkpoint, out, engine, inputs, given, trust_remote_code)
+        return
     with user_errors(None, exit_code=USAGE_ERROR):  # the options alone, as generate's and serve's
         spec = spec_for_export(engine, num_steps or 3, topk or 1, num_draft_tokens or None)
     with user_errors(console):
@@ -165,16 +171,55 @@ def export(
             aux_layers=reading.aux_layers,
             trust_remote_code=trust_remote_code,
         )
-    given = [
-        name
-        for name, value in (
-            ("--num-steps", num_steps),
-            ("--topk", topk),
-            ("--num-draft-tokens", num_draft_tokens),
-        )
-        if value
-    ]
-    print_exported(console, result, engine, checkpoint, dtype, given)
+    setting = [g for g in given if g in ("--num-steps", "--topk", "--num-draft-tokens")]
+    print_exported(console, result, engine, checkpoint, dtype, setting)
+
+
+def options_given(num_steps, topk, num_draft_tokens, aux_layers, sglang_version) -> list[str]:
+    """The EAGLE-3 options export was given, by name (--num-steps, --topk, --num-draft-tokens
+    first, as `print_exported` names them; then --aux-layers, --sglang-version)."""
+    values = {
+        "--num-steps": num_steps,
+        "--topk": topk,
+        "--num-draft-tokens": num_draft_tokens,
+        "--aux-layers": aux_layers,
+        "--sglang-version": sglang_version,
+    }
+    return [name for name, value in values.items() if value]
+
+
+def is_dflash_source(checkpoint: str) -> bool:
+    """Whether export's CHECKPOINT is a DFlash drafter directory (`export.dflash`)."""
+    from specdraft.checkpoint.dflash import is_dflash_dir
+
+    return is_dflash_dir(Path(checkpoint))
+
+
+def export_block_drafter(console, checkpoint, out, engine, inputs, given, remote_code) -> None:
+    """export of a DFlash drafter: EAGLE-3 settings refused (exit 2), then `export_dflash` and
+    its lines: what was written, the notes, the launch command serving the trained block."""
+    from specdraft.export.dflash import export_dflash, refuse_eagle3_options
+
+    with user_errors(console, exit_code=USAGE_ERROR):
+        refuse_eagle3_options(checkpoint, given)
+    inputs = {name: value or None for name, value in inputs.items()}
+    with user_errors(console):
+        result = export_dflash(checkpoint, out, engine, trust_remote_code=remote_code, **inputs)
+    cast = f" cast to {inputs['dtype']}" if inputs["dtype"] else ""
+    console.print(
+        f"wrote {result.out_dir} for {engine}: DFlash drafter, {result.num_tensors} tensors, "
+        f"each bit-identical to the checkpoint{cast}",
+        style="green",
+        markup=False,
+    )
+    for note in result.notes:
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
+    setting = "--speculative-num-draft-tokens" if engine == "sglang" else "num_speculative_tokens"
+    console.print(
+        f"launch (block {result.block_size}: {setting} {result.num_speculative_tokens}):",
+        markup=False,
+    )
+    console.print(result.launch_command, markup=False, soft_wrap=True, highlight=False)
 
 
 def print_exported(console, result, engine: str, checkpoint: str, dtype: str | None, given) -> None:

@@ -57,6 +57,9 @@ def inspect(
     console = make_console()
     if known_keys:
         print_known_keys(console, checkpoint)
+    if is_block_drafter(checkpoint):
+        inspect_block_drafter(console, checkpoint, target, trust_remote_code, manifest)
+        return
     with user_errors(console):
         refuse_bad_configs(checkpoint, "")
         reading = id_reading(
@@ -74,6 +77,37 @@ def inspect(
         for line in _manifest_lines(json.loads(loaded.manifest.to_json())):
             console.print(line, markup=False, soft_wrap=True)
     print_audit(console, loaded, target)
+
+
+def is_block_drafter(checkpoint: str) -> bool:
+    """Whether CHECKPOINT is a DFlash drafter directory (any published form)."""
+    from specdraft.checkpoint.dflash import is_dflash_dir
+
+    return is_dflash_dir(Path(checkpoint))
+
+
+def inspect_block_drafter(console, checkpoint: str, target: str, trust_remote_code, whole) -> None:
+    """inspect of a DFlash drafter (`checkpoint.dflash_describe`): its lines, tensors, manifest
+    (`whole`: as JSON) and audit (exit 1 on a tensor that is not finite)."""
+    from specdraft.checkpoint.dflash_describe import describe_dflash
+
+    with user_errors(console):
+        given = read_target(target, trust_remote_code)
+        seen = describe_dflash(checkpoint, given.num_hidden_layers if given else None)
+    console.print(seen.lines[0], markup=False, soft_wrap=True)
+    console.print(tensor_table(seen.model.state_dict()))
+    for line in seen.lines[1:]:
+        console.print(line, markup=False, soft_wrap=True)
+    if seen.manifest is not None and whole:
+        console.print_json(seen.manifest.to_json())
+    elif seen.manifest is not None:
+        for line in _manifest_lines(json.loads(seen.manifest.to_json())):
+            console.print(line, markup=False, soft_wrap=True)
+    for problem in seen.problems:
+        console.print(f"audit: FAIL {problem}", style="red", markup=False)
+    if seen.problems:
+        raise typer.Exit(1)
+    console.print("audit: PASS", style="green")
 
 
 def print_loaded(console, checkpoint: str, loaded, reading: IdReading) -> None:

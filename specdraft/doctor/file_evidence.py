@@ -71,6 +71,7 @@ class FileEvidence:
 
     inputs: DoctorInputs
     findings: list = field(default_factory=list)  # findings so far, in check order (run.py)
+    reads_dflash = False  # a DFlash drafter's manifest is read (doctor.block), not refused
     _cache: dict[str, tuple[bool, Any]] = field(default_factory=dict)
 
     def cached(self, key: str, compute: Callable[[], Any]) -> Any:
@@ -117,7 +118,7 @@ class FileEvidence:
         if not file.exists():
             return None
         try:
-            return Manifest.read(file)
+            return Manifest.read(file, dflash=self.reads_dflash)
         except (CheckpointError, TypeError) as e:
             raise Broken(str(e).removesuffix(f"; {MANIFEST_FIX}"), MANIFEST_FIX) from None
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.checkpoint import wrong_dir_message
+from specdraft.checkpoint.dflash import is_dflash_dir
 from specdraft.client import check_url
 from specdraft.doctor.checks import CHECKS
 from specdraft.doctor.evidence import Evidence
@@ -118,7 +119,17 @@ def run_doctor(checkpoint: str | Path, **given: Any) -> Report:
     if given.get("server") is not None:  # paths are appended
         given["server"] = check_url(given["server"], "--server")
     refuse_wrong_dirs(checkpoint, given.get("target"))
-    return run_checks(Evidence(DoctorInputs(checkpoint, **given)))
+    return run_checks(*evidence_and_checks(DoctorInputs(checkpoint, **given)))
+
+
+def evidence_and_checks(inputs: DoctorInputs) -> tuple[Evidence, tuple]:
+    """The evidence and checks of the checkpoint: a block drafter's (`doctor.block`) for a DFlash
+    drafter, else EAGLE-3's (`checks.CHECKS`)."""
+    if is_dflash_dir(Path(inputs.checkpoint)):
+        from specdraft.doctor.block import BLOCK_CHECKS, BlockEvidence
+
+        return BlockEvidence(inputs), BLOCK_CHECKS
+    return Evidence(inputs), CHECKS
 
 
 def refuse_wrong_dirs(checkpoint: str | Path, target: str | Path | None) -> None:
@@ -130,14 +141,15 @@ def refuse_wrong_dirs(checkpoint: str | Path, target: str | Path | None) -> None
             raise DoctorInputError(wrong)
 
 
-def run_checks(ev: Evidence) -> Report:
-    """Read --samples (a bad file is an error), run every check in order, and report."""
+def run_checks(ev: Evidence, checks=CHECKS) -> Report:
+    """Read --samples (a bad file is an error), run every check of `checks` in order, and
+    report."""
     from specdraft.targets import no_progress_bars
 
     # transformers' bars (the target's "Loading weights") stay out of the report
     with no_progress_bars():
         ev.read_given_samples()
-        for check in CHECKS:
+        for check in checks:
             ev.findings.append(_run_one(check, ev))
     return Report(list(ev.findings), ev.notes())
 

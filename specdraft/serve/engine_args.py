@@ -46,6 +46,8 @@ _SGLANG_INTS = {
     "--speculative-num-steps": "num_steps",
     "--speculative-eagle-topk": "topk",
     "--speculative-num-draft-tokens": "num_draft_tokens",
+    # DFLASH's block; SGLang 0.5.22 sets num_draft_tokens to it (arg_groups/speculative_hook.py)
+    "--speculative-dflash-block-size": "num_draft_tokens",
 }
 _SGLANG_STRINGS = {
     "--speculative-algorithm": "algorithm",

@@ -290,9 +290,11 @@ def run_vllm(
     num_spec: int = NUM_SPEC,
     max_tokens: int = MAX_TOKENS,
     capture_prompts: int = 0,
+    method: str = "eagle3",
 ) -> VllmRun:
     """Start vLLM in-process on the CPU, generate greedily, read the metrics, shut it down.
 
+    `method`: the speculative method of `draft_dir` (vLLM's name: eagle3, dflash).
     With `capture_prompts` > 0 (needs a drafter), hooks record what the drafter receives,
     then the first `capture_prompts` prompts are generated again one at a time.
     """
@@ -303,7 +305,7 @@ def run_vllm(
     kwargs: dict[str, Any] = {}
     if draft_dir is not None:
         kwargs["speculative_config"] = {
-            "method": "eagle3",
+            "method": method,
             "model": str(draft_dir),
             "num_speculative_tokens": num_spec,
         }

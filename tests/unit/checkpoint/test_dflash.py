@@ -16,7 +16,7 @@ from specdraft.checkpoint.manifest import Manifest
 from specdraft.checkpoint.training import load_training_checkpoint
 from tests.support.dflash import tiny_dflash_draft
 
-LINE = "a DFlash drafter (DFlashDraftModel); specdraft trains DFlash drafters (train --method dflash) but does not"
+LINE = "a DFlash drafter (DFlashDraftModel), which this reads as EAGLE-3 only; inspect, export"
 DFLASH_DRAFT = {"block_size": 16, "mask_token_id": 7, "num_hidden_layers": 5}
 
 
@@ -72,7 +72,7 @@ def test_a_tensor_that_matches_nothing_and_one_missing_are_named(tmp_path):
 @pytest.mark.parametrize(
     "change, named",
     [
-        ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding_window set"),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types set"),
         ({"attention_bias": True}, "attention_bias set"),
         ({"hidden_act": "gelu"}, "hidden_act set"),
         ({"dflash_config": {"block_size": 4}}, "'dflash_config.mask_token_id'"),

@@ -71,10 +71,17 @@ def test_the_cli_trains_a_dflash_drafter_whose_loss_falls(store, tmp_path):
     manifest = json.loads((draft / "specdraft_manifest.json").read_text())
     assert manifest["extra"] == {"method": "dflash"} and manifest["aux_layers"] == list(AUX)
     export = ["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"]
-    for command in (["inspect", str(draft)], export):  # one line each, until they read DFlash
-        refused = CliRunner().invoke(app, command)
-        assert refused.exit_code != 0 and "Traceback" not in refused.output, refused.output
-        assert "a DFlash drafter (DFlashDraftModel)" in refused.output, refused.output
+    exported = CliRunner().invoke(app, export)  # the trained drafter goes on to an engine
+    assert exported.exit_code == 0, exported.output
+    assert "--speculative-algorithm DFLASH" in exported.output
+    assert "--speculative-num-draft-tokens 4" in exported.output
+    launch = "python -m sglang.launch_server --model-path T --speculative-algorithm DFLASH"
+    doctor = ["doctor", str(tmp_path / "out"), "--target", str(store.parent / "target")]
+    checked = CliRunner().invoke(app, [*doctor, "--engine-args", launch, "--json"])
+    assert checked.exit_code == 0, checked.output  # the trained export passes its target
+    verdicts = {f["check"]: f["verdict"] for f in json.loads(checked.output)["findings"]}
+    assert verdicts["target_matches_training"] == verdicts["block_size_matches_engine"] == "pass"
+    assert verdicts["target_layers_as_engines_read"] == "pass"
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(store, tmp_path):
