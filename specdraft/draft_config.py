@@ -271,10 +271,10 @@ def method_of(flags: Any) -> str | None:
 
 def method_label(flags: Any) -> str:
     """What a drafter of these norm flags is, in one phrase: "eagle3.1 (fc_norm, norm_output)",
-    "eagle3 (no norm flag)", or "an EAGLE-3 variant (norm_before_residual)" (no method of
+    "eagle3 (no norm flag)", or "EAGLE-3 variant (norm_before_residual)" (no method of
     EAGLE3_METHODS: trained with draft_overrides). flags: as `method_of`'s."""
     get = flags.get if isinstance(flags, dict) else functools.partial(getattr, flags)
     on = [name for name in NORM_FLAGS if get(name, False)]
     method = method_of(flags)
     named = ", ".join(on) or "no norm flag"
-    return f"{method} ({named})" if method else f"an EAGLE-3 variant ({named})"
+    return f"{method} ({named})" if method else f"EAGLE-3 variant ({named})"

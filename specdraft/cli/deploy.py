@@ -175,7 +175,7 @@ def print_exported(console, result, engine: str, checkpoint: str, dtype: str | N
     """export's lines: what was written and proven, its notes, then the launch command under the
     setting it serves (`launch_heading`; `given`: the setting options passed)."""
     console.print(
-        f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
+        f"wrote {result.out_dir} for {engine}: {result.method}, {result.num_tensors} tensors, each "
         f"bit-identical to the checkpoint{' cast to ' + dtype if dtype else ''}"
         + derived_text(result.derived, checkpoint),
         style="green",

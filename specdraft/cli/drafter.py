@@ -78,13 +78,13 @@ def inspect(
 
 def print_loaded(console, checkpoint: str, loaded, reading: IdReading) -> None:
     """inspect of a loaded drafter: what it is, where its aux ids came from, its tensors in its
-    layout, its sizes and variant flags."""
+    layout, its sizes and method (the norm flags: `draft_config.method_label`)."""
     from specdraft.checkpoint import (
         describe_layout,
         is_training_checkpoint,
         state_dict_for_layout,
     )
-    from specdraft.draft_config import NORM_FLAGS
+    from specdraft.draft_config import method_label
 
     training = loaded.manifest.training if is_training_checkpoint(checkpoint) else None
     described = (
@@ -98,12 +98,11 @@ def print_loaded(console, checkpoint: str, loaded, reading: IdReading) -> None:
         print_reading_notes(console, checkpoint)
     console.print(tensor_table(state_dict_for_layout(loaded.model, loaded.layout)))
     cfg = loaded.model.cfg
-    variant = [name for name in NORM_FLAGS if getattr(cfg, name)]
     console.print(
         f"aux layers (specdraft indices): {list(cfg.aux_layers)} of {cfg.target_num_layers}; "
         f"hidden {cfg.hidden_size}, target hidden {cfg.target_hidden_size}; "
         f"draft vocab {cfg.draft_vocab_size} of {cfg.vocab_size}; "
-        f"variant flags: {', '.join(variant) or 'none (plain EAGLE-3)'}",
+        f"method: {method_label(cfg)}",
         markup=False,
         soft_wrap=True,
     )
@@ -164,7 +163,7 @@ def print_files_without_target(console, checkpoint: str) -> None:
         f"keys: every tensor of {files.entry.name} is one the {layout} layout loads, every parameter "
         "is in the file, shapes as config.json says (specdraft's loader checks)",
         "--target DIR would add: the aux layers as specdraft indices (read by the target's layer count "
-        "and class), the drafter's sizes and variant flags, and the audit (d2t / t2d, finite values; "
+        "and class), the drafter's sizes and method (eagle3, eagle3.1: its norm flags), and the audit (d2t / t2d, finite values; "
         "not run)",
     ):
         console.print(line, markup=False, soft_wrap=True)

@@ -42,11 +42,11 @@ def test_the_target_s_values_stand_where_nothing_overrides_them():
     [
         ({}, "eagle3", "eagle3 (no norm flag)"),
         ({"fc_norm": True, "norm_output": True}, "eagle3.1", "eagle3.1 (fc_norm, norm_output)"),
-        ({"fc_norm": True}, None, "an EAGLE-3 variant (fc_norm)"),
+        ({"fc_norm": True}, None, "EAGLE-3 variant (fc_norm)"),
         (
             {"norm_before_residual": True, "fc_norm": True, "norm_output": True},
             None,
-            "an EAGLE-3 variant (norm_before_residual, fc_norm, norm_output)",
+            "EAGLE-3 variant (norm_before_residual, fc_norm, norm_output)",
         ),
     ],
 )

@@ -43,8 +43,8 @@ def test_an_exported_eagle31_drafter_passes(eagle31, tmp_path, layout, engine):
     ("dropped", "applied"),
     [
         (("fc_norm", "norm_output"), "eagle3 (no norm flag), without fc_norm, norm_output"),
-        (("fc_norm",), "an EAGLE-3 variant (norm_output), without fc_norm"),
-        (("norm_output",), "an EAGLE-3 variant (fc_norm), without norm_output"),
+        (("fc_norm",), "EAGLE-3 variant (norm_output), without fc_norm"),
+        (("norm_output",), "EAGLE-3 variant (fc_norm), without norm_output"),
     ],
 )
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
@@ -84,7 +84,7 @@ def test_the_legacy_fc_norm_key_is_applied_by_sglang_only(eagle31, tmp_path):
     vllm = norms(tmp_path / "s", target, "vllm")
     assert (
         vllm.verdict == "fail"
-        and "vLLM applies an EAGLE-3 variant (norm_output), without fc_norm" in vllm.evidence
+        and "vLLM applies EAGLE-3 variant (norm_output), without fc_norm" in vllm.evidence
     )
 
 
