@@ -32,7 +32,6 @@ from specdraft.checkpoint import (
 from specdraft.checkpoint.id_reading import IdReading
 from specdraft.conventions import AUX_KEY, captured_by, parse_dtype
 from specdraft.draft import Eagle3Draft
-from specdraft.draft_config import method_label
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.export.notes import (
     embedding_notes,
@@ -61,9 +60,8 @@ READER_OF_ENGINE = {"sglang": "sglang", "vllm": "vllm", "speculators": "vllm"}
 class ExportResult:
     """What `export_draft` wrote: directory, engine, config.json as written, the command to
     serve it and the speculative setting it names, notes for the user, how many tensors were
-    proven bit-identical to the checkpoint's, the ones derived because it has none
-    (`checkpoint.derived_tensors`: written, not copied), and the drafter's method with its norm
-    flags (`draft_config.method_label`)."""
+    proven bit-identical to the checkpoint's, and the ones derived because it has none
+    (`checkpoint.derived_tensors`: written, not copied)."""
 
     out_dir: Path
     engine: str
@@ -73,7 +71,6 @@ class ExportResult:
     notes: list[str]
     num_tensors: int
     derived: tuple[str, ...] = ()
-    method: str = ""
 
 
 def load_source(checkpoint: str | Path, reading: IdReading) -> LoadedDraft:
@@ -201,10 +198,7 @@ def export_draft(
     notes += target_tokenizer_notes(source, checkpoint, target)
     command = launch_command(engine, verifier or "TARGET", out_dir.resolve(), spec)
     num_copied = num_tensors - len(source.derived)
-    method = method_label(source.model.cfg)
-    return ExportResult(
-        out_dir, engine, config, command, spec, notes, num_copied, source.derived, method
-    )
+    return ExportResult(out_dir, engine, config, command, spec, notes, num_copied, source.derived)
 
 
 def _read_source(
