@@ -139,9 +139,10 @@ def _load_engine(
 ):
     """generate's engine and the target's tokenizer: the configs checked (`refuse_bad_configs`),
     the drafter's aux ids read by --target (`id_reading`) when it decodes speculatively, then
-    `engine.load.load_engine`; its notes printed to `info`."""
+    `engine.load.load_engine`; the drafter's method and the engine's notes printed to `info`."""
     from transformers import AutoTokenizer
 
+    from specdraft.draft_config import method_label
     from specdraft.engine.load import load_engine
 
     refuse_bad_configs(draft if spec is not None else "", target)
@@ -160,6 +161,10 @@ def _load_engine(
         compile=compile,
         reading=reading,
     )
+    if engine.draft is not None:
+        info.print(
+            f"drafter {draft}: {method_label(engine.draft.cfg)}", markup=False, soft_wrap=True
+        )
     for note in engine.notes:
         info.print(f"note: {note}", markup=False, soft_wrap=True)
     return engine, tokenizer

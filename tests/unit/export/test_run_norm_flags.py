@@ -52,7 +52,8 @@ def test_doctor_fails_a_flag_the_checked_engine_does_not_implement(tmp_path):
         "variant_flags_implemented"
     )
     assert for_vllm.verdict == "pass" and for_vllm.evidence == (
-        "norm_before_residual true, norm_output true: implemented by vLLM and specdraft's drafter"
+        "norm_before_residual true, norm_output true: implemented by vLLM and specdraft's drafter "
+        "(EAGLE-3 variant (norm_before_residual, norm_output))"
     )
     for_sglang = run_doctor(tmp_path / "v", target=target, engine="sglang").finding(
         "variant_flags_implemented"
