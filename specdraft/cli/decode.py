@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -33,6 +33,7 @@ from specdraft.cli.options import (
     flag,
 )
 from specdraft.cli.reading import engine_reading, refuse_bad_configs
+from specdraft.draft_config import EAGLE3_METHODS
 from specdraft.machine_load import DEFAULT_THREADS
 
 Prompt = Annotated[str, typer.Option(help="Prompt text (tokenized as is, no chat template).")]
@@ -294,6 +295,13 @@ DemoData = Annotated[
     ),
 ]
 TrainSteps = Annotated[int, typer.Option(help="Drafter optimizer steps.")]
+DemoMethod = Annotated[
+    Literal[tuple(EAGLE3_METHODS)],
+    typer.Option(
+        help="Drafter to train: eagle3, or eagle3.1 (a norm on each aux state before fc, the "
+        "post-norm state fed back: fc_norm, norm_output); as `specdraft train --method`."
+    ),
+]
 NumTrain = Annotated[int, typer.Option(help="Training documents.")]
 
 
@@ -305,6 +313,7 @@ def demo(
     data: DemoData = "",
     chat_template: ChatTemplate = "",
     train_steps: TrainSteps = 1000,
+    method: DemoMethod = "eagle3",
     num_train: NumTrain = 800,
     threads: Threads = DEFAULT_THREADS,
 ) -> None:
@@ -329,6 +338,7 @@ def demo(
             data=Path(data) if data else None,
             chat_template=Path(chat_template) if chat_template else None,
             train_steps=train_steps,
+            method=method,
             num_train=num_train,
             threads=threads,
         )

@@ -111,3 +111,11 @@ def test_generate_names_the_drafters_method(trained, tmp_path):
     result = invoke([*args, "--prompt", "hello", "--max-new-tokens", "4", "--num-steps", "2"])
     assert result.exit_code == 0, result.output
     assert f"drafter {draft}: {METHOD}" in flat(result.output), result.output
+
+
+def test_demo_takes_the_eagle3_methods():
+    """demo --method: the EAGLE-3 methods (`draft_config.EAGLE3_METHODS`), a click choice."""
+    refused = invoke(["demo", "--method", "dflash"])
+    assert refused.exit_code == 2, refused.output
+    assert "'dflash' is not one of 'eagle3', 'eagle3.1'" in flat(refused.output), refused.output
+    assert "--method <eagle3|eagle3.1>" in invoke(["demo", "--help"]).output

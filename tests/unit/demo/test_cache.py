@@ -24,7 +24,7 @@ from specdraft.demo.report import (
     verdict_text,
 )
 from specdraft.demo.stages import train_batch_size
-from tests.support.demo import plain_baseline
+from tests.support.demo import plain_baseline, train_config_of
 
 
 def fake_outputs(out):
@@ -175,21 +175,12 @@ def test_the_batch_adapts_to_the_training_split(num_samples, batch):
 
 
 def test_two_training_documents_train_with_batch_one(tmp_path, monkeypatch):
-    import specdraft.train.loop as loop
-
-    seen = {}
-
-    def train(config, store, out, **kwargs):
-        seen["config"] = config
-        raise RuntimeError("stop here")
-
-    monkeypatch.setattr(loop, "train", train)
     store = tmp_path / "store"
     store.mkdir()
     (store / "index.json").write_text(json.dumps({"num_samples": 2}))
-    with pytest.raises(RuntimeError, match="stop here"):
-        stages.stage_train(DemoConfig(out=tmp_path, num_train=2, train_steps=5), store)
-    assert seen["config"].batch_size == 1 and seen["config"].val_fraction == stages.VAL_FRACTION
+    cfg = DemoConfig(out=tmp_path, num_train=2, train_steps=5)
+    config = train_config_of(monkeypatch, cfg, store)
+    assert config.batch_size == 1 and config.val_fraction == stages.VAL_FRACTION
     with pytest.raises(ValueError, match="at least 2 training documents"):
         DemoConfig(num_train=1)
 
@@ -236,6 +227,9 @@ def test_the_report_states_the_drafters_training_steps(tmp_path):
     )
     text = report_markdown(report, DemoConfig(out=tmp_path))
     assert "Drafter: 200 optimizer steps (batch 8) on 800 training documents." in text
+    report.drafter["method"] = "eagle3.1 (fc_norm, norm_output)"  # run.drafter_report's
+    text = report_markdown(report, DemoConfig(out=tmp_path))
+    assert "Drafter: eagle3.1 (fc_norm, norm_output), 200 optimizer steps (batch 8)" in text
 
 
 def test_the_drafter_path_is_as_given_under_out_on_the_first_run_and_a_rerun(tmp_path, monkeypatch):
