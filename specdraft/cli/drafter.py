@@ -140,7 +140,7 @@ def print_files_without_target(console, checkpoint: str) -> None:
     (`checkpoint.draft_tensors` on `layouts.config_without_target`: a name that matches no parameter,
     a parameter not in the file or a wrong shape raises CheckpointError, as `load_draft` does), the
     aux ids as config.json writes them (no reading: that needs the target's layer count and class),
-    and what --target adds."""
+    the method its norm flags name (`draft_config.method_label`), and what --target adds."""
     from specdraft.checkpoint import (
         describe_layout,
         detect_layout,
@@ -148,7 +148,8 @@ def print_files_without_target(console, checkpoint: str) -> None:
         read_config,
         read_weights,
     )
-    from specdraft.checkpoint.config_read import config_without_target
+    from specdraft.checkpoint.config_read import config_without_target, norm_flags_of_config
+    from specdraft.draft_config import method_label
 
     path = Path(checkpoint)
     config, (tensors, files), layout = read_config(path), read_weights(path), detect_layout(path)
@@ -160,10 +161,11 @@ def print_files_without_target(console, checkpoint: str) -> None:
     console.print(tensor_table(tensors, f"tensors of {files.entry.name}"))
     for line in (
         written_aux_ids_line(config),
+        f"method: {method_label(norm_flags_of_config(path, config))} (config.json's norm flags)",
         f"keys: every tensor of {files.entry.name} is one the {layout} layout loads, every parameter "
         "is in the file, shapes as config.json says (specdraft's loader checks)",
         "--target DIR would add: the aux layers as specdraft indices (read by the target's layer count "
-        "and class), the drafter's sizes and method (eagle3, eagle3.1: its norm flags), and the audit (d2t / t2d, finite values; "
+        "and class), the drafter's sizes, and the audit (d2t / t2d, finite values; "
         "not run)",
     ):
         console.print(line, markup=False, soft_wrap=True)

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from specdraft.checkpoint import convert_draft
 from specdraft.doctor import run_doctor
 from tests.support.cli import cli_args, flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
@@ -112,3 +113,6 @@ def test_inspect_names_the_drafters_method(tmp_path):
     assert result.exit_code == 0 and (
         "method: EAGLE-3 variant (norm_before_residual, norm_output)" in flat(result.output)
     ), result.output
+    convert_draft(eagle31, tmp_path / "bare", layout="sglang", target_num_layers=5)  # no manifest
+    bare = flat(invoke(["inspect", str(tmp_path / "bare")]).output)  # no --target: the files alone
+    assert "method: eagle3.1 (fc_norm, norm_output) (config.json's norm flags)" in bare, bare
