@@ -1,5 +1,6 @@
 """doctor's `norms_as_trained` (specdraft/doctor/norms.py): an EAGLE-3.1 drafter (fc_norm +
-norm_output) exported for each engine passes; its flags dropped from the exported config.json, or
+norm_output) exported for each engine passes; its flags dropped from the exported config.json
+(specdraft_loads fails it too, as the loader refuses it), or
 served by an SGLang release that does not read them, fail naming the flags; a drafter without a
 manifest skips."""
 
@@ -52,11 +53,14 @@ def test_flags_dropped_from_the_config_fail_naming_them(
     eagle31, tmp_path, engine, dropped, applied
 ):
     """The fault injected: the exported config.json loses flags, so the engine (which reads
-    config.json, not the manifest) builds another drafter than the one trained."""
+    config.json, not the manifest) builds another drafter than the one trained; specdraft's
+    loader refuses the file alike (specdraft_loads)."""
     draft, target = eagle31
     export_draft(draft, tmp_path / engine, engine=engine, target=target)
     edit_config(tmp_path / engine, lambda c: [c.pop(k) for k in dropped])
-    finding = norms(tmp_path / engine, target, engine)
+    report = run_doctor(tmp_path / engine, target=target, engine=engine)
+    loads, finding = report.finding("specdraft_loads"), report.finding("norms_as_trained")
+    assert loads.verdict == "fail" and f"{dropped[0]} False (config.json) vs True" in loads.evidence
     assert finding.verdict == "fail"
     name = {"sglang": "SGLang", "vllm": "vLLM"}[engine]
     assert finding.evidence == (
