@@ -107,14 +107,18 @@ def serve(
             chat_template=chat_template or None,
         )
         _announce_engine(console, server_app.state.server, compile)
-    line = serving_line(server_app.state.server, target, draft, spec, host, port)
+    line = serving_line(server_app.state.server.model_name, target, draft, spec, host, port)
     console.print(line, markup=False, soft_wrap=True)
     run_server(server_app, host, port)
 
 
 def _announce_engine(console, state, compile: bool) -> None:
-    """The loaded engine's notes; with --compile, its warm-up before the first request (no client
-    waits on the compiler)."""
+    """The drafter's method (`draft_config.method_label`) and the loaded engine's notes; with
+    --compile, its warm-up before the first request (no client waits on the compiler)."""
+    from specdraft.draft_config import method_label
+
+    if state.engine.draft is not None:
+        console.print(f"drafter: {method_label(state.engine.draft.cfg)}", markup=False)
     for note in state.engine.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     if compile:
@@ -136,15 +140,11 @@ def check_port_free(host: str, port: int) -> None:
         ) from None
 
 
-def serving_line(state, target: str, draft: str, spec, host: str, port: int) -> str:
-    """What `serve` says once its model is loaded (`state`: the server's): the name clients use,
-    the URL, what decodes (the drafter's method: `draft_config.method_label`)."""
-    from specdraft.draft_config import method_label
-
-    model_name, engine = state.model_name, state.engine
+def serving_line(model_name: str, target: str, draft: str, spec, host: str, port: int) -> str:
+    """What `serve` says once its model is loaded: the name clients use, the URL, what decodes."""
     how = (
-        f"speculative decoding with drafter {draft} ({method_label(engine.draft.cfg)}; steps "
-        f"{spec.num_steps}, topk {spec.topk}, draft tokens {spec.num_draft_tokens})"
+        f"speculative decoding with drafter {draft} (steps {spec.num_steps}, topk {spec.topk}, draft tokens "
+        f"{spec.num_draft_tokens})"
         if spec is not None
         else "plain decoding" + (" (--no-spec)" if draft else " (no --draft)")
     )

@@ -39,10 +39,10 @@ class DemoConfig:
     batch_size: int = 8
     lr: float = 3e-3
     ttt_steps: int = 4
-    method: str = "eagle3"
     seed: int = 0
     sweep_steps: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     tree: tuple[int, int, int] = (4, 2, 8)  # num_steps, topk, num_draft_tokens
+    method: str = "eagle3"  # an EAGLE3_METHODS key (train --method)
     threads: int = DEFAULT_THREADS  # CPU threads torch uses (and the printed try: / serve: lines)
     timing_repeats: int = 5  # timed passes per setting, taking turns with plain decoding
     min_speedup: float = (

@@ -30,23 +30,3 @@ def tiny_demo_config(out: Path, data: Path, **changes) -> DemoConfig:
         "timing_repeats": 1,
     }
     return DemoConfig(out=out, data=data, **{**settings, **changes})
-
-
-def train_config_of(monkeypatch, cfg: DemoConfig, store: Path):
-    """The TrainConfig `stages.stage_train(cfg, store)` hands the trainer (`train.loop.train`
-    replaced: nothing trains)."""
-    import pytest
-
-    import specdraft.train.loop as loop
-    from specdraft.demo import stages
-
-    seen = {}
-
-    def train(config, store, out, **kwargs):
-        seen["config"] = config
-        raise RuntimeError("stop here")
-
-    monkeypatch.setattr(loop, "train", train)
-    with pytest.raises(RuntimeError, match="stop here"):
-        stages.stage_train(cfg, store)
-    return seen["config"]

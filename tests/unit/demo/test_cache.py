@@ -24,7 +24,7 @@ from specdraft.demo.report import (
     verdict_text,
 )
 from specdraft.demo.stages import train_batch_size
-from tests.support.demo import plain_baseline, train_config_of
+from tests.support.demo import plain_baseline
 
 
 def fake_outputs(out):
@@ -174,13 +174,14 @@ def test_the_batch_adapts_to_the_training_split(num_samples, batch):
     assert len(train_ids) >= batch  # at least one batch per epoch: the trainer accepts it
 
 
-def test_two_training_documents_train_with_batch_one(tmp_path, monkeypatch):
+def test_two_training_documents_train_with_batch_one(tmp_path, stopped_train):
+    seen = stopped_train
     store = tmp_path / "store"
     store.mkdir()
     (store / "index.json").write_text(json.dumps({"num_samples": 2}))
-    cfg = DemoConfig(out=tmp_path, num_train=2, train_steps=5)
-    config = train_config_of(monkeypatch, cfg, store)
-    assert config.batch_size == 1 and config.val_fraction == stages.VAL_FRACTION
+    with pytest.raises(RuntimeError, match="stop here"):
+        stages.stage_train(DemoConfig(out=tmp_path, num_train=2, train_steps=5), store)
+    assert seen["config"].batch_size == 1 and seen["config"].val_fraction == stages.VAL_FRACTION
     with pytest.raises(ValueError, match="at least 2 training documents"):
         DemoConfig(num_train=1)
 

@@ -8,18 +8,18 @@ import json
 
 import pytest
 
-from specdraft.demo import cache
+from specdraft.demo import cache, stages
 from specdraft.demo.cache import reconcile_cache
 from specdraft.demo.config import DemoConfig
 from specdraft.errors import UnusableInput
-from tests.support.demo import train_config_of
 
 
-def test_the_method_reaches_the_trainer(tmp_path, monkeypatch):
+def test_the_method_reaches_the_trainer(tmp_path, stopped_train):
     (tmp_path / "store").mkdir()
     (tmp_path / "store" / "index.json").write_text(json.dumps({"num_samples": 40}))
-    cfg = DemoConfig(out=tmp_path, method="eagle3.1")
-    assert train_config_of(monkeypatch, cfg, tmp_path / "store").method == "eagle3.1"
+    with pytest.raises(RuntimeError, match="stop here"):
+        stages.stage_train(DemoConfig(out=tmp_path, method="eagle3.1"), tmp_path / "store")
+    assert stopped_train["config"].method == "eagle3.1"
 
 
 def test_another_method_redoes_training(tmp_path):

@@ -17,7 +17,6 @@ from specdraft.cli import app
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.inputs import check_inputs, parse_documents, split_documents
 from specdraft.errors import UnusableInput
-from tests.support.demo import train_config_of
 
 
 def invoke(args: list[str]):
@@ -190,10 +189,11 @@ def test_a_later_stage_error_is_one_line(tmp_path, monkeypatch):
     )
 
 
-def test_few_train_steps_give_a_valid_training_config(tmp_path, monkeypatch):
-    cfg = DemoConfig(out=tmp_path, train_steps=2)  # not "--config key eval_every 0"
-    config = train_config_of(monkeypatch, cfg, tmp_path / "store")
-    assert config.eval_every == 1 and config.total_steps == 2
+def test_few_train_steps_give_a_valid_training_config(tmp_path, stopped_train):
+    seen = stopped_train
+    with pytest.raises(RuntimeError, match="stop here"):  # not "--config key eval_every 0"
+        demo.stage_train(DemoConfig(out=tmp_path, train_steps=2), tmp_path / "store")
+    assert seen["config"].eval_every == 1 and seen["config"].total_steps == 2
 
 
 @pytest.mark.parametrize("sub", ["", "inner"])

@@ -580,7 +580,7 @@ def test_serve_on_a_busy_port_is_one_line_before_the_model_loads(monkeypatch):
 
 def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
     """One line before uvicorn's: the model name clients send, the base URL, and the decoding
-    (drafter, its method and settings, or plain and why)."""
+    (drafter and its settings, or plain and why)."""
     from types import SimpleNamespace
 
     from typer.testing import CliRunner
@@ -610,8 +610,7 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
         (["--draft", str(tmp_path), "--no-spec"], "plain decoding (--no-spec)"),
         (
             ["--draft", str(tmp_path), "--num-steps", "4"],
-            f"speculative decoding with drafter {tmp_path} (eagle3.1 (fc_norm, norm_output); "
-            "steps 4, topk 1, draft tokens 5)",
+            f"speculative decoding with drafter {tmp_path} (steps 4, topk 1, draft tokens 5)",
         ),
     ):
         result = CliRunner().invoke(
@@ -624,4 +623,5 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
         assert (
             "note: num_steps 4 > the drafter's 2 training-time-test steps" in result.output
         )  # load_engine's
+        assert "drafter: eagle3.1 (fc_norm, norm_output)\n" in result.output  # its method
     assert served == [("127.0.0.1", 8123)] * 3
