@@ -24,7 +24,8 @@ Prints one JSON line. Definitions:
 --attention-ab also times the TTT loss forward + backward with flex attention and with SDPA
 (dense mask) and prints the largest gradient difference between them.
 
---method dflash trains a DFlash block drafter instead (z-lab's b16 shape: --draft-layers 5,
+--method eagle3.1 trains the EAGLE-3.1 drafter (fc_norm + norm_output: its flops are EAGLE-3's
+plus the norms, not counted). --method dflash trains a DFlash block drafter instead (z-lab's b16 shape: --draft-layers 5,
 --block-size 16, --num-anchors 512 blocks per sequence; the target's embedding and lm_head frozen):
   tokens_per_s = context positions per second (global batch x length / step time);
   block_positions_per_s = drafted block positions (anchors x (block_size - 1)) per second.
@@ -48,6 +49,7 @@ from specdraft.train.config import TrainConfig
 from specdraft.train.dflash_loss import Blocks
 from specdraft.train.dist import setup_dist
 from specdraft.train.loss import target_logits, ttt_loss
+from specdraft.train.settings import METHODS
 from specdraft.train.sources import Batch, TargetInfo
 from specdraft.train.trainer import Trainer
 
@@ -220,7 +222,7 @@ def main() -> None:
         "--warmup", type=int, default=-1, help="untimed steps first (default: 3; tiny: 1)"
     )
     parser.add_argument("--precision", default="", help="bf16 | fp32 (default: bf16 on CUDA)")
-    parser.add_argument("--method", default="eagle3", choices=("eagle3", "dflash"))
+    parser.add_argument("--method", default="eagle3", choices=METHODS)
     parser.add_argument("--block-size", type=int, default=16, help="dflash: tokens per block")
     parser.add_argument("--num-anchors", type=int, default=0, help="dflash (default 512; tiny 8)")
     parser.add_argument("--draft-layers", type=int, default=0, help="dflash (default 5; tiny 2)")
@@ -318,7 +320,7 @@ def main() -> None:
         )
     )
     if (
-        args.attention_ab and ranks.world == 1 and args.method == "eagle3"
+        args.attention_ab and ranks.world == 1 and args.method != "dflash"
     ):  # (a rank alone cannot run an FSDP-sharded drafter)
         print(json.dumps({"attention_ab": attention_ab(trainer, data, args, device)}))
 

@@ -16,10 +16,12 @@ Config flags of the published variants, each computed as both engines compute it
 `srt/models/llama_eagle3.py`, vLLM 0.32 `model_executor/models/llama_eagle3.py`; which engine
 implements which: `conventions.FLAG_RULES`):
 - `norm_before_residual`: r = a + hidden_norm(h) (vLLM, speculators `Eagle3FirstLayerMixin`).
-- `norm_before_fc` (EAGLE-3.1): fc(input_norm(cat(aux))), one RMSNorm n·H_target wide.
+- `norm_before_fc` (speculators' "gpt-oss style"): fc(input_norm(cat(aux))), one RMSNorm
+  n·H_target wide.
 - `fc_norm` (EAGLE-3.1): fc(cat(fc_norm[i](aux_i))), one RMSNorm per aux state (after
   input_norm when both are set, as the engines apply them).
 - `norm_output` (EAGLE-3.1): hidden = norm(out), the post-norm state, fed to the next step.
+EAGLE-3.1 is fc_norm + norm_output (`draft_config.EAGLE3_METHODS` cites the references).
 
 The drafter always knows which step it is in (`first_step`), so it never guesses from widths
 whether to apply `fc` (case S2): a first-step input whose width is not n_aux·H_target is an

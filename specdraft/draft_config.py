@@ -2,7 +2,9 @@
 what it reads from a transformers target config (`from_target`, `rope_from_hf_config`).
 
 The norm flags (`NORM_FLAGS`) are the placements of the published EAGLE-3 variants; what each
-computes, as SGLang and vLLM compute it: `draft.py`'s module docstring.
+computes, as SGLang and vLLM compute it: `draft.py`'s module docstring. The drafting methods named
+by their flags (`EAGLE3_METHODS`, `method_of`) are declared here, below torch, since
+`specdraft train`'s options are built from them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,19 @@ YARN_KEYS = (
 )
 # The norm placements of published EAGLE-3 variants (`draft.py`'s docstring says what each does).
 NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# The EAGLE-3 methods `--method` names, each the NORM_FLAGS it sets (every other one false).
+# EAGLE-3.1: one RMSNorm per aux state before fc (fc_norm) and the post-norm output fed to the
+# next draft step (norm_output), and no other norm: SpecForge a6b6b023
+# configs/qwen3-30B-A3B-eagle3.1.json ("fc_norm": true, "norm_output": true; examples/configs/
+# README.md: a draft-config variant trained and served as the eagle3 strategy) and speculators
+# c05b95b3 models/eagle3/config.py (fc_norm: "Eagle 3.1 paper approach", docs/cli/train.md;
+# norm_output: "(Eagle 3.1)"; norm_before_fc refused beside fc_norm, `_check_norm_flags`).
+# Engines serve it as EAGLE-3 (vLLM method eagle3, SGLang EAGLE3), reading both keys from the
+# drafter's config.json: `conventions.engines.FLAG_RULES` says which releases do.
+EAGLE3_METHODS: dict[str, tuple[str, ...]] = {
+    "eagle3": (),
+    "eagle3.1": ("fc_norm", "norm_output"),
+}
 
 
 @dataclass(frozen=True)
@@ -239,3 +254,27 @@ def _target_value(config: Any, key: str, default: Any = None) -> Any:
             f"{type(config).__name__}: {key} differs by layer ({str(e).splitlines()[0][:120]}); "
             f'the drafter takes one value: pass draft_overrides {{"{key}": N}}'
         ) from None
+
+
+def method_flags(method: str) -> dict[str, bool]:
+    """Every NORM_FLAGS value of EAGLE-3 method `method` (a key of EAGLE3_METHODS)."""
+    return {name: name in EAGLE3_METHODS[method] for name in NORM_FLAGS}
+
+
+def method_of(flags: Any) -> str | None:
+    """The EAGLE3_METHODS key whose flags are exactly those `flags` sets (a DraftConfig, or a
+    dict of NORM_FLAGS values, absent = false), or None for another variant."""
+    get = flags.get if isinstance(flags, dict) else functools.partial(getattr, flags)
+    on = tuple(name for name in NORM_FLAGS if get(name, False))
+    return next((m for m, named in EAGLE3_METHODS.items() if set(named) == set(on)), None)
+
+
+def method_label(flags: Any) -> str:
+    """What a drafter of these norm flags is, in one phrase: "eagle3.1 (fc_norm, norm_output)",
+    "eagle3 (no norm flag)", or "EAGLE-3 variant (norm_before_residual)" (no method of
+    EAGLE3_METHODS: trained with draft_overrides). flags: as `method_of`'s."""
+    get = flags.get if isinstance(flags, dict) else functools.partial(getattr, flags)
+    on = [name for name in NORM_FLAGS if get(name, False)]
+    method = method_of(flags)
+    named = ", ".join(on) or "no norm flag"
+    return f"{method} ({named})" if method else f"EAGLE-3 variant ({named})"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -19,6 +19,7 @@ from specdraft.cli.options import (
     option,
 )
 from specdraft.cli.reading import engine_reading, refuse_bad_configs
+from specdraft.draft_config import EAGLE3_METHODS
 
 Prompt = Annotated[str, typer.Option(help="Prompt text (tokenized as is, no chat template).")]
 Temperature = Annotated[
@@ -106,9 +107,10 @@ def _busy_note(device: str, threads: int):
 def _load_engine(target: str, draft: str, spec, drafting: PlainDrafting, run: EngineRun, info):
     """generate's engine and the target's tokenizer: the configs checked (`refuse_bad_configs`),
     the drafter's aux ids read by --target (`id_reading`) when it decodes speculatively, then
-    `engine.load.load_engine`; its notes printed to `info`."""
+    `engine.load.load_engine`; the drafter's method and the engine's notes printed to `info`."""
     from transformers import AutoTokenizer
 
+    from specdraft.draft_config import method_label
     from specdraft.engine.load import load_engine
 
     refuse_bad_configs(draft if spec is not None else "", target)
@@ -127,6 +129,10 @@ def _load_engine(target: str, draft: str, spec, drafting: PlainDrafting, run: En
         compile=run.compile,
         reading=reading,
     )
+    if engine.draft is not None:
+        info.print(
+            f"drafter {draft}: {method_label(engine.draft.cfg)}", markup=False, soft_wrap=True
+        )
     for note in engine.notes:
         info.print(f"note: {note}", markup=False, soft_wrap=True)
     return engine, tokenizer
@@ -260,6 +266,14 @@ DemoData = Annotated[
     ),
 ]
 TrainSteps = Annotated[int, option(1000, help="Drafter optimizer steps.")]
+DemoMethod = Annotated[
+    Literal[tuple(EAGLE3_METHODS)],
+    option(
+        "eagle3",
+        help="Drafter to train: eagle3, or eagle3.1 (a norm on each aux state before fc, the "
+        "post-norm state fed back: fc_norm, norm_output); as `specdraft train --method`.",
+    ),
+]
 NumTrain = Annotated[int, option(800, help="Training documents.")]
 
 
@@ -271,6 +285,7 @@ def demo(
     data: DemoData,
     chat_template: ChatTemplate,
     train_steps: TrainSteps,
+    method: DemoMethod,
     num_train: NumTrain,
     threads: Threads,
 ) -> None:
@@ -295,6 +310,7 @@ def demo(
             data=Path(data) if data else None,
             chat_template=Path(chat_template) if chat_template else None,
             train_steps=train_steps,
+            method=method,
             num_train=num_train,
             threads=threads,
         )

@@ -223,10 +223,14 @@ def export_block_drafter(console, checkpoint, out, engine, inputs, given, remote
 
 
 def print_exported(console, result, engine: str, checkpoint: str, dtype: str | None, given) -> None:
-    """export's lines: what was written and proven, its notes, then the launch command under the
+    """export's lines: what was written (the method its config.json gives the engine:
+    `draft_config.method_label`) and proven, its notes, then the launch command under the
     setting it serves (`launch_heading`; `given`: the setting options passed)."""
+    from specdraft.draft_config import method_label
+
     console.print(
-        f"wrote {result.out_dir} for {engine}: {result.num_tensors} tensors, each "
+        f"wrote {result.out_dir} for {engine}: {method_label(result.config)}, "
+        f"{result.num_tensors} tensors, each "
         f"bit-identical to the checkpoint{' cast to ' + dtype if dtype else ''}"
         + derived_text(result.derived, checkpoint),
         style="green",

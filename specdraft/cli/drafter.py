@@ -112,13 +112,13 @@ def inspect_block_drafter(console, checkpoint: str, target: str, trust_remote_co
 
 def print_loaded(console, checkpoint: str, loaded, reading: IdReading) -> None:
     """inspect of a loaded drafter: what it is, where its aux ids came from, its tensors in its
-    layout, its sizes and variant flags."""
+    layout, its sizes and method (the norm flags: `draft_config.method_label`)."""
     from specdraft.checkpoint import (
         describe_layout,
         is_training_checkpoint,
         state_dict_for_layout,
     )
-    from specdraft.draft_config import NORM_FLAGS
+    from specdraft.draft_config import method_label
 
     training = loaded.manifest.training if is_training_checkpoint(checkpoint) else None
     described = (
@@ -132,12 +132,11 @@ def print_loaded(console, checkpoint: str, loaded, reading: IdReading) -> None:
         print_reading_notes(console, checkpoint)
     console.print(tensor_table(state_dict_for_layout(loaded.model, loaded.layout)))
     cfg = loaded.model.cfg
-    variant = [name for name in NORM_FLAGS if getattr(cfg, name)]
     console.print(
         f"aux layers (specdraft indices): {list(cfg.aux_layers)} of {cfg.target_num_layers}; "
         f"hidden {cfg.hidden_size}, target hidden {cfg.target_hidden_size}; "
         f"draft vocab {cfg.draft_vocab_size} of {cfg.vocab_size}; "
-        f"variant flags: {', '.join(variant) or 'none (plain EAGLE-3)'}",
+        f"method: {method_label(cfg)}",
         markup=False,
         soft_wrap=True,
     )
@@ -175,7 +174,7 @@ def print_files_without_target(console, checkpoint: str) -> None:
     (`checkpoint.draft_tensors` on `layouts.config_without_target`: a name that matches no parameter,
     a parameter not in the file or a wrong shape raises CheckpointError, as `load_draft` does), the
     aux ids as config.json writes them (no reading: that needs the target's layer count and class),
-    and what --target adds."""
+    the method its norm flags name (`draft_config.method_label`), and what --target adds."""
     from specdraft.checkpoint import (
         describe_layout,
         detect_layout,
@@ -183,7 +182,8 @@ def print_files_without_target(console, checkpoint: str) -> None:
         read_config,
         read_weights,
     )
-    from specdraft.checkpoint.config_read import config_without_target
+    from specdraft.checkpoint.config_read import config_without_target, norm_flags_of_config
+    from specdraft.draft_config import method_label
 
     path = Path(checkpoint)
     config, (tensors, files), layout = read_config(path), read_weights(path), detect_layout(path)
@@ -195,10 +195,11 @@ def print_files_without_target(console, checkpoint: str) -> None:
     console.print(tensor_table(tensors, f"tensors of {files.entry.name}"))
     for line in (
         written_aux_ids_line(config),
+        f"method: {method_label(norm_flags_of_config(path, config))} (config.json's norm flags)",
         f"keys: every tensor of {files.entry.name} is one the {layout} layout loads, every parameter "
         "is in the file, shapes as config.json says (specdraft's loader checks)",
         "--target DIR would add: the aux layers as specdraft indices (read by the target's layer count "
-        "and class), the drafter's sizes and variant flags, and the audit (d2t / t2d, finite values; "
+        "and class), the drafter's sizes, and the audit (d2t / t2d, finite values; "
         "not run)",
     ):
         console.print(line, markup=False, soft_wrap=True)

@@ -61,6 +61,7 @@ def stage_settings(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
             "lr": cfg.lr,
             "ttt_steps": cfg.ttt_steps,
             "seed": cfg.seed,
+            "method": cfg.method,
         },
     }
 
@@ -69,6 +70,7 @@ HASHED = ("data_sha256", "chat_template_sha256")  # said as "changed", not as tw
 FLAG_NAMES = {
     "num_train": "--num-train",
     "train_steps": "--train-steps",
+    "method": "--method",
     "target": "--target",
     "data_sha256": "--data (its content)",
     "chat_template_sha256": "--chat-template (its content)",
@@ -138,6 +140,8 @@ def redo_from_record(out: Path, new: dict[str, dict[str, Any]]) -> tuple[str | N
             old = json.loads(record.read_text()).get("stages") or {}
         except (OSError, json.JSONDecodeError, AttributeError):
             old = {}
+        if isinstance(old.get("train"), dict):  # recorded before --method: all trained eagle3
+            old["train"].setdefault("method", "eagle3")
         return stages_to_redo(old, new)
     if (out / "data" / "train.txt").exists() and (out / "data" / "heldout.txt").exists():
         return "data", [f"no {SETTINGS_FILE} records the settings they were made with"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from specdraft.draft_config import EAGLE3_METHODS
 from specdraft.errors import UnusableInput
 from specdraft.machine_load import DEFAULT_THREADS
 
@@ -23,7 +24,8 @@ class DemoConfig:
     `chat_template` (a Jinja file, `data.template`), JSONL chats rendered with it at every stage.
     prompt_tokens: prompt length cut from each document; max_new_tokens: continuation length
     (regeneration and the generation benchmark). num_train / num_heldout: documents used.
-    train_steps, batch_size, lr: drafter training. sweep_steps: chain depths measured.
+    train_steps, batch_size, lr: drafter training; method: an EAGLE-3 method of `specdraft train
+    --method` (`draft_config.EAGLE3_METHODS`: eagle3, eagle3.1). sweep_steps: chain depths measured.
     timing_repeats: rounds in which every setting and plain decoding are each timed once;
     min_speedup: the median speedup over plain decoding a recommended setting needs (it must
     also be faster in three rounds of four: lower quartile > 1x; else the report recommends none).
@@ -45,6 +47,7 @@ class DemoConfig:
     seed: int = 0
     sweep_steps: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     tree: tuple[int, int, int] = (4, 2, 8)  # num_steps, topk, num_draft_tokens
+    method: str = "eagle3"  # an EAGLE3_METHODS key (train --method)
     threads: int = DEFAULT_THREADS  # CPU threads torch uses (and the printed try: / serve: lines)
     timing_repeats: int = 5  # timed passes per setting, taking turns with plain decoding
     min_speedup: float = (
@@ -72,6 +75,11 @@ class DemoConfig:
         if not self.sweep_steps or min(self.sweep_steps) < 1:
             raise UnusableInput(
                 f"sweep_steps {self.sweep_steps}: need at least one chain depth, each >= 1"
+            )
+        if self.method not in EAGLE3_METHODS:
+            raise UnusableInput(
+                f"--method {self.method!r}: the demo trains {' or '.join(EAGLE3_METHODS)} (what "
+                "its generation, export and doctor stages read)"
             )
         if self.timing_repeats < 1:
             raise UnusableInput(f"timing_repeats {self.timing_repeats}: must be at least 1")

@@ -224,6 +224,12 @@ def doctor_line(report: DemoReport) -> str:
     )
 
 
+def method_prefix(drafter: dict) -> str:
+    """ "eagle3.1 (fc_norm, norm_output), ": the drafter's method before its training figures
+    ("" for a report that records none)."""
+    return f"{drafter['method']}, " if drafter.get("method") else ""
+
+
 def summary(report: DemoReport, out: Path) -> str:
     """What `specdraft demo` prints when it is done: the speculative-decoding section of
     report.md, then where the drafter, the report and the plots are."""
@@ -291,7 +297,8 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         "",
         *(
             [
-                f"Drafter: {report.drafter['steps']} optimizer steps (batch {report.drafter.get('batch_size', '?')}) "
+                f"Drafter: {method_prefix(report.drafter)}{report.drafter['steps']} optimizer "
+                f"steps (batch {report.drafter.get('batch_size', '?')}) "
                 f"on {report.drafter.get('num_train', '?')} training documents.",
                 "",
             ]

@@ -23,6 +23,7 @@ from specdraft.demo.report import (
     verdict_text,
     write_report,
 )
+from specdraft.draft_config import method_flags, method_label
 from specdraft.errors import UnusableInput
 
 Say = Callable[[str], None]
@@ -51,7 +52,9 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     }
     draft_dir, training = stages.stage_train(cfg, stores["train"], target_dir, say)
     report = drafter_report(cfg, target_dir, aux_layers, draft_dir, training)
-    say(f"drafter: {training.get('steps')} optimizer steps, at {draft_dir}")
+    say(
+        f"drafter: {report.drafter['method']}, {training.get('steps')} optimizer steps, at {draft_dir}"
+    )
     say("speculative generation vs plain decoding on held-out prompts")
     prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens, cfg.chat_template)
     report.prompts_file = str(write_tune_prompts(target_dir, prompts, heldout_file.parent))
@@ -76,7 +79,8 @@ def drafter_report(
     draft_dir: Path,
     training: dict[str, Any],
 ) -> DemoReport:
-    """The report so far: the target, the drafter and its training record (`stage_train`'s)."""
+    """The report so far: the target, the drafter (its method: `draft_config.method_label`) and its
+    training record (`stage_train`'s)."""
     return DemoReport(
         target=str(target_dir),
         aux_layers=aux_layers,
@@ -86,6 +90,7 @@ def drafter_report(
         chat_template=str(cfg.chat_template) if cfg.chat_template is not None else None,
         drafter={
             "dir": str(draft_dir),
+            "method": method_label(method_flags(cfg.method)),
             "steps": training.get("steps"),
             "num_train": cfg.num_train,
             "batch_size": (training.get("config") or {}).get("batch_size"),

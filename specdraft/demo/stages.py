@@ -216,6 +216,7 @@ def stage_train(
         batch_size=batch_size,
         max_length=cfg.max_length,
         ttt_steps=cfg.ttt_steps,
+        method=cfg.method,
         val_fraction=VAL_FRACTION,
         seed=cfg.seed,
         eval_every=max(cfg.train_steps // 4, 1),

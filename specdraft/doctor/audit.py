@@ -16,6 +16,7 @@ from specdraft.checkpoint import (
     has_manifest,
     usable_vocab,
 )
+from specdraft.checkpoint.config_read import config_from_files
 from specdraft.conventions.engines import DraftLoading, loading_label
 from specdraft.data.vocab import validate_vocab_map
 from specdraft.doctor.evidence import Evidence
@@ -132,10 +133,13 @@ def _target_text(record: dict) -> str:
 
 def specdraft_loads(ev: Evidence) -> Result:
     """specdraft's own loader reads the files, by the very rule `checkpoint.load_draft` applies
-    (`detect_layout`: a draft architecture specdraft implements; `draft_tensors`: every name a
+    (`detect_layout`: a draft architecture specdraft implements; with a manifest,
+    `config_from_files`: config.json's norm flags those trained; `draft_tensors`: every name a
     parameter, every parameter filled, the shapes), so doctor and the loader never disagree."""
     try:
         layout = detect_layout(ev.path)
+        if ev.manifest is not None:  # config.json against training's, as the loader reads both
+            config_from_files(ev.path, layout, ev.config, ev.manifest, None)
         tensors, file = ev.tensors, ev.weights_file
         draft_tensors(ev.shape_config, tensors, layout, file)
     except Broken as e:

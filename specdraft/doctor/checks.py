@@ -2,7 +2,9 @@
 
 One function per verification rule, each named for what it verifies (`verdict.Result`):
 - `audit.py`: the checkpoint's own files (target identity, tensor names, shapes, vocab map);
-- `lint.py`: the config as each engine reads it; `launch.py`: the serving command line;
+- `lint.py`: the config as each engine reads it; `norms.py`: the norms the engine applies
+  against training's (the method, EAGLE-3.1's fc_norm + norm_output); `launch.py`: the serving
+  command line;
   `rope.py`: the rope the engines build;
 - `parity.py`: serving feeds what training did (tokenizer, chat template, aux width);
 - `acceptance.py`: acceptance offline, per chain step and on a live server.
@@ -37,6 +39,7 @@ from specdraft.doctor.lint import (
     lm_head_untied,
     variant_flags_implemented,
 )
+from specdraft.doctor.norms import norms_as_trained
 from specdraft.doctor.parity import (
     aux_width_on_target,
     chat_template_matches_manifest,
@@ -59,6 +62,7 @@ CHECKS = (
     launch_names_these_models,
     speculative_settings_valid,
     variant_flags_implemented,
+    norms_as_trained,
     draft_vocab_size_declared,
     lm_head_untied,
     embedding_and_head_as_trained,

@@ -15,6 +15,7 @@ from specdraft.conventions.engines import flag_refusal, sglang_embedding
 from specdraft.doctor.evidence import Evidence, Unreadable
 from specdraft.doctor.file_evidence import Unavailable
 from specdraft.doctor.verdict import NUM_AUX, Result, engine_name, fail, ok
+from specdraft.draft_config import method_label
 
 
 def fc_width_matches_aux(ev: Evidence) -> Result:
@@ -175,7 +176,9 @@ def variant_flags_implemented(ev: Evidence) -> Result:
     named = ", ".join(f"{name} true" for name, on in flags.items() if on)
     if named:
         engines = " and ".join(engine_name(engine) for engine in ev.engines)
-        return ok(f"{named}: implemented by {engines} and specdraft's drafter")
+        return ok(
+            f"{named}: implemented by {engines} and specdraft's drafter ({method_label(flags)})"
+        )
     residual = "absent: false for official configs" if value is None else json.dumps(value)
     return ok(f"no variant flag set (norm_before_residual {residual}): the plain EAGLE-3 drafter")
 

@@ -8,7 +8,7 @@ from specdraft.conventions.engines import (
     SPECULATORS_EXCLUSIVE_FLAGS,
     flag_refusal,
 )
-from specdraft.draft_config import NORM_FLAGS, DraftConfig
+from specdraft.draft_config import NORM_FLAGS, DraftConfig, method_label
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
 from specdraft.errors import SpecdraftError
 from specdraft.export.target_facts import TargetFacts
@@ -115,8 +115,8 @@ def check_norm_flags(engine: str, cfg: DraftConfig, sglang_version: str | None =
     ]
     if reasons:
         raise ExportError(
-            f"cannot export for {engine}: {'; '.join(reasons)}; this drafter was trained with it "
-            "(serve it with vLLM: --engine vllm)"
+            f"cannot export this {method_label(cfg)} drafter for {engine}: {'; '.join(reasons)}; "
+            "it was trained with it (serve it with vLLM: --engine vllm)"
         )
     if engine == "speculators" and all(name in set_flags for name in SPECULATORS_EXCLUSIVE_FLAGS):
         raise ExportError(

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from specdraft.checkpoint import checkpoint_paths
-from specdraft.draft_config import DraftConfig
+from specdraft.draft_config import DraftConfig, method_flags
 from specdraft.errors import SettingsMismatch, SpecdraftError, UnusableInput
 from specdraft.files import differing_fields
 from specdraft.train.run_dir import check_run_dir, checkpoint_config
@@ -86,14 +86,14 @@ def resume_config(out_dir: str | Path, given: dict[str, Any]) -> TrainConfig:
 
 
 def draft_config(config: TrainConfig, info: TargetInfo) -> DraftConfig:
-    """The drafter's config for `info`'s target (`DraftConfig.from_target`, `draft_overrides`
-    over it). The draft vocabulary defaults to the usable one: the tokenizer's length
+    """The EAGLE-3 drafter's config for `info`'s target (`DraftConfig.from_target`, the norm flags
+    of `config.method`, `draft_overrides` over both). The draft vocabulary defaults to the usable one: the tokenizer's length
     (`info.vocab_limit`; a target's vocab_size may pad past it), else the target's vocabulary."""
     return DraftConfig.from_target(
         info.config,
         info.aux_layers,
         config.draft_vocab_size or info.vocab_limit,
-        **config.draft_overrides,
+        **{**method_flags(config.method), **config.draft_overrides},
     )
 
 
@@ -104,7 +104,7 @@ def resolved_config(config: TrainConfig, info: TargetInfo) -> TrainConfig:
     compares on resume these values, so that re-passing a default's value is no change. Raises
     DraftError as `DraftConfig.from_target`."""
     vocab = config.draft_vocab_size
-    if config.method == "eagle3":
+    if config.method != "dflash":
         vocab = draft_config(config, info).draft_vocab_size
     return replace(config, draft_vocab_size=vocab, aux_layers=tuple(info.aux_layers))
 

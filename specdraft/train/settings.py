@@ -11,11 +11,13 @@ import math
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any
 
+from specdraft.draft_config import EAGLE3_METHODS, NORM_FLAGS, method_flags
 from specdraft.errors import UnusableInput, closest_name
 
 PRECISIONS = ("fp32", "bf16")
-# The drafting methods `specdraft train --method` trains (EAGLE-3 the default).
-METHODS = ("eagle3", "dflash")
+# The drafting methods `specdraft train --method` trains (EAGLE-3 the default): the EAGLE-3 ones
+# (`draft_config.EAGLE3_METHODS`, a norm placement each) and DFlash.
+METHODS = (*EAGLE3_METHODS, "dflash")
 
 # How a resumed run treats a setting (`config.refuse_changed_settings`):
 MATCH = "match"  # it shapes the weights: it must be the checkpoint's
@@ -97,7 +99,9 @@ class TrainConfig:
     # method
     method: str = setting(
         "eagle3",
-        "Drafter to train: eagle3 (TTT unroll) or dflash (block drafter, block-wise loss).",
+        "Drafter to train: eagle3 (TTT unroll), eagle3.1 (EAGLE-3 with a norm on each aux state "
+        "before fc and the post-norm state fed back: fc_norm, norm_output) or dflash (block "
+        "drafter, block-wise loss).",
         flag="--method",
         choices=METHODS,
     )
@@ -194,11 +198,29 @@ class TrainConfig:
             raise UnusableInput(
                 f"{flag('method')} {self.method!r}: choose one of {', '.join(METHODS)}"
             )
+        self._check_method_flags()
         if self.block_size < 2:
             raise UnusableInput(f"{flag('block_size')} {self.block_size}: must be at least 2")
         if self.loss_decay_gamma is not None and not self.loss_decay_gamma > 0:
             raise UnusableInput(
                 f"{flag('loss_decay_gamma')} {self.loss_decay_gamma}: must be positive (or null)"
+            )
+
+    def _check_method_flags(self) -> None:
+        """UnusableInput for draft_overrides that change the norm flags an EAGLE-3 method other
+        than plain eagle3 defines (`draft_config.EAGLE3_METHODS`); plain eagle3 takes any."""
+        if self.method not in EAGLE3_METHODS or self.method == "eagle3":
+            return
+        flags = method_flags(self.method)
+        changed = {
+            k: v for k, v in self.draft_overrides.items() if k in NORM_FLAGS and v != flags[k]
+        }
+        if changed:
+            named = ", ".join(EAGLE3_METHODS[self.method])
+            raise UnusableInput(
+                f"{flag('method')} {self.method} sets {named} and no other norm flag; "
+                f"draft_overrides {changed} changes that: drop them, or train --method eagle3 "
+                "with draft_overrides for another variant"
             )
 
     def _check_run_length(self) -> None:

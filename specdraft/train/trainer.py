@@ -318,7 +318,7 @@ class Trainer(TrainerState):
         masks = (b["loss_mask"] for b in batches)
         labelled = int(self.ranks.sum(sum(draft_loss_mask(m, 0).sum() for m in masks)))
         head = f"step {self.step}: batch of samples {sample_ids} has no supervised position"
-        if labelled == 0 or self.config.method != "eagle3":
+        if labelled == 0 or self.config.method == "dflash":
             return (
                 f"{head} (no label in an assistant turn); check the loss mask / chat template "
                 f"or drop these samples"

@@ -25,7 +25,7 @@ CHOICES = [
     ("convert", "--layout", ("sglang", "speculators", "specdraft")),
     ("generate", "--dtype", ENGINE_DTYPES),
     ("train", "--precision", ("fp32", "bf16")),
-    ("train", "--method", ("eagle3", "dflash")),
+    ("train", "--method", ("eagle3", "eagle3.1", "dflash")),
     ("train", "--target-dtype", DTYPE_NAMES),
     ("export", "--engine", ("sglang", "vllm", "speculators")),
     ("export", "--dtype", DTYPE_NAMES),

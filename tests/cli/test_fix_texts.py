@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from specdraft.checkpoint import convert_draft
 from specdraft.doctor import run_doctor
 from tests.support.cli import cli_args, flat, invoke
 from tests.support.doctor_helpers import draft_checkpoint, edit_config, one_thread  # noqa: F401
@@ -96,14 +97,22 @@ def test_doctor_command_on_a_deepseek_target_draws_no_loading_bar(tmp_path):
     assert hf_logging.is_progress_bar_enabled()  # the user's setting comes back after the command
 
 
-def test_inspect_names_the_drafters_variant_flags(tmp_path):
-    """The summary says which EAGLE-3 variant the drafter is (its norm flags), or that it is the plain one."""
+def test_inspect_names_the_drafters_method(tmp_path):
+    """The summary says which method the drafter is (eagle3, eagle3.1: its norm flags), or which
+    other EAGLE-3 variant."""
     plain, _ = draft_checkpoint(tmp_path / "plain")
     variant, _ = draft_checkpoint(
         tmp_path / "variant", draft_kw={"norm_before_residual": True, "norm_output": True}
     )
-    assert "variant flags: none (plain EAGLE-3)" in flat(invoke(["inspect", str(plain)]).output)
+    eagle31, _ = draft_checkpoint(tmp_path / "e31", draft_kw={"fc_norm": True, "norm_output": True})
+    assert "method: eagle3 (no norm flag)" in flat(invoke(["inspect", str(plain)]).output)
+    assert "method: eagle3.1 (fc_norm, norm_output)" in flat(
+        invoke(["inspect", str(eagle31)]).output
+    )
     result = invoke(["inspect", str(variant)])
-    assert result.exit_code == 0 and "variant flags: norm_before_residual, norm_output" in flat(
-        result.output
+    assert result.exit_code == 0 and (
+        "method: EAGLE-3 variant (norm_before_residual, norm_output)" in flat(result.output)
     ), result.output
+    convert_draft(eagle31, tmp_path / "bare", layout="sglang", target_num_layers=5)  # no manifest
+    bare = flat(invoke(["inspect", str(tmp_path / "bare")]).output)  # no --target: the files alone
+    assert "method: eagle3.1 (fc_norm, norm_output) (config.json's norm flags)" in bare, bare

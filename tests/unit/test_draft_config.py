@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from specdraft.draft_config import DraftConfig, DraftError
+from specdraft.draft_config import DraftConfig, DraftError, method_flags, method_label, method_of
 from tests.support.tiny_models import _dense_kwargs
 
 
@@ -35,3 +35,37 @@ def test_the_target_s_values_stand_where_nothing_overrides_them():
     assert (cfg.hidden_size, cfg.target_hidden_size, cfg.num_attention_heads) == (16, 32, 2)
     assert cfg.head_dim == 32 // target.num_attention_heads  # the target's, as before
     assert cfg.num_key_value_heads == target.num_key_value_heads
+
+
+@pytest.mark.parametrize(
+    ("flags", "method", "label"),
+    [
+        ({}, "eagle3", "eagle3 (no norm flag)"),
+        ({"fc_norm": True, "norm_output": True}, "eagle3.1", "eagle3.1 (fc_norm, norm_output)"),
+        ({"fc_norm": True}, None, "EAGLE-3 variant (fc_norm)"),
+        (
+            {"norm_before_residual": True, "fc_norm": True, "norm_output": True},
+            None,
+            "EAGLE-3 variant (norm_before_residual, fc_norm, norm_output)",
+        ),
+    ],
+)
+def test_a_drafters_method_is_named_by_its_norm_flags(flags, method, label):
+    """EAGLE-3.1 is exactly fc_norm + norm_output (SpecForge's qwen3-30B-A3B-eagle3.1.json,
+    speculators' Eagle3SpeculatorConfig); a DraftConfig and a config dict read alike."""
+    cfg = DraftConfig.from_target(
+        {
+            "hidden_size": 32,
+            "num_attention_heads": 4,
+            "intermediate_size": 64,
+            "vocab_size": 128,
+            "num_hidden_layers": 5,
+            "max_position_embeddings": 64,
+        },
+        (2, 3, 4),
+        **flags,
+    )
+    assert method_of(cfg) == method_of(flags) == method
+    assert method_label(cfg) == method_label(flags) == label
+    if method:
+        assert {k: v for k, v in method_flags(method).items() if v} == flags

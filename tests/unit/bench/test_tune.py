@@ -119,6 +119,7 @@ def test_tune_cli(tmp_path):
     assert (
         "current: steps 3, topk 1, draft tokens 4" in result.output and "SGLang:" in result.output
     )
+    assert f"drafter {draft}: eagle3 (no norm flag)" in result.output  # the drafter's method
     data = json.loads((tmp_path / "tune.json").read_text())
     assert data["current"]["num_steps"] == 3 and set(data["probes"]) == {"1", "2"}
     bad = CliRunner().invoke(

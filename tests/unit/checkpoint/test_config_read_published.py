@@ -28,7 +28,7 @@ from specdraft.checkpoint import (
     write_safetensors,
 )
 from specdraft.checkpoint.config_read import norm_flags_of_config
-from specdraft.draft_config import DraftConfig
+from specdraft.draft_config import DraftConfig, method_label
 from specdraft.export import export_draft
 from specdraft.targets.config import TARGET_CLASSES
 from tests.support.drafts import seeded_draft
@@ -269,3 +269,21 @@ def test_the_eagle3_trainer_config_reads_as_vllm_reads_it_and_says_what_sglang_b
     assert "names a plain model, not an EAGLE-3 drafter" in message
     assert 'set "architectures": ["LlamaForCausalLMEagle3"] in config.json' in message
     assert "conventions" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("file", "label"),
+    [
+        ("specforge-qwen3-30B-A3B-eagle3.1.json", "eagle3.1 (fc_norm, norm_output)"),
+        ("specforge-llama3-8B-eagle3.json", "eagle3 (no norm flag)"),
+        (
+            "speculators-0.9.0-trainer-llama3-8b.json",
+            "EAGLE-3 variant (norm_before_residual, norm_before_fc, norm_output)",
+        ),
+    ],
+)
+def test_a_published_configs_norm_flags_name_its_method(tmp_path, file, label):
+    """SpecForge's EAGLE-3.1 config is what --method eagle3.1 trains (`draft_config.EAGLE3_METHODS`
+    was read from it); speculators' trainer default is another variant (gpt-oss's norm_before_fc)."""
+    config = json.loads((FIXTURES / file).read_text())
+    assert method_label(norm_flags_of_config(tmp_path, config)) == label

@@ -219,6 +219,9 @@ def test_the_report_states_the_drafters_training_steps(tmp_path):
     report = sweep_report(sweep, sweep[0], verdict="v", drafter=drafter)
     text = report_markdown(report, DemoConfig(out=tmp_path))
     assert "Drafter: 200 optimizer steps (batch 8) on 800 training documents." in text
+    report.drafter["method"] = "eagle3.1 (fc_norm, norm_output)"  # run.drafter_report's
+    text = report_markdown(report, DemoConfig(out=tmp_path))
+    assert "Drafter: eagle3.1 (fc_norm, norm_output), 200 optimizer steps (batch 8)" in text
 
 
 def test_the_drafter_path_is_as_given_under_out_on_the_first_run_and_a_rerun(tmp_path, monkeypatch):

@@ -146,3 +146,23 @@ def test_the_doctor_line_names_failed_checks_and_lint():
         "1 skipped; failed: acceptance (held-out), lint vllm: keys (report.md has the "
         "evidence)"
     )
+
+
+def test_an_eagle31_demo_trains_exports_and_passes_the_norms_check(tmp_path):
+    """--method eagle3.1 end to end: the drafter line names the method, every export carries its
+    norms, and doctor's lint of the SGLang and vLLM exports passes norms_as_trained."""
+    import json
+    from dataclasses import replace
+
+    cfg = replace(tiny_demo(tmp_path), method="eagle3.1")
+    said = io.StringIO()
+    report = run_demo(cfg, Console(file=said, width=400))
+    assert "drafter: eagle3.1 (fc_norm, norm_output), 2 optimizer steps, at " in said.getvalue()
+    for engine in ("vllm", "sglang", "speculators"):
+        config = json.loads((cfg.out / "export" / engine / "config.json").read_text())
+        assert config["fc_norm"] is True and config["norm_output"] is True, engine
+    for engine in ("sglang", "vllm"):
+        [norms] = [f for f in report.lint[engine] if f["check"] == "norms_as_trained"]
+        assert norms["verdict"] == "pass" and norms["evidence"].startswith(
+            "trained as eagle3.1 (fc_norm, norm_output); "
+        ), norms

@@ -65,7 +65,7 @@ def test_a_drafter_without_fc_weight_fails_without_target(bare, tmp_path):
 def test_strict_fails_on_a_skip(bare):
     assert invoke(["doctor", str(bare)]).exit_code == 0
     strict = invoke(["doctor", str(bare), "--strict"])
-    assert strict.exit_code == 1 and "--strict: 13 checks skipped" in flat(strict.output), (
+    assert strict.exit_code == 1 and "--strict: 14 checks skipped" in flat(strict.output), (
         strict.output
     )
     as_json = invoke(["doctor", str(bare), "--strict", "--json"])

@@ -52,7 +52,8 @@ def test_doctor_fails_a_flag_the_checked_engine_does_not_implement(tmp_path):
         "variant_flags_implemented"
     )
     assert for_vllm.verdict == "pass" and for_vllm.evidence == (
-        "norm_before_residual true, norm_output true: implemented by vLLM and specdraft's drafter"
+        "norm_before_residual true, norm_output true: implemented by vLLM and specdraft's drafter "
+        "(EAGLE-3 variant (norm_before_residual, norm_output))"
     )
     for_sglang = run_doctor(tmp_path / "v", target=target, engine="sglang").finding(
         "variant_flags_implemented"
@@ -111,3 +112,41 @@ def test_an_sglang_release_older_than_a_flag_is_refused_by_export_and_failed_by_
     assert finding(new).verdict == "pass"
     failed = finding(old)
     assert failed.verdict == "fail" and f"SGLang {old} does not implement {flag}" in failed.evidence
+
+
+def test_an_eagle31_drafter_exports_to_each_engine_under_eagle3(tmp_path):
+    """--method eagle3.1's drafter (fc_norm + norm_output): each engine gets both keys top-level,
+    norm_before_residual false, and is served under its EAGLE-3 method (vLLM `method: eagle3`,
+    SGLang EAGLE3; speculators_model_type eagle3); the config written names the method."""
+    from specdraft.draft_config import method_flags, method_label
+
+    flags = method_flags("eagle3.1")
+    draft, target = draft_checkpoint(tmp_path / "m", draft_kw={k: v for k, v in flags.items() if v})
+    served = {
+        "sglang": "--speculative-algorithm EAGLE3",
+        "vllm": '"method": "eagle3"',
+        "speculators": "vllm serve",
+    }
+    for engine in EXPORT_ENGINES:
+        result = export_draft(draft, tmp_path / engine, engine=engine, target=target)
+        assert method_label(result.config) == "eagle3.1 (fc_norm, norm_output)"  # export's line
+        assert {k: result.config.get(k, False) for k in NORM_FLAGS} == flags
+        assert served[engine] in result.launch_command
+    assert result.config["speculators_model_type"] == "eagle3"
+
+
+def test_an_eagle31_drafter_is_refused_for_an_sglang_release_without_its_norms(tmp_path):
+    draft, target = draft_checkpoint(
+        tmp_path / "m", draft_kw={"fc_norm": True, "norm_output": True}
+    )
+    with pytest.raises(ExportError) as refused:
+        export_draft(
+            draft, tmp_path / "old", engine="sglang", target=target, sglang_version="0.5.11"
+        )
+    message = str(refused.value)
+    assert message.startswith(
+        "cannot export this eagle3.1 (fc_norm, norm_output) drafter for sglang: SGLang 0.5.11 "
+        "does not implement fc_norm: it reads it from 0.5.12 on"
+    )
+    assert "SGLang 0.5.11 does not implement norm_output" in message and "\n" not in message
+    export_draft(draft, tmp_path / "new", engine="sglang", target=target, sglang_version="0.5.12")

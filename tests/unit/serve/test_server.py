@@ -594,7 +594,8 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
             server=SimpleNamespace(
                 model_name="tiny",
                 engine=SimpleNamespace(
-                    notes=["num_steps 4 > the drafter's 2 training-time-test steps"]
+                    notes=["num_steps 4 > the drafter's 2 training-time-test steps"],
+                    draft=SimpleNamespace(cfg={"fc_norm": True, "norm_output": True}),
                 ),
             )
         )
@@ -622,4 +623,5 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
         assert (
             "note: num_steps 4 > the drafter's 2 training-time-test steps" in result.output
         )  # load_engine's
+        assert "drafter: eagle3.1 (fc_norm, norm_output)\n" in result.output  # its method
     assert served == [("127.0.0.1", 8123)] * 3
