@@ -46,12 +46,13 @@ DEFAULT_CLASSES: dict[str, str] = {
 
 
 # Text config model_type -> target class, the key of the engines' aux-id rules
-# (`conventions.ENGINE_RULES`; one model file per engine). Phi-3 is "llama": SGLang 0.5.23
+# (`conventions.ENGINE_RULES`; one model file per engine). Qwen2/Qwen3 are "qwen": SGLang's
+# qwen2.py captures the embeddings in versions where llama.py cannot. Phi-3 is "llama": SGLang 0.5.23
 # llama.py and vLLM 0.32.0 phi3.py both subclass their LlamaForCausalLM.
 TARGET_CLASSES: dict[str, str] = {
     "llama": "llama",
-    "qwen2": "llama",
-    "qwen3": "llama",
+    "qwen2": "qwen",
+    "qwen3": "qwen",
     "mistral": "llama",
     "phi3": "llama",
     "qwen3_moe": "qwen3_moe",
@@ -64,6 +65,9 @@ TARGET_CLASSES: dict[str, str] = {
     "qwen3_vl_moe_text": "qwen3_vl",
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe_text": "qwen3_5",
+    "gemma4_text": "gemma4",
 }
 
 
