@@ -10,7 +10,7 @@ from typing import Any
 
 from specdraft.bench.speedup import speedup_text, ties_at_top
 from specdraft.demo.config import DemoConfig
-from specdraft.demo.portable import portable_paths, target_line
+from specdraft.demo.portable import copy_chat_template, portable_paths, target_line
 from specdraft.files import atomic_write_text
 from specdraft.machine_load import DEFAULT_THREADS
 
@@ -321,7 +321,7 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         )
     lines += launch_section(report, cfg)
     lines += ["", *[f"![{p}]({p})" for p in report.plots], ""]
-    return portable_paths("\n".join(lines), cfg.out, cfg.target)
+    return portable_paths("\n".join(lines), cfg.out, cfg.target, cfg.chat_template)
 
 
 def launch_section(report: DemoReport, cfg: DemoConfig) -> list[str]:
@@ -354,6 +354,8 @@ def launch_section(report: DemoReport, cfg: DemoConfig) -> list[str]:
 
 def write_report(report: DemoReport, cfg: DemoConfig) -> None:
     """report.json and report.md under cfg.out (report.plots names the plots written before,
-    `plots.write_plots`)."""
+    `plots.write_plots`), and a --chat-template from outside cfg.out copied into it, as report.md
+    names it (`portable.copy_chat_template`)."""
+    copy_chat_template(cfg.chat_template, cfg.out)
     atomic_write_text(cfg.out / "report.json", json.dumps(asdict(report), indent=2, default=str))
     atomic_write_text(cfg.out / "report.md", report_markdown(report, cfg))
