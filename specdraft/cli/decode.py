@@ -33,6 +33,7 @@ from specdraft.cli.options import (
     flag,
 )
 from specdraft.cli.reading import engine_reading, refuse_bad_configs
+from specdraft.demo.config import NUM_HELDOUT
 from specdraft.machine_load import DEFAULT_THREADS
 
 Prompt = Annotated[str, typer.Option(help="Prompt text (tokenized as is, no chat template).")]
@@ -289,7 +290,13 @@ DemoData = Annotated[
     ),
 ]
 TrainSteps = Annotated[int, typer.Option(help="Drafter optimizer steps.")]
-NumTrain = Annotated[int, typer.Option(help="Training documents.")]
+NumTrain = Annotated[
+    int,
+    typer.Option(
+        help=f"Training documents (at least 2). The demo also holds out {NUM_HELDOUT} documents of "
+        f"--data for its timing and doctor, so --data needs --num-train + {NUM_HELDOUT}."
+    ),
+]
 
 
 @app.command()

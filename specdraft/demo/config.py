@@ -8,6 +8,10 @@ from pathlib import Path
 from specdraft.errors import UnusableInput
 from specdraft.machine_load import DEFAULT_THREADS
 
+# --data documents (or chats) held out from training, after a seeded shuffle: the prompts the
+# speculative-generation timing and doctor's held-out store use. --data needs --num-train + this.
+NUM_HELDOUT = 16
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -32,7 +36,7 @@ class DemoConfig:
     prompt_tokens: int = 8
     max_new_tokens: int = 96
     num_train: int = 800
-    num_heldout: int = 16
+    num_heldout: int = NUM_HELDOUT
     train_steps: int = 1000
     batch_size: int = 8
     lr: float = 3e-3
