@@ -8,7 +8,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdraft.bench.speedup import speedup_text, ties_at_top
+from specdraft.bench.speedup import (
+    DECODE_TOKENS_PER_S,
+    WALL_TOKENS_PER_S,
+    speedup_text,
+    ties_at_top,
+)
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.portable import copy_chat_template, portable_paths, target_line
 from specdraft.files import atomic_write_text
@@ -172,9 +177,9 @@ def other_numbers(report: DemoReport) -> list[str]:
     return [
         "",
         "These numbers are specdraft's engine in this process, one request at a time, on the "
-        f"demo's held-out prompts ({report.max_new_tokens} new tokens each, tokens/s counting "
-        "the prefill): "
-        "`specdraft tune` on the same prompts and setting measures the same speedup, while "
+        f"demo's held-out prompts ({report.max_new_tokens} new tokens each; {WALL_TOKENS_PER_S}): "
+        "`specdraft tune` on the same prompts and setting times the same generation but reports "
+        f"{DECODE_TOKENS_PER_S}, so its speedup lies a little further from 1x, while "
         "`specdraft bench` times a server over HTTP, with requests in flight at once and its own "
         "prompts, so its tokens/s and speedups differ.",
         "",
