@@ -54,7 +54,7 @@ from specdraft.draft import Eagle3Draft
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.machine_load import busy_note
-from specdraft.train.progress import counted_progress
+from specdraft.train.progress import counted_progress, status_while
 
 
 def tune(
@@ -76,9 +76,9 @@ def tune(
     bench = bench or Bench(target, draft, prompts, cfg)
     busy = busy_note("the tokens/s above") if bench.device.type == "cpu" else None
     probe_specs, specs = settings_to_try(cfg)
-    costs = Costs(
-        bench.time_verify([1] + [s.num_draft_tokens for s in specs + list(probe_specs.values())])
-    )
+    sizes = [1] + [s.num_draft_tokens for s in specs + list(probe_specs.values())]
+    with counted_progress("tune forward timings", len(set(sizes))) as advance:
+        costs = Costs(bench.time_verify(sizes, advance))
     probes = run_probes(bench, probe_specs, costs, say)
     candidates = {s: Candidate(s, *predict(s, probes[s.topk], costs)) for s in specs}
     ranked = sorted(candidates.values(), key=lambda c: -c.predicted_tps)
@@ -221,5 +221,7 @@ def load_tuned(
     config = given_config(Path(target_dir), TARGET_CONFIG_FIX)
     if config is not None:  # no config.json: left to the loader
         check_target_config(target_dir, config)
-    tokenizer = target_tokenizer(target_dir)
-    return tokenizer, load_engine(target_dir, draft_dir, SpecConfig.chain(cfg.depth), device, dtype)
+    with status_while(f"tune: loading the target {target_dir} and the drafter {draft_dir}"):
+        tokenizer = target_tokenizer(target_dir)
+        engine = load_engine(target_dir, draft_dir, SpecConfig.chain(cfg.depth), device, dtype)
+    return tokenizer, engine
