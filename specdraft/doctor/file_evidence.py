@@ -292,6 +292,12 @@ class FileEvidence:
                 f"no tokenizer in {target} ({type(e).__name__})",
                 "save the target's tokenizer into its directory",
             ) from None
+        if len(tokenizer) <= 1:  # transformers 5 builds some classes (Qwen3.5's) from no file
+            raise Unavailable(
+                f"no tokenizer in {target} (transformers built an empty "
+                f"{type(tokenizer).__name__}: no tokenizer file)",
+                "save the target's tokenizer into its directory",
+            )
         served = self.served_template()
         if served is None:
             return tokenizer

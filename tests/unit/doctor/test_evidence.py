@@ -93,3 +93,7 @@ def test_qwen3_5_and_gemma4_targets_get_engine_rules_in_doctor(tmp_path, config_
     finding = report.finding("aux_ids_read_alike")
     assert finding.verdict == "pass", finding
     assert not [n for n in report.notes if "no engine rule is known" in n]
+    # a target directory without tokenizer files: no tokenizer (transformers builds an empty
+    # Qwen3_5Tokenizer of length 1 from none), not "d2t past the tokenizer's 1 tokens"
+    assert not [f.check for f in report.findings if f.verdict == "fail"]
+    assert report.finding("vocab_map_valid").verdict == "pass"

@@ -71,3 +71,36 @@ def test_a_status_spinner_on_a_terminal_shows_at_once(monkeypatch, capsys):
         pass
     err = capsys.readouterr().err
     assert "doctor: loading the target" in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err)
+
+
+def test_a_terminal_only_status_prints_nothing_off_a_terminal(capsys):
+    """tune's and doctor's import of torch (seconds) shows a spinner on a terminal only: off one a
+    line there could precede a one-line error."""
+    import time
+
+    with status_while("doctor: loading torch and its checks", after_s=0.0, plain=False):
+        time.sleep(0.2)
+    assert capsys.readouterr().err == ""
+
+
+def test_tune_and_doctor_show_a_spinner_while_importing_on_a_terminal(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import specdraft.bench.tune
+    from specdraft.bench.config import BenchInputError
+    from specdraft.cli import app
+
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+
+    def refuse(*args, **kwargs):
+        raise BenchInputError("stop here")
+
+    monkeypatch.setattr(specdraft.bench.tune, "tune_paths", refuse)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text("{}")
+    (tmp_path / "d").mkdir()
+    args = ["tune", "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d")]
+    result = CliRunner().invoke(app, args)
+    assert "tune: loading torch and the engine" in result.output
+    doctor = CliRunner().invoke(app, ["doctor", str(tmp_path / "d")])
+    assert "doctor: loading torch and its checks" in doctor.output
