@@ -100,6 +100,16 @@ def target_class_of(architecture: str | None, text_model_type: str) -> str | Non
     return _WRAPPER_CLASSES.get(architecture or "") or TARGET_CLASSES.get(text_model_type)
 
 
+def recorded_target_class(target: dict[str, Any]) -> str | None:
+    """The rule class of a target as a manifest or capture store records it (`architecture`,
+    `target_class`): from the architecture where it names a class (a wrapper, or a model_type's
+    default class: records written before the "qwen" class say "llama" for Qwen2 / Qwen3), else
+    the recorded class; None when neither."""
+    architecture = target.get("architecture") or ""
+    model_type = {c: m for m, c in DEFAULT_CLASSES.items()}.get(architecture, "")
+    return target_class_of(architecture, model_type) or target.get("target_class")
+
+
 # Config fields that say how or where a config was saved or run, not what the network is.
 _VOLATILE_CONFIG_KEYS = frozenset(
     {
