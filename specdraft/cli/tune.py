@@ -12,7 +12,6 @@ from specdraft.cli.common import OptionError, app, make_console, set_threads, us
 from specdraft.cli.engine_setting import current_setting, engine_dtype
 from specdraft.cli.options import EngineDevice, EngineDtypeOption, TargetDir, Threads, TuneDraft
 from specdraft.machine_load import DEFAULT_THREADS
-from specdraft.train.progress import status_while
 
 TunePrompts = Annotated[
     str,
@@ -120,6 +119,8 @@ def tune(
 def _run_tune(console, target: str, draft: str, prompts: str, suite: str, cfg, device: str, dtype):
     """tune on --suite's chats (`bench.tune_suite.tune_suite_paths`: report, rows per category,
     the suite) or on --prompts (`bench.tune.tune_paths`: report, no rows, no suite)."""
+    from specdraft.train.progress import status_while
+
     with status_while("tune: loading torch and the engine", plain=False):  # torch, transformers
         from specdraft.bench.tune import tune_paths
 

