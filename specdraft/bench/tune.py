@@ -15,7 +15,8 @@ over T tokens after a prefix, timed directly for every T a candidate needs; t_dr
 t_round(k) = slope and intercept of a round's time beyond t_verify against its steps, through
 the deep probe and a 1-step probe of the same topk (`tune_model.calibrate`: a round's fixed
 drafting cost is not spread over the deep probe's steps); t_plain likewise from the plain run.
-Speeds are `speedup.DECODE_TOKENS_PER_S`: tokens after each request's first / time after its prefill.
+Speeds are `speedup.DECODE_TOKENS_PER_S`: tokens after each request's first / time after its
+prefill.
 The `num_measure` best predictions, the best chain and the current setting are run for real,
 each once per round with plain decoding in `repeats` rounds (order rotated each round), and
 recommended by the rule `specdraft demo` uses (`specdraft.bench.speedup`): a median same-round

@@ -17,8 +17,9 @@ from specdraft.errors import SpecdraftError
 
 ENGINES = ("sglang", "vllm", "speculators")
 # The engines' rule classes (`specdraft.targets.config.target_class_of` maps a transformers class to one):
-# llama: Llama/Mistral/Phi-3; qwen: Qwen2/Qwen3/Qwen2.5-VL's text model; deepseek: DeepSeek-V2/V3 and Kimi-K2.5's wrapper;
-# llava: Llava and Mistral3 wrappers over a Llama-family text model; the rest one class each.
+# llama: Llama/Mistral/Phi-3; qwen: Qwen2/Qwen3/Qwen2.5-VL's text model; deepseek: DeepSeek-V2/V3
+# and Kimi-K2.5's wrapper; llava: Llava and Mistral3 wrappers over a Llama-family text model; the
+# rest one class each.
 _CLASS_NAMES = {
     "llama": "Llama",
     "qwen": "Qwen2/Qwen3",

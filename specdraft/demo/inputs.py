@@ -215,5 +215,6 @@ def check_chats(cfg: DemoConfig, source: Path) -> None:
     if num_chats < need:
         raise UnusableInput(
             f"--data {source} holds {num_chats} chat(s); the demo needs {need} (--num-train "
-            f"{cfg.num_train} + {cfg.num_heldout} held out): {more_data_fix(num_chats, cfg, 'chats')}"
+            f"{cfg.num_train} + {cfg.num_heldout} held out): "
+            + more_data_fix(num_chats, cfg, "chats")
         )

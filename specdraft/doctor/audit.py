@@ -184,7 +184,8 @@ def keys_match_engine(ev: Evidence) -> Result:
             "; ".join(problems + passes),
             "; ".join(
                 [
-                    f"{export_command(ev, failing[0])} (writes the engine's names, proven bit-identical)"
+                    f"{export_command(ev, failing[0])} (writes the engine's names, proven "
+                    "bit-identical)"
                 ]
                 + fixes
             ),

@@ -48,8 +48,8 @@ DEFAULT_CLASSES: dict[str, str] = {
 
 # Text config model_type -> target class, the key of the engines' aux-id rules
 # (`conventions.ENGINE_RULES`; one model file per engine). Qwen2/Qwen3 are "qwen": SGLang's
-# qwen2.py captures the embeddings in versions where llama.py cannot. Phi-3 is "llama": SGLang 0.5.23
-# llama.py and vLLM 0.32.0 phi3.py both subclass their LlamaForCausalLM.
+# qwen2.py captures the embeddings in versions where llama.py cannot. Phi-3 is "llama": SGLang
+# 0.5.23 llama.py and vLLM 0.32.0 phi3.py both subclass their LlamaForCausalLM.
 TARGET_CLASSES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "qwen",

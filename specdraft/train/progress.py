@@ -127,10 +127,10 @@ def training_progress(
 def status_while(text: str, after_s: float | None = None, plain: bool = True) -> Iterator[None]:
     """Say on stderr what a stage without a count (loading a model, reading a target) is doing:
     rich's spinner with `text` on a terminal, cleared when the stage ends; elsewhere one plain
-    line "`text` ..." once the stage has run `after_s` (STATUS_AFTER_S) seconds, none for one that ends or
-    fails sooner (so a refused input stays one error line); no plain line when not `plain` (a
-    stage whose error may follow it, such as importing a command's modules). Not around a
-    `counted_progress` stage on a terminal: rich shows one live display at a time."""
+    line "`text` ..." once the stage has run `after_s` (STATUS_AFTER_S) seconds, none for one
+    that ends or fails sooner (so a refused input stays one error line); no plain line when not
+    `plain` (a stage whose error may follow it, such as importing a command's modules). Not
+    around a `counted_progress` stage on a terminal: rich shows one live display at a time."""
     from rich.console import Console
 
     console = Console(stderr=True)
