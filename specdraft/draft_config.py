@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from specdraft.conventions.config_reads import LEGACY_ROPE_TYPES
 from specdraft.errors import SpecdraftError
 
 
@@ -227,6 +228,8 @@ def rope_from_hf_config(get: Any) -> tuple[float, dict[str, Any] | None]:
     """Read (rope_theta, rope_scaling) from a transformers config accessor `get(key, default)`.
 
     transformers 5 stores both in `rope_parameters`; older configs use the two top-level keys.
+    A legacy type the engines read as another (Qwen2.5-VL's "mrope" with mrope_section: plain
+    rope, `conventions.config_reads.LEGACY_ROPE_TYPES`) is read as they read it.
     """
     params = get("rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params:
@@ -236,6 +239,9 @@ def rope_from_hf_config(get: Any) -> tuple[float, dict[str, Any] | None]:
             return theta, None
         return theta, scaling
     scaling = get("rope_scaling", None)
+    legacy = scaling and "rope_type" not in scaling and "mrope_section" in scaling
+    if legacy and scaling.get("type") in LEGACY_ROPE_TYPES:  # Qwen2.5-VL's "mrope": the engines'
+        scaling = {**scaling, "type": LEGACY_ROPE_TYPES[scaling["type"]]}  # reading (config_reads)
     if scaling and scaling.get("rope_type", scaling.get("type", "default")) == "default":
         scaling = None
     if scaling and "rope_type" not in scaling:

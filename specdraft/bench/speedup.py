@@ -15,6 +15,13 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+# What the in-process timings divide, worded once for every report that prints them: the demo's
+# (`demo.generation.generation_pass`) and tune's (`tune_model.decode_tokens_per_s`).
+WALL_TOKENS_PER_S = "tokens/s: every new token over the wall time, the prefill included"
+DECODE_TOKENS_PER_S = (
+    "decode tokens/s: the tokens after each request's first over the time after its prefill"
+)
+
 
 def timed_passes(
     passes: dict[Any, Any], repeats: int, run: Callable[[Any], Any]

@@ -15,7 +15,8 @@ over T tokens after a prefix, timed directly for every T a candidate needs; t_dr
 t_round(k) = slope and intercept of a round's time beyond t_verify against its steps, through
 the deep probe and a 1-step probe of the same topk (`tune_model.calibrate`: a round's fixed
 drafting cost is not spread over the deep probe's steps); t_plain likewise from the plain run.
-Speeds are decode tokens per second: tokens after the first / time after the prefill.
+Speeds are `speedup.DECODE_TOKENS_PER_S`: tokens after each request's first / time after its
+prefill.
 The `num_measure` best predictions, the best chain and the current setting are run for real,
 each once per round with plain decoding in `repeats` rounds (order rotated each round), and
 recommended by the rule `specdraft demo` uses (`specdraft.bench.speedup`): a median same-round
@@ -56,7 +57,7 @@ from specdraft.draft_config import method_label
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.machine_load import busy_note
-from specdraft.train.progress import counted_progress
+from specdraft.train.progress import counted_progress, status_while
 
 
 def tune(
@@ -80,9 +81,9 @@ def tune(
     bench = bench or Bench(target, draft, prompts, cfg)
     busy = busy_note("the tokens/s above") if bench.device.type == "cpu" else None
     probe_specs, specs = settings_to_try(cfg)
-    costs = Costs(
-        bench.time_verify([1] + [s.num_draft_tokens for s in specs + list(probe_specs.values())])
-    )
+    sizes = [1] + [s.num_draft_tokens for s in specs + list(probe_specs.values())]
+    with counted_progress("tune forward timings", len(set(sizes))) as advance:
+        costs = Costs(bench.time_verify(sizes, advance))
     probes = run_probes(bench, probe_specs, costs, say)
     candidates = {s: Candidate(s, *predict(s, probes[s.topk], costs)) for s in specs}
     ranked = sorted(candidates.values(), key=lambda c: -c.predicted_tps)
@@ -234,5 +235,7 @@ def load_tuned(
     config = given_config(Path(target_dir), TARGET_CONFIG_FIX)
     if config is not None:  # no config.json: left to the loader
         check_target_config(target_dir, config)
-    tokenizer = target_tokenizer(target_dir)
-    return tokenizer, load_engine(target_dir, draft_dir, SpecConfig.chain(cfg.depth), device, dtype)
+    with status_while(f"tune: loading the target {target_dir} and the drafter {draft_dir}"):
+        tokenizer = target_tokenizer(target_dir)
+        engine = load_engine(target_dir, draft_dir, SpecConfig.chain(cfg.depth), device, dtype)
+    return tokenizer, engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -67,9 +67,12 @@ class Bench:
         return Measured(spec, total)
 
     @torch.inference_mode()
-    def time_verify(self, sizes: Sequence[int]) -> dict[int, float]:
+    def time_verify(
+        self, sizes: Sequence[int], advance: Callable[[], None] = lambda: None
+    ) -> dict[int, float]:
         """Median seconds of one target forward (aux states included) over T tokens after a
-        prefix of typical length, for each T in sizes (compiled: the verify's graph replay)."""
+        prefix of typical length, for each T in sizes (compiled: the verify's graph replay);
+        `advance()` once per distinct T timed."""
         engine = self.engine(SpecConfig.chain(1))
         prefix = min(
             len(self.prompts[0]) + self.cfg.max_new_tokens // 2, self.max_seq_len - max(sizes)
@@ -97,6 +100,7 @@ class Bench:
                 synchronize(self.device)
                 samples.append(time.perf_counter() - start)
             times[size] = statistics.median(samples[1:])
+            advance()
         return times
 
 

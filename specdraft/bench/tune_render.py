@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdraft.bench.speedup import speedup_text
+from specdraft.bench.speedup import DECODE_TOKENS_PER_S, WALL_TOKENS_PER_S, speedup_text
 from specdraft.bench.tune_model import Candidate, spec_text
 from specdraft.bench.tune_report import TuneReport
 from specdraft.checkpoint import describe_layout, detect_layout, has_manifest
@@ -13,10 +13,11 @@ from specdraft.checkpoint import describe_layout, detect_layout, has_manifest
 PREDICTION_WARN_FACTOR = 2.0  # predicted vs measured tokens/s beyond which render warns
 OTHER_NUMBERS = (
     "why these numbers differ from bench's and the demo's: tune times specdraft's engine in this "
-    "process, one request at a time (decode tokens/s, after the prefill), while `specdraft bench` "
-    "adds a server's HTTP and scheduling overhead and requests in flight at once, and the demo "
-    "times its own held-out prompts (its report prints the tune line that repeats it), so compare "
-    "speedups of one setting on one prompt set"
+    f"process, one request at a time ({DECODE_TOKENS_PER_S}), while `specdraft bench` adds a "
+    "server's HTTP and scheduling overhead and requests in flight at once, and the demo times its "
+    f"own held-out prompts ({WALL_TOKENS_PER_S}, so its speedup lies a little closer to 1x; its "
+    "report prints the tune line that repeats it), so compare speedups of one setting on one "
+    "prompt set"
 )
 
 

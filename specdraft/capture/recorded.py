@@ -66,11 +66,13 @@ def check_given(
 ) -> None:
     """CaptureError when --aux-layers (read in `convention`) or --target name other layers or
     another target than the store `src` records."""
+    from specdraft.targets.config import recorded_target_class
+
     where = src / RECORD_DIR / INDEX
     recorded = index["target"]
     if aux_layers is not None:
         layers = layers_of_option(
-            convention, aux_layers, recorded["num_layers"], recorded["target_class"]
+            convention, aux_layers, recorded["num_layers"], recorded_target_class(recorded)
         )
         if list(layers) != list(index["aux_layers"]):
             raise CaptureError(

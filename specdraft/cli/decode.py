@@ -19,6 +19,7 @@ from specdraft.cli.options import (
     option,
 )
 from specdraft.cli.reading import engine_reading, refuse_bad_configs
+from specdraft.demo.config import NUM_HELDOUT
 from specdraft.draft_config import EAGLE3_METHODS
 
 Prompt = Annotated[str, typer.Option(help="Prompt text (tokenized as is, no chat template).")]
@@ -274,7 +275,14 @@ DemoMethod = Annotated[
         "post-norm state fed back: fc_norm, norm_output); as `specdraft train --method`.",
     ),
 ]
-NumTrain = Annotated[int, option(800, help="Training documents.")]
+NumTrain = Annotated[
+    int,
+    option(
+        800,
+        help=f"Training documents (at least 2). The demo also holds out {NUM_HELDOUT} documents of "
+        f"--data for its timing and doctor, so --data needs --num-train + {NUM_HELDOUT}.",
+    ),
+]
 
 
 @app.command()

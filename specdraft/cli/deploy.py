@@ -34,6 +34,7 @@ from specdraft.cli.options import (
     option,
 )
 from specdraft.cli.reading import id_reading, read_target
+from specdraft.train.progress import status_while
 
 ExportCheckpoint = Annotated[
     str,
@@ -276,11 +277,12 @@ def doctor(
     strict: Strict,
 ) -> None:
     """Check a drafter against its training record, target and deployment (exit 1 on a fail, on a
-    skip with --strict, or on a
-    target and drafter directory given in each other's place, 2 on other unusable inputs: a
-    CHECKPOINT without a drafter config, a CHECKPOINT or --target config.json that is not valid
-    JSON or a weights file of either cut short, a --samples file that cannot be read)."""
-    from specdraft.doctor import run_doctor
+    skip with --strict, or on a target and drafter directory given in each other's place, 2 on
+    other unusable inputs: a CHECKPOINT without a drafter config, a CHECKPOINT or --target
+    config.json that is not valid JSON or a weights file of either cut short, a --samples file
+    that cannot be read)."""
+    with status_while("doctor: loading torch and its checks", plain=False):  # torch, transformers
+        from specdraft.doctor import run_doctor
 
     console = make_console()
     # an input doctor cannot judge (a ValueError) is a usage error: exit 2, not 1

@@ -123,7 +123,10 @@ def tune(
 def _run_tune(console, target: str, draft: str, prompts: str, suite: str, cfg, device: str, dtype):
     """tune on --suite's chats (`bench.tune_suite.tune_suite_paths`: report, rows per category,
     the suite) or on --prompts (`bench.tune.tune_paths`: report, no rows, no suite)."""
-    from specdraft.bench.tune import TunedPair, tune_paths
+    from specdraft.train.progress import status_while
+
+    with status_while("tune: loading torch and the engine", plain=False):  # torch, transformers
+        from specdraft.bench.tune import TunedPair, tune_paths
 
     def say(text: str) -> None:
         console.print(text, markup=False)

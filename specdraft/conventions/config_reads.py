@@ -43,6 +43,13 @@ ABSENT_DRAFT_VOCAB_READ = (
     "load_lm_head_from_target, 0.5.10-0.5.23); vLLM 0.32 and specdraft run the file's "
     "lm_head.weight over the whole vocabulary, no d2t read as the identity map"
 )
+# Legacy rope_scaling types both engines read as another: Qwen2.5-VL's {"type": "mrope",
+# "mrope_section": [...]} (SpecForge configs/qwen2-5-vl-*-eagle3.json) is plain ("default") rope
+# over M-RoPE positions, which for text are one row: sglang srt/models/llama_eagle3.py ("fix
+# rope_scaling for qwen2.5-vl": rope_type = "default" when mrope_section is given; 0.5.10,
+# 0.5.20, 0.5.22, 0.5.23 wheels), vllm 0.32.0 transformers_utils/config.py
+# patch_legacy_rope_type ('mrope' with mrope_section -> 'default', else a ValueError).
+LEGACY_ROPE_TYPES = {"mrope": "default"}
 # Keys an engine reads of the drafter whose effect specdraft's drafter computes at these values
 # only (any other value is refused): vllm 0.32.0 model_executor/models/llama.py (bias, qkv_bias,
 # is_causal) and llama_eagle3.py (logit_scale, parallel_drafting: P-EAGLE's mask_hidden); sglang

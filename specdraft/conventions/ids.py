@@ -17,10 +17,12 @@ from specdraft.errors import SpecdraftError
 
 ENGINES = ("sglang", "vllm", "speculators")
 # The engines' rule classes (`specdraft.targets.config.target_class_of` maps a transformers class to one):
-# llama: Llama/Qwen2/Qwen3/Mistral/Phi-3; deepseek: DeepSeek-V2/V3 and Kimi-K2.5's wrapper;
-# llava: Llava and Mistral3 wrappers over a Llama-family text model; the rest one class each.
+# llama: Llama/Mistral/Phi-3; qwen: Qwen2/Qwen3/Qwen2.5-VL's text model; deepseek: DeepSeek-V2/V3
+# and Kimi-K2.5's wrapper; llava: Llava and Mistral3 wrappers over a Llama-family text model; the
+# rest one class each.
 _CLASS_NAMES = {
     "llama": "Llama",
+    "qwen": "Qwen2/Qwen3",
     "deepseek": "DeepSeek",
     "qwen3_moe": "Qwen3-MoE",
     "gpt_oss": "GPT-OSS",
@@ -30,6 +32,8 @@ _CLASS_NAMES = {
     "qwen2_vl": "Qwen2-VL",
     "qwen3_vl": "Qwen3-VL",
     "llava": "Llava/Mistral3",
+    "qwen3_5": "Qwen3.5",
+    "gemma4": "Gemma 4",
 }
 TARGET_CLASSES = tuple(_CLASS_NAMES)
 AUX_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -52,7 +56,7 @@ def class_label(target_class: str) -> str:
 
 def unknown_class_text(architecture: str | None, source: str) -> str:
     """Why engines' aux ids cannot be judged for a target whose class no `ENGINE_RULES` row covers
-    (e.g. Qwen3.5's hybrid attention, Gemma 4), naming its class and where it was read."""
+    (e.g. OLMo 2), naming its class and where it was read."""
     return (
         f"no engine rule is known for the target class {architecture or '(none named)'} "
         f"({source}): specdraft has read how the engines number aux layers on "

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from specdraft.conventions.rules_qwen_gemma import QWEN_GEMMA_ROWS
+
 
 @dataclass(frozen=True)
 class EngineRule:
@@ -139,7 +141,7 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
         "plus1",
         "1..L-1",
         "-0.5.22",
-        "sglang srt/models/llama.py (qwen2.py, qwen3.py alike; mistral.py reuses Llama)",
+        "sglang srt/models/llama.py (mistral.py reuses Llama; Qwen2/3: rules_qwen_gemma.py)",
         "read 0.5.12-0.5.21 wheels (older: same +1 in stored source): layers_to_capture = "
         "[id + 1]; hidden + residual is taken "
         "before layer i, residual is None before layer 0 (id -1 raises) and the loop ends "
@@ -295,6 +297,7 @@ ENGINE_RULES: tuple[EngineRule, ...] = (
     _vllm("gemma3", "0..L", **_vllm_refuses("Gemma 3", "gemma3.py")),
     _vllm("qwen2_vl", "0..L", **_vllm_refuses("Qwen2-VL", "qwen2_vl.py")),
 )
+ENGINE_RULES += tuple(EngineRule(*row) for row in QWEN_GEMMA_ROWS)
 # speculators files are served by vLLM: each of its rows is vLLM's, read through the speculators key.
 ENGINE_RULES += tuple(
     dataclasses.replace(rule, engine="speculators", source=f"{rule.source}; {_SPECULATORS[0]}")

@@ -9,6 +9,10 @@ from specdraft.draft_config import EAGLE3_METHODS
 from specdraft.errors import UnusableInput
 from specdraft.machine_load import DEFAULT_THREADS
 
+# --data documents (or chats) held out from training, after a seeded shuffle: the prompts the
+# speculative-generation timing and doctor's held-out store use. --data needs --num-train + this.
+NUM_HELDOUT = 16
+
 
 def positive(default: int):
     """A DemoConfig count that must be at least 1 (`DemoConfig.__post_init__` names it otherwise)."""
@@ -39,7 +43,7 @@ class DemoConfig:
     prompt_tokens: int = positive(8)
     max_new_tokens: int = positive(96)
     num_train: int = 800
-    num_heldout: int = 16
+    num_heldout: int = NUM_HELDOUT
     train_steps: int = 1000
     batch_size: int = positive(8)
     lr: float = 3e-3

@@ -173,21 +173,30 @@ def check_data(cfg: DemoConfig) -> None:
     docs = parse_documents(text, name=f"--data {source}")
     need = cfg.num_train + cfg.num_heldout
     if len(docs) < need:
-        most = len(docs) - cfg.num_heldout
         if (
             len(docs) <= 1
             or source.suffix in (".jsonl", ".json")
             and not text.lstrip().startswith("{")
         ):
             fix = f"pass {DATA_FORMATS}"
-        elif most >= 2:
-            fix = f"lower --num-train to at most {most}, or pass more documents"
         else:
-            fix = f"pass at least {2 + cfg.num_heldout} documents"
+            fix = more_data_fix(len(docs), cfg, "documents")
         raise UnusableInput(
             f"--data {source} holds {len(docs)} document(s); the demo needs {need} "
             f"(--num-train {cfg.num_train} + {cfg.num_heldout} held out): {fix}"
         )
+
+
+def more_data_fix(count: int, cfg: DemoConfig, what: str) -> str:
+    """The fix for a --data file of `count` documents or chats (`what`), fewer than --num-train +
+    the held-out ones: a --num-train that fits, or, when none does (the held-out count is fixed;
+    --num-train is at least 2), the count the file needs."""
+    most = count - cfg.num_heldout
+    if most >= 2:
+        return f"lower --num-train to at most {most}, or pass more {what}"
+    return (
+        f"pass at least {2 + cfg.num_heldout} {what} (--num-train 2 + {cfg.num_heldout} held out)"
+    )
 
 
 def check_chats(cfg: DemoConfig, source: Path) -> None:
@@ -206,5 +215,6 @@ def check_chats(cfg: DemoConfig, source: Path) -> None:
     if num_chats < need:
         raise UnusableInput(
             f"--data {source} holds {num_chats} chat(s); the demo needs {need} (--num-train "
-            f"{cfg.num_train} + {cfg.num_heldout} held out): lower --num-train, or pass more chats"
+            f"{cfg.num_train} + {cfg.num_heldout} held out): "
+            + more_data_fix(num_chats, cfg, "chats")
         )

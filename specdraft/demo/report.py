@@ -8,9 +8,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specdraft.bench.speedup import speedup_text, ties_at_top
+from specdraft.bench.speedup import (
+    DECODE_TOKENS_PER_S,
+    WALL_TOKENS_PER_S,
+    speedup_text,
+    ties_at_top,
+)
 from specdraft.demo.config import DemoConfig
-from specdraft.demo.portable import portable_paths, target_line
+from specdraft.demo.portable import copy_chat_template, portable_paths, target_line
 from specdraft.files import atomic_write_text
 from specdraft.machine_load import DEFAULT_THREADS
 
@@ -172,9 +177,9 @@ def other_numbers(report: DemoReport) -> list[str]:
     return [
         "",
         "These numbers are specdraft's engine in this process, one request at a time, on the "
-        f"demo's held-out prompts ({report.max_new_tokens} new tokens each, tokens/s counting "
-        "the prefill): "
-        "`specdraft tune` on the same prompts and setting measures the same speedup, while "
+        f"demo's held-out prompts ({report.max_new_tokens} new tokens each; {WALL_TOKENS_PER_S}): "
+        "`specdraft tune` on the same prompts and setting times the same generation but reports "
+        f"{DECODE_TOKENS_PER_S}, so its speedup lies a little further from 1x, while "
         "`specdraft bench` times a server over HTTP, with requests in flight at once and its own "
         "prompts, so its tokens/s and speedups differ.",
         "",
@@ -328,7 +333,7 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         )
     lines += launch_section(report, cfg)
     lines += ["", *[f"![{p}]({p})" for p in report.plots], ""]
-    return portable_paths("\n".join(lines), cfg.out, cfg.target)
+    return portable_paths("\n".join(lines), cfg.out, cfg.target, cfg.chat_template)
 
 
 def launch_section(report: DemoReport, cfg: DemoConfig) -> list[str]:
@@ -361,6 +366,8 @@ def launch_section(report: DemoReport, cfg: DemoConfig) -> list[str]:
 
 def write_report(report: DemoReport, cfg: DemoConfig) -> None:
     """report.json and report.md under cfg.out (report.plots names the plots written before,
-    `plots.write_plots`)."""
+    `plots.write_plots`), and a --chat-template from outside cfg.out copied into it, as report.md
+    names it (`portable.copy_chat_template`)."""
+    copy_chat_template(cfg.chat_template, cfg.out)
     atomic_write_text(cfg.out / "report.json", json.dumps(asdict(report), indent=2, default=str))
     atomic_write_text(cfg.out / "report.md", report_markdown(report, cfg))

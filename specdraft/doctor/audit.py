@@ -170,7 +170,7 @@ def keys_match_engine(ev: Evidence) -> Result:
         }
     except Broken as e:  # missing inputs skip; faulty files fail
         return fail(e.reason, e.fix)
-    problems, passes, fixes = [], [], []
+    problems, passes, fixes, failing = [], [], [], []
     for engine, rows in readings.items():
         texts = [(row, _engine_reading(ev, row, keys)) for row, keys in rows]
         if len({text for _, text in texts}) == 1:  # every release reads it alike: one line
@@ -178,6 +178,7 @@ def keys_match_engine(ev: Evidence) -> Result:
         for row, (good, text) in texts:
             named = f"{loading_label(row)}" if row is not None else engine_name(engine)
             (passes if good else problems).append(f"{named} {text}")
+            failing += [] if good else [engine]
         if any(good for _, (good, _) in texts) and not all(good for _, (good, _) in texts):
             fixes.append(
                 "or serve with " + " / ".join(loading_label(r) for r, (good, _) in texts if good)
@@ -187,7 +188,7 @@ def keys_match_engine(ev: Evidence) -> Result:
             "; ".join(problems + passes),
             "; ".join(
                 [
-                    f"specdraft export {ev.path} OUT --engine {ev.engines[0]} (writes the engine's names, proven "
+                    f"{export_command(ev, failing[0])} (writes the engine's names, proven "
                     "bit-identical)"
                 ]
                 + fixes
@@ -222,6 +223,21 @@ def _engine_reading(ev: Evidence, row: DraftLoading, keys: KeyMap) -> tuple[bool
             f"{' or '.join(p + '*' for p in row.layer_prefixes)}: rename {stray[0]} -> midlayer."
         )
     return False, text
+
+
+def export_command(ev: Evidence, engine: str) -> str:
+    """`specdraft export` of this drafter for `engine` as it runs when printed: with doctor's
+    --target (export reads a drafter without a manifest by the target's layer count; "--target
+    DIR" when doctor had none) and its --sglang-version (SGLang's reading of the ids depends on
+    it on DeepSeek-class targets)."""
+    command = f"specdraft export {ev.path} OUT --engine {engine}"
+    if ev.inputs.target is not None:
+        command += f" --target {ev.inputs.target}"
+    elif not has_manifest(ev.path):
+        command += " --target DIR (the target's directory)"
+    if engine == "sglang" and ev.inputs.sglang_version:
+        command += f" --sglang-version {ev.inputs.sglang_version}"
+    return command
 
 
 def _unserved_architecture(ev: Evidence, row: DraftLoading) -> str | None:

@@ -32,6 +32,7 @@ from specdraft.checkpoint.config_read import config_without_target
 from specdraft.doctor.inputs import DoctorInputs
 from specdraft.draft_config import DraftConfig
 from specdraft.export import TargetFacts
+from specdraft.train.progress import status_while
 
 # A drafter without a manifest: only training writes one; export keeps a manifest, never makes one.
 NO_MANIFEST_FIX = (
@@ -251,7 +252,8 @@ class FileEvidence:
 
         target = self.need_target_dir()
         try:
-            return load_target(target)
+            with status_while(f"doctor: loading the target {target}"):
+                return load_target(target)
         except ImportError as e:  # e.g. an FP8 quantization_config whose kernels are not installed
             raise Unavailable(
                 f"cannot run the target here: {e} (checks of sizes read its config.json alone)",
@@ -291,6 +293,12 @@ class FileEvidence:
                 f"no tokenizer in {target} ({type(e).__name__})",
                 "save the target's tokenizer into its directory",
             ) from None
+        if len(tokenizer) <= 1:  # transformers 5 builds some classes (Qwen3.5's) from no file
+            raise Unavailable(
+                f"no tokenizer in {target} (transformers built an empty "
+                f"{type(tokenizer).__name__}: no tokenizer file)",
+                "save the target's tokenizer into its directory",
+            )
         served = self.served_template()
         if served is None:
             return tokenizer

@@ -64,7 +64,7 @@ class TargetFacts:
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> TargetFacts:
         """The target as the manifest recorded it at training (CheckpointError when too thin)."""
-        from specdraft.targets.config import target_class_of
+        from specdraft.targets.config import recorded_target_class
 
         t, draft = manifest.target or {}, manifest.draft or {}
         num_layers = t.get("num_layers") or draft.get("target_num_layers")
@@ -75,8 +75,7 @@ class TargetFacts:
                 "the manifest does not record the target's layer count, hidden "
                 "size and vocabulary; pass the target (--target DIR)"
             )
-        # a wrapper's class comes from its architecture (older manifests recorded Llava as "llama")
-        target_class = target_class_of(t.get("architecture"), "") or t.get("target_class")
+        target_class = recorded_target_class(t)  # older manifests: Llava, Qwen as "llama"
         return cls(
             num_layers,
             hidden,

@@ -100,8 +100,9 @@ class Target:
 
     @property
     def target_class(self) -> str:
-        """The engines' rule class (`target_class_of`): "llama" (Llama, Qwen2, Qwen3, Mistral,
-        Phi-3), "deepseek" (DeepSeek-V2/V3, Kimi-K2.5), "llava" (Llava, Mistral3), or the class's own."""
+        """The engines' rule class (`target_class_of`): "llama" (Llama, Mistral, Phi-3), "qwen"
+        (Qwen2, Qwen3), "deepseek" (DeepSeek-V2/V3, Kimi-K2.5), "llava" (Llava, Mistral3), or
+        the class's own."""
         return target_class_of(self.architecture, self.config.model_type)
 
     def head_norm_weight(self) -> torch.Tensor:

@@ -37,6 +37,7 @@ DEFAULT_CLASSES: dict[str, str] = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "llava": "LlavaForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
     "mistral3": "Mistral3ForConditionalGeneration",
@@ -46,12 +47,13 @@ DEFAULT_CLASSES: dict[str, str] = {
 
 
 # Text config model_type -> target class, the key of the engines' aux-id rules
-# (`conventions.ENGINE_RULES`; one model file per engine). Phi-3 is "llama": SGLang 0.5.23
-# llama.py and vLLM 0.32.0 phi3.py both subclass their LlamaForCausalLM.
+# (`conventions.ENGINE_RULES`; one model file per engine). Qwen2/Qwen3 are "qwen": SGLang's
+# qwen2.py captures the embeddings in versions where llama.py cannot. Phi-3 is "llama": SGLang
+# 0.5.23 llama.py and vLLM 0.32.0 phi3.py both subclass their LlamaForCausalLM.
 TARGET_CLASSES: dict[str, str] = {
     "llama": "llama",
-    "qwen2": "llama",
-    "qwen3": "llama",
+    "qwen2": "qwen",
+    "qwen3": "qwen",
     "mistral": "llama",
     "phi3": "llama",
     "qwen3_moe": "qwen3_moe",
@@ -64,6 +66,10 @@ TARGET_CLASSES: dict[str, str] = {
     "qwen3_vl_moe_text": "qwen3_vl",
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",
+    "qwen2_5_vl_text": "qwen",
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe_text": "qwen3_5",
+    "gemma4_text": "gemma4",
 }
 
 
@@ -92,6 +98,16 @@ def target_class_of(architecture: str | None, text_model_type: str) -> str | Non
     class for a multimodal wrapper in `_WRAPPER_CLASSES`, else by the text model_type; None
     when neither is known."""
     return _WRAPPER_CLASSES.get(architecture or "") or TARGET_CLASSES.get(text_model_type)
+
+
+def recorded_target_class(target: dict[str, Any]) -> str | None:
+    """The rule class of a target as a manifest or capture store records it (`architecture`,
+    `target_class`): from the architecture where it names a class (a wrapper, or a model_type's
+    default class: records written before the "qwen" class say "llama" for Qwen2 / Qwen3), else
+    the recorded class; None when neither."""
+    architecture = target.get("architecture") or ""
+    model_type = {c: m for m, c in DEFAULT_CLASSES.items()}.get(architecture, "")
+    return target_class_of(architecture, model_type) or target.get("target_class")
 
 
 # Config fields that say how or where a config was saved or run, not what the network is.

@@ -1,7 +1,8 @@
 """What `train` shows while it runs: rich's bar on a terminal; where stdout is not one (a log
 file, a pipe), a plain line every few steps, flushed at once, since a redrawn bar writes nothing
 a file keeps until the run ends. `counted_progress` is the same display for any other long stage
-(the demo's timing, bench's runs, doctor's acceptance, tune's measurements), on stderr."""
+(the demo's timing, bench's runs, doctor's acceptance, tune's measurements), on stderr;
+`status_while` says what a stage of no count (loading a model) is doing."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import contextlib
 import datetime
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 PLAIN_LINES = 20  # plain lines per run, about (the last step always gets one)
+STATUS_AFTER_S = 3.0  # seconds a stage runs before `status_while` prints its plain line
 
 
 def plain_every(total: int) -> int:
@@ -118,3 +121,31 @@ def training_progress(
     with progress_bar("train", TextColumn("loss {task.fields[loss]}")) as bar:
         task = bar.add_task("train", total=total, completed=start, loss="-")
         yield lambda record: bar.update(task, advance=1, loss=f"{record['loss']:.4f}")
+
+
+@contextlib.contextmanager
+def status_while(text: str, after_s: float | None = None, plain: bool = True) -> Iterator[None]:
+    """Say on stderr what a stage without a count (loading a model, reading a target) is doing:
+    rich's spinner with `text` on a terminal, cleared when the stage ends; elsewhere one plain
+    line "`text` ..." once the stage has run `after_s` (STATUS_AFTER_S) seconds, none for one
+    that ends or fails sooner (so a refused input stays one error line); no plain line when not
+    `plain` (a stage whose error may follow it, such as importing a command's modules). Not
+    around a `counted_progress` stage on a terminal: rich shows one live display at a time."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if console.is_terminal:
+        with console.status(text):
+            yield
+        return
+    if not plain:
+        yield
+        return
+    delay = STATUS_AFTER_S if after_s is None else after_s
+    timer = threading.Timer(delay, lambda: print(f"{text} ...", file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

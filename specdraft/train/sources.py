@@ -227,10 +227,10 @@ def serving_note(info: TargetInfo) -> str | None:
     """`conventions.serving_problem` for the target and aux layers the drafter trains on (the
     class from the recorded architecture, else the recorded target class); None when served."""
     from specdraft.data.serving import serving_problem
-    from specdraft.targets.config import target_class_of
+    from specdraft.targets.config import recorded_target_class
 
     target = info.manifest_fields.get("target") or {}
     if not target.get("num_layers"):
         return None
-    target_class = target_class_of(target.get("architecture"), "") or target.get("target_class")
+    target_class = recorded_target_class(target)
     return serving_problem(info.aux_layers, target["num_layers"], target_class)

@@ -4,6 +4,7 @@ and one briefly trained drafter whose acceptance depends on its aux layers."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,15 +228,15 @@ def served_world(root: Path, tokenizer) -> tuple[Path, Path, Path]:
 
 def unsupported_target(root: Path, config_class: str) -> tuple[Path, Path]:
     """(drafter dir without manifest, target dir holding only config.json) for a 7-layer target of
-    a class no engine rule covers: transformers' `config_class` (e.g. "Qwen3_5TextConfig", Qwen3.5's
-    hybrid attention; "Gemma4TextConfig"), its architecture the matching ...ForCausalLM."""
+    `config_class` (transformers' name, e.g. "Olmo2Config", a class no engine rule covers, or
+    "Qwen3_5TextConfig", "Gemma4TextConfig"), its architecture the matching ...ForCausalLM."""
     import transformers
 
     from tests.support.tiny_models import _dense_kwargs
 
     sizes = _dense_kwargs(7, 32, 128, 8)
     config = getattr(transformers, config_class)(**sizes)
-    config.architectures = [config_class.replace("TextConfig", "ForCausalLM")]
+    config.architectures = [re.sub("(Text)?Config$", "ForCausalLM", config_class)]
     (root / "target").mkdir(parents=True)
     (root / "target" / "config.json").write_text(config.to_json_string())
     # the drafter of a Llama of the same sizes (Gemma 4's per-layer config has no global head_dim)

@@ -20,7 +20,7 @@ class ModelledBench(Bench):
         super().__init__(*args, **kwargs)
         self.verify_s, self.draft_s = verify_s, draft_s
 
-    def time_verify(self, sizes: Sequence[int]) -> dict[int, float]:
+    def time_verify(self, sizes: Sequence[int], advance=lambda: None) -> dict[int, float]:
         return {size: self.verify_s for size in sizes}
 
     def run(self, spec: SpecConfig | None) -> Measured:

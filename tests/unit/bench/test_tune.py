@@ -272,4 +272,5 @@ def test_tune_measures_the_default_setting_names_its_prompts_and_says_the_machin
     assert data["prompt_set"] == str(prompts) and data["busy"].startswith("note: the machine")
     # its long stages show the runs done and the time left (plain lines off a terminal)
     assert "tune probe runs 2/2  ETA " in result.output  # the deep probe and the 1-step one
+    assert re.search(r"tune forward timings (\d+)/\1  ETA ", result.output)  # was silent
     assert re.search(r"tune timing runs (\d+)/\1  ETA \d+:\d\d:\d\d", result.output)

@@ -82,6 +82,10 @@ PUBLISHED = [
         layer_names="layers.0",
     ),
     Published("specforge-qwen25-7b-eagle3.json", "qwen2", 28, [2, 14, 25]),
+    # Qwen2.5-VL (rope_scaling "type": "mrope"): its text model is Qwen2Model in both engines
+    # (the "qwen" rules); the tiny target is its text model, a Qwen2 of the same layer count
+    Published("specforge-qwen2-5-vl-7B-eagle3.json", "qwen2", 28, [2, 14, 25]),
+    Published("specforge-qwen2-5-vl-3B-eagle3.json", "qwen2", 36, [2, 18, 33]),
     Published(
         "specforge-kimi-k25-eagle3.json", "deepseek_v3", 61, [2, 30, 58], sglang_version="0.5.23"
     ),
@@ -227,18 +231,45 @@ def test_every_fixture_has_a_case_and_a_source():
 
 
 @pytest.mark.parametrize(
-    "file", ["specforge-qwen3-vl-8b-eagle3.json", "specforge-qwen3-vl-30b-a3b-eagle3.json"]
+    ("file", "theta"),
+    [
+        ("specforge-qwen3-vl-8b-eagle3.json", 5e6),
+        ("specforge-qwen3-vl-30b-a3b-eagle3.json", 5e6),
+        ("specforge-qwen2-5-vl-7B-eagle3.json", 1e6),  # legacy "type": "mrope"
+        ("specforge-qwen2-5-vl-3B-eagle3.json", 1e6),
+    ],
 )
-def test_specforge_qwen3_vl_mrope_reads_as_rope_over_text_positions(tmp_path, file):
-    """SpecForge writes the target's interleaved M-RoPE sections into its Qwen3-VL drafters; on a
-    text-only prompt the three position rows are equal, so the drafter is 1-D RoPE at that theta."""
+def test_specforge_vl_mrope_reads_as_rope_over_text_positions(tmp_path, file, theta):
+    """SpecForge writes the target's M-RoPE sections into its Qwen3-VL / Qwen2.5-VL drafters (the
+    latter as the legacy type "mrope", which both engines read as "default": config_reads.
+    LEGACY_ROPE_TYPES); on a text-only prompt the three position rows are equal, so the drafter
+    is 1-D RoPE at that theta (it was refused: "rope_scaling type 'mrope' is not implemented")."""
     case = next(c for c in PUBLISHED if c.file == file)
     config = shrink(json.loads((FIXTURES / file).read_text()))
     assert "mrope_section" in config["rope_scaling"]
     _, target_class = write_target(tmp_path, case)
     draft, _ = write_drafter(tmp_path, case, config)
     cfg = load_draft(draft, target_num_layers=case.num_layers, target_class=target_class).model.cfg
-    assert (cfg.rope_theta, cfg.rope_scaling) == (5e6, None)
+    assert (cfg.rope_theta, cfg.rope_scaling) == (theta, None)
+
+
+def test_torchspec_convert_to_hf_names_midlayer_with_the_embedding_and_loads(tmp_path):
+    """TorchSpec's tools/convert_to_hf.py saves its LlamaForCausalLMEagle3 (models/draft/
+    llama3_eagle.py: `self.midlayer`, `self.embed_tokens`) with save_pretrained: `midlayer.*` and
+    embed_tokens.weight, no d2t / t2d without --prune-vocab (docs/published_configs.md). That file
+    loads too, the embedding read as the drafter's own."""
+    import dataclasses
+
+    case = next(c for c in PUBLISHED if c.file == "torchspec-kimi-k25-eagle3.json")
+    case = dataclasses.replace(case, layer_names="midlayer", owned_embedding=True)
+    config = shrink(json.loads((FIXTURES / case.file).read_text()))
+    _, target_class = write_target(tmp_path, case)
+    draft, tensors = write_drafter(tmp_path, case, config)
+    assert "embed_tokens.weight" in tensors and "d2t" not in tensors
+    assert any(k.startswith("midlayer.") for k in tensors)
+    model = load_draft(draft, target_num_layers=case.num_layers, target_class=target_class).model
+    assert list(model.cfg.aux_layers) == case.aux
+    assert torch.equal(model.embed_tokens.weight, tensors["embed_tokens.weight"])
 
 
 def test_the_eagle3_trainer_config_reads_as_vllm_reads_it_and_says_what_sglang_builds(tmp_path):

@@ -104,6 +104,28 @@ def test_too_few_documents_names_the_count_and_the_fix(tmp_path, no_stages):
     )
 
 
+def test_help_names_the_held_out_count_num_train_adds_to():
+    help_text = " ".join(invoke(["--help"]).output.split())
+    assert "holds out 16 documents of --data" in help_text
+    assert "--data needs --num-train + 16" in help_text
+
+
+def test_too_few_chats_name_the_count_a_file_needs(tmp_path, no_stages):
+    """16 chats with --chat-template: the 16 held-out chats are fixed, so no --num-train fits;
+    the one line names the count the file needs (was "lower --num-train")."""
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    data = tmp_path / "chats.jsonl"
+    chat = [{"role": "user", "content": "hi"}]
+    data.write_text("".join(json.dumps({"messages": chat}) + "\n" for _ in range(16)))
+    args = ["--out", str(tmp_path / "out"), "--data", str(data), "--chat-template", str(template)]
+    line = one_error_line(
+        invoke(args), "holds 16 chat(s)", "pass at least 18 chats (--num-train 2 + 16 held out)"
+    )
+    assert "lower --num-train" not in line
+    one_error_line(invoke([*args, "--num-train", "2"]), "needs 18", "pass at least 18 chats")
+
+
 def test_jsonl_data_without_text_field_is_one_line_and_names_the_formats(tmp_path, no_stages):
     data = tmp_path / "chat.jsonl"
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")

@@ -9,7 +9,8 @@ from pathlib import Path
 from specdraft.bench.speedup import timing_summary
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.portable import portable_paths
-from specdraft.demo.report import DemoReport, report_markdown
+from specdraft.demo.report import DemoReport, report_markdown, write_report
+from specdraft.demo.stages import served_command
 
 
 def demo_report(out: Path, target: Path) -> DemoReport:
@@ -81,3 +82,22 @@ def test_only_whole_paths_are_rewritten(tmp_path):
     out = tmp_path / "demo"
     text = f"{out}x/a, {out}.json, my{out}/b, {out}/c, {out}. end, {out}"
     assert portable_paths(text, out, None) == f"{out}x/a, {out}.json, my{out}/b, ./c, .. end, ."
+
+
+def test_a_chat_template_outside_the_folder_is_copied_into_it_and_named_relatively(
+    tmp_path, monkeypatch
+):
+    """demo --chat-template FILE: report.md's serve line names the copy in the demo's folder,
+    relative to the report, never this machine's path to FILE."""
+    monkeypatch.chdir(tmp_path)
+    out, template = Path("demo"), (tmp_path / "templates" / "chat.jinja")
+    template.parent.mkdir()
+    template.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    report = demo_report(out, out / "target")
+    cfg = DemoConfig(out=out, chat_template=template)
+    report.launch_commands["vllm"] = served_command(cfg, report.launch_commands["vllm"])
+    write_report(report, cfg)
+    text = (out / "report.md").read_text()
+    assert str(tmp_path) not in text and "templates/chat.jinja" not in text, text
+    assert "}' --chat-template ./chat_template/chat.jinja`" in text
+    assert (out / "chat_template" / "chat.jinja").read_text() == template.read_text()

@@ -57,7 +57,7 @@ def test_kimi_on_sglang_with_the_embeddings_among_aux_layers_passes(tmp_path):
 
 @pytest.mark.parametrize(
     ("config_class", "architecture"),
-    [("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"), ("Gemma4TextConfig", "Gemma4ForCausalLM")],
+    [("Olmo2Config", "Olmo2ForCausalLM")],
 )
 def test_unsupported_target_class_is_named_and_strict_fails(tmp_path, config_class, architecture):
     """doctor on a target class no engine rule covers (issue #34 item 10): the checks that read
@@ -81,3 +81,19 @@ def test_unsupported_target_class_is_named_and_strict_fails(tmp_path, config_cla
     )
     assert result.exit_code == 1, result.output
     assert "no engine rule is known for the target class" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("config_class", ["Qwen3_5TextConfig", "Gemma4TextConfig"])
+def test_qwen3_5_and_gemma4_targets_get_engine_rules_in_doctor(tmp_path, config_class):
+    """vLLM 0.32.0 serves EAGLE-3 on Qwen3.5 and Gemma 4 (SupportsEagle3): doctor reads the
+    export's ids by their rows instead of skipping the class as unknown."""
+    draft, target = unsupported_target(tmp_path, config_class)
+    export_draft(draft, tmp_path / "vllm", engine="vllm", target=target)
+    report = run_doctor(tmp_path / "vllm", target=target, engine="vllm")
+    finding = report.finding("aux_ids_read_alike")
+    assert finding.verdict == "pass", finding
+    assert not [n for n in report.notes if "no engine rule is known" in n]
+    # a target directory without tokenizer files: no tokenizer (transformers builds an empty
+    # Qwen3_5Tokenizer of length 1 from none), not "d2t past the tokenizer's 1 tokens"
+    assert not [f.check for f in report.findings if f.verdict == "fail"]
+    assert report.finding("vocab_map_valid").verdict == "pass"

@@ -48,3 +48,14 @@ def test_a_target_config_transformers_rejects_is_one_error_line(tmp_path):
     (line,) = result.output.strip().splitlines()
     assert line.startswith(f"error: {target}/config.json: transformers cannot read it (")
     assert "n_routed_experts" in line
+
+
+def test_doctor_says_it_is_loading_the_target_while_it_loads(tmp_path, monkeypatch):
+    """doctor printed nothing for ~11 s before its table (#35 item 4): loading the target now
+    gets a status line (off a terminal once it has run `STATUS_AFTER_S`, here 0 s)."""
+    import specdraft.train.progress
+
+    monkeypatch.setattr(specdraft.train.progress, "STATUS_AFTER_S", 0.0)
+    draft, target = draft_checkpoint(tmp_path)
+    result = doctor_cli(draft, "--target", target)
+    assert f"doctor: loading the target {target} ..." in result.output, result.output

@@ -38,3 +38,20 @@ def test_speculators_export_names_the_class_vllm_loads_for_kimi(tmp_path):
         4,
         8,
     ]  # DeepSeek rules through the wrapper
+
+
+def test_a_qwen3_manifest_recording_the_llama_class_reads_as_qwen(tmp_path):
+    """Manifests written before the Qwen2/Qwen3 rule class recorded target_class "llama"; export
+    without --target takes the class from the recorded architecture, so index 0 exports for
+    SGLang 0.5.21 (qwen3.py captures the embeddings there; llama.py only from 0.5.22)."""
+    import json
+
+    from specdraft.checkpoint import MANIFEST_FILE
+
+    draft, _ = draft_checkpoint(tmp_path, arch="qwen3", num_layers=7, aux=(0, 3, 5))
+    manifest = json.loads((draft / MANIFEST_FILE).read_text())
+    assert manifest["target"]["architecture"] == "Qwen3ForCausalLM"
+    manifest["target"]["target_class"] = "llama"
+    (draft / MANIFEST_FILE).write_text(json.dumps(manifest))
+    result = export_draft(draft, tmp_path / "s", engine="sglang", sglang_version="0.5.21")
+    assert result.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 2, 4]

@@ -24,8 +24,8 @@ from tests.support.tiny_models import ARCHITECTURES, save_tiny_model, tiny_confi
 NUM_LAYERS = 4
 EXPECTED_TARGET_CLASS = {
     "llama": "llama",
-    "qwen2": "llama",
-    "qwen3": "llama",
+    "qwen2": "qwen",
+    "qwen3": "qwen",
     "mistral": "llama",
     "deepseek_v2": "deepseek",
     "deepseek_v3": "deepseek",

@@ -9,7 +9,7 @@ import re
 from rich.console import Console
 
 import specdraft.train.progress
-from specdraft.train.progress import counted_progress, time_left
+from specdraft.train.progress import counted_progress, status_while, time_left
 
 
 def test_plain_lines_off_a_terminal_count_and_give_the_time_left(monkeypatch, capsys):
@@ -48,3 +48,59 @@ def test_a_bar_on_a_terminal_and_nothing_when_disabled(monkeypatch, capsys):
     with counted_progress("quiet", 3, enabled=False) as advance:
         advance()
     assert capsys.readouterr().err == ""
+
+
+def test_a_stage_without_count_gets_a_status_line_once_it_runs_long(capsys):
+    """Loading a target said nothing for ~13 s (tune) / ~11 s (doctor): off a terminal, one line
+    once the stage has run after_s; a stage that ends (or fails) sooner prints nothing, so a
+    refused input stays one error line."""
+    import time
+
+    with status_while("tune: loading the target", after_s=0.05):
+        time.sleep(0.5)
+    assert capsys.readouterr().err == "tune: loading the target ...\n"
+    with status_while("quick", after_s=0.5):
+        pass
+    time.sleep(0.6)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_status_spinner_on_a_terminal_shows_at_once(monkeypatch, capsys):
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+    with status_while("doctor: loading the target", after_s=60.0):
+        pass
+    err = capsys.readouterr().err
+    assert "doctor: loading the target" in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err)
+
+
+def test_a_terminal_only_status_prints_nothing_off_a_terminal(capsys):
+    """tune's and doctor's import of torch (seconds) shows a spinner on a terminal only: off one a
+    line there could precede a one-line error."""
+    import time
+
+    with status_while("doctor: loading torch and its checks", after_s=0.0, plain=False):
+        time.sleep(0.2)
+    assert capsys.readouterr().err == ""
+
+
+def test_tune_and_doctor_show_a_spinner_while_importing_on_a_terminal(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import specdraft.bench.tune
+    from specdraft.bench.config import BenchInputError
+    from specdraft.cli import app
+
+    monkeypatch.setattr(Console, "is_terminal", property(lambda self: True))
+
+    def refuse(*args, **kwargs):
+        raise BenchInputError("stop here")
+
+    monkeypatch.setattr(specdraft.bench.tune, "tune_paths", refuse)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text("{}")
+    (tmp_path / "d").mkdir()
+    args = ["tune", "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d")]
+    result = CliRunner().invoke(app, args)
+    assert "tune: loading torch and the engine" in result.output
+    doctor = CliRunner().invoke(app, ["doctor", str(tmp_path / "d")])
+    assert "doctor: loading torch and its checks" in doctor.output
