@@ -1,0 +1,222 @@
+"""`engine.batch.BatchScheduler`: at T = 0 (fp32) every sequence of a batch emits its own
+single-sequence greedy output, with prompts of different lengths and sequences joining and
+leaving between rounds, for plain decoding, EAGLE-3 chains and trees, on the fast target and on
+the transformers-backed one; K follows the schedule's value for each batch size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdraft.engine.batch import ABORTED, BatchScheduler
+from specdraft.engine.errors import EngineError
+from specdraft.engine.sampling import SamplingParams
+from specdraft.engine.schedule import BatchSchedule, ScheduleError
+from specdraft.engine.spec_config import SpecConfig
+from tests.support.engine_helpers import (  # noqa: F401
+    hf_setup,
+    one_thread,
+    random_prompts,
+    tiny_setup,
+)
+
+LENGTHS, NUM_NEW = (3, 9, 5, 12, 7, 4), (10, 20, 6, 15, 12, 9)
+GREEDY = SamplingParams()
+SETTINGS = {
+    "plain": None,
+    "chain": SpecConfig.chain(3),
+    "tree": SpecConfig(3, 2, 6),
+}
+
+
+def prompts() -> list[list[int]]:
+    """Six prompts of LENGTHS (seeded)."""
+    return [random_prompts(1, n, seed=30 + i)[0] for i, n in enumerate(LENGTHS)]
+
+
+def requests(engine, num_new=NUM_NEW, params=GREEDY):
+    """A greedy request per prompt, built (and checked) by the engine."""
+    return [engine.new_request(p, n, params, (), None, 7, None) for p, n in zip(prompts(), num_new)]
+
+
+def engine_of(setup, setting: str):
+    spec = SETTINGS[setting]
+    return setup.engine(None if spec is None else setup.trained, spec)
+
+
+def single_outputs(engine) -> list[list[int]]:
+    """Each prompt generated alone (the batch-1 engine, greedy)."""
+    return [engine.generate(p, n).token_ids for p, n in zip(prompts(), NUM_NEW)]
+
+
+def staggered_run(scheduler, reqs) -> dict[int, list[int]]:
+    """Three requests first, one more after each of the first three rounds, then to the end:
+    {id(request): its output}."""
+    for req in reqs[:3]:
+        scheduler.add(req)
+    results = []
+    for req in reqs[3:]:
+        results += scheduler.step()
+        scheduler.add(req)
+    results += scheduler.run()
+    assert sorted(map(id, (req for req, _ in results))) == sorted(map(id, reqs))
+    return {id(req): result.token_ids for req, result in results}
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_fast_target_batch_equals_each_sequence_alone(setting):
+    engine = engine_of(tiny_setup("llama"), setting)
+    reference = single_outputs(engine)
+    reqs = requests(engine)
+    outputs = staggered_run(BatchScheduler(engine, 3), reqs)
+    assert [outputs[id(req)] for req in reqs] == reference
+
+
+def test_sequences_join_and_leave_while_others_run():
+    engine = engine_of(tiny_setup("llama"), "chain")
+    reqs = requests(engine)
+    scheduler = BatchScheduler(engine, 3)
+    seen = []
+    for req in reqs[:3]:
+        scheduler.add(req)
+    while scheduler.has_work:
+        scheduler.step()
+        seen.append([seq.req for seq in scheduler.running])
+        if len(seen) == 2:
+            scheduler.add(reqs[3])
+    # a sequence left (the 6-token one) and one joined while the others still ran
+    assert any(reqs[3] in rows and reqs[1] in rows for rows in seen)
+    assert any(reqs[2] not in rows and reqs[1] in rows for rows in seen[1:])
+    assert set(scheduler.stats) == {1, 2, 3}
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])  # mistral: a sliding window of 4
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_transformers_target_batch_equals_each_sequence_alone(arch, setting):
+    engine = engine_of(hf_setup(arch), setting)
+    reference = single_outputs(engine)
+    reqs = requests(engine)
+    outputs = staggered_run(BatchScheduler(engine, 3), reqs)
+    assert [outputs[id(req)] for req in reqs] == reference, (arch, setting)
+
+
+def test_k_follows_the_schedule_by_batch_size():
+    engine = engine_of(tiny_setup("llama"), "chain")
+    reference = single_outputs(engine)
+    schedule = BatchSchedule.of([[1, 1, 3], [2, 2, 0], [3, 4, 2]])
+    scheduler = BatchScheduler(engine, 4, schedule)
+    reqs = requests(engine)
+    outputs = staggered_run(scheduler, reqs)
+    assert [outputs[id(req)] for req in reqs] == reference
+    for size, stats in scheduler.stats.items():
+        k = schedule.num_steps(size)
+        assert stats.num_steps == k
+        # every row of every round at this size drafted k tokens (none at K = 0)
+        assert stats.metrics.num_drafted_tokens == k * stats.metrics.num_verify_steps
+    assert {2, 3, 4} <= set(scheduler.stats)
+    assert scheduler.stats[3].metrics.num_accepted_tokens > 0  # drafting resumed after K = 0
+    scheduler.add(requests(engine)[1])  # alone: K = 3
+    assert scheduler.run()[0][1].token_ids == reference[1]
+    assert scheduler.stats[1].num_steps == 3 and scheduler.stats[1].metrics.num_accepted_tokens
+
+
+def test_sampled_requests_run_and_keep_their_counts():
+    engine = engine_of(tiny_setup("llama"), "chain")
+    reqs = requests(engine, params=SamplingParams(temperature=1.0))
+    outputs = staggered_run(BatchScheduler(engine, 3), reqs)
+    assert [len(outputs[id(req)]) for req in reqs] == list(NUM_NEW)
+    for req in reqs:
+        req.metrics.check()
+
+
+def test_an_aborted_request_leaves_and_the_others_are_unchanged():
+    engine = engine_of(tiny_setup("llama"), "chain")
+    reference = single_outputs(engine)
+    reqs = requests(engine)[:3]
+    scheduler = BatchScheduler(engine, 3)
+    for req in reqs:
+        scheduler.add(req)
+    scheduler.step()
+    scheduler.abort(reqs[0])
+    results = dict((id(req), result) for req, result in scheduler.run())
+    assert results[id(reqs[0])].finish_reason == ABORTED
+    assert [results[id(req)].token_ids for req in reqs[1:]] == reference[1:3]
+
+
+def test_batch_one_engine_between_batches():
+    setup = tiny_setup("llama")
+    engine = engine_of(setup, "chain")
+    reference = single_outputs(engine)
+    scheduler = BatchScheduler(engine, 3)
+    first = requests(engine)
+    outputs = staggered_run(scheduler, first)
+    assert engine.generate(prompts()[0], NUM_NEW[0]).token_ids == reference[0]  # batch-1 cache
+    second = requests(engine)
+    outputs = staggered_run(scheduler, second)  # the batch's cache rebuilt
+    assert [outputs[id(req)] for req in second] == reference
+    scheduler.add(requests(engine)[0])
+    scheduler.step()
+    engine.generate(prompts()[1], 2)
+    with pytest.raises(EngineError, match="reallocated while 1 batched"):
+        scheduler.step()
+
+
+@pytest.mark.parametrize(
+    "entries, message",
+    [
+        ([], "empty"),
+        ([[2, 4, 3]], "a gap before it"),
+        ([[1, 2, 3], [4, 8, 1]], "a gap before it"),
+        ([[1, 4, 3], [3, 8, 1]], "overlaps"),
+        ([[1, 4, -1]], "K >= 0"),
+        ([[1, 4]], "need"),
+    ],
+)
+def test_a_broken_schedule_is_refused_in_one_line(entries, message):
+    with pytest.raises(ScheduleError, match=message) as info:
+        BatchSchedule.of(entries)
+    assert "\n" not in str(info.value)
+
+
+def test_a_schedule_the_engine_cannot_run_is_refused():
+    setup = tiny_setup("llama")
+    with pytest.raises(ScheduleError, match="exceeds the drafter's depth 3"):
+        BatchScheduler(engine_of(setup, "chain"), 2, BatchSchedule.of([[1, 2, 4]]))
+    with pytest.raises(ScheduleError, match="exceeds the drafter's depth 0"):
+        BatchScheduler(engine_of(setup, "plain"), 2, BatchSchedule.of([[1, 2, 1]]))
+    with pytest.raises(ScheduleError, match="covers batch sizes 1..2, max_num_seqs is 4"):
+        BatchScheduler(engine_of(setup, "chain"), 4, BatchSchedule.of([[1, 2, 1]]))
+    schedule = BatchSchedule.of([[1, 2, 3], [3, 8, 0]])
+    assert [schedule.num_steps(b) for b in (1, 2, 3, 8)] == [3, 3, 0, 0]
+    assert (schedule.max_batch_size, schedule.max_num_steps) == (8, 3)
+    with pytest.raises(ScheduleError, match="covers 1..8"):
+        schedule.num_steps(9)
+
+
+def test_rows_keep_their_own_cache_in_one_forward():
+    """FastTarget.forward with per-row cache slots [B, T] equals each row's batch-1 forward."""
+    from specdraft.engine.batch_target import batch_causal_mask
+    from specdraft.engine.fast_model import causal_mask
+
+    target = tiny_setup("llama").target
+    seqs = random_prompts(3, 12, seed=5)
+    lengths = [4, 9, 6]  # cached slots per row; then 3 new tokens each
+    single = []
+    for seq, n in zip(seqs, lengths):
+        target.setup_cache(1, 16)
+        ids = torch.tensor([seq[: n + 3]])
+        out = target(ids, torch.arange(n + 3)[None], torch.arange(n + 3), causal_mask(0, n + 3, 16))
+        single.append(out.logits[0, n:])
+    target.setup_cache(3, 16)
+    for row in (2, 1, 0):  # each row prefilled at row 0, then moved to its row
+        seq, n = seqs[row], lengths[row]
+        target(
+            torch.tensor([seq[:n]]), torch.arange(n)[None], torch.arange(n), causal_mask(0, n, n)
+        )
+        target.copy_slots(0, torch.arange(n), row, 0)
+    starts = torch.tensor(lengths)
+    slots = starts[:, None] + torch.arange(3)
+    ids = torch.tensor([seq[n : n + 3] for seq, n in zip(seqs, lengths)])
+    out = target(ids, slots, slots, batch_causal_mask(starts, 3, 12))
+    for row in range(3):
+        torch.testing.assert_close(out.logits[row], single[row], atol=1e-5, rtol=0)
