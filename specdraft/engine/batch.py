@@ -3,11 +3,12 @@ sequence per `step`, admits waiting requests between steps and retires finished 
 
 The nouns are nano-vllm's (`engine/scheduler.py`, `engine/sequence.py`): a `Sequence` is a
 running request with its drafter's cache and its proposers; the scheduler keeps the running
-ones in cache rows 0..B-1 of a `batch_target.BatchRunner`. A round (`batched_round`): every
-sequence's `round.Proposer` proposes (its own drafter cache and pending positions: EAGLE-3 drafts
-each sequence's chain or tree in turn, batch-1 drafter steps), the target verifies all B
-proposals in ONE forward at each row's own length, and each sequence accepts by its proposal's
-own rule, commits and emits; a sequence's output depends on its own tokens only, so at T = 0 it
+ones in cache rows 0..B-1 of a `batch_target.BatchRunner` (the drafter's K/V in the same rows
+of a `batch_draft.DraftRows`). A round (`batched_round`): the proposals (EAGLE-3 chains of
+every row in one drafter forward per step, `batch_draft.draft_chains`; a tree, or any other
+`round.Proposer`, each sequence's in turn over its row's cache and pending positions), the
+target verifies all B proposals in ONE forward at each row's own length, and each sequence
+accepts by its proposal's own rule, commits, tells its proposer and emits; a sequence's output depends on its own tokens only, so at T = 0 it
 is the target's greedy output (tests/unit/engine/test_batch.py). K, the draft depth, is read
 per round from a `schedule.BatchSchedule` for the batch size (vLLM's
 `num_speculative_tokens_per_batch_size`); K = 0 decodes plainly while the drafter's pending
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from specdraft.engine.batch_draft import DraftRows, draft_chains
 from specdraft.engine.batch_target import BatchRunner
 from specdraft.engine.eagle import DraftCache, EagleChain
 from specdraft.engine.eagle_tree import EagleTree
@@ -78,18 +80,28 @@ class BatchStats:
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
 
 
-def batched_round(
-    seqs: Seq[Sequence], proposers: Seq[Proposer], runner: BatchRunner
-) -> list[tuple[int, int]]:
-    """One round for every sequence (row b = seqs[b]): propose, verify all in ONE forward,
-    accept, commit, emit (`round.speculative_round`'s steps, per row). Each request's metrics
-    get its own drafting time and the batch's verify time. Returns each row's (drafts,
-    accepted drafts)."""
+def propose_each(seqs: Seq[Sequence], proposers: Seq[Proposer]) -> tuple[list, list[float]]:
+    """Each sequence's proposal from its own proposer, and the seconds each drafted."""
     proposals, t_draft = [], []
     for seq, proposer in zip(seqs, proposers):
         t0 = time.perf_counter()
         proposals.append(proposer.propose(seq.req))
         t_draft.append(time.perf_counter() - t0 if proposer.drafts else 0.0)
+    return proposals, t_draft
+
+
+def batched_round(
+    seqs: Seq[Sequence],
+    proposers: Seq[Proposer],
+    runner: BatchRunner,
+    drafted: tuple[list, list[float]] | None = None,
+) -> list[tuple[int, int]]:
+    """One round for every sequence (row b = seqs[b]): propose (`propose_each`, unless drafted
+    gives the proposals and drafting times), verify all in ONE forward, accept, commit, emit
+    (`round.speculative_round`'s steps, per row; each proposer learns what its row accepted).
+    Each request's metrics get its drafting time and the batch's verify time. Returns each
+    row's (drafts, accepted drafts)."""
+    proposals, t_draft = drafted or propose_each(seqs, proposers)
     t1 = time.perf_counter()
     logits, aux = runner.verify_batch(proposals, [seq.req.length for seq in seqs])
     emitted_rows = []
@@ -121,7 +133,9 @@ class BatchScheduler:
     drafter) at every size up to max_num_seqs. The target's cache is (re)allocated for
     max_num_seqs rows here: run the engine's own `generate` only while this has no sequences.
     Raises ScheduleError when the schedule does not cover max_num_seqs or drafts deeper than
-    the engine's num_steps (0 without a drafter).
+    the engine's num_steps (0 without a drafter). batch_drafts: draft every row's chain in one
+    drafter forward per step (`batch_draft.draft_chains`), else each sequence's in turn (its
+    `EagleChain`); trees and other proposers always propose in turn.
     """
 
     def __init__(
@@ -129,6 +143,7 @@ class BatchScheduler:
         engine: SpeculativeEngine,
         max_num_seqs: int,
         schedule: BatchSchedule | None = None,
+        batch_drafts: bool = True,
     ) -> None:
         spec = engine.spec
         depth = spec.num_steps if spec is not None else 0
@@ -151,7 +166,8 @@ class BatchScheduler:
         )
         self.waiting: list[Request] = []
         self.running: list[Sequence] = []  # row b = running[b]
-        self.free_caches: list[DraftCache] = []
+        self.draft_rows = self.new_draft_rows(max_num_seqs) if engine.draft is not None else None
+        self.batch_drafts = batch_drafts
         self.stats: dict[int, BatchStats] = {}  # by batch size
 
     @property
@@ -179,7 +195,8 @@ class BatchScheduler:
         if self.running:
             k = self.schedule.num_steps(len(self.running))
             proposers = [self.proposer(seq, k) for seq in self.running]
-            self.record(k, batched_round(self.running, proposers, self.runner))
+            drafted = self.draft_together(k) if self.batch_drafts else None
+            self.record(k, batched_round(self.running, proposers, self.runner, drafted))
         return finished + self.retire()
 
     def run(self) -> list[tuple[Request, GenerationResult]]:
@@ -194,14 +211,11 @@ class BatchScheduler:
         row B (`BatchRunner.move`), the new one is prefilled at row 0."""
         while self.waiting and len(self.running) < self.max_num_seqs:
             req = self.waiting.pop(0)
-            seq = Sequence(req, self.draft_cache(), time.perf_counter())
             if self.running:
-                first = self.running[0]
-                self.runner.move(0, len(self.running), first.req.length)
-                self.running.append(first)
-                self.running[0] = seq
-            else:
-                self.running.append(seq)
+                self.running.append(self.running[0])
+                self.move(0, len(self.running) - 1)
+            seq = Sequence(req, self.row_cache(0), time.perf_counter())
+            self.running[:1] = [seq]
             proposer = self.proposer(seq, self.schedule.num_steps(len(self.running)))
             req.emit([prefill_request(req, proposer, self.runner, self.engine.device)])
 
@@ -213,12 +227,10 @@ class BatchScheduler:
             seq = self.running[row]
             if seq.req.finish_reason is None:
                 continue
-            last = self.running.pop()
-            if row < len(self.running):
-                self.runner.move(len(self.running), row, last.req.length)
-                self.running[row] = last
-            if seq.cache is not None:
-                self.free_caches.append(seq.cache)
+            if row < len(self.running) - 1:
+                self.running[row] = self.running[-1]
+                self.move(len(self.running) - 1, row)
+            self.running.pop()
             done.append((seq.req, seq.req.finish(seq.started)))
         return done[::-1]
 
@@ -229,22 +241,51 @@ class BatchScheduler:
         for count in counts:
             stats.metrics.record_step(*count)
 
-    def draft_cache(self) -> DraftCache | None:
-        """A free drafter cache (None without a drafter), allocated on first need: max_seq_len
-        entries plus one round's scratch and `GraphedDraft`'s capture entries."""
-        if self.engine.draft is None:
-            return None
-        if self.free_caches:
-            return self.free_caches.pop()
+    def move(self, src: int, dst: int) -> None:
+        """The sequence now at running[dst] moves from cache row src to row dst: its target
+        K/V, its drafter's K/V and cache (its proposers rebuilt over the new row's)."""
+        seq = self.running[dst]
+        self.runner.move(src, dst, seq.req.length)
+        if self.draft_rows is not None:
+            self.draft_rows.move(src, dst)
+        seq.cache, seq.proposers = self.row_cache(dst), {}
+
+    def row_cache(self, row: int) -> DraftCache | None:
+        """The drafter's cache of a row (None without a drafter)."""
+        return None if self.draft_rows is None else self.draft_rows.caches[row]
+
+    def new_draft_rows(self, rows: int) -> DraftRows:
+        """The drafter's K/V for `rows` rows: max_seq_len entries each plus one round's scratch
+        and `GraphedDraft`'s capture entries (the last one the pads' of a batched first step)."""
         cfg, spec = self.engine.draft.cfg, self.spec
         scratch = (spec.num_steps - 1) * spec.topk
-        return DraftCache(
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-            self.engine.max_seq_len + scratch + fused_decode.MAX_TOKENS,
-            self.engine.draft.fc.weight.dtype,
-            self.engine.device,
+        length = self.engine.max_seq_len + scratch + fused_decode.MAX_TOKENS
+        dtype = self.engine.draft.fc.weight.dtype
+        return DraftRows(
+            cfg.num_key_value_heads, cfg.head_dim, rows, length, dtype, self.engine.device
         )
+
+    def draft_together(self, k: int) -> tuple[list, list[float]] | None:
+        """Every row's chain of k drafts in k drafter forwards (`batch_draft.draft_chains`), the
+        drafting time shared by the rows; None where the rows propose in turn (no drafter,
+        K = 0, or a tree at this K)."""
+        if self.draft_rows is None or k == 0 or not self.setting(k).is_chain:
+            return None
+        t0, engine, reqs = time.perf_counter(), self.engine, [seq.req for seq in self.running]
+        proposals = draft_chains(
+            engine.fast_draft,
+            self.draft_rows,
+            reqs,
+            k,
+            engine.draft_vocab,
+            engine.target.args.vocab_size,
+        )
+        share = (time.perf_counter() - t0) / len(reqs)
+        return proposals, [share] * len(reqs)
+
+    def setting(self, k: int) -> SpecConfig:
+        """The speculative setting at K = k > 0: the engine's at its num_steps, else a chain."""
+        return self.spec if k == self.spec.num_steps else SpecConfig.chain(k)
 
     def proposer(self, seq: Sequence, k: int) -> Proposer:
         """seq's proposer for K = k (built once per K): plain decoding without a drafter,
@@ -257,8 +298,7 @@ class BatchScheduler:
         """A proposer over seq's drafter cache (`proposer`)."""
         if seq.cache is None:
             return PlainDecoding()
-        engine = self.engine
-        spec = self.spec if k == self.spec.num_steps else SpecConfig.chain(max(k, 1))
+        engine, spec = self.engine, self.setting(max(k, 1))
         kind = EagleChain if spec.is_chain else EagleTree
         args = (engine.draft_vocab, engine.target.args.vocab_size, self.runner)
         proposer = kind(engine.fast_draft, seq.cache, spec, *args)

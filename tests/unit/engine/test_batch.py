@@ -12,30 +12,14 @@ from specdraft.engine.errors import EngineError
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.schedule import BatchSchedule, ScheduleError
 from specdraft.engine.spec_config import SpecConfig
-from tests.support.engine_helpers import (  # noqa: F401
-    hf_setup,
-    one_thread,
-    random_prompts,
-    tiny_setup,
-)
+from tests.support.batch import NUM_NEW, prompts, requests, staggered_run
+from tests.support.engine_helpers import hf_setup, one_thread, tiny_setup  # noqa: F401
 
-LENGTHS, NUM_NEW = (3, 9, 5, 12, 7, 4), (10, 20, 6, 15, 12, 9)
-GREEDY = SamplingParams()
 SETTINGS = {
     "plain": None,
     "chain": SpecConfig.chain(3),
     "tree": SpecConfig(3, 2, 6),
 }
-
-
-def prompts() -> list[list[int]]:
-    """Six prompts of LENGTHS (seeded)."""
-    return [random_prompts(1, n, seed=30 + i)[0] for i, n in enumerate(LENGTHS)]
-
-
-def requests(engine, num_new=NUM_NEW, params=GREEDY):
-    """A greedy request per prompt, built (and checked) by the engine."""
-    return [engine.new_request(p, n, params, (), None, 7, None) for p, n in zip(prompts(), num_new)]
 
 
 def engine_of(setup, setting: str):
@@ -48,18 +32,9 @@ def single_outputs(engine) -> list[list[int]]:
     return [engine.generate(p, n).token_ids for p, n in zip(prompts(), NUM_NEW)]
 
 
-def staggered_run(scheduler, reqs) -> dict[int, list[int]]:
-    """Three requests first, one more after each of the first three rounds, then to the end:
-    {id(request): its output}."""
-    for req in reqs[:3]:
-        scheduler.add(req)
-    results = []
-    for req in reqs[3:]:
-        results += scheduler.step()
-        scheduler.add(req)
-    results += scheduler.run()
-    assert sorted(map(id, (req for req, _ in results))) == sorted(map(id, reqs))
-    return {id(req): result.token_ids for req, result in results}
+def outputs_of(scheduler, reqs) -> dict[int, list[int]]:
+    """`staggered_run`'s outputs: {id(request): its tokens}."""
+    return {key: result.token_ids for key, result in staggered_run(scheduler, reqs).items()}
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -67,7 +42,7 @@ def test_fast_target_batch_equals_each_sequence_alone(setting):
     engine = engine_of(tiny_setup("llama"), setting)
     reference = single_outputs(engine)
     reqs = requests(engine)
-    outputs = staggered_run(BatchScheduler(engine, 3), reqs)
+    outputs = outputs_of(BatchScheduler(engine, 3), reqs)
     assert [outputs[id(req)] for req in reqs] == reference
 
 
@@ -95,7 +70,7 @@ def test_transformers_target_batch_equals_each_sequence_alone(arch, setting):
     engine = engine_of(hf_setup(arch), setting)
     reference = single_outputs(engine)
     reqs = requests(engine)
-    outputs = staggered_run(BatchScheduler(engine, 3), reqs)
+    outputs = outputs_of(BatchScheduler(engine, 3), reqs)
     assert [outputs[id(req)] for req in reqs] == reference, (arch, setting)
 
 
@@ -105,7 +80,7 @@ def test_k_follows_the_schedule_by_batch_size():
     schedule = BatchSchedule.of([[1, 1, 3], [2, 2, 0], [3, 4, 2]])
     scheduler = BatchScheduler(engine, 4, schedule)
     reqs = requests(engine)
-    outputs = staggered_run(scheduler, reqs)
+    outputs = outputs_of(scheduler, reqs)
     assert [outputs[id(req)] for req in reqs] == reference
     for size, stats in scheduler.stats.items():
         k = schedule.num_steps(size)
@@ -122,7 +97,7 @@ def test_k_follows_the_schedule_by_batch_size():
 def test_sampled_requests_run_and_keep_their_counts():
     engine = engine_of(tiny_setup("llama"), "chain")
     reqs = requests(engine, params=SamplingParams(temperature=1.0))
-    outputs = staggered_run(BatchScheduler(engine, 3), reqs)
+    outputs = outputs_of(BatchScheduler(engine, 3), reqs)
     assert [len(outputs[id(req)]) for req in reqs] == list(NUM_NEW)
     for req in reqs:
         req.metrics.check()
@@ -151,7 +126,7 @@ def test_batch_one_engine_between_batches():
     staggered_run(scheduler, first)
     assert engine.generate(prompts()[0], NUM_NEW[0]).token_ids == reference[0]  # batch-1 cache
     second = requests(engine)
-    outputs = staggered_run(scheduler, second)  # the batch's cache rebuilt
+    outputs = outputs_of(scheduler, second)  # the batch's cache rebuilt
     assert [outputs[id(req)] for req in second] == reference
     scheduler.add(requests(engine)[0])
     scheduler.step()
