@@ -165,6 +165,7 @@ class BatchScheduler:
             static,
         )
         self.waiting: list[Request] = []
+        self.dropped: list[Request] = []  # aborted while waiting: returned by the next step
         self.running: list[Sequence] = []  # row b = running[b]
         self.draft_rows = self.new_draft_rows(max_num_seqs) if engine.draft is not None else None
         self.batch_drafts = batch_drafts
@@ -172,17 +173,18 @@ class BatchScheduler:
 
     @property
     def has_work(self) -> bool:
-        """Whether a request waits or runs."""
-        return bool(self.waiting or self.running)
+        """Whether a request waits, runs, or waits to be returned."""
+        return bool(self.waiting or self.running or self.dropped)
 
     def add(self, req: Request) -> None:
         """Queue a request (from `engine.new_request`); it joins at the next `step`."""
         self.waiting.append(req)
 
     def abort(self, req: Request) -> None:
-        """Stop a waiting or running request (finish reason "abort"); it leaves at the next step."""
-        if req in self.waiting:
-            self.waiting.remove(req)
+        """Stop a waiting or running request (finish reason "abort"); the next step returns it."""
+        if any(r is req for r in self.waiting):
+            self.waiting = [r for r in self.waiting if r is not req]
+            self.dropped.append(req)
         req.finish_reason = req.finish_reason or ABORTED
 
     @torch.inference_mode()
@@ -190,8 +192,10 @@ class BatchScheduler:
         """Admit waiting requests (each prefilled, its first token emitted), run one batched
         round for every running sequence, and retire the finished ones: their results."""
         self.runner.check_cache(len(self.running))
+        finished = [(req, req.finish(time.perf_counter())) for req in self.dropped]
+        self.dropped = []
         self.admit()
-        finished = self.retire()
+        finished += self.retire()
         if self.running:
             k = self.schedule.num_steps(len(self.running))
             proposers = [self.proposer(seq, k) for seq in self.running]

@@ -117,6 +117,33 @@ def test_an_aborted_request_leaves_and_the_others_are_unchanged():
     assert [results[id(req)].token_ids for req in reqs[1:]] == reference[1:3]
 
 
+def test_a_request_aborted_while_waiting_comes_back_with_no_tokens():
+    engine = engine_of(tiny_setup("llama"), "plain")
+    reqs = requests(engine)[:3]
+    scheduler = BatchScheduler(engine, 2)
+    for req in reqs:
+        scheduler.add(req)
+    scheduler.abort(reqs[2])
+    results = dict((id(req), result) for req, result in scheduler.run())
+    assert (results[id(reqs[2])].finish_reason, results[id(reqs[2])].token_ids) == (ABORTED, [])
+    assert len(results[id(reqs[0])].token_ids) == NUM_NEW[0]
+
+
+@pytest.mark.parametrize("where", ["fast", "transformers"])
+def test_one_row_and_requests_done_at_their_prefill(where):
+    """max_num_seqs 1 (the transformers target's batch-1 cache) and requests of one new token,
+    which finish at their prefill and leave before any round."""
+    setup = tiny_setup("llama") if where == "fast" else hf_setup("llama")
+    engine = engine_of(setup, "chain")
+    reference = single_outputs(engine)
+    num_new = [1, NUM_NEW[1], 1, NUM_NEW[3], 1, NUM_NEW[5]]
+    for max_num_seqs in (1, 3):
+        reqs = requests(engine, num_new=num_new)
+        outputs = outputs_of(BatchScheduler(engine, max_num_seqs), reqs)
+        got = [outputs[id(req)] for req in reqs]
+        assert got == [ref[:n] for ref, n in zip(reference, num_new)], max_num_seqs
+
+
 def test_batch_one_engine_between_batches():
     setup = tiny_setup("llama")
     engine = engine_of(setup, "chain")
