@@ -170,3 +170,16 @@ def test_a_schedule_the_engine_cannot_run_is_refused():
         BatchScheduler(engine_of(setup, "plain"), 2, BatchSchedule.of([[1, 2, 1]]))
     with pytest.raises(ScheduleError, match="covers batch sizes 1..2, max_num_seqs is 4"):
         BatchScheduler(engine_of(setup, "chain"), 4, BatchSchedule.of([[1, 2, 1]]))
+
+
+@pytest.mark.parametrize("where", ["fast", "transformers"])
+def test_masks_over_every_slot_give_the_same_outputs(where):
+    """static_width (a compiled target's: masks over all max_seq_len slots, few shapes)."""
+    setup = tiny_setup("llama") if where == "fast" else hf_setup("llama")
+    engine = engine_of(setup, "tree")
+    reference = single_outputs(engine)
+    scheduler = BatchScheduler(engine, 3)
+    scheduler.runner.static_width = True
+    reqs = requests(engine)
+    outputs = outputs_of(scheduler, reqs)
+    assert [outputs[id(req)] for req in reqs] == reference
