@@ -8,12 +8,14 @@ of a `batch_draft.DraftRows`). A round (`batched_round`): the proposals (EAGLE-3
 every row in one drafter forward per step, `batch_draft.draft_chains`; a tree, or any other
 `round.Proposer`, each sequence's in turn over its row's cache and pending positions), the
 target verifies all B proposals in ONE forward at each row's own length, and each sequence
-accepts by its proposal's own rule, commits, tells its proposer and emits; a sequence's output depends on its own tokens only, so at T = 0 it
-is the target's greedy output (tests/unit/engine/test_batch.py). K, the draft depth, is read
-per round from a `schedule.BatchSchedule` for the batch size (vLLM's
-`num_speculative_tokens_per_batch_size`); K = 0 decodes plainly while the drafter's pending
-positions grow, read by its first step when K > 0 returns (`CatchUp`). K equal to the engine's
-own num_steps uses the engine's setting (a tree with a tree's engine), any other K a chain.
+accepts by its proposal's own rule, commits, tells its proposer and emits. A sequence's output
+depends on its own tokens only, so at T = 0 it is the target's greedy output
+(tests/unit/engine/test_batch.py). K, the draft depth, is read per round from a
+`schedule.BatchSchedule` for the batch size (vLLM's `num_speculative_tokens_per_batch_size`);
+K = 0 decodes plainly while the drafter's pending positions grow, read by its first step when
+K > 0 returns (`CatchUp`). K equal to the engine's own num_steps uses the engine's setting (a
+tree with a tree's engine), any other K a chain. Each request's metrics count its drafting
+time (a share of a batched drafting round's) and the whole batch's verify time.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from specdraft.engine.batch_draft import DraftRows, draft_chains
 from specdraft.engine.batch_target import BatchRunner
 from specdraft.engine.eagle import DraftCache, EagleChain
 from specdraft.engine.eagle_tree import EagleTree
+from specdraft.engine.errors import EngineError
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.requests import GenerationResult, Request, SpecMetrics
 from specdraft.engine.round import PlainDecoding, Proposer, prefill_request
@@ -132,7 +135,7 @@ class BatchScheduler:
     runs (cache rows); schedule: K by batch size, default the engine's num_steps (0 without a
     drafter) at every size up to max_num_seqs. The target's cache is (re)allocated for
     max_num_seqs rows here: run the engine's own `generate` only while this has no sequences.
-    Raises ScheduleError when the schedule does not cover max_num_seqs or drafts deeper than
+    Raises EngineError for max_num_seqs < 1, ScheduleError when the schedule does not cover max_num_seqs or drafts deeper than
     the engine's num_steps (0 without a drafter). batch_drafts: draft every row's chain in one
     drafter forward per step (`batch_draft.draft_chains`), else each sequence's in turn (its
     `EagleChain`); trees and other proposers always propose in turn.
@@ -145,6 +148,8 @@ class BatchScheduler:
         schedule: BatchSchedule | None = None,
         batch_drafts: bool = True,
     ) -> None:
+        if max_num_seqs < 1:
+            raise EngineError(f"max_num_seqs {max_num_seqs}: a batch needs at least 1 row")
         spec = engine.spec
         depth = spec.num_steps if spec is not None else 0
         self.schedule = schedule or BatchSchedule.constant(depth, max_num_seqs)

@@ -170,6 +170,8 @@ def test_a_schedule_the_engine_cannot_run_is_refused():
         BatchScheduler(engine_of(setup, "plain"), 2, BatchSchedule.of([[1, 2, 1]]))
     with pytest.raises(ScheduleError, match="covers batch sizes 1..2, max_num_seqs is 4"):
         BatchScheduler(engine_of(setup, "chain"), 4, BatchSchedule.of([[1, 2, 1]]))
+    with pytest.raises(EngineError, match="max_num_seqs 0: a batch needs at least 1 row"):
+        BatchScheduler(engine_of(setup, "chain"), 0)
 
 
 @pytest.mark.parametrize("where", ["fast", "transformers"])
