@@ -185,3 +185,13 @@ def test_masks_over_every_slot_give_the_same_outputs(where):
     reqs = requests(engine)
     outputs = outputs_of(scheduler, reqs)
     assert [outputs[id(req)] for req in reqs] == reference
+
+
+# layer types with their own masks (sliding + full), MLA + MoE, attention sinks
+@pytest.mark.parametrize("arch", ["gemma3", "deepseek_v3", "gpt_oss"])
+def test_transformers_classes_batch_a_tree_as_each_sequence_alone(arch):
+    engine = engine_of(hf_setup(arch), "tree")
+    reference = single_outputs(engine)
+    reqs = requests(engine)
+    outputs = outputs_of(BatchScheduler(engine, 3), reqs)
+    assert [outputs[id(req)] for req in reqs] == reference, arch
