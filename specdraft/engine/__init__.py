@@ -33,7 +33,7 @@ file by file".
 - `batch`: `BatchScheduler` (requests join and leave between batched rounds, K by batch size
   from `schedule.BatchSchedule`); `batch_target`: `BatchRunner`, B sequences verified in one
   target forward at their own cache rows and lengths; `batch_draft`: every row's EAGLE-3 chain
-  in one drafter forward per step; `hf_rows`: `RowCache`, the per-row K/V of
+  or tree in one drafter forward per step; `hf_rows`: `RowCache`, the per-row K/V of
   a transformers-backed target in a batch (docs/ARCHITECTURE.md, "Batching").
 - `tree`: draft tree expansion, selection and its attention masks.
 - `sampling`: logits to probabilities; greedy, chain and tree acceptance rules.

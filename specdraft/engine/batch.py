@@ -4,9 +4,9 @@ sequence per `step`, admits waiting requests between steps and retires finished 
 The nouns are nano-vllm's (`engine/scheduler.py`, `engine/sequence.py`): a `Sequence` is a
 running request with its drafter's cache and its proposers; the scheduler keeps the running
 ones in cache rows 0..B-1 of a `batch_target.BatchRunner` (the drafter's K/V in the same rows
-of a `batch_draft.DraftRows`). A round (`batched_round`): the proposals (EAGLE-3 chains of
-every row in one drafter forward per step, `batch_draft.draft_chains`; a tree, or any other
-`round.Proposer`, each sequence's in turn over its row's cache and pending positions), the
+of a `batch_draft.DraftRows`). A round (`batched_round`): the proposals (EAGLE-3 chains or
+trees of every row in one drafter forward per step, `batch_draft`; any other `round.Proposer`,
+e.g. a DFlash one, each sequence's in turn over its row's cache and pending positions), the
 target verifies all B proposals in ONE forward at each row's own length, and each sequence
 accepts by its proposal's own rule, commits, tells its proposer and emits. A sequence's output
 depends on its own tokens only, so at T = 0 it is the target's greedy output
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from specdraft.engine.batch_draft import DraftRows, draft_chains
+from specdraft.engine.batch_draft import DraftRows, draft_chains, draft_trees
 from specdraft.engine.batch_target import BatchRunner
 from specdraft.engine.eagle import DraftCache, EagleChain
-from specdraft.engine.eagle_tree import EagleTree
+from specdraft.engine.eagle_tree import EagleTree, TreeProposal
 from specdraft.engine.errors import EngineError
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.requests import GenerationResult, Request, SpecMetrics
@@ -136,9 +136,9 @@ class BatchScheduler:
     drafter) at every size up to max_num_seqs. The target's cache is (re)allocated for
     max_num_seqs rows here: run the engine's own `generate` only while this has no sequences.
     Raises EngineError for max_num_seqs < 1, ScheduleError when the schedule does not cover max_num_seqs or drafts deeper than
-    the engine's num_steps (0 without a drafter). batch_drafts: draft every row's chain in one
-    drafter forward per step (`batch_draft.draft_chains`), else each sequence's in turn (its
-    `EagleChain`); trees and other proposers always propose in turn.
+    the engine's num_steps (0 without a drafter). batch_drafts: draft every row's chain or tree
+    in one drafter forward per step (`batch_draft`), else each sequence's in turn (its
+    `EagleChain` / `EagleTree`); a proposer of another kind always proposes in turn.
     """
 
     def __init__(
@@ -204,7 +204,7 @@ class BatchScheduler:
         if self.running:
             k = self.schedule.num_steps(len(self.running))
             proposers = [self.proposer(seq, k) for seq in self.running]
-            drafted = self.draft_together(k) if self.batch_drafts else None
+            drafted = self.draft_together(k, proposers) if self.batch_drafts else None
             self.record(k, batched_round(self.running, proposers, self.runner, drafted))
         return finished + self.retire()
 
@@ -274,21 +274,21 @@ class BatchScheduler:
             cfg.num_key_value_heads, cfg.head_dim, rows, length, dtype, self.engine.device
         )
 
-    def draft_together(self, k: int) -> tuple[list, list[float]] | None:
-        """Every row's chain of k drafts in k drafter forwards (`batch_draft.draft_chains`), the
-        drafting time shared by the rows; None where the rows propose in turn (no drafter,
-        K = 0, or a tree at this K)."""
-        if self.draft_rows is None or k == 0 or not self.setting(k).is_chain:
+    def draft_together(self, k: int, proposers: list) -> tuple[list, list[float]] | None:
+        """Every row's chain of k drafts in k drafter forwards (`batch_draft.draft_chains`), or
+        its tree in k (`draft_trees`, through its proposer's expansion), the drafting time
+        shared by the rows; None where the rows propose in turn (no drafter, or K = 0)."""
+        if self.draft_rows is None or k == 0:
             return None
         t0, engine, reqs = time.perf_counter(), self.engine, [seq.req for seq in self.running]
-        proposals = draft_chains(
-            engine.fast_draft,
-            self.draft_rows,
-            reqs,
-            k,
-            engine.draft_vocab,
-            engine.target.args.vocab_size,
-        )
+        fast, spec = engine.fast_draft, self.setting(k)
+        if spec.is_chain:
+            vocab, vocab_size = engine.draft_vocab, engine.target.args.vocab_size
+            proposals = draft_chains(fast, self.draft_rows, reqs, k, vocab, vocab_size)
+        else:
+            expansions = [p.expansion(req) for p, req in zip(proposers, reqs)]
+            trees = draft_trees(fast, self.draft_rows, reqs, expansions, k, spec.num_draft_tokens)
+            proposals = [TreeProposal.of(tree) for tree in trees]
         share = (time.perf_counter() - t0) / len(reqs)
         return proposals, [share] * len(reqs)
 

@@ -1,5 +1,6 @@
-"""EAGLE-3 chains of every sequence of a batch drafted together: ONE drafter forward per step for
-all B rows (`draft_chains`), over the drafter's K/V in the rows of one buffer (`DraftRows`).
+"""EAGLE-3 chains or trees of every sequence of a batch drafted together: ONE drafter forward per
+step for all B rows (`draft_chains`, `draft_trees`), over the drafter's K/V in the rows of one
+buffer (`DraftRows`).
 
 A round drafts what `eagle.EagleChain.propose` drafts for each row alone: the first step over
 the row's pending positions (rows padded to the longest; a pad writes the buffer's last entry,
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from specdraft.draft import KV
@@ -29,6 +31,7 @@ from specdraft.engine.eagle import (
 from specdraft.engine.requests import Request
 from specdraft.engine.round import Proposal
 from specdraft.engine.sampling import logits_to_probs, sample
+from specdraft.engine.tree import DraftTree, TreeExpansion
 
 
 class DraftRows:
@@ -116,6 +119,22 @@ def next_tokens(
     return tokens
 
 
+def first_step(
+    fast: FastDraft, rows: DraftRows, reqs: Sequence[Request], device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The drafter's first step over every row's pending positions (`first_step_inputs`), each
+    row's cache committing them: the logits [B, Vd] and output [B, 1, H] at each row's last
+    pending position, and each row's committed length [B] long on the CPU."""
+    ids, aux, positions, slots, mask, counts = first_step_inputs(rows, reqs, device)
+    rows.prepare(slots, mask.shape[-1])
+    logits, hidden = fast(ids, aux, positions, True, rows, 0, mask)
+    for b, n in enumerate(counts.tolist()):
+        rows.caches[b].commit(n)
+    ends = torch.tensor([rows.caches[b].length for b in range(len(reqs))])
+    pick = (torch.arange(len(reqs)), counts - 1)
+    return logits[pick], hidden[pick][:, None], ends
+
+
 @torch.no_grad()
 def draft_chains(
     fast: FastDraft,
@@ -128,16 +147,9 @@ def draft_chains(
     """Row b's chain (reqs[b]'s root and num_steps drafts) for every row, in num_steps drafter
     forwards (module docstring); each row's cache commits its pending positions."""
     device = vocab.device
-    ids, aux, positions, slots, mask, counts = first_step_inputs(rows, reqs, device)
-    rows.prepare(slots, mask.shape[-1])
     probs: list[list] = [[] for _ in reqs]
     with sdpa_kernel(DRAFT_SDPA_BACKENDS) if device.type == "cuda" else NO_CONTEXT:
-        logits, hidden = fast(ids, aux, positions, True, rows, 0, mask)
-        ends = torch.tensor([rows.caches[b].length for b in range(len(reqs))]) + counts
-        for b, n in enumerate(counts.tolist()):
-            rows.caches[b].commit(n)
-        pick = (torch.arange(len(reqs)), counts - 1)
-        logits, hidden = logits[pick], hidden[pick][:, None]  # [B, Vd], [B, 1, H]
+        logits, hidden, ends = first_step(fast, rows, reqs, device)
         tokens = [torch.tensor([req.output_ids[-1] for req in reqs], device=device)]
         for step in range(1, num_steps + 1):  # draft `step` at slot = RoPE position end + step - 1
             tokens.append(next_tokens(logits, reqs, vocab, vocab_size, probs))
@@ -154,3 +166,34 @@ def draft_chains(
         Proposal(chains[b], None, None, torch.cat(probs[b]) if probs[b] else None, num_steps)
         for b in range(len(reqs))
     ]
+
+
+@torch.no_grad()
+def draft_trees(
+    fast: FastDraft,
+    rows: DraftRows,
+    reqs: Sequence[Request],
+    expansions: Sequence[TreeExpansion],
+    num_steps: int,
+    num_draft_tokens: int,
+) -> list[DraftTree]:
+    """Row b's tree (`eagle_tree.EagleTree.draft_steps`' for reqs[b] alone, through its
+    expansions[b]) for every row: the first step, then num_steps - 1 drafter forwards over every
+    row's frontier of topk nodes, written at the row's scratch entries, each node seeing the
+    row's committed entries and its ancestors' (`TreeExpansion.draft_mask`)."""
+    device = rows.k.device
+    with sdpa_kernel(DRAFT_SDPA_BACKENDS) if device.type == "cuda" else NO_CONTEXT:
+        logits, hidden, ends = first_step(fast, rows, reqs, device)
+        frontier = [e.expand(logits[b : b + 1], hidden[b], False) for b, e in enumerate(expansions)]
+        for step in range(1, num_steps):  # frontier at depth `step`, RoPE position end - 1 + step
+            tokens, hidden = (torch.stack(parts) for parts in zip(*frontier))  # [B, F], [B, F, H]
+            f, scratch = tokens.shape[1], expansions[0].num_scratch
+            width = int(ends.max()) + scratch + f
+            masks = [e.draft_mask(int(end))[0, 0] for e, end in zip(expansions, ends)]
+            mask = torch.stack([F.pad(m, (0, width - m.shape[-1])) for m in masks])[:, None]
+            slots = ends[:, None] + scratch + torch.arange(f)
+            rows.prepare(slots.to(device), width)
+            positions = (ends - 1 + step)[:, None].expand(-1, f).to(device)
+            logits, hidden = fast(tokens, hidden, positions, False, rows, 0, mask)
+            frontier = [e.expand(logits[b], hidden[b], True) for b, e in enumerate(expansions)]
+    return [e.tree(num_draft_tokens) for e in expansions]

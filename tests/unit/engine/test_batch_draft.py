@@ -1,6 +1,7 @@
-"""`engine.batch_draft`: every row's EAGLE-3 chain drafted in one drafter forward per step gives
-each sequence the drafts it gets alone (its `EagleChain`): the same acceptance counts at T = 0,
-the same sampled outputs at T = 1 (each request's generator drawn in the same order)."""
+"""`engine.batch_draft`: every row's EAGLE-3 chain or tree drafted in one drafter forward per step
+gives each sequence the drafts it gets alone (its `EagleChain` / `EagleTree`): the same
+acceptance counts at T = 0, the same sampled outputs at T = 1 (each request's generator drawn in
+the same order)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ def run(engine, batch_drafts: bool, params: SamplingParams):
     return [(results[id(r)].token_ids, results[id(r)].metrics.accepted_per_position) for r in reqs]
 
 
+@pytest.mark.parametrize("spec", [SpecConfig.chain(3), SpecConfig(3, 2, 6)], ids=["chain", "tree"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("where", ["fast", "transformers"])
-def test_chains_drafted_together_equal_chains_drafted_in_turn(where, temperature):
+def test_drafted_together_equals_drafted_in_turn(where, temperature, spec):
     setup = tiny_setup("llama") if where == "fast" else hf_setup("llama")
-    engine = setup.engine(setup.trained, SpecConfig.chain(3))
+    engine = setup.engine(setup.trained, spec)
     params = SamplingParams(temperature=temperature)
     together, in_turn = run(engine, True, params), run(engine, False, params)
     assert together == in_turn
