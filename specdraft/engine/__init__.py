@@ -1,4 +1,5 @@
-"""specdraft's speculative-decoding engine: one machine, batch 1 (one request at a time).
+"""specdraft's speculative-decoding engine: one machine; a request at a time (`speculate`), or a
+continuously batched set of them (`batch`).
 
 Following one token from `specdraft generate` (cli/decode.py) through one round:
 `round` -> `eagle` (a tree: `eagle_tree` -> `tree` -> `sampling`) -> `fast_model` -> `requests`
@@ -29,6 +30,11 @@ file by file".
 - `graphs`: the target's forwards as CUDA graphs (`GraphedTarget`, plain decoding ahead of the
   GPU: `decode_ahead`), their static inputs (`StaticInputs`), and `capture_graph`, through
   which every CUDA graph of the engine is captured.
+- `batch`: `BatchScheduler` (requests join and leave between batched rounds, K by batch size
+  from `schedule.BatchSchedule`); `batch_target`: `BatchRunner`, B sequences verified in one
+  target forward at their own cache rows and lengths; `batch_draft`: every row's EAGLE-3 chain
+  or tree in one drafter forward per step; `hf_rows`: `RowCache`, the per-row K/V of
+  a transformers-backed target in a batch (docs/ARCHITECTURE.md, "Batching").
 - `tree`: draft tree expansion, selection and its attention masks.
 - `sampling`: logits to probabilities; greedy, chain and tree acceptance rules.
 - `spec_config`: `SpecConfig` (num_steps, topk, num_draft_tokens).

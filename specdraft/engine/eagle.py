@@ -68,6 +68,7 @@ class FastDraft:
                 for x, s in zip("qkv", (scale, scale, 1))
             ]
         )  # rows q|k|v
+        self.qkv_heads = self.wqkv.shape[0] // self.head_dim
         self.wo = weights["midlayer.self_attn.o_proj.weight"]
         self.post_attention_norm = weights["midlayer.post_attention_layernorm.weight"]
         self.w13 = torch.cat(
@@ -105,9 +106,9 @@ class FastDraft:
         attends over entries 0..start+T-1 where attn_mask [T, start+T] (or [1, 1, T, start+T])
         bool says, or (None) to every earlier entry and causally among the T. Returns logits
         [T, draft vocab] and the output [T, H] a later step reads as its hidden (pre-norm;
-        post-norm for `norm_output`)."""
-        t = input_ids.shape[0]
-        if self.triton_kernels and t <= fused_decode.MAX_TOKENS:
+        post-norm for `norm_output`). A batch's rows (`batch_draft`): [B, ...] shapes, a mask."""
+        t = input_ids.shape[-1]
+        if self.triton_kernels and t <= fused_decode.MAX_TOKENS and input_ids.dim() == 1:
             cache.check_write(start, t)
             if attn_mask is None:  # every earlier entry, causal among the T
                 attn_mask = causal_mask(start, t, start + t, device=hidden.device)[0, 0]
@@ -120,9 +121,9 @@ class FastDraft:
         normed_h = rms_norm(h, self.hidden_norm, self.eps)
         emb = rms_norm(F.embedding(input_ids, self.embed), self.input_norm, self.eps)
         x = torch.cat([emb, normed_h], dim=-1)
-        cos, sin = rope_cos_sin(positions[None], self.inv_freq, x.dtype)
-        # q|k|v heads: [1, heads, T, D]
-        qkv = F.linear(x, self.wqkv).view(1, t, -1, self.head_dim).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions.view(-1, t), self.inv_freq, x.dtype)
+        # q|k|v heads: [B, heads, T, D] (B = 1: one sequence; torch ops: Triton is batch 1)
+        qkv = F.linear(x, self.wqkv).view(-1, t, self.qkv_heads, self.head_dim).transpose(1, 2)
         qk, v = qkv.split([self.num_heads + self.num_kv_heads, self.num_kv_heads], dim=1)
         q, k = apply_rope(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         cache.write(KV(k, v), start)
@@ -133,7 +134,7 @@ class FastDraft:
             q, past.k, past.v, attn_mask=attn_mask, enable_gqa=self.num_heads != self.num_kv_heads
         )
         residual = normed_h if self.norm_before_residual else h
-        r = F.linear(y.transpose(1, 2).reshape(t, -1), self.wo) + residual
+        r = F.linear(y.transpose(1, 2).reshape(*input_ids.shape, -1), self.wo) + residual
         normed_r = rms_norm(r, self.post_attention_norm, self.eps)
         gate, up = F.linear(normed_r, self.w13).chunk(2, dim=-1)
         out = r + F.linear(F.silu(gate) * up, self.w2)
@@ -199,6 +200,14 @@ class DraftCache:
         self.v: Tensor = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.length = 0
+
+    @classmethod
+    def over(cls, k: Tensor, v: Tensor) -> DraftCache:
+        """An empty cache over the buffers k, v [1, num_kv_heads, max_len, head_dim] (views of a
+        batch's rows: `batch_draft.DraftRows`)."""
+        cache = cls(k.shape[1], k.shape[3], 0, k.dtype, k.device)
+        cache.k, cache.v, cache.max_len = k, v, k.shape[2]
+        return cache
 
     def view(self, end: int) -> KV:
         """Entries 0..end-1 as a KV view (no copy), to pass as the drafter's `past_kv`."""

@@ -126,12 +126,10 @@ class EagleTree(EagleChain):
         n = self.num_nodes
         return SelectedProposal(inputs[0][0], None, None, None, n - 1, True, *candidates)
 
-    def draft_steps(self, req: Request, out: Tensor | None) -> DraftTree:
-        """The round step by step: the first step over the m pending positions, then the tree
-        steps, each expanding the frontier (`TreeExpansion`); out as `tree.tree_of`'s."""
-        draft, cache, spec = self.run_draft, self.cache, self.spec
-        start, m = cache.length, req.pending_ids.numel()
-        expansion = TreeExpansion(
+    def expansion(self, req: Request) -> TreeExpansion:
+        """A round's expansion from req's root: top-k children (greedy at every temperature)."""
+        spec, kernels = self.spec, self.fast.triton_kernels
+        return TreeExpansion(
             req.output_ids[-1],
             spec.topk,
             False,
@@ -139,8 +137,15 @@ class EagleTree(EagleChain):
             self.vocab,
             self.vocab_size,
             req.generator,
-            kernels=self.fast.triton_kernels,
+            kernels=kernels,
         )
+
+    def draft_steps(self, req: Request, out: Tensor | None) -> DraftTree:
+        """The round step by step: the first step over the m pending positions, then the tree
+        steps, each expanding the frontier (`TreeExpansion`); out as `tree.tree_of`'s."""
+        draft, cache, spec = self.run_draft, self.cache, self.spec
+        start, m = cache.length, req.pending_ids.numel()
+        expansion = self.expansion(req)
         with sdpa_kernel(DRAFT_SDPA_BACKENDS) if self.cuda else NO_CONTEXT:
             positions = torch.arange(start, start + m, device=self.device)
             logits, hidden = draft(req.pending_ids, req.pending_aux, positions, True, cache, start)

@@ -56,12 +56,16 @@ class KVCache(nn.Module):
     def update(
         self, cache_slots: Tensor, k: Tensor, v: Tensor, num_slots: int
     ) -> tuple[Tensor, Tensor]:
-        """Write k, v [B, n_kv, T, D] at cache_slots [T] (each < num_slots); return this batch's
-        caches over slots 0..num_slots-1, [B, n_kv, num_slots, D]."""
+        """Write k, v [B, n_kv, T, D] at cache_slots [T] (each < num_slots), or per row at
+        cache_slots [B, T] (a batch of sequences of their own lengths, `batch_target`); return
+        this batch's caches over slots 0..num_slots-1, [B, n_kv, num_slots, D] (cache rows 0..B-1)."""
         k_out, v_out = (
             self.k_cache[: k.shape[0], :, :num_slots],
             self.v_cache[: k.shape[0], :, :num_slots],
         )
+        if cache_slots.dim() == 2:  # rows' own slots: [B, T] -> [B, n_kv, T, D] indices
+            index = cache_slots[:, None, :, None].expand_as(k)
+            return k_out.scatter_(2, index, k), v_out.scatter_(2, index, v)
         k_out.index_copy_(2, cache_slots, k)
         v_out.index_copy_(2, cache_slots, v)
         return k_out, v_out
@@ -157,7 +161,8 @@ class FastTarget(nn.Module):
         """Run T new tokens per row against the cache.
 
         input_ids [B, T] long; position_ids [B, T] long (RoPE positions); cache_slots [T] long
-        (where each token's K/V is written, shared by the batch); attn_mask [B, 1, T, S] bool
+        (where each token's K/V is written, shared by the batch) or [B, T] (each row's own, in
+        cache rows 0..B-1: torch ops, never the Triton kernels); attn_mask [B, 1, T, S] bool
         over cache slots 0..S-1 (True = attend; every row must attend somewhere, e.g. to itself,
         so every slot written is < S <= max_seq_len; S = max_seq_len keeps shapes static for
         graphs, the slots in use only are cheaper eagerly);
@@ -171,7 +176,11 @@ class FastTarget(nn.Module):
             raise EngineError(
                 f"aux_layers {list(aux_layers)}: each must be in 0..{self.args.num_layers}"
             )
-        if self.triton_kernels and input_ids.numel() <= fused_decode.MAX_TOKENS:
+        if (
+            self.triton_kernels
+            and input_ids.numel() <= fused_decode.MAX_TOKENS
+            and cache_slots.dim() == 1  # the kernels write shared slots: rows' own run in torch
+        ):
             return self.triton_forward(input_ids, position_ids, cache_slots, attn_mask, aux_layers)
         x = self.tok_embeddings(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)
@@ -232,6 +241,16 @@ class FastTarget(nn.Module):
         stack = self.kv_stack
         stack[:, :, :, :, dst_start : dst_start + src_slots.numel()] = stack.index_select(
             4, src_slots
+        )
+
+    @torch.no_grad()
+    def copy_slots(self, src_row: int, src_slots: Tensor, dst_row: int, dst_start: int) -> None:
+        """Copy the K/V of cache row src_row at src_slots [n] long (on the cache's device) to row
+        dst_row, slots dst_start..dst_start+n-1, in every layer (gathered first: overlap-safe).
+        A batch's per-row `compact_cache`, and its move of a sequence to another row."""
+        stack, n = self.kv_stack, src_slots.numel()
+        stack[:, :, dst_row, :, dst_start : dst_start + n] = stack[:, :, src_row].index_select(
+            3, src_slots
         )
 
 

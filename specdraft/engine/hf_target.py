@@ -24,6 +24,7 @@ from transformers import DynamicCache
 from specdraft.engine.errors import EngineError
 from specdraft.engine.fast_config import check_cache_length
 from specdraft.engine.fast_model import FastOutput, causal_mask
+from specdraft.engine.hf_rows import RowCache
 from specdraft.targets import Target, capture_states
 
 TRANSFORMERS_PATH = (
@@ -100,10 +101,13 @@ class HFTarget:
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        """A new, empty cache (any batch size: the engine uses 1). Raises ValueError for a
-        max_seq_len past the target's max positions."""
+        """A new, empty cache: a `DynamicCache` for batch 1 (the engine's), a `hf_rows.RowCache`
+        for a batch of sequences of their own lengths (`batch_target.BatchRunner`). Raises
+        ValueError for a max_seq_len past the target's max positions."""
         check_cache_length(max_seq_len, self.args.max_position_embeddings)
-        self.cache = DynamicCache()
+        self.cache = (
+            DynamicCache() if max_batch_size == 1 else RowCache(max_batch_size, max_seq_len)
+        )
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
 
     def model_masks(
@@ -126,19 +130,23 @@ class HFTarget:
         return None if causal else self.layer_masks(attn_mask, position_ids, start)
 
     def layer_masks(
-        self, attn_mask: Tensor, position_ids: Tensor, start: int
+        self, attn_mask: Tensor, position_ids: Tensor, start: int, keys: Tensor | None = None
     ) -> Tensor | dict[str, Tensor]:
-        """The engine's bool mask [1, 1, T, S] (S = start + T) as the model's additive masks in its
-        dtype on its device: one tensor, or {layer type: mask} for a config with `layer_types`
-        (the form the model's forward takes in place of building its own). Key slot s < start
-        sits at position s; the T new keys at `position_ids`."""
-        keys = torch.cat([torch.arange(start, device=position_ids.device), position_ids[0]])
-        distance = position_ids[0][:, None] - keys[None, :]  # [T, S]
+        """The engine's bool mask [B, 1, T, S] as the model's additive masks in its dtype on its
+        device: one tensor, or {layer type: mask} for a config with `layer_types` (the form the
+        model's forward takes in place of building its own). position_ids [B, T] are the new
+        tokens' positions; keys [B, S] long the position of each key slot, by default (batch 1,
+        S = start + T) key slot s < start at position s, the T new keys at `position_ids`."""
+        if keys is None:
+            keys = torch.cat([torch.arange(start, device=position_ids.device), position_ids[0]])[
+                None
+            ]
+        queries, keys = position_ids[:, None, :, None], keys[:, None, None, :]
         allowed = {"full_attention": attn_mask}
         if self._window is not None:
-            allowed["sliding_attention"] = attn_mask & (distance < self._window)
+            allowed["sliding_attention"] = attn_mask & (queries - keys < self._window)
         if self._chunk is not None:
-            same_chunk = position_ids[0][:, None] // self._chunk == keys[None, :] // self._chunk
+            same_chunk = queries // self._chunk == keys // self._chunk
             allowed["chunked_attention"] = attn_mask & same_chunk
         weight = self.tok_embeddings.weight
         additive = {
@@ -169,6 +177,11 @@ class HFTarget:
         start <= the cached length."""
         if self.cache is None:
             raise RuntimeError("HFTarget forward before setup_cache(1, max_seq_len)")
+        if isinstance(self.cache, RowCache):
+            inputs = (input_ids, position_ids, cache_slots, attn_mask)
+            return self.rows_forward(inputs, aux_layers)
+        if cache_slots.dim() == 2:  # one row's own slots (a batch of one): the batch-1 path
+            cache_slots = cache_slots[0]
         start, n = int(cache_slots[0]), cache_slots.numel()
         cached = self.cache.get_seq_length()
         if start > cached or attn_mask.shape[-1] < start + n:
@@ -182,6 +195,20 @@ class HFTarget:
             ..., : start + n
         ]  # a wider mask (e.g. max_seq_len) covers slots not cached
         mask = self.model_masks(attn_mask, position_ids, start)
+        out = self.run_model(input_ids, position_ids, mask, aux_layers)
+        if self.cache.get_seq_length() != start + n:
+            raise RuntimeError(
+                f"HFTarget: {type(self.target.causal_lm).__name__} wrote {self.cache.get_seq_length()} "
+                f"cache slots, expected {start + n}: its forward did not use the cache"
+            )
+        return out
+
+    forward = __call__
+
+    def run_model(
+        self, input_ids: Tensor, position_ids: Tensor, mask: object, aux_layers: tuple[int, ...]
+    ) -> FastOutput:
+        """The model's forward over the cache with `mask` as its attention_mask (None: its own)."""
         device = self.tok_embeddings.weight.device
         with torch.inference_mode(), capture_states(self.layers, set(aux_layers)) as states:
             out = self.target.causal_lm(
@@ -191,15 +218,31 @@ class HFTarget:
                 use_cache=True,
                 **{self._cache_argument: self.cache},
             )
-        if self.cache.get_seq_length() != start + n:
-            raise RuntimeError(
-                f"HFTarget: {type(self.target.causal_lm).__name__} wrote {self.cache.get_seq_length()} "
-                f"cache slots, expected {start + n}: its forward did not use the cache"
-            )
         aux = torch.cat([states[k] for k in aux_layers], dim=-1) if aux_layers else None
         return FastOutput(logits=out.logits.float(), aux_hidden=aux)
 
-    forward = __call__
+    def rows_forward(self, inputs: tuple[Tensor, ...], aux_layers: tuple[int, ...]) -> FastOutput:
+        """`__call__` on a `RowCache`, inputs (input_ids, position_ids, cache_slots, attn_mask):
+        row b's tokens written at cache_slots[b] ([B, T] long, or [T] shared), attending where
+        attn_mask [B, 1, T, S] bool says over slots 0..S-1 of its row (key slot s at position s,
+        the new keys at position_ids)."""
+        input_ids, position_ids, cache_slots, attn_mask = inputs
+        device = self.tok_embeddings.weight.device
+        rows, width = input_ids.shape[0], attn_mask.shape[-1]
+        slots = cache_slots.to(device).expand(rows, -1) if cache_slots.dim() == 1 else cache_slots
+        positions = position_ids.to(device)
+        keys = torch.arange(width, device=device).expand(rows, -1).scatter(1, slots, positions)
+        self.cache.prepare(slots.to(device), width)
+        mask = self.layer_masks(attn_mask.to(device), positions, 0, keys)
+        return self.run_model(input_ids, positions, mask, aux_layers)
+
+    def copy_slots(self, src_row: int, src_slots: Tensor, dst_row: int, dst_start: int) -> None:
+        """`fast_model.FastTarget.copy_slots`: row src_row's K/V at src_slots [n] long to row
+        dst_row's slots dst_start.. (a batch's `RowCache`; batch 1: `compact_cache`)."""
+        if isinstance(self.cache, RowCache):
+            self.cache.copy_slots(src_row, src_slots, dst_row, dst_start)
+        else:
+            self.compact_cache(src_slots, dst_start)
 
     @torch.no_grad()
     def compact_cache(self, src_slots: Tensor, dst_start: int) -> None:

@@ -146,6 +146,19 @@ def speculative_round(req: Request, proposer: Proposer, target: Target) -> None:
     req.emit(emitted)
 
 
+def prefill_request(req: Request, proposer: Proposer, target: Target, device: torch.device) -> int:
+    """Run req's prompt through the target (`Target.prefill`) and tell the proposer; return the
+    first generated token (sampled with req's settings), req.length the prompt's."""
+    t0 = time.perf_counter()
+    ids = torch.tensor(req.prompt_ids, device=device)
+    logits, aux = target.prefill(ids)
+    token = int(sampling.sample(logits_to_probs(logits[-1], req.params), req.generator))
+    req.length = len(req.prompt_ids)
+    proposer.prefilled(req, ids, token, aux)
+    req.metrics.time_prefill_s += time.perf_counter() - t0
+    return token
+
+
 class PlainDecoding:
     """The `Proposer` of plain decoding: no drafts, the root alone (on the CPU, where its token
     is known and the target's inputs are staged), so a round is one decode step."""
@@ -175,6 +188,8 @@ class TargetRunner:
     eager until `compile` (CUDA only), then decode and verify forwards replay CUDA graphs
     (`graphs.GraphedTarget`)."""
 
+    max_batch_size = 1  # cache rows (`batch_target.BatchRunner`: a batch's)
+
     def __init__(
         self,
         target: FastTarget,
@@ -192,7 +207,7 @@ class TargetRunner:
         # `hf_target.HFTarget` reads the mask and slots on the host: its inputs are not copied
         self.host_inputs = getattr(target, "host_inputs", False)
         self.verify_buffers: list[Tensor] | None = None  # `verify_inputs` of a runner not compiled
-        target.setup_cache(1, max_seq_len, device=device)
+        target.setup_cache(self.max_batch_size, max_seq_len, device=device)
 
     def compile(self) -> str:
         """Compile each target layer (torch.compile, in place), run forwards of up to 64 tokens
@@ -207,8 +222,9 @@ class TargetRunner:
     def reserve(self) -> None:
         """Rebuild the target's cache for this runner when another user (another engine on the
         same target) reallocated it."""
-        if (self.target.max_batch_size, self.target.max_seq_len) != (1, self.max_seq_len):
-            self.target.setup_cache(1, self.max_seq_len, device=self.device)
+        wanted = (self.max_batch_size, self.max_seq_len)
+        if (self.target.max_batch_size, self.target.max_seq_len) != wanted:
+            self.target.setup_cache(*wanted, device=self.device)
 
     def mask_width(self, num_slots: int) -> int:
         """Columns of a target mask whose tokens use cache slots 0..num_slots-1: just those (the

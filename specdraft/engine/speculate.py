@@ -33,9 +33,15 @@ from specdraft.engine.requests import (
     TokenCallback,
     check_request,
 )
-from specdraft.engine.round import PlainDecoding, Proposer, TargetRunner, speculative_round
+from specdraft.engine.round import (
+    PlainDecoding,
+    Proposer,
+    TargetRunner,
+    prefill_request,
+    speculative_round,
+)
 from specdraft.engine.rounds_ahead import RoundsAhead, padded_rows
-from specdraft.engine.sampling import SamplingParams, logits_to_probs, sample
+from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
 
 
@@ -279,14 +285,7 @@ class SpeculativeEngine:
 
     def prefill(self, req: Request) -> int:
         """Run the prompt through the target; return the first generated token."""
-        t0 = time.perf_counter()
-        ids = torch.tensor(req.prompt_ids, device=self.device)
-        logits, aux = self.runner.prefill(ids)
-        token = int(sample(logits_to_probs(logits[-1], req.params), req.generator))
-        req.length = len(req.prompt_ids)
-        self.proposer.prefilled(req, ids, token, aux)
-        req.metrics.time_prefill_s += time.perf_counter() - t0
-        return token
+        return prefill_request(req, self.proposer, self.runner, self.device)
 
 
 def check_pairing(

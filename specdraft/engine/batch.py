@@ -1,0 +1,314 @@
+"""Continuous batching on one target: `BatchScheduler` runs one batched round for every running
+sequence per `step`, admits waiting requests between steps and retires finished ones.
+
+The nouns are nano-vllm's (`engine/scheduler.py`, `engine/sequence.py`): a `Sequence` is a
+running request with its drafter's cache and its proposers; the scheduler keeps the running
+ones in cache rows 0..B-1 of a `batch_target.BatchRunner` (the drafter's K/V in the same rows
+of a `batch_draft.DraftRows`). A round (`batched_round`): the proposals (EAGLE-3 chains or
+trees of every row in one drafter forward per step, `batch_draft`; any other `round.Proposer`,
+e.g. a DFlash one, each sequence's in turn over its row's cache and pending positions), the
+target verifies all B proposals in ONE forward at each row's own length, and each sequence
+accepts by its proposal's own rule, commits, tells its proposer and emits. A sequence's output
+depends on its own tokens only, so at T = 0 it is the target's greedy output
+(tests/unit/engine/test_batch.py). K, the draft depth, is read per round from a
+`schedule.BatchSchedule` for the batch size (vLLM's `num_speculative_tokens_per_batch_size`);
+K = 0 decodes plainly while the drafter's pending positions grow, read by its first step when
+K > 0 returns (`CatchUp`). K equal to the engine's own num_steps uses the engine's setting (a
+tree with a tree's engine), any other K a chain. Each request's metrics count its drafting
+time (a share of a batched drafting round's) and the whole batch's verify time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specdraft.engine.batch_draft import DraftRows, draft_chains, draft_trees
+from specdraft.engine.batch_target import BatchRunner
+from specdraft.engine.eagle import DraftCache, EagleChain
+from specdraft.engine.eagle_tree import EagleTree, TreeProposal
+from specdraft.engine.errors import EngineError
+from specdraft.engine.kernels import fused_decode
+from specdraft.engine.requests import GenerationResult, Request, SpecMetrics
+from specdraft.engine.round import PlainDecoding, Proposer, prefill_request
+from specdraft.engine.schedule import BatchSchedule, ScheduleError
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.engine.speculate import SpeculativeEngine
+
+ABORTED = "abort"  # the finish reason of a request `BatchScheduler.abort` removed (vLLM's)
+
+
+class CatchUp(PlainDecoding):
+    """The `round.Proposer` of a K = 0 round with a drafter: the root alone, as plain decoding,
+    while the emitted tokens and their aux states join the drafter's pending positions, which
+    the next drafted round's first step reads (so drafting resumes where it stopped)."""
+
+    def __init__(self, chain: EagleChain) -> None:
+        self.chain = chain
+
+    def prefilled(self, req: Request, ids: Tensor, token: int, aux: Tensor | None) -> None:
+        """The drafter's prefill bookkeeping (`EagleChain.prefilled`)."""
+        self.chain.prefilled(req, ids, token, aux)
+
+    def accepted(
+        self, req: Request, emitted: list[int], path: Tensor | None, aux: Tensor | None
+    ) -> None:
+        """The emitted token [1] and its aux states [1, n_aux*H] appended to the pending ones."""
+        ids = torch.tensor(emitted, device=req.pending_ids.device)
+        req.pending_ids = torch.cat([req.pending_ids, ids])
+        req.pending_aux = torch.cat([req.pending_aux, aux[: len(emitted)].to(req.pending_aux)])
+
+
+@dataclass
+class Sequence:
+    """A running request: its drafter cache (None without a drafter), its proposers by K, the
+    time it was admitted (`time.perf_counter()`)."""
+
+    req: Request
+    cache: DraftCache | None
+    started: float
+    proposers: dict[int, Proposer] = field(default_factory=dict)
+
+
+@dataclass
+class BatchStats:
+    """Per batch size: rounds run, the K last used, and the sequences' verification counts."""
+
+    num_rounds: int = 0
+    num_steps: int = 0
+    metrics: SpecMetrics = field(default_factory=SpecMetrics)
+
+
+def propose_each(seqs: Seq[Sequence], proposers: Seq[Proposer]) -> tuple[list, list[float]]:
+    """Each sequence's proposal from its own proposer, and the seconds each drafted."""
+    proposals, t_draft = [], []
+    for seq, proposer in zip(seqs, proposers):
+        t0 = time.perf_counter()
+        proposals.append(proposer.propose(seq.req))
+        t_draft.append(time.perf_counter() - t0 if proposer.drafts else 0.0)
+    return proposals, t_draft
+
+
+def batched_round(
+    seqs: Seq[Sequence],
+    proposers: Seq[Proposer],
+    runner: BatchRunner,
+    drafted: tuple[list, list[float]] | None = None,
+) -> list[tuple[int, int]]:
+    """One round for every sequence (row b = seqs[b]): propose (`propose_each`, unless drafted
+    gives the proposals and drafting times), verify all in ONE forward, accept, commit, emit
+    (`round.speculative_round`'s steps, per row; each proposer learns what its row accepted).
+    Each request's metrics get its drafting time and the batch's verify time. Returns each
+    row's (drafts, accepted drafts)."""
+    proposals, t_draft = drafted or propose_each(seqs, proposers)
+    t1 = time.perf_counter()
+    logits, aux = runner.verify_batch(proposals, [seq.req.length for seq in seqs])
+    emitted_rows = []
+    for row, (seq, proposer, proposal) in enumerate(zip(seqs, proposers, proposals)):
+        req = seq.req
+        emitted, path = proposal.accept(req, logits[row])
+        if path is not None:
+            runner.commit_row(row, req.length, path)
+        req.length += len(emitted)
+        proposer.accepted(req, emitted, path, None if aux is None else aux[row])
+        emitted_rows.append(emitted)
+    t2 = time.perf_counter()
+    counts = [(p.num_drafts, len(emitted) - 1) for p, emitted in zip(proposals, emitted_rows)]
+    for seq, count, emitted, drafting in zip(seqs, counts, emitted_rows, t_draft):
+        metrics = seq.req.metrics
+        metrics.time_draft_s += drafting
+        metrics.time_verify_s += t2 - t1
+        metrics.record_step(*count)
+        seq.req.emit(emitted)
+    return counts
+
+
+class BatchScheduler:
+    """Continuous batching over a `SpeculativeEngine`'s target and drafter (module docstring).
+
+    engine: its target, drafter (or none), setting, limits and `new_request` (build requests
+    there: it checks their lengths against the cache); max_num_seqs: the most sequences a round
+    runs (cache rows); schedule: K by batch size, default the engine's num_steps (0 without a
+    drafter) at every size up to max_num_seqs. The target's cache is (re)allocated for
+    max_num_seqs rows here: run the engine's own `generate` only while this has no sequences.
+    Raises EngineError for max_num_seqs < 1, ScheduleError when the schedule does not cover max_num_seqs or drafts deeper than
+    the engine's num_steps (0 without a drafter). batch_drafts: draft every row's chain or tree
+    in one drafter forward per step (`batch_draft`), else each sequence's in turn (its
+    `EagleChain` / `EagleTree`); a proposer of another kind always proposes in turn.
+    """
+
+    def __init__(
+        self,
+        engine: SpeculativeEngine,
+        max_num_seqs: int,
+        schedule: BatchSchedule | None = None,
+        batch_drafts: bool = True,
+    ) -> None:
+        if max_num_seqs < 1:
+            raise EngineError(f"max_num_seqs {max_num_seqs}: a batch needs at least 1 row")
+        spec = engine.spec
+        depth = spec.num_steps if spec is not None else 0
+        self.schedule = schedule or BatchSchedule.constant(depth, max_num_seqs)
+        self.schedule.check_depth(depth)
+        if self.schedule.max_batch_size < max_num_seqs:
+            raise ScheduleError(
+                f"the schedule covers batch sizes 1..{self.schedule.max_batch_size}, "
+                f"max_num_seqs is {max_num_seqs}: extend its last entry"
+            )
+        self.engine, self.spec, self.max_num_seqs = engine, spec, max_num_seqs
+        static = engine.runner.graphed is not None  # compiled layers: static mask widths
+        self.runner = BatchRunner(
+            engine.target,
+            engine.aux_layers,
+            max_num_seqs,
+            engine.max_seq_len,
+            engine.device,
+            static,
+        )
+        self.waiting: list[Request] = []
+        self.dropped: list[Request] = []  # aborted while waiting: returned by the next step
+        self.running: list[Sequence] = []  # row b = running[b]
+        self.draft_rows = self.new_draft_rows(max_num_seqs) if engine.draft is not None else None
+        self.batch_drafts = batch_drafts
+        self.stats: dict[int, BatchStats] = {}  # by batch size
+
+    @property
+    def has_work(self) -> bool:
+        """Whether a request waits, runs, or waits to be returned."""
+        return bool(self.waiting or self.running or self.dropped)
+
+    def add(self, req: Request) -> None:
+        """Queue a request (from `engine.new_request`); it joins at the next `step`."""
+        self.waiting.append(req)
+
+    def abort(self, req: Request) -> None:
+        """Stop a waiting or running request (finish reason "abort"); the next step returns it."""
+        if any(r is req for r in self.waiting):
+            self.waiting = [r for r in self.waiting if r is not req]
+            self.dropped.append(req)
+        req.finish_reason = req.finish_reason or ABORTED
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Request, GenerationResult]]:
+        """Admit waiting requests (each prefilled, its first token emitted), run one batched
+        round for every running sequence, and retire the finished ones: their results."""
+        self.runner.check_cache(len(self.running))
+        finished = [(req, req.finish(time.perf_counter())) for req in self.dropped]
+        self.dropped = []
+        self.admit()
+        finished += self.retire()
+        if self.running:
+            k = self.schedule.num_steps(len(self.running))
+            proposers = [self.proposer(seq, k) for seq in self.running]
+            drafted = self.draft_together(k, proposers) if self.batch_drafts else None
+            self.record(k, batched_round(self.running, proposers, self.runner, drafted))
+        return finished + self.retire()
+
+    def run(self) -> list[tuple[Request, GenerationResult]]:
+        """`step` until no request waits or runs: every result, in the order they finished."""
+        results = []
+        while self.has_work:
+            results += self.step()
+        return results
+
+    def admit(self) -> None:
+        """Move waiting requests into the batch while rows are free: row 0's sequence moves to
+        row B (`BatchRunner.move`), the new one is prefilled at row 0."""
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            req = self.waiting.pop(0)
+            if self.running:
+                self.running.append(self.running[0])
+                self.move(0, len(self.running) - 1)
+            seq = Sequence(req, self.row_cache(0), time.perf_counter())
+            self.running[:1] = [seq]
+            proposer = self.proposer(seq, self.schedule.num_steps(len(self.running)))
+            req.emit([prefill_request(req, proposer, self.runner, self.engine.device)])
+
+    def retire(self) -> list[tuple[Request, GenerationResult]]:
+        """Remove the finished sequences, each row refilled by the last row (`BatchRunner.move`):
+        their results."""
+        done = []
+        for row in reversed(range(len(self.running))):
+            seq = self.running[row]
+            if seq.req.finish_reason is None:
+                continue
+            if row < len(self.running) - 1:
+                self.running[row] = self.running[-1]
+                self.move(len(self.running) - 1, row)
+            self.running.pop()
+            done.append((seq.req, seq.req.finish(seq.started)))
+        return done[::-1]
+
+    def record(self, k: int, counts: list[tuple[int, int]]) -> None:
+        """Count a round run at K = k over the batch: each row's (drafts, accepted drafts)."""
+        stats = self.stats.setdefault(len(counts), BatchStats())
+        stats.num_rounds, stats.num_steps = stats.num_rounds + 1, k
+        for count in counts:
+            stats.metrics.record_step(*count)
+
+    def move(self, src: int, dst: int) -> None:
+        """The sequence now at running[dst] moves from cache row src to row dst: its target
+        K/V, its drafter's K/V and cache (its proposers rebuilt over the new row's)."""
+        seq = self.running[dst]
+        self.runner.move(src, dst, seq.req.length)
+        if self.draft_rows is not None:
+            self.draft_rows.move(src, dst)
+        seq.cache, seq.proposers = self.row_cache(dst), {}
+
+    def row_cache(self, row: int) -> DraftCache | None:
+        """The drafter's cache of a row (None without a drafter)."""
+        return None if self.draft_rows is None else self.draft_rows.caches[row]
+
+    def new_draft_rows(self, rows: int) -> DraftRows:
+        """The drafter's K/V for `rows` rows: max_seq_len entries each plus one round's scratch
+        and `GraphedDraft`'s capture entries (the last one the pads' of a batched first step)."""
+        cfg, spec = self.engine.draft.cfg, self.spec
+        scratch = (spec.num_steps - 1) * spec.topk
+        length = self.engine.max_seq_len + scratch + fused_decode.MAX_TOKENS
+        dtype = self.engine.draft.fc.weight.dtype
+        return DraftRows(
+            cfg.num_key_value_heads, cfg.head_dim, rows, length, dtype, self.engine.device
+        )
+
+    def draft_together(self, k: int, proposers: list) -> tuple[list, list[float]] | None:
+        """Every row's chain of k drafts in k drafter forwards (`batch_draft.draft_chains`), or
+        its tree in k (`draft_trees`, through its proposer's expansion), the drafting time
+        shared by the rows; None where the rows propose in turn (no drafter, or K = 0)."""
+        if self.draft_rows is None or k == 0:
+            return None
+        t0, engine, reqs = time.perf_counter(), self.engine, [seq.req for seq in self.running]
+        fast, spec = engine.fast_draft, self.setting(k)
+        if spec.is_chain:
+            vocab, vocab_size = engine.draft_vocab, engine.target.args.vocab_size
+            proposals = draft_chains(fast, self.draft_rows, reqs, k, vocab, vocab_size)
+        else:
+            expansions = [p.expansion(req) for p, req in zip(proposers, reqs)]
+            trees = draft_trees(fast, self.draft_rows, reqs, expansions, k, spec.num_draft_tokens)
+            proposals = [TreeProposal.of(tree) for tree in trees]
+        share = (time.perf_counter() - t0) / len(reqs)
+        return proposals, [share] * len(reqs)
+
+    def setting(self, k: int) -> SpecConfig:
+        """The speculative setting at K = k > 0: the engine's at its num_steps, else a chain."""
+        return self.spec if k == self.spec.num_steps else SpecConfig.chain(k)
+
+    def proposer(self, seq: Sequence, k: int) -> Proposer:
+        """seq's proposer for K = k (built once per K): plain decoding without a drafter,
+        `CatchUp` at K = 0, the engine's setting at its num_steps, else a chain of k."""
+        if k not in seq.proposers:
+            seq.proposers[k] = self.new_proposer(seq, k)
+        return seq.proposers[k]
+
+    def new_proposer(self, seq: Sequence, k: int) -> Proposer:
+        """A proposer over seq's drafter cache (`proposer`)."""
+        if seq.cache is None:
+            return PlainDecoding()
+        engine, spec = self.engine, self.setting(max(k, 1))
+        kind = EagleChain if spec.is_chain else EagleTree
+        args = (engine.draft_vocab, engine.target.args.vocab_size, self.runner)
+        proposer = kind(engine.fast_draft, seq.cache, spec, *args)
+        return CatchUp(proposer) if k == 0 else proposer

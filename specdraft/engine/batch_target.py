@@ -1,0 +1,113 @@
+"""The target forwards of a batch: B sequences verified in ONE forward, each in its own cache row
+at its own length (`BatchRunner`, the batched form of `round.TargetRunner`).
+
+Sequence i of the batch owns cache row i (rows 0..B-1: the target attends over `k_cache[:B]`,
+as vLLM's persistent batch keeps its requests in the first rows of its input buffers,
+`v1/worker/gpu_input_batch.py`). A round writes row i's N nodes at its own slots
+length_i..length_i+N-1 (`cache_slots` [B, N]) and masks each row by its own length (a per-row
+causal or tree mask over the widest row's slots): nothing is padded, and after the round each
+row keeps only its accepted nodes by moving its length pointer (a tree's path compacted within
+its row, `commit`). The batch is never re-padded: a finished sequence leaves by moving the last
+row into its row, a new one joins by moving row 0 to row B and prefilling at row 0 (`move`).
+Batched forwards are eager torch ops on either target (a `fast_model.FastTarget`, whose Triton
+kernels write slots shared by the batch, so they run batch 1 only; or `hf_target.HFTarget`
+over a `hf_rows.RowCache`); no CUDA graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from specdraft.engine.errors import EngineError
+from specdraft.engine.round import Proposal, TargetRunner
+from specdraft.engine.tree import verify_mask
+
+
+def batch_causal_mask(starts: Tensor, num_tokens: int, width: int) -> Tensor:
+    """Bool mask [B, 1, T, width]: row b's token i attends to slots 0..starts[b]+i (starts [B]
+    long, each row's cache length)."""
+    rows = starts[:, None] + torch.arange(num_tokens, device=starts.device)  # [B, T]
+    return (torch.arange(width, device=starts.device) <= rows[..., None])[:, None]
+
+
+def batch_verify_mask(proposals: Sequence[Proposal], starts: Tensor, width: int) -> Tensor:
+    """The verify mask [B, 1, N, width] bool on the CPU of B proposals of N nodes each, row b's
+    written at slots starts[b]..: causal for chains, `tree.verify_mask` for trees."""
+    n = proposals[0].tokens.numel()
+    if all(p.ancestors is None for p in proposals):
+        return batch_causal_mask(starts, n, width)
+    return torch.cat(
+        [
+            batch_causal_mask(starts[b : b + 1], n, width)
+            if p.ancestors is None
+            else verify_mask(p.ancestors, int(starts[b]), width)
+            for b, p in enumerate(proposals)
+        ]
+    )
+
+
+class BatchRunner(TargetRunner):
+    """The forwards of up to max_batch_size sequences over one target (module docstring): the
+    prompt of a joining sequence at row 0 (`prefill`, batch 1's), every sequence's proposal in
+    one forward (`verify_batch`), per-row commits and row moves. Eager (never `compile`d);
+    static_width: masks over all max_seq_len slots (a target whose layers were compiled sees
+    few shapes), else over the widest row's."""
+
+    def __init__(
+        self,
+        target: object,
+        aux_layers: tuple[int, ...],
+        max_batch_size: int,
+        max_seq_len: int,
+        device: torch.device,
+        static_width: bool = False,
+    ) -> None:
+        self.max_batch_size, self.static_width = max_batch_size, static_width
+        super().__init__(target, aux_layers, max_seq_len, device)
+
+    def check_cache(self, num_rows: int) -> None:
+        """Rebuild the cache when another user (a batch-1 engine on the same target) reallocated
+        it while no row is in use; raise EngineError when rows were in use (their K/V is gone)."""
+        wanted = (self.max_batch_size, self.max_seq_len)
+        if (self.target.max_batch_size, self.target.max_seq_len) == wanted:
+            return
+        if num_rows:
+            raise EngineError(
+                f"the target's cache was reallocated while {num_rows} batched sequences used it: "
+                "run a batch-1 engine and a batch scheduler on one target one after the other"
+            )
+        self.reserve()
+
+    def verify_batch(
+        self, proposals: Sequence[Proposal], starts: list[int]
+    ) -> tuple[Tensor, Tensor | None]:
+        """Row b's proposal (N nodes, the same N in every row) at slots starts[b].., positions
+        starts[b] + depth, seeing its row's prefix, its ancestors and itself: logits [B, N, V]
+        float32 and aux states [B, N, n_aux*H] (None without a drafter). Raises EngineError
+        when the proposals' sizes differ."""
+        sizes = {p.tokens.numel() for p in proposals}
+        if len(sizes) != 1:
+            raise EngineError(f"batched verify of proposals of {sorted(sizes)} nodes: need one N")
+        n, start = sizes.pop(), torch.tensor(starts)
+        offsets = torch.arange(n)
+        depths = torch.stack([offsets if p.depths is None else p.depths for p in proposals])
+        width = self.max_seq_len if self.static_width else max(starts) + n
+        mask = batch_verify_mask(proposals, start, width)
+        tokens = torch.stack([p.tokens.to(self.device) for p in proposals])
+        inputs = (tokens, start[:, None] + depths, start[:, None] + offsets, mask)
+        if not self.host_inputs:
+            inputs = tuple(x.to(self.device) for x in inputs)
+        out = self.target(*inputs, self.aux_layers)
+        return out.logits, out.aux_hidden
+
+    def commit_row(self, row: int, start: int, path: Tensor) -> None:
+        """`Target.commit` in one row: the K/V of its accepted nodes path [a + 1] long (slots
+        start + path) moved to slots start..start+a of that row."""
+        self.target.copy_slots(row, path + start, row, start)
+
+    def move(self, src_row: int, dst_row: int, length: int) -> None:
+        """Copy row src_row's K/V of slots 0..length-1 into row dst_row (a sequence changes rows)."""
+        self.target.copy_slots(src_row, torch.arange(length, device=self.device), dst_row, 0)
