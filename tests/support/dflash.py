@@ -70,3 +70,23 @@ def engine_dflash_draft(
             loss.backward()
             opt.step()
     return draft.eval()
+
+
+def save_engine_dflash(draft: DFlashDraft, target, path):
+    """Save `draft` (an `engine_dflash_draft`) with a manifest recording `target`'s sizes
+    (a FastTarget's args); returns the directory."""
+    from specdraft.checkpoint.dflash import save_dflash_draft
+    from specdraft.checkpoint.manifest import Manifest
+
+    args = target.args
+    manifest = Manifest(
+        draft=draft.cfg.to_dict(),
+        target={
+            "num_layers": args.num_layers,
+            "hidden_size": args.hidden_size,
+            "vocab_size": args.vocab_size,
+        },
+        aux_layers=list(draft.cfg.aux_layers),
+        extra={"method": "dflash"},
+    )
+    return save_dflash_draft(draft, path, manifest)
