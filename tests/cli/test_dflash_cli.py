@@ -1,8 +1,10 @@
-"""`specdraft generate` and `serve` with a DFlash drafter directory: the target's greedy text,
+"""`specdraft generate`, `serve` and `tune` with a DFlash drafter directory: the target's greedy text,
 block_size - 1 drafts per round unless --num-steps says fewer, and the one-line usage errors for
 what a block cannot run (more drafts than its block, an EAGLE-3 tree, EAGLE-3 aux-id options)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from tests.support.engine_helpers import (  # noqa: F401
     one_thread,
     tiny_setup,
 )
+from tests.support.serve_helpers import text_prompts, write_prompts
 
 PROMPT = "w1 w5 w9 w13 w2 w7"
 
@@ -106,3 +109,38 @@ def test_serve_builds_a_dflash_engine(dflash_world, monkeypatch):
             engine.generate([1, 5, 9], 4).token_ids
             == greedy_sequences(engine.target, [[1, 5, 9]], 4)[0, 3:].tolist()
         )
+
+
+def test_tune_with_a_dflash_drafter_measures_chains_of_its_block(dflash_world, tmp_path):
+    target, draft, _ = dflash_world
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
+    base = cli_args("tune", target=target, draft=draft, prompts=prompts, max_tokens=8)
+    result = CliRunner().invoke(
+        app, base + cli_options(num_measure=1, repeats=1, json_out=tmp_path / "tune.json")
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "tune.json").read_text())
+    steps = TINY_BLOCK - 1  # probed and current: the whole block
+    assert set(data["probes"]) == {"1"} and data["probes"]["1"]["accepted_per_position"]
+    assert len(data["probes"]["1"]["accepted_per_position"]) == steps
+    assert data["current"]["num_steps"] == steps
+    assert {c["num_steps"] for c in data["candidates"]} == set(range(1, steps + 1))
+    assert all(c["topk"] == 1 for c in data["candidates"])
+    assert f"current: steps {steps}, topk 1" in result.output
+    for refused, line in (
+        (
+            cli_options(topks="1,2"),
+            f"--topks 1,2 names EAGLE-3 tree widths; the DFlash drafter {draft} (block size "
+            f"{TINY_BLOCK}) proposes chains only: drop --topks",
+        ),
+        (
+            cli_options(probe_steps=TINY_BLOCK),
+            f"--probe-steps {TINY_BLOCK}: the DFlash drafter {draft} (block size {TINY_BLOCK}) "
+            f"proposes at most {steps} drafts per round: pass --probe-steps 1..{steps}",
+        ),
+        (cli_options(num_steps=TINY_BLOCK), f"--num-steps {TINY_BLOCK}: the DFlash drafter"),
+    ):
+        result = CliRunner().invoke(app, base + refused)
+        lines = result.output.strip().splitlines()
+        assert result.exit_code != 0 and len(lines) == 1, result.output
+        assert lines[0].startswith(f"error: {line}"), lines[0]
