@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -268,6 +268,14 @@ def plain_metrics_table(metrics, title: str):
     return table
 
 
+def _dflash_demo(cfg, console) -> None:
+    """demo --method dflash (`demo.dflash.run_dflash_demo`), then its comparison printed."""
+    from specdraft.demo.dflash import dflash_summary, run_dflash_demo
+
+    result = run_dflash_demo(cfg, console)
+    console.print(dflash_summary(result, cfg.out), markup=False, highlight=False)
+
+
 DemoOut = Annotated[str, typer.Option(help="Working directory; a re-run resumes from it.")]
 DemoDevice = Annotated[
     str,
@@ -289,6 +297,16 @@ DemoData = Annotated[
     ),
 ]
 TrainSteps = Annotated[int, typer.Option(help="Drafter optimizer steps.")]
+DemoMethod = Annotated[
+    Literal["eagle3", "dflash"],  # demo.config.METHODS
+    typer.Option(
+        help="eagle3: the pipeline; dflash: a DFlash block drafter trained on the same data, its "
+        "tau and speedup printed beside EAGLE-3's.",
+    ),
+]
+DemoBlockSize = Annotated[
+    int, typer.Option(min=2, help="The DFlash drafter's block size (--method dflash).")
+]
 NumTrain = Annotated[int, typer.Option(help="Training documents.")]
 
 
@@ -301,11 +319,16 @@ def demo(
     chat_template: ChatTemplate = "",
     train_steps: TrainSteps = 1000,
     num_train: NumTrain = 800,
+    method: DemoMethod = "eagle3",
+    block_size: DemoBlockSize = 8,
     threads: Threads = DEFAULT_THREADS,
 ) -> None:
     """Run the whole pipeline on a real target and write report.md with plots. Stages, in the order
     they run and print: target, data, regenerate, capture, train, speculative generation vs plain
-    decoding (picks the setting), export, doctor; then the generation table and where files are."""
+    decoding (picks the setting), export, doctor; then the generation table and where files are.
+    --method dflash: the stages up to training, the EAGLE-3 drafter and a DFlash drafter on the
+    same store, then plain decoding, EAGLE-3 chains and DFlash blocks timed on the held-out
+    prompts (no export or doctor)."""
     from pathlib import Path
 
     from specdraft.demo.config import DemoConfig
@@ -325,8 +348,12 @@ def demo(
             chat_template=Path(chat_template) if chat_template else None,
             train_steps=train_steps,
             num_train=num_train,
+            method=method,
+            block_size=block_size,
             threads=threads,
         )
+        if method == "dflash":
+            return _dflash_demo(cfg, console)
         report = run_demo(cfg, console)
     console.print(summary(report, Path(out)), markup=False, highlight=False, soft_wrap=True)
     if report.busy:  # the load when the timing above ran (a re-run reuses both)

@@ -19,7 +19,7 @@ from specdraft.files import atomic_write_json, differing_fields
 SETTINGS_FILE = "demo_settings.json"
 
 
-STAGES = ("data", "regenerate", "train")  # in order: redoing one redoes every later one
+STAGES = ("data", "regenerate", "train", "train-dflash")  # in order: redoing one redoes the later
 
 
 def path_label(path: Path, out: Path) -> str:
@@ -62,6 +62,11 @@ def stage_settings(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
             "ttt_steps": cfg.ttt_steps,
             "seed": cfg.seed,
         },
+        "train-dflash": {  # demo --method dflash's drafter (out/train-dflash)
+            "block_size": cfg.block_size,
+            "dflash_layers": cfg.dflash_layers,
+            "dflash_steps": cfg.dflash_steps,
+        },
     }
 
 
@@ -69,6 +74,7 @@ HASHED = ("data_sha256", "chat_template_sha256")  # said as "changed", not as tw
 FLAG_NAMES = {
     "num_train": "--num-train",
     "train_steps": "--train-steps",
+    "block_size": "--block-size",
     "target": "--target",
     "data_sha256": "--data (its content)",
     "chat_template_sha256": "--chat-template (its content)",
@@ -105,6 +111,8 @@ def stage_outputs(out: Path, stage: str) -> list[Path]:
         ]
     if "train" in later:
         paths += [out / "train", out / "export"]
+    if "train-dflash" in later:
+        paths.append(out / "train-dflash")
     return [p for p in paths if p.exists()]
 
 

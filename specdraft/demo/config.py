@@ -8,6 +8,8 @@ from pathlib import Path
 from specdraft.errors import UnusableInput
 from specdraft.machine_load import DEFAULT_THREADS
 
+METHODS = ("eagle3", "dflash")  # demo --method: the pipeline, or DFlash beside it (`demo.dflash`)
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -19,6 +21,9 @@ class DemoConfig:
     prompt_tokens: prompt length cut from each document; max_new_tokens: continuation length
     (regeneration and the generation benchmark). num_train / num_heldout: documents used.
     train_steps, batch_size, lr: drafter training. sweep_steps: chain depths measured.
+    method: "eagle3" (the pipeline), or "dflash": the pipeline's EAGLE-3 drafter and a DFlash
+    drafter of block_size, dflash_layers draft layers and dflash_steps optimizer steps on the same
+    store, compared (`demo.dflash`).
     timing_repeats: rounds in which every setting and plain decoding are each timed once;
     min_speedup: the median speedup over plain decoding a recommended setting needs (it must
     also be faster in three rounds of four: lower quartile > 1x; else the report recommends none).
@@ -40,6 +45,10 @@ class DemoConfig:
     seed: int = 0
     sweep_steps: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     tree: tuple[int, int, int] = (4, 2, 8)  # num_steps, topk, num_draft_tokens
+    method: str = "eagle3"
+    block_size: int = 8
+    dflash_layers: int = 1
+    dflash_steps: int = 600
     threads: int = DEFAULT_THREADS  # CPU threads torch uses (and the printed try: / serve: lines)
     timing_repeats: int = 5  # timed passes per setting, taking turns with plain decoding
     min_speedup: float = (
@@ -68,6 +77,11 @@ class DemoConfig:
             raise UnusableInput(
                 f"sweep_steps {self.sweep_steps}: need at least one chain depth, each >= 1"
             )
+        if self.method not in METHODS:
+            raise UnusableInput(f"--method {self.method!r}: choose one of {', '.join(METHODS)}")
+        for name, least in (("block_size", 2), ("dflash_layers", 1), ("dflash_steps", 1)):
+            if getattr(self, name) < least:
+                raise UnusableInput(f"{name} {getattr(self, name)}: must be at least {least}")
         if self.timing_repeats < 1:
             raise UnusableInput(f"timing_repeats {self.timing_repeats}: must be at least 1")
 
