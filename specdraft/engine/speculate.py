@@ -1,9 +1,10 @@
-"""`SpeculativeEngine`: batch-1 speculative decoding over a target, with an EAGLE-3 drafter or
-none (plain decoding, the baseline), and the checks of a request's length and of the pairing.
+"""`SpeculativeEngine`: batch-1 speculative decoding over a target, with an EAGLE-3 drafter, a
+DFlash block drafter (`dflash_block.DFlashBlock`, eager) or none (plain decoding, the baseline), and
+the checks of a request's length and of the pairing.
 
 Set-up only: each round is `round.speculative_round` (propose -> verify -> accept -> commit)
-between the engine's `round.Proposer` (`eagle.EagleChain`, `eagle_tree.EagleTree`, or
-`round.PlainDecoding`) and its `round.Target` (`round.TargetRunner`). Compiled (CUDA): the
+between the engine's `round.Proposer` (`eagle.EagleChain`, `eagle_tree.EagleTree`,
+`dflash_block.DFlashBlock`, or `round.PlainDecoding`) and its `round.Target` (`round.TargetRunner`). Compiled (CUDA): the
 target's forwards replay CUDA graphs (`graphs.GraphedTarget`; plain decoding with the host one
 step ahead, `GraphedTarget.decode_ahead`), the drafter's steps too (`draft_round.GraphedDraft`),
 a greedy round is one graph replay (`draft_round.GraphedRound`), and greedy rounds run one round
