@@ -66,6 +66,8 @@ def stage_settings(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
             "block_size": cfg.block_size,
             "dflash_layers": cfg.dflash_layers,
             "dflash_steps": cfg.dflash_steps,
+            "dflash_lr": cfg.dflash_lr,
+            "dflash_anchors": cfg.dflash_anchors,
         },
     }
 
@@ -87,6 +89,8 @@ def stages_to_redo(
     """The first stage whose recorded settings (`old`) differ from the requested ones (`new`),
     or None, and the differences as "--train-steps 1000 -> 200"."""
     for stage in STAGES:
+        if old and stage not in old:  # a record older than the stage (train-dflash): none cached
+            continue
         before, now = old.get(stage) or {}, new[stage]
         diffs = [
             f"{FLAG_NAMES.get(k, k)} {before.get(k, '?') if k not in HASHED else 'changed'}"

@@ -27,9 +27,6 @@ from specdraft.demo.run import prepare
 from specdraft.errors import UnusableInput
 from specdraft.files import atomic_write_json
 
-# Blocks sampled per training document: a demo document holds ~100 positions (SpecForge's 512
-# suits long chats).
-NUM_ANCHORS = 32
 EAGLE_CHAINS = (2, 3, 4)  # the EAGLE-3 chains timed beside DFlash (the default demo sweeps 1..6)
 REPORT_FILE = "report-dflash.json"
 
@@ -71,11 +68,13 @@ def run_dflash_demo(cfg: DemoConfig, console: Console | None = None) -> DFlashDe
 
 def dflash_fields(cfg: DemoConfig, target_dir: Path) -> dict[str, Any]:
     """The TrainConfig fields of the demo's DFlash drafter: its block size and layer count, the
-    mask token (`mask_token`), NUM_ANCHORS blocks per document, cfg.dflash_steps steps."""
+    mask token (`mask_token`), cfg.dflash_anchors blocks per document, cfg.dflash_steps steps at
+    cfg.dflash_lr."""
     return {
         "method": "dflash",
+        "lr": cfg.dflash_lr,
         "block_size": cfg.block_size,
-        "num_anchors": NUM_ANCHORS,
+        "num_anchors": cfg.dflash_anchors,
         "total_steps": cfg.dflash_steps,
         "draft_overrides": {
             "num_hidden_layers": cfg.dflash_layers,

@@ -44,7 +44,7 @@ def test_dflash_beside_eagle3_on_the_same_data(tmp_path):
     result = run_dflash_demo(cfg, Console(file=said, width=400))
     text = said.getvalue()
     assert "train: training the drafter" in text and "train: training the DFlash drafter" in text
-    assert f"DFlash drafter: block size {cfg.block_size}, 1 layer(s), 2 optimizer steps" in text
+    assert f"DFlash drafter: block size {cfg.block_size}, 2 layer(s), 2 optimizer steps" in text
     settings = [r["setting"] for r in result.rows]
     assert settings == [
         "plain",

@@ -21,10 +21,16 @@ from specdraft.engine.load import load_engine
 from specdraft.engine.sampling import SamplingParams, Verdict, sample
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.train.dflash_loss import Blocks, block_inputs, block_mask
-from tests.support.dflash import TINY_BLOCK, engine_dflash_draft, tiny_dflash_draft
+from tests.support.dflash import (
+    TINY_BLOCK,
+    engine_dflash_draft,
+    save_engine_dflash,
+    tiny_dflash_draft,
+)
 from tests.support.engine_helpers import (  # noqa: F401
     FAIL_P,
     PASS_P,
+    TARGET_KW,
     chi_square_prompts,
     chi_square_pvalue,
     greedy_sequences,
@@ -33,6 +39,7 @@ from tests.support.engine_helpers import (  # noqa: F401
     random_prompts,
     tiny_setup,
 )
+from tests.support.tiny_models import save_tiny_model
 
 PROMPT_LEN, NUM_NEW = 6, 12
 HF_CLASSES = ("gemma2", "deepseek_v3", "gpt_oss")  # soft-capping; MLA + MoE; sinks and windows
@@ -132,6 +139,18 @@ def test_load_engine_pairs_a_saved_dflash_drafter(tmp_path):
     )
     with pytest.raises(EngineError, match="trained for another target"):
         load_engine(setup.target_dir, other, SpecConfig.chain(2))
+
+
+def test_load_engine_pairs_a_dflash_drafter_with_a_transformers_target(tmp_path):
+    target_dir = save_tiny_model("gemma3", tmp_path / "gemma3", **TARGET_KW)
+    engine = load_engine(target_dir, None, None)  # the transformers-backed target alone
+    draft = engine_dflash_draft(engine.target, torch.zeros(1, 8, dtype=torch.long), 4, 0)
+    path = save_engine_dflash(draft, engine.target, tmp_path / "draft")
+    engine = load_engine(target_dir, path, SpecConfig.chain(TINY_BLOCK - 1))
+    assert engine.target_path == "transformers" and isinstance(engine.proposer, DFlashBlock)
+    prompt = random_prompts(1, PROMPT_LEN, seed=3)[0]
+    expected = greedy_sequences(engine.target, [prompt], NUM_NEW)[0, PROMPT_LEN:].tolist()
+    assert engine.generate(prompt, NUM_NEW).token_ids == expected
 
 
 @pytest.mark.parametrize(
