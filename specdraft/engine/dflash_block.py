@@ -69,14 +69,17 @@ class DFlashBlock:
         self.offsets = torch.arange(cfg.block_size, device=device)
 
     def prefilled(self, req: Request, ids: Tensor, token: int, aux: Tensor | None) -> None:
-        """A new sequence: the context emptied, then the prompt's positions 0..n-1 (aux [n, n_aux*H])."""
+        """A new sequence: the context emptied, the prompt's positions 0..n-1 pending (aux
+        [n, n_aux*H]: `Request.pending_aux`)."""
         for cache in self.caches:
             cache.rollback(0)
-        self.extend(aux)
+        req.pending_aux = aux
 
     def propose(self, req: Request) -> Proposal:
-        """The root (req.output_ids[-1], at position req.length) and the argmax tokens of block
-        positions 1..num_steps: tokens [num_steps + 1] long on the engine device."""
+        """The pending positions' context K/V appended (`extend`), then the root
+        (req.output_ids[-1], at position req.length) and the argmax tokens of block positions
+        1..num_steps: tokens [num_steps + 1] long on the engine device."""
+        self.extend(req.pending_aux)  # drafting work: timed as the round's drafting
         root = torch.tensor([req.output_ids[-1]], device=self.device)
         hidden = self.block_hidden(torch.cat([root, self.masks]), self.caches[0].length)
         drafts = self.draft.logits(hidden[1 : self.num_drafts + 1]).argmax(-1)
@@ -86,8 +89,8 @@ class DFlashBlock:
         self, req: Request, emitted: list[int], path: Tensor | None, aux: Tensor | None
     ) -> None:
         """The root and the accepted drafts (the first len(emitted) verified positions; a chain's
-        path is None) join the context with their aux states from the verify."""
-        self.extend(aux[: len(emitted)])
+        path is None) are pending for the context, with their aux states from the verify."""
+        req.pending_aux = aux[: len(emitted)]
 
     def drafting(self, elapsed: float) -> float:
         """No drafting ran behind the host (the drafter runs eagerly)."""
