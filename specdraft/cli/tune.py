@@ -149,7 +149,7 @@ def _search(ctx: typer.Context, draft: str, current: tuple, probe_steps: int, to
     block_size = dflash_block_size(draft)
     if block_size is None:
         return probe_steps, topks, current_setting(draft, num_steps, topk, num_draft_tokens)
-    drafting = DraftingOptions(topk, num_steps or None, num_draft_tokens or None)
+    drafting = DraftingOptions(topk, num_steps or None, num_draft_tokens or None, None, "")
     steps = refuse_block_options(drafting, block_size, draft)
     where, most = f"the DFlash drafter {draft} (block size {block_size})", block_size - 1
     given = {k: ctx.get_parameter_source(k).name != "DEFAULT" for k in ("topks", "probe_steps")}

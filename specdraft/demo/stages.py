@@ -225,9 +225,7 @@ def stage_train(
     command = "specdraft demo" + ("" if dflash is None else " --method dflash")
     result = train(config, store, out, resume=True, command=command, target_config=target_dir)
     manifest = json.loads((result.draft_dir / "specdraft_manifest.json").read_text())
-    return draft_dir, manifest[
-        "training"
-    ]  # under --out as given, as a cached run says (not train's resolved path)
+    return draft_dir, manifest["training"]  # draft_dir: under --out as given, as a cached run says
 
 
 def stage_export(
