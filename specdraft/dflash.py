@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdraft.conventions.dflash import dflash_aux_layers
-from specdraft.draft import MLP, RMSNorm, apply_rope, cast, rope_cos_sin
-from specdraft.draft_config import DraftConfig, DraftError
+from specdraft.draft import KV, MLP, RMSNorm, apply_rope, cast, rope_cos_sin
+from specdraft.draft_config import DraftConfig, DraftError, method_label
 from specdraft.draft_rope import rope_inv_freq
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"  # config.json architectures: z-lab's and SGLang's class
@@ -88,6 +88,12 @@ class DFlashConfig:
         """The specdraft indices of the target layers (what a capture store holds)."""
         return dflash_aux_layers(self.target_layer_ids)
 
+    @property
+    def target_hidden_size(self) -> int:
+        """The target's hidden size: the drafter's own (fc maps n·H -> H, the embedding and
+        lm_head are the target's), as `DraftConfig.target_hidden_size` names it."""
+        return self.hidden_size
+
     @classmethod
     def from_target(
         cls, target_config: Any, aux_layers: tuple[int, ...], mask_token_id: int, **overrides: Any
@@ -139,29 +145,38 @@ class DFlashAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
+    def context_kv(self, states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
+        """Keys and values of `states` [B, S, H] (the projected context, or the normed block),
+        each [B, num_key_value_heads, S, head_dim]: k_norm(k_proj) rotated by cos, sin
+        [B, 1, S, head_dim] (`rope_cos_sin`), and v_proj. Row-wise: the K/V of a position do not
+        depend on the others (an engine caches the context's, SGLang `_append_target_hidden_to_draft_kv`)."""
+        c = self.cfg
+        b, s, _ = states.shape
+        k = self.k_norm(self.k_proj(states).view(b, s, c.num_key_value_heads, c.head_dim))
+        v = self.v_proj(states).view(b, s, c.num_key_value_heads, c.head_dim)
+        return KV(apply_rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2))
+
     def forward(
         self,
         x: torch.Tensor,
-        ctx: torch.Tensor,
+        ctx_kv: KV,
         rope: tuple[torch.Tensor, torch.Tensor],
-        attn_mask: torch.Tensor,
+        attn_mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """x: [B, Q, H] the normed block states; ctx: [B, S, H] the projected context; rope: cos,
-        sin [B, 1, S + Q, head_dim] of the context then block positions; attn_mask: bool
-        [B or 1, 1, Q, S + Q], True = attend. Returns [B, Q, H]."""
+        """x: [B, Q, H] the normed block states; ctx_kv: the context's K/V, `context_kv` of the
+        projected context (or an engine's cache of it), each [B, kv_heads, S, head_dim]; rope: cos, sin [B, 1, Q, head_dim]
+        of the block positions; attn_mask: bool [B or 1, 1, Q, S + Q], True = attend, or None
+        (every key). Returns [B, Q, H]."""
         c = self.cfg
-        (b, q_len, _), s = x.shape, ctx.shape[1]
-        both = torch.cat([ctx, x], dim=1)
-        q = self.q_norm(self.q_proj(x).view(b, q_len, c.num_attention_heads, c.head_dim))
-        k = self.k_norm(self.k_proj(both).view(b, s + q_len, c.num_key_value_heads, c.head_dim))
-        v = self.v_proj(both).view(b, s + q_len, c.num_key_value_heads, c.head_dim)
+        b, q_len, _ = x.shape
         cos, sin = rope
-        q = apply_rope(q.transpose(1, 2), cos[:, :, s:], sin[:, :, s:])
-        k = apply_rope(k.transpose(1, 2), cos, sin)
+        q = self.q_norm(self.q_proj(x).view(b, q_len, c.num_attention_heads, c.head_dim))
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        block = self.context_kv(x, cos, sin)
+        k = torch.cat([ctx_kv.k, block.k], dim=2)
+        v = torch.cat([ctx_kv.v, block.v], dim=2)
         gqa = c.num_attention_heads != c.num_key_value_heads
-        out = F.scaled_dot_product_attention(
-            q, k, v.transpose(1, 2), attn_mask=attn_mask, enable_gqa=gqa
-        )
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
@@ -175,9 +190,9 @@ class DFlashLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, h, ctx, rope, attn_mask) -> torch.Tensor:
+    def forward(self, h, ctx_kv, rope, attn_mask) -> torch.Tensor:
         """h: [B, Q, H] block states; the rest as `DFlashAttention.forward`. Returns [B, Q, H]."""
-        h = h + self.self_attn(self.input_layernorm(h), ctx, rope, attn_mask)
+        h = h + self.self_attn(self.input_layernorm(h), ctx_kv, rope, attn_mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -241,23 +256,47 @@ class DFlashDraft(nn.Module):
         attn_mask:    bool [B or 1, 1, Q, S + Q], True = attend (`train.dflash_loss.block_mask`).
         Raises DraftError for aux states of another width, RuntimeError before `load_target_head`.
         """
+        ctx = self.project_context(aux_hidden)
+        if not self.head_loaded:
+            raise RuntimeError("call load_target_head(embedding, lm_head) before the first forward")
+        h = self.embed(block_ids, ctx.dtype)
+        cos, sin = self.rope(position_ids, h.dtype)
+        s = ctx.shape[1]
+        block_rope = cos[:, :, s:], sin[:, :, s:]
+        for layer in self.layers:
+            ctx_kv = layer.self_attn.context_kv(ctx, cos[:, :, :s], sin[:, :, :s])
+            h = layer(h, ctx_kv, block_rope, attn_mask)
+        return self.norm(h)
+
+    def project_context(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """hidden_norm(fc(aux)): the context states [..., H] of the target's aux states
+        [..., n·H_target]. Raises DraftError for aux states of another width."""
         expected = self.fc.in_features
         if aux_hidden.shape[-1] != expected:
             raise DraftError(
                 f"DFlash drafter needs the target's states of layers {list(self.cfg.aux_layers)} "
                 f"concatenated (width {expected}), got width {aux_hidden.shape[-1]}"
             )
-        if not self.head_loaded:
-            raise RuntimeError("call load_target_head(embedding, lm_head) before the first forward")
-        ctx = self.hidden_norm(self.fc(aux_hidden))
-        h = cast(F.embedding(block_ids, self.embed_weight), ctx.dtype)
-        if self.inv_freq.device != h.device:
-            self.inv_freq = self.inv_freq.to(h.device)
-        rope = rope_cos_sin(position_ids, self.inv_freq, h.dtype)
-        for layer in self.layers:
-            h = layer(h, ctx, rope, attn_mask)
-        return self.norm(h)
+        return self.hidden_norm(self.fc(aux_hidden))
+
+    def embed(self, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The target's embedding of block_ids [...] long, in dtype: [..., H]."""
+        return cast(F.embedding(block_ids, self.embed_weight), dtype)
+
+    def rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos, sin [B, 1, T, head_dim] of position_ids [B, T] long (`rope_cos_sin`)."""
+        if self.inv_freq.device != position_ids.device:
+            self.inv_freq = self.inv_freq.to(position_ids.device)
+        return rope_cos_sin(position_ids, self.inv_freq, dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., vocab] logits of `forward`'s states [..., H] through the target's lm_head."""
         return F.linear(hidden, cast(self.lm_head_weight, hidden.dtype))
+
+
+def drafter_label(cfg: Any) -> str:
+    """What a loaded drafter is, in one phrase: "dflash (block size 16, 5 layers)" for a
+    DFlashConfig, else `draft_config.method_label` (an EAGLE-3 method and its norm flags)."""
+    if isinstance(cfg, DFlashConfig):
+        return f"dflash (block size {cfg.block_size}, {cfg.num_hidden_layers} layers)"
+    return method_label(cfg)

@@ -52,8 +52,8 @@ from specdraft.bench.tune_model import (
     tree_tokens,
 )
 from specdraft.bench.tune_report import TuneReport, settle
+from specdraft.dflash import drafter_label
 from specdraft.draft import Eagle3Draft
-from specdraft.draft_config import method_label
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.machine_load import busy_note
@@ -70,14 +70,14 @@ def tune(
     bench: Bench | None = None,
 ) -> TuneReport:
     """Probe acceptance, time the engine, predict every candidate, measure the best, recommend;
-    `progress` gets the drafter's method first (`draft_config.method_label`).
+    `progress` gets the drafter's method first (`dflash.drafter_label`).
 
     prompts: target token ids. bench: what runs and times the settings (default: a `Bench` of
     target, draft, prompts and cfg; a subclass with given timings checks the logic on them).
     Raises BenchInputError (a ValueError) when prompts + tokens exceed the target's positions,
     or (from the engine) ValueError when the drafter does not fit the target."""
     say = progress or (lambda text: None)
-    say(f"drafter {draft_path}: {method_label(draft.cfg)}")
+    say(f"drafter {draft_path}: {drafter_label(draft.cfg)}")
     bench = bench or Bench(target, draft, prompts, cfg)
     busy = busy_note("the tokens/s above") if bench.device.type == "cpu" else None
     probe_specs, specs = settings_to_try(cfg)

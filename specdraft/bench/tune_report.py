@@ -11,6 +11,7 @@ from typing import Any
 from specdraft.bench.speedup import pick_setting, ties_at_top
 from specdraft.bench.tune_model import Candidate, Costs, Measured, TuneConfig
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detect_layout
+from specdraft.checkpoint.dflash import is_dflash_dir
 from specdraft.export import existing_export, launch_command, suggested_export_dir
 
 
@@ -97,6 +98,8 @@ class TuneReport:
         rec = self.recommendation
         if rec is None:
             return "launch without --speculative-* flags (no speculation)"
+        if is_dflash_dir(Path(self.draft_path)):
+            return self.dflash_flags("sglang", rec)
         return launch_command(
             "sglang", self.target_path, Path(self.served_path("sglang")), rec.spec
         )
@@ -107,7 +110,18 @@ class TuneReport:
         rec = self.vllm_recommendation
         if rec is None:
             return "launch without --speculative-config (no speculation)"
+        if is_dflash_dir(Path(self.draft_path)):
+            return self.dflash_flags("vllm", rec)
         return launch_command("vllm", self.target_path, Path(self.served_path("vllm")), rec.spec)
+
+    def dflash_flags(self, engine: str, rec: Candidate) -> str:
+        """For a DFlash drafter: the command whose launch line serves the recommendation on
+        `engine` (an engine's DFlash launch rules are `specdraft export`'s)."""
+        return (
+            f"a DFlash drafter, {rec.spec.num_steps} drafts per round: `specdraft export "
+            f"{shlex.quote(self.draft_path)} OUT --engine {engine}` writes its export and prints "
+            "the launch line"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""

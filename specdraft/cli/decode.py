@@ -111,7 +111,7 @@ def _load_engine(target: str, draft: str, spec, drafting: PlainDrafting, run: En
     `engine.load.load_engine`; the drafter's method and the engine's notes printed to `info`."""
     from transformers import AutoTokenizer
 
-    from specdraft.draft_config import method_label
+    from specdraft.dflash import drafter_label
     from specdraft.engine.load import load_engine
 
     refuse_bad_configs(draft if spec is not None else "", target)
@@ -132,7 +132,7 @@ def _load_engine(target: str, draft: str, spec, drafting: PlainDrafting, run: En
     )
     if engine.draft is not None:
         info.print(
-            f"drafter {draft}: {method_label(engine.draft.cfg)}", markup=False, soft_wrap=True
+            f"drafter {draft}: {drafter_label(engine.draft.cfg)}", markup=False, soft_wrap=True
         )
     for note in engine.notes:
         info.print(f"note: {note}", markup=False, soft_wrap=True)
@@ -242,6 +242,14 @@ def plain_metrics_table(metrics, title: str):
     return table
 
 
+def _dflash_demo(cfg, console) -> None:
+    """demo --method dflash (`demo.dflash.run_dflash_demo`), then its comparison printed."""
+    from specdraft.demo.dflash import dflash_summary, run_dflash_demo
+
+    result = run_dflash_demo(cfg, console)
+    console.print(dflash_summary(result, cfg.out), markup=False, highlight=False)
+
+
 DemoOut = Annotated[
     str, option("specdraft-demo", help="Working directory; a re-run resumes from it.")
 ]
@@ -268,12 +276,17 @@ DemoData = Annotated[
 ]
 TrainSteps = Annotated[int, option(1000, help="Drafter optimizer steps.")]
 DemoMethod = Annotated[
-    Literal[tuple(EAGLE3_METHODS)],
+    Literal[(*EAGLE3_METHODS, "dflash")],  # demo.config.METHODS
     option(
         "eagle3",
         help="Drafter to train: eagle3, or eagle3.1 (a norm on each aux state before fc, the "
-        "post-norm state fed back: fc_norm, norm_output); as `specdraft train --method`.",
+        "post-norm state fed back: fc_norm, norm_output); as `specdraft train --method`; dflash: "
+        "a DFlash block drafter trained beside the EAGLE-3 one on the same data, both's tau and "
+        "speedup printed.",
     ),
+]
+DemoBlockSize = Annotated[
+    int, option(8, min=2, help="The DFlash drafter's block size (--method dflash).")
 ]
 NumTrain = Annotated[
     int,
@@ -294,12 +307,16 @@ def demo(
     chat_template: ChatTemplate,
     train_steps: TrainSteps,
     method: DemoMethod,
+    block_size: DemoBlockSize,
     num_train: NumTrain,
     threads: Threads,
 ) -> None:
     """Run the whole pipeline on a real target and write report.md with plots. Stages, in the order
     they run and print: target, data, regenerate, capture, train, speculative generation vs plain
-    decoding (picks the setting), export, doctor; then the generation table and where files are."""
+    decoding (picks the setting), export, doctor; then the generation table and where files are.
+    --method dflash: the stages up to training, the EAGLE-3 drafter and a DFlash drafter on the
+    same store, then plain decoding, EAGLE-3 chains and DFlash blocks timed on the held-out
+    prompts (no export or doctor)."""
     from pathlib import Path
 
     from specdraft.demo.config import DemoConfig
@@ -320,8 +337,11 @@ def demo(
             train_steps=train_steps,
             method=method,
             num_train=num_train,
+            block_size=block_size,
             threads=threads,
         )
+        if method == "dflash":
+            return _dflash_demo(cfg, console)
         report = run_demo(cfg, console)
     console.print(summary(report, Path(out)), markup=False, highlight=False, soft_wrap=True)
     if report.busy:  # the load when the timing above ran (a re-run reuses both)

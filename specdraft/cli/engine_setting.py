@@ -92,17 +92,81 @@ def decoding_spec(
     """generate's / serve's SpecConfig of its drafting options, None for plain decoding (--no-spec,
     or no --draft when `plain_without_draft`; else --draft is required). A combination of options
     that cannot run (`refuse_compile_off_cuda`, `refuse_unused_drafting`, `spec_from_flags`) is a
-    usage error: one line, exit `USAGE_ERROR`, as click's for a bad value, before anything loads."""
+    usage error: one line, exit `USAGE_ERROR`, as click's for a bad value, before anything loads.
+    A DFlash drafter (`dflash_block_size`) drafts block_size - 1 tokens without --num-steps (one
+    less than --num-draft-tokens when that is given), and refuses what it cannot run
+    (`refuse_block_options`)."""
     with user_errors(None, exit_code=USAGE_ERROR):  # no Ctrl-C message: nothing runs yet
         refuse_compile_off_cuda(compile, device)
         refuse_unused_drafting(drafting.given(), no_spec, draft)
+        block_size = None if no_spec else dflash_block_size(draft)
+        num_steps = drafting.num_steps
+        if block_size is not None:
+            num_steps = refuse_block_options(drafting, block_size, draft)
         return spec_from_flags(
             no_spec or (plain_without_draft and not draft),
             draft,
-            DEFAULT_NUM_STEPS if drafting.num_steps is None else drafting.num_steps,
+            DEFAULT_NUM_STEPS if num_steps is None else num_steps,
             1 if drafting.topk is None else drafting.topk,
             drafting.num_draft_tokens or 0,
         )
+
+
+def dflash_block_size(draft: str) -> int | None:
+    """The block size of the DFlash drafter directory `draft` (`checkpoint.dflash.is_dflash_dir`;
+    its config.json read strictly, a CheckpointError naming the file), None for any other path."""
+    if not draft:
+        return None
+    from pathlib import Path
+
+    from specdraft.checkpoint import MANIFEST_FILE, Manifest, read_config
+    from specdraft.checkpoint.dflash import is_dflash_dir
+    from specdraft.checkpoint.dflash_forms import read_dflash_config
+
+    path = Path(draft)
+    if not is_dflash_dir(path):
+        return None
+    manifest = path / MANIFEST_FILE
+    layers = (
+        Manifest.read(manifest, dflash=True).target.get("num_layers")
+        if manifest.is_file()
+        else None
+    )
+    return read_dflash_config(read_config(path), path / "config.json", layers).block_size
+
+
+def refuse_block_options(drafting: DraftingOptions, block_size: int, draft: str) -> int:
+    """The drafts per round of the DFlash drafter `draft` (block size `block_size`): --num-steps,
+    else --num-draft-tokens - 1, else block_size - 1. OptionError naming the option for more than
+    block_size - 1, a tree (--topk > 1), or an option that reads EAGLE-3 aux ids (--aux-layers,
+    --sglang-version: a DFlash config names its target layers)."""
+    most, where = block_size - 1, f"the DFlash drafter {draft} (block size {block_size})"
+    if drafting.topk is not None and drafting.topk > 1:
+        raise OptionError(
+            f"--topk {drafting.topk} drafts an EAGLE-3 tree; {where} proposes one chain per "
+            "block: drop --topk"
+        )
+    aux_reading = {"--aux-layers": drafting.aux_layers, "--sglang-version": drafting.sglang_version}
+    for flag in [flag for flag, value in aux_reading.items() if value]:
+        raise OptionError(
+            f"{flag} reads an EAGLE-3 drafter's aux layer ids; {where} names its target "
+            f"layers in config.json (dflash_config.target_layer_ids): drop {flag}"
+        )
+    if drafting.num_steps is not None:
+        steps, given = drafting.num_steps, f"--num-steps {drafting.num_steps}"
+    elif drafting.num_draft_tokens:
+        steps, given = (
+            drafting.num_draft_tokens - 1,
+            f"--num-draft-tokens {drafting.num_draft_tokens}",
+        )
+    else:
+        return most
+    if steps > most:
+        raise OptionError(
+            f"{given}: {where} proposes at most {most} drafts per round (block size - 1): "
+            f"pass --num-steps 1..{most}"
+        )
+    return steps
 
 
 def refuse_compile_off_cuda(compile: bool, device: str) -> None:

@@ -99,12 +99,12 @@ def _run(console, server_app, target: str, draft: str, spec, host: str, port: in
 
 
 def _announce_engine(console, state, compile: bool) -> None:
-    """The drafter's method (`draft_config.method_label`) and the loaded engine's notes; with
+    """The drafter's method (`dflash.drafter_label`) and the loaded engine's notes; with
     --compile, its warm-up before the first request (no client waits on the compiler)."""
-    from specdraft.draft_config import method_label
+    from specdraft.dflash import drafter_label
 
     if state.engine.draft is not None:
-        console.print(f"drafter: {method_label(state.engine.draft.cfg)}", markup=False)
+        console.print(f"drafter: {drafter_label(state.engine.draft.cfg)}", markup=False)
     for note in state.engine.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     if compile:

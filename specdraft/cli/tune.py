@@ -5,9 +5,18 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
+import typer
+
 from specdraft.cli.checks import check_min_speedup, positive_int_list
 from specdraft.cli.common import OptionError, app, make_console, set_threads, user_errors
-from specdraft.cli.engine_setting import current_setting, engine_dtype
+from specdraft.cli.engine_setting import (
+    DraftingOptions,
+    current_setting,
+    dflash_block_size,
+    engine_dtype,
+    refuse_block_options,
+    spec_from_flags,
+)
 from specdraft.cli.options import (
     PROMPTS_HELP,
     EngineDevice,
@@ -25,8 +34,9 @@ CurrentNumSteps = Annotated[
     option(
         0,
         min=0,
-        help="Current setting, always measured too: draft depth (0 = the 3-step chain generate "
-        "and serve run by default); --topk and --num-draft-tokens need it.",
+        help="Current setting, always measured too: draft depth (0 = what generate and serve "
+        "run by default: the 3-step chain, a DFlash drafter's block size - 1 drafts); --topk and "
+        "--num-draft-tokens need it (not with a DFlash drafter).",
     ),
 ]
 CurrentTopk = Annotated[
@@ -42,9 +52,21 @@ CurrentNumDraftTokens = Annotated[
         "for a chain; a tree, --topk > 1, needs a value).",
     ),
 ]
-ProbeSteps = Annotated[int, option(8, min=1, help="Depth of the acceptance probes.")]
+ProbeSteps = Annotated[
+    int,
+    option(
+        8,
+        min=1,
+        help="Depth of the acceptance probes (a DFlash drafter: block size - 1 if not given).",
+    ),
+]
 Topks = Annotated[
-    str, option("1,2,4", help="Children per node to consider.", callback=positive_int_list)
+    str,
+    option(
+        "1,2,4",
+        help="Children per node to consider (a DFlash drafter: 1, chains).",
+        callback=positive_int_list,
+    ),
 ]
 MaxTreeTokens = Annotated[int, option(16, min=2, help="Cap on a tree's verified nodes.")]
 NumMeasure = Annotated[int, option(3, min=1, help="Best predictions to measure for real.")]
@@ -80,6 +102,7 @@ TuneSuite = Annotated[
 
 @app.command()
 def tune(
+    ctx: typer.Context,
     target: TargetDir,
     draft: TuneDraft,
     prompts: TunePrompts,
@@ -105,6 +128,9 @@ def tune(
     console = make_console()
     with user_errors(console):
         _refuse_bad_json_out(json_out)
+        probe_steps, topks, current = _search(
+            ctx, draft, (num_steps, topk, num_draft_tokens), probe_steps, topks
+        )
         cfg = TuneConfig(
             max_tokens,
             probe_steps,
@@ -112,12 +138,41 @@ def tune(
             max_tree_tokens,
             num_measure,
             min_speedup,
-            current_setting(draft, num_steps, topk, num_draft_tokens),
+            current,
             repeats=repeats,
         )
         set_threads(threads)
         report, rows, chosen = _run_tune(console, target, draft, prompts, suite, cfg, device, dtype)
     _render_tune(console, report, rows, chosen, json_out)
+
+
+def _search(ctx: typer.Context, draft: str, current: tuple, probe_steps: int, topks: tuple):
+    """tune's probe depth, topks and current setting (current: --num-steps, --topk,
+    --num-draft-tokens): as given for an EAGLE-3 drafter (`current_setting`); a DFlash drafter's
+    (`dflash_block_size`) chains only, the current one of block_size - 1 drafts unless
+    --num-steps / --num-draft-tokens say fewer (`refuse_block_options`), probed block_size - 1
+    deep unless --probe-steps says less. OptionError naming --topks for a tree width, or
+    --probe-steps past block_size - 1, with a DFlash drafter."""
+    num_steps, topk, num_draft_tokens = current
+    block_size = dflash_block_size(draft)
+    if block_size is None:
+        return probe_steps, topks, current_setting(draft, num_steps, topk, num_draft_tokens)
+    drafting = DraftingOptions(topk, num_steps or None, num_draft_tokens or None, None, "")
+    steps = refuse_block_options(drafting, block_size, draft)
+    where, most = f"the DFlash drafter {draft} (block size {block_size})", block_size - 1
+    given = {k: ctx.get_parameter_source(k).name != "DEFAULT" for k in ("topks", "probe_steps")}
+    if given["topks"] and max(topks) > 1:
+        raise OptionError(
+            f"--topks {','.join(map(str, topks))} names EAGLE-3 tree widths; {where} proposes "
+            "chains only: drop --topks"
+        )
+    if given["probe_steps"] and probe_steps > most:
+        raise OptionError(
+            f"--probe-steps {probe_steps}: {where} proposes at most {most} drafts per round: "
+            f"pass --probe-steps 1..{most}"
+        )
+    depth = probe_steps if given["probe_steps"] else most
+    return depth, (1,), spec_from_flags(False, draft, steps, 1, num_draft_tokens)
 
 
 def _run_tune(console, target: str, draft: str, prompts: str, suite: str, cfg, device: str, dtype):

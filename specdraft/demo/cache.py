@@ -19,7 +19,7 @@ from specdraft.files import atomic_write_json, differing_fields
 SETTINGS_FILE = "demo_settings.json"
 
 
-STAGES = ("data", "regenerate", "train")  # in order: redoing one redoes every later one
+STAGES = ("data", "regenerate", "train", "train-dflash")  # in order: redoing one redoes the later
 
 
 def path_label(path: Path, out: Path) -> str:
@@ -61,7 +61,14 @@ def stage_settings(cfg: DemoConfig) -> dict[str, dict[str, Any]]:
             "lr": cfg.lr,
             "ttt_steps": cfg.ttt_steps,
             "seed": cfg.seed,
-            "method": cfg.method,
+            "method": cfg.eagle_method,
+        },
+        "train-dflash": {  # demo --method dflash's drafter (out/train-dflash)
+            "block_size": cfg.block_size,
+            "dflash_layers": cfg.dflash_layers,
+            "dflash_steps": cfg.dflash_steps,
+            "dflash_lr": cfg.dflash_lr,
+            "dflash_anchors": cfg.dflash_anchors,
         },
     }
 
@@ -71,6 +78,7 @@ FLAG_NAMES = {
     "num_train": "--num-train",
     "train_steps": "--train-steps",
     "method": "--method",
+    "block_size": "--block-size",
     "target": "--target",
     "data_sha256": "--data (its content)",
     "chat_template_sha256": "--chat-template (its content)",
@@ -83,6 +91,8 @@ def stages_to_redo(
     """The first stage whose recorded settings (`old`) differ from the requested ones (`new`),
     or None, and the differences as "--train-steps 1000 -> 200"."""
     for stage in STAGES:
+        if old and stage not in old:  # a record older than the stage (train-dflash): none cached
+            continue
         before, now = old.get(stage) or {}, new[stage]
         diffs = [
             f"{FLAG_NAMES.get(k, k)} {before.get(k, '?') if k not in HASHED else 'changed'}"
@@ -107,6 +117,8 @@ def stage_outputs(out: Path, stage: str) -> list[Path]:
         ]
     if "train" in later:
         paths += [out / "train", out / "export"]
+    if "train-dflash" in later:
+        paths.append(out / "train-dflash")
     return [p for p in paths if p.exists()]
 
 

@@ -19,6 +19,10 @@ def positive(default: int):
     return field(default=default, metadata={"positive": True})
 
 
+# demo --method: an EAGLE-3 method (the pipeline), or dflash (DFlash beside it, `demo.dflash`)
+METHODS = (*EAGLE3_METHODS, "dflash")
+
+
 @dataclass(frozen=True)
 class DemoConfig:
     """Settings of one demo run.
@@ -29,7 +33,11 @@ class DemoConfig:
     prompt_tokens: prompt length cut from each document; max_new_tokens: continuation length
     (regeneration and the generation benchmark). num_train / num_heldout: documents used.
     train_steps, batch_size, lr: drafter training; method: an EAGLE-3 method of `specdraft train
-    --method` (`draft_config.EAGLE3_METHODS`: eagle3, eagle3.1). sweep_steps: chain depths measured.
+    --method` (`draft_config.EAGLE3_METHODS`: eagle3, eagle3.1), or "dflash": the pipeline's EAGLE-3
+    drafter and a DFlash drafter of block_size, dflash_layers draft layers, dflash_steps optimizer
+    steps at peak lr dflash_lr with dflash_anchors blocks per document (a demo document holds ~100
+    positions; SpecForge's 512 suits long chats) on the same store, compared (`demo.dflash`).
+    sweep_steps: chain depths measured.
     timing_repeats: rounds in which every setting and plain decoding are each timed once;
     min_speedup: the median speedup over plain decoding a recommended setting needs (it must
     also be faster in three rounds of four: lower quartile > 1x; else the report recommends none).
@@ -52,6 +60,11 @@ class DemoConfig:
     sweep_steps: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
     tree: tuple[int, int, int] = (4, 2, 8)  # num_steps, topk, num_draft_tokens
     method: str = "eagle3"  # an EAGLE3_METHODS key (train --method)
+    block_size: int = 8  # the DFlash drafter's (method dflash)
+    dflash_layers: int = positive(2)
+    dflash_steps: int = positive(600)
+    dflash_lr: float = 1e-2
+    dflash_anchors: int = positive(16)
     threads: int = DEFAULT_THREADS  # CPU threads torch uses (and the printed try: / serve: lines)
     timing_repeats: int = 5  # timed passes per setting, taking turns with plain decoding
     min_speedup: float = (
@@ -80,13 +93,20 @@ class DemoConfig:
             raise UnusableInput(
                 f"sweep_steps {self.sweep_steps}: need at least one chain depth, each >= 1"
             )
-        if self.method not in EAGLE3_METHODS:
+        if self.method not in METHODS:
             raise UnusableInput(
                 f"--method {self.method!r}: the demo trains {' or '.join(EAGLE3_METHODS)} (what "
-                "its generation, export and doctor stages read)"
+                "its generation, export and doctor stages read), or dflash beside eagle3"
             )
+        if self.block_size < 2:
+            raise UnusableInput(f"block_size {self.block_size}: must be at least 2")
         if self.timing_repeats < 1:
             raise UnusableInput(f"timing_repeats {self.timing_repeats}: must be at least 1")
+
+    @property
+    def eagle_method(self) -> str:
+        """The EAGLE-3 method of the pipeline's drafter: `method`, eagle3 beside DFlash."""
+        return "eagle3" if self.method == "dflash" else self.method
 
     @property
     def max_length(self) -> int:

@@ -115,13 +115,7 @@ def stage_generate(
         **{f"chain-{n}": (draft_dir, SpecConfig.chain(n)) for n in cfg.sweep_steps},
         "tree": (draft_dir, SpecConfig(steps, topk, tokens)),
     }
-    engines = {
-        name: load_demo_engine(target_dir, draft, spec, prompts, cfg.max_new_tokens, cfg.device)
-        for name, (draft, spec) in settings.items()
-    }
-    runs = timed_generation(engines, prompts, cfg)
-    refuse_lossy(runs, settings)
-    plain_tps = [run["tokens_per_s"] for run in runs["plain"]]
+    runs, plain_tps = timed_settings(cfg, target_dir, settings, prompts)
 
     def row(name: str, shape: dict[str, int]) -> dict[str, Any]:
         first = runs[name][0]
@@ -139,6 +133,22 @@ def stage_generate(
     ]
     tree = row("tree", {"num_steps": steps, "topk": topk, "num_draft_tokens": tokens})
     return baseline, sweep, tree
+
+
+def timed_settings(
+    cfg: DemoConfig, target_dir: Path, settings: dict[str, Any], prompts: list[list[int]]
+) -> tuple[dict[str, list[dict[str, Any]]], list[float]]:
+    """The `generation_pass` runs of every setting (name -> (drafter dir or None, SpecConfig or
+    None), "plain" among them) on its own engine (`load_demo_engine`), timed in rounds
+    (`timed_generation`) and checked lossless (`refuse_lossy`); and plain decoding's tokens/s of
+    every round."""
+    engines = {
+        name: load_demo_engine(target_dir, draft, spec, prompts, cfg.max_new_tokens, cfg.device)
+        for name, (draft, spec) in settings.items()
+    }
+    runs = timed_generation(engines, prompts, cfg)
+    refuse_lossy(runs, settings)
+    return runs, [run["tokens_per_s"] for run in runs["plain"]]
 
 
 def timed_generation(

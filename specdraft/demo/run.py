@@ -32,24 +32,7 @@ Say = Callable[[str], None]
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     """Run every stage (cached under cfg.out) and write report.json, report.md and the plots.
     Inputs are checked before any stage runs (ValueError naming the flag and the fix)."""
-    say = start(cfg, console or Console())
-    target_dir, aux_layers = target_stage(cfg, say)
-    reconcile_cache(cfg, say)
-    train_file, heldout_file = stages.stage_data(cfg, say)
-    stores = {
-        name: stages.stage_capture(
-            cfg,
-            target_dir,
-            stages.stage_regenerate(cfg, target_dir, data_file, say),
-            store,
-            aux_layers,
-            say,
-        )
-        for name, data_file, store in (
-            ("train", train_file, "store"),
-            ("held-out", heldout_file, "store-heldout"),
-        )
-    }
+    say, target_dir, aux_layers, stores, heldout_file = prepare(cfg, console)
     draft_dir, training = stages.stage_train(cfg, stores["train"], target_dir, say)
     report = drafter_report(cfg, target_dir, aux_layers, draft_dir, training)
     say(
@@ -72,6 +55,34 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> DemoReport:
     return report
 
 
+def prepare(
+    cfg: DemoConfig, console: Console | None
+) -> tuple[Say, Path, list[int], dict[str, Path], Path]:
+    """The stages before training, each cached: inputs checked (`start`), the target and its aux
+    layers, the data, regenerated and captured (the training and held-out stores). Returns what
+    prints a demo line, the target directory, its aux layers, the stores by name ("train",
+    "held-out") and the held-out documents' file."""
+    say = start(cfg, console or Console())
+    target_dir, aux_layers = target_stage(cfg, say)
+    reconcile_cache(cfg, say)
+    train_file, heldout_file = stages.stage_data(cfg, say)
+    stores = {
+        name: stages.stage_capture(
+            cfg,
+            target_dir,
+            stages.stage_regenerate(cfg, target_dir, data_file, say),
+            store,
+            aux_layers,
+            say,
+        )
+        for name, data_file, store in (
+            ("train", train_file, "store"),
+            ("held-out", heldout_file, "store-heldout"),
+        )
+    }
+    return say, target_dir, aux_layers, stores, heldout_file
+
+
 def drafter_report(
     cfg: DemoConfig,
     target_dir: Path,
@@ -90,7 +101,7 @@ def drafter_report(
         chat_template=str(cfg.chat_template) if cfg.chat_template is not None else None,
         drafter={
             "dir": str(draft_dir),
-            "method": method_label(method_flags(cfg.method)),
+            "method": method_label(method_flags(cfg.eagle_method)),
             "steps": training.get("steps"),
             "num_train": cfg.num_train,
             "batch_size": (training.get("config") or {}).get("batch_size"),

@@ -185,20 +185,25 @@ def stage_capture(
 
 
 def stage_train(
-    cfg: DemoConfig, store: Path, target_dir: Path | None = None, say: Callable[[str], None] = print
+    cfg: DemoConfig,
+    store: Path,
+    target_dir: Path | None = None,
+    say: Callable[[str], None] = print,
+    dflash: dict[str, Any] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Train the drafter on the store (resumes from out/train's last checkpoint). The batch is
     cfg.batch_size, lowered to the training split when that is smaller (`train_batch_size`);
-    the returned training record holds its "steps" and "config"."""
+    the returned training record holds its "steps" and "config". dflash: the TrainConfig fields
+    of a DFlash drafter (`demo.dflash.dflash_fields`), trained into out/train-dflash instead."""
     from specdraft.train.loop import TrainConfig, train
 
-    out = cfg.out / "train"
+    out = cfg.out / ("train" if dflash is None else "train-dflash")
     draft_dir = out / "draft"
     if (draft_dir / "specdraft_manifest.json").exists():
         manifest = json.loads((draft_dir / "specdraft_manifest.json").read_text())
         say_reused(say, "train", draft_dir)
         return draft_dir, manifest["training"]
-    say("train: training the drafter")
+    say("train: training the " + ("drafter" if dflash is None else "DFlash drafter"))
     index = store / "index.json"
     num_samples = json.loads(index.read_text())["num_samples"] if index.exists() else cfg.num_train
     batch_size = train_batch_size(num_samples, cfg.batch_size)
@@ -209,27 +214,25 @@ def stage_train(
             f"{num_samples} samples; raise --num-train for full batches",
             markup=False,
         )
-    config = TrainConfig(
+    fields = dict(
         lr=cfg.lr,
         warmup_steps=50,
         total_steps=cfg.train_steps,
         batch_size=batch_size,
         max_length=cfg.max_length,
         ttt_steps=cfg.ttt_steps,
-        method=cfg.method,
+        method=cfg.eagle_method,
         val_fraction=VAL_FRACTION,
         seed=cfg.seed,
-        eval_every=max(cfg.train_steps // 4, 1),
-        save_every=max(cfg.train_steps // 4, 1),
         device=cfg.device,
     )
-    result = train(
-        config, store, out, resume=True, command="specdraft demo", target_config=target_dir
-    )
+    fields.update(dflash or {})
+    every = max(fields["total_steps"] // 4, 1)
+    config = TrainConfig(**fields, eval_every=every, save_every=every)
+    command = "specdraft demo" + ("" if dflash is None else " --method dflash")
+    result = train(config, store, out, resume=True, command=command, target_config=target_dir)
     manifest = json.loads((result.draft_dir / "specdraft_manifest.json").read_text())
-    return draft_dir, manifest[
-        "training"
-    ]  # under --out as given, as a cached run says (not train's resolved path)
+    return draft_dir, manifest["training"]  # draft_dir: under --out as given, as a cached run says
 
 
 def stage_export(

@@ -10,14 +10,17 @@ file by file".
   target configs the fast path runs; `fast_load`: `load_fast_target` (a transformers checkpoint
   into a FastTarget, strictly, through one table of the checkpoint layout).
 - `errors`: `EngineError`, what the engine refuses of a target, drafter, request or setting.
-- `speculate`: `SpeculativeEngine` (set-up, generate, prefill, length limits) and the drafter's
-  fit to the target (`check_pairing`).
+- `speculate`: `SpeculativeEngine` (set-up, generate, prefill, length limits; the proposer picked
+  from the drafter) and the drafter's fit to the target (`check_pairing`).
 - `round`: the round (`speculative_round`: propose, verify, accept, commit), the `Proposer` and
   `Target` protocols, `Proposal` (a chain's acceptance rule), `PlainDecoding`, and
   `TargetRunner` (the target's forwards: eager, or CUDA graphs once compiled).
 - `eagle`: `FastDraft` (the drafter's weights packed for batch-1 steps), `DraftCache` (its static
   K/V cache, rolled back by length) and `EagleChain` (the chain proposer); `eagle_tree`:
   `EagleTree` (the tree proposer) and a tree's proposals and acceptance rule.
+- `dflash_block`: `DFlashBlock`, the DFlash drafter's proposer (one block forward per round over
+  its context's cached K/V), the settings it refuses (`block_problems`) and the target head it
+  shares (`target_head`).
 - `requests`: `Request` (one generation's state: emit, stop strings, text, result),
   `SpecMetrics` (acceptance, timings) and `decode_continuation`.
 - `fast_model`: the target on the hot path, a compact Llama / Qwen2 / Qwen3 / Mistral with a

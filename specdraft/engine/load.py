@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from specdraft.checkpoint.id_reading import IdReading
+from specdraft.dflash import DFlashDraft
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.errors import EngineError, EngineFileMissing
 from specdraft.engine.fast_config import ModelArgs
@@ -44,7 +45,8 @@ def load_engine(
     config was built for) is refused naming both targets, before any tensor meets the target.
     max_seq_len defaults to min(target max positions, 4096). Raises ValueError on a mismatch,
     and the loaders' errors for unreadable checkpoints. draft_dir None or spec None = plain.
-    draft_dir may also be a training checkpoint (RUN/checkpoints/step-N.pt or a sharded step-N
+    draft_dir may be a DFlash drafter directory (`checkpoint.dflash.is_dflash_dir`: `load_block_draft`;
+    its engine proposer is `dflash_block.DFlashBlock`) or a training checkpoint (RUN/checkpoints/step-N.pt or a sharded step-N
     directory, `checkpoint.load_training_checkpoint`: the drafter and its manifest come from it);
     a run directory or its checkpoints directory is refused naming RUN/draft and a step-N file.
     reading: how a drafter directory without a manifest names its aux layers (`IdReading`:
@@ -133,7 +135,10 @@ def load_paired_draft(
     (.model, .manifest); a directory read by `reading` (`load_engine`'s). Raises ValueError when it was trained for another target (`check_trained_for`,
     `check_manifest`), CheckpointError for a wrong vocabulary map (`checkpoint.check_vocab_map`)."""
     from specdraft.checkpoint import check_vocab_map, load_draft
+    from specdraft.checkpoint.dflash import is_dflash_dir
 
+    if is_dflash_dir(Path(draft_dir)):
+        return load_block_draft(draft_dir, target, target_dir, device, dtype)
     reading = replace(reading or IdReading(), target_num_layers=target.args.num_layers)
     loaded = load_draft(draft_dir, device=device, dtype=dtype, **reading.keywords())
     draft = loaded.model.eval()
@@ -145,12 +150,37 @@ def load_paired_draft(
     return loaded
 
 
+def load_block_draft(
+    draft_dir: str | Path,
+    target: FastTarget,
+    target_dir: str | Path,
+    device: torch.device | str,
+    dtype: torch.dtype,
+) -> Any:
+    """The DFlash drafter directory draft_dir (`checkpoint.dflash.load_dflash_draft`, strict), in
+    eval mode, in `dtype` on `device`, with the target's embedding and lm_head
+    (`dflash_block.target_head`): a `checkpoint.LoadedDraft` (layout "dflash"). Raises EngineError
+    when it was trained for another target (its manifest's record, else its config's sizes:
+    `check_trained_for`, `check_manifest`), CheckpointError as the loader does."""
+    from specdraft.checkpoint import LoadedDraft
+    from specdraft.checkpoint.dflash import load_dflash_draft
+    from specdraft.engine.dflash_block import target_head
+
+    draft, manifest = load_dflash_draft(
+        draft_dir, device=device, dtype=dtype, target_num_layers=target.args.num_layers
+    )
+    check_trained_for(manifest, draft, target, draft_dir, target_dir)
+    check_manifest(manifest, draft, target, Path(draft_dir))
+    draft.load_target_head(*target_head(target))
+    return LoadedDraft(model=draft.eval(), manifest=manifest, layout="dflash", path=Path(draft_dir))
+
+
 def aux_layers_notes(loaded: Any, aux_layers: list[int] | None) -> list[str]:
     """The line saying where a manifest-less drafter's aux layers came from (`checkpoint.aux_layers_note`:
     the engines' default when its config names none, or --aux-layers), as a list; [] otherwise."""
     from specdraft.checkpoint import aux_layers_note, read_config
 
-    if loaded.manifest is not None:
+    if loaded.manifest is not None or loaded.layout == "dflash":  # DFlash configs name their layers
         return []
     note = aux_layers_note(
         read_config(loaded.path), None, loaded.model.cfg.target_num_layers, aux_layers
@@ -160,7 +190,7 @@ def aux_layers_notes(loaded: Any, aux_layers: list[int] | None) -> list[str]:
 
 def check_trained_for(
     manifest: Any,
-    draft: Eagle3Draft,
+    draft: Eagle3Draft | DFlashDraft,
     target: FastTarget,
     draft_dir: str | Path,
     target_dir: str | Path,
@@ -272,6 +302,8 @@ def pairing_notes(
     notes = config_notes(manifest, draft_dir, target_dir)
     notes += tokenizer_notes(manifest, tokenizer, draft_dir, target_dir)
     ttt_steps = ((manifest.training or {}).get("config") or {}).get("ttt_steps")
+    if (manifest.extra or {}).get("method") == "dflash":
+        ttt_steps = None  # a block drafter is trained without a TTT unroll
     if ttt_steps and spec.num_steps > ttt_steps:
         notes.append(
             f"num_steps {spec.num_steps} > the drafter's {ttt_steps} training-time-test steps: draft "
@@ -298,7 +330,9 @@ def tokenizer_notes(
     ]
 
 
-def check_manifest(manifest: Any, draft: Eagle3Draft, target: FastTarget, path: Path) -> None:
+def check_manifest(
+    manifest: Any, draft: Eagle3Draft | DFlashDraft, target: FastTarget, path: Path
+) -> None:
     """Raise ValueError when a specdraft manifest disagrees with the drafter or the target."""
     if manifest is None:
         return

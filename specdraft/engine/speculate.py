@@ -1,9 +1,10 @@
-"""`SpeculativeEngine`: batch-1 speculative decoding over a target, with an EAGLE-3 drafter or
-none (plain decoding, the baseline), and the checks of a request's length and of the pairing.
+"""`SpeculativeEngine`: batch-1 speculative decoding over a target, with an EAGLE-3 drafter, a
+DFlash block drafter (`dflash_block.DFlashBlock`, eager) or none (plain decoding, the baseline), and
+the checks of a request's length and of the pairing.
 
 Set-up only: each round is `round.speculative_round` (propose -> verify -> accept -> commit)
-between the engine's `round.Proposer` (`eagle.EagleChain`, `eagle_tree.EagleTree`, or
-`round.PlainDecoding`) and its `round.Target` (`round.TargetRunner`). Compiled (CUDA): the
+between the engine's `round.Proposer` (`eagle.EagleChain`, `eagle_tree.EagleTree`,
+`dflash_block.DFlashBlock`, or `round.PlainDecoding`) and its `round.Target` (`round.TargetRunner`). Compiled (CUDA): the
 target's forwards replay CUDA graphs (`graphs.GraphedTarget`; plain decoding with the host one
 step ahead, `GraphedTarget.decode_ahead`), the drafter's steps too (`draft_round.GraphedDraft`),
 a greedy round is one graph replay (`draft_round.GraphedRound`), and greedy rounds run one round
@@ -19,7 +20,9 @@ from typing import Any
 
 import torch
 
+from specdraft.dflash import DFlashDraft
 from specdraft.draft import Eagle3Draft
+from specdraft.engine.dflash_block import DFlashBlock, block_problems
 from specdraft.engine.draft_round import GraphedDraft, GraphedRound, draft_graph_keys
 from specdraft.engine.eagle import DraftCache, EagleChain, FastDraft
 from specdraft.engine.eagle_tree import EagleTree
@@ -49,7 +52,8 @@ class SpeculativeEngine:
     """Batch-1 EAGLE-3 speculative decoding over a FastTarget (plain decoding without a draft).
 
     target: FastTarget (its cache is (re)allocated here for max_seq_len). draft: Eagle3Draft
-    with its embedding loaded, or None. spec: SpecConfig, or None for plain decoding.
+    with its embedding loaded, a DFlashDraft with the target's head loaded (`dflash_block`), or
+    None. spec: SpecConfig, or None for plain decoding.
     aux_layers: the target layers the drafter reads (specdraft indices); None = the drafter's.
     max_seq_len: cache size = prompt + max_new_tokens + num_draft_tokens at most.
     tokenizer: anything with decode(list[int]) -> str; needed for stop strings and text.
@@ -67,7 +71,7 @@ class SpeculativeEngine:
     def __init__(
         self,
         target: FastTarget,
-        draft: Eagle3Draft | None,
+        draft: Eagle3Draft | DFlashDraft | None,
         spec: SpecConfig | None,
         aux_layers: Sequence[int] | None,
         max_seq_len: int,
@@ -98,9 +102,13 @@ class SpeculativeEngine:
 
     def setup_draft(self) -> None:
         """Check the pairing, then build the drafter's cache, vocabulary map, packed steps and
-        proposer (`EagleChain` for a chain, `EagleTree` for a tree)."""
+        proposer (`EagleChain` for a chain, `EagleTree` for a tree; a DFlash drafter's
+        `dflash_block.DFlashBlock`)."""
         draft, spec = self.draft, self.spec
         check_pairing(self.target, draft, self.aux_layers, spec)
+        if isinstance(draft, DFlashDraft):
+            self.proposer = DFlashBlock(draft, spec, self.max_seq_len, self.device)
+            return
         cfg, scratch = draft.cfg, (spec.num_steps - 1) * spec.topk
         # + MAX_TOKENS entries no request reaches: GraphedDraft's captures write there
         self.draft_cache = DraftCache(
@@ -129,7 +137,9 @@ class SpeculativeEngine:
         greedy rounds and greedy rounds run ahead (`RoundsAhead`) too where its Triton kernels
         run (`target_kernels` / `draft_kernels` say)."""
         self.target_kernels = self.runner.compile()
-        if self.draft is None:
+        if isinstance(self.draft, DFlashDraft):
+            self.draft_kernels = "torch, eager (a DFlash block drafter)"
+        if self.draft is None or isinstance(self.draft, DFlashDraft):
             return
         reason, spec, proposer = self.fast_draft.use_triton(), self.spec, self.proposer
         proposer.use_kernels()
@@ -289,9 +299,13 @@ class SpeculativeEngine:
 
 
 def check_pairing(
-    target: FastTarget, draft: Eagle3Draft, aux_layers: tuple[int, ...], spec: SpecConfig
+    target: FastTarget,
+    draft: Eagle3Draft | DFlashDraft,
+    aux_layers: tuple[int, ...],
+    spec: SpecConfig,
 ) -> None:
-    """Raise ValueError naming the mismatch when `draft` was not built for `target` / `aux_layers`."""
+    """Raise ValueError naming the mismatch when `draft` was not built for `target` / `aux_layers`
+    or cannot run `spec` (a DFlash drafter: `dflash_block.block_problems`)."""
     cfg, args = draft.cfg, target.args
     problems = []
     if cfg.target_hidden_size != args.hidden_size:
@@ -312,9 +326,11 @@ def check_pairing(
         problems.append(
             f"aux layers {list(aux_layers)} != the drafter's training layers {list(cfg.aux_layers)}"
         )
-    if spec.topk > cfg.draft_vocab_size:
+    if isinstance(draft, DFlashDraft):
+        problems += block_problems(draft, spec)
+    elif spec.topk > cfg.draft_vocab_size:
         problems.append(f"topk {spec.topk} > draft vocabulary {cfg.draft_vocab_size}")
-    if not draft.embedding_loaded:
+    if isinstance(draft, Eagle3Draft) and not draft.embedding_loaded:
         problems.append(
             "the drafter's shared embedding is not loaded (call "
             "draft.load_target_embedding(target.tok_embeddings.weight))"

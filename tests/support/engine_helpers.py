@@ -200,6 +200,11 @@ PASS_P, FAIL_P = 1e-3, 1e-6
 MIN_EXPECTED = 5.0
 
 
+def chi_square_prompts() -> list[list[int]]:
+    """The prompts `chi_square_pvalue` samples from."""
+    return random_prompts(NUM_PROMPTS, PROMPT_LEN, seed=20)
+
+
 @torch.no_grad()
 def exact_joint(setup, prompt: list[int], params: SamplingParams) -> np.ndarray:
     """P(x1, x2 | prompt) [V, V] from the target's logits (the same logits_to_probs)."""
@@ -212,12 +217,13 @@ def exact_joint(setup, prompt: list[int], params: SamplingParams) -> np.ndarray:
     return joint / joint.sum()
 
 
-def chi_square_pvalue(setup, spec: SpecConfig, params: SamplingParams) -> float:
-    """Pooled chi-square p-value of the engine's first two tokens against the exact joint;
-    cells expected below MIN_EXPECTED are merged per prompt."""
-    engine = setup.engine(setup.trained, spec)
+def chi_square_pvalue(setup, spec: SpecConfig, params: SamplingParams, draft=None) -> float:
+    """Pooled chi-square p-value of the engine's first two tokens against the exact joint, with
+    `draft` (default: setup's trained EAGLE-3 drafter) on `chi_square_prompts`; cells expected
+    below MIN_EXPECTED are merged per prompt."""
+    engine = setup.engine(setup.trained if draft is None else draft, spec)
     observed, expected = [], []
-    for i, prompt in enumerate(random_prompts(NUM_PROMPTS, PROMPT_LEN, seed=20)):
+    for i, prompt in enumerate(chi_square_prompts()):
         joint = exact_joint(setup, prompt, params).reshape(-1) * SAMPLES_PER_PROMPT
         counts = np.zeros(VOCAB * VOCAB)
         for s in range(SAMPLES_PER_PROMPT):

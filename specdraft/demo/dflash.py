@@ -1,0 +1,167 @@
+"""`specdraft demo --method dflash`: a DFlash block drafter beside the EAGLE-3 drafter, on the same
+data and engine.
+
+The stages before training are the default demo's, with its cache (`run.prepare`); the EAGLE-3
+drafter is its drafter (out/train, `stages.stage_train`, reused when the default demo ran), the
+DFlash drafter is trained on the same store into out/train-dflash (`dflash_fields`). Plain
+decoding, EAGLE-3 chains and DFlash blocks then run greedily on the held-out prompts, each timed in
+rounds in turns with plain decoding (`generation.timed_settings`: every output equal to plain
+decoding's), and the demo prints each setting's tau and its speedup
+(the median same-round ratio to plain decoding, quartiles beside it) and writes
+out/report-dflash.json. Export and doctor of DFlash drafters are not part of this demo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from specdraft.bench.speedup import speedup_text, timing_summary
+from specdraft.demo import stages
+from specdraft.demo.config import DemoConfig
+from specdraft.demo.generation import heldout_prompts, timed_settings
+from specdraft.demo.run import prepare
+from specdraft.errors import UnusableInput
+from specdraft.files import atomic_write_json
+
+EAGLE_CHAINS = (2, 3, 4)  # the EAGLE-3 chains timed beside DFlash (the default demo sweeps 1..6)
+REPORT_FILE = "report-dflash.json"
+
+
+@dataclass
+class DFlashDemo:
+    """What `run_dflash_demo` measured: the two drafters' directories and training steps, and a row
+    per setting (method, num_steps, accept_length, timing_summary's fields)."""
+
+    eagle_dir: str
+    dflash_dir: str
+    dflash_steps: int | None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    busy: str | None = None
+
+
+def run_dflash_demo(cfg: DemoConfig, console: Console | None = None) -> DFlashDemo:
+    """The demo's stages up to training, both drafters, then the timed comparison; writes
+    out/report-dflash.json. Raises what the default demo raises, and UnusableInput for a target
+    without a usable mask token (`mask_token`)."""
+    from specdraft.machine_load import busy_note
+
+    say, target_dir, _, stores, heldout_file = prepare(cfg, console)
+    eagle_dir, _ = stages.stage_train(cfg, stores["train"], target_dir, say)
+    fields = dflash_fields(cfg, target_dir)
+    dflash_dir, training = stages.stage_train(cfg, stores["train"], target_dir, say, fields)
+    say(
+        f"DFlash drafter: block size {cfg.block_size}, {cfg.dflash_layers} layer(s), "
+        f"{training.get('steps')} optimizer steps, at {dflash_dir}"
+    )
+    say("EAGLE-3 chains and DFlash blocks vs plain decoding on held-out prompts")
+    prompts = heldout_prompts(target_dir, heldout_file, cfg.prompt_tokens, cfg.chat_template)
+    result = DFlashDemo(str(eagle_dir), str(dflash_dir), training.get("steps"))
+    result.busy = busy_note("the tokens/s and speedups above") if cfg.device == "cpu" else None
+    result.rows = compare(cfg, target_dir, eagle_dir, dflash_dir, prompts)
+    atomic_write_json(cfg.out / REPORT_FILE, result.__dict__)
+    return result
+
+
+def dflash_fields(cfg: DemoConfig, target_dir: Path) -> dict[str, Any]:
+    """The TrainConfig fields of the demo's DFlash drafter: its block size and layer count, the
+    mask token (`mask_token`), cfg.dflash_anchors blocks per document, cfg.dflash_steps steps at
+    cfg.dflash_lr."""
+    return {
+        "method": "dflash",
+        "lr": cfg.dflash_lr,
+        "block_size": cfg.block_size,
+        "num_anchors": cfg.dflash_anchors,
+        "total_steps": cfg.dflash_steps,
+        "draft_overrides": {
+            "num_hidden_layers": cfg.dflash_layers,
+            "mask_token_id": mask_token(target_dir),
+        },
+    }
+
+
+def mask_token(target_dir: Path) -> int:
+    """The DFlash mask token of the target: the first id past its tokenizer where its embedding
+    has that row (the trainer's default, z-lab's recipe), else the tokenizer's unknown token
+    (stories260K: <unk>, id 0, which its text never holds). UnusableInput naming --target when
+    it has neither."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    rows = AutoConfig.from_pretrained(str(target_dir)).get_text_config().vocab_size
+    if len(tokenizer) < rows:
+        return len(tokenizer)
+    if tokenizer.unk_token_id is not None:
+        return tokenizer.unk_token_id
+    raise UnusableInput(
+        f"--target {target_dir}: no spare embedding row past its {len(tokenizer)}-token tokenizer "
+        "and no unknown token for DFlash's mask token; train one with `specdraft train --method "
+        'dflash --config` (draft_overrides {"mask_token_id": ID})'
+    )
+
+
+def compare(
+    cfg: DemoConfig,
+    target_dir: Path,
+    eagle_dir: Path,
+    dflash_dir: Path,
+    prompts: list[list[int]],
+) -> list[dict[str, Any]]:
+    """Plain decoding, EAGLE_CHAINS and DFlash at `dflash_drafts(cfg)` drafts per round, timed in
+    cfg.timing_repeats rounds on the same engine: a row per setting (plain first)."""
+    from specdraft.engine.spec_config import SpecConfig
+
+    settings = {
+        "plain": ("plain", None, None),
+        **{f"EAGLE-3 chain {n}": ("eagle3", eagle_dir, n) for n in EAGLE_CHAINS},
+        **{f"DFlash {n} drafts": ("dflash", dflash_dir, n) for n in dflash_drafts(cfg)},
+    }
+    specs = {
+        name: (draft, None if n is None else SpecConfig.chain(n))
+        for name, (_, draft, n) in settings.items()
+    }
+    runs, plain_tps = timed_settings(cfg, target_dir, specs, prompts)
+    return [
+        {
+            "setting": name,
+            "method": method,
+            "num_steps": n or 0,
+            "accept_length": runs[name][0]["accept_length"],
+            "acceptance": runs[name][0]["acceptance"],
+            **timing_summary([run["tokens_per_s"] for run in runs[name]], plain_tps),
+        }
+        for name, (method, _, n) in settings.items()
+    ]
+
+
+def dflash_drafts(cfg: DemoConfig) -> tuple[int, ...]:
+    """The DFlash settings timed: 3 drafts per round (EAGLE-3's default chain) and the whole block
+    (block_size - 1)."""
+    return tuple(sorted({min(3, cfg.block_size - 1), cfg.block_size - 1}))
+
+
+def dflash_summary(result: DFlashDemo, out: Path) -> str:
+    """The printed comparison: a row per setting (tau, tokens/s, the speedup with its quartiles),
+    the best of each method, and where the drafters and the report are."""
+    lines = [f"{'setting':<20} {'tau':>6} {'tok/s':>8}  speedup (quartiles)"]
+    for r in result.rows:
+        lines.append(
+            f"{r['setting']:<20} {r['accept_length']:>6.2f} {r['tokens_per_s']:>8.1f}  "
+            f"{speedup_text(r)}"
+        )
+    for method, name in (("eagle3", "EAGLE-3"), ("dflash", "DFlash")):
+        best = max((r for r in result.rows if r["method"] == method), key=lambda r: r["speedup"])
+        lines.append(
+            f"best {name}: {best['setting']}, tau {best['accept_length']:.2f}, speedup "
+            f"{speedup_text(best)}"
+        )
+    lines += [
+        f"drafters: EAGLE-3 {result.eagle_dir}, DFlash {result.dflash_dir}",
+        f"report: {out / REPORT_FILE}",
+    ]
+    if result.busy:
+        lines.append(result.busy)
+    return "\n".join(lines)
