@@ -78,19 +78,12 @@ class TuneReport:
         )
 
     def existing(self, engine: str) -> str | None:
-        """The export of the drafter for `engine` already on disk (the demo's, or one an earlier
-        tune line wrote: `export.existing_export`), when the drafter needs one; else None."""
-        if not needs_export(self.draft_path, engine):
-            return None
-        found = existing_export(self.draft_path, engine)
-        return None if found is None else str(found)
+        """The export of the drafter for `engine` already on disk (`existing_for`)."""
+        return existing_for(self.draft_path, engine)
 
     def served_path(self, engine: str) -> str:
-        """The drafter directory the engine loads: the given one, its export on disk, or where
-        `export_command` writes one (`export.suggested_export_dir`: DRAFT-ENGINE)."""
-        if not needs_export(self.draft_path, engine):
-            return self.draft_path
-        return self.existing(engine) or str(suggested_export_dir(self.draft_path, engine))
+        """The drafter directory the engine loads (`served_path`)."""
+        return served_path(self.draft_path, engine)
 
     def sglang_flags(self) -> str:
         """SGLang's launch command of the recommendation, as `specdraft export` prints it
@@ -188,3 +181,20 @@ def needs_export(draft_dir: str, engine: str) -> bool:
         return "export" not in Manifest.read(path / MANIFEST_FILE).extra
     except (CheckpointError, OSError, ValueError):
         return True
+
+
+def existing_for(draft_path: str, engine: str) -> str | None:
+    """The export of the drafter for `engine` already on disk (the demo's, or one an earlier
+    tune line wrote: `export.existing_export`), when the drafter needs one; else None."""
+    if not needs_export(draft_path, engine):
+        return None
+    found = existing_export(draft_path, engine)
+    return None if found is None else str(found)
+
+
+def served_path(draft_path: str, engine: str) -> str:
+    """The drafter directory `engine` loads: the given one, its export on disk, or where
+    `TuneReport.export_command` writes one (`export.suggested_export_dir`: DRAFT-ENGINE)."""
+    if not needs_export(draft_path, engine):
+        return draft_path
+    return existing_for(draft_path, engine) or str(suggested_export_dir(draft_path, engine))

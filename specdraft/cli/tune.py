@@ -26,6 +26,7 @@ from specdraft.cli.options import (
     TuneDraft,
     option,
 )
+from specdraft.conventions.spec_schedule import VLLM_DEFAULT_MAX_NUM_SEQS
 
 TunePrompts = Annotated[str, option("builtin", help=PROMPTS_HELP + ".")]
 TuneMaxTokens = Annotated[int, option(64, min=1, help="New tokens per prompt (temperature 0).")]
@@ -90,6 +91,40 @@ TuneRepeats = Annotated[
     ),
 ]
 JsonOut = Annotated[str, option("", help="Also write the report as JSON here.")]
+
+
+def _concurrency_list(value: str, param: typer.CallbackParam = None) -> tuple[int, ...]:
+    """--concurrency: "" (batch 1, today's tune), else `positive_int_list`."""
+    return positive_int_list(value, param) if value.strip() else ()
+
+
+Concurrency = Annotated[
+    str,
+    option(
+        "",
+        help="Batch sizes to tune K for (e.g. 1,2,4,8): B concurrent prompts through the batching "
+        "engine, batched plain decoding and every chain depth 1..--probe-steps at each; writes "
+        "the K-by-batch-size schedule for vLLM, SGLang and specdraft serve (empty: batch 1).",
+        callback=_concurrency_list,
+    ),
+]
+VllmMaxNumSeqs = Annotated[
+    int,
+    option(
+        VLLM_DEFAULT_MAX_NUM_SEQS,
+        min=1,
+        help="With --concurrency: the schedule's last row ends here, vLLM's --max-num-seqs "
+        "(vLLM 0.32's default on a >= 70 GiB GPU).",
+    ),
+]
+ScheduleDir = Annotated[
+    str,
+    option(
+        ".",
+        help="With --concurrency: write spec_schedule.json (serve --spec-schedule) and "
+        "sglang_adaptive.json here (an existing directory).",
+    ),
+]
 TuneSuite = Annotated[
     str,
     option(
@@ -121,6 +156,9 @@ def tune(
     dtype: EngineDtypeOption,
     threads: Threads,
     suite: TuneSuite,
+    concurrency: Concurrency,
+    max_num_seqs: VllmMaxNumSeqs,
+    schedule_dir: ScheduleDir,
 ) -> None:
     """Predict and measure tokens/s of speculative settings; recommend one, or no speculation."""
     from specdraft.bench.tune_model import TuneConfig
@@ -142,8 +180,45 @@ def tune(
             repeats=repeats,
         )
         set_threads(threads)
+        if concurrency:
+            load = (concurrency, max_num_seqs, schedule_dir, json_out)
+            return _run_load(console, target, draft, prompts, suite, cfg, device, dtype, load)
         report, rows, chosen = _run_tune(console, target, draft, prompts, suite, cfg, device, dtype)
     _render_tune(console, report, rows, chosen, json_out)
+
+
+def _run_load(console, target, draft, prompts, suite, cfg, device, dtype, load) -> None:
+    """tune --concurrency (`bench.load_render.tune_load_paths`): the schedule, its files under
+    --schedule-dir, the report, and --json-out. OptionError for --suite, a DFlash drafter or a
+    --schedule-dir that is not a directory."""
+    from pathlib import Path
+
+    concurrency, max_num_seqs, schedule_dir, json_out = load
+    if suite:
+        raise OptionError("--concurrency tunes on --prompts: drop --suite")
+    if dflash_block_size(draft) is not None:
+        raise OptionError(
+            f"--concurrency: {draft} is a DFlash drafter; the batch tuner drafts EAGLE-3 chains "
+            "only: drop --concurrency"
+        )
+    if not Path(schedule_dir).is_dir():
+        raise OptionError(f"--schedule-dir {schedule_dir}: give an existing directory")
+    from specdraft.bench.load_render import tune_load_paths, write_and_render
+    from specdraft.bench.tune import TunedPair
+    from specdraft.files import atomic_write_text
+
+    pair = TunedPair(target, draft, device, engine_dtype(dtype))
+    report = tune_load_paths(
+        pair,
+        prompts,
+        cfg,
+        concurrency,
+        max_num_seqs,
+        lambda text: console.print(text, markup=False),
+    )
+    console.print(write_and_render(report, schedule_dir), markup=False, highlight=False)
+    if json_out:
+        atomic_write_text(json_out, json.dumps(report.to_dict(), indent=2))
 
 
 def _search(ctx: typer.Context, draft: str, current: tuple, probe_steps: int, topks: tuple):

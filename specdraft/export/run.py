@@ -127,8 +127,12 @@ def engine_config(
     return config
 
 
-def launch_command(engine: str, target: str, out_dir: Path, spec: SpecConfig) -> str:
-    """The serving command line for an export, with the engine's flags (DESIGN.md §2)."""
+def launch_command(
+    engine: str, target: str, out_dir: Path, spec: SpecConfig, vllm_extra: dict | None = None
+) -> str:
+    """The serving command line for an export, with the engine's flags (DESIGN.md §2);
+    vllm_extra: more --speculative-config keys for vLLM (e.g. its
+    num_speculative_tokens_per_batch_size)."""
     if engine == "sglang":
         return " ".join(
             [
@@ -144,6 +148,7 @@ def launch_command(engine: str, target: str, out_dir: Path, spec: SpecConfig) ->
             "method": "eagle3",
             "model": str(out_dir),
             "num_speculative_tokens": spec.num_speculative_tokens,
+            **(vllm_extra or {}),
         }
         return f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(json.dumps(config))}"
     return f"vllm serve {shlex.quote(str(out_dir))}"

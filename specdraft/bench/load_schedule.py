@@ -1,0 +1,174 @@
+"""What `tune --concurrency` concludes (`LoadReport`): the K-by-batch-size schedule from each
+measured batch size's chosen K (`tune_load.tune_load`), as vLLM's
+`num_speculative_tokens_per_batch_size`, as SGLang's adaptive config, and as the file
+`specdraft serve --spec-schedule FILE` reads (`read_schedule_file`); with the launch lines.
+How each engine reads them: `conventions.spec_schedule`.
+
+The rows: measured batch sizes b_1 < ... < b_n with chosen K_1..K_n give [1, b_2 - 1, K_1],
+[b_2, b_3 - 1, K_2], ..., [b_n, max_num_seqs, K_n] (a size between two measured ones takes the
+smaller one's K; the last row runs to vLLM's max_num_seqs, where vLLM's lookup ends), adjacent
+rows of one K merged; checked by `engine.schedule.BatchSchedule`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdraft.bench.tune_load import Level, LoadModel
+from specdraft.bench.tune_model import TuneConfig
+from specdraft.bench.tune_report import served_path
+from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
+from specdraft.engine.schedule import BatchSchedule, ScheduleError
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.export import launch_command
+from specdraft.files import atomic_write_text
+
+SCHEDULE_FILE = "spec_schedule.json"  # for `specdraft serve --spec-schedule`
+SGLANG_ADAPTIVE_FILE = "sglang_adaptive.json"  # for SGLang's --speculative-adaptive-config
+
+
+def schedule_rows(levels: list[Level], max_num_seqs: int) -> list[list[int]]:
+    """[[min_batch, max_batch, K], ...] of the levels' chosen K (module docstring); the last row
+    ends at max(max_num_seqs, the largest measured batch size)."""
+    starts = [1] + [level.batch_size for level in levels[1:]]
+    ends = [s - 1 for s in starts[1:]] + [max(max_num_seqs, levels[-1].batch_size)]
+    rows: list[list[int]] = []
+    for start, end, level in zip(starts, ends, levels):
+        if rows and rows[-1][2] == level.chosen:
+            rows[-1][1] = end
+        else:
+            rows.append([start, end, level.chosen])
+    return rows
+
+
+@dataclass
+class LoadReport:
+    """The levels (batch sizes, ascending), the fitted `LoadModel`, the drafter's depth, vLLM's
+    max_num_seqs the last row runs to; paths as given to tune; busy: the busy-machine note."""
+
+    config: TuneConfig
+    levels: list[Level]
+    model: LoadModel
+    depth: int
+    max_num_seqs: int
+    draft_path: str = "DRAFT"
+    target_path: str = "TARGET"
+    prompt_set: str = "given"
+    num_prompts: int = 0
+    busy: str | None = None
+
+    def rows(self) -> list[list[int]]:
+        """The schedule's rows, checked (`BatchSchedule`, `check_depth`)."""
+        rows = schedule_rows(self.levels, self.max_num_seqs)
+        BatchSchedule.of(rows).check_depth(self.depth)
+        return rows
+
+    @property
+    def max_k(self) -> int:
+        """The deepest K of the schedule (0: speculation loses at every batch size)."""
+        return max(k for _, _, k in self.rows())
+
+    def vllm_flags(self) -> str:
+        """`vllm serve` with num_speculative_tokens = the deepest K and the schedule, or the
+        advice to launch without speculation."""
+        if self.max_k == 0:
+            return "launch without --speculative-config (speculation loses at every batch size)"
+        draft = Path(served_path(self.draft_path, "vllm"))
+        extra = {VLLM_SCHEDULE_KEY: self.rows()}
+        line = launch_command("vllm", self.target_path, draft, SpecConfig.chain(self.max_k), extra)
+        return f"{line} --max-num-seqs {self.max_num_seqs}"
+
+    def sglang_adaptive(self) -> dict[str, Any] | None:
+        """SGLang's adaptive config: each row's first batch size -> its K as the one candidate
+        (fixed steps per size, the measured ones); None when no row speculates."""
+        if self.max_k == 0:
+            return None
+        return {str(low): {"candidate_steps": [k]} for low, _, k in self.rows()}
+
+    def sglang_flags(self, adaptive_file: str | Path = SGLANG_ADAPTIVE_FILE) -> str:
+        """SGLang's launch line with the adaptive config file (EAGLE-3 chains, topk 1)."""
+        if self.max_k == 0:
+            return "launch without --speculative-* flags (speculation loses at every batch size)"
+        draft = Path(served_path(self.draft_path, "sglang"))
+        line = launch_command("sglang", self.target_path, draft, SpecConfig.chain(self.max_k))
+        return f"{line} --speculative-adaptive --speculative-adaptive-config " + shlex.quote(
+            str(adaptive_file)
+        )
+
+    def serve_flags(self, schedule_file: str | Path = SCHEDULE_FILE) -> str:
+        """`specdraft serve` with the schedule file (the drafter at the deepest K)."""
+        target = shlex.quote(self.target_path)
+        if self.max_k == 0:
+            return f"specdraft serve --target {target} --no-spec"
+        return (
+            f"specdraft serve --target {target} --draft {shlex.quote(self.draft_path)} "
+            f"--num-steps {self.max_k} --spec-schedule {shlex.quote(str(schedule_file))}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {
+            "num_prompts": self.num_prompts,
+            "prompt_set": self.prompt_set,
+            "busy": self.busy,
+            "max_new_tokens": self.config.max_new_tokens,
+            "depth": self.depth,
+            "model_s": {"a": self.model.a, "b": self.model.b, "plain": self.model.plain},
+            "levels": [level_dict(level) for level in self.levels],
+            VLLM_SCHEDULE_KEY: self.rows(),
+            "sglang_adaptive": self.sglang_adaptive(),
+            "vllm_flags": self.vllm_flags(),
+            "sglang_flags": self.sglang_flags(),
+            "serve_flags": self.serve_flags(),
+        }
+
+
+def level_dict(level: Level) -> dict[str, Any]:
+    """One batch size's plain decoding, candidates and chosen K, JSON-ready."""
+    return {
+        "batch_size": level.batch_size,
+        "plain": {
+            "predicted_tokens_per_s": level.plain_predicted_tps,
+            "measured_tokens_per_s": level.plain_tps,
+        },
+        "candidates": [c.to_dict() for c in level.candidates.values()],
+        "num_steps": level.chosen,
+    }
+
+
+def write_schedule_files(report: LoadReport, out_dir: str | Path) -> dict[str, Path]:
+    """Write SCHEDULE_FILE ({VLLM_SCHEDULE_KEY: rows}) and, when a row speculates,
+    SGLANG_ADAPTIVE_FILE under out_dir (an existing directory): {what: path}."""
+    out = Path(out_dir)
+    written = {"serve": out / SCHEDULE_FILE}
+    atomic_write_text(written["serve"], json.dumps({VLLM_SCHEDULE_KEY: report.rows()}) + "\n")
+    adaptive = report.sglang_adaptive()
+    if adaptive is not None:
+        written["sglang"] = out / SGLANG_ADAPTIVE_FILE
+        atomic_write_text(written["sglang"], json.dumps(adaptive, indent=2) + "\n")
+    return written
+
+
+def read_schedule_file(path: str | Path, max_num_steps: int) -> BatchSchedule:
+    """The schedule of a file {VLLM_SCHEDULE_KEY: [[min_batch, max_batch, K], ...]} (what
+    `write_schedule_files` writes). Raises ScheduleError, one line naming the file, for a file
+    that does not read or parse, lacks the key, or holds a gap, an overlap or a K beyond
+    max_num_steps (the drafter's depth)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ScheduleError(f"{path}: not a readable JSON schedule ({e}); write it again") from e
+    if not isinstance(data, dict) or not isinstance(data.get(VLLM_SCHEDULE_KEY), list):
+        raise ScheduleError(
+            f'{path}: need {{"{VLLM_SCHEDULE_KEY}": [[min_batch, max_batch, K], ...]}}'
+        )
+    try:
+        schedule = BatchSchedule.of(data[VLLM_SCHEDULE_KEY])
+        schedule.check_depth(max_num_steps)
+    except (ScheduleError, TypeError) as e:
+        raise ScheduleError(f"{path}: {e}") from e
+    return schedule

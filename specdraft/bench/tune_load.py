@@ -1,0 +1,229 @@
+"""tune across load (`specdraft tune --concurrency 1,2,4,...`): at each batch size B, B
+concurrent prompts through the engine's `engine.batch.BatchScheduler`, batched plain decoding
+and every chain depth K = 1..the drafter's (`TuneConfig.depth`), each once per timing round in
+`repeats` rounds, order rotated (`speedup.timed_passes`); a K's speedup at B is the median of its
+same-round ratios to batched plain decoding, and it wins by demo's rule (`tune_report.settle`:
+median >= min_speedup, lower quartile above 1x). Trees are not tried under load yet: a batched
+round's K selects a chain (`BatchScheduler.setting`), so the schedule is of chain depths.
+
+Speed at B: tokens after each sequence's first over the wall seconds after the batch's prefill
+(`BatchScheduler.admit`), every sequence of the batch counted (`BatchRun.tokens_per_s`).
+
+The cost model, fitted to batch size (`LoadModel`): per batch size the round time is a line in
+K through the measured K = 1 and K = depth runs (today's two-probe calibration, with the target's
+forward folded into the line: a batched verify of B x (K + 1) tokens grows about linearly in K),
+round_s(B, K) = a(B) + b(B) K, and plain decoding's round plain_s(B); then a, b and plain_s are
+each fitted as a line in B by least squares over the measured batch sizes (constant with one).
+Predicted tokens/s at (B, K) = B tau(K) / round_s(B, K), tau(K) = 1 + sum_{j<=K} p_j from the
+deep run's acceptance at that B (T = 0: a chain's first K drafts do not depend on its depth);
+plain = B / plain_s(B). The schedule and its files: `load_schedule`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specdraft.bench.speedup import speedup_text, timed_passes, timing_summary
+from specdraft.bench.tune_bench import WARMUP_TOKENS, Bench, synchronize
+from specdraft.bench.tune_model import Candidate
+from specdraft.bench.tune_report import settle
+from specdraft.engine.batch import BatchScheduler
+from specdraft.engine.requests import SpecMetrics
+from specdraft.engine.sampling import SamplingParams
+from specdraft.engine.schedule import BatchSchedule
+from specdraft.engine.spec_config import SpecConfig
+from specdraft.train.progress import counted_progress
+
+
+@dataclass
+class BatchRun:
+    """One batch of `batch_size` prompts run at K = num_steps (0: plain decoding): tokens after
+    each sequence's first, decode wall seconds, rounds by running batch size (the batch shrinks
+    as sequences finish), the sequences' merged metrics."""
+
+    batch_size: int
+    num_steps: int
+    tokens: int
+    seconds: float
+    rounds_by_batch: dict[int, int]
+    metrics: SpecMetrics
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode tokens/s of the whole batch."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def round_s(self) -> float:
+        """Mean seconds of a batched round."""
+        return self.seconds / max(1, sum(self.rounds_by_batch.values()))
+
+
+class LoadBench(Bench):
+    """`Bench` that runs B prompts at once through a `BatchScheduler` (T = 0, no EOS)."""
+
+    def run_batch(self, batch_size: int, num_steps: int) -> BatchRun:
+        """B = batch_size prompts (cycled from the prompts) at K = num_steps, after a warm-up
+        batch of a few tokens on the same scheduler."""
+        spec = SpecConfig.chain(self.cfg.depth) if num_steps else None
+        engine = self.engine(spec)
+        schedule = BatchSchedule.constant(num_steps, batch_size)
+        scheduler = BatchScheduler(engine, batch_size, schedule)
+        self.batch_of(scheduler, batch_size, min(WARMUP_TOKENS, self.cfg.max_new_tokens))
+        scheduler.run()
+        scheduler.stats = {}
+        self.batch_of(scheduler, batch_size, self.cfg.max_new_tokens)
+        with torch.inference_mode():
+            scheduler.admit()
+        synchronize(self.device)
+        start = time.perf_counter()
+        results = scheduler.run()
+        synchronize(self.device)
+        seconds = time.perf_counter() - start
+        total = SpecMetrics()
+        for _, result in results:
+            total = total.merge(result.metrics)
+        rounds = {b: s.num_rounds for b, s in scheduler.stats.items()}
+        tokens = sum(len(result.token_ids) - 1 for _, result in results)
+        return BatchRun(batch_size, num_steps, tokens, seconds, rounds, total)
+
+    def batch_of(self, scheduler: BatchScheduler, batch_size: int, max_new_tokens: int) -> None:
+        """Queue batch_size greedy requests of max_new_tokens each on scheduler."""
+        engine = scheduler.engine
+        for i in range(batch_size):
+            prompt = self.prompts[i % len(self.prompts)]
+            scheduler.add(
+                engine.new_request(prompt, max_new_tokens, SamplingParams(), (), None, None, None)
+            )
+
+
+@dataclass
+class Level:
+    """One batch size: plain decoding's runs, each K's runs and its `Candidate` (prediction and
+    measurement), the K chosen (0: no speculation at this size)."""
+
+    batch_size: int
+    plain_runs: list[BatchRun]
+    runs: dict[int, list[BatchRun]]
+    candidates: dict[int, Candidate] = field(default_factory=dict)
+    plain_predicted_tps: float = 0.0
+    chosen: int = 0
+
+    @property
+    def plain_tps(self) -> float:
+        """Median tokens/s of batched plain decoding."""
+        return median_run(self.plain_runs).tokens_per_s
+
+
+def median_run(runs: Sequence[BatchRun]) -> BatchRun:
+    """The run of median tokens/s (the lower middle one of an even count)."""
+    return sorted(runs, key=lambda r: r.tokens_per_s)[(len(runs) - 1) // 2]
+
+
+def measure_level(
+    bench: LoadBench, batch_size: int, depth: int, repeats: int, advance: Callable[[], None]
+) -> Level:
+    """Plain decoding and K = 1..depth at batch_size, each once per round in `repeats` rounds,
+    order rotated (`speedup.timed_passes`); each K's `Candidate` gets its timing summary."""
+
+    def run(k: int) -> BatchRun:
+        measured = bench.run_batch(batch_size, k)
+        advance()
+        return measured
+
+    runs = timed_passes(dict.fromkeys(range(depth + 1)), repeats, run)
+    level = Level(batch_size, runs.pop(0), runs)
+    plain_tps = [r.tokens_per_s for r in level.plain_runs]
+    for k, k_runs in runs.items():
+        timing = timing_summary([r.tokens_per_s for r in k_runs], plain_tps)
+        cand = Candidate(SpecConfig.chain(k), 0.0, 0.0, timing=timing)
+        cand.measured_tau = median_run(k_runs).metrics.accept_length
+        cand.measured_tps, cand.speedup = timing["tokens_per_s"], timing["speedup"]
+        level.candidates[k] = cand
+    return level
+
+
+def line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (xs, ys); slope 0 for one distinct x."""
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if n > 1 and sxx else 0.0
+    return my - slope * mx, slope
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    """round_s(B, K) = a(B) + b(B) K, plain_s(B), each (intercept, slope) of a line in B (module
+    docstring); seconds."""
+
+    a: tuple[float, float]
+    b: tuple[float, float]
+    plain: tuple[float, float]
+
+    @classmethod
+    def fit(cls, levels: Sequence[Level], depth: int) -> LoadModel:
+        """The lines through each level's median K = 1 and K = depth runs and plain run."""
+        sizes, a_s, b_s = [], [], []
+        for level in levels:
+            shallow = median_run(level.runs[1]).round_s
+            deep = median_run(level.runs[depth]).round_s
+            slope = (deep - shallow) / (depth - 1) if depth > 1 else 0.0
+            sizes.append(level.batch_size)
+            a_s.append(shallow - slope)
+            b_s.append(slope)
+        plain = [median_run(level.plain_runs).round_s for level in levels]
+        return cls(line_fit(sizes, a_s), line_fit(sizes, b_s), line_fit(sizes, plain))
+
+    def round_s(self, batch_size: int, num_steps: int) -> float:
+        """Predicted seconds of a round of B sequences at K (0: a plain round)."""
+        if num_steps == 0:
+            return at(self.plain, batch_size)
+        return at(self.a, batch_size) + at(self.b, batch_size) * num_steps
+
+    def predict(self, level: Level, num_steps: int, depth: int) -> tuple[float, float]:
+        """(tau, tokens/s) predicted at the level's batch size and K."""
+        p = median_run(level.runs[depth]).metrics.acceptance_per_position
+        tau = 1.0 + sum(p[:num_steps])
+        seconds = self.round_s(level.batch_size, num_steps)
+        return tau, level.batch_size * tau / seconds if seconds > 0 else 0.0
+
+
+def at(line: tuple[float, float], x: float) -> float:
+    """A line's (intercept, slope) value at x."""
+    return line[0] + line[1] * x
+
+
+def tune_load(
+    bench: LoadBench,
+    concurrency: Sequence[int],
+    min_speedup: float,
+    say: Callable[[str], None] = lambda text: None,
+) -> tuple[list[Level], LoadModel]:
+    """Measure every batch size of `concurrency` (`measure_level`), fit the `LoadModel`, fill
+    each candidate's prediction, and choose each level's K (demo's rule, `settle`; 0 when no K
+    beats batched plain decoding beyond the noise)."""
+    depth, repeats, sizes = bench.cfg.depth, bench.cfg.repeats, sorted(set(concurrency))
+    levels = []
+    with counted_progress("tune load runs", len(sizes) * (depth + 1) * repeats) as advance:
+        for size in sizes:
+            levels.append(measure_level(bench, size, depth, repeats, advance))
+            say(f"batch {size}: plain {levels[-1].plain_tps:.1f} tok/s")
+    model = LoadModel.fit(levels, depth)
+    for level in levels:
+        level.plain_predicted_tps = level.batch_size / max(
+            model.round_s(level.batch_size, 0), 1e-12
+        )
+        for k, cand in level.candidates.items():
+            cand.predicted_tau, cand.predicted_tps = model.predict(level, k, depth)
+        chosen = settle(level.candidates.values(), min_speedup)[0]
+        level.chosen = chosen.spec.num_steps if chosen else 0
+        best = max(level.candidates.values(), key=lambda c: c.speedup or 0.0)
+        say(
+            f"batch {level.batch_size}: K {level.chosen} "
+            f"(best K {best.spec.num_steps}: {speedup_text(best.timing)})"
+        )
+    return levels, model

@@ -1,0 +1,134 @@
+"""specdraft.bench.tune_load / load_schedule / load_render: `tune --concurrency` on the tiny
+target through the batching engine (acceptance and tokens real, seconds from a cost model in
+which speculation wins at batch 1 and loses at batch 8: `tests.support.load_helpers`), the
+schedule's rows, its files and launch lines, and the refusals of a bad schedule file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdraft.bench.load_render import launch_lines, load_report, write_and_render
+from specdraft.bench.load_schedule import (
+    LoadReport,
+    read_schedule_file,
+    schedule_rows,
+    write_schedule_files,
+)
+from specdraft.bench.tune_load import Level, LoadModel, line_fit
+from specdraft.bench.tune_model import TuneConfig
+from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
+from specdraft.engine.schedule import BatchSchedule, ScheduleError
+from tests.support.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.support.load_helpers import modelled_load_bench
+
+COSTS = {"fixed_s": 0.010, "row_s": 0.002, "draft_s": 0.004}
+
+
+@pytest.fixture(scope="module")
+def report() -> LoadReport:
+    setup = tiny_setup("llama")
+    cfg = TuneConfig(max_new_tokens=16, probe_steps=3, topks=(1,), repeats=3)
+    prompts = random_prompts(3, 8, seed=2)  # among the drafter's training prompts: tau ~2
+    bench = modelled_load_bench(setup.target, setup.trained, prompts, cfg, **COSTS)
+    return load_report(bench, (1, 2, 8), 1024, draft_path="/ckpt/draft")
+
+
+def test_each_batch_size_measures_plain_and_every_chain_depth(report):
+    assert [level.batch_size for level in report.levels] == [1, 2, 8]
+    for level in report.levels:
+        assert sorted(level.candidates) == [1, 2, 3] and level.plain_tps > 0
+        assert len(level.plain_runs) == 3 and all(len(r) == 3 for r in level.runs.values())
+        for k, cand in level.candidates.items():
+            # the model is linear in K and in B as the modelled costs are: prediction ~ measurement
+            assert cand.predicted_tps == pytest.approx(cand.measured_tps, rel=0.2), (level, k)
+            assert cand.measured_tau == pytest.approx(cand.predicted_tau, abs=0.2)
+        assert level.plain_predicted_tps == pytest.approx(level.plain_tps, rel=0.05)
+    # a round of b rows at K costs fixed + row b (K + 1) + draft b K: the fitted lines recover it
+    assert report.model.a == pytest.approx((0.010, 0.002), abs=2e-3)
+    assert report.model.b == pytest.approx((0.0, 0.006), abs=1e-3)
+
+
+def test_speculation_wins_at_batch_1_and_loses_at_batch_8(report):
+    one, _, eight = report.levels
+    assert one.chosen > 0 and one.candidates[one.chosen].speedup >= 1.05
+    assert eight.chosen == 0 and all(c.speedup < 1.05 for c in eight.candidates.values())
+    rows = report.rows()
+    assert rows[0][:2] == [1, rows[0][1]] and rows[0][2] == one.chosen
+    assert rows[-1] == [rows[-1][0], 1024, 0] and rows[-1][0] in (2, 8)
+    BatchSchedule.of(rows).check_depth(report.depth)  # contiguous, 1..1024
+
+
+def test_launch_lines_and_files(report, tmp_path):
+    config = json.loads(report.vllm_flags().split("--speculative-config ")[1].split("' ")[0][1:])
+    assert config[VLLM_SCHEDULE_KEY] == report.rows()
+    assert config["num_speculative_tokens"] == report.max_k == max(k for *_, k in report.rows())
+    assert config["method"] == "eagle3" and report.vllm_flags().endswith("--max-num-seqs 1024")
+    written = write_schedule_files(report, tmp_path)
+    data = json.loads(written["serve"].read_text())
+    assert data == {VLLM_SCHEDULE_KEY: report.rows()}
+    assert read_schedule_file(written["serve"], report.depth).entries == tuple(
+        map(tuple, report.rows())
+    )
+    adaptive = json.loads(written["sglang"].read_text())
+    assert adaptive == {str(lo): {"candidate_steps": [k]} for lo, _, k in report.rows()}
+    text = write_and_render(report, tmp_path)
+    assert f"--speculative-adaptive-config {written['sglang']}" in text
+    assert f"--num-steps {report.max_k} --spec-schedule {written['serve']}" in text
+    assert "B 8: K 3" in text and "pred tok/s" in text and "trees are not tried" in text
+    assert json.loads(json.dumps(report.to_dict()))[VLLM_SCHEDULE_KEY] == report.rows()
+
+
+def level(batch_size: int, chosen: int) -> Level:
+    return Level(batch_size, [], {}, chosen=chosen)
+
+
+def test_rows_cover_one_to_max_num_seqs_and_merge_equal_k():
+    levels = [level(1, 3), level(2, 3), level(4, 2), level(16, 0), level(32, 0)]
+    assert schedule_rows(levels, 256) == [[1, 3, 3], [4, 15, 2], [16, 256, 0]]
+    assert schedule_rows([level(4, 2)], 8) == [[1, 8, 2]]  # the first row starts at 1
+    assert schedule_rows([level(1, 1), level(64, 0)], 32) == [[1, 63, 1], [64, 64, 0]]
+
+
+def test_no_speculation_anywhere_gives_no_speculative_flags():
+    model = LoadModel((0.0, 0.0), (0.0, 0.0), (0.01, 0.0))
+    none = LoadReport(TuneConfig(), [level(1, 0), level(4, 0)], model, 3, 128, "/d", "/t")
+    assert none.rows() == [[1, 128, 0]] and none.sglang_adaptive() is None
+    assert none.vllm_flags().startswith("launch without --speculative-config")
+    assert none.serve_flags() == "specdraft serve --target /t --no-spec"
+    assert "SGLang: launch without --speculative-* flags" in launch_lines(none, {})[1]
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([[1, 2, 3], [4, 8, 1]], "a gap before it; start it at batch size 3"),
+        ([[1, 4, 3], [3, 8, 1]], "it overlaps the one before"),
+        ([[1, 8, 5]], "K 5 exceeds the drafter's depth 3"),
+        ([[2, 8, 1]], "a gap before it; start it at batch size 1"),
+        ([[1, 8]], "need (min_batch, max_batch, K)"),
+    ],
+)
+def test_a_bad_schedule_file_is_refused_in_one_line(tmp_path, rows, message):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({VLLM_SCHEDULE_KEY: rows}))
+    with pytest.raises(ScheduleError) as caught:
+        read_schedule_file(path, 3)
+    assert str(caught.value).startswith(f"{path}: ") and message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_schedule_file_without_the_key_or_not_json_is_refused(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text('{"schedule": []}')
+    with pytest.raises(ScheduleError, match=VLLM_SCHEDULE_KEY):
+        read_schedule_file(path, 3)
+    path.write_text("[[1, 8, 3]")
+    with pytest.raises(ScheduleError, match="not a readable JSON schedule"):
+        read_schedule_file(path, 3)
+
+
+def test_line_fit():
+    assert line_fit([1, 2, 4], [3, 5, 9]) == pytest.approx((1.0, 2.0))
+    assert line_fit([2], [7]) == (7.0, 0.0)
