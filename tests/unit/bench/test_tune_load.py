@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from typer.testing import CliRunner
 
 from specdraft.bench.load_render import launch_lines, load_report, write_and_render
 from specdraft.bench.load_schedule import (
@@ -18,10 +19,13 @@ from specdraft.bench.load_schedule import (
 )
 from specdraft.bench.tune_load import Level, LoadModel, line_fit
 from specdraft.bench.tune_model import TuneConfig
+from specdraft.cli import app
 from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
 from specdraft.engine.schedule import BatchSchedule, ScheduleError
+from tests.support.cli import cli_args, flat
 from tests.support.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
 from tests.support.load_helpers import modelled_load_bench
+from tests.support.serve_helpers import saved_pair, text_prompts, write_prompts
 
 COSTS = {"fixed_s": 0.010, "row_s": 0.002, "draft_s": 0.004}
 
@@ -132,3 +136,45 @@ def test_a_schedule_file_without_the_key_or_not_json_is_refused(tmp_path):
 def test_line_fit():
     assert line_fit([1, 2, 4], [3, 5, 9]) == pytest.approx((1.0, 2.0))
     assert line_fit([2], [7]) == (7.0, 0.0)
+
+
+def test_tune_cli_concurrency_writes_the_schedule(tmp_path):
+    """Real timings (no assertion on them): the files, a valid schedule, the launch lines."""
+    setup = tiny_setup("llama")
+    target, draft = saved_pair(setup, tmp_path)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
+    args = cli_args(
+        "tune",
+        target=target,
+        draft=draft,
+        prompts=prompts,
+        max_tokens=6,
+        probe_steps=2,
+        repeats=1,
+        concurrency="1,2",
+        max_num_seqs=64,
+        schedule_dir=tmp_path,
+        json_out=tmp_path / "load.json",
+    )
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "spec_schedule.json").read_text())[VLLM_SCHEDULE_KEY]
+    assert rows[0][0] == 1 and rows[-1][1] == 64 and BatchSchedule.of(rows).check_depth(2) is None
+    data = json.loads((tmp_path / "load.json").read_text())
+    assert data[VLLM_SCHEDULE_KEY] == rows and [lv["batch_size"] for lv in data["levels"]] == [1, 2]
+    assert "B 2: K 2" in result.output and "vLLM: " in result.output
+    assert "specdraft: specdraft serve" in result.output
+
+
+def test_tune_cli_concurrency_refusals(tmp_path):
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    draft.mkdir()
+    base = ["tune", "--target", str(target), "--draft", str(draft), "--concurrency"]
+    bad = CliRunner().invoke(app, [*base, "1,0"])
+    assert bad.exit_code == 2 and "integers >= 1" in flat(bad.output)
+    suite = CliRunner().invoke(app, [*base, "1,2", "--suite", "mt-bench"])
+    assert suite.exit_code == 1 and "--concurrency tunes on --prompts: drop --suite" in suite.output
+    where = CliRunner().invoke(app, [*base, "1", "--schedule-dir", str(tmp_path / "nope")])
+    assert where.exit_code == 1 and "--schedule-dir" in where.output
