@@ -23,7 +23,14 @@ from specdraft.cli import app
 from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
 from specdraft.engine.schedule import BatchSchedule, ScheduleError
 from tests.support.cli import cli_args, flat
-from tests.support.engine_helpers import one_thread, random_prompts, tiny_setup  # noqa: F401
+from tests.support.dflash import engine_dflash_draft, save_engine_dflash
+from tests.support.engine_helpers import (  # noqa: F401
+    copy_with_word_tokenizer,
+    greedy_sequences,
+    one_thread,
+    random_prompts,
+    tiny_setup,
+)
 from tests.support.load_helpers import modelled_load_bench
 from tests.support.serve_helpers import saved_pair, text_prompts, write_prompts
 
@@ -178,3 +185,15 @@ def test_tune_cli_concurrency_refusals(tmp_path):
     assert suite.exit_code == 1 and "--concurrency tunes on --prompts: drop --suite" in suite.output
     where = CliRunner().invoke(app, [*base, "1", "--schedule-dir", str(tmp_path / "nope")])
     assert where.exit_code == 1 and "--schedule-dir" in where.output
+
+
+def test_tune_cli_concurrency_refuses_a_dflash_drafter(tmp_path):
+    setup = tiny_setup("llama")
+    copy_with_word_tokenizer(setup, tmp_path / "target")
+    sequences = greedy_sequences(setup.target, [[1, 5, 9, 13]], 8)
+    draft = engine_dflash_draft(setup.target, sequences, 4, 2)
+    draft_dir = save_engine_dflash(draft, setup.target, tmp_path / "draft")
+    args = cli_args("tune", target=tmp_path / "target", draft=draft_dir, concurrency="1,2")
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "is a DFlash drafter" in result.output
+    assert "drop --concurrency" in result.output
