@@ -31,6 +31,7 @@ from tests.support.serve_helpers import (
     NUM_NEW,
     engine,
     greedy_text,
+    open_stream,
     own_target,
     running,
     saved_pair,
@@ -395,23 +396,6 @@ def test_sixteen_concurrent_requests_equal_single_request_outputs(server):
 
     assert asyncio.run(main()) == single
     assert single[:3] == [greedy_text(p) for p in prompts[:3]]
-
-
-def open_stream(url: str, prompt: str, max_tokens: int) -> socket.socket:
-    """A raw streaming request; returns the socket once the first SSE chunk arrived."""
-    host, port = url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    ).encode()
-    sock = socket.create_connection((host, int(port)), timeout=10)
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-    )
-    data = b""
-    while b"data: " not in data:
-        data += sock.recv(4096)
-    return sock
 
 
 def wait_health(client: httpx.Client, **state) -> None:
