@@ -214,15 +214,15 @@ class BatchWorker(EngineWorker):
             self.fail(f"generation failed: {type(e).__name__}: {e}")
             return
         self.log_round(time.perf_counter() - t0)
-        for req, result in finished:
-            seq = self.active.pop(id(req))
+        done = [(self.active.pop(id(req)), result) for req, result in finished]
+        self.set_queue()  # before the answers: a client that scrapes next sees them gone
+        for seq, result in done:
             if result.finish_reason == ABORTED:
                 self.drop(seq.job)
                 continue
             times = RequestTimes(seq.job.arrival, seq.start, seq.times)
             self.metrics.record(result, self.engine.spec is not None, times)
             seq.job.post(("done", result))
-        self.set_queue()
 
     def log_round(self, elapsed_s: float) -> None:
         """Each row's tokens of the round into the step log, the round's time shared by them."""

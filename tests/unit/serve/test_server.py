@@ -577,6 +577,7 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
         state=SimpleNamespace(
             server=SimpleNamespace(
                 model_name="tiny",
+                worker=SimpleNamespace(scheduler=SimpleNamespace(max_num_seqs=5)),
                 engine=SimpleNamespace(
                     notes=["num_steps 4 > the drafter's 2 training-time-test steps"],
                     draft=SimpleNamespace(cfg={"fc_norm": True, "norm_output": True}),
@@ -608,4 +609,5 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
             "note: num_steps 4 > the drafter's 2 training-time-test steps" in result.output
         )  # load_engine's
         assert "drafter: eagle3.1 (fc_norm, norm_output)\n" in result.output  # its method
+        assert "sequences: batches of up to 5 (--max-num-seqs)" in result.output
     assert served == [("127.0.0.1", 8123)] * 3
