@@ -17,7 +17,9 @@ import httpx
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
 
+from specdraft.cli import app
 from specdraft.engine.schedule import BatchSchedule, ScheduleError
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.serve.batch_worker import (
@@ -33,6 +35,7 @@ from tests.support.serve_helpers import (
     open_stream,
     own_target,
     running,
+    saved_pair,
     slow_target,
     text_prompts,
     word_tokenizer,
@@ -219,3 +222,33 @@ def test_a_schedule_turns_speculation_off_at_larger_batches():
     assert all(v == (3 if size == 1 else 0) for size, v in k.items()) and max(k) > 1
     drafts = by_batch_size(metrics, "specdraft:batch_num_draft_tokens_total")
     assert all(drafts[size] == 0 for size in drafts if size > 1)
+
+
+def serve_cli(monkeypatch, target, *options: str):
+    """`specdraft serve` of a target directory (plain decoding) with options, its uvicorn
+    replaced: (CliRunner's result, the apps it would have served)."""
+    import specdraft.serve.server
+
+    served = []
+    monkeypatch.setattr(specdraft.serve.server, "serve", lambda app_, *a: served.append(app_))
+    args = ["serve", "--target", str(target), "--no-spec", "--port", "8124", *options]
+    return CliRunner().invoke(app, args, env={"COLUMNS": "400"}), served
+
+
+def test_serve_batches_max_num_seqs_and_refuses_a_too_deep_schedule_in_one_line(
+    monkeypatch, tmp_path
+):
+    target, _ = saved_pair(tiny_setup("llama"), tmp_path)
+    result, served = serve_cli(monkeypatch, target, "--max-num-seqs", "3")
+    assert result.exit_code == 0, result.output
+    assert "sequences: batches of up to 3 (--max-num-seqs)" in result.output
+    worker = served[0].state.server.worker
+    assert isinstance(worker, BatchWorker) and worker.scheduler.max_num_seqs == 3
+    worker.close()
+    path = tmp_path / "schedule.json"
+    path.write_text('{"num_speculative_tokens_per_batch_size": [[1, 4, 3]]}')
+    result, served = serve_cli(monkeypatch, target, "--spec-schedule", str(path))
+    assert result.exit_code != 0 and not served
+    errors = [line for line in result.output.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and str(path) in errors[0], result.output
+    assert "exceeds the drafter's depth 0" in errors[0]
