@@ -37,7 +37,7 @@ from specdraft.serve.metrics import RequestTimes, ServerMetrics
 from specdraft.serve.worker import EngineWorker, Job
 
 log = logging.getLogger("specdraft.serve")
-MAX_NUM_SEQS_CAP = 256  # vLLM's default max_num_seqs (vllm 0.32 config/scheduler.py)
+MAX_NUM_SEQS_CAP = 256  # vLLM 0.32 engine/arg_utils.py get_batch_defaults: 256 below 70 GiB GPUs
 CUDA_BUDGET = 0.5  # of the device memory free once the engine is loaded
 CPU_BUDGET = 0.25  # of the host memory available once the engine is loaded
 
