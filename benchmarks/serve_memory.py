@@ -3,7 +3,7 @@
 Serves a target and drafter (`--tiny`: stories260K and an untrained drafter, `tiny_pair`) with
 `--max-num-seqs` rows on loopback, `--concurrency` clients sending greedy completions (half of
 them streamed) back to back for `--seconds`, and prints the process's RSS (MiB) and the requests
-served every `--every` seconds, then /health. Memory is flat when RSS stops growing after the
+served every `--every` seconds, then a JSON line (the RSS samples, requests, /health). Memory is flat when RSS stops growing after the
 first interval (allocator and import warm-up) while the requests keep coming.
 
     python benchmarks/serve_memory.py --tiny --seconds 120 --concurrency 32
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -35,9 +36,10 @@ def rss_mib() -> float:
     return float("nan")
 
 
-async def load(url: str, args: argparse.Namespace) -> None:
-    """`args.concurrency` clients back to back until args.seconds pass; RSS every args.every."""
-    served, start = [0], time.monotonic()
+async def load(url: str, args: argparse.Namespace) -> list[tuple[float, int, float]]:
+    """`args.concurrency` clients back to back until args.seconds pass; RSS every args.every:
+    the (seconds, requests served, RSS MiB) samples, the last one at the end."""
+    served, start, samples = [0], time.monotonic(), []
     stop = start + args.seconds
 
     async def client(c: httpx.AsyncClient, i: int) -> None:
@@ -47,17 +49,21 @@ async def load(url: str, args: argparse.Namespace) -> None:
             response.raise_for_status()
             served[0] += 1
 
+    def sample() -> None:
+        samples.append((round(time.monotonic() - start, 1), served[0], round(rss_mib(), 1)))
+        t, n, rss = samples[-1]
+        print(f"t {t:6.0f} s  requests {n:6d}  rss {rss:.1f} MiB", flush=True)
+
     async def report() -> None:
         while time.monotonic() < stop:
-            print(
-                f"t {time.monotonic() - start:6.0f} s  requests {served[0]:6d}  rss {rss_mib():.1f} MiB"
-            )
+            sample()
             await asyncio.sleep(args.every)
 
     limits = httpx.Limits(max_connections=args.concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as c:
         await asyncio.gather(report(), *(client(c, i) for i in range(args.concurrency)))
-    print(f"end  requests {served[0]:6d}  rss {rss_mib():.1f} MiB")
+    sample()
+    return samples
 
 
 def main() -> None:
@@ -80,8 +86,9 @@ def main() -> None:
             target, draft, SpecConfig.chain(3), max_seq_len=256, batching=(args.max_num_seqs, None)
         )
         with serve_in_thread(app) as server:
-            asyncio.run(load(server.url, args))
-            print(httpx.get(server.url + "/health").json())
+            samples = asyncio.run(load(server.url, args))
+            health = httpx.get(server.url + "/health").json()
+    print(json.dumps({"rss_mib": [s[2] for s in samples], "requests": samples[-1][1], **health}))
 
 
 if __name__ == "__main__":
