@@ -30,6 +30,27 @@ NoSpec = Annotated[
 MaxQueue = Annotated[
     int, option(64, min=1, help="Requests waiting besides the running one (429 beyond).")
 ]
+MaxNumSeqs = Annotated[
+    int,
+    option(
+        0,
+        min=0,
+        help="Sequences batched per round (continuous batching; 1 = one at a time, the engine's "
+        "compiled batch-1 path). 0: sized from memory: the KV cache one sequence takes at "
+        "--max-seq-len (one drafter layer more) against half the free GPU memory (a quarter of "
+        "the available host memory on the CPU), at most 256; at most the --spec-schedule's "
+        "last batch size; 1 for a DFlash drafter. Batched rounds run eagerly (no CUDA graphs).",
+    ),
+]
+SpecSchedule = Annotated[
+    str,
+    option(
+        "",
+        help='JSON file {"num_speculative_tokens_per_batch_size": [[min_batch, max_batch, K], '
+        "...]} (vLLM's form; K = 0: plain at those sizes; `tune --concurrency` writes it): K "
+        "for each round by its batch size.",
+    ),
+]
 LogEvery = Annotated[
     int,
     option(100, min=0, help="Log accept length and tokens/s every N verification steps (0 = off)."),
@@ -52,13 +73,15 @@ def serve(
     drafting: DraftingOptions,
     no_spec: NoSpec,
     max_queue: MaxQueue,
+    max_num_seqs: MaxNumSeqs,
+    spec_schedule: SpecSchedule,
     max_request_bytes: MaxRequestBytes,
     log_every: LogEvery,
     model_name: ModelName,
     chat_template: ChatTemplate,
     run: EngineRun,
 ) -> None:
-    """Serve specdraft's engine over an OpenAI-compatible API (one sequence at a time)."""
+    """Serve specdraft's engine over an OpenAI-compatible API, batching concurrent requests."""
     from specdraft.serve import server
 
     console = make_console()
@@ -83,6 +106,7 @@ def serve(
             reading=reading,
             chat_template=chat_template or None,
             max_request_bytes=max_request_bytes,
+            batching=(max_num_seqs or None, spec_schedule or None),
         )
         _announce_engine(console, server_app.state.server, run.compile)
     _run(console, server_app, target, draft, spec, host, port)
@@ -105,6 +129,9 @@ def _announce_engine(console, state, compile: bool) -> None:
 
     if state.engine.draft is not None:
         console.print(f"drafter: {drafter_label(state.engine.draft.cfg)}", markup=False)
+    scheduler = getattr(state.worker, "scheduler", None)  # a continuously batching worker
+    batch = f"batches of up to {scheduler.max_num_seqs}" if scheduler else "one at a time"
+    console.print(f"sequences: {batch} (--max-num-seqs)", markup=False)
     for note in state.engine.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     if compile:

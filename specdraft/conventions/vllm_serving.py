@@ -42,7 +42,7 @@ class RequestMetric:
 
 
 REQUEST_METRICS: tuple[RequestMetric, ...] = (
-    RequestMetric("num_requests_running", "gauge", "Requests running (0 or 1)"),
+    RequestMetric("num_requests_running", "gauge", "Requests running (in the batch)"),
     RequestMetric("num_requests_waiting", "gauge", "Requests in the queue"),
     RequestMetric("request_success", "counter", "Finished requests", labels=("finished_reason",)),
     RequestMetric("prompt_tokens", "counter", "Prompt tokens processed"),

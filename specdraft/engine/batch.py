@@ -66,19 +66,22 @@ class CatchUp(PlainDecoding):
 @dataclass
 class Sequence:
     """A running request: its drafter cache (None without a drafter), its proposers by K, the
-    time it was admitted (`time.perf_counter()`)."""
+    time it was admitted (`time.perf_counter()`), the batch sizes it ran a round at."""
 
     req: Request
     cache: DraftCache | None
     started: float
     proposers: dict[int, Proposer] = field(default_factory=dict)
+    sizes: set[int] = field(default_factory=set)
 
 
 @dataclass
 class BatchStats:
-    """Per batch size: rounds run, the K last used, and the sequences' verification counts."""
+    """Per batch size: rounds run, the K last used, the sequences' verification counts, and the
+    retired requests that ran a round at this size."""
 
     num_rounds: int = 0
+    num_requests: int = 0
     num_steps: int = 0
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
 
@@ -240,6 +243,8 @@ class BatchScheduler:
                 self.running[row] = self.running[-1]
                 self.move(len(self.running) - 1, row)
             self.running.pop()
+            for size in seq.sizes:
+                self.stats[size].num_requests += 1
             done.append((seq.req, seq.req.finish(seq.started)))
         return done[::-1]
 
@@ -249,6 +254,8 @@ class BatchScheduler:
         stats.num_rounds, stats.num_steps = stats.num_rounds + 1, k
         for count in counts:
             stats.metrics.record_step(*count)
+        for seq in self.running:
+            seq.sizes.add(len(counts))
 
     def move(self, src: int, dst: int) -> None:
         """The sequence now at running[dst] moves from cache row src to row dst: its target

@@ -63,8 +63,8 @@ async def health(request: Any) -> Any:
     return JSONResponse(
         {
             "status": "ok" if alive else "dead",
-            "running": int(worker.running is not None),
-            "waiting": worker.jobs.qsize(),
+            "running": worker.num_running,
+            "waiting": worker.num_waiting,
         },
         status_code=200 if alive else 503,
     )

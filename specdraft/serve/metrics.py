@@ -14,11 +14,19 @@
   seconds, with vLLM's buckets) under both prefixes, vLLM's with its labels (`RequestMetrics`);
   requests refused with 429 or cancelled (a disconnect while running or waiting, shutdown) and
   the older `specdraft:time_per_output_token_seconds`: `specdraft:` names only.
+- Per batch size (a continuously batching server, `serve.batch_worker`; `watch_batches`), label
+  `batch_size`: `specdraft:batch_rounds_total` (rounds run), `specdraft:batch_requests_total`
+  (finished requests that ran a round at that size), `specdraft:batch_num_speculative_tokens`
+  (the K of its last round, 0 = plain), `specdraft:batch_accept_length` (tau over its rounds'
+  rows) and the rows' raw `specdraft:batch_num_verify_steps_total`, `..._num_draft_tokens_total`,
+  `..._num_accepted_tokens_total` (to difference between scrapes). vLLM 0.32 has no per-batch-size
+  metric (`conventions.vllm_serving`); its `vllm:num_requests_running` counts the batch.
 Imports prometheus_client only when built.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from specdraft.conventions.vllm_serving import REQUEST_METRICS
@@ -164,6 +172,11 @@ class ServerMetrics:
             registry=r,
         )
 
+    def watch_batches(self, stats: Callable[[], dict]) -> None:
+        """Export the per-batch-size metrics (module docstring) of `stats()`: {batch size:
+        `engine.batch.BatchStats`}, read at each scrape."""
+        self.registry.register(BatchCollector(stats))
+
     def set_queue(self, running: int, waiting: int) -> None:
         """Requests running and waiting, under both names."""
         for requests in self.request_sets:
@@ -178,3 +191,46 @@ class ServerMetrics:
             requests.record(result, times)
         if len(result.token_ids) > 1:
             self.tpot.observe((times.steps[-1] - times.steps[0]) / (len(result.token_ids) - 1))
+
+
+class BatchCollector:
+    """A prometheus_client collector of the per-batch-size metrics (module docstring) read
+    from `stats()` ({batch size: `engine.batch.BatchStats`}) at every scrape."""
+
+    def __init__(self, stats: Callable[[], dict]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator:
+        """The families, one sample per batch size that ran a round."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        p, label = "specdraft:batch_", ["batch_size"]
+        families = {
+            "rounds": CounterMetricFamily(p + "rounds", "Rounds run", labels=label),
+            "requests": CounterMetricFamily(
+                p + "requests", "Finished requests that ran a round at this size", labels=label
+            ),
+            "k": GaugeMetricFamily(
+                p + "num_speculative_tokens", "K of the last round (0 = plain)", labels=label
+            ),
+            "tau": GaugeMetricFamily(p + "accept_length", "Tau over the rows", labels=label),
+            "steps": CounterMetricFamily(p + "num_verify_steps", "Rows verified", labels=label),
+            "drafts": CounterMetricFamily(p + "num_draft_tokens", "Drafts verified", labels=label),
+            "accepted": CounterMetricFamily(
+                p + "num_accepted_tokens", "Drafts accepted", labels=label
+            ),
+        }
+        for size, stats in sorted(self.stats().items()):
+            m, key = stats.metrics, [str(size)]
+            values = {
+                "rounds": stats.num_rounds,
+                "requests": stats.num_requests,
+                "k": stats.num_steps,
+                "tau": m.accept_length,
+                "steps": m.num_verify_steps,
+                "drafts": m.num_drafted_tokens,
+                "accepted": m.num_accepted_tokens,
+            }
+            for name, value in values.items():
+                families[name].add_metric(key, value)
+        yield from families.values()

@@ -1,12 +1,14 @@
-"""OpenAI-compatible server over specdraft's engine, one sequence at a time.
+"""OpenAI-compatible server over specdraft's engine, continuously batching or one sequence at
+a time.
 
 Endpoints: `/v1/completions` and `/v1/chat/completions` (SSE streaming or not; chat through
 the tokenizer's chat template; a list of prompts, `n`, `echo`, `logprobs` / `top_logprobs`,
 presence / frequency penalties), `/v1/models` and `/v1/models/{id}`, `/health`, `/metrics`
 (Prometheus, own registry), and vLLM's `/version`, `/tokenize`, `/detokenize`.
 
-- One worker thread runs the engine, requests queued and cancelled on disconnect
-  (`serve.worker`, where every call into the engine is).
+- One worker thread runs the engine, requests queued and cancelled on disconnect: in batches
+  of up to max_num_seqs sequences admitted and retired at every round (`serve.batch_worker`;
+  logprobs and penalties through the batch-1 path, alone), or one at a time (`serve.worker`).
 - A body over `max_request_bytes` gets 413 before the rest of it is read; bodies are parsed and
   tokenized on a thread, off the event loop (`serve.routes`).
 - A malformed request (bad JSON, missing field, wrong type, unsupported option) gets 400 with
@@ -37,8 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.checkpoint.id_reading import IdReading
+from specdraft.engine.schedule import BatchSchedule
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.serve import info_routes
+from specdraft.serve.batch_worker import BatchWorker, batch_settings, batchable
 from specdraft.serve.metrics import ServerMetrics
 from specdraft.serve.protocol import RequestError
 from specdraft.serve.routes import (
@@ -60,6 +64,7 @@ def create_app(
     *,
     end_ids: Sequence[int],
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    batching: tuple[int, BatchSchedule | None] = (1, None),
 ) -> Any:
     """A FastAPI app serving `engine` under `model_name`; its worker thread starts now.
 
@@ -69,7 +74,10 @@ def create_app(
     max_queue: requests that may wait besides the running one (429 beyond); log_every:
     verification steps between log lines (0 = off); max_request_bytes: the largest request
     body taken (413 beyond). The engine gets the tokenizer when it has none (stop strings).
-    Raises ServeError (a ValueError) for max_queue < 1 or max_request_bytes < 1.
+    batching: (max_num_seqs, K by batch size or None); max_num_seqs > 1 or a schedule:
+    continuous batching where the engine batches (`serve.batch_worker`), else one sequence at
+    a time (`serve.worker`).
+    Raises ServeError for max_queue < 1 or max_request_bytes < 1, what `BatchWorker` raises.
     """
     from fastapi import FastAPI
 
@@ -84,7 +92,7 @@ def create_app(
         tokenizer,
         model_name,
         metrics,
-        EngineWorker(engine, end_ids, metrics, max_queue, log_every),
+        new_worker(engine, end_ids, metrics, (max_queue, log_every), *batching),
         max_request_bytes,
     )
 
@@ -95,12 +103,34 @@ def create_app(
 
     app = FastAPI(title="specdraft", lifespan=lifespan)
     app.state.server = state
+    add_routes(app)
+    return app
+
+
+def add_routes(app: Any) -> None:
+    """The generation routes, `INFO_ROUTES` and the RequestError handler on `app`."""
     app.add_route("/v1/completions", completions, methods=["POST"])
     app.add_route("/v1/chat/completions", chat_completions, methods=["POST"])
     for path, route in INFO_ROUTES.items():
         app.add_route(path, getattr(info_routes, route), methods=[INFO_METHODS.get(path, "GET")])
     app.add_exception_handler(RequestError, request_error_response)
-    return app
+
+
+def new_worker(
+    engine: SpeculativeEngine,
+    end_ids: Sequence[int],
+    metrics: ServerMetrics,
+    queueing: tuple[int, int],
+    max_num_seqs: int,
+    schedule: BatchSchedule | None,
+) -> EngineWorker:
+    """`create_app`'s worker: batching or one sequence at a time; queueing = (max_queue,
+    log_every)."""
+    if (max_num_seqs > 1 or schedule is not None) and batchable(engine):
+        return BatchWorker(engine, end_ids, metrics, queueing, (max_num_seqs, schedule))
+    if max_num_seqs > 1:
+        engine.notes.append("a DFlash drafter serves one sequence at a time (no batched rows)")
+    return EngineWorker(engine, end_ids, metrics, *queueing)
 
 
 # path -> handler in `serve.info_routes` (GET unless INFO_METHODS says otherwise)
@@ -190,16 +220,15 @@ def build_app(
     reading: IdReading | None = None,
     chat_template: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    batching: tuple[int | None, str | None] = (None, None),
 ) -> Any:
     """Load the target (with its tokenizer and `chat_template`: `target_tokenizer`) and the
     drafter (a manifest-less one read by `load_engine`'s `reading`), and `create_app` for them,
-    ending generations at the target's end ids (`target.config.end_token_ids`: the tokenizer's
-    EOS and generation_config.json's).
-
-    spec: SpecConfig, or None for plain decoding (draft_dir is then ignored). model_name
-    defaults to the target directory's name. compile: `load_engine`'s (CUDA graphs; the app's
-    `state.server.engine` then needs a warm-up generation before it serves). Raises what
-    `load_engine` and `target_tokenizer` raise (mismatched drafter, unreadable checkpoints)."""
+    ending generations at the target's end ids (`target.config.end_token_ids`). spec:
+    SpecConfig, or None for plain decoding (draft_dir ignored). model_name defaults to the
+    target directory's name. compile: `load_engine`'s (the app's engine then needs a warm-up
+    generation). batching: (max_num_seqs or None: from memory, a --spec-schedule file or None)
+    for `batch_worker.batch_settings`. Raises what it, `load_engine`, `target_tokenizer` raise."""
     import torch
 
     from specdraft.engine.load import load_engine
@@ -225,6 +254,7 @@ def build_app(
         log_every,
         end_ids=end_token_ids(tokenizer, target_dir),
         max_request_bytes=max_request_bytes,
+        batching=batch_settings(engine, *batching),
     )
 
 

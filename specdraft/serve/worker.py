@@ -144,25 +144,43 @@ class EngineWorker:
             self.jobs.put_nowait(job)
         self.set_queue()
 
+    @property
+    def num_running(self) -> int:
+        """Sequences generating now (0 or 1 here)."""
+        return int(self.running is not None)
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences queued, not yet generating."""
+        return self.jobs.qsize()
+
     def set_queue(self) -> None:
         """The running / waiting gauges from the worker's state."""
-        self.metrics.set_queue(int(self.running is not None), self.jobs.qsize())
+        self.metrics.set_queue(self.num_running, self.num_waiting)
 
     def loop(self) -> None:
         """Take jobs until the stop sentinel (None)."""
         while (job := self.jobs.get()) is not None:
             if job.cancelled.is_set():  # its client left while it waited
-                self.set_queue()
-                self.metrics.cancelled.inc()
-                job.post(("cancelled", None))
-                continue
-            self.running = job
+                self.drop(job)
+            else:
+                self.run_one(job)
+
+    def drop(self, job: Job) -> None:
+        """A job whose client left before it ran: counted and answered as cancelled."""
+        self.set_queue()
+        self.metrics.cancelled.inc()
+        job.post(("cancelled", None))
+
+    def run_one(self, job: Job) -> None:
+        """`run` one job as the running one (the gauges follow)."""
+        self.running = job
+        self.set_queue()
+        try:
+            self.run(job)
+        finally:
+            self.running = None
             self.set_queue()
-            try:
-                self.run(job)
-            finally:
-                self.running = None
-                self.set_queue()
 
     def run(self, job: Job) -> None:
         """Generate one sequence, streaming its tokens (and scores) through job.post."""
@@ -200,6 +218,8 @@ class EngineWorker:
             return
         speculative = self.engine.spec is not None
         self.metrics.record(result, speculative, RequestTimes(job.arrival, start, times))
+        self.running = None
+        self.set_queue()  # before the answer: a client that scrapes next sees it gone
         job.post(("done", result))
 
     def generate(self, req: GenerationRequest, on_tokens: Callable) -> Any:

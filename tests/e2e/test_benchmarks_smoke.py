@@ -25,7 +25,11 @@ SMOKE_RUNS = {
     "drafter_memory.py": (["--tiny"], "convert"),
     "capture_throughput.py": (["--tiny"], "transformers"),  # vllm: null where vLLM is not installed
     "hf_target_speed.py": (["--tiny"], "plain_over_hf_generate_median"),  # after the chain3 line
-    "side_by_side.py": (["--tiny"], "specdraft"),  # speculators: null where it is not installed
+    "side_by_side.py": (["--tiny"], "specdraft"),
+    "serve_memory.py": (
+        ["--tiny", "--seconds", "3", "--every", "1"],
+        "rss_mib",
+    ),  # speculators: null where it is not installed
     "shell_target.py": (
         cli_options(check=True, shape="tiny", model=PYCODE, prompts=1, new_tokens=12),
         "max_abs_logits_diff",

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import json
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -327,3 +328,21 @@ def greedy_text(prompt: str, num_new: int = NUM_NEW, ids: list[int] | None = Non
     ids = ids or tok(prompt)["input_ids"]
     out = greedy_sequences(tiny_setup("llama").target, [ids], num_new)[0, len(ids) :].tolist()
     return decode_continuation(tok, ids, out)  # as the server decodes: "w1 w2" continues " w40 ..."
+
+
+def open_stream(url: str, prompt: str, max_tokens: int, wait: bool = True) -> socket.socket:
+    """A raw streaming greedy completion request; returns the socket once its first SSE chunk
+    arrived (that chunk read), or at once unless `wait`."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    ).encode()
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    data = b""
+    while wait and b"data: " not in data:
+        data += sock.recv(4096)
+    return sock

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdraft.engine.schedule import BatchSchedule, ScheduleError
+from specdraft.engine.schedule import BatchSchedule, ScheduleError, read_schedule
 
 
 @pytest.mark.parametrize(
@@ -31,3 +31,34 @@ def test_k_by_batch_size_reads_the_covering_entry():
     assert (schedule.max_batch_size, schedule.max_num_steps) == (8, 3)
     with pytest.raises(ScheduleError, match="covers 1..8"):
         schedule.num_steps(9)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{", "not JSON"),
+        ('{"other": []}', "need an object with 'num_speculative_tokens_per_batch_size'"),
+        ('{"num_speculative_tokens_per_batch_size": [[1, 2, 3], [4, 8, 1]]}', "a gap"),
+        ('{"num_speculative_tokens_per_batch_size": [[1, 4, 3], [3, 8, 1]]}', "overlaps"),
+        ('{"num_speculative_tokens_per_batch_size": [[1, 4, 5]]}', "exceeds the drafter's depth 3"),
+    ],
+)
+def test_a_bad_schedule_file_is_refused_in_one_line_naming_it(tmp_path, text, message):
+    path = tmp_path / "schedule.json"
+    path.write_text(text)
+    with pytest.raises(ScheduleError, match=message) as info:
+        read_schedule(path, 3)
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_a_missing_schedule_file_is_refused_naming_it(tmp_path):
+    with pytest.raises(ScheduleError, match="cannot read"):
+        read_schedule(tmp_path / "none.json", 3)
+
+
+def test_a_schedule_file_in_vllms_form_is_read(tmp_path):
+    path = tmp_path / "schedule.json"
+    path.write_text('{"num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 16, 0]]}')
+    schedule = read_schedule(path, 3)
+    assert schedule.entries == ((1, 4, 3), (5, 16, 0))
+    assert [schedule.num_steps(b) for b in (1, 4, 5, 16)] == [3, 3, 0, 0]

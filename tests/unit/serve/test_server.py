@@ -31,6 +31,7 @@ from tests.support.serve_helpers import (
     NUM_NEW,
     engine,
     greedy_text,
+    open_stream,
     own_target,
     running,
     saved_pair,
@@ -397,23 +398,6 @@ def test_sixteen_concurrent_requests_equal_single_request_outputs(server):
     assert single[:3] == [greedy_text(p) for p in prompts[:3]]
 
 
-def open_stream(url: str, prompt: str, max_tokens: int) -> socket.socket:
-    """A raw streaming request; returns the socket once the first SSE chunk arrived."""
-    host, port = url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    ).encode()
-    sock = socket.create_connection((host, int(port)), timeout=10)
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-    )
-    data = b""
-    while b"data: " not in data:
-        data += sock.recv(4096)
-    return sock
-
-
 def wait_health(client: httpx.Client, **state) -> None:
     deadline = time.monotonic() + 10
     while any(client.get("/health").json()[k] != v for k, v in state.items()):
@@ -593,6 +577,7 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
         state=SimpleNamespace(
             server=SimpleNamespace(
                 model_name="tiny",
+                worker=SimpleNamespace(scheduler=SimpleNamespace(max_num_seqs=5)),
                 engine=SimpleNamespace(
                     notes=["num_steps 4 > the drafter's 2 training-time-test steps"],
                     draft=SimpleNamespace(cfg={"fc_norm": True, "norm_output": True}),
@@ -624,4 +609,5 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
             "note: num_steps 4 > the drafter's 2 training-time-test steps" in result.output
         )  # load_engine's
         assert "drafter: eagle3.1 (fc_norm, norm_output)\n" in result.output  # its method
+        assert "sequences: batches of up to 5 (--max-num-seqs)" in result.output
     assert served == [("127.0.0.1", 8123)] * 3
