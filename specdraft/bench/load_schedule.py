@@ -1,7 +1,7 @@
 """What `tune --concurrency` concludes (`LoadReport`): the K-by-batch-size schedule from each
 measured batch size's chosen K (`tune_load.tune_load`), as vLLM's
 `num_speculative_tokens_per_batch_size`, as SGLang's adaptive config, and as the file
-`specdraft serve --spec-schedule FILE` reads (`read_schedule_file`); with the launch lines.
+`specdraft serve --spec-schedule FILE` reads (`engine.schedule.read_schedule`); with the launch lines.
 How each engine reads them: `conventions.spec_schedule`.
 
 The rows: measured batch sizes b_1 < ... < b_n with chosen K_1..K_n give [1, b_2 - 1, K_1],
@@ -22,7 +22,7 @@ from specdraft.bench.tune_load import Level, LoadModel
 from specdraft.bench.tune_model import TuneConfig
 from specdraft.bench.tune_report import served_path
 from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
-from specdraft.engine.schedule import BatchSchedule, ScheduleError
+from specdraft.engine.schedule import BatchSchedule
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.export import launch_command
 from specdraft.files import atomic_write_text
@@ -151,24 +151,3 @@ def write_schedule_files(report: LoadReport, out_dir: str | Path) -> dict[str, P
         written["sglang"] = out / SGLANG_ADAPTIVE_FILE
         atomic_write_text(written["sglang"], json.dumps(adaptive, indent=2) + "\n")
     return written
-
-
-def read_schedule_file(path: str | Path, max_num_steps: int) -> BatchSchedule:
-    """The schedule of a file {VLLM_SCHEDULE_KEY: [[min_batch, max_batch, K], ...]} (what
-    `write_schedule_files` writes). Raises ScheduleError, one line naming the file, for a file
-    that does not read or parse, lacks the key, or holds a gap, an overlap or a K beyond
-    max_num_steps (the drafter's depth)."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ScheduleError(f"{path}: not a readable JSON schedule ({e}); write it again") from e
-    if not isinstance(data, dict) or not isinstance(data.get(VLLM_SCHEDULE_KEY), list):
-        raise ScheduleError(
-            f'{path}: need {{"{VLLM_SCHEDULE_KEY}": [[min_batch, max_batch, K], ...]}}'
-        )
-    try:
-        schedule = BatchSchedule.of(data[VLLM_SCHEDULE_KEY])
-        schedule.check_depth(max_num_steps)
-    except (ScheduleError, TypeError) as e:
-        raise ScheduleError(f"{path}: {e}") from e
-    return schedule

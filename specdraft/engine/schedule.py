@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
 from specdraft.errors import SpecdraftError
 
 
@@ -86,9 +87,6 @@ class BatchSchedule:
                 )
 
 
-SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"  # vLLM's key (issue #37), and its form
-
-
 def read_schedule(path: str | Path, max_num_steps: int) -> BatchSchedule:
     """The schedule of a JSON file {"num_speculative_tokens_per_batch_size": [[min_batch,
     max_batch, K], ...]} (`serve --spec-schedule`; `tune --concurrency` writes it), its K at
@@ -96,19 +94,21 @@ def read_schedule(path: str | Path, max_num_steps: int) -> BatchSchedule:
     line naming the file: unreadable, not JSON, no such key, or a schedule `BatchSchedule`
     refuses (gap, overlap, negative K) or that drafts deeper than max_num_steps."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise ScheduleError(f"{path}: cannot read the schedule ({e.strerror or e})") from None
     except ValueError as e:
-        raise ScheduleError(f"{path}: not JSON ({e}); write {{{SCHEDULE_KEY!r}: [...]}}") from None
-    entries = data.get(SCHEDULE_KEY) if isinstance(data, dict) else None
+        raise ScheduleError(
+            f"{path}: not JSON ({e}); write {{{VLLM_SCHEDULE_KEY!r}: [...]}}"
+        ) from None
+    entries = data.get(VLLM_SCHEDULE_KEY) if isinstance(data, dict) else None
     if not isinstance(entries, list) or not all(isinstance(e, list) for e in entries):
         raise ScheduleError(
-            f"{path}: need an object with {SCHEDULE_KEY!r}: a list of [min_batch, max_batch, K]"
+            f"{path}: need an object with {VLLM_SCHEDULE_KEY!r}: a list of [min_batch, max_batch, K]"
         )
     try:
         schedule = BatchSchedule.of(entries)
         schedule.check_depth(max_num_steps)
-    except ScheduleError as e:
+    except (ScheduleError, TypeError) as e:
         raise ScheduleError(f"{path}: {e}") from None
     return schedule

@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 from specdraft.bench.load_render import launch_lines, load_report, write_and_render
 from specdraft.bench.load_schedule import (
     LoadReport,
-    read_schedule_file,
     schedule_rows,
     write_schedule_files,
 )
@@ -21,7 +20,7 @@ from specdraft.bench.tune_load import Level, LoadModel, line_fit
 from specdraft.bench.tune_model import TuneConfig
 from specdraft.cli import app
 from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
-from specdraft.engine.schedule import BatchSchedule, ScheduleError
+from specdraft.engine.schedule import BatchSchedule, ScheduleError, read_schedule
 from tests.support.cli import cli_args, flat
 from tests.support.dflash import engine_dflash_draft, save_engine_dflash
 from tests.support.engine_helpers import (  # noqa: F401
@@ -79,9 +78,7 @@ def test_launch_lines_and_files(report, tmp_path):
     written = write_schedule_files(report, tmp_path)
     data = json.loads(written["serve"].read_text())
     assert data == {VLLM_SCHEDULE_KEY: report.rows()}
-    assert read_schedule_file(written["serve"], report.depth).entries == tuple(
-        map(tuple, report.rows())
-    )
+    assert read_schedule(written["serve"], report.depth).entries == tuple(map(tuple, report.rows()))
     adaptive = json.loads(written["sglang"].read_text())
     assert adaptive == {str(lo): {"candidate_steps": [k]} for lo, _, k in report.rows()}
     text = write_and_render(report, tmp_path)
@@ -125,7 +122,7 @@ def test_a_bad_schedule_file_is_refused_in_one_line(tmp_path, rows, message):
     path = tmp_path / "s.json"
     path.write_text(json.dumps({VLLM_SCHEDULE_KEY: rows}))
     with pytest.raises(ScheduleError) as caught:
-        read_schedule_file(path, 3)
+        read_schedule(path, 3)
     assert str(caught.value).startswith(f"{path}: ") and message in str(caught.value)
     assert "\n" not in str(caught.value)
 
@@ -134,10 +131,10 @@ def test_a_schedule_file_without_the_key_or_not_json_is_refused(tmp_path):
     path = tmp_path / "s.json"
     path.write_text('{"schedule": []}')
     with pytest.raises(ScheduleError, match=VLLM_SCHEDULE_KEY):
-        read_schedule_file(path, 3)
+        read_schedule(path, 3)
     path.write_text("[[1, 8, 3]")
-    with pytest.raises(ScheduleError, match="not a readable JSON schedule"):
-        read_schedule_file(path, 3)
+    with pytest.raises(ScheduleError, match="not JSON"):
+        read_schedule(path, 3)
 
 
 def test_line_fit():
