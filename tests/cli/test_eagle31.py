@@ -114,8 +114,9 @@ def test_generate_names_the_drafters_method(trained, tmp_path):
 
 
 def test_demo_takes_the_eagle3_methods():
-    """demo --method: the EAGLE-3 methods (`draft_config.EAGLE3_METHODS`), a click choice."""
-    refused = invoke(["demo", "--method", "dflash"])
+    """demo --method: the EAGLE-3 methods (`draft_config.EAGLE3_METHODS`) and dflash (beside
+    EAGLE-3), a click choice."""
+    refused = invoke(["demo", "--method", "eagle4"])
     assert refused.exit_code == 2, refused.output
-    assert "'dflash' is not one of 'eagle3', 'eagle3.1'" in flat(refused.output), refused.output
-    assert "--method <eagle3|eagle3.1>" in invoke(["demo", "--help"]).output
+    assert "'eagle4' is not one of 'eagle3', 'eagle3.1', 'dflash'" in flat(refused.output)
+    assert "--method <eagle3|eagle3.1|dflash>" in invoke(["demo", "--help"]).output

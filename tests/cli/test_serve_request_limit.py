@@ -17,7 +17,9 @@ def test_serve_passes_max_request_bytes_and_refuses_zero(monkeypatch):
     given = {}
     fake = SimpleNamespace(
         state=SimpleNamespace(
-            server=SimpleNamespace(model_name="tiny", engine=SimpleNamespace(notes=[]))
+            server=SimpleNamespace(
+                model_name="tiny", engine=SimpleNamespace(notes=[], draft=None), worker=None
+            )
         )
     )
     monkeypatch.setattr(
