@@ -44,7 +44,8 @@ class Choice:
         """A choice for `req` (echo: the prompt's text when the request echoes it)."""
         writer = None
         if req.logprobs is not None:
-            writer = LogprobsWriter(tokenizer, chat, req.logprobs)
+            context = [] if req.echo and not chat else list(req.prompt_ids)
+            writer = LogprobsWriter(tokenizer, chat, req.logprobs, context)
         text = TextStream(tokenizer, req.stop, req.prompt_ids)
         return cls(index, req, text, echo if req.echo else "", writer)
 

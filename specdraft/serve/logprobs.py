@@ -10,7 +10,9 @@ the target's scores of the emitted tokens (`TokenScore`, kept by `serve.scoring`
 - Chat (vllm entrypoints/openai/chat_completion/serving.py, OpenAI's chat logprobs):
   `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}`
   with the `top_logprobs` most likely tokens, most likely first.
-A token's text is `tokenizer.decode([id])`, as vLLM's default (not `return_tokens_as_token_ids`).
+A token's text is what it adds after the tokens before it (`requests.decode_continuation`, as
+vLLM's incremental detokenizer gives it; decoded alone, a SentencePiece token loses its
+word-start space), so a choice's token texts join into its text and text_offset indexes it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from specdraft.engine.requests import decode_continuation
 
 
 @dataclass(frozen=True)
@@ -35,19 +39,18 @@ class TokenScore:
 class LogprobsWriter:
     """One choice's logprobs, chunk by chunk: `render(scores)` gives the shape of its endpoint
     for the scores of the tokens a chunk (or the whole body) carries. num_top: the alternatives
-    asked (completions' `logprobs`, chat's `top_logprobs`)."""
+    asked (completions' `logprobs`, chat's `top_logprobs`). context: the ids before the first
+    scored token (the prompt's, unless the prompt is echoed and scored itself)."""
 
     tokenizer: Any
     chat: bool
     num_top: int
+    context: list[int] = field(default_factory=list)
     offset: int = 0  # characters of the completion's text before the next token
-    texts: dict[int, str] = field(default_factory=dict)
 
     def text(self, token: int) -> str:
-        """The token's text, decoded alone."""
-        if token not in self.texts:
-            self.texts[token] = self.tokenizer.decode([token])
-        return self.texts[token]
+        """The text `token` adds after the context (the tokens scored so far included)."""
+        return decode_continuation(self.tokenizer, self.context, [token])
 
     def render(self, scores: Sequence[TokenScore]) -> dict[str, Any]:
         """The endpoint's logprobs object for these tokens (completions' text_offset goes on)."""
@@ -68,19 +71,17 @@ class LogprobsWriter:
             out["top_logprobs"].append(top)
             out["text_offset"].append(self.offset)
             self.offset += len(text)
+            self.context.append(s.token)
         return out
 
     def chat_shape(self, scores: Sequence[TokenScore]) -> dict[str, Any]:
         """`{"content": [...]}`, each token with its top_logprobs list."""
-        return {
-            "content": [
-                {
-                    **self.entry(s.token, s.logprob),
-                    "top_logprobs": [self.entry(t, lp) for t, lp in s.top[: self.num_top]],
-                }
-                for s in scores
-            ]
-        }
+        content = []
+        for s in scores:
+            top = [self.entry(t, lp) for t, lp in s.top[: self.num_top]]
+            content.append({**self.entry(s.token, s.logprob), "top_logprobs": top})
+            self.context.append(s.token)
+        return {"content": content}
 
     def entry(self, token: int, logprob: float | None) -> dict[str, Any]:
         """`{"token", "logprob", "bytes"}` (bytes: the text's UTF-8)."""

@@ -84,7 +84,7 @@ def test_echo_puts_the_prompt_and_its_scores_first(client):
     echoed = completion(client, prompt=prompt, echo=True, logprobs=1)["choices"][0]
     assert echoed["text"] == prompt + plain["text"]
     logprobs = echoed["logprobs"]
-    assert logprobs["tokens"][:5] == prompt.split() and logprobs["token_logprobs"][0] is None
+    assert "".join(logprobs["tokens"][:5]) == prompt and logprobs["token_logprobs"][0] is None
     assert logprobs["top_logprobs"][0] is None and len(logprobs["tokens"]) == 5 + NUM_NEW
     ids = word_tokenizer()(prompt)["input_ids"]
     rows = target_pass(tiny_setup("llama").target, torch.tensor([ids]))[0][0].log_softmax(-1)
@@ -100,13 +100,13 @@ def test_completion_logprobs_in_vllms_shape_streamed_and_not(client):
     choice = completion(client, prompt=prompt, logprobs=3)["choices"][0]
     lp = choice["logprobs"]
     assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
-    assert "".join(" " + t for t in lp["tokens"]) == choice["text"]
+    # each token's text as it reads after the ones before it (its word-start space kept), so the
+    # texts join into the choice's text and each offset indexes it (a trial saw them stripped)
+    assert "".join(lp["tokens"]) == choice["text"] and lp["tokens"][0].startswith(" ")
     for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
         assert top[token] == value and 3 <= len(top) <= 4 and value == max(top.values())  # T=0
-    offsets = [0]
-    for token in lp["tokens"][:-1]:
-        offsets.append(offsets[-1] + len(token))
-    assert lp["text_offset"] == offsets
+    for token, offset in zip(lp["tokens"], lp["text_offset"]):
+        assert choice["text"][offset : offset + len(token)] == token
     chunks = streamed(client, "/v1/completions", {"prompt": prompt, "logprobs": 3,
                       "temperature": 0, "max_tokens": NUM_NEW})  # fmt: skip
     merged = {k: [] for k in lp}
@@ -124,7 +124,7 @@ def test_chat_logprobs_and_top_logprobs_streamed_and_not(client):
     )
     choice = response.json()["choices"][0]
     content = choice["logprobs"]["content"]
-    assert "".join(" " + e["token"] for e in content) == choice["message"]["content"]
+    assert "".join(e["token"] for e in content) == choice["message"]["content"]
     for entry in content:
         assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
         assert entry["bytes"] == list(entry["token"].encode())

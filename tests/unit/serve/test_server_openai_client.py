@@ -132,4 +132,4 @@ def test_chat_logprobs_and_penalties_through_the_client(client):
     content = out.choices[0].logprobs.content
     assert len(content) == out.usage.completion_tokens == 6
     assert all(len(e.top_logprobs) == 3 and e.bytes == list(e.token.encode()) for e in content)
-    assert "".join(" " + e.token for e in content) == out.choices[0].message.content
+    assert "".join(e.token for e in content) == out.choices[0].message.content
