@@ -22,14 +22,22 @@ The construction (small: hidden H, head_dim d, L layers; shell: H' >= H, D >= d,
     python benchmarks/shell_target.py --model M --save out/                 # out/target, out/draft (load_engine)
     python benchmarks/shell_target.py --model M --bench --tune --out results.jsonl  # CUDA: the table, tune
     python benchmarks/shell_target.py --model M --bench --phases --settings chain6,tree5x4_16  # host ms per method
+    python benchmarks/shell_target.py --model M --check --tiny-dflash       # CPU: a DFlash drafter too
+    python benchmarks/shell_target.py --model M --draft E --draft D --bench --settings plain,chain7,dflash
+
+A DFlash drafter (a second --draft, or --tiny-dflash for --check) is embedded by shell_dflash.py
+(the same construction; its module docstring states the differences); its settings are "dflash"
+(the whole block's drafts) and "dflashN" (the first N), each table row also carries
+`roofline_multiple` (tokens/s over the setup line's roofline). The placement rules shared by both
+drafters are shell_layout.py's.
 
 --bench: plain, chains 1-7 and trees (BENCH_SETTINGS) with `SpeculativeEngine(compile=True)` in bf16,
 each with tokens/s, tau, the GPU time of the engine's own verify graph and draft-round graph, the
 kernel-cost model tau / (verify + draft round) and measured / model; the plain row also times the
 target forward of each of VERIFY_SIZES tokens against the decode step. Results: benchmarks/RESULTS.md.
 
---model is the pycode-25m directory (../shared/models/pycode-25m); --draft defaults to the committed
-drafter (tests/assets/pycode25m_draft/draft).
+--model is the pycode-25m directory (../shared/models/pycode-25m); --draft (EAGLE-3 and/or DFlash,
+at most one of each) defaults to the committed EAGLE-3 drafter (tests/assets/pycode25m_draft/draft).
 """
 
 from __future__ import annotations
