@@ -22,14 +22,22 @@ The construction (small: hidden H, head_dim d, L layers; shell: H' >= H, D >= d,
     python benchmarks/shell_target.py --model M --save out/                 # out/target, out/draft (load_engine)
     python benchmarks/shell_target.py --model M --bench --tune --out results.jsonl  # CUDA: the table, tune
     python benchmarks/shell_target.py --model M --bench --phases --settings chain6,tree5x4_16  # host ms per method
+    python benchmarks/shell_target.py --model M --check --tiny-dflash       # CPU: a DFlash drafter too
+    python benchmarks/shell_target.py --model M --draft E --draft D --bench --settings plain,chain7,dflash
+
+A DFlash drafter (a second --draft, or --tiny-dflash for --check) is embedded by shell_dflash.py
+(the same construction; its module docstring states the differences); its settings are "dflash"
+(the whole block's drafts) and "dflashN" (the first N), each table row also carries
+`roofline_multiple` (tokens/s over the setup line's roofline). The placement rules shared by both
+drafters are shell_layout.py's.
 
 --bench: plain, chains 1-7 and trees (BENCH_SETTINGS) with `SpeculativeEngine(compile=True)` in bf16,
 each with tokens/s, tau, the GPU time of the engine's own verify graph and draft-round graph, the
 kernel-cost model tau / (verify + draft round) and measured / model; the plain row also times the
 target forward of each of VERIFY_SIZES tokens against the decode step. Results: benchmarks/RESULTS.md.
 
---model is the pycode-25m directory (../shared/models/pycode-25m); --draft defaults to the committed
-drafter (tests/assets/pycode25m_draft/draft).
+--model is the pycode-25m directory (../shared/models/pycode-25m); --draft (EAGLE-3 and/or DFlash,
+at most one of each) defaults to the committed EAGLE-3 drafter (tests/assets/pycode25m_draft/draft).
 """
 
 from __future__ import annotations
@@ -38,7 +46,6 @@ import argparse
 import dataclasses
 import functools
 import json
-import math
 import shutil
 import statistics
 import time
@@ -48,9 +55,22 @@ from pathlib import Path
 import torch
 from gpu_timing import replay_ms  # benchmarks/, the script's directory
 from safetensors.torch import load_file, save_file
+from shell_dflash import (  # benchmarks/
+    attach,
+    block_logits,
+    build_dflash,
+    default_dflash_settings,
+    dflash_round_ms,
+    dflash_spec,
+    load_dflash,
+    tiny_dflash,
+)
+from shell_layout import Embedding, Shape, Sources, place, shell_layer  # benchmarks/
 from torch import Tensor
 
 from specdraft.checkpoint import load_draft, save_draft
+from specdraft.checkpoint.dflash import is_dflash_dir
+from specdraft.dflash import DFlashDraft
 from specdraft.draft import Eagle3Draft
 from specdraft.draft_config import DraftConfig
 from specdraft.engine.fast_config import ModelArgs
@@ -64,141 +84,11 @@ from specdraft.engine.tree import TreeExpansion
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "tests" / "assets" / "pycode25m_draft"
 
-
-@dataclass(frozen=True)
-class Shape:
-    """The sizes of a Llama-family target (counts)."""
-
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-
-    @classmethod
-    def of_config(cls, config: dict) -> Shape:
-        """The shape of a transformers Llama config dict."""
-        heads = config["num_attention_heads"]
-        return cls(
-            config["hidden_size"],
-            config["num_hidden_layers"],
-            heads,
-            config.get("num_key_value_heads") or heads,
-            config.get("head_dim") or config["hidden_size"] // heads,
-            config["intermediate_size"],
-        )
-
-
 SHAPES = {
     "llama-3-8b": Shape(4096, 32, 32, 8, 128, 14336),
     "check": Shape(1024, 12, 16, 4, 128, 2816),  # --check: D/d = 2, as in Llama-3-8B
     "tiny": Shape(576, 10, 12, 3, 96, 1536),  # the pytest: D/d = 1.5, theta' = theta^1.5
 }
-
-
-@dataclass(frozen=True)
-class Embedding:
-    """Where the pieces of a small model (or drafter) of shape `small` go in a shell of `shell`."""
-
-    small: Shape
-    shell: Shape
-
-    def __post_init__(self) -> None:
-        s, b = self.small, self.shell
-        too_small = [
-            f
-            for f in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
-            if getattr(b, f) < getattr(s, f)
-        ]
-        if too_small:
-            raise ValueError(f"shell {b} is smaller than the model {s} in {', '.join(too_small)}")
-        if b.num_heads // b.num_kv_heads != s.num_heads // s.num_kv_heads:
-            raise ValueError(
-                f"shell GQA group {b.num_heads}/{b.num_kv_heads} != the model's "
-                f"{s.num_heads}/{s.num_kv_heads}: head i -> head i needs the same group size"
-            )
-        if b.head_dim % 2 or s.head_dim % 2:
-            raise ValueError(
-                f"head_dim {s.head_dim} -> {b.head_dim}: rotate-half needs even head dims"
-            )
-
-    @property
-    def norm_scale(self) -> float:
-        """RMSNorm weights x sqrt(H/H'): the zeros past H lower the mean square by H/H'."""
-        return math.sqrt(self.small.hidden_size / self.shell.hidden_size)
-
-    @property
-    def eps_scale(self) -> float:
-        return self.small.hidden_size / self.shell.hidden_size
-
-    @property
-    def q_scale(self) -> float:
-        """q x sqrt(D/d): the shell's softmax divides by sqrt(D)."""
-        return math.sqrt(self.shell.head_dim / self.small.head_dim)
-
-    def rope_theta(self, theta: float) -> float:
-        """theta^(D/d): shell frequency j = small frequency j for j < d/2."""
-        return theta ** (self.shell.head_dim / self.small.head_dim)
-
-    def layer(self, k: int) -> int:
-        return shell_layer(k, self.small.num_layers, self.shell.num_layers)
-
-    def head_rows(self, num_heads: int) -> Tensor:
-        """Shell row of each small row of a projection with `num_heads` heads [num_heads * d] long:
-        head i dims j and j + d/2 -> shell head i dims j and j + D/2."""
-        d, big = self.small.head_dim, self.shell.head_dim
-        j = torch.arange(d)
-        within = torch.where(j < d // 2, j, j - d // 2 + big // 2)
-        return (torch.arange(num_heads)[:, None] * big + within).flatten()
-
-    def hidden(self, blocks: int = 1) -> Tensor:
-        """Shell columns of `blocks` concatenated H-wide inputs: block b at b*H'..b*H'+H-1."""
-        h = torch.arange(self.small.hidden_size)
-        return torch.cat([b * self.shell.hidden_size + h for b in range(blocks)])
-
-
-def shell_layer(k: int, num_layers: int, shell_layers: int) -> int:
-    """Shell index (1-based, specdraft's aux convention) of small layer k of `num_layers`
-    (1-based; 0, the embeddings, -> 0): spread evenly, the last layer last."""
-    return k * shell_layers // num_layers
-
-
-def place(
-    dest: Tensor,
-    src: Tensor,
-    rows: Tensor | None = None,
-    cols: Tensor | None = None,
-    scale: float = 1.0,
-) -> None:
-    """dest[rows, cols] = src * scale (computed in float32, cast to dest's dtype); None = the
-    first src.shape[i] indices. 1-d tensors take rows only."""
-    value = src.float() * scale
-    rows = torch.arange(src.shape[0]) if rows is None else rows
-    if src.dim() == 1:
-        dest[rows.to(dest.device)] = value.to(dest)
-        return
-    cols = torch.arange(src.shape[1]) if cols is None else cols
-    dest[rows.to(dest.device)[:, None], cols.to(dest.device)[None, :]] = value.to(dest)
-
-
-class Sources:
-    """The small model's tensors by name; `take` marks each one used, `check_all_used` refuses
-    any left over (a tensor the construction does not place would be silently dropped)."""
-
-    def __init__(self, tensors: dict[str, Tensor], where: str) -> None:
-        self.tensors, self.where, self.used = tensors, where, set()
-
-    def take(self, name: str) -> Tensor:
-        self.used.add(name)
-        return self.tensors[name]
-
-    def check_all_used(self) -> None:
-        left = sorted(set(self.tensors) - self.used)
-        if left:
-            raise ValueError(
-                f"{self.where}: tensors the shell construction does not place: {', '.join(left)}"
-            )
 
 
 # ---- the target --------------------------------------------------------------------------------
@@ -408,7 +298,7 @@ def build_draft(draft: Eagle3Draft, shape: Shape, target: FastTarget) -> Eagle3D
 @dataclass
 class Pair:
     target: FastTarget
-    draft: Eagle3Draft
+    draft: Eagle3Draft | DFlashDraft | None
 
 
 def build_pair(
@@ -514,12 +404,18 @@ CHECK_SETTINGS = {"plain": None, "chain3": SpecConfig.chain(3), "tree4x2_8": Spe
 
 
 def check(
-    model_dir: Path, draft_dir: Path, shape: Shape, num_prompts: int, new_tokens: int
+    model_dir: Path,
+    draft_dir: Path,
+    shape: Shape,
+    num_prompts: int,
+    new_tokens: int,
+    dflash: Path | str | None = None,
 ) -> dict:
     """The shell against the small pair, float32 on the CPU: the largest |logit difference| and
     |aux state difference| (the shell's aux states in the small model's H dims of each block;
     the rest must be 0) over the prompts' prefills, and per setting whether greedy outputs and
-    tau (per prompt) are equal."""
+    tau (per prompt) are equal; with `dflash` (a DFlash drafter directory, or "tiny": one
+    trained here, `tiny_check_dflash`) the same for it and its shell (`check_dflash`)."""
     small = build_pair(model_dir, draft_dir, None, "cpu", torch.float32)
     shell = build_pair(model_dir, draft_dir, shape, "cpu", torch.float32)
     prompts = load_prompts(model_dir, num_prompts)
@@ -541,12 +437,23 @@ def check(
         },
         "max_abs_logits_diff": logits_diff,
         "max_abs_aux_diff": aux_diff,
-        "settings": {},
+        "settings": compare_settings(small, shell, CHECK_SETTINGS, prompts, new_tokens),
     }
-    for name, spec in CHECK_SETTINGS.items():
+    if dflash is not None:
+        report["dflash"] = check_dflash(model_dir, small, shell, shape, prompts, new_tokens, dflash)
+    return report
+
+
+def compare_settings(
+    small: Pair, shell: Pair, settings: dict, prompts: list[list[int]], new_tokens: int
+) -> dict:
+    """Per setting (name -> SpecConfig or None): whether the pairs' greedy outputs are equal, and
+    each one's tau per prompt."""
+    report = {}
+    for name, spec in settings.items():
         _, small_out, small_m = generate_all(small, spec, prompts, new_tokens)
         _, shell_out, shell_m = generate_all(shell, spec, prompts, new_tokens)
-        report["settings"][name] = {
+        report[name] = {
             "outputs_equal": small_out == shell_out,
             "tau_small": [m.accept_length for m in small_m],
             "tau_shell": [m.accept_length for m in shell_m],
@@ -554,14 +461,78 @@ def check(
     return report
 
 
+def check_dflash(
+    model_dir: Path,
+    small: Pair,
+    shell: Pair,
+    shape: Shape,
+    prompts: list[list[int]],
+    new_tokens: int,
+    dflash: Path | str,
+) -> dict:
+    """A DFlash drafter (`dflash`: its directory, or "tiny") and its shell on the small and shell
+    targets: the largest |block logit difference| (a block after each prompt, anchored on its last
+    token) and the DFlash settings' outputs and tau (`compare_settings`)."""
+    if dflash == "tiny":
+        draft = tiny_check_dflash(model_dir, small.target, prompts, new_tokens)
+    else:
+        layers = small.target.args.num_layers
+        draft = attach(load_dflash(Path(dflash), layers, "cpu", torch.float32), small.target)
+    shell_draft = build_dflash(draft, shape, shell.target)
+    diff = 0.0
+    for ids in prompts:
+        _, small_aux = prefill(small.target, ids, draft.cfg.aux_layers)
+        _, shell_aux = prefill(shell.target, ids, shell_draft.cfg.aux_layers)
+        small_logits = block_logits(draft, small_aux, ids[-1])
+        shell_logits = block_logits(shell_draft, shell_aux, ids[-1])
+        diff = max(diff, (shell_logits - small_logits).abs().max().item())
+    names = dict.fromkeys([f"dflash{min(3, draft.cfg.block_size - 1)}", "dflash"])
+    settings = {name: dflash_spec(name, draft) for name in names}
+    return {
+        "draft": str(dflash),
+        "block_size": draft.cfg.block_size,
+        "target_layer_ids": {
+            "small": list(draft.cfg.target_layer_ids),
+            "shell": list(shell_draft.cfg.target_layer_ids),
+        },
+        "max_abs_block_logits_diff": diff,
+        "settings": compare_settings(
+            Pair(small.target, draft),
+            Pair(shell.target, shell_draft),
+            settings,
+            prompts,
+            new_tokens,
+        ),
+    }
+
+
+def tiny_check_dflash(
+    model_dir: Path, target: FastTarget, prompts: list[list[int]], new_tokens: int
+) -> DFlashDraft:
+    """`shell_dflash.tiny_dflash` trained on the small target's greedy continuations of the
+    check's own prompts (`new_tokens` each): fitted to the text the check then drafts, so its
+    blocks are accepted and the check compares multi-token rounds."""
+    config, _ = read_small(model_dir)
+    _, outputs, _ = generate_all(Pair(target, None), None, prompts, new_tokens)
+    sequences = [p + out for p, out in zip(prompts, outputs)]
+    n = config["num_hidden_layers"]
+    aux = [prefill(target, ids, (2, n // 2, n - 3))[1] for ids in sequences]
+    return tiny_dflash(target, config, sequences, aux, [len(p) for p in prompts])
+
+
 def check_passed(report: dict, tolerance: float = 1e-4) -> list[str]:
     """What the check report fails (empty when it passes)."""
+    dflash = report.get("dflash", {})
     failures = [
-        f"{key} {report[key]:.3g} > {tolerance}"
-        for key in ("max_abs_logits_diff", "max_abs_aux_diff")
-        if not report[key] <= tolerance
+        f"{key} {part[key]:.3g} > {tolerance}"
+        for part, key in (
+            (report, "max_abs_logits_diff"),
+            (report, "max_abs_aux_diff"),
+            (dflash, "max_abs_block_logits_diff"),
+        )
+        if key in part and not part[key] <= tolerance
     ]
-    for name, r in report["settings"].items():
+    for name, r in {**report["settings"], **dflash.get("settings", {})}.items():
         if not r["outputs_equal"]:
             failures.append(f"{name}: greedy outputs differ")
         if r["tau_small"] != r["tau_shell"]:
@@ -678,9 +649,17 @@ def bench_setting(
     prefix = len(prompts[0]) + new_tokens // 2
     t = spec.num_draft_tokens if spec else 1
     kernel_verify = verify_ms(engine, t, prefix)
-    kernel_draft = draft_round_ms(engine, merged.acceptance_per_position, prefix) if spec else 0.0
     tau = merged.accept_length
+    if spec is None:
+        kernel_draft = 0.0
+    elif isinstance(pair.draft, DFlashDraft):  # eager: its launches inside the time
+        kernel_draft = dflash_round_ms(engine, prefix, max(1, round(tau)))
+    else:
+        kernel_draft = draft_round_ms(engine, merged.acceptance_per_position, prefix)
     row = {
+        "drafter": "dflash"
+        if isinstance(pair.draft, DFlashDraft)
+        else ("eagle3" if spec else None),
         "tokens_per_s": tokens / seconds,
         "tokens_per_s_passes": [run[0] for run in passes],
         "tau": tau,
@@ -723,8 +702,12 @@ def bench(
     run_tune: bool,
     settings: list[str] | None = None,
     prompt_file: Path = ASSETS / "prompts.jsonl",
+    dflash_dir: Path | None = None,
 ) -> None:
-    """The table on CUDA: every setting of BENCH_SETTINGS (or `settings`), one JSON line each."""
+    """The table on CUDA: every setting of BENCH_SETTINGS and, with a DFlash drafter at
+    `dflash_dir`, its settings (`shell_dflash.default_dflash_settings`) -- or the `settings`
+    named, "dflash" / "dflashN" for the DFlash ones -- one JSON line each: tokens/s, tau,
+    speedup over plain, the multiple of the roofline (`roofline_multiple`) and the kernels."""
 
     def report(key: str, value) -> None:
         line = json.dumps({key: value}, default=str)
@@ -736,6 +719,11 @@ def bench(
     torch.manual_seed(0)
     start = time.perf_counter()
     pair = build_pair(model_dir, draft_dir, shape, "cuda", torch.bfloat16)
+    dflash = None
+    if dflash_dir is not None:
+        small = load_dflash(dflash_dir, read_small(model_dir)[0]["num_hidden_layers"], "cuda", None)
+        dflash = Pair(pair.target, build_dflash(small, shape, pair.target))
+        del small
     torch.cuda.synchronize()
     bandwidth, weights = copy_bandwidth_gbs(), weight_bytes(pair.target)
     report(
@@ -746,6 +734,8 @@ def bench(
             "shape": dataclasses.asdict(shape),
             "draft": str(draft_dir),
             "draft_config": pair.draft.cfg.to_dict(),
+            "dflash_draft": str(dflash_dir) if dflash else None,
+            "dflash_config": dflash.draft.cfg.to_dict() if dflash else None,
             "weight_bytes": weights,
             "copy_bandwidth_gb_s": bandwidth,
             "roofline_tokens_per_s": bandwidth * 1e9 / weights,
@@ -756,10 +746,13 @@ def bench(
     )
     prompts = load_prompts(model_dir, num_prompts, path=prompt_file)
     plain, decode_ms = None, None
-    for name in settings or list(BENCH_SETTINGS):
-        spec = BENCH_SETTINGS[name]
+    roofline = bandwidth * 1e9 / weights
+    if settings is None:
+        settings = list(BENCH_SETTINGS) + (default_dflash_settings(dflash.draft) if dflash else [])
+    for name in settings:
+        spec, use = setting_of(name, pair, dflash)
         try:
-            row, outputs = bench_setting(pair, spec, prompts, new_tokens)
+            row, outputs = bench_setting(use, spec, prompts, new_tokens)
         except Exception as e:  # noqa: BLE001 (report and go on with the other settings)
             report(name, {"error": f"{type(e).__name__}: {e}"})
             continue
@@ -772,9 +765,24 @@ def bench(
             row["outputs_equal_plain"] = sum(a == b for a, b in zip(outputs, plain[0]))
             if decode_ms and "model_tokens_per_s" in row:
                 row["model_speedup"] = row["model_tokens_per_s"] * decode_ms / 1e3
+        row["roofline_multiple"] = row["tokens_per_s"] / roofline
         report(name, row)
     if run_tune:
         report("tune", tune_shell(pair, prompts))
+
+
+def setting_of(name: str, pair: Pair, dflash: Pair | None) -> tuple[SpecConfig | None, Pair]:
+    """(the SpecConfig, the pair that runs it) of a setting name: BENCH_SETTINGS' with the EAGLE-3
+    pair, "dflash" / "dflashN" (`shell_dflash.dflash_spec`) with the DFlash one. Raises SystemExit
+    for another name."""
+    if name in BENCH_SETTINGS:
+        return BENCH_SETTINGS[name], pair
+    spec = dflash_spec(name, dflash.draft if dflash else None)
+    if spec is None:
+        raise SystemExit(
+            f"setting {name}: choose among {', '.join(BENCH_SETTINGS)}, dflash, dflashN"
+        )
+    return spec, dflash
 
 
 # (owner, method) of each timed phase: the proposer's, the target runner's (its forwards, a
@@ -877,12 +885,33 @@ def tune_shell(pair: Pair, prompts: list[list[int]]) -> dict:
     }
 
 
+def split_drafts(drafts: list[Path]) -> tuple[Path, Path | None]:
+    """(the EAGLE-3 drafter, the DFlash drafter or None) among the --draft directories (at most one
+    of each kind: `checkpoint.dflash.is_dflash_dir`); the EAGLE-3 one defaults to the committed."""
+    dflash = [d for d in drafts if is_dflash_dir(d)]
+    eagle = [d for d in drafts if not is_dflash_dir(d)]
+    if len(dflash) > 1 or len(eagle) > 1:
+        raise SystemExit(f"--draft {drafts}: give at most one EAGLE-3 and one DFlash drafter")
+    return (eagle or [ASSETS / "draft"])[0], (dflash or [None])[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--model", type=Path, required=True, help="the small target (the pycode-25m directory)"
     )
-    parser.add_argument("--draft", type=Path, default=ASSETS / "draft", help="its drafter")
+    parser.add_argument(
+        "--draft",
+        type=Path,
+        action="append",
+        help="its drafters, EAGLE-3 and/or DFlash, at most one of each (give --draft twice); "
+        "default EAGLE-3: the committed one",
+    )
+    parser.add_argument(
+        "--tiny-dflash",
+        action="store_true",
+        help="--check: also a test-sized DFlash drafter trained here (shell_dflash.tiny_dflash)",
+    )
     parser.add_argument(
         "--shape", choices=sorted(SHAPES), help="default: check for --check, else llama-3-8b"
     )
@@ -917,6 +946,7 @@ def main() -> None:
         help="--bench: draft rounds expand through torch ops, not kernels.expand_ops (A/B)",
     )
     args = parser.parse_args()
+    args.draft, dflash_dir = split_drafts(args.draft or [])
     if args.torch_expansion:
         init = TreeExpansion.__init__
         TreeExpansion.__init__ = lambda self, *a, **kw: init(self, *a, **{**kw, "kernels": False})
@@ -929,6 +959,7 @@ def main() -> None:
             SHAPES[args.shape or "check"],
             args.prompts or 4,
             args.new_tokens or 32,
+            "tiny" if args.tiny_dflash else dflash_dir,
         )
         report["seconds"] = round(time.perf_counter() - start, 1)
         print(json.dumps(report))
@@ -958,6 +989,7 @@ def main() -> None:
             args.tune,
             args.settings.split(",") if args.settings else None,
             args.prompt_file,
+            dflash_dir,
         )
 
 

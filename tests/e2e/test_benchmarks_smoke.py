@@ -63,3 +63,19 @@ def test_tiny_mode_runs(script):
     assert result.returncode == 0, f"{command} exited {result.returncode}:\n{result.stderr[-4000:]}"
     line = last_json_line(result.stdout)
     assert key in line, f"{command}: no {key!r} in {line}"
+
+
+@pytest.mark.skipif(
+    not PYCODE.is_dir(), reason=f"{PYCODE} is absent: the shell check needs pycode-25m"
+)
+def test_shell_target_dflash_check_runs():
+    """shell_target.py's check mode with a DFlash drafter (`--tiny-dflash`: trained in the
+    process) exits 0, says it passed and reports the DFlash drafter's block logits."""
+    args = cli_options(
+        check=True, shape="tiny", model=PYCODE, prompts=1, new_tokens=12, tiny_dflash=True
+    )
+    result = run_smoke("shell_target.py", args)
+    assert result.returncode == 0, f"shell_target.py {' '.join(args)}:\n{result.stderr[-4000:]}"
+    line = last_json_line(result.stdout)
+    assert "max_abs_block_logits_diff" in line["dflash"], line
+    assert "shell check passed" in result.stdout
