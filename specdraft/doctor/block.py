@@ -264,11 +264,24 @@ def draft_attention_as_engines_run(ev: BlockEvidence) -> Result:
 
 def block_acceptance_offline(ev: BlockEvidence) -> Result:
     """The drafter alone on training samples: per-position acceptance within the block against
-    training's. Needs the engine's DFlash proposer; skips until it exists."""
+    training's. Not implemented for block drafters: always a skip that says so (a --strict
+    run fails on it)."""
     raise Unavailable(
-        "the drafter-alone acceptance of a block drafter needs the engine's DFlash proposer "
-        "(engine/dflash_block.py, being built), which this check will run",
-        "none yet; the checks above cover the files and the launch line",
+        "the drafter-alone acceptance of a block drafter on training samples is not implemented "
+        "yet (specdraft's engine serves DFlash drafters, this replay does not run them)",
+        "measure acceptance on held-out prompts with specdraft tune or bench for now",
+    )
+
+
+def block_acceptance_online(ev: BlockEvidence) -> Result:
+    """A live server's acceptance against the drafter's: not implemented for block drafters. With
+    --server given, a skip naming it (never a silent pass); without, nothing to check."""
+    if ev.inputs.server is None:
+        raise Unavailable("no --server given", "pass --server URL of the deployment")
+    raise Unavailable(
+        f"--server {ev.inputs.server}: a live server's acceptance is not checked for block "
+        "drafters yet; the server was not contacted",
+        "measure it with specdraft bench --url against the server for now",
     )
 
 
@@ -283,4 +296,5 @@ BLOCK_CHECKS = (
     target_layers_as_engines_read,
     draft_attention_as_engines_run,
     block_acceptance_offline,
+    block_acceptance_online,
 )
