@@ -94,16 +94,11 @@ class HFTarget:
         """Why no Triton kernels run: this target runs transformers' own forward."""
         return "transformers-backed target"
 
-    def setup_cache(
-        self,
-        max_batch_size: int,
-        max_seq_len: int,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def setup_cache(self, max_batch_size: int, max_seq_len: int, **placement: object) -> None:
         """A new, empty cache: a `DynamicCache` for batch 1 (the engine's), a `hf_rows.RowCache`
-        for a batch of sequences of their own lengths (`batch_target.BatchRunner`). Raises
-        ValueError for a max_seq_len past the target's max positions."""
+        for a batch of sequences of their own lengths (`batch_target.BatchRunner`). placement:
+        `FastTarget.setup_cache`'s dtype / device, not read (the cache takes the model's as its
+        forward fills it). Raises ValueError for a max_seq_len past the target's max positions."""
         check_cache_length(max_seq_len, self.args.max_position_embeddings)
         self.cache = (
             DynamicCache() if max_batch_size == 1 else RowCache(max_batch_size, max_seq_len)
