@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdraft.engine.eagle import DraftCache, FastDraft
+from specdraft.engine.eagle import DraftCache, DraftStep, FastDraft, draft_step
 from specdraft.engine.graphs import capture_graph
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.sampling import SamplingParams
@@ -143,11 +143,7 @@ class GraphedRound:
         else:
             slots, committed, last = start + entries[:m], start + count, count - 1
         logits, hidden = self.fast.triton_step(
-            ids,
-            aux,
-            slots,
-            True,
-            self.cache,
+            DraftStep(ids, aux, slots, True, self.cache),
             slots,
             (entries[None, :] <= slots[:, None]).view(1, 1, m, -1),
         )
@@ -182,11 +178,7 @@ class GraphedRound:
             rows = slice((step - 1) * f, step * f)
             mask = masks[rows] if f == 1 else expansion.cache_mask(prefix, scratch_slots)
             logits, hidden = self.fast.triton_step(
-                tokens,
-                hidden,
-                positions[rows],
-                False,
-                self.cache,
+                DraftStep(tokens, hidden, positions[rows], False, self.cache),
                 scratch_slots[rows],
                 mask.view(1, 1, f, -1),
             )
@@ -306,21 +298,16 @@ class GraphedDraft:
             )  # aux states / own hidden state
             self.graphs[key] = self.capture(*key, width)
 
+    @draft_step
     def __call__(
-        self,
-        input_ids: Tensor,
-        hidden: Tensor,
-        positions: Tensor,
-        first_step: bool,
-        cache: DraftCache,
-        start: int,
-        attn_mask: Tensor | None = None,
+        self, step: DraftStep, start: int, attn_mask: Tensor | None
     ) -> tuple[Tensor, Tensor]:
-        """As `FastDraft.__call__` (attn_mask [T, start+T] or [1, 1, T, start+T] bool, or None)."""
+        """GraphedDraft: a replay of the graph of this key, else the FastDraft's own step."""
+        input_ids, hidden, positions, first_step, cache = step
         t = input_ids.shape[0]
         key = (t, first_step, attn_mask is not None)
         if cache is not self.cache or key not in self.graphs:
-            return self.fast(input_ids, hidden, positions, first_step, cache, start, attn_mask)
+            return self.fast(*step, start, attn_mask)
         cache.check_write(start, t)
         graph, (ids, hid, pos, start_t, mask), output = self.graphs[key]
         ids.copy_(input_ids)
@@ -348,9 +335,8 @@ class GraphedDraft:
         slots = start + self.entries[: ids.shape[0]]
         if not masked:
             mask = self.entries[None, :] <= slots[:, None]
-        return self.fast.triton_step(
-            ids, hidden, positions, first_step, self.cache, slots, mask.view(1, 1, ids.shape[0], -1)
-        )
+        step = DraftStep(ids, hidden, positions, first_step, self.cache)
+        return self.fast.triton_step(step, slots, mask.view(1, 1, ids.shape[0], -1))
 
     def static_inputs(self, t: int, width: int) -> tuple[Tensor, ...]:
         """`step`'s input buffers for `t` positions of `width` hidden features: ids, hidden,

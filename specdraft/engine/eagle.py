@@ -11,7 +11,7 @@ Triton kernels (`kernels.linear_ops`, `norm_rope_ops`, `attention_ops`): eleven 
 (twelve on a first step, with fc) where torch makes about forty, RoPE and the K/V writes in
 the q|k|v matmul's epilogue, silu(gate) * up in the gate|up matmul's; RoPE then in float32
 (agrees to bf16 rounding: tests/unit/engine/kernels/test_fused_decode.py); `draft_round.GraphedDraft` replays them as
-CUDA graphs.
+CUDA graphs (the kernel step: `kernels.fused_draft`).
 
 The draft cache: entries 0..length-1 are the first-step K/V at committed positions (one per
 token the target accepted); entries from `length` on are scratch for the round's later steps,
@@ -22,7 +22,8 @@ the length pointer).
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +43,48 @@ from specdraft.engine.spec_config import SpecConfig
 # keeps every kernel: its decode / verify shapes are static, and cuDNN is the fastest there.
 DRAFT_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 NO_CONTEXT = contextlib.nullcontext()  # reusable: the CPU's drafter attention (nothing to pick)
+
+
+class DraftStep(NamedTuple):
+    """What one draft step computes (`draft_step` gives the shapes)."""
+
+    input_ids: Tensor
+    hidden: Tensor
+    positions: Tensor
+    first_step: bool
+    cache: Any  # a DraftCache, or a batch's `batch_draft.DraftRows`
+
+
+def draft_step(run: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The drafter's step as the proposers call it (`FastDraft`, `draft_round.GraphedDraft`),
+    over the drafter's own `run(self, step, start, attn_mask)`, which gets the step's inputs,
+    flag and cache as one `DraftStep`."""
+
+    def __call__(
+        self: Any,
+        input_ids: Tensor,
+        hidden: Tensor,
+        positions: Tensor,
+        first_step: bool,
+        cache: DraftCache,
+        start: int,
+        attn_mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        return run(
+            self, DraftStep(input_ids, hidden, positions, first_step, cache), start, attn_mask
+        )
+
+    __call__.__doc__ = f"""One draft step over T positions, as `Eagle3Draft.forward` for one
+        sequence: input_ids [T] long (target ids); hidden [T, n_aux*H_target] on the first step,
+        else [T, H];
+        positions [T] long (RoPE). Writes the step's K/V at cache entries start..start+T-1, then
+        attends over entries 0..start+T-1 where attn_mask [T, start+T] (or [1, 1, T, start+T])
+        bool says, or (None) to every earlier entry and causally among the T. Returns logits
+        [T, draft vocab] and the output [T, H] a later step reads as its hidden (pre-norm;
+        post-norm for `norm_output`). A batch's rows (`batch_draft`): [B, ...] shapes, a mask.
+
+        {run.__doc__}"""
+    return __call__
 
 
 class FastDraft:
@@ -90,23 +133,13 @@ class FastDraft:
         self.triton_kernels = reason is None
         return reason
 
+    @draft_step
     def __call__(
-        self,
-        input_ids: Tensor,
-        hidden: Tensor,
-        positions: Tensor,
-        first_step: bool,
-        cache: DraftCache,
-        start: int,
-        attn_mask: Tensor | None = None,
+        self, step: DraftStep, start: int, attn_mask: Tensor | None
     ) -> tuple[Tensor, Tensor]:
-        """One draft step over T positions, as `Eagle3Draft.forward` for one sequence: input_ids
-        [T] long (target ids); hidden [T, n_aux*H_target] on the first step, else [T, H];
-        positions [T] long (RoPE). Writes the step's K/V at cache entries start..start+T-1, then
-        attends over entries 0..start+T-1 where attn_mask [T, start+T] (or [1, 1, T, start+T])
-        bool says, or (None) to every earlier entry and causally among the T. Returns logits
-        [T, draft vocab] and the output [T, H] a later step reads as its hidden (pre-norm;
-        post-norm for `norm_output`). A batch's rows (`batch_draft`): [B, ...] shapes, a mask."""
+        """FastDraft: the Triton kernels after `use_triton` (T <= 64, one sequence), else torch
+        ops."""
+        input_ids, hidden, positions, first_step, cache = step
         t = input_ids.shape[-1]
         if self.triton_kernels and t <= fused_decode.MAX_TOKENS and input_ids.dim() == 1:
             cache.check_write(start, t)
@@ -114,7 +147,7 @@ class FastDraft:
                 attn_mask = causal_mask(start, t, start + t, device=hidden.device)[0, 0]
             slots = torch.arange(start, start + t, device=hidden.device)
             mask = attn_mask.view(1, 1, t, start + t)
-            return self.triton_step(input_ids, hidden, positions, first_step, cache, slots, mask)
+            return self.triton_step(step, slots, mask)
         h = hidden
         if first_step:
             h = fuse_aux(hidden, self.fc, self.input_fc_norm, self.fc_norms, self.eps)
@@ -142,46 +175,15 @@ class FastDraft:
         return F.linear(normed, self.lm_head), normed if self.norm_output else out
 
     def triton_step(
-        self,
-        input_ids: Tensor,
-        hidden: Tensor,
-        positions: Tensor,
-        first_step: bool,
-        cache: DraftCache,
-        slots: Tensor,
-        attn_mask: Tensor,
+        self, step: DraftStep, slots: Tensor, attn_mask: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """A step through the Triton kernels (after `use_triton`; T <= 64): input_ids, hidden,
-        positions as `__call__`; writes the K/V at cache entries slots [T] long, then attends
-        where attn_mask [1, 1, T, S] bool says over entries 0..S-1 (S <= cache.max_len).
-        Returns what `__call__` returns. Tensor arguments only: `GraphedDraft` captures it."""
-        from specdraft.engine.kernels.attention_ops import attention
-        from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache
-        from specdraft.engine.kernels.norm_rope_ops import KVWrite, add_rms_norm
+        """A step through the Triton kernels (after `use_triton`; T <= 64): step as `__call__`'s;
+        writes the K/V at cache entries slots [T] long, then attends where attn_mask [1, 1, T, S]
+        bool says over entries 0..S-1 (S <= cache.max_len). Returns what `__call__` returns.
+        Tensors, no host values: `GraphedDraft` captures it (`kernels.fused_draft.draft_step`)."""
+        from specdraft.engine.kernels.fused_draft import draft_step as kernel_step
 
-        t, width = input_ids.shape[0], self.input_norm.shape[0]
-        if first_step and (self.input_fc_norm is not None or self.fc_norms is not None):
-            h = fuse_aux(
-                hidden, self.fc, self.input_fc_norm, self.fc_norms, self.eps
-            )  # EAGLE-3.1: torch ops
-        else:
-            h = linear(hidden, self.fc) if first_step else hidden.contiguous()
-        x = torch.empty(t, 2 * width, device=h.device, dtype=h.dtype)
-        add_rms_norm(
-            F.embedding(input_ids, self.embed), None, self.input_norm, self.eps, out=x[:, :width]
-        )
-        add_rms_norm(h, None, self.hidden_norm, self.eps, out=x[:, width:])
-        write = KVWrite(positions[None], slots, self.inv_freq, cache.k, cache.v, self.num_heads)
-        q = qkv_rope_to_cache(x, self.wqkv, None, write)
-        y = attention(q, cache.k, cache.v, attn_mask, slots)
-        residual = x[:, width:].contiguous() if self.norm_before_residual else h
-        r, normed = add_rms_norm(
-            residual, linear(y.view(t, -1), self.wo), self.post_attention_norm, self.eps
-        )
-        out, normed = add_rms_norm(
-            r, linear(linear_silu_mul(normed, self.w13), self.w2), self.norm, self.eps
-        )
-        return linear(normed, self.lm_head), normed if self.norm_output else out
+        return kernel_step(self, step, slots, attn_mask)
 
 
 class DraftCache:

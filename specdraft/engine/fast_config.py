@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from torch import Tensor
+
+from specdraft.draft_rope import rope_inv_freq as draft_rope_inv_freq
 from specdraft.engine.errors import EngineError
 
 # model_type -> transformers architecture; anything else is refused (DeepSeek, MoE, VLMs ...).
@@ -172,3 +175,19 @@ def check_cache_length(max_seq_len: int, max_position_embeddings: int) -> None:
             f"max_seq_len {max_seq_len} exceeds the target's max_position_embeddings "
             f"{max_position_embeddings}"
         )
+
+
+def rope_inv_freq(args: ModelArgs) -> Tensor:
+    """Inverse RoPE frequencies, float32 [head_dim/2] (the drafter's formula, `draft.rope_inv_freq`)."""
+    scaling = None
+    if args.rope_type == "linear":
+        scaling = {"rope_type": "linear", "factor": args.rope_factor}
+    elif args.rope_type == "llama3":
+        scaling = {
+            "rope_type": "llama3",
+            "factor": args.rope_factor,
+            "low_freq_factor": args.rope_low_freq_factor,
+            "high_freq_factor": args.rope_high_freq_factor,
+            "original_max_position_embeddings": args.rope_original_max_positions,
+        }
+    return draft_rope_inv_freq(args.head_dim, args.rope_theta, scaling).float()

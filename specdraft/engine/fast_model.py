@@ -22,16 +22,17 @@ matmuls per layer instead of 7, so fewer kernel launches, and on the CPU less pe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specdraft.draft import RMSNorm, apply_rope
-from specdraft.draft_rope import rope_inv_freq as draft_rope_inv_freq
 from specdraft.engine.errors import EngineError
-from specdraft.engine.fast_config import ModelArgs, check_cache_length
+from specdraft.engine.fast_config import ModelArgs, check_cache_length, rope_inv_freq
 from specdraft.engine.kernels import fused_decode
 
 
@@ -42,6 +43,46 @@ class FastOutput:
 
     logits: Tensor
     aux_hidden: Tensor | None
+
+
+class StepInputs(NamedTuple):
+    """The tensors of one target forward (`step_forward` gives their shapes)."""
+
+    input_ids: Tensor
+    position_ids: Tensor
+    cache_slots: Tensor
+    attn_mask: Tensor
+
+
+def step_forward(run: Callable[..., FastOutput]) -> Callable[..., FastOutput]:
+    """The forward every engine target takes (`FastTarget.forward`, `graphs.GraphedTarget`,
+    `hf_target.HFTarget`), over the target's own `run(self, step, aux_layers)`, which gets the
+    four tensors as one `StepInputs`."""
+
+    def forward(
+        self: Any,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        cache_slots: Tensor,
+        attn_mask: Tensor,
+        aux_layers: tuple[int, ...] = (),
+    ) -> FastOutput:
+        return run(self, StepInputs(input_ids, position_ids, cache_slots, attn_mask), aux_layers)
+
+    forward.__doc__ = f"""Run T new tokens per row against the cache.
+
+        input_ids [B, T] long; position_ids [B, T] long (RoPE positions); cache_slots [T] long
+        (where each token's K/V is written, shared by the batch) or [B, T] (each row's own, in
+        cache rows 0..B-1: torch ops, never the Triton kernels); attn_mask [B, 1, T, S] bool
+        over cache slots 0..S-1 (True = attend; every row must attend somewhere, e.g. to itself,
+        so every slot written is < S <= max_seq_len; S = max_seq_len keeps shapes static for
+        graphs, the slots in use only are cheaper eagerly);
+        aux_layers: specdraft indices (0 = embeddings, k = output of layer k, L = last layer
+        before the final norm). Returns logits [B, T, V] float32 and the aux states [B, T,
+        len(aux_layers)*H] (None without aux layers).
+
+        {run.__doc__}"""
+    return forward
 
 
 class KVCache(nn.Module):
@@ -150,26 +191,11 @@ class FastTarget(nn.Module):
         self.inv_freq = rope_inv_freq(args).to(device)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        position_ids: Tensor,
-        cache_slots: Tensor,
-        attn_mask: Tensor,
-        aux_layers: tuple[int, ...] = (),
-    ) -> FastOutput:
-        """Run T new tokens per row against the cache.
-
-        input_ids [B, T] long; position_ids [B, T] long (RoPE positions); cache_slots [T] long
-        (where each token's K/V is written, shared by the batch) or [B, T] (each row's own, in
-        cache rows 0..B-1: torch ops, never the Triton kernels); attn_mask [B, 1, T, S] bool
-        over cache slots 0..S-1 (True = attend; every row must attend somewhere, e.g. to itself,
-        so every slot written is < S <= max_seq_len; S = max_seq_len keeps shapes static for
-        graphs, the slots in use only are cheaper eagerly);
-        aux_layers: specdraft indices (0 = embeddings, k = output of layer k, L = last layer
-        before the final norm). Shapes are static per (B, T), so the step can be compiled.
-        Raises RuntimeError before `setup_cache`, ValueError for aux_layers outside 0..L.
-        """
+    @step_forward
+    def forward(self, step: StepInputs, aux_layers: tuple[int, ...] = ()) -> FastOutput:
+        """FastTarget: shapes are static per (B, T), so the step can be compiled.
+        Raises RuntimeError before `setup_cache`, ValueError for aux_layers outside 0..L."""
+        input_ids, position_ids, cache_slots, attn_mask = step
         if self.inv_freq is None:
             raise RuntimeError("FastTarget.forward before setup_cache(max_batch_size, max_seq_len)")
         if any(not 0 <= k <= self.args.num_layers for k in aux_layers):
@@ -181,7 +207,7 @@ class FastTarget(nn.Module):
             and input_ids.numel() <= fused_decode.MAX_TOKENS
             and cache_slots.dim() == 1  # the kernels write shared slots: rows' own run in torch
         ):
-            return self.triton_forward(input_ids, position_ids, cache_slots, attn_mask, aux_layers)
+            return self.triton_forward(step, aux_layers)
         x = self.tok_embeddings(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)
         # SDPA turns a bool mask into an additive one in every layer: once per forward here
@@ -195,15 +221,9 @@ class FastTarget(nn.Module):
         aux_hidden = torch.cat([streams[k] for k in aux_layers], dim=-1) if aux_layers else None
         return FastOutput(logits=logits, aux_hidden=aux_hidden)
 
-    def triton_forward(
-        self,
-        input_ids: Tensor,
-        position_ids: Tensor,
-        cache_slots: Tensor,
-        attn_mask: Tensor,
-        aux_layers: tuple[int, ...] = (),
-    ) -> FastOutput:
+    def triton_forward(self, step: StepInputs, aux_layers: tuple[int, ...] = ()) -> FastOutput:
         """`forward` through the Triton kernels (`fused_decode.forward`), for B * T <= MAX_TOKENS."""
+        input_ids, position_ids, cache_slots, attn_mask = step
         bsz, seqlen = input_ids.shape
         logits, aux = fused_decode.forward(
             self.tok_embeddings(input_ids).view(bsz * seqlen, -1),
@@ -351,22 +371,6 @@ class FusedLinear(nn.Linear):
     def __init__(self, in_features: int, parts: tuple[int, ...], bias: bool) -> None:
         super().__init__(in_features, sum(parts), bias=bias)
         self.parts = parts
-
-
-def rope_inv_freq(args: ModelArgs) -> Tensor:
-    """Inverse RoPE frequencies, float32 [head_dim/2] (the drafter's formula, `draft.rope_inv_freq`)."""
-    scaling = None
-    if args.rope_type == "linear":
-        scaling = {"rope_type": "linear", "factor": args.rope_factor}
-    elif args.rope_type == "llama3":
-        scaling = {
-            "rope_type": "llama3",
-            "factor": args.rope_factor,
-            "low_freq_factor": args.rope_low_freq_factor,
-            "high_freq_factor": args.rope_high_freq_factor,
-            "original_max_position_embeddings": args.rope_original_max_positions,
-        }
-    return draft_rope_inv_freq(args.head_dim, args.rope_theta, scaling).float()
 
 
 def rope_cos_sin(

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdraft.engine.fast_model import FastTarget, causal_mask
+from specdraft.engine.fast_model import FastTarget, StepInputs, causal_mask, step_forward
 from specdraft.engine.requests import Request
 from specdraft.engine.sampling import logits_to_probs, sample
 
@@ -148,20 +148,16 @@ class GraphedTarget:
         # every cache: a producer that writes a graph's inputs in place keeps valid addresses
         self.inputs: dict[tuple, StaticInputs] = {}
 
-    def __call__(
-        self,
-        input_ids: Tensor,
-        position_ids: Tensor,
-        cache_slots: Tensor,
-        attn_mask: Tensor,
-        aux_layers: tuple[int, ...] = (),
-    ) -> Any:
-        """Same arguments and output as FastTarget.forward (aux_layers fixed at construction);
-        the tensor arguments on the target's device or the CPU."""
-        values = (input_ids, position_ids, cache_slots, attn_mask)
-        on_host = tuple(v.device.type == "cpu" for v in values)
-        graph, inputs, output = self.graph(input_ids.shape[1], attn_mask.shape[-1], on_host)
-        inputs.fill(values)
+    @step_forward
+    def __call__(self, step: StepInputs, aux_layers: tuple[int, ...] = ()) -> Any:
+        """`FastTarget.forward`'s output for its inputs (aux_layers fixed at construction): a
+        replay of the graph for this T, mask width and placement (the tensors on the target's
+        device or the CPU)."""
+        on_host = tuple(v.device.type == "cpu" for v in step)
+        graph, inputs, output = self.graph(
+            step.input_ids.shape[1], step.attn_mask.shape[-1], on_host
+        )
+        inputs.fill(step)
         graph.replay()
         return output
 

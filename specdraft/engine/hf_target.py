@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from specdraft.engine.errors import EngineError
 from specdraft.engine.fast_config import check_cache_length
-from specdraft.engine.fast_model import FastOutput, causal_mask
+from specdraft.engine.fast_model import FastOutput, StepInputs, causal_mask, step_forward
 from specdraft.engine.hf_rows import RowCache
 from specdraft.targets import Target, capture_states
 
@@ -94,16 +94,11 @@ class HFTarget:
         """Why no Triton kernels run: this target runs transformers' own forward."""
         return "transformers-backed target"
 
-    def setup_cache(
-        self,
-        max_batch_size: int,
-        max_seq_len: int,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def setup_cache(self, max_batch_size: int, max_seq_len: int, **placement: object) -> None:
         """A new, empty cache: a `DynamicCache` for batch 1 (the engine's), a `hf_rows.RowCache`
-        for a batch of sequences of their own lengths (`batch_target.BatchRunner`). Raises
-        ValueError for a max_seq_len past the target's max positions."""
+        for a batch of sequences of their own lengths (`batch_target.BatchRunner`). placement:
+        `FastTarget.setup_cache`'s dtype / device, not read (the cache takes the model's as its
+        forward fills it). Raises ValueError for a max_seq_len past the target's max positions."""
         check_cache_length(max_seq_len, self.args.max_position_embeddings)
         self.cache = (
             DynamicCache() if max_batch_size == 1 else RowCache(max_batch_size, max_seq_len)
@@ -160,14 +155,8 @@ class HFTarget:
         uses_window = self._window is not None and self.args.model_type in ("mistral", "phi3")
         return additive["sliding_attention" if uses_window else "full_attention"]
 
-    def __call__(
-        self,
-        input_ids: Tensor,
-        position_ids: Tensor,
-        cache_slots: Tensor,
-        attn_mask: Tensor,
-        aux_layers: tuple[int, ...] = (),
-    ) -> FastOutput:
+    @step_forward
+    def forward(self, step: StepInputs, aux_layers: tuple[int, ...] = ()) -> FastOutput:
         """T new tokens written at slots start..start+T-1 (`fast_model.FastTarget.forward`'s shapes:
         input_ids / position_ids [B, T], every row the same positions, cache_slots [T], attn_mask
         [B, 1, T, S >= start + T] bool; columns past start + T are dropped; on the host or the
@@ -175,11 +164,11 @@ class HFTarget:
         Returns logits [B, T, V] float32 and aux states [B, T, n_aux*H] (None without aux layers).
         Raises RuntimeError before `setup_cache` or when the slots are not contiguous from
         start <= the cached length."""
+        input_ids, position_ids, cache_slots, attn_mask = step
         if self.cache is None:
             raise RuntimeError("HFTarget forward before setup_cache(1, max_seq_len)")
         if isinstance(self.cache, RowCache):
-            inputs = (input_ids, position_ids, cache_slots, attn_mask)
-            return self.rows_forward(inputs, aux_layers)
+            return self.rows_forward(step, aux_layers)
         if cache_slots.dim() == 2:  # one row's own slots (a batch of one): the batch-1 path
             cache_slots = cache_slots[0]
         start, n = int(cache_slots[0]), cache_slots.numel()
@@ -203,7 +192,7 @@ class HFTarget:
             )
         return out
 
-    forward = __call__
+    __call__ = forward
 
     def run_model(
         self, input_ids: Tensor, position_ids: Tensor, mask: object, aux_layers: tuple[int, ...]

@@ -150,6 +150,18 @@ class GenerationResult:
     metrics: SpecMetrics
 
 
+def sampling_generator(
+    params: SamplingParams, seed: int | None, device: torch.device
+) -> torch.Generator | None:
+    """A request's sampling generator on `device` seeded with `seed` (None = random), or None
+    for a greedy request (it draws nothing)."""
+    if params.greedy:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed) if seed is not None else generator.seed()
+    return generator
+
+
 def check_request(
     prompt_ids: Sequence[int], max_new_tokens: int, stop: Sequence[str] | None, tokenizer: Any
 ) -> None:
@@ -185,41 +197,6 @@ class Request:
 
     def __post_init__(self) -> None:
         self.greedy = self.params.greedy
-
-    @classmethod
-    def new(
-        cls,
-        prompt_ids: list[int],
-        max_new_tokens: int,
-        params: SamplingParams,
-        eos_ids: Sequence[int],
-        stop: Sequence[str] | None,
-        seed: int | None,
-        on_tokens: TokenCallback | None,
-        tokenizer: Any,
-        device: torch.device,
-        num_steps: int,
-    ) -> Request:
-        """A fresh request (checked by `check_request` first): a sampling generator on `device`
-        seeded with `seed` (None = random; none for greedy), metrics for num_steps draft steps."""
-        generator = None
-        if not params.greedy:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(seed) if seed is not None else generator.seed()
-        metrics = SpecMetrics(
-            num_requests=1, num_prompt_tokens=len(prompt_ids), accepted_per_position=[0] * num_steps
-        )
-        return cls(
-            prompt_ids,
-            params,
-            max_new_tokens,
-            frozenset(eos_ids),
-            tuple(stop or ()),
-            generator,
-            on_tokens,
-            metrics,
-            tokenizer,
-        )
 
     def emit(self, tokens: list[int]) -> None:
         """Append tokens until a stop condition; call the stream callback with the kept ones."""

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from specdraft.dflash import DFlashDraft
 from specdraft.draft import Eagle3Draft
@@ -35,6 +36,7 @@ from specdraft.engine.requests import (
     SpecMetrics,
     TokenCallback,
     check_request,
+    sampling_generator,
 )
 from specdraft.engine.round import (
     PlainDecoding,
@@ -123,14 +125,14 @@ class SpeculativeEngine:
         )
         self.fast_draft = FastDraft(draft)
         kind = EagleChain if spec.is_chain else EagleTree
-        self.proposer = kind(
-            self.fast_draft,
-            self.draft_cache,
-            spec,
-            self.draft_vocab,
-            self.target.args.vocab_size,
-            self.runner,
-        )
+        self.proposer = kind(*self.draft_parts(), self.runner)
+
+    def draft_parts(self) -> tuple[FastDraft, DraftCache, SpecConfig, Tensor, int]:
+        """What the drafting proposers and `GraphedRound` are built over, in their arguments'
+        order: the drafter's steps, its cache, the setting, the draft-to-target ids [Vd] long
+        and the target's vocabulary size V."""
+        vocab_size = self.target.args.vocab_size
+        return self.fast_draft, self.draft_cache, self.spec, self.draft_vocab, vocab_size
 
     def compile(self) -> None:
         """The target's forwards as CUDA graphs (`TargetRunner.compile`); the drafter's steps,
@@ -146,14 +148,10 @@ class SpeculativeEngine:
         if reason is None:
             keys = draft_graph_keys(spec.num_steps, spec.topk)
             proposer.run_draft = GraphedDraft(self.fast_draft, self.draft_cache, keys)
-            proposer.rounds = GraphedRound(
-                self.fast_draft,
-                self.draft_cache,
-                spec,
-                self.draft_vocab,
-                self.target.args.vocab_size,
-                self.runner.verify_inputs(spec.num_draft_tokens) if spec.topk > 1 else None,
+            tree_inputs = (
+                self.runner.verify_inputs(spec.num_draft_tokens) if spec.topk > 1 else None
             )
+            proposer.rounds = GraphedRound(*self.draft_parts(), tree_inputs)
             if padded_rows(spec) <= fused_decode.MAX_TOKENS:  # a padded round's first drafter step
                 self.rounds_ahead = RoundsAhead(
                     proposer.rounds, self.target, self.aux_layers, self.max_seq_len
@@ -220,17 +218,22 @@ class SpeculativeEngine:
         """Validate a request and build its state (checks lengths before any compute)."""
         check_request(prompt_ids, max_new_tokens, stop, self.tokenizer)
         self.check_limits(len(prompt_ids), max_new_tokens)
-        return Request.new(
+        num_steps = self.spec.num_steps if self.spec else 0
+        metrics = SpecMetrics(
+            num_requests=1, num_prompt_tokens=len(prompt_ids), accepted_per_position=[0] * num_steps
+        )
+        generator = sampling_generator(params, seed, self.device)
+        eos, stops = frozenset(eos_ids), tuple(stop or ())
+        return Request(
             prompt_ids,
-            max_new_tokens,
             params,
-            eos_ids,
-            stop,
-            seed,
+            max_new_tokens,
+            eos,
+            stops,
+            generator,
             on_tokens,
+            metrics,
             self.tokenizer,
-            self.device,
-            self.spec.num_steps if self.spec else 0,
         )
 
     def context_limits(self) -> list[tuple[str, int]]:

@@ -10,4 +10,6 @@
 - `fused_decode`: a target forward of at most `MAX_TOKENS` new tokens through those kernels,
   taking the layers' weights and caches (`LayerWeights`), plus `kernel_support`, which says
   whether a model's weights and attention shape can run there.
+- `fused_draft`: an EAGLE-3 drafter step through those kernels (`eagle.FastDraft.triton_step`);
+  import it only where Triton is installed.
 """

@@ -53,11 +53,11 @@ def _setup(spec: SpecConfig, dtype: torch.dtype, monkeypatch, counter: OpCounter
     """(GraphedRound without graphs, its drafter, its cache, the tree's verify buffers): the
     drafter's steps run its torch path (Triton's interpreter would take minutes), uncounted."""
 
-    def torch_step(fast, ids, hidden, positions, first_step, cache, slots, mask):
+    def torch_step(fast, step, slots, mask):
         if counter is not None:
             counter.paused = True
-        start, t = int(slots[0]), ids.shape[0]  # a step's slots are contiguous
-        out = fast(ids, hidden, positions, first_step, cache, start, mask[..., : start + t])
+        start, t = int(slots[0]), step.input_ids.shape[0]  # a step's slots are contiguous
+        out = fast(*step, start, mask[..., : start + t])
         if counter is not None:
             counter.paused = False
         return out

@@ -27,10 +27,10 @@ def _eager_capture(fn, warmups=2, reset=None):
     return SimpleNamespace(replay=fn), None
 
 
-def _torch_step(fast, ids, hidden, positions, first_step, cache, slots, mask):
+def _torch_step(fast, step, slots, mask):
     """`FastDraft.triton_step` through the torch path: slots are contiguous in a round."""
-    start, t = int(slots[0]), ids.shape[0]
-    return fast(ids, hidden, positions, first_step, cache, start, mask[..., : start + t])
+    start, t = int(slots[0]), step.input_ids.shape[0]
+    return fast(*step, start, mask[..., : start + t])
 
 
 @torch.no_grad()

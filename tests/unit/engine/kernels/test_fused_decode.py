@@ -20,7 +20,7 @@ from tests.support.kernels import ARGS, CUDA, DEVICE, DTYPE, random_target, repl
 from specdraft.draft import apply_rope, rms_norm
 from specdraft.draft_config import NORM_FLAGS
 from specdraft.engine.fast_config import ModelArgs
-from specdraft.engine.fast_model import FastTarget, causal_mask, rope_cos_sin
+from specdraft.engine.fast_model import FastTarget, StepInputs, causal_mask, rope_cos_sin
 from specdraft.engine.kernels import attention_ops
 from specdraft.engine.kernels.attention_ops import attention
 from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache
@@ -244,7 +244,7 @@ def test_fused_forward_matches_torch_path(name):
         ref = model(ids, positions, slots, mask, aux_layers=(0, 1, 2))
         ref_keys = [k for k, _ in _snapshot(model)]
         _restore(model, before)
-        got = model.triton_forward(ids, positions, slots, mask, (0, 1, 2))
+        got = model.triton_forward(StepInputs(ids, positions, slots, mask), (0, 1, 2))
         assert got.logits.dtype == torch.float32 and got.logits.shape == ref.logits.shape
         for field in ("logits", "aux_hidden"):  # no further from the truth than the torch path
             got_err, ref_err = (
