@@ -33,7 +33,7 @@ class RowLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         """Zeroed buffers [max_batch_size, heads, max_seq_len, head_dim] like the first write's."""
-        rows, length = self.owner.max_batch_size, self.owner.max_seq_len
+        rows, length = self.owner.num_rows, self.owner.max_seq_len
         self.keys, self.values = (
             x.new_zeros(rows, x.shape[1], length, x.shape[3]) for x in (key_states, value_states)
         )
@@ -69,17 +69,18 @@ class RowCache(Cache):
 
     def __init__(self, max_batch_size: int, max_seq_len: int) -> None:
         super().__init__(layer_class_to_replicate=partial(RowLayer, self))
-        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        # not `max_batch_size`: transformers 5.17 Cache has a read-only property of that name
+        self.num_rows, self.max_seq_len = max_batch_size, max_seq_len
         self.slots = torch.zeros(1, 1, dtype=torch.long)
         self.width = 1
 
     def prepare(self, slots: Tensor, width: int) -> None:
         """The next forward writes row b's T tokens at slots[b] ([B, T] long, each < width, on the
         model's device) and attends over slots 0..width-1. Raises ValueError past the buffers."""
-        if width > self.max_seq_len or slots.shape[0] > self.max_batch_size:
+        if width > self.max_seq_len or slots.shape[0] > self.num_rows:
             raise ValueError(
                 f"RowCache: {slots.shape[0]} rows over {width} slots exceed its "
-                f"{self.max_batch_size} x {self.max_seq_len}"
+                f"{self.num_rows} x {self.max_seq_len}"
             )
         self.slots, self.width = slots, width
 
