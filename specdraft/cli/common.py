@@ -145,7 +145,7 @@ def main(
         is_eager=True,
     ),
 ) -> None:
-    """Train, export, verify and serve EAGLE-3 speculative-decoding drafters."""
+    """Train, export, verify and serve speculative-decoding drafters (EAGLE-3, EAGLE-3.1, DFlash)."""
     from transformers.utils import logging as hf_logging
 
     # transformers' tqdm bars ("Loading weights", ...) would break into the commands' own output;

@@ -151,13 +151,24 @@ DraftTopk = Annotated[
     int | None, option(None, min=1, help=TOPK_HELP + "; default 1; used only with --draft.")
 ]
 DraftNumSteps = Annotated[
-    int | None, option(None, min=1, help=NUM_STEPS_HELP + "; default 3; used only with --draft.")
+    int | None,
+    option(
+        None,
+        min=1,
+        help=NUM_STEPS_HELP
+        + "; default 3 (a DFlash drafter: its block_size - 1); used only with --draft.",
+    ),
 ]
 DraftNumDraftTokens = Annotated[
     int | None, option(None, min=0, help=NUM_DRAFT_TOKENS_HELP + " Used only with --draft.")
 ]
 ServeTopk = Annotated[int | None, option(None, min=1, help=TOPK_HELP + "; default 1.")]
-ServeNumSteps = Annotated[int | None, option(None, min=1, help=NUM_STEPS_HELP + "; default 3.")]
+ServeNumSteps = Annotated[
+    int | None,
+    option(
+        None, min=1, help=NUM_STEPS_HELP + "; default 3 (a DFlash drafter: its block_size - 1)."
+    ),
+]
 ServeNumDraftTokens = Annotated[int | None, option(None, min=0, help=NUM_DRAFT_TOKENS_HELP)]
 ExportNumSteps = Annotated[
     int | None,

@@ -22,10 +22,10 @@ ENGINE_ARGS_FIX = (
     "settings an engine would rewrite"
 )
 # The same checks when --server is specdraft's own server, which has no launch line of an engine to check
-# (`specdraft serve`: EAGLE-3 only, on the drafter and settings it was started with).
+# (`specdraft serve`: the drafter and settings it was started with).
 SPECDRAFT_SERVE_SKIP = "{} is specdraft serve: it has no SGLang or vLLM launch line to check"
 SPECDRAFT_SERVE_FIX = (
-    "none for specdraft serve: it runs EAGLE-3 only, on its --draft, and refuses a --num-steps, "
+    "none for specdraft serve: it runs its --draft (EAGLE-3 or DFlash) only, and refuses a --num-steps, "
     "--topk or --num-draft-tokens it cannot run; online_acceptance checks the drafter it serves"
 )
 
