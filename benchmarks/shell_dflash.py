@@ -25,7 +25,14 @@ import types
 from pathlib import Path
 
 import torch
-from shell_layout import Embedding, Shape, Sources, place, shell_layer  # benchmarks/
+from shell_layout import (  # benchmarks/
+    Embedding,
+    Shape,
+    Sources,
+    drafter_shape,
+    place,
+    shell_layer,
+)
 from torch import Tensor
 
 from specdraft.checkpoint.dflash import load_dflash_draft
@@ -44,14 +51,7 @@ TINY_STEPS, TINY_ANCHORS = 100, 32
 
 def dflash_shape(cfg: DFlashConfig) -> Shape:
     """The drafter's sizes as a Shape (its draft layers as num_layers)."""
-    return Shape(
-        cfg.hidden_size,
-        cfg.num_hidden_layers,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        cfg.intermediate_size,
-    )
+    return drafter_shape(cfg, cfg.num_hidden_layers)
 
 
 def shell_dflash_config(cfg: DFlashConfig, shape: Shape) -> DFlashConfig:

@@ -141,3 +141,16 @@ class Sources:
             raise ValueError(
                 f"{self.where}: tensors the shell construction does not place: {', '.join(left)}"
             )
+
+
+def drafter_shape(cfg, num_layers: int) -> Shape:
+    """A drafter config's sizes (an EAGLE-3 `DraftConfig` or a `DFlashConfig`: the same field
+    names) as a Shape of num_layers layers."""
+    return Shape(
+        cfg.hidden_size,
+        num_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        cfg.intermediate_size,
+    )

@@ -65,7 +65,14 @@ from shell_dflash import (  # benchmarks/
     load_dflash,
     tiny_dflash,
 )
-from shell_layout import Embedding, Shape, Sources, place, shell_layer  # benchmarks/
+from shell_layout import (  # benchmarks/
+    Embedding,
+    Shape,
+    Sources,
+    drafter_shape,
+    place,
+    shell_layer,
+)
 from torch import Tensor
 
 from specdraft.checkpoint import load_draft, save_draft
@@ -196,14 +203,8 @@ def build_target(model_dir: Path, shape: Shape, device: str, dtype: torch.dtype)
 
 # ---- the drafter -------------------------------------------------------------------------------
 def draft_shape(cfg: DraftConfig) -> Shape:
-    return Shape(
-        cfg.hidden_size,
-        1,
-        cfg.num_attention_heads,
-        cfg.num_key_value_heads,
-        cfg.head_dim,
-        cfg.intermediate_size,
-    )
+    """The EAGLE-3 drafter's sizes as a Shape (its one decoder layer)."""
+    return drafter_shape(cfg, 1)
 
 
 def shell_draft_config(cfg: DraftConfig, shape: Shape, target_layers: int) -> DraftConfig:
