@@ -30,6 +30,7 @@ from shell_layout import (  # benchmarks/
     Shape,
     Sources,
     drafter_shape,
+    drafter_sizes,
     place,
     shell_layer,
 )
@@ -62,18 +63,7 @@ def shell_dflash_config(cfg: DFlashConfig, shape: Shape) -> DFlashConfig:
         shell_layer(i + 1, cfg.target_num_layers, shape.num_layers) - 1
         for i in cfg.target_layer_ids
     )
-    return dataclasses.replace(
-        cfg,
-        hidden_size=shape.hidden_size,
-        num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
-        intermediate_size=max(shape.intermediate_size, cfg.intermediate_size),
-        target_layer_ids=ids,
-        target_num_layers=shape.num_layers,
-        rope_theta=emb.rope_theta(cfg.rope_theta),
-        rms_norm_eps=cfg.rms_norm_eps * emb.eps_scale,
-    )
+    return dataclasses.replace(cfg, **drafter_sizes(cfg, shape, emb), target_layer_ids=ids)
 
 
 @torch.no_grad()

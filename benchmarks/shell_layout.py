@@ -154,3 +154,19 @@ def drafter_shape(cfg, num_layers: int) -> Shape:
         cfg.head_dim,
         cfg.intermediate_size,
     )
+
+
+def drafter_sizes(cfg, shape: Shape, emb: Embedding) -> dict:
+    """The config fields a drafter (EAGLE-3 or DFlash) takes in the shell: the shell's widths,
+    heads and layer count, an intermediate size at least the drafter's own, and the rope theta
+    and norm eps that keep its numbers (`Embedding`)."""
+    return dict(
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        intermediate_size=max(shape.intermediate_size, cfg.intermediate_size),
+        target_num_layers=shape.num_layers,
+        rope_theta=emb.rope_theta(cfg.rope_theta),
+        rms_norm_eps=cfg.rms_norm_eps * emb.eps_scale,
+    )

@@ -70,6 +70,7 @@ from shell_layout import (  # benchmarks/
     Shape,
     Sources,
     drafter_shape,
+    drafter_sizes,
     place,
     shell_layer,
 )
@@ -217,16 +218,9 @@ def shell_draft_config(cfg: DraftConfig, shape: Shape, target_layers: int) -> Dr
     heads = Embedding(draft_shape(cfg), dataclasses.replace(shape, num_layers=1))
     return dataclasses.replace(
         cfg,
-        hidden_size=shape.hidden_size,
-        num_attention_heads=shape.num_heads,
-        num_key_value_heads=shape.num_kv_heads,
-        head_dim=shape.head_dim,
-        intermediate_size=max(shape.intermediate_size, cfg.intermediate_size),
+        **drafter_sizes(cfg, shape, heads),
         target_hidden_size=shape.hidden_size,
         aux_layers=tuple(shell_layer(k, target_layers, shape.num_layers) for k in cfg.aux_layers),
-        target_num_layers=shape.num_layers,
-        rope_theta=heads.rope_theta(cfg.rope_theta),
-        rms_norm_eps=cfg.rms_norm_eps * heads.eps_scale,
     )
 
 
