@@ -331,9 +331,23 @@ def report_markdown(report: DemoReport, cfg: DemoConfig) -> str:
         lines.append(
             f"Lint for {engine}: {'FAIL ' + ', '.join(failed) if failed else 'no failures'}."
         )
+    lines += ["", doctor_command(cfg)]
     lines += launch_section(report, cfg)
     lines += ["", *[f"![{p}]({p})" for p in report.plots], ""]
     return portable_paths("\n".join(lines), cfg.out, cfg.target, cfg.chat_template)
+
+
+def doctor_command(cfg: DemoConfig) -> str:
+    """report.md's line for re-running doctor against a deployment (its paths made portable with
+    the rest of the report)."""
+    target = Path(cfg.target) if cfg.target else cfg.out / "target"
+    command = (
+        f"specdraft doctor {cfg.out / 'export' / 'sglang'} --target {target} "
+        f"--samples {cfg.out / 'store-heldout'} --engine-args '<a launch line below>'"
+    )
+    return (
+        f"Re-run it on a deployment: `{command}` (`--server URL` adds a live server's acceptance)."
+    )
 
 
 def launch_section(report: DemoReport, cfg: DemoConfig) -> list[str]:

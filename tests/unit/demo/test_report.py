@@ -162,3 +162,20 @@ def test_the_serve_line_carries_the_recommended_setting_as_the_readme_says(tmp_p
     section = readme[readme.index("## Serve, check and benchmark") :][:1200]
     assert "measured best" not in readme
     assert "the same first line (`serve: ...`) with its recommended setting" in section
+
+
+def test_report_gives_a_doctor_command_that_runs_from_its_folder(tmp_path):
+    """A fresh user looked for a doctor line to copy in report.md and found only the table."""
+    sweep = [row(1, [1.2, 1.3, 1.25])]
+    report = sweep_report(
+        sweep,
+        row(2, [0.8, 0.85, 0.82], topk=2, tokens=4),
+        plain_baseline([1000.0] * 3, [1.0] * 3),
+        verdict=verdict_text(sweep, None, 3, 1.05),
+        launch_commands={"sglang": "python -m sglang.launch_server ..."},
+    )
+    text = report_markdown(report, DemoConfig(out=tmp_path))
+    assert (
+        "`specdraft doctor ./export/sglang --target ./target --samples ./store-heldout "
+        "--engine-args '<a launch line below>'`" in text
+    )
