@@ -8,7 +8,10 @@ decoding, EAGLE-3 chains and DFlash blocks then run greedily on the held-out pro
 rounds in turns with plain decoding (`generation.timed_settings`: every output equal to plain
 decoding's), and the demo prints each setting's tau and its speedup
 (the median same-round ratio to plain decoding, quartiles beside it) and writes
-out/report-dflash.json. Export and doctor of DFlash drafters are not part of this demo.
+out/report-dflash.json. Last, the DFlash drafter is exported for vLLM and SGLang
+(`export.dflash.export_dflash`, into out/export-dflash/ENGINE) and each export is checked by
+doctor with its own launch line (`deployments`): the report carries each launch line and doctor's
+counts, and the summary prints them.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class DFlashDemo:
     dflash_steps: int | None
     rows: list[dict[str, Any]] = field(default_factory=list)
     busy: str | None = None
+    # engine -> {"export": dir, "launch_command", "doctor": verdict counts, "failed": check names}
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def run_dflash_demo(cfg: DemoConfig, console: Console | None = None) -> DFlashDemo:
@@ -62,8 +67,34 @@ def run_dflash_demo(cfg: DemoConfig, console: Console | None = None) -> DFlashDe
     result = DFlashDemo(str(eagle_dir), str(dflash_dir), training.get("steps"))
     result.busy = busy_note("the tokens/s and speedups above") if cfg.device == "cpu" else None
     result.rows = compare(cfg, target_dir, eagle_dir, dflash_dir, prompts)
+    say("DFlash export for vLLM and SGLang, each checked by doctor with its launch line")
+    result.deployments = deployments(cfg, dflash_dir, target_dir)
     atomic_write_json(cfg.out / REPORT_FILE, result.__dict__)
     return result
+
+
+def deployments(cfg: DemoConfig, dflash_dir: Path, target_dir: Path) -> dict[str, dict[str, Any]]:
+    """Export the DFlash drafter for vLLM and SGLang into out/export-dflash/ENGINE and run doctor
+    on each export with its own launch command (served with the demo's --chat-template, as the
+    EAGLE-3 demo's exports are): engine -> its export directory, launch command, doctor's verdict
+    counts and the names of the checks that failed."""
+    from specdraft.doctor.run import run_doctor
+    from specdraft.export.dflash import export_dflash
+
+    out = {}
+    for engine in ("vllm", "sglang"):
+        exported = export_dflash(
+            dflash_dir, cfg.out / "export-dflash" / engine, engine, target=target_dir
+        )
+        launch = stages.served_command(cfg, exported.launch_command)
+        report = run_doctor(exported.out_dir, target=target_dir, engine=engine, engine_args=launch)
+        out[engine] = {
+            "export": str(exported.out_dir),
+            "launch_command": launch,
+            "doctor": report.counts(),
+            "failed": [f.check for f in report.failed],
+        }
+    return out
 
 
 def dflash_fields(cfg: DemoConfig, target_dir: Path) -> dict[str, Any]:
@@ -158,10 +189,15 @@ def dflash_summary(result: DFlashDemo, out: Path) -> str:
             f"best {name}: {best['setting']}, tau {best['accept_length']:.2f}, speedup "
             f"{speedup_text(best)}"
         )
-    lines += [
-        f"drafters: EAGLE-3 {result.eagle_dir}, DFlash {result.dflash_dir}",
-        f"report: {out / REPORT_FILE}",
-    ]
+    lines.append(f"drafters: EAGLE-3 {result.eagle_dir}, DFlash {result.dflash_dir}")
+    for engine, d in result.deployments.items():
+        counts = ", ".join(f"{n} {verdict}" for verdict, n in d["doctor"].items())
+        failed = f" (failed: {', '.join(d['failed'])})" if d["failed"] else ""
+        lines += [
+            f"DFlash for {engine}: {d['export']}; doctor: {counts}{failed}",
+            f"  {d['launch_command']}",
+        ]
+    lines.append(f"report: {out / REPORT_FILE}")
     if result.busy:
         lines.append(result.busy)
     return "\n".join(lines)

@@ -58,6 +58,13 @@ def test_dflash_beside_eagle3_on_the_same_data(tmp_path):
     assert "best EAGLE-3: EAGLE-3 chain" in summary and "best DFlash: DFlash" in summary
     saved = json.loads((cfg.out / REPORT_FILE).read_text())
     assert [r["setting"] for r in saved["rows"]] == settings
+    for engine in ("vllm", "sglang"):  # exported, and doctor passes each export's own launch line
+        deployed = saved["deployments"][engine]
+        assert deployed["failed"] == [] and deployed["doctor"]["pass"] >= 5, deployed
+        assert (cfg.out / "export-dflash" / engine / "config.json").is_file()
+        assert f"DFlash for {engine}: " in summary and deployed["launch_command"] in summary
+    assert "--speculative-num-draft-tokens 4" in saved["deployments"]["sglang"]["launch_command"]
+    assert '"num_speculative_tokens": 3' in saved["deployments"]["vllm"]["launch_command"]
     again = io.StringIO()
     run_dflash_demo(cfg, Console(file=again, width=400))
     assert again.getvalue().count("train: reused from") == 2  # both drafters
