@@ -11,6 +11,7 @@ from typing import Any
 from specdraft.bench.speedup import (
     DECODE_TOKENS_PER_S,
     WALL_TOKENS_PER_S,
+    beats_plain,
     speedup_text,
     ties_at_top,
 )
@@ -59,6 +60,23 @@ def setting_text(r: dict[str, Any]) -> str:
     return f"num_steps {r['num_steps']}, topk {r['topk']}, num_draft_tokens {r['num_draft_tokens']}"
 
 
+def passed_over(rows: list[dict[str, Any]], chosen: dict[str, Any], min_speedup: float) -> str:
+    """The sentence naming the setting of the fastest median when the rule passed it over (its
+    lower quartile not above 1x, or its median under min_speedup), else ""."""
+    fastest = max(rows, key=lambda r: r["speedup"])
+    if (
+        fastest is chosen
+        or fastest["speedup"] <= chosen["speedup"]
+        or beats_plain(fastest, min_speedup)
+    ):
+        return ""
+    return (
+        f" The fastest median, {setting_text(fastest)} at {speedup_text(fastest)}, is not picked: "
+        f"its lower quartile {fastest['speedup_q1']:.2f}x is not above 1x (slower than plain "
+        "decoding in more than one round of four)."
+    )
+
+
 LOW_TAU = (
     1.2  # a best accept length below this: the drafter barely accepts (tau 1.00: nothing accepted)
 )
@@ -90,7 +108,7 @@ def verdict_text(
         return (
             f"Recommended setting: {setting_text(chosen)}: tau {chosen['accept_length']:.2f}, median "
             f"{chosen['tokens_per_s']:.0f} tokens/s, speedup {speedup_text(chosen)} over the same engine "
-            f"without speculation (rule: {rule}).{tie_note}"
+            f"without speculation (rule: {rule}).{tie_note}{passed_over(rows, chosen, min_speedup)}"
         )
     best = max(rows, key=lambda r: r["speedup"])
     top_tau = max(r["accept_length"] for r in rows)

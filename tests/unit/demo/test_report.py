@@ -73,6 +73,16 @@ def test_ties_within_noise_pick_the_fewest_draft_tokens():
     assert "Within the noise of it: num_steps 4" in text and "1.30x (1.26-1.30x)" in text
 
 
+def test_the_verdict_names_a_faster_median_that_the_lower_quartile_excluded():
+    steady = row(3, [1.30, 1.32, 1.28, 1.31, 1.29])
+    jumpy = row(5, [1.70, 1.75, 0.80, 0.90, 1.72])  # fastest median, slower than plain in 2 of 5
+    text = verdict_text([steady, jumpy], pick_setting([steady, jumpy], 1.05), 5, 1.05)
+    assert text.startswith("Recommended setting: num_steps 3")
+    assert "The fastest median, num_steps 5, topk 1, num_draft_tokens 6 at 1.70x" in text
+    assert "its lower quartile 0.90x is not above 1x" in text
+    assert "fastest median" not in verdict_text([steady], steady, 5, 1.05)
+
+
 @pytest.mark.parametrize(
     "speedups",
     [
