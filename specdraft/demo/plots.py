@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdraft.demo.report import DemoReport, setting_text
+from specdraft.demo.report import DemoReport
+from specdraft.demo.verdict import setting_text
 
 Bars = tuple[list[float], list[float]]  # below and above the median: median - q1, q3 - median
 

@@ -20,9 +20,9 @@ from specdraft.demo.report import (
     DemoReport,
     doctor_line,
     generation_line,
-    verdict_text,
     write_report,
 )
+from specdraft.demo.verdict import verdict_text
 from specdraft.draft_config import method_flags, method_label
 from specdraft.errors import UnusableInput
 

@@ -20,9 +20,9 @@ from specdraft.demo.report import (
     generate_command,
     report_markdown,
     summary,
-    verdict_text,
 )
 from specdraft.demo.stages import train_batch_size
+from specdraft.demo.verdict import verdict_text
 from tests.support.demo import sweep_report
 
 

@@ -7,7 +7,8 @@ import pytest
 
 from specdraft.bench.speedup import pick_setting, timed_passes, timing_summary
 from specdraft.demo.config import DemoConfig
-from specdraft.demo.report import DemoReport, report_markdown, verdict_text
+from specdraft.demo.report import DemoReport, report_markdown
+from specdraft.demo.verdict import verdict_text
 from tests.support.demo import plain_baseline, sweep_report
 
 
