@@ -14,7 +14,6 @@ from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detec
 from specdraft.checkpoint.dflash import is_dflash_dir
 from specdraft.export import existing_export, launch_command, suggested_export_dir
 
-
 # the flags an engine's launch without speculation leaves out (`TuneReport.launch_flags`)
 NO_SPECULATION_FLAGS = {"sglang": "--speculative-* flags", "vllm": "--speculative-config"}
 
