@@ -125,11 +125,8 @@ def recommendation_lines(report: TuneReport) -> list[str]:
                 + "; ".join(f"{spec_text(c.spec)} {speedup_text(c.timing)}" for c in ties)
                 + "; the pick has the fewest draft tokens (the same speed for less work)"
             )
-    for engine, name, flags in (
-        ("sglang", "SGLang", report.sglang_flags()),
-        ("vllm", "vLLM", report.vllm_flags()),
-    ):
-        lines.append(f"  {name}: {flags}")
+    for engine, name in (("sglang", "SGLang"), ("vllm", "vLLM")):
+        lines.append(f"  {name}: {report.launch_flags(engine)}")
         lines += _export_lines(report, engine, name)
     return lines
 

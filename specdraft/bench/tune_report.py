@@ -14,6 +14,9 @@ from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detec
 from specdraft.checkpoint.dflash import is_dflash_dir
 from specdraft.export import existing_export, launch_command, suggested_export_dir
 
+# the flags an engine's launch without speculation leaves out (`TuneReport.launch_flags`)
+NO_SPECULATION_FLAGS = {"sglang": "--speculative-* flags", "vllm": "--speculative-config"}
+
 
 @dataclass
 class TuneReport:
@@ -50,11 +53,16 @@ class TuneReport:
             self.config.min_speedup,
         )[1]
 
+    def recommended(self, engine: str) -> Candidate | None:
+        """The recommendation for `engine` ("sglang" | "vllm"; vLLM's: the best chain, the only
+        shape it runs), None for no speculation."""
+        return self.recommendation if engine == "sglang" else self.vllm_recommendation
+
     def export_command(self, engine: str) -> str | None:
         """`specdraft export ...` to run before launching `engine` ("sglang" | "vllm") with the
         recommendation, or None when the drafter directory serves as it is (`needs_export`) or
         its export is on disk already (`export.existing_export`)."""
-        rec = self.recommendation if engine == "sglang" else self.vllm_recommendation
+        rec = self.recommended(engine)
         if rec is None or not needs_export(self.draft_path, engine) or self.existing(engine):
             return None
         s = rec.spec
@@ -85,27 +93,16 @@ class TuneReport:
         """The drafter directory the engine loads (`served_path`)."""
         return served_path(self.draft_path, engine)
 
-    def sglang_flags(self) -> str:
-        """SGLang's launch command of the recommendation, as `specdraft export` prints it
-        (`export.launch_command`), or the advice to launch without speculation."""
-        rec = self.recommendation
+    def launch_flags(self, engine: str) -> str:
+        """`engine`'s ("sglang" | "vllm") launch command of its recommendation (`recommended`), as
+        `specdraft export` prints it (`export.launch_command`: SGLang's --speculative-* flags,
+        vLLM's --speculative-config), or the advice to launch without speculation."""
+        rec = self.recommended(engine)
         if rec is None:
-            return "launch without --speculative-* flags (no speculation)"
+            return f"launch without {NO_SPECULATION_FLAGS[engine]} (no speculation)"
         if is_dflash_dir(Path(self.draft_path)):
-            return self.dflash_flags("sglang", rec)
-        return launch_command(
-            "sglang", self.target_path, Path(self.served_path("sglang")), rec.spec
-        )
-
-    def vllm_flags(self) -> str:
-        """vLLM's launch command with the --speculative-config of the best chain
-        (`export.launch_command`), or the advice to launch without speculation."""
-        rec = self.vllm_recommendation
-        if rec is None:
-            return "launch without --speculative-config (no speculation)"
-        if is_dflash_dir(Path(self.draft_path)):
-            return self.dflash_flags("vllm", rec)
-        return launch_command("vllm", self.target_path, Path(self.served_path("vllm")), rec.spec)
+            return self.dflash_flags(engine, rec)
+        return launch_command(engine, self.target_path, Path(self.served_path(engine)), rec.spec)
 
     def dflash_flags(self, engine: str, rec: Candidate) -> str:
         """For a DFlash drafter: the command whose launch line serves the recommendation on
@@ -144,8 +141,8 @@ class TuneReport:
             "vllm_recommendation": one(self.vllm_recommendation),
             "ties": [c.to_dict() for c in self.ties()],
             "prediction_error": self.prediction_error(),
-            "sglang_flags": self.sglang_flags(),
-            "vllm_flags": self.vllm_flags(),
+            "sglang_flags": self.launch_flags("sglang"),
+            "vllm_flags": self.launch_flags("vllm"),
             "export_commands": {e: self.export_command(e) for e in ("sglang", "vllm")},
         }
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from typing import Annotated, Literal
 
 import typer
 
 from specdraft.cli.checks import check_device, check_model_dir
 from specdraft.cli.common import app, make_console, set_threads, user_errors
+from specdraft.cli.declared import OptionGroup
 from specdraft.cli.engine_setting import EngineRun, PlainDrafting, decoding_spec, warm_up_compiled
 from specdraft.cli.options import (
     ChatTemplate,
@@ -38,17 +40,12 @@ MaxNewTokens = Annotated[
         "unless --ignore-eos); prompt + these must fit the engine's longest request.",
     ),
 ]
-NoSpec = Annotated[
-    bool, flag("--no-spec", help="Plain decoding on the same engine, even with --draft.")
-]
-IgnoreEos = Annotated[
-    bool,
-    flag(
-        "--ignore-eos",
-        help="Do not stop at the target's EOS ids (the tokenizer's and "
-        "generation_config.json's eos_token_id).",
-    ),
-]
+NoSpec = flag("--no-spec", help="Plain decoding on the same engine, even with --draft.")
+IgnoreEos = flag(
+    "--ignore-eos",
+    help="Do not stop at the target's EOS ids (the tokenizer's and "
+    "generation_config.json's eos_token_id).",
+)
 Seed = Annotated[int, option(0, help="Sampling seed.")]
 
 
@@ -250,67 +247,79 @@ def _dflash_demo(cfg, console) -> None:
     console.print(dflash_summary(result, cfg.out), markup=False, highlight=False)
 
 
-DemoOut = Annotated[
-    str, option("specdraft-demo", help="Working directory; a re-run resumes from it.")
-]
-DemoDevice = Annotated[
-    str,
-    option("cpu", help="Device every stage runs on: cpu, cuda or cuda:N.", callback=check_device),
-]
-DemoTarget = Annotated[
-    str,
-    option(
-        "",
-        help="A local transformers model (default: the bundled stories260K).",
-        callback=check_model_dir,
-    ),
-]
-DemoData = Annotated[
-    str,
-    option(
-        "",
-        help="Text file of documents separated by blank lines, or JSONL with a "
-        '"text" field per line (default: the TinyStories sample); with --chat-template, JSONL '
-        "chats.",
-    ),
-]
-TrainSteps = Annotated[int, option(1000, help="Drafter optimizer steps.")]
-DemoMethod = Annotated[
-    Literal[(*EAGLE3_METHODS, "dflash")],  # demo.config.METHODS
-    option(
-        "eagle3",
-        help="Drafter to train: eagle3, or eagle3.1 (a norm on each aux state before fc, the "
-        "post-norm state fed back: fc_norm, norm_output); as `specdraft train --method`; dflash: "
-        "a DFlash block drafter trained beside the EAGLE-3 one on the same data, both's tau and "
-        "speedup printed.",
-    ),
-]
-DemoBlockSize = Annotated[
-    int, option(8, min=2, help="The DFlash drafter's block size (--method dflash).")
-]
-NumTrain = Annotated[
-    int,
-    option(
-        800,
-        help=f"Training documents (at least 2). The demo also holds out {NUM_HELDOUT} documents of "
-        f"--data for its timing and doctor, so --data needs --num-train + {NUM_HELDOUT}.",
-    ),
-]
+@dataclass(frozen=True)
+class DemoOptions(OptionGroup):
+    """demo's options, in --help's order (`declared.OptionGroup`): each a `DemoConfig` field of its
+    name (`config`), "" for a path left out (the bundled target and data, the tokenizer's
+    template)."""
+
+    out: Annotated[
+        str, option("specdraft-demo", help="Working directory; a re-run resumes from it.")
+    ]
+    device: Annotated[
+        str,
+        option(
+            "cpu", help="Device every stage runs on: cpu, cuda or cuda:N.", callback=check_device
+        ),
+    ]
+    target: Annotated[
+        str,
+        option(
+            "",
+            help="A local transformers model (default: the bundled stories260K).",
+            callback=check_model_dir,
+        ),
+    ]
+    data: Annotated[
+        str,
+        option(
+            "",
+            help="Text file of documents separated by blank lines, or JSONL with a "
+            '"text" field per line (default: the TinyStories sample); with --chat-template, JSONL '
+            "chats.",
+        ),
+    ]
+    chat_template: ChatTemplate
+    train_steps: Annotated[int, option(1000, help="Drafter optimizer steps.")]
+    method: Annotated[
+        Literal[(*EAGLE3_METHODS, "dflash")],  # demo.config.METHODS
+        option(
+            "eagle3",
+            help="Drafter to train: eagle3, or eagle3.1 (a norm on each aux state before fc, the "
+            "post-norm state fed back: fc_norm, norm_output); as `specdraft train --method`; "
+            "dflash: a DFlash block drafter trained beside the EAGLE-3 one on the same data, "
+            "both's tau and speedup printed.",
+        ),
+    ]
+    block_size: Annotated[
+        int, option(8, min=2, help="The DFlash drafter's block size (--method dflash).")
+    ]
+    num_train: Annotated[
+        int,
+        option(
+            800,
+            help=f"Training documents (at least 2). The demo also holds out {NUM_HELDOUT} "
+            f"documents of --data for its timing and doctor, so --data needs --num-train + "
+            f"{NUM_HELDOUT}.",
+        ),
+    ]
+    threads: Threads
+
+    def config(self):
+        """The `demo.config.DemoConfig` of these options (it checks them: ConfigError)."""
+        from pathlib import Path
+
+        from specdraft.demo.config import DemoConfig
+
+        given = asdict(self)
+        given["out"] = Path(self.out)
+        for name in ("target", "data", "chat_template"):  # "": left out
+            given[name] = Path(given[name]) if given[name] else None
+        return DemoConfig(**given)
 
 
 @app.command()
-def demo(
-    out: DemoOut,
-    device: DemoDevice,
-    target: DemoTarget,
-    data: DemoData,
-    chat_template: ChatTemplate,
-    train_steps: TrainSteps,
-    method: DemoMethod,
-    block_size: DemoBlockSize,
-    num_train: NumTrain,
-    threads: Threads,
-) -> None:
+def demo(options: DemoOptions) -> None:
     """Run the whole pipeline on a real target and write report.md with plots. Stages, in the order
     they run and print: target, data, regenerate, capture, train, speculative generation vs plain
     decoding (picks the setting), export, doctor; then the generation table and where files are.
@@ -319,30 +328,18 @@ def demo(
     prompts (no export or doctor)."""
     from pathlib import Path
 
-    from specdraft.demo.config import DemoConfig
     from specdraft.demo.report import summary
     from specdraft.demo.run import run_demo
 
     console = make_console()
     # inputs are checked before any stage runs; a later stage's error is one line too
     with user_errors(
-        console, interrupted=lambda: f"run the same command again to resume from {out}"
+        console, interrupted=lambda: f"run the same command again to resume from {options.out}"
     ):
-        cfg = DemoConfig(
-            out=Path(out),
-            device=device,
-            target=Path(target) if target else None,
-            data=Path(data) if data else None,
-            chat_template=Path(chat_template) if chat_template else None,
-            train_steps=train_steps,
-            method=method,
-            num_train=num_train,
-            block_size=block_size,
-            threads=threads,
-        )
-        if method == "dflash":
+        cfg = options.config()
+        if cfg.method == "dflash":
             return _dflash_demo(cfg, console)
         report = run_demo(cfg, console)
-    console.print(summary(report, Path(out)), markup=False, highlight=False, soft_wrap=True)
+    console.print(summary(report, Path(options.out)), markup=False, highlight=False, soft_wrap=True)
     if report.busy:  # the load when the timing above ran (a re-run reuses both)
         console.print(report.busy, style="yellow", markup=False, soft_wrap=True)

@@ -94,9 +94,7 @@ Samples = Annotated[
         "(mt-bench, humaneval, gsm8k: prompts for --server and render parity).",
     ),
 ]
-DoctorSkipBad = Annotated[
-    bool, flag("--skip-bad", help="Skip bad --samples records instead of refusing the file.")
-]
+DoctorSkipBad = flag("--skip-bad", help="Skip bad --samples records instead of refusing the file.")
 DoctorWait = Annotated[
     float,
     option(
@@ -119,11 +117,10 @@ ServerTemplateKwargs = Annotated[
     str, option("", help="The server's chat template kwargs (JSON).", callback=json_object)
 ]
 MaxSamples = Annotated[int, option(32, min=1, help="Samples for the offline run.")]
-JsonOutput = Annotated[bool, flag("--json", help="Print the report as JSON.")]
-Strict = Annotated[
-    bool,
-    flag("--strict", help="Exit 1 when a check is skipped too (an input it needs is not given)."),
-]
+JsonOutput = flag("--json", help="Print the report as JSON.")
+Strict = flag(
+    "--strict", help="Exit 1 when a check is skipped too (an input it needs is not given)."
+)
 
 
 @app.command()

@@ -25,18 +25,14 @@ if TYPE_CHECKING:
     from specdraft.checkpoint.id_reading import IdReading
 
 Drafter = Annotated[str, argument("CHECKPOINT", DRAFTER_HELP + ".", callback=check_drafter)]
-WholeManifest = Annotated[
-    bool,
-    flag("--manifest", help="Print the whole manifest as JSON (default: one line per field)."),
-]
-KnownKeys = Annotated[
-    bool,
-    flag(
-        "--known-keys",
-        help="List the config.json keys specdraft reads or knows to be "
-        "harmless, and CHECKPOINT's others, instead (exit 1 when it has others).",
-    ),
-]
+WholeManifest = flag(
+    "--manifest", help="Print the whole manifest as JSON (default: one line per field)."
+)
+KnownKeys = flag(
+    "--known-keys",
+    help="List the config.json keys specdraft reads or knows to be "
+    "harmless, and CHECKPOINT's others, instead (exit 1 when it has others).",
+)
 
 
 @app.command()

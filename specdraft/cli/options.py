@@ -45,10 +45,12 @@ def option(default: Any, *names: str, **kwargs) -> DeclaredOption:
     return DeclaredOption(default, typer.Option(*names, **kwargs))
 
 
-def flag(name: str, help: str, **kwargs) -> DeclaredOption:
-    """A boolean option set by `name` alone, off by default; its help shows no value type (typer
-    would show `--name <bool>`). kwargs: more typer.Option settings."""
-    return option(False, name, help=help, metavar="", **kwargs)
+def flag(name: str, help: str, **kwargs) -> Any:
+    """The alias of a boolean option set by `name` alone, off by default
+    (`Annotated[bool, option(False, ...)]`: a flag is always a bool, so the alias is the call,
+    `NoSpec = flag("--no-spec", help=...)`); its help shows no value type (typer would show
+    `--name <bool>`). kwargs: more typer.Option settings."""
+    return Annotated[bool, option(False, name, help=help, metavar="", **kwargs)]
 
 
 def argument(metavar: str, help: str, **kwargs):
@@ -115,7 +117,7 @@ SglangVersion = Annotated[
         callback=check_sglang_version,
     ),
 ]
-TrustRemoteCode = Annotated[bool, flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP)]
+TrustRemoteCode = flag("--trust-remote-code", help=TRUST_REMOTE_CODE_HELP)
 
 # running torch here
 EngineDevice = Annotated[str, option("cpu", help=ENGINE_DEVICE_HELP, callback=check_device)]
@@ -124,13 +126,13 @@ EngineDtypeOption = Annotated[
 ]
 Threads = Annotated[int, option(DEFAULT_THREADS, min=1, help=THREADS_HELP)]
 MaxSeqLen = Annotated[int, option(0, min=0, help="Cache size (0 = min(max positions, 4096)).")]
-Compile = Annotated[bool, flag("--compile", help=COMPILE_HELP)]
+Compile = flag("--compile", help=COMPILE_HELP)
 TopP = Annotated[
     float, option(1.0, help="Nucleus sampling mass, in (0, 1] (1 = off).", callback=check_top_p)
 ]
 
 # the data
-SkipBad = Annotated[bool, flag("--skip-bad", help="Skip and count bad records.")]
+SkipBad = flag("--skip-bad", help="Skip and count bad records.")
 TemplateKwargs = Annotated[
     str, option("{}", help="JSON kwargs for the chat template.", callback=json_object)
 ]

@@ -57,7 +57,7 @@ TargetDtype = Annotated[DtypeName, option("fp32", help="Dtype the target runs in
 MaxLength = Annotated[int, option(2048, min=1, help="Truncate samples to this many tokens.")]
 ShardTokens = Annotated[int, option(65536, min=1, help="Tokens per shard (bounds memory).")]
 BatchTokens = Annotated[int, option(16384, min=1, help="Padded tokens per target forward.")]
-NoChat = Annotated[bool, flag("--no-chat", help="Plain text (base models).")]
+NoChat = flag("--no-chat", help="Plain text (base models).")
 CaptureTokenizer = Annotated[str, option("", help="Tokenizer directory (default: the target's).")]
 CaptureDevice = Annotated[str, option("cpu", help="Device for the target.", callback=check_device)]
 CaptureReasoning = Annotated[ReasoningMode, option("keep", help=REASONING_HELP)]
@@ -91,14 +91,11 @@ GpuMemoryUtilization = Annotated[
         None, min=0.0, max=1.0, help="With --engine vllm: GPU memory fraction (default: vLLM's)."
     ),
 ]
-EnforceEager = Annotated[
-    bool,
-    flag(
-        "--enforce-eager",
-        help="With --engine vllm: no torch.compile or CUDA graphs "
-        "(starts in seconds; a capture is prefill only).",
-    ),
-]
+EnforceEager = flag(
+    "--enforce-eager",
+    help="With --engine vllm: no torch.compile or CUDA graphs "
+    "(starts in seconds; a capture is prefill only).",
+)
 AttentionBackend = Annotated[
     str | None,
     option(
@@ -184,7 +181,7 @@ Endpoint = Annotated[
 ServedModel = Annotated[str, option("", help="Served model name (with --endpoint).")]
 Api = Annotated[EndpointApi, option("chat", help="Endpoint API.")]
 RegenTokenizer = Annotated[str, option("", help="Target tokenizer dir (no-chat / completions).")]
-ContinueText = Annotated[bool, flag("--no-chat", help="Continue plain text (base models).")]
+ContinueText = flag("--no-chat", help="Continue plain text (base models).")
 PromptTokens = Annotated[
     int, option(32, min=1, help="No-chat prompt = first N tokens of a document.")
 ]

@@ -20,13 +20,10 @@ WARM_UP_PROMPT = "Hello"  # serve's warm-up prompt (generate warms up on the use
 
 Host = Annotated[str, option("127.0.0.1", help="Bind address (loopback by default).")]
 Port = Annotated[int, option(8000, min=1, max=MAX_PORT, help="Port to listen on.")]
-NoSpec = Annotated[
-    bool,
-    flag(
-        "--no-spec",
-        help="Plain decoding on the same engine (a baseline; refuses the drafting flags).",
-    ),
-]
+NoSpec = flag(
+    "--no-spec",
+    help="Plain decoding on the same engine (a baseline; refuses the drafting flags).",
+)
 MaxQueue = Annotated[
     int, option(64, min=1, help="Requests waiting besides the running one (429 beyond).")
 ]

@@ -58,7 +58,7 @@ AuxConventionOption = Annotated[
         "sglang for SpecForge's, the engines whose ids those stores are captured with).",
     ),
 ]
-Compress = Annotated[bool, flag("--compress", help="SpecForge: write .ckpt.gz files.")]
+Compress = flag("--compress", help="SpecForge: write .ckpt.gz files.")
 
 
 @store_app.command()

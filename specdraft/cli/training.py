@@ -44,11 +44,8 @@ TrainTarget = Annotated[
         callback=check_model_dir,
     ),
 ]
-Online = Annotated[
-    bool,
-    flag("--online", help="Run --target on SOURCE's records at every step (no capture store)."),
-]
-OnlineNoChat = Annotated[bool, flag("--no-chat", help="With --online: plain text (base models).")]
+Online = flag("--online", help="Run --target on SOURCE's records at every step (no capture store).")
+OnlineNoChat = flag("--no-chat", help="With --online: plain text (base models).")
 OnlineTemplateKwargs = Annotated[
     str,
     option("{}", help="With --online: JSON kwargs for the chat template.", callback=json_object),
@@ -60,21 +57,16 @@ OnlineTargetDtype = Annotated[
     DtypeName | None,
     option(None, help="With --online: dtype the target runs in.  [default: float32]"),
 ]
-OnlineSkipBad = Annotated[
-    bool, flag("--skip-bad", help="With --online: skip and count bad records.")
-]
+OnlineSkipBad = flag("--skip-bad", help="With --online: skip and count bad records.")
 OnlineReasoning = Annotated[
     ReasoningMode | None,
     option(None, help=f"With --online: {REASONING_HELP}  [default: keep]"),
 ]
-Resume = Annotated[
-    bool,
-    flag(
-        "--resume",
-        help="Continue from OUT's newest checkpoint with its settings (options left out come from "
-        "it); a larger --steps / --epochs extends the run (the lr schedule is recomputed).",
-    ),
-]
+Resume = flag(
+    "--resume",
+    help="Continue from OUT's newest checkpoint with its settings (options left out come from "
+    "it); a larger --steps / --epochs extends the run (the lr schedule is recomputed).",
+)
 
 
 @app.command()

@@ -76,8 +76,8 @@ def test_tune_recommends_speculation_on_a_memory_bound_target():
     rec = report.recommendation
     assert rec is not None and rec.speedup > cfg.min_speedup and rec.spec.is_chain
     assert rec is report.vllm_recommendation
-    assert report.sglang_flags().endswith(" ".join(rec.spec.sglang_args()))
-    config = json.loads(report.vllm_flags().split("--speculative-config ")[1].strip("'"))
+    assert report.launch_flags("sglang").endswith(" ".join(rec.spec.sglang_args()))
+    config = json.loads(report.launch_flags("vllm").split("--speculative-config ")[1].strip("'"))
     assert config == {
         "method": "eagle3",
         "model": "/ckpt/draft",

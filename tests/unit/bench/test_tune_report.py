@@ -117,7 +117,7 @@ def test_a_lower_quartile_below_1x_is_never_recommended():
     assert "recommendation: no speculation: none beat plain decoding beyond the noise" in text
     assert "the best measured, steps 3, topk 2, draft tokens 7, reached 1.30x (0.90-1.35x)" in text
     assert (
-        "launch without --speculative-* flags" in r.sglang_flags()
+        "launch without --speculative-* flags" in r.launch_flags("sglang")
         and "specdraft export" not in text
     )
 
@@ -151,7 +151,7 @@ def test_flags_name_an_export_or_the_export_to_run_first(tmp_path):
     r = report([rec, chain], str(trained), "/models/target")
     assert r.recommendation is rec and r.vllm_recommendation is chain
     out = f"{trained}-sglang"
-    assert r.sglang_flags() == (
+    assert r.launch_flags("sglang") == (
         "python -m sglang.launch_server --model-path /models/target "
         "--speculative-algorithm EAGLE3 --speculative-draft-model-path "
         f"{out} --speculative-num-steps 3 --speculative-eagle-topk 2 "
@@ -161,11 +161,11 @@ def test_flags_name_an_export_or_the_export_to_run_first(tmp_path):
         f"specdraft export {trained} {out} --engine sglang --target "
         "/models/target --num-steps 3 --topk 2 --num-draft-tokens 7"
     )
-    assert r.vllm_flags().startswith(
+    assert r.launch_flags("vllm").startswith(
         "vllm serve /models/target --speculative-config "
     )  # export's launch line
     assert (
-        json.loads(r.vllm_flags().split("--speculative-config ")[1].strip("'"))["model"]
+        json.loads(r.launch_flags("vllm").split("--speculative-config ")[1].strip("'"))["model"]
         == f"{trained}-vllm"
     )
     assert r.export_command("vllm") == (
@@ -181,7 +181,7 @@ def test_flags_name_an_export_or_the_export_to_run_first(tmp_path):
     assert f"writes {out}: first run" in text  # where the new export goes
     # an export (the official layout) is launched from where it is, with no export step
     r = report([rec, chain], str(official))
-    assert f"--speculative-draft-model-path {official} " in r.sglang_flags()
+    assert f"--speculative-draft-model-path {official} " in r.launch_flags("sglang")
     assert r.export_command("sglang") is None and "specdraft export" not in render(r)
     assert r.to_dict()["export_commands"] == {"sglang": None, "vllm": None}
 
@@ -214,7 +214,7 @@ def test_flags_name_the_demos_export_when_it_is_on_disk(tmp_path):
     rec = measured(SpecConfig.chain(2), [1.20, 1.18, 1.22, 1.19, 1.21])
     r = report([rec], str(draft), "/models/target")
     assert r.export_command("sglang") is None
-    assert f"--speculative-draft-model-path {sglang} " in r.sglang_flags()
+    assert f"--speculative-draft-model-path {sglang} " in r.launch_flags("sglang")
     assert f"the line names its SGLang export, already at {sglang}" in render(r)
     assert r.served_path("vllm") == f"{draft}-vllm" and r.export_command("vllm") is not None
 

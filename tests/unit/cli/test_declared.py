@@ -17,7 +17,7 @@ from specdraft.cli.options import flag, option
 
 Width = Annotated[int, option(8, min=1, help="Columns.")]
 Label = Annotated[str, option("none", help="A label.")]
-Loud = Annotated[bool, flag("--loud", help="Shout.")]
+Loud = flag("--loud", help="Shout.")
 Name = Annotated[str, typer.Option(help="Required: declares no default.")]
 
 
