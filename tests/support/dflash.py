@@ -90,3 +90,20 @@ def save_engine_dflash(draft: DFlashDraft, target, path):
         extra={"method": "dflash"},
     )
     return save_dflash_draft(draft, path, manifest)
+
+
+class _EagerGraph:
+    """Stands in for a captured CUDA graph without a GPU: replay runs the captured function."""
+
+    def __init__(self, fn) -> None:
+        self.replay = fn
+
+
+def replay_blocks_eagerly(monkeypatch) -> None:
+    """Without a GPU, `GraphedBlock.capture` returns an `_EagerGraph` of its round: a replay runs
+    `GraphedBlock.run` (the captured code, its static inputs staged) eagerly."""
+    from specdraft.engine.dflash_graph import GraphedBlock
+
+    monkeypatch.setattr(
+        GraphedBlock, "capture", lambda self, bucket: _EagerGraph(lambda: self.run(bucket))
+    )
