@@ -647,7 +647,7 @@ def bench_setting(
     tau = merged.accept_length
     if spec is None:
         kernel_draft = 0.0
-    elif isinstance(pair.draft, DFlashDraft):  # eager: its launches inside the time
+    elif isinstance(pair.draft, DFlashDraft):  # a graph replay per round (compile=True)
         kernel_draft = dflash_round_ms(engine, prefix, max(1, round(tau)))
     else:
         kernel_draft = draft_round_ms(engine, merged.acceptance_per_position, prefix)

@@ -1,10 +1,10 @@
 """The DFlash drafter's round as CUDA graphs (`GraphedBlock`, what `SpeculativeEngine.compile`
 gives a `dflash_block.DFlashBlock`), and its capture buckets (`block_buckets`).
 
-Eagerly a round is ~30 kernel launches per draft layer from the host (a 5-layer drafter ~150),
-each costing the host more than its GPU time at batch 1; a replay is one launch. A graph needs
-static shapes and addresses, so the replayed round differs from the eager one in three ways, none
-of which changes its values:
+Eagerly a round is some 70 torch ops per draft layer, each launched from the host and costing it
+more than its GPU time at batch 1; a replay is one launch. A graph needs static shapes and
+addresses, so the replayed round differs from the eager one in three ways, none of which changes
+its values beyond rounding:
 
 - the context caches are the proposer's own (preallocated to max_seq_len + block_size entries);
   the new context positions' K/V are written at start..start+bucket-1 (`index_copy_` at slots
@@ -18,9 +18,12 @@ of which changes its values:
   against the cache's kv_heads), so the attention reads the cache once, with no repeated K/V
   (the mask is the same for every query).
 
-SGLang writes the block's K/V into the draft KV cache and attends over it the same way
-(`srt/speculative/dflash_worker.py`, its draft forward under CUDA graphs); vLLM's `DFlashProposer`
-(`v1/spec_decode/dflash.py`) runs its drafter under the engine's CUDA graphs with padded batches.
+SGLang allocates the block's K/V right after the draft prefix in the draft KV cache and runs the
+fixed-size block in its CUDA-graphable TARGET_VERIFY mode (`srt/speculative/dflash_worker.py`
+`_prepare_for_speculative_decoding`); vLLM's `DFlashProposer` (`v1/spec_decode/dflash.py`)
+stores the context K/V outside its CUDA graph (`precompute_and_store_context_kv`) and replays the
+1 + num_speculative_tokens queries in it, padded to a captured size. Here the context's K/V are
+inside the graph too (their row count padded to a bucket), so a round is one replay.
 """
 
 from __future__ import annotations
