@@ -95,6 +95,7 @@ class DFlashBlock:
         replay (`graphs`) does it all."""
         if self.graphs is not None:
             tokens = self.graphs(req.output_ids[-1], req.pending_aux)
+            self.timed = bool(self.graphs.events)
             return Proposal(tokens, None, None, None, self.num_drafts)
         self.extend(req.pending_aux)  # drafting work: timed as the round's drafting
         root = torch.tensor([req.output_ids[-1]], device=self.device)
@@ -111,9 +112,12 @@ class DFlashBlock:
         req.pending_aux = aux[: len(emitted)]
 
     def drafting(self, elapsed: float) -> float:
-        """No drafting ran behind the host (the round's drafting is timed by the host, a graph
-        replay's too)."""
-        return 0.0
+        """The last graph replay's GPU time (it ran behind the host), at most elapsed; eagerly
+        none (the host's time is the drafting)."""
+        if not self.timed:
+            return 0.0
+        self.timed = False
+        return min(elapsed, self.graphs.gpu_seconds())
 
     def extend(self, aux: Tensor) -> None:
         """Append the context K/V of the target's aux states aux [n, n_aux*H] at positions

@@ -95,6 +95,8 @@ class GraphedBlock:
         self.inputs = StaticInputs([(3,)], [torch.long], device, [True])
         self.tokens = torch.zeros(block.num_drafts + 1, dtype=torch.long, device=device)
         self.graphs = {n: self.capture(n) for n in self.buckets}
+        cuda = device.type == "cuda"  # the last call's GPU time (`gpu_seconds`)
+        self.events = tuple(torch.cuda.Event(enable_timing=True) for _ in range(2)) if cuda else ()
 
     def __call__(self, root: int, aux: Tensor) -> Tensor:
         """The proposal's tokens [num_drafts + 1] long (root first; this object's output buffer,
@@ -109,13 +111,21 @@ class GraphedBlock:
         caches = self.block.caches
         start = caches[0].length
         caches[0].check_write(start, n + self.block_size)
+        self.inputs.fill([torch.tensor([root, start, n])])
+        if self.events:
+            self.events[0].record()
         if n:
             self.aux[:n].copy_(aux)
-        self.inputs.fill([torch.tensor([root, start, n])])
         self.graphs[bucket].replay()
+        if self.events:
+            self.events[1].record()
         for cache in caches:
             cache.commit(n)
         return self.tokens
+
+    def gpu_seconds(self) -> float:
+        """The GPU time of the last call's copy and replay (CUDA: after it has run)."""
+        return self.events[0].elapsed_time(self.events[1]) / 1e3
 
     def run(self, bucket: int) -> None:
         """The captured round for `bucket` new context rows: stage the host inputs, write the

@@ -80,6 +80,7 @@ def test_graphed_rounds_equal_the_eager_block_and_cache(monkeypatch):
     assert graphed.graphs.buckets == (1, 2, 4)
     want_states, got_states = _record_states(eager), _record_states(graphed)
     assert _rounds(graphed, aux) == _rounds(eager, aux)
+    assert not graphed.timed and graphed.drafting(1.0) == 0.0  # no GPU time to read on the CPU
     assert len(got_states) == len(ROUNDS)
     for got, want in zip(got_states, want_states):
         assert (got - want).abs().max() < 1e-12
@@ -153,6 +154,8 @@ def test_captured_graphs_equal_the_eager_block_on_cuda():
     states = _record_states(graphed)
     got_tokens = _rounds(graphed, aux)
     assert states == []  # replays: the block's torch code ran at capture only
+    assert graphed.timed and 0 < graphed.drafting(10.0) < 10.0  # the last replay's GPU time
+    assert not graphed.timed
     assert got_tokens == _rounds(eager, aux)
     length = sum(ROUNDS)
     for got, want in zip(graphed.caches, eager.caches):
