@@ -43,10 +43,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn.attention import sdpa_kernel
 
 from specdraft.dflash import Attend, DFlashDraft
 from specdraft.draft import KV, cast
-from specdraft.engine.eagle import DraftCache
+from specdraft.engine.eagle import DRAFT_SDPA_BACKENDS, NO_CONTEXT, DraftCache
 from specdraft.engine.requests import Request
 from specdraft.engine.round import Proposal
 from specdraft.engine.spec_config import SpecConfig
@@ -92,14 +93,16 @@ class DFlashBlock:
         """The pending positions' context K/V appended (`extend`), then the root
         (req.output_ids[-1], at position req.length) and the argmax tokens of block positions
         1..num_steps: tokens [num_steps + 1] long on the engine device. Compiled, one graph
-        replay (`graphs`) does it all."""
+        replay (`graphs`) does it all. Eagerly on CUDA the block's attention avoids cuDNN, as
+        the EAGLE-3 drafter's does (`eagle.DRAFT_SDPA_BACKENDS`: a plan per context length)."""
         if self.graphs is not None:
             tokens = self.graphs(req.output_ids[-1], req.pending_aux)
             self.timed = bool(self.graphs.events)
             return Proposal(tokens, None, None, None, self.num_drafts)
         self.extend(req.pending_aux)  # drafting work: timed as the round's drafting
         root = torch.tensor([req.output_ids[-1]], device=self.device)
-        hidden = self.block_hidden(torch.cat([root, self.masks]), self.caches[0].length)
+        with sdpa_kernel(DRAFT_SDPA_BACKENDS) if self.device.type == "cuda" else NO_CONTEXT:
+            hidden = self.block_hidden(torch.cat([root, self.masks]), self.caches[0].length)
         return Proposal(
             torch.cat([root, self.draft_tokens(hidden)]), None, None, None, self.num_drafts
         )
