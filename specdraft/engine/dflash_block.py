@@ -99,6 +99,7 @@ class DFlashBlock:
             tokens = self.graphs(req.output_ids[-1], req.pending_aux)
             self.timed = bool(self.graphs.events)
             return Proposal(tokens, None, None, None, self.num_drafts)
+        self.timed = False
         self.extend(req.pending_aux)  # drafting work: timed as the round's drafting
         root = torch.tensor([req.output_ids[-1]], device=self.device)
         with sdpa_kernel(DRAFT_SDPA_BACKENDS) if self.device.type == "cuda" else NO_CONTEXT:
