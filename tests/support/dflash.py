@@ -99,11 +99,25 @@ class _EagerGraph:
         self.replay = fn
 
 
-def replay_blocks_eagerly(monkeypatch) -> None:
-    """Without a GPU, `GraphedBlock.capture` returns an `_EagerGraph` of its round: a replay runs
-    `GraphedBlock.run` (the captured code, its static inputs staged) eagerly."""
+class _TracedGraph:
+    """Stands in for a captured CUDA graph without a GPU, frozen as one: the function's aten ops
+    traced once (`make_fx`, its tensors' storage kept), with every host value it read then;
+    replay runs those ops again on the same tensors."""
+
+    def __init__(self, fn) -> None:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        with torch.no_grad():
+            self.replay = make_fx(fn)()
+
+
+def replay_blocks_eagerly(monkeypatch, traced: bool = False) -> None:
+    """Without a GPU, `GraphedBlock.capture` returns an `_EagerGraph` of its round (a replay runs
+    `GraphedBlock.run`, the captured code, its static inputs staged, eagerly), or with traced a
+    `_TracedGraph` (the ops and host values of one run, replayed)."""
     from specdraft.engine.dflash_graph import GraphedBlock
 
+    graph = _TracedGraph if traced else _EagerGraph
     monkeypatch.setattr(
-        GraphedBlock, "capture", lambda self, bucket: _EagerGraph(lambda: self.run(bucket))
+        GraphedBlock, "capture", lambda self, bucket: graph(lambda: self.run(bucket))
     )

@@ -2,8 +2,8 @@
 context positions, the block attending over the whole cache, grouped heads folded) proposes what
 the eager `DFlashBlock` proposes, with the same context cache and block states; an engine whose
 rounds replay it decodes losslessly with the eager engine's acceptance. Without a GPU a replay
-runs the captured code eagerly (`tests.support.dflash.replay_blocks_eagerly`); the CUDA tests
-capture real graphs."""
+runs the captured code eagerly, or the aten ops traced from one run of it, host values frozen
+(`tests.support.dflash.replay_blocks_eagerly`); the CUDA tests capture real graphs."""
 
 from __future__ import annotations
 
@@ -69,9 +69,12 @@ def _rounds(block: DFlashBlock, aux: torch.Tensor) -> list[list[int]]:
     return proposals
 
 
+@pytest.mark.parametrize("traced", [False, True])
 @torch.no_grad()
-def test_graphed_rounds_equal_the_eager_block_and_cache(monkeypatch):
-    replay_blocks_eagerly(monkeypatch)
+def test_graphed_rounds_equal_the_eager_block_and_cache(monkeypatch, traced):
+    """The same proposals and context cache; the same block states (run eagerly: a traced
+    replay runs no Python to record them)."""
+    replay_blocks_eagerly(monkeypatch, traced)
     draft = tiny_dflash_draft()  # float64, 4 query heads on 2 kv heads
     aux = torch.randn(sum(ROUNDS), 96, generator=torch.Generator().manual_seed(3))
     spec, device = SpecConfig.chain(TINY_BLOCK - 1), torch.device("cpu")
@@ -81,7 +84,7 @@ def test_graphed_rounds_equal_the_eager_block_and_cache(monkeypatch):
     want_states, got_states = _record_states(eager), _record_states(graphed)
     assert _rounds(graphed, aux) == _rounds(eager, aux)
     assert not graphed.timed and graphed.drafting(1.0) == 0.0  # no GPU time to read on the CPU
-    assert len(got_states) == len(ROUNDS)
+    assert len(got_states) == (0 if traced else len(ROUNDS))
     for got, want in zip(got_states, want_states):
         assert (got - want).abs().max() < 1e-12
     length = sum(ROUNDS)
@@ -117,8 +120,9 @@ def _trained():
 @torch.no_grad()
 def test_an_engine_replaying_the_rounds_decodes_as_the_eager_engine(monkeypatch, temperature):
     """Greedy output = the target's greedy output; at T = 1 the same draws (same seeds); the
-    same acceptance per position as the eager block's in both."""
-    replay_blocks_eagerly(monkeypatch)
+    same acceptance per position as the eager block's in both. Each graph is replayed as traced
+    once, its host values frozen, as a CUDA graph replays."""
+    replay_blocks_eagerly(monkeypatch, traced=True)
     setup, sequences, draft = _trained()
     prompts = sequences[:6, :PROMPT_LEN].tolist() + random_prompts(2, PROMPT_LEN, seed=10)
     spec = SpecConfig.chain(TINY_BLOCK - 1)
