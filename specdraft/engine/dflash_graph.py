@@ -74,8 +74,8 @@ class GraphedBlock:
 
     The round's host inputs (the root, the context's length, the pending count) are staged in
     one copy captured into the graph (`graphs.StaticInputs`); the pending aux states are copied
-    into a static buffer. Capture warms up on the empty caches of a new engine (entries 0..);
-    a request's prefill empties them again (`DFlashBlock.prefilled`).
+    into a static buffer. Capture warms up in the caches' last block_size entries, which no
+    context reaches (the caches hold max_seq_len + block_size entries at least).
     """
 
     def __init__(self, block: DFlashBlock, buckets: Sequence[int]) -> None:
@@ -146,7 +146,9 @@ class GraphedBlock:
 
     def capture(self, bucket: int) -> Any:
         """Warm up, then capture `run(bucket)` (no autograd): the graph."""
-        warm = torch.tensor([self.block.draft.cfg.mask_token_id, 0, bucket])
+        # the last block_size entries, past any context (which has at most max_seq_len)
+        root = self.block.draft.cfg.mask_token_id
+        warm = torch.tensor([root, len(self.entries) - self.block_size, 0])
         with torch.no_grad():
             graph, _ = capture_graph(
                 lambda: self.run(bucket), reset=lambda: self.inputs.fill([warm])

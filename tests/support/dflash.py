@@ -112,12 +112,21 @@ class _TracedGraph:
 
 
 def replay_blocks_eagerly(monkeypatch, traced: bool = False) -> None:
-    """Without a GPU, `GraphedBlock.capture` returns an `_EagerGraph` of its round (a replay runs
-    `GraphedBlock.run`, the captured code, its static inputs staged, eagerly), or with traced a
+    """Without a GPU, `GraphedBlock.capture` captures through a stand-in of
+    `graphs.capture_graph`: its warm-up calls and resets as on CUDA, then an `_EagerGraph` of
+    the round (a replay runs `GraphedBlock.run`, the captured code, eagerly), or with traced a
     `_TracedGraph` (the ops and host values of one run, replayed)."""
-    from specdraft.engine.dflash_graph import GraphedBlock
+    from specdraft.engine import dflash_graph
 
     graph = _TracedGraph if traced else _EagerGraph
-    monkeypatch.setattr(
-        GraphedBlock, "capture", lambda self, bucket: graph(lambda: self.run(bucket))
-    )
+
+    def capture_graph(fn, warmups=2, reset=None):
+        for _ in range(warmups):
+            if reset is not None:
+                reset()
+            fn()
+        if reset is not None:
+            reset()
+        return graph(fn), None
+
+    monkeypatch.setattr(dflash_graph, "capture_graph", capture_graph)

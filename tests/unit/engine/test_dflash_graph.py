@@ -46,6 +46,21 @@ def test_buckets_past_what_a_round_accepts_are_refused(monkeypatch):
         GraphedBlock(block, (1, 4))
 
 
+@torch.no_grad()
+def test_capture_leaves_a_live_context_as_it_is(monkeypatch):
+    """Warm-up writes only the caches' last block_size entries, past any context."""
+    replay_blocks_eagerly(monkeypatch, traced=True)
+    block = DFlashBlock(tiny_dflash_draft(), SpecConfig.chain(3), 28, torch.device("cpu"))
+    block.extend(torch.randn(28, 96, generator=torch.Generator().manual_seed(4)).double())
+    before = [(cache.k.clone(), cache.v.clone()) for cache in block.caches]
+    GraphedBlock(block, (1, 2, 4))
+    for cache, (k, v) in zip(block.caches, before):
+        assert cache.length == 28 and cache.max_len == 32
+        assert torch.equal(cache.k[:, :, :28], k[:, :, :28])
+        assert torch.equal(cache.v[:, :, :28], v[:, :, :28])
+        assert not torch.equal(cache.k[:, :, 28:], k[:, :, 28:])  # the warm-up's block
+
+
 def _record_states(block: DFlashBlock) -> list[torch.Tensor]:
     """The block states [block_size, H] of each round `block` runs, in order."""
     states, run = [], block.block_states
