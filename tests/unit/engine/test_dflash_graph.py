@@ -26,8 +26,8 @@ from tests.support.engine_helpers import greedy_sequences, random_prompts, tiny_
 
 CUDA = torch.cuda.is_available()
 PROMPT_LEN, NUM_NEW = 6, 12
-# pending positions per round: a prompt past the largest bucket, then accepted counts (3 and 1
-# padded to buckets 4 and 2)
+# pending positions per round: a prompt past the largest bucket (appended eagerly, then a graph
+# with none pending), then accepted counts (3 padded to bucket 4)
 ROUNDS = (7, 3, 4, 1, 2, 3, 4, 4)
 
 
