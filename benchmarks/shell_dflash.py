@@ -217,11 +217,26 @@ def default_dflash_settings(draft: DFlashDraft) -> list[str]:
 
 
 @torch.inference_mode()
-def dflash_round_ms(engine, prefix: int, pending: int, iters: int = 30, warmup: int = 3) -> float:
-    """Median time of a DFlash draft round in ms, as the engine runs it (eagerly: the host's
-    launches inside the time): the context K/V of `pending` accepted positions appended after
-    `prefix` cached ones, then one block forward and the drafts' argmax (`DFlashBlock.propose`;
-    the caches' contents do not change the time). CUDA events on CUDA, wall time elsewhere."""
+def dflash_round_ms(
+    engine, prefix: int, pending: int, iters: int = 30, warmup: int = 3, eager: bool = False
+) -> float:
+    """Median time of a DFlash draft round in ms, as the engine runs it (eagerly, the host's
+    launches inside the time; compiled, a `dflash_graph.GraphedBlock` replay): the context K/V
+    of `pending` accepted positions appended after `prefix` cached ones, then one block forward
+    and the drafts' argmax (`DFlashBlock.propose`; the caches' contents do not change the
+    time). CUDA events on CUDA, wall time elsewhere. eager: a compiled engine's round run
+    eagerly (its graphs set aside while measuring)."""
+    proposer, graphs = engine.proposer, engine.proposer.graphs
+    if eager:
+        proposer.graphs = None
+    try:
+        return _median_round_ms(engine, prefix, pending, iters, warmup)
+    finally:
+        proposer.graphs = graphs
+
+
+def _median_round_ms(engine, prefix: int, pending: int, iters: int, warmup: int) -> float:
+    """`dflash_round_ms`'s measurement of `engine.proposer.propose` as it is set up."""
     proposer = engine.proposer
     width = proposer.draft.fc.in_features
     aux = torch.zeros(pending, width, dtype=proposer.dtype, device=engine.device)

@@ -645,10 +645,12 @@ def bench_setting(
     t = spec.num_draft_tokens if spec else 1
     kernel_verify = verify_ms(engine, t, prefix)
     tau = merged.accept_length
+    eager_draft = None  # a DFlash round without its graphs
     if spec is None:
         kernel_draft = 0.0
-    elif isinstance(pair.draft, DFlashDraft):  # eager: its launches inside the time
+    elif isinstance(pair.draft, DFlashDraft):  # a graph replay per round (compile=True)
         kernel_draft = dflash_round_ms(engine, prefix, max(1, round(tau)))
+        eager_draft = dflash_round_ms(engine, prefix, max(1, round(tau)), eager=True)
     else:
         kernel_draft = draft_round_ms(engine, merged.acceptance_per_position, prefix)
     row = {
@@ -669,6 +671,8 @@ def bench_setting(
         "acceptance_per_position": merged.acceptance_per_position,
         "kernels": {"target": engine.target_kernels, "draft": engine.draft_kernels},
     }
+    if eager_draft is not None:
+        row["kernel_draft_round_ms_eager"] = eager_draft
     if spec is None:  # the cost of a forward per token count, against the decode step
         curve = {n: verify_ms(engine, n, prefix) for n in VERIFY_SIZES}
         row |= {

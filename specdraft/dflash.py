@@ -22,6 +22,7 @@ exactly the tensors SGLang's loader reads. RMSNorm, rope and the MLP are `draft.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -34,6 +35,8 @@ from specdraft.draft import KV, MLP, RMSNorm, apply_rope, cast, rope_cos_sin
 from specdraft.draft_config import DraftConfig, DraftError, method_label
 from specdraft.draft_rope import rope_inv_freq
 
+# q [B, heads, Q, head_dim] and the block's K/V -> the attention output [B, heads, Q, head_dim]
+Attend = Callable[[torch.Tensor, KV], torch.Tensor]
 DFLASH_ARCHITECTURE = "DFlashDraftModel"  # config.json architectures: z-lab's and SGLang's class
 DEFAULT_BLOCK_SIZE = 16  # SGLang resolve_block_size(default=16), z-lab's b16 drafters
 DEFAULT_NUM_LAYERS = 5  # z-lab Qwen3-8B-DFlash-b16: 5 layers, target_layer_ids [1, 9, 17, 25, 33]
@@ -159,24 +162,28 @@ class DFlashAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        ctx_kv: KV,
+        ctx_kv: KV | Attend,
         rope: tuple[torch.Tensor, torch.Tensor],
         attn_mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """x: [B, Q, H] the normed block states; ctx_kv: the context's K/V, `context_kv` of the
-        projected context (or an engine's cache of it), each [B, kv_heads, S, head_dim]; rope: cos, sin [B, 1, Q, head_dim]
-        of the block positions; attn_mask: bool [B or 1, 1, Q, S + Q], True = attend, or None
-        (every key). Returns [B, Q, H]."""
+        projected context (or an engine's cache of it), each [B, kv_heads, S, head_dim], or an
+        `Attend` (an engine's attention over its own cache: `engine.dflash_graph`; attn_mask then
+        unused); rope: cos, sin [B, 1, Q, head_dim] of the block positions; attn_mask: bool
+        [B or 1, 1, Q, S + Q], True = attend, or None (every key). Returns [B, Q, H]."""
         c = self.cfg
         b, q_len, _ = x.shape
         cos, sin = rope
         q = self.q_norm(self.q_proj(x).view(b, q_len, c.num_attention_heads, c.head_dim))
         q = apply_rope(q.transpose(1, 2), cos, sin)
         block = self.context_kv(x, cos, sin)
-        k = torch.cat([ctx_kv.k, block.k], dim=2)
-        v = torch.cat([ctx_kv.v, block.v], dim=2)
-        gqa = c.num_attention_heads != c.num_key_value_heads
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)
+        if callable(ctx_kv):
+            out = ctx_kv(q, block)
+        else:
+            k = torch.cat([ctx_kv.k, block.k], dim=2)
+            v = torch.cat([ctx_kv.v, block.v], dim=2)
+            gqa = c.num_attention_heads != c.num_key_value_heads
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 

@@ -20,7 +20,8 @@ file by file".
   `EagleTree` (the tree proposer) and a tree's proposals and acceptance rule.
 - `dflash_block`: `DFlashBlock`, the DFlash drafter's proposer (one block forward per round over
   its context's cached K/V), the settings it refuses (`block_problems`) and the target head it
-  shares (`target_head`).
+  shares (`target_head`); `dflash_graph`: its rounds as CUDA graphs once compiled
+  (`GraphedBlock`, one per bucket of new context positions: `block_buckets`).
 - `requests`: `Request` (one generation's state: emit, stop strings, text, result),
   `SpecMetrics` (acceptance, timings) and `decode_continuation`.
 - `fast_model`: the target on the hot path, a compact Llama / Qwen2 / Qwen3 / Mistral with a

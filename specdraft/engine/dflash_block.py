@@ -30,15 +30,24 @@ Drafts are the argmax of the drafter's logits at every temperature and are verif
 T > 0 (`round.Proposal.accept` without q: `sampling.verify_tree` on the chain), SGLang's rule
 (greedy drafts, `dflash_utils` sampling verify); lossless at any temperature. z-lab's newer loop
 samples drafts from q and verifies by rejection sampling instead.
+
+Compiled (CUDA), a round is one CUDA-graph replay (`dflash_graph.GraphedBlock`: the pending
+positions' context K/V, the block and its argmax at static addresses), not some 70 torch ops
+per draft layer launched from the host.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 from torch import Tensor
+from torch.nn.attention import sdpa_kernel
 
-from specdraft.dflash import DFlashDraft
-from specdraft.engine.eagle import DraftCache
+from specdraft.dflash import Attend, DFlashDraft
+from specdraft.draft import KV, cast
+from specdraft.engine.eagle import DRAFT_SDPA_BACKENDS, NO_CONTEXT, DraftCache
 from specdraft.engine.requests import Request
 from specdraft.engine.round import Proposal
 from specdraft.engine.spec_config import SpecConfig
@@ -49,7 +58,10 @@ class DFlashBlock:
     (at most block_size - 1) from one drafter forward per round.
 
     draft: the DFlashDraft, its target head loaded (`load_target_head`), in eval mode; spec: a
-    chain (`block_problems`); max_seq_len: the engine's (the context cache's size).
+    chain (`block_problems`); max_seq_len: the engine's. The context caches hold max_seq_len +
+    block_size entries, rounded up to a multiple of 16: a graphed round writes its block after
+    the context and attends over the whole cache (`dflash_graph.GraphedBlock`, set as `graphs`
+    by `SpeculativeEngine.compile`).
     """
 
     drafts = True
@@ -61,12 +73,14 @@ class DFlashBlock:
         cfg = draft.cfg
         self.draft, self.num_drafts, self.device = draft, spec.num_steps, device
         self.dtype = draft.fc.weight.dtype
+        entries = -(-(max_seq_len + cfg.block_size) // 16) * 16
         self.caches = [  # per layer: the context's K/V at entries = positions 0..length-1
-            DraftCache(cfg.num_key_value_heads, cfg.head_dim, max_seq_len, self.dtype, device)
+            DraftCache(cfg.num_key_value_heads, cfg.head_dim, entries, self.dtype, device)
             for _ in draft.layers
         ]
         self.masks = torch.full((cfg.block_size - 1,), cfg.mask_token_id, device=device)
         self.offsets = torch.arange(cfg.block_size, device=device)
+        self.graphs: Any = None  # a dflash_graph.GraphedBlock once compiled
 
     def prefilled(self, req: Request, ids: Tensor, token: int, aux: Tensor | None) -> None:
         """A new sequence: the context emptied, the prompt's positions 0..n-1 pending (aux
@@ -78,12 +92,21 @@ class DFlashBlock:
     def propose(self, req: Request) -> Proposal:
         """The pending positions' context K/V appended (`extend`), then the root
         (req.output_ids[-1], at position req.length) and the argmax tokens of block positions
-        1..num_steps: tokens [num_steps + 1] long on the engine device."""
+        1..num_steps: tokens [num_steps + 1] long on the engine device. Compiled, one graph
+        replay (`graphs`) does it all. Eagerly on CUDA the block's attention avoids cuDNN, as
+        the EAGLE-3 drafter's does (`eagle.DRAFT_SDPA_BACKENDS`: a plan per context length)."""
+        if self.graphs is not None:
+            tokens = self.graphs(req.output_ids[-1], req.pending_aux)
+            self.timed = bool(self.graphs.events)
+            return Proposal(tokens, None, None, None, self.num_drafts)
+        self.timed = False
         self.extend(req.pending_aux)  # drafting work: timed as the round's drafting
         root = torch.tensor([req.output_ids[-1]], device=self.device)
-        hidden = self.block_hidden(torch.cat([root, self.masks]), self.caches[0].length)
-        drafts = self.draft.logits(hidden[1 : self.num_drafts + 1]).argmax(-1)
-        return Proposal(torch.cat([root, drafts]), None, None, None, self.num_drafts)
+        with sdpa_kernel(DRAFT_SDPA_BACKENDS) if self.device.type == "cuda" else NO_CONTEXT:
+            hidden = self.block_hidden(torch.cat([root, self.masks]), self.caches[0].length)
+        return Proposal(
+            torch.cat([root, self.draft_tokens(hidden)]), None, None, None, self.num_drafts
+        )
 
     def accepted(
         self, req: Request, emitted: list[int], path: Tensor | None, aux: Tensor | None
@@ -93,27 +116,50 @@ class DFlashBlock:
         req.pending_aux = aux[: len(emitted)]
 
     def drafting(self, elapsed: float) -> float:
-        """No drafting ran behind the host (the drafter runs eagerly)."""
-        return 0.0
+        """The last graph replay's GPU time (it ran behind the host), at most elapsed; eagerly
+        none (the host's time is the drafting)."""
+        if not self.timed:
+            return 0.0
+        self.timed = False
+        return min(elapsed, self.graphs.gpu_seconds())
 
     def extend(self, aux: Tensor) -> None:
         """Append the context K/V of the target's aux states aux [n, n_aux*H] at positions
         length..length+n-1 to every layer's cache."""
         n, start = aux.shape[0], self.caches[0].length
-        ctx = self.draft.project_context(aux[None].to(self.dtype))  # [1, n, H]
         positions = torch.arange(start, start + n, device=self.device)
+        for cache, kv in zip(self.caches, self.context_kvs(aux, positions)):
+            cache.append(kv)
+
+    def context_kvs(self, aux: Tensor, positions: Tensor) -> list[KV]:
+        """Per draft layer, the context K/V (each [1, kv_heads, n, head_dim]) of the aux states
+        aux [n, n_aux*H] at positions [n] long."""
+        ctx = self.draft.project_context(cast(aux[None], self.dtype))  # [1, n, H]
         cos, sin = self.draft.rope(positions[None], self.dtype)
-        for layer, cache in zip(self.draft.layers, self.caches):
-            cache.append(layer.self_attn.context_kv(ctx, cos, sin))
+        return [layer.self_attn.context_kv(ctx, cos, sin) for layer in self.draft.layers]
 
     def block_hidden(self, block_ids: Tensor, start: int) -> Tensor:
         """The drafter's post-norm states [block_size, H] of block_ids [block_size] long at
         positions start.., attending to the whole context and the whole block."""
+        contexts = [cache.view(cache.length) for cache in self.caches]
+        return self.block_states(block_ids, start + self.offsets, contexts)
+
+    def block_states(
+        self, block_ids: Tensor, positions: Tensor, contexts: Sequence[KV | Attend]
+    ) -> Tensor:
+        """The post-norm states [block_size, H] of block_ids [block_size] long at positions
+        [block_size] long, each layer's attention over its entry of contexts (the context K/V,
+        or an `Attend` over its cache: `DFlashAttention.forward`)."""
         h = self.draft.embed(block_ids[None], self.dtype)
-        rope = self.draft.rope((start + self.offsets)[None], self.dtype)
-        for layer, cache in zip(self.draft.layers, self.caches):
-            h = layer(h, cache.view(cache.length), rope, None)
+        rope = self.draft.rope(positions[None], self.dtype)
+        for layer, context in zip(self.draft.layers, contexts):
+            h = layer(h, context, rope, None)
         return self.draft.norm(h)[0]
+
+    def draft_tokens(self, hidden: Tensor) -> Tensor:
+        """The drafts [num_steps] long: the argmax of block positions 1..num_steps of hidden
+        [block_size, H]."""
+        return self.draft.logits(hidden[1 : self.num_drafts + 1]).argmax(-1)
 
 
 def target_head(target) -> tuple[Tensor, Tensor]:

@@ -1,5 +1,5 @@
 """`SpeculativeEngine`: batch-1 speculative decoding over a target, with an EAGLE-3 drafter, a
-DFlash block drafter (`dflash_block.DFlashBlock`, eager) or none (plain decoding, the baseline), and
+DFlash block drafter (`dflash_block.DFlashBlock`) or none (plain decoding, the baseline), and
 the checks of a request's length and of the pairing.
 
 Set-up only: each round is `round.speculative_round` (propose -> verify -> accept -> commit)
@@ -7,8 +7,9 @@ between the engine's `round.Proposer` (`eagle.EagleChain`, `eagle_tree.EagleTree
 `dflash_block.DFlashBlock`, or `round.PlainDecoding`) and its `round.Target` (`round.TargetRunner`). Compiled (CUDA): the
 target's forwards replay CUDA graphs (`graphs.GraphedTarget`; plain decoding with the host one
 step ahead, `GraphedTarget.decode_ahead`), the drafter's steps too (`draft_round.GraphedDraft`),
-a greedy round is one graph replay (`draft_round.GraphedRound`), and greedy rounds run one round
-ahead of the host (`rounds_ahead.RoundsAhead`). The request (output, stop strings, text) is a
+a greedy round is one graph replay (`draft_round.GraphedRound`; a DFlash round at any
+temperature: `dflash_graph.GraphedBlock`), and greedy EAGLE-3 rounds run one round ahead of the
+host (`rounds_ahead.RoundsAhead`). The request (output, stop strings, text) is a
 `requests.Request`; loading a target and a drafter from disk is `load.load_engine`.
 """
 
@@ -24,6 +25,7 @@ from torch import Tensor
 from specdraft.dflash import DFlashDraft
 from specdraft.draft import Eagle3Draft
 from specdraft.engine.dflash_block import DFlashBlock, block_problems
+from specdraft.engine.dflash_graph import GraphedBlock, block_buckets
 from specdraft.engine.draft_round import GraphedDraft, GraphedRound, draft_graph_keys
 from specdraft.engine.eagle import DraftCache, EagleChain, FastDraft
 from specdraft.engine.eagle_tree import EagleTree
@@ -64,7 +66,8 @@ class SpeculativeEngine:
     where the target allows (`target_kernels` says which path runs, and why), and replay them
     as CUDA graphs (`TargetRunner.compile`); run the drafter's steps of up to 64 positions
     through the Triton kernels too, replayed as CUDA graphs (`GraphedDraft`; `draft_kernels`
-    says which path runs), and greedy requests one round ahead of the host (`RoundsAhead`).
+    says which path runs), and greedy requests one round ahead of the host (`RoundsAhead`); a
+    DFlash drafter's rounds replay CUDA graphs of its torch ops (`dflash_graph.GraphedBlock`).
     Otherwise the drafter runs eagerly.
     Raises ValueError when the drafter does not fit the target (hidden size, vocab, layers,
     aux layers) or topk exceeds the draft vocabulary.
@@ -137,10 +140,12 @@ class SpeculativeEngine:
     def compile(self) -> None:
         """The target's forwards as CUDA graphs (`TargetRunner.compile`); the drafter's steps,
         greedy rounds and greedy rounds run ahead (`RoundsAhead`) too where its Triton kernels
-        run (`target_kernels` / `draft_kernels` say)."""
+        run (`target_kernels` / `draft_kernels` say); a DFlash drafter's rounds as graph
+        replays (`dflash_graph.GraphedBlock`, torch ops)."""
         self.target_kernels = self.runner.compile()
         if isinstance(self.draft, DFlashDraft):
-            self.draft_kernels = "torch, eager (a DFlash block drafter)"
+            self.proposer.graphs = GraphedBlock(self.proposer, block_buckets(self.spec.num_steps))
+            self.draft_kernels = "torch, CUDA graphs (a DFlash block drafter)"
         if self.draft is None or isinstance(self.draft, DFlashDraft):
             return
         reason, spec, proposer = self.fast_draft.use_triton(), self.spec, self.proposer

@@ -90,3 +90,43 @@ def save_engine_dflash(draft: DFlashDraft, target, path):
         extra={"method": "dflash"},
     )
     return save_dflash_draft(draft, path, manifest)
+
+
+class _EagerGraph:
+    """Stands in for a captured CUDA graph without a GPU: replay runs the captured function."""
+
+    def __init__(self, fn) -> None:
+        self.replay = fn
+
+
+class _TracedGraph:
+    """Stands in for a captured CUDA graph without a GPU, frozen as one: the function's aten ops
+    traced once (`make_fx`, its tensors' storage kept), with every host value it read then;
+    replay runs those ops again on the same tensors."""
+
+    def __init__(self, fn) -> None:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        with torch.no_grad():
+            self.replay = make_fx(fn)()
+
+
+def replay_blocks_eagerly(monkeypatch, traced: bool = False) -> None:
+    """Without a GPU, `GraphedBlock.capture` captures through a stand-in of
+    `graphs.capture_graph`: its warm-up calls and resets as on CUDA, then an `_EagerGraph` of
+    the round (a replay runs `GraphedBlock.run`, the captured code, eagerly), or with traced a
+    `_TracedGraph` (the ops and host values of one run, replayed)."""
+    from specdraft.engine import dflash_graph
+
+    graph = _TracedGraph if traced else _EagerGraph
+
+    def capture_graph(fn, warmups=2, reset=None):
+        for _ in range(warmups):
+            if reset is not None:
+                reset()
+            fn()
+        if reset is not None:
+            reset()
+        return graph(fn), None
+
+    monkeypatch.setattr(dflash_graph, "capture_graph", capture_graph)
