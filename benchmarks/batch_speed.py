@@ -42,9 +42,12 @@ The last line is {"summary": ...}: the seconds each part took and the goals of i
     python benchmarks/batch_speed.py --model M --tiny        # CPU float32, a tiny shell, seconds
 
 --draft defaults to the committed EAGLE-3 drafter (tests/assets/pycode25m_draft/draft). The
-default run (7 batch sizes, 64 new tokens, K 1..7, one timing round) is sized for about 300 s on
-one H200, the first compile of each shape included; fewer --batch-sizes, --new-tokens or
---max-k shorten it. Results: benchmarks/RESULTS.md.
+default run (7 batch sizes, 64 new tokens, K 1..7, one timing round) aims at under 300 s on one
+H200, the compiles of new shapes included (the summary line gives each part's seconds); fewer
+--batch-sizes, --new-tokens or --max-k shorten it. Compiled, each batch size's scheduler has a
+cache of B rows (a server's has one row count), so the benchmark raises torch.compile's
+recompile limit to 64 rather than let a layer fall back to eager after 8 shapes. Run it with
+the checkout on PYTHONPATH. Results: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -259,34 +262,53 @@ def chains(target: FastTarget, b: int, t: int) -> list[Proposal]:
 
 
 def forward_part(setup: Setup, rep: Reporter) -> dict:
-    """Part 1 (module docstring): one line per (B, T); {(B, T): {"engine": ms, "reference": ms}}
-    for the bound."""
+    """Part 1 (module docstring): one line per (B, T), each timing guarded on its own (a failed
+    one is null with its error in the line); {(B, T): {"engine": ms, "reference": ms}} of those
+    measured, for the bound."""
     args, engine, costs = setup.args, setup.spec, {}
-    sizes, ts = args.batch_sizes, args.tokens
-    starts = {b: [args.cached + i for i in range(b)] for b in sizes}
+    starts = {b: [args.cached + i for i in range(b)] for b in args.batch_sizes}
     batch1 = {}
     with torch.inference_mode():
-        if 1 in sizes:  # the batch-1 engine's own path, on its batch-1 cache
+        if 1 in starts:  # the batch-1 engine's own path, on its batch-1 cache
             engine.runner.reserve()
-            batch1 = {t: batch1_ms(engine, t, args.cached, args.iters) for t in ts}
-        runner = BatchScheduler(engine, max(sizes)).runner
-        for b in sizes:
-            for t in ts:
-                line = forward_line(setup, runner, starts[b], t)
-                if b == 1:
-                    line |= {"engine_ms": batch1[t], "engine_path": batch1_path(engine)}
-                line["engine_over_reference"] = line["engine_ms"] / line["reference_ms"]
-                line["engine_over_roofline"] = line["engine_ms"] / line["roofline_ms"]
-                rep.emit(line)
-                costs[b, t] = {"engine": line["engine_ms"], "reference": line["reference_ms"]}
+            batch1 = {t: timed(batch1_ms, engine, t, args.cached, args.iters) for t in args.tokens}
+        runner = BatchScheduler(engine, max(starts)).runner
+        for b, t in ((b, t) for b in args.batch_sizes for t in args.tokens):
+            line = forward_line(setup, runner, starts[b], t)
+            if b == 1:
+                line |= {"engine_ms": batch1[t][0], "engine_path": batch1_path(engine)}
+                line |= {"engine_error": batch1[t][1]} if batch1[t][1] else {}
+            ms = {"engine": line["engine_ms"], "reference": line["reference_ms"]}
+            if ms["engine"] is not None and ms["reference"] is not None:
+                line["engine_over_reference"] = ms["engine"] / ms["reference"]
+            if ms["engine"] is not None:
+                line["engine_over_roofline"] = ms["engine"] / line["roofline_ms"]
+            rep.emit({k: v for k, v in line.items() if v is not None or k.endswith("_ms")})
+            costs[b, t] = {key: v for key, v in ms.items() if v is not None}
     return costs
+
+
+def timed(fn, *args) -> tuple[float | None, str | None]:
+    """(fn(*args), None), or (None, the error) when it raises: one shape's failure is that
+    shape's line, not the part's."""
+    try:
+        return fn(*args), None
+    except Exception as e:  # noqa: BLE001 (reported in the shape's line)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None, f"{type(e).__name__}: {e}"
 
 
 def forward_line(setup: Setup, runner, starts: list[int], t: int) -> dict:
     """The batching path's and the reference's ms at one shape (part 1's line)."""
     target, b, iters = setup.target, len(starts), setup.args.iters
     proposals = chains(target, b, t)
-    batched = wall_ms(lambda: runner.verify_batch(proposals, starts), iters, warmup=3)
+    batched, batched_error = timed(
+        wall_ms, lambda: runner.verify_batch(proposals, starts), iters, 3
+    )
+    reference, reference_error = timed(
+        reference_ms, target, setup.spec.aux_layers, starts, t, iters
+    )
     return {
         "part": "forward",
         "batch_size": b,
@@ -294,9 +316,11 @@ def forward_line(setup: Setup, runner, starts: list[int], t: int) -> dict:
         "rows": b * t,
         "cached": [starts[0], starts[-1]],
         "batch_runner_ms": batched,
+        "batch_runner_error": batched_error,
         "engine_ms": batched,
         "engine_path": "BatchRunner.verify_batch",
-        "reference_ms": reference_ms(target, setup.spec.aux_layers, starts, t, iters),
+        "reference_ms": reference,
+        "reference_error": reference_error,
         "roofline_ms": setup.roofline_ms([s + t for s in starts]),
     }
 
@@ -377,17 +401,17 @@ def batch1_decode(setup: Setup) -> float:
 
 
 def interpolated(costs: dict, b: int, t: int, key: str) -> float | None:
-    """Part 1's cost at (B, T) under `key` ("engine", "reference" or "best"), linear in T between
-    the nearest measured T on either side; None outside them."""
-    measured = sorted(tt for bb, tt in costs if bb == b)
+    """Part 1's cost at (B, T) under `key` ("engine", "reference" or "best": the cheaper of the
+    two measured), linear in T between the nearest measured T on either side; None outside them."""
+
+    def cost(tt: int) -> float | None:
+        c = costs.get((b, tt), {})
+        return (min(c.values()) if c else None) if key == "best" else c.get(key)
+
+    measured = sorted(tt for bb, tt in costs if bb == b and cost(tt) is not None)
     below, above = [x for x in measured if x <= t], [x for x in measured if x >= t]
     if not below or not above:
         return None
-
-    def cost(tt: int) -> float:
-        c = costs[b, tt]
-        return min(c.values()) if key == "best" else c[key]
-
     lo, hi = below[-1], above[0]
     if lo == hi:
         return cost(lo)
@@ -565,7 +589,11 @@ def run(args: argparse.Namespace) -> None:
 def summary(rep, costs, levels, setup, of_bound, schedule, start) -> dict:
     """The seconds per part and issue #37's goals from the measured lines."""
     pct = {level.batch_size: plain_line(setup, level)["roofline_pct"] for level in levels}
-    slower = [[b, t] for (b, t), c in sorted(costs.items()) if c["engine"] > c["reference"]]
+    slower = [
+        [b, t]
+        for (b, t), c in sorted(costs.items())
+        if len(c) == 2 and c["engine"] > c["reference"]
+    ]
     return {
         "seconds": {**rep.seconds, "total": time.perf_counter() - start},
         "plain_roofline_pct": pct,
