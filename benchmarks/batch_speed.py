@@ -9,9 +9,10 @@ the rest runs.
    B = 1 the batch-1 engine's verify (`engine_ms`: its CUDA graph's GPU time through the Triton
    kernels, `shell_target.verify_ms`; eager wall time off CUDA), at every B the batching path's
    `BatchRunner.verify_batch` (`batch_runner_ms`: wall time from the host inputs to the logits,
-   device synchronised, as a batched round waits for it: eager torch ops, compiled layers
-   with --compile, the default on CUDA). Against `reference_ms`: a plain torch stack at the
-   same shape (`plain_stack`: the same weights through F.linear and one
+   device synchronised, as a batched round waits for it: torch ops, the layers compiled on
+   CUDA unless --eager; with --graphs replayed as one CUDA graph per (B, T),
+   `batch_graphs.GraphedRows`, in parts 2-3 too). Against `reference_ms`: a plain torch
+   stack at the same shape (`plain_stack`: the same weights through F.linear and one
    F.scaled_dot_product_attention per layer over the same cache rows, the query heads of a KV
    head stacked so that no K/V is repeated, each row masked to its own length over the widest
    row's slots rounded up to 8; not compiled), captured and replayed as one CUDA graph so that
@@ -272,7 +273,7 @@ def forward_part(setup: Setup, rep: Reporter) -> dict:
         if 1 in starts:  # the batch-1 engine's own path, on its batch-1 cache
             engine.runner.reserve()
             batch1 = {t: timed(batch1_ms, engine, t, args.cached, args.iters) for t in args.tokens}
-        runner = BatchScheduler(engine, max(starts)).runner
+        runner = BatchScheduler(engine, max(starts), graphs=args.graphs).runner
         for b, t in ((b, t) for b in args.batch_sizes for t in args.tokens):
             line = forward_line(setup, runner, starts[b], t)
             if b == 1:
@@ -318,7 +319,7 @@ def forward_line(setup: Setup, runner, starts: list[int], t: int) -> dict:
         "batch_runner_ms": batched,
         "batch_runner_error": batched_error,
         "engine_ms": batched,
-        "engine_path": "BatchRunner.verify_batch",
+        "engine_path": "BatchRunner.verify_batch" + (", CUDA graphs" if setup.args.graphs else ""),
         "reference_ms": reference,
         "reference_error": reference_error,
         "roofline_ms": setup.roofline_ms([s + t for s in starts]),
@@ -347,7 +348,7 @@ class ShellLoadBench(LoadBench):
 
     def __init__(self, setup: Setup, cfg: TuneConfig) -> None:
         super().__init__(setup.target, setup.spec.draft, setup.prompts, cfg)
-        self.setup = setup
+        self.setup, self.graphs = setup, setup.args.graphs
 
     def engine(self, spec: SpecConfig | None) -> SpeculativeEngine:
         """The drafter's engine (chains up to the max K) for a spec, else the plain one."""
@@ -642,6 +643,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--parts", default=",".join(PARTS), help=f"a subset of {','.join(PARTS)}")
     add("--prompt-file", type=Path, default=ASSETS / "prompts.jsonl", help='JSON lines with "text"')
     add("--eager", action="store_true", help="CUDA: engines not compiled (no graphs at batch 1)")
+    add("--graphs", action="store_true", help="batched forwards as one CUDA graph per (B, T)")
     add("--tiny", action="store_true", help="CPU float32 on a tiny shell, B 1,2: a smoke run")
     add("--out", type=Path, help="also append the JSON lines here")
     args = parser.parse_args(argv)

@@ -64,7 +64,10 @@ class BatchRun:
 
 
 class LoadBench(Bench):
-    """`Bench` that runs B prompts at once through a `BatchScheduler` (T = 0, no EOS)."""
+    """`Bench` that runs B prompts at once through a `BatchScheduler` (T = 0, no EOS); graphs:
+    its verify forwards as CUDA graphs (`BatchScheduler`'s graphs)."""
+
+    graphs = False
 
     def run_batch(
         self, batch_size: int, num_steps: int, schedule: BatchSchedule | None = None
@@ -77,7 +80,7 @@ class LoadBench(Bench):
         spec = SpecConfig.chain(self.cfg.depth) if num_steps or schedule is not None else None
         engine = self.engine(spec)
         schedule = schedule or BatchSchedule.constant(num_steps, batch_size)
-        scheduler = BatchScheduler(engine, batch_size, schedule)
+        scheduler = BatchScheduler(engine, batch_size, schedule, graphs=self.graphs)
         self.batch_of(scheduler, batch_size, min(WARMUP_TOKENS, self.cfg.max_new_tokens))
         scheduler.run()
         scheduler.stats = {}
