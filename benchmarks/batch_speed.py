@@ -45,10 +45,11 @@ The last line is {"summary": ...}: the seconds each part took and the goals of i
 --draft defaults to the committed EAGLE-3 drafter (tests/assets/pycode25m_draft/draft). The
 default run (7 batch sizes, 64 new tokens, K 1..7, one timing round) aims at under 300 s on one
 H200, the compiles of new shapes included (the summary line gives each part's seconds); fewer
---batch-sizes, --new-tokens or --max-k shorten it. Compiled, each batch size's scheduler has a
-cache of B rows (a server's has one row count), so the benchmark raises torch.compile's
-recompile limit to 64 rather than let a layer fall back to eager after 8 shapes. Run it with
-the checkout on PYTHONPATH. Results: benchmarks/RESULTS.md.
+--batch-sizes, --new-tokens or --max-k shorten it. Every scheduler has the cache rows of the
+largest B (torch.compile treats the cache as a static-shaped buffer: a new row count would
+compile every layer shape again), and the benchmark raises torch.compile's recompile limit to
+64 rather than let a layer fall back to eager after 8 shapes. Run it with the checkout on
+PYTHONPATH. Results: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -349,6 +350,7 @@ class ShellLoadBench(LoadBench):
     def __init__(self, setup: Setup, cfg: TuneConfig) -> None:
         super().__init__(setup.target, setup.spec.draft, setup.prompts, cfg)
         self.setup, self.graphs = setup, setup.args.graphs
+        self.rows = max(setup.args.batch_sizes)  # part 1's row count: the compiled shapes again
 
     def engine(self, spec: SpecConfig | None) -> SpeculativeEngine:
         """The drafter's engine (chains up to the max K) for a spec, else the plain one."""
@@ -526,7 +528,7 @@ def build_setup(args: argparse.Namespace, rep: Reporter) -> Setup:
         args.prompt_tokens + args.new_tokens + args.max_k + 1,
     )
     max_seq_len, compile = -(-longest // 8) * 8, cuda and not args.eager
-    if compile:  # each B's scheduler has a cache of B rows: more shapes than one server's
+    if compile:  # (B, T) shapes, prefills: more than a recompile limit of 8 (module docstring)
         config = torch._dynamo.config
         name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
         setattr(config, name, max(getattr(config, name), 64))

@@ -65,22 +65,26 @@ class BatchRun:
 
 class LoadBench(Bench):
     """`Bench` that runs B prompts at once through a `BatchScheduler` (T = 0, no EOS); graphs:
-    its verify forwards as CUDA graphs (`BatchScheduler`'s graphs)."""
+    its verify forwards as CUDA graphs (`BatchScheduler`'s graphs); rows: the cache rows of
+    every scheduler when more than B (one row count for every B: a compiled target then
+    compiles no new shapes per B, its cache being a static-shaped buffer)."""
 
     graphs = False
+    rows = 0
 
     def run_batch(
         self, batch_size: int, num_steps: int, schedule: BatchSchedule | None = None
     ) -> BatchRun:
         """B = batch_size prompts (cycled from the prompts) at K = num_steps, after a warm-up
         batch of a few tokens on the same scheduler. schedule: K by batch size instead (covering
-        batch_size, K at most the depth), run by the drafter's engine even where it says K = 0
+        the scheduler's rows, K at most the depth), run by the drafter's engine even where it says K = 0
         (`batch.CatchUp` rounds, as `serve --spec-schedule` runs them); the run records
         num_steps as given."""
         spec = SpecConfig.chain(self.cfg.depth) if num_steps or schedule is not None else None
         engine = self.engine(spec)
-        schedule = schedule or BatchSchedule.constant(num_steps, batch_size)
-        scheduler = BatchScheduler(engine, batch_size, schedule, graphs=self.graphs)
+        rows = max(self.rows, batch_size)
+        schedule = schedule or BatchSchedule.constant(num_steps, rows)
+        scheduler = BatchScheduler(engine, rows, schedule, graphs=self.graphs)
         self.batch_of(scheduler, batch_size, min(WARMUP_TOKENS, self.cfg.max_new_tokens))
         scheduler.run()
         scheduler.stats = {}
