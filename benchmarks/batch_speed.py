@@ -492,7 +492,7 @@ def plain_runs(level: Level) -> list[float]:
 def schedule_part(bench: ShellLoadBench, levels: list[Level], rep: Reporter) -> dict:
     """The schedule of the chosen K per B run once at each B (module docstring): a line each;
     {B: speedup over part 2}."""
-    rows = schedule_rows(levels, max(level.batch_size for level in levels))
+    rows = schedule_rows(levels, bench.rows)  # to the schedulers' rows: a level may be missing
     schedule = BatchSchedule.of(rows)
     rep.emit({"part": "schedule", "num_speculative_tokens_per_batch_size": rows})
     speedups = {}
