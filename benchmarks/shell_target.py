@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from gpu_timing import replay_ms  # benchmarks/, the script's directory
+from gpu_timing import replay_ms, sync  # benchmarks/, the script's directory
 from safetensors.torch import load_file, save_file
 from shell_dflash import (  # benchmarks/
     attach,
@@ -598,16 +598,17 @@ def draft_round_ms(engine: SpeculativeEngine, acceptance: list[float], prefix: i
     return total
 
 
-def copy_bandwidth_gbs(num_bytes: int = 4 << 30) -> float:
-    """GB/s of a device-to-device copy: (read + written) bytes / median time."""
-    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+def copy_bandwidth_gbs(num_bytes: int = 4 << 30, device: str = "cuda") -> float:
+    """GB/s of a copy within `device` (CUDA: device to device): (read + written) bytes / median
+    time."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     times = []
     for _ in range(13):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         dst.copy_(src)
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - start)
     del src, dst
     return 2 * num_bytes / statistics.median(times[3:]) / 1e9

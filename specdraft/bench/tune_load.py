@@ -64,15 +64,27 @@ class BatchRun:
 
 
 class LoadBench(Bench):
-    """`Bench` that runs B prompts at once through a `BatchScheduler` (T = 0, no EOS)."""
+    """`Bench` that runs B prompts at once through a `BatchScheduler` (T = 0, no EOS); graphs:
+    its verify forwards as CUDA graphs (`BatchScheduler`'s graphs); rows: the cache rows of
+    every scheduler when more than B (one row count for every B: a compiled target then
+    compiles no new shapes per B, its cache being a static-shaped buffer)."""
 
-    def run_batch(self, batch_size: int, num_steps: int) -> BatchRun:
+    graphs = False
+    rows = 0
+
+    def run_batch(
+        self, batch_size: int, num_steps: int, schedule: BatchSchedule | None = None
+    ) -> BatchRun:
         """B = batch_size prompts (cycled from the prompts) at K = num_steps, after a warm-up
-        batch of a few tokens on the same scheduler."""
-        spec = SpecConfig.chain(self.cfg.depth) if num_steps else None
+        batch of a few tokens on the same scheduler. schedule: K by batch size instead (covering
+        the scheduler's rows, K at most the depth), run by the drafter's engine even where it says K = 0
+        (`batch.CatchUp` rounds, as `serve --spec-schedule` runs them); the run records
+        num_steps as given."""
+        spec = SpecConfig.chain(self.cfg.depth) if num_steps or schedule is not None else None
         engine = self.engine(spec)
-        schedule = BatchSchedule.constant(num_steps, batch_size)
-        scheduler = BatchScheduler(engine, batch_size, schedule)
+        rows = max(self.rows, batch_size)
+        schedule = schedule or BatchSchedule.constant(num_steps, rows)
+        scheduler = BatchScheduler(engine, rows, schedule, graphs=self.graphs)
         self.batch_of(scheduler, batch_size, min(WARMUP_TOKENS, self.cfg.max_new_tokens))
         scheduler.run()
         scheduler.stats = {}
@@ -203,15 +215,28 @@ def tune_load(
     min_speedup: float,
     say: Callable[[str], None] = lambda text: None,
 ) -> tuple[list[Level], LoadModel]:
-    """Measure every batch size of `concurrency` (`measure_level`), fit the `LoadModel`, fill
-    each candidate's prediction, and choose each level's K (demo's rule, `settle`; 0 when no K
-    beats batched plain decoding beyond the noise)."""
+    """Measure every batch size of `concurrency` (`measure_level`), then fit and choose
+    (`fit_levels`)."""
     depth, repeats, sizes = bench.cfg.depth, bench.cfg.repeats, sorted(set(concurrency))
     levels = []
     with counted_progress("tune load runs", len(sizes) * (depth + 1) * repeats) as advance:
         for size in sizes:
             levels.append(measure_level(bench, size, depth, repeats, advance))
             say(f"batch {size}: plain {levels[-1].plain_tps:.1f} tok/s")
+    model = fit_levels(levels, depth, min_speedup)
+    for level in levels:
+        best = max(level.candidates.values(), key=lambda c: c.speedup or 0.0)
+        say(
+            f"batch {level.batch_size}: K {level.chosen} "
+            f"(best K {best.spec.num_steps}: {speedup_text(best.timing)})"
+        )
+    return levels, model
+
+
+def fit_levels(levels: Sequence[Level], depth: int, min_speedup: float) -> LoadModel:
+    """Fit the `LoadModel` to the measured levels (K = 1..depth each), fill each candidate's
+    prediction and each level's predicted plain tokens/s, and choose each level's K (demo's
+    rule, `settle`; 0 when no K beats batched plain decoding beyond the noise)."""
     model = LoadModel.fit(levels, depth)
     for level in levels:
         level.plain_predicted_tps = level.batch_size / max(
@@ -221,9 +246,4 @@ def tune_load(
             cand.predicted_tau, cand.predicted_tps = model.predict(level, k, depth)
         chosen = settle(level.candidates.values(), min_speedup)[0]
         level.chosen = chosen.spec.num_steps if chosen else 0
-        best = max(level.candidates.values(), key=lambda c: c.speedup or 0.0)
-        say(
-            f"batch {level.batch_size}: K {level.chosen} "
-            f"(best K {best.spec.num_steps}: {speedup_text(best.timing)})"
-        )
-    return levels, model
+    return model

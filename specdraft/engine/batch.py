@@ -141,7 +141,8 @@ class BatchScheduler:
     Raises EngineError for max_num_seqs < 1, ScheduleError when the schedule does not cover max_num_seqs or drafts deeper than
     the engine's num_steps (0 without a drafter). batch_drafts: draft every row's chain or tree
     in one drafter forward per step (`batch_draft`), else each sequence's in turn (its
-    `EagleChain` / `EagleTree`); a proposer of another kind always proposes in turn.
+    `EagleChain` / `EagleTree`); a proposer of another kind always proposes in turn. graphs:
+    the verify forwards as one CUDA graph per (B, T) (`BatchRunner`'s graphs; a fast target).
     """
 
     def __init__(
@@ -150,6 +151,7 @@ class BatchScheduler:
         max_num_seqs: int,
         schedule: BatchSchedule | None = None,
         batch_drafts: bool = True,
+        graphs: bool = False,
     ) -> None:
         if max_num_seqs < 1:
             raise EngineError(f"max_num_seqs {max_num_seqs}: a batch needs at least 1 row")
@@ -171,6 +173,7 @@ class BatchScheduler:
             engine.max_seq_len,
             engine.device,
             static,
+            graphs,
         )
         self.waiting: list[Request] = []
         self.dropped: list[Request] = []  # aborted while waiting: returned by the next step

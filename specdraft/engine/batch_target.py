@@ -9,9 +9,10 @@ causal or tree mask over the widest row's slots): nothing is padded, and after t
 row keeps only its accepted nodes by moving its length pointer (a tree's path compacted within
 its row, `commit`). The batch is never re-padded: a finished sequence leaves by moving the last
 row into its row, a new one joins by moving row 0 to row B and prefilling at row 0 (`move`).
-Batched forwards are eager torch ops on either target (a `fast_model.FastTarget`, whose Triton
+Batched forwards are torch ops on either target (a `fast_model.FastTarget`, whose Triton
 kernels write slots shared by the batch, so they run batch 1 only; or `hf_target.HFTarget`
-over a `hf_rows.RowCache`); no CUDA graphs.
+over a `hf_rows.RowCache`): eager, or on a FastTarget replayed as one CUDA graph per (B, T)
+(`batch_graphs.GraphedRows`, `graphs=True`; off by default).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from specdraft.engine.batch_graphs import GraphedRows
 from specdraft.engine.errors import EngineError
 from specdraft.engine.round import Proposal, TargetRunner
 from specdraft.engine.tree import verify_mask
@@ -54,7 +56,10 @@ class BatchRunner(TargetRunner):
     prompt of a joining sequence at row 0 (`prefill`, batch 1's), every sequence's proposal in
     one forward (`verify_batch`), per-row commits and row moves. Eager (never `compile`d);
     static_width: masks over all max_seq_len slots (a target whose layers were compiled sees
-    few shapes), else over the widest row's."""
+    few shapes), else over the widest row's. graphs: verify forwards replay one graph per
+    (B, T) (`batch_graphs.GraphedRows`; CUDA graphs on CUDA, its eager stand-in elsewhere),
+    masks then over max_seq_len slots; a `fast_model.FastTarget` only. Raises EngineError for
+    graphs over a target that reads its inputs on the host."""
 
     def __init__(
         self,
@@ -64,9 +69,13 @@ class BatchRunner(TargetRunner):
         max_seq_len: int,
         device: torch.device,
         static_width: bool = False,
+        graphs: bool = False,
     ) -> None:
-        self.max_batch_size, self.static_width = max_batch_size, static_width
+        self.max_batch_size, self.static_width = max_batch_size, static_width or graphs
         super().__init__(target, aux_layers, max_seq_len, device)
+        if graphs and self.host_inputs:
+            raise EngineError("batched CUDA graphs need a fast target (its inputs on the device)")
+        self.graphed_rows = GraphedRows(target, aux_layers, max_seq_len) if graphs else None
 
     def check_cache(self, num_rows: int) -> None:
         """Rebuild the cache when another user (a batch-1 engine on the same target) reallocated
@@ -96,11 +105,18 @@ class BatchRunner(TargetRunner):
         depths = torch.stack([offsets if p.depths is None else p.depths for p in proposals])
         width = self.max_seq_len if self.static_width else max(starts) + n
         mask = batch_verify_mask(proposals, start, width)
-        tokens = torch.stack([p.tokens.to(self.device) for p in proposals])
+        graphed = self.graphed_rows is not None
+        if graphed and len({p.tokens.device for p in proposals}) == 1:  # staged with the rest
+            tokens = torch.stack([p.tokens for p in proposals])
+        else:
+            tokens = torch.stack([p.tokens.to(self.device) for p in proposals])
         inputs = (tokens, start[:, None] + depths, start[:, None] + offsets, mask)
-        if not self.host_inputs:
-            inputs = tuple(x.to(self.device) for x in inputs)
-        out = self.target(*inputs, self.aux_layers)
+        if graphed:  # the host inputs staged in one copy
+            out = self.graphed_rows(*inputs, self.aux_layers)
+        elif self.host_inputs:
+            out = self.target(*inputs, self.aux_layers)
+        else:
+            out = self.target(*(x.to(self.device) for x in inputs), self.aux_layers)
         return out.logits, out.aux_hidden
 
     def commit_row(self, row: int, start: int, path: Tensor) -> None:

@@ -34,7 +34,12 @@ SMOKE_RUNS = {
         cli_options(check=True, shape="tiny", model=PYCODE, prompts=1, new_tokens=12),
         "max_abs_logits_diff",
     ),
+    "batch_speed.py": (
+        cli_options(tiny=True, model=PYCODE),
+        "summary",
+    ),
 }
+NEEDS_PYCODE = ("shell_target.py", "batch_speed.py")  # shells of pycode-25m
 
 pytestmark = pytest.mark.benchmarks
 
@@ -55,8 +60,8 @@ def test_every_benchmark_has_a_smoke_run():
 def test_tiny_mode_runs(script):
     if script == "triton_kernels.py" and importlib.util.find_spec("triton") is None:
         pytest.skip("Triton is not installed (the test extra installs it on Linux)")
-    if script == "shell_target.py" and not PYCODE.is_dir():
-        pytest.skip(f"{PYCODE} is absent: the shell check needs pycode-25m")
+    if script in NEEDS_PYCODE and not PYCODE.is_dir():
+        pytest.skip(f"{PYCODE} is absent: {script} builds a shell of pycode-25m")
     args, key = SMOKE_RUNS[script]
     result = run_smoke(script, args)
     command = f"{script} {' '.join(args)}"

@@ -2,28 +2,20 @@
 shell_dflash.py) embedded in a larger Llama shape compute what the small pair computes (float32,
 CPU), and the placement rules themselves."""
 
-import importlib.util
 import math
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.support.benchmarks import load_benchmark
 from tests.support.paths import PYCODE
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "shell_target.py"
 
 
 @pytest.fixture(scope="module")
 def shell():
-    sys.path.insert(0, str(SCRIPT.parent))  # its helpers, as when run as a script
-    spec = importlib.util.spec_from_file_location("shell_target", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("shell_target")
 
 
 def test_head_rows_keep_rotate_half_pairs(shell):

@@ -1,12 +1,15 @@
-"""Running a benchmark script's --tiny mode in a subprocess and reading its JSON result."""
+"""Running a benchmark script's --tiny mode in a subprocess and reading its JSON result; importing
+a benchmark script as a module (`load_benchmark`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,3 +44,15 @@ def last_json_line(stdout: str) -> dict:
         if isinstance(value, dict):
             return value
     raise AssertionError(f"no JSON result line in:\n{stdout}")
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """benchmarks/<name>.py imported as the module `name`, its helpers importable beside it as
+    when it runs as a script."""
+    script = ROOT / "benchmarks" / f"{name}.py"
+    sys.path.insert(0, str(script.parent))
+    spec = importlib.util.spec_from_file_location(name, script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

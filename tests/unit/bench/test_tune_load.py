@@ -16,7 +16,7 @@ from specdraft.bench.load_schedule import (
     schedule_rows,
     write_schedule_files,
 )
-from specdraft.bench.tune_load import Level, LoadModel, line_fit
+from specdraft.bench.tune_load import Level, LoadBench, LoadModel, line_fit
 from specdraft.bench.tune_model import TuneConfig
 from specdraft.cli import app
 from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
@@ -135,6 +135,22 @@ def test_a_schedule_file_without_the_key_or_not_json_is_refused(tmp_path):
     path.write_text("[[1, 8, 3]")
     with pytest.raises(ScheduleError, match="not JSON"):
         read_schedule(path, 3)
+
+
+def test_a_schedule_runs_on_the_drafters_engine_even_where_it_says_k_0():
+    setup = tiny_setup("llama")
+    cfg = TuneConfig(max_new_tokens=12, probe_steps=2, topks=(1,), repeats=1)
+    bench = LoadBench(setup.target, setup.trained, random_prompts(2, 8, seed=2), cfg)
+    specs, engine = [], bench.engine
+    bench.engine = lambda spec: specs.append(spec) or engine(spec)
+    schedule = BatchSchedule.of([[1, 1, 2], [2, 2, 0]])
+    at_1, at_2 = bench.run_batch(1, 2, schedule), bench.run_batch(2, 0, schedule)
+    assert [s.num_steps for s in specs] == [2, 2]  # chains of the depth, both times
+    assert at_1.metrics.num_drafted_tokens > 0 and at_1.metrics.accept_length > 1.0
+    assert at_2.metrics.num_drafted_tokens == 0 and at_2.num_steps == 0  # CatchUp rounds
+    assert at_2.tokens == 2 * 11 and at_2.rounds_by_batch == {2: 11}
+    plain = bench.run_batch(2, 0)
+    assert specs[-1] is None and plain.tokens == at_2.tokens
 
 
 def test_line_fit():
