@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 # Config model_type -> class built when a config names no `architectures` (transformers 5.24's
-# auto mappings: a multimodal model_type builds its conditional-generation wrapper).
+# auto mappings, 5.25's for Qwen3.5 / Gemma 4 text: a multimodal model_type builds its conditional-generation wrapper).
 DEFAULT_CLASSES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -30,6 +30,9 @@ DEFAULT_CLASSES: dict[str, str] = {
     "mistral3": "Mistral3ForConditionalGeneration",
     "kimi_k25": "Kimi_K25ForConditionalGeneration",
     "llama4": "Llama4ForConditionalGeneration",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",  # transformers 5.25
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "gemma4_text": "Gemma4ForCausalLM",
 }
 
 
