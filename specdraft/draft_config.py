@@ -255,9 +255,10 @@ def _target_value(config: Any, key: str, default: Any = None) -> Any:
     override that gives the drafter one value."""
     try:
         return getattr(config, key, default)
-    except Exception as e:  # noqa: BLE001 (transformers' per-layer access error has no common base)
+    except RuntimeError as e:  # transformers 5.25 AmbiguousGlobalPerLayerAttributeError's base
+        reason = str(e).split(". ")[0]  # its first sentence: the key varies across layers
         raise DraftError(
-            f"{type(config).__name__}: {key} differs by layer ({str(e).splitlines()[0][:120]}); "
+            f"{type(config).__name__}: {key} differs by layer ({reason}); "
             f'the drafter takes one value: pass draft_overrides {{"{key}": N}}'
         ) from None
 

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from specdraft.checkpoint.config_keys import ignored_keys_note
-from specdraft.checkpoint.layouts import OFFICIAL_ARCHITECTURES
+from specdraft.checkpoint.layouts import OFFICIAL_ARCHITECTURES, READ_ARCHITECTURES
 from specdraft.conventions import AUX_KEY
 from specdraft.conventions.config_reads import (
     ABSENT_DRAFT_VOCAB_READ,
@@ -48,7 +48,8 @@ def reading_notes(config: dict[str, Any]) -> list[str]:
     notes = []
     architectures = config.get("architectures") or []
     official = OFFICIAL_ARCHITECTURES[0]
-    if "Eagle3LlamaForCausalLM" in architectures and official not in architectures:
+    vllm_names = [a for a in architectures if a in READ_ARCHITECTURES and a != official]
+    if vllm_names and official not in architectures:
         notes.append(
             f"architectures {architectures}, vLLM's name of the Llama EAGLE-3 drafter: read as "
             f"{official} ({ARCHITECTURE_READ}); export and convert write {official}"

@@ -55,8 +55,10 @@ def convert_draft(
     alone must rebuild the drafter).
 
     A specdraft-layout destination needs the source's manifest; speculators carries it too.
-    Aux ids are read and written by the rule of `target_class` (default: the manifest's, else
-    "llama") and `sglang_version`; the written file's two id lists name the same layers.
+    Aux ids are read and written by the rule of `target_class` (default: the manifest's,
+    `Manifest.target_class`; "llama" when it records none and every class's rule writes the
+    layers alike, else CheckpointError naming --target) and `sglang_version`; the written file's
+    two id lists name the same layers.
     A speculators destination records `target_name_or_path` (the --target directory) and
     `target_architectures` as its verifier, as export does (replacing another the source names:
     `verifier_replaced_note`), else the verifier the source records (its own speculators
@@ -76,9 +78,40 @@ def convert_draft(
     ids = {"target_class": target_class or "llama", "sglang_version": sglang_version}
     source = load_draft(src, target_num_layers=target_num_layers, aux_layers=aux_layers, **ids)
     if target_class is None and source.manifest is not None:
-        ids["target_class"] = (source.manifest.target or {}).get("target_class") or "llama"
+        ids["target_class"] = _manifest_class(source, src, sglang_version)
     verifier = _verifier_record(source, src, target_name_or_path, target_architectures)
     return _write_and_prove(source, dst, layout, ids, verifier, layer_names)
+
+
+def _manifest_class(source: LoadedDraft, src: str | Path, sglang_version: str | None) -> str:
+    """The rule class the aux ids of `source` (a drafter with a manifest) are written by: the
+    manifest's record (`Manifest.target_class`); when it records none, "llama" if no class's
+    rule reads the ids written so as other layers (`conventions.misreadings`), else
+    CheckpointError naming `src`, the classes and --target."""
+    from specdraft.conventions import ConventionError, misreadings, to_engine_ids
+
+    recorded = source.manifest.target_class()
+    if recorded is not None:
+        return recorded
+    cfg = source.model.cfg
+    layers, num_layers = list(cfg.aux_layers), cfg.target_num_layers
+    misread = []
+    for engine, version in (("vllm", None), ("sglang", sglang_version)):
+        try:
+            ids = to_engine_ids(layers, engine, num_layers, "llama", version)
+        except ConventionError:  # the Llama reading writes no such key
+            continue
+        misread += [
+            f"{engine} ids {ids} on {where}"
+            for where in misreadings(ids, engine, num_layers, layers, version)
+        ]
+    if misread:
+        raise CheckpointError(
+            f"{src}: its manifest records no target class, and aux layers {layers} written by "
+            f"the Llama rule would be misread ({'; '.join(misread)}): pass the target "
+            "(--target DIR)"
+        )
+    return "llama"
 
 
 def _write_and_prove(

@@ -41,6 +41,14 @@ class Manifest:
     specdraft_version: str = __version__
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def target_class(self) -> str | None:
+        """The target's rule class as recorded (`targets.classes.recorded_target_class`: from the
+        recorded architecture first, so a record written before the "qwen" class reads Qwen2 /
+        Qwen3 as "qwen", not the "llama" it says); None when the record names neither."""
+        from specdraft.targets.classes import recorded_target_class
+
+        return recorded_target_class(self.target or {})
+
     def to_json(self) -> str:
         """Pretty JSON with sorted keys."""
         return json.dumps(asdict(self), indent=2, sort_keys=True)

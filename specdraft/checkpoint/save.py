@@ -44,7 +44,7 @@ def save_draft(
     are the speculators `verifier.name_or_path` and `verifier.architectures` (default: the target
     path and architecture the manifest records; [] when nothing records the architecture).
     `target_class` / `sglang_version` pick the engines' id rules (`config_write.official_config`;
-    default: the class the manifest records, else "llama"). `layer_names`: the decoder layer's
+    default: the class the manifest records, `Manifest.target_class`, else "llama"). `layer_names`: the decoder layer's
     names (`layouts.LAYER_NAMES`; default: the layout's own).
     Raises CheckpointError (a ValueError) for an unknown layout or layer names, a specdraft
     layout without manifest, or aux layers the ``sglang`` layout cannot record.
@@ -83,7 +83,8 @@ def _layout_config(
     verifier = verifier if verifier is not None else recorded.get("name_or_path")
     if verifier_architectures is None:
         verifier_architectures = [recorded["architecture"]] if recorded.get("architecture") else []
-    target_class = target_class or recorded.get("target_class") or "llama"
+    recorded_class = manifest.target_class() if manifest is not None else None
+    target_class = target_class or recorded_class or "llama"
     if layout == "speculators":
         return speculators_config(
             model.cfg, dtype, verifier, verifier_architectures, target_class=target_class

@@ -12,10 +12,18 @@ from typing import Any
 from specdraft.conventions.engines import sglang_in_place, sglang_replaces_head
 
 # The draft architectures that name the one-layer Llama EAGLE-3 drafter: the official (SGLang's)
-# name and vLLM's own class name (AngelSlim saves it). vllm 0.32.0 model_executor/models/
-# registry.py maps both to llama_eagle3.Eagle3LlamaForCausalLM; sglang 0.5.23 srt/models/
+# name, vLLM's own class name (AngelSlim saves it) and vLLM's names of it for Qwen2.5-VL, Qwen3-VL
+# and MiniMax-M2 targets. vllm 0.32.0 model_executor/models/registry.py maps each to
+# llama_eagle3.Eagle3LlamaForCausalLM, one class whatever the name (not PEagle*: parallel
+# drafting, nor Eagle3Qwen3 / Eagle3DeepseekV2: other networks); sglang 0.5.23 srt/models/
 # llama_eagle3.py EntryClass registers LlamaForCausalLMEagle3 only (`engines.DRAFT_LOADING`).
-LLAMA_EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+LLAMA_EAGLE3_ARCHITECTURES = (
+    "LlamaForCausalLMEagle3",
+    "Eagle3LlamaForCausalLM",
+    "Eagle3Qwen2_5vlForCausalLM",
+    "Eagle3Qwen3vlForCausalLM",
+    "Eagle3MiniMaxM2ForCausalLM",
+)
 ARCHITECTURE_READ = (
     "vLLM 0.32 registers it as its Llama EAGLE-3 drafter (model_executor/models/registry.py), "
     "SGLang 0.5.23 registers only LlamaForCausalLMEagle3 (srt/models/llama_eagle3.py EntryClass)"

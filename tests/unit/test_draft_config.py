@@ -20,7 +20,10 @@ def test_a_per_layer_value_is_one_line_naming_the_class_key_and_override():
     with pytest.raises(DraftError) as raised:
         DraftConfig.from_target(gemma4_config(), (2, 3, 4), draft_vocab_size=64)
     message = str(raised.value)
-    assert message.startswith("Gemma4TextConfig: head_dim differs by layer (")
+    assert message.startswith(
+        "Gemma4TextConfig: head_dim differs by layer ('head_dim' is a per-layer attribute and "
+        "may vary across layers); the drafter takes one value"
+    )
     assert message.endswith('pass draft_overrides {"head_dim": N}') and "\n" not in message
 
 

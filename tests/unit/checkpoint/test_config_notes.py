@@ -81,11 +81,21 @@ def test_export_writes_the_identity_map_and_says_draft_vocab_size_is_new(full_vo
     )
 
 
-def test_vllms_class_name_reads_as_the_official_drafter(tmp_path):
-    """AngelSlim saves architectures ["Eagle3LlamaForCausalLM"], vLLM's name of the same network:
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Eagle3LlamaForCausalLM",
+        "Eagle3Qwen2_5vlForCausalLM",
+        "Eagle3Qwen3vlForCausalLM",
+        "Eagle3MiniMaxM2ForCausalLM",
+    ],
+)
+def test_vllms_class_name_reads_as_the_official_drafter(tmp_path, name):
+    """AngelSlim saves architectures ["Eagle3LlamaForCausalLM"], vLLM's name of the same network
+    (vLLM 0.32's registry maps its Qwen2.5-VL / Qwen3-VL / MiniMax-M2 names to the same class):
     it loads; inspect says SGLang does not register it; convert writes the official name, saying so."""
     draft, target = draft_checkpoint(tmp_path, layout="sglang")
-    edit_config(draft, lambda c: c.update(architectures=["Eagle3LlamaForCausalLM"]))
+    edit_config(draft, lambda c: c.update(architectures=[name]))
     official = load_draft(draft, target_num_layers=5)
     assert official.layout == "sglang"
     code, said = cli("inspect", draft, "--target", target)
@@ -93,7 +103,7 @@ def test_vllms_class_name_reads_as_the_official_drafter(tmp_path):
     assert "SGLang 0.5.23 registers only LlamaForCausalLMEagle3" in said
     code, said = cli("convert", draft, tmp_path / "out", "--layout", "sglang", "--target", target)
     assert code == 0, said
-    assert 'architectures ["Eagle3LlamaForCausalLM"] -> ["LlamaForCausalLMEagle3"]' in said
+    assert f'architectures ["{name}"] -> ["LlamaForCausalLMEagle3"]' in said
     finding = run_doctor(draft, target=target, engine="sglang").finding("keys_match_engine")
     assert (
         finding.verdict == "fail"

@@ -230,6 +230,33 @@ def test_every_fixture_has_a_case_and_a_source():
     assert all(sources[f]["commit"] and sources[f]["source"] for f in files)
 
 
+def _table_rows() -> dict[str, list[str]]:
+    """docs/published_configs.md's first table: fixture file -> its cells (config, vLLM 0.32,
+    SGLang < 0.5.12, SGLang >= 0.5.12, specdraft, verdict); each row names its fixture."""
+    text = (Path(__file__).parents[3] / "docs" / "published_configs.md").read_text()
+    rows = {}
+    for line in text.split("\n\n## ")[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        named = [f for f in (c.file for c in PUBLISHED) if f"`{f}`" in cells[0]]
+        if line.startswith("| ") and named:
+            assert len(cells) == 6 and len(named) == 1, line
+            rows[named[0]] = cells
+    return rows
+
+
+def test_the_table_names_every_fixture_with_the_verdict_its_case_tests():
+    """Issue #34's table: one row per fixture; "refused" exactly where its case is refused, and a
+    refused row is one no engine column says it loads (no drafter refused that an engine serves)."""
+    rows = _table_rows()
+    assert sorted(rows) == sorted(c.file for c in PUBLISHED)
+    for case in PUBLISHED:
+        config, *engines, specdraft, verdict = rows[case.file]
+        assert verdict.startswith("refused") == (case.refuse is not None), config
+        assert specdraft.startswith("refused") == (case.refuse is not None), config
+        if case.refuse is not None:
+            assert not [e for e in engines if e.startswith("loads")], config
+
+
 @pytest.mark.parametrize(
     ("file", "theta"),
     [

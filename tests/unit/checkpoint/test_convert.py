@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from specdraft.checkpoint import MANIFEST_FILE, load_draft, save_draft
 from specdraft.cli import app
+from tests.support.doctor_helpers import draft_checkpoint
 from tests.support.drafts import tiny_draft, tiny_manifest
 
 
@@ -103,3 +104,50 @@ def test_convert_refuses_unknown_layer_names(tmp_path):
     src = save_draft(model, tmp_path / "src", layout="specdraft", manifest=tiny_manifest(model))
     with pytest.raises(CheckpointError, match="unknown layer names 'layers.1'"):
         convert_draft(src, tmp_path / "out", layout="sglang", layer_names="layers.1")
+
+
+def _with_recorded_class(draft, target_class):
+    """`draft`'s manifest rewritten as one written before its class had a rule: the recorded
+    target_class replaced (None: removed), the architecture kept."""
+    path = draft / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["target"]["target_class"] = target_class
+    path.write_text(json.dumps(manifest))
+    return manifest["target"]
+
+
+@pytest.mark.parametrize("layout", ["sglang", "specdraft"])
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.21"])
+def test_an_old_qwen3_manifest_converts_by_the_qwen_rule_without_target(tmp_path, layout, version):
+    """A manifest written before the qwen rule class says "llama" for a Qwen3 target; convert
+    without --target reads the class from the recorded architecture, so SGLang 0.5.10-0.5.21
+    get their index-0 ids (qwen2.py / qwen3.py capture the embeddings there; llama.py does not,
+    and the llama reading left SGLang's key out)."""
+    draft, _ = draft_checkpoint(tmp_path, arch="qwen3", num_layers=7, aux=(0, 3, 5))
+    assert _with_recorded_class(draft, "llama")["architecture"] == "Qwen3ForCausalLM"
+    convert(draft, tmp_path / "out", layout, "--sglang-version", version)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 2, 4]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [0, 3, 5]
+
+
+def test_a_manifest_naming_no_class_names_target_when_the_classes_read_the_ids_apart(tmp_path):
+    """No architecture, no class recorded: aux layers 1, 3, 5 are SGLang ids 0, 2, 4 on Llama
+    but ambiguous on DeepSeek (the first-id rule), so convert names --target in one line."""
+    model = tiny_draft(num_layers=7, aux_layers=(1, 3, 5))
+    src = save_draft(model, tmp_path / "src", layout="specdraft", manifest=tiny_manifest(model))
+    result = CliRunner().invoke(
+        app, ["convert", str(src), str(tmp_path / "out"), "--layout", "sglang"]
+    )
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1, said
+    assert "records no target class" in said and "pass the target (--target DIR)" in said
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_manifest_naming_no_class_converts_when_every_class_reads_the_ids_alike(tmp_path):
+    model = tiny_draft()  # aux layers 2, 3, 4 of 5: SGLang 1, 2, 3 and vLLM 2, 3, 4 on every class
+    src = save_draft(model, tmp_path / "src", layout="specdraft", manifest=tiny_manifest(model))
+    convert(src, tmp_path / "out", "sglang")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]

@@ -329,3 +329,16 @@ def test_unknown_sglang_version_names_each_refusing_range_and_where_the_rule_cha
     assert "targets in SGLang >= 0.5.13, < 0.5.14;" in message
     assert message.endswith("pass --sglang-version if you serve SGLang >= 0.5.14, which can")
     assert to_engine_ids([0, 3, 5], "sglang", 7, "deepseek", "0.5.14") == [0, 3, 5]
+
+
+def test_misreadings_name_the_classes_that_read_ids_as_other_layers():
+    from specdraft.conventions import misreadings
+
+    # SGLang ids 0, 2, 4 (layers 1, 3, 5 on Llama): DeepSeek's first-id rule reads them as-is
+    # from 0.5.14, and 0.5.13 cannot capture id 0's layer: only the as-is reading is a misread
+    assert misreadings([0, 2, 4], "sglang", 7, [1, 3, 5]) == [
+        "DeepSeek-class targets in SGLang >= 0.5.14"
+    ]
+    assert misreadings([0, 2, 4], "sglang", 7, [1, 3, 5], "0.5.13") == []
+    assert misreadings([1, 2, 3], "sglang", 5, [2, 3, 4]) == []  # a first id 1 reads +1 alike
+    assert misreadings([2, 3, 4], "vllm", 5, [2, 3, 4]) == []

@@ -68,9 +68,13 @@ def test_sglang_qwen3_5_adds_one_from_0_5_22_and_never_captures_index_l():
         to_engine_ids([2, 6, 9], "sglang", L, target_class, "0.5.21")
 
 
-def test_sglang_gemma4_adds_one_from_0_5_20_and_captures_index_l():
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.20", "0.5.22"])
+def test_sglang_gemma4_adds_one_in_0_5_12_and_from_0_5_20_and_captures_index_l(version):
+    """gemma4_causal.py reads alike in the 0.5.12 and 0.5.20-0.5.23 wheels; the versions between
+    were not read (refused as such, never guessed)."""
     target_class = target_class_of("Gemma4ForCausalLM", "gemma4_text")
-    assert to_engine_ids([0, 6, 12], "sglang", L, target_class, "0.5.20") == [-1, 5, 11]
-    assert from_engine_ids([-1, 5, 11], "sglang", L, target_class, "0.5.22") == [0, 6, 12]
-    with pytest.raises(ConventionError, match="model file was not read"):
-        to_engine_ids([2, 6, 9], "sglang", L, target_class, "0.5.19")
+    assert to_engine_ids([0, 6, 12], "sglang", L, target_class, version) == [-1, 5, 11]
+    assert from_engine_ids([-1, 5, 11], "sglang", L, target_class, version) == [0, 6, 12]
+    for unread in ("0.5.11", "0.5.13", "0.5.19"):
+        with pytest.raises(ConventionError, match="model file was not read"):
+            to_engine_ids([2, 6, 9], "sglang", L, target_class, unread)

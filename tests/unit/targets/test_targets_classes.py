@@ -17,7 +17,7 @@ from specdraft.draft_config import rope_from_hf_config
 from specdraft.draft_rope import rope_inv_freq
 from specdraft.targets import Target, load_target
 from specdraft.train.loss import target_logits
-from tests.support.tiny_models import MORE_ARCHITECTURES, tiny_config
+from tests.support.tiny_models import MORE_ARCHITECTURES, NEWER_ARCHITECTURES, tiny_config
 
 NUM_LAYERS = 4
 EXPECTED_TARGET_CLASS = {
@@ -33,11 +33,13 @@ EXPECTED_TARGET_CLASS = {
     "mistral3": "llava",
     "kimi_k25": "deepseek",
     "llama4_mm": "llama4",
+    "qwen3_5": "qwen3_5",
+    "gemma4": "gemma4",
 }
-SCALED_EMBEDDINGS = {"gemma2", "gemma3"}  # embeddings times sqrt(H) before layer 1
+SCALED_EMBEDDINGS = {"gemma2", "gemma3", "gemma4"}  # embeddings times sqrt(H) before layer 1
 
 
-@pytest.fixture(scope="module", params=MORE_ARCHITECTURES)
+@pytest.fixture(scope="module", params=MORE_ARCHITECTURES + NEWER_ARCHITECTURES)
 def arch_target(request) -> tuple[str, Target]:
     return request.param, load_target(tiny_config(request.param, num_layers=NUM_LAYERS))
 
@@ -102,10 +104,7 @@ def test_recorded_head_reproduces_the_logits(arch_target):
         out.last_hidden, head["norm.weight"], head["lm_head.weight"], config.rms_norm_eps, softcap
     )
     torch.testing.assert_close(logits, out.logits, rtol=1e-5, atol=1e-5)
-    if arch in (
-        "gemma2",
-        "gemma3",
-    ):  # the recorded weight is 1 + w: the raw weight would miss the logits
+    if arch in ("gemma2", "gemma3", "qwen3_5"):  # the recorded weight is 1 + w: the raw one misses
         raw = target_logits(
             out.last_hidden,
             target.final_norm.weight.detach(),
