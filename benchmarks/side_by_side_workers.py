@@ -16,7 +16,7 @@ GPU on logged steps, trainer.py:60; its default, every step, is for profiling).
 speculators' trainer (its CLI entry `speculators.train.cli.main`) gets these patches:
   - `openai` (imported by speculators/train/data.py:8 and data_generation/vllm_client.py:9-11,
     used only on its online path against a vLLM endpoint, `_setup_client`) is a stub package when
-    not installed, whose clients and types raise when constructed: the run reads stored hidden
+    not installed (benchmarks/openai_stub), whose clients and types raise when constructed: the run reads stored hidden
     states, and the real client (1.7 MB, 2 MB with jiter, distro and sniffio) does not fit the
     64 MiB carried to the GPU machine beside the target;
   - its --max-steps ends only the epoch it is reached in (trainer.py:519, 602): each later epoch
@@ -35,12 +35,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
+
+OPENAI_STUB = Path(__file__).resolve().parent / "openai_stub"
 
 
 def tokens_per_s(ends: list[float], tokens: list[float], epochs: list[int], skip: int) -> float:
@@ -82,38 +84,16 @@ def specdraft_worker(config_json: str, store: str, out: str, skip: int) -> None:
     print(json.dumps(row))
 
 
-class _OfflineOnly:
-    """The stub's client and response types: refused on construction."""
-
-    def __init__(self, *args, **kwargs):
-        raise RuntimeError(
-            "openai is not installed: benchmarks/side_by_side_workers.py's stub serves stored "
-            "hidden states only"
-        )
-
-
 def stub_openai() -> None:
-    """A stand-in `openai` package when none is installed (the module docstring says why): the
-    names speculators 0.9.0's training path reads at import, `OpenAI`, `Client` and `AsyncClient`
-    (train/data.py:187, data_generation/vllm_client.py:195, 249) and the response types of
-    `openai.types.chat` / `openai.types.completion` (vllm_client.py:10-11)."""
-    if "openai" in sys.modules or importlib.util.find_spec("openai") is not None:
+    """Where openai is not installed, put benchmarks/openai_stub (a stand-in package: the module
+    docstring says why) first on sys.path and PYTHONPATH: speculators' data-loader workers are
+    processes of their own and import its data module again."""
+    if importlib.util.find_spec("openai") is not None:
         return
-    names = {
-        "openai": ("OpenAI", "Client", "AsyncClient"),
-        "openai.types": (),
-        "openai.types.chat": ("ChatCompletion", "ChatCompletionMessageParam"),
-        "openai.types.completion": ("Completion",),
-    }
-    for name, classes in names.items():
-        module = types.ModuleType(name)
-        module.__path__ = []  # a package: its submodules import
-        for cls in classes:
-            setattr(module, cls, type(cls, (_OfflineOnly,), {}))
-        sys.modules[name] = module
-        parent, _, child = name.rpartition(".")
-        if parent:
-            setattr(sys.modules[parent], child, module)
+    sys.path.insert(0, str(OPENAI_STUB))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(OPENAI_STUB), os.environ.get("PYTHONPATH")])
+    )
 
 
 def patch_trainer(trainer_module, device: str, record: dict) -> None:

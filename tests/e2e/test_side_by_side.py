@@ -35,10 +35,11 @@ def test_tokens_per_s_leaves_out_warm_up_epoch_ends_and_the_last_step():
         workers.tokens_per_s(ends, tokens, epochs, skip=5)
 
 
-def test_openai_stub_imports_as_speculators_does_and_refuses_a_client():
-    """In a subprocess with openai hidden, so this interpreter's modules stay as they are."""
+def test_openai_stub_imports_as_speculators_does_here_and_in_child_processes():
+    """In a subprocess with openai hidden, so this interpreter's modules stay as they are; its own
+    child (as speculators' data-loader workers are) imports the stub too."""
     code = f"""
-import importlib.util, sys
+import importlib.util, subprocess, sys
 find = importlib.util.find_spec  # as if openai were not installed
 importlib.util.find_spec = lambda name, *a: None if name == "openai" else find(name, *a)
 sys.path.insert(0, {str(BENCHMARKS)!r})
@@ -52,10 +53,14 @@ try:
     openai.OpenAI(base_url="http://127.0.0.1:1", api_key="EMPTY")
 except RuntimeError as e:
     print("refused:", e)
+child = "import openai.types.chat, openai; print('child:', openai.__file__)"
+subprocess.run([sys.executable, "-c", child], check=True)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "refused: openai is not installed" in done.stdout
+    stub = str(BENCHMARKS / "openai_stub" / "openai" / "__init__.py")
+    assert f"child: {stub}" in done.stdout
 
 
 def test_gpu_mode_takes_the_full_size_drafters_settings(monkeypatch, tmp_path):
