@@ -48,6 +48,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -259,7 +260,8 @@ def speculators_args(work: Path, target: str, args: argparse.Namespace) -> list[
             }
         )
     layers = [str(k) for k in meta["aux_layers"]]
-    return [x for item in given.items() for x in item] + ["--target-layer-ids", *layers]
+    extra = shlex.split(args.speculators_extra)  # after the others: its parser keeps the last
+    return [x for item in given.items() for x in item] + ["--target-layer-ids", *layers, *extra]
 
 
 def train_speculators(work: Path, target: str, args: argparse.Namespace) -> dict:
@@ -407,6 +409,11 @@ def parse_args() -> argparse.Namespace:
     add("--device", choices=sorted(DEFAULTS), default="cpu")
     add("--stages", default="all", help=f"comma-separated, of {', '.join(STAGES)}; or all")
     add("--speculators-python", default=sys.executable)
+    add(
+        "--speculators-extra",
+        default="",
+        help="more speculators CLI arguments, e.g. '--draft-attn-impl sdpa' (they win)",
+    )
     add("--train-prompts", type=int, default=256, help="CPU mode's training windows")
     add("--new-tokens", type=int, help="continuation tokens scored (cpu: 64 = training's)")
     add("--heldout", type=int, default=32, help="held-out prompts scored")
