@@ -22,7 +22,13 @@ each trainer keeps its own defaults but these settings and one draft layer of th
 Each trainer runs in a process of its own (benchmarks/side_by_side_workers.py: how tokens/s and
 peak memory are measured, and the patches speculators' trainer gets). speculators runs under
 --speculators-python (default: this Python), importing speculators 0.9.0 from its environment
-or PYTHONPATH (on the GPU machine: the wheels of .whl installed with --target /tmp/site).
+or PYTHONPATH. On the GPU machine, no venv: the wheels of benchmarks/speculators_wheels.txt
+(4.2 MB; `pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl -r
+benchmarks/speculators_wheels.txt` here), carried as .whl and installed there with
+`pip install --no-index --no-deps --target /tmp/site .whl/*.whl`, then
+PYTHONPATH=$PWD:/tmp/site; openai, which it imports but uses only online, is
+benchmarks/openai_stub.
 
 Scores, the same code for both drafters, both loaded by specdraft's loader on --device, float32:
   replayed τ of chains of 3 and 5: the drafter alone on the target's greedy continuations of the
