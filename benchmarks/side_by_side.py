@@ -38,7 +38,8 @@ Scores, the same code for both drafters, both loaded by specdraft's loader on --
 Stages (--stages, comma-separated; default all): data (made once under --work, then kept),
 specdraft, speculators (each retrains, its result kept in <work>/results.json), score (scores
 every trained drafter in results.json and prints the whole line); so one run can be split over
-calls of limited length on the same --work.
+calls of limited length on the same --work. On the H200, one run in the background over
+repeated calls of one command: benchmarks/side_by_side_h200.sh.
 
     python benchmarks/side_by_side.py --work /tmp/sbs --speculators-python /tmp/nf-spec-ci-venv/bin/python
     python benchmarks/side_by_side.py --device cuda --work /root/sbs --target .carry/pycode-25m \
