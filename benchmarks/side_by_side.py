@@ -202,12 +202,16 @@ def store_meta(work: Path) -> dict:
     return CaptureStore(work / "store").meta
 
 
-def worker(command: list[str], name: str) -> dict:
-    """Run a trainer worker (this script with a worker flag); its JSON result line."""
-    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, check=False)
+def worker(command: list[str], name: str, work: Path) -> dict:
+    """Run a trainer worker (this script with a worker flag); its JSON result line. Its stderr
+    (progress, warnings) goes to <work>/<name>.log as it runs, its stdout to <work>/<name>.out."""
+    with open(work / f"{name}.log", "w") as err, open(work / f"{name}.out", "w") as out:
+        done = subprocess.run(command, env=child_env(), stdout=out, stderr=err, check=False)
+    lines = (work / f"{name}.out").read_text().strip().splitlines()
     if done.returncode != 0:
-        raise RuntimeError(f"{name}'s trainer failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        tail = (work / f"{name}.log").read_text()[-4000:]
+        raise RuntimeError(f"{name}'s trainer failed (rc {done.returncode}):\n{tail}")
+    return json.loads(lines[-1])
 
 
 def train_specdraft(work: Path, args: argparse.Namespace) -> dict:
@@ -229,7 +233,7 @@ def train_specdraft(work: Path, args: argparse.Namespace) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--specdraft-worker"]
     command += [json.dumps(config), str(work / "store"), str(out), str(args.skip_steps)]
-    return worker(command, "specdraft")
+    return worker(command, "specdraft", work)
 
 
 def speculators_args(work: Path, target: str, args: argparse.Namespace) -> list[str]:
@@ -276,7 +280,7 @@ def train_speculators(work: Path, target: str, args: argparse.Namespace) -> dict
     shutil.rmtree(work / "speculators-run", ignore_errors=True)
     command = [args.speculators_python, str(Path(__file__).resolve()), "--speculators-worker"]
     command += [args.device, str(args.skip_steps), "--", *speculators_args(work, target, args)]
-    return worker(command, "speculators")
+    return worker(command, "speculators", work)
 
 
 def heldout_prompts(file: Path, target: str, count: int) -> list[list[int]]:
