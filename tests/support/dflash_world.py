@@ -69,3 +69,36 @@ def dflash_world(tmp_path_factory) -> DFlashWorld:
             root / "target", result.draft_dir, root / "samples.jsonl", root / "store"
         )
     return _WORLD["world"]
+
+
+def served_dflash_world(root: Path, steps: int = 200) -> tuple[Path, Path, Path]:
+    """(draft dir, target dir with a word tokenizer, samples.jsonl) under root for doctor --server
+    tests of a DFlash drafter: the engine tests' tiny smooth Llama (`engine_helpers.tiny_setup`,
+    which specdraft serve runs) and a block-4 drafter trained `steps` steps on its greedy
+    continuations (`dflash.engine_dflash_draft`; 0: untrained), saved with a manifest, and 8
+    token-id samples."""
+    import json
+
+    from tests.support.dflash import engine_dflash_draft, save_engine_dflash
+    from tests.support.engine_helpers import (
+        copy_with_word_tokenizer,
+        greedy_sequences,
+        random_prompts,
+        tiny_setup,
+    )
+
+    setup = tiny_setup("llama", "smooth")
+    target = root / "target"
+    if not target.exists():
+        copy_with_word_tokenizer(setup, target)
+    sequences = greedy_sequences(setup.target, random_prompts(64, 8, seed=2), 24)
+    draft = engine_dflash_draft(setup.target, sequences, 8, steps)
+    draft_dir = save_engine_dflash(draft, setup.target, root / f"draft-{steps}")
+    samples = root / "samples.jsonl"
+    samples.write_text(
+        "".join(
+            json.dumps({"input_ids": p, "loss_mask": [1] * len(p)}) + "\n"
+            for p in random_prompts(8, 16, seed=5)
+        )
+    )
+    return draft_dir, target, samples
