@@ -11,7 +11,7 @@ from typing import Any
 from specdraft.bench.speedup import pick_setting, ties_at_top
 from specdraft.bench.tune_model import Candidate, Costs, Measured, TuneConfig
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detect_layout
-from specdraft.checkpoint.dflash import is_dflash_dir
+from specdraft.checkpoint.dflash import is_dflash_drafter
 from specdraft.export import existing_export, launch_command, suggested_export_dir
 
 
@@ -91,7 +91,7 @@ class TuneReport:
         rec = self.recommendation
         if rec is None:
             return "launch without --speculative-* flags (no speculation)"
-        if is_dflash_dir(Path(self.draft_path)):
+        if is_dflash_drafter(self.draft_path):
             return self.dflash_flags("sglang", rec)
         return launch_command(
             "sglang", self.target_path, Path(self.served_path("sglang")), rec.spec
@@ -103,7 +103,7 @@ class TuneReport:
         rec = self.vllm_recommendation
         if rec is None:
             return "launch without --speculative-config (no speculation)"
-        if is_dflash_dir(Path(self.draft_path)):
+        if is_dflash_drafter(self.draft_path):
             return self.dflash_flags("vllm", rec)
         return launch_command("vllm", self.target_path, Path(self.served_path("vllm")), rec.spec)
 
