@@ -1,7 +1,7 @@
 """A DFlash drafter trained by `specdraft train --method dflash` on a tiny target's own greedy
 outputs, for the doctor's block-acceptance tests: its training record holds per-position block
-acceptance near 0.6 / 0.5 / 0.45 (block 4), which wrong target layers, a wrong mask token or
-scrambled weights bring down."""
+acceptance near 0.6 / 0.5 / 0.4 (block 4; held-out samples within 0.1 of it), which target layers
+shifted by one, a wrong mask token or scrambled weights bring down by 0.25 or more."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from specdraft.train.loop import train
 from tests.support.doctor_helpers import context_target, write_samples
 from tests.support.train_world import small_config, write_fp32_store
 
-LAYERS = (1, 4, 8)  # specdraft indices of the 12-layer target (DFlash ids 0, 3, 7)
+LAYERS = (1, 2, 3)  # specdraft indices of the 12-layer target (DFlash ids 0, 1, 2)
 MASK = 127
 PROMPT, NEW = 6, 26
+NUM_TRAIN = 600
 DRAFT = {"mask_token_id": MASK, "num_hidden_layers": 1}
 TRAINING = dict(method="dflash", block_size=4, num_anchors=8, draft_overrides=DRAFT) | dict(
     total_steps=1000, eval_every=1000, save_every=1000
@@ -55,14 +56,15 @@ def greedy_samples(target, num: int, seed: int) -> list[Sample]:
 
 
 def dflash_world(tmp_path_factory) -> DFlashWorld:
-    """Build once per test process: `doctor_helpers.context_target`, 200 greedy samples captured
-    on LAYERS, a 1-layer block-4 drafter trained 1000 steps on them (a validation split), and 40
-    held-out samples."""
+    """Build once per test process: `doctor_helpers.context_target`, NUM_TRAIN greedy samples
+    captured on LAYERS (its first layers, whose states differ most from one to the next: each
+    widens the context window), a 1-layer block-4 drafter trained 1000 steps on them (a
+    validation split), and 40 held-out samples."""
     if "world" not in _WORLD:
         with torch.random.fork_rng(devices=[]):
             root = tmp_path_factory.mktemp("dflash-trained")
             target = context_target(root / "target")
-            write_fp32_store(target, greedy_samples(target, 200, 0), root, LAYERS, 8192)
+            write_fp32_store(target, greedy_samples(target, NUM_TRAIN, 0), root, LAYERS, 8192)
             result = train(small_config(**TRAINING), root / "store", root / "run", progress=False)
             write_samples(root / "samples.jsonl", greedy_samples(target, 40, 1))
         _WORLD["world"] = DFlashWorld(

@@ -44,17 +44,23 @@ def test_training_records_the_block_acceptance_the_replay_reproduces(world):
     p = record["replayed_acceptance"]
     assert len(p) == 3 and p[0] >= p[1] >= p[2] and p[0] > 0.5, record
     assert record["replayed_tau"] == pytest.approx(1 + sum(p))
-    assert record["replayed_rounds"] == 20 * 8  # 20 validation samples x 8 anchors each
+    assert record["replayed_rounds"] == 60 * 8  # 60 validation samples x 8 anchors each
     report = doctor(world)
     found = report.finding(CHECK)
     assert found.verdict == "pass", found
     pairs = rates(found.evidence)
     assert [t for t, _ in pairs] == [round(x, 2) for x in p]
-    # held-out samples of the training distribution: within the check's 0.2 margin (the 200-sample
-    # drafter overfits a little: 0.62 / 0.51 / 0.45 at validation, about 0.5 / 0.4 / 0.32 held out)
-    assert all(0 < t - o < 0.2 and o > 0.25 for t, o in pairs), found.evidence
+    # held-out samples of the training distribution: a little below the validation split's
+    assert all(0 <= t - o < 0.12 and o > 0.25 for t, o in pairs), found.evidence
     assert f"target layers {list(LAYERS)} (the layers config.json names)" in found.evidence
     assert "920 blocks on 40 samples" in found.evidence  # 23 anchors in each 26-token answer
+
+
+def test_the_capture_store_is_compared_with_the_training_split(world):
+    found = doctor(world, samples=world.store, max_samples=200).finding(CHECK)
+    assert found.verdict == "pass", found
+    assert "p_k training (train split)" in found.evidence
+    assert "the samples are the drafter's training data" in found.evidence
 
 
 def test_an_engine_named_feeds_the_layers_it_captures(world):
@@ -109,7 +115,7 @@ def test_a_fault_fails_the_replay_naming_its_cause(
     assert cause in found.fix, found.fix
     assert "far less than at training" in found.evidence
     below = [t - o for t, o in rates(found.evidence)]
-    assert max(below) >= 0.2, found.evidence
+    assert min(below) >= 0.25, found.evidence  # every position, well past the 0.2 margin
     failed = {f.check for f in report.failed}
     assert failed == {CHECK} | ({failed_check} if failed_check else set()), report.findings
 
