@@ -287,7 +287,8 @@ def _online_unusable(ev: Evidence, online: OnlineRun, sent: str) -> Result | Non
         f"{sent}: the server verified no drafts (speculation is off on it)",
         f"restart specdraft serve with --draft {ev.path} (not --no-spec)"
         if kind == "specdraft"
-        else "serve with the drafter (EAGLE-3 speculative settings)",
+        else "serve with the drafter and its speculative settings (the launch line specdraft "
+        "export prints)",
     )
 
 
