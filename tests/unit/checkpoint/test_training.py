@@ -68,3 +68,23 @@ def test_the_method_tells_the_readers_apart(runs, tmp_path):
     with pytest.raises(CheckpointError, match="a DFlash drafter"):  # the EAGLE-3 reader's line
         load_training_checkpoint(dflash_step)
     assert load_training_checkpoint(eagle3_step).manifest.training["steps"] == 10
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_sharded_dflash_checkpoint_reads_back(tmp_path):
+    """The step-N directory several ranks write (torch.distributed.checkpoint shards and
+    trainer.pt), here by one process: the same reader, the trainer's tensors."""
+    from specdraft.train.run_dir import write_sharded_checkpoint
+    from specdraft.train.store_data import StoreData
+    from specdraft.train.trainer import Trainer
+
+    store = make_world(tmp_path)[2]
+    config = small_config(**DFLASH, draft_overrides=DRAFT, total_steps=3, val_fraction=0.0)
+    trainer = Trainer(config, StoreData(store))
+    trainer.train_step(list(range(8)))
+    path = write_sharded_checkpoint(trainer, tmp_path / "run")
+    assert path.is_dir() and training_method(path) == "dflash" and is_dflash_drafter(path)
+    draft, manifest = load_dflash_draft(path)
+    want = trainer.model.draft.state_dict()
+    assert all(torch.equal(draft.state_dict()[k], want[k]) for k in want)
+    assert manifest.training["steps"] == 1
