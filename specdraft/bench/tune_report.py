@@ -11,7 +11,7 @@ from typing import Any
 from specdraft.bench.speedup import pick_setting, ties_at_top
 from specdraft.bench.tune_model import Candidate, Costs, Measured, TuneConfig
 from specdraft.checkpoint import MANIFEST_FILE, CheckpointError, Manifest, detect_layout
-from specdraft.checkpoint.dflash import is_dflash_dir
+from specdraft.checkpoint.dflash import is_dflash_drafter
 from specdraft.export import existing_export, launch_command, suggested_export_dir
 
 # the flags an engine's launch without speculation leaves out (`TuneReport.launch_flags`)
@@ -100,7 +100,7 @@ class TuneReport:
         rec = self.recommended(engine)
         if rec is None:
             return f"launch without {NO_SPECULATION_FLAGS[engine]} (no speculation)"
-        if is_dflash_dir(Path(self.draft_path)):
+        if is_dflash_drafter(self.draft_path):
             return self.dflash_flags(engine, rec)
         return launch_command(engine, self.target_path, Path(self.served_path(engine)), rec.spec)
 

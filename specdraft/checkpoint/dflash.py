@@ -1,7 +1,8 @@
 """A DFlash drafter on disk in the specdraft layout: model.safetensors under z-lab's / SGLang's
 tensor names, config.json in z-lab's form (a Qwen3 config with a `dflash_config`), and the manifest
 (`conventions.dflash.DFLASH_FACTS` for the keys and their sources). `save_dflash_draft` writes one,
-`load_dflash_draft` reads one strictly, in any published form (`dflash_forms`; the target's
+`load_dflash_draft` reads one strictly, in any published form (`dflash_forms`) or a DFlash run's
+training checkpoint (`is_dflash_drafter`; the target's
 embedding and lm_head are loaded apart: `DFlashDraft.load_target_head`). Engine exports:
 `export.dflash`.
 """
@@ -15,10 +16,11 @@ from typing import Any
 import torch
 
 from specdraft.checkpoint.dflash_forms import dflash_form, read_dflash_config, weights_kind
-from specdraft.checkpoint.dirs import read_config
+from specdraft.checkpoint.dirs import is_training_checkpoint, read_config
 from specdraft.checkpoint.layouts import MANIFEST_FILE, WEIGHTS_FILE, CheckpointError
 from specdraft.checkpoint.manifest import Manifest
 from specdraft.checkpoint.save import check_output_dir
+from specdraft.checkpoint.training import load_dflash_training_checkpoint, training_method
 from specdraft.checkpoint.weights import REEXPORT_FIX, read_weights, write_safetensors
 from specdraft.dflash import DFLASH_ARCHITECTURE, DFlashConfig, DFlashDraft
 from specdraft.files import atomic_dir
@@ -66,6 +68,13 @@ def is_dflash_dir(path: Path) -> bool:
     return dflash_form(config) is not None and (Path(path) / WEIGHTS_FILE).is_file()
 
 
+def is_dflash_drafter(path: str | Path) -> bool:
+    """Whether `path` is a DFlash drafter that `load_dflash_draft` reads: a drafter directory
+    (`is_dflash_dir`) or a `--method dflash` run's training checkpoint (RUN/checkpoints/step-N.pt
+    or a sharded step-N directory: `training.training_method`)."""
+    return is_dflash_dir(Path(path)) or training_method(path) == "dflash"
+
+
 def save_dflash_draft(draft: DFlashDraft, out_dir: str | Path, manifest: Manifest) -> Path:
     """Write `draft` (its own tensors only: the embedding and lm_head are the target's) with
     `manifest` under out_dir, atomically, replacing an earlier DFlash drafter there. Raises
@@ -94,8 +103,13 @@ def load_dflash_draft(
     tensor fills, or a shape that differs is a CheckpointError naming them and the file, as are
     EAGLE-3 tensors under a DFlash config (`weights_kind`). `target_num_layers` (else the
     manifest's) reads a form that does not record it. The model holds no target head yet: call
-    `load_target_head` before its first forward."""
+    `load_target_head` before its first forward. A training checkpoint (`is_training_checkpoint`)
+    is read by `training.load_dflash_training_checkpoint`, the manifest it carries recording its
+    step."""
     path = Path(path)
+    if is_training_checkpoint(path):
+        model, manifest = load_dflash_training_checkpoint(path)
+        return model.to(device=device, dtype=dtype), manifest
     manifest_file = path / MANIFEST_FILE
     manifest = Manifest.read(manifest_file, dflash=True) if manifest_file.exists() else None
     if target_num_layers is None and manifest is not None:

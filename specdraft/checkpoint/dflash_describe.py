@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from specdraft.checkpoint.dflash import load_dflash_draft
+from specdraft.checkpoint.dflash import dflash_config_json, load_dflash_draft
 from specdraft.checkpoint.dflash_forms import dflash_form
-from specdraft.checkpoint.dirs import read_config
+from specdraft.checkpoint.dirs import is_training_checkpoint, read_config
 from specdraft.checkpoint.manifest import Manifest
 from specdraft.conventions import ENGINE_NAMES
 from specdraft.conventions import dflash_reads as reads
@@ -35,13 +35,19 @@ class DFlashDescription:
 
 
 def describe_dflash(path: str | Path, target_num_layers: int | None = None) -> DFlashDescription:
-    """The DFlash drafter directory `path` read strictly (`load_dflash_draft`, `target_num_layers`
-    for a form that does not record it) and described. Raises CheckpointError as the loader."""
+    """The DFlash drafter directory or DFlash run's training checkpoint `path` read strictly
+    (`load_dflash_draft`, `target_num_layers` for a form that does not record it) and described
+    (a checkpoint's engine readings: of the config.json export writes for it). Raises
+    CheckpointError as the loader."""
     path = Path(path)
     model, manifest = load_dflash_draft(path, target_num_layers=target_num_layers)
-    config = read_config(path)
     cfg = model.cfg
-    form = FORM_NAMES[dflash_form(config)]
+    if is_training_checkpoint(path):
+        config = dflash_config_json(cfg)
+        form = f"training checkpoint (step {manifest.training['steps']}; export writes its files)"
+    else:
+        config = read_config(path)
+        form = FORM_NAMES[dflash_form(config)]
     lines = [
         f"{path}: DFlash drafter, {form}, {'with' if manifest else 'no'} specdraft manifest",
         f"block size {cfg.block_size} (anchor + {cfg.block_size - 1} drafts); mask token "

@@ -64,11 +64,12 @@ class CheckpointError(SpecdraftError, ValueError):
 def dflash_refusal(where: str | Path) -> CheckpointError:
     """The one line for a DFlash drafter (its config, manifest or training checkpoint) given to a
     command or option that reads EAGLE-3 drafters only; inspect, export, doctor, generate, serve
-    and tune read a DFlash drafter's directory (`checkpoint.dflash`)."""
+    and tune read a DFlash drafter's directory, and all but doctor its run's training checkpoints
+    (`checkpoint.dflash.is_dflash_drafter`)."""
     return CheckpointError(
         f"{where}: a DFlash drafter ({DFLASH_ARCHITECTURE}), which this reads as EAGLE-3 only; "
         "inspect, export, doctor, generate, serve and tune take its drafter directory (RUN/draft, "
-        "or an export)"
+        "or an export), all but doctor its RUN/checkpoints/step-N.pt too"
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -187,10 +186,11 @@ def options_given(num_steps, topk, num_draft_tokens, aux_layers, sglang_version)
 
 
 def is_dflash_source(checkpoint: str) -> bool:
-    """Whether export's CHECKPOINT is a DFlash drafter directory (`export.dflash`)."""
-    from specdraft.checkpoint.dflash import is_dflash_dir
+    """Whether export's CHECKPOINT is a DFlash drafter, a directory or a DFlash run's training
+    checkpoint (`checkpoint.dflash.is_dflash_drafter`; `export.dflash`)."""
+    from specdraft.checkpoint.dflash import is_dflash_drafter
 
-    return is_dflash_dir(Path(checkpoint))
+    return is_dflash_drafter(checkpoint)
 
 
 def export_block_drafter(console, checkpoint, out, engine, inputs, given, remote_code) -> None:

@@ -76,10 +76,11 @@ def inspect(
 
 
 def is_block_drafter(checkpoint: str) -> bool:
-    """Whether CHECKPOINT is a DFlash drafter directory (any published form)."""
-    from specdraft.checkpoint.dflash import is_dflash_dir
+    """Whether CHECKPOINT is a DFlash drafter: a directory (any published form) or a DFlash run's
+    training checkpoint (`checkpoint.dflash.is_dflash_drafter`)."""
+    from specdraft.checkpoint.dflash import is_dflash_drafter
 
-    return is_dflash_dir(Path(checkpoint))
+    return is_dflash_drafter(checkpoint)
 
 
 def inspect_block_drafter(console, checkpoint: str, target: str, trust_remote_code, whole) -> None:

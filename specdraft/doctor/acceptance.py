@@ -4,6 +4,7 @@ configured chain step (S5): `depth`."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specdraft.doctor.evidence import Evidence
@@ -50,6 +51,27 @@ GAP_CAUSES = {
 }
 
 
+@dataclass(frozen=True)
+class GapCauses:
+    """What an acceptance gap points at, for one kind of drafter: checks (cause -> the checks that
+    test it, `likely_causes`), otherwise (the words when none failed; None: EAGLE-3's list),
+    on_server (what a server may run differently from the files), refused (the check that names
+    why the drafter refuses the states it is fed)."""
+
+    checks: dict[str, tuple[str, ...]]
+    otherwise: str | None
+    on_server: str
+    refused: str
+
+
+EAGLE3_GAPS = GapCauses(
+    GAP_CAUSES,
+    None,
+    "its loader's keys, the aux layers it captures, fc, the vocab map (d2t), the chat template",
+    "aux_width_on_target",
+)
+
+
 def offline_acceptance_matches_training(ev: Evidence) -> Result:
     """The drafter alone on samples (teacher-forced, own states fed back) accepts per position
     about as often as training said; a large gap names the likely causes (S6, S1-S3, FC-09).
@@ -57,7 +79,7 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
     under MIN_SCORED times is shown, not judged. Samples that are the drafter's training data
     (`trained_on_samples`) are compared with the training split's accuracy, and said to be."""
     trained_on = trained_on_samples(ev)
-    training = _training_rates(ev, trained_on)
+    training = training_rates(ev, trained_on)
     steps = len(training[0]) if training else _ttt_steps(ev)
     try:
         run = offline_run(ev, ev.engine, steps)
@@ -85,7 +107,7 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
     gaps = [
         k + 1
         for k, (t, o) in enumerate(zip(training[0], offline))
-        if scored[k] >= MIN_SCORED and (t - o >= MIN_GAP or (t >= 0.1 and o < COLLAPSE_RATIO * t))
+        if scored[k] >= MIN_SCORED and far_below(t, o)
     ]
     if gaps:
         return fail(
@@ -94,17 +116,25 @@ def offline_acceptance_matches_training(ev: Evidence) -> Result:
     return ok(text)
 
 
-def _training_rates(ev: Evidence, trained_on: bool):
-    """The training accuracy per position to compare with (`offline.training_accuracy`): the
+def far_below(training: float, offline: float) -> bool:
+    """Whether an offline rate is far below training's: at least MIN_GAP lower, or under
+    COLLAPSE_RATIO x a training rate of 0.1 or more."""
+    return training - offline >= MIN_GAP or (
+        training >= 0.1 and offline < COLLAPSE_RATIO * training
+    )
+
+
+def training_rates(ev: Evidence, trained_on: bool, key: str = "accuracy"):
+    """The training rate per position to compare with (`offline.training_accuracy` of `key`): the
     training split's for samples the drafter was trained on, else the validation split's (None
-    without metrics); Unavailable when trained-on samples have no training-split accuracy."""
+    without metrics); Unavailable when trained-on samples have no training-split rates."""
     if not trained_on:
-        return training_accuracy(ev.manifest)
-    training = training_accuracy(ev.manifest, ("train",))
+        return training_accuracy(ev.manifest, key=key)
+    training = training_accuracy(ev.manifest, ("train",), key)
     if training is None:
         raise Unavailable(
             "--samples is the drafter's training data (its data_hash is the manifest's) and the "
-            "manifest records no training-split accuracy to compare with (the validation "
+            "manifest records no training-split rates to compare with (the validation "
             "split's would flatter the drafter)",
             "pass held-out samples",
         )
@@ -140,7 +170,7 @@ def _refuse_thin_evidence(
 
 def _gap_fix(ev: Evidence, trained_on: bool) -> str:
     """The fix of an offline gap: the likely causes, and unlike samples when no check failed."""
-    fix = _likely_causes(ev)
+    fix = likely_causes(ev)
     if not trained_on and not any(f.verdict == "fail" for f in ev.findings):
         fix += (
             "; or samples unlike the training data (e.g. human text where the drafter "
@@ -162,22 +192,22 @@ def _ttt_steps(ev: Evidence) -> int:
     return int(config.get("ttt_steps") or DEFAULT_TTT_STEPS)
 
 
-def _likely_causes(ev: Evidence) -> str:
+def likely_causes(
+    ev: Evidence, causes: dict[str, tuple[str, ...]] = GAP_CAUSES, otherwise=None
+) -> str:
+    """ "likely causes: ...": each cause of `causes` whose checks failed in this run, naming them;
+    `otherwise` (default: EAGLE-3's list of what to look at) when none did."""
     failed = {f.check for f in ev.findings if f.verdict == "fail"}
     named = [
         f"{cause} ({', '.join(c for c in checks if c in failed)} failed)"
-        for cause, checks in GAP_CAUSES.items()
+        for cause, checks in causes.items()
         if failed & set(checks)
     ]
-    causes = (
-        ", ".join(named)
-        if named
-        else (
-            "none of the static checks failed: look at decoder-layer "
-            "keys, aux layers, fc, vocab map, chat template, rope"
-        )
+    unchecked = otherwise or (
+        "none of the static checks failed: look at decoder-layer "
+        "keys, aux layers, fc, vocab map, chat template, rope"
     )
-    return f"likely causes: {causes}"
+    return f"likely causes: {', '.join(named) if named else unchecked}"
 
 
 def online_acceptance(ev: Evidence) -> Result:
@@ -189,14 +219,16 @@ def online_acceptance(ev: Evidence) -> Result:
     returning token ids past the target's vocabulary (it serves another model). Outputs that
     came back as text only (no token ids) are re-tokenized, which need not give the ids the
     server ran: the evidence says how many, and a failure names that first."""
-    from specdraft.doctor.online import (
-        MAX_TOKENS,
-        ServerError,
-        offline_on_served,
-        run_online,
-        served,
-        server_failure,
-    )
+    from specdraft.doctor.online import offline_on_served
+
+    return served_against_offline(ev, offline_on_served, EAGLE3_GAPS)
+
+
+def served_against_offline(ev: Evidence, replay, gaps: GapCauses) -> Result:
+    """`online_acceptance` for any drafter: `replay(ev, engine, steps, online)` the drafter alone
+    replaying the server's rounds on the sequences it produced (an `offline.OfflineRun`), `gaps`
+    what a gap points at."""
+    from specdraft.doctor.online import MAX_TOKENS, ServerError, run_online, served, server_failure
 
     url = ev.inputs.server
     if url is None:
@@ -221,10 +253,10 @@ def online_acceptance(ev: Evidence) -> Result:
     steps = _online_steps(ev, online)
     engine = ev.engine or (kind if kind in ENGINE_NAMES else None)
     try:
-        offline = offline_on_served(ev, engine, steps, online)
+        offline = replay(ev, engine, steps, online)
     except ValueError as e:
-        return fail(f"the drafter refuses what the engine feeds it: {e}", "see aux_width_on_target")
-    return _online_against_offline(ev, online, offline, steps, sent)
+        return fail(f"the drafter refuses what the engine feeds it: {e}", f"see {gaps.refused}")
+    return _online_against_offline(ev, online, offline, (steps, sent), gaps)
 
 
 def _online_unusable(ev: Evidence, online: OnlineRun, sent: str) -> Result | None:
@@ -255,7 +287,8 @@ def _online_unusable(ev: Evidence, online: OnlineRun, sent: str) -> Result | Non
         f"{sent}: the server verified no drafts (speculation is off on it)",
         f"restart specdraft serve with --draft {ev.path} (not --no-spec)"
         if kind == "specdraft"
-        else "serve with the drafter (EAGLE-3 speculative settings)",
+        else "serve with the drafter and its speculative settings (the launch line specdraft "
+        "export prints)",
     )
 
 
@@ -274,10 +307,11 @@ def _online_steps(ev: Evidence, online: OnlineRun) -> int:
 
 
 def _online_against_offline(
-    ev: Evidence, online: OnlineRun, offline: OfflineRun, steps: int, sent: str
+    ev: Evidence, online: OnlineRun, offline: OfflineRun, run: tuple[int, str], causes: GapCauses
 ) -> Result:
-    """The verdict of online against offline replayed rounds (see `online_acceptance`)."""
-    counts, url = online.counts, ev.inputs.server
+    """The verdict of online against offline replayed rounds (see `online_acceptance`); run: the
+    drafts a round and the requests sent, in words."""
+    (steps, sent), counts, url = run, online.counts, ev.inputs.server
     online_p = counts.acceptance_per_position
     offline_p = offline.metrics.replayed_acceptance() or [0.0] * steps
     tau_on, tau_off = counts.accept_length, offline.metrics.replayed_tau() or 1.0
@@ -317,8 +351,8 @@ def _online_against_offline(
         return fail(
             f"the server accepts far less than this checkpoint offline ({'; '.join(gaps)}): {text}",
             first + "the server is not running this drafter as doctored: check it serves this "
-            "checkpoint (not another or a stale copy), its loader's keys, the aux layers it "
-            "captures, fc, the vocab map (d2t), the chat template; " + _likely_causes(ev),
+            f"checkpoint (not another or a stale copy), {causes.on_server}; "
+            + likely_causes(ev, causes.checks, causes.otherwise),
         )
     return ok(text)
 

@@ -3,11 +3,9 @@ are, the engine's block setting serves the trained block, the mask token is the 
 the serving tokenizer, each engine captures the training layers and runs each draft layer's
 attention as training did; with the EAGLE-3 doctor's checks of the target, tokenizer and chat
 template against the manifest. Each reads the engine rules of `conventions.dflash_reads` (sources:
-`conventions.dflash.DFLASH_FACTS`) and returns a Result; `BLOCK_CHECKS` is their order.
-
-The drafter run alone on training samples (per-position acceptance within the block against
-training's) needs the engine's DFlash proposer, which `engine/dflash_block.py` is to provide: the
-check skips, saying so.
+`conventions.dflash.DFLASH_FACTS`) and returns a Result; `BLOCK_CHECKS` is their order, ending
+with the seeds' method (`block_acceptance`: the drafter alone on samples against training's
+record, and a live server against the drafter alone).
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from specdraft.conventions import dflash_reads as reads
 from specdraft.conventions.dflash import DFLASH_FACTS
 from specdraft.dflash import DFLASH_ARCHITECTURE, DFlashDraft
 from specdraft.doctor.audit import target_matches_training
+from specdraft.doctor.block_acceptance import block_acceptance_offline, block_acceptance_online
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.file_evidence import Broken, Unavailable, memo
 from specdraft.doctor.parity import chat_template_matches_manifest, tokenizer_matches_manifest
@@ -259,29 +258,6 @@ def draft_attention_as_engines_run(ev: BlockEvidence) -> Result:
     kinds = sorted({a.describe() for a in trained})
     return ok(
         f"every draft layer runs {' / '.join(kinds)} in {' and '.join(map(engine_name, ev.engines))}, as trained"
-    )
-
-
-def block_acceptance_offline(ev: BlockEvidence) -> Result:
-    """The drafter alone on training samples: per-position acceptance within the block against
-    training's. Not implemented for block drafters: always a skip that says so (a --strict
-    run fails on it)."""
-    raise Unavailable(
-        "the drafter-alone acceptance of a block drafter on training samples is not implemented "
-        "yet (specdraft's engine serves DFlash drafters, this replay does not run them)",
-        "measure acceptance on held-out prompts with specdraft tune or bench for now",
-    )
-
-
-def block_acceptance_online(ev: BlockEvidence) -> Result:
-    """A live server's acceptance against the drafter's: not implemented for block drafters. With
-    --server given, a skip naming it (never a silent pass); without, nothing to check."""
-    if ev.inputs.server is None:
-        raise Unavailable("no --server given", "pass --server URL of the deployment")
-    raise Unavailable(
-        f"--server {ev.inputs.server}: a live server's acceptance is not checked for block "
-        "drafters yet; the server was not contacted",
-        "measure it with specdraft bench --url against the server for now",
     )
 
 

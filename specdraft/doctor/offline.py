@@ -103,12 +103,16 @@ def _layers_fed(ev: Evidence, engine: str | None) -> tuple[list[int], str]:
 
 
 def training_accuracy(
-    manifest: Manifest | None, splits: tuple[str, ...] = ("validation", "train")
+    manifest: Manifest | None,
+    splits: tuple[str, ...] = ("validation", "train"),
+    key: str = "accuracy",
 ) -> tuple[list[float], str] | None:
-    """Per-step accuracy recorded at training in the first of `splits` that has it, with its name."""
+    """Per-step rates recorded at training (`train.metrics.TTTMetrics.to_dict`'s `key`: per-step
+    accuracy, or a block drafter's "replayed_acceptance") in the first of `splits` that has
+    them, with its name."""
     training = (manifest.training or {}) if manifest is not None else {}
     for split in splits:
         record = training.get(split) or {}
-        if record.get("accuracy"):
-            return [float(a) for a in record["accuracy"]], f"training ({split} split)"
+        if record.get(key):
+            return [float(a) for a in record[key]], f"training ({split} split)"
     return None

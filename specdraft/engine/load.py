@@ -135,9 +135,9 @@ def load_paired_draft(
     (.model, .manifest); a directory read by `reading` (`load_engine`'s). Raises ValueError when it was trained for another target (`check_trained_for`,
     `check_manifest`), CheckpointError for a wrong vocabulary map (`checkpoint.check_vocab_map`)."""
     from specdraft.checkpoint import check_vocab_map, load_draft
-    from specdraft.checkpoint.dflash import is_dflash_dir
+    from specdraft.checkpoint.dflash import is_dflash_drafter
 
-    if is_dflash_dir(Path(draft_dir)):
+    if is_dflash_drafter(draft_dir):
         return load_block_draft(draft_dir, target, target_dir, device, dtype)
     reading = replace(reading or IdReading(), target_num_layers=target.args.num_layers)
     loaded = load_draft(draft_dir, device=device, dtype=dtype, **reading.keywords())

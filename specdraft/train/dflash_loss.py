@@ -9,6 +9,12 @@ blocks never see each other. Block position k (1..block_size-1) predicts x_{a+k}
 a+k < T and loss_mask[a+k]. The loss is SpecForge's: cross-entropy on the data token x_{a+k} over
 the full vocabulary, a weighted mean over the supervised positions with weight
 exp(-(k-1)/loss_decay_gamma) (None: uniform, SpecForge's default).
+
+Beside the loss, each block is counted as the round an engine runs at its anchor (the anchor the
+token just accepted, the drafts verified against the target's greedy tokens at T = 0:
+`block_acceptance`): per-position acceptance p_k = the share of blocks whose first k drafts all
+equal the target's tokens, and tau = 1 + sum_k p_k, which training records and `specdraft doctor`
+replays.
 """
 
 from __future__ import annotations
@@ -115,6 +121,43 @@ def position_weights(block_size: int, gamma: float | None) -> list[float]:
     return [1.0 if gamma is None else math.exp(-(k - 1) / gamma) for k in range(1, block_size)]
 
 
+def block_logits(
+    draft: DFlashDraft, input_ids: torch.Tensor, aux_hidden: torch.Tensor, blocks: Blocks
+) -> torch.Tensor:
+    """[B, N, block_size-1, vocab] float32: the drafter's logits at block positions 1.. of each
+    block (the anchor's position predicts nothing), under the training mask (`block_mask`: what
+    an engine's block at that anchor attends to). input_ids: [B, T] long; aux_hidden:
+    [B, T, n·H_target]."""
+    bs = draft.cfg.block_size
+    block_ids, positions = block_inputs(input_ids, blocks, bs, draft.cfg.mask_token_id)
+    mask = block_mask(blocks, input_ids.shape[1], bs)
+    hidden = draft(block_ids, aux_hidden, positions, mask)
+    b, n = blocks.anchors.shape
+    return draft.logits(hidden.view(b, n, bs, -1)[:, :, 1:]).float()
+
+
+def target_tokens(input_ids: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """[B, T] long: the target's greedy token at each position given the tokens before it
+    (argmax of its logits at the position before; position 0 keeps its own token)."""
+    greedy = target_logits[:, :-1].argmax(-1)
+    return torch.cat([input_ids[:, :1], greedy.to(input_ids.dtype)], dim=1)
+
+
+@torch.no_grad()
+def block_acceptance(
+    drafts: torch.Tensor, greedy: torch.Tensor, supervised: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rounds [] int64, accepted [K] int64) of blocks seen as an engine's rounds at T = 0:
+    rounds = the blocks whose first position is supervised, accepted[k] = those whose drafts
+    1..k+1 all equal the target's greedy tokens (and are supervised).
+
+    drafts, greedy: [..., K] long, the drafter's argmax and the target's token at each block
+    position; supervised: [..., K] bool (`block_labels`)."""
+    hit = (drafts == greedy) & supervised
+    prefix = hit.long().cumprod(-1).bool()
+    return supervised[..., 0].sum(), prefix.flatten(0, -2).sum(0)
+
+
 def dflash_loss(
     draft: DFlashDraft,
     input_ids: torch.Tensor,
@@ -122,20 +165,20 @@ def dflash_loss(
     loss_mask: torch.Tensor,
     blocks: Blocks,
     loss_decay_gamma: float | None = None,
+    target_ids: torch.Tensor | None = None,
 ) -> TTTOutput:
     """The block loss and per-position counts of one batch, as a TTTOutput over K = block_size-1
     block positions (step k = block position k+1; cond_* count positions whose earlier block
-    positions were all drafted right: a chain verifier's acceptance; no replayed rounds).
+    positions were all drafted right against the data's tokens). rounds / round_accepted: the
+    blocks as an engine's rounds against the target's greedy tokens `target_ids`
+    (`block_acceptance`; zeros without them).
 
-    input_ids, loss_mask: [B, T]; aux_hidden: [B, T, n·H_target]; blocks: `sample_anchors`'.
+    input_ids, loss_mask: [B, T]; aux_hidden: [B, T, n·H_target]; blocks: `sample_anchors`';
+    target_ids: [B, T] long (`target_tokens`) or None.
     """
     bs = draft.cfg.block_size
-    block_ids, positions = block_inputs(input_ids, blocks, bs, draft.cfg.mask_token_id)
-    mask = block_mask(blocks, input_ids.shape[1], bs)
-    hidden = draft(block_ids, aux_hidden, positions, mask)
+    logits = block_logits(draft, input_ids, aux_hidden, blocks)
     b, n = blocks.anchors.shape
-    drafted = hidden.view(b, n, bs, -1)[:, :, 1:]  # position 0 holds the anchor, predicts nothing
-    logits = draft.logits(drafted).float()
     labels, supervised = block_labels(input_ids, loss_mask, blocks, bs)
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view(b, n, -1)
     sums = torch.where(supervised, ce, 0.0).sum((0, 1))  # [K]
@@ -144,7 +187,10 @@ def dflash_loss(
         chain = torch.cat([torch.ones_like(hit[..., :1]), hit[..., :-1]], -1).cumprod(-1).bool()
         cond = chain & supervised
     total = supervised.sum((0, 1))
-    k = torch.zeros_like(total)
+    rounds, accepted = torch.zeros((), dtype=torch.long), torch.zeros_like(total)
+    if target_ids is not None:
+        greedy = block_labels(target_ids, loss_mask, blocks, bs)[0]
+        rounds, accepted = block_acceptance(logits.argmax(-1), greedy, supervised)
     return TTTOutput(
         loss=weighted_block_loss(sums, total, loss_decay_gamma),
         step_loss_sums=sums,
@@ -153,8 +199,8 @@ def dflash_loss(
         total=total,
         cond_correct=(hit & cond).sum((0, 1)),
         cond_total=cond.sum((0, 1)),
-        rounds=k.sum(),
-        round_accepted=k,
+        rounds=rounds.to(total.device),
+        round_accepted=accepted.to(total.device),
     )
 
 

@@ -21,6 +21,7 @@ from specdraft.train.dflash_loss import (
     block_counts,
     dflash_loss,
     sample_anchors,
+    target_tokens,
     weighted_block_loss,
 )
 from specdraft.train.errors import BadTrainSetting
@@ -72,7 +73,8 @@ def build_dflash_draft(config: TrainConfig, info: TargetInfo) -> DFlashDraft:
 
 class DFlashModel(nn.Module):
     """The drafter with its block loss as one forward (sharded by FSDP2 as `trainer.TTTModel` is).
-    Returns TTTOutput's fields as a dict."""
+    Returns TTTOutput's fields as a dict; with target_ids ([B, T], `target_tokens`), its rounds
+    are the blocks' acceptance against the target's greedy tokens (`dflash_loss`)."""
 
     def __init__(self, draft: DFlashDraft, loss_decay_gamma: float | None) -> None:
         super().__init__()
@@ -86,11 +88,12 @@ class DFlashModel(nn.Module):
         loss_mask: torch.Tensor,
         anchors: torch.Tensor,
         keep: torch.Tensor,
+        target_ids: torch.Tensor | None = None,
         replay: bool = False,
     ) -> dict[str, torch.Tensor]:
         blocks = Blocks(anchors, keep)
         out = dflash_loss(
-            self.draft, input_ids, aux_hidden, loss_mask, blocks, self.loss_decay_gamma
+            self.draft, input_ids, aux_hidden, loss_mask, blocks, self.loss_decay_gamma, target_ids
         )
         return {f.name: getattr(out, f.name) for f in fields(out)}
 
@@ -119,7 +122,8 @@ class DFlashObjective:
         )
 
     def inputs(self, batch: Batch, step: int) -> dict[str, Any]:
-        """The model's keyword inputs for `batch` at optimizer step `step`, anchors drawn."""
+        """The model's keyword inputs for `batch` at optimizer step `step`, anchors drawn, and the
+        target's greedy tokens (`target_tokens`: what the blocks' acceptance is counted against)."""
         c = self.config
         seeds = [anchor_seed(c.seed, step, i) for i in batch.sample_ids]
         blocks = sample_anchors(batch.loss_mask, c.block_size, c.num_anchors, seeds)
@@ -129,6 +133,7 @@ class DFlashObjective:
             "loss_mask": batch.loss_mask,
             "anchors": blocks.anchors,
             "keep": blocks.keep,
+            "target_ids": target_tokens(batch.input_ids, batch.target_logits),
         }
 
     def counts(self, inputs: dict[str, Any]) -> torch.Tensor:

@@ -26,7 +26,9 @@ class TTTOutput:
                      denominator).
     rounds, round_accepted: [] and [K] int64: a K-step chain engine's verification rounds at
                      T = 0 over the supervised runs, and the rounds whose drafts 1..k+1 were all
-                     accepted (`loss.replay_rounds`; zeros unless ttt_loss(replay=True)).
+                     accepted (`loss.replay_rounds`; zeros unless ttt_loss(replay=True)). A
+                     DFlash batch's (`dflash_loss.block_acceptance`): one round per block, at
+                     its anchor, its drafts against the target's greedy tokens.
     """
 
     loss: torch.Tensor

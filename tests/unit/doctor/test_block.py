@@ -65,23 +65,18 @@ def test_an_export_for_its_target_passes_every_check_that_can_run(world):
         "chat_template_matches_manifest": "skip",  # the manifest records none
         "target_layers_as_engines_read": "pass",
         "draft_attention_as_engines_run": "pass",
-        "block_acceptance_offline": "skip",
+        "block_acceptance_offline": "skip",  # no --samples
         "block_acceptance_online": "skip",  # no --server
     }
-    assert "not implemented yet" in finding(report, "block_acceptance_offline").evidence
+    assert "needs samples" in finding(report, "block_acceptance_offline").evidence
 
 
-def test_a_server_given_for_a_block_drafter_is_a_skip_that_says_so(tmp_path):
-    """--server with a DFlash drafter: the live check is not implemented, and doctor says so
-    (a fresh user saw the same report with the server up and down, and nothing about it)."""
-    from types import SimpleNamespace
-
-    from specdraft.doctor.block import block_acceptance_online
-    from specdraft.doctor.file_evidence import Unavailable
-
-    ev = SimpleNamespace(inputs=SimpleNamespace(server="http://127.0.0.1:9"))
-    with pytest.raises(Unavailable, match="not checked for block drafters yet"):
-        block_acceptance_online(ev)
+def test_an_unreachable_server_given_for_a_block_drafter_fails_naming_it(world):
+    """--server with a DFlash drafter is checked (a fresh user once saw the same report with the
+    server up and down): a server that does not answer fails."""
+    report = run_doctor(world[0], target=world[1], server="http://127.0.0.1:9", server_wait_s=0)
+    found = finding(report, "block_acceptance_online")
+    assert found.verdict == "fail" and "http://127.0.0.1:9" in found.evidence, found
 
 
 @pytest.mark.parametrize(

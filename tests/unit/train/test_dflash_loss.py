@@ -9,10 +9,12 @@ import torch
 
 from specdraft.train.dflash_loss import (
     Blocks,
+    block_acceptance,
     block_inputs,
     block_labels,
     block_mask,
     sample_anchors,
+    target_tokens,
     weighted_block_loss,
 )
 
@@ -66,3 +68,21 @@ def test_weighted_loss_is_the_decayed_weighted_mean():
     w = [1.0, math.exp(-1 / 7), math.exp(-2 / 7)]
     expected = (2 * w[0] + 3 * w[1] + 4 * w[2]) / (2 * w[0] + 2 * w[1] + 1 * w[2])
     assert math.isclose(float(weighted_block_loss(sums, counts, 7.0)), expected, rel_tol=1e-6)
+
+
+def test_target_tokens_are_the_greedy_choice_given_the_tokens_before():
+    ids = torch.tensor([[5, 6, 7, 8]])
+    logits = torch.zeros(1, 4, 10)
+    for t, best in enumerate([3, 6, 9, 1]):  # logits at t choose the token at t + 1
+        logits[0, t, best] = 1.0
+    assert target_tokens(ids, logits).tolist() == [[5, 3, 6, 9]]
+
+
+def test_block_acceptance_counts_each_block_as_an_engines_round():
+    drafts = torch.tensor([[[1, 2, 3], [1, 9, 3], [4, 4, 4], [7, 7, 7]]])
+    greedy = torch.tensor([[[1, 2, 3], [1, 2, 3], [5, 4, 4], [7, 7, 7]]])
+    supervised = torch.tensor([[[1, 1, 1], [1, 1, 1], [1, 1, 1], [0, 0, 0]]], dtype=torch.bool)
+    rounds, accepted = block_acceptance(drafts, greedy, supervised)
+    # block 0 accepts 3 drafts, block 1 one (its second draft is wrong, the third does not count),
+    # block 2 none, block 3 is unsupervised (no round)
+    assert int(rounds) == 3 and accepted.tolist() == [2, 1, 1]

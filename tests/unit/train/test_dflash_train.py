@@ -70,6 +70,9 @@ def test_the_cli_trains_a_dflash_drafter_whose_loss_falls(store, tmp_path):
     assert "fc.weight" in load_file(str(draft / "model.safetensors"))
     manifest = json.loads((draft / "specdraft_manifest.json").read_text())
     assert manifest["extra"] == {"method": "dflash"} and manifest["aux_layers"] == list(AUX)
+    record = manifest["training"]["train"]  # the blocks' acceptance, as doctor replays it
+    assert record["replayed_rounds"] > 0 and len(record["replayed_acceptance"]) == 3
+    assert record["replayed_tau"] == pytest.approx(1 + sum(record["replayed_acceptance"]))
     export = ["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"]
     exported = CliRunner().invoke(app, export)  # the trained drafter goes on to an engine
     assert exported.exit_code == 0, exported.output
