@@ -9,8 +9,8 @@ import json
 import specdraft.bench.tune
 import specdraft.bench.tune_report
 import specdraft.demo.generation
-import specdraft.demo.report
 import specdraft.demo.run
+import specdraft.demo.verdict
 from specdraft.bench import speedup
 from specdraft.bench.tune_model import Candidate, Costs, TuneConfig
 from specdraft.bench.tune_render import render
@@ -51,7 +51,7 @@ def report(
 def test_demo_and_tune_share_one_implementation():
     for module, names in (
         (specdraft.demo.generation, ("timed_passes", "timing_summary")),
-        (specdraft.demo.report, ("ties_at_top", "speedup_text")),
+        (specdraft.demo.verdict, ("ties_at_top", "speedup_text")),
         (specdraft.demo.run, ("pick_setting",)),
     ):
         for name in names:  # each where the demo uses it
