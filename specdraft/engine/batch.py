@@ -34,7 +34,7 @@ from specdraft.engine.eagle_tree import EagleTree, TreeProposal
 from specdraft.engine.errors import EngineError
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.requests import GenerationResult, Request, SpecMetrics
-from specdraft.engine.round import PlainDecoding, Proposer, prefill_request
+from specdraft.engine.round import PlainDecoding, Proposer, free_nodes, prefill_request
 from specdraft.engine.schedule import BatchSchedule, ScheduleError
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
@@ -103,21 +103,24 @@ def batched_round(
     drafted: tuple[list, list[float]] | None = None,
 ) -> list[tuple[int, int]]:
     """One round for every sequence (row b = seqs[b]): propose (`propose_each`, unless drafted
-    gives the proposals and drafting times), verify all in ONE forward, accept, commit, emit
+    gives the proposals and drafting times), each cut to its row's free slots
+    (`round.free_nodes`), verify all in ONE forward, accept, commit, emit
     (`round.speculative_round`'s steps, per row; each proposer learns what its row accepted).
     Each request's metrics get its drafting time and the batch's verify time. Returns each
     row's (drafts, accepted drafts)."""
     proposals, t_draft = drafted or propose_each(seqs, proposers)
+    room = [free_nodes(runner.max_seq_len, seq.req.length) for seq in seqs]
+    proposals = [p.within(nodes) for p, nodes in zip(proposals, room)]
     t1 = time.perf_counter()
     logits, aux = runner.verify_batch(proposals, [seq.req.length for seq in seqs])
     emitted_rows = []
     for row, (seq, proposer, proposal) in enumerate(zip(seqs, proposers, proposals)):
-        req = seq.req
-        emitted, path = proposal.accept(req, logits[row])
+        req, n = seq.req, proposal.tokens.numel()  # the row's nodes, before its pads
+        emitted, path = proposal.accept(req, logits[row, :n])
         if path is not None:
             runner.commit_row(row, req.length, path)
         req.length += len(emitted)
-        proposer.accepted(req, emitted, path, None if aux is None else aux[row])
+        proposer.accepted(req, emitted, path, None if aux is None else aux[row, :n])
         emitted_rows.append(emitted)
     t2 = time.perf_counter()
     counts = [(p.num_drafts, len(emitted) - 1) for p, emitted in zip(proposals, emitted_rows)]
