@@ -13,8 +13,9 @@ depends on its own tokens only, so at T = 0 it is the target's greedy output
 (tests/unit/engine/test_batch.py). K, the draft depth, is read per round from a
 `schedule.BatchSchedule` for the batch size (vLLM's `num_speculative_tokens_per_batch_size`);
 K = 0 decodes plainly while the drafter's pending positions grow, read by its first step when
-K > 0 returns (`CatchUp`). K equal to the engine's own num_steps uses the engine's setting (a
-tree with a tree's engine), any other K a chain. Each request's metrics count its drafting
+K > 0 returns (`CatchUp`). A range the schedule gives a tree runs that tree; otherwise K equal
+to the engine's own num_steps uses the engine's setting (a tree with a tree's engine), any
+other K a chain (`BatchScheduler.setting`). Each request's metrics count its drafting
 time (a share of a batched drafting round's) and the whole batch's verify time.
 """
 
@@ -65,13 +66,14 @@ class CatchUp(PlainDecoding):
 
 @dataclass
 class Sequence:
-    """A running request: its drafter cache (None without a drafter), its proposers by K, the
-    time it was admitted (`time.perf_counter()`), the batch sizes it ran a round at."""
+    """A running request: its drafter cache (None without a drafter), its proposers by setting
+    (None: K = 0), the time it was admitted (`time.perf_counter()`), the batch sizes it ran a
+    round at."""
 
     req: Request
     cache: DraftCache | None
     started: float
-    proposers: dict[int, Proposer] = field(default_factory=dict)
+    proposers: dict[SpecConfig | None, Proposer] = field(default_factory=dict)
     sizes: set[int] = field(default_factory=set)
 
 
@@ -160,6 +162,7 @@ class BatchScheduler:
         depth = spec.num_steps if spec is not None else 0
         self.schedule = schedule or BatchSchedule.constant(depth, max_num_seqs)
         self.schedule.check_depth(depth)
+        check_topk(self.schedule, engine)
         if self.schedule.max_batch_size < max_num_seqs:
             raise ScheduleError(
                 f"the schedule covers batch sizes 1..{self.schedule.max_batch_size}, "
@@ -208,10 +211,11 @@ class BatchScheduler:
         self.admit()
         finished += self.retire()
         if self.running:
-            k = self.schedule.num_steps(len(self.running))
-            proposers = [self.proposer(seq, k) for seq in self.running]
-            drafted = self.draft_together(k, proposers) if self.batch_drafts else None
-            self.record(k, batched_round(self.running, proposers, self.runner, drafted))
+            spec = self.setting(len(self.running))
+            proposers = [self.proposer(seq, spec) for seq in self.running]
+            drafted = self.draft_together(spec, proposers) if self.batch_drafts else None
+            counts = batched_round(self.running, proposers, self.runner, drafted)
+            self.record(spec.num_steps if spec else 0, counts)
         return finished + self.retire()
 
     def run(self) -> list[tuple[Request, GenerationResult]]:
@@ -231,7 +235,7 @@ class BatchScheduler:
                 self.move(0, len(self.running) - 1)
             seq = Sequence(req, self.row_cache(0), time.perf_counter())
             self.running[:1] = [seq]
-            proposer = self.proposer(seq, self.schedule.num_steps(len(self.running)))
+            proposer = self.proposer(seq, self.setting(len(self.running)))
             req.emit([prefill_request(req, proposer, self.runner, self.engine.device)])
 
     def retire(self) -> list[tuple[Request, GenerationResult]]:
@@ -274,24 +278,28 @@ class BatchScheduler:
         return None if self.draft_rows is None else self.draft_rows.caches[row]
 
     def new_draft_rows(self, rows: int) -> DraftRows:
-        """The drafter's K/V for `rows` rows: max_seq_len entries each plus one round's scratch
-        and `GraphedDraft`'s capture entries (the last one the pads' of a batched first step)."""
-        cfg, spec = self.engine.draft.cfg, self.spec
-        scratch = (spec.num_steps - 1) * spec.topk
+        """The drafter's K/V for `rows` rows: max_seq_len entries each plus the widest round's
+        scratch of the engine's and the schedule's settings and `GraphedDraft`'s capture entries
+        (the last one the pads' of a batched first step)."""
+        cfg, settings = self.engine.draft.cfg, [self.spec, *self.schedule.settings()]
+        scratch = max((spec.num_steps - 1) * spec.topk for spec in settings)
         length = self.engine.max_seq_len + scratch + fused_decode.MAX_TOKENS
         dtype = self.engine.draft.fc.weight.dtype
         return DraftRows(
             cfg.num_key_value_heads, cfg.head_dim, rows, length, dtype, self.engine.device
         )
 
-    def draft_together(self, k: int, proposers: list) -> tuple[list, list[float]] | None:
-        """Every row's chain of k drafts in k drafter forwards (`batch_draft.draft_chains`), or
-        its tree in k (`draft_trees`, through its proposer's expansion), the drafting time
-        shared by the rows; None where the rows propose in turn (no drafter, or K = 0)."""
-        if self.draft_rows is None or k == 0:
+    def draft_together(
+        self, spec: SpecConfig | None, proposers: list
+    ) -> tuple[list, list[float]] | None:
+        """Every row's chain of spec's drafts in num_steps drafter forwards
+        (`batch_draft.draft_chains`), or its tree in num_steps (`draft_trees`, through its
+        proposer's expansion), the drafting time shared by the rows; None where the rows
+        propose in turn (no drafter, or K = 0)."""
+        if self.draft_rows is None or spec is None:
             return None
         t0, engine, reqs = time.perf_counter(), self.engine, [seq.req for seq in self.running]
-        fast, spec = engine.fast_draft, self.setting(k)
+        fast, k = engine.fast_draft, spec.num_steps
         if spec.is_chain:
             vocab, vocab_size = engine.draft_vocab, engine.target.args.vocab_size
             proposals = draft_chains(fast, self.draft_rows, reqs, k, vocab, vocab_size)
@@ -302,23 +310,40 @@ class BatchScheduler:
         share = (time.perf_counter() - t0) / len(reqs)
         return proposals, [share] * len(reqs)
 
-    def setting(self, k: int) -> SpecConfig:
-        """The speculative setting at K = k > 0: the engine's at its num_steps, else a chain."""
-        return self.spec if k == self.spec.num_steps else SpecConfig.chain(k)
+    def setting(self, batch_size: int) -> SpecConfig | None:
+        """The setting of a round of batch_size sequences (None: K = 0): the schedule's tree
+        for that size, else the engine's setting at its num_steps, else a chain of K."""
+        spec = self.schedule.setting(batch_size)
+        if spec is not None and spec.is_chain and spec.num_steps == self.spec.num_steps:
+            return self.spec
+        return spec
 
-    def proposer(self, seq: Sequence, k: int) -> Proposer:
-        """seq's proposer for K = k (built once per K): plain decoding without a drafter,
-        `CatchUp` at K = 0, the engine's setting at its num_steps, else a chain of k."""
-        if k not in seq.proposers:
-            seq.proposers[k] = self.new_proposer(seq, k)
-        return seq.proposers[k]
+    def proposer(self, seq: Sequence, spec: SpecConfig | None) -> Proposer:
+        """seq's proposer for the setting (built once per setting): plain decoding without a
+        drafter, `CatchUp` at K = 0 (spec None), else an `EagleChain` or `EagleTree`."""
+        if spec not in seq.proposers:
+            seq.proposers[spec] = self.new_proposer(seq, spec)
+        return seq.proposers[spec]
 
-    def new_proposer(self, seq: Sequence, k: int) -> Proposer:
+    def new_proposer(self, seq: Sequence, spec: SpecConfig | None) -> Proposer:
         """A proposer over seq's drafter cache (`proposer`)."""
         if seq.cache is None:
             return PlainDecoding()
-        engine, spec = self.engine, self.setting(max(k, 1))
-        kind = EagleChain if spec.is_chain else EagleTree
+        engine, setting = self.engine, spec or SpecConfig.chain(1)
+        kind = EagleChain if setting.is_chain else EagleTree
         args = (engine.draft_vocab, engine.target.args.vocab_size, self.runner)
-        proposer = kind(engine.fast_draft, seq.cache, spec, *args)
-        return CatchUp(proposer) if k == 0 else proposer
+        proposer = kind(engine.fast_draft, seq.cache, setting, *args)
+        return CatchUp(proposer) if spec is None else proposer
+
+
+def check_topk(schedule: BatchSchedule, engine: SpeculativeEngine) -> None:
+    """Raise ScheduleError when a tree of the schedule has a topk past the draft vocabulary."""
+    if engine.draft is None:
+        return
+    vocab = engine.draft.cfg.draft_vocab_size
+    for spec in schedule.settings():
+        if spec.topk > vocab:
+            raise ScheduleError(
+                f"the schedule's tree of topk {spec.topk} exceeds the draft vocabulary {vocab}: "
+                f"use topk <= {vocab}"
+            )

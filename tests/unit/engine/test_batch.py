@@ -236,3 +236,30 @@ def test_sequences_as_long_as_the_cache_equal_each_sequence_alone(setting):
     assert [outputs[id(req)] for req in reqs] == reference
     if spec is not None:  # rows cut while others were not: padded
         assert any(len(round_sizes) > 1 for round_sizes in sizes)
+
+
+def test_a_schedule_tree_runs_at_its_batch_sizes():
+    """A chain engine whose schedule runs a tree (topk 2, 6 nodes) at batch sizes 2..4 and the
+    3-chain at 1: every sequence emits its single-sequence greedy output, and the rounds at a
+    tree's sizes verify the tree's 5 drafts per row."""
+    engine = engine_of(tiny_setup("llama"), "chain")
+    reference = single_outputs(engine)
+    schedule = BatchSchedule.of([[1, 1, 3], [2, 4, 3]]).with_trees([[2, 4, 2, 6]])
+    assert schedule.setting(1) == SpecConfig.chain(3) and schedule.setting(3) == SpecConfig(3, 2, 6)
+    scheduler = BatchScheduler(engine, 4, schedule)
+    reqs = requests(engine)
+    outputs = outputs_of(scheduler, reqs)
+    assert [outputs[id(req)] for req in reqs] == reference
+    for size in (2, 3):
+        metrics = scheduler.stats[size].metrics
+        assert metrics.num_drafted_tokens == 5 * metrics.num_verify_steps, size
+    one = scheduler.stats[1].metrics
+    assert one.num_drafted_tokens == 3 * one.num_verify_steps
+
+
+def test_a_schedule_tree_wider_than_the_draft_vocabulary_is_refused():
+    engine = engine_of(tiny_setup("llama"), "chain")
+    vocab = engine.draft.cfg.draft_vocab_size
+    schedule = BatchSchedule.of([[1, 4, 2]]).with_trees([[1, 4, vocab + 1, 3]])
+    with pytest.raises(ScheduleError, match=f"topk {vocab + 1} exceeds the draft vocabulary"):
+        BatchScheduler(engine, 4, schedule)
