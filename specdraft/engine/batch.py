@@ -5,8 +5,9 @@ The nouns are nano-vllm's (`engine/scheduler.py`, `engine/sequence.py`): a `Sequ
 running request with its drafter's cache and its proposers; the scheduler keeps the running
 ones in cache rows 0..B-1 of a `batch_target.BatchRunner` (the drafter's K/V in the same rows
 of a `batch_draft.DraftRows`). A round (`batched_round`): the proposals (EAGLE-3 chains or
-trees of every row in one drafter forward per step, `batch_draft`; any other `round.Proposer`,
-e.g. a DFlash one, each sequence's in turn over its row's cache and pending positions), the
+trees of every row in one drafter forward per step, `batch_draft`; DFlash blocks of every row in
+one drafter forward, `dflash_rows`; any other `round.Proposer` each sequence's in turn over its
+row's cache and pending positions), the
 target verifies all B proposals in ONE forward at each row's own length, and each sequence
 accepts by its proposal's own rule, commits, tells its proposer and emits. A sequence's output
 depends on its own tokens only, so at T = 0 it is the target's greedy output
@@ -28,8 +29,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from specdraft.dflash import DFlashDraft
 from specdraft.engine.batch_draft import DraftRows, draft_chains, draft_trees
 from specdraft.engine.batch_target import BatchRunner
+from specdraft.engine.dflash_block import DFlashBlock
+from specdraft.engine.dflash_rows import DFlashRows, draft_blocks
 from specdraft.engine.eagle import DraftCache, EagleChain
 from specdraft.engine.eagle_tree import EagleTree, TreeProposal
 from specdraft.engine.errors import EngineError
@@ -48,7 +52,7 @@ class CatchUp(PlainDecoding):
     while the emitted tokens and their aux states join the drafter's pending positions, which
     the next drafted round's first step reads (so drafting resumes where it stopped)."""
 
-    def __init__(self, chain: EagleChain) -> None:
+    def __init__(self, chain: EagleChain | DFlashBlock) -> None:
         self.chain = chain
 
     def prefilled(self, req: Request, ids: Tensor, token: int, aux: Tensor | None) -> None:
@@ -58,20 +62,22 @@ class CatchUp(PlainDecoding):
     def accepted(
         self, req: Request, emitted: list[int], path: Tensor | None, aux: Tensor | None
     ) -> None:
-        """The emitted token [1] and its aux states [1, n_aux*H] appended to the pending ones."""
-        ids = torch.tensor(emitted, device=req.pending_ids.device)
-        req.pending_ids = torch.cat([req.pending_ids, ids])
+        """The emitted token [1] and its aux states [1, n_aux*H] appended to the pending ones
+        (a DFlash drafter keeps no pending ids: its aux states only)."""
+        if req.pending_ids is not None:
+            ids = torch.tensor(emitted, device=req.pending_ids.device)
+            req.pending_ids = torch.cat([req.pending_ids, ids])
         req.pending_aux = torch.cat([req.pending_aux, aux[: len(emitted)].to(req.pending_aux)])
 
 
 @dataclass
 class Sequence:
-    """A running request: its drafter cache (None without a drafter), its proposers by setting
-    (None: K = 0), the time it was admitted (`time.perf_counter()`), the batch sizes it ran a
-    round at."""
+    """A running request: its drafter cache (None without a drafter; a DFlash drafter's: one per
+    layer), its proposers by setting (None: K = 0), the time it was admitted
+    (`time.perf_counter()`), the batch sizes it ran a round at."""
 
     req: Request
-    cache: DraftCache | None
+    cache: DraftCache | list[DraftCache] | None
     started: float
     proposers: dict[SpecConfig | None, Proposer] = field(default_factory=dict)
     sizes: set[int] = field(default_factory=set)
@@ -273,15 +279,22 @@ class BatchScheduler:
             self.draft_rows.move(src, dst)
         seq.cache, seq.proposers = self.row_cache(dst), {}
 
-    def row_cache(self, row: int) -> DraftCache | None:
-        """The drafter's cache of a row (None without a drafter)."""
-        return None if self.draft_rows is None else self.draft_rows.caches[row]
+    def row_cache(self, row: int) -> DraftCache | list[DraftCache] | None:
+        """The drafter's cache of a row (None without a drafter; a DFlash drafter's per layer)."""
+        if self.draft_rows is None:
+            return None
+        if isinstance(self.draft_rows, DFlashRows):
+            return self.draft_rows.row(row)
+        return self.draft_rows.caches[row]
 
     def new_draft_rows(self, rows: int) -> DraftRows:
         """The drafter's K/V for `rows` rows: max_seq_len entries each plus the widest round's
         scratch of the engine's and the schedule's settings and `GraphedDraft`'s capture entries
         (the last one the pads' of a batched first step)."""
-        cfg, settings = self.engine.draft.cfg, [self.spec, *self.schedule.settings()]
+        engine = self.engine
+        if isinstance(engine.draft, DFlashDraft):  # the context: an entry per position
+            return DFlashRows(engine.draft, rows, engine.max_seq_len, engine.device)
+        cfg, settings = engine.draft.cfg, [self.spec, *self.schedule.settings()]
         scratch = max((spec.num_steps - 1) * spec.topk for spec in settings)
         length = self.engine.max_seq_len + scratch + fused_decode.MAX_TOKENS
         dtype = self.engine.draft.fc.weight.dtype
@@ -299,8 +312,10 @@ class BatchScheduler:
         if self.draft_rows is None or spec is None:
             return None
         t0, engine, reqs = time.perf_counter(), self.engine, [seq.req for seq in self.running]
-        fast, k = engine.fast_draft, spec.num_steps
-        if spec.is_chain:
+        fast, k = getattr(engine, "fast_draft", None), spec.num_steps
+        if isinstance(self.draft_rows, DFlashRows):
+            proposals = draft_blocks(proposers, reqs, self.draft_rows, k)
+        elif spec.is_chain:
             vocab, vocab_size = engine.draft_vocab, engine.target.args.vocab_size
             proposals = draft_chains(fast, self.draft_rows, reqs, k, vocab, vocab_size)
         else:
@@ -330,6 +345,9 @@ class BatchScheduler:
         if seq.cache is None:
             return PlainDecoding()
         engine, setting = self.engine, spec or SpecConfig.chain(1)
+        if isinstance(engine.draft, DFlashDraft):
+            block = DFlashBlock(engine.draft, setting, engine.max_seq_len, engine.device, seq.cache)
+            return CatchUp(block) if spec is None else block
         kind = EagleChain if setting.is_chain else EagleTree
         args = (engine.draft_vocab, engine.target.args.vocab_size, self.runner)
         proposer = kind(engine.fast_draft, seq.cache, setting, *args)
@@ -337,8 +355,17 @@ class BatchScheduler:
 
 
 def check_topk(schedule: BatchSchedule, engine: SpeculativeEngine) -> None:
-    """Raise ScheduleError when a tree of the schedule has a topk past the draft vocabulary."""
+    """Raise ScheduleError when a tree of the schedule has a topk past the draft vocabulary, or
+    the drafter is a DFlash one (chains only: `dflash_block.block_problems`)."""
     if engine.draft is None:
+        return
+    if isinstance(engine.draft, DFlashDraft):
+        trees = [spec for spec in schedule.settings() if not spec.is_chain]
+        if trees:
+            raise ScheduleError(
+                f"the schedule runs a tree (topk {trees[0].topk}); a DFlash drafter proposes "
+                "chains only: drop the schedule's trees"
+            )
         return
     vocab = engine.draft.cfg.draft_vocab_size
     for spec in schedule.settings():

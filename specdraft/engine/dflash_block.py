@@ -49,19 +49,25 @@ class DFlashBlock:
     (at most block_size - 1) from one drafter forward per round.
 
     draft: the DFlashDraft, its target head loaded (`load_target_head`), in eval mode; spec: a
-    chain (`block_problems`); max_seq_len: the engine's (the context cache's size).
+    chain (`block_problems`); max_seq_len: the engine's (the context cache's size); caches: the
+    context's per-layer caches to use (a batch row's, `dflash_rows.DFlashRows.row`), else new.
     """
 
     drafts = True
     timed = False
 
     def __init__(
-        self, draft: DFlashDraft, spec: SpecConfig, max_seq_len: int, device: torch.device
+        self,
+        draft: DFlashDraft,
+        spec: SpecConfig,
+        max_seq_len: int,
+        device: torch.device,
+        caches: list[DraftCache] | None = None,
     ) -> None:
         cfg = draft.cfg
         self.draft, self.num_drafts, self.device = draft, spec.num_steps, device
         self.dtype = draft.fc.weight.dtype
-        self.caches = [  # per layer: the context's K/V at entries = positions 0..length-1
+        self.caches = caches or [  # per layer: the context's K/V at entries = positions 0..
             DraftCache(cfg.num_key_value_heads, cfg.head_dim, max_seq_len, self.dtype, device)
             for _ in draft.layers
         ]
@@ -80,10 +86,15 @@ class DFlashBlock:
         (req.output_ids[-1], at position req.length) and the argmax tokens of block positions
         1..num_steps: tokens [num_steps + 1] long on the engine device."""
         self.extend(req.pending_aux)  # drafting work: timed as the round's drafting
-        root = torch.tensor([req.output_ids[-1]], device=self.device)
-        hidden = self.block_hidden(torch.cat([root, self.masks]), self.caches[0].length)
+        block = self.block_ids(req)
+        hidden = self.block_hidden(block, self.caches[0].length)
         drafts = self.draft.logits(hidden[1 : self.num_drafts + 1]).argmax(-1)
-        return Proposal(torch.cat([root, drafts]), None, None, None, self.num_drafts)
+        return Proposal(torch.cat([block[:1], drafts]), None, None, None, self.num_drafts)
+
+    def block_ids(self, req: Request) -> Tensor:
+        """The round's block [block_size] long: req's root (its last emitted token), then the
+        mask ids."""
+        return torch.cat([self.masks.new_tensor([req.output_ids[-1]]), self.masks])
 
     def accepted(
         self, req: Request, emitted: list[int], path: Tensor | None, aux: Tensor | None

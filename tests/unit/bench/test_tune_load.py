@@ -234,13 +234,18 @@ def test_tune_cli_concurrency_refusals(tmp_path):
     assert where.exit_code == 1 and "--schedule-dir" in where.output
 
 
-def test_tune_cli_concurrency_refuses_a_dflash_drafter(tmp_path):
+def test_tune_cli_concurrency_tunes_a_dflash_drafter(tmp_path):
+    """A DFlash drafter's chains (K = 1..block_size - 1, no tree) through the batch engine."""
     setup = tiny_setup("llama")
     copy_with_word_tokenizer(setup, tmp_path / "target")
     sequences = greedy_sequences(setup.target, [[1, 5, 9, 13]], 8)
     draft = engine_dflash_draft(setup.target, sequences, 4, 2)
     draft_dir = save_engine_dflash(draft, setup.target, tmp_path / "draft")
-    args = cli_args("tune", target=tmp_path / "target", draft=draft_dir, concurrency="1,2")
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 1 and "is a DFlash drafter" in result.output
-    assert "drop --concurrency" in result.output
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
+    load = {"concurrency": "1,2", "max_num_seqs": 8, "schedule_dir": tmp_path}
+    args = cli_args("tune", target=tmp_path / "target", draft=draft_dir, prompts=prompts, **load)
+    result = CliRunner().invoke(app, [*args, "--max-tokens", "6", "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "spec_schedule.json").read_text())
+    assert TREES_KEY not in data and data[VLLM_SCHEDULE_KEY][-1][1] == 8
+    assert "B 2: K 3" in result.output and "(no tree: --topks 1)" in result.output
