@@ -86,3 +86,25 @@ def test_a_schedule_tree_is_refused_for_a_dflash_drafter():
     schedule = BatchSchedule.of([[1, 4, 3]]).with_trees([[1, 4, 2, 5]])
     with pytest.raises(ScheduleError, match="a DFlash drafter proposes chains only"):
         BatchScheduler(engine(False, 3), 4, schedule)
+
+
+def test_rows_as_long_as_the_cache_equal_each_sequence_alone():
+    """prompt + max_new_tokens = max_seq_len = the drafter's 128 positions (the engine's
+    longest request), rows of different lengths: each row's rounds cut near the cache's end
+    (`round.free_nodes`), the batch's outputs the single-sequence ones."""
+    from specdraft.engine.sampling import SamplingParams
+    from specdraft.engine.speculate import SpeculativeEngine
+
+    setup, draft = trained(False)
+    positions = draft.cfg.max_position_embeddings
+    eng = SpeculativeEngine(setup.target, draft, SpecConfig.chain(3), None, positions, "cpu")
+    assert positions == 128 == eng.longest_request()
+    lengths = (112, 122, 116, 125)
+    prompts_ = [random_prompts(1, n, seed=60 + i)[0] for i, n in enumerate(lengths)]
+    reference = [eng.generate(p, positions - len(p)).token_ids for p in prompts_]
+    assert all(len(r) == positions - n for r, n in zip(reference, lengths))
+    reqs = [
+        eng.new_request(p, positions - len(p), SamplingParams(), (), None, None, None)
+        for p in prompts_
+    ]
+    assert batch_outputs(BatchScheduler(eng, 3), reqs) == reference
