@@ -381,7 +381,8 @@ def measure_levels(bench: ShellLoadBench, rep: Reporter, depth: int) -> list[Lev
     line as each size finishes; a size that fails is reported and left out."""
     levels = []
     for b in bench.setup.args.batch_sizes:
-        measure = (bench, b, depth, bench.cfg.repeats, lambda: None)
+        chains = [SpecConfig.chain(k) for k in range(1, depth + 1)]
+        measure = (bench, b, chains, bench.cfg.repeats, lambda: None)
         level = rep.guarded("plain_and_speculative", measure_level, *measure)
         if level is None:
             continue
@@ -436,7 +437,8 @@ def speculative_part(setup: Setup, levels: list[Level], costs: dict, rep: Report
     rep.emit({"part": "model_s", "a": model.a, "b": model.b, "plain": model.plain})
     of_bound = {}
     for level in levels:
-        lines = [spec_line(level, k, costs) for k in sorted(level.candidates)]
+        specs = sorted(level.candidates, key=lambda spec: spec.num_steps)
+        lines = [spec_line(level, spec, costs) for spec in specs]
         for line in lines:
             rep.emit(line)
         best = max(lines, key=lambda line: line["speedup"])
@@ -449,7 +451,7 @@ def speculative_part(setup: Setup, levels: list[Level], costs: dict, rep: Report
             "batch_size": level.batch_size,
             "best_k": best["k"],
             "best_speedup": best["speedup"],
-            "chosen_k": level.chosen,
+            "chosen_k": level.chosen.num_steps if level.chosen else 0,
             **{key: {"k": line["k"], "speedup": line[key]} for key, line in bounds.items()},
         }
         for key, line in bounds.items():
@@ -460,9 +462,11 @@ def speculative_part(setup: Setup, levels: list[Level], costs: dict, rep: Report
     return of_bound
 
 
-def spec_line(level: Level, k: int, costs: dict) -> dict:
-    """Part 3's line of one (B, K): measured, tune's model's prediction, the bounds."""
-    cand, b, run = level.candidates[k], level.batch_size, median_run(level.runs[k])
+def spec_line(level: Level, spec: SpecConfig, costs: dict) -> dict:
+    """Part 3's line of one (B, K) (spec: the chain of K): measured, tune's model's prediction,
+    the bounds."""
+    cand, b, run = level.candidates[spec], level.batch_size, median_run(level.runs[spec])
+    k = spec.num_steps
     forward = interpolated(costs, b, k + 1, "engine")
     return {
         "part": "speculative",
@@ -499,7 +503,8 @@ def schedule_part(bench: ShellLoadBench, levels: list[Level], rep: Reporter) -> 
     for level in levels:
         b = level.batch_size
         k = schedule.num_steps(b)
-        run = rep.guarded("schedule", bench.run_batch, b, k, schedule)
+        depth = SpecConfig.chain(bench.cfg.depth)  # the drafter's engine, K by the schedule
+        run = rep.guarded("schedule", bench.run_batch, b, depth, schedule)
         if run is None:
             continue
         speedups[b] = run.tokens_per_s / level.plain_tps

@@ -1,5 +1,5 @@
 """`specdraft tune --concurrency`'s report as text (`load_schedule.LoadReport`): per batch size
-batched plain decoding and each K, predicted beside measured, the fitted model, the schedule and
+batched plain decoding and each setting (chains, trees), predicted beside measured, the fitted model, the schedule and
 the launch lines; and `tune_load_paths`, the run from paths on disk."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specdraft.bench.load_schedule import LoadReport, write_schedule_files
 from specdraft.bench.speedup import DECODE_TOKENS_PER_S
-from specdraft.bench.tune_load import LoadBench, tune_load
+from specdraft.bench.tune_load import LoadBench, load_settings, setting_label, tune_load
 from specdraft.bench.tune_model import TuneConfig
 from specdraft.bench.tune_render import row
 from specdraft.conventions.spec_schedule import (
@@ -17,6 +17,7 @@ from specdraft.conventions.spec_schedule import (
     VLLM_SCHEDULE_KEY,
     VLLM_SCHEDULE_SOURCE,
 )
+from specdraft.engine.schedule import TREES_KEY
 from specdraft.machine_load import busy_note
 
 
@@ -24,13 +25,17 @@ def render_load(report: LoadReport, written: dict[str, Path] | None = None) -> s
     """The report as text; written: the files `write_schedule_files` wrote (their paths go in
     the launch lines)."""
     cfg, model, written = report.config, report.model, written or {}
+    trees = [setting_label(s) for s in load_settings(cfg) if not s.is_chain]
     lines = [
         f"specdraft tune --concurrency: {report.num_prompts} prompts ({report.prompt_set}) x "
         f"{cfg.max_new_tokens} new tokens per sequence, temperature 0, chains K = 1.."
-        f"{report.depth} (trees are not tried under load), {cfg.repeats} timing rounds",
+        f"{report.depth}"
+        + (f" and {', '.join(trees)}" if trees else " (no tree: --topks 1)")
+        + f", {cfg.repeats} timing rounds",
         f"speeds: batch {DECODE_TOKENS_PER_S}, every sequence of the batch counted",
-        "model: round_s(B, K) = a(B) + b(B) K through the K = 1 and K = "
-        f"{report.depth} runs, lines in B: a = {model.a[0] * 1e3:.3f} + {model.a[1] * 1e3:.3f} B "
+        "model: round_s(B, D) = a(B) + b(B) D (D drafts verified per row) through the K = 1 and "
+        f"K = {report.depth} chain runs (a tree's tau: its own run's), lines in B: a = "
+        f"{model.a[0] * 1e3:.3f} + {model.a[1] * 1e3:.3f} B "
         f"ms, b = {model.b[0] * 1e3:.3f} + {model.b[1] * 1e3:.3f} B ms, plain round = "
         f"{model.plain[0] * 1e3:.3f} + {model.plain[1] * 1e3:.3f} B ms",
         f"{'batch / setting':<38} {'pred tau':>8} {'pred tok/s':>10} {'meas tau':>8} "
@@ -39,14 +44,24 @@ def render_load(report: LoadReport, written: dict[str, Path] | None = None) -> s
     for level in report.levels:
         lines.append(
             f"{f'B {level.batch_size}: plain':<38} {'':>8} {level.plain_predicted_tps:>10.1f} "
-            f"{'':>8} {level.plain_tps:>10.1f} (K {level.chosen} chosen)"
+            f"{'':>8} {level.plain_tps:>10.1f} ({setting_label(level.chosen)} chosen)"
         )
-        lines += [row(f"B {level.batch_size}: K {k}", c) for k, c in level.candidates.items()]
+        lines += [
+            row(f"B {level.batch_size}: {setting_label(spec)}", c)
+            for spec, c in level.candidates.items()
+        ]
     rule = (
         f"rule per batch size: a median speedup of at least {cfg.min_speedup:.2f}x and a lower "
         "quartile above 1x over batched plain decoding, the fewest drafts of the ties; else K 0"
     )
     lines += [rule, f"{VLLM_SCHEDULE_KEY}: {report.rows()} (read as {VLLM_SCHEDULE_SOURCE})"]
+    schedule = report.schedule()
+    if schedule.trees:
+        lines.append(
+            f"trees ({TREES_KEY} in the serve file): {schedule.to_json()[TREES_KEY]}; vLLM's "
+            "and SGLang's values hold their depth K there (both take a chain length per batch "
+            "size: they draft a chain of K)"
+        )
     lines += launch_lines(report, written)
     return "\n".join(lines + ([report.busy] if report.busy else []))
 

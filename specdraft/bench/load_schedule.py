@@ -1,13 +1,17 @@
-"""What `tune --concurrency` concludes (`LoadReport`): the K-by-batch-size schedule from each
-measured batch size's chosen K (`tune_load.tune_load`), as vLLM's
+"""What `tune --concurrency` concludes (`LoadReport`): the schedule from each measured batch
+size's chosen setting (`tune_load.tune_load`: a chain, a tree or none), as vLLM's
 `num_speculative_tokens_per_batch_size`, as SGLang's adaptive config, and as the file
 `specdraft serve --spec-schedule FILE` reads (`engine.schedule.read_schedule`); with the launch lines.
 How each engine reads them: `conventions.spec_schedule`.
 
-The rows: measured batch sizes b_1 < ... < b_n with chosen K_1..K_n give [1, b_2 - 1, K_1],
-[b_2, b_3 - 1, K_2], ..., [b_n, max_num_seqs, K_n] (a size between two measured ones takes the
-smaller one's K; the last row runs to vLLM's max_num_seqs, where vLLM's lookup ends), adjacent
-rows of one K merged; checked by `engine.schedule.BatchSchedule`.
+The rows: measured batch sizes b_1 < ... < b_n with chosen settings S_1..S_n of depths K_1..K_n
+give [1, b_2 - 1, K_1], [b_2, b_3 - 1, K_2], ..., [b_n, max_num_seqs, K_n] (a size between two
+measured ones takes the smaller one's setting; the last row runs to vLLM's max_num_seqs, where
+vLLM's lookup ends), adjacent rows of one setting merged; checked by
+`engine.schedule.BatchSchedule`. A row whose setting is a tree is written for vLLM and SGLang as
+the tree's depth K (num_speculative_tokens, SGLang's steps: both take a chain length per batch
+size, so they draft a chain of K there; SGLang's adaptive steps run topk 1 only), and for
+`specdraft serve` as the tree itself (the file's `schedule.TREES_KEY`).
 """
 
 from __future__ import annotations
@@ -31,18 +35,25 @@ SCHEDULE_FILE = "spec_schedule.json"  # for `specdraft serve --spec-schedule`
 SGLANG_ADAPTIVE_FILE = "sglang_adaptive.json"  # for SGLang's --speculative-adaptive-config
 
 
-def schedule_rows(levels: list[Level], max_num_seqs: int) -> list[list[int]]:
-    """[[min_batch, max_batch, K], ...] of the levels' chosen K (module docstring); the last row
-    ends at max(max_num_seqs, the largest measured batch size)."""
+def level_schedule(levels: list[Level], max_num_seqs: int) -> BatchSchedule:
+    """The schedule of the levels' chosen settings (module docstring), its trees with it; the
+    last row ends at max(max_num_seqs, the largest measured batch size)."""
     starts = [1] + [level.batch_size for level in levels[1:]]
     ends = [s - 1 for s in starts[1:]] + [max(max_num_seqs, levels[-1].batch_size)]
-    rows: list[list[int]] = []
+    rows: list[list] = []  # [start, end, setting]
     for start, end, level in zip(starts, ends, levels):
         if rows and rows[-1][2] == level.chosen:
             rows[-1][1] = end
         else:
             rows.append([start, end, level.chosen])
-    return rows
+    schedule = BatchSchedule.of([[lo, hi, spec.num_steps if spec else 0] for lo, hi, spec in rows])
+    trees = [[lo, hi, s.topk, s.num_draft_tokens] for lo, hi, s in rows if s and not s.is_chain]
+    return schedule.with_trees(trees)
+
+
+def schedule_rows(levels: list[Level], max_num_seqs: int) -> list[list[int]]:
+    """vLLM's [[min_batch, max_batch, K], ...] of `level_schedule` (a tree's row: its depth)."""
+    return [list(entry) for entry in level_schedule(levels, max_num_seqs).entries]
 
 
 @dataclass
@@ -61,11 +72,15 @@ class LoadReport:
     num_prompts: int = 0
     busy: str | None = None
 
+    def schedule(self) -> BatchSchedule:
+        """The schedule, trees included, checked (`BatchSchedule`, `check_depth`)."""
+        schedule = level_schedule(self.levels, self.max_num_seqs)
+        schedule.check_depth(self.depth)
+        return schedule
+
     def rows(self) -> list[list[int]]:
-        """The schedule's rows, checked (`BatchSchedule`, `check_depth`)."""
-        rows = schedule_rows(self.levels, self.max_num_seqs)
-        BatchSchedule.of(rows).check_depth(self.depth)
-        return rows
+        """vLLM's rows of the schedule (a tree's row: its depth K)."""
+        return [list(entry) for entry in self.schedule().entries]
 
     @property
     def max_k(self) -> int:
@@ -119,7 +134,7 @@ class LoadReport:
             "depth": self.depth,
             "model_s": {"a": self.model.a, "b": self.model.b, "plain": self.model.plain},
             "levels": [level_dict(level) for level in self.levels],
-            VLLM_SCHEDULE_KEY: self.rows(),
+            **self.schedule().to_json(),
             "sglang_adaptive": self.sglang_adaptive(),
             "vllm_flags": self.vllm_flags(),
             "sglang_flags": self.sglang_flags(),
@@ -136,16 +151,27 @@ def level_dict(level: Level) -> dict[str, Any]:
             "measured_tokens_per_s": level.plain_tps,
         },
         "candidates": [c.to_dict() for c in level.candidates.values()],
-        "num_steps": level.chosen,
+        "num_steps": level.chosen_k,
+        "setting": None if level.chosen is None else spec_dict(level.chosen),
+    }
+
+
+def spec_dict(spec: SpecConfig) -> dict[str, int]:
+    """A setting's num_steps, topk and num_draft_tokens."""
+    return {
+        "num_steps": spec.num_steps,
+        "topk": spec.topk,
+        "num_draft_tokens": spec.num_draft_tokens,
     }
 
 
 def write_schedule_files(report: LoadReport, out_dir: str | Path) -> dict[str, Path]:
-    """Write SCHEDULE_FILE ({VLLM_SCHEDULE_KEY: rows}) and, when a row speculates,
-    SGLANG_ADAPTIVE_FILE under out_dir (an existing directory): {what: path}."""
+    """Write SCHEDULE_FILE ({VLLM_SCHEDULE_KEY: rows}, and the trees under
+    `schedule.TREES_KEY` when a row runs one) and, when a row speculates, SGLANG_ADAPTIVE_FILE
+    under out_dir (an existing directory): {what: path}."""
     out = Path(out_dir)
     written = {"serve": out / SCHEDULE_FILE}
-    atomic_write_text(written["serve"], json.dumps({VLLM_SCHEDULE_KEY: report.rows()}) + "\n")
+    atomic_write_text(written["serve"], json.dumps(report.schedule().to_json()) + "\n")
     adaptive = report.sglang_adaptive()
     if adaptive is not None:
         written["sglang"] = out / SGLANG_ADAPTIVE_FILE

@@ -189,18 +189,14 @@ def tune(
 
 def _run_load(console, target, draft, prompts, suite, cfg, device, dtype, load) -> None:
     """tune --concurrency (`bench.load_render.tune_load_paths`): the schedule, its files under
-    --schedule-dir, the report, and --json-out. OptionError for --suite, a DFlash drafter or a
-    --schedule-dir that is not a directory."""
+    --schedule-dir, the report, and --json-out (a DFlash drafter's chains through the batch
+    engine's `engine.dflash_rows`). OptionError for --suite or a --schedule-dir that is not a
+    directory."""
     from pathlib import Path
 
     concurrency, max_num_seqs, schedule_dir, json_out = load
     if suite:
         raise OptionError("--concurrency tunes on --prompts: drop --suite")
-    if dflash_block_size(draft) is not None:
-        raise OptionError(
-            f"--concurrency: {draft} is a DFlash drafter; the batch tuner drafts EAGLE-3 chains "
-            "only: drop --concurrency"
-        )
     if not Path(schedule_dir).is_dir():
         raise OptionError(f"--schedule-dir {schedule_dir}: give an existing directory")
     from specdraft.bench.load_render import tune_load_paths, write_and_render

@@ -5,16 +5,18 @@ The nouns are nano-vllm's (`engine/scheduler.py`, `engine/sequence.py`): a `Sequ
 running request with its drafter's cache and its proposers; the scheduler keeps the running
 ones in cache rows 0..B-1 of a `batch_target.BatchRunner` (the drafter's K/V in the same rows
 of a `batch_draft.DraftRows`). A round (`batched_round`): the proposals (EAGLE-3 chains or
-trees of every row in one drafter forward per step, `batch_draft`; any other `round.Proposer`,
-e.g. a DFlash one, each sequence's in turn over its row's cache and pending positions), the
+trees of every row in one drafter forward per step, `batch_draft`; DFlash blocks of every row in
+one drafter forward, `dflash_rows`; any other `round.Proposer` each sequence's in turn over its
+row's cache and pending positions), the
 target verifies all B proposals in ONE forward at each row's own length, and each sequence
 accepts by its proposal's own rule, commits, tells its proposer and emits. A sequence's output
 depends on its own tokens only, so at T = 0 it is the target's greedy output
 (tests/unit/engine/test_batch.py). K, the draft depth, is read per round from a
 `schedule.BatchSchedule` for the batch size (vLLM's `num_speculative_tokens_per_batch_size`);
 K = 0 decodes plainly while the drafter's pending positions grow, read by its first step when
-K > 0 returns (`CatchUp`). K equal to the engine's own num_steps uses the engine's setting (a
-tree with a tree's engine), any other K a chain. Each request's metrics count its drafting
+K > 0 returns (`CatchUp`). A range the schedule gives a tree runs that tree; otherwise K equal
+to the engine's own num_steps uses the engine's setting (a tree with a tree's engine), any
+other K a chain (`BatchScheduler.setting`). Each request's metrics count its drafting
 time (a share of a batched drafting round's) and the whole batch's verify time.
 """
 
@@ -27,14 +29,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from specdraft.dflash import DFlashDraft
 from specdraft.engine.batch_draft import DraftRows, draft_chains, draft_trees
 from specdraft.engine.batch_target import BatchRunner
+from specdraft.engine.dflash_block import DFlashBlock
+from specdraft.engine.dflash_rows import DFlashRows, draft_blocks
 from specdraft.engine.eagle import DraftCache, EagleChain
 from specdraft.engine.eagle_tree import EagleTree, TreeProposal
 from specdraft.engine.errors import EngineError
 from specdraft.engine.kernels import fused_decode
 from specdraft.engine.requests import GenerationResult, Request, SpecMetrics
-from specdraft.engine.round import PlainDecoding, Proposer, prefill_request
+from specdraft.engine.round import PlainDecoding, Proposer, free_nodes, prefill_request
 from specdraft.engine.schedule import BatchSchedule, ScheduleError
 from specdraft.engine.spec_config import SpecConfig
 from specdraft.engine.speculate import SpeculativeEngine
@@ -47,7 +52,7 @@ class CatchUp(PlainDecoding):
     while the emitted tokens and their aux states join the drafter's pending positions, which
     the next drafted round's first step reads (so drafting resumes where it stopped)."""
 
-    def __init__(self, chain: EagleChain) -> None:
+    def __init__(self, chain: EagleChain | DFlashBlock) -> None:
         self.chain = chain
 
     def prefilled(self, req: Request, ids: Tensor, token: int, aux: Tensor | None) -> None:
@@ -57,21 +62,24 @@ class CatchUp(PlainDecoding):
     def accepted(
         self, req: Request, emitted: list[int], path: Tensor | None, aux: Tensor | None
     ) -> None:
-        """The emitted token [1] and its aux states [1, n_aux*H] appended to the pending ones."""
-        ids = torch.tensor(emitted, device=req.pending_ids.device)
-        req.pending_ids = torch.cat([req.pending_ids, ids])
+        """The emitted token [1] and its aux states [1, n_aux*H] appended to the pending ones
+        (a DFlash drafter keeps no pending ids: its aux states only)."""
+        if req.pending_ids is not None:
+            ids = torch.tensor(emitted, device=req.pending_ids.device)
+            req.pending_ids = torch.cat([req.pending_ids, ids])
         req.pending_aux = torch.cat([req.pending_aux, aux[: len(emitted)].to(req.pending_aux)])
 
 
 @dataclass
 class Sequence:
-    """A running request: its drafter cache (None without a drafter), its proposers by K, the
-    time it was admitted (`time.perf_counter()`), the batch sizes it ran a round at."""
+    """A running request: its drafter cache (None without a drafter; a DFlash drafter's: one per
+    layer), its proposers by setting (None: K = 0), the time it was admitted
+    (`time.perf_counter()`), the batch sizes it ran a round at."""
 
     req: Request
-    cache: DraftCache | None
+    cache: DraftCache | list[DraftCache] | None
     started: float
-    proposers: dict[int, Proposer] = field(default_factory=dict)
+    proposers: dict[SpecConfig | None, Proposer] = field(default_factory=dict)
     sizes: set[int] = field(default_factory=set)
 
 
@@ -103,21 +111,24 @@ def batched_round(
     drafted: tuple[list, list[float]] | None = None,
 ) -> list[tuple[int, int]]:
     """One round for every sequence (row b = seqs[b]): propose (`propose_each`, unless drafted
-    gives the proposals and drafting times), verify all in ONE forward, accept, commit, emit
+    gives the proposals and drafting times), each cut to its row's free slots
+    (`round.free_nodes`), verify all in ONE forward, accept, commit, emit
     (`round.speculative_round`'s steps, per row; each proposer learns what its row accepted).
     Each request's metrics get its drafting time and the batch's verify time. Returns each
     row's (drafts, accepted drafts)."""
     proposals, t_draft = drafted or propose_each(seqs, proposers)
+    room = [free_nodes(runner.max_seq_len, seq.req.length) for seq in seqs]
+    proposals = [p.within(nodes) for p, nodes in zip(proposals, room)]
     t1 = time.perf_counter()
     logits, aux = runner.verify_batch(proposals, [seq.req.length for seq in seqs])
     emitted_rows = []
     for row, (seq, proposer, proposal) in enumerate(zip(seqs, proposers, proposals)):
-        req = seq.req
-        emitted, path = proposal.accept(req, logits[row])
+        req, n = seq.req, proposal.tokens.numel()  # the row's nodes, before its pads
+        emitted, path = proposal.accept(req, logits[row, :n])
         if path is not None:
             runner.commit_row(row, req.length, path)
         req.length += len(emitted)
-        proposer.accepted(req, emitted, path, None if aux is None else aux[row])
+        proposer.accepted(req, emitted, path, None if aux is None else aux[row, :n])
         emitted_rows.append(emitted)
     t2 = time.perf_counter()
     counts = [(p.num_drafts, len(emitted) - 1) for p, emitted in zip(proposals, emitted_rows)]
@@ -159,6 +170,7 @@ class BatchScheduler:
         depth = spec.num_steps if spec is not None else 0
         self.schedule = schedule or BatchSchedule.constant(depth, max_num_seqs)
         self.schedule.check_depth(depth)
+        check_topk(self.schedule, engine)
         if self.schedule.max_batch_size < max_num_seqs:
             raise ScheduleError(
                 f"the schedule covers batch sizes 1..{self.schedule.max_batch_size}, "
@@ -208,10 +220,11 @@ class BatchScheduler:
         self.admit()
         finished += self.retire()
         if self.running:
-            k = self.schedule.num_steps(len(self.running))
-            proposers = [self.proposer(seq, k) for seq in self.running]
-            drafted = self.draft_together(k, proposers) if self.batch_drafts else None
-            self.record(k, batched_round(self.running, proposers, self.runner, drafted))
+            spec = self.setting(len(self.running))
+            proposers = [self.proposer(seq, spec) for seq in self.running]
+            drafted = self.draft_together(spec, proposers) if self.batch_drafts else None
+            counts = batched_round(self.running, proposers, self.runner, drafted)
+            self.record(spec.num_steps if spec else 0, counts)
         return finished + self.retire()
 
     def run(self) -> list[tuple[Request, GenerationResult]]:
@@ -231,7 +244,7 @@ class BatchScheduler:
                 self.move(0, len(self.running) - 1)
             seq = Sequence(req, self.row_cache(0), time.perf_counter())
             self.running[:1] = [seq]
-            proposer = self.proposer(seq, self.schedule.num_steps(len(self.running)))
+            proposer = self.proposer(seq, self.setting(len(self.running)))
             req.emit([prefill_request(req, proposer, self.runner, self.engine.device)])
 
     def retire(self) -> list[tuple[Request, GenerationResult]]:
@@ -269,30 +282,43 @@ class BatchScheduler:
             self.draft_rows.move(src, dst)
         seq.cache, seq.proposers = self.row_cache(dst), {}
 
-    def row_cache(self, row: int) -> DraftCache | None:
-        """The drafter's cache of a row (None without a drafter)."""
-        return None if self.draft_rows is None else self.draft_rows.caches[row]
+    def row_cache(self, row: int) -> DraftCache | list[DraftCache] | None:
+        """The drafter's cache of a row (None without a drafter; a DFlash drafter's per layer)."""
+        if self.draft_rows is None:
+            return None
+        if isinstance(self.draft_rows, DFlashRows):
+            return self.draft_rows.row(row)
+        return self.draft_rows.caches[row]
 
     def new_draft_rows(self, rows: int) -> DraftRows:
-        """The drafter's K/V for `rows` rows: max_seq_len entries each plus one round's scratch
-        and `GraphedDraft`'s capture entries (the last one the pads' of a batched first step)."""
-        cfg, spec = self.engine.draft.cfg, self.spec
-        scratch = (spec.num_steps - 1) * spec.topk
+        """The drafter's K/V for `rows` rows: max_seq_len entries each plus the widest round's
+        scratch of the engine's and the schedule's settings and `GraphedDraft`'s capture entries
+        (the last one the pads' of a batched first step)."""
+        engine = self.engine
+        if isinstance(engine.draft, DFlashDraft):  # the context: an entry per position
+            return DFlashRows(engine.draft, rows, engine.max_seq_len, engine.device)
+        cfg, settings = engine.draft.cfg, [self.spec, *self.schedule.settings()]
+        scratch = max((spec.num_steps - 1) * spec.topk for spec in settings)
         length = self.engine.max_seq_len + scratch + fused_decode.MAX_TOKENS
         dtype = self.engine.draft.fc.weight.dtype
         return DraftRows(
             cfg.num_key_value_heads, cfg.head_dim, rows, length, dtype, self.engine.device
         )
 
-    def draft_together(self, k: int, proposers: list) -> tuple[list, list[float]] | None:
-        """Every row's chain of k drafts in k drafter forwards (`batch_draft.draft_chains`), or
-        its tree in k (`draft_trees`, through its proposer's expansion), the drafting time
-        shared by the rows; None where the rows propose in turn (no drafter, or K = 0)."""
-        if self.draft_rows is None or k == 0:
+    def draft_together(
+        self, spec: SpecConfig | None, proposers: list
+    ) -> tuple[list, list[float]] | None:
+        """Every row's chain of spec's drafts in num_steps drafter forwards
+        (`batch_draft.draft_chains`), or its tree in num_steps (`draft_trees`, through its
+        proposer's expansion), the drafting time shared by the rows; None where the rows
+        propose in turn (no drafter, or K = 0)."""
+        if self.draft_rows is None or spec is None:
             return None
         t0, engine, reqs = time.perf_counter(), self.engine, [seq.req for seq in self.running]
-        fast, spec = engine.fast_draft, self.setting(k)
-        if spec.is_chain:
+        fast, k = getattr(engine, "fast_draft", None), spec.num_steps
+        if isinstance(self.draft_rows, DFlashRows):
+            proposals = draft_blocks(proposers, reqs, self.draft_rows, k)
+        elif spec.is_chain:
             vocab, vocab_size = engine.draft_vocab, engine.target.args.vocab_size
             proposals = draft_chains(fast, self.draft_rows, reqs, k, vocab, vocab_size)
         else:
@@ -302,23 +328,52 @@ class BatchScheduler:
         share = (time.perf_counter() - t0) / len(reqs)
         return proposals, [share] * len(reqs)
 
-    def setting(self, k: int) -> SpecConfig:
-        """The speculative setting at K = k > 0: the engine's at its num_steps, else a chain."""
-        return self.spec if k == self.spec.num_steps else SpecConfig.chain(k)
+    def setting(self, batch_size: int) -> SpecConfig | None:
+        """The setting of a round of batch_size sequences (None: K = 0): the schedule's tree
+        for that size, else the engine's setting at its num_steps, else a chain of K."""
+        spec = self.schedule.setting(batch_size)
+        if spec is not None and spec.is_chain and spec.num_steps == self.spec.num_steps:
+            return self.spec
+        return spec
 
-    def proposer(self, seq: Sequence, k: int) -> Proposer:
-        """seq's proposer for K = k (built once per K): plain decoding without a drafter,
-        `CatchUp` at K = 0, the engine's setting at its num_steps, else a chain of k."""
-        if k not in seq.proposers:
-            seq.proposers[k] = self.new_proposer(seq, k)
-        return seq.proposers[k]
+    def proposer(self, seq: Sequence, spec: SpecConfig | None) -> Proposer:
+        """seq's proposer for the setting (built once per setting): plain decoding without a
+        drafter, `CatchUp` at K = 0 (spec None), else an `EagleChain` or `EagleTree`."""
+        if spec not in seq.proposers:
+            seq.proposers[spec] = self.new_proposer(seq, spec)
+        return seq.proposers[spec]
 
-    def new_proposer(self, seq: Sequence, k: int) -> Proposer:
+    def new_proposer(self, seq: Sequence, spec: SpecConfig | None) -> Proposer:
         """A proposer over seq's drafter cache (`proposer`)."""
         if seq.cache is None:
             return PlainDecoding()
-        engine, spec = self.engine, self.setting(max(k, 1))
-        kind = EagleChain if spec.is_chain else EagleTree
+        engine, setting = self.engine, spec or SpecConfig.chain(1)
+        if isinstance(engine.draft, DFlashDraft):
+            block = DFlashBlock(engine.draft, setting, engine.max_seq_len, engine.device, seq.cache)
+            return CatchUp(block) if spec is None else block
+        kind = EagleChain if setting.is_chain else EagleTree
         args = (engine.draft_vocab, engine.target.args.vocab_size, self.runner)
-        proposer = kind(engine.fast_draft, seq.cache, spec, *args)
-        return CatchUp(proposer) if k == 0 else proposer
+        proposer = kind(engine.fast_draft, seq.cache, setting, *args)
+        return CatchUp(proposer) if spec is None else proposer
+
+
+def check_topk(schedule: BatchSchedule, engine: SpeculativeEngine) -> None:
+    """Raise ScheduleError when a tree of the schedule has a topk past the draft vocabulary, or
+    the drafter is a DFlash one (chains only: `dflash_block.block_problems`)."""
+    if engine.draft is None:
+        return
+    if isinstance(engine.draft, DFlashDraft):
+        trees = [spec for spec in schedule.settings() if not spec.is_chain]
+        if trees:
+            raise ScheduleError(
+                f"the schedule runs a tree (topk {trees[0].topk}); a DFlash drafter proposes "
+                "chains only: drop the schedule's trees"
+            )
+        return
+    vocab = engine.draft.cfg.draft_vocab_size
+    for spec in schedule.settings():
+        if spec.topk > vocab:
+            raise ScheduleError(
+                f"the schedule's tree of topk {spec.topk} exceeds the draft vocabulary {vocab}: "
+                f"use topk <= {vocab}"
+            )

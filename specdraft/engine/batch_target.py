@@ -35,20 +35,42 @@ def batch_causal_mask(starts: Tensor, num_tokens: int, width: int) -> Tensor:
     return (torch.arange(width, device=starts.device) <= rows[..., None])[:, None]
 
 
-def batch_verify_mask(proposals: Sequence[Proposal], starts: Tensor, width: int) -> Tensor:
-    """The verify mask [B, 1, N, width] bool on the CPU of B proposals of N nodes each, row b's
-    written at slots starts[b]..: causal for chains, `tree.verify_mask` for trees."""
-    n = proposals[0].tokens.numel()
-    if all(p.ancestors is None for p in proposals):
+def batch_verify_mask(
+    proposals: Sequence[Proposal], starts: Tensor, slots: Tensor, width: int
+) -> Tensor:
+    """The verify mask [B, 1, N, width] bool on the CPU of B proposals padded to N nodes, row
+    b's nodes written at slots starts[b]..: causal for chains, `tree.verify_mask` for trees;
+    a pad (slots [B, N] long: its slot) sees the slots up to its own, and no node sees it."""
+    n = slots.shape[1]
+    sizes = [p.tokens.numel() for p in proposals]
+    if all(p.ancestors is None for p in proposals) and min(sizes) == n:
         return batch_causal_mask(starts, n, width)
-    return torch.cat(
-        [
-            batch_causal_mask(starts[b : b + 1], n, width)
+    rows = []
+    for b, (p, size) in enumerate(zip(proposals, sizes)):
+        own = (
+            batch_causal_mask(starts[b : b + 1], size, width)
             if p.ancestors is None
             else verify_mask(p.ancestors, int(starts[b]), width)
-            for b, p in enumerate(proposals)
-        ]
-    )
+        )
+        pads = torch.arange(width) <= slots[b, size:, None]  # [N - size, width]
+        rows.append(torch.cat([own, pads[None, None]], dim=2))
+    return torch.cat(rows)
+
+
+def padded_depths(proposal: Proposal, num_nodes: int) -> Tensor:
+    """The proposal's node depths [num_nodes] long on the CPU, its pads' after them (one more
+    each: at their slots)."""
+    size = proposal.tokens.numel()
+    depths = torch.arange(num_nodes)
+    if proposal.depths is not None:
+        depths[:size] = proposal.depths
+    return depths
+
+
+def padded_tokens(proposal: Proposal, num_nodes: int) -> Tensor:
+    """The proposal's tokens [num_nodes] long, pads repeating its root."""
+    tokens, size = proposal.tokens, proposal.tokens.numel()
+    return tokens if size == num_nodes else torch.cat([tokens, tokens[:1].expand(num_nodes - size)])
 
 
 class BatchRunner(TargetRunner):
@@ -93,25 +115,26 @@ class BatchRunner(TargetRunner):
     def verify_batch(
         self, proposals: Sequence[Proposal], starts: list[int]
     ) -> tuple[Tensor, Tensor | None]:
-        """Row b's proposal (N nodes, the same N in every row) at slots starts[b].., positions
-        starts[b] + depth, seeing its row's prefix, its ancestors and itself: logits [B, N, V]
-        float32 and aux states [B, N, n_aux*H] (None without a drafter). Raises EngineError
-        when the proposals' sizes differ."""
-        sizes = {p.tokens.numel() for p in proposals}
-        if len(sizes) != 1:
-            raise EngineError(f"batched verify of proposals of {sorted(sizes)} nodes: need one N")
-        n, start = sizes.pop(), torch.tensor(starts)
-        offsets = torch.arange(n)
-        depths = torch.stack([offsets if p.depths is None else p.depths for p in proposals])
-        width = self.max_seq_len if self.static_width else max(starts) + n
-        mask = batch_verify_mask(proposals, start, width)
+        """Row b's proposal at slots starts[b].., positions starts[b] + depth, seeing its row's
+        prefix, its ancestors and itself: logits [B, N, V] float32 and aux states [B, N,
+        n_aux*H] (None without a drafter), N the most nodes of a row. A row of fewer nodes (cut
+        near the cache's end, `round.free_nodes`, which leaves the last slot free) is padded
+        with its root: the pads write after its nodes, at slots clamped to the cache's last
+        (past the row's length: a later round writes them before it reads), and no node sees
+        them. Graphed, the host inputs reach the device in one staged copy."""
+        n, start = max(p.tokens.numel() for p in proposals), torch.tensor(starts)
+        last = self.max_seq_len - 1
+        slots = (start[:, None] + torch.arange(n)).clamp_(max=last)
+        depths = torch.stack([padded_depths(p, n) for p in proposals])
+        width = self.max_seq_len if self.static_width else min(max(starts) + n, self.max_seq_len)
+        mask = batch_verify_mask(proposals, start, slots, width)
         graphed = self.graphed_rows is not None
         if graphed and len({p.tokens.device for p in proposals}) == 1:  # staged with the rest
-            tokens = torch.stack([p.tokens for p in proposals])
+            tokens = torch.stack([padded_tokens(p, n) for p in proposals])
         else:
-            tokens = torch.stack([p.tokens.to(self.device) for p in proposals])
-        inputs = (tokens, start[:, None] + depths, start[:, None] + offsets, mask)
-        if graphed:  # the host inputs staged in one copy
+            tokens = torch.stack([padded_tokens(p, n).to(self.device) for p in proposals])
+        inputs = (tokens, (start[:, None] + depths).clamp_(max=last), slots, mask)
+        if graphed:
             out = self.graphed_rows(*inputs, self.aux_layers)
         elif self.host_inputs:
             out = self.target(*inputs, self.aux_layers)

@@ -58,7 +58,8 @@ class DFlashBlock:
     (at most block_size - 1) from one drafter forward per round.
 
     draft: the DFlashDraft, its target head loaded (`load_target_head`), in eval mode; spec: a
-    chain (`block_problems`); max_seq_len: the engine's. The context caches hold max_seq_len +
+    chain (`block_problems`); max_seq_len: the engine's; caches: the context's per-layer caches
+    to use (a batch row's, `dflash_rows.DFlashRows.row`), else new ones of max_seq_len +
     block_size entries, rounded up to a multiple of 16: a graphed round writes its block after
     the context and attends over the whole cache (`dflash_graph.GraphedBlock`, set as `graphs`
     by `SpeculativeEngine.compile`).
@@ -68,13 +69,18 @@ class DFlashBlock:
     timed = False
 
     def __init__(
-        self, draft: DFlashDraft, spec: SpecConfig, max_seq_len: int, device: torch.device
+        self,
+        draft: DFlashDraft,
+        spec: SpecConfig,
+        max_seq_len: int,
+        device: torch.device,
+        caches: list[DraftCache] | None = None,
     ) -> None:
         cfg = draft.cfg
         self.draft, self.num_drafts, self.device = draft, spec.num_steps, device
         self.dtype = draft.fc.weight.dtype
         entries = -(-(max_seq_len + cfg.block_size) // 16) * 16
-        self.caches = [  # per layer: the context's K/V at entries = positions 0..length-1
+        self.caches = caches or [  # per layer: the context's K/V at entries = positions 0..
             DraftCache(cfg.num_key_value_heads, cfg.head_dim, entries, self.dtype, device)
             for _ in draft.layers
         ]
@@ -101,12 +107,17 @@ class DFlashBlock:
             return Proposal(tokens, None, None, None, self.num_drafts)
         self.timed = False
         self.extend(req.pending_aux)  # drafting work: timed as the round's drafting
-        root = torch.tensor([req.output_ids[-1]], device=self.device)
+        block = self.block_ids(req)
         with sdpa_kernel(DRAFT_SDPA_BACKENDS) if self.device.type == "cuda" else NO_CONTEXT:
-            hidden = self.block_hidden(torch.cat([root, self.masks]), self.caches[0].length)
+            hidden = self.block_hidden(block, self.caches[0].length)
         return Proposal(
-            torch.cat([root, self.draft_tokens(hidden)]), None, None, None, self.num_drafts
+            torch.cat([block[:1], self.draft_tokens(hidden)]), None, None, None, self.num_drafts
         )
+
+    def block_ids(self, req: Request) -> Tensor:
+        """The round's block [block_size] long: req's root (its last emitted token), then the
+        mask ids."""
+        return torch.cat([self.masks.new_tensor([req.output_ids[-1]]), self.masks])
 
     def accepted(
         self, req: Request, emitted: list[int], path: Tensor | None, aux: Tensor | None

@@ -47,6 +47,13 @@ class TreeProposal(Proposal):
         depths = torch.tensor(tree.depths)
         return cls(tree.tokens, depths, ancestors, None, tree.num_nodes - 1, tree=tree)
 
+    def within(self, num_nodes: int) -> Proposal:
+        """The root and the num_nodes - 1 best nodes (`DraftTree.best`); itself when it has no
+        more."""
+        if self.tokens.numel() <= num_nodes:
+            return self
+        return TreeProposal.of(self.tree.best(num_nodes))
+
     def accept(self, req: Request, logits: Tensor) -> tuple[list[int], Tensor | None]:
         """A tree's rule: `sampling.verify_greedy` (T = 0), `sampling.verify_tree` (T > 0)."""
         tokens, parents = self.tokens.tolist(), self.tree.parents
@@ -80,14 +87,28 @@ class SelectedProposal(Proposal):
             choices = sample(logits_to_probs(logits, req.params), req.generator)
         n = self.tokens.numel()
         packed = torch.cat([self.tokens, self.parents, choices, self.ok.view(1).long()]).tolist()
-        if not packed[-1]:
+        tree = self.tree_of(packed[n : 2 * n], packed[-1])
+        tokens, choice = packed[:n], packed[2 * n : 3 * n]
+        return tree, tokens, sampling.walk(tree.parents, tokens, choice)
+
+    def tree_of(self, parents: list[int], ok: int) -> DraftTree:
+        """The selected tree from its parents and ok as read from the device. Raises
+        RuntimeError when the selection kept a node without its parent."""
+        if not ok:
             raise RuntimeError(
                 "draft tree selection kept nodes without their parents: scores are not monotone "
                 "along paths"
             )
-        tokens, parents, choice = packed[:n], packed[n : 2 * n], packed[2 * n : 3 * n]
-        tree = DraftTree(self.tokens, parents, depths_of(parents), self.scores)
-        return tree, tokens, sampling.walk(parents, tokens, choice)
+        return DraftTree(self.tokens, parents, depths_of(parents), self.scores)
+
+    def within(self, num_nodes: int) -> Proposal:
+        """The best num_nodes of the selected tree (`TreeProposal.within`), verified from the
+        host (read from the device here); itself when it has no more."""
+        if self.tokens.numel() <= num_nodes:
+            return self
+        packed = torch.cat([self.parents, self.ok.view(1).long()]).tolist()
+        tree = self.tree_of(packed[:-1], packed[-1]).best(num_nodes)  # tokens copied
+        return TreeProposal.of(tree)
 
     def accept(self, req: Request, logits: Tensor) -> tuple[list[int], Tensor | None]:
         """A tree's rule (`read`), on the selected nodes."""

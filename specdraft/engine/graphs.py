@@ -137,8 +137,8 @@ class GraphedTarget:
     inputs (CPU or device) and KV cache (captured on first use). Inputs are copied into static
     buffers (`StaticInputs`; the host-to-device copy is the graph's first node), so outputs are
     valid until the next call with the same T. Capture warms up with writes to the last T cache
-    slots: requests never commit them (the engine keeps one round of tree scratch free at the
-    end of the cache).
+    slots, whose K/V it puts back after (a request as long as the cache may hold them when a
+    graph is first used).
     """
 
     def __init__(self, target: FastTarget, aux_layers: tuple[int, ...]) -> None:
@@ -245,9 +245,12 @@ class GraphedTarget:
             mask.view(-1).index_fill_(0, cache_slots.clamp(max=max_seq_len - 1), True)
             return token
 
+        stack = self.target.kv_stack  # [layers, 2, rows, n_kv, slots, head_dim]
+        held = stack[:, :, :, :, max_seq_len - t :].clone()  # what the warm-ups overwrite
         graph, output = capture_graph(
             lambda: (inputs.stage(), step())[1], warmups=3, reset=lambda: inputs.fill(warm)
         )  # a fed step advanced them
+        stack[:, :, :, :, max_seq_len - t :] = held
         return graph, inputs, output
 
     def decode_ahead(self, req: Request, max_seq_len: int) -> None:
@@ -258,7 +261,7 @@ class GraphedTarget:
         before the end; vLLM and SGLang overlap their scheduling the same way). Greedy, a step is
         one graph replay that also feeds the next step (`greedy_decode`); sampled, the host
         stages each step's position and mask and draws on the device. The step launched past the last token writes one cache
-        slot that no request reads (the engine's check_limits leaves it free) and is dropped.
+        slot that no request reads (`round.free_nodes` leaves the cache's last free) and is dropped.
         max_seq_len: the engine's (the graphs' mask width)."""
         launch = (
             self.greedy_steps(req, max_seq_len)

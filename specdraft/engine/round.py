@@ -53,6 +53,14 @@ class Proposal:
     num_drafts: int
     in_place: bool = False
 
+    def within(self, num_nodes: int) -> Proposal:
+        """This chain cut to its first num_nodes >= 1 nodes (root included), their q with them;
+        itself when it has no more (`free_nodes`: a round near the cache's end)."""
+        if self.tokens.numel() <= num_nodes:
+            return self
+        probs = None if self.draft_probs is None else self.draft_probs[: num_nodes - 1]
+        return Proposal(self.tokens[:num_nodes], None, None, probs, num_nodes - 1)
+
     def accept(self, req: Request, logits: Tensor) -> tuple[list[int], Tensor | None]:
         """The rule that keeps a chain lossless (see `sampling`), on the target's logits [N, V]
         float32 (row i: after node i). Greedy: the longest prefix of drafts equal to the
@@ -110,7 +118,10 @@ class Target(Protocol):
 
     Every forward writes its tokens' K/V at cache slots start..start+N-1 and returns logits
     [N, V] float32 and the aux states [N, n_aux*H] the drafter reads (None without a drafter).
+    max_seq_len: the cache's slots (`free_nodes`).
     """
+
+    max_seq_len: int
 
     def prefill(self, ids: Tensor) -> tuple[Tensor, Tensor | None]:
         """The prompt ids [n] long at slots 0..n-1, causally."""
@@ -125,11 +136,12 @@ class Target(Protocol):
 
 
 def speculative_round(req: Request, proposer: Proposer, target: Target) -> None:
-    """One round: propose, verify in ONE target forward, accept, commit; then emit. Times go
-    to req.metrics (drafting, verifying: a graphed draft round's GPU time, spent while the
-    host went on to the verify, counts as drafting), with the step's counts."""
+    """One round: propose, verify in ONE target forward, accept, commit; then emit. The
+    proposal is cut to the cache's free slots (`free_nodes`). Times go to req.metrics
+    (drafting, verifying: a graphed draft round's GPU time, spent while the host went on to the
+    verify, counts as drafting), with the step's counts."""
     t0 = time.perf_counter()
-    proposal = proposer.propose(req)
+    proposal = proposer.propose(req).within(free_nodes(target.max_seq_len, req.length))
     t1 = time.perf_counter()
     logits, aux = target.verify(proposal, req.length)
     emitted, path = proposal.accept(req, logits)
@@ -144,6 +156,17 @@ def speculative_round(req: Request, proposer: Proposer, target: Target) -> None:
     req.metrics.time_verify_s += t2 - t1 - drafting
     req.metrics.record_step(proposal.num_drafts, len(emitted) - 1)
     req.emit(emitted)
+
+
+def free_nodes(max_seq_len: int, length: int) -> int:
+    """The most nodes (root included) a round verifies over a cache of max_seq_len slots holding
+    length: those before its last slot, max_seq_len - 1 - length, the cap vLLM's v1 scheduler
+    puts on a step's tokens (v1/core/sched/scheduler.py: max_model_len - 1 -
+    num_computed_tokens). A request of prompt + max_new_tokens = max_seq_len then fits: its
+    rounds before the last token write slots up to max_seq_len - 2 and are cut near the end
+    (the last one, one token left, verifies the root alone: a plain step); the last slot stays
+    free for what writes past a request's end (a batch's pads, a plain step run ahead)."""
+    return max_seq_len - 1 - length
 
 
 def prefill_request(req: Request, proposer: Proposer, target: Target, device: torch.device) -> int:

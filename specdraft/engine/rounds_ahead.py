@@ -35,6 +35,7 @@ from specdraft.engine.draft_round import GraphedRound
 from specdraft.engine.fast_model import FastTarget
 from specdraft.engine.graphs import capture_graph
 from specdraft.engine.requests import Request
+from specdraft.engine.round import free_nodes
 from specdraft.engine.spec_config import SpecConfig
 
 
@@ -51,8 +52,9 @@ class RoundsAhead:
     rounds: the engine's `GraphedRound`; target: the FastTarget it verifies with (aux_layers:
     specdraft indices, the drafter's); max_seq_len: the target cache's size (the verify mask's
     width). The draft round's graph is captured here, the verify's on the first `run` after the
-    target's cache is (re)built. Both warm up on cache entries no request commits: the draft
-    cache's last ones, the target cache's last num_draft_tokens slots.
+    target's cache is (re)built. Both warm up on cache entries the request does not hold: the
+    draft cache's last ones, the target cache's last num_draft_tokens slots (`run` starts only
+    where a round fits before them).
     """
 
     def __init__(
@@ -173,12 +175,17 @@ class RoundsAhead:
             self.ready[slot].record()
 
     def run(self, req: Request) -> None:
-        """Decode a greedy request to its end, after its first round (`SpeculativeEngine.step`:
-        at most `rows` positions pending). Two rounds in flight: round k + 1 is launched before
-        round k's verdict is read whenever round k cannot end the request by length (it emits
-        at most `rows` tokens), so the rounds never write past the cache room `check_limits`
-        keeps; one launched ahead of an EOS or stop string writes entries no one reads, and is
-        dropped. Raises RuntimeError when a round's nodes were no tree (see `read`)."""
+        """Decode a greedy request after its first round (`SpeculativeEngine.step`: at most
+        `rows` positions pending) while a whole round fits the cache's free slots
+        (`round.free_nodes`), then hand its pending positions back (`req.pending_ids` /
+        `pending_aux`) to the eager rounds that end it with fewer nodes. Two rounds in flight:
+        round k + 1 is launched before round k's verdict is read whenever round k cannot end
+        the request by length (it emits at most `rows` tokens) and round k + 1 fits even after
+        round k's most; one launched ahead of an EOS or stop string writes entries no one
+        reads, and is dropped. Raises RuntimeError when a round's nodes were no tree (see
+        `read`)."""
+        if not self.fits(req, 0):  # before a capture: its warm-ups write the cache's last slots
+            return
         self.verify_graph()  # captured before the state is set: its warm-up moves the state
         cache, pending = self.rounds.cache, req.pending_ids.numel()
         self.ids[:pending].copy_(req.pending_ids)
@@ -193,11 +200,17 @@ class RoundsAhead:
             ahead = (
                 len(req.output_ids) + self.rows < req.max_new_tokens
             )  # the oldest cannot end it by length
-            while len(flights) < (2 if ahead else 1):
+            while len(flights) < (2 if ahead else 1) and self.fits(req, len(flights)):
                 start = cache.length if not flights else flights[-1][1] + flights[-1][2]
                 flights.append([slot, start, None if flights else pending])
                 self.launch(slot, start)
                 slot = 1 - slot
+            if not flights:  # the cache's end is near: the eager rounds cut their nodes
+                req.pending_ids, req.pending_aux = (
+                    self.ids[:pending].clone(),
+                    self.aux[:pending].clone(),
+                )
+                break
             done, _, done_pending = flights.popleft()
             pending, seconds = self.read(req, done, done_pending)
             drafting += seconds
@@ -205,6 +218,11 @@ class RoundsAhead:
                 flights[0][2] = pending
         req.metrics.time_draft_s += drafting
         req.metrics.time_verify_s += time.perf_counter() - clock - drafting
+
+    def fits(self, req: Request, in_flight: int) -> bool:
+        """Whether a whole round fits the cache's free slots after the in_flight rounds launched
+        and not read emit their most (`rows` tokens each)."""
+        return free_nodes(self.max_seq_len, req.length + in_flight * self.rows) >= self.n
 
     def read(self, req: Request, slot: int, pending: int) -> tuple[int, float]:
         """Wait for the round in host slot `slot` (its draft round read `pending` positions),

@@ -1,7 +1,11 @@
 """The draft depth K (num_steps) by batch size: a list of (min_batch, max_batch, K), inclusive
 ranges that cover batch sizes 1..max_batch without gaps or overlaps, K = 0 meaning plain
 decoding at those sizes. The shape of vLLM's `num_speculative_tokens_per_batch_size` (issue #37);
-`batch.BatchScheduler` reads K for the batch of each round.
+`batch.BatchScheduler` reads the setting for the batch of each round (`BatchSchedule.setting`).
+
+Some ranges may run a tree of depth K (specdraft's own server only: vLLM's value holds a token
+count per range). The file says which under TREES_KEY beside vLLM's key: [[min_batch,
+max_batch, topk, num_draft_tokens], ...], each range one of vLLM's rows with K > 0.
 """
 
 from __future__ import annotations
@@ -12,7 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
+from specdraft.engine.spec_config import SpecConfig, SpecConfigError
 from specdraft.errors import SpecdraftError
+
+TREES_KEY = "trees_per_batch_size"  # specdraft's: the ranges that run a tree (module docstring)
 
 
 class ScheduleError(SpecdraftError, ValueError):
@@ -23,11 +30,25 @@ class ScheduleError(SpecdraftError, ValueError):
 @dataclass(frozen=True)
 class BatchSchedule:
     """entries: ((min_batch, max_batch, K), ...) sorted by min_batch, the first starting at 1,
-    each next one at the previous max_batch + 1; K >= 0. Raises ScheduleError otherwise."""
+    each next one at the previous max_batch + 1; K >= 0. trees: (entry index, topk,
+    num_draft_tokens) of each entry that runs a tree of depth K (a valid `SpecConfig`), by
+    index. Raises ScheduleError otherwise."""
 
     entries: tuple[tuple[int, int, int], ...]
+    trees: tuple[tuple[int, int, int], ...] = ()  # (entry index, topk, num_draft_tokens)
 
     def __post_init__(self) -> None:
+        self.check_entries()
+        for index, topk, nodes in self.trees:
+            low, high, k = self.entries[index]
+            try:
+                SpecConfig(k, topk, nodes)
+            except SpecConfigError as e:
+                raise ScheduleError(f"tree of schedule entry {[low, high, k]}: {e}") from None
+
+    def check_entries(self) -> None:
+        """Raise ScheduleError for an entry that is not (min_batch, max_batch, K >= 0) or that
+        leaves a gap or overlaps."""
         if not self.entries:
             raise ScheduleError("empty K-by-batch-size schedule: give at least (1, max_batch, K)")
         expected = 1
@@ -56,6 +77,42 @@ class BatchSchedule:
         """K = num_steps at every batch size up to max_batch_size."""
         return cls(((1, max_batch_size, num_steps),))
 
+    def with_trees(self, trees: Sequence[Sequence[int]]) -> BatchSchedule:
+        """This schedule with trees [[min_batch, max_batch, topk, num_draft_tokens], ...], each
+        range one of its entries with K > 0. Raises ScheduleError naming a range that is not."""
+        ranges = {entry[:2]: i for i, entry in enumerate(self.entries) if entry[2] > 0}
+        found = []
+        for tree in trees:
+            if len(tree) != 4 or tuple(tree[:2]) not in ranges:
+                raise ScheduleError(
+                    f"tree {list(tree)}: need [min_batch, max_batch, topk, num_draft_tokens] "
+                    "over the range of an entry with K > 0"
+                )
+            found.append((ranges[tuple(tree[:2])], tree[2], tree[3]))
+        return BatchSchedule(self.entries, tuple(sorted(found)))
+
+    def setting(self, batch_size: int) -> SpecConfig | None:
+        """The setting for a batch of batch_size sequences: its entry's tree, else a chain of
+        K (None at K = 0). Raises ScheduleError past the last entry."""
+        index = self.entry_of(batch_size)
+        k = self.entries[index][2]
+        tree = next(((t, n) for i, t, n in self.trees if i == index), None)
+        if k == 0:
+            return None
+        return SpecConfig.chain(k) if tree is None else SpecConfig(k, *tree)
+
+    def settings(self) -> list[SpecConfig]:
+        """Every setting the schedule runs (K > 0), once each."""
+        sizes = [low for low, _, k in self.entries if k > 0]
+        return list(dict.fromkeys(self.setting(size) for size in sizes))
+
+    def to_json(self) -> dict[str, list[list[int]]]:
+        """The file's object: vLLM's key, and TREES_KEY when an entry runs a tree."""
+        data = {VLLM_SCHEDULE_KEY: [list(entry) for entry in self.entries]}
+        if self.trees:
+            data[TREES_KEY] = [[*self.entries[i][:2], t, n] for i, t, n in self.trees]
+        return data
+
     @property
     def max_batch_size(self) -> int:
         """The largest batch size the schedule covers."""
@@ -69,9 +126,13 @@ class BatchSchedule:
     def num_steps(self, batch_size: int) -> int:
         """K for a batch of batch_size sequences (1..max_batch_size). Raises ScheduleError past
         the last entry."""
-        for low, high, k in self.entries:
+        return self.entries[self.entry_of(batch_size)][2]
+
+    def entry_of(self, batch_size: int) -> int:
+        """The index of the entry covering batch_size. Raises ScheduleError past the last."""
+        for index, (low, high, _) in enumerate(self.entries):
             if low <= batch_size <= high:
-                return k
+                return index
         raise ScheduleError(
             f"batch size {batch_size}: the schedule covers 1..{self.max_batch_size}; extend its "
             "last entry or admit fewer sequences"
@@ -89,10 +150,11 @@ class BatchSchedule:
 
 def read_schedule(path: str | Path, max_num_steps: int) -> BatchSchedule:
     """The schedule of a JSON file {"num_speculative_tokens_per_batch_size": [[min_batch,
-    max_batch, K], ...]} (`serve --spec-schedule`; `tune --concurrency` writes it), its K at
-    most max_num_steps (the drafter's depth; 0 without a drafter). Raises ScheduleError in one
-    line naming the file: unreadable, not JSON, no such key, or a schedule `BatchSchedule`
-    refuses (gap, overlap, negative K) or that drafts deeper than max_num_steps."""
+    max_batch, K], ...]} (`serve --spec-schedule`; `tune --concurrency` writes it), with the
+    trees of TREES_KEY when given, its K at most max_num_steps (the drafter's depth; 0 without
+    a drafter). Raises ScheduleError in one line naming the file: unreadable, not JSON, no such
+    key, or a schedule `BatchSchedule` refuses (gap, overlap, negative K, a tree off an entry or
+    invalid) or that drafts deeper than max_num_steps."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
@@ -106,8 +168,9 @@ def read_schedule(path: str | Path, max_num_steps: int) -> BatchSchedule:
         raise ScheduleError(
             f"{path}: need an object with {VLLM_SCHEDULE_KEY!r}: a list of [min_batch, max_batch, K]"
         )
+    trees = data.get(TREES_KEY, [])
     try:
-        schedule = BatchSchedule.of(entries)
+        schedule = BatchSchedule.of(entries).with_trees(trees)
         schedule.check_depth(max_num_steps)
     except (ScheduleError, TypeError) as e:
         raise ScheduleError(f"{path}: {e}") from None

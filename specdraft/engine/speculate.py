@@ -59,7 +59,8 @@ class SpeculativeEngine:
     with its embedding loaded, a DFlashDraft with the target's head loaded (`dflash_block`), or
     None. spec: SpecConfig, or None for plain decoding.
     aux_layers: the target layers the drafter reads (specdraft indices); None = the drafter's.
-    max_seq_len: cache size = prompt + max_new_tokens + num_draft_tokens at most.
+    max_seq_len: cache size = the longest prompt + max_new_tokens (rounds near the cache's end
+    verify fewer nodes: `round.free_nodes`).
     tokenizer: anything with decode(list[int]) -> str; needed for stop strings and text.
     compile (CUDA only): compile each target layer (torch.compile, in place), run decode and
     verify forwards of up to 64 tokens through the Triton kernels of `kernels.fused_decode`
@@ -243,9 +244,8 @@ class SpeculativeEngine:
 
     def context_limits(self) -> list[tuple[str, int]]:
         """Each limit on a request's length as (what sets it, the longest prompt + max_new_tokens
-        it allows): the target's and the drafter's max positions, and the cache, which also holds
-        one round's verified nodes (max_seq_len - num_draft_tokens; 1 without a drafter)."""
-        tree = self.spec.num_draft_tokens if self.spec else 1
+        it allows): the target's and the drafter's max positions, and the cache's max_seq_len
+        (a round writes no node past it: `round.free_nodes`)."""
         limits = [
             (
                 f"the target's max_position_embeddings {self.target.args.max_position_embeddings}",
@@ -259,19 +259,13 @@ class SpeculativeEngine:
                     self.draft.cfg.max_position_embeddings,
                 )
             )
-        limits.append(
-            (
-                f"the engine's max_seq_len {self.max_seq_len} less {tree} verified "
-                f"node{'s' if tree > 1 else ''}"
-                f" ({self.max_seq_len - tree})",
-                self.max_seq_len - tree,
-            )
-        )
+        limits.append((f"the engine's max_seq_len {self.max_seq_len}", self.max_seq_len))
         return limits
 
     def longest_request(self) -> int:
         """The longest prompt + max_new_tokens this engine takes: the tightest `context_limits`
-        (the server's max_model_len)."""
+        (the server's max_model_len: the model's max positions when the cache is that long, as
+        vLLM reports them)."""
         return min(limit for _, limit in self.context_limits())
 
     def check_limits(self, num_prompt_tokens: int, max_new_tokens: int) -> None:
@@ -289,13 +283,10 @@ class SpeculativeEngine:
             advice = f"shorten the prompt to at most {longest - max_new_tokens} tokens"
         else:
             advice = f"shorten the prompt and ask for fewer new tokens (together at most {longest})"
-        needed = total + (
-            self.spec.num_draft_tokens if self.spec else 1
-        )  # the cache this request needs
         if name.startswith("the drafter"):
             advice += ", or decode without the drafter (its positions then do not bind)"
-        elif all(total <= limit for _, limit in limits[:-1]) and needed <= limits[0][1]:
-            advice += f", or build the engine with max_seq_len >= {needed}"
+        elif all(total <= limit for _, limit in limits[:-1]):
+            advice += f", or build the engine with max_seq_len >= {total}"
         raise EngineError(
             f"prompt {num_prompt_tokens} + max_new_tokens {max_new_tokens} = {total} tokens "
             f"exceeds {name}: {advice}"

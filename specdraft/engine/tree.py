@@ -53,6 +53,24 @@ class DraftTree:
         """True when node i's parent is i - 1 (a chain, or the root alone)."""
         return all(parent == i - 1 for i, parent in enumerate(self.parents))
 
+    def best(self, num_keep: int) -> DraftTree:
+        """The subtree of the root and the num_keep - 1 best nodes by score (`select`: every
+        kept node's ancestors are kept), renumbered in the same order; itself when it has no
+        more nodes. Raises RuntimeError as `select` does."""
+        if self.num_nodes <= num_keep:
+            return self
+        keep = select(self.parents, self.scores, num_keep)
+        new_id = {old: new for new, old in enumerate(keep)}
+        index = torch.tensor(keep, device=self.tokens.device)
+        probs = self.draft_probs
+        return DraftTree(
+            self.tokens[index],
+            [-1] + [new_id[self.parents[i]] for i in keep[1:]],
+            [self.depths[i] for i in keep],
+            self.scores[index.to(self.scores.device)],
+            None if probs is None else probs[index[1:].to(probs.device) - 1],
+        )
+
     def ancestor_mask(self) -> Tensor:
         """[N, N] bool on the CPU: [i, j] True iff j is i or an ancestor of i."""
         rows: list[list[bool]] = []

@@ -57,8 +57,9 @@ class Running:
 def kv_bytes_per_sequence(engine: SpeculativeEngine) -> int:
     """The KV cache one sequence takes at the engine's max_seq_len: the fast target's cache
     rows (`kv_stack` bytes / rows), else 2 x layers x hidden_size x 4 bytes per position (no
-    grouped KV, fp32: an upper bound for a transformers-backed target); with a drafter, one
-    layer more (its single layer's K/V)."""
+    grouped KV, fp32: an upper bound for a transformers-backed target); with a drafter, a
+    target layer's more per draft layer (an EAGLE-3 drafter's one, a DFlash drafter's context
+    K/V in each of its layers: `dflash_rows.DFlashRows`)."""
     target = engine.target
     stack = getattr(target, "kv_stack", None)
     if stack is not None and target.max_batch_size:
@@ -67,7 +68,9 @@ def kv_bytes_per_sequence(engine: SpeculativeEngine) -> int:
         args = target.args
         per_seq = 2 * args.num_layers * args.hidden_size * 4 * engine.max_seq_len
     layers = target.args.num_layers
-    return per_seq * (layers + 1) // layers if engine.draft is not None else per_seq
+    if engine.draft is None:
+        return per_seq
+    return per_seq * (layers + len(getattr(engine.draft, "layers", [None]))) // layers
 
 
 def memory_budget(device: torch.device) -> int:
@@ -81,9 +84,7 @@ def memory_budget(device: torch.device) -> int:
 
 def default_max_num_seqs(engine: SpeculativeEngine, budget: int | None = None) -> int:
     """Sequences whose KV cache at max_seq_len fits the budget (`memory_budget` unless given),
-    1..MAX_NUM_SEQS_CAP; 1 for a DFlash drafter (`batchable`)."""
-    if not batchable(engine):
-        return 1
+    1..MAX_NUM_SEQS_CAP."""
     budget = memory_budget(engine.device) if budget is None else budget
     return max(1, min(MAX_NUM_SEQS_CAP, budget // kv_bytes_per_sequence(engine)))
 
@@ -108,12 +109,6 @@ def batch_settings(
             f"{num}: extend its last entry to {num} or pass a smaller --max-num-seqs"
         )
     return num, schedule
-
-
-def batchable(engine: SpeculativeEngine) -> bool:
-    """Whether `BatchScheduler` runs this engine's drafter: plain decoding or EAGLE-3 (a DFlash
-    block drafter has no batched rows yet; such an engine serves one sequence at a time)."""
-    return engine.draft is None or hasattr(engine, "fast_draft")
 
 
 class BatchWorker(EngineWorker):

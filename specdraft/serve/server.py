@@ -42,7 +42,7 @@ from specdraft.checkpoint.id_reading import IdReading
 from specdraft.engine.schedule import BatchSchedule
 from specdraft.engine.speculate import SpeculativeEngine
 from specdraft.serve import info_routes
-from specdraft.serve.batch_worker import BatchWorker, batch_settings, batchable
+from specdraft.serve.batch_worker import BatchWorker, batch_settings
 from specdraft.serve.metrics import ServerMetrics
 from specdraft.serve.protocol import RequestError
 from specdraft.serve.routes import (
@@ -126,10 +126,8 @@ def new_worker(
 ) -> EngineWorker:
     """`create_app`'s worker: batching or one sequence at a time; queueing = (max_queue,
     log_every)."""
-    if (max_num_seqs > 1 or schedule is not None) and batchable(engine):
+    if max_num_seqs > 1 or schedule is not None:
         return BatchWorker(engine, end_ids, metrics, queueing, (max_num_seqs, schedule))
-    if max_num_seqs > 1:
-        engine.notes.append("a DFlash drafter serves one sequence at a time (no batched rows)")
     return EngineWorker(engine, end_ids, metrics, *queueing)
 
 

@@ -69,7 +69,7 @@ def test_generate_refuses_a_too_long_request_before_echoing_the_prompt(target_wi
     assert result.stdout == ""
     assert result.stderr.startswith("error: prompt ") and len(result.stderr.splitlines()) == 1
     assert (
-        "exceeds the engine's max_seq_len 256 less 1 verified node (255): ask for at most"
+        "exceeds the target's max_position_embeddings 256: ask for at most 253 new tokens"
         in flat(result.stderr)
     )
 

@@ -10,24 +10,24 @@ from specdraft.bench.tune_load import BatchRun, LoadBench
 
 
 class ModelledLoadBench(LoadBench):
-    """A round of b sequences at K costs fixed_s + row_s * b * (K + 1) + draft_s * b * K (a
-    batched draft step grows with its rows too)."""
+    """A round of b sequences at a setting of N verified nodes, num_steps n and topk k costs
+    fixed_s + row_s * b * N + draft_s * b * n * k (a batched draft step grows with its rows and
+    its width too; a chain of K: N = K + 1, n k = K)."""
 
     def __init__(self, *args, fixed_s: float, row_s: float, draft_s: float, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fixed_s, self.row_s, self.draft_s = fixed_s, row_s, draft_s
 
-    def round_s(self, batch_size: int, num_steps: int) -> float:
-        """The modelled seconds of one round."""
-        return (
-            self.fixed_s
-            + self.row_s * batch_size * (num_steps + 1)
-            + self.draft_s * batch_size * num_steps
+    def round_s(self, batch_size: int, spec) -> float:
+        """The modelled seconds of one round (spec None: plain decoding)."""
+        nodes, width = (
+            (1, 0) if spec is None else (spec.num_draft_tokens, spec.num_steps * spec.topk)
         )
+        return self.fixed_s + self.row_s * batch_size * nodes + self.draft_s * batch_size * width
 
-    def run_batch(self, batch_size: int, num_steps: int) -> BatchRun:
-        run = super().run_batch(batch_size, num_steps)
-        run.seconds = sum(n * self.round_s(b, num_steps) for b, n in run.rounds_by_batch.items())
+    def run_batch(self, batch_size: int, spec) -> BatchRun:
+        run = super().run_batch(batch_size, spec)
+        run.seconds = sum(n * self.round_s(b, spec) for b, n in run.rounds_by_batch.items())
         return run
 
 

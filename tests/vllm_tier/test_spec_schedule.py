@@ -4,6 +4,7 @@
   lookup its scheduler runs on (`build_dynamic_sd_schedule_lookup` with max_num_seqs and
   num_speculative_tokens) gives at every batch size 1..max_num_seqs the K specdraft's
   `BatchSchedule` gives;
+- a row whose setting is a tree is written as its depth K, which vLLM reads as any row;
 - vLLM refuses the overlapping, not-from-1 and negative schedules `BatchSchedule` refuses;
 - the --speculative-config of the vLLM launch line, given to `EngineArgs` as `vllm serve` gives
   it, builds a `SpeculativeConfig` holding the schedule (dynamic speculative decoding on) with
@@ -27,15 +28,18 @@ from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
 from specdraft.draft import Eagle3Draft
 from specdraft.draft_config import DraftConfig
 from specdraft.engine.schedule import BatchSchedule, ScheduleError
+from specdraft.engine.spec_config import SpecConfig
 from specdraft.targets import load_target
 from tests.vllm_tier.harness import AUX_LAYERS, build_target
 
 MAX_NUM_SEQS = 64
-CHOSEN = ((1, 3), (2, 3), (4, 2), (16, 0))  # (batch size, K chosen) as tune_load leaves them
+TREE = SpecConfig(3, 2, 6)  # written for vLLM as its depth K = 3
+# (batch size, setting chosen) as tune_load leaves them
+CHOSEN = ((1, TREE), (2, TREE), (4, SpecConfig.chain(2)), (16, None))
 
 
 def tuned_report(max_num_seqs: int, draft: str = "DRAFT", target: str = "TARGET") -> LoadReport:
-    levels = [Level(size, [], {}, chosen=k) for size, k in CHOSEN]
+    levels = [Level(size, [], {}, chosen=spec) for size, spec in CHOSEN]
     model = LoadModel((0.0, 0.0), (0.0, 0.0), (0.0, 0.0))
     return LoadReport(TuneConfig(), levels, model, 3, max_num_seqs, draft, target)
 

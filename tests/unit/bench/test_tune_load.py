@@ -16,11 +16,13 @@ from specdraft.bench.load_schedule import (
     schedule_rows,
     write_schedule_files,
 )
-from specdraft.bench.tune_load import Level, LoadBench, LoadModel, line_fit
+from specdraft.bench.tune_load import BatchRun, Level, LoadBench, LoadModel, line_fit
 from specdraft.bench.tune_model import TuneConfig
 from specdraft.cli import app
 from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
-from specdraft.engine.schedule import BatchSchedule, ScheduleError, read_schedule
+from specdraft.engine.requests import SpecMetrics
+from specdraft.engine.schedule import TREES_KEY, BatchSchedule, ScheduleError, read_schedule
+from specdraft.engine.spec_config import SpecConfig
 from tests.support.cli import cli_args, flat
 from tests.support.dflash import engine_dflash_draft, save_engine_dflash
 from tests.support.engine_helpers import (  # noqa: F401
@@ -48,7 +50,8 @@ def report() -> LoadReport:
 def test_each_batch_size_measures_plain_and_every_chain_depth(report):
     assert [level.batch_size for level in report.levels] == [1, 2, 8]
     for level in report.levels:
-        assert sorted(level.candidates) == [1, 2, 3] and level.plain_tps > 0
+        assert list(level.candidates) == [SpecConfig.chain(k) for k in (1, 2, 3)]
+        assert level.plain_tps > 0
         assert len(level.plain_runs) == 3 and all(len(r) == 3 for r in level.runs.values())
         for k, cand in level.candidates.items():
             # the model is linear in K and in B as the modelled costs are: prediction ~ measurement
@@ -62,10 +65,10 @@ def test_each_batch_size_measures_plain_and_every_chain_depth(report):
 
 def test_speculation_wins_at_batch_1_and_loses_at_batch_8(report):
     one, _, eight = report.levels
-    assert one.chosen > 0 and one.candidates[one.chosen].speedup >= 1.05
-    assert eight.chosen == 0 and all(c.speedup < 1.05 for c in eight.candidates.values())
+    assert one.chosen is not None and one.candidates[one.chosen].speedup >= 1.05
+    assert eight.chosen is None and all(c.speedup < 1.05 for c in eight.candidates.values())
     rows = report.rows()
-    assert rows[0][:2] == [1, rows[0][1]] and rows[0][2] == one.chosen
+    assert rows[0][:2] == [1, rows[0][1]] and rows[0][2] == one.chosen_k
     assert rows[-1] == [rows[-1][0], 1024, 0] and rows[-1][0] in (2, 8)
     BatchSchedule.of(rows).check_depth(report.depth)  # contiguous, 1..1024
 
@@ -84,11 +87,14 @@ def test_launch_lines_and_files(report, tmp_path):
     text = write_and_render(report, tmp_path)
     assert f"--speculative-adaptive-config {written['sglang']}" in text
     assert f"--num-steps {report.max_k} --spec-schedule {written['serve']}" in text
-    assert "B 8: K 3" in text and "pred tok/s" in text and "trees are not tried" in text
+    assert "B 8: K 3" in text and "pred tok/s" in text and "(no tree: --topks 1)" in text
     assert json.loads(json.dumps(report.to_dict()))[VLLM_SCHEDULE_KEY] == report.rows()
 
 
-def level(batch_size: int, chosen: int) -> Level:
+def level(batch_size: int, chosen: int | SpecConfig) -> Level:
+    """A level choosing chosen (a chain's K, 0 for none, or a setting)."""
+    if isinstance(chosen, int):
+        chosen = SpecConfig.chain(chosen) if chosen else None
     return Level(batch_size, [], {}, chosen=chosen)
 
 
@@ -97,6 +103,50 @@ def test_rows_cover_one_to_max_num_seqs_and_merge_equal_k():
     assert schedule_rows(levels, 256) == [[1, 3, 3], [4, 15, 2], [16, 256, 0]]
     assert schedule_rows([level(4, 2)], 8) == [[1, 8, 2]]  # the first row starts at 1
     assert schedule_rows([level(1, 1), level(64, 0)], 32) == [[1, 63, 1], [64, 64, 0]]
+
+
+def test_trees_are_tried_under_load_with_their_own_tau():
+    """--topks 1,2: every batch size also runs the depth-3 tree of topk 2 (11 nodes) through the
+    batch engine; its predicted tau is its run's, its round time the model's at 10 drafts."""
+    setup = tiny_setup("llama")
+    cfg = TuneConfig(max_new_tokens=12, probe_steps=3, topks=(1, 2), repeats=1)
+    bench = modelled_load_bench(
+        setup.target, setup.trained, random_prompts(2, 8, seed=2), cfg, **COSTS
+    )
+    tree = SpecConfig(3, 2, 11)
+    report = load_report(bench, (1, 2), 64)
+    for lv in report.levels:
+        assert list(lv.candidates) == [*(SpecConfig.chain(k) for k in (1, 2, 3)), tree]
+        cand = lv.candidates[tree]
+        assert cand.predicted_tau == cand.measured_tau > 1.0 and cand.speedup > 0
+        # its round predicted as a chain's of 10 verified drafts (the chain-fitted line)
+        seconds = report.model.round_s(lv.batch_size, 10)
+        assert cand.predicted_tps == pytest.approx(lv.batch_size * cand.predicted_tau / seconds)
+
+
+def test_a_chosen_tree_is_written_as_its_depth_for_vllm_and_as_the_tree_for_serve(tmp_path):
+    tree = SpecConfig(3, 2, 6)
+    model = LoadModel((0.0, 0.0), (0.0, 0.0), (0.01, 0.0))
+    levels = [level(1, tree), level(2, tree), level(4, 2), level(16, 0)]
+    for lv in levels:  # a plain run each, for the report's text
+        lv.plain_runs = [BatchRun(lv.batch_size, None, 10, 1.0, {lv.batch_size: 5}, SpecMetrics())]
+    report = LoadReport(TuneConfig(), levels, model, 3, 64, "/d", "/t")
+    assert report.rows() == [[1, 3, 3], [4, 15, 2], [16, 64, 0]]
+    assert report.schedule().to_json()[TREES_KEY] == [[1, 3, 2, 6]]
+    written = write_schedule_files(report, tmp_path)
+    served = read_schedule(written["serve"], 3)
+    assert [served.setting(b) for b in (1, 4, 16)] == [tree, SpecConfig.chain(2), None]
+    config = json.loads(report.vllm_flags().split("--speculative-config ")[1].split("' ")[0][1:])
+    assert config[VLLM_SCHEDULE_KEY] == report.rows() and config["num_speculative_tokens"] == 3
+    assert json.loads(written["sglang"].read_text())["1"] == {"candidate_steps": [3]}
+    text = write_and_render(report, tmp_path)
+    assert "trees (trees_per_batch_size in the serve file): [[1, 3, 2, 6]]" in text
+    assert "tree (steps 3, topk 2, draft tokens 6) chosen" in text
+    assert report.to_dict()["levels"][0]["setting"] == {
+        "num_steps": 3,
+        "topk": 2,
+        "num_draft_tokens": 6,
+    }
 
 
 def test_no_speculation_anywhere_gives_no_speculative_flags():
@@ -144,12 +194,13 @@ def test_a_schedule_runs_on_the_drafters_engine_even_where_it_says_k_0():
     specs, engine = [], bench.engine
     bench.engine = lambda spec: specs.append(spec) or engine(spec)
     schedule = BatchSchedule.of([[1, 1, 2], [2, 2, 0]])
-    at_1, at_2 = bench.run_batch(1, 2, schedule), bench.run_batch(2, 0, schedule)
+    depth = SpecConfig.chain(2)
+    at_1, at_2 = bench.run_batch(1, depth, schedule), bench.run_batch(2, depth, schedule)
     assert [s.num_steps for s in specs] == [2, 2]  # chains of the depth, both times
     assert at_1.metrics.num_drafted_tokens > 0 and at_1.metrics.accept_length > 1.0
-    assert at_2.metrics.num_drafted_tokens == 0 and at_2.num_steps == 0  # CatchUp rounds
+    assert at_2.metrics.num_drafted_tokens == 0  # CatchUp rounds
     assert at_2.tokens == 2 * 11 and at_2.rounds_by_batch == {2: 11}
-    plain = bench.run_batch(2, 0)
+    plain = bench.run_batch(2, None)
     assert specs[-1] is None and plain.tokens == at_2.tokens
 
 
@@ -200,13 +251,18 @@ def test_tune_cli_concurrency_refusals(tmp_path):
     assert where.exit_code == 1 and "--schedule-dir" in where.output
 
 
-def test_tune_cli_concurrency_refuses_a_dflash_drafter(tmp_path):
+def test_tune_cli_concurrency_tunes_a_dflash_drafter(tmp_path):
+    """A DFlash drafter's chains (K = 1..block_size - 1, no tree) through the batch engine."""
     setup = tiny_setup("llama")
     copy_with_word_tokenizer(setup, tmp_path / "target")
     sequences = greedy_sequences(setup.target, [[1, 5, 9, 13]], 8)
     draft = engine_dflash_draft(setup.target, sequences, 4, 2)
     draft_dir = save_engine_dflash(draft, setup.target, tmp_path / "draft")
-    args = cli_args("tune", target=tmp_path / "target", draft=draft_dir, concurrency="1,2")
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 1 and "is a DFlash drafter" in result.output
-    assert "drop --concurrency" in result.output
+    prompts = write_prompts(tmp_path / "prompts.jsonl", text_prompts(2, 8, seed=31))
+    load = {"concurrency": "1,2", "max_num_seqs": 8, "schedule_dir": tmp_path}
+    args = cli_args("tune", target=tmp_path / "target", draft=draft_dir, prompts=prompts, **load)
+    result = CliRunner().invoke(app, [*args, "--max-tokens", "6", "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "spec_schedule.json").read_text())
+    assert TREES_KEY not in data and data[VLLM_SCHEDULE_KEY][-1][1] == 8
+    assert "B 2: K 3" in result.output and "(no tree: --topks 1)" in result.output

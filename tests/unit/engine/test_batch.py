@@ -13,7 +13,12 @@ from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.schedule import BatchSchedule, ScheduleError
 from specdraft.engine.spec_config import SpecConfig
 from tests.support.batch import NUM_NEW, prompts, requests, staggered_run
-from tests.support.engine_helpers import hf_setup, one_thread, tiny_setup  # noqa: F401
+from tests.support.engine_helpers import (  # noqa: F401
+    hf_setup,
+    one_thread,
+    random_prompts,
+    tiny_setup,
+)
 
 SETTINGS = {
     "plain": None,
@@ -195,3 +200,66 @@ def test_transformers_classes_batch_a_tree_as_each_sequence_alone(arch):
     reqs = requests(engine)
     outputs = outputs_of(BatchScheduler(engine, 3), reqs)
     assert [outputs[id(req)] for req in reqs] == reference, arch
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_sequences_as_long_as_the_cache_equal_each_sequence_alone(setting):
+    """Rows whose prompt + max_new_tokens = max_seq_len = the target's positions, of different
+    lengths: each row is cut near the cache's end at its own round (`round.free_nodes`) and
+    padded to the batch's widest proposal (`BatchRunner.verify_batch`), and emits its
+    single-sequence greedy output."""
+    from specdraft.engine.speculate import SpeculativeEngine
+
+    setup = tiny_setup("llama")
+    positions = setup.target.args.max_position_embeddings
+    spec = SETTINGS[setting]
+    engine = SpeculativeEngine(
+        setup.target, None if spec is None else setup.trained, spec, None, positions, "cpu"
+    )
+    lengths = (240, 250, 244, 253)
+    num_new = [positions - n for n in lengths]
+    prompts_ = [random_prompts(1, n, seed=50 + i)[0] for i, n in enumerate(lengths)]
+    reference = [engine.generate(p, n).token_ids for p, n in zip(prompts_, num_new)]
+    reqs = [
+        engine.new_request(p, n, SamplingParams(), (), None, None, None)
+        for p, n in zip(prompts_, num_new)
+    ]
+    scheduler = BatchScheduler(engine, 3)
+    verify, sizes = scheduler.runner.verify_batch, []
+
+    def logged(proposals, starts):
+        sizes.append({p.tokens.numel() for p in proposals})
+        return verify(proposals, starts)
+
+    scheduler.runner.verify_batch = logged
+    outputs = outputs_of(scheduler, reqs)
+    assert [outputs[id(req)] for req in reqs] == reference
+    if spec is not None:  # rows cut while others were not: padded
+        assert any(len(round_sizes) > 1 for round_sizes in sizes)
+
+
+def test_a_schedule_tree_runs_at_its_batch_sizes():
+    """A chain engine whose schedule runs a tree (topk 2, 6 nodes) at batch sizes 2..4 and the
+    3-chain at 1: every sequence emits its single-sequence greedy output, and the rounds at a
+    tree's sizes verify the tree's 5 drafts per row."""
+    engine = engine_of(tiny_setup("llama"), "chain")
+    reference = single_outputs(engine)
+    schedule = BatchSchedule.of([[1, 1, 3], [2, 4, 3]]).with_trees([[2, 4, 2, 6]])
+    assert schedule.setting(1) == SpecConfig.chain(3) and schedule.setting(3) == SpecConfig(3, 2, 6)
+    scheduler = BatchScheduler(engine, 4, schedule)
+    reqs = requests(engine)
+    outputs = outputs_of(scheduler, reqs)
+    assert [outputs[id(req)] for req in reqs] == reference
+    for size in (2, 3):
+        metrics = scheduler.stats[size].metrics
+        assert metrics.num_drafted_tokens == 5 * metrics.num_verify_steps, size
+    one = scheduler.stats[1].metrics
+    assert one.num_drafted_tokens == 3 * one.num_verify_steps
+
+
+def test_a_schedule_tree_wider_than_the_draft_vocabulary_is_refused():
+    engine = engine_of(tiny_setup("llama"), "chain")
+    vocab = engine.draft.cfg.draft_vocab_size
+    schedule = BatchSchedule.of([[1, 4, 2]]).with_trees([[1, 4, vocab + 1, 3]])
+    with pytest.raises(ScheduleError, match=f"topk {vocab + 1} exceeds the draft vocabulary"):
+        BatchScheduler(engine, 4, schedule)

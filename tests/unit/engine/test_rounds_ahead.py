@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specdraft.engine.round import free_nodes
 from tests.support.kernels import ARGS, CUDA, DEVICE, DTYPE, random_target, replay_rounds_eagerly
 
 CHAIN, TREE = (2, 64), (5, 8)  # (tokens the heads choose among, the draft vocabulary)
@@ -70,7 +71,7 @@ def pairs():
     return pair
 
 
-def _engines(pair, monkeypatch, spec):
+def _engines(pair, monkeypatch, spec, max_seq_len=64):
     """(an engine running its rounds step by step, the same with `RoundsAhead`), both with
     graphed draft rounds (eager replays without a GPU)."""
     from specdraft.engine import rounds_ahead
@@ -85,7 +86,7 @@ def _engines(pair, monkeypatch, spec):
     target, draft = pair
     engines = []
     for ahead in (False, True):
-        engine = SpeculativeEngine(target, draft, spec, None, 64, DEVICE)
+        engine = SpeculativeEngine(target, draft, spec, None, max_seq_len, DEVICE)
         engine.proposer.rounds = GraphedRound(
             engine.fast_draft,
             engine.draft_cache,
@@ -96,7 +97,7 @@ def _engines(pair, monkeypatch, spec):
         )
         if ahead:
             engine.rounds_ahead = rounds_ahead.RoundsAhead(
-                engine.proposer.rounds, target, engine.aux_layers, 64
+                engine.proposer.rounds, target, engine.aux_layers, max_seq_len
             )
             _log_launches(engine)
         engines.append(engine)
@@ -136,16 +137,19 @@ def _run_both(step, ahead, prompt, max_new_tokens, **kwargs):
     )  # the host's books: the entries committed
     torch.testing.assert_close(got_kv, ref_kv, rtol=1e-4, atol=1e-5)
     # the runner's round i > 0 is launched ahead iff its round i - 1 cannot end the request by
-    # length; the output before that one: ends[i] (batches: the prefill's token, the first round's
-    # run step by step, then the runner's)
+    # length and round i fits the cache's free slots after round i - 1's most; the output before
+    # that one: ends[i] (batches: the prefill's token, the first round's run step by step, then
+    # the runner's, then eager ones cut near the cache's end)
     ends = [sum(map(len, batches[: k + 1])) for k in range(len(batches))]
+    runner = ahead.rounds_ahead
+    free = lambda end, extra: free_nodes(runner.max_seq_len, len(prompt) + end - 1 + extra)  # noqa: E731
     assert ahead.launched == [
-        i > 0 and ends[i] + ahead.rounds_ahead.rows < max_new_tokens
+        i > 0 and ends[i] + runner.rows < max_new_tokens and free(ends[i], runner.rows) >= runner.n
         for i in range(len(ahead.launched))
     ]
-    read = (
-        got.metrics.num_verify_steps - 1 if ahead.launched else 0
-    )  # the first round runs step by step
+    # the runner reads the rounds after the first while a whole round fits (none: a sampled
+    # request's rounds run step by step)
+    read = sum(1 for end in ends[1:-1] if free(end, 0) >= runner.n) if ahead.launched else 0
     assert len(ahead.launched) - read in ((0, 1) if got.finish_reason == "eos" else (0,))
     return got, batches
 
@@ -203,6 +207,27 @@ def test_rounds_run_ahead_and_emit_the_step_by_step_tokens(pairs, monkeypatch, s
     assert stopped.token_ids == got.token_ids[: inside[0] + 1] and stopped.finish_reason == "eos"
     ahead.rounds_ahead.run = None  # a sampled request would fail here
     _run_both(step, ahead, prompt, 8, temperature=1.0, seed=4)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("setting", [(3, 1, 4), (3, 2, 6), (2, 4, 16)])
+def test_rounds_ahead_hand_a_request_as_long_as_the_cache_to_cut_rounds(
+    pairs, monkeypatch, setting
+):
+    """prompt + max_new_tokens = max_seq_len: rounds run ahead while a whole round fits the
+    cache's free slots (`round.free_nodes`), then the eager rounds, cut, end the request; the
+    tokens are plain decoding's and the step-by-step engine's."""
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.engine.speculate import SpeculativeEngine
+
+    spec, prompt = SpecConfig(*setting), list(range(1, 13))
+    pair = pairs(CHAIN if spec.topk == 1 else TREE)
+    step, ahead = _engines(pair, monkeypatch, spec, max_seq_len=48)
+    plain = SpeculativeEngine(pair[0], None, None, None, 48, DEVICE).generate(prompt, 36)
+    got, batches = _run_both(step, ahead, prompt, 36)
+    assert got.token_ids == plain.token_ids and len(got.token_ids) == 36
+    assert any(ahead.launched)  # rounds ran ahead before the cut ones
+    assert len(batches[-1]) < spec.num_draft_tokens  # the last round verified fewer nodes
 
 
 def test_greedy_path_is_the_walk_of_verify_greedy():
@@ -280,3 +305,23 @@ def test_a_compiled_engine_runs_ahead_and_emits_its_step_by_step_tokens(pairs, s
     ref = engine.generate(prompt, 24)
     assert got.token_ids == ref.token_ids
     assert got.metrics.num_verify_steps == ref.metrics.num_verify_steps
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs and compiled target layers")
+@pytest.mark.parametrize("setting", [(3, 1, 4), (4, 4, 12)])
+@torch.no_grad()
+def test_a_compiled_engine_serves_a_first_request_as_long_as_the_cache(pairs, setting):
+    """A fresh compiled engine whose first request is prompt 40 + 8 new tokens = max_seq_len 48:
+    graphs first captured while the prompt holds the cache's last slots (their warm-ups' K/V
+    put back), rounds cut near the end: the tokens of the same request run again with every
+    graph captured (bfloat16: an uncompiled engine may break ties otherwise)."""
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.engine.speculate import SpeculativeEngine
+
+    target, draft = pairs(CHAIN)
+    target = copy.deepcopy(target)  # compile=True compiles the target's layers in place
+    engine = SpeculativeEngine(target, draft, SpecConfig(*setting), None, 48, DEVICE, compile=True)
+    prompt = list(range(1, 41))
+    first = engine.generate(prompt, 8)
+    assert len(first.token_ids) == 8
+    assert first.token_ids == engine.generate(prompt, 8).token_ids

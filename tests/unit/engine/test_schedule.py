@@ -62,3 +62,49 @@ def test_a_schedule_file_in_vllms_form_is_read(tmp_path):
     schedule = read_schedule(path, 3)
     assert schedule.entries == ((1, 4, 3), (5, 16, 0))
     assert [schedule.num_steps(b) for b in (1, 4, 5, 16)] == [3, 3, 0, 0]
+
+
+def test_a_schedule_file_with_trees_is_read_and_written_back(tmp_path):
+    """TREES_KEY gives ranges of vLLM's rows a tree; `to_json` writes the same object."""
+    import json
+
+    from specdraft.engine.schedule import TREES_KEY
+    from specdraft.engine.spec_config import SpecConfig
+
+    data = {
+        "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 8, 2], [9, 16, 0]],
+        TREES_KEY: [[1, 4, 2, 6]],
+    }
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps(data))
+    schedule = read_schedule(path, 3)
+    assert [schedule.setting(b) for b in (1, 5, 9)] == [
+        SpecConfig(3, 2, 6),
+        SpecConfig.chain(2),
+        None,
+    ]
+    assert schedule.settings() == [SpecConfig(3, 2, 6), SpecConfig.chain(2)]
+    assert schedule.to_json() == data
+
+
+@pytest.mark.parametrize(
+    "trees, message",
+    [
+        ([[1, 3, 2, 6]], "over the range of an entry with K > 0"),  # no such range
+        ([[9, 16, 2, 3]], "over the range of an entry with K > 0"),  # K = 0 there
+        ([[1, 4, 2, 40]], "a tree verifies 2 <= num_draft_tokens"),  # too many nodes
+        ([[1, 4, 2]], "need [min_batch, max_batch, topk, num_draft_tokens]"),
+    ],
+)
+def test_a_bad_tree_is_refused_in_one_line_naming_the_file(tmp_path, trees, message):
+    import json
+
+    from specdraft.engine.schedule import TREES_KEY
+
+    path = tmp_path / "schedule.json"
+    rows = [[1, 4, 3], [5, 8, 2], [9, 16, 0]]
+    path.write_text(json.dumps({"num_speculative_tokens_per_batch_size": rows, TREES_KEY: trees}))
+    with pytest.raises(ScheduleError) as info:
+        read_schedule(path, 3)
+    assert str(info.value).startswith(str(path)) and message in str(info.value)
+    assert "\n" not in str(info.value)

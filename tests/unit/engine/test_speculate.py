@@ -125,16 +125,16 @@ def test_limits_are_refused_before_generation_with_numbers():
     engine = setup.engine(setup.untrained, SPECS["tree4x4"])  # max_seq_len 128, max positions 256
     with pytest.raises(
         ValueError,
-        match=r"prompt 100 \+ max_new_tokens 20 = 120 tokens exceeds the engine's "
-        r"max_seq_len 128 less 16 verified nodes \(112\): ask for at most 12 "
-        r"new tokens, or build the engine with max_seq_len >= 136",
+        match=r"prompt 100 \+ max_new_tokens 30 = 130 tokens exceeds the engine's "
+        r"max_seq_len 128: ask for at most 28 "
+        r"new tokens, or build the engine with max_seq_len >= 130$",
     ):
-        engine.generate([1] * 100, 20)
+        engine.generate([1] * 100, 30)
     wide = SpeculativeEngine(setup.target, None, None, None, 256, "cpu")
     with pytest.raises(
         ValueError,
-        match=r"= 300 tokens exceeds the engine's max_seq_len 256 less 1 verified "
-        r"node \(255\): ask for at most 55 new tokens$",
+        match=r"= 300 tokens exceeds the target.s max_position_embeddings 256: ask for at most 56 "
+        r"new tokens$",
     ):
         wide.generate([1] * 200, 100)
     cfg = dataclasses.replace(setup.untrained.cfg, max_position_embeddings=64)
@@ -153,12 +153,12 @@ def test_limits_are_refused_before_generation_with_numbers():
 
 
 def test_every_length_error_applies_one_rule_and_advises_only_what_can_be_done():
-    """A cache as long as the target's positions: the longest request is positions - tree, the
+    """A cache as long as the target's positions: the longest request is the positions, the
     advice's new-token count is accepted, and no max_seq_len past the positions is suggested."""
     setup = tiny_setup("llama")
     engine = SpeculativeEngine(setup.target, setup.untrained, SPECS["chain3"], None, 256, "cpu")
-    assert engine.longest_request() == 256 - SPECS["chain3"].num_draft_tokens
-    for max_new in (5000, 255):  # past the positions, then past the cache only
+    assert engine.longest_request() == 256
+    for max_new in (5000, 256):  # far past the positions, then by one token
         with pytest.raises(ValueError) as refused:
             engine.check_limits(1, max_new)
         assert str(refused.value).endswith(

@@ -29,7 +29,7 @@ def test_version_in_vllms_shape(client):
 
 def test_tokenize_a_prompt_and_chat_messages(client):
     body = client.post("/tokenize", json={"model": "tiny", "prompt": "w5 w6 w7"}).json()
-    assert body == {"count": 3, "max_model_len": MAX_SEQ - 1, "tokens": [5, 6, 7]}
+    assert body == {"count": 3, "max_model_len": MAX_SEQ, "tokens": [5, 6, 7]}
     strs = client.post("/tokenize", json={"prompt": "w5 w6", "return_token_strs": True}).json()
     assert strs["token_strs"] == ["w5", "w6"]
     messages = [{"role": "user", "content": "w5 w6"}]
@@ -60,12 +60,12 @@ def test_bad_tokenizer_requests_get_openai_errors(client, path, body, param):
     assert response.json()["error"]["param"] == param
 
 
-@pytest.mark.parametrize("spec, room", [(SpecConfig.chain(3), 256 - 4), (None, 256 - 1)])
-def test_models_report_the_longest_request_the_engine_takes(tmp_path, spec, room):
-    """max_model_len is what the engine takes: the tiny target's 256 positions less the cache
-    slots of one round's verified nodes (4 for a 3-step chain, 1 for plain decoding), because
-    the engine's cache may not exceed the target's positions (`fast_config.check_cache_length`)
-    and keeps those slots free for the last round (`SpeculativeEngine.context_limits`)."""
+@pytest.mark.parametrize("spec", [SpecConfig.chain(3), None])
+def test_models_report_the_longest_request_the_engine_takes(tmp_path, spec):
+    """max_model_len is the model's own, as vLLM reports it: the tiny target's 256 positions
+    (the engine's cache as long), with speculation or without, and a request of exactly that
+    many tokens is served (its last rounds verify fewer nodes: `round.free_nodes`)."""
+    room = 256
     target, draft = saved_pair(tiny_setup("llama"), tmp_path)
     with TestClient(build_app(str(target), str(draft), spec)) as c:
         assert c.get("/v1/models").json()["data"][0]["max_model_len"] == room
