@@ -325,7 +325,8 @@ def demo(options: DemoOptions) -> None:
     decoding (picks the setting), export, doctor; then the generation table and where files are.
     --method dflash: the stages up to training, the EAGLE-3 drafter and a DFlash drafter on the
     same store, then plain decoding, EAGLE-3 chains and DFlash blocks timed on the held-out
-    prompts (no export or doctor)."""
+    prompts, then the DFlash drafter exported for vLLM and SGLang with doctor on each export
+    (report-dflash.json; report.md and the EAGLE-3 exports are the default demo's)."""
     from pathlib import Path
 
     from specdraft.demo.report import summary

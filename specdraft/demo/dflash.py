@@ -190,6 +190,14 @@ def dflash_summary(result: DFlashDemo, out: Path) -> str:
             f"{speedup_text(best)}"
         )
     lines.append(f"drafters: EAGLE-3 {result.eagle_dir}, DFlash {result.dflash_dir}")
+    dflash_best = max(
+        (r for r in result.rows if r["method"] == "dflash"), key=lambda r: r["speedup"]
+    )
+    if dflash_best["speedup_q1"] <= 1.0:
+        lines.append(
+            f"DFlash was not faster than plain decoding here (best {speedup_text(dflash_best)}): "
+            "the DFlash launch lines below check the export; they are no recommendation"
+        )
     for engine, d in result.deployments.items():
         counts = ", ".join(f"{n} {verdict}" for verdict, n in d["doctor"].items())
         failed = f" (failed: {', '.join(d['failed'])})" if d["failed"] else ""
@@ -198,6 +206,10 @@ def dflash_summary(result: DFlashDemo, out: Path) -> str:
             f"  {d['launch_command']}",
         ]
     lines.append(f"report: {out / REPORT_FILE}")
+    lines.append(
+        "the EAGLE-3 drafter's report.md, exports and launch lines: the same `specdraft demo` "
+        "command without --method dflash (it reuses this run's stages)"
+    )
     if result.busy:
         lines.append(result.busy)
     return "\n".join(lines)

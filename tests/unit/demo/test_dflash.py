@@ -104,3 +104,16 @@ def test_the_cli_runs_it_and_prints_the_comparison(tmp_path, monkeypatch):
     assert seen == [small]
     assert "best EAGLE-3: EAGLE-3 chain 3, tau 2.00, speedup 1.40x (1.40-1.40x)" in result.output
     assert "best DFlash: DFlash 7 drafts, tau 2.50, speedup 1.60x (1.60-1.60x)" in result.output
+
+
+def test_the_summary_says_when_dflash_lost_to_plain_decoding(tmp_path):
+    rows = [
+        _row("plain", "plain", 0, 1.0, 1.0),
+        _row("EAGLE-3 chain 3", "eagle3", 3, 2.0, 1.4),
+        _row("DFlash 7 drafts", "dflash", 7, 1.5, 0.9),
+    ]
+    lost = dflash_summary(DFlashDemo("E", "D", 2, rows), tmp_path)
+    assert "DFlash was not faster than plain decoding here (best 0.90x" in lost
+    assert "without --method dflash" in lost  # where the EAGLE-3 report and launch lines are
+    rows[-1] = _row("DFlash 7 drafts", "dflash", 7, 2.5, 1.6)
+    assert "not faster" not in dflash_summary(DFlashDemo("E", "D", 2, rows), tmp_path)
