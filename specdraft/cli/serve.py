@@ -129,6 +129,8 @@ def _announce_engine(console, state, compile: bool) -> None:
     scheduler = getattr(state.worker, "scheduler", None)  # a continuously batching worker
     batch = f"batches of up to {scheduler.max_num_seqs}" if scheduler else "one at a time"
     console.print(f"sequences: {batch} (--max-num-seqs)", markup=False)
+    if scheduler is not None and state.engine.draft is not None:
+        console.print(f"speculation by batch size: {scheduler.schedule.describe()}", markup=False)
     for note in state.engine.notes:
         console.print(f"note: {note}", markup=False, soft_wrap=True)
     if compile:

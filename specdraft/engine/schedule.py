@@ -113,6 +113,21 @@ class BatchSchedule:
             data[TREES_KEY] = [[*self.entries[i][:2], t, n] for i, t, n in self.trees]
         return data
 
+    def describe(self) -> str:
+        """One line: each range and what it runs ("1-1: K 3; 2-4: K 2; 5-8: plain")."""
+
+        def runs(low: int) -> str:
+            spec = self.setting(low)
+            if spec is None:
+                return "plain"
+            return f"K {spec.num_steps}" + (
+                ""
+                if spec.is_chain
+                else f" tree (topk {spec.topk}, {spec.num_draft_tokens} draft tokens)"
+            )
+
+        return "; ".join(f"{low}-{high}: {runs(low)}" for low, high, _ in self.entries)
+
     @property
     def max_batch_size(self) -> int:
         """The largest batch size the schedule covers."""

@@ -29,6 +29,9 @@ def test_k_by_batch_size_reads_the_covering_entry():
     schedule = BatchSchedule.of([[1, 2, 3], [3, 8, 0]])
     assert [schedule.num_steps(b) for b in (1, 2, 3, 8)] == [3, 3, 0, 0]
     assert (schedule.max_batch_size, schedule.max_num_steps) == (8, 3)
+    assert schedule.describe() == "1-2: K 3; 3-8: plain"  # serve's start-up line
+    tree = BatchSchedule.of([[1, 1, 3], [2, 4, 2]]).with_trees([[1, 1, 2, 6]])
+    assert tree.describe() == "1-1: K 3 tree (topk 2, 6 draft tokens); 2-4: K 2"
     with pytest.raises(ScheduleError, match="covers 1..8"):
         schedule.num_steps(9)
 

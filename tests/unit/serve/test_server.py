@@ -571,13 +571,16 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
 
     import specdraft.serve.server
     from specdraft.cli import app
+    from specdraft.engine.schedule import BatchSchedule
 
     served = []
     fake_app = SimpleNamespace(
         state=SimpleNamespace(
             server=SimpleNamespace(
                 model_name="tiny",
-                worker=SimpleNamespace(scheduler=SimpleNamespace(max_num_seqs=5)),
+                worker=SimpleNamespace(
+                    scheduler=SimpleNamespace(max_num_seqs=5, schedule=BatchSchedule.constant(4, 5))
+                ),
                 engine=SimpleNamespace(
                     notes=["num_steps 4 > the drafter's 2 training-time-test steps"],
                     draft=SimpleNamespace(cfg={"fc_norm": True, "norm_output": True}),
@@ -610,4 +613,6 @@ def test_serve_says_what_it_serves_once_loaded(monkeypatch, tmp_path):
         )  # load_engine's
         assert "drafter: eagle3.1 (fc_norm, norm_output)\n" in result.output  # its method
         assert "sequences: batches of up to 5 (--max-num-seqs)" in result.output
+        if "--no-spec" not in extra:  # the K by batch size it runs (--spec-schedule, else constant)
+            assert "speculation by batch size: 1-5: K 4" in result.output
     assert served == [("127.0.0.1", 8123)] * 3
