@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from specdraft.checkpoint import CheckpointError
-from specdraft.checkpoint.dflash import load_dflash_draft
+from specdraft.checkpoint.dflash import load_dflash_draft, trained_block
 from specdraft.checkpoint.dflash_forms import weights_kind
-from specdraft.checkpoint.layouts import TargetNeeded
+from specdraft.checkpoint.layouts import MANIFEST_FILE, TargetNeeded
 from specdraft.conventions import dflash_reads as reads
 from specdraft.conventions.dflash import DFLASH_FACTS
 from specdraft.dflash import DFLASH_ARCHITECTURE, DFlashDraft
@@ -107,8 +107,9 @@ def config_kind_matches_weights(ev: BlockEvidence) -> Result:
 
 
 def block_size_matches_engine(ev: BlockEvidence) -> Result:
-    """The launch line runs DFlash with a setting that serves the trained block: SGLang's
-    --speculative-num-draft-tokens = block_size (another value is only a warning there), vLLM's
+    """The launch line runs DFlash with a setting that serves the TRAINED block (the manifest's
+    record, else config.json's): SGLang's --speculative-num-draft-tokens = block_size (another
+    value is only a warning there; unset, SGLang reads config.json's), vLLM's
     num_speculative_tokens <= block_size - 1 (more drafts positions never trained)."""
     try:
         args = ev.engine_args
@@ -116,7 +117,7 @@ def block_size_matches_engine(ev: BlockEvidence) -> Result:
         return fail(e.reason, e.fix)
     if args is None:
         raise Unavailable("no --engine-args", ENGINE_ARGS_FIX)
-    block, engine = ev.need_drafter().cfg.block_size, args.engine
+    block, engine = trained_block_size(ev), args.engine
     want = reads.engine_num_speculative_tokens(engine, block)
     if served_method(args) != ALGORITHM[engine].lower():
         return fail(
@@ -126,7 +127,15 @@ def block_size_matches_engine(ev: BlockEvidence) -> Result:
         )
     given = args.num_draft_tokens if engine == "sglang" else args.num_steps
     if given is None and engine == "sglang":
-        return ok(f"SGLang reads the block from the config: {block}")
+        read = reads.config_block_size(ev.config)
+        if read == block:
+            return ok(f"SGLang reads the block from config.json: {block}")
+        return fail(
+            f"SGLang reads the block from config.json: {read}; the drafter was trained on "
+            f"blocks of {block} ({MANIFEST_FILE})",
+            f"launch with {launch_setting(engine, want)}, and write block_size {block} in "
+            "config.json",
+        )
     if given is None or given > want or (engine == "sglang" and given != want):
         return fail(
             f"{engine_name(engine)} drafts {'an unset number of' if given is None else given} "
@@ -136,6 +145,13 @@ def block_size_matches_engine(ev: BlockEvidence) -> Result:
         )
     fewer = f" (of the {want} trained)" if given < want else ""
     return ok(f"{launch_setting(engine, given)}{fewer} serves the trained block of {block}")
+
+
+def trained_block_size(ev: BlockEvidence) -> int:
+    """The block the drafter was trained on: its manifest's record (`checkpoint.dflash.
+    trained_block`), else the loaded drafter's (config.json's); a skip when neither is had."""
+    recorded = trained_block(ev.manifest)
+    return recorded if recorded is not None else ev.need_drafter().cfg.block_size
 
 
 def served_method(args) -> str:

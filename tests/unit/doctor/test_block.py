@@ -90,7 +90,7 @@ def test_an_unreachable_server_given_for_a_block_drafter_fails_naming_it(world):
             "vLLM drafts 7 tokens a round; the drafter was trained on blocks of 4",
         ),
         (SGLANG.format("DFLASH") + " --speculative-num-draft-tokens 4", "pass", "block of 4"),
-        (SGLANG.format("DFLASH"), "pass", "SGLang reads the block from the config: 4"),
+        (SGLANG.format("DFLASH"), "pass", "SGLang reads the block from config.json: 4"),
         (SGLANG.format("DFLASH") + " --speculative-num-draft-tokens 8", "fail", "SGLang drafts 8"),
         (SGLANG.format("DFLASH") + " --speculative-dflash-block-size 16", "fail", "drafts 16"),
         (SGLANG.format("EAGLE3"), "fail", "SGLang runs EAGLE3, not DFLASH"),
@@ -265,3 +265,42 @@ def test_a_speculators_drafter_without_its_targets_layer_count_skips(world, tmp_
     assert load.verdict == "skip" and "the target's layer count is not in the file" in load.evidence
     assert "--target" in load.fix
     assert finding(run_doctor(export, target=world[1]), "dflash_files_load").verdict == "pass"
+
+
+def retrained_config(world, tmp_path, block):
+    """A copy of the world's export whose config.json says `block` (top-level and
+    dflash_config) over a drafter the manifest records as trained on TINY_BLOCK."""
+    export = copy_of(world, tmp_path)
+    edit_config(
+        export, lambda c: c.update(block_size=block) or c["dflash_config"].update(block_size=block)
+    )
+    return export
+
+
+@pytest.mark.parametrize(
+    "launch, verdict, said",
+    [
+        (VLLM.format(3), "pass", "num_speculative_tokens\": 3}' serves the trained block of 4"),
+        (
+            VLLM.format(7),
+            "fail",
+            "vLLM drafts 7 tokens a round; the drafter was trained on blocks of 4",
+        ),
+        (SGLANG.format("DFLASH") + " --speculative-num-draft-tokens 4", "pass", "block of 4"),
+        (SGLANG.format("DFLASH") + " --speculative-num-draft-tokens 8", "fail", "blocks of 4"),
+        (SGLANG.format("DFLASH"), "fail", "SGLang reads the block from config.json: 8"),
+    ],
+)
+def test_a_config_block_other_than_the_trained_one_fails_and_the_launch_meets_training(
+    world, tmp_path, launch, verdict, said
+):
+    export = retrained_config(world, tmp_path, 8)
+    report = run_doctor(export, engine_args=launch)
+    load = finding(report, "dflash_files_load")
+    assert load.verdict == "fail"
+    assert "config.json: block_size 8, but the drafter was trained on blocks of 4" in load.evidence
+    assert "(specdraft_manifest.json)" in load.evidence
+    found = finding(report, "block_size_matches_engine")
+    assert found.verdict == verdict and said in found.evidence, found
+    if verdict == "fail":
+        assert "--speculative-num-draft-tokens 4" in found.fix or 'tokens": 3' in found.fix
