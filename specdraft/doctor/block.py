@@ -235,21 +235,27 @@ def target_layers_as_engines_read(ev: BlockEvidence) -> Result:
     wrong = {e: got for e, got in seen.items() if got != trained}
     if wrong:
         named = "; ".join(
-            f"{engine_name(e)} captures {list(g) if g else 'none'}" for e, g in wrong.items()
+            f"{engine_name(e)} captures {both_numberings(g) if g else 'none'}"
+            for e, g in wrong.items()
         )
         sources = {
             f.source for f in DFLASH_FACTS if f.fact == "target layer ids" and f.engine in wrong
         }
         return fail(
-            f"{named}; the drafter was trained on {list(trained)} (specdraft indices) "
+            f"{named}; the drafter was trained on {both_numberings(trained)} "
             f"({'; '.join(sorted(sources))})",
-            f"write dflash_config.target_layer_ids {[i - 1 for i in trained]} and no other id "
-            f"list (specdraft export writes it)",
+            f"write dflash_config.target_layer_ids {[i - 1 for i in trained]} (0-based target "
+            "layer ids) and no other id list (specdraft export writes it)",
         )
     engines = " and ".join(engine_name(e) for e in seen)
-    return ok(
-        f"{engines} capture {list(trained)} (DFlash ids {[i - 1 for i in trained]}) of {layers} layers, as trained"
-    )
+    return ok(f"{engines} capture {both_numberings(trained)} of {layers} layers, as trained")
+
+
+def both_numberings(aux_layers) -> str:
+    """Aux layers named in both numberings: "[2, 3, 4] (specdraft indices; 0-based target layer
+    ids [1, 2, 3])", the second being what dflash_config.target_layer_ids holds."""
+    ids = [i - 1 for i in aux_layers]
+    return f"{list(aux_layers)} (specdraft indices; 0-based target layer ids {ids})"
 
 
 def draft_attention_as_engines_run(ev: BlockEvidence) -> Result:

@@ -167,8 +167,11 @@ def test_a_top_level_id_list_vllm_reads_first_fails_for_vllm_only(world, tmp_pat
     edit_config(export, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 3, 4]))
     both = finding(run_doctor(export), "target_layers_as_engines_read")
     assert both.verdict == "fail" and both.evidence.startswith(
-        "vLLM captures [2, 3, 4]; the drafter"
+        "vLLM captures [2, 3, 4] (specdraft indices; 0-based target layer ids [1, 2, 3]); "
+        "the drafter was trained on [1, 2, 3] (specdraft indices; 0-based target layer ids "
+        "[0, 1, 2])"
     )
+    assert both.fix.startswith("write dflash_config.target_layer_ids [0, 1, 2] (0-based target")
     assert "gpu_model_runner.py" in both.evidence
     sglang = finding(run_doctor(export, engine="sglang"), "target_layers_as_engines_read")
     assert sglang.verdict == "pass"
@@ -180,7 +183,9 @@ def test_ids_other_than_trainings_fail_for_both_engines(world, tmp_path):
     found = finding(run_doctor(export), "target_layers_as_engines_read")
     assert found.verdict == "fail"
     assert (
-        "SGLang captures [1, 2, 4]; vLLM captures [1, 2, 4]; the drafter was trained on [1, 2, 3]"
+        "SGLang captures [1, 2, 4] (specdraft indices; 0-based target layer ids [0, 1, 3]); "
+        "vLLM captures [1, 2, 4] (specdraft indices; 0-based target layer ids [0, 1, 3]); "
+        "the drafter was trained on [1, 2, 3] (specdraft indices; 0-based target layer ids"
         in found.evidence
     )
 
@@ -304,3 +309,16 @@ def test_a_config_block_other_than_the_trained_one_fails_and_the_launch_meets_tr
     assert found.verdict == verdict and said in found.evidence, found
     if verdict == "fail":
         assert "--speculative-num-draft-tokens 4" in found.fix or 'tokens": 3' in found.fix
+
+
+def test_a_sliding_layer_type_is_named_by_index_and_value(world, tmp_path):
+    """layer_types with one sliding entry: the load fail names that entry, not "layer_types set"
+    (every export writes layer_types, all full_attention)."""
+    export = copy_of(world, tmp_path)
+    edit_config(export, lambda c: c.update(layer_types=["full_attention", "sliding_attention"]))
+    found = finding(run_doctor(export), "dflash_files_load")
+    assert found.verdict == "fail"
+    assert "layer_types[1] 'sliding_attention' (every layer must be full_attention)" in (
+        found.evidence
+    )
+    assert "layer_types set" not in found.evidence
