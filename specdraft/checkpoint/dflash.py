@@ -68,6 +68,16 @@ def is_dflash_dir(path: Path) -> bool:
     return dflash_form(config) is not None and (Path(path) / WEIGHTS_FILE).is_file()
 
 
+def records_dflash(path: Path) -> bool:
+    """Whether the directory's manifest records a DFlash training run (extra.method "dflash"),
+    whatever its config.json says; False without a readable manifest."""
+    try:
+        data = json.loads((Path(path) / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and (data.get("extra") or {}).get("method") == "dflash"
+
+
 def is_dflash_drafter(path: str | Path) -> bool:
     """Whether `path` is a DFlash drafter that `load_dflash_draft` reads: a drafter directory
     (`is_dflash_dir`) or a `--method dflash` run's training checkpoint (RUN/checkpoints/step-N.pt

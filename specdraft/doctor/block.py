@@ -14,8 +14,8 @@ from typing import Any
 
 from specdraft.checkpoint import CheckpointError
 from specdraft.checkpoint.dflash import load_dflash_draft, trained_block
-from specdraft.checkpoint.dflash_forms import weights_kind
-from specdraft.checkpoint.layouts import MANIFEST_FILE, TargetNeeded
+from specdraft.checkpoint.dflash_forms import dflash_form, weights_kind
+from specdraft.checkpoint.layouts import MANIFEST_FILE, READ_ARCHITECTURES, TargetNeeded
 from specdraft.conventions import dflash_reads as reads
 from specdraft.conventions.dflash import DFLASH_FACTS
 from specdraft.dflash import DFLASH_ARCHITECTURE, DFlashDraft
@@ -44,6 +44,7 @@ class BlockEvidence(Evidence):
         """The drafter, loaded strictly (`load_dflash_draft`; the --target's layer count reads a
         form that does not record it); Broken with the loader's one line."""
         layers = self.facts.num_layers if self.inputs.target is not None else None
+        self.need_dflash_config()
         try:
             return load_dflash_draft(self.path, target_num_layers=layers)[0]
         except TargetNeeded as e:  # a form without the target's layer count: an input missing
@@ -52,6 +53,24 @@ class BlockEvidence(Evidence):
             ) from None
         except CheckpointError as e:
             raise Broken(str(e), REEXPORT) from None
+
+    def need_dflash_config(self) -> dict[str, Any]:
+        """config.json when it is a DFlash drafter's (`dflash_forms.dflash_form`); a skip naming
+        `config_kind_matches_weights` (which fails it) when it is another."""
+        if dflash_form(self.config) is None:
+            raise Unavailable(
+                "config.json is not a DFlash drafter's (config_kind_matches_weights)",
+                self.reexport,
+            )
+        return self.config
+
+    @property
+    def reexport(self) -> str:
+        """The command that rewrites this directory's files from the training run."""
+        return (
+            f"re-export it from its training run (specdraft export RUN/draft {self.path} "
+            "--engine sglang|vllm|speculators)"
+        )
 
     def need_drafter(self) -> DFlashDraft:
         """The drafter for a check that reads it: a skip when it does not load (the fail is
@@ -71,7 +90,8 @@ class BlockEvidence(Evidence):
 
     def reading(self, engine: str) -> dict[str, Any]:
         """config.json as `engine` reads it (vLLM translates a speculators config first)."""
-        return reads.vllm_reading(self.config) if engine == "vllm" else self.config
+        config = self.need_dflash_config()
+        return reads.vllm_reading(config) if engine == "vllm" else config
 
 
 def dflash_files_load(ev: BlockEvidence) -> Result:
@@ -91,8 +111,11 @@ def dflash_files_load(ev: BlockEvidence) -> Result:
 
 
 def config_kind_matches_weights(ev: BlockEvidence) -> Result:
-    """config.json says DFlash and the weights are a DFlash drafter's, not EAGLE-3's."""
+    """config.json says DFlash and the weights are a DFlash drafter's, not EAGLE-3's; a config
+    of another drafter over the DFlash weights and manifest is named as the cause."""
     kind = weights_kind(ev.tensors)
+    if dflash_form(ev.config) is None:
+        return _other_config(ev, kind)
     if kind == "eagle3":
         return fail(
             f"config.json names {DFLASH_ARCHITECTURE}, but {ev.weights_file} holds EAGLE-3 "
@@ -104,6 +127,26 @@ def config_kind_matches_weights(ev: BlockEvidence) -> Result:
     if kind is None:
         return fail(f"{ev.weights_file} holds neither drafter's tensors", REEXPORT)
     return ok(f"config.json names {DFLASH_ARCHITECTURE}; the tensors are a DFlash drafter's")
+
+
+def _other_config(ev: BlockEvidence, kind: str | None) -> Result:
+    """The fail of a config.json that is no DFlash drafter's, in a directory whose manifest
+    records DFlash training (`doctor.run.evidence_and_checks`)."""
+    named = ", ".join(ev.config.get("architectures") or []) or ev.config.get(
+        "speculators_model_type"
+    )
+    eagle = named in READ_ARCHITECTURES or named == "eagle3"
+    weights = {
+        "dflash": "the weights are a DFlash drafter's",
+        "eagle3": "the weights are EAGLE-3's",
+    }.get(kind, "the weights are neither drafter's")
+    return fail(
+        f"config.json names {named or 'no architecture'}"
+        f"{' (an EAGLE-3 architecture)' if eagle else ''}, not {DFLASH_ARCHITECTURE}; "
+        f"{weights} and {MANIFEST_FILE} records a DFlash training run: an engine would build "
+        "another drafter than the one trained",
+        f"restore config.json: {ev.reexport}",
+    )
 
 
 def block_size_matches_engine(ev: BlockEvidence) -> Result:
@@ -261,7 +304,7 @@ def both_numberings(aux_layers) -> str:
 def draft_attention_as_engines_run(ev: BlockEvidence) -> Result:
     """Each engine checked runs every draft layer with training's attention: a sliding window
     where training had one (SGLang reads layer_types only), full and bidirectional elsewhere."""
-    trained = reads.trained_attention(ev.config)
+    trained = reads.trained_attention(ev.need_dflash_config())
     problems = []
     for engine in ev.engines:
         runs = reads.engine_attention(ev.reading(engine), engine)

@@ -322,3 +322,33 @@ def test_a_sliding_layer_type_is_named_by_index_and_value(world, tmp_path):
         found.evidence
     )
     assert "layer_types set" not in found.evidence
+
+
+def test_an_eagle3_config_over_a_dflash_export_names_the_config_first(world, tmp_path):
+    """An EAGLE-3 export's config.json copied over a DFlash export (its weights and manifest
+    DFlash's): the first fail names config.json as the cause and re-exporting (the command) as
+    the fix, no EAGLE-3 check passes on DFlash weights, and the skips never ask for --target."""
+    from specdraft.checkpoint import save_draft
+    from tests.support.drafts import tiny_draft, tiny_manifest
+
+    export = copy_of(world, tmp_path)
+    eagle = tiny_draft()
+    eagle_dir = save_draft(eagle, tmp_path / "e", layout="sglang", manifest=tiny_manifest(eagle))
+    (export / "config.json").write_bytes((eagle_dir / "config.json").read_bytes())
+    report = run_doctor(export, target=world[1])
+    first = report.failed[0]
+    assert first.check == "config_kind_matches_weights", report.failed
+    assert first.evidence.startswith(
+        "config.json names LlamaForCausalLMEagle3 (an EAGLE-3 architecture), not DFlashDraftModel; "
+        "the weights are a DFlash drafter's and specdraft_manifest.json records a DFlash"
+    )
+    assert first.fix == (
+        f"restore config.json: re-export it from its training run (specdraft export RUN/draft "
+        f"{export} --engine sglang|vllm|speculators)"
+    )
+    said = " ".join(f"{f.evidence} {f.fix}" for f in report.findings)
+    assert "delete specdraft_manifest.json" not in said and "RUN/draft, or an export" not in said
+    checks = {f.check for f in report.findings}
+    assert not checks & {"fc_width_matches_aux", "lm_head_untied", "values_finite"}
+    assert [f.check for f in report.failed] == ["config_kind_matches_weights"]
+    assert "--target" not in report.skips_enabled_by()
