@@ -68,6 +68,16 @@ def is_dflash_dir(path: Path) -> bool:
     return dflash_form(config) is not None and (Path(path) / WEIGHTS_FILE).is_file()
 
 
+def records_dflash(path: Path) -> bool:
+    """Whether the directory's manifest records a DFlash training run (extra.method "dflash"),
+    whatever its config.json says; False without a readable manifest."""
+    try:
+        data = json.loads((Path(path) / MANIFEST_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and (data.get("extra") or {}).get("method") == "dflash"
+
+
 def is_dflash_drafter(path: str | Path) -> bool:
     """Whether `path` is a DFlash drafter that `load_dflash_draft` reads: a drafter directory
     (`is_dflash_dir`) or a `--method dflash` run's training checkpoint (RUN/checkpoints/step-N.pt
@@ -110,11 +120,7 @@ def load_dflash_draft(
     if is_training_checkpoint(path):
         model, manifest = load_dflash_training_checkpoint(path)
         return model.to(device=device, dtype=dtype), manifest
-    manifest_file = path / MANIFEST_FILE
-    manifest = Manifest.read(manifest_file, dflash=True) if manifest_file.exists() else None
-    if target_num_layers is None and manifest is not None:
-        target_num_layers = manifest.target.get("num_layers")
-    cfg = read_dflash_config(read_config(path), path / "config.json", target_num_layers)
+    cfg, manifest = read_dflash_dir_config(path, target_num_layers)
     model = DFlashDraft(cfg)
     tensors, files = read_weights(path)
     if weights_kind(tensors) == "eagle3":
@@ -125,6 +131,42 @@ def load_dflash_draft(
     _check_tensors(model.state_dict(), tensors, files.entry)
     model.load_state_dict(tensors)
     return model.to(device=device, dtype=dtype), manifest
+
+
+def read_dflash_dir_config(
+    path: Path, target_num_layers: int | None = None
+) -> tuple[DFlashConfig, Manifest | None]:
+    """(config, manifest or None) of the DFlash drafter directory `path`: config.json read by
+    `dflash_forms.read_dflash_config` (`target_num_layers`, else the manifest's, for a form that
+    does not record it) and checked against the manifest's training record
+    (`check_trained_block`). Raises CheckpointError as those do."""
+    manifest_file = path / MANIFEST_FILE
+    manifest = Manifest.read(manifest_file, dflash=True) if manifest_file.exists() else None
+    if target_num_layers is None and manifest is not None:
+        target_num_layers = manifest.target.get("num_layers")
+    cfg = read_dflash_config(read_config(path), path / "config.json", target_num_layers)
+    check_trained_block(cfg, manifest, path / "config.json")
+    return cfg, manifest
+
+
+def trained_block(manifest: Manifest | None) -> int | None:
+    """The block size the drafter was trained on, as its manifest records it (`draft.block_size`);
+    None without a manifest or a record."""
+    return (manifest.draft or {}).get("block_size") if manifest is not None else None
+
+
+def check_trained_block(cfg: DFlashConfig, manifest: Manifest | None, config_file: Path) -> None:
+    """CheckpointError naming `config_file` when its block size is not the one the manifest
+    records training on: a config edited to another block loads (no tensor's shape depends on
+    it) but every engine would draft blocks never trained."""
+    trained = trained_block(manifest)
+    if trained is not None and trained != cfg.block_size:
+        raise CheckpointError(
+            f"{config_file}: block_size {cfg.block_size}, but the drafter was trained on blocks "
+            f"of {trained} ({MANIFEST_FILE}); write block_size {trained} (top-level and "
+            "dflash_config.block_size) in config.json, or re-export it from its training run "
+            "(specdraft export RUN/draft OUT --engine ENGINE)"
+        )
 
 
 def _check_tensors(expected: dict, tensors: dict, file: Path) -> None:

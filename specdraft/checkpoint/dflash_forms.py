@@ -149,9 +149,12 @@ def _refuse_other_networks(config: dict[str, Any], block: dict[str, Any], where)
     """CheckpointError naming every key set to a network other than specdraft's drafter."""
     bad = [f"dflash_config.{k}" for k, ok in PLAIN_VALUES.items() if block.get(k) not in ok]
     bad += [k for k, ok in TOP_PLAIN_VALUES.items() if config.get(k) not in ok]
+    if config.get("use_sliding_window"):
+        bad.append("use_sliding_window")
     layer_types = config.get("layer_types") or []
-    if "sliding_attention" in layer_types or config.get("use_sliding_window"):
-        bad.append("use_sliding_window" if config.get("use_sliding_window") else "layer_types")
+    others = [f"layer_types[{i}] {t!r}" for i, t in enumerate(layer_types) if t != "full_attention"]
+    if others:
+        bad.append(f"{', '.join(others[:8])} (every layer must be full_attention)")
     if bad:
         raise CheckpointError(
             f"{where}: {', '.join(bad)} set; specdraft's DFlash drafter computes full-attention, "

@@ -114,28 +114,26 @@ def decoding_spec(
 
 def dflash_block_size(draft: str) -> int | None:
     """The block size of the DFlash drafter `draft` (`checkpoint.dflash.is_dflash_drafter`: a
-    directory's config.json read strictly, a CheckpointError naming the file; a DFlash run's
+    directory's config.json read strictly against its manifest (`read_dflash_dir_config`), a
+    CheckpointError naming the file; a DFlash run's
     training checkpoint, loaded), None for any other path."""
     if not draft:
         return None
     from pathlib import Path
 
-    from specdraft.checkpoint import MANIFEST_FILE, Manifest, is_training_checkpoint, read_config
-    from specdraft.checkpoint.dflash import is_dflash_drafter, load_dflash_draft
-    from specdraft.checkpoint.dflash_forms import read_dflash_config
+    from specdraft.checkpoint import is_training_checkpoint
+    from specdraft.checkpoint.dflash import (
+        is_dflash_drafter,
+        load_dflash_draft,
+        read_dflash_dir_config,
+    )
 
     path = Path(draft)
     if not is_dflash_drafter(path):
         return None
     if is_training_checkpoint(path):
         return load_dflash_draft(path)[0].cfg.block_size
-    manifest = path / MANIFEST_FILE
-    layers = (
-        Manifest.read(manifest, dflash=True).target.get("num_layers")
-        if manifest.is_file()
-        else None
-    )
-    return read_dflash_config(read_config(path), path / "config.json", layers).block_size
+    return read_dflash_dir_config(path)[0].block_size
 
 
 def refuse_block_options(drafting: DraftingOptions, block_size: int, draft: str) -> int:

@@ -124,6 +124,13 @@ def engine_num_speculative_tokens(engine: str, block_size: int) -> int:
     return block_size if engine == "sglang" else block_size - 1
 
 
+def config_block_size(config: dict[str, Any]) -> int:
+    """The block SGLang 0.5.22 serves when --speculative-num-draft-tokens is unset:
+    dflash_config.block_size, else the top-level block_size, else 16 (`DFLASH_FACTS`)."""
+    block = nested(config, "dflash_config")
+    return block.get("block_size", config.get("block_size", 16))
+
+
 def served_block_size(engine: str, num_speculative_tokens: int) -> int:
     """The block an engine runs under its setting (`engine_num_speculative_tokens`'s inverse)."""
     return num_speculative_tokens if engine == "sglang" else num_speculative_tokens + 1

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from specdraft.checkpoint import CheckpointError
-from specdraft.checkpoint.dflash import load_dflash_draft
-from specdraft.checkpoint.dflash_forms import weights_kind
-from specdraft.checkpoint.layouts import TargetNeeded
+from specdraft.checkpoint.dflash import load_dflash_draft, trained_block
+from specdraft.checkpoint.dflash_forms import dflash_form, weights_kind
+from specdraft.checkpoint.layouts import MANIFEST_FILE, READ_ARCHITECTURES, TargetNeeded
 from specdraft.conventions import dflash_reads as reads
 from specdraft.conventions.dflash import DFLASH_FACTS
 from specdraft.dflash import DFLASH_ARCHITECTURE, DFlashDraft
@@ -44,6 +44,7 @@ class BlockEvidence(Evidence):
         """The drafter, loaded strictly (`load_dflash_draft`; the --target's layer count reads a
         form that does not record it); Broken with the loader's one line."""
         layers = self.facts.num_layers if self.inputs.target is not None else None
+        self.need_dflash_config()
         try:
             return load_dflash_draft(self.path, target_num_layers=layers)[0]
         except TargetNeeded as e:  # a form without the target's layer count: an input missing
@@ -52,6 +53,24 @@ class BlockEvidence(Evidence):
             ) from None
         except CheckpointError as e:
             raise Broken(str(e), REEXPORT) from None
+
+    def need_dflash_config(self) -> dict[str, Any]:
+        """config.json when it is a DFlash drafter's (`dflash_forms.dflash_form`); a skip naming
+        `config_kind_matches_weights` (which fails it) when it is another."""
+        if dflash_form(self.config) is None:
+            raise Unavailable(
+                "config.json is not a DFlash drafter's (config_kind_matches_weights)",
+                self.reexport,
+            )
+        return self.config
+
+    @property
+    def reexport(self) -> str:
+        """The command that rewrites this directory's files from the training run."""
+        return (
+            f"re-export it from its training run (specdraft export RUN/draft {self.path} "
+            "--engine sglang|vllm|speculators)"
+        )
 
     def need_drafter(self) -> DFlashDraft:
         """The drafter for a check that reads it: a skip when it does not load (the fail is
@@ -71,7 +90,8 @@ class BlockEvidence(Evidence):
 
     def reading(self, engine: str) -> dict[str, Any]:
         """config.json as `engine` reads it (vLLM translates a speculators config first)."""
-        return reads.vllm_reading(self.config) if engine == "vllm" else self.config
+        config = self.need_dflash_config()
+        return reads.vllm_reading(config) if engine == "vllm" else config
 
 
 def dflash_files_load(ev: BlockEvidence) -> Result:
@@ -91,8 +111,11 @@ def dflash_files_load(ev: BlockEvidence) -> Result:
 
 
 def config_kind_matches_weights(ev: BlockEvidence) -> Result:
-    """config.json says DFlash and the weights are a DFlash drafter's, not EAGLE-3's."""
+    """config.json says DFlash and the weights are a DFlash drafter's, not EAGLE-3's; a config
+    of another drafter over the DFlash weights and manifest is named as the cause."""
     kind = weights_kind(ev.tensors)
+    if dflash_form(ev.config) is None:
+        return _other_config(ev, kind)
     if kind == "eagle3":
         return fail(
             f"config.json names {DFLASH_ARCHITECTURE}, but {ev.weights_file} holds EAGLE-3 "
@@ -106,9 +129,30 @@ def config_kind_matches_weights(ev: BlockEvidence) -> Result:
     return ok(f"config.json names {DFLASH_ARCHITECTURE}; the tensors are a DFlash drafter's")
 
 
+def _other_config(ev: BlockEvidence, kind: str | None) -> Result:
+    """The fail of a config.json that is no DFlash drafter's, in a directory whose manifest
+    records DFlash training (`doctor.run.evidence_and_checks`)."""
+    named = ", ".join(ev.config.get("architectures") or []) or ev.config.get(
+        "speculators_model_type"
+    )
+    eagle = named in READ_ARCHITECTURES or named == "eagle3"
+    weights = {
+        "dflash": "the weights are a DFlash drafter's",
+        "eagle3": "the weights are EAGLE-3's",
+    }.get(kind, "the weights are neither drafter's")
+    return fail(
+        f"config.json names {named or 'no architecture'}"
+        f"{' (an EAGLE-3 architecture)' if eagle else ''}, not {DFLASH_ARCHITECTURE}; "
+        f"{weights} and {MANIFEST_FILE} records a DFlash training run: an engine would build "
+        "another drafter than the one trained",
+        f"restore config.json: {ev.reexport}",
+    )
+
+
 def block_size_matches_engine(ev: BlockEvidence) -> Result:
-    """The launch line runs DFlash with a setting that serves the trained block: SGLang's
-    --speculative-num-draft-tokens = block_size (another value is only a warning there), vLLM's
+    """The launch line runs DFlash with a setting that serves the TRAINED block (the manifest's
+    record, else config.json's): SGLang's --speculative-num-draft-tokens = block_size (another
+    value is only a warning there; unset, SGLang reads config.json's), vLLM's
     num_speculative_tokens <= block_size - 1 (more drafts positions never trained)."""
     try:
         args = ev.engine_args
@@ -116,7 +160,7 @@ def block_size_matches_engine(ev: BlockEvidence) -> Result:
         return fail(e.reason, e.fix)
     if args is None:
         raise Unavailable("no --engine-args", ENGINE_ARGS_FIX)
-    block, engine = ev.need_drafter().cfg.block_size, args.engine
+    block, engine = trained_block_size(ev), args.engine
     want = reads.engine_num_speculative_tokens(engine, block)
     if served_method(args) != ALGORITHM[engine].lower():
         return fail(
@@ -126,7 +170,15 @@ def block_size_matches_engine(ev: BlockEvidence) -> Result:
         )
     given = args.num_draft_tokens if engine == "sglang" else args.num_steps
     if given is None and engine == "sglang":
-        return ok(f"SGLang reads the block from the config: {block}")
+        read = reads.config_block_size(ev.config)
+        if read == block:
+            return ok(f"SGLang reads the block from config.json: {block}")
+        return fail(
+            f"SGLang reads the block from config.json: {read}; the drafter was trained on "
+            f"blocks of {block} ({MANIFEST_FILE})",
+            f"launch with {launch_setting(engine, want)}, and write block_size {block} in "
+            "config.json",
+        )
     if given is None or given > want or (engine == "sglang" and given != want):
         return fail(
             f"{engine_name(engine)} drafts {'an unset number of' if given is None else given} "
@@ -136,6 +188,13 @@ def block_size_matches_engine(ev: BlockEvidence) -> Result:
         )
     fewer = f" (of the {want} trained)" if given < want else ""
     return ok(f"{launch_setting(engine, given)}{fewer} serves the trained block of {block}")
+
+
+def trained_block_size(ev: BlockEvidence) -> int:
+    """The block the drafter was trained on: its manifest's record (`checkpoint.dflash.
+    trained_block`), else the loaded drafter's (config.json's); a skip when neither is had."""
+    recorded = trained_block(ev.manifest)
+    return recorded if recorded is not None else ev.need_drafter().cfg.block_size
 
 
 def served_method(args) -> str:
@@ -219,27 +278,33 @@ def target_layers_as_engines_read(ev: BlockEvidence) -> Result:
     wrong = {e: got for e, got in seen.items() if got != trained}
     if wrong:
         named = "; ".join(
-            f"{engine_name(e)} captures {list(g) if g else 'none'}" for e, g in wrong.items()
+            f"{engine_name(e)} captures {both_numberings(g) if g else 'none'}"
+            for e, g in wrong.items()
         )
         sources = {
             f.source for f in DFLASH_FACTS if f.fact == "target layer ids" and f.engine in wrong
         }
         return fail(
-            f"{named}; the drafter was trained on {list(trained)} (specdraft indices) "
+            f"{named}; the drafter was trained on {both_numberings(trained)} "
             f"({'; '.join(sorted(sources))})",
-            f"write dflash_config.target_layer_ids {[i - 1 for i in trained]} and no other id "
-            f"list (specdraft export writes it)",
+            f"write dflash_config.target_layer_ids {[i - 1 for i in trained]} (0-based target "
+            "layer ids) and no other id list (specdraft export writes it)",
         )
     engines = " and ".join(engine_name(e) for e in seen)
-    return ok(
-        f"{engines} capture {list(trained)} (DFlash ids {[i - 1 for i in trained]}) of {layers} layers, as trained"
-    )
+    return ok(f"{engines} capture {both_numberings(trained)} of {layers} layers, as trained")
+
+
+def both_numberings(aux_layers) -> str:
+    """Aux layers named in both numberings: "[2, 3, 4] (specdraft indices; 0-based target layer
+    ids [1, 2, 3])", the second being what dflash_config.target_layer_ids holds."""
+    ids = [i - 1 for i in aux_layers]
+    return f"{list(aux_layers)} (specdraft indices; 0-based target layer ids {ids})"
 
 
 def draft_attention_as_engines_run(ev: BlockEvidence) -> Result:
     """Each engine checked runs every draft layer with training's attention: a sliding window
     where training had one (SGLang reads layer_types only), full and bidirectional elsewhere."""
-    trained = reads.trained_attention(ev.config)
+    trained = reads.trained_attention(ev.need_dflash_config())
     problems = []
     for engine in ev.engines:
         runs = reads.engine_attention(ev.reading(engine), engine)

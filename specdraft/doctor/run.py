@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specdraft.checkpoint import wrong_dir_message
-from specdraft.checkpoint.dflash import is_dflash_dir
+from specdraft.checkpoint.dflash import is_dflash_dir, records_dflash
 from specdraft.client import check_url
 from specdraft.doctor.checks import CHECKS
 from specdraft.doctor.evidence import Evidence
@@ -40,6 +40,7 @@ class Report:
 
     findings: list[Finding]
     notes: list[str] = field(default_factory=list)
+    given: tuple[str, ...] = ()  # the INPUT_FLAGS the run was given
 
     @property
     def failed(self) -> list[Finding]:
@@ -65,9 +66,11 @@ class Report:
     def skips_enabled_by(self) -> dict[str, int]:
         """The inputs (INPUT_FLAGS) skipped checks name as what would run them, each with how many
         checks it would run, in INPUT_FLAGS order; a skip that names none (e.g. for want of the
-        drafter's manifest) is not counted."""
+        drafter's manifest), or only inputs the run was given, is not counted."""
         wanted = [
-            _input_named(f"{f.fix} {f.evidence}") for f in self.findings if f.verdict == "skip"
+            _input_named(f"{f.fix} {f.evidence}", self.given)
+            for f in self.findings
+            if f.verdict == "skip"
         ]
         return {flag: wanted.count(flag) for flag in INPUT_FLAGS if flag in wanted}
 
@@ -86,9 +89,9 @@ class Report:
 INPUT_FLAGS = ("--target", "--engine-args", "--samples", "--server")
 
 
-def _input_named(text: str) -> str | None:
-    """The INPUT_FLAGS named first in `text`, or None."""
-    found = [(text.find(flag), flag) for flag in INPUT_FLAGS if flag in text]
+def _input_named(text: str, given: tuple[str, ...] = ()) -> str | None:
+    """The INPUT_FLAGS not in `given` named first in `text`, or None."""
+    found = [(text.find(f), f) for f in INPUT_FLAGS if f in text and f not in given]
     return min(found)[1] if found else None
 
 
@@ -124,8 +127,10 @@ def run_doctor(checkpoint: str | Path, **given: Any) -> Report:
 
 def evidence_and_checks(inputs: DoctorInputs) -> tuple[Evidence, tuple]:
     """The evidence and checks of the checkpoint: a block drafter's (`doctor.block`) for a DFlash
-    drafter, else EAGLE-3's (`checks.CHECKS`)."""
-    if is_dflash_dir(Path(inputs.checkpoint)):
+    drafter, or one whose manifest records DFlash training under another config.json (whose
+    first fail is then `config_kind_matches_weights`'s), else EAGLE-3's (`checks.CHECKS`)."""
+    path = Path(inputs.checkpoint)
+    if is_dflash_dir(path) or (path.is_dir() and records_dflash(path)):
         from specdraft.doctor.block import BLOCK_CHECKS, BlockEvidence
 
         return BlockEvidence(inputs), BLOCK_CHECKS
@@ -151,7 +156,8 @@ def run_checks(ev: Evidence, checks=CHECKS) -> Report:
         ev.read_given_samples()
         for check in checks:
             ev.findings.append(_run_one(check, ev))
-    return Report(list(ev.findings), ev.notes())
+    given = tuple(f for f in INPUT_FLAGS if getattr(ev.inputs, f[2:].replace("-", "_")))
+    return Report(list(ev.findings), ev.notes(), given)
 
 
 def _run_one(check, ev: Evidence) -> Finding:

@@ -12,6 +12,8 @@ from specdraft.checkpoint.manifest import Manifest
 from tests.support.cli import flat, invoke, one_error
 from tests.support.dflash import tiny_dflash_draft
 from tests.support.doctor_helpers import edit_config
+from tests.support.tiny_models import save_tiny_model
+from tests.support.tiny_tokenizer import save_tiny_tokenizer
 
 
 @pytest.fixture
@@ -90,3 +92,25 @@ def test_doctor_names_layers_vllm_would_read_otherwise(trained, tmp_path):
     failed = {f["check"]: f["evidence"] for f in report["findings"] if f["verdict"] == "fail"}
     assert list(failed) == ["target_layers_as_engines_read"]
     assert failed["target_layers_as_engines_read"].startswith("vLLM captures [2, 3, 4]")
+
+
+def test_inspect_and_generate_refuse_a_config_block_other_than_the_trained_one(trained, tmp_path):
+    """config.json edited to block 16 over a drafter trained on block 4: inspect and generate
+    each refuse it in one line naming config.json and both values (never 15 steps a round;
+    generate reads it with its options: exit 2)."""
+    edit_config(
+        trained, lambda c: c.update(block_size=16) or c["dflash_config"].update(block_size=16)
+    )
+    said = (f"{trained / 'config.json'}: block_size 16", "trained on blocks of 4")
+    one_error(invoke(["inspect", str(trained)]), *said)
+    target = save_tiny_tokenizer(save_tiny_model("llama", tmp_path / "t", vocab_size=50))
+    generate = [
+        "generate",
+        "--target",
+        str(target),
+        "--draft",
+        str(trained),
+        "--prompt",
+        "a",
+    ]
+    one_error(invoke(generate), *said, code=2)

@@ -72,7 +72,10 @@ def test_a_tensor_that_matches_nothing_and_one_missing_are_named(tmp_path):
 @pytest.mark.parametrize(
     "change, named",
     [
-        ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types set"),
+        (
+            {"layer_types": ["full_attention", "sliding_attention"]},
+            "layer_types[1] 'sliding_attention' (every layer must be full_attention)",
+        ),
         ({"attention_bias": True}, "attention_bias set"),
         ({"hidden_act": "gelu"}, "hidden_act set"),
         ({"dflash_config": {"block_size": 4}}, "'dflash_config.mask_token_id'"),
@@ -87,3 +90,25 @@ def test_a_network_the_drafter_does_not_compute_is_refused(tmp_path, change, nam
         load_dflash_draft(out)
     assert str(raised.value).startswith(f"{out / 'config.json'}: ")
     assert named in str(raised.value)
+
+
+def test_a_config_block_other_than_the_trained_one_is_refused(tmp_path):
+    """config.json edited to block 16 over a drafter the manifest records as trained on block 4:
+    refused naming config.json, both values and the fix (a shape that fits is checked against
+    the training record)."""
+    _, out = saved_dflash(tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    config["block_size"] = 16
+    config["dflash_config"]["block_size"] = 16
+    (out / "config.json").write_text(json.dumps(config))
+    message = refusal(out)
+    assert message.startswith(f"{out / 'config.json'}: block_size 16, but the drafter was trained")
+    assert "on blocks of 4 (specdraft_manifest.json)" in message
+    assert "write block_size 4 (top-level and dflash_config.block_size)" in message
+
+
+def refusal(out) -> str:
+    """The one line load_dflash_draft refuses `out` with."""
+    with pytest.raises(CheckpointError) as raised:
+        load_dflash_draft(out)
+    return str(raised.value)

@@ -90,7 +90,7 @@ def test_an_unreachable_server_given_for_a_block_drafter_fails_naming_it(world):
             "vLLM drafts 7 tokens a round; the drafter was trained on blocks of 4",
         ),
         (SGLANG.format("DFLASH") + " --speculative-num-draft-tokens 4", "pass", "block of 4"),
-        (SGLANG.format("DFLASH"), "pass", "SGLang reads the block from the config: 4"),
+        (SGLANG.format("DFLASH"), "pass", "SGLang reads the block from config.json: 4"),
         (SGLANG.format("DFLASH") + " --speculative-num-draft-tokens 8", "fail", "SGLang drafts 8"),
         (SGLANG.format("DFLASH") + " --speculative-dflash-block-size 16", "fail", "drafts 16"),
         (SGLANG.format("EAGLE3"), "fail", "SGLang runs EAGLE3, not DFLASH"),
@@ -167,8 +167,11 @@ def test_a_top_level_id_list_vllm_reads_first_fails_for_vllm_only(world, tmp_pat
     edit_config(export, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 3, 4]))
     both = finding(run_doctor(export), "target_layers_as_engines_read")
     assert both.verdict == "fail" and both.evidence.startswith(
-        "vLLM captures [2, 3, 4]; the drafter"
+        "vLLM captures [2, 3, 4] (specdraft indices; 0-based target layer ids [1, 2, 3]); "
+        "the drafter was trained on [1, 2, 3] (specdraft indices; 0-based target layer ids "
+        "[0, 1, 2])"
     )
+    assert both.fix.startswith("write dflash_config.target_layer_ids [0, 1, 2] (0-based target")
     assert "gpu_model_runner.py" in both.evidence
     sglang = finding(run_doctor(export, engine="sglang"), "target_layers_as_engines_read")
     assert sglang.verdict == "pass"
@@ -180,7 +183,9 @@ def test_ids_other_than_trainings_fail_for_both_engines(world, tmp_path):
     found = finding(run_doctor(export), "target_layers_as_engines_read")
     assert found.verdict == "fail"
     assert (
-        "SGLang captures [1, 2, 4]; vLLM captures [1, 2, 4]; the drafter was trained on [1, 2, 3]"
+        "SGLang captures [1, 2, 4] (specdraft indices; 0-based target layer ids [0, 1, 3]); "
+        "vLLM captures [1, 2, 4] (specdraft indices; 0-based target layer ids [0, 1, 3]); "
+        "the drafter was trained on [1, 2, 3] (specdraft indices; 0-based target layer ids"
         in found.evidence
     )
 
@@ -265,3 +270,85 @@ def test_a_speculators_drafter_without_its_targets_layer_count_skips(world, tmp_
     assert load.verdict == "skip" and "the target's layer count is not in the file" in load.evidence
     assert "--target" in load.fix
     assert finding(run_doctor(export, target=world[1]), "dflash_files_load").verdict == "pass"
+
+
+def retrained_config(world, tmp_path, block):
+    """A copy of the world's export whose config.json says `block` (top-level and
+    dflash_config) over a drafter the manifest records as trained on TINY_BLOCK."""
+    export = copy_of(world, tmp_path)
+    edit_config(
+        export, lambda c: c.update(block_size=block) or c["dflash_config"].update(block_size=block)
+    )
+    return export
+
+
+@pytest.mark.parametrize(
+    "launch, verdict, said",
+    [
+        (VLLM.format(3), "pass", "num_speculative_tokens\": 3}' serves the trained block of 4"),
+        (
+            VLLM.format(7),
+            "fail",
+            "vLLM drafts 7 tokens a round; the drafter was trained on blocks of 4",
+        ),
+        (SGLANG.format("DFLASH") + " --speculative-num-draft-tokens 4", "pass", "block of 4"),
+        (SGLANG.format("DFLASH") + " --speculative-num-draft-tokens 8", "fail", "blocks of 4"),
+        (SGLANG.format("DFLASH"), "fail", "SGLang reads the block from config.json: 8"),
+    ],
+)
+def test_a_config_block_other_than_the_trained_one_fails_and_the_launch_meets_training(
+    world, tmp_path, launch, verdict, said
+):
+    export = retrained_config(world, tmp_path, 8)
+    report = run_doctor(export, engine_args=launch)
+    load = finding(report, "dflash_files_load")
+    assert load.verdict == "fail"
+    assert "config.json: block_size 8, but the drafter was trained on blocks of 4" in load.evidence
+    assert "(specdraft_manifest.json)" in load.evidence
+    found = finding(report, "block_size_matches_engine")
+    assert found.verdict == verdict and said in found.evidence, found
+    if verdict == "fail":
+        assert "--speculative-num-draft-tokens 4" in found.fix or 'tokens": 3' in found.fix
+
+
+def test_a_sliding_layer_type_is_named_by_index_and_value(world, tmp_path):
+    """layer_types with one sliding entry: the load fail names that entry, not "layer_types set"
+    (every export writes layer_types, all full_attention)."""
+    export = copy_of(world, tmp_path)
+    edit_config(export, lambda c: c.update(layer_types=["full_attention", "sliding_attention"]))
+    found = finding(run_doctor(export), "dflash_files_load")
+    assert found.verdict == "fail"
+    assert "layer_types[1] 'sliding_attention' (every layer must be full_attention)" in (
+        found.evidence
+    )
+    assert "layer_types set" not in found.evidence
+
+
+def test_an_eagle3_config_over_a_dflash_export_names_the_config_first(world, tmp_path):
+    """An EAGLE-3 export's config.json copied over a DFlash export (its weights and manifest
+    DFlash's): the first fail names config.json as the cause and re-exporting (the command) as
+    the fix, no EAGLE-3 check passes on DFlash weights, and the skips never ask for --target."""
+    from specdraft.checkpoint import save_draft
+    from tests.support.drafts import tiny_draft, tiny_manifest
+
+    export = copy_of(world, tmp_path)
+    eagle = tiny_draft()
+    eagle_dir = save_draft(eagle, tmp_path / "e", layout="sglang", manifest=tiny_manifest(eagle))
+    (export / "config.json").write_bytes((eagle_dir / "config.json").read_bytes())
+    report = run_doctor(export, target=world[1])
+    first = report.failed[0]
+    assert first.check == "config_kind_matches_weights", report.failed
+    assert first.evidence.startswith(
+        "config.json names LlamaForCausalLMEagle3 (an EAGLE-3 architecture), not DFlashDraftModel; "
+        "the weights are a DFlash drafter's and specdraft_manifest.json records a DFlash"
+    )
+    assert first.fix == (
+        f"restore config.json: re-export it from its training run (specdraft export RUN/draft "
+        f"{export} --engine sglang|vllm|speculators)"
+    )
+    said = " ".join(f"{f.evidence} {f.fix}" for f in report.findings)
+    assert "delete specdraft_manifest.json" not in said and "RUN/draft, or an export" not in said
+    checks = {f.check for f in report.findings}
+    assert not checks & {"fc_width_matches_aux", "lm_head_untied", "values_finite"}
+    assert [f.check for f in report.failed] == ["config_kind_matches_weights"]
+    assert "--target" not in report.skips_enabled_by()

@@ -58,3 +58,14 @@ def test_table_keeps_every_word_of_evidence_and_fix_within_the_width(width):
         "SKIP",
     ):
         assert check in cells
+
+
+def test_the_skips_hint_never_asks_for_an_input_the_run_was_given():
+    """A skip whose fix names --target (e.g. a manifest's fix) is not counted as one --target
+    would run when --target was given."""
+    skips = [
+        Finding("a", "skip", "no manifest", "delete it, then pass --target DIR"),
+        Finding("b", "skip", "no --server", "pass --server URL"),
+    ]
+    assert Report(skips).skips_enabled_by() == {"--target": 1, "--server": 1}
+    assert Report(skips, given=("--target",)).skips_enabled_by() == {"--server": 1}
