@@ -141,7 +141,9 @@ def speculative_round(req: Request, proposer: Proposer, target: Target) -> None:
     (drafting, verifying: a graphed draft round's GPU time, spent while the host went on to the
     verify, counts as drafting), with the step's counts."""
     t0 = time.perf_counter()
-    proposal = proposer.propose(req).within(free_nodes(target.max_seq_len, req.length))
+    proposal = proposer.propose(req)
+    if req.length + proposal.tokens.numel() >= target.max_seq_len:  # would reach the last slot
+        proposal = proposal.within(free_nodes(target.max_seq_len, req.length))
     t1 = time.perf_counter()
     logits, aux = target.verify(proposal, req.length)
     emitted, path = proposal.accept(req, logits)
