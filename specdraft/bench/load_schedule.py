@@ -24,7 +24,7 @@ from typing import Any
 
 from specdraft.bench.tune_load import Level, LoadModel
 from specdraft.bench.tune_model import TuneConfig
-from specdraft.bench.tune_report import served_path
+from specdraft.bench.tune_report import existing_for, export_command_line, served_path
 from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
 from specdraft.engine.schedule import BatchSchedule
 from specdraft.engine.spec_config import SpecConfig
@@ -96,6 +96,23 @@ class LoadReport:
         extra = {VLLM_SCHEDULE_KEY: self.rows()}
         line = launch_command("vllm", self.target_path, draft, SpecConfig.chain(self.max_k), extra)
         return f"{line} --max-num-seqs {self.max_num_seqs}"
+
+    def export_command(self, engine: str) -> str | None:
+        """`specdraft export ...` writing the drafter directory `engine`'s ("sglang" | "vllm")
+        launch line names (`tune_report.export_command_line`, the deepest K's chain), or None:
+        no speculation, the drafter serves as it is, or its export is on disk."""
+        if self.max_k == 0:
+            return None
+        spec = SpecConfig.chain(self.max_k)
+        return export_command_line(self.draft_path, self.target_path, engine, spec)
+
+    def existing(self, engine: str) -> str | None:
+        """The export of the drafter for `engine` already on disk (`tune_report.existing_for`)."""
+        return existing_for(self.draft_path, engine) if self.max_k else None
+
+    def served_path(self, engine: str) -> str:
+        """The drafter directory `engine` loads (`tune_report.served_path`)."""
+        return served_path(self.draft_path, engine)
 
     def sglang_adaptive(self) -> dict[str, Any] | None:
         """SGLang's adaptive config: each row's first batch size -> its K as the one candidate
