@@ -24,7 +24,13 @@ from typing import Any
 
 from specdraft.bench.tune_load import Level, LoadModel
 from specdraft.bench.tune_model import TuneConfig
-from specdraft.bench.tune_report import existing_for, export_command_line, served_path
+from specdraft.bench.tune_report import (
+    dflash_export_hint,
+    existing_for,
+    export_command_line,
+    served_path,
+)
+from specdraft.checkpoint.dflash import is_dflash_drafter
 from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
 from specdraft.engine.schedule import BatchSchedule
 from specdraft.engine.spec_config import SpecConfig
@@ -89,9 +95,12 @@ class LoadReport:
 
     def vllm_flags(self) -> str:
         """`vllm serve` with num_speculative_tokens = the deepest K and the schedule, or the
-        advice to launch without speculation."""
+        advice to launch without speculation; a DFlash drafter: the export that prints its line
+        (`tune_report.dflash_export_hint`)."""
         if self.max_k == 0:
             return "launch without --speculative-config (speculation loses at every batch size)"
+        if is_dflash_drafter(self.draft_path):
+            return dflash_export_hint(self.draft_path, "vllm", self.max_k)
         draft = Path(served_path(self.draft_path, "vllm"))
         extra = {VLLM_SCHEDULE_KEY: self.rows()}
         line = launch_command("vllm", self.target_path, draft, SpecConfig.chain(self.max_k), extra)
@@ -122,9 +131,12 @@ class LoadReport:
         return {str(low): {"candidate_steps": [k]} for low, _, k in self.rows()}
 
     def sglang_flags(self, adaptive_file: str | Path = SGLANG_ADAPTIVE_FILE) -> str:
-        """SGLang's launch line with the adaptive config file (EAGLE-3 chains, topk 1)."""
+        """SGLang's launch line with the adaptive config file (EAGLE-3 chains, topk 1); a DFlash
+        drafter: the export that prints its line (`tune_report.dflash_export_hint`)."""
         if self.max_k == 0:
             return "launch without --speculative-* flags (speculation loses at every batch size)"
+        if is_dflash_drafter(self.draft_path):
+            return dflash_export_hint(self.draft_path, "sglang", self.max_k)
         draft = Path(served_path(self.draft_path, "sglang"))
         line = launch_command("sglang", self.target_path, draft, SpecConfig.chain(self.max_k))
         return f"{line} --speculative-adaptive --speculative-adaptive-config " + shlex.quote(

@@ -86,13 +86,8 @@ class TuneReport:
         return launch_command(engine, self.target_path, Path(self.served_path(engine)), rec.spec)
 
     def dflash_flags(self, engine: str, rec: Candidate) -> str:
-        """For a DFlash drafter: the command whose launch line serves the recommendation on
-        `engine` (an engine's DFlash launch rules are `specdraft export`'s)."""
-        return (
-            f"a DFlash drafter, {rec.spec.num_steps} drafts per round: `specdraft export "
-            f"{shlex.quote(self.draft_path)} OUT --engine {engine}` writes its export and prints "
-            "the launch line"
-        )
+        """For a DFlash drafter: the export that prints the launch line (`dflash_export_hint`)."""
+        return dflash_export_hint(self.draft_path, engine, rec.spec.num_steps)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -153,6 +148,20 @@ def export_command_line(draft_path: str, target_path: str, engine: str, spec) ->
     words += ["--target", target_path, "--num-steps", str(spec.num_steps)]
     return " ".join(
         ["specdraft export", *map(shlex.quote, words)] + (tree if engine == "sglang" else [])
+    )
+
+
+def dflash_export_hint(draft_path: str, engine: str, num_steps: int) -> str:
+    """For a DFlash drafter at `num_steps` drafts a round: the `specdraft export` whose launch
+    line serves it on `engine` (an engine's DFlash launch rules are `export.dflash`'s: vLLM drafts
+    --num-steps N of the block, SGLang serves the trained block only)."""
+    command = f"specdraft export {shlex.quote(draft_path)} OUT --engine {engine}"
+    if engine == "vllm":
+        command += f" --num-steps {num_steps}"
+    served = "" if engine == "vllm" else " (SGLang serves the trained block only)"
+    return (
+        f"a DFlash drafter, {num_steps} drafts per round: `{command}` writes its export and "
+        f"prints the launch line{served}"
     )
 
 
