@@ -1,5 +1,6 @@
 """`export_dflash`: a DFlash drafter (`checkpoint.dflash`, any published form) for SGLang, vLLM or
-the speculators form, with the launch command whose setting serves the trained block.
+the speculators form, with the launch command whose setting serves the trained block (vLLM: or
+--num-steps N drafts of it, `served_setting`).
 
 What each engine reads (`conventions.dflash.DFLASH_FACTS`, `conventions.dflash_reads`):
 - sglang / vllm: z-lab's form (`checkpoint.dflash.dflash_config_json`): architectures
