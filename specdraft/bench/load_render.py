@@ -11,7 +11,7 @@ from specdraft.bench.load_schedule import LoadReport, write_schedule_files
 from specdraft.bench.speedup import DECODE_TOKENS_PER_S
 from specdraft.bench.tune_load import LoadBench, load_settings, setting_label, tune_load
 from specdraft.bench.tune_model import TuneConfig
-from specdraft.bench.tune_render import row
+from specdraft.bench.tune_render import export_lines, row
 from specdraft.conventions.spec_schedule import (
     SGLANG_ADAPTIVE_SOURCE,
     VLLM_SCHEDULE_KEY,
@@ -67,14 +67,17 @@ def render_load(report: LoadReport, written: dict[str, Path] | None = None) -> s
 
 
 def launch_lines(report: LoadReport, written: dict[str, Path]) -> list[str]:
-    """The files written and the vLLM, SGLang and specdraft serve launch lines."""
+    """The files written and the vLLM, SGLang and specdraft serve launch lines, each engine's
+    with the export its drafter directory needs first (`tune_render.export_lines`)."""
     serve_file, sglang_file = written.get("serve"), written.get("sglang")
     lines = [f"wrote {path}" for path in written.values()]
     lines.append(f"vLLM: {report.vllm_flags()}")
+    lines += export_lines(report, "vllm", "vLLM")
     if report.sglang_adaptive() is not None:
         lines.append(f"SGLang ({SGLANG_ADAPTIVE_SOURCE}): " + report.sglang_flags(sglang_file))
     else:
         lines.append(f"SGLang: {report.sglang_flags()}")
+    lines += export_lines(report, "sglang", "SGLang")
     lines.append("specdraft: " + report.serve_flags(serve_file or "SCHEDULE.json"))
     return lines
 

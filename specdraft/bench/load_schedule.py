@@ -24,7 +24,13 @@ from typing import Any
 
 from specdraft.bench.tune_load import Level, LoadModel
 from specdraft.bench.tune_model import TuneConfig
-from specdraft.bench.tune_report import served_path
+from specdraft.bench.tune_report import (
+    dflash_export_hint,
+    existing_for,
+    export_command_line,
+    served_path,
+)
+from specdraft.checkpoint.dflash import is_dflash_drafter
 from specdraft.conventions.spec_schedule import VLLM_SCHEDULE_KEY
 from specdraft.engine.schedule import BatchSchedule
 from specdraft.engine.spec_config import SpecConfig
@@ -89,13 +95,33 @@ class LoadReport:
 
     def vllm_flags(self) -> str:
         """`vllm serve` with num_speculative_tokens = the deepest K and the schedule, or the
-        advice to launch without speculation."""
+        advice to launch without speculation; a DFlash drafter: the export that prints its line
+        (`tune_report.dflash_export_hint`)."""
         if self.max_k == 0:
             return "launch without --speculative-config (speculation loses at every batch size)"
+        if is_dflash_drafter(self.draft_path):
+            return dflash_export_hint(self.draft_path, "vllm", self.max_k)
         draft = Path(served_path(self.draft_path, "vllm"))
         extra = {VLLM_SCHEDULE_KEY: self.rows()}
         line = launch_command("vllm", self.target_path, draft, SpecConfig.chain(self.max_k), extra)
         return f"{line} --max-num-seqs {self.max_num_seqs}"
+
+    def export_command(self, engine: str) -> str | None:
+        """`specdraft export ...` writing the drafter directory `engine`'s ("sglang" | "vllm")
+        launch line names (`tune_report.export_command_line`, the deepest K's chain), or None:
+        no speculation, the drafter serves as it is, or its export is on disk."""
+        if self.max_k == 0:
+            return None
+        spec = SpecConfig.chain(self.max_k)
+        return export_command_line(self.draft_path, self.target_path, engine, spec)
+
+    def existing(self, engine: str) -> str | None:
+        """The export of the drafter for `engine` already on disk (`tune_report.existing_for`)."""
+        return existing_for(self.draft_path, engine) if self.max_k else None
+
+    def served_path(self, engine: str) -> str:
+        """The drafter directory `engine` loads (`tune_report.served_path`)."""
+        return served_path(self.draft_path, engine)
 
     def sglang_adaptive(self) -> dict[str, Any] | None:
         """SGLang's adaptive config: each row's first batch size -> its K as the one candidate
@@ -105,9 +131,12 @@ class LoadReport:
         return {str(low): {"candidate_steps": [k]} for low, _, k in self.rows()}
 
     def sglang_flags(self, adaptive_file: str | Path = SGLANG_ADAPTIVE_FILE) -> str:
-        """SGLang's launch line with the adaptive config file (EAGLE-3 chains, topk 1)."""
+        """SGLang's launch line with the adaptive config file (EAGLE-3 chains, topk 1); a DFlash
+        drafter: the export that prints its line (`tune_report.dflash_export_hint`)."""
         if self.max_k == 0:
             return "launch without --speculative-* flags (speculation loses at every batch size)"
+        if is_dflash_drafter(self.draft_path):
+            return dflash_export_hint(self.draft_path, "sglang", self.max_k)
         draft = Path(served_path(self.draft_path, "sglang"))
         line = launch_command("sglang", self.target_path, draft, SpecConfig.chain(self.max_k))
         return f"{line} --speculative-adaptive --speculative-adaptive-config " + shlex.quote(

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-NO_BASELINE = "no baseline: speedup not measured"
+NO_BASELINE = (
+    "no baseline: speedup not measured (pass --baseline-url URL: the same engine without "
+    "speculation)"
+)
 # Two runs are the fewest with a spread (a sample standard deviation); a verdict must clear that
 # spread, so a shaky two-run spread turns a level into a tie, never into a false win.
 MIN_VERDICT_REPEATS = 2

@@ -127,12 +127,14 @@ def recommendation_lines(report: TuneReport) -> list[str]:
             )
     for engine, name in (("sglang", "SGLang"), ("vllm", "vLLM")):
         lines.append(f"  {name}: {report.launch_flags(engine)}")
-        lines += _export_lines(report, engine, name)
+        lines += export_lines(report, engine, name)
     return lines
 
 
-def _export_lines(report: TuneReport, engine: str, name: str) -> list[str]:
-    """What the launch line's drafter directory is, when it is not the drafter given: the
+def export_lines(report, engine: str, name: str) -> list[str]:
+    """What the launch line's drafter directory is, when it is not the drafter given (`report`: a
+    `TuneReport` or `load_schedule.LoadReport`, whose existing / export_command / served_path
+    name it): the
     drafter's layout as inspect and doctor name it (`checkpoint.describe_layout`), then the
     export on disk it names, or the `specdraft export` that writes it."""
     found, command = report.existing(engine), report.export_command(engine)

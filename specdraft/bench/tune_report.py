@@ -60,30 +60,11 @@ class TuneReport:
 
     def export_command(self, engine: str) -> str | None:
         """`specdraft export ...` to run before launching `engine` ("sglang" | "vllm") with the
-        recommendation, or None when the drafter directory serves as it is (`needs_export`) or
-        its export is on disk already (`export.existing_export`)."""
+        recommendation, or None (`export_command_line`)."""
         rec = self.recommended(engine)
-        if rec is None or not needs_export(self.draft_path, engine) or self.existing(engine):
+        if rec is None:
             return None
-        s = rec.spec
-        return " ".join(
-            [
-                "specdraft export",
-                shlex.quote(self.draft_path),
-                shlex.quote(self.served_path(engine)),
-                "--engine",
-                engine,
-                "--target",
-                shlex.quote(self.target_path),
-                "--num-steps",
-                str(s.num_steps),
-                *(
-                    ["--topk", str(s.topk), "--num-draft-tokens", str(s.num_draft_tokens)]
-                    if engine == "sglang"
-                    else []
-                ),
-            ]
-        )
+        return export_command_line(self.draft_path, self.target_path, engine, rec.spec)
 
     def existing(self, engine: str) -> str | None:
         """The export of the drafter for `engine` already on disk (`existing_for`)."""
@@ -105,13 +86,8 @@ class TuneReport:
         return launch_command(engine, self.target_path, Path(self.served_path(engine)), rec.spec)
 
     def dflash_flags(self, engine: str, rec: Candidate) -> str:
-        """For a DFlash drafter: the command whose launch line serves the recommendation on
-        `engine` (an engine's DFlash launch rules are `specdraft export`'s)."""
-        return (
-            f"a DFlash drafter, {rec.spec.num_steps} drafts per round: `specdraft export "
-            f"{shlex.quote(self.draft_path)} OUT --engine {engine}` writes its export and prints "
-            "the launch line"
-        )
+        """For a DFlash drafter: the export that prints the launch line (`dflash_export_hint`)."""
+        return dflash_export_hint(self.draft_path, engine, rec.spec.num_steps)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -158,6 +134,35 @@ def settle(candidates: Any, min_speedup: float) -> tuple[Candidate | None, list[
         c for c, r in zip(measured, rows) if any(r is t for t in ties_at_top(rows, min_speedup))
     ]
     return next((c for c, r in zip(measured, rows) if r is chosen), None), ties
+
+
+def export_command_line(draft_path: str, target_path: str, engine: str, spec) -> str | None:
+    """`specdraft export DRAFT OUT --engine E --target T --num-steps K` (SGLang: with --topk and
+    --num-draft-tokens) writing the `served_path` that `engine`'s launch line under `spec` (a
+    `SpecConfig`) names; None when the drafter directory serves as it is (`needs_export`) or its
+    export is on disk already (`export.existing_export`)."""
+    if not needs_export(draft_path, engine) or existing_for(draft_path, engine):
+        return None
+    tree = ["--topk", str(spec.topk), "--num-draft-tokens", str(spec.num_draft_tokens)]
+    words = [draft_path, served_path(draft_path, engine), "--engine", engine]
+    words += ["--target", target_path, "--num-steps", str(spec.num_steps)]
+    return " ".join(
+        ["specdraft export", *map(shlex.quote, words)] + (tree if engine == "sglang" else [])
+    )
+
+
+def dflash_export_hint(draft_path: str, engine: str, num_steps: int) -> str:
+    """For a DFlash drafter at `num_steps` drafts a round: the `specdraft export` whose launch
+    line serves it on `engine` (an engine's DFlash launch rules are `export.dflash`'s: vLLM drafts
+    --num-steps N of the block, SGLang serves the trained block only)."""
+    command = f"specdraft export {shlex.quote(draft_path)} OUT --engine {engine}"
+    if engine == "vllm":
+        command += f" --num-steps {num_steps}"
+    served = "" if engine == "vllm" else " (SGLang serves the trained block only)"
+    return (
+        f"a DFlash drafter, {num_steps} drafts per round: `{command}` writes its export and "
+        f"prints the launch line{served}"
+    )
 
 
 def needs_export(draft_dir: str, engine: str) -> bool:

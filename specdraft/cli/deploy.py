@@ -145,7 +145,7 @@ def export(
     console = make_console()
     given = options_given(num_steps, topk, num_draft_tokens, aux_layers, sglang_version)
     if is_dflash_source(checkpoint):
-        inputs = {"target": target, "verifier": verifier, "dtype": dtype}
+        inputs = {"target": target, "verifier": verifier, "dtype": dtype, "num_steps": num_steps}
         export_block_drafter(console, checkpoint, out, engine, inputs, given, trust_remote_code)
         return
     with user_errors(None, exit_code=USAGE_ERROR):  # the options alone, as generate's and serve's

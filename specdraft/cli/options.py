@@ -177,7 +177,9 @@ ExportNumSteps = Annotated[
     option(
         None,
         min=1,
-        help=NUM_STEPS_HELP + " in the launch command (vLLM: num_speculative_tokens); default 3.",
+        help=NUM_STEPS_HELP + " in the launch command (vLLM: num_speculative_tokens); default 3. "
+        "A DFlash drafter: its drafts a round, vLLM 1..block-1 (default block-1, the trained "
+        "block); SGLang serves the trained block only.",
     ),
 ]
 ExportTopk = Annotated[

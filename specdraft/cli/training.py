@@ -89,7 +89,7 @@ def train(
     threads: Threads,
     **settings: Any,
 ) -> None:
-    """Train an EAGLE-3 drafter on SOURCE into OUT (several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ...).
+    """Train a drafter on SOURCE into OUT: EAGLE-3 (--method eagle3, the default, or eagle3.1) or DFlash (--method dflash); several GPUs: torchrun --nproc-per-node N -m specdraft.cli train ....
 
     The device is chosen automatically: the GPU when torch sees one (under torchrun, each rank's
     LOCAL_RANK GPU), else the CPU.

@@ -27,8 +27,8 @@ from specdraft.demo import stages
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.generation import heldout_prompts, timed_settings
 from specdraft.demo.run import prepare
-from specdraft.errors import UnusableInput
 from specdraft.files import atomic_write_json
+from specdraft.targets.mask_token import dflash_mask_token
 
 EAGLE_CHAINS = (2, 3, 4)  # the EAGLE-3 chains timed beside DFlash (the default demo sweeps 1..6)
 REPORT_FILE = "report-dflash.json"
@@ -51,7 +51,7 @@ class DFlashDemo:
 def run_dflash_demo(cfg: DemoConfig, console: Console | None = None) -> DFlashDemo:
     """The demo's stages up to training, both drafters, then the timed comparison; writes
     out/report-dflash.json. Raises what the default demo raises, and UnusableInput for a target
-    without a usable mask token (`mask_token`)."""
+    without a usable mask token (`targets.mask_token.dflash_mask_token`)."""
     from specdraft.machine_load import busy_note
 
     say, target_dir, _, stores, heldout_file = prepare(cfg, console)
@@ -99,7 +99,7 @@ def deployments(cfg: DemoConfig, dflash_dir: Path, target_dir: Path) -> dict[str
 
 def dflash_fields(cfg: DemoConfig, target_dir: Path) -> dict[str, Any]:
     """The TrainConfig fields of the demo's DFlash drafter: its block size and layer count, the
-    mask token (`mask_token`), cfg.dflash_anchors blocks per document, cfg.dflash_steps steps at
+    mask token (`targets.mask_token.dflash_mask_token`), cfg.dflash_anchors blocks per document, cfg.dflash_steps steps at
     cfg.dflash_lr."""
     return {
         "method": "dflash",
@@ -109,29 +109,9 @@ def dflash_fields(cfg: DemoConfig, target_dir: Path) -> dict[str, Any]:
         "total_steps": cfg.dflash_steps,
         "draft_overrides": {
             "num_hidden_layers": cfg.dflash_layers,
-            "mask_token_id": mask_token(target_dir),
+            "mask_token_id": dflash_mask_token(target_dir),
         },
     }
-
-
-def mask_token(target_dir: Path) -> int:
-    """The DFlash mask token of the target: the first id past its tokenizer where its embedding
-    has that row (the trainer's default, z-lab's recipe), else the tokenizer's unknown token
-    (stories260K: <unk>, id 0, which its text never holds). UnusableInput naming --target when
-    it has neither."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    rows = AutoConfig.from_pretrained(str(target_dir)).get_text_config().vocab_size
-    if len(tokenizer) < rows:
-        return len(tokenizer)
-    if tokenizer.unk_token_id is not None:
-        return tokenizer.unk_token_id
-    raise UnusableInput(
-        f"--target {target_dir}: no spare embedding row past its {len(tokenizer)}-token tokenizer "
-        "and no unknown token for DFlash's mask token; train one with `specdraft train --method "
-        'dflash --config` (draft_overrides {"mask_token_id": ID})'
-    )
 
 
 def compare(

@@ -154,12 +154,15 @@ class BatchSchedule:
         )
 
     def check_depth(self, max_num_steps: int) -> None:
-        """Raise ScheduleError when an entry drafts deeper than max_num_steps."""
+        """Raise ScheduleError when an entry drafts deeper than max_num_steps (the engine's
+        --num-steps: serve's and generate's, default 3, a DFlash drafter's block_size - 1)."""
         for entry in self.entries:
             if entry[2] > max_num_steps:
                 raise ScheduleError(
                     f"schedule entry {list(entry)}: K {entry[2]} exceeds the drafter's depth "
-                    f"{max_num_steps}; use K <= {max_num_steps}"
+                    f"{max_num_steps} (--num-steps {max_num_steps}): pass --num-steps "
+                    f"{entry[2]} (a DFlash drafter: at most its block_size - 1), or use K <= "
+                    f"{max_num_steps}"
                 )
 
 

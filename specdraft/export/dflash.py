@@ -1,5 +1,6 @@
 """`export_dflash`: a DFlash drafter (`checkpoint.dflash`, any published form) for SGLang, vLLM or
-the speculators form, with the launch command whose setting serves the trained block.
+the speculators form, with the launch command whose setting serves the trained block (vLLM: or
+--num-steps N drafts of it, `served_setting`).
 
 What each engine reads (`conventions.dflash.DFLASH_FACTS`, `conventions.dflash_reads`):
 - sglang / vllm: z-lab's form (`checkpoint.dflash.dflash_config_json`): architectures
@@ -36,9 +37,9 @@ from specdraft.export.run import EXPORT_ENGINES, READER_OF_ENGINE
 from specdraft.export.target_facts import TargetFacts
 from specdraft.files import atomic_dir
 
-# export's options that set an EAGLE-3 chain or tree; a DFlash drafter's setting is its block.
+# export's options that set an EAGLE-3 chain or tree; a DFlash drafter's setting is its block
+# (--num-steps: the drafts a round, `served_setting`).
 EAGLE3_ONLY_OPTIONS = (
-    "--num-steps",
     "--topk",
     "--num-draft-tokens",
     "--aux-layers",
@@ -63,13 +64,47 @@ class DFlashExport:
 
 def refuse_eagle3_options(checkpoint: str | Path, given: list[str]) -> None:
     """ExportError naming the EAGLE-3-only options (EAGLE3_ONLY_OPTIONS) given for a DFlash
-    drafter: its block size, fixed at training, is the speculative setting."""
+    drafter: its block size, fixed at training, bounds the speculative setting (--num-steps:
+    `served_setting`)."""
     eagle = [o for o in given if o in EAGLE3_ONLY_OPTIONS]
     if eagle:
         raise ExportError(
             f"{', '.join(eagle)}: EAGLE-3 settings, and {checkpoint} is a DFlash drafter, whose "
-            "setting is the block it was trained on (the launch line serves it); drop them"
+            "setting is the block it was trained on (the launch line serves it; --num-steps N "
+            "sets the drafts a round); drop them"
         )
+
+
+def served_setting(engine: str, block_size: int, num_steps: int | None) -> int:
+    """The engine's setting (`dflash_reads.engine_num_speculative_tokens`'s units) for `num_steps`
+    drafts a round of a drafter trained on blocks of `block_size` (None: the trained block's
+    block_size - 1). vLLM 0.32 drafts num_speculative_tokens K mask queries after the bonus
+    token, 1 <= K <= block_size - 1 of the trained positions (`conventions.dflash` DFLASH_FACTS);
+    SGLang's DFLASH worker drafts a block of the size given, so only the trained block serves
+    it; the speculators form drafts the block its config names. Raises ExportError otherwise."""
+    trained = block_size - 1
+    setting = reads.engine_num_speculative_tokens(READER_OF_ENGINE[engine], block_size)
+    if num_steps is None or num_steps == trained:
+        return setting
+    if engine == "vllm" and 1 <= num_steps < trained:
+        return num_steps
+    if engine == "vllm":
+        raise ExportError(
+            f"--num-steps {num_steps}: the drafter was trained on blocks of {block_size} "
+            f"({trained} drafts after the anchor), and vLLM would draft positions never trained; "
+            f"give 1..{trained}"
+        )
+    if engine == "sglang":
+        raise ExportError(
+            f"--num-steps {num_steps}: SGLang's DFLASH worker would draft a block of "
+            f"--speculative-num-draft-tokens {num_steps + 1}, unlike the trained block of "
+            f"{block_size}; drop --num-steps (SGLang serves the trained block), or export "
+            f"--engine vllm, which drafts 1..{trained} of it"
+        )
+    raise ExportError(
+        f"--num-steps {num_steps}: the speculators form serves the trained block of {block_size} "
+        f"({trained} drafts); drop --num-steps, or export --engine vllm, which drafts 1..{trained}"
+    )
 
 
 def export_dflash(
@@ -81,14 +116,17 @@ def export_dflash(
     target: str | Path | None = None,
     trust_remote_code: bool = False,
     verifier: str | None = None,
+    num_steps: int | None = None,
 ) -> DFlashExport:
     """Write the DFlash drafter directory `checkpoint` for `engine` (EXPORT_ENGINES) under
     `out_dir`: to a temp directory, re-read strictly with every tensor proven bit-identical (to
     the cast, with `dtype`: "bf16" | "fp16" | "fp32"), then renamed over it. target: the target's
     directory (its layer count and vocabulary must be the drafter's; else the manifest's record);
     verifier: speculators' verifier.name_or_path (default: the target's path, else the
-    manifest's). Raises ExportError for a target the drafter does not fit or a speculators export
-    without a verifier; CheckpointError for a bad source (`load_dflash_draft`)."""
+    manifest's); num_steps: the drafts a round the launch line sets (`served_setting`; default
+    the trained block's). Raises ExportError for a target the drafter does not fit, a num_steps
+    the engine cannot serve or a speculators export without a verifier; CheckpointError for a
+    bad source (`load_dflash_draft`)."""
     if engine not in EXPORT_ENGINES:
         raise ExportError(f"unknown engine {engine!r}; choose one of {', '.join(EXPORT_ENGINES)}")
     out_dir = _output_dir(checkpoint, out_dir)
@@ -98,6 +136,8 @@ def export_dflash(
     )
     facts = given or (TargetFacts.from_manifest(manifest) if manifest else None)
     notes = _check_target(model, facts, checkpoint)
+    block = model.cfg.block_size
+    setting = served_setting(engine, block, num_steps)
     if target:
         _refuse_mask_conflict(model, Path(target))
     if dtype is not None and parse_dtype(dtype) != model.fc.weight.dtype:
@@ -110,10 +150,8 @@ def export_dflash(
         )
     config = engine_config(engine, model, verifier, facts)
     num_tensors = _write_and_prove(model, manifest, out_dir, config, engine)
-    block = model.cfg.block_size
-    command = dflash_launch_command(engine, verifier or "TARGET", out_dir, block)
-    notes += engine_notes(engine, model, verifier)
-    setting = reads.engine_num_speculative_tokens(READER_OF_ENGINE[engine], block)
+    command = dflash_launch_command(engine, verifier or "TARGET", out_dir, setting)
+    notes += engine_notes(engine, model, verifier, setting)
     return DFlashExport(out_dir, engine, config, command, block, setting, notes, num_tensors)
 
 
@@ -226,27 +264,24 @@ def _write_and_prove(
     return len(tensors)
 
 
-def dflash_launch_command(engine: str, target: str, out_dir: Path, block_size: int) -> str:
-    """The serving command of a DFlash export whose setting serves the trained block."""
+def dflash_launch_command(engine: str, target: str, out_dir: Path, setting: int) -> str:
+    """The serving command of a DFlash export under the engine's `setting` (`served_setting`):
+    SGLang's --speculative-num-draft-tokens, vLLM's num_speculative_tokens."""
     if engine == "sglang":
         return (
             f"python -m sglang.launch_server --model-path {shlex.quote(target)} "
             f"--speculative-algorithm DFLASH --speculative-draft-model-path "
-            f"{shlex.quote(str(out_dir))} --speculative-num-draft-tokens {block_size}"
+            f"{shlex.quote(str(out_dir))} --speculative-num-draft-tokens {setting}"
         )
     if engine == "vllm":
-        spec = {
-            "method": "dflash",
-            "model": str(out_dir),
-            "num_speculative_tokens": reads.engine_num_speculative_tokens("vllm", block_size),
-        }
+        spec = {"method": "dflash", "model": str(out_dir), "num_speculative_tokens": setting}
         return (
             f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(json.dumps(spec))}"
         )
     return f"vllm serve {shlex.quote(str(out_dir))}"
 
 
-def engine_notes(engine: str, model: DFlashDraft, verifier: str | None) -> list[str]:
+def engine_notes(engine: str, model: DFlashDraft, verifier: str | None, setting: int) -> list[str]:
     """What the user must know to serve the export: the block and setting, the mask token."""
     cfg = model.cfg
     notes = [
@@ -254,6 +289,11 @@ def engine_notes(engine: str, model: DFlashDraft, verifier: str | None) -> list[
         f"{list(cfg.target_layer_ids)} 0-based = specdraft indices {list(cfg.aux_layers)}; "
         f"mask token {cfg.mask_token_id} (a row of the target's embedding: no tokenizer change)"
     ]
+    if engine == "vllm" and setting < cfg.block_size - 1:
+        notes.append(
+            f"vLLM drafts {setting} of the {cfg.block_size - 1} trained positions a round "
+            "(--num-steps)"
+        )
     if engine == "sglang":
         notes.append("SGLang serves DFLASH on CUDA, NPU or XPU devices only (0.5.22)")
     if engine == "speculators":

@@ -24,7 +24,13 @@ from specdraft.draft_config import DraftConfig, method_flags
 from specdraft.errors import SettingsMismatch, SpecdraftError, UnusableInput
 from specdraft.files import differing_fields
 from specdraft.train.run_dir import check_run_dir, checkpoint_config
-from specdraft.train.settings import MAY_CHANGE_ON_RESUME, TrainConfig, flag, unknown_keys_text
+from specdraft.train.settings import (
+    MAY_CHANGE_ON_RESUME,
+    TrainConfig,
+    flag,
+    refuse_other_methods_settings,
+    unknown_keys_text,
+)
 from specdraft.train.sources import OnlineSource, TargetInfo
 
 # The settings whose default (None) a run resolves at its start, from its data (`resolved_config`);
@@ -193,7 +199,8 @@ def run_config(
     fields; None = not given) over them; a run length flag (total_steps / epochs) replaces both of
     the file's. With `resume`, the settings not given come from out_dir's newest checkpoint
     (`resume_config`), and `say` receives the line naming it. UnusableInput (a usage error) for both
-    run lengths given, a bad config file or value; FileExistsError for an out_dir that is no run
+    run lengths given, a bad config file or value, a flag of another method than the run's
+    (`settings.refuse_other_methods_settings`); FileExistsError for an out_dir that is no run
     directory."""
     steps, epochs = flags.get("total_steps"), flags.get("epochs")
     if steps is not None and epochs is not None:
@@ -206,7 +213,7 @@ def run_config(
         values.update(total_steps=None, epochs=None)
     values.update({k: v for k, v in flags.items() if v is not None})
     if not resume:
-        return TrainConfig.from_dict(values)
+        return refuse_other_methods_settings(TrainConfig.from_dict(values), flags)
     check_run_dir(out_dir)  # before saying anything about it
     saved = checkpoint_paths(out_dir)
     say(
@@ -214,7 +221,7 @@ def run_config(
         if saved
         else f"--resume: no checkpoint in {out_dir} yet: starting at step 0"
     )
-    return resume_config(out_dir, values)
+    return refuse_other_methods_settings(resume_config(out_dir, values), flags)
 
 
 # train_source's keywords: `specdraft train`'s options that apply with --online (their names)

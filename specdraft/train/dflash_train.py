@@ -9,6 +9,7 @@ one fixed set (step -1).
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 
 from specdraft.checkpoint import Manifest
 from specdraft.dflash import DFlashConfig, DFlashDraft
+from specdraft.errors import UnusableInput
 from specdraft.train.dflash_loss import (
     Blocks,
     block_counts,
@@ -34,16 +36,34 @@ VALIDATION_STEP = -1  # the anchor draw of every validation pass
 def default_mask_token(info: TargetInfo) -> int:
     """The first id past the tokenizer, where z-lab's recipe adds '<|MASK|>' (Qwen3: 151669), when
     the target's embedding has that row. Raises BadTrainSetting naming the --config key
-    otherwise."""
+    otherwise, with the id `specdraft demo` would train with (`suggested_mask_token`)."""
     vocab_size = info.embed_weight.shape[0]
     if info.vocab_limit is None or info.vocab_limit >= vocab_size:
         known = "unknown" if info.vocab_limit is None else str(info.vocab_limit)
+        suggested = suggested_mask_token(info)
+        example = "ID" if suggested is None else str(suggested)
+        why = "" if suggested is None else " (the tokenizer's unknown token, as the demo uses)"
         raise BadTrainSetting(
             f"--method dflash needs a mask token: the tokenizer's length ({known}) leaves no spare "
             f"row of the target's {vocab_size}-row embedding; give its id as --config key "
-            'draft_overrides {"mask_token_id": ID}'
+            f'draft_overrides {{"mask_token_id": {example}}}{why}'
         )
     return info.vocab_limit
+
+
+def suggested_mask_token(info: TargetInfo) -> int | None:
+    """The mask token `specdraft demo --method dflash` would use on the target directory the
+    data records (`targets.mask_token.dflash_mask_token`), or None when that directory is not
+    on this machine or offers none."""
+    from specdraft.targets.mask_token import dflash_mask_token
+
+    path = (info.manifest_fields.get("target") or {}).get("name_or_path")
+    if not path or not Path(path).is_dir():
+        return None
+    try:
+        return dflash_mask_token(path)
+    except (UnusableInput, OSError, ValueError):  # no tokenizer there, or none transformers reads
+        return None
 
 
 def build_dflash_draft(config: TrainConfig, info: TargetInfo) -> DFlashDraft:

@@ -266,6 +266,33 @@ MAY_CHANGE_ON_RESUME = frozenset(
 )
 
 
+# The settings only one kind of method trains with (the others ignore them): "eagle3" = every
+# EAGLE-3 method (`draft_config.EAGLE3_METHODS`), "dflash" = --method dflash.
+METHOD_OF_SETTING = {
+    "ttt_steps": "eagle3",
+    "step_weight": "eagle3",
+    "block_size": "dflash",
+    "num_anchors": "dflash",
+    "loss_decay_gamma": "dflash",
+}
+
+
+def refuse_other_methods_settings(cfg: TrainConfig, given: dict[str, Any]) -> TrainConfig:
+    """`cfg`, or UnusableInput naming the first setting in `given` (flags passed: field -> value,
+    None = not given) that belongs to another method than cfg.method (`METHOD_OF_SETTING`),
+    which would ignore it."""
+    kind = "dflash" if cfg.method == "dflash" else "eagle3"
+    for name, value in given.items():
+        owner = METHOD_OF_SETTING.get(name)
+        if value is not None and owner not in (None, kind):
+            methods = "--method dflash" if owner == "dflash" else "--method eagle3 / eagle3.1"
+            raise UnusableInput(
+                f"{flag(name)} {value}: a setting of {methods}, and this run trains --method "
+                f"{cfg.method}, which ignores it: drop it, or train {methods}"
+            )
+    return cfg
+
+
 def flag(name: str) -> str:
     """How a user sets TrainConfig field `name`: its `specdraft train` flag, else its --config key."""
     return FLAG_OF_FIELD.get(name, f"--config key {name}")

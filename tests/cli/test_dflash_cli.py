@@ -47,6 +47,19 @@ def test_export_prints_the_launch_line_serving_the_block(trained, tmp_path):
     assert '"method": "dflash"' in text and '"num_speculative_tokens": 3' in text
 
 
+def test_export_num_steps_sets_vllm_drafts_a_round(trained, tmp_path):
+    out = tmp_path / "out"
+    result = invoke(["export", str(trained), str(out), "--engine", "vllm", "--num-steps", "2"])
+    assert result.exit_code == 0, result.output
+    text = flat(result.output)
+    assert "launch (block 4: num_speculative_tokens 2):" in text
+    assert '"num_speculative_tokens": 2' in text
+    more = invoke(["export", str(trained), str(out), "--engine", "vllm", "--num-steps", "5"])
+    one_error(more, "--num-steps 5:", "give 1..3")
+    sglang = invoke(["export", str(trained), str(out), "--engine", "sglang", "--num-steps", "2"])
+    one_error(sglang, "--num-steps 2: SGLang's DFLASH worker", "unlike the trained block of 4")
+
+
 def test_an_eagle3_option_for_a_dflash_drafter_is_one_line(trained, tmp_path):
     result = invoke(
         ["export", str(trained), str(tmp_path / "out"), "--engine", "sglang", "--topk", "4"]

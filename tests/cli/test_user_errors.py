@@ -13,7 +13,7 @@ import pytest
 from specdraft.data.records import BadRecord, DataError, read_records
 from specdraft.doctor import CHECKS, run_doctor
 from specdraft.engine.spec_config import SpecConfig
-from tests.support.cli import cli_args, flat, invoke
+from tests.support.cli import cli_args, flat, invoke, one_error
 from tests.support.doctor_helpers import draft_checkpoint, one_thread  # noqa: F401
 from tests.support.tiny_models import save_tiny_model
 from tests.support.tiny_tokenizer import save_tiny_tokenizer
@@ -285,6 +285,31 @@ def test_train_names_a_bad_config_file(tmp_path, text, words):
     )
     assert words in flat(result.output), result.output
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--method", "dflash", "--ttt-steps", "4"], "--ttt-steps 4: a setting of --method eagle3"),
+        (
+            ["--method", "eagle3", "--block-size", "4"],
+            "--block-size 4: a setting of --method dflash",
+        ),
+    ],
+)
+def test_train_refuses_a_flag_of_another_method(tmp_path, args, words):
+    store = tmp_path / "store"
+    store.mkdir()
+    result = invoke(["train", str(store), str(tmp_path / "run"), *args])
+    one_error(result, words, "which ignores it: drop it", code=2)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_help_says_what_it_trains():
+    text = flat(invoke(["train", "--help"]).output)
+    assert (
+        "Train a drafter on SOURCE into OUT: EAGLE-3" in text and "DFlash (--method dflash)" in text
+    )
 
 
 def test_train_out_that_is_a_file_says_out_is_a_directory(tmp_path):

@@ -124,6 +124,9 @@ def single(*points: tuple[int, float]) -> list[SpeedupPoint]:
 
 def test_crossover_rule():
     assert find_crossover([]).text == NO_BASELINE
+    assert "pass --baseline-url URL" in NO_BASELINE
+    help_text = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"}).output
+    assert "--baseline-url" in help_text  # the option the sentence names is bench's
     wins = find_crossover(single((1, 1.8), (4, 1.3), (16, 1.1)))
     assert wins.concurrency is None and "wins at every concurrency" in wins.text
     loses = find_crossover(single((4, 0.9), (1, 0.5)))

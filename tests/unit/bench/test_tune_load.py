@@ -266,3 +266,44 @@ def test_tune_cli_concurrency_tunes_a_dflash_drafter(tmp_path):
     data = json.loads((tmp_path / "spec_schedule.json").read_text())
     assert TREES_KEY not in data and data[VLLM_SCHEDULE_KEY][-1][1] == 8
     assert "B 2: K 3" in result.output and "(no tree: --topks 1)" in result.output
+    text = flat(result.output)
+    if max(k for *_, k in data[VLLM_SCHEDULE_KEY]):  # speculation won somewhere (real timings)
+        assert f"`specdraft export {draft_dir} OUT --engine vllm --num-steps" in text
+        assert "EAGLE3" not in text and '"method": "eagle3"' not in text
+
+
+def test_the_launch_lines_name_the_export_to_run_first(tmp_path):
+    _, draft = saved_pair(tiny_setup("llama"), tmp_path / "run")  # specdraft's training layout
+    model = LoadModel((0.0, 0.0), (0.0, 0.0), (0.01, 0.0))
+    levels = [level(1, 3), level(4, 2), level(16, 0)]
+    for lv in levels:
+        lv.plain_runs = [BatchRun(lv.batch_size, None, 10, 1.0, {lv.batch_size: 5}, SpecMetrics())]
+    report = LoadReport(TuneConfig(), levels, model, 3, 64, str(draft), "/t")
+    assert f'"model": "{draft}-vllm"' in report.vllm_flags()  # not on disk: export writes it
+    assert report.export_command("vllm") == (
+        f"specdraft export {draft} {draft}-vllm --engine vllm --target /t --num-steps 3"
+    )
+    assert report.export_command("sglang") == (
+        f"specdraft export {draft} {draft}-sglang --engine sglang --target /t --num-steps 3 "
+        "--topk 1 --num-draft-tokens 4"
+    )
+    text = flat(write_and_render(report, tmp_path))
+    assert f"first run {report.export_command('vllm')}" in text
+    assert f"first run {report.export_command('sglang')}" in text
+    assert text.index(f"first run {report.export_command('vllm')}") > text.index("vLLM: vllm serve")
+
+
+def test_a_dflash_drafters_launch_lines_are_its_exports(tmp_path):
+    setup = tiny_setup("llama")
+    sequences = greedy_sequences(setup.target, [[1, 5, 9, 13]], 8)
+    draft = save_engine_dflash(
+        engine_dflash_draft(setup.target, sequences, 4, 2), setup.target, tmp_path / "d"
+    )
+    model = LoadModel((0.0, 0.0), (0.0, 0.0), (0.01, 0.0))
+    report = LoadReport(TuneConfig(), [level(1, 2), level(4, 0)], model, 3, 64, str(draft), "/t")
+    assert report.vllm_flags() == (
+        f"a DFlash drafter, 2 drafts per round: `specdraft export {draft} OUT --engine vllm "
+        "--num-steps 2` writes its export and prints the launch line"
+    )
+    assert "(SGLang serves the trained block only)" in report.sglang_flags()
+    assert not any("EAGLE3" in line for line in launch_lines(report, {}))

@@ -54,6 +54,16 @@ def test_a_bad_schedule_file_is_refused_in_one_line_naming_it(tmp_path, text, me
     assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
 
 
+def test_a_schedule_deeper_than_the_drafter_names_num_steps(tmp_path):
+    path = tmp_path / "schedule.json"
+    path.write_text('{"num_speculative_tokens_per_batch_size": [[1, 4, 5]]}')
+    with pytest.raises(ScheduleError) as info:
+        read_schedule(path, 3)
+    assert "K 5 exceeds the drafter's depth 3 (--num-steps 3): pass --num-steps 5" in str(
+        info.value
+    )
+
+
 def test_a_missing_schedule_file_is_refused_naming_it(tmp_path):
     with pytest.raises(ScheduleError, match="cannot read"):
         read_schedule(tmp_path / "none.json", 3)

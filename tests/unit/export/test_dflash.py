@@ -84,9 +84,30 @@ def test_a_target_of_other_sizes_is_refused_and_nothing_is_written(tmp_path):
 
 
 def test_eagle3_options_are_one_line():
-    with pytest.raises(ExportError, match="--num-steps, --topk: EAGLE-3 settings, and D is a DF"):
+    with pytest.raises(ExportError, match="--topk: EAGLE-3 settings, and D is a DF"):
         refuse_eagle3_options("D", ["--num-steps", "--topk"])
     refuse_eagle3_options("D", [])
+    refuse_eagle3_options("D", ["--num-steps"])
+
+
+def test_vllm_drafts_fewer_than_the_block_and_sglang_only_the_block(tmp_path):
+    _, source = trained(tmp_path)  # block 4: 3 drafts after the anchor
+    fewer = export_dflash(source, tmp_path / "v", engine="vllm", num_steps=2)
+    spec = json.loads(fewer.launch_command.split("--speculative-config ")[1].strip("'"))
+    assert spec["num_speculative_tokens"] == 2 == fewer.num_speculative_tokens
+    assert any("vLLM drafts 2 of the 3 trained positions" in n for n in fewer.notes)
+    full = export_dflash(source, tmp_path / "w", engine="vllm", num_steps=3)
+    assert full.num_speculative_tokens == 3
+    with pytest.raises(ExportError, match=r"--num-steps 4: .* blocks of 4 .* give 1\.\.3$"):
+        export_dflash(source, tmp_path / "x", engine="vllm", num_steps=4)
+    with pytest.raises(ExportError, match="DFLASH worker would draft a block of .*-tokens 3, unl"):
+        export_dflash(source, tmp_path / "s", engine="sglang", num_steps=2)
+    assert export_dflash(
+        source, tmp_path / "t", engine="sglang", num_steps=3
+    ).launch_command.endswith("--speculative-num-draft-tokens 4")
+    with pytest.raises(ExportError, match="speculators form serves the trained block of 4"):
+        export_dflash(source, tmp_path / "p", engine="speculators", num_steps=1)
+    assert not any((tmp_path / d).exists() for d in ("x", "s", "p"))
 
 
 def test_a_target_tokenizer_with_the_mask_text_elsewhere_is_refused(tmp_path):
