@@ -168,7 +168,7 @@ def test_case_s6_training_data_without_a_training_split_record_is_skipped(world,
     assert finding.verdict == "skip", finding
     assert (
         "--samples is the drafter's training data (its data_hash is the manifest's) and the manifest records "
-        "no training-split accuracy to compare with"
+        "no training-split rates to compare with"
     ) in finding.evidence
     assert finding.fix == "pass held-out samples"
 
