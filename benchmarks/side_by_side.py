@@ -138,6 +138,12 @@ def prepare_cpu(work: Path, target: str, args: argparse.Namespace) -> None:
         "--max-new-tokens",
         str(args.new_tokens),
     )
+    capture(work, target, "--dtype", "fp32", "--max-length", str(64 + args.new_tokens))
+
+
+def capture(work: Path, target: str, *options: str) -> None:
+    """`specdraft capture` of <work>/regen.jsonl into <work>/store (plain text, bad records
+    skipped) with the mode's options."""
     cli(
         "capture",
         target,
@@ -145,10 +151,7 @@ def prepare_cpu(work: Path, target: str, args: argparse.Namespace) -> None:
         str(work / "store"),
         "--no-chat",
         "--skip-bad",
-        "--dtype",
-        "fp32",
-        "--max-length",
-        str(64 + args.new_tokens),
+        *options,
     )
 
 
@@ -163,18 +166,7 @@ def prepare_cuda(work: Path, target: str) -> None:
         env=child_env(),
         stdout=subprocess.DEVNULL,
     )
-    cli(
-        "capture",
-        target,
-        str(work / "regen.jsonl"),
-        str(work / "store"),
-        "--no-chat",
-        "--skip-bad",
-        "--device",
-        "cuda",
-        "--max-length",
-        "512",
-    )
+    capture(work, target, "--device", "cuda", "--max-length", "512")
 
 
 def prepare(work: Path, target: str, args: argparse.Namespace) -> None:
