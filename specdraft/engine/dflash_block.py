@@ -156,16 +156,25 @@ class DFlashBlock:
         return self.block_states(block_ids, start + self.offsets, contexts)
 
     def block_states(
-        self, block_ids: Tensor, positions: Tensor, contexts: Sequence[KV | Attend]
+        self,
+        block_ids: Tensor,
+        positions: Tensor,
+        contexts: Sequence[KV | Attend],
+        mask: Tensor | None = None,
     ) -> Tensor:
-        """The post-norm states [block_size, H] of block_ids [block_size] long at positions
-        [block_size] long, each layer's attention over its entry of contexts (the context K/V,
-        or an `Attend` over its cache: `DFlashAttention.forward`)."""
-        h = self.draft.embed(block_ids[None], self.dtype)
-        rope = self.draft.rope(positions[None], self.dtype)
+        """The post-norm states [B, block_size, H] of block_ids [B, block_size] long at positions
+        [B, block_size] long (or one row: [block_size] each, the states [block_size, H]), each
+        layer's attention over its entry of contexts (the context K/V, or an `Attend` over its
+        cache: `DFlashAttention.forward`) under mask (bool over context + block; None: all)."""
+        row = block_ids.dim() == 1
+        if row:
+            block_ids, positions = block_ids[None], positions[None]
+        h = self.draft.embed(block_ids, self.dtype)
+        rope = self.draft.rope(positions, self.dtype)
         for layer, context in zip(self.draft.layers, contexts):
-            h = layer(h, context, rope, None)
-        return self.draft.norm(h)[0]
+            h = layer(h, context, rope, mask)
+        h = self.draft.norm(h)
+        return h[0] if row else h
 
     def draft_tokens(self, hidden: Tensor) -> Tensor:
         """The drafts [num_steps] long: the argmax of block positions 1..num_steps of hidden

@@ -70,13 +70,9 @@ def draft_blocks(
     lengths = torch.tensor([p.caches[0].length for p in proposers], device=device)
     width = int(lengths.max())
     block_ids = torch.stack([p.block_ids(req) for p, req in zip(proposers, reqs)])  # [B, bs]
-    h = draft.embed(block_ids, first.dtype)
-    rope = draft.rope(lengths[:, None] + first.offsets, first.dtype)
+    contexts = [KV(rows_.k[:bsz, :, :width], rows_.v[:bsz, :, :width]) for rows_ in rows.layers]
     mask = block_mask(lengths, width, block_ids.shape[1])
-    for layer, layer_rows in zip(draft.layers, rows.layers):
-        ctx = KV(layer_rows.k[:bsz, :, :width], layer_rows.v[:bsz, :, :width])
-        h = layer(h, ctx, rope, mask)
-    hidden = draft.norm(h)  # [B, block_size, H]
+    hidden = first.block_states(block_ids, lengths[:, None] + first.offsets, contexts, mask)
     drafts = draft.logits(hidden[:, 1 : num_drafts + 1]).argmax(-1)  # [B, num_drafts]
     return [
         Proposal(torch.cat([block_ids[b, :1], drafts[b]]), None, None, None, num_drafts)
