@@ -238,6 +238,18 @@ def fill_draft(dest: dict[str, Tensor], small: Sources, emb: Embedding, n_aux: i
         "norm",
     ):
         place(dest[norm + ".weight"], small.take(norm + ".weight"), scale=emb.norm_scale)
+    # the norms on the aux states (norm_before_fc: one over the n concatenated; EAGLE-3.1's
+    # fc_norm: one per state), laid out as fc's columns
+    if "input_norm.weight" in dest:
+        place(
+            dest["input_norm.weight"],
+            small.take("input_norm.weight"),
+            emb.hidden(n_aux),
+            scale=emb.norm_scale,
+        )
+    for i in range(n_aux if "fc_norm.0.weight" in dest else 0):
+        name = f"fc_norm.{i}.weight"
+        place(dest[name], small.take(name), emb.hidden(1), scale=emb.norm_scale)
     both = emb.hidden(2)  # cat(embedding, hidden): the trained columns in each half
     attn = "midlayer.self_attn."
     place(

@@ -62,7 +62,7 @@ def attend_cached(
     b, heads, q_len, head_dim = q.shape
     folded = q.reshape(b, cache.k.shape[1], -1, head_dim)
     out = F.scaled_dot_product_attention(folded, cache.k, cache.v, attn_mask=visible)
-    return out.view(b, heads, q_len, head_dim)
+    return out.reshape(b, heads, q_len, head_dim)  # CUDA kernels may return another layout
 
 
 class GraphedBlock:

@@ -76,6 +76,41 @@ def test_tiny_shell_equals_the_small_pair(shell):
     assert tree["outputs_equal"] and tree["tau_shell"] == tree["tau_small"]
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [dict(fc_norm=True, norm_output=True), dict(norm_before_fc=True)],
+    ids=["eagle3.1", "norm_before_fc"],
+)
+def test_shell_drafter_keeps_the_aux_norms(shell, flags):
+    """A seeded drafter with norms on its aux states (EAGLE-3.1's fc_norm per state, or one
+    norm_before_fc over all) and its shell (H 32 -> 64, head_dim 8 -> 12) give the same logits
+    over two draft steps, the second fed the first's output (post-norm with norm_output)."""
+    from tests.support.drafts import tiny_draft
+
+    draft = tiny_draft(dtype=torch.float64, rms_norm_eps=0.5, **flags)
+    big = shell.Shape(64, 10, 8, 4, 12, 96)
+    embed = torch.zeros(128, 64, dtype=torch.float64)
+    embed[:, :32] = torch.randn(128, 32, generator=torch.Generator().manual_seed(1))
+    draft.load_target_embedding(embed[:, :32])
+    target = SimpleNamespace(tok_embeddings=SimpleNamespace(weight=embed))
+    shell_draft = shell.build_draft(draft, big, target)
+    aux = 3 * torch.randn(
+        1, 6, 3, 32, generator=torch.Generator().manual_seed(2), dtype=torch.float64
+    )
+    shell_aux = torch.zeros(1, 6, 3, 64, dtype=torch.float64)
+    shell_aux[..., :32] = aux
+    ids, positions = torch.arange(3, 9)[None], torch.arange(6)[None]
+    small = draft(ids, aux.flatten(2), positions, first_step=True)
+    large = shell_draft(ids, shell_aux.flatten(2), positions, first_step=True)
+    # the shell's rope frequencies are rounded apart from the small drafter's: ~7e-9 with no
+    # flags set; a norm placed without its sqrt(H/H') scale is off by ~1e-2
+    assert (large.logits - small.logits).abs().max().item() < 1e-7
+    again = draft(ids, small.hidden, positions + 1, first_step=False)
+    shell_again = shell_draft(ids, large.hidden, positions + 1, first_step=False)
+    assert (shell_again.logits - again.logits).abs().max().item() < 1e-7
+    assert small.logits.std().item() > 0.01  # logits that say something
+
+
 @pytest.fixture(scope="module")
 def shell_dflash(shell):
     return sys.modules["shell_dflash"]  # imported by shell_target.py
