@@ -156,16 +156,26 @@ def trained_block(manifest: Manifest | None) -> int | None:
 
 
 def check_trained_block(cfg: DFlashConfig, manifest: Manifest | None, config_file: Path) -> None:
-    """CheckpointError naming `config_file` when its block size is not the one the manifest
-    records training on: a config edited to another block loads (no tensor's shape depends on
-    it) but every engine would draft blocks never trained."""
+    """CheckpointError naming `config_file` when its block size or mask token id is not the one
+    the manifest records training with: a config edited to another block or mask loads (no
+    tensor's shape depends on either) but every engine would draft blocks never trained, or
+    fill them with another token's embedding."""
     trained = trained_block(manifest)
+    reexport = (
+        "or re-export it from its training run (specdraft export RUN/draft OUT --engine ENGINE)"
+    )
     if trained is not None and trained != cfg.block_size:
         raise CheckpointError(
             f"{config_file}: block_size {cfg.block_size}, but the drafter was trained on blocks "
             f"of {trained} ({MANIFEST_FILE}); write block_size {trained} (top-level and "
-            "dflash_config.block_size) in config.json, or re-export it from its training run "
-            "(specdraft export RUN/draft OUT --engine ENGINE)"
+            f"dflash_config.block_size) in config.json, {reexport}"
+        )
+    mask = (manifest.draft or {}).get("mask_token_id") if manifest is not None else None
+    if mask is not None and mask != cfg.mask_token_id:
+        raise CheckpointError(
+            f"{config_file}: mask_token_id {cfg.mask_token_id}, but the drafter was trained with "
+            f"mask token {mask} ({MANIFEST_FILE}); write dflash_config.mask_token_id {mask} in "
+            f"config.json, {reexport}"
         )
 
 

@@ -14,11 +14,11 @@ from typing import Any
 
 from specdraft.checkpoint import CheckpointError
 from specdraft.checkpoint.dflash import load_dflash_draft, trained_block
-from specdraft.checkpoint.dflash_forms import dflash_form, weights_kind
+from specdraft.checkpoint.dflash_forms import dflash_form, read_dflash_config, weights_kind
 from specdraft.checkpoint.layouts import MANIFEST_FILE, READ_ARCHITECTURES, TargetNeeded
 from specdraft.conventions import dflash_reads as reads
 from specdraft.conventions.dflash import DFLASH_FACTS
-from specdraft.dflash import DFLASH_ARCHITECTURE, DFlashDraft
+from specdraft.dflash import DFLASH_ARCHITECTURE, DFlashConfig, DFlashDraft
 from specdraft.doctor.audit import target_matches_training
 from specdraft.doctor.block_acceptance import block_acceptance_offline, block_acceptance_online
 from specdraft.doctor.evidence import Evidence
@@ -80,6 +80,24 @@ class BlockEvidence(Evidence):
         except Broken:
             raise Unavailable("the drafter does not load (dflash_files_load)", REEXPORT) from None
         # an Unavailable (no --target for a speculators form) skips as it is
+
+    def need_config_read(self) -> DFlashConfig:
+        """config.json as a DFlashConfig (`dflash_forms.read_dflash_config`) without the loader's
+        comparison with the training record, for the checks that make that comparison and name
+        the cause themselves; a skip when it does not read (`dflash_files_load` fails it)."""
+        self.need_dflash_config()
+        if self.inputs.target is not None:
+            layers = self.facts.num_layers
+        else:
+            layers = (self.manifest.target or {}).get("num_layers") if self.manifest else None
+        try:
+            return read_dflash_config(self.config, self.path / "config.json", layers)
+        except TargetNeeded as e:
+            raise Unavailable(
+                str(e), "pass the target's transformers directory (--target DIR)"
+            ) from None
+        except CheckpointError:
+            raise Unavailable("config.json does not read (dflash_files_load)", REEXPORT) from None
 
     @property
     def engines(self) -> list[str]:
@@ -218,7 +236,7 @@ def mask_token_matches_training(ev: BlockEvidence) -> Result:
     """The config's mask token id is training's (the manifest's), a row of the target's
     embedding, and the serving tokenizer neither holds the mask token's text at another id
     (SGLang refuses to start) nor a token of its own at that id."""
-    cfg = ev.need_drafter().cfg
+    cfg = ev.need_config_read()
     manifest = ev.need_manifest()
     trained = (manifest.draft or {}).get("mask_token_id")
     if trained != cfg.mask_token_id:

@@ -107,6 +107,23 @@ def test_a_config_block_other_than_the_trained_one_is_refused(tmp_path):
     assert "write block_size 4 (top-level and dflash_config.block_size)" in message
 
 
+def test_a_config_mask_token_other_than_the_trained_one_is_refused(tmp_path):
+    """config.json edited to another mask token id (still a row of the embedding, so every
+    shape fits) is refused naming config.json, both ids and the fix; doctor's
+    mask_token_matches_training fails the same file."""
+    _, out = saved_dflash(tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    trained = config["dflash_config"]["mask_token_id"]
+    config["dflash_config"]["mask_token_id"] = trained - 1
+    (out / "config.json").write_text(json.dumps(config))
+    message = refusal(out)
+    assert message.startswith(
+        f"{out / 'config.json'}: mask_token_id {trained - 1}, but the drafter"
+    )
+    assert f"trained with mask token {trained} (specdraft_manifest.json)" in message
+    assert f"write dflash_config.mask_token_id {trained} in config.json" in message
+
+
 def refusal(out) -> str:
     """The one line load_dflash_draft refuses `out` with."""
     with pytest.raises(CheckpointError) as raised:
