@@ -28,7 +28,7 @@ from specdraft.checkpoint.layouts import (
 from specdraft.checkpoint.manifest import Manifest
 from specdraft.conventions import AUX_KEY, engines_default_layers, from_engine_ids
 from specdraft.conventions.config_reads import NUM_AUX_KEY
-from specdraft.draft_config import NORM_FLAGS, DraftConfig, rope_from_hf_config
+from specdraft.draft_config import NORM_FLAGS, DraftConfig, DraftError, rope_from_hf_config
 
 # SGLang's legacy name of the fc_norm flag (sglang 0.5.23 srt/models/llama_eagle3.py
 # `legacy_name_map`), read as fc_norm.
@@ -71,6 +71,7 @@ def config_from_files(
     flags = norm_flags_of_config(path, config)
     if manifest is not None:
         cfg = _manifest_config(path, manifest, flags, aux_layers)
+        refuse_other_declared(path, where, config, layer, cfg, flags)
     else:
         _refuse_manifestless(path, where, layer, target_num_layers)
         ids = aux_layers_of_config(
@@ -101,6 +102,59 @@ def _manifestless_config(
         rope_scaling=rope_scaling,
         **flags,
     )
+
+
+# What config.json declares that the engines compute with (vLLM and SGLang build the drafter
+# from config.json, never the manifest): max_position_embeddings is left out, a serving limit.
+DECLARED_FIELDS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "target_hidden_size",
+    "vocab_size",
+    "draft_vocab_size",
+    "rope_theta",
+    "rope_scaling",
+    "rms_norm_eps",
+)
+
+
+def refuse_other_declared(
+    path: Path,
+    where: str,
+    config: dict[str, Any],
+    layer: dict[str, Any],
+    trained: DraftConfig,
+    flags: dict[str, bool],
+) -> None:
+    """CheckpointError naming config.json when what it declares (read as without a manifest,
+    `_manifestless_config`) differs from the manifest's training record in a DECLARED_FIELDS
+    value, or cannot be read: an edited rms_norm_eps loads from the manifest unchanged but every
+    engine computes another drafter."""
+    missing = [k for k in DRAFTER_REQUIRED_KEYS if layer.get(k) is None]
+    if missing:
+        raise CheckpointError(
+            f"{where}: missing {', '.join(missing)}: the engines build the drafter from "
+            f"config.json; {DRAFTER_CONFIG_FIX}"
+        )
+    try:
+        declared = _manifestless_config(
+            config, layer, list(trained.aux_layers), trained.target_num_layers, flags
+        )
+    except (DraftError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: {e}; {DRAFTER_CONFIG_FIX}") from None
+    differ = [
+        f"{name} {getattr(declared, name)!r} (config.json) vs {getattr(trained, name)!r} (manifest)"
+        for name in DECLARED_FIELDS
+        if getattr(declared, name) != getattr(trained, name)
+    ]
+    if differ:
+        raise CheckpointError(
+            f"{path}/config.json: {'; '.join(differ)}: the engines read config.json, so they "
+            f"would compute another drafter than was trained; {DRAFTER_CONFIG_FIX}"
+        )
 
 
 def refuse_other_aux_count(path: Path, config: dict[str, Any], cfg: DraftConfig) -> None:

@@ -96,10 +96,9 @@ def scramble_o_proj(tensors):
             "target_layers_as_engines_read",
             "layers (target_layers_as_engines_read",
         ),
-        (new_mask, None, "mask_token_matches_training", "mask token (mask_token_matches_training"),
         (None, scramble_o_proj, None, "the drafter's weights compute other drafts"),
     ],
-    ids=["shifted-target-layers", "mask-token-id", "scrambled-draft-layer"],
+    ids=["shifted-target-layers", "scrambled-draft-layer"],
 )
 def test_a_fault_fails_the_replay_naming_its_cause(
     world, tmp_path, config_edit, weights_edit, failed_check, cause
@@ -118,6 +117,17 @@ def test_a_fault_fails_the_replay_naming_its_cause(
     assert min(below) >= 0.25, found.evidence  # every position, well past the 0.2 margin
     failed = {f.check for f in report.failed}
     assert failed == {CHECK} | ({failed_check} if failed_check else set()), report.findings
+
+
+def test_a_mask_token_edit_fails_the_load_and_the_mask_check(world, tmp_path):
+    """config.json's mask token changed from training's: the one reader refuses it, so the load
+    and the mask check fail with the cause and the replay (which needs the drafter) skips."""
+    draft = copy_of(world, tmp_path)
+    edit_config(draft, new_mask)
+    report = doctor(world, draft)
+    assert {f.check for f in report.failed} == {"dflash_files_load", "mask_token_matches_training"}
+    assert "trained with mask token" in report.finding("dflash_files_load").evidence
+    assert report.finding(CHECK).verdict == "skip"
 
 
 def test_too_few_blocks_skip_with_the_figures(world):
