@@ -6,6 +6,8 @@ same tokens as without, sequences joining and leaving; and sampled too, seeded."
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -13,10 +15,12 @@ from specdraft.engine.batch import BatchScheduler
 from specdraft.engine.batch_graphs import EagerGraph, GraphedRows
 from specdraft.engine.batch_target import BatchRunner, batch_causal_mask
 from specdraft.engine.errors import EngineError
+from specdraft.engine.fast_load import load_fast_target
 from specdraft.engine.sampling import SamplingParams
 from specdraft.engine.spec_config import SpecConfig
+from specdraft.engine.speculate import SpeculativeEngine
 from tests.support.batch import requests, staggered_run
-from tests.support.engine_helpers import hf_setup, one_thread, tiny_setup  # noqa: F401
+from tests.support.engine_helpers import MAX_SEQ, hf_setup, one_thread, tiny_setup  # noqa: F401
 
 SETTINGS = {"plain": None, "chain": SpecConfig.chain(3), "tree": SpecConfig(3, 2, 6)}
 
@@ -40,6 +44,22 @@ def test_graphed_rows_emit_what_the_eager_batch_emits(setting):
     sizes = {(b, t) for b, t, *_ in rows.graphs}
     assert {b for b, _ in sizes} == {1, 2, 3}  # the batch grew and shrank: a graph per size
     assert all(isinstance(graph, EagerGraph) for graph, _, _ in rows.graphs.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_cuda_graphed_rows_emit_what_the_eager_batch_emits(setting):
+    """On CUDA (fp32) the graphs are captured `torch.cuda.CUDAGraph`s: the same tokens as the
+    eager batch, sequences joining and leaving."""
+    setup, spec = tiny_setup("llama"), SETTINGS[setting]
+    target = load_fast_target(setup.target_dir, device="cuda")
+    draft = copy.deepcopy(setup.trained).to("cuda") if spec else None
+    engine = SpeculativeEngine(target, draft, spec, None, MAX_SEQ, "cuda", None)
+    eager, _ = run_tokens(engine, graphs=False)
+    graphed, scheduler = run_tokens(engine, graphs=True)
+    assert graphed == eager
+    graphs = [graph for graph, _, _ in scheduler.runner.graphed_rows.graphs.values()]
+    assert graphs and all(isinstance(graph, torch.cuda.CUDAGraph) for graph in graphs)
 
 
 def test_graphed_rows_sampled_equal_the_eager_batch_seeded():
