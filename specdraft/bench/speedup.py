@@ -56,6 +56,18 @@ def timing_summary(tokens_per_s: list[float], plain_tokens_per_s: list[float]) -
     }
 
 
+def plain_variation_warning(plain_tokens_per_s: list[float]) -> str | None:
+    """The warning printed when plain decoding's tokens/s varied more than 10 % between timing
+    rounds (a busy machine: the timings are noisy); None otherwise."""
+    low, high = min(plain_tokens_per_s), max(plain_tokens_per_s)
+    if high <= 1.1 * low:
+        return None
+    return (
+        f"Warning: plain decoding itself varied {high / low - 1:.0%} between rounds: the "
+        "machine was busy, so these timings are noisy."
+    )
+
+
 def beats_plain(row: dict[str, Any], min_speedup: float) -> bool:
     """Faster than plain decoding beyond the noise: a median speedup of at least `min_speedup`
     and a lower quartile above 1x (faster than plain in at least three rounds of four)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
-from specdraft.bench.speedup import speedup_text, timing_summary
+from specdraft.bench.speedup import plain_variation_warning, speedup_text, timing_summary
 from specdraft.demo import stages
 from specdraft.demo.config import DemoConfig
 from specdraft.demo.generation import heldout_prompts, timed_settings
@@ -163,10 +163,13 @@ def dflash_summary(result: DFlashDemo, out: Path) -> str:
             f"{r['setting']:<20} {r['accept_length']:>6.2f} {r['tokens_per_s']:>8.1f}  "
             f"{speedup_text(r)}"
         )
+    warning = plain_variation_warning(result.rows[0]["tokens_per_s_runs"])
+    if warning:
+        lines.append(warning)
     for method, name in (("eagle3", "EAGLE-3"), ("dflash", "DFlash")):
         best = max((r for r in result.rows if r["method"] == method), key=lambda r: r["speedup"])
         lines.append(
-            f"best {name}: {best['setting']}, tau {best['accept_length']:.2f}, speedup "
+            f"fastest {name}: {best['setting']}, tau {best['accept_length']:.2f}, speedup "
             f"{speedup_text(best)}"
         )
     lines.append(f"drafters: EAGLE-3 {result.eagle_dir}, DFlash {result.dflash_dir}")

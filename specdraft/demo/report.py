@@ -11,6 +11,7 @@ from typing import Any
 from specdraft.bench.speedup import (
     DECODE_TOKENS_PER_S,
     WALL_TOKENS_PER_S,
+    plain_variation_warning,
     speedup_text,
 )
 from specdraft.demo.config import DemoConfig
@@ -69,12 +70,9 @@ def speculative_section(report: DemoReport) -> list[str]:
         f"No speculation: {base:.0f} tokens/s (rounds: {min(runs):.0f}-{max(runs):.0f}).",
         "",
     ]
-    if max(runs) > 1.1 * min(runs):
-        lines += [
-            f"Warning: plain decoding itself varied {max(runs) / min(runs) - 1:.0%} between rounds: the "
-            "machine was busy, so these timings are noisy.",
-            "",
-        ]
+    warning = plain_variation_warning(runs)
+    if warning:
+        lines += [warning, ""]
     lines += [
         "| num_steps | topk | num_draft_tokens | tau | tokens/s | speedup (quartiles) | acceptance p_k |",
         "|---|---|---|---|---|---|---|",

@@ -55,7 +55,7 @@ def test_dflash_beside_eagle3_on_the_same_data(tmp_path):
     dflash = result.rows[-1]
     assert dflash["num_steps"] == 3 and len(dflash["acceptance"]) == 3
     summary = dflash_summary(result, cfg.out)
-    assert "best EAGLE-3: EAGLE-3 chain" in summary and "best DFlash: DFlash" in summary
+    assert "fastest EAGLE-3: EAGLE-3 chain" in summary and "fastest DFlash: DFlash" in summary
     saved = json.loads((cfg.out / REPORT_FILE).read_text())
     assert [r["setting"] for r in saved["rows"]] == settings
     for engine in ("vllm", "sglang"):  # exported, and doctor passes each export's own launch line
@@ -78,6 +78,7 @@ def _row(setting: str, method: str, num_steps: int, tau: float, speedup: float) 
         "num_steps": num_steps,
         "accept_length": tau,
         "tokens_per_s": 100.0 * speedup,
+        "tokens_per_s_runs": [100.0 * speedup] * 2,
         **timing,
     }
 
@@ -102,8 +103,8 @@ def test_the_cli_runs_it_and_prints_the_comparison(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["demo", "--out", str(small.out), "--method", "dflash"])
     assert result.exit_code == 0, result.output
     assert seen == [small]
-    assert "best EAGLE-3: EAGLE-3 chain 3, tau 2.00, speedup 1.40x (1.40-1.40x)" in result.output
-    assert "best DFlash: DFlash 7 drafts, tau 2.50, speedup 1.60x (1.60-1.60x)" in result.output
+    assert "fastest EAGLE-3: EAGLE-3 chain 3, tau 2.00, speedup 1.40x (1.40-1.40x)" in result.output
+    assert "fastest DFlash: DFlash 7 drafts, tau 2.50, speedup 1.60x (1.60-1.60x)" in result.output
 
 
 def test_the_summary_says_when_dflash_lost_to_plain_decoding(tmp_path):
@@ -117,3 +118,15 @@ def test_the_summary_says_when_dflash_lost_to_plain_decoding(tmp_path):
     assert "without --method dflash" in lost  # where the EAGLE-3 report and launch lines are
     rows[-1] = _row("DFlash 7 drafts", "dflash", 7, 2.5, 1.6)
     assert "not faster" not in dflash_summary(DFlashDemo("E", "D", 2, rows), tmp_path)
+
+
+def test_the_summary_warns_when_plain_decoding_varied_as_the_eagle3_demo_does(tmp_path):
+    rows = [
+        _row("plain", "plain", 0, 1.0, 1.0),
+        _row("EAGLE-3 chain 3", "eagle3", 3, 2.0, 1.4),
+        _row("DFlash 7 drafts", "dflash", 7, 2.5, 1.6),
+    ]
+    assert "varied" not in dflash_summary(DFlashDemo("E", "D", 2, rows), tmp_path)
+    rows[0]["tokens_per_s_runs"] = [393.0, 969.0]
+    summary = dflash_summary(DFlashDemo("E", "D", 2, rows), tmp_path)
+    assert "Warning: plain decoding itself varied 147% between rounds" in summary
