@@ -9,8 +9,8 @@ the rest runs.
    B = 1 the batch-1 engine's verify (`engine_ms`: its CUDA graph's GPU time through the Triton
    kernels, `shell_target.verify_ms`; eager wall time off CUDA), at every B the batching path's
    `BatchRunner.verify_batch` (`batch_runner_ms`: wall time from the host inputs to the logits,
-   device synchronised, as a batched round waits for it: torch ops, the layers compiled on
-   CUDA unless --eager; with --graphs replayed as one CUDA graph per (B, T),
+   device synchronised, as a batched round waits for it: the Triton kernels up to 64 rows
+   (B x T), torch ops past them, the layers compiled on CUDA unless --eager; with --graphs replayed as one CUDA graph per (B, T),
    `batch_graphs.GraphedRows`, in parts 2-3 too). Against `reference_ms`: a plain torch
    stack at the same shape (`plain_stack`: the same weights through F.linear and one
    F.scaled_dot_product_attention per layer over the same cache rows, the query heads of a KV

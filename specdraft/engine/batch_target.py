@@ -9,9 +9,10 @@ causal or tree mask over the widest row's slots): nothing is padded, and after t
 row keeps only its accepted nodes by moving its length pointer (a tree's path compacted within
 its row, `commit`). The batch is never re-padded: a finished sequence leaves by moving the last
 row into its row, a new one joins by moving row 0 to row B and prefilling at row 0 (`move`).
-Batched forwards are torch ops on either target (a `fast_model.FastTarget`, whose Triton
-kernels write slots shared by the batch, so they run batch 1 only; or `hf_target.HFTarget`
-over a `hf_rows.RowCache`): eager, or on a FastTarget replayed as one CUDA graph per (B, T)
+Batched forwards run on either target: a `fast_model.FastTarget` (through its Triton kernels,
+once `use_triton` has switched them on, for B * T <= `fused_decode.MAX_TOKENS`, each row
+writing its own slots; else torch ops) or `hf_target.HFTarget` over a `hf_rows.RowCache` (torch
+ops); eager, or on a FastTarget replayed as one CUDA graph per (B, T)
 (`batch_graphs.GraphedRows`, `graphs=True`; off by default).
 """
 

@@ -73,7 +73,7 @@ def step_forward(run: Callable[..., FastOutput]) -> Callable[..., FastOutput]:
 
         input_ids [B, T] long; position_ids [B, T] long (RoPE positions); cache_slots [T] long
         (where each token's K/V is written, shared by the batch) or [B, T] (each row's own, in
-        cache rows 0..B-1: torch ops, never the Triton kernels); attn_mask [B, 1, T, S] bool
+        cache rows 0..B-1); attn_mask [B, 1, T, S] bool
         over cache slots 0..S-1 (True = attend; every row must attend somewhere, e.g. to itself,
         so every slot written is < S <= max_seq_len; S = max_seq_len keeps shapes static for
         graphs, the slots in use only are cheaper eagerly);
@@ -202,11 +202,7 @@ class FastTarget(nn.Module):
             raise EngineError(
                 f"aux_layers {list(aux_layers)}: each must be in 0..{self.args.num_layers}"
             )
-        if (
-            self.triton_kernels
-            and input_ids.numel() <= fused_decode.MAX_TOKENS
-            and cache_slots.dim() == 1  # the kernels write shared slots: rows' own run in torch
-        ):
+        if self.triton_kernels and input_ids.numel() <= fused_decode.MAX_TOKENS:
             return self.triton_forward(step, aux_layers)
         x = self.tok_embeddings(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, position_ids, x.dtype)

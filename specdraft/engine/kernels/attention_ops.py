@@ -87,7 +87,7 @@ def _attention_split_kernel(
     rows), over slots [split * SPLIT, (split + 1) * SPLIT).
 
     The split's first block of K / V is requested before the PDL wait: the kernel before this
-    one wrote only this forward's slots (slot_ptr [T]), so a block holding none of them is
+    one wrote only this forward's slots (slot_ptr [B, T]: row b's), so a block holding none of them is
     final; a block holding one is read again after the wait."""
     bh, split = tl.program_id(0), tl.program_id(1)
     b, kv_head = bh // num_kv_heads, bh % num_kv_heads
@@ -102,7 +102,9 @@ def _attention_split_kernel(
     s = start + tl.arange(0, BLOCK_S)
     visible, k, v = _load_block(mask_at, k_at, v_at, r_mask, s, num_slots, d, HEAD_DIM)
     if USE_PDL:
-        new = tl.load(slot_ptr + tl.arange(0, BLOCK_T), mask=tl.arange(0, BLOCK_T) < T, other=-1)
+        new = tl.load(
+            slot_ptr + b * T + tl.arange(0, BLOCK_T), mask=tl.arange(0, BLOCK_T) < T, other=-1
+        )
         written = tl.max(((new >= start) & (new < start + BLOCK_S)).to(tl.int32), axis=0) > 0
         pdl_wait(USE_PDL)
         if written:
@@ -165,7 +167,8 @@ def attention(
     q: [B*T, nq, D] contiguous; k_cache, v_cache: [B_max, n_kv, S_max, D] contiguous, query
     head h reading kv head h // (nq / n_kv) (transformers' repeat_kv); attn_mask [B, 1, T, S]
     bool over slots 0..S-1 (S <= S_max, last dim contiguous; every row must see a slot);
-    cache_slots [T] long: the slots whose K / V the kernel launched just before this one wrote
+    cache_slots [B, T] long contiguous (`norm_rope_ops.row_slots`): the slots of each row whose
+    K / V the kernel launched just before this one wrote
     (`qkv_rope_to_cache`, `rope_to_cache`). With PDL, blocks of other slots are read while that
     kernel finishes: a slot written earlier and not named here would be read stale.
     Returns [B*T, nq, D] in q's dtype. D: a power of two >= 16. The T * GROUP query rows of a

@@ -77,12 +77,14 @@ def forward(
     aux_layers: tuple[int, ...],
 ) -> tuple[Tensor, Tensor | None]:
     """The forward of N = B * T <= MAX_TOKENS embedded tokens x [N, H] (position_ids [B, T],
-    cache_slots [T] long, attn_mask [B, 1, T, S] bool, inv_freq [D/2] float32, as
+    cache_slots [T] long shared by the batch or [B, T] each row's own, in cache rows 0..B-1,
+    attn_mask [B, 1, T, S] bool, inv_freq [D/2] float32, as
     `FastTarget.forward` takes them): logits [N, V] float32 and the residual streams after
     `aux_layers` (specdraft indices) concatenated, [N, len(aux_layers) * H], or None."""
     from specdraft.engine.kernels.linear_ops import linear
-    from specdraft.engine.kernels.norm_rope_ops import add_rms_norm
+    from specdraft.engine.kernels.norm_rope_ops import add_rms_norm, row_slots
 
+    cache_slots = row_slots(cache_slots, position_ids.shape[0])
     delta, streams = None, {}
     for k, layer in enumerate(layers):
         x, normed = add_rms_norm(x, delta, layer.attention_norm, layer.attention_norm_eps)
@@ -105,7 +107,7 @@ def block_forward(
     inv_freq: Tensor,
 ) -> tuple[Tensor, Tensor]:
     """One decoder layer: x [B*T, H] the residual stream, normed = attention_norm(x). Writes the
-    layer's K/V at cache_slots and returns (h, d), the layer's output being h + d (the caller
+    layer's K/V at cache_slots [B, T] and returns (h, d), the layer's output being h + d (the caller
     fuses that add into the next norm)."""
     from specdraft.engine.kernels.attention_ops import attention
     from specdraft.engine.kernels.linear_ops import linear, linear_silu_mul, qkv_rope_to_cache

@@ -81,7 +81,7 @@ def _linear_kernel(
     up = y_b, rounded as F.silu then *. ROPE (fused q|k|v projection, HALF = head_dim / 2): pair n
     is element j = n % HALF of head n // HALF and its partner j + HALF; q heads are rotated into
     y [M, nq, D], k heads rotated and v heads as they are written into the caches at slot
-    slot[m % T] of batch row m // T. Values are rounded to the weights' dtype first, as the
+    slot[m] (slots [B, T]: each row's own) of batch row m // T. Values are rounded to the weights' dtype first, as the
     unfused path rounds the projection's output before RoPE.
     """
     if BLOCK_M != 1:
@@ -147,7 +147,7 @@ def _linear_kernel(
         cos, sin = tl.cos(angle), tl.sin(angle)
         rotate = head < num_heads + num_kv_heads  # q and k; v is stored as it is
         a, b = tl.where(rotate, a * cos - b * sin, a), tl.where(rotate, b * cos + a * sin, b)
-        slot = tl.load(slot_ptr + m % T, mask=m_mask, other=0)
+        slot = tl.load(slot_ptr + m, mask=m_mask, other=0)
         kv_row = ((m // T) * num_kv_heads + head - num_heads) * cache_len + slot
         dst = tl.where(
             head < num_heads,

@@ -115,8 +115,8 @@ def _rope_to_cache_kernel(
     row = qkv_ptr + (m * (num_heads + 2 * num_kv_heads) + h) * HEAD_DIM
     x1 = tl.load(row + half).to(tl.float32)
     x2 = tl.load(row + HEAD_DIM // 2 + half).to(tl.float32)
-    b, t = m // T, m % T
-    slot = tl.load(slot_ptr + t)
+    b = m // T
+    slot = tl.load(slot_ptr + m)  # slots [B, T]: row b's own
     if h >= num_heads + num_kv_heads:  # v: stored as is
         dst = (
             v_cache_ptr
@@ -142,12 +142,19 @@ def _rope_to_cache_kernel(
     tl.store(dst + HEAD_DIM // 2 + half, x2.to(dst.dtype.element_ty))
 
 
+def row_slots(cache_slots: Tensor, batch: int) -> Tensor:
+    """Each row's cache slots [B, T] contiguous, from slots shared by the batch [T] (a view at
+    B = 1, else one copy) or each row's own [B, T]."""
+    return cache_slots.expand(batch, cache_slots.shape[-1]).contiguous()
+
+
 @dataclass(frozen=True)
 class KVWrite:
     """Where a forward's new K / V go and how q and k are rotated (`rope_to_cache`,
-    `linear_ops.qkv_rope_to_cache`): position_ids [B, T] long (RoPE positions), cache_slots [T]
-    long (shared by the batch), inv_freq [D/2] float32, k_cache / v_cache [B_max, n_kv, S_max, D]
-    contiguous (written in place), num_heads: the q heads, before the k and v heads."""
+    `linear_ops.qkv_rope_to_cache`): position_ids [B, T] long (RoPE positions), cache_slots
+    [B, T] long contiguous (row b's tokens written at its own slots in cache row b; `row_slots`
+    spreads slots shared by the batch), inv_freq [D/2] float32, k_cache / v_cache [B_max, n_kv,
+    S_max, D] contiguous (written in place), num_heads: the q heads, before the k and v heads."""
 
     position_ids: Tensor
     cache_slots: Tensor
