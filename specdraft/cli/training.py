@@ -173,12 +173,26 @@ def _render_validation(console, validation: dict) -> None:
         f"validation accuracy per step {acc}; alpha {alpha}; simulated tau {validation['tau']:.3f}",
         markup=False,
     )
+    if validation.get("block_tau") is not None:
+        p = " ".join(f"{a:.3f}" for a in validation["block_acceptance"])
+        console.print(
+            f"blocks at {validation['blocks']} anchors sampled uniformly from the validation "
+            f"text, each scored as an engine's round there at T = 0: p_k {p}, tau "
+            f"{validation['block_tau']:.3f}",
+            markup=False,
+        )
     if validation.get("replayed_tau") is not None:
         steps = len(validation["accuracy"])
         p = " ".join(f"{a:.3f}" for a in validation["replayed_acceptance"])
+        after = (
+            " (each round's anchor the token after the last accepted one, as the engine runs: "
+            "what it measures on this text)"
+            if validation.get("block_tau") is not None
+            else ""
+        )
         console.print(
-            f"a {steps}-step chain engine at T = 0 on the validation text: p_k {p}, tau "
-            f"{validation['replayed_tau']:.3f} over {validation['replayed_rounds']} "
-            "rounds",
+            f"a {steps}-step chain engine's rounds at T = 0 walked over the validation text"
+            f"{after}: p_k {p}, tau {validation['replayed_tau']:.3f} over "
+            f"{validation['replayed_rounds']} rounds",
             markup=False,
         )

@@ -2,11 +2,14 @@
 drafter alone on samples against what training recorded, and a live server's counters against the
 drafter alone replaying the server's rounds on the sequences it produced.
 
-Training records, per block position k, the share of its sampled blocks whose first k drafts all
-equal the target's greedy tokens (`train.dflash_loss.block_acceptance`: the metrics record's
-`replayed_acceptance`, tau = its `replayed_tau`); the offline check counts the same on the samples
-and fails by the EAGLE-3 check's rule (`acceptance.far_below`: MIN_GAP lower, or under
-COLLAPSE_RATIO x a training rate of 0.1 or more, at any position, over at least MIN_SCORED blocks).
+Training records two rates per block position k, both against the target's greedy tokens at T = 0
+(`train.dflash_loss`): its sampled blocks', the share whose first k drafts are all right
+(`block_acceptance`, tau = `block_tau`), and, on the validation split, the rounds a whole-block
+engine runs walked over the text (`replayed_acceptance`, tau = `replayed_tau`): what the engine
+measures, lower than the blocks' (a round starts after a rejected draft). The offline check counts
+both on the samples, shows them side by side and fails by the EAGLE-3 check's rule
+(`acceptance.far_below`: MIN_GAP lower, or under COLLAPSE_RATIO x a training rate of 0.1 or more,
+at any position, over at least MIN_SCORED blocks or rounds) when either is far below training's.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from specdraft.doctor.acceptance import (
 from specdraft.doctor.block_replay import replay_served, run_blocks
 from specdraft.doctor.evidence import Evidence
 from specdraft.doctor.file_evidence import Unavailable
+from specdraft.doctor.offline import training_accuracy
 from specdraft.doctor.verdict import Result, fail, ok, rates_text
 
 BLOCK_GAPS = GapCauses(
@@ -43,44 +47,85 @@ BLOCK_GAPS = GapCauses(
 
 
 def block_acceptance_offline(ev: Evidence) -> Result:
-    """The drafter alone on the samples (`block_replay.run_blocks`: a block at every anchor training
-    could draw, fed the layers the engine captures) accepts per block position about as often as
-    training recorded (`replayed_acceptance`, module doc); a position far below training's fails,
-    naming the likely causes. Samples that are the training data are compared with the training
-    split's record. Under MIN_SCORED blocks it skips (too little evidence)."""
+    """The drafter alone on the samples (`block_replay.run_blocks`, fed the layers the engine
+    captures) accepts per block position about as often as training recorded (module doc): its
+    blocks at every anchor against training's sampled blocks (`block_acceptance`), and the rounds
+    an engine runs over the samples against training's validation rounds (`replayed_acceptance`;
+    shown, not judged, for samples that are the training data: the training split records no
+    rounds, or under MIN_SCORED rounds). A position far below training's fails, naming the likely
+    causes. Samples that are the training data are compared with the training split's record.
+    Under MIN_SCORED blocks it skips (too little evidence)."""
     trained_on = trained_on_samples(ev)
-    training = training_rates(ev, trained_on, "replayed_acceptance")
+    training = training_rates(ev, trained_on, "block_acceptance")
     try:
         run = run_blocks(ev)
     except ValueError as e:  # the drafter refuses the states it is fed (their width)
         return fail(
             f"the drafter refuses what the engine feeds it: {e}", f"see {BLOCK_GAPS.refused}"
         )
-    replayed, blocks = run.metrics.replayed_acceptance(), int(run.metrics.rounds)
+    m = run.metrics
+    blocks, rounds = int(m.blocks), int(m.rounds)
     where = (
-        f"{blocks} blocks on {run.num_samples} samples, target layers {run.aux_layers} "
-        f"({run.fed_from}), drafter {run.loaded_as}"
+        f"{run.num_samples} samples, target layers {run.aux_layers} ({run.fed_from}), drafter "
+        f"{run.loaded_as}"
     )
-    _refuse_thin_evidence(ev, blocks, replayed, training, where)
-    tau_trained = 1 + sum(training[0])
-    rows = ", ".join(
-        f"{k + 1}: {t:.2f} / {o:.2f}" for k, (t, o) in enumerate(zip(training[0], replayed))
+    _refuse_thin_evidence(ev, blocks, m.block_acceptance(), training, where)
+    walked = (
+        None
+        if trained_on
+        else training_accuracy(ev.manifest, ("validation",), "replayed_acceptance")
     )
+    steps = len(m.round_accepted)
     text = (
-        f"p_k {training[1]} / drafter alone: {rows}; tau {tau_trained:.2f} / "
-        f"{run.metrics.replayed_tau():.2f}; {where}"
+        f"blocks at every anchor training could draw (p_k: the share whose first k drafts are the "
+        f"target's tokens), {blocks} blocks: {side_by_side(training, m.block_acceptance(), blocks)}; "
+        f"an engine's rounds at T = 0 walked over the samples' text ({steps} drafts a round, "
+        f"each round's anchor the token after the last accepted one: what the engine measures "
+        f"on the target's greedy outputs), {rounds} rounds: "
+        f"{side_by_side(walked, m.replayed_acceptance(), rounds)}; {where}"
     )
     if trained_on:
         text += "; the samples are the drafter's training data: an optimistic check"
-    gaps = [k + 1 for k, (t, o) in enumerate(zip(training[0], replayed)) if far_below(t, o)]
-    if not gaps:
+    gaps = far_positions(training, m.block_acceptance(), blocks)
+    round_gaps = far_positions(walked, m.replayed_acceptance(), rounds)
+    if not gaps and not round_gaps:
         return ok(text)
     fix = likely_causes(ev, BLOCK_GAPS.checks, BLOCK_GAPS.otherwise)
     if not trained_on and not any(f.verdict == "fail" for f in ev.findings):
         fix += "; or samples unlike the training data: pass the capture store as --samples"
+    below = [
+        f"{what} positions {where_}"
+        for what, where_ in (("blocks'", gaps), ("rounds'", round_gaps))
+        if where_
+    ]
     return fail(
-        f"the drafter alone accepts far less than at training at positions {gaps}: {text}", fix
+        f"the drafter alone accepts far less than at training ({', '.join(below)}): {text}", fix
     )
+
+
+def side_by_side(training: tuple[list[float], str] | None, alone: list[float], n: int) -> str:
+    """ "p_k training (validation split) / drafter alone: 1: 0.60 / 0.58, ...; tau 2.90 / 2.80"
+    of rates over n blocks or rounds; without a record, or under MIN_SCORED, the drafter alone's
+    rates and why they are not judged."""
+    tau_alone = 1 + sum(alone)
+    if training is None:
+        rows = ", ".join(f"{k + 1}: {o:.2f}" for k, o in enumerate(alone))
+        return f"p_k drafter alone {rows}; tau {tau_alone:.2f} (not judged: no training record)"
+    rows = ", ".join(
+        f"{k + 1}: {t:.2f} / {o:.2f}" for k, (t, o) in enumerate(zip(training[0], alone))
+    )
+    text = f"p_k {training[1]} / drafter alone: {rows}; tau {1 + sum(training[0]):.2f} / {tau_alone:.2f}"
+    return text if n >= MIN_SCORED else f"{text} (not judged: under {MIN_SCORED})"
+
+
+def far_positions(
+    training: tuple[list[float], str] | None, alone: list[float], n: int
+) -> list[int]:
+    """The block positions (1-based) whose rate alone is far below training's (`far_below`),
+    none without a record or under MIN_SCORED blocks / rounds `n`."""
+    if training is None or n < MIN_SCORED:
+        return []
+    return [k + 1 for k, (t, o) in enumerate(zip(training[0], alone)) if far_below(t, o)]
 
 
 def _refuse_thin_evidence(ev, blocks: int, replayed: list[float], training, where: str) -> None:
@@ -95,8 +140,9 @@ def _refuse_thin_evidence(ev, blocks: int, replayed: list[float], training, wher
         )
     if training is None:
         raise Unavailable(
-            "the manifest records no per-position block acceptance (replayed_acceptance: trained "
-            f"before specdraft recorded it, or not by specdraft); the drafter alone: p_k "
+            "the manifest records no per-position block acceptance (block_acceptance: trained "
+            "before specdraft recorded it, or not by specdraft; an older record's "
+            "replayed_acceptance counted blocks, not an engine's rounds); the drafter alone: p_k "
             f"{rates_text(replayed)} ({where})",
             "retrain with specdraft train --method dflash",
         )

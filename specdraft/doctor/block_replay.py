@@ -1,16 +1,19 @@
 """The seeds' method for a block drafter (DFlash): the drafter alone on samples, fed the target's
-states of the layers the deployment captures, each block at an anchor scored as the round an
-engine runs there at T = 0 (`train.dflash_loss.block_acceptance`, the counts training records).
+states of the layers the deployment captures, its blocks scored against the target's greedy tokens
+at T = 0 (`train.dflash_loss`, the counts training records).
 
-Two walks over a sample, both teacher-forced on its tokens with the target's greedy tokens as the
-verifier's (`train.dflash_loss.target_tokens`):
-- `run_blocks`: a block at every anchor training could draw (`train.dflash_loss.sample_anchors`'s
-  rule: a supervised position whose block ends inside the supervised text), as training's
-  validation counts them: per-position acceptance p_k = the share of blocks whose first k drafts
-  all equal the target's tokens, tau = 1 + sum_k p_k;
-- `replay_served`: the rounds an engine runs on a sequence it produced (`train.loss.replay_rounds`:
-  each round's anchor the token after the last accepted one), the counts a server's counters
-  give.
+Both walks over a sample are teacher-forced on its tokens with the target's greedy tokens as the
+verifier's (`train.dflash_loss.target_tokens`), from one block at every position:
+- `run_blocks`: (1) the blocks at every anchor training could draw (`train.dflash_loss.
+  sample_anchors`' rule: a supervised position whose block ends inside the supervised text), as
+  training counts its sampled blocks: p_k = the share of blocks whose first k drafts all equal the
+  target's tokens; (2) the rounds a whole-block engine runs over the sample
+  (`train.dflash_loss.walked_rounds`: each round's anchor the token after the last accepted one),
+  as training's validation walks them. On a sample that is the target's greedy output, (2) is what
+  the engine measures on that text, round for round (the engine's block at an anchor is the
+  teacher-forced one); (1) is higher, its anchors uniform where the engine's follow a rejection;
+- `replay_served`: (2) for a server's setting on the sequences it produced, the counts a server's
+  counters give.
 
 Each block is `train.dflash_loss.block_logits`: the training forward and mask, which attend to what
 the engine's block attends to (`engine.dflash_block`: the context before the anchor, the whole
@@ -29,9 +32,6 @@ from specdraft.doctor.file_evidence import Unavailable
 from specdraft.doctor.keys import ENGINE_NAMES
 from specdraft.doctor.offline import OfflineRun
 from specdraft.draft_config import DraftError
-
-# Blocks per drafter forward: the attention mask is [64·block_size, T + 64·block_size] per chunk.
-BLOCKS_PER_FORWARD = 64
 
 
 def replay_drafter(ev: Evidence) -> DFlashDraft:
@@ -65,29 +65,6 @@ def fed_layers(ev: Evidence, engine: str | None) -> tuple[list[int], str]:
     return list(ev.need_drafter().cfg.aux_layers), "the layers config.json names"
 
 
-def block_outcomes(
-    draft: DFlashDraft,
-    ids: torch.Tensor,
-    aux: torch.Tensor,
-    greedy: torch.Tensor,
-    mask: torch.Tensor,
-    anchors: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(drafts, target's tokens, supervised) [N, K] of the blocks at `anchors` [N] long of one
-    sequence ids [1, T]: the drafter's argmax at block positions 1..K = block_size - 1, the
-    target's greedy tokens there (greedy [1, T], `target_tokens`), whether the position is inside
-    the sequence and supervised (mask [1, T] bool). aux: [1, T, n·H_target]."""
-    from specdraft.train.dflash_loss import Blocks, block_labels, block_logits
-
-    out = []
-    for chunk in torch.split(anchors, BLOCKS_PER_FORWARD):
-        blocks = Blocks(chunk[None], torch.ones(1, len(chunk), dtype=torch.bool))
-        drafts = block_logits(draft, ids, aux, blocks).argmax(-1)[0]
-        labels, supervised = block_labels(greedy, mask, blocks, draft.cfg.block_size)
-        out.append((drafts, labels[0], supervised[0]))
-    return tuple(torch.cat(parts) for parts in zip(*out))
-
-
 def _walk(ev: Evidence, engine: str | None, samples: list, label: str, score) -> OfflineRun:
     """The target run on each of `samples` with the layers fed (`fed_layers`), `score(draft, ids,
     aux, greedy, mask, metrics)` adding its blocks' counts to metrics (TTTMetrics over
@@ -112,22 +89,35 @@ def _walk(ev: Evidence, engine: str | None, samples: list, label: str, score) ->
 
 
 def run_blocks(ev: Evidence) -> OfflineRun:
-    """The drafter alone on the samples (`ev.labelled_samples`), a block at every anchor training
-    could draw (module doc), fed what the named engine captures (else the config's layers);
-    metrics.rounds = blocks, round_accepted[k] = blocks whose drafts 1..k+1 are the target's
-    tokens, total[k] = blocks with position k+1 supervised. Cached on `ev`."""
+    """The drafter alone on the samples (`ev.labelled_samples`), fed what the named engine
+    captures (else the config's layers), both counts of the module doc: metrics.blocks /
+    block_accepted[k] the blocks at every anchor training could draw and those whose drafts
+    1..k+1 are the target's tokens (total[k]: blocks with position k+1 supervised);
+    metrics.rounds / round_accepted the rounds of a block_size - 1 draft engine walked over each
+    sample. Cached on `ev`."""
 
     def score(draft, ids, aux, greedy, mask, metrics) -> None:
-        from specdraft.train.dflash_loss import block_acceptance, sample_anchors
+        from specdraft.train.dflash_loss import (
+            block_acceptance,
+            block_outcomes,
+            sample_anchors,
+            walked_rounds,
+        )
 
-        every = sample_anchors(mask, draft.cfg.block_size, ids.shape[1], [0])
+        t, steps = ids.shape[1], draft.cfg.block_size - 1
+        if t < 3:  # no round, no block
+            return
+        outcomes = block_outcomes(draft, ids, aux, greedy, mask, torch.arange(t))
+        every = sample_anchors(mask, draft.cfg.block_size, t, [0])
         anchors = every.anchors[0][every.keep[0]]
-        if len(anchors):
-            drafts, wanted, supervised = block_outcomes(draft, ids, aux, greedy, mask, anchors)
-            rounds, accepted = block_acceptance(drafts, wanted, supervised)
-            metrics.rounds += rounds
-            metrics.round_accepted += accepted
-            metrics.total += supervised.sum(0)
+        drafts, wanted, supervised = (part[anchors] for part in outcomes)
+        blocks, accepted = block_acceptance(drafts, wanted, supervised)
+        metrics.blocks += blocks
+        metrics.block_accepted += accepted
+        metrics.total += supervised.sum(0)
+        rounds, per_pos = walked_rounds(outcomes, mask[0], steps)
+        metrics.rounds += rounds
+        metrics.round_accepted += torch.tensor(per_pos)
 
     return ev.cached(
         f"block_run:{ev.engine}",
@@ -136,20 +126,16 @@ def run_blocks(ev: Evidence) -> OfflineRun:
 
 
 def replay_served(ev: Evidence, engine: str | None, steps: int, online) -> OfflineRun:
-    """The drafter alone replaying a `steps`-draft block engine's rounds (`train.loss.replay_rounds`)
-    on the sequences the server produced (`online.sequences`, their outputs supervised): the
-    counts the server's own counters give when it runs this drafter on these layers."""
-    from specdraft.train.loss import replay_rounds
+    """The drafter alone replaying a `steps`-draft block engine's rounds
+    (`train.dflash_loss.engine_rounds`) on the sequences the server produced (`online.sequences`,
+    their outputs supervised): the counts the server's own counters give when it runs this drafter
+    on these layers."""
+    from specdraft.train.dflash_loss import engine_rounds
 
     def score(draft, ids, aux, greedy, mask, metrics) -> None:
-        t = ids.shape[1]
-        anchors = torch.arange(1, t)  # the block after base position a - 1
-        drafts, wanted, supervised = block_outcomes(draft, ids, aux, greedy, mask, anchors)
         k = min(steps, draft.cfg.block_size - 1)
-        hits = torch.zeros(k, t, dtype=torch.bool)
-        hits[:, : t - 1] = ((drafts == wanted) & supervised)[:, :k].T
-        rounds, accepted = replay_rounds(hits, mask[0])
+        rounds, accepted = engine_rounds(draft, ids, aux, greedy, mask, k)
         metrics.rounds += rounds
-        metrics.round_accepted[:k] += torch.tensor(accepted)
+        metrics.round_accepted[:k] += accepted
 
     return _walk(ev, engine, online.sequences, "doctor offline replay", score)

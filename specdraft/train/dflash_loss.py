@@ -10,11 +10,18 @@ a+k < T and loss_mask[a+k]. The loss is SpecForge's: cross-entropy on the data t
 the full vocabulary, a weighted mean over the supervised positions with weight
 exp(-(k-1)/loss_decay_gamma) (None: uniform, SpecForge's default).
 
-Beside the loss, each block is counted as the round an engine runs at its anchor (the anchor the
-token just accepted, the drafts verified against the target's greedy tokens at T = 0:
-`block_acceptance`): per-position acceptance p_k = the share of blocks whose first k drafts all
-equal the target's tokens, and tau = 1 + sum_k p_k, which training records and `specdraft doctor`
-replays.
+Beside the loss, two acceptance counts against the target's greedy tokens at T = 0, which training
+records and `specdraft doctor` replays:
+- each sampled block as the round an engine would run at its anchor (`block_acceptance`):
+  per-position acceptance p_k = the share of blocks whose first k drafts all equal the target's
+  tokens, tau = 1 + sum_k p_k;
+- with replay (validation), the rounds an engine runs walked over each sequence (`engine_rounds`:
+  each round's anchor the token after the last accepted one, its block the one training computes
+  at that anchor, which is what the engine's block there computes on the text it produced:
+  `engine.dflash_block`). These anchors are not uniform: a round starts right after a rejected
+  draft, where the text is hard for the drafter, so the rounds' p_k are well below the sampled
+  blocks' (the demo's stories260K drafter, block 8, held-out text: tau 2.00 a round against 3.13
+  a block; the engine measures 2.00 on that text).
 """
 
 from __future__ import annotations
@@ -27,7 +34,11 @@ import torch
 import torch.nn.functional as F
 
 from specdraft.dflash import DFlashDraft
+from specdraft.train.loss import replay_rounds
 from specdraft.train.metrics import TTTOutput
+
+# Blocks per drafter forward in `block_outcomes`: the mask is [64·block_size, T + 64·block_size].
+BLOCKS_PER_FORWARD = 64
 
 
 @dataclass
@@ -158,6 +169,70 @@ def block_acceptance(
     return supervised[..., 0].sum(), prefix.flatten(0, -2).sum(0)
 
 
+@torch.no_grad()
+def block_outcomes(
+    draft: DFlashDraft,
+    ids: torch.Tensor,
+    aux: torch.Tensor,
+    greedy: torch.Tensor,
+    mask: torch.Tensor,
+    anchors: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(drafts, target's tokens, supervised) [N, K] of the blocks at `anchors` [N] long of one
+    sequence ids [1, T]: the drafter's argmax at block positions 1..K = block_size - 1, the
+    target's greedy tokens there (greedy [1, T], `target_tokens`), whether the position is inside
+    the sequence and supervised (mask [1, T] bool). aux: [1, T, n·H_target]. BLOCKS_PER_FORWARD
+    blocks per drafter forward."""
+    out = []
+    for chunk in torch.split(anchors, BLOCKS_PER_FORWARD):
+        chosen = Blocks(chunk[None], torch.ones(1, len(chunk), dtype=torch.bool, device=ids.device))
+        drafts = block_logits(draft, ids, aux, chosen).argmax(-1)[0]
+        labels, supervised = block_labels(greedy, mask, chosen, draft.cfg.block_size)
+        out.append((drafts, labels[0], supervised[0]))
+    return tuple(torch.cat(parts) for parts in zip(*out))
+
+
+def walked_rounds(
+    outcomes: tuple[torch.Tensor, torch.Tensor, torch.Tensor], mask: torch.Tensor, steps: int
+) -> tuple[int, list[int]]:
+    """(rounds, accepted [steps]) of a `steps`-draft block engine at T = 0 walked over one
+    sequence (`loss.replay_rounds`), from `block_outcomes` at anchors 0..T-1 (the block at anchor
+    a is the round after base position a - 1); mask: [T] bool, the tokens the engine generates."""
+    drafts, wanted, supervised = outcomes
+    t = mask.shape[0]
+    hits = torch.zeros(steps, t, dtype=torch.bool)
+    hits[:, : t - 1] = ((drafts == wanted) & supervised)[1:, :steps].T.cpu()
+    return replay_rounds(hits, mask.bool().cpu())
+
+
+@torch.no_grad()
+def engine_rounds(
+    draft: DFlashDraft,
+    input_ids: torch.Tensor,
+    aux_hidden: torch.Tensor,
+    target_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    steps: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rounds [] int64, accepted [steps] int64) of a `steps`-draft block engine at T = 0 walked
+    over each row's supervised runs (`walked_rounds`; a block at every position up to the row's
+    last supervised token). Shapes as `dflash_loss`'s; target_ids: `target_tokens`."""
+    rounds, accepted = 0, torch.zeros(steps, dtype=torch.long)
+    for b in range(input_ids.shape[0]):
+        supervised = loss_mask[b].bool().nonzero()
+        t = int(supervised[-1]) + 1 if len(supervised) else 0
+        if t < 3:  # a round drafts token base + 2 onwards: none fits
+            continue
+        row = slice(b, b + 1), slice(0, t)
+        anchors = torch.arange(t, device=input_ids.device)
+        outcomes = block_outcomes(
+            draft, input_ids[row], aux_hidden[row], target_ids[row], loss_mask[row].bool(), anchors
+        )
+        n, per_pos = walked_rounds(outcomes, loss_mask[b, :t], steps)
+        rounds, accepted = rounds + n, accepted + torch.tensor(per_pos)
+    return torch.tensor(rounds), accepted
+
+
 def dflash_loss(
     draft: DFlashDraft,
     input_ids: torch.Tensor,
@@ -166,12 +241,15 @@ def dflash_loss(
     blocks: Blocks,
     loss_decay_gamma: float | None = None,
     target_ids: torch.Tensor | None = None,
+    replay: bool = False,
 ) -> TTTOutput:
     """The block loss and per-position counts of one batch, as a TTTOutput over K = block_size-1
     block positions (step k = block position k+1; cond_* count positions whose earlier block
-    positions were all drafted right against the data's tokens). rounds / round_accepted: the
-    blocks as an engine's rounds against the target's greedy tokens `target_ids`
-    (`block_acceptance`; zeros without them).
+    positions were all drafted right against the data's tokens). Against the target's greedy
+    tokens `target_ids` (zeros without them): blocks / block_accepted, the sampled blocks each as
+    an engine's round at its anchor (`block_acceptance`); with replay, rounds / round_accepted,
+    a K-draft engine's rounds walked over each row (`engine_rounds`: K more block forwards a
+    token, for validation).
 
     input_ids, loss_mask: [B, T]; aux_hidden: [B, T, n·H_target]; blocks: `sample_anchors`';
     target_ids: [B, T] long (`target_tokens`) or None.
@@ -187,10 +265,15 @@ def dflash_loss(
         chain = torch.cat([torch.ones_like(hit[..., :1]), hit[..., :-1]], -1).cumprod(-1).bool()
         cond = chain & supervised
     total = supervised.sum((0, 1))
-    rounds, accepted = torch.zeros((), dtype=torch.long), torch.zeros_like(total)
+    zeros = torch.zeros((), dtype=torch.long), torch.zeros_like(total)
+    (num_blocks, block_accepted), (rounds, accepted) = zeros, zeros
     if target_ids is not None:
         greedy = block_labels(target_ids, loss_mask, blocks, bs)[0]
-        rounds, accepted = block_acceptance(logits.argmax(-1), greedy, supervised)
+        num_blocks, block_accepted = block_acceptance(logits.argmax(-1), greedy, supervised)
+        if replay:
+            rounds, accepted = engine_rounds(
+                draft, input_ids, aux_hidden, target_ids, loss_mask, bs - 1
+            )
     return TTTOutput(
         loss=weighted_block_loss(sums, total, loss_decay_gamma),
         step_loss_sums=sums,
@@ -201,6 +284,8 @@ def dflash_loss(
         cond_total=cond.sum((0, 1)),
         rounds=rounds.to(total.device),
         round_accepted=accepted.to(total.device),
+        blocks=num_blocks.to(total.device),
+        block_accepted=block_accepted.to(total.device),
     )
 
 

@@ -93,8 +93,9 @@ def build_dflash_draft(config: TrainConfig, info: TargetInfo) -> DFlashDraft:
 
 class DFlashModel(nn.Module):
     """The drafter with its block loss as one forward (sharded by FSDP2 as `trainer.TTTModel` is).
-    Returns TTTOutput's fields as a dict; with target_ids ([B, T], `target_tokens`), its rounds
-    are the blocks' acceptance against the target's greedy tokens (`dflash_loss`)."""
+    Returns TTTOutput's fields as a dict; with target_ids ([B, T], `target_tokens`), its blocks'
+    acceptance against the target's greedy tokens and, with replay (validation), an engine's
+    rounds walked over each row (`dflash_loss`)."""
 
     def __init__(self, draft: DFlashDraft, loss_decay_gamma: float | None) -> None:
         super().__init__()
@@ -113,7 +114,14 @@ class DFlashModel(nn.Module):
     ) -> dict[str, torch.Tensor]:
         blocks = Blocks(anchors, keep)
         out = dflash_loss(
-            self.draft, input_ids, aux_hidden, loss_mask, blocks, self.loss_decay_gamma, target_ids
+            self.draft,
+            input_ids,
+            aux_hidden,
+            loss_mask,
+            blocks,
+            self.loss_decay_gamma,
+            target_ids,
+            replay,
         )
         return {f.name: getattr(out, f.name) for f in fields(out)}
 

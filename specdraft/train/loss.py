@@ -181,6 +181,8 @@ def ttt_loss(
         cond_total=torch.stack(steps.cond_total),
         rounds=rounds.to(device),
         round_accepted=round_accepted.to(device),
+        blocks=torch.zeros((), dtype=torch.long, device=device),
+        block_accepted=torch.zeros_like(round_accepted, device=device),
     )
 
 

@@ -1,7 +1,8 @@
 """What a TTT unroll counts: one batch's loss and raw counts (`TTTOutput`, from `loss.ttt_loss`)
 and their sums over batches (`TTTMetrics`), from which every rate is computed: per-step
-accuracy, conditional acceptance alpha_k, simulated accept length tau, and a chain engine's
-replayed acceptance (`loss.replay_rounds`).
+accuracy, conditional acceptance alpha_k, simulated accept length tau, a chain engine's
+replayed acceptance (`loss.replay_rounds`) and a block drafter's acceptance at its sampled anchors
+(`dflash_loss.block_acceptance`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ class TTTOutput:
                      steps 0..k whose steps 0..k-1 were all correct (alpha_k's numerator and
                      denominator).
     rounds, round_accepted: [] and [K] int64: a K-step chain engine's verification rounds at
-                     T = 0 over the supervised runs, and the rounds whose drafts 1..k+1 were all
-                     accepted (`loss.replay_rounds`; zeros unless ttt_loss(replay=True)). A
-                     DFlash batch's (`dflash_loss.block_acceptance`): one round per block, at
-                     its anchor, its drafts against the target's greedy tokens.
+                     T = 0 walked over the supervised runs (each round's base the token after the
+                     last accepted one), and the rounds whose drafts 1..k+1 were all accepted
+                     (`loss.replay_rounds`; zeros unless ttt_loss / dflash_loss(replay=True)).
+    blocks, block_accepted: [] and [K] int64: a DFlash batch's blocks at its sampled anchors and
+                     those whose drafts 1..k+1 all equal the target's greedy tokens
+                     (`dflash_loss.block_acceptance`; zeros for EAGLE-3). Anchors drawn
+                     uniformly, not the ones an engine's rounds reach: above rounds' rates.
     """
 
     loss: torch.Tensor
@@ -40,6 +44,8 @@ class TTTOutput:
     cond_total: torch.Tensor
     rounds: torch.Tensor
     round_accepted: torch.Tensor
+    blocks: torch.Tensor
+    block_accepted: torch.Tensor
 
 
 @dataclass
@@ -56,6 +62,8 @@ class TTTMetrics:
     loss_sums: torch.Tensor
     rounds: torch.Tensor
     round_accepted: torch.Tensor
+    blocks: torch.Tensor
+    block_accepted: torch.Tensor
 
     @classmethod
     def zeros(cls, ttt_steps: int) -> TTTMetrics:
@@ -66,6 +74,8 @@ class TTTMetrics:
             z.clone(),
             z.clone(),
             torch.zeros(ttt_steps, dtype=torch.float64),
+            torch.zeros((), dtype=torch.long),
+            z.clone(),
             torch.zeros((), dtype=torch.long),
             z.clone(),
         )
@@ -79,6 +89,8 @@ class TTTMetrics:
         self.loss_sums += out.step_loss_sums.detach().double().cpu()
         self.rounds += out.rounds.cpu()
         self.round_accepted += out.round_accepted.cpu()
+        self.blocks += out.blocks.cpu()
+        self.block_accepted += out.block_accepted.cpu()
 
     def accuracy(self) -> list[float]:
         """Per-step accuracy over supervised positions (0.0 where a step had none)."""
@@ -108,6 +120,17 @@ class TTTMetrics:
         rounds = int(self.rounds)
         return 1 + int(self.round_accepted.sum()) / rounds if rounds else None
 
+    def block_acceptance(self) -> list[float]:
+        """p_k of a block drafter's blocks at sampled anchors, each scored as an engine's round
+        there: blocks whose drafts 1..k+1 were all right / blocks (empty without blocks)."""
+        blocks = int(self.blocks)
+        return [int(a) / blocks for a in self.block_accepted] if blocks else []
+
+    def block_tau(self) -> float | None:
+        """1 + accepted drafts / blocks of those blocks (None without blocks)."""
+        blocks = int(self.blocks)
+        return 1 + int(self.block_accepted.sum()) / blocks if blocks else None
+
     def step_losses(self) -> list[float]:
         """Per-step mean KL over supervised positions."""
         return [float(s) / max(int(n), 1) for s, n in zip(self.loss_sums, self.total)]
@@ -126,6 +149,9 @@ class TTTMetrics:
             "replayed_rounds": int(self.rounds),
             "replayed_acceptance": self.replayed_acceptance(),
             "replayed_tau": self.replayed_tau(),
+            "blocks": int(self.blocks),
+            "block_acceptance": self.block_acceptance(),
+            "block_tau": self.block_tau(),
         }
 
 

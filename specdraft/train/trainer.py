@@ -250,7 +250,7 @@ class Trainer(TrainerState):
 
     def forward(self, inputs: dict[str, Any], replay: bool = False) -> TTTOutput:
         """Loss and counts of one batch's `objective.inputs` on this rank (counts local to the
-        rank); with `replay`, also a chain engine's rounds (EAGLE-3 validation)."""
+        rank); with `replay`, also a chain engine's rounds walked over each row (validation)."""
         bf16 = self.config.precision == "bf16"
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
             out = self.model(**inputs, replay=replay)

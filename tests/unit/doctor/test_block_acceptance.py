@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdraft.doctor import run_doctor
-from tests.support.dflash_world import LAYERS, MASK, dflash_world
+from tests.support.dflash_world import LAYERS, MASK, NEW, PROMPT, dflash_world
 from tests.support.doctor_helpers import edit_config, edit_weights, one_thread  # noqa: F401
 
 CHECK = "block_acceptance_offline"
@@ -32,19 +32,20 @@ def copy_of(world, tmp_path):
     return shutil.copytree(world.draft, tmp_path / "draft")
 
 
-def rates(evidence: str) -> list[tuple[float, float]]:
-    """The (training, drafter alone) pairs of a finding's "k: t / o" rows."""
-    rows = evidence.split("drafter alone: ")[1].split("; tau")[0].split(", ")
+def rates(evidence: str, section: int = 0) -> list[tuple[float, float]]:
+    """The (training, drafter alone) pairs of a finding's "k: t / o" rows: the blocks' (section
+    0) or the engine's rounds' (1)."""
+    rows = evidence.split("drafter alone: ")[1 + section].split("; tau")[0].split(", ")
     return [tuple(float(x) for x in row.split(": ")[1].split(" / ")) for row in rows]
 
 
 def test_training_records_the_block_acceptance_the_replay_reproduces(world):
     manifest = json.loads((world.draft / "specdraft_manifest.json").read_text())
     record = manifest["training"]["validation"]
-    p = record["replayed_acceptance"]
+    p = record["block_acceptance"]
     assert len(p) == 3 and p[0] >= p[1] >= p[2] and p[0] > 0.5, record
-    assert record["replayed_tau"] == pytest.approx(1 + sum(p))
-    assert record["replayed_rounds"] == 60 * 8  # 60 validation samples x 8 anchors each
+    assert record["block_tau"] == pytest.approx(1 + sum(p))
+    assert record["blocks"] == 60 * 8  # 60 validation samples x 8 anchors each
     report = doctor(world)
     found = report.finding(CHECK)
     assert found.verdict == "pass", found
@@ -53,7 +54,71 @@ def test_training_records_the_block_acceptance_the_replay_reproduces(world):
     # held-out samples of the training distribution: a little below the validation split's
     assert all(0 <= t - o < 0.12 and o > 0.25 for t, o in pairs), found.evidence
     assert f"target layers {list(LAYERS)} (the layers config.json names)" in found.evidence
-    assert "920 blocks on 40 samples" in found.evidence  # 23 anchors in each 26-token answer
+    assert "920 blocks:" in found.evidence  # 23 anchors in each 26-token answer of 40 samples
+
+
+def engine_counts(world) -> tuple[int, list[int]]:
+    """(rounds, accepted per position) of specdraft's engine at T = 0, the whole block's 3 drafts
+    a round, on the held-out samples' prompts, counting the drafts inside the samples' text (the
+    last round may accept drafts past max_new_tokens, which the engine's metrics count and no
+    text holds); asserts it produces the samples' text. The target runs on the transformers path
+    (its sliding window is not the fast path's)."""
+    from specdraft.engine.hf_target import HFTarget
+    from specdraft.engine.load import load_paired_draft
+    from specdraft.engine.spec_config import SpecConfig
+    from specdraft.engine.speculate import SpeculativeEngine
+    from specdraft.targets import load_target
+
+    target = HFTarget(load_target(world.target))
+    draft = load_paired_draft(world.draft, target, world.target, "cpu", torch.float32).model
+    engine = SpeculativeEngine(target, draft, SpecConfig.chain(3), None, PROMPT + NEW + 8, "cpu")
+    rounds, accepted = 0, [0, 0, 0]
+    kept = engine.proposer.accepted
+
+    def accepted_in_text(req, emitted, path, aux) -> None:
+        nonlocal rounds
+        anchor = req.length - len(emitted)  # the round's root
+        rounds += 1
+        for k in range(min(len(emitted) - 1, PROMPT + NEW - 1 - anchor)):
+            accepted[k] += 1
+        kept(req, emitted, path, aux)
+
+    engine.proposer.accepted = accepted_in_text
+    for line in world.samples.read_text().splitlines():
+        ids = json.loads(line)["input_ids"]
+        out = engine.generate(ids[:PROMPT], NEW)
+        assert ids[:PROMPT] + out.token_ids == ids  # the samples are the target's greedy text
+    return rounds, accepted
+
+
+def test_the_rounds_the_check_reports_are_the_engines_on_the_same_text(world):
+    """On the target's greedy outputs the engine's rounds are the replay's, round for round (the
+    engine's block at an anchor is the teacher-forced block there; fp32 both): the check reports
+    exactly what the engine measures, beside the blocks at every anchor, whose uniform anchors
+    give more (a round starts after a rejected draft)."""
+    rounds, accepted = engine_counts(world)
+    found = doctor(world).finding(CHECK)
+    assert found.verdict == "pass", found
+    assert f"{rounds} rounds:" in found.evidence
+    engine = [a / rounds for a in accepted]
+    assert [o for _, o in rates(found.evidence, 1)] == [round(p, 2) for p in engine]
+    blocks = [o for _, o in rates(found.evidence)]
+    assert all(b - e > 0.05 for b, e in zip(blocks, engine)), found.evidence
+
+
+def test_training_records_the_rounds_the_engine_runs(world):
+    """Training's validation walk (`replayed_acceptance`) is an engine's rounds: within 0.1 of the
+    engine's own acceptance on held-out text of the same distribution (some 500 rounds on each
+    side: a rate's standard error <= 0.5/sqrt(500) = 0.022, a difference's 0.032: 3 of them),
+    and the check compares it with the rounds on the samples."""
+    rounds, accepted = engine_counts(world)
+    record = json.loads((world.draft / "specdraft_manifest.json").read_text())["training"]
+    walked = record["validation"]["replayed_acceptance"]
+    assert record["validation"]["replayed_rounds"] >= 500 and rounds >= 400
+    assert all(abs(w - a / rounds) < 0.1 for w, a in zip(walked, accepted)), (walked, accepted)
+    assert record["train"]["replayed_rounds"] == 0  # walked at validation only
+    pairs = rates(doctor(world).finding(CHECK).evidence, 1)
+    assert [t for t, _ in pairs] == [round(w, 2) for w in walked]
 
 
 def test_the_capture_store_is_compared_with_the_training_split(world):
@@ -140,7 +205,7 @@ def test_a_drafter_without_a_block_acceptance_record_skips_naming_it(world, tmp_
     file = draft / "specdraft_manifest.json"
     manifest = json.loads(file.read_text())
     for split in ("train", "validation"):
-        manifest["training"][split]["replayed_acceptance"] = []
+        manifest["training"][split]["block_acceptance"] = []  # as a record of an older specdraft
     file.write_text(json.dumps(manifest))
     found = doctor(world, draft).finding(CHECK)
     assert found.verdict == "skip", found

@@ -71,8 +71,14 @@ def test_the_cli_trains_a_dflash_drafter_whose_loss_falls(store, tmp_path):
     manifest = json.loads((draft / "specdraft_manifest.json").read_text())
     assert manifest["extra"] == {"method": "dflash"} and manifest["aux_layers"] == list(AUX)
     record = manifest["training"]["train"]  # the blocks' acceptance, as doctor replays it
-    assert record["replayed_rounds"] > 0 and len(record["replayed_acceptance"]) == 3
-    assert record["replayed_tau"] == pytest.approx(1 + sum(record["replayed_acceptance"]))
+    assert record["blocks"] > 0 and len(record["block_acceptance"]) == 3
+    assert record["block_tau"] == pytest.approx(1 + sum(record["block_acceptance"]))
+    assert record["replayed_rounds"] == 0  # an engine's rounds are walked at validation only
+    validation = manifest["training"]["validation"]
+    assert validation["replayed_rounds"] > 0 and validation["blocks"] > 0
+    # both printed, each saying what it counts
+    assert "anchors sampled uniformly from the validation text" in result.output
+    assert "chain engine's rounds at T = 0 walked over the validation text" in result.output
     export = ["export", str(draft), str(tmp_path / "out"), "--engine", "sglang"]
     exported = CliRunner().invoke(app, export)  # the trained drafter goes on to an engine
     assert exported.exit_code == 0, exported.output
