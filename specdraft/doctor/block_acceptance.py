@@ -75,17 +75,7 @@ def block_acceptance_offline(ev: Evidence) -> Result:
         if trained_on
         else training_accuracy(ev.manifest, ("validation",), "replayed_acceptance")
     )
-    steps = len(m.round_accepted)
-    text = (
-        f"blocks at every anchor training could draw (p_k: the share whose first k drafts are the "
-        f"target's tokens), {blocks} blocks: {side_by_side(training, m.block_acceptance(), blocks)}; "
-        f"an engine's rounds at T = 0 walked over the samples' text ({steps} drafts a round, "
-        f"each round's anchor the token after the last accepted one: what the engine measures "
-        f"on the target's greedy outputs), {rounds} rounds: "
-        f"{side_by_side(walked, m.replayed_acceptance(), rounds)}; {where}"
-    )
-    if trained_on:
-        text += "; the samples are the drafter's training data: an optimistic check"
+    text = replay_text(m, training, walked, where, trained_on)
     gaps = far_positions(training, m.block_acceptance(), blocks)
     round_gaps = far_positions(walked, m.replayed_acceptance(), rounds)
     if not gaps and not round_gaps:
@@ -101,6 +91,23 @@ def block_acceptance_offline(ev: Evidence) -> Result:
     return fail(
         f"the drafter alone accepts far less than at training ({', '.join(below)}): {text}", fix
     )
+
+
+def replay_text(m, training, walked, where: str, trained_on: bool) -> str:
+    """`block_acceptance_offline`'s evidence: the blocks and the walked rounds of the replay's
+    metrics `m`, each beside training's record (`side_by_side`), then where they came from."""
+    blocks, rounds, steps = int(m.blocks), int(m.rounds), len(m.round_accepted)
+    text = (
+        f"blocks at every anchor training could draw (p_k: the share whose first k drafts are the "
+        f"target's tokens), {blocks} blocks: {side_by_side(training, m.block_acceptance(), blocks)}; "
+        f"an engine's rounds at T = 0 walked over the samples' text ({steps} drafts a round, "
+        f"each round's anchor the token after the last accepted one: what the engine measures "
+        f"on the target's greedy outputs), {rounds} rounds: "
+        f"{side_by_side(walked, m.replayed_acceptance(), rounds)}; {where}"
+    )
+    if trained_on:
+        text += "; the samples are the drafter's training data: an optimistic check"
+    return text
 
 
 def side_by_side(training: tuple[list[float], str] | None, alone: list[float], n: int) -> str:

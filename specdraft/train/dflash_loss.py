@@ -265,15 +265,9 @@ def dflash_loss(
         chain = torch.cat([torch.ones_like(hit[..., :1]), hit[..., :-1]], -1).cumprod(-1).bool()
         cond = chain & supervised
     total = supervised.sum((0, 1))
-    zeros = torch.zeros((), dtype=torch.long), torch.zeros_like(total)
-    (num_blocks, block_accepted), (rounds, accepted) = zeros, zeros
-    if target_ids is not None:
-        greedy = block_labels(target_ids, loss_mask, blocks, bs)[0]
-        num_blocks, block_accepted = block_acceptance(logits.argmax(-1), greedy, supervised)
-        if replay:
-            rounds, accepted = engine_rounds(
-                draft, input_ids, aux_hidden, target_ids, loss_mask, bs - 1
-            )
+    (num_blocks, block_accepted), (rounds, accepted) = acceptance_counts(
+        draft, logits, supervised, (input_ids, aux_hidden, loss_mask, target_ids), blocks, replay
+    )
     return TTTOutput(
         loss=weighted_block_loss(sums, total, loss_decay_gamma),
         step_loss_sums=sums,
@@ -290,12 +284,54 @@ def dflash_loss(
 
 
 @torch.no_grad()
+def acceptance_counts(
+    draft: DFlashDraft,
+    logits: torch.Tensor,
+    supervised: torch.Tensor,
+    batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    blocks: Blocks,
+    replay: bool,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """`dflash_loss`'s ((blocks, block_accepted), (rounds, round_accepted)) of one batch
+    (input_ids, aux_hidden, loss_mask, target_ids): the sampled blocks as an engine's rounds at
+    their anchors (`block_acceptance`) and, with replay, an engine's rounds walked over each row
+    (`engine_rounds`); zeros where target_ids is None (or no replay). logits: the blocks' [B, N,
+    K, V]; supervised: [B, N, K] bool."""
+    input_ids, aux_hidden, loss_mask, target_ids = batch
+    zeros = (
+        torch.zeros((), dtype=torch.long),
+        torch.zeros(supervised.shape[-1], dtype=torch.long, device=supervised.device),
+    )
+    if target_ids is None:
+        return zeros, zeros
+    bs = draft.cfg.block_size
+    greedy = block_labels(target_ids, loss_mask, blocks, bs)[0]
+    walked = (
+        engine_rounds(draft, input_ids, aux_hidden, target_ids, loss_mask, bs - 1)
+        if replay
+        else zeros
+    )
+    return block_acceptance(logits.argmax(-1), greedy, supervised), walked
+
+
+@torch.no_grad()
 def block_counts(
     input_ids: torch.Tensor, loss_mask: torch.Tensor, blocks: Blocks, block_size: int
 ) -> torch.Tensor:
     """[K] int64: supervised positions per block position, `dflash_loss(...).total` without the
     drafter (a trainer's whole-step counts before the first backward)."""
     return block_labels(input_ids, loss_mask, blocks, block_size)[1].sum((0, 1))
+
+
+# Early-position weighting of DFlash training scripts built on SpecForge's trainer: gamma 7 / 5 / 4
+# for blocks of 16 / 10 / 8 (SpecForge's own default is None, uniform).
+REFERENCE_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def reference_gamma(block_size: int) -> float:
+    """The loss_decay_gamma those scripts use for `block_size` (REFERENCE_GAMMA), else
+    block_size / 2 (their value for 8 and 10)."""
+    return REFERENCE_GAMMA.get(block_size, block_size / 2)
 
 
 def weighted_block_loss(
