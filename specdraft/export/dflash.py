@@ -183,12 +183,12 @@ def _check_target(model: DFlashDraft, facts: TargetFacts | None, checkpoint) -> 
 def _refuse_mask_conflict(model: DFlashDraft, target: Path) -> None:
     """ExportError when the target's tokenizer holds the mask token's text at another id than the
     drafter's (`dflash_reads.mask_token_conflict`: SGLang would refuse to start); a target
-    without a tokenizer transformers reads is not checked."""
-    from transformers import AutoTokenizer
+    without a tokenizer `targets.tokenizer.load_target_tokenizer` loads is not checked."""
+    from specdraft.targets.tokenizer import TargetTokenizerError, load_target_tokenizer
 
     try:
-        vocab = AutoTokenizer.from_pretrained(target, local_files_only=True).get_vocab()
-    except (OSError, ValueError):
+        vocab = load_target_tokenizer(target).get_vocab()
+    except TargetTokenizerError:
         return
     conflict = reads.mask_token_conflict(dflash_config_json(model.cfg), vocab)
     if conflict is not None:
