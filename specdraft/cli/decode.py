@@ -67,8 +67,9 @@ def generate(
     """Generate with specdraft's engine: speculative decoding with --draft, plain decoding without it
     (or with --no-spec). stdout: the prompt and its continuation, streamed (`> out.txt` keeps the text
     alone); stderr: notes, then the metrics table. Errors are one line on stderr; exit 2: a bad option
-    value or combination (before anything loads) or an unusable input (a weights file cut short), 1:
-    an input refused while loading or generating."""
+    value or combination (before anything loads) or an unusable input (a weights file cut short,
+    a config.json that is not valid, a target without a tokenizer), 1: an input refused while
+    loading or generating."""
     spec = decoding_spec(
         drafting, draft, no_spec, run.compile, run.device, plain_without_draft=True
     )
