@@ -123,7 +123,8 @@ class TrainConfig:
     # drafter
     draft_vocab_size: int | None = setting(
         None,
-        "Default: the usable vocabulary, the tokenizer's length (vocab_size may pad past it).",
+        "The EAGLE-3 drafter's vocabulary (DFlash predicts over the target's). Default: the usable "
+        "vocabulary, the tokenizer's length (vocab_size may pad past it).",
         flag="--draft-vocab-size",
         min=1,
     )
