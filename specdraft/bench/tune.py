@@ -226,7 +226,7 @@ def load_tuned(
 ):
     """(tokenizer, engine) of a target directory and a draft checkpoint, for `tune`. A corrupt
     or incomplete target config.json is a ValueError naming the file and the fix (doctor's words),
-    a tokenizer that does not load a `serve.worker.ServeError` naming the directory."""
+    a tokenizer that does not load a `targets.tokenizer.TargetTokenizerError` naming the directory."""
     from specdraft.doctor.inputs import given_config
     from specdraft.engine.load import load_engine
     from specdraft.serve.server import target_tokenizer

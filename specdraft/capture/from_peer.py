@@ -83,10 +83,9 @@ class TargetIdentity:
     def load(
         cls, target_dir: str | Path | None, tokenizer_dir: str | Path | None = None
     ) -> TargetIdentity:
-        from transformers import AutoTokenizer
-
         from specdraft.data.render import tokenizer_fingerprint
         from specdraft.targets import load_target
+        from specdraft.targets.tokenizer import load_target_tokenizer
 
         if target_dir is None:
             raise CaptureError(
@@ -94,14 +93,10 @@ class TargetIdentity:
                 "index needs its config hash, sizes, head weights and tokenizer)"
             )
         target_text_config(target_dir, "--target")
-        tokenizer_dir = tokenizer_dir or target_dir
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise CaptureError(
-                f"{tokenizer_dir}: no tokenizer ({str(e).splitlines()[0]}); pass "
-                f"--tokenizer DIR, the tokenizer the store was captured with"
-            ) from None
+        tokenizer = load_target_tokenizer(
+            tokenizer_dir or target_dir,
+            "pass --tokenizer DIR, the tokenizer the store was captured with",
+        )
         return cls(
             load_target(target_dir),
             str(Path(target_dir).resolve()),

@@ -19,8 +19,8 @@ from specdraft.data.template import check_template_mode, use_chat_template
 ENGINES = ("transformers", "vllm")  # what runs the target: `capture_dataset`
 
 
-class TokenizerNotFound(CaptureError, OSError):
-    """The tokenizer directory (--tokenizer, else the target's) holds no tokenizer."""
+# What a tokenizer directory (--tokenizer, else the target's) that holds none names as the fix.
+TOKENIZER_DIR_FIX = "pass --tokenizer DIR, the target's tokenizer"
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ def load_inputs(source, device: str | torch.device = "cpu"):
     in `source.target_dtype` (a dtype name) onto `device`; its data rendered as its rendering
     fields say (`data.render.Rendering.of`: a chat_template Jinja file replaces the tokenizer's
     template, `data.template`). Returns (Target, tokenizer, SampleSet). Raises DataError (bad
-    data, naming the file), TokenizerNotFound (an OSError) for a directory without a tokenizer,
+    data, naming the file), TargetTokenizerError for a directory without a tokenizer
+    (`targets.tokenizer.load_target_tokenizer`),
     and CaptureError (a ValueError) for a tokenizer longer than the target's vocabulary: it
     belongs to another model.
     """
@@ -113,15 +114,9 @@ def load_samples(
 ):
     """The target's tokenizer (its template replaced by `rendering.chat_template`'s file, if given)
     and `data` rendered with it, checked against the target's `vocab_size` (as `load_inputs`, without loading the target). Returns (tokenizer, SampleSet)."""
-    from transformers import AutoTokenizer
+    from specdraft.targets.tokenizer import load_target_tokenizer
 
-    try:
-        tok = AutoTokenizer.from_pretrained(tokenizer or target)
-    except (OSError, ValueError) as e:
-        raise TokenizerNotFound(
-            f"{tokenizer or target}: no tokenizer ({str(e).splitlines()[0]}); pass --tokenizer "
-            f"DIR, the target's tokenizer"
-        ) from None
+    tok = load_target_tokenizer(tokenizer or target, TOKENIZER_DIR_FIX)
     if len(tok) > vocab_size:
         raise CaptureError(
             f"tokenizer has {len(tok)} tokens but the target's vocabulary is "

@@ -31,14 +31,14 @@ TOKENIZER_FILES = (
 def tokenizer_length(target_dir: str | Path | None) -> int | None:
     """How many tokens the tokenizer saved in `target_dir` has (`len(tokenizer)`, added tokens
     included); None without a directory, tokenizer files in it (TOKENIZER_FILES), or one
-    transformers can read."""
+    `targets.tokenizer.load_target_tokenizer` loads."""
     if target_dir is None or not any((Path(target_dir) / n).is_file() for n in TOKENIZER_FILES):
         return None
-    from transformers import AutoTokenizer
+    from specdraft.targets.tokenizer import TargetTokenizerError, load_target_tokenizer
 
     try:
-        return len(AutoTokenizer.from_pretrained(target_dir, local_files_only=True))
-    except (OSError, ValueError):
+        return len(load_target_tokenizer(target_dir))
+    except TargetTokenizerError:
         return None
 
 

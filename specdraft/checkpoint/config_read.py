@@ -23,6 +23,7 @@ from specdraft.checkpoint.layouts import (
     DRAFTER_CONFIG_FIX,
     MANIFEST_FILE,
     CheckpointError,
+    InvalidCheckpointFile,
     TargetNeeded,
 )
 from specdraft.checkpoint.manifest import Manifest
@@ -65,7 +66,7 @@ def config_from_files(
         ": transformer_layer_config" if layout == "speculators" else ""
     )
     if not isinstance(layer, dict):
-        raise CheckpointError(f"{where}: missing or not a JSON object; {DRAFTER_CONFIG_FIX}")
+        raise InvalidCheckpointFile(f"{where}: missing or not a JSON object; {DRAFTER_CONFIG_FIX}")
     refuse_sliding_window(where, layer)  # before the unknown keys: its own reason
     refuse_unknown_keys(path, config)
     flags = norm_flags_of_config(path, config)
@@ -175,10 +176,11 @@ def _refuse_manifestless(
 ) -> None:
     """What a drafter without a manifest needs to be built from config.json alone: the layer
     config's DRAFTER_REQUIRED_KEYS, one decoder layer, and the target's layer count (for the aux
-    ids: TargetNeeded). CheckpointError naming `where` otherwise."""
+    ids: TargetNeeded). InvalidCheckpointFile naming `where` for a missing key, CheckpointError
+    for more layers."""
     missing = [k for k in DRAFTER_REQUIRED_KEYS if layer.get(k) is None]
     if missing:
-        raise CheckpointError(
+        raise InvalidCheckpointFile(
             f"{where}: missing {', '.join(missing)} (without a specdraft manifest the drafter "
             f"is built from config.json); {DRAFTER_CONFIG_FIX}"
         )

@@ -23,6 +23,7 @@ from specdraft.checkpoint.layouts import (
     OFFICIAL_ARCHITECTURES,
     READ_ARCHITECTURES,
     CheckpointError,
+    InvalidCheckpointFile,
     UnreadableCheckpointFile,
 )
 from specdraft.conventions.engines import (
@@ -97,8 +98,8 @@ def _drafter_evidence(path: Path, config: dict[str, Any], architectures: list[st
 
 
 def read_config(path: Path, fix: str = DRAFTER_CONFIG_FIX) -> dict[str, Any]:
-    """config.json of a checkpoint dir; CheckpointError for a missing file, bad JSON (or not text)
-    or no JSON object, UnreadableCheckpointFile for one the OS will not read (permissions, a
+    """config.json of a checkpoint dir; CheckpointError for a missing file, InvalidCheckpointFile
+    for bad JSON (or not text) or no JSON object, UnreadableCheckpointFile for one the OS will not read (permissions, a
     directory), then `fix` (the one message every command prints for that file)."""
     file = Path(path) / "config.json"
     if not file.exists():  # a run directory or a store given for its drafter: say what to pass
@@ -109,14 +110,14 @@ def read_config(path: Path, fix: str = DRAFTER_CONFIG_FIX) -> dict[str, Any]:
     try:
         config = json.loads(file.read_text())
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{file}: not valid JSON ({e}); {fix}") from e
+        raise InvalidCheckpointFile(f"{file}: not valid JSON ({e}); {fix}") from e
     except UnicodeDecodeError as e:
-        raise CheckpointError(f"{file}: not valid JSON ({unreadable(e)}); {fix}") from e
+        raise InvalidCheckpointFile(f"{file}: not valid JSON ({unreadable(e)}); {fix}") from e
     except OSError as e:
         reason = unreadable(e)
         raise UnreadableCheckpointFile(f"{file}: cannot be read ({reason}); {fix}", reason) from e
     if not isinstance(config, dict):
-        raise CheckpointError(f"{file}: not a JSON object (a {type(config).__name__}); {fix}")
+        raise InvalidCheckpointFile(f"{file}: not a JSON object (a {type(config).__name__}); {fix}")
     return config
 
 

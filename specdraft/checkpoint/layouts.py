@@ -12,7 +12,8 @@ Layouts (DESIGN.md §2 "Checkpoint layouts"):
   ``sglang`` layout never holds the manifest; ``speculators`` holds it when there is one.
 
 Each layout's config.json is written by `config_write` and read back by `config_read`; the
-manifest is `manifest.Manifest`. CheckpointError, the package's error, names the file.
+manifest is `manifest.Manifest`. CheckpointError, the package's error, names the file
+(InvalidCheckpointFile: a config.json or manifest that is not valid).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from specdraft.conventions.engines import (
 )
 from specdraft.dflash import DFLASH_ARCHITECTURE
 from specdraft.draft import Eagle3Draft
-from specdraft.errors import SpecdraftError
+from specdraft.errors import SpecdraftError, UnusableInput
 
 LAYOUTS = ("specdraft", "sglang", "speculators")
 MANIFEST_FILE = "specdraft_manifest.json"
@@ -59,6 +60,12 @@ SOURCE_FORMS = (
 
 class CheckpointError(SpecdraftError, ValueError):
     """A draft checkpoint that cannot be loaded exactly as written; the message names the file."""
+
+
+class InvalidCheckpointFile(CheckpointError, UnusableInput):
+    """A drafter's config.json or manifest that is no valid file of its kind (not JSON, no
+    object, keys it must hold missing or unknown): an unusable input, which the CLI exits 2 for
+    in every command, as doctor does."""
 
 
 def dflash_refusal(where: str | Path) -> CheckpointError:

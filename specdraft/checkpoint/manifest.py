@@ -11,7 +11,7 @@ from typing import Any
 from specdraft import __version__
 from specdraft.checkpoint.layouts import (
     MANIFEST_FIX,
-    CheckpointError,
+    InvalidCheckpointFile,
     UnreadableCheckpointFile,
     dflash_refusal,
 )
@@ -55,15 +55,16 @@ class Manifest:
 
     @classmethod
     def read(cls, path: Path, *, dflash: bool = False) -> Manifest:
-        """Read a manifest file; bad JSON (or not text) or unknown keys raise CheckpointError naming
-        the file, a file the OS will not read UnreadableCheckpointFile. A DFlash drafter's manifest
-        is refused (`dflash_refusal`) unless the caller reads DFlash drafters (`dflash`)."""
+        """Read a manifest file; bad JSON (or not text), no object, unknown or missing keys raise
+        InvalidCheckpointFile naming the file, a file the OS will not read
+        UnreadableCheckpointFile. A DFlash drafter's manifest is refused (`dflash_refusal`)
+        unless the caller reads DFlash drafters (`dflash`)."""
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path}: not valid JSON ({e}); {MANIFEST_FIX}") from e
+            raise InvalidCheckpointFile(f"{path}: not valid JSON ({e}); {MANIFEST_FIX}") from e
         except UnicodeDecodeError as e:
-            raise CheckpointError(
+            raise InvalidCheckpointFile(
                 f"{path}: not valid JSON ({unreadable(e)}); {MANIFEST_FIX}"
             ) from e
         except OSError as e:
@@ -72,14 +73,14 @@ class Manifest:
                 f"{path}: cannot be read ({reason}); {MANIFEST_FIX}", reason
             ) from e
         if not isinstance(data, dict):
-            raise CheckpointError(
+            raise InvalidCheckpointFile(
                 f"{path}: not a JSON object (a {type(data).__name__}); {MANIFEST_FIX}"
             )
         if (data.get("extra") or {}).get("method") == "dflash" and not dflash:
             raise dflash_refusal(path)
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
-            raise CheckpointError(
+            raise InvalidCheckpointFile(
                 f"{path}: unknown manifest keys {unknown} (a newer specdraft's?): upgrade "
                 f"specdraft, or {MANIFEST_FIX}"
             )
@@ -89,7 +90,7 @@ class Manifest:
             if f.name not in data and f.default is MISSING and f.default_factory is MISSING
         )
         if missing:
-            raise CheckpointError(f"{path}: manifest keys {missing} missing; {MANIFEST_FIX}")
+            raise InvalidCheckpointFile(f"{path}: manifest keys {missing} missing; {MANIFEST_FIX}")
         return cls(**data)
 
 

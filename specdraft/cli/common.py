@@ -78,9 +78,12 @@ def user_errors(
 ) -> Iterator[None]:
     """The one exit-code mapping of every command: a `USER_ERRORS` exception prints one line
     (`error`) and exits `exit_code` (1; `USAGE_ERROR` around checks of the options alone), one of
-    `usage_errors` (`errors.UnusableInput`: a damaged file, an output that is the input, ...;
-    doctor: any that is a ValueError, an input it cannot judge) `USAGE_ERROR` wherever it is raised; Ctrl-C prints `interrupted; <interrupted()>` when given (what was kept and how to
-    resume) and exits 130. Usage errors (typer.BadParameter) exit 2 before a command runs."""
+    `usage_errors` `USAGE_ERROR` wherever it is raised: `errors.UnusableInput`, whose subclasses
+    say so of the error whichever command meets it (a damaged file, an output that is the input,
+    a config.json that is not valid, an export option that cannot work, a target without a
+    tokenizer, ...); doctor: any ValueError, an input it cannot judge. Ctrl-C prints
+    `interrupted; <interrupted()>` when given (what was kept and how to resume) and exits 130.
+    Usage errors (typer.BadParameter) exit 2 before a command runs."""
     try:
         yield
     except KeyboardInterrupt:

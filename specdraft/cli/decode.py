@@ -67,8 +67,9 @@ def generate(
     """Generate with specdraft's engine: speculative decoding with --draft, plain decoding without it
     (or with --no-spec). stdout: the prompt and its continuation, streamed (`> out.txt` keeps the text
     alone); stderr: notes, then the metrics table. Errors are one line on stderr; exit 2: a bad option
-    value or combination (before anything loads) or an unusable input (a weights file cut short), 1:
-    an input refused while loading or generating."""
+    value or combination (before anything loads) or an unusable input (a weights file cut short,
+    a config.json that is not valid, a target without a tokenizer), 1: an input refused while
+    loading or generating."""
     spec = decoding_spec(
         drafting, draft, no_spec, run.compile, run.device, plain_without_draft=True
     )
@@ -104,18 +105,17 @@ def _busy_note(device: str, threads: int):
 
 def _load_engine(target: str, draft: str, spec, drafting: PlainDrafting, run: EngineRun, info):
     """generate's engine and the target's tokenizer: the configs checked (`refuse_bad_configs`),
-    the drafter's aux ids read by --target (`id_reading`) when it decodes speculatively, then
-    `engine.load.load_engine`; the drafter's method and the engine's notes printed to `info`."""
-    from transformers import AutoTokenizer
-
+    the drafter's aux ids read by --target (`id_reading`) when it decodes speculatively, the
+    tokenizer (`targets.tokenizer.load_target_tokenizer`), then `engine.load.load_engine`; the drafter's method and the engine's notes printed to `info`."""
     from specdraft.dflash import drafter_label
     from specdraft.engine.load import load_engine
+    from specdraft.targets.tokenizer import load_target_tokenizer
 
     refuse_bad_configs(draft if spec is not None else "", target)
     reading = engine_reading(
         spec is not None, target, draft, drafting.aux_layers, drafting.sglang_version
     )
-    tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
+    tokenizer = load_target_tokenizer(target)
     engine = load_engine(
         target,
         draft if spec is not None else None,

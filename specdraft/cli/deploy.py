@@ -10,7 +10,6 @@ from specdraft.cli.checks import check_doctor_drafter, check_drafter, check_mode
 from specdraft.cli.common import (
     REDIRECTED_TEXT_WIDTH,
     SKIP_BAD_HINT,
-    USAGE_ERROR,
     OptionError,
     app,
     make_console,
@@ -148,7 +147,9 @@ def export(
         inputs = {"target": target, "verifier": verifier, "dtype": dtype, "num_steps": num_steps}
         export_block_drafter(console, checkpoint, out, engine, inputs, given, trust_remote_code)
         return
-    with user_errors(None, exit_code=USAGE_ERROR):  # the options alone, as generate's and serve's
+    with user_errors(
+        None
+    ):  # the options alone (ExportOptionError: exit 2), as generate's and serve's
         spec = spec_for_export(engine, num_steps or 3, topk or 1, num_draft_tokens or None)
     with user_errors(console):
         reading = id_reading(
@@ -194,14 +195,14 @@ def is_dflash_source(checkpoint: str) -> bool:
 
 
 def export_block_drafter(console, checkpoint, out, engine, inputs, given, remote_code) -> None:
-    """export of a DFlash drafter: EAGLE-3 settings refused (exit 2), then `export_dflash` and
-    its lines: what was written, the notes, the launch command serving the trained block."""
+    """export of a DFlash drafter: EAGLE-3 settings refused (ExportOptionError: exit 2), then
+    `export_dflash` and its lines: what was written, the notes, the launch command serving the
+    trained block."""
     from specdraft.export.dflash import export_dflash, refuse_eagle3_options
 
-    with user_errors(console, exit_code=USAGE_ERROR):
-        refuse_eagle3_options(checkpoint, given)
     inputs = {name: value or None for name, value in inputs.items()}
     with user_errors(console):
+        refuse_eagle3_options(checkpoint, given)
         result = export_dflash(checkpoint, out, engine, trust_remote_code=remote_code, **inputs)
     cast = f" cast to {inputs['dtype']}" if inputs["dtype"] else ""
     console.print(

@@ -26,13 +26,12 @@ def heldout_prompts(
     """Token ids of the first `prompt_tokens` tokens of each held-out document, or with
     `chat_template` (--chat-template), of each held-out chat's prompt as a server renders it with the file (its
     messages before the last assistant turn, generation prompt added: `data.render.prompt_ids`)."""
-    from transformers import AutoTokenizer
-
     from specdraft.data.records import read_records, served_messages
     from specdraft.data.render import prompt_ids
     from specdraft.data.template import use_chat_template
+    from specdraft.targets.tokenizer import load_target_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    tokenizer = load_target_tokenizer(target_dir)
     if chat_template is not None:
         use_chat_template(tokenizer, chat_template)
         chats = read_records(heldout_file, chat=True, require_assistant=False).records
@@ -47,9 +46,9 @@ TUNE_PROMPTS_FILE = "heldout-prompts.jsonl"  # under out/data: the timed prompts
 def write_tune_prompts(target_dir: Path, prompts: list[list[int]], data_dir: Path) -> Path:
     """data_dir/TUNE_PROMPTS_FILE: the timed prompts as {"prompt": text} rows (the target's
     tokenizer decodes them), so `specdraft tune --prompts` times the demo's own prompt set."""
-    from transformers import AutoTokenizer
+    from specdraft.targets.tokenizer import load_target_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    tokenizer = load_target_tokenizer(target_dir)
     rows = [
         json.dumps({"prompt": tokenizer.decode(ids, skip_special_tokens=True)}) for ids in prompts
     ]

@@ -139,7 +139,9 @@ def check_target(path: Path) -> None:
             f"--target {path} is an EAGLE-3 drafter, not a target model; pass the transformers "
             "model it drafts for, or leave --target out for the bundled stories260K"
         )
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
+
+    from specdraft.targets.tokenizer import load_target_tokenizer
 
     try:
         num_layers = AutoConfig.from_pretrained(str(path)).get_text_config().num_hidden_layers
@@ -148,13 +150,11 @@ def check_target(path: Path) -> None:
         detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         what = "too few layers" if isinstance(e, ConventionError) else "unreadable config"
         raise UnusableInput(f"--target {path}: {what} ({detail}); {hint}") from e
-    try:
-        AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError, TypeError) as e:
-        raise UnusableInput(
-            f"--target {path}: no usable tokenizer ({str(e).splitlines()[0] if str(e) else e!r}); "
-            "the demo tokenizes prompts with the target's own tokenizer"
-        ) from e
+    load_target_tokenizer(
+        path,
+        "save the target's tokenizer into its directory: the demo tokenizes prompts with the "
+        "target's own tokenizer",
+    )
 
 
 def check_data(cfg: DemoConfig) -> None:

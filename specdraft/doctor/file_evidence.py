@@ -278,27 +278,16 @@ class FileEvidence:
 
     @memo
     def tokenizer(self) -> Any:
-        """The target directory's tokenizer, with the chat template serving uses
-        (`served_template`)."""
-        from transformers import AutoTokenizer
-
+        """The target directory's tokenizer (`targets.tokenizer.load_target_tokenizer`: Unavailable
+        with its reason when none loads), with the chat template serving uses (`served_template`)."""
         from specdraft.data.records import DataError
         from specdraft.data.template import use_chat_template
+        from specdraft.targets.tokenizer import TargetTokenizerError, load_target_tokenizer
 
-        target = self.need_target_dir()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise Unavailable(
-                f"no tokenizer in {target} ({type(e).__name__})",
-                "save the target's tokenizer into its directory",
-            ) from None
-        if len(tokenizer) <= 1:  # transformers 5 builds some classes (Qwen3.5's) from no file
-            raise Unavailable(
-                f"no tokenizer in {target} (transformers built an empty "
-                f"{type(tokenizer).__name__}: no tokenizer file)",
-                "save the target's tokenizer into its directory",
-            )
+            tokenizer = load_target_tokenizer(self.need_target_dir())
+        except TargetTokenizerError as e:
+            raise Unavailable(e.reason, e.fix) from None
         served = self.served_template()
         if served is None:
             return tokenizer

@@ -21,16 +21,17 @@ from specdraft.checkpoint import (
 from specdraft.client import SERVER_WAIT_S
 from specdraft.data.records import DataError
 from specdraft.data.template import read_chat_template
-from specdraft.errors import SpecdraftError
+from specdraft.errors import UnusableInput
 from specdraft.targets.config import check_target_weights, read_target_config
 
 DOCTOR_ENGINES = ("sglang", "vllm")
 PATHS = ("target", "samples", "chat_template")  # DoctorInputs' optional paths
 
 
-class DoctorInputError(SpecdraftError, ValueError):
+class DoctorInputError(UnusableInput):
     """An input doctor cannot judge: a path that does not exist, a directory of the wrong kind, a
-    config.json that cannot be read, a bad option value. `specdraft doctor` exits 2 for it."""
+    config.json that cannot be read, a bad option value. An unusable input: the CLI exits 2 for
+    it, in doctor as in the commands that check configs with `given_config`."""
 
 
 @dataclass(frozen=True)

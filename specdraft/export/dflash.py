@@ -32,7 +32,7 @@ from specdraft.checkpoint.manifest import Manifest
 from specdraft.conventions import dflash_reads as reads
 from specdraft.conventions import parse_dtype
 from specdraft.dflash import DFlashDraft
-from specdraft.export.refusals import ExportError
+from specdraft.export.refusals import ExportError, ExportOptionError
 from specdraft.export.run import EXPORT_ENGINES, READER_OF_ENGINE
 from specdraft.export.target_facts import TargetFacts
 from specdraft.files import atomic_dir
@@ -63,15 +63,18 @@ class DFlashExport:
 
 
 def refuse_eagle3_options(checkpoint: str | Path, given: list[str]) -> None:
-    """ExportError naming the EAGLE-3-only options (EAGLE3_ONLY_OPTIONS) given for a DFlash
+    """ExportOptionError naming the EAGLE-3-only options (EAGLE3_ONLY_OPTIONS) given for a DFlash
     drafter: its block size, fixed at training, bounds the speculative setting (--num-steps:
     `served_setting`)."""
     eagle = [o for o in given if o in EAGLE3_ONLY_OPTIONS]
     if eagle:
-        raise ExportError(
-            f"{', '.join(eagle)}: EAGLE-3 settings, and {checkpoint} is a DFlash drafter, whose "
-            "setting is the block it was trained on (the launch line serves it; --num-steps N "
-            "sets the drafts a round); drop them"
+        what, them = (
+            ("EAGLE-3 settings", "them") if len(eagle) > 1 else ("an EAGLE-3 setting", "it")
+        )
+        raise ExportOptionError(
+            f"{', '.join(eagle)}: {what}, and {checkpoint} is a DFlash drafter, whose setting is "
+            "the block it was trained on (the launch line serves it; --num-steps N sets the "
+            f"drafts a round); drop {them}"
         )
 
 
@@ -81,7 +84,8 @@ def served_setting(engine: str, block_size: int, num_steps: int | None) -> int:
     block_size - 1). vLLM 0.32 drafts num_speculative_tokens K mask queries after the bonus
     token, 1 <= K <= block_size - 1 of the trained positions (`conventions.dflash` DFLASH_FACTS);
     SGLang's DFLASH worker drafts a block of the size given, so only the trained block serves
-    it; the speculators form drafts the block its config names. Raises ExportError otherwise."""
+    it; the speculators form drafts the block its config names. Raises ExportOptionError
+    otherwise."""
     trained = block_size - 1
     setting = reads.engine_num_speculative_tokens(READER_OF_ENGINE[engine], block_size)
     if num_steps is None or num_steps == trained:
@@ -89,19 +93,19 @@ def served_setting(engine: str, block_size: int, num_steps: int | None) -> int:
     if engine == "vllm" and 1 <= num_steps < trained:
         return num_steps
     if engine == "vllm":
-        raise ExportError(
+        raise ExportOptionError(
             f"--num-steps {num_steps}: the drafter was trained on blocks of {block_size} "
             f"({trained} drafts after the anchor), and vLLM would draft positions never trained; "
             f"give 1..{trained}"
         )
     if engine == "sglang":
-        raise ExportError(
+        raise ExportOptionError(
             f"--num-steps {num_steps}: SGLang's DFLASH worker would draft a block of "
             f"--speculative-num-draft-tokens {num_steps + 1}, unlike the trained block of "
             f"{block_size}; drop --num-steps (SGLang serves the trained block), or export "
             f"--engine vllm, which drafts 1..{trained} of it"
         )
-    raise ExportError(
+    raise ExportOptionError(
         f"--num-steps {num_steps}: the speculators form serves the trained block of {block_size} "
         f"({trained} drafts); drop --num-steps, or export --engine vllm, which drafts 1..{trained}"
     )
@@ -124,9 +128,9 @@ def export_dflash(
     directory (its layer count and vocabulary must be the drafter's; else the manifest's record);
     verifier: speculators' verifier.name_or_path (default: the target's path, else the
     manifest's); num_steps: the drafts a round the launch line sets (`served_setting`; default
-    the trained block's). Raises ExportError for a target the drafter does not fit, a num_steps
-    the engine cannot serve or a speculators export without a verifier; CheckpointError for a
-    bad source (`load_dflash_draft`)."""
+    the trained block's). Raises ExportOptionError for a num_steps the engine cannot serve,
+    ExportError for a target the drafter does not fit or a speculators export without a
+    verifier; CheckpointError for a bad source (`load_dflash_draft`)."""
     if engine not in EXPORT_ENGINES:
         raise ExportError(f"unknown engine {engine!r}; choose one of {', '.join(EXPORT_ENGINES)}")
     out_dir = _output_dir(checkpoint, out_dir)
@@ -183,12 +187,12 @@ def _check_target(model: DFlashDraft, facts: TargetFacts | None, checkpoint) -> 
 def _refuse_mask_conflict(model: DFlashDraft, target: Path) -> None:
     """ExportError when the target's tokenizer holds the mask token's text at another id than the
     drafter's (`dflash_reads.mask_token_conflict`: SGLang would refuse to start); a target
-    without a tokenizer transformers reads is not checked."""
-    from transformers import AutoTokenizer
+    without a tokenizer `targets.tokenizer.load_target_tokenizer` loads is not checked."""
+    from specdraft.targets.tokenizer import TargetTokenizerError, load_target_tokenizer
 
     try:
-        vocab = AutoTokenizer.from_pretrained(target, local_files_only=True).get_vocab()
-    except (OSError, ValueError):
+        vocab = load_target_tokenizer(target).get_vocab()
+    except TargetTokenizerError:
         return
     conflict = reads.mask_token_conflict(dflash_config_json(model.cfg), vocab)
     if conflict is not None:

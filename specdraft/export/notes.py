@@ -139,13 +139,10 @@ def target_tokenizer_notes(
         return []
     if not any((Path(target) / name).is_file() for name in TOKENIZER_FILES):
         return []
-    from transformers import AutoTokenizer
+    from specdraft.targets.tokenizer import TargetTokenizerError, load_target_tokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
-    except (OSError, ValueError) as e:
-        return [
-            f"{target}: its tokenizer cannot be read ({type(e).__name__}), so it is not compared with "
-            "the one the drafter was trained with"
-        ]
+        tokenizer = load_target_tokenizer(target)
+    except TargetTokenizerError as e:
+        return [f"{e.reason}, so it is not compared with the one the drafter was trained with"]
     return tokenizer_notes(source.manifest, tokenizer, checkpoint, target)

@@ -10,7 +10,7 @@ from specdraft.conventions.engines import (
 )
 from specdraft.draft_config import NORM_FLAGS, DraftConfig, method_label
 from specdraft.engine.spec_config import SpecConfig, chain_rule_message
-from specdraft.errors import SpecdraftError
+from specdraft.errors import SpecdraftError, UnusableInput
 from specdraft.export.target_facts import TargetFacts
 
 NUM_AUX = 3  # vLLM, SGLang < 0.5.12 hard-code 3 aux states; >= 0.5.12 sizes fc from config
@@ -20,26 +20,32 @@ class ExportError(SpecdraftError, ValueError):
     """An export that the engine would read differently from training; names the reason."""
 
 
+class ExportOptionError(ExportError, UnusableInput):
+    """An export option or combination that cannot work: a launch setting SpecConfig rejects,
+    EAGLE-3 settings for a DFlash drafter, a --num-steps its trained block cannot serve. An
+    unusable input (the CLI exits 2), whether found before the drafter loads or after."""
+
+
 def spec_for_export(
     engine: str, num_steps: int = 3, topk: int = 1, num_draft_tokens: int | None = None
 ) -> SpecConfig:
     """The speculative triple of the launch command (SpecConfig's rule; default a 3-step chain).
 
     num_draft_tokens None = num_steps + 1 (a chain); a tree needs it given. vLLM and
-    speculators drafts are chains here. Raises ExportError naming the rule (a value below 1
+    speculators drafts are chains here. Raises ExportOptionError naming the rule (a value below 1
     included: none is replaced by a default).
     """
     steps, k = num_steps, topk
     for name, value in (("num_steps", steps), ("topk", k), ("num_draft_tokens", num_draft_tokens)):
         if value is not None and (not isinstance(value, int) or value < 1):
-            raise ExportError(f"{name} {value!r}: must be >= 1")
+            raise ExportOptionError(f"{name} {value!r}: must be >= 1")
     if engine != "sglang" and k != 1:
-        raise ExportError(
+        raise ExportOptionError(
             f"--topk {k}: the {engine} launch command drafts a chain "
             "(num_speculative_tokens); use --topk 1"
         )
     if k > 1 and num_draft_tokens is None:
-        raise ExportError(
+        raise ExportOptionError(
             f"--topk {k} (a tree) needs --num-draft-tokens in 2.."
             f"{SpecConfig(steps, k, 2).max_draft_tokens}"
         )
@@ -47,11 +53,11 @@ def spec_for_export(
         None,
         steps + 1,
     ):  # vLLM: no num_draft_tokens
-        raise ExportError(chain_rule_message(steps, num_draft_tokens, engine="vllm"))
+        raise ExportOptionError(chain_rule_message(steps, num_draft_tokens, engine="vllm"))
     try:
         return SpecConfig(steps, k, steps + 1 if num_draft_tokens is None else num_draft_tokens)
     except ValueError as e:
-        raise ExportError(str(e)) from None
+        raise ExportOptionError(str(e)) from None
 
 
 def engine_ids(

@@ -95,7 +95,8 @@ class LocalBackend:
     loaded as capture loads it (`targets.load_target`: the class its config names, multimodal
     wrappers included; its errors name the directory); `generate` runs on its `causal_lm`.
     Stops at the target's end ids (`target.config.end_token_ids`: the generation config's EOS ids
-    and the tokenizer's)."""
+    and the tokenizer's). TargetTokenizerError when no tokenizer loads
+    (`targets.tokenizer.load_target_tokenizer`)."""
 
     def __init__(
         self,
@@ -106,13 +107,14 @@ class LocalBackend:
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
     ):
-        from transformers import AutoTokenizer
-
         from specdraft.targets import load_target
         from specdraft.targets.config import end_token_ids
+        from specdraft.targets.tokenizer import load_target_tokenizer
 
         self.model_dir = str(model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir or model_dir))
+        self.tokenizer = load_target_tokenizer(
+            tokenizer_dir or model_dir, "pass --tokenizer DIR, the target's tokenizer"
+        )
         self.model = load_target(model_dir, dtype=dtype, device=device).causal_lm
         self.batch_size, self.device = batch_size, device
         self.eos_ids = end_token_ids(self.tokenizer, self.model.generation_config)

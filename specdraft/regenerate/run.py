@@ -291,9 +291,9 @@ def regenerate_file(cfg: RegenConfig, console=None) -> RegenResult:
             api_key=cfg.api_key,
         )
         if cfg.tokenizer:
-            from transformers import AutoTokenizer
+            from specdraft.targets.tokenizer import load_target_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
+            tokenizer = load_target_tokenizer(cfg.tokenizer, "pass --tokenizer DIR, a tokenizer")
     if cfg.chat_template:  # an endpoint with a template has a tokenizer (`RegenConfig`)
         use_chat_template(tokenizer or backend.tokenizer, cfg.chat_template, chat=cfg.chat)
     return regenerate(

@@ -257,20 +257,12 @@ def build_app(
 
 
 def target_tokenizer(target_dir: str | Path, chat_template: str | None = None) -> Any:
-    """The target directory's tokenizer (transformers, local files only), for serve and tune,
-    its chat template replaced by the Jinja file `chat_template` when given (`data.template`).
-    ServeError (a ValueError) naming the directory when it does not load; DataError naming a
-    template file that cannot be read."""
-    from transformers import AutoTokenizer
-
+    """The target directory's tokenizer (`targets.tokenizer.load_target_tokenizer`), for serve and
+    tune, its chat template replaced by the Jinja file `chat_template` when given (`data.template`).
+    TargetTokenizerError (an UnusableInput) naming the directory when it does not load; DataError
+    naming a template file that cannot be read."""
     from specdraft.data.template import use_chat_template
+    from specdraft.targets.tokenizer import load_target_tokenizer
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
-    except (OSError, ValueError) as e:
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__  # transformers' own words
-        raise ServeError(
-            f"{target_dir}: no tokenizer could be loaded ({why}); save the target's tokenizer "
-            "into its directory"
-        ) from None
+    tokenizer = load_target_tokenizer(target_dir)
     return use_chat_template(tokenizer, chat_template)

@@ -17,7 +17,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from specdraft.errors import SpecdraftError
+from specdraft.errors import SpecdraftError, UnusableInput
 from specdraft.files import unreadable
 from specdraft.targets.classes import (  # noqa: F401 (re-exported: the tables' old home)
     DEFAULT_CLASSES,
@@ -47,6 +47,12 @@ _VOLATILE_CONFIG_KEYS = frozenset(
 class TargetConfigError(SpecdraftError, ValueError):
     """A target directory specdraft will not read: its config.json (missing keys, not JSON, unknown
     remote code), an unsupported class, weights that do not match it; names the file and the fix."""
+
+
+class InvalidTargetConfig(TargetConfigError, UnusableInput):
+    """A target's config.json that is no valid model config (not JSON, keys a transformers config
+    holds missing, a value its config class refuses): an unusable input, which the CLI exits 2
+    for in every command, as doctor does."""
 
 
 class TargetFileError(SpecdraftError, OSError):
@@ -83,12 +89,12 @@ TARGET_REQUIRED_KEYS = (
 def check_target_config(
     path: str | Path, config: dict, keys: Sequence[str] = TARGET_REQUIRED_KEYS
 ) -> None:
-    """TargetConfigError naming `path`/config.json, the `keys` it lacks (at the top or in text_config)
+    """InvalidTargetConfig naming `path`/config.json, the `keys` it lacks (at the top or in text_config)
     and the fix (TARGET_CONFIG_FIX); transformers would default a missing layer count silently."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     missing = [k for k in keys if config.get(k) is None and text.get(k) is None]
     if missing:
-        raise TargetConfigError(
+        raise InvalidTargetConfig(
             f"{Path(path) / 'config.json'}: missing {', '.join(missing)}, which a transformers "
             f"model config holds; {TARGET_CONFIG_FIX}"
         )
@@ -112,10 +118,10 @@ def read_target_config(path: str | Path, trust_remote_code: bool = False) -> Pre
     transformers' own class (`trust_remote_code=False`: a published `auto_map` beside it is not
     run); any other with an `auto_map` raises TargetConfigError naming `--trust-remote-code`
     unless `trust_remote_code`. A `quantization_config` is kept as data: no kernel is imported.
-    Raises TargetFileMissing without config.json, TargetConfigError for one that is not JSON or
-    that transformers rejects, naming the file (a field value its strict config class refuses
-    included, e.g. a config saved by another release; TargetFileError, an OSError, when
-    transformers cannot read a file).
+    Raises TargetFileMissing without config.json, InvalidTargetConfig for one that is not JSON or
+    holds a field value its strict config class refuses (e.g. a config saved by another release),
+    TargetConfigError for one that transformers rejects otherwise, naming the file
+    (TargetFileError, an OSError, when transformers cannot read a file).
     """
     path = Path(path)
     file = path / "config.json"
@@ -137,12 +143,12 @@ def read_target_config(path: str | Path, trust_remote_code: bool = False) -> Pre
         raise TargetConfigError(str(e)) from e
     except (TypeError, StrictDataclassError) as e:  # a field value its strict config class rejects
         reason = " ".join(str(e).split())
-        raise TargetConfigError(f"{file}: transformers cannot read it ({reason})") from e
+        raise InvalidTargetConfig(f"{file}: transformers cannot read it ({reason})") from e
 
 
 def _config_json(file: Path) -> Any:
     """The JSON value of a target's config.json; TargetFileMissing when it is not there,
-    TargetFileError when it cannot be read, TargetConfigError when it is not JSON text."""
+    TargetFileError when it cannot be read, InvalidTargetConfig when it is not JSON text."""
     if not file.is_file():
         raise TargetFileMissing(
             f"{file.parent}: no config.json; pass the target's transformers directory"
@@ -156,7 +162,7 @@ def _config_json(file: Path) -> Any:
         ) from e
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         reason = unreadable(e) if isinstance(e, UnicodeDecodeError) else str(e)
-        raise TargetConfigError(f"{file}: not valid JSON ({reason}); {TARGET_CONFIG_FIX}") from e
+        raise InvalidTargetConfig(f"{file}: not valid JSON ({reason}); {TARGET_CONFIG_FIX}") from e
 
 
 def _refuse_remote_code(file: Path, data: Any, model_type: Any, trust_remote_code: bool) -> None:

@@ -13,10 +13,13 @@ def dflash_mask_token(target_dir: str | Path) -> int:
     """The DFlash mask token of the target at `target_dir` (a local directory with its tokenizer
     and config.json): the first id past its tokenizer where its embedding has that row (the
     trainer's default, z-lab's recipe), else the tokenizer's unknown token (stories260K: <unk>,
-    id 0, which its text never holds). UnusableInput naming --target when it has neither."""
-    from transformers import AutoConfig, AutoTokenizer
+    id 0, which its text never holds). UnusableInput naming --target when it has neither,
+    TargetTokenizerError (an UnusableInput) when it has no tokenizer (`load_target_tokenizer`)."""
+    from transformers import AutoConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    from specdraft.targets.tokenizer import load_target_tokenizer
+
+    tokenizer = load_target_tokenizer(target_dir)
     rows = AutoConfig.from_pretrained(str(target_dir)).get_text_config().vocab_size
     if len(tokenizer) < rows:
         return len(tokenizer)

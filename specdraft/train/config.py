@@ -199,8 +199,8 @@ def run_config(
     fields; None = not given) over them; a run length flag (total_steps / epochs) replaces both of
     the file's. With `resume`, the settings not given come from out_dir's newest checkpoint
     (`resume_config`), and `say` receives the line naming it. UnusableInput (a usage error) for both
-    run lengths given, a bad config file or value, a flag of another method than the run's
-    (`settings.refuse_other_methods_settings`); FileExistsError for an out_dir that is no run
+    run lengths given, a bad config file or value, a flag or --config key of another method than
+    the run's (`settings.refuse_other_methods_settings`); FileExistsError for an out_dir that is no run
     directory."""
     steps, epochs = flags.get("total_steps"), flags.get("epochs")
     if steps is not None and epochs is not None:
@@ -208,12 +208,14 @@ def run_config(
             f"--steps {steps} and --epochs {epochs} both set: give one run length "
             "(neither = one epoch)"
         )
-    values = config_file_values(config_file)
+    from_file = config_file_values(config_file)
+    values = dict(from_file)
     if steps is not None or epochs is not None:
         values.update(total_steps=None, epochs=None)
     values.update({k: v for k, v in flags.items() if v is not None})
     if not resume:
-        return refuse_other_methods_settings(TrainConfig.from_dict(values), flags)
+        cfg = TrainConfig.from_dict(values)
+        return refuse_other_methods_settings(cfg, flags, config_file, from_file)
     check_run_dir(out_dir)  # before saying anything about it
     saved = checkpoint_paths(out_dir)
     say(
@@ -221,7 +223,8 @@ def run_config(
         if saved
         else f"--resume: no checkpoint in {out_dir} yet: starting at step 0"
     )
-    return refuse_other_methods_settings(resume_config(out_dir, values), flags)
+    cfg = resume_config(out_dir, values)
+    return refuse_other_methods_settings(cfg, flags, config_file, from_file)
 
 
 # train_source's keywords: `specdraft train`'s options that apply with --online (their names)

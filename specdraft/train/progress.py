@@ -1,8 +1,9 @@
 """What `train` shows while it runs: rich's bar on a terminal; where stdout is not one (a log
 file, a pipe), a plain line every few steps, flushed at once, since a redrawn bar writes nothing
 a file keeps until the run ends. `counted_progress` is the same display for any other long stage
-(the demo's timing, bench's runs, doctor's acceptance, tune's measurements), on stderr;
-`status_while` says what a stage of no count (loading a model) is doing."""
+(the demo's timing, bench's runs, doctor's acceptance, tune's measurements), on stderr, at most
+STAGE_LINES plain lines a stage; `status_while` says what a stage of no count (loading a model)
+is doing."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-PLAIN_LINES = 20  # plain lines per run, about (the last step always gets one)
+PLAIN_LINES = 20  # plain lines per training run, about (its loss log; the last step gets one)
+STAGE_LINES = 4  # plain lines per other counted stage, at most: each quarter of it, the last item
 STATUS_AFTER_S = 3.0  # seconds a stage runs before `status_while` prints its plain line
 
 
-def plain_every(total: int) -> int:
-    """Steps between two plain lines of a `total`-step run: about PLAIN_LINES lines in all."""
-    return max(1, math.ceil(total / PLAIN_LINES))
+def plain_every(total: int, lines: int = PLAIN_LINES) -> int:
+    """Steps between two plain lines of a `total`-step run: at most `lines` lines in all, the
+    last step's included."""
+    return max(1, math.ceil(total / lines))
 
 
 def time_left(elapsed_s: float, done: int, remaining: int) -> str:
@@ -71,15 +74,16 @@ def progress_bar(label: str, *fields: Any, stderr: bool = False):
 @contextlib.contextmanager
 def counted_progress(label: str, total: int, enabled: bool = True) -> Iterator[Callable[[], None]]:
     """Yields advance(), called once per item of a `total`-item stage: a rich bar on stderr when it
-    is a terminal, else a plain line "label 3/12  ETA 0:00:40" every `plain_every(total)` items
-    and at the last (flushed at once); nothing when not `enabled`."""
+    is a terminal, else a plain line "label 3/12  ETA 0:00:40" every `plain_every(total,
+    STAGE_LINES)` items and at the last (flushed at once; at most STAGE_LINES lines, so that a
+    log file holds a few a stage); nothing when not `enabled`."""
     from rich.console import Console
 
     if not enabled:
         yield lambda: None
         return
     if not Console(stderr=True).is_terminal:
-        every, began, done = plain_every(total), time.monotonic(), [0]
+        every, began, done = plain_every(total, STAGE_LINES), time.monotonic(), [0]
 
         def line() -> None:
             done[0] += 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from specdraft.draft_config import EAGLE3_METHODS, NORM_FLAGS, method_flags
@@ -122,7 +123,8 @@ class TrainConfig:
     # drafter
     draft_vocab_size: int | None = setting(
         None,
-        "Default: the usable vocabulary, the tokenizer's length (vocab_size may pad past it).",
+        "The EAGLE-3 drafter's vocabulary (DFlash predicts over the target's). Default: the usable "
+        "vocabulary, the tokenizer's length (vocab_size may pad past it).",
         flag="--draft-vocab-size",
         min=1,
     )
@@ -267,30 +269,55 @@ MAY_CHANGE_ON_RESUME = frozenset(
 
 
 # The settings only one kind of method trains with (the others ignore them): "eagle3" = every
-# EAGLE-3 method (`draft_config.EAGLE3_METHODS`), "dflash" = --method dflash.
+# EAGLE-3 method (`draft_config.EAGLE3_METHODS`), "dflash" = --method dflash (a DFlash drafter
+# predicts over the target's whole vocabulary: no draft_vocab_size).
 METHOD_OF_SETTING = {
     "ttt_steps": "eagle3",
     "step_weight": "eagle3",
+    "draft_vocab_size": "eagle3",
     "block_size": "dflash",
     "num_anchors": "dflash",
     "loss_decay_gamma": "dflash",
 }
 
 
-def refuse_other_methods_settings(cfg: TrainConfig, given: dict[str, Any]) -> TrainConfig:
-    """`cfg`, or UnusableInput naming the first setting in `given` (flags passed: field -> value,
-    None = not given) that belongs to another method than cfg.method (`METHOD_OF_SETTING`),
-    which would ignore it."""
-    kind = "dflash" if cfg.method == "dflash" else "eagle3"
+def refuse_other_methods_settings(
+    cfg: TrainConfig,
+    given: dict[str, Any],
+    config_file: str | Path | None = None,
+    file_values: dict[str, Any] | None = None,
+) -> TrainConfig:
+    """`cfg`, or UnusableInput naming the first setting that belongs to another method than
+    cfg.method (`METHOD_OF_SETTING`), which would ignore it: a flag in `given` (flags passed:
+    field -> value, None = not given), else a key of the --config file `config_file` in
+    `file_values` (its keys) set to other than the field's default (a key at its default
+    changes nothing: a saved `TrainConfig.to_dict()`, which holds every field, passes)."""
     for name, value in given.items():
-        owner = METHOD_OF_SETTING.get(name)
-        if value is not None and owner not in (None, kind):
-            methods = "--method dflash" if owner == "dflash" else "--method eagle3 / eagle3.1"
+        methods = other_methods(cfg, name)
+        if value is not None and methods:
             raise UnusableInput(
                 f"{flag(name)} {value}: a setting of {methods}, and this run trains --method "
                 f"{cfg.method}, which ignores it: drop it, or train {methods}"
             )
+    for name, value in (file_values or {}).items():
+        methods = other_methods(cfg, name)
+        if methods and value != TrainConfig.__dataclass_fields__[name].default:
+            raise UnusableInput(
+                f"--config {config_file}: key {name} is a setting of {methods}, and this run "
+                f"trains --method {cfg.method}, which ignores it: drop {name} from "
+                f"{config_file}, or train {methods}"
+            )
     return cfg
+
+
+def other_methods(cfg: TrainConfig, name: str) -> str | None:
+    """The methods setting `name` belongs to when cfg.method is not one of them
+    (`METHOD_OF_SETTING`), as a user passes them: "--method dflash" or "--method eagle3 /
+    eagle3.1"; None for a setting of cfg.method's kind or of every method."""
+    owner = METHOD_OF_SETTING.get(name)
+    if owner is None or owner == ("dflash" if cfg.method == "dflash" else "eagle3"):
+        return None
+    return "--method dflash" if owner == "dflash" else "--method eagle3 / eagle3.1"
 
 
 def flag(name: str) -> str:

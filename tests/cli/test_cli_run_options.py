@@ -122,10 +122,11 @@ def test_threads_are_set_before_loading(tmp_path, command, monkeypatch):
 
     config = {key: "llama" if key == "model_type" else 2 for key in TARGET_REQUIRED_KEYS}
     (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenizer.json").write_text("{}")  # a tokenizer file: the refusal gives its reason
     result = invoke(
         [command, "--target", str(tmp_path), "--no-spec", "--threads", "3", *COMMANDS[command]]
     )
-    assert result.exit_code == 1 and "stop here" in result.output, result.output
+    assert result.exit_code == 2 and "stop here" in result.output, result.output
     assert seen == [3]  # one_thread restores the setting afterwards
     refused = invoke(
         [command, "--target", str(tmp_path), "--no-spec", "--threads", "0", *COMMANDS[command]]

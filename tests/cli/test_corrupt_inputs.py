@@ -1,7 +1,8 @@
 """inspect, convert, generate and export given a drafter or target whose config.json or manifest is
 corrupt (not JSON, no object, required keys missing): one `error:` line naming the file, what is
-wrong and what fixes it (doctor's words, `doctor.inputs.given_config`), exit 1 as the commands'
-other unusable inputs; a damaged manifest names a fix the user can run without it."""
+wrong and what fixes it (doctor's words, `doctor.inputs.given_config`), exit 2 as the commands'
+other unusable inputs and as doctor (they exited 1); a damaged manifest names a fix the user can
+run without it."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def test_corrupt_config(world, tmp_path, command, kind, which):
         if which == "drafter"
         else (TARGET_FIX,)
     )
-    one_error(invoke(commands(*dirs, tmp_path / "out")[command]), f"{bad}/{what}", *fixes)
+    one_error(invoke(commands(*dirs, tmp_path / "out")[command]), f"{bad}/{what}", *fixes, code=2)
 
 
 def test_the_loader_names_the_fix_for_a_corrupt_drafter_config(world, tmp_path):
@@ -90,6 +91,7 @@ def test_target_config_without_layer_count(world, tmp_path, command):
         invoke(commands(plain, bad, tmp_path / "out")[command]),
         f"{bad}/config.json: missing num_hidden_layers, which a transformers model config holds",
         TARGET_FIX,
+        code=2,
     )
 
 
@@ -102,6 +104,7 @@ def test_plain_drafter_config_without_sizes(world, tmp_path, command):
         invoke(commands(bad, target, tmp_path / "out")[command]),
         f"{bad}/config.json: missing hidden_size, num_attention_heads (without a specdraft manifest",
         DRAFTER_FIX,
+        code=2,
     )
 
 
@@ -112,6 +115,7 @@ def test_generate_target_config_without_model_sizes(world, tmp_path):
         invoke(commands(draft, bad, tmp_path / "out")["generate"]),
         f"{bad}/config.json: missing hidden_size, intermediate_size",
         TARGET_FIX,
+        code=2,
     )
 
 
@@ -140,7 +144,7 @@ def test_corrupt_manifest_names_a_fix_without_the_run(world, tmp_path, text, wha
     assert str(e.value).startswith(f"{bad / MANIFEST_FILE}: {what}") and str(e.value).endswith(
         MANIFEST_FIX
     )
-    one_error(invoke(["inspect", str(bad)]), f"{bad / MANIFEST_FILE}: {what}", MANIFEST_FIX)
+    one_error(invoke(["inspect", str(bad)]), f"{bad / MANIFEST_FILE}: {what}", MANIFEST_FIX, code=2)
     (
         bad / MANIFEST_FILE
     ).unlink()  # the advice works: the drafter loads without it, given the target
@@ -168,4 +172,6 @@ def test_corrupt_target_config_of_run_commands(world, tmp_path, command, kind):
     draft, _, target = world
     text, what = CORRUPT[kind]
     bad = broken_copy(target, tmp_path / "bad", text)
-    one_error(invoke(run_commands(draft, bad, tmp_path)[command]), f"{bad}/{what}", TARGET_FIX)
+    one_error(
+        invoke(run_commands(draft, bad, tmp_path)[command]), f"{bad}/{what}", TARGET_FIX, code=2
+    )

@@ -292,7 +292,7 @@ def test_inspect_without_target_shows_what_the_files_say(bare, tmp_path):
         )
     edit_config(tmp_path / "spec", lambda c: c["transformer_layer_config"].pop("hidden_size"))
     result = invoke(["inspect", str(tmp_path / "spec")])
-    assert result.exit_code == 1 and "missing hidden_size" in flat(result.output), result.output
+    assert result.exit_code == 2 and "missing hidden_size" in flat(result.output), result.output
 
 
 def test_inspect_without_target_runs_the_loaders_key_checks(bare, tmp_path):

@@ -54,17 +54,29 @@ def test_export_num_steps_sets_vllm_drafts_a_round(trained, tmp_path):
     text = flat(result.output)
     assert "launch (block 4: num_speculative_tokens 2):" in text
     assert '"num_speculative_tokens": 2' in text
+    # a --num-steps the trained block cannot serve is a bad option value: exit 2, as --topk's
     more = invoke(["export", str(trained), str(out), "--engine", "vllm", "--num-steps", "5"])
-    one_error(more, "--num-steps 5:", "give 1..3")
+    one_error(more, "--num-steps 5:", "give 1..3", code=2)
     sglang = invoke(["export", str(trained), str(out), "--engine", "sglang", "--num-steps", "2"])
-    one_error(sglang, "--num-steps 2: SGLang's DFLASH worker", "unlike the trained block of 4")
-
-
-def test_an_eagle3_option_for_a_dflash_drafter_is_one_line(trained, tmp_path):
-    result = invoke(
-        ["export", str(trained), str(tmp_path / "out"), "--engine", "sglang", "--topk", "4"]
+    one_error(
+        sglang, "--num-steps 2: SGLang's DFLASH worker", "unlike the trained block of 4", code=2
     )
-    one_error(result, "--topk: EAGLE-3 settings", "is a DFlash drafter", code=2)
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        (["--topk", "4"], "--topk: an EAGLE-3 setting, and"),
+        (
+            ["--topk", "4", "--num-draft-tokens", "5"],
+            "--topk, --num-draft-tokens: EAGLE-3 settings,",
+        ),
+    ],
+)
+def test_an_eagle3_option_for_a_dflash_drafter_is_one_line(trained, tmp_path, options, words):
+    result = invoke(["export", str(trained), str(tmp_path / "out"), "--engine", "sglang", *options])
+    text = one_error(result, words, "is a DFlash drafter", code=2)
+    assert text.endswith("drop it" if len(options) == 2 else "drop them"), text
     assert not (tmp_path / "out").exists()
 
 

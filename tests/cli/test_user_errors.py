@@ -305,6 +305,24 @@ def test_train_refuses_a_flag_of_another_method(tmp_path, args, words):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    ("values", "args", "words"),
+    [
+        ({"num_anchors": 16}, [], "key num_anchors is a setting of --method dflash"),
+        ({"ttt_steps": 4}, ["--method", "dflash"], "key ttt_steps is a setting of --method eagle3"),
+    ],
+)
+def test_train_refuses_a_config_key_of_another_method(tmp_path, values, args, words):
+    """A --config key of the other method was ignored silently (the run trained without it)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps(values))
+    result = invoke(["train", str(store), str(tmp_path / "run"), "--config", str(config), *args])
+    one_error(result, f"--config {config}: {words}", f"from {config}, or train --method", code=2)
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_help_says_what_it_trains():
     text = flat(invoke(["train", "--help"]).output)
     assert (

@@ -15,7 +15,7 @@ from specdraft.bench.suites import SuiteError, read_suite_file
 from specdraft.bench.tune import load_tuned
 from specdraft.bench.tune_model import TuneConfig
 from specdraft.errors import SpecdraftError
-from specdraft.serve.worker import ServeError
+from specdraft.targets.tokenizer import TargetTokenizerError
 from tests.support.engine_helpers import tiny_setup
 
 
@@ -62,5 +62,5 @@ def test_a_suite_file_that_cannot_be_read_is_named(tmp_path):
 def test_a_target_without_a_tokenizer_is_named_by_tune(tmp_path):
     target = tmp_path / "target"
     shutil.copytree(tiny_setup("llama").target_dir, target)  # config and weights, no tokenizer
-    with pytest.raises(ServeError, match=f"^{target}: no tokenizer could be loaded"):
+    with pytest.raises(TargetTokenizerError, match=f"^{target} has no tokenizer files"):
         load_tuned(target, tmp_path / "draft", TuneConfig())

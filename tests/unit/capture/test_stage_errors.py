@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from specdraft.capture.from_peer import target_text_config
-from specdraft.capture.stage import CaptureConfig, TokenizerNotFound, load_samples
+from specdraft.capture.stage import CaptureConfig, load_samples
 from specdraft.capture.store import CaptureError, read_index
 from specdraft.data.render import Rendering
+from specdraft.targets.tokenizer import TargetTokenizerError
 
 
 def test_an_index_that_is_not_utf8_json_is_named(tmp_path):
@@ -32,6 +33,9 @@ def test_an_unknown_engine_is_a_capture_error():
 
 
 def test_a_directory_without_a_tokenizer_is_named(tmp_path):
-    with pytest.raises(TokenizerNotFound, match=r"no tokenizer .*--tokenizer") as caught:
+    with pytest.raises(TargetTokenizerError) as caught:
         load_samples(tmp_path, tmp_path / "data.jsonl", 128, Rendering(), tokenizer=str(tmp_path))
-    assert isinstance(caught.value, OSError)
+    assert str(caught.value) == (
+        f"{tmp_path} has no tokenizer files (tokenizer.json / tokenizer.model); pass --tokenizer "
+        "DIR, the target's tokenizer"
+    )

@@ -26,7 +26,8 @@ def test_the_timing_passes_show_their_count_and_time_left(monkeypatch, capsys):
     }
     lines = capsys.readouterr().err.splitlines()
     assert [line.split("  ETA ")[0] for line in lines] == [
-        f"demo timing passes {i}/6" for i in range(1, 7)
+        f"demo timing passes {i}/6"
+        for i in (2, 4, 6)  # a few lines a stage (`STAGE_LINES`)
     ]
 
 

@@ -19,8 +19,10 @@ from specdraft.conventions.dflash_reads import (
     vllm_reading,
 )
 from specdraft.dflash import DFlashDraft
+from specdraft.errors import UnusableInput
 from specdraft.export import ExportError
 from specdraft.export.dflash import export_dflash, refuse_eagle3_options
+from specdraft.export.refusals import ExportOptionError
 from tests.support.dflash import tiny_dflash_cfg, tiny_dflash_draft
 
 TARGET = {"num_layers": 4, "hidden_size": 32, "vocab_size": 50, "name_or_path": "/models/t"}
@@ -84,8 +86,18 @@ def test_a_target_of_other_sizes_is_refused_and_nothing_is_written(tmp_path):
 
 
 def test_eagle3_options_are_one_line():
-    with pytest.raises(ExportError, match="--topk: EAGLE-3 settings, and D is a DF"):
+    """One grammatical line for one option or several; an unusable input (the CLI exits 2)."""
+    with pytest.raises(
+        ExportOptionError, match=r"^--topk: an EAGLE-3 setting, and D is a DF.*drop it$"
+    ):
         refuse_eagle3_options("D", ["--num-steps", "--topk"])
+    with pytest.raises(
+        ExportOptionError, match=r"^--topk, --aux-layers: EAGLE-3 settings, and D .*drop them$"
+    ):
+        refuse_eagle3_options("D", ["--topk", "--aux-layers"])
+    assert issubclass(ExportOptionError, UnusableInput) and issubclass(
+        ExportOptionError, ExportError
+    )
     refuse_eagle3_options("D", [])
     refuse_eagle3_options("D", ["--num-steps"])
 

@@ -12,6 +12,7 @@ from specdraft.errors import SpecdraftError
 from specdraft.serve.engine_args import EngineArgsError, parse_engine_args
 from specdraft.serve.server import build_app, create_app
 from specdraft.serve.worker import ServeError
+from specdraft.targets.tokenizer import TargetTokenizerError
 from tests.support.engine_helpers import tiny_setup
 from tests.support.serve_helpers import engine, own_target, word_tokenizer
 
@@ -26,7 +27,7 @@ def test_a_queue_below_one_is_a_serve_error():
 def test_a_target_without_a_tokenizer_is_named(tmp_path):
     target = tmp_path / "target"
     shutil.copytree(tiny_setup("llama").target_dir, target)  # config and weights, no tokenizer
-    with pytest.raises(ServeError, match=f"^{target}: no tokenizer could be loaded"):
+    with pytest.raises(TargetTokenizerError, match=f"^{target} has no tokenizer files"):
         build_app(str(target), None, None)
 
 

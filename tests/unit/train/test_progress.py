@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import re
 
+import pytest
 from rich.console import Console
 
 import specdraft.train.progress
@@ -29,13 +30,20 @@ def test_plain_lines_off_a_terminal_count_and_give_the_time_left(monkeypatch, ca
     assert time_left(0.0, 0, 5) == "-"  # no pace yet
 
 
-def test_a_plain_line_every_few_items_of_a_long_stage(capsys):
-    with counted_progress("bench runs", 100) as advance:
-        for _ in range(100):
+@pytest.mark.parametrize(
+    ("total", "counts"),
+    [(100, [25, 50, 75, 100]), (32, [8, 16, 24, 32]), (7, [2, 4, 6, 7]), (6, [2, 4, 6])],
+)
+def test_a_long_stage_off_a_terminal_prints_a_few_lines(capsys, total, counts):
+    """A redirected log had a line every 2 of 32 samples (16 a stage, 72 in a demo's log): now
+    one a quarter of the stage, and the last item's."""
+    with counted_progress("bench runs", total) as advance:
+        for _ in range(total):
             advance()
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 20 and lines[0].startswith("bench runs 5/100  ETA ")
-    assert lines[-1].startswith("bench runs 100/100  ETA ")
+    assert [line.split("  ETA ")[0] for line in lines] == [
+        f"bench runs {n}/{total}" for n in counts
+    ]
 
 
 def test_a_bar_on_a_terminal_and_nothing_when_disabled(monkeypatch, capsys):
