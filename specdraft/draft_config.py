@@ -53,6 +53,19 @@ EAGLE3_METHODS: dict[str, tuple[str, ...]] = {
 }
 
 
+# DraftConfig's widths, head counts and vocabularies (positive ints)
+SIZE_FIELDS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "target_hidden_size",
+    "vocab_size",
+    "draft_vocab_size",
+)
+
+
 @dataclass(frozen=True)
 class DraftConfig:
     """Shape and wiring of an EAGLE-3 drafter.
@@ -86,17 +99,7 @@ class DraftConfig:
     embedding_owned: bool = False
 
     def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "intermediate_size",
-            "target_hidden_size",
-            "vocab_size",
-            "draft_vocab_size",
-            "max_position_embeddings",
-        ):
+        for name in (*SIZE_FIELDS, "max_position_embeddings"):
             if getattr(self, name) <= 0:
                 raise DraftError(f"DraftConfig.{name} = {getattr(self, name)}: must be positive")
         if self.num_attention_heads % self.num_key_value_heads:

@@ -29,7 +29,13 @@ from specdraft.checkpoint.layouts import (
 from specdraft.checkpoint.manifest import Manifest
 from specdraft.conventions import AUX_KEY, engines_default_layers, from_engine_ids
 from specdraft.conventions.config_reads import NUM_AUX_KEY
-from specdraft.draft_config import NORM_FLAGS, DraftConfig, DraftError, rope_from_hf_config
+from specdraft.draft_config import (
+    NORM_FLAGS,
+    SIZE_FIELDS,
+    DraftConfig,
+    DraftError,
+    rope_from_hf_config,
+)
 
 # SGLang's legacy name of the fc_norm flag (sglang 0.5.23 srt/models/llama_eagle3.py
 # `legacy_name_map`), read as fc_norm.
@@ -107,19 +113,7 @@ def _manifestless_config(
 
 # What config.json declares that the engines compute with (vLLM and SGLang build the drafter
 # from config.json, never the manifest): max_position_embeddings is left out, a serving limit.
-DECLARED_FIELDS = (
-    "hidden_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "target_hidden_size",
-    "vocab_size",
-    "draft_vocab_size",
-    "rope_theta",
-    "rope_scaling",
-    "rms_norm_eps",
-)
+DECLARED_FIELDS = (*SIZE_FIELDS, "rope_theta", "rope_scaling", "rms_norm_eps")
 
 
 def refuse_other_declared(
@@ -134,18 +128,13 @@ def refuse_other_declared(
     `_manifestless_config`) differs from the manifest's training record in a DECLARED_FIELDS
     value, or cannot be read: an edited rms_norm_eps loads from the manifest unchanged but every
     engine computes another drafter."""
-    missing = [k for k in DRAFTER_REQUIRED_KEYS if layer.get(k) is None]
-    if missing:
-        raise CheckpointError(
-            f"{where}: missing {', '.join(missing)}: the engines build the drafter from "
-            f"config.json; {DRAFTER_CONFIG_FIX}"
-        )
+    refuse_missing_keys(where, layer, "the engines build the drafter from config.json")
     try:
         declared = _manifestless_config(
             config, layer, list(trained.aux_layers), trained.target_num_layers, flags
         )
     except (DraftError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{where}: {e}; {DRAFTER_CONFIG_FIX}") from None
+        raise InvalidCheckpointFile(f"{where}: {e}; {DRAFTER_CONFIG_FIX}") from None
     differ = [
         f"{name} {getattr(declared, name)!r} (config.json) vs {getattr(trained, name)!r} (manifest)"
         for name in DECLARED_FIELDS
@@ -171,6 +160,16 @@ def refuse_other_aux_count(path: Path, config: dict[str, Any], cfg: DraftConfig)
         )
 
 
+def refuse_missing_keys(where: str, layer: dict[str, Any], why: str) -> None:
+    """InvalidCheckpointFile naming `where` and the DRAFTER_REQUIRED_KEYS the layer config
+    lacks (or holds as null), with `why` they are needed."""
+    missing = [k for k in DRAFTER_REQUIRED_KEYS if layer.get(k) is None]
+    if missing:
+        raise InvalidCheckpointFile(
+            f"{where}: missing {', '.join(missing)} ({why}); {DRAFTER_CONFIG_FIX}"
+        )
+
+
 def _refuse_manifestless(
     path: Path, where: str, layer: dict[str, Any], target_num_layers: int | None
 ) -> None:
@@ -178,12 +177,9 @@ def _refuse_manifestless(
     config's DRAFTER_REQUIRED_KEYS, one decoder layer, and the target's layer count (for the aux
     ids: TargetNeeded). InvalidCheckpointFile naming `where` for a missing key, CheckpointError
     for more layers."""
-    missing = [k for k in DRAFTER_REQUIRED_KEYS if layer.get(k) is None]
-    if missing:
-        raise InvalidCheckpointFile(
-            f"{where}: missing {', '.join(missing)} (without a specdraft manifest the drafter "
-            f"is built from config.json); {DRAFTER_CONFIG_FIX}"
-        )
+    refuse_missing_keys(
+        where, layer, "without a specdraft manifest the drafter is built from config.json"
+    )
     if layer.get("num_hidden_layers", 1) != 1:
         raise CheckpointError(
             f"{path}/config.json: num_hidden_layers = {layer['num_hidden_layers']}; "

@@ -20,8 +20,7 @@ records and `specdraft doctor` replays:
   at that anchor, which is what the engine's block there computes on the text it produced:
   `engine.dflash_block`). These anchors are not uniform: a round starts right after a rejected
   draft, where the text is hard for the drafter, so the rounds' p_k are well below the sampled
-  blocks' (the demo's stories260K drafter, block 8, held-out text: tau 2.00 a round against 3.13
-  a block; the engine measures 2.00 on that text).
+  blocks' (benchmarks/RESULTS.md has both beside the engine's).
 """
 
 from __future__ import annotations
